@@ -1,0 +1,108 @@
+//! Tunables of an endpoint and of each connection, with the documented defaults.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Settings of one connection (both client and server side use the same type).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ConnectionConfig {
+    /// Largest UDP payload ri2n sends (default 1472: a 1500-byte MTU less IPv4 and UDP headers).
+    pub max_datagram_size: usize,
+    /// Bytes the peer may send on each stream beyond what the application has read
+    /// (the receive window; default 8 MiB). Also bounds the receiver's reassembly memory.
+    pub stream_receive_window: u64,
+    /// Bytes the application may have written but not yet had acknowledged, per stream
+    /// (default 8 MiB). A writer that reaches it is told to wait.
+    pub send_buffer: u64,
+    /// Interval between probes on a link that is down or degraded (default 20 ms). Recovery is
+    /// detected within about `recovery_probes` intervals, however long the outage lasted.
+    pub probe_interval: Duration,
+    /// Consecutive acknowledged probes that bring a down or degraded link back (default 2).
+    pub recovery_probes: u32,
+    /// Probe timeouts in a row, without any acknowledgement on a link, that declare it down (default 3).
+    pub failure_ptos: u32,
+    /// Lower bound of a link's probe timeout (default 2 ms).
+    pub min_pto: Duration,
+    /// How long the receiver may delay an acknowledgement (default 1 ms).
+    pub max_ack_delay: Duration,
+    /// Acknowledge at the latest after this many ack-eliciting packets (default 2).
+    pub ack_frequency: u32,
+    /// Period of the receiver-side arrival-share check (default 20 ms).
+    pub share_check_interval: Duration,
+    /// A link whose share of arrivals in one period falls below this fraction of its usual
+    /// share is reported degraded to the sender (default 0.2).
+    pub share_collapse_ratio: f64,
+    /// Send a keepalive on an idle link after this long, so a quiet connection still notices
+    /// a dead link (default 200 ms).
+    pub keepalive_interval: Duration,
+    /// Close the connection with [`crate::ConnectionError::AllLinksDown`] when no link has worked
+    /// for this long. `None` (the default): wait forever.
+    pub all_links_down_timeout: Option<Duration>,
+    /// Close the connection with [`crate::ConnectionError::IdleTimeout`] when nothing at all was
+    /// received for this long. `None` (the default): never.
+    pub idle_timeout: Option<Duration>,
+    /// Client only: learn the server's other addresses in the handshake and open a link to each
+    /// (default true). Explicitly given remote addresses are always used.
+    pub discover: bool,
+    /// Most links one connection uses (default and maximum 8).
+    pub max_links: usize,
+}
+
+impl Default for ConnectionConfig {
+    fn default() -> Self {
+        Self {
+            max_datagram_size: 1472,
+            stream_receive_window: 8 << 20,
+            send_buffer: 8 << 20,
+            probe_interval: Duration::from_millis(20),
+            recovery_probes: 2,
+            failure_ptos: 3,
+            min_pto: Duration::from_millis(2),
+            max_ack_delay: Duration::from_millis(1),
+            ack_frequency: 2,
+            share_check_interval: Duration::from_millis(20),
+            share_collapse_ratio: 0.2,
+            keepalive_interval: Duration::from_millis(200),
+            all_links_down_timeout: None,
+            idle_timeout: None,
+            discover: true,
+            max_links: crate::MAX_LINKS,
+        }
+    }
+}
+
+/// Settings of an endpoint: the local addresses it owns and whether it accepts connections.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct EndpointConfig {
+    /// Local addresses, one per link the host can offer (one UDP socket each in a real driver).
+    pub local_addrs: Vec<SocketAddr>,
+    /// Accept incoming connections (a server). A client-only endpoint answers strangers with nothing.
+    pub accept_incoming: bool,
+    /// Addresses a server tells its clients about; empty means `local_addrs`.
+    pub advertised_addrs: Vec<SocketAddr>,
+    /// Configuration given to accepted connections.
+    pub server_connection: ConnectionConfig,
+    /// How long a retry cookie stays valid (default 10 s).
+    pub cookie_lifetime: Duration,
+}
+
+impl EndpointConfig {
+    /// A configuration with the given local addresses and every other setting at its default.
+    pub fn new(local_addrs: Vec<SocketAddr>) -> Self {
+        Self {
+            local_addrs,
+            accept_incoming: false,
+            advertised_addrs: Vec::new(),
+            server_connection: ConnectionConfig::default(),
+            cookie_lifetime: Duration::from_secs(10),
+        }
+    }
+
+    /// The same configuration, accepting incoming connections.
+    pub fn server(mut self) -> Self {
+        self.accept_incoming = true;
+        self
+    }
+}

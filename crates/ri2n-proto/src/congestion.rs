@@ -1,0 +1,1 @@
+//! congestion

@@ -1,0 +1,88 @@
+//! Errors the engine reports to the application, one enum per operation.
+
+use thiserror::Error;
+
+/// Why a connection ended (other than a clean close).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum ConnectionError {
+    /// The peer answered with a reset: it no longer knows this connection (it restarted).
+    #[error("the peer restarted and no longer knows this connection")]
+    PeerRestarted,
+    /// No link worked for the configured all-links-down deadline.
+    #[error("every link has been down for longer than the configured deadline")]
+    AllLinksDown,
+    /// Nothing was received for the configured idle timeout.
+    #[error("nothing was received from the peer within the idle timeout")]
+    IdleTimeout,
+    /// The peer aborted the connection.
+    #[error("the peer aborted the connection (code {code}): {reason}")]
+    PeerAborted {
+        /// Application error code given by the peer.
+        code: u64,
+        /// Reason text given by the peer.
+        reason: String,
+    },
+    /// The application aborted the connection locally.
+    #[error("the connection was aborted locally")]
+    LocallyAborted,
+    /// The handshake could not complete within the deadline or was refused.
+    #[error("the peer did not accept the connection")]
+    Refused,
+    /// The peer broke the protocol.
+    #[error("protocol violation: {0}")]
+    ProtocolViolation(&'static str),
+}
+
+/// Why a write did not take (all of) the data.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum WriteError {
+    /// The send buffer is full: wait until acknowledgements free it, then retry.
+    #[error("send buffer full, try again later")]
+    Blocked,
+    /// The stream was finished locally; nothing more can be written.
+    #[error("the stream was already finished")]
+    Finished,
+    /// The message exceeds what the send buffer or the peer's window can ever hold.
+    #[error("message of {size} bytes exceeds the limit of {limit} bytes")]
+    MessageTooLarge {
+        /// Size of the rejected message.
+        size: usize,
+        /// Largest message the connection can carry.
+        limit: usize,
+    },
+    /// The connection is not established yet.
+    #[error("the connection is not established yet")]
+    NotConnected,
+    /// The connection has ended.
+    #[error("connection lost: {0}")]
+    ConnectionLost(ConnectionError),
+}
+
+/// Why a read returned no data.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum ReadError {
+    /// Nothing is readable now: wait for more data.
+    #[error("nothing to read yet")]
+    Blocked,
+    /// The connection has ended before the peer finished the stream.
+    #[error("connection lost: {0}")]
+    ConnectionLost(ConnectionError),
+}
+
+/// Why a connection could not be started.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// No remote address was given.
+    #[error("no remote address given")]
+    NoRemoteAddress,
+    /// The endpoint has no local address of the remote address' family.
+    #[error("no local address can reach {0}")]
+    NoLocalAddress(std::net::SocketAddr),
+    /// More links were asked for than a connection carries.
+    #[error("at most {0} links per connection")]
+    TooManyLinks(usize),
+}

@@ -1,0 +1,67 @@
+//! The ri2n protocol engine: one reliable connection striped over up to eight links.
+//!
+//! This crate is *sans-IO*: it opens no sockets, reads no clock and starts no thread. A driver
+//! (the real UDP driver in the `ri2n` crate, or the simulator in `ri2n-sim`) feeds it datagrams
+//! and the current time and sends what it asks for. The call pattern of a driver:
+//!
+//! 1. [`Endpoint::handle_datagram`] for every datagram received, with the local and remote
+//!    address it travelled between (the pair names the link);
+//! 2. application calls on [`Connection`]s reached through [`Endpoint::connection_mut`];
+//! 3. [`Endpoint::poll_transmit`] until it returns `None`, sending each datagram as told;
+//! 4. [`Endpoint::poll_event`] and [`Endpoint::accept`] for what the application should learn;
+//! 5. sleep until [`Endpoint::poll_timeout`] or the next datagram, calling
+//!    [`Endpoint::handle_timeout`] when the time has come; then start over.
+//!
+//! The wire format is specified in `docs/PROTOCOL.md`.
+
+#![warn(missing_docs)]
+
+mod config;
+mod congestion;
+mod connection;
+mod endpoint;
+mod error;
+mod link;
+pub mod ranges;
+mod streams;
+pub mod wire;
+
+pub use config::{ConnectionConfig, EndpointConfig};
+pub use connection::{Connection, ConnectionState, ConnectionStats};
+pub use endpoint::{ConnectionHandle, Endpoint, Transmit};
+pub use error::{ConnectError, ConnectionError, ReadError, WriteError};
+pub use link::{LinkState, LinkStats};
+
+/// Most links one connection carries.
+pub const MAX_LINKS: usize = 8;
+
+/// Index of a link within its connection (0 is the link the handshake used).
+pub type LinkId = u8;
+
+/// Something the application should know about a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Event {
+    /// The handshake completed; data can flow.
+    Connected,
+    /// A link was added to the connection (it starts out validating).
+    LinkAdded {
+        /// The new link.
+        link: LinkId,
+    },
+    /// A link changed state (up, degraded, down).
+    LinkStateChanged {
+        /// The link.
+        link: LinkId,
+        /// Its previous state.
+        from: LinkState,
+        /// Its new state.
+        to: LinkState,
+    },
+    /// New data or a message can be read.
+    Readable,
+    /// Buffer space was freed; a blocked writer can retry.
+    Writable,
+    /// The connection ended: `None` for a clean close, else why.
+    Closed(Option<ConnectionError>),
+}

@@ -1,0 +1,200 @@
+//! A set of `u64` values stored as disjoint, non-adjacent half-open ranges.
+//!
+//! It records which packet numbers a link has received (and so what an ACK frame says), which
+//! stream bytes arrived or were acknowledged, and which must be sent again. Thousands of
+//! packets in flight with scattered losses stay a handful of ranges.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+/// Disjoint half-open ranges, merged whenever they touch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RangeSet {
+    /// start -> end (exclusive); no two entries overlap or touch.
+    map: BTreeMap<u64, u64>,
+}
+
+impl RangeSet {
+    /// An empty set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether the set holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Number of disjoint ranges.
+    pub fn range_count(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether `v` is in the set.
+    pub fn contains(&self, v: u64) -> bool {
+        self.map
+            .range(..=v)
+            .next_back()
+            .is_some_and(|(_, &end)| v < end)
+    }
+
+    /// Whether every value of `r` is in the set (true for an empty range).
+    pub fn contains_range(&self, r: Range<u64>) -> bool {
+        if r.is_empty() {
+            return true;
+        }
+        self.map
+            .range(..=r.start)
+            .next_back()
+            .is_some_and(|(_, &end)| r.end <= end)
+    }
+
+    /// Smallest value, if any.
+    pub fn min(&self) -> Option<u64> {
+        self.map.keys().next().copied()
+    }
+
+    /// One past the largest value, if any.
+    pub fn max_end(&self) -> Option<u64> {
+        self.map.values().next_back().copied()
+    }
+
+    /// Adds `r`; returns whether any of its values were new.
+    pub fn insert(&mut self, r: Range<u64>) -> bool {
+        if self.contains_range(r.clone()) {
+            return false;
+        }
+        let (mut start, mut end) = (r.start, r.end);
+        // merge with a range that starts before and reaches `start`
+        if let Some((&s, &e)) = self.map.range(..=start).next_back() {
+            if e >= start {
+                start = s;
+                end = end.max(e);
+                self.map.remove(&s);
+            }
+        }
+        // swallow ranges starting inside [start, end]
+        while let Some((&s, &e)) = self.map.range(start..=end).next() {
+            self.map.remove(&s);
+            end = end.max(e);
+        }
+        self.map.insert(start, end);
+        true
+    }
+
+    /// Removes `r` from the set.
+    pub fn remove(&mut self, r: Range<u64>) {
+        if r.is_empty() {
+            return;
+        }
+        let mut to_add = Vec::new();
+        let keys: Vec<(u64, u64)> = self
+            .map
+            .range(..r.end)
+            .rev()
+            .take_while(|(_, &e)| e > r.start)
+            .map(|(&s, &e)| (s, e))
+            .collect();
+        for (s, e) in keys {
+            self.map.remove(&s);
+            if s < r.start {
+                to_add.push((s, r.start));
+            }
+            if e > r.end {
+                to_add.push((r.end, e));
+            }
+        }
+        for (s, e) in to_add {
+            self.map.insert(s, e);
+        }
+    }
+
+    /// Removes every value below `v`.
+    pub fn remove_below(&mut self, v: u64) {
+        if let Some(min) = self.min() {
+            if min < v {
+                self.remove(min..v);
+            }
+        }
+    }
+
+    /// Removes and returns the lowest up-to-`max_len` values, as one range.
+    pub fn pop_front(&mut self, max_len: u64) -> Option<Range<u64>> {
+        let (&s, &e) = self.map.iter().next()?;
+        self.map.remove(&s);
+        let take_end = if e - s > max_len { s + max_len } else { e };
+        if take_end < e {
+            self.map.insert(take_end, e);
+        }
+        Some(s..take_end)
+    }
+
+    /// Drops the lowest ranges until at most `n` remain.
+    pub fn keep_highest(&mut self, n: usize) {
+        while self.map.len() > n {
+            self.map.pop_first();
+        }
+    }
+
+    /// Ranges in ascending order.
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = Range<u64>> + Clone + '_ {
+        self.map.iter().map(|(&s, &e)| s..e)
+    }
+
+    /// The values of `r` that are *not* in the set, as ranges in ascending order.
+    pub fn gaps_in(&self, r: Range<u64>) -> Vec<Range<u64>> {
+        let mut out = Vec::new();
+        let mut cur = r.start;
+        let first = self
+            .map
+            .range(..=r.start)
+            .next_back()
+            .map(|(&s, _)| s)
+            .unwrap_or(r.start);
+        for (&s, &e) in self.map.range(first..r.end) {
+            if e <= cur {
+                continue;
+            }
+            if s > cur {
+                out.push(cur..s.min(r.end));
+            }
+            cur = cur.max(e);
+            if cur >= r.end {
+                break;
+            }
+        }
+        if cur < r.end {
+            out.push(cur..r.end);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn insert_merges_touching_ranges() {
+        let mut s = RangeSet::new();
+        assert!(s.insert(10..20));
+        assert!(s.insert(30..40));
+        assert!(s.insert(15..35));
+        assert_eq!(s.iter().collect::<Vec<_>>(), vec![10..40]);
+        assert!(s.insert(40..41));
+        assert_eq!(s.iter().collect::<Vec<_>>(), vec![10..41]);
+        assert!(!s.insert(12..13));
+    }
+
+    #[test]
+    fn remove_splits() {
+        let mut s = RangeSet::new();
+        s.insert(0..100);
+        s.remove(10..20);
+        assert_eq!(s.iter().collect::<Vec<_>>(), vec![0..10, 20..100]);
+        assert_eq!(s.gaps_in(5..25), vec![10..20]);
+        assert_eq!(s.pop_front(4), Some(0..4));
+        assert!(!s.contains(3));
+        assert!(s.contains(4));
+    }
+}

@@ -1,0 +1,735 @@
+//! The wire format: packet headers and frames, their parsing and emitting.
+//!
+//! `docs/PROTOCOL.md` is the normative description; this module is its implementation. Parsing
+//! never panics on any input: every length is checked before it is used, and a malformed
+//! packet is rejected whole with a [`DecodeError`].
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use thiserror::Error;
+
+/// Protocol version carried in the first byte of every packet.
+pub const VERSION: u8 = 1;
+/// Bytes of the CRC-32C trailer that ends every packet.
+pub const CRC_LEN: usize = 4;
+/// Smallest datagram that may carry an INITIAL packet (padding makes it up): it keeps the
+/// server's answers to an unproven address below three times what that address sent.
+pub const MIN_INITIAL_SIZE: usize = 1200;
+/// Bytes of a short (data) packet header before the packet number.
+pub const SHORT_HEADER_FIXED: usize = 1 + 1 + 8 + 1;
+
+/// Why a datagram could not be decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The datagram ended inside a field.
+    #[error("truncated")]
+    Truncated,
+    /// The CRC-32C trailer does not match: the datagram was corrupted.
+    #[error("checksum mismatch")]
+    BadChecksum,
+    /// The version byte is not one this implementation speaks.
+    #[error("unsupported version {0}")]
+    UnsupportedVersion(u8),
+    /// Unknown packet or frame type, or a field out of its range.
+    #[error("malformed: {0}")]
+    Malformed(&'static str),
+}
+
+// ---------------------------------------------------------------------------------------------
+// Variable-length integers (QUIC's encoding: the two top bits of the first byte give the length).
+
+/// Largest value a varint can carry.
+pub const VARINT_MAX: u64 = (1 << 62) - 1;
+
+/// Bytes `v` takes as a varint.
+pub fn varint_len(v: u64) -> usize {
+    match v {
+        0..=63 => 1,
+        64..=16383 => 2,
+        16384..=1_073_741_823 => 4,
+        _ => 8,
+    }
+}
+
+/// A cursor reading fields from a byte slice; every read is bounds-checked.
+#[derive(Debug, Clone)]
+pub struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    /// A reader at the start of `buf`.
+    pub fn new(buf: &'a [u8]) -> Self {
+        Self { buf, pos: 0 }
+    }
+    /// Bytes not read yet.
+    pub fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+    /// Takes the next `n` bytes.
+    pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.remaining() < n {
+            return Err(DecodeError::Truncated);
+        }
+        let b = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(b)
+    }
+    /// Takes everything left.
+    pub fn rest(&mut self) -> &'a [u8] {
+        let b = &self.buf[self.pos..];
+        self.pos = self.buf.len();
+        b
+    }
+    /// Next byte, without consuming it.
+    pub fn peek_u8(&self) -> Option<u8> {
+        self.buf.get(self.pos).copied()
+    }
+    /// Reads a byte.
+    pub fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.bytes(1)?[0])
+    }
+    /// Reads a big-endian u16.
+    pub fn u16(&mut self) -> Result<u16, DecodeError> {
+        Ok(u16::from_be_bytes(self.bytes(2)?.try_into().unwrap()))
+    }
+    /// Reads a big-endian u64.
+    pub fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_be_bytes(self.bytes(8)?.try_into().unwrap()))
+    }
+    /// Reads a varint.
+    pub fn varint(&mut self) -> Result<u64, DecodeError> {
+        let first = self.peek_u8().ok_or(DecodeError::Truncated)?;
+        let len = 1usize << (first >> 6);
+        let b = self.bytes(len)?;
+        let mut v = u64::from(b[0] & 0x3f);
+        for &x in &b[1..] {
+            v = (v << 8) | u64::from(x);
+        }
+        Ok(v)
+    }
+}
+
+/// A cursor writing fields into a byte slice. Callers size packets with the `*_len` helpers
+/// first; writing past the end is a bug in the caller and panics.
+#[derive(Debug)]
+pub struct Writer<'a> {
+    buf: &'a mut [u8],
+    pos: usize,
+}
+
+impl<'a> Writer<'a> {
+    /// A writer at the start of `buf`.
+    pub fn new(buf: &'a mut [u8]) -> Self {
+        Self { buf, pos: 0 }
+    }
+    /// Bytes written so far.
+    pub fn len(&self) -> usize {
+        self.pos
+    }
+    /// Whether nothing was written yet.
+    pub fn is_empty(&self) -> bool {
+        self.pos == 0
+    }
+    /// Room left.
+    pub fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+    /// Writes bytes.
+    pub fn bytes(&mut self, b: &[u8]) {
+        self.buf[self.pos..self.pos + b.len()].copy_from_slice(b);
+        self.pos += b.len();
+    }
+    /// Writes `n` zero bytes (PADDING frames).
+    pub fn zeros(&mut self, n: usize) {
+        self.buf[self.pos..self.pos + n].fill(0);
+        self.pos += n;
+    }
+    /// Writes a byte.
+    pub fn u8(&mut self, v: u8) {
+        self.bytes(&[v]);
+    }
+    /// Writes a big-endian u16.
+    pub fn u16(&mut self, v: u16) {
+        self.bytes(&v.to_be_bytes());
+    }
+    /// Writes a big-endian u64.
+    pub fn u64(&mut self, v: u64) {
+        self.bytes(&v.to_be_bytes());
+    }
+    /// Writes a varint. Values above [`VARINT_MAX`] are a caller bug.
+    pub fn varint(&mut self, v: u64) {
+        assert!(v <= VARINT_MAX, "varint out of range");
+        match varint_len(v) {
+            1 => self.u8(v as u8),
+            2 => self.u16(v as u16 | 0x4000),
+            4 => self.bytes(&(v as u32 | 0x8000_0000).to_be_bytes()),
+            _ => self.u64(v | 0xc000_0000_0000_0000),
+        }
+    }
+    /// Appends the CRC-32C of everything written so far; the packet is complete.
+    pub fn finish_with_crc(&mut self) -> usize {
+        let crc = crc32c::crc32c(&self.buf[..self.pos]);
+        self.bytes(&crc.to_be_bytes());
+        self.pos
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packets
+
+/// Packet type codes (second byte of every packet).
+pub mod packet_type {
+    /// Data packet of an established connection.
+    pub const SHORT: u8 = 0x01;
+    /// Client's connection request.
+    pub const INITIAL: u8 = 0x10;
+    /// Server's stateless answer: retry with this cookie.
+    pub const RETRY: u8 = 0x11;
+    /// Server's acceptance, carrying its connection ID, instance and addresses.
+    pub const ACCEPT: u8 = 0x12;
+    /// "No such connection here": the sender restarted or forgot the connection.
+    pub const RESET: u8 = 0x13;
+}
+
+/// A decoded packet header. Short packets are followed by frames ([`Frames`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Header<'a> {
+    /// Data packet of an established connection.
+    Short {
+        /// Connection ID chosen by the receiver of this packet.
+        dcid: u64,
+        /// Link the packet was sent on.
+        link: u8,
+        /// Packet number in that link's number space (this direction).
+        pn: u64,
+    },
+    /// Client's connection request (padded to [`MIN_INITIAL_SIZE`]).
+    Initial {
+        /// Connection ID the client chose for itself.
+        scid: u64,
+        /// Random number identifying the client endpoint's current run.
+        instance: u64,
+        /// Cookie from a RETRY, empty on the first attempt.
+        token: &'a [u8],
+    },
+    /// Server's stateless answer carrying a cookie.
+    Retry {
+        /// The client's connection ID.
+        dcid: u64,
+        /// Cookie to echo in the next INITIAL.
+        token: &'a [u8],
+    },
+    /// Server's acceptance.
+    Accept {
+        /// The client's connection ID.
+        dcid: u64,
+        /// The server's connection ID.
+        scid: u64,
+        /// Random number identifying the server endpoint's current run.
+        instance: u64,
+        /// Receive window of each server stream.
+        window: u64,
+        /// The server's addresses, for link discovery.
+        addrs: Vec<SocketAddr>,
+    },
+    /// "No such connection": the connection with this ID is unknown to the sender.
+    Reset {
+        /// The connection ID that was not found.
+        dcid: u64,
+    },
+}
+
+/// Checks version and checksum of a datagram and decodes its header. Returns the header and,
+/// for short packets, the frame bytes.
+pub fn decode_packet(datagram: &[u8]) -> Result<(Header<'_>, &[u8]), DecodeError> {
+    if datagram.len() < 2 + CRC_LEN {
+        return Err(DecodeError::Truncated);
+    }
+    if datagram[0] != VERSION {
+        return Err(DecodeError::UnsupportedVersion(datagram[0]));
+    }
+    let (body, crc) = datagram.split_at(datagram.len() - CRC_LEN);
+    if crc32c::crc32c(body) != u32::from_be_bytes(crc.try_into().unwrap()) {
+        return Err(DecodeError::BadChecksum);
+    }
+    let mut r = Reader::new(&body[2..]);
+    let header = match body[1] {
+        packet_type::SHORT => Header::Short {
+            dcid: r.u64()?,
+            link: r.u8()?,
+            pn: r.varint()?,
+        },
+        packet_type::INITIAL => {
+            if datagram.len() < MIN_INITIAL_SIZE {
+                return Err(DecodeError::Malformed("initial packet too small"));
+            }
+            let scid = r.u64()?;
+            let instance = r.u64()?;
+            let len = r.varint()? as usize;
+            let token = r.bytes(len)?;
+            r.rest(); // padding
+            Header::Initial {
+                scid,
+                instance,
+                token,
+            }
+        }
+        packet_type::RETRY => {
+            let dcid = r.u64()?;
+            let len = r.varint()? as usize;
+            Header::Retry {
+                dcid,
+                token: r.bytes(len)?,
+            }
+        }
+        packet_type::ACCEPT => {
+            let dcid = r.u64()?;
+            let scid = r.u64()?;
+            let instance = r.u64()?;
+            let window = r.varint()?;
+            let count = r.u8()? as usize;
+            if count > crate::MAX_LINKS {
+                return Err(DecodeError::Malformed("too many addresses"));
+            }
+            let mut addrs = Vec::with_capacity(count);
+            for _ in 0..count {
+                addrs.push(read_addr(&mut r)?);
+            }
+            Header::Accept {
+                dcid,
+                scid,
+                instance,
+                window,
+                addrs,
+            }
+        }
+        packet_type::RESET => Header::Reset { dcid: r.u64()? },
+        _ => return Err(DecodeError::Malformed("unknown packet type")),
+    };
+    if !matches!(header, Header::Short { .. }) && r.remaining() != 0 {
+        return Err(DecodeError::Malformed("trailing bytes"));
+    }
+    Ok((header, r.rest()))
+}
+
+fn read_addr(r: &mut Reader<'_>) -> Result<SocketAddr, DecodeError> {
+    let ip = match r.u8()? {
+        4 => IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(r.bytes(4)?).unwrap())),
+        6 => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(r.bytes(16)?).unwrap())),
+        _ => return Err(DecodeError::Malformed("address family")),
+    };
+    Ok(SocketAddr::new(ip, r.u16()?))
+}
+
+fn write_addr(w: &mut Writer<'_>, a: &SocketAddr) {
+    match a.ip() {
+        IpAddr::V4(ip) => {
+            w.u8(4);
+            w.bytes(&ip.octets());
+        }
+        IpAddr::V6(ip) => {
+            w.u8(6);
+            w.bytes(&ip.octets());
+        }
+    }
+    w.u16(a.port());
+}
+
+/// Writes a short packet header; frames follow, then [`Writer::finish_with_crc`].
+pub fn write_short_header(w: &mut Writer<'_>, dcid: u64, link: u8, pn: u64) {
+    w.u8(VERSION);
+    w.u8(packet_type::SHORT);
+    w.u64(dcid);
+    w.u8(link);
+    w.varint(pn);
+}
+
+/// Encodes a complete handshake or reset packet (anything but [`Header::Short`]) into `buf`,
+/// returning its length. INITIAL packets are padded to [`MIN_INITIAL_SIZE`]; `buf` must hold that.
+pub fn encode_control_packet(header: &Header<'_>, buf: &mut [u8]) -> usize {
+    let mut w = Writer::new(buf);
+    w.u8(VERSION);
+    match header {
+        Header::Short { .. } => panic!("short packets are built frame by frame"),
+        Header::Initial {
+            scid,
+            instance,
+            token,
+        } => {
+            w.u8(packet_type::INITIAL);
+            w.u64(*scid);
+            w.u64(*instance);
+            w.varint(token.len() as u64);
+            w.bytes(token);
+            let pad = MIN_INITIAL_SIZE.saturating_sub(w.len() + CRC_LEN);
+            w.zeros(pad);
+        }
+        Header::Retry { dcid, token } => {
+            w.u8(packet_type::RETRY);
+            w.u64(*dcid);
+            w.varint(token.len() as u64);
+            w.bytes(token);
+        }
+        Header::Accept {
+            dcid,
+            scid,
+            instance,
+            window,
+            addrs,
+        } => {
+            w.u8(packet_type::ACCEPT);
+            w.u64(*dcid);
+            w.u64(*scid);
+            w.u64(*instance);
+            w.varint(*window);
+            let addrs = &addrs[..addrs.len().min(crate::MAX_LINKS)];
+            w.u8(addrs.len() as u8);
+            for a in addrs {
+                write_addr(&mut w, a);
+            }
+        }
+        Header::Reset { dcid } => {
+            w.u8(packet_type::RESET);
+            w.u64(*dcid);
+        }
+    }
+    w.finish_with_crc()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Frames (inside short packets)
+
+/// Frame type codes.
+pub mod frame_type {
+    /// One byte of padding.
+    pub const PADDING: u8 = 0x00;
+    /// Elicits an acknowledgement; used by probes and keepalives.
+    pub const PING: u8 = 0x01;
+    /// Acknowledges packet-number ranges of one link.
+    pub const ACK: u8 = 0x02;
+    /// Raises a stream's flow-control limit.
+    pub const MAX_STREAM_DATA: u8 = 0x04;
+    /// Receiver-side failure notice about one link.
+    pub const LINK_STATUS: u8 = 0x05;
+    /// Ends the connection at once with an error.
+    pub const CLOSE: u8 = 0x06;
+    /// Stream data: `0x08 | stream << 2 | has_len << 1 | fin`.
+    pub const STREAM_BASE: u8 = 0x08;
+    /// Bit of a STREAM type: the frame carries an explicit length.
+    pub const STREAM_LEN_BIT: u8 = 0x02;
+    /// Bit of a STREAM type: the frame ends the stream.
+    pub const STREAM_FIN_BIT: u8 = 0x01;
+}
+
+/// Reasons a receiver reports about a link in a LINK_STATUS frame.
+pub mod link_status {
+    /// The link's share of arrivals collapsed: it is alive but far slower than it was.
+    pub const DEGRADED: u8 = 1;
+}
+
+/// The acknowledged ranges of an ACK frame, highest first, each as `(smallest, largest)`.
+/// The frame was fully validated when parsed, so iteration cannot fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AckRanges<'a> {
+    largest: u64,
+    first: u64,
+    count: u64,
+    rest: &'a [u8],
+}
+
+impl Iterator for AckRanges<'_> {
+    type Item = (u64, u64);
+    fn next(&mut self) -> Option<(u64, u64)> {
+        if self.first == u64::MAX {
+            // first range already yielded: read the next (gap, len) pair
+            if self.count == 0 {
+                return None;
+            }
+            self.count -= 1;
+            let mut r = Reader::new(self.rest);
+            let gap = r.varint().ok()?;
+            let len = r.varint().ok()?;
+            self.rest = &self.rest[self.rest.len() - r.remaining()..];
+            let largest = self.largest.checked_sub(gap + 2)?;
+            self.largest = largest.checked_sub(len)?;
+            return Some((self.largest, largest));
+        }
+        let largest = self.largest;
+        self.largest -= self.first;
+        self.first = u64::MAX;
+        Some((self.largest, largest))
+    }
+}
+
+/// A frame inside a short packet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame<'a> {
+    /// A run of padding bytes.
+    Padding,
+    /// Asks for an acknowledgement.
+    Ping,
+    /// Acknowledgement of one link's packets.
+    Ack {
+        /// Link whose packet numbers are acknowledged (may differ from the carrying link).
+        link: u8,
+        /// Largest acknowledged packet number.
+        largest: u64,
+        /// Time the receiver held the acknowledgement of `largest`, in microseconds.
+        delay_us: u64,
+        /// The ranges, highest first.
+        ranges: AckRanges<'a>,
+    },
+    /// Stream data.
+    Stream {
+        /// Stream number: 0 is the byte stream, 1 the message stream.
+        stream: u8,
+        /// Offset of the first byte.
+        offset: u64,
+        /// Whether the stream ends after these bytes.
+        fin: bool,
+        /// The bytes.
+        data: &'a [u8],
+    },
+    /// New flow-control limit of a stream.
+    MaxStreamData {
+        /// The stream.
+        stream: u8,
+        /// The sender may send bytes below this offset.
+        max: u64,
+    },
+    /// Receiver-side failure notice.
+    LinkStatus {
+        /// The link reported on.
+        link: u8,
+        /// What was observed (see [`link_status`]).
+        status: u8,
+    },
+    /// Immediate close.
+    Close {
+        /// Error code (0: no error).
+        code: u64,
+        /// Human-readable reason (UTF-8, may be empty).
+        reason: &'a [u8],
+    },
+}
+
+/// Number of streams a connection carries.
+pub const STREAMS: u8 = 2;
+
+/// Iterates the frames of a short packet's payload, failing on the first malformed one.
+#[derive(Debug, Clone)]
+pub struct Frames<'a> {
+    r: Reader<'a>,
+    failed: bool,
+}
+
+impl<'a> Frames<'a> {
+    /// Frames of `payload` (the bytes after a short header, without the CRC).
+    pub fn new(payload: &'a [u8]) -> Self {
+        Self {
+            r: Reader::new(payload),
+            failed: false,
+        }
+    }
+
+    fn parse(&mut self) -> Result<Frame<'a>, DecodeError> {
+        let r = &mut self.r;
+        let t = r.u8()?;
+        Ok(match t {
+            frame_type::PADDING => {
+                while r.peek_u8() == Some(0) {
+                    r.u8()?;
+                }
+                Frame::Padding
+            }
+            frame_type::PING => Frame::Ping,
+            frame_type::ACK => {
+                let link = r.u8()?;
+                let largest = r.varint()?;
+                let delay_us = r.varint()?;
+                let count = r.varint()?;
+                let first = r.varint()?;
+                let mut low = largest
+                    .checked_sub(first)
+                    .ok_or(DecodeError::Malformed("ack range below zero"))?;
+                let start = r.clone();
+                for _ in 0..count {
+                    let gap = r.varint()?;
+                    let len = r.varint()?;
+                    low = low
+                        .checked_sub(gap.saturating_add(2))
+                        .and_then(|x| x.checked_sub(len))
+                        .ok_or(DecodeError::Malformed("ack range below zero"))?;
+                }
+                let used = start.remaining() - r.remaining();
+                let rest = &start.buf[start.pos..start.pos + used];
+                Frame::Ack {
+                    link,
+                    largest,
+                    delay_us,
+                    ranges: AckRanges {
+                        largest,
+                        first,
+                        count,
+                        rest,
+                    },
+                }
+            }
+            frame_type::MAX_STREAM_DATA => {
+                let stream = r.u8()?;
+                if stream >= STREAMS {
+                    return Err(DecodeError::Malformed("stream number"));
+                }
+                Frame::MaxStreamData {
+                    stream,
+                    max: r.varint()?,
+                }
+            }
+            frame_type::LINK_STATUS => Frame::LinkStatus {
+                link: r.u8()?,
+                status: r.u8()?,
+            },
+            frame_type::CLOSE => {
+                let code = r.varint()?;
+                let len = r.varint()? as usize;
+                Frame::Close {
+                    code,
+                    reason: r.bytes(len)?,
+                }
+            }
+            t if (frame_type::STREAM_BASE..frame_type::STREAM_BASE + 8).contains(&t) => {
+                let stream = (t >> 2) & 1;
+                let offset = r.varint()?;
+                let data = if t & frame_type::STREAM_LEN_BIT != 0 {
+                    let len = r.varint()? as usize;
+                    r.bytes(len)?
+                } else {
+                    r.rest()
+                };
+                if offset.saturating_add(data.len() as u64) > VARINT_MAX {
+                    return Err(DecodeError::Malformed("stream offset"));
+                }
+                Frame::Stream {
+                    stream,
+                    offset,
+                    fin: t & frame_type::STREAM_FIN_BIT != 0,
+                    data,
+                }
+            }
+            _ => return Err(DecodeError::Malformed("unknown frame type")),
+        })
+    }
+}
+
+impl<'a> Iterator for Frames<'a> {
+    type Item = Result<Frame<'a>, DecodeError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed || self.r.remaining() == 0 {
+            return None;
+        }
+        let f = self.parse();
+        self.failed = f.is_err();
+        Some(f)
+    }
+}
+
+/// Bytes a STREAM frame header takes (type, offset and, when `with_len`, the length).
+pub fn stream_header_len(offset: u64, len: usize, with_len: bool) -> usize {
+    1 + varint_len(offset) + if with_len { varint_len(len as u64) } else { 0 }
+}
+
+/// Writes a STREAM frame. Without `with_len` the data runs to the end of the packet.
+pub fn write_stream(
+    w: &mut Writer<'_>,
+    stream: u8,
+    offset: u64,
+    fin: bool,
+    data: &[u8],
+    with_len: bool,
+) {
+    let mut t = frame_type::STREAM_BASE | (stream << 2);
+    if with_len {
+        t |= frame_type::STREAM_LEN_BIT;
+    }
+    if fin {
+        t |= frame_type::STREAM_FIN_BIT;
+    }
+    w.u8(t);
+    w.varint(offset);
+    if with_len {
+        w.varint(data.len() as u64);
+    }
+    w.bytes(data);
+}
+
+/// Writes an ACK frame for `link` from ranges given highest first as `(smallest, largest)`,
+/// writing as many ranges as fit in `max_len` bytes (at least the first). Returns false,
+/// writing nothing, when not even the first range fits.
+pub fn write_ack<I>(w: &mut Writer<'_>, link: u8, delay_us: u64, ranges: I, max_len: usize) -> bool
+where
+    I: Iterator<Item = (u64, u64)> + Clone,
+{
+    let mut it = ranges.clone();
+    let Some((lo, hi)) = it.next() else {
+        return false;
+    };
+    let delay_us = delay_us.min(VARINT_MAX);
+    let fixed = 2 + varint_len(hi) + varint_len(delay_us) + varint_len(hi - lo);
+    // count how many further ranges fit (count varint sized for up to 16383 ranges)
+    let mut size = fixed + 2;
+    if size > max_len {
+        return false;
+    }
+    let mut count = 0u64;
+    let mut prev_lo = lo;
+    for (l, h) in it {
+        let gap = prev_lo - h - 2;
+        let extra = varint_len(gap) + varint_len(h - l);
+        if size + extra > max_len || count == 16383 {
+            break;
+        }
+        size += extra;
+        count += 1;
+        prev_lo = l;
+    }
+    w.u8(frame_type::ACK);
+    w.u8(link);
+    w.varint(hi);
+    w.varint(delay_us);
+    w.varint(count);
+    w.varint(hi - lo);
+    let mut prev_lo = lo;
+    for (l, h) in ranges.skip(1).take(count as usize) {
+        w.varint(prev_lo - h - 2);
+        w.varint(h - l);
+        prev_lo = l;
+    }
+    true
+}
+
+/// Writes a MAX_STREAM_DATA frame (at most 11 bytes).
+pub fn write_max_stream_data(w: &mut Writer<'_>, stream: u8, max: u64) {
+    w.u8(frame_type::MAX_STREAM_DATA);
+    w.u8(stream);
+    w.varint(max);
+}
+
+/// Writes a LINK_STATUS frame (3 bytes).
+pub fn write_link_status(w: &mut Writer<'_>, link: u8, status: u8) {
+    w.u8(frame_type::LINK_STATUS);
+    w.u8(link);
+    w.u8(status);
+}
+
+/// Writes a CLOSE frame; the reason is cut to fit `max_len`.
+pub fn write_close(w: &mut Writer<'_>, code: u64, reason: &[u8], max_len: usize) {
+    let room = max_len.saturating_sub(1 + varint_len(code) + 2);
+    let reason = &reason[..reason.len().min(room).min(1000)];
+    w.u8(frame_type::CLOSE);
+    w.varint(code);
+    w.varint(reason.len() as u64);
+    w.bytes(reason);
+}
