@@ -1,5 +1,22 @@
-//! Connection (stub, being written).
-use crate::*;
+//! One connection: its handshake, links, streams, timers and the packets it builds.
+//!
+//! The [`Endpoint`](crate::Endpoint) routes datagrams here by connection ID; this module decides
+//! what each packet carries and on which link. Data is striped over every `Up` link (each
+//! filling its own congestion window, lowest RTT first); acknowledgements and control frames
+//! ride on any link; what a failed link had in flight is re-sent on the others.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use smallvec::SmallVec;
+
+use crate::link::{AckOutcome, Link, SentFrame, SentPacket};
+use crate::streams::{RecvStream, SendStream};
+use crate::wire::{self, Frame, Frames, Header, Writer};
+use crate::{
+    ConnectionConfig, ConnectionError, Event, LinkId, LinkState, LinkStats, ReadError, WriteError,
+};
 
 /// Where a connection is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -8,7 +25,10 @@ pub enum ConnectionState {
     Connecting,
     /// Data flows.
     Established,
-    /// Ended; [`Connection::close_reason`] says why.
+    /// Everything was sent, acknowledged and received in both directions; the connection
+    /// lingers briefly to acknowledge the peer's last retransmissions.
+    Draining,
+    /// Ended; [`Connection::close_reason`] says why (`None`: a clean close).
     Closed,
 }
 
@@ -20,33 +40,1192 @@ pub struct ConnectionStats {
     pub links: Vec<LinkStats>,
     /// Bytes written by the application and not yet acknowledged (both streams).
     pub send_buffered: u64,
-    /// Bytes received and not yet read by the application (both streams, including out-of-order).
+    /// Bytes received and not yet read by the application (both streams, including
+    /// out-of-order data).
     pub recv_buffered: u64,
 }
 
-/// One ri2n connection (application side).
+/// Byte stream and message stream numbers.
+const BYTE_STREAM: usize = 0;
+const MESSAGE_STREAM: usize = 1;
+/// Ack-eliciting arrivals a share-check period needs before its shares mean anything.
+const MIN_PERIOD_ARRIVALS: u64 = 32;
+/// Periods a link's usual share is learned over before the detector judges it.
+const SHARE_WARMUP_PERIODS: u32 = 3;
+/// A link whose usual share is below this is too small to judge.
+const MIN_JUDGED_SHARE: f64 = 0.05;
+/// First INITIAL retransmission delay (doubles up to one second).
+const INITIAL_RETRY: Duration = Duration::from_millis(200);
+/// Give up a handshake nobody answers after this long.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most application events kept when the application does not collect them.
+const MAX_EVENTS: usize = 1024;
+
 #[derive(Debug)]
-pub struct Connection {}
+enum Handshake {
+    Client {
+        /// Addresses the application gave (the first is where the handshake goes).
+        remotes: Vec<SocketAddr>,
+        token: Vec<u8>,
+        next_initial: Instant,
+        backoff: Duration,
+        started: Instant,
+        last_sent: Option<Instant>,
+    },
+    Server {
+        /// Send (again) the ACCEPT.
+        accept_pending: bool,
+        /// The client proved it received the ACCEPT (a short packet arrived).
+        confirmed: bool,
+        advertised: Vec<SocketAddr>,
+    },
+    Done,
+}
+
+/// Which kind of packet to build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PacketKind {
+    /// Full-size probe of a link that is not up.
+    Probe,
+    /// Small ack-eliciting packet (probe timeout, keepalive, handshake confirmation).
+    Ping,
+    /// Stream data and control frames.
+    Data,
+    /// Acknowledgements only (plus control frames, if any wait).
+    AckOnly,
+}
+
+/// One ri2n connection.
+#[derive(Debug)]
+pub struct Connection {
+    cfg: ConnectionConfig,
+    state: ConnectionState,
+    close_reason: Option<ConnectionError>,
+    local_cid: u64,
+    /// The peer's connection ID (0 until a client learns it from the ACCEPT).
+    peer_cid: u64,
+    local_instance: u64,
+    pub(crate) peer_instance: u64,
+    /// The receive window the peer announced in the handshake.
+    peer_window: u64,
+    handshake: Handshake,
+    links: Vec<Link>,
+    send: [SendStream; 2],
+    recv: [RecvStream; 2],
+    max_data_pending: [bool; 2],
+    link_status_pending: Vec<(LinkId, u8)>,
+    /// Links on which a CLOSE frame must still be sent once.
+    close_sends: Vec<usize>,
+    close_frame: Option<(u64, String)>,
+    ping_pending: Option<usize>,
+    events: VecDeque<Event>,
+    readable_signalled: bool,
+    write_blocked: bool,
+    next_stream: usize,
+    last_rx: Instant,
+    last_arrival_link: usize,
+    all_down_since: Option<Instant>,
+    next_share_check: Instant,
+    draining_until: Option<Instant>,
+    /// Earliest time pacing lets a waiting data packet out.
+    pacing_wakeup: Option<Instant>,
+    scratch: AckOutcome,
+}
 
 impl Connection {
+    /// A client connection, about to send its first INITIAL to `remotes[0]` from `local`.
+    pub(crate) fn new_client(
+        cfg: ConnectionConfig,
+        now: Instant,
+        local_cid: u64,
+        local_instance: u64,
+        local: SocketAddr,
+        remotes: Vec<SocketAddr>,
+    ) -> Self {
+        let mut link = Link::new(0, local, remotes[0], cfg.max_datagram_size);
+        link.next_probe = None;
+        let handshake = Handshake::Client {
+            remotes,
+            token: Vec::new(),
+            next_initial: now,
+            backoff: INITIAL_RETRY,
+            started: now,
+            last_sent: None,
+        };
+        Self::new(
+            cfg,
+            now,
+            local_cid,
+            0,
+            local_instance,
+            0,
+            handshake,
+            link,
+            0,
+        )
+    }
+
+    /// A server connection for a client whose address was proven by a retry cookie.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new_server(
+        cfg: ConnectionConfig,
+        now: Instant,
+        local_cid: u64,
+        peer_cid: u64,
+        local_instance: u64,
+        peer_instance: u64,
+        peer_window: u64,
+        local: SocketAddr,
+        remote: SocketAddr,
+        advertised: Vec<SocketAddr>,
+    ) -> Self {
+        let mut link = Link::new(0, local, remote, cfg.max_datagram_size);
+        link.promote(now);
+        let handshake = Handshake::Server {
+            accept_pending: true,
+            confirmed: false,
+            advertised,
+        };
+        let mut c = Self::new(
+            cfg,
+            now,
+            local_cid,
+            peer_cid,
+            local_instance,
+            peer_instance,
+            handshake,
+            link,
+            peer_window,
+        );
+        c.state = ConnectionState::Established;
+        c.events.push_back(Event::Connected);
+        c
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        cfg: ConnectionConfig,
+        now: Instant,
+        local_cid: u64,
+        peer_cid: u64,
+        local_instance: u64,
+        peer_instance: u64,
+        handshake: Handshake,
+        link: Link,
+        peer_window: u64,
+    ) -> Self {
+        let window = cfg.stream_receive_window;
+        let buffer = cfg.send_buffer;
+        Self {
+            state: ConnectionState::Connecting,
+            close_reason: None,
+            local_cid,
+            peer_cid,
+            local_instance,
+            peer_instance,
+            peer_window,
+            handshake,
+            links: vec![link],
+            send: [
+                SendStream::new(buffer, peer_window),
+                SendStream::new(buffer, peer_window),
+            ],
+            recv: [RecvStream::new(window), RecvStream::new(window)],
+            max_data_pending: [false; 2],
+            link_status_pending: Vec::new(),
+            close_sends: Vec::new(),
+            close_frame: None,
+            ping_pending: None,
+            events: VecDeque::new(),
+            readable_signalled: false,
+            write_blocked: false,
+            next_stream: 0,
+            last_rx: now,
+            last_arrival_link: 0,
+            all_down_since: None,
+            next_share_check: now + cfg.share_check_interval,
+            draining_until: None,
+            pacing_wakeup: None,
+            scratch: AckOutcome::default(),
+            cfg,
+        }
+    }
+
+    // ------------------------------------------------------------------------------------
+    // Application interface
+
     /// Current state.
-    pub fn state(&self) -> ConnectionState { todo!() }
+    pub fn state(&self) -> ConnectionState {
+        self.state
+    }
+
     /// Why the connection ended; `None` while open or after a clean close.
-    pub fn close_reason(&self) -> Option<&ConnectionError> { todo!() }
-    /// Writes bytes to the byte stream; returns how many were taken.
-    pub fn write(&mut self, _data: &[u8]) -> Result<usize, WriteError> { todo!() }
-    /// Sends one whole message.
-    pub fn send_message(&mut self, _msg: &[u8]) -> Result<(), WriteError> { todo!() }
-    /// Finishes both outgoing streams.
-    pub fn finish(&mut self) { todo!() }
-    /// Reads from the byte stream: Ok(0) at end of stream.
-    pub fn read(&mut self, _buf: &mut [u8]) -> Result<usize, ReadError> { todo!() }
-    /// Receives one whole message: Ok(None) at end of the message stream.
-    pub fn recv_message(&mut self) -> Result<Option<Vec<u8>>, ReadError> { todo!() }
-    /// Whether everything written, and the end of both streams, was acknowledged.
-    pub fn is_send_complete(&self) -> bool { todo!() }
-    /// Aborts at once.
-    pub fn abort(&mut self, _code: u64, _reason: &str) { todo!() }
+    pub fn close_reason(&self) -> Option<&ConnectionError> {
+        self.close_reason.as_ref()
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &ConnectionConfig {
+        &self.cfg
+    }
+
+    fn write_check(&self) -> Result<(), WriteError> {
+        if let Some(e) = &self.close_reason {
+            return Err(WriteError::ConnectionLost(e.clone()));
+        }
+        if self.state == ConnectionState::Closed || self.send[BYTE_STREAM].is_finished() {
+            return Err(WriteError::Finished);
+        }
+        Ok(())
+    }
+
+    /// Writes bytes to the byte stream; returns how many were taken (the rest when the send
+    /// buffer has room again: [`Event::Writable`]). Writing before the handshake completes
+    /// buffers the data.
+    pub fn write(&mut self, data: &[u8]) -> Result<usize, WriteError> {
+        self.write_check()?;
+        let n = self.send[BYTE_STREAM].write(data);
+        if n == 0 && !data.is_empty() {
+            self.write_blocked = true;
+            return Err(WriteError::Blocked);
+        }
+        Ok(n)
+    }
+
+    /// Largest message [`send_message`](Self::send_message) accepts.
+    pub fn max_message_size(&self) -> usize {
+        let limit = self
+            .cfg
+            .send_buffer
+            .min(self.recv_limit_of_peer())
+            .saturating_sub(8);
+        limit.min(wire::VARINT_MAX) as usize
+    }
+
+    fn recv_limit_of_peer(&self) -> u64 {
+        // the peer's window is what it advertised before reading anything
+        self.peer_window
+    }
+
+    /// Sends one whole message; the peer receives it whole with
+    /// [`recv_message`](Self::recv_message). Messages are delivered reliably and in order,
+    /// independently of the byte stream.
+    pub fn send_message(&mut self, msg: &[u8]) -> Result<(), WriteError> {
+        self.write_check()?;
+        let limit = self.max_message_size();
+        if msg.len() > limit {
+            return Err(WriteError::MessageTooLarge {
+                size: msg.len(),
+                limit,
+            });
+        }
+        let mut header = [0u8; 8];
+        let hlen = {
+            let mut w = Writer::new(&mut header);
+            w.varint(msg.len() as u64);
+            w.len()
+        };
+        let stream = &mut self.send[MESSAGE_STREAM];
+        if stream.room() < (hlen + msg.len()) as u64 {
+            self.write_blocked = true;
+            return Err(WriteError::Blocked);
+        }
+        stream.write(&header[..hlen]);
+        stream.write(msg);
+        Ok(())
+    }
+
+    /// Finishes both outgoing streams: the peer reads end-of-stream after the data written.
+    pub fn finish(&mut self) {
+        for s in &mut self.send {
+            s.finish();
+        }
+    }
+
+    /// Reads from the byte stream. `Ok(0)` (with a non-empty `buf`) is the end of the stream;
+    /// [`ReadError::Blocked`] means wait for [`Event::Readable`].
+    pub fn read(&mut self, buf: &mut [u8]) -> Result<usize, ReadError> {
+        let n = self.recv[BYTE_STREAM].read(buf);
+        if n > 0 {
+            self.after_read(BYTE_STREAM);
+            return Ok(n);
+        }
+        if self.recv[BYTE_STREAM].is_finished() || buf.is_empty() {
+            return Ok(0);
+        }
+        self.read_blocked()
+    }
+
+    fn read_blocked<T>(&mut self) -> Result<T, ReadError> {
+        self.readable_signalled = false;
+        match &self.close_reason {
+            Some(e) => Err(ReadError::ConnectionLost(e.clone())),
+            None if self.state == ConnectionState::Closed => Err(ReadError::ConnectionLost(
+                ConnectionError::ProtocolViolation("closed before the stream ended"),
+            )),
+            None => Err(ReadError::Blocked),
+        }
+    }
+
+    fn after_read(&mut self, stream: usize) {
+        if self.recv[stream].window_update().is_some() {
+            self.max_data_pending[stream] = true;
+        }
+    }
+
+    /// Receives one whole message. `Ok(None)` is the end of the message stream;
+    /// [`ReadError::Blocked`] means wait for [`Event::Readable`].
+    pub fn recv_message(&mut self) -> Result<Option<Vec<u8>>, ReadError> {
+        let stream = &mut self.recv[MESSAGE_STREAM];
+        let mut header = [0u8; 8];
+        let got = stream.peek(&mut header);
+        let mut r = wire::Reader::new(&header[..got]);
+        if let Ok(len) = r.varint() {
+            let hlen = got - r.remaining();
+            if stream.readable() >= hlen as u64 + len {
+                stream.read(&mut header[..hlen]);
+                let mut msg = vec![0u8; len as usize];
+                stream.read(&mut msg);
+                self.after_read(MESSAGE_STREAM);
+                return Ok(Some(msg));
+            }
+        }
+        if stream.is_finished() {
+            return Ok(None);
+        }
+        if stream.is_all_received() {
+            self.fail(ConnectionError::ProtocolViolation(
+                "message stream ended inside a message",
+            ));
+        }
+        self.read_blocked()
+    }
+
+    /// Whether everything written, and the end of both streams, was acknowledged by the peer.
+    pub fn is_send_complete(&self) -> bool {
+        self.send.iter().all(SendStream::is_complete)
+    }
+
+    /// Aborts at once: the peer gets [`ConnectionError::PeerAborted`] with `code` and `reason`.
+    pub fn abort(&mut self, code: u64, reason: &str) {
+        if self.state == ConnectionState::Closed {
+            return;
+        }
+        self.close_frame = Some((code, reason.to_owned()));
+        self.close_sends = (0..self.links.len()).collect();
+        self.set_closed(Some(ConnectionError::LocallyAborted));
+    }
+
     /// Statistics.
-    pub fn stats(&self) -> ConnectionStats { todo!() }
+    pub fn stats(&self) -> ConnectionStats {
+        ConnectionStats {
+            links: self.links.iter().map(Link::stats).collect(),
+            send_buffered: self.send.iter().map(SendStream::buffered).sum(),
+            recv_buffered: self.recv.iter().map(RecvStream::buffered).sum(),
+        }
+    }
+
+    /// State of each link, by link index.
+    pub fn link_states(&self) -> Vec<LinkState> {
+        self.links.iter().map(|l| l.state).collect()
+    }
+
+    pub(crate) fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    fn event(&mut self, e: Event) {
+        if self.events.len() >= MAX_EVENTS {
+            self.events.pop_front();
+        }
+        self.events.push_back(e);
+    }
+
+    // ------------------------------------------------------------------------------------
+    // State changes
+
+    fn set_closed(&mut self, reason: Option<ConnectionError>) {
+        if self.state == ConnectionState::Closed {
+            return;
+        }
+        self.state = ConnectionState::Closed;
+        self.close_reason = reason.clone();
+        self.event(Event::Closed(reason));
+    }
+
+    /// Ends the connection with an error, telling the peer.
+    pub(crate) fn fail(&mut self, e: ConnectionError) {
+        if self.state == ConnectionState::Closed {
+            return;
+        }
+        self.close_frame = Some((1, e.to_string()));
+        self.close_sends = (0..self.links.len()).collect();
+        self.set_closed(Some(e));
+    }
+
+    /// Ends the connection without telling the peer (it no longer knows us).
+    pub(crate) fn peer_restarted(&mut self) {
+        self.set_closed(Some(ConnectionError::PeerRestarted));
+    }
+
+    fn set_link_state(&mut self, i: usize, now: Instant, to: LinkState) {
+        let from = self.links[i].state;
+        if from == to {
+            return;
+        }
+        match to {
+            LinkState::Up => self.links[i].promote(now),
+            LinkState::Down | LinkState::Degraded => {
+                self.links[i].demote(now, to, &self.cfg);
+                let mut out = std::mem::take(&mut self.scratch);
+                self.links[i].drain_in_flight(&mut out);
+                self.apply_outcome(&mut out);
+                self.scratch = out;
+            }
+            LinkState::Validating => unreachable!("links never return to validating"),
+        }
+        tracing::debug!(link = i, %from, %to, "link state");
+        self.event(Event::LinkStateChanged {
+            link: i as LinkId,
+            from,
+            to,
+        });
+        self.update_all_down(now);
+    }
+
+    fn update_all_down(&mut self, now: Instant) {
+        if self.links.iter().any(Link::is_up) {
+            self.all_down_since = None;
+        } else if self.all_down_since.is_none() {
+            self.all_down_since = Some(now);
+        }
+    }
+
+    /// Hands acknowledged and lost packets' frames back to the streams and control queues.
+    fn apply_outcome(&mut self, out: &mut AckOutcome) {
+        let mut freed = false;
+        for pkt in out.acked.drain(..) {
+            for f in &pkt.frames {
+                if let SentFrame::Stream { stream, chunk } = *f {
+                    self.send[stream as usize].on_ack(chunk);
+                    freed = true;
+                }
+            }
+        }
+        for pkt in out.lost.drain(..) {
+            for f in &pkt.frames {
+                match *f {
+                    SentFrame::Stream { stream, chunk } => {
+                        self.send[stream as usize].on_lost(chunk)
+                    }
+                    SentFrame::MaxStreamData { stream } => {
+                        self.max_data_pending[stream as usize] = true
+                    }
+                    SentFrame::LinkStatus { link, status } => {
+                        self.link_status_pending.push((link, status))
+                    }
+                }
+            }
+        }
+        out.probes_acked = 0;
+        if freed && self.write_blocked {
+            self.write_blocked = false;
+            self.event(Event::Writable);
+        }
+    }
+
+    // ------------------------------------------------------------------------------------
+    // Incoming packets (called by the endpoint)
+
+    /// RETRY: send the INITIAL again with the cookie.
+    pub(crate) fn handle_retry(&mut self, now: Instant, token: &[u8]) {
+        if let Handshake::Client {
+            token: t,
+            next_initial,
+            ..
+        } = &mut self.handshake
+        {
+            if t.is_empty() && token.len() <= 64 {
+                *t = token.to_vec();
+                *next_initial = now;
+            }
+        }
+    }
+
+    /// ACCEPT: the handshake is complete; open the other links.
+    pub(crate) fn handle_accept(
+        &mut self,
+        now: Instant,
+        scid: u64,
+        instance: u64,
+        window: u64,
+        addrs: &[SocketAddr],
+        local_addrs: &[SocketAddr],
+    ) {
+        let Handshake::Client {
+            remotes, last_sent, ..
+        } = &self.handshake
+        else {
+            return;
+        };
+        let remotes = remotes.clone();
+        let rtt_sample = last_sent.map(|t| now - t);
+        self.handshake = Handshake::Done;
+        self.peer_cid = scid;
+        self.peer_instance = instance;
+        self.peer_window = window;
+        for s in &mut self.send {
+            s.max_data = window;
+        }
+        self.state = ConnectionState::Established;
+        self.last_rx = now;
+        self.links[0].promote(now);
+        if let Some(rtt) = rtt_sample {
+            self.links[0].seed_rtt(rtt);
+        }
+        self.event(Event::Connected);
+        self.event(Event::LinkStateChanged {
+            link: 0,
+            from: LinkState::Validating,
+            to: LinkState::Up,
+        });
+        // confirm at once, so the server may start sending
+        self.ping_pending = Some(0);
+        let targets: Vec<SocketAddr> = if remotes.len() > 1 {
+            remotes
+        } else if self.cfg.discover {
+            addrs.to_vec()
+        } else {
+            Vec::new()
+        };
+        for remote in targets {
+            if self.links.len() >= self.cfg.max_links.min(crate::MAX_LINKS) {
+                break;
+            }
+            let Some(local) = pick_local(local_addrs, remote, self.links[0].local) else {
+                continue;
+            };
+            if self
+                .links
+                .iter()
+                .any(|l| l.remote == remote && l.local == local)
+            {
+                continue;
+            }
+            self.add_link(now, local, remote);
+        }
+    }
+
+    fn add_link(&mut self, now: Instant, local: SocketAddr, remote: SocketAddr) -> usize {
+        let id = self.links.len();
+        let mut link = Link::new(id as LinkId, local, remote, self.cfg.max_datagram_size);
+        link.next_probe = Some(now);
+        self.links.push(link);
+        self.event(Event::LinkAdded { link: id as LinkId });
+        id
+    }
+
+    /// A repeated INITIAL from the client: its ACCEPT was lost.
+    pub(crate) fn handle_initial_again(&mut self) {
+        if let Handshake::Server {
+            accept_pending,
+            confirmed: false,
+            ..
+        } = &mut self.handshake
+        {
+            *accept_pending = true;
+        }
+    }
+
+    /// Whether any of this connection's links leads to `remote`.
+    pub(crate) fn has_remote(&self, remote: SocketAddr) -> bool {
+        self.links.iter().any(|l| l.remote == remote)
+    }
+
+    /// A short packet for this connection.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn handle_short(
+        &mut self,
+        now: Instant,
+        local: SocketAddr,
+        remote: SocketAddr,
+        link_id: u8,
+        pn: u64,
+        payload: &[u8],
+        datagram_len: usize,
+    ) {
+        if self.state == ConnectionState::Closed || self.state == ConnectionState::Connecting {
+            return;
+        }
+        // Validate every frame before acting on any: a malformed packet is dropped whole.
+        let mut ack_eliciting = false;
+        for f in Frames::new(payload) {
+            match f {
+                Err(_) => return,
+                Ok(Frame::Ack { .. } | Frame::Padding | Frame::Close { .. }) => {}
+                Ok(_) => ack_eliciting = true,
+            }
+        }
+        let i = link_id as usize;
+        if i >= self.links.len() {
+            // the peer opened a new link (only the next index, only a new address pair)
+            if i != self.links.len()
+                || i >= self.cfg.max_links.min(crate::MAX_LINKS)
+                || self
+                    .links
+                    .iter()
+                    .any(|l| l.local == local && l.remote == remote)
+            {
+                return;
+            }
+            self.add_link(now, local, remote);
+        }
+        if self.links[i].local != local || self.links[i].remote != remote {
+            return; // links do not migrate
+        }
+        if !self.links[i].on_received(now, pn, ack_eliciting, datagram_len, &self.cfg) {
+            return; // duplicate
+        }
+        if let Handshake::Server { confirmed, .. } = &mut self.handshake {
+            *confirmed = true;
+            self.handshake = Handshake::Done;
+        }
+        self.last_rx = now;
+        if ack_eliciting {
+            self.last_arrival_link = i;
+        }
+        for f in Frames::new(payload).flatten() {
+            match f {
+                Frame::Padding | Frame::Ping => {}
+                Frame::Ack {
+                    link,
+                    largest,
+                    delay_us,
+                    ranges,
+                } => self.on_ack_frame(now, link as usize, largest, delay_us, ranges),
+                Frame::Stream {
+                    stream,
+                    offset,
+                    fin,
+                    data,
+                } => match self.recv[stream as usize].on_data(offset, data, fin) {
+                    Ok(true) if !self.readable_signalled => {
+                        self.readable_signalled = true;
+                        self.event(Event::Readable);
+                    }
+                    Ok(_) => {}
+                    Err(v) => return self.fail(ConnectionError::ProtocolViolation(v.0)),
+                },
+                Frame::MaxStreamData { stream, max } => {
+                    let s = &mut self.send[stream as usize];
+                    s.max_data = s.max_data.max(max);
+                }
+                Frame::LinkStatus { link, status } => {
+                    let l = link as usize;
+                    if status == wire::link_status::DEGRADED
+                        && l < self.links.len()
+                        && self.links[l].is_up()
+                    {
+                        self.set_link_state(l, now, LinkState::Degraded);
+                    }
+                }
+                Frame::Close { code, reason } => {
+                    let reason = String::from_utf8_lossy(reason).into_owned();
+                    self.close_sends.clear();
+                    return self.set_closed(Some(ConnectionError::PeerAborted { code, reason }));
+                }
+            }
+        }
+        self.check_complete(now);
+    }
+
+    fn on_ack_frame(
+        &mut self,
+        now: Instant,
+        l: usize,
+        largest: u64,
+        delay_us: u64,
+        ranges: wire::AckRanges<'_>,
+    ) {
+        if l >= self.links.len() || largest >= self.links[l].next_pn() {
+            return; // acknowledges something never sent: ignore
+        }
+        let mut out = std::mem::take(&mut self.scratch);
+        let delay = Duration::from_micros(delay_us).min(self.cfg.max_ack_delay * 4);
+        self.links[l].on_ack(now, ranges, largest, delay, &mut out);
+        let probes = out.probes_acked;
+        self.apply_outcome(&mut out);
+        self.scratch = out;
+        if probes > 0 && self.links[l].on_probes_acked(probes) {
+            self.set_link_state(l, now, LinkState::Up);
+        }
+    }
+
+    /// Everything sent was acknowledged and everything the peer sent arrived: linger a little
+    /// to acknowledge the peer's retransmissions, then close cleanly.
+    fn check_complete(&mut self, now: Instant) {
+        if self.state == ConnectionState::Established
+            && self.is_send_complete()
+            && self.recv.iter().all(RecvStream::is_all_received)
+        {
+            self.state = ConnectionState::Draining;
+            let pto = self
+                .links
+                .iter()
+                .map(|l| l.pto(&self.cfg))
+                .max()
+                .unwrap_or_default();
+            self.draining_until = Some(now + (pto * 3).max(Duration::from_millis(100)));
+        }
+    }
+
+    // ------------------------------------------------------------------------------------
+    // Timers
+
+    /// When [`handle_timeout`](Self::handle_timeout) must run next.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        if self.state == ConnectionState::Closed {
+            return (!self.close_sends.is_empty()).then_some(self.last_rx);
+        }
+        let mut t: Option<Instant> = None;
+        let mut min = |x: Option<Instant>| {
+            if let Some(x) = x {
+                t = Some(t.map_or(x, |t| t.min(x)));
+            }
+        };
+        match &self.handshake {
+            Handshake::Client {
+                next_initial,
+                started,
+                ..
+            } => {
+                min(Some(*next_initial));
+                min(Some(*started + HANDSHAKE_TIMEOUT));
+                return t;
+            }
+            Handshake::Server { .. } | Handshake::Done => {}
+        }
+        min(self.draining_until);
+        min(self.pacing_wakeup);
+        min(Some(self.next_share_check));
+        for l in &self.links {
+            min(l.timeout(&self.cfg));
+            if l.ack_dirty {
+                min(l.ack_deadline);
+            }
+            if l.is_up() {
+                min(l.keepalive_deadline(&self.cfg));
+            }
+        }
+        if let (Some(since), Some(limit)) = (self.all_down_since, self.cfg.all_links_down_timeout) {
+            min(Some(since + limit));
+        }
+        if let Some(idle) = self.cfg.idle_timeout {
+            min(Some(self.last_rx + idle));
+        }
+        t
+    }
+
+    /// Runs every timer that is due.
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        if self.state == ConnectionState::Closed {
+            return;
+        }
+        if let Handshake::Client { started, .. } = &self.handshake {
+            if now >= *started + HANDSHAKE_TIMEOUT {
+                self.set_closed(Some(ConnectionError::Refused));
+            }
+            return;
+        }
+        if self.draining_until.is_some_and(|t| t <= now) {
+            self.draining_until = None;
+            self.set_closed(None);
+            return;
+        }
+        if self.pacing_wakeup.is_some_and(|t| t <= now) {
+            self.pacing_wakeup = None;
+        }
+        for i in 0..self.links.len() {
+            let mut out = std::mem::take(&mut self.scratch);
+            self.links[i].on_loss_timer(now, &mut out);
+            self.apply_outcome(&mut out);
+            self.scratch = out;
+            if self.links[i].on_pto_timer(now, &self.cfg) {
+                self.set_link_state(i, now, LinkState::Down);
+            }
+        }
+        if now >= self.next_share_check {
+            self.check_arrival_shares();
+            while self.next_share_check <= now {
+                self.next_share_check += self.cfg.share_check_interval;
+            }
+        }
+        self.update_all_down(now);
+        if let (Some(since), Some(limit)) = (self.all_down_since, self.cfg.all_links_down_timeout) {
+            if now >= since + limit {
+                return self.fail(ConnectionError::AllLinksDown);
+            }
+        }
+        if self
+            .cfg
+            .idle_timeout
+            .is_some_and(|idle| now >= self.last_rx + idle)
+        {
+            self.fail(ConnectionError::IdleTimeout);
+        }
+    }
+
+    /// RI2N's receiver-side detector: a link whose share of arrivals collapses relative to its
+    /// usual share is reported to the sender, which catches a switch that still forwards but
+    /// has become very slow (the sender alone would see only slowly growing delays).
+    fn check_arrival_shares(&mut self) {
+        let total: u64 = self.links.iter().map(|l| l.period_arrivals).sum();
+        if total >= MIN_PERIOD_ARRIVALS {
+            for l in &mut self.links {
+                let share = l.period_arrivals as f64 / total as f64;
+                if l.share_periods >= SHARE_WARMUP_PERIODS
+                    && l.expected_share >= MIN_JUDGED_SHARE
+                    && share < self.cfg.share_collapse_ratio * l.expected_share
+                {
+                    tracing::debug!(
+                        link = l.id,
+                        share,
+                        expected = l.expected_share,
+                        "share collapsed"
+                    );
+                    self.link_status_pending
+                        .push((l.id, wire::link_status::DEGRADED));
+                    // learn the link's share afresh once the sender has dealt with it
+                    l.expected_share = 0.0;
+                    l.share_periods = 0;
+                } else {
+                    l.expected_share = if l.share_periods == 0 {
+                        share
+                    } else {
+                        0.75 * l.expected_share + 0.25 * share
+                    };
+                    l.share_periods = l.share_periods.saturating_add(1);
+                }
+            }
+        }
+        for l in &mut self.links {
+            l.period_arrivals = 0;
+        }
+    }
+
+    // ------------------------------------------------------------------------------------
+    // Outgoing packets
+
+    /// Builds the next datagram into `buf`; returns the link index and length.
+    pub(crate) fn poll_transmit(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+    ) -> Option<(SocketAddr, SocketAddr, usize)> {
+        let size = self.cfg.max_datagram_size.min(buf.len());
+        let buf = &mut buf[..size];
+        if self.state == ConnectionState::Closed {
+            let i = self.close_sends.pop()?;
+            let (code, reason) = self.close_frame.clone().unwrap_or_default();
+            let len = self.build_close(i, code, &reason, buf);
+            return Some((self.links[i].local, self.links[i].remote, len));
+        }
+        if let Some(r) = self.poll_handshake(now, buf) {
+            return Some(r);
+        }
+        if self.state == ConnectionState::Connecting
+            || matches!(
+                self.handshake,
+                Handshake::Server {
+                    confirmed: false,
+                    ..
+                }
+            )
+        {
+            return None;
+        }
+        // 1. probes of links that are not up
+        if let Some(i) = (0..self.links.len()).find(|&i| self.links[i].probe_due(now)) {
+            if self.links[i].on_probe_sending(now, &self.cfg) {
+                self.set_link_state(i, now, LinkState::Down);
+            }
+            return self.transmit(now, i, PacketKind::Probe, buf);
+        }
+        // 2. probe timeouts, keepalives and the handshake confirmation on up links
+        let ping = self.ping_pending.take().or_else(|| {
+            (0..self.links.len()).find(|&i| {
+                let l = &self.links[i];
+                l.is_up()
+                    && (l.pto_probe_pending
+                        || l.keepalive_deadline(&self.cfg).is_some_and(|t| t <= now))
+            })
+        });
+        if let Some(i) = ping {
+            self.links[i].pto_probe_pending = false;
+            return self.transmit(now, i, PacketKind::Ping, buf);
+        }
+        // 3. stream data, striped over the up links with window and pacing room
+        let control_waiting =
+            self.max_data_pending.iter().any(|&p| p) || !self.link_status_pending.is_empty();
+        if self.send.iter().any(SendStream::wants_to_send) {
+            match self.pick_data_link(now) {
+                Ok(i) => return self.transmit(now, i, PacketKind::Data, buf),
+                Err(wake) => self.pacing_wakeup = wake,
+            }
+        }
+        // control frames do not wait for congestion windows
+        if control_waiting {
+            if let Some(i) = self.best_up_link() {
+                return self.transmit(now, i, PacketKind::AckOnly, buf);
+            }
+        }
+        // 4. acknowledgements
+        if self.links.iter().any(|l| l.ack_due(now)) {
+            let i = self.ack_link();
+            return self.transmit(now, i, PacketKind::AckOnly, buf);
+        }
+        None
+    }
+
+    fn poll_handshake(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+    ) -> Option<(SocketAddr, SocketAddr, usize)> {
+        let link = &self.links[0];
+        let (local, remote) = (link.local, link.remote);
+        match &mut self.handshake {
+            Handshake::Client {
+                token,
+                next_initial,
+                backoff,
+                last_sent,
+                ..
+            } if *next_initial <= now => {
+                *next_initial = now + *backoff;
+                *backoff = (*backoff * 2).min(Duration::from_secs(1));
+                *last_sent = Some(now);
+                let header = Header::Initial {
+                    scid: self.local_cid,
+                    instance: self.local_instance,
+                    window: self.cfg.stream_receive_window,
+                    token,
+                };
+                if buf.len() < wire::MIN_INITIAL_SIZE {
+                    return None;
+                }
+                let len = wire::encode_control_packet(&header, buf);
+                Some((local, remote, len))
+            }
+            Handshake::Server {
+                accept_pending: pending @ true,
+                advertised,
+                ..
+            } => {
+                *pending = false;
+                let header = Header::Accept {
+                    dcid: self.peer_cid,
+                    scid: self.local_cid,
+                    instance: self.local_instance,
+                    window: self.cfg.stream_receive_window,
+                    addrs: advertised.clone(),
+                };
+                Some((local, remote, wire::encode_control_packet(&header, buf)))
+            }
+            _ => None,
+        }
+    }
+
+    /// The up link with the lowest RTT whose window and pacer let a data packet out now, or
+    /// when pacing will next allow one.
+    fn pick_data_link(&mut self, now: Instant) -> Result<usize, Option<Instant>> {
+        let mut best: Option<usize> = None;
+        let mut wake: Option<Instant> = None;
+        for i in 0..self.links.len() {
+            if !self.links[i].is_up() {
+                continue;
+            }
+            match self.links[i].send_allowance(now) {
+                Ok(()) => {
+                    if best.is_none_or(|b| self.links[i].rtt.srtt < self.links[b].rtt.srtt) {
+                        best = Some(i);
+                    }
+                }
+                Err(Some(t)) => wake = Some(wake.map_or(t, |w| w.min(t))),
+                Err(None) => {}
+            }
+        }
+        best.ok_or(wake)
+    }
+
+    fn best_up_link(&self) -> Option<usize> {
+        (0..self.links.len())
+            .filter(|&i| self.links[i].is_up())
+            .min_by_key(|&i| self.links[i].rtt.srtt)
+    }
+
+    /// Acknowledgements go back on the link the data came in on, which just proved to work,
+    /// unless we know that link's return path is down.
+    fn ack_link(&self) -> usize {
+        let i = self.last_arrival_link;
+        if self.links[i].state != LinkState::Down {
+            return i;
+        }
+        self.best_up_link().unwrap_or(i)
+    }
+
+    fn transmit(
+        &mut self,
+        now: Instant,
+        i: usize,
+        kind: PacketKind,
+        buf: &mut [u8],
+    ) -> Option<(SocketAddr, SocketAddr, usize)> {
+        let len = self.build_packet(now, i, kind, buf);
+        Some((self.links[i].local, self.links[i].remote, len))
+    }
+
+    fn build_close(&mut self, i: usize, code: u64, reason: &str, buf: &mut [u8]) -> usize {
+        let link = &mut self.links[i];
+        let pn = link.next_pn();
+        let mut w = Writer::new(buf);
+        wire::write_short_header(&mut w, self.peer_cid, link.id, pn);
+        let room = w.remaining() - wire::CRC_LEN;
+        wire::write_close(&mut w, code, reason.as_bytes(), room);
+        let len = w.finish_with_crc();
+        let pkt = SentPacket {
+            time: self.last_rx,
+            size: len as u16,
+            in_flight: false,
+            ack_eliciting: false,
+            probe: false,
+            frames: SmallVec::new(),
+        };
+        link.on_sent(self.last_rx, len, pkt);
+        len
+    }
+
+    fn build_packet(&mut self, now: Instant, i: usize, kind: PacketKind, buf: &mut [u8]) -> usize {
+        let pn = self.links[i].next_pn();
+        let link_id = self.links[i].id;
+        let mut w = Writer::new(buf);
+        wire::write_short_header(&mut w, self.peer_cid, link_id, pn);
+        let end = w.len() + w.remaining() - wire::CRC_LEN; // room for frames
+        let mut frames: SmallVec<[SentFrame; 2]> = SmallVec::new();
+        let mut ack_eliciting = false;
+
+        if matches!(kind, PacketKind::Probe | PacketKind::Ping) {
+            w.u8(wire::frame_type::PING);
+            ack_eliciting = true;
+        }
+        // acknowledgements for every link with news (at most half a data packet)
+        let ack_room = if kind == PacketKind::Data {
+            (end - w.len()) / 2
+        } else {
+            end - w.len()
+        };
+        let ack_end = w.len() + ack_room;
+        for l in &mut self.links {
+            if !l.ack_dirty {
+                continue;
+            }
+            let delay = l.ack_delay(now).as_micros() as u64;
+            let ranges = l.received.iter().rev().map(|r| (r.start, r.end - 1));
+            let room = ack_end.saturating_sub(w.len());
+            if wire::write_ack(&mut w, l.id, delay, ranges, room) {
+                l.on_ack_sent();
+            }
+        }
+        // control frames
+        for s in 0..2 {
+            if self.max_data_pending[s] && end - w.len() >= 11 {
+                self.max_data_pending[s] = false;
+                wire::write_max_stream_data(&mut w, s as u8, self.recv[s].max_data_sent);
+                frames.push(SentFrame::MaxStreamData { stream: s as u8 });
+                ack_eliciting = true;
+            }
+        }
+        while end - w.len() >= 3 {
+            let Some((link, status)) = self.link_status_pending.pop() else {
+                break;
+            };
+            wire::write_link_status(&mut w, link, status);
+            frames.push(SentFrame::LinkStatus { link, status });
+            ack_eliciting = true;
+        }
+        // stream data, alternating between the streams
+        if kind == PacketKind::Data {
+            let mut stream_bytes = 0u64;
+            for _ in 0..2 {
+                let s = self.next_stream;
+                self.next_stream ^= 1;
+                // type + offset (up to 8) + length (2: frames stay below 16 KiB)
+                let room = end - w.len();
+                if room <= 11 {
+                    break;
+                }
+                let Some(chunk) = self.send[s].next_chunk(room - 11) else {
+                    continue;
+                };
+                wire::write_stream_header(&mut w, s as u8, chunk.offset, chunk.fin, chunk.len);
+                self.send[s].copy_out(chunk.offset, w.slot(chunk.len));
+                frames.push(SentFrame::Stream {
+                    stream: s as u8,
+                    chunk,
+                });
+                stream_bytes += chunk.len as u64;
+                ack_eliciting = true;
+            }
+            self.links[i].stream_bytes_sent += stream_bytes;
+        }
+        if kind == PacketKind::Probe {
+            // full size: a probe also checks that the path carries full datagrams
+            let pad = end - w.len();
+            w.zeros(pad);
+        }
+        let len = w.finish_with_crc();
+        let link = &mut self.links[i];
+        let pkt = SentPacket {
+            time: now,
+            size: len as u16,
+            in_flight: link.is_up() && ack_eliciting,
+            ack_eliciting,
+            probe: kind == PacketKind::Probe,
+            frames,
+        };
+        link.on_sent(now, len, pkt);
+        len
+    }
+}
+
+/// The local address to reach `remote` from: one in the same subnet (the longest common
+/// address prefix of at least /24 for IPv4 or /64 for IPv6), else `fallback` when it is of the
+/// same family, else any local address of that family.
+pub(crate) fn pick_local(
+    locals: &[SocketAddr],
+    remote: SocketAddr,
+    fallback: SocketAddr,
+) -> Option<SocketAddr> {
+    fn common_prefix(a: SocketAddr, b: SocketAddr) -> u32 {
+        match (a.ip(), b.ip()) {
+            (std::net::IpAddr::V4(x), std::net::IpAddr::V4(y)) => {
+                (u32::from(x) ^ u32::from(y)).leading_zeros()
+            }
+            (std::net::IpAddr::V6(x), std::net::IpAddr::V6(y)) => {
+                (u128::from(x) ^ u128::from(y)).leading_zeros()
+            }
+            _ => 0,
+        }
+    }
+    let same_family = |a: &SocketAddr| a.is_ipv4() == remote.is_ipv4();
+    let min_prefix = if remote.is_ipv4() { 24 } else { 64 };
+    locals
+        .iter()
+        .filter(|a| same_family(a))
+        .map(|&a| (common_prefix(a, remote), a))
+        .filter(|&(p, _)| p >= min_prefix)
+        .max_by_key(|&(p, _)| p)
+        .map(|(_, a)| a)
+        .or_else(|| same_family(&fallback).then_some(fallback))
+        .or_else(|| locals.iter().copied().find(same_family))
 }

@@ -1,7 +1,24 @@
-//! Endpoint (stub, being written).
+//! The endpoint: every connection of one host process, the routing of datagrams to them by
+//! connection ID, and the stateless parts of the protocol.
+//!
+//! Stateless means: a server answers a first INITIAL with a RETRY carrying a cookie (a keyed
+//! hash of the client's address, connection ID and the time) and keeps nothing; only an INITIAL
+//! that echoes a valid cookie creates a connection, so a spoofed source address costs the
+//! server no memory and gets back less than it sent. A short packet for an unknown connection
+//! is answered with a RESET, which is how a peer learns that we restarted.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::Hasher;
 use std::net::SocketAddr;
 use std::time::Instant;
-use crate::*;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use siphasher::sip::SipHasher13;
+
+use crate::connection::pick_local;
+use crate::wire::{self, Header};
+use crate::{ConnectError, Connection, ConnectionConfig, ConnectionState, EndpointConfig, Event};
 
 /// Names a connection within its endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -18,29 +35,363 @@ pub struct Transmit {
     pub len: usize,
 }
 
-/// All connections of one host process, and the demultiplexing between them.
+/// Stateless answers waiting to be sent; beyond this many, new ones are dropped, so a flood
+/// of junk cannot grow memory.
+const MAX_STATELESS_QUEUE: usize = 64;
+/// Smallest short packet answered with a RESET (a RESET is never larger than what triggered it).
+const MIN_RESET_TRIGGER: usize = 16;
+
+/// All connections of one host process.
 #[derive(Debug)]
-pub struct Endpoint {}
+pub struct Endpoint {
+    cfg: EndpointConfig,
+    rng: ChaCha8Rng,
+    /// Identifies this run of the endpoint; a peer seeing it change knows we restarted.
+    instance: u64,
+    cookie_key: (u64, u64),
+    epoch: Instant,
+    connections: BTreeMap<ConnectionHandle, Connection>,
+    by_cid: HashMap<u64, ConnectionHandle>,
+    /// Server side: (client address, client connection ID) of connections being set up, so a
+    /// repeated INITIAL finds its connection.
+    by_initial: HashMap<(SocketAddr, u64), ConnectionHandle>,
+    next_handle: u64,
+    stateless: VecDeque<(SocketAddr, SocketAddr, Vec<u8>)>,
+    accept_queue: VecDeque<ConnectionHandle>,
+    /// Round-robin position of `poll_transmit` among the connections.
+    cursor: u64,
+}
 
 impl Endpoint {
-    /// A new endpoint; `seed` feeds its random numbers (connection IDs, cookie key).
-    pub fn new(_config: EndpointConfig, _seed: u64, _now: Instant) -> Self { todo!() }
-    /// Starts a connection to a peer given one or more of its addresses.
-    pub fn connect(&mut self, _now: Instant, _remotes: &[SocketAddr], _config: ConnectionConfig) -> Result<ConnectionHandle, ConnectError> { todo!() }
-    /// Handles one received datagram.
-    pub fn handle_datagram(&mut self, _now: Instant, _local: SocketAddr, _remote: SocketAddr, _data: &[u8]) { todo!() }
-    /// Next datagram to send, written into `buf` (at least `max_datagram_size` bytes).
-    pub fn poll_transmit(&mut self, _now: Instant, _buf: &mut [u8]) -> Option<Transmit> { todo!() }
-    /// When `handle_timeout` must next be called.
-    pub fn poll_timeout(&mut self) -> Option<Instant> { todo!() }
-    /// Runs timers that are due.
-    pub fn handle_timeout(&mut self, _now: Instant) { todo!() }
-    /// Next application event.
-    pub fn poll_event(&mut self) -> Option<(ConnectionHandle, Event)> { todo!() }
-    /// Next accepted incoming connection.
-    pub fn accept(&mut self) -> Option<ConnectionHandle> { todo!() }
+    /// A new endpoint; `seed` feeds its random numbers (connection IDs, instance, cookie key).
+    /// A real driver passes a seed from the operating system's random source.
+    pub fn new(cfg: EndpointConfig, seed: u64, now: Instant) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        Self {
+            instance: rng.gen(),
+            cookie_key: (rng.gen(), rng.gen()),
+            rng,
+            cfg,
+            epoch: now,
+            connections: BTreeMap::new(),
+            by_cid: HashMap::new(),
+            by_initial: HashMap::new(),
+            next_handle: 0,
+            stateless: VecDeque::new(),
+            accept_queue: VecDeque::new(),
+            cursor: 0,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EndpointConfig {
+        &self.cfg
+    }
+
+    fn new_cid(&mut self) -> u64 {
+        loop {
+            let cid: u64 = self.rng.gen();
+            if cid != 0 && !self.by_cid.contains_key(&cid) {
+                return cid;
+            }
+        }
+    }
+
+    fn insert(&mut self, cid: u64, conn: Connection) -> ConnectionHandle {
+        let h = ConnectionHandle(self.next_handle);
+        self.next_handle += 1;
+        self.by_cid.insert(cid, h);
+        self.connections.insert(h, conn);
+        h
+    }
+
+    /// Starts a connection to a peer given one or more of its addresses. The handshake goes
+    /// to the first; with more than one, a link is opened to each, else (unless discovery is
+    /// off) to each address the server announces.
+    pub fn connect(
+        &mut self,
+        now: Instant,
+        remotes: &[SocketAddr],
+        config: ConnectionConfig,
+    ) -> Result<ConnectionHandle, ConnectError> {
+        let first = *remotes.first().ok_or(ConnectError::NoRemoteAddress)?;
+        if remotes.len() > crate::MAX_LINKS {
+            return Err(ConnectError::TooManyLinks(crate::MAX_LINKS));
+        }
+        let fallback = self
+            .cfg
+            .local_addrs
+            .iter()
+            .copied()
+            .find(|a| a.is_ipv4() == first.is_ipv4())
+            .ok_or(ConnectError::NoLocalAddress(first))?;
+        let local = pick_local(&self.cfg.local_addrs, first, fallback).unwrap_or(fallback);
+        let cid = self.new_cid();
+        let conn = Connection::new_client(config, now, cid, self.instance, local, remotes.to_vec());
+        Ok(self.insert(cid, conn))
+    }
+
+    fn cookie_mac(&self, remote: SocketAddr, scid: u64, issued_ms: u64) -> u64 {
+        let mut h = SipHasher13::new_with_keys(self.cookie_key.0, self.cookie_key.1);
+        match remote.ip() {
+            std::net::IpAddr::V4(ip) => h.write(&ip.octets()),
+            std::net::IpAddr::V6(ip) => h.write(&ip.octets()),
+        }
+        h.write_u16(remote.port());
+        h.write_u64(scid);
+        h.write_u64(issued_ms);
+        h.finish()
+    }
+
+    fn make_cookie(&self, now: Instant, remote: SocketAddr, scid: u64) -> [u8; 16] {
+        let issued = (now - self.epoch).as_millis() as u64;
+        let mut token = [0u8; 16];
+        token[..8].copy_from_slice(&issued.to_be_bytes());
+        token[8..].copy_from_slice(&self.cookie_mac(remote, scid, issued).to_be_bytes());
+        token
+    }
+
+    fn cookie_valid(&self, now: Instant, remote: SocketAddr, scid: u64, token: &[u8]) -> bool {
+        let Ok(token) = <&[u8; 16]>::try_from(token) else {
+            return false;
+        };
+        let issued = u64::from_be_bytes(token[..8].try_into().unwrap());
+        let mac = u64::from_be_bytes(token[8..].try_into().unwrap());
+        let now_ms = (now - self.epoch).as_millis() as u64;
+        now_ms >= issued
+            && now_ms - issued <= self.cfg.cookie_lifetime.as_millis() as u64
+            && mac == self.cookie_mac(remote, scid, issued)
+    }
+
+    fn queue_stateless(&mut self, local: SocketAddr, remote: SocketAddr, header: &Header<'_>) {
+        if self.stateless.len() >= MAX_STATELESS_QUEUE {
+            return;
+        }
+        let mut buf = vec![0u8; wire::MIN_INITIAL_SIZE];
+        let len = wire::encode_control_packet(header, &mut buf);
+        buf.truncate(len);
+        self.stateless.push_back((local, remote, buf));
+    }
+
+    /// Handles one received datagram that travelled from `remote` to our `local` address.
+    /// Anything malformed, corrupted or unexpected is dropped without effect.
+    pub fn handle_datagram(
+        &mut self,
+        now: Instant,
+        local: SocketAddr,
+        remote: SocketAddr,
+        data: &[u8],
+    ) {
+        let Ok((header, payload)) = wire::decode_packet(data) else {
+            return;
+        };
+        match header {
+            Header::Short { dcid, link, pn } => match self.by_cid.get(&dcid) {
+                Some(h) => {
+                    let conn = self.connections.get_mut(h).expect("mapped handle");
+                    conn.handle_short(now, local, remote, link, pn, payload, data.len());
+                }
+                None if data.len() >= MIN_RESET_TRIGGER => {
+                    self.queue_stateless(local, remote, &Header::Reset { dcid })
+                }
+                None => {}
+            },
+            Header::Initial {
+                scid,
+                instance,
+                window,
+                token,
+            } => self.handle_initial(now, local, remote, scid, instance, window, token),
+            Header::Retry { dcid, token } => {
+                if let Some(c) = self.client_conn(dcid) {
+                    c.handle_retry(now, token);
+                }
+            }
+            Header::Accept {
+                dcid,
+                scid,
+                instance,
+                window,
+                addrs,
+            } => {
+                let locals = self.cfg.local_addrs.clone();
+                if let Some(c) = self.client_conn(dcid) {
+                    c.handle_accept(now, scid, instance, window, &addrs, &locals);
+                }
+            }
+            Header::Reset { dcid } => {
+                if let Some(&h) = self.by_cid.get(&dcid) {
+                    let conn = self.connections.get_mut(&h).expect("mapped handle");
+                    // A reset only counts from an address the connection talks to.
+                    if conn.has_remote(remote) {
+                        conn.peer_restarted();
+                    }
+                }
+            }
+        }
+    }
+
+    fn client_conn(&mut self, cid: u64) -> Option<&mut Connection> {
+        let h = self.by_cid.get(&cid)?;
+        self.connections
+            .get_mut(h)
+            .filter(|c| c.state() == ConnectionState::Connecting)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn handle_initial(
+        &mut self,
+        now: Instant,
+        local: SocketAddr,
+        remote: SocketAddr,
+        scid: u64,
+        instance: u64,
+        window: u64,
+        token: &[u8],
+    ) {
+        if !self.cfg.accept_incoming || scid == 0 {
+            return;
+        }
+        if let Some(&h) = self.by_initial.get(&(remote, scid)) {
+            if let Some(c) = self.connections.get_mut(&h) {
+                c.handle_initial_again();
+                return;
+            }
+        }
+        if !self.cookie_valid(now, remote, scid, token) {
+            let cookie = self.make_cookie(now, remote, scid);
+            self.queue_stateless(
+                local,
+                remote,
+                &Header::Retry {
+                    dcid: scid,
+                    token: &cookie,
+                },
+            );
+            return;
+        }
+        // A new run of a peer we have connections with: those connections are dead.
+        for c in self.connections.values_mut() {
+            if c.state() != ConnectionState::Closed
+                && c.peer_instance != instance
+                && c.has_remote(remote)
+            {
+                c.peer_restarted();
+            }
+        }
+        let cid = self.new_cid();
+        let advertised = if self.cfg.advertised_addrs.is_empty() {
+            self.cfg.local_addrs.clone()
+        } else {
+            self.cfg.advertised_addrs.clone()
+        };
+        // the address the client used goes first, so link 0 matches on both sides
+        let mut advertised: Vec<SocketAddr> =
+            advertised.into_iter().filter(|&a| a != local).collect();
+        advertised.insert(0, local);
+        let conn = Connection::new_server(
+            self.cfg.server_connection.clone(),
+            now,
+            cid,
+            scid,
+            self.instance,
+            instance,
+            window,
+            local,
+            remote,
+            advertised,
+        );
+        let h = self.insert(cid, conn);
+        self.by_initial.insert((remote, scid), h);
+        self.accept_queue.push_back(h);
+    }
+
+    /// The next datagram to send, written into `buf` (at least `max_datagram_size` bytes, and
+    /// 1200 for a client's first packets). Call until it returns `None`.
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        if let Some((local, remote, data)) = self.stateless.pop_front() {
+            buf[..data.len()].copy_from_slice(&data);
+            return Some(Transmit {
+                local,
+                remote,
+                len: data.len(),
+            });
+        }
+        // round robin, so one busy connection cannot starve the others
+        let handles: Vec<ConnectionHandle> = self
+            .connections
+            .range(ConnectionHandle(self.cursor)..)
+            .chain(self.connections.range(..ConnectionHandle(self.cursor)))
+            .map(|(&h, _)| h)
+            .collect();
+        for h in handles {
+            let conn = self.connections.get_mut(&h).expect("listed");
+            if let Some((local, remote, len)) = conn.poll_transmit(now, buf) {
+                self.cursor = h.0 + 1;
+                return Some(Transmit { local, remote, len });
+            }
+        }
+        None
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) must next be called.
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        self.connections
+            .values()
+            .filter_map(Connection::poll_timeout)
+            .min()
+    }
+
+    /// Runs every timer that is due.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        for c in self.connections.values_mut() {
+            if c.poll_timeout().is_some_and(|t| t <= now) {
+                c.handle_timeout(now);
+            }
+        }
+    }
+
+    /// The next application event of any connection.
+    pub fn poll_event(&mut self) -> Option<(ConnectionHandle, Event)> {
+        self.connections
+            .iter_mut()
+            .find_map(|(&h, c)| c.poll_event().map(|e| (h, e)))
+    }
+
+    /// The next accepted incoming connection.
+    pub fn accept(&mut self) -> Option<ConnectionHandle> {
+        self.accept_queue.pop_front()
+    }
+
     /// A connection, for application calls.
-    pub fn connection_mut(&mut self, _h: ConnectionHandle) -> Option<&mut Connection> { todo!() }
+    pub fn connection_mut(&mut self, h: ConnectionHandle) -> Option<&mut Connection> {
+        self.connections.get_mut(&h)
+    }
+
     /// A connection, read-only.
-    pub fn connection(&self, _h: ConnectionHandle) -> Option<&Connection> { todo!() }
+    pub fn connection(&self, h: ConnectionHandle) -> Option<&Connection> {
+        self.connections.get(&h)
+    }
+
+    /// Forgets a closed connection (the application has collected what it needed). Later
+    /// packets for it are answered with a RESET. Returns false if it is still open.
+    pub fn release(&mut self, h: ConnectionHandle) -> bool {
+        if self
+            .connections
+            .get(&h)
+            .is_some_and(|c| c.state() == ConnectionState::Closed)
+        {
+            self.connections.remove(&h);
+            self.by_cid.retain(|_, v| *v != h);
+            self.by_initial.retain(|_, v| *v != h);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Number of connections held (open or not yet released).
+    pub fn connection_count(&self) -> usize {
+        self.connections.len()
+    }
 }

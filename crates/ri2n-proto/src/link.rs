@@ -1,11 +1,32 @@
-//! Per-link state (stub, being written).
+//! One link of a connection: a (local address, remote address) path with its own packet-number
+//! space in each direction, RTT estimate, loss detection, congestion window, pacer and health.
+//!
+//! Loss is judged per link, so data that overtakes on a faster link never looks lost. Health
+//! follows a small state machine (see `docs/PROTOCOL.md`, "Link states"):
+//!
+//! - `Validating` → `Up` once a probe is acknowledged;
+//! - `Up` → `Down` after `failure_ptos` probe timeouts with no acknowledgement at all;
+//! - `Up` → `Degraded` when the receiver reports the link's share of arrivals collapsed;
+//! - `Degraded` → `Down` when its probes go unanswered;
+//! - `Down`/`Degraded` → `Up` after enough consecutive acknowledged probes, sent every
+//!   `probe_interval` however long the outage: recovery time does not grow with the outage.
+//!   A link that fails again soon after coming back needs twice as many probes (flap damping).
+
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use smallvec::SmallVec;
+
+use crate::congestion::{Congestion, Pacer};
+use crate::ranges::RangeSet;
+use crate::streams::Chunk;
+use crate::{ConnectionConfig, LinkId};
 
 /// Health of a link as the sender judges it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LinkState {
-    /// Newly opened; waiting for its first acknowledgement. Carries only probes.
+    /// Newly opened; waiting for its first acknowledgements. Carries only probes.
     Validating,
     /// Healthy: carries data.
     Up,
@@ -15,12 +36,23 @@ pub enum LinkState {
     Down,
 }
 
+impl std::fmt::Display for LinkState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LinkState::Validating => "validating",
+            LinkState::Up => "up",
+            LinkState::Degraded => "degraded",
+            LinkState::Down => "down",
+        })
+    }
+}
+
 /// Statistics of one link.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct LinkStats {
     /// The link's index in its connection.
-    pub id: crate::LinkId,
+    pub id: LinkId,
     /// Local address.
     pub local: SocketAddr,
     /// Remote address.
@@ -43,8 +75,530 @@ pub struct LinkStats {
     pub packets_sent: u64,
     /// Packets received.
     pub packets_received: u64,
-    /// Packets declared lost (including those re-sent when the link failed).
+    /// Packets declared lost (including those re-sent elsewhere when the link failed).
     pub packets_lost: u64,
-    /// Stream bytes first sent on this link (new data, not retransmissions).
+    /// Stream bytes sent on this link (first transmissions and repairs).
     pub stream_bytes_sent: u64,
+}
+
+/// What a sent packet carried that matters if it is acknowledged or lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SentFrame {
+    Stream { stream: u8, chunk: Chunk },
+    MaxStreamData { stream: u8 },
+    LinkStatus { link: LinkId, status: u8 },
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct SentPacket {
+    pub time: Instant,
+    pub size: u16,
+    /// Counted in `bytes_in_flight` (data packets, not probes of a link that is not up).
+    pub in_flight: bool,
+    pub ack_eliciting: bool,
+    pub probe: bool,
+    pub frames: SmallVec<[SentFrame; 2]>,
+}
+
+/// RFC 9002 round-trip estimator.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rtt {
+    pub srtt: Duration,
+    pub rttvar: Duration,
+    pub min: Duration,
+    pub latest: Duration,
+    has_sample: bool,
+}
+
+/// RTT assumed before the first sample.
+const INITIAL_RTT: Duration = Duration::from_millis(100);
+const GRANULARITY: Duration = Duration::from_millis(1);
+
+impl Rtt {
+    fn new() -> Self {
+        Self {
+            srtt: INITIAL_RTT,
+            rttvar: INITIAL_RTT / 2,
+            min: Duration::MAX,
+            latest: INITIAL_RTT,
+            has_sample: false,
+        }
+    }
+
+    fn update(&mut self, sample: Duration, ack_delay: Duration) {
+        self.latest = sample;
+        self.min = self.min.min(sample);
+        let adjusted = if sample >= self.min + ack_delay {
+            sample - ack_delay
+        } else {
+            sample
+        };
+        if !self.has_sample {
+            self.has_sample = true;
+            self.srtt = adjusted;
+            self.rttvar = adjusted / 2;
+        } else {
+            let diff = self.srtt.abs_diff(adjusted);
+            self.rttvar = (self.rttvar * 3 + diff) / 4;
+            self.srtt = (self.srtt * 7 + adjusted) / 8;
+        }
+    }
+}
+
+/// Outcome of processing an ACK frame for one link.
+#[derive(Debug, Default)]
+pub(crate) struct AckOutcome {
+    pub acked: Vec<SentPacket>,
+    pub lost: Vec<SentPacket>,
+    /// Probes acknowledged with their round-trip times.
+    pub probes_acked: u32,
+}
+
+#[derive(Debug)]
+pub(crate) struct Link {
+    pub id: LinkId,
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    pub state: LinkState,
+    mss: usize,
+
+    // --- sending ---
+    next_pn: u64,
+    sent: BTreeMap<u64, SentPacket>,
+    pub bytes_in_flight: u64,
+    pub cc: Congestion,
+    pub pacer: Pacer,
+    pub rtt: Rtt,
+    largest_acked: Option<u64>,
+    /// Time threshold loss timer.
+    loss_time: Option<Instant>,
+    /// When an acknowledgement last newly acknowledged something sent on this link.
+    last_ack_time: Option<Instant>,
+    last_ack_eliciting_sent: Option<Instant>,
+    /// Probe timeouts in a row without any acknowledgement.
+    pub pto_count: u32,
+    last_pto: Option<Instant>,
+    /// A PTO fired: send one ack-eliciting packet on this link.
+    pub pto_probe_pending: bool,
+
+    // --- probing while not up ---
+    pub next_probe: Option<Instant>,
+    last_probe_pn: Option<u64>,
+    probe_successes: u32,
+    probe_failures: u32,
+    probes_needed: u32,
+    last_promotion: Option<Instant>,
+
+    // --- receiving ---
+    /// Packet numbers received from the peer on this link (a bounded window of ranges).
+    pub received: RangeSet,
+    largest_received: Option<(u64, Instant)>,
+    eliciting_since_ack: u32,
+    /// An ACK frame for this link should be sent (something new arrived).
+    pub ack_dirty: bool,
+    /// The ACK must go out now (threshold or reordering), not after the delay.
+    pub ack_immediate: bool,
+    /// Latest time the ACK may be delayed to.
+    pub ack_deadline: Option<Instant>,
+    /// Ack-eliciting arrivals in the current share-check period.
+    pub period_arrivals: u64,
+    /// Usual share of arrivals (receiver-side detector), learned over healthy periods.
+    pub expected_share: f64,
+    pub share_periods: u32,
+
+    // --- statistics ---
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub packets_sent: u64,
+    pub packets_received: u64,
+    pub packets_lost: u64,
+    pub stream_bytes_sent: u64,
+}
+
+/// Ranges of received packet numbers remembered per link (older ones are forgotten; a peer
+/// that missed their acknowledgement re-sends the data, which the streams de-duplicate).
+const MAX_RECEIVED_RANGES: usize = 64;
+
+impl Link {
+    pub fn new(id: LinkId, local: SocketAddr, remote: SocketAddr, mss: usize) -> Self {
+        Self {
+            id,
+            local,
+            remote,
+            state: LinkState::Validating,
+            mss,
+            next_pn: 0,
+            sent: BTreeMap::new(),
+            bytes_in_flight: 0,
+            cc: Congestion::new(mss),
+            pacer: Pacer::new(mss),
+            rtt: Rtt::new(),
+            largest_acked: None,
+            loss_time: None,
+            last_ack_time: None,
+            last_ack_eliciting_sent: None,
+            pto_count: 0,
+            last_pto: None,
+            pto_probe_pending: false,
+            next_probe: None,
+            last_probe_pn: None,
+            probe_successes: 0,
+            probe_failures: 0,
+            // one round trip validates a new link; recovering from a failure takes more
+            probes_needed: 1,
+            last_promotion: None,
+            received: RangeSet::new(),
+            largest_received: None,
+            eliciting_since_ack: 0,
+            ack_dirty: false,
+            ack_immediate: false,
+            ack_deadline: None,
+            period_arrivals: 0,
+            expected_share: 0.0,
+            share_periods: 0,
+            bytes_sent: 0,
+            bytes_received: 0,
+            packets_sent: 0,
+            packets_received: 0,
+            packets_lost: 0,
+            stream_bytes_sent: 0,
+        }
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.state == LinkState::Up
+    }
+
+    pub fn next_pn(&self) -> u64 {
+        self.next_pn
+    }
+
+    /// Probe timeout: how long to wait for any acknowledgement before probing.
+    pub fn pto(&self, cfg: &ConnectionConfig) -> Duration {
+        (self.rtt.srtt + (self.rtt.rttvar * 4).max(GRANULARITY) + cfg.max_ack_delay)
+            .max(cfg.min_pto)
+    }
+
+    /// Whether a full-size data packet fits the window and the pacer allows it now;
+    /// otherwise when it may (None: window full, wait for acknowledgements).
+    pub fn send_allowance(&mut self, now: Instant) -> Result<(), Option<Instant>> {
+        if self.bytes_in_flight + self.mss as u64 > self.cc.window() {
+            return Err(None);
+        }
+        let slow_start = self.cc.in_slow_start();
+        match self.pacer.delay(
+            now,
+            self.mss,
+            self.mss,
+            self.cc.window(),
+            self.rtt.srtt,
+            slow_start,
+        ) {
+            None => Ok(()),
+            Some(t) => Err(Some(t)),
+        }
+    }
+
+    /// Records a packet sent on this link.
+    pub fn on_sent(&mut self, now: Instant, size: usize, pkt: SentPacket) -> u64 {
+        let pn = self.next_pn;
+        self.next_pn += 1;
+        self.packets_sent += 1;
+        self.bytes_sent += size as u64;
+        if pkt.in_flight {
+            self.bytes_in_flight += u64::from(pkt.size);
+            self.pacer.on_sent(size);
+        }
+        if pkt.ack_eliciting {
+            self.last_ack_eliciting_sent = Some(now);
+            if pkt.probe {
+                self.last_probe_pn = Some(pn);
+            }
+            self.sent.insert(pn, pkt);
+        }
+        pn
+    }
+
+    /// Processes the ranges of an ACK frame for this link.
+    pub fn on_ack(
+        &mut self,
+        now: Instant,
+        ranges: impl Iterator<Item = (u64, u64)>,
+        largest: u64,
+        ack_delay: Duration,
+        out: &mut AckOutcome,
+    ) {
+        let mut largest_newly_acked: Option<(u64, Instant, bool)> = None;
+        for (lo, hi) in ranges {
+            let keys: SmallVec<[u64; 32]> = self.sent.range(lo..=hi).map(|(&pn, _)| pn).collect();
+            for pn in keys {
+                let pkt = self.sent.remove(&pn).expect("key just listed");
+                if largest_newly_acked.is_none_or(|(l, _, _)| pn > l) {
+                    largest_newly_acked = Some((pn, pkt.time, pkt.ack_eliciting));
+                }
+                if pkt.in_flight {
+                    let before = self.bytes_in_flight;
+                    self.bytes_in_flight -= u64::from(pkt.size);
+                    self.cc.on_ack(u64::from(pkt.size), pkt.time, before);
+                }
+                if pkt.probe {
+                    out.probes_acked += 1;
+                }
+                out.acked.push(pkt);
+            }
+        }
+        let Some((pn, sent_time, eliciting)) = largest_newly_acked else {
+            return;
+        };
+        self.largest_acked = Some(self.largest_acked.map_or(largest, |l| l.max(largest)));
+        self.last_ack_time = Some(now);
+        self.pto_count = 0;
+        self.pto_probe_pending = false;
+        if pn == largest && eliciting {
+            self.rtt.update(now - sent_time, ack_delay);
+        }
+        self.detect_lost(now, out);
+    }
+
+    /// RFC 9002 packet- and time-threshold loss detection within this link.
+    fn detect_lost(&mut self, now: Instant, out: &mut AckOutcome) {
+        self.loss_time = None;
+        let Some(largest) = self.largest_acked else {
+            return;
+        };
+        let delay = (self.rtt.srtt.max(self.rtt.latest) * 9 / 8).max(GRANULARITY);
+        let lost_before = now.checked_sub(delay);
+        let mut lost_pns: SmallVec<[u64; 16]> = SmallVec::new();
+        for (&pn, pkt) in self.sent.range(..largest) {
+            if pn + 3 <= largest || lost_before.is_some_and(|t| pkt.time <= t) {
+                lost_pns.push(pn);
+            } else {
+                let t = pkt.time + delay;
+                self.loss_time = Some(self.loss_time.map_or(t, |l| l.min(t)));
+            }
+        }
+        for pn in lost_pns {
+            let pkt = self.sent.remove(&pn).expect("key just listed");
+            self.packets_lost += 1;
+            if pkt.in_flight {
+                self.bytes_in_flight -= u64::from(pkt.size);
+                self.cc.on_loss(pkt.time, now);
+            }
+            out.lost.push(pkt);
+        }
+    }
+
+    /// Declares everything in flight lost (the link failed): it will be re-sent elsewhere.
+    pub fn drain_in_flight(&mut self, out: &mut AckOutcome) {
+        for (_, pkt) in std::mem::take(&mut self.sent) {
+            self.packets_lost += 1;
+            out.lost.push(pkt);
+        }
+        self.bytes_in_flight = 0;
+        self.loss_time = None;
+        self.pto_count = 0;
+        self.pto_probe_pending = false;
+    }
+
+    /// Earliest timer of this link (loss, PTO, probe).
+    pub fn timeout(&self, cfg: &ConnectionConfig) -> Option<Instant> {
+        let mut t = self.loss_time;
+        let mut min = |x: Option<Instant>| {
+            if let Some(x) = x {
+                t = Some(t.map_or(x, |t: Instant| t.min(x)));
+            }
+        };
+        min(self.pto_deadline(cfg));
+        if self.state != LinkState::Up {
+            min(self.next_probe);
+        }
+        t
+    }
+
+    fn pto_deadline(&self, cfg: &ConnectionConfig) -> Option<Instant> {
+        if self.state != LinkState::Up || self.sent.is_empty() || self.pto_probe_pending {
+            return None;
+        }
+        let oldest = self.sent.values().next().map(|p| p.time);
+        let base = [oldest, self.last_ack_time, self.last_pto]
+            .into_iter()
+            .flatten()
+            .max()?;
+        Some(base + self.pto(cfg))
+    }
+
+    /// Runs the loss timer. Lost packets are appended to `out`.
+    pub fn on_loss_timer(&mut self, now: Instant, out: &mut AckOutcome) {
+        if self.loss_time.is_some_and(|t| t <= now) {
+            self.detect_lost(now, out);
+        }
+    }
+
+    /// Runs the probe timeout. Returns true when the link must be declared down.
+    pub fn on_pto_timer(&mut self, now: Instant, cfg: &ConnectionConfig) -> bool {
+        if self.pto_deadline(cfg).is_none_or(|d| d > now) {
+            return false;
+        }
+        self.pto_count += 1;
+        self.last_pto = Some(now);
+        if self.pto_count >= cfg.failure_ptos {
+            return true;
+        }
+        self.pto_probe_pending = true;
+        false
+    }
+
+    /// Leaves `Up` (or `Validating`) for `to`; the caller re-sends what was in flight.
+    pub fn demote(&mut self, now: Instant, to: LinkState, cfg: &ConnectionConfig) {
+        debug_assert!(to == LinkState::Down || to == LinkState::Degraded);
+        // flap damping: failing again soon after recovering doubles the probes needed
+        let recent = self
+            .last_promotion
+            .is_some_and(|p| now.saturating_duration_since(p) < Duration::from_secs(1));
+        self.probes_needed = if recent {
+            (self.probes_needed * 2).min(32)
+        } else {
+            cfg.recovery_probes
+        };
+        self.state = to;
+        self.cc.reset();
+        self.pacer.reset(self.mss);
+        self.probe_successes = 0;
+        self.probe_failures = 0;
+        self.next_probe = Some(now + cfg.probe_interval);
+        self.last_pto = None;
+    }
+
+    /// Whether a probe is due on this (not up) link.
+    pub fn probe_due(&self, now: Instant) -> bool {
+        self.state != LinkState::Up && self.next_probe.is_some_and(|t| t <= now)
+    }
+
+    /// A probe is about to be sent: an earlier probe still unanswered breaks the run of
+    /// successes. Returns true when a degraded link's probes have failed often enough for it
+    /// to count as down.
+    pub fn on_probe_sending(&mut self, now: Instant, cfg: &ConnectionConfig) -> bool {
+        self.next_probe = Some(now + cfg.probe_interval);
+        if let Some(pn) = self.last_probe_pn {
+            if self.sent.contains_key(&pn) {
+                // unanswered within a probe interval: forget it (its loss is not a congestion signal)
+                self.sent.remove(&pn);
+                self.probe_successes = 0;
+                self.probe_failures += 1;
+            }
+        }
+        self.state == LinkState::Degraded && self.probe_failures >= cfg.failure_ptos
+    }
+
+    /// Probes acknowledged; returns true when the link should come (back) up.
+    pub fn on_probes_acked(&mut self, n: u32) -> bool {
+        self.probe_successes += n;
+        self.probe_failures = 0;
+        self.state != LinkState::Up && self.probe_successes >= self.probes_needed
+    }
+
+    /// Seeds the RTT estimate from the handshake round trip.
+    pub fn seed_rtt(&mut self, rtt: Duration) {
+        self.rtt.update(rtt, Duration::ZERO);
+    }
+
+    /// When an idle up link needs a keepalive.
+    pub fn keepalive_deadline(&self, cfg: &ConnectionConfig) -> Option<Instant> {
+        let last = self.last_ack_eliciting_sent.max(self.last_promotion)?;
+        Some(last + cfg.keepalive_interval)
+    }
+
+    pub fn promote(&mut self, now: Instant) {
+        self.state = LinkState::Up;
+        self.last_promotion = Some(now);
+        self.next_probe = None;
+        self.pto_count = 0;
+        self.last_pto = None;
+        self.cc.reset();
+        self.pacer.reset(self.mss);
+        // probes answered, data not yet: forget stale probes so they cannot trigger a PTO
+        self.sent.retain(|_, p| !p.probe);
+    }
+
+    // --- receiving ---
+
+    /// Records a packet number from the peer. Returns false for a duplicate.
+    pub fn on_received(
+        &mut self,
+        now: Instant,
+        pn: u64,
+        ack_eliciting: bool,
+        size: usize,
+        cfg: &ConnectionConfig,
+    ) -> bool {
+        if self.received.contains(pn)
+            || self
+                .received
+                .min()
+                .is_some_and(|m| pn < m && self.received.range_count() >= MAX_RECEIVED_RANGES)
+        {
+            return false;
+        }
+        let in_order = self.largest_received.is_none_or(|(l, _)| pn == l + 1);
+        self.received.insert(pn..pn + 1);
+        self.received.keep_highest(MAX_RECEIVED_RANGES);
+        if self.largest_received.is_none_or(|(l, _)| pn > l) {
+            self.largest_received = Some((pn, now));
+        }
+        self.packets_received += 1;
+        self.bytes_received += size as u64;
+        if ack_eliciting {
+            self.period_arrivals += 1;
+            self.ack_dirty = true;
+            self.eliciting_since_ack += 1;
+            if !in_order || self.eliciting_since_ack >= cfg.ack_frequency {
+                self.ack_immediate = true;
+            }
+            if self.ack_deadline.is_none() {
+                self.ack_deadline = Some(now + cfg.max_ack_delay);
+            }
+        }
+        true
+    }
+
+    /// Whether this link's ACK must be sent at `now`.
+    pub fn ack_due(&self, now: Instant) -> bool {
+        self.ack_dirty && (self.ack_immediate || self.ack_deadline.is_some_and(|d| d <= now))
+    }
+
+    /// Delay to report for the largest received packet.
+    pub fn ack_delay(&self, now: Instant) -> Duration {
+        self.largest_received
+            .map_or(Duration::ZERO, |(_, t)| now.saturating_duration_since(t))
+    }
+
+    pub fn on_ack_sent(&mut self) {
+        self.ack_dirty = false;
+        self.ack_immediate = false;
+        self.ack_deadline = None;
+        self.eliciting_since_ack = 0;
+    }
+
+    pub fn stats(&self) -> LinkStats {
+        LinkStats {
+            id: self.id,
+            local: self.local,
+            remote: self.remote,
+            state: self.state,
+            srtt: self.rtt.srtt,
+            min_rtt: if self.rtt.min == Duration::MAX {
+                Duration::ZERO
+            } else {
+                self.rtt.min
+            },
+            cwnd: self.cc.window(),
+            bytes_in_flight: self.bytes_in_flight,
+            bytes_sent: self.bytes_sent,
+            bytes_received: self.bytes_received,
+            packets_sent: self.packets_sent,
+            packets_received: self.packets_received,
+            packets_lost: self.packets_lost,
+            stream_bytes_sent: self.stream_bytes_sent,
+        }
+    }
 }

@@ -1,1 +1,386 @@
-//! streams
+//! The two ordered streams of a connection: their send buffers (with acknowledgement and
+//! retransmission bookkeeping) and receive buffers (reassembly and flow control).
+//!
+//! Stream 0 carries the byte stream; stream 1 carries whole messages, each prefixed by its
+//! length as a varint. Both are reliable and ordered; loss is repaired by re-sending byte
+//! ranges, on whichever link is healthy, so the streams know nothing of links.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::ranges::RangeSet;
+
+/// Send side of one stream.
+#[derive(Debug)]
+pub(crate) struct SendStream {
+    /// Bytes from `base` to `written`.
+    buf: VecDeque<u8>,
+    /// Offset of `buf[0]`: every byte below it is acknowledged.
+    base: u64,
+    /// Offset one past the last byte the application wrote.
+    written: u64,
+    /// Lowest offset never sent.
+    next_new: u64,
+    /// Acknowledged ranges above `base`.
+    acked: RangeSet,
+    /// Ranges lost and waiting to be sent again.
+    retransmit: RangeSet,
+    /// The peer's flow-control limit.
+    pub max_data: u64,
+    /// Bytes the application may have outstanding.
+    capacity: u64,
+    finished: bool,
+    /// The FIN must be (re)sent.
+    fin_pending: bool,
+    fin_acked: bool,
+}
+
+/// A piece of stream to put in a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Chunk {
+    pub offset: u64,
+    pub len: usize,
+    pub fin: bool,
+}
+
+impl SendStream {
+    pub fn new(capacity: u64, max_data: u64) -> Self {
+        Self {
+            buf: VecDeque::new(),
+            base: 0,
+            written: 0,
+            next_new: 0,
+            acked: RangeSet::new(),
+            retransmit: RangeSet::new(),
+            max_data,
+            capacity,
+            finished: false,
+            fin_pending: false,
+            fin_acked: false,
+        }
+    }
+
+    pub fn buffered(&self) -> u64 {
+        self.written - self.base
+    }
+
+    pub fn room(&self) -> u64 {
+        self.capacity.saturating_sub(self.buffered())
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Appends as much of `data` as the buffer allows; returns how much.
+    pub fn write(&mut self, data: &[u8]) -> usize {
+        let n = (self.room() as usize).min(data.len());
+        self.buf.extend(&data[..n]);
+        self.written += n as u64;
+        n
+    }
+
+    pub fn finish(&mut self) {
+        if !self.finished {
+            self.finished = true;
+            self.fin_pending = true;
+        }
+    }
+
+    /// Everything written, and the end of stream, acknowledged.
+    pub fn is_complete(&self) -> bool {
+        self.finished && self.fin_acked && self.base == self.written
+    }
+
+    /// Whether a frame could be sent now (lost data, new data within the peer's limit, or FIN).
+    pub fn wants_to_send(&self) -> bool {
+        !self.retransmit.is_empty()
+            || (self.next_new < self.written && self.next_new < self.max_data)
+            || (self.fin_pending && self.next_new == self.written)
+    }
+
+    /// Takes the next piece to send, at most `max_len` bytes: lost data first, then new data.
+    pub fn next_chunk(&mut self, max_len: usize) -> Option<Chunk> {
+        while let Some(r) = self.retransmit.pop_front(max_len as u64) {
+            // a late acknowledgement may have covered it meanwhile
+            if r.end <= self.base || self.acked.contains_range(r.clone()) {
+                continue;
+            }
+            let start = r.start.max(self.base);
+            let fin = self.finished && r.end == self.written && self.fin_pending;
+            if fin {
+                self.fin_pending = false;
+            }
+            return Some(Chunk {
+                offset: start,
+                len: (r.end - start) as usize,
+                fin,
+            });
+        }
+        let limit = self.written.min(self.max_data);
+        if self.next_new < limit || (self.fin_pending && self.next_new == self.written) {
+            let len = (limit.saturating_sub(self.next_new)).min(max_len as u64);
+            let offset = self.next_new;
+            self.next_new += len;
+            let fin = self.fin_pending && self.next_new == self.written;
+            if fin {
+                self.fin_pending = false;
+            }
+            if len == 0 && !fin {
+                return None;
+            }
+            return Some(Chunk {
+                offset,
+                len: len as usize,
+                fin,
+            });
+        }
+        None
+    }
+
+    /// Copies the bytes of `chunk` into `out` (which is `chunk.len` long).
+    pub fn copy_out(&self, offset: u64, out: &mut [u8]) {
+        let start = (offset - self.base) as usize;
+        let (a, b) = self.buf.as_slices();
+        let mut pos = 0;
+        if start < a.len() {
+            let n = (a.len() - start).min(out.len());
+            out[..n].copy_from_slice(&a[start..start + n]);
+            pos = n;
+        }
+        if pos < out.len() {
+            let bstart = start + pos - a.len();
+            let n = out.len() - pos;
+            out[pos..].copy_from_slice(&b[bstart..bstart + n]);
+        }
+    }
+
+    pub fn on_ack(&mut self, chunk: Chunk) {
+        let end = chunk.offset + chunk.len as u64;
+        if chunk.fin {
+            self.fin_acked = true;
+        }
+        if end <= self.base {
+            return;
+        }
+        self.acked.insert(chunk.offset.max(self.base)..end);
+        self.retransmit.remove(chunk.offset..end);
+        // free the acknowledged prefix
+        if self.acked.min() == Some(self.base) {
+            let r = self.acked.pop_front(u64::MAX).expect("non-empty");
+            self.buf.drain(..(r.end - self.base) as usize);
+            self.base = r.end;
+        }
+    }
+
+    pub fn on_lost(&mut self, chunk: Chunk) {
+        let end = chunk.offset + chunk.len as u64;
+        if chunk.fin && !self.fin_acked {
+            // re-sent with the last data range, or alone when that range is not lost
+            self.fin_pending = true;
+        }
+        for gap in self
+            .acked
+            .gaps_in(chunk.offset.max(self.base)..end.max(self.base))
+        {
+            self.retransmit.insert(gap);
+        }
+    }
+}
+
+/// Receive side of one stream.
+#[derive(Debug)]
+pub(crate) struct RecvStream {
+    /// Received, unread data keyed by offset; chunks do not overlap. `usize` is how much of
+    /// the first chunk the application already read.
+    chunks: BTreeMap<u64, Vec<u8>>,
+    head_consumed: usize,
+    /// Offsets received above `read`.
+    received: RangeSet,
+    /// Bytes the application has read.
+    read: u64,
+    /// Final size, once the FIN arrived.
+    fin: Option<u64>,
+    window: u64,
+    /// Limit last advertised to the peer.
+    pub max_data_sent: u64,
+    buffered: u64,
+}
+
+/// The peer broke flow control or changed the stream's final size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StreamViolation(pub &'static str);
+
+impl RecvStream {
+    pub fn new(window: u64) -> Self {
+        Self {
+            chunks: BTreeMap::new(),
+            head_consumed: 0,
+            received: RangeSet::new(),
+            read: 0,
+            fin: None,
+            window,
+            max_data_sent: window,
+            buffered: 0,
+        }
+    }
+
+    /// Bytes held (in order or not) and not yet read.
+    pub fn buffered(&self) -> u64 {
+        self.buffered
+    }
+
+    /// Stores a STREAM frame's data. Returns whether anything new became readable.
+    pub fn on_data(
+        &mut self,
+        offset: u64,
+        data: &[u8],
+        fin: bool,
+    ) -> Result<bool, StreamViolation> {
+        let end = offset + data.len() as u64;
+        if end > self.max_data_sent {
+            return Err(StreamViolation("flow control limit exceeded"));
+        }
+        if let Some(f) = self.fin {
+            if end > f || (fin && end != f) {
+                return Err(StreamViolation("final size changed"));
+            }
+        }
+        if fin {
+            if self.received.max_end().is_some_and(|m| m > end) || self.read > end {
+                return Err(StreamViolation("final size below received data"));
+            }
+            self.fin = Some(end);
+        }
+        let start = offset.max(self.read);
+        if start >= end {
+            return Ok(fin && self.is_finished());
+        }
+        let mut new_in_order = false;
+        for gap in self.received.gaps_in(start..end) {
+            let lo = (gap.start - offset) as usize;
+            let hi = (gap.end - offset) as usize;
+            self.chunks.insert(gap.start, data[lo..hi].to_vec());
+            self.buffered += gap.end - gap.start;
+            new_in_order |= gap.start == self.read;
+        }
+        self.received.insert(start..end);
+        Ok(new_in_order || (fin && self.is_finished()))
+    }
+
+    /// Bytes readable in order right now.
+    pub fn readable(&self) -> u64 {
+        match self.received.iter().next() {
+            Some(r) if r.start == self.read => r.end - self.read,
+            _ => 0,
+        }
+    }
+
+    /// The peer finished and everything was read.
+    pub fn is_finished(&self) -> bool {
+        self.fin == Some(self.read)
+    }
+
+    /// Everything up to the FIN has arrived (not necessarily read).
+    pub fn is_all_received(&self) -> bool {
+        self.fin.is_some_and(|f| self.read + self.readable() == f)
+    }
+
+    /// Copies readable bytes into `out` without consuming them; returns how many.
+    pub fn peek(&self, out: &mut [u8]) -> usize {
+        let mut n = 0;
+        let mut skip = self.head_consumed;
+        let mut expect = self.read - self.head_consumed as u64;
+        for (&off, chunk) in &self.chunks {
+            if off != expect || n == out.len() {
+                break;
+            }
+            let avail = &chunk[skip..];
+            let k = avail.len().min(out.len() - n);
+            out[n..n + k].copy_from_slice(&avail[..k]);
+            n += k;
+            skip = 0;
+            expect = off + chunk.len() as u64;
+        }
+        n
+    }
+
+    /// Reads in-order bytes into `out`; returns how many.
+    pub fn read(&mut self, out: &mut [u8]) -> usize {
+        let mut n = 0;
+        while n < out.len() {
+            let Some(mut entry) = self.chunks.first_entry() else {
+                break;
+            };
+            if *entry.key() + self.head_consumed as u64 != self.read {
+                break;
+            }
+            let chunk = entry.get_mut();
+            let avail = &chunk[self.head_consumed..];
+            let k = avail.len().min(out.len() - n);
+            out[n..n + k].copy_from_slice(&avail[..k]);
+            n += k;
+            self.read += k as u64;
+            self.head_consumed += k;
+            if self.head_consumed == chunk.len() {
+                entry.remove();
+                self.head_consumed = 0;
+            }
+        }
+        self.buffered -= n as u64;
+        self.received.remove_below(self.read);
+        n
+    }
+
+    /// A new limit to advertise, once reading has freed a quarter of the window.
+    pub fn window_update(&mut self) -> Option<u64> {
+        let limit = self.read + self.window;
+        if self.fin.is_none() && limit - self.max_data_sent >= self.window / 4 {
+            self.max_data_sent = limit;
+            Some(limit)
+        } else {
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn send_stream_retransmits_lost_ranges_and_frees_acked_prefix() {
+        let mut s = SendStream::new(100, 1000);
+        assert_eq!(s.write(&[7u8; 150]), 100);
+        let a = s.next_chunk(60).unwrap();
+        let b = s.next_chunk(60).unwrap();
+        assert_eq!((a.offset, a.len, b.offset, b.len), (0, 60, 60, 40));
+        s.on_lost(a);
+        s.on_ack(b);
+        assert_eq!(s.buffered(), 100);
+        let again = s.next_chunk(100).unwrap();
+        assert_eq!((again.offset, again.len), (0, 60));
+        s.on_ack(again);
+        assert_eq!(s.buffered(), 0);
+        s.finish();
+        let fin = s.next_chunk(100).unwrap();
+        assert!(fin.fin && fin.len == 0);
+        s.on_lost(fin);
+        let fin2 = s.next_chunk(100).unwrap();
+        assert!(fin2.fin);
+        s.on_ack(fin2);
+        assert!(s.is_complete());
+    }
+
+    #[test]
+    fn recv_stream_reassembles_out_of_order_data() {
+        let mut r = RecvStream::new(1000);
+        assert!(!r.on_data(5, b"fghij", true).unwrap());
+        assert!(r.on_data(0, b"abcdefg", false).unwrap());
+        let mut out = [0u8; 20];
+        assert_eq!(r.read(&mut out[..3]), 3);
+        assert_eq!(r.read(&mut out[3..]), 7);
+        assert_eq!(&out[..10], b"abcdefghij");
+        assert!(r.is_finished());
+        assert!(r.on_data(0, &[0; 2000], false).is_err());
+    }
+}

@@ -142,6 +142,12 @@ impl<'a> Writer<'a> {
         self.buf[self.pos..self.pos + b.len()].copy_from_slice(b);
         self.pos += b.len();
     }
+    /// Reserves the next `n` bytes and returns them to be filled in place.
+    pub fn slot(&mut self, n: usize) -> &mut [u8] {
+        let start = self.pos;
+        self.pos += n;
+        &mut self.buf[start..self.pos]
+    }
     /// Writes `n` zero bytes (PADDING frames).
     pub fn zeros(&mut self, n: usize) {
         self.buf[self.pos..self.pos + n].fill(0);
@@ -212,6 +218,8 @@ pub enum Header<'a> {
         scid: u64,
         /// Random number identifying the client endpoint's current run.
         instance: u64,
+        /// Receive window of each client stream.
+        window: u64,
         /// Cookie from a RETRY, empty on the first attempt.
         token: &'a [u8],
     },
@@ -268,12 +276,14 @@ pub fn decode_packet(datagram: &[u8]) -> Result<(Header<'_>, &[u8]), DecodeError
             }
             let scid = r.u64()?;
             let instance = r.u64()?;
+            let window = r.varint()?;
             let len = r.varint()? as usize;
             let token = r.bytes(len)?;
             r.rest(); // padding
             Header::Initial {
                 scid,
                 instance,
+                window,
                 token,
             }
         }
@@ -357,11 +367,13 @@ pub fn encode_control_packet(header: &Header<'_>, buf: &mut [u8]) -> usize {
         Header::Initial {
             scid,
             instance,
+            window,
             token,
         } => {
             w.u8(packet_type::INITIAL);
             w.u64(*scid);
             w.u64(*instance);
+            w.varint(*window);
             w.varint(token.len() as u64);
             w.bytes(token);
             let pad = MIN_INITIAL_SIZE.saturating_sub(w.len() + CRC_LEN);
@@ -639,6 +651,17 @@ impl<'a> Iterator for Frames<'a> {
 /// Bytes a STREAM frame header takes (type, offset and, when `with_len`, the length).
 pub fn stream_header_len(offset: u64, len: usize, with_len: bool) -> usize {
     1 + varint_len(offset) + if with_len { varint_len(len as u64) } else { 0 }
+}
+
+/// Writes the header of a STREAM frame with an explicit length; the `len` data bytes follow.
+pub fn write_stream_header(w: &mut Writer<'_>, stream: u8, offset: u64, fin: bool, len: usize) {
+    let mut t = frame_type::STREAM_BASE | (stream << 2) | frame_type::STREAM_LEN_BIT;
+    if fin {
+        t |= frame_type::STREAM_FIN_BIT;
+    }
+    w.u8(t);
+    w.varint(offset);
+    w.varint(len as u64);
 }
 
 /// Writes a STREAM frame. Without `with_len` the data runs to the end of the packet.
