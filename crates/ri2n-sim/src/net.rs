@@ -90,6 +90,14 @@ impl Dir {
         }
     }
 
+    /// The opposite direction.
+    pub fn reverse(self) -> Dir {
+        match self {
+            Dir::AToB => Dir::BToA,
+            Dir::BToA => Dir::AToB,
+        }
+    }
+
     /// The sending host.
     pub fn sender(self) -> HostId {
         match self {
@@ -428,7 +436,10 @@ impl Direction {
             return None;
         }
         self.head_end = None;
-        let data = self.queue.pop_front().expect("a datagram is being serialized");
+        let data = self
+            .queue
+            .pop_front()
+            .expect("a datagram is being serialized");
         self.fate(end, data, out);
         let next_wire = self.queue.front().map(|d| d.len() + HEADER_BYTES)?;
         self.queued_bytes -= next_wire;
@@ -636,9 +647,15 @@ mod tests {
     #[test]
     fn serialization_time_is_exact() {
         // 1000 + 28 bytes at 10 Mbit/s: 8224 bits = 822.4 µs.
-        assert_eq!(serialization_time(1028, 10_000_000), Duration::from_nanos(822_400));
+        assert_eq!(
+            serialization_time(1028, 10_000_000),
+            Duration::from_nanos(822_400)
+        );
         // Rounded up to the nanosecond.
-        assert_eq!(serialization_time(1, 3_000_000_000), Duration::from_nanos(3));
+        assert_eq!(
+            serialization_time(1, 3_000_000_000),
+            Duration::from_nanos(3)
+        );
     }
 
     #[test]
@@ -670,7 +687,10 @@ mod tests {
         let out = run(&mut d, packets(3, 97, |i| ms(100 * i as u64)));
         let ser = Duration::from_micros(1000); // 125 bytes at 1 Mbit/s
         let got: Vec<_> = out.iter().map(|o| o.at).collect();
-        assert_eq!(got, vec![ser + ms(5), ms(100) + ser + ms(5), ms(200) + ser + ms(5)]);
+        assert_eq!(
+            got,
+            vec![ser + ms(5), ms(100) + ser + ms(5), ms(200) + ser + ms(5)]
+        );
     }
 
     #[test]
@@ -755,7 +775,8 @@ mod tests {
         let expect: Vec<u8> = (0..2000).map(|i| (i % 251) as u8 + 1).collect();
         assert_eq!(firsts, expect);
         // The jitter is actually applied.
-        let spread = out.iter().map(|o| o.at).max().unwrap() - out.iter().map(|o| o.at).min().unwrap();
+        let spread =
+            out.iter().map(|o| o.at).max().unwrap() - out.iter().map(|o| o.at).min().unwrap();
         assert!(spread > us(50 * 1999));
     }
 
@@ -770,7 +791,10 @@ mod tests {
         let inversions = out.windows(2).filter(|w| w[0].at > w[1].at).count();
         let reordered = d.counters().reordered as usize;
         assert!((60..=140).contains(&reordered), "reordered {reordered}");
-        assert!(inversions > 20 && inversions <= reordered, "inversions {inversions}");
+        assert!(
+            inversions > 20 && inversions <= reordered,
+            "inversions {inversions}"
+        );
     }
 
     #[test]
@@ -835,7 +859,10 @@ mod tests {
         // Half way through the first datagram, the rate falls to 1 %: the rest of it takes 50 ms.
         let tx2 = d.set_rate(us(500), 82_240).unwrap();
         assert_eq!(tx2.at, us(500) + ms(50));
-        assert!(d.tx_done(tx.gen, &mut out).is_none(), "old completion is stale");
+        assert!(
+            d.tx_done(tx.gen, &mut out).is_none(),
+            "old completion is stale"
+        );
         let mut pending = Some(tx2);
         while let Some(tx) = pending {
             pending = d.tx_done(tx.gen, &mut out);
@@ -865,7 +892,14 @@ mod tests {
 
     #[test]
     fn network_routes_only_matching_pairs() {
-        let net = Network::new(&[LinkConfig::default(), LinkConfig::default(), LinkConfig::default()], 1);
+        let net = Network::new(
+            &[
+                LinkConfig::default(),
+                LinkConfig::default(),
+                LinkConfig::default(),
+            ],
+            1,
+        );
         assert_eq!(net.len(), 3);
         for i in 0..3 {
             let (a, b) = (host_addr(HostId::A, i), host_addr(HostId::B, i));
@@ -875,7 +909,10 @@ mod tests {
         }
         let a0 = host_addr(HostId::A, 0);
         assert_eq!(net.route(HostId::A, a0, host_addr(HostId::B, 1)), None);
-        assert_eq!(net.route(HostId::A, host_addr(HostId::A, 3), host_addr(HostId::B, 3)), None);
+        assert_eq!(
+            net.route(HostId::A, host_addr(HostId::A, 3), host_addr(HostId::B, 3)),
+            None
+        );
         assert_eq!(a0.to_string(), "10.0.0.1:5000");
         assert_eq!(host_addr(HostId::B, 2).to_string(), "10.2.0.2:6000");
     }

@@ -130,7 +130,8 @@ pub enum AppMode {
 /// The application workload.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AppConfig {
-    /// Bytes A writes to B (and B to A when `bidirectional`) in [`AppMode::Bytes`].
+    /// Bytes A writes to B (and B to A when `bidirectional`) in [`AppMode::Bytes`]; unused
+    /// with messages.
     pub total_bytes: u64,
     /// Byte stream or messages.
     pub mode: AppMode,
@@ -233,7 +234,14 @@ impl Scenario {
 
     /// The same scenario with `link` flapping: from `start`, `cycles` times down for `down`
     /// then up for `up`.
-    pub fn flap(mut self, link: usize, start: Duration, down: Duration, up: Duration, cycles: u32) -> Self {
+    pub fn flap(
+        mut self,
+        link: usize,
+        start: Duration,
+        down: Duration,
+        up: Duration,
+        cycles: u32,
+    ) -> Self {
         let mut t = start;
         for _ in 0..cycles {
             self.actions.push((t, Action::down(link)));
@@ -258,27 +266,37 @@ impl Scenario {
     /// Checks link count, link characteristics, action targets and the workload.
     pub fn validate(&self) -> Result<(), String> {
         if self.links.is_empty() || self.links.len() > MAX_LINKS {
-            return Err(format!("{} links: must be 1..={MAX_LINKS}", self.links.len()));
+            return Err(format!(
+                "{} links: must be 1..={MAX_LINKS}",
+                self.links.len()
+            ));
         }
         for (i, l) in self.links.iter().enumerate() {
             for d in [Dir::AToB, Dir::BToA] {
-                l.dir(d).validate().map_err(|e| format!("link {i} {d}: {e}"))?;
+                l.dir(d)
+                    .validate()
+                    .map_err(|e| format!("link {i} {d}: {e}"))?;
             }
         }
         for (t, a) in &self.actions {
             if let Some(link) = a.link() {
                 if link >= self.links.len() {
-                    return Err(format!("action at {t:?} targets link {link} of {}", self.links.len()));
+                    return Err(format!(
+                        "action at {t:?} targets link {link} of {}",
+                        self.links.len()
+                    ));
                 }
             }
             match a {
-                Action::SetRate { rate_bps: 0, .. } => return Err(format!("action at {t:?}: rate 0")),
+                Action::SetRate { rate_bps: 0, .. } => {
+                    return Err(format!("action at {t:?}: rate 0"))
+                }
                 Action::SetLoss { loss, .. } if !(0.0..=1.0).contains(loss) => {
                     return Err(format!("action at {t:?}: loss {loss} outside 0..=1"))
                 }
-                Action::Configure { config, .. } => {
-                    config.validate().map_err(|e| format!("action at {t:?}: {e}"))?
-                }
+                Action::Configure { config, .. } => config
+                    .validate()
+                    .map_err(|e| format!("action at {t:?}: {e}"))?,
                 _ => {}
             }
         }
@@ -324,7 +342,7 @@ impl Scenario {
 
         // Loss class of the whole scenario: most low, some high.
         let loss_class = r.gen_range(0..100u32);
-        let mut draw_loss = |r: &mut ChaCha8Rng| match loss_class {
+        let draw_loss = |r: &mut ChaCha8Rng| match loss_class {
             0..=49 => 0.0,
             50..=79 => r.gen_range(0.0..0.01),
             80..=94 => r.gen_range(0.01..0.10),
@@ -344,9 +362,21 @@ impl Scenario {
             let rtt = 2.0 * delay.as_secs_f64() + jitter.as_secs_f64();
             let bdp = rate / 8.0 * rtt;
             let queue = (2.0 * bdp).clamp(64.0 * 1024.0, 4.0 * 1024.0 * 1024.0) as usize;
-            let duplicate = if r.gen_bool(0.2) { r.gen_range(0.0..0.05) } else { 0.0 };
-            let corrupt = if r.gen_bool(0.2) { r.gen_range(0.0..0.02) } else { 0.0 };
-            let reorder = if r.gen_bool(0.2) { r.gen_range(0.0..0.05) } else { 0.0 };
+            let duplicate = if r.gen_bool(0.2) {
+                r.gen_range(0.0..0.05)
+            } else {
+                0.0
+            };
+            let corrupt = if r.gen_bool(0.2) {
+                r.gen_range(0.0..0.02)
+            } else {
+                0.0
+            };
+            let reorder = if r.gen_bool(0.2) {
+                r.gen_range(0.0..0.05)
+            } else {
+                0.0
+            };
             let base = DirectionConfig {
                 rate_bps: rate as u64,
                 delay,
@@ -388,10 +418,21 @@ impl Scenario {
         let when = r.gen_range(0.0..1.0f64);
         enum Fault {
             None,
-            Flap { link: usize, cycles: u32, down: Vec<Duration>, up: Vec<Duration> },
+            Flap {
+                link: usize,
+                cycles: u32,
+                down: Vec<Duration>,
+                up: Vec<Duration>,
+            },
             Outage(Duration),
-            Blackhole { link: usize, until: Option<Duration> },
-            Soft { link: usize, until: Option<Duration> },
+            Blackhole {
+                link: usize,
+                until: Option<Duration>,
+            },
+            Soft {
+                link: usize,
+                until: Option<Duration>,
+            },
         }
         let fault = match fault {
             0..=54 => Fault::None,
@@ -403,10 +444,18 @@ impl Scenario {
                 let up = (0..cycles)
                     .map(|_| Duration::from_secs_f64(log_uniform(r, 0.05, 2.0)))
                     .collect();
-                Fault::Flap { link: r.gen_range(0..k), cycles, down, up }
+                Fault::Flap {
+                    link: r.gen_range(0..k),
+                    cycles,
+                    down,
+                    up,
+                }
             }
             70..=79 => Fault::Outage(Duration::from_secs_f64(log_uniform(r, 0.1, 5.0))),
-            80..=89 if k >= 2 => Fault::Blackhole { link: r.gen_range(1..k), until: None },
+            80..=89 if k >= 2 => Fault::Blackhole {
+                link: r.gen_range(1..k),
+                until: None,
+            },
             80..=89 => Fault::Blackhole {
                 link: 0,
                 until: Some(Duration::from_secs_f64(r.gen_range(0.1..3.0))),
@@ -415,7 +464,10 @@ impl Scenario {
                 let until = r
                     .gen_bool(0.5)
                     .then(|| Duration::from_secs_f64(r.gen_range(0.2..3.0)));
-                Fault::Soft { link: r.gen_range(1..k), until }
+                Fault::Soft {
+                    link: r.gen_range(1..k),
+                    until,
+                }
             }
             _ => Fault::None,
         };
@@ -448,8 +500,9 @@ impl Scenario {
             let count = ((bytes / (32.0 * 1024.0)).ceil() as usize).max(1);
             app.mode = AppMode::Messages { count, max_size };
             bytes = (count * max_size) as f64; // upper bound for the time estimate
+        } else {
+            app.total_bytes = bytes as u64;
         }
-        app.total_bytes = bytes as u64;
         let rtt_max = links
             .iter()
             .map(|l| 2.0 * l.a_to_b.delay.as_secs_f64() + l.a_to_b.jitter.as_secs_f64())
@@ -462,7 +515,12 @@ impl Scenario {
 
         match fault {
             Fault::None => {}
-            Fault::Flap { link, cycles, down, up } => {
+            Fault::Flap {
+                link,
+                cycles,
+                down,
+                up,
+            } => {
                 let mut t = t0;
                 for c in 0..cycles as usize {
                     actions.push((t, Action::down(link)));
@@ -529,7 +587,11 @@ fn link_goodput(rate_bps: f64, rtt: f64, loss: f64, window: f64) -> f64 {
     let rtt = rtt + 2.0 * 1500.0 * 8.0 / rate_bps + 0.001; // + serialization, ack delay
     let mss = 1400.0;
     let wire = rate_bps / 8.0 * (mss / 1500.0) * (1.0 - loss.min(0.9));
-    let mathis = if loss > 0.0 { mss / rtt * 1.22 / loss.sqrt() } else { f64::INFINITY };
+    let mathis = if loss > 0.0 {
+        mss / rtt * 1.22 / loss.sqrt()
+    } else {
+        f64::INFINITY
+    };
     wire.min(mathis).min(window / rtt)
 }
 
@@ -543,11 +605,22 @@ mod tests {
             let a = Scenario::random(seed);
             let b = Scenario::random(seed);
             assert_eq!(format!("{a:?}"), format!("{b:?}"));
-            a.validate().unwrap_or_else(|e| panic!("seed {seed}: {e}\n{a:#?}"));
+            a.validate()
+                .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{a:#?}"));
             assert!((1..=4).contains(&a.links.len()));
-            assert!(a.app.total_bytes >= 16 << 10);
+            match a.app.mode {
+                AppMode::Bytes => assert!((16 << 10..=4 << 20).contains(&a.app.total_bytes)),
+                AppMode::Messages { count, .. } => {
+                    assert_eq!(a.app.total_bytes, 0);
+                    assert!((1..=128).contains(&count));
+                }
+            }
             assert!(a.time_limit >= Duration::from_secs(60));
-            assert!(a.time_limit < Duration::from_secs(600), "seed {seed}: {:?}", a.time_limit);
+            assert!(
+                a.time_limit < Duration::from_secs(600),
+                "seed {seed}: {:?}",
+                a.time_limit
+            );
             for l in &a.links {
                 let d = &l.a_to_b;
                 assert!((1_000_000..=1_000_000_000).contains(&d.rate_bps));
@@ -559,12 +632,21 @@ mod tests {
             let last0 = a
                 .actions
                 .iter()
-                .filter(|(_, x)| x.link() == Some(0))
-                .last()
+                .rev()
+                .find(|(_, x)| x.link() == Some(0))
                 .map(|(_, x)| x.clone());
-            assert!(matches!(last0, None | Some(Action::SetStatus { status: LinkStatus::Up, .. })));
+            assert!(matches!(
+                last0,
+                None | Some(Action::SetStatus {
+                    status: LinkStatus::Up,
+                    ..
+                })
+            ));
         }
-        assert_ne!(format!("{:?}", Scenario::random(1)), format!("{:?}", Scenario::random(2)));
+        assert_ne!(
+            format!("{:?}", Scenario::random(1)),
+            format!("{:?}", Scenario::random(2))
+        );
     }
 
     #[test]
@@ -584,13 +666,22 @@ mod tests {
     fn builders() {
         let s = Scenario::default()
             .with_links(3, LinkConfig::default())
-            .flap(1, Duration::from_millis(100), Duration::from_millis(50), Duration::from_millis(20), 2)
+            .flap(
+                1,
+                Duration::from_millis(100),
+                Duration::from_millis(50),
+                Duration::from_millis(20),
+                2,
+            )
             .outage(Duration::from_secs(1), Duration::from_millis(500));
         assert_eq!(s.links.len(), 3);
         assert_eq!(s.actions.len(), 4 + 6);
         assert_eq!(s.actions[1], (Duration::from_millis(150), Action::up(1)));
         assert_eq!(s.actions[2], (Duration::from_millis(170), Action::down(1)));
         s.validate().unwrap();
-        assert!(Scenario::default().at(Duration::ZERO, Action::down(2)).validate().is_err());
+        assert!(Scenario::default()
+            .at(Duration::ZERO, Action::down(2))
+            .validate()
+            .is_err());
     }
 }
