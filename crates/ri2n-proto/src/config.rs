@@ -18,7 +18,8 @@ pub struct ConnectionConfig {
     /// Interval between probes on a link that is down or degraded (default 20 ms). Recovery is
     /// detected within about `recovery_probes` intervals, however long the outage lasted.
     pub probe_interval: Duration,
-    /// Consecutive acknowledged probes that bring a down or degraded link back (default 2).
+    /// Acknowledged probes that bring a down or degraded link back (default 2; doubled, up to
+    /// 32, for a link that fails again within a second of coming back).
     pub recovery_probes: u32,
     /// Probe timeouts in a row, without any acknowledgement on a link, that declare it down (default 3).
     pub failure_ptos: u32,

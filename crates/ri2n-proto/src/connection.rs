@@ -58,6 +58,12 @@ const MIN_JUDGED_SHARE: f64 = 0.05;
 const INITIAL_RETRY: Duration = Duration::from_millis(200);
 /// Give up a handshake nobody answers after this long.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// CLOSE code of a connection that ended cleanly: "everything you sent arrived".
+const CLOSE_DONE: u64 = 0;
+/// CLOSE code of an error other than an application abort.
+const CLOSE_ERROR: u64 = 1;
+/// Bytes at the head of a flow-blocked stream re-sent at once by opportunistic retransmission.
+const RESCUE_BYTES: u64 = 64 * 1024;
 /// Most application events kept when the application does not collect them.
 const MAX_EVENTS: usize = 1024;
 
@@ -77,6 +83,8 @@ enum Handshake {
         accept_pending: bool,
         /// The client proved it received the ACCEPT (a short packet arrived).
         confirmed: bool,
+        /// A client that never confirms is given up after [`HANDSHAKE_TIMEOUT`].
+        created: Instant,
         advertised: Vec<SocketAddr>,
     },
     Done,
@@ -184,6 +192,7 @@ impl Connection {
         let handshake = Handshake::Server {
             accept_pending: true,
             confirmed: false,
+            created: now,
             advertised,
         };
         let mut c = Self::new(
@@ -458,7 +467,7 @@ impl Connection {
         if self.state == ConnectionState::Closed {
             return;
         }
-        self.close_frame = Some((1, e.to_string()));
+        self.close_frame = Some((CLOSE_ERROR, e.to_string()));
         self.close_sends = (0..self.links.len()).collect();
         self.set_closed(Some(e));
     }
@@ -637,6 +646,26 @@ impl Connection {
         }
     }
 
+    /// The connection ID the peer chose (0 until known).
+    pub(crate) fn peer_cid(&self) -> u64 {
+        self.peer_cid
+    }
+
+    /// Whether short packets may be sent: established, and (server) the client confirmed it
+    /// received the ACCEPT.
+    fn can_send_short(&self) -> bool {
+        matches!(
+            self.state,
+            ConnectionState::Established | ConnectionState::Draining
+        ) && !matches!(
+            self.handshake,
+            Handshake::Server {
+                confirmed: false,
+                ..
+            }
+        )
+    }
+
     /// Whether any of this connection's links leads to `remote`.
     pub(crate) fn has_remote(&self, remote: SocketAddr) -> bool {
         self.links.iter().any(|l| l.remote == remote)
@@ -654,7 +683,21 @@ impl Connection {
         payload: &[u8],
         datagram_len: usize,
     ) {
-        if self.state == ConnectionState::Closed || self.state == ConnectionState::Connecting {
+        if self.state == ConnectionState::Connecting {
+            return;
+        }
+        if self.state == ConnectionState::Closed {
+            // After a clean close, tell a peer still retransmitting that everything it sent
+            // arrived (its last acknowledgements were lost), so it can finish cleanly too.
+            let i = link_id as usize;
+            if self.close_reason.is_none()
+                && i < self.links.len()
+                && self.links[i].remote == remote
+                && !self.close_sends.contains(&i)
+            {
+                self.close_frame = Some((CLOSE_DONE, String::new()));
+                self.close_sends.push(i);
+            }
             return;
         }
         // Validate every frame before acting on any: a malformed packet is dropped whole.
@@ -730,8 +773,15 @@ impl Connection {
                     }
                 }
                 Frame::Close { code, reason } => {
-                    let reason = String::from_utf8_lossy(reason).into_owned();
                     self.close_sends.clear();
+                    if code == CLOSE_DONE && self.send.iter().all(SendStream::is_finished) {
+                        // the peer closed cleanly: it received everything we sent
+                        for s in &mut self.send {
+                            s.peer_received_all();
+                        }
+                        return self.set_closed(None);
+                    }
+                    let reason = String::from_utf8_lossy(reason).into_owned();
                     return self.set_closed(Some(ConnectionError::PeerAborted { code, reason }));
                 }
             }
@@ -803,7 +853,21 @@ impl Connection {
                 min(Some(*started + HANDSHAKE_TIMEOUT));
                 return t;
             }
+            Handshake::Server {
+                confirmed: false,
+                created,
+                ..
+            } => min(Some(*created + HANDSHAKE_TIMEOUT)),
             Handshake::Server { .. } | Handshake::Done => {}
+        }
+        if let (Some(since), Some(limit)) = (self.all_down_since, self.cfg.all_links_down_timeout) {
+            min(Some(since + limit));
+        }
+        if let Some(idle) = self.cfg.idle_timeout {
+            min(Some(self.last_rx + idle));
+        }
+        if !self.can_send_short() {
+            return t;
         }
         min(self.draining_until);
         min(self.pacing_wakeup);
@@ -817,12 +881,6 @@ impl Connection {
                 min(l.keepalive_deadline(&self.cfg));
             }
         }
-        if let (Some(since), Some(limit)) = (self.all_down_since, self.cfg.all_links_down_timeout) {
-            min(Some(since + limit));
-        }
-        if let Some(idle) = self.cfg.idle_timeout {
-            min(Some(self.last_rx + idle));
-        }
         t
     }
 
@@ -833,6 +891,17 @@ impl Connection {
         }
         if let Handshake::Client { started, .. } = &self.handshake {
             if now >= *started + HANDSHAKE_TIMEOUT {
+                self.set_closed(Some(ConnectionError::Refused));
+            }
+            return;
+        }
+        if let Handshake::Server {
+            confirmed: false,
+            created,
+            ..
+        } = &self.handshake
+        {
+            if now >= *created + HANDSHAKE_TIMEOUT {
                 self.set_closed(Some(ConnectionError::Refused));
             }
             return;
@@ -933,15 +1002,7 @@ impl Connection {
         if let Some(r) = self.poll_handshake(now, buf) {
             return Some(r);
         }
-        if self.state == ConnectionState::Connecting
-            || matches!(
-                self.handshake,
-                Handshake::Server {
-                    confirmed: false,
-                    ..
-                }
-            )
-        {
+        if !self.can_send_short() {
             return None;
         }
         // 1. probes of links that are not up
@@ -956,17 +1017,23 @@ impl Connection {
             (0..self.links.len()).find(|&i| {
                 let l = &self.links[i];
                 l.is_up()
-                    && (l.pto_probe_pending
+                    && (l.pto_probes_pending > 0
                         || l.keepalive_deadline(&self.cfg).is_some_and(|t| t <= now))
             })
         });
         if let Some(i) = ping {
-            self.links[i].pto_probe_pending = false;
+            let l = &mut self.links[i];
+            l.pto_probes_pending = l.pto_probes_pending.saturating_sub(1);
             return self.transmit(now, i, PacketKind::Ping, buf);
         }
         // 3. stream data, striped over the up links with window and pacing room
         let control_waiting =
             self.max_data_pending.iter().any(|&p| p) || !self.link_status_pending.is_empty();
+        if self.links.len() > 1 {
+            for s in &mut self.send {
+                s.rescue_head(RESCUE_BYTES);
+            }
+        }
         if self.send.iter().any(SendStream::wants_to_send) {
             match self.pick_data_link(now) {
                 Ok(i) => return self.transmit(now, i, PacketKind::Data, buf),

@@ -220,12 +220,14 @@ impl Endpoint {
                 }
             }
             Header::Reset { dcid } => {
-                if let Some(&h) = self.by_cid.get(&dcid) {
-                    let conn = self.connections.get_mut(&h).expect("mapped handle");
-                    // A reset only counts from an address the connection talks to.
-                    if conn.has_remote(remote) {
-                        conn.peer_restarted();
-                    }
+                // The reset echoes the connection ID we sent to (the peer's), and only counts
+                // from an address the connection talks to.
+                if let Some(conn) = self
+                    .connections
+                    .values_mut()
+                    .find(|c| c.peer_cid() == dcid && c.has_remote(remote))
+                {
+                    conn.peer_restarted();
                 }
             }
         }
@@ -318,20 +320,25 @@ impl Endpoint {
             });
         }
         // round robin, so one busy connection cannot starve the others
-        let handles: Vec<ConnectionHandle> = self
-            .connections
-            .range(ConnectionHandle(self.cursor)..)
-            .chain(self.connections.range(..ConnectionHandle(self.cursor)))
-            .map(|(&h, _)| h)
-            .collect();
-        for h in handles {
-            let conn = self.connections.get_mut(&h).expect("listed");
-            if let Some((local, remote, len)) = conn.poll_transmit(now, buf) {
-                self.cursor = h.0 + 1;
-                return Some(Transmit { local, remote, len });
+        let cursor = ConnectionHandle(self.cursor);
+        let mut found = None;
+        for (&h, conn) in self.connections.range_mut(cursor..) {
+            if let Some(t) = conn.poll_transmit(now, buf) {
+                found = Some((h, t));
+                break;
             }
         }
-        None
+        if found.is_none() {
+            for (&h, conn) in self.connections.range_mut(..cursor) {
+                if let Some(t) = conn.poll_transmit(now, buf) {
+                    found = Some((h, t));
+                    break;
+                }
+            }
+        }
+        let (h, (local, remote, len)) = found?;
+        self.cursor = h.0 + 1;
+        Some(Transmit { local, remote, len })
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) must next be called.

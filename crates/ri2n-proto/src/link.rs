@@ -8,7 +8,7 @@
 //! - `Up` → `Down` after `failure_ptos` probe timeouts with no acknowledgement at all;
 //! - `Up` → `Degraded` when the receiver reports the link's share of arrivals collapsed;
 //! - `Degraded` → `Down` when its probes go unanswered;
-//! - `Down`/`Degraded` → `Up` after enough consecutive acknowledged probes, sent every
+//! - `Down`/`Degraded` → `Up` after `recovery_probes` acknowledged probes, sent every
 //!   `probe_interval` however long the outage: recovery time does not grow with the outage.
 //!   A link that fails again soon after coming back needs twice as many probes (flap damping).
 
@@ -178,12 +178,12 @@ pub(crate) struct Link {
     /// Probe timeouts in a row without any acknowledgement.
     pub pto_count: u32,
     last_pto: Option<Instant>,
-    /// A PTO fired: send one ack-eliciting packet on this link.
-    pub pto_probe_pending: bool,
+    /// A PTO fired: ack-eliciting packets to send on this link (two, so that one lost
+    /// datagram does not make the whole timeout count as silence).
+    pub pto_probes_pending: u8,
 
     // --- probing while not up ---
     pub next_probe: Option<Instant>,
-    last_probe_pn: Option<u64>,
     probe_successes: u32,
     probe_failures: u32,
     probes_needed: u32,
@@ -239,9 +239,8 @@ impl Link {
             last_ack_eliciting_sent: None,
             pto_count: 0,
             last_pto: None,
-            pto_probe_pending: false,
+            pto_probes_pending: 0,
             next_probe: None,
-            last_probe_pn: None,
             probe_successes: 0,
             probe_failures: 0,
             // one round trip validates a new link; recovering from a failure takes more
@@ -311,9 +310,6 @@ impl Link {
         }
         if pkt.ack_eliciting {
             self.last_ack_eliciting_sent = Some(now);
-            if pkt.probe {
-                self.last_probe_pn = Some(pn);
-            }
             self.sent.insert(pn, pkt);
         }
         pn
@@ -353,7 +349,7 @@ impl Link {
         self.largest_acked = Some(self.largest_acked.map_or(largest, |l| l.max(largest)));
         self.last_ack_time = Some(now);
         self.pto_count = 0;
-        self.pto_probe_pending = false;
+        self.pto_probes_pending = 0;
         if pn == largest && eliciting {
             self.rtt.update(now - sent_time, ack_delay);
         }
@@ -397,7 +393,7 @@ impl Link {
         self.bytes_in_flight = 0;
         self.loss_time = None;
         self.pto_count = 0;
-        self.pto_probe_pending = false;
+        self.pto_probes_pending = 0;
     }
 
     /// Earliest timer of this link (loss, PTO, probe).
@@ -416,7 +412,7 @@ impl Link {
     }
 
     fn pto_deadline(&self, cfg: &ConnectionConfig) -> Option<Instant> {
-        if self.state != LinkState::Up || self.sent.is_empty() || self.pto_probe_pending {
+        if self.state != LinkState::Up || self.sent.is_empty() || self.pto_probes_pending > 0 {
             return None;
         }
         let oldest = self.sent.values().next().map(|p| p.time);
@@ -444,7 +440,7 @@ impl Link {
         if self.pto_count >= cfg.failure_ptos {
             return true;
         }
-        self.pto_probe_pending = true;
+        self.pto_probes_pending = 2;
         false
     }
 
@@ -474,18 +470,26 @@ impl Link {
         self.state != LinkState::Up && self.next_probe.is_some_and(|t| t <= now)
     }
 
-    /// A probe is about to be sent: an earlier probe still unanswered breaks the run of
-    /// successes. Returns true when a degraded link's probes have failed often enough for it
-    /// to count as down.
+    /// A probe is about to be sent. Probes unanswered for longer than a round trip could take
+    /// (at least a probe interval) count as failed and break the run of successes; probes keep
+    /// going out every interval meanwhile, so a long round trip does not slow detection down.
+    /// Returns true when a degraded link's probes have failed often enough for it to count
+    /// as down.
     pub fn on_probe_sending(&mut self, now: Instant, cfg: &ConnectionConfig) -> bool {
         self.next_probe = Some(now + cfg.probe_interval);
-        if let Some(pn) = self.last_probe_pn {
-            if self.sent.contains_key(&pn) {
-                // unanswered within a probe interval: forget it (its loss is not a congestion signal)
-                self.sent.remove(&pn);
-                self.probe_successes = 0;
-                self.probe_failures += 1;
-            }
+        let patience =
+            (self.rtt.srtt * 2 + self.rtt.rttvar * 4 + cfg.max_ack_delay).max(cfg.probe_interval);
+        let expired: SmallVec<[u64; 8]> = self
+            .sent
+            .iter()
+            .filter(|(_, p)| p.probe && now.saturating_duration_since(p.time) > patience)
+            .map(|(&pn, _)| pn)
+            .collect();
+        for pn in expired {
+            // Its loss is not a congestion signal (probes are outside the window), and it does
+            // not reset the acknowledged count: a lossy link must still be able to come back.
+            self.sent.remove(&pn);
+            self.probe_failures += 1;
         }
         self.state == LinkState::Degraded && self.probe_failures >= cfg.failure_ptos
     }

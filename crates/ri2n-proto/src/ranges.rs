@@ -118,8 +118,12 @@ impl RangeSet {
         }
     }
 
-    /// Removes and returns the lowest up-to-`max_len` values, as one range.
+    /// Removes and returns the lowest up-to-`max_len` values, as one range; `None` when the set
+    /// is empty or `max_len` is 0 (so a `while let Some(r) = set.pop_front(n)` loop always ends).
     pub fn pop_front(&mut self, max_len: u64) -> Option<Range<u64>> {
+        if max_len == 0 {
+            return None;
+        }
         let (&s, &e) = self.map.iter().next()?;
         self.map.remove(&s);
         let take_end = if e - s > max_len { s + max_len } else { e };
@@ -141,9 +145,13 @@ impl RangeSet {
         self.map.iter().map(|(&s, &e)| s..e)
     }
 
-    /// The values of `r` that are *not* in the set, as ranges in ascending order.
+    /// The values of `r` that are *not* in the set, as ranges in ascending order (none when `r`
+    /// is empty, including a reversed `start > end`).
     pub fn gaps_in(&self, r: Range<u64>) -> Vec<Range<u64>> {
         let mut out = Vec::new();
+        if r.is_empty() {
+            return out;
+        }
         let mut cur = r.start;
         let first = self
             .map

@@ -29,6 +29,8 @@ pub(crate) struct SendStream {
     /// Bytes the application may have outstanding.
     capacity: u64,
     finished: bool,
+    /// `base` when the head was last re-sent by [`SendStream::rescue_head`].
+    rescued_base: Option<u64>,
     /// The FIN must be (re)sent.
     fin_pending: bool,
     fin_acked: bool,
@@ -54,6 +56,7 @@ impl SendStream {
             max_data,
             capacity,
             finished: false,
+            rescued_base: None,
             fin_pending: false,
             fin_acked: false,
         }
@@ -91,11 +94,41 @@ impl SendStream {
         self.finished && self.fin_acked && self.base == self.written
     }
 
+    /// The peer closed cleanly, which it does only after receiving everything up to our FIN:
+    /// count it all as acknowledged.
+    pub fn peer_received_all(&mut self) {
+        self.buf.clear();
+        self.base = self.written;
+        self.next_new = self.written;
+        self.acked = RangeSet::new();
+        self.retransmit = RangeSet::new();
+        self.fin_pending = false;
+        self.fin_acked = true;
+    }
+
     /// Whether a frame could be sent now (lost data, new data within the peer's limit, or FIN).
     pub fn wants_to_send(&self) -> bool {
         !self.retransmit.is_empty()
             || (self.next_new < self.written && self.next_new < self.max_data)
             || (self.fin_pending && self.next_new == self.written)
+    }
+
+    /// Opportunistic retransmission: when new data waits only for the peer's window, that
+    /// window is held by the lowest unacknowledged bytes, which are probably stuck behind a
+    /// slow link. Queue up to `max` of them to be sent again (on the best link), once per
+    /// position of the head. Returns whether anything was queued.
+    pub fn rescue_head(&mut self, max: u64) -> bool {
+        let flow_blocked = self.next_new < self.written && self.next_new >= self.max_data;
+        if !flow_blocked || !self.retransmit.is_empty() || self.rescued_base == Some(self.base) {
+            return false;
+        }
+        self.rescued_base = Some(self.base);
+        let end = self.next_new.min(self.base + max);
+        let mut any = false;
+        for gap in self.acked.gaps_in(self.base..end) {
+            any |= self.retransmit.insert(gap);
+        }
+        any
     }
 
     /// Takes the next piece to send, at most `max_len` bytes: lost data first, then new data.
