@@ -188,7 +188,7 @@ impl Connection {
         advertised: Vec<SocketAddr>,
     ) -> Self {
         let mut link = Link::new(0, local, remote, cfg.max_datagram_size);
-        link.promote(now);
+        link.promote(now, &mut AckOutcome::default());
         let handshake = Handshake::Server {
             accept_pending: true,
             confirmed: false,
@@ -482,17 +482,17 @@ impl Connection {
         if from == to {
             return;
         }
+        let mut out = std::mem::take(&mut self.scratch);
         match to {
-            LinkState::Up => self.links[i].promote(now),
+            LinkState::Up => self.links[i].promote(now, &mut out),
             LinkState::Down | LinkState::Degraded => {
                 self.links[i].demote(now, to, &self.cfg);
-                let mut out = std::mem::take(&mut self.scratch);
                 self.links[i].drain_in_flight(&mut out);
-                self.apply_outcome(&mut out);
-                self.scratch = out;
             }
             LinkState::Validating => unreachable!("links never return to validating"),
         }
+        self.apply_outcome(&mut out);
+        self.scratch = out;
         tracing::debug!(link = i, %from, %to, "link state");
         self.event(Event::LinkStateChanged {
             link: i as LinkId,
@@ -588,7 +588,7 @@ impl Connection {
         }
         self.state = ConnectionState::Established;
         self.last_rx = now;
-        self.links[0].promote(now);
+        self.links[0].promote(now, &mut AckOutcome::default());
         if let Some(rtt) = rtt_sample {
             self.links[0].seed_rtt(rtt);
         }
@@ -721,7 +721,8 @@ impl Connection {
             {
                 return;
             }
-            self.add_link(now, local, remote);
+            let new = self.add_link(now, local, remote);
+            self.links[new].peer_opened = true;
         }
         if self.links[i].local != local || self.links[i].remote != remote {
             return; // links do not migrate
@@ -1007,7 +1008,11 @@ impl Connection {
         }
         // 1. probes of links that are not up
         if let Some(i) = (0..self.links.len()).find(|&i| self.links[i].probe_due(now)) {
-            if self.links[i].on_probe_sending(now, &self.cfg) {
+            let mut out = std::mem::take(&mut self.scratch);
+            let failed = self.links[i].on_probe_sending(now, &self.cfg, &mut out);
+            self.apply_outcome(&mut out);
+            self.scratch = out;
+            if failed {
                 self.set_link_state(i, now, LinkState::Down);
             }
             return self.transmit(now, i, PacketKind::Probe, buf);
@@ -1103,26 +1108,41 @@ impl Connection {
         }
     }
 
-    /// The up link with the lowest RTT whose window and pacer let a data packet out now, or
-    /// when pacing will next allow one.
+    /// The link for the next data packet: among the up links whose window and pacer let a
+    /// packet out now, the one where it would arrive first. A link whose packets would arrive
+    /// later than the receive window can bridge (half the window at the links' combined rate)
+    /// is left alone unless it is the fastest: its data would hold up everything behind it.
+    /// `Err` carries when pacing next allows a packet, if that is what blocks.
     fn pick_data_link(&mut self, now: Instant) -> Result<usize, Option<Instant>> {
-        let mut best: Option<usize> = None;
+        let mut best: Option<(usize, Duration)> = None;
         let mut wake: Option<Instant> = None;
+        let mut fastest = Duration::MAX;
+        let mut total_rate = 0.0;
+        for l in self.links.iter().filter(|l| l.is_up()) {
+            fastest = fastest.min(l.eta());
+            total_rate += l.delivery_rate();
+        }
+        let window = self.peer_window.min(self.cfg.send_buffer) as f64;
+        let budget = Duration::from_secs_f64((window / 2.0 / total_rate.max(1.0)).min(3600.0));
         for i in 0..self.links.len() {
             if !self.links[i].is_up() {
                 continue;
             }
+            let eta = self.links[i].eta();
+            if eta > budget && eta > fastest {
+                continue;
+            }
             match self.links[i].send_allowance(now) {
                 Ok(()) => {
-                    if best.is_none_or(|b| self.links[i].rtt.srtt < self.links[b].rtt.srtt) {
-                        best = Some(i);
+                    if best.is_none_or(|(_, b)| eta < b) {
+                        best = Some((i, eta));
                     }
                 }
                 Err(Some(t)) => wake = Some(wake.map_or(t, |w| w.min(t))),
                 Err(None) => {}
             }
         }
-        best.ok_or(wake)
+        best.map(|(i, _)| i).ok_or(wake)
     }
 
     fn best_up_link(&self) -> Option<usize> {

@@ -161,11 +161,21 @@ pub(crate) struct Link {
     pub remote: SocketAddr,
     pub state: LinkState,
     mss: usize,
+    /// Opened by the peer's packets from an address pair we never chose: until it is
+    /// validated, it may send at most three times the bytes it received (so a spoofed source
+    /// address cannot turn us into a traffic reflector).
+    pub peer_opened: bool,
 
     // --- sending ---
     next_pn: u64,
     sent: BTreeMap<u64, SentPacket>,
     pub bytes_in_flight: u64,
+    /// Bytes acknowledged so far (data packets), for the delivery-rate estimate.
+    delivered: u64,
+    /// Start of the current delivery-rate sample: (time, `delivered` then).
+    rate_sample_start: Option<(Instant, u64)>,
+    /// Recent delivery rate in bytes per second (0 until measured).
+    delivery_rate: f64,
     pub cc: Congestion,
     pub pacer: Pacer,
     pub rtt: Rtt,
@@ -227,9 +237,13 @@ impl Link {
             remote,
             state: LinkState::Validating,
             mss,
+            peer_opened: false,
             next_pn: 0,
             sent: BTreeMap::new(),
             bytes_in_flight: 0,
+            delivered: 0,
+            rate_sample_start: None,
+            delivery_rate: 0.0,
             cc: Congestion::new(mss),
             pacer: Pacer::new(mss),
             rtt: Rtt::new(),
@@ -335,6 +349,7 @@ impl Link {
                 if pkt.in_flight {
                     let before = self.bytes_in_flight;
                     self.bytes_in_flight -= u64::from(pkt.size);
+                    self.delivered += u64::from(pkt.size);
                     self.cc.on_ack(u64::from(pkt.size), pkt.time, before);
                 }
                 if pkt.probe {
@@ -353,7 +368,46 @@ impl Link {
         if pn == largest && eliciting {
             self.rtt.update(now - sent_time, ack_delay);
         }
+        self.sample_delivery_rate(now);
         self.detect_lost(now, out);
+    }
+
+    /// Measures the delivery rate over intervals of at least a round trip; the estimate follows
+    /// increases at once and decreases gradually (a few samples), like a decaying max filter.
+    fn sample_delivery_rate(&mut self, now: Instant) {
+        let Some((start, d0)) = self.rate_sample_start else {
+            self.rate_sample_start = Some((now, self.delivered));
+            return;
+        };
+        let elapsed = now.saturating_duration_since(start);
+        if elapsed < self.rtt.srtt.max(GRANULARITY) {
+            return;
+        }
+        let sample = (self.delivered - d0) as f64 / elapsed.as_secs_f64();
+        self.delivery_rate = sample.max(self.delivery_rate * 0.75);
+        self.rate_sample_start = Some((now, self.delivered));
+    }
+
+    /// Delivery rate in bytes per second: measured, or before any measurement what the window
+    /// allows per round trip.
+    pub fn delivery_rate(&self) -> f64 {
+        if self.delivery_rate > 0.0 {
+            self.delivery_rate
+        } else {
+            self.cc.window() as f64 / self.rtt.srtt.as_secs_f64().max(1e-6)
+        }
+    }
+
+    /// When a full-size packet sent now would arrive: the path's base latency plus the time to
+    /// deliver what is already in flight ahead of it.
+    pub fn eta(&self) -> Duration {
+        let base = if self.rtt.min == Duration::MAX {
+            self.rtt.srtt
+        } else {
+            self.rtt.min
+        };
+        let queued = (self.bytes_in_flight + self.mss as u64) as f64 / self.delivery_rate();
+        base / 2 + Duration::from_secs_f64(queued.min(3600.0))
     }
 
     /// RFC 9002 packet- and time-threshold loss detection within this link.
@@ -405,7 +459,7 @@ impl Link {
             }
         };
         min(self.pto_deadline(cfg));
-        if self.state != LinkState::Up {
+        if self.state != LinkState::Up && self.within_amplification_limit() {
             min(self.next_probe);
         }
         t
@@ -459,6 +513,8 @@ impl Link {
         self.state = to;
         self.cc.reset();
         self.pacer.reset(self.mss);
+        self.delivery_rate = 0.0;
+        self.rate_sample_start = None;
         self.probe_successes = 0;
         self.probe_failures = 0;
         self.next_probe = Some(now + cfg.probe_interval);
@@ -467,7 +523,15 @@ impl Link {
 
     /// Whether a probe is due on this (not up) link.
     pub fn probe_due(&self, now: Instant) -> bool {
-        self.state != LinkState::Up && self.next_probe.is_some_and(|t| t <= now)
+        self.state != LinkState::Up
+            && self.next_probe.is_some_and(|t| t <= now)
+            && self.within_amplification_limit()
+    }
+
+    /// Whether this link may send a full datagram under the anti-amplification rule.
+    pub fn within_amplification_limit(&self) -> bool {
+        !(self.peer_opened && self.state == LinkState::Validating)
+            || self.bytes_sent + self.mss as u64 <= 3 * self.bytes_received
     }
 
     /// A probe is about to be sent. Probes unanswered for longer than a round trip could take
@@ -475,7 +539,12 @@ impl Link {
     /// going out every interval meanwhile, so a long round trip does not slow detection down.
     /// Returns true when a degraded link's probes have failed often enough for it to count
     /// as down.
-    pub fn on_probe_sending(&mut self, now: Instant, cfg: &ConnectionConfig) -> bool {
+    pub fn on_probe_sending(
+        &mut self,
+        now: Instant,
+        cfg: &ConnectionConfig,
+        out: &mut AckOutcome,
+    ) -> bool {
         self.next_probe = Some(now + cfg.probe_interval);
         let patience =
             (self.rtt.srtt * 2 + self.rtt.rttvar * 4 + cfg.max_ack_delay).max(cfg.probe_interval);
@@ -488,7 +557,8 @@ impl Link {
         for pn in expired {
             // Its loss is not a congestion signal (probes are outside the window), and it does
             // not reset the acknowledged count: a lossy link must still be able to come back.
-            self.sent.remove(&pn);
+            // Control frames it carried are handed back to be sent again.
+            out.lost.extend(self.sent.remove(&pn));
             self.probe_failures += 1;
         }
         self.state == LinkState::Degraded && self.probe_failures >= cfg.failure_ptos
@@ -512,7 +582,7 @@ impl Link {
         Some(last + cfg.keepalive_interval)
     }
 
-    pub fn promote(&mut self, now: Instant) {
+    pub fn promote(&mut self, now: Instant, out: &mut AckOutcome) {
         self.state = LinkState::Up;
         self.last_promotion = Some(now);
         self.next_probe = None;
@@ -520,8 +590,19 @@ impl Link {
         self.last_pto = None;
         self.cc.reset();
         self.pacer.reset(self.mss);
-        // probes answered, data not yet: forget stale probes so they cannot trigger a PTO
-        self.sent.retain(|_, p| !p.probe);
+        self.delivery_rate = 0.0;
+        self.rate_sample_start = None;
+        // probes still outstanding must not trigger a PTO: count them lost (their control
+        // frames are sent again)
+        let stale: SmallVec<[u64; 8]> = self
+            .sent
+            .iter()
+            .filter(|(_, p)| p.probe)
+            .map(|(&pn, _)| pn)
+            .collect();
+        for pn in stale {
+            out.lost.extend(self.sent.remove(&pn));
+        }
     }
 
     // --- receiving ---

@@ -113,13 +113,17 @@ impl SendStream {
             || (self.fin_pending && self.next_new == self.written)
     }
 
-    /// Opportunistic retransmission: when new data waits only for the peer's window, that
-    /// window is held by the lowest unacknowledged bytes, which are probably stuck behind a
-    /// slow link. Queue up to `max` of them to be sent again (on the best link), once per
-    /// position of the head. Returns whether anything was queued.
+    /// Opportunistic retransmission: when no new data can go out because the peer's window
+    /// or our send buffer is used up, both are held by the lowest unacknowledged bytes, which
+    /// are probably stuck behind a slow link. Queue up to `max` of them to be sent again (on
+    /// the best link), once per position of the head. Returns whether anything was queued.
     pub fn rescue_head(&mut self, max: u64) -> bool {
         let flow_blocked = self.next_new < self.written && self.next_new >= self.max_data;
-        if !flow_blocked || !self.retransmit.is_empty() || self.rescued_base == Some(self.base) {
+        let buffer_full = self.next_new == self.written && self.room() == 0;
+        if !(flow_blocked || buffer_full)
+            || !self.retransmit.is_empty()
+            || self.rescued_base == Some(self.base)
+        {
             return false;
         }
         self.rescued_base = Some(self.base);

@@ -40,6 +40,9 @@ pub struct LinkReport {
     pub a_to_b: DirectionCounters,
     /// Direction B→A.
     pub b_to_a: DirectionCounters,
+    /// Stream payload bytes (STREAM frames, first copies and repairs) delivered per 1 ms
+    /// bucket, indexed by [`Dir::index`]: when the link carried data, not just probes.
+    pub stream_timeline: [Vec<u64>; 2],
 }
 
 impl LinkReport {
@@ -49,6 +52,40 @@ impl LinkReport {
             Dir::AToB => &self.a_to_b,
             Dir::BToA => &self.b_to_a,
         }
+    }
+
+    /// Start of the first 1 ms bucket at or after `after` in which stream data arrived over
+    /// this link in `dir`.
+    pub fn first_stream_delivery(&self, dir: Dir, after: Duration) -> Option<Duration> {
+        let tl = &self.stream_timeline[dir.index()];
+        let first = (after.as_nanos() / BUCKET.as_nanos()) as usize;
+        (first..tl.len())
+            .find(|&i| tl[i] > 0)
+            .map(|i| BUCKET * i as u32)
+    }
+
+    /// Stream bytes delivered over this link in `dir` within `[from, to)`.
+    pub fn stream_bytes_between(&self, dir: Dir, from: Duration, to: Duration) -> u64 {
+        let tl = &self.stream_timeline[dir.index()];
+        let a = (from.as_nanos() / BUCKET.as_nanos()) as usize;
+        let b = ((to.as_nanos() / BUCKET.as_nanos()) as usize).min(tl.len());
+        tl.get(a..b).map_or(0, |s| s.iter().sum())
+    }
+}
+
+/// Stream payload bytes a datagram carries (0 for anything that does not decode: the engine
+/// will drop it too).
+pub(crate) fn stream_payload(datagram: &[u8]) -> u64 {
+    use ri2n_proto::wire::{decode_packet, Frame, Frames, Header};
+    match decode_packet(datagram) {
+        Ok((Header::Short { .. }, payload)) => Frames::new(payload)
+            .map_while(Result::ok)
+            .map(|f| match f {
+                Frame::Stream { data, .. } => data.len() as u64,
+                _ => 0,
+            })
+            .sum(),
+        _ => 0,
     }
 }
 

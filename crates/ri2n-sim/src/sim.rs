@@ -337,6 +337,15 @@ impl<'a> Sim<'a> {
                         .direction_mut(link, dir)
                         .accept_delivery(epoch, data.len())
                     {
+                        let stream = crate::report::stream_payload(&data);
+                        if stream > 0 {
+                            let tl = &mut self.report.links[link].stream_timeline[dir.index()];
+                            let bucket = (self.now.as_nanos() / BUCKET.as_nanos()) as usize;
+                            if tl.len() <= bucket {
+                                tl.resize(bucket + 1, 0);
+                            }
+                            tl[bucket] += stream;
+                        }
                         let to = dir.receiver();
                         let (local, remote) = (host_addr(to, link), host_addr(to.peer(), link));
                         let now = self.instant();

@@ -1,0 +1,345 @@
+//! The engine's promised outcomes, each checked in simulated time on a scenario built for it.
+//! Every run also checks (inside the simulator) that the received stream equals the sent one,
+//! byte for byte, and that buffers stay within the configured windows.
+//!
+//! Each test prints the figure it measured (run with `--nocapture` to see them).
+
+use std::time::Duration;
+
+use ri2n_proto::{ConnectionError, LinkState};
+use ri2n_sim::{
+    run, Action, AppConfig, AppMode, Dir, DirectionConfig, HostId, LinkConfig, Report, Scenario,
+    HEADER_BYTES, MAX_DATAGRAM,
+};
+
+const GBIT: u64 = 1_000_000_000;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// What a link of `rate_bps` can carry as UDP payload with full-size datagrams: the limit the
+/// issue measures goodput against (1 Gbit/s: 981 Mbit/s).
+fn payload_capacity(rate_bps: u64) -> f64 {
+    rate_bps as f64 * MAX_DATAGRAM as f64 / (MAX_DATAGRAM + HEADER_BYTES) as f64
+}
+
+fn link(rate_bps: u64, delay: Duration) -> LinkConfig {
+    LinkConfig::symmetric(
+        DirectionConfig::default()
+            .with_rate(rate_bps)
+            .with_delay(delay),
+    )
+}
+
+/// `n` links of 1 Gbit/s and 0.1 ms one-way delay.
+fn gigabit_links(n: usize) -> Scenario {
+    Scenario::default().with_links(n, link(GBIT, Duration::from_micros(100)))
+}
+
+fn run_ok(sc: &Scenario) -> Report {
+    match run(sc) {
+        Ok(r) => r,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Earliest time at or after `from` from which goodput over the next `window` reaches
+/// `threshold` bits/s.
+fn goodput_back_at(
+    r: &Report,
+    from: Duration,
+    window: Duration,
+    threshold: f64,
+) -> Option<Duration> {
+    (0..5000u64)
+        .map(|i| from + ms(i))
+        .find(|&t| r.goodput_bps(t, t + window) >= threshold)
+}
+
+#[test]
+fn two_gigabit_links_reach_97_percent_of_payload_capacity() {
+    let sc = gigabit_links(2).with_total_bytes(300 << 20);
+    let r = run_ok(&sc);
+    let capacity = 2.0 * payload_capacity(GBIT);
+    let goodput = r.goodput_bps(ms(300), ms(1100));
+    println!(
+        "steady goodput {:.1} Mbit/s = {:.2} % of {:.1} Mbit/s payload capacity",
+        goodput / 1e6,
+        100.0 * goodput / capacity,
+        capacity / 1e6
+    );
+    assert!(goodput >= 0.97 * capacity, "goodput {goodput:.0} bit/s");
+}
+
+#[test]
+fn blackholed_link_fails_over_within_50ms() {
+    let fault = ms(500);
+    let sc = gigabit_links(2)
+        .with_total_bytes(250 << 20)
+        .at(fault, Action::blackhole(1));
+    let r = run_ok(&sc);
+    let survivor = payload_capacity(GBIT);
+    let back = goodput_back_at(&r, fault, ms(10), 0.9 * survivor).expect("goodput came back");
+    let sustained = r.goodput_bps(back, back + ms(300));
+    println!(
+        "failover: goodput >= 90 % of the surviving link {:?} after the blackhole; then {:.1} % of it",
+        back - fault,
+        100.0 * sustained / survivor
+    );
+    assert!(back - fault <= ms(50), "failover took {:?}", back - fault);
+    assert!(
+        sustained >= 0.9 * survivor,
+        "sustained {sustained:.0} bit/s"
+    );
+}
+
+/// A link down for `outage` heals; it must carry data again within 100 ms. The links are
+/// 10 Mbit/s so that ten simulated minutes of transfer stay cheap.
+fn healed_link_carries_data_again(outage: Duration) -> Duration {
+    let start = ms(300);
+    let heal = start + outage;
+    let rate = 10_000_000;
+    let bytes = (rate as f64 / 8.0 * (heal + ms(1500)).as_secs_f64()) as u64;
+    let sc = Scenario::default()
+        .with_links(2, link(rate, ms(1)))
+        .with_total_bytes(bytes)
+        .with_time_limit(heal + Duration::from_secs(30))
+        .at(start, Action::down(1))
+        .at(heal, Action::up(1));
+    let r = run_ok(&sc);
+    let went_down = r.first_state_change(HostId::A, 1, LinkState::Down, start);
+    assert!(went_down.is_some(), "the link was seen down");
+    assert_eq!(
+        r.links[1].stream_bytes_between(Dir::AToB, start + ms(100), heal),
+        0,
+        "no data crossed the dead link"
+    );
+    let carried = r.links[1]
+        .first_stream_delivery(Dir::AToB, heal)
+        .expect("the healed link carried data");
+    println!(
+        "outage {outage:?}: healed link carries data {:?} after the heal (up at {:?})",
+        carried - heal,
+        r.first_state_change(HostId::A, 1, LinkState::Up, heal)
+            .map(|t| t - heal)
+    );
+    carried - heal
+}
+
+#[test]
+fn healed_link_carries_data_within_100ms_after_1s_outage() {
+    let t = healed_link_carries_data_again(Duration::from_secs(1));
+    assert!(t <= ms(100), "took {t:?}");
+}
+
+#[test]
+fn healed_link_carries_data_within_100ms_after_10min_outage() {
+    let t = healed_link_carries_data_again(Duration::from_secs(600));
+    assert!(t <= ms(100), "took {t:?}");
+}
+
+#[test]
+fn all_links_dead_for_60s_then_one_heals_and_the_transfer_completes() {
+    let start = ms(200);
+    let sc = gigabit_links(2)
+        .with_total_bytes(64 << 20)
+        .with_time_limit(Duration::from_secs(120))
+        .at(start, Action::down(0))
+        .at(start, Action::blackhole(1))
+        .at(start + Duration::from_secs(60), Action::up(0));
+    let r = run_ok(&sc);
+    let t = r.transfer(Dir::AToB);
+    assert_eq!(t.delivered, 64 << 20);
+    assert_eq!(t.sent_hash, t.received_hash);
+    assert!(
+        r.closes.iter().all(|c| c.reason.is_none()),
+        "{:?}",
+        r.closes
+    );
+    let resumed = r.links[0]
+        .first_stream_delivery(Dir::AToB, start + Duration::from_secs(60))
+        .unwrap();
+    println!(
+        "all links down 60 s: data flows again {:?} after link 0 heals; complete at {:?}",
+        resumed - start - Duration::from_secs(60),
+        r.completed_at
+    );
+}
+
+#[test]
+fn soft_failed_link_is_demoted_within_100ms_and_goodput_holds() {
+    let fault = ms(500);
+    let sc = gigabit_links(2)
+        .with_total_bytes(250 << 20)
+        .at(fault, Action::rate(1, GBIT / 200));
+    let r = run_ok(&sc);
+    let demoted = [LinkState::Degraded, LinkState::Down]
+        .iter()
+        .filter_map(|&s| r.first_state_change(HostId::A, 1, s, fault))
+        .min()
+        .expect("the slow link was demoted");
+    let healthy = payload_capacity(GBIT);
+    let goodput = r.goodput_bps(fault + ms(100), fault + ms(1000));
+    println!(
+        "soft failure: demoted after {:?}; goodput {:.1} % of the healthy link over the next 0.9 s",
+        demoted - fault,
+        100.0 * goodput / healthy
+    );
+    assert!(
+        demoted - fault <= ms(100),
+        "demoted after {:?}",
+        demoted - fault
+    );
+    assert!(goodput >= 0.9 * healthy, "goodput {goodput:.0} bit/s");
+}
+
+#[test]
+fn gigabit_and_100_megabit_links_reach_95_percent_of_combined_capacity() {
+    let mut sc = Scenario::default().with_total_bytes(200 << 20);
+    sc.links = vec![
+        link(GBIT, Duration::from_micros(100)),
+        link(GBIT / 10, Duration::from_micros(100)),
+    ];
+    let r = run_ok(&sc);
+    let capacity = payload_capacity(GBIT) + payload_capacity(GBIT / 10);
+    let goodput = r.goodput_bps(ms(300), ms(1200));
+    let slow_share = r.links[1].stream_bytes_between(Dir::AToB, ms(300), ms(1200)) as f64
+        / r.delivered_between(Dir::AToB, ms(300), ms(1200)) as f64;
+    println!(
+        "1 Gbit/s + 100 Mbit/s: goodput {:.1} % of combined payload capacity; slow link share {:.1} %",
+        100.0 * goodput / capacity,
+        100.0 * slow_share
+    );
+    assert!(goodput >= 0.95 * capacity, "goodput {goodput:.0} bit/s");
+}
+
+#[test]
+fn five_percent_loss_on_every_link_completes_exactly() {
+    let lossy = DirectionConfig::default()
+        .with_rate(GBIT / 10)
+        .with_delay(ms(2))
+        .with_loss(0.05);
+    let mut sc = Scenario::default()
+        .with_links(3, LinkConfig::symmetric(lossy))
+        .with_total_bytes(8 << 20)
+        .with_time_limit(Duration::from_secs(300));
+    sc.app.bidirectional = true;
+    let r = run_ok(&sc);
+    for dir in [Dir::AToB, Dir::BToA] {
+        let t = r.transfer(dir);
+        assert_eq!(t.delivered, 8 << 20);
+        assert_eq!(t.sent_hash, t.received_hash);
+    }
+    println!(
+        "5 % loss on 3 links, both directions: complete at {:?}",
+        r.completed_at
+    );
+}
+
+#[test]
+fn messages_survive_loss_duplication_corruption_and_reordering() {
+    let bad = DirectionConfig::default()
+        .with_rate(GBIT / 10)
+        .with_delay(ms(3))
+        .with_jitter(ms(1))
+        .with_loss(0.03)
+        .with_duplicate(0.02)
+        .with_corrupt(0.02)
+        .with_reorder(0.03);
+    let mut sc = Scenario::default()
+        .with_links(2, LinkConfig::symmetric(bad))
+        .with_time_limit(Duration::from_secs(300));
+    sc.app = AppConfig {
+        mode: AppMode::Messages {
+            count: 400,
+            max_size: 64 * 1024,
+        },
+        bidirectional: true,
+        ..AppConfig::default()
+    };
+    let r = run_ok(&sc);
+    assert_eq!(r.transfer(Dir::AToB).messages, 400);
+    assert_eq!(r.transfer(Dir::BToA).messages, 400);
+}
+
+#[test]
+fn slow_reader_keeps_sender_memory_within_the_window() {
+    let buffer = 1 << 20;
+    let mut sc = gigabit_links(2)
+        .with_total_bytes(6 << 20)
+        .with_time_limit(Duration::from_secs(60));
+    sc.app.reader_rate = Some(1_000_000);
+    sc.client.send_buffer = buffer;
+    sc.server.stream_receive_window = 2 << 20;
+    let r = run_ok(&sc);
+    let a = r.buffers(HostId::A);
+    let b = r.buffers(HostId::B);
+    println!(
+        "reader at 1 MB/s: sender buffered at most {} B (limit {buffer}), receiver {} B (window {})",
+        a.send_buffered,
+        b.recv_buffered,
+        2 << 20
+    );
+    assert!(a.send_buffered <= buffer);
+    assert!(b.recv_buffered <= 2 << 20);
+    assert!(
+        r.completed_at.unwrap() >= Duration::from_secs(5),
+        "the reader set the pace"
+    );
+}
+
+#[test]
+fn restarted_peer_is_reported_within_one_second() {
+    let restart = ms(300);
+    let mut sc = gigabit_links(2)
+        .with_total_bytes(1 << 30)
+        .at(restart, Action::RestartServer);
+    sc.end_on_close = true;
+    let r = run_ok(&sc);
+    let close = r.close_of(HostId::A).expect("A's connection closed");
+    assert_eq!(close.reason, Some(ConnectionError::PeerRestarted));
+    println!(
+        "peer restart reported {:?} after the restart",
+        close.at - restart
+    );
+    assert!(close.at - restart <= Duration::from_secs(1));
+}
+
+/// The all-links-down deadline, pinned from both sides: an outage shorter than the deadline is
+/// survived, a longer one ends the connection with `AllLinksDown`.
+#[test]
+fn all_links_down_deadline_is_honoured_from_both_sides() {
+    let deadline = Duration::from_secs(2);
+    let scenario = |outage: Duration| {
+        let mut sc = gigabit_links(2)
+            .with_total_bytes(32 << 20)
+            .with_time_limit(Duration::from_secs(30))
+            .outage(ms(100), outage);
+        sc.client.all_links_down_timeout = Some(deadline);
+        sc.server.all_links_down_timeout = Some(deadline);
+        sc
+    };
+    // survived: the links come back 500 ms before the deadline would end the connection
+    run_ok(&scenario(deadline - ms(500)));
+    // exceeded
+    let mut sc = scenario(deadline + Duration::from_secs(3));
+    sc.end_on_close = true;
+    let r = run_ok(&sc);
+    let close = r.close_of(HostId::A).expect("A gave up");
+    assert_eq!(close.reason, Some(ConnectionError::AllLinksDown));
+}
+
+#[test]
+fn explicit_addresses_open_every_link_without_discovery() {
+    let mut sc = gigabit_links(3).with_total_bytes(32 << 20);
+    sc.app.explicit_addrs = true;
+    sc.client.discover = false;
+    let r = run_ok(&sc);
+    for (i, l) in r.links.iter().enumerate() {
+        assert!(
+            l.stream_bytes_between(Dir::AToB, Duration::ZERO, r.end_time) > 1 << 20,
+            "link {i} carried data"
+        );
+    }
+}
