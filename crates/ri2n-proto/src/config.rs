@@ -73,6 +73,39 @@ impl Default for ConnectionConfig {
     }
 }
 
+impl ConnectionConfig {
+    /// Checks that the settings can work together.
+    pub fn validate(&self) -> Result<(), crate::ConnectError> {
+        use crate::ConnectError::InvalidConfig;
+        // INITIAL packets are 1200 bytes; STREAM frames reserve a 2-byte length (< 16 KiB)
+        if !(crate::wire::MIN_INITIAL_SIZE..=16 * 1024).contains(&self.max_datagram_size) {
+            return Err(InvalidConfig(
+                "max_datagram_size must be 1200 to 16384 bytes",
+            ));
+        }
+        if self.stream_receive_window < 16 * 1024 || self.send_buffer < 16 * 1024 {
+            return Err(InvalidConfig("windows and buffers must be at least 16 KiB"));
+        }
+        if self.stream_receive_window > crate::wire::VARINT_MAX / 2 {
+            return Err(InvalidConfig("stream_receive_window too large"));
+        }
+        if self.probe_interval.is_zero() || self.share_check_interval.is_zero() {
+            return Err(InvalidConfig(
+                "probe and share-check intervals must be positive",
+            ));
+        }
+        if self.recovery_probes == 0 || self.failure_ptos == 0 || self.ack_frequency == 0 {
+            return Err(InvalidConfig(
+                "probe and acknowledgement counts must be positive",
+            ));
+        }
+        if !(1..=crate::MAX_LINKS).contains(&self.max_links) {
+            return Err(InvalidConfig("max_links must be 1 to 8"));
+        }
+        Ok(())
+    }
+}
+
 /// Settings of an endpoint: the local addresses it owns and whether it accepts connections.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -99,6 +132,14 @@ impl EndpointConfig {
             server_connection: ConnectionConfig::default(),
             cookie_lifetime: Duration::from_secs(10),
         }
+    }
+
+    /// Checks the endpoint's settings (drivers call this before [`crate::Endpoint::new`]).
+    pub fn validate(&self) -> Result<(), crate::ConnectError> {
+        if self.local_addrs.is_empty() {
+            return Err(crate::ConnectError::InvalidConfig("no local address"));
+        }
+        self.server_connection.validate()
     }
 
     /// The same configuration, accepting incoming connections.

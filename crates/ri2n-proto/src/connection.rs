@@ -62,6 +62,9 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const CLOSE_DONE: u64 = 0;
 /// CLOSE code of an error other than an application abort.
 const CLOSE_ERROR: u64 = 1;
+/// Application abort codes travel as `code + CLOSE_APP_BASE`, so that no application code
+/// can be mistaken for a clean close or an engine error.
+const CLOSE_APP_BASE: u64 = 16;
 /// Bytes at the head of a flow-blocked stream re-sent at once by opportunistic retransmission.
 const RESCUE_BYTES: u64 = 64 * 1024;
 /// Most application events kept when the application does not collect them.
@@ -390,6 +393,12 @@ impl Connection {
         let got = stream.peek(&mut header);
         let mut r = wire::Reader::new(&header[..got]);
         if let Ok(len) = r.varint() {
+            if len > self.cfg.stream_receive_window {
+                self.fail(ConnectionError::ProtocolViolation(
+                    "message larger than the receive window",
+                ));
+                return self.read_blocked();
+            }
             let hlen = got - r.remaining();
             if stream.readable() >= hlen as u64 + len {
                 stream.read(&mut header[..hlen]);
@@ -420,6 +429,7 @@ impl Connection {
         if self.state == ConnectionState::Closed {
             return;
         }
+        let code = code.min(wire::VARINT_MAX - CLOSE_APP_BASE) + CLOSE_APP_BASE;
         self.close_frame = Some((code, reason.to_owned()));
         self.close_sends = (0..self.links.len()).collect();
         self.set_closed(Some(ConnectionError::LocallyAborted));
@@ -495,7 +505,7 @@ impl Connection {
         self.scratch = out;
         tracing::debug!(link = i, %from, %to, "link state");
         self.event(Event::LinkStateChanged {
-            link: i as LinkId,
+            link: self.links[i].id,
             from,
             to,
         });
@@ -621,17 +631,28 @@ impl Connection {
             {
                 continue;
             }
-            self.add_link(now, local, remote);
+            let id = self.links.len() as LinkId;
+            self.add_link(now, id, local, remote);
         }
     }
 
-    fn add_link(&mut self, now: Instant, local: SocketAddr, remote: SocketAddr) -> usize {
-        let id = self.links.len();
-        let mut link = Link::new(id as LinkId, local, remote, self.cfg.max_datagram_size);
+    /// Position in `links` of the link with wire ID `id`.
+    fn link_index(&self, id: LinkId) -> Option<usize> {
+        self.links.iter().position(|l| l.id == id)
+    }
+
+    fn add_link(
+        &mut self,
+        now: Instant,
+        id: LinkId,
+        local: SocketAddr,
+        remote: SocketAddr,
+    ) -> usize {
+        let mut link = Link::new(id, local, remote, self.cfg.max_datagram_size);
         link.next_probe = Some(now);
         self.links.push(link);
-        self.event(Event::LinkAdded { link: id as LinkId });
-        id
+        self.event(Event::LinkAdded { link: id });
+        self.links.len() - 1
     }
 
     /// A repeated INITIAL from the client: its ACCEPT was lost.
@@ -709,21 +730,24 @@ impl Connection {
                 Ok(_) => ack_eliciting = true,
             }
         }
-        let i = link_id as usize;
-        if i >= self.links.len() {
-            // the peer opened a new link (only the next index, only a new address pair)
-            if i != self.links.len()
-                || i >= self.cfg.max_links.min(crate::MAX_LINKS)
-                || self
-                    .links
-                    .iter()
-                    .any(|l| l.local == local && l.remote == remote)
-            {
-                return;
+        let i = match self.link_index(link_id) {
+            Some(i) => i,
+            None => {
+                // the peer opened a new link: a new ID over a new address pair
+                if self.links.len() >= self.cfg.max_links.min(crate::MAX_LINKS)
+                    || usize::from(link_id) >= crate::MAX_LINKS
+                    || self
+                        .links
+                        .iter()
+                        .any(|l| l.local == local && l.remote == remote)
+                {
+                    return;
+                }
+                let new = self.add_link(now, link_id, local, remote);
+                self.links[new].peer_opened = true;
+                new
             }
-            let new = self.add_link(now, local, remote);
-            self.links[new].peer_opened = true;
-        }
+        };
         if self.links[i].local != local || self.links[i].remote != remote {
             return; // links do not migrate
         }
@@ -746,7 +770,11 @@ impl Connection {
                     largest,
                     delay_us,
                     ranges,
-                } => self.on_ack_frame(now, link as usize, largest, delay_us, ranges),
+                } => {
+                    if let Some(l) = self.link_index(link) {
+                        self.on_ack_frame(now, l, largest, delay_us, ranges)
+                    }
+                }
                 Frame::Stream {
                     stream,
                     offset,
@@ -765,12 +793,10 @@ impl Connection {
                     s.max_data = s.max_data.max(max);
                 }
                 Frame::LinkStatus { link, status } => {
-                    let l = link as usize;
-                    if status == wire::link_status::DEGRADED
-                        && l < self.links.len()
-                        && self.links[l].is_up()
-                    {
-                        self.set_link_state(l, now, LinkState::Degraded);
+                    if let Some(l) = self.link_index(link) {
+                        if status == wire::link_status::DEGRADED && self.links[l].is_up() {
+                            self.set_link_state(l, now, LinkState::Degraded);
+                        }
                     }
                 }
                 Frame::Close { code, reason } => {
@@ -783,7 +809,11 @@ impl Connection {
                         return self.set_closed(None);
                     }
                     let reason = String::from_utf8_lossy(reason).into_owned();
-                    return self.set_closed(Some(ConnectionError::PeerAborted { code, reason }));
+                    let error = match code.checked_sub(CLOSE_APP_BASE) {
+                        Some(code) => ConnectionError::PeerAborted { code, reason },
+                        None => ConnectionError::PeerError { code, reason },
+                    };
+                    return self.set_closed(Some(error));
                 }
             }
         }
@@ -798,7 +828,7 @@ impl Connection {
         delay_us: u64,
         ranges: wire::AckRanges<'_>,
     ) {
-        if l >= self.links.len() || largest >= self.links[l].next_pn() {
+        if largest >= self.links[l].next_pn() {
             return; // acknowledges something never sent: ignore
         }
         let mut out = std::mem::take(&mut self.scratch);

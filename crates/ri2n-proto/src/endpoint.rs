@@ -114,6 +114,7 @@ impl Endpoint {
         remotes: &[SocketAddr],
         config: ConnectionConfig,
     ) -> Result<ConnectionHandle, ConnectError> {
+        config.validate()?;
         let first = *remotes.first().ok_or(ConnectError::NoRemoteAddress)?;
         if remotes.len() > crate::MAX_LINKS {
             return Err(ConnectError::TooManyLinks(crate::MAX_LINKS));
@@ -203,7 +204,7 @@ impl Endpoint {
                 token,
             } => self.handle_initial(now, local, remote, scid, instance, window, token),
             Header::Retry { dcid, token } => {
-                if let Some(c) = self.client_conn(dcid) {
+                if let Some(c) = self.client_conn(dcid, remote) {
                     c.handle_retry(now, token);
                 }
             }
@@ -215,7 +216,7 @@ impl Endpoint {
                 addrs,
             } => {
                 let locals = self.cfg.local_addrs.clone();
-                if let Some(c) = self.client_conn(dcid) {
+                if let Some(c) = self.client_conn(dcid, remote) {
                     c.handle_accept(now, scid, instance, window, &addrs, &locals);
                 }
             }
@@ -233,11 +234,12 @@ impl Endpoint {
         }
     }
 
-    fn client_conn(&mut self, cid: u64) -> Option<&mut Connection> {
+    /// A connecting client connection, if `remote` is where its handshake went.
+    fn client_conn(&mut self, cid: u64, remote: SocketAddr) -> Option<&mut Connection> {
         let h = self.by_cid.get(&cid)?;
         self.connections
             .get_mut(h)
-            .filter(|c| c.state() == ConnectionState::Connecting)
+            .filter(|c| c.state() == ConnectionState::Connecting && c.has_remote(remote))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -275,6 +277,7 @@ impl Endpoint {
         // A new run of a peer we have connections with: those connections are dead.
         for c in self.connections.values_mut() {
             if c.state() != ConnectionState::Closed
+                && c.state() != ConnectionState::Connecting
                 && c.peer_instance != instance
                 && c.has_remote(remote)
             {

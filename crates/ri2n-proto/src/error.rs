@@ -23,6 +23,14 @@ pub enum ConnectionError {
         /// Reason text given by the peer.
         reason: String,
     },
+    /// The peer's engine ended the connection because of an error on its side.
+    #[error("the peer closed the connection after an error (code {code}): {reason}")]
+    PeerError {
+        /// Engine error code.
+        code: u64,
+        /// Description given by the peer.
+        reason: String,
+    },
     /// The application aborted the connection locally.
     #[error("the connection was aborted locally")]
     LocallyAborted,
@@ -82,6 +90,9 @@ pub enum ConnectError {
     /// The endpoint has no local address of the remote address' family.
     #[error("no local address can reach {0}")]
     NoLocalAddress(std::net::SocketAddr),
+    /// The configuration is unusable.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(&'static str),
     /// More links were asked for than a connection carries.
     #[error("at most {0} links per connection")]
     TooManyLinks(usize),
