@@ -67,6 +67,12 @@ const CLOSE_ERROR: u64 = 1;
 const CLOSE_APP_BASE: u64 = 16;
 /// Bytes at the head of a flow-blocked stream re-sent at once by opportunistic retransmission.
 const RESCUE_BYTES: u64 = 64 * 1024;
+/// A link may take data whose arrival it promises within this multiple of the fastest
+/// link's (plus [`ETA_SLACK`]).
+const ETA_FACTOR: u32 = 4;
+const ETA_SLACK: Duration = Duration::from_millis(10);
+/// A link whose in-flight data needs this many scheduling budgets to drain is degraded.
+const SLOW_LINK_FACTOR: u32 = 4;
 /// Most application events kept when the application does not collect them.
 const MAX_EVENTS: usize = 1024;
 
@@ -956,6 +962,7 @@ impl Connection {
         }
         if now >= self.next_share_check {
             self.check_arrival_shares();
+            self.check_slow_links(now);
             while self.next_share_check <= now {
                 self.next_share_check += self.cfg.share_check_interval;
             }
@@ -1140,20 +1147,14 @@ impl Connection {
 
     /// The link for the next data packet: among the up links whose window and pacer let a
     /// packet out now, the one where it would arrive first. A link whose packets would arrive
-    /// later than the receive window can bridge (half the window at the links' combined rate)
-    /// is left alone unless it is the fastest: its data would hold up everything behind it.
+    /// later than the receive window can bridge (half the window at the links' combined rate),
+    /// or much later than via the fastest link, is left alone unless it is the fastest: its
+    /// data would hold up everything behind it.
     /// `Err` carries when pacing next allows a packet, if that is what blocks.
     fn pick_data_link(&mut self, now: Instant) -> Result<usize, Option<Instant>> {
         let mut best: Option<(usize, Duration)> = None;
         let mut wake: Option<Instant> = None;
-        let mut fastest = Duration::MAX;
-        let mut total_rate = 0.0;
-        for l in self.links.iter().filter(|l| l.is_up()) {
-            fastest = fastest.min(l.eta());
-            total_rate += l.delivery_rate();
-        }
-        let window = self.peer_window.min(self.cfg.send_buffer) as f64;
-        let budget = Duration::from_secs_f64((window / 2.0 / total_rate.max(1.0)).min(3600.0));
+        let (fastest, budget) = self.eta_budget();
         for i in 0..self.links.len() {
             if !self.links[i].is_up() {
                 continue;
@@ -1173,6 +1174,44 @@ impl Connection {
             }
         }
         best.map(|(i, _)| i).ok_or(wake)
+    }
+
+    /// The earliest arrival any up link promises, and the latest a link may promise and still
+    /// take data: what the receive window can bridge (half of it at the links' combined
+    /// rate), and not much later than the fastest link would deliver after its own queue.
+    fn eta_budget(&self) -> (Duration, Duration) {
+        let mut fastest = Duration::MAX;
+        let mut total_rate = 0.0;
+        for l in self.links.iter().filter(|l| l.is_up()) {
+            fastest = fastest.min(l.eta());
+            total_rate += l.delivery_rate();
+        }
+        let window = self.peer_window.min(self.cfg.send_buffer) as f64;
+        let window_budget =
+            Duration::from_secs_f64((window / 2.0 / total_rate.max(1.0)).min(3600.0));
+        let budget =
+            window_budget.min(fastest.saturating_mul(ETA_FACTOR).saturating_add(ETA_SLACK));
+        (fastest, budget)
+    }
+
+    /// Sender-side soft-failure check: the scheduler never lets a link's promised arrival
+    /// run far past the budget, so a link whose in-flight data now needs several budgets to
+    /// drain has collapsed under it (a switch gone slow). Demote it; its data is re-sent on
+    /// the others. The receiver's share check catches the same at high rates; this one also
+    /// works when too few packets arrive for shares to mean anything.
+    fn check_slow_links(&mut self, now: Instant) {
+        if self.links.iter().filter(|l| l.is_up()).count() < 2 {
+            return;
+        }
+        let (fastest, budget) = self.eta_budget();
+        let limit = budget.saturating_mul(SLOW_LINK_FACTOR);
+        for i in 0..self.links.len() {
+            let eta = self.links[i].eta();
+            if self.links[i].is_up() && eta > limit && eta > fastest {
+                tracing::debug!(link = i, ?eta, ?budget, "link too slow for its data");
+                self.set_link_state(i, now, LinkState::Degraded);
+            }
+        }
     }
 
     fn best_up_link(&self) -> Option<usize> {
