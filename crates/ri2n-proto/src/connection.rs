@@ -693,6 +693,17 @@ impl Connection {
         )
     }
 
+    /// The operating system reports the path `local` → `remote` unusable.
+    pub(crate) fn link_unreachable(&mut self, now: Instant, local: SocketAddr, remote: SocketAddr) {
+        if let Some(i) = self
+            .links
+            .iter()
+            .position(|l| l.local == local && l.remote == remote && l.is_up())
+        {
+            self.set_link_state(i, now, LinkState::Down);
+        }
+    }
+
     /// Whether any of this connection's links leads to `remote`.
     pub(crate) fn has_remote(&self, remote: SocketAddr) -> bool {
         self.links.iter().any(|l| l.remote == remote)

@@ -235,6 +235,15 @@ impl Endpoint {
     }
 
     /// A connecting client connection, if `remote` is where its handshake went.
+    /// The operating system refused to send from `local` to `remote` (`ENETUNREACH`,
+    /// `EHOSTUNREACH`, `EADDRNOTAVAIL`, …): every link over that pair is down now, without
+    /// waiting for timeouts.
+    pub fn handle_unreachable(&mut self, now: Instant, local: SocketAddr, remote: SocketAddr) {
+        for c in self.connections.values_mut() {
+            c.link_unreachable(now, local, remote);
+        }
+    }
+
     fn client_conn(&mut self, cid: u64, remote: SocketAddr) -> Option<&mut Connection> {
         let h = self.by_cid.get(&cid)?;
         self.connections

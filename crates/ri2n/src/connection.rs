@@ -1,0 +1,206 @@
+//! The application's handle on a connection: a blocking byte stream (`Read` + `Write`),
+//! whole messages, end of stream, statistics and link events.
+
+use std::io;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ri2n_proto::{
+    Connection as ProtoConnection, ConnectionError, ConnectionHandle, ConnectionState,
+    ConnectionStats, Event, ReadError, WriteError,
+};
+
+use crate::driver::{Driver, State};
+
+/// One ri2n connection. Reads and writes block: while every link is down they simply wait
+/// (unless the configuration sets an all-links-down deadline). Dropping the handle finishes
+/// the outgoing streams and lets the connection complete in the background.
+#[derive(Debug)]
+pub struct Connection {
+    driver: Arc<Driver>,
+    handle: ConnectionHandle,
+}
+
+/// The error an application sees when the connection ended, as an `io::Error` of a fitting kind.
+fn lost(e: ConnectionError) -> io::Error {
+    let kind = match e {
+        ConnectionError::PeerRestarted => io::ErrorKind::ConnectionReset,
+        ConnectionError::AllLinksDown | ConnectionError::IdleTimeout => io::ErrorKind::TimedOut,
+        ConnectionError::PeerAborted { .. } | ConnectionError::LocallyAborted => {
+            io::ErrorKind::ConnectionAborted
+        }
+        ConnectionError::Refused => io::ErrorKind::ConnectionRefused,
+        _ => io::ErrorKind::Other,
+    };
+    io::Error::new(kind, e)
+}
+
+impl Connection {
+    pub(crate) fn new(driver: Arc<Driver>, handle: ConnectionHandle) -> Self {
+        Self { driver, handle }
+    }
+
+    /// Runs `f` on the engine's connection; then sends what it produced.
+    fn with<T>(&self, f: impl FnOnce(&mut ProtoConnection) -> T) -> T {
+        let shared = &self.driver.shared;
+        let mut st = shared.lock();
+        let r = f(conn(&mut st, self.handle));
+        shared.after_app_call(&mut st);
+        r
+    }
+
+    /// Retries `f` until it stops saying "blocked", waiting for the driver in between.
+    fn blocking<T, E>(
+        &self,
+        deadline: Option<Instant>,
+        mut f: impl FnMut(&mut ProtoConnection) -> Result<T, E>,
+        is_blocked: impl Fn(&E) -> bool,
+    ) -> Result<Result<T, E>, io::Error> {
+        let shared = &self.driver.shared;
+        let mut st = shared.lock();
+        loop {
+            let r = f(conn(&mut st, self.handle));
+            shared.after_app_call(&mut st);
+            match r {
+                Err(e) if is_blocked(&e) => {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(io::Error::new(io::ErrorKind::TimedOut, "timed out"));
+                    }
+                    st = shared.wait(st, deadline);
+                }
+                r => return Ok(r),
+            }
+        }
+    }
+
+    /// Sends one whole message (the peer receives it whole and in order with
+    /// [`recv_message`](Self::recv_message)); waits for buffer space.
+    pub fn send_message(&self, msg: &[u8]) -> io::Result<()> {
+        match self.blocking(None, |c| c.send_message(msg), |e| *e == WriteError::Blocked)? {
+            Ok(()) => Ok(()),
+            Err(e) => Err(write_error(e)),
+        }
+    }
+
+    /// Receives one whole message; `Ok(None)` once the peer finished its message stream.
+    pub fn recv_message(&self) -> io::Result<Option<Vec<u8>>> {
+        match self.blocking(None, |c| c.recv_message(), |e| *e == ReadError::Blocked)? {
+            Ok(m) => Ok(m),
+            Err(e) => Err(read_error(e)),
+        }
+    }
+
+    /// Ends both outgoing streams: the peer reads end-of-stream after what was written.
+    pub fn finish(&self) -> io::Result<()> {
+        self.with(|c| c.finish());
+        Ok(())
+    }
+
+    /// Waits until the peer has acknowledged everything written and the end of both streams
+    /// (call [`finish`](Self::finish) first), or until `timeout`.
+    pub fn wait_acknowledged(&self, timeout: Option<Duration>) -> io::Result<()> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        self.blocking(
+            deadline,
+            |c| {
+                if c.is_send_complete() {
+                    Ok(())
+                } else if let Some(e) = c.close_reason() {
+                    Err(Some(e.clone()))
+                } else {
+                    Err(None)
+                }
+            },
+            |e: &Option<ConnectionError>| e.is_none(),
+        )?
+        .map_err(|e| lost(e.expect("only blocked errors are None")))
+    }
+
+    /// Aborts the connection at once; the peer sees `PeerAborted` with `code` and `reason`.
+    pub fn abort(&self, code: u64, reason: &str) {
+        self.with(|c| c.abort(code, reason));
+    }
+
+    /// The connection's state.
+    pub fn state(&self) -> ConnectionState {
+        self.with(|c| c.state())
+    }
+
+    /// Per-link and buffer statistics.
+    pub fn stats(&self) -> ConnectionStats {
+        self.with(|c| c.stats())
+    }
+
+    /// Events since the last call (link state changes, close, …), oldest first.
+    pub fn poll_events(&self) -> Vec<Event> {
+        let mut st = self.driver.shared.lock();
+        st.events
+            .get_mut(&self.handle)
+            .map(|q| q.drain(..).collect())
+            .unwrap_or_default()
+    }
+
+    /// Why the connection ended, if it did with an error.
+    pub fn close_reason(&self) -> Option<ConnectionError> {
+        self.with(|c| c.close_reason().cloned())
+    }
+}
+
+fn conn(st: &mut State, h: ConnectionHandle) -> &mut ProtoConnection {
+    st.endpoint
+        .connection_mut(h)
+        .expect("a connection stays in the engine while its handle lives")
+}
+
+fn write_error(e: WriteError) -> io::Error {
+    match e {
+        WriteError::ConnectionLost(e) => lost(e),
+        WriteError::Finished => io::Error::new(io::ErrorKind::BrokenPipe, e),
+        other => io::Error::new(io::ErrorKind::InvalidInput, other),
+    }
+}
+
+fn read_error(e: ReadError) -> io::Error {
+    match e {
+        ReadError::ConnectionLost(e) => lost(e),
+        other => io::Error::other(other),
+    }
+}
+
+impl io::Read for Connection {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self.blocking(None, |c| c.read(buf), |e| *e == ReadError::Blocked)? {
+            Ok(n) => Ok(n),
+            Err(e) => Err(read_error(e)),
+        }
+    }
+}
+
+impl io::Write for Connection {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self.blocking(None, |c| c.write(buf), |e| *e == WriteError::Blocked)? {
+            Ok(n) => Ok(n),
+            Err(e) => Err(write_error(e)),
+        }
+    }
+
+    /// Data is on its way once written; flushing has nothing to wait for. Use
+    /// [`Connection::wait_acknowledged`] to know the peer has it.
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        let shared = &self.driver.shared;
+        let mut st = shared.lock();
+        if let Some(c) = st.endpoint.connection_mut(self.handle) {
+            if c.state() != ConnectionState::Closed {
+                c.finish();
+            }
+        }
+        st.dropped.insert(self.handle);
+        shared.after_app_call(&mut st);
+    }
+}

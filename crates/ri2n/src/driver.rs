@@ -1,0 +1,247 @@
+//! The driver: runs the sans-IO engine on real sockets.
+//!
+//! All engine state sits behind one mutex. A communication thread (RI2N's "RI2N thread")
+//! waits on the sockets and the engine's next timer, receives in batches and runs timers, so
+//! retransmissions and link probes happen without the application calling in. Application
+//! threads call the engine directly under the same mutex and send what results from their own
+//! thread: a write reaches the wire without a thread hop. Blocked application calls wait on a
+//! condition variable that the driver signals when the engine reports an event.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mio::{Events, Interest, Poll, Token, Waker};
+use ri2n_proto::{ConnectionHandle, Endpoint as ProtoEndpoint, Event};
+
+use crate::socket::{LinkSocket, SendOutcome};
+
+/// Events kept per connection for the application (oldest dropped beyond).
+const MAX_QUEUED_EVENTS: usize = 256;
+const WAKE_TOKEN: Token = Token(usize::MAX);
+
+/// Engine state shared between the driver thread and application threads.
+#[derive(Debug)]
+pub(crate) struct State {
+    pub endpoint: ProtoEndpoint,
+    /// Incoming connections not yet taken by `accept`.
+    pub accepted: VecDeque<ConnectionHandle>,
+    /// Events per connection, for `Connection::poll_events`.
+    pub events: HashMap<ConnectionHandle, VecDeque<Event>>,
+    /// Connections whose application handle was dropped: released once closed.
+    pub dropped: HashSet<ConnectionHandle>,
+    /// When the driver thread will next wake up by itself.
+    driver_deadline: Option<Instant>,
+    buf: Vec<u8>,
+}
+
+/// What the driver thread and the application handles share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub state: Mutex<State>,
+    pub changed: Condvar,
+    pub sockets: Vec<LinkSocket>,
+    waker: Waker,
+    shutdown: AtomicBool,
+}
+
+impl Shared {
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// After the application changed the engine: send what it produced, publish events, and
+    /// wake the driver if the engine now needs it earlier than planned.
+    pub fn after_app_call(&self, st: &mut State) {
+        let now = Instant::now();
+        self.flush(st, now);
+        self.dispatch(st);
+        let next = st.endpoint.poll_timeout();
+        if next.is_some_and(|t| st.driver_deadline.is_none_or(|d| t < d)) {
+            st.driver_deadline = next;
+            let _ = self.waker.wake();
+        }
+    }
+
+    /// Waits for the driver to report a change (or `deadline`).
+    pub fn wait<'a>(
+        &self,
+        guard: MutexGuard<'a, State>,
+        deadline: Option<Instant>,
+    ) -> MutexGuard<'a, State> {
+        match deadline {
+            None => self.changed.wait(guard).unwrap_or_else(|e| e.into_inner()),
+            Some(d) => {
+                let timeout = d.saturating_duration_since(Instant::now());
+                self.changed
+                    .wait_timeout(guard, timeout)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0
+            }
+        }
+    }
+
+    /// Sends every datagram the engine has ready.
+    fn flush(&self, st: &mut State, now: Instant) {
+        let State { endpoint, buf, .. } = st;
+        while let Some(t) = endpoint.poll_transmit(now, buf) {
+            let Some(sock) = self.sockets.iter().find(|s| s.local == t.local) else {
+                continue;
+            };
+            if sock.send(t.remote, &buf[..t.len]) == SendOutcome::Unreachable {
+                endpoint.handle_unreachable(now, t.local, t.remote);
+            }
+        }
+    }
+
+    /// Moves engine events to the per-connection queues and wakes waiting callers.
+    fn dispatch(&self, st: &mut State) {
+        let mut any = false;
+        while let Some((h, e)) = st.endpoint.poll_event() {
+            let q = st.events.entry(h).or_default();
+            if q.len() >= MAX_QUEUED_EVENTS {
+                q.pop_front();
+            }
+            q.push_back(e);
+            any = true;
+        }
+        while let Some(h) = st.endpoint.accept() {
+            st.accepted.push_back(h);
+            any = true;
+        }
+        let State {
+            endpoint,
+            dropped,
+            events,
+            ..
+        } = st;
+        dropped.retain(|&h| {
+            if endpoint.release(h) {
+                events.remove(&h);
+                false
+            } else {
+                true
+            }
+        });
+        if any {
+            self.changed.notify_all();
+        }
+    }
+}
+
+/// Owns the driver thread; the last owner (endpoint or connection) stops it.
+#[derive(Debug)]
+pub(crate) struct Driver {
+    pub shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Driver {
+    pub fn start(
+        endpoint: ProtoEndpoint,
+        mut sockets: Vec<LinkSocket>,
+    ) -> std::io::Result<Arc<Self>> {
+        let poll = Poll::new()?;
+        let waker = Waker::new(poll.registry(), WAKE_TOKEN)?;
+        for (i, s) in sockets.iter_mut().enumerate() {
+            poll.registry()
+                .register(&mut s.io, Token(i), Interest::READABLE)?;
+        }
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                endpoint,
+                accepted: VecDeque::new(),
+                events: HashMap::new(),
+                dropped: HashSet::new(),
+                driver_deadline: None,
+                buf: vec![0u8; 65536],
+            }),
+            changed: Condvar::new(),
+            sockets,
+            waker,
+            shutdown: AtomicBool::new(false),
+        });
+        let thread_shared = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("ri2n-driver".into())
+            .spawn(move || run(thread_shared, poll))?;
+        Ok(Arc::new(Self {
+            shared,
+            thread: Mutex::new(Some(thread)),
+        }))
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        let _ = self.shared.waker.wake();
+        if let Some(t) = self.thread.lock().unwrap().take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The driver thread.
+fn run(shared: Arc<Shared>, mut poll: Poll) {
+    let mut events = Events::with_capacity(64);
+    let mut bufs: Vec<Vec<Vec<u8>>> = shared.sockets.iter().map(|s| s.recv_buffers()).collect();
+    let mut readable = vec![true; shared.sockets.len()];
+    while !shared.shutdown.load(Ordering::Acquire) {
+        let timeout = {
+            let mut st = shared.lock();
+            let now = Instant::now();
+            // receive everything waiting (mio is edge-triggered: drain until empty)
+            for (i, sock) in shared.sockets.iter().enumerate() {
+                while readable[i] {
+                    let st = &mut *st;
+                    let received = sock.recv_batch(&mut bufs[i], &mut |remote, d| {
+                        st.endpoint.handle_datagram(now, sock.local, remote, d)
+                    });
+                    match received {
+                        Ok(0) => readable[i] = false,
+                        Ok(_) => shared.flush(st, now),
+                        Err(e) => {
+                            tracing::debug!(error = %e, socket = %sock.local, "receive failed");
+                            readable[i] = false;
+                        }
+                    }
+                }
+            }
+            if st.endpoint.poll_timeout().is_some_and(|t| t <= now) {
+                st.endpoint.handle_timeout(now);
+            }
+            shared.flush(&mut st, now);
+            shared.dispatch(&mut st);
+            let next = st.endpoint.poll_timeout();
+            st.driver_deadline = next;
+            next.map(|t| t.saturating_duration_since(now))
+        };
+        // the engine's timers have 1 ms granularity at best; sleeping less only spins
+        let timeout = timeout.map(|t| t.max(Duration::from_micros(50)));
+        if let Err(e) = poll.poll(&mut events, timeout) {
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                tracing::error!(error = %e, "poll failed");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        for ev in events.iter() {
+            if let Some(r) = readable.get_mut(ev.token().0) {
+                *r = true;
+            }
+        }
+    }
+}
+
+/// Binds one socket per address; the addresses of port 0 get their real port.
+pub(crate) fn bind_all(
+    addrs: &[SocketAddr],
+) -> Result<Vec<LinkSocket>, (SocketAddr, std::io::Error)> {
+    addrs
+        .iter()
+        .map(|&a| LinkSocket::bind(a).map_err(|e| (a, e)))
+        .collect()
+}

@@ -1,0 +1,173 @@
+//! ri2n: one reliable connection striped over several network links, over plain UDP.
+//!
+//! An [`Endpoint`] binds one UDP socket per local address; each (local, remote) address pair
+//! a connection uses is a link. Data is striped over every healthy link, a failed or degraded
+//! link is detected within milliseconds and its data re-sent on the others, and a connection
+//! survives every link being down: reads and writes just wait until a link works again.
+//!
+//! ```no_run
+//! use std::io::{Read, Write};
+//! use ri2n::{ConnectionConfig, Endpoint};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let server = Endpoint::server(&["127.0.0.1:7000".parse()?, "127.0.0.2:7000".parse()?])?;
+//! let client = Endpoint::client(&["127.0.0.1:0".parse()?, "127.0.0.2:0".parse()?])?;
+//! // one address is enough: the server tells the client its others
+//! let mut conn = client.connect(&["127.0.0.1:7000".parse()?], ConnectionConfig::default())?;
+//! conn.write_all(b"hello")?;
+//! conn.finish()?;
+//! let mut peer = server.accept()?;
+//! let mut got = String::new();
+//! peer.read_to_string(&mut got)?;
+//! assert_eq!(got, "hello");
+//! # Ok(()) }
+//! ```
+//!
+//! The protocol engine is the sans-IO crate [`ri2n_proto`]; this crate is its driver.
+
+#![warn(missing_docs)]
+
+mod connection;
+mod driver;
+mod impair;
+mod socket;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use connection::Connection;
+pub use impair::Impairment;
+pub use ri2n_proto::{
+    ConnectError, ConnectionConfig, ConnectionError, ConnectionState, ConnectionStats,
+    EndpointConfig, Event, LinkId, LinkState, LinkStats,
+};
+
+use driver::Driver;
+
+/// What can go wrong setting up endpoints and connections.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A local address could not be bound.
+    #[error("cannot bind {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The connection could not be started (bad address list or configuration).
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// The connection ended.
+    #[error(transparent)]
+    Connection(#[from] ConnectionError),
+    /// Waiting timed out.
+    #[error("timed out")]
+    TimedOut,
+    /// Another I/O failure.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// Seeds an endpoint's engine from the operating system's random source.
+fn os_seed() -> u64 {
+    use rand::RngCore;
+    rand::rngs::OsRng.next_u64()
+}
+
+/// A host's ri2n endpoint: its sockets, its driver thread and its connections.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    driver: Arc<Driver>,
+}
+
+impl Endpoint {
+    /// Binds `config.local_addrs` (port 0 picks a free port) and starts the driver.
+    pub fn bind(mut config: EndpointConfig) -> Result<Self, Error> {
+        config.validate()?;
+        let sockets = driver::bind_all(&config.local_addrs)
+            .map_err(|(addr, source)| Error::Bind { addr, source })?;
+        config.local_addrs = sockets.iter().map(|s| s.local).collect();
+        let engine = ri2n_proto::Endpoint::new(config, os_seed(), Instant::now());
+        Ok(Self {
+            driver: Driver::start(engine, sockets)?,
+        })
+    }
+
+    /// An endpoint that only makes outgoing connections, from these local addresses.
+    pub fn client(local_addrs: &[SocketAddr]) -> Result<Self, Error> {
+        Self::bind(EndpointConfig::new(local_addrs.to_vec()))
+    }
+
+    /// An endpoint that accepts connections on these addresses (and tells clients about all
+    /// of them, so a client given one address opens a link to each).
+    pub fn server(local_addrs: &[SocketAddr]) -> Result<Self, Error> {
+        Self::bind(EndpointConfig::new(local_addrs.to_vec()).server())
+    }
+
+    /// The bound local addresses, ports resolved.
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.driver.shared.sockets.iter().map(|s| s.local).collect()
+    }
+
+    /// The impairment switch of the socket bound to `local`, to break that link on purpose.
+    pub fn impairment(&self, local: SocketAddr) -> Option<Arc<Impairment>> {
+        self.driver
+            .shared
+            .sockets
+            .iter()
+            .find(|s| s.local == local)
+            .map(|s| s.impairment.clone())
+    }
+
+    /// Connects to a peer given one or more of its addresses, waiting until the handshake
+    /// completes (or fails: [`ConnectionError::Refused`] after 10 s without an answer).
+    pub fn connect(
+        &self,
+        remotes: &[SocketAddr],
+        config: ConnectionConfig,
+    ) -> Result<Connection, Error> {
+        let shared = &self.driver.shared;
+        let mut st = shared.lock();
+        let h = st.endpoint.connect(Instant::now(), remotes, config)?;
+        shared.after_app_call(&mut st);
+        let conn = Connection::new(self.driver.clone(), h);
+        loop {
+            let c = st.endpoint.connection(h).expect("connection just made");
+            match c.state() {
+                ConnectionState::Connecting => st = shared.wait(st, None),
+                ConnectionState::Closed => {
+                    let e = c
+                        .close_reason()
+                        .cloned()
+                        .unwrap_or(ConnectionError::Refused);
+                    return Err(Error::Connection(e));
+                }
+                _ => return Ok(conn),
+            }
+        }
+    }
+
+    /// Waits for the next incoming connection.
+    pub fn accept(&self) -> Result<Connection, Error> {
+        self.accept_timeout(None)?.ok_or(Error::TimedOut)
+    }
+
+    /// Waits at most `timeout` (`None`: forever) for the next incoming connection.
+    pub fn accept_timeout(&self, timeout: Option<Duration>) -> Result<Option<Connection>, Error> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let shared = &self.driver.shared;
+        let mut st = shared.lock();
+        loop {
+            if let Some(h) = st.accepted.pop_front() {
+                return Ok(Some(Connection::new(self.driver.clone(), h)));
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None);
+            }
+            st = shared.wait(st, deadline);
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! One UDP socket per local address (so each link leaves through the address, and normally
+//! the interface, it names), with batched receive (`recvmmsg`, GRO) and sends whose errors are
+//! reported rather than swallowed, through `quinn-udp`.
+
+use std::io::{self, IoSliceMut};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use quinn_udp::{RecvMeta, Transmit, UdpSocketState, BATCH_SIZE};
+
+use crate::impair::Impairment;
+
+/// Kernel socket buffers asked for: a few milliseconds of a fast link, so bursts between two
+/// driver wake-ups are not dropped by the kernel.
+const SOCKET_BUFFER: usize = 4 << 20;
+
+/// What became of a send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SendOutcome {
+    /// Handed to the kernel (or dropped by the impairment layer, like a lossy wire).
+    Sent,
+    /// The kernel's buffer is full (`EAGAIN`/`ENOBUFS`): the datagram is lost, like on a
+    /// congested wire, and loss recovery repairs it.
+    Congested,
+    /// The path is unusable (`ENETUNREACH`, `EHOSTUNREACH`, `EADDRNOTAVAIL`, `ENETDOWN`, …):
+    /// the link is down.
+    Unreachable,
+}
+
+/// A bound UDP socket of one local address.
+#[derive(Debug)]
+pub(crate) struct LinkSocket {
+    pub local: SocketAddr,
+    pub io: mio::net::UdpSocket,
+    state: UdpSocketState,
+    pub impairment: Arc<Impairment>,
+}
+
+impl LinkSocket {
+    pub fn bind(addr: SocketAddr) -> io::Result<Self> {
+        let std = std::net::UdpSocket::bind(addr)?;
+        std.set_nonblocking(true)?;
+        let state = UdpSocketState::new((&std).into())?;
+        // best effort: a smaller buffer still works, just drops more under bursts
+        let _ = state.set_send_buffer_size((&std).into(), SOCKET_BUFFER);
+        let _ = state.set_recv_buffer_size((&std).into(), SOCKET_BUFFER);
+        let local = std.local_addr()?;
+        Ok(Self {
+            local,
+            io: mio::net::UdpSocket::from_std(std),
+            state,
+            impairment: Arc::new(Impairment::default()),
+        })
+    }
+
+    /// Sends one datagram to `remote`.
+    pub fn send(&self, remote: SocketAddr, data: &[u8]) -> SendOutcome {
+        if !self.impairment.admit_send(data.len()) {
+            return SendOutcome::Sent;
+        }
+        let transmit = Transmit {
+            destination: remote,
+            ecn: None,
+            contents: data,
+            segment_size: None,
+            src_ip: None,
+        };
+        match self.state.try_send((&self.io).into(), &transmit) {
+            Ok(()) => SendOutcome::Sent,
+            Err(e) => classify_send_error(&e),
+        }
+    }
+
+    /// Receives a batch of datagrams, calling `f(remote, datagram)` for each (GRO buffers are
+    /// split at their stride). Returns how many were received; 0 when none are waiting.
+    pub fn recv_batch(
+        &self,
+        bufs: &mut [Vec<u8>],
+        f: &mut dyn FnMut(SocketAddr, &[u8]),
+    ) -> io::Result<usize> {
+        let mut meta = [RecvMeta::default(); BATCH_SIZE];
+        let n = {
+            let mut slices: Vec<IoSliceMut<'_>> =
+                bufs.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+            let count = slices.len().min(BATCH_SIZE);
+            match self
+                .state
+                .recv((&self.io).into(), &mut slices[..count], &mut meta[..count])
+            {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
+                Err(e) => return Err(e),
+            }
+        };
+        let mut datagrams = 0;
+        for (m, buf) in meta.iter().zip(bufs.iter()).take(n) {
+            let stride = m.stride.max(1);
+            for d in buf[..m.len].chunks(stride) {
+                datagrams += 1;
+                if self.impairment.admit_recv() {
+                    f(m.addr, d);
+                }
+            }
+        }
+        Ok(datagrams)
+    }
+
+    /// Buffers for `recv_batch`, sized for GRO.
+    pub fn recv_buffers(&self) -> Vec<Vec<u8>> {
+        let size = 1500 * self.state.gro_segments().max(1);
+        (0..BATCH_SIZE)
+            .map(|_| vec![0u8; size.max(65536)])
+            .collect()
+    }
+}
+
+fn classify_send_error(e: &io::Error) -> SendOutcome {
+    const UNREACHABLE: [i32; 5] = [
+        libc::ENETUNREACH,
+        libc::EHOSTUNREACH,
+        libc::EADDRNOTAVAIL,
+        libc::ENETDOWN,
+        libc::EHOSTDOWN,
+    ];
+    match e.raw_os_error() {
+        Some(code) if UNREACHABLE.contains(&code) => SendOutcome::Unreachable,
+        _ if e.kind() == io::ErrorKind::WouldBlock => SendOutcome::Congested,
+        Some(libc::ENOBUFS) => SendOutcome::Congested,
+        _ => {
+            tracing::debug!(error = %e, "send failed");
+            SendOutcome::Congested
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! Real UDP sockets on loopback: two links (127.0.0.1 and 127.0.0.2), random bytes in, the
+//! same bytes out, also while a link loses packets or is cut and restored.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rand::{RngCore, SeedableRng};
+use ri2n::{ConnectionConfig, Endpoint, LinkState};
+
+fn addrs(ips: &[&str]) -> Vec<SocketAddr> {
+    ips.iter()
+        .map(|ip| format!("{ip}:0").parse().unwrap())
+        .collect()
+}
+
+/// A seeded stream of random bytes, produced in fixed blocks so that any split of it into
+/// reads compares equal.
+struct Stream {
+    rng: rand::rngs::StdRng,
+    block: Vec<u8>,
+    pos: usize,
+}
+
+impl Stream {
+    fn new(seed: u64) -> Self {
+        Self {
+            rng: rand::rngs::StdRng::seed_from_u64(seed),
+            block: vec![0u8; 1 << 16],
+            pos: 1 << 16,
+        }
+    }
+
+    fn next_block(&mut self) -> &[u8] {
+        self.rng.fill_bytes(&mut self.block);
+        self.pos = self.block.len();
+        &self.block
+    }
+
+    /// Checks `data`, which starts at stream offset `offset`, against the stream.
+    fn check(&mut self, data: &[u8], offset: usize) {
+        let mut i = 0;
+        while i < data.len() {
+            if self.pos == self.block.len() {
+                self.rng.fill_bytes(&mut self.block);
+                self.pos = 0;
+            }
+            let n = (self.block.len() - self.pos).min(data.len() - i);
+            if data[i..i + n] != self.block[self.pos..self.pos + n] {
+                let k = (0..n)
+                    .find(|&k| data[i + k] != self.block[self.pos + k])
+                    .unwrap();
+                panic!(
+                    "received bytes differ from the sent ones at offset {}",
+                    offset + i + k
+                );
+            }
+            self.pos += n;
+            i += n;
+        }
+    }
+}
+
+struct Pair {
+    server: Endpoint,
+    client: Endpoint,
+}
+
+fn pair() -> Pair {
+    Pair {
+        server: Endpoint::server(&addrs(&["127.0.0.1", "127.0.0.2"])).unwrap(),
+        client: Endpoint::client(&addrs(&["127.0.0.1", "127.0.0.2"])).unwrap(),
+    }
+}
+
+/// Sends `len` seeded random bytes client → server while `during` runs against the client
+/// endpoint; returns the elapsed time after checking the bytes arrived exactly.
+fn transfer(p: &Pair, len: usize, during: impl FnOnce(&Endpoint) + Send) -> Duration {
+    let server_addr = p.server.local_addrs()[0];
+    let server = p.server.clone();
+    let receiver = thread::spawn(move || {
+        let mut conn = server.accept().unwrap();
+        let mut expected = Stream::new(7);
+        let (mut got, mut buf) = (0usize, vec![0u8; 1 << 16]);
+        loop {
+            let n = conn.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            expected.check(&buf[..n], got);
+            got += n;
+        }
+        got
+    });
+    let start = Instant::now();
+    let mut conn = p
+        .client
+        .connect(&[server_addr], ConnectionConfig::default())
+        .unwrap();
+    thread::scope(|s| {
+        s.spawn(|| during(&p.client));
+        let mut stream = Stream::new(7);
+        let mut sent = 0;
+        while sent < len {
+            let chunk = stream.next_block();
+            let n = chunk.len().min(len - sent);
+            conn.write_all(&chunk[..n]).unwrap();
+            sent += n;
+        }
+        conn.finish().unwrap();
+        conn.wait_acknowledged(Some(Duration::from_secs(120)))
+            .unwrap();
+    });
+    let elapsed = start.elapsed();
+    assert_eq!(receiver.join().unwrap(), len);
+    let stats = conn.stats();
+    assert_eq!(stats.links.len(), 2, "both links in use: {stats:?}");
+    elapsed
+}
+
+#[test]
+fn transfer_over_two_loopback_links() {
+    let p = pair();
+    let len = 64 << 20;
+    let t = transfer(&p, len, |_| {});
+    println!(
+        "{} MiB in {t:?}: {:.0} Mbit/s",
+        len >> 20,
+        len as f64 * 8.0 / t.as_secs_f64() / 1e6
+    );
+}
+
+#[test]
+fn transfer_with_one_link_losing_20_percent() {
+    let p = pair();
+    let lossy = p.client.local_addrs()[1];
+    p.client.impairment(lossy).unwrap().set_loss(0.2);
+    transfer(&p, 16 << 20, |_| {});
+}
+
+#[test]
+fn transfer_survives_a_link_cut_and_restored() {
+    let p = pair();
+    let link = p.client.local_addrs()[1];
+    let switch = p.client.impairment(link).unwrap();
+    transfer(&p, 48 << 20, |_| {
+        thread::sleep(Duration::from_millis(100));
+        switch.set_down(true);
+        thread::sleep(Duration::from_millis(500));
+        switch.set_down(false);
+    });
+}
+
+#[test]
+fn link_state_events_reach_the_application() {
+    let p = pair();
+    let server_addr = p.server.local_addrs()[0];
+    let server = p.server.clone();
+    let t = thread::spawn(move || {
+        let mut c = server.accept().unwrap();
+        let mut sink = Vec::new();
+        c.read_to_end(&mut sink).unwrap();
+    });
+    let mut conn = p
+        .client
+        .connect(&[server_addr], ConnectionConfig::default())
+        .unwrap();
+    let switch = p.client.impairment(p.client.local_addrs()[1]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut saw_down = false;
+    let mut saw_up_again = false;
+    while Instant::now() < deadline && !saw_up_again {
+        conn.write_all(&[1u8; 65536]).unwrap();
+        for e in conn.poll_events() {
+            if let ri2n::Event::LinkStateChanged { link: 1, to, .. } = e {
+                if to == LinkState::Down {
+                    saw_down = true;
+                    switch.set_down(false);
+                } else if to == LinkState::Up && saw_down {
+                    saw_up_again = true;
+                }
+            }
+        }
+        if conn
+            .stats()
+            .links
+            .get(1)
+            .is_some_and(|l| l.state == LinkState::Up)
+            && !saw_down
+        {
+            switch.set_down(true);
+        }
+    }
+    assert!(
+        saw_down && saw_up_again,
+        "down {saw_down}, up again {saw_up_again}"
+    );
+    conn.finish().unwrap();
+    drop(conn);
+    t.join().unwrap();
+}
