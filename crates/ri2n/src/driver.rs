@@ -22,6 +22,8 @@ use crate::socket::{LinkSocket, SendOutcome};
 /// Events kept per connection for the application (oldest dropped beyond).
 const MAX_QUEUED_EVENTS: usize = 256;
 const WAKE_TOKEN: Token = Token(usize::MAX);
+/// Room for one datagram the engine may build (its configured maximum is at most 16 KiB).
+const MAX_DATAGRAM: usize = 16 * 1024;
 
 /// Engine state shared between the driver thread and application threads.
 #[derive(Debug)]
@@ -84,16 +86,73 @@ impl Shared {
         }
     }
 
-    /// Sends every datagram the engine has ready.
+    /// Sends every datagram the engine has ready. Consecutive datagrams of one size between
+    /// the same addresses leave in one GSO system call.
     fn flush(&self, st: &mut State, now: Instant) {
         let State { endpoint, buf, .. } = st;
-        while let Some(t) = endpoint.poll_transmit(now, buf) {
-            let Some(sock) = self.sockets.iter().find(|s| s.local == t.local) else {
-                continue;
+        // the batch being built: socket index, destination, segment size, datagram count
+        let mut batch: Option<(usize, SocketAddr, usize, usize)> = None;
+        let mut used = 0;
+        loop {
+            let room = buf.len() - used;
+            let next = if room >= MAX_DATAGRAM {
+                endpoint.poll_transmit(now, &mut buf[used..])
+            } else {
+                None
             };
-            if sock.send(t.remote, &buf[..t.len]) == SendOutcome::Unreachable {
-                endpoint.handle_unreachable(now, t.local, t.remote);
+            if let Some(t) = next {
+                let Some(i) = self.sockets.iter().position(|s| s.local == t.local) else {
+                    continue;
+                };
+                if let Some((bi, dest, seg, count)) = batch {
+                    let fits = bi == i
+                        && dest == t.remote
+                        && t.len <= seg
+                        && count < self.sockets[i].max_segments();
+                    // a shorter datagram can only end a batch
+                    if fits && t.len == seg {
+                        batch = Some((bi, dest, seg, count + 1));
+                        used += t.len;
+                        continue;
+                    }
+                    if fits {
+                        used += t.len;
+                        self.send_batch(endpoint, now, bi, dest, seg, &buf[..used]);
+                        batch = None;
+                        used = 0;
+                        continue;
+                    }
+                    // send the old batch, then start over with this datagram at the front
+                    self.send_batch(endpoint, now, bi, dest, seg, &buf[..used]);
+                    buf.copy_within(used..used + t.len, 0);
+                }
+                batch = Some((i, t.remote, t.len, 1));
+                used = t.len;
+                continue;
             }
+            if let Some((bi, dest, seg, _)) = batch.take() {
+                self.send_batch(endpoint, now, bi, dest, seg, &buf[..used]);
+                used = 0;
+                if room < MAX_DATAGRAM {
+                    continue; // the buffer was full: there may be more to send
+                }
+            }
+            break;
+        }
+    }
+
+    fn send_batch(
+        &self,
+        endpoint: &mut ProtoEndpoint,
+        now: Instant,
+        socket: usize,
+        dest: SocketAddr,
+        segment: usize,
+        data: &[u8],
+    ) {
+        let sock = &self.sockets[socket];
+        if sock.send(dest, data, Some(segment)) == SendOutcome::Unreachable {
+            endpoint.handle_unreachable(now, sock.local, dest);
         }
     }
 
@@ -157,7 +216,7 @@ impl Driver {
                 events: HashMap::new(),
                 dropped: HashSet::new(),
                 driver_deadline: None,
-                buf: vec![0u8; 65536],
+                buf: vec![0u8; 64 * 1024],
             }),
             changed: Condvar::new(),
             sockets,

@@ -45,6 +45,13 @@ impl Impairment {
         *self.bucket.lock().unwrap() = None;
     }
 
+    /// Whether any impairment is set (the fast path skips the checks otherwise).
+    pub(crate) fn is_impaired(&self) -> bool {
+        self.is_down()
+            || self.loss_ppm.load(Ordering::Relaxed) != 0
+            || self.rate_bps.load(Ordering::Relaxed) != 0
+    }
+
     /// Whether a datagram of `len` bytes may be sent.
     pub(crate) fn admit_send(&self, len: usize) -> bool {
         if !self.admit_recv() {

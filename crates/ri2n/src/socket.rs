@@ -53,16 +53,34 @@ impl LinkSocket {
         })
     }
 
-    /// Sends one datagram to `remote`.
-    pub fn send(&self, remote: SocketAddr, data: &[u8]) -> SendOutcome {
-        if !self.impairment.admit_send(data.len()) {
-            return SendOutcome::Sent;
+    /// Most datagrams one GSO send may carry on this socket (1 without GSO).
+    pub fn max_segments(&self) -> usize {
+        self.state.max_gso_segments().max(1)
+    }
+
+    /// Sends `data` to `remote`: one datagram, or with `segment` several of that size (the
+    /// last may be shorter) in one system call (GSO).
+    pub fn send(&self, remote: SocketAddr, data: &[u8], segment: Option<usize>) -> SendOutcome {
+        if self.impairment.is_impaired() {
+            // the impairment layer judges datagram by datagram
+            let seg = segment.unwrap_or(data.len()).max(1);
+            let mut outcome = SendOutcome::Sent;
+            for d in data.chunks(seg) {
+                if self.impairment.admit_send(d.len()) {
+                    outcome = self.send_raw(remote, d, None);
+                }
+            }
+            return outcome;
         }
+        self.send_raw(remote, data, segment)
+    }
+
+    fn send_raw(&self, remote: SocketAddr, data: &[u8], segment: Option<usize>) -> SendOutcome {
         let transmit = Transmit {
             destination: remote,
             ecn: None,
             contents: data,
-            segment_size: None,
+            segment_size: segment.filter(|&s| s < data.len()),
             src_ip: None,
         };
         match self.state.try_send((&self.io).into(), &transmit) {
