@@ -228,6 +228,8 @@ pub(crate) struct Link {
 /// Ranges of received packet numbers remembered per link (older ones are forgotten; a peer
 /// that missed their acknowledgement re-sends the data, which the streams de-duplicate).
 const MAX_RECEIVED_RANGES: usize = 64;
+/// Furthest a packet number may run ahead of the largest received on its link.
+const MAX_PN_JUMP: u64 = 1 << 20;
 
 impl Link {
     pub fn new(id: LinkId, local: SocketAddr, remote: SocketAddr, mss: usize) -> Self {
@@ -616,7 +618,11 @@ impl Link {
         size: usize,
         cfg: &ConnectionConfig,
     ) -> bool {
-        if self.received.contains(pn)
+        // A sender's packet numbers on a link grow one by one; a jump further than any window
+        // could hold is forged or broken, and remembering it would poison every later ACK.
+        let limit = self.largest_received.map_or(0, |(l, _)| l) + MAX_PN_JUMP;
+        if pn > limit
+            || self.received.contains(pn)
             || self
                 .received
                 .min()
