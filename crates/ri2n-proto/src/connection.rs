@@ -399,7 +399,8 @@ impl Connection {
         let got = stream.peek(&mut header);
         let mut r = wire::Reader::new(&header[..got]);
         if let Ok(len) = r.varint() {
-            if len > self.cfg.stream_receive_window {
+            let hlen_now = got - r.remaining();
+            if hlen_now as u64 + len > self.cfg.stream_receive_window {
                 self.fail(ConnectionError::ProtocolViolation(
                     "message larger than the receive window",
                 ));
@@ -437,7 +438,7 @@ impl Connection {
         }
         let code = code.min(wire::VARINT_MAX - CLOSE_APP_BASE) + CLOSE_APP_BASE;
         self.close_frame = Some((code, reason.to_owned()));
-        self.close_sends = (0..self.links.len()).collect();
+        self.close_sends = self.close_targets();
         self.set_closed(Some(ConnectionError::LocallyAborted));
     }
 
@@ -450,7 +451,7 @@ impl Connection {
         }
     }
 
-    /// State of each link, by link index.
+    /// State of each link, in the order the links were opened (see [`LinkStats::id`]).
     pub fn link_states(&self) -> Vec<LinkState> {
         self.links.iter().map(|l| l.state).collect()
     }
@@ -484,8 +485,18 @@ impl Connection {
             return;
         }
         self.close_frame = Some((CLOSE_ERROR, e.to_string()));
-        self.close_sends = (0..self.links.len()).collect();
+        self.close_sends = self.close_targets();
         self.set_closed(Some(e));
+    }
+
+    /// Links to send a CLOSE on: all of them, unless short packets may not be sent yet
+    /// (during the handshake the peer could not take it).
+    fn close_targets(&self) -> Vec<usize> {
+        if self.can_send_short() {
+            (0..self.links.len()).collect()
+        } else {
+            Vec::new()
+        }
     }
 
     /// Ends the connection without telling the peer (it no longer knows us).
@@ -727,14 +738,14 @@ impl Connection {
         if self.state == ConnectionState::Closed {
             // After a clean close, tell a peer still retransmitting that everything it sent
             // arrived (its last acknowledgements were lost), so it can finish cleanly too.
-            let i = link_id as usize;
-            if self.close_reason.is_none()
-                && i < self.links.len()
-                && self.links[i].remote == remote
-                && !self.close_sends.contains(&i)
-            {
-                self.close_frame = Some((CLOSE_DONE, String::new()));
-                self.close_sends.push(i);
+            if let Some(i) = self.link_index(link_id) {
+                if self.close_reason.is_none()
+                    && self.links[i].remote == remote
+                    && !self.close_sends.contains(&i)
+                {
+                    self.close_frame = Some((CLOSE_DONE, String::new()));
+                    self.close_sends.push(i);
+                }
             }
             return;
         }

@@ -226,7 +226,7 @@ impl Endpoint {
                 if let Some(conn) = self
                     .connections
                     .values_mut()
-                    .find(|c| c.peer_cid() == dcid && c.has_remote(remote))
+                    .find(|c| dcid != 0 && c.peer_cid() == dcid && c.has_remote(remote))
                 {
                     conn.peer_restarted();
                 }
@@ -234,7 +234,6 @@ impl Endpoint {
         }
     }
 
-    /// A connecting client connection, if `remote` is where its handshake went.
     /// The operating system refused to send from `local` to `remote` (`ENETUNREACH`,
     /// `EHOSTUNREACH`, `EADDRNOTAVAIL`, …): every link over that pair is down now, without
     /// waiting for timeouts.
@@ -244,6 +243,7 @@ impl Endpoint {
         }
     }
 
+    /// A connecting client connection, if `remote` is where its handshake went.
     fn client_conn(&mut self, cid: u64, remote: SocketAddr) -> Option<&mut Connection> {
         let h = self.by_cid.get(&cid)?;
         self.connections

@@ -35,7 +35,8 @@ pub use link::{LinkState, LinkStats};
 /// Most links one connection carries.
 pub const MAX_LINKS: usize = 8;
 
-/// Index of a link within its connection (0 is the link the handshake used).
+/// A link's ID within its connection, carried in every packet (0 is the link the handshake
+/// used; a client numbers the links it opens 1, 2, …).
 pub type LinkId = u8;
 
 /// Something the application should know about a connection.

@@ -2,7 +2,7 @@
 //! space in each direction, RTT estimate, loss detection, congestion window, pacer and health.
 //!
 //! Loss is judged per link, so data that overtakes on a faster link never looks lost. Health
-//! follows a small state machine (see `docs/PROTOCOL.md`, "Link states"):
+//! follows a small state machine (see `docs/PROTOCOL.md`, §6 "Link health"):
 //!
 //! - `Validating` → `Up` once a probe is acknowledged;
 //! - `Up` → `Down` after `failure_ptos` probe timeouts with no acknowledgement at all;
@@ -51,7 +51,7 @@ impl std::fmt::Display for LinkState {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct LinkStats {
-    /// The link's index in its connection.
+    /// The link's ID in its connection.
     pub id: LinkId,
     /// Local address.
     pub local: SocketAddr,
