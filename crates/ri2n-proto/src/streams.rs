@@ -292,16 +292,17 @@ impl RecvStream {
         if start >= end {
             return Ok(fin && self.is_finished());
         }
-        let mut new_in_order = false;
+        // "readable" news is growth of the contiguous prefix, which need not start at the read
+        // offset: a partly arrived message stays unread until its last byte comes
+        let readable_before = self.readable();
         for gap in self.received.gaps_in(start..end) {
             let lo = (gap.start - offset) as usize;
             let hi = (gap.end - offset) as usize;
             self.chunks.insert(gap.start, data[lo..hi].to_vec());
             self.buffered += gap.end - gap.start;
-            new_in_order |= gap.start == self.read;
         }
         self.received.insert(start..end);
-        Ok(new_in_order || (fin && self.is_finished()))
+        Ok(self.readable() > readable_before || (fin && self.is_finished()))
     }
 
     /// Bytes readable in order right now.
@@ -406,6 +407,24 @@ mod tests {
         assert!(fin2.fin);
         s.on_ack(fin2);
         assert!(s.is_complete());
+    }
+
+    #[test]
+    fn data_extending_an_unread_prefix_is_news() {
+        let mut r = RecvStream::new(1000);
+        assert!(r.on_data(0, b"abc", false).unwrap());
+        // nothing read: the next in-order piece still makes more readable
+        assert!(r.on_data(3, b"def", false).unwrap());
+        assert!(
+            !r.on_data(3, b"def", false).unwrap(),
+            "a duplicate is no news"
+        );
+        assert!(
+            !r.on_data(10, b"xyz", false).unwrap(),
+            "beyond a gap is no news"
+        );
+        assert!(r.on_data(6, b"ghij", false).unwrap());
+        assert_eq!(r.readable(), 13);
     }
 
     #[test]

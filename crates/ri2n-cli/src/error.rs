@@ -1,0 +1,123 @@
+//! Failures of a command: the one line the user reads and the exit code scripts branch on.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use ri2n::{ConnectError, ConnectionError};
+
+/// Something else went wrong: a file could not be read or written, the demo's data differed.
+pub const GENERIC: u8 = 1;
+/// A bad option or value (clap's own usage errors also exit with 2).
+pub const USAGE: u8 = 2;
+/// The connection could not be established: no answer within the handshake timeout, refused,
+/// no route, no local address for the peer.
+pub const CONNECT: u8 = 3;
+/// The connection was lost: the peer restarted or aborted, or every link stayed down past
+/// `--all-links-down-timeout`.
+pub const LOST: u8 = 4;
+/// A local address could not be bound: in use, or not an address of this host.
+pub const BIND: u8 = 5;
+
+/// The exit codes, as `--help` lists them.
+pub const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0  success
+  1  other error (reading or writing a file or stdout, received data differs in `demo`)
+  2  usage error (unknown option, bad value)
+  3  connection not established (no answer within --connect-timeout, refused, no route)
+  4  connection lost (peer restarted or aborted, all links down past --all-links-down-timeout)
+  5  cannot bind a local address (address in use, address not on this host)";
+
+/// Why a command failed.
+#[derive(Debug)]
+pub struct Failure {
+    /// The process exit code.
+    pub code: u8,
+    /// One line, without the `ri2n: error:` prefix.
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(code: u8, message: impl Into<String>) -> Self {
+        // one line, whatever the underlying error printed
+        let message = message.into().replace(['\n', '\r'], " ");
+        Self { code, message }
+    }
+
+    pub fn usage(message: impl Into<String>) -> Self {
+        Self::new(USAGE, message)
+    }
+
+    /// A local file or pipe failed.
+    pub fn io(context: impl std::fmt::Display, e: &io::Error) -> Self {
+        Self::new(GENERIC, format!("{context}: {e}"))
+    }
+
+    /// The connection failed while data was moving (an error from read, write or
+    /// `wait_acknowledged`).
+    pub fn lost(e: &io::Error) -> Self {
+        Self::new(LOST, format!("connection lost: {e}"))
+    }
+
+    /// The connection ended with `reason`.
+    pub fn lost_because(reason: &ConnectionError) -> Self {
+        Self::new(LOST, format!("connection lost: {reason}"))
+    }
+
+    /// The peer did not answer the handshake in time.
+    pub fn no_answer(to: &[SocketAddr], timeout: Duration) -> Self {
+        Self::new(
+            CONNECT,
+            format!(
+                "no answer from {} within {:.1} s (is `ri2n recv` or `ri2n serve` running \
+                 there, and is it reachable?)",
+                list(to),
+                timeout.as_secs_f64()
+            ),
+        )
+    }
+
+    /// Setting up an endpoint or a connection failed.
+    pub fn endpoint(e: ri2n::Error, to: &[SocketAddr], timeout: Duration) -> Self {
+        match e {
+            ri2n::Error::Bind { addr, source } => {
+                let hint = match source.kind() {
+                    io::ErrorKind::AddrInUse => {
+                        " (address in use: is another program bound there?)"
+                    }
+                    io::ErrorKind::AddrNotAvailable => {
+                        " (no interface of this host has that address)"
+                    }
+                    io::ErrorKind::PermissionDenied => {
+                        " (permission denied: ports below 1024 need privileges)"
+                    }
+                    _ => "",
+                };
+                Self::new(BIND, format!("cannot bind {addr}: {source}{hint}"))
+            }
+            ri2n::Error::Connect(ConnectError::NoLocalAddress(a)) => Self::new(
+                CONNECT,
+                format!("no local address can reach {a} (add a --local of the same IP family)"),
+            ),
+            ri2n::Error::Connect(e) => Self::usage(e.to_string()),
+            ri2n::Error::Connection(ConnectionError::Refused) | ri2n::Error::TimedOut => {
+                Self::no_answer(to, timeout)
+            }
+            ri2n::Error::Connection(e) => {
+                Self::new(CONNECT, format!("connecting to {} failed: {e}", list(to)))
+            }
+            ri2n::Error::Io(e) => Self::new(GENERIC, e.to_string()),
+            other => Self::new(GENERIC, other.to_string()),
+        }
+    }
+}
+
+/// `a, b, c`
+pub fn list(addrs: &[SocketAddr]) -> String {
+    addrs
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}

@@ -1,0 +1,313 @@
+//! `ri2n`: move data over several network links at once, measure multi-link setups, and show
+//! the transport at work. This file only declares the options and maps results to exit codes;
+//! each subcommand lives in its own module.
+
+mod bench;
+mod checksum;
+mod control;
+mod demo;
+mod error;
+mod fault;
+mod net;
+mod progress;
+mod recv;
+mod report;
+mod send;
+mod serve;
+
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use error::EXIT_CODES_HELP;
+use fault::FaultSpec;
+
+/// ri2n: one reliable channel striped over several UDP links.
+///
+/// Data is striped over every healthy link; a link that fails is detected within
+/// milliseconds, its data is re-sent on the others, and it is taken back when it heals.
+/// If every link is down the transfer waits and resumes by itself.
+///
+/// Quick start: `ri2n demo` (no root, no configuration). Between two hosts with two links
+/// each (10.0.1.0/24 and 10.0.2.0/24):
+///   host B: ri2n recv --listen 10.0.1.2:7000 --listen 10.0.2.2:7000 --output FILE
+///   host A: ri2n send --to 10.0.1.2:7000 --local 10.0.1.1 --local 10.0.2.1 --input FILE
+/// Benchmark: `ri2n serve --listen ...` on one host, `ri2n bench --to ...` on the other.
+#[derive(Parser, Debug)]
+#[command(name = "ri2n", version, verbatim_doc_comment, after_help = EXIT_CODES_HELP)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Send a file or stdin to `ri2n recv`; exit 0 once the receiver acknowledged every byte.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Send(SendArgs),
+    /// Accept one connection and write what it sends to a file or stdout.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Recv(RecvArgs),
+    /// Long-running benchmark server for `ri2n bench` (several clients at once).
+    #[command(after_help = EXIT_CODES_HELP)]
+    Serve(ServeArgs),
+    /// Measure throughput (with a per-interval, per-link timeline) or latency against `ri2n serve`.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Bench(BenchArgs),
+    /// Two links on loopback in this process: move data, cut a link, restore it, check the bytes.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Demo(DemoArgs),
+}
+
+/// Where to connect and from which local addresses (send, bench).
+#[derive(Args, Debug, Clone)]
+pub struct ConnectOpts {
+    /// Peer address (`ri2n recv` or `ri2n serve`). Repeat to name several: each --to is then
+    /// a link. With a single --to the peer's other addresses are learned in the handshake and
+    /// a link is opened to each (unless --no-discover).
+    #[arg(long = "to", value_name = "ADDR:PORT", required = true, value_parser = parse_remote)]
+    pub to: Vec<SocketAddr>,
+
+    /// Local address to send from, one UDP socket and so one possible link each (IP or
+    /// IP:PORT; no port or port 0 picks a free one). Repeatable. Default: if every --to is on
+    /// loopback (127.0.0.0/8), 127.0.0.1, 127.0.0.2 and each --to IP; otherwise, for each
+    /// --to, the address the OS routes it from. Links to addresses the peer announces use the
+    /// local address sharing the longest prefix with them, so with several interfaces give one
+    /// --local per interface (a warning says when only one local address results).
+    #[arg(long = "local", value_name = "ADDR", value_parser = parse_local)]
+    pub local: Vec<SocketAddr>,
+
+    /// Use only the --to addresses: ignore the other addresses the peer announces.
+    #[arg(long)]
+    pub no_discover: bool,
+
+    /// Give up (exit 3) when the peer has not answered the handshake within SECS. The library
+    /// itself gives up after 10 s, so larger values act as 10.
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_secs)]
+    pub connect_timeout: Duration,
+}
+
+/// Link options shared by send, recv and bench.
+#[derive(Args, Debug, Clone)]
+pub struct LinkOpts {
+    /// Close the connection (exit 4) once every link has been down for SECS. Default: wait
+    /// forever; the transfer resumes by itself when a link comes back.
+    #[arg(long, value_name = "SECS", value_parser = parse_secs)]
+    pub all_links_down_timeout: Option<Duration>,
+
+    /// Inject a fault, for tests and demos without root. AFTER: seconds since the connection
+    /// started (e.g. 1.5). LOCAL_ADDR: one of this process's local addresses, as IP (every
+    /// socket of that IP) or IP:PORT. ACTION: `down` (drop everything), `up` (undo down),
+    /// `loss=P` (drop a fraction P of the datagrams both ways, e.g. loss=0.2; loss=0 undoes),
+    /// `rate=BITS` (police sending at BITS per second, excess datagrams dropped; suffixes
+    /// k/M/G, e.g. rate=100M; rate=0 removes the cap). Repeatable, e.g. --fault 1:127.0.0.2:down --fault 3:127.0.0.2:up.
+    #[arg(long = "fault", value_name = "AFTER:LOCAL_ADDR:ACTION")]
+    pub fault: Vec<FaultSpec>,
+}
+
+#[derive(Args, Debug)]
+pub struct SendArgs {
+    #[command(flatten)]
+    pub connect: ConnectOpts,
+
+    /// File to send. Default (or `-`): stdin.
+    #[arg(long, short, value_name = "FILE")]
+    pub input: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub link: LinkOpts,
+
+    /// Print a JSON summary (bytes, seconds, goodput, checksum, per-link counters) on stdout.
+    #[arg(long)]
+    pub json: bool,
+
+    /// No progress display and no summary line on stderr (errors are still reported).
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct RecvArgs {
+    /// Local address to listen on; repeat for each link (one UDP socket each). The sender is
+    /// told about all of them, so `ri2n send` needs only one of them as --to. Do not use a
+    /// wildcard (0.0.0.0): the addresses announced to the sender must be reachable.
+    #[arg(long = "listen", value_name = "ADDR:PORT", required = true, value_parser = parse_remote)]
+    pub listen: Vec<SocketAddr>,
+
+    /// File to write (created or truncated; synced to disk before exit 0). Default (or `-`):
+    /// stdout.
+    #[arg(long, short, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+
+    /// Give up (exit 3) when no sender has connected within SECS. Default: wait forever.
+    #[arg(long, value_name = "SECS", value_parser = parse_secs)]
+    pub accept_timeout: Option<Duration>,
+
+    #[command(flatten)]
+    pub link: LinkOpts,
+
+    /// Print a JSON summary on stdout (needs --output, since stdout would carry the data).
+    #[arg(long, requires = "output")]
+    pub json: bool,
+
+    /// No progress display and no summary line on stderr (errors are still reported).
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Local address to listen on; repeat for each link. Clients are told about all of them.
+    #[arg(long = "listen", value_name = "ADDR:PORT", required = true, value_parser = parse_remote)]
+    pub listen: Vec<SocketAddr>,
+
+    /// Drop a client whose links have all been down for SECS (so a vanished client does not
+    /// hold a thread forever).
+    #[arg(long, value_name = "SECS", default_value = "60", value_parser = parse_secs)]
+    pub all_links_down_timeout: Duration,
+
+    /// Longest throughput test a client may ask for, in seconds.
+    #[arg(long, value_name = "SECS", default_value = "3600", value_parser = parse_secs)]
+    pub max_time: Duration,
+
+    /// Do not log one line per client on stderr.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub connect: ConnectOpts,
+
+    /// Throughput test length in seconds.
+    #[arg(long, short = 't', value_name = "SECS", default_value = "10", value_parser = parse_secs, conflicts_with = "latency")]
+    pub time: Duration,
+
+    /// Timeline resolution: one line (one JSON record) per SECS, down to 0.01. An interval in
+    /// which the writer was blocked (every link down) ends late and is longer.
+    #[arg(long, short = 'i', value_name = "SECS", default_value = "1", value_parser = parse_interval, conflicts_with = "latency")]
+    pub interval: Duration,
+
+    /// The server sends and this client receives (default: the client sends).
+    #[arg(long, short = 'R', conflicts_with = "latency")]
+    pub reverse: bool,
+
+    /// Latency test instead of throughput: ping-pong of whole messages, median and p99 of the
+    /// round-trip time.
+    #[arg(long)]
+    pub latency: bool,
+
+    /// Message size in bytes for --latency.
+    #[arg(
+        long,
+        value_name = "BYTES",
+        default_value = "64",
+        requires = "latency",
+        conflicts_with = "sweep"
+    )]
+    pub size: usize,
+
+    /// With --latency: every power of two from 1 B to 1 MiB, then a least-squares fit of the
+    /// one-way time t = RTT/2 = alpha + beta * n on the medians: alpha (start-up latency),
+    /// 1/beta (asymptotic bandwidth) and n_1/2 = alpha/beta (the message size reaching half of
+    /// it). Large sizes use fewer round trips (at most 32 MiB moved per size, at least 16).
+    #[arg(long, requires = "latency")]
+    pub sweep: bool,
+
+    /// Round trips measured per message size (after a short warm-up).
+    #[arg(long, value_name = "N", default_value = "1000", requires = "latency", value_parser = clap::value_parser!(u32).range(1..))]
+    pub count: u32,
+
+    #[command(flatten)]
+    pub link: LinkOpts,
+
+    /// Print one JSON document on stdout; the human-readable text then goes to stderr.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Seconds of transfer; the link is cut at a third and restored at two thirds of it.
+    #[arg(long, value_name = "SECS", default_value = "6", value_parser = parse_demo_secs)]
+    pub seconds: Duration,
+
+    /// Cap the writer at MBIT megabits per second (0: as fast as it goes). A cap leaves CPU to
+    /// the two driver threads, so on small machines the failover times shown are the
+    /// protocol's rather than the scheduler's.
+    #[arg(long, value_name = "MBIT", default_value = "400")]
+    pub rate: f64,
+
+    /// Cap each link's sending rate at MBIT megabits per second, like two slower wires (0: no cap).
+    #[arg(long, value_name = "MBIT", default_value = "0")]
+    pub link_rate: f64,
+}
+
+/// A peer or listen address: IP:PORT, or HOST:PORT resolved to its first address.
+fn parse_remote(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = s.parse() {
+        return Ok(a);
+    }
+    match s.to_socket_addrs() {
+        Ok(mut it) => it
+            .next()
+            .ok_or_else(|| format!("`{s}` resolves to no address")),
+        Err(e) => Err(format!("`{s}` is not ADDR:PORT ({e})")),
+    }
+}
+
+/// A local address: IP (port 0) or IP:PORT.
+fn parse_local(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, 0));
+    }
+    s.parse()
+        .map_err(|_| format!("`{s}` is neither an IP address nor IP:PORT"))
+}
+
+/// Non-negative seconds, fractions allowed.
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    Duration::try_from_secs_f64(v).map_err(|_| format!("`{s}`: seconds must be 0 or more"))
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = parse_secs(s)?;
+    if d < Duration::from_millis(10) {
+        return Err("the interval must be at least 0.01 s".into());
+    }
+    Ok(d)
+}
+
+fn parse_demo_secs(s: &str) -> Result<Duration, String> {
+    let d = parse_secs(s)?;
+    if !(Duration::from_secs(3)..=Duration::from_secs(600)).contains(&d) {
+        return Err("the demo runs 3 to 600 s".into());
+    }
+    Ok(d)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Send(a) => send::run(&a),
+        Command::Recv(a) => recv::run(&a),
+        Command::Serve(a) => serve::run(&a),
+        Command::Bench(a) => bench::run(&a),
+        Command::Demo(a) => demo::run(&a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            progress::clear_line();
+            eprintln!("ri2n: error: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}

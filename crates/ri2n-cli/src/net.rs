@@ -1,0 +1,185 @@
+//! Setting up endpoints and connections for the commands: default local addresses, the
+//! connect timeout, waiting for acknowledgements while still reporting progress, and a clean
+//! close.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use ri2n::{Connection, ConnectionConfig, ConnectionState, Endpoint, EndpointConfig};
+
+use crate::error::Failure;
+use crate::{ConnectOpts, LinkOpts};
+
+/// How long a finished connection may take to close cleanly (the peer acknowledging our end
+/// of stream, the engine's short draining period) before the command exits anyway.
+pub const LINGER: Duration = Duration::from_secs(3);
+
+/// The local addresses used when `--local` is not given (see `--help`), and whether a
+/// warning that only one local address serves every link is in order.
+pub fn default_locals(targets: &[SocketAddr]) -> (Vec<SocketAddr>, bool) {
+    let mut ips: Vec<IpAddr> = Vec::new();
+    let mut push = |ip: IpAddr| {
+        if !ips.contains(&ip) {
+            ips.push(ip);
+        }
+    };
+    if targets.iter().all(|t| t.ip().is_loopback()) {
+        if targets.iter().any(|t| t.is_ipv4()) {
+            push(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)));
+            push(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
+        }
+        for t in targets {
+            push(t.ip());
+        }
+        let locals = ips.into_iter().map(|ip| SocketAddr::new(ip, 0)).collect();
+        return (locals, false);
+    }
+    for t in targets {
+        push(route_source(*t));
+    }
+    let single = ips.len() == 1;
+    (
+        ips.into_iter().map(|ip| SocketAddr::new(ip, 0)).collect(),
+        single,
+    )
+}
+
+/// The source address the OS would use to reach `target` (a connected UDP socket sends
+/// nothing); the wildcard address if there is no route.
+fn route_source(target: SocketAddr) -> IpAddr {
+    let any: SocketAddr = if target.is_ipv4() {
+        (Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    UdpSocket::bind(any)
+        .and_then(|s| s.connect(target).map(|()| s))
+        .and_then(|s| s.local_addr())
+        .map(|a| a.ip())
+        .unwrap_or(any.ip())
+}
+
+/// The connection settings the options ask for.
+pub fn connection_config(discover: bool, link: &LinkOpts) -> ConnectionConfig {
+    let mut c = ConnectionConfig::default();
+    c.discover = discover;
+    c.all_links_down_timeout = link.all_links_down_timeout;
+    c
+}
+
+/// A client endpoint on the local addresses the options give (or the defaults).
+pub fn client_endpoint(opts: &ConnectOpts, quiet: bool) -> Result<Endpoint, Failure> {
+    let locals = if opts.local.is_empty() {
+        let (locals, single) = default_locals(&opts.to);
+        if single && !opts.no_discover && !quiet {
+            eprintln!(
+                "ri2n: warning: sending from one local address ({}); links to the peer's \
+                 other addresses share it. Give --local ADDR once per interface to use several.",
+                locals[0].ip()
+            );
+        }
+        locals
+    } else {
+        opts.local.clone()
+    };
+    Endpoint::client(&locals).map_err(|e| Failure::endpoint(e, &opts.to, opts.connect_timeout))
+}
+
+/// A server endpoint listening on `listen`, its connections closed after every link has been
+/// down for `all_links_down_timeout`.
+pub fn server_endpoint(
+    listen: &[SocketAddr],
+    all_links_down_timeout: Option<Duration>,
+) -> Result<Endpoint, Failure> {
+    let mut cfg = EndpointConfig::new(listen.to_vec()).server();
+    cfg.server_connection.all_links_down_timeout = all_links_down_timeout;
+    Endpoint::bind(cfg).map_err(|e| Failure::endpoint(e, &[], Duration::ZERO))
+}
+
+/// Connects, giving up after `--connect-timeout`.
+pub fn connect(
+    endpoint: &Endpoint,
+    opts: &ConnectOpts,
+    config: ConnectionConfig,
+) -> Result<Connection, Failure> {
+    let (tx, rx) = mpsc::channel();
+    let ep = endpoint.clone();
+    let to = opts.to.clone();
+    // the library's own handshake deadline is fixed (10 s): wait in a helper thread and stop
+    // waiting when the user's timeout is shorter
+    std::thread::Builder::new()
+        .name("ri2n-connect".into())
+        .spawn(move || {
+            let _ = tx.send(ep.connect(&to, config));
+        })
+        .map_err(|e| Failure::io("cannot start a thread", &e))?;
+    match rx.recv_timeout(opts.connect_timeout) {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => Err(Failure::endpoint(e, &opts.to, opts.connect_timeout)),
+        Err(_) => Err(Failure::no_answer(&opts.to, opts.connect_timeout)),
+    }
+}
+
+/// Waits until the peer acknowledged everything written and the end of stream (call
+/// `finish` first), calling `tick` every `period` meanwhile (for progress and timelines).
+pub fn wait_acknowledged(
+    conn: &Connection,
+    period: Duration,
+    mut tick: impl FnMut(),
+) -> Result<(), Failure> {
+    loop {
+        match conn.wait_acknowledged(Some(period)) {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                if let Some(reason) = conn.close_reason() {
+                    return Err(Failure::lost_because(&reason));
+                }
+                if e.kind() != std::io::ErrorKind::TimedOut {
+                    return Err(Failure::lost(&e));
+                }
+                tick();
+            }
+        }
+    }
+}
+
+/// After both sides finished: waits (at most `max`) until the connection has closed cleanly,
+/// so the peer's last acknowledgements and our acknowledgement of its end of stream get
+/// through before the process exits.
+pub fn linger(conn: &Connection, max: Duration) {
+    let deadline = Instant::now() + max;
+    while conn.state() != ConnectionState::Closed && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The peer address of a connection (the remote end of link 0).
+pub fn peer_addr(conn: &Connection) -> Option<SocketAddr> {
+    conn.stats().links.first().map(|l| l.remote)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_targets_get_both_loopback_addresses() {
+        let (l, warn) = default_locals(&["127.0.0.1:7000".parse().unwrap()]);
+        assert_eq!(
+            l,
+            vec![
+                "127.0.0.1:0".parse::<SocketAddr>().unwrap(),
+                "127.0.0.2:0".parse().unwrap()
+            ]
+        );
+        assert!(!warn);
+        let (l, _) = default_locals(&[
+            "127.0.0.1:7000".parse().unwrap(),
+            "127.0.0.3:7000".parse().unwrap(),
+        ]);
+        assert_eq!(l.len(), 3);
+        let (l, _) = default_locals(&["[::1]:7000".parse().unwrap()]);
+        assert_eq!(l, vec!["[::1]:0".parse::<SocketAddr>().unwrap()]);
+    }
+}

@@ -1,0 +1,245 @@
+//! What the commands report: number formatting, per-link rates between two samples of the
+//! connection's statistics, and the JSON summaries.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use ri2n::{LinkState, LinkStats};
+use serde::Serialize;
+
+/// `512 B`, `1.50 KiB`, `3.20 GiB`.
+pub fn fmt_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if b < 1024 {
+        return format!("{b} B");
+    }
+    let mut v = b as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.2} {}", UNITS[unit])
+}
+
+/// `950.3 Mbit/s`, `1.87 Gbit/s`.
+pub fn fmt_rate(bits_per_second: f64) -> String {
+    let b = bits_per_second;
+    if b >= 1e9 {
+        format!("{:.2} Gbit/s", b / 1e9)
+    } else if b >= 1e6 {
+        format!("{:.1} Mbit/s", b / 1e6)
+    } else if b >= 1e3 {
+        format!("{:.1} kbit/s", b / 1e3)
+    } else {
+        format!("{b:.0} bit/s")
+    }
+}
+
+/// `42s`, `3m07s`, `2h05m`.
+pub fn fmt_duration_short(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    if s < 60 {
+        format!("{s}s")
+    } else if s < 3600 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else {
+        format!("{}h{:02}m", s / 3600, (s % 3600) / 60)
+    }
+}
+
+/// A round-trip time in milliseconds with sensible precision.
+pub fn fmt_rtt(d: Duration) -> String {
+    let ms = d.as_secs_f64() * 1e3;
+    if ms < 10.0 {
+        format!("{ms:.2} ms")
+    } else {
+        format!("{ms:.0} ms")
+    }
+}
+
+/// Bits per second of `bytes` over `secs`.
+pub fn bps(bytes: u64, secs: f64) -> f64 {
+    if secs > 0.0 {
+        bytes as f64 * 8.0 / secs
+    } else {
+        0.0
+    }
+}
+
+pub fn state_name(s: LinkState) -> &'static str {
+    match s {
+        LinkState::Validating => "validating",
+        LinkState::Up => "up",
+        LinkState::Degraded => "degraded",
+        LinkState::Down => "down",
+    }
+}
+
+/// One link's activity between two samples.
+#[derive(Debug, Clone, Serialize)]
+pub struct LinkDelta {
+    pub id: u8,
+    pub state: &'static str,
+    /// Datagram bytes sent in the interval (headers included).
+    pub bytes_sent: u64,
+    /// Datagram bytes received in the interval.
+    pub bytes_received: u64,
+    /// Stream bytes sent in the interval (first transmissions and repairs).
+    pub stream_bytes_sent: u64,
+    pub packets_lost: u64,
+    /// Stream bits per second sent in the interval (the link's share of the payload).
+    pub stream_bps: f64,
+    /// Datagram bits per second sent in the interval.
+    pub sent_bps: f64,
+    /// Datagram bits per second received in the interval.
+    pub recv_bps: f64,
+    pub srtt_us: u64,
+}
+
+/// Remembers the previous statistics of each link to turn counters into per-interval deltas.
+#[derive(Debug, Default)]
+pub struct LinkMeter {
+    prev: HashMap<u8, LinkStats>,
+    prev_time: Option<Instant>,
+}
+
+impl LinkMeter {
+    /// Deltas since the previous sample (since zero for the first), by link id.
+    pub fn sample(&mut self, now: Instant, links: &[LinkStats]) -> Vec<LinkDelta> {
+        let dt = self
+            .prev_time
+            .map(|t| now.duration_since(t).as_secs_f64())
+            .unwrap_or(0.0);
+        let out = links
+            .iter()
+            .map(|l| {
+                let p = self.prev.get(&l.id);
+                let d = |f: fn(&LinkStats) -> u64| f(l) - p.map(f).unwrap_or(0).min(f(l));
+                let (sent, recv) = (d(|s| s.bytes_sent), d(|s| s.bytes_received));
+                let stream = d(|s| s.stream_bytes_sent);
+                LinkDelta {
+                    id: l.id,
+                    state: state_name(l.state),
+                    bytes_sent: sent,
+                    bytes_received: recv,
+                    stream_bytes_sent: stream,
+                    packets_lost: d(|s| s.packets_lost),
+                    stream_bps: bps(stream, dt),
+                    sent_bps: bps(sent, dt),
+                    recv_bps: bps(recv, dt),
+                    srtt_us: l.srtt.as_micros() as u64,
+                }
+            })
+            .collect();
+        self.prev = links.iter().map(|l| (l.id, l.clone())).collect();
+        self.prev_time = Some(now);
+        out
+    }
+}
+
+/// A link's totals, for summaries.
+#[derive(Debug, Clone, Serialize)]
+pub struct LinkSummary {
+    pub id: u8,
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    pub state: &'static str,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub stream_bytes_sent: u64,
+    pub packets_sent: u64,
+    pub packets_received: u64,
+    pub packets_lost: u64,
+    pub srtt_us: u64,
+    pub min_rtt_us: u64,
+    /// This link's part of all stream bytes sent (of all bytes received, on a receiver), 0 to 1.
+    pub share: f64,
+}
+
+impl LinkSummary {
+    /// Summaries of `links`; `incoming`: shares by bytes received rather than stream bytes sent.
+    pub fn all(links: &[LinkStats], incoming: bool) -> Vec<Self> {
+        let part = |l: &LinkStats| {
+            if incoming {
+                l.bytes_received
+            } else {
+                l.stream_bytes_sent
+            }
+        };
+        let total: u64 = links.iter().map(part).sum();
+        links
+            .iter()
+            .map(|l| Self {
+                id: l.id,
+                local: l.local,
+                remote: l.remote,
+                state: state_name(l.state),
+                bytes_sent: l.bytes_sent,
+                bytes_received: l.bytes_received,
+                stream_bytes_sent: l.stream_bytes_sent,
+                packets_sent: l.packets_sent,
+                packets_received: l.packets_received,
+                packets_lost: l.packets_lost,
+                srtt_us: l.srtt.as_micros() as u64,
+                min_rtt_us: l.min_rtt.as_micros() as u64,
+                share: if total > 0 {
+                    part(l) as f64 / total as f64
+                } else {
+                    0.0
+                },
+            })
+            .collect()
+    }
+}
+
+/// The end-of-transfer summary of `send` and `recv`.
+#[derive(Debug, Serialize)]
+pub struct TransferSummary {
+    pub command: &'static str,
+    /// Application bytes moved.
+    pub bytes: u64,
+    /// From the connection's start to the last byte acknowledged (send) or read (recv).
+    pub seconds: f64,
+    pub goodput_bps: f64,
+    /// The tool's 64-bit checksum of the bytes (equal on both sides of a good transfer).
+    pub checksum: String,
+    pub links: Vec<LinkSummary>,
+}
+
+impl TransferSummary {
+    /// The human-readable one-line form.
+    pub fn line(&self) -> String {
+        let verb = if self.command == "send" {
+            "sent"
+        } else {
+            "received"
+        };
+        let links = self
+            .links
+            .iter()
+            .map(|l| {
+                format!(
+                    "L{} {}→{} {} {:.0}% lost {}",
+                    l.id,
+                    l.local,
+                    l.remote,
+                    l.state,
+                    l.share * 100.0,
+                    l.packets_lost
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        let links = format!(" [{links}]");
+        format!(
+            "{verb} {} ({} bytes) in {:.2} s: {}, checksum {}{links}",
+            fmt_bytes(self.bytes),
+            self.bytes,
+            self.seconds,
+            fmt_rate(self.goodput_bps),
+            self.checksum
+        )
+    }
+}

@@ -1,0 +1,136 @@
+//! `ri2n serve`: the long-running counterpart of `ri2n bench`. Each client gets a thread; its
+//! first message names the test: throughput (read and discard, then report), reverse (write
+//! for the asked time, then report) or latency (echo every message).
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use ri2n::Connection;
+
+use crate::checksum::RandomBytes;
+use crate::control::{Request, ServerLink, ServerReport, Test, VERSION};
+use crate::error::{self, Failure};
+use crate::net;
+use crate::report::{bps, fmt_bytes, fmt_rate, LinkSummary};
+use crate::ServeArgs;
+
+pub fn run(args: &ServeArgs) -> Result<(), Failure> {
+    let endpoint = net::server_endpoint(&args.listen, Some(args.all_links_down_timeout))?;
+    if !args.quiet {
+        eprintln!(
+            "ri2n serve: listening on {}",
+            error::list(&endpoint.local_addrs())
+        );
+    }
+    loop {
+        let conn = endpoint
+            .accept()
+            .map_err(|e| Failure::endpoint(e, &[], Duration::ZERO))?;
+        let quiet = args.quiet;
+        let max_time = args.max_time;
+        let spawned = std::thread::Builder::new()
+            .name("ri2n-serve-client".into())
+            .spawn(move || {
+                let peer = net::peer_addr(&conn)
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|| "?".into());
+                match serve_client(conn, max_time) {
+                    Ok(line) if !quiet => eprintln!("ri2n serve: {peer}: {line}"),
+                    Ok(_) => {}
+                    Err(f) => eprintln!("ri2n serve: {peer}: {}", f.message),
+                }
+            });
+        if let Err(e) = spawned {
+            eprintln!("ri2n serve: cannot start a thread for a client: {e}");
+        }
+    }
+}
+
+/// Runs one client's test; returns the line to log.
+fn serve_client(mut conn: Connection, max_time: Duration) -> Result<String, Failure> {
+    let first = conn
+        .recv_message()
+        .map_err(|e| Failure::lost(&e))?
+        .ok_or_else(|| Failure::usage("the client ended without naming a test"))?;
+    let req: Request = match serde_json::from_slice(&first) {
+        Ok(r) => r,
+        Err(e) => {
+            conn.abort(2, "bad request");
+            return Err(Failure::usage(format!("bad request: {e}")));
+        }
+    };
+    if req.version != VERSION {
+        conn.abort(2, "unsupported bench protocol version");
+        return Err(Failure::usage(format!(
+            "client speaks bench protocol version {}, this server {VERSION}",
+            req.version
+        )));
+    }
+    let start = Instant::now();
+    let line = match req.test {
+        Test::Throughput => {
+            let mut buf = vec![0u8; 256 * 1024];
+            let mut got = 0u64;
+            loop {
+                match conn.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => got += n as u64,
+                    Err(e) => return Err(Failure::lost(&e)),
+                }
+            }
+            let secs = start.elapsed().as_secs_f64();
+            report(&conn, got, secs)?;
+            format!(
+                "throughput: received {} in {secs:.2} s, {}",
+                fmt_bytes(got),
+                fmt_rate(bps(got, secs))
+            )
+        }
+        Test::Reverse => {
+            let time = Duration::try_from_secs_f64(req.seconds)
+                .unwrap_or_default()
+                .min(max_time);
+            let mut buf = vec![0u8; 64 * 1024];
+            RandomBytes::new(0x5EED).fill(&mut buf);
+            let mut sent = 0u64;
+            while start.elapsed() < time {
+                conn.write_all(&buf).map_err(|e| Failure::lost(&e))?;
+                sent += buf.len() as u64;
+            }
+            let secs = start.elapsed().as_secs_f64();
+            report(&conn, sent, secs)?;
+            format!(
+                "reverse: sent {} in {secs:.2} s, {}",
+                fmt_bytes(sent),
+                fmt_rate(bps(sent, secs))
+            )
+        }
+        Test::Latency => {
+            let mut n = 0u64;
+            while let Some(m) = conn.recv_message().map_err(|e| Failure::lost(&e))? {
+                conn.send_message(&m).map_err(|e| Failure::lost(&e))?;
+                n += 1;
+            }
+            format!("latency: echoed {n} messages")
+        }
+    };
+    conn.finish().map_err(|e| Failure::lost(&e))?;
+    net::wait_acknowledged(&conn, Duration::from_millis(500), || {})?;
+    net::linger(&conn, net::LINGER);
+    Ok(line)
+}
+
+/// Sends the server's report of a throughput test.
+fn report(conn: &Connection, bytes: u64, seconds: f64) -> Result<(), Failure> {
+    let links = LinkSummary::all(&conn.stats().links, false)
+        .iter()
+        .map(ServerLink::from)
+        .collect();
+    let msg = serde_json::to_vec(&ServerReport {
+        bytes,
+        seconds,
+        links,
+    })
+    .expect("a report serialises");
+    conn.send_message(&msg).map_err(|e| Failure::lost(&e))
+}

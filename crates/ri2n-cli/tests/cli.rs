@@ -1,0 +1,502 @@
+//! The `ri2n` binary end to end, on loopback only (127.0.0.1 and 127.0.0.2): 1 GiB through
+//! `recv`/`send` (clean, with a lossy link, with a link cut and restored), the demo, error
+//! messages and exit codes, and `bench` against `serve`.
+//!
+//! Every child process runs under a deadline and is killed (by its handle) if the test fails
+//! or times out. The heavy tests take a lock so that they do not compete for the two cores.
+
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::net::UdpSocket;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+const GIB: u64 = 1 << 30;
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_ri2n")
+}
+
+/// Serialises the tests that move a lot of data or time failovers.
+fn heavy() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A UDP port free on both 127.0.0.1 and 127.0.0.2 right now (never the same one twice in
+/// this process).
+fn free_port() -> u16 {
+    static TAKEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    for _ in 0..100 {
+        let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = a.local_addr().unwrap().port();
+        if UdpSocket::bind(("127.0.0.2", port)).is_ok() {
+            let mut taken = TAKEN.lock().unwrap();
+            if !taken.contains(&port) {
+                taken.push(port);
+                return port;
+            }
+        }
+    }
+    panic!("no free port on 127.0.0.1 and 127.0.0.2");
+}
+
+/// A child process, killed when dropped unless it was waited for.
+struct Proc {
+    name: &'static str,
+    child: Option<Child>,
+}
+
+impl Proc {
+    fn spawn(name: &'static str, cmd: &mut Command) -> Self {
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        Self {
+            name,
+            child: Some(child),
+        }
+    }
+
+    /// Waits for the exit and the output, at most `limit`; kills the process and panics after.
+    fn wait(mut self, limit: Duration) -> (ExitStatus, Output) {
+        let mut child = self.child.take().unwrap();
+        // read the pipes in the background so a chatty child never blocks on them
+        let mut out = child.stdout.take();
+        let mut err = child.stderr.take();
+        let out_t = thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(o) = out.as_mut() {
+                let _ = o.read_to_end(&mut v);
+            }
+            v
+        });
+        let err_t = thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(e) = err.as_mut() {
+                let _ = e.read_to_end(&mut v);
+            }
+            v
+        });
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                let stderr = err_t.join().unwrap();
+                panic!(
+                    "{} did not finish within {limit:?}; stderr:\n{}",
+                    self.name,
+                    String::from_utf8_lossy(&stderr)
+                );
+            }
+            thread::sleep(Duration::from_millis(10));
+        };
+        let output = Output {
+            status,
+            stdout: out_t.join().unwrap(),
+            stderr: err_t.join().unwrap(),
+        };
+        (status, output)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A file in the temp dir, removed when dropped.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(tag: &str) -> Self {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        Self(std::env::temp_dir().join(format!(
+            "ri2n-cli-test-{}-{}-{nanos}-{tag}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        )))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Writes `len` pseudo-random bytes (xorshift, 1 MiB at a time) to `path`; returns their sha256.
+fn write_random(path: &Path, len: u64, seed: u64) -> [u8; 32] {
+    let mut f = BufWriter::new(File::create(path).unwrap());
+    let mut h = Sha256::new();
+    let mut x = seed | 1;
+    let mut block = vec![0u8; 1 << 20];
+    let mut left = len;
+    while left > 0 {
+        for w in block.chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            w.copy_from_slice(&x.to_le_bytes());
+        }
+        let n = left.min(block.len() as u64) as usize;
+        f.write_all(&block[..n]).unwrap();
+        h.update(&block[..n]);
+        left -= n as u64;
+    }
+    f.flush().unwrap();
+    h.finalize().into()
+}
+
+fn sha256_file(path: &Path) -> ([u8; 32], u64) {
+    let mut f = File::open(path).unwrap();
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut len = 0;
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        len += n as u64;
+    }
+    (h.finalize().into(), len)
+}
+
+fn stderr_of(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// `ri2n recv` on both loopback addresses and `ri2n send` to the first one, `len` random
+/// bytes, with `sender_args` added to the sender; checks exit codes and sha256.
+fn transfer(len: u64, sender_args: &[&str]) -> Duration {
+    let input = TempFile::new("in");
+    let output = TempFile::new("out");
+    let t = Instant::now();
+    let sent_hash = write_random(input.path(), len, 0x1234_5678_9ABC_DEF1 ^ len);
+    println!("generated {} MiB in {:?}", len >> 20, t.elapsed());
+    let port = free_port();
+    let a = format!("127.0.0.1:{port}");
+    let b = format!("127.0.0.2:{port}");
+    let recv = Proc::spawn(
+        "ri2n recv",
+        Command::new(bin())
+            .args(["recv", "--listen", &a, "--listen", &b, "--output"])
+            .arg(output.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    let start = Instant::now();
+    let send = Proc::spawn(
+        "ri2n send",
+        Command::new(bin())
+            .args(["send", "--to", &a, "--input"])
+            .arg(input.path())
+            .args(sender_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    let (s, so) = send.wait(Duration::from_secs(150));
+    let elapsed = start.elapsed();
+    let (r, ro) = recv.wait(Duration::from_secs(20));
+    println!("send: {}", stderr_of(&so).trim());
+    println!("recv: {}", stderr_of(&ro).trim());
+    assert!(s.success(), "send failed: {s}: {}", stderr_of(&so));
+    assert!(r.success(), "recv failed: {r}: {}", stderr_of(&ro));
+    let (got_hash, got_len) = sha256_file(output.path());
+    assert_eq!(got_len, len, "received length");
+    assert!(
+        got_hash == sent_hash,
+        "sha256 of the output differs from the input's"
+    );
+    println!(
+        "{} MiB {sender_args:?}: {elapsed:.2?}, {:.0} Mbit/s",
+        len >> 20,
+        len as f64 * 8.0 / elapsed.as_secs_f64() / 1e6
+    );
+    elapsed
+}
+
+#[test]
+fn one_gib_over_two_links() {
+    let _g = heavy();
+    transfer(GIB, &[]);
+}
+
+#[test]
+fn one_gib_with_a_link_losing_20_percent() {
+    let _g = heavy();
+    transfer(GIB, &["--fault", "0:127.0.0.2:loss=0.2"]);
+}
+
+#[test]
+fn one_gib_with_a_link_cut_and_restored() {
+    let _g = heavy();
+    transfer(
+        GIB,
+        &["--fault", "1:127.0.0.2:down", "--fault", "3:127.0.0.2:up"],
+    );
+}
+
+#[test]
+fn demo_succeeds() {
+    let _g = heavy();
+    let start = Instant::now();
+    let (s, o) = Proc::spawn(
+        "ri2n demo",
+        Command::new(bin())
+            .arg("demo")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .wait(Duration::from_secs(30));
+    let err = stderr_of(&o);
+    println!("{err}");
+    assert!(s.success(), "demo failed: {s}");
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "demo took {:?}",
+        start.elapsed()
+    );
+    assert!(err.contains("failover: link 1 left service"), "{err}");
+    assert!(
+        err.contains("failover:") && err.contains("recovery:"),
+        "{err}"
+    );
+}
+
+#[test]
+fn recv_on_a_port_in_use_fails_with_the_address() {
+    let held = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = held.local_addr().unwrap().to_string();
+    let (s, o) = Proc::spawn(
+        "ri2n recv",
+        Command::new(bin())
+            .args(["recv", "--listen", &addr, "--output", "-"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .wait(Duration::from_secs(10));
+    let err = stderr_of(&o);
+    assert_eq!(s.code(), Some(5), "exit code; stderr: {err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(err.contains(&addr), "names the address: {err}");
+    assert!(err.contains("in use"), "says why: {err}");
+}
+
+#[test]
+fn send_to_a_closed_port_fails_clearly() {
+    let port = free_port();
+    let to = format!("127.0.0.1:{port}");
+    let start = Instant::now();
+    let (s, o) = Proc::spawn(
+        "ri2n send",
+        Command::new(bin())
+            .args(["send", "--to", &to, "--connect-timeout", "2"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .wait(Duration::from_secs(15));
+    let err = stderr_of(&o);
+    assert_eq!(s.code(), Some(3), "exit code; stderr: {err}");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("no answer") && err.contains(&to), "{err}");
+}
+
+#[test]
+fn bad_options_are_usage_errors() {
+    for args in [
+        vec![
+            "send",
+            "--to",
+            "127.0.0.1:9",
+            "--fault",
+            "soon:127.0.0.1:down",
+        ],
+        vec!["bench", "--to", "127.0.0.1:9", "--interval", "0.001"],
+        vec!["recv", "--listen", "127.0.0.1:9", "--json"],
+        vec!["send"],
+    ] {
+        let (s, o) = Proc::spawn(
+            "ri2n",
+            Command::new(bin())
+                .args(&args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped()),
+        )
+        .wait(Duration::from_secs(10));
+        assert_eq!(s.code(), Some(2), "{args:?}: {}", stderr_of(&o));
+    }
+    // a fault naming an address this process does not have
+    let (s, o) = Proc::spawn(
+        "ri2n send",
+        Command::new(bin())
+            .args(["send", "--to", "127.0.0.1:9", "--fault", "1:127.0.0.9:down"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .wait(Duration::from_secs(10));
+    let err = stderr_of(&o);
+    assert_eq!(s.code(), Some(2), "{err}");
+    assert!(err.contains("127.0.0.9"), "{err}");
+}
+
+#[test]
+fn all_links_down_past_the_deadline_is_connection_lost() {
+    let _g = heavy();
+    let input = TempFile::new("small");
+    write_random(input.path(), 4 << 20, 7);
+    let port = free_port();
+    let a = format!("127.0.0.1:{port}");
+    let b = format!("127.0.0.2:{port}");
+    let recv = Proc::spawn(
+        "ri2n recv",
+        Command::new(bin())
+            .args([
+                "recv",
+                "--listen",
+                &a,
+                "--listen",
+                &b,
+                "--output",
+                "/dev/null",
+            ])
+            .args(["--all-links-down-timeout", "1"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    let send = Proc::spawn(
+        "ri2n send",
+        Command::new(bin())
+            .args(["send", "--to", &a, "--input"])
+            .arg(input.path())
+            .args(["--all-links-down-timeout", "1"])
+            .args(["--fault", "0:127.0.0.1:down", "--fault", "0:127.0.0.2:down"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    let (s, so) = send.wait(Duration::from_secs(20));
+    let (r, ro) = recv.wait(Duration::from_secs(20));
+    let (se, re) = (stderr_of(&so), stderr_of(&ro));
+    assert_eq!(s.code(), Some(4), "send: {se}");
+    assert!(se.contains("connection lost"), "{se}");
+    assert_eq!(r.code(), Some(4), "recv: {re}");
+}
+
+/// Starts `ri2n serve` on both loopback addresses.
+fn serve() -> (Proc, String) {
+    let port = free_port();
+    let a = format!("127.0.0.1:{port}");
+    let b = format!("127.0.0.2:{port}");
+    let p = Proc::spawn(
+        "ri2n serve",
+        Command::new(bin())
+            .args(["serve", "--listen", &a, "--listen", &b])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    (p, a)
+}
+
+fn bench_json(to: &str, args: &[&str]) -> serde_json::Value {
+    let (s, o) = Proc::spawn(
+        "ri2n bench",
+        Command::new(bin())
+            .args(["bench", "--to", to, "--json"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .wait(Duration::from_secs(60));
+    assert!(s.success(), "bench {args:?} failed: {s}: {}", stderr_of(&o));
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "bench --json output is not JSON ({e}): {}",
+            String::from_utf8_lossy(&o.stdout)
+        )
+    })
+}
+
+#[test]
+fn bench_against_serve() {
+    let _g = heavy();
+    let (_server, to) = serve();
+
+    let doc = bench_json(&to, &["--time", "2", "--interval", "0.1"]);
+    let bytes = doc["summary"]["bytes"].as_u64().expect("summary.bytes");
+    assert!(bytes > 0, "{doc}");
+    let intervals = doc["intervals"].as_array().expect("intervals");
+    assert!(
+        intervals.len() >= 15,
+        "about 20 intervals: {}",
+        intervals.len()
+    );
+    assert_eq!(
+        doc["summary"]["links"].as_array().unwrap().len(),
+        2,
+        "{doc}"
+    );
+    assert_eq!(
+        doc["server"]["bytes"].as_u64(),
+        Some(bytes),
+        "server saw it all"
+    );
+    println!(
+        "bench 2 s: {:.0} Mbit/s",
+        doc["summary"]["goodput_bps"].as_f64().unwrap() / 1e6
+    );
+
+    let doc = bench_json(&to, &["--time", "1", "--reverse"]);
+    assert!(doc["summary"]["bytes"].as_u64().unwrap() > 0, "{doc}");
+
+    let doc = bench_json(&to, &["--latency", "--count", "200"]);
+    let median = doc["median_us"].as_f64().expect("median_us");
+    assert!(median > 0.0, "{doc}");
+    assert_eq!(doc["results"][0]["count"].as_u64(), Some(200));
+    println!("latency: median {median:.1} µs, p99 {} µs", doc["p99_us"]);
+}
+
+/// Ping-pong of messages that span several datagrams, 1 B to 1 MiB, and the α/β fit.
+#[test]
+fn bench_latency_sweep() {
+    let _g = heavy();
+    let (_server, to) = serve();
+    let doc = bench_json(&to, &["--latency", "--sweep", "--count", "100"]);
+    assert_eq!(doc["results"].as_array().unwrap().len(), 21, "{doc}");
+    let fit = &doc["fit"];
+    assert!(fit["alpha_us"].as_f64().unwrap() > 0.0, "{doc}");
+    assert!(fit["n_half_bytes"].as_f64().unwrap() > 0.0, "{doc}");
+}

@@ -1,0 +1,1185 @@
+//! The machinery of the lab tests: finding (building) the `ri2n` binary, a lab of network
+//! namespaces made by `lab/ri2n-lab` and torn down on drop, child processes killed by PID on
+//! drop, seeded random data files, one transfer with timed fault actions and an outside view of
+//! it (per-link interface counters, the receiver's output size and memory, sampled every 50 ms),
+//! and a flood of garbage datagrams sent from inside host A.
+//!
+//! Every test holds [`serial`] while it runs: the transfers are CPU-bound on small machines,
+//! so tests running side by side would slow each other down and blur the failover figures.
+
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::fs::{self, File};
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use rand::{Rng, RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use sha2::{Digest, Sha256};
+
+/// The port `ri2n recv` listens on, on every address.
+pub const PORT: u16 = 7000;
+/// Per-link rate cap of the lab, Mbit/s (tbf on each host's egress).
+pub const RATE_MBIT: u64 = 1000;
+
+// ---------------------------------------------------------------------------------------------
+// Environment: root, tools, the binary
+
+/// What the tests need from the machine.
+pub struct Env {
+    /// The `ri2n` binary (release build).
+    pub ri2n: PathBuf,
+    /// `lab/ri2n-lab`.
+    pub lab_script: PathBuf,
+    /// Where data files go (`RI2N_LAB_TMPDIR`, else the system's temp directory).
+    pub tmp: PathBuf,
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("workspace directory")
+}
+
+/// Why this machine cannot run the lab, if it cannot.
+fn missing_prerequisite() -> Option<String> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("needs root (network namespaces, tc, nftables)".into());
+    }
+    for (tool, package) in [("ip", "iproute2"), ("tc", "iproute2"), ("nft", "nftables")] {
+        let found = Command::new(tool)
+            .arg("-V")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok();
+        if !found {
+            return Some(format!("`{tool}` not found (apt-get install {package})"));
+        }
+    }
+    // root in a container may still lack the right to make namespaces
+    let probe = format!("ri2nlab-{}-probe", std::process::id());
+    let made = Command::new("ip")
+        .args(["netns", "add", &probe])
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !made {
+        return Some("`ip netns add` failed: no permission to create network namespaces".into());
+    }
+    let _ = Command::new("ip").args(["netns", "del", &probe]).status();
+    None
+}
+
+/// Builds `ri2n` (release) and returns its path, from cargo's own report of the artifact.
+fn build_ri2n() -> PathBuf {
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "ri2n-cli",
+            "--bin",
+            "ri2n",
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(workspace())
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("running cargo build");
+    assert!(out.status.success(), "cargo build -p ri2n-cli failed");
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if msg["reason"] == "compiler-artifact" && msg["target"]["name"] == "ri2n" {
+            if let Some(exe) = msg["executable"].as_str() {
+                return PathBuf::from(exe);
+            }
+        }
+    }
+    panic!("cargo build did not report the ri2n executable");
+}
+
+/// The environment, or `None` (after printing why) when this machine cannot run the lab and
+/// `CI` is not set. Under `CI` a missing prerequisite fails the test instead.
+pub fn env() -> Option<&'static Env> {
+    static ENV: OnceLock<Result<Env, String>> = OnceLock::new();
+    let r = ENV.get_or_init(|| {
+        if let Some(why) = missing_prerequisite() {
+            return Err(why);
+        }
+        let tmp = std::env::var_os("RI2N_LAB_TMPDIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir);
+        Ok(Env {
+            ri2n: build_ri2n(),
+            lab_script: workspace().join("lab/ri2n-lab"),
+            tmp,
+        })
+    });
+    match r {
+        Ok(e) => Some(e),
+        Err(why) if std::env::var_os("CI").is_some() => {
+            panic!("lab test cannot run: {why} (CI is set, so this is a failure, not a skip)")
+        }
+        Err(why) => {
+            eprintln!("SKIPPED: lab test: {why}");
+            None
+        }
+    }
+}
+
+/// One lab test at a time (see the module docs). A test that panicked leaves the lock
+/// poisoned; the next one takes it anyway.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Report
+
+/// Prints a line and appends it to `target/tmp/ri2n-lab-report.txt` (the figures of the last
+/// runs, readable after a passing run whose output cargo captured).
+pub fn report(line: &str) {
+    println!("{line}");
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ri2n-lab-report.txt");
+    if let Ok(mut f) = fs::OpenOptions::new().create(true).append(true).open(path) {
+        let _ = writeln!(f, "{line}");
+    }
+}
+
+/// Reports how long a test took when dropped (also when it failed).
+pub struct TestTimer(pub &'static str, pub Instant);
+
+impl TestTimer {
+    pub fn start(name: &'static str) -> TestTimer {
+        TestTimer(name, Instant::now())
+    }
+}
+
+impl Drop for TestTimer {
+    fn drop(&mut self) {
+        let how = if thread::panicking() {
+            "failed"
+        } else {
+            "passed"
+        };
+        report(&format!(
+            "== test {}: {how} in {:.1} s",
+            self.0,
+            self.1.elapsed().as_secs_f64()
+        ));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The lab
+
+/// Host A or host B of the lab.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Host {
+    A,
+    B,
+}
+
+impl Host {
+    pub fn letter(self) -> &'static str {
+        match self {
+            Host::A => "a",
+            Host::B => "b",
+        }
+    }
+
+    pub fn other(self) -> Host {
+        match self {
+            Host::A => Host::B,
+            Host::B => Host::A,
+        }
+    }
+
+    /// The host's address on link `link` (1-based): 10.77.link.1 for A, .2 for B.
+    pub fn addr(self, link: u8) -> IpAddr {
+        let last = match self {
+            Host::A => 1,
+            Host::B => 2,
+        };
+        IpAddr::from([10, 77, link, last])
+    }
+}
+
+/// A lab made by `ri2n-lab up`, removed by `ri2n-lab down` when dropped (also on panic).
+pub struct Lab {
+    script: PathBuf,
+    pub prefix: String,
+    pub links: u8,
+}
+
+impl Lab {
+    /// `links` links of [`RATE_MBIT`] each; the prefix is unique to this process and test.
+    pub fn up(env: &Env, name: &str, links: u8) -> Lab {
+        let lab = Lab {
+            script: env.lab_script.clone(),
+            prefix: format!("ri2nlab-{}-{name}", std::process::id()),
+            links,
+        };
+        lab.run(&["up", &links.to_string(), "--rate", &RATE_MBIT.to_string()]);
+        lab
+    }
+
+    fn run(&self, args: &[&str]) -> String {
+        let out = Command::new("bash")
+            .arg(&self.script)
+            .args(["--prefix", &self.prefix])
+            .args(args)
+            .output()
+            .expect("running lab/ri2n-lab");
+        assert!(
+            out.status.success(),
+            "ri2n-lab {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// `ri2n-lab fault LINK KIND...`; returns what the script printed.
+    pub fn fault(&self, link: u8, kind: &[&str]) -> String {
+        let link = link.to_string();
+        let mut args = vec!["fault", link.as_str()];
+        args.extend_from_slice(kind);
+        self.run(&args)
+    }
+
+    /// `ri2n-lab heal LINK`.
+    pub fn heal(&self, link: u8) -> String {
+        self.run(&["heal", &link.to_string()])
+    }
+
+    pub fn heal_all(&self) {
+        self.run(&["heal", "all"]);
+    }
+
+    /// The namespace of a host.
+    pub fn ns(&self, host: Host) -> String {
+        format!("{}-{}", self.prefix, host.letter())
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let out = Command::new("bash")
+            .arg(&self.script)
+            .args(["--prefix", &self.prefix, "down"])
+            .output();
+        let left: Vec<String> = fs::read_dir("/run/netns")
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with(&format!("{}-", self.prefix)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        match out {
+            Ok(o) if o.status.success() && left.is_empty() => {}
+            Ok(o) => eprintln!(
+                "warning: `ri2n-lab --prefix {} down` ({}) left {left:?}: {}{}",
+                self.prefix,
+                o.status,
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Err(e) => eprintln!("warning: cannot run ri2n-lab down: {e}"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes
+
+/// A process started inside a lab host, killed (SIGKILL, by its PID) and reaped when dropped.
+/// `ip netns exec` execs the command in place, so the PID is the command's own.
+pub struct Proc {
+    child: Child,
+    pub name: String,
+    pub stdout: PathBuf,
+    pub stderr: PathBuf,
+    status: Option<ExitStatus>,
+}
+
+impl Proc {
+    pub fn spawn(
+        lab: &Lab,
+        host: Host,
+        program: &Path,
+        args: &[String],
+        dir: &Path,
+        name: &str,
+    ) -> Proc {
+        let stdout = dir.join(format!("{name}.stdout"));
+        let stderr = dir.join(format!("{name}.stderr"));
+        let child = Command::new("ip")
+            .args(["netns", "exec", &lab.ns(host)])
+            .arg(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(File::create(&stdout).expect("stdout file"))
+            .stderr(File::create(&stderr).expect("stderr file"))
+            .spawn()
+            .expect("spawning ip netns exec");
+        Proc {
+            child,
+            name: name.to_owned(),
+            stdout,
+            stderr,
+            status: None,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The exit status, once exited.
+    pub fn poll(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            self.status = self.child.try_wait().expect("waitpid");
+        }
+        self.status
+    }
+
+    pub fn kill(&mut self) {
+        if self.status.is_none() {
+            let _ = self.child.kill();
+            self.status = self.child.wait().ok();
+        }
+    }
+
+    pub fn stderr_text(&self) -> String {
+        fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    pub fn stdout_json(&self) -> serde_json::Value {
+        let text = fs::read_to_string(&self.stdout).unwrap_or_default();
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Waits until the process has `count` UDP sockets bound to [`PORT`] in its namespace
+    /// (it is listening), or panics after `max`.
+    pub fn wait_listening(&mut self, count: usize, max: Duration) {
+        let deadline = Instant::now() + max;
+        let port = format!(":{PORT:04X} ");
+        loop {
+            if let Some(s) = self.poll() {
+                panic!(
+                    "{} exited ({s}) before listening: {}",
+                    self.name,
+                    self.stderr_text()
+                );
+            }
+            let bound = fs::read_to_string(format!("/proc/{}/net/udp", self.pid()))
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| {
+                    l.split_whitespace()
+                        .nth(1)
+                        .is_some_and(|a| format!("{a} ").ends_with(&port))
+                })
+                .count();
+            if bound >= count {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} not listening after {max:?}",
+                self.name
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A directory for one test's files, removed when dropped.
+pub struct TestDir(pub PathBuf);
+
+impl TestDir {
+    pub fn new(env: &Env, name: &str) -> TestDir {
+        let p = env
+            .tmp
+            .join(format!("ri2n-lab-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&p);
+        fs::create_dir_all(&p).expect("creating the test directory");
+        TestDir(p)
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data
+
+/// A file of seeded random bytes and its sha256.
+pub struct DataFile {
+    pub path: PathBuf,
+    pub len: u64,
+    pub sha256: [u8; 32],
+    pub seed: u64,
+}
+
+impl DataFile {
+    /// Streams `mib` MiB of ChaCha8 output for `seed` to `path` (never held in memory).
+    pub fn create(path: PathBuf, mib: u64, seed: u64) -> DataFile {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut w = BufWriter::with_capacity(1 << 20, File::create(&path).expect("data file"));
+        let mut buf = vec![0u8; 1 << 20];
+        let mut h = Sha256::new();
+        for _ in 0..mib {
+            rng.fill_bytes(&mut buf);
+            h.update(&buf);
+            w.write_all(&buf).expect("writing the data file");
+        }
+        w.flush().expect("writing the data file");
+        DataFile {
+            path,
+            len: mib << 20,
+            sha256: h.finalize().into(),
+            seed,
+        }
+    }
+}
+
+/// sha256 and length of a file.
+pub fn sha256_file(path: &Path) -> ([u8; 32], u64) {
+    let mut f = File::open(path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
+    let mut buf = vec![0u8; 1 << 20];
+    let mut h = Sha256::new();
+    let mut len = 0u64;
+    loop {
+        let n = f.read(&mut buf).expect("reading the output");
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        len += n as u64;
+    }
+    (h.finalize().into(), len)
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Outside view of a transfer
+
+/// One sample of the monitor.
+#[derive(Clone, Debug, Default)]
+pub struct Sample {
+    /// Seconds since the transfer started.
+    pub t: f64,
+    /// Bytes sent by the sending host on eth1, eth2, ... (interface counters).
+    pub tx: Vec<u64>,
+    /// Bytes received by the receiving host on eth1, eth2, ...
+    pub rx: Vec<u64>,
+    /// Size of the receiver's output file.
+    pub out_len: u64,
+    /// Receiver's resident memory and its high-water mark, KiB.
+    pub recv_rss_kib: u64,
+    pub recv_hwm_kib: u64,
+}
+
+/// `ifname -> (rx_bytes, tx_bytes)` from `/proc/PID/net/dev` (the namespace of PID).
+fn net_dev(pid: u32, links: u8) -> Option<(Vec<u64>, Vec<u64>)> {
+    let text = fs::read_to_string(format!("/proc/{pid}/net/dev")).ok()?;
+    let mut rx = vec![0; links as usize];
+    let mut tx = vec![0; links as usize];
+    for line in text.lines() {
+        let Some((name, rest)) = line.split_once(':') else {
+            continue;
+        };
+        let Some(i) = name
+            .trim()
+            .strip_prefix("eth")
+            .and_then(|n| n.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        if i == 0 || i > links as usize {
+            continue;
+        }
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        if f.len() >= 9 {
+            rx[i - 1] = f[0];
+            tx[i - 1] = f[8];
+        }
+    }
+    Some((rx, tx))
+}
+
+/// `VmRSS` and `VmHWM` of a process, KiB.
+pub fn rss_kib(pid: u32) -> Option<(u64, u64)> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// Samples a transfer every 50 ms from a thread until stopped.
+pub struct Monitor {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<Vec<Sample>>>,
+}
+
+impl Monitor {
+    pub fn start(
+        start: Instant,
+        sender: u32,
+        receiver: u32,
+        output: PathBuf,
+        links: u8,
+    ) -> Monitor {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let handle = thread::spawn(move || {
+            let mut samples: Vec<Sample> = Vec::new();
+            while !s.load(Ordering::Relaxed) {
+                let mut x = Sample {
+                    t: start.elapsed().as_secs_f64(),
+                    ..Sample::default()
+                };
+                let prev = samples.last();
+                // a process that has exited keeps its last counters
+                x.tx = net_dev(sender, links)
+                    .map(|(_, tx)| tx)
+                    .or_else(|| prev.map(|p| p.tx.clone()))
+                    .unwrap_or_else(|| vec![0; links as usize]);
+                x.rx = net_dev(receiver, links)
+                    .map(|(rx, _)| rx)
+                    .or_else(|| prev.map(|p| p.rx.clone()))
+                    .unwrap_or_else(|| vec![0; links as usize]);
+                x.out_len = fs::metadata(&output).map(|m| m.len()).unwrap_or(0);
+                let (rss, hwm) = rss_kib(receiver)
+                    .or_else(|| prev.map(|p| (p.recv_rss_kib, p.recv_hwm_kib)))
+                    .unwrap_or((0, 0));
+                x.recv_rss_kib = rss;
+                x.recv_hwm_kib = hwm;
+                samples.push(x);
+                thread::sleep(Duration::from_millis(50));
+            }
+            samples
+        });
+        Monitor {
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    pub fn finish(mut self) -> Vec<Sample> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle
+            .take()
+            .map(|h| h.join().unwrap_or_default())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A transfer
+
+/// What to do to the lab at a time into the transfer.
+#[derive(Clone, Debug)]
+pub enum Action {
+    /// `ri2n-lab fault LINK KIND...`
+    Fault(u8, Vec<String>),
+    /// `ri2n-lab heal LINK`
+    Heal(u8),
+}
+
+/// One `ri2n send` → `ri2n recv` run.
+pub struct Transfer<'a> {
+    pub sender: Host,
+    pub input: &'a DataFile,
+    /// Timed lab actions, in order.
+    pub actions: Vec<(Duration, Action)>,
+    /// Name the peer's link-1 address only and let the handshake announce the others; else
+    /// name every address with `--to` and pass `--no-discover`.
+    pub discover: bool,
+    /// Give up (panic, which kills everything) at this instant.
+    pub deadline: Instant,
+    /// A label for files and the report.
+    pub name: String,
+}
+
+/// What a transfer did.
+pub struct Outcome {
+    pub name: String,
+    pub send_secs: f64,
+    pub recv_secs: f64,
+    /// Actual seconds into the transfer at which each action ran, and what it was.
+    pub applied: Vec<(f64, Action)>,
+    pub samples: Vec<Sample>,
+    pub send_json: serde_json::Value,
+    pub recv_json: serde_json::Value,
+    pub links: u8,
+}
+
+/// Common `recv` arguments for `host` listening on every link.
+pub fn recv_args(host: Host, links: u8, output: &Path) -> Vec<String> {
+    let mut a = vec!["recv".to_owned()];
+    for l in 1..=links {
+        a.push("--listen".into());
+        a.push(SocketAddr::new(host.addr(l), PORT).to_string());
+    }
+    a.push("--output".into());
+    a.push(output.display().to_string());
+    a.push("--json".into());
+    a
+}
+
+/// Common `send` arguments from `host` to the other host.
+pub fn send_args(host: Host, links: u8, input: &Path, discover: bool) -> Vec<String> {
+    let peer = host.other();
+    let mut a = vec!["send".to_owned()];
+    let tos = if discover { 1 } else { links };
+    for l in 1..=tos {
+        a.push("--to".into());
+        a.push(SocketAddr::new(peer.addr(l), PORT).to_string());
+    }
+    for l in 1..=links {
+        a.push("--local".into());
+        a.push(host.addr(l).to_string());
+    }
+    if !discover {
+        a.push("--no-discover".into());
+    }
+    a.push("--input".into());
+    a.push(input.display().to_string());
+    a.push("--json".into());
+    a
+}
+
+fn apply(lab: &Lab, action: &Action) {
+    match action {
+        Action::Fault(link, kind) => {
+            let kind: Vec<&str> = kind.iter().map(String::as_str).collect();
+            lab.fault(*link, &kind);
+        }
+        Action::Heal(link) => {
+            lab.heal(*link);
+        }
+    }
+}
+
+impl Transfer<'_> {
+    /// Runs the transfer, applying the actions on time; panics (killing both processes and,
+    /// through the caller's guards, the lab) on a non-zero exit, a timeout or different data.
+    pub fn run(self, env: &Env, lab: &Lab, dir: &Path) -> Outcome {
+        let receiver = self.sender.other();
+        let output = dir.join(format!("{}.out", self.name));
+        let mut recv = Proc::spawn(
+            lab,
+            receiver,
+            &env.ri2n,
+            &recv_args(receiver, lab.links, &output),
+            dir,
+            &format!("{}-recv", self.name),
+        );
+        recv.wait_listening(lab.links as usize, Duration::from_secs(10));
+        let start = Instant::now();
+        let mut send = Proc::spawn(
+            lab,
+            self.sender,
+            &env.ri2n,
+            &send_args(self.sender, lab.links, &self.input.path, self.discover),
+            dir,
+            &format!("{}-send", self.name),
+        );
+        let monitor = Monitor::start(start, send.pid(), recv.pid(), output.clone(), lab.links);
+
+        let mut pending = self.actions.into_iter().peekable();
+        let mut applied = Vec::new();
+        let (mut send_secs, mut recv_secs) = (None, None);
+        while send_secs.is_none() || recv_secs.is_none() {
+            if let Some((at, _)) = pending.peek() {
+                if start.elapsed() >= *at {
+                    let (_, action) = pending.next().unwrap();
+                    let t = start.elapsed().as_secs_f64();
+                    apply(lab, &action);
+                    applied.push((t, action));
+                }
+            }
+            if send_secs.is_none() && send.poll().is_some() {
+                send_secs = Some(start.elapsed().as_secs_f64());
+            }
+            if recv_secs.is_none() && recv.poll().is_some() {
+                recv_secs = Some(start.elapsed().as_secs_f64());
+            }
+            if Instant::now() > self.deadline {
+                panic!(
+                    "{}: timed out (sender {}, receiver {}); sender said: {}; receiver said: {}",
+                    self.name,
+                    if send_secs.is_some() {
+                        "exited"
+                    } else {
+                        "running"
+                    },
+                    if recv_secs.is_some() {
+                        "exited"
+                    } else {
+                        "running"
+                    },
+                    send.stderr_text().trim(),
+                    recv.stderr_text().trim()
+                );
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        let samples = monitor.finish();
+        // faults left over (the transfer ended before their time) are undone now
+        for (_, action) in pending {
+            if let Action::Heal(_) = action {
+                let t = start.elapsed().as_secs_f64();
+                apply(lab, &action);
+                applied.push((t, action));
+            }
+        }
+        lab.heal_all();
+
+        let (ss, rs) = (send.poll().unwrap(), recv.poll().unwrap());
+        assert!(
+            ss.success() && rs.success(),
+            "{}: sender {ss}, receiver {rs}; sender said: {}; receiver said: {}",
+            self.name,
+            send.stderr_text().trim(),
+            recv.stderr_text().trim()
+        );
+        let (sha, len) = sha256_file(&output);
+        assert_eq!(
+            len, self.input.len,
+            "{}: received length differs",
+            self.name
+        );
+        assert!(
+            sha == self.input.sha256,
+            "{}: received data differs (sha256 {} vs {}, seed {})",
+            self.name,
+            hex(&sha),
+            hex(&self.input.sha256),
+            self.input.seed
+        );
+        let _ = fs::remove_file(&output);
+        Outcome {
+            name: self.name,
+            send_secs: send_secs.unwrap(),
+            recv_secs: recv_secs.unwrap(),
+            applied,
+            samples,
+            send_json: send.stdout_json(),
+            recv_json: recv.stdout_json(),
+            links: lab.links,
+        }
+    }
+}
+
+impl Outcome {
+    /// Longest time the receiver's output did not grow, between its first and last byte,
+    /// with the instant the stall began.
+    pub fn longest_stall(&self) -> (f64, f64) {
+        let mut best = (0.0, 0.0);
+        let mut last_change: Option<(f64, u64)> = None;
+        for s in &self.samples {
+            match last_change {
+                None if s.out_len > 0 => last_change = Some((s.t, s.out_len)),
+                Some((t, len)) if s.out_len != len => {
+                    if s.t - t > best.0 {
+                        best = (s.t - t, t);
+                    }
+                    last_change = Some((s.t, s.out_len));
+                }
+                _ => {}
+            }
+        }
+        best
+    }
+
+    /// Receive rate of link `link` (1-based) at the receiver between samples i-1 and i, Mbit/s.
+    fn link_rx_mbit(&self, i: usize, link: u8) -> f64 {
+        let (a, b) = (&self.samples[i - 1], &self.samples[i]);
+        let dt = b.t - a.t;
+        let l = link as usize - 1;
+        if dt <= 0.0 {
+            return 0.0;
+        }
+        (b.rx[l].saturating_sub(a.rx[l])) as f64 * 8.0 / dt / 1e6
+    }
+
+    /// Seconds from `t` until link `link` carries more than `mbit` into the receiver again.
+    pub fn rejoin_after(&self, t: f64, link: u8, mbit: f64) -> Option<f64> {
+        (1..self.samples.len())
+            .find(|&i| self.samples[i - 1].t >= t && self.link_rx_mbit(i, link) > mbit)
+            .map(|i| self.samples[i - 1].t - t)
+    }
+
+    /// Seconds from `t` until the output grows again.
+    pub fn resume_after(&self, t: f64) -> Option<f64> {
+        let base = self.samples.iter().rev().find(|s| s.t <= t)?.out_len;
+        self.samples
+            .iter()
+            .find(|s| s.t > t && s.out_len > base)
+            .map(|s| s.t - t)
+    }
+
+    /// Average receive rate of link `link` between times `from` and `to`, Mbit/s.
+    pub fn link_avg_mbit(&self, link: u8, from: f64, to: f64) -> f64 {
+        let l = link as usize - 1;
+        let a = self.samples.iter().find(|s| s.t >= from);
+        let b = self.samples.iter().rev().find(|s| s.t <= to);
+        match (a, b) {
+            (Some(a), Some(b)) if b.t > a.t => {
+                (b.rx[l].saturating_sub(a.rx[l])) as f64 * 8.0 / (b.t - a.t) / 1e6
+            }
+            _ => 0.0,
+        }
+    }
+
+    /// Goodput (output growth) between `from` and `to`, Mbit/s.
+    pub fn goodput_mbit(&self, from: f64, to: f64) -> f64 {
+        let a = self.samples.iter().find(|s| s.t >= from);
+        let b = self.samples.iter().rev().find(|s| s.t <= to);
+        match (a, b) {
+            (Some(a), Some(b)) if b.t > a.t => {
+                (b.out_len.saturating_sub(a.out_len)) as f64 * 8.0 / (b.t - a.t) / 1e6
+            }
+            _ => 0.0,
+        }
+    }
+
+    pub fn peak_recv_hwm_mib(&self) -> f64 {
+        self.samples
+            .iter()
+            .map(|s| s.recv_hwm_kib)
+            .max()
+            .unwrap_or(0) as f64
+            / 1024.0
+    }
+
+    /// The per-link summary of a `--json` report: `L0 up 50% lost 3; ...`.
+    pub fn links_line(json: &serde_json::Value) -> String {
+        json["links"]
+            .as_array()
+            .map(|ls| {
+                ls.iter()
+                    .map(|l| {
+                        format!(
+                            "L{} {}->{} {} {:.0}% lost {}",
+                            l["id"],
+                            l["local"].as_str().unwrap_or("?"),
+                            l["remote"].as_str().unwrap_or("?"),
+                            l["state"].as_str().unwrap_or("?"),
+                            l["share"].as_f64().unwrap_or(0.0) * 100.0,
+                            l["packets_lost"]
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })
+            .unwrap_or_default()
+    }
+
+    /// Reports the figures of this transfer; `fault_link`: the link the actions concern.
+    pub fn report(&self, fault_link: Option<u8>) {
+        let mib = self.send_json["bytes"].as_u64().unwrap_or(0) as f64 / 1048576.0;
+        let (stall, stall_at) = self.longest_stall();
+        report(&format!(
+            "{}: {mib:.0} MiB in {:.2} s (sender exit; receiver {:.2} s), {:.0} Mbit/s; longest \
+             delivery stall {:.0} ms at {:.2} s; receiver peak RSS {:.1} MiB",
+            self.name,
+            self.send_secs,
+            self.recv_secs,
+            mib * 8.0 * 1.048576 / self.send_secs,
+            stall * 1e3,
+            stall_at,
+            self.peak_recv_hwm_mib()
+        ));
+        let fault_at = self
+            .applied
+            .iter()
+            .find(|(_, a)| matches!(a, Action::Fault(..)))
+            .map(|(t, _)| *t);
+        let heal_at = self
+            .applied
+            .iter()
+            .find(|(_, a)| matches!(a, Action::Heal(..)))
+            .map(|(t, _)| *t);
+        for (t, a) in &self.applied {
+            report(&format!("    at {t:.2} s: {a:?}"));
+        }
+        if let (Some(link), Some(f)) = (fault_link, fault_at) {
+            let end = self.send_secs;
+            let h = heal_at.unwrap_or(end).min(end);
+            report(&format!(
+                "    before the fault: goodput {:.0} Mbit/s; during it: goodput {:.0} Mbit/s, \
+                 faulted link {:.1} Mbit/s (rx); after the heal: goodput {:.0} Mbit/s",
+                self.goodput_mbit(0.2, f),
+                self.goodput_mbit(f, h),
+                self.link_avg_mbit(link, f + 0.1, h),
+                self.goodput_mbit(h, end)
+            ));
+            if let Some(h) = heal_at.filter(|h| *h < end) {
+                match self.rejoin_after(h, link, 50.0) {
+                    Some(d) => report(&format!(
+                        "    link {link} carried > 50 Mbit/s again {:.0} ms after the heal",
+                        d * 1e3
+                    )),
+                    None => report(&format!(
+                        "    link {link} did not carry > 50 Mbit/s again before the end ({:.2} s after the heal)",
+                        end - h
+                    )),
+                }
+            } else if heal_at.is_some() {
+                report("    (the transfer ended before the heal)");
+            }
+        }
+        report(&format!(
+            "    sender: {}",
+            Self::links_line(&self.send_json)
+        ));
+        report(&format!(
+            "    receiver: {}",
+            Self::links_line(&self.recv_json)
+        ));
+        report(&format!(
+            "    timeline (receiver rx per link, goodput; Mbit/s per 250 ms): {}",
+            self.timeline()
+        ));
+    }
+
+    /// `t: l1/l2/.. goodput` every 250 ms.
+    pub fn timeline(&self) -> String {
+        let mut out = Vec::new();
+        let mut i0 = 0;
+        for i in 1..self.samples.len() {
+            let (a, b) = (&self.samples[i0], &self.samples[i]);
+            if b.t - a.t >= 0.25 || i == self.samples.len() - 1 {
+                let dt = b.t - a.t;
+                if dt > 0.0 {
+                    let links: Vec<String> = (0..self.links as usize)
+                        .map(|l| {
+                            format!(
+                                "{:.0}",
+                                b.rx[l].saturating_sub(a.rx[l]) as f64 * 8.0 / dt / 1e6
+                            )
+                        })
+                        .collect();
+                    out.push(format!(
+                        "{:.2}:{} {:.0}",
+                        a.t,
+                        links.join("/"),
+                        b.out_len.saturating_sub(a.out_len) as f64 * 8.0 / dt / 1e6
+                    ));
+                }
+                i0 = i;
+            }
+        }
+        out.join(", ")
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Flood
+
+/// What the flood sent.
+#[derive(Debug, Default)]
+pub struct FloodStats {
+    pub sent: u64,
+    pub send_errors: u64,
+    pub secs: f64,
+}
+
+/// Appends the CRC-32C trailer of the protocol (big-endian).
+fn seal(mut d: Vec<u8>) -> Vec<u8> {
+    let c = crc32c::crc32c(&d);
+    d.extend_from_slice(&c.to_be_bytes());
+    d
+}
+
+/// One garbage datagram: random bytes, or a well-formed-looking packet of each type (version 1,
+/// a valid CRC, random CIDs, tokens and frames), or a bit-flipped or exact replay of an earlier
+/// one.
+fn garbage(rng: &mut ChaCha8Rng, history: &mut Vec<Vec<u8>>) -> Vec<u8> {
+    let kind = rng.gen_range(0..8);
+    let random = |rng: &mut ChaCha8Rng, n: usize| {
+        let mut v = vec![0u8; n];
+        rng.fill_bytes(&mut v);
+        v
+    };
+    let d = match kind {
+        // anything
+        0 => {
+            let n = rng.gen_range(1..=1472);
+            random(rng, n)
+        }
+        // SHORT with a random DCID, link, packet number and frame bytes
+        1 | 2 => {
+            let mut d = vec![1, 1];
+            d.extend(random(rng, 8));
+            d.push(rng.gen_range(0..4));
+            d.push(rng.gen_range(0..64)); // 1-byte varint packet number
+            let n = rng.gen_range(0..1400);
+            d.extend(random(rng, n));
+            seal(d)
+        }
+        // INITIAL (1200 bytes), with a random token half of the time
+        3 => {
+            let mut d = vec![1, 0x10];
+            d.extend(random(rng, 16)); // SCID, instance
+            d.extend([0x80, 0x10, 0, 0]); // window: 4-byte varint
+            if rng.gen() {
+                d.push(16);
+                d.extend(random(rng, 16));
+            } else {
+                d.push(0);
+            }
+            d.resize(1196, 0);
+            seal(d)
+        }
+        // RESET, RETRY, ACCEPT with random contents
+        4 => {
+            let mut d = vec![1, 0x13];
+            d.extend(random(rng, 8));
+            seal(d)
+        }
+        5 => {
+            let mut d = vec![1, rng.gen_range(0x11..=0x12)];
+            let n = rng.gen_range(8..=180);
+            d.extend(random(rng, n));
+            seal(d)
+        }
+        // bit-flipped copy of an earlier datagram
+        6 if !history.is_empty() => {
+            let mut d = history[rng.gen_range(0..history.len())].clone();
+            for _ in 0..rng.gen_range(1..=4) {
+                let i = rng.gen_range(0..d.len());
+                d[i] ^= 1 << rng.gen_range(0..8);
+            }
+            d
+        }
+        // exact replay
+        _ if !history.is_empty() => history[rng.gen_range(0..history.len())].clone(),
+        _ => random(rng, 64),
+    };
+    if kind != 0 && kind < 6 {
+        if history.len() < 256 {
+            history.push(d.clone());
+        } else {
+            let i = rng.gen_range(0..history.len());
+            history[i] = d.clone();
+        }
+    }
+    d
+}
+
+/// A flood: garbage datagrams sent from inside a lab host to the peer's ports, in bursts of 100
+/// every 10 ms (about 10 000 a second). It runs on its own thread: `setns` moves only that thread into the namespace.
+pub struct FloodPlan {
+    /// The namespace to send from.
+    pub ns: String,
+    /// Local addresses (4 sockets each).
+    pub from: Vec<IpAddr>,
+    pub targets: Vec<SocketAddr>,
+    /// At most this many datagrams...
+    pub max: u64,
+    /// ...and for at most this long...
+    pub max_time: Duration,
+    /// ...after waiting this long.
+    pub delay: Duration,
+    pub seed: u64,
+}
+
+pub fn flood(plan: FloodPlan) -> JoinHandle<FloodStats> {
+    let FloodPlan {
+        ns,
+        from,
+        targets,
+        max,
+        max_time,
+        delay,
+        seed,
+    } = plan;
+    thread::spawn(move || {
+        thread::sleep(delay);
+        let f = File::open(format!("/run/netns/{ns}")).expect("opening the namespace");
+        // SAFETY: a valid namespace fd; the call only changes this thread's network namespace.
+        let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "setns into {ns}: {}", std::io::Error::last_os_error());
+        let sockets: Vec<UdpSocket> = from
+            .iter()
+            .flat_map(|ip| (0..4).map(move |_| UdpSocket::bind((*ip, 0)).expect("flood socket")))
+            .collect();
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut history = Vec::new();
+        let mut stats = FloodStats::default();
+        let start = Instant::now();
+        'outer: while stats.sent < max && start.elapsed() < max_time {
+            for _ in 0..100 {
+                let d = garbage(&mut rng, &mut history);
+                let s = &sockets[rng.gen_range(0..sockets.len())];
+                let to = targets[rng.gen_range(0..targets.len())];
+                if s.send_to(&d, to).is_err() {
+                    stats.send_errors += 1;
+                }
+                stats.sent += 1;
+                if stats.sent >= max {
+                    break 'outer;
+                }
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        stats.secs = start.elapsed().as_secs_f64();
+        stats
+    })
+}
+
+/// Reads the lines of a file (for messages).
+pub fn lines(path: &Path) -> Vec<String> {
+    File::open(path)
+        .map(|f| BufReader::new(f).lines().map_while(Result::ok).collect())
+        .unwrap_or_default()
+}
