@@ -3,6 +3,19 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+/// How data is spread over the links that are up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Striping {
+    /// Every up link carries data, each as much as it delivers (the default). Packets go where
+    /// they arrive first, so small messages take the fastest link on their own.
+    #[default]
+    Weighted,
+    /// Only the fastest up link carries data; the others stay validated and probed as hot
+    /// standbys, taking over within the failover time when it fails.
+    Failover,
+}
+
 /// Settings of one connection (both client and server side use the same type).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -48,6 +61,11 @@ pub struct ConnectionConfig {
     pub discover: bool,
     /// Most links one connection uses (default and maximum 8).
     pub max_links: usize,
+    /// How data is spread over the links (default [`Striping::Weighted`]).
+    pub striping: Striping,
+    /// Client: give up the handshake (with [`crate::ConnectionError::Refused`]) after this long
+    /// without an answer; server: forget a client that never confirms (default 10 s).
+    pub handshake_timeout: Duration,
 }
 
 impl Default for ConnectionConfig {
@@ -69,6 +87,8 @@ impl Default for ConnectionConfig {
             idle_timeout: None,
             discover: true,
             max_links: crate::MAX_LINKS,
+            striping: Striping::Weighted,
+            handshake_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -98,6 +118,9 @@ impl ConnectionConfig {
             return Err(InvalidConfig(
                 "probe and acknowledgement counts must be positive",
             ));
+        }
+        if self.handshake_timeout.is_zero() {
+            return Err(InvalidConfig("handshake_timeout must be positive"));
         }
         if !(1..=crate::MAX_LINKS).contains(&self.max_links) {
             return Err(InvalidConfig("max_links must be 1 to 8"));

@@ -15,7 +15,8 @@ use crate::link::{AckOutcome, Link, SentFrame, SentPacket};
 use crate::streams::{RecvStream, SendStream};
 use crate::wire::{self, Frame, Frames, Header, Writer};
 use crate::{
-    ConnectionConfig, ConnectionError, Event, LinkId, LinkState, LinkStats, ReadError, WriteError,
+    ConnectionConfig, ConnectionError, Event, LinkId, LinkState, LinkStats, ReadError, Striping,
+    WriteError,
 };
 
 /// Where a connection is in its life.
@@ -56,8 +57,6 @@ const SHARE_WARMUP_PERIODS: u32 = 3;
 const MIN_JUDGED_SHARE: f64 = 0.05;
 /// First INITIAL retransmission delay (doubles up to one second).
 const INITIAL_RETRY: Duration = Duration::from_millis(200);
-/// Give up a handshake nobody answers after this long.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// CLOSE code of a connection that ended cleanly: "everything you sent arrived".
 const CLOSE_DONE: u64 = 0;
 /// CLOSE code of an error other than an application abort.
@@ -92,7 +91,7 @@ enum Handshake {
         accept_pending: bool,
         /// The client proved it received the ACCEPT (a short packet arrived).
         confirmed: bool,
-        /// A client that never confirms is given up after [`HANDSHAKE_TIMEOUT`].
+        /// A client that never confirms is given up after the handshake timeout.
         created: Instant,
         advertised: Vec<SocketAddr>,
     },
@@ -909,14 +908,14 @@ impl Connection {
                 ..
             } => {
                 min(Some(*next_initial));
-                min(Some(*started + HANDSHAKE_TIMEOUT));
+                min(Some(*started + self.cfg.handshake_timeout));
                 return t;
             }
             Handshake::Server {
                 confirmed: false,
                 created,
                 ..
-            } => min(Some(*created + HANDSHAKE_TIMEOUT)),
+            } => min(Some(*created + self.cfg.handshake_timeout)),
             Handshake::Server { .. } | Handshake::Done => {}
         }
         if let (Some(since), Some(limit)) = (self.all_down_since, self.cfg.all_links_down_timeout) {
@@ -949,7 +948,7 @@ impl Connection {
             return;
         }
         if let Handshake::Client { started, .. } = &self.handshake {
-            if now >= *started + HANDSHAKE_TIMEOUT {
+            if now >= *started + self.cfg.handshake_timeout {
                 self.set_closed(Some(ConnectionError::Refused));
             }
             return;
@@ -960,7 +959,7 @@ impl Connection {
             ..
         } = &self.handshake
         {
-            if now >= *created + HANDSHAKE_TIMEOUT {
+            if now >= *created + self.cfg.handshake_timeout {
                 self.set_closed(Some(ConnectionError::Refused));
             }
             return;
@@ -1177,12 +1176,20 @@ impl Connection {
         let mut best: Option<(usize, Duration)> = None;
         let mut wake: Option<Instant> = None;
         let (fastest, budget) = self.eta_budget();
+        // failover striping: one stable primary, the up link with the lowest base RTT
+        let primary = (0..self.links.len())
+            .filter(|&i| self.links[i].is_up())
+            .min_by_key(|&i| self.links[i].base_rtt());
         for i in 0..self.links.len() {
             if !self.links[i].is_up() {
                 continue;
             }
             let eta = self.links[i].eta();
-            if eta > budget && eta > fastest {
+            let allowed = match self.cfg.striping {
+                Striping::Weighted => eta <= budget || eta <= fastest,
+                Striping::Failover => Some(i) == primary,
+            };
+            if !allowed {
                 continue;
             }
             match self.links[i].send_allowance(now) {

@@ -26,7 +26,7 @@ pub mod ranges;
 mod streams;
 pub mod wire;
 
-pub use config::{ConnectionConfig, EndpointConfig};
+pub use config::{ConnectionConfig, EndpointConfig, Striping};
 pub use connection::{Connection, ConnectionState, ConnectionStats};
 pub use endpoint::{ConnectionHandle, Endpoint, Transmit};
 pub use error::{ConnectError, ConnectionError, ReadError, WriteError};

@@ -400,14 +400,19 @@ impl Link {
         }
     }
 
-    /// When a full-size packet sent now would arrive: the path's base latency plus the time to
-    /// deliver what is already in flight ahead of it.
-    pub fn eta(&self) -> Duration {
-        let base = if self.rtt.min == Duration::MAX {
+    /// The path's round-trip time without queueing: the smallest seen (smoothed before any).
+    pub fn base_rtt(&self) -> Duration {
+        if self.rtt.min == Duration::MAX {
             self.rtt.srtt
         } else {
             self.rtt.min
-        };
+        }
+    }
+
+    /// When a full-size packet sent now would arrive: the path's base latency plus the time to
+    /// deliver what is already in flight ahead of it.
+    pub fn eta(&self) -> Duration {
+        let base = self.base_rtt();
         let queued = (self.bytes_in_flight + self.mss as u64) as f64 / self.delivery_rate();
         base / 2 + Duration::from_secs_f64(queued.min(3600.0))
     }

@@ -343,3 +343,21 @@ fn explicit_addresses_open_every_link_without_discovery() {
         );
     }
 }
+
+#[test]
+fn failover_striping_keeps_one_link_active_and_the_other_hot() {
+    let fault = ms(400);
+    let mut sc = gigabit_links(2)
+        .with_total_bytes(100 << 20)
+        .at(fault, Action::blackhole(0));
+    sc.client.striping = ri2n_proto::Striping::Failover;
+    let r = run_ok(&sc);
+    let before = [0, 1].map(|l| r.links[l].stream_bytes_between(Dir::AToB, ms(100), fault));
+    let after = r.links[1].stream_bytes_between(Dir::AToB, fault, r.end_time);
+    println!("failover striping: before the fault link 0 carried {} B, link 1 {} B; link 1 then {after} B", before[0], before[1]);
+    assert!(
+        before[1] * 100 < before[0],
+        "the standby stayed (almost) idle"
+    );
+    assert!(after > 10 << 20, "the standby took over");
+}

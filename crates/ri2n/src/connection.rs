@@ -167,7 +167,9 @@ fn read_error(e: ReadError) -> io::Error {
     }
 }
 
-impl io::Read for Connection {
+/// Like `TcpStream`, a shared reference reads and writes too, so one thread may read while
+/// another writes or watches the statistics.
+impl io::Read for &Connection {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self.blocking(None, |c| c.read(buf), |e| *e == ReadError::Blocked)? {
             Ok(n) => Ok(n),
@@ -176,7 +178,7 @@ impl io::Read for Connection {
     }
 }
 
-impl io::Write for Connection {
+impl io::Write for &Connection {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self.blocking(None, |c| c.write(buf), |e| *e == WriteError::Blocked)? {
             Ok(n) => Ok(n),
@@ -186,6 +188,22 @@ impl io::Write for Connection {
 
     /// Data is on its way once written; flushing has nothing to wait for. Use
     /// [`Connection::wait_acknowledged`] to know the peer has it.
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl io::Read for Connection {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        (&*self).read(buf)
+    }
+}
+
+impl io::Write for Connection {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        (&*self).write(buf)
+    }
+
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }

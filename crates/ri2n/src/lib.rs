@@ -40,7 +40,7 @@ pub use connection::Connection;
 pub use impair::Impairment;
 pub use ri2n_proto::{
     ConnectError, ConnectionConfig, ConnectionError, ConnectionState, ConnectionStats,
-    EndpointConfig, Event, LinkId, LinkState, LinkStats,
+    EndpointConfig, Event, LinkId, LinkState, LinkStats, Striping,
 };
 
 use driver::Driver;
