@@ -209,6 +209,23 @@ pub struct TransferSummary {
 }
 
 impl TransferSummary {
+    /// Prints the summary: the line on stderr unless `quiet`, the JSON document on stdout
+    /// with `json`.
+    pub fn emit(&self, quiet: bool, json: bool) -> Result<(), crate::error::Failure> {
+        use std::io::Write;
+        if !quiet {
+            eprintln!("ri2n: {}", self.line());
+        }
+        if json {
+            let mut out = std::io::stdout().lock();
+            serde_json::to_writer_pretty(&mut out, self)
+                .map_err(std::io::Error::from)
+                .and_then(|()| writeln!(out))
+                .map_err(|e| crate::error::Failure::io("cannot write to stdout", &e))?;
+        }
+        Ok(())
+    }
+
     /// The human-readable one-line form.
     pub fn line(&self) -> String {
         let verb = if self.command == "send" {

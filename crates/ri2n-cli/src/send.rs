@@ -74,15 +74,5 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
         checksum: sum.hex(),
         links: LinkSummary::all(&conn.stats().links, false),
     };
-    if !args.quiet {
-        eprintln!("ri2n: {}", summary.line());
-    }
-    if args.json {
-        let mut out = io::stdout().lock();
-        serde_json::to_writer_pretty(&mut out, &summary)
-            .map_err(io::Error::from)
-            .and_then(|()| writeln!(out))
-            .map_err(|e| Failure::io("cannot write to stdout", &e))?;
-    }
-    Ok(())
+    summary.emit(args.quiet, args.json)
 }

@@ -495,8 +495,14 @@ fn bench_latency_sweep() {
     let _g = heavy();
     let (_server, to) = serve();
     let doc = bench_json(&to, &["--latency", "--sweep", "--count", "100"]);
-    assert_eq!(doc["results"].as_array().unwrap().len(), 21, "{doc}");
+    let results = doc["results"].as_array().unwrap();
+    assert_eq!(results.len(), 21, "{doc}");
+    for r in results {
+        assert!(r["median_us"].as_f64().unwrap() > 0.0, "{doc}");
+    }
+    // the fit's values depend on timing (a loaded machine can even give α < 0, and then no
+    // n½): only that it was made is asserted here; its figures belong in benchmarks
     let fit = &doc["fit"];
-    assert!(fit["alpha_us"].as_f64().unwrap() > 0.0, "{doc}");
-    assert!(fit["n_half_bytes"].as_f64().unwrap() > 0.0, "{doc}");
+    assert!(fit["alpha_us"].as_f64().unwrap().is_finite(), "{doc}");
+    assert!(fit["beta_us_per_byte"].as_f64().unwrap() > 0.0, "{doc}");
 }
