@@ -36,7 +36,8 @@ pub struct ConnectionConfig {
     pub recovery_probes: u32,
     /// Probe timeouts in a row, without any acknowledgement on a link, that declare it down (default 3).
     pub failure_ptos: u32,
-    /// Lower bound of a link's probe timeout (default 2 ms).
+    /// Lower bound of a link's probe timeout (default 5 ms: on a busy host a peer may not run
+    /// for a few milliseconds, and three timeouts in a row declare the link down).
     pub min_pto: Duration,
     /// How long the receiver may delay an acknowledgement (default 1 ms).
     pub max_ack_delay: Duration,
@@ -77,7 +78,7 @@ impl Default for ConnectionConfig {
             probe_interval: Duration::from_millis(20),
             recovery_probes: 2,
             failure_ptos: 3,
-            min_pto: Duration::from_millis(2),
+            min_pto: Duration::from_millis(5),
             max_ack_delay: Duration::from_millis(1),
             ack_frequency: 2,
             share_check_interval: Duration::from_millis(20),

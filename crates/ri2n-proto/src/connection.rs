@@ -821,7 +821,10 @@ impl Connection {
                 }
                 Frame::LinkStatus { link, status } => {
                     if let Some(l) = self.link_index(link) {
-                        if status == wire::link_status::DEGRADED && self.links[l].is_up() {
+                        if status == wire::link_status::DEGRADED
+                            && self.links[l].is_up()
+                            && !self.left_idle_by_us(l)
+                        {
                             self.set_link_state(l, now, LinkState::Degraded);
                         }
                     }
@@ -845,6 +848,13 @@ impl Connection {
             }
         }
         self.check_complete(now);
+    }
+
+    /// Whether a link's collapse of arrivals, as the peer reports it, is our own doing: nothing
+    /// of ours is in flight on it, so we stopped using it (a small message takes only the
+    /// fastest link) and nothing can be stuck there. A link that really went slow holds data.
+    fn left_idle_by_us(&self, l: usize) -> bool {
+        self.links[l].bytes_in_flight == 0
     }
 
     fn on_ack_frame(
@@ -1236,7 +1246,10 @@ impl Connection {
         let limit = budget.saturating_mul(SLOW_LINK_FACTOR);
         for i in 0..self.links.len() {
             let eta = self.links[i].eta();
-            if self.links[i].is_up() && eta > limit && eta > fastest {
+            // only a measured link can be judged: before its first samples the ETA rests on
+            // assumed values
+            if self.links[i].is_up() && self.links[i].is_measured() && eta > limit && eta > fastest
+            {
                 tracing::debug!(link = i, ?eta, ?budget, "link too slow for its data");
                 self.set_link_state(i, now, LinkState::Degraded);
             }

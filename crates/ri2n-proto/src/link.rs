@@ -176,6 +176,9 @@ pub(crate) struct Link {
     rate_sample_start: Option<(Instant, u64)>,
     /// Recent delivery rate in bytes per second (0 until measured).
     delivery_rate: f64,
+    /// A rate sample was taken while the link used its window: the rate says what the link
+    /// can deliver, not just what it was given.
+    rate_measured_busy: bool,
     pub cc: Congestion,
     pub pacer: Pacer,
     pub rtt: Rtt,
@@ -246,6 +249,7 @@ impl Link {
             delivered: 0,
             rate_sample_start: None,
             delivery_rate: 0.0,
+            rate_measured_busy: false,
             cc: Congestion::new(mss),
             pacer: Pacer::new(mss),
             rtt: Rtt::new(),
@@ -375,7 +379,8 @@ impl Link {
     }
 
     /// Measures the delivery rate over intervals of at least a round trip; the estimate follows
-    /// increases at once and decreases gradually (a few samples), like a decaying max filter.
+    /// increases at once and decreases gradually (a few samples), like a decaying max filter,
+    /// and only when the link was busy.
     fn sample_delivery_rate(&mut self, now: Instant) {
         let Some((start, d0)) = self.rate_sample_start else {
             self.rate_sample_start = Some((now, self.delivered));
@@ -386,7 +391,15 @@ impl Link {
             return;
         }
         let sample = (self.delivered - d0) as f64 / elapsed.as_secs_f64();
-        self.delivery_rate = sample.max(self.delivery_rate * 0.75);
+        // A link that is not using its window delivers what it is given, not what it can:
+        // such a sample may raise the estimate but not lower it.
+        let app_limited = self.bytes_in_flight + 2 * self.mss as u64 <= self.cc.window() / 2;
+        self.delivery_rate = if app_limited {
+            sample.max(self.delivery_rate)
+        } else {
+            self.rate_measured_busy = true;
+            sample.max(self.delivery_rate * 0.75)
+        };
         self.rate_sample_start = Some((now, self.delivered));
     }
 
@@ -398,6 +411,11 @@ impl Link {
         } else {
             self.cc.window() as f64 / self.rtt.srtt.as_secs_f64().max(1e-6)
         }
+    }
+
+    /// Whether RTT and delivery rate rest on measurements rather than initial assumptions.
+    pub fn is_measured(&self) -> bool {
+        self.rtt.has_sample && self.rate_measured_busy
     }
 
     /// The path's round-trip time without queueing: the smallest seen (smoothed before any).
@@ -521,6 +539,7 @@ impl Link {
         self.cc.reset();
         self.pacer.reset(self.mss);
         self.delivery_rate = 0.0;
+        self.rate_measured_busy = false;
         self.rate_sample_start = None;
         self.probe_successes = 0;
         self.probe_failures = 0;
@@ -598,6 +617,7 @@ impl Link {
         self.cc.reset();
         self.pacer.reset(self.mss);
         self.delivery_rate = 0.0;
+        self.rate_measured_busy = false;
         self.rate_sample_start = None;
         // probes still outstanding must not trigger a PTO: count them lost (their control
         // frames are sent again)
