@@ -1,0 +1,1534 @@
+#!/usr/bin/env python3
+"""ri2n benchmarks: loopback, lab throughput, fault timeline, lab latency sweep.
+
+Run through bench/run-all (installs the tools, builds ri2n). Each part writes its raw results to
+bench/results/<part>.json and rewrites its own block of docs/BENCHMARKS.md (between the
+`<!-- BEGIN part -->` / `<!-- END part -->` markers; the prose around them is kept).
+
+Safety: loopback traffic only on 127.0.0.1/127.0.0.2 (free ports picked at start); lab traffic
+only inside the namespaces of one lab whose prefix is unique to this run (ri2nbench-<pid>),
+which is torn down on every exit path. Every process started is tracked and ended by its PID;
+every loop and wait is bounded in time.
+"""
+import argparse
+import datetime
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RI2N = os.path.join(ROOT, "target", "release", "ri2n")
+LAB = os.path.join(ROOT, "lab", "ri2n-lab")
+FLOW = os.path.join(HERE, "mptcp_flow.py")
+RESULTS = os.path.join(HERE, "results")
+DOC = os.path.join(ROOT, "docs", "BENCHMARKS.md")
+PLOT = os.path.join(ROOT, "docs", "fault-timeline.png")
+
+DEVNULL = subprocess.DEVNULL
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+# Payload limits of a tbf-capped link (tbf counts skb->len = IP packet + 14-byte Ethernet header)
+WIRE = 1500 + 14
+UDP_PAYLOAD = 1500 - 20 - 8  # 1472
+TCP_PAYLOAD = 1500 - 20 - 20 - 12  # 1448 (timestamps on)
+
+
+def udp_limit(mbit):
+    return mbit * 1e6 * UDP_PAYLOAD / WIRE
+
+
+def tcp_limit(mbit):
+    return mbit * 1e6 * TCP_PAYLOAD / WIRE
+
+
+def log(*a):
+    print("[%s]" % time.strftime("%H:%M:%S"), *a, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------
+# processes
+
+
+class Procs:
+    """Every process this run starts; ended by PID (SIGTERM, then SIGKILL), never by name."""
+
+    def __init__(self):
+        self.live = []
+
+    def start(self, cmd, stdout=DEVNULL, stderr=DEVNULL, **kw):
+        p = subprocess.Popen([str(c) for c in cmd], stdin=DEVNULL, stdout=stdout, stderr=stderr,
+                             start_new_session=True, **kw)
+        self.live.append(p)
+        return p
+
+    def stop(self, p, grace=3.0):
+        if p.returncode is None and p.poll() is None:
+            try:
+                os.kill(p.pid, signal.SIGTERM)
+                p.wait(grace)
+            except subprocess.TimeoutExpired:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait(5)
+            except ProcessLookupError:
+                pass
+        if p in self.live:
+            self.live.remove(p)
+
+    def stop_all(self):
+        for p in reversed(list(self.live)):
+            try:
+                self.stop(p)
+            except Exception as e:  # keep tearing down
+                log("stop %d: %s" % (p.pid, e))
+
+    def wait_rusage(self, p, timeout):
+        """Waits (bounded) for p; returns (exit code, CPU seconds user+system) via wait4."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid == p.pid:
+                p.returncode = os.waitstatus_to_exitcode(status)
+                if p in self.live:
+                    self.live.remove(p)
+                return p.returncode, ru.ru_utime + ru.ru_stime
+            if time.monotonic() > deadline:
+                log("timeout: killing pid %d (%s)" % (p.pid, " ".join(p.args[:6])))
+                self.stop(p)
+                return None, None
+            time.sleep(0.01)
+
+
+PROCS = Procs()
+
+
+def run(cmd, check=True, timeout=60, quiet=False):
+    r = subprocess.run([str(c) for c in cmd], stdin=DEVNULL, capture_output=True, text=True,
+                       timeout=timeout)
+    if check and r.returncode != 0:
+        raise RuntimeError("%s: exit %d: %s" % (" ".join(map(str, cmd)), r.returncode,
+                                                (r.stderr or r.stdout).strip()[-500:]))
+    return r.stdout
+
+
+def proc_cpu(pid):
+    """utime+stime of a running process (all its threads), in seconds."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def proc_comm(pid):
+    try:
+        with open("/proc/%d/comm" % pid) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def wait_ready(p, what, seconds=0.6):
+    time.sleep(seconds)
+    if p.poll() is not None:
+        raise RuntimeError("%s exited at start (code %s)" % (what, p.returncode))
+
+
+def free_port(addrs=("127.0.0.1", "127.0.0.2")):
+    for _ in range(50):
+        port = random.randint(20000, 60000)
+        socks = []
+        try:
+            for a in addrs:
+                for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
+                    s = socket.socket(socket.AF_INET, kind)
+                    socks.append(s)
+                    s.bind((a, port))
+            return port
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port")
+
+
+def cpu_times():
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    return v[3] + v[4], sum(v)  # idle + iowait, total
+
+
+def cpu_busy(seconds=0.5):
+    i0, t0 = cpu_times()
+    time.sleep(seconds)
+    i1, t1 = cpu_times()
+    return 1 - (i1 - i0) / max(1, t1 - t0)
+
+
+QUIET = {"budget": 30.0, "waited": 0.0}
+
+
+def wait_quiet(threshold=0.25):
+    """The machine is shared: before a measurement, wait (within a budget of QUIET['budget']
+    seconds per part) until the CPUs are at most `threshold` busy. Returns the last busy
+    fraction, recorded with the run."""
+    while True:
+        b = cpu_busy(0.5)
+        if b <= threshold or QUIET["waited"] >= QUIET["budget"]:
+            return round(b, 3)
+        QUIET["waited"] += 0.5
+
+
+# ------------------------------------------------------------------------------------------
+# statistics and formatting
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def spread(xs, fmt="%.1f", scale=1.0):
+    """'median (min–max, n=N)'"""
+    xs = [x * scale for x in xs if x is not None]
+    if not xs:
+        return "n/a"
+    if len(xs) == 1:
+        return (fmt % xs[0]) + " (n=1)"
+    return "%s (%s–%s, n=%d)" % (fmt % statistics.median(xs), fmt % min(xs), fmt % max(xs), len(xs))
+
+
+def fit(points):
+    """Least squares t = alpha + beta*n on (n, t) points; returns alpha, beta, n_half."""
+    n = len(points)
+    if n < 2:
+        return None, None, None
+    sx = sum(p[0] for p in points)
+    sy = sum(p[1] for p in points)
+    sxx = sum(p[0] * p[0] for p in points)
+    sxy = sum(p[0] * p[1] for p in points)
+    d = n * sxx - sx * sx
+    beta = (n * sxy - sx * sy) / d
+    alpha = (sy - beta * sx) / n
+    return alpha, beta, (alpha / beta if beta > 0 else None)
+
+
+# ------------------------------------------------------------------------------------------
+# the lab
+
+
+class Lab:
+    def __init__(self, prefix):
+        self.prefix = prefix
+        self.n = 0
+        self.rates = []
+
+    def cmd(self, *args):
+        return [LAB, "--prefix", self.prefix] + [str(a) for a in args]
+
+    def ex(self, host, *cmd):
+        return self.cmd("exec", host, *cmd)
+
+    def ns(self, host):
+        return "%s-%s" % (self.prefix, host)
+
+    def up(self, rates):
+        self.down()
+        self.n = len(rates)
+        self.rates = list(rates)
+        run(self.cmd("up", self.n, "--rate", max(rates)), timeout=120)
+        for i, r in enumerate(rates, 1):
+            if r != max(rates):
+                self.set_rate(i, r)
+
+    def down(self):
+        run(self.cmd("down"), check=False, timeout=120)
+
+    def set_rate(self, link, mbit):
+        # the lab script gives every link the same rate; this is its tbf (lab/ri2n-lab tbf_args)
+        # with another rate, on both hosts
+        burst = max(mbit * 125, 4 * WIRE)
+        for h in "ab":
+            run(["tc", "-n", self.ns(h), "qdisc", "replace", "dev", "eth%d" % link, "root", "tbf",
+                 "rate", "%dmbit" % mbit, "burst", burst, "latency", "10ms"])
+
+    def qdiscs(self, h):
+        return run(["tc", "-n", self.ns(h), "qdisc", "show"])
+
+    def mptcp_setup(self):
+        """One subflow per link: limits on both hosts, a `subflow` endpoint for every extra
+        link on the client (A). The initial subflow takes link 1."""
+        for h in "ab":
+            run(["ip", "-n", self.ns(h), "mptcp", "limits", "set", "subflow", self.n,
+                 "add_addr_accepted", self.n])
+        run(["ip", "-n", self.ns("a"), "mptcp", "endpoint", "flush"])
+        for i in range(2, self.n + 1):
+            run(["ip", "-n", self.ns("a"), "mptcp", "endpoint", "add", "10.77.%d.1" % i,
+                 "dev", "eth%d" % i, "subflow"])
+        return {h: run(["ip", "-n", self.ns(h), "mptcp", "limits"]).strip() for h in "ab"} | {
+            "endpoints_a": run(["ip", "-n", self.ns("a"), "mptcp", "endpoint", "show"]).strip()}
+
+    def link_bytes(self, h):
+        """tx bytes of each ethI of host h."""
+        out = json.loads(run(["ip", "-n", self.ns(h), "-s", "-j", "link", "show"]))
+        return {d["ifname"]: d["stats64"]["tx"]["bytes"] for d in out
+                if d["ifname"].startswith("eth")}
+
+    def mptcp_counters(self, h):
+        out = run(["ip", "netns", "exec", self.ns(h), "cat", "/proc/net/netstat"])
+        lines = out.splitlines()
+        for i in range(0, len(lines) - 1, 2):
+            if lines[i].startswith("MPTcpExt:"):
+                return dict(zip(lines[i].split()[1:], map(int, lines[i + 1].split()[1:])))
+        return {}
+
+    def fault(self, link, kind="switch"):
+        t0 = time.monotonic()
+        run(self.cmd("fault", link, kind))
+        return t0, time.monotonic()
+
+    def heal(self, link):
+        t0 = time.monotonic()
+        run(self.cmd("heal", link))
+        return t0, time.monotonic()
+
+    def a_addrs(self):
+        return ["10.77.%d.1" % i for i in range(1, self.n + 1)]
+
+    def b_addrs(self):
+        return ["10.77.%d.2" % i for i in range(1, self.n + 1)]
+
+
+LABS = []
+
+
+def new_lab(prefix):
+    lab = Lab(prefix)
+    LABS.append(lab)
+    return lab
+
+
+def cleanup():
+    PROCS.stop_all()
+    for lab in LABS:
+        lab.down()
+
+
+# ------------------------------------------------------------------------------------------
+# tool runners
+
+
+def parse_sockperf(text):
+    def grab(pat):
+        m = re.search(pat, text)
+        return float(m.group(1)) if m else None
+
+    return {
+        "median_us": grab(r"percentile 50\.000 =\s*([\d.]+)"),
+        "p99_us": grab(r"percentile 99\.000 =\s*([\d.]+)"),
+        "min_us": grab(r"<MIN> observation =\s*([\d.]+)"),
+        "mean_us": grab(r"avg-rtt=([\d.]+)"),
+        "count": grab(r"Total (\d+) observations"),
+    }
+
+
+def sockperf_pp(prefix_cmd, ip, port, size, seconds, tcp=False):
+    """sockperf ping-pong with --full-rtt: every figure is a round-trip time."""
+    cmd = prefix_cmd + ["sockperf", "ping-pong", "-i", ip, "-p", port, "-m", size, "-t", seconds,
+                        "--full-rtt"] + (["--tcp"] if tcp else [])
+    with tempfile.TemporaryFile("w+") as out:
+        w0 = time.monotonic()
+        p = PROCS.start(cmd, stdout=out, stderr=subprocess.STDOUT)
+        rc, _ = PROCS.wait_rusage(p, seconds + 30)
+        wall = time.monotonic() - w0
+        out.seek(0)
+        text = out.read()
+    r = parse_sockperf(text)
+    r["rc"] = rc
+    r["size"] = size
+    r["wall_s"] = round(wall, 2)
+    if rc != 0 or r["median_us"] is None:
+        r["error"] = text[-800:]
+    return r
+
+
+def run_json(cmd, timeout, server_pid=None):
+    """Runs a client with --json; returns (doc, rc, client CPU s, server CPU s, wall s, stderr)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        s0 = proc_cpu(server_pid) if server_pid else None
+        w0 = time.monotonic()
+        p = PROCS.start(cmd, stdout=out, stderr=err)
+        rc, cpu = PROCS.wait_rusage(p, timeout)
+        wall = time.monotonic() - w0
+        time.sleep(0.3)  # the server finishes its side
+        s1 = proc_cpu(server_pid) if server_pid else None
+        out.seek(0)
+        err.seek(0)
+        text, etext = out.read(), err.read()
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    return doc, rc, cpu, (s1 - s0 if s0 is not None else None), wall, etext
+
+
+# ------------------------------------------------------------------------------------------
+# part 1: loopback
+
+
+def part_loopback(o):
+    res = {"part": "loopback", "runs_latency": [], "runs_throughput": []}
+    pr, pu, pt, pi = free_port(), free_port(), free_port(), free_port()
+    serve = PROCS.start([RI2N, "serve", "--listen", "127.0.0.1:%d" % pr, "--listen",
+                         "127.0.0.2:%d" % pr, "-q"])
+    spu = PROCS.start(["sockperf", "server", "-i", "127.0.0.1", "-p", pu])
+    spt = PROCS.start(["sockperf", "server", "--tcp", "-i", "127.0.0.1", "-p", pt])
+    ips = PROCS.start(["iperf3", "-s", "-B", "127.0.0.1", "-p", pi])
+    for p, w in ((serve, "ri2n serve"), (spu, "sockperf udp"), (spt, "sockperf tcp"), (ips, "iperf3")):
+        wait_ready(p, w, 0.2)
+    time.sleep(0.5)
+    res["commands"] = {
+        "ri2n_serve": "ri2n serve --listen 127.0.0.1:PORT --listen 127.0.0.2:PORT -q",
+        "ri2n_latency": "ri2n bench --to 127.0.0.1:PORT --latency --size 64 --count %d --json" % o.lat_count,
+        "ri2n_latency_1link": "ri2n bench --to 127.0.0.1:PORT --local 127.0.0.1 --no-discover --latency --size 64 --count %d --json" % o.lat_count,
+        "sockperf_server": "sockperf server [--tcp] -i 127.0.0.1 -p PORT",
+        "sockperf_pp": "sockperf ping-pong [--tcp] -i 127.0.0.1 -p PORT -m 64 -t %d --full-rtt" % o.sockperf_time,
+        "ri2n_throughput": "ri2n bench --to 127.0.0.1:PORT --time %d --json" % o.time,
+        "iperf3_server": "iperf3 -s -B 127.0.0.1 -p PORT",
+        "iperf3_throughput": "iperf3 -c 127.0.0.1 -p PORT -t %d --json" % o.time,
+    }
+    kinds = ["ri2n", "ri2n1", "udp", "tcp"]
+    for rep in range(o.lat_reps):
+        row = {"rep": rep, "busy_before": wait_quiet()}
+        order = kinds[rep % 4:] + kinds[:rep % 4]
+        for k in order:
+            if k in ("ri2n", "ri2n1"):
+                # ri2n1: one link only (diagnostic: does the second link cost latency?)
+                one = ["--local", "127.0.0.1", "--no-discover"] if k == "ri2n1" else []
+                doc, rc, _, _, _, err = run_json(
+                    [RI2N, "bench", "--to", "127.0.0.1:%d" % pr] + one + ["--latency", "--size", 64,
+                     "--count", o.lat_count, "--json"], 120)
+                row[k + "_events"] = doc and doc.get("events")
+                row[k] = {"median_us": doc and doc.get("median_us"),
+                          "p99_us": doc and doc.get("p99_us"),
+                          "min_us": doc and doc["results"][0].get("min_us"), "rc": rc}
+                if rc != 0:
+                    row[k]["error"] = err[-500:]
+            else:
+                row[k] = sockperf_pp([], "127.0.0.1", pu if k == "udp" else pt, 64,
+                                     o.sockperf_time, tcp=(k == "tcp"))
+        log("loopback latency rep %d: ri2n %s / udp %s / tcp %s us (median RTT)" % (
+            rep, row["ri2n"]["median_us"], row["udp"]["median_us"], row["tcp"]["median_us"]))
+        res["runs_latency"].append(row)
+
+    # Diagnostic: every process on CPU 0, so no wake-up has to cross to another (idle) CPU;
+    # on this kind of VM a cross-CPU wake-up costs tens of µs, which is what makes the
+    # unpinned figures bimodal. Separate servers, pinned like their clients.
+    res["runs_pinned"] = []
+    if (os.cpu_count() or 1) >= 1 and o.pinned_reps > 0:
+        prp, pup = free_port(), free_port()
+        pserve = PROCS.start(["taskset", "-c", "0", RI2N, "serve", "--listen", "127.0.0.1:%d" % prp,
+                              "--listen", "127.0.0.2:%d" % prp, "-q"])
+        pspu = PROCS.start(["taskset", "-c", "0", "sockperf", "server", "-i", "127.0.0.1", "-p", pup])
+        wait_ready(pserve, "pinned ri2n serve", 0.3)
+        wait_ready(pspu, "pinned sockperf", 0.1)
+        for rep in range(o.pinned_reps):
+            row = {"rep": rep, "busy_before": wait_quiet()}
+            doc, rc, _, _, _, err = run_json(
+                ["taskset", "-c", "0", RI2N, "bench", "--to", "127.0.0.1:%d" % prp, "--latency",
+                 "--size", 64, "--count", o.lat_count, "--json"], 120)
+            row["ri2n"] = {"median_us": doc and doc.get("median_us"), "p99_us": doc and doc.get("p99_us"),
+                           "min_us": doc and doc["results"][0].get("min_us"), "rc": rc}
+            row["udp"] = sockperf_pp(["taskset", "-c", "0"], "127.0.0.1", pup, 64, o.sockperf_time)
+            log("pinned latency rep %d: ri2n %s / udp %s us" % (rep, row["ri2n"]["median_us"],
+                                                                 row["udp"]["median_us"]))
+            res["runs_pinned"].append(row)
+        PROCS.stop(pserve)
+        PROCS.stop(pspu)
+
+    for rep in range(o.reps):
+        row = {"rep": rep, "busy_before": wait_quiet()}
+        order = ["ri2n", "iperf3"] if rep % 2 == 0 else ["iperf3", "ri2n"]
+        for k in order:
+            if k == "ri2n":
+                doc, rc, ccpu, scpu, wall, err = run_json(
+                    [RI2N, "bench", "--to", "127.0.0.1:%d" % pr, "--time", o.time, "--json"],
+                    o.time + 60, serve.pid)
+                s = doc["summary"] if doc else {}
+                row["ri2n"] = {"bytes": s.get("bytes"), "seconds": s.get("seconds"),
+                               "bps": s.get("goodput_bps"),
+                               "server_bytes": doc and (doc.get("server") or {}).get("bytes"),
+                               "retransmitted_bytes": s.get("retransmitted_bytes"),
+                               "events": doc and doc.get("events"),
+                               "cpu_client": ccpu, "cpu_server": scpu, "rc": rc}
+            else:
+                doc, rc, ccpu, scpu, wall, err = run_json(
+                    ["iperf3", "-c", "127.0.0.1", "-p", pi, "-t", o.time, "--json"], o.time + 60, ips.pid)
+                e = doc["end"]["sum_received"] if doc else {}
+                row["iperf3"] = {"bytes": e.get("bytes"), "seconds": e.get("seconds"),
+                                 "bps": e.get("bits_per_second"), "cpu_client": ccpu,
+                                 "cpu_server": scpu, "rc": rc}
+            r = row[k]
+            if r["bytes"]:
+                r["cpu_s_per_gb"] = (r["cpu_client"] + r["cpu_server"]) / (r["bytes"] / 1e9)
+        log("loopback throughput rep %d: ri2n %.2f Gbit/s, iperf3 %.2f Gbit/s" % (
+            rep, (row["ri2n"]["bps"] or 0) / 1e9, (row["iperf3"]["bps"] or 0) / 1e9))
+        res["runs_throughput"].append(row)
+    res["serve_comm"] = proc_comm(serve.pid)
+    for p in (serve, spu, spt, ips):
+        PROCS.stop(p)
+    return res
+
+
+# ------------------------------------------------------------------------------------------
+# part 2: lab throughput
+
+TOPOLOGIES = [("2 × 1 Gbit/s", [1000, 1000]), ("4 × 500 Mbit/s", [500] * 4),
+              ("1 Gbit/s + 200 Mbit/s", [1000, 200])]
+
+
+def start_lab_servers(lab, ri2n=True, iperf=True, mptcp_iperf=True):
+    s = {}
+    if ri2n:
+        cmd = [RI2N, "serve", "-q"]
+        for a in lab.b_addrs():
+            cmd += ["--listen", a + ":7000"]
+        s["ri2n"] = PROCS.start(lab.ex("b", *cmd))
+    if iperf:
+        s["iperf3"] = PROCS.start(lab.ex("b", "iperf3", "-s", "-p", 5201))
+    if mptcp_iperf:
+        s["mptcp"] = PROCS.start(lab.ex("b", "mptcpize", "run", "iperf3", "-s", "-p", 5202))
+    for k, p in s.items():
+        wait_ready(p, k, 0.1)
+    time.sleep(0.5)
+    return s
+
+
+def ri2n_lab_client(lab, *extra):
+    cmd = [RI2N, "bench", "--to", "10.77.1.2:7000"]
+    for a in lab.a_addrs():
+        cmd += ["--local", a]
+    return lab.ex("a", *(cmd + [str(e) for e in extra]))
+
+
+def ss_snapshot(lab, delay, box):
+    time.sleep(delay)
+    try:
+        box["ss"] = run(["ip", "netns", "exec", lab.ns("a"), "ss", "-Mni"], check=False, timeout=5)
+        box["ss_tcp"] = run(["ip", "netns", "exec", lab.ns("a"), "ss", "-tni", "dst", "10.77.0.0/16"],
+                            check=False, timeout=5)
+    except Exception as e:
+        box["ss"] = "error: %s" % e
+
+
+def part_lab(o):
+    res = {"part": "lab", "topologies": []}
+    lab = new_lab(o.prefix)
+    for name, rates in TOPOLOGIES:
+        log("lab: %s" % name)
+        lab.up(rates)
+        t = {"name": name, "rates_mbit": rates, "mptcp": lab.mptcp_setup(), "runs": [],
+             "qdiscs_a": lab.qdiscs("a")}
+        srv = start_lab_servers(lab)
+        t["server_comm"] = {k: proc_comm(p.pid) for k, p in srv.items()}
+        tools = ["ri2n", "tcp", "mptcp"]
+        for rep in range(o.reps):
+            row = {"rep": rep}
+            for k in tools[rep % 3:] + tools[:rep % 3]:
+                busy = wait_quiet()
+                b0 = lab.link_bytes("a")
+                m0 = lab.mptcp_counters("a")
+                box = {}
+                th = None
+                if k == "ri2n":
+                    doc, rc, ccpu, scpu, wall, err = run_json(
+                        ri2n_lab_client(lab, "--time", o.time, "--json"), o.time + 60, srv["ri2n"].pid)
+                    s = doc["summary"] if doc else {}
+                    r = {"bytes": s.get("bytes"), "seconds": s.get("seconds"),
+                         "bps": s.get("goodput_bps"),
+                         "retransmitted_bytes": s.get("retransmitted_bytes"),
+                         "events": doc and doc.get("events"),
+                         "shares": [l.get("share") for l in s.get("links", [])]}
+                else:
+                    cmd = ["iperf3", "-c", "10.77.1.2", "-p", 5201 if k == "tcp" else 5202,
+                           "-t", o.time, "--json"]
+                    if k == "mptcp":
+                        cmd = ["mptcpize", "run"] + cmd
+                        th = threading.Thread(target=ss_snapshot, args=(lab, o.time / 2, box))
+                        th.start()
+                    doc, rc, ccpu, scpu, wall, err = run_json(
+                        lab.ex("a", *cmd), o.time + 60, srv["iperf3" if k == "tcp" else "mptcp"].pid)
+                    e = doc["end"]["sum_received"] if doc else {}
+                    r = {"bytes": e.get("bytes"), "seconds": e.get("seconds"),
+                         "bps": e.get("bits_per_second"),
+                         "retransmits": doc and doc["end"]["sum_sent"].get("retransmits")}
+                if th:
+                    th.join(30)
+                b1 = lab.link_bytes("a")
+                m1 = lab.mptcp_counters("a")
+                r.update(rc=rc, cpu_client=ccpu, cpu_server=scpu, busy_before=busy,
+                         link_tx_bytes={d: b1[d] - b0[d] for d in sorted(b1)},
+                         mptcp_counters={c: m1[c] - m0.get(c, 0) for c in m1
+                                         if m1[c] - m0.get(c, 0)})
+                if rc != 0:
+                    r["error"] = err[-500:]
+                if box:
+                    r["ss"] = box.get("ss")
+                    r["ss_tcp"] = box.get("ss_tcp")
+                    r["ss_subflows"] = [int(x) for x in re.findall(r"subflows:(\d+)", box.get("ss") or "")]
+                row[k] = r
+            log("  rep %d: ri2n %.0f, tcp %.0f, mptcp %.0f Mbit/s" % tuple(
+                [rep] + [(row[k]["bps"] or 0) / 1e6 for k in tools]))
+            t["runs"].append(row)
+        for p in srv.values():
+            PROCS.stop(p)
+        lab.down()
+        res["topologies"].append(t)
+    return res
+
+
+# ------------------------------------------------------------------------------------------
+# part 3: fault timeline
+
+SCENARIOS = {
+    # name: (seconds, [(t, action, link)])
+    "main": (11, [(2, "fault", 1), (4, "fault", 2), (6, "heal", 1), (8, "heal", 2)]),
+    "outage1": (6, [(1, "fault", 1), (1, "fault", 2), (2, "heal", 1)]),
+    "outage10": (21, [(1, "fault", 1), (1, "fault", 2), (11, "heal", 1)]),
+}
+BIN = 0.01
+
+
+def do_events(lab, t0, events, log_out, stop):
+    """Runs the scenario's lab commands at t0 + t (monotonic); records when each ran."""
+    for t, action, link in events:
+        while time.monotonic() < t0 + t:
+            if stop.is_set():
+                return
+            time.sleep(min(0.002, max(0.0, t0 + t - time.monotonic())))
+        b, a = (lab.fault(link, "switch") if action == "fault" else lab.heal(link))
+        log_out.append({"t": t, "action": action, "link": link, "m_before": b, "m_after": a})
+
+
+def uniform_series(rows, total):
+    """Spreads each interval's bytes evenly over [start, end) on a BIN grid; bits/s per bin."""
+    nb = int(total / BIN) + 1
+    acc = [0.0] * nb
+    for r in rows:
+        s, e, b = r["start"], r["end"], r["bytes"]
+        if e <= s:
+            continue
+        rate = b / (e - s)
+        k = int(s / BIN)
+        while k < nb and k * BIN < e:
+            lo, hi = max(s, k * BIN), min(e, (k + 1) * BIN)
+            if hi > lo:
+                acc[k] += rate * (hi - lo)
+            k += 1
+    return [x * 8 / BIN for x in acc]
+
+
+def recovery(series, t_event, target_bps, t_limit, binw=BIN, window=0.1):
+    """Time from t_event to the start of the first bin (at or after the bin holding t_event)
+    whose own goodput and the mean goodput of the `window` starting with it are both >= target.
+    None if not reached before t_limit."""
+    w = max(1, int(round(window / binw)))
+    k = int(t_event / binw)
+    while k * binw < t_limit and k + w <= len(series):
+        if series[k] >= target_bps and sum(series[k:k + w]) / w >= target_bps:
+            return max(0.0, k * binw - t_event)
+        k += 1
+    return None
+
+
+def longest_stall(series, t_from, t_to, level_bps, binw=BIN):
+    """Longest run of consecutive bins below level within [t_from, t_to), in seconds."""
+    best = cur = 0
+    for k in range(int(t_from / binw), min(len(series), int(t_to / binw) + 1)):
+        if series[k] < level_bps:
+            cur += 1
+            best = max(best, cur)
+        else:
+            cur = 0
+    return best * binw
+
+
+def analyse(series, events, seconds, per_link_cap, binw=BIN):
+    """Failover gaps and recovery times of one run (see docs/BENCHMARKS.md for the rule)."""
+    # steady state: from 0.3 s (after start-up) to just before the first fault
+    ss_hi = (events[0]["t_bench"] if events else seconds) - 0.05
+    k0, k1 = int(0.3 / binw), int(ss_hi / binw)
+    ss = statistics.mean(series[k0:k1]) if k1 > k0 else None  # both links, before any fault
+    down = set()
+    out = []
+    times = [e["t_bench"] for e in events] + [seconds]
+    for i, e in enumerate(events):
+        nxt = times[i + 1]
+        if e["action"] == "fault":
+            down.add(e["link"])
+        else:
+            down.discard(e["link"])
+        up = 2 - len(down)
+        m = {"t": e["t"], "action": e["action"], "link": e["link"], "t_bench": e["t_bench"],
+             "links_up": up}
+        if up > 0 and nxt - e["t_bench"] > 0.05:
+            cap = up * per_link_cap
+            # one link: its payload limit; both links: the lower of their limit and what the
+            # tool itself carried on both before the first fault (a shortfall there is part 2's
+            # figure, not a recovery problem)
+            own = ss if (up == 2 and ss) else cap
+            target = 0.9 * min(cap, own)
+            m["target_bps"] = target
+            m["target_is_capacity"] = cap <= own
+            m["time_to_90"] = recovery(series, e["t_bench"], target, nxt, binw, max(0.1, binw))
+            m["stall"] = longest_stall(series, e["t_bench"], nxt, 0.1 * cap, binw)
+            k = int(e["t_bench"] / binw) + 1
+            m["min_bin_200ms"] = min(series[k:k + int(round(0.2 / binw))] or [0])
+        elif up == 0:
+            # time until goodput is zero in every later bin before the next event: not a metric
+            m["stall"] = None
+        out.append(m)
+    return {"steady_bps": ss, "events": out}
+
+
+def ri2n_fault_run(lab, scenario, srv_pid):
+    seconds, events = SCENARIOS[scenario]
+    lines = []
+    cmd = ri2n_lab_client(lab, "--time", seconds, "--interval", BIN, "--json")
+    with tempfile.TemporaryFile("w+") as out:
+        m_launch = time.monotonic()
+        p = PROCS.start(cmd, stdout=out, stderr=subprocess.PIPE, text=True, bufsize=1)
+
+        def reader():
+            for line in p.stderr:
+                lines.append((time.monotonic(), line))
+
+        rt = threading.Thread(target=reader, daemon=True)
+        rt.start()
+        pat = re.compile(r"^\s*(\d+\.\d+)-(\d+\.\d+)\s")
+        # wait (bounded) for a few timeline lines to learn where the bench's t=0 is
+        deadline = time.monotonic() + 5
+        offs = []
+        while time.monotonic() < deadline and len(offs) < 5:
+            offs = [m - float(pat.match(l).group(2)) for m, l in list(lines) if pat.match(l)]
+            time.sleep(0.005)
+        t0_live = min(offs) if offs else m_launch + 0.02
+        ev_log = []
+        stop = threading.Event()
+        et = threading.Thread(target=do_events, args=(lab, t0_live, events, ev_log, stop))
+        et.start()
+        rc, cpu = PROCS.wait_rusage(p, seconds + 60)
+        stop.set()
+        et.join(30)
+        rt.join(5)
+        out.seek(0)
+        text = out.read()
+    doc = json.loads(text) if text.strip() else None
+    rows = doc["intervals"] if doc else []
+    # exact offset: the k-th timeline line was printed right after the k-th interval closed
+    tl_lines = [m for m, l in lines if pat.match(l)]
+    if doc and len(tl_lines) == len(rows):
+        t0 = min(m - r["end"] for m, r in zip(tl_lines, rows))
+    else:
+        t0 = t0_live
+    for e in ev_log:
+        # a fault acts at the start of the lab command (its first `ip` call), a heal at its end
+        e["t_bench"] = (e["m_before"] if e["action"] == "fault" else e["m_after"]) - t0
+        e["cmd_ms"] = (e["m_after"] - e["m_before"]) * 1000
+    total = max([r["end"] for r in rows] + [seconds])
+    series = uniform_series(rows, total)
+    return {"tool": "ri2n", "scenario": scenario, "rc": rc, "cpu_client": cpu,
+            "align_s": t0 - t0_live, "events": ev_log, "series_bps": series,
+            "events_ri2n": doc and doc.get("events"),
+            "summary": doc and {k: v for k, v in doc["summary"].items() if k != "links"},
+            "max_interval_s": max([r["end"] - r["start"] for r in rows] or [0]),
+            "error": None if rc == 0 else "".join(l for _, l in lines)[-800:]}
+
+
+def mptcp_fault_run(lab, scenario):
+    seconds, events = SCENARIOS[scenario]
+    port = 5300
+    outf = os.path.join(tempfile.gettempdir(), "ri2nbench-%d-flow.json" % os.getpid())
+    if os.path.exists(outf):
+        os.unlink(outf)
+    recv = PROCS.start(lab.ex("b", sys.executable, FLOW, "recv", "--listen", "10.77.1.2:%d" % port,
+                              "--out", outf, "--max-time", seconds + 8),
+                       stdout=subprocess.PIPE, text=True)
+    line = recv.stdout.readline()  # LISTENING (the recv process bounds itself by --max-time)
+    if "LISTENING" not in line:
+        raise RuntimeError("mptcp_flow recv did not start")
+    b0 = lab.link_bytes("a")
+    m0 = lab.mptcp_counters("a")
+    send = PROCS.start(lab.ex("a", sys.executable, FLOW, "send", "--to", "10.77.1.2:%d" % port,
+                              "--time", seconds), stdout=subprocess.PIPE, text=True)
+    line = send.stdout.readline()
+    m = re.match(r"T0 ([\d.]+) mptcp=(\S+)", line)
+    if not m:
+        PROCS.stop(send)
+        PROCS.stop(recv)
+        raise RuntimeError("mptcp_flow send did not connect: %r" % line)
+    t0 = float(m.group(1))
+    ev_log = []
+    stop = threading.Event()
+    et = threading.Thread(target=do_events, args=(lab, t0, events, ev_log, stop))
+    et.start()
+    box = {}
+    st = threading.Thread(target=ss_snapshot, args=(lab, 1.0 - (time.monotonic() - t0), box))
+    st.start()
+    snaps = []
+    sn = threading.Thread(target=ss_series, args=(lab, t0, [t + 0.5 for t, _, _ in events[::1]] + [seconds - 0.3], snaps))
+    sn.start()
+    rc, cpu = PROCS.wait_rusage(send, seconds + 30)
+    rest = send.stdout.read() if send.stdout else ""
+    stop.set()
+    et.join(30)
+    st.join(10)
+    sn.join(10)
+    rrc, rcpu = PROCS.wait_rusage(recv, 20)
+    b1 = lab.link_bytes("a")
+    m1 = lab.mptcp_counters("a")
+    with open(outf) as f:
+        d = json.load(f)
+    os.unlink(outf)
+    for e in ev_log:
+        e["t_bench"] = (e["m_before"] if e["action"] == "fault" else e["m_after"]) - t0
+        e["cmd_ms"] = (e["m_after"] - e["m_before"]) * 1000
+    # receiver bins are aligned to the monotonic clock; shift them to the sender's start
+    shift = d["t_first"] - t0
+    nb = int(seconds / BIN) + 1
+    series = [0.0] * nb
+    for i, b in enumerate(d["bytes"]):
+        t = shift + i * BIN
+        k = int(round(t / BIN))
+        if 0 <= k < nb:
+            series[k] += b * 8 / BIN
+    return {"tool": "mptcp", "scenario": scenario, "rc": rc, "recv_rc": rrc, "cpu_client": cpu,
+            "cpu_server": rcpu, "mptcp_send": m.group(2), "mptcp_recv": d.get("mptcp"),
+            "sender_says": rest.strip(), "events": ev_log, "series_bps": series,
+            "link_tx_bytes": {k: b1[k] - b0[k] for k in b1},
+            "mptcp_counters": {c: m1[c] - m0.get(c, 0) for c in m1 if m1[c] - m0.get(c, 0)},
+            "ss_subflows_at_1s": [int(x) for x in re.findall(r"subflows:(\d+)", box.get("ss") or "")],
+            "ss": box.get("ss"), "ss_series": snaps}
+
+
+def ss_series(lab, t0, times, out):
+    """`ss -tni` of A's subflows (state, rto, retrans, bytes) at t0 + each time, bounded."""
+    for t in sorted(set(round(x, 3) for x in times)):
+        while time.monotonic() < t0 + t:
+            time.sleep(0.01)
+            if time.monotonic() > t0 + 60:
+                return
+        try:
+            txt = run(["ip", "netns", "exec", lab.ns("a"), "ss", "-tni", "dst", "10.77.1.2"],
+                      check=False, timeout=5)
+        except Exception as e:
+            txt = "error: %s" % e
+        out.append({"t": t, "ss": txt})
+
+
+def iperf3_fault_run(lab, scenario):
+    """iperf3 over MPTCP at its finest interval (0.1 s), receiver side via the server's JSON."""
+    seconds, events = SCENARIOS[scenario]
+    srv = PROCS.start(lab.ex("b", "mptcpize", "run", "iperf3", "-s", "-1", "-p", 5203, "-i", "0.1", "-J"))
+    wait_ready(srv, "iperf3 -s", 0.3)
+    cmd = lab.ex("a", "mptcpize", "run", "iperf3", "-c", "10.77.1.2", "-p", 5203, "-t", seconds,
+                 "-i", "0.1", "--json", "--get-server-output")
+    with tempfile.TemporaryFile("w+") as out:
+        m_launch = time.monotonic()
+        p = PROCS.start(cmd, stdout=out)
+        # iperf3 prints no start time we can read live: its t=0 is taken as launch + 0.05 s
+        # (the control connection set-up); this alignment is good to about +-0.05 s
+        t0 = m_launch + 0.05
+        ev_log = []
+        stop = threading.Event()
+        et = threading.Thread(target=do_events, args=(lab, t0, events, ev_log, stop))
+        et.start()
+        rc, cpu = PROCS.wait_rusage(p, seconds + 40)
+        stop.set()
+        et.join(30)
+        out.seek(0)
+        text = out.read()
+    PROCS.stop(srv)
+    doc = json.loads(text) if text.strip() else None
+    for e in ev_log:
+        e["t_bench"] = (e["m_before"] if e["action"] == "fault" else e["m_after"]) - t0
+    sj = (doc or {}).get("server_output_json") or {}
+    src = "server (receiver)" if sj.get("intervals") else "client (sender)"
+    ivs = sj.get("intervals") or (doc or {}).get("intervals") or []
+    series = [(iv["sum"]["start"], iv["sum"]["end"], iv["sum"]["bits_per_second"]) for iv in ivs]
+    nb = int(seconds / 0.1) + 1
+    ser = [0.0] * nb
+    for a, b, v in series:
+        k = int(round(a / 0.1))
+        if 0 <= k < nb:
+            ser[k] = v
+    return {"tool": "iperf3-mptcp-0.1s", "scenario": scenario, "rc": rc, "source": src,
+            "events": ev_log, "intervals": series,
+            "analysis": analyse(ser, ev_log, seconds, tcp_limit(1000), 0.1)}
+
+
+def part_fault(o):
+    res = {"part": "fault", "runs": [], "scenarios": {k: v for k, v in SCENARIOS.items()},
+           "per_link_cap": {"ri2n": udp_limit(1000), "mptcp": tcp_limit(1000)}}
+    lab = new_lab(o.prefix)
+    lab.up([1000, 1000])
+    res["mptcp"] = lab.mptcp_setup()
+    srv = start_lab_servers(lab, iperf=False, mptcp_iperf=False)
+    for scenario in ("main", "outage1", "outage10"):
+        reps = o.reps
+        for rep in range(reps):
+            for tool in (["ri2n", "mptcp"] if rep % 2 == 0 else ["mptcp", "ri2n"]):
+                busy = wait_quiet()
+                log("fault: %s %s rep %d" % (scenario, tool, rep))
+                if tool == "ri2n":
+                    r = ri2n_fault_run(lab, scenario, srv["ri2n"].pid)
+                else:
+                    r = mptcp_fault_run(lab, scenario)
+                lab.heal("all")
+                time.sleep(1.0)
+                r["rep"] = rep
+                r["busy_before"] = busy
+                cap = res["per_link_cap"][tool]
+                r["analysis"] = analyse(r["series_bps"], r["events"], SCENARIOS[scenario][0], cap)
+                log("   " + "; ".join("%s%d@%.2f: %s" % (
+                    m["action"], m["link"], m["t_bench"],
+                    "n/a" if m.get("time_to_90", "x") == "x" else (
+                        "never" if m["time_to_90"] is None else "%.0f ms" % (m["time_to_90"] * 1000)))
+                    for m in r["analysis"]["events"]))
+                res["runs"].append(r)
+        if scenario == "main" and not o.no_iperf_check:
+            log("fault: main, iperf3 over MPTCP at 0.1 s")
+            r = iperf3_fault_run(lab, "main")
+            lab.heal("all")
+            time.sleep(1.0)
+            res["iperf3_check"] = r
+    for p in srv.values():
+        PROCS.stop(p)
+    lab.down()
+    return res
+
+
+# ------------------------------------------------------------------------------------------
+# part 4: latency sweep
+
+SWEEP_SIZES = [16, 64, 256, 1024, 4096, 16384, 32768, 65507]
+
+
+def part_sweep(o):
+    res = {"part": "sweep", "runs": [], "sizes": SWEEP_SIZES}
+    lab = new_lab(o.prefix)
+    lab.up([1000, 1000])
+    res["mptcp"] = lab.mptcp_setup()
+    srv = start_lab_servers(lab, iperf=False, mptcp_iperf=False)
+    srv["udp"] = PROCS.start(lab.ex("b", "sockperf", "server", "-i", "10.77.1.2", "-p", 11111))
+    srv["tcp"] = PROCS.start(lab.ex("b", "sockperf", "server", "--tcp", "-i", "10.77.1.2", "-p", 11112))
+    srv["mptcp"] = PROCS.start(lab.ex("b", "mptcpize", "run", "sockperf", "server", "--tcp",
+                                      "-i", "10.77.1.2", "-p", 11113))
+    for k, p in srv.items():
+        wait_ready(p, k, 0.1)
+    time.sleep(0.5)
+    kinds = ["ri2n", "udp", "tcp", "mptcp"]
+    for rep in range(o.sweep_reps):
+        row = {"rep": rep, "busy_before": wait_quiet()}
+        for k in kinds[rep % 4:] + kinds[:rep % 4]:
+            if k == "ri2n":
+                doc, rc, _, _, _, err = run_json(ri2n_lab_client(
+                    lab, "--latency", "--sweep", "--count", o.sweep_count, "--json"), 300)
+                row["ri2n"] = {"rc": rc, "results": doc and doc.get("results"),
+                               "events": doc and doc.get("events"),
+                               "fit": doc and doc.get("fit")}
+                if rc != 0:
+                    row["ri2n"]["error"] = err[-500:]
+            else:
+                b0 = lab.link_bytes("a")
+                rs = []
+                for size in SWEEP_SIZES:
+                    pre = lab.ex("a", "mptcpize", "run") if k == "mptcp" else lab.ex("a")
+                    rs.append(sockperf_pp(pre, "10.77.1.2", {"udp": 11111, "tcp": 11112,
+                                                             "mptcp": 11113}[k],
+                                          size, o.sockperf_sweep_time, tcp=(k != "udp")))
+                b1 = lab.link_bytes("a")
+                row[k] = {"results": rs, "link_tx_bytes": {d: b1[d] - b0[d] for d in b1}}
+        log("sweep rep %d done" % rep)
+        res["runs"].append(row)
+    for p in srv.values():
+        PROCS.stop(p)
+    lab.down()
+    return res
+
+
+# ------------------------------------------------------------------------------------------
+# machine facts and the report
+
+
+def sh(cmd):
+    try:
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=20).stdout.strip()
+    except Exception:
+        return ""
+
+
+BUILD = {}  # facts about the ri2n binary, taken when it is copied at start
+
+
+def build_facts():
+    src = os.path.join(ROOT, "target", "release", "ri2n")
+    return {
+        "commit": sh("git -C %s rev-parse --short HEAD" % ROOT),
+        "dirty": sh("git -C %s status --porcelain -- crates Cargo.toml Cargo.lock | wc -l" % ROOT),
+        "ri2n_built": sh("date -u -r %s '+%%Y-%%m-%%d %%H:%%M UTC'" % src),
+    }
+
+
+def machine():
+    return BUILD | {
+        "date_utc": sh("date -u '+%Y-%m-%d %H:%M UTC'"),
+        "nproc": sh("nproc"),
+        "uname_r": sh("uname -r"),
+        "cpu": sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-").strip(),
+        "loadavg": sh("cut -d' ' -f1-3 /proc/loadavg"),
+        "ri2n": sh("%s --version" % RI2N),
+        "ri2n_sha256": sh("sha256sum %s | cut -c1-12" % RI2N),
+        "iperf3": sh("iperf3 --version | head -1"),
+        "sockperf": sh("sockperf --version 2>&1 | grep -m1 version"),
+        "mptcp_enabled": sh("sysctl -n net.mptcp.enabled"),
+    }
+
+
+def save(res):
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, res["part"] + ".json"), "w") as f:
+        json.dump(res, f, indent=1)
+
+
+def load(part):
+    try:
+        with open(os.path.join(RESULTS, part + ".json")) as f:
+            return json.load(f)
+    except OSError:
+        return None
+
+
+def mfacts(res):
+    m = res["machine"]
+    return ("Measured %s on %s CPU(s) (`nproc`), CPU `%s`, kernel `%s`, load average at start %s; "
+            "ri2n `%s` (binary sha256 %s…, built %s from the work tree at commit `%s`%s); %s; %s. Part took %.0f s.\n" % (
+                m["date_utc"], m["nproc"], m["cpu"], m["uname_r"], m["loadavg"], m["ri2n"],
+                m.get("ri2n_sha256"), m.get("ri2n_built"),
+                m["commit"], " plus %s uncommitted file(s) under crates/" % m["dirty"]
+                if m["dirty"] not in ("", "0") else "", m["iperf3"], m["sockperf"],
+                res.get("elapsed_s", 0)))
+
+
+def odd_events(evs):
+    """ri2n link-state changes other than the start-up ones (in runs without any fault, each
+    one is a false alarm)."""
+    return ["%.3f s L%d %s" % (e["t"], e["link"], e["event"]) for e in (evs or [])
+            if e["event"] not in ("validating -> up", "added")]
+
+
+def odd_summary(items):
+    """items: (label, events) → one line per run that had false alarms."""
+    out = []
+    for label, evs in items:
+        odd = odd_events(evs)
+        if odd:
+            downs = sum(1 for x in odd if x.endswith("-> down") or x.endswith("-> degraded"))
+            out.append("  - %s: %d link(s) demoted (%s%s)" % (label, downs, ", ".join(odd[:4]),
+                                                              ", …" if len(odd) > 4 else ""))
+    if not out:
+        return ["No ri2n link changed state during these fault-free runs."]
+    return ["ri2n link-state changes during these fault-free runs (false alarms: no fault was "
+            "injected; ri2n's `events`, t from the connection's start):"] + out
+
+
+def busy_line(rows):
+    b = [r.get("busy_before") for r in rows if r.get("busy_before") is not None]
+    if not b:
+        return ""
+    return ("The machine is shared: before each measurement the driver waits (at most 30 s per "
+            "part) for the CPUs to be at most 25 %% busy; busy fraction just before the runs: %s."
+            % spread(b, "%.0f %%", 100))
+
+
+def report_loopback(res):
+    L = [mfacts(res), ""]
+    lat = res["runs_latency"]
+    L.append("**(a) 64-byte ping-pong, round-trip time (RTT) in µs** — every figure is a full round "
+             "trip (sockperf with `--full-rtt`; its default would print RTT/2), median of the "
+             "runs' medians (min–max over %d runs of %s round trips each for ri2n, %d s each "
+             "for sockperf), all three measured in turn in each run:\n" % (
+                 len(lat), res["commands"]["ri2n_latency"].split("--count ")[1].split()[0],
+                 int(res["commands"]["sockperf_pp"].split("-t ")[1].split()[0])))
+    L.append("| transport | median RTT | p99 RTT | min RTT |")
+    L.append("| --- | --- | --- | --- |")
+    for k, name in (("ri2n", "ri2n (2 loopback links)"), ("ri2n1", "ri2n, one link (`--local 127.0.0.1 --no-discover`)"),
+                    ("udp", "UDP (sockperf)"), ("tcp", "TCP (sockperf)")):
+        if not all(k in r for r in lat):
+            continue
+        L.append("| %s | %s | %s | %s |" % (name, spread([r[k]["median_us"] for r in lat]),
+                                          spread([r[k]["p99_us"] for r in lat]),
+                                          spread([r[k]["min_us"] for r in lat])))
+    ratios = [r["ri2n"]["median_us"] / r["udp"]["median_us"] for r in lat
+              if r["ri2n"]["median_us"] and r["udp"]["median_us"]]
+    ratios99 = [r["ri2n"]["p99_us"] / r["udp"]["p99_us"] for r in lat
+                if r["ri2n"]["p99_us"] and r["udp"]["p99_us"]]
+    rm = med(ratios)
+    L.append("")
+    L.append("Ratio ri2n / UDP (per run, same run): median RTT **%s**, p99 %s. Target ≤ 1.3×: **%s**." % (
+        spread(ratios, "%.2f×"), spread(ratios99, "%.2f×"),
+        "met" if rm is not None and rm <= 1.3 else "MISSED"))
+    pin = res.get("runs_pinned") or []
+    if pin:
+        pr = [r["ri2n"]["median_us"] / r["udp"]["median_us"] for r in pin
+              if r["ri2n"]["median_us"] and r["udp"]["median_us"]]
+        L.append("")
+        L.append("Diagnostic, every process pinned to CPU 0 (`taskset -c 0` on servers and clients, "
+                 "so no wake-up crosses CPUs), %d runs: ri2n median RTT %s µs (p99 %s), UDP %s µs "
+                 "(p99 %s); ratio %s." % (
+                     len(pin), spread([r["ri2n"]["median_us"] for r in pin]),
+                     spread([r["ri2n"]["p99_us"] for r in pin]),
+                     spread([r["udp"]["median_us"] for r in pin]),
+                     spread([r["udp"]["p99_us"] for r in pin]), spread(pr, "%.2f×")))
+    L.append("")
+    thr = res["runs_throughput"]
+    L.append("**(b) Throughput and CPU time**, %d runs of %s s each, ri2n over two loopback links "
+             "(127.0.0.1 and 127.0.0.2) vs iperf3 over one TCP connection; CPU = user+system "
+             "time of the client (wait4 rusage) plus the server (/proc/PID/stat delta), per GB "
+             "(10⁹ bytes) delivered:\n" % (len(thr), res["commands"]["ri2n_throughput"].split("--time ")[1].split()[0]))
+    L.append("| transport | goodput (Gbit/s) | client CPU (s) | server CPU (s) | CPU s per GB |")
+    L.append("| --- | --- | --- | --- | --- |")
+    for k, name in (("ri2n", "ri2n bench (2 links)"), ("iperf3", "iperf3 TCP")):
+        L.append("| %s | %s | %s | %s | %s |" % (
+            name, spread([r[k]["bps"] for r in thr], "%.2f", 1e-9),
+            spread([r[k]["cpu_client"] for r in thr], "%.2f"),
+            spread([r[k]["cpu_server"] for r in thr], "%.2f"),
+            spread([r[k].get("cpu_s_per_gb") for r in thr], "%.2f")))
+    g = [r["ri2n"]["bps"] / r["iperf3"]["bps"] for r in thr if r["ri2n"]["bps"] and r["iperf3"]["bps"]]
+    c = [r["ri2n"]["cpu_s_per_gb"] / r["iperf3"]["cpu_s_per_gb"] for r in thr
+         if r["ri2n"].get("cpu_s_per_gb") and r["iperf3"].get("cpu_s_per_gb")]
+    L.append("")
+    L.append("Per run, ri2n / iperf3: goodput %s, CPU per GB %s." % (spread(g, "%.2f×"), spread(c, "%.2f×")))
+    L.append("")
+    L.append(busy_line(lat + thr))
+    L.append("")
+    L += odd_summary([("latency run %d, 2 links" % r["rep"], r.get("ri2n_events")) for r in lat] +
+                     [("latency run %d, 1 link" % r["rep"], r.get("ri2n1_events")) for r in lat] +
+                     [("throughput run %d" % r["rep"], r["ri2n"].get("events")) for r in thr])
+    return "\n".join(L)
+
+
+def report_lab(res):
+    L = [mfacts(res), ""]
+    L.append("| topology | capacity ri2n / TCP (Mbit/s) | ri2n bench | iperf3, 1 TCP connection | iperf3 over MPTCP | MPTCP bytes per link (A's tx, share) |")
+    L.append("| --- | --- | --- | --- | --- | --- |")
+    notes = []
+    for t in res["topologies"]:
+        rates = t["rates_mbit"]
+        cu, ct = sum(udp_limit(r) for r in rates), sum(tcp_limit(r) for r in rates)
+        runs = t["runs"]
+
+        def cell(k, cap):
+            b = [r[k]["bps"] for r in runs]
+            return "%s Mbit/s = **%s %%**" % (spread(b, "%.0f", 1e-6),
+                                              spread([x / cap if x else None for x in b], "%.0f", 100))
+        shares = []
+        for r in runs:
+            lt = r["mptcp"]["link_tx_bytes"]
+            tot = sum(lt.values()) or 1
+            shares.append("/".join("%.0f" % (100 * lt[d] / tot) for d in sorted(lt)))
+        L.append("| %s | %.0f / %.0f | %s | %s | %s | %s %% |" % (
+            t["name"], cu / 1e6, ct / 1e6, cell("ri2n", cu), cell("tcp", ct), cell("mptcp", ct),
+            ", ".join(shares)))
+        sf = [r["mptcp"].get("ss_subflows") for r in runs]
+        joins = [r["mptcp"]["mptcp_counters"].get("MPJoinSynAckRx", 0) for r in runs]
+        rs = [r["ri2n"].get("shares") for r in runs]
+        notes.append("- %s: MPTCP `ss -Mni` at mid-run, `subflows:` (joined subflows besides the first) per MPTCP socket %s; "
+                     "MPJoinSynAckRx per run %s (iperf3 opens 2 MPTCP connections, control and data); "
+                     "ri2n's per-link shares of the stream bytes %s; single-link TCP limit %.0f Mbit/s." % (
+                         t["name"], sf, joins,
+                         ["/".join("%.2f" % x for x in s) for s in rs if s], tcp_limit(max(rates)) / 1e6))
+    L.append("")
+    L += notes
+    rows = [r[k] for t in res["topologies"] for r in t["runs"] for k in ("ri2n", "tcp", "mptcp")]
+    L.append("")
+    L.append(busy_line(rows))
+    L.append("")
+    L += odd_summary([("%s, run %d" % (t["name"], r["rep"]), r["ri2n"].get("events"))
+                      for t in res["topologies"] for r in t["runs"]])
+    cpu = []
+    for t in res["topologies"]:
+        for k in ("ri2n", "tcp", "mptcp"):
+            v = [(r[k]["cpu_client"] or 0) + (r[k]["cpu_server"] or 0) for r in t["runs"]
+                 if r[k].get("cpu_client") is not None and r[k].get("cpu_server") is not None]
+            cpu.append("%s %s: %s" % (t["name"], k, spread(v, "%.1f")))
+    L.append("")
+    L.append("CPU seconds (client + server processes, not the kernel's softirq work on other "
+             "threads) per %s s run: %s." % (res["options"]["time"], "; ".join(cpu)))
+    return "\n".join(L)
+
+
+def fmt_ms(x):
+    return "never" if x is None else "%.0f" % (x * 1000)
+
+
+def report_fault(res):
+    L = [mfacts(res), ""]
+    runs = res["runs"]
+
+    def metric(tool, scen, idx, key):
+        vals = []
+        for r in runs:
+            if r["tool"] == tool and r["scenario"] == scen:
+                ev = r["analysis"]["events"][idx]
+                vals.append(ev.get(key))
+        return vals
+
+    def cell(vals):
+        if not vals:
+            return "n/a"
+        never = sum(1 for v in vals if v is None)
+        got = [v for v in vals if v is not None]
+        s = spread(got, "%.0f", 1000) if got else ""
+        if never:
+            s = (s + "; " if s else "") + "not reached in %d of %d" % (never, len(vals))
+        return s
+
+    L.append("Milliseconds, median (min–max, n runs); rule above. \"stall\" = longest run of "
+             "10 ms bins below 10 % of the surviving/healed capacity.\n")
+    L.append("| scenario, event | ri2n: time to 90 % | ri2n: longest stall | MPTCP: time to 90 % | MPTCP: longest stall |")
+    L.append("| --- | --- | --- | --- | --- |")
+    names = {
+        ("main", 0): "Fig. 4, t=2 s link 1 switch dies (failover gap, target: link 2)",
+        ("main", 2): "Fig. 4, t=6 s link 1 heals after 2 s with no link (recovery, target: 1 link)",
+        ("main", 3): "Fig. 4, t=8 s link 2 heals (recovery, target: 2 links)",
+        ("outage1", 2): "all links down 1 s, then link 1 heals (recovery, 1 link)",
+        ("outage10", 2): "all links down 10 s, then link 1 heals (recovery, 1 link)",
+    }
+    for (scen, idx), name in names.items():
+        L.append("| %s | %s | %s | %s | %s |" % (
+            name, cell(metric("ri2n", scen, idx, "time_to_90")), cell(metric("ri2n", scen, idx, "stall")),
+            cell(metric("mptcp", scen, idx, "time_to_90")), cell(metric("mptcp", scen, idx, "stall"))))
+    L.append("")
+    dips = {t: [r["analysis"]["events"][0].get("min_bin_200ms") for r in runs
+                if r["tool"] == t and r["scenario"] == "main"] for t in ("ri2n", "mptcp")}
+    L.append("- Lowest 10 ms goodput in the 200 ms after link 1's switch died (t=2 s, main): "
+             "ri2n %s Mbit/s, MPTCP %s Mbit/s." % (spread(dips["ri2n"], "%.0f", 1e-6),
+                                                   spread(dips["mptcp"], "%.0f", 1e-6)))
+    det, back = [], []
+    for r in runs:
+        if r["tool"] != "ri2n" or not r.get("events_ri2n"):
+            continue
+        evs = r["events_ri2n"]
+        f = [e for e in r["events"] if e["action"] == "fault" and e["link"] == 1][0]
+        d = [x["t"] for x in evs if x["link"] == 0 and x["t"] >= f["t_bench"] - 0.01
+             and ("-> down" in x["event"] or "-> degraded" in x["event"])]
+        if d and r["scenario"] == "main":
+            det.append(d[0] - f["t_bench"])
+        h = [e for e in r["events"] if e["action"] == "heal" and e["link"] == 1][0]
+        u = [x["t"] for x in evs if x["link"] == 0 and x["t"] >= h["t_bench"] - 0.01 and x["event"].endswith("-> up")]
+        if u:
+            back.append((r["scenario"], u[0] - h["t_bench"]))
+    if det:
+        L.append("- ri2n declared link 1 degraded/down %s ms after its switch died (its own "
+                 "`events`, main scenario)." % spread(det, "%.0f", 1000))
+    for sc, name in (("main", "after 2 s with no link (main, t=6 s)"), ("outage1", "after the 1 s outage"),
+                     ("outage10", "after the 10 s outage")):
+        v = [b for s_, b in back if s_ == sc]
+        if v:
+            L.append("- ri2n took link 1 back up %s ms after it healed %s." % (spread(v, "%.0f", 1000), name))
+    for tool in ("ri2n", "mptcp"):
+        ss = [r["analysis"]["steady_bps"] for r in runs if r["tool"] == tool and r["scenario"] == "main"]
+        tg = [r["analysis"]["events"][3].get("target_bps") for r in runs
+              if r["tool"] == tool and r["scenario"] == "main"]
+        L.append("- %s: two-link goodput before the first fault %s Mbit/s (capacity %.0f); the "
+                 "two-link recovery target was %s Mbit/s." % (
+                     tool, spread(ss, "%.0f", 1e-6), 2 * res["per_link_cap"][tool] / 1e6,
+                     spread(tg, "%.0f", 1e-6)))
+    mp = [r for r in runs if r["tool"] == "mptcp"]
+    if mp:
+        L.append("- MPTCP really ran (TCP_IS_MPTCP on both ends: %s); `subflows:` (joined subflows "
+                 "besides the first) at t=1 s (`ss -Mni` in A): %s; A's tx bytes per link in the main scenario: %s." % (
+                     sorted(set("%s/%s" % (r["mptcp_send"], r["mptcp_recv"]) for r in mp)),
+                     sorted(set(str(r["ss_subflows_at_1s"]) for r in mp)),
+                     [r["link_tx_bytes"] for r in mp if r["scenario"] == "main"][:1]))
+    cmds = [r["events"] for r in runs if r["events"]]
+    cm = [e["cmd_ms"] for ev in cmds for e in ev if "cmd_ms" in e]
+    if cm:
+        L.append("- `ri2n-lab fault`/`heal` took %s ms per command." % spread(cm, "%.0f"))
+    al = [r.get("align_s") for r in runs if r["tool"] == "ri2n" and r.get("align_s") is not None]
+    if al:
+        L.append("- ri2n timeline alignment: live estimate vs exact offset differed by %s ms." % spread(al, "%.1f", 1000))
+    mi = [r.get("max_interval_s") for r in runs if r["tool"] == "ri2n" and r["scenario"] == "main"]
+    if mi:
+        L.append("- Longest ri2n timeline interval in the main scenario (the writer blocked while "
+                 "no link was up): %s s." % spread(mi, "%.2f"))
+    ic = res.get("iperf3_check")
+    if ic:
+        s = []
+        for m in ic["analysis"]["events"]:
+            if "time_to_90" in m:
+                s.append("%s of link %d at %.2f s: %s" % (
+                    m["action"], m["link"], m["t_bench"],
+                    "back to 90 %% after %s ms" % fmt_ms(m["time_to_90"]) if m["time_to_90"] is not None
+                    else "not back to 90 %% (%.0f Mbit/s) before the next event" % (m["target_bps"] / 1e6)))
+        L.append("- Cross-check, iperf3 over MPTCP at its finest interval (0.1 s; iperf3 3.12 refuses "
+                 "`-i 0.01`: \"invalid report interval (min = 0.1, max = 60 seconds)\"), %s intervals, "
+                 "one run, exit %s: %s." % (ic["source"], ic["rc"], "; ".join(s)))
+    L.append("- " + busy_line(runs))
+    errs = [(r["tool"], r["scenario"], r["rep"], r.get("error") or r.get("rc")) for r in runs
+            if r.get("rc") not in (0,)]
+    if errs:
+        L.append("- Runs that did not exit 0: %s" % errs)
+    return "\n".join(L)
+
+
+def report_sweep(res):
+    L = [mfacts(res), ""]
+    sizes = res["sizes"]
+    runs = res["runs"]
+    tools = [("ri2n", "ri2n (2 links)"), ("udp", "UDP (sockperf)"), ("tcp", "TCP (sockperf)"),
+             ("mptcp", "MPTCP (mptcpize sockperf --tcp)")]
+
+    def rtt(run, k, size):
+        if k == "ri2n":
+            rs = run["ri2n"]["results"] or []
+            want = 65536 if size == 65507 else size
+            for x in rs:
+                if x["size"] == want:
+                    return x["median_us"]
+            return None
+        for x in run[k]["results"]:
+            if x["size"] == size:
+                return x["median_us"]
+        return None
+
+    L.append("Median RTT in µs per message size (median over %d runs; ri2n's 64 KiB point is "
+             "65536 B, sockperf's 65507 B, the largest UDP datagram):\n" % len(runs))
+    L.append("| size (B) | " + " | ".join(n for _, n in tools) + " |")
+    L.append("| ---: | " + " | ".join("---" for _ in tools) + " |")
+    for s in sizes:
+        L.append("| %d | %s |" % (s, " | ".join(spread([rtt(r, k, s) for r in runs], "%.0f")
+                                                  for k, _ in tools)))
+    L.append("")
+    L.append("Fit of the one-way time t = RTT/2 = α + β·n (least squares on the per-size medians "
+             "of each run, sizes %d B–64 KiB, the same sizes for every transport), then median "
+             "(min–max) over the runs:\n" % sizes[0])
+    L.append("| transport | α (µs) | 1/β (Mbit/s) | n½ = α/β (bytes) | measured half-RTT at %d B (µs) |" % sizes[0])
+    L.append("| --- | --- | --- | --- | --- |")
+    for k, name in tools:
+        a, inv, nh, h0 = [], [], [], []
+        for r in runs:
+            pts = [(s if not (k == "ri2n" and s == 65507) else 65536, rtt(r, k, s)) for s in sizes]
+            pts = [(n, t / 2) for n, t in pts if t is not None]
+            al, be, nhf = fit(pts)
+            if al is None:
+                continue
+            a.append(al)
+            inv.append(8 / be if be > 0 else None)  # bytes/µs → Mbit/s
+            nh.append(nhf)
+            h0.append(pts[0][1] if pts else None)
+        L.append("| %s | %s | %s | %s | %s |" % (name, spread(a, "%.1f"), spread(inv, "%.0f"),
+                                                spread(nh, "%.0f"), spread(h0, "%.1f")))
+    own = [r["ri2n"]["fit"] for r in runs if r["ri2n"].get("fit")]
+    if own:
+        L.append("")
+        L.append("ri2n's own fit (`bench --latency --sweep`, every power of two 1 B–1 MiB), "
+                 "median (min–max): α %s µs, 1/β %s Mbit/s, n½ %s bytes." % (
+                     spread([f.get("alpha_us") for f in own], "%.1f"),
+                     spread([f.get("bandwidth_bps") for f in own], "%.0f", 1e-6),
+                     spread([f.get("n_half_bytes") for f in own], "%.0f")))
+        big = [x for r in runs for x in (r["ri2n"]["results"] or []) if x["size"] == 1048576]
+        if big:
+            L.append("ri2n's 1 MiB ping-pong: median RTT %s µs, i.e. %s Mbit/s each way (2 links: "
+                     "%.0f Mbit/s UDP payload limit)." % (
+                         spread([x["median_us"] for x in big], "%.0f"),
+                         spread([1048576 * 8 / (x["median_us"] / 2) for x in big], "%.0f"),
+                         2 * udp_limit(1000) / 1e6))
+    shares = []
+    for r in runs:
+        lt = r["mptcp"]["link_tx_bytes"]
+        shares.append({d: lt[d] for d in sorted(lt)})
+    L.append("")
+    L.append("MPTCP sweep, A's tx bytes per link per run: %s." % shares)
+    L.append("")
+    L.append(busy_line(runs))
+    L.append("")
+    L += odd_summary([("sweep run %d" % r["rep"], r["ri2n"].get("events")) for r in runs])
+    bad = [(k, x["size"], x.get("rc")) for r in runs for k, _ in tools if k != "ri2n"
+           for x in r[k]["results"] if x.get("error")]
+    if bad:
+        L.append("sockperf runs without a result: %s." % bad)
+    return "\n".join(L)
+
+
+def plot(res):
+    """docs/fault-timeline.png: the main scenario and the 10 s outage, ri2n and MPTCP."""
+    d = os.path.join(RESULTS, "plot")
+    os.makedirs(d, exist_ok=True)
+    files = {}
+    for scen in ("main", "outage10"):
+        for tool in ("ri2n", "mptcp"):
+            rs = [r for r in res["runs"] if r["tool"] == tool and r["scenario"] == scen]
+            if not rs:
+                continue
+            # the run whose last recovery is the median one
+            key = lambda r: (r["analysis"]["events"][-1].get("time_to_90") or 99)
+            r = sorted(rs, key=key)[len(rs) // 2]
+            fn = os.path.join(d, "%s-%s.dat" % (scen, tool))
+            with open(fn, "w") as f:
+                for k, v in enumerate(r["series_bps"]):
+                    f.write("%.3f %.1f\n" % ((k + 0.5) * BIN, v / 1e6))
+            files[(scen, tool)] = (fn, r)
+    gp = os.path.join(d, "fault-timeline.gp")
+    with open(gp, "w") as f:
+        f.write('set terminal pngcairo size 1400,900 font "sans,11"\nset output "%s"\n' % PLOT)
+        f.write("set multiplot layout 2,1\nset grid\nset ylabel 'goodput (Mbit/s, 10 ms bins)'\n"
+                "set xlabel 'time (s)'\nset yrange [0:2300]\nset key tmargin center horizontal\n")
+        for scen, title in (("main", "2 x 1 Gbit/s: link 1 switch dies at 2 s, link 2 at 4 s; link 1 back at 6 s, link 2 at 8 s"),
+                            ("outage10", "2 x 1 Gbit/s: both switches die at 1 s, link 1 back at 11 s (10 s outage)")):
+            f.write("unset arrow\n")
+            ev = files.get((scen, "ri2n"), files.get((scen, "mptcp")))
+            if ev:
+                for e in ev[1]["events"]:
+                    f.write("set arrow from %.3f,0 to %.3f,2300 nohead dt 2 lc rgb '#888888'\n" % (e["t"], e["t"]))
+            f.write("set title '%s'\n" % title)
+            f.write("set xrange [0:%d]\n" % SCENARIOS[scen][0])
+            pl = []
+            if (scen, "ri2n") in files:
+                pl.append("'%s' using 1:2 with steps lw 1.5 lc rgb '#1f77b4' title 'ri2n bench (sender, acknowledged)'" % files[(scen, "ri2n")][0])
+            if (scen, "mptcp") in files:
+                pl.append("'%s' using 1:2 with steps lw 1.5 lc rgb '#d62728' title 'MPTCP, 2 subflows (receiver)'" % files[(scen, "mptcp")][0])
+            pl.append("%.1f with lines dt 3 lc rgb '#2ca02c' title '2 links, UDP payload limit'" % (2 * udp_limit(1000) / 1e6))
+            f.write("plot " + ", ".join(pl) + "\n")
+        f.write("unset multiplot\n")
+    r = subprocess.run(["gnuplot", gp], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        log("gnuplot failed: %s" % r.stderr[-500:])
+
+
+REPORTERS = {"loopback": report_loopback, "lab": report_lab, "fault": report_fault, "sweep": report_sweep}
+
+
+def update_doc(parts):
+    if not os.path.exists(DOC):
+        log("no %s: not updated" % DOC)
+        return
+    with open(DOC) as f:
+        text = f.read()
+    for part in parts:
+        res = load(part)
+        if not res:
+            continue
+        block = REPORTERS[part](res)
+        b, e = "<!-- BEGIN %s -->" % part, "<!-- END %s -->" % part
+        if b in text and e in text:
+            pre, rest = text.split(b, 1)
+            _, post = rest.split(e, 1)
+            text = pre + b + "\n" + block + "\n" + e + post
+        else:
+            log("markers for %s missing in %s" % (part, DOC))
+        if part == "fault":
+            plot(res)
+    with open(DOC, "w") as f:
+        f.write(text)
+
+
+# ------------------------------------------------------------------------------------------
+
+
+PARTS = {"loopback": part_loopback, "lab": part_lab, "fault": part_fault, "sweep": part_sweep}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("parts", nargs="*", default=[],
+                    help="loopback, lab, fault, sweep (default: all four), or report (rewrite "
+                         "docs/BENCHMARKS.md from bench/results/ without measuring)")
+    ap.add_argument("--prefix", default="ri2nbench-%d" % os.getpid(), help="lab prefix")
+    ap.add_argument("--reps", type=int, default=3, help="runs per throughput/fault measurement")
+    ap.add_argument("--lat-reps", type=int, default=7, help="loopback latency runs")
+    ap.add_argument("--lat-count", type=int, default=20000)
+    ap.add_argument("--pinned-reps", type=int, default=3,
+                    help="loopback latency runs with every process pinned to CPU 0 (diagnostic)")
+    ap.add_argument("--time", type=int, default=10, help="throughput test length (s)")
+    ap.add_argument("--sockperf-time", type=int, default=2)
+    ap.add_argument("--sweep-reps", type=int, default=3)
+    ap.add_argument("--sweep-count", type=int, default=2000)
+    ap.add_argument("--sockperf-sweep-time", type=int, default=1)
+    ap.add_argument("--no-iperf-check", action="store_true", help="skip the iperf3 0.1 s fault run")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke test: 1 run each, 3 s throughput; results go to bench/results/quick "
+                         "and docs/BENCHMARKS.md is not touched")
+    ap.add_argument("--no-doc", action="store_true", help="do not rewrite docs/BENCHMARKS.md")
+    o = ap.parse_args()
+    parts = o.parts or list(PARTS)
+    for p in parts:
+        if p not in PARTS and p != "report":
+            ap.error("unknown part %r" % p)
+    global RESULTS
+    if o.quick:
+        o.reps = o.lat_reps = o.sweep_reps = o.pinned_reps = 1
+        o.time = 3
+        o.lat_count = 2000
+        o.sweep_count = 200
+        o.no_doc = True
+        RESULTS = os.path.join(RESULTS, "quick")
+    if "report" in parts:
+        update_doc([p for p in PARTS if load(p)])
+        return 0
+    needs_root = [p for p in parts if p != "loopback"]
+    if needs_root and os.geteuid() != 0:
+        ap.error("parts %s build a namespace lab and need root" % needs_root)
+    if not re.match(r"^ri2nbench-[A-Za-z0-9_-]+$", o.prefix):
+        ap.error("--prefix must start with ri2nbench-")
+
+    def on_signal(sig, _):
+        raise SystemExit(128 + sig)
+
+    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(s, on_signal)
+    # a private copy of the binary: other people's builds may replace target/release/ri2n
+    global RI2N
+    if not os.access(RI2N, os.X_OK):
+        ap.error("%s missing: cargo build --release -p ri2n-cli" % RI2N)
+    tmpdir = tempfile.mkdtemp(prefix="ri2nbench-")
+    BUILD.update(build_facts())
+    shutil.copy2(RI2N, os.path.join(tmpdir, "ri2n"))
+    RI2N = os.path.join(tmpdir, "ri2n")
+    t_all = time.monotonic()
+    done = []
+    try:
+        for p in parts:
+            t0 = time.monotonic()
+            QUIET["waited"] = 0.0
+            log("== part %s" % p)
+            m = machine()
+            res = PARTS[p](o)
+            res["machine"] = m
+            res["elapsed_s"] = time.monotonic() - t0
+            res["quiet_wait_s"] = QUIET["waited"]
+            res["options"] = vars(o)
+            save(res)
+            done.append(p)
+            if not o.no_doc:
+                update_doc([p])
+            log("== part %s done in %.0f s" % (p, res["elapsed_s"]))
+    finally:
+        cleanup()
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    log("all done in %.0f s: %s" % (time.monotonic() - t_all, ", ".join(done)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
