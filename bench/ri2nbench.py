@@ -1261,6 +1261,11 @@ def report_fault(res):
                      sorted(set("%s/%s" % (r["mptcp_send"], r["mptcp_recv"]) for r in mp)),
                      sorted(set(str(r["ss_subflows_at_1s"]) for r in mp)),
                      [r["link_tx_bytes"] for r in mp if r["scenario"] == "main"][:1]))
+    nojoin = ["%s run %d (A's tx bytes per link %s)" % (r["scenario"], r["rep"], r["link_tx_bytes"])
+              for r in mp if not r["ss_subflows_at_1s"]]
+    if nojoin:
+        L.append("- MPTCP runs whose second subflow was not up at t=1 s (no `subflows:` in "
+                 "`ss -Mni`): %s." % "; ".join(nojoin))
     cmds = [r["events"] for r in runs if r["events"]]
     cm = [e["cmd_ms"] for ev in cmds for e in ev if "cmd_ms" in e]
     if cm:
