@@ -335,17 +335,9 @@ fn throughput(
         packets_lost: Some(stats.links.iter().map(|l| l.packets_lost).sum()),
         links: LinkSummary::all(&stats.links, false),
     };
-    print_summary(say, &summary, server.as_ref(), false);
-    Ok(ThroughputDoc {
-        command: "bench",
-        test: "throughput",
-        seconds_requested: args.time.as_secs_f64(),
-        interval: args.interval.as_secs_f64(),
-        intervals: std::mem::take(&mut tl.rows),
-        events: std::mem::take(&mut events.records),
-        summary,
-        server,
-    })
+    Ok(throughput_doc(
+        args, say, tl, events, summary, server, false,
+    ))
 }
 
 fn throughput_reverse(
@@ -403,17 +395,30 @@ fn throughput_reverse(
         packets_lost,
         links: LinkSummary::all(&stats.links, true),
     };
-    print_summary(say, &summary, server.as_ref(), true);
-    Ok(ThroughputDoc {
+    Ok(throughput_doc(args, say, tl, events, summary, server, true))
+}
+
+/// Prints the summary of a throughput test (either direction) and assembles its document.
+fn throughput_doc(
+    args: &BenchArgs,
+    say: Say,
+    tl: Timeline,
+    events: &mut EventLog,
+    summary: ThroughputSummary,
+    server: Option<ServerReport>,
+    reverse: bool,
+) -> ThroughputDoc {
+    print_summary(say, &summary, server.as_ref(), reverse);
+    ThroughputDoc {
         command: "bench",
-        test: "reverse",
+        test: if reverse { "reverse" } else { "throughput" },
         seconds_requested: args.time.as_secs_f64(),
         interval: args.interval.as_secs_f64(),
-        intervals: std::mem::take(&mut tl.rows),
+        intervals: tl.rows,
         events: std::mem::take(&mut events.records),
         summary,
         server,
-    })
+    }
 }
 
 fn print_summary(say: Say, s: &ThroughputSummary, server: Option<&ServerReport>, reverse: bool) {
