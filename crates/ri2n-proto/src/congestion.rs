@@ -90,8 +90,12 @@ pub(crate) struct Pacer {
     last: Option<Instant>,
 }
 
-/// Packets a pacer lets out back to back.
+/// Packets a pacer lets out back to back, at least.
 const BURST_PACKETS: f64 = 10.0;
+/// A pacer also lets out back to back what its rate allows in this time. A driver's timers
+/// fire a millisecond or two late (epoll counts in milliseconds, rounding up); with a smaller
+/// bucket a fast link would be held to a few packets per timer tick.
+const BURST_INTERVAL: Duration = Duration::from_millis(2);
 
 impl Pacer {
     pub fn new(mss: usize) -> Self {
@@ -117,7 +121,7 @@ impl Pacer {
         slow_start: bool,
     ) -> Option<Instant> {
         let rate = Self::rate(cwnd, srtt, slow_start);
-        let capacity = BURST_PACKETS * mss as f64;
+        let capacity = (BURST_PACKETS * mss as f64).max(rate * BURST_INTERVAL.as_secs_f64());
         let last = self.last.get_or_insert(now);
         if now > *last {
             self.tokens = (self.tokens + rate * (now - *last).as_secs_f64()).min(capacity);

@@ -136,7 +136,10 @@ pub struct Connection {
     ping_pending: Option<usize>,
     events: VecDeque<Event>,
     readable_signalled: bool,
-    write_blocked: bool,
+    /// A blocked writer: the stream it writes and the room it waits for.
+    write_wants: Option<(usize, u64)>,
+    /// [`Event::AllAcknowledged`] was emitted.
+    all_acknowledged: bool,
     next_stream: usize,
     last_rx: Instant,
     last_arrival_link: usize,
@@ -255,7 +258,8 @@ impl Connection {
             ping_pending: None,
             events: VecDeque::new(),
             readable_signalled: false,
-            write_blocked: false,
+            write_wants: None,
+            all_acknowledged: false,
             next_stream: 0,
             last_rx: now,
             last_arrival_link: 0,
@@ -301,9 +305,13 @@ impl Connection {
     /// buffers the data.
     pub fn write(&mut self, data: &[u8]) -> Result<usize, WriteError> {
         self.write_check()?;
-        let n = self.send[BYTE_STREAM].write(data);
+        let stream = &mut self.send[BYTE_STREAM];
+        let n = stream.write(data);
         if n == 0 && !data.is_empty() {
-            self.write_blocked = true;
+            // wake the writer only once a quarter of the buffer is free: waking it for every
+            // acknowledged packet costs a context switch per few kilobytes
+            let want = (stream.capacity() / 4).clamp(1, data.len() as u64);
+            self.write_wants = Some((BYTE_STREAM, want));
             return Err(WriteError::Blocked);
         }
         Ok(n)
@@ -344,7 +352,7 @@ impl Connection {
         };
         let stream = &mut self.send[MESSAGE_STREAM];
         if stream.room() < (hlen + msg.len()) as u64 {
-            self.write_blocked = true;
+            self.write_wants = Some((MESSAGE_STREAM, (hlen + msg.len()) as u64));
             return Err(WriteError::Blocked);
         }
         stream.write(&header[..hlen]);
@@ -538,12 +546,10 @@ impl Connection {
 
     /// Hands acknowledged and lost packets' frames back to the streams and control queues.
     fn apply_outcome(&mut self, out: &mut AckOutcome) {
-        let mut freed = false;
         for pkt in out.acked.drain(..) {
             for f in &pkt.frames {
                 if let SentFrame::Stream { stream, chunk } = *f {
                     self.send[stream as usize].on_ack(chunk);
-                    freed = true;
                 }
             }
         }
@@ -563,9 +569,15 @@ impl Connection {
             }
         }
         out.probes_acked = 0;
-        if freed && self.write_blocked {
-            self.write_blocked = false;
-            self.event(Event::Writable);
+        if let Some((stream, want)) = self.write_wants {
+            if self.send[stream].room() >= want {
+                self.write_wants = None;
+                self.event(Event::Writable);
+            }
+        }
+        if !self.all_acknowledged && self.is_send_complete() {
+            self.all_acknowledged = true;
+            self.event(Event::AllAcknowledged);
         }
     }
 

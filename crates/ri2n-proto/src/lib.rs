@@ -63,6 +63,9 @@ pub enum Event {
     Readable,
     /// Buffer space was freed; a blocked writer can retry.
     Writable,
+    /// Everything written and the end of both streams were acknowledged by the peer (after
+    /// [`Connection::finish`]); emitted once.
+    AllAcknowledged,
     /// The connection ended: `None` for a clean close, else why.
     Closed(Option<ConnectionError>),
 }

@@ -66,6 +66,10 @@ impl SendStream {
         self.written - self.base
     }
 
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
     pub fn room(&self) -> u64 {
         self.capacity.saturating_sub(self.buffered())
     }

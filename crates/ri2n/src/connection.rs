@@ -66,7 +66,7 @@ impl Connection {
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         return Err(io::Error::new(io::ErrorKind::TimedOut, "timed out"));
                     }
-                    st = shared.wait(st, deadline);
+                    st = shared.wait_connection(st, self.handle, deadline);
                 }
                 r => return Ok(r),
             }

@@ -5,7 +5,8 @@
 //! retransmissions and link probes happen without the application calling in. Application
 //! threads call the engine directly under the same mutex and send what results from their own
 //! thread: a write reaches the wire without a thread hop. Blocked application calls wait on a
-//! condition variable that the driver signals when the engine reports an event.
+//! condition variable of their connection (or of `accept`) that is signalled when the engine
+//! reports an event for it, so a busy connection does not wake every other waiting thread.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
@@ -35,6 +36,8 @@ pub(crate) struct State {
     pub events: HashMap<ConnectionHandle, VecDeque<Event>>,
     /// Connections whose application handle was dropped: released once closed.
     pub dropped: HashSet<ConnectionHandle>,
+    /// What callers waiting on a connection wait on, by connection.
+    signals: HashMap<ConnectionHandle, Arc<Condvar>>,
     /// When the driver thread will next wake up by itself.
     driver_deadline: Option<Instant>,
     buf: Vec<u8>,
@@ -44,7 +47,8 @@ pub(crate) struct State {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub state: Mutex<State>,
-    pub changed: Condvar,
+    /// Signalled when a connection is ready for `accept`.
+    accepted: Condvar,
     pub sockets: Vec<LinkSocket>,
     waker: Waker,
     shutdown: AtomicBool,
@@ -60,7 +64,7 @@ impl Shared {
     pub fn after_app_call(&self, st: &mut State) {
         let now = Instant::now();
         self.flush(st, now);
-        self.dispatch(st);
+        self.dispatch(st).notify();
         let next = st.endpoint.poll_timeout();
         if next.is_some_and(|t| st.driver_deadline.is_none_or(|d| t < d)) {
             st.driver_deadline = next;
@@ -68,22 +72,24 @@ impl Shared {
         }
     }
 
-    /// Waits for the driver to report a change (or `deadline`).
-    pub fn wait<'a>(
+    /// Waits until the engine reports an event for connection `h` (or `deadline`).
+    pub fn wait_connection<'a>(
+        &self,
+        mut guard: MutexGuard<'a, State>,
+        h: ConnectionHandle,
+        deadline: Option<Instant>,
+    ) -> MutexGuard<'a, State> {
+        let signal = guard.signals.entry(h).or_default().clone();
+        wait_on(&signal, guard, deadline)
+    }
+
+    /// Waits until a connection arrives for `accept` (or `deadline`).
+    pub fn wait_accept<'a>(
         &self,
         guard: MutexGuard<'a, State>,
         deadline: Option<Instant>,
     ) -> MutexGuard<'a, State> {
-        match deadline {
-            None => self.changed.wait(guard).unwrap_or_else(|e| e.into_inner()),
-            Some(d) => {
-                let timeout = d.saturating_duration_since(Instant::now());
-                self.changed
-                    .wait_timeout(guard, timeout)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0
-            }
-        }
+        wait_on(&self.accepted, guard, deadline)
     }
 
     /// Sends every datagram the engine has ready. Consecutive datagrams of one size between
@@ -156,37 +162,79 @@ impl Shared {
         }
     }
 
-    /// Moves engine events to the per-connection queues and wakes waiting callers.
-    fn dispatch(&self, st: &mut State) {
-        let mut any = false;
+    /// Moves engine events to the per-connection queues; returns whom to wake (the caller
+    /// does so, preferably after releasing the lock).
+    fn dispatch(&self, st: &mut State) -> Wakeups<'_> {
+        let mut wake = Wakeups {
+            accepted: None,
+            connections: Vec::new(),
+        };
         while let Some((h, e)) = st.endpoint.poll_event() {
             let q = st.events.entry(h).or_default();
             if q.len() >= MAX_QUEUED_EVENTS {
                 q.pop_front();
             }
             q.push_back(e);
-            any = true;
+            if let Some(signal) = st.signals.get(&h) {
+                if !wake.connections.iter().any(|s| Arc::ptr_eq(s, signal)) {
+                    wake.connections.push(signal.clone());
+                }
+            }
         }
         while let Some(h) = st.endpoint.accept() {
             st.accepted.push_back(h);
-            any = true;
+            wake.accepted = Some(&self.accepted);
         }
         let State {
             endpoint,
             dropped,
             events,
+            signals,
             ..
         } = st;
         dropped.retain(|&h| {
             if endpoint.release(h) {
                 events.remove(&h);
+                signals.remove(&h);
                 false
             } else {
                 true
             }
         });
-        if any {
-            self.changed.notify_all();
+        wake
+    }
+}
+
+/// The waiting callers to wake after the engine reported events.
+struct Wakeups<'a> {
+    accepted: Option<&'a Condvar>,
+    connections: Vec<Arc<Condvar>>,
+}
+
+impl Wakeups<'_> {
+    fn notify(self) {
+        if let Some(a) = self.accepted {
+            a.notify_all();
+        }
+        for c in self.connections {
+            c.notify_all();
+        }
+    }
+}
+
+fn wait_on<'a>(
+    signal: &Condvar,
+    guard: MutexGuard<'a, State>,
+    deadline: Option<Instant>,
+) -> MutexGuard<'a, State> {
+    match deadline {
+        None => signal.wait(guard).unwrap_or_else(|e| e.into_inner()),
+        Some(d) => {
+            let timeout = d.saturating_duration_since(Instant::now());
+            signal
+                .wait_timeout(guard, timeout)
+                .unwrap_or_else(|e| e.into_inner())
+                .0
         }
     }
 }
@@ -215,10 +263,11 @@ impl Driver {
                 accepted: VecDeque::new(),
                 events: HashMap::new(),
                 dropped: HashSet::new(),
+                signals: HashMap::new(),
                 driver_deadline: None,
                 buf: vec![0u8; 64 * 1024],
             }),
-            changed: Condvar::new(),
+            accepted: Condvar::new(),
             sockets,
             waker,
             shutdown: AtomicBool::new(false),
@@ -250,7 +299,7 @@ fn run(shared: Arc<Shared>, mut poll: Poll) {
     let mut bufs: Vec<Vec<Vec<u8>>> = shared.sockets.iter().map(|s| s.recv_buffers()).collect();
     let mut readable = vec![true; shared.sockets.len()];
     while !shared.shutdown.load(Ordering::Acquire) {
-        let timeout = {
+        let (timeout, wakeups) = {
             let mut st = shared.lock();
             let now = Instant::now();
             // receive everything waiting (mio is edge-triggered: drain until empty)
@@ -274,11 +323,13 @@ fn run(shared: Arc<Shared>, mut poll: Poll) {
                 st.endpoint.handle_timeout(now);
             }
             shared.flush(&mut st, now);
-            shared.dispatch(&mut st);
+            let wakeups = shared.dispatch(&mut st);
             let next = st.endpoint.poll_timeout();
             st.driver_deadline = next;
-            next.map(|t| t.saturating_duration_since(now))
+            (next.map(|t| t.saturating_duration_since(now)), wakeups)
         };
+        // after unlocking, so that a woken caller does not at once block on the lock
+        wakeups.notify();
         // the engine's timers have 1 ms granularity at best; sleeping less only spins
         let timeout = timeout.map(|t| t.max(Duration::from_micros(50)));
         if let Err(e) = poll.poll(&mut events, timeout) {

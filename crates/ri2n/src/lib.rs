@@ -137,7 +137,7 @@ impl Endpoint {
         loop {
             let c = st.endpoint.connection(h).expect("connection just made");
             match c.state() {
-                ConnectionState::Connecting => st = shared.wait(st, None),
+                ConnectionState::Connecting => st = shared.wait_connection(st, h, None),
                 ConnectionState::Closed => {
                     let e = c
                         .close_reason()
@@ -167,7 +167,7 @@ impl Endpoint {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);
             }
-            st = shared.wait(st, deadline);
+            st = shared.wait_accept(st, deadline);
         }
     }
 }
