@@ -292,14 +292,24 @@ class Lab:
         return {}
 
     def fault(self, link, kind="switch"):
-        t0 = time.monotonic()
-        run(self.cmd("fault", link, kind))
-        return t0, time.monotonic()
+        return self._timed(self.cmd("fault", link, kind))
 
     def heal(self, link):
-        t0 = time.monotonic()
-        run(self.cmd("heal", link))
-        return t0, time.monotonic()
+        return self._timed(self.cmd("heal", link))
+
+    @staticmethod
+    def _timed(cmd):
+        """Runs a fault/heal command; returns monotonic times: before it, after it, and when
+        the change took effect (the "at T" the lab prints, Unix time)."""
+        before = time.monotonic()
+        out = run(cmd)
+        after = time.monotonic()
+        stamps = re.findall(r" at (\d+\.\d+)$", out, re.M)
+        if not stamps:
+            raise RuntimeError("%s: no 'at T' in its output: %r" % (" ".join(cmd), out))
+        # Unix time -> monotonic, with the offset read now (both clocks tick alike)
+        at = float(stamps[-1]) - (time.time() - time.monotonic())
+        return before, after, at
 
     def a_addrs(self):
         return ["10.77.%d.1" % i for i in range(1, self.n + 1)]
@@ -615,8 +625,17 @@ def do_events(lab, t0, events, log_out, stop):
             if stop.is_set():
                 return
             time.sleep(min(0.002, max(0.0, t0 + t - time.monotonic())))
-        b, a = (lab.fault(link, "switch") if action == "fault" else lab.heal(link))
-        log_out.append({"t": t, "action": action, "link": link, "m_before": b, "m_after": a})
+        b, a, at = (lab.fault(link, "switch") if action == "fault" else lab.heal(link))
+        log_out.append({"t": t, "action": action, "link": link, "m_before": b, "m_after": a,
+                        "m_at": at})
+
+
+def place_events(ev_log, t0):
+    """Puts each fault/heal on the run's timeline at the moment it took effect, as the lab
+    stamped it (the lab command itself takes 30-250 ms, mostly before and after the change)."""
+    for e in ev_log:
+        e["t_bench"] = e["m_at"] - t0
+        e["cmd_ms"] = (e["m_after"] - e["m_before"]) * 1000
 
 
 def uniform_series(rows, total):
@@ -740,10 +759,7 @@ def ri2n_fault_run(lab, scenario, srv_pid):
         t0 = min(m - r["end"] for m, r in zip(tl_lines, rows))
     else:
         t0 = t0_live
-    for e in ev_log:
-        # a fault acts at the start of the lab command (its first `ip` call), a heal at its end
-        e["t_bench"] = (e["m_before"] if e["action"] == "fault" else e["m_after"]) - t0
-        e["cmd_ms"] = (e["m_after"] - e["m_before"]) * 1000
+    place_events(ev_log, t0)
     total = max([r["end"] for r in rows] + [seconds])
     series = uniform_series(rows, total)
     return {"tool": "ri2n", "scenario": scenario, "rc": rc, "cpu_client": cpu,
@@ -799,9 +815,7 @@ def mptcp_fault_run(lab, scenario):
     with open(outf) as f:
         d = json.load(f)
     os.unlink(outf)
-    for e in ev_log:
-        e["t_bench"] = (e["m_before"] if e["action"] == "fault" else e["m_after"]) - t0
-        e["cmd_ms"] = (e["m_after"] - e["m_before"]) * 1000
+    place_events(ev_log, t0)
     # receiver bins are aligned to the monotonic clock; shift them to the sender's start
     shift = d["t_first"] - t0
     nb = int(seconds / BIN) + 1
@@ -859,8 +873,7 @@ def iperf3_fault_run(lab, scenario):
         text = out.read()
     PROCS.stop(srv)
     doc = json.loads(text) if text.strip() else None
-    for e in ev_log:
-        e["t_bench"] = (e["m_before"] if e["action"] == "fault" else e["m_after"]) - t0
+    place_events(ev_log, t0)
     sj = (doc or {}).get("server_output_json") or {}
     src = "server (receiver)" if sj.get("intervals") else "client (sender)"
     ivs = sj.get("intervals") or (doc or {}).get("intervals") or []
