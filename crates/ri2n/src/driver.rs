@@ -30,6 +30,8 @@ const MAX_QUEUED_EVENTS: usize = 256;
 const WAKE_TOKEN: Token = Token(usize::MAX);
 /// Room for one datagram the engine may build (its configured maximum is at most 16 KiB).
 const MAX_DATAGRAM: usize = 16 * 1024;
+/// Most bytes one GSO send carries: below the 65 507-byte limit of one UDP send over IPv4.
+const BATCH_BYTES: usize = 60 * 1024;
 
 /// Engine state shared between the driver thread and application threads.
 #[derive(Debug)]
@@ -47,10 +49,48 @@ pub(crate) struct State {
     driver_deadline: Option<Instant>,
     /// An application thread waits in [`CallerPoll`].
     caller_polling: bool,
-    /// Datagrams are built here.
-    buf: Vec<u8>,
+    /// A datagram is built here, then copied into its socket's batch.
+    scratch: Vec<u8>,
+    /// Datagrams waiting to leave, per socket.
+    batches: Vec<Batch>,
     /// Receive buffers, per socket (whoever receives holds the lock).
     recv_bufs: Vec<Vec<Vec<u8>>>,
+}
+
+/// Datagrams for one socket that leave together: all to `dest`, all `segment` bytes long
+/// except perhaps the last.
+#[derive(Debug, Default)]
+struct Batch {
+    dest: Option<SocketAddr>,
+    segment: usize,
+    data: Vec<u8>,
+}
+
+impl Batch {
+    fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// Whether a datagram of `len` bytes to `dest` may join.
+    fn takes(&self, dest: SocketAddr, len: usize, max_segments: usize) -> bool {
+        self.dest == Some(dest)
+            && len <= self.segment
+            && !self.is_closed()
+            && self.data.len() / self.segment < max_segments
+    }
+
+    fn push(&mut self, dest: SocketAddr, datagram: &[u8]) {
+        if self.data.is_empty() {
+            self.dest = Some(dest);
+            self.segment = datagram.len();
+        }
+        self.data.extend_from_slice(datagram);
+    }
+
+    /// A datagram shorter than the segment size ended the batch.
+    fn is_closed(&self) -> bool {
+        self.segment != 0 && self.data.len() % self.segment != 0
+    }
 }
 
 /// The sockets' second watcher, for the blocked application call that receives for itself.
@@ -155,58 +195,35 @@ impl Shared {
         wait_on(&self.accepted, guard, deadline)
     }
 
-    /// Sends every datagram the engine has ready. Consecutive datagrams of one size between
-    /// the same addresses leave in one GSO system call.
+    /// Sends every datagram the engine has ready. Each socket collects its datagrams in a
+    /// batch of its own: consecutive datagrams of one size to the same address leave in one
+    /// GSO system call even when the scheduler alternates between links packet by packet.
     fn flush(&self, st: &mut State, now: Instant) {
-        let State { endpoint, buf, .. } = st;
-        // the batch being built: socket index, destination, segment size, datagram count
-        let mut batch: Option<(usize, SocketAddr, usize, usize)> = None;
-        let mut used = 0;
-        loop {
-            let room = buf.len() - used;
-            let next = if room >= MAX_DATAGRAM {
-                endpoint.poll_transmit(now, &mut buf[used..])
-            } else {
-                None
-            };
-            if let Some(t) = next {
-                let Some(i) = self.sockets.iter().position(|s| s.local == t.local) else {
-                    continue;
-                };
-                if let Some((bi, dest, seg, count)) = batch {
-                    let fits = bi == i
-                        && dest == t.remote
-                        && t.len <= seg
-                        && count < self.sockets[i].max_segments();
-                    // a shorter datagram can only end a batch
-                    if fits && t.len == seg {
-                        batch = Some((bi, dest, seg, count + 1));
-                        used += t.len;
-                        continue;
-                    }
-                    if fits {
-                        used += t.len;
-                        self.send_batch(endpoint, now, bi, dest, seg, &buf[..used]);
-                        batch = None;
-                        used = 0;
-                        continue;
-                    }
-                    // send the old batch, then start over with this datagram at the front
-                    self.send_batch(endpoint, now, bi, dest, seg, &buf[..used]);
-                    buf.copy_within(used..used + t.len, 0);
-                }
-                batch = Some((i, t.remote, t.len, 1));
-                used = t.len;
+        let State {
+            endpoint,
+            scratch,
+            batches,
+            ..
+        } = st;
+        while let Some(t) = endpoint.poll_transmit(now, scratch) {
+            let Some(i) = self.sockets.iter().position(|s| s.local == t.local) else {
                 continue;
+            };
+            let datagram = &scratch[..t.len];
+            let batch = &mut batches[i];
+            if !batch.is_empty() && !batch.takes(t.remote, t.len, self.sockets[i].max_segments()) {
+                self.send_batch(endpoint, now, i, batch);
             }
-            if let Some((bi, dest, seg, _)) = batch.take() {
-                self.send_batch(endpoint, now, bi, dest, seg, &buf[..used]);
-                used = 0;
-                if room < MAX_DATAGRAM {
-                    continue; // the buffer was full: there may be more to send
-                }
+            batch.push(t.remote, datagram);
+            // a shorter datagram can only end a batch, and a full one goes now
+            if batch.is_closed() || batch.data.len() + MAX_DATAGRAM > BATCH_BYTES {
+                self.send_batch(endpoint, now, i, batch);
             }
-            break;
+        }
+        for (i, batch) in batches.iter_mut().enumerate() {
+            if !batch.is_empty() {
+                self.send_batch(endpoint, now, i, batch);
+            }
         }
     }
 
@@ -215,14 +232,14 @@ impl Shared {
         endpoint: &mut ProtoEndpoint,
         now: Instant,
         socket: usize,
-        dest: SocketAddr,
-        segment: usize,
-        data: &[u8],
+        batch: &mut Batch,
     ) {
         let sock = &self.sockets[socket];
-        if sock.send(dest, data, Some(segment)) == SendOutcome::Unreachable {
+        let dest = batch.dest.expect("a batch with data has a destination");
+        if sock.send(dest, &batch.data, Some(batch.segment)) == SendOutcome::Unreachable {
             endpoint.handle_unreachable(now, sock.local, dest);
         }
+        batch.data.clear();
     }
 
     /// Moves engine events to the per-connection queues; returns whom to wake (the caller
@@ -346,7 +363,8 @@ impl Driver {
                 signals: HashMap::new(),
                 driver_deadline: None,
                 caller_polling: false,
-                buf: vec![0u8; 64 * 1024],
+                scratch: vec![0u8; MAX_DATAGRAM],
+                batches: sockets.iter().map(|_| Batch::default()).collect(),
                 recv_bufs,
             }),
             accepted: Condvar::new(),
