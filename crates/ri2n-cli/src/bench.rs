@@ -114,14 +114,14 @@ impl EventLog {
 
     fn poll(&mut self, conn: &Connection) {
         for e in conn.poll_events() {
-            let (link, event) = match e {
+            let (link, event) = match e.event {
                 Event::LinkAdded { link } => (link, "added".to_owned()),
                 Event::LinkStateChanged { link, from, to } => {
                     (link, format!("{} -> {}", state_name(from), state_name(to)))
                 }
                 _ => continue,
             };
-            let t = self.start.elapsed().as_secs_f64();
+            let t = e.at.saturating_duration_since(self.start).as_secs_f64();
             self.say.line(format!("{t:10.3} s   L{link} {event}"));
             self.records.push(EventRecord { t, link, event });
         }

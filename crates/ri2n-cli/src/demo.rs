@@ -82,10 +82,10 @@ impl Watch {
     /// Prints the connection's link state changes and times those of the cut link.
     fn poll(&mut self, conn: &ri2n::Connection, screen: &Screen) {
         for e in conn.poll_events() {
-            let Event::LinkStateChanged { link, from, to } = e else {
+            let Event::LinkStateChanged { link, from, to } = e.event else {
                 continue;
             };
-            let now = Instant::now();
+            let now = e.at;
             let mut note = String::new();
             if Some(link) == self.link1 {
                 if let (Some(c), None) = (self.cut, self.restored) {

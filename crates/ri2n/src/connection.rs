@@ -21,6 +21,15 @@ pub struct Connection {
     handle: ConnectionHandle,
 }
 
+/// An [`Event`] and when it happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimedEvent {
+    /// When the engine reported the event (to within the driver's reaction time).
+    pub at: Instant,
+    /// What happened.
+    pub event: Event,
+}
+
 /// The error an application sees when the connection ended, as an `io::Error` of a fitting kind.
 fn lost(e: ConnectionError) -> io::Error {
     let kind = match e {
@@ -131,8 +140,10 @@ impl Connection {
         self.with(|c| c.stats())
     }
 
-    /// Events since the last call (link state changes, close, …), oldest first.
-    pub fn poll_events(&self) -> Vec<Event> {
+    /// Events since the last call (link state changes, close, …), oldest first, each with
+    /// when the engine reported it (an application that polls rarely, e.g. because its writes
+    /// block while every link is down, still learns when a link went down).
+    pub fn poll_events(&self) -> Vec<TimedEvent> {
         let mut st = self.driver.shared.lock();
         st.events
             .get_mut(&self.handle)

@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
-use ri2n_proto::{ConnectionHandle, Endpoint as ProtoEndpoint, Event};
+use ri2n_proto::{ConnectionHandle, Endpoint as ProtoEndpoint};
+
+use crate::connection::TimedEvent;
 
 use crate::socket::{LinkSocket, SendOutcome};
 
@@ -40,7 +42,7 @@ pub(crate) struct State {
     /// Incoming connections not yet taken by `accept`.
     pub accepted: VecDeque<ConnectionHandle>,
     /// Events per connection, for `Connection::poll_events`.
-    pub events: HashMap<ConnectionHandle, VecDeque<Event>>,
+    pub events: HashMap<ConnectionHandle, VecDeque<TimedEvent>>,
     /// Connections whose application handle was dropped: released once closed.
     pub dropped: HashSet<ConnectionHandle>,
     /// What callers waiting on a connection wait on, by connection.
@@ -255,7 +257,10 @@ impl Shared {
             if q.len() >= MAX_QUEUED_EVENTS {
                 q.pop_front();
             }
-            q.push_back(e);
+            q.push_back(TimedEvent {
+                at: Instant::now(),
+                event: e,
+            });
             if st.caller_polling {
                 wake.caller_poll = Some(&self.caller_waker);
             }

@@ -36,7 +36,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use connection::Connection;
+pub use connection::{Connection, TimedEvent};
 pub use impair::Impairment;
 pub use ri2n_proto::{
     ConnectError, ConnectionConfig, ConnectionError, ConnectionState, ConnectionStats,
