@@ -641,7 +641,13 @@ impl Connection {
         let targets: Vec<SocketAddr> = if remotes.len() > 1 {
             remotes
         } else if self.cfg.discover {
-            addrs.to_vec()
+            // the peer's loopback addresses lead back to our own host unless the peer is on it
+            let peer_is_local = self.links[0].remote.ip().is_loopback();
+            addrs
+                .iter()
+                .copied()
+                .filter(|a| peer_is_local || !a.ip().is_loopback())
+                .collect()
         } else {
             Vec::new()
         };

@@ -210,3 +210,36 @@ fn bytes_and_messages_cross_two_links_both_ways() {
         );
     }
 }
+
+/// A server on another host that also listens on its loopback address announces it; the
+/// client must not open a link to it (it would lead back to the client's own host).
+#[test]
+fn a_remote_peers_loopback_address_is_not_discovered() {
+    let base = Instant::now();
+    let a = vec![addr("10.0.0.1:5000"), addr("127.0.0.1:5000")];
+    let b = vec![addr("10.0.0.2:6000"), addr("127.0.0.1:6000")];
+    let mut client = Endpoint::new(EndpointConfig::new(a), 1, base);
+    let mut server = Endpoint::new(EndpointConfig::new(b.clone()).server(), 2, base);
+    let mut net = Net {
+        base,
+        now: Duration::ZERO,
+        delay: Duration::from_micros(500),
+        queue: BinaryHeap::new(),
+        seq: 0,
+    };
+    let ch = client
+        .connect(base, &b[..1], ConnectionConfig::default())
+        .unwrap();
+    run(
+        &mut client,
+        &mut server,
+        &mut net,
+        Duration::from_secs(5),
+        |c, _, accepted| {
+            accepted.is_some() && c.connection(ch).unwrap().state() == ConnectionState::Established
+        },
+    );
+    let links = client.connection(ch).unwrap().stats().links;
+    assert_eq!(links.len(), 1, "only the handshake's link: {links:?}");
+    assert_eq!(links[0].remote, b[0]);
+}

@@ -99,6 +99,17 @@ impl Connection {
         }
     }
 
+    /// Receives one whole message if one has fully arrived; `Ok(None)` once the peer finished
+    /// its message stream; an error of kind [`io::ErrorKind::WouldBlock`] when no whole
+    /// message is waiting. Never blocks.
+    pub fn try_recv_message(&self) -> io::Result<Option<Vec<u8>>> {
+        match self.with(|c| c.recv_message()) {
+            Ok(m) => Ok(m),
+            Err(ReadError::Blocked) => Err(io::ErrorKind::WouldBlock.into()),
+            Err(e) => Err(read_error(e)),
+        }
+    }
+
     /// Ends both outgoing streams: the peer reads end-of-stream after what was written.
     pub fn finish(&self) -> io::Result<()> {
         self.with(|c| c.finish());

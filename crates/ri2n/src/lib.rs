@@ -71,6 +71,54 @@ pub enum Error {
     Io(#[from] std::io::Error),
 }
 
+/// Replaces each wildcard address by the host's interface addresses of its family (IPv6
+/// link-local ones left out: they need a scope), keeping its port; drops repeats.
+fn expand_wildcards(addrs: &[SocketAddr]) -> Result<Vec<SocketAddr>, Error> {
+    let mut out: Vec<SocketAddr> = Vec::new();
+    let mut interfaces: Option<Vec<if_addrs::Interface>> = None;
+    for &wanted in addrs {
+        let expanded: Vec<SocketAddr> = if wanted.ip().is_unspecified() {
+            let interfaces = match &mut interfaces {
+                Some(i) => i,
+                None => {
+                    interfaces.insert(if_addrs::get_if_addrs().map_err(|source| Error::Bind {
+                        addr: wanted,
+                        source,
+                    })?)
+                }
+            };
+            let found: Vec<SocketAddr> = interfaces
+                .iter()
+                .map(|i| i.ip())
+                .filter(|ip| ip.is_ipv4() == wanted.is_ipv4() && !is_ipv6_link_local(ip))
+                .map(|ip| SocketAddr::new(ip, wanted.port()))
+                .collect();
+            if found.is_empty() {
+                return Err(Error::Bind {
+                    addr: wanted,
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::AddrNotAvailable,
+                        "no interface has an address of this family",
+                    ),
+                });
+            }
+            found
+        } else {
+            vec![wanted]
+        };
+        for a in expanded {
+            if !out.contains(&a) {
+                out.push(a);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn is_ipv6_link_local(ip: &std::net::IpAddr) -> bool {
+    matches!(ip, std::net::IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80)
+}
+
 /// Seeds an endpoint's engine from the operating system's random source.
 fn os_seed() -> u64 {
     use rand::RngCore;
@@ -84,9 +132,14 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// Binds `config.local_addrs` (port 0 picks a free port) and starts the driver.
+    /// Binds `config.local_addrs` (port 0 picks a free port) and starts the driver. A
+    /// wildcard address (`0.0.0.0`, `::`) stands for every address of that family the host's
+    /// interfaces have now, each bound with the same port: one socket per local address, so
+    /// that each is a link of its own and replies leave from the address the peer used, and a
+    /// server announces real addresses. Interfaces that appear later are not picked up.
     pub fn bind(mut config: EndpointConfig) -> Result<Self, Error> {
         config.validate()?;
+        config.local_addrs = expand_wildcards(&config.local_addrs)?;
         let sockets = driver::bind_all(&config.local_addrs)
             .map_err(|(addr, source)| Error::Bind { addr, source })?;
         config.local_addrs = sockets.iter().map(|s| s.local).collect();

@@ -200,3 +200,55 @@ fn link_state_events_reach_the_application() {
     drop(conn);
     t.join().unwrap();
 }
+
+/// A wildcard listen address becomes one socket per interface address: the server has (and
+/// announces) only real addresses, and a client reaches it through 127.0.0.1.
+#[test]
+fn wildcard_listen_address_binds_every_interface_address() {
+    let server = Endpoint::server(&addrs(&["0.0.0.0"])).unwrap();
+    let locals = server.local_addrs();
+    assert!(
+        locals.iter().all(|a| !a.ip().is_unspecified()),
+        "a wildcard was bound as such: {locals:?}"
+    );
+    let lo = *locals
+        .iter()
+        .find(|a| a.ip() == std::net::Ipv4Addr::LOCALHOST)
+        .expect("127.0.0.1 is among the addresses a wildcard stands for");
+    let client = Endpoint::client(&addrs(&["127.0.0.1"])).unwrap();
+    let mut conn = client.connect(&[lo], ConnectionConfig::default()).unwrap();
+    conn.write_all(b"through a wildcard").unwrap();
+    conn.finish().unwrap();
+    let mut peer = server.accept().unwrap();
+    let mut got = Vec::new();
+    peer.read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"through a wildcard");
+}
+
+/// `try_recv_message` returns WouldBlock instead of waiting, then the message once it is there.
+#[test]
+fn try_recv_message_never_blocks() {
+    let server = Endpoint::server(&addrs(&["127.0.0.1"])).unwrap();
+    let client = Endpoint::client(&addrs(&["127.0.0.1"])).unwrap();
+    let conn = client
+        .connect(&server.local_addrs(), ConnectionConfig::default())
+        .unwrap();
+    let peer = server.accept().unwrap();
+    let e = peer.try_recv_message().unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+    conn.send_message(b"one whole message").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match peer.try_recv_message() {
+            Ok(Some(m)) => {
+                assert_eq!(m, b"one whole message");
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(Instant::now() < deadline, "the message never arrived");
+                thread::sleep(Duration::from_millis(1));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
