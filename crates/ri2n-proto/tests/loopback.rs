@@ -92,18 +92,16 @@ fn run(
     }
 }
 
-fn pattern(i: u64) -> u8 {
-    (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8
-}
-
-#[test]
-fn bytes_and_messages_cross_two_links_both_ways() {
+/// A client on `a` and a server on `b` joined by a 0.5 ms network; the client has started
+/// connecting to `b[0]`.
+fn connected_pair(
+    a: &[SocketAddr],
+    b: &[SocketAddr],
+) -> (Endpoint, Endpoint, Net, ConnectionHandle) {
     let base = Instant::now();
-    let a = vec![addr("10.0.0.1:5000"), addr("10.1.0.1:5000")];
-    let b = vec![addr("10.0.0.2:6000"), addr("10.1.0.2:6000")];
-    let mut client = Endpoint::new(EndpointConfig::new(a), 1, base);
-    let mut server = Endpoint::new(EndpointConfig::new(b.clone()).server(), 2, base);
-    let mut net = Net {
+    let mut client = Endpoint::new(EndpointConfig::new(a.to_vec()), 1, base);
+    let server = Endpoint::new(EndpointConfig::new(b.to_vec()).server(), 2, base);
+    let net = Net {
         base,
         now: Duration::ZERO,
         delay: Duration::from_micros(500),
@@ -113,6 +111,18 @@ fn bytes_and_messages_cross_two_links_both_ways() {
     let ch = client
         .connect(base, &b[..1], ConnectionConfig::default())
         .unwrap();
+    (client, server, net, ch)
+}
+
+fn pattern(i: u64) -> u8 {
+    (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8
+}
+
+#[test]
+fn bytes_and_messages_cross_two_links_both_ways() {
+    let b = vec![addr("10.0.0.2:6000"), addr("10.1.0.2:6000")];
+    let (mut client, mut server, mut net, ch) =
+        connected_pair(&[addr("10.0.0.1:5000"), addr("10.1.0.1:5000")], &b);
     const TOTAL: u64 = 3_000_000;
     let (mut sent_c, mut sent_s, mut got_c, mut got_s) = (0u64, 0u64, 0u64, 0u64);
     let mut msgs_got = 0;
@@ -215,21 +225,9 @@ fn bytes_and_messages_cross_two_links_both_ways() {
 /// client must not open a link to it (it would lead back to the client's own host).
 #[test]
 fn a_remote_peers_loopback_address_is_not_discovered() {
-    let base = Instant::now();
-    let a = vec![addr("10.0.0.1:5000"), addr("127.0.0.1:5000")];
     let b = vec![addr("10.0.0.2:6000"), addr("127.0.0.1:6000")];
-    let mut client = Endpoint::new(EndpointConfig::new(a), 1, base);
-    let mut server = Endpoint::new(EndpointConfig::new(b.clone()).server(), 2, base);
-    let mut net = Net {
-        base,
-        now: Duration::ZERO,
-        delay: Duration::from_micros(500),
-        queue: BinaryHeap::new(),
-        seq: 0,
-    };
-    let ch = client
-        .connect(base, &b[..1], ConnectionConfig::default())
-        .unwrap();
+    let (mut client, mut server, mut net, ch) =
+        connected_pair(&[addr("10.0.0.1:5000"), addr("127.0.0.1:5000")], &b);
     run(
         &mut client,
         &mut server,
