@@ -72,6 +72,10 @@ const ETA_FACTOR: u32 = 4;
 const ETA_SLACK: Duration = Duration::from_millis(10);
 /// A link whose in-flight data needs this many scheduling budgets to drain is degraded.
 const SLOW_LINK_FACTOR: u32 = 4;
+/// Consecutive checks (of `share_check_interval` each) that must find a link slow, or its
+/// share of arrivals collapsed, before it is reported or demoted: one period can be skewed by
+/// a scheduling stall of either host at high rates, a slow switch stays slow.
+const CHECKS_TO_JUDGE: u8 = 2;
 /// Most application events kept when the application does not collect them.
 const MAX_EVENTS: usize = 1024;
 
@@ -1039,10 +1043,24 @@ impl Connection {
         if total >= MIN_PERIOD_ARRIVALS {
             for l in &mut self.links {
                 let share = l.period_arrivals as f64 / total as f64;
-                if l.share_periods >= SHARE_WARMUP_PERIODS
+                let collapsed = l.share_periods >= SHARE_WARMUP_PERIODS
                     && l.expected_share >= MIN_JUDGED_SHARE
-                    && share < self.cfg.share_collapse_ratio * l.expected_share
-                {
+                    && share < self.cfg.share_collapse_ratio * l.expected_share;
+                if !collapsed {
+                    l.collapsed_periods = 0;
+                    l.expected_share = if l.share_periods == 0 {
+                        share
+                    } else {
+                        0.75 * l.expected_share + 0.25 * share
+                    };
+                    l.share_periods = l.share_periods.saturating_add(1);
+                    continue;
+                }
+                // a single skewed period may be a scheduling stall: keep the expected share
+                // and let the next period decide
+                l.collapsed_periods += 1;
+                if l.collapsed_periods >= CHECKS_TO_JUDGE {
+                    l.collapsed_periods = 0;
                     tracing::debug!(
                         link = l.id,
                         share,
@@ -1054,13 +1072,6 @@ impl Connection {
                     // learn the link's share afresh once the sender has dealt with it
                     l.expected_share = 0.0;
                     l.share_periods = 0;
-                } else {
-                    l.expected_share = if l.share_periods == 0 {
-                        share
-                    } else {
-                        0.75 * l.expected_share + 0.25 * share
-                    };
-                    l.share_periods = l.share_periods.saturating_add(1);
                 }
             }
         }
@@ -1266,8 +1277,14 @@ impl Connection {
             let eta = self.links[i].eta();
             // only a measured link can be judged: before its first samples the ETA rests on
             // assumed values
-            if self.links[i].is_up() && self.links[i].is_measured() && eta > limit && eta > fastest
-            {
+            let slow = self.links[i].is_up()
+                && self.links[i].is_measured()
+                && eta > limit
+                && eta > fastest;
+            let l = &mut self.links[i];
+            l.slow_checks = if slow { l.slow_checks + 1 } else { 0 };
+            if l.slow_checks >= CHECKS_TO_JUDGE {
+                l.slow_checks = 0;
                 tracing::debug!(link = i, ?eta, ?budget, "link too slow for its data");
                 self.set_link_state(i, now, LinkState::Degraded);
             }

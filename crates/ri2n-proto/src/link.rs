@@ -218,6 +218,10 @@ pub(crate) struct Link {
     /// Usual share of arrivals (receiver-side detector), learned over healthy periods.
     pub expected_share: f64,
     pub share_periods: u32,
+    /// Consecutive share-check periods in which this link's share of arrivals collapsed.
+    pub collapsed_periods: u8,
+    /// Consecutive sender-side checks that found this link too slow for its data.
+    pub slow_checks: u8,
 
     // --- statistics ---
     pub bytes_sent: u64,
@@ -275,6 +279,8 @@ impl Link {
             period_arrivals: 0,
             expected_share: 0.0,
             share_periods: 0,
+            collapsed_periods: 0,
+            slow_checks: 0,
             bytes_sent: 0,
             bytes_received: 0,
             packets_sent: 0,
