@@ -680,14 +680,22 @@ fn stats_of(size: usize, rtts: &mut [f64]) -> LatencyResult {
     }
 }
 
-/// Ordinary least squares of t = median/2 against the size.
+/// Least squares of t = median/2 against the size, each point weighted by 1/t^2: the sizes
+/// span six decades, and unweighted the few largest ones (milliseconds, noisy) would set alpha
+/// too, which then swings to large negative values from one run to the next.
 fn fit(results: &[LatencyResult]) -> Fit {
-    let n = results.len() as f64;
-    let xs: Vec<f64> = results.iter().map(|r| r.size as f64).collect();
-    let ys: Vec<f64> = results.iter().map(|r| r.median_us / 2.0).collect();
-    let (mx, my) = (xs.iter().sum::<f64>() / n, ys.iter().sum::<f64>() / n);
-    let sxy: f64 = xs.iter().zip(&ys).map(|(x, y)| (x - mx) * (y - my)).sum();
-    let sxx: f64 = xs.iter().map(|x| (x - mx) * (x - mx)).sum();
+    let points: Vec<(f64, f64, f64)> = results
+        .iter()
+        .map(|r| {
+            let t = r.median_us / 2.0;
+            (r.size as f64, t, 1.0 / (t * t).max(f64::MIN_POSITIVE))
+        })
+        .collect();
+    let w: f64 = points.iter().map(|p| p.2).sum();
+    let mx = points.iter().map(|p| p.2 * p.0).sum::<f64>() / w;
+    let my = points.iter().map(|p| p.2 * p.1).sum::<f64>() / w;
+    let sxy: f64 = points.iter().map(|p| p.2 * (p.0 - mx) * (p.1 - my)).sum();
+    let sxx: f64 = points.iter().map(|p| p.2 * (p.0 - mx) * (p.0 - mx)).sum();
     let beta = if sxx > 0.0 { sxy / sxx } else { 0.0 };
     let alpha = my - beta * mx;
     Fit {
@@ -723,6 +731,30 @@ mod tests {
         assert!((f.alpha_us - 50.0).abs() < 1e-6, "{f:?}");
         assert!((f.bandwidth_bps - 800e6).abs() < 1.0, "{f:?}");
         assert!((f.n_half_bytes.unwrap() - 5000.0).abs() < 1e-3, "{f:?}");
+    }
+
+    /// Large messages slower than the line (as when a big message is not striped well) must
+    /// not drag the start-up latency below zero.
+    #[test]
+    fn fit_keeps_alpha_when_the_largest_sizes_bend_away() {
+        let results: Vec<LatencyResult> = (0..=20)
+            .map(|k| {
+                let size = 1usize << k;
+                let slowdown = if size > 65536 { 1.5 } else { 1.0 };
+                let t = 50.0 + slowdown * size as f64 / 100.0;
+                LatencyResult {
+                    size,
+                    count: 1,
+                    median_us: 2.0 * t,
+                    p99_us: 0.0,
+                    min_us: 0.0,
+                    mean_us: 0.0,
+                }
+            })
+            .collect();
+        let f = fit(&results);
+        assert!((f.alpha_us - 50.0).abs() < 10.0, "{f:?}");
+        assert!(f.n_half_bytes.is_some(), "{f:?}");
     }
 
     #[test]

@@ -215,7 +215,9 @@ pub struct BenchArgs {
     pub size: usize,
 
     /// With --latency: every power of two from 1 B to 1 MiB, then a least-squares fit of the
-    /// one-way time t = RTT/2 = alpha + beta * n on the medians: alpha (start-up latency),
+    /// one-way time t = RTT/2 = alpha + beta * n on the medians, weighted by 1/t^2 so that
+    /// every size counts by its relative error (the largest sizes would otherwise decide alpha
+    /// as well as beta): alpha (start-up latency),
     /// 1/beta (asymptotic bandwidth) and n_1/2 = alpha/beta (the message size reaching half of
     /// it). Large sizes use fewer round trips (at most 32 MiB moved per size, at least 16).
     #[arg(long, requires = "latency")]
