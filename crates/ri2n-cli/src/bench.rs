@@ -710,24 +710,27 @@ fn fit(results: &[LatencyResult]) -> Fit {
 mod tests {
     use super::*;
 
-    #[test]
-    fn fit_recovers_a_line() {
-        // t = 50 µs + n / (100 bytes/µs): alpha 50, 1/beta = 800 Mbit/s, n_1/2 = 5000 bytes
-        let results: Vec<LatencyResult> = (0..=20)
+    /// Sweep results for every power of two from 1 B to 1 MiB with one-way time `t(size)`.
+    fn sweep(t: impl Fn(usize) -> f64) -> Vec<LatencyResult> {
+        (0..=20)
             .map(|k| {
                 let size = 1usize << k;
-                let t = 50.0 + size as f64 / 100.0;
                 LatencyResult {
                     size,
                     count: 1,
-                    median_us: 2.0 * t,
+                    median_us: 2.0 * t(size),
                     p99_us: 0.0,
                     min_us: 0.0,
                     mean_us: 0.0,
                 }
             })
-            .collect();
-        let f = fit(&results);
+            .collect()
+    }
+
+    #[test]
+    fn fit_recovers_a_line() {
+        // t = 50 µs + n / (100 bytes/µs): alpha 50, 1/beta = 800 Mbit/s, n_1/2 = 5000 bytes
+        let f = fit(&sweep(|size| 50.0 + size as f64 / 100.0));
         assert!((f.alpha_us - 50.0).abs() < 1e-6, "{f:?}");
         assert!((f.bandwidth_bps - 800e6).abs() < 1.0, "{f:?}");
         assert!((f.n_half_bytes.unwrap() - 5000.0).abs() < 1e-3, "{f:?}");
@@ -737,22 +740,10 @@ mod tests {
     /// not drag the start-up latency below zero.
     #[test]
     fn fit_keeps_alpha_when_the_largest_sizes_bend_away() {
-        let results: Vec<LatencyResult> = (0..=20)
-            .map(|k| {
-                let size = 1usize << k;
-                let slowdown = if size > 65536 { 1.5 } else { 1.0 };
-                let t = 50.0 + slowdown * size as f64 / 100.0;
-                LatencyResult {
-                    size,
-                    count: 1,
-                    median_us: 2.0 * t,
-                    p99_us: 0.0,
-                    min_us: 0.0,
-                    mean_us: 0.0,
-                }
-            })
-            .collect();
-        let f = fit(&results);
+        let f = fit(&sweep(|size| {
+            let slowdown = if size > 65536 { 1.5 } else { 1.0 };
+            50.0 + slowdown * size as f64 / 100.0
+        }));
         assert!((f.alpha_us - 50.0).abs() < 10.0, "{f:?}");
         assert!(f.n_half_bytes.is_some(), "{f:?}");
     }
