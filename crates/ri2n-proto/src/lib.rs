@@ -23,6 +23,7 @@ mod endpoint;
 mod error;
 mod link;
 pub mod ranges;
+mod sent;
 mod streams;
 pub mod wire;
 

@@ -12,7 +12,6 @@
 //!   `probe_interval` however long the outage: recovery time does not grow with the outage.
 //!   A link that fails again soon after coming back needs twice as many probes (flap damping).
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -20,6 +19,7 @@ use smallvec::SmallVec;
 
 use crate::congestion::{Congestion, Pacer};
 use crate::ranges::RangeSet;
+use crate::sent::SentPackets;
 use crate::streams::Chunk;
 use crate::{ConnectionConfig, LinkId};
 
@@ -168,7 +168,7 @@ pub(crate) struct Link {
 
     // --- sending ---
     next_pn: u64,
-    sent: BTreeMap<u64, SentPacket>,
+    sent: SentPackets,
     pub bytes_in_flight: u64,
     /// Bytes acknowledged so far (data packets), for the delivery-rate estimate.
     delivered: u64,
@@ -248,7 +248,7 @@ impl Link {
             mss,
             peer_opened: false,
             next_pn: 0,
-            sent: BTreeMap::new(),
+            sent: SentPackets::default(),
             bytes_in_flight: 0,
             delivered: 0,
             rate_sample_start: None,
@@ -352,9 +352,10 @@ impl Link {
     ) {
         let mut largest_newly_acked: Option<(u64, Instant, bool)> = None;
         for (lo, hi) in ranges {
-            let keys: SmallVec<[u64; 32]> = self.sent.range(lo..=hi).map(|(&pn, _)| pn).collect();
-            for pn in keys {
-                let pkt = self.sent.remove(&pn).expect("key just listed");
+            for pn in self.sent.clamp(lo..=hi) {
+                let Some(pkt) = self.sent.remove(pn) else {
+                    continue;
+                };
                 if largest_newly_acked.is_none_or(|(l, _, _)| pn > l) {
                     largest_newly_acked = Some((pn, pkt.time, pkt.ack_eliciting));
                 }
@@ -449,17 +450,19 @@ impl Link {
         };
         let delay = (self.rtt.srtt.max(self.rtt.latest) * 9 / 8).max(GRANULARITY);
         let lost_before = now.checked_sub(delay);
+        let mut loss_time = None;
         let mut lost_pns: SmallVec<[u64; 16]> = SmallVec::new();
-        for (&pn, pkt) in self.sent.range(..largest) {
+        for (pn, pkt) in self.sent.iter().take_while(|&(pn, _)| pn < largest) {
             if pn + 3 <= largest || lost_before.is_some_and(|t| pkt.time <= t) {
                 lost_pns.push(pn);
             } else {
                 let t = pkt.time + delay;
-                self.loss_time = Some(self.loss_time.map_or(t, |l| l.min(t)));
+                loss_time = Some(loss_time.map_or(t, |l: Instant| l.min(t)));
             }
         }
+        self.loss_time = loss_time;
         for pn in lost_pns {
-            let pkt = self.sent.remove(&pn).expect("key just listed");
+            let pkt = self.sent.remove(pn).expect("listed just now");
             self.packets_lost += 1;
             if pkt.in_flight {
                 self.bytes_in_flight -= u64::from(pkt.size);
@@ -471,7 +474,7 @@ impl Link {
 
     /// Declares everything in flight lost (the link failed): it will be re-sent elsewhere.
     pub fn drain_in_flight(&mut self, out: &mut AckOutcome) {
-        for (_, pkt) in std::mem::take(&mut self.sent) {
+        for pkt in self.sent.drain() {
             self.packets_lost += 1;
             out.lost.push(pkt);
         }
@@ -500,7 +503,7 @@ impl Link {
         if self.state != LinkState::Up || self.sent.is_empty() || self.pto_probes_pending > 0 {
             return None;
         }
-        let oldest = self.sent.values().next().map(|p| p.time);
+        let oldest = self.sent.oldest().map(|p| p.time);
         let base = [oldest, self.last_ack_time, self.last_pto]
             .into_iter()
             .flatten()
@@ -580,19 +583,18 @@ impl Link {
         self.next_probe = Some(now + cfg.probe_interval);
         let patience =
             (self.rtt.srtt * 2 + self.rtt.rttvar * 4 + cfg.max_ack_delay).max(cfg.probe_interval);
-        let expired: SmallVec<[u64; 8]> = self
-            .sent
-            .iter()
-            .filter(|(_, p)| p.probe && now.saturating_duration_since(p.time) > patience)
-            .map(|(&pn, _)| pn)
-            .collect();
-        for pn in expired {
-            // Its loss is not a congestion signal (probes are outside the window), and it does
-            // not reset the acknowledged count: a lossy link must still be able to come back.
-            // Control frames it carried are handed back to be sent again.
-            out.lost.extend(self.sent.remove(&pn));
-            self.probe_failures += 1;
-        }
+        // An expired probe's loss is not a congestion signal (probes are outside the window),
+        // and it does not reset the acknowledged count: a lossy link must still be able to
+        // come back. Control frames it carried are handed back to be sent again.
+        let mut failures = 0;
+        self.sent.remove_where(
+            |_, p| p.probe && now.saturating_duration_since(p.time) > patience,
+            |p| {
+                failures += 1;
+                out.lost.push(p);
+            },
+        );
+        self.probe_failures += failures;
         self.state == LinkState::Degraded && self.probe_failures >= cfg.failure_ptos
     }
 
@@ -627,15 +629,7 @@ impl Link {
         self.rate_sample_start = None;
         // probes still outstanding must not trigger a PTO: count them lost (their control
         // frames are sent again)
-        let stale: SmallVec<[u64; 8]> = self
-            .sent
-            .iter()
-            .filter(|(_, p)| p.probe)
-            .map(|(&pn, _)| pn)
-            .collect();
-        for pn in stale {
-            out.lost.extend(self.sent.remove(&pn));
-        }
+        self.sent.remove_where(|_, p| p.probe, |p| out.lost.push(p));
     }
 
     // --- receiving ---

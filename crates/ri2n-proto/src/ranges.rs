@@ -61,6 +61,25 @@ impl RangeSet {
 
     /// Adds `r`; returns whether any of its values were new.
     pub fn insert(&mut self, r: Range<u64>) -> bool {
+        if r.is_empty() {
+            return false;
+        }
+        // Fast path for the common case of values arriving in order: `r` extends the highest
+        // range or lies above it, and touches nothing else.
+        if let Some(mut last) = self.map.last_entry() {
+            let (start, end) = (*last.key(), *last.get());
+            if start <= r.start && r.start <= end && r.end > end {
+                *last.get_mut() = r.end;
+                return true;
+            }
+            if end < r.start {
+                self.map.insert(r.start, r.end);
+                return true;
+            }
+        } else {
+            self.map.insert(r.start, r.end);
+            return true;
+        }
         if self.contains_range(r.clone()) {
             return false;
         }
@@ -84,7 +103,7 @@ impl RangeSet {
 
     /// Removes `r` from the set.
     pub fn remove(&mut self, r: Range<u64>) {
-        if r.is_empty() {
+        if r.is_empty() || self.map.is_empty() {
             return;
         }
         let mut to_add = Vec::new();
@@ -111,9 +130,15 @@ impl RangeSet {
 
     /// Removes every value below `v`.
     pub fn remove_below(&mut self, v: u64) {
-        if let Some(min) = self.min() {
-            if min < v {
-                self.remove(min..v);
+        while let Some(first) = self.map.first_entry() {
+            let (start, end) = (*first.key(), *first.get());
+            if start >= v {
+                break;
+            }
+            first.remove();
+            if end > v {
+                self.map.insert(v, end);
+                break;
             }
         }
     }

@@ -5,7 +5,7 @@
 //! length as a varint. Both are reliable and ordered; loss is repaired by re-sending byte
 //! ranges, on whichever link is healthy, so the streams know nothing of links.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 use crate::ranges::RangeSet;
 
@@ -203,8 +203,14 @@ impl SendStream {
         if end <= self.base {
             return;
         }
-        self.acked.insert(chunk.offset.max(self.base)..end);
         self.retransmit.remove(chunk.offset..end);
+        if chunk.offset <= self.base && self.acked.is_empty() {
+            // the usual case: the oldest bytes acknowledged in order
+            self.buf.drain(..(end - self.base) as usize);
+            self.base = end;
+            return;
+        }
+        self.acked.insert(chunk.offset.max(self.base)..end);
         // free the acknowledged prefix
         if self.acked.min() == Some(self.base) {
             let r = self.acked.pop_front(u64::MAX).expect("non-empty");
@@ -229,12 +235,17 @@ impl SendStream {
 }
 
 /// Receive side of one stream.
+///
+/// Data is copied once, from the datagram straight to its place in a ring buffer that covers
+/// the receive window from the read offset on: no allocation per frame, and memory bounded by
+/// the window however the peer fragments its data. The ring starts small and grows (up to the
+/// window) only as far as the peer actually sends ahead of the reader.
 #[derive(Debug)]
 pub(crate) struct RecvStream {
-    /// Received, unread data keyed by offset; chunks do not overlap. `usize` is how much of
-    /// the first chunk the application already read.
-    chunks: BTreeMap<u64, Vec<u8>>,
-    head_consumed: usize,
+    /// Bytes from offset `read` on: offset `o` lives at `ring[(head + (o - read)) % len]`.
+    /// Positions of offsets not received yet hold stale bytes.
+    ring: Vec<u8>,
+    head: usize,
     /// Offsets received above `read`.
     received: RangeSet,
     /// Bytes the application has read.
@@ -251,11 +262,14 @@ pub(crate) struct RecvStream {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct StreamViolation(pub &'static str);
 
+/// Smallest ring a stream allocates when its first data arrives.
+const MIN_RING: usize = 64 * 1024;
+
 impl RecvStream {
     pub fn new(window: u64) -> Self {
         Self {
-            chunks: BTreeMap::new(),
-            head_consumed: 0,
+            ring: Vec::new(),
+            head: 0,
             received: RangeSet::new(),
             read: 0,
             fin: None,
@@ -268,6 +282,56 @@ impl RecvStream {
     /// Bytes held (in order or not) and not yet read.
     pub fn buffered(&self) -> u64 {
         self.buffered
+    }
+
+    /// Bytes of memory the reassembly buffer holds.
+    #[cfg(test)]
+    pub fn memory(&self) -> usize {
+        self.ring.len()
+    }
+
+    /// Makes the ring cover offsets up to `end` (flow control keeps `end - read` within the
+    /// window). Growing keeps the bytes from `read` on at the same offsets.
+    fn reserve_to(&mut self, end: u64) {
+        let needed = (end - self.read) as usize;
+        if needed <= self.ring.len() {
+            return;
+        }
+        let cap = needed
+            .max(self.ring.len() * 2)
+            .max(MIN_RING)
+            .min(self.window as usize)
+            .max(needed);
+        let mut grown = vec![0u8; cap];
+        let live = self
+            .received
+            .max_end()
+            .map_or(0, |m| (m - self.read) as usize);
+        if live > 0 {
+            self.copy_from_ring(0, &mut grown[..live]);
+        }
+        self.ring = grown;
+        self.head = 0;
+    }
+
+    /// Copies the bytes at `offset - read == rel` on into `out`.
+    fn copy_from_ring(&self, rel: usize, out: &mut [u8]) {
+        let len = self.ring.len();
+        let pos = (self.head + rel) % len;
+        let first = out.len().min(len - pos);
+        out[..first].copy_from_slice(&self.ring[pos..pos + first]);
+        let rest = out.len() - first;
+        out[first..].copy_from_slice(&self.ring[..rest]);
+    }
+
+    /// Copies `data` to the place of offset `offset` (within the ring).
+    fn copy_to_ring(&mut self, offset: u64, data: &[u8]) {
+        let len = self.ring.len();
+        let pos = (self.head + (offset - self.read) as usize) % len;
+        let first = data.len().min(len - pos);
+        self.ring[pos..pos + first].copy_from_slice(&data[..first]);
+        let rest = data.len() - first;
+        self.ring[..rest].copy_from_slice(&data[first..]);
     }
 
     /// Stores a STREAM frame's data. Returns whether anything new became readable.
@@ -299,11 +363,19 @@ impl RecvStream {
         // "readable" news is growth of the contiguous prefix, which need not start at the read
         // offset: a partly arrived message stays unread until its last byte comes
         let readable_before = self.readable();
-        for gap in self.received.gaps_in(start..end) {
-            let lo = (gap.start - offset) as usize;
-            let hi = (gap.end - offset) as usize;
-            self.chunks.insert(gap.start, data[lo..hi].to_vec());
-            self.buffered += gap.end - gap.start;
+        self.reserve_to(end);
+        let skip = (start - offset) as usize;
+        if self.received.max_end().is_none_or(|m| m <= start) {
+            // the usual case: new data above everything received
+            self.copy_to_ring(start, &data[skip..]);
+            self.buffered += end - start;
+        } else {
+            for gap in self.received.gaps_in(start..end) {
+                let lo = (gap.start - offset) as usize;
+                let hi = (gap.end - offset) as usize;
+                self.copy_to_ring(gap.start, &data[lo..hi]);
+                self.buffered += gap.end - gap.start;
+            }
         }
         self.received.insert(start..end);
         Ok(self.readable() > readable_before || (fin && self.is_finished()))
@@ -329,47 +401,28 @@ impl RecvStream {
 
     /// Copies readable bytes into `out` without consuming them; returns how many.
     pub fn peek(&self, out: &mut [u8]) -> usize {
-        let mut n = 0;
-        let mut skip = self.head_consumed;
-        let mut expect = self.read - self.head_consumed as u64;
-        for (&off, chunk) in &self.chunks {
-            if off != expect || n == out.len() {
-                break;
-            }
-            let avail = &chunk[skip..];
-            let k = avail.len().min(out.len() - n);
-            out[n..n + k].copy_from_slice(&avail[..k]);
-            n += k;
-            skip = 0;
-            expect = off + chunk.len() as u64;
+        let n = (self.readable() as usize).min(out.len());
+        if n > 0 {
+            self.copy_from_ring(0, &mut out[..n]);
         }
         n
     }
 
     /// Reads in-order bytes into `out`; returns how many.
     pub fn read(&mut self, out: &mut [u8]) -> usize {
-        let mut n = 0;
-        while n < out.len() {
-            let Some(mut entry) = self.chunks.first_entry() else {
-                break;
-            };
-            if *entry.key() + self.head_consumed as u64 != self.read {
-                break;
-            }
-            let chunk = entry.get_mut();
-            let avail = &chunk[self.head_consumed..];
-            let k = avail.len().min(out.len() - n);
-            out[n..n + k].copy_from_slice(&avail[..k]);
-            n += k;
-            self.read += k as u64;
-            self.head_consumed += k;
-            if self.head_consumed == chunk.len() {
-                entry.remove();
-                self.head_consumed = 0;
-            }
+        let n = self.peek(out);
+        if n == 0 {
+            return 0;
         }
+        self.read += n as u64;
+        self.head = (self.head + n) % self.ring.len();
         self.buffered -= n as u64;
         self.received.remove_below(self.read);
+        if self.is_finished() {
+            // nothing more can arrive: give the memory back
+            self.ring = Vec::new();
+            self.head = 0;
+        }
         n
     }
 
@@ -429,6 +482,52 @@ mod tests {
         );
         assert!(r.on_data(6, b"ghij", false).unwrap());
         assert_eq!(r.readable(), 13);
+    }
+
+    #[test]
+    fn recv_ring_wraps_and_grows_keeping_unread_data() {
+        // three windows of data, every pair of frames swapped, read in odd-sized pieces: the
+        // ring grows from its first size to the window and wraps many times
+        let window = 4 * MIN_RING as u64;
+        let mut r = RecvStream::new(window);
+        let data: Vec<u8> = (0..window as usize * 3)
+            .map(|i| (i * 7 % 251) as u8)
+            .collect();
+        let frames: Vec<_> = (0..data.len())
+            .step_by(3000)
+            .map(|s| s..(s + 3000).min(data.len()))
+            .collect();
+        let order: Vec<_> = frames
+            .chunks(2)
+            .flat_map(|pair| pair.iter().rev().cloned())
+            .collect();
+        let (mut got, mut next, mut buf) = (Vec::new(), 0, vec![0u8; 5000]);
+        while got.len() < data.len() {
+            while next < order.len() && order[next].end as u64 <= r.max_data_sent {
+                let f = order[next].clone();
+                r.on_data(f.start as u64, &data[f], false).unwrap();
+                next += 1;
+            }
+            assert!(
+                r.memory() as u64 <= window,
+                "memory stays within the window"
+            );
+            let n = r.read(&mut buf[..7 + got.len() % 4093]);
+            got.extend_from_slice(&buf[..n]);
+            r.window_update();
+        }
+        assert_eq!(got, data);
+    }
+
+    #[test]
+    fn tiny_scattered_frames_use_no_more_than_the_window() {
+        let window = 1 << 20;
+        let mut r = RecvStream::new(window);
+        for off in (1..window).step_by(2) {
+            r.on_data(off, &[1], false).unwrap();
+        }
+        assert!(r.memory() as u64 <= window);
+        assert_eq!(r.readable(), 0);
     }
 
     #[test]
