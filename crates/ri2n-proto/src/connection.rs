@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
+use crate::endpoint::TransmitBuffer;
 use crate::link::{AckOutcome, Link, SentFrame, SentPacket};
 use crate::streams::{RecvStream, SendStream};
 use crate::wire::{self, Frame, Frames, Header, Writer};
@@ -1083,21 +1084,20 @@ impl Connection {
     // ------------------------------------------------------------------------------------
     // Outgoing packets
 
-    /// Builds the next datagram into `buf`; returns the link index and length.
+    /// Builds the next datagram into the buffer `out` gives for its path; returns the path
+    /// and the datagram's length.
     pub(crate) fn poll_transmit(
         &mut self,
         now: Instant,
-        buf: &mut [u8],
+        out: &mut dyn TransmitBuffer,
     ) -> Option<(SocketAddr, SocketAddr, usize)> {
-        let size = self.cfg.max_datagram_size.min(buf.len());
-        let buf = &mut buf[..size];
         if self.state == ConnectionState::Closed {
             let i = self.close_sends.pop()?;
             let (code, reason) = self.close_frame.clone().unwrap_or_default();
-            let len = self.build_close(i, code, &reason, buf);
+            let len = self.build_close(i, code, &reason, out);
             return Some((self.links[i].local, self.links[i].remote, len));
         }
-        if let Some(r) = self.poll_handshake(now, buf) {
+        if let Some(r) = self.poll_handshake(now, out) {
             return Some(r);
         }
         if !self.can_send_short() {
@@ -1105,14 +1105,14 @@ impl Connection {
         }
         // 1. probes of links that are not up
         if let Some(i) = (0..self.links.len()).find(|&i| self.links[i].probe_due(now)) {
-            let mut out = std::mem::take(&mut self.scratch);
-            let failed = self.links[i].on_probe_sending(now, &self.cfg, &mut out);
-            self.apply_outcome(&mut out);
-            self.scratch = out;
+            let mut outcome = std::mem::take(&mut self.scratch);
+            let failed = self.links[i].on_probe_sending(now, &self.cfg, &mut outcome);
+            self.apply_outcome(&mut outcome);
+            self.scratch = outcome;
             if failed {
                 self.set_link_state(i, now, LinkState::Down);
             }
-            return self.transmit(now, i, PacketKind::Probe, buf);
+            return self.transmit(now, i, PacketKind::Probe, out);
         }
         // 2. probe timeouts, keepalives and the handshake confirmation on up links
         let ping = self.ping_pending.take().or_else(|| {
@@ -1126,7 +1126,7 @@ impl Connection {
         if let Some(i) = ping {
             let l = &mut self.links[i];
             l.pto_probes_pending = l.pto_probes_pending.saturating_sub(1);
-            return self.transmit(now, i, PacketKind::Ping, buf);
+            return self.transmit(now, i, PacketKind::Ping, out);
         }
         // 3. stream data, striped over the up links with window and pacing room
         let control_waiting =
@@ -1138,20 +1138,20 @@ impl Connection {
         }
         if self.send.iter().any(SendStream::wants_to_send) {
             match self.pick_data_link(now) {
-                Ok(i) => return self.transmit(now, i, PacketKind::Data, buf),
+                Ok(i) => return self.transmit(now, i, PacketKind::Data, out),
                 Err(wake) => self.pacing_wakeup = wake,
             }
         }
         // control frames do not wait for congestion windows
         if control_waiting {
             if let Some(i) = self.best_up_link() {
-                return self.transmit(now, i, PacketKind::AckOnly, buf);
+                return self.transmit(now, i, PacketKind::AckOnly, out);
             }
         }
         // 4. acknowledgements
         if self.links.iter().any(|l| l.ack_due(now)) {
             let i = self.ack_link();
-            return self.transmit(now, i, PacketKind::AckOnly, buf);
+            return self.transmit(now, i, PacketKind::AckOnly, out);
         }
         None
     }
@@ -1159,8 +1159,9 @@ impl Connection {
     fn poll_handshake(
         &mut self,
         now: Instant,
-        buf: &mut [u8],
+        out: &mut dyn TransmitBuffer,
     ) -> Option<(SocketAddr, SocketAddr, usize)> {
+        let max = self.cfg.max_datagram_size;
         let link = &self.links[0];
         let (local, remote) = (link.local, link.remote);
         match &mut self.handshake {
@@ -1180,6 +1181,7 @@ impl Connection {
                     window: self.cfg.stream_receive_window,
                     token,
                 };
+                let buf = datagram_room(out, local, remote, max);
                 if buf.len() < wire::MIN_INITIAL_SIZE {
                     return None;
                 }
@@ -1199,6 +1201,7 @@ impl Connection {
                     window: self.cfg.stream_receive_window,
                     addrs: advertised.clone(),
                 };
+                let buf = datagram_room(out, local, remote, max);
                 Some((local, remote, wire::encode_control_packet(&header, buf)))
             }
             _ => None,
@@ -1312,15 +1315,22 @@ impl Connection {
         now: Instant,
         i: usize,
         kind: PacketKind,
-        buf: &mut [u8],
+        out: &mut dyn TransmitBuffer,
     ) -> Option<(SocketAddr, SocketAddr, usize)> {
-        let len = self.build_packet(now, i, kind, buf);
+        let len = self.build_packet(now, i, kind, out);
         Some((self.links[i].local, self.links[i].remote, len))
     }
 
-    fn build_close(&mut self, i: usize, code: u64, reason: &str, buf: &mut [u8]) -> usize {
+    fn build_close(
+        &mut self,
+        i: usize,
+        code: u64,
+        reason: &str,
+        out: &mut dyn TransmitBuffer,
+    ) -> usize {
         let link = &mut self.links[i];
         let pn = link.next_pn();
+        let buf = datagram_room(out, link.local, link.remote, self.cfg.max_datagram_size);
         let mut w = Writer::new(buf);
         wire::write_short_header(&mut w, self.peer_cid, link.id, pn);
         let room = w.remaining() - wire::CRC_LEN;
@@ -1338,9 +1348,17 @@ impl Connection {
         len
     }
 
-    fn build_packet(&mut self, now: Instant, i: usize, kind: PacketKind, buf: &mut [u8]) -> usize {
+    fn build_packet(
+        &mut self,
+        now: Instant,
+        i: usize,
+        kind: PacketKind,
+        out: &mut dyn TransmitBuffer,
+    ) -> usize {
         let pn = self.links[i].next_pn();
         let link_id = self.links[i].id;
+        let (local, remote) = (self.links[i].local, self.links[i].remote);
+        let buf = datagram_room(out, local, remote, self.cfg.max_datagram_size);
         let mut w = Writer::new(buf);
         wire::write_short_header(&mut w, self.peer_cid, link_id, pn);
         let end = w.len() + w.remaining() - wire::CRC_LEN; // room for frames
@@ -1429,6 +1447,18 @@ impl Connection {
         link.on_sent(now, len, pkt);
         len
     }
+}
+
+/// The driver's room for the next datagram on a path, cut to `max` bytes.
+fn datagram_room(
+    out: &mut dyn TransmitBuffer,
+    local: SocketAddr,
+    remote: SocketAddr,
+    max: usize,
+) -> &mut [u8] {
+    let buf = out.buffer(local, remote);
+    let len = buf.len().min(max);
+    &mut buf[..len]
 }
 
 /// The local address to reach `remote` from: one in the same subnet (the longest common

@@ -35,6 +35,25 @@ pub struct Transmit {
     pub len: usize,
 }
 
+/// Where [`Endpoint::poll_transmit_into`] builds each datagram: the engine picks the path
+/// first, then asks for room on it, so a driver can hand out the tail of that path's
+/// outgoing batch and datagrams are built in place, never copied.
+pub trait TransmitBuffer {
+    /// Room for the next datagram from `local` to `remote`: at least the connection's
+    /// `max_datagram_size` (and 1200 bytes for handshake packets). The engine writes the
+    /// datagram at its start and reports its length in the returned [`Transmit`].
+    fn buffer(&mut self, local: SocketAddr, remote: SocketAddr) -> &mut [u8];
+}
+
+/// One buffer for every path: each datagram is written to its start.
+struct SliceBuffer<'a>(&'a mut [u8]);
+
+impl TransmitBuffer for SliceBuffer<'_> {
+    fn buffer(&mut self, _: SocketAddr, _: SocketAddr) -> &mut [u8] {
+        self.0
+    }
+}
+
 /// Stateless answers waiting to be sent; beyond this many, new ones are dropped, so a flood
 /// of junk cannot grow memory.
 const MAX_STATELESS_QUEUE: usize = 64;
@@ -323,8 +342,18 @@ impl Endpoint {
     /// The next datagram to send, written into `buf` (at least `max_datagram_size` bytes, and
     /// 1200 for a client's first packets). Call until it returns `None`.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        self.poll_transmit_into(now, &mut SliceBuffer(buf))
+    }
+
+    /// The next datagram to send, built in the room `out` gives for its path (see
+    /// [`TransmitBuffer`]). Call until it returns `None`.
+    pub fn poll_transmit_into(
+        &mut self,
+        now: Instant,
+        out: &mut dyn TransmitBuffer,
+    ) -> Option<Transmit> {
         if let Some((local, remote, data)) = self.stateless.pop_front() {
-            buf[..data.len()].copy_from_slice(&data);
+            out.buffer(local, remote)[..data.len()].copy_from_slice(&data);
             return Some(Transmit {
                 local,
                 remote,
@@ -335,14 +364,14 @@ impl Endpoint {
         let cursor = ConnectionHandle(self.cursor);
         let mut found = None;
         for (&h, conn) in self.connections.range_mut(cursor..) {
-            if let Some(t) = conn.poll_transmit(now, buf) {
+            if let Some(t) = conn.poll_transmit(now, out) {
                 found = Some((h, t));
                 break;
             }
         }
         if found.is_none() {
             for (&h, conn) in self.connections.range_mut(..cursor) {
-                if let Some(t) = conn.poll_transmit(now, buf) {
+                if let Some(t) = conn.poll_transmit(now, out) {
                     found = Some((h, t));
                     break;
                 }

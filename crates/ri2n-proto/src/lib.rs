@@ -29,7 +29,7 @@ pub mod wire;
 
 pub use config::{ConnectionConfig, EndpointConfig, Striping};
 pub use connection::{Connection, ConnectionState, ConnectionStats};
-pub use endpoint::{ConnectionHandle, Endpoint, Transmit};
+pub use endpoint::{ConnectionHandle, Endpoint, Transmit, TransmitBuffer};
 pub use error::{ConnectError, ConnectionError, ReadError, WriteError};
 pub use link::{LinkState, LinkStats};
 

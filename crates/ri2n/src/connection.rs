@@ -54,7 +54,7 @@ impl Connection {
         let shared = &self.driver.shared;
         let mut st = shared.lock();
         let r = f(conn(&mut st, self.handle));
-        shared.after_app_call(&mut st);
+        drop(shared.after_app_call(st));
         r
     }
 
@@ -69,7 +69,7 @@ impl Connection {
         let mut st = shared.lock();
         loop {
             let r = f(conn(&mut st, self.handle));
-            shared.after_app_call(&mut st);
+            st = shared.after_app_call(st);
             match r {
                 Err(e) if is_blocked(&e) => {
                     if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -241,6 +241,6 @@ impl Drop for Connection {
             }
         }
         st.dropped.insert(self.handle);
-        shared.after_app_call(&mut st);
+        drop(shared.after_app_call(st));
     }
 }

@@ -1,11 +1,17 @@
 //! The driver: runs the sans-IO engine on real sockets.
 //!
-//! All engine state sits behind one mutex. A communication thread (RI2N's "RI2N thread")
-//! waits on the sockets and the engine's next timer, receives in batches and runs timers, so
-//! retransmissions and link probes happen without the application calling in. Application
-//! threads call the engine directly under the same mutex and send what results from their own
-//! thread: a write reaches the wire without a thread hop. The receive path avoids the hop too:
-//! one blocked application call at a time waits on a second epoll instance watching the same
+//! All engine state sits behind one mutex, but no system call is made while holding it:
+//! datagrams are received into the receiving thread's own buffers and only then handed to the
+//! engine, and the engine builds outgoing datagrams in place in per-socket GSO batches that are
+//! sent after the lock is released. So the application thread (copying its data in and out)
+//! and the communication thread (receiving and sending) work on both cores at once instead of
+//! taking turns; the lock covers only the engine's bookkeeping.
+//!
+//! A communication thread (RI2N's "RI2N thread") waits on the sockets and the engine's next
+//! timer, so retransmissions and link probes happen without the application calling in.
+//! Application threads call the engine directly and send what results from their own thread:
+//! a write reaches the wire without a thread hop. The receive path avoids the hop too: one
+//! blocked application call at a time waits on a second epoll instance watching the same
 //! sockets and receives for itself when a datagram arrives, so a reply does not wait for the
 //! driver thread to wake the application (RI2N/UDP measured that hop as most of its latency
 //! above TCP's). Other blocked calls wait on a condition variable of their connection (or of
@@ -21,11 +27,11 @@ use std::time::{Duration, Instant};
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
-use ri2n_proto::{ConnectionHandle, Endpoint as ProtoEndpoint};
+use ri2n_proto::{ConnectionHandle, Endpoint as ProtoEndpoint, Transmit, TransmitBuffer};
 
 use crate::connection::TimedEvent;
 
-use crate::socket::{LinkSocket, SendOutcome};
+use crate::socket::{LinkSocket, RecvBatch, SendOutcome};
 
 /// Events kept per connection for the application (oldest dropped beyond).
 const MAX_QUEUED_EVENTS: usize = 256;
@@ -34,6 +40,9 @@ const WAKE_TOKEN: Token = Token(usize::MAX);
 const MAX_DATAGRAM: usize = 16 * 1024;
 /// Most bytes one GSO send carries: below the 65 507-byte limit of one UDP send over IPv4.
 const BATCH_BYTES: usize = 60 * 1024;
+/// Batches built ahead of the sender before the engine is asked for no more: bounds the
+/// memory of a round and the time datagrams wait between being built and sent.
+const MAX_QUEUED_BATCHES: usize = 64;
 
 /// Engine state shared between the driver thread and application threads.
 #[derive(Debug)]
@@ -51,47 +60,136 @@ pub(crate) struct State {
     driver_deadline: Option<Instant>,
     /// An application thread waits in [`CallerPoll`].
     caller_polling: bool,
-    /// A datagram is built here, then copied into its socket's batch.
-    scratch: Vec<u8>,
-    /// Datagrams waiting to leave, per socket.
-    batches: Vec<Batch>,
-    /// Receive buffers, per socket (whoever receives holds the lock).
-    recv_bufs: Vec<Vec<Vec<u8>>>,
+    /// Datagrams built and not yet sent.
+    out: Outgoing,
 }
 
-/// Datagrams for one socket that leave together: all to `dest`, all `segment` bytes long
-/// except perhaps the last.
-#[derive(Debug, Default)]
+/// Datagrams for one socket that leave together in one GSO send: all to `dest`, all
+/// `segment` bytes long except perhaps the last. The buffer has a fixed size, so handing out
+/// room for the next datagram never zero-fills or reallocates.
+#[derive(Debug)]
 struct Batch {
-    dest: Option<SocketAddr>,
+    dest: SocketAddr,
     segment: usize,
-    data: Vec<u8>,
+    buf: Box<[u8]>,
+    len: usize,
 }
 
 impl Batch {
-    fn is_empty(&self) -> bool {
-        self.data.is_empty()
-    }
-
-    /// Whether a datagram of `len` bytes to `dest` may join.
-    fn takes(&self, dest: SocketAddr, len: usize, max_segments: usize) -> bool {
-        self.dest == Some(dest)
-            && len <= self.segment
-            && !self.is_closed()
-            && self.data.len() / self.segment < max_segments
-    }
-
-    fn push(&mut self, dest: SocketAddr, datagram: &[u8]) {
-        if self.data.is_empty() {
-            self.dest = Some(dest);
-            self.segment = datagram.len();
+    fn new() -> Self {
+        Self {
+            dest: SocketAddr::from(([0, 0, 0, 0], 0)),
+            segment: 0,
+            buf: vec![0u8; BATCH_BYTES + MAX_DATAGRAM].into_boxed_slice(),
+            len: 0,
         }
-        self.data.extend_from_slice(datagram);
     }
 
-    /// A datagram shorter than the segment size ended the batch.
-    fn is_closed(&self) -> bool {
-        self.segment != 0 && self.data.len() % self.segment != 0
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether the next datagram, to `dest`, may be built at the end of this batch.
+    fn takes(&self, dest: SocketAddr, max_segments: usize) -> bool {
+        self.is_empty()
+            || (self.dest == dest
+                && self.len % self.segment == 0
+                && self.len / self.segment < max_segments
+                && self.len + MAX_DATAGRAM <= self.buf.len())
+    }
+}
+
+/// Datagrams on their way out. The engine builds each one in place at the end of its
+/// socket's open batch ([`TransmitBuffer`]); a batch is queued when the next datagram cannot
+/// join it (another destination, a larger size, a full batch). One thread at a time sends
+/// the queue, in order, so the datagrams of a link leave in the order they were numbered.
+#[derive(Debug)]
+struct Outgoing {
+    locals: Vec<SocketAddr>,
+    max_segments: Vec<usize>,
+    /// The batch being filled, per socket.
+    open: Vec<Batch>,
+    /// Batches ready to send, with their socket, oldest first.
+    queue: VecDeque<(usize, Batch)>,
+    /// Empty batches for reuse.
+    spare: Vec<Batch>,
+    /// A thread is sending the queue (without the lock).
+    sending: bool,
+    /// Room was handed out in this socket's open batch at this position.
+    pending: Option<(usize, usize)>,
+    /// Room for a datagram from an address that has no socket (it is dropped).
+    discard: Vec<u8>,
+}
+
+impl Outgoing {
+    fn new(sockets: &[LinkSocket]) -> Self {
+        Self {
+            locals: sockets.iter().map(|s| s.local).collect(),
+            max_segments: sockets.iter().map(LinkSocket::max_segments).collect(),
+            open: sockets.iter().map(|_| Batch::new()).collect(),
+            queue: VecDeque::new(),
+            spare: Vec::new(),
+            sending: false,
+            pending: None,
+            discard: vec![0u8; MAX_DATAGRAM],
+        }
+    }
+
+    /// Queues socket `i`'s open batch, if it holds anything.
+    fn close(&mut self, i: usize) {
+        if !self.open[i].is_empty() {
+            let fresh = self.spare.pop().unwrap_or_else(Batch::new);
+            let full = std::mem::replace(&mut self.open[i], fresh);
+            self.queue.push_back((i, full));
+        }
+    }
+
+    fn close_all(&mut self) {
+        for i in 0..self.open.len() {
+            self.close(i);
+        }
+    }
+
+    /// Records the datagram the engine just built in the room last handed out.
+    fn commit(&mut self, t: &Transmit) {
+        let Some((i, start)) = self.pending.take() else {
+            return;
+        };
+        let batch = &mut self.open[i];
+        if start == 0 {
+            batch.dest = t.remote;
+            batch.segment = t.len;
+        } else if t.len > batch.segment {
+            // GSO segments cannot grow: the datagram starts a batch of its own (rare: data
+            // after a smaller packet to the same address ends a batch anyway)
+            let mut own = self.spare.pop().unwrap_or_else(Batch::new);
+            own.buf[..t.len].copy_from_slice(&batch.buf[start..start + t.len]);
+            own.dest = t.remote;
+            own.segment = t.len;
+            own.len = t.len;
+            let previous = std::mem::replace(batch, own);
+            self.queue.push_back((i, previous));
+            return;
+        }
+        batch.len = start + t.len;
+        if t.len < batch.segment {
+            self.close(i); // a shorter datagram can only end a batch
+        }
+    }
+}
+
+impl TransmitBuffer for Outgoing {
+    fn buffer(&mut self, local: SocketAddr, remote: SocketAddr) -> &mut [u8] {
+        let Some(i) = self.locals.iter().position(|&a| a == local) else {
+            self.pending = None;
+            return &mut self.discard;
+        };
+        if !self.open[i].takes(remote, self.max_segments[i]) {
+            self.close(i);
+        }
+        let batch = &mut self.open[i];
+        self.pending = Some((i, batch.len));
+        &mut batch.buf[batch.len..]
     }
 }
 
@@ -105,10 +203,14 @@ struct CallerPoll {
 /// What the driver thread and the application handles share.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    pub state: Mutex<State>,
+    state: Mutex<State>,
     /// Signalled when a connection is ready for `accept`.
     accepted: Condvar,
     pub sockets: Vec<LinkSocket>,
+    /// Receive buffers per socket. Holding one from `recvmmsg` until the engine has the
+    /// datagrams keeps them in arrival order: two threads receiving from one socket at once
+    /// could hand the engine a later batch first, which looks like loss.
+    receiving: Vec<Mutex<RecvBatch>>,
     waker: Waker,
     shutdown: AtomicBool,
     caller_poll: Mutex<CallerPoll>,
@@ -122,16 +224,17 @@ impl Shared {
     }
 
     /// After the application changed the engine: send what it produced, publish events, and
-    /// wake the driver if the engine now needs it earlier than planned.
-    pub fn after_app_call(&self, st: &mut State) {
-        let now = Instant::now();
-        self.flush(st, now);
-        self.dispatch(st).notify();
+    /// wake the driver if the engine now needs it earlier than planned. The lock is released
+    /// while sending, and held again when this returns.
+    pub fn after_app_call<'a>(&'a self, st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        let mut st = self.transmit(st);
+        self.dispatch(&mut st).notify();
         let next = st.endpoint.poll_timeout();
         if next.is_some_and(|t| st.driver_deadline.is_none_or(|d| t < d)) {
             st.driver_deadline = next;
             let _ = self.waker.wake();
         }
+        st
     }
 
     /// Waits until something may have changed for connection `h` (or `deadline`); the caller
@@ -153,39 +256,41 @@ impl Shared {
         let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         // an error (EINTR) just means: look again
         let _ = poll.poll(events, timeout);
+        for i in 0..self.sockets.len() {
+            while self.receive(i) {}
+        }
         let mut st = self.lock();
         st.caller_polling = false;
-        let now = Instant::now();
-        for i in 0..self.sockets.len() {
-            while self.receive(&mut st, i, now) {}
-        }
-        self.after_app_call(&mut st);
-        st
+        self.after_app_call(st)
     }
 
-    /// Receives one batch from socket `i` into the engine and sends the answers; false when
-    /// nothing was waiting.
-    fn receive(&self, st: &mut State, i: usize, now: Instant) -> bool {
+    /// Receives one batch from socket `i` (without the engine's lock), hands it to the
+    /// engine and sends the answers; false when nothing was waiting or another thread is
+    /// receiving from the socket (that thread drains it).
+    fn receive(&self, i: usize) -> bool {
         let sock = &self.sockets[i];
-        let State {
-            endpoint,
-            recv_bufs,
-            ..
-        } = st;
-        let received = sock.recv_batch(&mut recv_bufs[i], &mut |remote, d| {
-            endpoint.handle_datagram(now, sock.local, remote, d)
-        });
-        match received {
-            Ok(0) => false,
-            Ok(_) => {
-                self.flush(st, now);
-                true
-            }
+        let Ok(mut batch) = self.receiving[i].try_lock() else {
+            return false;
+        };
+        match sock.recv(&mut batch) {
+            Ok(true) => {}
+            Ok(false) => return false,
             Err(e) => {
                 tracing::debug!(error = %e, socket = %sock.local, "receive failed");
-                false
+                return false;
             }
         }
+        let mut st = self.lock();
+        let now = Instant::now();
+        let endpoint = &mut st.endpoint;
+        sock.deliver(&batch, &mut |remote, d| {
+            endpoint.handle_datagram(now, sock.local, remote, d)
+        });
+        let mut st = self.transmit(st);
+        let wakeups = self.dispatch(&mut st);
+        drop(st);
+        wakeups.notify();
+        true
     }
 
     /// Waits until a connection arrives for `accept` (or `deadline`).
@@ -197,51 +302,56 @@ impl Shared {
         wait_on(&self.accepted, guard, deadline)
     }
 
-    /// Sends every datagram the engine has ready. Each socket collects its datagrams in a
-    /// batch of its own: consecutive datagrams of one size to the same address leave in one
-    /// GSO system call even when the scheduler alternates between links packet by packet.
-    fn flush(&self, st: &mut State, now: Instant) {
-        let State {
-            endpoint,
-            scratch,
-            batches,
-            ..
-        } = st;
-        while let Some(t) = endpoint.poll_transmit(now, scratch) {
-            let Some(i) = self.sockets.iter().position(|s| s.local == t.local) else {
-                continue;
+    /// Has the engine build every datagram it has ready, in place in the per-socket batches.
+    fn build(st: &mut State, now: Instant) {
+        let State { endpoint, out, .. } = st;
+        while out.queue.len() < MAX_QUEUED_BATCHES {
+            let Some(t) = endpoint.poll_transmit_into(now, out) else {
+                break;
             };
-            let datagram = &scratch[..t.len];
-            let batch = &mut batches[i];
-            if !batch.is_empty() && !batch.takes(t.remote, t.len, self.sockets[i].max_segments()) {
-                self.send_batch(endpoint, now, i, batch);
-            }
-            batch.push(t.remote, datagram);
-            // a shorter datagram can only end a batch, and a full one goes now
-            if batch.is_closed() || batch.data.len() + MAX_DATAGRAM > BATCH_BYTES {
-                self.send_batch(endpoint, now, i, batch);
-            }
+            out.commit(&t);
         }
-        for (i, batch) in batches.iter_mut().enumerate() {
-            if !batch.is_empty() {
-                self.send_batch(endpoint, now, i, batch);
-            }
-        }
+        out.close_all();
     }
 
-    fn send_batch(
-        &self,
-        endpoint: &mut ProtoEndpoint,
-        now: Instant,
-        socket: usize,
-        batch: &mut Batch,
-    ) {
-        let sock = &self.sockets[socket];
-        let dest = batch.dest.expect("a batch with data has a destination");
-        if sock.send(dest, &batch.data, Some(batch.segment)) == SendOutcome::Unreachable {
-            endpoint.handle_unreachable(now, sock.local, dest);
+    /// Builds what the engine has ready and sends it. Sending happens without the lock; a
+    /// thread that finds another one sending leaves its batches in the queue for that one,
+    /// which sends until the queue is empty (so each socket's datagrams keep their order).
+    fn transmit<'a>(&'a self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        Self::build(&mut st, Instant::now());
+        if st.out.sending {
+            return st;
         }
-        batch.data.clear();
+        st.out.sending = true;
+        let mut unreachable: Vec<(usize, SocketAddr)> = Vec::new();
+        loop {
+            let batches = std::mem::take(&mut st.out.queue);
+            if batches.is_empty() {
+                break;
+            }
+            drop(st);
+            for (i, b) in &batches {
+                let sock = &self.sockets[*i];
+                let segment = Some(b.segment).filter(|&s| s < b.len);
+                if sock.send(b.dest, &b.buf[..b.len], segment) == SendOutcome::Unreachable {
+                    unreachable.push((*i, b.dest));
+                }
+            }
+            st = self.lock();
+            let now = Instant::now();
+            for (i, dest) in unreachable.drain(..) {
+                st.endpoint
+                    .handle_unreachable(now, self.sockets[i].local, dest);
+            }
+            st.out.spare.extend(batches.into_iter().map(|(_, mut b)| {
+                b.len = 0;
+                b
+            }));
+            // acknowledgements that arrived meanwhile may have opened windows
+            Self::build(&mut st, now);
+        }
+        st.out.sending = false;
+        st
     }
 
     /// Moves engine events to the per-connection queues; returns whom to wake (the caller
@@ -358,7 +468,6 @@ impl Driver {
                 Interest::READABLE,
             )?;
         }
-        let recv_bufs = sockets.iter().map(LinkSocket::recv_buffers).collect();
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 endpoint,
@@ -368,11 +477,10 @@ impl Driver {
                 signals: HashMap::new(),
                 driver_deadline: None,
                 caller_polling: false,
-                scratch: vec![0u8; MAX_DATAGRAM],
-                batches: sockets.iter().map(|_| Batch::default()).collect(),
-                recv_bufs,
+                out: Outgoing::new(&sockets),
             }),
             accepted: Condvar::new(),
+            receiving: sockets.iter().map(|s| Mutex::new(s.recv_batch())).collect(),
             sockets,
             waker,
             shutdown: AtomicBool::new(false),
@@ -408,23 +516,26 @@ fn run(shared: Arc<Shared>, mut poll: Poll) {
     let mut events = Events::with_capacity(64);
     let mut readable = vec![true; shared.sockets.len()];
     while !shared.shutdown.load(Ordering::Acquire) {
+        // receive everything waiting (mio is edge-triggered: drain until empty)
+        for (i, r) in readable.iter_mut().enumerate() {
+            while *r {
+                *r = shared.receive(i);
+            }
+        }
         let (timeout, wakeups) = {
             let mut st = shared.lock();
             let now = Instant::now();
-            // receive everything waiting (mio is edge-triggered: drain until empty)
-            for (i, r) in readable.iter_mut().enumerate() {
-                while *r {
-                    *r = shared.receive(&mut st, i, now);
-                }
-            }
             if st.endpoint.poll_timeout().is_some_and(|t| t <= now) {
                 st.endpoint.handle_timeout(now);
             }
-            shared.flush(&mut st, now);
+            let mut st = shared.transmit(st);
             let wakeups = shared.dispatch(&mut st);
             let next = st.endpoint.poll_timeout();
             st.driver_deadline = next;
-            (next.map(|t| t.saturating_duration_since(now)), wakeups)
+            (
+                next.map(|t| t.saturating_duration_since(Instant::now())),
+                wakeups,
+            )
         };
         // after unlocking, so that a woken caller does not at once block on the lock
         wakeups.notify();

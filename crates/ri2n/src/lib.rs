@@ -185,7 +185,7 @@ impl Endpoint {
         let shared = &self.driver.shared;
         let mut st = shared.lock();
         let h = st.endpoint.connect(Instant::now(), remotes, config)?;
-        shared.after_app_call(&mut st);
+        st = shared.after_app_call(st);
         let conn = Connection::new(self.driver.clone(), h);
         loop {
             let c = st.endpoint.connection(h).expect("connection just made");

@@ -89,47 +89,55 @@ impl LinkSocket {
         }
     }
 
-    /// Receives a batch of datagrams, calling `f(remote, datagram)` for each (GRO buffers are
-    /// split at their stride). Returns how many were received; 0 when none are waiting.
-    pub fn recv_batch(
-        &self,
-        bufs: &mut [Vec<u8>],
-        f: &mut dyn FnMut(SocketAddr, &[u8]),
-    ) -> io::Result<usize> {
-        let mut meta = [RecvMeta::default(); BATCH_SIZE];
-        let n = {
-            let mut slices: Vec<IoSliceMut<'_>> =
-                bufs.iter_mut().map(|b| IoSliceMut::new(b)).collect();
-            let count = slices.len().min(BATCH_SIZE);
-            match self
-                .state
-                .recv((&self.io).into(), &mut slices[..count], &mut meta[..count])
-            {
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
-                Err(e) => return Err(e),
-            }
+    /// Receives a batch of datagrams into `batch` (one `recvmmsg`; GRO buffers hold several
+    /// datagrams each). Returns false when none were waiting. Needs no engine state, so it
+    /// runs without the engine's lock.
+    pub fn recv(&self, batch: &mut RecvBatch) -> io::Result<bool> {
+        let mut slices: [IoSliceMut<'_>; BATCH_SIZE] = {
+            let mut bufs = batch.bufs.iter_mut();
+            std::array::from_fn(|_| IoSliceMut::new(bufs.next().expect("BATCH_SIZE buffers")))
         };
-        let mut datagrams = 0;
-        for (m, buf) in meta.iter().zip(bufs.iter()).take(n) {
+        batch.count = match self
+            .state
+            .recv((&self.io).into(), &mut slices, &mut batch.meta)
+        {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+            Err(e) => return Err(e),
+        };
+        Ok(batch.count > 0)
+    }
+
+    /// Calls `f(remote, datagram)` for each datagram of the batch last received (GRO buffers
+    /// are split at their stride; the impairment layer may drop some).
+    pub fn deliver(&self, batch: &RecvBatch, f: &mut dyn FnMut(SocketAddr, &[u8])) {
+        for (m, buf) in batch.meta.iter().zip(&batch.bufs).take(batch.count) {
             let stride = m.stride.max(1);
             for d in buf[..m.len].chunks(stride) {
-                datagrams += 1;
                 if self.impairment.admit_recv() {
                     f(m.addr, d);
                 }
             }
         }
-        Ok(datagrams)
     }
 
-    /// Buffers for `recv_batch`, sized for GRO.
-    pub fn recv_buffers(&self) -> Vec<Vec<u8>> {
-        let size = 1500 * self.state.gro_segments().max(1);
-        (0..BATCH_SIZE)
-            .map(|_| vec![0u8; size.max(65536)])
-            .collect()
+    /// Receive buffers sized for this socket's GRO.
+    pub fn recv_batch(&self) -> RecvBatch {
+        let size = (1500 * self.state.gro_segments().max(1)).max(65536);
+        RecvBatch {
+            bufs: (0..BATCH_SIZE).map(|_| vec![0u8; size]).collect(),
+            meta: [RecvMeta::default(); BATCH_SIZE],
+            count: 0,
+        }
     }
+}
+
+/// One thread's buffers for receiving a batch of datagrams.
+#[derive(Debug)]
+pub(crate) struct RecvBatch {
+    bufs: Vec<Vec<u8>>,
+    meta: [RecvMeta; BATCH_SIZE],
+    count: usize,
 }
 
 fn classify_send_error(e: &io::Error) -> SendOutcome {
