@@ -69,10 +69,11 @@ const CLOSE_APP_BASE: u64 = 16;
 const RESCUE_BYTES: u64 = 64 * 1024;
 /// A link may take data whose arrival it promises within this multiple of the fastest
 /// link's (plus [`ETA_SLACK`]).
-const ETA_FACTOR: u32 = 4;
-const ETA_SLACK: Duration = Duration::from_millis(10);
+const ETA_FACTOR: f64 = 4.0;
+/// Seconds.
+const ETA_SLACK: f64 = 0.010;
 /// A link whose in-flight data needs this many scheduling budgets to drain is degraded.
-const SLOW_LINK_FACTOR: u32 = 4;
+const SLOW_LINK_FACTOR: f64 = 4.0;
 /// Consecutive checks (of `share_check_interval` each) that must find a link slow, or its
 /// share of arrivals collapsed, before it is reported or demoted: one period can be skewed by
 /// a scheduling stall of either host at high rates, a slow switch stays slow.
@@ -1215,7 +1216,7 @@ impl Connection {
     /// data would hold up everything behind it.
     /// `Err` carries when pacing next allows a packet, if that is what blocks.
     fn pick_data_link(&mut self, now: Instant) -> Result<usize, Option<Instant>> {
-        let mut best: Option<(usize, Duration)> = None;
+        let mut best: Option<(usize, f64)> = None;
         let mut wake: Option<Instant> = None;
         let (fastest, budget) = self.eta_budget();
         // failover striping: one stable primary, the up link with the lowest base RTT
@@ -1250,18 +1251,17 @@ impl Connection {
     /// The earliest arrival any up link promises, and the latest a link may promise and still
     /// take data: what the receive window can bridge (half of it at the links' combined
     /// rate), and not much later than the fastest link would deliver after its own queue.
-    fn eta_budget(&self) -> (Duration, Duration) {
-        let mut fastest = Duration::MAX;
+    /// Both in seconds from now.
+    fn eta_budget(&self) -> (f64, f64) {
+        let mut fastest = f64::INFINITY;
         let mut total_rate = 0.0;
         for l in self.links.iter().filter(|l| l.is_up()) {
             fastest = fastest.min(l.eta());
             total_rate += l.delivery_rate();
         }
         let window = self.peer_window.min(self.cfg.send_buffer) as f64;
-        let window_budget =
-            Duration::from_secs_f64((window / 2.0 / total_rate.max(1.0)).min(3600.0));
-        let budget =
-            window_budget.min(fastest.saturating_mul(ETA_FACTOR).saturating_add(ETA_SLACK));
+        let window_budget = (window / 2.0 / total_rate.max(1.0)).min(3600.0);
+        let budget = window_budget.min(fastest * ETA_FACTOR + ETA_SLACK);
         (fastest, budget)
     }
 
@@ -1275,7 +1275,7 @@ impl Connection {
             return;
         }
         let (fastest, budget) = self.eta_budget();
-        let limit = budget.saturating_mul(SLOW_LINK_FACTOR);
+        let limit = budget * SLOW_LINK_FACTOR;
         for i in 0..self.links.len() {
             let eta = self.links[i].eta();
             // only a measured link can be judged: before its first samples the ETA rests on

@@ -434,12 +434,13 @@ impl Link {
         }
     }
 
-    /// When a full-size packet sent now would arrive: the path's base latency plus the time to
-    /// deliver what is already in flight ahead of it.
-    pub fn eta(&self) -> Duration {
-        let base = self.base_rtt();
+    /// When a full-size packet sent now would arrive, in seconds from now: the path's base
+    /// latency plus the time to deliver what is already in flight ahead of it. (Plain seconds:
+    /// the scheduler compares these for every packet it places.)
+    pub fn eta(&self) -> f64 {
+        let base = self.base_rtt().as_secs_f64();
         let queued = (self.bytes_in_flight + self.mss as u64) as f64 / self.delivery_rate();
-        base / 2 + Duration::from_secs_f64(queued.min(3600.0))
+        base / 2.0 + queued.min(3600.0)
     }
 
     /// RFC 9002 packet- and time-threshold loss detection within this link.
@@ -645,13 +646,15 @@ impl Link {
     ) -> bool {
         // A sender's packet numbers on a link grow one by one; a jump further than any window
         // could hold is forged or broken, and remembering it would poison every later ACK.
-        let limit = self.largest_received.map_or(0, |(l, _)| l) + MAX_PN_JUMP;
+        let largest = self.largest_received.map(|(l, _)| l);
+        let limit = largest.unwrap_or(0) + MAX_PN_JUMP;
+        let newest = largest.is_none_or(|l| pn > l);
         if pn > limit
-            || self.received.contains(pn)
-            || self
-                .received
-                .min()
-                .is_some_and(|m| pn < m && self.received.range_count() >= MAX_RECEIVED_RANGES)
+            || (!newest
+                && (self.received.contains(pn)
+                    || self.received.min().is_some_and(|m| {
+                        pn < m && self.received.range_count() >= MAX_RECEIVED_RANGES
+                    })))
         {
             return false;
         }

@@ -246,10 +246,12 @@ pub(crate) struct RecvStream {
     /// Positions of offsets not received yet hold stale bytes.
     ring: Vec<u8>,
     head: usize,
-    /// Offsets received above `read`.
-    received: RangeSet,
     /// Bytes the application has read.
     read: u64,
+    /// Every offset below this has arrived (`contiguous - read` bytes are readable).
+    contiguous: u64,
+    /// Offsets received above `contiguous` (out of order), none touching it.
+    ahead: RangeSet,
     /// Final size, once the FIN arrived.
     fin: Option<u64>,
     window: u64,
@@ -270,8 +272,9 @@ impl RecvStream {
         Self {
             ring: Vec::new(),
             head: 0,
-            received: RangeSet::new(),
             read: 0,
+            contiguous: 0,
+            ahead: RangeSet::new(),
             fin: None,
             window,
             max_data_sent: window,
@@ -303,10 +306,7 @@ impl RecvStream {
             .min(self.window as usize)
             .max(needed);
         let mut grown = vec![0u8; cap];
-        let live = self
-            .received
-            .max_end()
-            .map_or(0, |m| (m - self.read) as usize);
+        let live = (self.highest() - self.read) as usize;
         if live > 0 {
             self.copy_from_ring(0, &mut grown[..live]);
         }
@@ -334,6 +334,11 @@ impl RecvStream {
         self.ring[..rest].copy_from_slice(&data[first..]);
     }
 
+    /// One past the highest offset received.
+    fn highest(&self) -> u64 {
+        self.ahead.max_end().unwrap_or(self.contiguous)
+    }
+
     /// Stores a STREAM frame's data. Returns whether anything new became readable.
     pub fn on_data(
         &mut self,
@@ -351,42 +356,51 @@ impl RecvStream {
             }
         }
         if fin {
-            if self.received.max_end().is_some_and(|m| m > end) || self.read > end {
+            if self.highest() > end {
                 return Err(StreamViolation("final size below received data"));
             }
             self.fin = Some(end);
         }
-        let start = offset.max(self.read);
+        let start = offset.max(self.contiguous);
         if start >= end {
             return Ok(fin && self.is_finished());
         }
-        // "readable" news is growth of the contiguous prefix, which need not start at the read
-        // offset: a partly arrived message stays unread until its last byte comes
-        let readable_before = self.readable();
         self.reserve_to(end);
-        let skip = (start - offset) as usize;
-        if self.received.max_end().is_none_or(|m| m <= start) {
-            // the usual case: new data above everything received
-            self.copy_to_ring(start, &data[skip..]);
+        if self.ahead.is_empty() {
+            // the usual case: nothing out of order, copy it all
+            self.copy_to_ring(start, &data[(start - offset) as usize..]);
             self.buffered += end - start;
         } else {
-            for gap in self.received.gaps_in(start..end) {
+            for gap in self.ahead.gaps_in(start..end) {
                 let lo = (gap.start - offset) as usize;
                 let hi = (gap.end - offset) as usize;
                 self.copy_to_ring(gap.start, &data[lo..hi]);
                 self.buffered += gap.end - gap.start;
             }
         }
-        self.received.insert(start..end);
-        Ok(self.readable() > readable_before || (fin && self.is_finished()))
+        if start > self.contiguous {
+            self.ahead.insert(start..end);
+            return Ok(false);
+        }
+        // "readable" news is growth of the contiguous prefix, which need not start at the read
+        // offset: a partly arrived message stays unread until its last byte comes
+        self.contiguous = end;
+        loop {
+            let next = self.ahead.iter().next();
+            match next {
+                Some(r) if r.start <= self.contiguous => {
+                    self.contiguous = self.contiguous.max(r.end);
+                    self.ahead.remove_below(r.end);
+                }
+                _ => break,
+            }
+        }
+        Ok(true)
     }
 
     /// Bytes readable in order right now.
     pub fn readable(&self) -> u64 {
-        match self.received.iter().next() {
-            Some(r) if r.start == self.read => r.end - self.read,
-            _ => 0,
-        }
+        self.contiguous - self.read
     }
 
     /// The peer finished and everything was read.
@@ -417,7 +431,6 @@ impl RecvStream {
         self.read += n as u64;
         self.head = (self.head + n) % self.ring.len();
         self.buffered -= n as u64;
-        self.received.remove_below(self.read);
         if self.is_finished() {
             // nothing more can arrive: give the memory back
             self.ring = Vec::new();
