@@ -154,6 +154,8 @@ pub struct LinkSummary {
     pub packets_lost: u64,
     pub srtt_us: u64,
     pub min_rtt_us: u64,
+    /// Size of the link's full data packets at the end (UDP payload bytes: path MTU discovery).
+    pub max_datagram: usize,
     /// This link's part of all stream bytes sent (of all bytes received, on a receiver), 0 to 1.
     pub share: f64,
 }
@@ -184,6 +186,7 @@ impl LinkSummary {
                 packets_lost: l.packets_lost,
                 srtt_us: l.srtt.as_micros() as u64,
                 min_rtt_us: l.min_rtt.as_micros() as u64,
+                max_datagram: l.max_datagram,
                 share: if total > 0 {
                     part(l) as f64 / total as f64
                 } else {

@@ -20,8 +20,16 @@ pub enum Striping {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ConnectionConfig {
-    /// Largest UDP payload ri2n sends (default 1472: a 1500-byte MTU less IPv4 and UDP headers).
+    /// UDP payload size every path is assumed to carry, used from the start and by every
+    /// handshake, recovery probe and close (default 1472: a 1500-byte MTU less IPv4 and UDP
+    /// headers). With [`mtu_discovery`](Self::mtu_discovery), each link then finds out how much
+    /// more its path carries.
     pub max_datagram_size: usize,
+    /// Path MTU discovery (default on): each up link probes for larger datagrams, up to what
+    /// its local interface can send (jumbo frames included; at most 16 KiB), uses the largest
+    /// that arrives, and falls back to `max_datagram_size` when large datagrams stop getting
+    /// through. A driver that cannot tell the interface MTU leaves links at the base size.
+    pub mtu_discovery: bool,
     /// Bytes the peer may send on each stream beyond what the application has read
     /// (the receive window; default 8 MiB). Also bounds the receiver's reassembly memory.
     pub stream_receive_window: u64,
@@ -73,6 +81,7 @@ impl Default for ConnectionConfig {
     fn default() -> Self {
         Self {
             max_datagram_size: 1472,
+            mtu_discovery: true,
             stream_receive_window: 8 << 20,
             send_buffer: 8 << 20,
             probe_interval: Duration::from_millis(20),
@@ -99,7 +108,9 @@ impl ConnectionConfig {
     pub fn validate(&self) -> Result<(), crate::ConnectError> {
         use crate::ConnectError::InvalidConfig;
         // INITIAL packets are 1200 bytes; STREAM frames reserve a 2-byte length (< 16 KiB)
-        if !(crate::wire::MIN_INITIAL_SIZE..=16 * 1024).contains(&self.max_datagram_size) {
+        if !(crate::wire::MIN_INITIAL_SIZE..=crate::wire::MAX_DATAGRAM_SIZE)
+            .contains(&self.max_datagram_size)
+        {
             return Err(InvalidConfig(
                 "max_datagram_size must be 1200 to 16384 bytes",
             ));
@@ -144,6 +155,10 @@ pub struct EndpointConfig {
     pub server_connection: ConnectionConfig,
     /// How long a retry cookie stays valid (default 10 s).
     pub cookie_lifetime: Duration,
+    /// Largest UDP payload each local address can send, from its interface's MTU: the
+    /// ceiling of path MTU discovery on links from that address. A driver fills it in;
+    /// addresses it does not list stay at `max_datagram_size`.
+    pub local_max_datagram: Vec<(SocketAddr, usize)>,
 }
 
 impl EndpointConfig {
@@ -155,6 +170,7 @@ impl EndpointConfig {
             advertised_addrs: Vec::new(),
             server_connection: ConnectionConfig::default(),
             cookie_lifetime: Duration::from_secs(10),
+            local_max_datagram: Vec::new(),
         }
     }
 

@@ -76,6 +76,13 @@ impl Congestion {
         self.acked_since_growth = 0;
     }
 
+    /// Full-size packets are `mss` bytes from now on (path MTU discovery): the window keeps
+    /// its size in bytes, and grows by the new size per round trip.
+    pub fn set_mss(&mut self, mss: usize) {
+        self.mss = mss as u64;
+        self.cwnd = self.cwnd.max(MIN_WINDOW_PACKETS * self.mss);
+    }
+
     /// The link failed or was demoted: start over as on a new path.
     pub fn reset(&mut self) {
         *self = Self::new(self.mss as usize);

@@ -13,6 +13,7 @@ use smallvec::SmallVec;
 
 use crate::endpoint::TransmitBuffer;
 use crate::link::{AckOutcome, Link, SentFrame, SentPacket};
+use crate::pmtu::PathMtu;
 use crate::streams::{RecvStream, SendStream};
 use crate::wire::{self, Frame, Frames, Header, Writer};
 use crate::{
@@ -107,8 +108,10 @@ enum Handshake {
 /// Which kind of packet to build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum PacketKind {
-    /// Full-size probe of a link that is not up.
+    /// Probe of a link that is not up, padded to the base datagram size.
     Probe,
+    /// Path MTU probe of an up link, padded to the size probed.
+    MtuProbe(usize),
     /// Small ack-eliciting packet (probe timeout, keepalive, handshake confirmation).
     Ping,
     /// Stream data and control frames.
@@ -131,6 +134,8 @@ pub struct Connection {
     /// The receive window the peer announced in the handshake.
     peer_window: u64,
     handshake: Handshake,
+    /// Largest datagram each local address can send (path MTU discovery's ceilings).
+    local_mtus: Vec<(SocketAddr, usize)>,
     links: Vec<Link>,
     send: [SendStream; 2],
     recv: [RecvStream; 2],
@@ -166,8 +171,9 @@ impl Connection {
         local_instance: u64,
         local: SocketAddr,
         remotes: Vec<SocketAddr>,
+        local_mtus: Vec<(SocketAddr, usize)>,
     ) -> Self {
-        let mut link = Link::new(0, local, remotes[0], cfg.max_datagram_size);
+        let mut link = new_link(&cfg, &local_mtus, 0, local, remotes[0]);
         link.next_probe = None;
         let handshake = Handshake::Client {
             remotes,
@@ -185,6 +191,7 @@ impl Connection {
             local_instance,
             0,
             handshake,
+            local_mtus,
             link,
             0,
         )
@@ -203,8 +210,9 @@ impl Connection {
         local: SocketAddr,
         remote: SocketAddr,
         advertised: Vec<SocketAddr>,
+        local_mtus: Vec<(SocketAddr, usize)>,
     ) -> Self {
-        let mut link = Link::new(0, local, remote, cfg.max_datagram_size);
+        let mut link = new_link(&cfg, &local_mtus, 0, local, remote);
         link.promote(now, &mut AckOutcome::default());
         let handshake = Handshake::Server {
             accept_pending: true,
@@ -220,6 +228,7 @@ impl Connection {
             local_instance,
             peer_instance,
             handshake,
+            local_mtus,
             link,
             peer_window,
         );
@@ -237,6 +246,7 @@ impl Connection {
         local_instance: u64,
         peer_instance: u64,
         handshake: Handshake,
+        local_mtus: Vec<(SocketAddr, usize)>,
         link: Link,
         peer_window: u64,
     ) -> Self {
@@ -251,6 +261,7 @@ impl Connection {
             peer_instance,
             peer_window,
             handshake,
+            local_mtus,
             links: vec![link],
             send: [
                 SendStream::new(buffer, peer_window),
@@ -688,7 +699,7 @@ impl Connection {
         local: SocketAddr,
         remote: SocketAddr,
     ) -> usize {
-        let mut link = Link::new(id, local, remote, self.cfg.max_datagram_size);
+        let mut link = new_link(&self.cfg, &self.local_mtus, id, local, remote);
         link.next_probe = Some(now);
         self.links.push(link);
         self.event(Event::LinkAdded { link: id });
@@ -1129,7 +1140,13 @@ impl Connection {
             l.pto_probes_pending = l.pto_probes_pending.saturating_sub(1);
             return self.transmit(now, i, PacketKind::Ping, out);
         }
-        // 3. stream data, striped over the up links with window and pacing room
+        // 3. path MTU probes (one at a time per link, outside the congestion window)
+        if let Some((i, size)) =
+            (0..self.links.len()).find_map(|i| Some((i, self.links[i].mtu_probe_due(now)?)))
+        {
+            return self.transmit(now, i, PacketKind::MtuProbe(size), out);
+        }
+        // 4. stream data, striped over the up links with window and pacing room
         let control_waiting =
             self.max_data_pending.iter().any(|&p| p) || !self.link_status_pending.is_empty();
         if self.links.len() > 1 {
@@ -1149,7 +1166,7 @@ impl Connection {
                 return self.transmit(now, i, PacketKind::AckOnly, out);
             }
         }
-        // 4. acknowledgements
+        // 5. acknowledgements
         if self.links.iter().any(|l| l.ack_due(now)) {
             let i = self.ack_link();
             return self.transmit(now, i, PacketKind::AckOnly, out);
@@ -1330,7 +1347,7 @@ impl Connection {
     ) -> usize {
         let link = &mut self.links[i];
         let pn = link.next_pn();
-        let buf = datagram_room(out, link.local, link.remote, self.cfg.max_datagram_size);
+        let buf = datagram_room(out, link.local, link.remote, link.pmtu.base());
         let mut w = Writer::new(buf);
         wire::write_short_header(&mut w, self.peer_cid, link.id, pn);
         let room = w.remaining() - wire::CRC_LEN;
@@ -1342,6 +1359,7 @@ impl Connection {
             in_flight: false,
             ack_eliciting: false,
             probe: false,
+            mtu_probe: false,
             frames: SmallVec::new(),
         };
         link.on_sent(self.last_rx, len, pkt);
@@ -1357,23 +1375,42 @@ impl Connection {
     ) -> usize {
         let pn = self.links[i].next_pn();
         let link_id = self.links[i].id;
-        let (local, remote) = (self.links[i].local, self.links[i].remote);
-        let buf = datagram_room(out, local, remote, self.cfg.max_datagram_size);
+        let link = &mut self.links[i];
+        let (local, remote) = (link.local, link.remote);
+        let size = match kind {
+            PacketKind::Probe => link.pmtu.base(),
+            PacketKind::MtuProbe(size) => size,
+            PacketKind::Ping | PacketKind::Data | PacketKind::AckOnly => link.mss(),
+        };
+        let buf = datagram_room(out, local, remote, size);
+        if buf.len() < size {
+            // the driver cannot hand out that much: never try to grow beyond what it can
+            link.pmtu.limit_ceiling(buf.len());
+        }
         let mut w = Writer::new(buf);
         wire::write_short_header(&mut w, self.peer_cid, link_id, pn);
         let end = w.len() + w.remaining() - wire::CRC_LEN; // room for frames
         let mut frames: SmallVec<[SentFrame; 2]> = SmallVec::new();
         let mut ack_eliciting = false;
 
-        if matches!(kind, PacketKind::Probe | PacketKind::Ping) {
+        if matches!(
+            kind,
+            PacketKind::Probe | PacketKind::MtuProbe(_) | PacketKind::Ping
+        ) {
             w.u8(wire::frame_type::PING);
             ack_eliciting = true;
         }
+        // an MTU probe carries nothing else: it is meant to be lost when the size is too large
+        let end_of_frames = if matches!(kind, PacketKind::MtuProbe(_)) {
+            w.len()
+        } else {
+            end
+        };
         // acknowledgements for every link with news (at most half a data packet)
         let ack_room = if kind == PacketKind::Data {
-            (end - w.len()) / 2
+            (end_of_frames - w.len()) / 2
         } else {
-            end - w.len()
+            end_of_frames - w.len()
         };
         let ack_end = w.len() + ack_room;
         for l in &mut self.links {
@@ -1389,14 +1426,14 @@ impl Connection {
         }
         // control frames
         for s in 0..2 {
-            if self.max_data_pending[s] && end - w.len() >= 11 {
+            if self.max_data_pending[s] && end_of_frames - w.len() >= 11 {
                 self.max_data_pending[s] = false;
                 wire::write_max_stream_data(&mut w, s as u8, self.recv[s].max_data_sent);
                 frames.push(SentFrame::MaxStreamData { stream: s as u8 });
                 ack_eliciting = true;
             }
         }
-        while end - w.len() >= 3 {
+        while end_of_frames - w.len() >= 3 {
             let Some((link, status)) = self.link_status_pending.pop() else {
                 break;
             };
@@ -1429,8 +1466,8 @@ impl Connection {
             }
             self.links[i].stream_bytes_sent += stream_bytes;
         }
-        if kind == PacketKind::Probe {
-            // full size: a probe also checks that the path carries full datagrams
+        if matches!(kind, PacketKind::Probe | PacketKind::MtuProbe(_)) {
+            // full size: a probe also checks that the path carries datagrams of its size
             let pad = end - w.len();
             w.zeros(pad);
         }
@@ -1439,14 +1476,37 @@ impl Connection {
         let pkt = SentPacket {
             time: now,
             size: len as u16,
-            in_flight: link.is_up() && ack_eliciting,
+            in_flight: link.is_up() && ack_eliciting && !matches!(kind, PacketKind::MtuProbe(_)),
             ack_eliciting,
             probe: kind == PacketKind::Probe,
+            mtu_probe: matches!(kind, PacketKind::MtuProbe(_)),
             frames,
         };
+        if pkt.mtu_probe {
+            link.pmtu.on_probe_sent();
+        }
         link.on_sent(now, len, pkt);
         len
     }
+}
+
+/// A new link: datagrams of the configured size, growing (path MTU discovery) up to what the
+/// local address's interface can send.
+fn new_link(
+    cfg: &ConnectionConfig,
+    local_mtus: &[(SocketAddr, usize)],
+    id: LinkId,
+    local: SocketAddr,
+    remote: SocketAddr,
+) -> Link {
+    let base = cfg.max_datagram_size;
+    let ceiling = local_mtus
+        .iter()
+        .find(|(a, _)| *a == local)
+        .map_or(base, |&(_, max)| max)
+        .min(wire::MAX_DATAGRAM_SIZE);
+    let ceiling = if cfg.mtu_discovery { ceiling } else { base };
+    Link::new(id, local, remote, PathMtu::new(base, ceiling))
 }
 
 /// The driver's room for the next datagram on a path, cut to `max` bytes.

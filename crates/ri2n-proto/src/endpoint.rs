@@ -147,7 +147,15 @@ impl Endpoint {
             .ok_or(ConnectError::NoLocalAddress(first))?;
         let local = pick_local(&self.cfg.local_addrs, first, fallback).unwrap_or(fallback);
         let cid = self.new_cid();
-        let conn = Connection::new_client(config, now, cid, self.instance, local, remotes.to_vec());
+        let conn = Connection::new_client(
+            config,
+            now,
+            cid,
+            self.instance,
+            local,
+            remotes.to_vec(),
+            self.cfg.local_max_datagram.clone(),
+        );
         Ok(self.insert(cid, conn))
     }
 
@@ -333,6 +341,7 @@ impl Endpoint {
             local,
             remote,
             advertised,
+            self.cfg.local_max_datagram.clone(),
         );
         let h = self.insert(cid, conn);
         self.by_initial.insert((remote, scid), h);

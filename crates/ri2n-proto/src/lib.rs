@@ -22,6 +22,7 @@ mod connection;
 mod endpoint;
 mod error;
 mod link;
+mod pmtu;
 pub mod ranges;
 mod sent;
 mod streams;

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use smallvec::SmallVec;
 
 use crate::congestion::{Congestion, Pacer};
+use crate::pmtu::PathMtu;
 use crate::ranges::RangeSet;
 use crate::sent::SentPackets;
 use crate::streams::Chunk;
@@ -79,6 +80,8 @@ pub struct LinkStats {
     pub packets_lost: u64,
     /// Stream bytes sent on this link (first transmissions and repairs).
     pub stream_bytes_sent: u64,
+    /// Size of a full data packet now (UDP payload bytes; grows with path MTU discovery).
+    pub max_datagram: usize,
 }
 
 /// What a sent packet carried that matters if it is acknowledged or lost.
@@ -96,7 +99,10 @@ pub(crate) struct SentPacket {
     /// Counted in `bytes_in_flight` (data packets, not probes of a link that is not up).
     pub in_flight: bool,
     pub ack_eliciting: bool,
+    /// A probe of a link that is not up.
     pub probe: bool,
+    /// A path MTU probe (its size is the size probed).
+    pub mtu_probe: bool,
     pub frames: SmallVec<[SentFrame; 2]>,
 }
 
@@ -160,7 +166,9 @@ pub(crate) struct Link {
     pub local: SocketAddr,
     pub remote: SocketAddr,
     pub state: LinkState,
+    /// Size of a full data packet now (`pmtu.current()`).
     mss: usize,
+    pub pmtu: PathMtu,
     /// Opened by the peer's packets from an address pair we never chose: until it is
     /// validated, it may send at most three times the bytes it received (so a spoofed source
     /// address cannot turn us into a traffic reflector).
@@ -239,13 +247,16 @@ const MAX_RECEIVED_RANGES: usize = 64;
 const MAX_PN_JUMP: u64 = 1 << 20;
 
 impl Link {
-    pub fn new(id: LinkId, local: SocketAddr, remote: SocketAddr, mss: usize) -> Self {
+    /// A link whose datagrams start at `pmtu`'s base size.
+    pub fn new(id: LinkId, local: SocketAddr, remote: SocketAddr, pmtu: PathMtu) -> Self {
+        let mss = pmtu.base();
         Self {
             id,
             local,
             remote,
             state: LinkState::Validating,
             mss,
+            pmtu,
             peer_opened: false,
             next_pn: 0,
             sent: SentPackets::default(),
@@ -288,6 +299,28 @@ impl Link {
             packets_lost: 0,
             stream_bytes_sent: 0,
         }
+    }
+
+    /// Full data packets are `mss` bytes from now on.
+    fn set_mss(&mut self, mss: usize) {
+        if mss != self.mss {
+            tracing::debug!(link = self.id, from = self.mss, to = mss, "datagram size");
+            self.mss = mss;
+            self.cc.set_mss(mss);
+        }
+    }
+
+    /// Size of a full data packet now.
+    pub fn mss(&self) -> usize {
+        self.mss
+    }
+
+    /// The size of a path MTU probe to send now, if one is due (up links only).
+    pub fn mtu_probe_due(&mut self, now: Instant) -> Option<usize> {
+        if !self.is_up() {
+            return None;
+        }
+        self.pmtu.probe_due(now)
     }
 
     pub fn is_up(&self) -> bool {
@@ -367,6 +400,12 @@ impl Link {
                 }
                 if pkt.probe {
                     out.probes_acked += 1;
+                }
+                if pkt.mtu_probe {
+                    self.pmtu.on_probe_acked(usize::from(pkt.size), now);
+                    self.set_mss(self.pmtu.current());
+                } else if pkt.in_flight {
+                    self.pmtu.on_packet_acked(usize::from(pkt.size));
                 }
                 out.acked.push(pkt);
             }
@@ -464,10 +503,19 @@ impl Link {
         self.loss_time = loss_time;
         for pn in lost_pns {
             let pkt = self.sent.remove(pn).expect("listed just now");
+            if pkt.mtu_probe {
+                // not a congestion signal: the size may just be too large for the path
+                self.pmtu.on_probe_lost(usize::from(pkt.size), now);
+                out.lost.push(pkt);
+                continue;
+            }
             self.packets_lost += 1;
             if pkt.in_flight {
                 self.bytes_in_flight -= u64::from(pkt.size);
                 self.cc.on_loss(pkt.time, now);
+                if self.pmtu.on_packet_lost(usize::from(pkt.size)) {
+                    self.set_mss(self.pmtu.current());
+                }
             }
             out.lost.push(pkt);
         }
@@ -476,7 +524,7 @@ impl Link {
     /// Declares everything in flight lost (the link failed): it will be re-sent elsewhere.
     pub fn drain_in_flight(&mut self, out: &mut AckOutcome) {
         for pkt in self.sent.drain() {
-            self.packets_lost += 1;
+            self.packets_lost += u64::from(!pkt.mtu_probe);
             out.lost.push(pkt);
         }
         self.bytes_in_flight = 0;
@@ -546,6 +594,9 @@ impl Link {
             cfg.recovery_probes
         };
         self.state = to;
+        // the path may change while the link is away: find its size again once it is back
+        self.pmtu.restart();
+        self.set_mss(self.pmtu.current());
         self.cc.reset();
         self.pacer.reset(self.mss);
         self.delivery_rate = 0.0;
@@ -718,6 +769,7 @@ impl Link {
             packets_received: self.packets_received,
             packets_lost: self.packets_lost,
             stream_bytes_sent: self.stream_bytes_sent,
+            max_datagram: self.mss,
         }
     }
 }

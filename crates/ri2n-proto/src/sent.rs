@@ -116,6 +116,7 @@ mod tests {
             in_flight: true,
             ack_eliciting: true,
             probe: false,
+            mtu_probe: false,
             frames: SmallVec::new(),
         }
     }

@@ -15,6 +15,8 @@ pub const CRC_LEN: usize = 4;
 /// Smallest datagram that may carry an INITIAL packet (padding makes it up): it keeps the
 /// server's answers to an unproven address below three times what that address sent.
 pub const MIN_INITIAL_SIZE: usize = 1200;
+/// Largest datagram ri2n builds: a STREAM frame's 2-byte length field must hold any frame.
+pub const MAX_DATAGRAM_SIZE: usize = 16 * 1024;
 /// Bytes of a short (data) packet header before the packet number.
 pub const SHORT_HEADER_FIXED: usize = 1 + 1 + 8 + 1;
 

@@ -22,7 +22,7 @@ use crate::derive_seed;
 /// Bytes of IPv4 + UDP header counted on the wire for every datagram (serialization and queue).
 pub const HEADER_BYTES: usize = 28;
 
-/// Largest UDP payload a host may send (a 1500-byte MTU less the headers).
+/// UDP payload of a 1500-byte MTU (less the IPv4 and UDP headers): the default of links and hosts.
 pub const MAX_DATAGRAM: usize = 1472;
 
 /// Most links the simulated network has (the engine's limit).
@@ -165,6 +165,9 @@ pub struct DirectionConfig {
     pub corrupt: f64,
     /// Probability that a datagram is held back by `1..=3 × delay + 1 ms` (later ones overtake it).
     pub reorder: f64,
+    /// Largest UDP payload the direction carries (its MTU less the headers): larger datagrams
+    /// vanish, as at a switch port with a smaller MTU (default 1472, a 1500-byte MTU).
+    pub mtu: usize,
 }
 
 impl Default for DirectionConfig {
@@ -179,6 +182,7 @@ impl Default for DirectionConfig {
             duplicate: 0.0,
             corrupt: 0.0,
             reorder: 0.0,
+            mtu: MAX_DATAGRAM,
         }
     }
 }
@@ -217,6 +221,11 @@ impl DirectionConfig {
     /// The same, with another corruption probability.
     pub fn with_corrupt(mut self, p: f64) -> Self {
         self.corrupt = p;
+        self
+    }
+    /// The same, with another largest datagram (bytes of UDP payload).
+    pub fn with_mtu(mut self, mtu: usize) -> Self {
+        self.mtu = mtu;
         self
     }
     /// The same, with another reordering probability.
@@ -294,6 +303,8 @@ pub struct DirectionCounters {
     pub dropped_in_flight: u64,
     /// Corrupted (1–3 bytes flipped).
     pub corrupted: u64,
+    /// Dropped for being larger than the direction's MTU.
+    pub dropped_too_big: u64,
     /// Duplicated (delivered twice).
     pub duplicated: u64,
     /// Held back for reordering.
@@ -449,6 +460,10 @@ impl Direction {
     /// Decides what becomes of a datagram that left the transmitter at `t`.
     fn fate(&mut self, t: Duration, mut data: Vec<u8>, out: &mut Vec<Delivery>) {
         let c = &self.config;
+        if data.len() > c.mtu {
+            self.counters.dropped_too_big += 1;
+            return;
+        }
         if c.loss > 0.0 && self.rng.gen::<f64>() < c.loss {
             self.counters.dropped_loss += 1;
             return;
@@ -545,7 +560,12 @@ impl Direction {
         self.set_rate(now, rate)
     }
 
-    /// Changes the loss probability.
+    /// Changes the largest datagram carried from now on.
+    pub fn set_mtu(&mut self, mtu: usize) {
+        self.config.mtu = mtu;
+    }
+
+    /// Changes the loss probability from now on.
     pub fn set_loss(&mut self, loss: f64) {
         self.config.loss = loss;
     }

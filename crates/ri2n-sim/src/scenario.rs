@@ -50,6 +50,16 @@ pub enum Action {
         /// The new characteristics.
         config: DirectionConfig,
     },
+    /// Changes the largest datagram a link carries (`dir: None`: both), as a route change
+    /// to a path with a smaller MTU does: larger datagrams vanish from then on.
+    SetMtu {
+        /// Link index.
+        link: usize,
+        /// Direction, or both.
+        dir: Option<Dir>,
+        /// Bytes of UDP payload.
+        mtu: usize,
+    },
     /// Replaces host B's endpoint by a fresh one (new seed, same addresses and configuration):
     /// the server process restarted and forgot every connection.
     RestartServer,
@@ -107,6 +117,7 @@ impl Action {
             Action::SetStatus { link, .. }
             | Action::SetRate { link, .. }
             | Action::SetLoss { link, .. }
+            | Action::SetMtu { link, .. }
             | Action::Configure { link, .. } => Some(*link),
             Action::RestartServer => None,
         }
@@ -175,6 +186,9 @@ pub struct Scenario {
     pub client: ConnectionConfig,
     /// B's connection configuration (given to accepted connections).
     pub server: ConnectionConfig,
+    /// Largest UDP payload each host's interfaces can send: the ceiling of path MTU
+    /// discovery, and a datagram larger than this is an engine bug (default 1472).
+    pub max_datagram: usize,
     /// Simulated time after which an unfinished run fails.
     pub time_limit: Duration,
     /// A connection closing with an error ends the run successfully (the test then inspects
@@ -195,6 +209,7 @@ impl Default for Scenario {
             app: AppConfig::default(),
             client: ConnectionConfig::default(),
             server: ConnectionConfig::default(),
+            max_datagram: crate::net::MAX_DATAGRAM,
             time_limit: Duration::from_secs(60),
             end_on_close: false,
         }
@@ -386,6 +401,7 @@ impl Scenario {
                 duplicate,
                 corrupt,
                 reorder,
+                mtu: crate::net::MAX_DATAGRAM,
             };
             let a_to_b = DirectionConfig {
                 loss: draw_loss(r),
@@ -561,6 +577,34 @@ impl Scenario {
             down_time = down_time * 2 + Duration::from_secs(1);
         }
 
+        // Path MTUs, from a generator of their own so that the rest of a seed's scenario is
+        // what it was before MTUs were drawn: a quarter of the scenarios have jumbo-capable
+        // hosts on links of mixed MTUs (each direction its own), half of those with a link
+        // whose MTU shrinks to the base size mid-transfer (a path MTU black hole).
+        let mut m = ChaCha8Rng::seed_from_u64(derive_seed(seed, 0x9707_0001));
+        let mut max_datagram = crate::net::MAX_DATAGRAM;
+        if m.gen_bool(0.25) {
+            max_datagram = 8972;
+            const MTUS: [usize; 3] = [crate::net::MAX_DATAGRAM, 4000, 8972];
+            for l in &mut links {
+                l.a_to_b.mtu = MTUS[m.gen_range(0..MTUS.len())];
+                l.b_to_a.mtu = MTUS[m.gen_range(0..MTUS.len())];
+            }
+            if m.gen_bool(0.5) {
+                let at = Duration::from_secs_f64(expected * m.gen_range(0.0..1.0));
+                let link = m.gen_range(0..k);
+                actions.push((
+                    at,
+                    Action::SetMtu {
+                        link,
+                        dir: None,
+                        mtu: crate::net::MAX_DATAGRAM,
+                    },
+                ));
+                actions.sort_by_key(|(t, _)| *t);
+            }
+        }
+
         let time_limit =
             Duration::from_secs_f64(10.0 * expected) + down_time + Duration::from_secs(60);
         Scenario {
@@ -571,6 +615,7 @@ impl Scenario {
             app,
             client,
             server,
+            max_datagram,
             time_limit,
             end_on_close: false,
         }
@@ -628,12 +673,13 @@ mod tests {
                 assert!(d.jitter <= d.delay / 4);
                 assert!((64 << 10..=4 << 20).contains(&d.queue_limit));
             }
-            // Link 0 carries the handshake: it is never lost for good.
+            // Link 0 carries the handshake: it is never lost for good (a smaller MTU does not
+            // lose it: base-size datagrams still pass).
             let last0 = a
                 .actions
                 .iter()
                 .rev()
-                .find(|(_, x)| x.link() == Some(0))
+                .find(|(_, x)| x.link() == Some(0) && !matches!(x, Action::SetMtu { .. }))
                 .map(|(_, x)| x.clone());
             assert!(matches!(
                 last0,
@@ -660,6 +706,13 @@ mod tests {
         assert!(count(&|s| s.links.iter().any(|l| l.a_to_b.loss > 0.1)) > 5);
         assert!(count(&|s| s.links.len() == 1) > 40);
         assert!(count(&|s| s.client.stream_receive_window < 8 << 20) > 40);
+        assert!(count(&|s| s.max_datagram > 1472) > 60);
+        let shrinks = |s: &Scenario| {
+            s.actions
+                .iter()
+                .any(|(_, a)| matches!(a, Action::SetMtu { .. }))
+        };
+        assert!(count(&shrinks) > 30);
     }
 
     #[test]

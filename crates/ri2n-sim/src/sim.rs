@@ -12,7 +12,7 @@ use ri2n_proto::{ConnectionHandle, Endpoint, EndpointConfig, Event, LinkId};
 use crate::app::{Receiver, Sender, Workload};
 use crate::derive_seed;
 use crate::error::{FailureKind, SimError};
-use crate::net::{host_addr, Dir, HostId, Network, TxDone, MAX_DATAGRAM};
+use crate::net::{host_addr, Dir, HostId, Network, TxDone};
 use crate::report::{BufferPeaks, CloseRecord, LinkChange, LinkReport, Report, BUCKET};
 use crate::scenario::{Action, AppMode, Scenario};
 
@@ -78,15 +78,14 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 fn endpoint_config(sc: &Scenario, h: HostId) -> EndpointConfig {
-    let addrs = (0..sc.links.len()).map(|i| host_addr(h, i)).collect();
-    match h {
-        HostId::A => EndpointConfig::new(addrs),
-        HostId::B => {
-            let mut c = EndpointConfig::new(addrs).server();
-            c.server_connection = sc.server.clone();
-            c
-        }
+    let addrs: Vec<_> = (0..sc.links.len()).map(|i| host_addr(h, i)).collect();
+    let mut c = EndpointConfig::new(addrs.clone());
+    c.local_max_datagram = addrs.iter().map(|&a| (a, sc.max_datagram)).collect();
+    if h == HostId::B {
+        c = c.server();
+        c.server_connection = sc.server.clone();
     }
+    c
 }
 
 /// What a direction carries in this scenario.
@@ -237,7 +236,7 @@ impl<'a> Sim<'a> {
                 ..Report::default()
             },
             deliveries: Vec::new(),
-            tx_buf: vec![0; 1500],
+            tx_buf: vec![0; ri2n_proto::wire::MAX_DATAGRAM_SIZE],
             rx_buf: vec![0; 64 << 10],
         }
     }
@@ -464,6 +463,11 @@ impl<'a> Sim<'a> {
                     self.schedule_tx(*link, d, tx);
                 }
             }
+            Action::SetMtu { link, dir, mtu } => {
+                for d in dirs(*dir) {
+                    self.net.direction_mut(*link, d).set_mtu(*mtu);
+                }
+            }
             Action::RestartServer => {
                 let n = self.report.restarts.len() as u64 + 1;
                 self.report.restarts.push(now);
@@ -511,7 +515,7 @@ impl<'a> Sim<'a> {
             else {
                 return Ok(());
             };
-            if t.len > MAX_DATAGRAM || t.len > self.tx_buf.len() {
+            if t.len > self.sc.max_datagram {
                 return Err(FailureKind::OversizeDatagram {
                     host: h,
                     len: t.len,

@@ -361,3 +361,63 @@ fn failover_striping_keeps_one_link_active_and_the_other_hot() {
     );
     assert!(after > 10 << 20, "the standby took over");
 }
+
+#[test]
+fn path_mtu_discovery_uses_jumbo_frames_and_survives_a_black_hole() {
+    // Two 1 Gbit/s links and hosts that carry 8972-byte datagrams (a 9000-byte MTU). At 1 s
+    // link 1's path shrinks to a 1500-byte MTU: its large datagrams vanish from then on.
+    let jumbo = 8972;
+    let shrink = ms(1000);
+    let mut sc = Scenario::default()
+        .with_links(
+            2,
+            LinkConfig::symmetric(
+                DirectionConfig::default()
+                    .with_rate(GBIT)
+                    .with_delay(Duration::from_micros(100))
+                    .with_mtu(jumbo),
+            ),
+        )
+        .with_total_bytes(400 << 20)
+        .at(
+            shrink,
+            Action::SetMtu {
+                link: 1,
+                dir: None,
+                mtu: MAX_DATAGRAM,
+            },
+        );
+    sc.max_datagram = jumbo;
+    let r = run_ok(&sc);
+    let capacity = |size: usize| GBIT as f64 * size as f64 / (size + HEADER_BYTES) as f64;
+    let before = r.goodput_bps(ms(300), ms(900));
+    println!(
+        "jumbo: {:.1} Mbit/s = {:.2} % of the 9000-byte-MTU payload capacity ({:.2} % of the 1500-byte one)",
+        before / 1e6,
+        100.0 * before / (2.0 * capacity(jumbo)),
+        100.0 * before / (2.0 * capacity(MAX_DATAGRAM))
+    );
+    assert!(before >= 0.97 * 2.0 * capacity(jumbo), "{before:.0} bit/s");
+    assert!(
+        before > 2.0 * capacity(MAX_DATAGRAM),
+        "only larger datagrams get this far"
+    );
+    // link 1 stops delivering when its MTU shrinks, until it falls back to 1472-byte datagrams
+    let timeline = &r.links[1].stream_timeline[Dir::AToB.index()];
+    let start = shrink.as_millis() as usize;
+    let resumed = (start + 1..timeline.len())
+        .find(|&i| timeline[i] > 0 && timeline[i - 1] == 0)
+        .map(|i| ms(i as u64) - shrink)
+        .expect("link 1 carries data again");
+    let target = 0.9 * (capacity(jumbo) + capacity(MAX_DATAGRAM));
+    let back = goodput_back_at(&r, shrink + ms(1), ms(20), target).expect("goodput recovers");
+    println!(
+        "black hole on link 1: it carries data again {resumed:?} after its MTU shrank, goodput \
+         ≥ 90 % of both links' capacity {:?} after; {} oversize datagrams dropped",
+        back - shrink,
+        r.links[1].dir(Dir::AToB).dropped_too_big
+    );
+    assert!(resumed <= ms(100), "{resumed:?}");
+    assert!(back - shrink <= ms(200), "{:?}", back - shrink);
+    assert!(r.links[1].dir(Dir::AToB).dropped_too_big > 0);
+}

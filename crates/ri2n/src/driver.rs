@@ -89,13 +89,15 @@ impl Batch {
         self.len == 0
     }
 
-    /// Whether the next datagram, to `dest`, may be built at the end of this batch.
+    /// Whether the next datagram, to `dest`, may be built at the end of this batch. (It joins
+    /// only if it is no larger than the segment size, so the batch stays within
+    /// [`BATCH_BYTES`]; a larger one is moved to a batch of its own.)
     fn takes(&self, dest: SocketAddr, max_segments: usize) -> bool {
         self.is_empty()
             || (self.dest == dest
                 && self.len % self.segment == 0
                 && self.len / self.segment < max_segments
-                && self.len + MAX_DATAGRAM <= self.buf.len())
+                && self.len + self.segment <= BATCH_BYTES)
     }
 }
 

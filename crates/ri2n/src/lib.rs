@@ -115,6 +115,34 @@ fn expand_wildcards(addrs: &[SocketAddr]) -> Result<Vec<SocketAddr>, Error> {
     Ok(out)
 }
 
+/// The largest UDP payload the interface holding `ip` can send (its MTU less the IP and UDP
+/// headers), if the system tells: the ceiling of path MTU discovery on links from `ip`.
+fn interface_max_datagram(ip: std::net::IpAddr) -> Option<usize> {
+    let interfaces = if_addrs::get_if_addrs().ok()?;
+    // the interface with this address, else one whose subnet holds it (127.0.0.2 is on lo)
+    let in_subnet = |i: &&if_addrs::Interface| match (&i.addr, ip) {
+        (if_addrs::IfAddr::V4(a), std::net::IpAddr::V4(ip)) => {
+            u32::from(a.ip) & u32::from(a.netmask) == u32::from(ip) & u32::from(a.netmask)
+        }
+        (if_addrs::IfAddr::V6(a), std::net::IpAddr::V6(ip)) => {
+            u128::from(a.ip) & u128::from(a.netmask) == u128::from(ip) & u128::from(a.netmask)
+        }
+        _ => false,
+    };
+    let name = &interfaces
+        .iter()
+        .find(|i| i.ip() == ip)
+        .or_else(|| interfaces.iter().find(in_subnet))?
+        .name;
+    let mtu: usize = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let headers = if ip.is_ipv4() { 20 + 8 } else { 40 + 8 };
+    mtu.checked_sub(headers)
+}
+
 fn is_ipv6_link_local(ip: &std::net::IpAddr) -> bool {
     matches!(ip, std::net::IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80)
 }
@@ -143,6 +171,11 @@ impl Endpoint {
         let sockets = driver::bind_all(&config.local_addrs)
             .map_err(|(addr, source)| Error::Bind { addr, source })?;
         config.local_addrs = sockets.iter().map(|s| s.local).collect();
+        config.local_max_datagram = config
+            .local_addrs
+            .iter()
+            .filter_map(|&a| Some((a, interface_max_datagram(a.ip())?)))
+            .collect();
         let engine = ri2n_proto::Endpoint::new(config, os_seed(), Instant::now());
         Ok(Self {
             driver: Driver::start(engine, sockets)?,

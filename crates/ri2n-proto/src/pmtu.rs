@@ -1,0 +1,236 @@
+//! Path MTU discovery for one link, after RFC 8899 (datagram packetization-layer PMTUD).
+//!
+//! A link starts at the base size (the configured `max_datagram_size`, which every path is
+//! assumed to carry) and, once up, probes upward to its ceiling, the largest datagram its local
+//! interface can send: first the ceiling itself (two jumbo-frame hosts are done after one round
+//! trip), then a binary search between the largest size known to work and the smallest that
+//! failed. A probe is a PING padded to the size and sent outside the congestion window; it is
+//! acknowledged (the size works) or lost [`MAX_PROBES`] times in a row (it does not, RFC 8899
+//! §5.1.2 MAX_PROBES). Data then uses the largest confirmed size.
+//!
+//! A black hole (large datagrams stop arriving while small ones still do, say after a route
+//! change to a smaller MTU) shows as a run of lost large packets with none acknowledged: the
+//! link falls back to the base size at once, what was lost is re-sent in smaller packets (the
+//! streams do not care how their bytes are cut), and the search starts over. A search that ended
+//! below the ceiling is tried again after [`RAISE_INTERVAL`] (RFC 8899 PMTU_RAISE_TIMER).
+
+use std::time::{Duration, Instant};
+
+/// Unanswered probes of one size that rule it out.
+pub(crate) const MAX_PROBES: u8 = 3;
+/// The search ends when the sizes still in doubt span less than this many bytes.
+const SEARCH_GRANULARITY: usize = 32;
+/// Lost packets larger than the base size, in a row with none of them acknowledged, that
+/// count as a black hole.
+pub(crate) const BLACK_HOLE_LOSSES: u32 = 8;
+/// How long a search that ended below the ceiling waits before it tries again.
+pub(crate) const RAISE_INTERVAL: Duration = Duration::from_secs(600);
+
+/// One link's discovered datagram size.
+#[derive(Debug, Clone)]
+pub(crate) struct PathMtu {
+    base: usize,
+    ceiling: usize,
+    /// Size data packets use now: `base` or a size a probe confirmed.
+    current: usize,
+    /// Largest size not yet ruled out.
+    hi: usize,
+    /// Size the next probe tries; `None` once the search has ended.
+    target: Option<usize>,
+    /// A probe of `target` is in flight.
+    outstanding: bool,
+    /// Probes of `target` lost so far.
+    attempts: u8,
+    /// When an ended search below the ceiling starts again.
+    raise_at: Option<Instant>,
+    /// Large packets lost in a row (see the module docs).
+    large_losses: u32,
+}
+
+impl PathMtu {
+    /// A link that starts at `base` and may grow to `ceiling`.
+    pub fn new(base: usize, ceiling: usize) -> Self {
+        let mut m = Self {
+            base,
+            ceiling: ceiling.max(base),
+            current: base,
+            hi: base,
+            target: None,
+            outstanding: false,
+            attempts: 0,
+            raise_at: None,
+            large_losses: 0,
+        };
+        m.restart();
+        m
+    }
+
+    /// The size data packets may use.
+    pub fn current(&self) -> usize {
+        self.current
+    }
+
+    /// The size every path is assumed to carry.
+    pub fn base(&self) -> usize {
+        self.base
+    }
+
+    /// Forgets what was learned (the link was down: the path may have changed) and searches
+    /// again from the base size.
+    pub fn restart(&mut self) {
+        self.current = self.base;
+        self.hi = self.ceiling;
+        self.outstanding = false;
+        self.attempts = 0;
+        self.raise_at = None;
+        self.large_losses = 0;
+        self.target = (self.ceiling > self.base).then_some(self.ceiling);
+    }
+
+    /// The driver cannot hand out more than `room` bytes: nothing larger is tried.
+    pub fn limit_ceiling(&mut self, room: usize) {
+        if room < self.ceiling {
+            self.ceiling = room.max(self.base);
+            self.restart();
+        }
+    }
+
+    /// The size of the probe to send now, if one is due.
+    pub fn probe_due(&mut self, now: Instant) -> Option<usize> {
+        if self.target.is_none() && self.raise_at.is_some_and(|t| t <= now) {
+            let current = self.current;
+            self.restart();
+            self.current = current;
+        }
+        if self.outstanding {
+            return None;
+        }
+        self.target
+    }
+
+    pub fn on_probe_sent(&mut self) {
+        self.outstanding = true;
+    }
+
+    /// A probe of `size` was acknowledged: datagrams of that size get through.
+    pub fn on_probe_acked(&mut self, size: usize, now: Instant) {
+        self.outstanding = false;
+        self.attempts = 0;
+        if size > self.current {
+            self.current = size;
+            self.large_losses = 0;
+        }
+        self.advance(now);
+    }
+
+    /// A probe of `size` was lost.
+    pub fn on_probe_lost(&mut self, size: usize, now: Instant) {
+        self.outstanding = false;
+        if self.target != Some(size) {
+            return; // from a search that has moved on
+        }
+        self.attempts += 1;
+        if self.attempts >= MAX_PROBES {
+            self.attempts = 0;
+            self.hi = size - 1;
+            self.advance(now);
+        }
+    }
+
+    fn advance(&mut self, now: Instant) {
+        if self.hi < self.current + SEARCH_GRANULARITY {
+            self.target = None;
+            self.raise_at = (self.current < self.ceiling).then(|| now + RAISE_INTERVAL);
+        } else {
+            self.target = Some((self.current + self.hi).div_ceil(2));
+        }
+    }
+
+    /// A data packet of `size` bytes was acknowledged.
+    pub fn on_packet_acked(&mut self, size: usize) {
+        if size > self.base {
+            self.large_losses = 0;
+        }
+    }
+
+    /// A data packet of `size` bytes was lost. Returns true when that made the link fall
+    /// back to the base size (a black hole).
+    pub fn on_packet_lost(&mut self, size: usize) -> bool {
+        if size <= self.base || self.current == self.base {
+            return false;
+        }
+        self.large_losses += 1;
+        if self.large_losses < BLACK_HOLE_LOSSES {
+            return false;
+        }
+        tracing::debug!(size, "path MTU black hole: back to the base size");
+        self.restart();
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jumbo_path_is_found_with_one_probe() {
+        let now = Instant::now();
+        let mut m = PathMtu::new(1472, 8972);
+        assert_eq!(m.probe_due(now), Some(8972));
+        m.on_probe_sent();
+        assert_eq!(m.probe_due(now), None, "one probe at a time");
+        m.on_probe_acked(8972, now);
+        assert_eq!(m.current(), 8972);
+        assert_eq!(
+            m.probe_due(now + RAISE_INTERVAL * 2),
+            None,
+            "at the ceiling: done"
+        );
+    }
+
+    #[test]
+    fn search_converges_on_the_path_limit_and_retries_later() {
+        let now = Instant::now();
+        let path = 4000; // largest datagram the path carries
+        let mut m = PathMtu::new(1472, 8972);
+        let mut probes = 0;
+        while let Some(size) = m.probe_due(now) {
+            probes += 1;
+            assert!(probes < 100);
+            m.on_probe_sent();
+            if size <= path {
+                m.on_probe_acked(size, now);
+            } else {
+                m.on_probe_lost(size, now);
+            }
+        }
+        assert!(m.current() <= path && m.current() > path - SEARCH_GRANULARITY);
+        assert!(probes < 40, "{probes} probes");
+        assert_eq!(m.probe_due(now + RAISE_INTERVAL), Some(8972));
+        assert!(
+            m.current() > path - SEARCH_GRANULARITY,
+            "data keeps its size meanwhile"
+        );
+    }
+
+    #[test]
+    fn black_hole_falls_back_to_base_and_searches_again() {
+        let now = Instant::now();
+        let mut m = PathMtu::new(1472, 8972);
+        m.probe_due(now);
+        m.on_probe_sent();
+        m.on_probe_acked(8972, now);
+        for i in 1..BLACK_HOLE_LOSSES {
+            assert!(!m.on_packet_lost(8972), "loss {i}");
+        }
+        m.on_packet_acked(8972); // one got through: not a black hole
+        for _ in 1..BLACK_HOLE_LOSSES {
+            assert!(!m.on_packet_lost(8972));
+        }
+        assert!(m.on_packet_lost(8972));
+        assert_eq!(m.current(), 1472);
+        assert_eq!(m.probe_due(now), Some(8972));
+        assert!(!m.on_packet_lost(1472), "base-size losses are congestion");
+    }
+}
