@@ -5,7 +5,7 @@
 //! Input: a sequence of chunks `[flags, len_hi, len_lo, bytes...]` (`len` cut to 1500 and to
 //! what is left). Flags:
 //! - bit 0: "make valid": the header is rewritten to VERSION / SHORT / the server connection's
-//!   ID and a correct CRC-32C appended, so the datagram reaches the frame handling;
+//!   ID, so the datagram reaches the frame handling;
 //! - bit 1: (with bit 0) also write the link byte of the address pair the datagram comes from;
 //! - bits 2-3: the address pair: 0 and 1 the client's two links, 2 the first link's server
 //!   address from a stranger, 3 the second link's server address from the first link's client

@@ -1350,9 +1350,9 @@ impl Connection {
         let buf = datagram_room(out, link.local, link.remote, link.pmtu.base());
         let mut w = Writer::new(buf);
         wire::write_short_header(&mut w, self.peer_cid, link.id, pn);
-        let room = w.remaining() - wire::CRC_LEN;
+        let room = w.remaining();
         wire::write_close(&mut w, code, reason.as_bytes(), room);
-        let len = w.finish_with_crc();
+        let len = w.finish();
         let pkt = SentPacket {
             time: self.last_rx,
             size: len as u16,
@@ -1389,7 +1389,7 @@ impl Connection {
         }
         let mut w = Writer::new(buf);
         wire::write_short_header(&mut w, self.peer_cid, link_id, pn);
-        let end = w.len() + w.remaining() - wire::CRC_LEN; // room for frames
+        let end = w.len() + w.remaining(); // room for frames
         let mut frames: SmallVec<[SentFrame; 2]> = SmallVec::new();
         let mut ack_eliciting = false;
 
@@ -1471,7 +1471,7 @@ impl Connection {
             let pad = end - w.len();
             w.zeros(pad);
         }
-        let len = w.finish_with_crc();
+        let len = w.finish();
         let link = &mut self.links[i];
         let pkt = SentPacket {
             time: now,

@@ -2,11 +2,14 @@
 //! `established_connection` fuzz target does the same, undirected, under `cargo fuzz`).
 //!
 //! While a transfer of a few MB runs in both directions over two links, the server is handed
-//! 20 000 seeded pseudo-random datagrams that a correct engine must ignore: raw junk, corrupted
-//! (truncated, bit-flipped) and replayed copies of real client packets, and valid-checksum packets
-//! for the right connection that must still be dropped whole (a malformed frame anywhere, a
-//! duplicate packet number, a link byte that does not match the address pair, a forged source
-//! address). The transfer must complete with every byte and message exactly as sent, and the
+//! 20 000 seeded pseudo-random datagrams that a correct engine must ignore: raw junk, truncated
+//! and replayed copies of real client packets, and well-formed packets for the right connection
+//! that must still be dropped whole (a malformed frame anywhere, a duplicate packet number, a
+//! link byte that does not match the address pair, a forged source address). Damage on the wire
+//! (flipped bits, a datagram cut short in flight) is the UDP checksum's to catch, before the
+//! engine: packets carry no checksum of their own.
+//!
+//! The transfer must complete with every byte and message exactly as sent, and the
 //! server's memory must stay bounded throughout.
 //!
 //! A second test sends *well-formed* forgeries (valid frames, right connection, right link and
@@ -23,7 +26,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use ri2n_proto::wire::{
     self, decode_packet, encode_control_packet, frame_type, packet_type, Frames, Header, Writer,
-    CRC_LEN, VARINT_MAX, VERSION,
+    VARINT_MAX, VERSION,
 };
 use ri2n_proto::ConnectionState;
 
@@ -35,18 +38,17 @@ const MESSAGES: u64 = 300;
 /// Kinds of garbage, each of which a correct engine ignores entirely.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
-    /// Random bytes, sometimes with a valid version and packet type (never a valid checksum).
+    /// Random bytes, sometimes with a valid version and packet type (then for another
+    /// connection: junk with the right connection ID is a forgery, see the second test).
     Raw,
-    /// A real client packet cut short.
+    /// A real client packet, delivered long ago, cut short.
     Truncated,
-    /// A real client packet with one to three bits flipped (CRC-32C detects them all at these sizes).
-    BitFlipped,
     /// A real client packet sent again as it was.
     Replayed,
-    /// Right connection, link and address, valid checksum, but a malformed frame (after
+    /// Right connection, link and address, but a malformed frame (after
     /// plausible, harmful frames): the packet must be dropped whole.
     Malformed,
-    /// Valid checksum, unknown connection ID: answered with a RESET at most.
+    /// Unknown connection ID: answered with a RESET at most.
     WrongCid,
     /// Well-formed harmful frames under the packet number of a real packet already received.
     DuplicatePn,
@@ -54,14 +56,13 @@ enum Kind {
     WrongLink,
     /// Well-formed harmful frames from an address that is not the client's, on an existing link.
     ForgedAddress,
-    /// Valid-checksum control packets (INITIAL, RETRY, ACCEPT, RESET for other connections).
+    /// Control packets (INITIAL, RETRY, ACCEPT, RESET for other connections).
     Control,
 }
 
-const KINDS: [Kind; 10] = [
+const KINDS: [Kind; 9] = [
     Kind::Raw,
     Kind::Truncated,
-    Kind::BitFlipped,
     Kind::Replayed,
     Kind::Malformed,
     Kind::WrongCid,
@@ -175,14 +176,14 @@ fn malformed_frame(rng: &mut ChaCha8Rng, w: &mut Writer<'_>, room: usize) {
     }
 }
 
-/// A short packet: header, then `body` writes the frames; returns the datagram with its CRC.
+/// A short packet: header, then `body` writes the frames; returns the datagram.
 fn short_packet(cid: u64, link: u8, pn: u64, body: impl FnOnce(&mut Writer<'_>, usize)) -> Vec<u8> {
     let mut buf = vec![0u8; 1472];
     let mut w = Writer::new(&mut buf);
     wire::write_short_header(&mut w, cid, link, pn);
-    let room = w.remaining() - CRC_LEN;
+    let room = w.remaining();
     body(&mut w, room);
-    let len = w.finish_with_crc();
+    let len = w.finish();
     buf.truncate(len);
     buf
 }
@@ -217,24 +218,28 @@ impl Junk {
                     b[0] = VERSION;
                     b[1] = [packet_type::SHORT, packet_type::INITIAL, packet_type::RESET]
                         [rng.gen_range(0..3)];
-                    b[2..10].copy_from_slice(&cid.to_be_bytes());
+                    let other = cid ^ rng.gen_range(1..=u64::MAX);
+                    b[2..10].copy_from_slice(&other.to_be_bytes());
                 }
                 b
             }
             Kind::Truncated => {
-                let b = &real.bytes;
-                b[..rng.gen_range(0..b.len())].to_vec()
-            }
-            Kind::BitFlipped => {
-                let mut b = real.bytes.clone();
-                for _ in 0..rng.gen_range(1..=3) {
-                    let bit = rng.gen_range(0..b.len() * 8);
-                    b[bit / 8] ^= 0x80 >> (bit % 8);
+                let delivered: Vec<_> = sim
+                    .captured
+                    .iter()
+                    .filter(|c| c.at + Duration::from_millis(5) < sim.now)
+                    .collect();
+                if delivered.is_empty() {
+                    return (Kind::Raw, local, remote, vec![0; 20]);
                 }
-                if b == real.bytes {
-                    b[0] ^= 1; // two flips of the same bit cancelled out
-                }
-                b
+                let old = delivered[rng.gen_range(0..delivered.len())];
+                let b = &old.bytes;
+                return (
+                    kind,
+                    old.local,
+                    old.remote,
+                    b[..rng.gen_range(0..b.len())].to_vec(),
+                );
             }
             Kind::Replayed => {
                 return (kind, real.local, real.remote, real.bytes.clone());
@@ -259,7 +264,7 @@ impl Junk {
                 }
                 if rng.gen_bool(0.5) {
                     // a real packet re-addressed to another connection
-                    make_valid(&real.bytes[..real.bytes.len() - CRC_LEN], other, None)
+                    make_valid(&real.bytes, other, None)
                 } else {
                     // random frames for a random connection
                     let junk: Vec<u8> = (0..rng.gen_range(0..200)).map(|_| rng.gen()).collect();
@@ -487,7 +492,7 @@ fn well_formed_forgeries_keep_memory_bounded() {
     );
 }
 
-/// A single forged short packet (valid checksum, right connection ID, link and address, only a
+/// A single forged short packet (right connection ID, link and address, only a
 /// PING) with a packet number far ahead must not stall the link: were it recorded, every later
 /// ACK would claim a packet never sent and be ignored, and nothing on the link would be
 /// acknowledged again. Receivers reject packet numbers that jump further than any window.

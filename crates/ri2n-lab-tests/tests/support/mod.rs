@@ -1033,16 +1033,12 @@ pub struct FloodStats {
     pub secs: f64,
 }
 
-/// Appends the CRC-32C trailer of the protocol (big-endian).
-fn seal(mut d: Vec<u8>) -> Vec<u8> {
-    let c = crc32c::crc32c(&d);
-    d.extend_from_slice(&c.to_be_bytes());
-    d
-}
+/// The protocol version byte (docs/PROTOCOL.md §2.1), so the flood's packets pass the first check.
+const VERSION: u8 = 2;
 
-/// One garbage datagram: random bytes, or a well-formed-looking packet of each type (version 1,
-/// a valid CRC, random CIDs, tokens and frames), or a bit-flipped or exact replay of an earlier
-/// one.
+/// One garbage datagram: random bytes, or a well-formed-looking packet of each type (the
+/// current version, random CIDs, tokens and frames), or a bit-flipped or exact replay of an
+/// earlier one.
 fn garbage(rng: &mut ChaCha8Rng, history: &mut Vec<Vec<u8>>) -> Vec<u8> {
     let kind = rng.gen_range(0..8);
     let random = |rng: &mut ChaCha8Rng, n: usize| {
@@ -1058,17 +1054,17 @@ fn garbage(rng: &mut ChaCha8Rng, history: &mut Vec<Vec<u8>>) -> Vec<u8> {
         }
         // SHORT with a random DCID, link, packet number and frame bytes
         1 | 2 => {
-            let mut d = vec![1, 1];
+            let mut d = vec![VERSION, 1];
             d.extend(random(rng, 8));
             d.push(rng.gen_range(0..4));
             d.push(rng.gen_range(0..64)); // 1-byte varint packet number
             let n = rng.gen_range(0..1400);
             d.extend(random(rng, n));
-            seal(d)
+            d
         }
         // INITIAL (1200 bytes), with a random token half of the time
         3 => {
-            let mut d = vec![1, 0x10];
+            let mut d = vec![VERSION, 0x10];
             d.extend(random(rng, 16)); // SCID, instance
             d.extend([0x80, 0x10, 0, 0]); // window: 4-byte varint
             if rng.gen() {
@@ -1077,20 +1073,20 @@ fn garbage(rng: &mut ChaCha8Rng, history: &mut Vec<Vec<u8>>) -> Vec<u8> {
             } else {
                 d.push(0);
             }
-            d.resize(1196, 0);
-            seal(d)
+            d.resize(1200, 0);
+            d
         }
         // RESET, RETRY, ACCEPT with random contents
         4 => {
-            let mut d = vec![1, 0x13];
+            let mut d = vec![VERSION, 0x13];
             d.extend(random(rng, 8));
-            seal(d)
+            d
         }
         5 => {
-            let mut d = vec![1, rng.gen_range(0x11..=0x12)];
+            let mut d = vec![VERSION, rng.gen_range(0x11..=0x12)];
             let n = rng.gen_range(8..=180);
             d.extend(random(rng, n));
-            seal(d)
+            d
         }
         // bit-flipped copy of an earlier datagram
         6 if !history.is_empty() => {
