@@ -31,7 +31,7 @@ use ri2n_proto::{ConnectionHandle, Endpoint as ProtoEndpoint, Transmit, Transmit
 
 use crate::connection::TimedEvent;
 
-use crate::socket::{LinkSocket, RecvBatch, SendOutcome};
+use crate::socket::{LinkSocket, Received, RecvBatch, SendOutcome};
 
 /// Events kept per connection for the application (oldest dropped beyond).
 const MAX_QUEUED_EVENTS: usize = 256;
@@ -40,6 +40,9 @@ const WAKE_TOKEN: Token = Token(usize::MAX);
 const MAX_DATAGRAM: usize = 16 * 1024;
 /// Most bytes one GSO send carries: below the 65 507-byte limit of one UDP send over IPv4.
 const BATCH_BYTES: usize = 60 * 1024;
+/// Longest the driver thread sleeps while a timer is due within [`BUSY_HORIZON`].
+const TICK: Duration = Duration::from_millis(1);
+const BUSY_HORIZON: Duration = Duration::from_millis(50);
 /// Batches built ahead of the sender before the engine is asked for no more: bounds the
 /// memory of a round and the time datagrams wait between being built and sent.
 const MAX_QUEUED_BATCHES: usize = 64;
@@ -258,8 +261,11 @@ impl Shared {
         let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         // an error (EINTR) just means: look again
         let _ = poll.poll(events, timeout);
-        for i in 0..self.sockets.len() {
-            while self.receive(i) {}
+        for ev in events.iter() {
+            // edge-triggered: receive until the socket's queue was seen empty
+            if ev.token().0 < self.sockets.len() {
+                while self.receive(ev.token().0) == Received::MoreMayWait {}
+            }
         }
         let mut st = self.lock();
         st.caller_polling = false;
@@ -267,21 +273,21 @@ impl Shared {
     }
 
     /// Receives one batch from socket `i` (without the engine's lock), hands it to the
-    /// engine and sends the answers; false when nothing was waiting or another thread is
-    /// receiving from the socket (that thread drains it).
-    fn receive(&self, i: usize) -> bool {
+    /// engine and sends the answers. `Nothing` also when another thread is receiving from the
+    /// socket (that thread drains it).
+    fn receive(&self, i: usize) -> Received {
         let sock = &self.sockets[i];
         let Ok(mut batch) = self.receiving[i].try_lock() else {
-            return false;
+            return Received::Nothing;
         };
-        match sock.recv(&mut batch) {
-            Ok(true) => {}
-            Ok(false) => return false,
+        let received = match sock.recv(&mut batch) {
+            Ok(Received::Nothing) => return Received::Nothing,
+            Ok(r) => r,
             Err(e) => {
                 tracing::debug!(error = %e, socket = %sock.local, "receive failed");
-                return false;
+                return Received::Nothing;
             }
-        }
+        };
         let mut st = self.lock();
         let now = Instant::now();
         let endpoint = &mut st.endpoint;
@@ -292,7 +298,7 @@ impl Shared {
         let wakeups = self.dispatch(&mut st);
         drop(st);
         wakeups.notify();
-        true
+        received
     }
 
     /// Waits until a connection arrives for `accept` (or `deadline`).
@@ -452,23 +458,19 @@ pub(crate) struct Driver {
 }
 
 impl Driver {
-    pub fn start(
-        endpoint: ProtoEndpoint,
-        mut sockets: Vec<LinkSocket>,
-    ) -> std::io::Result<Arc<Self>> {
+    pub fn start(endpoint: ProtoEndpoint, sockets: Vec<LinkSocket>) -> std::io::Result<Arc<Self>> {
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), WAKE_TOKEN)?;
         let caller_poll = Poll::new()?;
         let caller_waker = Waker::new(caller_poll.registry(), WAKE_TOKEN)?;
-        for (i, s) in sockets.iter_mut().enumerate() {
+        for (i, s) in sockets.iter().enumerate() {
+            let fd = s.io.as_raw_fd();
             poll.registry()
-                .register(&mut s.io, Token(i), Interest::READABLE)?;
+                .register(&mut SourceFd(&fd), Token(i), Interest::READABLE)?;
             // the same socket again: mio's sources belong to one registry, a raw fd does not
-            caller_poll.registry().register(
-                &mut SourceFd(&s.io.as_raw_fd()),
-                Token(i),
-                Interest::READABLE,
-            )?;
+            caller_poll
+                .registry()
+                .register(&mut SourceFd(&fd), Token(i), Interest::READABLE)?;
         }
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -521,7 +523,7 @@ fn run(shared: Arc<Shared>, mut poll: Poll) {
         // receive everything waiting (mio is edge-triggered: drain until empty)
         for (i, r) in readable.iter_mut().enumerate() {
             while *r {
-                *r = shared.receive(i);
+                *r = shared.receive(i) == Received::MoreMayWait;
             }
         }
         let (timeout, wakeups) = {
@@ -532,12 +534,20 @@ fn run(shared: Arc<Shared>, mut poll: Poll) {
             }
             let mut st = shared.transmit(st);
             let wakeups = shared.dispatch(&mut st);
-            let next = st.endpoint.poll_timeout();
+            // While timers are near (data in flight, acknowledgements owed), wake at least every
+            // TICK: then a timer an application call sets at least a tick ahead (the next
+            // probe timeout, a delayed acknowledgement) needs no wake-up of this thread. A
+            // request-response exchange would otherwise wake it on every message.
+            let now = Instant::now();
+            let next = st.endpoint.poll_timeout().map(|t| {
+                if t.saturating_duration_since(now) < BUSY_HORIZON {
+                    t.min(now + TICK)
+                } else {
+                    t
+                }
+            });
             st.driver_deadline = next;
-            (
-                next.map(|t| t.saturating_duration_since(Instant::now())),
-                wakeups,
-            )
+            (next.map(|t| t.saturating_duration_since(now)), wakeups)
         };
         // after unlocking, so that a woken caller does not at once block on the lock
         wakeups.notify();

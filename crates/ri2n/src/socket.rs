@@ -90,9 +90,8 @@ impl LinkSocket {
     }
 
     /// Receives a batch of datagrams into `batch` (one `recvmmsg`; GRO buffers hold several
-    /// datagrams each). Returns false when none were waiting. Needs no engine state, so it
-    /// runs without the engine's lock.
-    pub fn recv(&self, batch: &mut RecvBatch) -> io::Result<bool> {
+    /// datagrams each). Needs no engine state, so it runs without the engine's lock.
+    pub fn recv(&self, batch: &mut RecvBatch) -> io::Result<Received> {
         let mut slices: [IoSliceMut<'_>; BATCH_SIZE] = {
             let mut bufs = batch.bufs.iter_mut();
             std::array::from_fn(|_| IoSliceMut::new(bufs.next().expect("BATCH_SIZE buffers")))
@@ -105,7 +104,12 @@ impl LinkSocket {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
             Err(e) => return Err(e),
         };
-        Ok(batch.count > 0)
+        Ok(match batch.count {
+            0 => Received::Nothing,
+            // fewer than asked for: the socket's queue was empty when the call returned
+            n if n < BATCH_SIZE => Received::Drained,
+            _ => Received::MoreMayWait,
+        })
     }
 
     /// Calls `f(remote, datagram)` for each datagram of the batch last received (GRO buffers
@@ -130,6 +134,17 @@ impl LinkSocket {
             count: 0,
         }
     }
+}
+
+/// What a receive call found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Received {
+    /// Nothing was waiting.
+    Nothing,
+    /// A batch, and the queue was empty after it: no need to ask again until the next arrival.
+    Drained,
+    /// A full batch: more may be waiting.
+    MoreMayWait,
 }
 
 /// One thread's buffers for receiving a batch of datagrams.
