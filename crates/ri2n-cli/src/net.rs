@@ -159,6 +159,20 @@ pub fn peer_addr(conn: &Connection) -> Option<SocketAddr> {
     conn.stats().links.first().map(|l| l.remote)
 }
 
+/// Bytes a pipe on stdin or stdout is asked to hold (the unprivileged maximum by default).
+const PIPE_BUFFER: libc::c_int = 1 << 20;
+
+/// Enlarges the kernel buffer of `fd` if it is a pipe (best effort): with the default 64 KiB, a
+/// transfer at gigabits per second switches between ri2n and the program at the other end of
+/// the pipe every 64 KiB, and the two compete for the same CPUs.
+pub fn enlarge_pipe(fd: std::os::fd::RawFd) {
+    // SAFETY: fcntl on a descriptor we hold; F_SETPIPE_SZ fails harmlessly on anything that
+    // is not a pipe.
+    unsafe {
+        libc::fcntl(fd, libc::F_SETPIPE_SZ, PIPE_BUFFER);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -62,7 +62,10 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
                 p.display().to_string(),
             )
         }
-        _ => Output::Stdout(BufWriter::with_capacity(1 << 20, io::stdout().lock())),
+        _ => {
+            net::enlarge_pipe(1);
+            Output::Stdout(BufWriter::with_capacity(1 << 20, io::stdout().lock()))
+        }
     };
 
     let endpoint = net::server_endpoint(&args.listen, args.link.all_links_down_timeout)?;

@@ -23,7 +23,10 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
             let size = f.metadata().ok().filter(|m| m.is_file()).map(|m| m.len());
             (Box::new(f), size, p.display().to_string())
         }
-        _ => (Box::new(io::stdin().lock()), None, "stdin".into()),
+        _ => {
+            net::enlarge_pipe(0);
+            (Box::new(io::stdin().lock()), None, "stdin".into())
+        }
     };
 
     let endpoint = net::client_endpoint(&args.connect, args.quiet)?;
