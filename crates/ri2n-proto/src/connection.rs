@@ -17,8 +17,8 @@ use crate::pmtu::PathMtu;
 use crate::streams::{RecvStream, SendStream};
 use crate::wire::{self, Frame, Frames, Header, Writer};
 use crate::{
-    ConnectionConfig, ConnectionError, Event, LinkId, LinkState, LinkStats, ReadError, Striping,
-    WriteError,
+    ConnectionConfig, ConnectionError, DropReason, Event, LinkId, LinkState, LinkStats, ReadError,
+    Striping, WriteError,
 };
 
 /// Where a connection is in its life.
@@ -754,7 +754,7 @@ impl Connection {
         self.links.iter().any(|l| l.remote == remote)
     }
 
-    /// A short packet for this connection.
+    /// A short packet for this connection; `Err` says why it was dropped without effect.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn handle_short(
         &mut self,
@@ -765,9 +765,9 @@ impl Connection {
         pn: u64,
         payload: &[u8],
         datagram_len: usize,
-    ) {
+    ) -> Result<(), DropReason> {
         if self.state == ConnectionState::Connecting {
-            return;
+            return Err(DropReason::WrongState);
         }
         if self.state == ConnectionState::Closed {
             // After a clean close, tell a peer still retransmitting that everything it sent
@@ -781,13 +781,13 @@ impl Connection {
                     self.close_sends.push(i);
                 }
             }
-            return;
+            return Err(DropReason::WrongState);
         }
         // Validate every frame before acting on any: a malformed packet is dropped whole.
         let mut ack_eliciting = false;
         for f in Frames::new(payload) {
             match f {
-                Err(_) => return,
+                Err(_) => return Err(DropReason::MalformedFrame),
                 Ok(Frame::Ack { .. } | Frame::Padding | Frame::Close { .. }) => {}
                 Ok(_) => ack_eliciting = true,
             }
@@ -803,7 +803,7 @@ impl Connection {
                         .iter()
                         .any(|l| l.local == local && l.remote == remote)
                 {
-                    return;
+                    return Err(DropReason::UnknownLink);
                 }
                 let new = self.add_link(now, link_id, local, remote);
                 self.links[new].peer_opened = true;
@@ -811,10 +811,10 @@ impl Connection {
             }
         };
         if self.links[i].local != local || self.links[i].remote != remote {
-            return; // links do not migrate
+            return Err(DropReason::UnknownLink); // links do not migrate
         }
         if !self.links[i].on_received(now, pn, ack_eliciting, datagram_len, &self.cfg) {
-            return; // duplicate
+            return Err(DropReason::Duplicate);
         }
         if let Handshake::Server { confirmed, .. } = &mut self.handshake {
             *confirmed = true;
@@ -848,7 +848,10 @@ impl Connection {
                         self.event(Event::Readable);
                     }
                     Ok(_) => {}
-                    Err(v) => return self.fail(ConnectionError::ProtocolViolation(v.0)),
+                    Err(v) => {
+                        self.fail(ConnectionError::ProtocolViolation(v.0));
+                        return Ok(());
+                    }
                 },
                 Frame::MaxStreamData { stream, max } => {
                     let s = &mut self.send[stream as usize];
@@ -871,18 +874,21 @@ impl Connection {
                         for s in &mut self.send {
                             s.peer_received_all();
                         }
-                        return self.set_closed(None);
+                        self.set_closed(None);
+                        return Ok(());
                     }
                     let reason = String::from_utf8_lossy(reason).into_owned();
                     let error = match code.checked_sub(CLOSE_APP_BASE) {
                         Some(code) => ConnectionError::PeerAborted { code, reason },
                         None => ConnectionError::PeerError { code, reason },
                     };
-                    return self.set_closed(Some(error));
+                    self.set_closed(Some(error));
+                    return Ok(());
                 }
             }
         }
         self.check_complete(now);
+        Ok(())
     }
 
     /// Whether a link's collapse of arrivals, as the peer reports it, is our own doing: nothing

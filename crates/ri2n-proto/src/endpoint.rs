@@ -79,6 +79,73 @@ pub struct Endpoint {
     accept_queue: VecDeque<ConnectionHandle>,
     /// Round-robin position of `poll_transmit` among the connections.
     cursor: u64,
+    /// Datagrams dropped without effect, by reason.
+    dropped: DropCounts,
+}
+
+/// Why the engine dropped a received datagram without acting on it. Every such drop is
+/// counted ([`Endpoint::dropped`]) and logged at `tracing`'s trace level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DropReason {
+    /// It could not be decoded: truncated, another protocol version, an unknown packet type or
+    /// a malformed header.
+    Undecodable,
+    /// A short packet or RESET for a connection this endpoint does not have (a short packet
+    /// of at least 16 bytes is answered with a RESET).
+    UnknownConnection,
+    /// A handshake packet that answers nothing outstanding here: an INITIAL at an endpoint
+    /// that does not accept connections, a RETRY or ACCEPT for no connecting client or from
+    /// another address.
+    UnexpectedHandshake,
+    /// A short packet for a connection still connecting, or already closed.
+    WrongState,
+    /// One of its frames is malformed: the packet is dropped whole.
+    MalformedFrame,
+    /// Its link ID and address pair match no link (links never migrate), or it would open a
+    /// link beyond the limit.
+    UnknownLink,
+    /// Its packet number arrived before, is too old to tell, or jumps too far ahead.
+    Duplicate,
+}
+
+impl DropReason {
+    /// Every reason, in the order of [`DropCounts::iter`].
+    pub const ALL: [DropReason; 7] = [
+        DropReason::Undecodable,
+        DropReason::UnknownConnection,
+        DropReason::UnexpectedHandshake,
+        DropReason::WrongState,
+        DropReason::MalformedFrame,
+        DropReason::UnknownLink,
+        DropReason::Duplicate,
+    ];
+}
+
+/// Counts of dropped datagrams by [`DropReason`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DropCounts([u64; DropReason::ALL.len()]);
+
+impl DropCounts {
+    /// Datagrams dropped for `reason`.
+    pub fn get(&self, reason: DropReason) -> u64 {
+        self.0[reason as usize]
+    }
+
+    /// Datagrams dropped for any reason.
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+
+    /// Every reason with its count.
+    pub fn iter(&self) -> impl Iterator<Item = (DropReason, u64)> + '_ {
+        DropReason::ALL.iter().map(|&r| (r, self.get(r)))
+    }
+
+    fn record(&mut self, reason: DropReason, remote: SocketAddr, len: usize) {
+        self.0[reason as usize] += 1;
+        tracing::trace!(?reason, %remote, len, "datagram dropped");
+    }
 }
 
 impl Endpoint {
@@ -99,6 +166,7 @@ impl Endpoint {
             stateless: VecDeque::new(),
             accept_queue: VecDeque::new(),
             cursor: 0,
+            dropped: DropCounts::default(),
         }
     }
 
@@ -210,31 +278,49 @@ impl Endpoint {
         remote: SocketAddr,
         data: &[u8],
     ) {
+        if let Err(reason) = self.handle_datagram_inner(now, local, remote, data) {
+            self.dropped.record(reason, remote, data.len());
+        }
+    }
+
+    /// Datagrams dropped without effect so far, by reason.
+    pub fn dropped(&self) -> &DropCounts {
+        &self.dropped
+    }
+
+    fn handle_datagram_inner(
+        &mut self,
+        now: Instant,
+        local: SocketAddr,
+        remote: SocketAddr,
+        data: &[u8],
+    ) -> Result<(), DropReason> {
         let Ok((header, payload)) = wire::decode_packet(data) else {
-            return;
+            return Err(DropReason::Undecodable);
         };
         match header {
             Header::Short { dcid, link, pn } => match self.by_cid.get(&dcid) {
                 Some(h) => {
                     let conn = self.connections.get_mut(h).expect("mapped handle");
-                    conn.handle_short(now, local, remote, link, pn, payload, data.len());
+                    return conn.handle_short(now, local, remote, link, pn, payload, data.len());
                 }
-                None if data.len() >= MIN_RESET_TRIGGER => {
-                    self.queue_stateless(local, remote, &Header::Reset { dcid })
+                None => {
+                    if data.len() >= MIN_RESET_TRIGGER {
+                        self.queue_stateless(local, remote, &Header::Reset { dcid });
+                    }
+                    return Err(DropReason::UnknownConnection);
                 }
-                None => {}
             },
             Header::Initial {
                 scid,
                 instance,
                 window,
                 token,
-            } => self.handle_initial(now, local, remote, scid, instance, window, token),
-            Header::Retry { dcid, token } => {
-                if let Some(c) = self.client_conn(dcid, remote) {
-                    c.handle_retry(now, token);
-                }
-            }
+            } => return self.handle_initial(now, local, remote, scid, instance, window, token),
+            Header::Retry { dcid, token } => self
+                .client_conn(dcid, remote)
+                .ok_or(DropReason::UnexpectedHandshake)?
+                .handle_retry(now, token),
             Header::Accept {
                 dcid,
                 scid,
@@ -243,22 +329,21 @@ impl Endpoint {
                 addrs,
             } => {
                 let locals = self.cfg.local_addrs.clone();
-                if let Some(c) = self.client_conn(dcid, remote) {
-                    c.handle_accept(now, scid, instance, window, &addrs, &locals);
-                }
+                self.client_conn(dcid, remote)
+                    .ok_or(DropReason::UnexpectedHandshake)?
+                    .handle_accept(now, scid, instance, window, &addrs, &locals);
             }
             Header::Reset { dcid } => {
                 // The reset echoes the connection ID we sent to (the peer's), and only counts
                 // from an address the connection talks to.
-                if let Some(conn) = self
-                    .connections
+                self.connections
                     .values_mut()
                     .find(|c| dcid != 0 && c.peer_cid() == dcid && c.has_remote(remote))
-                {
-                    conn.peer_restarted();
-                }
+                    .ok_or(DropReason::UnknownConnection)?
+                    .peer_restarted();
             }
         }
+        Ok(())
     }
 
     /// The operating system refused to send from `local` to `remote` (`ENETUNREACH`,
@@ -288,14 +373,14 @@ impl Endpoint {
         instance: u64,
         window: u64,
         token: &[u8],
-    ) {
+    ) -> Result<(), DropReason> {
         if !self.cfg.accept_incoming || scid == 0 {
-            return;
+            return Err(DropReason::UnexpectedHandshake);
         }
         if let Some(&h) = self.by_initial.get(&(remote, scid)) {
             if let Some(c) = self.connections.get_mut(&h) {
                 c.handle_initial_again();
-                return;
+                return Ok(());
             }
         }
         if !self.cookie_valid(now, remote, scid, token) {
@@ -308,7 +393,7 @@ impl Endpoint {
                     token: &cookie,
                 },
             );
-            return;
+            return Ok(());
         }
         // A new run of a peer we have connections with: those connections are dead.
         for c in self.connections.values_mut() {
@@ -346,6 +431,7 @@ impl Endpoint {
         let h = self.insert(cid, conn);
         self.by_initial.insert((remote, scid), h);
         self.accept_queue.push_back(h);
+        Ok(())
     }
 
     /// The next datagram to send, written into `buf` (at least `max_datagram_size` bytes, and

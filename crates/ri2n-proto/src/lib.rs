@@ -30,7 +30,7 @@ pub mod wire;
 
 pub use config::{ConnectionConfig, EndpointConfig, Striping};
 pub use connection::{Connection, ConnectionState, ConnectionStats};
-pub use endpoint::{ConnectionHandle, Endpoint, Transmit, TransmitBuffer};
+pub use endpoint::{ConnectionHandle, DropCounts, DropReason, Endpoint, Transmit, TransmitBuffer};
 pub use error::{ConnectError, ConnectionError, ReadError, WriteError};
 pub use link::{LinkState, LinkStats};
 

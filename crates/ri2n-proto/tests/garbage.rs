@@ -28,7 +28,7 @@ use ri2n_proto::wire::{
     self, decode_packet, encode_control_packet, frame_type, packet_type, Frames, Header, Writer,
     VARINT_MAX, VERSION,
 };
-use ri2n_proto::ConnectionState;
+use ri2n_proto::{ConnectionState, DropReason};
 
 const JUNK: usize = 20_000;
 const C2S: u64 = 4_000_000;
@@ -421,6 +421,25 @@ fn garbage_during_transfer(seed: u64) {
     // the datagrams that had to be answered or forgotten did not leave state behind
     let stats = server.stats();
     assert_eq!(stats.links.len(), 2, "no link was added by garbage");
+    // every kind of garbage was dropped for its own reason, and counted
+    let dropped = sim.server.dropped();
+    for reason in [
+        DropReason::Undecodable,
+        DropReason::UnknownConnection,
+        DropReason::UnexpectedHandshake,
+        DropReason::MalformedFrame,
+        DropReason::UnknownLink,
+        DropReason::Duplicate,
+    ] {
+        assert!(
+            dropped.get(reason) > 0,
+            "no drop counted as {reason:?}: {dropped:?}"
+        );
+    }
+    eprintln!(
+        "seed {seed}: dropped {:?}",
+        dropped.iter().collect::<Vec<_>>()
+    );
     eprintln!(
         "seed {seed}: {injected} garbage datagrams {:?}, all sent by {:.0}% of the transfer, which took {:?} \
          simulated; {} answers to strangers dropped",

@@ -39,8 +39,8 @@ use std::time::{Duration, Instant};
 pub use connection::{Connection, TimedEvent};
 pub use impair::Impairment;
 pub use ri2n_proto::{
-    ConnectError, ConnectionConfig, ConnectionError, ConnectionState, ConnectionStats,
-    EndpointConfig, Event, LinkId, LinkState, LinkStats, Striping,
+    ConnectError, ConnectionConfig, ConnectionError, ConnectionState, ConnectionStats, DropCounts,
+    DropReason, EndpointConfig, Event, LinkId, LinkState, LinkStats, Striping,
 };
 
 use driver::Driver;
@@ -196,6 +196,12 @@ impl Endpoint {
     /// The bound local addresses, ports resolved.
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
         self.driver.shared.sockets.iter().map(|s| s.local).collect()
+    }
+
+    /// Received datagrams the engine dropped without acting on them, by reason (garbage,
+    /// strangers, duplicates, packets for connections already gone).
+    pub fn dropped_datagrams(&self) -> DropCounts {
+        self.driver.shared.lock().endpoint.dropped().clone()
     }
 
     /// The impairment switch of the socket bound to `local`, to break that link on purpose.
