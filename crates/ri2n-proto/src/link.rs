@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use smallvec::SmallVec;
 
 use crate::congestion::{Congestion, Pacer};
+use crate::connection::{ShareDetector, SlowLinkCheck};
 use crate::pmtu::PathMtu;
 use crate::ranges::RangeSet;
 use crate::sent::SentPackets;
@@ -221,15 +222,10 @@ pub(crate) struct Link {
     pub ack_immediate: bool,
     /// Latest time the ACK may be delayed to.
     pub ack_deadline: Option<Instant>,
-    /// Ack-eliciting arrivals in the current share-check period.
-    pub period_arrivals: u64,
-    /// Usual share of arrivals (receiver-side detector), learned over healthy periods.
-    pub expected_share: f64,
-    pub share_periods: u32,
-    /// Consecutive share-check periods in which this link's share of arrivals collapsed.
-    pub collapsed_periods: u8,
-    /// Consecutive sender-side checks that found this link too slow for its data.
-    pub slow_checks: u8,
+    /// The receiver-side arrival-share detector's view of this link.
+    pub share: ShareDetector,
+    /// The sender-side slow-link check's view of this link.
+    pub slow_check: SlowLinkCheck,
 
     // --- statistics ---
     pub bytes_sent: u64,
@@ -287,11 +283,8 @@ impl Link {
             ack_dirty: false,
             ack_immediate: false,
             ack_deadline: None,
-            period_arrivals: 0,
-            expected_share: 0.0,
-            share_periods: 0,
-            collapsed_periods: 0,
-            slow_checks: 0,
+            share: ShareDetector::default(),
+            slow_check: SlowLinkCheck::default(),
             bytes_sent: 0,
             bytes_received: 0,
             packets_sent: 0,
@@ -533,22 +526,27 @@ impl Link {
         self.pto_probes_pending = 0;
     }
 
-    /// Earliest timer of this link (loss, PTO, probe).
-    pub fn timeout(&self, cfg: &ConnectionConfig) -> Option<Instant> {
-        let mut t = self.loss_time;
-        let mut min = |x: Option<Instant>| {
-            if let Some(x) = x {
-                t = Some(t.map_or(x, |t: Instant| t.min(x)));
-            }
-        };
-        min(self.pto_deadline(cfg));
-        if self.state != LinkState::Up && self.within_amplification_limit() {
-            min(self.next_probe);
-        }
-        t
+    /// When loss detection's time threshold declares the oldest waiting packet lost.
+    pub fn loss_deadline(&self) -> Option<Instant> {
+        self.loss_time
     }
 
-    fn pto_deadline(&self, cfg: &ConnectionConfig) -> Option<Instant> {
+    /// When the next probe of this link (not up) is due, if it may be sent.
+    pub fn probe_deadline(&self) -> Option<Instant> {
+        if self.state != LinkState::Up && self.within_amplification_limit() {
+            self.next_probe
+        } else {
+            None
+        }
+    }
+
+    /// When the delayed acknowledgement of what arrived on this link is due.
+    pub fn ack_timer(&self) -> Option<Instant> {
+        self.ack_deadline.filter(|_| self.ack_dirty)
+    }
+
+    /// When the probe timeout fires (up links with packets in flight).
+    pub fn pto_deadline(&self, cfg: &ConnectionConfig) -> Option<Instant> {
         if self.state != LinkState::Up || self.sent.is_empty() || self.pto_probes_pending > 0 {
             return None;
         }
@@ -718,7 +716,7 @@ impl Link {
         self.packets_received += 1;
         self.bytes_received += size as u64;
         if ack_eliciting {
-            self.period_arrivals += 1;
+            self.share.on_arrival();
             self.ack_dirty = true;
             self.eliciting_since_ack += 1;
             if !in_order || self.eliciting_since_ack >= cfg.ack_frequency {

@@ -1,0 +1,345 @@
+//! Outgoing packets: what the next datagram is (CLOSE, handshake, probe, MTU probe, PING,
+//! data, acknowledgement, in that order of priority), and building it in place in the
+//! driver's buffer with frame sizes bounded by `wire`.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use smallvec::SmallVec;
+
+use crate::endpoint::TransmitBuffer;
+use crate::link::{Link, SentFrame, SentPacket};
+use crate::pmtu::PathMtu;
+use crate::streams::SendStream;
+use crate::wire::{self, Header, Writer};
+use crate::{ConnectionConfig, LinkId, LinkState};
+
+use super::{Connection, ConnectionState, Handshake, PacketKind};
+
+/// Bytes at the head of a flow-blocked stream re-sent at once by opportunistic retransmission.
+const RESCUE_BYTES: u64 = 64 * 1024;
+
+impl Connection {
+    /// Builds the next datagram into the buffer `out` gives for its path; returns the path
+    /// and the datagram's length.
+    pub(crate) fn poll_transmit(
+        &mut self,
+        now: Instant,
+        out: &mut dyn TransmitBuffer,
+    ) -> Option<(SocketAddr, SocketAddr, usize)> {
+        if self.state == ConnectionState::Closed {
+            let i = self.close_sends.pop()?;
+            let (code, reason) = self.close_frame.clone().unwrap_or_default();
+            let len = self.build_close(i, code, &reason, out);
+            return Some((self.links[i].local, self.links[i].remote, len));
+        }
+        if let Some(r) = self.poll_handshake(now, out) {
+            return Some(r);
+        }
+        if !self.can_send_short() {
+            return None;
+        }
+        // 1. probes of links that are not up
+        if let Some(i) = (0..self.links.len()).find(|&i| self.links[i].probe_due(now)) {
+            let mut outcome = std::mem::take(&mut self.scratch);
+            let failed = self.links[i].on_probe_sending(now, &self.cfg, &mut outcome);
+            self.apply_outcome(&mut outcome);
+            self.scratch = outcome;
+            if failed {
+                self.set_link_state(i, now, LinkState::Down);
+            }
+            return self.transmit(now, i, PacketKind::Probe, out);
+        }
+        // 2. probe timeouts, keepalives and the handshake confirmation on up links
+        let ping = self.ping_pending.take().or_else(|| {
+            (0..self.links.len()).find(|&i| {
+                let l = &self.links[i];
+                l.is_up()
+                    && (l.pto_probes_pending > 0
+                        || l.keepalive_deadline(&self.cfg).is_some_and(|t| t <= now))
+            })
+        });
+        if let Some(i) = ping {
+            let l = &mut self.links[i];
+            l.pto_probes_pending = l.pto_probes_pending.saturating_sub(1);
+            return self.transmit(now, i, PacketKind::Ping, out);
+        }
+        // 3. path MTU probes (one at a time per link, outside the congestion window)
+        if let Some((i, size)) =
+            (0..self.links.len()).find_map(|i| Some((i, self.links[i].mtu_probe_due(now)?)))
+        {
+            return self.transmit(now, i, PacketKind::MtuProbe(size), out);
+        }
+        // 4. stream data, striped over the up links with window and pacing room
+        let control_waiting =
+            self.max_data_pending.iter().any(|&p| p) || !self.link_status_pending.is_empty();
+        if self.links.len() > 1 {
+            for s in &mut self.send {
+                s.rescue_head(RESCUE_BYTES);
+            }
+        }
+        if self.send.iter().any(SendStream::wants_to_send) {
+            match self.pick_data_link(now) {
+                Ok(i) => return self.transmit(now, i, PacketKind::Data, out),
+                Err(wake) => self.pacing_wakeup = wake,
+            }
+        }
+        // control frames do not wait for congestion windows
+        if control_waiting {
+            if let Some(i) = self.best_up_link() {
+                return self.transmit(now, i, PacketKind::AckOnly, out);
+            }
+        }
+        // 5. acknowledgements
+        if self.links.iter().any(|l| l.ack_due(now)) {
+            let i = self.ack_link();
+            return self.transmit(now, i, PacketKind::AckOnly, out);
+        }
+        None
+    }
+
+    fn poll_handshake(
+        &mut self,
+        now: Instant,
+        out: &mut dyn TransmitBuffer,
+    ) -> Option<(SocketAddr, SocketAddr, usize)> {
+        let max = self.cfg.max_datagram_size;
+        let link = &self.links[0];
+        let (local, remote) = (link.local, link.remote);
+        match &mut self.handshake {
+            Handshake::Client {
+                token,
+                next_initial,
+                backoff,
+                last_sent,
+                ..
+            } if *next_initial <= now => {
+                *next_initial = now + *backoff;
+                *backoff = (*backoff * 2).min(Duration::from_secs(1));
+                *last_sent = Some(now);
+                let header = Header::Initial {
+                    scid: self.local_cid,
+                    instance: self.local_instance,
+                    window: self.cfg.stream_receive_window,
+                    token,
+                };
+                let buf = datagram_room(out, local, remote, max);
+                if buf.len() < wire::MIN_INITIAL_SIZE {
+                    return None;
+                }
+                let len = wire::encode_control_packet(&header, buf);
+                Some((local, remote, len))
+            }
+            Handshake::Server {
+                accept_pending: pending @ true,
+                advertised,
+                ..
+            } => {
+                *pending = false;
+                let header = Header::Accept {
+                    dcid: self.peer_cid,
+                    scid: self.local_cid,
+                    instance: self.local_instance,
+                    window: self.cfg.stream_receive_window,
+                    addrs: advertised.clone(),
+                };
+                let buf = datagram_room(out, local, remote, max);
+                Some((local, remote, wire::encode_control_packet(&header, buf)))
+            }
+            _ => None,
+        }
+    }
+
+    fn transmit(
+        &mut self,
+        now: Instant,
+        i: usize,
+        kind: PacketKind,
+        out: &mut dyn TransmitBuffer,
+    ) -> Option<(SocketAddr, SocketAddr, usize)> {
+        let len = self.build_packet(now, i, kind, out);
+        Some((self.links[i].local, self.links[i].remote, len))
+    }
+
+    fn build_close(
+        &mut self,
+        i: usize,
+        code: u64,
+        reason: &str,
+        out: &mut dyn TransmitBuffer,
+    ) -> usize {
+        let link = &mut self.links[i];
+        let pn = link.next_pn();
+        let buf = datagram_room(out, link.local, link.remote, link.pmtu.base());
+        let mut w = Writer::new(buf);
+        wire::write_short_header(&mut w, self.peer_cid, link.id, pn);
+        let room = w.remaining();
+        wire::write_close(&mut w, code, reason.as_bytes(), room);
+        let len = w.finish();
+        let pkt = SentPacket {
+            time: self.last_rx,
+            size: len as u16,
+            in_flight: false,
+            ack_eliciting: false,
+            probe: false,
+            mtu_probe: false,
+            frames: SmallVec::new(),
+        };
+        link.on_sent(self.last_rx, len, pkt);
+        len
+    }
+
+    fn build_packet(
+        &mut self,
+        now: Instant,
+        i: usize,
+        kind: PacketKind,
+        out: &mut dyn TransmitBuffer,
+    ) -> usize {
+        let pn = self.links[i].next_pn();
+        let link_id = self.links[i].id;
+        let link = &mut self.links[i];
+        let (local, remote) = (link.local, link.remote);
+        let size = match kind {
+            PacketKind::Probe => link.pmtu.base(),
+            PacketKind::MtuProbe(size) => size,
+            PacketKind::Ping | PacketKind::Data | PacketKind::AckOnly => link.mss(),
+        };
+        let buf = datagram_room(out, local, remote, size);
+        if buf.len() < size {
+            // the driver cannot hand out that much: never try to grow beyond what it can
+            link.pmtu.limit_ceiling(buf.len());
+        }
+        let mut w = Writer::new(buf);
+        wire::write_short_header(&mut w, self.peer_cid, link_id, pn);
+        let end = w.len() + w.remaining(); // room for frames
+        let mut frames: SmallVec<[SentFrame; 2]> = SmallVec::new();
+        let mut ack_eliciting = false;
+
+        if matches!(
+            kind,
+            PacketKind::Probe | PacketKind::MtuProbe(_) | PacketKind::Ping
+        ) {
+            w.u8(wire::frame_type::PING);
+            ack_eliciting = true;
+        }
+        // an MTU probe carries nothing else: it is meant to be lost when the size is too large
+        let end_of_frames = if matches!(kind, PacketKind::MtuProbe(_)) {
+            w.len()
+        } else {
+            end
+        };
+        // acknowledgements for every link with news (at most half a data packet)
+        let ack_room = if kind == PacketKind::Data {
+            (end_of_frames - w.len()) / 2
+        } else {
+            end_of_frames - w.len()
+        };
+        let ack_end = w.len() + ack_room;
+        for l in &mut self.links {
+            if !l.ack_dirty {
+                continue;
+            }
+            let delay = l.ack_delay(now).as_micros() as u64;
+            let ranges = l.received.iter().rev().map(|r| (r.start, r.end - 1));
+            let room = ack_end.saturating_sub(w.len());
+            if wire::write_ack(&mut w, l.id, delay, ranges, room) {
+                l.on_ack_sent();
+            }
+        }
+        // control frames
+        for s in 0..2 {
+            if self.max_data_pending[s] && end_of_frames - w.len() >= 11 {
+                self.max_data_pending[s] = false;
+                wire::write_max_stream_data(&mut w, s as u8, self.recv[s].max_data_sent);
+                frames.push(SentFrame::MaxStreamData { stream: s as u8 });
+                ack_eliciting = true;
+            }
+        }
+        while end_of_frames - w.len() >= 3 {
+            let Some((link, status)) = self.link_status_pending.pop() else {
+                break;
+            };
+            wire::write_link_status(&mut w, link, status);
+            frames.push(SentFrame::LinkStatus { link, status });
+            ack_eliciting = true;
+        }
+        // stream data, alternating between the streams
+        if kind == PacketKind::Data {
+            let mut stream_bytes = 0u64;
+            for _ in 0..2 {
+                let s = self.next_stream;
+                self.next_stream ^= 1;
+                // type + offset (up to 8) + length (2: frames stay below 16 KiB)
+                let room = end - w.len();
+                if room <= 11 {
+                    break;
+                }
+                let Some(chunk) = self.send[s].next_chunk(room - 11) else {
+                    continue;
+                };
+                wire::write_stream_header(&mut w, s as u8, chunk.offset, chunk.fin, chunk.len);
+                self.send[s].copy_out(chunk.offset, w.slot(chunk.len));
+                frames.push(SentFrame::Stream {
+                    stream: s as u8,
+                    chunk,
+                });
+                stream_bytes += chunk.len as u64;
+                ack_eliciting = true;
+            }
+            self.links[i].stream_bytes_sent += stream_bytes;
+        }
+        if matches!(kind, PacketKind::Probe | PacketKind::MtuProbe(_)) {
+            // full size: a probe also checks that the path carries datagrams of its size
+            let pad = end - w.len();
+            w.zeros(pad);
+        }
+        let len = w.finish();
+        let link = &mut self.links[i];
+        let pkt = SentPacket {
+            time: now,
+            size: len as u16,
+            in_flight: link.is_up() && ack_eliciting && !matches!(kind, PacketKind::MtuProbe(_)),
+            ack_eliciting,
+            probe: kind == PacketKind::Probe,
+            mtu_probe: matches!(kind, PacketKind::MtuProbe(_)),
+            frames,
+        };
+        if pkt.mtu_probe {
+            link.pmtu.on_probe_sent();
+        }
+        link.on_sent(now, len, pkt);
+        len
+    }
+}
+
+/// A new link: datagrams of the configured size, growing (path MTU discovery) up to what the
+/// local address's interface can send.
+pub(super) fn new_link(
+    cfg: &ConnectionConfig,
+    local_mtus: &[(SocketAddr, usize)],
+    id: LinkId,
+    local: SocketAddr,
+    remote: SocketAddr,
+) -> Link {
+    let base = cfg.max_datagram_size;
+    let ceiling = local_mtus
+        .iter()
+        .find(|(a, _)| *a == local)
+        .map_or(base, |&(_, max)| max)
+        .min(wire::MAX_DATAGRAM_SIZE);
+    let ceiling = if cfg.mtu_discovery { ceiling } else { base };
+    Link::new(id, local, remote, PathMtu::new(base, ceiling))
+}
+
+/// The driver's room for the next datagram on a path, cut to `max` bytes.
+fn datagram_room(
+    out: &mut dyn TransmitBuffer,
+    local: SocketAddr,
+    remote: SocketAddr,
+    max: usize,
+) -> &mut [u8] {
+    let buf = out.buffer(local, remote);
+    let len = buf.len().min(max);
+    &mut buf[..len]
+}

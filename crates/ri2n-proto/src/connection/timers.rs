@@ -1,0 +1,177 @@
+//! Every timer of a connection, declared in one table: [`Connection::poll_timeout`] is the
+//! earliest armed one and [`Connection::handle_timeout`] runs each that is due, so what can
+//! wake the connection and what happens then are read in one place. (Modelled on quinn-proto's
+//! `connection/timer.rs`.)
+//!
+//! Some timers only make the connection *poll* again: the packet they call for (a
+//! retransmitted INITIAL, a probe, a delayed acknowledgement, a keepalive) is built by
+//! `poll_transmit`, which checks the same deadlines.
+
+use std::time::Instant;
+
+use smallvec::SmallVec;
+
+use crate::{ConnectionError, LinkState};
+
+use super::{Connection, ConnectionState, Handshake};
+
+/// A timer of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Timer {
+    /// A CLOSE is still to be sent on some link (due at once).
+    CloseSend,
+    /// Client: the INITIAL is due again (sent by `poll_transmit`).
+    HandshakeRetry,
+    /// Client: the handshake is given up; server: a client that never confirmed is forgotten.
+    HandshakeTimeout,
+    /// No link has been up for `all_links_down_timeout`.
+    AllLinksDown,
+    /// Nothing was received for `idle_timeout`.
+    Idle,
+    /// The linger after a clean end is over.
+    Draining,
+    /// Pacing lets the next data packet out.
+    Pacing,
+    /// The periodic health checks (arrival shares, slow links).
+    HealthCheck,
+    /// A timer of the link at this position.
+    Link(usize, LinkTimer),
+}
+
+/// A timer of one link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LinkTimer {
+    /// Loss detection's time threshold for the oldest waiting packet.
+    Loss,
+    /// The probe timeout of an up link with packets in flight.
+    Pto,
+    /// The next probe of a link that is not up (sent by `poll_transmit`).
+    Probe,
+    /// The delayed acknowledgement of what arrived (sent by `poll_transmit`).
+    Ack,
+    /// An idle up link's keepalive (sent by `poll_transmit`).
+    Keepalive,
+}
+
+impl Connection {
+    /// Calls `f` with every armed timer and its deadline.
+    fn for_each_timer(&self, mut f: impl FnMut(Timer, Instant)) {
+        let mut arm = |timer, at: Option<Instant>| {
+            if let Some(at) = at {
+                f(timer, at);
+            }
+        };
+        if self.state == ConnectionState::Closed {
+            arm(
+                Timer::CloseSend,
+                (!self.close_sends.is_empty()).then_some(self.last_rx),
+            );
+            return;
+        }
+        match &self.handshake {
+            Handshake::Client {
+                next_initial,
+                started,
+                ..
+            } => {
+                arm(Timer::HandshakeRetry, Some(*next_initial));
+                arm(
+                    Timer::HandshakeTimeout,
+                    Some(*started + self.cfg.handshake_timeout),
+                );
+                return;
+            }
+            Handshake::Server {
+                confirmed: false,
+                created,
+                ..
+            } => arm(
+                Timer::HandshakeTimeout,
+                Some(*created + self.cfg.handshake_timeout),
+            ),
+            Handshake::Server { .. } | Handshake::Done => {}
+        }
+        if self.can_send_short() {
+            arm(Timer::Draining, self.draining_until);
+            arm(Timer::Pacing, self.pacing_wakeup);
+            for (i, l) in self.links.iter().enumerate() {
+                arm(Timer::Link(i, LinkTimer::Loss), l.loss_deadline());
+                arm(Timer::Link(i, LinkTimer::Pto), l.pto_deadline(&self.cfg));
+                arm(Timer::Link(i, LinkTimer::Probe), l.probe_deadline());
+                arm(Timer::Link(i, LinkTimer::Ack), l.ack_timer());
+                if l.is_up() {
+                    arm(
+                        Timer::Link(i, LinkTimer::Keepalive),
+                        l.keepalive_deadline(&self.cfg),
+                    );
+                }
+            }
+            arm(Timer::HealthCheck, Some(self.next_share_check));
+        }
+        arm(
+            Timer::AllLinksDown,
+            self.all_down_since
+                .zip(self.cfg.all_links_down_timeout)
+                .map(|(since, limit)| since + limit),
+        );
+        arm(Timer::Idle, self.cfg.idle_timeout.map(|t| self.last_rx + t));
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) must run next.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        self.for_each_timer(|_, at| next = Some(next.map_or(at, |n| n.min(at))));
+        next
+    }
+
+    /// Runs every timer that is due, in the order of the table.
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        let mut due: SmallVec<[Timer; 8]> = SmallVec::new();
+        self.for_each_timer(|timer, at| {
+            if at <= now {
+                due.push(timer);
+            }
+        });
+        for timer in due {
+            if self.state == ConnectionState::Closed {
+                return;
+            }
+            self.on_timer(timer, now);
+        }
+    }
+
+    fn on_timer(&mut self, timer: Timer, now: Instant) {
+        match timer {
+            // poll_transmit sends what these call for
+            Timer::CloseSend
+            | Timer::HandshakeRetry
+            | Timer::Link(_, LinkTimer::Probe | LinkTimer::Ack | LinkTimer::Keepalive) => {}
+            Timer::HandshakeTimeout => self.set_closed(Some(ConnectionError::Refused)),
+            Timer::AllLinksDown => self.fail(ConnectionError::AllLinksDown),
+            Timer::Idle => self.fail(ConnectionError::IdleTimeout),
+            Timer::Draining => {
+                self.draining_until = None;
+                self.set_closed(None);
+            }
+            Timer::Pacing => self.pacing_wakeup = None,
+            Timer::HealthCheck => {
+                self.check_arrival_shares();
+                self.check_slow_links(now);
+                while self.next_share_check <= now {
+                    self.next_share_check += self.cfg.share_check_interval;
+                }
+            }
+            Timer::Link(i, LinkTimer::Loss) => {
+                let mut out = std::mem::take(&mut self.scratch);
+                self.links[i].on_loss_timer(now, &mut out);
+                self.apply_outcome(&mut out);
+                self.scratch = out;
+            }
+            Timer::Link(i, LinkTimer::Pto) => {
+                if self.links[i].on_pto_timer(now, &self.cfg) {
+                    self.set_link_state(i, now, LinkState::Down);
+                }
+            }
+        }
+    }
+}
