@@ -17,6 +17,8 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use smallvec::SmallVec;
+
 use crate::link::{AckOutcome, Link, SentFrame};
 use crate::streams::{RecvStream, SendStream};
 use crate::wire::{self, Frame, Frames, Writer};
@@ -768,14 +770,14 @@ impl Connection {
             }
             return Err(DropReason::WrongState);
         }
-        // Validate every frame before acting on any: a malformed packet is dropped whole.
+        // Parse every frame before acting on any: a malformed packet is dropped whole. (Kept,
+        // so the frames are parsed once; a full-size data packet holds a handful.)
+        let mut frames: SmallVec<[Frame<'_>; 4]> = SmallVec::new();
         let mut ack_eliciting = false;
         for f in Frames::new(payload) {
-            match f {
-                Err(_) => return Err(DropReason::MalformedFrame),
-                Ok(Frame::Ack { .. } | Frame::Padding | Frame::Close { .. }) => {}
-                Ok(_) => ack_eliciting = true,
-            }
+            let f = f.map_err(|_| DropReason::MalformedFrame)?;
+            ack_eliciting |= !matches!(f, Frame::Ack { .. } | Frame::Padding | Frame::Close { .. });
+            frames.push(f);
         }
         let i = match self.link_index(link_id) {
             Some(i) => i,
@@ -809,7 +811,7 @@ impl Connection {
         if ack_eliciting {
             self.last_arrival_link = i;
         }
-        for f in Frames::new(payload).flatten() {
+        for f in frames {
             match f {
                 Frame::Padding | Frame::Ping => {}
                 Frame::Ack {
