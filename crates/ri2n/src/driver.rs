@@ -216,6 +216,8 @@ pub(crate) struct Shared {
     /// datagrams keeps them in arrival order: two threads receiving from one socket at once
     /// could hand the engine a later batch first, which looks like loss.
     receiving: Vec<Mutex<RecvBatch>>,
+    /// Per socket: a thread wanted to receive while another held its buffers.
+    receive_wanted: Vec<AtomicBool>,
     waker: Waker,
     shutdown: AtomicBool,
     caller_poll: Mutex<CallerPoll>,
@@ -274,13 +276,32 @@ impl Shared {
 
     /// Receives one batch from socket `i` (without the engine's lock), hands it to the
     /// engine and sends the answers. `Nothing` also when another thread is receiving from the
-    /// socket (that thread drains it).
+    /// socket: that thread then looks again before it is done (`receive_wanted`), so an
+    /// arrival it did not see is not left in the queue until the next one comes.
     fn receive(&self, i: usize) -> Received {
+        let mut received = Received::Nothing;
+        loop {
+            // announce first, then try: a holder that lets go after a failed try sees it
+            self.receive_wanted[i].store(true, Ordering::SeqCst);
+            let Ok(mut batch) = self.receiving[i].try_lock() else {
+                return received;
+            };
+            self.receive_wanted[i].store(false, Ordering::SeqCst);
+            match self.receive_batch(i, &mut batch) {
+                Received::Nothing => {}
+                r => received = r,
+            }
+            drop(batch);
+            if received == Received::MoreMayWait || !self.receive_wanted[i].load(Ordering::SeqCst) {
+                return received;
+            }
+        }
+    }
+
+    /// One `recvmmsg` on socket `i` into `batch`, handed to the engine.
+    fn receive_batch(&self, i: usize, batch: &mut RecvBatch) -> Received {
         let sock = &self.sockets[i];
-        let Ok(mut batch) = self.receiving[i].try_lock() else {
-            return Received::Nothing;
-        };
-        let received = match sock.recv(&mut batch) {
+        let received = match sock.recv(batch) {
             Ok(Received::Nothing) => return Received::Nothing,
             Ok(r) => r,
             Err(e) => {
@@ -291,7 +312,7 @@ impl Shared {
         let mut st = self.lock();
         let now = Instant::now();
         let endpoint = &mut st.endpoint;
-        sock.deliver(&batch, &mut |remote, d| {
+        sock.deliver(batch, &mut |remote, d| {
             endpoint.handle_datagram(now, sock.local, remote, d)
         });
         let mut st = self.transmit(st);
@@ -485,6 +506,7 @@ impl Driver {
             }),
             accepted: Condvar::new(),
             receiving: sockets.iter().map(|s| Mutex::new(s.recv_batch())).collect(),
+            receive_wanted: sockets.iter().map(|_| AtomicBool::new(false)).collect(),
             sockets,
             waker,
             shutdown: AtomicBool::new(false),
