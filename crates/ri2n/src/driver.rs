@@ -366,6 +366,13 @@ impl Shared {
                     unreachable.push((*i, b.dest));
                 }
             }
+            // Take in what arrived meanwhile before building more: while the application
+            // writes and this thread sends, nobody else may be receiving, and acknowledgements
+            // left waiting through a long sending streak expire probe timeouts (links were
+            // declared down under load).
+            for i in 0..self.sockets.len() {
+                while self.receive(i) == Received::MoreMayWait {}
+            }
             st = self.lock();
             let now = Instant::now();
             for (i, dest) in unreachable.drain(..) {
