@@ -627,6 +627,18 @@ def sys_busy():
     return (v[0] + v[1] + v[2] + v[5] + v[6]) / CLK_TCK
 
 
+def timed_client(cmd, timeout):
+    """Runs the sending side of a transfer; returns its exit code, its CPU seconds, the
+    machine's busy CPU seconds meanwhile and what it printed."""
+    with tempfile.TemporaryFile("w+") as out:
+        busy0 = sys_busy()
+        p = PROCS.start(cmd, stdout=out)
+        rc, cpu = PROCS.wait_rusage(p, timeout)
+        busy1 = sys_busy()
+        out.seek(0)
+        return rc, cpu, busy1 - busy0, out.read()
+
+
 def fast_file(nbytes):
     """A file of random bytes in /dev/shm (memory: reading it costs no disk time)."""
     path = "/dev/shm/ri2nbench-%d-%d.bin" % (os.getpid(), nbytes)
@@ -662,20 +674,13 @@ def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120):
             pipe_in, RI2N, lab.b_addrs()[0], port, " ".join(local))]
     else:
         in_cmd += ["-i", src]
-    with tempfile.TemporaryFile("w+") as out:
-        busy0 = sys_busy()
-        send = PROCS.start(lab.ex("a", *in_cmd), stdout=out)
-        rc, scpu = PROCS.wait_rusage(send, timeout)
-        busy1 = sys_busy()
-        out.seek(0)
-        text = out.read()
+    rc, scpu, machine, text = timed_client(lab.ex("a", *in_cmd), timeout)
     rrc, rcpu = PROCS.wait_rusage(recv, 30)
     try:
         doc = json.loads(text)
     except ValueError:
         doc = None
-    r = {"rc": rc, "recv_rc": rrc, "cpu_send": scpu, "cpu_recv": rcpu,
-         "cpu_machine": busy1 - busy0}
+    r = {"rc": rc, "recv_rc": rrc, "cpu_send": scpu, "cpu_recv": rcpu, "cpu_machine": machine}
     if doc:
         r.update(bytes=doc["bytes"], seconds=doc["seconds"], bps=doc["goodput_bps"],
                  datagram=[l.get("max_datagram") for l in doc["links"]],
@@ -698,15 +703,9 @@ def iperf_transfer(lab, nbytes, mptcp, pipe_in=None, pipe_out=None, timeout=120)
     if pipe_in:
         ccmd = ["sh", "-c", "%s | %s iperf3 -c 10.77.1.2 -p %d -n %d -F /dev/stdin --json" % (
             pipe_in, " ".join(wrap), port, nbytes)]
-    with tempfile.TemporaryFile("w+") as out:
-        busy0 = sys_busy()
-        cli = PROCS.start(lab.ex("a", *ccmd), stdout=out)
-        rc, ccpu = PROCS.wait_rusage(cli, timeout)
-        busy1 = sys_busy()
-        out.seek(0)
-        text = out.read()
+    rc, ccpu, machine, text = timed_client(lab.ex("a", *ccmd), timeout)
     src, scpu = PROCS.wait_rusage(srv, 30)
-    r = {"rc": rc, "cpu_send": ccpu, "cpu_recv": scpu, "cpu_machine": busy1 - busy0}
+    r = {"rc": rc, "cpu_send": ccpu, "cpu_recv": scpu, "cpu_machine": machine}
     try:
         doc = json.loads(text)
         e = doc["end"]["sum_received"]
