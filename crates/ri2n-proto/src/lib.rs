@@ -16,6 +16,7 @@
 
 #![warn(missing_docs)]
 
+mod ack;
 mod config;
 mod congestion;
 mod connection;

@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
+use crate::ack::AckState;
 use crate::congestion::{Congestion, Pacer};
 use crate::connection::{ShareDetector, SlowLinkCheck};
 use crate::pmtu::PathMtu;
-use crate::ranges::RangeSet;
 use crate::sent::SentPackets;
 use crate::streams::Chunk;
 use crate::{ConnectionConfig, LinkId};
@@ -212,16 +212,8 @@ pub(crate) struct Link {
     last_promotion: Option<Instant>,
 
     // --- receiving ---
-    /// Packet numbers received from the peer on this link (a bounded window of ranges).
-    pub received: RangeSet,
-    largest_received: Option<(u64, Instant)>,
-    eliciting_since_ack: u32,
-    /// An ACK frame for this link should be sent (something new arrived).
-    pub ack_dirty: bool,
-    /// The ACK must go out now (threshold or reordering), not after the delay.
-    pub ack_immediate: bool,
-    /// Latest time the ACK may be delayed to.
-    pub ack_deadline: Option<Instant>,
+    /// What arrived from the peer on this link, and the acknowledgement owed for it.
+    pub ack: AckState,
     /// The receiver-side arrival-share detector's view of this link.
     pub share: ShareDetector,
     /// The sender-side slow-link check's view of this link.
@@ -235,12 +227,6 @@ pub(crate) struct Link {
     pub packets_lost: u64,
     pub stream_bytes_sent: u64,
 }
-
-/// Ranges of received packet numbers remembered per link (older ones are forgotten; a peer
-/// that missed their acknowledgement re-sends the data, which the streams de-duplicate).
-const MAX_RECEIVED_RANGES: usize = 64;
-/// Furthest a packet number may run ahead of the largest received on its link.
-const MAX_PN_JUMP: u64 = 1 << 20;
 
 impl Link {
     /// A link whose datagrams start at `pmtu`'s base size.
@@ -277,12 +263,7 @@ impl Link {
             // one round trip validates a new link; recovering from a failure takes more
             probes_needed: 1,
             last_promotion: None,
-            received: RangeSet::new(),
-            largest_received: None,
-            eliciting_since_ack: 0,
-            ack_dirty: false,
-            ack_immediate: false,
-            ack_deadline: None,
+            ack: AckState::default(),
             share: ShareDetector::default(),
             slow_check: SlowLinkCheck::default(),
             bytes_sent: 0,
@@ -540,11 +521,6 @@ impl Link {
         }
     }
 
-    /// When the delayed acknowledgement of what arrived on this link is due.
-    pub fn ack_timer(&self) -> Option<Instant> {
-        self.ack_deadline.filter(|_| self.ack_dirty)
-    }
-
     /// When the probe timeout fires (up links with packets in flight).
     pub fn pto_deadline(&self, cfg: &ConnectionConfig) -> Option<Instant> {
         if self.state != LinkState::Up || self.sent.is_empty() || self.pto_probes_pending > 0 {
@@ -684,7 +660,8 @@ impl Link {
 
     // --- receiving ---
 
-    /// Records a packet number from the peer. Returns false for a duplicate.
+    /// Records a packet from the peer. Returns false for a duplicate (see
+    /// [`AckState::on_received`]).
     pub fn on_received(
         &mut self,
         now: Instant,
@@ -693,58 +670,15 @@ impl Link {
         size: usize,
         cfg: &ConnectionConfig,
     ) -> bool {
-        // A sender's packet numbers on a link grow one by one; a jump further than any window
-        // could hold is forged or broken, and remembering it would poison every later ACK.
-        let largest = self.largest_received.map(|(l, _)| l);
-        let limit = largest.unwrap_or(0) + MAX_PN_JUMP;
-        let newest = largest.is_none_or(|l| pn > l);
-        if pn > limit
-            || (!newest
-                && (self.received.contains(pn)
-                    || self.received.min().is_some_and(|m| {
-                        pn < m && self.received.range_count() >= MAX_RECEIVED_RANGES
-                    })))
-        {
+        if !self.ack.on_received(now, pn, ack_eliciting, cfg) {
             return false;
-        }
-        let in_order = self.largest_received.is_none_or(|(l, _)| pn == l + 1);
-        self.received.insert(pn..pn + 1);
-        self.received.keep_highest(MAX_RECEIVED_RANGES);
-        if self.largest_received.is_none_or(|(l, _)| pn > l) {
-            self.largest_received = Some((pn, now));
         }
         self.packets_received += 1;
         self.bytes_received += size as u64;
         if ack_eliciting {
             self.share.on_arrival();
-            self.ack_dirty = true;
-            self.eliciting_since_ack += 1;
-            if !in_order || self.eliciting_since_ack >= cfg.ack_frequency {
-                self.ack_immediate = true;
-            }
-            if self.ack_deadline.is_none() {
-                self.ack_deadline = Some(now + cfg.max_ack_delay);
-            }
         }
         true
-    }
-
-    /// Whether this link's ACK must be sent at `now`.
-    pub fn ack_due(&self, now: Instant) -> bool {
-        self.ack_dirty && (self.ack_immediate || self.ack_deadline.is_some_and(|d| d <= now))
-    }
-
-    /// Delay to report for the largest received packet.
-    pub fn ack_delay(&self, now: Instant) -> Duration {
-        self.largest_received
-            .map_or(Duration::ZERO, |(_, t)| now.saturating_duration_since(t))
-    }
-
-    pub fn on_ack_sent(&mut self) {
-        self.ack_dirty = false;
-        self.ack_immediate = false;
-        self.ack_deadline = None;
-        self.eliciting_since_ack = 0;
     }
 
     pub fn stats(&self) -> LinkStats {

@@ -91,7 +91,7 @@ impl Connection {
             }
         }
         // 5. acknowledgements
-        if self.links.iter().any(|l| l.ack_due(now)) {
+        if self.links.iter().any(|l| l.ack.is_due(now)) {
             let i = self.ack_link();
             return self.transmit(now, i, PacketKind::AckOnly, out);
         }
@@ -237,14 +237,13 @@ impl Connection {
         };
         let ack_end = w.len() + ack_room;
         for l in &mut self.links {
-            if !l.ack_dirty {
+            if !l.ack.is_pending() {
                 continue;
             }
-            let delay = l.ack_delay(now).as_micros() as u64;
-            let ranges = l.received.iter().rev().map(|r| (r.start, r.end - 1));
+            let delay = l.ack.delay(now).as_micros() as u64;
             let room = ack_end.saturating_sub(w.len());
-            if wire::write_ack(&mut w, l.id, delay, ranges, room) {
-                l.on_ack_sent();
+            if wire::write_ack(&mut w, l.id, delay, l.ack.ranges(), room) {
+                l.ack.on_sent();
             }
         }
         // control frames

@@ -98,7 +98,7 @@ impl Connection {
                 arm(Timer::Link(i, LinkTimer::Loss), l.loss_deadline());
                 arm(Timer::Link(i, LinkTimer::Pto), l.pto_deadline(&self.cfg));
                 arm(Timer::Link(i, LinkTimer::Probe), l.probe_deadline());
-                arm(Timer::Link(i, LinkTimer::Ack), l.ack_timer());
+                arm(Timer::Link(i, LinkTimer::Ack), l.ack.timer());
                 if l.is_up() {
                     arm(
                         Timer::Link(i, LinkTimer::Keepalive),

@@ -1,0 +1,136 @@
+//! One link's receive side: which of the peer's packet numbers arrived (what ACK frames say),
+//! and when an acknowledgement is due (PROTOCOL.md §5.2).
+
+use std::time::{Duration, Instant};
+
+use crate::ranges::RangeSet;
+use crate::ConnectionConfig;
+
+/// Ranges of received packet numbers remembered per link (older ones are forgotten; a peer
+/// that missed their acknowledgement re-sends the data, which the streams de-duplicate).
+const MAX_RECEIVED_RANGES: usize = 64;
+/// Furthest a packet number may run ahead of the largest received on its link.
+const MAX_PN_JUMP: u64 = 1 << 20;
+
+/// The acknowledgement state of one link.
+#[derive(Debug, Default)]
+pub(crate) struct AckState {
+    /// Packet numbers received from the peer on this link (a bounded window of ranges).
+    received: RangeSet,
+    /// The largest one, and when it arrived (for the reported delay).
+    largest: Option<(u64, Instant)>,
+    /// Ack-eliciting packets since the last ACK frame was sent.
+    eliciting_since_ack: u32,
+    /// An ACK frame for this link should be sent (something new arrived).
+    pending: bool,
+    /// The ACK must go out now (threshold or reordering), not after the delay.
+    immediate: bool,
+    /// Latest time the ACK may be delayed to.
+    deadline: Option<Instant>,
+}
+
+impl AckState {
+    /// Records a packet number from the peer. Returns false for a duplicate, a number too old
+    /// to tell, or one that jumps further ahead than any window could hold (forged or broken:
+    /// remembering it would poison every later ACK).
+    pub fn on_received(
+        &mut self,
+        now: Instant,
+        pn: u64,
+        ack_eliciting: bool,
+        cfg: &ConnectionConfig,
+    ) -> bool {
+        let largest = self.largest.map(|(l, _)| l);
+        let limit = largest.unwrap_or(0) + MAX_PN_JUMP;
+        let newest = largest.is_none_or(|l| pn > l);
+        if pn > limit
+            || (!newest
+                && (self.received.contains(pn)
+                    || self.received.min().is_some_and(|m| {
+                        pn < m && self.received.range_count() >= MAX_RECEIVED_RANGES
+                    })))
+        {
+            return false;
+        }
+        let in_order = largest.is_none_or(|l| pn == l + 1);
+        self.received.insert(pn..pn + 1);
+        self.received.keep_highest(MAX_RECEIVED_RANGES);
+        if newest {
+            self.largest = Some((pn, now));
+        }
+        if ack_eliciting {
+            self.pending = true;
+            self.eliciting_since_ack += 1;
+            if !in_order || self.eliciting_since_ack >= cfg.ack_frequency {
+                self.immediate = true;
+            }
+            if self.deadline.is_none() {
+                self.deadline = Some(now + cfg.max_ack_delay);
+            }
+        }
+        true
+    }
+
+    /// Whether an ACK frame for this link waits to be sent.
+    pub fn is_pending(&self) -> bool {
+        self.pending
+    }
+
+    /// Whether this link's ACK must be sent at `now`.
+    pub fn is_due(&self, now: Instant) -> bool {
+        self.pending && (self.immediate || self.deadline.is_some_and(|d| d <= now))
+    }
+
+    /// When the delayed acknowledgement is due.
+    pub fn timer(&self) -> Option<Instant> {
+        self.deadline.filter(|_| self.pending)
+    }
+
+    /// Delay to report for the largest received packet.
+    pub fn delay(&self, now: Instant) -> Duration {
+        self.largest
+            .map_or(Duration::ZERO, |(_, t)| now.saturating_duration_since(t))
+    }
+
+    /// The received ranges, highest first, as `(smallest, largest)` (an ACK frame's order).
+    pub fn ranges(&self) -> impl Iterator<Item = (u64, u64)> + Clone + '_ {
+        self.received.iter().rev().map(|r| (r.start, r.end - 1))
+    }
+
+    /// An ACK frame for this link was sent.
+    pub fn on_sent(&mut self) {
+        self.pending = false;
+        self.immediate = false;
+        self.deadline = None;
+        self.eliciting_since_ack = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duplicates_jumps_and_reordering() {
+        let cfg = ConnectionConfig::default();
+        let now = Instant::now();
+        let mut a = AckState::default();
+        assert!(a.on_received(now, 0, true, &cfg));
+        assert!(!a.is_due(now), "one packet waits for the delay");
+        assert_eq!(a.timer(), Some(now + cfg.max_ack_delay));
+        assert!(a.on_received(now, 1, true, &cfg));
+        assert!(a.is_due(now), "the second is the ack frequency");
+        assert!(!a.on_received(now, 1, true, &cfg), "duplicate");
+        assert!(!a.on_received(now, 2 + MAX_PN_JUMP, true, &cfg), "jump");
+        a.on_sent();
+        assert!(!a.is_pending());
+        assert!(a.on_received(now, 5, true, &cfg));
+        assert!(a.is_due(now), "a gap is acknowledged at once");
+        assert_eq!(a.ranges().collect::<Vec<_>>(), [(5, 5), (0, 1)]);
+        // not ack-eliciting: recorded, no acknowledgement owed
+        a.on_sent();
+        assert!(a.on_received(now, 6, false, &cfg));
+        assert!(!a.is_pending());
+        assert_eq!(a.ranges().next(), Some((5, 6)));
+    }
+}
