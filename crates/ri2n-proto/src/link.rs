@@ -169,6 +169,7 @@ pub(crate) struct Link {
     pub state: LinkState,
     /// Size of a full data packet now (`pmtu.current()`).
     mss: usize,
+    /// Path MTU discovery on this link (`mss` follows its current size).
     pub pmtu: PathMtu,
     /// Opened by the peer's packets from an address pair we never chose: until it is
     /// validated, it may send at most three times the bytes it received (so a spoofed source
