@@ -40,6 +40,11 @@ impl Congestion {
         self.cwnd
     }
 
+    /// The full-packet size the window counts in.
+    pub fn mss(&self) -> usize {
+        self.mss as usize
+    }
+
     pub fn in_slow_start(&self) -> bool {
         self.cwnd < self.ssthresh
     }

@@ -167,9 +167,7 @@ pub(crate) struct Link {
     pub local: SocketAddr,
     pub remote: SocketAddr,
     pub state: LinkState,
-    /// Size of a full data packet now (`pmtu.current()`).
-    mss: usize,
-    /// Path MTU discovery on this link (`mss` follows its current size).
+    /// Path MTU discovery on this link: its current size is the size of a full data packet.
     pub pmtu: PathMtu,
     /// Opened by the peer's packets from an address pair we never chose: until it is
     /// validated, it may send at most three times the bytes it received (so a spoofed source
@@ -232,13 +230,12 @@ pub(crate) struct Link {
 impl Link {
     /// A link whose datagrams start at `pmtu`'s base size.
     pub fn new(id: LinkId, local: SocketAddr, remote: SocketAddr, pmtu: PathMtu) -> Self {
-        let mss = pmtu.base();
+        let mss = pmtu.current();
         Self {
             id,
             local,
             remote,
             state: LinkState::Validating,
-            mss,
             pmtu,
             peer_opened: false,
             next_pn: 0,
@@ -276,18 +273,19 @@ impl Link {
         }
     }
 
-    /// Full data packets are `mss` bytes from now on.
-    fn set_mss(&mut self, mss: usize) {
-        if mss != self.mss {
-            tracing::debug!(link = self.id, from = self.mss, to = mss, "datagram size");
-            self.mss = mss;
+    /// Path MTU discovery may have changed the datagram size: the congestion controller
+    /// counts in full packets of the new size from now on.
+    fn mss_changed(&mut self) {
+        let mss = self.mss();
+        if self.cc.mss() != mss {
+            tracing::debug!(link = self.id, mss, "datagram size");
             self.cc.set_mss(mss);
         }
     }
 
     /// Size of a full data packet now.
     pub fn mss(&self) -> usize {
-        self.mss
+        self.pmtu.current()
     }
 
     /// The size of a path MTU probe to send now, if one is due (up links only).
@@ -315,14 +313,14 @@ impl Link {
     /// Whether a full-size data packet fits the window and the pacer allows it now;
     /// otherwise when it may (None: window full, wait for acknowledgements).
     pub fn send_allowance(&mut self, now: Instant) -> Result<(), Option<Instant>> {
-        if self.bytes_in_flight + self.mss as u64 > self.cc.window() {
+        if self.bytes_in_flight + self.mss() as u64 > self.cc.window() {
             return Err(None);
         }
         let slow_start = self.cc.in_slow_start();
         match self.pacer.delay(
             now,
-            self.mss,
-            self.mss,
+            self.mss(),
+            self.mss(),
             self.cc.window(),
             self.rtt.srtt,
             slow_start,
@@ -378,7 +376,7 @@ impl Link {
                 }
                 if pkt.mtu_probe {
                     self.pmtu.on_probe_acked(usize::from(pkt.size), now);
-                    self.set_mss(self.pmtu.current());
+                    self.mss_changed();
                 } else if pkt.in_flight {
                     self.pmtu.on_packet_acked(usize::from(pkt.size));
                 }
@@ -414,7 +412,7 @@ impl Link {
         let sample = (self.delivered - d0) as f64 / elapsed.as_secs_f64();
         // A link that is not using its window delivers what it is given, not what it can:
         // such a sample may raise the estimate but not lower it.
-        let app_limited = self.bytes_in_flight + 2 * self.mss as u64 <= self.cc.window() / 2;
+        let app_limited = self.bytes_in_flight + 2 * self.mss() as u64 <= self.cc.window() / 2;
         self.delivery_rate = if app_limited {
             sample.max(self.delivery_rate)
         } else {
@@ -453,7 +451,7 @@ impl Link {
     /// the scheduler compares these for every packet it places.)
     pub fn eta(&self) -> f64 {
         let base = self.base_rtt().as_secs_f64();
-        let queued = (self.bytes_in_flight + self.mss as u64) as f64 / self.delivery_rate();
+        let queued = (self.bytes_in_flight + self.mss() as u64) as f64 / self.delivery_rate();
         base / 2.0 + queued.min(3600.0)
     }
 
@@ -489,7 +487,7 @@ impl Link {
                 self.bytes_in_flight -= u64::from(pkt.size);
                 self.cc.on_loss(pkt.time, now);
                 if self.pmtu.on_packet_lost(usize::from(pkt.size)) {
-                    self.set_mss(self.pmtu.current());
+                    self.mss_changed();
                 }
             }
             out.lost.push(pkt);
@@ -571,9 +569,9 @@ impl Link {
         self.state = to;
         // the path may change while the link is away: find its size again once it is back
         self.pmtu.restart();
-        self.set_mss(self.pmtu.current());
+        self.mss_changed();
         self.cc.reset();
-        self.pacer.reset(self.mss);
+        self.pacer.reset(self.mss());
         self.delivery_rate = 0.0;
         self.rate_measured_busy = false;
         self.rate_sample_start = None;
@@ -593,7 +591,7 @@ impl Link {
     /// Whether this link may send a full datagram under the anti-amplification rule.
     pub fn within_amplification_limit(&self) -> bool {
         !(self.peer_opened && self.state == LinkState::Validating)
-            || self.bytes_sent + self.mss as u64 <= 3 * self.bytes_received
+            || self.bytes_sent + self.mss() as u64 <= 3 * self.bytes_received
     }
 
     /// A probe is about to be sent. Probes unanswered for longer than a round trip could take
@@ -650,7 +648,7 @@ impl Link {
         self.pto_count = 0;
         self.last_pto = None;
         self.cc.reset();
-        self.pacer.reset(self.mss);
+        self.pacer.reset(self.mss());
         self.delivery_rate = 0.0;
         self.rate_measured_busy = false;
         self.rate_sample_start = None;
@@ -702,7 +700,7 @@ impl Link {
             packets_received: self.packets_received,
             packets_lost: self.packets_lost,
             stream_bytes_sent: self.stream_bytes_sent,
-            max_datagram: self.mss,
+            max_datagram: self.mss(),
         }
     }
 }
