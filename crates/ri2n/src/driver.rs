@@ -36,8 +36,8 @@ use crate::socket::{LinkSocket, Received, RecvBatch, SendOutcome};
 /// Events kept per connection for the application (oldest dropped beyond).
 const MAX_QUEUED_EVENTS: usize = 256;
 const WAKE_TOKEN: Token = Token(usize::MAX);
-/// Room for one datagram the engine may build (its configured maximum is at most 16 KiB).
-const MAX_DATAGRAM: usize = 16 * 1024;
+/// Room for one datagram: the largest the engine builds.
+const MAX_DATAGRAM: usize = ri2n_proto::wire::MAX_DATAGRAM_SIZE;
 /// Most bytes one GSO send carries: below the 65 507-byte limit of one UDP send over IPv4.
 const BATCH_BYTES: usize = 60 * 1024;
 /// Longest the driver thread sleeps while a timer is due within [`BUSY_HORIZON`].
