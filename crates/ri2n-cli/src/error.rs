@@ -104,6 +104,14 @@ impl Failure {
             ri2n::Error::Connection(ConnectionError::Refused) | ri2n::Error::TimedOut => {
                 Self::no_answer(to, timeout)
             }
+            ri2n::Error::Connection(ConnectionError::PeerGone) => Self::new(
+                CONNECT,
+                format!(
+                    "nothing listens at {} (its host answers \"port unreachable\": is `ri2n \
+                     recv` or `ri2n serve` running there, on that port?)",
+                    list(to)
+                ),
+            ),
             ri2n::Error::Connection(e) => {
                 Self::new(CONNECT, format!("connecting to {} failed: {e}", list(to)))
             }

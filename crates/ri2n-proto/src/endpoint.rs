@@ -355,6 +355,16 @@ impl Endpoint {
         }
     }
 
+    /// The peer's host answered a datagram from `local` to `remote` with "port unreachable"
+    /// (ICMP type 3 code 3, ICMPv6 type 1 code 4): nothing listens there. Connections whose
+    /// every link gets such answers end with [`crate::ConnectionError::PeerGone`] (handshakes
+    /// too) instead of waiting as if the network were down.
+    pub fn handle_port_unreachable(&mut self, local: SocketAddr, remote: SocketAddr) {
+        for c in self.connections.values_mut() {
+            c.port_unreachable(local, remote);
+        }
+    }
+
     /// A connecting client connection, if `remote` is where its handshake went.
     fn client_conn(&mut self, cid: u64, remote: SocketAddr) -> Option<&mut Connection> {
         let h = self.by_cid.get(&cid)?;

@@ -9,6 +9,17 @@ pub enum ConnectionError {
     /// The peer answered with a reset: it no longer knows this connection (it restarted).
     #[error("the peer restarted and no longer knows this connection")]
     PeerRestarted,
+    /// The peer's host answers "port unreachable" on the links: nothing listens on the
+    /// peer's addresses (any more): its process is gone (killed, crashed, exited without
+    /// closing) or, for a handshake, was never started. Unlike
+    /// [`AllLinksDown`](Self::AllLinksDown), the network works.
+    #[error("the peer is gone: its host answers that nothing listens on its port")]
+    PeerGone,
+    /// The peer closed the connection as if it were complete, but did not acknowledge
+    /// everything sent to it (or this side had not finished sending): some data may not have
+    /// arrived.
+    #[error("the peer closed the connection before acknowledging everything sent to it")]
+    ClosedEarly,
     /// No link worked for the configured all-links-down deadline.
     #[error("every link has been down for longer than the configured deadline")]
     AllLinksDown,

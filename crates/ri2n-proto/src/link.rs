@@ -173,6 +173,9 @@ pub(crate) struct Link {
     /// validated, it may send at most three times the bytes it received (so a spoofed source
     /// address cannot turn us into a traffic reflector).
     pub peer_opened: bool,
+    /// "Port unreachable" answers from the peer's host to this link's datagrams since the
+    /// connection last received anything: proof that nothing listens there any more.
+    pub port_unreachable: u32,
 
     // --- sending ---
     next_pn: u64,
@@ -238,6 +241,7 @@ impl Link {
             state: LinkState::Validating,
             pmtu,
             peer_opened: false,
+            port_unreachable: 0,
             next_pn: 0,
             sent: SentPackets::default(),
             bytes_in_flight: 0,

@@ -98,18 +98,6 @@ impl SendStream {
         self.finished && self.fin_acked && self.base == self.written
     }
 
-    /// The peer closed cleanly, which it does only after receiving everything up to our FIN:
-    /// count it all as acknowledged.
-    pub fn peer_received_all(&mut self) {
-        self.buf.clear();
-        self.base = self.written;
-        self.next_new = self.written;
-        self.acked = RangeSet::new();
-        self.retransmit = RangeSet::new();
-        self.fin_pending = false;
-        self.fin_acked = true;
-    }
-
     /// Whether a frame could be sent now (lost data, new data within the peer's limit, or FIN).
     pub fn wants_to_send(&self) -> bool {
         !self.retransmit.is_empty()

@@ -6,8 +6,10 @@ use std::collections::BinaryHeap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use ri2n_proto::wire::{self, frame_type, Header, Writer};
 use ri2n_proto::{
-    ConnectionConfig, ConnectionHandle, ConnectionState, Endpoint, EndpointConfig, ReadError,
+    ConnectionConfig, ConnectionError, ConnectionHandle, ConnectionState, Endpoint, EndpointConfig,
+    ReadError,
 };
 
 fn addr(s: &str) -> SocketAddr {
@@ -23,6 +25,10 @@ struct Net {
     delay: Duration,
     queue: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
+    /// Datagrams from the server are lost.
+    cut_to_client: bool,
+    /// The last datagram the server sent, as (local, remote, bytes).
+    last_to_client: Option<(SocketAddr, SocketAddr, Vec<u8>)>,
 }
 
 impl Net {
@@ -30,6 +36,13 @@ impl Net {
         let mut buf = [0u8; 1500];
         let now = self.base + self.now;
         while let Some(t) = ep.poll_transmit(now, &mut buf) {
+            if to_server {
+                // `ep` is the server
+                self.last_to_client = Some((t.local, t.remote, buf[..t.len].to_vec()));
+                if self.cut_to_client {
+                    continue;
+                }
+            }
             self.seq += 1;
             self.queue.push(Reverse((
                 self.now + self.delay,
@@ -80,6 +93,9 @@ fn run(
         let now = net.base + net.now;
         while net.queue.peek().is_some_and(|Reverse(p)| p.0 <= net.now) {
             let Reverse((_, _, to_server, local, remote, data)) = net.queue.pop().unwrap();
+            if !to_server && net.cut_to_client {
+                continue;
+            }
             let ep = if to_server {
                 &mut *server
             } else {
@@ -107,6 +123,8 @@ fn connected_pair(
         delay: Duration::from_micros(500),
         queue: BinaryHeap::new(),
         seq: 0,
+        cut_to_client: false,
+        last_to_client: None,
     };
     let ch = client
         .connect(base, &b[..1], ConnectionConfig::default())
@@ -240,4 +258,120 @@ fn a_remote_peers_loopback_address_is_not_discovered() {
     let links = client.connection(ch).unwrap().stats().links;
     assert_eq!(links.len(), 1, "only the handshake's link: {links:?}");
     assert_eq!(links[0].remote, b[0]);
+}
+
+/// The server finishes its side at once; the client sends 200 kB and finishes. Once the
+/// server has received everything, every datagram from it is lost until it has closed: the client never saw its last acknowledgements and retransmits. The closed server's
+/// clean-end confirmation (CLOSE code 0 with its acknowledgements) must let the client
+/// complete cleanly.
+#[test]
+fn a_closed_peer_confirms_a_clean_end_whose_acknowledgements_were_lost() {
+    let b = vec![addr("10.0.0.2:6000")];
+    let (mut client, mut server, mut net, ch) = connected_pair(&[addr("10.0.0.1:5000")], &b);
+    const TOTAL: usize = 200_000;
+    // shared by the three phases' closures
+    let got = std::cell::Cell::new(0);
+    let sh = std::cell::Cell::new(None::<ConnectionHandle>);
+    let mut written = 0;
+    let mut step = |c: &mut Endpoint, s: &mut Endpoint, acc: &mut Option<ConnectionHandle>| {
+        let cc = c.connection_mut(ch).unwrap();
+        if written < TOTAL {
+            written += cc.write(&vec![7u8; TOTAL - written]).unwrap_or(0);
+            if written == TOTAL {
+                cc.finish();
+            }
+        }
+        if let Some(h) = *acc {
+            sh.set(Some(h));
+            let sc = s.connection_mut(h).unwrap();
+            sc.finish();
+            let mut buf = [0u8; 65536];
+            while let Ok(n @ 1..) = sc.read(&mut buf) {
+                got.set(got.get() + n);
+            }
+        }
+    };
+    let limit = Duration::from_secs(30);
+    let server_state = |s: &Endpoint| sh.get().map(|h| s.connection(h).unwrap().state());
+    run(&mut client, &mut server, &mut net, limit, |c, s, acc| {
+        step(c, s, acc);
+        got.get() == TOTAL
+            && sh
+                .get()
+                .is_some_and(|h| s.connection(h).unwrap().is_send_complete())
+    });
+    net.cut_to_client = true;
+    run(&mut client, &mut server, &mut net, limit, |c, s, acc| {
+        step(c, s, acc);
+        server_state(s) == Some(ConnectionState::Closed)
+    });
+    assert_eq!(got.get(), TOTAL);
+    assert!(
+        !client.connection(ch).unwrap().is_send_complete(),
+        "acknowledgements were lost"
+    );
+    net.cut_to_client = false;
+    run(&mut client, &mut server, &mut net, limit, |c, _, _| {
+        c.connection(ch).unwrap().state() == ConnectionState::Closed
+    });
+    let c = client.connection(ch).unwrap();
+    assert_eq!(c.close_reason(), None, "a clean close");
+    assert!(c.is_send_complete());
+}
+
+/// While the client's data is still in flight, a CLOSE of code 0 arrives that acknowledges
+/// nothing (a broken or hostile peer), and the server falls silent: the client must not take
+/// it for a clean end.
+#[test]
+fn a_clean_close_without_acknowledgements_is_not_a_success() {
+    let b = vec![addr("10.0.0.2:6000")];
+    let (mut client, mut server, mut net, ch) = connected_pair(&[addr("10.0.0.1:5000")], &b);
+    const TOTAL: usize = 1_000_000;
+    let mut written = 0;
+    run(
+        &mut client,
+        &mut server,
+        &mut net,
+        Duration::from_secs(30),
+        |c, _, acc| {
+            let cc = c.connection_mut(ch).unwrap();
+            if written < TOTAL {
+                written += cc.write(&vec![7u8; TOTAL - written]).unwrap_or(0);
+                if written == TOTAL {
+                    cc.finish();
+                }
+            }
+            acc.is_some() && written == TOTAL && cc.stats().links[0].packets_received > 3
+        },
+    );
+    assert!(!client.connection(ch).unwrap().is_send_complete());
+    // a CLOSE 0 on the server's link, numbered past what the server used
+    let (local, remote, last) = net.last_to_client.clone().expect("the server sent packets");
+    let Ok((Header::Short { dcid, link, pn }, _)) = wire::decode_packet(&last) else {
+        panic!("a short packet from the server")
+    };
+    let mut d = [0u8; 64];
+    let mut w = Writer::new(&mut d);
+    wire::write_short_header(&mut w, dcid, link, pn + 100);
+    w.u8(frame_type::CLOSE);
+    w.varint(0);
+    w.varint(0);
+    let len = w.finish();
+    client.handle_datagram(net.base + net.now, remote, local, &d[..len]);
+    // the real server is silent from now on: nothing ever proves the claim
+    net.cut_to_client = true;
+    let forged_at = net.now;
+    run(
+        &mut client,
+        &mut server,
+        &mut net,
+        Duration::from_secs(30),
+        |c, _, _| c.connection(ch).unwrap().state() == ConnectionState::Closed,
+    );
+    let c = client.connection(ch).unwrap();
+    assert_eq!(c.close_reason(), Some(&ConnectionError::ClosedEarly));
+    assert!(
+        net.now - forged_at < Duration::from_secs(1),
+        "ended within the grace period"
+    );
 }

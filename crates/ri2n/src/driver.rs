@@ -266,6 +266,7 @@ impl Shared {
         for ev in events.iter() {
             // edge-triggered: receive until the socket's queue was seen empty
             if ev.token().0 < self.sockets.len() {
+                self.socket_event(ev.token().0, ev);
                 while self.receive(ev.token().0) == Received::MoreMayWait {}
             }
         }
@@ -315,11 +316,29 @@ impl Shared {
         sock.deliver(batch, &mut |remote, d| {
             endpoint.handle_datagram(now, sock.local, remote, d)
         });
+        self.hand_over_refusals(&mut st);
         let mut st = self.transmit(st);
         let wakeups = self.dispatch(&mut st);
         drop(st);
         wakeups.notify();
         received
+    }
+
+    /// Tells the engine which destinations the sockets found "port unreachable".
+    fn hand_over_refusals(&self, st: &mut State) {
+        for sock in &self.sockets {
+            for dest in sock.take_refused() {
+                st.endpoint.handle_port_unreachable(sock.local, dest);
+            }
+        }
+    }
+
+    /// An epoll event on socket `i`: an error event means the kernel queued an ICMP error
+    /// (read the queue, or its level-triggered error keeps failing sends and receives).
+    fn socket_event(&self, i: usize, ev: &mio::event::Event) {
+        if ev.is_error() {
+            self.sockets[i].take_errors();
+        }
     }
 
     /// Waits until a connection arrives for `accept` (or `deadline`).
@@ -379,6 +398,7 @@ impl Shared {
                 st.endpoint
                     .handle_unreachable(now, self.sockets[i].local, dest);
             }
+            self.hand_over_refusals(&mut st);
             st.out.spare.extend(batches.into_iter().map(|(_, mut b)| {
                 b.len = 0;
                 b
@@ -557,6 +577,7 @@ fn run(shared: Arc<Shared>, mut poll: Poll) {
         }
         let (timeout, wakeups) = {
             let mut st = shared.lock();
+            shared.hand_over_refusals(&mut st);
             let now = Instant::now();
             if st.endpoint.poll_timeout().is_some_and(|t| t <= now) {
                 st.endpoint.handle_timeout(now);
@@ -590,6 +611,7 @@ fn run(shared: Arc<Shared>, mut poll: Poll) {
         }
         for ev in events.iter() {
             if let Some(r) = readable.get_mut(ev.token().0) {
+                shared.socket_event(ev.token().0, ev);
                 *r = true;
             }
         }

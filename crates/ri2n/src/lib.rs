@@ -235,6 +235,8 @@ impl Endpoint {
                         .close_reason()
                         .cloned()
                         .unwrap_or(ConnectionError::Refused);
+                    // release the lock before `conn` is dropped: its drop takes the lock
+                    drop(st);
                     return Err(Error::Connection(e));
                 }
                 _ => return Ok(conn),

@@ -4,7 +4,8 @@
 
 use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
 
 use quinn_udp::{RecvMeta, Transmit, UdpSocketState, BATCH_SIZE};
 
@@ -34,6 +35,9 @@ pub(crate) struct LinkSocket {
     pub io: mio::net::UdpSocket,
     state: UdpSocketState,
     pub impairment: Arc<Impairment>,
+    /// Destinations the peer's host answered with "port unreachable" (from the socket's
+    /// error queue), not yet handed to the engine.
+    refused: Mutex<Vec<SocketAddr>>,
 }
 
 impl LinkSocket {
@@ -44,12 +48,16 @@ impl LinkSocket {
         // best effort: a smaller buffer still works, just drops more under bursts
         let _ = state.set_send_buffer_size((&std).into(), SOCKET_BUFFER);
         let _ = state.set_recv_buffer_size((&std).into(), SOCKET_BUFFER);
+        // ICMP errors about our datagrams are queued (IP_RECVERR): "port unreachable" from
+        // the peer's host tells that the peer process is gone, not the network
+        let _ = state.enable_transport_errors((&std).into());
         let local = std.local_addr()?;
         Ok(Self {
             local,
             io: mio::net::UdpSocket::from_std(std),
             state,
             impairment: Arc::new(Impairment::default()),
+            refused: Mutex::new(Vec::new()),
         })
     }
 
@@ -85,8 +93,50 @@ impl LinkSocket {
         };
         match self.state.try_send((&self.io).into(), &transmit) {
             Ok(()) => SendOutcome::Sent,
+            // an error queued by an ICMP message about an earlier datagram fails the next
+            // send whatever its destination: read the queue, then this send may go through
+            Err(e) if e.kind() != io::ErrorKind::WouldBlock && self.take_errors() > 0 => {
+                match self.state.try_send((&self.io).into(), &transmit) {
+                    Ok(()) => SendOutcome::Sent,
+                    Err(e) => classify_send_error(&e),
+                }
+            }
             Err(e) => classify_send_error(&e),
         }
+    }
+
+    /// Destinations found unreachable at the port since the last call.
+    pub fn take_refused(&self) -> Vec<SocketAddr> {
+        std::mem::take(&mut *self.refused.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Reads the socket's error queue (ICMP errors about datagrams sent earlier), keeping the
+    /// destinations reported as "port unreachable"; returns how many entries it read.
+    pub fn take_errors(&self) -> usize {
+        let mut n = 0;
+        // bounded: the queue is charged to the receive buffer, a flood cannot hold us here
+        while n < 256 {
+            match read_queued_error(self.io.as_raw_fd()) {
+                Ok(Some(QueuedError {
+                    dest,
+                    port_unreachable,
+                })) => {
+                    n += 1;
+                    if port_unreachable {
+                        self.refused
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(dest);
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!(error = %e, "reading the socket error queue failed");
+                    break;
+                }
+            }
+        }
+        n
     }
 
     /// Receives a batch of datagrams into `batch` (one `recvmmsg`; GRO buffers hold several
@@ -96,10 +146,19 @@ impl LinkSocket {
             let mut bufs = batch.bufs.iter_mut();
             std::array::from_fn(|_| IoSliceMut::new(bufs.next().expect("BATCH_SIZE buffers")))
         };
-        batch.count = match self
+        let mut result = self
             .state
-            .recv((&self.io).into(), &mut slices, &mut batch.meta)
-        {
+            .recv((&self.io).into(), &mut slices, &mut batch.meta);
+        let failed = result
+            .as_ref()
+            .is_err_and(|e| e.kind() != io::ErrorKind::WouldBlock);
+        if failed && self.take_errors() > 0 {
+            // the error was an ICMP message's, queued for us: the datagrams still wait
+            result = self
+                .state
+                .recv((&self.io).into(), &mut slices, &mut batch.meta);
+        }
+        batch.count = match result {
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
             Err(e) => return Err(e),
@@ -171,5 +230,103 @@ fn classify_send_error(e: &io::Error) -> SendOutcome {
             tracing::debug!(error = %e, "send failed");
             SendOutcome::Congested
         }
+    }
+}
+
+/// One entry of a socket's error queue.
+struct QueuedError {
+    /// Where the datagram that caused it was going.
+    dest: SocketAddr,
+    /// ICMP "port unreachable" (IPv4 type 3 code 3, IPv6 type 1 code 4).
+    port_unreachable: bool,
+}
+
+/// Reads one entry of the error queue of `fd` (`MSG_ERRQUEUE`); `None` when it is empty.
+/// `quinn-udp` reads this queue too, but reports the ICMP sender, not the destination and
+/// port of the datagram, which is what tells one connection's peer from another's.
+fn read_queued_error(fd: std::os::fd::RawFd) -> io::Result<Option<QueuedError>> {
+    const ICMP_DEST_UNREACH: u8 = 3;
+    const ICMP_PORT_UNREACH: u8 = 3;
+    const ICMPV6_DEST_UNREACH: u8 = 1;
+    const ICMPV6_PORT_UNREACH: u8 = 4;
+    // Safety: plain recvmsg(2) into buffers owned here, sized as the header says; the
+    // control messages are read through the CMSG_* macros within `msg_controllen`.
+    unsafe {
+        let mut name: libc::sockaddr_storage = std::mem::zeroed();
+        let mut control = [0u64; 64];
+        let mut byte = [0u8; 1];
+        let mut iov = libc::iovec {
+            iov_base: byte.as_mut_ptr().cast(),
+            iov_len: byte.len(),
+        };
+        let mut hdr: libc::msghdr = std::mem::zeroed();
+        hdr.msg_name = (&mut name as *mut libc::sockaddr_storage).cast();
+        hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as _;
+        hdr.msg_iov = &mut iov;
+        hdr.msg_iovlen = 1;
+        hdr.msg_control = control.as_mut_ptr().cast();
+        hdr.msg_controllen = std::mem::size_of_val(&control) as _;
+        if libc::recvmsg(fd, &mut hdr, libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT) < 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock => Ok(None),
+                _ => Err(e),
+            };
+        }
+        let Some(dest) = sockaddr_to_std(&name) else {
+            return Ok(Some(QueuedError {
+                dest: SocketAddr::from(([0, 0, 0, 0], 0)),
+                port_unreachable: false,
+            }));
+        };
+        let mut port_unreachable = false;
+        let mut cmsg = libc::CMSG_FIRSTHDR(&hdr);
+        while !cmsg.is_null() {
+            let c = &*cmsg;
+            let is_err = (c.cmsg_level == libc::SOL_IP && c.cmsg_type == libc::IP_RECVERR)
+                || (c.cmsg_level == libc::SOL_IPV6 && c.cmsg_type == libc::IPV6_RECVERR);
+            let need = libc::CMSG_LEN(std::mem::size_of::<libc::sock_extended_err>() as u32);
+            if is_err && c.cmsg_len as usize >= need as usize {
+                let ee: libc::sock_extended_err =
+                    std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast());
+                port_unreachable |= (ee.ee_origin == libc::SO_EE_ORIGIN_ICMP
+                    && ee.ee_type == ICMP_DEST_UNREACH
+                    && ee.ee_code == ICMP_PORT_UNREACH)
+                    || (ee.ee_origin == libc::SO_EE_ORIGIN_ICMP6
+                        && ee.ee_type == ICMPV6_DEST_UNREACH
+                        && ee.ee_code == ICMPV6_PORT_UNREACH);
+            }
+            cmsg = libc::CMSG_NXTHDR(&hdr, cmsg);
+        }
+        Ok(Some(QueuedError {
+            dest,
+            port_unreachable,
+        }))
+    }
+}
+
+fn sockaddr_to_std(name: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match i32::from(name.ss_family) {
+        libc::AF_INET => {
+            // Safety: the family says this storage holds a sockaddr_in
+            let a =
+                unsafe { &*(name as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            Some(SocketAddr::from((
+                a.sin_addr.s_addr.to_ne_bytes(),
+                u16::from_be(a.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // Safety: the family says this storage holds a sockaddr_in6
+            let a =
+                unsafe { &*(name as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+                a.sin6_addr.s6_addr.into(),
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            )))
+        }
+        _ => None,
     }
 }

@@ -60,7 +60,7 @@ const MESSAGE_STREAM: usize = 1;
 /// First INITIAL retransmission delay (doubles up to one second).
 const INITIAL_RETRY: Duration = Duration::from_millis(200);
 /// CLOSE code of a connection that ended cleanly: "everything you sent arrived".
-const CLOSE_DONE: u64 = 0;
+pub(crate) const CLOSE_DONE: u64 = 0;
 /// CLOSE code of an error other than an application abort.
 const CLOSE_ERROR: u64 = 1;
 /// Application abort codes travel as `code + CLOSE_APP_BASE`, so that no application code
@@ -68,6 +68,11 @@ const CLOSE_ERROR: u64 = 1;
 const CLOSE_APP_BASE: u64 = 16;
 /// Most application events kept when the application does not collect them.
 const MAX_EVENTS: usize = 1024;
+/// Least time a connection keeps repairing after the peer confirmed a clean end that its
+/// acknowledgements do not yet prove (PROTOCOL.md §8.2).
+const PEER_CLOSED_GRACE: Duration = Duration::from_millis(200);
+/// "Port unreachable" answers that end a handshake, or an established connection's link.
+const REFUSALS_TO_GIVE_UP: u32 = 3;
 
 #[derive(Debug)]
 enum Handshake {
@@ -144,6 +149,10 @@ pub struct Connection {
     all_down_since: Option<Instant>,
     next_share_check: Instant,
     draining_until: Option<Instant>,
+    /// The peer confirmed a clean end (CLOSE code 0) before acknowledging everything we sent:
+    /// the connection ends with [`ConnectionError::ClosedEarly`] unless the acknowledgements
+    /// of our repairs complete it by then.
+    peer_closed_until: Option<Instant>,
     /// Earliest time pacing lets a waiting data packet out.
     pacing_wakeup: Option<Instant>,
     scratch: AckOutcome,
@@ -270,6 +279,7 @@ impl Connection {
             all_down_since: None,
             next_share_check: now + cfg.share_check_interval,
             draining_until: None,
+            peer_closed_until: None,
             pacing_wakeup: None,
             scratch: AckOutcome::default(),
             cfg,
@@ -736,6 +746,47 @@ impl Connection {
         }
     }
 
+    /// The peer's host answered a datagram sent from `local` to `remote` with "port
+    /// unreachable". A handshake that gets [`REFUSALS_TO_GIVE_UP`] of them, and an
+    /// established connection whose every link got that many since anything last arrived
+    /// (links that are down aside, as long as one did), end: the peer process is gone. One
+    /// answer is not enough: a server restarting on the same port is briefly away too.
+    pub(crate) fn port_unreachable(&mut self, local: SocketAddr, remote: SocketAddr) {
+        let Some(i) = self
+            .links
+            .iter()
+            .position(|l| l.local == local && l.remote == remote)
+        else {
+            return;
+        };
+        self.links[i].port_unreachable += 1;
+        tracing::debug!(
+            link = i,
+            count = self.links[i].port_unreachable,
+            "port unreachable"
+        );
+        match self.state {
+            ConnectionState::Connecting => {
+                if self.links[i].port_unreachable >= REFUSALS_TO_GIVE_UP {
+                    self.set_closed(Some(ConnectionError::PeerGone));
+                }
+            }
+            ConnectionState::Established | ConnectionState::Draining => {
+                let refused = |l: &Link| l.port_unreachable >= REFUSALS_TO_GIVE_UP;
+                if self.links.iter().any(refused)
+                    && self
+                        .links
+                        .iter()
+                        .all(|l| refused(l) || l.state == LinkState::Down)
+                {
+                    // no CLOSE: nobody is there to read it
+                    self.set_closed(Some(ConnectionError::PeerGone));
+                }
+            }
+            ConnectionState::Closed => {}
+        }
+    }
+
     /// Whether any of this connection's links leads to `remote`.
     pub(crate) fn has_remote(&self, remote: SocketAddr) -> bool {
         self.links.iter().any(|l| l.remote == remote)
@@ -760,12 +811,14 @@ impl Connection {
             // After a clean close, tell a peer still retransmitting that everything it sent
             // arrived (its last acknowledgements were lost), so it can finish cleanly too.
             if let Some(i) = self.link_index(link_id) {
-                if self.close_reason.is_none()
-                    && self.links[i].remote == remote
-                    && !self.close_sends.contains(&i)
-                {
-                    self.close_frame = Some((CLOSE_DONE, String::new()));
-                    self.close_sends.push(i);
+                if self.close_reason.is_none() && self.links[i].remote == remote {
+                    // what arrives now is acknowledged with the answer too: it may carry the
+                    // peer's repairs of packets it declared lost
+                    self.links[i].on_received(now, pn, false, datagram_len, &self.cfg);
+                    if !self.close_sends.contains(&i) {
+                        self.close_frame = Some((CLOSE_DONE, String::new()));
+                        self.close_sends.push(i);
+                    }
                 }
             }
             return Err(DropReason::WrongState);
@@ -808,6 +861,9 @@ impl Connection {
             self.handshake = Handshake::Done;
         }
         self.last_rx = now;
+        for l in &mut self.links {
+            l.port_unreachable = 0;
+        }
         if ack_eliciting {
             self.last_arrival_link = i;
         }
@@ -856,12 +912,18 @@ impl Connection {
                 }
                 Frame::Close { code, reason } => {
                     self.close_sends.clear();
-                    if code == CLOSE_DONE && self.send.iter().all(SendStream::is_finished) {
-                        // the peer closed cleanly: it received everything we sent
-                        for s in &mut self.send {
-                            s.peer_received_all();
+                    if code == CLOSE_DONE {
+                        // The peer closed cleanly; the acknowledgements before this frame
+                        // (PROTOCOL.md §8.2) must show that everything we sent arrived. Until
+                        // they do, keep repairing for a grace period (data we declared lost is
+                        // acknowledged only as its repairs reach the closed peer); a clean
+                        // close that never does is no success.
+                        if self.is_send_complete() {
+                            self.set_closed(None);
+                        } else {
+                            let grace = (self.max_pto() * 3).max(PEER_CLOSED_GRACE);
+                            self.peer_closed_until = Some(now + grace);
                         }
-                        self.set_closed(None);
                         return Ok(());
                     }
                     let reason = String::from_utf8_lossy(reason).into_owned();
@@ -910,19 +972,26 @@ impl Connection {
     /// Everything sent was acknowledged and everything the peer sent arrived: linger a little
     /// to acknowledge the peer's retransmissions, then close cleanly.
     fn check_complete(&mut self, now: Instant) {
+        if self.peer_closed_until.is_some() && self.is_send_complete() {
+            self.set_closed(None);
+            return;
+        }
         if self.state == ConnectionState::Established
             && self.is_send_complete()
             && self.recv.iter().all(RecvStream::is_all_received)
         {
             self.state = ConnectionState::Draining;
-            let pto = self
-                .links
-                .iter()
-                .map(|l| l.pto(&self.cfg))
-                .max()
-                .unwrap_or_default();
-            self.draining_until = Some(now + (pto * 3).max(Duration::from_millis(100)));
+            self.draining_until = Some(now + (self.max_pto() * 3).max(Duration::from_millis(100)));
         }
+    }
+
+    /// The largest probe timeout of the links.
+    fn max_pto(&self) -> Duration {
+        self.links
+            .iter()
+            .map(|l| l.pto(&self.cfg))
+            .max()
+            .unwrap_or_default()
     }
 }
 

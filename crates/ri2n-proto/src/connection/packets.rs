@@ -14,7 +14,10 @@ use crate::streams::SendStream;
 use crate::wire::{self, Header, Writer};
 use crate::{ConnectionConfig, LinkId, LinkState};
 
-use super::{Connection, ConnectionState, Handshake, PacketKind};
+use super::{Connection, ConnectionState, Handshake, PacketKind, CLOSE_DONE};
+
+/// Room a CLOSE of code 0 with an empty reason needs after the acknowledgements before it.
+const CLOSE_DONE_ROOM: usize = 3;
 
 /// Bytes at the head of a flow-blocked stream re-sent at once by opportunistic retransmission.
 const RESCUE_BYTES: u64 = 64 * 1024;
@@ -168,11 +171,20 @@ impl Connection {
         reason: &str,
         out: &mut dyn TransmitBuffer,
     ) -> usize {
-        let link = &mut self.links[i];
-        let pn = link.next_pn();
+        let link = &self.links[i];
+        let (pn, id) = (link.next_pn(), link.id);
         let buf = datagram_room(out, link.local, link.remote, link.pmtu.base());
         let mut w = Writer::new(buf);
-        wire::write_short_header(&mut w, self.peer_cid, link.id, pn);
+        wire::write_short_header(&mut w, self.peer_cid, id, pn);
+        if code == CLOSE_DONE {
+            // The clean-end confirmation carries its proof (PROTOCOL.md §8.2): what arrived on
+            // every link, so the peer learns from acknowledgements, not from our word, that
+            // everything it sent was received.
+            for l in &self.links {
+                let room = w.remaining().saturating_sub(CLOSE_DONE_ROOM);
+                wire::write_ack(&mut w, l.id, 0, l.ack.ranges(), room);
+            }
+        }
         let room = w.remaining();
         wire::write_close(&mut w, code, reason.as_bytes(), room);
         let len = w.finish();
@@ -185,7 +197,7 @@ impl Connection {
             mtu_probe: false,
             frames: SmallVec::new(),
         };
-        link.on_sent(self.last_rx, len, pkt);
+        self.links[i].on_sent(self.last_rx, len, pkt);
         len
     }
 

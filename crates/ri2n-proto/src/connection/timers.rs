@@ -30,6 +30,8 @@ pub(super) enum Timer {
     Idle,
     /// The linger after a clean end is over.
     Draining,
+    /// The peer closed cleanly but never acknowledged everything we sent.
+    PeerClosed,
     /// Pacing lets the next data packet out.
     Pacing,
     /// The periodic health checks (arrival shares, slow links).
@@ -93,6 +95,7 @@ impl Connection {
         }
         if self.can_send_short() {
             arm(Timer::Draining, self.draining_until);
+            arm(Timer::PeerClosed, self.peer_closed_until);
             arm(Timer::Pacing, self.pacing_wakeup);
             for (i, l) in self.links.iter().enumerate() {
                 arm(Timer::Link(i, LinkTimer::Loss), l.loss_deadline());
@@ -153,6 +156,7 @@ impl Connection {
                 self.draining_until = None;
                 self.set_closed(None);
             }
+            Timer::PeerClosed => self.set_closed(Some(ConnectionError::ClosedEarly)),
             Timer::Pacing => self.pacing_wakeup = None,
             Timer::HealthCheck => {
                 self.check_arrival_shares();
