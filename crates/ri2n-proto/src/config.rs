@@ -159,6 +159,9 @@ pub struct EndpointConfig {
     /// ceiling of path MTU discovery on links from that address. A driver fills it in;
     /// addresses it does not list stay at `max_datagram_size`.
     pub local_max_datagram: Vec<(SocketAddr, usize)>,
+    /// Drivers: how long closing the endpoint (dropping its last handle, or an explicit
+    /// close) waits for its connections to deliver what was written to them (default 10 s).
+    pub close_linger: Duration,
 }
 
 impl EndpointConfig {
@@ -171,6 +174,7 @@ impl EndpointConfig {
             server_connection: ConnectionConfig::default(),
             cookie_lifetime: Duration::from_secs(10),
             local_max_datagram: Vec::new(),
+            close_linger: Duration::from_secs(10),
         }
     }
 

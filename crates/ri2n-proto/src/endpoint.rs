@@ -516,6 +516,11 @@ impl Endpoint {
         self.accept_queue.pop_front()
     }
 
+    /// Every connection the endpoint holds (closed ones not yet released included).
+    pub fn connection_handles(&self) -> impl Iterator<Item = ConnectionHandle> + '_ {
+        self.connections.keys().copied()
+    }
+
     /// A connection, for application calls.
     pub fn connection_mut(&mut self, h: ConnectionHandle) -> Option<&mut Connection> {
         self.connections.get_mut(&h)

@@ -14,7 +14,9 @@ use crate::driver::{Driver, State};
 
 /// One ri2n connection. Reads and writes block: while every link is down they simply wait
 /// (unless the configuration sets an all-links-down deadline). Dropping the handle finishes
-/// the outgoing streams and lets the connection complete in the background.
+/// the outgoing streams and lets the connection complete in the background while the
+/// endpoint lives; dropping the endpoint's last handle waits (up to its `close_linger`) for
+/// what was written to be delivered (see [`Endpoint::close`](crate::Endpoint::close)).
 #[derive(Debug)]
 pub struct Connection {
     driver: Arc<Driver>,

@@ -27,7 +27,9 @@ use std::time::{Duration, Instant};
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
-use ri2n_proto::{ConnectionHandle, Endpoint as ProtoEndpoint, Transmit, TransmitBuffer};
+use ri2n_proto::{
+    ConnectionHandle, ConnectionState, Endpoint as ProtoEndpoint, Transmit, TransmitBuffer,
+};
 
 use crate::connection::TimedEvent;
 
@@ -498,6 +500,65 @@ fn wait_on<'a>(
     }
 }
 
+/// What closing an endpoint left undelivered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Undelivered {
+    /// Connections whose peer had not acknowledged everything written to them.
+    pub connections: usize,
+    /// Bytes written to them and not acknowledged.
+    pub bytes: u64,
+}
+
+impl Shared {
+    /// Closes every connection: finishes its outgoing streams and waits until `deadline`
+    /// (`None`: as long as it takes) for each to be closed or, if its peer is still sending,
+    /// for everything written to be acknowledged; then aborts what remains, so no peer is left
+    /// waiting. Reports what was not delivered.
+    pub fn close_all(&self, deadline: Option<Instant>) -> Undelivered {
+        // how often the waiting thread looks again (nothing signals "acknowledged")
+        const RECHECK: Duration = Duration::from_millis(10);
+        let mut st = self.lock();
+        let handles: Vec<ConnectionHandle> = st.endpoint.connection_handles().collect();
+        for &h in &handles {
+            if let Some(c) = st.endpoint.connection_mut(h) {
+                c.finish();
+            }
+        }
+        st = self.after_app_call(st);
+        loop {
+            let waiting = handles.iter().copied().find(|&h| {
+                st.endpoint.connection(h).is_some_and(|c| {
+                    c.state() != ConnectionState::Closed
+                        && !(c.is_send_complete() && !c.is_receive_complete())
+                })
+            });
+            let Some(h) = waiting else { break };
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                break;
+            }
+            let until = deadline.map_or(now + RECHECK, |d| d.min(now + RECHECK));
+            st = self.wait_connection(st, h, Some(until));
+        }
+        let mut undelivered = Undelivered::default();
+        for &h in &handles {
+            let Some(c) = st.endpoint.connection_mut(h) else {
+                continue;
+            };
+            let clean = c.state() == ConnectionState::Closed && c.close_reason().is_none();
+            if !clean && !c.is_send_complete() {
+                undelivered.connections += 1;
+                undelivered.bytes += c.stats().send_buffered;
+            }
+            if c.state() != ConnectionState::Closed {
+                c.abort(0, "the peer's endpoint was closed");
+            }
+        }
+        drop(self.after_app_call(st));
+        undelivered
+    }
+}
+
 /// Owns the driver thread; the last owner (endpoint or connection) stops it.
 #[derive(Debug)]
 pub(crate) struct Driver {
@@ -555,7 +616,20 @@ impl Driver {
 }
 
 impl Drop for Driver {
+    /// The last handle is gone: deliver what was written before stopping (at most the
+    /// endpoint's `close_linger`), or the process could exit with it unsent.
     fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let linger = self.shared.lock().endpoint.config().close_linger;
+            let lost = self.shared.close_all(Some(Instant::now() + linger));
+            if lost.connections > 0 {
+                tracing::warn!(
+                    connections = lost.connections,
+                    bytes = lost.bytes,
+                    "endpoint dropped with data its peers never acknowledged"
+                );
+            }
+        }
         self.shared.shutdown.store(true, Ordering::Release);
         let _ = self.shared.waker.wake();
         if let Some(t) = self.thread.lock().unwrap().take() {

@@ -66,6 +66,14 @@ pub enum Error {
     /// Waiting timed out.
     #[error("timed out")]
     TimedOut,
+    /// Closing the endpoint: some peers never acknowledged everything written to them.
+    #[error("{connections} connection(s) closed with {bytes} written bytes never acknowledged")]
+    NotDelivered {
+        /// Connections concerned.
+        connections: usize,
+        /// Bytes written to them that their peers did not acknowledge.
+        bytes: u64,
+    },
     /// Another I/O failure.
     #[error(transparent)]
     Io(#[from] std::io::Error),
@@ -191,6 +199,31 @@ impl Endpoint {
     /// of them, so a client given one address opens a link to each).
     pub fn server(local_addrs: &[SocketAddr]) -> Result<Self, Error> {
         Self::bind(EndpointConfig::new(local_addrs.to_vec()).server())
+    }
+
+    /// Closes every connection of the endpoint gracefully: finishes their outgoing streams
+    /// and waits, at most `timeout` (`None`: as long as it takes), until each peer has
+    /// acknowledged everything written to it; a connection whose peer is still sending is
+    /// aborted once our side is delivered, so the peer is not left waiting. Returns
+    /// [`Error::NotDelivered`] if some data was never acknowledged.
+    ///
+    /// Dropping the last handle of an endpoint (the endpoint and all its connections) does the
+    /// same with `EndpointConfig::close_linger` (default 10 s) as the timeout, so returning
+    /// from `main` right after writing does not lose the data; call `close` to choose the
+    /// time and learn the outcome.
+    pub fn close(&self, timeout: Option<Duration>) -> Result<(), Error> {
+        let lost = self
+            .driver
+            .shared
+            .close_all(timeout.map(|t| Instant::now() + t));
+        if lost.connections == 0 {
+            Ok(())
+        } else {
+            Err(Error::NotDelivered {
+                connections: lost.connections,
+                bytes: lost.bytes,
+            })
+        }
     }
 
     /// The bound local addresses, ports resolved.

@@ -31,3 +31,101 @@ fn connecting_to_a_closed_port_fails_at_once() {
     // three "port unreachable" answers to INITIALs 0, 0.2 and 0.6 s apart
     assert!(took < Duration::from_secs(3), "took {took:?}");
 }
+
+/// Byte `pos` of an endless test stream: the little-endian index of its 8-byte word, so a
+/// byte lost, repeated or moved anywhere shows.
+fn pattern_byte(pos: u64) -> u8 {
+    (pos / 8).to_le_bytes()[(pos % 8) as usize]
+}
+
+/// The first `len` bytes of the test stream, as a reader.
+struct Pattern {
+    pos: u64,
+    len: u64,
+}
+
+impl std::io::Read for Pattern {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = buf.len().min((self.len - self.pos) as usize);
+        for (i, b) in buf[..n].iter_mut().enumerate() {
+            *b = pattern_byte(self.pos + i as u64);
+        }
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+/// Reads `conn` to its end, checking every byte against the test stream; returns the count.
+fn read_pattern(conn: &ri2n::Connection) -> u64 {
+    use std::io::Read;
+    let mut buf = vec![0u8; 1 << 16];
+    let mut got = 0u64;
+    loop {
+        let n = (&*conn).read(&mut buf).expect("read");
+        if n == 0 {
+            return got;
+        }
+        for (i, &b) in buf[..n].iter().enumerate() {
+            assert_eq!(b, pattern_byte(got + i as u64), "byte {}", got + i as u64);
+        }
+        got += n as u64;
+    }
+}
+
+/// Issue 9, finding 1: a program writes, then drops its connection and endpoint and returns
+/// (as from `main`). Dropping the last handle must deliver what was written first.
+fn write_then_drop_everything(len: u64) {
+    let server = Endpoint::server(&[loopback("127.0.0.1"), loopback("127.0.0.2")]).unwrap();
+    let to = server.local_addrs()[0];
+    let sender = std::thread::spawn(move || {
+        let client = Endpoint::client(&[loopback("127.0.0.1"), loopback("127.0.0.2")]).unwrap();
+        let mut conn = client.connect(&[to], ConnectionConfig::default()).unwrap();
+        let copied = std::io::copy(&mut Pattern { pos: 0, len }, &mut conn).unwrap();
+        assert_eq!(copied, len);
+        std::io::Write::flush(&mut conn).unwrap();
+        // conn and client are dropped here, then the thread ends: as a process exiting
+    });
+    let conn = server.accept().unwrap();
+    let got = read_pattern(&conn);
+    sender.join().unwrap();
+    assert_eq!(got, len, "every byte written arrived");
+}
+
+#[test]
+fn dropping_everything_after_writing_5_mb_loses_nothing() {
+    write_then_drop_everything(5_000_000);
+}
+
+#[test]
+fn dropping_everything_after_copying_1_gib_loses_nothing() {
+    write_then_drop_everything(1 << 30);
+}
+
+/// An explicit close reports what could not be delivered: here the peer is unreachable (its
+/// link cut), so nothing written is acknowledged within the timeout.
+#[test]
+fn close_reports_data_never_acknowledged() {
+    let server = Endpoint::server(&[loopback("127.0.0.1")]).unwrap();
+    let client = Endpoint::client(&[loopback("127.0.0.1")]).unwrap();
+    let mut conn = client
+        .connect(&server.local_addrs(), ConnectionConfig::default())
+        .unwrap();
+    let _peer = server.accept().unwrap();
+    for s in client.local_addrs() {
+        client.impairment(s).unwrap().set_down(true);
+    }
+    std::io::Write::write_all(&mut conn, &[1u8; 100_000]).unwrap();
+    let start = Instant::now();
+    let r = client.close(Some(Duration::from_millis(300)));
+    assert!(
+        matches!(
+            r,
+            Err(Error::NotDelivered {
+                connections: 1,
+                bytes: 100_000..
+            })
+        ),
+        "{r:?}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(2));
+}

@@ -447,6 +447,12 @@ impl Connection {
         self.read_blocked()
     }
 
+    /// Whether the peer's end of both its streams arrived, with every byte before it (read or
+    /// not).
+    pub fn is_receive_complete(&self) -> bool {
+        self.recv.iter().all(RecvStream::is_all_received)
+    }
+
     /// Whether everything written, and the end of both streams, was acknowledged by the peer.
     pub fn is_send_complete(&self) -> bool {
         self.send.iter().all(SendStream::is_complete)
