@@ -526,10 +526,12 @@ impl Shared {
         }
         st = self.after_app_call(st);
         loop {
+            // still worth waiting for: open, and either our data is not delivered yet or
+            // the peer is done too (then the clean close follows shortly)
             let waiting = handles.iter().copied().find(|&h| {
                 st.endpoint.connection(h).is_some_and(|c| {
                     c.state() != ConnectionState::Closed
-                        && !(c.is_send_complete() && !c.is_receive_complete())
+                        && (!c.is_send_complete() || c.is_receive_complete())
                 })
             });
             let Some(h) = waiting else { break };
