@@ -2,7 +2,8 @@
 //! whole messages, end of stream, statistics and link events.
 
 use std::io;
-use std::sync::Arc;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use ri2n_proto::{
@@ -11,6 +12,7 @@ use ri2n_proto::{
 };
 
 use crate::driver::{Driver, State};
+use crate::readiness::Readiness;
 
 /// One ri2n connection. Reads and writes block: while every link is down they simply wait
 /// (unless the configuration sets an all-links-down deadline). Dropping the handle finishes
@@ -21,6 +23,8 @@ use crate::driver::{Driver, State};
 pub struct Connection {
     driver: Arc<Driver>,
     handle: ConnectionHandle,
+    /// The readiness descriptor, made on first request.
+    readiness: OnceLock<Arc<Readiness>>,
 }
 
 /// An [`Event`] and when it happened.
@@ -48,7 +52,11 @@ fn lost(e: ConnectionError) -> io::Error {
 
 impl Connection {
     pub(crate) fn new(driver: Arc<Driver>, handle: ConnectionHandle) -> Self {
-        Self { driver, handle }
+        Self {
+            driver,
+            handle,
+            readiness: OnceLock::new(),
+        }
     }
 
     /// Runs `f` on the engine's connection; then sends what it produced.
@@ -58,6 +66,21 @@ impl Connection {
         let r = f(conn(&mut st, self.handle));
         drop(shared.after_app_call(st));
         r
+    }
+
+    /// A non-blocking call: clears the readiness descriptor, then runs `f` on the engine's
+    /// connection (both under the lock, so an event after `f` looked signals it again).
+    fn try_with<T>(&self, f: impl FnOnce(&mut ProtoConnection) -> T) -> T {
+        if let Some(r) = self.readiness.get() {
+            let shared = &self.driver.shared;
+            let mut st = shared.lock();
+            r.clear();
+            let out = f(conn(&mut st, self.handle));
+            drop(shared.after_app_call(st));
+            out
+        } else {
+            self.with(f)
+        }
     }
 
     /// Retries `f` until it stops saying "blocked", waiting for the driver in between.
@@ -105,11 +128,64 @@ impl Connection {
     /// its message stream; an error of kind [`io::ErrorKind::WouldBlock`] when no whole
     /// message is waiting. Never blocks.
     pub fn try_recv_message(&self) -> io::Result<Option<Vec<u8>>> {
-        match self.with(|c| c.recv_message()) {
+        match self.try_with(|c| c.recv_message()) {
             Ok(m) => Ok(m),
             Err(ReadError::Blocked) => Err(io::ErrorKind::WouldBlock.into()),
             Err(e) => Err(read_error(e)),
         }
+    }
+
+    /// Sends one whole message if the buffer has room for it now; an error of kind
+    /// [`io::ErrorKind::WouldBlock`] otherwise (the readiness descriptor is signalled when
+    /// there is room). Never blocks.
+    pub fn try_send_message(&self, msg: &[u8]) -> io::Result<()> {
+        match self.try_with(|c| c.send_message(msg)) {
+            Ok(()) => Ok(()),
+            Err(WriteError::Blocked) => Err(io::ErrorKind::WouldBlock.into()),
+            Err(e) => Err(write_error(e)),
+        }
+    }
+
+    /// Reads what has arrived of the byte stream: `Ok(0)` at its end (for a non-empty
+    /// `buf`), an error of kind [`io::ErrorKind::WouldBlock`] when nothing is waiting. Never
+    /// blocks.
+    pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match self.try_with(|c| c.read(buf)) {
+            Ok(n) => Ok(n),
+            Err(ReadError::Blocked) => Err(io::ErrorKind::WouldBlock.into()),
+            Err(e) => Err(read_error(e)),
+        }
+    }
+
+    /// Writes as much of `buf` to the byte stream as the send buffer takes now; an error of
+    /// kind [`io::ErrorKind::WouldBlock`] when it is full. Never blocks.
+    pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        match self.try_with(|c| c.write(buf)) {
+            Ok(n) => Ok(n),
+            Err(WriteError::Blocked) => Err(io::ErrorKind::WouldBlock.into()),
+            Err(e) => Err(write_error(e)),
+        }
+    }
+
+    /// A file descriptor that becomes readable when this connection may have progressed
+    /// (data or a whole message arrived, buffer space was freed, a link changed state, the
+    /// connection closed), for `poll`/`epoll`/mio/tokio. Register it for reading, never read
+    /// it yourself: the non-blocking calls ([`try_read`](Self::try_read),
+    /// [`try_write`](Self::try_write), [`try_recv_message`](Self::try_recv_message),
+    /// [`try_send_message`](Self::try_send_message)) clear it before they look, so after one
+    /// of them returned `WouldBlock` it becomes readable as soon as retrying may succeed.
+    /// Call them until `WouldBlock` after each wake-up (the descriptor is edge-like). Lives
+    /// as long as this handle.
+    pub fn readiness_fd(&self) -> io::Result<BorrowedFd<'_>> {
+        if self.readiness.get().is_none() {
+            let r = Arc::new(Readiness::new()?);
+            let mut st = self.driver.shared.lock();
+            // something may be waiting already: start readable
+            r.signal();
+            st.readiness.insert(self.handle, r.clone());
+            let _ = self.readiness.set(r);
+        }
+        Ok(self.readiness.get().expect("set above").as_fd())
     }
 
     /// Ends both outgoing streams: the peer reads end-of-stream after what was written.
@@ -153,9 +229,12 @@ impl Connection {
         self.with(|c| c.stats())
     }
 
-    /// Events since the last call (link state changes, close, …), oldest first, each with
-    /// when the engine reported it (an application that polls rarely, e.g. because its writes
-    /// block while every link is down, still learns when a link went down).
+    /// State changes since the last call (connected, link added, link state changes, all
+    /// acknowledged, closed), oldest first, each with when the engine reported it: an
+    /// application that polls rarely, e.g. because its writes block while every link is
+    /// down, still learns when a link went down. Data readiness ([`Event::Readable`],
+    /// [`Event::Writable`]) is not queued here: it is a level, seen through the calls
+    /// themselves and [`readiness_fd`](Self::readiness_fd).
     pub fn poll_events(&self) -> Vec<TimedEvent> {
         let mut st = self.driver.shared.lock();
         st.events

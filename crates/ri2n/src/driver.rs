@@ -28,15 +28,17 @@ use std::time::{Duration, Instant};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use ri2n_proto::{
-    ConnectionHandle, ConnectionState, Endpoint as ProtoEndpoint, Transmit, TransmitBuffer,
+    ConnectionHandle, ConnectionState, Endpoint as ProtoEndpoint, Event, Transmit, TransmitBuffer,
 };
 
 use crate::connection::TimedEvent;
+use crate::readiness::Readiness;
 
 use crate::socket::{LinkSocket, Received, RecvBatch, SendOutcome};
 
-/// Events kept per connection for the application (oldest dropped beyond).
-const MAX_QUEUED_EVENTS: usize = 256;
+/// State-change events kept per connection for the application (oldest dropped beyond: a
+/// link flapping for hours while nobody polls must not grow memory without bound).
+const MAX_QUEUED_EVENTS: usize = 4096;
 const WAKE_TOKEN: Token = Token(usize::MAX);
 /// Room for one datagram: the largest the engine builds.
 const MAX_DATAGRAM: usize = ri2n_proto::wire::MAX_DATAGRAM_SIZE;
@@ -61,6 +63,9 @@ pub(crate) struct State {
     pub dropped: HashSet<ConnectionHandle>,
     /// What callers waiting on a connection wait on, by connection.
     signals: HashMap<ConnectionHandle, Arc<Condvar>>,
+    /// Readiness descriptors of connections whose application asked for one.
+    pub readiness: HashMap<ConnectionHandle, Arc<Readiness>>,
+
     /// When the driver thread will next wake up by itself.
     driver_deadline: Option<Instant>,
     /// An application thread waits in [`CallerPoll`].
@@ -225,6 +230,9 @@ pub(crate) struct Shared {
     caller_poll: Mutex<CallerPoll>,
     /// Wakes the thread waiting in `caller_poll` for events that are not arrivals (timers).
     caller_waker: Waker,
+    /// The readiness descriptor of `accept`, once asked for (signalled and cleared under the
+    /// engine's lock).
+    pub accept_readiness: std::sync::OnceLock<Readiness>,
 }
 
 impl Shared {
@@ -421,14 +429,22 @@ impl Shared {
             caller_poll: None,
         };
         while let Some((h, e)) = st.endpoint.poll_event() {
-            let q = st.events.entry(h).or_default();
-            if q.len() >= MAX_QUEUED_EVENTS {
-                q.pop_front();
+            if let Some(r) = st.readiness.get(&h) {
+                r.signal();
             }
-            q.push_back(TimedEvent {
-                at: Instant::now(),
-                event: e,
-            });
+            // Data readiness is a level the application reads with its calls (and the
+            // readiness descriptor), not an event to keep: queued, it would crowd out the
+            // state changes an application that polls rarely must still learn about.
+            if !matches!(e, Event::Readable | Event::Writable) {
+                let q = st.events.entry(h).or_default();
+                if q.len() >= MAX_QUEUED_EVENTS {
+                    q.pop_front();
+                }
+                q.push_back(TimedEvent {
+                    at: Instant::now(),
+                    event: e,
+                });
+            }
             if st.caller_polling {
                 wake.caller_poll = Some(&self.caller_waker);
             }
@@ -441,18 +457,23 @@ impl Shared {
         while let Some(h) = st.endpoint.accept() {
             st.accepted.push_back(h);
             wake.accepted = Some(&self.accepted);
+            if let Some(r) = self.accept_readiness.get() {
+                r.signal();
+            }
         }
         let State {
             endpoint,
             dropped,
             events,
             signals,
+            readiness,
             ..
         } = st;
         dropped.retain(|&h| {
             if endpoint.release(h) {
                 events.remove(&h);
                 signals.remove(&h);
+                readiness.remove(&h);
                 false
             } else {
                 true
@@ -590,6 +611,7 @@ impl Driver {
                 events: HashMap::new(),
                 dropped: HashSet::new(),
                 signals: HashMap::new(),
+                readiness: HashMap::new(),
                 driver_deadline: None,
                 caller_polling: false,
                 out: Outgoing::new(&sockets),
@@ -605,6 +627,7 @@ impl Driver {
                 events: Events::with_capacity(64),
             }),
             caller_waker,
+            accept_readiness: std::sync::OnceLock::new(),
         });
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()

@@ -30,6 +30,7 @@
 mod connection;
 mod driver;
 mod impair;
+mod readiness;
 mod socket;
 
 use std::net::SocketAddr;
@@ -275,6 +276,38 @@ impl Endpoint {
                 _ => return Ok(conn),
             }
         }
+    }
+
+    /// The next incoming connection if one is waiting; an [`Error::Io`] of kind
+    /// [`std::io::ErrorKind::WouldBlock`] otherwise. Never blocks; clears
+    /// [`readiness_fd`](Self::readiness_fd) before it looks.
+    pub fn try_accept(&self) -> Result<Connection, Error> {
+        let shared = &self.driver.shared;
+        let mut st = shared.lock();
+        if let Some(r) = shared.accept_readiness.get() {
+            r.clear();
+        }
+        match st.accepted.pop_front() {
+            Some(h) => Ok(Connection::new(self.driver.clone(), h)),
+            None => Err(Error::Io(std::io::ErrorKind::WouldBlock.into())),
+        }
+    }
+
+    /// A file descriptor that becomes readable when a connection may be waiting for
+    /// [`try_accept`](Self::try_accept), for `poll`/`epoll`/mio/tokio (register it for
+    /// reading, never read it yourself; call `try_accept` until `WouldBlock` after each
+    /// wake-up).
+    pub fn readiness_fd(&self) -> std::io::Result<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        let shared = &self.driver.shared;
+        if shared.accept_readiness.get().is_none() {
+            let r = readiness::Readiness::new()?;
+            let _st = shared.lock();
+            // a connection may be waiting already: start readable
+            r.signal();
+            let _ = shared.accept_readiness.set(r);
+        }
+        Ok(shared.accept_readiness.get().expect("set above").as_fd())
     }
 
     /// Waits for the next incoming connection.

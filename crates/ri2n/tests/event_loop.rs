@@ -1,0 +1,214 @@
+//! Driving ri2n from an application's own event loop: one thread, one `epoll` instance (mio),
+//! the readiness descriptors of the endpoint and of every connection, and only non-blocking
+//! calls, serving 100 concurrent echo clients over two loopback links.
+
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token};
+use ri2n::{Connection, ConnectionConfig, Endpoint};
+
+const CLIENTS: usize = 100;
+const BYTES_EACH: usize = 100_000;
+const ACCEPT: Token = Token(usize::MAX);
+
+fn loopback(ip: &str) -> SocketAddr {
+    format!("{ip}:0").parse().unwrap()
+}
+
+/// Client `k`'s bytes: distinct per client, so a mix-up between connections shows.
+fn payload(k: usize) -> Vec<u8> {
+    (0..BYTES_EACH)
+        .map(|i| (i.wrapping_mul(31) ^ k.wrapping_mul(7919)) as u8)
+        .collect()
+}
+
+/// One echo connection of the server: bytes read and not yet written back.
+struct Echo {
+    conn: Connection,
+    pending: Vec<u8>,
+    eof: bool,
+    finished: bool,
+}
+
+impl Echo {
+    /// Moves what can move without blocking; returns true once everything was echoed and the
+    /// stream finished.
+    fn pump(&mut self) -> bool {
+        let mut buf = [0u8; 16384];
+        loop {
+            if !self.pending.is_empty() {
+                match self.conn.try_write(&self.pending) {
+                    Ok(n) => {
+                        self.pending.drain(..n);
+                        continue;
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                    Err(e) => panic!("write: {e}"),
+                }
+            }
+            if self.eof {
+                if self.pending.is_empty() && !self.finished {
+                    self.conn.finish().unwrap();
+                    self.finished = true;
+                }
+                return self.finished;
+            }
+            // bound what waits to be echoed: read only while it is small
+            if self.pending.len() > 1 << 20 {
+                return false;
+            }
+            match self.conn.try_read(&mut buf) {
+                Ok(0) => self.eof = true,
+                Ok(n) => self.pending.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return false,
+                Err(e) => panic!("read: {e}"),
+            }
+        }
+    }
+}
+
+/// The server: everything from one thread's poll loop.
+fn serve(server: Endpoint, clients: usize, deadline: Instant) {
+    let mut poll = Poll::new().unwrap();
+    let accept_fd = server.readiness_fd().unwrap().as_raw_fd();
+    poll.registry()
+        .register(&mut SourceFd(&accept_fd), ACCEPT, Interest::READABLE)
+        .unwrap();
+    let mut events = Events::with_capacity(256);
+    let mut conns: HashMap<usize, Echo> = HashMap::new();
+    let mut next = 0;
+    let mut done = 0;
+    while done < clients {
+        assert!(
+            Instant::now() < deadline,
+            "echo server: {done} of {clients} done"
+        );
+        poll.poll(&mut events, Some(Duration::from_millis(100)))
+            .unwrap();
+        for ev in events.iter() {
+            if ev.token() == ACCEPT {
+                loop {
+                    match server.try_accept() {
+                        Ok(conn) => {
+                            let fd = conn.readiness_fd().unwrap().as_raw_fd();
+                            poll.registry()
+                                .register(&mut SourceFd(&fd), Token(next), Interest::READABLE)
+                                .unwrap();
+                            let mut echo = Echo {
+                                conn,
+                                pending: Vec::new(),
+                                eof: false,
+                                finished: false,
+                            };
+                            if echo.pump() {
+                                done += 1;
+                            }
+                            conns.insert(next, echo);
+                            next += 1;
+                        }
+                        Err(ri2n::Error::Io(e)) if e.kind() == ErrorKind::WouldBlock => break,
+                        Err(e) => panic!("accept: {e}"),
+                    }
+                }
+            } else if let Some(echo) = conns.get_mut(&ev.token().0) {
+                if !echo.finished && echo.pump() {
+                    done += 1;
+                }
+            }
+        }
+    }
+    // wait for the clients to have read their echoes before the server goes away
+    drop(conns);
+    server.close(Some(Duration::from_secs(10))).unwrap();
+}
+
+#[test]
+fn one_thread_epoll_echo_server_serves_100_connections_over_two_links() {
+    let server = Endpoint::server(&[loopback("127.0.0.1"), loopback("127.0.0.2")]).unwrap();
+    let to = server.local_addrs()[0];
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let server_thread = std::thread::spawn(move || serve(server, CLIENTS, deadline));
+    let client = Endpoint::client(&[loopback("127.0.0.1"), loopback("127.0.0.2")]).unwrap();
+    let workers: Vec<_> = (0..CLIENTS)
+        .map(|k| {
+            let client = client.clone();
+            std::thread::spawn(move || {
+                let conn = client.connect(&[to], ConnectionConfig::default()).unwrap();
+                let data = payload(k);
+                let reader = std::thread::scope(|s| {
+                    let r = s.spawn(|| {
+                        let mut back = Vec::new();
+                        (&conn).read_to_end(&mut back).unwrap();
+                        back
+                    });
+                    (&conn).write_all(&data).unwrap();
+                    conn.finish().unwrap();
+                    r.join().unwrap()
+                });
+                assert!(reader == data, "client {k}: echo differs");
+                conn.stats().links.len()
+            })
+        })
+        .collect();
+    let links: Vec<usize> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    server_thread.join().unwrap();
+    assert!(
+        links.iter().all(|&l| l == 2),
+        "every connection used two links"
+    );
+    let _ = client.close(None);
+}
+
+/// Issue 9, finding 3: after a transfer read in many small pieces, the state changes
+/// (connected, the second link added and up) are still there to poll, and no data-readiness
+/// flood pushed them out.
+#[test]
+fn state_events_are_not_crowded_out_by_data_readiness() {
+    use ri2n::{Event, LinkState};
+    let server = Endpoint::server(&[loopback("127.0.0.1"), loopback("127.0.0.2")]).unwrap();
+    let to = server.local_addrs()[0];
+    let sender = std::thread::spawn(move || {
+        let client = Endpoint::client(&[loopback("127.0.0.1"), loopback("127.0.0.2")]).unwrap();
+        let mut conn = client.connect(&[to], ConnectionConfig::default()).unwrap();
+        // many small writes, each its own burst of arrivals at the reader
+        for i in 0..5000u32 {
+            conn.write_all(&i.to_le_bytes().repeat(256)).unwrap();
+            conn.flush().unwrap();
+        }
+    });
+    let mut conn = server.accept().unwrap();
+    let mut buf = [0u8; 700];
+    let mut got = 0;
+    while let Ok(n @ 1..) = conn.read(&mut buf) {
+        got += n;
+    }
+    sender.join().unwrap();
+    assert_eq!(got, 5000 * 1024);
+    let events: Vec<Event> = conn.poll_events().into_iter().map(|e| e.event).collect();
+    assert!(events.contains(&Event::Connected), "{events:?}");
+    assert!(
+        events.iter().any(|e| matches!(e, Event::LinkAdded { .. })),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|e| matches!(
+            e,
+            Event::LinkStateChanged {
+                to: LinkState::Up,
+                ..
+            }
+        )),
+        "{events:?}"
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, Event::Readable | Event::Writable)),
+        "{events:?}"
+    );
+}
