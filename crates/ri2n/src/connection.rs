@@ -2,8 +2,9 @@
 //! whole messages, end of stream, statistics and link events.
 
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::{Arc, OnceLock};
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ri2n_proto::{
@@ -12,7 +13,7 @@ use ri2n_proto::{
 };
 
 use crate::driver::{Driver, State};
-use crate::readiness::Readiness;
+use crate::readiness::{Interest, Watchers};
 
 /// One ri2n connection. Reads and writes block: while every link is down they simply wait
 /// (unless the configuration sets an all-links-down deadline). Dropping the handle finishes
@@ -23,8 +24,10 @@ use crate::readiness::Readiness;
 pub struct Connection {
     driver: Arc<Driver>,
     handle: ConnectionHandle,
-    /// The readiness descriptor, made on first request.
-    readiness: OnceLock<Arc<Readiness>>,
+    /// The readiness descriptors, made on first request.
+    watchers: Arc<Watchers>,
+    /// `watchers` was handed to the driver (on the first descriptor request).
+    watched: AtomicBool,
 }
 
 /// An [`Event`] and when it happened.
@@ -55,7 +58,8 @@ impl Connection {
         Self {
             driver,
             handle,
-            readiness: OnceLock::new(),
+            watchers: Arc::default(),
+            watched: AtomicBool::new(false),
         }
     }
 
@@ -68,19 +72,25 @@ impl Connection {
         r
     }
 
-    /// A non-blocking call: clears the readiness descriptor, then runs `f` on the engine's
-    /// connection (both under the lock, so an event after `f` looked signals it again).
-    fn try_with<T>(&self, f: impl FnOnce(&mut ProtoConnection) -> T) -> T {
-        if let Some(r) = self.readiness.get() {
-            let shared = &self.driver.shared;
-            let mut st = shared.lock();
-            r.clear();
-            let out = f(conn(&mut st, self.handle));
-            drop(shared.after_app_call(st));
-            out
-        } else {
-            self.with(f)
+    /// A non-blocking call of kind `interest`: clears its readiness descriptors, then runs `f`
+    /// on the engine's connection (both under the lock, so an event after `f` looked signals
+    /// them again).
+    fn try_with<T>(&self, interest: Interest, f: impl FnOnce(&mut ProtoConnection) -> T) -> T {
+        let shared = &self.driver.shared;
+        let mut st = shared.lock();
+        self.watchers.clear(interest);
+        let out = f(conn(&mut st, self.handle));
+        drop(shared.after_app_call(st));
+        out
+    }
+
+    /// The readiness descriptor for `interest` (see [`readiness_fd`](Self::readiness_fd)).
+    pub(crate) fn readiness_fd_for(&self, interest: Interest) -> io::Result<BorrowedFd<'_>> {
+        let mut st = self.driver.shared.lock();
+        if !self.watched.swap(true, Ordering::Relaxed) {
+            st.readiness.insert(self.handle, self.watchers.clone());
         }
+        self.watchers.fd(interest)
     }
 
     /// Retries `f` until it stops saying "blocked", waiting for the driver in between.
@@ -128,7 +138,7 @@ impl Connection {
     /// its message stream; an error of kind [`io::ErrorKind::WouldBlock`] when no whole
     /// message is waiting. Never blocks.
     pub fn try_recv_message(&self) -> io::Result<Option<Vec<u8>>> {
-        match self.try_with(|c| c.recv_message()) {
+        match self.try_with(Interest::Read, |c| c.recv_message()) {
             Ok(m) => Ok(m),
             Err(ReadError::Blocked) => Err(io::ErrorKind::WouldBlock.into()),
             Err(e) => Err(read_error(e)),
@@ -139,7 +149,7 @@ impl Connection {
     /// [`io::ErrorKind::WouldBlock`] otherwise (the readiness descriptor is signalled when
     /// there is room). Never blocks.
     pub fn try_send_message(&self, msg: &[u8]) -> io::Result<()> {
-        match self.try_with(|c| c.send_message(msg)) {
+        match self.try_with(Interest::Write, |c| c.send_message(msg)) {
             Ok(()) => Ok(()),
             Err(WriteError::Blocked) => Err(io::ErrorKind::WouldBlock.into()),
             Err(e) => Err(write_error(e)),
@@ -150,7 +160,7 @@ impl Connection {
     /// `buf`), an error of kind [`io::ErrorKind::WouldBlock`] when nothing is waiting. Never
     /// blocks.
     pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        match self.try_with(|c| c.read(buf)) {
+        match self.try_with(Interest::Read, |c| c.read(buf)) {
             Ok(n) => Ok(n),
             Err(ReadError::Blocked) => Err(io::ErrorKind::WouldBlock.into()),
             Err(e) => Err(read_error(e)),
@@ -160,7 +170,7 @@ impl Connection {
     /// Writes as much of `buf` to the byte stream as the send buffer takes now; an error of
     /// kind [`io::ErrorKind::WouldBlock`] when it is full. Never blocks.
     pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
-        match self.try_with(|c| c.write(buf)) {
+        match self.try_with(Interest::Write, |c| c.write(buf)) {
             Ok(n) => Ok(n),
             Err(WriteError::Blocked) => Err(io::ErrorKind::WouldBlock.into()),
             Err(e) => Err(write_error(e)),
@@ -177,15 +187,7 @@ impl Connection {
     /// Call them until `WouldBlock` after each wake-up (the descriptor is edge-like). Lives
     /// as long as this handle.
     pub fn readiness_fd(&self) -> io::Result<BorrowedFd<'_>> {
-        if self.readiness.get().is_none() {
-            let r = Arc::new(Readiness::new()?);
-            let mut st = self.driver.shared.lock();
-            // something may be waiting already: start readable
-            r.signal();
-            st.readiness.insert(self.handle, r.clone());
-            let _ = self.readiness.set(r);
-        }
-        Ok(self.readiness.get().expect("set above").as_fd())
+        self.readiness_fd_for(Interest::Any)
     }
 
     /// Ends both outgoing streams: the peer reads end-of-stream after what was written.

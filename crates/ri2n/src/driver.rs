@@ -32,7 +32,7 @@ use ri2n_proto::{
 };
 
 use crate::connection::TimedEvent;
-use crate::readiness::Readiness;
+use crate::readiness::{Readiness, Watchers};
 
 use crate::socket::{LinkSocket, Received, RecvBatch, SendOutcome};
 
@@ -64,7 +64,7 @@ pub(crate) struct State {
     /// What callers waiting on a connection wait on, by connection.
     signals: HashMap<ConnectionHandle, Arc<Condvar>>,
     /// Readiness descriptors of connections whose application asked for one.
-    pub readiness: HashMap<ConnectionHandle, Arc<Readiness>>,
+    pub readiness: HashMap<ConnectionHandle, Arc<Watchers>>,
 
     /// When the driver thread will next wake up by itself.
     driver_deadline: Option<Instant>,
@@ -429,8 +429,8 @@ impl Shared {
             caller_poll: None,
         };
         while let Some((h, e)) = st.endpoint.poll_event() {
-            if let Some(r) = st.readiness.get(&h) {
-                r.signal();
+            if let Some(w) = st.readiness.get(&h) {
+                w.signal(&e);
             }
             // Data readiness is a level the application reads with its calls (and the
             // readiness descriptor), not an event to keep: queued, it would crowd out the

@@ -32,6 +32,8 @@ mod driver;
 mod impair;
 mod readiness;
 mod socket;
+#[cfg(feature = "tokio")]
+pub mod tokio;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -11,6 +11,9 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+use ri2n_proto::Event;
 
 /// One readiness descriptor.
 #[derive(Debug)]
@@ -61,5 +64,72 @@ impl Readiness {
 impl AsFd for Readiness {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+}
+
+/// Which calls a descriptor serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Interest {
+    /// Every non-blocking call: one event loop watching one descriptor per connection.
+    Any,
+    /// Reading calls (`try_read`, `try_recv_message`).
+    Read,
+    /// Writing calls (`try_write`, `try_send_message`).
+    Write,
+}
+
+/// A connection's readiness descriptors, each made on first request. A reader and a writer
+/// waiting apart (tokio's split halves) need one each: with a shared one, the reader's call
+/// would clear a signal meant for the writer before the writer's event loop saw it.
+#[derive(Debug, Default)]
+pub(crate) struct Watchers {
+    any: OnceLock<Readiness>,
+    read: OnceLock<Readiness>,
+    write: OnceLock<Readiness>,
+}
+
+impl Watchers {
+    fn slot(&self, interest: Interest) -> &OnceLock<Readiness> {
+        match interest {
+            Interest::Any => &self.any,
+            Interest::Read => &self.read,
+            Interest::Write => &self.write,
+        }
+    }
+
+    /// The descriptor for `interest`, made (readable: something may be waiting already) if
+    /// needed. Call with the engine's lock held, so no signal races its creation.
+    pub fn fd(&self, interest: Interest) -> io::Result<BorrowedFd<'_>> {
+        let slot = self.slot(interest);
+        if slot.get().is_none() {
+            let r = Readiness::new()?;
+            r.signal();
+            let _ = slot.set(r);
+        }
+        Ok(slot.get().expect("set above").as_fd())
+    }
+
+    /// The engine reported `event` for the connection.
+    pub fn signal(&self, event: &Event) {
+        let (read, write) = match event {
+            Event::Readable => (true, false),
+            Event::Writable => (false, true),
+            _ => (true, true),
+        };
+        let slots = [(&self.any, true), (&self.read, read), (&self.write, write)];
+        for (slot, wanted) in slots {
+            if let Some(r) = slot.get().filter(|_| wanted) {
+                r.signal();
+            }
+        }
+    }
+
+    /// A non-blocking call of this kind is about to look.
+    pub fn clear(&self, interest: Interest) {
+        for slot in [&self.any, self.slot(interest)] {
+            if let Some(r) = slot.get() {
+                r.clear();
+            }
+        }
     }
 }

@@ -1,0 +1,156 @@
+//! The tokio adapter (cargo feature `tokio`): [`AsyncConnection`] is `AsyncRead` +
+//! `AsyncWrite` and [`accept`] awaits the next incoming connection, both built on the
+//! readiness descriptors (`AsyncFd`) and the non-blocking calls, so no thread blocks.
+//!
+//! ```no_run
+//! # async fn f(server: ri2n::Endpoint) -> std::io::Result<()> {
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//! let mut conn = ri2n::tokio::accept(&server).await?;
+//! let mut buf = vec![0u8; 4096];
+//! let n = conn.read(&mut buf).await?;
+//! conn.write_all(&buf[..n]).await?;
+//! conn.shutdown().await?; // finishes our stream
+//! # Ok(()) }
+//! ```
+
+use std::io;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::readiness::Interest;
+use crate::{Connection, Endpoint, Error};
+
+/// A tokio registration of a readiness descriptor, on a duplicate of it (the `AsyncFd` owns
+/// what it watches).
+fn watch(fd: BorrowedFd<'_>) -> io::Result<AsyncFd<OwnedFd>> {
+    let own = fd.try_clone_to_owned()?;
+    // SAFETY: `own` is an open descriptor the AsyncFd owns: it stays open, and the same,
+    // until the AsyncFd is dropped.
+    unsafe { AsyncFd::register_with_interest(own, tokio::io::Interest::READABLE) }
+        .map_err(io::Error::from)
+}
+
+/// A connection for async code. Dropping it drops the connection (see [`Connection`]).
+#[derive(Debug)]
+pub struct AsyncConnection {
+    /// Watched by readers (`poll_read`, `recv_message`).
+    read_ready: AsyncFd<OwnedFd>,
+    /// Watched by writers: a reader and a writer of one connection (e.g. after
+    /// `tokio::io::split`) wait apart, each on the descriptor its own calls clear.
+    write_ready: AsyncFd<OwnedFd>,
+    conn: Connection,
+}
+
+impl AsyncConnection {
+    /// Wraps a connection; must be called within a tokio runtime.
+    pub fn new(conn: Connection) -> io::Result<Self> {
+        Ok(Self {
+            read_ready: watch(conn.readiness_fd_for(Interest::Read)?)?,
+            write_ready: watch(conn.readiness_fd_for(Interest::Write)?)?,
+            conn,
+        })
+    }
+
+    /// The connection, for statistics, events, messages and the other calls.
+    pub fn get_ref(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Retries the non-blocking `op` until it does not say `WouldBlock`, waiting on `ready`
+    /// in between.
+    fn poll_op<T>(
+        &self,
+        ready: &AsyncFd<OwnedFd>,
+        cx: &mut Context<'_>,
+        mut op: impl FnMut(&Connection) -> io::Result<T>,
+    ) -> Poll<io::Result<T>> {
+        loop {
+            let mut guard = ready!(ready.poll_read_ready(cx))?;
+            match op(&self.conn) {
+                // clears only what this guard saw: a signal since then is kept
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
+                r => return Poll::Ready(r),
+            }
+        }
+    }
+
+    /// Receives one whole message; `Ok(None)` once the peer finished its message stream.
+    pub async fn recv_message(&self) -> io::Result<Option<Vec<u8>>> {
+        std::future::poll_fn(|cx| self.poll_op(&self.read_ready, cx, Connection::try_recv_message))
+            .await
+    }
+
+    /// Sends one whole message, waiting for buffer space.
+    pub async fn send_message(&self, msg: &[u8]) -> io::Result<()> {
+        std::future::poll_fn(|cx| self.poll_op(&self.write_ready, cx, |c| c.try_send_message(msg)))
+            .await
+    }
+}
+
+impl AsyncRead for AsyncConnection {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let n = ready!(self.poll_op(&self.read_ready, cx, |c| {
+            c.try_read(buf.initialize_unfilled())
+        }))?;
+        buf.advance(n);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for AsyncConnection {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_op(&self.write_ready, cx, |c| c.try_write(buf))
+    }
+
+    /// Written data is on its way; nothing to wait for (see [`Connection::wait_acknowledged`]).
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    /// Finishes both outgoing streams: the peer reads end-of-stream after what was written.
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(self.conn.finish())
+    }
+}
+
+/// Waits for the next incoming connection of `endpoint` without blocking a thread.
+pub async fn accept(endpoint: &Endpoint) -> io::Result<AsyncConnection> {
+    let ready = watch(endpoint.readiness_fd()?)?;
+    loop {
+        // look first: an earlier call may have cleared the descriptor and left connections
+        // waiting, and this registration is new
+        match endpoint.try_accept() {
+            Ok(conn) => return AsyncConnection::new(conn),
+            Err(Error::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(Error::Io(e)) => return Err(e),
+            Err(e) => return Err(io::Error::other(e)),
+        }
+        ready.readable().await?.clear_ready();
+    }
+}
+
+/// Connects without blocking the runtime (the handshake runs on a blocking-pool thread).
+pub async fn connect(
+    endpoint: &Endpoint,
+    remotes: &[std::net::SocketAddr],
+    config: crate::ConnectionConfig,
+) -> Result<AsyncConnection, Error> {
+    let endpoint = endpoint.clone();
+    let remotes = remotes.to_vec();
+    let conn = tokio::task::spawn_blocking(move || endpoint.connect(&remotes, config))
+        .await
+        .map_err(io::Error::other)??;
+    Ok(AsyncConnection::new(conn)?)
+}
