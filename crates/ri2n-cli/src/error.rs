@@ -25,9 +25,13 @@ Exit codes:
   0  success
   1  other error (reading or writing a file or stdout, received data differs in `demo`)
   2  usage error (unknown option, bad value)
-  3  connection not established (no answer within --connect-timeout, refused, no route)
-  4  connection lost (peer restarted or aborted, all links down past --all-links-down-timeout)
-  5  cannot bind a local address (address in use, address not on this host)";
+  3  connection not established (no answer within --connect-timeout, nothing listening
+     there, no route)
+  4  connection lost (peer gone, restarted or aborted, all links down past
+     --all-links-down-timeout); send also when the receiver did not acknowledge every byte
+  5  cannot bind a local address (address in use, address not on this host)
+  130, 143  interrupted by SIGINT, SIGTERM (send and recv abort the connection first: the peer
+     is told and reports it)";
 
 /// Why a command failed.
 #[derive(Debug)]

@@ -8,6 +8,7 @@ mod control;
 mod demo;
 mod error;
 mod fault;
+mod interrupt;
 mod net;
 mod progress;
 mod recv;
@@ -138,8 +139,10 @@ pub struct RecvArgs {
     #[arg(long = "listen", value_name = "ADDR:PORT", required = true, value_parser = parse_remote)]
     pub listen: Vec<SocketAddr>,
 
-    /// File to write (created or truncated; synced to disk before exit 0). Default (or `-`):
-    /// stdout.
+    /// File to write. It is written as FILE.partial and renamed to FILE (replacing it), synced
+    /// to disk, only when the whole stream arrived; after a failure or an interrupt
+    /// FILE.partial holds what arrived and the error says how much. A device or FIFO is
+    /// written directly. Default (or `-`): stdout.
     #[arg(long, short, value_name = "FILE")]
     pub output: Option<PathBuf>,
 

@@ -27,12 +27,20 @@ pub fn stderr_is_terminal() -> bool {
     std::io::stderr().is_terminal()
 }
 
-/// The terminal width from `COLUMNS` (set by most shells), else 80.
+/// The width of the terminal on stderr, asked of the terminal itself (shells do not export
+/// `COLUMNS`); else `COLUMNS`; else 80.
 fn width() -> usize {
-    std::env::var("COLUMNS")
-        .ok()
-        .and_then(|c| c.parse::<usize>().ok())
-        .filter(|&w| w >= 20)
+    let mut size: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ fills the winsize we pass; it fails harmlessly on a non-terminal.
+    let asked = unsafe { libc::ioctl(2, libc::TIOCGWINSZ, &mut size) } == 0;
+    Some(usize::from(size.ws_col))
+        .filter(|&w| asked && w >= 20)
+        .or_else(|| {
+            std::env::var("COLUMNS")
+                .ok()
+                .and_then(|c| c.parse::<usize>().ok())
+                .filter(|&w| w >= 20)
+        })
         .unwrap_or(80)
 }
 

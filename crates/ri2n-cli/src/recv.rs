@@ -1,72 +1,124 @@
 //! `ri2n recv`: accept one connection and write its byte stream to a file or stdout; exit 0
 //! once the sender finished cleanly and everything is written, flushed and (for a file)
 //! synced to disk.
+//!
+//! A regular output file is written as `FILE.partial` and renamed to `FILE` only on success,
+//! so a transfer that fails or is interrupted never leaves a file that looks complete; the
+//! error says how many bytes the partial file holds.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::checksum::Checksum;
 use crate::error::{self, Failure};
 use crate::fault::FaultPlan;
+use crate::interrupt;
 use crate::net;
 use crate::progress::Progress;
-use crate::report::{bps, LinkSummary, TransferSummary};
+use crate::report::{bps, EventLog, LinkSummary, TransferSummary};
 use crate::RecvArgs;
 
 const CHUNK: usize = 256 * 1024;
 
 enum Output {
-    File(BufWriter<File>, String),
+    /// A regular file written under a temporary name (`partial`), renamed to `path` at the end.
+    File {
+        w: BufWriter<File>,
+        partial: PathBuf,
+        path: PathBuf,
+    },
+    /// A device or pipe named by the user (`/dev/null`, a FIFO): written directly.
+    Device(BufWriter<File>, PathBuf),
     Stdout(BufWriter<io::StdoutLock<'static>>),
 }
 
 impl Output {
+    fn open(path: Option<&PathBuf>) -> Result<Self, Failure> {
+        let Some(path) = path.filter(|p| p.as_os_str() != "-") else {
+            net::enlarge_pipe(1);
+            return Ok(Output::Stdout(BufWriter::with_capacity(
+                1 << 20,
+                io::stdout().lock(),
+            )));
+        };
+        let create = |p: &PathBuf| {
+            File::create(p).map_err(|e| Failure::io(format!("cannot create {}", p.display()), &e))
+        };
+        let is_special = std::fs::metadata(path).is_ok_and(|m| !m.is_file());
+        if is_special {
+            let f = File::options()
+                .write(true)
+                .open(path)
+                .map_err(|e| Failure::io(format!("cannot open {}", path.display()), &e))?;
+            return Ok(Output::Device(
+                BufWriter::with_capacity(1 << 20, f),
+                path.clone(),
+            ));
+        }
+        let mut partial = path.clone().into_os_string();
+        partial.push(".partial");
+        let partial = PathBuf::from(partial);
+        let f = create(&partial)?;
+        Ok(Output::File {
+            w: BufWriter::with_capacity(1 << 20, f),
+            partial,
+            path: path.clone(),
+        })
+    }
+
     fn writer(&mut self) -> &mut dyn Write {
         match self {
-            Output::File(w, _) => w,
+            Output::File { w, .. } | Output::Device(w, _) => w,
             Output::Stdout(w) => w,
         }
     }
 
-    fn name(&self) -> &str {
+    fn name(&self) -> String {
         match self {
-            Output::File(_, n) => n,
-            Output::Stdout(_) => "stdout",
+            Output::File { partial, .. } => partial.display().to_string(),
+            Output::Device(_, p) => p.display().to_string(),
+            Output::Stdout(_) => "stdout".into(),
         }
     }
 
-    /// Flushes, and syncs a regular file to disk.
-    fn close(self) -> io::Result<()> {
+    /// Where the bytes received so far are, for a failure message.
+    fn kept(&mut self, bytes: u64) -> String {
+        let _ = self.writer().flush();
         match self {
-            Output::File(w, _) => {
-                let f = w.into_inner().map_err(|e| e.into_error())?;
-                // devices and pipes (/dev/null, a FIFO) cannot be synced
-                if f.metadata()?.is_file() {
-                    f.sync_all()?;
-                }
-                Ok(())
+            Output::File { partial, .. } => {
+                format!(
+                    "{bytes} bytes received, kept in {} (incomplete)",
+                    partial.display()
+                )
             }
+            Output::Device(_, p) => format!("{bytes} bytes received, written to {}", p.display()),
+            Output::Stdout(_) => format!("{bytes} bytes received, written to stdout"),
+        }
+    }
+
+    /// Flushes, syncs a regular file to disk and gives it its final name.
+    fn complete(self) -> io::Result<()> {
+        match self {
+            Output::File { w, partial, path } => {
+                let f = w.into_inner().map_err(|e| e.into_error())?;
+                f.sync_all()?;
+                std::fs::rename(&partial, &path)
+            }
+            Output::Device(w, _) => w.into_inner().map(drop).map_err(|e| e.into_error()),
             Output::Stdout(mut w) => w.flush(),
         }
     }
 }
 
 pub fn run(args: &RecvArgs) -> Result<(), Failure> {
-    let mut output = match &args.output {
-        Some(p) if p.as_os_str() != "-" => {
-            let f = File::create(p)
-                .map_err(|e| Failure::io(format!("cannot create {}", p.display()), &e))?;
-            Output::File(
-                BufWriter::with_capacity(1 << 20, f),
-                p.display().to_string(),
-            )
-        }
-        _ => {
-            net::enlarge_pipe(1);
-            Output::Stdout(BufWriter::with_capacity(1 << 20, io::stdout().lock()))
-        }
-    };
+    interrupt::install();
+    let mut output = Output::open(args.output.as_ref())?;
+    if let Output::File { partial, .. } = &output {
+        interrupt::remove_on_interrupt(partial.clone());
+    }
 
     let endpoint = net::server_endpoint(&args.listen, args.link.all_links_down_timeout)?;
     let faults = FaultPlan::new(&endpoint, &args.link.fault)?;
@@ -76,11 +128,11 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
             error::list(&endpoint.local_addrs())
         );
     }
-    let mut conn = match endpoint
+    let conn = match endpoint
         .accept_timeout(args.accept_timeout)
         .map_err(|e| Failure::endpoint(e, &[], Duration::ZERO))?
     {
-        Some(c) => c,
+        Some(c) => Arc::new(c),
         None => {
             return Err(Failure::new(
                 error::CONNECT,
@@ -91,8 +143,10 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
             ))
         }
     };
+    interrupt::abort_on_interrupt(conn.clone());
     let start = Instant::now();
     faults.start(start, !args.quiet);
+    let mut events = EventLog::new(start, !args.quiet);
     // nothing to send back: ending our side now lets the close complete as soon as the
     // sender is done
     conn.finish().map_err(|e| Failure::lost(&e))?;
@@ -101,11 +155,25 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
     let mut sum = Checksum::default();
     let mut buf = vec![0u8; CHUNK];
     let mut got = 0u64;
+    let mut reader: &ri2n::Connection = &conn;
     loop {
-        let n = match conn.read(&mut buf) {
+        let n = match reader.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => n,
-            Err(e) => return Err(Failure::lost(&e)),
+            Err(e) => {
+                events.collect(&conn);
+                let kept = output.kept(got);
+                if let Some(signal) = interrupt::caught() {
+                    return Err(interrupt::failure(signal, &format!("after {kept}")));
+                }
+                let cause = conn
+                    .close_reason()
+                    .map_or_else(|| e.to_string(), |r| r.to_string());
+                return Err(Failure::new(
+                    error::LOST,
+                    format!("connection lost: {cause}; {kept}"),
+                ));
+            }
         };
         if let Err(e) = output.writer().write_all(&buf[..n]) {
             conn.abort(1, "the receiver could not write its output");
@@ -118,16 +186,18 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
         sum.update(&buf[..n]);
         got += n as u64;
         if progress.due() {
+            events.collect(&conn);
             progress.draw(got, &conn.stats().links, true);
         }
     }
     let seconds = start.elapsed().as_secs_f64();
-    let name = output.name().to_owned();
+    let name = output.name();
     output
-        .close()
+        .complete()
         .map_err(|e| Failure::io(format!("cannot write to {name}"), &e))?;
     progress.finish();
     net::linger(&conn, net::LINGER);
+    events.collect(&conn);
 
     let summary = TransferSummary {
         command: "recv",
@@ -136,6 +206,7 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
         goodput_bps: bps(got, seconds),
         checksum: sum.hex(),
         links: LinkSummary::all(&conn.stats().links, true),
+        link_events: events.events,
     };
     summary.emit(args.quiet, args.json)
 }

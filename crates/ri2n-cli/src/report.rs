@@ -209,6 +209,55 @@ pub struct TransferSummary {
     /// The tool's 64-bit checksum of the bytes (equal on both sides of a good transfer).
     pub checksum: String,
     pub links: Vec<LinkSummary>,
+    /// Every link state change during the transfer, oldest first.
+    pub link_events: Vec<LinkEvent>,
+}
+
+/// A link changed state.
+#[derive(Debug, Clone, Serialize)]
+pub struct LinkEvent {
+    /// Seconds since the transfer started.
+    pub at_s: f64,
+    pub link: u8,
+    pub from: String,
+    pub to: String,
+}
+
+/// Collects a connection's link state changes and, unless quiet, prints each on stderr as it
+/// is seen (an outage must show even without a progress display).
+pub struct EventLog {
+    start: std::time::Instant,
+    print: bool,
+    pub events: Vec<LinkEvent>,
+}
+
+impl EventLog {
+    pub fn new(start: std::time::Instant, print: bool) -> Self {
+        Self {
+            start,
+            print,
+            events: Vec::new(),
+        }
+    }
+
+    /// Takes the connection's new events.
+    pub fn collect(&mut self, conn: &ri2n::Connection) {
+        for e in conn.poll_events() {
+            if let ri2n::Event::LinkStateChanged { link, from, to } = e.event {
+                let at_s = e.at.saturating_duration_since(self.start).as_secs_f64();
+                if self.print {
+                    crate::progress::clear_line();
+                    eprintln!("ri2n: {at_s:8.3} s  link {link} {from} -> {to}");
+                }
+                self.events.push(LinkEvent {
+                    at_s,
+                    link,
+                    from: from.to_string(),
+                    to: to.to_string(),
+                });
+            }
+        }
+    }
 }
 
 impl TransferSummary {

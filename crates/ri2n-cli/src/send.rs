@@ -3,19 +3,22 @@
 
 use std::fs::File;
 use std::io::{self, Read, Write};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::checksum::Checksum;
 use crate::error::Failure;
 use crate::fault::FaultPlan;
+use crate::interrupt;
 use crate::net;
 use crate::progress::Progress;
-use crate::report::{bps, LinkSummary, TransferSummary};
+use crate::report::{bps, EventLog, LinkSummary, TransferSummary};
 use crate::SendArgs;
 
 const CHUNK: usize = 256 * 1024;
 
 pub fn run(args: &SendArgs) -> Result<(), Failure> {
+    interrupt::install();
     let (mut input, total, name): (Box<dyn Read>, Option<u64>, String) = match &args.input {
         Some(p) if p.as_os_str() != "-" => {
             let f = File::open(p)
@@ -32,9 +35,28 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
     let endpoint = net::client_endpoint(&args.connect, args.quiet)?;
     let faults = FaultPlan::new(&endpoint, &args.link.fault)?;
     let config = net::connection_config(!args.connect.no_discover, &args.link);
-    let mut conn = net::connect(&endpoint, &args.connect, config)?;
+    let conn = Arc::new(net::connect(&endpoint, &args.connect, config)?);
+    interrupt::abort_on_interrupt(conn.clone());
     let start = Instant::now();
     faults.start(start, !args.quiet);
+    let mut events = EventLog::new(start, !args.quiet);
+    // what went wrong, with how far the transfer got
+    let lost = |e: &io::Error, written: u64, events: &mut EventLog| {
+        events.collect(&conn);
+        let acked = written.saturating_sub(conn.stats().send_buffered);
+        let done = format!("after {written} bytes written, {acked} acknowledged by the receiver");
+        if let Some(signal) = interrupt::caught() {
+            return interrupt::failure(signal, &done);
+        }
+        let cause = conn
+            .close_reason()
+            .map_or_else(|| e.to_string(), |r| r.to_string());
+        Failure::new(
+            crate::error::LOST,
+            format!("connection lost: {cause}; {done}"),
+        )
+    };
+    let mut writer: &ri2n::Connection = &conn;
 
     let mut progress = Progress::new(!args.quiet, "sent", total);
     let mut sum = Checksum::default();
@@ -50,24 +72,36 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
                 return Err(Failure::io(format!("cannot read {name}"), &e));
             }
         };
-        conn.write_all(&buf[..n]).map_err(|e| Failure::lost(&e))?;
+        if let Err(e) = writer.write_all(&buf[..n]) {
+            return Err(lost(&e, written, &mut events));
+        }
         sum.update(&buf[..n]);
         written += n as u64;
         if progress.due() {
+            events.collect(&conn);
             let s = conn.stats();
             progress.draw(written - s.send_buffered.min(written), &s.links, false);
         }
     }
-    conn.finish().map_err(|e| Failure::lost(&e))?;
-    net::wait_acknowledged(&conn, Duration::from_millis(100), || {
-        if progress.due() {
-            let s = conn.stats();
-            progress.draw(written - s.send_buffered.min(written), &s.links, false);
+    conn.finish().map_err(|e| lost(&e, written, &mut events))?;
+    // exit 0 only once the receiver acknowledged every byte and the end of the stream
+    loop {
+        match conn.wait_acknowledged(Some(Duration::from_millis(100))) {
+            Ok(()) => break,
+            Err(e) if e.kind() == io::ErrorKind::TimedOut && conn.close_reason().is_none() => {
+                events.collect(&conn);
+                if progress.due() {
+                    let s = conn.stats();
+                    progress.draw(written - s.send_buffered.min(written), &s.links, false);
+                }
+            }
+            Err(e) => return Err(lost(&e, written, &mut events)),
         }
-    })?;
+    }
     let seconds = start.elapsed().as_secs_f64();
     progress.finish();
     net::linger(&conn, net::LINGER);
+    events.collect(&conn);
 
     let summary = TransferSummary {
         command: "send",
@@ -76,6 +110,7 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
         goodput_bps: bps(written, seconds),
         checksum: sum.hex(),
         links: LinkSummary::all(&conn.stats().links, false),
+        link_events: events.events,
     };
     summary.emit(args.quiet, args.json)
 }
