@@ -5,6 +5,7 @@
 use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use quinn_udp::{RecvMeta, Transmit, UdpSocketState, BATCH_SIZE};
@@ -38,6 +39,8 @@ pub(crate) struct LinkSocket {
     /// Destinations the peer's host answered with "port unreachable" (from the socket's
     /// error queue), not yet handed to the engine.
     refused: Mutex<Vec<SocketAddr>>,
+    /// `refused` may hold something: spares its lock on every received batch.
+    any_refused: AtomicBool,
 }
 
 impl LinkSocket {
@@ -58,6 +61,7 @@ impl LinkSocket {
             state,
             impairment: Arc::new(Impairment::default()),
             refused: Mutex::new(Vec::new()),
+            any_refused: AtomicBool::new(false),
         })
     }
 
@@ -107,6 +111,9 @@ impl LinkSocket {
 
     /// Destinations found unreachable at the port since the last call.
     pub fn take_refused(&self) -> Vec<SocketAddr> {
+        if !self.any_refused.swap(false, Ordering::AcqRel) {
+            return Vec::new();
+        }
         std::mem::take(&mut *self.refused.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
@@ -127,6 +134,7 @@ impl LinkSocket {
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
                             .push(dest);
+                        self.any_refused.store(true, Ordering::Release);
                     }
                 }
                 Ok(None) => break,

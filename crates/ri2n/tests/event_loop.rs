@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
-use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
@@ -12,20 +11,12 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use ri2n::{Connection, ConnectionConfig, Endpoint};
 
+mod common;
+
+use common::{loopback, payload};
+
 const CLIENTS: usize = 100;
-const BYTES_EACH: usize = 100_000;
 const ACCEPT: Token = Token(usize::MAX);
-
-fn loopback(ip: &str) -> SocketAddr {
-    format!("{ip}:0").parse().unwrap()
-}
-
-/// Client `k`'s bytes: distinct per client, so a mix-up between connections shows.
-fn payload(k: usize) -> Vec<u8> {
-    (0..BYTES_EACH)
-        .map(|i| (i.wrapping_mul(31) ^ k.wrapping_mul(7919)) as u8)
-        .collect()
-}
 
 /// One echo connection of the server: bytes read and not yet written back.
 struct Echo {

@@ -1,24 +1,16 @@
 //! The tokio adapter: an echo server of async tasks serving 100 concurrent connections over
 //! two loopback links, every echo exact.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use ri2n::{ConnectionConfig, Endpoint};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+mod common;
+
+use common::{loopback, payload};
+
 const CLIENTS: usize = 100;
-const BYTES_EACH: usize = 100_000;
-
-fn loopback(ip: &str) -> SocketAddr {
-    format!("{ip}:0").parse().unwrap()
-}
-
-fn payload(k: usize) -> Vec<u8> {
-    (0..BYTES_EACH)
-        .map(|i| (i.wrapping_mul(31) ^ k.wrapping_mul(7919)) as u8)
-        .collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokio_echo_server_serves_100_connections_over_two_links() {
