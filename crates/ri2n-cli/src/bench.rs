@@ -20,7 +20,7 @@ use crate::error::Failure;
 use crate::fault::FaultPlan;
 use crate::net;
 use crate::report::{
-    bps, fmt_bytes, fmt_rate, fmt_rtt, state_name, LinkDelta, LinkMeter, LinkSummary,
+    bps, fmt_bytes, fmt_rate, fmt_rtt_us, state_name, LinkDelta, LinkMeter, LinkSummary,
 };
 use crate::BenchArgs;
 
@@ -40,7 +40,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
     let say = Say { json: args.json };
     let endpoint = net::client_endpoint(&args.connect, false)?;
     let faults = FaultPlan::new(&endpoint, &args.link.fault)?;
-    let config = net::connection_config(!args.connect.no_discover, &args.link);
+    let config = net::connection_config(&args.connect, &args.link);
     let mut conn = net::connect(&endpoint, &args.connect, config)?;
     let start = Instant::now();
     faults.start(start, true);
@@ -96,11 +96,15 @@ struct EventRecord {
 }
 
 /// Collects the connection's link events (polled often, so their times are accurate) and
-/// prints each as it happens.
+/// prints each as it happens, or, while `hold` is set (inside a table whose rows must stay
+/// together), at the next [`flush`](Self::flush).
 struct EventLog {
     start: Instant,
     say: Say,
     records: Vec<EventRecord>,
+    hold: bool,
+    /// Lines not printed yet (while holding).
+    held: Vec<String>,
 }
 
 impl EventLog {
@@ -109,6 +113,15 @@ impl EventLog {
             start,
             say,
             records: Vec::new(),
+            hold: false,
+            held: Vec::new(),
+        }
+    }
+
+    /// Prints the held lines.
+    fn flush(&mut self) {
+        for line in self.held.drain(..) {
+            self.say.line(line);
         }
     }
 
@@ -122,7 +135,12 @@ impl EventLog {
                 _ => continue,
             };
             let t = e.at.saturating_duration_since(self.start).as_secs_f64();
-            self.say.line(format!("{t:10.3} s   L{link} {event}"));
+            let line = format!("{t:10.3} s   L{link} {event}");
+            if self.hold {
+                self.held.push(line);
+            } else {
+                self.say.line(line);
+            }
             self.records.push(EventRecord { t, link, event });
         }
     }
@@ -218,7 +236,7 @@ impl Timeline {
                 "   {:<10} {:>13} {:>9}",
                 l.state,
                 fmt_rate(rate),
-                fmt_rtt(Duration::from_micros(l.srtt_us))
+                fmt_rtt_us(l.srtt_us)
             );
         }
         self.say.line(line);
@@ -230,9 +248,11 @@ impl Timeline {
         }
     }
 
-    /// The last, possibly partial, interval.
+    /// The last, partial interval, unless it is shorter than a quarter of an interval and
+    /// follows others: a rate over a few milliseconds (in which the last acknowledgements
+    /// arrive at once) says nothing. The summary counts its bytes either way.
     fn close(&mut self, bytes: u64, stats: &ConnectionStats) {
-        if self.prev_t.elapsed() >= Duration::from_millis(1) || bytes > self.prev_bytes {
+        if self.prev_t.elapsed() >= self.interval / 4 || self.rows.is_empty() {
             self.sample(bytes, stats);
         }
     }
@@ -443,8 +463,8 @@ fn print_summary(say: Say, s: &ThroughputSummary, server: Option<&ServerReport>,
                 "stream bytes sent"
             },
             l.packets_lost,
-            fmt_rtt(Duration::from_micros(l.srtt_us)),
-            fmt_rtt(Duration::from_micros(l.min_rtt_us)),
+            fmt_rtt_us(l.srtt_us),
+            fmt_rtt_us(l.min_rtt_us),
         ));
     }
     if let (Some(r), Some(p)) = (s.retransmitted_bytes, s.packets_lost) {
@@ -514,12 +534,20 @@ fn latency(
     events: &mut EventLog,
     say: Say,
 ) -> Result<LatencyDoc, Failure> {
-    request(conn, Test::Latency, 0.0)?;
     let sizes: Vec<usize> = if args.sweep {
         (0..=20).map(|k| 1usize << k).collect()
     } else {
         vec![args.size]
     };
+    let limit = conn.max_message_size();
+    if args.size > limit {
+        conn.abort(2, "message size too large");
+        return Err(Failure::usage(format!(
+            "--size {}: a message carries at most {limit} bytes",
+            args.size
+        )));
+    }
+    request(conn, Test::Latency, 0.0)?;
     let count = args.count as usize;
     say.line(format!(
         "latency test: ping-pong of whole messages, {} round trips per size{}",
@@ -538,6 +566,8 @@ fn latency(
         "size", "count", "median", "p99", "min", "mean"
     ));
     let watchdog = Watchdog::start(STALL_LIMIT);
+    // link events go below the row of the size during which they happened
+    events.hold = true;
     let mut results = Vec::new();
     let mut payload = vec![0u8; *sizes.iter().max().unwrap()];
     RandomBytes::new(3).fill(&mut payload);
@@ -581,8 +611,10 @@ fn latency(
             r.min_us,
             r.mean_us
         ));
+        events.flush();
         results.push(r);
     }
+    events.hold = false;
     watchdog.disarm();
     conn.finish().map_err(|e| Failure::lost(&e))?;
     net::wait_acknowledged(conn, Duration::from_millis(100), || {})?;

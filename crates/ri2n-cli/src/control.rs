@@ -62,7 +62,7 @@ impl From<&LinkSummary> for ServerLink {
             stream_bytes_sent: l.stream_bytes_sent,
             bytes_received: l.bytes_received,
             packets_lost: l.packets_lost,
-            srtt_us: l.srtt_us,
+            srtt_us: l.srtt_us.unwrap_or(0),
         }
     }
 }

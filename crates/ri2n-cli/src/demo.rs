@@ -167,7 +167,7 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
         "ri2n demo: one connection over two links on loopback, in this process\n  \
          server {}  client {}\n  \
          link 0: {} <-> {}   link 1: {} <-> {}\n  \
-         sending random data for {:.0} s{}; link 1 is cut at {:.1} s and restored at {:.1} s",
+         sending random data for {:.0} s{}{}; link 1 is cut at {:.1} s and restored at {:.1} s",
         error::list(&saddr),
         error::list(&caddr),
         caddr[0],
@@ -177,6 +177,14 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
         total.as_secs_f64(),
         if args.rate > 0.0 {
             format!(" at up to {}", fmt_rate(args.rate * 1e6))
+        } else {
+            String::new()
+        },
+        if args.link_rate > 0.0 {
+            format!(
+                " over links capped at {} each",
+                fmt_rate(args.link_rate * 1e6)
+            )
         } else {
             String::new()
         },
@@ -302,7 +310,7 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
                 .links
                 .iter()
                 .find(|l| Some(l.id) == w.link1)
-                .map(|l| l.stream_bytes_sent);
+                .map(|l| l.stream_bytes_acked);
         }
         if Instant::now() >= next_view {
             let now = Instant::now();
@@ -310,22 +318,21 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
             let deltas = meter.sample(now, &stats.links);
             let got = received.load(Ordering::Relaxed);
             let dt = now.duration_since(last_view.0).as_secs_f64();
-            let mut line = format!(
-                "received {:>12}  |",
-                fmt_rate(bps(got - last_view.1.min(got), dt))
-            );
+            let rate = bps(got - last_view.1.min(got), dt);
+            let mut line = format!("received {:>12}  |", fmt_rate(rate));
             for (d, l) in deltas.iter().zip(&stats.links) {
                 line += &format!(
                     " link {} {} {:>13} rtt {:>8} |",
                     d.id,
                     screen.state(d.state),
-                    fmt_rate(d.stream_bps),
-                    if l.state == LinkState::Up {
-                        fmt_rtt(l.srtt)
-                    } else {
-                        "-".into()
-                    }
+                    fmt_rate(d.delivered_bps),
+                    fmt_rtt((l.state == LinkState::Up).then_some(l.srtt))
                 );
+            }
+            if args.rate > 0.0 && rate > args.rate * 1e6 * 1.03 {
+                // the writer kept writing during the outage; what one link could not carry
+                // then waited in the send buffer
+                line += " catching up";
             }
             screen.at(line);
             last_view = (now, got);
@@ -367,7 +374,7 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
             .links
             .iter()
             .find(|l| l.id == id)
-            .map(|l| l.stream_bytes_sent.saturating_sub(at)),
+            .map(|l| l.stream_bytes_acked.saturating_sub(at)),
         _ => None,
     };
     let sent_sum = sum.hex();
@@ -384,10 +391,11 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
     ));
     for l in &stats.links {
         screen.say(format!(
-            "  link {} {} -> {}: {} of stream data sent, {} packets declared lost",
+            "  link {} {} -> {}: delivered {} of stream data ({} sent), {} packets declared lost",
             l.id,
             l.local,
             l.remote,
+            fmt_bytes(l.stream_bytes_acked),
             fmt_bytes(l.stream_bytes_sent),
             l.packets_lost
         ));
@@ -410,7 +418,7 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
             "  recovery: link 1 back up {} after the restore{}",
             ms(d),
             link1_after
-                .map(|b| format!(", then carried {}", fmt_bytes(b)))
+                .map(|b| format!(", then delivered {}", fmt_bytes(b)))
                 .unwrap_or_default()
         )),
         None => screen.say("  recovery: link 1 was not seen coming back"),

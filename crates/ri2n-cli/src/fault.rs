@@ -57,12 +57,13 @@ impl FromStr for FaultSpec {
         };
         let (after, rest) = s.split_once(':').ok_or_else(|| bad("missing fields"))?;
         let (addr, action) = rest.rsplit_once(':').ok_or_else(|| bad("missing fields"))?;
-        let after: f64 = after
-            .parse()
-            .map_err(|_| bad("AFTER is not a number of seconds"))?;
-        let after =
-            Duration::try_from_secs_f64(after).map_err(|_| bad("AFTER must be 0 or more"))?;
-        let target = if let Ok(ip) = addr.parse::<IpAddr>() {
+        let after = crate::parse_secs(after).map_err(|why| bad(&format!("AFTER {why}")))?;
+        // an IPv6 address may come bracketed, as in URLs and IP:PORT: [::1]
+        let bare = addr
+            .strip_prefix('[')
+            .and_then(|a| a.strip_suffix(']'))
+            .unwrap_or(addr);
+        let target = if let Ok(ip) = bare.parse::<IpAddr>() {
             Target::Ip(ip)
         } else if let Ok(sa) = addr.parse::<SocketAddr>() {
             Target::Socket(sa)
@@ -221,6 +222,8 @@ mod tests {
         let f: FaultSpec = "3:[::1]:5000:rate=0".parse().unwrap();
         assert_eq!(f.target, Target::Socket("[::1]:5000".parse().unwrap()));
         assert_eq!(f.action, Action::Rate(None));
+        let f: FaultSpec = "0.5:[::1]:down".parse().unwrap();
+        assert_eq!(f.target, Target::Ip("::1".parse().unwrap()));
         let f: FaultSpec = "2:10.0.0.1:loss=5%".parse().unwrap();
         assert_eq!(f.action, Action::Loss(0.05));
         for bad in [
@@ -228,6 +231,7 @@ mod tests {
             "1",
             "x:127.0.0.1:down",
             "-1:127.0.0.1:down",
+            "1e19:127.0.0.1:down",
             "1:nothost:down",
             "1:127.0.0.1:sideways",
             "1:127.0.0.1:loss=2",

@@ -3,7 +3,6 @@
 //! close.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use ri2n::{Connection, ConnectionConfig, ConnectionState, Endpoint, EndpointConfig};
@@ -61,11 +60,11 @@ fn route_source(target: SocketAddr) -> IpAddr {
 }
 
 /// The connection settings the options ask for.
-pub fn connection_config(discover: bool, link: &LinkOpts) -> ConnectionConfig {
-    let mut c = ConnectionConfig::default();
-    c.discover = discover;
-    c.all_links_down_timeout = link.all_links_down_timeout;
-    c
+pub fn connection_config(connect: &ConnectOpts, link: &LinkOpts) -> ConnectionConfig {
+    ConnectionConfig::default()
+        .with_discover(!connect.no_discover)
+        .with_handshake_timeout(connect.connect_timeout)
+        .with_all_links_down_timeout(link.all_links_down_timeout)
 }
 
 /// A client endpoint on the local addresses the options give (or the defaults).
@@ -103,22 +102,10 @@ pub fn connect(
     opts: &ConnectOpts,
     config: ConnectionConfig,
 ) -> Result<Connection, Failure> {
-    let (tx, rx) = mpsc::channel();
-    let ep = endpoint.clone();
-    let to = opts.to.clone();
-    // the library's own handshake deadline is fixed (10 s): wait in a helper thread and stop
-    // waiting when the user's timeout is shorter
-    std::thread::Builder::new()
-        .name("ri2n-connect".into())
-        .spawn(move || {
-            let _ = tx.send(ep.connect(&to, config));
-        })
-        .map_err(|e| Failure::io("cannot start a thread", &e))?;
-    match rx.recv_timeout(opts.connect_timeout) {
-        Ok(Ok(c)) => Ok(c),
-        Ok(Err(e)) => Err(Failure::endpoint(e, &opts.to, opts.connect_timeout)),
-        Err(_) => Err(Failure::no_answer(&opts.to, opts.connect_timeout)),
-    }
+    // the configuration carries the timeout (`connection_config`): the library gives up then
+    endpoint
+        .connect(&opts.to, config)
+        .map_err(|e| Failure::endpoint(e, &opts.to, opts.connect_timeout))
 }
 
 /// Waits until the peer acknowledged everything written and the end of stream (call

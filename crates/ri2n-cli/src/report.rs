@@ -49,14 +49,35 @@ pub fn fmt_duration_short(secs: f64) -> String {
     }
 }
 
-/// A round-trip time in milliseconds with sensible precision.
-pub fn fmt_rtt(d: Duration) -> String {
+/// A round-trip time in milliseconds with sensible precision; `-` for none.
+pub fn fmt_rtt(d: Option<Duration>) -> String {
+    let Some(d) = d else { return "-".into() };
     let ms = d.as_secs_f64() * 1e3;
     if ms < 10.0 {
         format!("{ms:.2} ms")
     } else {
         format!("{ms:.0} ms")
     }
+}
+
+/// [`fmt_rtt`] of microseconds.
+pub fn fmt_rtt_us(us: Option<u64>) -> String {
+    fmt_rtt(us.map(Duration::from_micros))
+}
+
+/// A link's smoothed round-trip time, if it means something now: not for a link that is
+/// down (its last estimate is stale) nor before the first sample.
+pub fn current_rtt(l: &LinkStats) -> Option<Duration> {
+    (l.state != LinkState::Down && !l.min_rtt.is_zero()).then_some(l.srtt)
+}
+
+/// A link's smallest round-trip time, once it has one.
+pub fn min_rtt(l: &LinkStats) -> Option<Duration> {
+    (!l.min_rtt.is_zero()).then_some(l.min_rtt)
+}
+
+fn micros(d: Option<Duration>) -> Option<u64> {
+    d.map(|d| d.as_micros() as u64)
 }
 
 /// Bits per second of `bytes` over `secs`.
@@ -88,14 +109,20 @@ pub struct LinkDelta {
     pub bytes_received: u64,
     /// Stream bytes sent in the interval (first transmissions and repairs).
     pub stream_bytes_sent: u64,
+    /// Stream bytes this link delivered (acknowledged) in the interval.
+    pub stream_bytes_acked: u64,
     pub packets_lost: u64,
     /// Stream bits per second sent in the interval (the link's share of the payload).
     pub stream_bps: f64,
+    /// Stream bits per second delivered in the interval (what arrived of `stream_bps`).
+    pub delivered_bps: f64,
     /// Datagram bits per second sent in the interval.
     pub sent_bps: f64,
     /// Datagram bits per second received in the interval.
     pub recv_bps: f64,
-    pub srtt_us: u64,
+    /// Smoothed round-trip time at the end of the interval (null while the link is down or
+    /// before its first sample).
+    pub srtt_us: Option<u64>,
 }
 
 /// Remembers the previous statistics of each link to turn counters into per-interval deltas.
@@ -119,17 +146,20 @@ impl LinkMeter {
                 let d = |f: fn(&LinkStats) -> u64| f(l) - p.map(f).unwrap_or(0).min(f(l));
                 let (sent, recv) = (d(|s| s.bytes_sent), d(|s| s.bytes_received));
                 let stream = d(|s| s.stream_bytes_sent);
+                let delivered = d(|s| s.stream_bytes_acked);
                 LinkDelta {
                     id: l.id,
                     state: state_name(l.state),
                     bytes_sent: sent,
                     bytes_received: recv,
                     stream_bytes_sent: stream,
+                    stream_bytes_acked: delivered,
                     packets_lost: d(|s| s.packets_lost),
                     stream_bps: bps(stream, dt),
+                    delivered_bps: bps(delivered, dt),
                     sent_bps: bps(sent, dt),
                     recv_bps: bps(recv, dt),
-                    srtt_us: l.srtt.as_micros() as u64,
+                    srtt_us: micros(current_rtt(l)),
                 }
             })
             .collect();
@@ -149,11 +179,15 @@ pub struct LinkSummary {
     pub bytes_sent: u64,
     pub bytes_received: u64,
     pub stream_bytes_sent: u64,
+    /// Stream bytes this link delivered (acknowledged by the peer).
+    pub stream_bytes_acked: u64,
     pub packets_sent: u64,
     pub packets_received: u64,
     pub packets_lost: u64,
-    pub srtt_us: u64,
-    pub min_rtt_us: u64,
+    /// Smoothed round-trip time at the end (null if the link is down or never had a sample).
+    pub srtt_us: Option<u64>,
+    /// Smallest round-trip time seen (null if the link never had a sample).
+    pub min_rtt_us: Option<u64>,
     /// Size of the link's full data packets at the end (UDP payload bytes: path MTU discovery).
     pub max_datagram: usize,
     /// This link's part of all stream bytes sent (of all bytes received, on a receiver), 0 to 1.
@@ -181,11 +215,12 @@ impl LinkSummary {
                 bytes_sent: l.bytes_sent,
                 bytes_received: l.bytes_received,
                 stream_bytes_sent: l.stream_bytes_sent,
+                stream_bytes_acked: l.stream_bytes_acked,
                 packets_sent: l.packets_sent,
                 packets_received: l.packets_received,
                 packets_lost: l.packets_lost,
-                srtt_us: l.srtt.as_micros() as u64,
-                min_rtt_us: l.min_rtt.as_micros() as u64,
+                srtt_us: micros(current_rtt(l)),
+                min_rtt_us: micros(min_rtt(l)),
                 max_datagram: l.max_datagram,
                 share: if total > 0 {
                     part(l) as f64 / total as f64

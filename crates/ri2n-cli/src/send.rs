@@ -34,7 +34,7 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
 
     let endpoint = net::client_endpoint(&args.connect, args.quiet)?;
     let faults = FaultPlan::new(&endpoint, &args.link.fault)?;
-    let config = net::connection_config(!args.connect.no_discover, &args.link);
+    let config = net::connection_config(&args.connect, &args.link);
     let conn = Arc::new(net::connect(&endpoint, &args.connect, config)?);
     interrupt::abort_on_interrupt(conn.clone());
     let start = Instant::now();
@@ -102,6 +102,17 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
     progress.finish();
     net::linger(&conn, net::LINGER);
     events.collect(&conn);
+    // every byte was acknowledged, but a receiver that then aborts (e.g. `ri2n serve`, which
+    // takes only benchmark clients) or vanishes did not take the data
+    if let Some(reason) = conn.close_reason() {
+        return Err(Failure::new(
+            crate::error::LOST,
+            format!(
+                "the receiver acknowledged all {written} bytes but did not end the transfer \
+                 cleanly: {reason}"
+            ),
+        ));
+    }
 
     let summary = TransferSummary {
         command: "send",

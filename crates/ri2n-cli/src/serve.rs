@@ -48,10 +48,17 @@ pub fn run(args: &ServeArgs) -> Result<(), Failure> {
 
 /// Runs one client's test; returns the line to log.
 fn serve_client(mut conn: Connection, max_time: Duration) -> Result<String, Failure> {
-    let first = conn
-        .recv_message()
-        .map_err(|e| Failure::lost(&e))?
-        .ok_or_else(|| Failure::usage("the client ended without naming a test"))?;
+    let Some(first) = conn.recv_message().map_err(|e| Failure::lost(&e))? else {
+        // e.g. `ri2n send` pointed at a bench server: tell it its data went nowhere
+        conn.abort(
+            2,
+            "this is `ri2n serve`, a benchmark server: it takes `ri2n bench` clients only \
+             (send data to `ri2n recv`)",
+        );
+        return Err(Failure::usage(
+            "the client ended without naming a test (not `ri2n bench`?); it was told",
+        ));
+    };
     let req: Request = match serde_json::from_slice(&first) {
         Ok(r) => r,
         Err(e) => {

@@ -337,6 +337,54 @@ fn send_to_a_closed_port_fails_clearly() {
     );
 }
 
+/// `--connect-timeout` is what the sender waits for a peer that never answers (it used to be
+/// capped at the library's fixed 10 s, and waited in a helper thread).
+#[test]
+fn the_connect_timeout_is_kept() {
+    // a socket that receives and never answers: no "port unreachable" either
+    let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let to = silent.local_addr().unwrap().to_string();
+    let start = Instant::now();
+    let (s, o) = Proc::spawn(
+        "ri2n send",
+        Command::new(bin())
+            .args(["send", "--to", &to, "--connect-timeout", "1.5"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .wait(Duration::from_secs(15));
+    let took = start.elapsed();
+    let err = stderr_of(&o);
+    assert_eq!(s.code(), Some(3), "exit code; stderr: {err}");
+    assert!(
+        (Duration::from_millis(1400)..Duration::from_secs(5)).contains(&took),
+        "{took:?}"
+    );
+    assert!(err.contains("no answer") && err.contains("1.5 s"), "{err}");
+}
+
+/// `ri2n send` pointed at a `ri2n serve` port: the server takes bench clients only, so the
+/// sender must not report success (it used to exit 0 while the server threw the data away).
+#[test]
+fn send_to_a_bench_server_is_refused() {
+    let (_server, to) = serve();
+    let input = TempFile::new("to-serve");
+    write_random(input.path(), 1 << 20, 3);
+    let (s, o) = Proc::spawn(
+        "ri2n send",
+        Command::new(bin())
+            .args(["send", "--to", &to, "--input"])
+            .arg(input.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .wait(Duration::from_secs(20));
+    let err = stderr_of(&o);
+    assert_eq!(s.code(), Some(4), "exit code; stderr: {err}");
+    assert!(err.contains("ri2n serve"), "says why: {err}");
+}
+
 /// A receiver and a sender slowed to 2 × 100 Mbit/s (so the transfer is surely under way),
 /// sending 64 MiB; returns them and the output file.
 fn slow_transfer() -> (Proc, Proc, TempFile, TempFile) {
@@ -442,6 +490,24 @@ fn bad_options_are_usage_errors() {
         vec!["bench", "--to", "127.0.0.1:9", "--interval", "0.001"],
         vec!["recv", "--listen", "127.0.0.1:9", "--json"],
         vec!["send"],
+        // durations beyond the clock's range (they used to panic adding to an Instant)
+        vec![
+            "recv",
+            "--listen",
+            "127.0.0.1:9",
+            "--accept-timeout",
+            "1e19",
+        ],
+        vec!["bench", "--to", "127.0.0.1:9", "-t", "1e19"],
+        vec![
+            "send",
+            "--to",
+            "127.0.0.1:9",
+            "--fault",
+            "1e19:127.0.0.1:down",
+        ],
+        vec!["send", "--to", "127.0.0.1:9", "--connect-timeout", "1e10"],
+        vec!["send", "--to", "127.0.0.1:9", "--connect-timeout", "0"],
     ] {
         let (s, o) = Proc::spawn(
             "ri2n",
@@ -583,6 +649,37 @@ fn bench_against_serve() {
     assert!(median > 0.0, "{doc}");
     assert_eq!(doc["results"][0]["count"].as_u64(), Some(200));
     println!("latency: median {median:.1} µs, p99 {} µs", doc["p99_us"]);
+}
+
+/// The largest message size works (it used to hang just below the limit) and one byte more is
+/// a usage error (it used to end as "connection lost").
+#[test]
+fn bench_latency_message_size_limit() {
+    let _g = heavy();
+    let (_server, to) = serve();
+    let (s, o) = Proc::spawn(
+        "ri2n bench",
+        Command::new(bin())
+            .args(["bench", "--to", &to, "--latency", "--size", "99999999"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .wait(Duration::from_secs(20));
+    let err = stderr_of(&o);
+    assert_eq!(s.code(), Some(2), "exit code; stderr: {err}");
+    let limit: usize = err
+        .split("at most ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("names the limit: {err}"));
+    assert!(limit > 8_000_000, "{err}");
+    let doc = bench_json(
+        &to,
+        &["--latency", "--size", &limit.to_string(), "--count", "2"],
+    );
+    assert_eq!(doc["results"][0]["size"].as_u64(), Some(limit as u64));
+    assert_eq!(doc["results"][0]["count"].as_u64(), Some(2));
 }
 
 /// Ping-pong of messages that span several datagrams, 1 B to 1 MiB, and the α/β fit.

@@ -103,6 +103,57 @@ impl Default for ConnectionConfig {
     }
 }
 
+/// Builder-style setters, `with_FIELD(value)`, one per field of a configuration struct: the
+/// structs are `#[non_exhaustive]` (new settings are not breaking changes), so code outside
+/// this crate cannot use struct-update syntax and writes
+/// `ConnectionConfig::default().with_send_buffer(64 << 20)` instead.
+macro_rules! setters {
+    ($ty:ty { $($field:ident => $with:ident: $t:ty),* $(,)? }) => {
+        impl $ty {
+            $(
+                #[doc = concat!("Sets [`", stringify!($field), "`](Self::", stringify!($field), ").")]
+                #[must_use]
+                pub fn $with(mut self, value: $t) -> Self {
+                    self.$field = value;
+                    self
+                }
+            )*
+        }
+    };
+}
+
+setters!(ConnectionConfig {
+    max_datagram_size => with_max_datagram_size: usize,
+    mtu_discovery => with_mtu_discovery: bool,
+    stream_receive_window => with_stream_receive_window: u64,
+    send_buffer => with_send_buffer: u64,
+    probe_interval => with_probe_interval: Duration,
+    recovery_probes => with_recovery_probes: u32,
+    failure_ptos => with_failure_ptos: u32,
+    min_pto => with_min_pto: Duration,
+    max_ack_delay => with_max_ack_delay: Duration,
+    ack_frequency => with_ack_frequency: u32,
+    share_check_interval => with_share_check_interval: Duration,
+    share_collapse_ratio => with_share_collapse_ratio: f64,
+    keepalive_interval => with_keepalive_interval: Duration,
+    all_links_down_timeout => with_all_links_down_timeout: Option<Duration>,
+    idle_timeout => with_idle_timeout: Option<Duration>,
+    discover => with_discover: bool,
+    max_links => with_max_links: usize,
+    striping => with_striping: Striping,
+    handshake_timeout => with_handshake_timeout: Duration,
+});
+
+setters!(EndpointConfig {
+    local_addrs => with_local_addrs: Vec<SocketAddr>,
+    accept_incoming => with_accept_incoming: bool,
+    advertised_addrs => with_advertised_addrs: Vec<SocketAddr>,
+    server_connection => with_server_connection: ConnectionConfig,
+    cookie_lifetime => with_cookie_lifetime: Duration,
+    local_max_datagram => with_local_max_datagram: Vec<(SocketAddr, usize)>,
+    close_linger => with_close_linger: Duration,
+});
+
 impl ConnectionConfig {
     /// Checks that the settings can work together.
     pub fn validate(&self) -> Result<(), crate::ConnectError> {

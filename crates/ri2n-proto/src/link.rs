@@ -81,6 +81,10 @@ pub struct LinkStats {
     pub packets_lost: u64,
     /// Stream bytes sent on this link (first transmissions and repairs).
     pub stream_bytes_sent: u64,
+    /// Stream bytes the peer acknowledged in packets sent on this link: what this link
+    /// delivered. A repair counts on the link that delivered it; a byte that arrived twice
+    /// (a repair of a packet only late, not lost) counts on both links.
+    pub stream_bytes_acked: u64,
     /// Size of a full data packet now (UDP payload bytes; grows with path MTU discovery).
     pub max_datagram: usize,
 }
@@ -228,6 +232,7 @@ pub(crate) struct Link {
     pub packets_received: u64,
     pub packets_lost: u64,
     pub stream_bytes_sent: u64,
+    pub stream_bytes_acked: u64,
 }
 
 impl Link {
@@ -274,6 +279,7 @@ impl Link {
             packets_received: 0,
             packets_lost: 0,
             stream_bytes_sent: 0,
+            stream_bytes_acked: 0,
         }
     }
 
@@ -384,6 +390,14 @@ impl Link {
                 } else if pkt.in_flight {
                     self.pmtu.on_packet_acked(usize::from(pkt.size));
                 }
+                self.stream_bytes_acked += pkt
+                    .frames
+                    .iter()
+                    .map(|f| match f {
+                        SentFrame::Stream { chunk, .. } => chunk.len as u64,
+                        _ => 0,
+                    })
+                    .sum::<u64>();
                 out.acked.push(pkt);
             }
         }
@@ -704,6 +718,7 @@ impl Link {
             packets_received: self.packets_received,
             packets_lost: self.packets_lost,
             stream_bytes_sent: self.stream_bytes_sent,
+            stream_bytes_acked: self.stream_bytes_acked,
             max_datagram: self.mss(),
         }
     }

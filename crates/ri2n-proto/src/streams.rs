@@ -66,6 +66,11 @@ impl SendStream {
         self.written - self.base
     }
 
+    /// Bytes the peer acknowledged: every offset below this one.
+    pub fn acknowledged(&self) -> u64 {
+        self.base
+    }
+
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
@@ -386,6 +391,16 @@ impl RecvStream {
         Ok(true)
     }
 
+    /// Bytes that arrived in order: every offset below this one.
+    pub fn received(&self) -> u64 {
+        self.contiguous
+    }
+
+    /// Offset of the next byte the application reads.
+    pub fn read_offset(&self) -> u64 {
+        self.read
+    }
+
     /// Bytes readable in order right now.
     pub fn readable(&self) -> u64 {
         self.contiguous - self.read
@@ -431,6 +446,21 @@ impl RecvStream {
     pub fn window_update(&mut self) -> Option<u64> {
         let limit = self.read + self.window;
         if self.fin.is_none() && limit - self.max_data_sent >= self.window / 4 {
+            self.max_data_sent = limit;
+            Some(limit)
+        } else {
+            None
+        }
+    }
+
+    /// Advertises the whole window at once if the peer may not yet send up to offset `end`.
+    /// A reader that needs bytes up to `end` before it can consume anything (a whole message)
+    /// would otherwise wait forever for the quarter-window that [`window_update`] waits for.
+    ///
+    /// [`window_update`]: Self::window_update
+    pub fn grant_up_to(&mut self, end: u64) -> Option<u64> {
+        let limit = self.read + self.window;
+        if self.fin.is_none() && self.max_data_sent < end && limit > self.max_data_sent {
             self.max_data_sent = limit;
             Some(limit)
         } else {

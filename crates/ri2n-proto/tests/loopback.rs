@@ -146,7 +146,7 @@ fn bytes_and_messages_cross_two_links_both_ways() {
     let mut msgs_got = 0;
     let mut buf = vec![0u8; 65536];
     let mut finished = false;
-    run(
+    let server_handle = run(
         &mut client,
         &mut server,
         &mut net,
@@ -230,6 +230,22 @@ fn bytes_and_messages_cross_two_links_both_ways() {
     );
     let stats = client.connection(ch).unwrap().stats();
     assert_eq!(stats.links.len(), 2, "the second link was discovered");
+    // delivered-byte counters: the bytes and the ten messages (each with a 1- or 2-byte length)
+    let message_bytes: u64 = (0..10u64)
+        .map(|k| 1000 * k + 1 + if k == 0 { 1 } else { 2 })
+        .sum();
+    assert_eq!(stats.bytes_acknowledged, TOTAL + message_bytes);
+    assert_eq!(stats.bytes_received, TOTAL / 2);
+    let server_stats = server.connection(server_handle.unwrap()).unwrap().stats();
+    assert_eq!(server_stats.bytes_received, TOTAL + message_bytes);
+    assert_eq!(server_stats.bytes_acknowledged, TOTAL / 2);
+    let acked_on_links: u64 = stats.links.iter().map(|l| l.stream_bytes_acked).sum();
+    let sent_on_links: u64 = stats.links.iter().map(|l| l.stream_bytes_sent).sum();
+    assert!(
+        (stats.bytes_acknowledged..=sent_on_links).contains(&acked_on_links),
+        "links delivered {acked_on_links} of {sent_on_links} sent, {} acknowledged",
+        stats.bytes_acknowledged
+    );
     for l in &stats.links {
         assert!(
             l.stream_bytes_sent > 100_000,
@@ -373,5 +389,91 @@ fn a_clean_close_without_acknowledgements_is_not_a_success() {
     assert!(
         net.now - forged_at < Duration::from_secs(1),
         "ended within the grace period"
+    );
+}
+
+/// After a small message has been read, a message of the largest size the sender accepts
+/// still arrives: the receiver advertises the window it needs for a whole message at once
+/// (before, the sender waited forever for credit the receiver granted only after a quarter of
+/// the window had been read, which it never read before the whole message was there).
+#[test]
+fn messages_of_the_largest_size_arrive_after_small_ones() {
+    let b = vec![addr("10.0.0.2:6000")];
+    let (mut client, mut server, mut net, ch) = connected_pair(&[addr("10.0.0.1:5000")], &b);
+    let mut sent = 0;
+    let mut got = Vec::new();
+    let mut big = 0;
+    run(
+        &mut client,
+        &mut server,
+        &mut net,
+        Duration::from_secs(30),
+        |c, s, acc| {
+            let cc = c.connection_mut(ch).unwrap();
+            if cc.state() == ConnectionState::Established && sent < 6 {
+                if big == 0 {
+                    big = cc.max_message_size();
+                }
+                let size = if sent % 2 == 0 { 50 } else { big };
+                match cc.send_message(&vec![sent as u8; size]) {
+                    Ok(()) => sent += 1,
+                    Err(ri2n_proto::WriteError::Blocked) => {}
+                    Err(e) => panic!("send_message({size}): {e}"),
+                }
+            }
+            let Some(h) = *acc else { return false };
+            let sc = s.connection_mut(h).unwrap();
+            while let Ok(Some(m)) = sc.recv_message() {
+                got.push((m.len(), m.iter().all(|&x| x == got.len() as u8)));
+            }
+            got.len() == 6
+        },
+    );
+    assert!(big > 8_000_000, "largest message: {big}");
+    let want: Vec<(usize, bool)> = (0..6)
+        .map(|i| (if i % 2 == 0 { 50 } else { big }, true))
+        .collect();
+    assert_eq!(got, want);
+}
+
+/// Drives a client whose server never answers until `until` (simulated); returns whether the
+/// connection is still trying and its close reason.
+fn unanswered_handshake(timeout: Duration, until: Duration) -> (bool, Option<ConnectionError>) {
+    let base = Instant::now();
+    let mut client = Endpoint::new(EndpointConfig::new(vec![addr("10.0.0.1:5000")]), 1, base);
+    let cfg = ConnectionConfig::default().with_handshake_timeout(timeout);
+    let ch = client.connect(base, &[addr("10.0.0.2:6000")], cfg).unwrap();
+    let mut buf = [0u8; 1500];
+    loop {
+        let now = client.poll_timeout().unwrap_or(base + until);
+        while client.poll_transmit(now, &mut buf).is_some() {}
+        if now >= base + until {
+            break;
+        }
+        client.handle_timeout(now);
+    }
+    let c = client.connection(ch).unwrap();
+    (
+        c.state() != ConnectionState::Closed,
+        c.close_reason().cloned(),
+    )
+}
+
+/// The handshake timeout is whatever the configuration says, also beyond the default 10 s
+/// (the command's `--connect-timeout` relies on it), and a timeout too large for the clock
+/// means "never" instead of a panic.
+#[test]
+fn the_handshake_timeout_is_configurable() {
+    assert_eq!(
+        unanswered_handshake(Duration::from_secs(30), Duration::from_secs(29)),
+        (true, None)
+    );
+    assert_eq!(
+        unanswered_handshake(Duration::from_secs(30), Duration::from_secs(31)),
+        (false, Some(ConnectionError::Refused))
+    );
+    assert_eq!(
+        unanswered_handshake(Duration::MAX, Duration::from_secs(100)),
+        (true, None)
     );
 }

@@ -117,8 +117,17 @@ impl Connection {
         }
     }
 
+    /// Largest message [`send_message`](Self::send_message) accepts, in bytes: the smaller of
+    /// this side's send buffer and the peer's receive window, less 8 bytes of framing (just
+    /// under 8 MiB with the default configuration). A larger message fails with an error of
+    /// kind [`io::ErrorKind::InvalidInput`]; larger data belongs on the byte stream.
+    pub fn max_message_size(&self) -> usize {
+        self.with(|c| c.max_message_size())
+    }
+
     /// Sends one whole message (the peer receives it whole and in order with
-    /// [`recv_message`](Self::recv_message)); waits for buffer space.
+    /// [`recv_message`](Self::recv_message)); waits for buffer space. At most
+    /// [`max_message_size`](Self::max_message_size) bytes.
     pub fn send_message(&self, msg: &[u8]) -> io::Result<()> {
         match self.blocking(None, |c| c.send_message(msg), |e| *e == WriteError::Blocked)? {
             Ok(()) => Ok(()),
@@ -199,7 +208,7 @@ impl Connection {
     /// Waits until the peer has acknowledged everything written and the end of both streams
     /// (call [`finish`](Self::finish) first), or until `timeout`.
     pub fn wait_acknowledged(&self, timeout: Option<Duration>) -> io::Result<()> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         self.blocking(
             deadline,
             |c| {

@@ -646,7 +646,7 @@ impl Drop for Driver {
     fn drop(&mut self) {
         if !std::thread::panicking() {
             let linger = self.shared.lock().endpoint.config().close_linger;
-            let lost = self.shared.close_all(Some(Instant::now() + linger));
+            let lost = self.shared.close_all(Instant::now().checked_add(linger));
             if lost.connections > 0 {
                 tracing::warn!(
                     connections = lost.connections,

@@ -218,7 +218,7 @@ impl Endpoint {
         let lost = self
             .driver
             .shared
-            .close_all(timeout.map(|t| Instant::now() + t));
+            .close_all(timeout.and_then(|t| Instant::now().checked_add(t)));
         if lost.connections == 0 {
             Ok(())
         } else {
@@ -319,7 +319,7 @@ impl Endpoint {
 
     /// Waits at most `timeout` (`None`: forever) for the next incoming connection.
     pub fn accept_timeout(&self, timeout: Option<Duration>) -> Result<Option<Connection>, Error> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let shared = &self.driver.shared;
         let mut st = shared.lock();
         loop {

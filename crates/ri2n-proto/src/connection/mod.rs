@@ -52,6 +52,13 @@ pub struct ConnectionStats {
     /// Bytes received and not yet read by the application (both streams, including
     /// out-of-order data).
     pub recv_buffered: u64,
+    /// Bytes written by the application that the peer acknowledged, each counted once
+    /// however often it was sent: what was delivered (both streams; a message counts with
+    /// its few bytes of length prefix).
+    pub bytes_acknowledged: u64,
+    /// Bytes that arrived from the peer in order (read or not), each counted once: what the
+    /// peer delivered to this side (both streams, like `bytes_acknowledged`).
+    pub bytes_received: u64,
 }
 
 /// Byte stream and message stream numbers.
@@ -435,6 +442,11 @@ impl Connection {
                 self.after_read(MESSAGE_STREAM);
                 return Ok(Some(msg));
             }
+            // nothing is read until the whole message is here: make sure it may all arrive
+            let end = stream.read_offset() + hlen as u64 + len;
+            if stream.grant_up_to(end).is_some() {
+                self.max_data_pending[MESSAGE_STREAM] = true;
+            }
         }
         if stream.is_finished() {
             return Ok(None);
@@ -475,6 +487,8 @@ impl Connection {
             links: self.links.iter().map(Link::stats).collect(),
             send_buffered: self.send.iter().map(SendStream::buffered).sum(),
             recv_buffered: self.recv.iter().map(RecvStream::buffered).sum(),
+            bytes_acknowledged: self.send.iter().map(SendStream::acknowledged).sum(),
+            bytes_received: self.recv.iter().map(RecvStream::received).sum(),
         }
     }
 

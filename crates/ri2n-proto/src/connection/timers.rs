@@ -79,7 +79,7 @@ impl Connection {
                 arm(Timer::HandshakeRetry, Some(*next_initial));
                 arm(
                     Timer::HandshakeTimeout,
-                    Some(*started + self.cfg.handshake_timeout),
+                    started.checked_add(self.cfg.handshake_timeout),
                 );
                 return;
             }
@@ -89,7 +89,7 @@ impl Connection {
                 ..
             } => arm(
                 Timer::HandshakeTimeout,
-                Some(*created + self.cfg.handshake_timeout),
+                created.checked_add(self.cfg.handshake_timeout),
             ),
             Handshake::Server { .. } | Handshake::Done => {}
         }
@@ -115,9 +115,14 @@ impl Connection {
             Timer::AllLinksDown,
             self.all_down_since
                 .zip(self.cfg.all_links_down_timeout)
-                .map(|(since, limit)| since + limit),
+                .and_then(|(since, limit)| since.checked_add(limit)),
         );
-        arm(Timer::Idle, self.cfg.idle_timeout.map(|t| self.last_rx + t));
+        arm(
+            Timer::Idle,
+            self.cfg
+                .idle_timeout
+                .and_then(|t| self.last_rx.checked_add(t)),
+        );
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) must run next.
