@@ -12,7 +12,9 @@
 //!   `probe_interval` however long the outage: recovery time does not grow with the outage.
 //!   A link that fails again soon after coming back needs twice as many probes (flap damping).
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::ops::RangeInclusive;
 use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
@@ -156,11 +158,20 @@ impl Rtt {
     }
 }
 
+/// Data packets declared lost that a link remembers, so that a late acknowledgement of one
+/// still acknowledges its data.
+const LOST_MEMORY: usize = 1024;
+
+/// Frames of a sent packet.
+pub(crate) type Frames = SmallVec<[SentFrame; 2]>;
+
 /// Outcome of processing an ACK frame for one link.
 #[derive(Debug, Default)]
 pub(crate) struct AckOutcome {
     pub acked: Vec<SentPacket>,
     pub lost: Vec<SentPacket>,
+    /// Stream frames of packets acknowledged after they had been declared lost.
+    pub acked_late: Vec<Frames>,
     /// Probes acknowledged with their round-trip times.
     pub probes_acked: u32,
 }
@@ -184,6 +195,12 @@ pub(crate) struct Link {
     // --- sending ---
     next_pn: u64,
     sent: SentPackets,
+    /// Stream frames of the last data packets declared lost, by packet number in ascending
+    /// order (at most [`LOST_MEMORY`]). A loss declared on a link that was only slow (its
+    /// queue grew, or it was declared down with packets still queued) is spurious: the
+    /// packet's acknowledgement arrives later, and must still count, or the data waits for a
+    /// repair, which after the peer's clean close might never be acknowledged.
+    lost_recently: VecDeque<(u64, Frames)>,
     pub bytes_in_flight: u64,
     /// Bytes acknowledged so far (data packets), for the delivery-rate estimate.
     delivered: u64,
@@ -249,6 +266,7 @@ impl Link {
             port_unreachable: 0,
             next_pn: 0,
             sent: SentPackets::default(),
+            lost_recently: VecDeque::new(),
             bytes_in_flight: 0,
             delivered: 0,
             rate_sample_start: None,
@@ -368,6 +386,7 @@ impl Link {
     ) {
         let mut largest_newly_acked: Option<(u64, Instant, bool)> = None;
         for (lo, hi) in ranges {
+            self.take_acked_late(lo..=hi, out);
             for pn in self.sent.clamp(lo..=hi) {
                 let Some(pkt) = self.sent.remove(pn) else {
                     continue;
@@ -390,14 +409,7 @@ impl Link {
                 } else if pkt.in_flight {
                     self.pmtu.on_packet_acked(usize::from(pkt.size));
                 }
-                self.stream_bytes_acked += pkt
-                    .frames
-                    .iter()
-                    .map(|f| match f {
-                        SentFrame::Stream { chunk, .. } => chunk.len as u64,
-                        _ => 0,
-                    })
-                    .sum::<u64>();
+                self.stream_bytes_acked += stream_bytes(&pkt.frames);
                 out.acked.push(pkt);
             }
         }
@@ -508,20 +520,56 @@ impl Link {
                     self.mss_changed();
                 }
             }
+            self.remember_lost(pn, &pkt);
             out.lost.push(pkt);
         }
     }
 
     /// Declares everything in flight lost (the link failed): it will be re-sent elsewhere.
     pub fn drain_in_flight(&mut self, out: &mut AckOutcome) {
-        for pkt in self.sent.drain() {
+        let mut sent = std::mem::take(&mut self.sent);
+        for (pn, pkt) in sent.drain() {
             self.packets_lost += u64::from(!pkt.mtu_probe);
+            self.remember_lost(pn, &pkt);
             out.lost.push(pkt);
         }
+        self.sent = sent;
         self.bytes_in_flight = 0;
         self.loss_time = None;
         self.pto_count = 0;
         self.pto_probes_pending = 0;
+    }
+
+    /// Keeps the stream frames of lost packet `pn`, if it carried any (see `lost_recently`).
+    fn remember_lost(&mut self, pn: u64, pkt: &SentPacket) {
+        if !pkt
+            .frames
+            .iter()
+            .any(|f| matches!(f, SentFrame::Stream { .. }))
+        {
+            return;
+        }
+        if self.lost_recently.len() >= LOST_MEMORY {
+            self.lost_recently.pop_front();
+        }
+        let frames = pkt.frames.clone();
+        // losses are declared oldest first, so this is nearly always an append
+        let at = self.lost_recently.partition_point(|(p, _)| *p < pn);
+        self.lost_recently.insert(at, (pn, frames));
+    }
+
+    /// Moves the remembered lost packets that `acked` acknowledges to `out.acked_late`.
+    fn take_acked_late(&mut self, acked: RangeInclusive<u64>, out: &mut AckOutcome) {
+        let from = self
+            .lost_recently
+            .partition_point(|(p, _)| p < acked.start());
+        let to = self
+            .lost_recently
+            .partition_point(|(p, _)| p <= acked.end());
+        for (_, frames) in self.lost_recently.drain(from..to.max(from)) {
+            self.stream_bytes_acked += stream_bytes(&frames);
+            out.acked_late.push(frames);
+        }
     }
 
     /// When loss detection's time threshold declares the oldest waiting packet lost.
@@ -722,4 +770,15 @@ impl Link {
             max_datagram: self.mss(),
         }
     }
+}
+
+/// Stream bytes among `frames`.
+fn stream_bytes(frames: &[SentFrame]) -> u64 {
+    frames
+        .iter()
+        .map(|f| match f {
+            SentFrame::Stream { chunk, .. } => chunk.len as u64,
+            _ => 0,
+        })
+        .sum()
 }

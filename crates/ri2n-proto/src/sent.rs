@@ -96,10 +96,14 @@ impl SentPackets {
         self.trim_front();
     }
 
-    /// Takes out everything.
-    pub fn drain(&mut self) -> impl Iterator<Item = SentPacket> + '_ {
+    /// Takes out everything, with the packet numbers.
+    pub fn drain(&mut self) -> impl Iterator<Item = (u64, SentPacket)> + '_ {
         self.count = 0;
-        self.slots.drain(..).flatten()
+        let first = self.first;
+        self.slots
+            .drain(..)
+            .enumerate()
+            .filter_map(move |(i, p)| p.map(|p| (first + i as u64, p)))
     }
 }
 

@@ -192,6 +192,7 @@ impl SendStream {
         let end = chunk.offset + chunk.len as u64;
         if chunk.fin {
             self.fin_acked = true;
+            self.fin_pending = false;
         }
         if end <= self.base {
             return;

@@ -57,3 +57,19 @@ fn random_scenarios_deliver_exactly_what_was_sent() {
         start + count
     );
 }
+
+/// Random scenarios that once failed, each with what it found; they stay fixed.
+#[test]
+fn scenarios_that_once_failed() {
+    for (seed, found) in [(
+        18406,
+        "a single 5 Mbit/s link with 22 % loss: the receiver had everything and closed, but the \
+         sender's last repairs were declared lost while queued behind a path MTU probe, their \
+         late acknowledgements were ignored, and every CLOSE the closed receiver sent back \
+         pushed the sender's grace period further: it never finished",
+    )] {
+        if let Err(e) = run(&Scenario::random(seed)) {
+            panic!("seed {seed} ({found}):\n{e}");
+        }
+    }
+}

@@ -587,6 +587,13 @@ impl Connection {
                 }
             }
         }
+        for frames in out.acked_late.drain(..) {
+            for f in &frames {
+                if let SentFrame::Stream { stream, chunk } = *f {
+                    self.send[stream as usize].on_ack(chunk);
+                }
+            }
+        }
         for pkt in out.lost.drain(..) {
             for f in &pkt.frames {
                 match *f {
@@ -940,7 +947,9 @@ impl Connection {
                         // close that never does is no success.
                         if self.is_send_complete() {
                             self.set_closed(None);
-                        } else {
+                        } else if self.peer_closed_until.is_none() {
+                            // the closed peer answers every late packet with this frame
+                            // again: only the first one starts the grace period
                             let grace = (self.max_pto() * 3).max(PEER_CLOSED_GRACE);
                             self.peer_closed_until = Some(now + grace);
                         }
