@@ -9,6 +9,7 @@ mod demo;
 mod error;
 mod fault;
 mod interrupt;
+mod monitor;
 mod net;
 mod progress;
 mod recv;

@@ -53,8 +53,13 @@ pub struct Progress {
     total: Option<u64>,
     meter: LinkMeter,
     last_bytes: u64,
+    /// When `last_bytes` last grew.
+    last_growth: Instant,
     rate_bps: f64,
 }
+
+/// No progress for this long is shown as a stall.
+const STALL: Duration = Duration::from_secs(1);
 
 impl Progress {
     /// A display for `label` ("sent", "received") of `total` bytes if known; drawn only if
@@ -68,6 +73,7 @@ impl Progress {
             total,
             meter: LinkMeter::default(),
             last_bytes: 0,
+            last_growth: Instant::now(),
             rate_bps: 0.0,
         }
     }
@@ -96,6 +102,9 @@ impl Progress {
             };
         }
         self.last = Some(now);
+        if bytes > self.last_bytes {
+            self.last_growth = now;
+        }
         self.last_bytes = bytes;
         let mut line = format!("{} {}", self.label, fmt_bytes(bytes));
         if let Some(total) = self.total.filter(|&t| t > 0) {
@@ -110,7 +119,10 @@ impl Progress {
             );
         }
         line += &format!(" {}", fmt_rate(self.rate_bps));
-        if let Some(total) = self.total {
+        let stalled = now.duration_since(self.last_growth);
+        if stalled >= STALL {
+            line += &format!(" STALLED {}", fmt_duration_short(stalled.as_secs_f64()));
+        } else if let Some(total) = self.total {
             if self.rate_bps > 0.0 && bytes < total {
                 let eta = (total - bytes) as f64 * 8.0 / self.rate_bps;
                 line += &format!(" ETA {}", fmt_duration_short(eta));

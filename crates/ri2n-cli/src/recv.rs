@@ -16,6 +16,7 @@ use crate::checksum::Checksum;
 use crate::error::{self, Failure};
 use crate::fault::FaultPlan;
 use crate::interrupt;
+use crate::monitor::{Direction, Monitor};
 use crate::net;
 use crate::progress::Progress;
 use crate::report::{bps, EventLog, LinkSummary, TransferSummary};
@@ -146,12 +147,16 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
     interrupt::abort_on_interrupt(conn.clone());
     let start = Instant::now();
     faults.start(start, !args.quiet);
-    let mut events = EventLog::new(start, !args.quiet);
     // nothing to send back: ending our side now lets the close complete as soon as the
     // sender is done
     conn.finish().map_err(|e| Failure::lost(&e))?;
+    let monitor = Monitor::start(
+        conn.clone(),
+        Direction::Receiving,
+        Progress::new(!args.quiet, "received", None),
+        EventLog::new(start, !args.quiet),
+    )?;
 
-    let mut progress = Progress::new(!args.quiet, "received", None);
     let mut sum = Checksum::default();
     let mut buf = vec![0u8; CHUNK];
     let mut got = 0u64;
@@ -161,7 +166,7 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
             Ok(0) => break,
             Ok(n) => n,
             Err(e) => {
-                events.collect(&conn);
+                monitor.finish();
                 let kept = output.kept(got);
                 if let Some(signal) = interrupt::caught() {
                     return Err(interrupt::failure(signal, &format!("after {kept}")));
@@ -177,6 +182,7 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
         };
         if let Err(e) = output.writer().write_all(&buf[..n]) {
             conn.abort(1, "the receiver could not write its output");
+            monitor.finish();
             net::linger(&conn, Duration::from_millis(200));
             return Err(Failure::io(
                 format!("cannot write to {}", output.name()),
@@ -185,19 +191,16 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
         }
         sum.update(&buf[..n]);
         got += n as u64;
-        if progress.due() {
-            events.collect(&conn);
-            progress.draw(got, &conn.stats().links, true);
-        }
+        monitor.set(got);
     }
     let seconds = start.elapsed().as_secs_f64();
     let name = output.name();
-    output
-        .complete()
-        .map_err(|e| Failure::io(format!("cannot write to {name}"), &e))?;
-    progress.finish();
+    if let Err(e) = output.complete() {
+        monitor.finish();
+        return Err(Failure::io(format!("cannot write to {name}"), &e));
+    }
     net::linger(&conn, net::LINGER);
-    events.collect(&conn);
+    let events = monitor.finish();
 
     let summary = TransferSummary {
         command: "recv",

@@ -4,12 +4,13 @@
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::checksum::Checksum;
 use crate::error::Failure;
 use crate::fault::FaultPlan;
 use crate::interrupt;
+use crate::monitor::{Direction, Monitor};
 use crate::net;
 use crate::progress::Progress;
 use crate::report::{bps, EventLog, LinkSummary, TransferSummary};
@@ -39,10 +40,15 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
     interrupt::abort_on_interrupt(conn.clone());
     let start = Instant::now();
     faults.start(start, !args.quiet);
-    let mut events = EventLog::new(start, !args.quiet);
+    let monitor = Monitor::start(
+        conn.clone(),
+        Direction::Sending,
+        Progress::new(!args.quiet, "sent", total),
+        EventLog::new(start, !args.quiet),
+    )?;
     // what went wrong, with how far the transfer got
-    let lost = |e: &io::Error, written: u64, events: &mut EventLog| {
-        events.collect(&conn);
+    let lost = |e: &io::Error, written: u64, monitor: Monitor| {
+        monitor.finish();
         let acked = written.saturating_sub(conn.stats().send_buffered);
         let done = format!("after {written} bytes written, {acked} acknowledged by the receiver");
         if let Some(signal) = interrupt::caught() {
@@ -58,7 +64,6 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
     };
     let mut writer: &ri2n::Connection = &conn;
 
-    let mut progress = Progress::new(!args.quiet, "sent", total);
     let mut sum = Checksum::default();
     let mut buf = vec![0u8; CHUNK];
     let mut written = 0u64;
@@ -69,39 +74,27 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => {
                 conn.abort(1, "the sender could not read its input");
+                monitor.finish();
                 return Err(Failure::io(format!("cannot read {name}"), &e));
             }
         };
         if let Err(e) = writer.write_all(&buf[..n]) {
-            return Err(lost(&e, written, &mut events));
+            return Err(lost(&e, written, monitor));
         }
         sum.update(&buf[..n]);
         written += n as u64;
-        if progress.due() {
-            events.collect(&conn);
-            let s = conn.stats();
-            progress.draw(written - s.send_buffered.min(written), &s.links, false);
-        }
+        monitor.set(written);
     }
-    conn.finish().map_err(|e| lost(&e, written, &mut events))?;
+    if let Err(e) = conn.finish() {
+        return Err(lost(&e, written, monitor));
+    }
     // exit 0 only once the receiver acknowledged every byte and the end of the stream
-    loop {
-        match conn.wait_acknowledged(Some(Duration::from_millis(100))) {
-            Ok(()) => break,
-            Err(e) if e.kind() == io::ErrorKind::TimedOut && conn.close_reason().is_none() => {
-                events.collect(&conn);
-                if progress.due() {
-                    let s = conn.stats();
-                    progress.draw(written - s.send_buffered.min(written), &s.links, false);
-                }
-            }
-            Err(e) => return Err(lost(&e, written, &mut events)),
-        }
+    if let Err(e) = conn.wait_acknowledged(None) {
+        return Err(lost(&e, written, monitor));
     }
     let seconds = start.elapsed().as_secs_f64();
-    progress.finish();
     net::linger(&conn, net::LINGER);
-    events.collect(&conn);
+    let events = monitor.finish();
     // every byte was acknowledged, but a receiver that then aborts (e.g. `ri2n serve`, which
     // takes only benchmark clients) or vanishes did not take the data
     if let Some(reason) = conn.close_reason() {

@@ -422,6 +422,107 @@ fn slow_transfer() -> (Proc, Proc, TempFile, TempFile) {
     (recv, send, input, output)
 }
 
+/// Issue 9, finding 5: without a terminal (no progress line), a link going down and back is
+/// printed on stderr as it happens, not at the end, and listed in the JSON summary.
+#[test]
+fn link_events_are_reported_as_they_happen() {
+    let _heavy = heavy();
+    let input = TempFile::new("events-in");
+    write_random(input.path(), 40 << 20, 11);
+    let port = free_port();
+    let a = format!("127.0.0.1:{port}");
+    let b = format!("127.0.0.2:{port}");
+    let recv = Proc::spawn(
+        "ri2n recv",
+        Command::new(bin())
+            .args([
+                "recv",
+                "--listen",
+                &a,
+                "--listen",
+                &b,
+                "--output",
+                "/dev/null",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    thread::sleep(Duration::from_millis(200));
+    // 2 × 100 Mbit/s: about 2 s of transfer after the link comes back at 1.2 s
+    let mut send = Command::new(bin())
+        .args(["send", "--json", "--to", &a, "--input"])
+        .arg(input.path())
+        .args([
+            "--fault",
+            "0:127.0.0.1:rate=100M",
+            "--fault",
+            "0:127.0.0.2:rate=100M",
+        ])
+        .args([
+            "--fault",
+            "0.5:127.0.0.2:down",
+            "--fault",
+            "1.2:127.0.0.2:up",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = send.stderr.take().unwrap();
+    let lines = thread::spawn(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .map(|l| (Instant::now(), l))
+            .collect::<Vec<_>>()
+    });
+    let mut stdout = send.stdout.take().unwrap();
+    let mut json = Vec::new();
+    stdout.read_to_end(&mut json).unwrap();
+    let status = send.wait().unwrap();
+    let exited = Instant::now();
+    let lines = lines.join().unwrap();
+    let (r, ro) = recv.wait(Duration::from_secs(20));
+    let text: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
+    println!("{}", text.join("\n"));
+    assert!(status.success(), "send: {status}");
+    assert!(r.success(), "recv: {}", stderr_of(&ro));
+    let when = |what: &str| {
+        lines
+            .iter()
+            .find(|(_, l)| l.contains(what))
+            .map(|(t, _)| exited.saturating_duration_since(*t))
+            .unwrap_or_else(|| panic!("no `{what}` line: {text:?}"))
+    };
+    // printed while the transfer was still going, not collected at the end
+    let down = when("link 1 up -> down");
+    let up = when("link 1 down -> up");
+    assert!(
+        down > Duration::from_millis(800),
+        "down line {down:?} before the end"
+    );
+    assert!(
+        up > Duration::from_millis(300),
+        "up line {up:?} before the end"
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&json).unwrap();
+    let events = doc["link_events"].as_array().expect("link_events");
+    assert!(
+        events
+            .iter()
+            .any(|e| e["link"] == 1 && e["from"] == "up" && e["to"] == "down"),
+        "{doc}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e["link"] == 1 && e["to"] == "up" && e["from"] == "down"),
+        "{doc}"
+    );
+}
+
 fn partial(output: &TempFile) -> PathBuf {
     let mut p = output.path().as_os_str().to_owned();
     p.push(".partial");

@@ -1,7 +1,8 @@
 //! End-to-end fault tests: `ri2n send` and `ri2n recv` in two network namespaces joined by two
 //! 1 Gbit/s links, each through its own switch namespace (`lab/ri2n-lab`), with real faults
 //! injected mid-transfer: a pulled cable, a dead switch, a switch that trickles, random loss,
-//! every link down for 30 s, a receiver restart, and a flood of garbage datagrams.
+//! every link down for 30 s, a receiver restart, a killed sender, and a flood of garbage
+//! datagrams.
 //!
 //! Every transfer must end with both tools exiting 0 and the received file equal (sha256) to
 //! the sent one. The figures (transfer times, per-link rates around the fault, the longest
@@ -204,6 +205,78 @@ fn receiver_restart_is_reported_to_the_sender() {
             t.elapsed().as_secs_f64()
         ));
     }
+}
+
+/// The sender is killed (SIGKILL) mid-transfer: its host answers the receiver's packets with
+/// "port unreachable" on every link, so the receiver must exit 4 within 2 s, saying the peer
+/// is gone and how many bytes its partial output holds.
+#[test]
+fn killed_sender_is_reported_by_the_receiver() {
+    let Some(env) = env() else { return };
+    let _serial = serial();
+    let _timer = TestTimer::start("killed-sender");
+    let name = "killsend";
+    let dir = TestDir::new(env, name);
+    let lab = Lab::up(env, name, 2);
+    let data = DataFile::create(dir.0.join("input"), data_mib(), 9);
+    let output = dir.0.join("output");
+    let mut recv = Proc::spawn(
+        &lab,
+        Host::B,
+        &env.ri2n,
+        &support::recv_args(Host::B, 2, &output),
+        &dir.0,
+        "killsend-recv",
+    );
+    recv.wait_listening(2, Duration::from_secs(10));
+    let start = Instant::now();
+    let mut send = Proc::spawn(
+        &lab,
+        Host::A,
+        &env.ri2n,
+        &support::send_args(Host::A, 2, &data.path, true),
+        &dir.0,
+        "killsend-send",
+    );
+    while start.elapsed() < FAULT_AT {
+        assert!(
+            send.poll().is_none() && recv.poll().is_none(),
+            "the transfer ended before the kill: {} / {}",
+            send.stderr_text(),
+            recv.stderr_text()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    send.kill();
+    let killed = Instant::now();
+    let status = loop {
+        if let Some(s) = recv.poll() {
+            break s;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "the receiver did not notice the killed sender within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let took = killed.elapsed();
+    let message = recv.stderr_text();
+    let mut partial = output.clone().into_os_string();
+    partial.push(".partial");
+    let kept = std::fs::metadata(&partial).map(|m| m.len()).unwrap_or(0);
+    report(&format!(
+        "killed-sender: the receiver exited ({status}) {:.0} ms after the sender was killed, \
+         {kept} bytes kept; it said: {}",
+        took.as_secs_f64() * 1e3,
+        message.trim()
+    ));
+    assert_eq!(status.code(), Some(4), "exit 4 expected: {message}");
+    assert!(took < Duration::from_secs(2), "took {took:?}: {message}");
+    assert!(
+        message.contains("peer is gone") && message.contains(&format!("{kept} bytes received")),
+        "the message should name the cause and the bytes kept: {message}"
+    );
+    assert!(!output.exists(), "no complete-looking output file");
 }
 
 /// Starts an A→B transfer, kills the receiver at [`FAULT_AT`], starts a new one after `gap`,
