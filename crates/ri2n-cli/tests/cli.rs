@@ -287,6 +287,15 @@ fn demo_succeeds() {
         err.contains("failover:") && err.contains("recovery:"),
         "{err}"
     );
+    // the healed link carries its share again (it used to idle: one uncapped loopback link
+    // carried the whole 400 Mbit/s)
+    let after: f64 = err
+        .split("then delivered ")
+        .nth(1)
+        .and_then(|r| r.strip_suffix('\n').unwrap_or(r).split(" MiB").next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no 'then delivered N MiB': {err}"));
+    assert!(after > 10.0, "the healed link delivered {after} MiB: {err}");
 }
 
 #[test]
@@ -727,6 +736,11 @@ fn bench_against_serve() {
         "about 20 intervals: {}",
         intervals.len()
     );
+    // no stub interval of a few milliseconds at the end (its rate would mean nothing)
+    for i in intervals {
+        let length = i["end"].as_f64().unwrap() - i["start"].as_f64().unwrap();
+        assert!(length >= 0.025, "a {length} s interval: {i}");
+    }
     assert_eq!(
         doc["summary"]["links"].as_array().unwrap().len(),
         2,
