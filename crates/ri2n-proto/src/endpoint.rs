@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::Hasher;
 use std::net::SocketAddr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -519,6 +519,23 @@ impl Endpoint {
     /// Every connection the endpoint holds (closed ones not yet released included).
     pub fn connection_handles(&self) -> impl Iterator<Item = ConnectionHandle> + '_ {
         self.connections.keys().copied()
+    }
+
+    /// Every path (local, remote address) on which an open connection heard its peer within
+    /// `hold`, each once. The peer's host was there then, and a network outage does not
+    /// change its link-layer address: a driver confirms these paths' next hops to the OS
+    /// (Linux: `MSG_CONFIRM`) so that the OS does not forget them during an outage, which
+    /// would delay the first datagrams after the heal by up to a second of address
+    /// resolution retries (docs/PROTOCOL.md §6.9).
+    pub fn heard_paths(&self, now: Instant, hold: Duration) -> Vec<(SocketAddr, SocketAddr)> {
+        let mut paths: Vec<(SocketAddr, SocketAddr)> = self
+            .connections
+            .values()
+            .flat_map(|c| c.heard_paths(now, hold))
+            .collect();
+        paths.sort_unstable();
+        paths.dedup();
+        paths
     }
 
     /// A connection, for application calls.

@@ -191,6 +191,8 @@ pub(crate) struct Link {
     /// "Port unreachable" answers from the peer's host to this link's datagrams since the
     /// connection last received anything: proof that nothing listens there any more.
     pub port_unreachable: u32,
+    /// When the peer's last packet arrived on this link.
+    pub last_heard: Option<Instant>,
 
     // --- sending ---
     next_pn: u64,
@@ -264,6 +266,7 @@ impl Link {
             pmtu,
             peer_opened: false,
             port_unreachable: 0,
+            last_heard: None,
             next_pn: 0,
             sent: SentPackets::default(),
             lost_recently: VecDeque::new(),
@@ -738,6 +741,7 @@ impl Link {
         if !self.ack.on_received(now, pn, ack_eliciting, cfg) {
             return false;
         }
+        self.last_heard = Some(now);
         self.packets_received += 1;
         self.bytes_received += size as u64;
         if ack_eliciting {

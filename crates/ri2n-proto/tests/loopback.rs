@@ -239,6 +239,17 @@ fn bytes_and_messages_cross_two_links_both_ways() {
     let server_stats = server.connection(server_handle.unwrap()).unwrap().stats();
     assert_eq!(server_stats.bytes_received, TOTAL + message_bytes);
     assert_eq!(server_stats.bytes_acknowledged, TOTAL / 2);
+    // both paths were heard from just now, and are no longer after the hold
+    let now = net.base + net.now;
+    let hold = Duration::from_secs(60);
+    assert_eq!(
+        client.heard_paths(now, hold),
+        vec![
+            (addr("10.0.0.1:5000"), addr("10.0.0.2:6000")),
+            (addr("10.1.0.1:5000"), addr("10.1.0.2:6000"))
+        ]
+    );
+    assert!(client.heard_paths(now + hold * 2, hold).is_empty());
     let acked_on_links: u64 = stats.links.iter().map(|l| l.stream_bytes_acked).sum();
     let sent_on_links: u64 = stats.links.iter().map(|l| l.stream_bytes_sent).sum();
     assert!(

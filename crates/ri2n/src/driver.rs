@@ -50,6 +50,14 @@ const BUSY_HORIZON: Duration = Duration::from_millis(50);
 /// Batches built ahead of the sender before the engine is asked for no more: bounds the
 /// memory of a round and the time datagrams wait between being built and sent.
 const MAX_QUEUED_BATCHES: usize = 64;
+/// How often the next hops of the paths in use are confirmed to the OS (see
+/// [`LinkSocket::confirm_next_hop`]): well within Linux's 5 s before an unconfirmed neighbour
+/// entry is probed.
+const CONFIRM_PERIOD: Duration = Duration::from_millis(500);
+/// How long after the peer was last heard on a path its next hop is still confirmed: outages
+/// up to this long end without address resolution. After it the OS resolves the address
+/// again, in case the peer's interface was replaced meanwhile.
+const NEXT_HOP_HOLD: Duration = Duration::from_secs(15 * 60);
 
 /// Engine state shared between the driver thread and application threads.
 #[derive(Debug)]
@@ -667,6 +675,7 @@ impl Drop for Driver {
 fn run(shared: Arc<Shared>, mut poll: Poll) {
     let mut events = Events::with_capacity(64);
     let mut readable = vec![true; shared.sockets.len()];
+    let mut next_confirm = Instant::now();
     while !shared.shutdown.load(Ordering::Acquire) {
         // receive everything waiting (mio is edge-triggered: drain until empty)
         for (i, r) in readable.iter_mut().enumerate() {
@@ -674,13 +683,19 @@ fn run(shared: Arc<Shared>, mut poll: Poll) {
                 *r = shared.receive(i) == Received::MoreMayWait;
             }
         }
-        let (timeout, wakeups) = {
+        let (timeout, wakeups, confirm) = {
             let mut st = shared.lock();
             shared.hand_over_refusals(&mut st);
             let now = Instant::now();
             if st.endpoint.poll_timeout().is_some_and(|t| t <= now) {
                 st.endpoint.handle_timeout(now);
             }
+            let confirm = if now >= next_confirm {
+                next_confirm = now + CONFIRM_PERIOD;
+                st.endpoint.heard_paths(now, NEXT_HOP_HOLD)
+            } else {
+                Vec::new()
+            };
             let mut st = shared.transmit(st);
             let wakeups = shared.dispatch(&mut st);
             // While timers are near (data in flight, acknowledgements owed), wake at least every
@@ -696,10 +711,20 @@ fn run(shared: Arc<Shared>, mut poll: Poll) {
                 }
             });
             st.driver_deadline = next;
-            (next.map(|t| t.saturating_duration_since(now)), wakeups)
+            let mut timeout = next.map(|t| t.saturating_duration_since(now));
+            if !st.endpoint.heard_paths(now, NEXT_HOP_HOLD).is_empty() {
+                let until_confirm = next_confirm.saturating_duration_since(now);
+                timeout = Some(timeout.map_or(until_confirm, |t| t.min(until_confirm)));
+            }
+            (timeout, wakeups, confirm)
         };
         // after unlocking, so that a woken caller does not at once block on the lock
         wakeups.notify();
+        for (local, remote) in confirm {
+            if let Some(sock) = shared.sockets.iter().find(|s| s.local == local) {
+                sock.confirm_next_hop(remote);
+            }
+        }
         // the engine's timers have 1 ms granularity at best; sleeping less only spins
         let timeout = timeout.map(|t| t.max(Duration::from_micros(50)));
         if let Err(e) = poll.poll(&mut events, timeout) {

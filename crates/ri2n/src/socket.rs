@@ -109,6 +109,26 @@ impl LinkSocket {
         }
     }
 
+    /// Tells the OS that the next hop towards `remote` is alive, without sending anything
+    /// (Linux: a zero-length `sendto` with `MSG_CONFIRM | MSG_PROBE`, which confirms the
+    /// neighbour entry of the route's next hop).
+    ///
+    /// Why: UDP never confirms neighbours by itself. A few seconds into an outage Linux then
+    /// probes the peer's link-layer address, fails, and from then on resolves it anew with
+    /// one request a second, so after the heal nothing leaves for up to a second. Kept
+    /// confirmed, the entry stays usable (the peer's address does not change when a switch
+    /// dies or a cable is pulled) and the first probe after the heal gets through.
+    pub fn confirm_next_hop(&self, remote: SocketAddr) {
+        // MSG_PROBE ("do not send, only probe the path", include/linux/socket.h) is not in libc
+        const MSG_PROBE: libc::c_int = 0x10;
+        let flags = libc::MSG_CONFIRM | MSG_PROBE;
+        let _ = socket2::SockRef::from(&self.io).send_to_with_flags(
+            &[],
+            &socket2::SockAddr::from(remote),
+            flags,
+        );
+    }
+
     /// Destinations found unreachable at the port since the last call.
     pub fn take_refused(&self) -> Vec<SocketAddr> {
         if !self.any_refused.swap(false, Ordering::AcqRel) {

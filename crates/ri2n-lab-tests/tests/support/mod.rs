@@ -585,7 +585,13 @@ impl Monitor {
                     .map(|(rx, _)| rx)
                     .or_else(|| prev.map(|p| p.rx.clone()))
                     .unwrap_or_else(|| vec![0; links as usize]);
-                x.out_len = fs::metadata(&output).map(|m| m.len()).unwrap_or(0);
+                // `ri2n recv` writes FILE.partial and renames it to FILE at the end
+                let mut partial = output.clone().into_os_string();
+                partial.push(".partial");
+                x.out_len = fs::metadata(&partial)
+                    .or_else(|_| fs::metadata(&output))
+                    .map(|m| m.len())
+                    .unwrap_or(0);
                 let (rss, hwm) = rss_kib(receiver)
                     .or_else(|| prev.map(|p| (p.recv_rss_kib, p.recv_hwm_kib)))
                     .unwrap_or((0, 0));

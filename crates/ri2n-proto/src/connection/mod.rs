@@ -492,6 +492,26 @@ impl Connection {
         }
     }
 
+    /// The paths (local, remote) of links on which the peer was heard within `hold`: a driver
+    /// tells the OS that their next hop is alive (see [`Endpoint::heard_paths`]).
+    ///
+    /// [`Endpoint::heard_paths`]: crate::Endpoint::heard_paths
+    pub fn heard_paths(
+        &self,
+        now: Instant,
+        hold: Duration,
+    ) -> impl Iterator<Item = (SocketAddr, SocketAddr)> + '_ {
+        let open = self.state != ConnectionState::Closed;
+        self.links
+            .iter()
+            .filter(move |l| {
+                open && l
+                    .last_heard
+                    .is_some_and(|t| now.saturating_duration_since(t) <= hold)
+            })
+            .map(|l| (l.local, l.remote))
+    }
+
     /// State of each link, in the order the links were opened (see [`LinkStats::id`]).
     pub fn link_states(&self) -> Vec<LinkState> {
         self.links.iter().map(|l| l.state).collect()
