@@ -158,9 +158,19 @@ impl Rtt {
     }
 }
 
-/// Data packets declared lost that a link remembers, so that a late acknowledgement of one
-/// still acknowledges its data.
+/// Packets declared lost (data packets and probes) that a link remembers, so that a late
+/// acknowledgement of one still counts.
 const LOST_MEMORY: usize = 1024;
+
+/// A packet declared lost, remembered in case its acknowledgement was only late.
+#[derive(Debug)]
+struct LostPacket {
+    pn: u64,
+    sent: Instant,
+    probe: bool,
+    /// Its stream frames.
+    frames: Frames,
+}
 
 /// Frames of a sent packet.
 pub(crate) type Frames = SmallVec<[SentFrame; 2]>;
@@ -197,12 +207,14 @@ pub(crate) struct Link {
     // --- sending ---
     next_pn: u64,
     sent: SentPackets,
-    /// Stream frames of the last data packets declared lost, by packet number in ascending
-    /// order (at most [`LOST_MEMORY`]). A loss declared on a link that was only slow (its
-    /// queue grew, or it was declared down with packets still queued) is spurious: the
-    /// packet's acknowledgement arrives later, and must still count, or the data waits for a
-    /// repair, which after the peer's clean close might never be acknowledged.
-    lost_recently: VecDeque<(u64, Frames)>,
+    /// The last data packets and probes declared lost, by packet number in ascending order
+    /// (at most [`LOST_MEMORY`]). A loss declared on a link that was only slow (its queue
+    /// grew, it was declared down with packets still queued, or its round trip grew during an
+    /// outage) is spurious: the acknowledgement arrives later, and must still count. Else the
+    /// data waits for a repair, which after the peer's clean close might never be
+    /// acknowledged; and probes that always expire before their answers arrive would keep
+    /// the link down for good, the round-trip estimate never learning the longer time.
+    lost_recently: VecDeque<LostPacket>,
     pub bytes_in_flight: u64,
     /// Bytes acknowledged so far (data packets), for the delivery-rate estimate.
     delivered: u64,
@@ -388,8 +400,11 @@ impl Link {
         out: &mut AckOutcome,
     ) {
         let mut largest_newly_acked: Option<(u64, Instant, bool)> = None;
+        let mut newest_late: Option<(u64, Instant)> = None;
         for (lo, hi) in ranges {
-            self.take_acked_late(lo..=hi, out);
+            if let Some(late) = self.take_acked_late(lo..=hi, out) {
+                newest_late = newest_late.max(Some(late));
+            }
             for pn in self.sent.clamp(lo..=hi) {
                 let Some(pkt) = self.sent.remove(pn) else {
                     continue;
@@ -415,6 +430,12 @@ impl Link {
                 self.stream_bytes_acked += stream_bytes(&pkt.frames);
                 out.acked.push(pkt);
             }
+        }
+        let regular_sample = matches!(largest_newly_acked, Some((pn, _, true)) if pn == largest);
+        if let (false, Some((_, sent))) = (regular_sample, newest_late) {
+            // the round trip grew beyond what the estimate allowed for: learn it
+            self.rtt
+                .update(now.saturating_duration_since(sent), ack_delay);
         }
         let Some((pn, sent_time, eliciting)) = largest_newly_acked else {
             return;
@@ -543,36 +564,56 @@ impl Link {
         self.pto_probes_pending = 0;
     }
 
-    /// Keeps the stream frames of lost packet `pn`, if it carried any (see `lost_recently`).
+    /// Remembers lost packet `pn` if it was a probe or carried stream data (see
+    /// `lost_recently`).
     fn remember_lost(&mut self, pn: u64, pkt: &SentPacket) {
-        if !pkt
+        let frames: Frames = pkt
             .frames
             .iter()
-            .any(|f| matches!(f, SentFrame::Stream { .. }))
-        {
+            .filter(|f| matches!(f, SentFrame::Stream { .. }))
+            .copied()
+            .collect();
+        if frames.is_empty() && !pkt.probe {
             return;
         }
         if self.lost_recently.len() >= LOST_MEMORY {
             self.lost_recently.pop_front();
         }
-        let frames = pkt.frames.clone();
         // losses are declared oldest first, so this is nearly always an append
-        let at = self.lost_recently.partition_point(|(p, _)| *p < pn);
-        self.lost_recently.insert(at, (pn, frames));
+        let at = self.lost_recently.partition_point(|l| l.pn < pn);
+        self.lost_recently.insert(
+            at,
+            LostPacket {
+                pn,
+                sent: pkt.time,
+                probe: pkt.probe,
+                frames,
+            },
+        );
     }
 
-    /// Moves the remembered lost packets that `acked` acknowledges to `out.acked_late`.
-    fn take_acked_late(&mut self, acked: RangeInclusive<u64>, out: &mut AckOutcome) {
+    /// Hands the remembered lost packets that `acked` acknowledges on: stream frames to
+    /// `out.acked_late`, probes to `out.probes_acked`. Returns the newest one's number and
+    /// send time.
+    fn take_acked_late(
+        &mut self,
+        acked: RangeInclusive<u64>,
+        out: &mut AckOutcome,
+    ) -> Option<(u64, Instant)> {
         let from = self
             .lost_recently
-            .partition_point(|(p, _)| p < acked.start());
-        let to = self
-            .lost_recently
-            .partition_point(|(p, _)| p <= acked.end());
-        for (_, frames) in self.lost_recently.drain(from..to.max(from)) {
-            self.stream_bytes_acked += stream_bytes(&frames);
-            out.acked_late.push(frames);
+            .partition_point(|l| l.pn < *acked.start());
+        let to = self.lost_recently.partition_point(|l| l.pn <= *acked.end());
+        let mut newest = None;
+        for l in self.lost_recently.drain(from..to.max(from)) {
+            newest = Some((l.pn, l.sent));
+            out.probes_acked += u32::from(l.probe);
+            if !l.frames.is_empty() {
+                self.stream_bytes_acked += stream_bytes(&l.frames);
+                out.acked_late.push(l.frames);
+            }
         }
+        newest
     }
 
     /// When loss detection's time threshold declares the oldest waiting packet lost.
@@ -680,15 +721,16 @@ impl Link {
         // An expired probe's loss is not a congestion signal (probes are outside the window),
         // and it does not reset the acknowledged count: a lossy link must still be able to
         // come back. Control frames it carried are handed back to be sent again.
-        let mut failures = 0;
+        let mut expired = SmallVec::<[(u64, SentPacket); 4]>::new();
         self.sent.remove_where(
             |_, p| p.probe && now.saturating_duration_since(p.time) > patience,
-            |p| {
-                failures += 1;
-                out.lost.push(p);
-            },
+            |pn, p| expired.push((pn, p)),
         );
-        self.probe_failures += failures;
+        self.probe_failures += expired.len() as u32;
+        for (pn, p) in expired {
+            self.remember_lost(pn, &p);
+            out.lost.push(p);
+        }
         self.state == LinkState::Degraded && self.probe_failures >= cfg.failure_ptos
     }
 
@@ -723,7 +765,8 @@ impl Link {
         self.rate_sample_start = None;
         // probes still outstanding must not trigger a PTO: count them lost (their control
         // frames are sent again)
-        self.sent.remove_where(|_, p| p.probe, |p| out.lost.push(p));
+        self.sent
+            .remove_where(|_, p| p.probe, |_, p| out.lost.push(p));
     }
 
     // --- receiving ---

@@ -82,14 +82,14 @@ impl SentPackets {
     pub fn remove_where(
         &mut self,
         mut pred: impl FnMut(u64, &SentPacket) -> bool,
-        mut out: impl FnMut(SentPacket),
+        mut out: impl FnMut(u64, SentPacket),
     ) {
         for (i, slot) in self.slots.iter_mut().enumerate() {
             if slot
                 .as_ref()
                 .is_some_and(|p| pred(self.first + i as u64, p))
             {
-                out(slot.take().expect("checked"));
+                out(self.first + i as u64, slot.take().expect("checked"));
                 self.count -= 1;
             }
         }
@@ -143,7 +143,7 @@ mod tests {
         assert!(s.remove(5).is_none(), "a packet is resolved once");
         s.insert(12, pkt(12));
         let mut taken = Vec::new();
-        s.remove_where(|pn, _| pn == 9, |p| taken.push(p.size));
+        s.remove_where(|pn, _| pn == 9, |_, p| taken.push(p.size));
         assert_eq!(taken, [9]);
         assert_eq!(s.oldest().map(|p| p.size), Some(12));
         assert_eq!(s.drain().count(), 1);

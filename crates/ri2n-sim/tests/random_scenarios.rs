@@ -61,13 +61,28 @@ fn random_scenarios_deliver_exactly_what_was_sent() {
 /// Random scenarios that once failed, each with what it found; they stay fixed.
 #[test]
 fn scenarios_that_once_failed() {
-    for (seed, found) in [(
-        18406,
-        "a single 5 Mbit/s link with 22 % loss: the receiver had everything and closed, but the \
-         sender's last repairs were declared lost while queued behind a path MTU probe, their \
-         late acknowledgements were ignored, and every CLOSE the closed receiver sent back \
-         pushed the sender's grace period further: it never finished",
-    )] {
+    for (seed, found) in [
+        (
+            18406,
+            "a single 5 Mbit/s link with 22 % loss: the receiver had everything and closed, but \
+             the sender's last repairs were declared lost while queued behind a path MTU probe, \
+             their late acknowledgements were ignored, and every CLOSE the closed receiver sent \
+             back pushed the sender's grace period further: it never finished",
+        ),
+        (
+            9103227,
+            "every link down from 0.1 s to 2.8 s, then ~20 % loss each way: the client's \
+             INITIAL retransmissions had backed off to one a second, and it gave up after 10 s \
+             having sent 13, while the server had accepted it at 7.5 s",
+        ),
+        (
+            9100008,
+            "one link with a 79 ms round trip and INITIALs re-sent every 20 ms: the RTT taken \
+             from the last INITIAL sent was 5 ms; the link was declared down before any \
+             acknowledgement could come, and its probes expired before their answers arrived, \
+             so it never came back (the transfer stalled for good)",
+        ),
+    ] {
         if let Err(e) = run(&Scenario::random(seed)) {
             panic!("seed {seed} ({found}):\n{e}");
         }

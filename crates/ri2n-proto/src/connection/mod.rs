@@ -90,7 +90,11 @@ enum Handshake {
         next_initial: Instant,
         backoff: Duration,
         started: Instant,
-        last_sent: Option<Instant>,
+        /// When the first INITIAL with the current token was sent. The ACCEPT answers one of
+        /// them, which one is unknown (they are re-sent faster than a long round trip), so
+        /// the time since the first is the RTT sample: never too small, which would make
+        /// probe timeouts fire before any acknowledgement can arrive.
+        first_sent: Option<Instant>,
     },
     Server {
         /// Send (again) the ACCEPT.
@@ -184,7 +188,7 @@ impl Connection {
             next_initial: now,
             backoff: INITIAL_RETRY,
             started: now,
-            last_sent: None,
+            first_sent: None,
         };
         Self::new(
             cfg,
@@ -650,12 +654,14 @@ impl Connection {
         if let Handshake::Client {
             token: t,
             next_initial,
+            first_sent,
             ..
         } = &mut self.handshake
         {
             if t.is_empty() && token.len() <= 64 {
                 *t = token.to_vec();
                 *next_initial = now;
+                *first_sent = None;
             }
         }
     }
@@ -671,13 +677,15 @@ impl Connection {
         local_addrs: &[SocketAddr],
     ) {
         let Handshake::Client {
-            remotes, last_sent, ..
+            remotes,
+            first_sent,
+            ..
         } = &self.handshake
         else {
             return;
         };
         let remotes = remotes.clone();
-        let rtt_sample = last_sent.map(|t| now - t);
+        let rtt_sample = first_sent.map(|t| now - t);
         self.handshake = Handshake::Done;
         self.peer_cid = scid;
         self.peer_instance = instance;

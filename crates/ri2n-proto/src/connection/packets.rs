@@ -3,7 +3,7 @@
 //! driver's buffer with frame sizes bounded by `wire`.
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use smallvec::SmallVec;
 
@@ -114,12 +114,14 @@ impl Connection {
                 token,
                 next_initial,
                 backoff,
-                last_sent,
+                first_sent,
                 ..
             } if *next_initial <= now => {
+                // once the first retransmission went unanswered too, the path is probably down:
+                // retry at the pace a down link is probed at, so a heal is noticed as fast
                 *next_initial = now + *backoff;
-                *backoff = (*backoff * 2).min(Duration::from_secs(1));
-                *last_sent = Some(now);
+                *backoff = self.cfg.probe_interval;
+                first_sent.get_or_insert(now);
                 let header = Header::Initial {
                     scid: self.local_cid,
                     instance: self.local_instance,
