@@ -291,8 +291,8 @@ class Lab:
                 return dict(zip(lines[i].split()[1:], map(int, lines[i + 1].split()[1:])))
         return {}
 
-    def fault(self, link, kind="switch"):
-        return self._timed(self.cmd("fault", link, kind))
+    def fault(self, link, *kind):
+        return self._timed(self.cmd("fault", link, *(kind or ["switch"])))
 
     def heal(self, link):
         return self._timed(self.cmd("heal", link))
@@ -813,22 +813,39 @@ def part_fast(o):
 # part 3: fault timeline
 
 SCENARIOS = {
-    # name: (seconds, [(t, action, link)])
+    # name: (seconds, [(t, action, link[, fault kind, default "switch"])])
     "main": (11, [(2, "fault", 1), (4, "fault", 2), (6, "heal", 1), (8, "heal", 2)]),
     "outage1": (6, [(1, "fault", 1), (1, "fault", 2), (2, "heal", 1)]),
     "outage10": (21, [(1, "fault", 1), (1, "fault", 2), (11, "heal", 1)]),
+    "outage60": (71, [(1, "fault", 1), (1, "fault", 2), (61, "heal", 1)]),
+    "outage300": (311, [(1, "fault", 1), (1, "fault", 2), (301, "heal", 1)]),
+    # link 1's cable pulled out of host A (A's eth1 loses carrier) or of host B, for 3 s
+    "cable_a": (8, [(1, "fault", 1, "cable a"), (4, "heal", 1)]),
+    "cable_b": (8, [(1, "fault", 1, "cable b"), (4, "heal", 1)]),
 }
+# what each scenario's recovery is: (event index of the heal, how it is named)
+RECOVERY_EVENTS = [
+    ("main", 2, "Fig. 4, t=6 s: link 1 heals after 2 s with no link (target: 1 link)"),
+    ("main", 3, "Fig. 4, t=8 s: link 2 heals (target: 2 links)"),
+    ("outage1", 2, "all links down 1 s, then link 1 heals (target: 1 link)"),
+    ("outage10", 2, "all links down 10 s, then link 1 heals"),
+    ("outage60", 2, "all links down 60 s, then link 1 heals"),
+    ("outage300", 2, "all links down 5 min, then link 1 heals"),
+    ("cable_a", 1, "link 1's cable out of host A for 3 s (target: 2 links)"),
+    ("cable_b", 1, "link 1's cable out of host B for 3 s (target: 2 links)"),
+]
 BIN = 0.01
 
 
 def do_events(lab, t0, events, log_out, stop):
     """Runs the scenario's lab commands at t0 + t (monotonic); records when each ran."""
-    for t, action, link in events:
+    for t, action, link, *kind in events:
         while time.monotonic() < t0 + t:
             if stop.is_set():
                 return
             time.sleep(min(0.002, max(0.0, t0 + t - time.monotonic())))
-        b, a, at = (lab.fault(link, "switch") if action == "fault" else lab.heal(link))
+        kind = kind[0] if kind else "switch"
+        b, a, at = (lab.fault(link, *kind.split()) if action == "fault" else lab.heal(link))
         log_out.append({"t": t, "action": action, "link": link, "m_before": b, "m_after": a,
                         "m_at": at})
 
@@ -922,10 +939,13 @@ def analyse(series, events, seconds, per_link_cap, binw=BIN):
     return {"steady_bps": ss, "events": out}
 
 
-def ri2n_fault_run(lab, scenario, srv_pid):
+def ri2n_fault_run(lab, scenario, srv_pid, reverse=False):
+    """One ri2n bench run of `scenario`: A sends (timeline of acknowledged bytes) or, with
+    `reverse`, B sends and A's timeline counts the bytes it read (a receiver-side meter)."""
     seconds, events = SCENARIOS[scenario]
     lines = []
-    cmd = ri2n_lab_client(lab, "--time", seconds, "--interval", BIN, "--json")
+    cmd = ri2n_lab_client(lab, "--time", seconds, "--interval", BIN, "--json",
+                          *(["--reverse"] if reverse else []))
     with tempfile.TemporaryFile("w+") as out:
         m_launch = time.monotonic()
         p = PROCS.start(cmd, stdout=out, stderr=subprocess.PIPE, text=True, bufsize=1)
@@ -965,7 +985,8 @@ def ri2n_fault_run(lab, scenario, srv_pid):
     place_events(ev_log, t0)
     total = max([r["end"] for r in rows] + [seconds])
     series = uniform_series(rows, total)
-    return {"tool": "ri2n", "scenario": scenario, "rc": rc, "cpu_client": cpu,
+    return {"tool": "ri2n-rev" if reverse else "ri2n", "scenario": scenario, "rc": rc,
+            "cpu_client": cpu,
             "align_s": t0 - t0_live, "events": ev_log, "series_bps": series,
             "events_ri2n": doc and doc.get("events"),
             "summary": doc and {k: v for k, v in doc["summary"].items() if k != "links"},
@@ -1004,7 +1025,7 @@ def mptcp_fault_run(lab, scenario):
     st = threading.Thread(target=ss_snapshot, args=(lab, 1.0 - (time.monotonic() - t0), box))
     st.start()
     snaps = []
-    sn = threading.Thread(target=ss_series, args=(lab, t0, [t + 0.5 for t, _, _ in events[::1]] + [seconds - 0.3], snaps))
+    sn = threading.Thread(target=ss_series, args=(lab, t0, [e[0] + 0.5 for e in events] + [seconds - 0.3], snaps))
     sn.start()
     rc, cpu = PROCS.wait_rusage(send, seconds + 30)
     rest = send.stdout.read() if send.stdout else ""
@@ -1099,28 +1120,43 @@ def part_fault(o):
     lab.up([1000, 1000])
     res["mptcp"] = lab.mptcp_setup()
     srv = start_lab_servers(lab, iperf=False, mptcp_iperf=False)
-    for scenario in ("main", "outage1", "outage10"):
-        reps = o.reps
-        for rep in range(reps):
-            for tool in (["ri2n", "mptcp"] if rep % 2 == 0 else ["mptcp", "ri2n"]):
-                busy = wait_quiet()
-                log("fault: %s %s rep %d" % (scenario, tool, rep))
-                if tool == "ri2n":
-                    r = ri2n_fault_run(lab, scenario, srv["ri2n"].pid)
-                else:
-                    r = mptcp_fault_run(lab, scenario)
-                lab.heal("all")
-                time.sleep(1.0)
-                r["rep"] = rep
-                r["busy_before"] = busy
-                cap = res["per_link_cap"][tool]
-                r["analysis"] = analyse(r["series_bps"], r["events"], SCENARIOS[scenario][0], cap)
-                log("   " + "; ".join("%s%d@%.2f: %s" % (
-                    m["action"], m["link"], m["t_bench"],
-                    "n/a" if m.get("time_to_90", "x") == "x" else (
-                        "never" if m["time_to_90"] is None else "%.0f ms" % (m["time_to_90"] * 1000)))
-                    for m in r["analysis"]["events"]))
-                res["runs"].append(r)
+    scenarios = ["main", "outage1", "outage10", "outage60", "cable_a", "cable_b"]
+    if o.long_outage:
+        scenarios.append("outage300")
+    if o.scenarios:
+        scenarios = o.scenarios.split(",")
+    res["scenario_order"] = scenarios
+    for scenario in scenarios:
+        tools = ["ri2n", "ri2n-rev", "mptcp"]
+        # the 5-minute outage once per tool; the Figure-4 scenario is ri2n's take-back soak
+        reps = 1 if scenario == "outage300" else o.reps
+        runs_of = {t: reps for t in tools}
+        if scenario == "main":
+            runs_of["ri2n"] = max(reps, o.soak)
+        order = []
+        for rep in range(max(runs_of.values())):
+            for tool in (tools if rep % 2 == 0 else tools[::-1]):
+                if rep < runs_of[tool]:
+                    order.append((rep, tool))
+        for rep, tool in order:
+            busy = wait_quiet()
+            log("fault: %s %s rep %d" % (scenario, tool, rep))
+            if tool.startswith("ri2n"):
+                r = ri2n_fault_run(lab, scenario, srv["ri2n"].pid, reverse=tool == "ri2n-rev")
+            else:
+                r = mptcp_fault_run(lab, scenario)
+            lab.heal("all")
+            time.sleep(1.0)
+            r["rep"] = rep
+            r["busy_before"] = busy
+            cap = res["per_link_cap"]["mptcp" if tool == "mptcp" else "ri2n"]
+            r["analysis"] = analyse(r["series_bps"], r["events"], SCENARIOS[scenario][0], cap)
+            log("   " + "; ".join("%s%d@%.2f: %s" % (
+                m["action"], m["link"], m["t_bench"],
+                "n/a" if m.get("time_to_90", "x") == "x" else (
+                    "never" if m["time_to_90"] is None else "%.0f ms" % (m["time_to_90"] * 1000)))
+                for m in r["analysis"]["events"]))
+            res["runs"].append(r)
         if scenario == "main" and not o.no_iperf_check:
             log("fault: main, iperf3 over MPTCP at 0.1 s")
             r = iperf3_fault_run(lab, "main")
@@ -1488,20 +1524,38 @@ def report_fault(res):
 
     L.append("Milliseconds, median (min–max, n runs); rule above. \"stall\" = longest run of "
              "10 ms bins below 10 % of the surviving/healed capacity.\n")
-    L.append("| scenario, event | ri2n: time to 90 % | ri2n: longest stall | MPTCP: time to 90 % | MPTCP: longest stall |")
-    L.append("| --- | --- | --- | --- | --- |")
-    names = {
-        ("main", 0): "Fig. 4, t=2 s link 1 switch dies (failover gap, target: link 2)",
-        ("main", 2): "Fig. 4, t=6 s link 1 heals after 2 s with no link (recovery, target: 1 link)",
-        ("main", 3): "Fig. 4, t=8 s link 2 heals (recovery, target: 2 links)",
-        ("outage1", 2): "all links down 1 s, then link 1 heals (recovery, 1 link)",
-        ("outage10", 2): "all links down 10 s, then link 1 heals (recovery, 1 link)",
-    }
-    for (scen, idx), name in names.items():
-        L.append("| %s | %s | %s | %s | %s |" % (
-            name, cell(metric("ri2n", scen, idx, "time_to_90")), cell(metric("ri2n", scen, idx, "stall")),
-            cell(metric("mptcp", scen, idx, "time_to_90")), cell(metric("mptcp", scen, idx, "stall"))))
+    L.append("Recovery (\"time to 90 %\" after the heal) and failover. ri2n A→B: A sends, its "
+             "timeline counts acknowledged bytes; ri2n B→A: `bench --reverse`, A counts the bytes "
+             "it read (a receiver-side meter); MPTCP: receiver-side meter.\n")
+    L.append("| scenario, event | ri2n A→B | ri2n B→A | MPTCP | ri2n A→B: longest stall | MPTCP: longest stall |")
+    L.append("| --- | --- | --- | --- | --- | --- |")
+    rows = [("main", 0, "Fig. 4, t=2 s: link 1's switch dies (failover gap, target: link 2)")]
+    rows += RECOVERY_EVENTS
+    worst = []
+    for scen, idx, name in rows:
+        if not any(r["scenario"] == scen for r in runs):
+            continue
+        L.append("| %s | %s | %s | %s | %s | %s |" % (
+            name, cell(metric("ri2n", scen, idx, "time_to_90")),
+            cell(metric("ri2n-rev", scen, idx, "time_to_90")),
+            cell(metric("mptcp", scen, idx, "time_to_90")),
+            cell(metric("ri2n", scen, idx, "stall")), cell(metric("mptcp", scen, idx, "stall"))))
+        if idx > 0 or scen != "main":
+            worst += [v for t in ("ri2n", "ri2n-rev") for v in metric(t, scen, idx, "time_to_90")]
     L.append("")
+    if worst:
+        slow = [v for v in worst if v is None or v > 0.2]
+        L.append("- ri2n recovery, every run of every scenario above (both directions): %d runs, "
+                 "slowest %s; %d above 200 ms or never." % (
+                     len(worst), "never" if None in worst else "%.0f ms" % (max(worst) * 1000),
+                     len(slow)))
+    soak = [r for r in runs if r["tool"] == "ri2n" and r["scenario"] == "main"]
+    if soak:
+        missed = [r["rep"] for r in soak
+                  if any(r["analysis"]["events"][i].get("time_to_90") is None for i in (2, 3))]
+        L.append("- Figure-4 take-back soak: %d ri2n runs; a healed link not taken back (90 %% "
+                 "not reached before the next event or the end) in %d%s." % (
+                     len(soak), len(missed), " (runs %s)" % missed if missed else ""))
     dips = {t: [r["analysis"]["events"][0].get("min_bin_200ms") for r in runs
                 if r["tool"] == t and r["scenario"] == "main"] for t in ("ri2n", "mptcp")}
     L.append("- Lowest 10 ms goodput in the 200 ms after link 1's switch died (t=2 s, main): "
@@ -1509,7 +1563,7 @@ def report_fault(res):
                                                    spread(dips["mptcp"], "%.0f", 1e-6)))
     det, back = [], []
     for r in runs:
-        if r["tool"] != "ri2n" or not r.get("events_ri2n"):
+        if not r["tool"].startswith("ri2n") or not r.get("events_ri2n"):
             continue
         evs = r["events_ri2n"]
         f = [e for e in r["events"] if e["action"] == "fault" and e["link"] == 1][0]
@@ -1525,7 +1579,10 @@ def report_fault(res):
         L.append("- ri2n declared link 1 degraded/down %s ms after its switch died (its own "
                  "`events`, main scenario)." % spread(det, "%.0f", 1000))
     for sc, name in (("main", "after 2 s with no link (main, t=6 s)"), ("outage1", "after the 1 s outage"),
-                     ("outage10", "after the 10 s outage")):
+                     ("outage10", "after the 10 s outage"), ("outage60", "after the 60 s outage"),
+                     ("outage300", "after the 5-minute outage"),
+                     ("cable_a", "after its cable was back in host A"),
+                     ("cable_b", "after its cable was back in host B")):
         v = [b for s_, b in back if s_ == sc]
         if v:
             L.append("- ri2n took link 1 back up %s ms after it healed %s." % (spread(v, "%.0f", 1000), name))
@@ -1760,6 +1817,12 @@ def main():
     ap.add_argument("--sweep-count", type=int, default=2000)
     ap.add_argument("--sockperf-sweep-time", type=int, default=1)
     ap.add_argument("--no-iperf-check", action="store_true", help="skip the iperf3 0.1 s fault run")
+    ap.add_argument("--soak", type=int, default=20,
+                    help="fault: ri2n runs of the Figure-4 scenario (missed take-backs are counted)")
+    ap.add_argument("--scenarios", help="fault: only these scenarios, comma-separated (of %s)"
+                    % ", ".join(SCENARIOS))
+    ap.add_argument("--long-outage", action="store_true",
+                    help="fault: also a 5-minute total outage (one run per tool, ~16 min)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke test: 1 run each, 3 s throughput; results go to bench/results/quick "
                          "and docs/BENCHMARKS.md is not touched")
@@ -1771,7 +1834,7 @@ def main():
             ap.error("unknown part %r" % p)
     global RESULTS
     if o.quick:
-        o.reps = o.lat_reps = o.sweep_reps = o.pinned_reps = 1
+        o.reps = o.lat_reps = o.sweep_reps = o.pinned_reps = o.soak = 1
         o.time = 3
         o.fast_bytes = o.piped_bytes = 128 << 20
         o.lat_count = 2000

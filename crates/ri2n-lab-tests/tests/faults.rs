@@ -141,12 +141,21 @@ fn all_links_down_30s_then_one_back() {
         healed_at < out.send_secs,
         "the transfer ended before the heal: the outage did not hit it (data too small?)"
     );
+    let resumed = out.resume_after(healed_at);
     report(&format!(
         "    during the outage: {:.1} Mbit/s delivered; delivery resumed {:.0} ms after link 2 \
          was healed",
         out.goodput_mbit(down_at + 0.5, healed_at),
-        out.resume_after(healed_at).unwrap_or(f64::NAN) * 1e3
+        resumed.unwrap_or(f64::NAN) * 1e3
     ));
+    // a generous bound (the figures belong in the benchmark, docs/BENCHMARKS.md): the healed
+    // link is taken back however long the outage was, not after address-resolution retries
+    let resumed = resumed.expect("delivery resumed after the heal");
+    assert!(
+        resumed < 1.0,
+        "delivery resumed {:.0} ms after the heal (bound: 1 s)",
+        resumed * 1e3
+    );
 }
 
 /// The receiver is killed (SIGKILL) mid-transfer and restarted on the same addresses, at once

@@ -40,6 +40,8 @@ use crate::socket::{LinkSocket, Received, RecvBatch, SendOutcome};
 /// link flapping for hours while nobody polls must not grow memory without bound).
 const MAX_QUEUED_EVENTS: usize = 4096;
 const WAKE_TOKEN: Token = Token(usize::MAX);
+/// The kernel's link-change notifications (see `carrier.rs`).
+const CARRIER_TOKEN: Token = Token(usize::MAX - 1);
 /// Room for one datagram: the largest the engine builds.
 const MAX_DATAGRAM: usize = ri2n_proto::wire::MAX_DATAGRAM_SIZE;
 /// Most bytes one GSO send carries: below the 65 507-byte limit of one UDP send over IPv4.
@@ -612,6 +614,22 @@ impl Driver {
                 .registry()
                 .register(&mut SourceFd(&fd), Token(i), Interest::READABLE)?;
         }
+        // best effort: without notifications a pulled cable is found by the engine's own
+        // failure detection, and the link may take up to a second longer to come back
+        let link_changes = match crate::carrier::LinkChanges::open() {
+            Ok(l) => {
+                poll.registry().register(
+                    &mut SourceFd(&l.as_raw_fd()),
+                    CARRIER_TOKEN,
+                    Interest::READABLE,
+                )?;
+                Some(l)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no link-change notifications: carrier not tracked");
+                None
+            }
+        };
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 endpoint,
@@ -640,7 +658,7 @@ impl Driver {
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name("ri2n-driver".into())
-            .spawn(move || run(thread_shared, poll))?;
+            .spawn(move || run(thread_shared, poll, link_changes))?;
         Ok(Arc::new(Self {
             shared,
             thread: Mutex::new(Some(thread)),
@@ -672,7 +690,7 @@ impl Drop for Driver {
 }
 
 /// The driver thread.
-fn run(shared: Arc<Shared>, mut poll: Poll) {
+fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier::LinkChanges>) {
     let mut events = Events::with_capacity(64);
     let mut readable = vec![true; shared.sockets.len()];
     let mut next_confirm = Instant::now();
@@ -734,6 +752,14 @@ fn run(shared: Arc<Shared>, mut poll: Poll) {
             }
         }
         for ev in events.iter() {
+            if ev.token() == CARRIER_TOKEN {
+                if link_changes.as_ref().is_some_and(|l| l.drain()) {
+                    for s in &shared.sockets {
+                        s.refresh_carrier();
+                    }
+                }
+                continue;
+            }
             if let Some(r) = readable.get_mut(ev.token().0) {
                 shared.socket_event(ev.token().0, ev);
                 *r = true;

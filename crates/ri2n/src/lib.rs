@@ -27,6 +27,7 @@
 
 #![warn(missing_docs)]
 
+mod carrier;
 mod connection;
 mod driver;
 mod impair;
@@ -129,22 +130,7 @@ fn expand_wildcards(addrs: &[SocketAddr]) -> Result<Vec<SocketAddr>, Error> {
 /// The largest UDP payload the interface holding `ip` can send (its MTU less the IP and UDP
 /// headers), if the system tells: the ceiling of path MTU discovery on links from `ip`.
 fn interface_max_datagram(ip: std::net::IpAddr) -> Option<usize> {
-    let interfaces = if_addrs::get_if_addrs().ok()?;
-    // the interface with this address, else one whose subnet holds it (127.0.0.2 is on lo)
-    let in_subnet = |i: &&if_addrs::Interface| match (&i.addr, ip) {
-        (if_addrs::IfAddr::V4(a), std::net::IpAddr::V4(ip)) => {
-            u32::from(a.ip) & u32::from(a.netmask) == u32::from(ip) & u32::from(a.netmask)
-        }
-        (if_addrs::IfAddr::V6(a), std::net::IpAddr::V6(ip)) => {
-            u128::from(a.ip) & u128::from(a.netmask) == u128::from(ip) & u128::from(a.netmask)
-        }
-        _ => false,
-    };
-    let name = &interfaces
-        .iter()
-        .find(|i| i.ip() == ip)
-        .or_else(|| interfaces.iter().find(in_subnet))?
-        .name;
+    let name = carrier::interface_of(ip)?;
     let mtu: usize = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
         .ok()?
         .trim()

@@ -41,6 +41,10 @@ pub(crate) struct LinkSocket {
     refused: Mutex<Vec<SocketAddr>>,
     /// `refused` may hold something: spares its lock on every received batch.
     any_refused: AtomicBool,
+    /// The interface of `local`, if it is known (not for a wildcard address).
+    interface: Option<String>,
+    /// That interface has carrier (see `carrier.rs`); without, nothing is sent.
+    carrier: AtomicBool,
 }
 
 impl LinkSocket {
@@ -55,6 +59,8 @@ impl LinkSocket {
         // the peer's host tells that the peer process is gone, not the network
         let _ = state.enable_transport_errors((&std).into());
         let local = std.local_addr()?;
+        let interface = crate::carrier::interface_of(local.ip());
+        let carrier = interface.as_deref().is_none_or(crate::carrier::has_carrier);
         Ok(Self {
             local,
             io: mio::net::UdpSocket::from_std(std),
@@ -62,6 +68,8 @@ impl LinkSocket {
             impairment: Arc::new(Impairment::default()),
             refused: Mutex::new(Vec::new()),
             any_refused: AtomicBool::new(false),
+            interface,
+            carrier: AtomicBool::new(carrier),
         })
     }
 
@@ -73,6 +81,11 @@ impl LinkSocket {
     /// Sends `data` to `remote`: one datagram, or with `segment` several of that size (the
     /// last may be shorter) in one system call (GSO).
     pub fn send(&self, remote: SocketAddr, data: &[u8], segment: Option<usize>) -> SendOutcome {
+        if !self.carrier.load(Ordering::Relaxed) {
+            // see carrier.rs: sent now, it would only start an address resolution that
+            // delays the first datagrams after the cable is back
+            return SendOutcome::Unreachable;
+        }
         if self.impairment.is_impaired() {
             // the impairment layer judges datagram by datagram
             let seg = segment.unwrap_or(data.len()).max(1);
@@ -119,6 +132,9 @@ impl LinkSocket {
     /// confirmed, the entry stays usable (the peer's address does not change when a switch
     /// dies or a cable is pulled) and the first probe after the heal gets through.
     pub fn confirm_next_hop(&self, remote: SocketAddr) {
+        if !self.carrier.load(Ordering::Relaxed) {
+            return;
+        }
         // MSG_PROBE ("do not send, only probe the path", include/linux/socket.h) is not in libc
         const MSG_PROBE: libc::c_int = 0x10;
         let flags = libc::MSG_CONFIRM | MSG_PROBE;
@@ -127,6 +143,16 @@ impl LinkSocket {
             &socket2::SockAddr::from(remote),
             flags,
         );
+    }
+
+    /// Reads the carrier of this socket's interface again (after a link change).
+    pub fn refresh_carrier(&self) {
+        if let Some(name) = &self.interface {
+            let up = crate::carrier::has_carrier(name);
+            if self.carrier.swap(up, Ordering::Relaxed) != up {
+                tracing::debug!(local = %self.local, interface = %name, carrier = up, "carrier changed");
+            }
+        }
     }
 
     /// Destinations found unreachable at the port since the last call.

@@ -1,0 +1,128 @@
+//! Whether the interface of each local address has carrier (a cable and a live port at the
+//! other end), kept current from the kernel's link notifications.
+//!
+//! Why: when a host's own cable is pulled, Linux flushes the interface's neighbour entries.
+//! Datagrams sent meanwhile create a new entry whose address resolution fails and is retried
+//! once a second; after the cable is back, nothing leaves until the next retry, and the
+//! datagrams queued behind the resolution arrive as a stale burst. A socket whose interface
+//! has no carrier therefore sends nothing (the engine is told the path is unreachable, so its
+//! link goes down at once instead of after probe timeouts); the first probe after the carrier
+//! returns starts a fresh resolution, answered within a round trip.
+//!
+//! The notifications come from an rtnetlink socket subscribed to link changes (no privilege
+//! needed); the carrier itself is read from `/sys/class/net/IF/carrier`.
+
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// Link-change notifications of the kernel (`RTMGRP_LINK` on a `NETLINK_ROUTE` socket).
+#[derive(Debug)]
+pub(crate) struct LinkChanges {
+    fd: OwnedFd,
+}
+
+impl LinkChanges {
+    /// Subscribes to the kernel's link changes in this process's network namespace.
+    pub fn open() -> io::Result<Self> {
+        // SAFETY: plain socket(2); the descriptor is owned right after
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                libc::NETLINK_ROUTE,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor nobody else owns
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: an all-zero sockaddr_nl is valid; family and groups are set below
+        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        addr.nl_groups = libc::RTMGRP_LINK as u32;
+        // SAFETY: bind(2) with a sockaddr_nl of the size given
+        let r = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&addr as *const libc::sockaddr_nl).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self { fd })
+    }
+
+    /// Reads and discards every pending notification (which interface changed does not
+    /// matter: the caller reads the carrier of each of its own). Returns whether there was
+    /// any (or the kernel dropped some for lack of room, which counts as a change).
+    pub fn drain(&self) -> bool {
+        let mut buf = [0u8; 8192];
+        let mut any = false;
+        loop {
+            // SAFETY: recv(2) into a buffer we own, of the length given
+            let n = unsafe {
+                libc::recv(
+                    self.fd.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n > 0 {
+                any = true;
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                // notifications were lost: something changed
+                Some(libc::ENOBUFS) => any = true,
+                _ => return any,
+            }
+        }
+    }
+}
+
+impl AsRawFd for LinkChanges {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// The name of the interface that holds `ip`, else of one whose subnet holds it (127.0.0.2
+/// is on `lo`); `None` for a wildcard or unknown address.
+pub(crate) fn interface_of(ip: IpAddr) -> Option<String> {
+    if ip.is_unspecified() {
+        return None;
+    }
+    let interfaces = if_addrs::get_if_addrs().ok()?;
+    let in_subnet = |i: &&if_addrs::Interface| match (&i.addr, ip) {
+        (if_addrs::IfAddr::V4(a), IpAddr::V4(ip)) => {
+            u32::from(a.ip) & u32::from(a.netmask) == u32::from(ip) & u32::from(a.netmask)
+        }
+        (if_addrs::IfAddr::V6(a), IpAddr::V6(ip)) => {
+            u128::from(a.ip) & u128::from(a.netmask) == u128::from(ip) & u128::from(a.netmask)
+        }
+        _ => false,
+    };
+    interfaces
+        .iter()
+        .find(|i| i.ip() == ip)
+        .or_else(|| interfaces.iter().find(in_subnet))
+        .map(|i| i.name.clone())
+}
+
+/// Whether interface `name` has carrier. An interface whose state cannot be read (gone, or
+/// a system without sysfs) counts as having it: the engine's own failure detection decides.
+pub(crate) fn has_carrier(name: &str) -> bool {
+    match std::fs::read_to_string(format!("/sys/class/net/{name}/carrier")) {
+        Ok(s) => s.trim() != "0",
+        // reading `carrier` of an interface that is administratively down fails with EINVAL
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => false,
+        Err(_) => true,
+    }
+}
