@@ -694,6 +694,8 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
     let mut events = Events::with_capacity(64);
     let mut readable = vec![true; shared.sockets.len()];
     let mut next_confirm = Instant::now();
+    // the last confirmation round found paths to confirm: wake up for the next one
+    let mut confirming = false;
     while !shared.shutdown.load(Ordering::Acquire) {
         // receive everything waiting (mio is edge-triggered: drain until empty)
         for (i, r) in readable.iter_mut().enumerate() {
@@ -710,7 +712,9 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
             }
             let confirm = if now >= next_confirm {
                 next_confirm = now + CONFIRM_PERIOD;
-                st.endpoint.heard_paths(now, NEXT_HOP_HOLD)
+                let paths = st.endpoint.heard_paths(now, NEXT_HOP_HOLD);
+                confirming = !paths.is_empty();
+                paths
             } else {
                 Vec::new()
             };
@@ -730,7 +734,7 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
             });
             st.driver_deadline = next;
             let mut timeout = next.map(|t| t.saturating_duration_since(now));
-            if !st.endpoint.heard_paths(now, NEXT_HOP_HOLD).is_empty() {
+            if confirming {
                 let until_confirm = next_confirm.saturating_duration_since(now);
                 timeout = Some(timeout.map_or(until_confirm, |t| t.min(until_confirm)));
             }
