@@ -192,23 +192,30 @@ fn stderr_of(o: &Output) -> String {
 
 /// `ri2n recv` on both loopback addresses and `ri2n send` to the first one, `len` random
 /// bytes, with `sender_args` added to the sender; checks exit codes and sha256.
-fn transfer(len: u64, sender_args: &[&str]) -> Duration {
-    let input = TempFile::new("in");
-    let output = TempFile::new("out");
-    let t = Instant::now();
-    let sent_hash = write_random(input.path(), len, 0x1234_5678_9ABC_DEF1 ^ len);
-    println!("generated {} MiB in {:?}", len >> 20, t.elapsed());
-    let port = free_port();
+/// Starts `ri2n recv` listening on both loopback addresses at `port` and writing to
+/// `output`, with `extra` options; returns it and the address a sender connects to.
+fn spawn_recv(port: u16, output: &Path, extra: &[&str]) -> (Proc, String) {
     let a = format!("127.0.0.1:{port}");
     let b = format!("127.0.0.2:{port}");
     let recv = Proc::spawn(
         "ri2n recv",
         Command::new(bin())
             .args(["recv", "--listen", &a, "--listen", &b, "--output"])
-            .arg(output.path())
+            .arg(output)
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped()),
     );
+    (recv, a)
+}
+
+fn transfer(len: u64, sender_args: &[&str]) -> Duration {
+    let input = TempFile::new("in");
+    let output = TempFile::new("out");
+    let t = Instant::now();
+    let sent_hash = write_random(input.path(), len, 0x1234_5678_9ABC_DEF1 ^ len);
+    println!("generated {} MiB in {:?}", len >> 20, t.elapsed());
+    let (recv, a) = spawn_recv(free_port(), output.path(), &[]);
     let start = Instant::now();
     let send = Proc::spawn(
         "ri2n send",
@@ -400,17 +407,7 @@ fn slow_transfer() -> (Proc, Proc, TempFile, TempFile) {
     let input = TempFile::new("in");
     write_random(input.path(), 64 << 20, 7);
     let output = TempFile::new("out");
-    let port = free_port();
-    let a = format!("127.0.0.1:{port}");
-    let b = format!("127.0.0.2:{port}");
-    let recv = Proc::spawn(
-        "ri2n recv",
-        Command::new(bin())
-            .args(["recv", "-q", "--listen", &a, "--listen", &b, "--output"])
-            .arg(output.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    );
+    let (recv, a) = spawn_recv(free_port(), output.path(), &["-q"]);
     thread::sleep(Duration::from_millis(200));
     let send = Proc::spawn(
         "ri2n send",
@@ -438,24 +435,7 @@ fn link_events_are_reported_as_they_happen() {
     let _heavy = heavy();
     let input = TempFile::new("events-in");
     write_random(input.path(), 40 << 20, 11);
-    let port = free_port();
-    let a = format!("127.0.0.1:{port}");
-    let b = format!("127.0.0.2:{port}");
-    let recv = Proc::spawn(
-        "ri2n recv",
-        Command::new(bin())
-            .args([
-                "recv",
-                "--listen",
-                &a,
-                "--listen",
-                &b,
-                "--output",
-                "/dev/null",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    );
+    let (recv, a) = spawn_recv(free_port(), Path::new("/dev/null"), &[]);
     thread::sleep(Duration::from_millis(200));
     // 2 × 100 Mbit/s: about 2 s of transfer after the link comes back at 1.2 s
     let mut send = Command::new(bin())
@@ -650,24 +630,10 @@ fn all_links_down_past_the_deadline_is_connection_lost() {
     let _g = heavy();
     let input = TempFile::new("small");
     write_random(input.path(), 4 << 20, 7);
-    let port = free_port();
-    let a = format!("127.0.0.1:{port}");
-    let b = format!("127.0.0.2:{port}");
-    let recv = Proc::spawn(
-        "ri2n recv",
-        Command::new(bin())
-            .args([
-                "recv",
-                "--listen",
-                &a,
-                "--listen",
-                &b,
-                "--output",
-                "/dev/null",
-            ])
-            .args(["--all-links-down-timeout", "1"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
+    let (recv, a) = spawn_recv(
+        free_port(),
+        Path::new("/dev/null"),
+        &["--all-links-down-timeout", "1"],
     );
     let send = Proc::spawn(
         "ri2n send",
