@@ -190,8 +190,23 @@ fn stderr_of(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// `ri2n recv` on both loopback addresses and `ri2n send` to the first one, `len` random
-/// bytes, with `sender_args` added to the sender; checks exit codes and sha256.
+/// Runs `ri2n ARGS` (stdin empty, output captured) and waits for it, at most `limit`.
+fn ri2n<I, A>(args: I, limit: Duration) -> (ExitStatus, Output)
+where
+    I: IntoIterator<Item = A>,
+    A: AsRef<std::ffi::OsStr>,
+{
+    Proc::spawn(
+        "ri2n",
+        Command::new(bin())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .wait(limit)
+}
+
 /// Starts `ri2n recv` listening on both loopback addresses at `port` and writing to
 /// `output`, with `extra` options; returns it and the address a sender connects to.
 fn spawn_recv(port: u16, output: &Path, extra: &[&str]) -> (Proc, String) {
@@ -209,6 +224,8 @@ fn spawn_recv(port: u16, output: &Path, extra: &[&str]) -> (Proc, String) {
     (recv, a)
 }
 
+/// `ri2n recv` on both loopback addresses and `ri2n send` to the first one, `len` random
+/// bytes, with `sender_args` added to the sender; checks exit codes and sha256.
 fn transfer(len: u64, sender_args: &[&str]) -> Duration {
     let input = TempFile::new("in");
     let output = TempFile::new("out");
@@ -309,14 +326,10 @@ fn demo_succeeds() {
 fn recv_on_a_port_in_use_fails_with_the_address() {
     let held = UdpSocket::bind("127.0.0.1:0").unwrap();
     let addr = held.local_addr().unwrap().to_string();
-    let (s, o) = Proc::spawn(
-        "ri2n recv",
-        Command::new(bin())
-            .args(["recv", "--listen", &addr, "--output", "-"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    )
-    .wait(Duration::from_secs(10));
+    let (s, o) = ri2n(
+        ["recv", "--listen", &addr, "--output", "-"],
+        Duration::from_secs(10),
+    );
     let err = stderr_of(&o);
     assert_eq!(s.code(), Some(5), "exit code; stderr: {err}");
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
@@ -329,15 +342,7 @@ fn send_to_a_closed_port_fails_clearly() {
     let port = free_port();
     let to = format!("127.0.0.1:{port}");
     let start = Instant::now();
-    let (s, o) = Proc::spawn(
-        "ri2n send",
-        Command::new(bin())
-            .args(["send", "--to", &to])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    )
-    .wait(Duration::from_secs(15));
+    let (s, o) = ri2n(["send", "--to", &to], Duration::from_secs(15));
     let err = stderr_of(&o);
     assert_eq!(s.code(), Some(3), "exit code; stderr: {err}");
     // the host answers "port unreachable" at once: no waiting for the 10 s handshake timeout
@@ -361,15 +366,10 @@ fn the_connect_timeout_is_kept() {
     let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
     let to = silent.local_addr().unwrap().to_string();
     let start = Instant::now();
-    let (s, o) = Proc::spawn(
-        "ri2n send",
-        Command::new(bin())
-            .args(["send", "--to", &to, "--connect-timeout", "1.5"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    )
-    .wait(Duration::from_secs(15));
+    let (s, o) = ri2n(
+        ["send", "--to", &to, "--connect-timeout", "1.5"],
+        Duration::from_secs(15),
+    );
     let took = start.elapsed();
     let err = stderr_of(&o);
     assert_eq!(s.code(), Some(3), "exit code; stderr: {err}");
@@ -599,27 +599,14 @@ fn bad_options_are_usage_errors() {
         vec!["send", "--to", "127.0.0.1:9", "--connect-timeout", "1e10"],
         vec!["send", "--to", "127.0.0.1:9", "--connect-timeout", "0"],
     ] {
-        let (s, o) = Proc::spawn(
-            "ri2n",
-            Command::new(bin())
-                .args(&args)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped()),
-        )
-        .wait(Duration::from_secs(10));
+        let (s, o) = ri2n(&args, Duration::from_secs(10));
         assert_eq!(s.code(), Some(2), "{args:?}: {}", stderr_of(&o));
     }
     // a fault naming an address this process does not have
-    let (s, o) = Proc::spawn(
-        "ri2n send",
-        Command::new(bin())
-            .args(["send", "--to", "127.0.0.1:9", "--fault", "1:127.0.0.9:down"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    )
-    .wait(Duration::from_secs(10));
+    let (s, o) = ri2n(
+        ["send", "--to", "127.0.0.1:9", "--fault", "1:127.0.0.9:down"],
+        Duration::from_secs(10),
+    );
     let err = stderr_of(&o);
     assert_eq!(s.code(), Some(2), "{err}");
     assert!(err.contains("127.0.0.9"), "{err}");
@@ -738,14 +725,10 @@ fn bench_against_serve() {
 fn bench_latency_message_size_limit() {
     let _g = heavy();
     let (_server, to) = serve();
-    let (s, o) = Proc::spawn(
-        "ri2n bench",
-        Command::new(bin())
-            .args(["bench", "--to", &to, "--latency", "--size", "99999999"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    )
-    .wait(Duration::from_secs(20));
+    let (s, o) = ri2n(
+        ["bench", "--to", &to, "--latency", "--size", "99999999"],
+        Duration::from_secs(20),
+    );
     let err = stderr_of(&o);
     assert_eq!(s.code(), Some(2), "exit code; stderr: {err}");
     let limit: usize = err
