@@ -31,7 +31,11 @@ Exit codes:
      --all-links-down-timeout); send also when the receiver did not acknowledge every byte
   5  cannot bind a local address (address in use, address not on this host)
   130, 143  interrupted by SIGINT, SIGTERM (send and recv abort the connection first: the peer
-     is told and reports it)";
+     is told and reports it)
+
+Environment:
+  RI2N_LOG  a log filter (`debug`, `ri2n_proto=debug`, ...): the engine's decisions (link
+            state changes and their causes, probe timeouts, losses) are logged on stderr";
 
 /// Why a command failed.
 #[derive(Debug)]

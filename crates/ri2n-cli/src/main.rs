@@ -323,6 +323,7 @@ fn parse_demo_secs(s: &str) -> Result<Duration, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logging();
     let result = match cli.command {
         Command::Send(a) => send::run(&a),
         Command::Recv(a) => recv::run(&a),
@@ -337,5 +338,21 @@ fn main() -> ExitCode {
             eprintln!("ri2n: error: {}", f.message);
             ExitCode::from(f.code)
         }
+    }
+}
+
+/// `RI2N_LOG` (a tracing filter such as `debug` or `ri2n_proto=debug`) turns on the engine's
+/// diagnostic log on stderr, with microsecond timestamps; without it nothing is logged.
+fn init_logging() {
+    let Ok(filter) = std::env::var("RI2N_LOG") else {
+        return;
+    };
+    match tracing_subscriber::EnvFilter::try_new(&filter) {
+        Ok(filter) => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        Err(e) => eprintln!("ri2n: warning: RI2N_LOG={filter:?} ignored: {e}"),
     }
 }

@@ -42,7 +42,9 @@ pub struct ConnectionConfig {
     /// Acknowledged probes that bring a down or degraded link back (default 2; doubled, up to
     /// 32, for a link that fails again within a second of coming back).
     pub recovery_probes: u32,
-    /// Probe timeouts in a row, without any acknowledgement on a link, that declare it down (default 3).
+    /// Probe timeouts in a row, without any acknowledgement on a link, that declare it down
+    /// (default 3) while another link shows that the peer is answering. When the peer is
+    /// silent on every link the timeouts back off and two more are needed (PROTOCOL.md §6.3).
     pub failure_ptos: u32,
     /// Lower bound of a link's probe timeout (default 5 ms: on a busy host a peer may not run
     /// for a few milliseconds, and three timeouts in a row declare the link down).

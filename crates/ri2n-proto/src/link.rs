@@ -126,6 +126,14 @@ pub(crate) struct Rtt {
 /// RTT assumed before the first sample.
 const INITIAL_RTT: Duration = Duration::from_millis(100);
 const GRANULARITY: Duration = Duration::from_millis(1);
+/// A backed-off probe timeout grows to at most 2^this times its base.
+const MAX_PTO_BACKOFF_SHIFT: u32 = 6;
+/// Probe timeouts beyond `failure_ptos` a link needs to be declared down while no other link
+/// shows that the peer is answering (timeouts backed off: 5 + 10 + 20 + 40 + 80 = 155 ms at the
+/// smallest PTO). A dead peer or every link gone then takes a little longer to declare, which
+/// costs nothing (there is nowhere to fail over to), and a peer or network stalled for tens of
+/// milliseconds on a busy host does not take down a working link.
+const SILENT_PEER_EXTRA_PTOS: u32 = 2;
 
 impl Rtt {
     fn new() -> Self {
@@ -233,6 +241,9 @@ pub(crate) struct Link {
     loss_time: Option<Instant>,
     /// When an acknowledgement last newly acknowledged something sent on this link.
     last_ack_time: Option<Instant>,
+    /// When the newest packet acknowledged so far was sent: the peer was alive and heard
+    /// this link at least until then.
+    newest_acked_sent: Option<Instant>,
     last_ack_eliciting_sent: Option<Instant>,
     /// Probe timeouts in a row without any acknowledgement.
     pub pto_count: u32,
@@ -293,6 +304,7 @@ impl Link {
             largest_acked: None,
             loss_time: None,
             last_ack_time: None,
+            newest_acked_sent: None,
             last_ack_eliciting_sent: None,
             pto_count: 0,
             last_pto: None,
@@ -416,7 +428,7 @@ impl Link {
                     let before = self.bytes_in_flight;
                     self.bytes_in_flight -= u64::from(pkt.size);
                     self.delivered += u64::from(pkt.size);
-                    self.cc.on_ack(u64::from(pkt.size), pkt.time, before);
+                    self.cc.on_ack(u64::from(pkt.size), pkt.time, now, before);
                 }
                 if pkt.probe {
                     out.probes_acked += 1;
@@ -442,10 +454,12 @@ impl Link {
         };
         self.largest_acked = Some(self.largest_acked.map_or(largest, |l| l.max(largest)));
         self.last_ack_time = Some(now);
+        self.newest_acked_sent = self.newest_acked_sent.max(Some(sent_time));
         self.pto_count = 0;
         self.pto_probes_pending = 0;
         if pn == largest && eliciting {
             self.rtt.update(now - sent_time, ack_delay);
+            self.cc.on_rtt_sample(self.rtt.latest);
         }
         self.sample_delivery_rate(now);
         self.detect_lost(now, out);
@@ -528,6 +542,15 @@ impl Link {
             }
         }
         self.loss_time = loss_time;
+        if !lost_pns.is_empty() {
+            tracing::debug!(
+                link = self.id,
+                lost = lost_pns.len(),
+                first = lost_pns[0],
+                largest_acked = largest,
+                "packets lost"
+            );
+        }
         for pn in lost_pns {
             let pkt = self.sent.remove(pn).expect("listed just now");
             if pkt.mtu_probe {
@@ -630,8 +653,9 @@ impl Link {
         }
     }
 
-    /// When the probe timeout fires (up links with packets in flight).
-    pub fn pto_deadline(&self, cfg: &ConnectionConfig) -> Option<Instant> {
+    /// When the probe timeout fires (up links with packets in flight). With `back_off` each
+    /// timeout in a row doubles the next one (see [`Self::heard_after_silence`] for when).
+    pub fn pto_deadline(&self, cfg: &ConnectionConfig, back_off: bool) -> Option<Instant> {
         if self.state != LinkState::Up || self.sent.is_empty() || self.pto_probes_pending > 0 {
             return None;
         }
@@ -640,7 +664,26 @@ impl Link {
             .into_iter()
             .flatten()
             .max()?;
-        Some(base + self.pto(cfg))
+        let shift = if back_off {
+            self.pto_count.min(MAX_PTO_BACKOFF_SHIFT)
+        } else {
+            0
+        };
+        Some(base + self.pto(cfg) * (1 << shift))
+    }
+
+    /// Whether `other` got an acknowledgement for something sent after this link's oldest
+    /// unacknowledged packet: the peer is alive and answering, just not on this link. Then
+    /// this link's silence is its own and its probe timeouts keep their length, so that a
+    /// dead link is declared down in a few round trips. Without such proof the silence may
+    /// be the whole peer's or this host's (a process not scheduled for tens of milliseconds on
+    /// a busy machine, every link gone at once): the timeouts back off, as QUIC's do, so that
+    /// a stall does not take down links that work.
+    pub fn heard_after_silence(&self, other: &Link) -> bool {
+        match (self.sent.oldest(), other.newest_acked_sent) {
+            (Some(oldest), Some(acked)) => acked > oldest.time,
+            _ => false,
+        }
     }
 
     /// Runs the loss timer. Lost packets are appended to `out`.
@@ -650,14 +693,34 @@ impl Link {
         }
     }
 
-    /// Runs the probe timeout. Returns true when the link must be declared down.
-    pub fn on_pto_timer(&mut self, now: Instant, cfg: &ConnectionConfig) -> bool {
-        if self.pto_deadline(cfg).is_none_or(|d| d > now) {
+    /// Runs the probe timeout. Returns true when the link must be declared down: after
+    /// `failure_ptos` timeouts in a row, or with `back_off` (the peer silent on every link)
+    /// after [`SILENT_PEER_EXTRA_PTOS`] more.
+    pub fn on_pto_timer(&mut self, now: Instant, cfg: &ConnectionConfig, back_off: bool) -> bool {
+        if self.pto_deadline(cfg, back_off).is_none_or(|d| d > now) {
             return false;
         }
         self.pto_count += 1;
+        tracing::debug!(
+            link = self.id,
+            count = self.pto_count,
+            back_off,
+            pto_us = self.pto(cfg).as_micros() as u64,
+            srtt_us = self.rtt.srtt.as_micros() as u64,
+            rttvar_us = self.rtt.rttvar.as_micros() as u64,
+            in_flight = self.bytes_in_flight,
+            since_ack_us = self
+                .last_ack_time
+                .map(|t| now.saturating_duration_since(t).as_micros() as u64),
+            "probe timeout"
+        );
         self.last_pto = Some(now);
-        if self.pto_count >= cfg.failure_ptos {
+        let limit = if back_off {
+            cfg.failure_ptos + SILENT_PEER_EXTRA_PTOS
+        } else {
+            cfg.failure_ptos
+        };
+        if self.pto_count >= limit {
             return true;
         }
         self.pto_probes_pending = 2;

@@ -797,6 +797,7 @@ impl Connection {
             .iter()
             .position(|l| l.local == local && l.remote == remote && l.is_up())
         {
+            tracing::debug!(link = i, "the system reports the path unreachable");
             self.set_link_state(i, now, LinkState::Down);
         }
     }

@@ -49,6 +49,7 @@ impl Connection {
             self.apply_outcome(&mut outcome);
             self.scratch = outcome;
             if failed {
+                tracing::debug!(link = i, "probes of the degraded link failed");
                 self.set_link_state(i, now, LinkState::Down);
             }
             return self.transmit(now, i, PacketKind::Probe, out);

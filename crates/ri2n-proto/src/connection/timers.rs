@@ -99,7 +99,10 @@ impl Connection {
             arm(Timer::Pacing, self.pacing_wakeup);
             for (i, l) in self.links.iter().enumerate() {
                 arm(Timer::Link(i, LinkTimer::Loss), l.loss_deadline());
-                arm(Timer::Link(i, LinkTimer::Pto), l.pto_deadline(&self.cfg));
+                arm(
+                    Timer::Link(i, LinkTimer::Pto),
+                    l.pto_deadline(&self.cfg, self.pto_backs_off(i)),
+                );
                 arm(Timer::Link(i, LinkTimer::Probe), l.probe_deadline());
                 arm(Timer::Link(i, LinkTimer::Ack), l.ack.timer());
                 if l.is_up() {
@@ -123,6 +126,17 @@ impl Connection {
                 .idle_timeout
                 .and_then(|t| self.last_rx.checked_add(t)),
         );
+    }
+
+    /// Whether link `i`'s probe timeouts back off: no other link has proof that the peer
+    /// answered after `i` fell silent (see [`Link::heard_after_silence`](crate::link::Link::heard_after_silence)).
+    fn pto_backs_off(&self, i: usize) -> bool {
+        let link = &self.links[i];
+        !self
+            .links
+            .iter()
+            .enumerate()
+            .any(|(j, other)| j != i && link.heard_after_silence(other))
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) must run next.
@@ -177,7 +191,9 @@ impl Connection {
                 self.scratch = out;
             }
             Timer::Link(i, LinkTimer::Pto) => {
-                if self.links[i].on_pto_timer(now, &self.cfg) {
+                let back_off = self.pto_backs_off(i);
+                if self.links[i].on_pto_timer(now, &self.cfg, back_off) {
+                    tracing::debug!(link = i, back_off, "no acknowledgement: link down");
                     self.set_link_state(i, now, LinkState::Down);
                 }
             }
