@@ -7,7 +7,7 @@
 //! fit t = alpha + beta * n over message sizes and the half-bandwidth size n_1/2 = alpha/beta.
 
 use std::io::{self, Read, Write};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,13 +35,15 @@ const WARMUP: usize = 10;
 /// A round trip that takes longer than this ends the latency test (exit 4) instead of
 /// hanging the benchmark.
 const STALL_LIMIT: Duration = Duration::from_secs(10);
+/// How often the sampling thread of a throughput test looks for link events between rows.
+const EVENT_TICK: Duration = Duration::from_millis(20);
 
 pub fn run(args: &BenchArgs) -> Result<(), Failure> {
     let say = Say { json: args.json };
     let endpoint = net::client_endpoint(&args.connect, false)?;
     let faults = FaultPlan::new(&endpoint, &args.link.fault)?;
     let config = net::connection_config(&args.connect, &args.link);
-    let mut conn = net::connect(&endpoint, &args.connect, config)?;
+    let conn = net::connect(&endpoint, &args.connect, config)?;
     let start = Instant::now();
     faults.start(start, true);
     let mut events = EventLog::new(start, say);
@@ -49,15 +51,9 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
     let doc = if args.latency {
         serde_json::to_value(latency(&conn, args, &mut events, say)?)
     } else if args.reverse {
-        serde_json::to_value(throughput_reverse(
-            &mut conn,
-            args,
-            start,
-            &mut events,
-            say,
-        )?)
+        serde_json::to_value(throughput_reverse(&conn, args, start, &mut events, say)?)
     } else {
-        serde_json::to_value(throughput(&mut conn, args, start, &mut events, say)?)
+        serde_json::to_value(throughput(&conn, args, start, &mut events, say)?)
     }
     .expect("the report serialises");
     net::linger(&conn, net::LINGER);
@@ -195,6 +191,11 @@ impl Timeline {
         Instant::now() >= self.next
     }
 
+    /// Time until the current interval closes.
+    fn until_due(&self) -> Duration {
+        self.next.saturating_duration_since(Instant::now())
+    }
+
     /// Closes the current interval at `bytes` done.
     fn sample(&mut self, bytes: u64, stats: &ConnectionStats) {
         let now = Instant::now();
@@ -302,8 +303,40 @@ fn server_report(conn: &Connection) -> Option<ServerReport> {
     serde_json::from_slice(&m).ok()
 }
 
+/// Samples the timeline and collects the link events from a thread of its own while
+/// `transfer` moves the data, so that the timeline keeps its rows and the events their lines
+/// while the data path blocks (every link down: the writer waits for window, the reader for
+/// data). `transfer` keeps its byte count in the counter it is given; `done` turns that count
+/// and the connection's statistics into the bytes the timeline counts.
+fn sampled<R>(
+    conn: &Connection,
+    tl: &mut Timeline,
+    events: &mut EventLog,
+    done: impl Fn(u64, &ConnectionStats) -> u64 + Send,
+    transfer: impl FnOnce(&AtomicU64) -> Result<R, Failure>,
+) -> Result<R, Failure> {
+    let (counter, stop) = (&AtomicU64::new(0), &AtomicBool::new(false));
+    std::thread::scope(|scope| {
+        let sampler = scope.spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                events.poll(conn);
+                if tl.due() {
+                    let stats = conn.stats();
+                    tl.sample(done(counter.load(Ordering::Relaxed), &stats), &stats);
+                }
+                std::thread::park_timeout(tl.until_due().min(EVENT_TICK));
+            }
+        });
+        let result = transfer(counter);
+        stop.store(true, Ordering::Release);
+        sampler.thread().unpark();
+        sampler.join().expect("the sampling thread does not panic");
+        result
+    })
+}
+
 fn throughput(
-    conn: &mut Connection,
+    conn: &Connection,
     args: &BenchArgs,
     start: Instant,
     events: &mut EventLog,
@@ -320,26 +353,21 @@ fn throughput(
     let mut tl = Timeline::new(start, args.interval, false, say);
     let acked = |written: u64, s: &ConnectionStats| written - s.send_buffered.min(written);
     let end = start + args.time;
-    let mut written = 0u64;
-    let mut off = 0;
-    while Instant::now() < end {
-        conn.write_all(&data[off..off + CHUNK])
-            .map_err(|e| Failure::lost(&e))?;
-        written += CHUNK as u64;
-        off = (off + CHUNK) % data.len();
-        events.poll(conn);
-        if tl.due() {
-            let s = conn.stats();
-            tl.sample(acked(written, &s), &s);
+    let written = sampled(conn, &mut tl, events, acked, |counter| {
+        let mut writer = conn;
+        let mut written = 0u64;
+        let mut off = 0;
+        while Instant::now() < end {
+            writer
+                .write_all(&data[off..off + CHUNK])
+                .map_err(|e| Failure::lost(&e))?;
+            written += CHUNK as u64;
+            counter.store(written, Ordering::Relaxed);
+            off = (off + CHUNK) % data.len();
         }
-    }
-    conn.finish().map_err(|e| Failure::lost(&e))?;
-    net::wait_acknowledged(conn, Duration::from_millis(5), || {
-        events.poll(conn);
-        if tl.due() {
-            let s = conn.stats();
-            tl.sample(acked(written, &s), &s);
-        }
+        conn.finish().map_err(|e| Failure::lost(&e))?;
+        net::wait_acknowledged(conn, Duration::from_millis(5), || {})?;
+        Ok(written)
     })?;
     let seconds = start.elapsed().as_secs_f64();
     events.poll(conn);
@@ -361,7 +389,7 @@ fn throughput(
 }
 
 fn throughput_reverse(
-    conn: &mut Connection,
+    conn: &Connection,
     args: &BenchArgs,
     start: Instant,
     events: &mut EventLog,
@@ -376,19 +404,25 @@ fn throughput_reverse(
         args.interval.as_secs_f64()
     ));
     let mut tl = Timeline::new(start, args.interval, true, say);
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut got = 0u64;
-    loop {
-        match conn.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => got += n as u64,
-            Err(e) => return Err(Failure::lost(&e)),
-        }
-        events.poll(conn);
-        if tl.due() {
-            tl.sample(got, &conn.stats());
-        }
-    }
+    let got = sampled(
+        conn,
+        &mut tl,
+        events,
+        |got, _| got,
+        |counter| {
+            let mut reader = conn;
+            let mut buf = vec![0u8; 256 * 1024];
+            let mut got = 0u64;
+            loop {
+                match reader.read(&mut buf) {
+                    Ok(0) => return Ok(got),
+                    Ok(n) => got += n as u64,
+                    Err(e) => return Err(Failure::lost(&e)),
+                }
+                counter.store(got, Ordering::Relaxed);
+            }
+        },
+    )?;
     let seconds = start.elapsed().as_secs_f64();
     events.poll(conn);
     let stats = conn.stats();

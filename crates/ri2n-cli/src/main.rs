@@ -194,8 +194,8 @@ pub struct BenchArgs {
     #[arg(long, short = 't', value_name = "SECS", default_value = "10", value_parser = parse_secs, conflicts_with = "latency")]
     pub time: Duration,
 
-    /// Timeline resolution: one line (one JSON record) per SECS, down to 0.01. An interval in
-    /// which the writer was blocked (every link down) ends late and is longer; a last interval
+    /// Timeline resolution: one line (one JSON record) per SECS, down to 0.01, also while
+    /// every link is down (rows of zero goodput, each link shown down); a last interval
     /// shorter than a quarter of SECS is left out (the summary counts its bytes).
     #[arg(long, short = 'i', value_name = "SECS", default_value = "1", value_parser = parse_interval, conflicts_with = "latency")]
     pub interval: Duration,

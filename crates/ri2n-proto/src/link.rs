@@ -428,7 +428,7 @@ impl Link {
                     let before = self.bytes_in_flight;
                     self.bytes_in_flight -= u64::from(pkt.size);
                     self.delivered += u64::from(pkt.size);
-                    self.cc.on_ack(u64::from(pkt.size), pkt.time, now, before);
+                    self.cc.on_ack(u64::from(pkt.size), pkt.time, before);
                 }
                 if pkt.probe {
                     out.probes_acked += 1;
@@ -459,7 +459,6 @@ impl Link {
         self.pto_probes_pending = 0;
         if pn == largest && eliciting {
             self.rtt.update(now - sent_time, ack_delay);
-            self.cc.on_rtt_sample(self.rtt.latest);
         }
         self.sample_delivery_rate(now);
         self.detect_lost(now, out);
