@@ -44,7 +44,7 @@ pub struct ConnectionConfig {
     pub recovery_probes: u32,
     /// Probe timeouts in a row, without any acknowledgement on a link, that declare it down
     /// (default 3) while another link shows that the peer is answering. When the peer is
-    /// silent on every link the timeouts back off and two more are needed (PROTOCOL.md §6.3).
+    /// silent on every link the link must also have been silent for 150 ms (PROTOCOL.md §5.5).
     pub failure_ptos: u32,
     /// Lower bound of a link's probe timeout (default 5 ms: on a busy host a peer may not run
     /// for a few milliseconds, and three timeouts in a row declare the link down).

@@ -126,14 +126,13 @@ pub(crate) struct Rtt {
 /// RTT assumed before the first sample.
 const INITIAL_RTT: Duration = Duration::from_millis(100);
 const GRANULARITY: Duration = Duration::from_millis(1);
-/// A backed-off probe timeout grows to at most 2^this times its base.
-const MAX_PTO_BACKOFF_SHIFT: u32 = 6;
-/// Probe timeouts beyond `failure_ptos` a link needs to be declared down while no other link
-/// shows that the peer is answering (timeouts backed off: 5 + 10 + 20 + 40 + 80 = 155 ms at the
-/// smallest PTO). A dead peer or every link gone then takes a little longer to declare, which
-/// costs nothing (there is nowhere to fail over to), and a peer or network stalled for tens of
-/// milliseconds on a busy host does not take down a working link.
-const SILENT_PEER_EXTRA_PTOS: u32 = 2;
+/// The peer counts as silent on a link after this many of its usual gaps between arrivals.
+const SILENCE_GAPS: u32 = 8;
+/// How long a link must have been silent to be declared down while no other link shows that
+/// the peer is answering. A dead peer or every link gone is then declared a little later,
+/// which costs nothing (there is nowhere to fail over to), and a peer or network that did not
+/// run for tens of milliseconds on a busy host does not take down a working link.
+pub(crate) const SILENT_PEER_PATIENCE: Duration = Duration::from_millis(150);
 
 impl Rtt {
     fn new() -> Self {
@@ -211,6 +210,11 @@ pub(crate) struct Link {
     pub port_unreachable: u32,
     /// When the peer's last packet arrived on this link.
     pub last_heard: Option<Instant>,
+    /// When the peer's last ack-eliciting packet arrived on this link, and the usual gap
+    /// between such arrivals (moving average): a link that only receives notices by these
+    /// that the peer fell silent on it.
+    last_eliciting_heard: Option<Instant>,
+    arrival_gap: Duration,
 
     // --- sending ---
     next_pn: u64,
@@ -290,6 +294,8 @@ impl Link {
             peer_opened: false,
             port_unreachable: 0,
             last_heard: None,
+            last_eliciting_heard: None,
+            arrival_gap: Duration::ZERO,
             next_pn: 0,
             sent: SentPackets::default(),
             lost_recently: VecDeque::new(),
@@ -652,9 +658,8 @@ impl Link {
         }
     }
 
-    /// When the probe timeout fires (up links with packets in flight). With `back_off` each
-    /// timeout in a row doubles the next one (see [`Self::heard_after_silence`] for when).
-    pub fn pto_deadline(&self, cfg: &ConnectionConfig, back_off: bool) -> Option<Instant> {
+    /// When the probe timeout fires (up links with packets in flight).
+    pub fn pto_deadline(&self, cfg: &ConnectionConfig) -> Option<Instant> {
         if self.state != LinkState::Up || self.sent.is_empty() || self.pto_probes_pending > 0 {
             return None;
         }
@@ -663,21 +668,15 @@ impl Link {
             .into_iter()
             .flatten()
             .max()?;
-        let shift = if back_off {
-            self.pto_count.min(MAX_PTO_BACKOFF_SHIFT)
-        } else {
-            0
-        };
-        Some(base + self.pto(cfg) * (1 << shift))
+        Some(base + self.pto(cfg))
     }
 
     /// Whether `other` got an acknowledgement for something sent after this link's oldest
     /// unacknowledged packet: the peer is alive and answering, just not on this link. Then
-    /// this link's silence is its own and its probe timeouts keep their length, so that a
-    /// dead link is declared down in a few round trips. Without such proof the silence may
-    /// be the whole peer's or this host's (a process not scheduled for tens of milliseconds on
-    /// a busy machine, every link gone at once): the timeouts back off, as QUIC's do, so that
-    /// a stall does not take down links that work.
+    /// this link's silence is its own, and a few probe timeouts declare it down. Without such
+    /// proof the silence may be the whole peer's or the network's (a process not scheduled
+    /// for tens of milliseconds on a busy machine, every link gone at once): the link must
+    /// then also have been silent for [`SILENT_PEER_PATIENCE`].
     pub fn heard_after_silence(&self, other: &Link) -> bool {
         match (self.sent.oldest(), other.newest_acked_sent) {
             (Some(oldest), Some(acked)) => acked > oldest.time,
@@ -693,17 +692,22 @@ impl Link {
     }
 
     /// Runs the probe timeout. Returns true when the link must be declared down: after
-    /// `failure_ptos` timeouts in a row, or with `back_off` (the peer silent on every link)
-    /// after [`SILENT_PEER_EXTRA_PTOS`] more.
-    pub fn on_pto_timer(&mut self, now: Instant, cfg: &ConnectionConfig, back_off: bool) -> bool {
-        if self.pto_deadline(cfg, back_off).is_none_or(|d| d > now) {
+    /// `failure_ptos` timeouts in a row, and, if `peer_silent` (no other link shows the peer
+    /// answering), once it has been silent for [`SILENT_PEER_PATIENCE`].
+    pub fn on_pto_timer(
+        &mut self,
+        now: Instant,
+        cfg: &ConnectionConfig,
+        peer_silent: bool,
+    ) -> bool {
+        if self.pto_deadline(cfg).is_none_or(|d| d > now) {
             return false;
         }
         self.pto_count += 1;
         tracing::debug!(
             link = self.id,
             count = self.pto_count,
-            back_off,
+            peer_silent,
             pto_us = self.pto(cfg).as_micros() as u64,
             srtt_us = self.rtt.srtt.as_micros() as u64,
             rttvar_us = self.rtt.rttvar.as_micros() as u64,
@@ -714,12 +718,14 @@ impl Link {
             "probe timeout"
         );
         self.last_pto = Some(now);
-        let limit = if back_off {
-            cfg.failure_ptos + SILENT_PEER_EXTRA_PTOS
-        } else {
-            cfg.failure_ptos
-        };
-        if self.pto_count >= limit {
+        let silent_since = [self.sent.oldest().map(|p| p.time), self.last_ack_time]
+            .into_iter()
+            .flatten()
+            .max()
+            .unwrap_or(now);
+        let patient =
+            !peer_silent || now.saturating_duration_since(silent_since) >= SILENT_PEER_PATIENCE;
+        if self.pto_count >= cfg.failure_ptos && patient {
             return true;
         }
         self.pto_probes_pending = 2;
@@ -808,10 +814,29 @@ impl Link {
         self.rtt.update(rtt, Duration::ZERO);
     }
 
-    /// When an idle up link needs a keepalive.
+    /// When an up link needs a keepalive PING: after `keepalive_interval` without sending
+    /// anything ack-eliciting, or sooner once the peer fell silent on it (see
+    /// [`Self::silence_deadline`]).
     pub fn keepalive_deadline(&self, cfg: &ConnectionConfig) -> Option<Instant> {
         let last = self.last_ack_eliciting_sent.max(self.last_promotion)?;
-        Some(last + cfg.keepalive_interval)
+        let idle = last + cfg.keepalive_interval;
+        Some(self.silence_deadline(cfg).map_or(idle, |s| s.min(idle)))
+    }
+
+    /// A link that only receives (the peer sends, this side acknowledges) has nothing in
+    /// flight, so no probe timeout would notice it fail, and it would stay up until the next
+    /// keepalive. When the peer's ack-eliciting packets stop arriving for much longer than
+    /// their usual gap (and at least a PTO), one PING puts the link under the probe timeout.
+    /// Armed again only by a new arrival, so a peer that just stopped sending costs one PING.
+    fn silence_deadline(&self, cfg: &ConnectionConfig) -> Option<Instant> {
+        let heard = self.last_eliciting_heard?;
+        if self
+            .last_ack_eliciting_sent
+            .is_some_and(|sent| sent >= heard)
+        {
+            return None; // the probe timeout watches what was sent since
+        }
+        Some(heard + (self.arrival_gap * SILENCE_GAPS).max(self.pto(cfg)))
     }
 
     pub fn promote(&mut self, now: Instant, out: &mut AckOutcome) {
@@ -850,6 +875,11 @@ impl Link {
         self.packets_received += 1;
         self.bytes_received += size as u64;
         if ack_eliciting {
+            if let Some(prev) = self.last_eliciting_heard {
+                let gap = now.saturating_duration_since(prev);
+                self.arrival_gap = (self.arrival_gap * 7 + gap) / 8;
+            }
+            self.last_eliciting_heard = Some(now);
             self.share.on_arrival();
         }
         true

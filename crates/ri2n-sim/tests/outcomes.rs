@@ -167,6 +167,60 @@ fn all_links_dead_for_60s_then_one_heals_and_the_transfer_completes() {
     );
 }
 
+/// Every link dies during an A → B transfer: both sides, the sending one and the one that only
+/// acknowledges, declare every link down within 400 ms (the peer is silent on every link, so
+/// a link must be silent for 150 ms first, PROTOCOL.md §5.5).
+#[test]
+fn every_link_dead_is_declared_down_on_both_sides() {
+    let fault = ms(300);
+    let sc = gigabit_links(2)
+        .with_total_bytes(256 << 20)
+        .with_time_limit(Duration::from_secs(10))
+        .at(fault, Action::blackhole(0))
+        .at(fault, Action::blackhole(1))
+        .at(fault + Duration::from_secs(2), Action::up(0))
+        .at(fault + Duration::from_secs(2), Action::up(1));
+    let r = run_ok(&sc);
+    assert_eq!(r.transfer(Dir::AToB).delivered, 256 << 20);
+    for host in [HostId::A, HostId::B] {
+        for link in 0..2 {
+            let down = r
+                .link_changes
+                .iter()
+                .find(|c| {
+                    c.host == host
+                        && c.link == Some(link)
+                        && c.at >= fault
+                        && c.to == LinkState::Down
+                })
+                .map(|c| c.at - fault);
+            println!("every link dead: {host:?} declares link {link} down after {down:?}");
+            let down = down.unwrap_or_else(|| panic!("{host:?} never declared link {link} down"));
+            assert!(down <= ms(400), "{host:?} link {link}: {down:?}");
+        }
+    }
+}
+
+/// The only link goes silent for 100 ms (a peer or switch that did not run for a while, as on
+/// a busy host) and comes back: it is not declared down, and the transfer does not pause for a
+/// recovery.
+#[test]
+fn a_100ms_stall_of_the_only_link_does_not_take_it_down() {
+    let stall = ms(300);
+    let sc = gigabit_links(1)
+        .with_total_bytes(64 << 20)
+        .at(stall, Action::blackhole(0))
+        .at(stall + ms(100), Action::up(0));
+    let r = run_ok(&sc);
+    assert_eq!(r.transfer(Dir::AToB).delivered, 64 << 20);
+    let downs: Vec<_> = r
+        .link_changes
+        .iter()
+        .filter(|c| c.to == LinkState::Down)
+        .collect();
+    assert!(downs.is_empty(), "{downs:?}");
+}
+
 #[test]
 fn soft_failed_link_is_demoted_within_100ms_and_goodput_holds() {
     let fault = ms(500);

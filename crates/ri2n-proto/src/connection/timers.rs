@@ -99,10 +99,7 @@ impl Connection {
             arm(Timer::Pacing, self.pacing_wakeup);
             for (i, l) in self.links.iter().enumerate() {
                 arm(Timer::Link(i, LinkTimer::Loss), l.loss_deadline());
-                arm(
-                    Timer::Link(i, LinkTimer::Pto),
-                    l.pto_deadline(&self.cfg, self.pto_backs_off(i)),
-                );
+                arm(Timer::Link(i, LinkTimer::Pto), l.pto_deadline(&self.cfg));
                 arm(Timer::Link(i, LinkTimer::Probe), l.probe_deadline());
                 arm(Timer::Link(i, LinkTimer::Ack), l.ack.timer());
                 if l.is_up() {
@@ -128,9 +125,9 @@ impl Connection {
         );
     }
 
-    /// Whether link `i`'s probe timeouts back off: no other link has proof that the peer
-    /// answered after `i` fell silent (see [`Link::heard_after_silence`](crate::link::Link::heard_after_silence)).
-    fn pto_backs_off(&self, i: usize) -> bool {
+    /// Whether no other link than `i` has proof that the peer answered after `i` fell silent
+    /// (see [`Link::heard_after_silence`](crate::link::Link::heard_after_silence)).
+    fn peer_silent_but_for(&self, i: usize) -> bool {
         let link = &self.links[i];
         !self
             .links
@@ -191,9 +188,9 @@ impl Connection {
                 self.scratch = out;
             }
             Timer::Link(i, LinkTimer::Pto) => {
-                let back_off = self.pto_backs_off(i);
-                if self.links[i].on_pto_timer(now, &self.cfg, back_off) {
-                    tracing::debug!(link = i, back_off, "no acknowledgement: link down");
+                let peer_silent = self.peer_silent_but_for(i);
+                if self.links[i].on_pto_timer(now, &self.cfg, peer_silent) {
+                    tracing::debug!(link = i, peer_silent, "no acknowledgement: link down");
                     self.set_link_state(i, now, LinkState::Down);
                 }
             }
