@@ -417,9 +417,18 @@ impl Link {
         ack_delay: Duration,
         out: &mut AckOutcome,
     ) {
+        // Numbers this link never sent cannot be acknowledged: a peer that received a forged
+        // packet numbered far ahead acknowledges it, and taken as the largest acknowledged it
+        // would have every packet sent since declared lost at once, for good.
+        let Some(last_sent) = self.next_pn.checked_sub(1) else {
+            return;
+        };
+        let largest = largest.min(last_sent);
+        let ranges = ranges.filter(|&(lo, _)| lo <= last_sent);
         let mut largest_newly_acked: Option<(u64, Instant, bool)> = None;
         let mut newest_late: Option<(u64, Instant)> = None;
         for (lo, hi) in ranges {
+            let hi = hi.min(last_sent);
             if let Some(late) = self.take_acked_late(lo..=hi, out) {
                 newest_late = newest_late.max(Some(late));
             }

@@ -542,3 +542,41 @@ fn forged_high_packet_number_does_not_stall_the_link() {
         client.link_states()
     );
 }
+
+/// A forged PING numbered 2^20 - 1, inside the window a packet number may jump, is taken by the
+/// receiver as its largest and acknowledged. The sender must not take that acknowledgement of
+/// a number it never sent as its largest acknowledged: every packet sent since would be
+/// declared lost at once, and the transfer would crawl for good.
+#[test]
+fn forged_packet_number_inside_the_jump_window_does_not_stall_the_link() {
+    let mut sim = Sim::new(SimConfig {
+        links: 1,
+        ..SimConfig::default()
+    });
+    sim.establish();
+    let mut t = Transfer::new(20_000_000, 0, 0, true);
+    sim.advance(Duration::from_millis(5), |s| t.pump(s));
+    let cid = sim.server_cid.unwrap();
+    let (local, remote) = sim.pairs()[0];
+    let b = short_packet(cid, 0, (1 << 20) - 1, |w, _| w.u8(frame_type::PING));
+    sim.inject(local, remote, &b);
+    let start = sim.now;
+    let limit = sim.now + Duration::from_secs(10);
+    while !t.complete(&sim) && sim.now < limit {
+        sim.advance(Duration::from_millis(10), |s| t.pump(s));
+    }
+    let client = sim.client.connection(sim.ch).unwrap();
+    let lost: u64 = client.stats().links.iter().map(|l| l.packets_lost).sum();
+    assert!(
+        t.complete(&sim),
+        "transfer stalled: {}/{} bytes after 10 s; {lost} packets declared lost; {:?}",
+        t.got_s,
+        t.c2s,
+        client.stats().links,
+    );
+    println!(
+        "completed {:?} after the forgery; {lost} packets declared lost",
+        sim.now - start
+    );
+    assert!(lost < 100, "{lost} packets declared lost");
+}

@@ -1013,9 +1013,9 @@ impl Connection {
         delay_us: u64,
         ranges: wire::AckRanges<'_>,
     ) {
-        if largest >= self.links[l].next_pn() {
-            return; // acknowledges something never sent: ignore
-        }
+        // An acknowledgement of numbers never sent (the peer took a forged packet numbered far
+        // ahead as its largest) still acknowledges what it lists below them: the link clamps it
+        // (a whole ignored frame would leave the link without acknowledgements for good).
         let mut out = std::mem::take(&mut self.scratch);
         let delay = Duration::from_micros(delay_us).min(self.cfg.max_ack_delay * 4);
         self.links[l].on_ack(now, ranges, largest, delay, &mut out);
