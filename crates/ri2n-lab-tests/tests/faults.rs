@@ -1,8 +1,8 @@
 //! End-to-end fault tests: `ri2n send` and `ri2n recv` in two network namespaces joined by two
 //! 1 Gbit/s links, each through its own switch namespace (`lab/ri2n-lab`), with real faults
 //! injected mid-transfer: a pulled cable, a dead switch, a switch that trickles, random loss,
-//! every link down for 30 s, a receiver restart, a killed sender, and a flood of garbage
-//! datagrams.
+//! every link down for 30 s, a receiver restart, a killed sender, a flood of garbage
+//! datagrams, and a dead switch on IPv6 links.
 //!
 //! Every transfer must end with both tools exiting 0 and the received file equal (sha256) to
 //! the sent one. The figures (transfer times, per-link rates around the fault, the longest
@@ -286,6 +286,94 @@ fn killed_sender_is_reported_by_the_receiver() {
         "the message should name the cause and the bytes kept: {message}"
     );
     assert!(!output.exists(), "no complete-looking output file");
+}
+
+/// IPv6 links with a 1500-byte MTU carry 1452-byte datagrams, not the 1472 of IPv4: an A→B
+/// transfer over two IPv6 links, with link 1's switch dead from [`FAULT_AT`] to [`HEAL_AT`],
+/// arrives intact. (Before datagram sizes followed the interface, no data ever arrived.)
+#[test]
+fn ipv6_links_carry_a_transfer_through_a_dead_switch() {
+    let Some(env) = env() else { return };
+    let _serial = serial();
+    let _timer = TestTimer::start("ipv6");
+    let name = "ipv6";
+    let deadline = Instant::now() + TEST_TIMEOUT;
+    let dir = TestDir::new(env, name);
+    let lab = Lab::up_ipv6(env, name, 2);
+    let data = DataFile::create(dir.0.join("input"), 256, 12);
+    let output = dir.0.join("output");
+    let remote = |l: u8| std::net::SocketAddr::new(Host::B.addr6(l), PORT).to_string();
+    let mut recv = Proc::spawn(
+        &lab,
+        Host::B,
+        &env.ri2n,
+        &[
+            "recv".into(),
+            "--listen".into(),
+            remote(1),
+            "--listen".into(),
+            remote(2),
+            "--output".into(),
+            output.display().to_string(),
+            "--json".into(),
+        ],
+        &dir.0,
+        "ipv6-recv",
+    );
+    recv.wait_listening(2, Duration::from_secs(10));
+    let start = Instant::now();
+    let mut send = Proc::spawn(
+        &lab,
+        Host::A,
+        &env.ri2n,
+        &[
+            "send".into(),
+            "--to".into(),
+            remote(1),
+            "--local".into(),
+            Host::A.addr6(1).to_string(),
+            "--local".into(),
+            Host::A.addr6(2).to_string(),
+            "--input".into(),
+            data.path.display().to_string(),
+            "--json".into(),
+        ],
+        &dir.0,
+        "ipv6-send",
+    );
+    let mut faulted = false;
+    let mut healed = false;
+    let (send_status, recv_status) = loop {
+        if !faulted && start.elapsed() >= FAULT_AT {
+            lab.fault(1, &["switch"]);
+            faulted = true;
+        }
+        if !healed && start.elapsed() >= HEAL_AT {
+            lab.heal(1);
+            healed = true;
+        }
+        if let (Some(s), Some(r)) = (send.poll(), recv.poll()) {
+            break (s, r);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the IPv6 transfer did not end in time: {} / {}",
+            send.stderr_text(),
+            recv.stderr_text()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let took = start.elapsed();
+    assert!(send_status.success(), "send: {}", send.stderr_text());
+    assert!(recv_status.success(), "recv: {}", recv.stderr_text());
+    let (got, len) = support::sha256_file(&output);
+    assert_eq!(len, data.len, "bytes received");
+    assert_eq!(got, data.sha256, "received data differs");
+    report(&format!(
+        "ipv6: 256 MiB over two IPv6 links, link 1's switch dead for 2 s: intact in {:.2} s \
+         (faulted: {faulted}, healed: {healed})",
+        took.as_secs_f64()
+    ));
 }
 
 /// Starts an A→B transfer, kills the receiver at [`FAULT_AT`], starts a new one after `gap`,

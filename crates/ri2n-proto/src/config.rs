@@ -22,8 +22,10 @@ pub enum Striping {
 pub struct ConnectionConfig {
     /// UDP payload size every path is assumed to carry, used from the start and by every
     /// handshake, recovery probe and close (default 1472: a 1500-byte MTU less IPv4 and UDP
-    /// headers). With [`mtu_discovery`](Self::mtu_discovery), each link then finds out how much
-    /// more its path carries.
+    /// headers); a link whose local interface sends less (an IPv6 link on a 1500-byte MTU:
+    /// 1452, see [`EndpointConfig::local_max_datagram`]) uses that instead. With
+    /// [`mtu_discovery`](Self::mtu_discovery), each link then finds out how much more its path
+    /// carries.
     pub max_datagram_size: usize,
     /// Path MTU discovery (default on): each up link probes for larger datagrams, up to what
     /// its local interface can send (jumbo frames included; at most 16 KiB), uses the largest

@@ -217,6 +217,16 @@ impl Host {
         };
         IpAddr::from([10, 77, link, last])
     }
+
+    /// The host's IPv6 address on link `link` of a lab made with [`Lab::up_ipv6`]:
+    /// fd77:link::1 for A, ::2 for B.
+    pub fn addr6(self, link: u8) -> IpAddr {
+        let last = match self {
+            Host::A => 1,
+            Host::B => 2,
+        };
+        IpAddr::from([0xfd77, u16::from(link), 0, 0, 0, 0, 0, last])
+    }
 }
 
 /// A lab made by `ri2n-lab up`, removed by `ri2n-lab down` when dropped (also on panic).
@@ -229,12 +239,24 @@ pub struct Lab {
 impl Lab {
     /// `links` links of [`RATE_MBIT`] each; the prefix is unique to this process and test.
     pub fn up(env: &Env, name: &str, links: u8) -> Lab {
+        Self::up_with(env, name, links, &[])
+    }
+
+    /// Like [`Lab::up`], with IPv6 addresses on the links too (see [`Host::addr6`]).
+    pub fn up_ipv6(env: &Env, name: &str, links: u8) -> Lab {
+        Self::up_with(env, name, links, &["--ipv6"])
+    }
+
+    fn up_with(env: &Env, name: &str, links: u8, extra: &[&str]) -> Lab {
         let lab = Lab {
             script: env.lab_script.clone(),
             prefix: format!("ri2nlab-{}-{name}", std::process::id()),
             links,
         };
-        lab.run(&["up", &links.to_string(), "--rate", &RATE_MBIT.to_string()]);
+        let (links, rate) = (links.to_string(), RATE_MBIT.to_string());
+        let mut args = vec!["up", links.as_str(), "--rate", rate.as_str()];
+        args.extend_from_slice(extra);
+        lab.run(&args);
         lab
     }
 
@@ -388,8 +410,11 @@ impl Proc {
                     self.stderr_text()
                 );
             }
-            let bound = fs::read_to_string(format!("/proc/{}/net/udp", self.pid()))
-                .unwrap_or_default()
+            let bound = ["udp", "udp6"]
+                .iter()
+                .map(|f| fs::read_to_string(format!("/proc/{}/net/{f}", self.pid())))
+                .filter_map(Result::ok)
+                .collect::<String>()
                 .lines()
                 .filter(|l| {
                     l.split_whitespace()

@@ -107,8 +107,8 @@ impl Connection {
         now: Instant,
         out: &mut dyn TransmitBuffer,
     ) -> Option<(SocketAddr, SocketAddr, usize)> {
-        let max = self.cfg.max_datagram_size;
         let link = &self.links[0];
+        let max = link.pmtu.base();
         let (local, remote) = (link.local, link.remote);
         match &mut self.handshake {
             Handshake::Client {
@@ -327,8 +327,10 @@ impl Connection {
     }
 }
 
-/// A new link: datagrams of the configured size, growing (path MTU discovery) up to what the
-/// local address's interface can send.
+/// A new link: datagrams of the configured size, or what the local address's interface can
+/// send if that is less (IPv6 headers are 20 bytes larger than IPv4's: on a 1500-byte MTU an
+/// IPv6 link carries 1452 bytes, not the default 1472), growing (path MTU discovery) up to
+/// what the interface can send.
 pub(super) fn new_link(
     cfg: &ConnectionConfig,
     local_mtus: &[(SocketAddr, usize)],
@@ -336,12 +338,12 @@ pub(super) fn new_link(
     local: SocketAddr,
     remote: SocketAddr,
 ) -> Link {
-    let base = cfg.max_datagram_size;
-    let ceiling = local_mtus
+    let interface = local_mtus
         .iter()
         .find(|(a, _)| *a == local)
-        .map_or(base, |&(_, max)| max)
-        .min(wire::MAX_DATAGRAM_SIZE);
+        .map(|&(_, max)| max);
+    let base = interface.map_or(cfg.max_datagram_size, |max| cfg.max_datagram_size.min(max));
+    let ceiling = interface.unwrap_or(base).min(wire::MAX_DATAGRAM_SIZE);
     let ceiling = if cfg.mtu_discovery { ceiling } else { base };
     Link::new(id, local, remote, PathMtu::new(base, ceiling))
 }
