@@ -580,3 +580,42 @@ fn forged_packet_number_inside_the_jump_window_does_not_stall_the_link() {
     );
     assert!(lost < 100, "{lost} packets declared lost");
 }
+
+/// A flood of short packets with made-up connection IDs from spoofed sources, 100 000 in one
+/// second: the endpoint answers at most its RESET budget (1000 per second and a burst of 100),
+/// not one RESET (one send) per datagram; a peer that really lost its connection still gets
+/// one at once.
+#[test]
+fn unknown_connection_flood_is_answered_at_a_bounded_rate() {
+    let local: SocketAddr = "10.0.0.2:6000".parse().unwrap();
+    let start = std::time::Instant::now();
+    let mut ep = ri2n_proto::Endpoint::new(
+        ri2n_proto::EndpointConfig::new(vec![local]).server(),
+        7,
+        start,
+    );
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let mut buf = vec![0u8; 1500];
+    let mut resets = 0u64;
+    let flood = 100_000u32;
+    for i in 0..flood {
+        let now = start + Duration::from_secs(1) * i / flood;
+        let remote = SocketAddr::from(([10, 9, rng.gen(), rng.gen()], rng.gen_range(1024..65535)));
+        let d = short_packet(rng.gen(), 0, 1, |w, _| {
+            for _ in 0..8 {
+                w.u8(frame_type::PADDING);
+            }
+            w.u8(frame_type::PING);
+        });
+        ep.handle_datagram(now, local, remote, &d);
+        while ep.poll_transmit(now, &mut buf).is_some() {
+            resets += 1;
+        }
+    }
+    println!("{flood} short packets for unknown connections in 1 s: {resets} RESETs sent");
+    assert!(
+        resets >= 100,
+        "a lost peer must still get its RESET: {resets}"
+    );
+    assert!(resets <= 1_100, "{resets} RESETs for {flood} datagrams");
+}
