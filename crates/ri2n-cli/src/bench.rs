@@ -358,11 +358,15 @@ fn throughput(
         let mut written = 0u64;
         let mut off = 0;
         while Instant::now() < end {
-            writer
-                .write_all(&data[off..off + CHUNK])
-                .map_err(|e| Failure::lost(&e))?;
-            written += CHUNK as u64;
-            counter.store(written, Ordering::Relaxed);
+            // count every accepted part, not whole chunks: the timeline subtracts what is
+            // still buffered, which includes a chunk's accepted part while the rest waits
+            let mut chunk = &data[off..off + CHUNK];
+            while !chunk.is_empty() {
+                let n = writer.write(chunk).map_err(|e| Failure::lost(&e))?;
+                written += n as u64;
+                counter.store(written, Ordering::Relaxed);
+                chunk = &chunk[n..];
+            }
             off = (off + CHUNK) % data.len();
         }
         conn.finish().map_err(|e| Failure::lost(&e))?;

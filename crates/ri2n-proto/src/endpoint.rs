@@ -147,11 +147,14 @@ pub enum DropReason {
     UnknownLink,
     /// Its packet number arrived before, is too old to tell, or jumps too far ahead.
     Duplicate,
+    /// Its stream data would add an out-of-order fragment beyond what a receiving stream
+    /// holds (4096): dropped unacknowledged, so the sender sends it again later.
+    TooFragmented,
 }
 
 impl DropReason {
     /// Every reason, in the order of [`DropCounts::iter`].
-    pub const ALL: [DropReason; 7] = [
+    pub const ALL: [DropReason; 8] = [
         DropReason::Undecodable,
         DropReason::UnknownConnection,
         DropReason::UnexpectedHandshake,
@@ -159,6 +162,7 @@ impl DropReason {
         DropReason::MalformedFrame,
         DropReason::UnknownLink,
         DropReason::Duplicate,
+        DropReason::TooFragmented,
     ];
 }
 

@@ -132,7 +132,7 @@ const SILENCE_GAPS: u32 = 8;
 /// the peer is answering. A dead peer or every link gone is then declared a little later,
 /// which costs nothing (there is nowhere to fail over to), and a peer or network that did not
 /// run for tens of milliseconds on a busy host does not take down a working link.
-pub(crate) const SILENT_PEER_PATIENCE: Duration = Duration::from_millis(150);
+const SILENT_PEER_PATIENCE: Duration = Duration::from_millis(150);
 
 impl Rtt {
     fn new() -> Self {

@@ -49,6 +49,20 @@ impl RangeSet {
             .is_some_and(|(_, &end)| r.end <= end)
     }
 
+    /// Whether inserting `r` would add a range: it neither overlaps nor touches one.
+    pub fn would_add_range(&self, r: Range<u64>) -> bool {
+        if r.is_empty() {
+            return false;
+        }
+        let touches_below = self
+            .map
+            .range(..=r.start)
+            .next_back()
+            .is_some_and(|(_, &end)| end >= r.start);
+        let touches_above = self.map.range(r.start..=r.end).next().is_some();
+        !touches_below && !touches_above
+    }
+
     /// Smallest value, if any.
     pub fn min(&self) -> Option<u64> {
         self.map.keys().next().copied()
@@ -206,6 +220,30 @@ impl RangeSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn would_add_range_is_true_only_for_ranges_apart_from_all_others() {
+        let mut s = RangeSet::new();
+        s.insert(10..20);
+        s.insert(30..40);
+        for (r, adds) in [
+            (0..5, true),
+            (5..10, false),
+            (20..25, false),
+            (22..28, true),
+            (25..30, false),
+            (12..14, false),
+            (18..32, false),
+            (41..50, true),
+            (40..50, false),
+            (7..7, false),
+        ] {
+            assert_eq!(s.would_add_range(r.clone()), adds, "{r:?}");
+            let mut t = s.clone();
+            t.insert(r.clone());
+            assert_eq!(t.range_count() > s.range_count(), adds, "{r:?}");
+        }
+    }
 
     #[test]
     fn insert_merges_touching_ranges() {

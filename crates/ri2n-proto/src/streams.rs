@@ -260,6 +260,11 @@ pub(crate) struct StreamViolation(pub &'static str);
 
 /// Smallest ring a stream allocates when its first data arrives.
 const MIN_RING: usize = 64 * 1024;
+/// Out-of-order fragments a receiving stream holds at most. Each costs a map entry (about 50
+/// bytes) on top of the ring, which the window bounds: without this, 1-byte frames at scattered
+/// offsets grew a receiver to 1.09 GB per connection. Full-size packets with scattered losses
+/// need one fragment per lost run, far fewer.
+pub(crate) const MAX_FRAGMENTS: usize = 4096;
 
 impl RecvStream {
     pub fn new(window: u64) -> Self {
@@ -279,6 +284,24 @@ impl RecvStream {
     /// Bytes held (in order or not) and not yet read.
     pub fn buffered(&self) -> u64 {
         self.buffered
+    }
+
+    /// Out-of-order fragments held (ranges of received bytes not touching the in-order data).
+    pub fn fragments(&self) -> usize {
+        self.ahead.range_count()
+    }
+
+    /// Whether a STREAM frame's `len` bytes at `offset` may be stored: they do not add a
+    /// fragment beyond [`MAX_FRAGMENTS`]. The packet of a frame that may not is dropped
+    /// unacknowledged, so the sender sends it again; data at the head of the stream is always
+    /// taken, so the gaps fill and the stream goes on.
+    pub fn has_room_for(&self, offset: u64, len: u64) -> bool {
+        let start = offset.max(self.contiguous);
+        let end = offset.saturating_add(len);
+        start >= end
+            || start == self.contiguous
+            || self.ahead.range_count() < MAX_FRAGMENTS
+            || !self.ahead.would_add_range(start..end)
     }
 
     /// Bytes of memory the reassembly buffer holds.

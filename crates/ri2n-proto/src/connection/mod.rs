@@ -52,6 +52,9 @@ pub struct ConnectionStats {
     /// Bytes received and not yet read by the application (both streams, including
     /// out-of-order data).
     pub recv_buffered: u64,
+    /// Out-of-order fragments the receiving streams hold (at most 4096 each): the
+    /// reassembly bookkeeping, bounded however the peer scatters its data.
+    pub recv_fragments: usize,
     /// Bytes written by the application that the peer acknowledged, each counted once
     /// however often it was sent: what was delivered (both streams; a message counts with
     /// its few bytes of length prefix).
@@ -491,6 +494,7 @@ impl Connection {
             links: self.links.iter().map(Link::stats).collect(),
             send_buffered: self.send.iter().map(SendStream::buffered).sum(),
             recv_buffered: self.recv.iter().map(RecvStream::buffered).sum(),
+            recv_fragments: self.recv.iter().map(RecvStream::fragments).sum(),
             bytes_acknowledged: self.send.iter().map(SendStream::acknowledged).sum(),
             bytes_received: self.recv.iter().map(RecvStream::received).sum(),
         }
@@ -908,6 +912,20 @@ impl Connection {
         };
         if self.links[i].local != local || self.links[i].remote != remote {
             return Err(DropReason::UnknownLink); // links do not migrate
+        }
+        // before the packet counts as received (and is acknowledged): stream data that would
+        // spread the reassembly bookkeeping past its bound waits for the sender's next try
+        let fragmenting = frames.iter().any(|f| match *f {
+            Frame::Stream {
+                stream,
+                offset,
+                data,
+                ..
+            } => !self.recv[stream as usize].has_room_for(offset, data.len() as u64),
+            _ => false,
+        });
+        if fragmenting {
+            return Err(DropReason::TooFragmented);
         }
         if !self.links[i].on_received(now, pn, ack_eliciting, datagram_len, &self.cfg) {
             return Err(DropReason::Duplicate);
