@@ -261,6 +261,13 @@ pub(crate) struct Link {
     probe_successes: u32,
     probe_failures: u32,
     probes_needed: u32,
+    /// Probes sent since the link was created or demoted.
+    probes_sent: u32,
+    /// Whether the probe being sent is padded to the base size (see `on_probe_sending`).
+    pub probe_full: bool,
+    /// A full-size probe was acknowledged since the link was created or demoted: the path
+    /// carries datagrams of the base size.
+    full_probe_acked: bool,
     last_promotion: Option<Instant>,
 
     // --- receiving ---
@@ -317,6 +324,9 @@ impl Link {
             pto_probes_pending: 0,
             next_probe: None,
             probe_successes: 0,
+            probes_sent: 0,
+            probe_full: false,
+            full_probe_acked: false,
             probe_failures: 0,
             // one round trip validates a new link; recovering from a failure takes more
             probes_needed: 1,
@@ -447,6 +457,7 @@ impl Link {
                 }
                 if pkt.probe {
                     out.probes_acked += 1;
+                    self.full_probe_acked |= usize::from(pkt.size) >= self.pmtu.base();
                 }
                 if pkt.mtu_probe {
                     self.pmtu.on_probe_acked(usize::from(pkt.size), now);
@@ -764,6 +775,8 @@ impl Link {
         self.rate_sample_start = None;
         self.probe_successes = 0;
         self.probe_failures = 0;
+        self.probes_sent = 0;
+        self.full_probe_acked = false;
         self.next_probe = Some(now + cfg.probe_interval);
         self.last_pto = None;
     }
@@ -792,6 +805,12 @@ impl Link {
         cfg: &ConnectionConfig,
         out: &mut AckOutcome,
     ) -> bool {
+        // Only the first probe since the link was created or demoted, and those after an
+        // answer, are padded to the base size (the promotion must see one pass): probing a
+        // dead link, or an address a peer announced that never answers, costs a few dozen
+        // bytes per interval instead of a full datagram.
+        self.probe_full = self.probes_sent == 0 || self.probe_successes > 0;
+        self.probes_sent = self.probes_sent.saturating_add(1);
         self.next_probe = Some(now + cfg.probe_interval);
         let patience =
             (self.rtt.srtt * 2 + self.rtt.rttvar * 4 + cfg.max_ack_delay).max(cfg.probe_interval);
@@ -811,11 +830,14 @@ impl Link {
         self.state == LinkState::Degraded && self.probe_failures >= cfg.failure_ptos
     }
 
-    /// Probes acknowledged; returns true when the link should come (back) up.
+    /// Probes acknowledged; returns true when the link should come (back) up: enough of them,
+    /// one of them full size.
     pub fn on_probes_acked(&mut self, n: u32) -> bool {
         self.probe_successes += n;
         self.probe_failures = 0;
-        self.state != LinkState::Up && self.probe_successes >= self.probes_needed
+        self.state != LinkState::Up
+            && self.probe_successes >= self.probes_needed
+            && self.full_probe_acked
     }
 
     /// Seeds the RTT estimate from the handshake round trip.

@@ -167,6 +167,30 @@ fn all_links_dead_for_60s_then_one_heals_and_the_transfer_completes() {
     );
 }
 
+/// A link that never answers is probed with small datagrams: after the first, its probes
+/// cost a few dozen bytes each instead of a full datagram (a full-size probe every 20 ms is
+/// 74 kB/s per link; a peer announcing seven dead addresses made a client send 501 kB/s).
+#[test]
+fn a_link_that_never_answers_gets_small_probes() {
+    let sc = gigabit_links(2)
+        .with_total_bytes(64 << 20)
+        .at(Duration::ZERO, Action::blackhole(1));
+    let r = run_ok(&sc);
+    assert_eq!(r.transfer(Dir::AToB).delivered, 64 << 20);
+    let c = r.links[1].dir(Dir::AToB);
+    let average = c.offered_bytes / c.offered.max(1);
+    println!(
+        "a dead link: {} probes, {} bytes, {average} bytes each on average",
+        c.offered, c.offered_bytes
+    );
+    assert!(
+        c.offered >= 10,
+        "the dead link was probed {} times",
+        c.offered
+    );
+    assert!(average <= 200, "probes of {average} bytes on average");
+}
+
 /// Every link dies during an A → B transfer: both sides, the sending one and the one that only
 /// acknowledges, declare every link down within 400 ms (the peer is silent on every link, so
 /// a link must be silent for 150 ms first, PROTOCOL.md §5.5).

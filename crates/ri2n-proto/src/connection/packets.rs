@@ -303,8 +303,13 @@ impl Connection {
             }
             self.links[i].stream_bytes_sent += stream_bytes;
         }
-        if matches!(kind, PacketKind::Probe | PacketKind::MtuProbe(_)) {
-            // full size: a probe also checks that the path carries datagrams of its size
+        let full = match kind {
+            PacketKind::Probe => self.links[i].probe_full,
+            PacketKind::MtuProbe(_) => true,
+            _ => false,
+        };
+        if full {
+            // full size: the probe also checks that the path carries datagrams of its size
             let pad = end - w.len();
             w.zeros(pad);
         }
