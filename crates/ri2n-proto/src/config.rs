@@ -156,6 +156,8 @@ setters!(EndpointConfig {
     cookie_lifetime => with_cookie_lifetime: Duration,
     local_max_datagram => with_local_max_datagram: Vec<(SocketAddr, usize)>,
     close_linger => with_close_linger: Duration,
+    max_connections => with_max_connections: usize,
+    max_connections_per_address => with_max_connections_per_address: usize,
 });
 
 impl ConnectionConfig {
@@ -217,6 +219,12 @@ pub struct EndpointConfig {
     /// Drivers: how long closing the endpoint (dropping its last handle, or an explicit
     /// close) waits for its connections to deliver what was written to them (default 10 s).
     pub close_linger: Duration,
+    /// Server: open connections it holds at most (default 4096). A client beyond the limit is
+    /// refused at once ([`crate::ConnectionError::ServerFull`]) instead of waiting for a
+    /// handshake that never completes.
+    pub max_connections: usize,
+    /// Server: open connections it holds at most with any one client IP address (default 256).
+    pub max_connections_per_address: usize,
 }
 
 impl EndpointConfig {
@@ -230,6 +238,8 @@ impl EndpointConfig {
             cookie_lifetime: Duration::from_secs(10),
             local_max_datagram: Vec::new(),
             close_linger: Duration::from_secs(10),
+            max_connections: 4096,
+            max_connections_per_address: 256,
         }
     }
 

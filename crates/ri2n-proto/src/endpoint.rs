@@ -150,11 +150,16 @@ pub enum DropReason {
     /// Its stream data would add an out-of-order fragment beyond what a receiving stream
     /// holds (4096): dropped unacknowledged, so the sender sends it again later.
     TooFragmented,
+    /// An INITIAL that would open a connection beyond the server's limits
+    /// ([`EndpointConfig::max_connections`](crate::EndpointConfig::max_connections), per address
+    /// [`max_connections_per_address`](crate::EndpointConfig::max_connections_per_address)):
+    /// the client is told with a RESET.
+    ConnectionLimit,
 }
 
 impl DropReason {
     /// Every reason, in the order of [`DropCounts::iter`].
-    pub const ALL: [DropReason; 8] = [
+    pub const ALL: [DropReason; 9] = [
         DropReason::Undecodable,
         DropReason::UnknownConnection,
         DropReason::UnexpectedHandshake,
@@ -163,6 +168,7 @@ impl DropReason {
         DropReason::UnknownLink,
         DropReason::Duplicate,
         DropReason::TooFragmented,
+        DropReason::ConnectionLimit,
     ];
 }
 
@@ -380,12 +386,21 @@ impl Endpoint {
             }
             Header::Reset { dcid } => {
                 // The reset echoes the connection ID we sent to (the peer's), and only counts
-                // from an address the connection talks to.
-                self.connections
+                // from an address the connection talks to. To a client still connecting it
+                // echoes the client's own ID: the server refuses the connection (it is full).
+                let conn = self
+                    .connections
                     .values_mut()
-                    .find(|c| dcid != 0 && c.peer_cid() == dcid && c.has_remote(remote))
-                    .ok_or(DropReason::UnknownConnection)?
-                    .peer_restarted();
+                    .find(|c| {
+                        (dcid != 0 && c.peer_cid() == dcid || c.is_connecting_as(dcid))
+                            && c.has_remote(remote)
+                    })
+                    .ok_or(DropReason::UnknownConnection)?;
+                if conn.state() == ConnectionState::Connecting {
+                    conn.refused_by_server();
+                } else {
+                    conn.peer_restarted();
+                }
             }
         }
         Ok(())
@@ -459,6 +474,15 @@ impl Endpoint {
             {
                 c.peer_restarted();
             }
+        }
+        if let Some(limit) = self.connection_limit_reached(remote) {
+            // the client proved its address (the cookie), so a RESET to it amplifies nothing;
+            // it tells the client at once instead of letting it wait out its handshake
+            tracing::debug!(%remote, limit, "connection refused");
+            if self.reset_budget.take(now) {
+                self.queue_stateless(local, remote, &Header::Reset { dcid: scid });
+            }
+            return Err(DropReason::ConnectionLimit);
         }
         let cid = self.new_cid();
         let advertised = if self.cfg.advertised_addrs.is_empty() {
@@ -613,5 +637,25 @@ impl Endpoint {
     /// Number of connections held (open or not yet released).
     pub fn connection_count(&self) -> usize {
         self.connections.len()
+    }
+
+    /// Which connection limit a new connection from `remote` would exceed, if any.
+    fn connection_limit_reached(&self, remote: SocketAddr) -> Option<&'static str> {
+        let open = self
+            .connections
+            .values()
+            .filter(|c| c.state() != ConnectionState::Closed);
+        let (mut total, mut from_address) = (0, 0);
+        for c in open {
+            total += 1;
+            from_address += usize::from(c.has_remote_ip(remote.ip()));
+        }
+        if total >= self.cfg.max_connections {
+            Some("max_connections")
+        } else if from_address >= self.cfg.max_connections_per_address {
+            Some("max_connections_per_address")
+        } else {
+            None
+        }
     }
 }

@@ -48,6 +48,10 @@ pub enum ConnectionError {
     /// The handshake could not complete within the deadline or was refused.
     #[error("the peer did not accept the connection")]
     Refused,
+    /// The server refused the connection: it holds as many connections as it allows, in all
+    /// or from this client's address.
+    #[error("the server refused the connection: it has reached its connection limit")]
+    ServerFull,
     /// The peer broke the protocol.
     #[error("protocol violation: {0}")]
     ProtocolViolation(&'static str),

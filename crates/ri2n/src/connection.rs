@@ -47,7 +47,7 @@ fn lost(e: ConnectionError) -> io::Error {
         ConnectionError::PeerAborted { .. } | ConnectionError::LocallyAborted => {
             io::ErrorKind::ConnectionAborted
         }
-        ConnectionError::Refused => io::ErrorKind::ConnectionRefused,
+        ConnectionError::Refused | ConnectionError::ServerFull => io::ErrorKind::ConnectionRefused,
         _ => io::ErrorKind::Other,
     };
     io::Error::new(kind, e)

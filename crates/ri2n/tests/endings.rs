@@ -1,11 +1,11 @@
 //! How connections end, as an application sees it: nothing written is lost when handles are
 //! dropped, a peer that is gone is told from a network that is down, and a closed port is
-//! refused at once.
+//! refused at once, and so is a connection beyond a server's limit.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
-use ri2n::{ConnectionConfig, ConnectionError, Endpoint, Error};
+use ri2n::{ConnectionConfig, ConnectionError, Endpoint, EndpointConfig, Error};
 
 fn loopback(ip: &str) -> SocketAddr {
     format!("{ip}:0").parse().unwrap()
@@ -128,4 +128,42 @@ fn close_reports_data_never_acknowledged() {
         "{r:?}"
     );
     assert!(start.elapsed() < Duration::from_secs(2));
+}
+
+/// A server holding as many connections as it allows from one address refuses the next one at
+/// once, with `ServerFull` (not after the 10 s handshake timeout); once one of them is gone,
+/// the address may connect again.
+#[test]
+fn a_server_at_its_connection_limit_refuses_at_once() {
+    let server = Endpoint::bind(
+        EndpointConfig::new(vec![loopback("127.0.0.1")])
+            .server()
+            .with_max_connections_per_address(2),
+    )
+    .unwrap();
+    let to = server.local_addrs()[0];
+    let client = Endpoint::client(&[loopback("127.0.0.1")]).unwrap();
+    let first = client.connect(&[to], ConnectionConfig::default()).unwrap();
+    let _second = client.connect(&[to], ConnectionConfig::default()).unwrap();
+    let start = Instant::now();
+    let third = client.connect(&[to], ConnectionConfig::default());
+    let took = start.elapsed();
+    match third {
+        Err(Error::Connection(ConnectionError::ServerFull)) => {}
+        other => panic!("expected ServerFull, got {other:?}"),
+    }
+    assert!(took < Duration::from_secs(2), "refused after {took:?}");
+    println!("third connection refused after {took:?}");
+    first.abort(0, "done");
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match client.connect(&[to], ConnectionConfig::default()) {
+            Ok(_) => break,
+            Err(Error::Connection(ConnectionError::ServerFull)) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("reconnecting after one connection ended: {e}"),
+        }
+    }
 }

@@ -852,6 +852,23 @@ impl Connection {
         self.links.iter().any(|l| l.remote == remote)
     }
 
+    /// Whether any of this connection's links leads to the host at `ip`.
+    pub(crate) fn has_remote_ip(&self, ip: std::net::IpAddr) -> bool {
+        self.links.iter().any(|l| l.remote.ip() == ip)
+    }
+
+    /// A client still connecting: whether its handshake goes out under connection ID `cid`.
+    pub(crate) fn is_connecting_as(&self, cid: u64) -> bool {
+        self.state == ConnectionState::Connecting && cid != 0 && self.local_cid == cid
+    }
+
+    /// The server refused this client's connection (its connection limit).
+    pub(crate) fn refused_by_server(&mut self) {
+        if self.state == ConnectionState::Connecting {
+            self.set_closed(Some(ConnectionError::ServerFull));
+        }
+    }
+
     /// A short packet for this connection; `Err` says why it was dropped without effect.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn handle_short(
