@@ -180,6 +180,15 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECS", default_value = "3600", value_parser = parse_secs)]
     pub max_time: Duration,
 
+    /// Clients served at once; one more is refused at once (its `bench` exits 3 saying the
+    /// server is full) instead of waiting out its handshake.
+    #[arg(long, value_name = "N", default_value = "4096", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_clients: u32,
+
+    /// Clients served at once from any one IP address.
+    #[arg(long, value_name = "N", default_value = "256", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_clients_per_address: u32,
+
     /// Do not log one line per client on stderr.
     #[arg(long, short)]
     pub quiet: bool,

@@ -91,9 +91,18 @@ pub fn server_endpoint(
     listen: &[SocketAddr],
     all_links_down_timeout: Option<Duration>,
 ) -> Result<Endpoint, Failure> {
+    server_endpoint_with(listen, all_links_down_timeout, |cfg| cfg)
+}
+
+/// [`server_endpoint`] with further settings made by `configure`.
+pub fn server_endpoint_with(
+    listen: &[SocketAddr],
+    all_links_down_timeout: Option<Duration>,
+    configure: impl FnOnce(EndpointConfig) -> EndpointConfig,
+) -> Result<Endpoint, Failure> {
     let mut cfg = EndpointConfig::new(listen.to_vec()).server();
     cfg.server_connection.all_links_down_timeout = all_links_down_timeout;
-    Endpoint::bind(cfg).map_err(|e| Failure::endpoint(e, &[], Duration::ZERO))
+    Endpoint::bind(configure(cfg)).map_err(|e| Failure::endpoint(e, &[], Duration::ZERO))
 }
 
 /// Connects, giving up after `--connect-timeout`.

@@ -15,7 +15,11 @@ use crate::report::{bps, fmt_bytes, fmt_rate, LinkSummary};
 use crate::ServeArgs;
 
 pub fn run(args: &ServeArgs) -> Result<(), Failure> {
-    let endpoint = net::server_endpoint(&args.listen, Some(args.all_links_down_timeout))?;
+    let endpoint =
+        net::server_endpoint_with(&args.listen, Some(args.all_links_down_timeout), |cfg| {
+            cfg.with_max_connections(args.max_clients as usize)
+                .with_max_connections_per_address(args.max_clients_per_address as usize)
+        })?;
     if !args.quiet {
         eprintln!(
             "ri2n serve: listening on {}",

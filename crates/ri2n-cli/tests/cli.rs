@@ -401,6 +401,47 @@ fn send_to_a_bench_server_is_refused() {
     assert!(err.contains("ri2n serve"), "says why: {err}");
 }
 
+/// `ri2n serve --max-clients-per-address 1` serving one bench refuses a second one at once:
+/// exit 3, saying the server is full.
+#[test]
+fn a_full_server_refuses_a_client_at_once() {
+    let port = free_port();
+    let a = format!("127.0.0.1:{port}");
+    let _server = Proc::spawn(
+        "ri2n serve",
+        Command::new(bin())
+            .args([
+                "serve",
+                "--listen",
+                &a,
+                "--max-clients-per-address",
+                "1",
+                "-q",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    let _first = Proc::spawn(
+        "ri2n bench",
+        Command::new(bin())
+            .args(["bench", "--to", &a, "--latency", "--count", "100000"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    // the first client holds its connection (a long latency test) before the second comes
+    std::thread::sleep(Duration::from_millis(500));
+    let start = Instant::now();
+    let (s, o) = ri2n(
+        ["bench", "--to", &a, "--time", "1"],
+        Duration::from_secs(20),
+    );
+    let took = start.elapsed();
+    let err = stderr_of(&o);
+    assert_eq!(s.code(), Some(3), "exit code; stderr: {err}");
+    assert!(err.contains("connection limit"), "says why: {err}");
+    assert!(took < Duration::from_secs(3), "refused after {took:?}");
+}
+
 /// A receiver and a sender slowed to 2 × 100 Mbit/s (so the transfer is surely under way),
 /// sending 64 MiB; returns them and the output file.
 fn slow_transfer() -> (Proc, Proc, TempFile, TempFile) {
