@@ -986,8 +986,23 @@ def ri2n_fault_run(lab, scenario, srv_pid, reverse=False):
         t0 = t0_live
     place_events(ev_log, t0)
     total = max([r["end"] for r in rows] + [seconds])
+    # A -> B: the server's own timeline of what it read (a receiver-side meter; its t = 0 is
+    # when the request arrived, a fraction of a millisecond after the client's) when it sent
+    # one; else the client's acknowledged bytes
+    timeline = ((doc or {}).get("server") or {}).get("timeline") or []
+    meter = "sender"
+    if not reverse and timeline:
+        meter = "receiver"
+        server_rows, prev_t, prev_b = [], 0.0, 0
+        for t, b in timeline:
+            server_rows.append({"start": prev_t, "end": t, "bytes": b - prev_b})
+            prev_t, prev_b = t, b
+        rows = server_rows
+    elif reverse:
+        meter = "receiver"
     series = uniform_series(rows, total)
     return {"tool": "ri2n-rev" if reverse else "ri2n", "scenario": scenario, "rc": rc,
+            "meter": meter,
             "cpu_client": cpu,
             "align_s": t0 - t0_live, "events": ev_log, "series_bps": series,
             "events_ri2n": doc and doc.get("events"),
@@ -1526,9 +1541,12 @@ def report_fault(res):
 
     L.append("Milliseconds, median (min–max, n runs); rule above. \"stall\" = longest run of "
              "10 ms bins below 10 % of the surviving/healed capacity.\n")
-    L.append("Recovery (\"time to 90 %\" after the heal) and failover. ri2n A→B: A sends, its "
-             "timeline counts acknowledged bytes; ri2n B→A: `bench --reverse`, A counts the bytes "
-             "it read (a receiver-side meter); MPTCP: receiver-side meter.\n")
+    meters = sorted({r.get("meter", "sender") for r in runs if r.get("tool") == "ri2n"})
+    a2b = ("B, the server, counts the bytes it read per interval (a receiver-side meter)"
+           if meters == ["receiver"] else "its timeline counts acknowledged bytes")
+    L.append("Recovery (\"time to 90 %%\" after the heal) and failover. ri2n A→B: A sends, %s; "
+             "ri2n B→A: `bench --reverse`, A counts the bytes it read (a receiver-side meter); "
+             "MPTCP: receiver-side meter.\n" % a2b)
     L.append("| scenario, event | ri2n A→B | ri2n B→A | MPTCP | ri2n A→B: longest stall | MPTCP: longest stall |")
     L.append("| --- | --- | --- | --- | --- | --- |")
     rows = [("main", 0, "Fig. 4, t=2 s: link 1's switch dies (failover gap, target: link 2)")]

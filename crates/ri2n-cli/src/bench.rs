@@ -287,11 +287,13 @@ struct ThroughputSummary {
     links: Vec<LinkSummary>,
 }
 
-fn request(conn: &Connection, test: Test, seconds: f64) -> Result<(), Failure> {
+/// Sends the request for `test`; `interval` asks the server for its timeline of what it read.
+fn request(conn: &Connection, test: Test, seconds: f64, interval: f64) -> Result<(), Failure> {
     let msg = serde_json::to_vec(&Request {
         version: VERSION,
         test,
         seconds,
+        interval,
     })
     .expect("a request serialises");
     conn.send_message(&msg).map_err(|e| Failure::lost(&e))
@@ -342,7 +344,12 @@ fn throughput(
     events: &mut EventLog,
     say: Say,
 ) -> Result<ThroughputDoc, Failure> {
-    request(conn, Test::Throughput, args.time.as_secs_f64())?;
+    request(
+        conn,
+        Test::Throughput,
+        args.time.as_secs_f64(),
+        args.interval.as_secs_f64(),
+    )?;
     say.line(format!(
         "throughput test, {:.1} s, sending; timeline every {} s",
         args.time.as_secs_f64(),
@@ -399,7 +406,7 @@ fn throughput_reverse(
     events: &mut EventLog,
     say: Say,
 ) -> Result<ThroughputDoc, Failure> {
-    request(conn, Test::Reverse, args.time.as_secs_f64())?;
+    request(conn, Test::Reverse, args.time.as_secs_f64(), 0.0)?;
     // nothing more to send: our end of stream goes with the request
     conn.finish().map_err(|e| Failure::lost(&e))?;
     say.line(format!(
@@ -585,7 +592,7 @@ fn latency(
             args.size
         )));
     }
-    request(conn, Test::Latency, 0.0)?;
+    request(conn, Test::Latency, 0.0, 0.0)?;
     let count = args.count as usize;
     say.line(format!(
         "latency test: ping-pong of whole messages, {} round trips per size{}",

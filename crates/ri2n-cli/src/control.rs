@@ -29,6 +29,11 @@ pub struct Request {
     /// Length of a throughput test (ignored for latency).
     #[serde(default)]
     pub seconds: f64,
+    /// Throughput test: the server samples what it read every this many seconds and sends
+    /// that timeline with its report (0: no timeline). A receiver-side meter of the client's
+    /// sending, at the client's timeline resolution.
+    #[serde(default)]
+    pub interval: f64,
 }
 
 /// The server's report after a throughput test (either direction).
@@ -41,6 +46,11 @@ pub struct ServerReport {
     /// The server's view of each link when it reported (sent counters: repairs included).
     #[serde(default)]
     pub links: Vec<ServerLink>,
+    /// Throughput test with an `interval`: `[seconds since the request, bytes read so far]`
+    /// at the end of every interval, sampled by a thread of its own (so the samples keep
+    /// coming while reading blocks).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timeline: Vec<(f64, u64)>,
 }
 
 /// A link as the server saw it (the subset of [`LinkSummary`] that crosses the wire).

@@ -244,7 +244,10 @@ pub struct BenchArgs {
     #[command(flatten)]
     pub link: LinkOpts,
 
-    /// Print one JSON document on stdout; the human-readable text then goes to stderr.
+    /// Print one JSON document on stdout; the human-readable text then goes to stderr. A
+    /// throughput test's `intervals` count what the server acknowledged (sending) or what was
+    /// read (--reverse); when sending, `server.timeline` is the server's own meter:
+    /// `[seconds since the request, bytes read so far]` at the end of every interval.
     #[arg(long)]
     pub json: bool,
 }

@@ -3,6 +3,7 @@
 //! for the asked time, then report) or latency (echo every message).
 
 use std::io::{Read, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ri2n::Connection;
@@ -13,6 +14,9 @@ use crate::error::{self, Failure};
 use crate::net;
 use crate::report::{bps, fmt_bytes, fmt_rate, LinkSummary};
 use crate::ServeArgs;
+
+/// Finest timeline a client may ask for (as `ri2n bench --interval`).
+const MIN_INTERVAL: Duration = Duration::from_millis(10);
 
 pub fn run(args: &ServeArgs) -> Result<(), Failure> {
     let endpoint =
@@ -80,17 +84,12 @@ fn serve_client(mut conn: Connection, max_time: Duration) -> Result<String, Fail
     let start = Instant::now();
     let line = match req.test {
         Test::Throughput => {
-            let mut buf = vec![0u8; 256 * 1024];
-            let mut got = 0u64;
-            loop {
-                match conn.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => got += n as u64,
-                    Err(e) => return Err(Failure::lost(&e)),
-                }
-            }
+            let interval = Duration::try_from_secs_f64(req.interval)
+                .ok()
+                .filter(|i| *i >= MIN_INTERVAL);
+            let (got, timeline) = read_all(&conn, start, interval)?;
             let secs = start.elapsed().as_secs_f64();
-            report(&conn, got, secs)?;
+            report(&conn, got, secs, timeline)?;
             format!(
                 "throughput: received {} in {secs:.2} s, {}",
                 fmt_bytes(got),
@@ -109,7 +108,7 @@ fn serve_client(mut conn: Connection, max_time: Duration) -> Result<String, Fail
                 sent += buf.len() as u64;
             }
             let secs = start.elapsed().as_secs_f64();
-            report(&conn, sent, secs)?;
+            report(&conn, sent, secs, Vec::new())?;
             format!(
                 "reverse: sent {} in {secs:.2} s, {}",
                 fmt_bytes(sent),
@@ -131,8 +130,60 @@ fn serve_client(mut conn: Connection, max_time: Duration) -> Result<String, Fail
     Ok(line)
 }
 
+/// Reads the client's stream to its end; returns the bytes read and, with an `interval`, the
+/// timeline of bytes read at the end of every interval since `start`, sampled by a thread of
+/// its own so that it keeps its rows while a read blocks (every link down).
+fn read_all(
+    conn: &Connection,
+    start: Instant,
+    interval: Option<Duration>,
+) -> Result<(u64, Vec<(f64, u64)>), Failure> {
+    let got = &AtomicU64::new(0);
+    let done = &AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let sampler = interval.map(|interval| {
+            scope.spawn(move || {
+                let mut timeline = Vec::new();
+                let mut next = start + interval;
+                while !done.load(Ordering::Acquire) {
+                    let now = Instant::now();
+                    if now >= next {
+                        let t = now.duration_since(start).as_secs_f64();
+                        timeline.push((t, got.load(Ordering::Relaxed)));
+                        while next <= now {
+                            next += interval;
+                        }
+                    }
+                    std::thread::park_timeout(next.saturating_duration_since(Instant::now()));
+                }
+                timeline
+            })
+        });
+        let mut reader = conn;
+        let mut buf = vec![0u8; 256 * 1024];
+        let result = loop {
+            match reader.read(&mut buf) {
+                Ok(0) => break Ok(()),
+                Ok(n) => got.fetch_add(n as u64, Ordering::Relaxed),
+                Err(e) => break Err(Failure::lost(&e)),
+            };
+        };
+        done.store(true, Ordering::Release);
+        let timeline = sampler.map_or_else(Vec::new, |s| {
+            s.thread().unpark();
+            s.join().expect("the sampling thread does not panic")
+        });
+        result.map(|()| (got.load(Ordering::Relaxed), timeline))
+    })
+}
+
 /// Sends the server's report of a throughput test.
-fn report(conn: &Connection, bytes: u64, seconds: f64) -> Result<(), Failure> {
+fn report(
+    conn: &Connection,
+    bytes: u64,
+    seconds: f64,
+    timeline: Vec<(f64, u64)>,
+) -> Result<(), Failure> {
     let links = LinkSummary::all(&conn.stats().links, false)
         .iter()
         .map(ServerLink::from)
@@ -141,6 +192,7 @@ fn report(conn: &Connection, bytes: u64, seconds: f64) -> Result<(), Failure> {
         bytes,
         seconds,
         links,
+        timeline,
     })
     .expect("a report serialises");
     conn.send_message(&msg).map_err(|e| Failure::lost(&e))

@@ -735,6 +735,22 @@ fn bench_against_serve() {
         let length = i["end"].as_f64().unwrap() - i["start"].as_f64().unwrap();
         assert!(length >= 0.025, "a {length} s interval: {i}");
     }
+    // the server's own meter: what it read by the end of every interval, never decreasing,
+    // never more than the client sent
+    let timeline = doc["server"]["timeline"]
+        .as_array()
+        .expect("server.timeline");
+    assert!(timeline.len() >= 15, "about 20 samples: {}", timeline.len());
+    let mut last = (0.0, 0);
+    for sample in timeline {
+        let (t, b) = (sample[0].as_f64().unwrap(), sample[1].as_u64().unwrap());
+        assert!(
+            t > last.0 && b >= last.1 && b <= bytes,
+            "{sample} after {last:?}"
+        );
+        last = (t, b);
+    }
+    assert!(last.1 > 0, "the server read nothing: {timeline:?}");
     assert_eq!(
         doc["summary"]["links"].as_array().unwrap().len(),
         2,
