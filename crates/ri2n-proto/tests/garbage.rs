@@ -675,3 +675,77 @@ fn scattered_one_byte_frames_keep_reassembly_bookkeeping_bounded() {
     assert_eq!(t.got_s, t.c2s, "the byte stream did not arrive whole");
     assert_eq!(t.corrupted, 0, "corrupted bytes");
 }
+
+/// 1 000 clients from one IP address complete the handshake (cookie and all) but never confirm
+/// it (their short packets are lost): the server holds at most its per-address limit of
+/// connections, and the clients beyond it are refused at once with `ServerFull`.
+#[test]
+fn unconfirmed_connections_from_one_address_are_bounded() {
+    let server_addr: SocketAddr = "10.0.0.2:6000".parse().unwrap();
+    let start = std::time::Instant::now();
+    let mut server = ri2n_proto::Endpoint::new(
+        // the default limit: 256 connections per client address
+        ri2n_proto::EndpointConfig::new(vec![server_addr]).server(),
+        1,
+        start,
+    );
+    let mut clients: Vec<(ri2n_proto::Endpoint, ri2n_proto::ConnectionHandle)> = (0..1_000u16)
+        .map(|i| {
+            let addr = SocketAddr::from(([10, 0, 0, 1], 20_000 + i));
+            let mut ep = ri2n_proto::Endpoint::new(
+                ri2n_proto::EndpointConfig::new(vec![addr]),
+                u64::from(i) + 2,
+                start,
+            );
+            let h = ep
+                .connect(
+                    start,
+                    &[server_addr],
+                    ri2n_proto::ConnectionConfig::default(),
+                )
+                .unwrap();
+            (ep, h)
+        })
+        .collect();
+    let mut buf = vec![0u8; 2048];
+    let mut answer = vec![0u8; 2048];
+    // one simulated second in 5 ms steps: handshakes, their retries, and the refusals (RESETs
+    // come at most 1000 per second)
+    for round in 0..200u64 {
+        let now = start + Duration::from_millis(5 * round);
+        for i in 0..clients.len() {
+            while let Some(t) = clients[i].0.poll_transmit(now, &mut buf) {
+                // the handshake gets through; the confirmation (a short packet) never does
+                if buf[1] == packet_type::SHORT {
+                    continue;
+                }
+                server.handle_datagram(now, server_addr, t.local, &buf[..t.len]);
+                while let Some(a) = server.poll_transmit(now, &mut answer) {
+                    let to = usize::from(a.remote.port() - 20_000);
+                    clients[to]
+                        .0
+                        .handle_datagram(now, a.remote, server_addr, &answer[..a.len]);
+                }
+            }
+        }
+    }
+    let refused = clients
+        .iter()
+        .filter(|(ep, h)| {
+            ep.connection(*h)
+                .and_then(|c| c.close_reason())
+                .is_some_and(|r| *r == ri2n_proto::ConnectionError::ServerFull)
+        })
+        .count();
+    println!(
+        "1 000 unconfirmed clients from one address: the server holds {} connections, {refused} \
+         clients were refused",
+        server.connection_count()
+    );
+    assert!(
+        server.connection_count() <= 256,
+        "{}",
+        server.connection_count()
+    );
+    assert!(refused >= 700, "{refused} clients refused");
+}
