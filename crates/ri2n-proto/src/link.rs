@@ -126,6 +126,10 @@ pub(crate) struct Rtt {
 /// RTT assumed before the first sample.
 const INITIAL_RTT: Duration = Duration::from_millis(100);
 const GRANULARITY: Duration = Duration::from_millis(1);
+/// Probes a link that was never up gets at the normal pace before it is probed slowly.
+const UNPROVEN_FAST_PROBES: u32 = 10;
+/// Probe interval of a link that was never up and has not answered [`UNPROVEN_FAST_PROBES`].
+const UNPROVEN_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// The peer counts as silent on a link after this many of its usual gaps between arrivals.
 const SILENCE_GAPS: u32 = 8;
 /// How long a link must have been silent to be declared down while no other link shows that
@@ -811,7 +815,19 @@ impl Link {
         // bytes per interval instead of a full datagram.
         self.probe_full = self.probes_sent == 0 || self.probe_successes > 0;
         self.probes_sent = self.probes_sent.saturating_add(1);
-        self.next_probe = Some(now + cfg.probe_interval);
+        // A link that was never up (an address the peer announced, or one we were given)
+        // and has not answered its first probes is probed slowly: it may not exist at all.
+        // A link that worked keeps the fast pace for as long as it is down, so a heal is
+        // noticed within a probe interval however long the outage lasted.
+        let interval = if self.state == LinkState::Validating
+            && self.probes_sent > UNPROVEN_FAST_PROBES
+            && self.probe_successes == 0
+        {
+            UNPROVEN_PROBE_INTERVAL.max(cfg.probe_interval)
+        } else {
+            cfg.probe_interval
+        };
+        self.next_probe = Some(now + interval);
         let patience =
             (self.rtt.srtt * 2 + self.rtt.rttvar * 4 + cfg.max_ack_delay).max(cfg.probe_interval);
         // An expired probe's loss is not a congestion signal (probes are outside the window),

@@ -167,20 +167,21 @@ fn all_links_dead_for_60s_then_one_heals_and_the_transfer_completes() {
     );
 }
 
-/// A link that never answers is probed with small datagrams: after the first, its probes
-/// cost a few dozen bytes each instead of a full datagram (a full-size probe every 20 ms is
-/// 74 kB/s per link; a peer announcing seven dead addresses made a client send 501 kB/s).
+/// A link that never answers is probed with small datagrams, and slowly: after the first, its
+/// probes cost a few dozen bytes each instead of a full datagram, and after ten of them
+/// (200 ms) one goes per second. (A full-size probe every 20 ms is 74 kB/s per link; a peer
+/// announcing seven dead addresses made a client send 501 kB/s.)
 #[test]
-fn a_link_that_never_answers_gets_small_probes() {
+fn a_link_that_never_answers_gets_small_slow_probes() {
     let sc = gigabit_links(2)
         .with_total_bytes(64 << 20)
         .at(Duration::ZERO, Action::blackhole(1));
     let r = run_ok(&sc);
     assert_eq!(r.transfer(Dir::AToB).delivered, 64 << 20);
     let c = r.links[1].dir(Dir::AToB);
-    let average = c.offered_bytes / c.offered.max(1);
+    let seconds = r.completed_at.expect("completed").as_secs_f64();
     println!(
-        "a dead link: {} probes, {} bytes, {average} bytes each on average",
+        "a dead link, {seconds:.2} s: {} probes, {} bytes",
         c.offered, c.offered_bytes
     );
     assert!(
@@ -188,7 +189,18 @@ fn a_link_that_never_answers_gets_small_probes() {
         "the dead link was probed {} times",
         c.offered
     );
-    assert!(average <= 200, "probes of {average} bytes on average");
+    assert!(
+        c.offered as f64 <= 11.0 + seconds,
+        "{} probes in {seconds:.2} s",
+        c.offered
+    );
+    // one full-size probe, the others small
+    assert!(
+        c.offered_bytes <= 1472 + 100 * (c.offered - 1),
+        "{} bytes in {} probes",
+        c.offered_bytes,
+        c.offered
+    );
 }
 
 /// Every link dies during an A → B transfer: both sides, the sending one and the one that only
