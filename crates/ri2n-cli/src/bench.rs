@@ -7,7 +7,7 @@
 //! fit t = alpha + beta * n over message sizes and the half-bandwidth size n_1/2 = alpha/beta.
 
 use std::io::{self, Read, Write};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,7 @@ use crate::checksum::RandomBytes;
 use crate::control::{Request, ServerReport, Test, VERSION};
 use crate::error::Failure;
 use crate::fault::FaultPlan;
+use crate::monitor;
 use crate::net;
 use crate::report::{
     bps, fmt_bytes, fmt_rate, fmt_rtt_us, state_name, LinkDelta, LinkMeter, LinkSummary,
@@ -317,24 +318,17 @@ fn sampled<R>(
     done: impl Fn(u64, &ConnectionStats) -> u64 + Send,
     transfer: impl FnOnce(&AtomicU64) -> Result<R, Failure>,
 ) -> Result<R, Failure> {
-    let (counter, stop) = (&AtomicU64::new(0), &AtomicBool::new(false));
-    std::thread::scope(|scope| {
-        let sampler = scope.spawn(move || {
-            while !stop.load(Ordering::Acquire) {
-                events.poll(conn);
-                if tl.due() {
-                    let stats = conn.stats();
-                    tl.sample(done(counter.load(Ordering::Relaxed), &stats), &stats);
-                }
-                std::thread::park_timeout(tl.until_due().min(EVENT_TICK));
+    monitor::with_ticker(
+        move |count| {
+            events.poll(conn);
+            if tl.due() {
+                let stats = conn.stats();
+                tl.sample(done(count, &stats), &stats);
             }
-        });
-        let result = transfer(counter);
-        stop.store(true, Ordering::Release);
-        sampler.thread().unpark();
-        sampler.join().expect("the sampling thread does not panic");
-        result
-    })
+            tl.until_due().min(EVENT_TICK)
+        },
+        transfer,
+    )
 }
 
 fn throughput(

@@ -3,7 +3,7 @@
 //! for the asked time, then report) or latency (echo every message).
 
 use std::io::{Read, Write};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ri2n::Connection;
@@ -11,6 +11,7 @@ use ri2n::Connection;
 use crate::checksum::RandomBytes;
 use crate::control::{Request, ServerLink, ServerReport, Test, VERSION};
 use crate::error::{self, Failure};
+use crate::monitor;
 use crate::net;
 use crate::report::{bps, fmt_bytes, fmt_rate, LinkSummary};
 use crate::ServeArgs;
@@ -138,43 +139,36 @@ fn read_all(
     start: Instant,
     interval: Option<Duration>,
 ) -> Result<(u64, Vec<(f64, u64)>), Failure> {
-    let got = &AtomicU64::new(0);
-    let done = &AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        let sampler = interval.map(|interval| {
-            scope.spawn(move || {
-                let mut timeline = Vec::new();
-                let mut next = start + interval;
-                while !done.load(Ordering::Acquire) {
-                    let now = Instant::now();
-                    if now >= next {
-                        let t = now.duration_since(start).as_secs_f64();
-                        timeline.push((t, got.load(Ordering::Relaxed)));
-                        while next <= now {
-                            next += interval;
-                        }
-                    }
-                    std::thread::park_timeout(next.saturating_duration_since(Instant::now()));
-                }
-                timeline
-            })
-        });
+    let read = |got: &AtomicU64| {
         let mut reader = conn;
         let mut buf = vec![0u8; 256 * 1024];
-        let result = loop {
+        loop {
             match reader.read(&mut buf) {
-                Ok(0) => break Ok(()),
+                Ok(0) => return Ok(got.load(Ordering::Relaxed)),
                 Ok(n) => got.fetch_add(n as u64, Ordering::Relaxed),
-                Err(e) => break Err(Failure::lost(&e)),
+                Err(e) => return Err(Failure::lost(&e)),
             };
-        };
-        done.store(true, Ordering::Release);
-        let timeline = sampler.map_or_else(Vec::new, |s| {
-            s.thread().unpark();
-            s.join().expect("the sampling thread does not panic")
-        });
-        result.map(|()| (got.load(Ordering::Relaxed), timeline))
-    })
+        }
+    };
+    let Some(interval) = interval else {
+        return read(&AtomicU64::new(0)).map(|got| (got, Vec::new()));
+    };
+    let mut timeline = Vec::new();
+    let mut next = start + interval;
+    let got = monitor::with_ticker(
+        |got| {
+            let now = Instant::now();
+            if now >= next {
+                timeline.push((now.duration_since(start).as_secs_f64(), got));
+                while next <= now {
+                    next += interval;
+                }
+            }
+            next.saturating_duration_since(now)
+        },
+        read,
+    )?;
+    Ok((got, timeline))
 }
 
 /// Sends the server's report of a throughput test.

@@ -405,22 +405,7 @@ fn send_to_a_bench_server_is_refused() {
 /// exit 3, saying the server is full.
 #[test]
 fn a_full_server_refuses_a_client_at_once() {
-    let port = free_port();
-    let a = format!("127.0.0.1:{port}");
-    let _server = Proc::spawn(
-        "ri2n serve",
-        Command::new(bin())
-            .args([
-                "serve",
-                "--listen",
-                &a,
-                "--max-clients-per-address",
-                "1",
-                "-q",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null()),
-    );
+    let (_server, a) = serve_with(&["--max-clients-per-address", "1"]);
     let _first = Proc::spawn(
         "ri2n bench",
         Command::new(bin())
@@ -682,8 +667,13 @@ fn all_links_down_past_the_deadline_is_connection_lost() {
     assert_eq!(r.code(), Some(4), "recv: {re}");
 }
 
-/// Starts `ri2n serve` on both loopback addresses.
+/// Starts `ri2n serve` on both loopback addresses; returns it and its first address.
 fn serve() -> (Proc, String) {
+    serve_with(&[])
+}
+
+/// [`serve`] with further options.
+fn serve_with(extra: &[&str]) -> (Proc, String) {
     let port = free_port();
     let a = format!("127.0.0.1:{port}");
     let b = format!("127.0.0.2:{port}");
@@ -691,6 +681,7 @@ fn serve() -> (Proc, String) {
         "ri2n serve",
         Command::new(bin())
             .args(["serve", "--listen", &a, "--listen", &b])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null()),
     );

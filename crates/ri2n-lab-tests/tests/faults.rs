@@ -184,7 +184,7 @@ fn receiver_restart_is_reported_to_the_sender() {
             &lab,
             Host::A,
             &env.ri2n,
-            &support::send_args(Host::A, 2, &small.path, true),
+            &support::send_args(&lab, Host::A, &small.path, true),
             &dir.0,
             "send2",
         );
@@ -233,7 +233,7 @@ fn killed_sender_is_reported_by_the_receiver() {
         &lab,
         Host::B,
         &env.ri2n,
-        &support::recv_args(Host::B, 2, &output),
+        &support::recv_args(&lab, Host::B, &output),
         &dir.0,
         "killsend-recv",
     );
@@ -243,7 +243,7 @@ fn killed_sender_is_reported_by_the_receiver() {
         &lab,
         Host::A,
         &env.ri2n,
-        &support::send_args(Host::A, 2, &data.path, true),
+        &support::send_args(&lab, Host::A, &data.path, true),
         &dir.0,
         "killsend-send",
     );
@@ -295,85 +295,24 @@ fn killed_sender_is_reported_by_the_receiver() {
 fn ipv6_links_carry_a_transfer_through_a_dead_switch() {
     let Some(env) = env() else { return };
     let _serial = serial();
-    let _timer = TestTimer::start("ipv6");
     let name = "ipv6";
-    let deadline = Instant::now() + TEST_TIMEOUT;
+    let _timer = TestTimer::start(name);
     let dir = TestDir::new(env, name);
     let lab = Lab::up_ipv6(env, name, 2);
-    let data = DataFile::create(dir.0.join("input"), 256, 12);
-    let output = dir.0.join("output");
-    let remote = |l: u8| std::net::SocketAddr::new(Host::B.addr6(l), PORT).to_string();
-    let mut recv = Proc::spawn(
-        &lab,
-        Host::B,
-        &env.ri2n,
-        &[
-            "recv".into(),
-            "--listen".into(),
-            remote(1),
-            "--listen".into(),
-            remote(2),
-            "--output".into(),
-            output.display().to_string(),
-            "--json".into(),
+    let data = DataFile::create(dir.0.join("input"), data_mib(), 12);
+    let out = Transfer {
+        sender: Host::A,
+        input: &data,
+        actions: vec![
+            (FAULT_AT, Action::Fault(1, vec!["switch".into()])),
+            (HEAL_AT, Action::Heal(1)),
         ],
-        &dir.0,
-        "ipv6-recv",
-    );
-    recv.wait_listening(2, Duration::from_secs(10));
-    let start = Instant::now();
-    let mut send = Proc::spawn(
-        &lab,
-        Host::A,
-        &env.ri2n,
-        &[
-            "send".into(),
-            "--to".into(),
-            remote(1),
-            "--local".into(),
-            Host::A.addr6(1).to_string(),
-            "--local".into(),
-            Host::A.addr6(2).to_string(),
-            "--input".into(),
-            data.path.display().to_string(),
-            "--json".into(),
-        ],
-        &dir.0,
-        "ipv6-send",
-    );
-    let mut faulted = false;
-    let mut healed = false;
-    let (send_status, recv_status) = loop {
-        if !faulted && start.elapsed() >= FAULT_AT {
-            lab.fault(1, &["switch"]);
-            faulted = true;
-        }
-        if !healed && start.elapsed() >= HEAL_AT {
-            lab.heal(1);
-            healed = true;
-        }
-        if let (Some(s), Some(r)) = (send.poll(), recv.poll()) {
-            break (s, r);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the IPv6 transfer did not end in time: {} / {}",
-            send.stderr_text(),
-            recv.stderr_text()
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    let took = start.elapsed();
-    assert!(send_status.success(), "send: {}", send.stderr_text());
-    assert!(recv_status.success(), "recv: {}", recv.stderr_text());
-    let (got, len) = support::sha256_file(&output);
-    assert_eq!(len, data.len, "bytes received");
-    assert_eq!(got, data.sha256, "received data differs");
-    report(&format!(
-        "ipv6: 256 MiB over two IPv6 links, link 1's switch dead for 2 s: intact in {:.2} s \
-         (faulted: {faulted}, healed: {healed})",
-        took.as_secs_f64()
-    ));
+        discover: true,
+        deadline: Instant::now() + TEST_TIMEOUT,
+        name: "ipv6-a2b".into(),
+    }
+    .run(env, &lab, &dir.0);
+    out.report(Some(1));
 }
 
 /// Starts an A→B transfer, kills the receiver at [`FAULT_AT`], starts a new one after `gap`,
@@ -392,7 +331,7 @@ fn restart_during_transfer(
         lab,
         Host::B,
         &env.ri2n,
-        &support::recv_args(Host::B, 2, &first),
+        &support::recv_args(lab, Host::B, &first),
         dir,
         &format!("{label}-recv1"),
     );
@@ -402,7 +341,7 @@ fn restart_during_transfer(
         lab,
         Host::A,
         &env.ri2n,
-        &support::send_args(Host::A, 2, &data.path, true),
+        &support::send_args(lab, Host::A, &data.path, true),
         dir,
         &format!("{label}-send"),
     );
@@ -433,7 +372,7 @@ fn restart_during_transfer(
         lab,
         Host::B,
         &env.ri2n,
-        &support::recv_args(Host::B, 2, &dir.join("restarted.out")),
+        &support::recv_args(lab, Host::B, &dir.join("restarted.out")),
         dir,
         &format!("{label}-recv2"),
     );

@@ -267,8 +267,6 @@ pub(crate) struct Link {
     probes_needed: u32,
     /// Probes sent since the link was created or demoted.
     probes_sent: u32,
-    /// Whether the probe being sent is padded to the base size (see `on_probe_sending`).
-    pub probe_full: bool,
     /// A full-size probe was acknowledged since the link was created or demoted: the path
     /// carries datagrams of the base size.
     full_probe_acked: bool,
@@ -329,7 +327,6 @@ impl Link {
             next_probe: None,
             probe_successes: 0,
             probes_sent: 0,
-            probe_full: false,
             full_probe_acked: false,
             probe_failures: 0,
             // one round trip validates a new link; recovering from a failure takes more
@@ -809,11 +806,6 @@ impl Link {
         cfg: &ConnectionConfig,
         out: &mut AckOutcome,
     ) -> bool {
-        // Only the first probe since the link was created or demoted, and those after an
-        // answer, are padded to the base size (the promotion must see one pass): probing a
-        // dead link, or an address a peer announced that never answers, costs a few dozen
-        // bytes per interval instead of a full datagram.
-        self.probe_full = self.probes_sent == 0 || self.probe_successes > 0;
         self.probes_sent = self.probes_sent.saturating_add(1);
         // A link that was never up (an address the peer announced, or one we were given)
         // and has not answered its first probes is probed slowly: it may not exist at all.
@@ -844,6 +836,14 @@ impl Link {
             out.lost.push(p);
         }
         self.state == LinkState::Degraded && self.probe_failures >= cfg.failure_ptos
+    }
+
+    /// Whether the probe just counted by [`Self::on_probe_sending`] is padded to the base size:
+    /// the first since the link was created or demoted, and those after an answer (the
+    /// promotion must see one pass). Probing a dead link, or an address a peer announced that
+    /// never answers, costs a few dozen bytes per interval instead of a full datagram.
+    pub fn probe_is_full(&self) -> bool {
+        self.probes_sent <= 1 || self.probe_successes > 0
     }
 
     /// Probes acknowledged; returns true when the link should come (back) up: enough of them,

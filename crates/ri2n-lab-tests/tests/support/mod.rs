@@ -218,7 +218,7 @@ impl Host {
         IpAddr::from([10, 77, link, last])
     }
 
-    /// The host's IPv6 address on link `link` of a lab made with [`Lab::up_ipv6`]:
+    /// The host's IPv6 address on link `link` (a lab made with [`Lab::up_ipv6`]):
     /// fd77:link::1 for A, ::2 for B.
     pub fn addr6(self, link: u8) -> IpAddr {
         let last = match self {
@@ -234,30 +234,44 @@ pub struct Lab {
     script: PathBuf,
     pub prefix: String,
     pub links: u8,
+    /// The transfers run over the links' IPv6 addresses ([`Host::addr6`]).
+    pub ipv6: bool,
 }
 
 impl Lab {
     /// `links` links of [`RATE_MBIT`] each; the prefix is unique to this process and test.
     pub fn up(env: &Env, name: &str, links: u8) -> Lab {
-        Self::up_with(env, name, links, &[])
+        Self::up_with(env, name, links, false)
     }
 
-    /// Like [`Lab::up`], with IPv6 addresses on the links too (see [`Host::addr6`]).
+    /// Like [`Lab::up`], with IPv6 addresses on the links, which the transfers then use.
     pub fn up_ipv6(env: &Env, name: &str, links: u8) -> Lab {
-        Self::up_with(env, name, links, &["--ipv6"])
+        Self::up_with(env, name, links, true)
     }
 
-    fn up_with(env: &Env, name: &str, links: u8, extra: &[&str]) -> Lab {
+    fn up_with(env: &Env, name: &str, links: u8, ipv6: bool) -> Lab {
         let lab = Lab {
             script: env.lab_script.clone(),
             prefix: format!("ri2nlab-{}-{name}", std::process::id()),
             links,
+            ipv6,
         };
         let (links, rate) = (links.to_string(), RATE_MBIT.to_string());
         let mut args = vec!["up", links.as_str(), "--rate", rate.as_str()];
-        args.extend_from_slice(extra);
+        if ipv6 {
+            args.push("--ipv6");
+        }
         lab.run(&args);
         lab
+    }
+
+    /// The address of `host` on link `link` that transfers use (IPv4, or IPv6 in an IPv6 lab).
+    pub fn addr(&self, host: Host, link: u8) -> IpAddr {
+        if self.ipv6 {
+            host.addr6(link)
+        } else {
+            host.addr(link)
+        }
     }
 
     fn run(&self, args: &[&str]) -> String {
@@ -691,12 +705,12 @@ pub struct Outcome {
     pub links: u8,
 }
 
-/// Common `recv` arguments for `host` listening on every link.
-pub fn recv_args(host: Host, links: u8, output: &Path) -> Vec<String> {
+/// Common `recv` arguments for `host` listening on every link of `lab`.
+pub fn recv_args(lab: &Lab, host: Host, output: &Path) -> Vec<String> {
     let mut a = vec!["recv".to_owned()];
-    for l in 1..=links {
+    for l in 1..=lab.links {
         a.push("--listen".into());
-        a.push(SocketAddr::new(host.addr(l), PORT).to_string());
+        a.push(SocketAddr::new(lab.addr(host, l), PORT).to_string());
     }
     a.push("--output".into());
     a.push(output.display().to_string());
@@ -704,18 +718,18 @@ pub fn recv_args(host: Host, links: u8, output: &Path) -> Vec<String> {
     a
 }
 
-/// Common `send` arguments from `host` to the other host.
-pub fn send_args(host: Host, links: u8, input: &Path, discover: bool) -> Vec<String> {
+/// Common `send` arguments from `host` to the other host, over every link of `lab`.
+pub fn send_args(lab: &Lab, host: Host, input: &Path, discover: bool) -> Vec<String> {
     let peer = host.other();
     let mut a = vec!["send".to_owned()];
-    let tos = if discover { 1 } else { links };
+    let tos = if discover { 1 } else { lab.links };
     for l in 1..=tos {
         a.push("--to".into());
-        a.push(SocketAddr::new(peer.addr(l), PORT).to_string());
+        a.push(SocketAddr::new(lab.addr(peer, l), PORT).to_string());
     }
-    for l in 1..=links {
+    for l in 1..=lab.links {
         a.push("--local".into());
-        a.push(host.addr(l).to_string());
+        a.push(lab.addr(host, l).to_string());
     }
     if !discover {
         a.push("--no-discover".into());
@@ -748,7 +762,7 @@ impl Transfer<'_> {
             lab,
             receiver,
             &env.ri2n,
-            &recv_args(receiver, lab.links, &output),
+            &recv_args(lab, receiver, &output),
             dir,
             &format!("{}-recv", self.name),
         );
@@ -758,7 +772,7 @@ impl Transfer<'_> {
             lab,
             self.sender,
             &env.ri2n,
-            &send_args(self.sender, lab.links, &self.input.path, self.discover),
+            &send_args(lab, self.sender, &self.input.path, self.discover),
             dir,
             &format!("{}-send", self.name),
         );

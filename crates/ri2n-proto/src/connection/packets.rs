@@ -304,7 +304,7 @@ impl Connection {
             self.links[i].stream_bytes_sent += stream_bytes;
         }
         let full = match kind {
-            PacketKind::Probe => self.links[i].probe_full,
+            PacketKind::Probe => self.links[i].probe_is_full(),
             PacketKind::MtuProbe(_) => true,
             _ => false,
         };
