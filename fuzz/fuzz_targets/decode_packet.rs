@@ -14,8 +14,10 @@ fn check(datagram: &[u8]) {
     assert!(datagram.len() >= 2);
     let Header::Short { pn, .. } = header else {
         assert!(payload.is_empty(), "control packet with a payload");
-        if let Header::Accept { addrs, .. } = header {
-            assert!(addrs.len() <= ri2n_proto::MAX_LINKS);
+        if let Header::Accept { hello, .. } = header {
+            if let Ok(params) = ri2n_proto::wire::ServerParams::decode(hello) {
+                assert!(params.addrs.len() <= ri2n_proto::MAX_LINKS);
+            }
         }
         return;
     };

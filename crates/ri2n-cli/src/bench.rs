@@ -41,7 +41,7 @@ const EVENT_TICK: Duration = Duration::from_millis(20);
 
 pub fn run(args: &BenchArgs) -> Result<(), Failure> {
     let say = Say { json: args.json };
-    let endpoint = net::client_endpoint(&args.connect, false)?;
+    let endpoint = net::client_endpoint(&args.connect, &args.key, false)?;
     let faults = FaultPlan::new(&endpoint, &args.link.fault)?;
     let config = net::connection_config(&args.connect, &args.link);
     let conn = net::connect(&endpoint, &args.connect, config)?;

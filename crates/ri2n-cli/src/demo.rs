@@ -143,7 +143,8 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
             ),
         )
     };
-    let server = net::server_endpoint(&loopback, None).map_err(hint)?;
+    let server =
+        net::server_endpoint(&loopback, &crate::KeyOpts { key: None }, None).map_err(hint)?;
     let client =
         Endpoint::client(&loopback).map_err(|e| hint(Failure::endpoint(e, &[], Duration::ZERO)))?;
     let (saddr, caddr) = (server.local_addrs(), client.local_addrs());

@@ -11,7 +11,7 @@ pub const GENERIC: u8 = 1;
 /// A bad option or value (clap's own usage errors also exit with 2).
 pub const USAGE: u8 = 2;
 /// The connection could not be established: no answer within the handshake timeout, refused,
-/// no route, no local address for the peer.
+/// no route, no local address for the peer, authentication failed (the keys differ).
 pub const CONNECT: u8 = 3;
 /// The connection was lost: the peer restarted or aborted, or every link stayed down past
 /// `--all-links-down-timeout`.
@@ -24,9 +24,10 @@ pub const EXIT_CODES_HELP: &str = "\
 Exit codes:
   0  success
   1  other error (reading or writing a file or stdout, received data differs in `demo`)
-  2  usage error (unknown option, bad value)
+  2  usage error (unknown option, bad value, unreadable or malformed key file)
   3  connection not established (no answer within --connect-timeout, nothing listening
-     there, no route)
+     there, no route, authentication failed: the peer holds another key, or one side has
+     none)
   4  connection lost (peer gone, restarted or aborted, all links down past
      --all-links-down-timeout); send also when the receiver did not acknowledge every byte
   5  cannot bind a local address (address in use, address not on this host)
@@ -34,8 +35,10 @@ Exit codes:
      is told and reports it)
 
 Environment:
-  RI2N_LOG  a log filter (`debug`, `ri2n_proto=debug`, ...): the engine's decisions (link
-            state changes and their causes, probe timeouts, losses) are logged on stderr";
+  RI2N_KEY_FILE  the key file when --key is not given
+  RI2N_LOG       a log filter (`debug`, `ri2n_proto=debug`, ...): the engine's decisions
+                 (link state changes and their causes, probe timeouts, losses) are logged
+                 on stderr";
 
 /// Why a command failed.
 #[derive(Debug)]
@@ -117,6 +120,14 @@ impl Failure {
                 format!(
                     "nothing listens at {} (its host answers \"port unreachable\": is `ri2n \
                      recv` or `ri2n serve` running there, on that port?)",
+                    list(to)
+                ),
+            ),
+            ri2n::Error::Connection(ConnectionError::KeyMismatch(m)) => Self::new(
+                CONNECT,
+                format!(
+                    "authentication failed: {m} ({}; every host needs the same --key or \
+                     RI2N_KEY_FILE)",
                     list(to)
                 ),
             ),

@@ -9,6 +9,7 @@ mod demo;
 mod error;
 mod fault;
 mod interrupt;
+mod key;
 mod monitor;
 mod net;
 mod progress;
@@ -62,6 +63,33 @@ enum Command {
     /// Two links on loopback in this process: move data, cut a link, restore it, check the bytes.
     #[command(after_help = EXIT_CODES_HELP)]
     Demo(DemoArgs),
+    /// Make a new random cluster key: one line of text, to copy to every host and name with
+    /// --key (or RI2N_KEY_FILE) on both ends.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Keygen(KeygenArgs),
+}
+
+/// The cluster key (send, recv, serve, bench).
+#[derive(Args, Debug, Clone)]
+pub struct KeyOpts {
+    /// Key file made by `ri2n keygen`; every host of the cluster holds the same. With a key,
+    /// each connection is mutually authenticated and encrypted with fresh keys; a peer holding
+    /// another key, or none, is refused (the client exits 3, the server logs the attempt).
+    /// Without a key the channel is neither authenticated nor encrypted (a warning says so
+    /// for non-loopback addresses).
+    #[arg(long, value_name = "FILE", env = "RI2N_KEY_FILE")]
+    pub key: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct KeygenArgs {
+    /// Write the key to FILE, created with mode 0600, instead of stdout.
+    #[arg(long, short, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+
+    /// Replace FILE if it exists (every host holding the old key must then get the new one).
+    #[arg(long, requires = "output")]
+    pub force: bool,
 }
 
 /// Where to connect and from which local addresses (send, bench).
@@ -113,6 +141,9 @@ pub struct LinkOpts {
 #[derive(Args, Debug)]
 pub struct SendArgs {
     #[command(flatten)]
+    pub key: KeyOpts,
+
+    #[command(flatten)]
     pub connect: ConnectOpts,
 
     /// File to send. Default (or `-`): stdin.
@@ -133,6 +164,9 @@ pub struct SendArgs {
 
 #[derive(Args, Debug)]
 pub struct RecvArgs {
+    #[command(flatten)]
+    pub key: KeyOpts,
+
     /// Local address to listen on; repeat for each link (one UDP socket each). The sender is
     /// told about all of them, so `ri2n send` needs only one of them as --to. A wildcard
     /// (0.0.0.0:PORT or [::]:PORT) listens on every address the host's interfaces have at
@@ -165,6 +199,9 @@ pub struct RecvArgs {
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
+    #[command(flatten)]
+    pub key: KeyOpts,
+
     /// Local address to listen on; repeat for each link. Clients are told about all of them.
     /// A wildcard (0.0.0.0:PORT or [::]:PORT) listens on every address of the host's
     /// interfaces at start, one socket each.
@@ -196,6 +233,9 @@ pub struct ServeArgs {
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
+    #[command(flatten)]
+    pub key: KeyOpts,
+
     #[command(flatten)]
     pub connect: ConnectOpts,
 
@@ -342,6 +382,7 @@ fn main() -> ExitCode {
         Command::Serve(a) => serve::run(&a),
         Command::Bench(a) => bench::run(&a),
         Command::Demo(a) => demo::run(&a),
+        Command::Keygen(a) => key::keygen(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use ri2n::{Connection, ConnectionConfig, ConnectionState, Endpoint, EndpointConfig};
 
 use crate::error::Failure;
-use crate::{ConnectOpts, LinkOpts};
+use crate::{ConnectOpts, KeyOpts, LinkOpts};
 
 /// How long a finished connection may take to close cleanly (the peer acknowledging our end
 /// of stream, the engine's short draining period) before the command exits anyway.
@@ -67,8 +67,15 @@ pub fn connection_config(connect: &ConnectOpts, link: &LinkOpts) -> ConnectionCo
         .with_all_links_down_timeout(link.all_links_down_timeout)
 }
 
-/// A client endpoint on the local addresses the options give (or the defaults).
-pub fn client_endpoint(opts: &ConnectOpts, quiet: bool) -> Result<Endpoint, Failure> {
+/// A client endpoint on the local addresses the options give (or the defaults), holding the
+/// key the options name.
+pub fn client_endpoint(
+    opts: &ConnectOpts,
+    key: &KeyOpts,
+    quiet: bool,
+) -> Result<Endpoint, Failure> {
+    let key = crate::key::load(key)?;
+    crate::key::warn_if_unprotected(&key, &opts.to);
     let locals = if opts.local.is_empty() {
         let (locals, single) = default_locals(&opts.to);
         if single && !opts.no_discover && !quiet {
@@ -82,27 +89,60 @@ pub fn client_endpoint(opts: &ConnectOpts, quiet: bool) -> Result<Endpoint, Fail
     } else {
         opts.local.clone()
     };
-    Endpoint::client(&locals).map_err(|e| Failure::endpoint(e, &opts.to, opts.connect_timeout))
+    Endpoint::bind(EndpointConfig::new(locals).with_key(key))
+        .map_err(|e| Failure::endpoint(e, &opts.to, opts.connect_timeout))
 }
 
-/// A server endpoint listening on `listen`, its connections closed after every link has been
-/// down for `all_links_down_timeout`.
+/// A server endpoint listening on `listen`, holding the key `key` names, its connections
+/// closed after every link has been down for `all_links_down_timeout`.
 pub fn server_endpoint(
     listen: &[SocketAddr],
+    key: &KeyOpts,
     all_links_down_timeout: Option<Duration>,
 ) -> Result<Endpoint, Failure> {
-    server_endpoint_with(listen, all_links_down_timeout, |cfg| cfg)
+    server_endpoint_with(listen, key, all_links_down_timeout, |cfg| cfg)
 }
 
 /// [`server_endpoint`] with further settings made by `configure`.
 pub fn server_endpoint_with(
     listen: &[SocketAddr],
+    key: &KeyOpts,
     all_links_down_timeout: Option<Duration>,
     configure: impl FnOnce(EndpointConfig) -> EndpointConfig,
 ) -> Result<Endpoint, Failure> {
-    let mut cfg = EndpointConfig::new(listen.to_vec()).server();
+    let key = crate::key::load(key)?;
+    crate::key::warn_if_unprotected(&key, listen);
+    let mut cfg = EndpointConfig::new(listen.to_vec()).server().with_key(key);
     cfg.server_connection.all_links_down_timeout = all_links_down_timeout;
     Endpoint::bind(configure(cfg)).map_err(|e| Failure::endpoint(e, &[], Duration::ZERO))
+}
+
+/// Waits for a connection like [`Endpoint::accept_timeout`], logging on stderr (`prefix`:
+/// `who`) each handshake refused meanwhile because the client holds another key or none.
+pub fn accept_logging_refusals(
+    endpoint: &Endpoint,
+    timeout: Option<Duration>,
+    who: &str,
+) -> Result<Option<Connection>, Failure> {
+    const SLICE: Duration = Duration::from_millis(200);
+    let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+    loop {
+        let slice = deadline.map_or(SLICE, |d| {
+            d.saturating_duration_since(Instant::now()).min(SLICE)
+        });
+        let accepted = endpoint
+            .accept_timeout(Some(slice))
+            .map_err(|e| Failure::endpoint(e, &[], Duration::ZERO))?;
+        for r in endpoint.refused_handshakes() {
+            eprintln!(
+                "{who}: refused a connection from {}: authentication failed: {}",
+                r.remote, r.reason
+            );
+        }
+        if accepted.is_some() || deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(accepted);
+        }
+    }
 }
 
 /// Connects, giving up after `--connect-timeout`.

@@ -121,7 +121,7 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
         interrupt::remove_on_interrupt(partial.clone());
     }
 
-    let endpoint = net::server_endpoint(&args.listen, args.link.all_links_down_timeout)?;
+    let endpoint = net::server_endpoint(&args.listen, &args.key, args.link.all_links_down_timeout)?;
     let faults = FaultPlan::new(&endpoint, &args.link.fault)?;
     if !args.quiet && crate::progress::stderr_is_terminal() {
         eprintln!(
@@ -129,10 +129,7 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
             error::list(&endpoint.local_addrs())
         );
     }
-    let conn = match endpoint
-        .accept_timeout(args.accept_timeout)
-        .map_err(|e| Failure::endpoint(e, &[], Duration::ZERO))?
-    {
+    let conn = match net::accept_logging_refusals(&endpoint, args.accept_timeout, "ri2n recv")? {
         Some(c) => Arc::new(c),
         None => {
             return Err(Failure::new(

@@ -33,7 +33,7 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
         }
     };
 
-    let endpoint = net::client_endpoint(&args.connect, args.quiet)?;
+    let endpoint = net::client_endpoint(&args.connect, &args.key, args.quiet)?;
     let faults = FaultPlan::new(&endpoint, &args.link.fault)?;
     let config = net::connection_config(&args.connect, &args.link);
     let conn = Arc::new(net::connect(&endpoint, &args.connect, config)?);

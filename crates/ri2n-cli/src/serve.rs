@@ -20,11 +20,15 @@ use crate::ServeArgs;
 const MIN_INTERVAL: Duration = Duration::from_millis(10);
 
 pub fn run(args: &ServeArgs) -> Result<(), Failure> {
-    let endpoint =
-        net::server_endpoint_with(&args.listen, Some(args.all_links_down_timeout), |cfg| {
+    let endpoint = net::server_endpoint_with(
+        &args.listen,
+        &args.key,
+        Some(args.all_links_down_timeout),
+        |cfg| {
             cfg.with_max_connections(args.max_clients as usize)
                 .with_max_connections_per_address(args.max_clients_per_address as usize)
-        })?;
+        },
+    )?;
     if !args.quiet {
         eprintln!(
             "ri2n serve: listening on {}",
@@ -32,9 +36,9 @@ pub fn run(args: &ServeArgs) -> Result<(), Failure> {
         );
     }
     loop {
-        let conn = endpoint
-            .accept()
-            .map_err(|e| Failure::endpoint(e, &[], Duration::ZERO))?;
+        let Some(conn) = net::accept_logging_refusals(&endpoint, None, "ri2n serve")? else {
+            continue;
+        };
         let quiet = args.quiet;
         let max_time = args.max_time;
         let spawned = std::thread::Builder::new()

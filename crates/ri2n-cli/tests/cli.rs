@@ -811,3 +811,129 @@ fn bench_latency_sweep() {
     assert!(fit["alpha_us"].as_f64().unwrap().is_finite(), "{doc}");
     assert!(fit["beta_us_per_byte"].as_f64().unwrap() > 0.0, "{doc}");
 }
+
+/// `ri2n keygen`: one line of text, a file of mode 0600 that is never replaced without
+/// `--force`, a new key every time.
+#[test]
+fn keygen_writes_a_private_one_line_key() {
+    use std::os::unix::fs::PermissionsExt;
+    let (s, o) = ri2n(["keygen"], Duration::from_secs(10));
+    assert!(s.success(), "{}", stderr_of(&o));
+    let printed = String::from_utf8(o.stdout).unwrap();
+    assert!(printed.starts_with("ri2n-key-v1:") && printed.ends_with('\n'));
+    assert_eq!(printed.lines().count(), 1);
+    let file = TempFile::new("key");
+    let path = file.path().to_str().unwrap();
+    let (s, o) = ri2n(["keygen", "--output", path], Duration::from_secs(10));
+    assert!(s.success(), "{}", stderr_of(&o));
+    let mode = std::fs::metadata(file.path()).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let first = std::fs::read_to_string(file.path()).unwrap();
+    assert_eq!(first.trim().len(), 12 + 64);
+    assert_ne!(first, printed);
+    // an existing key file is kept
+    let (s, o) = ri2n(["keygen", "--output", path], Duration::from_secs(10));
+    assert_eq!(s.code(), Some(1));
+    assert!(stderr_of(&o).contains("--force"), "{}", stderr_of(&o));
+    assert_eq!(std::fs::read_to_string(file.path()).unwrap(), first);
+    let (s, _) = ri2n(
+        ["keygen", "--output", path, "--force"],
+        Duration::from_secs(10),
+    );
+    assert!(s.success());
+    assert_ne!(std::fs::read_to_string(file.path()).unwrap(), first);
+}
+
+/// A keyed receiver refuses senders with another key and without one (exit 3, promptly, and
+/// one log line each), then takes a sender with its key from `RI2N_KEY_FILE`; a keyed sender
+/// to a receiver without a key is refused too. Bad key files are usage errors.
+#[test]
+fn keys_must_match() {
+    let _g = heavy();
+    let (k1, k2) = (TempFile::new("k1"), TempFile::new("k2"));
+    for k in [&k1, &k2] {
+        let (s, _) = ri2n(
+            ["keygen", "--output", k.path().to_str().unwrap()],
+            Duration::from_secs(10),
+        );
+        assert!(s.success());
+    }
+    let input = TempFile::new("in");
+    let output = TempFile::new("out");
+    let sent_hash = write_random(input.path(), 64 << 20, 99);
+    let k1_path = k1.path().to_str().unwrap().to_owned();
+    let (recv, a) = spawn_recv(free_port(), output.path(), &["--key", &k1_path]);
+    let send = |env_key: Option<&Path>, args: &[&str]| {
+        let mut cmd = Command::new(bin());
+        cmd.args(["send", "--to", &a, "--input"])
+            .arg(input.path())
+            .args(args)
+            .env_remove("RI2N_KEY_FILE")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(k) = env_key {
+            cmd.env("RI2N_KEY_FILE", k);
+        }
+        let start = Instant::now();
+        let (s, o) = Proc::spawn("ri2n send", &mut cmd).wait(Duration::from_secs(30));
+        (s, stderr_of(&o), start.elapsed())
+    };
+    for (args, says) in [
+        (
+            vec!["--key", k2.path().to_str().unwrap()],
+            "the peer holds another key",
+        ),
+        (vec![], "the peer requires a key"),
+    ] {
+        let (s, err, took) = send(None, &args);
+        assert_eq!(s.code(), Some(3), "{args:?}: {err}");
+        assert!(
+            err.contains("authentication failed") && err.contains(says),
+            "{err}"
+        );
+        assert!(took < Duration::from_secs(3), "refused after {took:?}");
+    }
+    let (s, err, _) = send(Some(k1.path()), &[]);
+    assert!(s.success(), "{err}");
+    let (r, ro) = recv.wait(Duration::from_secs(20));
+    let recv_err = stderr_of(&ro);
+    assert!(r.success(), "{recv_err}");
+    assert_eq!(sha256_file(output.path()), (sent_hash, 64 << 20));
+    assert_eq!(
+        recv_err.matches("refused a connection from").count(),
+        2,
+        "one line per refused sender: {recv_err}"
+    );
+    // a keyed sender, a receiver without a key
+    let (_recv, a2) = spawn_recv(free_port(), output.path(), &[]);
+    let (s, o) = ri2n(
+        [
+            "send",
+            "--to",
+            &a2,
+            "--key",
+            &k1_path,
+            "--input",
+            "/dev/null",
+        ],
+        Duration::from_secs(30),
+    );
+    assert_eq!(s.code(), Some(3));
+    assert!(
+        stderr_of(&o).contains("the peer holds no key"),
+        "{}",
+        stderr_of(&o)
+    );
+    // key files that cannot be used
+    let bad = TempFile::new("bad-key");
+    std::fs::write(bad.path(), "not a key\n").unwrap();
+    for path in [bad.path().to_str().unwrap(), "/nonexistent/ri2n.key"] {
+        let (s, o) = ri2n(
+            ["send", "--to", &a2, "--key", path, "--input", "/dev/null"],
+            Duration::from_secs(10),
+        );
+        assert_eq!(s.code(), Some(2), "{}", stderr_of(&o));
+        assert!(stderr_of(&o).contains(path), "{}", stderr_of(&o));
+    }
+}

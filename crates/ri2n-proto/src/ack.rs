@@ -17,6 +17,9 @@ const MAX_PN_JUMP: u64 = 1 << 20;
 pub(crate) struct AckState {
     /// Packet numbers received from the peer on this link (a bounded window of ranges).
     received: RangeSet,
+    /// Packet numbers below it were forgotten: they count as received (replays, or packets
+    /// so late that the sender has long declared them lost).
+    floor: u64,
     /// The largest one, and when it arrived (for the reported delay).
     largest: Option<(u64, Instant)>,
     /// Ack-eliciting packets since the last ACK frame was sent.
@@ -30,9 +33,20 @@ pub(crate) struct AckState {
 }
 
 impl AckState {
-    /// Records a packet number from the peer. Returns false for a duplicate, a number too old
-    /// to tell, or one that jumps further ahead than any window could hold (forged or broken:
-    /// remembering it would poison every later ACK).
+    /// Whether packet number `pn` is new: not received before, not below what this side can
+    /// still tell apart (the anti-replay floor), and not so far ahead of the largest that no
+    /// window could hold it (forged or broken: remembering it would poison every later ACK).
+    pub fn is_new(&self, pn: u64) -> bool {
+        let largest = self.largest.map(|(l, _)| l);
+        if pn > largest.unwrap_or(0) + MAX_PN_JUMP || pn < self.floor {
+            return false;
+        }
+        largest.is_none_or(|l| pn > l) || !self.received.contains(pn)
+    }
+
+    /// Records a packet number from the peer. Returns false if it is not new ([`is_new`]).
+    ///
+    /// [`is_new`]: Self::is_new
     pub fn on_received(
         &mut self,
         now: Instant,
@@ -40,21 +54,18 @@ impl AckState {
         ack_eliciting: bool,
         cfg: &ConnectionConfig,
     ) -> bool {
-        let largest = self.largest.map(|(l, _)| l);
-        let limit = largest.unwrap_or(0) + MAX_PN_JUMP;
-        let newest = largest.is_none_or(|l| pn > l);
-        if pn > limit
-            || (!newest
-                && (self.received.contains(pn)
-                    || self.received.min().is_some_and(|m| {
-                        pn < m && self.received.range_count() >= MAX_RECEIVED_RANGES
-                    })))
-        {
+        if !self.is_new(pn) {
             return false;
         }
+        let largest = self.largest.map(|(l, _)| l);
+        let newest = largest.is_none_or(|l| pn > l);
         let in_order = largest.is_none_or(|l| pn == l + 1);
         self.received.insert(pn..pn + 1);
-        self.received.keep_highest(MAX_RECEIVED_RANGES);
+        if self.received.range_count() > MAX_RECEIVED_RANGES {
+            // what falls out of the window can no longer be told apart from a replay
+            self.received.keep_highest(MAX_RECEIVED_RANGES);
+            self.floor = self.received.min().unwrap_or(0);
+        }
         if newest {
             self.largest = Some((pn, now));
         }
@@ -132,5 +143,33 @@ mod tests {
         assert!(a.on_received(now, 6, false, &cfg));
         assert!(!a.is_pending());
         assert_eq!(a.ranges().next(), Some((5, 6)));
+    }
+
+    #[test]
+    fn forgotten_numbers_stay_rejected() {
+        let cfg = ConnectionConfig::default();
+        let now = Instant::now();
+        let mut a = AckState::default();
+        // every other number: one range each, more than the window keeps
+        for pn in (0..2 * (MAX_RECEIVED_RANGES as u64 + 10)).step_by(2) {
+            assert!(a.on_received(now, pn, true, &cfg));
+        }
+        assert!(!a.is_new(0), "forgotten, so possibly a replay");
+        assert!(
+            !a.is_new(3),
+            "a gap below the window cannot be told from a replay"
+        );
+        // the gaps fill in: fewer ranges than the window, and still no replay of the old ones
+        let top = 2 * (MAX_RECEIVED_RANGES as u64 + 10);
+        for pn in (21..top).step_by(2) {
+            a.on_received(now, pn, true, &cfg);
+        }
+        assert!(a.received.range_count() < MAX_RECEIVED_RANGES);
+        for pn in 0..20 {
+            assert!(
+                !a.on_received(now, pn, true, &cfg),
+                "replay of {pn} accepted"
+            );
+        }
     }
 }

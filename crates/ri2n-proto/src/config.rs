@@ -158,6 +158,7 @@ setters!(EndpointConfig {
     close_linger => with_close_linger: Duration,
     max_connections => with_max_connections: usize,
     max_connections_per_address => with_max_connections_per_address: usize,
+    key => with_key: Option<crate::Key>,
 });
 
 impl ConnectionConfig {
@@ -225,6 +226,10 @@ pub struct EndpointConfig {
     pub max_connections: usize,
     /// Server: open connections it holds at most with any one client IP address (default 256).
     pub max_connections_per_address: usize,
+    /// The cluster key (default none). With a key, every connection is authenticated by it
+    /// and encrypted with fresh keys (docs/PROTOCOL.md §9); peers must hold the same key. An
+    /// endpoint without a key talks only to peers without one, in clear.
+    pub key: Option<crate::Key>,
 }
 
 impl EndpointConfig {
@@ -240,6 +245,7 @@ impl EndpointConfig {
             close_linger: Duration::from_secs(10),
             max_connections: 4096,
             max_connections_per_address: 256,
+            key: None,
         }
     }
 

@@ -17,8 +17,11 @@ use rand_chacha::ChaCha8Rng;
 use siphasher::sip::SipHasher13;
 
 use crate::connection::pick_local;
-use crate::wire::{self, Header};
-use crate::{ConnectError, Connection, ConnectionConfig, ConnectionState, EndpointConfig, Event};
+use crate::crypto::{Cipher, PacketProtection, ServerHandshake};
+use crate::wire::{self, handshake_mode, refuse_reason, Header};
+use crate::{
+    ConnectError, Connection, ConnectionConfig, ConnectionState, EndpointConfig, Event, KeyMismatch,
+};
 
 /// Names a connection within its endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -65,6 +68,22 @@ const MIN_RESET_TRIGGER: usize = 16;
 /// datagram (at 100 000 datagrams/s that was 3.2 CPU-seconds per 5 s, and goodput fell).
 const RESETS_PER_SECOND: f64 = 1000.0;
 const RESET_BURST: f64 = 100.0;
+/// Refused handshakes reported to the application (to log) per second at most, and in one
+/// burst; the others are only counted.
+const REFUSAL_REPORTS_PER_SECOND: f64 = 1.0;
+const REFUSAL_REPORT_BURST: f64 = 5.0;
+/// Refused handshakes waiting for the application to collect them.
+const MAX_REFUSAL_REPORTS: usize = 16;
+
+/// A handshake the server refused because the two sides' keys differ. The server keeps no
+/// state for it; these reports are rate-limited (see [`Endpoint::poll_refused_handshake`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RefusedHandshake {
+    /// Where the INITIAL came from.
+    pub remote: SocketAddr,
+    /// How the keys differ, seen from the server.
+    pub reason: KeyMismatch,
+}
 
 /// All connections of one host process.
 #[derive(Debug)]
@@ -89,6 +108,9 @@ pub struct Endpoint {
     dropped: DropCounts,
     /// Rate limit of RESETs.
     reset_budget: TokenBucket,
+    /// Refused handshakes for the application to log, and their rate limit.
+    refusals: VecDeque<RefusedHandshake>,
+    refusal_budget: TokenBucket,
 }
 
 /// A token bucket: `rate` tokens per second, holding at most `burst`.
@@ -155,11 +177,18 @@ pub enum DropReason {
     /// [`max_connections_per_address`](crate::EndpointConfig::max_connections_per_address)):
     /// the client is told with a RESET.
     ConnectionLimit,
+    /// It failed authentication: a sealed packet that does not open under the connection's
+    /// keys (forged, damaged, or replayed from elsewhere), an ACCEPT whose handshake message
+    /// does not, or a RESET without a valid token at a keyed endpoint.
+    Unauthenticated,
+    /// An INITIAL whose handshake the server cannot authenticate: the client holds another
+    /// key, or one side has none. The client is told with a REFUSE; the server keeps nothing.
+    KeyMismatch,
 }
 
 impl DropReason {
     /// Every reason, in the order of [`DropCounts::iter`].
-    pub const ALL: [DropReason; 9] = [
+    pub const ALL: [DropReason; 11] = [
         DropReason::Undecodable,
         DropReason::UnknownConnection,
         DropReason::UnexpectedHandshake,
@@ -169,6 +198,8 @@ impl DropReason {
         DropReason::Duplicate,
         DropReason::TooFragmented,
         DropReason::ConnectionLimit,
+        DropReason::Unauthenticated,
+        DropReason::KeyMismatch,
     ];
 }
 
@@ -215,6 +246,8 @@ impl Endpoint {
             next_handle: 0,
             stateless: VecDeque::new(),
             reset_budget: TokenBucket::new(RESETS_PER_SECOND, RESET_BURST, now),
+            refusals: VecDeque::new(),
+            refusal_budget: TokenBucket::new(REFUSAL_REPORTS_PER_SECOND, REFUSAL_REPORT_BURST, now),
             accept_queue: VecDeque::new(),
             cursor: 0,
             dropped: DropCounts::default(),
@@ -274,6 +307,7 @@ impl Endpoint {
             local,
             remotes.to_vec(),
             self.cfg.local_max_datagram.clone(),
+            self.cfg.key.as_ref(),
         );
         Ok(self.insert(cid, conn))
     }
@@ -314,23 +348,25 @@ impl Endpoint {
         if self.stateless.len() >= MAX_STATELESS_QUEUE {
             return;
         }
-        let mut buf = vec![0u8; wire::MIN_INITIAL_SIZE];
+        let mut buf = vec![0u8; wire::control_packet_len(header)];
         let len = wire::encode_control_packet(header, &mut buf);
         buf.truncate(len);
         self.stateless.push_back((local, remote, buf));
     }
 
     /// Handles one received datagram that travelled from `remote` to our `local` address.
-    /// Anything malformed, corrupted or unexpected is dropped without effect.
+    /// Anything malformed, corrupted, forged or unexpected is dropped without effect. A sealed
+    /// packet is opened in place, so `data` is changed.
     pub fn handle_datagram(
         &mut self,
         now: Instant,
         local: SocketAddr,
         remote: SocketAddr,
-        data: &[u8],
+        data: &mut [u8],
     ) {
+        let len = data.len();
         if let Err(reason) = self.handle_datagram_inner(now, local, remote, data) {
-            self.dropped.record(reason, remote, data.len());
+            self.dropped.record(reason, remote, len);
         }
     }
 
@@ -344,47 +380,59 @@ impl Endpoint {
         now: Instant,
         local: SocketAddr,
         remote: SocketAddr,
-        data: &[u8],
+        data: &mut [u8],
     ) -> Result<(), DropReason> {
-        let Ok((header, payload)) = wire::decode_packet(data) else {
+        let Ok((header, rest)) = wire::decode_packet(data) else {
             return Err(DropReason::Undecodable);
         };
+        let header_len = data.len() - rest.len();
         match header {
-            Header::Short { dcid, link, pn } => match self.by_cid.get(&dcid) {
+            Header::Short {
+                dcid,
+                link,
+                pn,
+                phase,
+            } => match self.by_cid.get(&dcid) {
                 Some(h) => {
                     let conn = self.connections.get_mut(h).expect("mapped handle");
-                    return conn.handle_short(now, local, remote, link, pn, payload, data.len());
+                    conn.handle_short(now, local, remote, link, pn, phase, header_len, data)
                 }
                 None => {
-                    if data.len() >= MIN_RESET_TRIGGER && self.reset_budget.take(now) {
-                        self.queue_stateless(local, remote, &Header::Reset { dcid });
-                    }
-                    return Err(DropReason::UnknownConnection);
+                    self.queue_reset(now, local, remote, dcid, data.len());
+                    Err(DropReason::UnknownConnection)
                 }
             },
             Header::Initial {
                 scid,
-                instance,
-                window,
                 token,
-            } => return self.handle_initial(now, local, remote, scid, instance, window, token),
-            Header::Retry { dcid, token } => self
-                .client_conn(dcid, remote)
-                .ok_or(DropReason::UnexpectedHandshake)?
-                .handle_retry(now, token),
-            Header::Accept {
-                dcid,
-                scid,
-                instance,
-                window,
-                addrs,
-            } => {
+                mode,
+                hello,
+            } => self.handle_initial(now, local, remote, scid, token, mode, hello),
+            Header::Retry { dcid, token } => {
+                self.client_conn(dcid, remote)
+                    .ok_or(DropReason::UnexpectedHandshake)?
+                    .handle_retry(now, token);
+                Ok(())
+            }
+            Header::Accept { dcid, mode, hello } => {
                 let locals = self.cfg.local_addrs.clone();
                 self.client_conn(dcid, remote)
                     .ok_or(DropReason::UnexpectedHandshake)?
-                    .handle_accept(now, scid, instance, window, &addrs, &locals);
+                    .handle_accept(now, mode, hello, &locals)
             }
-            Header::Reset { dcid } => {
+            Header::Refuse { dcid, reason } => {
+                let mismatch = match reason {
+                    refuse_reason::WRONG_KEY => KeyMismatch::WrongKey,
+                    refuse_reason::KEY_REQUIRED => KeyMismatch::KeyRequired,
+                    refuse_reason::NO_KEY => KeyMismatch::NoKey,
+                    _ => return Err(DropReason::Undecodable),
+                };
+                self.client_conn(dcid, remote)
+                    .ok_or(DropReason::UnexpectedHandshake)?
+                    .refused_by_server(Some(mismatch));
+                Ok(())
+            }
+            Header::Reset { dcid, token } => {
                 // The reset echoes the connection ID we sent to (the peer's), and only counts
                 // from an address the connection talks to. To a client still connecting it
                 // echoes the client's own ID: the server refuses the connection (it is full).
@@ -396,14 +444,43 @@ impl Endpoint {
                             && c.has_remote(remote)
                     })
                     .ok_or(DropReason::UnknownConnection)?;
+                if conn.is_keyed() {
+                    let key = self.cfg.key.as_ref().expect("keyed connections need a key");
+                    if !token.is_some_and(|t| key.reset_token_valid(dcid, t)) {
+                        return Err(DropReason::Unauthenticated);
+                    }
+                }
                 if conn.state() == ConnectionState::Connecting {
-                    conn.refused_by_server();
+                    conn.refused_by_server(None);
                 } else {
                     conn.peer_restarted();
                 }
+                Ok(())
             }
         }
-        Ok(())
+    }
+
+    /// Answers a packet for connection ID `dcid`, which this endpoint does not have (or
+    /// refuses to open), with a RESET: within the RESET budget, and never larger than what
+    /// triggered it. A keyed endpoint authenticates it with the token of the cluster key.
+    fn queue_reset(
+        &mut self,
+        now: Instant,
+        local: SocketAddr,
+        remote: SocketAddr,
+        dcid: u64,
+        trigger_len: usize,
+    ) {
+        let token = self.cfg.key.as_ref().map(|k| k.reset_token(dcid));
+        let reset = Header::Reset {
+            dcid,
+            token: token.as_ref().map(|t| &t[..]),
+        };
+        if trigger_len >= MIN_RESET_TRIGGER.max(wire::control_packet_len(&reset))
+            && self.reset_budget.take(now)
+        {
+            self.queue_stateless(local, remote, &reset);
+        }
     }
 
     /// The operating system refused to send from `local` to `remote` (`ENETUNREACH`,
@@ -440,9 +517,9 @@ impl Endpoint {
         local: SocketAddr,
         remote: SocketAddr,
         scid: u64,
-        instance: u64,
-        window: u64,
         token: &[u8],
+        mode: u8,
+        hello: &[u8],
     ) -> Result<(), DropReason> {
         if !self.cfg.accept_incoming || scid == 0 {
             return Err(DropReason::UnexpectedHandshake);
@@ -465,11 +542,29 @@ impl Endpoint {
             );
             return Ok(());
         }
+        // The client's parameters: in clear, or read from its Noise message under our key.
+        let (params, noise) = match (&self.cfg.key, mode) {
+            (None, handshake_mode::PLAIN) => (wire::ClientParams::decode(hello), None),
+            (Some(key), handshake_mode::NOISE_NNPSK0) => {
+                match ServerHandshake::read(key, scid, hello) {
+                    Ok((noise, payload)) => (wire::ClientParams::decode(&payload), Some(noise)),
+                    Err(_) => return self.refuse(now, local, remote, scid, KeyMismatch::WrongKey),
+                }
+            }
+            (Some(_), handshake_mode::PLAIN) => {
+                return self.refuse(now, local, remote, scid, KeyMismatch::NoKey)
+            }
+            (None, handshake_mode::NOISE_NNPSK0) => {
+                return self.refuse(now, local, remote, scid, KeyMismatch::KeyRequired)
+            }
+            _ => return Err(DropReason::Undecodable),
+        };
+        let params = params.map_err(|_| DropReason::Undecodable)?;
         // A new run of a peer we have connections with: those connections are dead.
         for c in self.connections.values_mut() {
             if c.state() != ConnectionState::Closed
                 && c.state() != ConnectionState::Connecting
-                && c.peer_instance != instance
+                && c.peer_instance != params.instance
                 && c.has_remote(remote)
             {
                 c.peer_restarted();
@@ -479,9 +574,7 @@ impl Endpoint {
             // the client proved its address (the cookie), so a RESET to it amplifies nothing;
             // it tells the client at once instead of letting it wait out its handshake
             tracing::debug!(%remote, limit, "connection refused");
-            if self.reset_budget.take(now) {
-                self.queue_stateless(local, remote, &Header::Reset { dcid: scid });
-            }
+            self.queue_reset(now, local, remote, scid, usize::MAX);
             return Err(DropReason::ConnectionLimit);
         }
         let cid = self.new_cid();
@@ -494,23 +587,84 @@ impl Endpoint {
         let mut advertised: Vec<SocketAddr> =
             advertised.into_iter().filter(|&a| a != local).collect();
         advertised.insert(0, local);
+        let cipher = Cipher::agree(Cipher::from_code(params.cipher), Cipher::preferred());
+        let server_params = wire::ServerParams {
+            scid: cid,
+            instance: self.instance,
+            window: self.cfg.server_connection.stream_receive_window,
+            cipher: cipher.code(),
+            addrs: advertised,
+        }
+        .encode();
+        let (mode, hello, protection) = match noise {
+            Some(noise) => {
+                let (msg, secrets) = noise.answer(&server_params);
+                let protection = PacketProtection::new(cipher, secrets, false, now);
+                (handshake_mode::NOISE_NNPSK0, msg, Some(protection))
+            }
+            None => (handshake_mode::PLAIN, server_params, None),
+        };
+        let accept = Header::Accept {
+            dcid: scid,
+            mode,
+            hello: &hello,
+        };
+        let mut datagram = vec![0u8; wire::control_packet_len(&accept)];
+        wire::encode_control_packet(&accept, &mut datagram);
         let conn = Connection::new_server(
             self.cfg.server_connection.clone(),
             now,
             cid,
             scid,
-            self.instance,
-            instance,
-            window,
+            &params,
             local,
             remote,
-            advertised,
+            datagram,
+            protection,
             self.cfg.local_max_datagram.clone(),
         );
         let h = self.insert(cid, conn);
         self.by_initial.insert((remote, scid), h);
         self.accept_queue.push_back(h);
         Ok(())
+    }
+
+    /// Refuses a handshake whose keys do not match: a REFUSE to the client (which proved its
+    /// address with the cookie, and the REFUSE is far smaller than the INITIAL), within the
+    /// RESET budget, and a report for the application to log, rate-limited. No state is kept.
+    fn refuse(
+        &mut self,
+        now: Instant,
+        local: SocketAddr,
+        remote: SocketAddr,
+        scid: u64,
+        reason: KeyMismatch,
+    ) -> Result<(), DropReason> {
+        let code = match reason {
+            KeyMismatch::WrongKey => refuse_reason::WRONG_KEY,
+            // seen from the client: the server requires a key, or has none
+            KeyMismatch::NoKey => refuse_reason::KEY_REQUIRED,
+            KeyMismatch::KeyRequired => refuse_reason::NO_KEY,
+        };
+        if self.reset_budget.take(now) {
+            let refuse = Header::Refuse {
+                dcid: scid,
+                reason: code,
+            };
+            self.queue_stateless(local, remote, &refuse);
+        }
+        tracing::debug!(%remote, %reason, "handshake refused");
+        if self.refusals.len() < MAX_REFUSAL_REPORTS && self.refusal_budget.take(now) {
+            self.refusals.push_back(RefusedHandshake { remote, reason });
+        }
+        Err(DropReason::KeyMismatch)
+    }
+
+    /// The next handshake refused because the keys differ, for the application to log: at
+    /// most one per second on average (bursts of 5); the others are counted in
+    /// [`dropped`](Self::dropped) as [`DropReason::KeyMismatch`].
+    pub fn poll_refused_handshake(&mut self) -> Option<RefusedHandshake> {
+        self.refusals.pop_front()
     }
 
     /// The next datagram to send, written into `buf` (at least `max_datagram_size` bytes, and

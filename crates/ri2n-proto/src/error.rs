@@ -52,6 +52,9 @@ pub enum ConnectionError {
     /// or from this client's address.
     #[error("the server refused the connection: it has reached its connection limit")]
     ServerFull,
+    /// The handshake could not be authenticated: the two sides do not hold the same key.
+    #[error("authentication failed: {0}")]
+    KeyMismatch(KeyMismatch),
     /// The peer broke the protocol.
     #[error("protocol violation: {0}")]
     ProtocolViolation(&'static str),
@@ -111,4 +114,19 @@ pub enum ConnectError {
     /// More links were asked for than a connection carries.
     #[error("at most {0} links per connection")]
     TooManyLinks(usize),
+}
+
+/// How the keys of the two sides of a refused handshake differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum KeyMismatch {
+    /// Both hold a key, not the same one.
+    #[error("the peer holds another key")]
+    WrongKey,
+    /// The peer requires a key and this side has none.
+    #[error("the peer requires a key (this side has none)")]
+    KeyRequired,
+    /// This side holds a key and the peer has none.
+    #[error("the peer holds no key (this side has one)")]
+    NoKey,
 }

@@ -20,6 +20,7 @@ mod ack;
 mod config;
 mod congestion;
 mod connection;
+pub mod crypto;
 mod endpoint;
 mod error;
 mod link;
@@ -31,8 +32,11 @@ pub mod wire;
 
 pub use config::{ConnectionConfig, EndpointConfig, Striping};
 pub use connection::{Connection, ConnectionState, ConnectionStats};
-pub use endpoint::{ConnectionHandle, DropCounts, DropReason, Endpoint, Transmit, TransmitBuffer};
-pub use error::{ConnectError, ConnectionError, ReadError, WriteError};
+pub use crypto::{Cipher, Key, KeyError};
+pub use endpoint::{
+    ConnectionHandle, DropCounts, DropReason, Endpoint, RefusedHandshake, Transmit, TransmitBuffer,
+};
+pub use error::{ConnectError, ConnectionError, KeyMismatch, ReadError, WriteError};
 pub use link::{LinkState, LinkStats};
 
 /// Most links one connection carries.

@@ -13,8 +13,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use thiserror::Error;
 
 /// Protocol version carried in the first byte of every packet (version 1 ended each packet
-/// with a CRC-32C; version 2 relies on the UDP checksum).
-pub const VERSION: u8 = 2;
+/// with a CRC-32C; version 2 relied on the UDP checksum; version 3 adds the keyed handshake,
+/// sealed short packets and authenticated RESETs).
+pub const VERSION: u8 = 3;
 /// Smallest datagram that may carry an INITIAL packet (padding makes it up): it keeps the
 /// server's answers to an unproven address below three times what that address sent.
 pub const MIN_INITIAL_SIZE: usize = 1200;
@@ -188,8 +189,10 @@ impl<'a> Writer<'a> {
 
 /// Packet type codes (second byte of every packet).
 pub mod packet_type {
-    /// Data packet of an established connection.
+    /// Data packet of an established connection, sealed with key phase 0 (or not sealed).
     pub const SHORT: u8 = 0x01;
+    /// Data packet sealed with key phase 1 (after an odd number of key updates).
+    pub const SHORT_PHASE1: u8 = 0x02;
     /// Client's connection request.
     pub const INITIAL: u8 = 0x10;
     /// Server's stateless answer: retry with this cookie.
@@ -198,9 +201,31 @@ pub mod packet_type {
     pub const ACCEPT: u8 = 0x12;
     /// "No such connection here": the sender restarted or forgot the connection.
     pub const RESET: u8 = 0x13;
+    /// Server's refusal of a handshake that cannot be authenticated (another key, or one side
+    /// without a key).
+    pub const REFUSE: u8 = 0x14;
 }
 
-/// A decoded packet header. Short packets are followed by frames ([`Frames`]).
+/// How a handshake's parameters travel (the `mode` byte of INITIAL and ACCEPT).
+pub mod handshake_mode {
+    /// In clear: the endpoints hold no key.
+    pub const PLAIN: u8 = 0;
+    /// Inside a Noise `NNpsk0` handshake message, under the cluster key.
+    pub const NOISE_NNPSK0: u8 = 1;
+}
+
+/// Why a server refused a handshake (the `reason` byte of REFUSE).
+pub mod refuse_reason {
+    /// The client's Noise message did not authenticate: it holds another key.
+    pub const WRONG_KEY: u8 = 1;
+    /// The server holds a key and the client offered a handshake without one.
+    pub const KEY_REQUIRED: u8 = 2;
+    /// The client offered a keyed handshake and the server holds no key.
+    pub const NO_KEY: u8 = 3;
+}
+
+/// A decoded packet header. Short packets are followed by frames ([`Frames`]), sealed when the
+/// connection has a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Header<'a> {
     /// Data packet of an established connection.
@@ -211,17 +236,19 @@ pub enum Header<'a> {
         link: u8,
         /// Packet number in that link's number space (this direction).
         pn: u64,
+        /// Key phase (0 or 1) the packet is sealed with.
+        phase: u8,
     },
     /// Client's connection request (padded to [`MIN_INITIAL_SIZE`]).
     Initial {
         /// Connection ID the client chose for itself.
         scid: u64,
-        /// Random number identifying the client endpoint's current run.
-        instance: u64,
-        /// Receive window of each client stream.
-        window: u64,
         /// Cookie from a RETRY, empty on the first attempt.
         token: &'a [u8],
+        /// How `hello` is to be read ([`handshake_mode`]).
+        mode: u8,
+        /// The client's parameters ([`ClientParams`]), in clear or in a Noise message.
+        hello: &'a [u8],
     },
     /// Server's stateless answer carrying a cookie.
     Retry {
@@ -234,24 +261,132 @@ pub enum Header<'a> {
     Accept {
         /// The client's connection ID.
         dcid: u64,
-        /// The server's connection ID.
-        scid: u64,
-        /// Random number identifying the server endpoint's current run.
-        instance: u64,
-        /// Receive window of each server stream.
-        window: u64,
-        /// The server's addresses, for link discovery.
-        addrs: Vec<SocketAddr>,
+        /// How `hello` is to be read ([`handshake_mode`]).
+        mode: u8,
+        /// The server's parameters ([`ServerParams`]), in clear or in a Noise message.
+        hello: &'a [u8],
     },
     /// "No such connection": the connection with this ID is unknown to the sender.
     Reset {
         /// The connection ID that was not found.
         dcid: u64,
+        /// Proof that the sender holds the cluster key (keyed endpoints only).
+        token: Option<&'a [u8]>,
+    },
+    /// The server refuses a handshake it cannot authenticate.
+    Refuse {
+        /// The client's connection ID.
+        dcid: u64,
+        /// Why ([`refuse_reason`]).
+        reason: u8,
     },
 }
 
+/// A client's handshake parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientParams {
+    /// Random number identifying the client endpoint's current run.
+    pub instance: u64,
+    /// Receive window of each client stream.
+    pub window: u64,
+    /// The AEAD the client prefers (keyed handshakes; code of [`crate::Cipher`]).
+    pub cipher: u8,
+}
+
+impl ClientParams {
+    /// Encodes the parameters.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut buf = vec![0u8; 8 + 8 + 1];
+        let mut w = Writer::new(&mut buf);
+        w.u64(self.instance);
+        w.varint(self.window);
+        w.u8(self.cipher);
+        let len = w.finish();
+        buf.truncate(len);
+        buf
+    }
+
+    /// Decodes parameters that fill `b` exactly.
+    pub fn decode(b: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(b);
+        let p = ClientParams {
+            instance: r.u64()?,
+            window: r.varint()?,
+            cipher: r.u8()?,
+        };
+        end_of(r, p)
+    }
+}
+
+/// A server's handshake parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerParams {
+    /// The server's connection ID.
+    pub scid: u64,
+    /// Random number identifying the server endpoint's current run.
+    pub instance: u64,
+    /// Receive window of each server stream.
+    pub window: u64,
+    /// The AEAD of the connection (keyed handshakes; code of [`crate::Cipher`]).
+    pub cipher: u8,
+    /// The server's addresses, for link discovery (at most [`crate::MAX_LINKS`]).
+    pub addrs: Vec<SocketAddr>,
+}
+
+impl ServerParams {
+    /// Encodes the parameters (at most [`crate::MAX_LINKS`] addresses).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut buf = vec![0u8; 8 + 8 + 8 + 1 + 1 + crate::MAX_LINKS * 19];
+        let mut w = Writer::new(&mut buf);
+        w.u64(self.scid);
+        w.u64(self.instance);
+        w.varint(self.window);
+        w.u8(self.cipher);
+        let addrs = &self.addrs[..self.addrs.len().min(crate::MAX_LINKS)];
+        w.u8(addrs.len() as u8);
+        for a in addrs {
+            write_addr(&mut w, a);
+        }
+        let len = w.finish();
+        buf.truncate(len);
+        buf
+    }
+
+    /// Decodes parameters that fill `b` exactly.
+    pub fn decode(b: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(b);
+        let scid = r.u64()?;
+        let instance = r.u64()?;
+        let window = r.varint()?;
+        let cipher = r.u8()?;
+        let count = r.u8()? as usize;
+        if count > crate::MAX_LINKS {
+            return Err(DecodeError::Malformed("too many addresses"));
+        }
+        let mut addrs = Vec::with_capacity(count);
+        for _ in 0..count {
+            addrs.push(read_addr(&mut r)?);
+        }
+        let p = ServerParams {
+            scid,
+            instance,
+            window,
+            cipher,
+            addrs,
+        };
+        end_of(r, p)
+    }
+}
+
+fn end_of<T>(r: Reader<'_>, value: T) -> Result<T, DecodeError> {
+    if r.remaining() != 0 {
+        return Err(DecodeError::Malformed("trailing bytes"));
+    }
+    Ok(value)
+}
+
 /// Checks the version of a datagram and decodes its header. Returns the header and, for short
-/// packets, the frame bytes.
+/// packets, the bytes after the header (frames, sealed or not).
 pub fn decode_packet(datagram: &[u8]) -> Result<(Header<'_>, &[u8]), DecodeError> {
     if datagram.len() < 2 {
         return Err(DecodeError::Truncated);
@@ -261,26 +396,28 @@ pub fn decode_packet(datagram: &[u8]) -> Result<(Header<'_>, &[u8]), DecodeError
     }
     let mut r = Reader::new(&datagram[2..]);
     let header = match datagram[1] {
-        packet_type::SHORT => Header::Short {
+        t @ (packet_type::SHORT | packet_type::SHORT_PHASE1) => Header::Short {
             dcid: r.u64()?,
             link: r.u8()?,
             pn: r.varint()?,
+            phase: u8::from(t == packet_type::SHORT_PHASE1),
         },
         packet_type::INITIAL => {
             if datagram.len() < MIN_INITIAL_SIZE {
                 return Err(DecodeError::Malformed("initial packet too small"));
             }
             let scid = r.u64()?;
-            let instance = r.u64()?;
-            let window = r.varint()?;
             let len = r.varint()? as usize;
             let token = r.bytes(len)?;
+            let mode = r.u8()?;
+            let len = r.varint()? as usize;
+            let hello = r.bytes(len)?;
             r.rest(); // padding
             Header::Initial {
                 scid,
-                instance,
-                window,
                 token,
+                mode,
+                hello,
             }
         }
         packet_type::RETRY => {
@@ -293,26 +430,26 @@ pub fn decode_packet(datagram: &[u8]) -> Result<(Header<'_>, &[u8]), DecodeError
         }
         packet_type::ACCEPT => {
             let dcid = r.u64()?;
-            let scid = r.u64()?;
-            let instance = r.u64()?;
-            let window = r.varint()?;
-            let count = r.u8()? as usize;
-            if count > crate::MAX_LINKS {
-                return Err(DecodeError::Malformed("too many addresses"));
-            }
-            let mut addrs = Vec::with_capacity(count);
-            for _ in 0..count {
-                addrs.push(read_addr(&mut r)?);
-            }
+            let mode = r.u8()?;
+            let len = r.varint()? as usize;
             Header::Accept {
                 dcid,
-                scid,
-                instance,
-                window,
-                addrs,
+                mode,
+                hello: r.bytes(len)?,
             }
         }
-        packet_type::RESET => Header::Reset { dcid: r.u64()? },
+        packet_type::RESET => {
+            let dcid = r.u64()?;
+            let token = match r.remaining() {
+                0 => None,
+                _ => Some(r.bytes(crate::crypto::RESET_TOKEN_LEN)?),
+            };
+            Header::Reset { dcid, token }
+        }
+        packet_type::REFUSE => Header::Refuse {
+            dcid: r.u64()?,
+            reason: r.u8()?,
+        },
         _ => return Err(DecodeError::Malformed("unknown packet type")),
     };
     if !matches!(header, Header::Short { .. }) && r.remaining() != 0 {
@@ -345,16 +482,36 @@ fn write_addr(w: &mut Writer<'_>, a: &SocketAddr) {
 }
 
 /// Writes a short packet header; frames follow, then [`Writer::finish`].
-pub fn write_short_header(w: &mut Writer<'_>, dcid: u64, link: u8, pn: u64) {
+pub fn write_short_header(w: &mut Writer<'_>, dcid: u64, link: u8, pn: u64, phase: u8) {
     w.u8(VERSION);
-    w.u8(packet_type::SHORT);
+    w.u8(if phase == 0 {
+        packet_type::SHORT
+    } else {
+        packet_type::SHORT_PHASE1
+    });
     w.u64(dcid);
     w.u8(link);
     w.varint(pn);
 }
 
-/// Encodes a complete handshake or reset packet (anything but [`Header::Short`]) into `buf`,
-/// returning its length. INITIAL packets are padded to [`MIN_INITIAL_SIZE`]; `buf` must hold that.
+/// Bytes [`encode_control_packet`] writes for `header`, padding included.
+pub fn control_packet_len(header: &Header<'_>) -> usize {
+    let with_len = |n: usize| varint_len(n as u64) + n;
+    2 + match header {
+        Header::Short { .. } => panic!("short packets are built frame by frame"),
+        Header::Initial { token, hello, .. } => {
+            (8 + with_len(token.len()) + 1 + with_len(hello.len())).max(MIN_INITIAL_SIZE - 2)
+        }
+        Header::Retry { token, .. } => 8 + with_len(token.len()),
+        Header::Accept { hello, .. } => 8 + 1 + with_len(hello.len()),
+        Header::Reset { token, .. } => 8 + token.map_or(0, <[u8]>::len),
+        Header::Refuse { .. } => 8 + 1,
+    }
+}
+
+/// Encodes a complete handshake, reset or refusal packet (anything but [`Header::Short`]) into
+/// `buf` (of at least [`control_packet_len`] bytes), returning its length. INITIAL packets are
+/// padded to [`MIN_INITIAL_SIZE`].
 pub fn encode_control_packet(header: &Header<'_>, buf: &mut [u8]) -> usize {
     let mut w = Writer::new(buf);
     w.u8(VERSION);
@@ -362,16 +519,17 @@ pub fn encode_control_packet(header: &Header<'_>, buf: &mut [u8]) -> usize {
         Header::Short { .. } => panic!("short packets are built frame by frame"),
         Header::Initial {
             scid,
-            instance,
-            window,
             token,
+            mode,
+            hello,
         } => {
             w.u8(packet_type::INITIAL);
             w.u64(*scid);
-            w.u64(*instance);
-            w.varint(*window);
             w.varint(token.len() as u64);
             w.bytes(token);
+            w.u8(*mode);
+            w.varint(hello.len() as u64);
+            w.bytes(hello);
             let pad = MIN_INITIAL_SIZE.saturating_sub(w.len());
             w.zeros(pad);
         }
@@ -381,27 +539,24 @@ pub fn encode_control_packet(header: &Header<'_>, buf: &mut [u8]) -> usize {
             w.varint(token.len() as u64);
             w.bytes(token);
         }
-        Header::Accept {
-            dcid,
-            scid,
-            instance,
-            window,
-            addrs,
-        } => {
+        Header::Accept { dcid, mode, hello } => {
             w.u8(packet_type::ACCEPT);
             w.u64(*dcid);
-            w.u64(*scid);
-            w.u64(*instance);
-            w.varint(*window);
-            let addrs = &addrs[..addrs.len().min(crate::MAX_LINKS)];
-            w.u8(addrs.len() as u8);
-            for a in addrs {
-                write_addr(&mut w, a);
-            }
+            w.u8(*mode);
+            w.varint(hello.len() as u64);
+            w.bytes(hello);
         }
-        Header::Reset { dcid } => {
+        Header::Reset { dcid, token } => {
             w.u8(packet_type::RESET);
             w.u64(*dcid);
+            if let Some(token) = token {
+                w.bytes(token);
+            }
+        }
+        Header::Refuse { dcid, reason } => {
+            w.u8(packet_type::REFUSE);
+            w.u64(*dcid);
+            w.u8(*reason);
         }
     }
     w.finish()

@@ -25,8 +25,8 @@ use harness::{make_valid, Sim, SimConfig, Transfer};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use ri2n_proto::wire::{
-    self, decode_packet, encode_control_packet, frame_type, packet_type, Frames, Header, Writer,
-    VARINT_MAX, VERSION,
+    self, decode_packet, encode_control_packet, frame_type, handshake_mode, packet_type,
+    ClientParams, Frames, Header, ServerParams, Writer, VARINT_MAX, VERSION,
 };
 use ri2n_proto::{ConnectionState, DropReason};
 
@@ -180,7 +180,7 @@ fn malformed_frame(rng: &mut ChaCha8Rng, w: &mut Writer<'_>, room: usize) {
 fn short_packet(cid: u64, link: u8, pn: u64, body: impl FnOnce(&mut Writer<'_>, usize)) -> Vec<u8> {
     let mut buf = vec![0u8; 1472];
     let mut w = Writer::new(&mut buf);
-    wire::write_short_header(&mut w, cid, link, pn);
+    wire::write_short_header(&mut w, cid, link, pn, 0);
     let room = w.remaining();
     body(&mut w, room);
     let len = w.finish();
@@ -310,13 +310,26 @@ impl Junk {
             }
             Kind::Control => {
                 let token: Vec<u8> = (0..rng.gen_range(0..40)).map(|_| rng.gen()).collect();
-                let addrs = vec![local, remote];
+                let client = ClientParams {
+                    instance: rng.gen(),
+                    window: 1 << 20,
+                    cipher: 2,
+                }
+                .encode();
+                let server = ServerParams {
+                    scid: rng.gen(),
+                    instance: rng.gen(),
+                    window: 1 << 20,
+                    cipher: 2,
+                    addrs: vec![local, remote],
+                }
+                .encode();
                 let h = match rng.gen_range(0..4) {
                     0 => Header::Initial {
                         scid: rng.gen(),
-                        instance: rng.gen(),
-                        window: 1 << 20,
                         token: &token,
+                        mode: handshake_mode::PLAIN,
+                        hello: &client,
                     },
                     1 => Header::Retry {
                         dcid: cid,
@@ -324,15 +337,17 @@ impl Junk {
                     },
                     2 => Header::Accept {
                         dcid: cid,
-                        scid: rng.gen(),
-                        instance: rng.gen(),
-                        window: 1 << 20,
-                        addrs,
+                        mode: handshake_mode::PLAIN,
+                        hello: &server,
                     },
                     // a RESET for our connection, but from an address it does not talk to
                     _ => {
                         let mut buf = vec![0u8; 64];
-                        let n = encode_control_packet(&Header::Reset { dcid: cid }, &mut buf);
+                        let reset = Header::Reset {
+                            dcid: cid,
+                            token: None,
+                        };
+                        let n = encode_control_packet(&reset, &mut buf);
                         buf.truncate(n);
                         return (kind, local, self.stranger, buf);
                     }
@@ -601,13 +616,13 @@ fn unknown_connection_flood_is_answered_at_a_bounded_rate() {
     for i in 0..flood {
         let now = start + Duration::from_secs(1) * i / flood;
         let remote = SocketAddr::from(([10, 9, rng.gen(), rng.gen()], rng.gen_range(1024..65535)));
-        let d = short_packet(rng.gen(), 0, 1, |w, _| {
+        let mut d = short_packet(rng.gen(), 0, 1, |w, _| {
             for _ in 0..8 {
                 w.u8(frame_type::PADDING);
             }
             w.u8(frame_type::PING);
         });
-        ep.handle_datagram(now, local, remote, &d);
+        ep.handle_datagram(now, local, remote, &mut d);
         while ep.poll_transmit(now, &mut buf).is_some() {
             resets += 1;
         }
@@ -719,12 +734,12 @@ fn unconfirmed_connections_from_one_address_are_bounded() {
                 if buf[1] == packet_type::SHORT {
                     continue;
                 }
-                server.handle_datagram(now, server_addr, t.local, &buf[..t.len]);
+                server.handle_datagram(now, server_addr, t.local, &mut buf[..t.len]);
                 while let Some(a) = server.poll_transmit(now, &mut answer) {
                     let to = usize::from(a.remote.port() - 20_000);
                     clients[to]
                         .0
-                        .handle_datagram(now, a.remote, server_addr, &answer[..a.len]);
+                        .handle_datagram(now, a.remote, server_addr, &mut answer[..a.len]);
                 }
             }
         }

@@ -92,7 +92,7 @@ fn run(
         assert!(net.now < limit, "simulated time limit reached");
         let now = net.base + net.now;
         while net.queue.peek().is_some_and(|Reverse(p)| p.0 <= net.now) {
-            let Reverse((_, _, to_server, local, remote, data)) = net.queue.pop().unwrap();
+            let Reverse((_, _, to_server, local, remote, mut data)) = net.queue.pop().unwrap();
             if !to_server && net.cut_to_client {
                 continue;
             }
@@ -101,7 +101,7 @@ fn run(
             } else {
                 &mut *client
             };
-            ep.handle_datagram(now, local, remote, &data);
+            ep.handle_datagram(now, local, remote, &mut data);
         }
         client.handle_timeout(now);
         server.handle_timeout(now);
@@ -374,17 +374,17 @@ fn a_clean_close_without_acknowledgements_is_not_a_success() {
     assert!(!client.connection(ch).unwrap().is_send_complete());
     // a CLOSE 0 on the server's link, numbered past what the server used
     let (local, remote, last) = net.last_to_client.clone().expect("the server sent packets");
-    let Ok((Header::Short { dcid, link, pn }, _)) = wire::decode_packet(&last) else {
+    let Ok((Header::Short { dcid, link, pn, .. }, _)) = wire::decode_packet(&last) else {
         panic!("a short packet from the server")
     };
     let mut d = [0u8; 64];
     let mut w = Writer::new(&mut d);
-    wire::write_short_header(&mut w, dcid, link, pn + 100);
+    wire::write_short_header(&mut w, dcid, link, pn + 100, 0);
     w.u8(frame_type::CLOSE);
     w.varint(0);
     w.varint(0);
     let len = w.finish();
-    client.handle_datagram(net.base + net.now, remote, local, &d[..len]);
+    client.handle_datagram(net.base + net.now, remote, local, &mut d[..len]);
     // the real server is silent from now on: nothing ever proves the claim
     net.cut_to_client = true;
     let forged_at = net.now;

@@ -9,8 +9,8 @@ use proptest::prelude::*;
 use ri2n_proto::wire::{
     self, decode_packet, encode_control_packet, packet_type, varint_len, write_ack, write_close,
     write_link_status, write_max_stream_data, write_short_header, write_stream,
-    write_stream_header, Frame, Frames, Header, Reader, Writer, MIN_INITIAL_SIZE, VARINT_MAX,
-    VERSION,
+    write_stream_header, ClientParams, Frame, Frames, Header, Reader, ServerParams, Writer,
+    MIN_INITIAL_SIZE, VARINT_MAX, VERSION,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -51,9 +51,9 @@ fn socket_addr() -> impl Strategy<Value = SocketAddr> {
 enum Control {
     Initial {
         scid: u64,
-        instance: u64,
-        window: u64,
         token: Vec<u8>,
+        mode: u8,
+        hello: Vec<u8>,
     },
     Retry {
         dcid: u64,
@@ -61,13 +61,16 @@ enum Control {
     },
     Accept {
         dcid: u64,
-        scid: u64,
-        instance: u64,
-        window: u64,
-        addrs: Vec<SocketAddr>,
+        mode: u8,
+        hello: Vec<u8>,
     },
     Reset {
         dcid: u64,
+        token: Option<[u8; 16]>,
+    },
+    Refuse {
+        dcid: u64,
+        reason: u8,
     },
 }
 
@@ -76,30 +79,29 @@ impl Control {
         match self {
             Control::Initial {
                 scid,
-                instance,
-                window,
                 token,
+                mode,
+                hello,
             } => Header::Initial {
                 scid: *scid,
-                instance: *instance,
-                window: *window,
                 token,
+                mode: *mode,
+                hello,
             },
             Control::Retry { dcid, token } => Header::Retry { dcid: *dcid, token },
-            Control::Accept {
-                dcid,
-                scid,
-                instance,
-                window,
-                addrs,
-            } => Header::Accept {
+            Control::Accept { dcid, mode, hello } => Header::Accept {
                 dcid: *dcid,
-                scid: *scid,
-                instance: *instance,
-                window: *window,
-                addrs: addrs.clone(),
+                mode: *mode,
+                hello,
             },
-            Control::Reset { dcid } => Header::Reset { dcid: *dcid },
+            Control::Reset { dcid, token } => Header::Reset {
+                dcid: *dcid,
+                token: token.as_ref().map(|t| &t[..]),
+            },
+            Control::Refuse { dcid, reason } => Header::Refuse {
+                dcid: *dcid,
+                reason: *reason,
+            },
         }
     }
 }
@@ -108,35 +110,56 @@ fn control() -> impl Strategy<Value = Control> {
     let token = || {
         prop_oneof![
             prop::collection::vec(any::<u8>(), 0..=64),
-            prop::collection::vec(any::<u8>(), 0..=1_400),
+            prop::collection::vec(any::<u8>(), 0..=1_000),
         ]
     };
+    let hello = || prop::collection::vec(any::<u8>(), 0..=300);
     prop_oneof![
-        (any::<u64>(), any::<u64>(), varint_value(), token()).prop_map(
-            |(scid, instance, window, token)| Control::Initial {
+        (any::<u64>(), token(), any::<u8>(), hello()).prop_map(|(scid, token, mode, hello)| {
+            Control::Initial {
                 scid,
-                instance,
-                window,
-                token
+                token,
+                mode,
+                hello,
             }
-        ),
+        }),
         (any::<u64>(), token()).prop_map(|(dcid, token)| Control::Retry { dcid, token }),
-        (
-            any::<u64>(),
-            any::<u64>(),
-            any::<u64>(),
-            varint_value(),
-            prop::collection::vec(socket_addr(), 0..=ri2n_proto::MAX_LINKS),
-        )
-            .prop_map(|(dcid, scid, instance, window, addrs)| Control::Accept {
-                dcid,
-                scid,
-                instance,
-                window,
-                addrs
-            }),
-        any::<u64>().prop_map(|dcid| Control::Reset { dcid }),
+        (any::<u64>(), any::<u8>(), hello()).prop_map(|(dcid, mode, hello)| Control::Accept {
+            dcid,
+            mode,
+            hello
+        }),
+        (any::<u64>(), any::<Option<[u8; 16]>>())
+            .prop_map(|(dcid, token)| Control::Reset { dcid, token }),
+        (any::<u64>(), any::<u8>()).prop_map(|(dcid, reason)| Control::Refuse { dcid, reason }),
     ]
+}
+
+fn client_params() -> impl Strategy<Value = ClientParams> {
+    (any::<u64>(), varint_value(), any::<u8>()).prop_map(|(instance, window, cipher)| {
+        ClientParams {
+            instance,
+            window,
+            cipher,
+        }
+    })
+}
+
+fn server_params() -> impl Strategy<Value = ServerParams> {
+    (
+        any::<u64>(),
+        any::<u64>(),
+        varint_value(),
+        any::<u8>(),
+        prop::collection::vec(socket_addr(), 0..=ri2n_proto::MAX_LINKS),
+    )
+        .prop_map(|(scid, instance, window, cipher, addrs)| ServerParams {
+            scid,
+            instance,
+            window,
+            cipher,
+            addrs,
+        })
 }
 
 /// How one frame is to be written into a short packet.
@@ -268,6 +291,7 @@ struct ShortPacket {
     dcid: u64,
     link: u8,
     pn: u64,
+    phase: u8,
     frames: Vec<Spec>,
     tail: Option<(u8, u64, bool, Vec<u8>)>,
 }
@@ -277,13 +301,15 @@ fn short_packet() -> impl Strategy<Value = ShortPacket> {
         any::<u64>(),
         any::<u8>(),
         varint_value(),
+        0..=1u8,
         prop::collection::vec(spec(), 0..10),
         prop::option::of(stream_piece()),
     )
-        .prop_map(|(dcid, link, pn, frames, tail)| ShortPacket {
+        .prop_map(|(dcid, link, pn, phase, frames, tail)| ShortPacket {
             dcid,
             link,
             pn,
+            phase,
             frames,
             tail,
         })
@@ -379,7 +405,7 @@ fn build_short(p: &ShortPacket) -> (Vec<u8>, Vec<Owned>) {
     let mut expected = Vec::new();
     let len = {
         let mut w = Writer::new(&mut buf);
-        write_short_header(&mut w, p.dcid, p.link, p.pn);
+        write_short_header(&mut w, p.dcid, p.link, p.pn, p.phase);
         assert_eq!(w.len(), wire::SHORT_HEADER_FIXED + varint_len(p.pn));
         for f in &p.frames {
             let before = w.len();
@@ -571,7 +597,12 @@ fn check_any(datagram: &[u8]) -> bool {
     };
     assert!(datagram.len() >= 2);
     match header {
-        Header::Short { dcid, link, pn } => {
+        Header::Short {
+            dcid,
+            link,
+            pn,
+            phase,
+        } => {
             assert!(pn <= VARINT_MAX);
             let mut frames = Vec::new();
             let mut it = Frames::new(payload);
@@ -592,13 +623,21 @@ fn check_any(datagram: &[u8]) -> bool {
             if frames.iter().all(reencodable) {
                 let mut buf = vec![0u8; 1 << 17];
                 let mut w = Writer::new(&mut buf);
-                write_short_header(&mut w, dcid, link, pn);
+                write_short_header(&mut w, dcid, link, pn, phase);
                 for f in &frames {
                     encode_owned(&mut w, f);
                 }
                 let len = w.finish();
                 let (h2, p2) = decode_packet(&buf[..len]).expect("re-encoded packet decodes");
-                assert_eq!(h2, Header::Short { dcid, link, pn });
+                assert_eq!(
+                    h2,
+                    Header::Short {
+                        dcid,
+                        link,
+                        pn,
+                        phase
+                    }
+                );
                 assert_eq!(decode_frames(p2), frames, "re-encoded frames differ");
             }
         }
@@ -757,10 +796,22 @@ proptest! {
     }
 
     #[test]
+    fn handshake_parameters_round_trip(c in client_params(), s in server_params()) {
+        prop_assert_eq!(ClientParams::decode(&c.encode()), Ok(c.clone()));
+        prop_assert_eq!(ServerParams::decode(&s.encode()), Ok(s.clone()));
+        // one byte more or less is malformed
+        let mut long = c.encode();
+        long.push(0);
+        prop_assert!(ClientParams::decode(&long).is_err());
+        let short = s.encode();
+        prop_assert!(ServerParams::decode(&short[..short.len() - 1]).is_err());
+    }
+
+    #[test]
     fn short_packets_round_trip(p in short_packet()) {
         let (bytes, expected) = build_short(&p);
         let (h, payload) = decode_packet(&bytes).expect("decodes");
-        prop_assert_eq!(h, Header::Short { dcid: p.dcid, link: p.link, pn: p.pn });
+        prop_assert_eq!(h, Header::Short { dcid: p.dcid, link: p.link, pn: p.pn, phase: p.phase });
         prop_assert_eq!(decode_frames(payload), expected);
     }
 
@@ -771,7 +822,7 @@ proptest! {
             let Ok((h, payload)) = decode_packet(&bytes[..cut]) else {
                 continue;
             };
-            prop_assert_eq!(h, Header::Short { dcid: p.dcid, link: p.link, pn: p.pn });
+            prop_assert_eq!(h, Header::Short { dcid: p.dcid, link: p.link, pn: p.pn, phase: p.phase });
             // every frame but the last that decodes is an original one; the last may be cut
             // short only where a frame runs to the end of the packet (padding, stream data
             // without a length)
@@ -829,7 +880,7 @@ proptest! {
             let n = {
                 let mut w = Writer::new(&mut h);
                 let dcid = u64::from_le_bytes(header.iter().copied().chain([0; 8]).take(8).collect::<Vec<_>>().try_into().unwrap());
-                write_short_header(&mut w, dcid, header.first().copied().unwrap_or(0), header.len() as u64);
+                write_short_header(&mut w, dcid, header.first().copied().unwrap_or(0), header.len() as u64, 0);
                 w.len()
             };
             body.extend_from_slice(&h[2..n]);
@@ -866,23 +917,20 @@ fn varint_above_max_is_refused() {
     Writer::new(&mut buf).varint(VARINT_MAX + 1);
 }
 
-/// An ACCEPT with more than MAX_LINKS addresses is cut to MAX_LINKS by the encoder.
+/// A server's parameters with more than MAX_LINKS addresses are cut to MAX_LINKS by the
+/// encoder.
 #[test]
 fn accept_addresses_are_capped() {
     let addrs: Vec<SocketAddr> = (0..12u16)
         .map(|i| SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, i as u8)), 1000 + i))
         .collect();
-    let h = Header::Accept {
-        dcid: 1,
+    let p = ServerParams {
         scid: 2,
         instance: 3,
         window: 4,
+        cipher: 1,
         addrs: addrs.clone(),
     };
-    let mut buf = [0u8; 512];
-    let len = encode_control_packet(&h, &mut buf);
-    match decode_packet(&buf[..len]).unwrap().0 {
-        Header::Accept { addrs: got, .. } => assert_eq!(got, addrs[..ri2n_proto::MAX_LINKS]),
-        other => panic!("decoded {other:?}"),
-    }
+    let got = ServerParams::decode(&p.encode()).unwrap();
+    assert_eq!(got.addrs, addrs[..ri2n_proto::MAX_LINKS]);
 }

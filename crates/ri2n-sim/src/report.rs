@@ -42,6 +42,7 @@ pub struct LinkReport {
     pub b_to_a: DirectionCounters,
     /// Stream payload bytes (STREAM frames, first copies and repairs) delivered per 1 ms
     /// bucket, indexed by [`Dir::index`]: when the link carried data, not just probes.
+    /// (Not recorded in keyed scenarios: the frames are sealed.)
     pub stream_timeline: [Vec<u64>; 2],
 }
 
@@ -152,6 +153,8 @@ pub struct Report {
     pub closes: Vec<CloseRecord>,
     /// Per host: buffer peaks.
     pub buffers: [BufferPeaks; 2],
+    /// Per host: the AEAD its connection sealed packets with (`None`: in clear), as last seen.
+    pub ciphers: [Option<ri2n_proto::Cipher>; 2],
     /// When host B was restarted.
     pub restarts: Vec<Duration>,
 }

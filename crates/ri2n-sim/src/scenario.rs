@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use ri2n_proto::ConnectionConfig;
+use ri2n_proto::{ConnectionConfig, Key};
 
 use crate::derive_seed;
 use crate::net::{Dir, DirectionConfig, LinkConfig, LinkStatus, MAX_LINKS};
@@ -195,6 +195,8 @@ pub struct Scenario {
     /// [`crate::Report::closes`]) instead of failing it. Implied once a
     /// [`Action::RestartServer`] has happened.
     pub end_on_close: bool,
+    /// The cluster key both hosts hold (`None`: no key, packets in clear).
+    pub key: Option<Key>,
 }
 
 impl Default for Scenario {
@@ -212,6 +214,7 @@ impl Default for Scenario {
             max_datagram: crate::net::MAX_DATAGRAM,
             time_limit: Duration::from_secs(60),
             end_on_close: false,
+            key: None,
         }
     }
 }
@@ -232,6 +235,12 @@ impl Scenario {
     /// The same scenario with a byte stream of `n` bytes.
     pub fn with_total_bytes(mut self, n: u64) -> Self {
         self.app.total_bytes = n;
+        self
+    }
+
+    /// The same scenario with both hosts holding `key`.
+    pub fn with_key(mut self, key: Key) -> Self {
+        self.key = Some(key);
         self
     }
 
@@ -618,6 +627,9 @@ impl Scenario {
             max_datagram,
             time_limit,
             end_on_close: false,
+            // half the scenarios run keyed (decided apart from the draws above, so a seed's
+            // network and workload stay what they were before keys existed)
+            key: (derive_seed(seed, 0x004B_4559) % 2 == 0).then(|| Key::from_bytes([7; 32])),
         }
     }
 }

@@ -81,6 +81,7 @@ fn endpoint_config(sc: &Scenario, h: HostId) -> EndpointConfig {
     let addrs: Vec<_> = (0..sc.links.len()).map(|i| host_addr(h, i)).collect();
     let mut c = EndpointConfig::new(addrs.clone());
     c.local_max_datagram = addrs.iter().map(|&a| (a, sc.max_datagram)).collect();
+    c.key = sc.key.clone();
     if h == HostId::B {
         c = c.server();
         c.server_connection = sc.server.clone();
@@ -329,14 +330,19 @@ impl<'a> Sim<'a> {
                     link,
                     dir,
                     epoch,
-                    data,
+                    mut data,
                 } => {
                     if self
                         .net
                         .direction_mut(link, dir)
                         .accept_delivery(epoch, data.len())
                     {
-                        let stream = crate::report::stream_payload(&data);
+                        // sealed packets hide their frames from the network, and from this
+                        // observer of it
+                        let stream = match self.sc.key {
+                            None => crate::report::stream_payload(&data),
+                            Some(_) => 0,
+                        };
                         if stream > 0 {
                             let tl = &mut self.report.links[link].stream_timeline[dir.index()];
                             let bucket = (self.now.as_nanos() / BUCKET.as_nanos()) as usize;
@@ -350,7 +356,7 @@ impl<'a> Sim<'a> {
                         let now = self.instant();
                         self.hosts[to.index()]
                             .endpoint
-                            .handle_datagram(now, local, remote, &data);
+                            .handle_datagram(now, local, remote, &mut data);
                         self.drive(to)?;
                     }
                 }
@@ -638,6 +644,7 @@ impl<'a> Sim<'a> {
             return Ok(());
         };
         let stats = conn.stats();
+        self.report.ciphers[h.index()] = stats.cipher;
         let peaks: &mut BufferPeaks = &mut self.report.buffers[h.index()];
         peaks.send_buffered = peaks.send_buffered.max(stats.send_buffered);
         peaks.recv_buffered = peaks.recv_buffered.max(stats.recv_buffered);

@@ -35,8 +35,15 @@ fn random_scenarios_deliver_exactly_what_was_sent() {
                 if seed >= start + count {
                     break;
                 }
-                if let Err(e) = run(&Scenario::random(seed)) {
-                    failures.lock().unwrap().push((seed, e.to_string()));
+                let sc = Scenario::random(seed);
+                match run(&sc) {
+                    Err(e) => failures.lock().unwrap().push((seed, e.to_string())),
+                    // a keyed scenario ran sealed on both sides, a plain one in clear
+                    Ok(r) if r.ciphers.iter().any(|c| c.is_some() != sc.key.is_some()) => {
+                        let msg = format!("seed {seed}: key {:?}, ciphers {:?}", sc.key, r.ciphers);
+                        failures.lock().unwrap().push((seed, msg));
+                    }
+                    Ok(_) => {}
                 }
             });
         }

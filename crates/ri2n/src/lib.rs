@@ -43,8 +43,9 @@ use std::time::{Duration, Instant};
 pub use connection::{Connection, TimedEvent};
 pub use impair::Impairment;
 pub use ri2n_proto::{
-    ConnectError, ConnectionConfig, ConnectionError, ConnectionState, ConnectionStats, DropCounts,
-    DropReason, EndpointConfig, Event, LinkId, LinkState, LinkStats, Striping,
+    Cipher, ConnectError, ConnectionConfig, ConnectionError, ConnectionState, ConnectionStats,
+    DropCounts, DropReason, EndpointConfig, Event, Key, KeyError, KeyMismatch, LinkId, LinkState,
+    LinkStats, RefusedHandshake, Striping,
 };
 
 use driver::Driver;
@@ -224,6 +225,14 @@ impl Endpoint {
     /// strangers, duplicates, packets for connections already gone).
     pub fn dropped_datagrams(&self) -> DropCounts {
         self.driver.shared.lock().endpoint.dropped().clone()
+    }
+
+    /// Handshakes refused since the last call because the client holds another key (or one
+    /// side has none), for a server to log: at most about one per second is reported, the
+    /// others only counted in [`dropped_datagrams`](Self::dropped_datagrams).
+    pub fn refused_handshakes(&self) -> Vec<RefusedHandshake> {
+        let mut st = self.driver.shared.lock();
+        std::iter::from_fn(|| st.endpoint.poll_refused_handshake()).collect()
     }
 
     /// The impairment switch of the socket bound to `local`, to break that link on purpose.

@@ -227,10 +227,10 @@ impl LinkSocket {
 
     /// Calls `f(remote, datagram)` for each datagram of the batch last received (GRO buffers
     /// are split at their stride; the impairment layer may drop some).
-    pub fn deliver(&self, batch: &RecvBatch, f: &mut dyn FnMut(SocketAddr, &[u8])) {
-        for (m, buf) in batch.meta.iter().zip(&batch.bufs).take(batch.count) {
+    pub fn deliver(&self, batch: &mut RecvBatch, f: &mut dyn FnMut(SocketAddr, &mut [u8])) {
+        for (m, buf) in batch.meta.iter().zip(&mut batch.bufs).take(batch.count) {
             let stride = m.stride.max(1);
-            for d in buf[..m.len].chunks(stride) {
+            for d in buf[..m.len].chunks_mut(stride) {
                 if self.impairment.admit_recv() {
                     f(m.addr, d);
                 }

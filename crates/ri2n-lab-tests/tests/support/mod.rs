@@ -1079,7 +1079,7 @@ pub struct FloodStats {
 }
 
 /// The protocol version byte (docs/PROTOCOL.md §2.1), so the flood's packets pass the first check.
-const VERSION: u8 = 2;
+const VERSION: u8 = 3;
 
 /// One garbage datagram: random bytes, or a well-formed-looking packet of each type (the
 /// current version, random CIDs, tokens and frames), or a bit-flipped or exact replay of an
@@ -1110,14 +1110,17 @@ fn garbage(rng: &mut ChaCha8Rng, history: &mut Vec<Vec<u8>>) -> Vec<u8> {
         // INITIAL (1200 bytes), with a random token half of the time
         3 => {
             let mut d = vec![VERSION, 0x10];
-            d.extend(random(rng, 16)); // SCID, instance
-            d.extend([0x80, 0x10, 0, 0]); // window: 4-byte varint
+            d.extend(random(rng, 8)); // SCID
             if rng.gen() {
                 d.push(16);
                 d.extend(random(rng, 16));
             } else {
                 d.push(0);
             }
+            d.push(0); // mode: plain
+            d.push(13); // parameters: instance, window (4-byte varint), cipher
+            d.extend(random(rng, 8));
+            d.extend([0x80, 0x10, 0, 0, 2]);
             d.resize(1200, 0);
             d
         }

@@ -19,12 +19,13 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
+use crate::crypto::{Cipher, ClientHandshake, Key, PacketProtection, MAX_AUTH_FAILURES};
 use crate::link::{AckOutcome, Link, SentFrame};
 use crate::streams::{RecvStream, SendStream};
 use crate::wire::{self, Frame, Frames, Writer};
 use crate::{
-    ConnectionConfig, ConnectionError, DropReason, Event, LinkId, LinkState, LinkStats, ReadError,
-    WriteError,
+    ConnectionConfig, ConnectionError, DropReason, Event, KeyMismatch, LinkId, LinkState,
+    LinkStats, ReadError, WriteError,
 };
 
 /// Where a connection is in its life.
@@ -62,6 +63,11 @@ pub struct ConnectionStats {
     /// Bytes that arrived from the peer in order (read or not), each counted once: what the
     /// peer delivered to this side (both streams, like `bytes_acknowledged`).
     pub bytes_received: u64,
+    /// The AEAD sealing the connection's packets; `None`: not encrypted (no key).
+    pub cipher: Option<Cipher>,
+    /// Key updates so far (sending, receiving): each direction moves to a new key after
+    /// 2^22 packets or 120 s.
+    pub key_updates: (u64, u64),
 }
 
 /// Byte stream and message stream numbers.
@@ -98,15 +104,23 @@ enum Handshake {
         /// the time since the first is the RTT sample: never too small, which would make
         /// probe timeouts fire before any acknowledgement can arrive.
         first_sent: Option<Instant>,
+        /// The INITIAL's mode and parameters ([`wire::handshake_mode`]): in clear, or the
+        /// first Noise message, sent unchanged in every INITIAL.
+        mode: u8,
+        hello: Vec<u8>,
+        /// The keyed handshake waiting for the server's message (boxed: it is large).
+        noise: Option<Box<ClientHandshake>>,
     },
     Server {
+        /// The ACCEPT datagram, kept to be sent again if the client repeats its INITIAL (a
+        /// keyed one cannot be made twice: its Noise message is tied to this handshake).
+        accept: Vec<u8>,
         /// Send (again) the ACCEPT.
         accept_pending: bool,
         /// The client proved it received the ACCEPT (a short packet arrived).
         confirmed: bool,
         /// A client that never confirms is given up after the handshake timeout.
         created: Instant,
-        advertised: Vec<SocketAddr>,
     },
     Done,
 }
@@ -135,11 +149,12 @@ pub struct Connection {
     local_cid: u64,
     /// The peer's connection ID (0 until a client learns it from the ACCEPT).
     peer_cid: u64,
-    local_instance: u64,
     pub(crate) peer_instance: u64,
     /// The receive window the peer announced in the handshake.
     peer_window: u64,
     handshake: Handshake,
+    /// The keys sealing and opening short packets (connections of keyed endpoints).
+    protection: Option<PacketProtection>,
     /// Largest datagram each local address can send (path MTU discovery's ceilings).
     local_mtus: Vec<(SocketAddr, usize)>,
     links: Vec<Link>,
@@ -173,7 +188,9 @@ pub struct Connection {
 }
 
 impl Connection {
-    /// A client connection, about to send its first INITIAL to `remotes[0]` from `local`.
+    /// A client connection, about to send its first INITIAL to `remotes[0]` from `local`;
+    /// with a key, the INITIAL starts a Noise handshake.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new_client(
         cfg: ConnectionConfig,
         now: Instant,
@@ -182,9 +199,27 @@ impl Connection {
         local: SocketAddr,
         remotes: Vec<SocketAddr>,
         local_mtus: Vec<(SocketAddr, usize)>,
+        key: Option<&Key>,
     ) -> Self {
         let mut link = new_link(&cfg, &local_mtus, 0, local, remotes[0]);
         link.next_probe = None;
+        let params = wire::ClientParams {
+            instance: local_instance,
+            window: cfg.stream_receive_window,
+            cipher: Cipher::preferred().code(),
+        }
+        .encode();
+        let (mode, hello, noise) = match key {
+            Some(key) => {
+                let (noise, msg) = ClientHandshake::start(key, local_cid, &params);
+                (
+                    wire::handshake_mode::NOISE_NNPSK0,
+                    msg,
+                    Some(Box::new(noise)),
+                )
+            }
+            None => (wire::handshake_mode::PLAIN, params, None),
+        };
         let handshake = Handshake::Client {
             remotes,
             token: Vec::new(),
@@ -192,56 +227,48 @@ impl Connection {
             backoff: INITIAL_RETRY,
             started: now,
             first_sent: None,
+            mode,
+            hello,
+            noise,
         };
-        Self::new(
-            cfg,
-            now,
-            local_cid,
-            0,
-            local_instance,
-            0,
-            handshake,
-            local_mtus,
-            link,
-            0,
-        )
+        Self::new(cfg, now, local_cid, 0, 0, handshake, local_mtus, link, 0)
     }
 
-    /// A server connection for a client whose address was proven by a retry cookie.
+    /// A server connection for a client whose address was proven by a retry cookie (and, with
+    /// a key, whose handshake message authenticated): `accept` is the ACCEPT datagram.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new_server(
         cfg: ConnectionConfig,
         now: Instant,
         local_cid: u64,
         peer_cid: u64,
-        local_instance: u64,
-        peer_instance: u64,
-        peer_window: u64,
+        client: &wire::ClientParams,
         local: SocketAddr,
         remote: SocketAddr,
-        advertised: Vec<SocketAddr>,
+        accept: Vec<u8>,
+        protection: Option<PacketProtection>,
         local_mtus: Vec<(SocketAddr, usize)>,
     ) -> Self {
         let mut link = new_link(&cfg, &local_mtus, 0, local, remote);
         link.promote(now, &mut AckOutcome::default());
         let handshake = Handshake::Server {
+            accept,
             accept_pending: true,
             confirmed: false,
             created: now,
-            advertised,
         };
         let mut c = Self::new(
             cfg,
             now,
             local_cid,
             peer_cid,
-            local_instance,
-            peer_instance,
+            client.instance,
             handshake,
             local_mtus,
             link,
-            peer_window,
+            client.window,
         );
+        c.protection = protection;
         c.state = ConnectionState::Established;
         c.events.push_back(Event::Connected);
         c
@@ -253,7 +280,6 @@ impl Connection {
         now: Instant,
         local_cid: u64,
         peer_cid: u64,
-        local_instance: u64,
         peer_instance: u64,
         handshake: Handshake,
         local_mtus: Vec<(SocketAddr, usize)>,
@@ -267,10 +293,10 @@ impl Connection {
             close_reason: None,
             local_cid,
             peer_cid,
-            local_instance,
             peer_instance,
             peer_window,
             handshake,
+            protection: None,
             local_mtus,
             links: vec![link],
             send: [
@@ -497,6 +523,11 @@ impl Connection {
             recv_fragments: self.recv.iter().map(RecvStream::fragments).sum(),
             bytes_acknowledged: self.send.iter().map(SendStream::acknowledged).sum(),
             bytes_received: self.recv.iter().map(RecvStream::received).sum(),
+            cipher: self.protection.as_ref().map(PacketProtection::cipher),
+            key_updates: self
+                .protection
+                .as_ref()
+                .map_or((0, 0), PacketProtection::generations),
         }
     }
 
@@ -670,25 +701,53 @@ impl Connection {
         }
     }
 
-    /// ACCEPT: the handshake is complete; open the other links.
+    /// ACCEPT: the handshake is complete (once the server's parameters, with a key its Noise
+    /// message, check out); open the other links.
     pub(crate) fn handle_accept(
         &mut self,
         now: Instant,
-        scid: u64,
-        instance: u64,
-        window: u64,
-        addrs: &[SocketAddr],
+        mode: u8,
+        hello: &[u8],
         local_addrs: &[SocketAddr],
-    ) {
+    ) -> Result<(), DropReason> {
         let Handshake::Client {
             remotes,
             first_sent,
+            mode: our_mode,
+            noise,
             ..
-        } = &self.handshake
+        } = &mut self.handshake
         else {
-            return;
+            return Err(DropReason::UnexpectedHandshake);
         };
-        let remotes = remotes.clone();
+        if mode != *our_mode {
+            return Err(DropReason::Unauthenticated);
+        }
+        let (params, protection) = match noise {
+            Some(noise) => {
+                let (payload, secrets) = noise
+                    .finish(hello)
+                    .map_err(|_| DropReason::Unauthenticated)?;
+                let params =
+                    wire::ServerParams::decode(&payload).map_err(|_| DropReason::Undecodable)?;
+                let cipher = Cipher::from_code(params.cipher);
+                let protection = PacketProtection::new(cipher, secrets, true, now);
+                (params, Some(protection))
+            }
+            None => (
+                wire::ServerParams::decode(hello).map_err(|_| DropReason::Undecodable)?,
+                None,
+            ),
+        };
+        let wire::ServerParams {
+            scid,
+            instance,
+            window,
+            addrs,
+            ..
+        } = params;
+        self.protection = protection;
+        let remotes = std::mem::take(remotes);
         let rtt_sample = first_sent.map(|t| now - t);
         self.handshake = Handshake::Done;
         self.peer_cid = scid;
@@ -741,6 +800,7 @@ impl Connection {
             let id = self.links.len() as LinkId;
             self.add_link(now, id, local, remote);
         }
+        Ok(())
     }
 
     /// Position in `links` of the link with wire ID `id`.
@@ -862,14 +922,25 @@ impl Connection {
         self.state == ConnectionState::Connecting && cid != 0 && self.local_cid == cid
     }
 
-    /// The server refused this client's connection (its connection limit).
-    pub(crate) fn refused_by_server(&mut self) {
+    /// The server refused this client's connection: `None` for its connection limit, else
+    /// because the two sides' keys differ.
+    pub(crate) fn refused_by_server(&mut self, keys: Option<KeyMismatch>) {
         if self.state == ConnectionState::Connecting {
-            self.set_closed(Some(ConnectionError::ServerFull));
+            let e = keys.map_or(ConnectionError::ServerFull, ConnectionError::KeyMismatch);
+            self.set_closed(Some(e));
         }
     }
 
-    /// A short packet for this connection; `Err` says why it was dropped without effect.
+    /// Whether a RESET is authentic for this connection: with a key, it must carry the token
+    /// only a holder of the key can make.
+    pub(crate) fn is_keyed(&self) -> bool {
+        self.protection.is_some()
+            || matches!(self.handshake, Handshake::Client { noise: Some(_), .. })
+    }
+
+    /// A short packet for this connection: `datagram` holds it whole, its header
+    /// `header_len` bytes; with a key it is opened in place. `Err` says why it was dropped
+    /// without effect.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn handle_short(
         &mut self,
@@ -878,12 +949,38 @@ impl Connection {
         remote: SocketAddr,
         link_id: u8,
         pn: u64,
-        payload: &[u8],
-        datagram_len: usize,
+        phase: u8,
+        header_len: usize,
+        datagram: &mut [u8],
     ) -> Result<(), DropReason> {
         if self.state == ConnectionState::Connecting {
             return Err(DropReason::WrongState);
         }
+        let datagram_len = datagram.len();
+        let payload: &[u8] = match &mut self.protection {
+            None => &datagram[header_len..],
+            Some(protection) => {
+                // a replay is rejected before the cost of opening it
+                if let Some(i) = self.links.iter().position(|l| l.id == link_id) {
+                    if !self.links[i].ack.is_new(pn) {
+                        return Err(DropReason::Duplicate);
+                    }
+                }
+                let (header, body) = datagram.split_at_mut(header_len);
+                match protection.open(link_id, pn, phase, header, body) {
+                    Ok(len) => &body[..len],
+                    Err(_) => {
+                        if protection.auth_failures >= MAX_AUTH_FAILURES {
+                            // the AEAD's integrity limit: forgeries might start to succeed
+                            self.fail(ConnectionError::ProtocolViolation(
+                                "too many packets failed authentication",
+                            ));
+                        }
+                        return Err(DropReason::Unauthenticated);
+                    }
+                }
+            }
+        };
         if self.state == ConnectionState::Closed {
             // After a clean close, tell a peer still retransmitting that everything it sent
             // arrived (its last acknowledgements were lost), so it can finish cleanly too.
@@ -968,7 +1065,10 @@ impl Connection {
                     ranges,
                 } => {
                     if let Some(l) = self.link_index(link) {
-                        self.on_ack_frame(now, l, largest, delay_us, ranges)
+                        self.on_ack_frame(now, l, largest, delay_us, ranges);
+                        if let Some(p) = &mut self.protection {
+                            p.on_acked(link, largest);
+                        }
                     }
                 }
                 Frame::Stream {

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use smallvec::SmallVec;
 
+use crate::crypto::{self, PacketProtection};
 use crate::endpoint::TransmitBuffer;
 use crate::link::{Link, SentFrame, SentPacket};
 use crate::pmtu::PathMtu;
@@ -116,6 +117,8 @@ impl Connection {
                 next_initial,
                 backoff,
                 first_sent,
+                mode,
+                hello,
                 ..
             } if *next_initial <= now => {
                 // once the first retransmission went unanswered too, the path is probably down:
@@ -125,32 +128,26 @@ impl Connection {
                 first_sent.get_or_insert(now);
                 let header = Header::Initial {
                     scid: self.local_cid,
-                    instance: self.local_instance,
-                    window: self.cfg.stream_receive_window,
                     token,
+                    mode: *mode,
+                    hello,
                 };
                 let buf = datagram_room(out, local, remote, max);
-                if buf.len() < wire::MIN_INITIAL_SIZE {
+                if buf.len() < wire::control_packet_len(&header) {
                     return None;
                 }
                 let len = wire::encode_control_packet(&header, buf);
                 Some((local, remote, len))
             }
             Handshake::Server {
+                accept,
                 accept_pending: pending @ true,
-                advertised,
                 ..
             } => {
                 *pending = false;
-                let header = Header::Accept {
-                    dcid: self.peer_cid,
-                    scid: self.local_cid,
-                    instance: self.local_instance,
-                    window: self.cfg.stream_receive_window,
-                    addrs: advertised.clone(),
-                };
                 let buf = datagram_room(out, local, remote, max);
-                Some((local, remote, wire::encode_control_packet(&header, buf)))
+                buf[..accept.len()].copy_from_slice(accept);
+                Some((local, remote, accept.len()))
             }
             _ => None,
         }
@@ -176,9 +173,16 @@ impl Connection {
     ) -> usize {
         let link = &self.links[i];
         let (pn, id) = (link.next_pn(), link.id);
+        let tag = self.tag_len();
+        let phase = self
+            .protection
+            .as_ref()
+            .map_or(0, PacketProtection::send_phase);
         let buf = datagram_room(out, link.local, link.remote, link.pmtu.base());
-        let mut w = Writer::new(buf);
-        wire::write_short_header(&mut w, self.peer_cid, id, pn);
+        let frames_end = buf.len() - tag;
+        let mut w = Writer::new(&mut buf[..frames_end]);
+        wire::write_short_header(&mut w, self.peer_cid, id, pn, phase);
+        let header_len = w.len();
         if code == CLOSE_DONE {
             // The clean-end confirmation carries its proof (PROTOCOL.md §8.2): what arrived on
             // every link, so the peer learns from acknowledgements, not from our word, that
@@ -191,6 +195,7 @@ impl Connection {
         let room = w.remaining();
         wire::write_close(&mut w, code, reason.as_bytes(), room);
         let len = w.finish();
+        let len = self.seal(id, pn, header_len, &mut buf[..len + tag]);
         let pkt = SentPacket {
             time: self.last_rx,
             size: len as u16,
@@ -213,6 +218,14 @@ impl Connection {
     ) -> usize {
         let pn = self.links[i].next_pn();
         let link_id = self.links[i].id;
+        let tag = self.tag_len();
+        let phase = match &mut self.protection {
+            Some(p) => {
+                p.update_if_due(now);
+                p.send_phase()
+            }
+            None => 0,
+        };
         let link = &mut self.links[i];
         let (local, remote) = (link.local, link.remote);
         let size = match kind {
@@ -225,8 +238,10 @@ impl Connection {
             // the driver cannot hand out that much: never try to grow beyond what it can
             link.pmtu.limit_ceiling(buf.len());
         }
-        let mut w = Writer::new(buf);
-        wire::write_short_header(&mut w, self.peer_cid, link_id, pn);
+        let frames_end = buf.len() - tag; // the AEAD's tag follows the frames
+        let mut w = Writer::new(&mut buf[..frames_end]);
+        wire::write_short_header(&mut w, self.peer_cid, link_id, pn, phase);
+        let header_len = w.len();
         let end = w.len() + w.remaining(); // room for frames
         let mut frames: SmallVec<[SentFrame; 2]> = SmallVec::new();
         let mut ack_eliciting = false;
@@ -314,6 +329,7 @@ impl Connection {
             w.zeros(pad);
         }
         let len = w.finish();
+        let len = self.seal(link_id, pn, header_len, &mut buf[..len + tag]);
         let link = &mut self.links[i];
         let pkt = SentPacket {
             time: now,
@@ -329,6 +345,26 @@ impl Connection {
         }
         link.on_sent(now, len, pkt);
         len
+    }
+}
+
+impl Connection {
+    /// Bytes the AEAD adds to each short packet (none without a key).
+    pub(super) fn tag_len(&self) -> usize {
+        if self.protection.is_some() {
+            crypto::TAG_LEN
+        } else {
+            0
+        }
+    }
+
+    /// Seals a built packet in place (`packet`: header, frames and room for the tag), if the
+    /// connection has a key; returns the datagram's length.
+    fn seal(&mut self, link: LinkId, pn: u64, header_len: usize, packet: &mut [u8]) -> usize {
+        if let Some(p) = &mut self.protection {
+            p.seal(link, pn, header_len, packet);
+        }
+        packet.len()
     }
 }
 

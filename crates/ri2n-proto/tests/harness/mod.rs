@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use ri2n_proto::wire::{self, packet_type, VERSION};
 use ri2n_proto::{
-    ConnectionConfig, ConnectionHandle, ConnectionState, Endpoint, EndpointConfig, ReadError,
+    ConnectionConfig, ConnectionHandle, ConnectionState, Endpoint, EndpointConfig, Key, ReadError,
 };
 
 /// A datagram in flight: (arrival, seq, to_server, local, remote, bytes).
@@ -48,6 +48,9 @@ pub struct SimConfig {
     /// Client datagrams kept for replay: the first `capture_keep` forever, then a rolling window.
     pub capture_keep: usize,
     pub capture_rolling: usize,
+    /// The keys the client and the server hold (none: in clear).
+    pub client_key: Option<Key>,
+    pub server_key: Option<Key>,
 }
 
 impl Default for SimConfig {
@@ -60,6 +63,8 @@ impl Default for SimConfig {
             seed: 1,
             capture_keep: 32,
             capture_rolling: 224,
+            client_key: None,
+            server_key: None,
         }
     }
 }
@@ -115,8 +120,10 @@ impl Sim {
         conn.send_buffer = cfg.send_buffer;
         let mut ccfg = EndpointConfig::new(client_addrs.clone());
         ccfg.server_connection = conn.clone();
+        ccfg.key = cfg.client_key.clone();
         let mut scfg = EndpointConfig::new(server_addrs.clone()).server();
         scfg.server_connection = conn.clone();
+        scfg.key = cfg.server_key.clone();
         let mut client = Endpoint::new(ccfg, cfg.seed, base);
         let server = Endpoint::new(scfg, cfg.seed.wrapping_add(1), base);
         let ch = client.connect(base, &server_addrs[..1], conn).unwrap();
@@ -148,7 +155,7 @@ impl Sim {
     fn capture(&mut self, local: SocketAddr, remote: SocketAddr, bytes: &[u8]) {
         if bytes.len() > wire::SHORT_HEADER_FIXED
             && bytes[0] == VERSION
-            && bytes[1] == packet_type::SHORT
+            && (bytes[1] == packet_type::SHORT || bytes[1] == packet_type::SHORT_PHASE1)
         {
             let cid = u64::from_be_bytes(bytes[2..10].try_into().unwrap());
             self.server_cid.get_or_insert(cid);
@@ -255,13 +262,13 @@ impl Sim {
         self.now = self.now.max(next);
         let now = self.instant();
         while self.queue.peek().is_some_and(|Reverse(p)| p.0 <= self.now) {
-            let Reverse((_, _, to_server, local, remote, data)) = self.queue.pop().unwrap();
+            let Reverse((_, _, to_server, local, remote, mut data)) = self.queue.pop().unwrap();
             let ep = if to_server {
                 &mut self.server
             } else {
                 &mut self.client
             };
-            ep.handle_datagram(now, local, remote, &data);
+            ep.handle_datagram(now, local, remote, &mut data);
         }
         self.client.handle_timeout(now);
         self.server.handle_timeout(now);
@@ -321,7 +328,16 @@ impl Sim {
     /// Hands the server a datagram from `remote` to its `local` address, at the current time.
     pub fn inject(&mut self, local: SocketAddr, remote: SocketAddr, data: &[u8]) {
         let now = self.instant();
-        self.server.handle_datagram(now, local, remote, data);
+        self.server
+            .handle_datagram(now, local, remote, &mut data.to_vec());
+        self.flush();
+    }
+
+    /// Hands the client a datagram from `remote` to its `local` address, at the current time.
+    pub fn inject_client(&mut self, local: SocketAddr, remote: SocketAddr, data: &[u8]) {
+        let now = self.instant();
+        self.client
+            .handle_datagram(now, local, remote, &mut data.to_vec());
         self.flush();
     }
 

@@ -1,0 +1,790 @@
+//! Keys and packet protection (docs/PROTOCOL.md §9).
+//!
+//! A cluster shares one 32-byte key. Each connection runs the Noise handshake
+//! `Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s` (through the `snow` crate) inside its INITIAL and
+//! ACCEPT: the pre-shared key authenticates both sides, the ephemeral Diffie-Hellman gives each
+//! connection fresh keys with forward secrecy. Every short packet is then sealed with an AEAD
+//! (`ring`: AES-256-GCM when both hosts have AES instructions, ChaCha20-Poly1305 otherwise),
+//! the packet header as associated data and the link ID and packet number as nonce, so no
+//! nonce repeats within a key. Each direction moves to a new key (Noise's one-way `REKEY`)
+//! long before the AEAD's limits; old keys are wiped.
+
+use std::fmt;
+use std::mem::MaybeUninit;
+use std::time::{Duration, Instant};
+
+use blake2::digest::consts::U16;
+use blake2::digest::{Mac, Update};
+use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
+use thiserror::Error;
+use zeroize::{Zeroize, Zeroizing};
+
+use crate::MAX_LINKS;
+
+/// Bytes of a key.
+pub const KEY_LEN: usize = 32;
+/// Bytes the AEAD adds to every sealed packet.
+pub const TAG_LEN: usize = 16;
+/// Bytes of the token that authenticates a RESET.
+pub const RESET_TOKEN_LEN: usize = 16;
+/// The Noise protocol name: the handshake pattern and its primitives.
+pub const NOISE_PARAMS: &str = "Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s";
+/// Most bytes a Noise handshake message adds to its payload (an ephemeral key and a tag).
+pub const HANDSHAKE_OVERHEAD: usize = 32 + TAG_LEN;
+/// Start of a key file's line.
+const KEY_TEXT_PREFIX: &str = "ri2n-key-v1:";
+/// Start of the Noise prologue; the client's connection ID follows.
+const PROLOGUE_LABEL: &[u8] = b"ri2n/3 handshake";
+/// Label hashed with a connection ID into a RESET's token.
+const RESET_LABEL: &[u8] = b"ri2n/3 reset token";
+
+/// A direction moves to its next key after sealing this many packets: far below AES-GCM's
+/// confidentiality limit of 2^23 full-size packets per key (RFC 9001 §6.6, appendix B).
+pub const REKEY_AFTER_PACKETS: u64 = 1 << 22;
+/// … or after this long, as WireGuard does, so a long connection does not keep one key.
+pub const REKEY_AFTER_TIME: Duration = Duration::from_secs(120);
+/// Packets that fail authentication on one connection before it gives up: ChaCha20-Poly1305's
+/// integrity limit (RFC 9001 §6.6), the lower of the two ciphers'.
+pub const MAX_AUTH_FAILURES: u64 = 1 << 36;
+
+/// The key a cluster shares. Its bytes are wiped from memory when it is dropped.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Key(Zeroizing<[u8; KEY_LEN]>);
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Key(..)")
+    }
+}
+
+/// Why a key could not be made or read.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The text is not a key.
+    #[error("not a ri2n key: expected one line `{KEY_TEXT_PREFIX}` followed by 64 hexadecimal digits (made by `ri2n keygen`)")]
+    Malformed,
+    /// The operating system gave no random numbers.
+    #[error("the system's random number generator failed")]
+    Random,
+}
+
+impl Key {
+    /// A new random key from the operating system's random source.
+    pub fn generate() -> Result<Key, KeyError> {
+        let mut bytes = Zeroizing::new([0u8; KEY_LEN]);
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes[..])
+            .map_err(|_| KeyError::Random)?;
+        Ok(Key(bytes))
+    }
+
+    /// The key with these bytes.
+    pub fn from_bytes(bytes: [u8; KEY_LEN]) -> Key {
+        Key(Zeroizing::new(bytes))
+    }
+
+    /// Reads a key from its text form (a key file's content; surrounding white space is
+    /// ignored).
+    pub fn from_text(text: &str) -> Result<Key, KeyError> {
+        let hex = text
+            .trim()
+            .strip_prefix(KEY_TEXT_PREFIX)
+            .ok_or(KeyError::Malformed)?
+            .as_bytes();
+        if hex.len() != 2 * KEY_LEN {
+            return Err(KeyError::Malformed);
+        }
+        let digit = |c: u8| (c as char).to_digit(16).ok_or(KeyError::Malformed);
+        let mut bytes = Zeroizing::new([0u8; KEY_LEN]);
+        for (i, pair) in hex.chunks(2).enumerate() {
+            bytes[i] = (digit(pair[0])? * 16 + digit(pair[1])?) as u8;
+        }
+        Ok(Key(bytes))
+    }
+
+    /// The text form: one line (without the newline), `ri2n-key-v1:` and 64 hex digits.
+    pub fn to_text(&self) -> Zeroizing<String> {
+        let mut s = Zeroizing::new(String::with_capacity(KEY_TEXT_PREFIX.len() + 2 * KEY_LEN));
+        s.push_str(KEY_TEXT_PREFIX);
+        for b in self.0.iter() {
+            s.push(char::from_digit(u32::from(b >> 4), 16).unwrap());
+            s.push(char::from_digit(u32::from(b & 15), 16).unwrap());
+        }
+        s
+    }
+
+    /// The token that authenticates a RESET for connection ID `cid`: keyed BLAKE2s-128 over a
+    /// label and the ID. Every holder of the key can make it (a restarted host must), nobody
+    /// else can.
+    pub(crate) fn reset_token(&self, cid: u64) -> [u8; RESET_TOKEN_LEN] {
+        self.reset_mac(cid).finalize().into_bytes().into()
+    }
+
+    /// Whether `token` is the RESET token for `cid` (compared in constant time).
+    pub(crate) fn reset_token_valid(&self, cid: u64, token: &[u8]) -> bool {
+        self.reset_mac(cid).verify_slice(token).is_ok()
+    }
+
+    fn reset_mac(&self, cid: u64) -> blake2::Blake2sMac<U16> {
+        let mut mac = blake2::Blake2sMac::<U16>::new_from_slice(&self.0[..]).expect("32-byte key");
+        Update::update(&mut mac, RESET_LABEL);
+        Update::update(&mut mac, &cid.to_be_bytes());
+        mac
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The handshake
+
+/// The AEAD that seals short packets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cipher {
+    /// AES-256-GCM: used when both hosts have AES and carry-less multiply instructions.
+    Aes256Gcm,
+    /// ChaCha20-Poly1305: fast in software, used otherwise.
+    ChaCha20Poly1305,
+}
+
+impl Cipher {
+    /// What this host seals fastest.
+    pub fn preferred() -> Cipher {
+        if hardware_aes() {
+            Cipher::Aes256Gcm
+        } else {
+            Cipher::ChaCha20Poly1305
+        }
+    }
+
+    /// The cipher of a connection: AES-GCM only if both sides prefer it.
+    pub(crate) fn agree(client: Cipher, server: Cipher) -> Cipher {
+        if client == Cipher::Aes256Gcm && server == Cipher::Aes256Gcm {
+            Cipher::Aes256Gcm
+        } else {
+            Cipher::ChaCha20Poly1305
+        }
+    }
+
+    /// Its code in the handshake.
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            Cipher::Aes256Gcm => 1,
+            Cipher::ChaCha20Poly1305 => 2,
+        }
+    }
+
+    /// The cipher of a code; unknown codes mean ChaCha20-Poly1305 (always available).
+    pub(crate) fn from_code(code: u8) -> Cipher {
+        if code == 1 {
+            Cipher::Aes256Gcm
+        } else {
+            Cipher::ChaCha20Poly1305
+        }
+    }
+
+    fn algorithm(self) -> &'static aead::Algorithm {
+        match self {
+            Cipher::Aes256Gcm => &aead::AES_256_GCM,
+            Cipher::ChaCha20Poly1305 => &aead::CHACHA20_POLY1305,
+        }
+    }
+}
+
+fn hardware_aes() -> bool {
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    {
+        std::arch::is_x86_feature_detected!("aes")
+            && std::arch::is_x86_feature_detected!("pclmulqdq")
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        std::arch::is_aarch64_feature_detected!("aes")
+            && std::arch::is_aarch64_feature_detected!("pmull")
+    }
+    #[cfg(not(any(target_arch = "x86", target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        false
+    }
+}
+
+/// The two secrets a handshake ends with, one per direction.
+pub(crate) struct SessionSecrets {
+    pub client_to_server: Zeroizing<[u8; KEY_LEN]>,
+    pub server_to_client: Zeroizing<[u8; KEY_LEN]>,
+}
+
+/// The handshake failed: the peer holds another key, or the message was forged or damaged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HandshakeFailed;
+
+fn noise_builder<'a>(key: &'a Key, prologue: &'a [u8]) -> snow::Builder<'a> {
+    snow::Builder::new(NOISE_PARAMS.parse().expect("valid Noise parameters"))
+        .psk(0, &key.0)
+        .and_then(|b| b.prologue(prologue))
+        .expect("psk and prologue accepted")
+}
+
+/// The prologue binds the handshake to the client's connection ID.
+fn prologue(client_cid: u64) -> [u8; PROLOGUE_LABEL.len() + 8] {
+    let mut p = [0u8; PROLOGUE_LABEL.len() + 8];
+    p[..PROLOGUE_LABEL.len()].copy_from_slice(PROLOGUE_LABEL);
+    p[PROLOGUE_LABEL.len()..].copy_from_slice(&client_cid.to_be_bytes());
+    p
+}
+
+fn split(noise: &mut snow::HandshakeState) -> SessionSecrets {
+    let (c2s, s2c) = noise.dangerously_get_raw_split();
+    let secrets = SessionSecrets {
+        client_to_server: Zeroizing::new(c2s),
+        server_to_client: Zeroizing::new(s2c),
+    };
+    let (mut c2s, mut s2c) = (c2s, s2c);
+    c2s.zeroize();
+    s2c.zeroize();
+    secrets
+}
+
+/// A client's half-done handshake: it sent the first message and waits for the second.
+pub(crate) struct ClientHandshake(snow::HandshakeState);
+
+impl fmt::Debug for ClientHandshake {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ClientHandshake(..)")
+    }
+}
+
+impl ClientHandshake {
+    /// Starts the handshake of connection `client_cid`: the first message, carrying `payload`
+    /// (encrypted and authenticated under the pre-shared key).
+    pub fn start(key: &Key, client_cid: u64, payload: &[u8]) -> (ClientHandshake, Vec<u8>) {
+        let prologue = prologue(client_cid);
+        let mut noise = noise_builder(key, &prologue)
+            .build_initiator()
+            .expect("initiator");
+        let mut msg = vec![0u8; payload.len() + HANDSHAKE_OVERHEAD];
+        let len = noise.write_message(payload, &mut msg).expect("room");
+        msg.truncate(len);
+        (ClientHandshake(noise), msg)
+    }
+
+    /// Reads the server's answer: its payload and the session secrets. A message that fails
+    /// (forged) leaves the handshake as it was, so the real answer can still be read.
+    pub fn finish(&mut self, msg: &[u8]) -> Result<(Vec<u8>, SessionSecrets), HandshakeFailed> {
+        let mut payload = vec![0u8; msg.len()];
+        let len = self
+            .0
+            .read_message(msg, &mut payload)
+            .map_err(|_| HandshakeFailed)?;
+        payload.truncate(len);
+        Ok((payload, split(&mut self.0)))
+    }
+}
+
+/// The server's side of a handshake, between reading the client's message and answering.
+pub(crate) struct ServerHandshake(snow::HandshakeState);
+
+impl ServerHandshake {
+    /// Reads the client's first message: its payload. Fails, having done no Diffie-Hellman,
+    /// when the message was not made with the same key (or for another connection ID).
+    pub fn read(
+        key: &Key,
+        client_cid: u64,
+        msg: &[u8],
+    ) -> Result<(ServerHandshake, Vec<u8>), HandshakeFailed> {
+        let prologue = prologue(client_cid);
+        let mut noise = noise_builder(key, &prologue)
+            .build_responder()
+            .expect("responder");
+        let mut payload = vec![0u8; msg.len()];
+        let len = noise
+            .read_message(msg, &mut payload)
+            .map_err(|_| HandshakeFailed)?;
+        payload.truncate(len);
+        Ok((ServerHandshake(noise), payload))
+    }
+
+    /// The answer carrying `payload`, and the session secrets.
+    pub fn answer(mut self, payload: &[u8]) -> (Vec<u8>, SessionSecrets) {
+        let mut out = vec![0u8; payload.len() + HANDSHAKE_OVERHEAD];
+        let len = self.0.write_message(payload, &mut out).expect("room");
+        out.truncate(len);
+        (out, split(&mut self.0))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packet protection
+
+/// One AEAD key, ready to seal or open. The key schedule `ring` derived is wiped on drop.
+struct PacketKey {
+    /// Always initialised; `MaybeUninit` only so that its bytes may be overwritten with zeros
+    /// on drop (zero is not a valid value of every field inside).
+    key: MaybeUninit<LessSafeKey>,
+}
+
+// Overwriting the key's bytes on drop is sound only if it owns nothing that needs dropping.
+const _: () = assert!(!std::mem::needs_drop::<LessSafeKey>());
+
+impl PacketKey {
+    fn new(cipher: Cipher, secret: &[u8; KEY_LEN]) -> PacketKey {
+        let key = UnboundKey::new(cipher.algorithm(), secret).expect("32-byte key");
+        PacketKey {
+            key: MaybeUninit::new(LessSafeKey::new(key)),
+        }
+    }
+
+    fn key(&self) -> &LessSafeKey {
+        // SAFETY: `key` is initialised in `new` and only cleared in `drop`.
+        unsafe { self.key.assume_init_ref() }
+    }
+}
+
+impl Drop for PacketKey {
+    fn drop(&mut self) {
+        // SAFETY: exclusive access to the field's bytes; `MaybeUninit` accepts any bytes, and
+        // the key owns nothing (asserted above) and is not used again.
+        unsafe { zeroize::zeroize_flat_type(&mut self.key as *mut MaybeUninit<LessSafeKey>) }
+    }
+}
+
+/// The nonce of packet `pn` on link `link`: unique for the life of a key, since packet numbers
+/// never repeat on a link in one direction.
+fn nonce(link: u8, pn: u64) -> Nonce {
+    let mut n = [0u8; aead::NONCE_LEN];
+    n[3] = link;
+    n[4..].copy_from_slice(&pn.to_be_bytes());
+    Nonce::assume_unique_for_key(n)
+}
+
+/// Noise's `REKEY`: the first 32 bytes of ChaCha20-Poly1305 encrypting 32 zeros under the
+/// nonce 2^64 − 1. One-way: an old key cannot be computed from a new one.
+fn next_secret(secret: &[u8; KEY_LEN]) -> Zeroizing<[u8; KEY_LEN]> {
+    let key =
+        LessSafeKey::new(UnboundKey::new(&aead::CHACHA20_POLY1305, secret).expect("32-byte key"));
+    // Noise's ChaChaPoly nonce: 32 zero bits, then the 64-bit counter little-endian
+    let mut n = [0u8; aead::NONCE_LEN];
+    n[4..].copy_from_slice(&u64::MAX.to_le_bytes());
+    let mut out = Zeroizing::new([0u8; KEY_LEN]);
+    // the tag is not part of the new key
+    let _tag = key
+        .seal_in_place_separate_tag(Nonce::assume_unique_for_key(n), Aad::empty(), &mut out[..])
+        .expect("sealing 32 bytes");
+    let key = PacketKey {
+        key: MaybeUninit::new(key),
+    };
+    drop(key); // wiped
+    out
+}
+
+/// A sealed packet failed to open: forged, damaged, replayed under another key, or too old.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OpenFailed;
+
+/// The keys of one connection, both directions, with their updates.
+pub(crate) struct PacketProtection {
+    cipher: Cipher,
+    send: SendKeys,
+    recv: RecvKeys,
+    /// Packets that failed to open.
+    pub auth_failures: u64,
+}
+
+impl fmt::Debug for PacketProtection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PacketProtection")
+            .field("cipher", &self.cipher)
+            .field("send_generation", &self.send.generation)
+            .field("recv_generation", &self.recv.generation)
+            .finish()
+    }
+}
+
+struct SendKeys {
+    secret: Zeroizing<[u8; KEY_LEN]>,
+    key: PacketKey,
+    generation: u64,
+    /// Packets sealed with this key.
+    sealed: u64,
+    since: Instant,
+    /// First packet number sealed with this key on each link: an acknowledgement at or above
+    /// it proves the peer opened packets of this generation.
+    first_pn: [Option<u64>; MAX_LINKS],
+    /// The peer acknowledged a packet of this generation, so it holds this key and may drop
+    /// the one before: only then may the next update come (the peer keeps just one old key).
+    confirmed: bool,
+}
+
+struct RecvKeys {
+    generation: u64,
+    current: PacketKey,
+    /// The key of the generation before, for packets still on their way (dropped at the
+    /// next update).
+    previous: Option<PacketKey>,
+    next_secret: Zeroizing<[u8; KEY_LEN]>,
+    next: PacketKey,
+}
+
+impl PacketProtection {
+    /// Protection from a finished handshake, on the client side or the server's.
+    pub fn new(cipher: Cipher, secrets: SessionSecrets, is_client: bool, now: Instant) -> Self {
+        let (send, recv) = if is_client {
+            (secrets.client_to_server, secrets.server_to_client)
+        } else {
+            (secrets.server_to_client, secrets.client_to_server)
+        };
+        let next_secret = next_secret(&recv);
+        PacketProtection {
+            cipher,
+            send: SendKeys {
+                key: PacketKey::new(cipher, &send),
+                secret: send,
+                generation: 0,
+                sealed: 0,
+                since: now,
+                first_pn: [None; MAX_LINKS],
+                confirmed: false,
+            },
+            recv: RecvKeys {
+                generation: 0,
+                current: PacketKey::new(cipher, &recv),
+                previous: None,
+                next: PacketKey::new(cipher, &next_secret),
+                next_secret,
+            },
+            auth_failures: 0,
+        }
+    }
+
+    /// The cipher in use.
+    pub fn cipher(&self) -> Cipher {
+        self.cipher
+    }
+
+    /// The key phase (0 or 1) packets are sealed with now.
+    pub fn send_phase(&self) -> u8 {
+        (self.send.generation & 1) as u8
+    }
+
+    /// Moves the sending direction to its next key when the current one has sealed enough
+    /// packets or lived long enough, and the peer has shown it holds it.
+    pub fn update_if_due(&mut self, now: Instant) {
+        let s = &mut self.send;
+        let due = s.sealed >= REKEY_AFTER_PACKETS
+            || now.saturating_duration_since(s.since) >= REKEY_AFTER_TIME;
+        if !(due && s.confirmed) {
+            return;
+        }
+        let secret = next_secret(&s.secret);
+        s.key = PacketKey::new(self.cipher, &secret);
+        s.secret = secret;
+        s.generation += 1;
+        s.sealed = 0;
+        s.since = now;
+        s.first_pn = [None; MAX_LINKS];
+        s.confirmed = false;
+        tracing::debug!(generation = s.generation, "sending key updated");
+    }
+
+    /// Seals a packet in place: `packet` holds the header (`header_len` bytes), the payload,
+    /// and [`TAG_LEN`] bytes of room at its end for the tag.
+    pub fn seal(&mut self, link: u8, pn: u64, header_len: usize, packet: &mut [u8]) {
+        let s = &mut self.send;
+        if let Some(first) = s.first_pn.get_mut(usize::from(link)) {
+            first.get_or_insert(pn);
+        }
+        s.sealed += 1;
+        let (header, rest) = packet.split_at_mut(header_len);
+        let (payload, tag_room) = rest.split_at_mut(rest.len() - TAG_LEN);
+        let tag = s
+            .key
+            .key()
+            .seal_in_place_separate_tag(nonce(link, pn), Aad::from(&*header), payload)
+            .expect("packet within the AEAD's size limit");
+        tag_room.copy_from_slice(tag.as_ref());
+    }
+
+    /// Opens a sealed packet in place (`body` is everything after the header, tag included);
+    /// returns the plaintext's length. A packet of the other key phase is tried with the next
+    /// key (the peer updated; on success this side follows) and then the previous one (a late
+    /// packet from before the last update).
+    pub fn open(
+        &mut self,
+        link: u8,
+        pn: u64,
+        phase: u8,
+        header: &[u8],
+        body: &mut [u8],
+    ) -> Result<usize, OpenFailed> {
+        let r = &mut self.recv;
+        let result = if phase == (r.generation & 1) as u8 {
+            open_with(&r.current, link, pn, header, body)
+        } else {
+            // a failed open leaves `body` unspecified: keep the original for the second try
+            // (the other phase is rare: a key update, or a late packet from before one)
+            let original = r.previous.is_some().then(|| body.to_vec());
+            match open_with(&r.next, link, pn, header, body) {
+                Ok(len) => {
+                    let following = next_secret(&r.next_secret);
+                    let next = PacketKey::new(self.cipher, &following);
+                    let current = std::mem::replace(&mut r.next, next);
+                    r.previous = Some(std::mem::replace(&mut r.current, current));
+                    r.next_secret = following;
+                    r.generation += 1;
+                    tracing::debug!(generation = r.generation, "receiving key updated");
+                    Ok(len)
+                }
+                Err(_) => match (&r.previous, original) {
+                    (Some(prev), Some(original)) => {
+                        body.copy_from_slice(&original);
+                        open_with(prev, link, pn, header, body)
+                    }
+                    _ => Err(OpenFailed),
+                },
+            }
+        };
+        if result.is_err() {
+            self.auth_failures += 1;
+        }
+        result
+    }
+
+    /// The peer acknowledged packets up to `largest` on link `link`.
+    pub fn on_acked(&mut self, link: u8, largest: u64) {
+        let s = &mut self.send;
+        if let Some(Some(first)) = s.first_pn.get(usize::from(link)) {
+            if largest >= *first {
+                s.confirmed = true;
+            }
+        }
+    }
+
+    /// Key generations so far (sending, receiving).
+    pub fn generations(&self) -> (u64, u64) {
+        (self.send.generation, self.recv.generation)
+    }
+
+    #[cfg(test)]
+    fn force_update(&mut self, now: Instant) {
+        self.send.sealed = REKEY_AFTER_PACKETS;
+        self.update_if_due(now);
+    }
+}
+
+fn open_with(
+    key: &PacketKey,
+    link: u8,
+    pn: u64,
+    header: &[u8],
+    body: &mut [u8],
+) -> Result<usize, OpenFailed> {
+    key.key()
+        .open_in_place(nonce(link, pn), Aad::from(header), body)
+        .map(|plain| plain.len())
+        .map_err(|_| OpenFailed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(b: u8) -> Key {
+        Key::from_bytes([b; KEY_LEN])
+    }
+
+    #[test]
+    fn key_text_round_trip_and_errors() {
+        let k = Key::generate().unwrap();
+        let text = k.to_text();
+        assert_eq!(text.len(), 12 + 64);
+        assert!(text.starts_with("ri2n-key-v1:"));
+        assert_eq!(Key::from_text(&format!("  {}\n", *text)).unwrap(), k);
+        assert_ne!(Key::generate().unwrap(), k);
+        for bad in [
+            "",
+            "ri2n-key-v1:",
+            &text[..text.len() - 1],
+            &format!("{}0", *text),
+            &text.replace("ri2n-key-v1", "ri2n-key-v2"),
+            &format!("ri2n-key-v1:{}", "g".repeat(64)),
+            &format!("ri2n-key-v1:{}", "é".repeat(32)),
+        ] {
+            assert_eq!(Key::from_text(bad), Err(KeyError::Malformed), "{bad:?}");
+        }
+        assert_eq!(format!("{k:?}"), "Key(..)");
+    }
+
+    /// Test vectors of docs/PROTOCOL.md §9.
+    #[test]
+    fn vectors() {
+        let k = Key::from_text(
+            "ri2n-key-v1:000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f",
+        )
+        .unwrap();
+        assert_eq!(
+            hex(&k.reset_token(0x0123_4567_89ab_cdef)),
+            "a098e5950bb9884bd91dfd44795b4246"
+        );
+        let next = next_secret(&[0u8; KEY_LEN]);
+        assert_eq!(
+            hex(&next[..]),
+            "25ce5d37df19f3783185f2ffd5ab17fa3397c212f02d62fb1733e0b875b74c58"
+        );
+        let secret: [u8; KEY_LEN] = std::array::from_fn(|i| 0x20 + i as u8);
+        assert_eq!(
+            hex(&next_secret(&secret)[..]),
+            "f7168a9facedd560bd68eebc0fb55530936c665a6d714ff25842fd538bb1e943"
+        );
+        // a SHORT packet (DCID 0x0123456789abcdef, link 1, packet number 5) carrying PING and
+        // three PADDING bytes, sealed with traffic secret 0x20..0x3f
+        for (cipher, sealed) in [
+            (
+                Cipher::Aes256Gcm,
+                "03010123456789abcdef01055b99c9566b4f75663df39f108b2ed6421bb193b7",
+            ),
+            (
+                Cipher::ChaCha20Poly1305,
+                "03010123456789abcdef010584fd83e3c7dacef1e131b43d43419b4eff0bf085",
+            ),
+        ] {
+            let secrets = SessionSecrets {
+                client_to_server: Zeroizing::new(secret),
+                server_to_client: Zeroizing::new(secret),
+            };
+            let mut p = PacketProtection::new(cipher, secrets, true, Instant::now());
+            let mut packet = b"\x03\x01\x01\x23\x45\x67\x89\xab\xcd\xef\x01\x05".to_vec();
+            packet.extend_from_slice(&[1, 0, 0, 0]);
+            packet.extend_from_slice(&[0; TAG_LEN]);
+            p.seal(1, 5, 12, &mut packet);
+            assert_eq!(hex(&packet), sealed, "{cipher:?}");
+        }
+    }
+
+    /// Noise's REKEY, computed by an independent ChaCha20-Poly1305 implementation.
+    #[test]
+    fn rekey_is_noise_rekey() {
+        use chacha20poly1305::aead::{Aead, KeyInit};
+        let secret = [7u8; KEY_LEN];
+        let mut n = [0u8; 12];
+        n[4..].copy_from_slice(&u64::MAX.to_le_bytes());
+        let c = chacha20poly1305::ChaCha20Poly1305::new_from_slice(&secret).unwrap();
+        let expected = c.encrypt((&n).into(), &[0u8; KEY_LEN][..]).unwrap();
+        assert_eq!(&next_secret(&secret)[..], &expected[..KEY_LEN]);
+    }
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    fn handshake(
+        client_key: &Key,
+        server_key: &Key,
+    ) -> Option<(PacketProtection, PacketProtection)> {
+        let now = Instant::now();
+        let (mut hs, msg1) = ClientHandshake::start(client_key, 7, b"client params");
+        let (server, payload) = ServerHandshake::read(server_key, 7, &msg1).ok()?;
+        assert_eq!(payload, b"client params");
+        let (msg2, s_secrets) = server.answer(b"server params");
+        // a damaged (or forged) answer first: it fails, and the real one still succeeds
+        let mut bad = msg2.clone();
+        bad[40] ^= 1;
+        assert!(hs.finish(&bad).is_err());
+        let (payload, c_secrets) = hs.finish(&msg2).ok()?;
+        assert_eq!(payload, b"server params");
+        Some((
+            PacketProtection::new(Cipher::Aes256Gcm, c_secrets, true, now),
+            PacketProtection::new(Cipher::Aes256Gcm, s_secrets, false, now),
+        ))
+    }
+
+    fn sealed(p: &mut PacketProtection, link: u8, pn: u64, body: &[u8]) -> Vec<u8> {
+        let mut packet = b"HEADER".to_vec();
+        packet.extend_from_slice(body);
+        packet.extend_from_slice(&[0; TAG_LEN]);
+        p.seal(link, pn, 6, &mut packet);
+        packet
+    }
+
+    fn opened(
+        p: &mut PacketProtection,
+        phase: u8,
+        link: u8,
+        pn: u64,
+        packet: &[u8],
+    ) -> Option<Vec<u8>> {
+        let mut packet = packet.to_vec();
+        let (header, body) = packet.split_at_mut(6);
+        let len = p.open(link, pn, phase, header, body).ok()?;
+        Some(body[..len].to_vec())
+    }
+
+    #[test]
+    fn sealed_packets_open_only_unchanged_and_in_place() {
+        let (mut c, mut s) = handshake(&key(1), &key(1)).unwrap();
+        let p = sealed(&mut c, 2, 40, b"secret data");
+        assert!(
+            !p.windows(6).any(|w| w == b"secret"),
+            "plaintext on the wire"
+        );
+        assert_eq!(opened(&mut s, 0, 2, 40, &p).unwrap(), b"secret data");
+        // any flipped bit, in header, body or tag
+        for bit in 0..p.len() * 8 {
+            let mut q = p.clone();
+            q[bit / 8] ^= 1 << (bit % 8);
+            assert_eq!(opened(&mut s, 0, 2, 40, &q), None, "bit {bit}");
+        }
+        // another link or packet number (the nonce)
+        assert_eq!(opened(&mut s, 0, 3, 40, &p), None);
+        assert_eq!(opened(&mut s, 0, 2, 41, &p), None);
+        // the other direction's key
+        assert_eq!(opened(&mut c, 0, 2, 40, &p), None);
+        assert_eq!(s.auth_failures as usize, p.len() * 8 + 2);
+        // the server's own packets open at the client
+        let p = sealed(&mut s, 0, 0, b"answer");
+        assert_eq!(opened(&mut c, 0, 0, 0, &p).unwrap(), b"answer");
+    }
+
+    #[test]
+    fn another_key_fails_the_handshake() {
+        assert!(handshake(&key(1), &key(2)).is_none());
+        let (_, msg1) = ClientHandshake::start(&key(1), 7, b"x");
+        // the server notices at the first message, before any Diffie-Hellman
+        assert!(ServerHandshake::read(&key(2), 7, &msg1).is_err());
+        // and a message bound to another client connection ID fails too
+        assert!(ServerHandshake::read(&key(1), 8, &msg1).is_err());
+        assert!(ServerHandshake::read(&key(1), 7, &msg1).is_ok());
+    }
+
+    #[test]
+    fn fresh_keys_per_connection() {
+        let (mut c1, _) = handshake(&key(1), &key(1)).unwrap();
+        let (_, mut s2) = handshake(&key(1), &key(1)).unwrap();
+        let p = sealed(&mut c1, 0, 0, b"first connection");
+        assert_eq!(opened(&mut s2, 0, 0, 0, &p), None);
+    }
+
+    #[test]
+    fn key_updates_follow_with_one_old_key_kept() {
+        let now = Instant::now();
+        let (mut c, mut s) = handshake(&key(1), &key(1)).unwrap();
+        let old = sealed(&mut c, 0, 1, b"generation 0");
+        // not before the peer confirmed the current key
+        c.force_update(now);
+        assert_eq!(c.generations().0, 0);
+        c.on_acked(0, 0); // below the first packet of this generation: proves nothing
+        c.force_update(now);
+        assert_eq!(c.generations().0, 0);
+        c.on_acked(0, 1);
+        c.force_update(now);
+        assert_eq!((c.generations().0, c.send_phase()), (1, 1));
+        let new = sealed(&mut c, 0, 2, b"generation 1");
+        assert_eq!(opened(&mut s, 1, 0, 2, &new).unwrap(), b"generation 1");
+        assert_eq!(s.generations().1, 1);
+        // a late packet of the generation before still opens
+        assert_eq!(opened(&mut s, 0, 0, 1, &old).unwrap(), b"generation 0");
+        // after one more update, generation 0 is gone
+        c.on_acked(0, 2);
+        c.force_update(now);
+        let newer = sealed(&mut c, 0, 3, b"generation 2");
+        assert_eq!(opened(&mut s, 0, 0, 3, &newer).unwrap(), b"generation 2");
+        assert_eq!(opened(&mut s, 0, 0, 1, &old), None);
+    }
+}

@@ -1,0 +1,353 @@
+//! Connections under a cluster key (docs/PROTOCOL.md §9): transfers stay exact and sealed;
+//! mismatched keys are refused at once with the documented error; nothing an attacker without
+//! the key sends (flipped bits, replays, datagrams moved to another link, forged CLOSE, RESET
+//! or acknowledgements) has any effect; keys are updated on long connections.
+
+mod harness;
+
+use std::time::Duration;
+
+use harness::{Sim, SimConfig, Transfer};
+use ri2n_proto::wire::{self, frame_type, Writer};
+use ri2n_proto::{
+    Cipher, ConnectionError, ConnectionState, DropReason, Key, KeyMismatch, RefusedHandshake,
+};
+
+fn key(b: u8) -> Key {
+    Key::from_bytes([b; 32])
+}
+
+fn keyed(client: Option<Key>, server: Option<Key>) -> Sim {
+    Sim::new(SimConfig {
+        client_key: client,
+        server_key: server,
+        capture_keep: 4000,
+        capture_rolling: 0,
+        ..SimConfig::default()
+    })
+}
+
+/// Runs `t` to completion (panics after 60 s of simulated time).
+fn finish(sim: &mut Sim, t: &mut Transfer) {
+    let limit = sim.now + Duration::from_secs(60);
+    sim.run_until(limit, |s| {
+        t.pump(s);
+        t.complete(s)
+    });
+    assert_eq!(t.corrupted, 0);
+    assert_eq!(t.lost, None);
+}
+
+#[test]
+fn keyed_transfer_is_exact_and_sealed() {
+    let mut sim = keyed(Some(key(1)), Some(key(1)));
+    sim.establish();
+    let mut t = Transfer::new(2 << 20, 1 << 20, 200, true);
+    finish(&mut sim, &mut t);
+    let stats = sim.client.connection(sim.ch).unwrap().stats();
+    assert!(stats.cipher.is_some());
+    assert_eq!(sim.server_conn().stats().cipher, stats.cipher);
+    assert_eq!(Some(Cipher::preferred()), stats.cipher);
+    // the client's byte stream is a known pattern: no 32-byte run of it is on the wire
+    let plain: Vec<u8> = (0..4096).map(harness::pattern).collect();
+    let mut seen = 0;
+    for c in &sim.captured {
+        for w in c.bytes.windows(32) {
+            assert!(!plain.windows(32).any(|p| p == w), "plaintext on the wire");
+        }
+        seen += c.bytes.len();
+    }
+    assert!(seen > 1 << 20, "captured {seen} bytes");
+}
+
+#[test]
+fn the_same_transfer_in_clear_shows_its_plaintext() {
+    // the check above can fail: without a key the pattern is on the wire
+    let mut sim = keyed(None, None);
+    sim.establish();
+    let mut t = Transfer::new(64 << 10, 0, 0, true);
+    finish(&mut sim, &mut t);
+    let plain: Vec<u8> = (0..4096).map(harness::pattern).collect();
+    assert!(sim
+        .captured
+        .iter()
+        .any(|c| c.bytes.windows(32).any(|w| w == &plain[..32])));
+    assert_eq!(sim.client.connection(sim.ch).unwrap().stats().cipher, None);
+}
+
+/// A client whose key differs from the server's: closed with the given mismatch within a
+/// second (a few round trips: INITIAL, RETRY, INITIAL, REFUSE), the server holding nothing
+/// and reporting the attempt once.
+fn refused(
+    client: Option<Key>,
+    server: Option<Key>,
+    expect: KeyMismatch,
+    server_sees: KeyMismatch,
+) {
+    let mut sim = keyed(client, server);
+    sim.run_until(Duration::from_secs(1), |s| {
+        s.client.connection(s.ch).unwrap().state() == ConnectionState::Closed
+    });
+    let c = sim.client.connection(sim.ch).unwrap();
+    assert_eq!(
+        c.close_reason(),
+        Some(&ConnectionError::KeyMismatch(expect))
+    );
+    assert!(
+        c.close_reason()
+            .unwrap()
+            .to_string()
+            .starts_with("authentication failed"),
+        "{}",
+        c.close_reason().unwrap()
+    );
+    assert_eq!(sim.server.connection_count(), 0, "the server kept state");
+    assert!(sim.sh.is_none());
+    let report = sim
+        .server
+        .poll_refused_handshake()
+        .expect("a report to log");
+    assert_eq!(report.reason, server_sees);
+    assert_eq!(report.remote, sim.client_addrs[0]);
+    assert_eq!(
+        sim.server.poll_refused_handshake(),
+        None::<RefusedHandshake>
+    );
+    assert_eq!(sim.server.dropped().get(DropReason::KeyMismatch), 1);
+}
+
+#[test]
+fn another_key_is_refused_promptly() {
+    refused(
+        Some(key(1)),
+        Some(key(2)),
+        KeyMismatch::WrongKey,
+        KeyMismatch::WrongKey,
+    );
+}
+
+#[test]
+fn a_client_without_a_key_is_refused_by_a_keyed_server() {
+    refused(
+        None,
+        Some(key(1)),
+        KeyMismatch::KeyRequired,
+        KeyMismatch::NoKey,
+    );
+}
+
+#[test]
+fn a_keyed_client_is_refused_by_a_server_without_a_key() {
+    refused(
+        Some(key(1)),
+        None,
+        KeyMismatch::NoKey,
+        KeyMismatch::KeyRequired,
+    );
+}
+
+#[test]
+fn refusals_are_reported_at_a_bounded_rate() {
+    // 200 clients with the wrong key, at once: every one refused, a handful reported to log
+    let mut sim = keyed(Some(key(2)), Some(key(1)));
+    for _ in 0..199 {
+        let remote = sim.server_addrs[0];
+        let mut cfg = ri2n_proto::ConnectionConfig::default();
+        cfg.discover = false;
+        sim.client.connect(sim.instant(), &[remote], cfg).unwrap();
+    }
+    sim.advance(Duration::from_millis(500), |_| {});
+    let closed = sim
+        .client
+        .connection_handles()
+        .filter(|&h| {
+            sim.client.connection(h).unwrap().close_reason()
+                == Some(&ConnectionError::KeyMismatch(KeyMismatch::WrongKey))
+        })
+        .count();
+    assert!(
+        closed >= 100,
+        "{closed} of 200 clients told (the RESET budget's burst is 100)"
+    );
+    let mut reports = 0;
+    while sim.server.poll_refused_handshake().is_some() {
+        reports += 1;
+    }
+    assert!((1..=6).contains(&reports), "{reports} reports");
+    assert_eq!(sim.server.connection_count(), 0);
+}
+
+/// The client's captured short packets (sealed) with their address pairs.
+fn client_short_packets(sim: &Sim) -> Vec<harness::Captured> {
+    sim.captured
+        .iter()
+        .filter(|c| {
+            matches!(
+                wire::decode_packet(&c.bytes),
+                Ok((wire::Header::Short { .. }, _))
+            )
+        })
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn tampering_without_the_key_changes_nothing() {
+    let mut sim = keyed(Some(key(1)), Some(key(1)));
+    sim.establish();
+    let mut t = Transfer::new(16 << 20, 4 << 20, 100, true);
+    // let the transfer get going, then attack it throughout
+    sim.advance(Duration::from_millis(1), |s| t.pump(s));
+    let dropped = |s: &Sim| s.server.dropped().total();
+    let pairs = sim.pairs();
+    assert_eq!(pairs.len(), 2, "two links");
+    let cid = sim.server_cid.unwrap();
+    let mut round = 0u64;
+    let limit = sim.now + Duration::from_secs(60);
+    let (mut flipped, mut replayed, mut moved, mut relabelled, mut forged) = (0, 0, 0, 0, 0);
+    sim.run_until(limit, |s| {
+        t.pump(s);
+        if t.complete(s) {
+            return true;
+        }
+        // packets that have arrived (a replay that overtakes its original is the original)
+        let packets: Vec<_> = client_short_packets(s)
+            .into_iter()
+            .filter(|c| c.at + Duration::from_millis(5) < s.now)
+            .collect();
+        if packets.is_empty() {
+            return false;
+        }
+        for _ in 0..5 {
+            round += 1;
+            let p = packets[round as usize * 7 % packets.len()].clone();
+            let before = dropped(s);
+            match round % 5 {
+                // any bit of a real packet flipped
+                0 => {
+                    let mut b = p.bytes.clone();
+                    // (not the version and type bytes: they decide whether it is a short
+                    // packet at all)
+                    let bit = 16 + (round * 131) as usize % (b.len() * 8 - 16);
+                    b[bit / 8] ^= 1 << (bit % 8);
+                    s.inject(p.local, p.remote, &b);
+                    flipped += 1;
+                }
+                // an exact replay
+                1 => {
+                    s.inject(p.local, p.remote, &p.bytes);
+                    replayed += 1;
+                }
+                // moved to the other link's address pair, unchanged or with the link byte rewritten
+                2 | 3 => {
+                    let other = pairs
+                        .iter()
+                        .find(|&&(l, r)| (l, r) != (p.local, p.remote))
+                        .copied()
+                        .unwrap();
+                    let mut b = p.bytes.clone();
+                    if round % 5 == 3 {
+                        b[10] = s.link_ids[&other];
+                        relabelled += 1;
+                    } else {
+                        moved += 1;
+                    }
+                    s.inject(other.0, other.1, &b);
+                }
+                // a forged CLOSE, numbered past what the client uses (an attacker sees the header)
+                _ => {
+                    let mut d = [0u8; 64];
+                    let mut w = Writer::new(&mut d);
+                    wire::write_short_header(&mut w, cid, p.bytes[10], 1 << 16, 0);
+                    w.u8(frame_type::CLOSE);
+                    w.varint(0);
+                    w.varint(0);
+                    let len = w.finish();
+                    s.inject(p.local, p.remote, &d[..len]);
+                    forged += 1;
+                }
+            }
+            let after = dropped(s);
+            assert!(
+                after == before + 1,
+                "round {round}: a tampered datagram was taken"
+            );
+        }
+        false
+    });
+    for n in [flipped, replayed, moved, relabelled, forged] {
+        assert!(n > 20, "{flipped} flipped, {replayed} replayed, {moved} moved, {relabelled} relabelled, {forged} forged");
+    }
+    // the transfer is exact (strict) and the connection never faltered
+    assert_eq!(t.corrupted, 0);
+    assert_eq!(sim.server_conn().close_reason(), None);
+}
+
+#[test]
+fn forged_resets_and_acknowledgements_do_not_reach_a_keyed_client() {
+    let mut sim = keyed(Some(key(1)), Some(key(1)));
+    sim.establish();
+    let mut t = Transfer::new(1 << 20, 1 << 20, 0, true);
+    sim.advance(Duration::from_millis(10), |s| t.pump(s));
+    let server_cid = sim.server_cid.unwrap();
+    let (local, remote) = (sim.client_addrs[0], sim.server_addrs[0]);
+    // RESETs carrying the server's connection ID: without a token, and with a wrong one
+    let mut buf = [0u8; 64];
+    for token in [
+        None,
+        Some(&[0u8; 16][..]),
+        Some(&key(2).to_text().as_bytes()[..16]),
+    ] {
+        let reset = wire::Header::Reset {
+            dcid: server_cid,
+            token,
+        };
+        let n = wire::encode_control_packet(&reset, &mut buf);
+        sim.inject_client(local, remote, &buf[..n]);
+    }
+    // an ACK of everything on link 0, forged (not sealed)
+    let mut d = [0u8; 64];
+    let mut w = Writer::new(&mut d);
+    wire::write_short_header(&mut w, 0, 0, 1 << 10, 0);
+    let len = w.finish();
+    sim.inject_client(local, remote, &d[..len]);
+    assert!(sim.client.dropped().get(DropReason::Unauthenticated) >= 3);
+    finish(&mut sim, &mut t);
+    assert_eq!(sim.client.connection(sim.ch).unwrap().close_reason(), None);
+}
+
+#[test]
+fn a_restarted_keyed_server_resets_its_old_connections() {
+    // the RESET of a restarted host carries the key's token, so it is taken
+    let mut sim = keyed(Some(key(1)), Some(key(1)));
+    sim.establish();
+    let mut cfg = ri2n_proto::EndpointConfig::new(sim.server_addrs.clone()).server();
+    cfg.key = Some(key(1));
+    sim.server = ri2n_proto::Endpoint::new(cfg, 99, sim.instant());
+    sim.sh = None;
+    let mut t = Transfer::new(64 << 10, 0, 0, false);
+    let limit = sim.now + Duration::from_secs(2);
+    sim.run_until(limit, |s| {
+        t.pump(s);
+        s.client.connection(s.ch).unwrap().state() == ConnectionState::Closed
+    });
+    assert_eq!(
+        sim.client.connection(sim.ch).unwrap().close_reason(),
+        Some(&ConnectionError::PeerRestarted)
+    );
+}
+
+#[test]
+fn keys_are_updated_on_a_long_connection() {
+    let mut sim = keyed(Some(key(1)), Some(key(1)));
+    sim.establish();
+    for round in 1..=2u64 {
+        // two minutes pass, with only keepalives on the links
+        sim.advance(Duration::from_secs(121), |_| {});
+        let c = sim.client.connection(sim.ch).unwrap().stats().key_updates;
+        let s = sim.server_conn().stats().key_updates;
+        assert_eq!((c, s), ((round, round), (round, round)), "client, server");
+    }
+    let mut t = Transfer::new(1 << 20, 1 << 20, 10, true);
+    finish(&mut sim, &mut t);
+}
