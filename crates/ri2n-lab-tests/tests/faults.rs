@@ -17,11 +17,14 @@
 
 mod support;
 
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::{
-    env, flood, report, serial, Action, DataFile, FloodPlan, Host, Lab, Proc, TestDir, TestTimer,
-    Transfer, PORT,
+    env, flood, report, serial, tap, Action, DataFile, FloodPlan, Host, Lab, Proc, TapPlan,
+    TestDir, TestTimer, Transfer, PORT,
 };
 
 /// Each test gives up (killing its processes and removing its lab) after this long.
@@ -66,6 +69,7 @@ fn fault_both_ways(name: &'static str, seed: u64, kind_a2b: &[&str], kind_b2a: &
             discover,
             deadline,
             name: format!("{name}-{}2{}", sender.letter(), sender.other().letter()),
+            key: None,
         }
         .run(env, &lab, &dir.0);
         out.report(Some(link));
@@ -132,6 +136,7 @@ fn all_links_down_30s_then_one_back() {
         discover: true,
         deadline,
         name: format!("{name}-a2b"),
+        key: None,
     }
     .run(env, &lab, &dir.0);
     out.report(Some(2));
@@ -310,6 +315,7 @@ fn ipv6_links_carry_a_transfer_through_a_dead_switch() {
         discover: true,
         deadline: Instant::now() + TEST_TIMEOUT,
         name: "ipv6-a2b".into(),
+        key: None,
     }
     .run(env, &lab, &dir.0);
     out.report(Some(1));
@@ -463,6 +469,7 @@ fn garbage_flood_at_the_receiver() {
         discover: true,
         deadline,
         name: format!("{name}-a2b"),
+        key: None,
     }
     .run(env, &lab, &dir.0);
     let stats = flooder.join().expect("the flood thread panicked");
@@ -478,4 +485,84 @@ fn garbage_flood_at_the_receiver() {
         stats.sent
     );
     assert!(peak < 200.0, "receiver RSS peaked at {peak:.1} MiB");
+}
+
+/// A keyed 512 MiB transfer while a tap inside host A captures both links and re-sends what A
+/// sent, half replayed and half with one bit flipped, from A's own addresses and ports, at
+/// 50 000 datagrams a second: the received file is exact and the capture holds none of the
+/// marker written every KiB of the input. First, a short transfer without a key shows that the
+/// tap does see the marker when it is on the wire.
+#[test]
+fn keyed_transfer_is_private_and_ignores_an_on_path_injector() {
+    let Some(env) = env() else { return };
+    let _serial = serial();
+    let _timer = TestTimer::start("keyed");
+    let name = "keyed";
+    let dir = TestDir::new(env, name);
+    let lab = Lab::up(env, name, 2);
+    let marker = b"RI2N-PLAINTEXT-MARKER-7f3a9c";
+    let key = dir.0.join("cluster.key");
+    let keygen = std::process::Command::new(&env.ri2n)
+        .args(["keygen", "--output"])
+        .arg(&key)
+        .status()
+        .expect("ri2n keygen");
+    assert!(keygen.success());
+    let tapped = |data: &DataFile, key: Option<&Path>, inject: u64, label: &str| {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tap = tap(TapPlan {
+            ns: lab.ns(Host::A),
+            links: lab.links,
+            port: PORT,
+            marker: marker.to_vec(),
+            inject_per_sec: inject,
+            max_time: TEST_TIMEOUT,
+            stop: stop.clone(),
+            seed: 11,
+        });
+        let out = Transfer {
+            sender: Host::A,
+            input: data,
+            actions: vec![],
+            discover: true,
+            deadline: Instant::now() + TEST_TIMEOUT,
+            name: format!("{name}-{label}"),
+            key,
+        }
+        .run(env, &lab, &dir.0);
+        stop.store(true, Ordering::Relaxed);
+        let stats = tap.join().expect("the tap thread panicked");
+        report(&format!(
+            "    {label}: {:.0} Mbit/s; tap: {} frames, {} MiB, {} with the marker; injected {} \
+             ({} mutated, {} refused) in {:.2} s",
+            data.len as f64 * 8.0 / out.recv_secs / 1e6,
+            stats.frames,
+            stats.bytes >> 20,
+            stats.marker_frames,
+            stats.injected,
+            stats.mutated,
+            stats.inject_errors,
+            stats.secs
+        ));
+        stats
+    };
+    let small = DataFile::create_marked(dir.0.join("clear"), 8, 21, marker);
+    let clear = tapped(&small, None, 0, "clear");
+    assert!(
+        clear.marker_frames > 0,
+        "the tap saw no marker in clear: it sees nothing"
+    );
+    let data = DataFile::create_marked(dir.0.join("input"), 512, 22, marker);
+    let keyed = tapped(&data, Some(&key), 50_000, "keyed");
+    assert_eq!(keyed.marker_frames, 0, "plaintext on the wire");
+    assert!(
+        keyed.bytes > 512 << 20,
+        "captured only {} bytes",
+        keyed.bytes
+    );
+    assert!(
+        keyed.injected >= 20_000,
+        "the injector sent only {} datagrams",
+        keyed.injected
+    );
 }

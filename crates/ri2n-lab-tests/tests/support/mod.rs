@@ -12,7 +12,7 @@
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -489,12 +489,23 @@ pub struct DataFile {
 impl DataFile {
     /// Streams `mib` MiB of ChaCha8 output for `seed` to `path` (never held in memory).
     pub fn create(path: PathBuf, mib: u64, seed: u64) -> DataFile {
+        Self::create_marked(path, mib, seed, b"")
+    }
+
+    /// Like [`DataFile::create`], with `marker` written at the start of every 1 KiB: plaintext
+    /// a capture of the links can be searched for.
+    pub fn create_marked(path: PathBuf, mib: u64, seed: u64, marker: &[u8]) -> DataFile {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut w = BufWriter::with_capacity(1 << 20, File::create(&path).expect("data file"));
         let mut buf = vec![0u8; 1 << 20];
         let mut h = Sha256::new();
         for _ in 0..mib {
             rng.fill_bytes(&mut buf);
+            if !marker.is_empty() {
+                for chunk in buf.chunks_mut(1024) {
+                    chunk[..marker.len()].copy_from_slice(marker);
+                }
+            }
             h.update(&buf);
             w.write_all(&buf).expect("writing the data file");
         }
@@ -690,6 +701,8 @@ pub struct Transfer<'a> {
     pub deadline: Instant,
     /// A label for files and the report.
     pub name: String,
+    /// The key file both sides use (`--key`), if any.
+    pub key: Option<&'a Path>,
 }
 
 /// What a transfer did.
@@ -740,6 +753,15 @@ pub fn send_args(lab: &Lab, host: Host, input: &Path, discover: bool) -> Vec<Str
     a
 }
 
+/// `args` with `--key FILE` when there is a key.
+fn with_key(mut args: Vec<String>, key: Option<&Path>) -> Vec<String> {
+    if let Some(k) = key {
+        args.push("--key".into());
+        args.push(k.display().to_string());
+    }
+    args
+}
+
 fn apply(lab: &Lab, action: &Action) {
     match action {
         Action::Fault(link, kind) => {
@@ -762,7 +784,7 @@ impl Transfer<'_> {
             lab,
             receiver,
             &env.ri2n,
-            &recv_args(lab, receiver, &output),
+            &with_key(recv_args(lab, receiver, &output), self.key),
             dir,
             &format!("{}-recv", self.name),
         );
@@ -772,7 +794,10 @@ impl Transfer<'_> {
             lab,
             self.sender,
             &env.ri2n,
-            &send_args(lab, self.sender, &self.input.path, self.discover),
+            &with_key(
+                send_args(lab, self.sender, &self.input.path, self.discover),
+                self.key,
+            ),
             dir,
             &format!("{}-send", self.name),
         );
@@ -1226,4 +1251,341 @@ pub fn lines(path: &Path) -> Vec<String> {
     File::open(path)
         .map(|f| BufReader::new(f).lines().map_while(Result::ok).collect())
         .unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tap: capture the links, and replay and mutate what was captured, as an attacker on the path
+
+/// What a tap saw and did.
+#[derive(Debug, Default)]
+pub struct TapStats {
+    /// Frames and bytes captured on the host's link interfaces (both directions).
+    pub frames: u64,
+    pub bytes: u64,
+    /// Captured frames containing the marker.
+    pub marker_frames: u64,
+    /// Datagrams injected (replayed or mutated), and how many the system refused to send.
+    pub injected: u64,
+    pub mutated: u64,
+    pub inject_errors: u64,
+    pub secs: f64,
+}
+
+/// A tap inside a lab host's namespace. It captures every frame on the host's link interfaces
+/// (`eth1`..) and, with `inject_per_sec` > 0, re-sends UDP datagrams the host sent to `port`,
+/// from the host's own addresses and ports (raw IP socket): half exact replays, half with one
+/// bit flipped (UDP checksum 0, so the receiver's stack delivers them). It runs on its own
+/// thread until `stop` is set or `max_time` passed.
+pub struct TapPlan {
+    pub ns: String,
+    pub links: u8,
+    pub port: u16,
+    pub marker: Vec<u8>,
+    pub inject_per_sec: u64,
+    pub max_time: Duration,
+    pub stop: Arc<AtomicBool>,
+    pub seed: u64,
+}
+
+/// A datagram seen leaving the host: source, destination, payload.
+struct Seen {
+    src: std::net::SocketAddrV4,
+    dst: std::net::SocketAddrV4,
+    payload: Vec<u8>,
+}
+
+pub fn tap(plan: TapPlan) -> JoinHandle<TapStats> {
+    thread::spawn(move || {
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let start = Instant::now();
+        let injector = (plan.inject_per_sec > 0).then(|| {
+            let (ns, seen, stop) = (plan.ns.clone(), seen.clone(), plan.stop.clone());
+            let (rate, max_time, seed) = (plan.inject_per_sec, plan.max_time, plan.seed);
+            thread::spawn(move || inject(&ns, &seen, rate, max_time, &stop, seed))
+        });
+        enter_netns(&plan.ns);
+        let captures: Vec<OwnedFd> = (1..=plan.links)
+            .map(|l| capture_socket(&format!("eth{l}")))
+            .collect();
+        let mut rng = ChaCha8Rng::seed_from_u64(plan.seed ^ 1);
+        let mut stats = TapStats::default();
+        let mut buf = vec![0u8; 1 << 17];
+        while !plan.stop.load(Ordering::Relaxed) && start.elapsed() < plan.max_time {
+            let mut idle = true;
+            for c in &captures {
+                for _ in 0..64 {
+                    let Some((outgoing, n)) = recv_frame(c, &mut buf) else {
+                        break;
+                    };
+                    idle = false;
+                    // a virtio_net_hdr (10 bytes) precedes the frame: its gso_size splits
+                    // a GSO super-packet into the datagrams it carries
+                    let (vnet, frame) = buf[..n].split_at(10);
+                    stats.frames += 1;
+                    stats.bytes += frame.len() as u64;
+                    if !plan.marker.is_empty()
+                        && frame.windows(plan.marker.len()).any(|w| w == plan.marker)
+                    {
+                        stats.marker_frames += 1;
+                    }
+                    if outgoing && injector.is_some() {
+                        let gso_size = u16::from_ne_bytes([vnet[4], vnet[5]]) as usize;
+                        let gso = if vnet[1] == 5 { gso_size } else { 0 };
+                        collect(frame, plan.port, gso, &mut seen.lock().unwrap(), &mut rng);
+                    }
+                }
+            }
+            if idle {
+                thread::sleep(Duration::from_micros(200));
+            }
+        }
+        stats.secs = start.elapsed().as_secs_f64();
+        if let Some(i) = injector {
+            let (injected, mutated, errors) = i.join().expect("the injector panicked");
+            stats.injected = injected;
+            stats.mutated = mutated;
+            stats.inject_errors = errors;
+        }
+        stats
+    })
+}
+
+/// Moves the calling thread into a lab namespace.
+fn enter_netns(ns: &str) {
+    let f = File::open(format!("/run/netns/{ns}")).expect("opening the namespace");
+    // SAFETY: a valid namespace fd; the call only changes this thread's network namespace.
+    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(r, 0, "setns into {ns}: {}", std::io::Error::last_os_error());
+}
+
+/// The injector: `rate` datagrams a second, in bursts every millisecond, picked from what the
+/// capture saw; returns (sent, mutated, refused).
+fn inject(
+    ns: &str,
+    seen: &Mutex<Vec<Seen>>,
+    rate: u64,
+    max_time: Duration,
+    stop: &AtomicBool,
+    seed: u64,
+) -> (u64, u64, u64) {
+    enter_netns(ns);
+    // SAFETY: plain socket(2); the descriptor is owned from here on.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
+    assert!(raw >= 0, "raw socket: {}", std::io::Error::last_os_error());
+    // SAFETY: `raw` is a fresh descriptor nobody else owns.
+    let raw = unsafe { OwnedFd::from_raw_fd(raw) };
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let (mut sent, mut mutated, mut errors) = (0, 0, 0);
+    let start = Instant::now();
+    let mut next_burst = start;
+    let burst = (rate / 1000).max(1);
+    let mut batch = Vec::new();
+    while !stop.load(Ordering::Relaxed) && start.elapsed() < max_time {
+        let now = Instant::now();
+        if now < next_burst {
+            thread::sleep(next_burst - now);
+            continue;
+        }
+        next_burst += Duration::from_millis(1);
+        batch.clear();
+        {
+            let seen = seen.lock().unwrap();
+            if seen.is_empty() {
+                continue;
+            }
+            for _ in 0..burst {
+                let d = &seen[rng.gen_range(0..seen.len())];
+                batch.push((d.src, d.dst, d.payload.clone()));
+            }
+        }
+        for (src, dst, payload) in &mut batch {
+            if rng.gen() {
+                let bit = rng.gen_range(0..payload.len() * 8);
+                payload[bit / 8] ^= 1 << (bit % 8);
+                mutated += 1;
+            }
+            if send_raw(&raw, *src, *dst, payload) {
+                sent += 1;
+            } else {
+                errors += 1;
+            }
+        }
+    }
+    (sent, mutated, errors)
+}
+
+/// A packet socket capturing every frame of interface `name`, both directions, each preceded
+/// by its virtio_net_hdr; non-blocking.
+fn capture_socket(name: &str) -> OwnedFd {
+    let proto = (libc::ETH_P_ALL as u16).to_be();
+    // SAFETY: plain socket(2); the descriptor is owned from here on.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_RAW | libc::SOCK_NONBLOCK,
+            i32::from(proto),
+        )
+    };
+    assert!(
+        fd >= 0,
+        "packet socket: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let cname = std::ffi::CString::new(name).unwrap();
+    // SAFETY: a NUL-terminated name.
+    let index = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+    assert!(index > 0, "no interface {name}");
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt with a valid int option value.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_PACKET,
+            libc::PACKET_VNET_HDR,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "PACKET_VNET_HDR: {}", std::io::Error::last_os_error());
+    // room for bursts while the tap injects (root may exceed the system's default maximum)
+    let size: libc::c_int = 256 << 20;
+    // SAFETY: setsockopt with a valid int option value.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            (&size as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "SO_RCVBUFFORCE: {}", std::io::Error::last_os_error());
+    // SAFETY: an all-zero sockaddr_ll is valid; the fields set below complete it.
+    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_protocol = proto;
+    sll.sll_ifindex = index as i32;
+    // SAFETY: binding to a valid sockaddr_ll of the right size.
+    let r = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&sll as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "binding to {name}: {}",
+        std::io::Error::last_os_error()
+    );
+    fd
+}
+
+/// The next captured frame (vnet header included) and whether the host sent it.
+fn recv_frame(fd: &OwnedFd, buf: &mut [u8]) -> Option<(bool, usize)> {
+    // SAFETY: as above; recvfrom fills at most `buf.len()` bytes and the address.
+    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+    let n = unsafe {
+        libc::recvfrom(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            0,
+            (&mut sll as *mut libc::sockaddr_ll).cast(),
+            &mut len,
+        )
+    };
+    (n > 10).then(|| (sll.sll_pkttype == libc::PACKET_OUTGOING, n as usize))
+}
+
+/// The UDP datagrams to `port` an outgoing IPv4 frame carries (`gso_size` > 0: a GSO
+/// super-packet of datagrams of that size), kept in `seen` (at most 4096, older ones replaced).
+fn collect(frame: &[u8], port: u16, gso_size: usize, seen: &mut Vec<Seen>, rng: &mut ChaCha8Rng) {
+    if frame.len() < 14 + 20 + 8 || frame[12..14] != [0x08, 0x00] {
+        return;
+    }
+    let ip = &frame[14..];
+    let ihl = usize::from(ip[0] & 0x0f) * 4;
+    if ip[9] != 17 || ip.len() < ihl + 8 {
+        return;
+    }
+    let udp = &ip[ihl..];
+    let (sport, dport) = (
+        u16::from_be_bytes([udp[0], udp[1]]),
+        u16::from_be_bytes([udp[2], udp[3]]),
+    );
+    if dport != port {
+        return;
+    }
+    let src = std::net::SocketAddrV4::new(
+        std::net::Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]),
+        sport,
+    );
+    let dst = std::net::SocketAddrV4::new(
+        std::net::Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]),
+        dport,
+    );
+    let payload = &udp[8..];
+    let size = if gso_size > 0 {
+        gso_size
+    } else {
+        payload.len()
+    };
+    for d in payload.chunks(size.max(1)) {
+        let s = Seen {
+            src,
+            dst,
+            payload: d.to_vec(),
+        };
+        if seen.len() < 4096 {
+            seen.push(s);
+        } else {
+            let i = rng.gen_range(0..seen.len());
+            seen[i] = s;
+        }
+    }
+}
+
+/// Sends `payload` as a UDP datagram from `src` to `dst` through a raw IP socket (the kernel
+/// fills in the IP checksum and length; UDP checksum 0: none, which IPv4 allows).
+fn send_raw(
+    fd: &OwnedFd,
+    src: std::net::SocketAddrV4,
+    dst: std::net::SocketAddrV4,
+    payload: &[u8],
+) -> bool {
+    let total = 20 + 8 + payload.len();
+    let mut p = Vec::with_capacity(total);
+    p.extend_from_slice(&[0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 17, 0, 0]);
+    p.extend_from_slice(&src.ip().octets());
+    p.extend_from_slice(&dst.ip().octets());
+    p.extend_from_slice(&src.port().to_be_bytes());
+    p.extend_from_slice(&dst.port().to_be_bytes());
+    p.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+    p.extend_from_slice(&[0, 0]);
+    p.extend_from_slice(payload);
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(dst.ip().octets()),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: sendto with a valid buffer and address of the right size.
+    let n = unsafe {
+        libc::sendto(
+            fd.as_raw_fd(),
+            p.as_ptr().cast(),
+            p.len(),
+            0,
+            (&sin as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    n == p.len() as isize
 }
