@@ -1499,7 +1499,7 @@ fn recv_frame(fd: &OwnedFd, buf: &mut [u8]) -> Option<(bool, usize)> {
             &mut len,
         )
     };
-    (n > 10).then(|| (sll.sll_pkttype == libc::PACKET_OUTGOING, n as usize))
+    (n > 10).then_some((sll.sll_pkttype == libc::PACKET_OUTGOING, n as usize))
 }
 
 /// The UDP datagrams to `port` an outgoing IPv4 frame carries (`gso_size` > 0: a GSO
