@@ -658,12 +658,17 @@ def fast_file(nbytes):
 FAST_FILES = set()
 
 
-def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120):
-    """`ri2n recv` on B, `ri2n send` on A of `src` (a file, or `pipe_in` feeding its stdin);
-    returns goodput, CPU of both processes and of the machine, and the sender's summary."""
+def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, key=None):
+    """`ri2n recv` on B, `ri2n send` on A of `src` (a file, or `pipe_in` feeding its stdin),
+    both with `--key key` if given; returns goodput, CPU of both processes and of the machine,
+    and the sender's summary."""
     port = 7300 + random.randrange(500)
     listen = sum((["--listen", "%s:%d" % (a, port)] for a in lab.b_addrs()), [])
     local = sum((["--local", a] for a in lab.a_addrs()), [])
+    if key:
+        # (both commands take it: `--key` goes with the addresses everywhere below)
+        listen += ["--key", key]
+        local += ["--key", key]
     out_cmd = [RI2N, "recv", "-q", "--json", "-o", "/dev/null"] + listen
     if pipe_out:
         # the receiving application is another process: recv writes to a pipe into it
@@ -808,6 +813,54 @@ def part_fast(o):
         c["runs"].append(row)
     res["piped"] = c
     lab.down()
+    return res
+
+
+# ------------------------------------------------------------------------------------------
+# part 5: the cost of a key
+
+
+def part_keyed(o):
+    """ri2n without and with a key, in turn, on 2 x 1 Gbit/s (tbf) and on unlimited 2-link
+    veth links (MTU 1500): goodput and the machine's CPU per GB; and the handshakes per second
+    of the server's CPU, from the engine alone (examples/handshake_rate.rs)."""
+    res = {"part": "keyed", "bytes": o.fast_bytes, "configs": []}
+    keyfile = os.path.join(tempfile.mkdtemp(prefix="ri2nbench-key-"), "cluster.key")
+    run([RI2N, "keygen", "--output", keyfile])
+    res["commands"] = {
+        "key": "ri2n keygen --output FILE; ri2n recv … --key FILE; ri2n send … --key FILE",
+        "lab": "lab/ri2n-lab up 2 --rate 1000, and lab/ri2n-lab up 2 --mtu 1500 (unlimited)",
+        "handshakes": "cargo run --release -p ri2n-proto --example handshake_rate 1000",
+    }
+    src = fast_file(o.fast_bytes)
+    lab = new_lab(o.prefix)
+    for name, rates in (("2 × 1 Gbit/s (tbf)", [1000, 1000]), ("2 links, unlimited, MTU 1500", None)):
+        log("keyed: %s" % name)
+        if rates:
+            lab.up(rates)
+        else:
+            lab.down()
+            run(lab.cmd("up", 2, "--mtu", 1500), timeout=120)
+            lab.n, lab.rates = 2, [0, 0]
+        c = {"name": name, "rates_mbit": rates, "runs": []}
+        for rep in range(o.reps):
+            row = {"rep": rep}
+            for k in (["plain", "keyed"] if rep % 2 == 0 else ["keyed", "plain"]):
+                row["busy_before_" + k] = wait_quiet()
+                row[k] = ri2n_transfer(lab, src, o.fast_bytes,
+                                       key=keyfile if k == "keyed" else None)
+            log("  rep %d: %s" % (rep, ", ".join(
+                "%s %.0f Mbit/s %.2f CPU-s/GB" % (k, (row[k].get("bps") or 0) / 1e6,
+                                                  row[k]["cpu_machine"] / (o.fast_bytes / 1e9))
+                for k in ("plain", "keyed"))))
+            c["runs"].append(row)
+        res["configs"].append(c)
+    lab.down()
+    log("keyed: handshake rate")
+    wait_quiet()
+    out = run(["cargo", "run", "--release", "-q", "-p", "ri2n-proto", "--example",
+               "handshake_rate", "1000"], timeout=900)
+    res["handshakes"] = json.loads(out.strip().splitlines()[-1])
     return res
 
 
@@ -1513,6 +1566,52 @@ def report_fast(res):
     return "\n".join(L)
 
 
+def report_keyed(res):
+    L = [mfacts(res), ""]
+    gb = res["bytes"] / 1e9
+    L.append("ri2n send/recv of %.2f GB A→B per run without a key and with one (`--key`), in turn, "
+             "median (min–max) of %d runs. CPU: the whole machine's busy time during the "
+             "transfer (both ends) per GB moved.\n" % (gb, len(res["configs"][0]["runs"])))
+    L.append("| links | without a key | with a key | goodput with / without | CPU per GB with / without | cipher |")
+    L.append("| --- | --- | --- | --- | --- | --- |")
+    for c in res["configs"]:
+        runs = c["runs"]
+
+        def cell(k):
+            b = [r[k].get("bps") for r in runs]
+            cpu = [r[k]["cpu_machine"] / (r[k]["bytes"] / 1e9) if r[k].get("bytes") else None
+                   for r in runs]
+            return "%s Mbit/s, %s CPU-s/GB" % (spread(b, "%.0f", 1e-6), spread(cpu, "%.2f"))
+        ratio = [r["keyed"]["bps"] / r["plain"]["bps"] for r in runs
+                 if r["keyed"].get("bps") and r["plain"].get("bps")]
+        cpu_ratio = [(r["keyed"]["cpu_machine"] / r["keyed"]["bytes"]) /
+                     (r["plain"]["cpu_machine"] / r["plain"]["bytes"]) for r in runs
+                     if r["keyed"].get("bytes") and r["plain"].get("bytes")]
+        L.append("| %s | %s | %s | **%s** | %s | AES-256-GCM (this CPU has AES-NI) |" % (
+            c["name"], cell("plain"), cell("keyed"), spread(ratio, "%.3f"),
+            spread(cpu_ratio, "%.2f")))
+    h = res.get("handshakes")
+    if h:
+        L.append("")
+        L.append("Handshakes a server completes per second of its own CPU (`%s`: client and "
+                 "server endpoints in one process, datagrams in memory, only the server's calls "
+                 "timed; median of 5 runs of 1000 handshakes each, the server holding every "
+                 "connection it accepted):\n" % res["commands"]["handshakes"])
+        L.append("| | server CPU per handshake | handshakes per server CPU-second | both sides on one CPU |")
+        L.append("| --- | --- | --- | --- |")
+        for k, name in (("plain", "without a key"), ("keyed", "with a key (Noise NNpsk0, X25519)")):
+            x = h[k]
+            L.append("| %s | %.1f µs | %.0f | %.0f /s |" % (
+                name, x["server_us_per_handshake"], x["server_handshakes_per_s"],
+                x["both_sides_handshakes_per_s"]))
+    bad = [(c["name"], r["rep"], k, r[k].get("rc")) for c in res["configs"] for r in c["runs"]
+           for k in ("plain", "keyed") if r[k].get("rc") != 0]
+    if bad:
+        L.append("")
+        L.append("Runs that failed: %s." % bad)
+    return "\n".join(L)
+
+
 def fmt_ms(x):
     return "never" if x is None else "%.0f" % (x * 1000)
 
@@ -1808,7 +1907,7 @@ def plot(res):
 
 
 REPORTERS = {"loopback": report_loopback, "lab": report_lab, "fast": report_fast,
-             "fault": report_fault, "sweep": report_sweep}
+             "fault": report_fault, "sweep": report_sweep, "keyed": report_keyed}
 
 
 def update_doc(parts):
@@ -1839,13 +1938,13 @@ def update_doc(parts):
 
 
 PARTS = {"loopback": part_loopback, "lab": part_lab, "fast": part_fast, "fault": part_fault,
-         "sweep": part_sweep}
+         "sweep": part_sweep, "keyed": part_keyed}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("parts", nargs="*", default=[],
-                    help="loopback, lab, fast, fault, sweep (default: all), or report (rewrite "
+                    help="loopback, lab, fast, fault, sweep, keyed (default: all), or report (rewrite "
                          "docs/BENCHMARKS.md from bench/results/ without measuring)")
     ap.add_argument("--prefix", default="ri2nbench-%d" % os.getpid(), help="lab prefix")
     ap.add_argument("--reps", type=int, default=3, help="runs per throughput/fault measurement")

@@ -7,7 +7,7 @@
 //! server no memory and gets back less than it sent. A short packet for an unknown connection
 //! is answered with a RESET, which is how a peer learns that we restarted.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::hash::Hasher;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -102,7 +102,11 @@ pub struct Endpoint {
     next_handle: u64,
     stateless: VecDeque<(SocketAddr, SocketAddr, Vec<u8>)>,
     accept_queue: VecDeque<ConnectionHandle>,
-    /// Round-robin position of `poll_transmit` among the connections.
+    /// Connections that may have something to send: those something happened to (a datagram,
+    /// a timer, an application call) since they last had nothing. `poll_transmit` visits only
+    /// these, so its cost does not grow with the connections that are idle.
+    ready: BTreeSet<ConnectionHandle>,
+    /// Round-robin position of `poll_transmit` among the ready connections.
     cursor: u64,
     /// Datagrams dropped without effect, by reason.
     dropped: DropCounts,
@@ -249,6 +253,7 @@ impl Endpoint {
             refusals: VecDeque::new(),
             refusal_budget: TokenBucket::new(REFUSAL_REPORTS_PER_SECOND, REFUSAL_REPORT_BURST, now),
             accept_queue: VecDeque::new(),
+            ready: BTreeSet::new(),
             cursor: 0,
             dropped: DropCounts::default(),
         }
@@ -273,6 +278,7 @@ impl Endpoint {
         self.next_handle += 1;
         self.by_cid.insert(cid, h);
         self.connections.insert(h, conn);
+        self.ready.insert(h);
         h
     }
 
@@ -393,8 +399,9 @@ impl Endpoint {
                 pn,
                 phase,
             } => match self.by_cid.get(&dcid) {
-                Some(h) => {
-                    let conn = self.connections.get_mut(h).expect("mapped handle");
+                Some(&h) => {
+                    self.ready.insert(h);
+                    let conn = self.connections.get_mut(&h).expect("mapped handle");
                     conn.handle_short(now, local, remote, link, pn, phase, header_len, data)
                 }
                 None => {
@@ -436,14 +443,15 @@ impl Endpoint {
                 // The reset echoes the connection ID we sent to (the peer's), and only counts
                 // from an address the connection talks to. To a client still connecting it
                 // echoes the client's own ID: the server refuses the connection (it is full).
-                let conn = self
+                let (&h, conn) = self
                     .connections
-                    .values_mut()
-                    .find(|c| {
+                    .iter_mut()
+                    .find(|(_, c)| {
                         (dcid != 0 && c.peer_cid() == dcid || c.is_connecting_as(dcid))
                             && c.has_remote(remote)
                     })
                     .ok_or(DropReason::UnknownConnection)?;
+                self.ready.insert(h);
                 if conn.is_keyed() {
                     let key = self.cfg.key.as_ref().expect("keyed connections need a key");
                     if !token.is_some_and(|t| key.reset_token_valid(dcid, t)) {
@@ -487,8 +495,11 @@ impl Endpoint {
     /// `EHOSTUNREACH`, `EADDRNOTAVAIL`, …): every link over that pair is down now, without
     /// waiting for timeouts.
     pub fn handle_unreachable(&mut self, now: Instant, local: SocketAddr, remote: SocketAddr) {
-        for c in self.connections.values_mut() {
-            c.link_unreachable(now, local, remote);
+        for (&h, c) in self.connections.iter_mut() {
+            if c.has_remote(remote) {
+                c.link_unreachable(now, local, remote);
+                self.ready.insert(h);
+            }
         }
     }
 
@@ -497,17 +508,23 @@ impl Endpoint {
     /// every link gets such answers end with [`crate::ConnectionError::PeerGone`] (handshakes
     /// too) instead of waiting as if the network were down.
     pub fn handle_port_unreachable(&mut self, local: SocketAddr, remote: SocketAddr) {
-        for c in self.connections.values_mut() {
-            c.port_unreachable(local, remote);
+        for (&h, c) in self.connections.iter_mut() {
+            if c.has_remote(remote) {
+                c.port_unreachable(local, remote);
+                self.ready.insert(h);
+            }
         }
     }
 
     /// A connecting client connection, if `remote` is where its handshake went.
     fn client_conn(&mut self, cid: u64, remote: SocketAddr) -> Option<&mut Connection> {
-        let h = self.by_cid.get(&cid)?;
-        self.connections
-            .get_mut(h)
-            .filter(|c| c.state() == ConnectionState::Connecting && c.has_remote(remote))
+        let h = *self.by_cid.get(&cid)?;
+        let conn = self
+            .connections
+            .get_mut(&h)
+            .filter(|c| c.state() == ConnectionState::Connecting && c.has_remote(remote))?;
+        self.ready.insert(h);
+        Some(conn)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -527,6 +544,7 @@ impl Endpoint {
         if let Some(&h) = self.by_initial.get(&(remote, scid)) {
             if let Some(c) = self.connections.get_mut(&h) {
                 c.handle_initial_again();
+                self.ready.insert(h);
                 return Ok(());
             }
         }
@@ -561,13 +579,14 @@ impl Endpoint {
         };
         let params = params.map_err(|_| DropReason::Undecodable)?;
         // A new run of a peer we have connections with: those connections are dead.
-        for c in self.connections.values_mut() {
+        for (&h, c) in self.connections.iter_mut() {
             if c.state() != ConnectionState::Closed
                 && c.state() != ConnectionState::Connecting
                 && c.peer_instance != params.instance
                 && c.has_remote(remote)
             {
                 c.peer_restarted();
+                self.ready.insert(h);
             }
         }
         if let Some(limit) = self.connection_limit_reached(remote) {
@@ -674,7 +693,10 @@ impl Endpoint {
     }
 
     /// The next datagram to send, built in the room `out` gives for its path (see
-    /// [`TransmitBuffer`]). Call until it returns `None`.
+    /// [`TransmitBuffer`]). Call until it returns `None`. Only connections that something
+    /// happened to since they last had nothing to send are asked: what becomes due with time
+    /// alone (retransmissions, probes, paced data) goes out after
+    /// [`handle_timeout`](Self::handle_timeout) ran for it.
     pub fn poll_transmit_into(
         &mut self,
         now: Instant,
@@ -688,26 +710,39 @@ impl Endpoint {
                 len: data.len(),
             });
         }
-        // round robin, so one busy connection cannot starve the others
-        let cursor = ConnectionHandle(self.cursor);
-        let mut found = None;
-        for (&h, conn) in self.connections.range_mut(cursor..) {
-            if let Some(t) = conn.poll_transmit(now, out) {
-                found = Some((h, t));
-                break;
-            }
-        }
-        if found.is_none() {
-            for (&h, conn) in self.connections.range_mut(..cursor) {
-                if let Some(t) = conn.poll_transmit(now, out) {
-                    found = Some((h, t));
-                    break;
+        // round robin over the ready connections, so one busy connection cannot starve the
+        // others; one that has nothing to send leaves the ready set
+        let mut wrapped = false;
+        loop {
+            let next = self
+                .ready
+                .range(ConnectionHandle(self.cursor)..)
+                .next()
+                .copied();
+            let h = match next {
+                Some(h) => h,
+                None if !wrapped && self.cursor > 0 => {
+                    wrapped = true;
+                    self.cursor = 0;
+                    continue;
+                }
+                None => return None,
+            };
+            match self
+                .connections
+                .get_mut(&h)
+                .and_then(|c| c.poll_transmit(now, out))
+            {
+                Some((local, remote, len)) => {
+                    self.cursor = h.0 + 1;
+                    return Some(Transmit { local, remote, len });
+                }
+                None => {
+                    self.ready.remove(&h);
+                    self.cursor = h.0 + 1;
                 }
             }
         }
-        let (h, (local, remote, len)) = found?;
-        self.cursor = h.0 + 1;
-        Some(Transmit { local, remote, len })
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) must next be called.
@@ -720,9 +755,10 @@ impl Endpoint {
 
     /// Runs every timer that is due.
     pub fn handle_timeout(&mut self, now: Instant) {
-        for c in self.connections.values_mut() {
+        for (&h, c) in self.connections.iter_mut() {
             if c.poll_timeout().is_some_and(|t| t <= now) {
                 c.handle_timeout(now);
+                self.ready.insert(h);
             }
         }
     }
@@ -763,6 +799,8 @@ impl Endpoint {
 
     /// A connection, for application calls.
     pub fn connection_mut(&mut self, h: ConnectionHandle) -> Option<&mut Connection> {
+        // an application call may give the connection something to send
+        self.ready.insert(h);
         self.connections.get_mut(&h)
     }
 
@@ -780,6 +818,7 @@ impl Endpoint {
             .is_some_and(|c| c.state() == ConnectionState::Closed)
         {
             self.connections.remove(&h);
+            self.ready.remove(&h);
             self.by_cid.retain(|_, v| *v != h);
             self.by_initial.retain(|_, v| *v != h);
             true

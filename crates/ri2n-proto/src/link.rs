@@ -209,6 +209,10 @@ pub(crate) struct Link {
     /// validated, it may send at most three times the bytes it received (so a spoofed source
     /// address cannot turn us into a traffic reflector).
     pub peer_opened: bool,
+    /// Leads to an address only the peer's word (its ACCEPT) vouches for, and no probe was
+    /// answered there yet: every probe stays small until one is (a peer listing someone
+    /// else's address must not turn us into a sender of full datagrams to it).
+    pub unproven_address: bool,
     /// "Port unreachable" answers from the peer's host to this link's datagrams since the
     /// connection last received anything: proof that nothing listens there any more.
     pub port_unreachable: u32,
@@ -301,6 +305,7 @@ impl Link {
             state: LinkState::Validating,
             pmtu,
             peer_opened: false,
+            unproven_address: false,
             port_unreachable: 0,
             last_heard: None,
             last_eliciting_heard: None,
@@ -839,17 +844,22 @@ impl Link {
     }
 
     /// Whether the probe just counted by [`Self::on_probe_sending`] is padded to the base size:
-    /// the first since the link was created or demoted, and those after an answer (the
-    /// promotion must see one pass). Probing a dead link, or an address a peer announced that
-    /// never answers, costs a few dozen bytes per interval instead of a full datagram.
+    /// the first since the link was created or demoted (unless its address is unproven), and
+    /// those after an answer (the promotion must see one pass). Probing a dead link, or an
+    /// address a peer announced that never answers, costs a few dozen bytes per interval
+    /// instead of a full datagram.
     pub fn probe_is_full(&self) -> bool {
-        self.probes_sent <= 1 || self.probe_successes > 0
+        (self.probes_sent <= 1 && !self.unproven_address) || self.probe_successes > 0
     }
 
     /// Probes acknowledged; returns true when the link should come (back) up: enough of them,
     /// one of them full size.
-    pub fn on_probes_acked(&mut self, n: u32) -> bool {
+    pub fn on_probes_acked(&mut self, now: Instant, n: u32) -> bool {
         self.probe_successes += n;
+        if std::mem::take(&mut self.unproven_address) && self.state != LinkState::Up {
+            // the address answered: the full-size probe its promotion needs goes out at once
+            self.next_probe = Some(now);
+        }
         self.probe_failures = 0;
         self.state != LinkState::Up
             && self.probe_successes >= self.probes_needed

@@ -729,6 +729,7 @@ fn unconfirmed_connections_from_one_address_are_bounded() {
     for round in 0..200u64 {
         let now = start + Duration::from_millis(5 * round);
         for i in 0..clients.len() {
+            clients[i].0.handle_timeout(now);
             while let Some(t) = clients[i].0.poll_transmit(now, &mut buf) {
                 // the handshake gets through; the confirmation (a short packet) never does
                 if buf[1] == packet_type::SHORT {

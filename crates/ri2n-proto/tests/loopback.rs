@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use ri2n_proto::wire::{self, frame_type, Header, Writer};
 use ri2n_proto::{
     ConnectionConfig, ConnectionError, ConnectionHandle, ConnectionState, Endpoint, EndpointConfig,
-    ReadError,
+    LinkState, ReadError,
 };
 
 fn addr(s: &str) -> SocketAddr {
@@ -221,11 +221,19 @@ fn bytes_and_messages_cross_two_links_both_ways() {
                 assert_eq!(m, vec![msgs_got as u8; 1000 * msgs_got + 1]);
                 msgs_got += 1;
             }
+            // (and the discovered link is up on both sides: its first probes are small, so
+            // it may come up after a short transfer is done)
+            let up = |ep: &Endpoint, h| {
+                let links = ep.connection(h).unwrap().stats().links;
+                links.len() == 2 && links.iter().all(|l| l.state == LinkState::Up)
+            };
             got_s == TOTAL
                 && got_c == TOTAL / 2
                 && msgs_got == 10
                 && c.connection(ch).unwrap().is_send_complete()
                 && s.connection(h).unwrap().is_send_complete()
+                && up(c, ch)
+                && up(s, h)
         },
     );
     let stats = client.connection(ch).unwrap().stats();

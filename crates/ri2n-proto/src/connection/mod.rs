@@ -770,7 +770,8 @@ impl Connection {
         });
         // confirm at once, so the server may start sending
         self.ping_pending = Some(0);
-        let targets: Vec<SocketAddr> = if remotes.len() > 1 {
+        let given = remotes.len() > 1;
+        let targets: Vec<SocketAddr> = if given {
             remotes
         } else if self.cfg.discover {
             // the peer's loopback addresses lead back to our own host unless the peer is on it
@@ -798,7 +799,9 @@ impl Connection {
                 continue;
             }
             let id = self.links.len() as LinkId;
-            self.add_link(now, id, local, remote);
+            let i = self.add_link(now, id, local, remote);
+            // an address the application did not give: only the peer vouches for it
+            self.links[i].unproven_address = !given;
         }
         Ok(())
     }
@@ -1157,7 +1160,7 @@ impl Connection {
         let probes = out.probes_acked;
         self.apply_outcome(&mut out);
         self.scratch = out;
-        if probes > 0 && self.links[l].on_probes_acked(probes) {
+        if probes > 0 && self.links[l].on_probes_acked(now, probes) {
             self.set_link_state(l, now, LinkState::Up);
         }
     }

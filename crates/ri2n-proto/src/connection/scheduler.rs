@@ -13,6 +13,8 @@ use super::Connection;
 const ETA_FACTOR: f64 = 4.0;
 /// Seconds.
 const ETA_SLACK: f64 = 0.010;
+/// Failover striping: base RTTs within this much (or 10 %) of the lowest count as equal.
+const PRIMARY_RTT_TOLERANCE: std::time::Duration = std::time::Duration::from_micros(100);
 
 impl Connection {
     /// The link for the next data packet: among the up links whose window and pacer let a
@@ -25,10 +27,18 @@ impl Connection {
         let mut best: Option<(usize, f64)> = None;
         let mut wake: Option<Instant> = None;
         let (fastest, budget) = self.eta_budget();
-        // failover striping: one stable primary, the up link with the lowest base RTT
-        let primary = (0..self.links.len())
+        // failover striping: one stable primary, the first up link whose base RTT is within
+        // a tolerance of the lowest: links that are about as fast do not take turns as their
+        // RTT samples wobble (a small probe's round trip is a little shorter than a full one's)
+        let lowest = (0..self.links.len())
             .filter(|&i| self.links[i].is_up())
-            .min_by_key(|&i| self.links[i].base_rtt());
+            .map(|i| self.links[i].base_rtt())
+            .min();
+        let primary = lowest.and_then(|lowest| {
+            let tolerance = (lowest / 10).max(PRIMARY_RTT_TOLERANCE);
+            (0..self.links.len())
+                .find(|&i| self.links[i].is_up() && self.links[i].base_rtt() <= lowest + tolerance)
+        });
         for i in 0..self.links.len() {
             if !self.links[i].is_up() {
                 continue;
