@@ -1,23 +1,28 @@
-//! `ri2n serve`: the long-running counterpart of `ri2n bench`. Each client gets a thread; its
-//! first message names the test: throughput (read and discard, then report), reverse (write
-//! for the asked time, then report) or latency (echo every message).
+//! `ri2n serve`: the long-running counterpart of `ri2n bench`. Each client is a task on a
+//! small tokio runtime (a worker per CPU), not a thread, so thousands of idle or slow clients
+//! cost memory, not threads. Its first message names the test: throughput (read and discard,
+//! then report), reverse (write for the asked time, then report) or latency (echo every
+//! message).
 
-use std::io::{Read, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ri2n::Connection;
+use ri2n::tokio::AsyncConnection;
+use ri2n::{Connection, ConnectionState, Endpoint};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::checksum::RandomBytes;
 use crate::control::{Request, ServerLink, ServerReport, Test, VERSION};
 use crate::error::{self, Failure};
-use crate::monitor;
 use crate::net;
 use crate::report::{bps, fmt_bytes, fmt_rate, LinkSummary};
 use crate::ServeArgs;
 
 /// Finest timeline a client may ask for (as `ri2n bench --interval`).
 const MIN_INTERVAL: Duration = Duration::from_millis(10);
+/// How often handshakes refused for their key are looked for, to be logged.
+const REFUSAL_LOG_PERIOD: Duration = Duration::from_millis(200);
 
 pub fn run(args: &ServeArgs) -> Result<(), Failure> {
     let endpoint = net::server_endpoint_with(
@@ -35,35 +40,51 @@ pub fn run(args: &ServeArgs) -> Result<(), Failure> {
             error::list(&endpoint.local_addrs())
         );
     }
-    loop {
-        let Some(conn) = net::accept_logging_refusals(&endpoint, None, "ri2n serve")? else {
-            continue;
-        };
-        let quiet = args.quiet;
-        let max_time = args.max_time;
-        let spawned = std::thread::Builder::new()
-            .name("ri2n-serve-client".into())
-            .spawn(move || {
-                let peer = net::peer_addr(&conn)
-                    .map(|a| a.to_string())
-                    .unwrap_or_else(|| "?".into());
-                match serve_client(conn, max_time) {
-                    Ok(line) if !quiet => eprintln!("ri2n serve: {peer}: {line}"),
-                    Ok(_) => {}
-                    Err(f) => eprintln!("ri2n serve: {peer}: {}", f.message),
-                }
-            });
-        if let Err(e) = spawned {
-            eprintln!("ri2n serve: cannot start a thread for a client: {e}");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()))
+        .thread_name("ri2n-serve")
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::io("starting the runtime", &e))?;
+    runtime.block_on(serve(endpoint, args.quiet, args.max_time))
+}
+
+async fn serve(endpoint: Endpoint, quiet: bool, max_time: Duration) -> Result<(), Failure> {
+    let logger = endpoint.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(REFUSAL_LOG_PERIOD).await;
+            for r in logger.refused_handshakes() {
+                eprintln!(
+                    "ri2n serve: refused a connection from {}: authentication failed: {}",
+                    r.remote, r.reason
+                );
+            }
         }
+    });
+    loop {
+        let conn = ri2n::tokio::accept(&endpoint)
+            .await
+            .map_err(|e| Failure::io("accepting a client", &e))?;
+        tokio::spawn(async move {
+            let peer = net::peer_addr(conn.get_ref())
+                .map(|a| a.to_string())
+                .unwrap_or_else(|| "?".into());
+            match serve_client(conn, max_time).await {
+                Ok(line) if !quiet => eprintln!("ri2n serve: {peer}: {line}"),
+                Ok(_) => {}
+                Err(f) => eprintln!("ri2n serve: {peer}: {}", f.message),
+            }
+        });
     }
 }
 
 /// Runs one client's test; returns the line to log.
-fn serve_client(mut conn: Connection, max_time: Duration) -> Result<String, Failure> {
-    let Some(first) = conn.recv_message().map_err(|e| Failure::lost(&e))? else {
+async fn serve_client(mut conn: AsyncConnection, max_time: Duration) -> Result<String, Failure> {
+    let lost = |e: std::io::Error| Failure::lost(&e);
+    let Some(first) = conn.recv_message().await.map_err(lost)? else {
         // e.g. `ri2n send` pointed at a bench server: tell it its data went nowhere
-        conn.abort(
+        conn.get_ref().abort(
             2,
             "this is `ri2n serve`, a benchmark server: it takes `ri2n bench` clients only \
              (send data to `ri2n recv`)",
@@ -75,12 +96,13 @@ fn serve_client(mut conn: Connection, max_time: Duration) -> Result<String, Fail
     let req: Request = match serde_json::from_slice(&first) {
         Ok(r) => r,
         Err(e) => {
-            conn.abort(2, "bad request");
+            conn.get_ref().abort(2, "bad request");
             return Err(Failure::usage(format!("bad request: {e}")));
         }
     };
     if req.version != VERSION {
-        conn.abort(2, "unsupported bench protocol version");
+        conn.get_ref()
+            .abort(2, "unsupported bench protocol version");
         return Err(Failure::usage(format!(
             "client speaks bench protocol version {}, this server {VERSION}",
             req.version
@@ -92,9 +114,9 @@ fn serve_client(mut conn: Connection, max_time: Duration) -> Result<String, Fail
             let interval = Duration::try_from_secs_f64(req.interval)
                 .ok()
                 .filter(|i| *i >= MIN_INTERVAL);
-            let (got, timeline) = read_all(&conn, start, interval)?;
+            let (got, timeline) = read_all(&mut conn, start, interval).await?;
             let secs = start.elapsed().as_secs_f64();
-            report(&conn, got, secs, timeline)?;
+            report(&conn, got, secs, timeline).await?;
             format!(
                 "throughput: received {} in {secs:.2} s, {}",
                 fmt_bytes(got),
@@ -109,11 +131,11 @@ fn serve_client(mut conn: Connection, max_time: Duration) -> Result<String, Fail
             RandomBytes::new(0x5EED).fill(&mut buf);
             let mut sent = 0u64;
             while start.elapsed() < time {
-                conn.write_all(&buf).map_err(|e| Failure::lost(&e))?;
+                conn.write_all(&buf).await.map_err(lost)?;
                 sent += buf.len() as u64;
             }
             let secs = start.elapsed().as_secs_f64();
-            report(&conn, sent, secs, Vec::new())?;
+            report(&conn, sent, secs, Vec::new()).await?;
             format!(
                 "reverse: sent {} in {secs:.2} s, {}",
                 fmt_bytes(sent),
@@ -122,67 +144,81 @@ fn serve_client(mut conn: Connection, max_time: Duration) -> Result<String, Fail
         }
         Test::Latency => {
             let mut n = 0u64;
-            while let Some(m) = conn.recv_message().map_err(|e| Failure::lost(&e))? {
-                conn.send_message(&m).map_err(|e| Failure::lost(&e))?;
+            while let Some(m) = conn.recv_message().await.map_err(lost)? {
+                conn.send_message(&m).await.map_err(lost)?;
                 n += 1;
             }
             format!("latency: echoed {n} messages")
         }
     };
-    conn.finish().map_err(|e| Failure::lost(&e))?;
-    net::wait_acknowledged(&conn, Duration::from_millis(500), || {})?;
-    net::linger(&conn, net::LINGER);
+    conn.shutdown().await.map_err(lost)?;
+    finish(conn.get_ref()).await?;
     Ok(line)
 }
 
+/// After our end of stream: waits until the client acknowledged everything, then (at most
+/// [`net::LINGER`]) until the connection closed cleanly, looking every few milliseconds.
+async fn finish(conn: &Connection) -> Result<(), Failure> {
+    const LOOK: Duration = Duration::from_millis(5);
+    while !conn.is_acknowledged() {
+        if let Some(reason) = conn.close_reason() {
+            return Err(Failure::lost_because(&reason));
+        }
+        tokio::time::sleep(LOOK).await;
+    }
+    let deadline = Instant::now() + net::LINGER;
+    while conn.state() != ConnectionState::Closed && Instant::now() < deadline {
+        tokio::time::sleep(LOOK).await;
+    }
+    Ok(())
+}
+
 /// Reads the client's stream to its end; returns the bytes read and, with an `interval`, the
-/// timeline of bytes read at the end of every interval since `start`, sampled by a thread of
-/// its own so that it keeps its rows while a read blocks (every link down).
-fn read_all(
-    conn: &Connection,
+/// timeline of bytes read at the end of every interval since `start`, sampled by a task of
+/// its own so that it keeps its rows while a read waits (every link down).
+async fn read_all(
+    conn: &mut AsyncConnection,
     start: Instant,
     interval: Option<Duration>,
 ) -> Result<(u64, Vec<(f64, u64)>), Failure> {
-    let read = |got: &AtomicU64| {
-        let mut reader = conn;
-        let mut buf = vec![0u8; 256 * 1024];
-        loop {
-            match reader.read(&mut buf) {
-                Ok(0) => return Ok(got.load(Ordering::Relaxed)),
-                Ok(n) => got.fetch_add(n as u64, Ordering::Relaxed),
-                Err(e) => return Err(Failure::lost(&e)),
-            };
-        }
-    };
-    let Some(interval) = interval else {
-        return read(&AtomicU64::new(0)).map(|got| (got, Vec::new()));
-    };
-    let mut timeline = Vec::new();
-    let mut next = start + interval;
-    let got = monitor::with_ticker(
-        |got| {
-            let now = Instant::now();
-            if now >= next {
-                timeline.push((now.duration_since(start).as_secs_f64(), got));
-                while next <= now {
-                    next += interval;
-                }
+    let got = Arc::new(AtomicU64::new(0));
+    let timeline = Arc::new(Mutex::new(Vec::new()));
+    let sampler = interval.map(|interval| {
+        let (got, timeline) = (got.clone(), timeline.clone());
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval_at((start + interval).into(), interval);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            loop {
+                ticks.tick().await;
+                let row = (start.elapsed().as_secs_f64(), got.load(Ordering::Relaxed));
+                timeline.lock().unwrap().push(row);
             }
-            next.saturating_duration_since(now)
-        },
-        read,
-    )?;
-    Ok((got, timeline))
+        })
+    });
+    let mut buf = vec![0u8; 256 * 1024];
+    let result = loop {
+        match conn.read(&mut buf).await {
+            Ok(0) => break Ok(()),
+            Ok(n) => got.fetch_add(n as u64, Ordering::Relaxed),
+            Err(e) => break Err(Failure::lost(&e)),
+        };
+    };
+    if let Some(s) = sampler {
+        s.abort();
+    }
+    result?;
+    let timeline = std::mem::take(&mut *timeline.lock().unwrap());
+    Ok((got.load(Ordering::Relaxed), timeline))
 }
 
 /// Sends the server's report of a throughput test.
-fn report(
-    conn: &Connection,
+async fn report(
+    conn: &AsyncConnection,
     bytes: u64,
     seconds: f64,
     timeline: Vec<(f64, u64)>,
 ) -> Result<(), Failure> {
-    let links = LinkSummary::all(&conn.stats().links, false)
+    let links = LinkSummary::all(&conn.get_ref().stats().links, false)
         .iter()
         .map(ServerLink::from)
         .collect();
@@ -193,5 +229,5 @@ fn report(
         timeline,
     })
     .expect("a report serialises");
-    conn.send_message(&msg).map_err(|e| Failure::lost(&e))
+    conn.send_message(&msg).await.map_err(|e| Failure::lost(&e))
 }

@@ -937,3 +937,33 @@ fn keys_must_match() {
         assert!(stderr_of(&o).contains(path), "{}", stderr_of(&o));
     }
 }
+
+/// `ri2n serve` holds its clients as tasks, not threads: 200 clients connected at once (none
+/// naming a test yet) leave it with a handful of threads; then a bench still gets served.
+#[test]
+fn serve_holds_many_clients_without_a_thread_each() {
+    let (server, a) = serve();
+    let pid = server.child.as_ref().unwrap().id();
+    std::thread::sleep(Duration::from_millis(300));
+    let client = ri2n::Endpoint::client(&["127.0.0.1:0".parse().unwrap()]).unwrap();
+    let config = ri2n::ConnectionConfig::default().with_discover(false);
+    let conns: Vec<ri2n::Connection> = (0..200)
+        .map(|_| {
+            client
+                .connect(&[a.parse().unwrap()], config.clone())
+                .unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let threads: u32 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap();
+    println!("ri2n serve with 200 clients: {threads} threads");
+    assert!(threads < 20, "{threads} threads for 200 clients");
+    let json = bench_json(&a, &["--time", "1"]);
+    assert!(json["server"]["bytes"].as_u64().unwrap() > 0, "{json}");
+    drop(conns);
+}

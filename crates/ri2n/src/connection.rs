@@ -225,6 +225,12 @@ impl Connection {
         .map_err(|e| lost(e.expect("only blocked errors are None")))
     }
 
+    /// Whether the peer has acknowledged everything written and the end of both streams: what
+    /// [`wait_acknowledged`](Self::wait_acknowledged) waits for, without waiting.
+    pub fn is_acknowledged(&self) -> bool {
+        self.with(|c| c.is_send_complete())
+    }
+
     /// Aborts the connection at once; the peer sees `PeerAborted` with `code` and `reason`.
     pub fn abort(&self, code: u64, reason: &str) {
         self.with(|c| c.abort(code, reason));
