@@ -690,6 +690,7 @@ def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, ke
     r = {"rc": rc, "recv_rc": rrc, "cpu_send": scpu, "cpu_recv": rcpu, "cpu_machine": machine}
     if doc:
         r.update(bytes=doc["bytes"], seconds=doc["seconds"], bps=doc["goodput_bps"],
+                 encryption=doc.get("encryption"),
                  datagram=[l.get("max_datagram") for l in doc["links"]],
                  lost=sum(l["packets_lost"] for l in doc["links"]))
     return r
@@ -1587,9 +1588,10 @@ def report_keyed(res):
         cpu_ratio = [(r["keyed"]["cpu_machine"] / r["keyed"]["bytes"]) /
                      (r["plain"]["cpu_machine"] / r["plain"]["bytes"]) for r in runs
                      if r["keyed"].get("bytes") and r["plain"].get("bytes")]
-        L.append("| %s | %s | %s | **%s** | %s | AES-256-GCM (this CPU has AES-NI) |" % (
+        ciphers = sorted({str(r["keyed"].get("encryption")) for r in runs})
+        L.append("| %s | %s | %s | **%s** | %s | %s |" % (
             c["name"], cell("plain"), cell("keyed"), spread(ratio, "%.3f"),
-            spread(cpu_ratio, "%.2f")))
+            spread(cpu_ratio, "%.2f"), ", ".join(ciphers)))
     h = res.get("handshakes")
     if h:
         L.append("")

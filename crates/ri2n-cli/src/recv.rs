@@ -205,6 +205,7 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
         seconds,
         goodput_bps: bps(got, seconds),
         checksum: sum.hex(),
+        encryption: crate::report::encryption(&conn.stats()),
         links: LinkSummary::all(&conn.stats().links, true),
         link_events: events.events,
     };

@@ -113,6 +113,7 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
         seconds,
         goodput_bps: bps(written, seconds),
         checksum: sum.hex(),
+        encryption: crate::report::encryption(&conn.stats()),
         links: LinkSummary::all(&conn.stats().links, false),
         link_events: events.events,
     };

@@ -217,10 +217,153 @@ pub(crate) struct SessionSecrets {
 pub(crate) struct HandshakeFailed;
 
 fn noise_builder<'a>(key: &'a Key, prologue: &'a [u8]) -> snow::Builder<'a> {
-    snow::Builder::new(NOISE_PARAMS.parse().expect("valid Noise parameters"))
+    let params = NOISE_PARAMS.parse().expect("valid Noise parameters");
+    snow::Builder::with_resolver(params, Box::new(WipingResolver))
         .psk(0, &key.0)
         .and_then(|b| b.prologue(prologue))
         .expect("psk and prologue accepted")
+}
+
+/// snow's own primitives keep their secrets (ephemeral private keys, cipher keys) without
+/// wiping them when dropped: this resolver hands snow the same primitives wrapped so that they
+/// overwrite their keys first. (The chaining key, hash and PSK copy snow keeps inline are wiped
+/// with the whole state, by [`NoiseState`].)
+struct WipingResolver;
+
+impl snow::resolvers::CryptoResolver for WipingResolver {
+    fn resolve_rng(&self) -> Option<Box<dyn snow::types::Random>> {
+        snow::resolvers::DefaultResolver.resolve_rng()
+    }
+
+    fn resolve_dh(&self, choice: &snow::params::DHChoice) -> Option<Box<dyn snow::types::Dh>> {
+        let dh = snow::resolvers::DefaultResolver.resolve_dh(choice)?;
+        Some(Box::new(WipedDh(dh)))
+    }
+
+    fn resolve_hash(
+        &self,
+        choice: &snow::params::HashChoice,
+    ) -> Option<Box<dyn snow::types::Hash>> {
+        snow::resolvers::DefaultResolver.resolve_hash(choice)
+    }
+
+    fn resolve_cipher(
+        &self,
+        choice: &snow::params::CipherChoice,
+    ) -> Option<Box<dyn snow::types::Cipher>> {
+        let cipher = snow::resolvers::DefaultResolver.resolve_cipher(choice)?;
+        Some(Box::new(WipedCipher(cipher)))
+    }
+}
+
+/// A Diffie-Hellman key pair whose private key is overwritten when dropped.
+struct WipedDh(Box<dyn snow::types::Dh>);
+
+impl Drop for WipedDh {
+    fn drop(&mut self) {
+        let zeros = [0u8; 32];
+        self.0.set(&zeros[..self.0.priv_len().min(32)]);
+    }
+}
+
+impl snow::types::Dh for WipedDh {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+    fn pub_len(&self) -> usize {
+        self.0.pub_len()
+    }
+    fn priv_len(&self) -> usize {
+        self.0.priv_len()
+    }
+    fn set(&mut self, privkey: &[u8]) {
+        self.0.set(privkey)
+    }
+    fn generate(&mut self, rng: &mut dyn snow::types::Random) -> Result<(), snow::Error> {
+        self.0.generate(rng)
+    }
+    fn pubkey(&self) -> &[u8] {
+        self.0.pubkey()
+    }
+    fn privkey(&self) -> &[u8] {
+        self.0.privkey()
+    }
+    fn dh(&self, pubkey: &[u8], out: &mut [u8]) -> Result<(), snow::Error> {
+        self.0.dh(pubkey, out)
+    }
+    fn dh_len(&self) -> usize {
+        self.0.dh_len()
+    }
+}
+
+/// A handshake cipher whose key is overwritten when dropped.
+struct WipedCipher(Box<dyn snow::types::Cipher>);
+
+impl Drop for WipedCipher {
+    fn drop(&mut self) {
+        self.0.set(&[0u8; 32]);
+    }
+}
+
+impl snow::types::Cipher for WipedCipher {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+    fn set(&mut self, key: &[u8; 32]) {
+        self.0.set(key)
+    }
+    fn encrypt(&self, nonce: u64, authtext: &[u8], plaintext: &[u8], out: &mut [u8]) -> usize {
+        self.0.encrypt(nonce, authtext, plaintext, out)
+    }
+    fn decrypt(
+        &self,
+        nonce: u64,
+        authtext: &[u8],
+        ciphertext: &[u8],
+        out: &mut [u8],
+    ) -> Result<usize, snow::Error> {
+        self.0.decrypt(nonce, authtext, ciphertext, out)
+    }
+    fn rekey(&mut self) {
+        self.0.rekey()
+    }
+}
+
+/// A Noise handshake state whose memory is overwritten when dropped: snow keeps the chaining
+/// key, the handshake hash and a copy of the pre-shared key inline, and does not wipe them.
+struct NoiseState(Box<MaybeUninit<snow::HandshakeState>>);
+
+impl NoiseState {
+    fn new(state: snow::HandshakeState) -> Self {
+        NoiseState(Box::new(MaybeUninit::new(state)))
+    }
+}
+
+impl std::ops::Deref for NoiseState {
+    type Target = snow::HandshakeState;
+    fn deref(&self) -> &snow::HandshakeState {
+        // SAFETY: initialised in `new`, dropped only in `drop`.
+        unsafe { self.0.assume_init_ref() }
+    }
+}
+
+impl std::ops::DerefMut for NoiseState {
+    fn deref_mut(&mut self) -> &mut snow::HandshakeState {
+        // SAFETY: as above.
+        unsafe { self.0.assume_init_mut() }
+    }
+}
+
+impl Drop for NoiseState {
+    fn drop(&mut self) {
+        // SAFETY: the state is initialised and dropped here once (its boxed primitives wipe
+        // their own keys); then its now unused bytes, which `MaybeUninit` lets hold anything,
+        // are overwritten before the box frees them.
+        unsafe {
+            self.0.assume_init_drop();
+            zeroize::zeroize_flat_type(&mut *self.0 as *mut MaybeUninit<snow::HandshakeState>);
+        }
+    }
 }
 
 /// The prologue binds the handshake to the client's connection ID.
@@ -231,7 +374,7 @@ fn prologue(client_cid: u64) -> [u8; PROLOGUE_LABEL.len() + 8] {
     p
 }
 
-fn split(noise: &mut snow::HandshakeState) -> SessionSecrets {
+fn split(noise: &mut NoiseState) -> SessionSecrets {
     let (c2s, s2c) = noise.dangerously_get_raw_split();
     let secrets = SessionSecrets {
         client_to_server: Zeroizing::new(c2s),
@@ -244,7 +387,7 @@ fn split(noise: &mut snow::HandshakeState) -> SessionSecrets {
 }
 
 /// A client's half-done handshake: it sent the first message and waits for the second.
-pub(crate) struct ClientHandshake(snow::HandshakeState);
+pub(crate) struct ClientHandshake(NoiseState);
 
 impl fmt::Debug for ClientHandshake {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -257,9 +400,11 @@ impl ClientHandshake {
     /// (encrypted and authenticated under the pre-shared key).
     pub fn start(key: &Key, client_cid: u64, payload: &[u8]) -> (ClientHandshake, Vec<u8>) {
         let prologue = prologue(client_cid);
-        let mut noise = noise_builder(key, &prologue)
-            .build_initiator()
-            .expect("initiator");
+        let mut noise = NoiseState::new(
+            noise_builder(key, &prologue)
+                .build_initiator()
+                .expect("initiator"),
+        );
         let mut msg = vec![0u8; payload.len() + HANDSHAKE_OVERHEAD];
         let len = noise.write_message(payload, &mut msg).expect("room");
         msg.truncate(len);
@@ -280,7 +425,7 @@ impl ClientHandshake {
 }
 
 /// The server's side of a handshake, between reading the client's message and answering.
-pub(crate) struct ServerHandshake(snow::HandshakeState);
+pub(crate) struct ServerHandshake(NoiseState);
 
 impl ServerHandshake {
     /// Reads the client's first message: its payload. Fails, having done no Diffie-Hellman,
@@ -291,9 +436,11 @@ impl ServerHandshake {
         msg: &[u8],
     ) -> Result<(ServerHandshake, Vec<u8>), HandshakeFailed> {
         let prologue = prologue(client_cid);
-        let mut noise = noise_builder(key, &prologue)
-            .build_responder()
-            .expect("responder");
+        let mut noise = NoiseState::new(
+            noise_builder(key, &prologue)
+                .build_responder()
+                .expect("responder"),
+        );
         let mut payload = vec![0u8; msg.len()];
         let len = noise
             .read_message(msg, &mut payload)

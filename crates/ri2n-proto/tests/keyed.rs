@@ -351,3 +351,77 @@ fn keys_are_updated_on_a_long_connection() {
     let mut t = Transfer::new(1 << 20, 1 << 20, 10, true);
     finish(&mut sim, &mut t);
 }
+
+/// An off-path attacker sending from spoofed addresses (INITIALs without a cookie, with a
+/// made-up one, with a keyed or plain hello; short packets with made-up connection IDs; a real
+/// client's INITIAL replayed from other addresses) gets back at most three times what each
+/// address sent, from a server with a key and from one without.
+#[test]
+fn answers_to_unproven_addresses_stay_within_three_times() {
+    use rand::{Rng, SeedableRng};
+    use std::collections::HashMap;
+    use std::net::SocketAddr;
+    for key in [None, Some(key(1))] {
+        let mut sim = keyed(key.clone(), key.clone());
+        // a real client's first INITIAL, to replay
+        let mut buf = vec![0u8; 2048];
+        let t = sim.client.poll_transmit(sim.instant(), &mut buf).unwrap();
+        let real_initial = buf[..t.len].to_vec();
+        let server_addr = sim.server_addrs[0];
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let mut received: HashMap<SocketAddr, u64> = HashMap::new();
+        let mut sent: HashMap<SocketAddr, u64> = HashMap::new();
+        for i in 0..20_000u32 {
+            let from =
+                SocketAddr::from(([10, 9, rng.gen(), rng.gen()], rng.gen_range(1024..65535)));
+            let mut d = match i % 4 {
+                0 => real_initial.clone(),
+                1 | 2 => {
+                    let token: Vec<u8> = (0..[0, 16][i as usize % 2]).map(|_| rng.gen()).collect();
+                    let hello: Vec<u8> = (0..rng.gen_range(0..120)).map(|_| rng.gen()).collect();
+                    let h = wire::Header::Initial {
+                        scid: rng.gen::<u64>() | 1,
+                        token: &token,
+                        mode: rng.gen_range(0..2),
+                        hello: &hello,
+                    };
+                    let mut b = vec![0u8; wire::control_packet_len(&h)];
+                    wire::encode_control_packet(&h, &mut b);
+                    b
+                }
+                _ => {
+                    let mut b = vec![0u8; rng.gen_range(16..200)];
+                    let mut w = Writer::new(&mut b);
+                    wire::write_short_header(&mut w, rng.gen(), 0, 1, 0);
+                    b
+                }
+            };
+            *received.entry(from).or_default() += d.len() as u64;
+            let now = sim.instant() + Duration::from_micros(u64::from(i) * 50);
+            sim.server.handle_datagram(now, server_addr, from, &mut d);
+            while let Some(t) = sim.server.poll_transmit(now, &mut buf) {
+                *sent.entry(t.remote).or_default() += t.len as u64;
+            }
+        }
+        let answered: u64 = sent.values().sum();
+        assert!(answered > 0, "the server answered nothing");
+        for (addr, &out) in &sent {
+            let got = received.get(addr).copied().unwrap_or(0);
+            assert!(
+                out <= 3 * got,
+                "{addr}: {out} bytes sent for {got} received"
+            );
+        }
+        assert_eq!(
+            sim.server.connection_count(),
+            0,
+            "state for unproven addresses"
+        );
+        println!(
+            "key {}: {} bytes received from {} addresses, {answered} sent back",
+            key.is_some(),
+            received.values().sum::<u64>(),
+            received.len()
+        );
+    }
+}
