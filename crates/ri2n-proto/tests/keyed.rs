@@ -417,11 +417,77 @@ fn answers_to_unproven_addresses_stay_within_three_times() {
             0,
             "state for unproven addresses"
         );
+        // and a real client is served right after
+        sim.establish();
+        let mut t = Transfer::new(64 << 10, 64 << 10, 0, true);
+        finish(&mut sim, &mut t);
         println!(
             "key {}: {} bytes received from {} addresses, {answered} sent back",
             key.is_some(),
             received.values().sum::<u64>(),
             received.len()
         );
+    }
+}
+
+/// An attacker on the path, seeing a keyed connection's client address, sends the server an
+/// INITIAL from that address with a valid cookie (it sees the RETRY) and a made-up handshake
+/// claiming a new instance of the client: refused, and the running connection is untouched.
+/// (Without a key the same INITIAL ends the connection as a peer restart: docs/PROTOCOL.md
+/// §11.)
+#[test]
+fn a_forged_initial_does_not_end_a_keyed_connection() {
+    for key in [Some(key(1)), None] {
+        let mut sim = keyed(key.clone(), key.clone());
+        sim.establish();
+        let (server, client) = (sim.server_addrs[0], sim.client_addrs[0]);
+        let params = wire::ClientParams {
+            instance: 0xBAD,
+            window: 1 << 20,
+            cipher: 2,
+        }
+        .encode();
+        let mode = if key.is_some() {
+            wire::handshake_mode::NOISE_NNPSK0
+        } else {
+            wire::handshake_mode::PLAIN
+        };
+        let mut hello = params.clone();
+        if key.is_some() {
+            hello.resize(params.len() + 48, 7); // the shape of a Noise message, not one
+        }
+        let initial = |token: &[u8]| {
+            let h = wire::Header::Initial {
+                scid: 0xF0F0,
+                token,
+                mode,
+                hello: &hello,
+            };
+            let mut b = vec![0u8; wire::control_packet_len(&h)];
+            wire::encode_control_packet(&h, &mut b);
+            b
+        };
+        // the RETRY the server answers with carries the cookie
+        let now = sim.instant();
+        sim.server
+            .handle_datagram(now, server, client, &mut initial(&[]));
+        let mut buf = vec![0u8; 2048];
+        let mut cookie = None;
+        while let Some(t) = sim.server.poll_transmit(now, &mut buf) {
+            if let Ok((wire::Header::Retry { token, .. }, _)) = wire::decode_packet(&buf[..t.len]) {
+                cookie = Some(token.to_vec());
+            }
+        }
+        let cookie = cookie.expect("a RETRY");
+        sim.inject(server, client, &initial(&cookie));
+        sim.advance(Duration::from_millis(50), |_| {});
+        let state = sim.server_conn().close_reason().cloned();
+        if key.is_some() {
+            assert_eq!(state, None, "a forged INITIAL ended a keyed connection");
+            let mut t = Transfer::new(256 << 10, 256 << 10, 0, true);
+            finish(&mut sim, &mut t);
+        } else {
+            assert_eq!(state, Some(ConnectionError::PeerRestarted));
+        }
     }
 }
