@@ -261,8 +261,12 @@ struct WipedDh(Box<dyn snow::types::Dh>);
 
 impl Drop for WipedDh {
     fn drop(&mut self) {
-        let zeros = [0u8; 32];
-        self.0.set(&zeros[..self.0.priv_len().min(32)]);
+        // (`set` also derives the public key, a scalar multiplication: skipped for a key pair
+        // that never held a key, such as the unused static one of an NN handshake)
+        if self.0.privkey().iter().any(|&b| b != 0) {
+            let zeros = [0u8; 32];
+            self.0.set(&zeros[..self.0.priv_len().min(32)]);
+        }
     }
 }
 
