@@ -5,8 +5,9 @@
 //! packet is rejected whole with a [`DecodeError`].
 //!
 //! Packets carry no checksum of their own: the UDP checksum already guards every datagram
-//! against corruption on the wire (and authenticated encryption will bring its own tag), so a
-//! second one would only cost every byte sent and received another pass.
+//! against corruption on the wire, and on keyed connections the AEAD tag ([`crate::crypto`])
+//! against everything else, so a second one would only cost every byte another pass. Sealing
+//! and opening are not done here: the connection does them in place around this codec.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
