@@ -1500,6 +1500,15 @@ def report_lab(res):
     return "\n".join(L)
 
 
+def rate_cpu_cell(runs, k, unit):
+    """`tool k`'s goodput and the machine's CPU seconds per GB over `runs`, as a table cell."""
+    fmt, scale = {"Gbit/s": ("%.2f", 1e-9), "Mbit/s": ("%.0f", 1e-6)}[unit]
+    b = [r[k].get("bps") for r in runs]
+    cpu = [r[k]["cpu_machine"] / (r[k]["bytes"] / 1e9) if r[k].get("bytes") else None
+           for r in runs]
+    return "%s %s, %s CPU-s/GB" % (spread(b, fmt, scale), unit, spread(cpu, "%.2f"))
+
+
 def report_fast(res):
     L = [mfacts(res), ""]
     gb = res["bytes"] / 1e9
@@ -1513,10 +1522,7 @@ def report_fast(res):
         runs = c["runs"]
 
         def cell(k):
-            b = [r[k].get("bps") for r in runs]
-            cpu = [r[k]["cpu_machine"] / (r[k]["bytes"] / 1e9) if r[k].get("bytes") else None
-                   for r in runs]
-            return "%s Gbit/s, %s CPU-s/GB" % (spread(b, "%.2f", 1e-9), spread(cpu, "%.2f"))
+            return rate_cpu_cell(runs, k, "Gbit/s")
         ratio = [r["ri2n"].get("bps") / r["mptcp"]["bps"] if r["ri2n"].get("bps") and r["mptcp"].get("bps")
                  else None for r in runs]
         cpu_ratio = [(r["ri2n"]["cpu_machine"] / r["ri2n"]["bytes"]) / (r["tcp"]["cpu_machine"] / r["tcp"]["bytes"])
@@ -1579,10 +1585,7 @@ def report_keyed(res):
         runs = c["runs"]
 
         def cell(k):
-            b = [r[k].get("bps") for r in runs]
-            cpu = [r[k]["cpu_machine"] / (r[k]["bytes"] / 1e9) if r[k].get("bytes") else None
-                   for r in runs]
-            return "%s Mbit/s, %s CPU-s/GB" % (spread(b, "%.0f", 1e-6), spread(cpu, "%.2f"))
+            return rate_cpu_cell(runs, k, "Mbit/s")
         ratio = [r["keyed"]["bps"] / r["plain"]["bps"] for r in runs
                  if r["keyed"].get("bps") and r["plain"].get("bps")]
         cpu_ratio = [(r["keyed"]["cpu_machine"] / r["keyed"]["bytes"]) /
