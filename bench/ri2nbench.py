@@ -1520,16 +1520,14 @@ def report_fast(res):
     L.append("| --- | --- | --- | --- | --- | --- | --- |")
     for c in res["configs"]:
         runs = c["runs"]
-
-        def cell(k):
-            return rate_cpu_cell(runs, k, "Gbit/s")
         ratio = [r["ri2n"].get("bps") / r["mptcp"]["bps"] if r["ri2n"].get("bps") and r["mptcp"].get("bps")
                  else None for r in runs]
         cpu_ratio = [(r["ri2n"]["cpu_machine"] / r["ri2n"]["bytes"]) / (r["tcp"]["cpu_machine"] / r["tcp"]["bytes"])
                      if r["ri2n"].get("bytes") and r["tcp"].get("bytes") else None for r in runs]
         sizes = sorted({d for r in runs for d in (r["ri2n"].get("datagram") or [])})
         L.append("| %s | %s | %s | %s | **%s×** | **%s×** | %s |" % (
-            c["name"], cell("ri2n"), cell("tcp"), cell("mptcp"), spread(ratio, "%.2f"),
+            c["name"], rate_cpu_cell(runs, "ri2n", "Gbit/s"), rate_cpu_cell(runs, "tcp", "Gbit/s"),
+            rate_cpu_cell(runs, "mptcp", "Gbit/s"), spread(ratio, "%.2f"),
             spread(cpu_ratio, "%.2f"), "/".join(map(str, sizes))))
     L.append("")
     prof = next((c.get("profile") for c in res["configs"] if c.get("profile")), None)
@@ -1583,9 +1581,6 @@ def report_keyed(res):
     L.append("| --- | --- | --- | --- | --- | --- |")
     for c in res["configs"]:
         runs = c["runs"]
-
-        def cell(k):
-            return rate_cpu_cell(runs, k, "Mbit/s")
         ratio = [r["keyed"]["bps"] / r["plain"]["bps"] for r in runs
                  if r["keyed"].get("bps") and r["plain"].get("bps")]
         cpu_ratio = [(r["keyed"]["cpu_machine"] / r["keyed"]["bytes"]) /
@@ -1593,7 +1588,7 @@ def report_keyed(res):
                      if r["keyed"].get("bytes") and r["plain"].get("bytes")]
         ciphers = sorted({str(r["keyed"].get("encryption")) for r in runs})
         L.append("| %s | %s | %s | **%s** | %s | %s |" % (
-            c["name"], cell("plain"), cell("keyed"), spread(ratio, "%.3f"),
+            c["name"], rate_cpu_cell(runs, "plain", "Mbit/s"), rate_cpu_cell(runs, "keyed", "Mbit/s"), spread(ratio, "%.3f"),
             spread(cpu_ratio, "%.2f"), ", ".join(ciphers)))
     h = res.get("handshakes")
     if h:

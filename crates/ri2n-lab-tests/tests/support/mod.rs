@@ -1437,31 +1437,21 @@ fn capture_socket(name: &str) -> OwnedFd {
     // SAFETY: a NUL-terminated name.
     let index = unsafe { libc::if_nametoindex(cname.as_ptr()) };
     assert!(index > 0, "no interface {name}");
-    let one: libc::c_int = 1;
-    // SAFETY: setsockopt with a valid int option value.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_PACKET,
-            libc::PACKET_VNET_HDR,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(r, 0, "PACKET_VNET_HDR: {}", std::io::Error::last_os_error());
+    set_int_option(
+        &fd,
+        libc::SOL_PACKET,
+        libc::PACKET_VNET_HDR,
+        1,
+        "PACKET_VNET_HDR",
+    );
     // room for bursts while the tap injects (root may exceed the system's default maximum)
-    let size: libc::c_int = 256 << 20;
-    // SAFETY: setsockopt with a valid int option value.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUFFORCE,
-            (&size as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(r, 0, "SO_RCVBUFFORCE: {}", std::io::Error::last_os_error());
+    set_int_option(
+        &fd,
+        libc::SOL_SOCKET,
+        libc::SO_RCVBUFFORCE,
+        256 << 20,
+        "SO_RCVBUFFORCE",
+    );
     // SAFETY: an all-zero sockaddr_ll is valid; the fields set below complete it.
     let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     sll.sll_family = libc::AF_PACKET as u16;
@@ -1482,6 +1472,27 @@ fn capture_socket(name: &str) -> OwnedFd {
         std::io::Error::last_os_error()
     );
     fd
+}
+
+/// setsockopt(2) of an int option; panics (naming `what`) if the system refuses it.
+fn set_int_option(
+    fd: &OwnedFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+    what: &str,
+) {
+    // SAFETY: setsockopt with a valid int option value of the right size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "{what}: {}", std::io::Error::last_os_error());
 }
 
 /// The next captured frame (vnet header included) and whether the host sent it.
