@@ -2,7 +2,7 @@
 //! acknowledged every byte; only then exit 0.
 
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -62,12 +62,13 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
             format!("connection lost: {cause}; {done}"),
         )
     };
-    let mut writer: &ri2n::Connection = &conn;
-
     let mut sum = Checksum::default();
+    // handed to the connection whole after each read (no copy), which hands back an empty
+    // buffer with the memory of one it no longer needs
     let mut buf = vec![0u8; CHUNK];
     let mut written = 0u64;
     loop {
+        buf.resize(CHUNK, 0);
         let n = match input.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => n,
@@ -78,10 +79,11 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
                 return Err(Failure::io(format!("cannot read {name}"), &e));
             }
         };
-        if let Err(e) = writer.write_all(&buf[..n]) {
+        buf.truncate(n);
+        sum.update(&buf);
+        if let Err(e) = conn.write_buf(&mut buf) {
             return Err(lost(&e, written, monitor));
         }
-        sum.update(&buf[..n]);
         written += n as u64;
         monitor.set(written);
     }

@@ -9,12 +9,28 @@ use std::collections::VecDeque;
 
 use crate::ranges::RangeSet;
 
+/// Size of the pieces small writes are gathered in (and of the receive side's blocks).
+pub const BLOCK: usize = 64 * 1024;
+/// Smallest buffer [`SendStream::write_buf`] takes over whole instead of copying.
+const MIN_TAKEN: usize = 16 * 1024;
+
 /// Send side of one stream.
+///
+/// The bytes wait in the pieces the application handed over: [`write_buf`] takes a whole
+/// buffer without copying it (and gives back a spare one), [`write`] copies small writes into
+/// a piece of [`BLOCK`] bytes. The only copy of the payload in user space is then the one into
+/// the outgoing datagram.
+///
+/// [`write_buf`]: Self::write_buf
+/// [`write`]: Self::write
 #[derive(Debug)]
 pub(crate) struct SendStream {
-    /// Bytes from `base` to `written`.
-    buf: VecDeque<u8>,
-    /// Offset of `buf[0]`: every byte below it is acknowledged.
+    /// The bytes from `base` (or a little below: the front piece is freed once all of it is
+    /// acknowledged) to `written`, each piece with its stream offset.
+    pieces: VecDeque<(u64, Vec<u8>)>,
+    /// A freed piece kept for the next exchange or small write (no allocation per piece).
+    spare: Option<Vec<u8>>,
+    /// Every byte below it is acknowledged.
     base: u64,
     /// Offset one past the last byte the application wrote.
     written: u64,
@@ -47,7 +63,8 @@ pub(crate) struct Chunk {
 impl SendStream {
     pub fn new(capacity: u64, max_data: u64) -> Self {
         Self {
-            buf: VecDeque::new(),
+            pieces: VecDeque::new(),
+            spare: None,
             base: 0,
             written: 0,
             next_new: 0,
@@ -83,12 +100,70 @@ impl SendStream {
         self.finished
     }
 
-    /// Appends as much of `data` as the buffer allows; returns how much.
+    /// Appends as much of `data` as the buffer allows (copying it); returns how much.
     pub fn write(&mut self, data: &[u8]) -> usize {
         let n = (self.room() as usize).min(data.len());
-        self.buf.extend(&data[..n]);
+        let mut rest = &data[..n];
+        while !rest.is_empty() {
+            // fill the last piece's spare capacity (never reallocating it: its bytes may be
+            // in flight), else start a new piece
+            let last = match self.pieces.back_mut() {
+                Some((_, p)) if p.len() < p.capacity() => p,
+                _ => {
+                    let mut piece = self.spare.take().unwrap_or_default();
+                    piece.clear();
+                    piece.reserve_exact(BLOCK);
+                    self.pieces.push_back((self.written, piece));
+                    &mut self.pieces.back_mut().expect("just pushed").1
+                }
+            };
+            let take = rest.len().min(last.capacity() - last.len());
+            last.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            self.written += take as u64;
+        }
+        n
+    }
+
+    /// Takes the bytes of `buf`: a buffer of at least [`MIN_TAKEN`] bytes is kept whole, with
+    /// no copy, and `buf` receives an empty spare buffer in exchange (the memory of a piece
+    /// already acknowledged, when there is one); a smaller one is copied and drained. Returns how many bytes were taken:
+    /// 0 when the send buffer has no room for all of a large `buf` (it is taken whole or not
+    /// at all, except into an empty buffer, so that a buffer larger than the capacity goes
+    /// too).
+    pub fn write_buf(&mut self, buf: &mut Vec<u8>) -> usize {
+        if buf.len() < MIN_TAKEN {
+            let n = self.write(buf);
+            buf.drain(..n);
+            return n;
+        }
+        let n = buf.len();
+        if (n as u64) > self.room() && self.buffered() > 0 {
+            return 0;
+        }
+        let mut spare = self.spare.take().unwrap_or_default();
+        spare.clear();
+        let piece = std::mem::replace(buf, spare);
+        self.pieces.push_back((self.written, piece));
         self.written += n as u64;
         n
+    }
+
+    /// Frees the pieces wholly below `base`, keeping one as the spare.
+    fn free_acknowledged(&mut self) {
+        while let Some((start, piece)) = self.pieces.front() {
+            if start + piece.len() as u64 > self.base {
+                break;
+            }
+            let (_, piece) = self.pieces.pop_front().expect("front exists");
+            if self
+                .spare
+                .as_ref()
+                .is_none_or(|s| s.capacity() < piece.capacity())
+            {
+                self.spare = Some(piece);
+            }
+        }
     }
 
     pub fn finish(&mut self) {
@@ -171,20 +246,24 @@ impl SendStream {
         None
     }
 
-    /// Copies the bytes of `chunk` into `out` (which is `chunk.len` long).
+    /// Copies the bytes from `offset` on into `out` (they were written and not yet
+    /// acknowledged).
     pub fn copy_out(&self, offset: u64, out: &mut [u8]) {
-        let start = (offset - self.base) as usize;
-        let (a, b) = self.buf.as_slices();
-        let mut pos = 0;
-        if start < a.len() {
-            let n = (a.len() - start).min(out.len());
-            out[..n].copy_from_slice(&a[start..start + n]);
-            pos = n;
+        if out.is_empty() {
+            // a bare FIN: there may be no piece at all
+            return;
         }
-        if pos < out.len() {
-            let bstart = start + pos - a.len();
-            let n = out.len() - pos;
-            out[pos..].copy_from_slice(&b[bstart..bstart + n]);
+        // the piece holding `offset`: the last one starting at or below it
+        let mut i = self.pieces.partition_point(|(start, _)| *start <= offset) - 1;
+        let mut at = (offset - self.pieces[i].0) as usize;
+        let mut done = 0;
+        while done < out.len() {
+            let piece = &self.pieces[i].1;
+            let n = (piece.len() - at).min(out.len() - done);
+            out[done..done + n].copy_from_slice(&piece[at..at + n]);
+            done += n;
+            i += 1;
+            at = 0;
         }
     }
 
@@ -200,16 +279,16 @@ impl SendStream {
         self.retransmit.remove(chunk.offset..end);
         if chunk.offset <= self.base && self.acked.is_empty() {
             // the usual case: the oldest bytes acknowledged in order
-            self.buf.drain(..(end - self.base) as usize);
             self.base = end;
+            self.free_acknowledged();
             return;
         }
         self.acked.insert(chunk.offset.max(self.base)..end);
         // free the acknowledged prefix
         if self.acked.min() == Some(self.base) {
             let r = self.acked.pop_front(u64::MAX).expect("non-empty");
-            self.buf.drain(..(r.end - self.base) as usize);
             self.base = r.end;
+            self.free_acknowledged();
         }
     }
 
@@ -230,16 +309,20 @@ impl SendStream {
 
 /// Receive side of one stream.
 ///
-/// Data is copied once, from the datagram straight to its place in a ring buffer that covers
-/// the receive window from the read offset on: no allocation per frame, and memory bounded by
-/// the window however the peer fragments its data. The ring starts small and grows (up to the
-/// window) only as far as the peer actually sends ahead of the reader.
+/// Data is copied once, from the datagram straight to its place in a block of [`BLOCK`]
+/// bytes: block `i` holds the offsets from `first() + i * BLOCK` on, where `first()` is the
+/// read offset rounded down to a block. Blocks are allocated only as far as the peer sends
+/// ahead of the reader (flow control bounds that by the window), so memory is bounded however
+/// the peer fragments its data and nothing is allocated per frame. A reader using
+/// [`read_buf`](Self::read_buf) takes whole blocks, without copying them, and gives a spare
+/// buffer back.
 #[derive(Debug)]
 pub(crate) struct RecvStream {
-    /// Bytes from offset `read` on: offset `o` lives at `ring[(head + (o - read)) % len]`.
-    /// Positions of offsets not received yet hold stale bytes.
-    ring: Vec<u8>,
-    head: usize,
+    /// Blocks from `first()` on, each [`BLOCK`] bytes long. Positions of offsets not received
+    /// yet hold stale bytes.
+    blocks: VecDeque<Vec<u8>>,
+    /// A block-sized buffer kept for the next block (no allocation per block).
+    spare: Option<Vec<u8>>,
     /// Bytes the application has read.
     read: u64,
     /// Every offset below this has arrived (`contiguous - read` bytes are readable).
@@ -258,19 +341,17 @@ pub(crate) struct RecvStream {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct StreamViolation(pub &'static str);
 
-/// Smallest ring a stream allocates when its first data arrives.
-const MIN_RING: usize = 64 * 1024;
 /// Out-of-order fragments a receiving stream holds at most. Each costs a map entry (about 50
-/// bytes) on top of the ring, which the window bounds: without this, 1-byte frames at scattered
-/// offsets grew a receiver to 1.09 GB per connection. Full-size packets with scattered losses
-/// need one fragment per lost run, far fewer.
+/// bytes) on top of the blocks, which the window bounds: without this, 1-byte frames at
+/// scattered offsets grew a receiver to 1.09 GB per connection. Full-size packets with
+/// scattered losses need one fragment per lost run, far fewer.
 pub(crate) const MAX_FRAGMENTS: usize = 4096;
 
 impl RecvStream {
     pub fn new(window: u64) -> Self {
         Self {
-            ring: Vec::new(),
-            head: 0,
+            blocks: VecDeque::new(),
+            spare: None,
             read: 0,
             contiguous: 0,
             ahead: RangeSet::new(),
@@ -304,51 +385,51 @@ impl RecvStream {
             || !self.ahead.would_add_range(start..end)
     }
 
-    /// Bytes of memory the reassembly buffer holds.
+    /// Bytes of memory the reassembly blocks hold.
     #[cfg(test)]
     pub fn memory(&self) -> usize {
-        self.ring.len()
+        self.blocks.len() * BLOCK
     }
 
-    /// Makes the ring cover offsets up to `end` (flow control keeps `end - read` within the
-    /// window). Growing keeps the bytes from `read` on at the same offsets.
+    /// Stream offset of the first block's first byte.
+    fn first(&self) -> u64 {
+        self.read - self.read % BLOCK as u64
+    }
+
+    /// Makes the blocks cover the offsets below `end` (flow control keeps `end - read` within
+    /// the window).
     fn reserve_to(&mut self, end: u64) {
-        let needed = (end - self.read) as usize;
-        if needed <= self.ring.len() {
-            return;
+        let needed = (end - self.first()).div_ceil(BLOCK as u64) as usize;
+        while self.blocks.len() < needed {
+            let block = self.spare.take().unwrap_or_else(|| vec![0u8; BLOCK]);
+            self.blocks.push_back(block);
         }
-        let cap = needed
-            .max(self.ring.len() * 2)
-            .max(MIN_RING)
-            .min(self.window as usize)
-            .max(needed);
-        let mut grown = vec![0u8; cap];
-        let live = (self.highest() - self.read) as usize;
-        if live > 0 {
-            self.copy_from_ring(0, &mut grown[..live]);
-        }
-        self.ring = grown;
-        self.head = 0;
     }
 
-    /// Copies the bytes at `offset - read == rel` on into `out`.
-    fn copy_from_ring(&self, rel: usize, out: &mut [u8]) {
-        let len = self.ring.len();
-        let pos = (self.head + rel) % len;
-        let first = out.len().min(len - pos);
-        out[..first].copy_from_slice(&self.ring[pos..pos + first]);
-        let rest = out.len() - first;
-        out[first..].copy_from_slice(&self.ring[..rest]);
+    /// Copies the bytes from offset `offset` on into `out`.
+    fn copy_from_blocks(&self, offset: u64, out: &mut [u8]) {
+        let rel = (offset - self.first()) as usize;
+        let (mut i, mut at) = (rel / BLOCK, rel % BLOCK);
+        let mut done = 0;
+        while done < out.len() {
+            let n = (BLOCK - at).min(out.len() - done);
+            out[done..done + n].copy_from_slice(&self.blocks[i][at..at + n]);
+            done += n;
+            (i, at) = (i + 1, 0);
+        }
     }
 
-    /// Copies `data` to the place of offset `offset` (within the ring).
-    fn copy_to_ring(&mut self, offset: u64, data: &[u8]) {
-        let len = self.ring.len();
-        let pos = (self.head + (offset - self.read) as usize) % len;
-        let first = data.len().min(len - pos);
-        self.ring[pos..pos + first].copy_from_slice(&data[..first]);
-        let rest = data.len() - first;
-        self.ring[..rest].copy_from_slice(&data[first..]);
+    /// Copies `data` to the place of offset `offset` (within the blocks).
+    fn copy_to_blocks(&mut self, offset: u64, data: &[u8]) {
+        let rel = (offset - self.first()) as usize;
+        let (mut i, mut at) = (rel / BLOCK, rel % BLOCK);
+        let mut done = 0;
+        while done < data.len() {
+            let n = (BLOCK - at).min(data.len() - done);
+            self.blocks[i][at..at + n].copy_from_slice(&data[done..done + n]);
+            done += n;
+            (i, at) = (i + 1, 0);
+        }
     }
 
     /// One past the highest offset received.
@@ -385,13 +466,13 @@ impl RecvStream {
         self.reserve_to(end);
         if self.ahead.is_empty() {
             // the usual case: nothing out of order, copy it all
-            self.copy_to_ring(start, &data[(start - offset) as usize..]);
+            self.copy_to_blocks(start, &data[(start - offset) as usize..]);
             self.buffered += end - start;
         } else {
             for gap in self.ahead.gaps_in(start..end) {
                 let lo = (gap.start - offset) as usize;
                 let hi = (gap.end - offset) as usize;
-                self.copy_to_ring(gap.start, &data[lo..hi]);
+                self.copy_to_blocks(gap.start, &data[lo..hi]);
                 self.buffered += gap.end - gap.start;
             }
         }
@@ -444,7 +525,7 @@ impl RecvStream {
     pub fn peek(&self, out: &mut [u8]) -> usize {
         let n = (self.readable() as usize).min(out.len());
         if n > 0 {
-            self.copy_from_ring(0, &mut out[..n]);
+            self.copy_from_blocks(self.read, &mut out[..n]);
         }
         n
     }
@@ -452,18 +533,60 @@ impl RecvStream {
     /// Reads in-order bytes into `out`; returns how many.
     pub fn read(&mut self, out: &mut [u8]) -> usize {
         let n = self.peek(out);
-        if n == 0 {
-            return 0;
-        }
-        self.read += n as u64;
-        self.head = (self.head + n) % self.ring.len();
-        self.buffered -= n as u64;
-        if self.is_finished() {
-            // nothing more can arrive: give the memory back
-            self.ring = Vec::new();
-            self.head = 0;
-        }
+        self.consume(n);
         n
+    }
+
+    /// Replaces the contents of `buf` with the next in-order bytes; returns how many (0 when
+    /// none are readable). A whole block that arrived is handed over as it is, with no copy,
+    /// and a block-sized `buf` is kept in exchange for the next block; otherwise the bytes up
+    /// to the end of the current block are copied into `buf`.
+    pub fn read_buf(&mut self, buf: &mut Vec<u8>) -> usize {
+        let at = (self.read % BLOCK as u64) as usize;
+        let n = (self.readable() as usize).min(BLOCK - at);
+        if n == BLOCK {
+            let block = self.blocks.pop_front().expect("a readable block exists");
+            let given = std::mem::replace(buf, block);
+            if given.len() == BLOCK && self.spare.is_none() {
+                self.spare = Some(given);
+            }
+            // the block is gone already: move on as `consume` would
+            self.read += BLOCK as u64;
+            self.buffered -= BLOCK as u64;
+            self.release_if_finished();
+            return n;
+        }
+        buf.clear();
+        if n > 0 {
+            buf.extend_from_slice(&self.blocks[0][at..at + n]);
+        }
+        self.consume(n);
+        n
+    }
+
+    /// Moves the read offset `n` bytes on, freeing the blocks left behind (one is kept).
+    fn consume(&mut self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let done_blocks = ((self.read % BLOCK as u64) as usize + n) / BLOCK;
+        self.read += n as u64;
+        self.buffered -= n as u64;
+        for _ in 0..done_blocks.min(self.blocks.len()) {
+            let block = self.blocks.pop_front().expect("counted");
+            if self.spare.is_none() {
+                self.spare = Some(block);
+            }
+        }
+        self.release_if_finished();
+    }
+
+    /// Gives the memory back once nothing more can arrive.
+    fn release_if_finished(&mut self) {
+        if self.is_finished() {
+            self.blocks = VecDeque::new();
+            self.spare = None;
+        }
     }
 
     /// A new limit to advertise, once reading has freed a quarter of the window.
@@ -543,7 +666,7 @@ mod tests {
     fn recv_ring_wraps_and_grows_keeping_unread_data() {
         // three windows of data, every pair of frames swapped, read in odd-sized pieces: the
         // ring grows from its first size to the window and wraps many times
-        let window = 4 * MIN_RING as u64;
+        let window = 4 * BLOCK as u64;
         let mut r = RecvStream::new(window);
         let data: Vec<u8> = (0..window as usize * 3)
             .map(|i| (i * 7 % 251) as u8)
@@ -564,8 +687,8 @@ mod tests {
                 next += 1;
             }
             assert!(
-                r.memory() as u64 <= window,
-                "memory stays within the window"
+                r.memory() as u64 <= window + BLOCK as u64,
+                "memory stays within the window (and one block)"
             );
             let n = r.read(&mut buf[..7 + got.len() % 4093]);
             got.extend_from_slice(&buf[..n]);
@@ -581,7 +704,7 @@ mod tests {
         for off in (1..window).step_by(2) {
             r.on_data(off, &[1], false).unwrap();
         }
-        assert!(r.memory() as u64 <= window);
+        assert!(r.memory() as u64 <= window + BLOCK as u64);
         assert_eq!(r.readable(), 0);
     }
 
@@ -596,5 +719,88 @@ mod tests {
         assert_eq!(&out[..10], b"abcdefghij");
         assert!(r.is_finished());
         assert!(r.on_data(0, &[0; 2000], false).is_err());
+    }
+
+    #[test]
+    fn large_writes_are_taken_whole_and_sent_exact() {
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut s = SendStream::new(1 << 20, u64::MAX);
+        // a small write, then large buffers taken whole, then a small one again
+        assert_eq!(s.write(&data[..1000]), 1000);
+        let mut big = data[1000..101_000].to_vec();
+        let ptr = big.as_ptr();
+        assert_eq!(s.write_buf(&mut big), 100_000);
+        assert!(
+            s.pieces.iter().any(|(_, p)| p.as_ptr() == ptr),
+            "kept, not copied"
+        );
+        let mut big2 = data[101_000..299_000].to_vec();
+        assert_eq!(s.write_buf(&mut big2), 198_000);
+        assert_eq!(s.write(&data[299_000..]), 1000);
+        // every byte comes out where it belongs, across piece boundaries
+        let mut out = vec![0u8; data.len()];
+        let mut off = 0;
+        while let Some(c) = s.next_chunk(1400) {
+            s.copy_out(c.offset, &mut out[c.offset as usize..][..c.len]);
+            off += c.len;
+            s.on_ack(c);
+        }
+        assert_eq!(off, data.len());
+        assert_eq!(out, data);
+        assert_eq!(s.buffered(), 0);
+        assert!(s.pieces.len() <= 1, "acknowledged pieces freed");
+        // the freed piece comes back in exchange for the next large buffer
+        let mut again = vec![5u8; 20_000];
+        assert_eq!(s.write_buf(&mut again), 20_000);
+        assert!(
+            again.is_empty() && again.capacity() > 0,
+            "an empty spare buffer in exchange"
+        );
+    }
+
+    #[test]
+    fn a_large_write_waits_for_room_unless_the_buffer_is_empty() {
+        let mut s = SendStream::new(50_000, u64::MAX);
+        let mut big = vec![1u8; 80_000];
+        assert_eq!(s.write_buf(&mut big), 80_000, "an empty buffer takes it");
+        let mut more = vec![2u8; 20_000];
+        assert_eq!(s.write_buf(&mut more), 0, "no room: not taken");
+        assert_eq!(more, vec![2u8; 20_000], "left untouched");
+        let c = s.next_chunk(80_000).unwrap();
+        s.on_ack(c);
+        assert_eq!(s.write_buf(&mut more), 20_000);
+    }
+
+    #[test]
+    fn whole_blocks_are_handed_over_and_partial_ones_copied() {
+        let data: Vec<u8> = (0..(3 * BLOCK + 500) as u32)
+            .map(|i| (i % 253) as u8)
+            .collect();
+        let mut r = RecvStream::new(1 << 20);
+        // out of order: the second half first
+        let half = data.len() / 2;
+        r.on_data(half as u64, &data[half..], true).unwrap();
+        assert_eq!(r.readable(), 0);
+        r.on_data(0, &data[..half], false).unwrap();
+        let mut got = Vec::new();
+        let mut buf = Vec::new();
+        // a small read first: the next read_buf copies up to the block's end
+        let mut head = [0u8; 10];
+        assert_eq!(r.read(&mut head), 10);
+        got.extend_from_slice(&head);
+        let mut whole = 0;
+        loop {
+            let n = r.read_buf(&mut buf);
+            if n == 0 {
+                break;
+            }
+            assert_eq!(buf.len(), n);
+            whole += usize::from(n == BLOCK);
+            got.extend_from_slice(&buf);
+        }
+        assert_eq!(got, data);
+        assert_eq!(whole, 2, "blocks 1 and 2 went over whole");
+        assert!(r.is_finished());
+        assert_eq!(r.memory(), 0);
     }
 }

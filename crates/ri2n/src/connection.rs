@@ -231,6 +231,33 @@ impl Connection {
         self.with(|c| c.is_send_complete())
     }
 
+    /// Writes all of `buf` to the stream, waiting for room, without copying a large buffer
+    /// (16 KiB or more): the connection keeps it until the peer acknowledged it and leaves
+    /// `buf` empty, with the memory of a buffer it no longer needs when it has one: fill it
+    /// with the next data and write it again, and nothing is allocated per write. So
+    /// the data is copied once in user space, into the datagrams, and the copy is not made
+    /// while holding the engine's lock. Smaller buffers are copied, as by `write`.
+    pub fn write_buf(&self, buf: &mut Vec<u8>) -> io::Result<()> {
+        while !buf.is_empty() {
+            match self.blocking(None, |c| c.write_buf(buf), |e| *e == WriteError::Blocked)? {
+                Ok(_) => {}
+                Err(e) => return Err(write_error(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the next bytes of the stream into `buf`, replacing its contents and waiting until
+    /// some are there; returns how many (0: the peer finished). When a whole 64 KiB block of
+    /// the receive buffer is ready it is handed over as `buf` without copying, and the memory
+    /// `buf` had is kept for a later block: reuse the same `buf` for every call.
+    pub fn read_buf(&self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        match self.blocking(None, |c| c.read_buf(buf), |e| *e == ReadError::Blocked)? {
+            Ok(n) => Ok(n),
+            Err(e) => Err(read_error(e)),
+        }
+    }
+
     /// Aborts the connection at once; the peer sees `PeerAborted` with `code` and `reason`.
     pub fn abort(&self, code: u64, reason: &str) {
         self.with(|c| c.abort(code, reason));

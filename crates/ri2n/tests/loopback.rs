@@ -74,9 +74,28 @@ fn pair() -> Pair {
     }
 }
 
+/// How the application hands its bytes over.
+#[derive(Clone, Copy, PartialEq)]
+enum Api {
+    /// `Read` and `Write`: copies in and out.
+    Copy,
+    /// `write_buf` and `read_buf`: buffers exchanged with the connection, of sizes below and
+    /// above the one it takes whole.
+    Exchange,
+}
+
 /// Sends `len` seeded random bytes client → server while `during` runs against the client
 /// endpoint; returns the elapsed time after checking the bytes arrived exactly.
 fn transfer(p: &Pair, len: usize, during: impl FnOnce(&Endpoint) + Send) -> Duration {
+    transfer_with(p, len, Api::Copy, during)
+}
+
+fn transfer_with(
+    p: &Pair,
+    len: usize,
+    api: Api,
+    during: impl FnOnce(&Endpoint) + Send,
+) -> Duration {
     let server_addr = p.server.local_addrs()[0];
     let server = p.server.clone();
     let receiver = thread::spawn(move || {
@@ -84,7 +103,14 @@ fn transfer(p: &Pair, len: usize, during: impl FnOnce(&Endpoint) + Send) -> Dura
         let mut expected = Stream::new(7);
         let (mut got, mut buf) = (0usize, vec![0u8; 1 << 16]);
         loop {
-            let n = conn.read(&mut buf).unwrap();
+            let n = match api {
+                Api::Copy => conn.read(&mut buf).unwrap(),
+                Api::Exchange => {
+                    let n = conn.read_buf(&mut buf).unwrap();
+                    assert_eq!(n, buf.len());
+                    n
+                }
+            };
             if n == 0 {
                 break;
             }
@@ -102,11 +128,29 @@ fn transfer(p: &Pair, len: usize, during: impl FnOnce(&Endpoint) + Send) -> Dura
         s.spawn(|| during(&p.client));
         let mut stream = Stream::new(7);
         let mut sent = 0;
+        let mut buf = Vec::new();
+        let sizes = [1 << 16, 1000, 200_000, 16 << 10, 5];
+        let mut pending: Vec<u8> = Vec::new();
         while sent < len {
             let chunk = stream.next_block();
             let n = chunk.len().min(len - sent);
-            conn.write_all(&chunk[..n]).unwrap();
+            match api {
+                Api::Copy => conn.write_all(&chunk[..n]).unwrap(),
+                Api::Exchange => pending.extend_from_slice(&chunk[..n]),
+            }
             sent += n;
+            // hand the bytes over in buffers of varied sizes
+            while api == Api::Exchange && !pending.is_empty() {
+                let want = sizes[sent % sizes.len()].min(pending.len());
+                if want < pending.len() || sent == len {
+                    buf.extend_from_slice(&pending[..want]);
+                    pending.drain(..want);
+                    conn.write_buf(&mut buf).unwrap();
+                    assert!(buf.is_empty(), "all of it taken");
+                } else {
+                    break;
+                }
+            }
         }
         conn.finish().unwrap();
         conn.wait_acknowledged(Some(Duration::from_secs(120)))
@@ -137,6 +181,14 @@ fn transfer_with_one_link_losing_20_percent() {
     let lossy = p.client.local_addrs()[1];
     p.client.impairment(lossy).unwrap().set_loss(0.2);
     transfer(&p, 16 << 20, |_| {});
+}
+
+#[test]
+fn buffers_exchanged_with_the_connection_arrive_exact_through_loss() {
+    let p = pair();
+    let lossy = p.client.local_addrs()[1];
+    p.client.impairment(lossy).unwrap().set_loss(0.1);
+    transfer_with(&p, 24 << 20, Api::Exchange, |_| {});
 }
 
 #[test]

@@ -371,6 +371,26 @@ impl Connection {
         Ok(n)
     }
 
+    /// Writes the bytes of `buf` to the byte stream, like [`write`](Self::write) but without
+    /// copying a large buffer (16 KiB or more): the connection keeps it until the peer
+    /// acknowledged it and leaves `buf` empty, with the memory of a buffer it no longer needs
+    /// when it has one (fill it with the next data). A large buffer is taken whole or, when the
+    /// send buffer has no room for it, not at all ([`WriteError::Blocked`]); a small one is
+    /// copied and drained. Returns how many bytes were taken.
+    pub fn write_buf(&mut self, buf: &mut Vec<u8>) -> Result<usize, WriteError> {
+        self.write_check()?;
+        let stream = &mut self.send[BYTE_STREAM];
+        let n = stream.write_buf(buf);
+        if n == 0 && !buf.is_empty() {
+            // a large buffer goes only whole: wake the writer once it fits (an empty send
+            // buffer takes any size)
+            let want = (buf.len() as u64).min(stream.capacity()).max(1);
+            self.write_wants = Some((BYTE_STREAM, want));
+            return Err(WriteError::Blocked);
+        }
+        Ok(n)
+    }
+
     /// Largest message [`send_message`](Self::send_message) accepts.
     pub fn max_message_size(&self) -> usize {
         let limit = self
@@ -430,6 +450,22 @@ impl Connection {
             return Ok(n);
         }
         if self.recv[BYTE_STREAM].is_finished() || buf.is_empty() {
+            return Ok(0);
+        }
+        self.read_blocked()
+    }
+
+    /// Reads from the byte stream into `buf`, replacing its contents, like
+    /// [`read`](Self::read) but without copying when a whole block of the receive buffer (64
+    /// KiB) is ready: the block itself is handed over, and `buf`'s memory is kept for a later
+    /// block. `Ok(0)` is the end of the stream.
+    pub fn read_buf(&mut self, buf: &mut Vec<u8>) -> Result<usize, ReadError> {
+        let n = self.recv[BYTE_STREAM].read_buf(buf);
+        if n > 0 {
+            self.after_read(BYTE_STREAM);
+            return Ok(n);
+        }
+        if self.recv[BYTE_STREAM].is_finished() {
             return Ok(0);
         }
         self.read_blocked()

@@ -1,0 +1,173 @@
+//! The engine's own cost per byte, without sockets or threads: a client and a server endpoint
+//! in this process, two links each, move a stream through memory. Each side's calls are timed
+//! separately (they include the application's copies in and out of the streams), and a
+//! virtual clock advances 20 µs per round so that RTT, pacing and timers behave as on a fast
+//! link. Prints JSON: nanoseconds per datagram and CPU seconds per GB for each side.
+//!
+//! `cargo run --release -p ri2n-proto --example engine_throughput [MIB] [--key]`
+//!
+//! Under `valgrind --tool=callgrind` the instruction counts are repeatable, which makes small
+//! changes to the per-packet path measurable on a noisy machine.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use ri2n_proto::{ConnectionConfig, ConnectionState, Endpoint, EndpointConfig, Key};
+
+const ROUND: Duration = Duration::from_micros(20);
+/// Datagrams the server takes in before it answers (the driver's `recvmmsg` batch).
+const RECV_BATCH: usize = 32;
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let mut mib: u64 = 256;
+    let mut key = None;
+    for a in args.by_ref() {
+        match a.as_str() {
+            "--key" => key = Some(Key::from_bytes([7; 32])),
+            n => mib = n.parse().expect("a size in MiB, or --key"),
+        }
+    }
+    let total = mib << 20;
+    let client_addrs: Vec<SocketAddr> = vec![
+        "10.0.1.1:5000".parse().unwrap(),
+        "10.0.2.1:5000".parse().unwrap(),
+    ];
+    let server_addrs: Vec<SocketAddr> = vec![
+        "10.0.1.2:7000".parse().unwrap(),
+        "10.0.2.2:7000".parse().unwrap(),
+    ];
+    let mut now = Instant::now();
+    let mut scfg = EndpointConfig::new(server_addrs.clone()).server();
+    scfg.key = key.clone();
+    let mut server = Endpoint::new(scfg, 1, now);
+    let mut ccfg = EndpointConfig::new(client_addrs.clone());
+    ccfg.key = key.clone();
+    let mut client = Endpoint::new(ccfg, 2, now);
+    let cfg = ConnectionConfig::default().with_discover(false);
+    let ch = client.connect(now, &server_addrs, cfg).unwrap();
+
+    let source: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 251) as u8).collect();
+    let mut sink = vec![0u8; 1 << 20];
+    let mut to_server = InFlight::default();
+    let mut to_client = InFlight::default();
+    let mut rounds = 0u32;
+    let (mut written, mut read) = (0u64, 0u64);
+    let (mut client_time, mut server_time) = (Duration::ZERO, Duration::ZERO);
+    let (mut datagrams, mut acks) = (0u64, 0u64);
+    let mut sh = None;
+    let started = Instant::now();
+    while read < total {
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "no progress: {read} of {total} bytes"
+        );
+        now += ROUND;
+        rounds += 1;
+        // client: the application writes, the engine sends
+        let t0 = Instant::now();
+        client.handle_timeout(now);
+        if client.connection(ch).unwrap().state() == ConnectionState::Established {
+            let conn = client.connection_mut(ch).unwrap();
+            while written < total {
+                let at = (written % source.len() as u64) as usize;
+                let end = source.len().min(at + (total - written) as usize);
+                match conn.write(&source[at..end]) {
+                    Ok(n) => written += n as u64,
+                    Err(_) => break,
+                }
+            }
+        }
+        while to_server.send(|b| client.poll_transmit(now, b)) {}
+        client_time += t0.elapsed();
+        // server: the engine receives, the application reads
+        datagrams += to_server.meta.len() as u64;
+        let t0 = Instant::now();
+        server.handle_timeout(now);
+        // in receive batches, as the driver does (one `recvmmsg` each), each followed by
+        // what the engine sends in answer (acknowledgements) and the application's read
+        let mut batches = to_server.take();
+        for batch in batches.chunks(RECV_BATCH) {
+            for &(to, from, start, len) in batch {
+                server.handle_datagram(now, to, from, &mut to_server.bytes[start..start + len]);
+            }
+            if sh.is_none() {
+                sh = server.accept();
+            }
+            if let Some(h) = sh {
+                let conn = server.connection_mut(h).unwrap();
+                while let Ok(n) = conn.read(&mut sink) {
+                    if n == 0 {
+                        break;
+                    }
+                    read += n as u64;
+                }
+            }
+            while to_client.send(|b| server.poll_transmit(now, b)) {}
+        }
+        batches.clear();
+        to_server.meta = batches;
+        server_time += t0.elapsed();
+        // client: acknowledgements
+        acks += to_client.meta.len() as u64;
+        let t0 = Instant::now();
+        to_client.deliver(|to, from, d| client.handle_datagram(now, to, from, d));
+        client_time += t0.elapsed();
+    }
+    let gb = total as f64 / 1e9;
+    let stats = client.connection(ch).unwrap().stats();
+    let lost: u64 = stats.links.iter().map(|l| l.packets_lost).sum();
+    println!(
+        "{{\"bytes\": {total}, \"keyed\": {}, \"datagrams\": {datagrams}, \"acks\": {acks}, \
+         \"lost\": {lost}, \"client_ns_per_datagram\": {:.0}, \"server_ns_per_datagram\": {:.0}, \
+         \"client_cpu_s_per_gb\": {:.3}, \"server_cpu_s_per_gb\": {:.3}, \"virtual_s\": {:.3}}}",
+        key.is_some(),
+        client_time.as_nanos() as f64 / datagrams as f64,
+        server_time.as_nanos() as f64 / datagrams as f64,
+        client_time.as_secs_f64() / gb,
+        server_time.as_secs_f64() / gb,
+        (ROUND * rounds).as_secs_f64(),
+    );
+}
+
+/// Datagrams on their way in one direction, in one reused buffer (the harness allocates
+/// nothing per datagram, so the timings are the engine's).
+#[derive(Default)]
+struct InFlight {
+    bytes: Vec<u8>,
+    used: usize,
+    /// (to, from, start, length) per datagram
+    meta: Vec<(SocketAddr, SocketAddr, usize, usize)>,
+}
+
+impl InFlight {
+    /// Has `poll` build the next datagram at the end of the buffer; false when it built none.
+    fn send(&mut self, poll: impl FnOnce(&mut [u8]) -> Option<ri2n_proto::Transmit>) -> bool {
+        let (start, room) = (self.used, ri2n_proto::wire::MAX_DATAGRAM_SIZE);
+        if self.bytes.len() < start + room {
+            // grows a few times at the start, then never again
+            self.bytes.resize(2 * (start + room), 0);
+        }
+        let built = poll(&mut self.bytes[start..start + room]);
+        if let Some(t) = &built {
+            self.meta.push((t.remote, t.local, start, t.len));
+            self.used += t.len;
+        }
+        built.is_some()
+    }
+
+    /// The datagrams' places in `bytes`, which stay valid until the next `send`.
+    fn take(&mut self) -> Vec<(SocketAddr, SocketAddr, usize, usize)> {
+        self.used = 0;
+        std::mem::take(&mut self.meta)
+    }
+
+    /// Hands every datagram to `receive`, then empties the buffer.
+    fn deliver(&mut self, mut receive: impl FnMut(SocketAddr, SocketAddr, &mut [u8])) {
+        for &(to, from, start, len) in &self.meta {
+            receive(to, from, &mut self.bytes[start..start + len]);
+        }
+        self.used = 0;
+        self.meta.clear();
+    }
+}
