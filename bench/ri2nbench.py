@@ -696,8 +696,9 @@ def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, ke
     return r
 
 
-def iperf_transfer(lab, nbytes, mptcp, pipe_in=None, pipe_out=None, timeout=120):
-    """iperf3 of `nbytes` A→B over one TCP connection (link 1) or MPTCP (every link)."""
+def iperf_transfer(lab, nbytes, mptcp, pipe_in=None, pipe_out=None, src=None, timeout=120):
+    """iperf3 of `nbytes` A→B over one TCP connection (link 1) or MPTCP (every link); the
+    sender reads file `src` if given (as `ri2n send -i` does), else sends from memory."""
     port = 5301 + random.randrange(500)
     wrap = ["mptcpize", "run"] if mptcp else []
     scmd = wrap + ["iperf3", "-s", "-1", "-p", port]
@@ -708,6 +709,8 @@ def iperf_transfer(lab, nbytes, mptcp, pipe_in=None, pipe_out=None, timeout=120)
     srv = PROCS.start(lab.ex("b", *scmd))
     wait_ready(srv, "iperf3 -s", 0.3)
     ccmd = wrap + ["iperf3", "-c", "10.77.1.2", "-p", port, "-n", nbytes, "--json"]
+    if src:
+        ccmd += ["-F", src]
     if pipe_in:
         ccmd = ["sh", "-c", "%s | %s iperf3 -c 10.77.1.2 -p %d -n %d -F /dev/stdin --json" % (
             pipe_in, " ".join(wrap), port, nbytes)]
@@ -761,8 +764,9 @@ def part_fast(o):
     res["commands"] = {
         "lab": "lab/ri2n-lab up N --mtu MTU (no --rate: unlimited veth links)",
         "ri2n": "ri2n recv --listen 10.77.I.2:PORT … -o /dev/null; ri2n send --to 10.77.1.2:PORT --local 10.77.I.1 … -i FILE",
-        "tcp": "iperf3 -s -1; iperf3 -c 10.77.1.2 -n BYTES (one connection, link 1)",
-        "mptcp": "mptcpize run iperf3 … (a subflow per link)",
+        "tcp": "iperf3 -s -1; iperf3 -c 10.77.1.2 -n BYTES -F FILE (one connection, link 1; "
+               "reads the same file as ri2n send)",
+        "mptcp": "mptcpize run iperf3 … -F FILE (a subflow per link)",
         "piped": "sender: cat FILE | ri2n send …; receiver: ri2n recv -o - | b2sum "
                  "(iperf3: -F /dev/stdin; -F /dev/fd/3 3>&1 | b2sum)",
         "cpu": "machine busy time from /proc/stat during the transfer, per GB moved",
@@ -781,7 +785,7 @@ def part_fast(o):
                 if k == "ri2n":
                     row[k] = ri2n_transfer(lab, src, o.fast_bytes)
                 else:
-                    row[k] = iperf_transfer(lab, o.fast_bytes, mptcp=(k == "mptcp"))
+                    row[k] = iperf_transfer(lab, o.fast_bytes, mptcp=(k == "mptcp"), src=src)
             log("  rep %d: %s" % (rep, ", ".join(
                 "%s %.2f Gbit/s %.2f CPU-s/GB" % (k, (row[k].get("bps") or 0) / 1e9,
                                                   row[k]["cpu_machine"] / (o.fast_bytes / 1e9))

@@ -253,8 +253,14 @@ impl SendStream {
             // a bare FIN: there may be no piece at all
             return;
         }
-        // the piece holding `offset`: the last one starting at or below it
-        let mut i = self.pieces.partition_point(|(start, _)| *start <= offset) - 1;
+        // the piece holding `offset`: the last one starting at or below it (new data, the
+        // usual case, is in the last piece, so look there before searching)
+        let last = self.pieces.len() - 1;
+        let mut i = if self.pieces[last].0 <= offset {
+            last
+        } else {
+            self.pieces.partition_point(|(start, _)| *start <= offset) - 1
+        };
         let mut at = (offset - self.pieces[i].0) as usize;
         let mut done = 0;
         while done < out.len() {
