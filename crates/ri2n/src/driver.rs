@@ -599,6 +599,24 @@ pub(crate) struct Driver {
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
+/// Watches socket `fd` for arrivals (edge-triggered, as mio does) with `EPOLLEXCLUSIVE`: of
+/// the epoll instances watching it, an arrival wakes only the first one with a waiting thread
+/// (the next ones if none waits). mio has no such option, so the raw `epoll_ctl`; mio reads
+/// the token back from the event's data as usual.
+fn register_exclusive(poll: &Poll, fd: std::os::fd::RawFd, token: Token) -> std::io::Result<()> {
+    let mut ev = libc::epoll_event {
+        events: (libc::EPOLLIN | libc::EPOLLET | libc::EPOLLEXCLUSIVE) as u32,
+        u64: token.0 as u64,
+    };
+    // SAFETY: both descriptors are open (the poll and the socket outlive the registration)
+    // and `ev` is a valid epoll_event for the duration of the call.
+    let rc = unsafe { libc::epoll_ctl(poll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 impl Driver {
     pub fn start(endpoint: ProtoEndpoint, sockets: Vec<LinkSocket>) -> std::io::Result<Arc<Self>> {
         let poll = Poll::new()?;
@@ -607,12 +625,11 @@ impl Driver {
         let caller_waker = Waker::new(caller_poll.registry(), WAKE_TOKEN)?;
         for (i, s) in sockets.iter().enumerate() {
             let fd = s.io.as_raw_fd();
-            poll.registry()
-                .register(&mut SourceFd(&fd), Token(i), Interest::READABLE)?;
-            // the same socket again: mio's sources belong to one registry, a raw fd does not
-            caller_poll
-                .registry()
-                .register(&mut SourceFd(&fd), Token(i), Interest::READABLE)?;
+            // the caller's instance first: an arrival wakes the first exclusive watcher that
+            // has a thread waiting, so a blocked application call receives for itself and the
+            // driver thread sleeps on (on one CPU that saves two context switches per datagram)
+            register_exclusive(&caller_poll, fd, Token(i))?;
+            register_exclusive(&poll, fd, Token(i))?;
         }
         // best effort: without notifications a pulled cable is found by the engine's own
         // failure detection, and the link may take up to a second longer to come back
