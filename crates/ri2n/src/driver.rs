@@ -283,6 +283,9 @@ impl Shared {
         let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         // an error (EINTR) just means: look again
         let _ = poll.poll(events, timeout);
+        // this thread is awake now: what it receives below must not wake it again (a write to
+        // its own waker, then one more pass through `poll` for nothing)
+        self.lock().caller_polling = false;
         for ev in events.iter() {
             // edge-triggered: receive until the socket's queue was seen empty
             if ev.token().0 < self.sockets.len() {
