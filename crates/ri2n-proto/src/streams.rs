@@ -11,6 +11,11 @@ use crate::ranges::RangeSet;
 
 /// Size of the pieces small writes are gathered in (and of the receive side's blocks).
 pub const BLOCK: usize = 64 * 1024;
+/// Freed send pieces kept for reuse: memory beyond the send buffer's capacity stays within
+/// this many of the application's buffers.
+const MAX_SPARES: usize = 4;
+/// Freed receive blocks kept for reuse (1 MiB): memory above the window stays within it.
+const MAX_SPARE_BLOCKS: usize = 16;
 /// Smallest buffer [`SendStream::write_buf`] takes over whole instead of copying.
 const MIN_TAKEN: usize = 16 * 1024;
 
@@ -28,8 +33,9 @@ pub(crate) struct SendStream {
     /// The bytes from `base` (or a little below: the front piece is freed once all of it is
     /// acknowledged) to `written`, each piece with its stream offset.
     pieces: VecDeque<(u64, Vec<u8>)>,
-    /// A freed piece kept for the next exchange or small write (no allocation per piece).
-    spare: Option<Vec<u8>>,
+    /// Freed pieces kept for the next exchanges or small writes (no allocation per piece:
+    /// one acknowledgement often frees two pieces, and the writer then takes two in turn).
+    spares: Vec<Vec<u8>>,
     /// Every byte below it is acknowledged.
     base: u64,
     /// Offset one past the last byte the application wrote.
@@ -64,7 +70,7 @@ impl SendStream {
     pub fn new(capacity: u64, max_data: u64) -> Self {
         Self {
             pieces: VecDeque::new(),
-            spare: None,
+            spares: Vec::new(),
             base: 0,
             written: 0,
             next_new: 0,
@@ -110,7 +116,7 @@ impl SendStream {
             let last = match self.pieces.back_mut() {
                 Some((_, p)) if p.len() < p.capacity() => p,
                 _ => {
-                    let mut piece = self.spare.take().unwrap_or_default();
+                    let mut piece = self.spares.pop().unwrap_or_default();
                     piece.clear();
                     piece.reserve_exact(BLOCK);
                     self.pieces.push_back((self.written, piece));
@@ -141,7 +147,7 @@ impl SendStream {
         if (n as u64) > self.room() && self.buffered() > 0 {
             return 0;
         }
-        let mut spare = self.spare.take().unwrap_or_default();
+        let mut spare = self.spares.pop().unwrap_or_default();
         spare.clear();
         let piece = std::mem::replace(buf, spare);
         self.pieces.push_back((self.written, piece));
@@ -149,19 +155,15 @@ impl SendStream {
         n
     }
 
-    /// Frees the pieces wholly below `base`, keeping one as the spare.
+    /// Frees the pieces wholly below `base`, keeping up to [`MAX_SPARES`] for reuse.
     fn free_acknowledged(&mut self) {
         while let Some((start, piece)) = self.pieces.front() {
             if start + piece.len() as u64 > self.base {
                 break;
             }
             let (_, piece) = self.pieces.pop_front().expect("front exists");
-            if self
-                .spare
-                .as_ref()
-                .is_none_or(|s| s.capacity() < piece.capacity())
-            {
-                self.spare = Some(piece);
+            if self.spares.len() < MAX_SPARES {
+                self.spares.push(piece);
             }
         }
     }
@@ -327,8 +329,11 @@ pub(crate) struct RecvStream {
     /// Blocks from `first()` on, each [`BLOCK`] bytes long. Positions of offsets not received
     /// yet hold stale bytes.
     blocks: VecDeque<Vec<u8>>,
-    /// A block-sized buffer kept for the next block (no allocation per block).
-    spare: Option<Vec<u8>>,
+    /// Block-sized buffers kept for the next blocks (up to [`MAX_SPARE_BLOCKS`]): blocks the
+    /// reader freed are reused instead of going back to the allocator, which would return
+    /// their pages to the OS and fault them in again (measured: tens of thousands of page
+    /// faults per GB received with one spare).
+    spares: Vec<Vec<u8>>,
     /// Bytes the application has read.
     read: u64,
     /// Every offset below this has arrived (`contiguous - read` bytes are readable).
@@ -357,7 +362,7 @@ impl RecvStream {
     pub fn new(window: u64) -> Self {
         Self {
             blocks: VecDeque::new(),
-            spare: None,
+            spares: Vec::new(),
             read: 0,
             contiguous: 0,
             ahead: RangeSet::new(),
@@ -394,7 +399,7 @@ impl RecvStream {
     /// Bytes of memory the reassembly blocks hold.
     #[cfg(test)]
     pub fn memory(&self) -> usize {
-        self.blocks.len() * BLOCK
+        (self.blocks.len() + self.spares.len()) * BLOCK
     }
 
     /// Stream offset of the first block's first byte.
@@ -407,7 +412,7 @@ impl RecvStream {
     fn reserve_to(&mut self, end: u64) {
         let needed = (end - self.first()).div_ceil(BLOCK as u64) as usize;
         while self.blocks.len() < needed {
-            let block = self.spare.take().unwrap_or_else(|| vec![0u8; BLOCK]);
+            let block = self.spares.pop().unwrap_or_else(|| vec![0u8; BLOCK]);
             self.blocks.push_back(block);
         }
     }
@@ -553,8 +558,8 @@ impl RecvStream {
         if n == BLOCK {
             let block = self.blocks.pop_front().expect("a readable block exists");
             let given = std::mem::replace(buf, block);
-            if given.len() == BLOCK && self.spare.is_none() {
-                self.spare = Some(given);
+            if given.len() == BLOCK {
+                self.keep_spare(given);
             }
             // the block is gone already: move on as `consume` would
             self.read += BLOCK as u64;
@@ -570,7 +575,13 @@ impl RecvStream {
         n
     }
 
-    /// Moves the read offset `n` bytes on, freeing the blocks left behind (one is kept).
+    fn keep_spare(&mut self, block: Vec<u8>) {
+        if self.spares.len() < MAX_SPARE_BLOCKS {
+            self.spares.push(block);
+        }
+    }
+
+    /// Moves the read offset `n` bytes on, freeing the blocks left behind (some are kept).
     fn consume(&mut self, n: usize) {
         if n == 0 {
             return;
@@ -580,9 +591,7 @@ impl RecvStream {
         self.buffered -= n as u64;
         for _ in 0..done_blocks.min(self.blocks.len()) {
             let block = self.blocks.pop_front().expect("counted");
-            if self.spare.is_none() {
-                self.spare = Some(block);
-            }
+            self.keep_spare(block);
         }
         self.release_if_finished();
     }
@@ -591,7 +600,7 @@ impl RecvStream {
     fn release_if_finished(&mut self) {
         if self.is_finished() {
             self.blocks = VecDeque::new();
-            self.spare = None;
+            self.spares = Vec::new();
         }
     }
 
@@ -693,8 +702,8 @@ mod tests {
                 next += 1;
             }
             assert!(
-                r.memory() as u64 <= window + BLOCK as u64,
-                "memory stays within the window (and one block)"
+                r.memory() <= window as usize + BLOCK * (1 + MAX_SPARE_BLOCKS),
+                "memory stays within the window (one block more, and the spares)"
             );
             let n = r.read(&mut buf[..7 + got.len() % 4093]);
             got.extend_from_slice(&buf[..n]);
@@ -710,7 +719,7 @@ mod tests {
         for off in (1..window).step_by(2) {
             r.on_data(off, &[1], false).unwrap();
         }
-        assert!(r.memory() as u64 <= window + BLOCK as u64);
+        assert!(r.memory() <= window as usize + BLOCK * (1 + MAX_SPARE_BLOCKS));
         assert_eq!(r.readable(), 0);
     }
 
