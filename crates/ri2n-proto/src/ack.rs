@@ -11,6 +11,11 @@ use crate::ConnectionConfig;
 const MAX_RECEIVED_RANGES: usize = 64;
 /// Furthest a packet number may run ahead of the largest received on its link.
 const MAX_PN_JUMP: u64 = 1 << 20;
+/// At high rates, about this many ACK frames per `max_ack_delay` (PROTOCOL.md §5.2): the
+/// ack-eliciting count that makes an ACK due grows with the arrival rate.
+const ACKS_PER_DELAY: u32 = 4;
+/// The most ack-eliciting packets one ACK waits for (about one receive batch).
+const MAX_ACK_THRESHOLD: u32 = 32;
 
 /// The acknowledgement state of one link.
 #[derive(Debug, Default)]
@@ -30,6 +35,11 @@ pub(crate) struct AckState {
     immediate: bool,
     /// Latest time the ACK may be delayed to.
     deadline: Option<Instant>,
+    /// Ack-eliciting arrivals counted since `period_start`, and in the last whole period of
+    /// `max_ack_delay`: the arrival rate the ACK threshold scales with.
+    period_start: Option<Instant>,
+    period_count: u32,
+    last_period_count: u32,
 }
 
 impl AckState {
@@ -72,7 +82,8 @@ impl AckState {
         if ack_eliciting {
             self.pending = true;
             self.eliciting_since_ack += 1;
-            if !in_order || self.eliciting_since_ack >= cfg.ack_frequency {
+            self.count_arrival(now, cfg.max_ack_delay);
+            if !in_order || self.eliciting_since_ack >= self.threshold(cfg) {
                 self.immediate = true;
             }
             if self.deadline.is_none() {
@@ -80,6 +91,31 @@ impl AckState {
             }
         }
         true
+    }
+
+    /// Counts an ack-eliciting arrival in the current period of `period` (a period with no
+    /// arrivals for longer than itself counts as empty).
+    fn count_arrival(&mut self, now: Instant, period: Duration) {
+        match self.period_start {
+            Some(start) if now.saturating_duration_since(start) < period => {}
+            Some(start) => {
+                let idle = now.saturating_duration_since(start) >= 2 * period;
+                self.last_period_count = if idle { 0 } else { self.period_count };
+                self.period_start = Some(now);
+                self.period_count = 0;
+            }
+            None => self.period_start = Some(now),
+        }
+        self.period_count = self.period_count.saturating_add(1);
+    }
+
+    /// How many ack-eliciting packets make an ACK due at once: `ack_frequency` at low rates,
+    /// more as the rate grows, so that about [`ACKS_PER_DELAY`] ACKs go back per
+    /// `max_ack_delay` (at 10 Gbit/s, one per two packets would be over 400 000 ACKs a second
+    /// for the sender to process).
+    fn threshold(&self, cfg: &ConnectionConfig) -> u32 {
+        (self.last_period_count / ACKS_PER_DELAY)
+            .clamp(cfg.ack_frequency, MAX_ACK_THRESHOLD.max(cfg.ack_frequency))
     }
 
     /// Whether an ACK frame for this link waits to be sent.
@@ -171,5 +207,46 @@ mod tests {
                 "replay of {pn} accepted"
             );
         }
+    }
+
+    #[test]
+    fn acknowledgements_thin_out_as_the_rate_grows() {
+        let cfg = ConnectionConfig::default();
+        let mut a = AckState::default();
+        let start = Instant::now();
+        // 1 packet per 100 µs (10 per ms): below the scaling, an ACK every 2 packets
+        let mut acks = 0;
+        for pn in 0..100u64 {
+            a.on_received(start + Duration::from_micros(100 * pn), pn, true, &cfg);
+            if a.is_due(start) {
+                acks += 1;
+                a.on_sent();
+            }
+        }
+        assert_eq!(acks, 50);
+        // then 400 packets per ms: after one period at the old rate, an ACK per 32 packets
+        // (the cap; 400 / 4 per period would be 100)
+        let t0 = start + Duration::from_millis(20);
+        let (mut acks, mut since) = (0, 0);
+        for i in 0..4000u64 {
+            let pn = 100 + i;
+            a.on_received(t0 + Duration::from_nanos(2500 * i), pn, true, &cfg);
+            since += 1;
+            if a.is_due(t0) {
+                assert!(since <= 32);
+                if i >= 1000 {
+                    acks += 1;
+                }
+                since = 0;
+                a.on_sent();
+            }
+        }
+        assert!(
+            (90..=100).contains(&acks),
+            "{acks} ACKs for the last 3000 packets"
+        );
+        // reordering still makes one due at once
+        a.on_received(t0 + Duration::from_millis(11), 4200, true, &cfg);
+        assert!(a.is_due(t0));
     }
 }

@@ -53,7 +53,9 @@ pub struct ConnectionConfig {
     pub min_pto: Duration,
     /// How long the receiver may delay an acknowledgement (default 1 ms).
     pub max_ack_delay: Duration,
-    /// Acknowledge at the latest after this many ack-eliciting packets (default 2).
+    /// Acknowledge at the latest after this many ack-eliciting packets (default 2) at low
+    /// rates; at high rates the receiver waits for more, up to 32, so that about 4 ACKs go
+    /// back per `max_ack_delay` (docs/PROTOCOL.md §5.2).
     pub ack_frequency: u32,
     /// Period of the receiver-side arrival-share check (default 20 ms).
     pub share_check_interval: Duration,
