@@ -133,10 +133,10 @@ impl SendStream {
 
     /// Takes the bytes of `buf`: a buffer of at least [`MIN_TAKEN`] bytes is kept whole, with
     /// no copy, and `buf` receives an empty spare buffer in exchange (the memory of a piece
-    /// already acknowledged, when there is one); a smaller one is copied and drained. Returns how many bytes were taken:
-    /// 0 when the send buffer has no room for all of a large `buf` (it is taken whole or not
-    /// at all, except into an empty buffer, so that a buffer larger than the capacity goes
-    /// too).
+    /// already acknowledged, when there is one); a smaller one is copied and drained. Returns
+    /// how many bytes were taken: 0 when the send buffer has no room for all of a large `buf`
+    /// (it is taken whole or not at all, except into an empty buffer, so that a buffer larger
+    /// than the capacity goes too).
     pub fn write_buf(&mut self, buf: &mut Vec<u8>) -> usize {
         if buf.len() < MIN_TAKEN {
             let n = self.write(buf);
@@ -330,9 +330,8 @@ pub(crate) struct RecvStream {
     /// yet hold stale bytes.
     blocks: VecDeque<Vec<u8>>,
     /// Block-sized buffers kept for the next blocks (up to [`MAX_SPARE_BLOCKS`]): blocks the
-    /// reader freed are reused instead of going back to the allocator, which would return
-    /// their pages to the OS and fault them in again (measured: tens of thousands of page
-    /// faults per GB received with one spare).
+    /// reader freed are reused instead of going back to the allocator and being allocated
+    /// (and zeroed) again.
     spares: Vec<Vec<u8>>,
     /// Bytes the application has read.
     read: u64,

@@ -14,7 +14,9 @@
 //! blocked application call at a time waits on a second epoll instance watching the same
 //! sockets and receives for itself when a datagram arrives, so a reply does not wait for the
 //! driver thread to wake the application (RI2N/UDP measured that hop as most of its latency
-//! above TCP's). Other blocked calls wait on a condition variable of their connection (or of
+//! above TCP's). Both instances watch the sockets with `EPOLLEXCLUSIVE`, the caller's first,
+//! so an arrival wakes the waiting application call alone and the driver thread only when no
+//! call waits. Other blocked calls wait on a condition variable of their connection (or of
 //! `accept`), signalled when the engine reports an event for it.
 
 use std::collections::{HashMap, HashSet, VecDeque};
