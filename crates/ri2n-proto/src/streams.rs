@@ -555,27 +555,23 @@ impl RecvStream {
         let at = (self.read % BLOCK as u64) as usize;
         let n = (self.readable() as usize).min(BLOCK - at);
         if n == BLOCK {
-            let block = self.blocks.pop_front().expect("a readable block exists");
-            let given = std::mem::replace(buf, block);
-            if given.len() == BLOCK {
-                self.keep_spare(given);
+            // the reader's buffer takes the block's place, and `consume` frees it as it would
+            // the block
+            std::mem::swap(buf, &mut self.blocks[0]);
+        } else {
+            buf.clear();
+            if n > 0 {
+                buf.extend_from_slice(&self.blocks[0][at..at + n]);
             }
-            // the block is gone already: move on as `consume` would
-            self.read += BLOCK as u64;
-            self.buffered -= BLOCK as u64;
-            self.release_if_finished();
-            return n;
-        }
-        buf.clear();
-        if n > 0 {
-            buf.extend_from_slice(&self.blocks[0][at..at + n]);
         }
         self.consume(n);
         n
     }
 
+    /// Keeps a freed block for reuse, if it is block-sized (a reader's buffer may not be)
+    /// and fewer than [`MAX_SPARE_BLOCKS`] are kept.
     fn keep_spare(&mut self, block: Vec<u8>) {
-        if self.spares.len() < MAX_SPARE_BLOCKS {
+        if block.len() == BLOCK && self.spares.len() < MAX_SPARE_BLOCKS {
             self.spares.push(block);
         }
     }
