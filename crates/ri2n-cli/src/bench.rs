@@ -138,7 +138,11 @@ impl EventLog {
             } else {
                 self.say.line(line);
             }
-            self.records.push(EventRecord { t, link, event });
+            self.records.push(EventRecord {
+                t,
+                link: link.0,
+                event,
+            });
         }
     }
 }

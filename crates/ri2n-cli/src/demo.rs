@@ -67,7 +67,7 @@ impl Screen {
 /// The cut link, when it was cut and restored, and what the connection reported about it.
 #[derive(Default)]
 struct Watch {
-    link1: Option<u8>,
+    link1: Option<ri2n::LinkId>,
     cut: Option<Instant>,
     restored: Option<Instant>,
     /// Time from the cut to the link's first state change away from up, and that state.

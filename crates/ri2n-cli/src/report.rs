@@ -128,7 +128,7 @@ pub struct LinkDelta {
 /// Remembers the previous statistics of each link to turn counters into per-interval deltas.
 #[derive(Debug, Default)]
 pub struct LinkMeter {
-    prev: HashMap<u8, LinkStats>,
+    prev: HashMap<ri2n::LinkId, LinkStats>,
     prev_time: Option<Instant>,
 }
 
@@ -148,7 +148,7 @@ impl LinkMeter {
                 let stream = d(|s| s.stream_bytes_sent);
                 let delivered = d(|s| s.stream_bytes_acked);
                 LinkDelta {
-                    id: l.id,
+                    id: l.id.0,
                     state: state_name(l.state),
                     bytes_sent: sent,
                     bytes_received: recv,
@@ -208,7 +208,7 @@ impl LinkSummary {
         links
             .iter()
             .map(|l| Self {
-                id: l.id,
+                id: l.id.0,
                 local: l.local,
                 remote: l.remote,
                 state: state_name(l.state),
@@ -298,7 +298,7 @@ impl EventLog {
                 }
                 self.events.push(LinkEvent {
                     at_s,
-                    link,
+                    link: link.0,
                     from: from.to_string(),
                     to: to.to_string(),
                 });

@@ -19,7 +19,7 @@ use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use thiserror::Error;
 use zeroize::{Zeroize, Zeroizing};
 
-use crate::MAX_LINKS;
+use crate::{LinkId, MAX_LINKS};
 
 /// Bytes of a key.
 pub const KEY_LEN: usize = 32;
@@ -499,9 +499,9 @@ impl Drop for PacketKey {
 
 /// The nonce of packet `pn` on link `link`: unique for the life of a key, since packet numbers
 /// never repeat on a link in one direction.
-fn nonce(link: u8, pn: u64) -> Nonce {
+fn nonce(link: LinkId, pn: u64) -> Nonce {
     let mut n = [0u8; aead::NONCE_LEN];
-    n[3] = link;
+    n[3] = link.0;
     n[4..].copy_from_slice(&pn.to_be_bytes());
     Nonce::assume_unique_for_key(n)
 }
@@ -637,9 +637,9 @@ impl PacketProtection {
 
     /// Seals a packet in place: `packet` holds the header (`header_len` bytes), the payload,
     /// and [`TAG_LEN`] bytes of room at its end for the tag.
-    pub fn seal(&mut self, link: u8, pn: u64, header_len: usize, packet: &mut [u8]) {
+    pub fn seal(&mut self, link: LinkId, pn: u64, header_len: usize, packet: &mut [u8]) {
         let s = &mut self.send;
-        if let Some(first) = s.first_pn.get_mut(usize::from(link)) {
+        if let Some(first) = s.first_pn.get_mut(usize::from(link.0)) {
             first.get_or_insert(pn);
         }
         s.sealed += 1;
@@ -659,7 +659,7 @@ impl PacketProtection {
     /// packet from before the last update).
     pub fn open(
         &mut self,
-        link: u8,
+        link: LinkId,
         pn: u64,
         phase: u8,
         header: &[u8],
@@ -699,9 +699,9 @@ impl PacketProtection {
     }
 
     /// The peer acknowledged packets up to `largest` on link `link`.
-    pub fn on_acked(&mut self, link: u8, largest: u64) {
+    pub fn on_acked(&mut self, link: LinkId, largest: u64) {
         let s = &mut self.send;
-        if let Some(Some(first)) = s.first_pn.get(usize::from(link)) {
+        if let Some(Some(first)) = s.first_pn.get(usize::from(link.0)) {
             if largest >= *first {
                 s.confirmed = true;
             }
@@ -722,7 +722,7 @@ impl PacketProtection {
 
 fn open_with(
     key: &PacketKey,
-    link: u8,
+    link: LinkId,
     pn: u64,
     header: &[u8],
     body: &mut [u8],
@@ -804,7 +804,7 @@ mod tests {
             let mut packet = b"\x03\x01\x01\x23\x45\x67\x89\xab\xcd\xef\x01\x05".to_vec();
             packet.extend_from_slice(&[1, 0, 0, 0]);
             packet.extend_from_slice(&[0; TAG_LEN]);
-            p.seal(1, 5, 12, &mut packet);
+            p.seal(LinkId(1), 5, 12, &mut packet);
             assert_eq!(hex(&packet), sealed, "{cipher:?}");
         }
     }
@@ -850,7 +850,7 @@ mod tests {
         let mut packet = b"HEADER".to_vec();
         packet.extend_from_slice(body);
         packet.extend_from_slice(&[0; TAG_LEN]);
-        p.seal(link, pn, 6, &mut packet);
+        p.seal(LinkId(link), pn, 6, &mut packet);
         packet
     }
 
@@ -863,7 +863,7 @@ mod tests {
     ) -> Option<Vec<u8>> {
         let mut packet = packet.to_vec();
         let (header, body) = packet.split_at_mut(6);
-        let len = p.open(link, pn, phase, header, body).ok()?;
+        let len = p.open(LinkId(link), pn, phase, header, body).ok()?;
         Some(body[..len].to_vec())
     }
 
@@ -920,10 +920,10 @@ mod tests {
         // not before the peer confirmed the current key
         c.force_update(now);
         assert_eq!(c.generations().0, 0);
-        c.on_acked(0, 0); // below the first packet of this generation: proves nothing
+        c.on_acked(LinkId(0), 0); // below the first packet of this generation: proves nothing
         c.force_update(now);
         assert_eq!(c.generations().0, 0);
-        c.on_acked(0, 1);
+        c.on_acked(LinkId(0), 1);
         c.force_update(now);
         assert_eq!((c.generations().0, c.send_phase()), (1, 1));
         let new = sealed(&mut c, 0, 2, b"generation 1");
@@ -932,7 +932,7 @@ mod tests {
         // a late packet of the generation before still opens
         assert_eq!(opened(&mut s, 0, 0, 1, &old).unwrap(), b"generation 0");
         // after one more update, generation 0 is gone
-        c.on_acked(0, 2);
+        c.on_acked(LinkId(0), 2);
         c.force_update(now);
         let newer = sealed(&mut c, 0, 3, b"generation 2");
         assert_eq!(opened(&mut s, 0, 0, 3, &newer).unwrap(), b"generation 2");

@@ -26,7 +26,6 @@ mod error;
 mod link;
 mod pmtu;
 pub mod ranges;
-mod sent;
 mod streams;
 pub mod wire;
 
@@ -43,8 +42,17 @@ pub use link::{LinkState, LinkStats};
 pub const MAX_LINKS: usize = 8;
 
 /// A link's ID within its connection, carried in every packet (0 is the link the handshake
-/// used; a client numbers the links it opens 1, 2, …).
-pub type LinkId = u8;
+/// used; a client numbers the links it opens 1, 2, …). An ID is not a position in the
+/// connection's list of links (a link the peer opened may take any free ID), so the two are
+/// different types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LinkId(pub u8);
+
+impl std::fmt::Display for LinkId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
 
 /// Something the application should know about a connection.
 #[derive(Debug, Clone, PartialEq, Eq)]

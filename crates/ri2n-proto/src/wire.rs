@@ -11,6 +11,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use crate::LinkId;
 use thiserror::Error;
 
 /// Protocol version carried in the first byte of every packet (version 1 ended each packet
@@ -234,7 +235,7 @@ pub enum Header<'a> {
         /// Connection ID chosen by the receiver of this packet.
         dcid: u64,
         /// Link the packet was sent on.
-        link: u8,
+        link: LinkId,
         /// Packet number in that link's number space (this direction).
         pn: u64,
         /// Key phase (0 or 1) the packet is sealed with.
@@ -399,7 +400,7 @@ pub fn decode_packet(datagram: &[u8]) -> Result<(Header<'_>, &[u8]), DecodeError
     let header = match datagram[1] {
         t @ (packet_type::SHORT | packet_type::SHORT_PHASE1) => Header::Short {
             dcid: r.u64()?,
-            link: r.u8()?,
+            link: LinkId(r.u8()?),
             pn: r.varint()?,
             phase: u8::from(t == packet_type::SHORT_PHASE1),
         },
@@ -483,7 +484,7 @@ fn write_addr(w: &mut Writer<'_>, a: &SocketAddr) {
 }
 
 /// Writes a short packet header; frames follow, then [`Writer::finish`].
-pub fn write_short_header(w: &mut Writer<'_>, dcid: u64, link: u8, pn: u64, phase: u8) {
+pub fn write_short_header(w: &mut Writer<'_>, dcid: u64, link: LinkId, pn: u64, phase: u8) {
     w.u8(VERSION);
     w.u8(if phase == 0 {
         packet_type::SHORT
@@ -491,7 +492,7 @@ pub fn write_short_header(w: &mut Writer<'_>, dcid: u64, link: u8, pn: u64, phas
         packet_type::SHORT_PHASE1
     });
     w.u64(dcid);
-    w.u8(link);
+    w.u8(link.0);
     w.varint(pn);
 }
 
@@ -638,7 +639,7 @@ pub enum Frame<'a> {
     /// Acknowledgement of one link's packets.
     Ack {
         /// Link whose packet numbers are acknowledged (may differ from the carrying link).
-        link: u8,
+        link: LinkId,
         /// Largest acknowledged packet number.
         largest: u64,
         /// Time the receiver held the acknowledgement of `largest`, in microseconds.
@@ -667,7 +668,7 @@ pub enum Frame<'a> {
     /// Receiver-side failure notice.
     LinkStatus {
         /// The link reported on.
-        link: u8,
+        link: LinkId,
         /// What was observed (see [`link_status`]).
         status: u8,
     },
@@ -711,7 +712,7 @@ impl<'a> Frames<'a> {
             }
             frame_type::PING => Frame::Ping,
             frame_type::ACK => {
-                let link = r.u8()?;
+                let link = LinkId(r.u8()?);
                 let largest = r.varint()?;
                 let delay_us = r.varint()?;
                 let count = r.varint()?;
@@ -753,7 +754,7 @@ impl<'a> Frames<'a> {
                 }
             }
             frame_type::LINK_STATUS => Frame::LinkStatus {
-                link: r.u8()?,
+                link: LinkId(r.u8()?),
                 status: r.u8()?,
             },
             frame_type::CLOSE => {
@@ -843,7 +844,13 @@ pub fn write_stream(
 /// Writes an ACK frame for `link` from ranges given highest first as `(smallest, largest)`,
 /// writing as many ranges as fit in `max_len` bytes (at least the first). Returns false,
 /// writing nothing, when not even the first range fits.
-pub fn write_ack<I>(w: &mut Writer<'_>, link: u8, delay_us: u64, ranges: I, max_len: usize) -> bool
+pub fn write_ack<I>(
+    w: &mut Writer<'_>,
+    link: LinkId,
+    delay_us: u64,
+    ranges: I,
+    max_len: usize,
+) -> bool
 where
     I: Iterator<Item = (u64, u64)> + Clone,
 {
@@ -871,7 +878,7 @@ where
         prev_lo = l;
     }
     w.u8(frame_type::ACK);
-    w.u8(link);
+    w.u8(link.0);
     w.varint(hi);
     w.varint(delay_us);
     w.varint(count);
@@ -893,9 +900,9 @@ pub fn write_max_stream_data(w: &mut Writer<'_>, stream: u8, max: u64) {
 }
 
 /// Writes a LINK_STATUS frame (3 bytes).
-pub fn write_link_status(w: &mut Writer<'_>, link: u8, status: u8) {
+pub fn write_link_status(w: &mut Writer<'_>, link: LinkId, status: u8) {
     w.u8(frame_type::LINK_STATUS);
-    w.u8(link);
+    w.u8(link.0);
     w.u8(status);
 }
 

@@ -28,7 +28,7 @@ use ri2n_proto::wire::{
     self, decode_packet, encode_control_packet, frame_type, handshake_mode, packet_type,
     ClientParams, Frames, Header, ServerParams, Writer, VARINT_MAX, VERSION,
 };
-use ri2n_proto::{ConnectionState, DropReason};
+use ri2n_proto::{ConnectionState, DropReason, LinkId};
 
 const JUNK: usize = 20_000;
 const C2S: u64 = 4_000_000;
@@ -105,7 +105,7 @@ fn harmful_frames(rng: &mut ChaCha8Rng, w: &mut Writer<'_>, near: u64, room: usi
                 let ranges = [(largest - first, largest)];
                 wire::write_ack(
                     w,
-                    rng.gen_range(0..3),
+                    LinkId(rng.gen_range(0..3)),
                     rng.gen_range(0..1_000),
                     ranges.into_iter(),
                     left,
@@ -125,7 +125,9 @@ fn harmful_frames(rng: &mut ChaCha8Rng, w: &mut Writer<'_>, near: u64, room: usi
                 );
             }
             5 => wire::write_max_stream_data(w, rng.gen_range(0..2), random_varint(rng)),
-            6 => wire::write_link_status(w, rng.gen_range(0..2), wire::link_status::DEGRADED),
+            6 => {
+                wire::write_link_status(w, LinkId(rng.gen_range(0..2)), wire::link_status::DEGRADED)
+            }
             _ => wire::write_close(w, rng.gen_range(0..100), b"forged close", left),
         }
     }
@@ -180,7 +182,7 @@ fn malformed_frame(rng: &mut ChaCha8Rng, w: &mut Writer<'_>, room: usize) {
 fn short_packet(cid: u64, link: u8, pn: u64, body: impl FnOnce(&mut Writer<'_>, usize)) -> Vec<u8> {
     let mut buf = vec![0u8; 1472];
     let mut w = Writer::new(&mut buf);
-    wire::write_short_header(&mut w, cid, link, pn, 0);
+    wire::write_short_header(&mut w, cid, LinkId(link), pn, 0);
     let room = w.remaining();
     body(&mut w, room);
     let len = w.finish();
@@ -289,7 +291,9 @@ impl Junk {
                 }
                 let (l, r, link, pn) = old[rng.gen_range(0..old.len())];
                 let near = t.got_s;
-                let b = short_packet(cid, link, pn, |w, room| harmful_frames(rng, w, near, room));
+                let b = short_packet(cid, link.0, pn, |w, room| {
+                    harmful_frames(rng, w, near, room)
+                });
                 return (kind, l, r, b);
             }
             Kind::WrongLink | Kind::ForgedAddress => {

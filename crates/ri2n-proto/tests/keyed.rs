@@ -10,7 +10,8 @@ use std::time::Duration;
 use harness::{Sim, SimConfig, Transfer};
 use ri2n_proto::wire::{self, frame_type, Writer};
 use ri2n_proto::{
-    Cipher, ConnectionError, ConnectionState, DropReason, Key, KeyMismatch, RefusedHandshake,
+    Cipher, ConnectionError, ConnectionState, DropReason, Key, KeyMismatch, LinkId,
+    RefusedHandshake,
 };
 
 fn key(b: u8) -> Key {
@@ -258,7 +259,7 @@ fn tampering_without_the_key_changes_nothing() {
                 _ => {
                     let mut d = [0u8; 64];
                     let mut w = Writer::new(&mut d);
-                    wire::write_short_header(&mut w, cid, p.bytes[10], 1 << 16, 0);
+                    wire::write_short_header(&mut w, cid, LinkId(p.bytes[10]), 1 << 16, 0);
                     w.u8(frame_type::CLOSE);
                     w.varint(0);
                     w.varint(0);
@@ -308,7 +309,7 @@ fn forged_resets_and_acknowledgements_do_not_reach_a_keyed_client() {
     // an ACK of everything on link 0, forged (not sealed)
     let mut d = [0u8; 64];
     let mut w = Writer::new(&mut d);
-    wire::write_short_header(&mut w, 0, 0, 1 << 10, 0);
+    wire::write_short_header(&mut w, 0, LinkId(0), 1 << 10, 0);
     let len = w.finish();
     sim.inject_client(local, remote, &d[..len]);
     assert!(sim.client.dropped().get(DropReason::Unauthenticated) >= 3);
@@ -392,7 +393,7 @@ fn answers_to_unproven_addresses_stay_within_three_times() {
                 _ => {
                     let mut b = vec![0u8; rng.gen_range(16..200)];
                     let mut w = Writer::new(&mut b);
-                    wire::write_short_header(&mut w, rng.gen(), 0, 1, 0);
+                    wire::write_short_header(&mut w, rng.gen(), LinkId(0), 1, 0);
                     b
                 }
             };

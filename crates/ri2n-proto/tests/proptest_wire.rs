@@ -12,6 +12,7 @@ use ri2n_proto::wire::{
     write_stream_header, ClientParams, Frame, Frames, Header, Reader, ServerParams, Writer,
     MIN_INITIAL_SIZE, VARINT_MAX, VERSION,
 };
+use ri2n_proto::LinkId;
 
 // ---------------------------------------------------------------------------------------------
 // Strategies
@@ -361,7 +362,7 @@ fn owned(f: Frame<'_>) -> Owned {
             delay_us,
             ranges,
         } => Owned::Ack {
-            link,
+            link: link.0,
             largest,
             delay_us,
             ranges: ranges.take(MAX_RANGES).collect(),
@@ -378,7 +379,10 @@ fn owned(f: Frame<'_>) -> Owned {
             data: data.to_vec(),
         },
         Frame::MaxStreamData { stream, max } => Owned::MaxStreamData { stream, max },
-        Frame::LinkStatus { link, status } => Owned::LinkStatus { link, status },
+        Frame::LinkStatus { link, status } => Owned::LinkStatus {
+            link: link.0,
+            status,
+        },
         Frame::Close { code, reason } => Owned::Close {
             code,
             reason: reason.to_vec(),
@@ -405,7 +409,7 @@ fn build_short(p: &ShortPacket) -> (Vec<u8>, Vec<Owned>) {
     let mut expected = Vec::new();
     let len = {
         let mut w = Writer::new(&mut buf);
-        write_short_header(&mut w, p.dcid, p.link, p.pn, p.phase);
+        write_short_header(&mut w, p.dcid, LinkId(p.link), p.pn, p.phase);
         assert_eq!(w.len(), wire::SHORT_HEADER_FIXED + varint_len(p.pn));
         for f in &p.frames {
             let before = w.len();
@@ -425,7 +429,13 @@ fn build_short(p: &ShortPacket) -> (Vec<u8>, Vec<Owned>) {
                     max_len,
                 } => {
                     let delay = (*delay).min(VARINT_MAX);
-                    let wrote = write_ack(&mut w, *link, delay, ranges.iter().copied(), *max_len);
+                    let wrote = write_ack(
+                        &mut w,
+                        LinkId(*link),
+                        delay,
+                        ranges.iter().copied(),
+                        *max_len,
+                    );
                     let n = w.len() - before;
                     // the smallest conceivable frame with the first range (count in one byte)
                     let min_first = ack_size(delay, ranges, 1);
@@ -507,7 +517,7 @@ fn build_short(p: &ShortPacket) -> (Vec<u8>, Vec<Owned>) {
                     });
                 }
                 Spec::LinkStatus { link, status } => {
-                    write_link_status(&mut w, *link, *status);
+                    write_link_status(&mut w, LinkId(*link), *status);
                     assert_eq!(w.len() - before, 3);
                     expected.push(Owned::LinkStatus {
                         link: *link,
@@ -717,7 +727,7 @@ fn encode_owned(w: &mut Writer<'_>, f: &Owned) {
             ..
         } => assert!(write_ack(
             w,
-            *link,
+            LinkId(*link),
             *delay_us,
             ranges.iter().copied(),
             usize::MAX / 2
@@ -729,7 +739,7 @@ fn encode_owned(w: &mut Writer<'_>, f: &Owned) {
             data,
         } => write_stream(w, *stream, *offset, *fin, data, true),
         Owned::MaxStreamData { stream, max } => write_max_stream_data(w, *stream, *max),
-        Owned::LinkStatus { link, status } => write_link_status(w, *link, *status),
+        Owned::LinkStatus { link, status } => write_link_status(w, LinkId(*link), *status),
         Owned::Close { code, reason } => write_close(w, *code, reason, usize::MAX / 2),
     }
 }
@@ -811,7 +821,7 @@ proptest! {
     fn short_packets_round_trip(p in short_packet()) {
         let (bytes, expected) = build_short(&p);
         let (h, payload) = decode_packet(&bytes).expect("decodes");
-        prop_assert_eq!(h, Header::Short { dcid: p.dcid, link: p.link, pn: p.pn, phase: p.phase });
+        prop_assert_eq!(h, Header::Short { dcid: p.dcid, link: LinkId(p.link), pn: p.pn, phase: p.phase });
         prop_assert_eq!(decode_frames(payload), expected);
     }
 
@@ -822,7 +832,7 @@ proptest! {
             let Ok((h, payload)) = decode_packet(&bytes[..cut]) else {
                 continue;
             };
-            prop_assert_eq!(h, Header::Short { dcid: p.dcid, link: p.link, pn: p.pn, phase: p.phase });
+            prop_assert_eq!(h, Header::Short { dcid: p.dcid, link: LinkId(p.link), pn: p.pn, phase: p.phase });
             // every frame but the last that decodes is an original one; the last may be cut
             // short only where a frame runs to the end of the packet (padding, stream data
             // without a length)
@@ -880,7 +890,7 @@ proptest! {
             let n = {
                 let mut w = Writer::new(&mut h);
                 let dcid = u64::from_le_bytes(header.iter().copied().chain([0; 8]).take(8).collect::<Vec<_>>().try_into().unwrap());
-                write_short_header(&mut w, dcid, header.first().copied().unwrap_or(0), header.len() as u64, 0);
+                write_short_header(&mut w, dcid, LinkId(header.first().copied().unwrap_or(0)), header.len() as u64, 0);
                 w.len()
             };
             body.extend_from_slice(&h[2..n]);

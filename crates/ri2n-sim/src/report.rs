@@ -349,7 +349,7 @@ mod tests {
             at: ms(at),
             host,
             link: Some(link),
-            engine_link: link as u8,
+            engine_link: LinkId(link as u8),
             from: LinkState::Up,
             to,
         };

@@ -225,7 +225,12 @@ fn link_state_events_reach_the_application() {
     while Instant::now() < deadline && !saw_up_again {
         conn.write_all(&[1u8; 65536]).unwrap();
         for e in conn.poll_events() {
-            if let ri2n::Event::LinkStateChanged { link: 1, to, .. } = e.event {
+            if let ri2n::Event::LinkStateChanged {
+                link: ri2n::LinkId(1),
+                to,
+                ..
+            } = e.event
+            {
                 if to == LinkState::Down {
                     saw_down = true;
                     switch.set_down(false);

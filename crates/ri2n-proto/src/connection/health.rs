@@ -104,7 +104,7 @@ impl Connection {
         let ratio = self.cfg.share_collapse_ratio;
         for l in &mut self.links {
             if l.share.end_period(total, ratio) {
-                tracing::debug!(link = l.id, "reporting the link degraded");
+                tracing::debug!(link = %l.id, "reporting the link degraded");
                 self.link_status_pending
                     .push((l.id, wire::link_status::DEGRADED));
             }

@@ -201,8 +201,8 @@ impl Connection {
         local_mtus: Vec<(SocketAddr, usize)>,
         key: Option<&Key>,
     ) -> Self {
-        let mut link = new_link(&cfg, &local_mtus, 0, local, remotes[0]);
-        link.next_probe = None;
+        let mut link = new_link(&cfg, &local_mtus, LinkId(0), local, remotes[0]);
+        link.probing.next = None;
         let params = wire::ClientParams {
             instance: local_instance,
             window: cfg.stream_receive_window,
@@ -249,7 +249,7 @@ impl Connection {
         protection: Option<PacketProtection>,
         local_mtus: Vec<(SocketAddr, usize)>,
     ) -> Self {
-        let mut link = new_link(&cfg, &local_mtus, 0, local, remote);
+        let mut link = new_link(&cfg, &local_mtus, LinkId(0), local, remote);
         link.promote(now, &mut AckOutcome::default());
         let handshake = Handshake::Server {
             accept,
@@ -581,6 +581,7 @@ impl Connection {
             .iter()
             .filter(move |l| {
                 open && l
+                    .arrivals
                     .last_heard
                     .is_some_and(|t| now.saturating_duration_since(t) <= hold)
             })
@@ -800,7 +801,7 @@ impl Connection {
         }
         self.event(Event::Connected);
         self.event(Event::LinkStateChanged {
-            link: 0,
+            link: LinkId(0),
             from: LinkState::Validating,
             to: LinkState::Up,
         });
@@ -834,12 +835,19 @@ impl Connection {
             {
                 continue;
             }
-            let id = self.links.len() as LinkId;
-            let i = self.add_link(now, id, local, remote);
+            let i = self.add_link(now, self.free_link_id(), local, remote);
             // an address the application did not give: only the peer vouches for it
             self.links[i].unproven_address = !given;
         }
         Ok(())
+    }
+
+    /// The lowest wire ID no link of this connection uses.
+    fn free_link_id(&self) -> LinkId {
+        (0..=u8::MAX)
+            .map(LinkId)
+            .find(|&id| self.link_index(id).is_none())
+            .expect("a connection has at most MAX_LINKS links")
     }
 
     /// Position in `links` of the link with wire ID `id`.
@@ -855,7 +863,7 @@ impl Connection {
         remote: SocketAddr,
     ) -> usize {
         let mut link = new_link(&self.cfg, &self.local_mtus, id, local, remote);
-        link.next_probe = Some(now);
+        link.probing.next = Some(now);
         self.links.push(link);
         self.event(Event::LinkAdded { link: id });
         self.links.len() - 1
@@ -986,7 +994,7 @@ impl Connection {
         now: Instant,
         local: SocketAddr,
         remote: SocketAddr,
-        link_id: u8,
+        link_id: LinkId,
         pn: u64,
         phase: u8,
         header_len: usize,
@@ -1050,7 +1058,7 @@ impl Connection {
             None => {
                 // the peer opened a new link: a new ID over a new address pair
                 if self.links.len() >= self.cfg.max_links.min(crate::MAX_LINKS)
-                    || usize::from(link_id) >= crate::MAX_LINKS
+                    || usize::from(link_id.0) >= crate::MAX_LINKS
                     || self
                         .links
                         .iter()
@@ -1176,7 +1184,7 @@ impl Connection {
     /// of ours is in flight on it, so we stopped using it (a small message takes only the
     /// fastest link) and nothing can be stuck there. A link that really went slow holds data.
     fn left_idle_by_us(&self, l: usize) -> bool {
-        self.links[l].bytes_in_flight == 0
+        self.links[l].bytes_in_flight() == 0
     }
 
     fn on_ack_frame(

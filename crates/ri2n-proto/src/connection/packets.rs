@@ -60,13 +60,13 @@ impl Connection {
             (0..self.links.len()).find(|&i| {
                 let l = &self.links[i];
                 l.is_up()
-                    && (l.pto_probes_pending > 0
+                    && (l.recovery.pto_probes_pending > 0
                         || l.keepalive_deadline(&self.cfg).is_some_and(|t| t <= now))
             })
         });
         if let Some(i) = ping {
             let l = &mut self.links[i];
-            l.pto_probes_pending = l.pto_probes_pending.saturating_sub(1);
+            l.recovery.pto_probes_pending = l.recovery.pto_probes_pending.saturating_sub(1);
             return self.transmit(now, i, PacketKind::Ping, out);
         }
         // 3. path MTU probes (one at a time per link, outside the congestion window)
@@ -172,7 +172,7 @@ impl Connection {
         out: &mut dyn TransmitBuffer,
     ) -> usize {
         let link = &self.links[i];
-        let (pn, id) = (link.next_pn(), link.id);
+        let (pn, id) = (link.recovery.next_pn(), link.id);
         let tag = self.tag_len();
         let phase = self
             .protection
@@ -216,7 +216,7 @@ impl Connection {
         kind: PacketKind,
         out: &mut dyn TransmitBuffer,
     ) -> usize {
-        let pn = self.links[i].next_pn();
+        let pn = self.links[i].recovery.next_pn();
         let link_id = self.links[i].id;
         let tag = self.tag_len();
         let phase = match &mut self.protection {
@@ -316,7 +316,7 @@ impl Connection {
                 stream_bytes += chunk.len as u64;
                 ack_eliciting = true;
             }
-            self.links[i].stream_bytes_sent += stream_bytes;
+            self.links[i].counters.stream_bytes_sent += stream_bytes;
         }
         let full = match kind {
             PacketKind::Probe => self.links[i].probe_is_full(),

@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::ops::{Range, RangeInclusive};
 
-use crate::link::SentPacket;
+use super::SentPacket;
 
 #[derive(Debug, Default)]
 pub(crate) struct SentPackets {

@@ -1,0 +1,48 @@
+//! What a link hears from the peer: when the last packet arrived, and the usual gap between
+//! ack-eliciting arrivals, by which a link that only receives notices the peer fell silent.
+
+use std::time::{Duration, Instant};
+
+/// The peer counts as silent on a link after this many of its usual gaps between arrivals.
+const SILENCE_GAPS: u32 = 8;
+
+#[derive(Debug, Default)]
+pub(crate) struct Arrivals {
+    /// When the peer's last packet arrived on this link.
+    pub last_heard: Option<Instant>,
+    /// When the peer's last ack-eliciting packet arrived.
+    last_eliciting: Option<Instant>,
+    /// The usual gap between ack-eliciting arrivals (moving average).
+    gap: Duration,
+}
+
+impl Arrivals {
+    pub fn on_arrival(&mut self, now: Instant, ack_eliciting: bool) {
+        self.last_heard = Some(now);
+        if ack_eliciting {
+            if let Some(prev) = self.last_eliciting {
+                let gap = now.saturating_duration_since(prev);
+                self.gap = (self.gap * 7 + gap) / 8;
+            }
+            self.last_eliciting = Some(now);
+        }
+    }
+
+    /// A link that only receives (the peer sends, this side acknowledges) has nothing in
+    /// flight, so no probe timeout would notice it fail, and it would stay up until the next
+    /// keepalive. When the peer's ack-eliciting packets stop arriving for much longer than
+    /// their usual gap (and at least a `pto`), one PING puts the link under the probe timeout.
+    /// Armed again only by a new arrival, so a peer that just stopped sending costs one PING.
+    /// `last_eliciting_sent`: when this side last sent something ack-eliciting.
+    pub fn silence_deadline(
+        &self,
+        last_eliciting_sent: Option<Instant>,
+        pto: impl FnOnce() -> Duration,
+    ) -> Option<Instant> {
+        let heard = self.last_eliciting?;
+        if last_eliciting_sent.is_some_and(|sent| sent >= heard) {
+            return None; // the probe timeout watches what was sent since
+        }
+        Some(heard + (self.gap * SILENCE_GAPS).max(pto()))
+    }
+}

@@ -1,0 +1,628 @@
+//! One link of a connection: a (local address, remote address) path with its own packet-number
+//! space in each direction, RTT estimate, loss detection, congestion window, pacer and health.
+//!
+//! Loss is judged per link, so data that overtakes on a faster link never looks lost. Health
+//! follows a small state machine (see `docs/PROTOCOL.md`, §6 "Link health"):
+//!
+//! - `Validating` → `Up` once a probe is acknowledged;
+//! - `Up` → `Down` after `failure_ptos` probe timeouts with no acknowledgement at all;
+//! - `Up` → `Degraded` when the receiver reports the link's share of arrivals collapsed;
+//! - `Degraded` → `Down` when its probes go unanswered;
+//! - `Down`/`Degraded` → `Up` after `recovery_probes` acknowledged probes, sent every
+//!   `probe_interval` however long the outage: recovery time does not grow with the outage.
+//!   A link that fails again soon after coming back needs twice as many probes (flap damping).
+//!
+//! The link is made of parts that each own their state: [`recovery`] (what was sent and is
+//! unresolved, loss detection, probe timeout), [`probing`] (while not up), [`arrivals`]
+//! (what the peer sends on it), the acknowledgements owed ([`AckState`]), the RTT estimate,
+//! the delivery rate, congestion control and pacing, path MTU discovery, and the health
+//! detectors' per-link views. `Link` ties them together in its state transitions and in the
+//! handling of a sent, acknowledged or lost packet.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use smallvec::SmallVec;
+
+use crate::ack::AckState;
+use crate::congestion::{Congestion, Pacer};
+use crate::connection::{ShareDetector, SlowLinkCheck};
+use crate::pmtu::PathMtu;
+use crate::streams::Chunk;
+use crate::{ConnectionConfig, LinkId};
+
+mod arrivals;
+mod probing;
+mod rate;
+mod recovery;
+mod rtt;
+mod sent;
+
+use arrivals::Arrivals;
+use probing::Probing;
+use rate::DeliveryRate;
+use recovery::Recovery;
+pub(crate) use rtt::Rtt;
+use rtt::GRANULARITY;
+
+/// Health of a link as the sender judges it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LinkState {
+    /// Newly opened; waiting for its first acknowledgements. Carries only probes.
+    Validating,
+    /// Healthy: carries data.
+    Up,
+    /// Alive but far slower than it was (a soft failure). Carries only probes.
+    Degraded,
+    /// Nothing gets through. Probed every `probe_interval`.
+    Down,
+}
+
+impl std::fmt::Display for LinkState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LinkState::Validating => "validating",
+            LinkState::Up => "up",
+            LinkState::Degraded => "degraded",
+            LinkState::Down => "down",
+        })
+    }
+}
+
+/// Statistics of one link.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct LinkStats {
+    /// The link's ID in its connection.
+    pub id: LinkId,
+    /// Local address.
+    pub local: SocketAddr,
+    /// Remote address.
+    pub remote: SocketAddr,
+    /// Current state.
+    pub state: LinkState,
+    /// Smoothed round-trip time.
+    pub srtt: Duration,
+    /// Smallest round-trip time seen.
+    pub min_rtt: Duration,
+    /// Congestion window in bytes.
+    pub cwnd: u64,
+    /// Bytes in flight (sent, neither acknowledged nor lost).
+    pub bytes_in_flight: u64,
+    /// Datagram bytes sent on the link.
+    pub bytes_sent: u64,
+    /// Datagram bytes received on the link.
+    pub bytes_received: u64,
+    /// Packets sent.
+    pub packets_sent: u64,
+    /// Packets received.
+    pub packets_received: u64,
+    /// Packets declared lost (including those re-sent elsewhere when the link failed).
+    pub packets_lost: u64,
+    /// Stream bytes sent on this link (first transmissions and repairs).
+    pub stream_bytes_sent: u64,
+    /// Stream bytes the peer acknowledged in packets sent on this link: what this link
+    /// delivered. A repair counts on the link that delivered it; a byte that arrived twice
+    /// (a repair of a packet only late, not lost) counts on both links.
+    pub stream_bytes_acked: u64,
+    /// Size of a full data packet now (UDP payload bytes; grows with path MTU discovery).
+    pub max_datagram: usize,
+}
+
+/// What a sent packet carried that matters if it is acknowledged or lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SentFrame {
+    Stream { stream: u8, chunk: Chunk },
+    MaxStreamData { stream: u8 },
+    LinkStatus { link: LinkId, status: u8 },
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct SentPacket {
+    pub time: Instant,
+    pub size: u16,
+    /// Counted in `bytes_in_flight` (data packets, not probes of a link that is not up).
+    pub in_flight: bool,
+    pub ack_eliciting: bool,
+    /// A probe of a link that is not up.
+    pub probe: bool,
+    /// A path MTU probe (its size is the size probed).
+    pub mtu_probe: bool,
+    pub frames: SmallVec<[SentFrame; 2]>,
+}
+
+/// Frames of a sent packet.
+pub(crate) type Frames = SmallVec<[SentFrame; 2]>;
+
+/// Outcome of processing an ACK frame for one link.
+#[derive(Debug, Default)]
+pub(crate) struct AckOutcome {
+    pub acked: Vec<SentPacket>,
+    pub lost: Vec<SentPacket>,
+    /// Stream frames of packets acknowledged after they had been declared lost.
+    pub acked_late: Vec<Frames>,
+    /// Probes acknowledged with their round-trip times.
+    pub probes_acked: u32,
+}
+
+/// What a link carried, for [`LinkStats`].
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub packets_sent: u64,
+    pub packets_received: u64,
+    pub packets_lost: u64,
+    pub stream_bytes_sent: u64,
+    pub stream_bytes_acked: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct Link {
+    pub id: LinkId,
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    pub state: LinkState,
+    /// Path MTU discovery on this link: its current size is the size of a full data packet.
+    pub pmtu: PathMtu,
+    /// Opened by the peer's packets from an address pair we never chose: until it is
+    /// validated, it may send at most three times the bytes it received (so a spoofed source
+    /// address cannot turn us into a traffic reflector).
+    pub peer_opened: bool,
+    /// Leads to an address only the peer's word (its ACCEPT) vouches for, and no probe was
+    /// answered there yet: every probe stays small until one is (a peer listing someone
+    /// else's address must not turn us into a sender of full datagrams to it).
+    pub unproven_address: bool,
+    /// "Port unreachable" answers from the peer's host to this link's datagrams since the
+    /// connection last received anything: proof that nothing listens there any more.
+    pub port_unreachable: u32,
+
+    // --- sending ---
+    pub recovery: Recovery,
+    pub rtt: Rtt,
+    rate: DeliveryRate,
+    pub cc: Congestion,
+    pub pacer: Pacer,
+    /// Probing while not up.
+    pub probing: Probing,
+
+    // --- receiving ---
+    pub arrivals: Arrivals,
+    /// What arrived from the peer on this link, and the acknowledgement owed for it.
+    pub ack: AckState,
+    /// The receiver-side arrival-share detector's view of this link.
+    pub share: ShareDetector,
+    /// The sender-side slow-link check's view of this link.
+    pub slow_check: SlowLinkCheck,
+
+    pub counters: Counters,
+}
+
+impl Link {
+    /// A link whose datagrams start at `pmtu`'s base size (not probed until told when).
+    pub fn new(id: LinkId, local: SocketAddr, remote: SocketAddr, pmtu: PathMtu) -> Self {
+        let mss = pmtu.current();
+        Self {
+            id,
+            local,
+            remote,
+            state: LinkState::Validating,
+            pmtu,
+            peer_opened: false,
+            unproven_address: false,
+            port_unreachable: 0,
+            recovery: Recovery::default(),
+            rtt: Rtt::new(),
+            rate: DeliveryRate::default(),
+            cc: Congestion::new(mss),
+            pacer: Pacer::new(mss),
+            probing: Probing::default(),
+            arrivals: Arrivals::default(),
+            ack: AckState::default(),
+            share: ShareDetector::default(),
+            slow_check: SlowLinkCheck::default(),
+            counters: Counters::default(),
+        }
+    }
+
+    /// Path MTU discovery may have changed the datagram size: the congestion controller
+    /// counts in full packets of the new size from now on.
+    fn mss_changed(&mut self) {
+        let mss = self.mss();
+        if self.cc.mss() != mss {
+            tracing::debug!(link = %self.id, mss, "datagram size");
+            self.cc.set_mss(mss);
+        }
+    }
+
+    /// Size of a full data packet now.
+    pub fn mss(&self) -> usize {
+        self.pmtu.current()
+    }
+
+    /// The size of a path MTU probe to send now, if one is due (up links only).
+    pub fn mtu_probe_due(&mut self, now: Instant) -> Option<usize> {
+        if !self.is_up() {
+            return None;
+        }
+        self.pmtu.probe_due(now)
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.state == LinkState::Up
+    }
+
+    pub fn bytes_in_flight(&self) -> u64 {
+        self.recovery.bytes_in_flight
+    }
+
+    /// Probe timeout: how long to wait for any acknowledgement before probing.
+    pub fn pto(&self, cfg: &ConnectionConfig) -> Duration {
+        (self.rtt.srtt + (self.rtt.rttvar * 4).max(GRANULARITY) + cfg.max_ack_delay)
+            .max(cfg.min_pto)
+    }
+
+    /// Whether a full-size data packet fits the window and the pacer allows it now;
+    /// otherwise when it may (None: window full, wait for acknowledgements).
+    pub fn send_allowance(&mut self, now: Instant) -> Result<(), Option<Instant>> {
+        if self.bytes_in_flight() + self.mss() as u64 > self.cc.window() {
+            return Err(None);
+        }
+        let slow_start = self.cc.in_slow_start();
+        match self.pacer.delay(
+            now,
+            self.mss(),
+            self.mss(),
+            self.cc.window(),
+            self.rtt.srtt,
+            slow_start,
+        ) {
+            None => Ok(()),
+            Some(t) => Err(Some(t)),
+        }
+    }
+
+    /// Records a packet of `size` datagram bytes sent on this link; returns its number.
+    pub fn on_sent(&mut self, now: Instant, size: usize, pkt: SentPacket) -> u64 {
+        self.counters.packets_sent += 1;
+        self.counters.bytes_sent += size as u64;
+        if pkt.in_flight {
+            self.pacer.on_sent(size);
+        }
+        self.recovery.on_sent(now, pkt)
+    }
+
+    /// Processes the ranges of an ACK frame for this link.
+    pub fn on_ack(
+        &mut self,
+        now: Instant,
+        ranges: impl Iterator<Item = (u64, u64)>,
+        largest: u64,
+        ack_delay: Duration,
+        out: &mut AckOutcome,
+    ) {
+        let (acked_from, late_from) = (out.acked.len(), out.acked_late.len());
+        let Some(acked) = self.recovery.on_ack(now, ranges, largest, out) else {
+            return;
+        };
+        let mut in_flight = acked.in_flight_before;
+        for pkt in &out.acked[acked_from..] {
+            let size = u64::from(pkt.size);
+            if pkt.in_flight {
+                self.rate.on_delivered(size);
+                self.cc.on_ack(size, pkt.time, in_flight);
+                in_flight -= size;
+            }
+            if pkt.probe && usize::from(pkt.size) >= self.pmtu.base() {
+                self.probing.on_full_probe_acked();
+            }
+            if pkt.mtu_probe {
+                self.pmtu.on_probe_acked(usize::from(pkt.size), now);
+                self.mss_changed();
+            } else if pkt.in_flight {
+                self.pmtu.on_packet_acked(usize::from(pkt.size));
+            }
+            self.counters.stream_bytes_acked += stream_bytes(&pkt.frames);
+        }
+        for frames in &out.acked_late[late_from..] {
+            self.counters.stream_bytes_acked += stream_bytes(frames);
+        }
+        let regular_sample = matches!(acked.newest, Some((pn, _, true)) if pn == acked.largest);
+        if let (false, Some((_, sent))) = (regular_sample, acked.newest_late) {
+            // the round trip grew beyond what the estimate allowed for: learn it
+            self.rtt
+                .update(now.saturating_duration_since(sent), ack_delay);
+        }
+        let Some((_, sent_time, _)) = acked.newest else {
+            return;
+        };
+        if regular_sample {
+            self.rtt.update(now - sent_time, ack_delay);
+        }
+        let app_limited = self.bytes_in_flight() + 2 * self.mss() as u64 <= self.cc.window() / 2;
+        self.rate
+            .sample(now, self.rtt.srtt.max(GRANULARITY), app_limited);
+        self.detect_lost(now, out);
+    }
+
+    /// Delivery rate in bytes per second: measured, or before any measurement what the window
+    /// allows per round trip.
+    pub fn delivery_rate(&self) -> f64 {
+        self.rate
+            .measured()
+            .unwrap_or_else(|| self.cc.window() as f64 / self.rtt.srtt.as_secs_f64().max(1e-6))
+    }
+
+    /// Whether RTT and delivery rate rest on measurements rather than initial assumptions.
+    pub fn is_measured(&self) -> bool {
+        self.rtt.has_sample() && self.rate.measured_busy()
+    }
+
+    /// The path's round-trip time without queueing: the smallest seen (smoothed before any).
+    pub fn base_rtt(&self) -> Duration {
+        self.rtt.base()
+    }
+
+    /// When a full-size packet sent now would arrive, in seconds from now: the path's base
+    /// latency plus the time to deliver what is already in flight ahead of it. (Plain seconds:
+    /// the scheduler compares these for every packet it places.)
+    pub fn eta(&self) -> f64 {
+        let base = self.base_rtt().as_secs_f64();
+        let queued = (self.bytes_in_flight() + self.mss() as u64) as f64 / self.delivery_rate();
+        base / 2.0 + queued.min(3600.0)
+    }
+
+    /// Loss detection; applies each loss to the window, the path MTU and the counters.
+    fn detect_lost(&mut self, now: Instant, out: &mut AckOutcome) {
+        let from = out.lost.len();
+        self.recovery.detect_lost(now, &self.rtt, out);
+        if out.lost.len() > from {
+            tracing::debug!(
+                link = %self.id,
+                lost = out.lost.len() - from,
+                largest_acked = self.recovery.largest_acked(),
+                "packets lost"
+            );
+        }
+        for pkt in &out.lost[from..] {
+            if pkt.mtu_probe {
+                // not a congestion signal: the size may just be too large for the path
+                self.pmtu.on_probe_lost(usize::from(pkt.size), now);
+                continue;
+            }
+            self.counters.packets_lost += 1;
+            if pkt.in_flight {
+                self.cc.on_loss(pkt.time, now);
+                if self.pmtu.on_packet_lost(usize::from(pkt.size)) {
+                    self.mss_changed();
+                }
+            }
+        }
+    }
+
+    /// Declares everything in flight lost (the link failed): it will be re-sent elsewhere.
+    pub fn drain_in_flight(&mut self, out: &mut AckOutcome) {
+        let from = out.lost.len();
+        self.recovery.drain(out);
+        self.counters.packets_lost +=
+            out.lost[from..].iter().filter(|p| !p.mtu_probe).count() as u64;
+    }
+
+    /// When loss detection's time threshold declares the oldest waiting packet lost.
+    pub fn loss_deadline(&self) -> Option<Instant> {
+        self.recovery.loss_deadline()
+    }
+
+    /// When the next probe of this link (not up) is due, if it may be sent.
+    pub fn probe_deadline(&self) -> Option<Instant> {
+        if self.state != LinkState::Up && self.within_amplification_limit() {
+            self.probing.next
+        } else {
+            None
+        }
+    }
+
+    /// When the probe timeout fires (up links with packets in flight).
+    pub fn pto_deadline(&self, cfg: &ConnectionConfig) -> Option<Instant> {
+        if self.state != LinkState::Up {
+            return None;
+        }
+        self.recovery.pto_deadline(self.pto(cfg))
+    }
+
+    /// Whether `other` got an acknowledgement for something sent after this link's oldest
+    /// unacknowledged packet: the peer is alive and answering, just not on this link. Then
+    /// this link's silence is its own, and a few probe timeouts declare it down. Without such
+    /// proof the silence may be the whole peer's or the network's (a process not scheduled
+    /// for tens of milliseconds on a busy machine, every link gone at once): the link must
+    /// then also have been silent for a while (see [`Recovery::on_pto`]).
+    pub fn heard_after_silence(&self, other: &Link) -> bool {
+        self.recovery.heard_after_silence(&other.recovery)
+    }
+
+    /// Runs the loss timer. Lost packets are appended to `out`.
+    pub fn on_loss_timer(&mut self, now: Instant, out: &mut AckOutcome) {
+        if self.loss_deadline().is_some_and(|t| t <= now) {
+            self.detect_lost(now, out);
+        }
+    }
+
+    /// Runs the probe timeout. Returns true when the link must be declared down (see
+    /// [`Recovery::on_pto`]).
+    pub fn on_pto_timer(
+        &mut self,
+        now: Instant,
+        cfg: &ConnectionConfig,
+        peer_silent: bool,
+    ) -> bool {
+        if self.pto_deadline(cfg).is_none_or(|d| d > now) {
+            return false;
+        }
+        let down = self.recovery.on_pto(now, cfg.failure_ptos, peer_silent);
+        tracing::debug!(
+            link = %self.id,
+            count = self.recovery.pto_count,
+            peer_silent,
+            down,
+            pto_us = self.pto(cfg).as_micros() as u64,
+            srtt_us = self.rtt.srtt.as_micros() as u64,
+            rttvar_us = self.rtt.rttvar.as_micros() as u64,
+            in_flight = self.bytes_in_flight(),
+            since_ack_us = self
+                .recovery
+                .last_ack_time
+                .map(|t| now.saturating_duration_since(t).as_micros() as u64),
+            "probe timeout"
+        );
+        down
+    }
+
+    /// Leaves `Up` (or `Validating`) for `to`; the caller re-sends what was in flight.
+    pub fn demote(&mut self, now: Instant, to: LinkState, cfg: &ConnectionConfig) {
+        debug_assert!(to == LinkState::Down || to == LinkState::Degraded);
+        self.state = to;
+        self.probing.on_demoted(now, cfg);
+        self.recovery.on_demoted();
+        // the path may change while the link is away: find its size again once it is back
+        self.pmtu.restart();
+        self.mss_changed();
+        self.restart_sending();
+    }
+
+    pub fn promote(&mut self, now: Instant, out: &mut AckOutcome) {
+        self.state = LinkState::Up;
+        self.probing.on_promoted(now);
+        self.recovery.on_promoted(out);
+        self.restart_sending();
+    }
+
+    /// Window, pacing and rate start over: what they knew may not hold for the path now.
+    fn restart_sending(&mut self) {
+        self.cc.reset();
+        self.pacer.reset(self.mss());
+        self.rate.reset();
+    }
+
+    /// Whether a probe is due on this (not up) link.
+    pub fn probe_due(&self, now: Instant) -> bool {
+        self.probe_deadline().is_some_and(|t| t <= now)
+    }
+
+    /// Whether this link may send a full datagram under the anti-amplification rule.
+    pub fn within_amplification_limit(&self) -> bool {
+        !(self.peer_opened && self.state == LinkState::Validating)
+            || self.counters.bytes_sent + self.mss() as u64 <= 3 * self.counters.bytes_received
+    }
+
+    /// A probe is about to be sent. Probes unanswered for longer than a round trip could take
+    /// (at least a probe interval) count as failed and break the run of successes; probes keep
+    /// going out every interval meanwhile, so a long round trip does not slow detection down.
+    /// Expired probes' control frames are handed back in `out` to be sent again. Returns true
+    /// when a degraded link's probes have failed often enough for it to count as down.
+    pub fn on_probe_sending(
+        &mut self,
+        now: Instant,
+        cfg: &ConnectionConfig,
+        out: &mut AckOutcome,
+    ) -> bool {
+        self.probing
+            .on_sending(now, self.state == LinkState::Validating, cfg);
+        let patience =
+            (self.rtt.srtt * 2 + self.rtt.rttvar * 4 + cfg.max_ack_delay).max(cfg.probe_interval);
+        let expired = self.recovery.expire_probes(now, patience, out);
+        self.probing.on_expired(expired);
+        self.state == LinkState::Degraded && self.probing.failures() >= cfg.failure_ptos
+    }
+
+    /// Whether the probe just counted by [`Self::on_probe_sending`] is padded to full size.
+    pub fn probe_is_full(&self) -> bool {
+        self.probing.is_full(self.unproven_address)
+    }
+
+    /// Probes acknowledged; returns true when the link should come (back) up: enough of them,
+    /// one of them full size.
+    pub fn on_probes_acked(&mut self, now: Instant, n: u32) -> bool {
+        if std::mem::take(&mut self.unproven_address) && self.state != LinkState::Up {
+            // the address answered: the full-size probe its promotion needs goes out at once
+            self.probing.next = Some(now);
+        }
+        self.probing.on_acked(n) && self.state != LinkState::Up
+    }
+
+    /// Seeds the RTT estimate from the handshake round trip.
+    pub fn seed_rtt(&mut self, rtt: Duration) {
+        self.rtt.update(rtt, Duration::ZERO);
+    }
+
+    /// When an up link needs a keepalive PING: after `keepalive_interval` without sending
+    /// anything ack-eliciting, or sooner once the peer fell silent on it (see
+    /// [`Arrivals::silence_deadline`]).
+    pub fn keepalive_deadline(&self, cfg: &ConnectionConfig) -> Option<Instant> {
+        let sent = self.recovery.last_ack_eliciting_sent;
+        let last = sent.max(self.probing.last_promotion())?;
+        let idle = last + cfg.keepalive_interval;
+        let silence = self.arrivals.silence_deadline(sent, || self.pto(cfg));
+        Some(silence.map_or(idle, |s| s.min(idle)))
+    }
+
+    // --- receiving ---
+
+    /// Records a packet from the peer. Returns false for a duplicate (see
+    /// [`AckState::on_received`]).
+    pub fn on_received(
+        &mut self,
+        now: Instant,
+        pn: u64,
+        ack_eliciting: bool,
+        size: usize,
+        cfg: &ConnectionConfig,
+    ) -> bool {
+        if !self.ack.on_received(now, pn, ack_eliciting, cfg) {
+            return false;
+        }
+        self.counters.packets_received += 1;
+        self.counters.bytes_received += size as u64;
+        self.arrivals.on_arrival(now, ack_eliciting);
+        if ack_eliciting {
+            self.share.on_arrival();
+        }
+        true
+    }
+
+    pub fn stats(&self) -> LinkStats {
+        let c = &self.counters;
+        LinkStats {
+            id: self.id,
+            local: self.local,
+            remote: self.remote,
+            state: self.state,
+            srtt: self.rtt.srtt,
+            min_rtt: if self.rtt.min == Duration::MAX {
+                Duration::ZERO
+            } else {
+                self.rtt.min
+            },
+            cwnd: self.cc.window(),
+            bytes_in_flight: self.bytes_in_flight(),
+            bytes_sent: c.bytes_sent,
+            bytes_received: c.bytes_received,
+            packets_sent: c.packets_sent,
+            packets_received: c.packets_received,
+            packets_lost: c.packets_lost,
+            stream_bytes_sent: c.stream_bytes_sent,
+            stream_bytes_acked: c.stream_bytes_acked,
+            max_datagram: self.mss(),
+        }
+    }
+}
+
+/// Stream bytes among `frames`.
+fn stream_bytes(frames: &[SentFrame]) -> u64 {
+    frames
+        .iter()
+        .map(|f| match f {
+            SentFrame::Stream { chunk, .. } => chunk.len as u64,
+            _ => 0,
+        })
+        .sum()
+}

@@ -1,0 +1,68 @@
+//! The RFC 9002 round-trip estimator of one link (§5).
+
+use std::time::Duration;
+
+/// RTT assumed before the first sample.
+const INITIAL_RTT: Duration = Duration::from_millis(100);
+/// Timer granularity: no timer is shorter (RFC 9002 §6.1.2 `kGranularity`).
+pub(crate) const GRANULARITY: Duration = Duration::from_millis(1);
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rtt {
+    pub srtt: Duration,
+    pub rttvar: Duration,
+    pub min: Duration,
+    pub latest: Duration,
+    has_sample: bool,
+}
+
+impl Rtt {
+    pub fn new() -> Self {
+        Self {
+            srtt: INITIAL_RTT,
+            rttvar: INITIAL_RTT / 2,
+            min: Duration::MAX,
+            latest: INITIAL_RTT,
+            has_sample: false,
+        }
+    }
+
+    /// Whether the estimate rests on a measurement rather than the initial assumption.
+    pub fn has_sample(&self) -> bool {
+        self.has_sample
+    }
+
+    pub fn update(&mut self, sample: Duration, ack_delay: Duration) {
+        self.latest = sample;
+        self.min = self.min.min(sample);
+        let adjusted = if sample >= self.min + ack_delay {
+            sample - ack_delay
+        } else {
+            sample
+        };
+        if !self.has_sample {
+            self.has_sample = true;
+            self.srtt = adjusted;
+            self.rttvar = adjusted / 2;
+        } else {
+            let diff = self.srtt.abs_diff(adjusted);
+            self.rttvar = (self.rttvar * 3 + diff) / 4;
+            self.srtt = (self.srtt * 7 + adjusted) / 8;
+        }
+    }
+
+    /// The path's round-trip time without queueing: the smallest seen (smoothed before any).
+    pub fn base(&self) -> Duration {
+        if self.min == Duration::MAX {
+            self.srtt
+        } else {
+            self.min
+        }
+    }
+
+    /// How long after a packet was sent it counts as lost if later ones were acknowledged
+    /// (RFC 9002 §6.1.2, time threshold 9/8).
+    pub fn loss_delay(&self) -> Duration {
+        (self.srtt.max(self.latest) * 9 / 8).max(GRANULARITY)
+    }
+}
