@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use crate::{LinkState, Striping};
+use crate::{LinkState, Striping, MAX_LINKS};
 
 use super::Connection;
 
@@ -26,24 +26,15 @@ impl Connection {
     pub(super) fn pick_data_link(&mut self, now: Instant) -> Result<usize, Option<Instant>> {
         let mut best: Option<(usize, f64)> = None;
         let mut wake: Option<Instant> = None;
-        let (fastest, budget) = self.eta_budget();
-        // failover striping: one stable primary, the first up link whose base RTT is within
-        // a tolerance of the lowest: links that are about as fast do not take turns as their
-        // RTT samples wobble (a small probe's round trip is a little shorter than a full one's)
-        let lowest = (0..self.links.len())
-            .filter(|&i| self.links[i].is_up())
-            .map(|i| self.links[i].base_rtt())
-            .min();
-        let primary = lowest.and_then(|lowest| {
-            let tolerance = (lowest / 10).max(PRIMARY_RTT_TOLERANCE);
-            (0..self.links.len())
-                .find(|&i| self.links[i].is_up() && self.links[i].base_rtt() <= lowest + tolerance)
-        });
-        for i in 0..self.links.len() {
-            if !self.links[i].is_up() {
-                continue;
+        let (etas, fastest, budget) = self.etas();
+        let primary = match self.cfg.striping {
+            Striping::Weighted => None,
+            Striping::Failover => self.primary_link(),
+        };
+        for (i, &eta) in etas.iter().enumerate().take(self.links.len()) {
+            if eta == f64::INFINITY {
+                continue; // not up
             }
-            let eta = self.links[i].eta();
             let allowed = match self.cfg.striping {
                 Striping::Weighted => eta <= budget || eta <= fastest,
                 Striping::Failover => Some(i) == primary,
@@ -64,21 +55,46 @@ impl Connection {
         best.map(|(i, _)| i).ok_or(wake)
     }
 
+    /// Failover striping's one stable primary: the first up link whose base RTT is within a
+    /// tolerance of the lowest, so links that are about as fast do not take turns as their
+    /// RTT samples wobble (a small probe's round trip is a little shorter than a full one's).
+    fn primary_link(&self) -> Option<usize> {
+        let lowest = (0..self.links.len())
+            .filter(|&i| self.links[i].is_up())
+            .map(|i| self.links[i].base_rtt())
+            .min()?;
+        let tolerance = (lowest / 10).max(PRIMARY_RTT_TOLERANCE);
+        (0..self.links.len())
+            .find(|&i| self.links[i].is_up() && self.links[i].base_rtt() <= lowest + tolerance)
+    }
+
     /// The earliest arrival any up link promises, and the latest a link may promise and still
     /// take data: what the receive window can bridge (half of it at the links' combined
     /// rate), and not much later than the fastest link would deliver after its own queue.
     /// Both in seconds from now.
     pub(super) fn eta_budget(&self) -> (f64, f64) {
+        let (_, fastest, budget) = self.etas();
+        (fastest, budget)
+    }
+
+    /// Each link's [`Link::eta`](crate::link::Link::eta) (infinite for a link that is not
+    /// up), with the [`Self::eta_budget`]: computed once per packet placed.
+    fn etas(&self) -> ([f64; MAX_LINKS], f64, f64) {
+        let mut etas = [f64::INFINITY; MAX_LINKS];
         let mut fastest = f64::INFINITY;
         let mut total_rate = 0.0;
-        for l in self.links.iter().filter(|l| l.is_up()) {
-            fastest = fastest.min(l.eta());
-            total_rate += l.delivery_rate();
+        for (eta, l) in etas.iter_mut().zip(&self.links) {
+            if l.is_up() {
+                let rate = l.delivery_rate();
+                *eta = l.eta_at(rate);
+                fastest = fastest.min(*eta);
+                total_rate += rate;
+            }
         }
         let window = self.peer_window.min(self.cfg.send_buffer) as f64;
         let window_budget = (window / 2.0 / total_rate.max(1.0)).min(3600.0);
         let budget = window_budget.min(fastest * ETA_FACTOR + ETA_SLACK);
-        (fastest, budget)
+        (etas, fastest, budget)
     }
 
     pub(super) fn best_up_link(&self) -> Option<usize> {

@@ -367,8 +367,13 @@ impl Link {
     /// latency plus the time to deliver what is already in flight ahead of it. (Plain seconds:
     /// the scheduler compares these for every packet it places.)
     pub fn eta(&self) -> f64 {
+        self.eta_at(self.delivery_rate())
+    }
+
+    /// [`Self::eta`] given the link's [`Self::delivery_rate`].
+    pub fn eta_at(&self, delivery_rate: f64) -> f64 {
         let base = self.base_rtt().as_secs_f64();
-        let queued = (self.bytes_in_flight() + self.mss() as u64) as f64 / self.delivery_rate();
+        let queued = (self.bytes_in_flight() + self.mss() as u64) as f64 / delivery_rate;
         base / 2.0 + queued.min(3600.0)
     }
 
