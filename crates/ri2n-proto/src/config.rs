@@ -38,6 +38,15 @@ pub struct ConnectionConfig {
     /// Bytes the application may have written but not yet had acknowledged, per stream
     /// (default 8 MiB). A writer that reaches it is told to wait.
     pub send_buffer: u64,
+    /// Bytes of unreliable datagrams ([`crate::Connection::send_datagram`]) that may wait to
+    /// be sent (default 1 MiB); a full queue drops its oldest.
+    pub datagram_send_buffer: usize,
+    /// A datagram that waited this long while a link was up is dropped unsent (default
+    /// 20 ms): it would only add queueing delay. While no link is up datagrams wait.
+    pub datagram_max_age: Duration,
+    /// Bytes of received datagrams not yet read that are kept (default 1 MiB); datagrams
+    /// arriving beyond it are dropped.
+    pub datagram_receive_buffer: usize,
     /// Interval between probes on a link that is down or degraded (default 20 ms). Recovery is
     /// detected within about `recovery_probes` intervals, however long the outage lasted.
     pub probe_interval: Duration,
@@ -90,6 +99,9 @@ impl Default for ConnectionConfig {
             mtu_discovery: true,
             stream_receive_window: 8 << 20,
             send_buffer: 8 << 20,
+            datagram_send_buffer: 1 << 20,
+            datagram_max_age: Duration::from_millis(20),
+            datagram_receive_buffer: 1 << 20,
             probe_interval: Duration::from_millis(20),
             recovery_probes: 2,
             failure_ptos: 3,
@@ -133,6 +145,9 @@ setters!(ConnectionConfig {
     mtu_discovery => with_mtu_discovery: bool,
     stream_receive_window => with_stream_receive_window: u64,
     send_buffer => with_send_buffer: u64,
+    datagram_send_buffer => with_datagram_send_buffer: usize,
+    datagram_max_age => with_datagram_max_age: Duration,
+    datagram_receive_buffer => with_datagram_receive_buffer: usize,
     probe_interval => with_probe_interval: Duration,
     recovery_probes => with_recovery_probes: u32,
     failure_ptos => with_failure_ptos: u32,

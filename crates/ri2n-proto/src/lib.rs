@@ -21,6 +21,7 @@ mod config;
 mod congestion;
 mod connection;
 pub mod crypto;
+mod datagrams;
 mod endpoint;
 mod error;
 mod link;

@@ -575,6 +575,8 @@ pub mod frame_type {
     pub const PING: u8 = 0x01;
     /// Acknowledges packet-number ranges of one link.
     pub const ACK: u8 = 0x02;
+    /// An unreliable datagram: sent once, never repaired.
+    pub const DATAGRAM: u8 = 0x03;
     /// Raises a stream's flow-control limit.
     pub const MAX_STREAM_DATA: u8 = 0x04;
     /// Receiver-side failure notice about one link.
@@ -672,6 +674,11 @@ pub enum Frame<'a> {
         /// What was observed (see [`link_status`]).
         status: u8,
     },
+    /// An unreliable datagram.
+    Datagram {
+        /// Its bytes.
+        data: &'a [u8],
+    },
     /// Immediate close.
     Close {
         /// Error code (0: no error).
@@ -757,6 +764,12 @@ impl<'a> Frames<'a> {
                 link: LinkId(r.u8()?),
                 status: r.u8()?,
             },
+            frame_type::DATAGRAM => {
+                let len = r.varint()? as usize;
+                Frame::Datagram {
+                    data: r.bytes(len)?,
+                }
+            }
             frame_type::CLOSE => {
                 let code = r.varint()?;
                 let len = r.varint()? as usize;
@@ -897,6 +910,18 @@ pub fn write_max_stream_data(w: &mut Writer<'_>, stream: u8, max: u64) {
     w.u8(frame_type::MAX_STREAM_DATA);
     w.u8(stream);
     w.varint(max);
+}
+
+/// Bytes a DATAGRAM frame carrying `len` bytes takes.
+pub fn datagram_frame_len(len: usize) -> usize {
+    1 + varint_len(len as u64) + len
+}
+
+/// Writes a DATAGRAM frame ([`datagram_frame_len`] bytes; the caller checked the room).
+pub fn write_datagram(w: &mut Writer<'_>, data: &[u8]) {
+    w.u8(frame_type::DATAGRAM);
+    w.varint(data.len() as u64);
+    w.bytes(data);
 }
 
 /// Writes a LINK_STATUS frame (3 bytes).

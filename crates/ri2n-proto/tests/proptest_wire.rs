@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use proptest::prelude::*;
 use ri2n_proto::wire::{
     self, decode_packet, encode_control_packet, packet_type, varint_len, write_ack, write_close,
-    write_link_status, write_max_stream_data, write_short_header, write_stream,
+    write_datagram, write_link_status, write_max_stream_data, write_short_header, write_stream,
     write_stream_header, ClientParams, Frame, Frames, Header, Reader, ServerParams, Writer,
     MIN_INITIAL_SIZE, VARINT_MAX, VERSION,
 };
@@ -198,6 +198,9 @@ enum Spec {
         link: u8,
         status: u8,
     },
+    Datagram {
+        data: Vec<u8>,
+    },
     Close {
         code: u64,
         reason: Vec<u8>,
@@ -273,6 +276,7 @@ fn spec() -> impl Strategy<Value = Spec> {
         (0..wire::STREAMS, varint_value())
             .prop_map(|(stream, max)| Spec::MaxStreamData { stream, max }),
         (any::<u8>(), any::<u8>()).prop_map(|(link, status)| Spec::LinkStatus { link, status }),
+        prop::collection::vec(any::<u8>(), 0..1_500).prop_map(|data| Spec::Datagram { data }),
         (
             varint_value(),
             prop::collection::vec(any::<u8>(), 0..1_200),
@@ -343,6 +347,9 @@ enum Owned {
         link: u8,
         status: u8,
     },
+    Datagram {
+        data: Vec<u8>,
+    },
     Close {
         code: u64,
         reason: Vec<u8>,
@@ -382,6 +389,9 @@ fn owned(f: Frame<'_>) -> Owned {
         Frame::LinkStatus { link, status } => Owned::LinkStatus {
             link: link.0,
             status,
+        },
+        Frame::Datagram { data } => Owned::Datagram {
+            data: data.to_vec(),
         },
         Frame::Close { code, reason } => Owned::Close {
             code,
@@ -523,6 +533,11 @@ fn build_short(p: &ShortPacket) -> (Vec<u8>, Vec<Owned>) {
                         link: *link,
                         status: *status,
                     });
+                }
+                Spec::Datagram { data } => {
+                    write_datagram(&mut w, data);
+                    assert_eq!(w.len() - before, wire::datagram_frame_len(data.len()));
+                    expected.push(Owned::Datagram { data: data.clone() });
                 }
                 Spec::Close {
                     code,
@@ -701,7 +716,7 @@ fn check_frame(f: Frame<'_>, payload_len: usize) -> Owned {
             assert!(*max <= VARINT_MAX);
         }
         Frame::Close { code, .. } => assert!(*code <= VARINT_MAX),
-        Frame::Padding | Frame::Ping | Frame::LinkStatus { .. } => {}
+        Frame::Padding | Frame::Ping | Frame::LinkStatus { .. } | Frame::Datagram { .. } => {}
     }
     owned(f)
 }
@@ -740,6 +755,7 @@ fn encode_owned(w: &mut Writer<'_>, f: &Owned) {
         } => write_stream(w, *stream, *offset, *fin, data, true),
         Owned::MaxStreamData { stream, max } => write_max_stream_data(w, *stream, *max),
         Owned::LinkStatus { link, status } => write_link_status(w, LinkId(*link), *status),
+        Owned::Datagram { data } => write_datagram(w, data),
         Owned::Close { code, reason } => write_close(w, *code, reason, usize::MAX / 2),
     }
 }

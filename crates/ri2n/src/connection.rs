@@ -135,6 +135,44 @@ impl Connection {
         }
     }
 
+    /// Largest datagram [`send_datagram`](Self::send_datagram) accepts, in bytes: what one
+    /// packet carries on every link at its base size (1434 on IPv4 links of a 1500-byte MTU
+    /// with a key, 1450 without).
+    pub fn max_datagram_size(&self) -> usize {
+        self.with(|c| c.max_datagram_size())
+    }
+
+    /// Sends `data` as one unreliable datagram: the peer receives it whole with
+    /// [`recv_datagram`](Self::recv_datagram), or not at all; it is sent once, never
+    /// repaired, and may overtake or be overtaken by others. Never blocks: datagrams wait in
+    /// a bounded queue (the oldest is dropped when it is full, and one that waited too long
+    /// while a link was up is dropped unsent; while no link is up they wait for one). A
+    /// datagram larger than [`max_datagram_size`](Self::max_datagram_size) fails with an
+    /// error of kind [`io::ErrorKind::InvalidInput`].
+    pub fn send_datagram(&self, data: &[u8]) -> io::Result<()> {
+        self.with(|c| c.send_datagram(Instant::now(), data))
+            .map_err(write_error)
+    }
+
+    /// Receives one datagram, waiting for one; `Ok(None)` once the connection closed cleanly
+    /// and every datagram that arrived was read.
+    pub fn recv_datagram(&self) -> io::Result<Option<Vec<u8>>> {
+        match self.blocking(None, |c| c.recv_datagram(), |e| *e == ReadError::Blocked)? {
+            Ok(d) => Ok(d),
+            Err(e) => Err(read_error(e)),
+        }
+    }
+
+    /// Receives one datagram if one is waiting; an error of kind
+    /// [`io::ErrorKind::WouldBlock`] otherwise. Never blocks.
+    pub fn try_recv_datagram(&self) -> io::Result<Option<Vec<u8>>> {
+        match self.try_with(Interest::Read, |c| c.recv_datagram()) {
+            Ok(d) => Ok(d),
+            Err(ReadError::Blocked) => Err(io::ErrorKind::WouldBlock.into()),
+            Err(e) => Err(read_error(e)),
+        }
+    }
+
     /// Receives one whole message; `Ok(None)` once the peer finished its message stream.
     pub fn recv_message(&self) -> io::Result<Option<Vec<u8>>> {
         match self.blocking(None, |c| c.recv_message(), |e| *e == ReadError::Blocked)? {

@@ -309,3 +309,143 @@ fn try_recv_message_never_blocks() {
         }
     }
 }
+
+/// Datagram `seq`: its size and bytes follow from its number, so the receiver can check it.
+fn datagram(seq: u32, max: usize) -> Vec<u8> {
+    let len = 4 + (seq as usize * 7919) % (max - 3);
+    let mut d = seq.to_be_bytes().to_vec();
+    d.extend((4..len).map(|i| (seq as usize).wrapping_mul(31).wrapping_add(i) as u8));
+    d
+}
+
+fn check_datagram(d: &[u8], max: usize) -> u32 {
+    assert!(d.len() >= 4, "a datagram of {} bytes", d.len());
+    let seq = u32::from_be_bytes(d[..4].try_into().unwrap());
+    assert_eq!(d, datagram(seq, max), "datagram {seq} arrived changed");
+    seq
+}
+
+#[test]
+fn datagrams_arrive_whole_and_once_and_oversized_ones_are_refused() {
+    let p = pair();
+    let conn = p
+        .client
+        .connect(&p.server.local_addrs(), ConnectionConfig::default())
+        .unwrap();
+    let peer = p.server.accept().unwrap();
+    let max = conn.max_datagram_size();
+    assert_eq!(max, peer.max_datagram_size());
+    assert!(max >= 1400, "max datagram {max}");
+    let e = conn.send_datagram(&vec![0; max + 1]).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+
+    const COUNT: u32 = 5000;
+    let receiver = thread::spawn(move || {
+        let mut seen = vec![false; COUNT as usize];
+        let mut last = Instant::now();
+        while last.elapsed() < Duration::from_secs(1) {
+            match peer.try_recv_datagram() {
+                Ok(Some(d)) => {
+                    let seq = check_datagram(&d, max);
+                    assert!(!seen[seq as usize], "datagram {seq} arrived twice");
+                    seen[seq as usize] = true;
+                    last = Instant::now();
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    thread::sleep(Duration::from_micros(200))
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        (seen.iter().filter(|&&s| s).count(), peer.stats())
+    });
+    for seq in 0..COUNT {
+        conn.send_datagram(&datagram(seq, max)).unwrap();
+        if seq % 64 == 63 {
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let (received, peer_stats) = receiver.join().unwrap();
+    let stats = conn.stats();
+    assert_eq!(
+        stats.datagrams_sent + stats.datagrams_send_dropped,
+        u64::from(COUNT),
+        "every datagram is sent or counted as dropped"
+    );
+    assert_eq!(
+        peer_stats.datagrams_received - peer_stats.datagrams_receive_dropped,
+        received as u64
+    );
+    assert!(received > 0, "no datagram arrived");
+}
+
+#[test]
+fn datagrams_sent_while_every_link_is_down_arrive_at_the_heal() {
+    let p = pair();
+    let switches: Vec<_> = p
+        .client
+        .local_addrs()
+        .iter()
+        .map(|&a| p.client.impairment(a).unwrap())
+        .collect();
+    let conn = p
+        .client
+        .connect(&p.server.local_addrs(), ConnectionConfig::default())
+        .unwrap();
+    let peer = p.server.accept().unwrap();
+    let max = conn.max_datagram_size();
+    // both links up, then both cut: wait until the connection knows
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while conn
+        .stats()
+        .links
+        .iter()
+        .filter(|l| l.state == LinkState::Up)
+        .count()
+        < 2
+    {
+        assert!(Instant::now() < deadline, "the links never came up");
+        thread::sleep(Duration::from_millis(5));
+    }
+    for s in &switches {
+        s.set_down(true);
+    }
+    while conn.stats().links.iter().any(|l| l.state == LinkState::Up) {
+        assert!(Instant::now() < deadline, "the cut links never went down");
+        thread::sleep(Duration::from_millis(5));
+    }
+    for seq in 0..20 {
+        conn.send_datagram(&datagram(seq, max)).unwrap();
+    }
+    // far longer than a datagram may wait while a link is up
+    thread::sleep(Duration::from_millis(300));
+    assert!(
+        matches!(peer.try_recv_datagram(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    );
+    for s in &switches {
+        s.set_down(false);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut got = Vec::new();
+    while got.len() < 20 {
+        match peer.try_recv_datagram() {
+            Ok(Some(d)) => got.push(check_datagram(&d, max)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let s = conn.stats();
+                assert!(
+                    Instant::now() < deadline,
+                    "{} of 20 datagrams arrived after the heal; sender: {} sent, {} dropped, links {:?}",
+                    got.len(),
+                    s.datagrams_sent,
+                    s.datagrams_send_dropped,
+                    s.links.iter().map(|l| l.state).collect::<Vec<_>>()
+                );
+                thread::sleep(Duration::from_millis(1));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    got.sort();
+    assert_eq!(got, (0..20).collect::<Vec<_>>());
+    assert_eq!(conn.stats().datagrams_send_dropped, 0);
+}

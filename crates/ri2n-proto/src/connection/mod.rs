@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use smallvec::SmallVec;
 
 use crate::crypto::{Cipher, ClientHandshake, Key, PacketProtection, MAX_AUTH_FAILURES};
+use crate::datagrams::{IncomingDatagrams, OutgoingDatagrams};
 use crate::link::{AckOutcome, Link, SentFrame};
 use crate::streams::{RecvStream, SendStream};
 use crate::wire::{self, Frame, Frames, Writer};
@@ -68,6 +69,16 @@ pub struct ConnectionStats {
     /// Key updates so far (sending, receiving): each direction moves to a new key after
     /// 2^22 packets or 120 s.
     pub key_updates: (u64, u64),
+    /// Unreliable datagrams sent (each once).
+    pub datagrams_sent: u64,
+    /// Datagrams dropped unsent: the send queue was full, they waited too long, or no link
+    /// could carry them any more.
+    pub datagrams_send_dropped: u64,
+    /// Datagrams that arrived.
+    pub datagrams_received: u64,
+    /// Datagrams that arrived and were dropped: the application had not read the earlier
+    /// ones.
+    pub datagrams_receive_dropped: u64,
 }
 
 /// Byte stream and message stream numbers.
@@ -168,6 +179,8 @@ pub struct Connection {
     ping_pending: Option<usize>,
     events: VecDeque<Event>,
     readable_signalled: bool,
+    datagrams_out: OutgoingDatagrams,
+    datagrams_in: IncomingDatagrams,
     /// A blocked writer: the stream it writes and the room it waits for.
     write_wants: Option<(usize, u64)>,
     /// [`Event::AllAcknowledged`] was emitted.
@@ -311,6 +324,8 @@ impl Connection {
             ping_pending: None,
             events: VecDeque::new(),
             readable_signalled: false,
+            datagrams_out: OutgoingDatagrams::new(cfg.datagram_send_buffer, cfg.datagram_max_age),
+            datagrams_in: IncomingDatagrams::new(cfg.datagram_receive_buffer),
             write_wants: None,
             all_acknowledged: false,
             next_stream: 0,
@@ -432,6 +447,53 @@ impl Connection {
         stream.write(&header[..hlen]);
         stream.write(msg);
         Ok(())
+    }
+
+    /// Largest datagram [`send_datagram`](Self::send_datagram) accepts: what one packet
+    /// carries on every link at its base size (1434 bytes on IPv4 links of a 1500-byte MTU
+    /// with a key, 1450 without). Datagrams are never split, so path MTU discovery does not
+    /// raise it.
+    pub fn max_datagram_size(&self) -> usize {
+        let base = self.links.iter().map(|l| l.pmtu.base()).min().unwrap_or(0);
+        let overhead = wire::SHORT_HEADER_FIXED + 8 + self.tag_len();
+        // a DATAGRAM frame's header: type and a 2-byte length (datagrams stay below 16 KiB)
+        base.saturating_sub(overhead + 3)
+    }
+
+    /// Sends `data` as one unreliable datagram: the peer receives it whole with
+    /// [`recv_datagram`](Self::recv_datagram), or not at all. Datagrams go out once, striped
+    /// over the up links under their congestion windows, ahead of stream data; a lost one is
+    /// not sent again, and the order of arrival is not guaranteed. Never blocks: a full
+    /// queue drops its oldest datagram (see [`ConnectionConfig::datagram_send_buffer`]).
+    /// `now` starts the datagram's age ([`ConnectionConfig::datagram_max_age`]).
+    pub fn send_datagram(&mut self, now: Instant, data: &[u8]) -> Result<(), WriteError> {
+        if let Some(e) = &self.close_reason {
+            return Err(WriteError::ConnectionLost(e.clone()));
+        }
+        if self.state == ConnectionState::Closed {
+            return Err(WriteError::Finished);
+        }
+        let limit = self.max_datagram_size();
+        if data.len() > limit {
+            return Err(WriteError::MessageTooLarge {
+                size: data.len(),
+                limit,
+            });
+        }
+        self.datagrams_out.push(now, data);
+        Ok(())
+    }
+
+    /// Receives one datagram. `Ok(None)`: the connection closed cleanly and every datagram
+    /// that arrived was read; [`ReadError::Blocked`] means wait for [`Event::Readable`].
+    pub fn recv_datagram(&mut self) -> Result<Option<Vec<u8>>, ReadError> {
+        if let Some(d) = self.datagrams_in.pop() {
+            return Ok(Some(d));
+        }
+        if self.state == ConnectionState::Closed && self.close_reason.is_none() {
+            return Ok(None);
+        }
+        self.read_blocked()
     }
 
     /// Finishes both outgoing streams: the peer reads end-of-stream after the data written.
@@ -560,6 +622,10 @@ impl Connection {
             bytes_acknowledged: self.send.iter().map(SendStream::acknowledged).sum(),
             bytes_received: self.recv.iter().map(RecvStream::received).sum(),
             cipher: self.protection.as_ref().map(PacketProtection::cipher),
+            datagrams_sent: self.datagrams_out.sent,
+            datagrams_send_dropped: self.datagrams_out.dropped,
+            datagrams_received: self.datagrams_in.received,
+            datagrams_receive_dropped: self.datagrams_in.dropped,
             key_updates: self
                 .protection
                 .as_ref()
@@ -668,7 +734,9 @@ impl Connection {
 
     fn update_all_down(&mut self, now: Instant) {
         if self.links.iter().any(Link::is_up) {
-            self.all_down_since = None;
+            if self.all_down_since.take().is_some() {
+                self.datagrams_out.restart_clock(now);
+            }
         } else if self.all_down_since.is_none() {
             self.all_down_since = Some(now);
         }
@@ -1134,6 +1202,12 @@ impl Connection {
                         return Ok(());
                     }
                 },
+                Frame::Datagram { data } => {
+                    if self.datagrams_in.push(data) && !self.readable_signalled {
+                        self.readable_signalled = true;
+                        self.event(Event::Readable);
+                    }
+                }
                 Frame::MaxStreamData { stream, max } => {
                     let s = &mut self.send[stream as usize];
                     s.max_data = s.max_data.max(max);

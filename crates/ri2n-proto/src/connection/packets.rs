@@ -83,7 +83,11 @@ impl Connection {
                 s.rescue_head(RESCUE_BYTES);
             }
         }
-        if self.send.iter().any(SendStream::wants_to_send) {
+        if self.links.iter().any(Link::is_up) {
+            // with no link up datagrams wait for one (their age restarts when it comes)
+            self.datagrams_out.drop_stale(now);
+        }
+        if !self.datagrams_out.is_empty() || self.send.iter().any(SendStream::wants_to_send) {
             match self.pick_data_link(now) {
                 Ok(i) => return self.transmit(now, i, PacketKind::Data, out),
                 Err(wake) => self.pacing_wakeup = wake,
@@ -259,9 +263,14 @@ impl Connection {
         } else {
             end
         };
-        // acknowledgements for every link with news (at most half a data packet)
+        // acknowledgements for every link with news (at most half a data packet, and never
+        // the room the next datagram needs: it must not wait behind acknowledgements)
         let ack_room = if kind == PacketKind::Data {
-            (end_of_frames - w.len()) / 2
+            let datagram = self
+                .datagrams_out
+                .front_len()
+                .map_or(0, wire::datagram_frame_len);
+            ((end_of_frames - w.len()) / 2).min((end_of_frames - w.len()).saturating_sub(datagram))
         } else {
             end_of_frames - w.len()
         };
@@ -293,8 +302,18 @@ impl Connection {
             frames.push(SentFrame::LinkStatus { link, status });
             ack_eliciting = true;
         }
-        // stream data, alternating between the streams
+        // datagrams first (they are sent once, and a late one is worth less), then stream
+        // data, alternating between the streams
         if kind == PacketKind::Data {
+            while let Some(len) = self.datagrams_out.front_len() {
+                if wire::datagram_frame_len(len) > end - w.len() {
+                    break;
+                }
+                let d = self.datagrams_out.pop().expect("a datagram is queued");
+                wire::write_datagram(&mut w, &d);
+                self.datagrams_out.recycle(d);
+                ack_eliciting = true;
+            }
             let mut stream_bytes = 0u64;
             for _ in 0..2 {
                 let s = self.next_stream;
