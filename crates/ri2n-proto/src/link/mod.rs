@@ -345,12 +345,18 @@ impl Link {
         self.detect_lost(now, out);
     }
 
-    /// Delivery rate in bytes per second: measured, or before any measurement what the window
-    /// allows per round trip.
+    /// Delivery rate in bytes per second: measured while the link used its window, else what
+    /// the window allows per round trip. Samples of a link that never had to use its window
+    /// (it was given little: a faster link took most) say what it was given, not what it can
+    /// deliver: they may raise the window's estimate but not lower it, or a link once given a
+    /// trickle would look too slow to be given more, for good.
     pub fn delivery_rate(&self) -> f64 {
-        self.rate
-            .measured()
-            .unwrap_or_else(|| self.cc.window() as f64 / self.rtt.srtt.as_secs_f64().max(1e-6))
+        let window_rate = self.cc.window() as f64 / self.rtt.srtt.as_secs_f64().max(1e-6);
+        match self.rate.measured() {
+            Some(rate) if self.rate.measured_busy() => rate,
+            Some(rate) => rate.max(window_rate),
+            None => window_rate,
+        }
     }
 
     /// Whether RTT and delivery rate rest on measurements rather than initial assumptions.
@@ -630,4 +636,53 @@ fn stream_bytes(frames: &[SentFrame]) -> u64 {
             _ => 0,
         })
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data_packet(now: Instant, size: u16) -> SentPacket {
+        SentPacket {
+            time: now,
+            size,
+            in_flight: true,
+            ack_eliciting: true,
+            probe: false,
+            mtu_probe: false,
+            frames: SmallVec::new(),
+        }
+    }
+
+    #[test]
+    fn a_link_given_a_trickle_keeps_its_window_rate() {
+        let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let mut link = Link::new(LinkId(1), addr, addr, PathMtu::new(1472, 1472));
+        let t0 = Instant::now();
+        link.promote(t0, &mut AckOutcome::default());
+        let rtt = Duration::from_micros(200);
+        link.seed_rtt(rtt);
+        let window_rate = link.cc.window() as f64 / rtt.as_secs_f64();
+        // one packet per millisecond for 20 ms: far below what the window allows
+        for k in 0..20u32 {
+            let sent = t0 + Duration::from_millis(k.into());
+            let pn = link.on_sent(sent, 1472, data_packet(sent, 1472));
+            let mut out = AckOutcome::default();
+            link.on_ack(
+                sent + rtt,
+                [(pn, pn)].into_iter(),
+                pn,
+                Duration::ZERO,
+                &mut out,
+            );
+            assert_eq!(out.acked.len(), 1);
+        }
+        // what it delivered (1.5 MB/s) is what it was given, not what it can deliver
+        assert!(
+            link.delivery_rate() >= window_rate * 0.9,
+            "{} B/s, window rate {window_rate} B/s",
+            link.delivery_rate()
+        );
+        assert!(!link.is_measured());
+    }
 }
