@@ -47,6 +47,10 @@ pub struct ConnectionConfig {
     /// Bytes of received datagrams not yet read that are kept (default 1 MiB); datagrams
     /// arriving beyond it are dropped.
     pub datagram_receive_buffer: usize,
+    /// Longest a received datagram is held for an earlier one still missing, to deliver them
+    /// in sending order (default 5 ms; zero: deliver as they arrive). A missing datagram is
+    /// given up on after it.
+    pub datagram_reorder_hold: Duration,
     /// Interval between probes on a link that is down or degraded (default 20 ms). Recovery is
     /// detected within about `recovery_probes` intervals, however long the outage lasted.
     pub probe_interval: Duration,
@@ -102,6 +106,7 @@ impl Default for ConnectionConfig {
             datagram_send_buffer: 1 << 20,
             datagram_max_age: Duration::from_millis(20),
             datagram_receive_buffer: 1 << 20,
+            datagram_reorder_hold: Duration::from_millis(5),
             probe_interval: Duration::from_millis(20),
             recovery_probes: 2,
             failure_ptos: 3,
@@ -148,6 +153,7 @@ setters!(ConnectionConfig {
     datagram_send_buffer => with_datagram_send_buffer: usize,
     datagram_max_age => with_datagram_max_age: Duration,
     datagram_receive_buffer => with_datagram_receive_buffer: usize,
+    datagram_reorder_hold => with_datagram_reorder_hold: Duration,
     probe_interval => with_probe_interval: Duration,
     recovery_probes => with_recovery_probes: u32,
     failure_ptos => with_failure_ptos: u32,

@@ -33,6 +33,7 @@ pub mod wire;
 pub use config::{ConnectionConfig, EndpointConfig, Striping};
 pub use connection::{Connection, ConnectionState, ConnectionStats};
 pub use crypto::{Cipher, Key, KeyError};
+pub use datagrams::datagram_capacity;
 pub use endpoint::{
     ConnectionHandle, DropCounts, DropReason, Endpoint, RefusedHandshake, Transmit, TransmitBuffer,
 };

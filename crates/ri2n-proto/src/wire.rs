@@ -676,6 +676,9 @@ pub enum Frame<'a> {
     },
     /// An unreliable datagram.
     Datagram {
+        /// Its number: the sender numbers the datagrams it sends 0, 1, 2, ... in sending
+        /// order, so the receiver can restore that order.
+        seq: u64,
         /// Its bytes.
         data: &'a [u8],
     },
@@ -765,8 +768,10 @@ impl<'a> Frames<'a> {
                 status: r.u8()?,
             },
             frame_type::DATAGRAM => {
+                let seq = r.varint()?;
                 let len = r.varint()? as usize;
                 Frame::Datagram {
+                    seq,
                     data: r.bytes(len)?,
                 }
             }
@@ -912,14 +917,15 @@ pub fn write_max_stream_data(w: &mut Writer<'_>, stream: u8, max: u64) {
     w.varint(max);
 }
 
-/// Bytes a DATAGRAM frame carrying `len` bytes takes.
-pub fn datagram_frame_len(len: usize) -> usize {
-    1 + varint_len(len as u64) + len
+/// Bytes a DATAGRAM frame numbered `seq` carrying `len` bytes takes.
+pub fn datagram_frame_len(seq: u64, len: usize) -> usize {
+    1 + varint_len(seq) + varint_len(len as u64) + len
 }
 
 /// Writes a DATAGRAM frame ([`datagram_frame_len`] bytes; the caller checked the room).
-pub fn write_datagram(w: &mut Writer<'_>, data: &[u8]) {
+pub fn write_datagram(w: &mut Writer<'_>, seq: u64, data: &[u8]) {
     w.u8(frame_type::DATAGRAM);
+    w.varint(seq);
     w.varint(data.len() as u64);
     w.bytes(data);
 }

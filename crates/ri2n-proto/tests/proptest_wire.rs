@@ -199,6 +199,7 @@ enum Spec {
         status: u8,
     },
     Datagram {
+        seq: u64,
         data: Vec<u8>,
     },
     Close {
@@ -276,7 +277,8 @@ fn spec() -> impl Strategy<Value = Spec> {
         (0..wire::STREAMS, varint_value())
             .prop_map(|(stream, max)| Spec::MaxStreamData { stream, max }),
         (any::<u8>(), any::<u8>()).prop_map(|(link, status)| Spec::LinkStatus { link, status }),
-        prop::collection::vec(any::<u8>(), 0..1_500).prop_map(|data| Spec::Datagram { data }),
+        (varint_value(), prop::collection::vec(any::<u8>(), 0..1_500))
+            .prop_map(|(seq, data)| Spec::Datagram { seq, data }),
         (
             varint_value(),
             prop::collection::vec(any::<u8>(), 0..1_200),
@@ -348,6 +350,7 @@ enum Owned {
         status: u8,
     },
     Datagram {
+        seq: u64,
         data: Vec<u8>,
     },
     Close {
@@ -390,7 +393,8 @@ fn owned(f: Frame<'_>) -> Owned {
             link: link.0,
             status,
         },
-        Frame::Datagram { data } => Owned::Datagram {
+        Frame::Datagram { seq, data } => Owned::Datagram {
+            seq,
             data: data.to_vec(),
         },
         Frame::Close { code, reason } => Owned::Close {
@@ -534,10 +538,13 @@ fn build_short(p: &ShortPacket) -> (Vec<u8>, Vec<Owned>) {
                         status: *status,
                     });
                 }
-                Spec::Datagram { data } => {
-                    write_datagram(&mut w, data);
-                    assert_eq!(w.len() - before, wire::datagram_frame_len(data.len()));
-                    expected.push(Owned::Datagram { data: data.clone() });
+                Spec::Datagram { seq, data } => {
+                    write_datagram(&mut w, *seq, data);
+                    assert_eq!(w.len() - before, wire::datagram_frame_len(*seq, data.len()));
+                    expected.push(Owned::Datagram {
+                        seq: *seq,
+                        data: data.clone(),
+                    });
                 }
                 Spec::Close {
                     code,
@@ -755,7 +762,7 @@ fn encode_owned(w: &mut Writer<'_>, f: &Owned) {
         } => write_stream(w, *stream, *offset, *fin, data, true),
         Owned::MaxStreamData { stream, max } => write_max_stream_data(w, *stream, *max),
         Owned::LinkStatus { link, status } => write_link_status(w, LinkId(*link), *status),
-        Owned::Datagram { data } => write_datagram(w, data),
+        Owned::Datagram { seq, data } => write_datagram(w, *seq, data),
         Owned::Close { code, reason } => write_close(w, *code, reason, usize::MAX / 2),
     }
 }

@@ -79,6 +79,10 @@ pub struct ConnectionStats {
     /// Datagrams that arrived and were dropped: the application had not read the earlier
     /// ones.
     pub datagrams_receive_dropped: u64,
+    /// Datagrams that arrived ahead of an earlier one and were held to restore the order.
+    pub datagrams_reordered: u64,
+    /// Datagrams held now for an earlier one, and datagrams ready for the application.
+    pub datagrams_waiting: (usize, usize),
 }
 
 /// Byte stream and message stream numbers.
@@ -325,7 +329,10 @@ impl Connection {
             events: VecDeque::new(),
             readable_signalled: false,
             datagrams_out: OutgoingDatagrams::new(cfg.datagram_send_buffer, cfg.datagram_max_age),
-            datagrams_in: IncomingDatagrams::new(cfg.datagram_receive_buffer),
+            datagrams_in: IncomingDatagrams::new(
+                cfg.datagram_receive_buffer,
+                cfg.datagram_reorder_hold,
+            ),
             write_wants: None,
             all_acknowledged: false,
             next_stream: 0,
@@ -455,9 +462,7 @@ impl Connection {
     /// raise it.
     pub fn max_datagram_size(&self) -> usize {
         let base = self.links.iter().map(|l| l.pmtu.base()).min().unwrap_or(0);
-        let overhead = wire::SHORT_HEADER_FIXED + 8 + self.tag_len();
-        // a DATAGRAM frame's header: type and a 2-byte length (datagrams stay below 16 KiB)
-        base.saturating_sub(overhead + 3)
+        crate::datagram_capacity(base, self.protection.is_some())
     }
 
     /// Sends `data` as one unreliable datagram: the peer receives it whole with
@@ -626,6 +631,8 @@ impl Connection {
             datagrams_send_dropped: self.datagrams_out.dropped,
             datagrams_received: self.datagrams_in.received,
             datagrams_receive_dropped: self.datagrams_in.dropped,
+            datagrams_reordered: self.datagrams_in.reordered,
+            datagrams_waiting: self.datagrams_in.waiting(),
             key_updates: self
                 .protection
                 .as_ref()
@@ -1202,8 +1209,8 @@ impl Connection {
                         return Ok(());
                     }
                 },
-                Frame::Datagram { data } => {
-                    if self.datagrams_in.push(data) && !self.readable_signalled {
+                Frame::Datagram { seq, data } => {
+                    if self.datagrams_in.push(now, seq, data) && !self.readable_signalled {
                         self.readable_signalled = true;
                         self.event(Event::Readable);
                     }

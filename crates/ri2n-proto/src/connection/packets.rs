@@ -266,10 +266,7 @@ impl Connection {
         // acknowledgements for every link with news (at most half a data packet, and never
         // the room the next datagram needs: it must not wait behind acknowledgements)
         let ack_room = if kind == PacketKind::Data {
-            let datagram = self
-                .datagrams_out
-                .front_len()
-                .map_or(0, wire::datagram_frame_len);
+            let datagram = self.datagrams_out.front_frame_len().unwrap_or(0);
             ((end_of_frames - w.len()) / 2).min((end_of_frames - w.len()).saturating_sub(datagram))
         } else {
             end_of_frames - w.len()
@@ -305,12 +302,12 @@ impl Connection {
         // datagrams first (they are sent once, and a late one is worth less), then stream
         // data, alternating between the streams
         if kind == PacketKind::Data {
-            while let Some(len) = self.datagrams_out.front_len() {
-                if wire::datagram_frame_len(len) > end - w.len() {
+            while let Some(len) = self.datagrams_out.front_frame_len() {
+                if len > end - w.len() {
                     break;
                 }
-                let d = self.datagrams_out.pop().expect("a datagram is queued");
-                wire::write_datagram(&mut w, &d);
+                let (seq, d) = self.datagrams_out.pop().expect("a datagram is queued");
+                wire::write_datagram(&mut w, seq, &d);
                 self.datagrams_out.recycle(d);
                 ack_eliciting = true;
             }

@@ -36,6 +36,8 @@ pub(super) enum Timer {
     Pacing,
     /// The periodic health checks (arrival shares, slow links).
     HealthCheck,
+    /// Received datagrams held for an earlier missing one stop waiting.
+    DatagramRelease,
     /// A timer of the link at this position.
     Link(usize, LinkTimer),
 }
@@ -110,6 +112,7 @@ impl Connection {
                 }
             }
             arm(Timer::HealthCheck, Some(self.next_share_check));
+            arm(Timer::DatagramRelease, self.datagrams_in.release_deadline());
         }
         arm(
             Timer::AllLinksDown,
@@ -179,6 +182,12 @@ impl Connection {
                 self.check_slow_links(now);
                 while self.next_share_check <= now {
                     self.next_share_check += self.cfg.share_check_interval;
+                }
+            }
+            Timer::DatagramRelease => {
+                if self.datagrams_in.release_due(now) && !self.readable_signalled {
+                    self.readable_signalled = true;
+                    self.event(crate::Event::Readable);
                 }
             }
             Timer::Link(i, LinkTimer::Loss) => {
