@@ -12,7 +12,7 @@ use ri2n_proto::{
     ConnectionStats, Event, ReadError, WriteError,
 };
 
-use crate::driver::{Driver, State};
+use crate::driver::{Driver, Shared, State};
 use crate::readiness::{Interest, Watchers};
 
 /// One ri2n connection. Reads and writes block: while every link is down they simply wait
@@ -104,8 +104,13 @@ impl Connection {
         let mut st = shared.lock();
         loop {
             let r = f(conn(&mut st, self.handle));
+            let seen = Shared::event_count(&st, self.handle);
             st = shared.after_app_call(st);
             match r {
+                // `after_app_call` sends without the lock: an event for this connection
+                // meanwhile (data arrived) woke nobody, and may never come again (the
+                // engine signals readability once until a read finds nothing). Look again.
+                Err(e) if is_blocked(&e) && Shared::event_count(&st, self.handle) != seen => {}
                 Err(e) if is_blocked(&e) => {
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         return Err(io::Error::new(io::ErrorKind::TimedOut, "timed out"));
@@ -152,6 +157,48 @@ impl Connection {
     pub fn send_datagram(&self, data: &[u8]) -> io::Result<()> {
         self.with(|c| c.send_datagram(Instant::now(), data))
             .map_err(write_error)
+    }
+
+    /// Sends each of `datagrams` like [`send_datagram`](Self::send_datagram), at the cost
+    /// of one call: the engine is entered once and the packets go out in one batch. Stops at
+    /// the first that fails (the earlier ones are sent).
+    pub fn send_datagrams<'d>(
+        &self,
+        datagrams: impl IntoIterator<Item = &'d [u8]>,
+    ) -> io::Result<()> {
+        let now = Instant::now();
+        self.with(|c| {
+            datagrams
+                .into_iter()
+                .try_for_each(|d| c.send_datagram(now, d))
+        })
+        .map_err(write_error)
+    }
+
+    /// Receives the datagrams waiting, at most `max` (at least one: waits for it); empty once
+    /// the connection closed cleanly and every datagram that arrived was read.
+    pub fn recv_datagrams(&self, max: usize) -> io::Result<Vec<Vec<u8>>> {
+        let mut got = Vec::new();
+        let r = self.blocking(
+            None,
+            |c| loop {
+                match c.recv_datagram() {
+                    Ok(Some(d)) => {
+                        got.push(d);
+                        if got.len() >= max {
+                            return Ok(());
+                        }
+                    }
+                    Ok(None) => return Ok(()),
+                    // what was taken is handed over first; the next call sees the error
+                    Err(_) if !got.is_empty() => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+            },
+            |e| *e == ReadError::Blocked,
+        )?;
+        r.map_err(read_error)?;
+        Ok(got)
     }
 
     /// Receives one datagram, waiting for one; `Ok(None)` once the connection closed cleanly

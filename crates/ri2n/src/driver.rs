@@ -75,6 +75,9 @@ pub(crate) struct State {
     pub dropped: HashSet<ConnectionHandle>,
     /// What callers waiting on a connection wait on, by connection.
     signals: HashMap<ConnectionHandle, Arc<Condvar>>,
+    /// Events dispatched so far, by connection: a caller compares the count before and after
+    /// a stretch in which the lock was let go, to see whether it missed a wake-up.
+    event_counts: HashMap<ConnectionHandle, u64>,
     /// Readiness descriptors of connections whose application asked for one.
     pub readiness: HashMap<ConnectionHandle, Arc<Watchers>>,
 
@@ -266,6 +269,11 @@ impl Shared {
         st
     }
 
+    /// Events dispatched for connection `h` so far (see `State::event_counts`).
+    pub fn event_count(st: &State, h: ConnectionHandle) -> u64 {
+        st.event_counts.get(&h).copied().unwrap_or(0)
+    }
+
     /// Waits until something may have changed for connection `h` (or `deadline`); the caller
     /// re-checks. The first waiting thread watches the sockets itself and processes what
     /// arrives; others wait for the connection's condition variable.
@@ -444,6 +452,7 @@ impl Shared {
             caller_poll: None,
         };
         while let Some((h, e)) = st.endpoint.poll_event() {
+            *st.event_counts.entry(h).or_default() += 1;
             if let Some(w) = st.readiness.get(&h) {
                 w.signal(&e);
             }
@@ -482,12 +491,14 @@ impl Shared {
             events,
             signals,
             readiness,
+            event_counts,
             ..
         } = st;
         dropped.retain(|&h| {
             if endpoint.release(h) {
                 events.remove(&h);
                 signals.remove(&h);
+                event_counts.remove(&h);
                 readiness.remove(&h);
                 false
             } else {
@@ -659,6 +670,7 @@ impl Driver {
                 events: HashMap::new(),
                 dropped: HashSet::new(),
                 signals: HashMap::new(),
+                event_counts: HashMap::new(),
                 readiness: HashMap::new(),
                 driver_deadline: None,
                 caller_polling: false,

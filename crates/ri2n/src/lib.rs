@@ -43,9 +43,9 @@ use std::time::{Duration, Instant};
 pub use connection::{Connection, TimedEvent};
 pub use impair::Impairment;
 pub use ri2n_proto::{
-    Cipher, ConnectError, ConnectionConfig, ConnectionError, ConnectionState, ConnectionStats,
-    DropCounts, DropReason, EndpointConfig, Event, Key, KeyError, KeyMismatch, LinkId, LinkState,
-    LinkStats, RefusedHandshake, Striping,
+    datagram_capacity, Cipher, ConnectError, ConnectionConfig, ConnectionError, ConnectionState,
+    ConnectionStats, DropCounts, DropReason, EndpointConfig, Event, Key, KeyError, KeyMismatch,
+    LinkId, LinkState, LinkStats, RefusedHandshake, Striping, MAX_LINKS,
 };
 
 use driver::Driver;
