@@ -17,6 +17,7 @@ mod recv;
 mod report;
 mod send;
 mod serve;
+mod tunnel;
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -67,7 +68,35 @@ enum Command {
     /// --key (or RI2N_KEY_FILE) on both ends.
     #[command(after_help = EXIT_CODES_HELP)]
     Keygen(KeygenArgs),
+    /// Carry every IPv4 packet between the hosts of a cluster over ri2n: a TUN interface on
+    /// each host, one connection to every other host, a dead link costing milliseconds.
+    #[command(after_help = TUNNEL_HELP)]
+    Tunnel(TunnelArgs),
 }
+
+const TUNNEL_HELP: &str = "\
+The cluster file (TOML, the same on every host):
+  key = \"/etc/ri2n/cluster.key\"      # from `ri2n keygen`; required
+  port = 7400                        # UDP port on every link address (default 7400)
+  interface = \"ri2n0\"                # TUN device name (default ri2n0)
+  prefix = 24                        # prefix length of the tunnel addresses (default 24)
+
+  [[host]]
+  name = \"node1\"
+  address = \"10.99.0.1\"              # the host's address on the tunnel interface
+  links = [\"10.0.1.1\", \"10.0.2.1\"]   # its address on each network, one per link
+
+  [[host]]
+  ...
+
+Runs in the foreground until SIGINT or SIGTERM, which close the connections and remove the
+interface. Needs root (or CAP_NET_ADMIN) and /dev/net/tun.
+
+Exit codes:
+  0  stopped by SIGINT or SIGTERM, or --check found the file good
+  1  the interface cannot be created or read
+  2  the configuration or the key is bad (the message names the file and line)
+  5  cannot bind a link address (address in use, not an address of this host)";
 
 /// The cluster key (send, recv, serve, bench).
 #[derive(Args, Debug, Clone)]
@@ -90,6 +119,22 @@ pub struct KeygenArgs {
     /// Replace FILE if it exists (every host holding the old key must then get the new one).
     #[arg(long, requires = "output")]
     pub force: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct TunnelArgs {
+    /// The cluster file.
+    #[arg(long, value_name = "FILE", default_value = "/etc/ri2n/cluster.toml")]
+    pub config: PathBuf,
+
+    /// This host's name in the cluster file (default: the host one of whose link addresses
+    /// belongs to this machine).
+    #[arg(long, value_name = "HOST")]
+    pub name: Option<String>,
+
+    /// Check the cluster file, say which host this is, and exit (no root needed).
+    #[arg(long)]
+    pub check: bool,
 }
 
 /// Where to connect and from which local addresses (send, bench).
@@ -383,6 +428,10 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::run(&a),
         Command::Demo(a) => demo::run(&a),
         Command::Keygen(a) => key::keygen(&a),
+        Command::Tunnel(a) if a.check => {
+            tunnel::describe(&a.config, a.name.as_deref()).map(|d| println!("{d}"))
+        }
+        Command::Tunnel(a) => tunnel::run(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

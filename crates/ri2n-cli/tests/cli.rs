@@ -967,3 +967,84 @@ fn serve_holds_many_clients_without_a_thread_each() {
     assert!(json["server"]["bytes"].as_u64().unwrap() > 0, "{json}");
     drop(conns);
 }
+
+/// A cluster file for `ri2n tunnel`, with `key` as its key path and host `me` owning
+/// 127.0.0.1 (an address of every machine).
+fn cluster_text(key: &Path, me_second_address: &str) -> String {
+    format!(
+        "key = \"{}\"\n\n[[host]]\nname = \"me\"\naddress = \"10.99.0.1\"\nlinks = [\"127.0.0.1\"]\n\n\
+         [[host]]\nname = \"other\"\naddress = \"{me_second_address}\"\nlinks = [\"192.0.2.7\"]\n",
+        key.display()
+    )
+}
+
+#[test]
+fn tunnel_check_finds_this_host_and_names_the_line_of_an_error() {
+    let key = TempFile::new("tunnel.key");
+    let (status, out) = ri2n(
+        ["keygen", "--output"]
+            .map(Into::into)
+            .into_iter()
+            .chain([key.path().as_os_str().to_owned()]),
+        Duration::from_secs(10),
+    );
+    assert!(status.success(), "keygen: {}", stderr_of(&out));
+    let config = TempFile::new("cluster.toml");
+
+    std::fs::write(config.path(), cluster_text(key.path(), "10.99.0.2")).unwrap();
+    let (status, out) = ri2n(
+        [
+            std::ffi::OsStr::new("tunnel"),
+            "--check".as_ref(),
+            "--config".as_ref(),
+            config.path().as_os_str(),
+        ],
+        Duration::from_secs(10),
+    );
+    assert!(status.success(), "--check: {}", stderr_of(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("this host is me (10.99.0.1/24 on ri2n0)"),
+        "{said}"
+    );
+
+    // the second host takes the first one's tunnel address: line 11 (of the second host)
+    std::fs::write(config.path(), cluster_text(key.path(), "10.99.0.1")).unwrap();
+    let (status, out) = ri2n(
+        [
+            std::ffi::OsStr::new("tunnel"),
+            "--check".as_ref(),
+            "--config".as_ref(),
+            config.path().as_os_str(),
+        ],
+        Duration::from_secs(10),
+    );
+    assert_eq!(status.code(), Some(2), "{}", stderr_of(&out));
+    let err = stderr_of(&out);
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains(&format!(
+            "{}:10: two hosts have the tunnel address 10.99.0.1 (the first on line 5)",
+            config.path().display()
+        )),
+        "{err}"
+    );
+
+    // a key that cannot be read: named, exit 2 (before anything needs root)
+    let missing = key.path().with_extension("missing");
+    std::fs::write(config.path(), cluster_text(&missing, "10.99.0.2")).unwrap();
+    let (status, out) = ri2n(
+        [
+            std::ffi::OsStr::new("tunnel"),
+            "--config".as_ref(),
+            config.path().as_os_str(),
+        ],
+        Duration::from_secs(10),
+    );
+    assert_eq!(status.code(), Some(2), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("cannot read the key file"),
+        "{}",
+        stderr_of(&out)
+    );
+}

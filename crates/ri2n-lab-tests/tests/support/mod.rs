@@ -140,6 +140,26 @@ pub fn env() -> Option<&'static Env> {
     }
 }
 
+/// Whether `tool` can run here (`tool --version`); when not, prints why and returns false
+/// (the test skips), or under `CI` fails.
+pub fn require_tool(tool: &str, package: &str) -> bool {
+    let found = Command::new(tool)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    if !found {
+        let why = format!("`{tool}` not found (apt-get install {package})");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "lab test cannot run: {why} (CI is set, so this is a failure, not a skip)"
+        );
+        eprintln!("SKIPPED: lab test: {why}");
+    }
+    found
+}
+
 /// One lab test at a time (see the module docs). A test that panicked leaves the lock
 /// poisoned; the next one takes it anyway.
 pub fn serial() -> MutexGuard<'static, ()> {
@@ -249,7 +269,17 @@ impl Lab {
         Self::up_with(env, name, links, true)
     }
 
+    /// `hosts` hosts (a, b, c, ...; host h is 10.77.LINK.h) on `links` links of
+    /// [`RATE_MBIT`] each, every switch joining every host.
+    pub fn up_hosts(env: &Env, name: &str, links: u8, hosts: u8) -> Lab {
+        Self::up_args(env, name, links, false, &["--hosts", &hosts.to_string()])
+    }
+
     fn up_with(env: &Env, name: &str, links: u8, ipv6: bool) -> Lab {
+        Self::up_args(env, name, links, ipv6, &[])
+    }
+
+    fn up_args(env: &Env, name: &str, links: u8, ipv6: bool, more: &[&str]) -> Lab {
         let lab = Lab {
             script: env.lab_script.clone(),
             prefix: format!("ri2nlab-{}-{name}", std::process::id()),
@@ -258,6 +288,7 @@ impl Lab {
         };
         let (links, rate) = (links.to_string(), RATE_MBIT.to_string());
         let mut args = vec!["up", links.as_str(), "--rate", rate.as_str()];
+        args.extend_from_slice(more);
         if ipv6 {
             args.push("--ipv6");
         }
@@ -309,7 +340,12 @@ impl Lab {
 
     /// The namespace of a host.
     pub fn ns(&self, host: Host) -> String {
-        format!("{}-{}", self.prefix, host.letter())
+        self.ns_of(host.letter())
+    }
+
+    /// The namespace of the host with letter `letter` (a, b, c, ...).
+    pub fn ns_of(&self, letter: &str) -> String {
+        format!("{}-{letter}", self.prefix)
     }
 }
 
@@ -363,10 +399,15 @@ impl Proc {
         dir: &Path,
         name: &str,
     ) -> Proc {
+        Self::spawn_in(&lab.ns(host), program, args, dir, name)
+    }
+
+    /// Like [`Proc::spawn`], in namespace `ns`.
+    pub fn spawn_in(ns: &str, program: &Path, args: &[String], dir: &Path, name: &str) -> Proc {
         let stdout = dir.join(format!("{name}.stdout"));
         let stderr = dir.join(format!("{name}.stderr"));
         let child = Command::new("ip")
-            .args(["netns", "exec", &lab.ns(host)])
+            .args(["netns", "exec", ns])
             .arg(program)
             .args(args)
             .stdin(Stdio::null())
@@ -391,6 +432,28 @@ impl Proc {
     pub fn poll(&mut self) -> Option<ExitStatus> {
         if self.status.is_none() {
             self.status = self.child.try_wait().expect("waitpid");
+        }
+        self.status
+    }
+
+    /// Sends SIGTERM and waits at most `max` for the exit.
+    pub fn terminate(&mut self, max: Duration) -> Option<ExitStatus> {
+        if self.poll().is_none() {
+            // SAFETY: kill(2) on the PID of our own child, not yet reaped.
+            unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + max;
+        while self.poll().is_none() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(10));
+        }
+        self.status
+    }
+
+    /// Waits at most `max` for the exit.
+    pub fn wait_exit(&mut self, max: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + max;
+        while self.poll().is_none() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(10));
         }
         self.status
     }

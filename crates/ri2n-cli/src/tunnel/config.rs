@@ -1,0 +1,382 @@
+//! The cluster file of `ri2n tunnel`: one TOML file, copied unchanged to every host, that
+//! names the key, the port, the TUN interface and every host with its tunnel address and its
+//! address on each network. Every error names the file and, where it can, the line.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, UdpSocket};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use toml::Spanned;
+
+/// Default UDP port on every link address.
+pub const DEFAULT_PORT: u16 = 7400;
+/// Default TUN interface name.
+pub const DEFAULT_INTERFACE: &str = "ri2n0";
+/// Default prefix length of the tunnel addresses.
+pub const DEFAULT_PREFIX: u8 = 24;
+
+/// A checked cluster description.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cluster {
+    /// The key file (a relative path in the file is relative to the file's directory).
+    pub key: PathBuf,
+    pub port: u16,
+    pub interface: String,
+    pub prefix: u8,
+    pub hosts: Vec<Host>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Host {
+    pub name: String,
+    /// Its address on the tunnel interface.
+    pub address: Ipv4Addr,
+    /// Its address on each network, one per link.
+    pub links: Vec<IpAddr>,
+}
+
+/// What is wrong with a cluster file: `FILE:LINE: message`, or `FILE: message`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{line}: {}", self.file.display(), self.message),
+            None => write!(f, "{}: {}", self.file.display(), self.message),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCluster {
+    key: Spanned<PathBuf>,
+    #[serde(default)]
+    port: Option<Spanned<u16>>,
+    #[serde(default)]
+    interface: Option<Spanned<String>>,
+    #[serde(default)]
+    prefix: Option<Spanned<u8>>,
+    #[serde(default, rename = "host")]
+    hosts: Vec<Spanned<RawHost>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHost {
+    name: Spanned<String>,
+    address: Spanned<Ipv4Addr>,
+    links: Spanned<Vec<Spanned<IpAddr>>>,
+}
+
+impl Cluster {
+    /// Reads and checks the cluster file at `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: path.to_owned(),
+            line: None,
+            message: format!("cannot read the configuration: {e}"),
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Checks the text of the cluster file `path`.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        let at = |span: Option<Range<usize>>, message: String| ConfigError {
+            file: path.to_owned(),
+            line: span.map(|s| line_of(text, s.start)),
+            message,
+        };
+        let raw: RawCluster = toml::from_str(text)
+            .map_err(|e| at(e.span(), e.message().trim().replace('\n', " ")))?;
+
+        let mut key = raw.key.get_ref().clone();
+        if key.as_os_str().is_empty() {
+            return Err(at(Some(raw.key.span()), "key: the path is empty".into()));
+        }
+        if key.is_relative() {
+            if let Some(dir) = path.parent() {
+                key = dir.join(key);
+            }
+        }
+        let port = match raw.port {
+            Some(p) if *p.get_ref() == 0 => {
+                return Err(at(Some(p.span()), "port: must be 1 to 65535".into()))
+            }
+            Some(p) => p.into_inner(),
+            None => DEFAULT_PORT,
+        };
+        let interface = match raw.interface {
+            Some(i) => {
+                let name = i.get_ref();
+                // IFNAMSIZ is 16 with the terminating NUL; the kernel refuses '/' and blanks
+                if name.is_empty()
+                    || name.len() > 15
+                    || name.contains(|c: char| c == '/' || c.is_whitespace() || c == ':')
+                {
+                    return Err(at(
+                        Some(i.span()),
+                        format!(
+                            "interface: \"{name}\" is not a valid interface name (1 to 15 \
+                             characters, no '/', ':' or blanks)"
+                        ),
+                    ));
+                }
+                i.into_inner()
+            }
+            None => DEFAULT_INTERFACE.to_owned(),
+        };
+        let prefix = match raw.prefix {
+            Some(p) if !(1..=30).contains(p.get_ref()) => {
+                return Err(at(Some(p.span()), "prefix: must be 1 to 30".into()))
+            }
+            Some(p) => p.into_inner(),
+            None => DEFAULT_PREFIX,
+        };
+        if raw.hosts.len() < 2 {
+            return Err(at(
+                None,
+                format!(
+                    "{} [[host]] entries: a tunnel needs at least 2 hosts",
+                    raw.hosts.len()
+                ),
+            ));
+        }
+
+        let mut names: HashMap<&str, usize> = HashMap::new();
+        let mut addresses: HashMap<Ipv4Addr, usize> = HashMap::new();
+        let mut link_addresses: HashMap<IpAddr, usize> = HashMap::new();
+        let mask = u32::MAX << (32 - prefix);
+        let mut network: Option<u32> = None;
+        let mut hosts = Vec::with_capacity(raw.hosts.len());
+        for h in &raw.hosts {
+            let h = h.get_ref();
+            let line_of_span = |s: Range<usize>| line_of(text, s.start);
+            let name = h.name.get_ref();
+            if name.is_empty() || name.contains(char::is_whitespace) {
+                return Err(at(
+                    Some(h.name.span()),
+                    format!("name: \"{name}\" must be non-empty, without blanks"),
+                ));
+            }
+            if let Some(&first) = names.get(name.as_str()) {
+                return Err(at(
+                    Some(h.name.span()),
+                    format!("two hosts are named \"{name}\" (the first on line {first})"),
+                ));
+            }
+            names.insert(name, line_of_span(h.name.span()));
+
+            let address = *h.address.get_ref();
+            if let Some(&first) = addresses.get(&address) {
+                return Err(at(
+                    Some(h.address.span()),
+                    format!(
+                        "two hosts have the tunnel address {address} (the first on line {first})"
+                    ),
+                ));
+            }
+            addresses.insert(address, line_of_span(h.address.span()));
+            let bits = u32::from(address);
+            let host_bits = bits & !mask;
+            if host_bits == 0 || host_bits == !mask {
+                return Err(at(
+                    Some(h.address.span()),
+                    format!(
+                        "address: {address} is the network or broadcast address of its /{prefix}"
+                    ),
+                ));
+            }
+            match network {
+                None => network = Some(bits & mask),
+                Some(n) if n != bits & mask => {
+                    return Err(at(
+                        Some(h.address.span()),
+                        format!(
+                            "address: {address} is not in the /{prefix} network of the first \
+                             host's address ({})",
+                            Ipv4Addr::from(n)
+                        ),
+                    ))
+                }
+                Some(_) => {}
+            }
+
+            let links = h.links.get_ref();
+            if links.is_empty() || links.len() > ri2n::MAX_LINKS {
+                return Err(at(
+                    Some(h.links.span()),
+                    format!(
+                        "links: host \"{name}\" lists {} addresses; it needs 1 to {}",
+                        links.len(),
+                        ri2n::MAX_LINKS
+                    ),
+                ));
+            }
+            for l in links {
+                let ip = *l.get_ref();
+                if ip.is_unspecified() || ip.is_multicast() {
+                    return Err(at(
+                        Some(l.span()),
+                        format!("links: {ip} cannot be a host's address"),
+                    ));
+                }
+                if let Some(&first) = link_addresses.get(&ip) {
+                    return Err(at(
+                        Some(l.span()),
+                        format!(
+                            "the link address {ip} is listed twice (the first on line {first})"
+                        ),
+                    ));
+                }
+                link_addresses.insert(ip, line_of_span(l.span()));
+            }
+            hosts.push(Host {
+                name: name.clone(),
+                address,
+                links: links.iter().map(|l| *l.get_ref()).collect(),
+            });
+        }
+        Ok(Self {
+            key,
+            port,
+            interface,
+            prefix,
+            hosts,
+        })
+    }
+
+    /// This host's position in `hosts`: the one named `name`, else the one that owns one of
+    /// its link addresses (an address a socket can bind here).
+    pub fn find_self(&self, name: Option<&str>) -> Result<usize, String> {
+        if let Some(name) = name {
+            return self
+                .hosts
+                .iter()
+                .position(|h| h.name == name)
+                .ok_or_else(|| format!("no host is named \"{name}\" in the configuration"));
+        }
+        let mine: Vec<usize> = (0..self.hosts.len())
+            .filter(|&i| {
+                self.hosts[i]
+                    .links
+                    .iter()
+                    .any(|&ip| UdpSocket::bind((ip, 0)).is_ok())
+            })
+            .collect();
+        match mine.as_slice() {
+            [i] => Ok(*i),
+            [] => Err("none of the hosts' link addresses is an address of this machine; \
+                       name this host with --name"
+                .into()),
+            _ => Err(format!(
+                "this machine owns link addresses of several hosts ({}); name this host with --name",
+                mine.iter()
+                    .map(|&i| self.hosts[i].name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }
+    }
+}
+
+/// 1-based line of byte `offset` in `text`.
+fn line_of(text: &str, offset: usize) -> usize {
+    text.as_bytes()[..offset.min(text.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+key = "cluster.key"
+port = 7500
+
+[[host]]
+name = "node1"
+address = "10.99.0.1"
+links = ["10.0.1.1", "10.0.2.1"]
+
+[[host]]
+name = "node2"
+address = "10.99.0.2"
+links = ["10.0.1.2", "10.0.2.2"]
+"#;
+
+    fn parse(text: &str) -> Result<Cluster, ConfigError> {
+        Cluster::parse(Path::new("/etc/ri2n/cluster.toml"), text)
+    }
+
+    fn error(text: &str) -> String {
+        parse(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_good_file_with_defaults() {
+        let c = parse(GOOD).unwrap();
+        assert_eq!(c.key, Path::new("/etc/ri2n/cluster.key"));
+        assert_eq!(
+            (c.port, c.interface.as_str(), c.prefix),
+            (7500, "ri2n0", 24)
+        );
+        assert_eq!(c.hosts.len(), 2);
+        assert_eq!(c.hosts[1].name, "node2");
+        assert_eq!(c.hosts[1].address, Ipv4Addr::new(10, 99, 0, 2));
+        assert_eq!(
+            c.hosts[1].links,
+            [
+                "10.0.1.2".parse::<IpAddr>().unwrap(),
+                "10.0.2.2".parse().unwrap()
+            ]
+        );
+        assert_eq!(c.find_self(Some("node2")), Ok(1));
+        assert!(c.find_self(Some("node9")).is_err());
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        assert_eq!(
+            error(&GOOD.replace("10.99.0.2", "10.99.0.1")),
+            "/etc/ri2n/cluster.toml:12: two hosts have the tunnel address 10.99.0.1 (the first on line 7)"
+        );
+        assert_eq!(
+            error(&GOOD.replace("\"10.0.2.2\"", "\"10.0.1.1\"")),
+            "/etc/ri2n/cluster.toml:13: the link address 10.0.1.1 is listed twice (the first on line 8)"
+        );
+        assert_eq!(
+            error(&GOOD.replace("node2", "node1")),
+            "/etc/ri2n/cluster.toml:11: two hosts are named \"node1\" (the first on line 6)"
+        );
+        assert!(error(&GOOD.replace("10.99.0.2", "10.99.0.300"))
+            .starts_with("/etc/ri2n/cluster.toml:12: "));
+        assert!(error(&GOOD.replace("port = 7500", "port = 0"))
+            .starts_with("/etc/ri2n/cluster.toml:3: port"));
+        assert!(error(&GOOD.replace("port = 7500", "prot = 7500"))
+            .starts_with("/etc/ri2n/cluster.toml:3: "));
+        assert!(error(&GOOD.replace("10.99.0.2", "10.98.0.2")).contains("not in the /24 network"));
+        assert!(error(&GOOD.replace("port = 7500", "interface = \"a/b\""))
+            .contains("not a valid interface name"));
+        assert!(error(&GOOD.replace("key = \"cluster.key\"", "")).contains("key"));
+        let one_host = &GOOD[..GOOD.find("[[host]]\nname = \"node2\"").unwrap()];
+        assert!(error(one_host).contains("at least 2 hosts"));
+        for e in [
+            error("key = "),
+            error(&GOOD.replace("port = 7500", "port = \"x\"")),
+        ] {
+            assert!(!e.contains('\n'), "one line: {e}");
+        }
+    }
+}

@@ -1,0 +1,371 @@
+//! `ri2n tunnel`: every IP application of a cluster gets ri2n's links, unchanged.
+//!
+//! Each host runs one daemon with the same cluster file. It creates a TUN interface holding
+//! the host's tunnel address, binds one ri2n endpoint to the host's address on every network,
+//! and keeps one connection to every other host: of two hosts, the one listed first in the
+//! file connects (again and again while the other is away), the other accepts. Each IP packet
+//! read from the interface travels to the host owning its destination as one unreliable
+//! datagram (docs/PROTOCOL.md §5.9): striped over the links under their congestion control,
+//! failed over within milliseconds when a link dies, and never retransmitted by ri2n, so inner
+//! TCP keeps the only recovery loop. While every link to a host is down its last packets wait,
+//! and go when a link heals. The peer writes the packet to its own interface.
+//!
+//! Threads: one reads the interface and routes; one per peer connects (or the acceptor
+//! accepts) and then writes what the connection receives to the interface.
+
+pub mod config;
+mod device;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+use std::thread;
+use std::time::Duration;
+
+use ri2n::{Connection, ConnectionConfig, Endpoint, EndpointConfig};
+use signal_hook::consts::{SIGINT, SIGTERM};
+
+use crate::error::{Failure, GENERIC, USAGE};
+use crate::TunnelArgs;
+use config::Cluster;
+use device::Tun;
+
+/// How long a connecting host waits for a peer's answer before trying again.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Pause between a lost or refused connection and the next attempt.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+/// Received packets a connection keeps for the interface (the engine's default, 1 MiB, is
+/// 4 ms of two 1 Gbit/s links: a writer that misses a few milliseconds of CPU would drop).
+const RECEIVE_BUFFER: usize = 4 << 20;
+
+/// Every connection of the tunnel: no deadline on an outage (a host away for minutes is
+/// taken back when it returns, and packets wait for a link meanwhile).
+fn connection_config() -> ConnectionConfig {
+    ConnectionConfig::default()
+        .with_handshake_timeout(CONNECT_TIMEOUT)
+        .with_datagram_receive_buffer(RECEIVE_BUFFER)
+}
+
+/// Every peer's connection, if it is up, by position in the cluster file.
+struct Peers {
+    cluster: Cluster,
+    me: usize,
+    by_tunnel_address: HashMap<Ipv4Addr, usize>,
+    by_link_address: HashMap<IpAddr, usize>,
+    conns: Vec<RwLock<Option<Arc<Connection>>>>,
+}
+
+impl Peers {
+    fn name(&self, i: usize) -> &str {
+        &self.cluster.hosts[i].name
+    }
+
+    fn set(&self, i: usize, conn: Option<Arc<Connection>>) {
+        *self.conns[i].write().unwrap_or_else(|e| e.into_inner()) = conn;
+    }
+
+    fn get(&self, i: usize) -> Option<Arc<Connection>> {
+        self.conns[i]
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+/// `ri2n tunnel --config FILE [--name HOST]`: runs until SIGINT or SIGTERM.
+pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
+    let cluster = Cluster::load(&args.config).map_err(|e| Failure::new(USAGE, e.to_string()))?;
+    let me = cluster
+        .find_self(args.name.as_deref())
+        .map_err(|e| Failure::new(USAGE, format!("{}: {e}", args.config.display())))?;
+    let key = crate::key::load(&crate::KeyOpts {
+        key: Some(cluster.key.clone()),
+    })?
+    .expect("a key path was given");
+    let host = cluster.hosts[me].clone();
+    let port = cluster.port;
+    let locals: Vec<SocketAddr> = host
+        .links
+        .iter()
+        .map(|&ip| SocketAddr::new(ip, port))
+        .collect();
+    let endpoint = Endpoint::bind(
+        EndpointConfig::new(locals.clone())
+            .server()
+            .with_key(Some(key))
+            .with_server_connection(connection_config()),
+    )
+    .map_err(|e| Failure::endpoint(e, &[], Duration::ZERO))?;
+
+    // one inner packet per datagram: the interface's MTU is what every link carries whole
+    let ipv6 = cluster
+        .hosts
+        .iter()
+        .flat_map(|h| &h.links)
+        .any(IpAddr::is_ipv6);
+    let base = ConnectionConfig::default().max_datagram_size - if ipv6 { 20 } else { 0 };
+    let mtu = ri2n::datagram_capacity(base, true);
+    let tun = Tun::create(&cluster.interface, host.address, cluster.prefix, mtu)
+        .map_err(|e| Failure::new(GENERIC, e))?;
+    eprintln!(
+        "ri2n tunnel: {} is {}/{} on {} (MTU {mtu}); links {}; {} peers",
+        host.name,
+        host.address,
+        cluster.prefix,
+        cluster.interface,
+        crate::error::list(&locals),
+        cluster.hosts.len() - 1
+    );
+
+    let peers = Arc::new(Peers {
+        by_tunnel_address: (0..cluster.hosts.len())
+            .map(|i| (cluster.hosts[i].address, i))
+            .collect(),
+        by_link_address: (0..cluster.hosts.len())
+            .flat_map(|i| cluster.hosts[i].links.iter().map(move |&ip| (ip, i)))
+            .collect(),
+        conns: (0..cluster.hosts.len())
+            .map(|_| RwLock::new(None))
+            .collect(),
+        cluster,
+        me,
+    });
+    let signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
+        .map_err(|e| Failure::io("cannot watch SIGINT and SIGTERM", &e))?;
+
+    for i in (me + 1)..peers.cluster.hosts.len() {
+        let (peers, endpoint, tun) = (peers.clone(), endpoint.clone(), tun_handle(&tun)?);
+        thread::spawn(move || connect_loop(&peers, &endpoint, &tun, i));
+    }
+    {
+        let (peers, endpoint, tun) = (peers.clone(), endpoint.clone(), tun_handle(&tun)?);
+        thread::spawn(move || accept_loop(&peers, &endpoint, &tun));
+    }
+    {
+        let peers = peers.clone();
+        thread::spawn(move || route_loop(&peers, &tun, mtu));
+    }
+
+    let mut signals = signals;
+    let signal = signals.forever().next().unwrap_or(SIGTERM);
+    eprintln!(
+        "ri2n tunnel: {}: closing the connections and removing {}",
+        if signal == SIGINT {
+            "SIGINT"
+        } else {
+            "SIGTERM"
+        },
+        peers.cluster.interface
+    );
+    for i in 0..peers.cluster.hosts.len() {
+        if let Some(c) = peers.get(i) {
+            eprintln!("ri2n tunnel: {}: {}", peers.name(i), summary(&c.stats()));
+            c.abort(0, "the tunnel on the peer stopped");
+        }
+    }
+    let _ = endpoint.close(Some(Duration::from_millis(500)));
+    // returning ends the process, which closes the interface: the kernel removes it
+    Ok(())
+}
+
+fn tun_handle(tun: &Tun) -> Result<Tun, Failure> {
+    tun.try_clone()
+        .map_err(|e| Failure::io("cannot duplicate the TUN descriptor", &e))
+}
+
+/// The connecting side of one peer: connect, carry, and after a loss connect again.
+fn connect_loop(peers: &Peers, endpoint: &Endpoint, tun: &Tun, i: usize) {
+    let host = &peers.cluster.hosts[i];
+    let remotes: Vec<SocketAddr> = host
+        .links
+        .iter()
+        .map(|&ip| SocketAddr::new(ip, peers.cluster.port))
+        .collect();
+    let config = connection_config();
+    let mut said_waiting = false;
+    loop {
+        match endpoint.connect(&remotes, config.clone()) {
+            Ok(conn) => {
+                said_waiting = false;
+                carry(peers, tun, i, Arc::new(conn));
+            }
+            Err(e) => {
+                if !said_waiting {
+                    eprintln!("ri2n tunnel: waiting for {} ({e})", host.name);
+                    said_waiting = true;
+                }
+            }
+        }
+        thread::sleep(RETRY_PAUSE);
+    }
+}
+
+/// The accepting side: connections from the hosts listed before this one.
+fn accept_loop(peers: &Arc<Peers>, endpoint: &Endpoint, tun: &Tun) {
+    loop {
+        let Ok(conn) = endpoint.accept() else {
+            return; // the endpoint closed
+        };
+        let from = conn.stats().links.first().map(|l| l.remote.ip());
+        let peer = from.and_then(|ip| peers.by_link_address.get(&ip).copied());
+        match peer {
+            Some(i) if i < peers.me => {
+                let (peers, tun) = (peers.clone(), tun.try_clone());
+                match tun {
+                    Ok(tun) => {
+                        thread::spawn(move || carry(&peers, &tun, i, Arc::new(conn)));
+                    }
+                    Err(e) => eprintln!("ri2n tunnel: cannot duplicate the TUN descriptor: {e}"),
+                }
+            }
+            _ => {
+                let who = from.map_or("an unknown address".to_owned(), |ip| ip.to_string());
+                eprintln!(
+                    "ri2n tunnel: refused a connection from {who}: not a host listed before \
+                     this one in the configuration"
+                );
+                conn.abort(1, "not expected by this host's configuration");
+            }
+        }
+    }
+}
+
+/// Makes `conn` the way to peer `i` and writes what it receives to the interface until it
+/// ends.
+fn carry(peers: &Peers, tun: &Tun, i: usize, conn: Arc<Connection>) {
+    let name = peers.name(i);
+    let links = conn.stats().links.len();
+    eprintln!("ri2n tunnel: {name} connected ({links} links)");
+    peers.set(i, Some(conn.clone()));
+    let source = peers.cluster.hosts[i].address.octets();
+    let reason = loop {
+        match conn.recv_datagrams(BATCH) {
+            Ok(packets) if packets.is_empty() => break "closed".to_owned(),
+            Ok(packets) => {
+                for packet in packets {
+                    // only packets from the peer's own tunnel address: a host of the cluster
+                    // cannot speak for another
+                    if packet.len() >= 20 && packet[0] >> 4 == 4 && packet[12..16] == source {
+                        // a full or vanished interface drops the packet, as a NIC would
+                        let _ = tun.write(&packet);
+                    }
+                }
+            }
+            Err(e) => break e.to_string(),
+        }
+    };
+    // a newer connection to the same peer may have replaced this one meanwhile
+    {
+        let mut slot = peers.conns[i].write().unwrap_or_else(|e| e.into_inner());
+        if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn)) {
+            *slot = None;
+        }
+    }
+    eprintln!(
+        "ri2n tunnel: {name} lost ({reason}); {}",
+        summary(&conn.stats())
+    );
+}
+
+/// What a connection to a peer carried, on one line.
+fn summary(s: &ri2n::ConnectionStats) -> String {
+    let links: Vec<String> = s
+        .links
+        .iter()
+        .map(|l| {
+            format!(
+                "{}->{} {} {:.1} MB sent, {} lost, srtt {} us",
+                l.local.ip(),
+                l.remote.ip(),
+                l.state,
+                l.bytes_sent as f64 / 1e6,
+                l.packets_lost,
+                l.srtt.as_micros()
+            )
+        })
+        .collect();
+    format!(
+        "packets sent {} (dropped unsent {}), received {} (dropped {}, reordered {}); links: {}",
+        s.datagrams_sent,
+        s.datagrams_send_dropped,
+        s.datagrams_received,
+        s.datagrams_receive_dropped,
+        s.datagrams_reordered,
+        links.join("; ")
+    )
+}
+
+/// Packets read from the interface, or received from a peer, handled in one go.
+const BATCH: usize = 64;
+
+/// Reads the interface and sends each IPv4 packet to the host owning its destination. The
+/// packets waiting are read in a batch and handed to each peer's connection in one call, so
+/// the connection's lock is taken and its packets are sent once per batch, not per packet.
+fn route_loop(peers: &Peers, tun: &Tun, mtu: usize) {
+    let mut bufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; mtu]).collect();
+    let mut lens = [0usize; BATCH];
+    let mut dests = [usize::MAX; BATCH];
+    loop {
+        if let Err(e) = tun.wait_readable() {
+            eprintln!("ri2n tunnel: waiting for the interface failed: {e}");
+            std::process::exit(i32::from(GENERIC));
+        }
+        let mut n = 0;
+        while n < BATCH {
+            match tun.read(&mut bufs[n]) {
+                Ok(len) => {
+                    lens[n] = len;
+                    dests[n] = destination(peers, &bufs[n][..len]).unwrap_or(usize::MAX);
+                    n += 1;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    eprintln!("ri2n tunnel: reading the interface failed: {e}");
+                    std::process::exit(i32::from(GENERIC));
+                }
+            }
+        }
+        for peer in 0..peers.cluster.hosts.len() {
+            if !dests[..n].contains(&peer) {
+                continue;
+            }
+            if let Some(conn) = peers.get(peer) {
+                let batch = (0..n)
+                    .filter(|&k| dests[k] == peer)
+                    .map(|k| &bufs[k][..lens[k]]);
+                // a connection just lost: the packets are dropped, as on a dead cable
+                let _ = conn.send_datagrams(batch);
+            }
+        }
+    }
+}
+
+/// The peer owning an IPv4 packet's destination; None for anything else (IPv6, an address
+/// no host owns): dropped, as a router without a route would.
+fn destination(peers: &Peers, packet: &[u8]) -> Option<usize> {
+    if packet.len() < 20 || packet[0] >> 4 != 4 {
+        return None;
+    }
+    let dst = Ipv4Addr::new(packet[16], packet[17], packet[18], packet[19]);
+    peers.by_tunnel_address.get(&dst).copied()
+}
+
+/// Checks a cluster file and prints what this host would be (used by `--check`).
+pub fn describe(path: &Path, name: Option<&str>) -> Result<String, Failure> {
+    let cluster = Cluster::load(path).map_err(|e| Failure::new(USAGE, e.to_string()))?;
+    let me = cluster
+        .find_self(name)
+        .map_err(|e| Failure::new(USAGE, format!("{}: {e}", path.display())))?;
+    let h = &cluster.hosts[me];
+    Ok(format!(
+        "{}: {} hosts; this host is {} ({}/{} on {})",
+        path.display(),
+        cluster.hosts.len(),
+        h.name,
+        h.address,
+        cluster.prefix,
+        cluster.interface
+    ))
+}
