@@ -241,11 +241,11 @@ class Lab:
     def ns(self, host):
         return "%s-%s" % (self.prefix, host)
 
-    def up(self, rates):
+    def up(self, rates, hosts=2):
         self.down()
         self.n = len(rates)
         self.rates = list(rates)
-        run(self.cmd("up", self.n, "--rate", max(rates)), timeout=120)
+        run(self.cmd("up", self.n, "--rate", max(rates), "--hosts", hosts), timeout=120)
         for i, r in enumerate(rates, 1):
             if r != max(rates):
                 self.set_rate(i, r)
@@ -1941,14 +1941,198 @@ def update_doc(parts):
 # ------------------------------------------------------------------------------------------
 
 
+# ------------------------------------------------------------------------------------------
+# part tunnel (issue 12): `ri2n tunnel` on 3 hosts and 2 networks of 1 Gbit/s per port
+
+TUNNEL_HOSTS = "abc"
+
+
+def tunnel_up(lab, tmpdir):
+    """Key, cluster file and a daemon per host; waits until every daemon has both peers."""
+    key = os.path.join(tmpdir, "cluster.key")
+    run([RI2N, "keygen", "--output", key, "--force"])
+    text = 'key = "%s"\n' % key
+    for i, h in enumerate(TUNNEL_HOSTS, 1):
+        text += '\n[[host]]\nname = "%s"\naddress = "10.99.0.%d"\nlinks = ["10.77.1.%d", "10.77.2.%d"]\n' % (
+            h, i, i, i)
+    cfg = os.path.join(tmpdir, "cluster.toml")
+    with open(cfg, "w") as f:
+        f.write(text)
+    logs, daemons = {}, {}
+    for h in TUNNEL_HOSTS:
+        logs[h] = os.path.join(tmpdir, "tunnel-%s.log" % h)
+        daemons[h] = PROCS.start(lab.ex(h, RI2N, "tunnel", "--config", cfg), stderr=open(logs[h], "w"))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if all(open(logs[h]).read().count(" connected (") >= 2 for h in TUNNEL_HOSTS):
+            return daemons, logs
+        time.sleep(0.1)
+    raise RuntimeError("tunnel daemons did not connect: %s" % {h: open(logs[h]).read() for h in logs})
+
+
+def iperf_run(lab, client, server_ip, port, seconds, mptcp=False, interval=None, events=()):
+    cmd = ["iperf3", "-c", server_ip, "-p", port, "-t", seconds, "--json"]
+    if interval:
+        cmd += ["-i", interval]
+    if mptcp:
+        cmd = ["mptcpize", "run"] + cmd
+    stop = threading.Event()
+    ev_log = []
+    th = None
+    if events:
+        t0 = time.monotonic()
+        th = threading.Thread(target=do_events, args=(lab, t0, events, ev_log, stop))
+        th.start()
+    doc, rc, cpu, _, wall, err = run_json(lab.ex(client, *cmd), seconds + 60)
+    stop.set()
+    if th:
+        th.join(30)
+    e = doc["end"]["sum_received"] if doc else {}
+    r = {"bps": e.get("bits_per_second"), "bytes": e.get("bytes"), "rc": rc,
+         "retransmits": doc and doc["end"]["sum_sent"].get("retransmits"), "cpu_client": cpu}
+    if interval and doc:
+        r["intervals"] = [[round(i["sum"]["start"], 3), i["sum"]["bits_per_second"]]
+                          for i in doc["intervals"]]
+    if rc != 0:
+        r["error"] = err[-500:] or (doc or {}).get("error")
+    return r
+
+
+def part_tunnel(o):
+    res = {"part": "tunnel", "runs": [], "failover": [], "latency": []}
+    lab = new_lab(o.prefix)
+    lab.up([1000, 1000], hosts=3)
+    res["mptcp"] = lab.mptcp_setup()
+    tmpdir = tempfile.mkdtemp(prefix="ri2nbench-tunnel-")
+    daemons, logs = tunnel_up(lab, tmpdir)
+    srv = {"iperf3": PROCS.start(lab.ex("b", "iperf3", "-s", "-p", 5201)),
+           "mptcp": PROCS.start(lab.ex("b", "mptcpize", "run", "iperf3", "-s", "-p", 5202)),
+           "sockperf": PROCS.start(lab.ex("b", "sockperf", "server", "-i", "0.0.0.0", "-p", 11111))}
+    time.sleep(1)
+    tools = ["tunnel", "mptcp", "tcp"]
+    for rep in range(o.reps):
+        row = {"rep": rep}
+        for k in tools[rep % 3:] + tools[:rep % 3]:
+            row["busy_before_" + k] = wait_quiet()
+            c0 = {h: proc_cpu(daemons[h].pid) for h in "ab"}
+            if k == "tunnel":
+                r = iperf_run(lab, "a", "10.99.0.2", 5201, o.time)
+            else:
+                r = iperf_run(lab, "a", "10.77.1.2", 5202 if k == "mptcp" else 5201, o.time,
+                              mptcp=k == "mptcp")
+            c1 = {h: proc_cpu(daemons[h].pid) for h in "ab"}
+            if k == "tunnel":
+                r["cpu_daemons"] = {h: c1[h] - c0[h] for h in "ab"}
+            row[k] = r
+        log("  rep %d: tunnel %.0f, mptcp %.0f, tcp (one link) %.0f Mbit/s" % tuple(
+            [rep] + [(row[k]["bps"] or 0) / 1e6 for k in tools]))
+        res["runs"].append(row)
+    # a switch dies and heals during a tunnel transfer, 0.1 s intervals
+    for rep in range(o.reps):
+        wait_quiet()
+        r = iperf_run(lab, "a", "10.99.0.2", 5201, 8, interval=0.1,
+                      events=[(3.0, "fault", 1, "switch"), (5.0, "heal", 1)])
+        log("  failover rep %d: %.0f Mbit/s" % (rep, (r["bps"] or 0) / 1e6))
+        res["failover"].append(r)
+    # round trip through the tunnel and directly on link 1 (64-byte UDP ping-pong)
+    for rep in range(o.reps):
+        wait_quiet()
+        row = {"tunnel": sockperf_pp(lab.ex("a"), "10.99.0.2", 11111, 64, o.sockperf_time),
+               "link": sockperf_pp(lab.ex("a"), "10.77.1.2", 11111, 64, o.sockperf_time)}
+        res["latency"].append(row)
+    for p in srv.values():
+        PROCS.stop(p)
+    for p in daemons.values():
+        PROCS.stop(p)
+    res["daemon_logs"] = {h: open(logs[h]).read()[-3000:] for h in TUNNEL_HOSTS}
+    res["commands"] = {
+        "tunnel": "iperf3 -c 10.99.0.2 -t %d (host a to b through ri2n0)" % o.time,
+        "mptcp": "mptcpize run iperf3 -c 10.77.1.2 -p 5202 -t %d (one subflow per network)" % o.time,
+        "tcp": "iperf3 -c 10.77.1.2 -t %d (network 1 only)" % o.time,
+        "failover": "iperf3 -c 10.99.0.2 -t 8 -i 0.1; switch 1 dies at 3 s, heals at 5 s",
+        "latency": "sockperf ping-pong -m 64 --full-rtt -t %d to 10.99.0.2 and to 10.77.1.2" % o.sockperf_time,
+    }
+    lab.down()
+    shutil.rmtree(tmpdir, ignore_errors=True)
+    return res
+
+
+def report_tunnel(res):
+    L = [mfacts(res), ""]
+    runs = res["runs"]
+    # payload capacity of two 1 Gbit/s links for inner TCP: 1374 payload bytes per 1514-byte
+    # frame (1426-byte inner packets less 52 bytes of IP+TCP with timestamps, in a 1472-byte
+    # ri2n datagram)
+    cap = 2e9 * 1374 / 1514
+    L.append("3 hosts (`lab/ri2n-lab up 2 --hosts 3 --rate 1000`), 2 networks, 1 Gbit/s tbf per "
+             "port; a `ri2n tunnel` daemon per host (keyed); TCP from host a to host b. Median "
+             "(min–max) of %d runs, the tools taking turns:\n" % len(runs))
+    L.append("| what | goodput, Mbit/s | TCP retransmissions | daemon CPU-s per GB (a + b) |")
+    L.append("| --- | --- | --- | --- |")
+    for k, name in (("tunnel", "iperf3 through the tunnel (both networks)"),
+                    ("mptcp", "iperf3 over kernel MPTCP (`mptcpize`, both networks)"),
+                    ("tcp", "iperf3 over TCP on network 1 only")):
+        bps = [r[k]["bps"] or 0 for r in runs]
+        retr = [r[k]["retransmits"] or 0 for r in runs]
+        cpu = ""
+        if k == "tunnel":
+            cpu = spread([sum(r[k]["cpu_daemons"].values()) / max(r[k]["bytes"] or 1, 1) * 1e9
+                          for r in runs], "%.2f")
+        L.append("| %s | %s | %s | %s |" % (name, spread(bps, "%.0f", 1e-6), spread(retr, "%.0f"), cpu))
+    ratio = [(r["tunnel"]["bps"] or 0) / (r["mptcp"]["bps"] or 1) for r in runs]
+    share = [(r["tunnel"]["bps"] or 0) / cap for r in runs]
+    L.append("")
+    L.append("Tunnel / MPTCP per run: **%s** (target ≥ 1). Tunnel / payload capacity of the two "
+             "links for inner TCP (%.0f Mbit/s): **%s** (target ≥ 90 %%)." % (
+                 spread(ratio, "%.2f×"), cap / 1e6, spread(share, "%.0f %%", 100)))
+    fo = res["failover"]
+    if fo:
+        L.append("")
+        L.append("**Switch 1 dies at 3 s and heals at 5 s** (iperf3 through the tunnel, 0.1 s "
+                 "intervals, Mbit/s): mean rate 3.0–5.0 s and 5.5–8 s, and the first interval "
+                 "after each event at ≥ 90 % of the surviving link (816 Mbit/s) / of both:")
+        L.append("")
+        L.append("| run | 0–3 s | 3–5 s (one link) | 5.5–8 s | back ≥ 816 after the fault | back ≥ 1630 after the heal |")
+        L.append("| --- | --- | --- | --- | --- | --- |")
+        for i, r in enumerate(fo):
+            iv = r.get("intervals") or []
+
+            def mean(a, b):
+                xs = [x[1] for x in iv if a <= x[0] < b]
+                return sum(xs) / len(xs) / 1e6 if xs else 0
+
+            def back(t, level):
+                for x in iv:
+                    if x[0] >= t and x[1] >= level * 1e6:
+                        return "%.1f s" % (x[0] + 0.1 - t)
+                return "never"
+            L.append("| %d | %.0f | %.0f | %.0f | %s | %s |" % (
+                i + 1, mean(0.5, 3.0), mean(3.0, 5.0), mean(5.5, 8.0), back(3.0, 816), back(5.0, 1630)))
+        L.append("")
+        L.append("(Recovery times are counted in whole 0.1 s intervals, the one holding the "
+                 "event included.)")
+    lat = res["latency"]
+    if lat:
+        L.append("")
+        L.append("**64-byte UDP round trip** (sockperf `--full-rtt`), µs: through the tunnel %s, "
+                 "directly on network 1 %s (median of each run's median)." % (
+                     spread([r["tunnel"]["median_us"] or 0 for r in lat]),
+                     spread([r["link"]["median_us"] or 0 for r in lat])))
+    L.append("")
+    L.append("Commands: " + "; ".join("%s: `%s`" % kv for kv in res["commands"].items()) + ".")
+    return "\n".join(L)
+
+
+REPORTERS["tunnel"] = report_tunnel
+
 PARTS = {"loopback": part_loopback, "lab": part_lab, "fast": part_fast, "fault": part_fault,
-         "sweep": part_sweep, "keyed": part_keyed}
+         "sweep": part_sweep, "keyed": part_keyed, "tunnel": part_tunnel}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("parts", nargs="*", default=[],
-                    help="loopback, lab, fast, fault, sweep, keyed (default: all), or report (rewrite "
+                    help="loopback, lab, fast, fault, sweep, keyed, tunnel (default: all), or report (rewrite "
                          "docs/BENCHMARKS.md from bench/results/ without measuring)")
     ap.add_argument("--prefix", default="ri2nbench-%d" % os.getpid(), help="lab prefix")
     ap.add_argument("--reps", type=int, default=3, help="runs per throughput/fault measurement")
