@@ -122,7 +122,11 @@ pub struct KeygenArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct TunnelArgs {
+    #[command(subcommand)]
+    pub command: Option<TunnelCommand>,
+
     /// The cluster file.
     #[arg(long, value_name = "FILE", default_value = "/etc/ri2n/cluster.toml")]
     pub config: PathBuf,
@@ -135,6 +139,33 @@ pub struct TunnelArgs {
     /// Check the cluster file, say which host this is, and exit (no root needed).
     #[arg(long)]
     pub check: bool,
+
+    /// Also serve the status as Prometheus metrics over HTTP on ADDR:PORT (any path), e.g.
+    /// 127.0.0.1:9474.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<SocketAddr>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TunnelCommand {
+    /// Show every peer and link of the tunnel running on this host: state, rate, round trip
+    /// and loss (sampled every second by the daemon).
+    Status(TunnelStatusArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct TunnelStatusArgs {
+    /// The cluster file.
+    #[arg(long, value_name = "FILE", default_value = "/etc/ri2n/cluster.toml")]
+    pub config: PathBuf,
+
+    /// This host's name in the cluster file (default: as the daemon finds it).
+    #[arg(long, value_name = "HOST")]
+    pub name: Option<String>,
+
+    /// Print the status as one JSON object.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Where to connect and from which local addresses (send, bench).
@@ -428,6 +459,10 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::run(&a),
         Command::Demo(a) => demo::run(&a),
         Command::Keygen(a) => key::keygen(&a),
+        Command::Tunnel(TunnelArgs {
+            command: Some(TunnelCommand::Status(s)),
+            ..
+        }) => tunnel::status(&s),
         Command::Tunnel(a) if a.check => {
             tunnel::describe(&a.config, a.name.as_deref()).map(|d| println!("{d}"))
         }

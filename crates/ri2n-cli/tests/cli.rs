@@ -1047,4 +1047,23 @@ fn tunnel_check_finds_this_host_and_names_the_line_of_an_error() {
         "{}",
         stderr_of(&out)
     );
+
+    // status without a running daemon: says so, exit 1
+    let (status, out) = ri2n(
+        [
+            std::ffi::OsStr::new("tunnel"),
+            "status".as_ref(),
+            "--name".as_ref(),
+            "me".as_ref(),
+            "--config".as_ref(),
+            config.path().as_os_str(),
+        ],
+        Duration::from_secs(10),
+    );
+    assert_eq!(status.code(), Some(1), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("no tunnel daemon of host me answers"),
+        "{}",
+        stderr_of(&out)
+    );
 }

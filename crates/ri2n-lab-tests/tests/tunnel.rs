@@ -4,8 +4,9 @@
 //!
 //! Asserts what users rely on: every host reaches every other through the tunnel; an inner TCP
 //! transfer through a dead switch, and through an outage of every link, completes without a
-//! reset (iperf3 exits 0) and moves data again after the heal; SIGTERM ends a daemon with
-//! status 0 and removes its interface. Rates are reported, not asserted (docs/BENCHMARKS.md
+//! reset (iperf3 exits 0) and moves data again after the heal; `ri2n tunnel status` and the
+//! metrics show both peers connected over both links; SIGTERM ends a daemon with status 0 and
+//! removes its interface. Rates are reported, not asserted (docs/BENCHMARKS.md
 //! has the measurements).
 //!
 //! Needs root, iproute2, nftables and iperf3; without them the test prints why and passes,
@@ -22,6 +23,8 @@ use std::time::{Duration, Instant};
 use support::{env, report, require_tool, serial, Env, Lab, Proc, TestDir, TestTimer};
 
 const HOSTS: [&str; 3] = ["a", "b", "c"];
+/// Where host a's daemon serves its metrics (inside host a).
+const METRICS: &str = "127.0.0.1:9474";
 
 fn tunnel_address(host: &str) -> String {
     let n = HOSTS.iter().position(|&h| h == host).expect("a lab host") + 1;
@@ -52,14 +55,19 @@ fn cluster_file(env: &Env, dir: &Path) -> PathBuf {
 
 /// Starts a daemon on every host and waits until each has both peers connected.
 fn start_daemons(env: &Env, lab: &Lab, dir: &Path, config: &Path) -> Vec<Proc> {
-    let args = vec![
-        "tunnel".to_owned(),
-        "--config".to_owned(),
-        config.display().to_string(),
-    ];
     let mut daemons: Vec<Proc> = HOSTS
         .iter()
-        .map(|h| Proc::spawn_in(&lab.ns_of(h), &env.ri2n, &args, dir, &format!("tunnel-{h}")))
+        .map(|h| {
+            let mut args = vec![
+                "tunnel".to_owned(),
+                "--config".to_owned(),
+                config.display().to_string(),
+            ];
+            if *h == "a" {
+                args.extend(["--metrics".to_owned(), METRICS.to_owned()]);
+            }
+            Proc::spawn_in(&lab.ns_of(h), &env.ri2n, &args, dir, &format!("tunnel-{h}"))
+        })
         .collect();
     let deadline = Instant::now() + Duration::from_secs(20);
     for d in &mut daemons {
@@ -80,6 +88,41 @@ fn start_daemons(env: &Env, lab: &Lab, dir: &Path, config: &Path) -> Vec<Proc> {
         }
     }
     daemons
+}
+
+/// `ri2n tunnel status --json` in namespace `ns`, once the daemon's first sample shows both
+/// peers connected over both links (it samples every second).
+fn wait_for_status(env: &Env, ns: &str, config: &Path) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let out = Command::new("ip")
+            .args(["netns", "exec", ns])
+            .arg(&env.ri2n)
+            .args(["tunnel", "status", "--json", "--config"])
+            .arg(config)
+            .output()
+            .expect("running ri2n tunnel status");
+        let status: serde_json::Value =
+            serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+        let ready = status["peers"].as_array().is_some_and(|p| {
+            p.len() == 2
+                && p.iter().all(|p| {
+                    p["links"]
+                        .as_array()
+                        .is_some_and(|l| l.len() == 2 && l.iter().all(|l| l["state"] == "up"))
+                })
+        });
+        if ready {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ri2n tunnel status: {} {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// An iperf3 client in host `client` to the server in host `server` through the tunnel,
@@ -172,6 +215,35 @@ fn a_three_host_tunnel_carries_tcp_through_a_dead_switch_and_a_partition() {
         );
     }
     let mut daemons = start_daemons(env, &lab, &dir.0, &config);
+
+    // the status, from another process: both peers connected over two links each
+    let status = wait_for_status(env, &lab.ns_of("a"), &config);
+    for peer in status["peers"].as_array().expect("peers") {
+        let links: Vec<&str> = peer["links"]
+            .as_array()
+            .expect("links")
+            .iter()
+            .map(|l| l["state"].as_str().unwrap_or(""))
+            .collect();
+        assert_eq!(peer["state"], "connected", "{status}");
+        assert_eq!(links, ["up", "up"], "{status}");
+    }
+    // and the same as Prometheus text
+    let metrics = Command::new("ip")
+        .args(["netns", "exec", &lab.ns_of("a"), "bash", "-c"])
+        .arg(format!(
+            "exec 3<>/dev/tcp/{}/{}; printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3",
+            METRICS.split(':').next().unwrap(),
+            METRICS.split(':').nth(1).unwrap()
+        ))
+        .output()
+        .expect("asking for the metrics");
+    let text = String::from_utf8_lossy(&metrics.stdout);
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    assert!(
+        text.contains("ri2n_tunnel_peer_connected{host=\"a\",peer=\"b\"} 1"),
+        "{text}"
+    );
 
     // every host reaches every other
     for (client, server) in [("a", "b"), ("b", "c"), ("c", "a")] {

@@ -15,19 +15,20 @@
 
 pub mod config;
 mod device;
+mod status;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread;
 use std::time::Duration;
 
 use ri2n::{Connection, ConnectionConfig, Endpoint, EndpointConfig};
 use signal_hook::consts::{SIGINT, SIGTERM};
 
-use crate::error::{Failure, GENERIC, USAGE};
-use crate::TunnelArgs;
+use crate::error::{Failure, BIND, GENERIC, USAGE};
+use crate::{TunnelArgs, TunnelStatusArgs};
 use config::Cluster;
 use device::Tun;
 
@@ -134,6 +135,28 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
     let signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
         .map_err(|e| Failure::io("cannot watch SIGINT and SIGTERM", &e))?;
 
+    let latest = Arc::new(Mutex::new(status::Status {
+        host: host.name.clone(),
+        address: host.address.to_string(),
+        interface: peers.cluster.interface.clone(),
+        peers: Vec::new(),
+    }));
+    {
+        let (peers, latest) = (peers.clone(), latest.clone());
+        thread::spawn(move || status::sample_loop(peers, latest));
+    }
+    let socket = status::socket_path(&host.name);
+    status::serve_socket(&socket, latest.clone()).map_err(|e| {
+        Failure::io(
+            format!("cannot serve the status on {}", socket.display()),
+            &e,
+        )
+    })?;
+    if let Some(addr) = args.metrics {
+        status::serve_metrics(addr, latest)
+            .map_err(|e| Failure::new(BIND, format!("cannot serve metrics on {addr}: {e}")))?;
+    }
+
     for i in (me + 1)..peers.cluster.hosts.len() {
         let (peers, endpoint, tun) = (peers.clone(), endpoint.clone(), tun_handle(&tun)?);
         thread::spawn(move || connect_loop(&peers, &endpoint, &tun, i));
@@ -164,6 +187,7 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
             c.abort(0, "the tunnel on the peer stopped");
         }
     }
+    let _ = std::fs::remove_file(&socket);
     let _ = endpoint.close(Some(Duration::from_millis(500)));
     // returning ends the process, which closes the interface: the kernel removes it
     Ok(())
@@ -350,6 +374,24 @@ fn destination(peers: &Peers, packet: &[u8]) -> Option<usize> {
     }
     let dst = Ipv4Addr::new(packet[16], packet[17], packet[18], packet[19]);
     peers.by_tunnel_address.get(&dst).copied()
+}
+
+/// `ri2n tunnel status`: the running daemon's view of every peer and link.
+pub fn status(args: &TunnelStatusArgs) -> Result<(), Failure> {
+    let cluster = Cluster::load(&args.config).map_err(|e| Failure::new(USAGE, e.to_string()))?;
+    let me = cluster
+        .find_self(args.name.as_deref())
+        .map_err(|e| Failure::new(USAGE, format!("{}: {e}", args.config.display())))?;
+    let s = status::query(&cluster.hosts[me].name).map_err(|e| Failure::new(GENERIC, e))?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string(&s).map_err(|e| Failure::new(GENERIC, e.to_string()))?
+        );
+    } else {
+        print!("{}", status::table(&s));
+    }
+    Ok(())
 }
 
 /// Checks a cluster file and prints what this host would be (used by `--check`).
