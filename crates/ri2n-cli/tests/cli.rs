@@ -978,49 +978,42 @@ fn cluster_text(key: &Path, me_second_address: &str) -> String {
     )
 }
 
+/// `ri2n tunnel ARGS --config CONFIG`: its exit status and stderr (stdout for `--check`).
+fn tunnel(args: &[&str], config: &Path) -> (ExitStatus, String, String) {
+    let mut all: Vec<std::ffi::OsString> = vec!["tunnel".into()];
+    all.extend(args.iter().map(Into::into));
+    all.extend(["--config".into(), config.as_os_str().to_owned()]);
+    let (status, out) = ri2n(all, Duration::from_secs(10));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    (status, stdout, stderr_of(&out))
+}
+
 #[test]
 fn tunnel_check_finds_this_host_and_names_the_line_of_an_error() {
     let key = TempFile::new("tunnel.key");
     let (status, out) = ri2n(
-        ["keygen", "--output"]
-            .map(Into::into)
-            .into_iter()
-            .chain([key.path().as_os_str().to_owned()]),
+        [
+            std::ffi::OsStr::new("keygen"),
+            "--output".as_ref(),
+            key.path().as_os_str(),
+        ],
         Duration::from_secs(10),
     );
     assert!(status.success(), "keygen: {}", stderr_of(&out));
     let config = TempFile::new("cluster.toml");
 
     std::fs::write(config.path(), cluster_text(key.path(), "10.99.0.2")).unwrap();
-    let (status, out) = ri2n(
-        [
-            std::ffi::OsStr::new("tunnel"),
-            "--check".as_ref(),
-            "--config".as_ref(),
-            config.path().as_os_str(),
-        ],
-        Duration::from_secs(10),
-    );
-    assert!(status.success(), "--check: {}", stderr_of(&out));
-    let said = String::from_utf8_lossy(&out.stdout);
+    let (status, said, err) = tunnel(&["--check"], config.path());
+    assert!(status.success(), "--check: {err}");
     assert!(
         said.contains("this host is me (10.99.0.1/24 on ri2n0)"),
         "{said}"
     );
 
-    // the second host takes the first one's tunnel address: line 11 (of the second host)
+    // the second host takes the first one's tunnel address: line 10 (of the second host)
     std::fs::write(config.path(), cluster_text(key.path(), "10.99.0.1")).unwrap();
-    let (status, out) = ri2n(
-        [
-            std::ffi::OsStr::new("tunnel"),
-            "--check".as_ref(),
-            "--config".as_ref(),
-            config.path().as_os_str(),
-        ],
-        Duration::from_secs(10),
-    );
-    assert_eq!(status.code(), Some(2), "{}", stderr_of(&out));
-    let err = stderr_of(&out);
+    let (status, _, err) = tunnel(&["--check"], config.path());
+    assert_eq!(status.code(), Some(2), "{err}");
     assert_eq!(err.lines().count(), 1, "one line: {err}");
     assert!(
         err.contains(&format!(
@@ -1033,37 +1026,12 @@ fn tunnel_check_finds_this_host_and_names_the_line_of_an_error() {
     // a key that cannot be read: named, exit 2 (before anything needs root)
     let missing = key.path().with_extension("missing");
     std::fs::write(config.path(), cluster_text(&missing, "10.99.0.2")).unwrap();
-    let (status, out) = ri2n(
-        [
-            std::ffi::OsStr::new("tunnel"),
-            "--config".as_ref(),
-            config.path().as_os_str(),
-        ],
-        Duration::from_secs(10),
-    );
-    assert_eq!(status.code(), Some(2), "{}", stderr_of(&out));
-    assert!(
-        stderr_of(&out).contains("cannot read the key file"),
-        "{}",
-        stderr_of(&out)
-    );
+    let (status, _, err) = tunnel(&[], config.path());
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("cannot read the key file"), "{err}");
 
     // status without a running daemon: says so, exit 1
-    let (status, out) = ri2n(
-        [
-            std::ffi::OsStr::new("tunnel"),
-            "status".as_ref(),
-            "--name".as_ref(),
-            "me".as_ref(),
-            "--config".as_ref(),
-            config.path().as_os_str(),
-        ],
-        Duration::from_secs(10),
-    );
-    assert_eq!(status.code(), Some(1), "{}", stderr_of(&out));
-    assert!(
-        stderr_of(&out).contains("no tunnel daemon of host me answers"),
-        "{}",
-        stderr_of(&out)
-    );
+    let (status, _, err) = tunnel(&["status", "--name", "me"], config.path());
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("no tunnel daemon of host me answers"), "{err}");
 }

@@ -49,6 +49,16 @@ fn workspace() -> PathBuf {
         .expect("workspace directory")
 }
 
+/// Whether `tool ARG` can be started (its exit status does not matter).
+fn runs(tool: &str, arg: &str) -> bool {
+    Command::new(tool)
+        .arg(arg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok()
+}
+
 /// Why this machine cannot run the lab, if it cannot.
 fn missing_prerequisite() -> Option<String> {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -56,13 +66,7 @@ fn missing_prerequisite() -> Option<String> {
         return Some("needs root (network namespaces, tc, nftables)".into());
     }
     for (tool, package) in [("ip", "iproute2"), ("tc", "iproute2"), ("nft", "nftables")] {
-        let found = Command::new(tool)
-            .arg("-V")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok();
-        if !found {
+        if !runs(tool, "-V") {
             return Some(format!("`{tool}` not found (apt-get install {package})"));
         }
     }
@@ -143,12 +147,7 @@ pub fn env() -> Option<&'static Env> {
 /// Whether `tool` can run here (`tool --version`); when not, prints why and returns false
 /// (the test skips), or under `CI` fails.
 pub fn require_tool(tool: &str, package: &str) -> bool {
-    let found = Command::new(tool)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok();
+    let found = runs(tool, "--version");
     if !found {
         let why = format!("`{tool}` not found (apt-get install {package})");
         assert!(
