@@ -132,7 +132,7 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
         cluster,
         me,
     });
-    let signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
         .map_err(|e| Failure::io("cannot watch SIGINT and SIGTERM", &e))?;
 
     let latest = Arc::new(Mutex::new(status::Status {
@@ -170,7 +170,6 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
         thread::spawn(move || route_loop(&peers, &tun, mtu));
     }
 
-    let mut signals = signals;
     let signal = signals.forever().next().unwrap_or(SIGTERM);
     eprintln!(
         "ri2n tunnel: {}: closing the connections and removing {}",
