@@ -92,11 +92,15 @@ The cluster file (TOML, the same on every host):
 Runs in the foreground until SIGINT or SIGTERM, which close the connections and remove the
 interface. Needs root (or CAP_NET_ADMIN) and /dev/net/tun.
 
+`ri2n tunnel status` asks the daemon of this host (over /run/ri2n/tunnel-HOST.sock) for
+every peer and link: state, round trip, rate and loss over the last second.
+
 Exit codes:
-  0  stopped by SIGINT or SIGTERM, or --check found the file good
-  1  the interface cannot be created or read
+  0  stopped by SIGINT or SIGTERM, --check found the file good, or status printed
+  1  the interface cannot be created or read; status: no daemon answers
   2  the configuration or the key is bad (the message names the file and line)
-  5  cannot bind a link address (address in use, not an address of this host)";
+  5  cannot bind a link address or the --metrics address (in use, not an address of this
+     host)";
 
 /// The cluster key (send, recv, serve, bench).
 #[derive(Args, Debug, Clone)]
