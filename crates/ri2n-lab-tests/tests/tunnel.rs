@@ -284,13 +284,16 @@ fn a_three_host_tunnel_carries_tcp_through_a_dead_switch_and_a_partition() {
     );
 
     // every link between the hosts down for 3 s: the connection survives (no reset) and
-    // moves data again after the heal
+    // moves data again after the heal. How soon is reported, not asserted: usually in the
+    // first second (the daemons deliver the packets sent meanwhile at the heal), but in some
+    // runs inner TCP waits for its next retransmission timeout (BENCHMARKS.md §6), so the
+    // transfer goes on for 12 s after the heal.
     let r = iperf(
         &lab,
         &dir.0,
         "a",
         "b",
-        &["-t", "8", "-i", "1"],
+        &["-t", "17", "-i", "1"],
         &[
             (Duration::from_millis(2000), &|| {
                 lab.fault(1, &["switch"]);
@@ -301,7 +304,9 @@ fn a_three_host_tunnel_carries_tcp_through_a_dead_switch_and_a_partition() {
     );
     let rates = interval_rates(&r);
     report(&format!(
-        "tunnel a -> b, every link down 2-5 s: per 1 s {rates:.0?}"
+        "tunnel a -> b, every link down 2-5 s: per 1 s {rates:.0?}; first second with data \
+         after the heal: {:?}",
+        rates.iter().skip(5).position(|&m| m > 0.0)
     ));
     assert!(
         rates.iter().skip(6).any(|&m| m > 0.0),
