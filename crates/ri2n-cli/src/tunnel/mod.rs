@@ -13,7 +13,7 @@
 //! Threads: one reads the interface and routes; one per peer connects (or the acceptor
 //! accepts) and then writes what the connection receives to the interface.
 
-pub mod config;
+mod config;
 mod device;
 mod status;
 
@@ -76,10 +76,7 @@ impl Peers {
 
 /// `ri2n tunnel --config FILE [--name HOST]`: runs until SIGINT or SIGTERM.
 pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
-    let cluster = Cluster::load(&args.config).map_err(|e| Failure::new(USAGE, e.to_string()))?;
-    let me = cluster
-        .find_self(args.name.as_deref())
-        .map_err(|e| Failure::new(USAGE, format!("{}: {e}", args.config.display())))?;
+    let (cluster, me) = load(&args.config, args.name.as_deref())?;
     let key = crate::key::load(&crate::KeyOpts {
         key: Some(cluster.key.clone()),
     })?
@@ -190,6 +187,16 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
     let _ = endpoint.close(Some(Duration::from_millis(500)));
     // returning ends the process, which closes the interface: the kernel removes it
     Ok(())
+}
+
+/// The cluster file at `path` and this host's position in it (named `name`, else found by
+/// its link addresses); errors exit 2.
+fn load(path: &Path, name: Option<&str>) -> Result<(Cluster, usize), Failure> {
+    let cluster = Cluster::load(path).map_err(|e| Failure::new(USAGE, e.to_string()))?;
+    let me = cluster
+        .find_self(name)
+        .map_err(|e| Failure::new(USAGE, format!("{}: {e}", path.display())))?;
+    Ok((cluster, me))
 }
 
 fn tun_handle(tun: &Tun) -> Result<Tun, Failure> {
@@ -377,10 +384,7 @@ fn destination(peers: &Peers, packet: &[u8]) -> Option<usize> {
 
 /// `ri2n tunnel status`: the running daemon's view of every peer and link.
 pub fn status(args: &TunnelStatusArgs) -> Result<(), Failure> {
-    let cluster = Cluster::load(&args.config).map_err(|e| Failure::new(USAGE, e.to_string()))?;
-    let me = cluster
-        .find_self(args.name.as_deref())
-        .map_err(|e| Failure::new(USAGE, format!("{}: {e}", args.config.display())))?;
+    let (cluster, me) = load(&args.config, args.name.as_deref())?;
     let s = status::query(&cluster.hosts[me].name).map_err(|e| Failure::new(GENERIC, e))?;
     if args.json {
         println!(
@@ -395,10 +399,7 @@ pub fn status(args: &TunnelStatusArgs) -> Result<(), Failure> {
 
 /// Checks a cluster file and prints what this host would be (used by `--check`).
 pub fn describe(path: &Path, name: Option<&str>) -> Result<String, Failure> {
-    let cluster = Cluster::load(path).map_err(|e| Failure::new(USAGE, e.to_string()))?;
-    let me = cluster
-        .find_self(name)
-        .map_err(|e| Failure::new(USAGE, format!("{}: {e}", path.display())))?;
+    let (cluster, me) = load(path, name)?;
     let h = &cluster.hosts[me];
     Ok(format!(
         "{}: {} hosts; this host is {} ({}/{} on {})",

@@ -638,21 +638,23 @@ fn stream_bytes(frames: &[SentFrame]) -> u64 {
         .sum()
 }
 
+/// A data packet of `size` bytes sent at `time`, for tests.
+#[cfg(test)]
+pub(crate) fn data_packet(time: Instant, size: u16) -> SentPacket {
+    SentPacket {
+        time,
+        size,
+        in_flight: true,
+        ack_eliciting: true,
+        probe: false,
+        mtu_probe: false,
+        frames: SmallVec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn data_packet(now: Instant, size: u16) -> SentPacket {
-        SentPacket {
-            time: now,
-            size,
-            in_flight: true,
-            ack_eliciting: true,
-            probe: false,
-            mtu_probe: false,
-            frames: SmallVec::new(),
-        }
-    }
 
     #[test]
     fn a_link_given_a_trickle_keeps_its_window_rate() {

@@ -110,19 +110,11 @@ impl SentPackets {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use smallvec::SmallVec;
+    use crate::link::data_packet;
     use std::time::Instant;
 
     fn pkt(size: u16) -> SentPacket {
-        SentPacket {
-            time: Instant::now(),
-            size,
-            in_flight: true,
-            ack_eliciting: true,
-            probe: false,
-            mtu_probe: false,
-            frames: SmallVec::new(),
-        }
+        data_packet(Instant::now(), size)
     }
 
     #[test]
