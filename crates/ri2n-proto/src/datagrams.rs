@@ -1,8 +1,16 @@
 //! Unreliable datagrams (DATAGRAM frames, docs/PROTOCOL.md §5.9): whole messages that travel
 //! once, under each link's congestion window and pacing like stream data, striped by the same
-//! scheduler, and never re-sent when lost. They suit traffic that recovers by itself, such as
-//! the IP packets a tunnel carries: a second retransmission loop under inner TCP only adds
-//! delay and duplicates (TCP-over-TCP meltdown).
+//! scheduler, and never re-sent when congestion loses them. They suit traffic that recovers by
+//! itself, such as the IP packets a tunnel carries: a second retransmission loop under inner
+//! TCP only adds delay and duplicates (TCP-over-TCP meltdown).
+//!
+//! A link failure is not congestion, and hiding it is what ri2n is for: the datagrams in
+//! flight on a link declared failed are sent once more, on another link or, if none is up,
+//! when one heals. Without this, an outage of every link loses the inner flow's last data and
+//! the acknowledgements of it both ways; inner TCP then takes the first answer after the heal
+//! for proof that its timeout was spurious, undoes its recovery, and leaves the lost data
+//! waiting for its next, backed-off, timeout (seconds after a 3 s outage, a minute and more
+//! after a long one). The receiver delivers each datagram at most once.
 //!
 //! Both queues are bounded in bytes. Outgoing, a full queue drops its oldest datagram (a flow
 //! that recovers by itself gains more from the newest), and a datagram that waited longer than
@@ -19,7 +27,7 @@
 //! which it takes for loss (fast retransmits, halved windows), and beyond its timestamps'
 //! 1 ms granularity, which its PAWS check drops as old duplicates.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::wire;
@@ -33,20 +41,33 @@ pub fn datagram_capacity(datagram_size: usize, keyed: bool) -> usize {
     datagram_size.saturating_sub(wire::SHORT_HEADER_FIXED + 8 + tag + 1 + 8 + 2)
 }
 
-/// Buffers kept for reuse, so a steady flow allocates none per datagram.
-const SPARES: usize = 64;
+/// Buffers kept for reuse, so a steady flow allocates none per datagram (buffers come back
+/// when the packet carrying them is acknowledged, up to a window's worth at once).
+const SPARES: usize = 256;
+
+/// A datagram waiting to be sent.
+#[derive(Debug)]
+struct Waiting {
+    /// Queued, or when its age last restarted.
+    since: Instant,
+    /// Set when it is sent again after a link failure: it keeps its number.
+    seq: Option<u64>,
+    data: Vec<u8>,
+}
 
 /// Datagrams waiting to be sent.
 #[derive(Debug)]
 pub(crate) struct OutgoingDatagrams {
-    /// (queued or last restarted, bytes), oldest first.
-    queue: VecDeque<(Instant, Vec<u8>)>,
+    /// Oldest first.
+    queue: VecDeque<Waiting>,
     bytes: usize,
     limit: usize,
     max_age: Duration,
     spare: Vec<Vec<u8>>,
     /// Datagrams sent so far: the next one's number.
     pub sent: u64,
+    /// Sent again because the link carrying them failed.
+    pub resent: u64,
     /// Dropped unsent: the queue was full, or they waited too long.
     pub dropped: u64,
 }
@@ -60,6 +81,7 @@ impl OutgoingDatagrams {
             max_age,
             spare: Vec::new(),
             sent: 0,
+            resent: 0,
             dropped: 0,
         }
     }
@@ -71,14 +93,37 @@ impl OutgoingDatagrams {
     /// Queues a copy of `data`, dropping the oldest datagrams if the queue would exceed its
     /// bound. The caller checked that `data` fits a packet.
     pub fn push(&mut self, now: Instant, data: &[u8]) {
-        while !self.queue.is_empty() && self.bytes + data.len() > self.limit {
-            self.drop_front();
-        }
         let mut buf = self.spare.pop().unwrap_or_default();
         buf.clear();
         buf.extend_from_slice(data);
+        self.make_room(buf.len());
         self.bytes += buf.len();
-        self.queue.push_back((now, buf));
+        self.queue.push_back(Waiting {
+            since: now,
+            seq: None,
+            data: buf,
+        });
+    }
+
+    /// Queues again, ahead of the others, datagrams that were in flight on a failed link
+    /// (`stranded`, in sending order), with their numbers.
+    pub fn requeue(&mut self, now: Instant, stranded: &mut Vec<(u64, Vec<u8>)>) {
+        for (seq, data) in stranded.drain(..).rev() {
+            self.bytes += data.len();
+            self.queue.push_front(Waiting {
+                since: now,
+                seq: Some(seq),
+                data,
+            });
+        }
+        self.make_room(0);
+    }
+
+    /// Drops the oldest datagrams until `extra` more bytes fit the bound.
+    fn make_room(&mut self, extra: usize) {
+        while !self.queue.is_empty() && self.bytes + extra > self.limit {
+            self.drop_front();
+        }
     }
 
     /// Drops the datagrams that waited longer than the maximum age.
@@ -86,7 +131,7 @@ impl OutgoingDatagrams {
         while self
             .queue
             .front()
-            .is_some_and(|(t, _)| now.saturating_duration_since(*t) > self.max_age)
+            .is_some_and(|w| now.saturating_duration_since(w.since) > self.max_age)
         {
             self.drop_front();
         }
@@ -94,25 +139,37 @@ impl OutgoingDatagrams {
 
     /// Links are back after none was up: what waited starts its age again.
     pub fn restart_clock(&mut self, now: Instant) {
-        for (t, _) in &mut self.queue {
-            *t = now;
+        for w in &mut self.queue {
+            w.since = now;
         }
     }
 
     /// Bytes the DATAGRAM frame of the next datagram takes.
     pub fn front_frame_len(&self) -> Option<usize> {
-        let (_, d) = self.queue.front()?;
-        Some(wire::datagram_frame_len(self.sent, d.len()))
+        let w = self.queue.front()?;
+        Some(wire::datagram_frame_len(
+            w.seq.unwrap_or(self.sent),
+            w.data.len(),
+        ))
     }
 
-    /// Takes the next datagram with its number (numbers go to datagrams as they are sent, so
-    /// one dropped unsent leaves no gap for the receiver to wait on); hand the buffer back
-    /// with [`Self::recycle`] once written.
+    /// Takes the next datagram with its number (numbers go to datagrams as they are first
+    /// sent, so one dropped unsent leaves no gap for the receiver to wait on); hand the
+    /// buffer back with [`Self::recycle`] once the packet carrying it is acknowledged.
     pub fn pop(&mut self) -> Option<(u64, Vec<u8>)> {
-        let (_, d) = self.queue.pop_front()?;
-        self.bytes -= d.len();
-        self.sent += 1;
-        Some((self.sent - 1, d))
+        let w = self.queue.pop_front()?;
+        self.bytes -= w.data.len();
+        let seq = match w.seq {
+            Some(seq) => {
+                self.resent += 1;
+                seq
+            }
+            None => {
+                self.sent += 1;
+                self.sent - 1
+            }
+        };
+        Some((seq, w.data))
     }
 
     pub fn recycle(&mut self, buf: Vec<u8>) {
@@ -122,13 +179,17 @@ impl OutgoingDatagrams {
     }
 
     fn drop_front(&mut self) {
-        if let Some((_, d)) = self.queue.pop_front() {
-            self.bytes -= d.len();
+        if let Some(w) = self.queue.pop_front() {
+            self.bytes -= w.data.len();
             self.dropped += 1;
-            self.recycle(d);
+            self.recycle(w.data);
         }
     }
 }
+
+/// How many given-up datagram numbers the receiver remembers, so that one arriving late (sent
+/// again after a link failure) is still delivered once and a second copy is not.
+const SKIPPED_MEMORY: usize = 16_384;
 
 /// Datagrams received and not yet read, and those held until the ones before them arrive.
 #[derive(Debug)]
@@ -137,6 +198,9 @@ pub(crate) struct IncomingDatagrams {
     ready: VecDeque<Vec<u8>>,
     /// Arrived ahead of a missing one: number -> (arrival, bytes).
     held: BTreeMap<u64, (Instant, Vec<u8>)>,
+    /// Numbers below `next` given up on and not arrived since (the newest `SKIPPED_MEMORY`):
+    /// the only ones below `next` still delivered.
+    skipped: BTreeSet<u64>,
     /// Bytes in `ready` and `held`.
     bytes: usize,
     limit: usize,
@@ -149,6 +213,8 @@ pub(crate) struct IncomingDatagrams {
     pub dropped: u64,
     /// Datagrams that arrived ahead of a missing one.
     pub reordered: u64,
+    /// Second copies (of datagrams sent again after a link failure), not delivered.
+    pub duplicates: u64,
 }
 
 impl IncomingDatagrams {
@@ -156,6 +222,7 @@ impl IncomingDatagrams {
         Self {
             ready: VecDeque::new(),
             held: BTreeMap::new(),
+            skipped: BTreeSet::new(),
             bytes: 0,
             limit,
             next: 0,
@@ -163,6 +230,7 @@ impl IncomingDatagrams {
             received: 0,
             dropped: 0,
             reordered: 0,
+            duplicates: 0,
         }
     }
 
@@ -170,6 +238,15 @@ impl IncomingDatagrams {
     /// for the application.
     pub fn push(&mut self, now: Instant, seq: u64, data: &[u8]) -> bool {
         self.received += 1;
+        let new = if seq < self.next {
+            self.skipped.remove(&seq)
+        } else {
+            !self.held.contains_key(&seq)
+        };
+        if !new {
+            self.duplicates += 1;
+            return false;
+        }
         if self.bytes + data.len() > self.limit {
             // make room by giving up on the missing ones the held datagrams wait for
             while self.bytes + data.len() > self.limit && self.release_first_held() {}
@@ -195,6 +272,7 @@ impl IncomingDatagrams {
         // dropping it would not make it any less late)
         self.ready.push_back(data.to_vec());
         if seq >= self.next {
+            self.skip_to(seq);
             self.next = seq + 1;
             self.release_in_order();
         }
@@ -226,9 +304,19 @@ impl IncomingDatagrams {
         let Some((&seq, _)) = self.held.first_key_value() else {
             return false;
         };
-        self.next = seq;
+        self.skip_to(seq);
         self.release_in_order();
         true
+    }
+
+    /// Gives up on the datagrams from `next` to before `seq`, remembering their numbers.
+    fn skip_to(&mut self, seq: u64) {
+        let from = self.next.max(seq.saturating_sub(SKIPPED_MEMORY as u64));
+        self.skipped.extend(from..seq);
+        while self.skipped.len() > SKIPPED_MEMORY {
+            self.skipped.pop_first();
+        }
+        self.next = seq;
     }
 
     fn release_in_order(&mut self) {
@@ -266,6 +354,24 @@ mod tests {
         assert_eq!(q.pop().unwrap(), (0, vec![1; 100]));
         assert_eq!(q.pop().unwrap(), (1, vec![2; 100]));
         assert!(q.pop().is_none());
+    }
+
+    #[test]
+    fn datagrams_stranded_on_a_failed_link_go_again_first_with_their_numbers() {
+        let now = Instant::now();
+        let mut q = OutgoingDatagrams::new(10_000, Duration::from_millis(20));
+        for i in 0..4u8 {
+            q.push(now, &[i]);
+        }
+        let sent: Vec<(u64, Vec<u8>)> = (0..3).map(|_| q.pop().unwrap()).collect();
+        assert_eq!(sent[2], (2, vec![2]));
+        // the link carrying 1 and 2 fails
+        q.requeue(now, &mut sent[1..].to_vec());
+        assert_eq!(q.front_frame_len(), Some(1 + 1 + 1 + 1));
+        assert_eq!(q.pop().unwrap(), (1, vec![1]));
+        assert_eq!(q.pop().unwrap(), (2, vec![2]));
+        assert_eq!(q.pop().unwrap(), (3, vec![3]), "new ones number on");
+        assert_eq!((q.sent, q.resent, q.dropped), (4, 2, 0));
     }
 
     #[test]
@@ -330,6 +436,28 @@ mod tests {
         assert!(q.push(t0 + ms(21), 7, &[7]));
         assert_eq!(take(&mut q), [7]);
         assert_eq!((q.received, q.reordered), (8, 4));
+    }
+
+    #[test]
+    fn a_datagram_is_delivered_at_most_once_and_a_late_one_once() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        for hold in [ms(5), Duration::ZERO] {
+            let mut q = IncomingDatagrams::new(1 << 20, hold);
+            assert!(q.push(t0, 0, &[0]));
+            assert!(!q.push(t0, 0, &[0]), "a second copy of the next one");
+            q.push(t0, 3, &[3]);
+            assert!(!q.push(t0, 3, &[3]), "a second copy of a held one");
+            q.release_due(t0 + ms(10));
+            // 1 and 2 were given up on; sent again after a link failure, each comes once
+            assert!(q.push(t0 + ms(20), 2, &[2]));
+            assert!(!q.push(t0 + ms(20), 2, &[2]));
+            assert!(q.push(t0 + ms(21), 1, &[1]));
+            assert!(!q.push(t0 + ms(21), 0, &[0]), "long delivered");
+            let got: Vec<u8> = std::iter::from_fn(|| q.pop()).map(|d| d[0]).collect();
+            assert_eq!(got, [0, 3, 2, 1], "hold {hold:?}");
+            assert_eq!(q.duplicates, 4);
+        }
     }
 
     #[test]

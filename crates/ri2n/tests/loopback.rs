@@ -449,3 +449,107 @@ fn datagrams_sent_while_every_link_is_down_arrive_at_the_heal() {
     assert_eq!(got, (0..20).collect::<Vec<_>>());
     assert_eq!(conn.stats().datagrams_send_dropped, 0);
 }
+
+/// A steady flow of datagrams while every link dies: those in flight on the links (sent into
+/// the void until the links are known dead) are sent again at the heal, so the peer gets every
+/// one, and each once. Losing them would lose an inner TCP flow's last data and
+/// acknowledgements, and stall it until its next retransmission timeout.
+#[test]
+fn datagrams_in_flight_when_every_link_dies_arrive_after_the_heal_once() {
+    let p = pair();
+    let switches: Vec<_> = p
+        .client
+        .local_addrs()
+        .iter()
+        .map(|&a| p.client.impairment(a).unwrap())
+        .collect();
+    let conn = p
+        .client
+        .connect(&p.server.local_addrs(), ConnectionConfig::default())
+        .unwrap();
+    let peer = p.server.accept().unwrap();
+    // small datagrams: all of them fit the peer's receive queue until the test reads them
+    let max = 300;
+    let up = |c: &ri2n::Connection| {
+        c.stats()
+            .links
+            .iter()
+            .filter(|l| l.state == LinkState::Up)
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while up(&conn) < 2 {
+        assert!(Instant::now() < deadline, "the links never came up");
+        thread::sleep(Duration::from_millis(5));
+    }
+    let mut seq = 0;
+    let send_some = |seq: &mut u32, count: u32| {
+        for _ in 0..count {
+            conn.send_datagram(&datagram(*seq, max)).unwrap();
+            *seq += 1;
+            thread::sleep(Duration::from_micros(200));
+        }
+    };
+    send_some(&mut seq, 100);
+    for s in &switches {
+        s.set_down(true);
+    }
+    // sent into the void until the connection knows
+    while up(&conn) > 0 {
+        assert!(Instant::now() < deadline, "the cut links never went down");
+        send_some(&mut seq, 1);
+    }
+    send_some(&mut seq, 50);
+    for s in &switches {
+        s.set_down(false);
+    }
+    send_some(&mut seq, 100);
+    let n = seq;
+    let mut seen = vec![false; n as usize];
+    let mut count = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // those sent in the void wait for window room until they are known stranded, and some
+    // wait longer than a datagram may (they are dropped unsent and counted): every other one
+    // arrives
+    let mut quiet_since = None;
+    loop {
+        match peer.try_recv_datagram() {
+            Ok(Some(d)) => {
+                let k = check_datagram(&d, max) as usize;
+                assert!(!seen[k], "datagram {k} arrived twice");
+                seen[k] = true;
+                count += 1;
+                quiet_since = None;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let (s, ps) = (conn.stats(), peer.stats());
+                let expected = u64::from(n) - s.datagrams_send_dropped;
+                if count == expected {
+                    // and nothing more comes
+                    let t = *quiet_since.get_or_insert_with(Instant::now);
+                    if t.elapsed() > Duration::from_millis(200) {
+                        break;
+                    }
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{count} of {expected} datagrams arrived, first missing {:?}; sender: {} \
+                     sent, {} again, {} dropped; receiver: {} received, {} dropped, {} duplicate",
+                    seen.iter().position(|&s| !s),
+                    s.datagrams_sent,
+                    s.datagrams_resent,
+                    s.datagrams_send_dropped,
+                    ps.datagrams_received,
+                    ps.datagrams_receive_dropped,
+                    ps.datagrams_duplicate,
+                );
+                thread::sleep(Duration::from_millis(1));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(
+        conn.stats().datagrams_resent > 0,
+        "nothing was in flight at the cut"
+    );
+}

@@ -6,9 +6,11 @@
 //! file connects (again and again while the other is away), the other accepts. Each IP packet
 //! read from the interface travels to the host owning its destination as one unreliable
 //! datagram (docs/PROTOCOL.md §5.9): striped over the links under their congestion control,
-//! failed over within milliseconds when a link dies, and never retransmitted by ri2n, so inner
-//! TCP keeps the only recovery loop. While every link to a host is down its last packets wait,
-//! and go when a link heals. The peer writes the packet to its own interface.
+//! failed over within milliseconds when a link dies, and never retransmitted after congestion
+//! loss, so inner TCP keeps the only recovery loop for that. What a failing link had in
+//! flight is sent again on another, and while every link to a host is down its packets wait
+//! and go when a link heals: inner TCP sees an outage as delay, not loss, and moves again at
+//! the heal. The peer writes the packet to its own interface.
 //!
 //! Threads: one reads the interface and routes; one per peer connects (or the acceptor
 //! accepts) and then writes what the connection receives to the interface.
@@ -316,12 +318,15 @@ fn summary(s: &ri2n::ConnectionStats) -> String {
         })
         .collect();
     format!(
-        "packets sent {} (dropped unsent {}), received {} (dropped {}, reordered {}); links: {}",
+        "packets sent {} (again after a link failure {}, dropped unsent {}), received {} \
+         (dropped {}, reordered {}, duplicate {}); links: {}",
         s.datagrams_sent,
+        s.datagrams_resent,
         s.datagrams_send_dropped,
         s.datagrams_received,
         s.datagrams_receive_dropped,
         s.datagrams_reordered,
+        s.datagrams_duplicate,
         links.join("; ")
     )
 }

@@ -69,8 +69,10 @@ pub struct ConnectionStats {
     /// Key updates so far (sending, receiving): each direction moves to a new key after
     /// 2^22 packets or 120 s.
     pub key_updates: (u64, u64),
-    /// Unreliable datagrams sent (each once).
+    /// Unreliable datagrams sent (each counted once).
     pub datagrams_sent: u64,
+    /// Datagrams sent again because the link carrying them failed.
+    pub datagrams_resent: u64,
     /// Datagrams dropped unsent: the send queue was full, they waited too long, or no link
     /// could carry them any more.
     pub datagrams_send_dropped: u64,
@@ -81,6 +83,9 @@ pub struct ConnectionStats {
     pub datagrams_receive_dropped: u64,
     /// Datagrams that arrived ahead of an earlier one and were held to restore the order.
     pub datagrams_reordered: u64,
+    /// Second copies that arrived (a datagram sent again after a link failure that had
+    /// arrived after all): not delivered.
+    pub datagrams_duplicate: u64,
     /// Datagrams held now for an earlier one, and datagrams ready for the application.
     pub datagrams_waiting: (usize, usize),
 }
@@ -628,10 +633,12 @@ impl Connection {
             bytes_received: self.recv.iter().map(RecvStream::received).sum(),
             cipher: self.protection.as_ref().map(PacketProtection::cipher),
             datagrams_sent: self.datagrams_out.sent,
+            datagrams_resent: self.datagrams_out.resent,
             datagrams_send_dropped: self.datagrams_out.dropped,
             datagrams_received: self.datagrams_in.received,
             datagrams_receive_dropped: self.datagrams_in.dropped,
             datagrams_reordered: self.datagrams_in.reordered,
+            datagrams_duplicate: self.datagrams_in.duplicates,
             datagrams_waiting: self.datagrams_in.waiting(),
             key_updates: self
                 .protection
@@ -728,7 +735,7 @@ impl Connection {
             }
             LinkState::Validating => unreachable!("links never return to validating"),
         }
-        self.apply_outcome(&mut out);
+        self.apply_outcome(now, &mut out);
         self.scratch = out;
         tracing::debug!(link = i, %from, %to, "link state");
         self.event(Event::LinkStateChanged {
@@ -749,12 +756,15 @@ impl Connection {
         }
     }
 
-    /// Hands acknowledged and lost packets' frames back to the streams and control queues.
-    fn apply_outcome(&mut self, out: &mut AckOutcome) {
+    /// Hands acknowledged and lost packets' frames back to the streams and control queues;
+    /// datagrams stranded on a failed link are queued again.
+    fn apply_outcome(&mut self, now: Instant, out: &mut AckOutcome) {
         for pkt in out.acked.drain(..) {
-            for f in &pkt.frames {
-                if let SentFrame::Stream { stream, chunk } = *f {
-                    self.send[stream as usize].on_ack(chunk);
+            for f in pkt.frames {
+                match f {
+                    SentFrame::Stream { stream, chunk } => self.send[stream as usize].on_ack(chunk),
+                    SentFrame::Datagram { data, .. } => self.datagrams_out.recycle(data),
+                    SentFrame::MaxStreamData { .. } | SentFrame::LinkStatus { .. } => {}
                 }
             }
         }
@@ -766,8 +776,8 @@ impl Connection {
             }
         }
         for pkt in out.lost.drain(..) {
-            for f in &pkt.frames {
-                match *f {
+            for f in pkt.frames {
+                match f {
                     SentFrame::Stream { stream, chunk } => {
                         self.send[stream as usize].on_lost(chunk)
                     }
@@ -777,8 +787,13 @@ impl Connection {
                     SentFrame::LinkStatus { link, status } => {
                         self.link_status_pending.push((link, status))
                     }
+                    // congestion lost it: inner protocols recover by themselves
+                    SentFrame::Datagram { data, .. } => self.datagrams_out.recycle(data),
                 }
             }
+        }
+        if !out.stranded.is_empty() {
+            self.datagrams_out.requeue(now, &mut out.stranded);
         }
         out.probes_acked = 0;
         if let Some((stream, want)) = self.write_wants {
@@ -1283,7 +1298,7 @@ impl Connection {
         let delay = Duration::from_micros(delay_us).min(self.cfg.max_ack_delay * 4);
         self.links[l].on_ack(now, ranges, largest, delay, &mut out);
         let probes = out.probes_acked;
-        self.apply_outcome(&mut out);
+        self.apply_outcome(now, &mut out);
         self.scratch = out;
         if probes > 0 && self.links[l].on_probes_acked(now, probes) {
             self.set_link_state(l, now, LinkState::Up);

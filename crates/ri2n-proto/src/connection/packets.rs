@@ -47,7 +47,7 @@ impl Connection {
         if let Some(i) = (0..self.links.len()).find(|&i| self.links[i].probe_due(now)) {
             let mut outcome = std::mem::take(&mut self.scratch);
             let failed = self.links[i].on_probe_sending(now, &self.cfg, &mut outcome);
-            self.apply_outcome(&mut outcome);
+            self.apply_outcome(now, &mut outcome);
             self.scratch = outcome;
             if failed {
                 tracing::debug!(link = i, "probes of the degraded link failed");
@@ -306,9 +306,9 @@ impl Connection {
                 if len > end - w.len() {
                     break;
                 }
-                let (seq, d) = self.datagrams_out.pop().expect("a datagram is queued");
-                wire::write_datagram(&mut w, seq, &d);
-                self.datagrams_out.recycle(d);
+                let (seq, data) = self.datagrams_out.pop().expect("a datagram is queued");
+                wire::write_datagram(&mut w, seq, &data);
+                frames.push(SentFrame::Datagram { seq, data });
                 ack_eliciting = true;
             }
             let mut stream_bytes = 0u64;

@@ -193,7 +193,7 @@ impl Connection {
             Timer::Link(i, LinkTimer::Loss) => {
                 let mut out = std::mem::take(&mut self.scratch);
                 self.links[i].on_loss_timer(now, &mut out);
-                self.apply_outcome(&mut out);
+                self.apply_outcome(now, &mut out);
                 self.scratch = out;
             }
             Timer::Link(i, LinkTimer::Pto) => {

@@ -110,11 +110,25 @@ pub struct LinkStats {
 }
 
 /// What a sent packet carried that matters if it is acknowledged or lost.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum SentFrame {
-    Stream { stream: u8, chunk: Chunk },
-    MaxStreamData { stream: u8 },
-    LinkStatus { link: LinkId, status: u8 },
+    Stream {
+        stream: u8,
+        chunk: Chunk,
+    },
+    MaxStreamData {
+        stream: u8,
+    },
+    LinkStatus {
+        link: LinkId,
+        status: u8,
+    },
+    /// A datagram's bytes stay with the packet until it is acknowledged: they are sent again
+    /// if the link fails with the packet in flight.
+    Datagram {
+        seq: u64,
+        data: Vec<u8>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -143,6 +157,9 @@ pub(crate) struct AckOutcome {
     pub acked_late: Vec<Frames>,
     /// Probes acknowledged with their round-trip times.
     pub probes_acked: u32,
+    /// Datagrams (number, bytes) that were in flight on a link that failed, in sending order:
+    /// to be sent again on another.
+    pub stranded: Vec<(u64, Vec<u8>)>,
 }
 
 /// What a link carried, for [`LinkStats`].
@@ -411,12 +428,23 @@ impl Link {
         }
     }
 
-    /// Declares everything in flight lost (the link failed): it will be re-sent elsewhere.
+    /// Declares everything in flight lost (the link failed): it will be re-sent elsewhere,
+    /// its datagrams included (`out.stranded`).
     pub fn drain_in_flight(&mut self, out: &mut AckOutcome) {
         let from = out.lost.len();
         self.recovery.drain(out);
-        self.counters.packets_lost +=
-            out.lost[from..].iter().filter(|p| !p.mtu_probe).count() as u64;
+        for pkt in &mut out.lost[from..] {
+            if !pkt.mtu_probe {
+                self.counters.packets_lost += 1;
+            }
+            for f in &mut pkt.frames {
+                if let SentFrame::Datagram { seq, data } = f {
+                    out.stranded.push((*seq, std::mem::take(data)));
+                }
+            }
+            pkt.frames
+                .retain(|f| !matches!(f, SentFrame::Datagram { .. }));
+        }
     }
 
     /// When loss detection's time threshold declares the oldest waiting packet lost.

@@ -235,7 +235,7 @@ impl Recovery {
             .frames
             .iter()
             .filter(|f| matches!(f, SentFrame::Stream { .. }))
-            .copied()
+            .cloned()
             .collect();
         if frames.is_empty() && !pkt.probe {
             return;
