@@ -15,7 +15,7 @@
 //! Both queues are bounded in bytes. Outgoing, a full queue drops its oldest datagram (a flow
 //! that recovers by itself gains more from the newest), and a datagram that waited longer than
 //! the configured age while a link was up is dropped unsent: it would only add queueing
-//! delay. While no link is up, datagrams wait (within the bound) and their age starts again
+//! delay (one sent again after a link failure is exempt: see `drop_stale`). While no link is up, datagrams wait (within the bound) and their age starts again
 //! when a link comes back, so the last packets of a stalled flow reach the peer at the heal:
 //! an inner TCP connection then moves again at once instead of at its next, backed-off,
 //! retransmission timeout. Every drop is counted.
@@ -126,13 +126,15 @@ impl OutgoingDatagrams {
         }
     }
 
-    /// Drops the datagrams that waited longer than the maximum age.
+    /// Drops the datagrams that waited longer than the maximum age, up to the first one that
+    /// is sent again after a link failure: those are never too old. They were sent in time
+    /// once, and after an outage the links' windows open from small again, so draining what
+    /// was stranded can take longer than the age allowed; dropping its tail would lose what
+    /// the failure is meant to hide (only the queue's bound drops them).
     pub fn drop_stale(&mut self, now: Instant) {
-        while self
-            .queue
-            .front()
-            .is_some_and(|w| now.saturating_duration_since(w.since) > self.max_age)
-        {
+        while self.queue.front().is_some_and(|w| {
+            w.seq.is_none() && now.saturating_duration_since(w.since) > self.max_age
+        }) {
             self.drop_front();
         }
     }
@@ -372,6 +374,11 @@ mod tests {
         assert_eq!(q.pop().unwrap(), (2, vec![2]));
         assert_eq!(q.pop().unwrap(), (3, vec![3]), "new ones number on");
         assert_eq!((q.sent, q.resent, q.dropped), (4, 2, 0));
+        // and they are never too old to go
+        let mut q = OutgoingDatagrams::new(10_000, Duration::from_millis(20));
+        q.requeue(now, &mut vec![(7, vec![7])]);
+        q.drop_stale(now + Duration::from_secs(1));
+        assert_eq!(q.pop().unwrap(), (7, vec![7]));
     }
 
     #[test]
