@@ -403,17 +403,21 @@ impl Proc {
 
     /// Like [`Proc::spawn`], in namespace `ns`.
     pub fn spawn_in(ns: &str, program: &Path, args: &[String], dir: &Path, name: &str) -> Proc {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", ns]).arg(program).args(args);
+        Self::spawn_command(command, dir, name)
+    }
+
+    /// Starts `command` (which enters a lab host itself), its output in `dir`.
+    pub fn spawn_command(mut command: Command, dir: &Path, name: &str) -> Proc {
         let stdout = dir.join(format!("{name}.stdout"));
         let stderr = dir.join(format!("{name}.stderr"));
-        let child = Command::new("ip")
-            .args(["netns", "exec", ns])
-            .arg(program)
-            .args(args)
+        let child = command
             .stdin(Stdio::null())
             .stdout(File::create(&stdout).expect("stdout file"))
             .stderr(File::create(&stderr).expect("stderr file"))
             .spawn()
-            .expect("spawning ip netns exec");
+            .expect("spawning a process in a lab host");
         Proc {
             child,
             name: name.to_owned(),
@@ -462,6 +466,10 @@ impl Proc {
             let _ = self.child.kill();
             self.status = self.child.wait().ok();
         }
+    }
+
+    pub fn stdout_text(&self) -> String {
+        fs::read_to_string(&self.stdout).unwrap_or_default()
     }
 
     pub fn stderr_text(&self) -> String {
