@@ -1947,8 +1947,9 @@ def update_doc(parts):
 TUNNEL_HOSTS = "abc"
 
 
-def tunnel_up(lab, tmpdir):
-    """Key, cluster file and a daemon per host; waits until every daemon has both peers."""
+def tunnel_up(lab, tmpdir, carry="datagrams"):
+    """Key, cluster file and a daemon per host (`--carry CARRY`); waits until every daemon has
+    both peers."""
     key = os.path.join(tmpdir, "cluster.key")
     run([RI2N, "keygen", "--output", key, "--force"])
     text = 'key = "%s"\n' % key
@@ -1961,7 +1962,8 @@ def tunnel_up(lab, tmpdir):
     logs, daemons = {}, {}
     for h in TUNNEL_HOSTS:
         logs[h] = os.path.join(tmpdir, "tunnel-%s.log" % h)
-        daemons[h] = PROCS.start(lab.ex(h, RI2N, "tunnel", "--config", cfg), stderr=open(logs[h], "w"))
+        daemons[h] = PROCS.start(lab.ex(h, RI2N, "tunnel", "--config", cfg, "--carry", carry),
+                                 stderr=open(logs[h], "w"))
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if all(open(logs[h]).read().count(" connected (") >= 2 for h in TUNNEL_HOSTS):
@@ -1996,6 +1998,124 @@ def iperf_run(lab, client, server_ip, port, seconds, mptcp=False, interval=None,
     if rc != 0:
         r["error"] = err[-500:] or (doc or {}).get("error")
     return r
+
+
+# an idle TCP connection through an outage: the client connects, is echoed once, sleeps, and
+# then times one more echo (its JSON result on stdout)
+IDLE_PY = r"""
+import json, socket, sys, time
+if sys.argv[1] == "server":
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", int(sys.argv[2])))
+    s.listen(1)
+    c, _ = s.accept()
+    while True:
+        d = c.recv(100)
+        if not d:
+            break
+        c.sendall(d)
+else:
+    c = socket.create_connection((sys.argv[2], int(sys.argv[3])), timeout=10)
+    c.sendall(b"hello")
+    c.recv(100)
+    time.sleep(float(sys.argv[4]))
+    c.settimeout(60)
+    t = time.monotonic()
+    try:
+        c.sendall(b"again")
+        d = c.recv(100)
+        print(json.dumps({"ok": d == b"again", "echo_s": time.monotonic() - t}))
+    except OSError as e:
+        print(json.dumps({"ok": False, "error": str(e), "after_s": time.monotonic() - t}))
+"""
+
+
+def first_data_after(intervals, t):
+    """Seconds from t to the end of the first interval starting at or after t that moved data
+    (None if none did)."""
+    step = intervals[1][0] - intervals[0][0] if len(intervals) > 1 else 0.2
+    for start, bps in intervals:
+        if start >= t - 1e-6 and bps > 0:
+            return start + step - t
+    return None
+
+
+def tunnel_partition(lab, tmpdir, outage, t_fault=5.0):
+    """Every link down for `outage` s under an idle and a moving TCP connection (host a to b
+    through the tunnel)."""
+    script = os.path.join(tmpdir, "idle.py")
+    with open(script, "w") as f:
+        f.write(IDLE_PY)
+    srv = PROCS.start(lab.ex("b", "python3", script, "server", 5301))
+    time.sleep(0.5)
+    out = tempfile.TemporaryFile("w+")
+    idle = PROCS.start(lab.ex("a", "python3", script, "client", "10.99.0.2", 5301,
+                              t_fault + outage + 1.0), stdout=out)
+    heal = t_fault + outage
+    r = iperf_run(lab, "a", "10.99.0.2", 5201, heal + 10, interval=0.2,
+                  events=[(t_fault, "fault", 1, "switch"), (t_fault, "fault", 2, "switch"),
+                          (heal, "heal", "all")])
+    PROCS.wait_rusage(idle, 70)
+    out.seek(0)
+    try:
+        r["idle"] = json.loads(out.read())
+    except ValueError:
+        r["idle"] = {"ok": False, "error": "no result"}
+    PROCS.stop(srv)
+    r["outage"] = outage
+    r["resume_s"] = first_data_after(r.get("intervals") or [], heal)
+    return r
+
+
+MPI_SECONDS = 42
+# the lab test's schedule (crates/ri2n-lab-tests/tests/tunnel.rs), in the job's own seconds
+MPI_EVENTS = [(6.0, "fault", 1, "switch"), (12.0, "heal", 1), (16.0, "fault", 1, "switch"),
+              (16.0, "fault", 2, "switch"), (36.0, "heal", "all")]
+
+
+def mpi_job(lab, tmpdir, btl, oob):
+    """The lab test's MPI job (tests/mpi/check.c, one rank per host, mpirun in host a) with
+    Open MPI's TCP transport on `btl` and its control traffic on `oob`, through MPI_EVENTS."""
+    program = os.path.join(tmpdir, "check")
+    if not os.path.exists(program):
+        run(["mpicc", "-O2", "-o", program,
+             os.path.join(ROOT, "crates/ri2n-lab-tests/tests/mpi/check.c")], timeout=120)
+    agent = os.path.join(tmpdir, "agent")
+    with open(agent, "w") as f:
+        f.write('#!/bin/sh\nexec %s --prefix %s agent "$@"\n' % (LAB, lab.prefix))
+    os.chmod(agent, 0o755)
+    hostfile = os.path.join(tmpdir, "hostfile")
+    with open(hostfile, "w") as f:
+        f.write("".join("%s slots=1\n" % h for h in TUNNEL_HOSTS))
+    cmd = [agent, "a", "mpirun", "--hostfile", hostfile, "-np", 3, "--map-by", "node",
+           "--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", 1,
+           "--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", btl,
+           "--mca", "oob_tcp_if_include", oob, program, MPI_SECONDS]
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    p = PROCS.start(cmd, stdout=out, stderr=err, env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and p.poll() is None:
+        out.seek(0)
+        if "progress" in out.read():
+            break
+        time.sleep(0.05)
+    t0 = time.monotonic() - 1.0  # the first progress line comes a second into the job
+    ev_log, stop = [], threading.Event()
+    do_events(lab, t0, MPI_EVENTS, ev_log, stop)
+    rc, _ = PROCS.wait_rusage(p, MPI_SECONDS + 120)
+    wall = time.monotonic() - t0
+    out.seek(0)
+    err.seek(0)
+    text, etext = out.read(), err.read()
+    ranks = re.findall(r"rank (\d+): iterations (\d+), checked MB (\d+), longest iteration "
+                       r"([\d.]+) s, at ([\d.]+) s", text)
+    progress = [(float(t), int(i)) for t, i in re.findall(r"progress t=([\d.]+) iterations=(\d+)", text)]
+    return {"rc": rc, "ok": "result: ok" in text, "wall_s": wall, "progress": progress,
+            "ranks": [{"rank": int(r), "iterations": int(i), "mb": int(m), "longest_s": float(l),
+                       "longest_at": float(a)} for r, i, m, l, a in ranks],
+            "stderr": etext[-1500:] if rc != 0 else ""}
 
 
 def part_tunnel(o):
@@ -2040,10 +2160,49 @@ def part_tunnel(o):
         row = {"tunnel": sockperf_pp(lab.ex("a"), "10.99.0.2", 11111, 64, o.sockperf_time),
                "link": sockperf_pp(lab.ex("a"), "10.77.1.2", 11111, 64, o.sockperf_time)}
         res["latency"].append(row)
+    # every link down under an idle and a moving connection
+    outage = 10 if o.quick else 60
+    res["partition"] = []
+    for rep in range(1 if o.quick else 2):
+        wait_quiet()
+        r = tunnel_partition(lab, tmpdir, outage)
+        log("  partition %d s, rep %d: iperf3 exit %s, data again %s s after the heal; idle "
+            "connection %s" % (outage, rep, r["rc"], r["resume_s"], r["idle"]))
+        res["partition"].append(r)
+    # an MPI job through a dead switch and a 20 s partition
+    if shutil.which("mpirun") and shutil.which("mpicc"):
+        wait_quiet()
+        res["mpi_tunnel"] = mpi_job(lab, tmpdir, "ri2n0", "ri2n0")
+        log("  MPI through the tunnel: %s" % {k: res["mpi_tunnel"][k] for k in ("rc", "ok", "ranks")})
+    # how IP packets ride: datagrams (the default) against reliable messages
+    res["carry"] = {}
+    for carry in ("datagrams", "messages"):
+        for p in daemons.values():
+            PROCS.stop(p)
+        daemons, logs = tunnel_up(lab, tmpdir, carry)
+        rows = []
+        for rep in range(o.reps):
+            wait_quiet()
+            row = {"rate": iperf_run(lab, "a", "10.99.0.2", 5201, o.time),
+                   "failover": iperf_run(lab, "a", "10.99.0.2", 5201, 8, interval=0.1,
+                                         events=[(3.0, "fault", 1, "switch"), (5.0, "heal", 1)]),
+                   "outage": iperf_run(lab, "a", "10.99.0.2", 5201, 10, interval=0.2,
+                                       events=[(3.0, "fault", 1, "switch"),
+                                               (3.0, "fault", 2, "switch"), (6.0, "heal", "all")])}
+            row["outage"]["resume_s"] = first_data_after(row["outage"].get("intervals") or [], 6.0)
+            log("  carry %s rep %d: %.0f Mbit/s, data again %s s after a 3 s outage" % (
+                carry, rep, (row["rate"]["bps"] or 0) / 1e6, row["outage"]["resume_s"]))
+            rows.append(row)
+        res["carry"][carry] = rows
     for p in srv.values():
         PROCS.stop(p)
     for p in daemons.values():
         PROCS.stop(p)
+    # the same MPI job on the plain networks: Open MPI on both interfaces, no ri2n
+    if shutil.which("mpirun") and shutil.which("mpicc"):
+        wait_quiet()
+        res["mpi_plain"] = mpi_job(lab, tmpdir, "eth1,eth2", "eth1")
+        log("  MPI on the plain networks: %s" % {k: res["mpi_plain"][k] for k in ("rc", "ok", "ranks")})
     res["daemon_logs"] = {h: open(logs[h]).read()[-3000:] for h in TUNNEL_HOSTS}
     res["commands"] = {
         "tunnel": "iperf3 -c 10.99.0.2 -t %d (host a to b through ri2n0)" % o.time,
@@ -2051,6 +2210,15 @@ def part_tunnel(o):
         "tcp": "iperf3 -c 10.77.1.2 -t %d (network 1 only)" % o.time,
         "failover": "iperf3 -c 10.99.0.2 -t 8 -i 0.1; switch 1 dies at 3 s, heals at 5 s",
         "latency": "sockperf ping-pong -m 64 --full-rtt -t %d to 10.99.0.2 and to 10.77.1.2" % o.sockperf_time,
+        "partition": "iperf3 -c 10.99.0.2 -t %d -i 0.2 and an idle TCP connection (echoed once "
+                     "before, timed once after); every switch dead from 5 s to %d s" % (
+                         5 + outage + 10, 5 + outage),
+        "mpi": "mpirun -np 3 --map-by node --mca pml ob1 --mca btl tcp,self --mca "
+               "btl_tcp_if_include ri2n0 (plain: eth1,eth2) --mca oob_tcp_if_include ri2n0 "
+               "(plain: eth1) check %d (tests/mpi/check.c); switch 1 dead 6-12 s, every switch "
+               "dead 16-36 s" % MPI_SECONDS,
+        "carry": "ri2n tunnel --carry datagrams|messages; iperf3 -c 10.99.0.2 -t %d; -t 8 -i 0.1 "
+                 "with switch 1 dead 3-5 s; -t 10 -i 0.2 with every switch dead 3-6 s" % o.time,
     }
     lab.down()
     shutil.rmtree(tmpdir, ignore_errors=True)
@@ -2118,6 +2286,72 @@ def report_tunnel(res):
                  "directly on network 1 %s (median of each run's median)." % (
                      spread([r["tunnel"]["median_us"] or 0 for r in lat]),
                      spread([r["link"]["median_us"] or 0 for r in lat])))
+    part = res.get("partition") or []
+    if part:
+        L.append("")
+        L.append("**Every link down for %d s** under two TCP connections through the tunnel, "
+                 "one moving data (iperf3, 0.2 s intervals) and one idle (echoed before the "
+                 "outage and once after the heal):" % part[0]["outage"])
+        L.append("")
+        L.append("| run | moving: iperf3 exit (0: no reset) | moving: data again after the heal | idle: echo after the heal |")
+        L.append("| --- | --- | --- | --- |")
+        for i, r in enumerate(part):
+            idle = r.get("idle") or {}
+            L.append("| %d | %s | %s | %s |" % (
+                i + 1, r["rc"], "%.1f s" % r["resume_s"] if r["resume_s"] is not None else "never",
+                "%.3f s" % idle["echo_s"] if idle.get("ok") else "failed: %s" % idle.get("error")))
+        L.append("")
+        L.append("(Counted in whole 0.2 s intervals, the one holding the heal included.)")
+    mt, mp = res.get("mpi_tunnel"), res.get("mpi_plain")
+    if mt or mp:
+        L.append("")
+        L.append("**An MPI job through faults** (Open MPI, `tests/mpi/check.c`: allreduce, "
+                 "broadcast, ring exchange and all-to-all with every result checked, one rank "
+                 "per host, %d s of its own clock); switch 1 dead from 6 s to 12 s, every switch "
+                 "dead from 16 s to 36 s:" % MPI_SECONDS)
+        L.append("")
+        L.append("| network | exit, result | iterations a second before the faults | iterations | longest iteration (the job stood still) | wall time |")
+        L.append("| --- | --- | --- | --- | --- | --- |")
+        for name, r in (("through the tunnel (ri2n0)", mt), ("plain networks, Open MPI on both (eth1, eth2)", mp)):
+            if not r:
+                continue
+            before = [i for t, i in r["progress"] if t <= 6.0]
+            rate = before[-1] / max(t for t, i in r["progress"] if t <= 6.0) if before else 0
+            worst = max(r["ranks"], key=lambda x: x["longest_s"]) if r["ranks"] else None
+            L.append("| %s | %s, %s | %.0f | %s | %s | %.0f s |" % (
+                name, r["rc"], "ok" if r["ok"] else "**no result**", rate,
+                r["ranks"][0]["iterations"] if r["ranks"] else "–",
+                "%.1f s from %.1f s" % (worst["longest_s"], worst["longest_at"]) if worst else "–",
+                r["wall_s"]))
+    carry = res.get("carry") or {}
+    if carry:
+        L.append("")
+        L.append("**How IP packets ride** (`ri2n tunnel --carry`): each as one unreliable "
+                 "datagram (the default) or as a reliable, ordered message (ri2n retransmits "
+                 "under inner TCP). iperf3 from host a to b; median (min–max) of %d runs:" % len(
+                     next(iter(carry.values()))))
+        L.append("")
+        L.append("| carry | goodput, Mbit/s | inner TCP retransmissions | switch 1 dead 3–5 s: mean Mbit/s | back ≥ 816 after the fault | every switch dead 3–6 s: data again after the heal |")
+        L.append("| --- | --- | --- | --- | --- | --- |")
+        for name, rows in carry.items():
+            def during(r):
+                xs = [x[1] for x in r["failover"].get("intervals") or [] if 3.0 <= x[0] < 5.0]
+                return sum(xs) / len(xs) if xs else 0
+
+            def back(r):
+                for x in r["failover"].get("intervals") or []:
+                    if x[0] >= 3.0 and x[1] >= 816e6:
+                        return x[0] + 0.1 - 3.0
+                return 99.0
+            resume = [r["outage"]["resume_s"] if r["outage"]["resume_s"] is not None else 99.0
+                      for r in rows]
+            L.append("| %s | %s | %s | %s | %s | %s |" % (
+                name, spread([r["rate"]["bps"] or 0 for r in rows], "%.0f", 1e-6),
+                spread([r["rate"]["retransmits"] or 0 for r in rows], "%.0f"),
+                spread([during(r) for r in rows], "%.0f", 1e-6),
+                spread([back(r) for r in rows], "%.1f s"), spread(resume, "%.1f s")))
+        L.append("")
+        L.append("(99 s: never within the run. Recovery counted in whole intervals.)")
     L.append("")
     L.append("Commands: " + "; ".join("%s: `%s`" % kv for kv in res["commands"].items()) + ".")
     return "\n".join(L)

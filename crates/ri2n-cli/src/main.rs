@@ -148,6 +148,21 @@ pub struct TunnelArgs {
     /// 127.0.0.1:9474.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<SocketAddr>,
+
+    /// How IP packets ride on the connections; every host must use the same.
+    /// `datagrams`: each packet is one unreliable datagram (inner TCP keeps the only
+    /// retransmission loop; failures are still hidden). `messages`: each packet is a reliable,
+    /// ordered message, retransmitted by ri2n too; slower for inner TCP, kept for comparison
+    /// (docs/BENCHMARKS.md §6).
+    #[arg(long, value_enum, default_value = "datagrams")]
+    pub carry: Carry,
+}
+
+/// How `ri2n tunnel` carries IP packets (see `--carry`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Carry {
+    Datagrams,
+    Messages,
 }
 
 #[derive(Subcommand, Debug)]

@@ -30,7 +30,7 @@ use ri2n::{Connection, ConnectionConfig, Endpoint, EndpointConfig};
 use signal_hook::consts::{SIGINT, SIGTERM};
 
 use crate::error::{Failure, BIND, GENERIC, USAGE};
-use crate::{TunnelArgs, TunnelStatusArgs};
+use crate::{Carry, TunnelArgs, TunnelStatusArgs};
 use config::Cluster;
 use device::Tun;
 
@@ -57,6 +57,7 @@ struct Peers {
     by_tunnel_address: HashMap<Ipv4Addr, usize>,
     by_link_address: HashMap<IpAddr, usize>,
     conns: Vec<RwLock<Option<Arc<Connection>>>>,
+    carry: Carry,
 }
 
 impl Peers {
@@ -130,6 +131,7 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
             .collect(),
         cluster,
         me,
+        carry: args.carry,
     });
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
         .map_err(|e| Failure::io("cannot watch SIGINT and SIGTERM", &e))?;
@@ -271,8 +273,12 @@ fn carry(peers: &Peers, tun: &Tun, i: usize, conn: Arc<Connection>) {
     eprintln!("ri2n tunnel: {name} connected ({links} links)");
     peers.set(i, Some(conn.clone()));
     let source = peers.cluster.hosts[i].address.octets();
+    let receive = || match peers.carry {
+        Carry::Datagrams => conn.recv_datagrams(BATCH),
+        Carry::Messages => conn.recv_message().map(|m| m.into_iter().collect()),
+    };
     let reason = loop {
-        match conn.recv_datagrams(BATCH) {
+        match receive() {
             Ok(packets) if packets.is_empty() => break "closed".to_owned(),
             Ok(packets) => {
                 for packet in packets {
@@ -370,8 +376,18 @@ fn route_loop(peers: &Peers, tun: &Tun, mtu: usize) {
                 let batch = (0..n)
                     .filter(|&k| dests[k] == peer)
                     .map(|k| &bufs[k][..lens[k]]);
-                // a connection just lost: the packets are dropped, as on a dead cable
-                let _ = conn.send_datagrams(batch);
+                // a connection just lost, or (messages) a full send buffer: the packets are
+                // dropped, as on a dead cable or a full NIC queue
+                match peers.carry {
+                    Carry::Datagrams => {
+                        let _ = conn.send_datagrams(batch);
+                    }
+                    Carry::Messages => {
+                        for packet in batch {
+                            let _ = conn.try_send_message(packet);
+                        }
+                    }
+                }
             }
         }
     }
