@@ -15,6 +15,7 @@
 //! Threads: one reads the interface and routes; one per peer connects (or the acceptor
 //! accepts) and then writes what the connection receives to the interface.
 
+mod coalesce;
 mod config;
 mod device;
 mod status;
@@ -277,16 +278,26 @@ fn carry(peers: &Peers, tun: &Tun, i: usize, conn: Arc<Connection>) {
         Carry::Datagrams => conn.recv_datagrams(BATCH),
         Carry::Messages => conn.recv_message().map(|m| m.into_iter().collect()),
     };
+    let mut header = Vec::new();
     let reason = loop {
         match receive() {
             Ok(packets) if packets.is_empty() => break "closed".to_owned(),
             Ok(packets) => {
-                for packet in packets {
-                    // only packets from the peer's own tunnel address: a host of the cluster
-                    // cannot speak for another
-                    if packet.len() >= 20 && packet[0] >> 4 == 4 && packet[12..16] == source {
-                        // a full or vanished interface drops the packet, as a NIC would
-                        let _ = tun.write(&packet);
+                // only packets from the peer's own tunnel address: a host of the cluster
+                // cannot speak for another
+                let packets: Vec<&[u8]> = packets
+                    .iter()
+                    .filter(|p| p.len() >= 20 && p[0] >> 4 == 4 && p[12..16] == source)
+                    .map(Vec::as_slice)
+                    .collect();
+                // a full or vanished interface drops the packet, as a NIC would
+                for run in coalesce::runs(&packets) {
+                    let run = &packets[run];
+                    if let [packet] = run {
+                        let _ = tun.write(packet);
+                    } else {
+                        let skip = coalesce::merged_header(run, &mut header);
+                        let _ = tun.write_merged(&header, run.iter().map(|p| &p[skip..]));
                     }
                 }
             }

@@ -1,0 +1,290 @@
+//! Receive-side coalescing of inner TCP segments, as a NIC's GRO does: consecutive segments of
+//! one TCP flow that continue each other are handed to the TUN interface in one write, as one
+//! large segment with a virtio-net header saying how it was cut (`gso_size`). The kernel then
+//! runs its IP and TCP receive path once for up to 64 KB instead of once per 1.4 KB packet:
+//! that path, run inside each `write`, was most of the daemon's CPU time.
+//!
+//! The rules follow Linux's own GRO for TCP (`tcp_gro_receive`): IPv4 without options or
+//! fragments, same addresses, ports, TTL and TOS, the same ACK number, window, flags (ACK,
+//! with PSH allowed on the last segment) and TCP options (timestamps included), sequence
+//! numbers that continue each other, every segment but the last of the first one's size, and
+//! at most 64 KB in all. The merged segment's TCP checksum is left for the kernel to finish,
+//! as for a packet a local socket sends (`NEEDS_CSUM`, the field holding the pseudo-header
+//! sum); a socket on this host takes such a packet as checked, and ri2n's AEAD did check
+//! every segment.
+
+use std::ops::Range;
+
+/// Largest IP packet a coalesced write may describe.
+const MAX_TOTAL: usize = 65_535;
+/// Most segments merged into one write.
+const MAX_SEGMENTS: usize = 64;
+
+const TCP: u8 = 6;
+const ACK: u8 = 0x10;
+const PSH: u8 = 0x08;
+
+/// virtio-net header fields (`include/uapi/linux/virtio_net.h`), in the host's byte order
+/// (the legacy header a TUN device uses unless told otherwise).
+pub const VNET_HDR_LEN: usize = 10;
+const VIRTIO_NET_HDR_F_NEEDS_CSUM: u8 = 1;
+const VIRTIO_NET_HDR_GSO_TCPV4: u8 = 1;
+
+/// What the coalescer needs of one inner IPv4/TCP packet; None for anything it leaves alone.
+#[derive(Debug, Clone, Copy)]
+struct TcpView<'a> {
+    packet: &'a [u8],
+    /// IP + TCP header bytes.
+    header_len: usize,
+    seq: u32,
+    flags: u8,
+}
+
+impl<'a> TcpView<'a> {
+    fn parse(packet: &'a [u8]) -> Option<Self> {
+        if packet.len() < 40 || packet[0] != 0x45 || packet[9] != TCP {
+            return None; // not IPv4 without options, or not TCP
+        }
+        let total = usize::from(u16::from_be_bytes([packet[2], packet[3]]));
+        // no fragments (MF or an offset; DF is fine)
+        if total != packet.len() || u16::from_be_bytes([packet[6], packet[7]]) & 0x3fff != 0 {
+            return None;
+        }
+        let tcp_len = usize::from(packet[32] >> 4) * 4;
+        let header_len = 20 + tcp_len;
+        if tcp_len < 20 || header_len > packet.len() {
+            return None;
+        }
+        Some(Self {
+            packet,
+            header_len,
+            seq: u32::from_be_bytes([packet[24], packet[25], packet[26], packet[27]]),
+            flags: packet[33],
+        })
+    }
+
+    fn payload_len(&self) -> usize {
+        self.packet.len() - self.header_len
+    }
+
+    /// Whether `next` may follow `self` in one coalesced write whose segments are `size`
+    /// bytes.
+    fn continued_by(&self, next: &TcpView, size: usize) -> bool {
+        let (a, b) = (self.packet, next.packet);
+        self.flags == ACK
+            && (next.flags == ACK || next.flags == ACK | PSH)
+            && self.payload_len() == size
+            && next.payload_len() > 0
+            && next.payload_len() <= size
+            && self.header_len == next.header_len
+            && next.seq == self.seq.wrapping_add(size as u32)
+            // TOS, then TTL and protocol, addresses and ports
+            && a[1] == b[1]
+            && a[8..10] == b[8..10]
+            && a[12..24] == b[12..24]
+            // ACK number, then window (flags compared above), then options
+            && a[28..32] == b[28..32]
+            && a[34..36] == b[34..36]
+            && a[40..self.header_len] == b[40..next.header_len]
+    }
+}
+
+/// Splits `packets` into runs of consecutive packets that can be written as one: runs of one
+/// are written as they are.
+pub fn runs(packets: &[&[u8]]) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < packets.len() {
+        let mut end = i + 1;
+        if let Some(first) = TcpView::parse(packets[i]) {
+            let size = first.payload_len();
+            let mut last = first;
+            let mut total = first.packet.len();
+            while end < packets.len() && end - i < MAX_SEGMENTS {
+                let Some(next) = TcpView::parse(packets[end]) else {
+                    break;
+                };
+                if !last.continued_by(&next, size) || total + next.payload_len() > MAX_TOTAL {
+                    break;
+                }
+                total += next.payload_len();
+                last = next;
+                end += 1;
+            }
+        }
+        out.push(i..end);
+        i = end;
+    }
+    out
+}
+
+/// The header of one coalesced write of `segments` (a run of two or more from [`runs`]): the
+/// virtio-net header, then the first segment's IP and TCP headers with the total length, the
+/// IP checksum, the last segment's PSH and the TCP pseudo-header sum. The payloads follow,
+/// each segment's after its own headers (`segment[header_len..]`, header_len being the
+/// returned value).
+pub fn merged_header(segments: &[&[u8]], out: &mut Vec<u8>) -> usize {
+    let first = TcpView::parse(segments[0]).expect("a run from `runs`");
+    let last = TcpView::parse(segments[segments.len() - 1]).expect("a run from `runs`");
+    let header_len = first.header_len;
+    let total: usize = header_len + segments.iter().map(|s| s.len() - header_len).sum::<usize>();
+    out.clear();
+    out.push(VIRTIO_NET_HDR_F_NEEDS_CSUM);
+    out.push(VIRTIO_NET_HDR_GSO_TCPV4);
+    out.extend_from_slice(&(header_len as u16).to_ne_bytes());
+    out.extend_from_slice(&(first.payload_len() as u16).to_ne_bytes());
+    // the checksum the kernel completes: from the TCP header on, stored at its offset 16
+    out.extend_from_slice(&20u16.to_ne_bytes());
+    out.extend_from_slice(&16u16.to_ne_bytes());
+    let ip = out.len();
+    out.extend_from_slice(&segments[0][..header_len]);
+    out[ip + 2..ip + 4].copy_from_slice(&(total as u16).to_be_bytes());
+    out[ip + 10..ip + 12].copy_from_slice(&[0, 0]);
+    let sum = ipv4_checksum(&out[ip..ip + 20]);
+    out[ip + 10..ip + 12].copy_from_slice(&sum.to_be_bytes());
+    out[ip + 33] |= last.flags & PSH;
+    let pseudo = [
+        &out[ip + 12..ip + 20],
+        &[0, TCP][..],
+        &((total - 20) as u16).to_be_bytes()[..],
+    ]
+    .concat();
+    let partial = !ipv4_checksum(&pseudo);
+    out[ip + 36..ip + 38].copy_from_slice(&partial.to_be_bytes());
+    header_len
+}
+
+/// The virtio-net header of a write of one packet as it is.
+pub const PLAIN_HEADER: [u8; VNET_HDR_LEN] = [0; VNET_HDR_LEN];
+
+/// RFC 791 header checksum (the field itself zero in `header`).
+fn ipv4_checksum(header: &[u8]) -> u16 {
+    let mut sum: u32 = header
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An IPv4/TCP segment of flow `port` with timestamps (32-byte TCP header).
+    fn segment(port: u16, seq: u32, flags: u8, payload: &[u8]) -> Vec<u8> {
+        let total = 20 + 32 + payload.len();
+        let mut p = vec![
+            0x45, 0, 0, 0, 0x12, 0x34, 0x40, 0, 64, TCP, 0, 0, 10, 99, 0, 1, 10, 99, 0, 2,
+        ];
+        p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+        let sum = ipv4_checksum(&p);
+        p[10..12].copy_from_slice(&sum.to_be_bytes());
+        p.extend_from_slice(&port.to_be_bytes());
+        p.extend_from_slice(&5201u16.to_be_bytes());
+        p.extend_from_slice(&seq.to_be_bytes());
+        p.extend_from_slice(&7u32.to_be_bytes()); // ack
+        p.extend_from_slice(&[0x80, flags, 0x01, 0xf5, 0, 0, 0, 0]);
+        p.extend_from_slice(&[1, 1, 8, 10, 0, 0, 0, 9, 0, 0, 0, 3]); // NOP NOP TS
+        p.extend_from_slice(payload);
+        p
+    }
+
+    fn views(v: &[Vec<u8>]) -> Vec<&[u8]> {
+        v.iter().map(Vec::as_slice).collect()
+    }
+
+    #[test]
+    fn segments_that_continue_each_other_are_merged_and_others_are_not() {
+        let packets = vec![
+            segment(1000, 100, ACK, &[1; 100]),
+            segment(1000, 200, ACK, &[2; 100]),
+            segment(1000, 300, ACK | PSH, &[3; 60]),
+            // a gap
+            segment(1000, 500, ACK, &[4; 100]),
+            // another flow
+            segment(1001, 600, ACK, &[5; 100]),
+            segment(1001, 700, ACK, &[6; 100]),
+            // a bare ACK, then not TCP
+            segment(1001, 800, ACK, &[]),
+            vec![
+                0x45, 0, 0, 20, 0, 0, 0, 0, 64, 17, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8,
+            ],
+        ];
+        assert_eq!(runs(&views(&packets)), [0..3, 3..4, 4..6, 6..7, 7..8]);
+    }
+
+    #[test]
+    fn a_shorter_segment_or_a_push_ends_a_write() {
+        let packets = vec![
+            segment(1000, 100, ACK, &[1; 100]),
+            segment(1000, 200, ACK, &[2; 50]),
+            segment(1000, 250, ACK, &[3; 50]),
+            segment(1000, 300, ACK | PSH, &[4; 50]),
+            segment(1000, 350, ACK, &[5; 50]),
+        ];
+        assert_eq!(runs(&views(&packets)), [0..2, 2..4, 4..5]);
+    }
+
+    #[test]
+    fn the_merged_header_describes_the_whole_and_how_it_was_cut() {
+        let packets = vec![
+            segment(1000, 100, ACK, &[1; 100]),
+            segment(1000, 200, ACK, &[2; 100]),
+            segment(1000, 300, ACK | PSH, &[3; 60]),
+        ];
+        let mut h = Vec::new();
+        let header_len = merged_header(&views(&packets), &mut h);
+        assert_eq!(header_len, 52);
+        assert_eq!(h.len(), VNET_HDR_LEN + 52);
+        // NEEDS_CSUM, GSO TCPv4, hdr_len 52, gso_size 100, checksum from 20, at 16 after it
+        assert_eq!(h[..10], [1, 1, 52, 0, 100, 0, 20, 0, 16, 0]);
+        let ip = &h[VNET_HDR_LEN..];
+        assert_eq!(u16::from_be_bytes([ip[2], ip[3]]), 52 + 260);
+        assert_eq!(
+            ipv4_checksum(&ip[..20]),
+            0,
+            "a valid IP checksum sums to zero"
+        );
+        assert_eq!(ip[33], ACK | PSH, "the last segment's push");
+        assert_eq!(
+            ip[24..28],
+            100u32.to_be_bytes(),
+            "the first segment's sequence"
+        );
+        // completed over the TCP header and payloads, the checksum verifies
+        let mut tcp = ip[20..52].to_vec();
+        for p in &packets {
+            tcp.extend_from_slice(&p[52..]);
+        }
+        let field = u16::from_be_bytes([tcp[16], tcp[17]]);
+        tcp[16..18].copy_from_slice(&[0, 0]);
+        let full =
+            !ipv4_checksum(&[&[field.to_be_bytes()[0], field.to_be_bytes()[1]][..], &tcp].concat());
+        let mut check = [
+            &ip[12..20],
+            &[0, TCP][..],
+            &((32 + 260) as u16).to_be_bytes()[..],
+            &tcp,
+        ]
+        .concat();
+        check[12 + 16..12 + 18].copy_from_slice(&(!full).to_be_bytes());
+        assert_eq!(
+            ipv4_checksum(&check),
+            0,
+            "pseudo header + segment sum to zero"
+        );
+    }
+
+    #[test]
+    fn at_most_64_kb_go_in_one_write() {
+        let packets: Vec<Vec<u8>> = (0..60)
+            .map(|i| segment(1000, 1374 * i, ACK, &[0; 1374]))
+            .collect();
+        let r = runs(&views(&packets));
+        assert_eq!(r[0], 0..47, "47 × 1374 + 52 ≤ 65535 < 48 × 1374 + 52");
+        assert_eq!(r[1], 47..60);
+    }
+}
