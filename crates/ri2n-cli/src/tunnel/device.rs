@@ -3,9 +3,9 @@
 //! crate needed). It is not persistent: the kernel removes it, with its address and route,
 //! when this process closes it, however the process ends.
 //!
-//! Every packet read or written is preceded by a virtio-net header (`IFF_VNET_HDR`), which
-//! lets a write hand the kernel many inner TCP segments as one (see `coalesce`). Reads ask
-//! for no offload, so what is read is always one whole, checksummed packet.
+//! Every packet read or written is preceded by a virtio-net header (`IFF_VNET_HDR`): a read
+//! may return a TCP segment of up to 64 KB to cut, and a write may hand the kernel many inner
+//! TCP segments as one (see `offload`).
 
 use std::ffi::c_int;
 use std::fs::{File, OpenOptions};
@@ -17,7 +17,7 @@ use std::os::unix::fs::OpenOptionsExt;
 
 use smallvec::SmallVec;
 
-use super::coalesce::{PLAIN_HEADER, VNET_HDR_LEN};
+use super::offload::{VnetHeader, PLAIN_HEADER, VNET_HDR_LEN};
 
 /// Packets the interface queues for the daemon to read (the kernel's default for TUN is
 /// 500: 3.4 ms at 1.7 Gbit/s, less than the daemon may wait for a CPU on a busy host, and
@@ -71,6 +71,18 @@ impl Tun {
                 _ => format!("cannot create the interface {name}: {e}"),
             });
         }
+        // TSO and checksum offload: the kernel hands over large TCP segments and leaves
+        // checksums to finish (`offload::split` does both). Without them (an old kernel),
+        // reads are one finished packet each, which works as well, only slower.
+        let offloads = libc::TUN_F_CSUM | libc::TUN_F_TSO4;
+        // SAFETY: TUNSETOFFLOAD takes its argument by value.
+        unsafe {
+            libc::ioctl(
+                file.as_raw_fd(),
+                libc::TUNSETOFFLOAD,
+                offloads as libc::c_ulong,
+            )
+        };
         configure(name, address, prefix, mtu)
             .map_err(|e| format!("cannot configure the interface {name}: {e}"))?;
         // reads return at once when nothing waits, so the packets waiting are read as a batch
@@ -114,9 +126,9 @@ impl Tun {
         }
     }
 
-    /// Reads one IP packet into `buf` (sized for the MTU); returns its length, or an error
-    /// of kind `WouldBlock` when none is waiting.
-    pub fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+    /// Reads one packet into `buf` (64 KB: it may be a large TCP segment); returns its
+    /// virtio-net header and length, or an error of kind `WouldBlock` when none is waiting.
+    pub fn read(&self, buf: &mut [u8]) -> io::Result<(VnetHeader, usize)> {
         let mut header = [0u8; VNET_HDR_LEN];
         let iov = [
             libc::iovec {
@@ -133,7 +145,12 @@ impl Tun {
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok((n as usize).saturating_sub(VNET_HDR_LEN))
+        if (n as usize) < VNET_HDR_LEN {
+            return Err(io::Error::other(
+                "a read from the TUN interface without its header",
+            ));
+        }
+        Ok((VnetHeader::parse(&header), n as usize - VNET_HDR_LEN))
     }
 
     /// Writes one IP packet to the interface.
@@ -141,7 +158,7 @@ impl Tun {
         self.write_parts(&PLAIN_HEADER, std::iter::once(packet))
     }
 
-    /// Writes a coalesced run of TCP segments: `header` from [`coalesce::merged_header`]
+    /// Writes a coalesced run of TCP segments: `header` from [`offload::merged_header`]
     /// (virtio-net, IP and TCP headers), then each segment's payload.
     pub fn write_merged<'p>(
         &self,

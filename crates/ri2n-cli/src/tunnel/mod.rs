@@ -15,9 +15,9 @@
 //! Threads: one reads the interface and routes; one per peer connects (or the acceptor
 //! accepts) and then writes what the connection receives to the interface.
 
-mod coalesce;
 mod config;
 mod device;
+mod offload;
 mod status;
 
 use std::collections::HashMap;
@@ -169,7 +169,7 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
     }
     {
         let peers = peers.clone();
-        thread::spawn(move || route_loop(&peers, &tun, mtu));
+        thread::spawn(move || route_loop(&peers, &tun));
     }
 
     let signal = signals.forever().next().unwrap_or(SIGTERM);
@@ -291,12 +291,12 @@ fn carry(peers: &Peers, tun: &Tun, i: usize, conn: Arc<Connection>) {
                     .map(Vec::as_slice)
                     .collect();
                 // a full or vanished interface drops the packet, as a NIC would
-                for run in coalesce::runs(&packets) {
+                for run in offload::runs(&packets) {
                     let run = &packets[run];
                     if let [packet] = run {
                         let _ = tun.write(packet);
                     } else {
-                        let skip = coalesce::merged_header(run, &mut header);
+                        let skip = offload::merged_header(run, &mut header);
                         let _ = tun.write_merged(&header, run.iter().map(|p| &p[skip..]));
                     }
                 }
@@ -352,24 +352,29 @@ fn summary(s: &ri2n::ConnectionStats) -> String {
 const BATCH: usize = 64;
 
 /// Reads the interface and sends each IPv4 packet to the host owning its destination. The
-/// packets waiting are read in a batch and handed to each peer's connection in one call, so
-/// the connection's lock is taken and its packets are sent once per batch, not per packet.
-fn route_loop(peers: &Peers, tun: &Tun, mtu: usize) {
-    let mut bufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; mtu]).collect();
-    let mut lens = [0usize; BATCH];
-    let mut dests = [usize::MAX; BATCH];
+/// packets waiting are read in a batch (large TCP segments cut to the MTU) and handed to each
+/// peer's connection in one call, so the connection's lock is taken and its packets are sent
+/// once per batch, not per packet.
+fn route_loop(peers: &Peers, tun: &Tun) {
+    // a read may return a TCP segment of up to 64 KB (TSO)
+    let mut buf = vec![0u8; 1 << 16];
+    let mut packets = offload::Packets::default();
+    let mut dests: Vec<usize> = Vec::new();
     loop {
         if let Err(e) = tun.wait_readable() {
             eprintln!("ri2n tunnel: waiting for the interface failed: {e}");
             std::process::exit(i32::from(GENERIC));
         }
-        let mut n = 0;
-        while n < BATCH {
-            match tun.read(&mut bufs[n]) {
-                Ok(len) => {
-                    lens[n] = len;
-                    dests[n] = destination(peers, &bufs[n][..len]).unwrap_or(usize::MAX);
-                    n += 1;
+        packets.clear();
+        dests.clear();
+        // about BATCH packets: a batch of large segments would be megabytes, more than a
+        // connection queues (it would drop the oldest)
+        while packets.len() < BATCH {
+            match tun.read(&mut buf) {
+                Ok((header, len)) => {
+                    let dest = destination(peers, &buf[..len]).unwrap_or(usize::MAX);
+                    let added = offload::split(&header, &buf[..len], &mut packets);
+                    dests.extend(std::iter::repeat_n(dest, added));
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -380,13 +385,13 @@ fn route_loop(peers: &Peers, tun: &Tun, mtu: usize) {
             }
         }
         for peer in 0..peers.cluster.hosts.len() {
-            if !dests[..n].contains(&peer) {
+            if !dests.contains(&peer) {
                 continue;
             }
             if let Some(conn) = peers.get(peer) {
-                let batch = (0..n)
+                let batch = (0..packets.len())
                     .filter(|&k| dests[k] == peer)
-                    .map(|k| &bufs[k][..lens[k]]);
+                    .map(|k| packets.get(k));
                 // a connection just lost, or (messages) a full send buffer: the packets are
                 // dropped, as on a dead cable or a full NIC queue
                 match peers.carry {

@@ -1,17 +1,25 @@
-//! Receive-side coalescing of inner TCP segments, as a NIC's GRO does: consecutive segments of
-//! one TCP flow that continue each other are handed to the TUN interface in one write, as one
-//! large segment with a virtio-net header saying how it was cut (`gso_size`). The kernel then
-//! runs its IP and TCP receive path once for up to 64 KB instead of once per 1.4 KB packet:
-//! that path, run inside each `write`, was most of the daemon's CPU time.
+//! The tunnel's TCP offloads, done in user space as a NIC would do them in hardware, so the
+//! kernel handles inner TCP in 64 KB pieces while ri2n carries packets that fit its datagrams.
 //!
-//! The rules follow Linux's own GRO for TCP (`tcp_gro_receive`): IPv4 without options or
-//! fragments, same addresses, ports, TTL and TOS, the same ACK number, window, flags (ACK,
-//! with PSH allowed on the last segment) and TCP options (timestamps included), sequence
-//! numbers that continue each other, every segment but the last of the first one's size, and
-//! at most 64 KB in all. The merged segment's TCP checksum is left for the kernel to finish,
-//! as for a packet a local socket sends (`NEEDS_CSUM`, the field holding the pseudo-header
-//! sum); a socket on this host takes such a packet as checked, and ri2n's AEAD did check
-//! every segment.
+//! **Segmentation (TSO), on reads.** The interface is asked for TSO (`TUN_F_TSO4`) and
+//! checksum offload: a read may return one TCP segment of up to 64 KB with a virtio-net
+//! header saying how to cut it (`gso_size`), and packets whose checksum is left to finish.
+//! [`split`] cuts and finishes them as Linux's `tcp_gso_segment` does: each piece gets the
+//! headers with its own length, IP ID, sequence number and checksums; FIN and PSH stay on the
+//! last piece, CWR on the first. What ri2n carries is thus always ordinary IP packets.
+//!
+//! **Coalescing (GRO), on writes.** Consecutive segments of one TCP flow that continue each
+//! other are handed to the interface in one write, as one large segment with a virtio-net
+//! header saying how it was cut. The kernel then runs its IP and TCP receive path once for up
+//! to 64 KB instead of once per 1.4 KB packet: that path, run inside each `write`, was most
+//! of the daemon's CPU time. The rules follow Linux's own GRO for TCP (`tcp_gro_receive`):
+//! IPv4 without options or fragments, same addresses, ports, TTL and TOS, the same ACK number,
+//! window, flags (ACK, with PSH allowed on the last segment) and TCP options (timestamps
+//! included), sequence numbers that continue each other, every segment but the last of the
+//! first one's size, and at most 64 KB in all. The merged segment's TCP checksum is left for
+//! the kernel to finish, as for a packet a local socket sends (`NEEDS_CSUM`, the field holding
+//! the pseudo-header sum); a socket on this host takes such a packet as checked, and ri2n's
+//! AEAD did check every segment.
 
 use std::ops::Range;
 
@@ -28,7 +36,157 @@ const PSH: u8 = 0x08;
 /// (the legacy header a TUN device uses unless told otherwise).
 pub const VNET_HDR_LEN: usize = 10;
 const VIRTIO_NET_HDR_F_NEEDS_CSUM: u8 = 1;
+const VIRTIO_NET_HDR_GSO_NONE: u8 = 0;
 const VIRTIO_NET_HDR_GSO_TCPV4: u8 = 1;
+const VIRTIO_NET_HDR_GSO_ECN: u8 = 0x80;
+
+const FIN: u8 = 0x01;
+const CWR: u8 = 0x80;
+
+/// The virtio-net header in front of a packet read from the interface.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VnetHeader {
+    pub flags: u8,
+    pub gso_type: u8,
+    pub gso_size: u16,
+    pub csum_start: u16,
+    pub csum_offset: u16,
+}
+
+impl VnetHeader {
+    pub fn parse(b: &[u8; VNET_HDR_LEN]) -> Self {
+        Self {
+            flags: b[0],
+            gso_type: b[1],
+            // b[2..4] is hdr_len, a hint; the packet's own headers say the same
+            gso_size: u16::from_ne_bytes([b[4], b[5]]),
+            csum_start: u16::from_ne_bytes([b[6], b[7]]),
+            csum_offset: u16::from_ne_bytes([b[8], b[9]]),
+        }
+    }
+}
+
+/// Reusable buffers for the packets of one batch of reads.
+#[derive(Debug, Default)]
+pub struct Packets {
+    bufs: Vec<Vec<u8>>,
+    len: usize,
+}
+
+impl Packets {
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn get(&self, i: usize) -> &[u8] {
+        &self.bufs[i]
+    }
+
+    /// A new packet made of `parts`, to be finished in place.
+    fn push(&mut self, parts: &[&[u8]]) -> &mut Vec<u8> {
+        if self.len == self.bufs.len() {
+            self.bufs.push(Vec::new());
+        }
+        let buf = &mut self.bufs[self.len];
+        self.len += 1;
+        buf.clear();
+        for p in parts {
+            buf.extend_from_slice(p);
+        }
+        buf
+    }
+}
+
+/// Adds what one read returned (`header`, `packet`) to `out` as IP packets with complete
+/// checksums, cut to `gso_size` if the kernel handed over a large TCP segment. Returns how
+/// many it added (none for a header it did not ask for, or a malformed large segment).
+pub fn split(header: &VnetHeader, packet: &[u8], out: &mut Packets) -> usize {
+    let gso = header.gso_type & !VIRTIO_NET_HDR_GSO_ECN;
+    if gso == VIRTIO_NET_HDR_GSO_NONE {
+        let buf = out.push(&[packet]);
+        if header.flags & VIRTIO_NET_HDR_F_NEEDS_CSUM != 0 {
+            finish_checksum(buf, header.csum_start.into(), header.csum_offset.into());
+        }
+        return 1;
+    }
+    let mss = usize::from(header.gso_size);
+    if gso != VIRTIO_NET_HDR_GSO_TCPV4 || mss == 0 || packet.len() < 40 || packet[0] >> 4 != 4 {
+        return 0;
+    }
+    let ip_len = usize::from(packet[0] & 0x0f) * 4;
+    if ip_len < 20 || packet.len() < ip_len + 20 || packet[9] != TCP {
+        return 0;
+    }
+    let header_len = ip_len + usize::from(packet[ip_len + 12] >> 4) * 4;
+    if header_len < ip_len + 20 || header_len > packet.len() {
+        return 0;
+    }
+    let id = u16::from_be_bytes([packet[4], packet[5]]);
+    let seq = u32::from_be_bytes(packet[ip_len + 4..ip_len + 8].try_into().expect("4 bytes"));
+    let flags = packet[ip_len + 13];
+    let payload = &packet[header_len..];
+    let count = payload.len().div_ceil(mss);
+    for (i, chunk) in payload.chunks(mss).enumerate() {
+        let p = out.push(&[&packet[..header_len], chunk]);
+        let total = p.len();
+        p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+        p[4..6].copy_from_slice(&id.wrapping_add(i as u16).to_be_bytes());
+        p[10..12].copy_from_slice(&[0, 0]);
+        let sum = ipv4_checksum(&p[..ip_len]);
+        p[10..12].copy_from_slice(&sum.to_be_bytes());
+        let tcp = ip_len;
+        p[tcp + 4..tcp + 8].copy_from_slice(&seq.wrapping_add((i * mss) as u32).to_be_bytes());
+        let mut f = flags;
+        if i + 1 < count {
+            f &= !(FIN | PSH);
+        }
+        if i > 0 {
+            f &= !CWR;
+        }
+        p[tcp + 13] = f;
+        p[tcp + 16..tcp + 18].copy_from_slice(&[0, 0]);
+        let pseudo = sum32(&p[12..20], u64::from(TCP) + (total - ip_len) as u64);
+        let sum = fold(sum32(&p[tcp..], pseudo));
+        p[tcp + 16..tcp + 18].copy_from_slice(&(!sum).to_be_bytes());
+    }
+    count
+}
+
+/// Completes a checksum the kernel left to the device: the field at `start + offset` holds
+/// the pseudo-header sum; the checksum covers everything from `start`.
+fn finish_checksum(packet: &mut [u8], start: usize, offset: usize) {
+    let at = start + offset;
+    if at + 2 > packet.len() {
+        return;
+    }
+    let sum = fold(sum32(&packet[start..], 0));
+    packet[at..at + 2].copy_from_slice(&(!sum).to_be_bytes());
+}
+
+/// The 16-bit one's complement sum of `data` (RFC 1071) plus `initial`, not yet folded:
+/// 32-bit big-endian words added into 64 bits fold to the same 16-bit sum.
+fn sum32(data: &[u8], initial: u64) -> u64 {
+    let mut sum = initial;
+    let mut words = data.chunks_exact(4);
+    for w in &mut words {
+        sum += u64::from(u32::from_be_bytes([w[0], w[1], w[2], w[3]]));
+    }
+    let rest = words.remainder();
+    let mut tail = [0u8; 4];
+    tail[..rest.len()].copy_from_slice(rest);
+    sum + u64::from(u32::from_be_bytes(tail))
+}
+
+fn fold(mut sum: u64) -> u16 {
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum as u16
+}
 
 /// What the coalescer needs of one inner IPv4/TCP packet; None for anything it leaves alone.
 #[derive(Debug, Clone, Copy)]
@@ -159,14 +317,7 @@ pub const PLAIN_HEADER: [u8; VNET_HDR_LEN] = [0; VNET_HDR_LEN];
 
 /// RFC 791 header checksum (the field itself zero in `header`).
 fn ipv4_checksum(header: &[u8]) -> u16 {
-    let mut sum: u32 = header
-        .chunks(2)
-        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
+    !fold(sum32(header, 0))
 }
 
 #[cfg(test)]
@@ -189,6 +340,9 @@ mod tests {
         p.extend_from_slice(&[0x80, flags, 0x01, 0xf5, 0, 0, 0, 0]);
         p.extend_from_slice(&[1, 1, 8, 10, 0, 0, 0, 9, 0, 0, 0, 3]); // NOP NOP TS
         p.extend_from_slice(payload);
+        let pseudo = sum32(&p[12..20], u64::from(TCP) + (p.len() - 20) as u64);
+        let sum = !fold(sum32(&p[20..], pseudo));
+        p[36..38].copy_from_slice(&sum.to_be_bytes());
         p
     }
 
@@ -276,6 +430,70 @@ mod tests {
             0,
             "pseudo header + segment sum to zero"
         );
+    }
+
+    /// Whether a packet's IP and TCP checksums verify.
+    fn checksums_verify(p: &[u8]) -> bool {
+        let pseudo = sum32(&p[12..20], u64::from(TCP) + (p.len() - 20) as u64);
+        ipv4_checksum(&p[..20]) == 0 && fold(sum32(&p[20..], pseudo)) == 0xffff
+    }
+
+    #[test]
+    fn a_large_segment_is_cut_as_the_kernel_would() {
+        // three segments' worth, sent with PSH and FIN, checksum left to finish
+        let payload: Vec<u8> = (0..250u32).map(|i| i as u8).collect();
+        let mut big = segment(1000, 5000, ACK | PSH | FIN | CWR, &payload);
+        big[36..38].copy_from_slice(&[0xab, 0xcd]); // whatever the field held
+        let h = VnetHeader {
+            flags: VIRTIO_NET_HDR_F_NEEDS_CSUM,
+            gso_type: VIRTIO_NET_HDR_GSO_TCPV4,
+            gso_size: 100,
+            csum_start: 20,
+            csum_offset: 16,
+        };
+        let mut out = Packets::default();
+        assert_eq!(split(&h, &big, &mut out), 3);
+        let want = [
+            (5000, 100, ACK | CWR),
+            (5100, 100, ACK),
+            (5200, 50, ACK | PSH | FIN),
+        ];
+        for (i, (seq, len, flags)) in want.into_iter().enumerate() {
+            let p = out.get(i);
+            assert_eq!(p.len(), 52 + len, "piece {i}");
+            assert_eq!(u16::from_be_bytes([p[2], p[3]]) as usize, p.len());
+            assert_eq!(u16::from_be_bytes([p[4], p[5]]), 0x1234 + i as u16, "IP ID");
+            assert_eq!(p[24..28], u32::to_be_bytes(seq));
+            assert_eq!(p[33], flags, "piece {i}");
+            assert_eq!(p[52..], payload[seq as usize - 5000..][..len]);
+            assert!(checksums_verify(p), "piece {i}");
+        }
+        // as GRO, the coalescer leaves pieces with CWR or FIN alone
+        let pieces: Vec<&[u8]> = (0..3).map(|i| out.get(i)).collect();
+        assert_eq!(runs(&pieces), [0..1, 1..2, 2..3]);
+    }
+
+    #[test]
+    fn a_packet_whose_checksum_was_left_is_finished() {
+        let mut p = segment(1000, 1, ACK, &[9; 33]);
+        let good = p.clone();
+        assert!(checksums_verify(&good));
+        // what the kernel hands over: the pseudo-header sum in the field
+        let pseudo = fold(sum32(&p[12..20], u64::from(TCP) + (p.len() - 20) as u64));
+        p[36..38].copy_from_slice(&pseudo.to_be_bytes());
+        let h = VnetHeader {
+            flags: VIRTIO_NET_HDR_F_NEEDS_CSUM,
+            csum_start: 20,
+            csum_offset: 16,
+            ..VnetHeader::default()
+        };
+        let mut out = Packets::default();
+        assert_eq!(split(&h, &p, &mut out), 1);
+        assert_eq!(out.get(0), &good[..]);
+        // a plain one is passed as it is
+        out.clear();
+        assert_eq!(split(&VnetHeader::default(), &good, &mut out), 1);
+        assert_eq!(out.get(0), &good[..]);
     }
 
     #[test]
