@@ -13,7 +13,9 @@
 //! the heal. The peer writes the packet to its own interface.
 //!
 //! Threads: one reads the interface and routes; one per peer connects (or the acceptor
-//! accepts) and then writes what the connection receives to the interface.
+//! accepts) and then writes what the connection receives to the interface. Both sides use
+//! the interface's TCP offloads (`offload`): large segments read are cut to the MTU, and
+//! consecutive segments of a flow are written as one.
 
 mod config;
 mod device;
