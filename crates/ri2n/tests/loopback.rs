@@ -3,11 +3,12 @@
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use rand::{RngCore, SeedableRng};
-use ri2n::{ConnectionConfig, Endpoint, LinkState};
+use ri2n::{Connection, ConnectionConfig, Endpoint, Impairment, LinkState};
 
 fn addrs(ips: &[&str]) -> Vec<SocketAddr> {
     ips.iter()
@@ -379,8 +380,9 @@ fn datagrams_arrive_whole_and_once_and_oversized_ones_are_refused() {
     assert!(received > 0, "no datagram arrived");
 }
 
-#[test]
-fn datagrams_sent_while_every_link_is_down_arrive_at_the_heal() {
+/// A connection over two loopback links with a switch on each (the client's impairment
+/// layer), once both links are up; the pair of endpoints is returned to outlive it.
+fn connected_over_two_up_links() -> (Pair, Vec<Arc<Impairment>>, Connection, Connection) {
     let p = pair();
     let switches: Vec<_> = p
         .client
@@ -393,24 +395,32 @@ fn datagrams_sent_while_every_link_is_down_arrive_at_the_heal() {
         .connect(&p.server.local_addrs(), ConnectionConfig::default())
         .unwrap();
     let peer = p.server.accept().unwrap();
-    let max = conn.max_datagram_size();
-    // both links up, then both cut: wait until the connection knows
     let deadline = Instant::now() + Duration::from_secs(10);
-    while conn
-        .stats()
+    while links_up(&conn) < 2 {
+        assert!(Instant::now() < deadline, "the links never came up");
+        thread::sleep(Duration::from_millis(5));
+    }
+    (p, switches, conn, peer)
+}
+
+fn links_up(c: &Connection) -> usize {
+    c.stats()
         .links
         .iter()
         .filter(|l| l.state == LinkState::Up)
         .count()
-        < 2
-    {
-        assert!(Instant::now() < deadline, "the links never came up");
-        thread::sleep(Duration::from_millis(5));
-    }
+}
+
+#[test]
+fn datagrams_sent_while_every_link_is_down_arrive_at_the_heal() {
+    let (_p, switches, conn, peer) = connected_over_two_up_links();
+    let max = conn.max_datagram_size();
+    // both links cut: wait until the connection knows
+    let deadline = Instant::now() + Duration::from_secs(10);
     for s in &switches {
         s.set_down(true);
     }
-    while conn.stats().links.iter().any(|l| l.state == LinkState::Up) {
+    while links_up(&conn) > 0 {
         assert!(Instant::now() < deadline, "the cut links never went down");
         thread::sleep(Duration::from_millis(5));
     }
@@ -456,32 +466,10 @@ fn datagrams_sent_while_every_link_is_down_arrive_at_the_heal() {
 /// acknowledgements, and stall it until its next retransmission timeout.
 #[test]
 fn datagrams_in_flight_when_every_link_dies_arrive_after_the_heal_once() {
-    let p = pair();
-    let switches: Vec<_> = p
-        .client
-        .local_addrs()
-        .iter()
-        .map(|&a| p.client.impairment(a).unwrap())
-        .collect();
-    let conn = p
-        .client
-        .connect(&p.server.local_addrs(), ConnectionConfig::default())
-        .unwrap();
-    let peer = p.server.accept().unwrap();
+    let (_p, switches, conn, peer) = connected_over_two_up_links();
     // small datagrams: all of them fit the peer's receive queue until the test reads them
     let max = 300;
-    let up = |c: &ri2n::Connection| {
-        c.stats()
-            .links
-            .iter()
-            .filter(|l| l.state == LinkState::Up)
-            .count()
-    };
     let deadline = Instant::now() + Duration::from_secs(10);
-    while up(&conn) < 2 {
-        assert!(Instant::now() < deadline, "the links never came up");
-        thread::sleep(Duration::from_millis(5));
-    }
     let mut seq = 0;
     let send_some = |seq: &mut u32, count: u32| {
         for _ in 0..count {
@@ -495,7 +483,7 @@ fn datagrams_in_flight_when_every_link_dies_arrive_after_the_heal_once() {
         s.set_down(true);
     }
     // sent into the void until the connection knows
-    while up(&conn) > 0 {
+    while links_up(&conn) > 0 {
         assert!(Instant::now() < deadline, "the cut links never went down");
         send_some(&mut seq, 1);
     }
