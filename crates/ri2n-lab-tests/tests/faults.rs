@@ -559,8 +559,10 @@ fn keyed_transfer_is_private_and_ignores_an_on_path_injector() {
     let data = DataFile::create_marked(dir.0.join("input"), 512, 22, marker);
     let keyed = tapped(&data, Some(&key), 50_000, "keyed");
     assert_eq!(keyed.marker_frames, 0, "plaintext on the wire");
+    // the tap really watched the keyed transfer (so that no marker means none was sent); a
+    // packet socket drops frames when both CPUs are busy (506 of 512 MiB seen once in CI)
     assert!(
-        keyed.bytes > 512 << 20,
+        keyed.bytes > (512 << 20) * 9 / 10,
         "captured only {} bytes",
         keyed.bytes
     );
