@@ -257,8 +257,14 @@ impl Connection {
             w.u8(wire::frame_type::PING);
             ack_eliciting = true;
         }
-        // an MTU probe carries nothing else: it is meant to be lost when the size is too large
-        let end_of_frames = if matches!(kind, PacketKind::MtuProbe(_)) {
+        // Probes carry nothing else. An MTU probe is meant to be lost when the size is too
+        // large. A probe of a link that is not up is lost for as long as the link is dead,
+        // and what it took is gone with it: acknowledgements another link should carry (the
+        // peer's link cannot come back while they ride our dead one's probes), and control
+        // frames, which would be handed back at the probe's expiry only to be taken again by
+        // the same link's next probe, never reaching a link that came back (a window update
+        // stuck that way stalls the peer for good). Both go by their own ways instead.
+        let end_of_frames = if matches!(kind, PacketKind::MtuProbe(_) | PacketKind::Probe) {
             w.len()
         } else {
             end
