@@ -107,7 +107,8 @@ const MAX_EVENTS: usize = 1024;
 /// Least time a connection keeps repairing after the peer confirmed a clean end that its
 /// acknowledgements do not yet prove (PROTOCOL.md §8.2).
 const PEER_CLOSED_GRACE: Duration = Duration::from_millis(200);
-/// "Port unreachable" answers that end a handshake, or an established connection's link.
+/// "Port unreachable" answers that end a handshake, or count against a link of a draining
+/// connection.
 const REFUSALS_TO_GIVE_UP: u32 = 3;
 
 #[derive(Debug)]
@@ -744,6 +745,9 @@ impl Connection {
             to,
         });
         self.update_all_down(now);
+        if to == LinkState::Down {
+            self.check_peer_gone();
+        }
     }
 
     fn update_all_down(&mut self, now: Instant) {
@@ -1004,10 +1008,10 @@ impl Connection {
     }
 
     /// The peer's host answered a datagram sent from `local` to `remote` with "port
-    /// unreachable". A handshake that gets [`REFUSALS_TO_GIVE_UP`] of them, and an
-    /// established connection whose every link got that many since anything last arrived
-    /// (links that are down aside, as long as one did), end: the peer process is gone. One
-    /// answer is not enough: a server restarting on the same port is briefly away too.
+    /// unreachable". A handshake that gets [`REFUSALS_TO_GIVE_UP`] of them ends: one answer is
+    /// not enough, a server starting or restarting on the port is briefly away. An
+    /// established connection ends once its links have all been refused or gone down since
+    /// anything last arrived (see [`Self::check_peer_gone`]).
     pub(crate) fn port_unreachable(&mut self, local: SocketAddr, remote: SocketAddr) {
         let Some(i) = self
             .links
@@ -1028,19 +1032,34 @@ impl Connection {
                     self.set_closed(Some(ConnectionError::PeerGone));
                 }
             }
-            ConnectionState::Established | ConnectionState::Draining => {
-                let refused = |l: &Link| l.port_unreachable >= REFUSALS_TO_GIVE_UP;
-                if self.links.iter().any(refused)
-                    && self
-                        .links
-                        .iter()
-                        .all(|l| refused(l) || l.state == LinkState::Down)
-                {
-                    // no CLOSE: nobody is there to read it
-                    self.set_closed(Some(ConnectionError::PeerGone));
-                }
-            }
+            ConnectionState::Established | ConnectionState::Draining => self.check_peer_gone(),
             ConnectionState::Closed => {}
+        }
+    }
+
+    /// Ends the connection with [`ConnectionError::PeerGone`] when the peer's host refused a
+    /// link since anything last arrived and every other link was refused too or is down. Once
+    /// established, one refusal of a link counts: the process that held the connection's state
+    /// is gone (a restarted one would not know it), and the peer's kernel rate-limits its
+    /// answers to about one a second per address, so waiting for more took seconds. A
+    /// connection that is draining (everything exchanged, lingering) waits for
+    /// [`REFUSALS_TO_GIVE_UP`]: the peer closing its socket after a clean end is no failure.
+    /// Checked at every refusal and whenever a link goes down.
+    fn check_peer_gone(&mut self) {
+        let needed = match self.state {
+            ConnectionState::Established => 1,
+            ConnectionState::Draining => REFUSALS_TO_GIVE_UP,
+            ConnectionState::Connecting | ConnectionState::Closed => return,
+        };
+        let refused = |l: &Link| l.port_unreachable >= needed;
+        if self.links.iter().any(refused)
+            && self
+                .links
+                .iter()
+                .all(|l| refused(l) || l.state == LinkState::Down)
+        {
+            // no CLOSE: nobody is there to read it
+            self.set_closed(Some(ConnectionError::PeerGone));
         }
     }
 

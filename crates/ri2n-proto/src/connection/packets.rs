@@ -52,6 +52,9 @@ impl Connection {
             if failed {
                 tracing::debug!(link = i, "probes of the degraded link failed");
                 self.set_link_state(i, now, LinkState::Down);
+                if self.state == ConnectionState::Closed {
+                    return None; // that was the last link of a peer that is gone
+                }
             }
             return self.transmit(now, i, PacketKind::Probe, out);
         }
