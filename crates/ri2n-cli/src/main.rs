@@ -264,7 +264,7 @@ pub struct RecvArgs {
 
     /// Local address to listen on; repeat for each link (one UDP socket each). The sender is
     /// told about all of them, so `ri2n send` needs only one of them as --to. A wildcard
-    /// (0.0.0.0:PORT or [::]:PORT) listens on every address the host's interfaces have at
+    /// (`0.0.0.0:PORT` or `[::]:PORT`) listens on every address the host's interfaces have at
     /// start, one socket each (loopback included; IPv6 link-local addresses left out).
     #[arg(long = "listen", value_name = "ADDR:PORT", required = true, value_parser = parse_remote)]
     pub listen: Vec<SocketAddr>,
@@ -298,7 +298,7 @@ pub struct ServeArgs {
     pub key: KeyOpts,
 
     /// Local address to listen on; repeat for each link. Clients are told about all of them.
-    /// A wildcard (0.0.0.0:PORT or [::]:PORT) listens on every address of the host's
+    /// A wildcard (`0.0.0.0:PORT` or `[::]:PORT`) listens on every address of the host's
     /// interfaces at start, one socket each.
     #[arg(long = "listen", value_name = "ADDR:PORT", required = true, value_parser = parse_remote)]
     pub listen: Vec<SocketAddr>,

@@ -158,7 +158,7 @@ impl Tun {
         self.write_parts(&PLAIN_HEADER, std::iter::once(packet))
     }
 
-    /// Writes a coalesced run of TCP segments: `header` from [`offload::merged_header`]
+    /// Writes a coalesced run of TCP segments: `header` from [`super::offload::merged_header`]
     /// (virtio-net, IP and TCP headers), then each segment's payload.
     pub fn write_merged<'p>(
         &self,
