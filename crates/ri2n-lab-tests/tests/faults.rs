@@ -560,9 +560,11 @@ fn keyed_transfer_is_private_and_ignores_an_on_path_injector() {
     let keyed = tapped(&data, Some(&key), 50_000, "keyed");
     assert_eq!(keyed.marker_frames, 0, "plaintext on the wire");
     // the tap really watched the keyed transfer (so that no marker means none was sent); a
-    // packet socket drops frames when both CPUs are busy (506 of 512 MiB seen once in CI)
+    // packet socket drops frames when both CPUs are busy (506 of 512 MiB seen once in CI,
+    // under 90 % once on a busy host), and with a marker in every KiB of the data a quarter
+    // of it seen is still tens of thousands of chances to see one
     assert!(
-        keyed.bytes > (512 << 20) * 9 / 10,
+        keyed.bytes > (512 << 20) / 4,
         "captured only {} bytes",
         keyed.bytes
     );
