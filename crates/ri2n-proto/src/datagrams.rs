@@ -217,7 +217,13 @@ pub(crate) struct IncomingDatagrams {
     pub reordered: u64,
     /// Second copies (of datagrams sent again after a link failure), not delivered.
     pub duplicates: u64,
+    /// Buffers the application handed back (see [`Self::pop_into`]), for the next arrivals.
+    spares: Vec<Vec<u8>>,
 }
+
+/// Largest buffer kept for reuse: a datagram is at most [`wire::MAX_DATAGRAM_SIZE`] bytes, so
+/// a larger one the application hands back would only hold memory.
+const MAX_SPARE_CAPACITY: usize = 4 * wire::MAX_DATAGRAM_SIZE;
 
 impl IncomingDatagrams {
     pub fn new(limit: usize, hold: Duration) -> Self {
@@ -233,6 +239,26 @@ impl IncomingDatagrams {
             dropped: 0,
             reordered: 0,
             duplicates: 0,
+            spares: Vec::new(),
+        }
+    }
+
+    /// A copy of `data`, in a spare buffer when there is one.
+    fn copy_of(&mut self, data: &[u8]) -> Vec<u8> {
+        match self.spares.pop() {
+            Some(mut buf) => {
+                buf.clear();
+                buf.extend_from_slice(data);
+                buf
+            }
+            None => data.to_vec(),
+        }
+    }
+
+    /// Keeps `buf`'s memory for a later arrival (up to [`SPARES`] buffers).
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        if self.spares.len() < SPARES && (1..=MAX_SPARE_CAPACITY).contains(&buf.capacity()) {
+            self.spares.push(buf);
         }
     }
 
@@ -267,12 +293,14 @@ impl IncomingDatagrams {
         self.bytes += data.len();
         if seq > self.next && !self.hold.is_zero() {
             self.reordered += 1;
-            self.held.insert(seq, (now, data.to_vec()));
+            let copy = self.copy_of(data);
+            self.held.insert(seq, (now, copy));
             return false;
         }
         // the next one, or one that arrived after it was given up on (late, but delivered:
         // dropping it would not make it any less late)
-        self.ready.push_back(data.to_vec());
+        let copy = self.copy_of(data);
+        self.ready.push_back(copy);
         if seq >= self.next {
             self.skip_to(seq);
             self.next = seq + 1;
@@ -338,6 +366,17 @@ impl IncomingDatagrams {
         self.bytes -= d.len();
         Some(d)
     }
+
+    /// Puts the next datagram in `buf`, whose memory is kept for a later arrival; false if
+    /// none is ready.
+    pub fn pop_into(&mut self, buf: &mut Vec<u8>) -> bool {
+        let Some(d) = self.pop() else {
+            return false;
+        };
+        let old = std::mem::replace(buf, d);
+        self.recycle(old);
+        true
+    }
 }
 
 #[cfg(test)]
@@ -395,6 +434,32 @@ mod tests {
         q.restart_clock(t0 + ms(60_000));
         q.drop_stale(t0 + ms(60_010));
         assert_eq!(q.pop().unwrap(), (0, b"newer".to_vec()));
+    }
+
+    #[test]
+    fn buffers_handed_back_carry_the_next_datagrams() {
+        let now = Instant::now();
+        let mut q = IncomingDatagrams::new(1 << 20, Duration::ZERO);
+        let mut buf = Vec::with_capacity(1500);
+        let memory = buf.as_ptr();
+        assert!(q.push(now, 0, b"first"));
+        assert!(q.pop_into(&mut buf));
+        assert_eq!(buf, b"first");
+        // the application's buffer now waits in the queue for the next arrival
+        assert!(q.push(now, 1, b"second"));
+        assert!(q.pop_into(&mut buf));
+        assert_eq!(buf, b"second");
+        assert_eq!(
+            buf.as_ptr(),
+            memory,
+            "the second arrived in the first buffer"
+        );
+        assert!(!q.pop_into(&mut buf), "nothing ready");
+        assert_eq!(buf, b"second", "left alone when nothing is ready");
+        // an empty buffer or a huge one is not kept
+        q.recycle(Vec::new());
+        q.recycle(Vec::with_capacity(MAX_SPARE_CAPACITY + 1));
+        assert_eq!(q.spares.len(), 1, "only the first datagram's buffer");
     }
 
     #[test]

@@ -201,6 +201,44 @@ impl Connection {
         Ok(got)
     }
 
+    /// [`recv_datagrams`](Self::recv_datagrams) into `bufs`: afterwards it holds exactly the
+    /// datagrams received, oldest first (none once the connection closed cleanly and every
+    /// datagram that arrived was read). The memory of the buffers it held is used for them,
+    /// and what is left over goes back to the connection for later arrivals: a loop that
+    /// passes the same `bufs` each time allocates nothing per datagram.
+    pub fn recv_datagrams_into(&self, bufs: &mut Vec<Vec<u8>>, max: usize) -> io::Result<()> {
+        let max = max.max(1);
+        let mut n = 0;
+        let r = self.blocking(
+            None,
+            |c| {
+                let r = loop {
+                    if n == bufs.len() {
+                        bufs.push(Vec::new());
+                    }
+                    match c.recv_datagram_into(&mut bufs[n]) {
+                        Ok(true) => {
+                            n += 1;
+                            if n >= max {
+                                break Ok(());
+                            }
+                        }
+                        Ok(false) => break Ok(()),
+                        // what was taken is handed over first; the next call sees the error
+                        Err(_) if n > 0 => break Ok(()),
+                        Err(e) => break Err(e),
+                    }
+                };
+                for spare in bufs.drain(n..) {
+                    c.recycle_datagram_buffer(spare);
+                }
+                r
+            },
+            |e| *e == ReadError::Blocked,
+        )?;
+        r.map_err(read_error)
+    }
+
     /// Receives one datagram, waiting for one; `Ok(None)` once the connection closed cleanly
     /// and every datagram that arrived was read.
     pub fn recv_datagram(&self) -> io::Result<Option<Vec<u8>>> {

@@ -380,6 +380,53 @@ fn datagrams_arrive_whole_and_once_and_oversized_ones_are_refused() {
     assert!(received > 0, "no datagram arrived");
 }
 
+/// Receiving into the same buffers batch after batch (`recv_datagrams_into`, the tunnel's
+/// way): datagrams of every size arrive whole and once, however the buffers' memory went
+/// round, and the batch comes back empty once the connection closed cleanly.
+#[test]
+fn datagrams_received_into_reused_buffers_arrive_whole_and_once() {
+    let p = pair();
+    let conn = p
+        .client
+        .connect(&p.server.local_addrs(), ConnectionConfig::default())
+        .unwrap();
+    let peer = p.server.accept().unwrap();
+    let max = conn.max_datagram_size();
+    const COUNT: u32 = 5000;
+    let receiver = thread::spawn(move || {
+        // nothing to write: the connection ends cleanly once the client finishes too
+        peer.finish().unwrap();
+        let mut seen = vec![false; COUNT as usize];
+        let mut bufs = Vec::new();
+        loop {
+            peer.recv_datagrams_into(&mut bufs, 64).unwrap();
+            if bufs.is_empty() {
+                break;
+            }
+            assert!(bufs.len() <= 64);
+            for d in &bufs {
+                let seq = check_datagram(d, max);
+                assert!(!seen[seq as usize], "datagram {seq} arrived twice");
+                seen[seq as usize] = true;
+            }
+        }
+        (seen.iter().filter(|&&s| s).count(), peer.stats())
+    });
+    for seq in 0..COUNT {
+        conn.send_datagram(&datagram(seq, max)).unwrap();
+        if seq % 64 == 63 {
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+    conn.finish().unwrap();
+    let (received, peer_stats) = receiver.join().unwrap();
+    assert_eq!(
+        peer_stats.datagrams_received - peer_stats.datagrams_receive_dropped,
+        received as u64
+    );
+    assert!(received > 0, "no datagram arrived");
+}
+
 /// A connection over two loopback links with a switch on each (the client's impairment
 /// layer), once both links are up; the pair of endpoints is returned to outlive it.
 fn connected_over_two_up_links() -> (Pair, Vec<Arc<Impairment>>, Connection, Connection) {

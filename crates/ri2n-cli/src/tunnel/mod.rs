@@ -276,25 +276,29 @@ fn carry(peers: &Peers, tun: &Tun, i: usize, conn: Arc<Connection>) {
     eprintln!("ri2n tunnel: {name} connected ({links} links)");
     peers.set(i, Some(conn.clone()));
     let source = peers.cluster.hosts[i].address.octets();
-    let receive = || match peers.carry {
-        Carry::Datagrams => conn.recv_datagrams(BATCH),
-        Carry::Messages => conn.recv_message().map(|m| m.into_iter().collect()),
+    // the same buffers every batch: their memory goes round between here and the connection
+    let mut packets: Vec<Vec<u8>> = Vec::new();
+    let receive = |packets: &mut Vec<Vec<u8>>| match peers.carry {
+        Carry::Datagrams => conn.recv_datagrams_into(packets, BATCH),
+        Carry::Messages => conn
+            .recv_message()
+            .map(|m| *packets = m.into_iter().collect()),
     };
     let mut header = Vec::new();
     let reason = loop {
-        match receive() {
-            Ok(packets) if packets.is_empty() => break "closed".to_owned(),
-            Ok(packets) => {
+        match receive(&mut packets) {
+            Ok(()) if packets.is_empty() => break "closed".to_owned(),
+            Ok(()) => {
                 // only packets from the peer's own tunnel address: a host of the cluster
                 // cannot speak for another
-                let packets: Vec<&[u8]> = packets
+                let from_peer: Vec<&[u8]> = packets
                     .iter()
                     .filter(|p| p.len() >= 20 && p[0] >> 4 == 4 && p[12..16] == source)
                     .map(Vec::as_slice)
                     .collect();
                 // a full or vanished interface drops the packet, as a NIC would
-                for run in offload::runs(&packets) {
-                    let run = &packets[run];
+                for run in offload::runs(&from_peer) {
+                    let run = &from_peer[run];
                     if let [packet] = run {
                         let _ = tun.write(packet);
                     } else {

@@ -507,6 +507,25 @@ impl Connection {
         self.read_blocked()
     }
 
+    /// [`recv_datagram`](Self::recv_datagram) into `buf`: `Ok(true)` when `buf` now holds
+    /// the next datagram, `Ok(false)` once the connection closed cleanly and every datagram
+    /// was read. `buf`'s previous memory is kept for a later arrival, so an application that
+    /// passes its buffers back makes the receive path allocate nothing per datagram.
+    pub fn recv_datagram_into(&mut self, buf: &mut Vec<u8>) -> Result<bool, ReadError> {
+        if self.datagrams_in.pop_into(buf) {
+            return Ok(true);
+        }
+        if self.state == ConnectionState::Closed && self.close_reason.is_none() {
+            return Ok(false);
+        }
+        self.read_blocked()
+    }
+
+    /// Gives the connection a buffer the application no longer needs, for a later datagram.
+    pub fn recycle_datagram_buffer(&mut self, buf: Vec<u8>) {
+        self.datagrams_in.recycle(buf);
+    }
+
     /// Finishes both outgoing streams: the peer reads end-of-stream after the data written.
     pub fn finish(&mut self) {
         for s in &mut self.send {
