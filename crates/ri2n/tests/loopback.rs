@@ -326,14 +326,47 @@ fn check_datagram(d: &[u8], max: usize) -> u32 {
     seq
 }
 
-#[test]
-fn datagrams_arrive_whole_and_once_and_oversized_ones_are_refused() {
+/// Checks datagram `d` and marks it seen; panics on a second copy.
+fn record_datagram(seen: &mut [bool], d: &[u8], max: usize) {
+    let seq = check_datagram(d, max) as usize;
+    assert!(!seen[seq], "datagram {seq} arrived twice");
+    seen[seq] = true;
+}
+
+/// A connection over the two loopback links, client side and server side.
+fn connected() -> (Pair, Connection, Connection) {
     let p = pair();
     let conn = p
         .client
         .connect(&p.server.local_addrs(), ConnectionConfig::default())
         .unwrap();
     let peer = p.server.accept().unwrap();
+    (p, conn, peer)
+}
+
+/// Datagrams 0 to `count` - 1 (see [`datagram`]), a millisecond's pause every 64 so that the
+/// receive queue is not simply overrun.
+fn send_numbered_datagrams(conn: &Connection, count: u32, max: usize) {
+    for seq in 0..count {
+        conn.send_datagram(&datagram(seq, max)).unwrap();
+        if seq % 64 == 63 {
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// What the receiver counted matches its statistics, and something arrived.
+fn assert_datagrams_counted(received: usize, peer_stats: &ri2n::ConnectionStats) {
+    assert_eq!(
+        peer_stats.datagrams_received - peer_stats.datagrams_receive_dropped,
+        received as u64
+    );
+    assert!(received > 0, "no datagram arrived");
+}
+
+#[test]
+fn datagrams_arrive_whole_and_once_and_oversized_ones_are_refused() {
+    let (_p, conn, peer) = connected();
     let max = conn.max_datagram_size();
     assert_eq!(max, peer.max_datagram_size());
     assert!(max >= 1400, "max datagram {max}");
@@ -347,9 +380,7 @@ fn datagrams_arrive_whole_and_once_and_oversized_ones_are_refused() {
         while last.elapsed() < Duration::from_secs(1) {
             match peer.try_recv_datagram() {
                 Ok(Some(d)) => {
-                    let seq = check_datagram(&d, max);
-                    assert!(!seen[seq as usize], "datagram {seq} arrived twice");
-                    seen[seq as usize] = true;
+                    record_datagram(&mut seen, &d, max);
                     last = Instant::now();
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -360,12 +391,7 @@ fn datagrams_arrive_whole_and_once_and_oversized_ones_are_refused() {
         }
         (seen.iter().filter(|&&s| s).count(), peer.stats())
     });
-    for seq in 0..COUNT {
-        conn.send_datagram(&datagram(seq, max)).unwrap();
-        if seq % 64 == 63 {
-            thread::sleep(Duration::from_millis(1));
-        }
-    }
+    send_numbered_datagrams(&conn, COUNT, max);
     let (received, peer_stats) = receiver.join().unwrap();
     let stats = conn.stats();
     assert_eq!(
@@ -373,11 +399,7 @@ fn datagrams_arrive_whole_and_once_and_oversized_ones_are_refused() {
         u64::from(COUNT),
         "every datagram is sent or counted as dropped"
     );
-    assert_eq!(
-        peer_stats.datagrams_received - peer_stats.datagrams_receive_dropped,
-        received as u64
-    );
-    assert!(received > 0, "no datagram arrived");
+    assert_datagrams_counted(received, &peer_stats);
 }
 
 /// Receiving into the same buffers batch after batch (`recv_datagrams_into`, the tunnel's
@@ -385,12 +407,7 @@ fn datagrams_arrive_whole_and_once_and_oversized_ones_are_refused() {
 /// round, and the batch comes back empty once the connection closed cleanly.
 #[test]
 fn datagrams_received_into_reused_buffers_arrive_whole_and_once() {
-    let p = pair();
-    let conn = p
-        .client
-        .connect(&p.server.local_addrs(), ConnectionConfig::default())
-        .unwrap();
-    let peer = p.server.accept().unwrap();
+    let (_p, conn, peer) = connected();
     let max = conn.max_datagram_size();
     const COUNT: u32 = 5000;
     let receiver = thread::spawn(move || {
@@ -405,43 +422,27 @@ fn datagrams_received_into_reused_buffers_arrive_whole_and_once() {
             }
             assert!(bufs.len() <= 64);
             for d in &bufs {
-                let seq = check_datagram(d, max);
-                assert!(!seen[seq as usize], "datagram {seq} arrived twice");
-                seen[seq as usize] = true;
+                record_datagram(&mut seen, d, max);
             }
         }
         (seen.iter().filter(|&&s| s).count(), peer.stats())
     });
-    for seq in 0..COUNT {
-        conn.send_datagram(&datagram(seq, max)).unwrap();
-        if seq % 64 == 63 {
-            thread::sleep(Duration::from_millis(1));
-        }
-    }
+    send_numbered_datagrams(&conn, COUNT, max);
     conn.finish().unwrap();
     let (received, peer_stats) = receiver.join().unwrap();
-    assert_eq!(
-        peer_stats.datagrams_received - peer_stats.datagrams_receive_dropped,
-        received as u64
-    );
-    assert!(received > 0, "no datagram arrived");
+    assert_datagrams_counted(received, &peer_stats);
 }
 
 /// A connection over two loopback links with a switch on each (the client's impairment
 /// layer), once both links are up; the pair of endpoints is returned to outlive it.
 fn connected_over_two_up_links() -> (Pair, Vec<Arc<Impairment>>, Connection, Connection) {
-    let p = pair();
+    let (p, conn, peer) = connected();
     let switches: Vec<_> = p
         .client
         .local_addrs()
         .iter()
         .map(|&a| p.client.impairment(a).unwrap())
         .collect();
-    let conn = p
-        .client
-        .connect(&p.server.local_addrs(), ConnectionConfig::default())
-        .unwrap();
-    let peer = p.server.accept().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while links_up(&conn) < 2 {
         assert!(Instant::now() < deadline, "the links never came up");
