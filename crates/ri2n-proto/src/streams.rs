@@ -285,19 +285,20 @@ impl SendStream {
             return;
         }
         self.retransmit.remove(chunk.offset..end);
-        if chunk.offset <= self.base && self.acked.is_empty() {
-            // the usual case: the oldest bytes acknowledged in order
-            self.base = end;
-            self.free_acknowledged();
+        if chunk.offset > self.base {
+            // ahead of a gap (striping: another link's packet is still on its way)
+            self.acked.insert(chunk.offset..end);
             return;
         }
-        self.acked.insert(chunk.offset.max(self.base)..end);
-        // free the acknowledged prefix
-        if self.acked.min() == Some(self.base) {
+        // The oldest bytes: the acknowledged prefix grows by this chunk and by the ranges
+        // acknowledged ahead that it now reaches (without entering the chunk into `acked`
+        // first: with two links striped, every other chunk is such a gap filler).
+        self.base = end;
+        while self.acked.min().is_some_and(|s| s <= self.base) {
             let r = self.acked.pop_front(u64::MAX).expect("non-empty");
-            self.base = r.end;
-            self.free_acknowledged();
+            self.base = self.base.max(r.end);
         }
+        self.free_acknowledged();
     }
 
     pub fn on_lost(&mut self, chunk: Chunk) {
@@ -652,6 +653,44 @@ mod tests {
         assert!(fin2.fin);
         s.on_ack(fin2);
         assert!(s.is_complete());
+    }
+
+    #[test]
+    fn striped_acknowledgements_free_exactly_the_acknowledged_prefix() {
+        // ten chunks of 10 bytes; link 1 carried the even ones, link 2 the odd ones
+        let mut s = SendStream::new(1000, 1000);
+        assert_eq!(s.write(&[1u8; 100]), 100);
+        let chunks: Vec<Chunk> = (0..10).map(|_| s.next_chunk(10).unwrap()).collect();
+        // link 1's acknowledgement first: only chunk 0 joins the prefix
+        for c in chunks.iter().step_by(2) {
+            s.on_ack(*c);
+        }
+        assert_eq!(s.acknowledged(), 10);
+        assert_eq!(s.buffered(), 90);
+        // link 2's: each odd chunk fills the gap before the next even one
+        s.on_ack(chunks[1]);
+        assert_eq!(s.acknowledged(), 30);
+        s.on_ack(chunks[5]);
+        assert_eq!(s.acknowledged(), 30, "chunk 3 is still missing");
+        s.on_ack(chunks[3]);
+        assert_eq!(s.acknowledged(), 70);
+        // chunk 7 lost, its bytes sent again as part of one larger chunk (60..100), acked
+        // before chunk 9's: it covers an acknowledged range and reaches the end
+        s.on_lost(chunks[7]);
+        s.on_lost(chunks[9]);
+        let again = s.next_chunk(100).unwrap();
+        assert_eq!((again.offset, again.len), (70, 10));
+        s.on_ack(Chunk {
+            offset: 60,
+            len: 40,
+            fin: false,
+        });
+        assert_eq!(s.acknowledged(), 100);
+        assert_eq!(s.buffered(), 0);
+        // late acknowledgements of what was freed change nothing
+        s.on_ack(chunks[9]);
+        s.on_ack(again);
+        assert_eq!((s.acknowledged(), s.buffered()), (100, 0));
     }
 
     #[test]
