@@ -45,6 +45,40 @@ pub fn datagram_capacity(datagram_size: usize, keyed: bool) -> usize {
 /// when the packet carrying them is acknowledged, up to a window's worth at once).
 const SPARES: usize = 256;
 
+/// Largest buffer kept for reuse: a datagram is at most [`wire::MAX_DATAGRAM_SIZE`] bytes, so
+/// a larger one the application hands back would only hold memory.
+const MAX_SPARE_CAPACITY: usize = 4 * wire::MAX_DATAGRAM_SIZE;
+
+/// Datagram buffers kept for reuse (up to [`SPARES`]). A new buffer gets room for the largest
+/// datagram seen so far: a buffer sized for a small datagram (a TCP acknowledgement in a
+/// tunnel) would otherwise be reallocated when it is reused for a full-sized one, and a flow
+/// of mixed sizes would allocate on every few datagrams.
+#[derive(Debug, Default)]
+struct Spares {
+    bufs: Vec<Vec<u8>>,
+    largest: usize,
+}
+
+impl Spares {
+    /// A copy of `data`, in a spare buffer when one has room.
+    fn copy_of(&mut self, data: &[u8]) -> Vec<u8> {
+        self.largest = self.largest.max(data.len());
+        let mut buf = match self.bufs.pop() {
+            Some(buf) if buf.capacity() >= data.len() => buf,
+            _ => Vec::with_capacity(self.largest),
+        };
+        buf.clear();
+        buf.extend_from_slice(data);
+        buf
+    }
+
+    fn recycle(&mut self, buf: Vec<u8>) {
+        if self.bufs.len() < SPARES && (1..=MAX_SPARE_CAPACITY).contains(&buf.capacity()) {
+            self.bufs.push(buf);
+        }
+    }
+}
+
 /// A datagram waiting to be sent.
 #[derive(Debug)]
 struct Waiting {
@@ -63,7 +97,7 @@ pub(crate) struct OutgoingDatagrams {
     bytes: usize,
     limit: usize,
     max_age: Duration,
-    spare: Vec<Vec<u8>>,
+    spares: Spares,
     /// Datagrams sent so far: the next one's number.
     pub sent: u64,
     /// Sent again because the link carrying them failed.
@@ -79,7 +113,7 @@ impl OutgoingDatagrams {
             bytes: 0,
             limit,
             max_age,
-            spare: Vec::new(),
+            spares: Spares::default(),
             sent: 0,
             resent: 0,
             dropped: 0,
@@ -93,9 +127,7 @@ impl OutgoingDatagrams {
     /// Queues a copy of `data`, dropping the oldest datagrams if the queue would exceed its
     /// bound. The caller checked that `data` fits a packet.
     pub fn push(&mut self, now: Instant, data: &[u8]) {
-        let mut buf = self.spare.pop().unwrap_or_default();
-        buf.clear();
-        buf.extend_from_slice(data);
+        let buf = self.spares.copy_of(data);
         self.make_room(buf.len());
         self.bytes += buf.len();
         self.queue.push_back(Waiting {
@@ -175,9 +207,7 @@ impl OutgoingDatagrams {
     }
 
     pub fn recycle(&mut self, buf: Vec<u8>) {
-        if self.spare.len() < SPARES {
-            self.spare.push(buf);
-        }
+        self.spares.recycle(buf);
     }
 
     fn drop_front(&mut self) {
@@ -218,12 +248,8 @@ pub(crate) struct IncomingDatagrams {
     /// Second copies (of datagrams sent again after a link failure), not delivered.
     pub duplicates: u64,
     /// Buffers the application handed back (see [`Self::pop_into`]), for the next arrivals.
-    spares: Vec<Vec<u8>>,
+    spares: Spares,
 }
-
-/// Largest buffer kept for reuse: a datagram is at most [`wire::MAX_DATAGRAM_SIZE`] bytes, so
-/// a larger one the application hands back would only hold memory.
-const MAX_SPARE_CAPACITY: usize = 4 * wire::MAX_DATAGRAM_SIZE;
 
 impl IncomingDatagrams {
     pub fn new(limit: usize, hold: Duration) -> Self {
@@ -239,27 +265,17 @@ impl IncomingDatagrams {
             dropped: 0,
             reordered: 0,
             duplicates: 0,
-            spares: Vec::new(),
+            spares: Spares::default(),
         }
     }
 
-    /// A copy of `data`, in a spare buffer when there is one.
     fn copy_of(&mut self, data: &[u8]) -> Vec<u8> {
-        match self.spares.pop() {
-            Some(mut buf) => {
-                buf.clear();
-                buf.extend_from_slice(data);
-                buf
-            }
-            None => data.to_vec(),
-        }
+        self.spares.copy_of(data)
     }
 
     /// Keeps `buf`'s memory for a later arrival (up to [`SPARES`] buffers).
     pub fn recycle(&mut self, buf: Vec<u8>) {
-        if self.spares.len() < SPARES && (1..=MAX_SPARE_CAPACITY).contains(&buf.capacity()) {
-            self.spares.push(buf);
-        }
+        self.spares.recycle(buf);
     }
 
     /// Takes a copy of datagram `seq`, arrived `now`; returns whether datagrams became ready
@@ -459,7 +475,34 @@ mod tests {
         // an empty buffer or a huge one is not kept
         q.recycle(Vec::new());
         q.recycle(Vec::with_capacity(MAX_SPARE_CAPACITY + 1));
-        assert_eq!(q.spares.len(), 1, "only the first datagram's buffer");
+        assert_eq!(q.spares.bufs.len(), 1, "only the first datagram's buffer");
+    }
+
+    #[test]
+    fn spare_buffers_are_sized_for_the_largest_datagram_so_mixed_sizes_reuse_them() {
+        let mut s = Spares::default();
+        // a small datagram first: its buffer cannot take a full-sized one, which gets a new
+        let small = s.copy_of(&[1; 60]);
+        s.recycle(small);
+        let big = s.copy_of(&[2; 1400]);
+        assert_eq!(s.bufs.len(), 0, "the small buffer was let go");
+        let small = s.copy_of(&[3; 60]);
+        assert!(small.capacity() >= 1400, "new buffers fit the largest seen");
+        let kept = [small.as_ptr(), big.as_ptr()];
+        s.recycle(small);
+        s.recycle(big);
+        // from now on a mix of sizes goes round the same two buffers
+        for round in 0..10u8 {
+            let a = s.copy_of(&[round; 1400]);
+            let b = s.copy_of(&[round; 60]);
+            assert_eq!(
+                (a.as_slice(), b.as_slice()),
+                (&[round; 1400][..], &[round; 60][..])
+            );
+            assert!(kept.contains(&a.as_ptr()) && kept.contains(&b.as_ptr()));
+            s.recycle(b);
+            s.recycle(a);
+        }
     }
 
     #[test]
