@@ -32,6 +32,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use ri2n_proto::{
     ConnectionHandle, ConnectionState, Endpoint as ProtoEndpoint, Event, Transmit, TransmitBuffer,
 };
+use smallvec::SmallVec;
 
 use crate::connection::TimedEvent;
 use crate::readiness::{Readiness, Watchers};
@@ -138,6 +139,9 @@ struct Outgoing {
     open: Vec<Batch>,
     /// Batches ready to send, with their socket, oldest first.
     queue: VecDeque<(usize, Batch)>,
+    /// The memory of the queue the sending thread took last (one thread sends at a time): it
+    /// becomes the next queue, so a round of sending allocates nothing.
+    taken_queue: VecDeque<(usize, Batch)>,
     /// Empty batches for reuse.
     spare: Vec<Batch>,
     /// A thread is sending the queue (without the lock).
@@ -155,6 +159,7 @@ impl Outgoing {
             max_segments: sockets.iter().map(LinkSocket::max_segments).collect(),
             open: sockets.iter().map(|_| Batch::new()).collect(),
             queue: VecDeque::new(),
+            taken_queue: VecDeque::new(),
             spare: Vec::new(),
             sending: false,
             pending: None,
@@ -406,8 +411,10 @@ impl Shared {
         st.out.sending = true;
         let mut unreachable: Vec<(usize, SocketAddr)> = Vec::new();
         loop {
-            let batches = std::mem::take(&mut st.out.queue);
+            let next_queue = std::mem::take(&mut st.out.taken_queue);
+            let mut batches = std::mem::replace(&mut st.out.queue, next_queue);
             if batches.is_empty() {
+                st.out.taken_queue = batches;
                 break;
             }
             drop(st);
@@ -432,10 +439,11 @@ impl Shared {
                     .handle_unreachable(now, self.sockets[i].local, dest);
             }
             self.hand_over_refusals(&mut st);
-            st.out.spare.extend(batches.into_iter().map(|(_, mut b)| {
+            st.out.spare.extend(batches.drain(..).map(|(_, mut b)| {
                 b.len = 0;
                 b
             }));
+            st.out.taken_queue = batches;
             // acknowledgements that arrived meanwhile may have opened windows
             Self::build(&mut st, now);
         }
@@ -448,7 +456,7 @@ impl Shared {
     fn dispatch(&self, st: &mut State) -> Wakeups<'_> {
         let mut wake = Wakeups {
             accepted: None,
-            connections: Vec::new(),
+            connections: SmallVec::new(),
             caller_poll: None,
         };
         while let Some((h, e)) = st.endpoint.poll_event() {
@@ -512,7 +520,7 @@ impl Shared {
 /// The waiting callers to wake after the engine reported events.
 struct Wakeups<'a> {
     accepted: Option<&'a Condvar>,
-    connections: Vec<Arc<Condvar>>,
+    connections: SmallVec<[Arc<Condvar>; 4]>,
     caller_poll: Option<&'a Waker>,
 }
 

@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use ri2n::{Connection, ConnectionConfig, Endpoint, EndpointConfig};
 use signal_hook::consts::{SIGINT, SIGTERM};
+use smallvec::SmallVec;
 
 use crate::error::{Failure, BIND, GENERIC, USAGE};
 use crate::{Carry, TunnelArgs, TunnelStatusArgs};
@@ -285,19 +286,21 @@ fn carry(peers: &Peers, tun: &Tun, i: usize, conn: Arc<Connection>) {
             .map(|m| *packets = m.into_iter().collect()),
     };
     let mut header = Vec::new();
+    let mut runs = Vec::new();
     let reason = loop {
         match receive(&mut packets) {
             Ok(()) if packets.is_empty() => break "closed".to_owned(),
             Ok(()) => {
                 // only packets from the peer's own tunnel address: a host of the cluster
                 // cannot speak for another
-                let from_peer: Vec<&[u8]> = packets
+                let from_peer: SmallVec<[&[u8]; BATCH]> = packets
                     .iter()
                     .filter(|p| p.len() >= 20 && p[0] >> 4 == 4 && p[12..16] == source)
                     .map(Vec::as_slice)
                     .collect();
                 // a full or vanished interface drops the packet, as a NIC would
-                for run in offload::runs(&from_peer) {
+                offload::runs(&from_peer, &mut runs);
+                for run in runs.drain(..) {
                     let run = &from_peer[run];
                     if let [packet] = run {
                         let _ = tun.write(packet);

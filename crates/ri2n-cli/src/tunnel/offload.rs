@@ -247,10 +247,10 @@ impl<'a> TcpView<'a> {
     }
 }
 
-/// Splits `packets` into runs of consecutive packets that can be written as one: runs of one
-/// are written as they are.
-pub fn runs(packets: &[&[u8]]) -> Vec<Range<usize>> {
-    let mut out = Vec::new();
+/// Splits `packets` into runs of consecutive packets that can be written as one (runs of one
+/// are written as they are), into `out` (cleared first).
+pub fn runs(packets: &[&[u8]], out: &mut Vec<Range<usize>>) {
+    out.clear();
     let mut i = 0;
     while i < packets.len() {
         let mut end = i + 1;
@@ -273,7 +273,6 @@ pub fn runs(packets: &[&[u8]]) -> Vec<Range<usize>> {
         out.push(i..end);
         i = end;
     }
-    out
 }
 
 /// The header of one coalesced write of `segments` (a run of two or more from [`runs`]): the
@@ -301,13 +300,8 @@ pub fn merged_header(segments: &[&[u8]], out: &mut Vec<u8>) -> usize {
     let sum = ipv4_checksum(&out[ip..ip + 20]);
     out[ip + 10..ip + 12].copy_from_slice(&sum.to_be_bytes());
     out[ip + 33] |= last.flags & PSH;
-    let pseudo = [
-        &out[ip + 12..ip + 20],
-        &[0, TCP][..],
-        &((total - 20) as u16).to_be_bytes()[..],
-    ]
-    .concat();
-    let partial = !ipv4_checksum(&pseudo);
+    let pseudo = sum32(&out[ip + 12..ip + 20], u64::from(TCP) + (total - 20) as u64);
+    let partial = fold(pseudo);
     out[ip + 36..ip + 38].copy_from_slice(&partial.to_be_bytes());
     header_len
 }
@@ -346,6 +340,12 @@ mod tests {
         p
     }
 
+    fn runs_of(packets: &[&[u8]]) -> Vec<Range<usize>> {
+        let mut out = vec![7..9, 1..2]; // stale content, to be cleared
+        runs(packets, &mut out);
+        out
+    }
+
     fn views(v: &[Vec<u8>]) -> Vec<&[u8]> {
         v.iter().map(Vec::as_slice).collect()
     }
@@ -367,7 +367,7 @@ mod tests {
                 0x45, 0, 0, 20, 0, 0, 0, 0, 64, 17, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8,
             ],
         ];
-        assert_eq!(runs(&views(&packets)), [0..3, 3..4, 4..6, 6..7, 7..8]);
+        assert_eq!(runs_of(&views(&packets)), [0..3, 3..4, 4..6, 6..7, 7..8]);
     }
 
     #[test]
@@ -379,7 +379,7 @@ mod tests {
             segment(1000, 300, ACK | PSH, &[4; 50]),
             segment(1000, 350, ACK, &[5; 50]),
         ];
-        assert_eq!(runs(&views(&packets)), [0..2, 2..4, 4..5]);
+        assert_eq!(runs_of(&views(&packets)), [0..2, 2..4, 4..5]);
     }
 
     #[test]
@@ -470,7 +470,7 @@ mod tests {
         }
         // as GRO, the coalescer leaves pieces with CWR or FIN alone
         let pieces: Vec<&[u8]> = (0..3).map(|i| out.get(i)).collect();
-        assert_eq!(runs(&pieces), [0..1, 1..2, 2..3]);
+        assert_eq!(runs_of(&pieces), [0..1, 1..2, 2..3]);
     }
 
     #[test]
@@ -501,7 +501,7 @@ mod tests {
         let packets: Vec<Vec<u8>> = (0..60)
             .map(|i| segment(1000, 1374 * i, ACK, &[0; 1374]))
             .collect();
-        let r = runs(&views(&packets));
+        let r = runs_of(&views(&packets));
         assert_eq!(r[0], 0..47, "47 × 1374 + 52 ≤ 65535 < 48 × 1374 + 52");
         assert_eq!(r[1], 47..60);
     }
