@@ -496,3 +496,98 @@ fn the_handshake_timeout_is_configurable() {
         (true, None)
     );
 }
+
+/// Timer expiries and arrivals the pair handles from now until `span` later.
+fn events_within(
+    client: &mut Endpoint,
+    server: &mut Endpoint,
+    net: &mut Net,
+    span: Duration,
+) -> usize {
+    let end = net.now + span;
+    let mut events = 0;
+    loop {
+        net.flush(client, false);
+        net.flush(server, true);
+        let next_timer = [client.poll_timeout(), server.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min()
+            .map(|t| t - net.base);
+        let next_packet = net.queue.peek().map(|Reverse(p)| p.0);
+        match [next_timer, next_packet].into_iter().flatten().min() {
+            Some(next) if next < end => net.now = net.now.max(next),
+            _ => return events,
+        }
+        events += 1;
+        let now = net.base + net.now;
+        while net.queue.peek().is_some_and(|Reverse(p)| p.0 <= net.now) {
+            let Reverse((_, _, to_server, local, remote, mut data)) = net.queue.pop().unwrap();
+            let ep = if to_server {
+                &mut *server
+            } else {
+                &mut *client
+            };
+            ep.handle_datagram(now, local, remote, &mut data);
+        }
+        client.handle_timeout(now);
+        server.handle_timeout(now);
+    }
+}
+
+#[test]
+fn an_idle_connection_sets_no_timers_but_its_keepalives() {
+    // keepalives every 10 s: an idle connection should then have nothing to do for seconds
+    let config = ConnectionConfig::default().with_keepalive_interval(Duration::from_secs(10));
+    let base = Instant::now();
+    let a = [addr("10.0.0.1:5000"), addr("10.1.0.1:5000")];
+    let b = [addr("10.0.0.2:6000"), addr("10.1.0.2:6000")];
+    let mut client = Endpoint::new(EndpointConfig::new(a.to_vec()), 1, base);
+    let mut server = Endpoint::new(
+        EndpointConfig::new(b.to_vec())
+            .server()
+            .with_server_connection(config.clone()),
+        2,
+        base,
+    );
+    let mut net = Net {
+        base,
+        now: Duration::ZERO,
+        delay: Duration::from_micros(500),
+        queue: BinaryHeap::new(),
+        seq: 0,
+        cut_to_client: false,
+        last_to_client: None,
+    };
+    let ch = client.connect(base, &b[..1], config).unwrap();
+    let mut sent = false;
+    run(
+        &mut client,
+        &mut server,
+        &mut net,
+        Duration::from_secs(5),
+        |c, s, acc| {
+            let cc = c.connection_mut(ch).unwrap();
+            if !sent && cc.state() == ConnectionState::Established && cc.stats().links.len() == 2 {
+                cc.send_message(b"hello").unwrap();
+                sent = true;
+            }
+            let Some(h) = *acc else { return false };
+            s.connection_mut(h)
+                .unwrap()
+                .recv_message()
+                .is_ok_and(|m| m.is_some())
+        },
+    );
+    // let the acknowledgements and path MTU discovery settle
+    events_within(&mut client, &mut server, &mut net, Duration::from_secs(1));
+    let idle = events_within(&mut client, &mut server, &mut net, Duration::from_secs(2));
+    assert!(
+        idle <= 4,
+        "{idle} wake-ups in 2 s of an idle connection (periodic checks of nothing?)"
+    );
+    assert_eq!(
+        client.connection(ch).unwrap().state(),
+        ConnectionState::Established
+    );
+}

@@ -96,6 +96,19 @@ impl SlowLinkCheck {
 }
 
 impl Connection {
+    /// Whether the health checks have anything to look at: arrivals in the current period,
+    /// data in flight, or a verdict in the making. The check timer is armed only then: checks
+    /// of an idle connection find nothing, and a timer every `share_check_interval` kept
+    /// the driver of every idle endpoint awake about a thousand times a second.
+    pub(super) fn health_checks_pending(&self) -> bool {
+        self.links.iter().any(|l| {
+            l.share.arrivals > 0
+                || l.share.collapsed > 0
+                || l.slow_check.slow_checks > 0
+                || l.bytes_in_flight() > 0
+        })
+    }
+
     /// RI2N's receiver-side detector: a link whose share of arrivals collapses relative to its
     /// usual share is reported to the sender, which catches a switch that still forwards but
     /// has become very slow (the sender alone would see only slowly growing delays).

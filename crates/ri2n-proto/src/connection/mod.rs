@@ -21,7 +21,7 @@ use smallvec::SmallVec;
 
 use crate::crypto::{Cipher, ClientHandshake, Key, PacketProtection, MAX_AUTH_FAILURES};
 use crate::datagrams::{IncomingDatagrams, OutgoingDatagrams};
-use crate::link::{AckOutcome, Link, SentFrame};
+use crate::link::{AckOutcome, Arrival, Link, SentFrame};
 use crate::streams::{RecvStream, SendStream};
 use crate::wire::{self, Frame, Frames, Writer};
 use crate::{
@@ -1163,7 +1163,12 @@ impl Connection {
                 if self.close_reason.is_none() && self.links[i].remote == remote {
                     // what arrives now is acknowledged with the answer too: it may carry the
                     // peer's repairs of packets it declared lost
-                    self.links[i].on_received(now, pn, false, datagram_len, &self.cfg);
+                    let arrival = Arrival {
+                        ack_eliciting: false,
+                        sending: false,
+                        size: datagram_len,
+                    };
+                    self.links[i].on_received(now, pn, arrival, &self.cfg);
                     if !self.close_sends.contains(&i) {
                         self.close_frame = Some((CLOSE_DONE, String::new()));
                         self.close_sends.push(i);
@@ -1176,9 +1181,15 @@ impl Connection {
         // so the frames are parsed once; a full-size data packet holds a handful.)
         let mut frames: SmallVec<[Frame<'_>; 4]> = SmallVec::new();
         let mut ack_eliciting = false;
+        // more than a PING asks for an answer: the peer is sending (PROTOCOL.md §6.3)
+        let mut sending = false;
         for f in Frames::new(payload) {
             let f = f.map_err(|_| DropReason::MalformedFrame)?;
             ack_eliciting |= !matches!(f, Frame::Ack { .. } | Frame::Padding | Frame::Close { .. });
+            sending |= !matches!(
+                f,
+                Frame::Ack { .. } | Frame::Padding | Frame::Close { .. } | Frame::Ping
+            );
             frames.push(f);
         }
         let i = match self.link_index(link_id) {
@@ -1216,7 +1227,12 @@ impl Connection {
         if fragmenting {
             return Err(DropReason::TooFragmented);
         }
-        if !self.links[i].on_received(now, pn, ack_eliciting, datagram_len, &self.cfg) {
+        let arrival = Arrival {
+            ack_eliciting,
+            sending,
+            size: datagram_len,
+        };
+        if !self.links[i].on_received(now, pn, arrival, &self.cfg) {
             return Err(DropReason::Duplicate);
         }
         if let Handshake::Server { confirmed, .. } = &mut self.handshake {

@@ -111,7 +111,9 @@ impl Connection {
                     );
                 }
             }
-            arm(Timer::HealthCheck, Some(self.next_share_check));
+            if self.health_checks_pending() {
+                arm(Timer::HealthCheck, Some(self.next_share_check));
+            }
             arm(Timer::DatagramRelease, self.datagrams_in.release_deadline());
         }
         arm(
@@ -180,8 +182,11 @@ impl Connection {
             Timer::HealthCheck => {
                 self.check_arrival_shares();
                 self.check_slow_links(now);
-                while self.next_share_check <= now {
-                    self.next_share_check += self.cfg.share_check_interval;
+                // not armed while the connection was idle: the schedule may lie far behind,
+                // and then the next period starts now
+                self.next_share_check += self.cfg.share_check_interval;
+                if self.next_share_check <= now {
+                    self.next_share_check = now + self.cfg.share_check_interval;
                 }
             }
             Timer::DatagramRelease => {

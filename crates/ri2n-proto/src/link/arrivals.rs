@@ -10,16 +10,18 @@ const SILENCE_GAPS: u32 = 8;
 pub(crate) struct Arrivals {
     /// When the peer's last packet arrived on this link.
     pub last_heard: Option<Instant>,
-    /// When the peer's last ack-eliciting packet arrived.
+    /// When the peer's last packet carrying more than a PING arrived.
     last_eliciting: Option<Instant>,
-    /// The usual gap between ack-eliciting arrivals (moving average).
+    /// The usual gap between such arrivals (moving average).
     gap: Duration,
 }
 
 impl Arrivals {
-    pub fn on_arrival(&mut self, now: Instant, ack_eliciting: bool) {
+    /// A packet arrived; `sending`: it carried more than a PING (see
+    /// [`Arrival::sending`](super::Arrival::sending)).
+    pub fn on_arrival(&mut self, now: Instant, sending: bool) {
         self.last_heard = Some(now);
-        if ack_eliciting {
+        if sending {
             if let Some(prev) = self.last_eliciting {
                 let gap = now.saturating_duration_since(prev);
                 self.gap = (self.gap * 7 + gap) / 8;
@@ -30,9 +32,10 @@ impl Arrivals {
 
     /// A link that only receives (the peer sends, this side acknowledges) has nothing in
     /// flight, so no probe timeout would notice it fail, and it would stay up until the next
-    /// keepalive. When the peer's ack-eliciting packets stop arriving for much longer than
+    /// keepalive. When the peer's packets stop arriving for much longer than
     /// their usual gap (and at least a `pto`), one PING puts the link under the probe timeout.
-    /// Armed again only by a new arrival, so a peer that just stopped sending costs one PING.
+    /// Armed again only by a new arrival of more than a PING, so a peer that just stopped
+    /// sending costs one PING (and the PING does not arm the peer's rule in turn).
     /// `last_eliciting_sent`: when this side last sent something ack-eliciting.
     pub fn silence_deadline(
         &self,

@@ -131,6 +131,19 @@ pub(crate) enum SentFrame {
     },
 }
 
+/// What a packet that arrived on a link carried, for its bookkeeping.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Arrival {
+    /// It asks for an acknowledgement.
+    pub ack_eliciting: bool,
+    /// It carried more than a PING (data, datagrams, control frames): the peer is sending,
+    /// and its falling silent afterwards is worth a PING (PROTOCOL.md §6.3). A bare PING
+    /// does not count: two idle ends would otherwise answer each other's PINGs for ever.
+    pub sending: bool,
+    /// Its datagram's length.
+    pub size: usize,
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct SentPacket {
     pub time: Instant,
@@ -612,17 +625,16 @@ impl Link {
         &mut self,
         now: Instant,
         pn: u64,
-        ack_eliciting: bool,
-        size: usize,
+        arrival: Arrival,
         cfg: &ConnectionConfig,
     ) -> bool {
-        if !self.ack.on_received(now, pn, ack_eliciting, cfg) {
+        if !self.ack.on_received(now, pn, arrival.ack_eliciting, cfg) {
             return false;
         }
         self.counters.packets_received += 1;
-        self.counters.bytes_received += size as u64;
-        self.arrivals.on_arrival(now, ack_eliciting);
-        if ack_eliciting {
+        self.counters.bytes_received += arrival.size as u64;
+        self.arrivals.on_arrival(now, arrival.sending);
+        if arrival.ack_eliciting {
             self.share.on_arrival();
         }
         true
