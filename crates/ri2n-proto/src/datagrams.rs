@@ -228,8 +228,11 @@ const SKIPPED_MEMORY: usize = 16_384;
 pub(crate) struct IncomingDatagrams {
     /// In order, for the application.
     ready: VecDeque<Vec<u8>>,
-    /// Arrived ahead of a missing one: number -> (arrival, bytes).
-    held: BTreeMap<u64, (Instant, Vec<u8>)>,
+    /// Arrived ahead of a missing one: number -> bytes.
+    held: BTreeMap<u64, Vec<u8>>,
+    /// When each held datagram arrived, in arrival order, so the one held longest is at the
+    /// front (entries of datagrams delivered since are dropped when they reach the front).
+    held_since: VecDeque<(Instant, u64)>,
     /// Numbers below `next` given up on and not arrived since (the newest `SKIPPED_MEMORY`):
     /// the only ones below `next` still delivered.
     skipped: BTreeSet<u64>,
@@ -256,6 +259,7 @@ impl IncomingDatagrams {
         Self {
             ready: VecDeque::new(),
             held: BTreeMap::new(),
+            held_since: VecDeque::new(),
             skipped: BTreeSet::new(),
             bytes: 0,
             limit,
@@ -310,7 +314,8 @@ impl IncomingDatagrams {
         if seq > self.next && !self.hold.is_zero() {
             self.reordered += 1;
             let copy = self.copy_of(data);
-            self.held.insert(seq, (now, copy));
+            self.held.insert(seq, copy);
+            self.held_since.push_back((now, seq));
             return false;
         }
         // the next one, or one that arrived after it was given up on (late, but delivered:
@@ -327,11 +332,7 @@ impl IncomingDatagrams {
 
     /// When the oldest held datagram stops waiting for the missing ones before it.
     pub fn release_deadline(&self) -> Option<Instant> {
-        self.held
-            .values()
-            .map(|(t, _)| *t)
-            .min()
-            .map(|t| t + self.hold)
+        self.held_since.front().map(|&(t, _)| t + self.hold)
     }
 
     /// Delivers the held datagrams whose hold is over, giving up on the missing ones before
@@ -366,9 +367,17 @@ impl IncomingDatagrams {
     }
 
     fn release_in_order(&mut self) {
-        while let Some((_, d)) = self.held.remove(&self.next) {
+        while let Some(d) = self.held.remove(&self.next) {
             self.ready.push_back(d);
             self.next += 1;
+        }
+        // held datagrams leave only here, as `next` passes them
+        while self
+            .held_since
+            .front()
+            .is_some_and(|&(_, seq)| seq < self.next)
+        {
+            self.held_since.pop_front();
         }
     }
 
@@ -551,6 +560,26 @@ mod tests {
         assert!(q.push(t0 + ms(21), 7, &[7]));
         assert_eq!(take(&mut q), [7]);
         assert_eq!((q.received, q.reordered), (8, 4));
+    }
+
+    #[test]
+    fn the_datagram_held_longest_sets_the_deadline_whatever_its_number() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut q = IncomingDatagrams::new(1 << 20, ms(5));
+        assert!(q.push(t0, 0, &[0]));
+        // 5 arrives first, then 3 (over another link); 1, 2 and 4 are missing
+        assert!(!q.push(t0 + ms(1), 5, &[5]));
+        assert!(!q.push(t0 + ms(3), 3, &[3]));
+        assert_eq!(q.release_deadline(), Some(t0 + ms(6)), "5's hold");
+        // 1 and 2 arrive: 3 goes with them; 5 still waits for 4, since its own arrival
+        assert!(!q.push(t0 + ms(4), 2, &[2]));
+        assert!(q.push(t0 + ms(4), 1, &[1]));
+        assert_eq!(q.release_deadline(), Some(t0 + ms(6)));
+        assert!(q.release_due(t0 + ms(6)), "4 given up on");
+        assert_eq!(q.release_deadline(), None);
+        let order: Vec<u8> = std::iter::from_fn(|| q.pop()).map(|d| d[0]).collect();
+        assert_eq!(order, [0, 1, 2, 3, 5]);
     }
 
     #[test]
