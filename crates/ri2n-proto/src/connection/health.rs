@@ -138,9 +138,10 @@ impl Connection {
         for i in 0..self.links.len() {
             let eta = self.links[i].eta();
             // only a measured link can be judged: before its first samples the ETA rests on
-            // assumed values
+            // assumed values; and one with nothing in flight holds no data up
             let slow = self.links[i].is_up()
                 && self.links[i].is_measured()
+                && self.links[i].bytes_in_flight() > 0
                 && eta > limit
                 && eta > fastest;
             if self.links[i].slow_check.judge(slow) {

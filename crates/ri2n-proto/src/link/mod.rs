@@ -318,6 +318,10 @@ impl Link {
         self.counters.bytes_sent += size as u64;
         if pkt.in_flight {
             self.pacer.on_sent(size);
+            if self.bytes_in_flight() == 0 {
+                // the link was idle: the time it had nothing to deliver is no part of its rate
+                self.rate.restart(now);
+            }
         }
         self.recovery.on_sent(now, pkt)
     }
@@ -369,7 +373,11 @@ impl Link {
         if regular_sample {
             self.rtt.update(now - sent_time, ack_delay);
         }
-        let app_limited = self.bytes_in_flight() + 2 * self.mss() as u64 <= self.cc.window() / 2;
+        // Not using its window when the acknowledgement came: it delivered what it was given.
+        // (Judged on what was in flight before it, not after: a window of two large datagrams,
+        // as on loopback, would otherwise never look unused, and a ping-pong's rate of a
+        // message per round trip was taken for all the link can do.)
+        let app_limited = acked.in_flight_before < self.cc.window() / 2;
         self.rate
             .sample(now, self.rtt.srtt.max(GRANULARITY), app_limited);
         self.detect_lost(now, out);
@@ -726,5 +734,43 @@ mod tests {
             link.delivery_rate()
         );
         assert!(!link.is_measured());
+    }
+
+    #[test]
+    fn small_messages_with_pauses_are_not_taken_for_a_slow_link() {
+        // loopback-sized datagrams in a window of two (path MTU discovery raised the size from
+        // 1472 to 16 KiB: the window kept its bytes, at least two datagrams) and a
+        // request-response flow: a 64-byte message now and then, acknowledged within a round
+        // trip
+        let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let mut link = Link::new(LinkId(1), addr, addr, PathMtu::new(1472, 16_384));
+        let t0 = Instant::now();
+        link.promote(t0, &mut AckOutcome::default());
+        link.pmtu.on_probe_acked(16_384, t0);
+        link.mss_changed();
+        assert!(link.mss() > 16_000);
+        assert_eq!(link.cc.window(), 2 * link.mss() as u64);
+        let rtt = Duration::from_micros(100);
+        link.seed_rtt(rtt);
+        for k in 0..50u32 {
+            let sent = t0 + Duration::from_millis(20 * u64::from(k));
+            let pn = link.on_sent(sent, 64, data_packet(sent, 64));
+            let mut out = AckOutcome::default();
+            link.on_ack(
+                sent + rtt,
+                [(pn, pn)].into_iter(),
+                pn,
+                Duration::ZERO,
+                &mut out,
+            );
+        }
+        // 64 bytes per 20 ms is what it was given: a full-size packet must not look seconds
+        // away (the slow-link check demoted such links, and the scheduler shunned them)
+        assert!(
+            link.eta() < 0.001,
+            "a packet would arrive in {} s at {} B/s",
+            link.eta(),
+            link.delivery_rate()
+        );
     }
 }

@@ -54,6 +54,11 @@ impl DeliveryRate {
         self.measured_busy
     }
 
+    /// Starts the next sample at `now` (the link starts delivering after a pause).
+    pub fn restart(&mut self, now: Instant) {
+        self.sample_start = Some((now, self.delivered));
+    }
+
     /// Forgets the estimate (the path may have changed); the byte count goes on.
     pub fn reset(&mut self) {
         self.rate = 0.0;
