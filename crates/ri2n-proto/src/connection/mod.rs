@@ -1330,11 +1330,13 @@ impl Connection {
         Ok(())
     }
 
-    /// Whether a link's collapse of arrivals, as the peer reports it, is our own doing: nothing
+    /// Whether a link's collapse of arrivals, as the peer reports it, is our own doing: no data
     /// of ours is in flight on it, so we stopped using it (a small message takes only the
     /// fastest link) and nothing can be stuck there. A link that really went slow holds data.
+    /// (A keepalive PING in flight is no data: with it counted, request-response traffic had
+    /// its idle link demoted now and then.)
     fn left_idle_by_us(&self, l: usize) -> bool {
-        self.links[l].bytes_in_flight() == 0
+        !self.links[l].recovery.data_in_flight()
     }
 
     fn on_ack_frame(

@@ -737,6 +737,29 @@ mod tests {
     }
 
     #[test]
+    fn a_keepalive_in_flight_is_no_data_in_flight() {
+        // the peer's report of a collapsed share is ignored for a link holding none of our data
+        let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let mut link = Link::new(LinkId(1), addr, addr, PathMtu::new(1472, 1472));
+        let t0 = Instant::now();
+        link.promote(t0, &mut AckOutcome::default());
+        link.on_sent(t0, 40, data_packet(t0, 40)); // a PING: no frames to keep
+        assert!(link.bytes_in_flight() > 0);
+        assert!(!link.recovery.data_in_flight());
+        let mut pkt = data_packet(t0, 1000);
+        pkt.frames.push(SentFrame::Stream {
+            stream: 0,
+            chunk: Chunk {
+                offset: 0,
+                len: 960,
+                fin: false,
+            },
+        });
+        link.on_sent(t0, 1000, pkt);
+        assert!(link.recovery.data_in_flight());
+    }
+
+    #[test]
     fn small_messages_with_pauses_are_not_taken_for_a_slow_link() {
         // loopback-sized datagrams in a window of two (path MTU discovery raised the size from
         // 1472 to 16 KiB: the window kept its bytes, at least two datagrams) and a

@@ -80,6 +80,17 @@ pub(crate) struct Recovery {
 
 impl Recovery {
     /// The number the next packet sent gets.
+    /// Whether a packet in flight carries application data (stream bytes or datagrams), not
+    /// just probes, keepalives or control frames.
+    pub fn data_in_flight(&self) -> bool {
+        self.sent.iter().any(|(_, p)| {
+            p.in_flight
+                && p.frames
+                    .iter()
+                    .any(|f| matches!(f, SentFrame::Stream { .. } | SentFrame::Datagram { .. }))
+        })
+    }
+
     pub fn next_pn(&self) -> u64 {
         self.next_pn
     }
