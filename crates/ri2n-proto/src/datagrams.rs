@@ -72,6 +72,14 @@ impl Spares {
         buf
     }
 
+    /// An empty buffer for the caller to fill: a spare, or a new one with room for the largest
+    /// datagram seen so far.
+    fn take(&mut self) -> Vec<u8> {
+        self.bufs
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(self.largest))
+    }
+
     fn recycle(&mut self, buf: Vec<u8>) {
         if self.bufs.len() < SPARES && (1..=MAX_SPARE_CAPACITY).contains(&buf.capacity()) {
             self.bufs.push(buf);
@@ -128,6 +136,20 @@ impl OutgoingDatagrams {
     /// bound. The caller checked that `data` fits a packet.
     pub fn push(&mut self, now: Instant, data: &[u8]) {
         let buf = self.spares.copy_of(data);
+        self.enqueue(now, buf);
+    }
+
+    /// Queues the datagram in `buf` itself, without a copy, and leaves an empty buffer in its
+    /// place (a spare one, emptied), for the caller's next datagram.
+    pub fn push_owned(&mut self, now: Instant, buf: &mut Vec<u8>) {
+        self.spares.largest = self.spares.largest.max(buf.len());
+        let mut next = self.spares.take();
+        next.clear();
+        let data = std::mem::replace(buf, next);
+        self.enqueue(now, data);
+    }
+
+    fn enqueue(&mut self, now: Instant, buf: Vec<u8>) {
         self.make_room(buf.len());
         self.bytes += buf.len();
         self.queue.push_back(Waiting {
@@ -485,6 +507,28 @@ mod tests {
         q.recycle(Vec::new());
         q.recycle(Vec::with_capacity(MAX_SPARE_CAPACITY + 1));
         assert_eq!(q.spares.bufs.len(), 1, "only the first datagram's buffer");
+    }
+
+    #[test]
+    fn a_datagram_handed_over_whole_is_sent_from_the_callers_memory() {
+        let now = Instant::now();
+        let mut q = OutgoingDatagrams::new(1 << 20, Duration::from_millis(20));
+        let mut buf = vec![5u8; 1000];
+        let memory = buf.as_ptr();
+        q.push_owned(now, &mut buf);
+        assert!(
+            buf.is_empty() && buf.capacity() >= 1000,
+            "an empty buffer with room back"
+        );
+        let (seq, sent) = q.pop().unwrap();
+        assert_eq!((seq, sent.as_ptr(), sent.len()), (0, memory, 1000));
+        // acknowledged: that memory is the next buffer handed back
+        q.recycle(sent);
+        let mut next = vec![6u8; 10];
+        q.push_owned(now, &mut next);
+        assert_eq!(next.as_ptr(), memory);
+        assert!(next.is_empty());
+        assert_eq!(q.pop().unwrap().1, [6u8; 10]);
     }
 
     #[test]

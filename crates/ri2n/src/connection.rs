@@ -175,6 +175,23 @@ impl Connection {
         .map_err(write_error)
     }
 
+    /// Sends the datagram in each of `bufs` like [`send_datagrams`](Self::send_datagrams),
+    /// without copying them: the connection keeps each buffer's memory and leaves an empty
+    /// buffer in its place (once it has buffers to spare, one with room for a datagram), so a
+    /// loop that fills the same buffers again allocates and copies nothing per datagram. Stops
+    /// at the first that fails (the earlier ones are sent; that one is left as it was).
+    pub fn send_datagram_bufs<'b>(
+        &self,
+        bufs: impl IntoIterator<Item = &'b mut Vec<u8>>,
+    ) -> io::Result<()> {
+        let now = Instant::now();
+        self.with(|c| {
+            bufs.into_iter()
+                .try_for_each(|b| c.send_datagram_buf(now, b))
+        })
+        .map_err(write_error)
+    }
+
     /// Receives the datagrams waiting, at most `max` (at least one: waits for it); empty once
     /// the connection closed cleanly and every datagram that arrived was read.
     pub fn recv_datagrams(&self, max: usize) -> io::Result<Vec<Vec<u8>>> {

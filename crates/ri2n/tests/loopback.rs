@@ -406,7 +406,7 @@ fn datagrams_arrive_whole_and_once_and_oversized_ones_are_refused() {
 /// way): datagrams of every size arrive whole and once, however the buffers' memory went
 /// round, and the batch comes back empty once the connection closed cleanly.
 #[test]
-fn datagrams_received_into_reused_buffers_arrive_whole_and_once() {
+fn datagrams_sent_from_and_received_into_reused_buffers_arrive_whole_and_once() {
     let (_p, conn, peer) = connected();
     let max = conn.max_datagram_size();
     const COUNT: u32 = 5000;
@@ -427,7 +427,26 @@ fn datagrams_received_into_reused_buffers_arrive_whole_and_once() {
         }
         (seen.iter().filter(|&&s| s).count(), peer.stats())
     });
-    send_numbered_datagrams(&conn, COUNT, max);
+    // batches of 16 from the same buffers, handed over whole
+    let mut bufs: Vec<Vec<u8>> = vec![Vec::new(); 16];
+    for batch in 0..COUNT / 16 {
+        for (k, b) in bufs.iter_mut().enumerate() {
+            b.extend_from_slice(&datagram(batch * 16 + k as u32, max));
+        }
+        conn.send_datagram_bufs(bufs.iter_mut()).unwrap();
+        assert!(
+            bufs.iter().all(Vec::is_empty),
+            "the buffers come back empty"
+        );
+        if batch % 4 == 3 {
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+    // a datagram too large is refused and left with the caller
+    let mut big = [vec![7u8; max + 1]];
+    let e = conn.send_datagram_bufs(big.iter_mut()).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    assert_eq!(big[0].len(), max + 1);
     conn.finish().unwrap();
     let (received, peer_stats) = receiver.join().unwrap();
     assert_datagrams_counted(received, &peer_stats);

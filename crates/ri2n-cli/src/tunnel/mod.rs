@@ -398,18 +398,23 @@ fn route_loop(peers: &Peers, tun: &Tun) {
                 continue;
             }
             if let Some(conn) = peers.get(peer) {
-                let batch = (0..packets.len())
-                    .filter(|&k| dests[k] == peer)
-                    .map(|k| packets.get(k));
                 // a connection just lost, or (messages) a full send buffer: the packets are
                 // dropped, as on a dead cable or a full NIC queue
                 match peers.carry {
                     Carry::Datagrams => {
-                        let _ = conn.send_datagrams(batch);
+                        // the buffers themselves: the connection sends them without a copy
+                        // and leaves spare ones for the next reads
+                        let batch = packets
+                            .bufs_mut()
+                            .iter_mut()
+                            .zip(&dests)
+                            .filter(|(_, &d)| d == peer)
+                            .map(|(b, _)| b);
+                        let _ = conn.send_datagram_bufs(batch);
                     }
                     Carry::Messages => {
-                        for packet in batch {
-                            let _ = conn.try_send_message(packet);
+                        for k in (0..packets.len()).filter(|&k| dests[k] == peer) {
+                            let _ = conn.try_send_message(packets.get(k));
                         }
                     }
                 }

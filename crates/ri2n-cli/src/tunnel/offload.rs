@@ -86,6 +86,12 @@ impl Packets {
         &self.bufs[i]
     }
 
+    /// The packets' buffers, to be handed over whole (a buffer may come back empty: the next
+    /// [`split`] fills it again).
+    pub fn bufs_mut(&mut self) -> &mut [Vec<u8>] {
+        &mut self.bufs[..self.len]
+    }
+
     /// A new packet made of `parts`, to be finished in place.
     fn push(&mut self, parts: &[&[u8]]) -> &mut Vec<u8> {
         if self.len == self.bufs.len() {

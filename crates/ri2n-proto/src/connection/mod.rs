@@ -478,6 +478,24 @@ impl Connection {
     /// queue drops its oldest datagram (see [`ConnectionConfig::datagram_send_buffer`]).
     /// `now` starts the datagram's age ([`ConnectionConfig::datagram_max_age`]).
     pub fn send_datagram(&mut self, now: Instant, data: &[u8]) -> Result<(), WriteError> {
+        self.check_datagram(data.len())?;
+        self.datagrams_out.push(now, data);
+        Ok(())
+    }
+
+    /// [`send_datagram`](Self::send_datagram) of the datagram in `buf`, without copying it:
+    /// the connection keeps `buf`'s memory and leaves an empty buffer in its place (with room
+    /// for a datagram once the connection has buffers to spare), so an application that
+    /// fills the same buffers again makes the send path allocate and copy nothing per
+    /// datagram. On an error `buf` is left as it was.
+    pub fn send_datagram_buf(&mut self, now: Instant, buf: &mut Vec<u8>) -> Result<(), WriteError> {
+        self.check_datagram(buf.len())?;
+        self.datagrams_out.push_owned(now, buf);
+        Ok(())
+    }
+
+    /// Whether a datagram of `size` bytes may be sent now.
+    fn check_datagram(&self, size: usize) -> Result<(), WriteError> {
         if let Some(e) = &self.close_reason {
             return Err(WriteError::ConnectionLost(e.clone()));
         }
@@ -485,13 +503,9 @@ impl Connection {
             return Err(WriteError::Finished);
         }
         let limit = self.max_datagram_size();
-        if data.len() > limit {
-            return Err(WriteError::MessageTooLarge {
-                size: data.len(),
-                limit,
-            });
+        if size > limit {
+            return Err(WriteError::MessageTooLarge { size, limit });
         }
-        self.datagrams_out.push(now, data);
         Ok(())
     }
 
