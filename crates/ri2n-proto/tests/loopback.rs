@@ -78,34 +78,44 @@ fn run(
         }
         net.flush(client, false);
         net.flush(server, true);
-        let next_timer = [client.poll_timeout(), server.poll_timeout()]
-            .into_iter()
-            .flatten()
-            .min()
-            .map(|t| t - net.base);
-        let next_packet = net.queue.peek().map(|Reverse(p)| p.0);
-        let next = [next_timer, next_packet].into_iter().flatten().min();
-        let Some(next) = next else {
+        let Some(next) = next_event(client, server, net) else {
             panic!("nothing left to happen")
         };
-        net.now = net.now.max(next);
-        assert!(net.now < limit, "simulated time limit reached");
-        let now = net.base + net.now;
-        while net.queue.peek().is_some_and(|Reverse(p)| p.0 <= net.now) {
-            let Reverse((_, _, to_server, local, remote, mut data)) = net.queue.pop().unwrap();
-            if !to_server && net.cut_to_client {
-                continue;
-            }
-            let ep = if to_server {
-                &mut *server
-            } else {
-                &mut *client
-            };
-            ep.handle_datagram(now, local, remote, &mut data);
-        }
-        client.handle_timeout(now);
-        server.handle_timeout(now);
+        assert!(net.now.max(next) < limit, "simulated time limit reached");
+        advance(client, server, net, next);
     }
+}
+
+/// When the pair's next timer expires or datagram arrives; None if nothing is left to happen.
+fn next_event(client: &mut Endpoint, server: &mut Endpoint, net: &Net) -> Option<Duration> {
+    let next_timer = [client.poll_timeout(), server.poll_timeout()]
+        .into_iter()
+        .flatten()
+        .min()
+        .map(|t| t - net.base);
+    let next_packet = net.queue.peek().map(|Reverse(p)| p.0);
+    [next_timer, next_packet].into_iter().flatten().min()
+}
+
+/// Moves the clock to `next` (if later): delivers the datagrams due by then and runs both
+/// endpoints' timers.
+fn advance(client: &mut Endpoint, server: &mut Endpoint, net: &mut Net, next: Duration) {
+    net.now = net.now.max(next);
+    let now = net.base + net.now;
+    while net.queue.peek().is_some_and(|Reverse(p)| p.0 <= net.now) {
+        let Reverse((_, _, to_server, local, remote, mut data)) = net.queue.pop().unwrap();
+        if !to_server && net.cut_to_client {
+            continue;
+        }
+        let ep = if to_server {
+            &mut *server
+        } else {
+            &mut *client
+        };
+        ep.handle_datagram(now, local, remote, &mut data);
+    }
+    client.handle_timeout(now);
+    server.handle_timeout(now);
 }
 
 /// A client on `a` and a server on `b` joined by a 0.5 ms network; the client has started
@@ -114,9 +124,24 @@ fn connected_pair(
     a: &[SocketAddr],
     b: &[SocketAddr],
 ) -> (Endpoint, Endpoint, Net, ConnectionHandle) {
+    connected_pair_with(a, b, ConnectionConfig::default())
+}
+
+/// [`connected_pair`] with `config` for the connection on both sides.
+fn connected_pair_with(
+    a: &[SocketAddr],
+    b: &[SocketAddr],
+    config: ConnectionConfig,
+) -> (Endpoint, Endpoint, Net, ConnectionHandle) {
     let base = Instant::now();
     let mut client = Endpoint::new(EndpointConfig::new(a.to_vec()), 1, base);
-    let server = Endpoint::new(EndpointConfig::new(b.to_vec()).server(), 2, base);
+    let server = Endpoint::new(
+        EndpointConfig::new(b.to_vec())
+            .server()
+            .with_server_connection(config.clone()),
+        2,
+        base,
+    );
     let net = Net {
         base,
         now: Duration::ZERO,
@@ -126,9 +151,7 @@ fn connected_pair(
         cut_to_client: false,
         last_to_client: None,
     };
-    let ch = client
-        .connect(base, &b[..1], ConnectionConfig::default())
-        .unwrap();
+    let ch = client.connect(base, &b[..1], config).unwrap();
     (client, server, net, ch)
 }
 
@@ -509,29 +532,11 @@ fn events_within(
     loop {
         net.flush(client, false);
         net.flush(server, true);
-        let next_timer = [client.poll_timeout(), server.poll_timeout()]
-            .into_iter()
-            .flatten()
-            .min()
-            .map(|t| t - net.base);
-        let next_packet = net.queue.peek().map(|Reverse(p)| p.0);
-        match [next_timer, next_packet].into_iter().flatten().min() {
-            Some(next) if next < end => net.now = net.now.max(next),
+        match next_event(client, server, net) {
+            Some(next) if next < end => advance(client, server, net, next),
             _ => return events,
         }
         events += 1;
-        let now = net.base + net.now;
-        while net.queue.peek().is_some_and(|Reverse(p)| p.0 <= net.now) {
-            let Reverse((_, _, to_server, local, remote, mut data)) = net.queue.pop().unwrap();
-            let ep = if to_server {
-                &mut *server
-            } else {
-                &mut *client
-            };
-            ep.handle_datagram(now, local, remote, &mut data);
-        }
-        client.handle_timeout(now);
-        server.handle_timeout(now);
     }
 }
 
@@ -539,27 +544,11 @@ fn events_within(
 fn an_idle_connection_sets_no_timers_but_its_keepalives() {
     // keepalives every 10 s: an idle connection should then have nothing to do for seconds
     let config = ConnectionConfig::default().with_keepalive_interval(Duration::from_secs(10));
-    let base = Instant::now();
-    let a = [addr("10.0.0.1:5000"), addr("10.1.0.1:5000")];
-    let b = [addr("10.0.0.2:6000"), addr("10.1.0.2:6000")];
-    let mut client = Endpoint::new(EndpointConfig::new(a.to_vec()), 1, base);
-    let mut server = Endpoint::new(
-        EndpointConfig::new(b.to_vec())
-            .server()
-            .with_server_connection(config.clone()),
-        2,
-        base,
+    let (mut client, mut server, mut net, ch) = connected_pair_with(
+        &[addr("10.0.0.1:5000"), addr("10.1.0.1:5000")],
+        &[addr("10.0.0.2:6000"), addr("10.1.0.2:6000")],
+        config,
     );
-    let mut net = Net {
-        base,
-        now: Duration::ZERO,
-        delay: Duration::from_micros(500),
-        queue: BinaryHeap::new(),
-        seq: 0,
-        cut_to_client: false,
-        last_to_client: None,
-    };
-    let ch = client.connect(base, &b[..1], config).unwrap();
     let mut sent = false;
     run(
         &mut client,

@@ -704,28 +704,39 @@ pub(crate) fn data_packet(time: Instant, size: u16) -> SentPacket {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_link_given_a_trickle_keeps_its_window_rate() {
+    /// A link that is up, with datagrams of up to `ceiling` bytes once path MTU discovery
+    /// confirms them.
+    fn up_link(ceiling: usize) -> (Link, Instant) {
         let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
-        let mut link = Link::new(LinkId(1), addr, addr, PathMtu::new(1472, 1472));
+        let mut link = Link::new(LinkId(1), addr, addr, PathMtu::new(1472, ceiling));
         let t0 = Instant::now();
         link.promote(t0, &mut AckOutcome::default());
+        (link, t0)
+    }
+
+    /// Sends one data packet of `size` bytes at `sent`, acknowledged one `rtt` later.
+    fn send_and_ack(link: &mut Link, sent: Instant, size: u16, rtt: Duration) {
+        let pn = link.on_sent(sent, size.into(), data_packet(sent, size));
+        let mut out = AckOutcome::default();
+        link.on_ack(
+            sent + rtt,
+            [(pn, pn)].into_iter(),
+            pn,
+            Duration::ZERO,
+            &mut out,
+        );
+        assert_eq!(out.acked.len(), 1);
+    }
+
+    #[test]
+    fn a_link_given_a_trickle_keeps_its_window_rate() {
+        let (mut link, t0) = up_link(1472);
         let rtt = Duration::from_micros(200);
         link.seed_rtt(rtt);
         let window_rate = link.cc.window() as f64 / rtt.as_secs_f64();
         // one packet per millisecond for 20 ms: far below what the window allows
         for k in 0..20u32 {
-            let sent = t0 + Duration::from_millis(k.into());
-            let pn = link.on_sent(sent, 1472, data_packet(sent, 1472));
-            let mut out = AckOutcome::default();
-            link.on_ack(
-                sent + rtt,
-                [(pn, pn)].into_iter(),
-                pn,
-                Duration::ZERO,
-                &mut out,
-            );
-            assert_eq!(out.acked.len(), 1);
+            send_and_ack(&mut link, t0 + Duration::from_millis(k.into()), 1472, rtt);
         }
         // what it delivered (1.5 MB/s) is what it was given, not what it can deliver
         assert!(
@@ -739,10 +750,7 @@ mod tests {
     #[test]
     fn a_keepalive_in_flight_is_no_data_in_flight() {
         // the peer's report of a collapsed share is ignored for a link holding none of our data
-        let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
-        let mut link = Link::new(LinkId(1), addr, addr, PathMtu::new(1472, 1472));
-        let t0 = Instant::now();
-        link.promote(t0, &mut AckOutcome::default());
+        let (mut link, t0) = up_link(1472);
         link.on_sent(t0, 40, data_packet(t0, 40)); // a PING: no frames to keep
         assert!(link.bytes_in_flight() > 0);
         assert!(!link.recovery.data_in_flight());
@@ -765,10 +773,7 @@ mod tests {
         // 1472 to 16 KiB: the window kept its bytes, at least two datagrams) and a
         // request-response flow: a 64-byte message now and then, acknowledged within a round
         // trip
-        let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
-        let mut link = Link::new(LinkId(1), addr, addr, PathMtu::new(1472, 16_384));
-        let t0 = Instant::now();
-        link.promote(t0, &mut AckOutcome::default());
+        let (mut link, t0) = up_link(16_384);
         link.pmtu.on_probe_acked(16_384, t0);
         link.mss_changed();
         assert!(link.mss() > 16_000);
@@ -776,15 +781,11 @@ mod tests {
         let rtt = Duration::from_micros(100);
         link.seed_rtt(rtt);
         for k in 0..50u32 {
-            let sent = t0 + Duration::from_millis(20 * u64::from(k));
-            let pn = link.on_sent(sent, 64, data_packet(sent, 64));
-            let mut out = AckOutcome::default();
-            link.on_ack(
-                sent + rtt,
-                [(pn, pn)].into_iter(),
-                pn,
-                Duration::ZERO,
-                &mut out,
+            send_and_ack(
+                &mut link,
+                t0 + Duration::from_millis(20 * u64::from(k)),
+                64,
+                rtt,
             );
         }
         // 64 bytes per 20 ms is what it was given: a full-size packet must not look seconds
