@@ -72,12 +72,16 @@ impl Spares {
         buf
     }
 
-    /// An empty buffer for the caller to fill: a spare, or a new one with room for the largest
-    /// datagram seen so far.
-    fn take(&mut self) -> Vec<u8> {
-        self.bufs
+    /// An empty buffer for the caller to fill, in place of one holding a datagram of
+    /// `replaced` bytes: a spare, or a new one with room for the largest datagram seen so far.
+    fn take(&mut self, replaced: usize) -> Vec<u8> {
+        self.largest = self.largest.max(replaced);
+        let mut buf = self
+            .bufs
             .pop()
-            .unwrap_or_else(|| Vec::with_capacity(self.largest))
+            .unwrap_or_else(|| Vec::with_capacity(self.largest));
+        buf.clear();
+        buf
     }
 
     fn recycle(&mut self, buf: Vec<u8>) {
@@ -142,9 +146,7 @@ impl OutgoingDatagrams {
     /// Queues the datagram in `buf` itself, without a copy, and leaves an empty buffer in its
     /// place (a spare one, emptied), for the caller's next datagram.
     pub fn push_owned(&mut self, now: Instant, buf: &mut Vec<u8>) {
-        self.spares.largest = self.spares.largest.max(buf.len());
-        let mut next = self.spares.take();
-        next.clear();
+        let next = self.spares.take(buf.len());
         let data = std::mem::replace(buf, next);
         self.enqueue(now, data);
     }

@@ -1199,11 +1199,9 @@ impl Connection {
         let mut sending = false;
         for f in Frames::new(payload) {
             let f = f.map_err(|_| DropReason::MalformedFrame)?;
-            ack_eliciting |= !matches!(f, Frame::Ack { .. } | Frame::Padding | Frame::Close { .. });
-            sending |= !matches!(
-                f,
-                Frame::Ack { .. } | Frame::Padding | Frame::Close { .. } | Frame::Ping
-            );
+            let eliciting = !matches!(f, Frame::Ack { .. } | Frame::Padding | Frame::Close { .. });
+            ack_eliciting |= eliciting;
+            sending |= eliciting && !matches!(f, Frame::Ping);
             frames.push(f);
         }
         let i = match self.link_index(link_id) {

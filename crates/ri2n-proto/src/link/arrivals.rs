@@ -11,7 +11,7 @@ pub(crate) struct Arrivals {
     /// When the peer's last packet arrived on this link.
     pub last_heard: Option<Instant>,
     /// When the peer's last packet carrying more than a PING arrived.
-    last_eliciting: Option<Instant>,
+    last_sending: Option<Instant>,
     /// The usual gap between such arrivals (moving average).
     gap: Duration,
 }
@@ -22,11 +22,11 @@ impl Arrivals {
     pub fn on_arrival(&mut self, now: Instant, sending: bool) {
         self.last_heard = Some(now);
         if sending {
-            if let Some(prev) = self.last_eliciting {
+            if let Some(prev) = self.last_sending {
                 let gap = now.saturating_duration_since(prev);
                 self.gap = (self.gap * 7 + gap) / 8;
             }
-            self.last_eliciting = Some(now);
+            self.last_sending = Some(now);
         }
     }
 
@@ -42,7 +42,7 @@ impl Arrivals {
         last_eliciting_sent: Option<Instant>,
         pto: impl FnOnce() -> Duration,
     ) -> Option<Instant> {
-        let heard = self.last_eliciting?;
+        let heard = self.last_sending?;
         if last_eliciting_sent.is_some_and(|sent| sent >= heard) {
             return None; // the probe timeout watches what was sent since
         }
