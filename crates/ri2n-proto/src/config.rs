@@ -41,8 +41,9 @@ pub struct ConnectionConfig {
     /// Bytes of unreliable datagrams ([`crate::Connection::send_datagram`]) that may wait to
     /// be sent (default 1 MiB); a full queue drops its oldest.
     pub datagram_send_buffer: usize,
-    /// A datagram that waited this long while a link was up is dropped unsent (default
-    /// 20 ms): it would only add queueing delay. While no link is up datagrams wait.
+    /// A datagram that waited this long while the queue moved is dropped unsent (default
+    /// 20 ms): it would only add queueing delay. While no datagram leaves the queue (every
+    /// link failing, or none up) datagrams wait, and their age restarts when it moves.
     pub datagram_max_age: Duration,
     /// Bytes of received datagrams not yet read that are kept (default 1 MiB); datagrams
     /// arriving beyond it are dropped.

@@ -14,11 +14,14 @@
 //!
 //! Both queues are bounded in bytes. Outgoing, a full queue drops its oldest datagram (a flow
 //! that recovers by itself gains more from the newest), and a datagram that waited longer than
-//! the configured age while a link was up is dropped unsent: it would only add queueing
-//! delay (one sent again after a link failure is exempt: see `drop_stale`). While no link is up, datagrams wait (within the bound) and their age starts again
-//! when a link comes back, so the last packets of a stalled flow reach the peer at the heal:
-//! an inner TCP connection then moves again at once instead of at its next, backed-off,
-//! retransmission timeout. Every drop is counted.
+//! the configured age while the queue was moving is dropped unsent: it would only add queueing
+//! delay (one sent again after a link failure is exempt: see `drop_stale`). Waiting counts only
+//! while datagrams leave the queue. When none has left for half the age, the links are not
+//! carrying (every link failing, whether or not the failure is detected yet, or none up): the
+//! datagrams wait within the bound, and their age starts again when the queue moves. So the
+//! last packets of a stalled flow reach the peer at the heal, and an inner TCP connection
+//! moves again at once instead of at its next, backed-off, retransmission timeout. Every drop
+//! is counted.
 //!
 //! Datagrams are numbered in sending order, and the receiver restores that order: one that
 //! arrives ahead of a missing one (it took a faster link) is held until the missing one comes
@@ -109,6 +112,10 @@ pub(crate) struct OutgoingDatagrams {
     bytes: usize,
     limit: usize,
     max_age: Duration,
+    /// When a datagram last left the queue.
+    last_sent: Option<Instant>,
+    /// When the queue last started moving after standing still: waiting counts from here.
+    moving_since: Option<Instant>,
     spares: Spares,
     /// Datagrams sent so far: the next one's number.
     pub sent: u64,
@@ -125,6 +132,8 @@ impl OutgoingDatagrams {
             bytes: 0,
             limit,
             max_age,
+            last_sent: None,
+            moving_since: None,
             spares: Spares::default(),
             sent: 0,
             resent: 0,
@@ -178,28 +187,38 @@ impl OutgoingDatagrams {
     /// Drops the oldest datagrams until `extra` more bytes fit the bound.
     fn make_room(&mut self, extra: usize) {
         while !self.queue.is_empty() && self.bytes + extra > self.limit {
-            self.drop_front();
+            self.drop_front("send queue full");
         }
     }
 
-    /// Drops the datagrams that waited longer than the maximum age, up to the first one that
-    /// is sent again after a link failure: those are never too old. They were sent in time
-    /// once, and after an outage the links' windows open from small again, so draining what
-    /// was stranded can take longer than the age allowed; dropping its tail would lose what
-    /// the failure is meant to hide (only the queue's bound drops them).
+    /// Drops the datagrams that waited longer than the maximum age while the queue moved, up
+    /// to the first one that is sent again after a link failure: those are never too old.
+    /// They were sent in time once, and after an outage the links' windows open from small
+    /// again, so draining what was stranded can take longer than the age allowed; dropping its
+    /// tail would lose what the failure is meant to hide (only the queue's bound drops them).
+    ///
+    /// A queue that stands still drops nothing for age. A datagram waiting behind links that
+    /// have just failed is not stale: dropping it before the failure is detected (tens of
+    /// milliseconds) loses the flow's last data, which only reaches the peer at the heal if it
+    /// is kept.
     pub fn drop_stale(&mut self, now: Instant) {
+        let Some(moving_since) = self.moving_since.filter(|_| self.is_moving(now)) else {
+            return;
+        };
         while self.queue.front().is_some_and(|w| {
-            w.seq.is_none() && now.saturating_duration_since(w.since) > self.max_age
+            w.seq.is_none()
+                && now.saturating_duration_since(w.since.max(moving_since)) > self.max_age
         }) {
-            self.drop_front();
+            self.drop_front("waited too long");
         }
     }
 
-    /// Links are back after none was up: what waited starts its age again.
-    pub fn restart_clock(&mut self, now: Instant) {
-        for w in &mut self.queue {
-            w.since = now;
-        }
+    /// Whether a datagram left the queue within the last half of the maximum age. Datagrams
+    /// leave many times per millisecond on a loaded link; a pause of half the age means the
+    /// links stopped carrying them.
+    fn is_moving(&self, now: Instant) -> bool {
+        self.last_sent
+            .is_some_and(|t| now.saturating_duration_since(t) <= self.max_age / 2)
     }
 
     /// Bytes the DATAGRAM frame of the next datagram takes.
@@ -214,9 +233,13 @@ impl OutgoingDatagrams {
     /// Takes the next datagram with its number (numbers go to datagrams as they are first
     /// sent, so one dropped unsent leaves no gap for the receiver to wait on); hand the
     /// buffer back with [`Self::recycle`] once the packet carrying it is acknowledged.
-    pub fn pop(&mut self) -> Option<(u64, Vec<u8>)> {
+    pub fn pop(&mut self, now: Instant) -> Option<(u64, Vec<u8>)> {
         let w = self.queue.pop_front()?;
         self.bytes -= w.data.len();
+        if !self.is_moving(now) {
+            self.moving_since = Some(now);
+        }
+        self.last_sent = Some(now);
         let seq = match w.seq {
             Some(seq) => {
                 self.resent += 1;
@@ -234,8 +257,15 @@ impl OutgoingDatagrams {
         self.spares.recycle(buf);
     }
 
-    fn drop_front(&mut self) {
+    fn drop_front(&mut self, reason: &'static str) {
         if let Some(w) = self.queue.pop_front() {
+            tracing::trace!(
+                reason,
+                len = w.data.len(),
+                resent = w.seq.is_some(),
+                queued = self.bytes,
+                "datagram dropped unsent"
+            );
             self.bytes -= w.data.len();
             self.dropped += 1;
             self.recycle(w.data);
@@ -441,9 +471,9 @@ mod tests {
         }
         assert_eq!(q.dropped, 1);
         // numbered as sent: the drop leaves no gap
-        assert_eq!(q.pop().unwrap(), (0, vec![1; 100]));
-        assert_eq!(q.pop().unwrap(), (1, vec![2; 100]));
-        assert!(q.pop().is_none());
+        assert_eq!(q.pop(now).unwrap(), (0, vec![1; 100]));
+        assert_eq!(q.pop(now).unwrap(), (1, vec![2; 100]));
+        assert!(q.pop(now).is_none());
     }
 
     #[test]
@@ -453,36 +483,52 @@ mod tests {
         for i in 0..4u8 {
             q.push(now, &[i]);
         }
-        let sent: Vec<(u64, Vec<u8>)> = (0..3).map(|_| q.pop().unwrap()).collect();
+        let sent: Vec<(u64, Vec<u8>)> = (0..3).map(|_| q.pop(now).unwrap()).collect();
         assert_eq!(sent[2], (2, vec![2]));
         // the link carrying 1 and 2 fails
         q.requeue(now, &mut sent[1..].to_vec());
         assert_eq!(q.front_frame_len(), Some(1 + 1 + 1 + 1));
-        assert_eq!(q.pop().unwrap(), (1, vec![1]));
-        assert_eq!(q.pop().unwrap(), (2, vec![2]));
-        assert_eq!(q.pop().unwrap(), (3, vec![3]), "new ones number on");
+        assert_eq!(q.pop(now).unwrap(), (1, vec![1]));
+        assert_eq!(q.pop(now).unwrap(), (2, vec![2]));
+        assert_eq!(q.pop(now).unwrap(), (3, vec![3]), "new ones number on");
         assert_eq!((q.sent, q.resent, q.dropped), (4, 2, 0));
         // and they are never too old to go
         let mut q = OutgoingDatagrams::new(10_000, Duration::from_millis(20));
         q.requeue(now, &mut vec![(7, vec![7])]);
         q.drop_stale(now + Duration::from_secs(1));
-        assert_eq!(q.pop().unwrap(), (7, vec![7]));
+        assert_eq!(q.pop(now).unwrap(), (7, vec![7]));
     }
 
     #[test]
-    fn stale_datagrams_are_dropped_and_a_heal_restarts_their_age() {
+    fn stale_datagrams_are_dropped_only_while_the_queue_moves() {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         let mut q = OutgoingDatagrams::new(10_000, ms(20));
-        q.push(t0, b"old");
-        q.push(t0 + ms(15), b"newer");
-        q.drop_stale(t0 + ms(25));
+        for (at, data) in [
+            (0, "a"),
+            (0, "b"),
+            (0, "c"),
+            (1, "old"),
+            (15, "newer"),
+            (30, "late"),
+        ] {
+            q.push(t0 + ms(at), data.as_bytes());
+        }
+        // the links carry datagrams one every 8 ms
+        for (at, data) in [(0, "a"), (8, "b"), (16, "c")] {
+            assert_eq!(q.pop(t0 + ms(at)).unwrap().1, data.as_bytes());
+        }
+        q.drop_stale(t0 + ms(22));
+        assert_eq!(q.dropped, 1, "\"old\" waited 21 ms while the queue moved");
+        // then nothing leaves (every link failing, detected or not): nothing is stale
+        q.drop_stale(t0 + ms(40));
+        q.drop_stale(t0 + ms(60_000));
         assert_eq!(q.dropped, 1);
-        assert_eq!(q.front_frame_len(), Some(1 + 1 + 1 + 5));
-        // no link up for a minute, then one comes back: the datagram still goes
-        q.restart_clock(t0 + ms(60_000));
+        // a minute later a link carries again: what waited goes, and ages from now on
+        assert_eq!(q.pop(t0 + ms(60_000)).unwrap().1, b"newer");
         q.drop_stale(t0 + ms(60_010));
-        assert_eq!(q.pop().unwrap(), (0, b"newer".to_vec()));
+        assert_eq!(q.pop(t0 + ms(60_010)).unwrap().1, b"late");
+        assert_eq!(q.dropped, 1);
     }
 
     #[test]
@@ -522,7 +568,7 @@ mod tests {
             buf.is_empty() && buf.capacity() >= 1000,
             "an empty buffer with room back"
         );
-        let (seq, sent) = q.pop().unwrap();
+        let (seq, sent) = q.pop(now).unwrap();
         assert_eq!((seq, sent.as_ptr(), sent.len()), (0, memory, 1000));
         // acknowledged: that memory is the next buffer handed back
         q.recycle(sent);
@@ -530,7 +576,7 @@ mod tests {
         q.push_owned(now, &mut next);
         assert_eq!(next.as_ptr(), memory);
         assert!(next.is_empty());
-        assert_eq!(q.pop().unwrap().1, [6u8; 10]);
+        assert_eq!(q.pop(now).unwrap().1, [6u8; 10]);
     }
 
     #[test]

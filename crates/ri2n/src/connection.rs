@@ -151,7 +151,7 @@ impl Connection {
     /// [`recv_datagram`](Self::recv_datagram), or not at all; it is sent once, never
     /// repaired, and may overtake or be overtaken by others. Never blocks: datagrams wait in
     /// a bounded queue (the oldest is dropped when it is full, and one that waited too long
-    /// while a link was up is dropped unsent; while no link is up they wait for one). A
+    /// while others were sent is dropped unsent; while none can be sent they wait). A
     /// datagram larger than [`max_datagram_size`](Self::max_datagram_size) fails with an
     /// error of kind [`io::ErrorKind::InvalidInput`].
     pub fn send_datagram(&self, data: &[u8]) -> io::Result<()> {

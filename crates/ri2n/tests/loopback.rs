@@ -563,9 +563,9 @@ fn datagrams_in_flight_when_every_link_dies_arrive_after_the_heal_once() {
     let mut seen = vec![false; n as usize];
     let mut count = 0;
     let deadline = Instant::now() + Duration::from_secs(10);
-    // those sent in the void wait for window room until they are known stranded, and some
-    // wait longer than a datagram may (they are dropped unsent and counted): every other one
-    // arrives
+    // those sent in the void wait for window room until they are known stranded; any dropped
+    // unsent (the queue's bound, or its age while the queue still moved) is counted: every
+    // other one arrives
     let mut quiet_since = None;
     loop {
         match peer.try_recv_datagram() {

@@ -785,9 +785,7 @@ impl Connection {
 
     fn update_all_down(&mut self, now: Instant) {
         if self.links.iter().any(Link::is_up) {
-            if self.all_down_since.take().is_some() {
-                self.datagrams_out.restart_clock(now);
-            }
+            self.all_down_since = None;
         } else if self.all_down_since.is_none() {
             self.all_down_since = Some(now);
         }

@@ -86,10 +86,7 @@ impl Connection {
                 s.rescue_head(RESCUE_BYTES);
             }
         }
-        if self.links.iter().any(Link::is_up) {
-            // with no link up datagrams wait for one (their age restarts when it comes)
-            self.datagrams_out.drop_stale(now);
-        }
+        self.datagrams_out.drop_stale(now);
         if !self.datagrams_out.is_empty() || self.send.iter().any(SendStream::wants_to_send) {
             match self.pick_data_link(now) {
                 Ok(i) => return self.transmit(now, i, PacketKind::Data, out),
@@ -315,7 +312,7 @@ impl Connection {
                 if len > end - w.len() {
                     break;
                 }
-                let (seq, data) = self.datagrams_out.pop().expect("a datagram is queued");
+                let (seq, data) = self.datagrams_out.pop(now).expect("a datagram is queued");
                 wire::write_datagram(&mut w, seq, &data);
                 frames.push(SentFrame::Datagram { seq, data });
                 ack_eliciting = true;
