@@ -14,8 +14,6 @@ pub const BLOCK: usize = 64 * 1024;
 /// Freed send pieces kept for reuse: memory beyond the send buffer's capacity stays within
 /// this many of the application's buffers.
 const MAX_SPARES: usize = 4;
-/// Freed receive blocks kept for reuse (1 MiB): memory above the window stays within it.
-const MAX_SPARE_BLOCKS: usize = 16;
 /// Smallest buffer [`SendStream::write_buf`] takes over whole instead of copying.
 const MIN_TAKEN: usize = 16 * 1024;
 
@@ -330,9 +328,11 @@ pub(crate) struct RecvStream {
     /// Blocks from `first()` on, each [`BLOCK`] bytes long. Positions of offsets not received
     /// yet hold stale bytes.
     blocks: VecDeque<Vec<u8>>,
-    /// Block-sized buffers kept for the next blocks (up to [`MAX_SPARE_BLOCKS`]): blocks the
-    /// reader freed are reused instead of going back to the allocator and being allocated
-    /// (and zeroed) again.
+    /// Block-sized buffers kept for the next blocks, as long as blocks and spares together
+    /// stay within what the window can fill (see [`Self::window_blocks`]): blocks the reader
+    /// freed are reused instead of going back to the allocator and being allocated (and
+    /// zeroed) again. A reader that falls behind by more than a few blocks and catches up
+    /// would otherwise have the allocator zero a block for about every third one received.
     spares: Vec<Vec<u8>>,
     /// Bytes the application has read.
     read: u64,
@@ -570,11 +570,17 @@ impl RecvStream {
     }
 
     /// Keeps a freed block for reuse, if it is block-sized (a reader's buffer may not be)
-    /// and fewer than [`MAX_SPARE_BLOCKS`] are kept.
+    /// and the window could need it.
     fn keep_spare(&mut self, block: Vec<u8>) {
-        if block.len() == BLOCK && self.spares.len() < MAX_SPARE_BLOCKS {
+        if block.len() == BLOCK && self.blocks.len() + self.spares.len() < self.window_blocks() {
             self.spares.push(block);
         }
+    }
+
+    /// Most blocks the window can fill at once: the peer sends at most `window` bytes past the
+    /// read offset, which may sit inside a block. Blocks and spares never exceed it.
+    fn window_blocks(&self) -> usize {
+        (self.window as usize).div_ceil(BLOCK) + 1
     }
 
     /// Moves the read offset `n` bytes on, freeing the blocks left behind (some are kept).
@@ -736,8 +742,9 @@ mod tests {
                 next += 1;
             }
             assert!(
-                r.memory() <= window as usize + BLOCK * (1 + MAX_SPARE_BLOCKS),
-                "memory stays within the window (one block more, and the spares)"
+                r.memory() <= window as usize + BLOCK,
+                "memory stays within the window (one block more: reading stops mid-block), \
+                 spares included"
             );
             let n = r.read(&mut buf[..7 + got.len() % 4093]);
             got.extend_from_slice(&buf[..n]);
@@ -747,13 +754,38 @@ mod tests {
     }
 
     #[test]
+    fn a_reader_that_catches_up_keeps_the_blocks_for_the_next_window() {
+        let window = 32 * BLOCK as u64;
+        let mut r = RecvStream::new(window);
+        let frame = [7u8; 1400];
+        let (mut offset, mut buf) = (0u64, Vec::new());
+        for _ in 0..3 {
+            // the peer fills the whole window before the reader runs
+            while offset + frame.len() as u64 <= r.max_data_sent {
+                r.on_data(offset, &frame, false).unwrap();
+                offset += frame.len() as u64;
+            }
+            while r.read_buf(&mut buf) > 0 {}
+            // every block it freed (but the one it holds) waits for the next window: none is
+            // allocated (and zeroed) again
+            assert!(
+                r.memory() + BLOCK >= window as usize,
+                "{} bytes kept",
+                r.memory()
+            );
+            assert!(r.memory() <= window as usize + BLOCK);
+            r.window_update();
+        }
+    }
+
+    #[test]
     fn tiny_scattered_frames_use_no_more_than_the_window() {
         let window = 1 << 20;
         let mut r = RecvStream::new(window);
         for off in (1..window).step_by(2) {
             r.on_data(off, &[1], false).unwrap();
         }
-        assert!(r.memory() <= window as usize + BLOCK * (1 + MAX_SPARE_BLOCKS));
+        assert!(r.memory() <= window as usize + BLOCK);
         assert_eq!(r.readable(), 0);
     }
 
