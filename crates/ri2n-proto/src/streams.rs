@@ -11,9 +11,6 @@ use crate::ranges::RangeSet;
 
 /// Size of the pieces small writes are gathered in (and of the receive side's blocks).
 pub const BLOCK: usize = 64 * 1024;
-/// Freed send pieces kept for reuse: memory beyond the send buffer's capacity stays within
-/// this many of the application's buffers.
-const MAX_SPARES: usize = 4;
 /// Smallest buffer [`SendStream::write_buf`] takes over whole instead of copying.
 const MIN_TAKEN: usize = 16 * 1024;
 
@@ -31,9 +28,13 @@ pub(crate) struct SendStream {
     /// The bytes from `base` (or a little below: the front piece is freed once all of it is
     /// acknowledged) to `written`, each piece with its stream offset.
     pieces: VecDeque<(u64, Vec<u8>)>,
-    /// Freed pieces kept for the next exchanges or small writes (no allocation per piece:
-    /// one acknowledgement often frees two pieces, and the writer then takes two in turn).
+    /// Freed pieces kept for the next exchanges or small writes, as long as they and the
+    /// buffered bytes fit the send buffer's capacity: a writer that filled the buffer and saw
+    /// it acknowledged in one go gets its memory back for the next fill instead of the
+    /// allocator mapping (and the kernel zeroing) fresh pages for most of it.
     spares: Vec<Vec<u8>>,
+    /// Memory the spares hold (their capacities).
+    spare_bytes: usize,
     /// Every byte below it is acknowledged.
     base: u64,
     /// Offset one past the last byte the application wrote.
@@ -69,6 +70,7 @@ impl SendStream {
         Self {
             pieces: VecDeque::new(),
             spares: Vec::new(),
+            spare_bytes: 0,
             base: 0,
             written: 0,
             next_new: 0,
@@ -114,8 +116,7 @@ impl SendStream {
             let last = match self.pieces.back_mut() {
                 Some((_, p)) if p.len() < p.capacity() => p,
                 _ => {
-                    let mut piece = self.spares.pop().unwrap_or_default();
-                    piece.clear();
+                    let mut piece = self.take_spare();
                     piece.reserve_exact(BLOCK);
                     self.pieces.push_back((self.written, piece));
                     &mut self.pieces.back_mut().expect("just pushed").1
@@ -145,22 +146,32 @@ impl SendStream {
         if (n as u64) > self.room() && self.buffered() > 0 {
             return 0;
         }
-        let mut spare = self.spares.pop().unwrap_or_default();
-        spare.clear();
+        let spare = self.take_spare();
         let piece = std::mem::replace(buf, spare);
         self.pieces.push_back((self.written, piece));
         self.written += n as u64;
         n
     }
 
-    /// Frees the pieces wholly below `base`, keeping up to [`MAX_SPARES`] for reuse.
+    /// An empty buffer: a spare one if there is one.
+    fn take_spare(&mut self) -> Vec<u8> {
+        let mut spare = self.spares.pop().unwrap_or_default();
+        self.spare_bytes -= spare.capacity();
+        spare.clear();
+        spare
+    }
+
+    /// Frees the pieces wholly below `base`, keeping for reuse those the send buffer's
+    /// capacity has room for (see `spares`).
     fn free_acknowledged(&mut self) {
         while let Some((start, piece)) = self.pieces.front() {
             if start + piece.len() as u64 > self.base {
                 break;
             }
             let (_, piece) = self.pieces.pop_front().expect("front exists");
-            if self.spares.len() < MAX_SPARES {
+            let kept = self.buffered() as usize + self.spare_bytes + piece.capacity();
+            if kept <= self.capacity as usize {
+                self.spare_bytes += piece.capacity();
                 self.spares.push(piece);
             }
         }
@@ -837,6 +848,36 @@ mod tests {
             again.is_empty() && again.capacity() > 0,
             "an empty spare buffer in exchange"
         );
+    }
+
+    #[test]
+    fn a_writer_that_filled_the_buffer_gets_its_memory_back_for_the_next_fill() {
+        const PIECE: usize = 256 * 1024;
+        let mut s = SendStream::new(8 * PIECE as u64, u64::MAX);
+        let mut buf = Vec::with_capacity(PIECE);
+        for round in 0..3 {
+            // fill the buffer with whole pieces; after the first fill every exchange hands
+            // back a spare with the memory of one acknowledged (nothing allocated)
+            for i in 0..8 {
+                buf.resize(PIECE, round as u8);
+                assert_eq!(s.write_buf(&mut buf), PIECE);
+                if round > 0 {
+                    assert!(buf.capacity() >= PIECE, "round {round}, piece {i}: a spare");
+                } else {
+                    assert_eq!(buf.capacity(), 0, "nothing acknowledged yet");
+                }
+            }
+            assert_eq!(s.room(), 0);
+            // all of it acknowledged at once
+            while let Some(c) = s.next_chunk(64 * 1024) {
+                s.on_ack(c);
+            }
+            assert_eq!(s.buffered(), 0);
+            assert!(
+                s.spare_bytes <= 8 * PIECE,
+                "no more than the capacity is kept"
+            );
+        }
     }
 
     #[test]
