@@ -21,7 +21,9 @@
 //! datagrams wait within the bound, and their age starts again when the queue moves. So the
 //! last packets of a stalled flow reach the peer at the heal, and an inner TCP connection
 //! moves again at once instead of at its next, backed-off, retransmission timeout. Every drop
-//! is counted.
+//! is counted. (On paths so slow that datagrams leave less often than every half age, about
+//! 1.2 Mbit/s of 1472-byte datagrams at the 20 ms default, the queue counts as standing still
+//! between departures and only its bound limits the delay: such paths want a longer age.)
 //!
 //! Datagrams are numbered in sending order, and the receiver restores that order: one that
 //! arrives ahead of a missing one (it took a faster link) is held until the missing one comes
