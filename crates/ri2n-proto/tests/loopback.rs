@@ -589,6 +589,8 @@ fn an_idle_connection_sets_no_timers_but_its_keepalives() {
 /// A datagram flow from client to server: one datagram every `every` while sending, each
 /// carrying its number; what arrives is checked off.
 struct Flow {
+    /// The connection on the client and on the server.
+    conns: (ConnectionHandle, ConnectionHandle),
     every: Duration,
     next_send: Duration,
     sent: u64,
@@ -600,10 +602,10 @@ impl Flow {
     fn drive(
         &mut self,
         (client, server, net): (&mut Endpoint, &mut Endpoint, &mut Net),
-        (ch, sh): (ConnectionHandle, ConnectionHandle),
         until: Duration,
         sending: bool,
     ) {
+        let (ch, sh) = self.conns;
         self.next_send = self.next_send.max(net.now);
         while net.now < until {
             let now = net.base + net.now;
@@ -664,6 +666,7 @@ fn datagrams_queued_while_every_link_is_failing_reach_the_peer_at_the_heal() {
     // 1000-byte datagrams at 40 Mbit/s: what waits during the outage stays well within the
     // send queue's 1 MiB bound, so only the age rule could drop any
     let mut flow = Flow {
+        conns: (ch, sh),
         every: Duration::from_micros(200),
         next_send: net.now,
         sent: 0,
@@ -672,7 +675,6 @@ fn datagrams_queued_while_every_link_is_failing_reach_the_peer_at_the_heal() {
     let start = net.now;
     flow.drive(
         (&mut client, &mut server, &mut net),
-        (ch, sh),
         start + Duration::from_millis(200),
         true,
     );
@@ -683,13 +685,11 @@ fn datagrams_queued_while_every_link_is_failing_reach_the_peer_at_the_heal() {
     let cut = net.now;
     flow.drive(
         (&mut client, &mut server, &mut net),
-        (ch, sh),
         cut + Duration::from_millis(60),
         true,
     );
     flow.drive(
         (&mut client, &mut server, &mut net),
-        (ch, sh),
         cut + Duration::from_secs(2),
         false,
     );
@@ -703,7 +703,6 @@ fn datagrams_queued_while_every_link_is_failing_reach_the_peer_at_the_heal() {
     let heal = net.now;
     flow.drive(
         (&mut client, &mut server, &mut net),
-        (ch, sh),
         heal + Duration::from_secs(3),
         false,
     );
