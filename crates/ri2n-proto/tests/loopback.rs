@@ -672,40 +672,29 @@ fn datagrams_queued_while_every_link_is_failing_reach_the_peer_at_the_heal() {
         sent: 0,
         arrived: Vec::new(),
     };
-    let start = net.now;
-    flow.drive(
-        (&mut client, &mut server, &mut net),
-        start + Duration::from_millis(200),
-        true,
-    );
-    // every switch dies; the application goes on sending for the tens of milliseconds the
-    // failure takes to detect (its datagrams wait behind the links' full windows), then stops
-    net.cut_to_client = true;
-    net.cut_to_server = true;
-    let cut = net.now;
-    flow.drive(
-        (&mut client, &mut server, &mut net),
-        cut + Duration::from_millis(60),
-        true,
-    );
-    flow.drive(
-        (&mut client, &mut server, &mut net),
-        cut + Duration::from_secs(2),
-        false,
-    );
-    let links = client.connection(ch).unwrap().stats().links;
-    assert!(
-        links.iter().all(|l| l.state == LinkState::Down),
-        "every link is known down during the outage"
-    );
-    net.cut_to_client = false;
-    net.cut_to_server = false;
-    let heal = net.now;
-    flow.drive(
-        (&mut client, &mut server, &mut net),
-        heal + Duration::from_secs(3),
-        false,
-    );
+    let ms = Duration::from_millis;
+    // (every path dead, how long, the application sending, every link known down after it)
+    let phases = [
+        (false, ms(200), true, false),
+        // every switch dies; the application goes on sending for the tens of milliseconds the
+        // failure takes to detect (its datagrams wait behind the links' full windows)
+        (true, ms(60), true, false),
+        // the outage, long enough for every link to be declared down
+        (true, ms(1940), false, true),
+        // the heal
+        (false, ms(3000), false, false),
+    ];
+    for (dead, length, sending, all_down) in phases {
+        net.cut_to_client = dead;
+        net.cut_to_server = dead;
+        let until = net.now + length;
+        flow.drive((&mut client, &mut server, &mut net), until, sending);
+        let links = client.connection(ch).unwrap().stats().links;
+        assert!(
+            !all_down || links.iter().all(|l| l.state == LinkState::Down),
+            "every link is known down during the outage"
+        );
+    }
     let stats = client.connection(ch).unwrap().stats();
     let lost: Vec<usize> = (0..flow.arrived.len())
         .filter(|&k| !flow.arrived[k])
