@@ -133,10 +133,10 @@ impl Connection {
         if self.links.iter().filter(|l| l.is_up()).count() < 2 {
             return;
         }
-        let (fastest, budget) = self.eta_budget();
+        let (fastest, budget) = self.eta_budget(now);
         let limit = budget * SLOW_LINK_FACTOR;
         for i in 0..self.links.len() {
-            let eta = self.links[i].eta();
+            let eta = self.links[i].eta(now);
             // only a measured link can be judged: before its first samples the ETA rests on
             // assumed values; and one with nothing in flight holds no data up
             let slow = self.links[i].is_up()

@@ -26,7 +26,7 @@ impl Connection {
     pub(super) fn pick_data_link(&mut self, now: Instant) -> Result<usize, Option<Instant>> {
         let mut best: Option<(usize, f64)> = None;
         let mut wake: Option<Instant> = None;
-        let (etas, fastest, budget) = self.etas();
+        let (etas, fastest, budget) = self.etas(now);
         let primary = match self.cfg.striping {
             Striping::Weighted => None,
             Striping::Failover => self.primary_link(),
@@ -72,20 +72,20 @@ impl Connection {
     /// take data: what the receive window can bridge (half of it at the links' combined
     /// rate), and not much later than the fastest link would deliver after its own queue.
     /// Both in seconds from now.
-    pub(super) fn eta_budget(&self) -> (f64, f64) {
-        let (_, fastest, budget) = self.etas();
+    pub(super) fn eta_budget(&self, now: Instant) -> (f64, f64) {
+        let (_, fastest, budget) = self.etas(now);
         (fastest, budget)
     }
 
     /// Each link's [`Link::eta`](crate::link::Link::eta) (infinite for a link that is not
     /// up), with the [`Self::eta_budget`]: computed once per packet placed.
-    fn etas(&self) -> ([f64; MAX_LINKS], f64, f64) {
+    fn etas(&self, now: Instant) -> ([f64; MAX_LINKS], f64, f64) {
         let mut etas = [f64::INFINITY; MAX_LINKS];
         let mut fastest = f64::INFINITY;
         let mut total_rate = 0.0;
         for (eta, l) in etas.iter_mut().zip(&self.links) {
             if l.is_up() {
-                let rate = l.delivery_rate();
+                let rate = l.delivery_rate(now);
                 *eta = l.eta_at(rate);
                 fastest = fastest.min(*eta);
                 total_rate += rate;

@@ -45,6 +45,10 @@ use recovery::Recovery;
 pub(crate) use rtt::Rtt;
 use rtt::GRANULARITY;
 
+/// Least time a measured delivery rate is trusted without a new sample, for a link that
+/// holds none of our data (see [`Link::delivery_rate`]).
+const RATE_TRUST: Duration = Duration::from_millis(20);
+
 /// Health of a link as the sender judges it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LinkState {
@@ -388,13 +392,29 @@ impl Link {
     /// (it was given little: a faster link took most) say what it was given, not what it can
     /// deliver: they may raise the window's estimate but not lower it, or a link once given a
     /// trickle would look too slow to be given more, for good.
-    pub fn delivery_rate(&self) -> f64 {
+    ///
+    /// A measurement is trusted only while it is renewed: a link that holds none of our data
+    /// and took no sample for [`RATE_TRUST`] (or 8 round trips) counts its window's rate again.
+    /// The scheduler gives data only to links whose rate promises an early arrival, and only
+    /// data brings samples: one low measurement (a window acknowledged across a stall of the
+    /// receiver) would otherwise shut a healthy link out for the rest of the connection.
+    pub fn delivery_rate(&self, now: Instant) -> f64 {
         let window_rate = self.cc.window() as f64 / self.rtt.srtt.as_secs_f64().max(1e-6);
         match self.rate.measured() {
-            Some(rate) if self.rate.measured_busy() => rate,
+            Some(rate) if self.rate.measured_busy() && !self.rate_is_stale(now) => rate,
             Some(rate) => rate.max(window_rate),
             None => window_rate,
         }
+    }
+
+    /// See [`Self::delivery_rate`].
+    fn rate_is_stale(&self, now: Instant) -> bool {
+        let trust = (self.rtt.srtt * 8).max(RATE_TRUST);
+        !self.recovery.data_in_flight()
+            && self
+                .rate
+                .sampled_at()
+                .is_none_or(|t| now.saturating_duration_since(t) > trust)
     }
 
     /// Whether RTT and delivery rate rest on measurements rather than initial assumptions.
@@ -410,8 +430,8 @@ impl Link {
     /// When a full-size packet sent now would arrive, in seconds from now: the path's base
     /// latency plus the time to deliver what is already in flight ahead of it. (Plain seconds:
     /// the scheduler compares these for every packet it places.)
-    pub fn eta(&self) -> f64 {
-        self.eta_at(self.delivery_rate())
+    pub fn eta(&self, now: Instant) -> f64 {
+        self.eta_at(self.delivery_rate(now))
     }
 
     /// [`Self::eta`] given the link's [`Self::delivery_rate`].
@@ -739,10 +759,11 @@ mod tests {
             send_and_ack(&mut link, t0 + Duration::from_millis(k.into()), 1472, rtt);
         }
         // what it delivered (1.5 MB/s) is what it was given, not what it can deliver
+        let now = t0 + Duration::from_millis(19) + rtt;
         assert!(
-            link.delivery_rate() >= window_rate * 0.9,
+            link.delivery_rate(now) >= window_rate * 0.9,
             "{} B/s, window rate {window_rate} B/s",
-            link.delivery_rate()
+            link.delivery_rate(now)
         );
         assert!(!link.is_measured());
     }
@@ -790,11 +811,59 @@ mod tests {
         }
         // 64 bytes per 20 ms is what it was given: a full-size packet must not look seconds
         // away (the slow-link check demoted such links, and the scheduler shunned them)
+        let now = t0 + Duration::from_millis(20 * 49) + rtt;
         assert!(
-            link.eta() < 0.001,
+            link.eta(now) < 0.001,
             "a packet would arrive in {} s at {} B/s",
-            link.eta(),
-            link.delivery_rate()
+            link.eta(now),
+            link.delivery_rate(now)
         );
+    }
+
+    #[test]
+    fn a_rate_measured_across_a_stall_shuts_the_link_out_only_for_a_while() {
+        // A window goes out; the peer stalls, and 30 ms later it acknowledges one packet of
+        // it while the window is still in use: a busy sample of 49 kB/s on a path of a
+        // 200 µs round trip.
+        let (mut link, t0) = up_link(1472);
+        let rtt = Duration::from_micros(200);
+        link.seed_rtt(rtt);
+        let window = link.cc.window() / 1472;
+        let pns: Vec<u64> = (0..window)
+            .map(|_| link.on_sent(t0, 1472, data_packet(t0, 1472)))
+            .collect();
+        let mut ack = |now: Instant, pn: u64| {
+            link.on_ack(
+                now,
+                [(pn, pn)].into_iter(),
+                pn,
+                Duration::ZERO,
+                &mut AckOutcome::default(),
+            )
+        };
+        ack(t0 + rtt, pns[0]);
+        let stalled = t0 + rtt + Duration::from_millis(30);
+        ack(stalled, pns[1]);
+        assert!(link.is_measured());
+        let slow = link.delivery_rate(stalled);
+        assert!(slow < 100_000.0, "{slow} B/s");
+        // the rest is acknowledged: nothing of ours is in flight
+        let last = *pns.last().unwrap();
+        link.on_ack(
+            stalled,
+            [(pns[2], last)].into_iter(),
+            last,
+            Duration::ZERO,
+            &mut AckOutcome::default(),
+        );
+        // For a while the measurement stands: a full-size packet looks far away, so the
+        // scheduler gives the link nothing, and nothing can correct the estimate ...
+        let trust = (link.rtt.srtt * 8).max(RATE_TRUST);
+        let meanwhile = stalled + trust - Duration::from_millis(1);
+        assert!(link.eta(meanwhile) > 0.01, "{} s", link.eta(meanwhile));
+        // ... until it is too old to trust: the link counts its window's rate again and gets
+        // data, whose acknowledgements measure it anew.
+        let later = stalled + trust + Duration::from_millis(1);
+        assert!(link.eta(later) < 0.001, "{} s", link.eta(later));
     }
 }

@@ -14,6 +14,8 @@ pub(crate) struct DeliveryRate {
     /// A sample was taken while the link used its window: the rate says what the link can
     /// deliver, not just what it was given.
     measured_busy: bool,
+    /// When a sample last set `rate`.
+    sampled_at: Option<Instant>,
 }
 
 impl DeliveryRate {
@@ -42,6 +44,7 @@ impl DeliveryRate {
             self.measured_busy = true;
             sample.max(self.rate * 0.75)
         };
+        self.sampled_at = Some(now);
         self.sample_start = Some((now, self.delivered));
     }
 
@@ -54,6 +57,11 @@ impl DeliveryRate {
         self.measured_busy
     }
 
+    /// When a sample last set the estimate.
+    pub fn sampled_at(&self) -> Option<Instant> {
+        self.sampled_at
+    }
+
     /// Starts the next sample at `now` (the link starts delivering after a pause).
     pub fn restart(&mut self, now: Instant) {
         self.sample_start = Some((now, self.delivered));
@@ -63,6 +71,7 @@ impl DeliveryRate {
     pub fn reset(&mut self) {
         self.rate = 0.0;
         self.measured_busy = false;
+        self.sampled_at = None;
         self.sample_start = None;
     }
 }
