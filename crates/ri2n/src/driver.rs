@@ -418,19 +418,25 @@ impl Shared {
                 break;
             }
             drop(st);
+            let mut sent_bytes = 0;
             for (i, b) in &batches {
                 let sock = &self.sockets[*i];
                 let segment = Some(b.segment).filter(|&s| s < b.len);
                 if sock.send(b.dest, &b.buf[..b.len], segment) == SendOutcome::Unreachable {
                     unreachable.push((*i, b.dest));
                 }
+                sent_bytes += b.len;
             }
             // Take in what arrived meanwhile before building more: while the application
             // writes and this thread sends, nobody else may be receiving, and acknowledgements
             // left waiting through a long sending streak expire probe timeouts (links were
-            // declared down under load).
-            for i in 0..self.sockets.len() {
-                while self.receive(i) == Received::MoreMayWait {}
+            // declared down under load). Not after a round shorter than one full batch: that
+            // took microseconds, and a message of a request-response exchange would pay an
+            // empty receive call per socket.
+            if sent_bytes >= BATCH_BYTES {
+                for i in 0..self.sockets.len() {
+                    while self.receive(i) == Received::MoreMayWait {}
+                }
             }
             st = self.lock();
             let now = Instant::now();
