@@ -2,9 +2,10 @@
 //! small tokio runtime (a worker per CPU), not a thread, so thousands of idle or slow clients
 //! cost memory, not threads. Its first message names the test: throughput (read and discard,
 //! then report), reverse (write for the asked time, then report) or latency (echo every
-//! message).
+//! message; the first [`MAX_LATENCY_THREADS`] latency clients at a time echo on a thread of
+//! their own, see [`LatencyThread`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -143,17 +144,80 @@ async fn serve_client(mut conn: AsyncConnection, max_time: Duration) -> Result<S
             )
         }
         Test::Latency => {
-            let mut n = 0u64;
-            while let Some(m) = conn.recv_message().await.map_err(lost)? {
-                conn.send_message(&m).await.map_err(lost)?;
-                n += 1;
-            }
+            let n;
+            (conn, n) = match LatencyThread::take() {
+                Some(thread) => {
+                    let blocking = conn.into_inner();
+                    let (blocking, n) = tokio::task::spawn_blocking(move || {
+                        let _thread = thread;
+                        let n = echo_blocking(&blocking);
+                        (blocking, n)
+                    })
+                    .await
+                    .map_err(|e| Failure::new(error::GENERIC, format!("echo thread: {e}")))?;
+                    let conn = AsyncConnection::new(blocking)
+                        .map_err(|e| Failure::io("watching the connection", &e))?;
+                    (conn, n.map_err(lost)?)
+                }
+                None => {
+                    let n = echo_async(&mut conn).await.map_err(lost)?;
+                    (conn, n)
+                }
+            };
             format!("latency: echoed {n} messages")
         }
     };
     conn.shutdown().await.map_err(lost)?;
     finish(conn.get_ref()).await?;
     Ok(line)
+}
+
+/// Latency clients echoed on a thread of their own at most (see [`LatencyThread`]).
+const MAX_LATENCY_THREADS: usize = 16;
+static LATENCY_THREADS: AtomicUsize = AtomicUsize::new(0);
+
+/// A latency client's claim on a thread of its own. There a blocked call receives for
+/// itself, while a task waits for the driver thread to receive and then for the runtime to
+/// wake it: two more thread switches per message, which the latency test would measure along
+/// with the transport. Beyond [`MAX_LATENCY_THREADS`] clients, tasks echo (slower, but
+/// thousands of clients still cost no threads).
+struct LatencyThread;
+
+impl LatencyThread {
+    fn take() -> Option<Self> {
+        LATENCY_THREADS
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_LATENCY_THREADS).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Self)
+    }
+}
+
+impl Drop for LatencyThread {
+    fn drop(&mut self) {
+        LATENCY_THREADS.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Echoes every message until the client's end of stream; returns how many.
+fn echo_blocking(conn: &Connection) -> std::io::Result<u64> {
+    let mut n = 0u64;
+    while let Some(m) = conn.recv_message()? {
+        conn.send_message(&m)?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// [`echo_blocking`] as a task.
+async fn echo_async(conn: &mut AsyncConnection) -> std::io::Result<u64> {
+    let mut n = 0u64;
+    while let Some(m) = conn.recv_message().await? {
+        conn.send_message(&m).await?;
+        n += 1;
+    }
+    Ok(n)
 }
 
 /// After our end of stream: waits until the client acknowledged everything, then (at most
@@ -230,4 +294,18 @@ async fn report(
     })
     .expect("a report serialises");
     conn.send_message(&msg).await.map_err(|e| Failure::lost(&e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_clients_get_threads_up_to_the_bound_and_tasks_beyond() {
+        let threads: Vec<_> = std::iter::from_fn(LatencyThread::take).take(100).collect();
+        assert_eq!(threads.len(), MAX_LATENCY_THREADS);
+        assert!(LatencyThread::take().is_none());
+        drop(threads);
+        assert!(LatencyThread::take().is_some());
+    }
 }

@@ -60,6 +60,13 @@ impl AsyncConnection {
         &self.conn
     }
 
+    /// The connection itself, for its blocking calls (e.g. on a thread of its own, where a
+    /// waiting call receives for itself: the lowest round trip for request-response).
+    /// [`AsyncConnection::new`] wraps it again.
+    pub fn into_inner(self) -> Connection {
+        self.conn
+    }
+
     /// Retries the non-blocking `op` until it does not say `WouldBlock`, waiting on `ready`
     /// in between.
     fn poll_op<T>(
