@@ -823,8 +823,8 @@ mod tests {
     #[test]
     fn a_rate_measured_across_a_stall_shuts_the_link_out_only_for_a_while() {
         // A window goes out; the peer stalls, and 30 ms later it acknowledges one packet of
-        // it while the window is still in use: a busy sample of 49 kB/s on a path of a
-        // 200 µs round trip.
+        // it while the window is still in use: a busy sample of under 100 kB/s on a path of a
+        // 200 µs round trip (the window allows 74 MB/s).
         let (mut link, t0) = up_link(1472);
         let rtt = Duration::from_micros(200);
         link.seed_rtt(rtt);
