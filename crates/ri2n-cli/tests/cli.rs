@@ -593,6 +593,31 @@ fn an_interrupted_sender_tells_the_receiver() {
     assert!(!output.path().exists());
 }
 
+/// An input that opens but cannot be read (a directory: `read` fails with EISDIR on the
+/// reader thread) ends the transfer with a clear error on both ends instead of a hang or a
+/// "successful" empty transfer.
+#[test]
+fn an_unreadable_input_is_reported_on_both_ends() {
+    let output = TempFile::new("out");
+    let (recv, a) = spawn_recv(free_port(), output.path(), &[]);
+    let dir = std::env::temp_dir();
+    let (s, so) = ri2n(
+        ["send", "--to", &a, "-i", dir.to_str().unwrap()],
+        Duration::from_secs(20),
+    );
+    let (r, ro) = recv.wait(Duration::from_secs(20));
+    let (serr, rerr) = (stderr_of(&so), stderr_of(&ro));
+    let _partial = TempFile(partial(&output));
+    assert_eq!(s.code(), Some(1), "{serr}");
+    assert!(
+        serr.contains("cannot read") && serr.contains("Is a directory"),
+        "{serr}"
+    );
+    assert_eq!(r.code(), Some(4), "{rerr}");
+    assert!(rerr.contains("could not read its input"), "{rerr}");
+    assert!(!output.path().exists(), "no complete-looking output file");
+}
+
 #[test]
 fn bad_options_are_usage_errors() {
     for args in [
