@@ -2,6 +2,7 @@
 //! the transport at work. This file only declares the options and maps results to exit codes;
 //! each subcommand lives in its own module.
 
+mod alloc;
 mod bench;
 mod checksum;
 mod control;
@@ -27,6 +28,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use error::EXIT_CODES_HELP;
+
+#[global_allocator]
+static ALLOCATOR: alloc::PageAlignedLarge = alloc::PageAlignedLarge;
 use fault::FaultSpec;
 
 /// ri2n: one reliable channel striped over several UDP links.
