@@ -20,8 +20,8 @@ pub struct PageAlignedLarge;
 /// since it depends on the size and alignment alone.
 fn system_layout(layout: Layout) -> Layout {
     if layout.size() >= LARGE && layout.align() < PAGE {
-        // cannot fail: PAGE is a power of two, and a size that fitted one alignment's
-        // rounding fits a page's for any size below isize::MAX - PAGE
+        // fails only for sizes within a page of isize::MAX: such a block keeps its own
+        // layout, the same at every call about it
         Layout::from_size_align(layout.size(), PAGE).unwrap_or(layout)
     } else {
         layout
