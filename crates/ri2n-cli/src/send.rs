@@ -152,7 +152,11 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
         if let Err(e) = conn.write_buf(&mut buf) {
             return Err(lost(&e, written, monitor));
         }
-        let _ = spare.send(buf);
+        // an empty one (the connection had no spare memory) would only make the reader
+        // allocate a chunk while a spare one may wait behind it
+        if buf.capacity() >= CHUNK {
+            let _ = spare.send(buf);
+        }
         written += n;
         monitor.set(written);
     };

@@ -345,6 +345,9 @@ pub(crate) struct RecvStream {
     /// zeroed) again. A reader that falls behind by more than a few blocks and catches up
     /// would otherwise have the allocator zero a block for about every third one received.
     spares: Vec<Vec<u8>>,
+    /// Blocks taken from the allocator so far (tests check that reading reuses them).
+    #[cfg(test)]
+    allocated: usize,
     /// Bytes the application has read.
     read: u64,
     /// Every offset below this has arrived (`contiguous - read` bytes are readable).
@@ -374,6 +377,8 @@ impl RecvStream {
         Self {
             blocks: VecDeque::new(),
             spares: Vec::new(),
+            #[cfg(test)]
+            allocated: 0,
             read: 0,
             contiguous: 0,
             ahead: RangeSet::new(),
@@ -423,7 +428,13 @@ impl RecvStream {
     fn reserve_to(&mut self, end: u64) {
         let needed = (end - self.first()).div_ceil(BLOCK as u64) as usize;
         while self.blocks.len() < needed {
-            let block = self.spares.pop().unwrap_or_else(|| vec![0u8; BLOCK]);
+            let block = self.spares.pop().unwrap_or_else(|| {
+                #[cfg(test)]
+                {
+                    self.allocated += 1;
+                }
+                vec![0u8; BLOCK]
+            });
             self.blocks.push_back(block);
         }
     }
@@ -580,10 +591,16 @@ impl RecvStream {
         n
     }
 
-    /// Keeps a freed block for reuse, if it is block-sized (a reader's buffer may not be)
+    /// Keeps a freed block for reuse, if it has a block's memory (a reader's buffer may not)
     /// and the window could need it.
-    fn keep_spare(&mut self, block: Vec<u8>) {
-        if block.len() == BLOCK && self.blocks.len() + self.spares.len() < self.window_blocks() {
+    fn keep_spare(&mut self, mut block: Vec<u8>) {
+        if block.capacity() >= BLOCK && self.blocks.len() + self.spares.len() < self.window_blocks()
+        {
+            // a reader's buffer comes back holding its last read, which may have been shorter
+            // than a block (`read_buf` copies what is readable up to the block's end): dropping
+            // it for that made the allocator map, and the kernel zero, a fresh block every time
+            // a short read was followed by a whole block
+            block.resize(BLOCK, 0);
             self.spares.push(block);
         }
     }
@@ -787,6 +804,36 @@ mod tests {
             assert!(r.memory() <= window as usize + BLOCK);
             r.window_update();
         }
+    }
+
+    #[test]
+    fn a_short_read_before_whole_blocks_loses_no_block() {
+        // the reader looks in as the first frame of each window arrives (a short read), then
+        // drains the window: the buffer it then gives back for a whole block holds only its
+        // last short read, and must be kept like any other block
+        let window = 8 * BLOCK as u64;
+        let mut r = RecvStream::new(window);
+        let frame = [7u8; 1400];
+        let (mut offset, mut buf) = (0u64, Vec::new());
+        let mut allocated = Vec::new();
+        for _ in 0..12 {
+            r.on_data(offset, &frame, false).unwrap();
+            offset += frame.len() as u64;
+            assert!(r.read_buf(&mut buf) > 0);
+            while offset + frame.len() as u64 <= r.max_data_sent {
+                r.on_data(offset, &frame, false).unwrap();
+                offset += frame.len() as u64;
+            }
+            while r.read_buf(&mut buf) > 0 {}
+            allocated.push(r.allocated);
+            r.window_update();
+        }
+        // the blocks ever allocated are those a window spans (one more than it holds: it
+        // starts mid-block) and the one the reader holds: every other one was reused
+        assert!(
+            allocated.iter().all(|&a| a <= r.window_blocks() + 1),
+            "blocks allocated after each window: {allocated:?}"
+        );
     }
 
     #[test]
