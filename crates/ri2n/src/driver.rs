@@ -691,7 +691,10 @@ impl Driver {
                 out: Outgoing::new(&sockets),
             }),
             accepted: Condvar::new(),
-            receiving: sockets.iter().map(|s| Mutex::new(s.recv_batch())).collect(),
+            receiving: sockets
+                .iter()
+                .map(|s| s.recv_batch().map(Mutex::new))
+                .collect::<std::io::Result<_>>()?,
             receive_wanted: sockets.iter().map(|_| AtomicBool::new(false)).collect(),
             sockets,
             waker,

@@ -31,6 +31,7 @@ mod carrier;
 mod connection;
 mod driver;
 mod impair;
+mod pages;
 mod readiness;
 mod socket;
 #[cfg(feature = "tokio")]

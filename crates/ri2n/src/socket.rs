@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use quinn_udp::{RecvMeta, Transmit, UdpSocketState, BATCH_SIZE};
 
 use crate::impair::Impairment;
+use crate::pages::PageBuffer;
 
 /// Kernel socket buffers asked for: a few milliseconds of a fast link, so bursts between two
 /// driver wake-ups are not dropped by the kernel.
@@ -197,7 +198,7 @@ impl LinkSocket {
     /// datagrams each). Needs no engine state, so it runs without the engine's lock.
     pub fn recv(&self, batch: &mut RecvBatch) -> io::Result<Received> {
         let mut slices: [IoSliceMut<'_>; BATCH_SIZE] = {
-            let mut bufs = batch.bufs.iter_mut();
+            let mut bufs = batch.buf.chunks_mut(batch.slot);
             std::array::from_fn(|_| IoSliceMut::new(bufs.next().expect("BATCH_SIZE buffers")))
         };
         let mut result = self
@@ -228,7 +229,8 @@ impl LinkSocket {
     /// Calls `f(remote, datagram)` for each datagram of the batch last received (GRO buffers
     /// are split at their stride; the impairment layer may drop some).
     pub fn deliver(&self, batch: &mut RecvBatch, f: &mut dyn FnMut(SocketAddr, &mut [u8])) {
-        for (m, buf) in batch.meta.iter().zip(&mut batch.bufs).take(batch.count) {
+        let bufs = batch.buf.chunks_mut(batch.slot);
+        for (m, buf) in batch.meta.iter().zip(bufs).take(batch.count) {
             let stride = m.stride.max(1);
             for d in buf[..m.len].chunks_mut(stride) {
                 if self.impairment.admit_recv() {
@@ -238,14 +240,18 @@ impl LinkSocket {
         }
     }
 
-    /// Receive buffers sized for this socket's GRO.
-    pub fn recv_batch(&self) -> RecvBatch {
-        let size = (1500 * self.state.gro_segments().max(1)).max(65536);
-        RecvBatch {
-            bufs: (0..BATCH_SIZE).map(|_| vec![0u8; size]).collect(),
+    /// Receive buffers sized for this socket's GRO, each starting on a page.
+    pub fn recv_batch(&self) -> io::Result<RecvBatch> {
+        const PAGE: usize = 4096;
+        let slot = (1500 * self.state.gro_segments().max(1))
+            .max(65536)
+            .next_multiple_of(PAGE);
+        Ok(RecvBatch {
+            buf: PageBuffer::new(slot * BATCH_SIZE)?,
+            slot,
             meta: [RecvMeta::default(); BATCH_SIZE],
             count: 0,
-        }
+        })
     }
 }
 
@@ -263,7 +269,9 @@ pub(crate) enum Received {
 /// One thread's buffers for receiving a batch of datagrams.
 #[derive(Debug)]
 pub(crate) struct RecvBatch {
-    bufs: Vec<Vec<u8>>,
+    /// `BATCH_SIZE` buffers of `slot` bytes, one after the other.
+    buf: PageBuffer,
+    slot: usize,
     meta: [RecvMeta; BATCH_SIZE],
     count: usize,
 }
