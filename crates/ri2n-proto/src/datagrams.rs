@@ -30,7 +30,13 @@
 //! or a short hold time passes (then the missing one counts as lost). Striping over links of
 //! different delays would otherwise reorder inner TCP's segments by more than a millisecond,
 //! which it takes for loss (fast retransmits, halved windows), and beyond its timestamps'
-//! 1 ms granularity, which its PAWS check drops as old duplicates.
+//! 1 ms granularity, which its PAWS check drops as old duplicates. When a link that was
+//! delivering has gone quiet since a held datagram arrived, the missing ones may be in flight
+//! on a link that just failed: they come again over another link once the sender has declared
+//! it down, and the hold then lasts that long ([`HoldRule`]). Delivered after their successors
+//! they would be dropped by PAWS, and an inner TCP connection that lost them that way at the
+//! start of an outage stood still until its backed-off retransmission timeout, seconds after
+//! the heal.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -275,6 +281,34 @@ impl OutgoingDatagrams {
     }
 }
 
+/// How long a datagram that arrived ahead of a missing one is held for it.
+///
+/// Normally `base`. But the missing datagrams may be in flight on a link that just failed:
+/// the sender sends them again over another link once it has declared that link down, and
+/// they arrive up to that link's `failure_wait` after the ones that went ahead. A link that
+/// delivered data within `base` before the held datagram arrived, and nothing since, looks
+/// like such a link, and the hold lasts its `failure_wait` instead. As soon as it delivers
+/// again (it was only a pause) the base hold applies again.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct HoldRule {
+    pub base: Duration,
+    /// Per link: when data last arrived on it, and how long its failure takes to repair.
+    pub links: smallvec::SmallVec<[(Option<Instant>, Duration); crate::MAX_LINKS]>,
+}
+
+impl HoldRule {
+    /// The hold of a datagram that arrived at `t`.
+    pub fn hold(&self, t: Instant) -> Duration {
+        self.links
+            .iter()
+            .filter(|(last, _)| {
+                last.is_some_and(|last| last < t && t.saturating_duration_since(last) <= self.base)
+            })
+            .map(|&(_, failure_wait)| failure_wait)
+            .fold(self.base, Duration::max)
+    }
+}
+
 /// How many given-up datagram numbers the receiver remembers, so that one arriving late (sent
 /// again after a link failure) is still delivered once and a second copy is not.
 const SKIPPED_MEMORY: usize = 16_384;
@@ -387,15 +421,15 @@ impl IncomingDatagrams {
     }
 
     /// When the oldest held datagram stops waiting for the missing ones before it.
-    pub fn release_deadline(&self) -> Option<Instant> {
-        self.held_since.front().map(|&(t, _)| t + self.hold)
+    pub fn release_deadline(&self, rule: &HoldRule) -> Option<Instant> {
+        self.held_since.front().map(|&(t, _)| t + rule.hold(t))
     }
 
     /// Delivers the held datagrams whose hold is over, giving up on the missing ones before
     /// them; returns whether datagrams became ready.
-    pub fn release_due(&mut self, now: Instant) -> bool {
+    pub fn release_due(&mut self, now: Instant, rule: &HoldRule) -> bool {
         let mut released = false;
-        while self.release_deadline().is_some_and(|t| t <= now) {
+        while self.release_deadline(rule).is_some_and(|t| t <= now) {
             released |= self.release_first_held();
         }
         released
@@ -463,6 +497,14 @@ impl IncomingDatagrams {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The base hold alone (no link looks failed).
+    fn only(base: Duration) -> HoldRule {
+        HoldRule {
+            base,
+            links: Default::default(),
+        }
+    }
 
     #[test]
     fn a_full_send_queue_drops_the_oldest() {
@@ -640,13 +682,13 @@ mod tests {
         assert_eq!(take(&mut q), [0]);
         assert!(q.push(t0 + ms(2), 1, &[1]), "1 arrives: 1, 2, 3 go");
         assert_eq!(take(&mut q), [1, 2, 3]);
-        assert_eq!(q.release_deadline(), None);
+        assert_eq!(q.release_deadline(&only(ms(5))), None);
         // 4 is lost: 5 and 6 wait 5 ms for it, then go
         assert!(!q.push(t0 + ms(10), 5, &[5]));
         assert!(!q.push(t0 + ms(11), 6, &[6]));
-        assert_eq!(q.release_deadline(), Some(t0 + ms(15)));
-        assert!(!q.release_due(t0 + ms(14)));
-        assert!(q.release_due(t0 + ms(15)));
+        assert_eq!(q.release_deadline(&only(ms(5))), Some(t0 + ms(15)));
+        assert!(!q.release_due(t0 + ms(14), &only(ms(5))));
+        assert!(q.release_due(t0 + ms(15), &only(ms(5))));
         assert_eq!(take(&mut q), [5, 6]);
         // 4 arrives after all: late, but delivered
         assert!(q.push(t0 + ms(20), 4, &[4]));
@@ -654,6 +696,38 @@ mod tests {
         assert!(q.push(t0 + ms(21), 7, &[7]));
         assert_eq!(take(&mut q), [7]);
         assert_eq!((q.received, q.reordered), (8, 4));
+    }
+
+    #[test]
+    fn a_link_gone_quiet_since_a_datagram_arrived_makes_it_wait_for_the_failure_repair() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let rule = |quiet_last, busy_last| HoldRule {
+            base: ms(5),
+            links: [(quiet_last, ms(25)), (busy_last, ms(25))]
+                .into_iter()
+                .collect(),
+        };
+        let mut q = IncomingDatagrams::new(1 << 20, ms(5));
+        assert!(q.push(t0, 0, &[0]));
+        // 1 was on link 0, whose switch died after its last arrival at t0; 2 came on link 1
+        assert!(!q.push(t0 + ms(1), 2, &[2]));
+        let failing = rule(Some(t0), Some(t0 + ms(1)));
+        assert_eq!(q.release_deadline(&failing), Some(t0 + ms(26)));
+        assert!(
+            !q.release_due(t0 + ms(6), &failing),
+            "held past the base hold"
+        );
+        // link 0 delivers again: it was a pause, and the base hold applies
+        let paused = rule(Some(t0 + ms(2)), Some(t0 + ms(2)));
+        assert_eq!(q.release_deadline(&paused), Some(t0 + ms(6)));
+        // a link quiet since long before is not taken for a failing one
+        let idle = rule(Some(t0 - ms(100)), Some(t0 + ms(1)));
+        assert_eq!(q.release_deadline(&idle), Some(t0 + ms(6)));
+        // 1 comes again over link 1 after the failure was detected: both in order
+        assert!(q.push(t0 + ms(20), 1, &[1]));
+        let order: Vec<u8> = std::iter::from_fn(|| q.pop()).map(|d| d[0]).collect();
+        assert_eq!(order, [0, 1, 2]);
     }
 
     #[test]
@@ -665,13 +739,17 @@ mod tests {
         // 5 arrives first, then 3 (over another link); 1, 2 and 4 are missing
         assert!(!q.push(t0 + ms(1), 5, &[5]));
         assert!(!q.push(t0 + ms(3), 3, &[3]));
-        assert_eq!(q.release_deadline(), Some(t0 + ms(6)), "5's hold");
+        assert_eq!(
+            q.release_deadline(&only(ms(5))),
+            Some(t0 + ms(6)),
+            "5's hold"
+        );
         // 1 and 2 arrive: 3 goes with them; 5 still waits for 4, since its own arrival
         assert!(!q.push(t0 + ms(4), 2, &[2]));
         assert!(q.push(t0 + ms(4), 1, &[1]));
-        assert_eq!(q.release_deadline(), Some(t0 + ms(6)));
-        assert!(q.release_due(t0 + ms(6)), "4 given up on");
-        assert_eq!(q.release_deadline(), None);
+        assert_eq!(q.release_deadline(&only(ms(5))), Some(t0 + ms(6)));
+        assert!(q.release_due(t0 + ms(6), &only(ms(5))), "4 given up on");
+        assert_eq!(q.release_deadline(&only(ms(5))), None);
         let order: Vec<u8> = std::iter::from_fn(|| q.pop()).map(|d| d[0]).collect();
         assert_eq!(order, [0, 1, 2, 3, 5]);
     }
@@ -686,7 +764,7 @@ mod tests {
             assert!(!q.push(t0, 0, &[0]), "a second copy of the next one");
             q.push(t0, 3, &[3]);
             assert!(!q.push(t0, 3, &[3]), "a second copy of a held one");
-            q.release_due(t0 + ms(10));
+            q.release_due(t0 + ms(10), &only(hold));
             // 1 and 2 were given up on; sent again after a link failure, each comes once
             assert!(q.push(t0 + ms(20), 2, &[2]));
             assert!(!q.push(t0 + ms(20), 2, &[2]));

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use smallvec::SmallVec;
 
 use crate::crypto::{Cipher, ClientHandshake, Key, PacketProtection, MAX_AUTH_FAILURES};
-use crate::datagrams::{IncomingDatagrams, OutgoingDatagrams};
+use crate::datagrams::{HoldRule, IncomingDatagrams, OutgoingDatagrams};
 use crate::link::{AckOutcome, Arrival, Link, SentFrame};
 use crate::streams::{RecvStream, SendStream};
 use crate::wire::{self, Frame, Frames, Writer};
@@ -507,6 +507,24 @@ impl Connection {
             return Err(WriteError::MessageTooLarge { size, limit });
         }
         Ok(())
+    }
+
+    /// How long received datagrams wait for missing ones (see [`HoldRule`]): a link's failure
+    /// takes the sender `failure_ptos` probe timeouts to declare (one more for the peer's
+    /// timers running a little behind ours) and a round trip for what it sends again to
+    /// arrive.
+    pub(super) fn hold_rule(&self) -> HoldRule {
+        HoldRule {
+            base: self.cfg.datagram_reorder_hold,
+            links: self
+                .links
+                .iter()
+                .map(|l| {
+                    let wait = l.pto(&self.cfg) * (self.cfg.failure_ptos + 1) + l.rtt.srtt;
+                    (l.arrivals.last_data(), wait)
+                })
+                .collect(),
+        }
     }
 
     /// Receives one datagram. `Ok(None)`: the connection closed cleanly and every datagram

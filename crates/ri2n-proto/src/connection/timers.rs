@@ -114,7 +114,10 @@ impl Connection {
             if self.health_checks_pending() {
                 arm(Timer::HealthCheck, Some(self.next_share_check));
             }
-            arm(Timer::DatagramRelease, self.datagrams_in.release_deadline());
+            arm(
+                Timer::DatagramRelease,
+                self.datagrams_in.release_deadline(&self.hold_rule()),
+            );
         }
         arm(
             Timer::AllLinksDown,
@@ -190,7 +193,8 @@ impl Connection {
                 }
             }
             Timer::DatagramRelease => {
-                if self.datagrams_in.release_due(now) && !self.readable_signalled {
+                let rule = self.hold_rule();
+                if self.datagrams_in.release_due(now, &rule) && !self.readable_signalled {
                     self.readable_signalled = true;
                     self.event(crate::Event::Readable);
                 }
