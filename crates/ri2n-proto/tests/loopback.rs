@@ -605,7 +605,45 @@ struct Flow {
     order: Vec<usize>,
 }
 
+/// The client's and the server's address of link 0 and of link 1 in [`Flow::on_two_links`].
+const LINK0: (SocketAddr, SocketAddr) = (v4([10, 0, 0, 1], 5000), v4([10, 0, 0, 2], 6000));
+const LINK1: (SocketAddr, SocketAddr) = (v4([10, 1, 0, 1], 5000), v4([10, 1, 0, 2], 6000));
+
+const fn v4([a, b, c, d]: [u8; 4], port: u16) -> SocketAddr {
+    SocketAddr::new(
+        std::net::IpAddr::V4(std::net::Ipv4Addr::new(a, b, c, d)),
+        port,
+    )
+}
+
 impl Flow {
+    /// A client and a server joined by two links, both up, and a flow of one datagram every
+    /// `every` from the client, not started yet.
+    fn on_two_links(every: Duration) -> (Endpoint, Endpoint, Net, Flow) {
+        let (mut client, mut server, mut net, ch) =
+            connected_pair(&[LINK0.0, LINK1.0], &[LINK0.1, LINK1.1]);
+        let sh = run(
+            &mut client,
+            &mut server,
+            &mut net,
+            Duration::from_secs(5),
+            |c, _, acc| {
+                let links = c.connection(ch).unwrap().stats().links;
+                acc.is_some() && links.len() == 2 && links.iter().all(|l| l.state == LinkState::Up)
+            },
+        )
+        .unwrap();
+        let flow = Flow {
+            conns: (ch, sh),
+            every,
+            next_send: net.now,
+            sent: 0,
+            arrived: Vec::new(),
+            order: Vec::new(),
+        };
+        (client, server, net, flow)
+    }
+
     /// Runs the pair until `until`, sending while `sending`, reading everything that arrives.
     fn drive(
         &mut self,
@@ -657,31 +695,11 @@ fn datagrams_queued_while_every_link_is_failing_reach_the_peer_at_the_heal() {
     // inner TCP through a tunnel depends on it: if the last packets it sent before an outage
     // are lost while older ones arrive at the heal, it takes its timeout for spurious and waits
     // for the next, backed-off one (seconds)
-    let (mut client, mut server, mut net, ch) = connected_pair(
-        &[addr("10.0.0.1:5000"), addr("10.1.0.1:5000")],
-        &[addr("10.0.0.2:6000"), addr("10.1.0.2:6000")],
-    );
-    let sh = run(
-        &mut client,
-        &mut server,
-        &mut net,
-        Duration::from_secs(5),
-        |c, _, acc| {
-            let links = c.connection(ch).unwrap().stats().links;
-            acc.is_some() && links.len() == 2 && links.iter().all(|l| l.state == LinkState::Up)
-        },
-    )
-    .unwrap();
     // 1000-byte datagrams at 40 Mbit/s: what waits during the outage stays well within the
     // send queue's 1 MiB bound, so only the age rule could drop any
-    let mut flow = Flow {
-        conns: (ch, sh),
-        every: Duration::from_micros(200),
-        next_send: net.now,
-        sent: 0,
-        arrived: Vec::new(),
-        order: Vec::new(),
-    };
+    let (mut client, mut server, mut net, mut flow) =
+        Flow::on_two_links(Duration::from_micros(200));
+    let ch = flow.conns.0;
     let ms = Duration::from_millis;
     // (every path dead, how long, the application sending, every link known down after it)
     let phases = [
@@ -729,32 +747,13 @@ fn datagrams_in_flight_on_a_link_that_dies_arrive_in_order_with_the_rest() {
     // has declared it down: delivered after their successors, inner TCP would drop them as old
     // duplicates (PAWS, its timestamps being older than ones it already took), and an inner
     // connection that lost them just before an outage stood still for seconds after the heal.
-    let client_addrs = [addr("10.0.0.1:5000"), addr("10.1.0.1:5000")];
-    let server_addrs = [addr("10.0.0.2:6000"), addr("10.1.0.2:6000")];
-    let (mut client, mut server, mut net, ch) = connected_pair(&client_addrs, &server_addrs);
-    let sh = run(
-        &mut client,
-        &mut server,
-        &mut net,
-        Duration::from_secs(5),
-        |c, _, acc| {
-            let links = c.connection(ch).unwrap().stats().links;
-            acc.is_some() && links.len() == 2 && links.iter().all(|l| l.state == LinkState::Up)
-        },
-    )
-    .unwrap();
-    let mut flow = Flow {
-        conns: (ch, sh),
-        every: Duration::from_micros(100),
-        next_send: net.now,
-        sent: 0,
-        arrived: Vec::new(),
-        order: Vec::new(),
-    };
+    let (mut client, mut server, mut net, mut flow) =
+        Flow::on_two_links(Duration::from_micros(100));
+    let ch = flow.conns.0;
     let until = net.now + Duration::from_millis(300);
     flow.drive((&mut client, &mut server, &mut net), until, true);
     // link 1's switch dies, and the flow goes on
-    net.cut_addrs = vec![client_addrs[1], server_addrs[1]];
+    net.cut_addrs = vec![LINK1.0, LINK1.1];
     let until = net.now + Duration::from_millis(500);
     flow.drive((&mut client, &mut server, &mut net), until, true);
     let until = net.now + Duration::from_millis(200);
