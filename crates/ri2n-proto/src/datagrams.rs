@@ -420,6 +420,11 @@ impl IncomingDatagrams {
         true
     }
 
+    /// Whether datagrams are held for missing ones.
+    pub fn holds_any(&self) -> bool {
+        !self.held_since.is_empty()
+    }
+
     /// When the oldest held datagram stops waiting for the missing ones before it.
     pub fn release_deadline(&self, rule: &HoldRule) -> Option<Instant> {
         self.held_since.front().map(|&(t, _)| t + rule.hold(t))

@@ -242,10 +242,9 @@ impl LinkSocket {
 
     /// Receive buffers sized for this socket's GRO, each starting on a page.
     pub fn recv_batch(&self) -> io::Result<RecvBatch> {
-        const PAGE: usize = 4096;
         let slot = (1500 * self.state.gro_segments().max(1))
             .max(65536)
-            .next_multiple_of(PAGE);
+            .next_multiple_of(crate::pages::page_size());
         Ok(RecvBatch {
             buf: PageBuffer::new(slot * BATCH_SIZE)?,
             slot,

@@ -114,10 +114,13 @@ impl Connection {
             if self.health_checks_pending() {
                 arm(Timer::HealthCheck, Some(self.next_share_check));
             }
-            arm(
-                Timer::DatagramRelease,
-                self.datagrams_in.release_deadline(&self.hold_rule()),
-            );
+            // the rule looks at every link: only worth building while a datagram waits
+            if self.datagrams_in.holds_any() {
+                arm(
+                    Timer::DatagramRelease,
+                    self.datagrams_in.release_deadline(&self.hold_rule()),
+                );
+            }
         }
         arm(
             Timer::AllLinksDown,
