@@ -43,7 +43,8 @@ pub struct ConnectionConfig {
     pub datagram_send_buffer: usize,
     /// A datagram that waited this long while the queue moved is dropped unsent (default
     /// 20 ms): it would only add queueing delay. While no datagram leaves the queue (every
-    /// link failing, or none up) datagrams wait, and their age restarts when it moves. The
+    /// link failing, or none up) datagrams wait, and those that waited through it are sent
+    /// when it moves again, whatever their age. The
     /// queue counts as still when none left it for half this age: paths slower than one
     /// datagram per half age (about 1.2 Mbit/s at the default) want a longer one.
     pub datagram_max_age: Duration,

@@ -15,15 +15,16 @@
 //! Both queues are bounded in bytes. Outgoing, a full queue drops its oldest datagram (a flow
 //! that recovers by itself gains more from the newest), and a datagram that waited longer than
 //! the configured age while the queue was moving is dropped unsent: it would only add queueing
-//! delay (one sent again after a link failure is exempt: see `drop_stale`). Waiting counts only
-//! while datagrams leave the queue. When none has left for half the age, the links are not
-//! carrying (every link failing, whether or not the failure is detected yet, or none up): the
-//! datagrams wait within the bound, and their age starts again when the queue moves. So the
-//! last packets of a stalled flow reach the peer at the heal, and an inner TCP connection
-//! moves again at once instead of at its next, backed-off, retransmission timeout. Every drop
-//! is counted. (On paths so slow that datagrams leave less often than every half age, about
-//! 1.2 Mbit/s of 1472-byte datagrams at the 20 ms default, the queue counts as standing still
-//! between departures and only its bound limits the delay: such paths want a longer age.)
+//! delay. When no datagram has left for half the age, the links are not carrying (every link
+//! failing, whether or not the failure is detected yet, or none up): the datagrams wait within
+//! the bound, and every datagram waiting when the queue moves again goes whatever its age, as
+//! does one sent again after a link failure (see `drop_stale`). So the last packets of a
+//! stalled flow, and the retransmissions inner TCP queued during the outage, reach the peer at
+//! the heal, and an inner TCP connection moves again at once instead of at its next, backed-off,
+//! retransmission timeout. Every drop is counted. (On paths so slow that datagrams leave less
+//! often than every half age, about 1.2 Mbit/s of 1472-byte datagrams at the 20 ms default, the
+//! queue counts as standing still between departures and only its bound limits the delay: such
+//! paths want a longer age.)
 //!
 //! Datagrams are numbered in sending order, and the receiver restores that order: one that
 //! arrives ahead of a missing one (it took a faster link) is held until the missing one comes
@@ -105,10 +106,13 @@ impl Spares {
 /// A datagram waiting to be sent.
 #[derive(Debug)]
 struct Waiting {
-    /// Queued, or when its age last restarted.
+    /// When it was queued.
     since: Instant,
     /// Set when it is sent again after a link failure: it keeps its number.
     seq: Option<u64>,
+    /// Sent whatever its age: stranded by a link failure, or waiting when the queue stood
+    /// still (see [`OutgoingDatagrams::drop_stale`]).
+    kept: bool,
     data: Vec<u8>,
 }
 
@@ -122,8 +126,6 @@ pub(crate) struct OutgoingDatagrams {
     max_age: Duration,
     /// When a datagram last left the queue.
     last_sent: Option<Instant>,
-    /// When the queue last started moving after standing still: waiting counts from here.
-    moving_since: Option<Instant>,
     spares: Spares,
     /// Datagrams sent so far: the next one's number.
     pub sent: u64,
@@ -141,7 +143,6 @@ impl OutgoingDatagrams {
             limit,
             max_age,
             last_sent: None,
-            moving_since: None,
             spares: Spares::default(),
             sent: 0,
             resent: 0,
@@ -174,6 +175,7 @@ impl OutgoingDatagrams {
         self.queue.push_back(Waiting {
             since: now,
             seq: None,
+            kept: false,
             data: buf,
         });
     }
@@ -186,6 +188,7 @@ impl OutgoingDatagrams {
             self.queue.push_front(Waiting {
                 since: now,
                 seq: Some(seq),
+                kept: true,
                 data,
             });
         }
@@ -200,23 +203,31 @@ impl OutgoingDatagrams {
     }
 
     /// Drops the datagrams that waited longer than the maximum age while the queue moved, up
-    /// to the first one that is sent again after a link failure: those are never too old.
-    /// They were sent in time once, and after an outage the links' windows open from small
-    /// again, so draining what was stranded can take longer than the age allowed; dropping its
-    /// tail would lose what the failure is meant to hide (only the queue's bound drops them).
+    /// to the first one kept whatever its age:
+    /// - one sent again after a link failure: it was sent in time once;
+    /// - one that was waiting when the queue stood still: the links carried nothing then, so
+    ///   its wait was no queueing delay, and it holds what the flow inside sent last (inner
+    ///   TCP's retransmissions during an outage).
+    ///
+    /// After an outage the links' windows open from small again, so draining what waited can
+    /// take longer than the age allowed; dropping its tail would lose what the failure is meant
+    /// to hide (only the queue's bound drops these). After a 60 s outage, draining the
+    /// stranded datagrams took longer than the age and dropped inner TCP's last retransmission
+    /// behind them: the flow stood still until its next timeout, about a minute later.
     ///
     /// A queue that stands still drops nothing for age. A datagram waiting behind links that
     /// have just failed is not stale: dropping it before the failure is detected (tens of
     /// milliseconds) loses the flow's last data, which only reaches the peer at the heal if it
     /// is kept.
     pub fn drop_stale(&mut self, now: Instant) {
-        let Some(moving_since) = self.moving_since.filter(|_| self.is_moving(now)) else {
+        if !self.is_moving(now) {
             return;
-        };
-        while self.queue.front().is_some_and(|w| {
-            w.seq.is_none()
-                && now.saturating_duration_since(w.since.max(moving_since)) > self.max_age
-        }) {
+        }
+        while self
+            .queue
+            .front()
+            .is_some_and(|w| !w.kept && now.saturating_duration_since(w.since) > self.max_age)
+        {
             self.drop_front("waited too long");
         }
     }
@@ -245,7 +256,10 @@ impl OutgoingDatagrams {
         let w = self.queue.pop_front()?;
         self.bytes -= w.data.len();
         if !self.is_moving(now) {
-            self.moving_since = Some(now);
+            // moving again after standing still: what waited through it goes whatever its age
+            for waiting in &mut self.queue {
+                waiting.kept = true;
+            }
         }
         self.last_sent = Some(now);
         let seq = match w.seq {
@@ -553,18 +567,13 @@ mod tests {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         let mut q = OutgoingDatagrams::new(10_000, ms(20));
-        for (at, data) in [
-            (0, "a"),
-            (0, "b"),
-            (0, "c"),
-            (1, "old"),
-            (15, "newer"),
-            (30, "late"),
-        ] {
+        q.push(t0, b"a");
+        assert_eq!(q.pop(t0).unwrap().1, b"a");
+        // the links carry datagrams one every 8 ms
+        for (at, data) in [(0, "b"), (0, "c"), (1, "old"), (15, "newer"), (30, "late")] {
             q.push(t0 + ms(at), data.as_bytes());
         }
-        // the links carry datagrams one every 8 ms
-        for (at, data) in [(0, "a"), (8, "b"), (16, "c")] {
+        for (at, data) in [(8, "b"), (16, "c")] {
             assert_eq!(q.pop(t0 + ms(at)).unwrap().1, data.as_bytes());
         }
         q.drop_stale(t0 + ms(22));
@@ -573,11 +582,48 @@ mod tests {
         q.drop_stale(t0 + ms(40));
         q.drop_stale(t0 + ms(60_000));
         assert_eq!(q.dropped, 1);
-        // a minute later a link carries again: what waited goes, and ages from now on
+        // a minute later a link carries again: what waited goes, however slowly it drains
         assert_eq!(q.pop(t0 + ms(60_000)).unwrap().1, b"newer");
-        q.drop_stale(t0 + ms(60_010));
-        assert_eq!(q.pop(t0 + ms(60_010)).unwrap().1, b"late");
+        q.push(t0 + ms(60_001), b"next");
+        q.push(t0 + ms(60_002), b"fresh");
+        q.drop_stale(t0 + ms(60_008));
+        assert_eq!(q.pop(t0 + ms(60_008)).unwrap().1, b"late");
         assert_eq!(q.dropped, 1);
+        // those queued after the queue moved again age as usual
+        assert_eq!(q.pop(t0 + ms(60_016)).unwrap().1, b"next");
+        q.drop_stale(t0 + ms(60_024));
+        assert_eq!(q.dropped, 2, "\"fresh\" waited 22 ms while the queue moved");
+        assert!(q.pop(t0 + ms(60_024)).is_none());
+    }
+
+    #[test]
+    fn what_inner_tcp_sent_during_an_outage_goes_at_the_heal_behind_the_stranded_ones() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut q = OutgoingDatagrams::new(1 << 20, ms(20));
+        for i in 0..10u8 {
+            q.push(t0, &[i]);
+        }
+        let mut stranded: Vec<(u64, Vec<u8>)> = (0..10).map(|_| q.pop(t0).unwrap()).collect();
+        // every link dies; the failure is detected 20 ms later
+        q.requeue(t0 + ms(20), &mut stranded);
+        // inner TCP's retransmission timeouts during the outage
+        for at in [200, 600, 1_400, 3_000, 6_200, 12_600, 25_400, 51_000] {
+            q.push(t0 + ms(at), b"rto");
+        }
+        // the heal at 60 s: the links' windows open from small, and the stranded ones take
+        // 45 ms to drain, longer than the maximum age
+        let heal = t0 + ms(60_000);
+        for i in 0..10u8 {
+            let at = heal + ms(5 * u64::from(i));
+            q.drop_stale(at);
+            assert_eq!(q.pop(at).unwrap(), (u64::from(i), vec![i]));
+        }
+        q.drop_stale(heal + ms(50));
+        for _ in 0..8 {
+            assert_eq!(q.pop(heal + ms(50)).unwrap().1, b"rto");
+        }
+        assert_eq!(q.dropped, 0);
     }
 
     #[test]
