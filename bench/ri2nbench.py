@@ -2038,6 +2038,10 @@ def iperf_run(lab, client, server_ip, port, seconds, mptcp=False, interval=None,
     if interval and doc:
         r["intervals"] = [[round(i["sum"]["start"], 3), i["sum"]["bits_per_second"]]
                           for i in doc["intervals"]]
+        # when the sender retransmitted, and its window then: what a stall looked like
+        r["retransmits_at"] = [[round(i["sum"]["start"], 3), i["sum"].get("retransmits"),
+                                (i.get("streams") or [{}])[0].get("snd_cwnd")]
+                               for i in doc["intervals"] if i["sum"].get("retransmits")]
     if rc != 0:
         r["error"] = err[-500:] or (doc or {}).get("error")
     return r
