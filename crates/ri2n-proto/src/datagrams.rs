@@ -37,7 +37,8 @@
 //! it down, and the hold then lasts that long ([`HoldRule`]). Delivered after their successors
 //! they would be dropped by PAWS, and an inner TCP connection that lost them that way at the
 //! start of an outage stood still until its backed-off retransmission timeout, seconds after
-//! the heal.
+//! the heal. When every link fails before they come again, they come only at the heal, and
+//! the datagrams held for them wait through the outage.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -303,14 +304,31 @@ impl OutgoingDatagrams {
 /// delivered data within `base` before the held datagram arrived, and nothing since, looks
 /// like such a link, and the hold lasts its `failure_wait` instead. As soon as it delivers
 /// again (it was only a pause) the base hold applies again.
+///
+/// Every link can fail before the missing ones come again: sent again over a link that died
+/// too, they come only at the heal. A hold that runs out while every link is failing is
+/// therefore not acted on (the connection waits for the peer to be heard again), and then
+/// the datagrams held before that moment wait `resumed`'s time from it: the peer's links come
+/// back after a few probes, and what was stranded on them comes first.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct HoldRule {
     pub base: Duration,
     /// Per link: when data last arrived on it, and how long its failure takes to repair.
     pub links: smallvec::SmallVec<[(Option<Instant>, Duration); crate::MAX_LINKS]>,
+    /// When the peer was heard again after an outage of every link, and how long datagrams
+    /// held before then still wait.
+    pub resumed: Option<(Instant, Duration)>,
 }
 
 impl HoldRule {
+    /// When a datagram that arrived at `t` stops waiting for the missing ones before it.
+    pub fn deadline(&self, t: Instant) -> Instant {
+        match self.resumed {
+            Some((at, wait)) if t <= at => at + wait,
+            _ => t + self.hold(t),
+        }
+    }
+
     /// The hold of a datagram that arrived at `t`.
     pub fn hold(&self, t: Instant) -> Duration {
         self.links
@@ -441,7 +459,7 @@ impl IncomingDatagrams {
 
     /// When the oldest held datagram stops waiting for the missing ones before it.
     pub fn release_deadline(&self, rule: &HoldRule) -> Option<Instant> {
-        self.held_since.front().map(|&(t, _)| t + rule.hold(t))
+        self.held_since.front().map(|&(t, _)| rule.deadline(t))
     }
 
     /// Delivers the held datagrams whose hold is over, giving up on the missing ones before
@@ -522,6 +540,7 @@ mod tests {
         HoldRule {
             base,
             links: Default::default(),
+            resumed: None,
         }
     }
 
@@ -758,6 +777,7 @@ mod tests {
             links: [(quiet_last, ms(25)), (busy_last, ms(25))]
                 .into_iter()
                 .collect(),
+            resumed: None,
         };
         let mut q = IncomingDatagrams::new(1 << 20, ms(5));
         assert!(q.push(t0, 0, &[0]));
@@ -779,6 +799,22 @@ mod tests {
         assert!(q.push(t0 + ms(20), 1, &[1]));
         let order: Vec<u8> = std::iter::from_fn(|| q.pop()).map(|d| d[0]).collect();
         assert_eq!(order, [0, 1, 2]);
+
+        // an outage of every link: the peer is heard again at t1, and what was held before
+        // waits for its links to come back and send what was stranded on them
+        assert!(!q.push(t0 + ms(30), 4, &[4]));
+        let t1 = t0 + ms(60_000);
+        let resumed = HoldRule {
+            resumed: Some((t1, ms(65))),
+            ..rule(Some(t0 + ms(30)), Some(t0 + ms(30)))
+        };
+        assert_eq!(q.release_deadline(&resumed), Some(t1 + ms(65)));
+        assert!(q.push(t1 + ms(40), 3, &[3]), "the stranded one comes first");
+        let order: Vec<u8> = std::iter::from_fn(|| q.pop()).map(|d| d[0]).collect();
+        assert_eq!(order, [3, 4]);
+        // one held after the peer was heard again has the usual hold
+        assert!(!q.push(t1 + ms(50), 6, &[6]));
+        assert_eq!(q.release_deadline(&resumed), Some(t1 + ms(55)));
     }
 
     #[test]

@@ -788,3 +788,48 @@ fn datagrams_in_flight_on_a_link_that_dies_arrive_in_order_with_the_rest() {
         stats.datagrams_resent
     );
 }
+
+#[test]
+fn datagrams_stranded_twice_by_a_staggered_outage_arrive_in_order_at_the_heal() {
+    // Link 1's switch dies, and link 0's a moment later, before the sender has declared link 1
+    // down: what was in flight on link 1 is sent again over link 0, dies there too, and comes
+    // only at the heal. Its successors that arrived before the outage must wait for it:
+    // delivered after them, inner TCP would drop it as an old duplicate (PAWS), and could stand
+    // still until its backed-off retransmission timeout after the heal.
+    let (mut client, mut server, mut net, mut flow) =
+        Flow::on_two_links(Duration::from_micros(100));
+    let ms = Duration::from_millis;
+    let until = net.now + ms(300);
+    flow.drive((&mut client, &mut server, &mut net), until, true);
+    net.cut_addrs = vec![LINK1.0, LINK1.1];
+    let until = net.now + ms(3);
+    flow.drive((&mut client, &mut server, &mut net), until, true);
+    net.cut_to_client = true;
+    net.cut_to_server = true;
+    let until = net.now + ms(2000);
+    flow.drive((&mut client, &mut server, &mut net), until, false);
+    net.cut_addrs.clear();
+    net.cut_to_client = false;
+    net.cut_to_server = false;
+    let until = net.now + ms(3000);
+    flow.drive((&mut client, &mut server, &mut net), until, false);
+
+    let stats = client.connection(flow.conns.0).unwrap().stats();
+    let lost = flow.arrived.iter().filter(|&&a| !a).count();
+    assert_eq!(lost, 0, "every datagram arrived ({} sent)", flow.sent);
+    let mut highest = 0;
+    let mut late = Vec::new();
+    for &k in &flow.order {
+        if k < highest {
+            late.push(k);
+        }
+        highest = highest.max(k);
+    }
+    assert!(
+        late.is_empty(),
+        "{} datagrams read after later ones (the first {:?}); {} sent again",
+        late.len(),
+        late.first(),
+        stats.datagrams_resent
+    );
+}

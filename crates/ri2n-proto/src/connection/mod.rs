@@ -191,6 +191,12 @@ pub struct Connection {
     readable_signalled: bool,
     datagrams_out: OutgoingDatagrams,
     datagrams_in: IncomingDatagrams,
+    /// A hold ran out while every link was failing: held datagrams wait for the peer (their
+    /// missing predecessors may be stranded on the dead links and come at the heal).
+    held_through_outage: bool,
+    /// When the peer was heard again after such an outage (any packet): holds of datagrams
+    /// held before then restart from here (see [`HoldRule`]).
+    arrivals_resumed: Option<Instant>,
     /// A blocked writer: the stream it writes and the room it waits for.
     write_wants: Option<(usize, u64)>,
     /// [`Event::AllAcknowledged`] was emitted.
@@ -344,6 +350,8 @@ impl Connection {
             next_stream: 0,
             last_rx: now,
             last_arrival_link: 0,
+            held_through_outage: false,
+            arrivals_resumed: None,
             all_down_since: None,
             next_share_check: now + cfg.share_check_interval,
             draining_until: None,
@@ -514,17 +522,36 @@ impl Connection {
     /// timers running a little behind ours) and a round trip for what it sends again to
     /// arrive.
     pub(super) fn hold_rule(&self) -> HoldRule {
+        let links: smallvec::SmallVec<_> = self
+            .links
+            .iter()
+            .map(|l| {
+                let wait = l.pto(&self.cfg) * (self.cfg.failure_ptos + 1) + l.rtt.srtt;
+                (l.arrivals.last_data(), wait)
+            })
+            .collect();
+        // after an outage the peer's links come back after `recovery_probes` acknowledged
+        // probes; what was stranded on them follows, within a failure repair time
+        let resumed = self.arrivals_resumed.map(|at| {
+            let repair = links.iter().map(|&(_, w)| w).max().unwrap_or_default();
+            (
+                at,
+                self.cfg.probe_interval * self.cfg.recovery_probes + repair,
+            )
+        });
         HoldRule {
             base: self.cfg.datagram_reorder_hold,
-            links: self
-                .links
-                .iter()
-                .map(|l| {
-                    let wait = l.pto(&self.cfg) * (self.cfg.failure_ptos + 1) + l.rtt.srtt;
-                    (l.arrivals.last_data(), wait)
-                })
-                .collect(),
+            links,
+            resumed,
         }
+    }
+
+    /// Whether no link shows that the peer answers now: each is down, degraded, or waits
+    /// for an acknowledgement past a probe timeout.
+    pub(super) fn every_link_failing(&self) -> bool {
+        self.links
+            .iter()
+            .all(|l| !l.is_up() || l.recovery.pto_count > 0)
     }
 
     /// Receives one datagram. `Ok(None)`: the connection closed cleanly and every datagram
@@ -1270,6 +1297,11 @@ impl Connection {
         self.last_rx = now;
         for l in &mut self.links {
             l.port_unreachable = 0;
+        }
+        if self.held_through_outage {
+            // the peer is heard again (an acknowledgement of our probes will do)
+            self.held_through_outage = false;
+            self.arrivals_resumed = Some(now);
         }
         if ack_eliciting {
             self.last_arrival_link = i;

@@ -115,7 +115,7 @@ impl Connection {
                 arm(Timer::HealthCheck, Some(self.next_share_check));
             }
             // the rule looks at every link: only worth building while a datagram waits
-            if self.datagrams_in.holds_any() {
+            if self.datagrams_in.holds_any() && !self.held_through_outage {
                 arm(
                     Timer::DatagramRelease,
                     self.datagrams_in.release_deadline(&self.hold_rule()),
@@ -194,6 +194,11 @@ impl Connection {
                 if self.next_share_check <= now {
                     self.next_share_check = now + self.cfg.share_check_interval;
                 }
+            }
+            Timer::DatagramRelease if self.every_link_failing() => {
+                // the missing ones may be stranded on the dead links, to come at the heal:
+                // their successors wait for the peer to be heard again
+                self.held_through_outage = true;
             }
             Timer::DatagramRelease => {
                 let rule = self.hold_rule();
