@@ -212,9 +212,10 @@ impl OutgoingDatagrams {
     ///
     /// After an outage the links' windows open from small again, so draining what waited can
     /// take longer than the age allowed; dropping its tail would lose what the failure is meant
-    /// to hide (only the queue's bound drops these). After a 60 s outage, draining the
-    /// stranded datagrams took longer than the age and dropped inner TCP's last retransmission
-    /// behind them: the flow stood still until its next timeout, about a minute later.
+    /// to hide (only the queue's bound drops these). With only the re-sent ones exempt, a
+    /// drain longer than the age dropped inner TCP's last retransmission behind them, and after
+    /// a 60 s outage the flow would then stand still until its next timeout, about a minute
+    /// later.
     ///
     /// A queue that stands still drops nothing for age. A datagram waiting behind links that
     /// have just failed is not stale: dropping it before the failure is detected (tens of

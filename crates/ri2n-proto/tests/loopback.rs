@@ -792,8 +792,8 @@ fn datagrams_in_flight_on_a_link_that_dies_arrive_in_order_with_the_rest() {
 #[test]
 fn datagrams_stranded_twice_by_a_staggered_outage_arrive_in_order_at_the_heal() {
     // Link 1's switch dies, and link 0's a moment later, before the sender has declared link 1
-    // down: what was in flight on link 1 is sent again over link 0, dies there too, and comes
-    // only at the heal. Its successors that arrived before the outage must wait for it:
+    // down: what was in flight on link 1 is sent again over link 0 and dies there too, or
+    // waits for a link, and comes only at the heal. Its successors that arrived before the outage must wait for it:
     // delivered after them, inner TCP would drop it as an old duplicate (PAWS), and could stand
     // still until its backed-off retransmission timeout after the heal.
     let (mut client, mut server, mut net, mut flow) =
