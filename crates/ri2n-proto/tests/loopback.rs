@@ -644,6 +644,27 @@ impl Flow {
         (client, server, net, flow)
     }
 
+    /// Every datagram sent was read, none after a later one (`resent`: how many the sender
+    /// sent again, for the message).
+    fn assert_all_read_in_order(&self, resent: u64) {
+        let lost = self.arrived.iter().filter(|&&a| !a).count();
+        assert_eq!(lost, 0, "every datagram arrived ({} sent)", self.sent);
+        let mut highest = 0;
+        let mut late = Vec::new();
+        for &k in &self.order {
+            if k < highest {
+                late.push(k);
+            }
+            highest = highest.max(k);
+        }
+        assert!(
+            late.is_empty(),
+            "{} datagrams read after later ones (the first {:?}); {resent} sent again",
+            late.len(),
+            late.first(),
+        );
+    }
+
     /// Runs the pair until `until`, sending while `sending`, reading everything that arrives.
     fn drive(
         &mut self,
@@ -770,23 +791,7 @@ fn datagrams_in_flight_on_a_link_that_dies_arrive_in_order_with_the_rest() {
         stats.datagrams_resent > 0,
         "datagrams were in flight on the dead link"
     );
-    let lost = flow.arrived.iter().filter(|&&a| !a).count();
-    assert_eq!(lost, 0, "every datagram arrived ({} sent)", flow.sent);
-    let mut highest = 0;
-    let mut late = Vec::new();
-    for &k in &flow.order {
-        if k < highest {
-            late.push(k);
-        }
-        highest = highest.max(k);
-    }
-    assert!(
-        late.is_empty(),
-        "{} datagrams read after later ones (the first {:?}); {} sent again",
-        late.len(),
-        late.first(),
-        stats.datagrams_resent
-    );
+    flow.assert_all_read_in_order(stats.datagrams_resent);
 }
 
 #[test]
@@ -815,21 +820,5 @@ fn datagrams_stranded_twice_by_a_staggered_outage_arrive_in_order_at_the_heal() 
     flow.drive((&mut client, &mut server, &mut net), until, false);
 
     let stats = client.connection(flow.conns.0).unwrap().stats();
-    let lost = flow.arrived.iter().filter(|&&a| !a).count();
-    assert_eq!(lost, 0, "every datagram arrived ({} sent)", flow.sent);
-    let mut highest = 0;
-    let mut late = Vec::new();
-    for &k in &flow.order {
-        if k < highest {
-            late.push(k);
-        }
-        highest = highest.max(k);
-    }
-    assert!(
-        late.is_empty(),
-        "{} datagrams read after later ones (the first {:?}); {} sent again",
-        late.len(),
-        late.first(),
-        stats.datagrams_resent
-    );
+    flow.assert_all_read_in_order(stats.datagrams_resent);
 }
