@@ -12,7 +12,9 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use ri2n_proto::{ConnectionConfig, ConnectionState, Endpoint, EndpointConfig, Key};
+use ri2n_proto::{
+    ConnectionConfig, ConnectionState, Endpoint, EndpointConfig, Key, Transmit, TransmitBuffer,
+};
 
 const ROUND: Duration = Duration::from_micros(20);
 /// Datagrams the server takes in before it answers (the driver's `recvmmsg` batch).
@@ -78,7 +80,7 @@ fn main() {
                 }
             }
         }
-        while to_server.send(|b| client.poll_transmit(now, b)) {}
+        while client.poll_transmit_into(now, &mut to_server) > 0 {}
         client_time += t0.elapsed();
         // server: the engine receives, the application reads
         datagrams += to_server.meta.len() as u64;
@@ -103,7 +105,7 @@ fn main() {
                     read += n as u64;
                 }
             }
-            while to_client.send(|b| server.poll_transmit(now, b)) {}
+            while server.poll_transmit_into(now, &mut to_client) > 0 {}
         }
         batches.clear();
         to_server.meta = batches;
@@ -140,22 +142,28 @@ struct InFlight {
     meta: Vec<(SocketAddr, SocketAddr, usize, usize)>,
 }
 
-impl InFlight {
-    /// Has `poll` build the next datagram at the end of the buffer; false when it built none.
-    fn send(&mut self, poll: impl FnOnce(&mut [u8]) -> Option<ri2n_proto::Transmit>) -> bool {
+/// The engine builds each datagram at the end of the buffer, as into the driver's batches.
+impl TransmitBuffer for InFlight {
+    fn buffer(&mut self, _: SocketAddr, _: SocketAddr) -> &mut [u8] {
         let (start, room) = (self.used, ri2n_proto::wire::MAX_DATAGRAM_SIZE);
         if self.bytes.len() < start + room {
             // grows a few times at the start, then never again
             self.bytes.resize(2 * (start + room), 0);
         }
-        let built = poll(&mut self.bytes[start..start + room]);
-        if let Some(t) = &built {
-            self.meta.push((t.remote, t.local, start, t.len));
-            self.used += t.len;
-        }
-        built.is_some()
+        &mut self.bytes[start..start + room]
     }
 
+    fn commit(&mut self, t: &Transmit) {
+        self.meta.push((t.remote, t.local, self.used, t.len));
+        self.used += t.len;
+    }
+
+    fn wants_more(&self) -> bool {
+        true
+    }
+}
+
+impl InFlight {
     /// The datagrams' places in `bytes`, which stay valid until the next `send`.
     fn take(&mut self) -> Vec<(SocketAddr, SocketAddr, usize, usize)> {
         self.used = 0;

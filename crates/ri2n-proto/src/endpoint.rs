@@ -39,22 +39,41 @@ pub struct Transmit {
     pub len: usize,
 }
 
-/// Where [`Endpoint::poll_transmit_into`] builds each datagram: the engine picks the path
-/// first, then asks for room on it, so a driver can hand out the tail of that path's
-/// outgoing batch and datagrams are built in place, never copied.
+/// Where [`Endpoint::poll_transmit_into`] builds datagrams: the engine picks the path first,
+/// then asks for room on it, so a driver can hand out the tail of that path's outgoing batch
+/// and datagrams are built in place, never copied.
 pub trait TransmitBuffer {
     /// Room for the next datagram from `local` to `remote`: at least the connection's
     /// `max_datagram_size` (and 1200 bytes for handshake packets). The engine writes the
-    /// datagram at its start and reports its length in the returned [`Transmit`].
+    /// datagram at its start, then reports it with [`commit`](Self::commit).
     fn buffer(&mut self, local: SocketAddr, remote: SocketAddr) -> &mut [u8];
+
+    /// The datagram written in the room last handed out is complete.
+    fn commit(&mut self, t: &Transmit);
+
+    /// Whether the buffer takes another datagram in this call. The engine asks before each
+    /// datagram after the first: a connection with data ready builds a burst of packets at
+    /// one instant, and the costs of deciding what is due are paid once per burst.
+    fn wants_more(&self) -> bool;
 }
 
-/// One buffer for every path: each datagram is written to its start.
-struct SliceBuffer<'a>(&'a mut [u8]);
+/// One buffer for every path, for one datagram, written to its start.
+struct SliceBuffer<'a> {
+    buf: &'a mut [u8],
+    built: Option<Transmit>,
+}
 
 impl TransmitBuffer for SliceBuffer<'_> {
     fn buffer(&mut self, _: SocketAddr, _: SocketAddr) -> &mut [u8] {
-        self.0
+        self.buf
+    }
+
+    fn commit(&mut self, t: &Transmit) {
+        self.built = Some(*t);
+    }
+
+    fn wants_more(&self) -> bool {
+        self.built.is_none()
     }
 }
 
@@ -713,26 +732,26 @@ impl Endpoint {
     /// The next datagram to send, written into `buf` (at least `max_datagram_size` bytes, and
     /// 1200 for a client's first packets). Call until it returns `None`.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
-        self.poll_transmit_into(now, &mut SliceBuffer(buf))
+        let mut out = SliceBuffer { buf, built: None };
+        self.poll_transmit_into(now, &mut out);
+        out.built
     }
 
-    /// The next datagram to send, built in the room `out` gives for its path (see
-    /// [`TransmitBuffer`]). Call until it returns `None`. Only connections that something
-    /// happened to since they last had nothing to send are asked: what becomes due with time
-    /// alone (retransmissions, probes, paced data) goes out after
+    /// Builds what is ready to send into `out` (see [`TransmitBuffer`]): one stateless answer,
+    /// or the next datagram of one connection and, while `out` wants more, the rest of its
+    /// burst of data. Returns how many datagrams it built; call until it returns 0. Only
+    /// connections that something happened to since they last had nothing to send are asked:
+    /// what becomes due with time alone (retransmissions, probes, paced data) goes out after
     /// [`handle_timeout`](Self::handle_timeout) ran for it.
-    pub fn poll_transmit_into(
-        &mut self,
-        now: Instant,
-        out: &mut dyn TransmitBuffer,
-    ) -> Option<Transmit> {
+    pub fn poll_transmit_into(&mut self, now: Instant, out: &mut dyn TransmitBuffer) -> usize {
         if let Some((local, remote, data)) = self.stateless.pop_front() {
             out.buffer(local, remote)[..data.len()].copy_from_slice(&data);
-            return Some(Transmit {
+            out.commit(&Transmit {
                 local,
                 remote,
                 len: data.len(),
             });
+            return 1;
         }
         // round robin over the ready connections, so one busy connection cannot starve the
         // others; one that has nothing to send leaves the ready set
@@ -750,22 +769,17 @@ impl Endpoint {
                     self.cursor = 0;
                     continue;
                 }
-                None => return None,
+                None => return 0,
             };
-            match self
+            let built = self
                 .connections
                 .get_mut(&h)
-                .and_then(|c| c.poll_transmit(now, out))
-            {
-                Some((local, remote, len)) => {
-                    self.cursor = h.0 + 1;
-                    return Some(Transmit { local, remote, len });
-                }
-                None => {
-                    self.ready.remove(&h);
-                    self.cursor = h.0 + 1;
-                }
+                .map_or(0, |c| c.poll_transmit(now, out));
+            self.cursor = h.0 + 1;
+            if built > 0 {
+                return built;
             }
+            self.ready.remove(&h);
         }
     }
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use ri2n_proto::wire::{self, frame_type, Header, Writer};
 use ri2n_proto::{
     ConnectionConfig, ConnectionError, ConnectionHandle, ConnectionState, Endpoint, EndpointConfig,
-    LinkState, ReadError,
+    LinkState, ReadError, Transmit, TransmitBuffer,
 };
 
 fn addr(s: &str) -> SocketAddr {
@@ -33,35 +33,87 @@ struct Net {
     last_to_client: Option<(SocketAddr, SocketAddr, Vec<u8>)>,
     /// Datagrams from or to these addresses are lost (their link's switch is dead).
     cut_addrs: Vec<SocketAddr>,
+    /// The endpoints build bursts (many datagrams per `poll_transmit_into` call), as into the
+    /// driver's batches, rather than one datagram per `poll_transmit` call.
+    burst: bool,
+    /// Every datagram the client sent, as (local, remote, bytes), when recording.
+    client_log: Option<Vec<(SocketAddr, SocketAddr, Vec<u8>)>>,
+    /// Most datagrams one call built.
+    largest_burst: usize,
+}
+
+/// Collects what one `poll_transmit_into` call builds.
+#[derive(Default)]
+struct Burst {
+    room: Vec<u8>,
+    built: Vec<(Transmit, Vec<u8>)>,
+}
+
+impl TransmitBuffer for Burst {
+    fn buffer(&mut self, _: SocketAddr, _: SocketAddr) -> &mut [u8] {
+        self.room.resize(1500, 0);
+        &mut self.room
+    }
+
+    fn commit(&mut self, t: &Transmit) {
+        self.built.push((*t, self.room[..t.len].to_vec()));
+    }
+
+    fn wants_more(&self) -> bool {
+        true
+    }
 }
 
 impl Net {
     fn flush(&mut self, ep: &mut Endpoint, to_server: bool) {
-        let mut buf = [0u8; 1500];
         let now = self.base + self.now;
-        while let Some(t) = ep.poll_transmit(now, &mut buf) {
-            if self.cut_addrs.contains(&t.local) || self.cut_addrs.contains(&t.remote) {
-                continue;
-            }
-            if to_server {
-                // `ep` is the server
-                self.last_to_client = Some((t.local, t.remote, buf[..t.len].to_vec()));
-                if self.cut_to_client {
-                    continue;
+        loop {
+            let mut out = Burst::default();
+            if self.burst {
+                ep.poll_transmit_into(now, &mut out);
+            } else {
+                let mut buf = [0u8; 1500];
+                if let Some(t) = ep.poll_transmit(now, &mut buf) {
+                    out.built.push((t, buf[..t.len].to_vec()));
                 }
-            } else if self.cut_to_server {
-                continue;
             }
-            self.seq += 1;
-            self.queue.push(Reverse((
-                self.now + self.delay,
-                self.seq,
-                !to_server,
-                t.remote,
-                t.local,
-                buf[..t.len].to_vec(),
-            )));
+            if out.built.is_empty() {
+                return;
+            }
+            self.largest_burst = self.largest_burst.max(out.built.len());
+            for (t, bytes) in out.built {
+                self.put(t, bytes, to_server);
+            }
         }
+    }
+
+    /// Puts a datagram `ep` built on the network (`to_server`: `ep` is the server).
+    fn put(&mut self, t: Transmit, bytes: Vec<u8>, to_server: bool) {
+        if !to_server {
+            if let Some(log) = &mut self.client_log {
+                log.push((t.local, t.remote, bytes.clone()));
+            }
+        }
+        if self.cut_addrs.contains(&t.local) || self.cut_addrs.contains(&t.remote) {
+            return;
+        }
+        if to_server {
+            self.last_to_client = Some((t.local, t.remote, bytes.clone()));
+            if self.cut_to_client {
+                return;
+            }
+        } else if self.cut_to_server {
+            return;
+        }
+        self.seq += 1;
+        self.queue.push(Reverse((
+            self.now + self.delay,
+            self.seq,
+            !to_server,
+            t.remote,
+            t.local,
+            bytes,
+        )));
     }
 }
 
@@ -142,7 +194,17 @@ fn connected_pair_with(
     b: &[SocketAddr],
     config: ConnectionConfig,
 ) -> (Endpoint, Endpoint, Net, ConnectionHandle) {
-    let base = Instant::now();
+    connected_pair_at(Instant::now(), a, b, config)
+}
+
+/// [`connected_pair_with`] whose clock starts at `base`: pairs made with the same arguments
+/// behave alike.
+fn connected_pair_at(
+    base: Instant,
+    a: &[SocketAddr],
+    b: &[SocketAddr],
+    config: ConnectionConfig,
+) -> (Endpoint, Endpoint, Net, ConnectionHandle) {
     let mut client = Endpoint::new(EndpointConfig::new(a.to_vec()), 1, base);
     let server = Endpoint::new(
         EndpointConfig::new(b.to_vec())
@@ -161,6 +223,9 @@ fn connected_pair_with(
         cut_to_server: false,
         cut_addrs: Vec::new(),
         last_to_client: None,
+        burst: false,
+        client_log: None,
+        largest_burst: 0,
     };
     let ch = client.connect(base, &b[..1], config).unwrap();
     (client, server, net, ch)
@@ -306,6 +371,74 @@ fn bytes_and_messages_cross_two_links_both_ways() {
             l.id
         );
     }
+}
+
+/// A burst (many datagrams in one `poll_transmit_into` call, as the driver builds them) sends
+/// exactly what one datagram per call sends: the same bytes on the same paths, striped over
+/// two links, over a whole transfer with slow start, pacing and window limits.
+#[test]
+fn a_burst_sends_what_one_datagram_per_call_sends() {
+    const TOTAL: u64 = 4_000_000;
+    let a = [addr("10.0.0.1:5000"), addr("10.1.0.1:5000")];
+    let b = [addr("10.0.0.2:6000"), addr("10.1.0.2:6000")];
+    let base = Instant::now();
+    let transfer = |burst: bool| {
+        let (mut client, mut server, mut net, ch) =
+            connected_pair_at(base, &a, &b, ConnectionConfig::default());
+        net.burst = burst;
+        net.client_log = Some(Vec::new());
+        let (mut sent, mut got) = (0u64, 0u64);
+        let mut buf = vec![0u8; 65536];
+        run(
+            &mut client,
+            &mut server,
+            &mut net,
+            Duration::from_secs(30),
+            |c, s, acc| {
+                let cc = c.connection_mut(ch).unwrap();
+                while sent < TOTAL {
+                    let chunk: Vec<u8> = (sent..(sent + 16384).min(TOTAL)).map(pattern).collect();
+                    match cc.write(&chunk) {
+                        Ok(n) => sent += n as u64,
+                        Err(_) => break,
+                    }
+                }
+                let Some(h) = *acc else { return false };
+                let sc = s.connection_mut(h).unwrap();
+                while let Ok(n) = sc.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    assert!(buf[..n]
+                        .iter()
+                        .enumerate()
+                        .all(|(i, &x)| x == pattern(got + i as u64)));
+                    got += n as u64;
+                }
+                got == TOTAL
+            },
+        );
+        let links = client.connection(ch).unwrap().stats().links;
+        assert!(
+            links.len() == 2 && links.iter().all(|l| l.stream_bytes_sent > TOTAL / 4),
+            "both links carried data: {links:?}"
+        );
+        (net.client_log.take().unwrap(), net.largest_burst)
+    };
+    let (one_by_one, largest) = transfer(false);
+    assert_eq!(largest, 1);
+    let (bursts, largest) = transfer(true);
+    assert!(
+        largest > 8,
+        "bursts were built (at most {largest} datagrams)"
+    );
+    assert!(one_by_one.len() as u64 > TOTAL / 1500);
+    let first_difference = one_by_one.iter().zip(&bursts).position(|(x, y)| x != y);
+    assert_eq!(
+        first_difference, None,
+        "datagram number {first_difference:?} differs"
+    );
+    assert_eq!(one_by_one.len(), bursts.len());
 }
 
 /// A server on another host that also listens on its loopback address announces it; the

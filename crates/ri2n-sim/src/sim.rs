@@ -7,7 +7,9 @@ use std::collections::BinaryHeap;
 use std::panic::{self, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
-use ri2n_proto::{ConnectionHandle, Endpoint, EndpointConfig, Event, LinkId};
+use ri2n_proto::{
+    ConnectionHandle, Endpoint, EndpointConfig, Event, LinkId, Transmit, TransmitBuffer,
+};
 
 use crate::app::{Receiver, Sender, Workload};
 use crate::derive_seed;
@@ -216,8 +218,38 @@ struct Sim<'a> {
     report: Report,
     /// Scratch space, reused.
     deliveries: Vec<crate::net::Delivery>,
-    tx_buf: Vec<u8>,
+    tx: Outgoing,
     rx_buf: Vec<u8>,
+}
+
+/// What one `poll_transmit_into` call built: a burst, as into the driver's batches.
+#[derive(Debug)]
+struct Outgoing {
+    room: Vec<u8>,
+    built: Vec<(Transmit, Vec<u8>)>,
+}
+
+impl Default for Outgoing {
+    fn default() -> Self {
+        Self {
+            room: vec![0; ri2n_proto::wire::MAX_DATAGRAM_SIZE],
+            built: Vec::new(),
+        }
+    }
+}
+
+impl TransmitBuffer for Outgoing {
+    fn buffer(&mut self, _: std::net::SocketAddr, _: std::net::SocketAddr) -> &mut [u8] {
+        &mut self.room
+    }
+
+    fn commit(&mut self, t: &Transmit) {
+        self.built.push((*t, self.room[..t.len].to_vec()));
+    }
+
+    fn wants_more(&self) -> bool {
+        true
+    }
 }
 
 impl<'a> Sim<'a> {
@@ -237,7 +269,7 @@ impl<'a> Sim<'a> {
                 ..Report::default()
             },
             deliveries: Vec::new(),
-            tx_buf: vec![0; ri2n_proto::wire::MAX_DATAGRAM_SIZE],
+            tx: Outgoing::default(),
             rx_buf: vec![0; 64 << 10],
         }
     }
@@ -509,32 +541,39 @@ impl<'a> Sim<'a> {
         Ok(())
     }
 
-    /// `poll_transmit` until `None`, putting every datagram on its link.
+    /// `poll_transmit_into` until it builds nothing, putting every datagram on its link. It
+    /// builds into a buffer that takes bursts, as the driver's batches do.
     fn flush(&mut self, h: HostId) -> Result<(), FailureKind> {
         let now = self.now;
         let instant = self.instant();
         let dir = Dir::from_sender(h);
-        for _ in 0..FLUSH_LIMIT {
-            let Some(t) = self.hosts[h.index()]
+        let mut flushed = 0;
+        while flushed < FLUSH_LIMIT {
+            if self.hosts[h.index()]
                 .endpoint
-                .poll_transmit(instant, &mut self.tx_buf)
-            else {
+                .poll_transmit_into(instant, &mut self.tx)
+                == 0
+            {
                 return Ok(());
-            };
-            if t.len > self.sc.max_datagram {
-                return Err(FailureKind::OversizeDatagram {
-                    host: h,
-                    len: t.len,
-                });
             }
-            match self.net.route(h, t.local, t.remote) {
-                None => self.report.no_route[h.index()] += 1,
-                Some(link) => {
-                    let data = self.tx_buf[..t.len].to_vec();
-                    let tx = self.net.direction_mut(link, dir).send(now, data);
-                    self.schedule_tx(link, dir, tx);
+            let mut built = std::mem::take(&mut self.tx.built);
+            for (t, data) in built.drain(..) {
+                flushed += 1;
+                if t.len > self.sc.max_datagram {
+                    return Err(FailureKind::OversizeDatagram {
+                        host: h,
+                        len: t.len,
+                    });
+                }
+                match self.net.route(h, t.local, t.remote) {
+                    None => self.report.no_route[h.index()] += 1,
+                    Some(link) => {
+                        let tx = self.net.direction_mut(link, dir).send(now, data);
+                        self.schedule_tx(link, dir, tx);
+                    }
                 }
             }
+            self.tx.built = built; // empty, its memory kept
         }
         Err(FailureKind::Livelock {
             host: h,

@@ -181,6 +181,21 @@ impl Outgoing {
             self.close(i);
         }
     }
+}
+
+impl TransmitBuffer for Outgoing {
+    fn buffer(&mut self, local: SocketAddr, remote: SocketAddr) -> &mut [u8] {
+        let Some(i) = self.locals.iter().position(|&a| a == local) else {
+            self.pending = None;
+            return &mut self.discard;
+        };
+        if !self.open[i].takes(remote, self.max_segments[i]) {
+            self.close(i);
+        }
+        let batch = &mut self.open[i];
+        self.pending = Some((i, batch.len));
+        &mut batch.buf[batch.len..]
+    }
 
     /// Records the datagram the engine just built in the room last handed out.
     fn commit(&mut self, t: &Transmit) {
@@ -208,20 +223,9 @@ impl Outgoing {
             self.close(i); // a shorter datagram can only end a batch
         }
     }
-}
 
-impl TransmitBuffer for Outgoing {
-    fn buffer(&mut self, local: SocketAddr, remote: SocketAddr) -> &mut [u8] {
-        let Some(i) = self.locals.iter().position(|&a| a == local) else {
-            self.pending = None;
-            return &mut self.discard;
-        };
-        if !self.open[i].takes(remote, self.max_segments[i]) {
-            self.close(i);
-        }
-        let batch = &mut self.open[i];
-        self.pending = Some((i, batch.len));
-        &mut batch.buf[batch.len..]
+    fn wants_more(&self) -> bool {
+        self.queue.len() < MAX_QUEUED_BATCHES
     }
 }
 
@@ -391,12 +395,7 @@ impl Shared {
     /// Has the engine build every datagram it has ready, in place in the per-socket batches.
     fn build(st: &mut State, now: Instant) {
         let State { endpoint, out, .. } = st;
-        while out.queue.len() < MAX_QUEUED_BATCHES {
-            let Some(t) = endpoint.poll_transmit_into(now, out) else {
-                break;
-            };
-            out.commit(&t);
-        }
+        while out.wants_more() && endpoint.poll_transmit_into(now, out) > 0 {}
         out.close_all();
     }
 

@@ -8,37 +8,83 @@ use std::time::Instant;
 use smallvec::SmallVec;
 
 use crate::crypto::{self, PacketProtection};
-use crate::endpoint::TransmitBuffer;
+use crate::endpoint::{Transmit, TransmitBuffer};
 use crate::link::{Link, SentFrame, SentPacket};
 use crate::pmtu::PathMtu;
 use crate::streams::SendStream;
 use crate::wire::{self, Header, Writer};
 use crate::{ConnectionConfig, LinkId, LinkState};
 
+use super::scheduler::Schedule;
 use super::{Connection, ConnectionState, Handshake, PacketKind, CLOSE_DONE};
 
 /// Room a CLOSE of code 0 with an empty reason needs after the acknowledgements before it.
 const CLOSE_DONE_ROOM: usize = 3;
 
+/// Data packets one call builds at most: bursts are long enough to pay what is decided once
+/// per burst over many packets, and short enough that connections take turns.
+const MAX_BURST: usize = 32;
+
 /// Bytes at the head of a flow-blocked stream re-sent at once by opportunistic retransmission.
 const RESCUE_BYTES: u64 = 64 * 1024;
 
 impl Connection {
-    /// Builds the next datagram into the buffer `out` gives for its path; returns the path
-    /// and the datagram's length.
-    pub(crate) fn poll_transmit(
+    /// Builds the next datagram into `out` and, if it was data and `out` wants more, the rest
+    /// of a burst of data at this instant. Returns how many datagrams it built.
+    pub(crate) fn poll_transmit(&mut self, now: Instant, out: &mut dyn TransmitBuffer) -> usize {
+        let Some((t, schedule)) = self.next_datagram(now, out) else {
+            return 0;
+        };
+        out.commit(&t);
+        match schedule {
+            Some(schedule) => 1 + self.data_burst(now, schedule, out),
+            None => 1,
+        }
+    }
+
+    /// The data packets after the first of a burst at `now`, until `out` wants no more, there
+    /// is no data, no link lets a packet out, or [`MAX_BURST`] is reached. What
+    /// [`Self::next_datagram`] checks before data is not checked again: none of it was due,
+    /// and sending data makes none of it due at the same instant (a keepalive is put off by
+    /// data; probes, probe timeouts and MTU probes do not depend on it).
+    fn data_burst(
+        &mut self,
+        now: Instant,
+        mut schedule: Schedule,
+        out: &mut dyn TransmitBuffer,
+    ) -> usize {
+        let mut built = 0;
+        while built + 1 < MAX_BURST
+            && out.wants_more()
+            && (!self.datagrams_out.is_empty() || self.send.iter().any(SendStream::wants_to_send))
+        {
+            let Some(i) = self.pick_next_data_link(&mut schedule, now) else {
+                break;
+            };
+            let t = self.transmit(now, i, PacketKind::Data, out);
+            schedule.sent_on(i, &self.links[i], now);
+            out.commit(&t);
+            built += 1;
+        }
+        built
+    }
+
+    /// Builds the next datagram into the buffer `out` gives for its path. For data, also
+    /// returns the schedule that placed it.
+    fn next_datagram(
         &mut self,
         now: Instant,
         out: &mut dyn TransmitBuffer,
-    ) -> Option<(SocketAddr, SocketAddr, usize)> {
+    ) -> Option<(Transmit, Option<Schedule>)> {
         if self.state == ConnectionState::Closed {
             let i = self.close_sends.pop()?;
             let (code, reason) = self.close_frame.clone().unwrap_or_default();
             let len = self.build_close(i, code, &reason, out);
-            return Some((self.links[i].local, self.links[i].remote, len));
+            let (local, remote) = (self.links[i].local, self.links[i].remote);
+            return Some((Transmit { local, remote, len }, None));
         }
-        if let Some(r) = self.poll_handshake(now, out) {
-            return Some(r);
+        if let Some(t) = self.poll_handshake(now, out) {
+            return Some((t, None));
         }
         if !self.can_send_short() {
             return None;
@@ -56,7 +102,7 @@ impl Connection {
                     return None; // that was the last link of a peer that is gone
                 }
             }
-            return self.transmit(now, i, PacketKind::Probe, out);
+            return Some((self.transmit(now, i, PacketKind::Probe, out), None));
         }
         // 2. probe timeouts, keepalives and the handshake confirmation on up links
         let ping = self.ping_pending.take().or_else(|| {
@@ -70,13 +116,13 @@ impl Connection {
         if let Some(i) = ping {
             let l = &mut self.links[i];
             l.recovery.pto_probes_pending = l.recovery.pto_probes_pending.saturating_sub(1);
-            return self.transmit(now, i, PacketKind::Ping, out);
+            return Some((self.transmit(now, i, PacketKind::Ping, out), None));
         }
         // 3. path MTU probes (one at a time per link, outside the congestion window)
         if let Some((i, size)) =
             (0..self.links.len()).find_map(|i| Some((i, self.links[i].mtu_probe_due(now)?)))
         {
-            return self.transmit(now, i, PacketKind::MtuProbe(size), out);
+            return Some((self.transmit(now, i, PacketKind::MtuProbe(size), out), None));
         }
         // 4. stream data, striped over the up links with window and pacing room
         let control_waiting =
@@ -89,29 +135,29 @@ impl Connection {
         self.datagrams_out.drop_stale(now);
         if !self.datagrams_out.is_empty() || self.send.iter().any(SendStream::wants_to_send) {
             match self.pick_data_link(now) {
-                Ok(i) => return self.transmit(now, i, PacketKind::Data, out),
+                Ok((i, mut schedule)) => {
+                    let t = self.transmit(now, i, PacketKind::Data, out);
+                    schedule.sent_on(i, &self.links[i], now);
+                    return Some((t, Some(schedule)));
+                }
                 Err(wake) => self.pacing_wakeup = wake,
             }
         }
         // control frames do not wait for congestion windows
         if control_waiting {
             if let Some(i) = self.best_up_link() {
-                return self.transmit(now, i, PacketKind::AckOnly, out);
+                return Some((self.transmit(now, i, PacketKind::AckOnly, out), None));
             }
         }
         // 5. acknowledgements
         if self.links.iter().any(|l| l.ack.is_due(now)) {
             let i = self.ack_link();
-            return self.transmit(now, i, PacketKind::AckOnly, out);
+            return Some((self.transmit(now, i, PacketKind::AckOnly, out), None));
         }
         None
     }
 
-    fn poll_handshake(
-        &mut self,
-        now: Instant,
-        out: &mut dyn TransmitBuffer,
-    ) -> Option<(SocketAddr, SocketAddr, usize)> {
+    fn poll_handshake(&mut self, now: Instant, out: &mut dyn TransmitBuffer) -> Option<Transmit> {
         let link = &self.links[0];
         let max = link.pmtu.base();
         let (local, remote) = (link.local, link.remote);
@@ -141,7 +187,7 @@ impl Connection {
                     return None;
                 }
                 let len = wire::encode_control_packet(&header, buf);
-                Some((local, remote, len))
+                Some(Transmit { local, remote, len })
             }
             Handshake::Server {
                 accept,
@@ -151,7 +197,11 @@ impl Connection {
                 *pending = false;
                 let buf = datagram_room(out, local, remote, max);
                 buf[..accept.len()].copy_from_slice(accept);
-                Some((local, remote, accept.len()))
+                Some(Transmit {
+                    local,
+                    remote,
+                    len: accept.len(),
+                })
             }
             _ => None,
         }
@@ -163,9 +213,10 @@ impl Connection {
         i: usize,
         kind: PacketKind,
         out: &mut dyn TransmitBuffer,
-    ) -> Option<(SocketAddr, SocketAddr, usize)> {
+    ) -> Transmit {
         let len = self.build_packet(now, i, kind, out);
-        Some((self.links[i].local, self.links[i].remote, len))
+        let (local, remote) = (self.links[i].local, self.links[i].remote);
+        Transmit { local, remote, len }
     }
 
     fn build_close(

@@ -16,43 +16,124 @@ const ETA_SLACK: f64 = 0.010;
 /// Failover striping: base RTTs within this much (or 10 %) of the lowest count as equal.
 const PRIMARY_RTT_TOLERANCE: std::time::Duration = std::time::Duration::from_micros(100);
 
-impl Connection {
+/// What the scheduler knows about the links at one instant: each up link's delivery rate,
+/// the arrival it promises for a packet placed on it now, and what its window and pacer
+/// said. Built once per burst of data packets and updated for the link each packet went on:
+/// at one instant nothing else changes (the other links' queues, windows and pacers are as
+/// they were).
+#[derive(Debug, Clone)]
+pub(super) struct Schedule {
+    /// Bytes per second; 0 for a link that is not up.
+    rates: [f64; MAX_LINKS],
+    /// Seconds from now ([`Link::eta`](crate::link::Link::eta)); infinite for a link that is
+    /// not up.
+    etas: [f64; MAX_LINKS],
+    /// What the link's window and pacer said at this instant, if asked since it last sent.
+    allowance: [Option<Result<(), Option<Instant>>>; MAX_LINKS],
+    /// Failover striping's primary link.
+    primary: Option<usize>,
+    /// What the receive window can bridge: bytes.
+    window: f64,
+}
+
+impl Schedule {
+    fn new(c: &Connection, now: Instant) -> Self {
+        let mut s = Schedule {
+            rates: [0.0; MAX_LINKS],
+            etas: [f64::INFINITY; MAX_LINKS],
+            allowance: [None; MAX_LINKS],
+            primary: match c.cfg.striping {
+                Striping::Weighted => None,
+                Striping::Failover => c.primary_link(),
+            },
+            window: c.peer_window.min(c.cfg.send_buffer) as f64,
+        };
+        for i in 0..c.links.len() {
+            s.measure(i, &c.links[i], now);
+        }
+        s
+    }
+
+    fn measure(&mut self, i: usize, link: &crate::link::Link, now: Instant) {
+        if link.is_up() {
+            self.rates[i] = link.delivery_rate(now);
+            self.etas[i] = link.eta_at(self.rates[i]);
+        }
+    }
+
+    /// Link `i` took a packet: its queue grew, and its window and pacer must be asked again.
+    pub(super) fn sent_on(&mut self, i: usize, link: &crate::link::Link, now: Instant) {
+        self.measure(i, link, now);
+        self.allowance[i] = None;
+    }
+
+    /// The earliest arrival any up link promises, and the latest a link may promise and still
+    /// take data: what the receive window can bridge (half of it at the links' combined
+    /// rate), and not much later than the fastest link would deliver after its own queue.
+    /// Both in seconds from now.
+    fn budget(&self) -> (f64, f64) {
+        let fastest = self.etas.iter().copied().fold(f64::INFINITY, f64::min);
+        let total_rate: f64 = self.rates.iter().sum();
+        let window_budget = (self.window / 2.0 / total_rate.max(1.0)).min(3600.0);
+        (fastest, window_budget.min(fastest * ETA_FACTOR + ETA_SLACK))
+    }
+
     /// The link for the next data packet: among the up links whose window and pacer let a
     /// packet out now, the one where it would arrive first. A link whose packets would arrive
     /// later than the receive window can bridge (half the window at the links' combined rate),
     /// or much later than via the fastest link, is left alone unless it is the fastest: its
-    /// data would hold up everything behind it.
-    /// `Err` carries when pacing next allows a packet, if that is what blocks.
-    pub(super) fn pick_data_link(&mut self, now: Instant) -> Result<usize, Option<Instant>> {
+    /// data would hold up everything behind it. `Err` carries when pacing next allows a
+    /// packet, if that is what blocks.
+    fn pick(
+        &mut self,
+        links: &mut [crate::link::Link],
+        striping: Striping,
+        now: Instant,
+    ) -> Result<usize, Option<Instant>> {
+        let (fastest, budget) = self.budget();
         let mut best: Option<(usize, f64)> = None;
         let mut wake: Option<Instant> = None;
-        let (etas, fastest, budget) = self.etas(now);
-        let primary = match self.cfg.striping {
-            Striping::Weighted => None,
-            Striping::Failover => self.primary_link(),
-        };
-        for (i, &eta) in etas.iter().enumerate().take(self.links.len()) {
+        for (i, link) in links.iter_mut().enumerate() {
+            let eta = self.etas[i];
             if eta == f64::INFINITY {
                 continue; // not up
             }
-            let allowed = match self.cfg.striping {
+            let allowed = match striping {
                 Striping::Weighted => eta <= budget || eta <= fastest,
-                Striping::Failover => Some(i) == primary,
+                Striping::Failover => Some(i) == self.primary,
             };
-            if !allowed {
+            if !allowed || best.is_some_and(|(_, b)| eta >= b) {
                 continue;
             }
-            match self.links[i].send_allowance(now) {
-                Ok(()) => {
-                    if best.is_none_or(|(_, b)| eta < b) {
-                        best = Some((i, eta));
-                    }
-                }
+            match *self.allowance[i].get_or_insert_with(|| link.send_allowance(now)) {
+                Ok(()) => best = Some((i, eta)),
                 Err(Some(t)) => wake = Some(wake.map_or(t, |w| w.min(t))),
                 Err(None) => {}
             }
         }
         best.map(|(i, _)| i).ok_or(wake)
+    }
+}
+
+impl Connection {
+    /// The link for the next data packet ([`Schedule::pick`]), with the schedule that chose
+    /// it, for the rest of a burst.
+    pub(super) fn pick_data_link(
+        &mut self,
+        now: Instant,
+    ) -> Result<(usize, Schedule), Option<Instant>> {
+        let mut schedule = Schedule::new(self, now);
+        let i = schedule.pick(&mut self.links, self.cfg.striping, now)?;
+        Ok((i, schedule))
+    }
+
+    /// The next link of a burst at the instant `schedule` describes.
+    pub(super) fn pick_next_data_link(
+        &mut self,
+        schedule: &mut Schedule,
+        now: Instant,
+    ) -> Option<usize> {
+        schedule.pick(&mut self.links, self.cfg.striping, now).ok()
     }
 
     /// Failover striping's one stable primary: the first up link whose base RTT is within a
@@ -68,33 +149,9 @@ impl Connection {
             .find(|&i| self.links[i].is_up() && self.links[i].base_rtt() <= lowest + tolerance)
     }
 
-    /// The earliest arrival any up link promises, and the latest a link may promise and still
-    /// take data: what the receive window can bridge (half of it at the links' combined
-    /// rate), and not much later than the fastest link would deliver after its own queue.
-    /// Both in seconds from now.
+    /// See [`Schedule::budget`].
     pub(super) fn eta_budget(&self, now: Instant) -> (f64, f64) {
-        let (_, fastest, budget) = self.etas(now);
-        (fastest, budget)
-    }
-
-    /// Each link's [`Link::eta`](crate::link::Link::eta) (infinite for a link that is not
-    /// up), with the [`Self::eta_budget`]: computed once per packet placed.
-    fn etas(&self, now: Instant) -> ([f64; MAX_LINKS], f64, f64) {
-        let mut etas = [f64::INFINITY; MAX_LINKS];
-        let mut fastest = f64::INFINITY;
-        let mut total_rate = 0.0;
-        for (eta, l) in etas.iter_mut().zip(&self.links) {
-            if l.is_up() {
-                let rate = l.delivery_rate(now);
-                *eta = l.eta_at(rate);
-                fastest = fastest.min(*eta);
-                total_rate += rate;
-            }
-        }
-        let window = self.peer_window.min(self.cfg.send_buffer) as f64;
-        let window_budget = (window / 2.0 / total_rate.max(1.0)).min(3600.0);
-        let budget = window_budget.min(fastest * ETA_FACTOR + ETA_SLACK);
-        (etas, fastest, budget)
+        Schedule::new(self, now).budget()
     }
 
     pub(super) fn best_up_link(&self) -> Option<usize> {
