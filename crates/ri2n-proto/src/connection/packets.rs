@@ -1,6 +1,7 @@
 //! Outgoing packets: what the next datagram is (CLOSE, handshake, probe, MTU probe, PING,
 //! data, acknowledgement, in that order of priority), and building it in place in the
-//! driver's buffer with frame sizes bounded by `wire`.
+//! driver's buffer with frame sizes bounded by `wire`. Data goes out in bursts: what is due
+//! is decided once, then data packets follow at the same instant while the buffer takes them.
 
 use std::net::SocketAddr;
 use std::time::Instant;
