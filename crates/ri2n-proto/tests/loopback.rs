@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use ri2n_proto::wire::{self, frame_type, Header, Writer};
 use ri2n_proto::{
-    ConnectionConfig, ConnectionError, ConnectionHandle, ConnectionState, Endpoint, EndpointConfig,
-    LinkState, ReadError, Transmit, TransmitBuffer,
+    Connection, ConnectionConfig, ConnectionError, ConnectionHandle, ConnectionState, Endpoint,
+    EndpointConfig, LinkState, ReadError, Transmit, TransmitBuffer,
 };
 
 fn addr(s: &str) -> SocketAddr {
@@ -235,6 +235,17 @@ fn pattern(i: u64) -> u8 {
     (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8
 }
 
+/// Writes bytes `*sent..total` of the stream (byte `i` is `byte(i)`) as far as `conn` takes them.
+fn write_pattern(conn: &mut Connection, sent: &mut u64, total: u64, byte: impl Fn(u64) -> u8) {
+    while *sent < total {
+        let chunk: Vec<u8> = (*sent..(*sent + 16384).min(total)).map(&byte).collect();
+        match conn.write(&chunk) {
+            Ok(n) => *sent += n as u64,
+            Err(_) => break,
+        }
+    }
+}
+
 #[test]
 fn bytes_and_messages_cross_two_links_both_ways() {
     let b = vec![addr("10.0.0.2:6000"), addr("10.1.0.2:6000")];
@@ -252,13 +263,7 @@ fn bytes_and_messages_cross_two_links_both_ways() {
         Duration::from_secs(30),
         |c, s, acc| {
             let cc = c.connection_mut(ch).unwrap();
-            while sent_c < TOTAL {
-                let chunk: Vec<u8> = (sent_c..(sent_c + 16384).min(TOTAL)).map(pattern).collect();
-                match cc.write(&chunk) {
-                    Ok(n) => sent_c += n as u64,
-                    Err(_) => break,
-                }
-            }
+            write_pattern(cc, &mut sent_c, TOTAL, pattern);
             if sent_c == TOTAL && !finished && cc.state() == ConnectionState::Established {
                 for k in 0..10u8 {
                     cc.send_message(&vec![k; 1000 * k as usize + 1]).unwrap();
@@ -286,15 +291,7 @@ fn bytes_and_messages_cross_two_links_both_ways() {
             }
             let Some(h) = *acc else { return false };
             let sc = s.connection_mut(h).unwrap();
-            while sent_s < TOTAL / 2 {
-                let chunk: Vec<u8> = (sent_s..(sent_s + 16384).min(TOTAL / 2))
-                    .map(|i| pattern(i) ^ 0xff)
-                    .collect();
-                match sc.write(&chunk) {
-                    Ok(n) => sent_s += n as u64,
-                    Err(_) => break,
-                }
-            }
+            write_pattern(sc, &mut sent_s, TOTAL / 2, |i| pattern(i) ^ 0xff);
             if sent_s == TOTAL / 2 {
                 sc.finish();
             }
@@ -396,13 +393,7 @@ fn a_burst_sends_what_one_datagram_per_call_sends() {
             Duration::from_secs(30),
             |c, s, acc| {
                 let cc = c.connection_mut(ch).unwrap();
-                while sent < TOTAL {
-                    let chunk: Vec<u8> = (sent..(sent + 16384).min(TOTAL)).map(pattern).collect();
-                    match cc.write(&chunk) {
-                        Ok(n) => sent += n as u64,
-                        Err(_) => break,
-                    }
-                }
+                write_pattern(cc, &mut sent, TOTAL, pattern);
                 let Some(h) = *acc else { return false };
                 let sc = s.connection_mut(h).unwrap();
                 while let Ok(n) = sc.read(&mut buf) {
