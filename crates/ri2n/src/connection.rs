@@ -12,7 +12,7 @@ use ri2n_proto::{
     ConnectionStats, Event, ReadError, WriteError,
 };
 
-use crate::driver::{Driver, Shared, State};
+use crate::driver::{Driver, State};
 use crate::readiness::{Interest, Watchers};
 
 /// One ri2n connection. Reads and writes block: while every link is down they simply wait
@@ -103,21 +103,21 @@ impl Connection {
         let shared = &self.driver.shared;
         let mut st = shared.lock();
         loop {
-            let r = f(conn(&mut st, self.handle));
-            let seen = Shared::event_count(&st, self.handle);
-            st = shared.after_app_call(st);
-            match r {
-                // `after_app_call` sends without the lock: an event for this connection
-                // meanwhile (data arrived) woke nobody, and may never come again (the
-                // engine signals readability once until a read finds nothing). Look again.
-                Err(e) if is_blocked(&e) && Shared::event_count(&st, self.handle) != seen => {}
+            match f(conn(&mut st, self.handle)) {
+                // A blocked call only looked: it left nothing to send and no timer to arm,
+                // so it goes straight to waiting. The lock is held from the look to the
+                // wait, so no event for this connection can slip in between unseen (the
+                // engine signals readability once until a read finds nothing).
                 Err(e) if is_blocked(&e) => {
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         return Err(io::Error::new(io::ErrorKind::TimedOut, "timed out"));
                     }
                     st = shared.wait_connection(st, self.handle, deadline);
                 }
-                r => return Ok(r),
+                r => {
+                    drop(shared.after_app_call(st));
+                    return Ok(r);
+                }
             }
         }
     }

@@ -76,9 +76,6 @@ pub(crate) struct State {
     pub dropped: HashSet<ConnectionHandle>,
     /// What callers waiting on a connection wait on, by connection.
     signals: HashMap<ConnectionHandle, Arc<Condvar>>,
-    /// Events dispatched so far, by connection: a caller compares the count before and after
-    /// a stretch in which the lock was let go, to see whether it missed a wake-up.
-    event_counts: HashMap<ConnectionHandle, u64>,
     /// Readiness descriptors of connections whose application asked for one.
     pub readiness: HashMap<ConnectionHandle, Arc<Watchers>>,
 
@@ -270,17 +267,19 @@ impl Shared {
     pub fn after_app_call<'a>(&'a self, st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
         let mut st = self.transmit(st);
         self.dispatch(&mut st).notify();
+        self.arm_driver(&mut st);
+        st
+    }
+
+    /// Wakes the driver thread if the engine's next timer is earlier than the driver planned
+    /// to wake up: after an application thread changed the engine (its call, or datagrams it
+    /// received while waiting).
+    fn arm_driver(&self, st: &mut State) {
         let next = st.endpoint.poll_timeout();
         if next.is_some_and(|t| st.driver_deadline.is_none_or(|d| t < d)) {
             st.driver_deadline = next;
             let _ = self.waker.wake();
         }
-        st
-    }
-
-    /// Events dispatched for connection `h` so far (see `State::event_counts`).
-    pub fn event_count(st: &State, h: ConnectionHandle) -> u64 {
-        st.event_counts.get(&h).copied().unwrap_or(0)
     }
 
     /// Waits until something may have changed for connection `h` (or `deadline`); the caller
@@ -305,16 +304,28 @@ impl Shared {
         // this thread is awake now: what it receives below must not wake it again (a write to
         // its own waker, then one more pass through `poll` for nothing)
         self.lock().caller_polling = false;
+        let mut received = false;
         for ev in events.iter() {
             // edge-triggered: receive until the socket's queue was seen empty
             if ev.token().0 < self.sockets.len() {
                 self.socket_event(ev.token().0, ev);
-                while self.receive(ev.token().0) == Received::MoreMayWait {}
+                loop {
+                    let r = self.receive(ev.token().0);
+                    received |= r != Received::Nothing;
+                    if r != Received::MoreMayWait {
+                        break;
+                    }
+                }
             }
         }
         let mut st = self.lock();
         st.caller_polling = false;
-        self.after_app_call(st)
+        // what was received is answered already (`receive_batch` sends and dispatches); the
+        // timers it set are the driver thread's to run
+        if received {
+            self.arm_driver(&mut st);
+        }
+        st
     }
 
     /// Receives one batch from socket `i` (without the engine's lock), hands it to the
@@ -465,7 +476,6 @@ impl Shared {
             caller_poll: None,
         };
         while let Some((h, e)) = st.endpoint.poll_event() {
-            *st.event_counts.entry(h).or_default() += 1;
             if let Some(w) = st.readiness.get(&h) {
                 w.signal(&e);
             }
@@ -504,14 +514,12 @@ impl Shared {
             events,
             signals,
             readiness,
-            event_counts,
             ..
         } = st;
         dropped.retain(|&h| {
             if endpoint.release(h) {
                 events.remove(&h);
                 signals.remove(&h);
-                event_counts.remove(&h);
                 readiness.remove(&h);
                 false
             } else {
@@ -683,7 +691,6 @@ impl Driver {
                 events: HashMap::new(),
                 dropped: HashSet::new(),
                 signals: HashMap::new(),
-                event_counts: HashMap::new(),
                 readiness: HashMap::new(),
                 driver_deadline: None,
                 caller_polling: false,
