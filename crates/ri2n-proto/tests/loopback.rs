@@ -370,6 +370,68 @@ fn bytes_and_messages_cross_two_links_both_ways() {
     }
 }
 
+/// A server's first reply is striped over both links. The server's link 0 comes up with the
+/// handshake, which times a round trip only for the client: unmeasured, it counted as 100 ms
+/// away, so the scheduler put the server's data on the other link alone, and nothing measured
+/// link 0 until its first keepalive, 200 ms later.
+#[test]
+fn a_servers_first_reply_is_striped_over_both_links() {
+    const REPLY: usize = 1 << 18;
+    let b = [addr("10.0.0.2:6000"), addr("10.1.0.2:6000")];
+    let (mut client, mut server, mut net, ch) =
+        connected_pair(&[addr("10.0.0.1:5000"), addr("10.1.0.1:5000")], &b);
+    let both_up = |ep: &Endpoint, h| {
+        let links = ep.connection(h).unwrap().stats().links;
+        links.len() == 2 && links.iter().all(|l| l.state == LinkState::Up)
+    };
+    let sh = run(
+        &mut client,
+        &mut server,
+        &mut net,
+        Duration::from_secs(1),
+        |c, s, acc| acc.is_some_and(|h| both_up(c, ch) && both_up(s, h)),
+    )
+    .unwrap();
+    let up_at = net.now;
+    let srtt = server.connection(sh).unwrap().stats().links[0].srtt;
+    assert!(
+        srtt < Duration::from_millis(5),
+        "server's link 0: srtt {srtt:?}"
+    );
+    let reply: Vec<u8> = (0..REPLY as u64).map(pattern).collect();
+    server
+        .connection_mut(sh)
+        .unwrap()
+        .send_message(&reply)
+        .unwrap();
+    let mut got = None;
+    run(
+        &mut client,
+        &mut server,
+        &mut net,
+        Duration::from_secs(1),
+        |c, _, _| {
+            got = got
+                .take()
+                .or_else(|| c.connection_mut(ch).unwrap().recv_message().ok()?);
+            got.is_some()
+        },
+    );
+    assert!(got == Some(reply), "the reply arrived whole");
+    assert!(
+        net.now - up_at < Duration::from_millis(100),
+        "taken within the first keepalive interval: {:?}",
+        net.now - up_at
+    );
+    for l in server.connection(sh).unwrap().stats().links {
+        assert!(
+            l.stream_bytes_sent > REPLY as u64 / 4,
+            "server's link {} carried a share of the reply: {l:?}",
+            l.id
+        );
+    }
+}
+
 /// A burst (many datagrams in one `poll_transmit_into` call, as the driver builds them) sends
 /// exactly what one datagram per call sends: the same bytes on the same paths, striped over
 /// two links, over a whole transfer with slow start, pacing and window limits.

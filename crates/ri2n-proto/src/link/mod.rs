@@ -376,12 +376,25 @@ impl Link {
         };
         if regular_sample {
             self.rtt.update(now - sent_time, ack_delay);
+        } else if !self.rtt.has_sample() && acked.newest_is_new {
+            // The largest number acknowledged was an acknowledgement-only packet, which is not
+            // kept, so it cannot be timed (RFC 9002 §5.1 would). On a link that mostly
+            // acknowledges the peer's data, probes and PINGs are acknowledged that way: time
+            // the newest of them instead, for a first sample at least. The frame's delay is
+            // the largest's, so none is subtracted: the sample may be up to the peer's
+            // acknowledgement delay long. (Without it the link came up counting 100 ms, and
+            // the scheduler left it alone beside a measured one.)
+            self.rtt.update(now - sent_time, Duration::ZERO);
         }
         // Not using its window when the acknowledgement came: it delivered what it was given.
         // (Judged on what was in flight before it, not after: a window of two large datagrams,
         // as on loopback, would otherwise never look unused, and a ping-pong's rate of a
-        // message per round trip was taken for all the link can do.)
-        let app_limited = acked.in_flight_before < self.cc.window() / 2;
+        // message per round trip was taken for all the link can do.) Nor does a window still
+        // in slow start say what the link can do: it is what the window allowed so far, and
+        // taken for the link's rate, it kept the scheduler from giving the link the data
+        // that would have grown the window (a server's second link carried a trickle of its
+        // 1 MiB replies for a whole ping-pong).
+        let app_limited = acked.in_flight_before < self.cc.window() / 2 || self.cc.in_slow_start();
         self.rate
             .sample(now, self.rtt.srtt.max(GRANULARITY), app_limited);
         self.detect_lost(now, out);
@@ -636,10 +649,18 @@ impl Link {
 
     /// When an up link needs a keepalive PING: after `keepalive_interval` without sending
     /// anything ack-eliciting, or sooner once the peer fell silent on it (see
-    /// [`Arrivals::silence_deadline`]).
+    /// [`Arrivals::silence_deadline`]); at once on a link that came up without a round-trip
+    /// sample and never carried anything ack-eliciting.
     pub fn keepalive_deadline(&self, cfg: &ConnectionConfig) -> Option<Instant> {
         let sent = self.recovery.last_ack_eliciting_sent;
         let last = sent.max(self.probing.last_promotion())?;
+        if sent.is_none() && !self.rtt.has_sample() {
+            // The server's first link comes up with the handshake, which gives only the
+            // client a round trip. Unmeasured, the link's RTT is the initial 100 ms, so the
+            // scheduler would place no data on it beside a measured link, and nothing would
+            // ever measure it (the peer's data and PINGs there only draw acknowledgements).
+            return Some(last);
+        }
         let idle = last + cfg.keepalive_interval;
         let silence = self.arrivals.silence_deadline(sent, || self.pto(cfg));
         Some(silence.map_or(idle, |s| s.min(idle)))
@@ -749,6 +770,35 @@ mod tests {
     }
 
     #[test]
+    fn a_ping_followed_by_acknowledgements_only_is_timed() {
+        // A link that mostly carries acknowledgements of the peer's data: a PING, then two
+        // acknowledgement-only packets 100 µs later, all acknowledged by one frame 300 µs
+        // after those.
+        let (mut link, t0) = up_link(1472);
+        assert!(!link.rtt.has_sample());
+        link.on_sent(t0, 40, data_packet(t0, 40));
+        let ack_only = |time| SentPacket {
+            in_flight: false,
+            ack_eliciting: false,
+            ..data_packet(time, 50)
+        };
+        let t1 = t0 + Duration::from_micros(100);
+        link.on_sent(t1, 50, ack_only(t1));
+        let last = link.on_sent(t1, 50, ack_only(t1));
+        let now = t1 + Duration::from_micros(300);
+        link.on_ack(
+            now,
+            [(0, last)].into_iter(),
+            last,
+            Duration::ZERO,
+            &mut AckOutcome::default(),
+        );
+        // the PING is timed: 400 µs, an upper bound (the peer may have held its answer)
+        assert!(link.rtt.has_sample());
+        assert_eq!(link.base_rtt(), Duration::from_micros(400));
+    }
+
+    #[test]
     fn a_link_given_a_trickle_keeps_its_window_rate() {
         let (mut link, t0) = up_link(1472);
         let rtt = Duration::from_micros(200);
@@ -821,13 +871,44 @@ mod tests {
     }
 
     #[test]
-    fn a_rate_measured_across_a_stall_shuts_the_link_out_only_for_a_while() {
-        // A window goes out; the peer stalls, and 30 ms later it acknowledges one packet of
-        // it while the window is still in use: a busy sample of under 100 kB/s on a path of a
-        // 200 µs round trip (the window allows 74 MB/s).
+    fn a_window_in_slow_start_is_not_taken_for_what_the_link_can_deliver() {
+        // The first window goes out on a 200 µs path and comes back acknowledged after 2 ms
+        // (the peer was busy): 7 MB/s, while the link could take far more if given it.
         let (mut link, t0) = up_link(1472);
         let rtt = Duration::from_micros(200);
         link.seed_rtt(rtt);
+        let window = link.cc.window() / 1472;
+        let pns: Vec<u64> = (0..window)
+            .map(|_| link.on_sent(t0, 1472, data_packet(t0, 1472)))
+            .collect();
+        let late = t0 + Duration::from_millis(2);
+        let last = *pns.last().unwrap();
+        link.on_ack(
+            late,
+            [(pns[0], last)].into_iter(),
+            last,
+            Duration::ZERO,
+            &mut AckOutcome::default(),
+        );
+        assert!(link.cc.in_slow_start());
+        // the window doubled; what it allows per round trip is what the link is worth until
+        // a window that stopped growing measures it
+        assert!(!link.is_measured());
+        let window_rate = link.cc.window() as f64 / link.rtt.srtt.as_secs_f64();
+        assert!(link.delivery_rate(late) >= window_rate);
+    }
+
+    #[test]
+    fn a_rate_measured_across_a_stall_shuts_the_link_out_only_for_a_while() {
+        // Past slow start (a loss ended it), a window goes out; the peer stalls, and 30 ms
+        // later it acknowledges one packet of it while the window is still in use: a busy
+        // sample of under 100 kB/s on a path of a 200 µs round trip (the window allows
+        // 50 MB/s).
+        let (mut link, t0) = up_link(1472);
+        let rtt = Duration::from_micros(200);
+        link.seed_rtt(rtt);
+        link.cc.on_loss(t0, t0);
+        assert!(!link.cc.in_slow_start());
         let window = link.cc.window() / 1472;
         let pns: Vec<u64> = (0..window)
             .map(|_| link.on_sent(t0, 1472, data_packet(t0, 1472)))
@@ -861,9 +942,10 @@ mod tests {
         let trust = (link.rtt.srtt * 8).max(RATE_TRUST);
         let meanwhile = stalled + trust - Duration::from_millis(1);
         assert!(link.eta(meanwhile) > 0.01, "{} s", link.eta(meanwhile));
-        // ... until it is too old to trust: the link counts its window's rate again and gets
-        // data, whose acknowledgements measure it anew.
+        // ... until it is too old to trust: the link counts its window's rate again (a packet
+        // arrives within about a millisecond) and gets data, whose acknowledgements measure
+        // it anew.
         let later = stalled + trust + Duration::from_millis(1);
-        assert!(link.eta(later) < 0.001, "{} s", link.eta(later));
+        assert!(link.eta(later) < 0.002, "{} s", link.eta(later));
     }
 }

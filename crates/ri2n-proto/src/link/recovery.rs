@@ -43,6 +43,9 @@ pub(crate) struct NewlyAcked {
     pub largest: u64,
     /// The newest outstanding packet it acknowledged: number, send time, ack-eliciting.
     pub newest: Option<(u64, Instant, bool)>,
+    /// `newest` is numbered above every packet acknowledged before (not an old one whose
+    /// acknowledgement was lost or reordered).
+    pub newest_is_new: bool,
     /// The newest packet it acknowledged after it had been declared lost: number, send time.
     pub newest_late: Option<(u64, Instant)>,
 }
@@ -130,6 +133,7 @@ impl Recovery {
             in_flight_before: self.bytes_in_flight,
             largest: largest.min(last_sent),
             newest: None,
+            newest_is_new: false,
             newest_late: None,
         };
         for (lo, hi) in ranges.filter(|&(lo, _)| lo <= last_sent) {
@@ -151,7 +155,8 @@ impl Recovery {
                 out.acked.push(pkt);
             }
         }
-        if let Some((_, sent, _)) = acked.newest {
+        if let Some((pn, sent, _)) = acked.newest {
+            acked.newest_is_new = self.largest_acked.is_none_or(|l| pn > l);
             self.largest_acked = Some(
                 self.largest_acked
                     .map_or(acked.largest, |l| l.max(acked.largest)),
