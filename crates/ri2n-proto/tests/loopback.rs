@@ -372,8 +372,10 @@ fn bytes_and_messages_cross_two_links_both_ways() {
 
 /// A server's first reply is striped over both links. The server's link 0 comes up with the
 /// handshake, which times a round trip only for the client: unmeasured, it counted as 100 ms
-/// away, so the scheduler put the server's data on the other link alone, and nothing measured
-/// link 0 until its first keepalive, 200 ms later.
+/// away, so on 2 × 1 Gbit/s the scheduler put the server's data on the other link alone, and
+/// nothing measured link 0 until its first keepalive, 200 ms later. (In this network without
+/// rate limits the other link's queue soon makes even a link 100 ms away worth using, so the
+/// shares alone do not show that; the server's round-trip estimate does.)
 #[test]
 fn a_servers_first_reply_is_striped_over_both_links() {
     const REPLY: usize = 1 << 18;

@@ -392,8 +392,8 @@ impl Link {
         // message per round trip was taken for all the link can do.) Nor does a window still
         // in slow start say what the link can do: it is what the window allowed so far, and
         // taken for the link's rate, it kept the scheduler from giving the link the data
-        // that would have grown the window (a server's second link carried a trickle of its
-        // 1 MiB replies for a whole ping-pong).
+        // that would have grown the window (a server's link carried a trickle of its 1 MiB
+        // replies for a whole ping-pong).
         let app_limited = acked.in_flight_before < self.cc.window() / 2 || self.cc.in_slow_start();
         self.rate
             .sample(now, self.rtt.srtt.max(GRANULARITY), app_limited);
