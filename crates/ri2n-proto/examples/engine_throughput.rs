@@ -1,10 +1,10 @@
 //! The engine's own cost per byte, without sockets or threads: a client and a server endpoint
-//! in this process, two links each, move a stream through memory. Each side's calls are timed
+//! in this process, two links each (`--links N` for more), move a stream through memory. Each side's calls are timed
 //! separately (they include the application's copies in and out of the streams), and a
 //! virtual clock advances 20 µs per round so that RTT, pacing and timers behave as on a fast
 //! link. Prints JSON: nanoseconds per datagram and CPU seconds per GB for each side.
 //!
-//! `cargo run --release -p ri2n-proto --example engine_throughput [MIB] [--key]`
+//! `cargo run --release -p ri2n-proto --example engine_throughput [MIB] [--key] [--links N]`
 //!
 //! Under `valgrind --tool=callgrind` the instruction counts are repeatable, which makes small
 //! changes to the per-packet path measurable on a noisy machine.
@@ -24,21 +24,28 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let mut mib: u64 = 256;
     let mut key = None;
-    for a in args.by_ref() {
+    let mut links: u8 = 2;
+    while let Some(a) = args.next() {
         match a.as_str() {
             "--key" => key = Some(Key::from_bytes([7; 32])),
-            n => mib = n.parse().expect("a size in MiB, or --key"),
+            "--links" => {
+                links = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|&n| n >= 1)
+                    .expect("--links takes a number of links, at least 1")
+            }
+            n => mib = n.parse().expect("a size in MiB, --key or --links N"),
         }
     }
     let total = mib << 20;
-    let client_addrs: Vec<SocketAddr> = vec![
-        "10.0.1.1:5000".parse().unwrap(),
-        "10.0.2.1:5000".parse().unwrap(),
-    ];
-    let server_addrs: Vec<SocketAddr> = vec![
-        "10.0.1.2:7000".parse().unwrap(),
-        "10.0.2.2:7000".parse().unwrap(),
-    ];
+    let addrs = |host: u8, port: u16| -> Vec<SocketAddr> {
+        (1..=links)
+            .map(|net| SocketAddr::from(([10, 0, net, host], port)))
+            .collect()
+    };
+    let client_addrs = addrs(1, 5000);
+    let server_addrs = addrs(2, 7000);
     let mut now = Instant::now();
     let mut scfg = EndpointConfig::new(server_addrs.clone()).server();
     scfg.key = key.clone();
@@ -120,7 +127,7 @@ fn main() {
     let stats = client.connection(ch).unwrap().stats();
     let lost: u64 = stats.links.iter().map(|l| l.packets_lost).sum();
     println!(
-        "{{\"bytes\": {total}, \"keyed\": {}, \"datagrams\": {datagrams}, \"acks\": {acks}, \
+        "{{\"bytes\": {total}, \"links\": {links}, \"keyed\": {}, \"datagrams\": {datagrams}, \"acks\": {acks}, \
          \"lost\": {lost}, \"client_ns_per_datagram\": {:.0}, \"server_ns_per_datagram\": {:.0}, \
          \"client_cpu_s_per_gb\": {:.3}, \"server_cpu_s_per_gb\": {:.3}, \"virtual_s\": {:.3}}}",
         key.is_some(),
