@@ -17,7 +17,8 @@
 //! above TCP's). Both instances watch the sockets with `EPOLLEXCLUSIVE`, the caller's first,
 //! so an arrival wakes the waiting application call alone and the driver thread only when no
 //! call waits. Other blocked calls wait on a condition variable of their connection (or of
-//! `accept`), signalled when the engine reports an event for it.
+//! `accept`), signalled when the engine reports an event for it; a watching call woken only
+//! for other connections leaves the watching to them on its next wait (`PollerTurn`).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
@@ -75,7 +76,7 @@ pub(crate) struct State {
     /// Connections whose application handle was dropped: released once closed.
     pub dropped: HashSet<ConnectionHandle>,
     /// What callers waiting on a connection wait on, by connection.
-    signals: HashMap<ConnectionHandle, Arc<Condvar>>,
+    signals: HashMap<ConnectionHandle, Signal>,
     /// Readiness descriptors of connections whose application asked for one.
     pub readiness: HashMap<ConnectionHandle, Arc<Watchers>>,
 
@@ -83,8 +84,37 @@ pub(crate) struct State {
     driver_deadline: Option<Instant>,
     /// An application thread waits in [`CallerPoll`].
     caller_polling: bool,
+    /// Which blocked call watches the sockets (see [`Shared::wait_connection`]).
+    turn: PollerTurn,
     /// Datagrams built and not yet sent.
     out: Outgoing,
+}
+
+/// The condition variable of one connection's waiting calls, and how many wait on it (only
+/// then is it worth a wake-up).
+#[derive(Debug, Default)]
+struct Signal {
+    condvar: Arc<Condvar>,
+    waiting: usize,
+}
+
+/// Which blocked application call watches the sockets. One call at a time does (the first to
+/// wait); an arrival for another connection it then receives and hands over, waking that
+/// connection's call: two thread wake-ups per arrival instead of one. So a call that was woken
+/// only for others leaves the sockets to them on its next wait, and the call it woke takes
+/// them over when it waits again (the driver thread watches meanwhile). A daemon with a thread
+/// per peer (`ri2n tunnel`) keeps the call of the busy peer watching, not an idle one.
+#[derive(Debug, Default)]
+struct PollerTurn {
+    /// The connection whose call watches now.
+    watching: Option<ConnectionHandle>,
+    /// Since it started watching: an event for its own connection came.
+    served: bool,
+    /// Since it started watching: it woke a call waiting on another connection.
+    woke_others: bool,
+    /// A connection whose call watched for others only: its next wait is on its condition
+    /// variable.
+    yielding: Option<ConnectionHandle>,
 }
 
 /// Datagrams for one socket that leave together in one GSO send: all to `dest`, all
@@ -284,18 +314,24 @@ impl Shared {
 
     /// Waits until something may have changed for connection `h` (or `deadline`); the caller
     /// re-checks. The first waiting thread watches the sockets itself and processes what
-    /// arrives; others wait for the connection's condition variable.
+    /// arrives; others wait for the connection's condition variable (see [`PollerTurn`]).
     pub fn wait_connection<'a>(
         &'a self,
         mut guard: MutexGuard<'a, State>,
         h: ConnectionHandle,
         deadline: Option<Instant>,
     ) -> MutexGuard<'a, State> {
+        if guard.turn.yielding == Some(h) {
+            guard.turn.yielding = None;
+            return wait_signal(guard, h, deadline);
+        }
         let Ok(mut cp) = self.caller_poll.try_lock() else {
-            let signal = guard.signals.entry(h).or_default().clone();
-            return wait_on(&signal, guard, deadline);
+            return wait_signal(guard, h, deadline);
         };
         guard.caller_polling = true;
+        guard.turn.watching = Some(h);
+        guard.turn.served = false;
+        guard.turn.woke_others = false;
         drop(guard);
         let CallerPoll { poll, events } = &mut *cp;
         let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
@@ -320,6 +356,10 @@ impl Shared {
         }
         let mut st = self.lock();
         st.caller_polling = false;
+        st.turn.watching = None;
+        if st.turn.woke_others && !st.turn.served {
+            st.turn.yielding = Some(h);
+        }
         // what was received is answered already (`receive_batch` sends and dispatches); the
         // timers it set are the driver thread's to run
         if received {
@@ -495,9 +535,19 @@ impl Shared {
             if st.caller_polling {
                 wake.caller_poll = Some(&self.caller_waker);
             }
-            if let Some(signal) = st.signals.get(&h) {
-                if !wake.connections.iter().any(|s| Arc::ptr_eq(s, signal)) {
-                    wake.connections.push(signal.clone());
+            if st.turn.watching == Some(h) {
+                st.turn.served = true;
+            }
+            if let Some(signal) = st.signals.get(&h).filter(|s| s.waiting > 0) {
+                if st.turn.watching.is_some_and(|w| w != h) {
+                    st.turn.woke_others = true;
+                }
+                if !wake
+                    .connections
+                    .iter()
+                    .any(|c| Arc::ptr_eq(c, &signal.condvar))
+                {
+                    wake.connections.push(signal.condvar.clone());
                 }
             }
         }
@@ -549,6 +599,22 @@ impl Wakeups<'_> {
             c.notify_all();
         }
     }
+}
+
+/// Waits on connection `h`'s condition variable, counted as waiting meanwhile.
+fn wait_signal<'a>(
+    mut guard: MutexGuard<'a, State>,
+    h: ConnectionHandle,
+    deadline: Option<Instant>,
+) -> MutexGuard<'a, State> {
+    let signal = guard.signals.entry(h).or_default();
+    signal.waiting += 1;
+    let condvar = signal.condvar.clone();
+    let mut guard = wait_on(&condvar, guard, deadline);
+    if let Some(signal) = guard.signals.get_mut(&h) {
+        signal.waiting -= 1;
+    }
+    guard
 }
 
 fn wait_on<'a>(
@@ -694,6 +760,7 @@ impl Driver {
                 readiness: HashMap::new(),
                 driver_deadline: None,
                 caller_polling: false,
+                turn: PollerTurn::default(),
                 out: Outgoing::new(&sockets),
             }),
             accepted: Condvar::new(),

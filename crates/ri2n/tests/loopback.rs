@@ -608,3 +608,78 @@ fn datagrams_in_flight_when_every_link_dies_arrive_after_the_heal_once() {
         "nothing was in flight at the cut"
     );
 }
+
+/// Several connections on one server endpoint, each served by a thread of its own that blocks
+/// in its reads, one of them idle throughout: the exchanges of the busy ones all complete with
+/// their exact bytes. Which blocked call watches the sockets passes between these threads (a
+/// call woken only for others leaves the watching to them), so a wake-up lost on the way would
+/// leave a thread blocked here.
+#[test]
+fn blocking_threads_of_several_connections_on_one_endpoint_all_get_their_data() {
+    const BUSY: usize = 3;
+    const ROUNDS: usize = 300;
+    let sizes = |round: usize| [1, 100, 1500, 20_000, 70_000][round % 5];
+    let p = pair();
+    let server_addr = p.server.local_addrs()[0];
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let server = p.server.clone();
+    // the server: a thread per accepted connection, echoing what it reads; the idle
+    // connection's thread blocks in a read until its peer finishes
+    thread::spawn(move || {
+        for _ in 0..=BUSY {
+            let mut conn = server.accept().unwrap();
+            thread::spawn(move || {
+                let mut buf = vec![0u8; 1 << 16];
+                loop {
+                    let n = conn.read(&mut buf).unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    conn.write_all(&buf[..n]).unwrap();
+                }
+                conn.finish().unwrap();
+            });
+        }
+    });
+    let idle = p
+        .client
+        .connect(&[server_addr], ConnectionConfig::default())
+        .unwrap();
+    for c in 0..BUSY {
+        let client = p.client.clone();
+        let done = done_tx.clone();
+        thread::spawn(move || {
+            let mut conn = client
+                .connect(&[server_addr], ConnectionConfig::default())
+                .unwrap();
+            let mut stream = Stream::new(c as u64);
+            let (mut request, mut reply) = (Vec::new(), Vec::new());
+            for round in 0..ROUNDS {
+                request.clear();
+                while request.len() < sizes(round) {
+                    let block = stream.next_block();
+                    let n = block.len().min(sizes(round) - request.len());
+                    request.extend_from_slice(&block[..n]);
+                }
+                conn.write_all(&request).unwrap();
+                reply.resize(request.len(), 0);
+                conn.read_exact(&mut reply).unwrap();
+                assert!(
+                    reply == request,
+                    "connection {c}, round {round}: reply differs"
+                );
+            }
+            done.send(c).unwrap();
+        });
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for _ in 0..BUSY {
+        let left = deadline.saturating_duration_since(Instant::now());
+        done_rx
+            .recv_timeout(left)
+            .expect("a connection's exchanges did not complete within 120 s");
+    }
+    idle.finish().unwrap();
+    idle.wait_acknowledged(Some(Duration::from_secs(10)))
+        .unwrap();
+}
