@@ -285,6 +285,34 @@ fn soft_failed_link_is_demoted_within_100ms_and_goodput_holds() {
     assert!(goodput >= 0.9 * healthy, "goodput {goodput:.0} bit/s");
 }
 
+/// A link that slows to a tenth of its rate but keeps delivering is not a failed link: the
+/// scheduler gives it a tenth of the data, so its share of arrivals collapses, and the
+/// receiver reports that. The sender does not demote it for that report, since what it sends
+/// there is acknowledged within a round trip; the link goes on carrying its part.
+#[test]
+fn a_link_slowed_to_a_tenth_stays_up_and_carries_its_part() {
+    let change = ms(500);
+    let sc = gigabit_links(2)
+        .with_total_bytes(250 << 20)
+        .at(change, Action::rate(1, GBIT / 10));
+    let r = run_ok(&sc);
+    let demotions: Vec<_> = r
+        .link_changes
+        .iter()
+        .filter(|c| c.at >= change && c.to != LinkState::Up)
+        .collect();
+    let after = (change + ms(300), change + ms(1300));
+    let slow_share = r.links[1].stream_bytes_between(Dir::AToB, after.0, after.1) as f64
+        / r.delivered_between(Dir::AToB, after.0, after.1) as f64;
+    println!(
+        "a link slowed to a tenth: {} state changes; its share afterwards {:.1} %",
+        demotions.len(),
+        100.0 * slow_share
+    );
+    assert!(demotions.is_empty(), "{demotions:?}");
+    assert!(slow_share > 0.05, "share of the slowed link {slow_share}");
+}
+
 #[test]
 fn gigabit_and_100_megabit_links_reach_95_percent_of_combined_capacity() {
     let mut sc = Scenario::default().with_total_bytes(200 << 20);

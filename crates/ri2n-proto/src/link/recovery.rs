@@ -94,6 +94,11 @@ impl Recovery {
         })
     }
 
+    /// When the oldest packet still waiting for its acknowledgement was sent.
+    pub fn oldest_outstanding_sent(&self) -> Option<Instant> {
+        self.sent.oldest().map(|p| p.time)
+    }
+
     pub fn next_pn(&self) -> u64 {
         self.next_pn
     }
