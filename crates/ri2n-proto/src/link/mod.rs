@@ -6,7 +6,9 @@
 //!
 //! - `Validating` → `Up` once a probe is acknowledged;
 //! - `Up` → `Down` after `failure_ptos` probe timeouts with no acknowledgement at all;
-//! - `Up` → `Degraded` when the receiver reports the link's share of arrivals collapsed;
+//! - `Up` → `Degraded` when the receiver reports the link's share of arrivals collapsed and
+//!   the data outstanding on it bears that out, or when the sender finds it too slow for its
+//!   data;
 //! - `Degraded` → `Down` when its probes go unanswered;
 //! - `Down`/`Degraded` → `Up` after `recovery_probes` acknowledged probes, sent every
 //!   `probe_interval` however long the outage: recovery time does not grow with the outage.
