@@ -31,14 +31,15 @@
 //! or a short hold time passes (then the missing one counts as lost). Striping over links of
 //! different delays would otherwise reorder inner TCP's segments by more than a millisecond,
 //! which it takes for loss (fast retransmits, halved windows), and beyond its timestamps'
-//! 1 ms granularity, which its PAWS check drops as old duplicates. When a link that was
-//! delivering has gone quiet since a held datagram arrived, the missing ones may be in flight
-//! on a link that just failed: they come again over another link once the sender has declared
-//! it down, and the hold then lasts that long ([`HoldRule`]). Delivered after their successors
-//! they would be dropped by PAWS, and an inner TCP connection that lost them that way at the
-//! start of an outage stood still until its backed-off retransmission timeout, seconds after
-//! the heal. When every link fails before they come again, they come only at the heal, and
-//! the datagrams held for them wait through the outage.
+//! 1 ms granularity, which its PAWS check drops as old duplicates. Each link delivers in
+//! sending order, so a missing datagram can still be in flight only on a link that has not yet
+//! delivered a later one. If such a link has gone quiet, the missing one may be stranded on it
+//! (the link just failed): it comes again over another link once the sender has declared the
+//! failure, and the hold lasts until then ([`HoldRule`]). Delivered after their successors they
+//! would be dropped by PAWS, and an inner TCP connection that lost them that way at the start
+//! of an outage stood still until its backed-off retransmission timeout, seconds after the
+//! heal. When every link fails before they come again, they come only at the heal, and the
+//! datagrams held for them wait through the outage.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -184,6 +185,11 @@ impl OutgoingDatagrams {
     /// Queues again, ahead of the others, datagrams that were in flight on a failed link
     /// (`stranded`, in sending order), with their numbers.
     pub fn requeue(&mut self, now: Instant, stranded: &mut Vec<(u64, Vec<u8>)>) {
+        tracing::debug!(
+            count = stranded.len(),
+            first = stranded.first().map(|s| s.0),
+            "datagrams stranded on a failed link queued again"
+        );
         for (seq, data) in stranded.drain(..).rev() {
             self.bytes += data.len();
             self.queue.push_front(Waiting {
@@ -299,47 +305,36 @@ impl OutgoingDatagrams {
 
 /// How long a datagram that arrived ahead of a missing one is held for it.
 ///
-/// Normally `base`. But the missing datagrams may be in flight on a link that just failed:
-/// the sender sends them again over another link once it has declared that link down, and
-/// they arrive up to that link's `failure_wait` after the ones that went ahead. A link that
-/// delivered data within `base` before the held datagram arrived, and nothing since, looks
-/// like such a link, and the hold lasts its `failure_wait` instead. As soon as it delivers
-/// again (it was only a pause) the base hold applies again.
+/// Normally `base`. But each link delivers in sending order, so the missing datagrams may
+/// still be in flight on a link that has not delivered anything sent after them. If that link
+/// has just failed they are stranded on it: the sender sends them again over another link
+/// once it has declared the failure, up to the link's `failure_wait` after the link's last
+/// delivery. The hold lasts that long. A link that delivers a later datagram, or one whose
+/// last delivery is older than its `failure_wait`, is not waited for.
 ///
 /// Every link can fail before the missing ones come again: sent again over a link that died
-/// too, they come only at the heal. A hold that runs out while every link is failing is
-/// therefore not acted on (the connection waits for the peer to be heard again), and then
-/// the datagrams held before that moment wait `resumed`'s time from it: the peer's links come
-/// back after a few probes, and what was stranded on them comes first.
+/// too, they come only at the heal. A hold that runs out while every link is failing, or
+/// while the peer is silent and does not answer PINGs, is therefore not acted on (the
+/// connection waits for the peer to be heard again, see `HoldOver`), and then the datagrams
+/// held before that moment wait `resumed`'s time from it: the peer's links come back after a
+/// few probes, and what was stranded on them comes first.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct HoldRule {
     pub base: Duration,
-    /// Per link: when data last arrived on it, and how long its failure takes to repair.
-    pub links: smallvec::SmallVec<[(Option<Instant>, Duration); crate::MAX_LINKS]>,
+    /// Per link: how long its failure takes to repair.
+    pub failure_waits: smallvec::SmallVec<[Duration; crate::MAX_LINKS]>,
     /// When the peer was heard again after an outage of every link, and how long datagrams
     /// held before then still wait.
     pub resumed: Option<(Instant, Duration)>,
 }
 
-impl HoldRule {
-    /// When a datagram that arrived at `t` stops waiting for the missing ones before it.
-    pub fn deadline(&self, t: Instant) -> Instant {
-        match self.resumed {
-            Some((at, wait)) if t <= at => at + wait,
-            _ => t + self.hold(t),
-        }
-    }
-
-    /// The hold of a datagram that arrived at `t`.
-    pub fn hold(&self, t: Instant) -> Duration {
-        self.links
-            .iter()
-            .filter(|(last, _)| {
-                last.is_some_and(|last| last < t && t.saturating_duration_since(last) <= self.base)
-            })
-            .map(|&(_, failure_wait)| failure_wait)
-            .fold(self.base, Duration::max)
-    }
+/// The datagrams one link has delivered.
+#[derive(Debug, Clone, Copy, Default)]
+struct LinkDeliveries {
+    /// The largest datagram number it delivered.
+    largest: Option<u64>,
+    /// When it last delivered a datagram.
+    last: Option<Instant>,
 }
 
 /// How many given-up datagram numbers the receiver remembers, so that one arriving late (sent
@@ -356,6 +351,8 @@ pub(crate) struct IncomingDatagrams {
     /// When each held datagram arrived, in arrival order, so the one held longest is at the
     /// front (entries of datagrams delivered since are dropped when they reach the front).
     held_since: VecDeque<(Instant, u64)>,
+    /// Per link, what it delivered: where the missing ones may still be in flight.
+    links: smallvec::SmallVec<[LinkDeliveries; crate::MAX_LINKS]>,
     /// Numbers below `next` given up on and not arrived since (the newest `SKIPPED_MEMORY`):
     /// the only ones below `next` still delivered.
     skipped: BTreeSet<u64>,
@@ -383,6 +380,7 @@ impl IncomingDatagrams {
             ready: VecDeque::new(),
             held: BTreeMap::new(),
             held_since: VecDeque::new(),
+            links: smallvec::SmallVec::new(),
             skipped: BTreeSet::new(),
             bytes: 0,
             limit,
@@ -405,12 +403,22 @@ impl IncomingDatagrams {
         self.spares.recycle(buf);
     }
 
-    /// Takes a copy of datagram `seq`, arrived `now`; returns whether datagrams became ready
-    /// for the application.
-    pub fn push(&mut self, now: Instant, seq: u64, data: &[u8]) -> bool {
+    /// Takes a copy of datagram `seq`, arrived `now` on link `link`; returns whether datagrams
+    /// became ready for the application.
+    pub fn push(&mut self, now: Instant, link: usize, seq: u64, data: &[u8]) -> bool {
         self.received += 1;
+        if self.links.len() <= link {
+            self.links.resize(link + 1, LinkDeliveries::default());
+        }
+        let l = &mut self.links[link];
+        l.largest = l.largest.max(Some(seq));
+        l.last = Some(now);
         let new = if seq < self.next {
-            self.skipped.remove(&seq)
+            let late = self.skipped.remove(&seq);
+            if late {
+                tracing::debug!(seq, next = self.next, "datagram given up on arrived late");
+            }
+            late
         } else {
             !self.held.contains_key(&seq)
         };
@@ -458,9 +466,23 @@ impl IncomingDatagrams {
         !self.held_since.is_empty()
     }
 
-    /// When the oldest held datagram stops waiting for the missing ones before it.
+    /// When the oldest held datagram stops waiting for the missing ones before it (arrived at
+    /// `t`, see [`HoldRule`]).
     pub fn release_deadline(&self, rule: &HoldRule) -> Option<Instant> {
-        self.held_since.front().map(|&(t, _)| rule.deadline(t))
+        let &(t, _) = self.held_since.front()?;
+        if let Some((at, wait)) = rule.resumed {
+            if t <= at {
+                return Some(at + wait);
+            }
+        }
+        // a link that delivered nothing after the first missing one may still carry it
+        let repaired = self
+            .links
+            .iter()
+            .zip(&rule.failure_waits)
+            .filter(|(l, _)| l.largest.is_some_and(|n| n < self.next))
+            .filter_map(|(l, &wait)| l.last.map(|last| last + wait));
+        Some(repaired.fold(t + rule.base, Instant::max))
     }
 
     /// Delivers the held datagrams whose hold is over, giving up on the missing ones before
@@ -479,6 +501,7 @@ impl IncomingDatagrams {
         let Some((&seq, _)) = self.held.first_key_value() else {
             return false;
         };
+        tracing::debug!(from = self.next, to = seq, "gave up on missing datagrams");
         self.skip_to(seq);
         self.release_in_order();
         true
@@ -540,7 +563,7 @@ mod tests {
     fn only(base: Duration) -> HoldRule {
         HoldRule {
             base,
-            links: Default::default(),
+            failure_waits: Default::default(),
             resumed: None,
         }
     }
@@ -652,11 +675,11 @@ mod tests {
         let mut q = IncomingDatagrams::new(1 << 20, Duration::ZERO);
         let mut buf = Vec::with_capacity(1500);
         let memory = buf.as_ptr();
-        assert!(q.push(now, 0, b"first"));
+        assert!(q.push(now, 0, 0, b"first"));
         assert!(q.pop_into(&mut buf));
         assert_eq!(buf, b"first");
         // the application's buffer now waits in the queue for the next arrival
-        assert!(q.push(now, 1, b"second"));
+        assert!(q.push(now, 0, 1, b"second"));
         assert!(q.pop_into(&mut buf));
         assert_eq!(buf, b"second");
         assert_eq!(
@@ -725,12 +748,12 @@ mod tests {
     fn the_receive_queue_drops_what_does_not_fit() {
         let now = Instant::now();
         let mut q = IncomingDatagrams::new(150, Duration::from_millis(5));
-        assert!(q.push(now, 0, &[1; 100]));
-        assert!(!q.push(now, 1, &[2; 100]));
+        assert!(q.push(now, 0, 0, &[1; 100]));
+        assert!(!q.push(now, 0, 1, &[2; 100]));
         assert_eq!((q.received, q.dropped), (2, 1));
         assert_eq!(q.pop().unwrap(), [1; 100]);
         assert!(
-            q.push(now, 2, &[3; 100]),
+            q.push(now, 0, 2, &[3; 100]),
             "1 was dropped here: it is not waited for"
         );
         assert_eq!(q.pop().unwrap(), [3; 100]);
@@ -747,74 +770,84 @@ mod tests {
                 .map(|d| d[0])
                 .collect::<Vec<u8>>()
         };
-        assert!(q.push(t0, 0, &[0]));
-        assert!(!q.push(t0, 2, &[2]), "held for 1");
-        assert!(!q.push(t0 + ms(1), 3, &[3]));
+        assert!(q.push(t0, 0, 0, &[0]));
+        assert!(!q.push(t0, 0, 2, &[2]), "held for 1");
+        assert!(!q.push(t0 + ms(1), 0, 3, &[3]));
         assert_eq!(take(&mut q), [0]);
-        assert!(q.push(t0 + ms(2), 1, &[1]), "1 arrives: 1, 2, 3 go");
+        assert!(q.push(t0 + ms(2), 0, 1, &[1]), "1 arrives: 1, 2, 3 go");
         assert_eq!(take(&mut q), [1, 2, 3]);
         assert_eq!(q.release_deadline(&only(ms(5))), None);
         // 4 is lost: 5 and 6 wait 5 ms for it, then go
-        assert!(!q.push(t0 + ms(10), 5, &[5]));
-        assert!(!q.push(t0 + ms(11), 6, &[6]));
+        assert!(!q.push(t0 + ms(10), 0, 5, &[5]));
+        assert!(!q.push(t0 + ms(11), 0, 6, &[6]));
         assert_eq!(q.release_deadline(&only(ms(5))), Some(t0 + ms(15)));
         assert!(!q.release_due(t0 + ms(14), &only(ms(5))));
         assert!(q.release_due(t0 + ms(15), &only(ms(5))));
         assert_eq!(take(&mut q), [5, 6]);
         // 4 arrives after all: late, but delivered
-        assert!(q.push(t0 + ms(20), 4, &[4]));
+        assert!(q.push(t0 + ms(20), 0, 4, &[4]));
         assert_eq!(take(&mut q), [4]);
-        assert!(q.push(t0 + ms(21), 7, &[7]));
+        assert!(q.push(t0 + ms(21), 0, 7, &[7]));
         assert_eq!(take(&mut q), [7]);
         assert_eq!((q.received, q.reordered), (8, 4));
     }
 
     #[test]
-    fn a_link_gone_quiet_since_a_datagram_arrived_makes_it_wait_for_the_failure_repair() {
+    fn a_datagram_missing_on_a_quiet_link_is_waited_for_until_the_failure_is_repaired() {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
-        let rule = |quiet_last, busy_last| HoldRule {
+        let rule = HoldRule {
             base: ms(5),
-            links: [(quiet_last, ms(25)), (busy_last, ms(25))]
-                .into_iter()
-                .collect(),
+            failure_waits: [ms(25), ms(25)].into_iter().collect(),
             resumed: None,
         };
+        let order = |q: &mut IncomingDatagrams| -> Vec<u8> {
+            std::iter::from_fn(|| q.pop()).map(|d| d[0]).collect()
+        };
         let mut q = IncomingDatagrams::new(1 << 20, ms(5));
-        assert!(q.push(t0, 0, &[0]));
-        // 1 was on link 0, whose switch died after its last arrival at t0; 2 came on link 1
-        assert!(!q.push(t0 + ms(1), 2, &[2]));
-        let failing = rule(Some(t0), Some(t0 + ms(1)));
-        assert_eq!(q.release_deadline(&failing), Some(t0 + ms(26)));
+        assert!(q.push(t0, 0, 0, &[0]));
+        // 1 and 2 went on link 0, 3 on the faster link 1; link 0's switch died after it
+        // delivered 1, with 2 on it
+        assert!(!q.push(t0 + ms(1), 1, 3, &[3]));
+        assert!(q.push(t0 + ms(2), 0, 1, &[1]));
+        // link 0 delivered nothing sent after 2: it may be stranded there, and comes again
+        // once the sender declared the failure, 25 ms after link 0's last delivery
+        assert_eq!(q.release_deadline(&rule), Some(t0 + ms(27)));
+        assert!(!q.push(t0 + ms(2), 1, 5, &[5]), "link 1 goes on");
         assert!(
-            !q.release_due(t0 + ms(6), &failing),
+            !q.release_due(t0 + ms(26), &rule),
             "held past the base hold"
         );
-        // link 0 delivers again: it was a pause, and the base hold applies
-        let paused = rule(Some(t0 + ms(2)), Some(t0 + ms(2)));
-        assert_eq!(q.release_deadline(&paused), Some(t0 + ms(6)));
-        // a link quiet since long before is not taken for a failing one
-        let idle = rule(Some(t0 - ms(100)), Some(t0 + ms(1)));
-        assert_eq!(q.release_deadline(&idle), Some(t0 + ms(6)));
-        // 1 comes again over link 1 after the failure was detected: both in order
-        assert!(q.push(t0 + ms(20), 1, &[1]));
-        let order: Vec<u8> = std::iter::from_fn(|| q.pop()).map(|d| d[0]).collect();
-        assert_eq!(order, [0, 1, 2]);
+        assert!(q.push(t0 + ms(20), 1, 2, &[2]), "2 comes again over link 1");
+        assert_eq!(order(&mut q), [0, 1, 2, 3]);
+        // 4 was lost to congestion: link 0 (alive) and link 1 delivered later ones, so it is
+        // in flight nowhere, and 5 waits only the base hold from its arrival
+        assert!(!q.push(t0 + ms(21), 0, 6, &[6]));
+        assert_eq!(q.release_deadline(&rule), Some(t0 + ms(7)));
+        assert!(q.release_due(t0 + ms(21), &rule));
+        assert_eq!(order(&mut q), [5, 6]);
+        // a link quiet for longer than its repair time is not waited for
+        assert!(!q.push(t0 + ms(100), 1, 8, &[8]));
+        assert_eq!(q.release_deadline(&rule), Some(t0 + ms(105)));
+        assert!(q.release_due(t0 + ms(105), &rule));
+        assert_eq!(order(&mut q), [8]);
 
         // an outage of every link: the peer is heard again at t1, and what was held before
         // waits for its links to come back and send what was stranded on them
-        assert!(!q.push(t0 + ms(30), 4, &[4]));
+        assert!(!q.push(t0 + ms(130), 1, 10, &[10]));
         let t1 = t0 + ms(60_000);
         let resumed = HoldRule {
             resumed: Some((t1, ms(65))),
-            ..rule(Some(t0 + ms(30)), Some(t0 + ms(30)))
+            ..rule.clone()
         };
         assert_eq!(q.release_deadline(&resumed), Some(t1 + ms(65)));
-        assert!(q.push(t1 + ms(40), 3, &[3]), "the stranded one comes first");
-        let order: Vec<u8> = std::iter::from_fn(|| q.pop()).map(|d| d[0]).collect();
-        assert_eq!(order, [3, 4]);
+        assert!(
+            q.push(t1 + ms(40), 0, 9, &[9]),
+            "the stranded one comes first"
+        );
+        assert_eq!(order(&mut q), [9, 10]);
         // one held after the peer was heard again has the usual hold
-        assert!(!q.push(t1 + ms(50), 6, &[6]));
+        assert!(!q.push(t1 + ms(50), 0, 12, &[12]));
         assert_eq!(q.release_deadline(&resumed), Some(t1 + ms(55)));
     }
 
@@ -823,18 +856,18 @@ mod tests {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         let mut q = IncomingDatagrams::new(1 << 20, ms(5));
-        assert!(q.push(t0, 0, &[0]));
+        assert!(q.push(t0, 0, 0, &[0]));
         // 5 arrives first, then 3 (over another link); 1, 2 and 4 are missing
-        assert!(!q.push(t0 + ms(1), 5, &[5]));
-        assert!(!q.push(t0 + ms(3), 3, &[3]));
+        assert!(!q.push(t0 + ms(1), 0, 5, &[5]));
+        assert!(!q.push(t0 + ms(3), 0, 3, &[3]));
         assert_eq!(
             q.release_deadline(&only(ms(5))),
             Some(t0 + ms(6)),
             "5's hold"
         );
         // 1 and 2 arrive: 3 goes with them; 5 still waits for 4, since its own arrival
-        assert!(!q.push(t0 + ms(4), 2, &[2]));
-        assert!(q.push(t0 + ms(4), 1, &[1]));
+        assert!(!q.push(t0 + ms(4), 0, 2, &[2]));
+        assert!(q.push(t0 + ms(4), 0, 1, &[1]));
         assert_eq!(q.release_deadline(&only(ms(5))), Some(t0 + ms(6)));
         assert!(q.release_due(t0 + ms(6), &only(ms(5))), "4 given up on");
         assert_eq!(q.release_deadline(&only(ms(5))), None);
@@ -848,16 +881,16 @@ mod tests {
         let ms = Duration::from_millis;
         for hold in [ms(5), Duration::ZERO] {
             let mut q = IncomingDatagrams::new(1 << 20, hold);
-            assert!(q.push(t0, 0, &[0]));
-            assert!(!q.push(t0, 0, &[0]), "a second copy of the next one");
-            q.push(t0, 3, &[3]);
-            assert!(!q.push(t0, 3, &[3]), "a second copy of a held one");
+            assert!(q.push(t0, 0, 0, &[0]));
+            assert!(!q.push(t0, 0, 0, &[0]), "a second copy of the next one");
+            q.push(t0, 0, 3, &[3]);
+            assert!(!q.push(t0, 0, 3, &[3]), "a second copy of a held one");
             q.release_due(t0 + ms(10), &only(hold));
             // 1 and 2 were given up on; sent again after a link failure, each comes once
-            assert!(q.push(t0 + ms(20), 2, &[2]));
-            assert!(!q.push(t0 + ms(20), 2, &[2]));
-            assert!(q.push(t0 + ms(21), 1, &[1]));
-            assert!(!q.push(t0 + ms(21), 0, &[0]), "long delivered");
+            assert!(q.push(t0 + ms(20), 0, 2, &[2]));
+            assert!(!q.push(t0 + ms(20), 0, 2, &[2]));
+            assert!(q.push(t0 + ms(21), 0, 1, &[1]));
+            assert!(!q.push(t0 + ms(21), 0, 0, &[0]), "long delivered");
             let got: Vec<u8> = std::iter::from_fn(|| q.pop()).map(|d| d[0]).collect();
             assert_eq!(got, [0, 3, 2, 1], "hold {hold:?}");
             assert_eq!(q.duplicates, 4);
@@ -868,8 +901,8 @@ mod tests {
     fn without_a_hold_datagrams_go_as_they_arrive() {
         let now = Instant::now();
         let mut q = IncomingDatagrams::new(1 << 20, Duration::ZERO);
-        assert!(q.push(now, 2, &[2]));
-        assert!(q.push(now, 0, &[0]));
+        assert!(q.push(now, 0, 2, &[2]));
+        assert!(q.push(now, 0, 0, &[0]));
         assert_eq!(
             std::iter::from_fn(|| q.pop())
                 .map(|d| d[0])

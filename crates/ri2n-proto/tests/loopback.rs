@@ -1010,3 +1010,74 @@ fn datagrams_stranded_twice_by_a_staggered_outage_arrive_in_order_at_the_heal() 
     let stats = client.connection(flow.conns.0).unwrap().stats();
     flow.assert_all_read_in_order(stats.datagrams_resent);
 }
+
+#[test]
+fn datagrams_stranded_on_a_link_that_dies_before_the_others_arrive_in_order_at_the_heal() {
+    // Two switches dying one after the other: what was in flight on the first one's link is
+    // sent again once the sender has declared that link down, over a link that may have died
+    // meanwhile, and then comes only at the heal. The receiver must not give up on it while
+    // the other link still delivers for a moment, nor once that one falls silent too:
+    // delivered after their successors, inner TCP drops such datagrams as old duplicates
+    // (PAWS), and an inner connection stood still for seconds after the heal.
+    let ms = Duration::from_millis;
+    for stagger in [ms(2), ms(8), ms(15), ms(25), ms(40)] {
+        let (mut client, mut server, mut net, mut flow) =
+            Flow::on_two_links(Duration::from_micros(100));
+        let until = net.now + ms(300);
+        flow.drive((&mut client, &mut server, &mut net), until, true);
+        net.cut_addrs = vec![LINK1.0, LINK1.1];
+        let until = net.now + stagger;
+        flow.drive((&mut client, &mut server, &mut net), until, true);
+        net.cut_to_client = true;
+        net.cut_to_server = true;
+        // the application stops soon after, as inner TCP does when its window fills
+        let until = net.now + ms(5);
+        flow.drive((&mut client, &mut server, &mut net), until, true);
+        let until = net.now + ms(3000);
+        flow.drive((&mut client, &mut server, &mut net), until, false);
+        net.cut_addrs.clear();
+        net.cut_to_client = false;
+        net.cut_to_server = false;
+        let until = net.now + ms(3000);
+        flow.drive((&mut client, &mut server, &mut net), until, false);
+
+        let stats = client.connection(flow.conns.0).unwrap().stats();
+        flow.assert_all_read_in_order(stats.datagrams_resent);
+    }
+}
+
+#[test]
+fn datagrams_held_for_ones_lost_on_a_link_that_then_fell_quiet_go_once_the_peer_answers() {
+    // A few datagrams are lost on link 1 (a burst of loss; the link itself is fine) and the
+    // flow stops. Those that came over link 0 wait for them: link 1 delivered nothing sent
+    // after them, so they may be stranded on a failing link. Once that link's failure would
+    // have been repaired, the receiver asks the peer, which has gone silent: its answer shows
+    // that the links work, so the missing ones are lost, and the rest goes at once, long
+    // before a keepalive would have shown the same.
+    let ms = Duration::from_millis;
+    let (mut client, mut server, mut net, mut flow) =
+        Flow::on_two_links(Duration::from_micros(100));
+    let until = net.now + ms(300);
+    flow.drive((&mut client, &mut server, &mut net), until, true);
+    net.cut_addrs = vec![LINK1.0, LINK1.1];
+    let until = net.now + ms(1);
+    flow.drive((&mut client, &mut server, &mut net), until, true);
+    net.cut_addrs.clear();
+    let stopped = net.now;
+    let sh = flow.conns.1;
+    let held = |server: &Endpoint| server.connection(sh).unwrap().stats().datagrams_waiting.0;
+    assert!(held(&server) > 0, "datagrams wait for the lost ones");
+    while held(&server) > 0 && net.now < stopped + ms(1000) {
+        let until = net.now + ms(1);
+        flow.drive((&mut client, &mut server, &mut net), until, false);
+    }
+    let waited = net.now - stopped;
+    let late = flow.order.windows(2).filter(|w| w[1] < w[0]).count();
+    assert_eq!(late, 0, "none read after a later one");
+    let keepalive = ConnectionConfig::default().keepalive_interval;
+    assert!(
+        waited < keepalive / 2,
+        "the held datagrams went {waited:?} after the flow stopped (keepalives every \
+         {keepalive:?})"
+    );
+}

@@ -161,6 +161,22 @@ enum PacketKind {
     AckOnly,
 }
 
+/// Where received datagrams held for missing ones stand once their hold ran out
+/// ([`HoldRule`]). The missing ones are given up on only while the peer can reach us: if it
+/// cannot, they may be stranded on dead links and come at the heal, and giving up on them
+/// would deliver them after their successors (see the `datagrams` module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HoldOver {
+    /// Not run out (or released).
+    No,
+    /// Ran out when the peer had been silent for a round trip: every up link was sent a PING
+    /// at this instant. Anything arriving from the peer releases them; nothing within a probe
+    /// timeout means every link is failing.
+    Asked(Instant),
+    /// Ran out while every link was failing: held until the peer is heard again.
+    Outage,
+}
+
 /// One ri2n connection.
 #[derive(Debug)]
 pub struct Connection {
@@ -191,9 +207,10 @@ pub struct Connection {
     readable_signalled: bool,
     datagrams_out: OutgoingDatagrams,
     datagrams_in: IncomingDatagrams,
-    /// A hold ran out while every link was failing: held datagrams wait for the peer (their
-    /// missing predecessors may be stranded on the dead links and come at the heal).
-    held_through_outage: bool,
+    /// Where held datagrams stand once their hold ran out.
+    hold_over: HoldOver,
+    /// Up links owed a PING (bit per link position), to learn whether the peer can reach us.
+    pings_owed: u32,
     /// When the peer was heard again after such an outage (any packet): holds of datagrams
     /// held before then restart from here (see [`HoldRule`]).
     arrivals_resumed: Option<Instant>,
@@ -350,7 +367,8 @@ impl Connection {
             next_stream: 0,
             last_rx: now,
             last_arrival_link: 0,
-            held_through_outage: false,
+            hold_over: HoldOver::No,
+            pings_owed: 0,
             arrivals_resumed: None,
             all_down_since: None,
             next_share_check: now + cfg.share_check_interval,
@@ -522,18 +540,15 @@ impl Connection {
     /// timers running a little behind ours) and a round trip for what it sends again to
     /// arrive.
     pub(super) fn hold_rule(&self) -> HoldRule {
-        let links: smallvec::SmallVec<_> = self
+        let failure_waits: smallvec::SmallVec<_> = self
             .links
             .iter()
-            .map(|l| {
-                let wait = l.pto(&self.cfg) * (self.cfg.failure_ptos + 1) + l.rtt.srtt;
-                (l.arrivals.last_data(), wait)
-            })
+            .map(|l| l.pto(&self.cfg) * (self.cfg.failure_ptos + 1) + l.rtt.srtt)
             .collect();
         // after an outage the peer's links come back after `recovery_probes` acknowledged
         // probes; what was stranded on them follows, within a failure repair time
         let resumed = self.arrivals_resumed.map(|at| {
-            let repair = links.iter().map(|&(_, w)| w).max().unwrap_or_default();
+            let repair = failure_waits.iter().copied().max().unwrap_or_default();
             (
                 at,
                 self.cfg.probe_interval * self.cfg.recovery_probes + repair,
@@ -541,7 +556,7 @@ impl Connection {
         });
         HoldRule {
             base: self.cfg.datagram_reorder_hold,
-            links,
+            failure_waits,
             resumed,
         }
     }
@@ -1298,10 +1313,15 @@ impl Connection {
         for l in &mut self.links {
             l.port_unreachable = 0;
         }
-        if self.held_through_outage {
-            // the peer is heard again (an acknowledgement of our probes will do)
-            self.held_through_outage = false;
-            self.arrivals_resumed = Some(now);
+        match self.hold_over {
+            HoldOver::No => {}
+            // it can reach us: what is held goes at once (the hold ran out)
+            HoldOver::Asked(_) => self.hold_over = HoldOver::No,
+            HoldOver::Outage => {
+                // heard again after an outage (an acknowledgement of our probes will do)
+                self.hold_over = HoldOver::No;
+                self.arrivals_resumed = Some(now);
+            }
         }
         if ack_eliciting {
             self.last_arrival_link = i;
@@ -1339,7 +1359,7 @@ impl Connection {
                     }
                 },
                 Frame::Datagram { seq, data } => {
-                    if self.datagrams_in.push(now, seq, data) && !self.readable_signalled {
+                    if self.datagrams_in.push(now, i, seq, data) && !self.readable_signalled {
                         self.readable_signalled = true;
                         self.event(Event::Readable);
                     }
@@ -1445,8 +1465,51 @@ impl Connection {
         }
     }
 
+    /// The hold of the datagrams held longest ran out: release them, or first learn whether
+    /// the peer can reach us (see [`HoldOver`]).
+    pub(super) fn on_hold_over(&mut self, now: Instant) {
+        let silent_for = now.saturating_duration_since(self.last_rx);
+        let round_trip = self
+            .links
+            .iter()
+            .filter(|l| l.is_up())
+            .map(|l| l.rtt.srtt)
+            .min()
+            .unwrap_or_default();
+        self.hold_over = match self.hold_over {
+            _ if self.every_link_failing() => HoldOver::Outage,
+            HoldOver::No if silent_for > round_trip => {
+                for (i, l) in self.links.iter().enumerate() {
+                    if l.is_up() {
+                        self.pings_owed |= 1 << i;
+                    }
+                }
+                HoldOver::Asked(now)
+            }
+            // no answer within a probe timeout (an answer would have ended the wait)
+            HoldOver::Asked(_) => HoldOver::Outage,
+            HoldOver::No | HoldOver::Outage => HoldOver::No,
+        };
+        match self.hold_over {
+            HoldOver::No => {
+                let rule = self.hold_rule();
+                if self.datagrams_in.release_due(now, &rule) && !self.readable_signalled {
+                    self.readable_signalled = true;
+                    self.event(Event::Readable);
+                }
+            }
+            HoldOver::Asked(_) => {
+                tracing::debug!(?silent_for, "hold over, the peer silent: asking it");
+            }
+            HoldOver::Outage => {
+                // the missing ones may be stranded on the dead links, to come at the heal
+                tracing::debug!("every link failing: held datagrams wait for the peer");
+            }
+        }
+    }
+
     /// The largest probe timeout of the links.
-    fn max_pto(&self) -> Duration {
+    pub(super) fn max_pto(&self) -> Duration {
         self.links
             .iter()
             .map(|l| l.pto(&self.cfg))

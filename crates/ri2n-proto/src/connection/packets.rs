@@ -111,10 +111,12 @@ impl Connection {
                 let l = &self.links[i];
                 l.is_up()
                     && (l.recovery.pto_probes_pending > 0
+                        || self.pings_owed & 1 << i != 0
                         || l.keepalive_deadline(&self.cfg).is_some_and(|t| t <= now))
             })
         });
         if let Some(i) = ping {
+            self.pings_owed &= !(1 << i);
             let l = &mut self.links[i];
             l.recovery.pto_probes_pending = l.recovery.pto_probes_pending.saturating_sub(1);
             return Some((self.transmit(now, i, PacketKind::Ping, out), None));

@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 
 use crate::{ConnectionError, LinkState};
 
-use super::{Connection, ConnectionState, Handshake};
+use super::{Connection, ConnectionState, Handshake, HoldOver};
 
 /// A timer of a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,11 +115,14 @@ impl Connection {
                 arm(Timer::HealthCheck, Some(self.next_share_check));
             }
             // the rule looks at every link: only worth building while a datagram waits
-            if self.datagrams_in.holds_any() && !self.held_through_outage {
-                arm(
-                    Timer::DatagramRelease,
-                    self.datagrams_in.release_deadline(&self.hold_rule()),
-                );
+            if self.datagrams_in.holds_any() {
+                let release = match self.hold_over {
+                    HoldOver::No => self.datagrams_in.release_deadline(&self.hold_rule()),
+                    // an answer ends the wait as it arrives
+                    HoldOver::Asked(asked) => Some(asked + self.max_pto()),
+                    HoldOver::Outage => None,
+                };
+                arm(Timer::DatagramRelease, release);
             }
         }
         arm(
@@ -195,18 +198,7 @@ impl Connection {
                     self.next_share_check = now + self.cfg.share_check_interval;
                 }
             }
-            Timer::DatagramRelease if self.every_link_failing() => {
-                // the missing ones may be stranded on the dead links, to come at the heal:
-                // their successors wait for the peer to be heard again
-                self.held_through_outage = true;
-            }
-            Timer::DatagramRelease => {
-                let rule = self.hold_rule();
-                if self.datagrams_in.release_due(now, &rule) && !self.readable_signalled {
-                    self.readable_signalled = true;
-                    self.event(crate::Event::Readable);
-                }
-            }
+            Timer::DatagramRelease => self.on_hold_over(now),
             Timer::Link(i, LinkTimer::Loss) => {
                 let mut out = std::mem::take(&mut self.scratch);
                 self.links[i].on_loss_timer(now, &mut out);

@@ -30,11 +30,6 @@ impl Arrivals {
         }
     }
 
-    /// When the peer's last packet carrying more than a PING arrived.
-    pub fn last_data(&self) -> Option<Instant> {
-        self.last_sending
-    }
-
     /// A link that only receives (the peer sends, this side acknowledges) has nothing in
     /// flight, so no probe timeout would notice it fail, and it would stay up until the next
     /// keepalive. When the peer's packets stop arriving for much longer than
