@@ -466,8 +466,8 @@ impl IncomingDatagrams {
         !self.held_since.is_empty()
     }
 
-    /// When the oldest held datagram stops waiting for the missing ones before it (arrived at
-    /// `t`, see [`HoldRule`]).
+    /// When the datagram held longest stops waiting for the missing ones before it (see
+    /// [`HoldRule`]).
     pub fn release_deadline(&self, rule: &HoldRule) -> Option<Instant> {
         let &(t, _) = self.held_since.front()?;
         if let Some((at, wait)) = rule.resumed {
