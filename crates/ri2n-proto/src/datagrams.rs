@@ -310,7 +310,11 @@ impl OutgoingDatagrams {
 /// has just failed they are stranded on it: the sender sends them again over another link
 /// once it has declared the failure, up to the link's `failure_wait` after the link's last
 /// delivery. The hold lasts that long. A link that delivers a later datagram, or one whose
-/// last delivery is older than its `failure_wait`, is not waited for.
+/// last delivery is older than its `failure_wait`, is not waited for. A repair goes in
+/// sending order too, possibly over several round trips of a slow link: while the last
+/// datagram a link delivered below its largest number (one sent again) is below the first
+/// missing one, and nothing sent after the repair has come on that link, the hold also lasts
+/// until that arrival plus the link's `failure_wait`.
 ///
 /// Every link can fail before the missing ones come again: sent again over a link that died
 /// too, they come only at the heal. A hold that runs out while every link is failing, or
@@ -335,6 +339,10 @@ struct LinkDeliveries {
     largest: Option<u64>,
     /// When it last delivered a datagram.
     last: Option<Instant>,
+    /// The last datagram it delivered below its largest, and when: one sent again after
+    /// another link failed (a link delivers what is sent on it for the first time in order).
+    /// Cleared when a datagram sent after them arrives.
+    last_resent: Option<(u64, Instant)>,
 }
 
 /// How many given-up datagram numbers the receiver remembers, so that one arriving late (sent
@@ -411,6 +419,12 @@ impl IncomingDatagrams {
             self.links.resize(link + 1, LinkDeliveries::default());
         }
         let l = &mut self.links[link];
+        match l.largest {
+            Some(n) if seq < n => l.last_resent = Some((seq, now)),
+            // sent after what came again on this link: that repair is over
+            Some(_) => l.last_resent = None,
+            None => {}
+        }
         l.largest = l.largest.max(Some(seq));
         l.last = Some(now);
         let new = if seq < self.next {
@@ -475,13 +489,23 @@ impl IncomingDatagrams {
                 return Some(at + wait);
             }
         }
-        // a link that delivered nothing after the first missing one may still carry it
+        // a link that delivered nothing after the first missing one may still carry it, and
+        // so may the rest of a repair under way on a link, which goes in sending order too
         let repaired = self
             .links
             .iter()
             .zip(&rule.failure_waits)
-            .filter(|(l, _)| l.largest.is_some_and(|n| n < self.next))
-            .filter_map(|(l, &wait)| l.last.map(|last| last + wait));
+            .flat_map(|(l, &wait)| {
+                let in_flight = l.largest.is_some_and(|n| n < self.next).then_some(l.last);
+                let repairing = l
+                    .last_resent
+                    .filter(|&(n, _)| n < self.next)
+                    .map(|(_, at)| at);
+                [in_flight.flatten(), repairing]
+                    .into_iter()
+                    .flatten()
+                    .map(move |at| at + wait)
+            });
         Some(repaired.fold(t + rule.base, Instant::max))
     }
 
@@ -820,21 +844,25 @@ mod tests {
         );
         assert!(q.push(t0 + ms(20), 1, 2, &[2]), "2 comes again over link 1");
         assert_eq!(order(&mut q), [0, 1, 2, 3]);
-        // 4 was lost to congestion: link 0 (alive) and link 1 delivered later ones, so it is
-        // in flight nowhere, and 5 waits only the base hold from its arrival
+        // 4 is missing: had it been stranded on link 0 with 2, it would come after 2 in the
+        // repair over link 1, so 5 waits while that repair may go on
+        assert_eq!(q.release_deadline(&rule), Some(t0 + ms(45)));
+        // link 1 delivers 7, sent after the repair, and link 0 (alive after all) 6: 4 is in
+        // flight nowhere, and 5 waits only the base hold from its arrival
+        assert!(!q.push(t0 + ms(21), 1, 7, &[7]));
         assert!(!q.push(t0 + ms(21), 0, 6, &[6]));
         assert_eq!(q.release_deadline(&rule), Some(t0 + ms(7)));
         assert!(q.release_due(t0 + ms(21), &rule));
-        assert_eq!(order(&mut q), [5, 6]);
+        assert_eq!(order(&mut q), [5, 6, 7]);
         // a link quiet for longer than its repair time is not waited for
-        assert!(!q.push(t0 + ms(100), 1, 8, &[8]));
+        assert!(!q.push(t0 + ms(100), 1, 9, &[9]));
         assert_eq!(q.release_deadline(&rule), Some(t0 + ms(105)));
         assert!(q.release_due(t0 + ms(105), &rule));
-        assert_eq!(order(&mut q), [8]);
+        assert_eq!(order(&mut q), [9]);
 
         // an outage of every link: the peer is heard again at t1, and what was held before
         // waits for its links to come back and send what was stranded on them
-        assert!(!q.push(t0 + ms(130), 1, 10, &[10]));
+        assert!(!q.push(t0 + ms(130), 1, 11, &[11]));
         let t1 = t0 + ms(60_000);
         let resumed = HoldRule {
             resumed: Some((t1, ms(65))),
@@ -842,12 +870,12 @@ mod tests {
         };
         assert_eq!(q.release_deadline(&resumed), Some(t1 + ms(65)));
         assert!(
-            q.push(t1 + ms(40), 0, 9, &[9]),
+            q.push(t1 + ms(40), 0, 10, &[10]),
             "the stranded one comes first"
         );
-        assert_eq!(order(&mut q), [9, 10]);
+        assert_eq!(order(&mut q), [10, 11]);
         // one held after the peer was heard again has the usual hold
-        assert!(!q.push(t1 + ms(50), 0, 12, &[12]));
+        assert!(!q.push(t1 + ms(50), 0, 13, &[13]));
         assert_eq!(q.release_deadline(&resumed), Some(t1 + ms(55)));
     }
 

@@ -537,13 +537,20 @@ impl Connection {
 
     /// How long received datagrams wait for missing ones (see [`HoldRule`]): a link's failure
     /// takes the sender `failure_ptos` probe timeouts to declare (one more for the peer's
-    /// timers running a little behind ours) and a round trip for what it sends again to
-    /// arrive.
+    /// timers running a little behind ours), and no less than a round trip on another link,
+    /// which must show that the peer still answers (§6.1); what it sends again then crosses
+    /// that link. Both are bounded by the slowest link's round trip.
     pub(super) fn hold_rule(&self) -> HoldRule {
+        let slowest = self
+            .links
+            .iter()
+            .map(|l| l.rtt.srtt)
+            .max()
+            .unwrap_or_default();
         let failure_waits: smallvec::SmallVec<_> = self
             .links
             .iter()
-            .map(|l| l.pto(&self.cfg) * (self.cfg.failure_ptos + 1) + l.rtt.srtt)
+            .map(|l| l.pto(&self.cfg) * (self.cfg.failure_ptos + 1) + slowest * 2)
             .collect();
         // after an outage the peer's links come back after `recovery_probes` acknowledged
         // probes; what was stranded on them follows, within a failure repair time
@@ -1468,6 +1475,10 @@ impl Connection {
     /// The hold of the datagrams held longest ran out: release them, or first learn whether
     /// the peer can reach us (see [`HoldOver`]).
     pub(super) fn on_hold_over(&mut self, now: Instant) {
+        let rule = self.hold_rule();
+        let ran_out = self.datagrams_in.release_deadline(&rule).unwrap_or(now);
+        // heard since the hold ran out (the answer to our PINGs, say): no need to ask
+        let heard_since = self.last_rx >= ran_out;
         let silent_for = now.saturating_duration_since(self.last_rx);
         let round_trip = self
             .links
@@ -1478,7 +1489,7 @@ impl Connection {
             .unwrap_or_default();
         self.hold_over = match self.hold_over {
             _ if self.every_link_failing() => HoldOver::Outage,
-            HoldOver::No if silent_for > round_trip => {
+            HoldOver::No if !heard_since && silent_for > round_trip => {
                 for (i, l) in self.links.iter().enumerate() {
                     if l.is_up() {
                         self.pings_owed |= 1 << i;
@@ -1492,7 +1503,6 @@ impl Connection {
         };
         match self.hold_over {
             HoldOver::No => {
-                let rule = self.hold_rule();
                 if self.datagrams_in.release_due(now, &rule) && !self.readable_signalled {
                     self.readable_signalled = true;
                     self.event(Event::Readable);
