@@ -422,8 +422,8 @@ impl IncomingDatagrams {
         match l.largest {
             Some(n) if seq < n => l.last_resent = Some((seq, now)),
             // sent after what came again on this link: that repair is over
-            Some(_) => l.last_resent = None,
-            None => {}
+            Some(n) if seq > n => l.last_resent = None,
+            _ => {}
         }
         l.largest = l.largest.max(Some(seq));
         l.last = Some(now);
