@@ -239,19 +239,6 @@ impl LinkSocket {
             }
         }
     }
-
-    /// Receive buffers sized for this socket's GRO, each starting on a page.
-    pub fn recv_batch(&self) -> io::Result<RecvBatch> {
-        let slot = (1500 * self.state.gro_segments().max(1))
-            .max(65536)
-            .next_multiple_of(crate::pages::page_size());
-        Ok(RecvBatch {
-            buf: PageBuffer::new(slot * BATCH_SIZE)?,
-            slot,
-            meta: [RecvMeta::default(); BATCH_SIZE],
-            count: 0,
-        })
-    }
 }
 
 /// What a receive call found.
@@ -265,7 +252,7 @@ pub(crate) enum Received {
     MoreMayWait,
 }
 
-/// One thread's buffers for receiving a batch of datagrams.
+/// The buffers for receiving a batch of datagrams from any of the sockets.
 #[derive(Debug)]
 pub(crate) struct RecvBatch {
     /// `BATCH_SIZE` buffers of `slot` bytes, one after the other.
@@ -273,6 +260,22 @@ pub(crate) struct RecvBatch {
     slot: usize,
     meta: [RecvMeta; BATCH_SIZE],
     count: usize,
+}
+
+impl RecvBatch {
+    /// Buffers sized for the largest GRO of `sockets`, each starting on a page.
+    pub fn for_sockets(sockets: &[LinkSocket]) -> io::Result<Self> {
+        let segments = sockets.iter().map(|s| s.state.gro_segments()).max();
+        let slot = (1500 * segments.unwrap_or(1).max(1))
+            .max(65536)
+            .next_multiple_of(crate::pages::page_size());
+        Ok(Self {
+            buf: PageBuffer::new(slot * BATCH_SIZE)?,
+            slot,
+            meta: [RecvMeta::default(); BATCH_SIZE],
+            count: 0,
+        })
+    }
 }
 
 fn classify_send_error(e: &io::Error) -> SendOutcome {
