@@ -7,6 +7,13 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
+use smallvec::SmallVec;
+
+/// The gaps [`RangeSet::gaps_in`] finds: in line for the usual one or two, so that a stream
+/// receiving out of order (every packet of a second link, a hole from a loss) allocates
+/// nothing per frame.
+pub type Gaps = SmallVec<[Range<u64>; 2]>;
+
 /// Disjoint half-open ranges, merged whenever they touch.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RangeSet {
@@ -186,8 +193,8 @@ impl RangeSet {
 
     /// The values of `r` that are *not* in the set, as ranges in ascending order (none when `r`
     /// is empty, including a reversed `start > end`).
-    pub fn gaps_in(&self, r: Range<u64>) -> Vec<Range<u64>> {
-        let mut out = Vec::new();
+    pub fn gaps_in(&self, r: Range<u64>) -> Gaps {
+        let mut out = Gaps::new();
         if r.is_empty() {
             return out;
         }
@@ -263,7 +270,7 @@ mod tests {
         s.insert(0..100);
         s.remove(10..20);
         assert_eq!(s.iter().collect::<Vec<_>>(), vec![0..10, 20..100]);
-        assert_eq!(s.gaps_in(5..25), vec![10..20]);
+        assert_eq!(s.gaps_in(5..25).to_vec(), vec![10..20]);
         assert_eq!(s.pop_front(4), Some(0..4));
         assert!(!s.contains(3));
         assert!(s.contains(4));
