@@ -219,6 +219,9 @@ pub struct Connection {
     /// [`Event::AllAcknowledged`] was emitted.
     all_acknowledged: bool,
     next_stream: usize,
+    /// The link of the last data packet and when it was sent: a run on it may continue at the
+    /// same instant (see the scheduler).
+    last_data_packet: Option<(usize, Instant)>,
     last_rx: Instant,
     last_arrival_link: usize,
     all_down_since: Option<Instant>,
@@ -365,6 +368,7 @@ impl Connection {
             write_wants: None,
             all_acknowledged: false,
             next_stream: 0,
+            last_data_packet: None,
             last_rx: now,
             last_arrival_link: 0,
             hold_over: HoldOver::No,
