@@ -3,9 +3,9 @@
 //! All engine state sits behind one mutex, but no system call is made while holding it:
 //! datagrams are received into receive buffers that one thread at a time holds, and only then
 //! handed to the engine, and the engine builds outgoing datagrams in place in per-socket GSO
-//! batches that are sent after the lock is released. So the application thread (copying its data in and out)
-//! and the communication thread (receiving and sending) work on both cores at once instead of
-//! taking turns; the lock covers only the engine's bookkeeping.
+//! batches that are sent after the lock is released. So the application thread (copying its
+//! data in and out) and the communication thread (receiving and sending) work on both cores at
+//! once instead of taking turns; the lock covers only the engine's bookkeeping.
 //!
 //! A communication thread (RI2N's "RI2N thread") waits on the sockets and the engine's next
 //! timer, so retransmissions and link probes happen without the application calling in.
