@@ -47,9 +47,6 @@ pub(super) struct Schedule {
     allowance: [Option<Result<(), Option<Instant>>>; MAX_LINKS],
     /// Failover striping's primary link.
     primary: Option<usize>,
-    /// The link of the last data packet, if it was sent at this instant: it may keep taking
-    /// packets for a run.
-    previous: Option<usize>,
     /// What the receive window can bridge: bytes.
     window: f64,
 }
@@ -65,10 +62,6 @@ impl Schedule {
                 Striping::Weighted => None,
                 Striping::Failover => c.primary_link(),
             },
-            previous: c
-                .last_data_packet
-                .filter(|&(_, at)| at == now)
-                .map(|(i, _)| i),
             window: c.peer_window.min(c.cfg.send_buffer) as f64,
         };
         for i in 0..c.links.len() {
@@ -90,7 +83,6 @@ impl Schedule {
     pub(super) fn sent_on(&mut self, i: usize, link: &crate::link::Link, now: Instant) {
         self.measure(i, link, now);
         self.allowance[i] = None;
-        self.previous = Some(i);
     }
 
     /// The earliest arrival any up link promises, and the latest a link may promise and still
@@ -105,8 +97,9 @@ impl Schedule {
     }
 
     /// The link for the next data packet: among the up links whose window and pacer let a
-    /// packet out now, the one where it would arrive first, or the link of the last packet at
-    /// this instant while it would arrive at most its run lead later ([`RUN_PACKETS`]).
+    /// packet out now, the one where it would arrive first, or `previous` (the link of the
+    /// last packet, if sent at this instant) while it would arrive at most its run lead later
+    /// ([`RUN_PACKETS`]).
     /// A link whose packets would arrive later than the receive window can bridge (half the
     /// window at the links' combined rate), or much later than via the fastest link, is left
     /// alone unless it is the fastest: its data would hold up everything behind it. `Err`
@@ -115,6 +108,7 @@ impl Schedule {
         &mut self,
         links: &mut [crate::link::Link],
         striping: Striping,
+        previous: Option<usize>,
         now: Instant,
     ) -> Result<usize, Option<Instant>> {
         let (fastest, budget) = self.budget();
@@ -140,7 +134,7 @@ impl Schedule {
             }
         }
         let (best, best_eta) = best.ok_or(wake)?;
-        if let Some(p) = self.previous.filter(|&p| p != best) {
+        if let Some(p) = previous.filter(|&p| p != best) {
             if allowed(self, p)
                 && self.etas[p] <= best_eta + self.run_leads[p]
                 && self.allowance[p]
@@ -162,7 +156,8 @@ impl Connection {
         now: Instant,
     ) -> Result<(usize, Schedule), Option<Instant>> {
         let mut schedule = Schedule::new(self, now);
-        let i = schedule.pick(&mut self.links, self.cfg.striping, now)?;
+        let previous = self.run_link(now);
+        let i = schedule.pick(&mut self.links, self.cfg.striping, previous, now)?;
         self.last_data_packet = Some((i, now));
         Ok((i, schedule))
     }
@@ -173,11 +168,19 @@ impl Connection {
         schedule: &mut Schedule,
         now: Instant,
     ) -> Option<usize> {
+        let previous = self.run_link(now);
         let i = schedule
-            .pick(&mut self.links, self.cfg.striping, now)
+            .pick(&mut self.links, self.cfg.striping, previous, now)
             .ok()?;
         self.last_data_packet = Some((i, now));
         Some(i)
+    }
+
+    /// The link of the last data packet if it was sent at `now`: a run on it may go on.
+    fn run_link(&self, now: Instant) -> Option<usize> {
+        self.last_data_packet
+            .filter(|&(_, at)| at == now)
+            .map(|(i, _)| i)
     }
 
     /// Failover striping's one stable primary: the first up link whose base RTT is within a
