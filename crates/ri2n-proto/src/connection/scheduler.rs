@@ -37,9 +37,6 @@ const MAX_RUN_LEAD: f64 = 0.0005;
 pub(super) struct Schedule {
     /// Bytes per second; 0 for a link that is not up.
     rates: [f64; MAX_LINKS],
-    /// Seconds a run of [`RUN_PACKETS`] of the link's size takes at its rate (at most
-    /// [`MAX_RUN_LEAD`]).
-    run_leads: [f64; MAX_LINKS],
     /// Seconds from now ([`Link::eta`](crate::link::Link::eta)); infinite for a link that is
     /// not up.
     etas: [f64; MAX_LINKS],
@@ -55,7 +52,6 @@ impl Schedule {
     fn new(c: &Connection, now: Instant) -> Self {
         let mut s = Schedule {
             rates: [0.0; MAX_LINKS],
-            run_leads: [0.0; MAX_LINKS],
             etas: [f64::INFINITY; MAX_LINKS],
             allowance: [None; MAX_LINKS],
             primary: match c.cfg.striping {
@@ -74,8 +70,6 @@ impl Schedule {
         if link.is_up() {
             self.rates[i] = link.delivery_rate(now);
             self.etas[i] = link.eta_at(self.rates[i]);
-            let run = RUN_PACKETS * link.mss() as f64 / self.rates[i].max(1.0);
-            self.run_leads[i] = run.min(MAX_RUN_LEAD);
         }
     }
 
@@ -135,8 +129,10 @@ impl Schedule {
         }
         let (best, best_eta) = best.ok_or(wake)?;
         if let Some(p) = previous.filter(|&p| p != best) {
+            // the time a run of the link's packets takes at its rate
+            let run_lead = RUN_PACKETS * links[p].mss() as f64 / self.rates[p].max(1.0);
             if allowed(self, p)
-                && self.etas[p] <= best_eta + self.run_leads[p]
+                && self.etas[p] <= best_eta + run_lead.min(MAX_RUN_LEAD)
                 && self.allowance[p]
                     .get_or_insert_with(|| links[p].send_allowance(now))
                     .is_ok()
@@ -156,9 +152,7 @@ impl Connection {
         now: Instant,
     ) -> Result<(usize, Schedule), Option<Instant>> {
         let mut schedule = Schedule::new(self, now);
-        let previous = self.run_link(now);
-        let i = schedule.pick(&mut self.links, self.cfg.striping, previous, now)?;
-        self.last_data_packet = Some((i, now));
+        let i = self.pick_with(&mut schedule, now)?;
         Ok((i, schedule))
     }
 
@@ -168,19 +162,23 @@ impl Connection {
         schedule: &mut Schedule,
         now: Instant,
     ) -> Option<usize> {
-        let previous = self.run_link(now);
-        let i = schedule
-            .pick(&mut self.links, self.cfg.striping, previous, now)
-            .ok()?;
-        self.last_data_packet = Some((i, now));
-        Some(i)
+        self.pick_with(schedule, now).ok()
     }
 
-    /// The link of the last data packet if it was sent at `now`: a run on it may go on.
-    fn run_link(&self, now: Instant) -> Option<usize> {
-        self.last_data_packet
+    /// [`Schedule::pick`], with the link of the last data packet if it was sent at `now` (a
+    /// run on it may go on); records the choice.
+    fn pick_with(
+        &mut self,
+        schedule: &mut Schedule,
+        now: Instant,
+    ) -> Result<usize, Option<Instant>> {
+        let previous = self
+            .last_data_packet
             .filter(|&(_, at)| at == now)
-            .map(|(i, _)| i)
+            .map(|(i, _)| i);
+        let i = schedule.pick(&mut self.links, self.cfg.striping, previous, now)?;
+        self.last_data_packet = Some((i, now));
+        Ok(i)
     }
 
     /// Failover striping's one stable primary: the first up link whose base RTT is within a
