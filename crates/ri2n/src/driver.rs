@@ -916,8 +916,9 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
 /// driver thread preempting them on every wake-up only took turns with them: on an unlimited
 /// 2-link lab at MTU 1500, the receiving thread was preempted about 1 400 times per GB, and
 /// with this policy ri2n moved 1.15 times as much per second at 0.88 times the CPU per byte
-/// (docs/BENCHMARKS.md, "Misses", 2026-11-25 03:25). The cost: under full load a timer may
-/// fire up to a tick late, against failure detection that takes tens of milliseconds.
+/// (docs/BENCHMARKS.md, "What looked wrong", item 13). The cost: under full load a timer may
+/// fire up to a tick late, against failure detection that takes tens of milliseconds (failover
+/// and heal times did not change measurably).
 fn yield_to_busy_threads() {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: `param` is a valid `sched_param` for the call's duration; pid 0 is this thread.
