@@ -778,6 +778,12 @@ def part_fast(o):
         lab.n, lab.rates = n, [0] * n
         c = {"name": name, "links": n, "mtu": mtu, "mptcp": lab.mptcp_setup(), "runs": []}
         tools = ["ri2n", "tcp", "mptcp"]
+
+        def transfer(k):
+            if k == "ri2n":
+                return ri2n_transfer(lab, src, o.fast_bytes)
+            return iperf_transfer(lab, o.fast_bytes, mptcp=(k == "mptcp"), src=src)
+
         # One discarded transfer per tool first: the part's first transfer, right after it
         # wrote its file, ran slow, and in the rotation below it was always ri2n's (2-link MTU
         # 1500 rows of 8 runs: 10.4 Gbit/s median against 11.9 for the others; the warm-ups
@@ -785,19 +791,14 @@ def part_fast(o):
         c["warmup"] = {}
         for k in tools:
             wait_quiet()
-            r = (ri2n_transfer(lab, src, o.fast_bytes) if k == "ri2n"
-                 else iperf_transfer(lab, o.fast_bytes, mptcp=(k == "mptcp"), src=src))
-            c["warmup"][k] = (r.get("bps") or 0) / 1e9
+            c["warmup"][k] = (transfer(k).get("bps") or 0) / 1e9
         log("  warm-up (discarded): %s" % ", ".join(
             "%s %.2f Gbit/s" % (k, v) for k, v in c["warmup"].items()))
         for rep in range(o.reps):
             row = {"rep": rep}
             for k in tools[rep % 3:] + tools[:rep % 3]:
                 row["busy_before_" + k] = wait_quiet()
-                if k == "ri2n":
-                    row[k] = ri2n_transfer(lab, src, o.fast_bytes)
-                else:
-                    row[k] = iperf_transfer(lab, o.fast_bytes, mptcp=(k == "mptcp"), src=src)
+                row[k] = transfer(k)
             log("  rep %d: %s" % (rep, ", ".join(
                 "%s %.2f Gbit/s %.2f CPU-s/GB" % (k, (row[k].get("bps") or 0) / 1e9,
                                                   row[k]["cpu_machine"] / (o.fast_bytes / 1e9))
