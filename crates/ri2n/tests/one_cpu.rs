@@ -1,0 +1,140 @@
+//! Endpoints of a process confined to one CPU (`taskset -c 0`, an MPI rank bound to a core),
+//! where the driver thread leaves the sockets to application calls that keep waiting on them:
+//! messages and streams still arrive exact, and what arrives while the application is away
+//! is still received and acknowledged without it.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ri2n::{ConnectionConfig, Endpoint};
+
+fn addrs() -> Vec<SocketAddr> {
+    ["127.0.0.1:0", "127.0.0.2:0"]
+        .iter()
+        .map(|a| a.parse().unwrap())
+        .collect()
+}
+
+/// Confines the calling thread to one of the CPUs it may use now; the threads it starts
+/// afterwards (an endpoint's driver thread among them) inherit that.
+fn pin_to_one_cpu() {
+    // SAFETY: an all-zero `cpu_set_t` is a valid empty set; the calls read and write at most
+    // `size_of::<cpu_set_t>()` bytes of it.
+    unsafe {
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(libc::sched_getaffinity(0, size, &mut set), 0);
+        let cpu = (0..libc::CPU_SETSIZE as usize)
+            .find(|&c| libc::CPU_ISSET(c, &set))
+            .expect("some CPU allowed");
+        let mut one: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut one);
+        assert_eq!(libc::sched_setaffinity(0, size, &one), 0);
+    }
+}
+
+/// The `i`th message of an exchange: its number, then bytes that depend on it.
+fn message(i: u32) -> [u8; 64] {
+    let mut m = [0u8; 64];
+    m[..4].copy_from_slice(&i.to_le_bytes());
+    for (k, b) in m[4..].iter_mut().enumerate() {
+        *b = (i as usize * 7 + k) as u8;
+    }
+    m
+}
+
+#[test]
+fn request_response_and_a_stream_arrive_exact_on_one_cpu() {
+    thread::spawn(|| {
+        pin_to_one_cpu();
+        let server = Endpoint::server(&addrs()).unwrap();
+        let client = Endpoint::client(&addrs()).unwrap();
+        let server_addrs = server.local_addrs();
+        let echo = thread::spawn(move || {
+            let mut conn = server.accept().unwrap();
+            let mut buf = [0u8; 64];
+            for _ in 0..2000 {
+                conn.read_exact(&mut buf).unwrap();
+                conn.write_all(&buf).unwrap();
+            }
+            // then a stream: everything read is counted and compared with what was sent
+            let mut got = Vec::new();
+            conn.read_to_end(&mut got).unwrap();
+            got
+        });
+        let mut conn = client
+            .connect(&server_addrs, ConnectionConfig::default())
+            .unwrap();
+        let mut reply = [0u8; 64];
+        for i in 0..2000 {
+            conn.write_all(&message(i)).unwrap();
+            conn.read_exact(&mut reply).unwrap();
+            assert_eq!(reply, message(i), "reply {i}");
+        }
+        let stream: Vec<u8> = (0..8u32 << 20).map(|i| (i * 31 + i / 977) as u8).collect();
+        conn.write_all(&stream).unwrap();
+        conn.finish().unwrap();
+        conn.wait_acknowledged(Some(Duration::from_secs(60)))
+            .unwrap();
+        assert!(echo.join().unwrap() == stream, "the stream arrived changed");
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn data_is_acknowledged_while_the_application_is_away_on_one_cpu() {
+    thread::spawn(|| {
+        pin_to_one_cpu();
+        let server = Endpoint::server(&addrs()).unwrap();
+        let client = Endpoint::client(&addrs()).unwrap();
+        let server_addrs = server.local_addrs();
+        let back = Arc::new(AtomicBool::new(false));
+        let server_back = back.clone();
+        let away = thread::spawn(move || {
+            let mut conn = server.accept().unwrap();
+            // a call that waited on the sockets: the driver thread steps back from them...
+            let mut hello = [0u8; 5];
+            conn.read_exact(&mut hello).unwrap();
+            // ...and the application is away long after that, calling nothing
+            thread::sleep(Duration::from_secs(2));
+            server_back.store(true, Ordering::SeqCst);
+            let mut got = Vec::new();
+            conn.read_to_end(&mut got).unwrap();
+            (hello, got)
+        });
+        let mut conn = client
+            .connect(&server_addrs, ConnectionConfig::default())
+            .unwrap();
+        conn.write_all(b"hello").unwrap();
+        thread::sleep(Duration::from_millis(50));
+        let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+        conn.write_all(&data).unwrap();
+        // the receiver's driver thread takes the sockets back and acknowledges everything
+        // (it fits the receive window) while its application sleeps
+        let deadline = Instant::now() + Duration::from_millis(1500);
+        while conn.stats().send_buffered > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "not acknowledged while the receiving application was away"
+            );
+            thread::sleep(Duration::from_millis(5));
+        }
+        assert!(
+            !back.load(Ordering::SeqCst),
+            "acknowledged only once the application came back"
+        );
+        conn.finish().unwrap();
+        conn.wait_acknowledged(Some(Duration::from_secs(30)))
+            .unwrap();
+        let (hello, got) = away.join().unwrap();
+        assert_eq!(&hello, b"hello");
+        assert!(got == data, "the data arrived changed");
+    })
+    .join()
+    .unwrap();
+}
