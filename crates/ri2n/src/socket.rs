@@ -60,6 +60,7 @@ impl LinkSocket {
         // the peer's host tells that the peer process is gone, not the network
         let _ = state.enable_transport_errors((&std).into());
         let local = std.local_addr()?;
+        decline_unused_ancillary_data(&std);
         let interface = crate::carrier::interface_of(local.ip());
         let carrier = interface.as_deref().is_none_or(crate::carrier::has_carrier);
         Ok(Self {
@@ -102,25 +103,40 @@ impl LinkSocket {
     }
 
     fn send_raw(&self, remote: SocketAddr, data: &[u8], segment: Option<usize>) -> SendOutcome {
-        let transmit = Transmit {
-            destination: remote,
-            ecn: None,
-            contents: data,
-            segment_size: segment.filter(|&s| s < data.len()),
-            src_ip: None,
-        };
-        match self.state.try_send((&self.io).into(), &transmit) {
+        match self.send_once(remote, data, segment) {
             Ok(()) => SendOutcome::Sent,
             // an error queued by an ICMP message about an earlier datagram fails the next
             // send whatever its destination: read the queue, then this send may go through
             Err(e) if e.kind() != io::ErrorKind::WouldBlock && self.take_errors() > 0 => {
-                match self.state.try_send((&self.io).into(), &transmit) {
+                match self.send_once(remote, data, segment) {
                     Ok(()) => SendOutcome::Sent,
                     Err(e) => classify_send_error(&e),
                 }
             }
             Err(e) => classify_send_error(&e),
         }
+    }
+
+    /// One system call: a GSO batch through quinn-udp, a single datagram as a plain `sendto`
+    /// (quinn-udp attaches a control message with the ECN bits to every send, which ri2n
+    /// leaves at zero: the kernel parsed it for every message of a request-response exchange).
+    fn send_once(&self, remote: SocketAddr, data: &[u8], segment: Option<usize>) -> io::Result<()> {
+        let Some(segment) = segment.filter(|&s| s < data.len()) else {
+            loop {
+                match self.io.send_to(data, remote) {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    r => return r.map(drop),
+                }
+            }
+        };
+        let transmit = Transmit {
+            destination: remote,
+            ecn: None,
+            contents: data,
+            segment_size: Some(segment),
+            src_ip: None,
+        };
+        self.state.try_send((&self.io).into(), &transmit)
     }
 
     /// Tells the OS that the next hop towards `remote` is alive, without sending anything
@@ -237,6 +253,36 @@ impl LinkSocket {
                     f(m.addr, d);
                 }
             }
+        }
+    }
+}
+
+/// Turns off the ancillary data quinn-udp asks the kernel for on every received datagram and
+/// ri2n does not use: the ECN bits (ri2n does not use ECN), the destination address (each
+/// socket is bound to one address) and the receive time. Each was a control message the kernel
+/// built and copied out per receive call, and a receive timestamp asked for by any socket makes
+/// the kernel stamp every packet the host receives. Best effort: with them on, ri2n only pays.
+fn decline_unused_ancillary_data(socket: &std::net::UdpSocket) {
+    // an IPv6 socket gets the IPv4 ones too (for IPv4-mapped peers); where an option does not
+    // apply, turning it off fails harmlessly
+    let options = [
+        (libc::SOL_SOCKET, libc::SO_TIMESTAMPNS),
+        (libc::IPPROTO_IP, libc::IP_RECVTOS),
+        (libc::IPPROTO_IP, libc::IP_PKTINFO),
+        (libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS),
+        (libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO),
+    ];
+    let off: libc::c_int = 0;
+    for (level, name) in options {
+        // SAFETY: the socket is open and `off` is a c_int that outlives the call.
+        unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                level,
+                name,
+                (&off as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
         }
     }
 }
