@@ -5,11 +5,13 @@
 //! A thread of its own receives the signals (`signal-hook`); what it does depends on what the
 //! command registered: before a connection exists it removes an unfinished output file and
 //! exits; once a connection is registered it aborts it, and the command's blocked read or
-//! write returns, sees [`caught`] and reports.
+//! write returns, sees [`caught`] and reports. A command blocked outside the connection
+//! (reading an idle stdin) is not woken by the abort: the process ends one second later.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use ri2n::Connection;
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -26,6 +28,11 @@ enum Target {
 
 static TARGET: Mutex<Target> = Mutex::new(Target::Nothing);
 static CAUGHT: AtomicI32 = AtomicI32::new(0);
+/// The command is reporting the interruption itself (see [`failure`]).
+static REPORTING: AtomicBool = AtomicBool::new(false);
+/// How long the command has to report an interruption before the signal thread ends the
+/// process for it.
+const REPORT_GRACE: Duration = Duration::from_secs(1);
 
 /// The signal's name, for messages (the abort code the peer sees is its number).
 fn name(signal: i32) -> &'static str {
@@ -53,21 +60,28 @@ pub fn install() {
                 match target {
                     Target::Connection(conn) => {
                         conn.abort(signal as u64, &format!("interrupted by {}", name(signal)));
+                        // A command blocked outside the connection (reading an idle stdin,
+                        // writing into a stalled pipe) would not see the abort before that
+                        // call returns: it gets a moment to report, then the process ends.
+                        std::thread::sleep(REPORT_GRACE);
+                        if !REPORTING.load(Ordering::SeqCst) {
+                            exit_now(signal, "; the peer was told");
+                        }
                     }
                     Target::File(path) => {
                         let _ = std::fs::remove_file(path);
-                        exit_now(signal);
+                        exit_now(signal, "");
                     }
-                    Target::Nothing => exit_now(signal),
+                    Target::Nothing => exit_now(signal, ""),
                 }
             }
         })
         .ok();
 }
 
-fn exit_now(signal: i32) -> ! {
+fn exit_now(signal: i32, detail: &str) -> ! {
     crate::progress::clear_line();
-    eprintln!("ri2n: interrupted by {}", name(signal));
+    eprintln!("ri2n: interrupted by {}{detail}", name(signal));
     std::process::exit(128 + signal);
 }
 
@@ -93,6 +107,7 @@ pub fn caught() -> Option<i32> {
 
 /// The failure to report for an interruption, with what the command had done by then.
 pub fn failure(signal: i32, done: &str) -> crate::error::Failure {
+    REPORTING.store(true, Ordering::SeqCst);
     crate::error::Failure::new(
         (128 + signal) as u8,
         format!("interrupted by {} {done}; the peer was told", name(signal)),

@@ -593,9 +593,39 @@ fn an_interrupted_sender_tells_the_receiver() {
     assert!(!output.path().exists());
 }
 
-/// An input that opens but cannot be read (a directory: `read` fails with EISDIR on the
-/// reader thread) ends the transfer with a clear error on both ends instead of a hang or a
-/// "successful" empty transfer.
+/// SIGINT to `ri2n send` while it waits for input on an idle stdin (a pipe whose writer is
+/// quiet): the sender still exits 130 within seconds and the receiver is told.
+#[test]
+fn a_sender_interrupted_while_stdin_is_idle_exits() {
+    let output = TempFile::new("idle-out");
+    let (recv, a) = spawn_recv(free_port(), output.path(), &["-q"]);
+    thread::sleep(Duration::from_millis(200));
+    let send = Proc::spawn(
+        "ri2n send",
+        Command::new(bin())
+            .args(["send", "-q", "--to", &a])
+            // kept open and never written: the sender's read waits
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    thread::sleep(Duration::from_millis(800));
+    let pid = send.child.as_ref().unwrap().id() as libc::pid_t;
+    // SAFETY: a signal to our own child, still running (it is reaped only by `wait` below)
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let (s, so) = send.wait(Duration::from_secs(10));
+    let (r, ro) = recv.wait(Duration::from_secs(10));
+    let _partial = TempFile(partial(&output));
+    let (serr, rerr) = (stderr_of(&so), stderr_of(&ro));
+    assert_eq!(s.code(), Some(130), "{serr}");
+    assert!(serr.contains("interrupted by SIGINT"), "{serr}");
+    assert_eq!(r.code(), Some(4), "{rerr}");
+    assert!(rerr.contains("interrupted by SIGINT"), "{rerr}");
+}
+
+/// An input that opens but cannot be read (a directory: `read` fails with EISDIR) ends the
+/// transfer with a clear error on both ends instead of a hang or a "successful" empty
+/// transfer.
 #[test]
 fn an_unreadable_input_is_reported_on_both_ends() {
     let output = TempFile::new("out");
