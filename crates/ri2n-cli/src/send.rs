@@ -4,7 +4,7 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::checksum::Checksum;
@@ -17,58 +17,14 @@ use crate::progress::Progress;
 use crate::report::{bps, EventLog, LinkSummary, TransferSummary};
 use crate::SendArgs;
 
-/// Bytes the reader hands over at a time. Each hand-over wakes a thread (the reader, when
-/// the connection takes a chunk from a full queue): at 256 KiB that was 4 000 sleeps and
-/// wake-ups of the reader per GiB sent, each also preempting the sending thread.
+/// Bytes read before they are handed to the connection, whole (no copy): large enough that
+/// the connection takes each as one piece of its send buffer, and that reading costs few
+/// system calls.
 const CHUNK: usize = 1024 * 1024;
 /// Bytes read (and summed) per `read` call: summed right after the read, while they are still
 /// in the core's cache (1 MiB of L2 on the hosts measured), the sum costs no second trip to
 /// memory.
 const READ_STEP: usize = 256 * 1024;
-/// Chunks the reader thread may read ahead of the connection (2 MiB): enough that neither
-/// thread waits for the other's every chunk, little next to the connection's send buffer.
-const READ_AHEAD: usize = 2;
-
-/// What the reader thread hands the sending thread, in the order of the input.
-enum Chunk {
-    Data(Vec<u8>),
-    /// The end of the input, with the checksum of all of it.
-    End(Box<Checksum>),
-    Failed(io::Error),
-}
-
-/// Reads the input and sums it on a thread of its own, so that reading (a copy of every byte
-/// the kernel makes for `read`, a third of the sending thread's time on a fast link, by
-/// `perf`) runs on another core than the connection's sending. Buffers the connection hands
-/// back come home through `spare` and are read into again.
-fn spawn_reader(
-    input: Box<dyn AsFd + Send>,
-) -> io::Result<(mpsc::Receiver<Chunk>, mpsc::Sender<Vec<u8>>)> {
-    let (chunks, from_reader) = mpsc::sync_channel(READ_AHEAD);
-    let (to_reader, spare) = mpsc::channel::<Vec<u8>>();
-    std::thread::Builder::new()
-        .name("ri2n-reader".into())
-        .spawn(move || {
-            let mut sum = Checksum::default();
-            let mut buf = Vec::new();
-            loop {
-                if buf.capacity() == 0 {
-                    buf = spare.try_recv().unwrap_or_default();
-                }
-                let chunk = match read_chunk(input.as_fd(), &mut buf, &mut sum) {
-                    Ok(0) => Chunk::End(Box::new(std::mem::take(&mut sum))),
-                    Ok(_) => Chunk::Data(std::mem::take(&mut buf)),
-                    Err(e) => Chunk::Failed(e),
-                };
-                let last = !matches!(chunk, Chunk::Data(_));
-                // the sender gave up (the connection failed): nobody wants the rest
-                if chunks.send(chunk).is_err() || last {
-                    return;
-                }
-            }
-        })?;
-    Ok((from_reader, to_reader))
-}
 
 /// Replaces the contents of `buf` with up to [`CHUNK`] bytes of `fd`, read [`READ_STEP`] at
 /// a time and added to `sum` as they come. Stops early after a short read: a pipe's writer
@@ -115,7 +71,7 @@ fn read_into(fd: BorrowedFd<'_>, buf: &mut Vec<u8>, max: usize) -> io::Result<us
 
 pub fn run(args: &SendArgs) -> Result<(), Failure> {
     interrupt::install();
-    let (input, total, name): (Box<dyn AsFd + Send>, Option<u64>, String) = match &args.input {
+    let (input, total, name): (Box<dyn AsFd>, Option<u64>, String) = match &args.input {
         Some(p) if p.as_os_str() != "-" => {
             let f = File::open(p)
                 .map_err(|e| Failure::io(format!("cannot open {}", p.display()), &e))?;
@@ -157,37 +113,31 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
             format!("connection lost: {cause}; {done}"),
         )
     };
-    let (chunks, spare) =
-        spawn_reader(input).map_err(|e| Failure::io("starting the reader thread", &e))?;
+    // The sending thread reads the input itself. A reader thread of its own (until
+    // 2026-11-25) made the bytes cross to the other core before the connection copied them
+    // into datagrams: reading here, the copy finds them in this core's cache, for 0.9 times
+    // the CPU per byte and no less goodput (docs/BENCHMARKS.md, "What looked wrong", 15).
+    let mut sum = Checksum::default();
+    let mut buf = Vec::new();
     let mut written = 0u64;
-    let sum = loop {
-        // the reader ends every stream with `End` or `Failed`
-        let chunk = chunks
-            .recv()
-            .unwrap_or_else(|_| Chunk::Failed(io::Error::other("the reader thread ended early")));
-        let mut buf = match chunk {
-            Chunk::Data(buf) => buf,
-            Chunk::End(sum) => break *sum,
-            Chunk::Failed(e) => {
+    loop {
+        let n = match read_chunk(input.as_fd(), &mut buf, &mut sum) {
+            Ok(0) => break,
+            Ok(n) => n as u64,
+            Err(e) => {
                 conn.abort(1, "the sender could not read its input");
                 monitor.finish();
                 return Err(Failure::io(format!("cannot read {name}"), &e));
             }
         };
-        let n = buf.len() as u64;
         // handed to the connection whole (no copy), which hands back an empty buffer with
-        // the memory of one it no longer needs: the reader's next
+        // the memory of one it no longer needs: the next read's
         if let Err(e) = conn.write_buf(&mut buf) {
             return Err(lost(&e, written, monitor));
         }
-        // an empty one (the connection had no spare memory) would only make the reader
-        // allocate a chunk while a spare one may wait behind it
-        if buf.capacity() >= CHUNK {
-            let _ = spare.send(buf);
-        }
         written += n;
         monitor.set(written);
-    };
+    }
     if let Err(e) = conn.finish() {
         return Err(lost(&e, written, monitor));
     }
