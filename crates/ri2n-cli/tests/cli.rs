@@ -579,12 +579,18 @@ fn a_killed_sender_is_reported_by_recv_within_2_s() {
 fn an_interrupted_sender_tells_the_receiver() {
     let _heavy = heavy();
     let (recv, send, _input, output) = slow_transfer();
+    interrupt_sender_and_check(send, recv, &output);
+}
+
+/// Sends SIGINT to a running `ri2n send`: it must exit 130 saying so within 10 s, and its
+/// receiver exit 4 naming the interruption, with no complete-looking output file.
+fn interrupt_sender_and_check(send: Proc, recv: Proc, output: &TempFile) {
     let pid = send.child.as_ref().unwrap().id() as libc::pid_t;
     // SAFETY: a signal to our own child, still running (it is reaped only by `wait` below)
     unsafe { libc::kill(pid, libc::SIGINT) };
     let (s, so) = send.wait(Duration::from_secs(10));
     let (r, ro) = recv.wait(Duration::from_secs(10));
-    let _partial = TempFile(partial(&output));
+    let _partial = TempFile(partial(output));
     let (serr, rerr) = (stderr_of(&so), stderr_of(&ro));
     assert_eq!(s.code(), Some(130), "{serr}");
     assert!(serr.contains("interrupted by SIGINT"), "{serr}");
@@ -610,17 +616,7 @@ fn a_sender_interrupted_while_stdin_is_idle_exits() {
             .stderr(Stdio::piped()),
     );
     thread::sleep(Duration::from_millis(800));
-    let pid = send.child.as_ref().unwrap().id() as libc::pid_t;
-    // SAFETY: a signal to our own child, still running (it is reaped only by `wait` below)
-    unsafe { libc::kill(pid, libc::SIGINT) };
-    let (s, so) = send.wait(Duration::from_secs(10));
-    let (r, ro) = recv.wait(Duration::from_secs(10));
-    let _partial = TempFile(partial(&output));
-    let (serr, rerr) = (stderr_of(&so), stderr_of(&ro));
-    assert_eq!(s.code(), Some(130), "{serr}");
-    assert!(serr.contains("interrupted by SIGINT"), "{serr}");
-    assert_eq!(r.code(), Some(4), "{rerr}");
-    assert!(rerr.contains("interrupted by SIGINT"), "{rerr}");
+    interrupt_sender_and_check(send, recv, &output);
 }
 
 /// An input that opens but cannot be read (a directory: `read` fails with EISDIR) ends the

@@ -400,7 +400,12 @@ impl Shared {
     /// A call is about to block without watching the sockets: the driver thread watches them
     /// again now, not at the end of its [`STEP_BACK`].
     fn take_sockets_back(&self, st: &mut State) {
-        if st.callers_watch_until.take().is_some() {
+        // past its time the driver thread is taking them back by itself
+        if st
+            .callers_watch_until
+            .take()
+            .is_some_and(|t| t > Instant::now())
+        {
             let _ = self.waker.wake();
         }
     }

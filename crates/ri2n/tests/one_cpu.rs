@@ -37,6 +37,15 @@ fn pin_to_one_cpu() {
     }
 }
 
+/// A server and a client endpoint on two loopback links, whose threads (the calling one
+/// included) may run on one CPU only.
+fn pinned_pair() -> (Endpoint, Endpoint) {
+    pin_to_one_cpu();
+    let server = Endpoint::server(&addrs()).unwrap();
+    let client = Endpoint::client(&addrs()).unwrap();
+    (server, client)
+}
+
 /// The `i`th message of an exchange: its number, then bytes that depend on it.
 fn message(i: u32) -> [u8; 64] {
     let mut m = [0u8; 64];
@@ -50,9 +59,7 @@ fn message(i: u32) -> [u8; 64] {
 #[test]
 fn request_response_and_a_stream_arrive_exact_on_one_cpu() {
     thread::spawn(|| {
-        pin_to_one_cpu();
-        let server = Endpoint::server(&addrs()).unwrap();
-        let client = Endpoint::client(&addrs()).unwrap();
+        let (server, client) = pinned_pair();
         let server_addrs = server.local_addrs();
         let echo = thread::spawn(move || {
             let mut conn = server.accept().unwrap();
@@ -89,9 +96,7 @@ fn request_response_and_a_stream_arrive_exact_on_one_cpu() {
 #[test]
 fn data_is_acknowledged_while_the_application_is_away_on_one_cpu() {
     thread::spawn(|| {
-        pin_to_one_cpu();
-        let server = Endpoint::server(&addrs()).unwrap();
-        let client = Endpoint::client(&addrs()).unwrap();
+        let (server, client) = pinned_pair();
         let server_addrs = server.local_addrs();
         let back = Arc::new(AtomicBool::new(false));
         let server_back = back.clone();
