@@ -737,6 +737,13 @@ impl Endpoint {
         out.built
     }
 
+    /// Whether [`poll_transmit_into`](Self::poll_transmit_into) may build something: false
+    /// when every connection had nothing to send since anything last happened to it (lets a
+    /// caller skip reading the clock for a build that would find nothing).
+    pub fn may_transmit(&self) -> bool {
+        !self.stateless.is_empty() || !self.ready.is_empty()
+    }
+
     /// Builds what is ready to send into `out` (see [`TransmitBuffer`]): one stateless answer,
     /// or the next datagram of one connection and, while `out` wants more, the rest of its
     /// burst of data. Returns how many datagrams it built; call until it returns 0. Only

@@ -96,8 +96,6 @@ pub(crate) struct State {
 
     /// When the driver thread will next wake up by itself.
     driver_deadline: Option<Instant>,
-    /// An application thread waits in [`CallerPoll`].
-    caller_polling: bool,
     /// Until when the driver thread leaves the sockets to application calls ([`STEP_BACK`]).
     callers_watch_until: Option<Instant>,
     /// Which blocked call watches the sockets (see [`Shared::wait_connection`]).
@@ -299,6 +297,11 @@ pub(crate) struct Shared {
     waker: Waker,
     shutdown: AtomicBool,
     caller_poll: Mutex<CallerPoll>,
+    /// An application thread waits in [`CallerPoll`]: events for it are signalled through
+    /// `caller_waker`. Set under the engine's lock; cleared without it as soon as the thread
+    /// is awake, so what it then receives itself does not write its waker (one more pass
+    /// through `poll` for nothing). A wake-up racing with the clearing is a spurious one.
+    caller_polling: AtomicBool,
     /// Wakes the thread waiting in `caller_poll` for events that are not arrivals (timers).
     caller_waker: Waker,
     /// The readiness descriptor of `accept`, once asked for (signalled and cleared under the
@@ -317,7 +320,7 @@ impl Shared {
     /// wake the driver if the engine now needs it earlier than planned. The lock is released
     /// while sending, and held again when this returns.
     pub fn after_app_call<'a>(&'a self, st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        let mut st = self.transmit(st);
+        let mut st = self.transmit(st, None);
         self.dispatch(&mut st).notify();
         self.arm_driver(&mut st);
         st
@@ -352,7 +355,7 @@ impl Shared {
             self.take_sockets_back(&mut guard);
             return wait_signal(guard, h, deadline);
         };
-        guard.caller_polling = true;
+        self.caller_polling.store(true, Ordering::Release);
         guard.turn.watching = Some(h);
         guard.turn.served = false;
         guard.turn.woke_others = false;
@@ -361,9 +364,7 @@ impl Shared {
         let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         // an error (EINTR) just means: look again
         let _ = poll.poll(events, timeout);
-        // this thread is awake now: what it receives below must not wake it again (a write to
-        // its own waker, then one more pass through `poll` for nothing)
-        self.lock().caller_polling = false;
+        self.caller_polling.store(false, Ordering::Release);
         let mut received = false;
         for ev in events.iter() {
             // edge-triggered: receive until the socket's queue was seen empty
@@ -379,7 +380,6 @@ impl Shared {
             }
         }
         let mut st = self.lock();
-        st.caller_polling = false;
         st.turn.watching = None;
         if st.turn.woke_others && !st.turn.served {
             st.turn.yielding = Some(h);
@@ -460,7 +460,7 @@ impl Shared {
             endpoint.handle_datagram(now, sock.local, remote, d)
         });
         self.hand_over_refusals(&mut st);
-        let mut st = self.transmit(st);
+        let mut st = self.transmit(st, Some(now));
         let wakeups = self.dispatch(&mut st);
         drop(st);
         wakeups.notify();
@@ -495,17 +495,27 @@ impl Shared {
     }
 
     /// Has the engine build every datagram it has ready, in place in the per-socket batches.
-    fn build(st: &mut State, now: Instant) {
+    /// The clock is read (`now` is `None`) only when the engine may have something to build:
+    /// most builds of a request-response exchange find nothing, and a clock read is a good
+    /// part of their cost.
+    fn build(st: &mut State, now: Option<Instant>) {
         let State { endpoint, out, .. } = st;
-        while out.wants_more() && endpoint.poll_transmit_into(now, out) > 0 {}
+        if endpoint.may_transmit() {
+            let now = now.unwrap_or_else(Instant::now);
+            while out.wants_more() && endpoint.poll_transmit_into(now, out) > 0 {}
+        }
         out.close_all();
     }
 
     /// Builds what the engine has ready and sends it. Sending happens without the lock; a
     /// thread that finds another one sending leaves its batches in the queue for that one,
     /// which sends until the queue is empty (so each socket's datagrams keep their order).
-    fn transmit<'a>(&'a self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        Self::build(&mut st, Instant::now());
+    fn transmit<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        now: Option<Instant>,
+    ) -> MutexGuard<'a, State> {
+        Self::build(&mut st, now);
         if st.out.sending {
             return st;
         }
@@ -540,10 +550,12 @@ impl Shared {
                 }
             }
             st = self.lock();
-            let now = Instant::now();
-            for (i, dest) in unreachable.drain(..) {
-                st.endpoint
-                    .handle_unreachable(now, self.sockets[i].local, dest);
+            if !unreachable.is_empty() {
+                let now = Instant::now();
+                for (i, dest) in unreachable.drain(..) {
+                    st.endpoint
+                        .handle_unreachable(now, self.sockets[i].local, dest);
+                }
             }
             self.hand_over_refusals(&mut st);
             st.out.spare.extend(batches.drain(..).map(|(_, mut b)| {
@@ -552,7 +564,7 @@ impl Shared {
             }));
             st.out.taken_queue = batches;
             // acknowledgements that arrived meanwhile may have opened windows
-            Self::build(&mut st, now);
+            Self::build(&mut st, None);
         }
         st.out.sending = false;
         st
@@ -583,7 +595,7 @@ impl Shared {
                     event: e,
                 });
             }
-            if st.caller_polling {
+            if self.caller_polling.load(Ordering::Acquire) {
                 wake.caller_poll = Some(&self.caller_waker);
             }
             if st.turn.watching == Some(h) {
@@ -827,7 +839,6 @@ impl Driver {
                 signals: HashMap::new(),
                 readiness: HashMap::new(),
                 driver_deadline: None,
-                caller_polling: false,
                 callers_watch_until: None,
                 turn: PollerTurn::default(),
                 out: Outgoing::new(&sockets),
@@ -842,6 +853,7 @@ impl Driver {
                 poll: caller_poll,
                 events: Events::with_capacity(64),
             }),
+            caller_polling: AtomicBool::new(false),
             caller_waker,
             accept_readiness: std::sync::OnceLock::new(),
             one_cpu: confined_to_one_cpu(),
@@ -912,7 +924,7 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
             } else {
                 Vec::new()
             };
-            let mut st = shared.transmit(st);
+            let mut st = shared.transmit(st, Some(now));
             let wakeups = shared.dispatch(&mut st);
             // While timers are near (data in flight, acknowledgements owed), wake at least every
             // TICK: then a timer an application call sets at least a tick ahead (the next

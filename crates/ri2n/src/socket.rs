@@ -174,7 +174,10 @@ impl LinkSocket {
 
     /// Destinations found unreachable at the port since the last call.
     pub fn take_refused(&self) -> Vec<SocketAddr> {
-        if !self.any_refused.swap(false, Ordering::AcqRel) {
+        // a load first: the swap would write the flag's cache line on every received batch
+        if !self.any_refused.load(Ordering::Acquire)
+            || !self.any_refused.swap(false, Ordering::AcqRel)
+        {
             return Vec::new();
         }
         std::mem::take(&mut *self.refused.lock().unwrap_or_else(|e| e.into_inner()))
