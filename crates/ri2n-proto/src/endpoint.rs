@@ -7,7 +7,7 @@
 //! server no memory and gets back less than it sent. A short packet for an unknown connection
 //! is answered with a RESET, which is how a peer learns that we restarted.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
 use std::hash::Hasher;
 use std::net::SocketAddr;
@@ -128,6 +128,42 @@ impl Hasher for CidHasher {
     }
 }
 
+/// The handles of the connections that may have something to send, in order: a sorted
+/// vector. Each message of a request-response exchange inserts its connection and removes it
+/// again (a tree's node search and rebalancing cost more than these few comparisons); with
+/// hundreds of connections ready at once an insertion moves a few kilobytes.
+#[derive(Debug, Default)]
+struct ReadySet(Vec<ConnectionHandle>);
+
+impl ReadySet {
+    fn insert(&mut self, h: ConnectionHandle) {
+        match self.0.last() {
+            None => self.0.push(h),
+            Some(&last) if last < h => self.0.push(h),
+            _ => {
+                if let Err(at) = self.0.binary_search(&h) {
+                    self.0.insert(at, h);
+                }
+            }
+        }
+    }
+
+    fn remove(&mut self, h: ConnectionHandle) {
+        if let Ok(at) = self.0.binary_search(&h) {
+            self.0.remove(at);
+        }
+    }
+
+    /// The first handle at or after `from`.
+    fn first_from(&self, from: ConnectionHandle) -> Option<ConnectionHandle> {
+        self.0.get(self.0.partition_point(|&h| h < from)).copied()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 /// All connections of one host process.
 #[derive(Debug)]
 pub struct Endpoint {
@@ -148,7 +184,7 @@ pub struct Endpoint {
     /// Connections that may have something to send: those something happened to (a datagram,
     /// a timer, an application call) since they last had nothing. `poll_transmit` visits only
     /// these, so its cost does not grow with the connections that are idle.
-    ready: BTreeSet<ConnectionHandle>,
+    ready: ReadySet,
     /// Round-robin position of `poll_transmit` among the ready connections.
     cursor: u64,
     /// Datagrams dropped without effect, by reason.
@@ -296,7 +332,7 @@ impl Endpoint {
             refusals: VecDeque::new(),
             refusal_budget: TokenBucket::new(REFUSAL_REPORTS_PER_SECOND, REFUSAL_REPORT_BURST, now),
             accept_queue: VecDeque::new(),
-            ready: BTreeSet::new(),
+            ready: ReadySet::default(),
             cursor: 0,
             dropped: DropCounts::default(),
         }
@@ -764,11 +800,7 @@ impl Endpoint {
         // others; one that has nothing to send leaves the ready set
         let mut wrapped = false;
         loop {
-            let next = self
-                .ready
-                .range(ConnectionHandle(self.cursor)..)
-                .next()
-                .copied();
+            let next = self.ready.first_from(ConnectionHandle(self.cursor));
             let h = match next {
                 Some(h) => h,
                 None if !wrapped && self.cursor > 0 => {
@@ -786,7 +818,7 @@ impl Endpoint {
             if built > 0 {
                 return built;
             }
-            self.ready.remove(&h);
+            self.ready.remove(h);
         }
     }
 
@@ -863,7 +895,7 @@ impl Endpoint {
             .is_some_and(|c| c.state() == ConnectionState::Closed)
         {
             self.connections.remove(&h);
-            self.ready.remove(&h);
+            self.ready.remove(h);
             self.by_cid.retain(|_, v| *v != h);
             self.by_initial.retain(|_, v| *v != h);
             true
@@ -895,5 +927,30 @@ impl Endpoint {
         } else {
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ConnectionHandle as H, ReadySet};
+
+    #[test]
+    fn ready_set_keeps_each_handle_once_in_order() {
+        let mut r = ReadySet::default();
+        for h in [5, 2, 9, 2, 5, 7, 1, 9] {
+            r.insert(H(h));
+        }
+        assert_eq!(r.0, [1, 2, 5, 7, 9].map(H));
+        r.remove(H(5));
+        r.remove(H(4)); // absent: nothing happens
+        assert_eq!(r.0, [1, 2, 7, 9].map(H));
+        assert_eq!(r.first_from(H(0)), Some(H(1)));
+        assert_eq!(r.first_from(H(3)), Some(H(7)));
+        assert_eq!(r.first_from(H(9)), Some(H(9)));
+        assert_eq!(r.first_from(H(10)), None);
+        for h in [1, 2, 7, 9] {
+            r.remove(H(h));
+        }
+        assert!(r.is_empty());
     }
 }
