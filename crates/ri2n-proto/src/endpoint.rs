@@ -17,6 +17,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use siphasher::sip::SipHasher13;
 
+use crate::attention::{Attention, TimerIndex};
 use crate::connection::pick_local;
 use crate::crypto::{Cipher, PacketProtection, ServerHandshake};
 use crate::wire::{self, handshake_mode, refuse_reason, Header};
@@ -110,7 +111,7 @@ pub struct RefusedHandshake {
 /// sender chooses only which IDs to look up, never which are stored, so it cannot crowd a
 /// bucket.
 #[derive(Default)]
-struct CidHasher(u64);
+pub(crate) struct CidHasher(u64);
 
 impl Hasher for CidHasher {
     fn finish(&self) -> u64 {
@@ -125,42 +126,6 @@ impl Hasher for CidHasher {
 
     fn write_u64(&mut self, v: u64) {
         self.0 = v;
-    }
-}
-
-/// The handles of the connections that may have something to send, in order: a sorted
-/// vector. Each message of a request-response exchange inserts its connection and removes it
-/// again (a tree's node search and rebalancing cost more than these few comparisons); with
-/// hundreds of connections ready at once an insertion moves a few kilobytes.
-#[derive(Debug, Default)]
-struct ReadySet(Vec<ConnectionHandle>);
-
-impl ReadySet {
-    fn insert(&mut self, h: ConnectionHandle) {
-        match self.0.last() {
-            None => self.0.push(h),
-            Some(&last) if last < h => self.0.push(h),
-            _ => {
-                if let Err(at) = self.0.binary_search(&h) {
-                    self.0.insert(at, h);
-                }
-            }
-        }
-    }
-
-    fn remove(&mut self, h: ConnectionHandle) {
-        if let Ok(at) = self.0.binary_search(&h) {
-            self.0.remove(at);
-        }
-    }
-
-    /// The first handle at or after `from`.
-    fn first_from(&self, from: ConnectionHandle) -> Option<ConnectionHandle> {
-        self.0.get(self.0.partition_point(|&h| h < from)).copied()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
     }
 }
 
@@ -181,10 +146,13 @@ pub struct Endpoint {
     next_handle: u64,
     stateless: VecDeque<(SocketAddr, SocketAddr, Vec<u8>)>,
     accept_queue: VecDeque<ConnectionHandle>,
-    /// Connections that may have something to send: those something happened to (a datagram,
-    /// a timer, an application call) since they last had nothing. `poll_transmit` visits only
-    /// these, so its cost does not grow with the connections that are idle.
-    ready: ReadySet,
+    /// The connections something happened to (a datagram, a timer, an application call):
+    /// `poll_transmit` visits only those that may have something to send, `poll_event` only
+    /// those that may have an event, and `poll_timeout` recomputes only their deadlines, so
+    /// these costs do not grow with the connections that are idle.
+    attention: Attention,
+    /// Every connection's next deadline, as of its last refresh.
+    timers: TimerIndex,
     /// Round-robin position of `poll_transmit` among the ready connections.
     cursor: u64,
     /// Datagrams dropped without effect, by reason.
@@ -332,7 +300,8 @@ impl Endpoint {
             refusals: VecDeque::new(),
             refusal_budget: TokenBucket::new(REFUSAL_REPORTS_PER_SECOND, REFUSAL_REPORT_BURST, now),
             accept_queue: VecDeque::new(),
-            ready: ReadySet::default(),
+            attention: Attention::default(),
+            timers: TimerIndex::default(),
             cursor: 0,
             dropped: DropCounts::default(),
         }
@@ -357,7 +326,7 @@ impl Endpoint {
         self.next_handle += 1;
         self.by_cid.insert(cid, h);
         self.connections.insert(h, conn);
-        self.ready.insert(h);
+        self.attention.touch(h);
         h
     }
 
@@ -479,7 +448,7 @@ impl Endpoint {
                 phase,
             } => match self.by_cid.get(&dcid) {
                 Some(&h) => {
-                    self.ready.insert(h);
+                    self.attention.touch(h);
                     let conn = self.connections.get_mut(&h).expect("mapped handle");
                     conn.handle_short(now, local, remote, link, pn, phase, header_len, data)
                 }
@@ -530,7 +499,7 @@ impl Endpoint {
                             && c.has_remote(remote)
                     })
                     .ok_or(DropReason::UnknownConnection)?;
-                self.ready.insert(h);
+                self.attention.touch(h);
                 if conn.is_keyed() {
                     let key = self.cfg.key.as_ref().expect("keyed connections need a key");
                     if !token.is_some_and(|t| key.reset_token_valid(dcid, t)) {
@@ -577,7 +546,7 @@ impl Endpoint {
         for (&h, c) in self.connections.iter_mut() {
             if c.has_remote(remote) {
                 c.link_unreachable(now, local, remote);
-                self.ready.insert(h);
+                self.attention.touch(h);
             }
         }
     }
@@ -590,7 +559,7 @@ impl Endpoint {
         for (&h, c) in self.connections.iter_mut() {
             if c.has_remote(remote) {
                 c.port_unreachable(local, remote);
-                self.ready.insert(h);
+                self.attention.touch(h);
             }
         }
     }
@@ -602,7 +571,7 @@ impl Endpoint {
             .connections
             .get_mut(&h)
             .filter(|c| c.state() == ConnectionState::Connecting && c.has_remote(remote))?;
-        self.ready.insert(h);
+        self.attention.touch(h);
         Some(conn)
     }
 
@@ -623,7 +592,7 @@ impl Endpoint {
         if let Some(&h) = self.by_initial.get(&(remote, scid)) {
             if let Some(c) = self.connections.get_mut(&h) {
                 c.handle_initial_again();
-                self.ready.insert(h);
+                self.attention.touch(h);
                 return Ok(());
             }
         }
@@ -665,7 +634,7 @@ impl Endpoint {
                 && c.has_remote(remote)
             {
                 c.peer_restarted();
-                self.ready.insert(h);
+                self.attention.touch(h);
             }
         }
         if let Some(limit) = self.connection_limit_reached(remote) {
@@ -777,7 +746,7 @@ impl Endpoint {
     /// when every connection had nothing to send since anything last happened to it (lets a
     /// caller skip reading the clock for a build that would find nothing).
     pub fn may_transmit(&self) -> bool {
-        !self.stateless.is_empty() || !self.ready.is_empty()
+        !self.stateless.is_empty() || !self.attention.send.is_empty()
     }
 
     /// Builds what is ready to send into `out` (see [`TransmitBuffer`]): one stateless answer,
@@ -800,7 +769,10 @@ impl Endpoint {
         // others; one that has nothing to send leaves the ready set
         let mut wrapped = false;
         loop {
-            let next = self.ready.first_from(ConnectionHandle(self.cursor));
+            let next = self
+                .attention
+                .send
+                .first_from(ConnectionHandle(self.cursor));
             let h = match next {
                 Some(h) => h,
                 None if !wrapped && self.cursor > 0 => {
@@ -814,37 +786,69 @@ impl Endpoint {
                 .connections
                 .get_mut(&h)
                 .map_or(0, |c| c.poll_transmit(now, out));
+            self.attention.looked_at(h);
             self.cursor = h.0 + 1;
             if built > 0 {
                 return built;
             }
-            self.ready.remove(h);
+            self.attention.send.remove(h);
         }
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) must next be called.
     pub fn poll_timeout(&mut self) -> Option<Instant> {
-        self.connections
-            .values()
-            .filter_map(Connection::poll_timeout)
-            .min()
+        self.refresh_timers();
+        let next = self.timers.first();
+        debug_assert_eq!(
+            next,
+            self.connections
+                .values()
+                .filter_map(Connection::poll_timeout)
+                .min(),
+            "the timer index missed a connection's change"
+        );
+        next
     }
 
     /// Runs every timer that is due.
     pub fn handle_timeout(&mut self, now: Instant) {
-        for (&h, c) in self.connections.iter_mut() {
-            if c.poll_timeout().is_some_and(|t| t <= now) {
+        self.refresh_timers();
+        // each connection due runs once; it is then marked, and indexed again at the next
+        // refresh
+        while let Some(h) = self.timers.pop_due(now) {
+            if let Some(c) = self.connections.get_mut(&h) {
                 c.handle_timeout(now);
-                self.ready.insert(h);
+                self.attention.touch(h);
             }
         }
     }
 
+    /// Computes again the deadlines of the connections something happened to.
+    fn refresh_timers(&mut self) {
+        if self.attention.timers.is_empty() {
+            return;
+        }
+        let mut marked = self.attention.timers.take();
+        for h in marked.drain(..) {
+            let deadline = self.connections.get(&h).and_then(Connection::poll_timeout);
+            self.timers.set(h, deadline);
+        }
+        self.attention.timers.restore(marked);
+    }
+
     /// The next application event of any connection.
     pub fn poll_event(&mut self) -> Option<(ConnectionHandle, Event)> {
-        self.connections
-            .iter_mut()
-            .find_map(|(&h, c)| c.poll_event().map(|e| (h, e)))
+        while let Some(h) = self.attention.events.first_from(ConnectionHandle(0)) {
+            if let Some(e) = self
+                .connections
+                .get_mut(&h)
+                .and_then(Connection::poll_event)
+            {
+                return Some((h, e));
+            }
+            self.attention.events.remove(h);
+        }
+        None
     }
 
     /// The next accepted incoming connection.
@@ -877,7 +881,7 @@ impl Endpoint {
     /// A connection, for application calls.
     pub fn connection_mut(&mut self, h: ConnectionHandle) -> Option<&mut Connection> {
         // an application call may give the connection something to send
-        self.ready.insert(h);
+        self.attention.touch(h);
         self.connections.get_mut(&h)
     }
 
@@ -895,7 +899,8 @@ impl Endpoint {
             .is_some_and(|c| c.state() == ConnectionState::Closed)
         {
             self.connections.remove(&h);
-            self.ready.remove(h);
+            self.attention.forget(h);
+            self.timers.set(h, None);
             self.by_cid.retain(|_, v| *v != h);
             self.by_initial.retain(|_, v| *v != h);
             true
@@ -927,30 +932,5 @@ impl Endpoint {
         } else {
             None
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{ConnectionHandle as H, ReadySet};
-
-    #[test]
-    fn ready_set_keeps_each_handle_once_in_order() {
-        let mut r = ReadySet::default();
-        for h in [5, 2, 9, 2, 5, 7, 1, 9] {
-            r.insert(H(h));
-        }
-        assert_eq!(r.0, [1, 2, 5, 7, 9].map(H));
-        r.remove(H(5));
-        r.remove(H(4)); // absent: nothing happens
-        assert_eq!(r.0, [1, 2, 7, 9].map(H));
-        assert_eq!(r.first_from(H(0)), Some(H(1)));
-        assert_eq!(r.first_from(H(3)), Some(H(7)));
-        assert_eq!(r.first_from(H(9)), Some(H(9)));
-        assert_eq!(r.first_from(H(10)), None);
-        for h in [1, 2, 7, 9] {
-            r.remove(H(h));
-        }
-        assert!(r.is_empty());
     }
 }

@@ -17,6 +17,7 @@
 #![warn(missing_docs)]
 
 mod ack;
+mod attention;
 mod config;
 mod congestion;
 mod connection;
