@@ -91,6 +91,9 @@ pub(crate) struct State {
     pub dropped: HashSet<ConnectionHandle>,
     /// What callers waiting on a connection wait on, by connection.
     signals: HashMap<ConnectionHandle, Signal>,
+    /// Calls waiting on any connection's condition variable (the sum of the `waiting` counts
+    /// of `signals`, kept apart so that it is known without visiting every connection).
+    signal_waiters: usize,
     /// Readiness descriptors of connections whose application asked for one.
     pub readiness: HashMap<ConnectionHandle, Arc<Watchers>>,
 
@@ -386,7 +389,7 @@ impl Shared {
         }
         // this call is likely to wait here again soon; a call of another connection waiting
         // on its condition variable is not (it relies on a thread watching)
-        if self.one_cpu && !st.signals.values().any(|s| s.waiting > 0) {
+        if self.one_cpu && st.signal_waiters == 0 {
             st.callers_watch_until = Some(Instant::now() + STEP_BACK);
         }
         // what was received is answered already (`receive_batch` sends and dispatches); the
@@ -673,7 +676,9 @@ fn wait_signal<'a>(
     let signal = guard.signals.entry(h).or_default();
     signal.waiting += 1;
     let condvar = signal.condvar.clone();
+    guard.signal_waiters += 1;
     let mut guard = wait_on(&condvar, guard, deadline);
+    guard.signal_waiters -= 1;
     if let Some(signal) = guard.signals.get_mut(&h) {
         signal.waiting -= 1;
     }
@@ -837,6 +842,7 @@ impl Driver {
                 events: HashMap::new(),
                 dropped: HashSet::new(),
                 signals: HashMap::new(),
+                signal_waiters: 0,
                 readiness: HashMap::new(),
                 driver_deadline: None,
                 callers_watch_until: None,

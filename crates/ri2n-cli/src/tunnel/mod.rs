@@ -369,6 +369,7 @@ fn route_loop(peers: &Peers, tun: &Tun) {
     let mut buf = vec![0u8; 1 << 16];
     let mut packets = offload::Packets::default();
     let mut dests: Vec<usize> = Vec::new();
+    let mut batch_peers: Vec<usize> = Vec::new();
     loop {
         if let Err(e) = tun.wait_readable() {
             eprintln!("ri2n tunnel: waiting for the interface failed: {e}");
@@ -393,10 +394,12 @@ fn route_loop(peers: &Peers, tun: &Tun) {
                 }
             }
         }
-        for peer in 0..peers.cluster.hosts.len() {
-            if !dests.contains(&peer) {
-                continue;
-            }
+        // the peers this batch goes to, each once (not every host of the cluster in turn)
+        batch_peers.clear();
+        batch_peers.extend(dests.iter().copied().filter(|&d| d != usize::MAX));
+        batch_peers.sort_unstable();
+        batch_peers.dedup();
+        for &peer in &batch_peers {
             if let Some(conn) = peers.get(peer) {
                 // a connection just lost, or (messages) a full send buffer: the packets are
                 // dropped, as on a dead cable or a full NIC queue
