@@ -1109,3 +1109,68 @@ fn datagrams_stranded_on_a_fast_link_come_again_over_a_slow_one_in_order() {
         stats.datagrams_resent
     );
 }
+
+/// `read_call` reports whether a read left the endpoint something to do: a read that frees
+/// less than a quarter of the receive window owes the peer nothing and leaves nothing to
+/// send; the read that frees the quarter owes a window update, which goes out at once.
+#[test]
+fn a_read_calls_for_the_endpoint_only_when_it_owes_a_window_update() {
+    let a = [addr("10.0.0.1:1000")];
+    let b = [addr("10.0.0.2:2000")];
+    let window = 64 << 10;
+    let config = ConnectionConfig::default().with_stream_receive_window(window);
+    let (mut client, mut server, mut net, ch) = connected_pair_with(&a, &b, config);
+    // the client writes more than the window: after 50 ms the window is full and only
+    // keepalives move
+    let (mut sent, total) = (0, 4 * window);
+    let mut accepted = None;
+    while net.now < Duration::from_millis(50) {
+        write_pattern(
+            client.connection_mut(ch).unwrap(),
+            &mut sent,
+            total,
+            pattern,
+        );
+        net.flush(&mut client, false);
+        net.flush(&mut server, true);
+        accepted = accepted.or_else(|| server.accept());
+        let next = next_event(&mut client, &mut server, &net).expect("something to happen");
+        advance(&mut client, &mut server, &mut net, next);
+    }
+    let sh = accepted.expect("the server accepted");
+    net.flush(&mut server, true);
+    let now = net.base + net.now;
+    let mut datagram = [0u8; 1500];
+    assert!(server.poll_transmit(now, &mut datagram).is_none());
+
+    let mut buf = vec![0u8; 1000];
+    let mut read = 0;
+    loop {
+        let (n, calls) = server.read_call(sh, |c| c.read(&mut buf)).unwrap();
+        let n = n.expect("a full window waits to be read");
+        assert!(
+            (0..n).all(|i| buf[i] == pattern((read + i) as u64)),
+            "bytes differ"
+        );
+        read += n;
+        if calls {
+            break;
+        }
+        assert!(
+            server.poll_transmit(now, &mut datagram).is_none(),
+            "a read that owes nothing leaves nothing to send ({read} bytes read)"
+        );
+        assert!(
+            read < window as usize / 4,
+            "no window update after {read} bytes"
+        );
+    }
+    assert!(
+        read >= window as usize / 4,
+        "a window update after {read} bytes only"
+    );
+    assert!(
+        server.poll_transmit(now, &mut datagram).is_some(),
+        "the window update goes out at once"
+    );
+}

@@ -311,6 +311,75 @@ fn try_recv_message_never_blocks() {
     }
 }
 
+/// Reads that free receive window reopen it (a read that only takes what arrived sends
+/// nothing, one that frees a quarter of the window sends a window update): through a 64 KiB
+/// window, read in small pieces, 8 MiB of stream and 200 messages of 48 KiB arrive exact,
+/// blocking and non-blocking reads in turn. The engine's test
+/// `a_read_calls_for_the_endpoint_only_when_it_owes_a_window_update` checks the update goes
+/// out at once.
+#[test]
+fn small_reads_reopen_a_small_receive_window() {
+    let window = 64 << 10;
+    let server = Endpoint::bind(
+        ri2n::EndpointConfig::new(addrs(&["127.0.0.1", "127.0.0.2"]))
+            .server()
+            .with_server_connection(ConnectionConfig::default().with_stream_receive_window(window)),
+    )
+    .unwrap();
+    let client = Endpoint::client(&addrs(&["127.0.0.1", "127.0.0.2"])).unwrap();
+    let conn = client
+        .connect(&server.local_addrs()[..1], ConnectionConfig::default())
+        .unwrap();
+    let stream_len = 8 << 20;
+    let messages = 200u32;
+    let message = |i: u32| -> Vec<u8> { (0..48 << 10).map(|k| (k as u32 ^ i) as u8).collect() };
+    let sender = thread::spawn(move || {
+        let mut stream = Stream::new(11);
+        let mut sent = 0;
+        while sent < stream_len {
+            let block = stream.next_block();
+            let n = block.len().min(stream_len - sent);
+            (&conn).write_all(&block[..n]).unwrap();
+            sent += n;
+        }
+        for i in 0..messages {
+            conn.send_message(&message(i)).unwrap();
+        }
+        conn.finish().unwrap();
+        conn.wait_acknowledged(Some(Duration::from_secs(60)))
+            .unwrap();
+    });
+    let peer = server.accept().unwrap();
+    let (mut expected, mut got, mut buf) = (Stream::new(11), 0, [0u8; 1000]);
+    while got < stream_len {
+        let n = (&peer)
+            .read(&mut buf[..(stream_len - got).min(1000)])
+            .unwrap();
+        assert!(n > 0, "the stream ended after {got} bytes");
+        expected.check(&buf[..n], got);
+        got += n;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for i in 0..messages {
+        let m = if i % 2 == 0 {
+            peer.recv_message().unwrap()
+        } else {
+            loop {
+                match peer.try_recv_message() {
+                    Ok(m) => break m,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        assert!(Instant::now() < deadline, "message {i} never arrived");
+                        thread::sleep(Duration::from_micros(200));
+                    }
+                    Err(e) => panic!("message {i}: {e}"),
+                }
+            }
+        };
+        assert!(m.as_deref() == Some(&message(i)[..]), "message {i} differs");
+    }
+    sender.join().unwrap();
+}
+
 /// Datagram `seq`: its size and bytes follow from its number, so the receiver can check it.
 fn datagram(seq: u32, max: usize) -> Vec<u8> {
     let len = 4 + (seq as usize * 7919) % (max - 3);
