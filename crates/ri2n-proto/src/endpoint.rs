@@ -885,30 +885,6 @@ impl Endpoint {
         self.connections.get_mut(&h)
     }
 
-    /// Runs `read`, a read of the application on connection `h` (it takes messages, stream
-    /// bytes or datagrams that arrived). Unlike [`connection_mut`](Self::connection_mut), it
-    /// marks the connection as having something to send or to report only if the read made
-    /// it so (see [`Connection::read_marks`]), and returns whether it did: a read that only
-    /// took what was there needs no pass of the driver over the connection afterwards (in a
-    /// request-response exchange, one pass per message saved). `None` if `h` is unknown.
-    pub fn read_call<T>(
-        &mut self,
-        h: ConnectionHandle,
-        read: impl FnOnce(&mut Connection) -> T,
-    ) -> Option<(T, bool)> {
-        let c = self.connections.get_mut(&h)?;
-        let before = c.read_marks();
-        let out = read(c);
-        let changed = c.read_marks() != before;
-        if changed {
-            self.attention.touch(h);
-        } else {
-            // a held datagram taken moves its connection's hold deadline
-            self.attention.timers.insert(h);
-        }
-        Some((out, changed))
-    }
-
     /// A connection, read-only.
     pub fn connection(&self, h: ConnectionHandle) -> Option<&Connection> {
         self.connections.get(&h)

@@ -79,14 +79,8 @@ impl Connection {
         let shared = &self.driver.shared;
         let mut st = shared.lock();
         self.watchers.clear(interest);
-        let kind = match interest {
-            Interest::Read => Call::Read,
-            Interest::Write | Interest::Any => Call::Other,
-        };
-        let (out, changed) = call(&mut st, self.handle, kind, f);
-        if changed {
-            drop(shared.after_app_call(st));
-        }
+        let out = f(conn(&mut st, self.handle));
+        drop(shared.after_app_call(st));
         out
     }
 
@@ -99,12 +93,9 @@ impl Connection {
         self.watchers.fd(interest)
     }
 
-    /// Retries `f` until it stops saying "blocked", waiting for the driver in between; then
-    /// has the driver pass over the connection unless `f` was a read that left nothing for it
-    /// (see [`call`]).
+    /// Retries `f` until it stops saying "blocked", waiting for the driver in between.
     fn blocking<T, E>(
         &self,
-        kind: Call,
         deadline: Option<Instant>,
         mut f: impl FnMut(&mut ProtoConnection) -> Result<T, E>,
         is_blocked: impl Fn(&E) -> bool,
@@ -112,8 +103,7 @@ impl Connection {
         let shared = &self.driver.shared;
         let mut st = shared.lock();
         loop {
-            let (r, changed) = call(&mut st, self.handle, kind, &mut f);
-            match r {
+            match f(conn(&mut st, self.handle)) {
                 // A blocked call only looked: it left nothing to send and no timer to arm,
                 // so it goes straight to waiting. The lock is held from the look to the
                 // wait, so no event for this connection can slip in between unseen (the
@@ -125,9 +115,7 @@ impl Connection {
                     st = shared.wait_connection(st, self.handle, deadline);
                 }
                 r => {
-                    if changed {
-                        drop(shared.after_app_call(st));
-                    }
+                    drop(shared.after_app_call(st));
                     return Ok(r);
                 }
             }
@@ -146,12 +134,7 @@ impl Connection {
     /// [`recv_message`](Self::recv_message)); waits for buffer space. At most
     /// [`max_message_size`](Self::max_message_size) bytes.
     pub fn send_message(&self, msg: &[u8]) -> io::Result<()> {
-        match self.blocking(
-            Call::Other,
-            None,
-            |c| c.send_message(msg),
-            |e| *e == WriteError::Blocked,
-        )? {
+        match self.blocking(None, |c| c.send_message(msg), |e| *e == WriteError::Blocked)? {
             Ok(()) => Ok(()),
             Err(e) => Err(write_error(e)),
         }
@@ -214,7 +197,6 @@ impl Connection {
     pub fn recv_datagrams(&self, max: usize) -> io::Result<Vec<Vec<u8>>> {
         let mut got = Vec::new();
         let r = self.blocking(
-            Call::Read,
             None,
             |c| loop {
                 match c.recv_datagram() {
@@ -245,7 +227,6 @@ impl Connection {
         let max = max.max(1);
         let mut n = 0;
         let r = self.blocking(
-            Call::Read,
             None,
             |c| {
                 let r = loop {
@@ -278,12 +259,7 @@ impl Connection {
     /// Receives one datagram, waiting for one; `Ok(None)` once the connection closed cleanly
     /// and every datagram that arrived was read.
     pub fn recv_datagram(&self) -> io::Result<Option<Vec<u8>>> {
-        match self.blocking(
-            Call::Read,
-            None,
-            |c| c.recv_datagram(),
-            |e| *e == ReadError::Blocked,
-        )? {
+        match self.blocking(None, |c| c.recv_datagram(), |e| *e == ReadError::Blocked)? {
             Ok(d) => Ok(d),
             Err(e) => Err(read_error(e)),
         }
@@ -301,12 +277,7 @@ impl Connection {
 
     /// Receives one whole message; `Ok(None)` once the peer finished its message stream.
     pub fn recv_message(&self) -> io::Result<Option<Vec<u8>>> {
-        match self.blocking(
-            Call::Read,
-            None,
-            |c| c.recv_message(),
-            |e| *e == ReadError::Blocked,
-        )? {
+        match self.blocking(None, |c| c.recv_message(), |e| *e == ReadError::Blocked)? {
             Ok(m) => Ok(m),
             Err(e) => Err(read_error(e)),
         }
@@ -379,7 +350,6 @@ impl Connection {
     pub fn wait_acknowledged(&self, timeout: Option<Duration>) -> io::Result<()> {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         self.blocking(
-            Call::Other,
             deadline,
             |c| {
                 if c.is_send_complete() {
@@ -409,12 +379,7 @@ impl Connection {
     /// while holding the engine's lock. Smaller buffers are copied, as by `write`.
     pub fn write_buf(&self, buf: &mut Vec<u8>) -> io::Result<()> {
         while !buf.is_empty() {
-            match self.blocking(
-                Call::Other,
-                None,
-                |c| c.write_buf(buf),
-                |e| *e == WriteError::Blocked,
-            )? {
+            match self.blocking(None, |c| c.write_buf(buf), |e| *e == WriteError::Blocked)? {
                 Ok(_) => {}
                 Err(e) => return Err(write_error(e)),
             }
@@ -427,12 +392,7 @@ impl Connection {
     /// the receive buffer is ready it is handed over as `buf` without copying, and the memory
     /// `buf` had is kept for a later block: reuse the same `buf` for every call.
     pub fn read_buf(&self, buf: &mut Vec<u8>) -> io::Result<usize> {
-        match self.blocking(
-            Call::Read,
-            None,
-            |c| c.read_buf(buf),
-            |e| *e == ReadError::Blocked,
-        )? {
+        match self.blocking(None, |c| c.read_buf(buf), |e| *e == ReadError::Blocked)? {
             Ok(n) => Ok(n),
             Err(e) => Err(read_error(e)),
         }
@@ -473,34 +433,6 @@ impl Connection {
     }
 }
 
-/// What an application call does to its connection.
-#[derive(Debug, Clone, Copy)]
-enum Call {
-    /// Takes what arrived (messages, stream bytes, datagrams).
-    Read,
-    /// Anything else: writes, closing, queries.
-    Other,
-}
-
-/// Runs `f` on connection `h`; also returns whether the driver must pass over the
-/// connection afterwards ([`Shared::after_app_call`]): after a read only if it owes the peer a
-/// window update or raised an event ([`ri2n_proto::Endpoint::read_call`]), after anything
-/// else always.
-fn call<T>(
-    st: &mut State,
-    h: ConnectionHandle,
-    kind: Call,
-    f: impl FnOnce(&mut ProtoConnection) -> T,
-) -> (T, bool) {
-    match kind {
-        Call::Read => st
-            .endpoint
-            .read_call(h, f)
-            .expect("a connection stays in the engine while its handle lives"),
-        Call::Other => (f(conn(st, h)), true),
-    }
-}
-
 fn conn(st: &mut State, h: ConnectionHandle) -> &mut ProtoConnection {
     st.endpoint
         .connection_mut(h)
@@ -526,12 +458,7 @@ fn read_error(e: ReadError) -> io::Error {
 /// another writes or watches the statistics.
 impl io::Read for &Connection {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self.blocking(
-            Call::Read,
-            None,
-            |c| c.read(buf),
-            |e| *e == ReadError::Blocked,
-        )? {
+        match self.blocking(None, |c| c.read(buf), |e| *e == ReadError::Blocked)? {
             Ok(n) => Ok(n),
             Err(e) => Err(read_error(e)),
         }
@@ -540,12 +467,7 @@ impl io::Read for &Connection {
 
 impl io::Write for &Connection {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self.blocking(
-            Call::Other,
-            None,
-            |c| c.write(buf),
-            |e| *e == WriteError::Blocked,
-        )? {
+        match self.blocking(None, |c| c.write(buf), |e| *e == WriteError::Blocked)? {
             Ok(n) => Ok(n),
             Err(e) => Err(write_error(e)),
         }

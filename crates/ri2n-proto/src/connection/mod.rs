@@ -177,14 +177,6 @@ enum HoldOver {
     Outage,
 }
 
-/// See [`Connection::read_marks`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ReadMarks {
-    state: ConnectionState,
-    events_raised: u64,
-    window_updates: [bool; 2],
-}
-
 /// One ri2n connection.
 #[derive(Debug)]
 pub struct Connection {
@@ -212,8 +204,6 @@ pub struct Connection {
     close_frame: Option<(u64, String)>,
     ping_pending: Option<usize>,
     events: VecDeque<Event>,
-    /// Events raised so far (the queue's length alone misses one raised into a full queue).
-    events_raised: u64,
     readable_signalled: bool,
     datagrams_out: OutgoingDatagrams,
     datagrams_in: IncomingDatagrams,
@@ -369,7 +359,6 @@ impl Connection {
             close_frame: None,
             ping_pending: None,
             events: VecDeque::new(),
-            events_raised: 0,
             readable_signalled: false,
             datagrams_out: OutgoingDatagrams::new(cfg.datagram_send_buffer, cfg.datagram_max_age),
             datagrams_in: IncomingDatagrams::new(
@@ -789,24 +778,11 @@ impl Connection {
         self.links.iter().map(|l| l.state).collect()
     }
 
-    /// What a read of the application (a message, stream bytes, a datagram) can change that
-    /// the endpoint must act on at once: a window update owed to the peer, a failure (a
-    /// message larger than the receive window ends the connection), an event. A read changes
-    /// nothing else an endpoint looks at but its timers (a held datagram taken).
-    pub(crate) fn read_marks(&self) -> ReadMarks {
-        ReadMarks {
-            state: self.state,
-            events_raised: self.events_raised,
-            window_updates: self.max_data_pending,
-        }
-    }
-
     pub(crate) fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
     }
 
     fn event(&mut self, e: Event) {
-        self.events_raised += 1;
         if self.events.len() >= MAX_EVENTS {
             self.events.pop_front();
         }
