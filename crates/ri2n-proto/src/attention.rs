@@ -70,7 +70,8 @@ pub(crate) struct Attention {
     /// May have something to send: since something happened to them, they were not found
     /// with nothing to send.
     pub send: HandleSet,
-    /// Their next deadline may have moved: [`TimerIndex::refresh`] computes it again.
+    /// Their next deadline may have moved: the endpoint computes it again into its
+    /// [`TimerIndex`] before it next looks at the index.
     pub timers: HandleSet,
     /// May have an application event waiting.
     pub events: HandleSet,

@@ -510,7 +510,8 @@ impl Shared {
         out.close_all();
     }
 
-    /// Builds what the engine has ready and sends it. Sending happens without the lock; a
+    /// Builds what the engine has ready and sends it; `now` is the instant the caller read
+    /// last, if it just did (see [`Self::build`]). Sending happens without the lock; a
     /// thread that finds another one sending leaves its batches in the queue for that one,
     /// which sends until the queue is empty (so each socket's datagrams keep their order).
     fn transmit<'a>(

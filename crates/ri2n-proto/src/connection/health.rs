@@ -2,7 +2,7 @@
 //! the receiver side's arrival-share check (RI2N/UDP: a link whose share of arrivals collapses
 //! is reported to the sender) and the sender side's slow-link check (a link whose in-flight
 //! data cannot drain within the scheduling budget). Each keeps its per-link state in the
-//! link's [`ShareDetector`](crate::link::ShareDetector) or slow-check counter.
+//! link's [`ShareDetector`] or slow-check counter.
 
 use std::time::Instant;
 
