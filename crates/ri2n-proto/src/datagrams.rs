@@ -44,7 +44,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use crate::wire;
+use crate::wire::{self, DatagramPart};
 
 /// The largest datagram one packet of `datagram_size` UDP payload bytes carries: less the
 /// largest SHORT header, the AEAD tag when `keyed`, and a DATAGRAM frame's type, number (up
@@ -59,14 +59,19 @@ pub fn datagram_capacity(datagram_size: usize, keyed: bool) -> usize {
 /// when the packet carrying them is acknowledged, up to a window's worth at once).
 const SPARES: usize = 256;
 
-/// Largest buffer kept for reuse: a datagram is at most [`wire::MAX_DATAGRAM_SIZE`] bytes, so
-/// a larger one the application hands back would only hold memory.
-const MAX_SPARE_CAPACITY: usize = 4 * wire::MAX_DATAGRAM_SIZE;
+/// Largest buffer kept for reuse: what one packet carries at most. The buffer of a datagram
+/// larger than a packet is let go: kept, it would come back to hold a piece of 1.4 KB in a
+/// sent packet's record, and a window of such records would hold 64 KiB each.
+const MAX_SPARE_CAPACITY: usize = wire::MAX_DATAGRAM_SIZE;
+
+/// Smallest piece a datagram too large for one packet is cut into, unless less of it is left:
+/// a packet with less room left carries no piece of it (each piece costs a frame header).
+const MIN_PIECE: usize = 64;
 
 /// Datagram buffers kept for reuse (up to [`SPARES`]). A new buffer gets room for the largest
-/// datagram seen so far: a buffer sized for a small datagram (a TCP acknowledgement in a
-/// tunnel) would otherwise be reallocated when it is reused for a full-sized one, and a flow
-/// of mixed sizes would allocate on every few datagrams.
+/// datagram seen so far (up to [`MAX_SPARE_CAPACITY`]): a buffer sized for a small datagram (a TCP
+/// acknowledgement in a tunnel) would otherwise be reallocated when it is reused for a
+/// full-sized one, and a flow of mixed sizes would allocate on every few datagrams.
 #[derive(Debug, Default)]
 struct Spares {
     bufs: Vec<Vec<u8>>,
@@ -76,10 +81,10 @@ struct Spares {
 impl Spares {
     /// A copy of `data`, in a spare buffer when one has room.
     fn copy_of(&mut self, data: &[u8]) -> Vec<u8> {
-        self.largest = self.largest.max(data.len());
+        self.note_size(data.len());
         let mut buf = match self.bufs.pop() {
             Some(buf) if buf.capacity() >= data.len() => buf,
-            _ => Vec::with_capacity(self.largest),
+            _ => Vec::with_capacity(self.largest.max(data.len())),
         };
         buf.clear();
         buf.extend_from_slice(data);
@@ -89,13 +94,18 @@ impl Spares {
     /// An empty buffer for the caller to fill, in place of one holding a datagram of
     /// `replaced` bytes: a spare, or a new one with room for the largest datagram seen so far.
     fn take(&mut self, replaced: usize) -> Vec<u8> {
-        self.largest = self.largest.max(replaced);
+        self.note_size(replaced);
         let mut buf = self
             .bufs
             .pop()
             .unwrap_or_else(|| Vec::with_capacity(self.largest));
         buf.clear();
         buf
+    }
+
+    /// Remembers a datagram's size for the buffers made from now on, up to what is kept.
+    fn note_size(&mut self, len: usize) {
+        self.largest = self.largest.max(len.min(MAX_SPARE_CAPACITY));
     }
 
     fn recycle(&mut self, buf: Vec<u8>) {
@@ -105,20 +115,39 @@ impl Spares {
     }
 }
 
+/// What one DATAGRAM or DATAGRAM_PART frame carries: a whole datagram or a piece of one, with
+/// its number. A sent packet keeps it until the packet is acknowledged, so that it can go
+/// again, unchanged, if the packet's link fails.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Piece {
+    pub seq: u64,
+    pub part: DatagramPart,
+    pub data: Vec<u8>,
+}
+
 /// A datagram waiting to be sent.
 #[derive(Debug)]
 struct Waiting {
     /// When it was queued.
     since: Instant,
-    /// Set when it is sent again after a link failure: it keeps its number.
-    seq: Option<u64>,
-    /// Sent whatever its age: stranded by a link failure, or waiting when the queue stood
-    /// still (see [`OutgoingDatagrams::drop_stale`]).
+    /// Set when it goes again after a link failure: a whole datagram or a piece, which keeps
+    /// its number and its place in its datagram.
+    again: Option<(u64, DatagramPart)>,
+    /// Sent whatever its age: stranded by a link failure, waiting when the queue stood still
+    /// (see [`OutgoingDatagrams::drop_stale`]), or partly sent already.
     kept: bool,
+    /// Of a datagram sent in pieces: the bytes already sent.
+    sent_bytes: usize,
     data: Vec<u8>,
 }
 
 /// Datagrams waiting to be sent.
+///
+/// A datagram larger than what one packet carries on every link (`piece_max`, the caller's
+/// [`datagram_capacity`]) goes in pieces, each cut to the room left in the packet being built
+/// (never more than `piece_max`, so that a piece sent again after a link failure fits any
+/// link), in DATAGRAM_PART frames numbered in order. The packets carrying it are then full,
+/// and the next datagram starts in the room the last piece leaves.
 #[derive(Debug)]
 pub(crate) struct OutgoingDatagrams {
     /// Oldest first.
@@ -129,9 +158,11 @@ pub(crate) struct OutgoingDatagrams {
     /// When a datagram last left the queue.
     last_sent: Option<Instant>,
     spares: Spares,
-    /// Datagrams sent so far: the next one's number.
+    /// DATAGRAM and DATAGRAM_PART frames sent so far: the next one's number.
+    next_seq: u64,
+    /// Datagrams sent, whole or in all their pieces.
     pub sent: u64,
-    /// Sent again because the link carrying them failed.
+    /// Datagrams and pieces sent again because the link carrying them failed.
     pub resent: u64,
     /// Dropped unsent: the queue was full, or they waited too long.
     pub dropped: u64,
@@ -146,6 +177,7 @@ impl OutgoingDatagrams {
             max_age,
             last_sent: None,
             spares: Spares::default(),
+            next_seq: 0,
             sent: 0,
             resent: 0,
             dropped: 0,
@@ -157,7 +189,7 @@ impl OutgoingDatagrams {
     }
 
     /// Queues a copy of `data`, dropping the oldest datagrams if the queue would exceed its
-    /// bound. The caller checked that `data` fits a packet.
+    /// bound. The caller checked that `data` is at most [`wire::MAX_DATAGRAM_LEN`] bytes.
     pub fn push(&mut self, now: Instant, data: &[u8]) {
         let buf = self.spares.copy_of(data);
         self.enqueue(now, buf);
@@ -176,27 +208,29 @@ impl OutgoingDatagrams {
         self.bytes += buf.len();
         self.queue.push_back(Waiting {
             since: now,
-            seq: None,
+            again: None,
             kept: false,
+            sent_bytes: 0,
             data: buf,
         });
     }
 
-    /// Queues again, ahead of the others, datagrams that were in flight on a failed link
-    /// (`stranded`, in sending order), with their numbers.
-    pub fn requeue(&mut self, now: Instant, stranded: &mut Vec<(u64, Vec<u8>)>) {
+    /// Queues again, ahead of the others, what was in flight on a failed link (`stranded`, in
+    /// sending order), each with its number and place.
+    pub fn requeue(&mut self, now: Instant, stranded: &mut Vec<Piece>) {
         tracing::debug!(
             count = stranded.len(),
-            first = stranded.first().map(|s| s.0),
+            first = stranded.first().map(|s| s.seq),
             "datagrams stranded on a failed link queued again"
         );
-        for (seq, data) in stranded.drain(..).rev() {
-            self.bytes += data.len();
+        for piece in stranded.drain(..).rev() {
+            self.bytes += piece.data.len();
             self.queue.push_front(Waiting {
                 since: now,
-                seq: Some(seq),
+                again: Some((piece.seq, piece.part)),
                 kept: true,
-                data,
+                sent_bytes: 0,
+                data: piece.data,
             });
         }
         self.make_room(0);
@@ -214,7 +248,8 @@ impl OutgoingDatagrams {
     /// - one sent again after a link failure: it was sent in time once;
     /// - one that was waiting when the queue stood still: the links carried nothing then, so
     ///   its wait was no queueing delay, and it holds what the flow inside sent last (inner
-    ///   TCP's retransmissions during an outage).
+    ///   TCP's retransmissions during an outage);
+    /// - one partly sent: dropping its rest would waste the pieces that went.
     ///
     /// After an outage the links' windows open from small again, so draining what waited can
     /// take longer than the age allowed; dropping its tail would lose what the failure is meant
@@ -248,21 +283,88 @@ impl OutgoingDatagrams {
             .is_some_and(|t| now.saturating_duration_since(t) <= self.max_age / 2)
     }
 
-    /// Bytes the DATAGRAM frame of the next datagram takes.
-    pub fn front_frame_len(&self) -> Option<usize> {
+    /// The least room the next frame needs: the whole next datagram's frame, or, for one that
+    /// goes in pieces (larger than `piece_max`), a frame with its smallest piece.
+    pub fn front_frame_len(&self, piece_max: usize) -> Option<usize> {
         let w = self.queue.front()?;
-        Some(wire::datagram_frame_len(
-            w.seq.unwrap_or(self.sent),
-            w.data.len(),
-        ))
+        Some(match w.again {
+            Some((seq, part)) => wire::datagram_frame_len(seq, part, w.data.len()),
+            None if w.sent_bytes == 0 && w.data.len() <= piece_max => {
+                wire::datagram_frame_len(self.next_seq, DatagramPart::Whole, w.data.len())
+            }
+            None => {
+                let smallest = MIN_PIECE.min(w.data.len() - w.sent_bytes);
+                piece_header_len(self.next_seq) + smallest
+            }
+        })
     }
 
-    /// Takes the next datagram with its number (numbers go to datagrams as they are first
-    /// sent, so one dropped unsent leaves no gap for the receiver to wait on); hand the
-    /// buffer back with [`Self::recycle`] once the packet carrying it is acknowledged.
-    pub fn pop(&mut self, now: Instant) -> Option<(u64, Vec<u8>)> {
-        let w = self.queue.pop_front()?;
-        self.bytes -= w.data.len();
+    /// Takes the next frame's content, if it fits in `room` bytes: the next datagram whole,
+    /// or the next piece of one larger than `piece_max`, cut to the room. Numbers go to
+    /// frames as they are first sent, so a datagram dropped unsent leaves no gap for the
+    /// receiver to wait on. Hand the buffer back with [`Self::recycle`] once the packet
+    /// carrying it is acknowledged.
+    pub fn pop(&mut self, now: Instant, room: usize, piece_max: usize) -> Option<Piece> {
+        let w = self.queue.front()?;
+        let piece = match w.again {
+            Some((seq, part)) => {
+                if wire::datagram_frame_len(seq, part, w.data.len()) > room {
+                    return None;
+                }
+                let w = self.pop_front();
+                self.resent += 1;
+                Piece {
+                    seq,
+                    part,
+                    data: w.data,
+                }
+            }
+            None if w.sent_bytes == 0 && w.data.len() <= piece_max => {
+                let len =
+                    wire::datagram_frame_len(self.next_seq, DatagramPart::Whole, w.data.len());
+                if len > room {
+                    return None;
+                }
+                let w = self.pop_front();
+                Piece {
+                    seq: self.number(DatagramPart::Whole),
+                    part: DatagramPart::Whole,
+                    data: w.data,
+                }
+            }
+            None => {
+                let left = w.data.len() - w.sent_bytes;
+                let fits = room.saturating_sub(piece_header_len(self.next_seq));
+                // a piece sent again must fit any link: at most `piece_max` less the position
+                // byte a whole datagram's frame does not have
+                let n = left.min(piece_max.saturating_sub(1)).min(fits);
+                if n < left.min(MIN_PIECE) || n == 0 {
+                    return None;
+                }
+                let part = if w.sent_bytes == 0 {
+                    DatagramPart::First
+                } else if n == left {
+                    DatagramPart::Last
+                } else {
+                    DatagramPart::Middle
+                };
+                let from = w.sent_bytes;
+                let data = self.spares.copy_of(&w.data[from..from + n]);
+                if part == DatagramPart::Last {
+                    let w = self.pop_front();
+                    self.spares.recycle(w.data);
+                } else {
+                    let w = self.queue.front_mut().expect("the front datagram");
+                    w.sent_bytes += n;
+                    w.kept = true;
+                }
+                Piece {
+                    seq: self.number(part),
+                    part,
+                    data,
+                }
+            }
+        };
         if !self.is_moving(now) {
             // moving again after standing still: what waited through it goes whatever its age
             for waiting in &mut self.queue {
@@ -270,17 +372,22 @@ impl OutgoingDatagrams {
             }
         }
         self.last_sent = Some(now);
-        let seq = match w.seq {
-            Some(seq) => {
-                self.resent += 1;
-                seq
-            }
-            None => {
-                self.sent += 1;
-                self.sent - 1
-            }
-        };
-        Some((seq, w.data))
+        Some(piece)
+    }
+
+    /// The next frame's number; `part` counts a datagram sent when it is the last of it.
+    fn number(&mut self, part: DatagramPart) -> u64 {
+        if matches!(part, DatagramPart::Whole | DatagramPart::Last) {
+            self.sent += 1;
+        }
+        self.next_seq += 1;
+        self.next_seq - 1
+    }
+
+    fn pop_front(&mut self) -> Waiting {
+        let w = self.queue.pop_front().expect("a datagram is queued");
+        self.bytes -= w.data.len();
+        w
     }
 
     pub fn recycle(&mut self, buf: Vec<u8>) {
@@ -288,19 +395,26 @@ impl OutgoingDatagrams {
     }
 
     fn drop_front(&mut self, reason: &'static str) {
-        if let Some(w) = self.queue.pop_front() {
-            tracing::trace!(
-                reason,
-                len = w.data.len(),
-                resent = w.seq.is_some(),
-                queued = self.bytes,
-                "datagram dropped unsent"
-            );
-            self.bytes -= w.data.len();
-            self.dropped += 1;
-            self.recycle(w.data);
+        if self.queue.is_empty() {
+            return;
         }
+        let w = self.pop_front();
+        tracing::trace!(
+            reason,
+            len = w.data.len(),
+            resent = w.again.is_some(),
+            queued = self.bytes,
+            "datagram dropped unsent"
+        );
+        self.dropped += 1;
+        self.recycle(w.data);
     }
+}
+
+/// Bytes a DATAGRAM_PART frame numbered `seq` takes besides its piece (pieces are below 16 KiB,
+/// so their length takes 2 bytes at most).
+fn piece_header_len(seq: u64) -> usize {
+    wire::datagram_frame_len(seq, DatagramPart::Middle, 0) + 1
 }
 
 /// How long a datagram that arrived ahead of a missing one is held for it.
@@ -350,12 +464,25 @@ struct LinkDeliveries {
 const SKIPPED_MEMORY: usize = 16_384;
 
 /// Datagrams received and not yet read, and those held until the ones before them arrive.
+///
+/// The pieces of a datagram sent in pieces are joined as they are delivered in order, so a
+/// datagram is handed over whole or not at all: a piece given up on, or one that arrives
+/// after its successors, loses its datagram. (Without a hold, frames are delivered as they
+/// arrive, and a datagram whose pieces arrive out of order is lost.)
 #[derive(Debug)]
 pub(crate) struct IncomingDatagrams {
     /// In order, for the application.
     ready: VecDeque<Vec<u8>>,
-    /// Arrived ahead of a missing one: number -> bytes.
-    held: BTreeMap<u64, Vec<u8>>,
+    /// Arrived ahead of a missing one: number -> piece.
+    held: BTreeMap<u64, (DatagramPart, Vec<u8>)>,
+    /// The datagram whose pieces are being joined: the last piece's number, and its bytes so
+    /// far.
+    joining: Option<(u64, Vec<u8>)>,
+    /// The last piece dropped because its datagram could not be completed: the rest of that
+    /// datagram counts as dropped with it.
+    orphaned: Option<u64>,
+    /// The largest datagram joined so far: the room a new one starts with.
+    largest_joined: usize,
     /// When each held datagram arrived, in arrival order, so the one held longest is at the
     /// front (entries of datagrams delivered since are dropped when they reach the front).
     held_since: VecDeque<(Instant, u64)>,
@@ -364,15 +491,17 @@ pub(crate) struct IncomingDatagrams {
     /// Numbers below `next` given up on and not arrived since (the newest `SKIPPED_MEMORY`):
     /// the only ones below `next` still delivered.
     skipped: BTreeSet<u64>,
-    /// Bytes in `ready` and `held`.
+    /// Bytes in `ready`, `held` and `joining`.
     bytes: usize,
     limit: usize,
     /// The number of the next datagram to deliver.
     next: u64,
     /// Longest a datagram is held for a missing one (zero: delivered as they arrive).
     hold: Duration,
+    /// Datagrams received, whole or in part (those handed over plus those dropped).
     pub received: u64,
-    /// Dropped on arrival: the application had not read enough of the earlier ones.
+    /// Dropped on arrival (the application had not read enough of the earlier ones), or
+    /// incomplete (a piece of it was lost).
     pub dropped: u64,
     /// Datagrams that arrived ahead of a missing one.
     pub reordered: u64,
@@ -387,6 +516,9 @@ impl IncomingDatagrams {
         Self {
             ready: VecDeque::new(),
             held: BTreeMap::new(),
+            joining: None,
+            orphaned: None,
+            largest_joined: 0,
             held_since: VecDeque::new(),
             links: smallvec::SmallVec::new(),
             skipped: BTreeSet::new(),
@@ -411,10 +543,23 @@ impl IncomingDatagrams {
         self.spares.recycle(buf);
     }
 
-    /// Takes a copy of datagram `seq`, arrived `now` on link `link`; returns whether datagrams
-    /// became ready for the application.
+    /// Takes a copy of whole datagram `seq`, arrived `now` on link `link`; returns whether
+    /// datagrams became ready for the application.
+    #[cfg(test)]
     pub fn push(&mut self, now: Instant, link: usize, seq: u64, data: &[u8]) -> bool {
-        self.received += 1;
+        self.push_piece(now, link, seq, DatagramPart::Whole, data)
+    }
+
+    /// Takes a copy of frame `seq` (a whole datagram or a piece of one), arrived `now` on
+    /// link `link`; returns whether datagrams became ready for the application.
+    pub fn push_piece(
+        &mut self,
+        now: Instant,
+        link: usize,
+        seq: u64,
+        part: DatagramPart,
+        data: &[u8],
+    ) -> bool {
         if self.links.len() <= link {
             self.links.resize(link + 1, LinkDeliveries::default());
         }
@@ -440,39 +585,104 @@ impl IncomingDatagrams {
             self.duplicates += 1;
             return false;
         }
+        if seq < self.next && part != DatagramPart::Whole {
+            // the rest of its datagram was given up on: it was counted as dropped then
+            return false;
+        }
+        let before = self.ready.len();
         if self.bytes + data.len() > self.limit {
             // make room by giving up on the missing ones the held datagrams wait for
             while self.bytes + data.len() > self.limit && self.release_first_held() {}
             if self.bytes + data.len() > self.limit {
-                self.dropped += 1;
+                if part == DatagramPart::Whole {
+                    self.received += 1;
+                    self.dropped += 1;
+                }
+                // (a piece's datagram is counted when it turns out incomplete)
                 if seq == self.next {
                     // it came: nothing is missing here
-                    let before = self.ready.len();
                     self.next += 1;
                     self.release_in_order();
-                    return self.ready.len() > before;
                 }
-                return false;
+                return self.ready.len() > before;
             }
         }
         self.bytes += data.len();
         if seq > self.next && !self.hold.is_zero() {
             self.reordered += 1;
             let copy = self.copy_of(data);
-            self.held.insert(seq, copy);
+            self.held.insert(seq, (part, copy));
             self.held_since.push_back((now, seq));
-            return false;
+            return self.ready.len() > before;
         }
-        // the next one, or one that arrived after it was given up on (late, but delivered:
-        // dropping it would not make it any less late)
         let copy = self.copy_of(data);
-        self.ready.push_back(copy);
-        if seq >= self.next {
+        if seq < self.next {
+            // a whole one that arrived after it was given up on: late, but delivered
+            // (dropping it would not make it any less late)
+            self.received += 1;
+            self.ready.push_back(copy);
+        } else {
             self.skip_to(seq);
+            self.deliver(seq, part, copy);
             self.next = seq + 1;
             self.release_in_order();
         }
-        true
+        self.ready.len() > before
+    }
+
+    /// Hands frame `seq`, the next in order, to the application: a whole datagram at once, a
+    /// piece to the datagram being joined.
+    fn deliver(&mut self, seq: u64, part: DatagramPart, data: Vec<u8>) {
+        if matches!(part, DatagramPart::Whole | DatagramPart::First) {
+            self.received += 1;
+            self.drop_joining();
+            self.orphaned = None;
+            if part == DatagramPart::Whole {
+                self.ready.push_back(data);
+            } else {
+                // room for the whole, as large as the largest joined so far
+                let mut data = data;
+                data.reserve(self.largest_joined.saturating_sub(data.len()));
+                self.joining = Some((seq, data));
+            }
+            return;
+        }
+        let continues = self.joining.as_ref().is_some_and(|(last, joined)| {
+            *last + 1 == seq && joined.len() + data.len() <= wire::MAX_DATAGRAM_LEN
+        });
+        if !continues {
+            // its datagram's first piece, or one between, is lost: the datagram counts as
+            // dropped once, with the part joined so far or with its first orphaned piece
+            let joined_some = self.joining.is_some();
+            self.drop_joining();
+            if !joined_some && self.orphaned.is_none_or(|last| last + 1 != seq) {
+                self.received += 1;
+                self.dropped += 1;
+            }
+            self.orphaned = (part == DatagramPart::Middle).then_some(seq);
+            self.bytes -= data.len();
+            self.recycle(data);
+            return;
+        }
+        let (last, joined) = self.joining.as_mut().expect("a datagram being joined");
+        *last = seq;
+        joined.extend_from_slice(&data);
+        self.recycle(data);
+        if part == DatagramPart::Last {
+            let (_, joined) = self.joining.take().expect("a datagram being joined");
+            self.largest_joined = self.largest_joined.max(joined.len());
+            self.ready.push_back(joined);
+        }
+    }
+
+    /// Drops the datagram being joined: a piece of it is lost.
+    fn drop_joining(&mut self) {
+        if let Some((last, joined)) = self.joining.take() {
+            tracing::debug!(last, len = joined.len(), "incomplete datagram dropped");
+            self.bytes -= joined.len();
+            self.dropped += 1;
+            self.recycle(joined);
+        }
     }
 
     /// Whether datagrams are held for missing ones.
@@ -512,11 +722,11 @@ impl IncomingDatagrams {
     /// Delivers the held datagrams whose hold is over, giving up on the missing ones before
     /// them; returns whether datagrams became ready.
     pub fn release_due(&mut self, now: Instant, rule: &HoldRule) -> bool {
-        let mut released = false;
+        let before = self.ready.len();
         while self.release_deadline(rule).is_some_and(|t| t <= now) {
-            released |= self.release_first_held();
+            self.release_first_held();
         }
-        released
+        self.ready.len() > before
     }
 
     /// Gives up on the datagrams missing before the first held one and delivers it (and
@@ -542,8 +752,8 @@ impl IncomingDatagrams {
     }
 
     fn release_in_order(&mut self) {
-        while let Some(d) = self.held.remove(&self.next) {
-            self.ready.push_back(d);
+        while let Some((part, d)) = self.held.remove(&self.next) {
+            self.deliver(self.next, part, d);
             self.next += 1;
         }
         // held datagrams leave only here, as `next` passes them
@@ -583,6 +793,24 @@ impl IncomingDatagrams {
 mod tests {
     use super::*;
 
+    /// The next frame of a queue whose datagrams each fit a packet: (number, bytes).
+    fn next(q: &mut OutgoingDatagrams, now: Instant) -> Option<(u64, Vec<u8>)> {
+        let piece = q.pop(now, 1500, 1400)?;
+        assert_eq!(piece.part, DatagramPart::Whole);
+        Some((piece.seq, piece.data))
+    }
+
+    /// What a failed link had in flight: the given frames as whole datagrams.
+    fn stranded(sent: &[(u64, Vec<u8>)]) -> Vec<Piece> {
+        sent.iter()
+            .map(|(seq, data)| Piece {
+                seq: *seq,
+                part: DatagramPart::Whole,
+                data: data.clone(),
+            })
+            .collect()
+    }
+
     /// The base hold alone (no link looks failed).
     fn only(base: Duration) -> HoldRule {
         HoldRule {
@@ -590,6 +818,108 @@ mod tests {
             failure_waits: Default::default(),
             resumed: None,
         }
+    }
+
+    #[test]
+    fn a_datagram_larger_than_a_packet_goes_in_pieces_that_fill_the_packets() {
+        let now = Instant::now();
+        let mut q = OutgoingDatagrams::new(1 << 20, Duration::from_millis(20));
+        let big: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+        q.push(now, &big);
+        q.push(now, &[7; 1200]);
+        // room left after other frames, then whole packets
+        let mut pieces = Vec::new();
+        for room in [500, 1400, 1400, 1400, 1400] {
+            let piece = q.pop(now, room, 1400).expect("a piece fits");
+            let frame = wire::datagram_frame_len(piece.seq, piece.part, piece.data.len());
+            assert!(frame <= room && piece.data.len() < 1400);
+            if piece.part != DatagramPart::Last {
+                assert_eq!(frame, room, "the packet is full");
+            }
+            pieces.push(piece);
+        }
+        let parts: Vec<DatagramPart> = pieces.iter().map(|p| p.part).collect();
+        use DatagramPart::*;
+        assert_eq!(parts, [First, Middle, Middle, Middle, Last]);
+        assert_eq!(
+            pieces.iter().map(|p| p.seq).collect::<Vec<_>>(),
+            [0, 1, 2, 3, 4]
+        );
+        assert_eq!(
+            pieces
+                .iter()
+                .flat_map(|p| p.data.clone())
+                .collect::<Vec<_>>(),
+            big
+        );
+        // the next datagram is small: it goes whole, in the room the last piece left
+        let left = 1400 - wire::datagram_frame_len(4, Last, pieces[4].data.len());
+        assert!(left < 1200, "too little room for it");
+        assert!(
+            q.pop(now, left, 1400).is_none(),
+            "a small datagram is never cut"
+        );
+        let whole = q.pop(now, 1400, 1400).unwrap();
+        assert_eq!((whole.seq, whole.part, whole.data.len()), (5, Whole, 1200));
+        // a packet with room for less than the smallest piece takes none
+        q.push(now, &big);
+        assert!(q
+            .pop(now, piece_header_len(6) + MIN_PIECE - 1, 1400)
+            .is_none());
+        assert_eq!(q.pop(now, 200, 1400).unwrap().part, First);
+    }
+
+    #[test]
+    fn pieces_are_joined_in_order_and_a_lost_piece_loses_its_datagram_only() {
+        use DatagramPart::*;
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut q = IncomingDatagrams::new(1 << 20, ms(5));
+        let rule = only(ms(5));
+        // datagram A in three pieces, the middle one overtaken on another link
+        assert!(!q.push_piece(t0, 0, 0, First, b"aa"));
+        assert!(!q.push_piece(t0, 1, 2, Last, b"cc"));
+        assert!(q.push_piece(t0, 0, 1, Middle, b"bb"), "A is complete");
+        assert_eq!(q.pop().unwrap(), b"aabbcc");
+        // datagram B loses its middle piece; C, whole, follows
+        assert!(!q.push_piece(t0, 0, 3, First, b"dd"));
+        assert!(!q.push_piece(t0, 0, 5, Last, b"ff"));
+        assert!(!q.push_piece(t0, 0, 6, Whole, b"C"));
+        assert!(q.release_due(t0 + ms(5), &rule));
+        assert_eq!(q.pop().unwrap(), b"C", "B is lost, not handed over in part");
+        assert!(q.pop().is_none());
+        assert_eq!(q.dropped, 1);
+        // B's middle piece arrives late: it is dropped, and counts as nothing more
+        assert!(!q.push_piece(t0 + ms(6), 0, 4, Middle, b"ee"));
+        assert!(q.pop().is_none());
+        // D loses its first piece: the rest of it is dropped as one datagram
+        assert!(!q.push_piece(t0 + ms(7), 0, 8, Middle, b"hh"));
+        assert!(!q.push_piece(t0 + ms(7), 0, 9, Last, b"ii"));
+        assert!(!q.release_due(t0 + ms(12), &rule));
+        assert!(q.push_piece(t0 + ms(13), 0, 10, Whole, b"E"));
+        assert_eq!(q.pop().unwrap(), b"E");
+        assert_eq!(q.dropped, 2, "B and D");
+        assert_eq!(q.received, 5, "A, B, C, D and E");
+        assert_eq!(q.waiting(), (0, 0));
+        assert_eq!(q.bytes, 0, "nothing held for the lost ones");
+    }
+
+    #[test]
+    fn pieces_stranded_on_a_failed_link_go_again_unchanged() {
+        let now = Instant::now();
+        let mut q = OutgoingDatagrams::new(1 << 20, Duration::from_millis(20));
+        q.push(now, &[1; 3000]);
+        let first = q.pop(now, 1400, 1400).unwrap();
+        let middle = q.pop(now, 1400, 1400).unwrap();
+        // the link carrying the middle piece fails: it goes again with its number and place,
+        // ahead of the rest of its datagram
+        q.requeue(now, &mut vec![middle.clone()]);
+        assert_eq!(q.pop(now, 1400, 1400).unwrap(), middle);
+        let last = q.pop(now, 1400, 1400).unwrap();
+        assert_eq!((first.seq, last.seq, last.part), (0, 2, DatagramPart::Last));
+        assert_eq!(first.data.len() + middle.data.len() + last.data.len(), 3000);
+        assert_eq!((q.sent, q.next_seq, q.resent), (1, 3, 1));
+        assert!(q.is_empty());
     }
 
     #[test]
@@ -601,9 +931,9 @@ mod tests {
         }
         assert_eq!(q.dropped, 1);
         // numbered as sent: the drop leaves no gap
-        assert_eq!(q.pop(now).unwrap(), (0, vec![1; 100]));
-        assert_eq!(q.pop(now).unwrap(), (1, vec![2; 100]));
-        assert!(q.pop(now).is_none());
+        assert_eq!(next(&mut q, now).unwrap(), (0, vec![1; 100]));
+        assert_eq!(next(&mut q, now).unwrap(), (1, vec![2; 100]));
+        assert!(next(&mut q, now).is_none());
     }
 
     #[test]
@@ -613,20 +943,24 @@ mod tests {
         for i in 0..4u8 {
             q.push(now, &[i]);
         }
-        let sent: Vec<(u64, Vec<u8>)> = (0..3).map(|_| q.pop(now).unwrap()).collect();
+        let sent: Vec<(u64, Vec<u8>)> = (0..3).map(|_| next(&mut q, now).unwrap()).collect();
         assert_eq!(sent[2], (2, vec![2]));
         // the link carrying 1 and 2 fails
-        q.requeue(now, &mut sent[1..].to_vec());
-        assert_eq!(q.front_frame_len(), Some(1 + 1 + 1 + 1));
-        assert_eq!(q.pop(now).unwrap(), (1, vec![1]));
-        assert_eq!(q.pop(now).unwrap(), (2, vec![2]));
-        assert_eq!(q.pop(now).unwrap(), (3, vec![3]), "new ones number on");
+        q.requeue(now, &mut stranded(&sent[1..]));
+        assert_eq!(q.front_frame_len(1400), Some(1 + 1 + 1 + 1));
+        assert_eq!(next(&mut q, now).unwrap(), (1, vec![1]));
+        assert_eq!(next(&mut q, now).unwrap(), (2, vec![2]));
+        assert_eq!(
+            next(&mut q, now).unwrap(),
+            (3, vec![3]),
+            "new ones number on"
+        );
         assert_eq!((q.sent, q.resent, q.dropped), (4, 2, 0));
         // and they are never too old to go
         let mut q = OutgoingDatagrams::new(10_000, Duration::from_millis(20));
-        q.requeue(now, &mut vec![(7, vec![7])]);
+        q.requeue(now, &mut stranded(&[(7, vec![7])]));
         q.drop_stale(now + Duration::from_secs(1));
-        assert_eq!(q.pop(now).unwrap(), (7, vec![7]));
+        assert_eq!(next(&mut q, now).unwrap(), (7, vec![7]));
     }
 
     #[test]
@@ -635,13 +969,13 @@ mod tests {
         let ms = Duration::from_millis;
         let mut q = OutgoingDatagrams::new(10_000, ms(20));
         q.push(t0, b"a");
-        assert_eq!(q.pop(t0).unwrap().1, b"a");
+        assert_eq!(next(&mut q, t0).unwrap().1, b"a");
         // the links carry datagrams one every 8 ms
         for (at, data) in [(0, "b"), (0, "c"), (1, "old"), (15, "newer"), (30, "late")] {
             q.push(t0 + ms(at), data.as_bytes());
         }
         for (at, data) in [(8, "b"), (16, "c")] {
-            assert_eq!(q.pop(t0 + ms(at)).unwrap().1, data.as_bytes());
+            assert_eq!(next(&mut q, t0 + ms(at)).unwrap().1, data.as_bytes());
         }
         q.drop_stale(t0 + ms(22));
         assert_eq!(q.dropped, 1, "\"old\" waited 21 ms while the queue moved");
@@ -650,17 +984,17 @@ mod tests {
         q.drop_stale(t0 + ms(60_000));
         assert_eq!(q.dropped, 1);
         // a minute later a link carries again: what waited goes, however slowly it drains
-        assert_eq!(q.pop(t0 + ms(60_000)).unwrap().1, b"newer");
+        assert_eq!(next(&mut q, t0 + ms(60_000)).unwrap().1, b"newer");
         q.push(t0 + ms(60_001), b"next");
         q.push(t0 + ms(60_002), b"fresh");
         q.drop_stale(t0 + ms(60_008));
-        assert_eq!(q.pop(t0 + ms(60_008)).unwrap().1, b"late");
+        assert_eq!(next(&mut q, t0 + ms(60_008)).unwrap().1, b"late");
         assert_eq!(q.dropped, 1);
         // those queued after the queue moved again age as usual
-        assert_eq!(q.pop(t0 + ms(60_016)).unwrap().1, b"next");
+        assert_eq!(next(&mut q, t0 + ms(60_016)).unwrap().1, b"next");
         q.drop_stale(t0 + ms(60_024));
         assert_eq!(q.dropped, 2, "\"fresh\" waited 22 ms while the queue moved");
-        assert!(q.pop(t0 + ms(60_024)).is_none());
+        assert!(next(&mut q, t0 + ms(60_024)).is_none());
     }
 
     #[test]
@@ -671,9 +1005,9 @@ mod tests {
         for i in 0..10u8 {
             q.push(t0, &[i]);
         }
-        let mut stranded: Vec<(u64, Vec<u8>)> = (0..10).map(|_| q.pop(t0).unwrap()).collect();
+        let sent: Vec<(u64, Vec<u8>)> = (0..10).map(|_| next(&mut q, t0).unwrap()).collect();
         // every link dies; the failure is detected 20 ms later
-        q.requeue(t0 + ms(20), &mut stranded);
+        q.requeue(t0 + ms(20), &mut stranded(&sent));
         // inner TCP's retransmission timeouts during the outage
         for at in [200, 600, 1_400, 3_000, 6_200, 12_600, 25_400, 51_000] {
             q.push(t0 + ms(at), b"rto");
@@ -684,11 +1018,11 @@ mod tests {
         for i in 0..10u8 {
             let at = heal + ms(5 * u64::from(i));
             q.drop_stale(at);
-            assert_eq!(q.pop(at).unwrap(), (u64::from(i), vec![i]));
+            assert_eq!(next(&mut q, at).unwrap(), (u64::from(i), vec![i]));
         }
         q.drop_stale(heal + ms(50));
         for _ in 0..8 {
-            assert_eq!(q.pop(heal + ms(50)).unwrap().1, b"rto");
+            assert_eq!(next(&mut q, heal + ms(50)).unwrap().1, b"rto");
         }
         assert_eq!(q.dropped, 0);
     }
@@ -730,15 +1064,15 @@ mod tests {
             buf.is_empty() && buf.capacity() >= 1000,
             "an empty buffer with room back"
         );
-        let (seq, sent) = q.pop(now).unwrap();
+        let (seq, sent) = next(&mut q, now).unwrap();
         assert_eq!((seq, sent.as_ptr(), sent.len()), (0, memory, 1000));
         // acknowledged: that memory is the next buffer handed back
         q.recycle(sent);
-        let mut next = vec![6u8; 10];
-        q.push_owned(now, &mut next);
-        assert_eq!(next.as_ptr(), memory);
-        assert!(next.is_empty());
-        assert_eq!(q.pop(now).unwrap().1, [6u8; 10]);
+        let mut again = vec![6u8; 10];
+        q.push_owned(now, &mut again);
+        assert_eq!(again.as_ptr(), memory);
+        assert!(again.is_empty());
+        assert_eq!(next(&mut q, now).unwrap().1, [6u8; 10]);
     }
 
     #[test]

@@ -40,6 +40,7 @@ pub use endpoint::{
 };
 pub use error::{ConnectError, ConnectionError, KeyMismatch, ReadError, WriteError};
 pub use link::{LinkState, LinkStats};
+pub use wire::MAX_DATAGRAM_LEN;
 
 /// Most links one connection carries.
 pub const MAX_LINKS: usize = 8;

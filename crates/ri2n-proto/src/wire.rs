@@ -23,6 +23,10 @@ pub const VERSION: u8 = 3;
 pub const MIN_INITIAL_SIZE: usize = 1200;
 /// Largest datagram ri2n builds: a STREAM frame's 2-byte length field must hold any frame.
 pub const MAX_DATAGRAM_SIZE: usize = 16 * 1024;
+/// Largest datagram an application may send over a connection: the largest IP packet and
+/// 1 KiB for a header of the application's own. One larger than a packet goes in pieces
+/// (DATAGRAM_PART frames).
+pub const MAX_DATAGRAM_LEN: usize = 65_535 + 1024;
 /// Bytes of a short (data) packet header before the packet number.
 pub const SHORT_HEADER_FIXED: usize = 1 + 1 + 8 + 1;
 
@@ -583,6 +587,8 @@ pub mod frame_type {
     pub const LINK_STATUS: u8 = 0x05;
     /// Ends the connection at once with an error.
     pub const CLOSE: u8 = 0x06;
+    /// A piece of an unreliable datagram too large for one packet.
+    pub const DATAGRAM_PART: u8 = 0x07;
     /// Stream data: `0x08 | stream << 2 | has_len << 1 | fin`.
     pub const STREAM_BASE: u8 = 0x08;
     /// Bit of a STREAM type: the frame carries an explicit length.
@@ -674,11 +680,14 @@ pub enum Frame<'a> {
         /// What was observed (see [`link_status`]).
         status: u8,
     },
-    /// An unreliable datagram.
+    /// An unreliable datagram, or a piece of one (DATAGRAM or DATAGRAM_PART).
     Datagram {
-        /// Its number: the sender numbers the datagrams it sends 0, 1, 2, ... in sending
-        /// order, so the receiver can restore that order.
+        /// Its number: the sender numbers the DATAGRAM and DATAGRAM_PART frames it sends 0,
+        /// 1, 2, ... in sending order, so the receiver can restore that order (the pieces of
+        /// one datagram take consecutive numbers).
         seq: u64,
+        /// Which piece of the application's datagram it carries.
+        part: DatagramPart,
         /// Its bytes.
         data: &'a [u8],
     },
@@ -772,6 +781,18 @@ impl<'a> Frames<'a> {
                 let len = r.varint()? as usize;
                 Frame::Datagram {
                     seq,
+                    part: DatagramPart::Whole,
+                    data: r.bytes(len)?,
+                }
+            }
+            frame_type::DATAGRAM_PART => {
+                let seq = r.varint()?;
+                let part = DatagramPart::from_code(r.u8()?)
+                    .ok_or(DecodeError::Malformed("datagram part"))?;
+                let len = r.varint()? as usize;
+                Frame::Datagram {
+                    seq,
+                    part,
                     data: r.bytes(len)?,
                 }
             }
@@ -917,15 +938,59 @@ pub fn write_max_stream_data(w: &mut Writer<'_>, stream: u8, max: u64) {
     w.varint(max);
 }
 
-/// Bytes a DATAGRAM frame numbered `seq` carrying `len` bytes takes.
-pub fn datagram_frame_len(seq: u64, len: usize) -> usize {
-    1 + varint_len(seq) + varint_len(len as u64) + len
+/// Which piece of an application's datagram a frame carries: all of it (a DATAGRAM frame),
+/// or, for one too large for a packet, its first, a middle or its last piece (a DATAGRAM_PART
+/// frame, docs/PROTOCOL.md §5.9).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DatagramPart {
+    /// The whole datagram.
+    Whole,
+    /// Its first piece: more follow, numbered on.
+    First,
+    /// A piece between the first and the last.
+    Middle,
+    /// Its last piece.
+    Last,
 }
 
-/// Writes a DATAGRAM frame ([`datagram_frame_len`] bytes; the caller checked the room).
-pub fn write_datagram(w: &mut Writer<'_>, seq: u64, data: &[u8]) {
-    w.u8(frame_type::DATAGRAM);
-    w.varint(seq);
+impl DatagramPart {
+    /// The DATAGRAM_PART frame's position byte (none for a whole datagram).
+    fn code(self) -> u8 {
+        match self {
+            DatagramPart::Middle => 0,
+            DatagramPart::First => 1,
+            DatagramPart::Last => 2,
+            DatagramPart::Whole => unreachable!("a whole datagram goes in a DATAGRAM frame"),
+        }
+    }
+
+    fn from_code(code: u8) -> Option<Self> {
+        match code {
+            0 => Some(DatagramPart::Middle),
+            1 => Some(DatagramPart::First),
+            2 => Some(DatagramPart::Last),
+            _ => None,
+        }
+    }
+}
+
+/// Bytes a DATAGRAM (or DATAGRAM_PART) frame numbered `seq` carrying `len` bytes takes.
+pub fn datagram_frame_len(seq: u64, part: DatagramPart, len: usize) -> usize {
+    let position = usize::from(part != DatagramPart::Whole);
+    1 + varint_len(seq) + position + varint_len(len as u64) + len
+}
+
+/// Writes a DATAGRAM or DATAGRAM_PART frame ([`datagram_frame_len`] bytes; the caller checked
+/// the room).
+pub fn write_datagram(w: &mut Writer<'_>, seq: u64, part: DatagramPart, data: &[u8]) {
+    if part == DatagramPart::Whole {
+        w.u8(frame_type::DATAGRAM);
+        w.varint(seq);
+    } else {
+        w.u8(frame_type::DATAGRAM_PART);
+        w.varint(seq);
+        w.u8(part.code());
+    }
     w.varint(data.len() as u64);
     w.bytes(data);
 }

@@ -136,7 +136,7 @@ fn harmful_frames(rng: &mut ChaCha8Rng, w: &mut Writer<'_>, near: u64, room: usi
 /// Writes one frame that makes the packet malformed. It is the last frame of the packet.
 fn malformed_frame(rng: &mut ChaCha8Rng, w: &mut Writer<'_>, room: usize) {
     match rng.gen_range(0..7) {
-        // unknown frame types
+        // a DATAGRAM or DATAGRAM_PART type with nothing after it
         0 => w.u8(*[0x03u8, 0x07].get(rng.gen_range(0..2)).unwrap()),
         1 => w.u8(rng.gen_range(0x10..=0xff)),
         // a STREAM frame claiming more bytes than the packet holds

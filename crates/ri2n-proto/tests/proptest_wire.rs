@@ -9,8 +9,8 @@ use proptest::prelude::*;
 use ri2n_proto::wire::{
     self, decode_packet, encode_control_packet, packet_type, varint_len, write_ack, write_close,
     write_datagram, write_link_status, write_max_stream_data, write_short_header, write_stream,
-    write_stream_header, ClientParams, Frame, Frames, Header, Reader, ServerParams, Writer,
-    MIN_INITIAL_SIZE, VARINT_MAX, VERSION,
+    write_stream_header, ClientParams, DatagramPart, Frame, Frames, Header, Reader, ServerParams,
+    Writer, MIN_INITIAL_SIZE, VARINT_MAX, VERSION,
 };
 use ri2n_proto::LinkId;
 
@@ -200,6 +200,7 @@ enum Spec {
     },
     Datagram {
         seq: u64,
+        part: DatagramPart,
         data: Vec<u8>,
     },
     Close {
@@ -277,8 +278,17 @@ fn spec() -> impl Strategy<Value = Spec> {
         (0..wire::STREAMS, varint_value())
             .prop_map(|(stream, max)| Spec::MaxStreamData { stream, max }),
         (any::<u8>(), any::<u8>()).prop_map(|(link, status)| Spec::LinkStatus { link, status }),
-        (varint_value(), prop::collection::vec(any::<u8>(), 0..1_500))
-            .prop_map(|(seq, data)| Spec::Datagram { seq, data }),
+        (
+            varint_value(),
+            prop::sample::select(vec![
+                DatagramPart::Whole,
+                DatagramPart::First,
+                DatagramPart::Middle,
+                DatagramPart::Last
+            ]),
+            prop::collection::vec(any::<u8>(), 0..1_500)
+        )
+            .prop_map(|(seq, part, data)| Spec::Datagram { seq, part, data }),
         (
             varint_value(),
             prop::collection::vec(any::<u8>(), 0..1_200),
@@ -351,6 +361,7 @@ enum Owned {
     },
     Datagram {
         seq: u64,
+        part: DatagramPart,
         data: Vec<u8>,
     },
     Close {
@@ -393,8 +404,9 @@ fn owned(f: Frame<'_>) -> Owned {
             link: link.0,
             status,
         },
-        Frame::Datagram { seq, data } => Owned::Datagram {
+        Frame::Datagram { seq, part, data } => Owned::Datagram {
             seq,
+            part,
             data: data.to_vec(),
         },
         Frame::Close { code, reason } => Owned::Close {
@@ -538,11 +550,15 @@ fn build_short(p: &ShortPacket) -> (Vec<u8>, Vec<Owned>) {
                         status: *status,
                     });
                 }
-                Spec::Datagram { seq, data } => {
-                    write_datagram(&mut w, *seq, data);
-                    assert_eq!(w.len() - before, wire::datagram_frame_len(*seq, data.len()));
+                Spec::Datagram { seq, part, data } => {
+                    write_datagram(&mut w, *seq, *part, data);
+                    assert_eq!(
+                        w.len() - before,
+                        wire::datagram_frame_len(*seq, *part, data.len())
+                    );
                     expected.push(Owned::Datagram {
                         seq: *seq,
+                        part: *part,
                         data: data.clone(),
                     });
                 }
@@ -762,7 +778,7 @@ fn encode_owned(w: &mut Writer<'_>, f: &Owned) {
         } => write_stream(w, *stream, *offset, *fin, data, true),
         Owned::MaxStreamData { stream, max } => write_max_stream_data(w, *stream, *max),
         Owned::LinkStatus { link, status } => write_link_status(w, LinkId(*link), *status),
-        Owned::Datagram { seq, data } => write_datagram(w, *seq, data),
+        Owned::Datagram { seq, part, data } => write_datagram(w, *seq, *part, data),
         Owned::Close { code, reason } => write_close(w, *code, reason, usize::MAX / 2),
     }
 }

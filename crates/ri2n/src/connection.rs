@@ -140,11 +140,19 @@ impl Connection {
         }
     }
 
-    /// Largest datagram [`send_datagram`](Self::send_datagram) accepts, in bytes: what one
-    /// packet carries on every link at its base size (1434 on IPv4 links of a 1500-byte MTU
-    /// with a key, 1450 without).
+    /// Largest datagram [`send_datagram`](Self::send_datagram) accepts, in bytes: 64 KiB and
+    /// 1 KiB ([`MAX_DATAGRAM_LEN`](crate::MAX_DATAGRAM_LEN)). One larger than
+    /// [`unsplit_datagram_size`](Self::unsplit_datagram_size) travels in pieces that fill the
+    /// packets and arrives whole or not at all: losing any piece loses it.
     pub fn max_datagram_size(&self) -> usize {
         self.with(|c| c.max_datagram_size())
+    }
+
+    /// Largest datagram that travels in one packet, never in pieces: what one packet carries
+    /// on every link at its base size (1426 bytes on IPv4 links of a 1500-byte MTU with a key,
+    /// 1442 without). Traffic that wants each datagram lost on its own keeps below it.
+    pub fn unsplit_datagram_size(&self) -> usize {
+        self.with(|c| c.unsplit_datagram_size())
     }
 
     /// Sends `data` as one unreliable datagram: the peer receives it whole with

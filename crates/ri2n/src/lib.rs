@@ -46,7 +46,7 @@ pub use impair::Impairment;
 pub use ri2n_proto::{
     datagram_capacity, Cipher, ConnectError, ConnectionConfig, ConnectionError, ConnectionState,
     ConnectionStats, DropCounts, DropReason, EndpointConfig, Event, Key, KeyError, KeyMismatch,
-    LinkId, LinkState, LinkStats, RefusedHandshake, Striping, MAX_LINKS,
+    LinkId, LinkState, LinkStats, RefusedHandshake, Striping, MAX_DATAGRAM_LEN, MAX_LINKS,
 };
 
 use driver::Driver;

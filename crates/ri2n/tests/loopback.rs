@@ -367,11 +367,14 @@ fn assert_datagrams_counted(received: usize, peer_stats: &ri2n::ConnectionStats)
 #[test]
 fn datagrams_arrive_whole_and_once_and_oversized_ones_are_refused() {
     let (_p, conn, peer) = connected();
-    let max = conn.max_datagram_size();
-    assert_eq!(max, peer.max_datagram_size());
-    assert!(max >= 1400, "max datagram {max}");
-    let e = conn.send_datagram(&vec![0; max + 1]).unwrap_err();
+    assert_eq!(conn.max_datagram_size(), ri2n::MAX_DATAGRAM_LEN);
+    let e = conn
+        .send_datagram(&vec![0; ri2n::MAX_DATAGRAM_LEN + 1])
+        .unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    let max = conn.unsplit_datagram_size();
+    assert_eq!(max, peer.unsplit_datagram_size());
+    assert!(max >= 1400, "largest datagram in one packet {max}");
 
     const COUNT: u32 = 5000;
     let receiver = thread::spawn(move || {
@@ -402,13 +405,63 @@ fn datagrams_arrive_whole_and_once_and_oversized_ones_are_refused() {
     assert_datagrams_counted(received, &peer_stats);
 }
 
+/// Datagrams larger than a packet (up to the largest allowed) travel in pieces over both
+/// links and arrive whole and once, among small ones that go in one packet.
+#[test]
+fn datagrams_larger_than_a_packet_arrive_whole_and_once() {
+    let (_p, _switches, conn, peer) = connected_over_two_up_links();
+    let max = conn.max_datagram_size();
+    let unsplit = conn.unsplit_datagram_size();
+    const COUNT: u32 = 400;
+    let receiver = thread::spawn(move || {
+        let mut seen = vec![false; COUNT as usize];
+        let mut largest = 0;
+        let mut last = Instant::now();
+        while last.elapsed() < Duration::from_secs(1) {
+            match peer.try_recv_datagram() {
+                Ok(Some(d)) => {
+                    record_datagram(&mut seen, &d, max);
+                    largest = largest.max(d.len());
+                    last = Instant::now();
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    thread::sleep(Duration::from_micros(200))
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        (seen.iter().filter(|&&s| s).count(), largest, peer.stats())
+    });
+    let mut sizes = Vec::new();
+    for seq in 0..COUNT {
+        let d = datagram(seq, max);
+        sizes.push(d.len());
+        conn.send_datagram(&d).unwrap();
+        // about 8 MB/s: within what the send and receive queues hold
+        thread::sleep(Duration::from_micros(d.len() as u64 / 8));
+    }
+    assert!(sizes.iter().any(|&n| n > 40 * unsplit) && sizes.iter().any(|&n| n < unsplit));
+    let (received, largest, peer_stats) = receiver.join().unwrap();
+    let stats = conn.stats();
+    assert_eq!(
+        stats.datagrams_sent + stats.datagrams_send_dropped,
+        u64::from(COUNT),
+        "every datagram is sent or counted as dropped"
+    );
+    assert!(
+        largest > 40 * unsplit,
+        "the largest that arrived: {largest} bytes"
+    );
+    assert_datagrams_counted(received, &peer_stats);
+}
+
 /// Receiving into the same buffers batch after batch (`recv_datagrams_into`, the tunnel's
 /// way): datagrams of every size arrive whole and once, however the buffers' memory went
 /// round, and the batch comes back empty once the connection closed cleanly.
 #[test]
 fn datagrams_sent_from_and_received_into_reused_buffers_arrive_whole_and_once() {
     let (_p, conn, peer) = connected();
-    let max = conn.max_datagram_size();
+    let max = conn.unsplit_datagram_size();
     const COUNT: u32 = 5000;
     let receiver = thread::spawn(move || {
         // nothing to write: the connection ends cleanly once the client finishes too
@@ -443,10 +496,11 @@ fn datagrams_sent_from_and_received_into_reused_buffers_arrive_whole_and_once() 
         }
     }
     // a datagram too large is refused and left with the caller
-    let mut big = [vec![7u8; max + 1]];
+    let too_large = conn.max_datagram_size() + 1;
+    let mut big = [vec![7u8; too_large]];
     let e = conn.send_datagram_bufs(big.iter_mut()).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
-    assert_eq!(big[0].len(), max + 1);
+    assert_eq!(big[0].len(), too_large);
     conn.finish().unwrap();
     let (received, peer_stats) = receiver.join().unwrap();
     assert_datagrams_counted(received, &peer_stats);
@@ -481,7 +535,7 @@ fn links_up(c: &Connection) -> usize {
 #[test]
 fn datagrams_sent_while_every_link_is_down_arrive_at_the_heal() {
     let (_p, switches, conn, peer) = connected_over_two_up_links();
-    let max = conn.max_datagram_size();
+    let max = conn.unsplit_datagram_size();
     // both links cut: wait until the connection knows
     let deadline = Instant::now() + Duration::from_secs(10);
     for s in &switches {

@@ -1,12 +1,21 @@
 //! The tunnel's TCP offloads, done in user space as a NIC would do them in hardware, so the
-//! kernel handles inner TCP in 64 KB pieces while ri2n carries packets that fit its datagrams.
+//! kernel handles inner TCP in 64 KB pieces.
 //!
-//! **Segmentation (TSO), on reads.** The interface is asked for TSO (`TUN_F_TSO4`) and
+//! **Large segments (TSO), on reads.** The interface is asked for TSO (`TUN_F_TSO4`) and
 //! checksum offload: a read may return one TCP segment of up to 64 KB with a virtio-net
 //! header saying how to cut it (`gso_size`), and packets whose checksum is left to finish.
-//! [`split`] cuts and finishes them as Linux's `tcp_gso_segment` does: each piece gets the
-//! headers with its own length, IP ID, sequence number and checksums; FIN and PSH stay on the
-//! last piece, CWR on the first. What ri2n carries is thus always ordinary IP packets.
+//! [`carry_whole`] sends such a segment as it is, behind a 4-byte prefix with its GSO type
+//! and size: the connection carries it in pieces that fill its packets (a datagram larger
+//! than a packet, docs/PROTOCOL.md §5.9), so inner TCP's 52 bytes of headers go once per
+//! 64 KB instead of once per 1.4 KB, and the peer writes it to its interface whole
+//! ([`segment_for_write`]), where its kernel takes it as it took a segment from a local
+//! socket. Losing any piece loses the whole segment (up to 47 of inner TCP's segments, which
+//! its SACK recovery repairs at once); what a failing link had in flight goes again on
+//! another, so only congestion loses pieces.
+//! [`split`] instead cuts a segment and finishes checksums as Linux's `tcp_gso_segment` does:
+//! each piece gets the headers with its own length, IP ID, sequence number and checksums; FIN
+//! and PSH stay on the last piece, CWR on the first (reliable messages, `--carry messages`,
+//! go that way).
 //!
 //! **Coalescing (GRO), on writes.** Consecutive segments of one TCP flow that continue each
 //! other are handed to the interface in one write, as one large segment with a virtio-net
@@ -160,6 +169,61 @@ pub fn split(header: &VnetHeader, packet: &[u8], out: &mut Packets) -> usize {
         p[tcp + 16..tcp + 18].copy_from_slice(&(!sum).to_be_bytes());
     }
     count
+}
+
+/// First byte of a large TCP segment carried whole (an IP packet starts with its version).
+const SEGMENT_MARK: u8 = 0;
+/// Bytes in front of a large TCP segment carried whole: the mark, the virtio-net GSO type
+/// (ECN bit included) and the segment size, big-endian.
+const SEGMENT_PREFIX: usize = 4;
+
+/// Adds what one read returned (`header`, `packet`) to `out` for the peer: a large TCP segment
+/// whole, behind a 4-byte prefix saying how it is cut (the connection carries it in pieces
+/// that fill its packets, and [`segment_for_write`] hands it to the peer's interface as it
+/// is), anything else as [`split`] does. Returns how many it added.
+pub fn carry_whole(header: &VnetHeader, packet: &[u8], out: &mut Packets) -> usize {
+    let gso = header.gso_type & !VIRTIO_NET_HDR_GSO_ECN;
+    let whole = gso == VIRTIO_NET_HDR_GSO_TCPV4
+        && header.gso_size > 0
+        && TcpView::parse(packet).is_some_and(|t| t.payload_len() > usize::from(header.gso_size));
+    if !whole {
+        return split(header, packet, out);
+    }
+    let size = header.gso_size.to_be_bytes();
+    out.push(&[&[SEGMENT_MARK, header.gso_type, size[0], size[1]], packet]);
+    1
+}
+
+/// If `message` is a large TCP segment carried whole ([`carry_whole`]), makes it ready for
+/// the interface: returns the virtio-net header of its write and where its IP packet starts
+/// (the IP checksum and the TCP pseudo-header sum are set again here, so the write does not
+/// depend on what the sender's kernel left in them). None for a plain packet, or a malformed
+/// segment (dropped).
+pub fn segment_for_write(message: &mut [u8]) -> Option<([u8; VNET_HDR_LEN], usize)> {
+    if message.len() < SEGMENT_PREFIX || message[0] != SEGMENT_MARK {
+        return None;
+    }
+    let (gso_type, size) = (message[1], u16::from_be_bytes([message[2], message[3]]));
+    let packet = &mut message[SEGMENT_PREFIX..];
+    let view = TcpView::parse(packet)?;
+    if gso_type & !VIRTIO_NET_HDR_GSO_ECN != VIRTIO_NET_HDR_GSO_TCPV4 || size == 0 {
+        return None;
+    }
+    let header_len = view.header_len;
+    packet[10..12].copy_from_slice(&[0, 0]);
+    let sum = ipv4_checksum(&packet[..20]);
+    packet[10..12].copy_from_slice(&sum.to_be_bytes());
+    let pseudo = sum32(&packet[12..20], u64::from(TCP) + (packet.len() - 20) as u64);
+    packet[36..38].copy_from_slice(&fold(pseudo).to_be_bytes());
+    let mut vnet = [0u8; VNET_HDR_LEN];
+    vnet[0] = VIRTIO_NET_HDR_F_NEEDS_CSUM;
+    vnet[1] = gso_type;
+    vnet[2..4].copy_from_slice(&(header_len as u16).to_ne_bytes());
+    vnet[4..6].copy_from_slice(&size.to_ne_bytes());
+    // the checksum the kernel completes: from the TCP header on, stored at its offset 16
+    vnet[6..8].copy_from_slice(&20u16.to_ne_bytes());
+    vnet[8..10].copy_from_slice(&16u16.to_ne_bytes());
+    Some((vnet, SEGMENT_PREFIX))
 }
 
 /// Completes a checksum the kernel left to the device: the field at `start + offset` holds
@@ -500,6 +564,59 @@ mod tests {
         out.clear();
         assert_eq!(split(&VnetHeader::default(), &good, &mut out), 1);
         assert_eq!(out.get(0), &good[..]);
+    }
+
+    #[test]
+    fn a_large_segment_carried_whole_is_written_as_one_with_how_to_cut_it() {
+        let payload: Vec<u8> = (0..3000u32).map(|i| i as u8).collect();
+        let mut big = segment(1000, 5000, ACK | PSH, &payload);
+        big[36..38].copy_from_slice(&[0xab, 0xcd]); // whatever the field held
+        let h = VnetHeader {
+            flags: VIRTIO_NET_HDR_F_NEEDS_CSUM,
+            gso_type: VIRTIO_NET_HDR_GSO_TCPV4 | VIRTIO_NET_HDR_GSO_ECN,
+            gso_size: 1374,
+            csum_start: 20,
+            csum_offset: 16,
+        };
+        let mut out = Packets::default();
+        assert_eq!(carry_whole(&h, &big, &mut out), 1);
+        let mut message = out.get(0).to_vec();
+        assert_eq!(message.len(), SEGMENT_PREFIX + big.len());
+        let (vnet, start) = segment_for_write(&mut message).expect("a segment");
+        let written = &message[start..];
+        assert_eq!(written[..36], big[..36]);
+        assert_eq!(
+            written[38..],
+            big[38..],
+            "only the checksum field is set again"
+        );
+        // the header says how to cut it and where the checksum the kernel finishes is
+        assert_eq!(vnet[0], VIRTIO_NET_HDR_F_NEEDS_CSUM);
+        assert_eq!(vnet[1], h.gso_type, "the ECN bit goes along");
+        assert_eq!(u16::from_ne_bytes([vnet[2], vnet[3]]), 52);
+        assert_eq!(u16::from_ne_bytes([vnet[4], vnet[5]]), 1374);
+        assert_eq!(u16::from_ne_bytes([vnet[6], vnet[7]]), 20);
+        assert_eq!(u16::from_ne_bytes([vnet[8], vnet[9]]), 16);
+        // finished over the pseudo-header sum left in the field, the checksum verifies
+        let mut done = written.to_vec();
+        finish_checksum(&mut done, 20, 16);
+        assert!(checksums_verify(&done));
+        // a plain packet is no segment; one of a single segment's size is sent as it is
+        let small = segment(1000, 1, ACK, &[1; 100]);
+        assert!(segment_for_write(&mut small.clone()).is_none());
+        out.clear();
+        let one = VnetHeader {
+            gso_size: 1374,
+            ..h
+        };
+        assert_eq!(carry_whole(&one, &small, &mut out), 1);
+        assert_eq!(out.get(0)[0], 0x45);
+        // a broken segment is dropped, not written
+        let mut broken = message.clone();
+        broken[SEGMENT_PREFIX + 9] = 17; // UDP
+        assert!(segment_for_write(&mut broken).is_none());
+        let mut cut = message[..60].to_vec();
+        assert!(segment_for_write(&mut cut).is_none());
     }
 
     #[test]

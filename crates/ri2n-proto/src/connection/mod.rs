@@ -69,19 +69,21 @@ pub struct ConnectionStats {
     /// Key updates so far (sending, receiving): each direction moves to a new key after
     /// 2^22 packets or 120 s.
     pub key_updates: (u64, u64),
-    /// Unreliable datagrams sent (each counted once).
+    /// Unreliable datagrams sent (each counted once, when it or its last piece went).
     pub datagrams_sent: u64,
-    /// Datagrams sent again because the link carrying them failed.
+    /// Datagrams, and pieces of datagrams larger than a packet, sent again because the link
+    /// carrying them failed.
     pub datagrams_resent: u64,
     /// Datagrams dropped unsent: the send queue was full, they waited too long, or no link
     /// could carry them any more.
     pub datagrams_send_dropped: u64,
-    /// Datagrams that arrived.
+    /// Datagrams that arrived, whole or in part.
     pub datagrams_received: u64,
     /// Datagrams that arrived and were dropped: the application had not read the earlier
-    /// ones.
+    /// ones, or a piece of a datagram larger than a packet was lost.
     pub datagrams_receive_dropped: u64,
-    /// Datagrams that arrived ahead of an earlier one and were held to restore the order.
+    /// Datagrams (or pieces) that arrived ahead of an earlier one and were held to restore
+    /// the order.
     pub datagrams_reordered: u64,
     /// Second copies that arrived (a datagram sent again after a link failure that had
     /// arrived after all): not delivered.
@@ -492,11 +494,19 @@ impl Connection {
         Ok(())
     }
 
-    /// Largest datagram [`send_datagram`](Self::send_datagram) accepts: what one packet
-    /// carries on every link at its base size (1434 bytes on IPv4 links of a 1500-byte MTU
-    /// with a key, 1450 without). Datagrams are never split, so path MTU discovery does not
-    /// raise it.
+    /// Largest datagram [`send_datagram`](Self::send_datagram) accepts:
+    /// [`wire::MAX_DATAGRAM_LEN`] (64 KiB and 1 KiB). One larger than
+    /// [`unsplit_datagram_size`](Self::unsplit_datagram_size) goes in pieces that fill the
+    /// packets, and the peer receives it whole or not at all: losing any piece loses it.
     pub fn max_datagram_size(&self) -> usize {
+        wire::MAX_DATAGRAM_LEN
+    }
+
+    /// Largest datagram that goes in one packet, never in pieces: what one packet carries on
+    /// every link at its base size (1426 bytes on IPv4 links of a 1500-byte MTU with a key,
+    /// 1442 without). Path MTU discovery does not raise it: a datagram sent again after a
+    /// link failure must fit whichever link is left.
+    pub fn unsplit_datagram_size(&self) -> usize {
         let base = self.links.iter().map(|l| l.pmtu.base()).min().unwrap_or(0);
         crate::datagram_capacity(base, self.protection.is_some())
     }
@@ -869,7 +879,7 @@ impl Connection {
             for f in pkt.frames {
                 match f {
                     SentFrame::Stream { stream, chunk } => self.send[stream as usize].on_ack(chunk),
-                    SentFrame::Datagram { data, .. } => self.datagrams_out.recycle(data),
+                    SentFrame::Datagram(piece) => self.datagrams_out.recycle(piece.data),
                     SentFrame::MaxStreamData { .. } | SentFrame::LinkStatus { .. } => {}
                 }
             }
@@ -894,7 +904,7 @@ impl Connection {
                         self.link_status_pending.push((link, status))
                     }
                     // congestion lost it: inner protocols recover by themselves
-                    SentFrame::Datagram { data, .. } => self.datagrams_out.recycle(data),
+                    SentFrame::Datagram(piece) => self.datagrams_out.recycle(piece.data),
                 }
             }
         }
@@ -1369,8 +1379,10 @@ impl Connection {
                         return Ok(());
                     }
                 },
-                Frame::Datagram { seq, data } => {
-                    if self.datagrams_in.push(now, i, seq, data) && !self.readable_signalled {
+                Frame::Datagram { seq, part, data } => {
+                    if self.datagrams_in.push_piece(now, i, seq, part, data)
+                        && !self.readable_signalled
+                    {
                         self.readable_signalled = true;
                         self.event(Event::Readable);
                     }

@@ -326,7 +326,8 @@ impl Connection {
         // acknowledgements for every link with news (at most half a data packet, and never
         // the room the next datagram needs: it must not wait behind acknowledgements)
         let ack_room = if kind == PacketKind::Data {
-            let datagram = self.datagrams_out.front_frame_len().unwrap_or(0);
+            let piece_max = self.unsplit_datagram_size();
+            let datagram = self.datagrams_out.front_frame_len(piece_max).unwrap_or(0);
             ((end_of_frames - w.len()) / 2).min((end_of_frames - w.len()).saturating_sub(datagram))
         } else {
             end_of_frames - w.len()
@@ -362,13 +363,10 @@ impl Connection {
         // datagrams first (they are sent once, and a late one is worth less), then stream
         // data, alternating between the streams
         if kind == PacketKind::Data {
-            while let Some(len) = self.datagrams_out.front_frame_len() {
-                if len > end - w.len() {
-                    break;
-                }
-                let (seq, data) = self.datagrams_out.pop(now).expect("a datagram is queued");
-                wire::write_datagram(&mut w, seq, &data);
-                frames.push(SentFrame::Datagram { seq, data });
+            let piece_max = self.unsplit_datagram_size();
+            while let Some(piece) = self.datagrams_out.pop(now, end - w.len(), piece_max) {
+                wire::write_datagram(&mut w, piece.seq, piece.part, &piece.data);
+                frames.push(SentFrame::Datagram(piece));
                 ack_eliciting = true;
             }
             let mut stream_bytes = 0u64;

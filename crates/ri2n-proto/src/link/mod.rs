@@ -29,6 +29,7 @@ use smallvec::SmallVec;
 use crate::ack::AckState;
 use crate::congestion::{Congestion, Pacer};
 use crate::connection::{ShareDetector, SlowLinkCheck};
+use crate::datagrams::Piece;
 use crate::pmtu::PathMtu;
 use crate::streams::Chunk;
 use crate::{ConnectionConfig, LinkId};
@@ -131,10 +132,7 @@ pub(crate) enum SentFrame {
     },
     /// A datagram's bytes stay with the packet until it is acknowledged: they are sent again
     /// if the link fails with the packet in flight.
-    Datagram {
-        seq: u64,
-        data: Vec<u8>,
-    },
+    Datagram(Piece),
 }
 
 /// What a packet that arrived on a link carried, for its bookkeeping.
@@ -178,7 +176,7 @@ pub(crate) struct AckOutcome {
     pub probes_acked: u32,
     /// Datagrams (number, bytes) that were in flight on a link that failed, in sending order:
     /// to be sent again on another.
-    pub stranded: Vec<(u64, Vec<u8>)>,
+    pub stranded: Vec<Piece>,
 }
 
 /// What a link carried, for [`LinkStats`].
@@ -493,13 +491,12 @@ impl Link {
             if !pkt.mtu_probe {
                 self.counters.packets_lost += 1;
             }
-            for f in &mut pkt.frames {
-                if let SentFrame::Datagram { seq, data } = f {
-                    out.stranded.push((*seq, std::mem::take(data)));
+            for f in std::mem::take(&mut pkt.frames) {
+                match f {
+                    SentFrame::Datagram(piece) => out.stranded.push(piece),
+                    f => pkt.frames.push(f),
                 }
             }
-            pkt.frames
-                .retain(|f| !matches!(f, SentFrame::Datagram { .. }));
         }
     }
 

@@ -90,7 +90,7 @@ impl Recovery {
             p.in_flight
                 && p.frames
                     .iter()
-                    .any(|f| matches!(f, SentFrame::Stream { .. } | SentFrame::Datagram { .. }))
+                    .any(|f| matches!(f, SentFrame::Stream { .. } | SentFrame::Datagram(_)))
         })
     }
 
