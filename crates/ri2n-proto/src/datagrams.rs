@@ -143,11 +143,12 @@ struct Waiting {
 
 /// Datagrams waiting to be sent.
 ///
-/// A datagram larger than what one packet carries on every link (`piece_max`, the caller's
-/// [`datagram_capacity`]) goes in pieces, each cut to the room left in the packet being built
-/// (never more than `piece_max`, so that a piece sent again after a link failure fits any
-/// link), in DATAGRAM_PART frames numbered in order. The packets carrying it are then full,
-/// and the next datagram starts in the room the last piece leaves.
+/// A datagram larger than what one packet carries on every link ([`Bounds::unsplit`]) goes in
+/// pieces, each cut to the room left in the packet being built, in DATAGRAM_PART frames
+/// numbered in order; a piece that fills its packet goes without a length field. The packets
+/// carrying it are then full, and the next datagram starts in the room the last piece leaves.
+/// No piece is larger than an empty packet of the smallest link carries ([`Bounds::piece_room`]),
+/// so that one sent again after a link failure fits any link.
 #[derive(Debug)]
 pub(crate) struct OutgoingDatagrams {
     /// Oldest first.
@@ -284,13 +285,13 @@ impl OutgoingDatagrams {
     }
 
     /// The least room the next frame needs: the whole next datagram's frame, or, for one that
-    /// goes in pieces (larger than `piece_max`), a frame with its smallest piece.
-    pub fn front_frame_len(&self, piece_max: usize) -> Option<usize> {
+    /// goes in pieces, a frame with its smallest piece.
+    pub fn front_frame_len(&self, bounds: Bounds) -> Option<usize> {
         let w = self.queue.front()?;
         Some(match w.again {
-            Some((seq, part)) => wire::datagram_frame_len(seq, part, w.data.len()),
-            None if w.sent_bytes == 0 && w.data.len() <= piece_max => {
-                wire::datagram_frame_len(self.next_seq, DatagramPart::Whole, w.data.len())
+            Some((seq, _)) => wire::datagram_frame_len(seq, w.data.len()),
+            None if w.sent_bytes == 0 && w.data.len() <= bounds.unsplit => {
+                wire::datagram_frame_len(self.next_seq, w.data.len())
             }
             None => {
                 let smallest = MIN_PIECE.min(w.data.len() - w.sent_bytes);
@@ -300,15 +301,25 @@ impl OutgoingDatagrams {
     }
 
     /// Takes the next frame's content, if it fits in `room` bytes: the next datagram whole,
-    /// or the next piece of one larger than `piece_max`, cut to the room. Numbers go to
-    /// frames as they are first sent, so a datagram dropped unsent leaves no gap for the
-    /// receiver to wait on. Hand the buffer back with [`Self::recycle`] once the packet
-    /// carrying it is acknowledged.
-    pub fn pop(&mut self, now: Instant, room: usize, piece_max: usize) -> Option<Piece> {
+    /// or the next piece of one larger than `bounds.unsplit`, cut to the room (it fills the
+    /// room exactly when it can, in a frame without a length). Numbers go to frames as they
+    /// are first sent, so a datagram dropped unsent leaves no gap for the receiver to wait on.
+    /// Hand the buffer back with [`Self::recycle`] once the packet carrying it is
+    /// acknowledged.
+    pub fn pop(&mut self, now: Instant, room: usize, bounds: Bounds) -> Option<Piece> {
         let w = self.queue.front()?;
         let piece = match w.again {
             Some((seq, part)) => {
-                if wire::datagram_frame_len(seq, part, w.data.len()) > room {
+                let len = w.data.len();
+                let to_end = wire::datagram_frame_len_to_end(seq, len);
+                let whole = part == DatagramPart::Whole;
+                if !whole && to_end > bounds.piece_room {
+                    // cut for packet numbers of 4 bytes, it no longer fits one of 8 (a link
+                    // passed 2^30 packets meanwhile): its datagram is lost
+                    self.drop_front("sent again, no longer fits a packet");
+                    return self.pop(now, room, bounds);
+                }
+                if wire::datagram_frame_len(seq, len) > room && (whole || to_end != room) {
                     return None;
                 }
                 let w = self.pop_front();
@@ -319,9 +330,8 @@ impl OutgoingDatagrams {
                     data: w.data,
                 }
             }
-            None if w.sent_bytes == 0 && w.data.len() <= piece_max => {
-                let len =
-                    wire::datagram_frame_len(self.next_seq, DatagramPart::Whole, w.data.len());
+            None if w.sent_bytes == 0 && w.data.len() <= bounds.unsplit => {
+                let len = wire::datagram_frame_len(self.next_seq, w.data.len());
                 if len > room {
                     return None;
                 }
@@ -333,11 +343,16 @@ impl OutgoingDatagrams {
                 }
             }
             None => {
+                // a piece fills the packet if it can, in a frame without a length
                 let left = w.data.len() - w.sent_bytes;
-                let fits = room.saturating_sub(piece_header_len(self.next_seq));
-                // a piece sent again must fit any link: at most `piece_max` less the position
-                // byte a whole datagram's frame does not have
-                let n = left.min(piece_max.saturating_sub(1)).min(fits);
+                let header = wire::datagram_frame_len_to_end(self.next_seq, 0);
+                let most = left.min(bounds.piece_room.saturating_sub(header));
+                let to_end = room.saturating_sub(header);
+                let n = if to_end <= most {
+                    to_end
+                } else {
+                    most.min(room.saturating_sub(piece_header_len(self.next_seq)))
+                };
                 if n < left.min(MIN_PIECE) || n == 0 {
                     return None;
                 }
@@ -411,10 +426,21 @@ impl OutgoingDatagrams {
     }
 }
 
-/// Bytes a DATAGRAM_PART frame numbered `seq` takes besides its piece (pieces are below 16 KiB,
-/// so their length takes 2 bytes at most).
+/// What decides how a datagram is sent: whole or in pieces, and how large a piece may be.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    /// Largest datagram sent whole: what one packet carries on every link, whatever its
+    /// packet and datagram numbers ([`datagram_capacity`]).
+    pub unsplit: usize,
+    /// Room for frames in an empty data packet of the smallest link: no piece's frame (without
+    /// its length) is larger.
+    pub piece_room: usize,
+}
+
+/// Bytes a DATAGRAM_PART frame numbered `seq` with a length takes besides its piece (pieces are
+/// below 16 KiB, so their length takes 2 bytes at most).
 fn piece_header_len(seq: u64) -> usize {
-    wire::datagram_frame_len(seq, DatagramPart::Middle, 0) + 1
+    wire::datagram_frame_len(seq, 0) + 1
 }
 
 /// How long a datagram that arrived ahead of a missing one is held for it.
@@ -793,9 +819,15 @@ impl IncomingDatagrams {
 mod tests {
     use super::*;
 
+    /// Packets of 1472 bytes: 1426 bytes sent whole, pieces in 1437 bytes of frames.
+    const BOUNDS: Bounds = Bounds {
+        unsplit: 1426,
+        piece_room: 1437,
+    };
+
     /// The next frame of a queue whose datagrams each fit a packet: (number, bytes).
     fn next(q: &mut OutgoingDatagrams, now: Instant) -> Option<(u64, Vec<u8>)> {
-        let piece = q.pop(now, 1500, 1400)?;
+        let piece = q.pop(now, 1437, BOUNDS)?;
         assert_eq!(piece.part, DatagramPart::Whole);
         Some((piece.seq, piece.data))
     }
@@ -826,15 +858,21 @@ mod tests {
         let mut q = OutgoingDatagrams::new(1 << 20, Duration::from_millis(20));
         let big: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
         q.push(now, &big);
-        q.push(now, &[7; 1200]);
-        // room left after other frames, then whole packets
+        q.push(now, &[7; 1300]);
+        // room left after other frames, then empty packets; then a packet of a larger link,
+        // which takes no larger piece than the smallest link's packets do
         let mut pieces = Vec::new();
-        for room in [500, 1400, 1400, 1400, 1400] {
-            let piece = q.pop(now, room, 1400).expect("a piece fits");
-            let frame = wire::datagram_frame_len(piece.seq, piece.part, piece.data.len());
-            assert!(frame <= room && piece.data.len() < 1400);
-            if piece.part != DatagramPart::Last {
-                assert_eq!(frame, room, "the packet is full");
+        for room in [500, 1437, 1437, 1437, 1437] {
+            let piece = q.pop(now, room, BOUNDS).expect("a piece fits");
+            assert!(wire::datagram_frame_len_to_end(piece.seq, piece.data.len()) <= 1437);
+            if piece.part == DatagramPart::Last {
+                assert!(wire::datagram_frame_len(piece.seq, piece.data.len()) <= room);
+            } else {
+                let frame = wire::datagram_frame_len_to_end(piece.seq, piece.data.len());
+                assert_eq!(
+                    frame, room,
+                    "the packet is full, the piece running to its end"
+                );
             }
             pieces.push(piece);
         }
@@ -853,20 +891,22 @@ mod tests {
             big
         );
         // the next datagram is small: it goes whole, in the room the last piece left
-        let left = 1400 - wire::datagram_frame_len(4, Last, pieces[4].data.len());
-        assert!(left < 1200, "too little room for it");
+        let left = 1437 - wire::datagram_frame_len(4, pieces[4].data.len());
+        assert!(left < 1300, "too little room for it");
         assert!(
-            q.pop(now, left, 1400).is_none(),
+            q.pop(now, left, BOUNDS).is_none(),
             "a small datagram is never cut"
         );
-        let whole = q.pop(now, 1400, 1400).unwrap();
-        assert_eq!((whole.seq, whole.part, whole.data.len()), (5, Whole, 1200));
+        let whole = q.pop(now, 1437, BOUNDS).unwrap();
+        assert_eq!((whole.seq, whole.part, whole.data.len()), (5, Whole, 1300));
         // a packet with room for less than the smallest piece takes none
         q.push(now, &big);
-        assert!(q
-            .pop(now, piece_header_len(6) + MIN_PIECE - 1, 1400)
-            .is_none());
-        assert_eq!(q.pop(now, 200, 1400).unwrap().part, First);
+        let short = wire::datagram_frame_len_to_end(6, MIN_PIECE - 1);
+        assert!(q.pop(now, short, BOUNDS).is_none());
+        // a jumbo link's packet takes pieces of the smallest link's size, with their lengths
+        let piece = q.pop(now, 8900, BOUNDS).unwrap();
+        assert_eq!((piece.part, piece.data.len()), (First, 1437 - 2));
+        assert!(q.pop(now, 8900 - 1437 - 2, BOUNDS).is_some());
     }
 
     #[test]
@@ -909,13 +949,15 @@ mod tests {
         let now = Instant::now();
         let mut q = OutgoingDatagrams::new(1 << 20, Duration::from_millis(20));
         q.push(now, &[1; 3000]);
-        let first = q.pop(now, 1400, 1400).unwrap();
-        let middle = q.pop(now, 1400, 1400).unwrap();
+        let first = q.pop(now, 1437, BOUNDS).unwrap();
+        let middle = q.pop(now, 1437, BOUNDS).unwrap();
         // the link carrying the middle piece fails: it goes again with its number and place,
-        // ahead of the rest of its datagram
+        // ahead of the rest of its datagram, and fits an empty packet (with no room to spare:
+        // not one with an acknowledgement in it)
         q.requeue(now, &mut vec![middle.clone()]);
-        assert_eq!(q.pop(now, 1400, 1400).unwrap(), middle);
-        let last = q.pop(now, 1400, 1400).unwrap();
+        assert!(q.pop(now, 1437 - 10, BOUNDS).is_none());
+        assert_eq!(q.pop(now, 1437, BOUNDS).unwrap(), middle);
+        let last = q.pop(now, 1437, BOUNDS).unwrap();
         assert_eq!((first.seq, last.seq, last.part), (0, 2, DatagramPart::Last));
         assert_eq!(first.data.len() + middle.data.len() + last.data.len(), 3000);
         assert_eq!((q.sent, q.next_seq, q.resent), (1, 3, 1));
@@ -947,7 +989,7 @@ mod tests {
         assert_eq!(sent[2], (2, vec![2]));
         // the link carrying 1 and 2 fails
         q.requeue(now, &mut stranded(&sent[1..]));
-        assert_eq!(q.front_frame_len(1400), Some(1 + 1 + 1 + 1));
+        assert_eq!(q.front_frame_len(BOUNDS), Some(1 + 1 + 1 + 1));
         assert_eq!(next(&mut q, now).unwrap(), (1, vec![1]));
         assert_eq!(next(&mut q, now).unwrap(), (2, vec![2]));
         assert_eq!(

@@ -587,8 +587,11 @@ pub mod frame_type {
     pub const LINK_STATUS: u8 = 0x05;
     /// Ends the connection at once with an error.
     pub const CLOSE: u8 = 0x06;
-    /// A piece of an unreliable datagram too large for one packet.
-    pub const DATAGRAM_PART: u8 = 0x07;
+    /// A piece of an unreliable datagram too large for one packet:
+    /// `0x10 | has_len << 2 | position` (position: 0 between, 1 first, 2 last).
+    pub const DATAGRAM_PART_BASE: u8 = 0x10;
+    /// Bit of a DATAGRAM_PART type: the frame carries an explicit length.
+    pub const DATAGRAM_PART_LEN_BIT: u8 = 0x04;
     /// Stream data: `0x08 | stream << 2 | has_len << 1 | fin`.
     pub const STREAM_BASE: u8 = 0x08;
     /// Bit of a STREAM type: the frame carries an explicit length.
@@ -785,16 +788,19 @@ impl<'a> Frames<'a> {
                     data: r.bytes(len)?,
                 }
             }
-            frame_type::DATAGRAM_PART => {
+            t if (frame_type::DATAGRAM_PART_BASE..frame_type::DATAGRAM_PART_BASE + 8)
+                .contains(&t) =>
+            {
+                let part = DatagramPart::from_position(t & 0x03)
+                    .ok_or(DecodeError::Malformed("datagram part position"))?;
                 let seq = r.varint()?;
-                let part = DatagramPart::from_code(r.u8()?)
-                    .ok_or(DecodeError::Malformed("datagram part"))?;
-                let len = r.varint()? as usize;
-                Frame::Datagram {
-                    seq,
-                    part,
-                    data: r.bytes(len)?,
-                }
+                let data = if t & frame_type::DATAGRAM_PART_LEN_BIT != 0 {
+                    let len = r.varint()? as usize;
+                    r.bytes(len)?
+                } else {
+                    r.rest()
+                };
+                Frame::Datagram { seq, part, data }
             }
             frame_type::CLOSE => {
                 let code = r.varint()?;
@@ -954,8 +960,8 @@ pub enum DatagramPart {
 }
 
 impl DatagramPart {
-    /// The DATAGRAM_PART frame's position byte (none for a whole datagram).
-    fn code(self) -> u8 {
+    /// The position bits of a DATAGRAM_PART frame's type (none for a whole datagram).
+    fn position(self) -> u8 {
         match self {
             DatagramPart::Middle => 0,
             DatagramPart::First => 1,
@@ -964,8 +970,8 @@ impl DatagramPart {
         }
     }
 
-    fn from_code(code: u8) -> Option<Self> {
-        match code {
+    fn from_position(bits: u8) -> Option<Self> {
+        match bits {
             0 => Some(DatagramPart::Middle),
             1 => Some(DatagramPart::First),
             2 => Some(DatagramPart::Last),
@@ -974,24 +980,41 @@ impl DatagramPart {
     }
 }
 
-/// Bytes a DATAGRAM (or DATAGRAM_PART) frame numbered `seq` carrying `len` bytes takes.
-pub fn datagram_frame_len(seq: u64, part: DatagramPart, len: usize) -> usize {
-    let position = usize::from(part != DatagramPart::Whole);
-    1 + varint_len(seq) + position + varint_len(len as u64) + len
+/// Bytes a DATAGRAM or DATAGRAM_PART frame numbered `seq` carrying `len` bytes takes with its
+/// length field (see [`datagram_frame_len_to_end`] for a piece that ends the packet).
+pub fn datagram_frame_len(seq: u64, len: usize) -> usize {
+    1 + varint_len(seq) + varint_len(len as u64) + len
+}
+
+/// Bytes a DATAGRAM_PART frame numbered `seq` carrying `len` bytes takes without its length
+/// field: the last frame of its packet, its piece running to the end.
+pub fn datagram_frame_len_to_end(seq: u64, len: usize) -> usize {
+    1 + varint_len(seq) + len
 }
 
 /// Writes a DATAGRAM or DATAGRAM_PART frame ([`datagram_frame_len`] bytes; the caller checked
-/// the room).
-pub fn write_datagram(w: &mut Writer<'_>, seq: u64, part: DatagramPart, data: &[u8]) {
+/// the room), or, with `to_end`, a DATAGRAM_PART frame without a length that runs to the end
+/// of the packet ([`datagram_frame_len_to_end`] bytes; the caller fills the packet with it).
+pub fn write_datagram(w: &mut Writer<'_>, seq: u64, part: DatagramPart, data: &[u8], to_end: bool) {
     if part == DatagramPart::Whole {
+        debug_assert!(
+            !to_end,
+            "a whole datagram's frame always carries its length"
+        );
         w.u8(frame_type::DATAGRAM);
         w.varint(seq);
     } else {
-        w.u8(frame_type::DATAGRAM_PART);
+        let len_bit = if to_end {
+            0
+        } else {
+            frame_type::DATAGRAM_PART_LEN_BIT
+        };
+        w.u8(frame_type::DATAGRAM_PART_BASE | len_bit | part.position());
         w.varint(seq);
-        w.u8(part.code());
     }
-    w.varint(data.len() as u64);
+    if part == DatagramPart::Whole || !to_end {
+        w.varint(data.len() as u64);
+    }
     w.bytes(data);
 }
 

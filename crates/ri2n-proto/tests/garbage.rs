@@ -136,9 +136,9 @@ fn harmful_frames(rng: &mut ChaCha8Rng, w: &mut Writer<'_>, near: u64, room: usi
 /// Writes one frame that makes the packet malformed. It is the last frame of the packet.
 fn malformed_frame(rng: &mut ChaCha8Rng, w: &mut Writer<'_>, room: usize) {
     match rng.gen_range(0..7) {
-        // a DATAGRAM or DATAGRAM_PART type with nothing after it
+        // a DATAGRAM type with nothing after it, or an unknown type
         0 => w.u8(*[0x03u8, 0x07].get(rng.gen_range(0..2)).unwrap()),
-        1 => w.u8(rng.gen_range(0x10..=0xff)),
+        1 => w.u8(rng.gen_range(0x18..=0xff)),
         // a STREAM frame claiming more bytes than the packet holds
         2 => {
             w.u8(frame_type::STREAM_BASE | frame_type::STREAM_LEN_BIT);

@@ -551,11 +551,8 @@ fn build_short(p: &ShortPacket) -> (Vec<u8>, Vec<Owned>) {
                     });
                 }
                 Spec::Datagram { seq, part, data } => {
-                    write_datagram(&mut w, *seq, *part, data);
-                    assert_eq!(
-                        w.len() - before,
-                        wire::datagram_frame_len(*seq, *part, data.len())
-                    );
+                    write_datagram(&mut w, *seq, *part, data, false);
+                    assert_eq!(w.len() - before, wire::datagram_frame_len(*seq, data.len()));
                     expected.push(Owned::Datagram {
                         seq: *seq,
                         part: *part,
@@ -778,7 +775,7 @@ fn encode_owned(w: &mut Writer<'_>, f: &Owned) {
         } => write_stream(w, *stream, *offset, *fin, data, true),
         Owned::MaxStreamData { stream, max } => write_max_stream_data(w, *stream, *max),
         Owned::LinkStatus { link, status } => write_link_status(w, LinkId(*link), *status),
-        Owned::Datagram { seq, part, data } => write_datagram(w, *seq, *part, data),
+        Owned::Datagram { seq, part, data } => write_datagram(w, *seq, *part, data, false),
         Owned::Close { code, reason } => write_close(w, *code, reason, usize::MAX / 2),
     }
 }
@@ -788,7 +785,8 @@ fn encode_owned(w: &mut Writer<'_>, f: &Owned) {
 fn frame_soup() -> impl Strategy<Value = Vec<u8>> {
     let token = prop_oneof![
         4 => prop::sample::select(vec![0x00u8, 0x01, 0x02, 0x04, 0x05, 0x06, 0x08, 0x09, 0x0a,
-            0x0b, 0x0c, 0x0d, 0x0e, 0x0f, 0x03, 0x07, 0x10, 0xff])
+            0x0b, 0x0c, 0x0d, 0x0e, 0x0f, 0x03, 0x07, 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16,
+            0x17, 0x18, 0xff])
             .prop_map(|b| vec![b]),
         4 => (0..4u32, any::<u64>()).prop_map(|(class, v)| {
             let len = 1usize << class;
@@ -982,4 +980,47 @@ fn accept_addresses_are_capped() {
     };
     let got = ServerParams::decode(&p.encode()).unwrap();
     assert_eq!(got.addrs, addrs[..ri2n_proto::MAX_LINKS]);
+}
+
+/// DATAGRAM_PART frames as bytes (docs/PROTOCOL.md §3): the position in the type's low bits,
+/// the length present when the type has 0x04, else the piece running to the end.
+#[test]
+fn datagram_part_frames_as_bytes() {
+    let mut buf = [0u8; 32];
+    let mut w = Writer::new(&mut buf);
+    write_datagram(&mut w, 5, DatagramPart::First, b"ab", false);
+    write_datagram(&mut w, 6, DatagramPart::Middle, b"cd", false);
+    write_datagram(&mut w, 7, DatagramPart::Last, b"efg", true);
+    let n = w.len();
+    let want = [
+        0x15, 5, 2, b'a', b'b', // first, with length
+        0x14, 6, 2, b'c', b'd', // between, with length
+        0x12, 7, b'e', b'f', b'g', // last, to the end of the packet
+    ];
+    assert_eq!(&buf[..n], &want);
+    assert_eq!(wire::datagram_frame_len_to_end(7, 3), 5);
+    assert_eq!(
+        decode_frames(&want),
+        [
+            Owned::Datagram {
+                seq: 5,
+                part: DatagramPart::First,
+                data: b"ab".to_vec()
+            },
+            Owned::Datagram {
+                seq: 6,
+                part: DatagramPart::Middle,
+                data: b"cd".to_vec()
+            },
+            Owned::Datagram {
+                seq: 7,
+                part: DatagramPart::Last,
+                data: b"efg".to_vec()
+            },
+        ]
+    );
+    // position 3 is malformed, as is 0x07
+    for bad in [[0x13, 1, 0], [0x17, 1, 0], [0x07, 1, 0]] {
+        assert!(Frames::new(&bad).any(|f| f.is_err()), "{bad:?}");
+    }
 }

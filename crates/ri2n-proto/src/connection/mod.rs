@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use smallvec::SmallVec;
 
 use crate::crypto::{Cipher, ClientHandshake, Key, PacketProtection, MAX_AUTH_FAILURES};
-use crate::datagrams::{HoldRule, IncomingDatagrams, OutgoingDatagrams};
+use crate::datagrams::{Bounds, HoldRule, IncomingDatagrams, OutgoingDatagrams};
 use crate::link::{AckOutcome, Arrival, Link, SentFrame};
 use crate::streams::{RecvStream, SendStream};
 use crate::wire::{self, Frame, Frames, Writer};
@@ -509,6 +509,20 @@ impl Connection {
     pub fn unsplit_datagram_size(&self) -> usize {
         let base = self.links.iter().map(|l| l.pmtu.base()).min().unwrap_or(0);
         crate::datagram_capacity(base, self.protection.is_some())
+    }
+
+    /// How datagrams are sent now: whole up to [`Self::unsplit_datagram_size`], and in pieces
+    /// as large as an empty data packet of the smallest link carries. Packet numbers are taken
+    /// to be 4 bytes (8 once a link has sent 2^30 packets): a piece cut before a link passes
+    /// 2^30 that has to go again after a link failure may then no longer fit, and is dropped.
+    pub(crate) fn datagram_bounds(&self) -> Bounds {
+        let base = self.links.iter().map(|l| l.pmtu.base()).min().unwrap_or(0);
+        let long_numbers = self.links.iter().any(|l| l.recovery.next_pn() >= 1 << 30);
+        let pn_len = if long_numbers { 8 } else { 4 };
+        Bounds {
+            unsplit: self.unsplit_datagram_size(),
+            piece_room: base.saturating_sub(wire::SHORT_HEADER_FIXED + pn_len + self.tag_len()),
+        }
     }
 
     /// Sends `data` as one unreliable datagram: the peer receives it whole with

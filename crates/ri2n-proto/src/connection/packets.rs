@@ -13,7 +13,7 @@ use crate::endpoint::{Transmit, TransmitBuffer};
 use crate::link::{Link, SentFrame, SentPacket};
 use crate::pmtu::PathMtu;
 use crate::streams::SendStream;
-use crate::wire::{self, Header, Writer};
+use crate::wire::{self, DatagramPart, Header, Writer};
 use crate::{ConnectionConfig, LinkId, LinkState};
 
 use super::scheduler::Schedule;
@@ -326,8 +326,8 @@ impl Connection {
         // acknowledgements for every link with news (at most half a data packet, and never
         // the room the next datagram needs: it must not wait behind acknowledgements)
         let ack_room = if kind == PacketKind::Data {
-            let piece_max = self.unsplit_datagram_size();
-            let datagram = self.datagrams_out.front_frame_len(piece_max).unwrap_or(0);
+            let bounds = self.datagram_bounds();
+            let datagram = self.datagrams_out.front_frame_len(bounds).unwrap_or(0);
             ((end_of_frames - w.len()) / 2).min((end_of_frames - w.len()).saturating_sub(datagram))
         } else {
             end_of_frames - w.len()
@@ -363,9 +363,13 @@ impl Connection {
         // datagrams first (they are sent once, and a late one is worth less), then stream
         // data, alternating between the streams
         if kind == PacketKind::Data {
-            let piece_max = self.unsplit_datagram_size();
-            while let Some(piece) = self.datagrams_out.pop(now, end - w.len(), piece_max) {
-                wire::write_datagram(&mut w, piece.seq, piece.part, &piece.data);
+            let bounds = self.datagram_bounds();
+            while let Some(piece) = self.datagrams_out.pop(now, end - w.len(), bounds) {
+                // a piece that fills the packet needs no length
+                let to_end = piece.part != DatagramPart::Whole
+                    && wire::datagram_frame_len_to_end(piece.seq, piece.data.len())
+                        == end - w.len();
+                wire::write_datagram(&mut w, piece.seq, piece.part, &piece.data, to_end);
                 frames.push(SentFrame::Datagram(piece));
                 ack_eliciting = true;
             }
