@@ -139,7 +139,8 @@ fn apply(set: &mut RangeSet, model: &mut BTreeSet<u64>, base: u64, op: &Op) {
             set.remove(r);
         }
         Op::RemoveBelow(v) => {
-            let v = base + v;
+            // one past the domain: at the top of the number space it saturates
+            let v = base.saturating_add(v);
             model.retain(|&x| x >= v);
             set.remove_below(v);
         }
