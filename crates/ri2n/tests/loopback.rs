@@ -587,19 +587,33 @@ fn datagrams_sent_while_every_link_is_down_arrive_at_the_heal() {
 /// acknowledgements, and stall it until its next retransmission timeout.
 #[test]
 fn datagrams_in_flight_when_every_link_dies_arrive_after_the_heal_once() {
-    let (_p, switches, conn, peer) = connected_over_two_up_links();
     // small datagrams: all of them fit the peer's receive queue until the test reads them
-    let max = 300;
+    datagrams_across_an_outage_of_every_link(300, Duration::from_micros(200), 100);
+}
+
+/// The same with datagrams of up to 9 packets, sent in pieces: the pieces in flight at the cut
+/// go again at the heal, and the peer joins every datagram whole, once.
+#[test]
+fn datagrams_in_pieces_in_flight_when_every_link_dies_arrive_whole_after_the_heal_once() {
+    // fewer and further apart: all of them fit the peer's receive queue until the test reads
+    datagrams_across_an_outage_of_every_link(12_000, Duration::from_millis(2), 25);
+}
+
+/// Datagrams of up to `max` bytes, `gap` apart: `before` of them, then every link dies, then
+/// half as many more once the connection knows, then the links heal and `before` more go. Every
+/// one not dropped unsent arrives, once.
+fn datagrams_across_an_outage_of_every_link(max: usize, gap: Duration, before: u32) {
+    let (_p, switches, conn, peer) = connected_over_two_up_links();
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut seq = 0;
     let send_some = |seq: &mut u32, count: u32| {
         for _ in 0..count {
             conn.send_datagram(&datagram(*seq, max)).unwrap();
             *seq += 1;
-            thread::sleep(Duration::from_micros(200));
+            thread::sleep(gap);
         }
     };
-    send_some(&mut seq, 100);
+    send_some(&mut seq, before);
     for s in &switches {
         s.set_down(true);
     }
@@ -608,11 +622,11 @@ fn datagrams_in_flight_when_every_link_dies_arrive_after_the_heal_once() {
         assert!(Instant::now() < deadline, "the cut links never went down");
         send_some(&mut seq, 1);
     }
-    send_some(&mut seq, 50);
+    send_some(&mut seq, before / 2);
     for s in &switches {
         s.set_down(false);
     }
-    send_some(&mut seq, 100);
+    send_some(&mut seq, before);
     let n = seq;
     let mut seen = vec![false; n as usize];
     let mut count = 0;
