@@ -1028,6 +1028,68 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Datagrams of any size up to the largest, cut by whatever room the packets have, some
+        /// pieces written off with a failed link and sent again, reach a receiver that gets
+        /// every frame (in sending order, the copies sent again late): each datagram arrives
+        /// whole and once, in order, and no piece's frame is larger than an empty packet.
+        #[test]
+        fn pieces_cut_to_any_room_and_sent_again_join_into_the_datagrams_sent(
+            sizes in proptest::collection::vec(1..wire::MAX_DATAGRAM_LEN, 1..12),
+            rooms in proptest::collection::vec(0..1600usize, 64),
+            failures in proptest::collection::vec(0..40u8, 64),
+        ) {
+            let now = Instant::now();
+            let mut q = OutgoingDatagrams::new(1 << 30, Duration::from_secs(60));
+            let sent: Vec<Vec<u8>> = sizes
+                .iter()
+                .enumerate()
+                .map(|(k, &n)| (0..n).map(|i| (i * 7 + k) as u8).collect())
+                .collect();
+            for d in &sent {
+                q.push(now, d);
+            }
+            let mut rx = IncomingDatagrams::new(1 << 30, Duration::from_millis(5));
+            let mut in_flight: Vec<Piece> = Vec::new();
+            let (mut step, mut failed) = (0, 0);
+            while !q.is_empty() || !in_flight.is_empty() {
+                let room = rooms[step % rooms.len()].min(BOUNDS.piece_room);
+                // a few link failures, not one before every delivery
+                let fail = failures[step % failures.len()] == 0 && failed < 5;
+                step += 1;
+                proptest::prop_assert!(step < 100_000, "the queue does not drain");
+                if fail && !in_flight.is_empty() {
+                    // the link failed: what it had in flight goes again
+                    q.requeue(now, &mut in_flight);
+                    failed += 1;
+                    continue;
+                }
+                match q.pop(now, room.max(BOUNDS.piece_room * usize::from(step % 3 == 0)), BOUNDS) {
+                    Some(piece) => {
+                        let to_end = wire::datagram_frame_len_to_end(piece.seq, piece.data.len());
+                        proptest::prop_assert!(to_end <= BOUNDS.piece_room);
+                        in_flight.push(piece);
+                    }
+                    None => {
+                        // acknowledged: the receiver gets what was in flight
+                        for p in in_flight.drain(..) {
+                            rx.push_piece(now, 0, p.seq, p.part, &p.data);
+                        }
+                    }
+                }
+                if in_flight.len() > 8 {
+                    for p in in_flight.drain(..) {
+                        rx.push_piece(now, 0, p.seq, p.part, &p.data);
+                    }
+                }
+            }
+            rx.release_due(now + Duration::from_secs(1), &only(Duration::from_millis(5)));
+            let got: Vec<Vec<u8>> = std::iter::from_fn(|| rx.pop()).collect();
+            proptest::prop_assert_eq!(got, sent);
+            proptest::prop_assert_eq!(rx.dropped, 0);
+        }
+    }
+
     #[test]
     fn pieces_stranded_on_a_failed_link_go_again_unchanged() {
         let now = Instant::now();
