@@ -69,8 +69,8 @@ const MAX_SPARE_CAPACITY: usize = wire::MAX_DATAGRAM_SIZE;
 const MIN_PIECE: usize = 64;
 
 /// Datagram buffers kept for reuse (up to [`SPARES`]). A new buffer gets room for the largest
-/// datagram seen so far (up to [`MAX_SPARE_CAPACITY`]): a buffer sized for a small datagram (a TCP
-/// acknowledgement in a tunnel) would otherwise be reallocated when it is reused for a
+/// datagram seen so far (up to [`MAX_SPARE_CAPACITY`]): a buffer sized for a small datagram
+/// (a TCP acknowledgement in a tunnel) would otherwise be reallocated when it is reused for a
 /// full-sized one, and a flow of mixed sizes would allocate on every few datagrams.
 #[derive(Debug, Default)]
 struct Spares {

@@ -158,8 +158,10 @@ impl Tun {
         self.write_parts(&PLAIN_HEADER, std::iter::once(packet))
     }
 
-    /// Writes a coalesced run of TCP segments: `header` from [`super::offload::merged_header`]
-    /// (virtio-net, IP and TCP headers), then each segment's payload.
+    /// Writes one large TCP segment: `header`, then `payloads`. Either a coalesced run of
+    /// segments (`header` from [`super::offload::merged_header`]: virtio-net, IP and TCP
+    /// headers; then each segment's payload), or a segment carried whole (`header` the
+    /// virtio-net header from [`super::offload::segment_for_write`]; then the packet).
     pub fn write_merged<'p>(
         &self,
         header: &[u8],

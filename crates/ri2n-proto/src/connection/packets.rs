@@ -326,8 +326,12 @@ impl Connection {
         // acknowledgements for every link with news (at most half a data packet, and never
         // the room the next datagram needs: it must not wait behind acknowledgements)
         let ack_room = if kind == PacketKind::Data {
-            let bounds = self.datagram_bounds();
-            let datagram = self.datagrams_out.front_frame_len(bounds).unwrap_or(0);
+            let datagram = if self.datagrams_out.is_empty() {
+                0
+            } else {
+                let bounds = self.datagram_bounds();
+                self.datagrams_out.front_frame_len(bounds).unwrap_or(0)
+            };
             ((end_of_frames - w.len()) / 2).min((end_of_frames - w.len()).saturating_sub(datagram))
         } else {
             end_of_frames - w.len()
@@ -363,8 +367,11 @@ impl Connection {
         // datagrams first (they are sent once, and a late one is worth less), then stream
         // data, alternating between the streams
         if kind == PacketKind::Data {
-            let bounds = self.datagram_bounds();
-            while let Some(piece) = self.datagrams_out.pop(now, end - w.len(), bounds) {
+            // (the bounds only when there is a datagram: stream data packets skip them)
+            let bounds = (!self.datagrams_out.is_empty()).then(|| self.datagram_bounds());
+            while let Some(piece) =
+                bounds.and_then(|b| self.datagrams_out.pop(now, end - w.len(), b))
+            {
                 // a piece that fills the packet needs no length
                 let to_end = piece.part != DatagramPart::Whole
                     && wire::datagram_frame_len_to_end(piece.seq, piece.data.len())
