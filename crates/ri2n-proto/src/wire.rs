@@ -77,6 +77,16 @@ impl<'a> Reader<'a> {
     pub fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }
+    /// A frame's data: after a varint length when the frame has one (`has_len`), else the
+    /// rest of the packet (the frame is the packet's last).
+    pub fn frame_data(&mut self, has_len: bool) -> Result<&'a [u8], DecodeError> {
+        if has_len {
+            let len = self.varint()? as usize;
+            self.bytes(len)
+        } else {
+            Ok(self.rest())
+        }
+    }
     /// Takes the next `n` bytes.
     pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         if self.remaining() < n {
@@ -794,12 +804,7 @@ impl<'a> Frames<'a> {
                 let part = DatagramPart::from_position(t & 0x03)
                     .ok_or(DecodeError::Malformed("datagram part position"))?;
                 let seq = r.varint()?;
-                let data = if t & frame_type::DATAGRAM_PART_LEN_BIT != 0 {
-                    let len = r.varint()? as usize;
-                    r.bytes(len)?
-                } else {
-                    r.rest()
-                };
+                let data = r.frame_data(t & frame_type::DATAGRAM_PART_LEN_BIT != 0)?;
                 Frame::Datagram { seq, part, data }
             }
             frame_type::CLOSE => {
@@ -813,12 +818,7 @@ impl<'a> Frames<'a> {
             t if (frame_type::STREAM_BASE..frame_type::STREAM_BASE + 8).contains(&t) => {
                 let stream = (t >> 2) & 1;
                 let offset = r.varint()?;
-                let data = if t & frame_type::STREAM_LEN_BIT != 0 {
-                    let len = r.varint()? as usize;
-                    r.bytes(len)?
-                } else {
-                    r.rest()
-                };
+                let data = r.frame_data(t & frame_type::STREAM_LEN_BIT != 0)?;
                 if offset.saturating_add(data.len() as u64) > VARINT_MAX {
                     return Err(DecodeError::Malformed("stream offset"));
                 }

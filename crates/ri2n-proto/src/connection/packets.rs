@@ -323,15 +323,15 @@ impl Connection {
         } else {
             end
         };
+        // how datagrams go, if a data packet may carry one (stream data packets skip this)
+        let bounds = (kind == PacketKind::Data && !self.datagrams_out.is_empty())
+            .then(|| self.datagram_bounds());
         // acknowledgements for every link with news (at most half a data packet, and never
         // the room the next datagram needs: it must not wait behind acknowledgements)
         let ack_room = if kind == PacketKind::Data {
-            let datagram = if self.datagrams_out.is_empty() {
-                0
-            } else {
-                let bounds = self.datagram_bounds();
-                self.datagrams_out.front_frame_len(bounds).unwrap_or(0)
-            };
+            let datagram = bounds
+                .and_then(|b| self.datagrams_out.front_frame_len(b))
+                .unwrap_or(0);
             ((end_of_frames - w.len()) / 2).min((end_of_frames - w.len()).saturating_sub(datagram))
         } else {
             end_of_frames - w.len()
@@ -367,8 +367,6 @@ impl Connection {
         // datagrams first (they are sent once, and a late one is worth less), then stream
         // data, alternating between the streams
         if kind == PacketKind::Data {
-            // (the bounds only when there is a datagram: stream data packets skip them)
-            let bounds = (!self.datagrams_out.is_empty()).then(|| self.datagram_bounds());
             while let Some(piece) =
                 bounds.and_then(|b| self.datagrams_out.pop(now, end - w.len(), b))
             {
