@@ -956,7 +956,9 @@ fn keys_must_match() {
         2,
         "one line per refused sender: {recv_err}"
     );
-    // a keyed sender, a receiver without a key
+    // a keyed sender, a receiver without a key; killed at the end, it leaves its partial
+    // file, removed after it (locals drop in reverse order)
+    let _partial = TempFile(partial(&output));
     let (_recv, a2) = spawn_recv(free_port(), output.path(), &[]);
     let (s, o) = ri2n(
         [

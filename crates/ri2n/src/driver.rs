@@ -25,8 +25,8 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -67,6 +67,9 @@ const BUSY_HORIZON: Duration = Duration::from_millis(50);
 /// driver thread under `SCHED_BATCH` behind a busy application thread on that CPU (up to a
 /// scheduler tick). A call that blocks without watching the sockets gives them back at once.
 const STEP_BACK: Duration = TICK;
+/// Most path sockets open at once (one bit each in [`Shared::open_paths`]); the paths beyond
+/// use their link socket, as all did before path sockets.
+const MAX_PATH_SOCKETS: usize = 64;
 /// Batches built ahead of the sender before the engine is asked for no more: bounds the
 /// memory of a round and the time datagrams wait between being built and sent.
 const MAX_QUEUED_BATCHES: usize = 64;
@@ -295,8 +298,18 @@ pub(crate) struct Shared {
     /// two links at once only waited on that lock in turn, with the engine's and the stream's
     /// memory moving between their cores (5–10 % more CPU per byte on unlimited-rate links).
     receiving: Mutex<RecvBatch>,
-    /// Per socket: a thread wanted to receive from it while another held the buffers.
+    /// Per receive source (the link sockets, then the path-socket slots: see
+    /// [`Shared::sources`]): a thread wanted to receive from it while another held the buffers.
     receive_wanted: Vec<AtomicBool>,
+    /// Per path-socket slot (see [`crate::socket::PathSocket`]; receive source and epoll
+    /// token `sockets.len() + slot`): the link socket that holds it. Opened and closed by the
+    /// driver thread only.
+    path_links: Vec<AtomicUsize>,
+    /// Which slots hold a path socket, one bit each.
+    open_paths: AtomicU64,
+    /// The epoll instance of [`CallerPoll`] (its lock may be held by a waiting call when the
+    /// driver thread registers a path socket there).
+    caller_epoll: RawFd,
     waker: Waker,
     shutdown: AtomicBool,
     caller_poll: Mutex<CallerPoll>,
@@ -317,6 +330,30 @@ pub(crate) struct Shared {
 impl Shared {
     pub fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every receive source that has a socket: the link sockets (`0..sockets.len()`), then
+    /// the open path sockets (`sockets.len() + slot`).
+    fn sources(&self) -> impl Iterator<Item = usize> + '_ {
+        let n = self.sockets.len();
+        let mut open = self.open_paths.load(Ordering::Acquire);
+        (0..n).chain(std::iter::from_fn(move || {
+            let slot = (open != 0).then(|| open.trailing_zeros() as usize)?;
+            open &= open - 1;
+            Some(n + slot)
+        }))
+    }
+
+    /// The link socket of receive source `source` (itself, or the one a path socket shares
+    /// its address and port with), and the path socket's slot; `None` for an empty slot.
+    fn link_of(&self, source: usize) -> Option<(&LinkSocket, Option<usize>)> {
+        let n = self.sockets.len();
+        if source < n {
+            return Some((&self.sockets[source], None));
+        }
+        let slot = source - n;
+        let link = self.path_links.get(slot)?.load(Ordering::Acquire);
+        Some((self.sockets.get(link)?, Some(slot)))
     }
 
     /// After the application changed the engine: send what it produced, publish events, and
@@ -371,7 +408,7 @@ impl Shared {
         let mut received = false;
         for ev in events.iter() {
             // edge-triggered: receive until the socket's queue was seen empty
-            if ev.token().0 < self.sockets.len() {
+            if ev.token().0 < self.receive_wanted.len() {
                 self.socket_event(ev.token().0, ev);
                 loop {
                     let r = self.receive(ev.token().0);
@@ -431,24 +468,32 @@ impl Shared {
                 r => received = r,
             }
             // the sockets other threads were turned away from, drained
-            for j in (0..self.sockets.len()).filter(|&j| j != i) {
+            for j in self.sources().filter(|&j| j != i) {
                 if self.receive_wanted[j].swap(false, Ordering::SeqCst) {
                     while self.receive_batch(j, &mut batch) == Received::MoreMayWait {}
                 }
             }
             drop(batch);
             let wanted = |j: usize| self.receive_wanted[j].load(Ordering::SeqCst);
-            let others_wanted = (0..self.sockets.len()).any(|j| j != i && wanted(j));
+            let others_wanted = self.sources().any(|j| j != i && wanted(j));
             if !others_wanted && (received == Received::MoreMayWait || !wanted(i)) {
                 return received;
             }
         }
     }
 
-    /// One `recvmmsg` on socket `i` into `batch`, handed to the engine.
+    /// One `recvmmsg` on receive source `i` into `batch`, handed to the engine.
     fn receive_batch(&self, i: usize, batch: &mut RecvBatch) -> Received {
-        let sock = &self.sockets[i];
-        let received = match sock.recv(batch) {
+        let result = match self.link_of(i) {
+            Some((sock, None)) => Some((sock, sock.recv(batch))),
+            Some((sock, Some(slot))) => sock.recv_path(slot, batch).map(|r| (sock, r)),
+            None => None,
+        };
+        // a path socket closed meanwhile
+        let Some((sock, result)) = result else {
+            return Received::Nothing;
+        };
+        let received = match result {
             Ok(Received::Nothing) => return Received::Nothing,
             Ok(r) => r,
             Err(e) => {
@@ -479,11 +524,85 @@ impl Shared {
         }
     }
 
-    /// An epoll event on socket `i`: an error event means the kernel queued an ICMP error
-    /// (read the queue, or its level-triggered error keeps failing sends and receives).
+    /// An epoll event on receive source `i`: an error event means the kernel queued an ICMP
+    /// error (read the queue, or its level-triggered error keeps failing sends and receives).
     fn socket_event(&self, i: usize, ev: &mio::event::Event) {
         if ev.is_error() {
-            self.sockets[i].take_errors();
+            if let Some((sock, _)) = self.link_of(i) {
+                sock.take_errors();
+            }
+        }
+    }
+
+    /// Gives each path in `heard` (the paths open connections heard their peer on lately,
+    /// sorted) a path socket, while slots are free, and closes those of paths no longer
+    /// heard. Driver thread only; `poll` is its epoll instance, which watches the sockets
+    /// when `watching`.
+    fn update_path_sockets(&self, heard: &[(SocketAddr, SocketAddr)], poll: &Poll, watching: bool) {
+        let n = self.sockets.len();
+        for sock in &self.sockets {
+            // Datagrams that peer sends from now on go to the link socket; the few queued in
+            // the path socket, if any, are lost with it (the path was not heard for minutes).
+            sock.close_paths(
+                |remote| heard.binary_search(&(sock.local, remote)).is_ok(),
+                |slot, fd| {
+                    let _ = deregister(self.caller_epoll, fd);
+                    if watching {
+                        let _ = deregister(poll.as_raw_fd(), fd);
+                    }
+                    self.open_paths.fetch_and(!(1u64 << slot), Ordering::AcqRel);
+                    tracing::debug!(local = %sock.local, slot, "path socket closed");
+                },
+            );
+        }
+        for &(local, remote) in heard {
+            let Some(link) = self.sockets.iter().position(|s| s.local == local) else {
+                continue;
+            };
+            let sock = &self.sockets[link];
+            if sock.has_path(remote) {
+                continue;
+            }
+            let open = self.open_paths.load(Ordering::Acquire);
+            if open == u64::MAX {
+                return;
+            }
+            let slot = open.trailing_ones() as usize;
+            let path = match sock.open_path(slot, remote) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::debug!(error = %e, local = %local, remote = %remote, "no path socket");
+                    continue;
+                }
+            };
+            // held by its link socket before it is watched, so that its first event finds
+            // it; the callers' instance first, as for the link sockets
+            self.path_links[slot].store(link, Ordering::Release);
+            self.open_paths.fetch_or(1u64 << slot, Ordering::AcqRel);
+            let fd = sock.add_path(path);
+            let token = Token(n + slot);
+            let registered = register_exclusive(self.caller_epoll, fd, token).and_then(|()| {
+                if watching {
+                    register_exclusive(poll.as_raw_fd(), fd, token)
+                } else {
+                    Ok(())
+                }
+            });
+            match registered {
+                Ok(()) => {
+                    tracing::debug!(local = %local, remote = %remote, slot, "path socket opened")
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "epoll_ctl failed for a path socket");
+                    sock.close_paths(
+                        |r| r != remote,
+                        |_, fd| {
+                            let _ = deregister(self.caller_epoll, fd);
+                        },
+                    );
+                    self.open_paths.fetch_and(!(1u64 << slot), Ordering::AcqRel);
+                }
+            }
         }
     }
 
@@ -549,7 +668,7 @@ impl Shared {
             // took microseconds, and a message of a request-response exchange would pay an
             // empty receive call per socket.
             if sent_bytes >= BATCH_BYTES {
-                for i in 0..self.sockets.len() {
+                for i in self.sources() {
                     while self.receive(i) == Received::MoreMayWait {}
                 }
             }
@@ -775,31 +894,24 @@ pub(crate) struct Driver {
 /// the epoll instances watching it, an arrival wakes only the first one with a waiting thread
 /// (the next ones if none waits). mio has no such option, so the raw `epoll_ctl`; mio reads
 /// the token back from the event's data as usual.
-fn register_exclusive(poll: &Poll, fd: std::os::fd::RawFd, token: Token) -> std::io::Result<()> {
+fn register_exclusive(epoll: RawFd, fd: RawFd, token: Token) -> std::io::Result<()> {
     let mut ev = libc::epoll_event {
         events: (libc::EPOLLIN | libc::EPOLLET | libc::EPOLLEXCLUSIVE) as u32,
         u64: token.0 as u64,
     };
     // SAFETY: both descriptors are open (the poll and the socket outlive the registration)
     // and `ev` is a valid epoll_event for the duration of the call.
-    let rc = unsafe { libc::epoll_ctl(poll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+    let rc = unsafe { libc::epoll_ctl(epoll, libc::EPOLL_CTL_ADD, fd, &mut ev) };
     if rc < 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }
 
-/// Stops watching socket `fd` on `poll` (see [`register_exclusive`]).
-fn deregister(poll: &Poll, fd: std::os::fd::RawFd) -> std::io::Result<()> {
+/// Stops watching socket `fd` on epoll instance `epoll` (see [`register_exclusive`]).
+fn deregister(epoll: RawFd, fd: RawFd) -> std::io::Result<()> {
     // SAFETY: both descriptors are open; EPOLL_CTL_DEL ignores the event argument.
-    let rc = unsafe {
-        libc::epoll_ctl(
-            poll.as_raw_fd(),
-            libc::EPOLL_CTL_DEL,
-            fd,
-            std::ptr::null_mut(),
-        )
-    };
+    let rc = unsafe { libc::epoll_ctl(epoll, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
     if rc < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -817,8 +929,8 @@ impl Driver {
             // the caller's instance first: an arrival wakes the first exclusive watcher that
             // has a thread waiting, so a blocked application call receives for itself and the
             // driver thread sleeps on (on one CPU that saves two context switches per datagram)
-            register_exclusive(&caller_poll, fd, Token(i))?;
-            register_exclusive(&poll, fd, Token(i))?;
+            register_exclusive(caller_poll.as_raw_fd(), fd, Token(i))?;
+            register_exclusive(poll.as_raw_fd(), fd, Token(i))?;
         }
         // best effort: without notifications a pulled cable is found by the engine's own
         // failure detection, and the link may take up to a second longer to come back
@@ -852,7 +964,14 @@ impl Driver {
             }),
             accepted: Condvar::new(),
             receiving: Mutex::new(RecvBatch::for_sockets(&sockets)?),
-            receive_wanted: sockets.iter().map(|_| AtomicBool::new(false)).collect(),
+            receive_wanted: (0..sockets.len() + MAX_PATH_SOCKETS)
+                .map(|_| AtomicBool::new(false))
+                .collect(),
+            path_links: (0..MAX_PATH_SOCKETS)
+                .map(|_| AtomicUsize::new(usize::MAX))
+                .collect(),
+            open_paths: AtomicU64::new(0),
+            caller_epoll: caller_poll.as_raw_fd(),
             sockets,
             waker,
             shutdown: AtomicBool::new(false),
@@ -903,7 +1022,7 @@ impl Drop for Driver {
 fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier::LinkChanges>) {
     yield_to_busy_threads();
     let mut events = Events::with_capacity(64);
-    let mut readable = vec![true; shared.sockets.len()];
+    let mut readable = vec![true; shared.receive_wanted.len()];
     let mut next_confirm = Instant::now();
     // the last confirmation round found paths to confirm: wake up for the next one
     let mut confirming = false;
@@ -927,9 +1046,9 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
                 next_confirm = now + CONFIRM_PERIOD;
                 let paths = st.endpoint.heard_paths(now, NEXT_HOP_HOLD);
                 confirming = !paths.is_empty();
-                paths
+                Some(paths)
             } else {
-                Vec::new()
+                None
             };
             let mut st = shared.transmit(st, Some(now));
             let wakeups = shared.dispatch(&mut st);
@@ -963,24 +1082,32 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
             // again; registered again, this instance comes after the callers' one in each
             // socket's wait queue, as before.
             watching = watch;
-            for (i, s) in shared.sockets.iter().enumerate() {
-                let fd = s.io.as_raw_fd();
+            let n = shared.sockets.len();
+            let paths = shared.sockets.iter().flat_map(|s| s.path_fds());
+            let fds: Vec<(usize, RawFd)> = (shared.sockets.iter().enumerate())
+                .map(|(i, s)| (i, s.io.as_raw_fd()))
+                .chain(paths.map(|(slot, fd)| (n + slot, fd)))
+                .collect();
+            for (i, fd) in fds {
                 let result = if watch {
-                    register_exclusive(&poll, fd, Token(i))
+                    register_exclusive(poll.as_raw_fd(), fd, Token(i))
                 } else {
-                    deregister(&poll, fd)
+                    deregister(poll.as_raw_fd(), fd)
                 };
                 if let Err(e) = result {
-                    tracing::error!(error = %e, socket = %s.local, "epoll_ctl failed");
+                    tracing::error!(error = %e, source = i, "epoll_ctl failed");
                 }
             }
         }
         // after unlocking, so that a woken caller does not at once block on the lock
         wakeups.notify();
-        for (local, remote) in confirm {
-            if let Some(sock) = shared.sockets.iter().find(|s| s.local == local) {
-                sock.confirm_next_hop(remote);
+        if let Some(heard) = confirm {
+            for &(local, remote) in &heard {
+                if let Some(sock) = shared.sockets.iter().find(|s| s.local == local) {
+                    sock.confirm_next_hop(remote);
+                }
             }
+            shared.update_path_sockets(&heard, &poll, watching);
         }
         // the engine's timers have 1 ms granularity at best; sleeping less only spins
         let timeout = timeout.map(|t| t.max(Duration::from_micros(50)));

@@ -751,3 +751,128 @@ fn blocking_threads_of_several_connections_on_one_endpoint_all_get_their_data() 
     idle.wait_acknowledged(Some(Duration::from_secs(10)))
         .unwrap();
 }
+
+/// The peers of the connected UDP sockets bound to `local` (from `/proc/net/udp`, state 01
+/// "established"): the path sockets the driver opened on that link socket's address.
+fn connected_peers(local: SocketAddr) -> Vec<SocketAddr> {
+    let SocketAddr::V4(local) = local else {
+        panic!("IPv4 only")
+    };
+    // "0100007F:1F90": the address as the kernel stores it (network order, printed as a
+    // host-order number), the port as a number
+    let parse = |field: &str| -> std::net::SocketAddrV4 {
+        let (ip, port) = field.split_once(':').unwrap();
+        let ip = u32::from_str_radix(ip, 16).unwrap();
+        let port = u16::from_str_radix(port, 16).unwrap();
+        std::net::SocketAddrV4::new(std::net::Ipv4Addr::from(ip.to_le_bytes()), port)
+    };
+    let table = std::fs::read_to_string("/proc/net/udp").unwrap();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            (f[3] == "01" && parse(f[1]) == local).then(|| SocketAddr::V4(parse(f[2])))
+        })
+        .collect()
+}
+
+/// Waits up to `limit` for `done`, looking every 50 ms.
+fn eventually(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    true
+}
+
+/// Each path in use gets a socket connected to the peer's address, on the link socket's
+/// address and port (single datagrams then leave without a route lookup each). Messages keep
+/// arriving exact while the path sockets open; the port stays closed to other endpoints; the
+/// path sockets close once their connection is gone.
+#[test]
+fn paths_in_use_get_connected_sockets_that_close_with_their_connection() {
+    let p = pair();
+    let server = p.server.clone();
+    let echo = thread::spawn(move || {
+        let conn = server.accept().unwrap();
+        while let Some(m) = conn.recv_message().unwrap() {
+            conn.send_message(&m).unwrap();
+        }
+        conn.finish().unwrap();
+        conn.wait_acknowledged(Some(Duration::from_secs(10)))
+            .unwrap();
+    });
+    let conn = p
+        .client
+        .connect(&p.server.local_addrs(), ConnectionConfig::default())
+        .unwrap();
+    let client_addrs = p.client.local_addrs();
+    let server_addrs = p.server.local_addrs();
+    // the path sockets open within the driver's first rounds on a path that is heard
+    let mut stream = Stream::new(3);
+    let mut round = 0usize;
+    let opened = eventually(Duration::from_secs(10), || {
+        let size = [1, 64, 1000, 1400, 5000][round % 5];
+        round += 1;
+        let msg = stream.next_block()[..size].to_vec();
+        conn.send_message(&msg).unwrap();
+        assert!(conn.recv_message().unwrap() == Some(msg), "echo differs");
+        client_addrs
+            .iter()
+            .zip(&server_addrs)
+            .all(|(&c, &s)| connected_peers(c) == [s] && connected_peers(s) == [c])
+    });
+    assert!(
+        opened,
+        "after {round} messages: client {:?} / server {:?}",
+        client_addrs
+            .iter()
+            .map(|&a| connected_peers(a))
+            .collect::<Vec<_>>(),
+        server_addrs
+            .iter()
+            .map(|&a| connected_peers(a))
+            .collect::<Vec<_>>()
+    );
+    // messages of every size go through the path sockets
+    for round in 0..500 {
+        let size = [1, 64, 1000, 1400, 5000, 70_000][round % 6];
+        let msg: Vec<u8> = stream
+            .next_block()
+            .iter()
+            .cycle()
+            .take(size)
+            .copied()
+            .collect();
+        conn.send_message(&msg).unwrap();
+        assert!(
+            conn.recv_message().unwrap() == Some(msg),
+            "round {round}: echo differs"
+        );
+    }
+    // the shared port is still refused to another endpoint
+    let taken = Endpoint::server(&[server_addrs[0]]);
+    assert!(
+        taken.is_err(),
+        "a second endpoint bound {}",
+        server_addrs[0]
+    );
+    conn.finish().unwrap();
+    assert_eq!(conn.recv_message().unwrap(), None);
+    echo.join().unwrap();
+    drop(conn);
+    let closed = eventually(Duration::from_secs(10), || {
+        client_addrs
+            .iter()
+            .chain(&server_addrs)
+            .all(|&a| connected_peers(a).is_empty())
+    });
+    assert!(
+        closed,
+        "path sockets still open after their connection closed"
+    );
+}
