@@ -34,7 +34,8 @@ use std::time::{Duration, Instant};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use ri2n_proto::{
-    ConnectionHandle, ConnectionState, Endpoint as ProtoEndpoint, Event, Transmit, TransmitBuffer,
+    ConnectionHandle, ConnectionState, Endpoint as ProtoEndpoint, Event, LinkState, Transmit,
+    TransmitBuffer,
 };
 use smallvec::SmallVec;
 
@@ -106,6 +107,10 @@ pub(crate) struct State {
     callers_watch_until: Option<Instant>,
     /// Which blocked call watches the sockets (see [`Shared::wait_connection`]).
     turn: PollerTurn,
+    /// A connection was established or a link came up: the driver thread confirms next hops
+    /// and opens path sockets at once, not at its next round (a short exchange would be over
+    /// by then).
+    paths_changed: bool,
     /// Datagrams built and not yet sent.
     out: Outgoing,
 }
@@ -700,8 +705,21 @@ impl Shared {
             accepted: None,
             connections: SmallVec::new(),
             caller_poll: None,
+            driver: None,
         };
         while let Some((h, e)) = st.endpoint.poll_event() {
+            if matches!(
+                e,
+                Event::Connected
+                    | Event::LinkStateChanged {
+                        to: LinkState::Up,
+                        ..
+                    }
+            ) && !st.paths_changed
+            {
+                st.paths_changed = true;
+                wake.driver = Some(&self.waker);
+            }
             if let Some(w) = st.readiness.get(&h) {
                 w.signal(&e);
             }
@@ -771,10 +789,14 @@ struct Wakeups<'a> {
     accepted: Option<&'a Condvar>,
     connections: SmallVec<[Arc<Condvar>; 4]>,
     caller_poll: Option<&'a Waker>,
+    driver: Option<&'a Waker>,
 }
 
 impl Wakeups<'_> {
     fn notify(self) {
+        if let Some(w) = self.driver {
+            let _ = w.wake();
+        }
         if let Some(a) = self.accepted {
             a.notify_all();
         }
@@ -960,6 +982,7 @@ impl Driver {
                 driver_deadline: None,
                 callers_watch_until: None,
                 turn: PollerTurn::default(),
+                paths_changed: false,
                 out: Outgoing::new(&sockets),
             }),
             accepted: Condvar::new(),
@@ -1042,7 +1065,7 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
             if st.endpoint.poll_timeout().is_some_and(|t| t <= now) {
                 st.endpoint.handle_timeout(now);
             }
-            let confirm = if now >= next_confirm {
+            let confirm = if now >= next_confirm || std::mem::take(&mut st.paths_changed) {
                 next_confirm = now + CONFIRM_PERIOD;
                 let paths = st.endpoint.heard_paths(now, NEXT_HOP_HOLD);
                 confirming = !paths.is_empty();
