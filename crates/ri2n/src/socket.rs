@@ -123,6 +123,16 @@ impl LinkSocket {
             Type::DGRAM,
             Some(Protocol::UDP),
         )?;
+        // Descriptors are handed out lowest first: a high one means the process holds many.
+        // A path socket only saves time, so it never takes the last quarter of them from
+        // the application.
+        let limit = rlimit_nofile();
+        if socket.as_raw_fd() as u64 >= limit / 4 * 3 {
+            return Err(io::Error::other(format!(
+                "file descriptors running low ({} of {limit} in use)",
+                socket.as_raw_fd()
+            )));
+        }
         if self.local.is_ipv6() {
             // as the link socket: a dual-stack one also talks to IPv4-mapped peers
             socket.set_only_v6(socket2::SockRef::from(&self.io).only_v6()?)?;
@@ -405,6 +415,21 @@ impl LinkSocket {
             }
         }
     }
+}
+
+/// The process's soft limit of open file descriptors (1024, Linux's usual default, if unknown).
+fn rlimit_nofile() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into `lim`, which outlives the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 1024;
+    }
+    #[allow(clippy::unnecessary_cast)] // rlim_t is narrower on some 32-bit targets
+    let soft = lim.rlim_cur as u64;
+    soft
 }
 
 /// Turns off the ancillary data quinn-udp asks the kernel for on every received datagram and
