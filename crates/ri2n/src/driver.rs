@@ -22,6 +22,11 @@
 //! call waits. Other blocked calls wait on a condition variable of their connection (or of
 //! `accept`), signalled when the engine reports an event for it; a watching call woken only
 //! for other connections leaves the watching to them on its next wait (`PollerTurn`).
+//!
+//! Beside each link's socket, every path in use has a socket connected to its peer (see
+//! `socket.rs`), which the driver thread opens and closes ([`Shared::update_path_sockets`])
+//! and both epoll instances watch like the link sockets: receive sources `0..links` are the
+//! link sockets, `links + slot` the path sockets.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
