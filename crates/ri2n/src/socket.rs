@@ -127,7 +127,7 @@ impl LinkSocket {
         // A path socket only saves time, so it never takes the last quarter of them from
         // the application.
         let limit = rlimit_nofile();
-        if socket.as_raw_fd() as u64 >= limit / 4 * 3 {
+        if descriptors_running_low(socket.as_raw_fd(), limit) {
             return Err(io::Error::other(format!(
                 "file descriptors running low ({} of {limit} in use)",
                 socket.as_raw_fd()
@@ -417,6 +417,11 @@ impl LinkSocket {
     }
 }
 
+/// Whether descriptor `fd`, just handed out, lies in the last quarter of `limit`.
+fn descriptors_running_low(fd: RawFd, limit: u64) -> bool {
+    u64::try_from(fd).is_ok_and(|fd| fd >= limit / 4 * 3)
+}
+
 /// The process's soft limit of open file descriptors (1024, Linux's usual default, if unknown).
 fn rlimit_nofile() -> u64 {
     let mut lim = libc::rlimit {
@@ -613,5 +618,71 @@ fn sockaddr_to_std(name: &libc::sockaddr_storage) -> Option<SocketAddr> {
             )))
         }
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::UdpSocket;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    /// Waits up to 2 s for a datagram on the non-blocking `sock`.
+    fn recv_within(sock: &mio::net::UdpSocket) -> (Vec<u8>, SocketAddr) {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut buf = [0u8; 64];
+        loop {
+            match sock.recv_from(&mut buf) {
+                Ok((n, from)) => return (buf[..n].to_vec(), from),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                Err(e) => panic!("nothing arrived: {e}"),
+            }
+        }
+    }
+
+    /// The kernel behaviour path sockets rest on: on the link socket's port, what the
+    /// connected peer sends arrives on the path socket, what anyone else sends on the link
+    /// socket, and the path socket's datagrams leave from the link socket's address.
+    #[test]
+    fn a_path_socket_takes_its_peer_and_leaves_the_rest_to_the_link_socket() {
+        let link = LinkSocket::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let other = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let path = link.open_path(0, peer.local_addr().unwrap()).unwrap();
+        peer.send_to(b"from the peer", link.local).unwrap();
+        other.send_to(b"from another", link.local).unwrap();
+        assert_eq!(
+            recv_within(&path.io),
+            (b"from the peer".to_vec(), peer.local_addr().unwrap())
+        );
+        assert_eq!(
+            recv_within(&link.io),
+            (b"from another".to_vec(), other.local_addr().unwrap())
+        );
+        let remote = peer.local_addr().unwrap();
+        link.add_path(path);
+        assert!(link.has_path(remote));
+        assert_eq!(link.send(remote, b"back", None), SendOutcome::Sent);
+        let mut buf = [0u8; 16];
+        peer.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let (n, from) = peer.recv_from(&mut buf).unwrap();
+        assert_eq!((&buf[..n], from), (&b"back"[..], link.local));
+        // another endpoint still cannot take the port
+        assert!(LinkSocket::bind(link.local).is_err());
+        let mut closed = Vec::new();
+        link.close_paths(|_| false, |slot, _| closed.push(slot));
+        assert_eq!(closed, [0]);
+        assert!(!link.has_path(remote));
+    }
+
+    #[test]
+    fn path_sockets_leave_the_last_quarter_of_the_descriptors() {
+        assert!(!descriptors_running_low(100, 1024));
+        assert!(!descriptors_running_low(767, 1024));
+        assert!(descriptors_running_low(768, 1024));
+        assert!(!descriptors_running_low(1 << 20, u64::MAX));
     }
 }
