@@ -312,8 +312,8 @@ pub(crate) struct Shared {
     /// [`Shared::sources`]): a thread wanted to receive from it while another held the buffers.
     receive_wanted: Vec<AtomicBool>,
     /// Per path-socket slot (see [`crate::socket::PathSocket`]; receive source and epoll
-    /// token `sockets.len() + slot`): the link socket that holds it. Opened and closed by the
-    /// driver thread only.
+    /// token `sockets.len() + slot`): the link socket that holds it, `usize::MAX` when empty.
+    /// Opened and closed by the driver thread only.
     path_links: Vec<AtomicUsize>,
     /// Which slots hold a path socket, one bit each.
     open_paths: AtomicU64,
@@ -560,7 +560,7 @@ impl Shared {
                     if watching {
                         let _ = deregister(poll.as_raw_fd(), fd);
                     }
-                    self.open_paths.fetch_and(!(1u64 << slot), Ordering::AcqRel);
+                    self.forget_slot(slot);
                     tracing::debug!(local = %sock.local, slot, "path socket closed");
                 },
             );
@@ -610,10 +610,16 @@ impl Shared {
                             let _ = deregister(self.caller_epoll, fd);
                         },
                     );
-                    self.open_paths.fetch_and(!(1u64 << slot), Ordering::AcqRel);
+                    self.forget_slot(slot);
                 }
             }
         }
+    }
+
+    /// Marks path-socket slot `slot` empty.
+    fn forget_slot(&self, slot: usize) {
+        self.open_paths.fetch_and(!(1u64 << slot), Ordering::AcqRel);
+        self.path_links[slot].store(usize::MAX, Ordering::Release);
     }
 
     /// Waits until a connection arrives for `accept` (or `deadline`).

@@ -81,15 +81,8 @@ impl LinkSocket {
     pub fn bind(addr: SocketAddr) -> io::Result<Self> {
         let std = std::net::UdpSocket::bind(addr)?;
         std.set_nonblocking(true)?;
-        let state = UdpSocketState::new((&std).into())?;
-        // best effort: a smaller buffer still works, just drops more under bursts
-        let _ = state.set_send_buffer_size((&std).into(), SOCKET_BUFFER);
-        let _ = state.set_recv_buffer_size((&std).into(), SOCKET_BUFFER);
-        // ICMP errors about our datagrams are queued (IP_RECVERR): "port unreachable" from
-        // the peer's host tells that the peer process is gone, not the network
-        let _ = state.enable_transport_errors((&std).into());
+        let state = set_up(&std)?;
         let local = std.local_addr()?;
-        decline_unused_ancillary_data(&std);
         // after the bind, so that the bind itself still fails on a port taken by anyone
         let shareable = socket2::SockRef::from(&std).set_reuse_port(true).is_ok();
         let interface = crate::carrier::interface_of(local.ip());
@@ -142,11 +135,7 @@ impl LinkSocket {
         socket.bind(&self.local.into())?;
         socket.connect(&remote.into())?;
         let std: std::net::UdpSocket = socket.into();
-        let state = UdpSocketState::new((&std).into())?;
-        let _ = state.set_send_buffer_size((&std).into(), SOCKET_BUFFER);
-        let _ = state.set_recv_buffer_size((&std).into(), SOCKET_BUFFER);
-        let _ = state.enable_transport_errors((&std).into());
-        decline_unused_ancillary_data(&std);
+        let state = set_up(&std)?;
         Ok(PathSocket {
             slot,
             remote,
@@ -415,6 +404,20 @@ impl LinkSocket {
             }
         }
     }
+}
+
+/// What every socket ri2n receives on gets: quinn-udp's state (GSO, GRO), large buffers,
+/// ICMP errors queued, and no ancillary data it does not use.
+fn set_up(socket: &std::net::UdpSocket) -> io::Result<UdpSocketState> {
+    let state = UdpSocketState::new(socket.into())?;
+    // best effort: a smaller buffer still works, just drops more under bursts
+    let _ = state.set_send_buffer_size(socket.into(), SOCKET_BUFFER);
+    let _ = state.set_recv_buffer_size(socket.into(), SOCKET_BUFFER);
+    // ICMP errors about our datagrams are queued (IP_RECVERR): "port unreachable" from the
+    // peer's host tells that the peer process is gone, not the network
+    let _ = state.enable_transport_errors(socket.into());
+    decline_unused_ancillary_data(socket);
+    Ok(state)
 }
 
 /// Whether descriptor `fd`, just handed out, lies in the last quarter of `limit`.
