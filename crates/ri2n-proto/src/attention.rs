@@ -7,11 +7,10 @@
 //! connections are asked for datagrams and events, and only theirs among the deadlines of
 //! [`TimerIndex`] are computed again.
 
-use std::collections::{BTreeSet, HashMap};
-use std::hash::BuildHasherDefault;
+use std::collections::BTreeSet;
 use std::time::Instant;
 
-use crate::endpoint::{CidHasher, ConnectionHandle};
+use crate::endpoint::ConnectionHandle;
 
 /// A set of connection handles, in order: a sorted vector. Each message of a
 /// request-response exchange inserts its connection and removes it again (a tree's node
@@ -25,6 +24,8 @@ impl HandleSet {
         match self.0.last() {
             None => self.0.push(h),
             Some(&last) if last < h => self.0.push(h),
+            // the usual case with one busy connection: it is marked already
+            Some(&last) if last == h => {}
             _ => {
                 if let Err(at) = self.0.binary_search(&h) {
                     self.0.insert(at, h);
@@ -101,28 +102,33 @@ impl Attention {
 }
 
 /// Every connection's next deadline, ordered, so that the endpoint's next deadline and the
-/// connections due at an instant are found without asking each connection.
+/// connections due at an instant are found without asking each connection. Each connection
+/// keeps the deadline it is indexed under (`Connection::indexed_deadline`), which finds its
+/// entry.
 #[derive(Debug, Default)]
 pub(crate) struct TimerIndex {
     by_time: BTreeSet<(Instant, ConnectionHandle)>,
-    of: HashMap<ConnectionHandle, Instant, BuildHasherDefault<CidHasher>>,
 }
 
 impl TimerIndex {
-    /// Records `deadline` as connection `h`'s next one (`None`: it has none).
-    pub fn set(&mut self, h: ConnectionHandle, deadline: Option<Instant>) {
-        let old = match deadline {
-            Some(t) => self.of.insert(h, t),
-            None => self.of.remove(&h),
-        };
-        if old != deadline {
-            if let Some(t) = old {
-                self.by_time.remove(&(t, h));
-            }
-            if let Some(t) = deadline {
-                self.by_time.insert((t, h));
-            }
+    /// Records `deadline` as connection `h`'s next one (`None`: it has none); `indexed` is
+    /// the deadline the connection is indexed under, updated.
+    pub fn set(
+        &mut self,
+        h: ConnectionHandle,
+        indexed: &mut Option<Instant>,
+        deadline: Option<Instant>,
+    ) {
+        if *indexed == deadline {
+            return;
         }
+        if let Some(t) = indexed.take() {
+            self.by_time.remove(&(t, h));
+        }
+        if let Some(t) = deadline {
+            self.by_time.insert((t, h));
+        }
+        *indexed = deadline;
     }
 
     /// The earliest deadline.
@@ -131,14 +137,14 @@ impl TimerIndex {
     }
 
     /// The connection whose deadline is earliest, if that is at or before `now`; its entry
-    /// is removed (the connection is then expected to be marked for a refresh).
+    /// is removed (the caller clears the connection's indexed deadline, and marks it for a
+    /// refresh).
     pub fn pop_due(&mut self, now: Instant) -> Option<ConnectionHandle> {
         let &(t, h) = self.by_time.first()?;
         if t > now {
             return None;
         }
         self.by_time.pop_first();
-        self.of.remove(&h);
         Some(h)
     }
 }
@@ -177,20 +183,26 @@ mod tests {
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
         let mut ix = TimerIndex::default();
-        ix.set(H(1), Some(at(30)));
-        ix.set(H(2), Some(at(10)));
-        ix.set(H(3), Some(at(20)));
+        // what each connection keeps: the deadline it is indexed under
+        let mut kept = [None; 4];
+        ix.set(H(1), &mut kept[1], Some(at(30)));
+        ix.set(H(2), &mut kept[2], Some(at(10)));
+        ix.set(H(3), &mut kept[3], Some(at(20)));
         assert_eq!(ix.first(), Some(at(10)));
-        ix.set(H(2), Some(at(40))); // moved later: the old entry is gone
+        assert_eq!(kept[2], Some(at(10)));
+        ix.set(H(2), &mut kept[2], Some(at(40))); // moved later: the old entry is gone
         assert_eq!(ix.first(), Some(at(20)));
-        ix.set(H(3), None);
-        assert_eq!(ix.first(), Some(at(30)));
+        assert_eq!(kept[2], Some(at(40)));
+        ix.set(H(3), &mut kept[3], None);
+        assert_eq!((ix.first(), kept[3]), (Some(at(30)), None));
+        ix.set(H(1), &mut kept[1], Some(at(30))); // unchanged: one entry still
+        assert_eq!(ix.by_time.len(), 2);
         assert_eq!(ix.pop_due(at(29)), None);
         assert_eq!(ix.pop_due(at(35)), Some(H(1)));
         assert_eq!(ix.pop_due(at(35)), None);
         assert_eq!(ix.first(), Some(at(40)));
         assert_eq!(ix.pop_due(at(40)), Some(H(2)));
         assert_eq!(ix.first(), None);
-        assert!(ix.of.is_empty());
+        assert!(ix.by_time.is_empty());
     }
 }

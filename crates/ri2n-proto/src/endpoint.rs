@@ -457,6 +457,23 @@ impl Endpoint {
                     Err(DropReason::UnknownConnection)
                 }
             },
+            control => self.handle_control_packet(now, local, remote, control),
+        }
+    }
+
+    /// A packet of the handshake or a RESET. Kept out of line: opening a connection builds
+    /// one on the stack, which inlined into [`Self::handle_datagram`] made every data packet
+    /// reserve (and probe) several kilobytes of stack.
+    #[inline(never)]
+    fn handle_control_packet(
+        &mut self,
+        now: Instant,
+        local: SocketAddr,
+        remote: SocketAddr,
+        header: Header<'_>,
+    ) -> Result<(), DropReason> {
+        match header {
+            Header::Short { .. } => unreachable!("short packets are handled by the caller"),
             Header::Initial {
                 scid,
                 token,
@@ -817,6 +834,7 @@ impl Endpoint {
         // refresh
         while let Some(h) = self.timers.pop_due(now) {
             if let Some(c) = self.connections.get_mut(&h) {
+                c.indexed_deadline = None;
                 c.handle_timeout(now);
                 self.attention.touch(h);
             }
@@ -830,8 +848,11 @@ impl Endpoint {
         }
         let mut marked = self.attention.timers.take();
         for h in marked.drain(..) {
-            let deadline = self.connections.get(&h).and_then(Connection::poll_timeout);
-            self.timers.set(h, deadline);
+            // a connection gone was taken out of the index as it went
+            if let Some(c) = self.connections.get_mut(&h) {
+                let deadline = c.poll_timeout();
+                self.timers.set(h, &mut c.indexed_deadline, deadline);
+            }
         }
         self.attention.timers.restore(marked);
     }
@@ -898,9 +919,10 @@ impl Endpoint {
             .get(&h)
             .is_some_and(|c| c.state() == ConnectionState::Closed)
         {
-            self.connections.remove(&h);
+            if let Some(mut c) = self.connections.remove(&h) {
+                self.timers.set(h, &mut c.indexed_deadline, None);
+            }
             self.attention.forget(h);
-            self.timers.set(h, None);
             self.by_cid.retain(|_, v| *v != h);
             self.by_initial.retain(|_, v| *v != h);
             true

@@ -790,6 +790,59 @@ fn an_idle_connection_sets_no_timers_but_its_keepalives() {
     );
 }
 
+/// Keepalives run on their timer (which owes the link a PING) rather than on a check of every
+/// outgoing datagram: an idle connection still sends one per link about every interval, on
+/// both sides, and its links stay up.
+#[test]
+fn idle_links_send_a_keepalive_every_interval_and_stay_up() {
+    let interval = Duration::from_millis(200);
+    let config = ConnectionConfig::default().with_keepalive_interval(interval);
+    let (mut client, mut server, mut net, ch) = connected_pair_with(
+        &[addr("10.0.0.1:5000"), addr("10.1.0.1:5000")],
+        &[addr("10.0.0.2:6000"), addr("10.1.0.2:6000")],
+        config,
+    );
+    let sh = run(
+        &mut client,
+        &mut server,
+        &mut net,
+        Duration::from_secs(5),
+        |c, _, acc| {
+            let links = c.connection(ch).unwrap().stats().links;
+            acc.is_some() && links.len() == 2 && links.iter().all(|l| l.state == LinkState::Up)
+        },
+    )
+    .expect("the server accepted");
+    // let the acknowledgements and path MTU discovery settle
+    events_within(&mut client, &mut server, &mut net, Duration::from_secs(1));
+    let sent = |e: &Endpoint, h| -> Vec<(LinkState, u64)> {
+        let stats = e.connection(h).unwrap().stats();
+        stats
+            .links
+            .iter()
+            .map(|l| (l.state, l.packets_sent))
+            .collect()
+    };
+    let before = (sent(&client, ch), sent(&server, sh));
+    events_within(&mut client, &mut server, &mut net, Duration::from_secs(2));
+    let after = (sent(&client, ch), sent(&server, sh));
+    for (side, b, a) in [
+        ("client", &before.0, &after.0),
+        ("server", &before.1, &after.1),
+    ] {
+        for (i, ((_, n0), (state, n1))) in b.iter().zip(a).enumerate() {
+            assert_eq!(*state, LinkState::Up, "{side} link {i}");
+            // 2 s of 200 ms intervals: 10 keepalives, give or take the peer's (which put
+            // ours off) and their acknowledgements
+            let pings = n1 - n0;
+            assert!(
+                (5..=20).contains(&pings),
+                "{side} link {i} sent {pings} packets in 2 idle seconds"
+            );
+        }
+    }
+}
+
 /// A datagram flow from client to server: one datagram every `every` while sending, each
 /// carrying its number; what arrives is checked off.
 struct Flow {

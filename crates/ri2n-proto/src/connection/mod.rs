@@ -182,6 +182,9 @@ enum HoldOver {
 /// One ri2n connection.
 #[derive(Debug)]
 pub struct Connection {
+    /// The deadline under which the endpoint's timer index holds this connection, if any:
+    /// kept here, so that updating the index looks nothing up.
+    pub(crate) indexed_deadline: Option<Instant>,
     cfg: ConnectionConfig,
     state: ConnectionState,
     close_reason: Option<ConnectionError>,
@@ -211,7 +214,8 @@ pub struct Connection {
     datagrams_in: IncomingDatagrams,
     /// Where held datagrams stand once their hold ran out.
     hold_over: HoldOver,
-    /// Up links owed a PING (bit per link position), to learn whether the peer can reach us.
+    /// Up links owed a PING (bit per link position): their keepalive fell due, or we must
+    /// learn whether the peer can reach us.
     pings_owed: u32,
     /// When the peer was heard again after such an outage (any packet): holds of datagrams
     /// held before then restart from here (see [`HoldRule`]).
@@ -375,6 +379,7 @@ impl Connection {
             last_arrival_link: 0,
             hold_over: HoldOver::No,
             pings_owed: 0,
+            indexed_deadline: None,
             arrivals_resumed: None,
             all_down_since: None,
             next_share_check: now + cfg.share_check_interval,

@@ -33,11 +33,12 @@ impl Connection {
     /// Builds the next datagram into `out` and, if it was data and `out` wants more, the rest
     /// of a burst of data at this instant. Returns how many datagrams it built.
     pub(crate) fn poll_transmit(&mut self, now: Instant, out: &mut dyn TransmitBuffer) -> usize {
-        let Some((t, schedule)) = self.next_datagram(now, out) else {
+        let mut schedule = None;
+        let Some(t) = self.next_datagram(now, out, &mut schedule) else {
             return 0;
         };
         out.commit(&t);
-        match schedule {
+        match &mut schedule {
             Some(schedule) => 1 + self.data_burst(now, schedule, out),
             None => 1,
         }
@@ -51,7 +52,7 @@ impl Connection {
     fn data_burst(
         &mut self,
         now: Instant,
-        mut schedule: Schedule,
+        schedule: &mut Schedule,
         out: &mut dyn TransmitBuffer,
     ) -> usize {
         let mut built = 0;
@@ -59,7 +60,7 @@ impl Connection {
             && out.wants_more()
             && (!self.datagrams_out.is_empty() || self.send.iter().any(SendStream::wants_to_send))
         {
-            let Some(i) = self.pick_next_data_link(&mut schedule, now) else {
+            let Some(i) = self.pick_next_data_link(schedule, now) else {
                 break;
             };
             let t = self.transmit(now, i, PacketKind::Data, out);
@@ -71,21 +72,22 @@ impl Connection {
     }
 
     /// Builds the next datagram into the buffer `out` gives for its path. For data, also
-    /// returns the schedule that placed it.
+    /// leaves the schedule that placed it in `schedule`.
     fn next_datagram(
         &mut self,
         now: Instant,
         out: &mut dyn TransmitBuffer,
-    ) -> Option<(Transmit, Option<Schedule>)> {
+        schedule: &mut Option<Schedule>,
+    ) -> Option<Transmit> {
         if self.state == ConnectionState::Closed {
             let i = self.close_sends.pop()?;
             let (code, reason) = self.close_frame.clone().unwrap_or_default();
             let len = self.build_close(i, code, &reason, out);
             let (local, remote) = (self.links[i].local, self.links[i].remote);
-            return Some((Transmit { local, remote, len }, None));
+            return Some(Transmit { local, remote, len });
         }
         if let Some(t) = self.poll_handshake(now, out) {
-            return Some((t, None));
+            return Some(t);
         }
         if !self.can_send_short() {
             return None;
@@ -103,29 +105,27 @@ impl Connection {
                     return None; // that was the last link of a peer that is gone
                 }
             }
-            return Some((self.transmit(now, i, PacketKind::Probe, out), None));
+            return Some(self.transmit(now, i, PacketKind::Probe, out));
         }
-        // 2. probe timeouts, keepalives and the handshake confirmation on up links
+        // 2. probe timeouts, keepalives and the handshake confirmation on up links (their
+        // timers marked them owed: the deadlines are not computed again for every datagram)
         let ping = self.ping_pending.take().or_else(|| {
             (0..self.links.len()).find(|&i| {
                 let l = &self.links[i];
-                l.is_up()
-                    && (l.recovery.pto_probes_pending > 0
-                        || self.pings_owed & 1 << i != 0
-                        || l.keepalive_deadline(&self.cfg).is_some_and(|t| t <= now))
+                l.is_up() && (l.recovery.pto_probes_pending > 0 || self.pings_owed & 1 << i != 0)
             })
         });
         if let Some(i) = ping {
             self.pings_owed &= !(1 << i);
             let l = &mut self.links[i];
             l.recovery.pto_probes_pending = l.recovery.pto_probes_pending.saturating_sub(1);
-            return Some((self.transmit(now, i, PacketKind::Ping, out), None));
+            return Some(self.transmit(now, i, PacketKind::Ping, out));
         }
         // 3. path MTU probes (one at a time per link, outside the congestion window)
         if let Some((i, size)) =
             (0..self.links.len()).find_map(|i| Some((i, self.links[i].mtu_probe_due(now)?)))
         {
-            return Some((self.transmit(now, i, PacketKind::MtuProbe(size), out), None));
+            return Some(self.transmit(now, i, PacketKind::MtuProbe(size), out));
         }
         // 4. stream data, striped over the up links with window and pacing room
         let control_waiting =
@@ -137,11 +137,13 @@ impl Connection {
         }
         self.datagrams_out.drop_stale(now);
         if !self.datagrams_out.is_empty() || self.send.iter().any(SendStream::wants_to_send) {
-            match self.pick_data_link(now) {
-                Ok((i, mut schedule)) => {
+            match self.pick_data_link(now, schedule) {
+                Ok(i) => {
                     let t = self.transmit(now, i, PacketKind::Data, out);
-                    schedule.sent_on(i, &self.links[i], now);
-                    return Some((t, Some(schedule)));
+                    if let Some(schedule) = schedule {
+                        schedule.sent_on(i, &self.links[i], now);
+                    }
+                    return Some(t);
                 }
                 Err(wake) => self.pacing_wakeup = wake,
             }
@@ -149,13 +151,13 @@ impl Connection {
         // control frames do not wait for congestion windows
         if control_waiting {
             if let Some(i) = self.best_up_link() {
-                return Some((self.transmit(now, i, PacketKind::AckOnly, out), None));
+                return Some(self.transmit(now, i, PacketKind::AckOnly, out));
             }
         }
         // 5. acknowledgements
         if self.links.iter().any(|l| l.ack.is_due(now)) {
             let i = self.ack_link();
-            return Some((self.transmit(now, i, PacketKind::AckOnly, out), None));
+            return Some(self.transmit(now, i, PacketKind::AckOnly, out));
         }
         None
     }

@@ -49,8 +49,14 @@ pub(super) struct Schedule {
 }
 
 impl Schedule {
-    fn new(c: &Connection, now: Instant) -> Self {
-        let mut s = Schedule {
+    /// The schedule of `c`'s links at `now`, built in `slot` (not moved there: see
+    /// [`Connection::pick_data_link`]).
+    fn measure_into<'s>(
+        slot: &'s mut Option<Schedule>,
+        c: &Connection,
+        now: Instant,
+    ) -> &'s mut Schedule {
+        let s = slot.insert(Schedule {
             rates: [0.0; MAX_LINKS],
             etas: [f64::INFINITY; MAX_LINKS],
             allowance: [None; MAX_LINKS],
@@ -59,7 +65,7 @@ impl Schedule {
                 Striping::Failover => c.primary_link(),
             },
             window: c.peer_window.min(c.cfg.send_buffer) as f64,
-        };
+        });
         for i in 0..c.links.len() {
             s.measure(i, &c.links[i], now);
         }
@@ -145,15 +151,21 @@ impl Schedule {
 }
 
 impl Connection {
-    /// The link for the next data packet ([`Schedule::pick`]), with the schedule that chose
-    /// it, for the rest of a burst.
+    /// The link for the next data packet ([`Schedule::pick`]). `slot` then holds the
+    /// schedule that chose it, for the rest of a burst (and is left empty when none was
+    /// chosen). A slot rather than a return value: a schedule is a few hundred bytes, which
+    /// each move would copy, for every data packet.
     pub(super) fn pick_data_link(
         &mut self,
         now: Instant,
-    ) -> Result<(usize, Schedule), Option<Instant>> {
-        let mut schedule = Schedule::new(self, now);
-        let i = self.pick_with(&mut schedule, now)?;
-        Ok((i, schedule))
+        slot: &mut Option<Schedule>,
+    ) -> Result<usize, Option<Instant>> {
+        let schedule = Schedule::measure_into(slot, self, now);
+        let picked = self.pick_with(schedule, now);
+        if picked.is_err() {
+            *slot = None;
+        }
+        picked
     }
 
     /// The next link of a burst at the instant `schedule` describes.
@@ -196,7 +208,7 @@ impl Connection {
 
     /// See [`Schedule::budget`].
     pub(super) fn eta_budget(&self, now: Instant) -> (f64, f64) {
-        Schedule::new(self, now).budget()
+        Schedule::measure_into(&mut None, self, now).budget()
     }
 
     pub(super) fn best_up_link(&self) -> Option<usize> {

@@ -4,8 +4,9 @@
 //! `connection/timer.rs`.)
 //!
 //! Some timers only make the connection *poll* again: the packet they call for (a
-//! retransmitted INITIAL, a probe, a delayed acknowledgement, a keepalive) is built by
-//! `poll_transmit`, which checks the same deadlines.
+//! retransmitted INITIAL, a probe, a delayed acknowledgement) is built by `poll_transmit`,
+//! which checks the same deadlines. A keepalive's deadline costs more to compute, so its
+//! timer marks the link owed a PING instead, and `poll_transmit` only looks at the mark.
 
 use std::time::Instant;
 
@@ -53,7 +54,7 @@ pub(super) enum LinkTimer {
     Probe,
     /// The delayed acknowledgement of what arrived (sent by `poll_transmit`).
     Ack,
-    /// An idle up link's keepalive (sent by `poll_transmit`).
+    /// An idle up link's keepalive: owes the link a PING, which `poll_transmit` sends.
     Keepalive,
 }
 
@@ -178,7 +179,8 @@ impl Connection {
             // poll_transmit sends what these call for
             Timer::CloseSend
             | Timer::HandshakeRetry
-            | Timer::Link(_, LinkTimer::Probe | LinkTimer::Ack | LinkTimer::Keepalive) => {}
+            | Timer::Link(_, LinkTimer::Probe | LinkTimer::Ack) => {}
+            Timer::Link(i, LinkTimer::Keepalive) => self.pings_owed |= 1 << i,
             Timer::HandshakeTimeout => self.set_closed(Some(ConnectionError::Refused)),
             Timer::AllLinksDown => self.fail(ConnectionError::AllLinksDown),
             Timer::Idle => self.fail(ConnectionError::IdleTimeout),

@@ -14,6 +14,8 @@ pub(crate) struct Arrivals {
     last_sending: Option<Instant>,
     /// The usual gap between such arrivals (moving average).
     gap: Duration,
+    /// `SILENCE_GAPS` of them (kept: the timers ask for it several times a packet).
+    silence: Duration,
 }
 
 impl Arrivals {
@@ -25,6 +27,7 @@ impl Arrivals {
             if let Some(prev) = self.last_sending {
                 let gap = now.saturating_duration_since(prev);
                 self.gap = (self.gap * 7 + gap) / 8;
+                self.silence = self.gap * SILENCE_GAPS;
             }
             self.last_sending = Some(now);
         }
@@ -46,6 +49,6 @@ impl Arrivals {
         if last_eliciting_sent.is_some_and(|sent| sent >= heard) {
             return None; // the probe timeout watches what was sent since
         }
-        Some(heard + (self.gap * SILENCE_GAPS).max(pto()))
+        Some(heard + self.silence.max(pto()))
     }
 }

@@ -292,8 +292,7 @@ impl Link {
 
     /// Probe timeout: how long to wait for any acknowledgement before probing.
     pub fn pto(&self, cfg: &ConnectionConfig) -> Duration {
-        (self.rtt.srtt + (self.rtt.rttvar * 4).max(GRANULARITY) + cfg.max_ack_delay)
-            .max(cfg.min_pto)
+        (self.rtt.pto_span() + cfg.max_ack_delay).max(cfg.min_pto)
     }
 
     /// Whether a full-size data packet fits the window and the pacer allows it now;

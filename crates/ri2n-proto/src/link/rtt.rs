@@ -14,6 +14,9 @@ pub(crate) struct Rtt {
     pub min: Duration,
     pub latest: Duration,
     has_sample: bool,
+    /// `srtt + max(4 × rttvar, granularity)`, the round-trip part of the probe timeout (RFC
+    /// 9002 §6.2.1): kept with the estimate, as the timers ask for it several times a packet.
+    pto_span: Duration,
 }
 
 impl Rtt {
@@ -24,6 +27,7 @@ impl Rtt {
             min: Duration::MAX,
             latest: INITIAL_RTT,
             has_sample: false,
+            pto_span: INITIAL_RTT + (INITIAL_RTT / 2 * 4).max(GRANULARITY),
         }
     }
 
@@ -49,6 +53,12 @@ impl Rtt {
             self.rttvar = (self.rttvar * 3 + diff) / 4;
             self.srtt = (self.srtt * 7 + adjusted) / 8;
         }
+        self.pto_span = self.srtt + (self.rttvar * 4).max(GRANULARITY);
+    }
+
+    /// `srtt + max(4 × rttvar, granularity)` (RFC 9002 §6.2.1).
+    pub fn pto_span(&self) -> Duration {
+        self.pto_span
     }
 
     /// The path's round-trip time without queueing: the smallest seen (smoothed before any).
@@ -64,5 +74,33 @@ impl Rtt {
     /// (RFC 9002 §6.1.2, time threshold 9/8).
     pub fn loss_delay(&self) -> Duration {
         (self.srtt.max(self.latest) * 9 / 8).max(GRANULARITY)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kept probe-timeout span always equals `srtt + max(4 × rttvar, granularity)` of the
+    /// current estimate: before any sample, after the first and through later ones.
+    #[test]
+    fn pto_span_follows_the_estimate() {
+        let span = |r: &Rtt| r.srtt + (r.rttvar * 4).max(GRANULARITY);
+        let mut rtt = Rtt::new();
+        assert_eq!(rtt.pto_span(), span(&rtt));
+        assert_eq!(rtt.pto_span(), Duration::from_millis(300));
+        let samples_us = [800, 120, 95, 5000, 100, 100, 100, 90];
+        for (k, us) in samples_us.into_iter().enumerate() {
+            rtt.update(
+                Duration::from_micros(us),
+                Duration::from_micros(10 * k as u64),
+            );
+            assert_eq!(rtt.pto_span(), span(&rtt), "after sample {k}");
+        }
+        // a steady short path: the variance shrinks below the granularity, which then rules
+        for _ in 0..200 {
+            rtt.update(Duration::from_micros(50), Duration::ZERO);
+        }
+        assert_eq!(rtt.pto_span(), rtt.srtt + GRANULARITY);
     }
 }
