@@ -843,6 +843,53 @@ fn idle_links_send_a_keepalive_every_interval_and_stay_up() {
     }
 }
 
+/// What a driver relies on to skip its pass over the engine after a read: a read that frees
+/// a quarter of the receive window leaves `window_update_pending` set until the update is
+/// built; a read that frees less leaves it clear.
+#[test]
+fn a_read_that_frees_the_window_leaves_its_update_pending_until_sent() {
+    let mut config = ConnectionConfig::default();
+    config.stream_receive_window = 64 * 1024;
+    let (mut client, mut server, mut net, ch) =
+        connected_pair_with(&[addr("10.0.0.1:5000")], &[addr("10.0.0.2:6000")], config);
+    let sh = run(
+        &mut client,
+        &mut server,
+        &mut net,
+        Duration::from_secs(5),
+        |c, _, acc| {
+            acc.is_some() && c.connection(ch).unwrap().state() == ConnectionState::Established
+        },
+    )
+    .expect("the server accepted");
+    // (message length, update expected): a small message frees too little of the window, a
+    // large one a quarter or more
+    for (len, update) in [(1000, false), (40_000, true)] {
+        let msg = vec![7u8; len];
+        server
+            .connection_mut(sh)
+            .unwrap()
+            .send_message(&msg)
+            .unwrap();
+        let mut pending = None;
+        let limit = net.now + Duration::from_secs(5);
+        run(&mut client, &mut server, &mut net, limit, |c, _, _| {
+            let conn = c.connection_mut(ch).unwrap();
+            match conn.recv_message() {
+                Ok(Some(m)) => {
+                    assert_eq!(m, msg);
+                    pending = Some(conn.window_update_pending());
+                    true
+                }
+                _ => false,
+            }
+        });
+        assert_eq!(pending, Some(update), "after reading {len} bytes");
+        // `run` flushed what the client had to send: the update went out
+        assert!(!client.connection(ch).unwrap().window_update_pending());
+    }
+}
+
 /// A datagram flow from client to server: one datagram every `every` while sending, each
 /// carrying its number; what arrives is checked off.
 struct Flow {

@@ -97,25 +97,70 @@ impl Connection {
     fn blocking<T, E>(
         &self,
         deadline: Option<Instant>,
+        f: impl FnMut(&mut ProtoConnection) -> Result<T, E>,
+        is_blocked: impl Fn(&E) -> bool,
+    ) -> Result<Result<T, E>, io::Error> {
+        self.blocking_then(deadline, f, is_blocked, |_, _| false)
+    }
+
+    /// [`blocking`](Self::blocking) for a read of a stream. A read that returned data and
+    /// freed no window to announce (the usual case) left the engine nothing to send, no timer
+    /// and no event, so the call returns without the pass over the engine other calls end
+    /// with: one fewer per message of a request-response exchange.
+    fn blocking_read<T>(
+        &self,
+        f: impl FnMut(&mut ProtoConnection) -> Result<T, ReadError>,
+    ) -> io::Result<T> {
+        let settled =
+            |c: &ProtoConnection, r: &Result<T, ReadError>| r.is_ok() && !c.window_update_pending();
+        match self.blocking_then(None, f, |e| *e == ReadError::Blocked, settled)? {
+            Ok(r) => Ok(r),
+            Err(e) => Err(read_error(e)),
+        }
+    }
+
+    /// [`blocking`](Self::blocking), skipping the pass over the engine after the call when
+    /// `settled` says the call left nothing for it.
+    fn blocking_then<T, E>(
+        &self,
+        deadline: Option<Instant>,
         mut f: impl FnMut(&mut ProtoConnection) -> Result<T, E>,
         is_blocked: impl Fn(&E) -> bool,
+        settled: impl Fn(&ProtoConnection, &Result<T, E>) -> bool,
     ) -> Result<Result<T, E>, io::Error> {
         let shared = &self.driver.shared;
         let mut st = shared.lock();
+        // whether this wait's window update was sent already (see below)
+        let mut granted = false;
         loop {
             match f(conn(&mut st, self.handle)) {
-                // A blocked call only looked: it left nothing to send and no timer to arm,
-                // so it goes straight to waiting. The lock is held from the look to the
-                // wait, so no event for this connection can slip in between unseen (the
+                // A blocked message read may have granted the peer the window the whole
+                // message needs: that goes out before waiting for it. The lock is let go
+                // while sending, so look again after (once per wait: an update that cannot
+                // go out, with no link up, waits for the driver thread).
+                Err(e)
+                    if is_blocked(&e)
+                        && !granted
+                        && look(&st, self.handle).window_update_pending() =>
+                {
+                    granted = true;
+                    st = shared.after_app_call(st);
+                }
+                // Otherwise a blocked call only looked: it left nothing to send and no timer
+                // to arm, so it goes straight to waiting. The lock is held from the look to
+                // the wait, so no event for this connection can slip in between unseen (the
                 // engine signals readability once until a read finds nothing).
                 Err(e) if is_blocked(&e) => {
+                    granted = false;
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         return Err(io::Error::new(io::ErrorKind::TimedOut, "timed out"));
                     }
                     st = shared.wait_connection(st, self.handle, deadline);
                 }
                 r => {
-                    drop(shared.after_app_call(st));
+                    if !settled(look(&st, self.handle), &r) {
+                        drop(shared.after_app_call(st));
+                    }
                     return Ok(r);
                 }
             }
@@ -285,10 +330,7 @@ impl Connection {
 
     /// Receives one whole message; `Ok(None)` once the peer finished its message stream.
     pub fn recv_message(&self) -> io::Result<Option<Vec<u8>>> {
-        match self.blocking(None, |c| c.recv_message(), |e| *e == ReadError::Blocked)? {
-            Ok(m) => Ok(m),
-            Err(e) => Err(read_error(e)),
-        }
+        self.blocking_read(|c| c.recv_message())
     }
 
     /// Receives one whole message if one has fully arrived; `Ok(None)` once the peer finished
@@ -400,10 +442,7 @@ impl Connection {
     /// the receive buffer is ready it is handed over as `buf` without copying, and the memory
     /// `buf` had is kept for a later block: reuse the same `buf` for every call.
     pub fn read_buf(&self, buf: &mut Vec<u8>) -> io::Result<usize> {
-        match self.blocking(None, |c| c.read_buf(buf), |e| *e == ReadError::Blocked)? {
-            Ok(n) => Ok(n),
-            Err(e) => Err(read_error(e)),
-        }
+        self.blocking_read(|c| c.read_buf(buf))
     }
 
     /// Aborts the connection at once; the peer sees `PeerAborted` with `code` and `reason`.
@@ -447,6 +486,14 @@ fn conn(st: &mut State, h: ConnectionHandle) -> &mut ProtoConnection {
         .expect("a connection stays in the engine while its handle lives")
 }
 
+/// [`conn`] to look at only: the engine does not count it as something that happened to the
+/// connection.
+fn look(st: &State, h: ConnectionHandle) -> &ProtoConnection {
+    st.endpoint
+        .connection(h)
+        .expect("a connection stays in the engine while its handle lives")
+}
+
 fn write_error(e: WriteError) -> io::Error {
     match e {
         WriteError::ConnectionLost(e) => lost(e),
@@ -466,10 +513,7 @@ fn read_error(e: ReadError) -> io::Error {
 /// another writes or watches the statistics.
 impl io::Read for &Connection {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self.blocking(None, |c| c.read(buf), |e| *e == ReadError::Blocked)? {
-            Ok(n) => Ok(n),
-            Err(e) => Err(read_error(e)),
-        }
+        self.blocking_read(|c| c.read(buf))
     }
 }
 

@@ -311,6 +311,48 @@ fn try_recv_message_never_blocks() {
     }
 }
 
+/// Message `i` of [`messages_filling_a_small_window_arrive_exact_through_blocking_reads`]:
+/// its bytes follow from its number.
+fn numbered_message(i: u32, len: usize) -> Vec<u8> {
+    (0..len as u32)
+        .map(|k| (k.wrapping_mul(31) ^ i) as u8)
+        .collect()
+}
+
+/// Blocking reads skip the pass over the engine after them when they leave nothing to send,
+/// but not when they free the window: messages of most of a small window, each waiting for
+/// the window the reads of the one before freed, arrive exact.
+#[test]
+fn messages_filling_a_small_window_arrive_exact_through_blocking_reads() {
+    const MESSAGES: u32 = 100;
+    const LEN: usize = 60_000;
+    let p = pair();
+    let mut config = ConnectionConfig::default();
+    config.stream_receive_window = 64 * 1024;
+    let conn = p.client.connect(&p.server.local_addrs(), config).unwrap();
+    let peer = p.server.accept().unwrap();
+    let sender = thread::spawn(move || {
+        for i in 0..MESSAGES {
+            peer.send_message(&numbered_message(i, LEN)).unwrap();
+        }
+        peer
+    });
+    let start = Instant::now();
+    for i in 0..MESSAGES {
+        let m = conn
+            .recv_message()
+            .unwrap()
+            .expect("a message, not the end");
+        assert!(m == numbered_message(i, LEN), "message {i} differs");
+        // a liveness bound, far above the fraction of a second this takes
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{i} messages in a minute: window updates went missing"
+        );
+    }
+    drop(sender.join().unwrap());
+}
+
 /// Datagram `seq`: its size and bytes follow from its number, so the receiver can check it.
 fn datagram(seq: u32, max: usize) -> Vec<u8> {
     let len = 4 + (seq as usize * 7919) % (max - 3);

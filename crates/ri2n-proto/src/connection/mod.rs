@@ -688,6 +688,14 @@ impl Connection {
         }
     }
 
+    /// Whether a window update waits to be sent: a read freed enough of a stream's receive
+    /// window to tell the peer. The only thing a read that returned data can leave to send
+    /// (a read that failed the connection returns an error): after such a read without it, a
+    /// driver need not look for anything to send, timers or events.
+    pub fn window_update_pending(&self) -> bool {
+        self.max_data_pending.iter().any(|&p| p)
+    }
+
     fn after_read(&mut self, stream: usize) {
         if self.recv[stream].window_update().is_some() {
             self.max_data_pending[stream] = true;
