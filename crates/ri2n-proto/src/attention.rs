@@ -49,6 +49,14 @@ impl HandleSet {
         self.0.is_empty()
     }
 
+    pub fn contains(&self, h: ConnectionHandle) -> bool {
+        self.0.binary_search(&h).is_ok()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = ConnectionHandle> + '_ {
+        self.0.iter().copied()
+    }
+
     /// Empties the set, handing over its handles in order (the memory stays with the set
     /// when the vector is given back with [`Self::restore`]).
     pub fn take(&mut self) -> Vec<ConnectionHandle> {
@@ -134,6 +142,14 @@ impl TimerIndex {
     /// The earliest deadline.
     pub fn first(&self) -> Option<Instant> {
         self.by_time.first().map(|&(t, _)| t)
+    }
+
+    /// The earliest deadline of a connection `skip` does not pick.
+    pub fn first_but(&self, skip: impl Fn(ConnectionHandle) -> bool) -> Option<Instant> {
+        self.by_time
+            .iter()
+            .find(|&&(_, h)| !skip(h))
+            .map(|&(t, _)| t)
     }
 
     /// The connection whose deadline is earliest, if that is at or before `now`; its entry

@@ -827,6 +827,26 @@ impl Endpoint {
         next
     }
 
+    /// The engine's next deadline, as [`poll_timeout`](Self::poll_timeout) would return it,
+    /// if it is earlier than `limit` (`None`: than never). Unlike `poll_timeout` it leaves
+    /// the timer index as it is: the connections something happened to since it was last
+    /// brought up to date are asked, and the index answers for the others. For a thread that
+    /// only needs to know whether the one running the timers must wake up sooner; keeping
+    /// the ordered index up to date after every message is what cost.
+    pub fn timeout_before(&self, limit: Option<Instant>) -> Option<Instant> {
+        let marked = &self.attention.timers;
+        let asked = marked
+            .iter()
+            .filter_map(|h| self.connections.get(&h)?.poll_timeout())
+            .min();
+        let indexed = self.timers.first_but(|h| marked.contains(h));
+        let next = match (asked, indexed) {
+            (Some(a), Some(i)) => Some(a.min(i)),
+            (a, i) => a.or(i),
+        };
+        next.filter(|&t| limit.is_none_or(|l| t < l))
+    }
+
     /// Runs every timer that is due.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.refresh_timers();

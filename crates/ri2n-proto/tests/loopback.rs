@@ -890,6 +890,52 @@ fn a_read_that_frees_the_window_leaves_its_update_pending_until_sent() {
     }
 }
 
+/// `timeout_before` answers what `poll_timeout` would, without bringing the timer index up to
+/// date: checked at every step of an exchange of messages over two links, on both sides.
+#[test]
+fn timeout_before_agrees_with_poll_timeout_throughout_an_exchange() {
+    let (mut client, mut server, mut net, ch) = connected_pair(
+        &[addr("10.0.0.1:5000"), addr("10.1.0.1:5000")],
+        &[addr("10.0.0.2:6000"), addr("10.1.0.2:6000")],
+    );
+    let check = |e: &mut Endpoint| {
+        let quick = e.timeout_before(None);
+        let full = e.poll_timeout();
+        assert_eq!(quick, full);
+        if let Some(t) = full {
+            assert_eq!(e.timeout_before(Some(t)), None, "not earlier than itself");
+            let later = t + Duration::from_millis(1);
+            assert_eq!(e.timeout_before(Some(later)), Some(t));
+        }
+    };
+    let (mut sent, mut echoed, mut checks) = (0, 0, 0);
+    run(
+        &mut client,
+        &mut server,
+        &mut net,
+        Duration::from_secs(10),
+        |c, s, acc| {
+            check(c);
+            check(s);
+            checks += 1;
+            let Some(sh) = *acc else { return false };
+            if let Ok(Some(m)) = s.connection_mut(sh).unwrap().recv_message() {
+                s.connection_mut(sh).unwrap().send_message(&m).unwrap();
+            }
+            let cc = c.connection_mut(ch).unwrap();
+            if let Ok(Some(_)) = cc.recv_message() {
+                echoed += 1;
+            }
+            if sent == echoed && sent < 200 && cc.state() == ConnectionState::Established {
+                cc.send_message(&[sent as u8; 100]).unwrap();
+                sent += 1;
+            }
+            echoed == 200
+        },
+    );
+    assert!(checks > 400, "{checks} checks");
+}
+
 /// A datagram flow from client to server: one datagram every `every` while sending, each
 /// carrying its number; what arrives is checked off.
 struct Flow {

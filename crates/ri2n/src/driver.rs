@@ -380,9 +380,9 @@ impl Shared {
     /// to wake up: after an application thread changed the engine (its call, or datagrams it
     /// received while waiting).
     fn arm_driver(&self, st: &mut State) {
-        let next = st.endpoint.poll_timeout();
-        if next.is_some_and(|t| st.driver_deadline.is_none_or(|d| t < d)) {
-            st.driver_deadline = next;
+        // the engine's timer index is brought up to date by the driver thread
+        if let Some(next) = st.endpoint.timeout_before(st.driver_deadline) {
+            st.driver_deadline = Some(next);
             let _ = self.waker.wake();
         }
     }
