@@ -49,6 +49,10 @@ impl HandleSet {
         self.0.is_empty()
     }
 
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
     pub fn contains(&self, h: ConnectionHandle) -> bool {
         self.0.binary_search(&h).is_ok()
     }

@@ -78,6 +78,10 @@ impl TransmitBuffer for SliceBuffer<'_> {
     }
 }
 
+/// Most connections [`Endpoint::timeout_before`] asks for their deadline rather than
+/// bringing the timer index up to date.
+const ASK_AT_MOST: usize = 8;
+
 /// Stateless answers waiting to be sent; beyond this many, new ones are dropped, so a flood
 /// of junk cannot grow memory.
 const MAX_STATELESS_QUEUE: usize = 64;
@@ -829,11 +833,16 @@ impl Endpoint {
 
     /// The engine's next deadline, as [`poll_timeout`](Self::poll_timeout) would return it,
     /// if it is earlier than `limit` (`None`: than never). Unlike `poll_timeout` it leaves
-    /// the timer index as it is: the connections something happened to since it was last
-    /// brought up to date are asked, and the index answers for the others. For a thread that
-    /// only needs to know whether the one running the timers must wake up sooner; keeping
-    /// the ordered index up to date after every message is what cost.
-    pub fn timeout_before(&self, limit: Option<Instant>) -> Option<Instant> {
+    /// the timer index as it is while few connections had something happen to them since it
+    /// was last brought up to date: those are asked, and the index answers for the others.
+    /// For a thread that only needs to know whether the one running the timers must wake up
+    /// sooner: keeping the ordered index up to date after every message is what cost. With
+    /// more marked connections than [`ASK_AT_MOST`], the index is brought up to date first,
+    /// so that they are not asked again at every call until it is.
+    pub fn timeout_before(&mut self, limit: Option<Instant>) -> Option<Instant> {
+        if self.attention.timers.len() > ASK_AT_MOST {
+            self.refresh_timers();
+        }
         let marked = &self.attention.timers;
         let asked = marked
             .iter()
