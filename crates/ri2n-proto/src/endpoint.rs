@@ -837,7 +837,7 @@ impl Endpoint {
     /// was last brought up to date: those are asked, and the index answers for the others.
     /// For a thread that only needs to know whether the one running the timers must wake up
     /// sooner: keeping the ordered index up to date after every message is what cost. With
-    /// more marked connections than [`ASK_AT_MOST`], the index is brought up to date first,
+    /// more marked connections than `ASK_AT_MOST` (8), the index is brought up to date first,
     /// so that they are not asked again at every call until it is.
     pub fn timeout_before(&mut self, limit: Option<Instant>) -> Option<Instant> {
         if self.attention.timers.len() > ASK_AT_MOST {
