@@ -156,6 +156,21 @@ fn run(
     }
 }
 
+/// Runs a fresh pair until the server accepted connection `ch` and the client has two links
+/// up; returns the server's handle.
+fn until_two_links_up(
+    client: &mut Endpoint,
+    server: &mut Endpoint,
+    net: &mut Net,
+    ch: ConnectionHandle,
+) -> ConnectionHandle {
+    run(client, server, net, Duration::from_secs(5), |c, _, acc| {
+        let links = c.connection(ch).unwrap().stats().links;
+        acc.is_some() && links.len() == 2 && links.iter().all(|l| l.state == LinkState::Up)
+    })
+    .expect("the server accepted")
+}
+
 /// When the pair's next timer expires or datagram arrives; None if nothing is left to happen.
 fn next_event(client: &mut Endpoint, server: &mut Endpoint, net: &Net) -> Option<Duration> {
     let next_timer = [client.poll_timeout(), server.poll_timeout()]
@@ -802,17 +817,7 @@ fn idle_links_send_a_keepalive_every_interval_and_stay_up() {
         &[addr("10.0.0.2:6000"), addr("10.1.0.2:6000")],
         config,
     );
-    let sh = run(
-        &mut client,
-        &mut server,
-        &mut net,
-        Duration::from_secs(5),
-        |c, _, acc| {
-            let links = c.connection(ch).unwrap().stats().links;
-            acc.is_some() && links.len() == 2 && links.iter().all(|l| l.state == LinkState::Up)
-        },
-    )
-    .expect("the server accepted");
+    let sh = until_two_links_up(&mut client, &mut server, &mut net, ch);
     // let the acknowledgements and path MTU discovery settle
     events_within(&mut client, &mut server, &mut net, Duration::from_secs(1));
     let sent = |e: &Endpoint, h| -> Vec<(LinkState, u64)> {
@@ -974,17 +979,7 @@ impl Flow {
     fn on_two_links(every: Duration) -> (Endpoint, Endpoint, Net, Flow) {
         let (mut client, mut server, mut net, ch) =
             connected_pair(&[LINK0.0, LINK1.0], &[LINK0.1, LINK1.1]);
-        let sh = run(
-            &mut client,
-            &mut server,
-            &mut net,
-            Duration::from_secs(5),
-            |c, _, acc| {
-                let links = c.connection(ch).unwrap().stats().links;
-                acc.is_some() && links.len() == 2 && links.iter().all(|l| l.state == LinkState::Up)
-            },
-        )
-        .unwrap();
+        let sh = until_two_links_up(&mut client, &mut server, &mut net, ch);
         let flow = Flow {
             conns: (ch, sh),
             every,
