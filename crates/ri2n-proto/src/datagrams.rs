@@ -353,6 +353,14 @@ impl OutgoingDatagrams {
                 } else {
                     most.min(room.saturating_sub(piece_header_len(self.next_seq)))
                 };
+                // a first piece leaves some for a last one: one that took all would leave its
+                // datagram at the head of the queue with nothing left to send, and the
+                // receiver waiting for a last piece that never comes
+                let n = if w.sent_bytes == 0 {
+                    n.min(left - 1)
+                } else {
+                    n
+                };
                 if n < left.min(MIN_PIECE) || n == 0 {
                     return None;
                 }
@@ -909,6 +917,38 @@ mod tests {
         let piece = q.pop(now, 8900, BOUNDS).unwrap();
         assert_eq!((piece.part, piece.data.len()), (First, 1437 - 2));
         assert!(q.pop(now, 8900 - 1437 - 2, BOUNDS).is_some());
+    }
+
+    /// A datagram just too large to go whole, which one piece could carry all of: it still
+    /// goes as a first and a last piece, and the queue moves on to the next one (a first
+    /// piece that took it all left it at the head of the queue for ever, with nothing left to
+    /// send and no last piece for the receiver).
+    #[test]
+    fn a_datagram_one_piece_could_hold_still_ends_with_a_last_piece() {
+        let now = Instant::now();
+        for size in BOUNDS.unsplit + 1..BOUNDS.piece_room {
+            let mut q = OutgoingDatagrams::new(1 << 20, Duration::from_millis(20));
+            let mut rx = IncomingDatagrams::new(1 << 20, Duration::from_millis(5));
+            let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+            q.push(now, &data);
+            q.push(now, b"next");
+            let mut pieces = Vec::new();
+            for room in [size + 2, 1437, 1437] {
+                let Some(piece) = q.pop(now, room, BOUNDS) else {
+                    continue;
+                };
+                pieces.push(piece);
+            }
+            let parts: Vec<DatagramPart> = pieces.iter().map(|p| p.part).collect();
+            use DatagramPart::*;
+            assert_eq!(parts, [First, Last, Whole], "a datagram of {size} bytes");
+            assert!(q.is_empty());
+            for p in &pieces {
+                rx.push_piece(now, 0, p.seq, p.part, &p.data);
+            }
+            assert_eq!(rx.pop(), Some(data));
+            assert_eq!(rx.pop(), Some(b"next".to_vec()));
+        }
     }
 
     #[test]
