@@ -12,6 +12,10 @@
 //   ri2n                edge-triggered epoll_wait on both sockets, one recvmmsg of up to 32
 //                       (it returns after the first try that finds the queue empty), sendto
 //   ri2n-connected      the same on connected sockets
+//   ri2n-single         level-triggered epoll_wait on both sockets, one recvmsg with room for
+//                       control messages (what a waiting ri2n call does on a source that
+//                       carries one datagram at a time), sendto
+//   ri2n-single-connected  the same on connected sockets
 //
 // Prints the median round trip of COUNT (default 100000) after 1000 not counted.
 #define _GNU_SOURCE
@@ -28,7 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static int use_epoll, connected;
+static int use_epoll, connected, single;
 
 // a socket on 127.0.0.1, port chosen by the kernel
 static int bound_socket(int nonblocking, struct sockaddr_in *addr) {
@@ -58,6 +62,17 @@ static int receive(int s, int ep, struct sockaddr_in *from) {
   struct sockaddr_in names[32];
   for (;;) {
     epoll_wait(ep, ev, 8, -1);
+    if (single) {
+      // level-triggered: what is left is reported again, so one datagram is taken alone
+      char control[64];
+      struct iovec one = {.iov_base = bufs[0], .iov_len = sizeof bufs[0]};
+      struct msghdr h = {.msg_name = from, .msg_namelen = sizeof *from, .msg_iov = &one,
+                         .msg_iovlen = 1, .msg_control = control,
+                         .msg_controllen = sizeof control};
+      int n = recvmsg(s, &h, 0);
+      if (n > 0) return n;
+      continue;
+    }
     for (int i = 0; i < 32; i++) {
       io[i] = (struct iovec){.iov_base = bufs[i], .iov_len = sizeof bufs[i]};
       memset(&m[i], 0, sizeof m[i]);
@@ -82,7 +97,7 @@ static void send_to(int s, int len, const struct sockaddr_in *to) {
 
 static int end_setup(int s, const struct sockaddr_in *peer) {
   int ep = epoll_create1(0);
-  struct epoll_event e = {.events = EPOLLIN | EPOLLET};
+  struct epoll_event e = {.events = EPOLLIN | (single ? 0 : EPOLLET)};
   epoll_ctl(ep, EPOLL_CTL_ADD, s, &e);
   int idle = bound_socket(1, NULL);
   e.data.u32 = 1;
@@ -107,9 +122,16 @@ int main(int argc, char **argv) {
   int count = argc > 2 ? atoi(argv[2]) : 100000;
   use_epoll = !strncmp(pattern, "ri2n", 4);
   connected = strstr(pattern, "-connected") != NULL;
-  if (count < 1 || (strcmp(pattern, "recvfrom") && strcmp(pattern, "recvfrom-connected") &&
-                    strcmp(pattern, "ri2n") && strcmp(pattern, "ri2n-connected"))) {
-    fprintf(stderr, "usage: %s recvfrom|recvfrom-connected|ri2n|ri2n-connected [COUNT]\n", argv[0]);
+  single = !strncmp(pattern, "ri2n-single", 11);
+  const char *known[] = {"recvfrom", "recvfrom-connected", "ri2n", "ri2n-connected",
+                         "ri2n-single", "ri2n-single-connected"};
+  int ok = 0;
+  for (size_t i = 0; i < sizeof known / sizeof *known; i++) ok |= !strcmp(pattern, known[i]);
+  if (count < 1 || !ok) {
+    fprintf(stderr,
+            "usage: %s recvfrom|recvfrom-connected|ri2n|ri2n-connected|ri2n-single|"
+            "ri2n-single-connected [COUNT]\n",
+            argv[0]);
     return 2;
   }
   cpu_set_t cpu0;

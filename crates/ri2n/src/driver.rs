@@ -21,7 +21,10 @@
 //! so an arrival wakes the waiting application call alone and the driver thread only when no
 //! call waits. Other blocked calls wait on a condition variable of their connection (or of
 //! `accept`), signalled when the engine reports an event for it; a watching call woken only
-//! for other connections leaves the watching to them on its next wait (`PollerTurn`).
+//! for other connections leaves the watching to them on its next wait (`PollerTurn`). The
+//! callers' instance is level-triggered, so a waiting call may receive a datagram of a source
+//! that carries one at a time with one `recvmsg` and not ask again whether more wait
+//! ([`Receiver::take_for`]); the driver thread's is edge-triggered and drains what it is told.
 //!
 //! Beside each link's socket, every path in use has a socket connected to its peer (see
 //! `socket.rs`), which the driver thread opens and closes ([`Shared::update_path_sockets`])
@@ -47,7 +50,7 @@ use smallvec::SmallVec;
 use crate::connection::TimedEvent;
 use crate::readiness::{Readiness, Watchers};
 
-use crate::socket::{LinkSocket, Received, RecvBatch, SendOutcome};
+use crate::socket::{LinkSocket, Received, RecvBatch, SendOutcome, Take};
 
 /// State-change events kept per connection for the application (oldest dropped beyond: a
 /// link flapping for hours while nobody polls must not grow memory without bound).
@@ -73,6 +76,11 @@ const BUSY_HORIZON: Duration = Duration::from_millis(50);
 /// driver thread under `SCHED_BATCH` behind a busy application thread on that CPU (up to a
 /// scheduler tick). A call that blocks without watching the sockets gives them back at once.
 const STEP_BACK: Duration = TICK;
+/// How many receives of a waiting call take one datagram alone from a source whose last
+/// batch receive found exactly one, before a batch receive looks again (see
+/// [`Receiver::take_for`]): traffic that turns busy is received in batches again within this
+/// many receives.
+const SINGLE_TAKES: u8 = 16;
 /// Most path sockets open at once (one bit each in [`Shared::open_paths`]); the paths beyond
 /// use their link socket, as all did before path sockets.
 const MAX_PATH_SOCKETS: usize = 64;
@@ -142,8 +150,8 @@ struct PollerTurn {
     served: bool,
     /// Since it started watching: it woke a call waiting on another connection.
     woke_others: bool,
-    /// A connection whose call watched for others only: its next wait is on its condition
-    /// variable.
+    /// A connection whose call watched for others only, or found the receive buffers taken:
+    /// its next wait is on its condition variable.
     yielding: Option<ConnectionHandle>,
 }
 
@@ -286,6 +294,44 @@ impl TransmitBuffer for Outgoing {
     }
 }
 
+/// The receive buffers, and what the last receives from each source found.
+#[derive(Debug)]
+struct Receiver {
+    batch: RecvBatch,
+    /// Per receive source: how many more receives of a waiting call take one datagram alone.
+    single_takes: Vec<u8>,
+}
+
+impl Receiver {
+    /// How a receive from source `i` asks. A waiting call takes one datagram alone from a
+    /// source whose last batch receive found exactly one (not a GRO buffer of several), for
+    /// [`SINGLE_TAKES`] receives; then a batch receive looks again. So a source that carries
+    /// one datagram at a time (a request-response exchange) is mostly received with one
+    /// `recvmsg`, which does not ask whether more wait, and a busy one in batches. Only a
+    /// waiting call may take one alone: its epoll instance is level-triggered and reports the
+    /// socket again while anything is left; the driver thread's is edge-triggered, and tells
+    /// of each arrival once.
+    fn take_for(&mut self, i: usize, waiting_call: bool) -> Take {
+        match self.single_takes.get_mut(i) {
+            Some(left) if waiting_call && *left > 0 => {
+                *left -= 1;
+                Take::One
+            }
+            _ => Take::Batch,
+        }
+    }
+
+    /// Notes what a receive from source `i` found.
+    fn note(&mut self, i: usize, take: Take, r: Received) {
+        if take == Take::Batch && r != Received::Nothing {
+            let sparse = r == Received::Drained && self.batch.one_datagram();
+            if let Some(left) = self.single_takes.get_mut(i) {
+                *left = if sparse { SINGLE_TAKES } else { 0 };
+            }
+        }
+    }
+}
+
 /// The sockets' second watcher, for the blocked application call that receives for itself.
 #[derive(Debug)]
 struct CallerPoll {
@@ -307,7 +353,7 @@ pub(crate) struct Shared {
     /// receives is handed to the engine under its one lock anyway: two threads receiving from
     /// two links at once only waited on that lock in turn, with the engine's and the stream's
     /// memory moving between their cores (5–10 % more CPU per byte on unlimited-rate links).
-    receiving: Mutex<RecvBatch>,
+    receiving: Mutex<Receiver>,
     /// Per receive source (the link sockets, then the path-socket slots: see
     /// [`Shared::sources`]): a thread wanted to receive from it while another held the buffers.
     receive_wanted: Vec<AtomicBool>,
@@ -416,13 +462,15 @@ impl Shared {
         let _ = poll.poll(events, timeout);
         self.caller_polling.store(false, Ordering::Release);
         let mut received = false;
+        let mut turned_away = false;
         for ev in events.iter() {
-            // edge-triggered: receive until the socket's queue was seen empty
+            // a full batch: more may wait, and they are taken now rather than at the next wait
             if ev.token().0 < self.receive_wanted.len() {
                 self.socket_event(ev.token().0, ev);
                 loop {
-                    let r = self.receive(ev.token().0);
-                    received |= r != Received::Nothing;
+                    let r = self.receive(ev.token().0, true);
+                    received |= !matches!(r, Received::Nothing | Received::TurnedAway);
+                    turned_away |= r == Received::TurnedAway;
                     if r != Received::MoreMayWait {
                         break;
                     }
@@ -431,7 +479,10 @@ impl Shared {
         }
         let mut st = self.lock();
         st.turn.watching = None;
-        if st.turn.woke_others && !st.turn.served {
+        // Turned away, this call's next wait is on its condition variable: its
+        // level-triggered instance would report the socket at once again until the thread
+        // that holds the receive buffers has emptied it.
+        if turned_away || (st.turn.woke_others && !st.turn.served) {
             st.turn.yielding = Some(h);
         }
         // this call is likely to wait here again soon; a call of another connection waiting
@@ -460,30 +511,36 @@ impl Shared {
         }
     }
 
-    /// Receives one batch from socket `i` (without the engine's lock), hands it to the
-    /// engine and sends the answers. `Nothing` also when another thread is receiving: that
-    /// thread then receives from every socket it was wanted for (`receive_wanted`) before it
-    /// is done, so an arrival it did not see is not left in the queue until the next one comes.
-    fn receive(&self, i: usize) -> Received {
-        let mut received = Received::Nothing;
+    /// Receives from source `i` (without the engine's lock), hands what came to the engine
+    /// and sends the answers. `TurnedAway` when another thread is receiving: that thread then
+    /// receives from every source it was wanted for (`receive_wanted`) before it is done, so
+    /// an arrival it did not see is not left in the queue until the next one comes. A
+    /// `waiting_call` (one whose level-triggered instance reported the source) may take a
+    /// datagram alone ([`Receiver::take_for`]).
+    fn receive(&self, i: usize, waiting_call: bool) -> Received {
+        let mut received = Received::TurnedAway;
         loop {
             // announce first, then try: a holder that lets go after a failed try sees it
             self.receive_wanted[i].store(true, Ordering::SeqCst);
-            let Ok(mut batch) = self.receiving.try_lock() else {
+            let Ok(mut rx) = self.receiving.try_lock() else {
                 return received;
             };
             self.receive_wanted[i].store(false, Ordering::SeqCst);
-            match self.receive_batch(i, &mut batch) {
-                Received::Nothing => {}
-                r => received = r,
+            let take = rx.take_for(i, waiting_call);
+            let r = self.receive_batch(i, &mut rx.batch, take);
+            rx.note(i, take, r);
+            if r != Received::Nothing || received == Received::TurnedAway {
+                received = r;
             }
-            // the sockets other threads were turned away from, drained
+            // the sources other threads were turned away from, drained
             for j in self.sources().filter(|&j| j != i) {
                 if self.receive_wanted[j].swap(false, Ordering::SeqCst) {
-                    while self.receive_batch(j, &mut batch) == Received::MoreMayWait {}
+                    while self.receive_batch(j, &mut rx.batch, Take::Batch) == Received::MoreMayWait
+                    {
+                    }
                 }
             }
-            drop(batch);
+            drop(rx);
             let wanted = |j: usize| self.receive_wanted[j].load(Ordering::SeqCst);
             let others_wanted = self.sources().any(|j| j != i && wanted(j));
             if !others_wanted && (received == Received::MoreMayWait || !wanted(i)) {
@@ -492,11 +549,11 @@ impl Shared {
         }
     }
 
-    /// One `recvmmsg` on receive source `i` into `batch`, handed to the engine.
-    fn receive_batch(&self, i: usize, batch: &mut RecvBatch) -> Received {
+    /// One receive call on source `i` into `batch`, handed to the engine.
+    fn receive_batch(&self, i: usize, batch: &mut RecvBatch, take: Take) -> Received {
         let result = match self.link_of(i) {
-            Some((sock, None)) => Some((sock, sock.recv(batch))),
-            Some((sock, Some(slot))) => sock.recv_path(slot, batch).map(|r| (sock, r)),
+            Some((sock, None)) => Some((sock, sock.recv(batch, take))),
+            Some((sock, Some(slot))) => sock.recv_path(slot, batch, take).map(|r| (sock, r)),
             None => None,
         };
         // a path socket closed meanwhile
@@ -591,13 +648,14 @@ impl Shared {
             self.open_paths.fetch_or(1u64 << slot, Ordering::AcqRel);
             let fd = sock.add_path(path);
             let token = Token(n + slot);
-            let registered = register_exclusive(self.caller_epoll, fd, token).and_then(|()| {
-                if watching {
-                    register_exclusive(poll.as_raw_fd(), fd, token)
-                } else {
-                    Ok(())
-                }
-            });
+            let registered =
+                register_exclusive(self.caller_epoll, fd, token, false).and_then(|()| {
+                    if watching {
+                        register_exclusive(poll.as_raw_fd(), fd, token, true)
+                    } else {
+                        Ok(())
+                    }
+                });
             match registered {
                 Ok(()) => {
                     tracing::debug!(local = %local, remote = %remote, slot, "path socket opened")
@@ -685,7 +743,7 @@ impl Shared {
             // empty receive call per socket.
             if sent_bytes >= BATCH_BYTES {
                 for i in self.sources() {
-                    while self.receive(i) == Received::MoreMayWait {}
+                    while self.receive(i, false) == Received::MoreMayWait {}
                 }
             }
             st = self.lock();
@@ -923,13 +981,16 @@ pub(crate) struct Driver {
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
-/// Watches socket `fd` for arrivals (edge-triggered, as mio does) with `EPOLLEXCLUSIVE`: of
-/// the epoll instances watching it, an arrival wakes only the first one with a waiting thread
-/// (the next ones if none waits). mio has no such option, so the raw `epoll_ctl`; mio reads
-/// the token back from the event's data as usual.
-fn register_exclusive(epoll: RawFd, fd: RawFd, token: Token) -> std::io::Result<()> {
+/// Watches socket `fd` for arrivals with `EPOLLEXCLUSIVE`: of the epoll instances watching
+/// it, an arrival wakes only the first one with a waiting thread (the next ones if none
+/// waits). Edge-triggered (`edge`, as mio does) for the driver thread, which drains each
+/// socket it is told of; level-triggered for the waiting calls, which may take one datagram
+/// and leave the rest to their next wait (see [`Receiver::take_for`]). mio has no such
+/// options, so the raw `epoll_ctl`; mio reads the token back from the event's data as usual.
+fn register_exclusive(epoll: RawFd, fd: RawFd, token: Token, edge: bool) -> std::io::Result<()> {
+    let et = if edge { libc::EPOLLET } else { 0 };
     let mut ev = libc::epoll_event {
-        events: (libc::EPOLLIN | libc::EPOLLET | libc::EPOLLEXCLUSIVE) as u32,
+        events: (libc::EPOLLIN | et | libc::EPOLLEXCLUSIVE) as u32,
         u64: token.0 as u64,
     };
     // SAFETY: both descriptors are open (the poll and the socket outlive the registration)
@@ -962,8 +1023,8 @@ impl Driver {
             // the caller's instance first: an arrival wakes the first exclusive watcher that
             // has a thread waiting, so a blocked application call receives for itself and the
             // driver thread sleeps on (on one CPU that saves two context switches per datagram)
-            register_exclusive(caller_poll.as_raw_fd(), fd, Token(i))?;
-            register_exclusive(poll.as_raw_fd(), fd, Token(i))?;
+            register_exclusive(caller_poll.as_raw_fd(), fd, Token(i), false)?;
+            register_exclusive(poll.as_raw_fd(), fd, Token(i), true)?;
         }
         // best effort: without notifications a pulled cable is found by the engine's own
         // failure detection, and the link may take up to a second longer to come back
@@ -997,7 +1058,10 @@ impl Driver {
                 out: Outgoing::new(&sockets),
             }),
             accepted: Condvar::new(),
-            receiving: Mutex::new(RecvBatch::for_sockets(&sockets)?),
+            receiving: Mutex::new(Receiver {
+                batch: RecvBatch::for_sockets(&sockets)?,
+                single_takes: vec![0; sockets.len() + MAX_PATH_SOCKETS],
+            }),
             receive_wanted: (0..sockets.len() + MAX_PATH_SOCKETS)
                 .map(|_| AtomicBool::new(false))
                 .collect(),
@@ -1066,7 +1130,7 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
         // receive everything waiting (mio is edge-triggered: drain until empty)
         for (i, r) in readable.iter_mut().enumerate() {
             while *r {
-                *r = shared.receive(i) == Received::MoreMayWait;
+                *r = shared.receive(i, false) == Received::MoreMayWait;
             }
         }
         let (timeout, wakeups, confirm, watch) = {
@@ -1124,7 +1188,7 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
                 .collect();
             for (i, fd) in fds {
                 let result = if watch {
-                    register_exclusive(poll.as_raw_fd(), fd, Token(i))
+                    register_exclusive(poll.as_raw_fd(), fd, Token(i), true)
                 } else {
                     deregister(poll.as_raw_fd(), fd)
                 };
