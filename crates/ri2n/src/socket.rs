@@ -595,72 +595,63 @@ fn read_queued_error(fd: std::os::fd::RawFd) -> io::Result<Option<QueuedError>> 
     const ICMP_PORT_UNREACH: u8 = 3;
     const ICMPV6_DEST_UNREACH: u8 = 1;
     const ICMPV6_PORT_UNREACH: u8 = 4;
-    // Safety: plain recvmsg(2) into buffers owned here, sized as the header says; the
-    // control messages are read through the CMSG_* macros within `msg_controllen`.
-    unsafe {
-        let mut name: libc::sockaddr_storage = std::mem::zeroed();
-        let mut control = [0u64; 64];
-        let mut byte = [0u8; 1];
-        let mut iov = libc::iovec {
-            iov_base: byte.as_mut_ptr().cast(),
-            iov_len: byte.len(),
-        };
-        let mut hdr: libc::msghdr = std::mem::zeroed();
-        hdr.msg_name = (&mut name as *mut libc::sockaddr_storage).cast();
-        hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as _;
-        hdr.msg_iov = &mut iov;
-        hdr.msg_iovlen = 1;
-        hdr.msg_control = control.as_mut_ptr().cast();
-        hdr.msg_controllen = std::mem::size_of_val(&control) as _;
-        if libc::recvmsg(fd, &mut hdr, libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT) < 0 {
-            let e = io::Error::last_os_error();
-            return match e.kind() {
-                io::ErrorKind::WouldBlock => Ok(None),
-                _ => Err(e),
-            };
-        }
-        let Some(dest) = sockaddr_to_std(&name) else {
-            return Ok(Some(QueuedError {
-                dest: SocketAddr::from(([0, 0, 0, 0], 0)),
-                port_unreachable: false,
-            }));
-        };
-        let mut port_unreachable = false;
-        let mut cmsg = libc::CMSG_FIRSTHDR(&hdr);
-        while !cmsg.is_null() {
-            let c = &*cmsg;
-            let is_err = (c.cmsg_level == libc::SOL_IP && c.cmsg_type == libc::IP_RECVERR)
-                || (c.cmsg_level == libc::SOL_IPV6 && c.cmsg_type == libc::IPV6_RECVERR);
-            let need = libc::CMSG_LEN(std::mem::size_of::<libc::sock_extended_err>() as u32);
-            if is_err && c.cmsg_len as usize >= need as usize {
-                let ee: libc::sock_extended_err =
-                    std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast());
-                port_unreachable |= (ee.ee_origin == libc::SO_EE_ORIGIN_ICMP
-                    && ee.ee_type == ICMP_DEST_UNREACH
-                    && ee.ee_code == ICMP_PORT_UNREACH)
-                    || (ee.ee_origin == libc::SO_EE_ORIGIN_ICMP6
-                        && ee.ee_type == ICMPV6_DEST_UNREACH
-                        && ee.ee_code == ICMPV6_PORT_UNREACH);
+    let mut byte = [0u8; 1];
+    let mut control = [0u64; 64];
+    let mut port_unreachable = false;
+    let received = recvmsg_with_control(
+        fd,
+        &mut byte,
+        &mut control,
+        libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT,
+        |level, kind, data| {
+            let is_err = (level == libc::SOL_IP && kind == libc::IP_RECVERR)
+                || (level == libc::SOL_IPV6 && kind == libc::IPV6_RECVERR);
+            if !is_err || data.len() < std::mem::size_of::<libc::sock_extended_err>() {
+                return;
             }
-            cmsg = libc::CMSG_NXTHDR(&hdr, cmsg);
-        }
-        Ok(Some(QueuedError {
+            // SAFETY: the kernel wrote a sock_extended_err here (its length was checked)
+            let ee: libc::sock_extended_err =
+                unsafe { std::ptr::read_unaligned(data.as_ptr().cast()) };
+            port_unreachable |= (ee.ee_origin == libc::SO_EE_ORIGIN_ICMP
+                && ee.ee_type == ICMP_DEST_UNREACH
+                && ee.ee_code == ICMP_PORT_UNREACH)
+                || (ee.ee_origin == libc::SO_EE_ORIGIN_ICMP6
+                    && ee.ee_type == ICMPV6_DEST_UNREACH
+                    && ee.ee_code == ICMPV6_PORT_UNREACH);
+        },
+    );
+    let name = match received {
+        Ok((_, name)) => name,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    Ok(Some(match sockaddr_to_std(&name) {
+        Some(dest) => QueuedError {
             dest,
             port_unreachable,
-        }))
-    }
+        },
+        None => QueuedError {
+            dest: SocketAddr::from(([0, 0, 0, 0], 0)),
+            port_unreachable: false,
+        },
+    }))
 }
 
-/// One datagram (or one GRO buffer) from `fd` into `buf`, with one `recvmsg`: quinn-udp
-/// receives with `recvmmsg` only, which costs more for a single datagram (see [`Take::One`]).
-/// Fills the address, length and segment size of `meta`, as quinn-udp does; ri2n declines
-/// the other ancillary data (see [`decline_unused_ancillary_data`]).
-fn recv_one(fd: RawFd, buf: &mut [u8], meta: &mut RecvMeta) -> io::Result<()> {
+/// One `recvmsg(2)` on `fd` into `buf`, with room for the sender's address and `control` for
+/// control messages; calls `on_message(level, type, data)` for each control message. The byte
+/// count and the address.
+fn recvmsg_with_control(
+    fd: RawFd,
+    buf: &mut [u8],
+    control: &mut [u64],
+    flags: libc::c_int,
+    mut on_message: impl FnMut(libc::c_int, libc::c_int, &[u8]),
+) -> io::Result<(usize, libc::sockaddr_storage)> {
     // Safety: plain recvmsg(2) into buffers owned here, sized as the header says; the control
-    // messages are read through the CMSG_* macros within `msg_controllen`.
+    // messages are read through the CMSG_* macros within `msg_controllen`, each no further
+    // than its own `cmsg_len`.
     unsafe {
         let mut name: libc::sockaddr_storage = std::mem::zeroed();
-        let mut control = [0u64; 8];
         let mut iov = libc::iovec {
             iov_base: buf.as_mut_ptr().cast(),
             iov_len: buf.len(),
@@ -671,38 +662,49 @@ fn recv_one(fd: RawFd, buf: &mut [u8], meta: &mut RecvMeta) -> io::Result<()> {
         hdr.msg_iov = &mut iov;
         hdr.msg_iovlen = 1;
         hdr.msg_control = control.as_mut_ptr().cast();
-        hdr.msg_controllen = std::mem::size_of_val(&control) as _;
-        let n = libc::recvmsg(fd, &mut hdr, 0);
+        hdr.msg_controllen = std::mem::size_of_val(control) as _;
+        let n = libc::recvmsg(fd, &mut hdr, flags);
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
-        let len = n as usize;
-        // a GRO buffer says its segment size; a single datagram is its own
-        let mut stride = len;
         let mut cmsg = libc::CMSG_FIRSTHDR(&hdr);
         while !cmsg.is_null() {
             let c = &*cmsg;
-            let need = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32);
-            if c.cmsg_level == libc::SOL_UDP
-                && c.cmsg_type == libc::UDP_GRO
-                && c.cmsg_len as usize >= need as usize
-            {
-                let segment: libc::c_int = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast());
-                stride = usize::try_from(segment).unwrap_or(len);
-            }
+            let header = libc::CMSG_LEN(0) as usize;
+            let len = (c.cmsg_len as usize).saturating_sub(header);
+            let data = std::slice::from_raw_parts(libc::CMSG_DATA(cmsg), len);
+            on_message(c.cmsg_level, c.cmsg_type, data);
             cmsg = libc::CMSG_NXTHDR(&hdr, cmsg);
         }
-        let Some(addr) = sockaddr_to_std(&name) else {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "a datagram from an address that is not IP",
-            ));
-        };
-        meta.addr = addr;
-        meta.len = len;
-        meta.stride = stride;
-        Ok(())
+        Ok((n as usize, name))
     }
+}
+
+/// One datagram (or one GRO buffer) from `fd` into `buf`, with one `recvmsg`: quinn-udp
+/// receives with `recvmmsg` only, which costs more for a single datagram (see [`Take::One`]).
+/// Fills the address, length and segment size of `meta`, as quinn-udp does; ri2n declines
+/// the other ancillary data (see [`decline_unused_ancillary_data`]).
+fn recv_one(fd: RawFd, buf: &mut [u8], meta: &mut RecvMeta) -> io::Result<()> {
+    let mut control = [0u64; 8];
+    // a GRO buffer says its segment size; a single datagram is its own
+    let mut segment = None;
+    let (len, name) = recvmsg_with_control(fd, buf, &mut control, 0, |level, kind, data| {
+        if level == libc::SOL_UDP && kind == libc::UDP_GRO {
+            if let Some(bytes) = data.first_chunk::<4>() {
+                segment = usize::try_from(libc::c_int::from_ne_bytes(*bytes)).ok();
+            }
+        }
+    })?;
+    let Some(addr) = sockaddr_to_std(&name) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a datagram from an address that is not IP",
+        ));
+    };
+    meta.addr = addr;
+    meta.len = len;
+    meta.stride = segment.unwrap_or(len);
+    Ok(())
 }
 
 fn sockaddr_to_std(name: &libc::sockaddr_storage) -> Option<SocketAddr> {
