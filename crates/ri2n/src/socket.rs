@@ -1,6 +1,7 @@
 //! One UDP socket per local address (so each link leaves through the address, and normally
 //! the interface, it names), with batched receive (`recvmmsg`, GRO) and sends whose errors are
-//! reported rather than swallowed, through `quinn-udp`.
+//! reported rather than swallowed, through `quinn-udp`; a single datagram can also be taken
+//! alone with a plain `recvmsg` ([`Take::One`]), which quinn-udp does not offer on Linux.
 //!
 //! Beside it, a path in use gets a socket of its own, connected to the peer's address
 //! ([`PathSocket`]): Linux looks up the route of every datagram sent from an unconnected
