@@ -692,6 +692,7 @@ def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, ke
         r.update(bytes=doc["bytes"], seconds=doc["seconds"], bps=doc["goodput_bps"],
                  encryption=doc.get("encryption"),
                  datagram=[l.get("max_datagram") for l in doc["links"]],
+                 shares=[l.get("share") for l in doc["links"]],
                  lost=sum(l["packets_lost"] for l in doc["links"]))
     return r
 
@@ -1591,6 +1592,13 @@ def report_fast(res):
             rate_cpu_cell(runs, "mptcp", "Gbit/s"), spread(ratio, "%.2f"),
             spread(cpu_ratio, "%.2f"), "/".join(map(str, sizes))))
     L.append("")
+    # how the sender spread the stream over the links: on unlimited links the CPU, not a
+    # link, is the limit, so an uneven split is no loss of rate, but it should be seen
+    if any(r["ri2n"].get("shares") for c in res["configs"] for r in c["runs"]):
+        L.append("ri2n's per-link shares of the stream bytes, per run (the sender's `--json`): %s.\n" % "; ".join(
+            "%s: %s" % (c["name"], ", ".join(
+                "/".join("%.2f" % x for x in r["ri2n"]["shares"]) if r["ri2n"].get("shares") else "n/a"
+                for r in c["runs"])) for c in res["configs"]))
     prof = next((c.get("profile") for c in res["configs"] if c.get("profile")), None)
     if prof:
         L.append("**(b) Where ri2n's cycles go** (2 links, MTU 1500, `perf record -a` over one "
