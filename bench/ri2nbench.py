@@ -128,6 +128,20 @@ def proc_cpu(pid):
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def thread_cpu(pid):
+    """utime+stime of each thread of a running process, in seconds, by "comm-tid"."""
+    out = {}
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                head, rest = f.read().rsplit(")", 1)
+            fields = rest.split()
+            out["%s-%s" % (head.split("(", 1)[1], tid)] = (int(fields[11]) + int(fields[12])) / CLK_TCK
+        except OSError:
+            pass  # the thread ended meanwhile
+    return out
+
+
 def proc_comm(pid):
     try:
         with open("/proc/%d/comm" % pid) as f:
@@ -399,6 +413,39 @@ def run_json(cmd, timeout, server_pid=None):
 # ------------------------------------------------------------------------------------------
 # part 1: loopback
 
+MULTI_SECONDS = 5
+
+
+def multi_clients(server_pid, port, n, reverse):
+    """`n` `ri2n bench` clients started at once against the server: their aggregate goodput
+    and the server's CPU (cores: CPU seconds per second of the clients' run) per thread."""
+    cmd = [RI2N, "bench", "--to", "127.0.0.1:%d" % port, "--time", MULTI_SECONDS, "--json"]
+    cmd += ["-R"] if reverse else []
+    outs = [tempfile.TemporaryFile("w+") for _ in range(n)]
+    try:
+        t0, w0 = thread_cpu(server_pid), time.monotonic()
+        ps = [PROCS.start(cmd, stdout=f) for f in outs]
+        rcs = [PROCS.wait_rusage(p, MULTI_SECONDS + 60)[0] for p in ps]
+        wall = time.monotonic() - w0
+        t1 = thread_cpu(server_pid)
+        rates = []
+        for f in outs:
+            f.seek(0)
+            try:
+                rates.append(json.loads(f.read())["summary"]["goodput_bps"])
+            except (ValueError, KeyError, TypeError):
+                rates.append(None)
+    finally:
+        for f in outs:
+            f.close()
+    cores = {t: (v - t0.get(t, 0.0)) / wall for t, v in t1.items()}
+    ok = all(rc == 0 for rc in rcs) and None not in rates
+    return {"clients": n, "rcs": rcs, "rates": rates, "bps": sum(rates) if ok else None,
+            "server_cores": sum(cores.values()),
+            "driver_cores": sum(v for t, v in cores.items() if t.startswith("ri2n-driver")),
+            "threads": {t: round(v, 3) for t, v in cores.items() if v >= 0.01}}
+
+
 
 def part_loopback(o):
     res = {"part": "loopback", "runs_latency": [], "runs_throughput": []}
@@ -498,6 +545,21 @@ def part_loopback(o):
         log("loopback throughput rep %d: ri2n %.2f Gbit/s, iperf3 %.2f Gbit/s" % (
             rep, (row["ri2n"]["bps"] or 0) / 1e9, (row["iperf3"]["bps"] or 0) / 1e9))
         res["runs_throughput"].append(row)
+    # Several connections on one endpoint: 1 and 2 clients at once against the one server,
+    # the server sending (-R) and receiving; its CPU per thread shows whether its connections
+    # run on several cores at once.
+    res["runs_multi"] = []
+    res["commands"]["ri2n_multi"] = ("N x ri2n bench --to 127.0.0.1:PORT --time %d --json [-R], "
+                                     "started at once" % MULTI_SECONDS)
+    for rep in range(o.reps):
+        row = {"rep": rep, "busy_before": wait_quiet()}
+        for direction in ("send", "recv"):
+            for n in (1, 2) if rep % 2 == 0 else (2, 1):
+                row["%s%d" % (direction, n)] = multi_clients(serve.pid, pr, n, direction == "send")
+        log("loopback several connections rep %d: server sends %s, receives %s Gbit/s (1 / 2 clients)" % (
+            rep, " / ".join("%.2f" % ((row["send%d" % n].get("bps") or 0) / 1e9) for n in (1, 2)),
+            " / ".join("%.2f" % ((row["recv%d" % n].get("bps") or 0) / 1e9) for n in (1, 2))))
+        res["runs_multi"].append(row)
     res["serve_comm"] = proc_comm(serve.pid)
     for p in (serve, spu, spt, ips):
         PROCS.stop(p)
@@ -1503,7 +1565,28 @@ def report_loopback(res):
     L.append("")
     L.append("Per run, ri2n / iperf3: goodput %s, CPU per GB %s." % (spread(g, "%.2f×"), spread(c, "%.2f×")))
     L.append("")
-    L.append(busy_line(lat + thr))
+    multi = res.get("runs_multi") or []
+    if multi:
+        L.append("**(c) Several connections on one endpoint**: 1 and 2 `ri2n bench` clients at once "
+                 "against the one `ri2n serve`, %d s, %d runs; aggregate goodput, and the server's "
+                 "CPU in cores (CPU seconds per second; the clients run on the same CPUs): in "
+                 "all, on its driver thread, and on its busiest two threads:\n" % (MULTI_SECONDS, len(multi)))
+        L.append("| the server | clients | aggregate goodput (Gbit/s) | server cores | driver thread | busiest two threads |")
+        L.append("| --- | --- | --- | --- | --- | --- |")
+        for d, name in (("send", "sends (`-R`)"), ("recv", "receives")):
+            for n in (1, 2):
+                rows = [r["%s%d" % (d, n)] for r in multi]
+                top2 = [sorted(x["threads"].values(), reverse=True)[:2] for x in rows]
+                L.append("| %s | %d | %s | %s | %s | %s |" % (
+                    name, n, spread([x["bps"] for x in rows], "%.2f", 1e-9),
+                    spread([x["server_cores"] for x in rows], "%.2f"),
+                    spread([x["driver_cores"] for x in rows], "%.2f"),
+                    ", ".join("/".join("%.2f" % v for v in t) for t in top2)))
+            r2 = [r["%s2" % d]["bps"] / r["%s1" % d]["bps"] for r in multi
+                  if r["%s2" % d]["bps"] and r["%s1" % d]["bps"]]
+            L.append("| %s | 2 / 1 | %s× | | | |" % (name, spread(r2, "%.2f")))
+        L.append("")
+    L.append(busy_line(lat + thr + multi))
     L.append("")
     L += odd_summary([("latency run %d, 2 links" % r["rep"], r.get("ri2n_events")) for r in lat] +
                      [("latency run %d, 1 link" % r["rep"], r.get("ri2n1_events")) for r in lat] +
