@@ -121,11 +121,17 @@ def run(cmd, check=True, timeout=60, quiet=False):
     return r.stdout
 
 
+def stat_cpu(path):
+    """A /proc `stat` file's name (comm) and utime+stime in seconds."""
+    with open(path) as f:
+        head, rest = f.read().rsplit(")", 1)
+    fields = rest.split()
+    return head.split("(", 1)[1], (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
 def proc_cpu(pid):
     """utime+stime of a running process (all its threads), in seconds."""
-    with open("/proc/%d/stat" % pid) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return stat_cpu("/proc/%d/stat" % pid)[1]
 
 
 def thread_cpu(pid):
@@ -133,10 +139,8 @@ def thread_cpu(pid):
     out = {}
     for tid in os.listdir("/proc/%d/task" % pid):
         try:
-            with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
-                head, rest = f.read().rsplit(")", 1)
-            fields = rest.split()
-            out["%s-%s" % (head.split("(", 1)[1], tid)] = (int(fields[11]) + int(fields[12])) / CLK_TCK
+            comm, cpu = stat_cpu("/proc/%d/task/%s/stat" % (pid, tid))
+            out["%s-%s" % (comm, tid)] = cpu
         except OSError:
             pass  # the thread ended meanwhile
     return out
