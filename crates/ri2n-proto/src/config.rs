@@ -247,9 +247,12 @@ pub struct EndpointConfig {
     /// Drivers: how long closing the endpoint (dropping its last handle, or an explicit
     /// close) waits for its connections to deliver what was written to them (default 10 s).
     pub close_linger: Duration,
-    /// Server: open connections it holds at most (default 4096). A client beyond the limit is
-    /// refused at once ([`crate::ConnectionError::ServerFull`]) instead of waiting for a
-    /// handshake that never completes.
+    /// Server: connections it holds at most (default 4096): open ones, ones still waiting for
+    /// the client's confirmation, and closed ones the application has not yet released (not
+    /// yet accepted, or whose handle it still holds), so that connections nobody collects
+    /// cannot grow memory without end. A client beyond the limit is refused at once
+    /// ([`crate::ConnectionError::ServerFull`]) instead of waiting for a handshake that never
+    /// completes.
     pub max_connections: usize,
     /// Server: open connections it holds at most with any one client IP address (default 256).
     pub max_connections_per_address: usize,

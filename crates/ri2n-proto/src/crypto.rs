@@ -11,6 +11,7 @@
 
 use std::fmt;
 use std::mem::MaybeUninit;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use blake2::digest::consts::U16;
@@ -33,10 +34,11 @@ pub const NOISE_PARAMS: &str = "Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s";
 pub const HANDSHAKE_OVERHEAD: usize = 32 + TAG_LEN;
 /// Start of a key file's line.
 const KEY_TEXT_PREFIX: &str = "ri2n-key-v1:";
-/// Start of the Noise prologue; the client's connection ID follows.
-const PROLOGUE_LABEL: &[u8] = b"ri2n/3 handshake";
-/// Label hashed with a connection ID into a RESET's token.
-const RESET_LABEL: &[u8] = b"ri2n/3 reset token";
+/// Start of the Noise prologue; the client's connection ID and the server's retry cookie
+/// follow.
+const PROLOGUE_LABEL: &[u8] = b"ri2n/4 handshake";
+/// Label hashed with a connection ID and the RESET's two addresses into its token.
+const RESET_LABEL: &[u8] = b"ri2n/4 reset token";
 
 /// A direction moves to its next key after sealing this many packets: far below AES-GCM's
 /// confidentiality limit of 2^23 full-size packets per key (RFC 9001 §6.6, appendix B).
@@ -113,22 +115,43 @@ impl Key {
         s
     }
 
-    /// The token that authenticates a RESET for connection ID `cid`: keyed BLAKE2s-128 over a
-    /// label and the ID. Every holder of the key can make it (a restarted host must), nobody
-    /// else can.
-    pub(crate) fn reset_token(&self, cid: u64) -> [u8; RESET_TOKEN_LEN] {
-        self.reset_mac(cid).finalize().into_bytes().into()
+    /// The token that authenticates a RESET for connection ID `cid` sent from address `from`
+    /// to address `to`: keyed BLAKE2s-128 over a label, the ID and both addresses. Every
+    /// holder of the key can make it (a restarted host must), nobody else can; and since it
+    /// names the addresses, only an endpoint at `from` answering a packet from `to` makes the
+    /// token a connection between those addresses accepts (docs/PROTOCOL.md §9.6, §11).
+    pub(crate) fn reset_token(
+        &self,
+        cid: u64,
+        from: SocketAddr,
+        to: SocketAddr,
+    ) -> [u8; RESET_TOKEN_LEN] {
+        self.reset_mac(cid, from, to).finalize().into_bytes().into()
     }
 
-    /// Whether `token` is the RESET token for `cid` (compared in constant time).
-    pub(crate) fn reset_token_valid(&self, cid: u64, token: &[u8]) -> bool {
-        self.reset_mac(cid).verify_slice(token).is_ok()
+    /// Whether `token` is the RESET token for `cid` from `from` to `to` (compared in
+    /// constant time).
+    pub(crate) fn reset_token_valid(
+        &self,
+        cid: u64,
+        from: SocketAddr,
+        to: SocketAddr,
+        token: &[u8],
+    ) -> bool {
+        self.reset_mac(cid, from, to).verify_slice(token).is_ok()
     }
 
-    fn reset_mac(&self, cid: u64) -> blake2::Blake2sMac<U16> {
+    fn reset_mac(&self, cid: u64, from: SocketAddr, to: SocketAddr) -> blake2::Blake2sMac<U16> {
         let mut mac = blake2::Blake2sMac::<U16>::new_from_slice(&self.0[..]).expect("32-byte key");
         Update::update(&mut mac, RESET_LABEL);
         Update::update(&mut mac, &cid.to_be_bytes());
+        for a in [from, to] {
+            let mut buf = [0u8; 19];
+            let mut w = crate::wire::Writer::new(&mut buf);
+            crate::wire::write_addr(&mut w, &a);
+            let len = w.finish();
+            Update::update(&mut mac, &buf[..len]);
+        }
         mac
     }
 }
@@ -370,11 +393,14 @@ impl Drop for NoiseState {
     }
 }
 
-/// The prologue binds the handshake to the client's connection ID.
-fn prologue(client_cid: u64) -> [u8; PROLOGUE_LABEL.len() + 8] {
-    let mut p = [0u8; PROLOGUE_LABEL.len() + 8];
-    p[..PROLOGUE_LABEL.len()].copy_from_slice(PROLOGUE_LABEL);
-    p[PROLOGUE_LABEL.len()..].copy_from_slice(&client_cid.to_be_bytes());
+/// The prologue binds the handshake to the client's connection ID and to the cookie the
+/// server issued for the client's address: a first message made for one cookie authenticates
+/// under no other (docs/PROTOCOL.md §9.2).
+fn prologue(client_cid: u64, cookie: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(PROLOGUE_LABEL.len() + 8 + cookie.len());
+    p.extend_from_slice(PROLOGUE_LABEL);
+    p.extend_from_slice(&client_cid.to_be_bytes());
+    p.extend_from_slice(cookie);
     p
 }
 
@@ -400,10 +426,16 @@ impl fmt::Debug for ClientHandshake {
 }
 
 impl ClientHandshake {
-    /// Starts the handshake of connection `client_cid`: the first message, carrying `payload`
-    /// (encrypted and authenticated under the pre-shared key).
-    pub fn start(key: &Key, client_cid: u64, payload: &[u8]) -> (ClientHandshake, Vec<u8>) {
-        let prologue = prologue(client_cid);
+    /// Starts the handshake of connection `client_cid` with the server's retry `cookie`: the
+    /// first message, carrying `payload` (encrypted and authenticated under the pre-shared
+    /// key).
+    pub fn start(
+        key: &Key,
+        client_cid: u64,
+        cookie: &[u8],
+        payload: &[u8],
+    ) -> (ClientHandshake, Vec<u8>) {
+        let prologue = prologue(client_cid, cookie);
         let mut noise = NoiseState::new(
             noise_builder(key, &prologue)
                 .build_initiator()
@@ -433,13 +465,15 @@ pub(crate) struct ServerHandshake(NoiseState);
 
 impl ServerHandshake {
     /// Reads the client's first message: its payload. Fails, having done no Diffie-Hellman,
-    /// when the message was not made with the same key (or for another connection ID).
+    /// when the message was not made with the same key, or for another connection ID or
+    /// cookie (a replay).
     pub fn read(
         key: &Key,
         client_cid: u64,
+        cookie: &[u8],
         msg: &[u8],
     ) -> Result<(ServerHandshake, Vec<u8>), HandshakeFailed> {
-        let prologue = prologue(client_cid);
+        let prologue = prologue(client_cid, cookie);
         let mut noise = NoiseState::new(
             noise_builder(key, &prologue)
                 .build_responder()
@@ -770,9 +804,14 @@ mod tests {
             "ri2n-key-v1:000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f",
         )
         .unwrap();
+        // from 10.0.1.2:7000 to 10.0.1.1:40000
+        let (from, to) = (
+            "10.0.1.2:7000".parse().unwrap(),
+            "10.0.1.1:40000".parse().unwrap(),
+        );
         assert_eq!(
-            hex(&k.reset_token(0x0123_4567_89ab_cdef)),
-            "a098e5950bb9884bd91dfd44795b4246"
+            hex(&k.reset_token(0x0123_4567_89ab_cdef, from, to)),
+            "e24ed4b275228d37113b41a836d85c0f"
         );
         let next = next_secret(&[0u8; KEY_LEN]);
         assert_eq!(
@@ -789,11 +828,11 @@ mod tests {
         for (cipher, sealed) in [
             (
                 Cipher::Aes256Gcm,
-                "03010123456789abcdef01055b99c9566b4f75663df39f108b2ed6421bb193b7",
+                "04010123456789abcdef01055b99c956cc38ed9bf5a265ef4f11b40abb10c4af",
             ),
             (
                 Cipher::ChaCha20Poly1305,
-                "03010123456789abcdef010584fd83e3c7dacef1e131b43d43419b4eff0bf085",
+                "04010123456789abcdef010584fd83e38487200aee28b90b4eb2899c25a4911e",
             ),
         ] {
             let secrets = SessionSecrets {
@@ -801,12 +840,30 @@ mod tests {
                 server_to_client: Zeroizing::new(secret),
             };
             let mut p = PacketProtection::new(cipher, secrets, true, Instant::now());
-            let mut packet = b"\x03\x01\x01\x23\x45\x67\x89\xab\xcd\xef\x01\x05".to_vec();
+            let mut packet = b"\x04\x01\x01\x23\x45\x67\x89\xab\xcd\xef\x01\x05".to_vec();
             packet.extend_from_slice(&[1, 0, 0, 0]);
             packet.extend_from_slice(&[0; TAG_LEN]);
             p.seal(LinkId(1), 5, 12, &mut packet);
             assert_eq!(hex(&packet), sealed, "{cipher:?}");
         }
+    }
+
+    /// A RESET token names its two addresses: the one a victim computes when provoked from
+    /// an attacker's address (or sends from its own) is worth nothing between other addresses.
+    #[test]
+    fn reset_tokens_are_bound_to_their_addresses() {
+        let k = key(1);
+        let a: SocketAddr = "10.0.1.1:40000".parse().unwrap();
+        let b: SocketAddr = "10.0.1.2:7000".parse().unwrap();
+        let m: SocketAddr = "10.0.9.9:7000".parse().unwrap();
+        let t = k.reset_token(5, b, a);
+        assert!(k.reset_token_valid(5, b, a, &t));
+        for (cid, from, to) in [(6, b, a), (5, a, b), (5, a, m), (5, m, a), (5, b, m)] {
+            assert!(!k.reset_token_valid(cid, from, to, &t), "{cid} {from} {to}");
+        }
+        let port: SocketAddr = "10.0.1.2:7001".parse().unwrap();
+        assert!(!k.reset_token_valid(5, port, a, &t));
+        assert!(!key(2).reset_token_valid(5, b, a, &t));
     }
 
     /// Noise's REKEY, computed by an independent ChaCha20-Poly1305 implementation.
@@ -830,8 +887,8 @@ mod tests {
         server_key: &Key,
     ) -> Option<(PacketProtection, PacketProtection)> {
         let now = Instant::now();
-        let (mut hs, msg1) = ClientHandshake::start(client_key, 7, b"client params");
-        let (server, payload) = ServerHandshake::read(server_key, 7, &msg1).ok()?;
+        let (mut hs, msg1) = ClientHandshake::start(client_key, 7, b"cookie", b"client params");
+        let (server, payload) = ServerHandshake::read(server_key, 7, b"cookie", &msg1).ok()?;
         assert_eq!(payload, b"client params");
         let (msg2, s_secrets) = server.answer(b"server params");
         // a damaged (or forged) answer first: it fails, and the real one still succeeds
@@ -896,12 +953,14 @@ mod tests {
     #[test]
     fn another_key_fails_the_handshake() {
         assert!(handshake(&key(1), &key(2)).is_none());
-        let (_, msg1) = ClientHandshake::start(&key(1), 7, b"x");
+        let (_, msg1) = ClientHandshake::start(&key(1), 7, b"cookie", b"x");
         // the server notices at the first message, before any Diffie-Hellman
-        assert!(ServerHandshake::read(&key(2), 7, &msg1).is_err());
-        // and a message bound to another client connection ID fails too
-        assert!(ServerHandshake::read(&key(1), 8, &msg1).is_err());
-        assert!(ServerHandshake::read(&key(1), 7, &msg1).is_ok());
+        assert!(ServerHandshake::read(&key(2), 7, b"cookie", &msg1).is_err());
+        // and a message bound to another client connection ID, or to another cookie (a
+        // replay under a cookie issued later, or to another address), fails too
+        assert!(ServerHandshake::read(&key(1), 8, b"cookie", &msg1).is_err());
+        assert!(ServerHandshake::read(&key(1), 7, b"cookie2", &msg1).is_err());
+        assert!(ServerHandshake::read(&key(1), 7, b"cookie", &msg1).is_ok());
     }
 
     #[test]

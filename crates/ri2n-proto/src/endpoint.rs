@@ -4,8 +4,12 @@
 //! Stateless means: a server answers a first INITIAL with a RETRY carrying a cookie (a keyed
 //! hash of the client's address, connection ID and the time) and keeps nothing; only an INITIAL
 //! that echoes a valid cookie creates a connection, so a spoofed source address costs the
-//! server no memory and gets back less than it sent. A short packet for an unknown connection
-//! is answered with a RESET, which is how a peer learns that we restarted.
+//! server no memory and gets back less than it sent. Such a connection reaches the application
+//! only once the client's first short packet confirms it; until then it reports nothing and
+//! the endpoint forgets it on its own when it expires. A short packet for an unknown
+//! connection is answered with a RESET, which is how a peer learns that we restarted. Every
+//! packet finds its connection through an index (local connection ID, peer connection ID,
+//! client address and ID), never by visiting connections: docs/PROTOCOL.md §11 says why.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
@@ -16,11 +20,12 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use siphasher::sip::SipHasher13;
+use smallvec::SmallVec;
 
 use crate::attention::{Attention, TimerIndex};
 use crate::connection::pick_local;
 use crate::crypto::{Cipher, PacketProtection, ServerHandshake};
-use crate::wire::{self, handshake_mode, refuse_reason, Header};
+use crate::wire::{self, handshake_mode, refuse_reason, Header, Quoted};
 use crate::{
     ConnectError, Connection, ConnectionConfig, ConnectionState, EndpointConfig, Event, KeyMismatch,
 };
@@ -144,6 +149,10 @@ pub struct Endpoint {
     epoch: Instant,
     connections: BTreeMap<ConnectionHandle, Connection>,
     by_cid: HashMap<u64, ConnectionHandle, BuildHasherDefault<CidHasher>>,
+    /// Connections by the connection ID their peer chose (known from the handshake on): how a
+    /// RESET or an ICMP error, which name the peer's ID, find theirs. Peers choose these, so
+    /// they may repeat across connections, and they are hashed with SipHash.
+    by_peer_cid: HashMap<u64, SmallVec<[ConnectionHandle; 1]>>,
     /// Server side: (client address, client connection ID) of connections being set up, so a
     /// repeated INITIAL finds its connection.
     by_initial: HashMap<(SocketAddr, u64), ConnectionHandle>,
@@ -237,13 +246,17 @@ pub enum DropReason {
     /// does not, or a RESET without a valid token at a keyed endpoint.
     Unauthenticated,
     /// An INITIAL whose handshake the server cannot authenticate: the client holds another
-    /// key, or one side has none. The client is told with a REFUSE; the server keeps nothing.
+    /// key, or one side has none, or it is a replay (its handshake was made for another
+    /// cookie). The client is told with a REFUSE; the server keeps nothing.
     KeyMismatch,
+    /// Not a datagram but an ICMP "port unreachable" that quotes no packet this endpoint
+    /// sent on that path (forged, or about a connection long gone): ignored.
+    UnmatchedRefusal,
 }
 
 impl DropReason {
     /// Every reason, in the order of [`DropCounts::iter`].
-    pub const ALL: [DropReason; 11] = [
+    pub const ALL: [DropReason; 12] = [
         DropReason::Undecodable,
         DropReason::UnknownConnection,
         DropReason::UnexpectedHandshake,
@@ -255,6 +268,7 @@ impl DropReason {
         DropReason::ConnectionLimit,
         DropReason::Unauthenticated,
         DropReason::KeyMismatch,
+        DropReason::UnmatchedRefusal,
     ];
 }
 
@@ -297,6 +311,7 @@ impl Endpoint {
             epoch: now,
             connections: BTreeMap::new(),
             by_cid: HashMap::default(),
+            by_peer_cid: HashMap::new(),
             by_initial: HashMap::new(),
             next_handle: 0,
             stateless: VecDeque::new(),
@@ -329,9 +344,61 @@ impl Endpoint {
         let h = ConnectionHandle(self.next_handle);
         self.next_handle += 1;
         self.by_cid.insert(cid, h);
+        if conn.peer_cid() != 0 {
+            self.by_peer_cid.entry(conn.peer_cid()).or_default().push(h);
+        }
         self.connections.insert(h, conn);
         self.attention.touch(h);
         h
+    }
+
+    /// Removes connection `h` and every trace of it in the indexes.
+    fn remove(&mut self, h: ConnectionHandle) {
+        let Some(mut c) = self.connections.remove(&h) else {
+            return;
+        };
+        self.timers.set(h, &mut c.indexed_deadline, None);
+        self.attention.forget(h);
+        self.by_cid.remove(&c.local_cid());
+        if let Some(hs) = self.by_peer_cid.get_mut(&c.peer_cid()) {
+            hs.retain(|x| *x != h);
+            if hs.is_empty() {
+                self.by_peer_cid.remove(&c.peer_cid());
+            }
+        }
+        let initial = (c.handshake_path().1, c.peer_cid());
+        if self.by_initial.get(&initial) == Some(&h) {
+            self.by_initial.remove(&initial);
+        }
+    }
+
+    /// Connections whose peer chose connection ID `cid`.
+    fn with_peer_cid(&self, cid: u64) -> &[ConnectionHandle] {
+        self.by_peer_cid.get(&cid).map_or(&[], |hs| &hs[..])
+    }
+
+    /// A server connection the client has just confirmed: other connections to the same
+    /// client address from another run of its endpoint are dead (docs/PROTOCOL.md §8.4), and
+    /// this one goes to the application. Only now: a confirmed client has proven that it
+    /// holds this handshake's secrets (with a key) and received our ACCEPT, which no replay
+    /// of an old INITIAL can (§11).
+    fn on_confirmed(&mut self, h: ConnectionHandle) {
+        let Some(c) = self.connections.get(&h) else {
+            return;
+        };
+        let (remote, instance) = (c.handshake_path().1, c.peer_instance);
+        for (&other, c) in self.connections.iter_mut() {
+            if other != h
+                && c.state() != ConnectionState::Closed
+                && c.state() != ConnectionState::Connecting
+                && c.peer_instance != instance
+                && c.has_remote(remote)
+            {
+                c.peer_restarted();
+                self.attention.touch(other);
+            }
+        }
+        self.accept_queue.push_back(h);
     }
 
     /// Starts a connection to a peer given one or more of its addresses. The handshake goes
@@ -454,7 +521,12 @@ impl Endpoint {
                 Some(&h) => {
                     self.attention.touch(h);
                     let conn = self.connections.get_mut(&h).expect("mapped handle");
-                    conn.handle_short(now, local, remote, link, pn, phase, header_len, data)
+                    let r =
+                        conn.handle_short(now, local, remote, link, pn, phase, header_len, data);
+                    if conn.take_confirmed() {
+                        self.on_confirmed(h);
+                    }
+                    r
                 }
                 None => {
                     self.queue_reset(now, local, remote, dcid, data.len());
@@ -492,9 +564,17 @@ impl Endpoint {
             }
             Header::Accept { dcid, mode, hello } => {
                 let locals = self.cfg.local_addrs.clone();
-                self.client_conn(dcid, remote)
-                    .ok_or(DropReason::UnexpectedHandshake)?
-                    .handle_accept(now, mode, hello, &locals)
+                let h = *self
+                    .by_cid
+                    .get(&dcid)
+                    .ok_or(DropReason::UnexpectedHandshake)?;
+                let conn = self
+                    .client_conn(dcid, remote)
+                    .ok_or(DropReason::UnexpectedHandshake)?;
+                conn.handle_accept(now, mode, hello, &locals)?;
+                let peer_cid = conn.peer_cid();
+                self.by_peer_cid.entry(peer_cid).or_default().push(h);
+                Ok(())
             }
             Header::Refuse { dcid, reason } => {
                 let mismatch = match reason {
@@ -508,33 +588,52 @@ impl Endpoint {
                     .refused_by_server(Some(mismatch));
                 Ok(())
             }
-            Header::Reset { dcid, token } => {
-                // The reset echoes the connection ID we sent to (the peer's), and only counts
-                // from an address the connection talks to. To a client still connecting it
-                // echoes the client's own ID: the server refuses the connection (it is full).
-                let (&h, conn) = self
-                    .connections
-                    .iter_mut()
-                    .find(|(_, c)| {
-                        (dcid != 0 && c.peer_cid() == dcid || c.is_connecting_as(dcid))
-                            && c.has_remote(remote)
-                    })
-                    .ok_or(DropReason::UnknownConnection)?;
-                self.attention.touch(h);
-                if conn.is_keyed() {
-                    let key = self.cfg.key.as_ref().expect("keyed connections need a key");
-                    if !token.is_some_and(|t| key.reset_token_valid(dcid, t)) {
-                        return Err(DropReason::Unauthenticated);
-                    }
-                }
-                if conn.state() == ConnectionState::Connecting {
-                    conn.refused_by_server(None);
-                } else {
-                    conn.peer_restarted();
-                }
-                Ok(())
+            Header::Reset { dcid, token } => self.handle_reset(local, remote, dcid, token),
+        }
+    }
+
+    /// A RESET: the peer at `remote` no longer knows the connection with peer connection ID
+    /// `dcid` (it restarted), or refuses the connection a client of ours is opening with
+    /// its own ID `dcid` (the server is full). It counts only from an address the connection
+    /// talks to and, at a keyed endpoint, with the token of its ID and of this very pair of
+    /// addresses (docs/PROTOCOL.md §9.6).
+    fn handle_reset(
+        &mut self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        dcid: u64,
+        token: Option<&[u8]>,
+    ) -> Result<(), DropReason> {
+        if dcid == 0 {
+            return Err(DropReason::UnknownConnection);
+        }
+        let connecting = self
+            .by_cid
+            .get(&dcid)
+            .copied()
+            .filter(|h| self.connections[h].is_connecting_as(dcid));
+        let h = connecting
+            .into_iter()
+            .chain(self.with_peer_cid(dcid).iter().copied())
+            .find(|h| self.connections[h].has_remote(remote))
+            .ok_or(DropReason::UnknownConnection)?;
+        let conn = self.connections.get_mut(&h).expect("indexed handle");
+        if conn.is_keyed() {
+            let key = self.cfg.key.as_ref().expect("keyed connections need a key");
+            if !token.is_some_and(|t| key.reset_token_valid(dcid, remote, local, t)) {
+                return Err(DropReason::Unauthenticated);
             }
         }
+        self.attention.touch(h);
+        if conn.state() == ConnectionState::Connecting {
+            conn.refused_by_server(None);
+        } else {
+            conn.peer_restarted();
+        }
+        if conn.is_unconfirmed_server() {
+            self.remove(h);
+        }
+        Ok(())
     }
 
     /// Answers a packet for connection ID `dcid`, which this endpoint does not have (or
@@ -548,7 +647,11 @@ impl Endpoint {
         dcid: u64,
         trigger_len: usize,
     ) {
-        let token = self.cfg.key.as_ref().map(|k| k.reset_token(dcid));
+        let token = self
+            .cfg
+            .key
+            .as_ref()
+            .map(|k| k.reset_token(dcid, local, remote));
         let reset = Header::Reset {
             dcid,
             token: token.as_ref().map(|t| &t[..]),
@@ -573,16 +676,51 @@ impl Endpoint {
     }
 
     /// The peer's host answered a datagram from `local` to `remote` with "port unreachable"
-    /// (ICMP type 3 code 3, ICMPv6 type 1 code 4): nothing listens there. Connections whose
-    /// every link gets such answers end with [`crate::ConnectionError::PeerGone`] (handshakes
-    /// too) instead of waiting as if the network were down.
-    pub fn handle_port_unreachable(&mut self, local: SocketAddr, remote: SocketAddr) {
-        for (&h, c) in self.connections.iter_mut() {
-            if c.has_remote(remote) {
-                c.port_unreachable(local, remote);
-                self.attention.touch(h);
+    /// (ICMP type 3 code 3, ICMPv6 type 1 code 4): nothing listens there. `quote` is what the
+    /// ICMP message quotes of that datagram (the start of the UDP payload). ICMP is not
+    /// authenticated, so it is believed only as far as it proves: it must quote a packet a
+    /// connection sent on that very path (its peer's connection ID, link and a packet number
+    /// it used, or a client's INITIAL), which an attacker off the path cannot guess; and
+    /// then it only makes the connection ask its peer whether it is still there. A connection
+    /// whose peer stays silent ends with [`crate::ConnectionError::PeerGone`], instead of
+    /// waiting as if the network were down; a handshake after three refusals
+    /// (docs/PROTOCOL.md §6.7). Returns whether the report matched a connection.
+    pub fn handle_port_unreachable(
+        &mut self,
+        now: Instant,
+        local: SocketAddr,
+        remote: SocketAddr,
+        quote: &[u8],
+    ) -> bool {
+        let found = match wire::decode_quoted(quote) {
+            Some(Quoted::Short { dcid, link, pn }) => {
+                self.with_peer_cid(dcid).iter().find_map(|&h| {
+                    let i = self.connections[&h].link_that_sent(local, remote, link, pn)?;
+                    Some((h, i))
+                })
             }
+            Some(Quoted::Initial { scid }) => self
+                .by_cid
+                .get(&scid)
+                .copied()
+                .filter(|h| {
+                    let c = &self.connections[h];
+                    c.is_connecting_as(scid) && c.handshake_path() == (local, remote)
+                })
+                .map(|h| (h, 0)),
+            None => None,
+        };
+        let Some((h, i)) = found else {
+            tracing::debug!(%local, %remote, "port unreachable quoting no packet of ours: ignored");
+            self.dropped
+                .record(DropReason::UnmatchedRefusal, remote, quote.len());
+            return false;
+        };
+        if let Some(c) = self.connections.get_mut(&h) {
+            c.port_unreachable(now, i);
+            self.attention.touch(h);
         }
+        true
     }
 
     /// A connecting client connection, if `remote` is where its handshake went.
@@ -629,11 +767,16 @@ impl Endpoint {
             );
             return Ok(());
         }
+        // A client sends its hello with the cookie only: with a key, its Noise message is
+        // bound to that cookie, so it is fresh and from the address the cookie names.
+        if hello.is_empty() {
+            return Err(DropReason::Undecodable);
+        }
         // The client's parameters: in clear, or read from its Noise message under our key.
         let (params, noise) = match (&self.cfg.key, mode) {
             (None, handshake_mode::PLAIN) => (wire::ClientParams::decode(hello), None),
             (Some(key), handshake_mode::NOISE_NNPSK0) => {
-                match ServerHandshake::read(key, scid, hello) {
+                match ServerHandshake::read(key, scid, token, hello) {
                     Ok((noise, payload)) => (wire::ClientParams::decode(&payload), Some(noise)),
                     Err(_) => return self.refuse(now, local, remote, scid, KeyMismatch::WrongKey),
                 }
@@ -647,17 +790,8 @@ impl Endpoint {
             _ => return Err(DropReason::Undecodable),
         };
         let params = params.map_err(|_| DropReason::Undecodable)?;
-        // A new run of a peer we have connections with: those connections are dead.
-        for (&h, c) in self.connections.iter_mut() {
-            if c.state() != ConnectionState::Closed
-                && c.state() != ConnectionState::Connecting
-                && c.peer_instance != params.instance
-                && c.has_remote(remote)
-            {
-                c.peer_restarted();
-                self.attention.touch(h);
-            }
-        }
+        // (whether this is a new run of a peer we have connections with is decided when the
+        // client confirms: until then this may be a replay, see `on_confirmed`)
         if let Some(limit) = self.connection_limit_reached(remote) {
             // the client proved its address (the cookie), so a RESET to it amplifies nothing;
             // it tells the client at once instead of letting it wait out its handshake
@@ -713,7 +847,6 @@ impl Endpoint {
         );
         let h = self.insert(cid, conn);
         self.by_initial.insert((remote, scid), h);
-        self.accept_queue.push_back(h);
         Ok(())
     }
 
@@ -866,6 +999,10 @@ impl Endpoint {
                 c.indexed_deadline = None;
                 c.handle_timeout(now);
                 self.attention.touch(h);
+                // the client never confirmed: the application never had it
+                if c.state() == ConnectionState::Closed && c.is_unconfirmed_server() {
+                    self.remove(h);
+                }
             }
         }
     }
@@ -948,12 +1085,7 @@ impl Endpoint {
             .get(&h)
             .is_some_and(|c| c.state() == ConnectionState::Closed)
         {
-            if let Some(mut c) = self.connections.remove(&h) {
-                self.timers.set(h, &mut c.indexed_deadline, None);
-            }
-            self.attention.forget(h);
-            self.by_cid.retain(|_, v| *v != h);
-            self.by_initial.retain(|_, v| *v != h);
+            self.remove(h);
             true
         } else {
             false
@@ -965,23 +1097,21 @@ impl Endpoint {
         self.connections.len()
     }
 
-    /// Which connection limit a new connection from `remote` would exceed, if any.
+    /// Which connection limit a new connection from `remote` would exceed, if any. The total
+    /// counts every connection held: open, unconfirmed, or closed and not yet released by the
+    /// application (so connections nobody accepts or releases cannot grow memory without
+    /// end); the limit per address counts the open ones, so a client whose connections ended
+    /// may connect again.
     fn connection_limit_reached(&self, remote: SocketAddr) -> Option<&'static str> {
-        let open = self
+        if self.connections.len() >= self.cfg.max_connections {
+            return Some("max_connections");
+        }
+        let from_address = self
             .connections
             .values()
-            .filter(|c| c.state() != ConnectionState::Closed);
-        let (mut total, mut from_address) = (0, 0);
-        for c in open {
-            total += 1;
-            from_address += usize::from(c.has_remote_ip(remote.ip()));
-        }
-        if total >= self.cfg.max_connections {
-            Some("max_connections")
-        } else if from_address >= self.cfg.max_connections_per_address {
-            Some("max_connections_per_address")
-        } else {
-            None
-        }
+            .filter(|c| c.state() != ConnectionState::Closed && c.has_remote_ip(remote.ip()))
+            .count();
+        (from_address >= self.cfg.max_connections_per_address)
+            .then_some("max_connections_per_address")
     }
 }

@@ -15,9 +15,10 @@ use crate::LinkId;
 use thiserror::Error;
 
 /// Protocol version carried in the first byte of every packet (version 1 ended each packet
-/// with a CRC-32C; version 2 relied on the UDP checksum; version 3 adds the keyed handshake,
-/// sealed short packets and authenticated RESETs).
-pub const VERSION: u8 = 3;
+/// with a CRC-32C; version 2 relied on the UDP checksum; version 3 added the keyed handshake,
+/// sealed short packets and authenticated RESETs; version 4 binds the handshake to the retry
+/// cookie and each RESET token to its addresses, docs/PROTOCOL.md §11).
+pub const VERSION: u8 = 4;
 /// Smallest datagram that may carry an INITIAL packet (padding makes it up): it keeps the
 /// server's answers to an unproven address below three times what that address sent.
 pub const MIN_INITIAL_SIZE: usize = 1200;
@@ -483,7 +484,16 @@ fn read_addr(r: &mut Reader<'_>) -> Result<SocketAddr, DecodeError> {
     Ok(SocketAddr::new(ip, r.u16()?))
 }
 
-fn write_addr(w: &mut Writer<'_>, a: &SocketAddr) {
+/// Bytes of an address in the encoding of [`ServerParams`] (family, address, port).
+pub const fn addr_len(a: &SocketAddr) -> usize {
+    match a {
+        SocketAddr::V4(_) => 1 + 4 + 2,
+        SocketAddr::V6(_) => 1 + 16 + 2,
+    }
+}
+
+/// Writes an address in the encoding of [`ServerParams`] (family, address, port).
+pub fn write_addr(w: &mut Writer<'_>, a: &SocketAddr) {
     match a.ip() {
         IpAddr::V4(ip) => {
             w.u8(4);
@@ -495,6 +505,47 @@ fn write_addr(w: &mut Writer<'_>, a: &SocketAddr) {
         }
     }
     w.u16(a.port());
+}
+
+/// What an ICMP error quotes of a datagram this endpoint sent: enough of its header to tell
+/// which connection and link sent it (docs/PROTOCOL.md §6.7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quoted {
+    /// A short packet: the peer's connection ID, the link and the packet number.
+    Short {
+        /// The destination connection ID (the peer's).
+        dcid: u64,
+        /// The link ID.
+        link: LinkId,
+        /// The packet number.
+        pn: u64,
+    },
+    /// An INITIAL: the client's own connection ID.
+    Initial {
+        /// The source connection ID (the client's).
+        scid: u64,
+    },
+}
+
+/// Reads the start of a datagram quoted by an ICMP error. A quote is cut short (ICMP carries
+/// the first bytes of a datagram only), so only the header is read; `None` when it is neither
+/// a short packet nor an INITIAL of this version, or too short to tell.
+pub fn decode_quoted(quote: &[u8]) -> Option<Quoted> {
+    if quote.len() < 2 || quote[0] != VERSION {
+        return None;
+    }
+    let mut r = Reader::new(&quote[2..]);
+    match quote[1] {
+        packet_type::SHORT | packet_type::SHORT_PHASE1 => Some(Quoted::Short {
+            dcid: r.u64().ok()?,
+            link: LinkId(r.u8().ok()?),
+            pn: r.varint().ok()?,
+        }),
+        packet_type::INITIAL => Some(Quoted::Initial {
+            scid: r.u64().ok()?,
+        }),
+        _ => None,
+    }
 }
 
 /// Writes a short packet header; frames follow, then [`Writer::finish`].

@@ -574,7 +574,7 @@ impl Shared {
         sock.deliver(batch, &mut |remote, d| {
             endpoint.handle_datagram(now, sock.local, remote, d)
         });
-        self.hand_over_refusals(&mut st);
+        self.hand_over_refusals(&mut st, now);
         let mut st = self.transmit(st, Some(now));
         let wakeups = self.dispatch(&mut st);
         drop(st);
@@ -582,11 +582,12 @@ impl Shared {
         received
     }
 
-    /// Tells the engine which destinations the sockets found "port unreachable".
-    fn hand_over_refusals(&self, st: &mut State) {
+    /// Tells the engine which datagrams the peers' hosts answered with "port unreachable".
+    fn hand_over_refusals(&self, st: &mut State, now: Instant) {
         for sock in &self.sockets {
-            for dest in sock.take_refused() {
-                st.endpoint.handle_port_unreachable(sock.local, dest);
+            for r in sock.take_refused() {
+                st.endpoint
+                    .handle_port_unreachable(now, sock.local, r.dest, r.quote());
             }
         }
     }
@@ -754,7 +755,7 @@ impl Shared {
                         .handle_unreachable(now, self.sockets[i].local, dest);
                 }
             }
-            self.hand_over_refusals(&mut st);
+            self.hand_over_refusals(&mut st, Instant::now());
             st.out.spare.extend(batches.drain(..).map(|(_, mut b)| {
                 b.len = 0;
                 b
@@ -1135,8 +1136,8 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
         }
         let (timeout, wakeups, confirm, watch) = {
             let mut st = shared.lock();
-            shared.hand_over_refusals(&mut st);
             let now = Instant::now();
+            shared.hand_over_refusals(&mut st, now);
             if st.endpoint.poll_timeout().is_some_and(|t| t <= now) {
                 st.endpoint.handle_timeout(now);
             }

@@ -24,6 +24,29 @@ use quinn_udp::{RecvMeta, Transmit, UdpSocketState, BATCH_SIZE};
 use crate::impair::Impairment;
 use crate::pages::PageBuffer;
 
+/// Bytes of a refused datagram kept from the ICMP error's quote: enough for the header of
+/// any ri2n packet that tells which connection and link sent it.
+pub(crate) const QUOTE_LEN: usize = 24;
+/// Refusals a socket keeps for the engine between two hand-overs: a flood of ICMP errors
+/// cannot grow memory.
+const MAX_REFUSALS: usize = 256;
+
+/// An ICMP "port unreachable" about a datagram this socket sent.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Refusal {
+    /// Where the datagram was going.
+    pub dest: SocketAddr,
+    quote: [u8; QUOTE_LEN],
+    quote_len: usize,
+}
+
+impl Refusal {
+    /// The start of the refused datagram, as the ICMP error quotes it.
+    pub fn quote(&self) -> &[u8] {
+        &self.quote[..self.quote_len]
+    }
+}
+
 /// Kernel socket buffers asked for: a few milliseconds of a fast link, so bursts between two
 /// driver wake-ups are not dropped by the kernel.
 const SOCKET_BUFFER: usize = 4 << 20;
@@ -48,9 +71,9 @@ pub(crate) struct LinkSocket {
     pub io: mio::net::UdpSocket,
     state: UdpSocketState,
     pub impairment: Arc<Impairment>,
-    /// Destinations the peer's host answered with "port unreachable" (from the socket's
-    /// error queue), not yet handed to the engine.
-    refused: Mutex<Vec<SocketAddr>>,
+    /// "Port unreachable" answers of peers' hosts (from the socket's error queue), not yet
+    /// handed to the engine; at most [`MAX_REFUSALS`], further ones are dropped.
+    refused: Mutex<Vec<Refusal>>,
     /// `refused` may hold something: spares its lock on every received batch.
     any_refused: AtomicBool,
     /// The interface of `local`, if it is known (not for a wildcard address).
@@ -296,8 +319,8 @@ impl LinkSocket {
         }
     }
 
-    /// Destinations found unreachable at the port since the last call.
-    pub fn take_refused(&self) -> Vec<SocketAddr> {
+    /// "Port unreachable" answers received since the last call.
+    pub fn take_refused(&self) -> Vec<Refusal> {
         // a load first: the swap would write the flag's cache line on every received batch
         if !self.any_refused.load(Ordering::Acquire)
             || !self.any_refused.swap(false, Ordering::AcqRel)
@@ -325,15 +348,15 @@ impl LinkSocket {
         while n < 256 {
             match read_queued_error(fd) {
                 Ok(Some(QueuedError {
-                    dest,
+                    refusal,
                     port_unreachable,
                 })) => {
                     n += 1;
                     if port_unreachable {
-                        self.refused
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .push(dest);
+                        let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+                        if refused.len() < MAX_REFUSALS {
+                            refused.push(refusal);
+                        }
                         self.any_refused.store(true, Ordering::Release);
                     }
                 }
@@ -582,8 +605,8 @@ fn classify_send_error(e: &io::Error) -> SendOutcome {
 
 /// One entry of a socket's error queue.
 struct QueuedError {
-    /// Where the datagram that caused it was going.
-    dest: SocketAddr,
+    /// Where the datagram that caused it was going, and what the error quotes of it.
+    refusal: Refusal,
     /// ICMP "port unreachable" (IPv4 type 3 code 3, IPv6 type 1 code 4).
     port_unreachable: bool,
 }
@@ -596,12 +619,12 @@ fn read_queued_error(fd: std::os::fd::RawFd) -> io::Result<Option<QueuedError>> 
     const ICMP_PORT_UNREACH: u8 = 3;
     const ICMPV6_DEST_UNREACH: u8 = 1;
     const ICMPV6_PORT_UNREACH: u8 = 4;
-    let mut byte = [0u8; 1];
+    let mut quote = [0u8; QUOTE_LEN];
     let mut control = [0u64; 64];
     let mut port_unreachable = false;
     let received = recvmsg_with_control(
         fd,
-        &mut byte,
+        &mut quote,
         &mut control,
         libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT,
         |level, kind, data| {
@@ -621,20 +644,21 @@ fn read_queued_error(fd: std::os::fd::RawFd) -> io::Result<Option<QueuedError>> 
                     && ee.ee_code == ICMPV6_PORT_UNREACH);
         },
     );
-    let name = match received {
-        Ok((_, name)) => name,
+    // the data read is the start of the refused datagram's payload, as the ICMP error quotes
+    // it (the kernel matched the quoted addresses and ports to this socket)
+    let (quote_len, name) = match received {
+        Ok(r) => r,
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
         Err(e) => return Err(e),
     };
-    Ok(Some(match sockaddr_to_std(&name) {
-        Some(dest) => QueuedError {
-            dest,
-            port_unreachable,
+    let dest = sockaddr_to_std(&name);
+    Ok(Some(QueuedError {
+        refusal: Refusal {
+            dest: dest.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0))),
+            quote,
+            quote_len: quote_len.min(QUOTE_LEN),
         },
-        None => QueuedError {
-            dest: SocketAddr::from(([0, 0, 0, 0], 0)),
-            port_unreachable: false,
-        },
+        port_unreachable: port_unreachable && dest.is_some(),
     }))
 }
 

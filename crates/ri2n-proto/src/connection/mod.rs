@@ -109,9 +109,12 @@ const MAX_EVENTS: usize = 1024;
 /// Least time a connection keeps repairing after the peer confirmed a clean end that its
 /// acknowledgements do not yet prove (PROTOCOL.md §8.2).
 const PEER_CLOSED_GRACE: Duration = Duration::from_millis(200);
-/// "Port unreachable" answers that end a handshake, or count against a link of a draining
-/// connection.
+/// "Port unreachable" answers that end a handshake.
 const REFUSALS_TO_GIVE_UP: u32 = 3;
+/// How long the peer must have been silent before a "port unreachable" ends an established
+/// connection: longer than a working peer is ever silent (keepalives, acknowledgements),
+/// short enough that a vanished one is reported within a second or so.
+pub(crate) const PEER_GONE_SILENCE: Duration = Duration::from_millis(500);
 
 #[derive(Debug)]
 enum Handshake {
@@ -127,10 +130,15 @@ enum Handshake {
         /// the time since the first is the RTT sample: never too small, which would make
         /// probe timeouts fire before any acknowledgement can arrive.
         first_sent: Option<Instant>,
-        /// The INITIAL's mode and parameters ([`wire::handshake_mode`]): in clear, or the
-        /// first Noise message, sent unchanged in every INITIAL.
+        /// The INITIAL's mode ([`wire::handshake_mode`]) and `hello`: empty until the RETRY's
+        /// cookie arrives, then the parameters in clear or the first Noise message (bound to
+        /// that cookie), sent unchanged in every later INITIAL.
         mode: u8,
         hello: Vec<u8>,
+        /// The client parameters, for the hello.
+        params: Vec<u8>,
+        /// The cluster key, if the endpoint holds one: the handshake starts with the cookie.
+        key: Option<Key>,
         /// The keyed handshake waiting for the server's message (boxed: it is large).
         noise: Option<Box<ClientHandshake>>,
     },
@@ -140,9 +148,9 @@ enum Handshake {
         accept: Vec<u8>,
         /// Send (again) the ACCEPT.
         accept_pending: bool,
-        /// The client proved it received the ACCEPT (a short packet arrived).
-        confirmed: bool,
-        /// A client that never confirms is given up after the handshake timeout.
+        /// A client that never confirms (sends a short packet, which proves it received the
+        /// ACCEPT and, with a key, holds the handshake's secrets) is given up after the
+        /// handshake timeout.
         created: Instant,
     },
     Done,
@@ -239,12 +247,18 @@ pub struct Connection {
     peer_closed_until: Option<Instant>,
     /// Earliest time pacing lets a waiting data packet out.
     pacing_wakeup: Option<Instant>,
+    /// A server connection was confirmed and the endpoint has not yet been told.
+    confirmed_now: bool,
+    /// When the peer's host first answered "port unreachable" since the peer was last
+    /// heard: the peer may be gone, which its silence will confirm (see
+    /// [`Self::peer_gone_deadline`]).
+    refused_at: Option<Instant>,
     scratch: AckOutcome,
 }
 
 impl Connection {
     /// A client connection, about to send its first INITIAL to `remotes[0]` from `local`;
-    /// with a key, the INITIAL starts a Noise handshake.
+    /// with a key, the INITIAL that echoes the server's cookie starts a Noise handshake.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new_client(
         cfg: ConnectionConfig,
@@ -264,16 +278,9 @@ impl Connection {
             cipher: Cipher::preferred().code(),
         }
         .encode();
-        let (mode, hello, noise) = match key {
-            Some(key) => {
-                let (noise, msg) = ClientHandshake::start(key, local_cid, &params);
-                (
-                    wire::handshake_mode::NOISE_NNPSK0,
-                    msg,
-                    Some(Box::new(noise)),
-                )
-            }
-            None => (wire::handshake_mode::PLAIN, params, None),
+        let mode = match key {
+            Some(_) => wire::handshake_mode::NOISE_NNPSK0,
+            None => wire::handshake_mode::PLAIN,
         };
         let handshake = Handshake::Client {
             remotes,
@@ -283,14 +290,18 @@ impl Connection {
             started: now,
             first_sent: None,
             mode,
-            hello,
-            noise,
+            hello: Vec::new(),
+            params,
+            key: key.cloned(),
+            noise: None,
         };
         Self::new(cfg, now, local_cid, 0, 0, handshake, local_mtus, link, 0)
     }
 
     /// A server connection for a client whose address was proven by a retry cookie (and, with
-    /// a key, whose handshake message authenticated): `accept` is the ACCEPT datagram.
+    /// a key, whose handshake message authenticated): `accept` is the ACCEPT datagram. It is
+    /// unconfirmed, and reports no event, until the client's first short packet arrives
+    /// ([`Self::take_confirmed`]).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new_server(
         cfg: ConnectionConfig,
@@ -309,7 +320,6 @@ impl Connection {
         let handshake = Handshake::Server {
             accept,
             accept_pending: true,
-            confirmed: false,
             created: now,
         };
         let mut c = Self::new(
@@ -325,7 +335,6 @@ impl Connection {
         );
         c.protection = protection;
         c.state = ConnectionState::Established;
-        c.events.push_back(Event::Connected);
         c
     }
 
@@ -386,6 +395,8 @@ impl Connection {
             draining_until: None,
             peer_closed_until: None,
             pacing_wakeup: None,
+            confirmed_now: false,
+            refused_at: None,
             scratch: AckOutcome::default(),
             cfg,
         }
@@ -820,6 +831,9 @@ impl Connection {
     }
 
     fn event(&mut self, e: Event) {
+        if self.is_unconfirmed_server() {
+            return; // nobody would collect it
+        }
         if self.events.len() >= MAX_EVENTS {
             self.events.pop_front();
         }
@@ -886,9 +900,6 @@ impl Connection {
             to,
         });
         self.update_all_down(now);
-        if to == LinkState::Down {
-            self.check_peer_gone();
-        }
     }
 
     fn update_all_down(&mut self, now: Instant) {
@@ -954,19 +965,32 @@ impl Connection {
     // ------------------------------------------------------------------------------------
     // Incoming packets (called by the endpoint)
 
-    /// RETRY: send the INITIAL again with the cookie.
+    /// RETRY: send the INITIAL again with the cookie, and now the hello: with a key, the
+    /// first Noise message, bound to the cookie (so it is worth nothing under another).
     pub(crate) fn handle_retry(&mut self, now: Instant, token: &[u8]) {
         if let Handshake::Client {
             token: t,
             next_initial,
             first_sent,
+            hello,
+            params,
+            key,
+            noise,
             ..
         } = &mut self.handshake
         {
-            if t.is_empty() && token.len() <= 64 {
+            if t.is_empty() && !token.is_empty() && token.len() <= 64 {
                 *t = token.to_vec();
                 *next_initial = now;
                 *first_sent = None;
+                match key {
+                    Some(key) => {
+                        let (hs, msg) = ClientHandshake::start(key, self.local_cid, token, params);
+                        *hello = msg;
+                        *noise = Some(Box::new(hs));
+                    }
+                    None => *hello = params.clone(),
+                }
             }
         }
     }
@@ -1104,12 +1128,7 @@ impl Connection {
 
     /// A repeated INITIAL from the client: its ACCEPT was lost.
     pub(crate) fn handle_initial_again(&mut self) {
-        if let Handshake::Server {
-            accept_pending,
-            confirmed: false,
-            ..
-        } = &mut self.handshake
-        {
+        if let Handshake::Server { accept_pending, .. } = &mut self.handshake {
             *accept_pending = true;
         }
     }
@@ -1119,19 +1138,50 @@ impl Connection {
         self.peer_cid
     }
 
+    /// The connection ID this side chose.
+    pub(crate) fn local_cid(&self) -> u64 {
+        self.local_cid
+    }
+
+    /// The address pair the handshake went over (link 0's).
+    pub(crate) fn handshake_path(&self) -> (SocketAddr, SocketAddr) {
+        (self.links[0].local, self.links[0].remote)
+    }
+
+    /// The position of the link with ID `link` over `local` → `remote`, if it has sent a
+    /// packet numbered `pn` (so an ICMP error quoting that packet may be about it).
+    pub(crate) fn link_that_sent(
+        &self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        link: LinkId,
+        pn: u64,
+    ) -> Option<usize> {
+        let i = self.link_index(link)?;
+        let l = &self.links[i];
+        (l.local == local && l.remote == remote && pn < l.recovery.next_pn()).then_some(i)
+    }
+
     /// Whether short packets may be sent: established, and (server) the client confirmed it
     /// received the ACCEPT.
     fn can_send_short(&self) -> bool {
         matches!(
             self.state,
             ConnectionState::Established | ConnectionState::Draining
-        ) && !matches!(
-            self.handshake,
-            Handshake::Server {
-                confirmed: false,
-                ..
-            }
-        )
+        ) && !self.is_unconfirmed_server()
+    }
+
+    /// A server connection whose client has not yet sent a short packet: the application
+    /// does not know it (it is not accepted and reports no event), and the endpoint forgets
+    /// it itself if it ends so.
+    pub(crate) fn is_unconfirmed_server(&self) -> bool {
+        matches!(self.handshake, Handshake::Server { .. })
+    }
+
+    /// Whether the client confirmed this server connection since the last call: the endpoint
+    /// then hands it to the application.
+    pub(crate) fn take_confirmed(&mut self) -> bool {
+        std::mem::take(&mut self.confirmed_now)
     }
 
     /// The operating system reports the path `local` → `remote` unusable.
@@ -1146,19 +1196,14 @@ impl Connection {
         }
     }
 
-    /// The peer's host answered a datagram sent from `local` to `remote` with "port
-    /// unreachable". A handshake that gets [`REFUSALS_TO_GIVE_UP`] of them ends: one answer is
-    /// not enough, a server starting or restarting on the port is briefly away. An
-    /// established connection ends once its links have all been refused or gone down since
-    /// anything last arrived (see [`Self::check_peer_gone`]).
-    pub(crate) fn port_unreachable(&mut self, local: SocketAddr, remote: SocketAddr) {
-        let Some(i) = self
-            .links
-            .iter()
-            .position(|l| l.local == local && l.remote == remote)
-        else {
-            return;
-        };
+    /// The peer's host answered a datagram this connection sent on link `i` with "port
+    /// unreachable" (the endpoint checked that the ICMP quotes it). ICMP is not
+    /// authenticated, so this only raises the question: a handshake ends after
+    /// [`REFUSALS_TO_GIVE_UP`] of them (a server starting on the port is briefly away); an
+    /// established connection asks every up link for an acknowledgement at once and ends
+    /// only if the peer then stays silent ([`Self::peer_gone_deadline`]), so a forged ICMP
+    /// costs a PING per link.
+    pub(crate) fn port_unreachable(&mut self, now: Instant, i: usize) {
         self.links[i].port_unreachable += 1;
         tracing::debug!(
             link = i,
@@ -1171,34 +1216,38 @@ impl Connection {
                     self.set_closed(Some(ConnectionError::PeerGone));
                 }
             }
-            ConnectionState::Established | ConnectionState::Draining => self.check_peer_gone(),
+            ConnectionState::Established | ConnectionState::Draining => {
+                if self.refused_at.is_none() {
+                    self.refused_at = Some(now);
+                    for (j, l) in self.links.iter().enumerate() {
+                        if l.is_up() {
+                            self.pings_owed |= 1 << j;
+                        }
+                    }
+                }
+            }
             ConnectionState::Closed => {}
         }
     }
 
-    /// Ends the connection with [`ConnectionError::PeerGone`] when the peer's host refused a
-    /// link since anything last arrived and every other link was refused too or is down. Once
-    /// established, one refusal of a link counts: the process that held the connection's state
-    /// is gone (a restarted one would not know it), and the peer's kernel rate-limits its
-    /// answers to about one a second per address, so waiting for more took seconds. A
-    /// connection that is draining (everything exchanged, lingering) waits for
-    /// [`REFUSALS_TO_GIVE_UP`]: the peer closing its socket after a clean end is no failure.
-    /// Checked at every refusal and whenever a link goes down.
-    fn check_peer_gone(&mut self) {
-        let needed = match self.state {
-            ConnectionState::Established => 1,
-            ConnectionState::Draining => REFUSALS_TO_GIVE_UP,
-            ConnectionState::Connecting | ConnectionState::Closed => return,
-        };
-        let refused = |l: &Link| l.port_unreachable >= needed;
-        if self.links.iter().any(refused)
-            && self
-                .links
-                .iter()
-                .all(|l| refused(l) || l.state == LinkState::Down)
-        {
-            // no CLOSE: nobody is there to read it
-            self.set_closed(Some(ConnectionError::PeerGone));
+    /// When the peer counts as gone, if its host answered "port unreachable" since it was
+    /// last heard: once the PINGs that answer asked for had time to be acknowledged (two
+    /// PTOs) and the peer has been silent for [`PEER_GONE_SILENCE`]. A peer that still
+    /// answers on any link clears the question by being heard.
+    pub(super) fn peer_gone_deadline(&self) -> Option<Instant> {
+        let refused = self.refused_at?;
+        Some((refused + 2 * self.max_pto()).max(self.last_rx + PEER_GONE_SILENCE))
+    }
+
+    /// The peer's host refused our packets and the peer stayed silent: it is gone. A
+    /// connection that was only lingering after a clean end (everything delivered both ways)
+    /// just ends; otherwise it ends with [`ConnectionError::PeerGone`], without a CLOSE
+    /// (nobody is there to read it).
+    pub(super) fn peer_gone(&mut self) {
+        self.refused_at = None;
+        match self.state {
+            ConnectionState::Draining => self.set_closed(None),
+            _ => self.set_closed(Some(ConnectionError::PeerGone)),
         }
     }
 
@@ -1230,7 +1279,7 @@ impl Connection {
     /// only a holder of the key can make.
     pub(crate) fn is_keyed(&self) -> bool {
         self.protection.is_some()
-            || matches!(self.handshake, Handshake::Client { noise: Some(_), .. })
+            || matches!(self.handshake, Handshake::Client { key: Some(_), .. })
     }
 
     /// A short packet for this connection: `datagram` holds it whole, its header
@@ -1353,14 +1402,13 @@ impl Connection {
         if !self.links[i].on_received(now, pn, arrival, &self.cfg) {
             return Err(DropReason::Duplicate);
         }
-        if let Handshake::Server { confirmed, .. } = &mut self.handshake {
-            *confirmed = true;
+        if self.is_unconfirmed_server() {
             self.handshake = Handshake::Done;
+            self.confirmed_now = true;
+            self.event(Event::Connected);
         }
         self.last_rx = now;
-        for l in &mut self.links {
-            l.port_unreachable = 0;
-        }
+        self.refused_at = None;
         match self.hold_over {
             HoldOver::No => {}
             // it can reach us: what is held goes at once (the hold ran out)

@@ -39,6 +39,8 @@ pub(super) enum Timer {
     HealthCheck,
     /// Received datagrams held for an earlier missing one stop waiting.
     DatagramRelease,
+    /// The peer's host refused our packets and the peer stayed silent since.
+    PeerGone,
     /// A timer of the link at this position.
     Link(usize, LinkTimer),
 }
@@ -86,19 +88,16 @@ impl Connection {
                 );
                 return;
             }
-            Handshake::Server {
-                confirmed: false,
-                created,
-                ..
-            } => arm(
+            Handshake::Server { created, .. } => arm(
                 Timer::HandshakeTimeout,
                 created.checked_add(self.cfg.handshake_timeout),
             ),
-            Handshake::Server { .. } | Handshake::Done => {}
+            Handshake::Done => {}
         }
         if self.can_send_short() {
             arm(Timer::Draining, self.draining_until);
             arm(Timer::PeerClosed, self.peer_closed_until);
+            arm(Timer::PeerGone, self.peer_gone_deadline());
             arm(Timer::Pacing, self.pacing_wakeup);
             for (i, l) in self.links.iter().enumerate() {
                 arm(Timer::Link(i, LinkTimer::Loss), l.loss_deadline());
@@ -189,6 +188,7 @@ impl Connection {
                 self.set_closed(None);
             }
             Timer::PeerClosed => self.set_closed(Some(ConnectionError::ClosedEarly)),
+            Timer::PeerGone => self.peer_gone(),
             Timer::Pacing => self.pacing_wakeup = None,
             Timer::HealthCheck => {
                 self.check_arrival_shares();

@@ -207,8 +207,8 @@ pub(crate) struct Link {
     /// answered there yet: every probe stays small until one is (a peer listing someone
     /// else's address must not turn us into a sender of full datagrams to it).
     pub unproven_address: bool,
-    /// "Port unreachable" answers from the peer's host to this link's datagrams since the
-    /// connection last received anything: proof that nothing listens there any more.
+    /// "Port unreachable" answers from the peer's host to this link's datagrams (ICMP that
+    /// quotes one of them): counted towards giving up a handshake.
     pub port_unreachable: u32,
 
     // --- sending ---
