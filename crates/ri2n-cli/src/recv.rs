@@ -210,6 +210,7 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
         encryption: crate::report::encryption(&conn.stats()),
         links: LinkSummary::all(&conn.stats().links, true),
         link_events: events.events,
+        dropped: crate::report::dropped(&endpoint.dropped_datagrams()),
     };
     summary.emit(args.quiet, args.json)
 }

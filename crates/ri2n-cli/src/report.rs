@@ -1,7 +1,7 @@
 //! What the commands report: number formatting, per-link rates between two samples of the
 //! connection's statistics, and the JSON summaries.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -192,6 +192,9 @@ pub struct LinkSummary {
     pub max_datagram: usize,
     /// This link's part of all stream bytes sent (of all bytes received, on a receiver), 0 to 1.
     pub share: f64,
+    /// ICMP "port unreachable" answers to this link's packets that the connection checked
+    /// with its peer (forged ones change nothing while the peer answers).
+    pub refusals: u32,
 }
 
 impl LinkSummary {
@@ -227,6 +230,7 @@ impl LinkSummary {
                 } else {
                     0.0
                 },
+                refusals: l.refusals,
             })
             .collect()
     }
@@ -249,6 +253,35 @@ pub struct TransferSummary {
     pub links: Vec<LinkSummary>,
     /// Every link state change during the transfer, oldest first.
     pub link_events: Vec<LinkEvent>,
+    /// Datagrams (and ICMP errors) the endpoint dropped without effect, by reason
+    /// (`undecodable`, `unauthenticated`, `unmatched_refusal`, ...; reasons with none left
+    /// out): what strangers and attackers sent.
+    pub dropped: BTreeMap<String, u64>,
+}
+
+/// The endpoint's drop counts by reason, for summaries (reasons with none left out).
+pub fn dropped(counts: &ri2n::DropCounts) -> BTreeMap<String, u64> {
+    counts
+        .iter()
+        .filter(|&(_, n)| n > 0)
+        .map(|(reason, n)| (drop_reason_name(reason), n))
+        .collect()
+}
+
+/// `UnmatchedRefusal` → `unmatched_refusal`.
+fn drop_reason_name(reason: ri2n::DropReason) -> String {
+    let mut name = String::new();
+    for (i, c) in format!("{reason:?}").chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                name.push('_');
+            }
+            name.push(c.to_ascii_lowercase());
+        } else {
+            name.push(c);
+        }
+    }
+    name
 }
 
 /// How a connection's packets were protected, for summaries.

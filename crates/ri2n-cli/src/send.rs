@@ -169,6 +169,7 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
         encryption: crate::report::encryption(&conn.stats()),
         links: LinkSummary::all(&conn.stats().links, false),
         link_events: events.events,
+        dropped: crate::report::dropped(&endpoint.dropped_datagrams()),
     };
     summary.emit(args.quiet, args.json)
 }

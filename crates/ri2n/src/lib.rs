@@ -223,7 +223,7 @@ impl Endpoint {
     }
 
     /// Received datagrams the engine dropped without acting on them, by reason (garbage,
-    /// strangers, duplicates, packets for connections already gone).
+    /// strangers, duplicates, packets for connections already gone, forged ICMP errors).
     pub fn dropped_datagrams(&self) -> DropCounts {
         self.driver.shared.lock().endpoint.dropped().clone()
     }

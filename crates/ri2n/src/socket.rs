@@ -244,15 +244,19 @@ impl LinkSocket {
     fn send_raw(&self, remote: SocketAddr, data: &[u8], segment: Option<usize>) -> SendOutcome {
         match self.send_once(remote, data, segment) {
             Ok(()) => SendOutcome::Sent,
-            // an error queued by an ICMP message about an earlier datagram fails the next
-            // send whatever its destination: read the queue, then this send may go through
-            Err(e) if e.kind() != io::ErrorKind::WouldBlock && self.take_errors() > 0 => {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => classify_send_error(&e),
+            // An ICMP message about an earlier datagram (to any destination, and perhaps
+            // forged: ICMP is not authenticated) leaves an error that fails the socket's next
+            // send once, whatever it sends. Only a second failure is this send's own: a
+            // forged "host unreachable" must not take a link down. (The queue is read first,
+            // for its "port unreachable" reports; another thread may have read it already.)
+            Err(_) => {
+                self.take_errors();
                 match self.send_once(remote, data, segment) {
                     Ok(()) => SendOutcome::Sent,
                     Err(e) => classify_send_error(&e),
                 }
             }
-            Err(e) => classify_send_error(&e),
         }
     }
 

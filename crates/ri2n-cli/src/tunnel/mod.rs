@@ -241,14 +241,21 @@ fn connect_loop(peers: &Peers, endpoint: &Endpoint, tun: &Tun, i: usize) {
     }
 }
 
-/// The accepting side: connections from the hosts listed before this one.
+/// The accepting side: connections from the hosts listed before this one. A new connection
+/// replaces a host's current one (the host restarted, or its connection was lost), so only a
+/// proven one may: the endpoint hands over a connection only once the client has confirmed
+/// the handshake (it holds the cluster key and the handshake's fresh secrets, which a replayed
+/// INITIAL cannot give, docs/PROTOCOL.md §11), and it must come from that host's address on
+/// one of its networks and from the cluster's port, where the host's daemon is bound.
 fn accept_loop(peers: &Arc<Peers>, endpoint: &Endpoint, tun: &Tun) {
     loop {
         let Ok(conn) = endpoint.accept() else {
             return; // the endpoint closed
         };
-        let from = conn.stats().links.first().map(|l| l.remote.ip());
-        let peer = from.and_then(|ip| peers.by_link_address.get(&ip).copied());
+        let from = conn.stats().links.first().map(|l| l.remote);
+        let peer = from
+            .filter(|a| a.port() == peers.cluster.port)
+            .and_then(|a| peers.by_link_address.get(&a.ip()).copied());
         match peer {
             Some(i) if i < peers.me => {
                 let (peers, tun) = (peers.clone(), tun.try_clone());
@@ -260,10 +267,10 @@ fn accept_loop(peers: &Arc<Peers>, endpoint: &Endpoint, tun: &Tun) {
                 }
             }
             _ => {
-                let who = from.map_or("an unknown address".to_owned(), |ip| ip.to_string());
+                let who = from.map_or("an unknown address".to_owned(), |a| a.to_string());
                 eprintln!(
-                    "ri2n tunnel: refused a connection from {who}: not a host listed before \
-                     this one in the configuration"
+                    "ri2n tunnel: refused a connection from {who}: not the port of the \
+                     cluster file on the address of a host listed before this one"
                 );
                 conn.abort(1, "not expected by this host's configuration");
             }

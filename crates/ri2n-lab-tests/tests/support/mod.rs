@@ -34,7 +34,7 @@ pub const RATE_MBIT: u64 = 1000;
 
 /// What the tests need from the machine.
 pub struct Env {
-    /// The `ri2n` binary (release build).
+    /// The `ri2n` binary: `RI2N_LAB_BIN`, else the release build of this checkout.
     pub ri2n: PathBuf,
     /// `lab/ri2n-lab`.
     pub lab_script: PathBuf,
@@ -127,7 +127,10 @@ pub fn env() -> Option<&'static Env> {
             .map(PathBuf::from)
             .unwrap_or_else(std::env::temp_dir);
         Ok(Env {
-            ri2n: build_ri2n(),
+            // another build to compare (an earlier commit, say) may be named
+            ri2n: std::env::var_os("RI2N_LAB_BIN")
+                .map(PathBuf::from)
+                .unwrap_or_else(build_ri2n),
             lab_script: workspace().join("lab/ri2n-lab"),
             tmp,
         })
@@ -1669,4 +1672,174 @@ fn send_raw(
         )
     };
     n == p.len() as isize
+}
+
+// ---------------------------------------------------------------------------------------------
+// ICMP forger: "port unreachable" from the peer, as an attacker reading the links would send
+
+/// What an ICMP forger sent.
+#[derive(Debug, Default)]
+pub struct IcmpStats {
+    /// Forged errors quoting a datagram the host really sent (an attacker on the path).
+    pub quoting: u64,
+    /// Forged errors with the right addresses and ports and a made-up datagram (a blind
+    /// attacker who guessed the ports).
+    pub blind: u64,
+    /// Sends the system refused.
+    pub errors: u64,
+    /// When the first and the last were sent.
+    pub first: Option<Instant>,
+    pub last: Option<Instant>,
+}
+
+/// A forger inside a lab host's namespace: it captures the UDP datagrams the host sends to or
+/// from `port` on its link interfaces and, `per_sec` times a second (in bursts every
+/// millisecond, alternately quoting and blind), answers one of the latest with an ICMP "port
+/// unreachable" that claims to come from its destination, delivered to the host itself through
+/// a raw socket (the kernel then hands it to the sending socket, as it would a real one). It
+/// runs until `stop` is set or `max_time` passed.
+pub struct IcmpPlan {
+    pub ns: String,
+    pub links: u8,
+    pub port: u16,
+    pub per_sec: u64,
+    pub max_time: Duration,
+    pub stop: Arc<AtomicBool>,
+    pub seed: u64,
+}
+
+/// Bytes of the refused datagram a forged error quotes: its IP and UDP headers and the start
+/// of its payload (a ri2n header), as Linux quotes.
+const ICMP_QUOTE: usize = 20 + 8 + 32;
+
+pub fn icmp_forger(plan: IcmpPlan) -> JoinHandle<IcmpStats> {
+    thread::spawn(move || {
+        enter_netns(&plan.ns);
+        let captures: Vec<OwnedFd> = (1..=plan.links)
+            .map(|l| capture_socket(&format!("eth{l}")))
+            .collect();
+        // SAFETY: plain socket(2); the descriptor is owned from here on.
+        let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
+        assert!(raw >= 0, "raw socket: {}", std::io::Error::last_os_error());
+        // SAFETY: `raw` is a fresh descriptor nobody else owns.
+        let raw = unsafe { OwnedFd::from_raw_fd(raw) };
+        let mut rng = ChaCha8Rng::seed_from_u64(plan.seed);
+        let mut latest: Vec<Vec<u8>> = Vec::new();
+        let mut stats = IcmpStats::default();
+        let mut buf = vec![0u8; 1 << 17];
+        let start = Instant::now();
+        let mut next_burst = start;
+        let burst = (plan.per_sec / 1000).max(1);
+        while !plan.stop.load(Ordering::Relaxed) && start.elapsed() < plan.max_time {
+            for c in &captures {
+                for _ in 0..64 {
+                    let Some((outgoing, n)) = recv_frame(c, &mut buf) else {
+                        break;
+                    };
+                    // (the 10-byte virtio_net_hdr first)
+                    let frame = &buf[10..n];
+                    if outgoing {
+                        if let Some(q) = quotable(frame, plan.port) {
+                            if latest.len() < 64 {
+                                latest.push(q);
+                            } else {
+                                let i = rng.gen_range(0..latest.len());
+                                latest[i] = q;
+                            }
+                        }
+                    }
+                }
+            }
+            if latest.is_empty() || Instant::now() < next_burst {
+                thread::sleep(Duration::from_micros(200));
+                continue;
+            }
+            next_burst += Duration::from_millis(1);
+            for _ in 0..burst {
+                let mut quote = latest[rng.gen_range(0..latest.len())].clone();
+                let blind = (stats.quoting + stats.blind) % 2 == 1;
+                if blind {
+                    rng.fill_bytes(&mut quote[28..]);
+                }
+                if send_icmp_refusal(&raw, &quote) {
+                    if blind {
+                        stats.blind += 1;
+                    } else {
+                        stats.quoting += 1;
+                    }
+                    let now = Instant::now();
+                    stats.first.get_or_insert(now);
+                    stats.last = Some(now);
+                } else {
+                    stats.errors += 1;
+                }
+            }
+        }
+        stats
+    })
+}
+
+/// The start of an outgoing IPv4 UDP datagram to or from `port` (headers and the first bytes
+/// of its payload), as an ICMP error would quote it.
+fn quotable(frame: &[u8], port: u16) -> Option<Vec<u8>> {
+    if frame.len() < 14 + ICMP_QUOTE || frame[12..14] != [0x08, 0x00] {
+        return None;
+    }
+    let ip = &frame[14..];
+    if ip[0] != 0x45 || ip[9] != 17 {
+        return None;
+    }
+    let (sport, dport) = (
+        u16::from_be_bytes([ip[20], ip[21]]),
+        u16::from_be_bytes([ip[22], ip[23]]),
+    );
+    (sport == port || dport == port).then(|| ip[..ICMP_QUOTE].to_vec())
+}
+
+/// Sends an ICMP "port unreachable" quoting `quote` (an IPv4 datagram's start), from the
+/// quoted datagram's destination to its source.
+fn send_icmp_refusal(fd: &OwnedFd, quote: &[u8]) -> bool {
+    let (src, dst) = (&quote[16..20], &quote[12..16]);
+    let total = 20 + 8 + quote.len();
+    let mut p = Vec::with_capacity(total);
+    p.extend_from_slice(&[0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 1, 0, 0]);
+    p.extend_from_slice(src);
+    p.extend_from_slice(dst);
+    let icmp_at = p.len();
+    p.extend_from_slice(&[3, 3, 0, 0, 0, 0, 0, 0]);
+    p.extend_from_slice(quote);
+    let sum = internet_checksum(&p[icmp_at..]);
+    p[icmp_at + 2..icmp_at + 4].copy_from_slice(&sum.to_be_bytes());
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(dst.try_into().unwrap()),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: sendto with a valid buffer and address of the right size.
+    let n = unsafe {
+        libc::sendto(
+            fd.as_raw_fd(),
+            p.as_ptr().cast(),
+            p.len(),
+            0,
+            (&sin as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    n == p.len() as isize
+}
+
+/// The one's-complement sum of RFC 1071, over `data`.
+fn internet_checksum(data: &[u8]) -> u16 {
+    let mut sum: u32 = data
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
 }

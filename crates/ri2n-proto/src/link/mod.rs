@@ -114,6 +114,9 @@ pub struct LinkStats {
     pub stream_bytes_acked: u64,
     /// Size of a full data packet now (UDP payload bytes; grows with path MTU discovery).
     pub max_datagram: usize,
+    /// ICMP "port unreachable" answers to this link's packets (ones that quoted a packet the
+    /// link sent): each made the connection ask whether the peer is still there.
+    pub refusals: u32,
 }
 
 /// What a sent packet carried that matters if it is acknowledged or lost.
@@ -710,6 +713,7 @@ impl Link {
             stream_bytes_sent: c.stream_bytes_sent,
             stream_bytes_acked: c.stream_bytes_acked,
             max_datagram: self.mss(),
+            refusals: self.port_unreachable,
         }
     }
 }

@@ -1,0 +1,148 @@
+//! A replayed handshake against a real keyed server on loopback (docs/PROTOCOL.md §11): an
+//! attacker who captured a client's INITIAL on the path replays it from its own address, with
+//! a cookie of its own. The server must not hand the application a connection for it (it
+//! would take `ri2n recv`'s only accept, or replace a tunnel peer's working connection): the
+//! next connection `accept` returns is the real client's.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ri2n::{ConnectionConfig, DropReason, Endpoint, EndpointConfig, Key};
+use ri2n_proto::wire::{self, packet_type, Header};
+
+fn loopback(ip: &str) -> SocketAddr {
+    format!("{ip}:0").parse().unwrap()
+}
+
+fn key() -> Key {
+    Key::from_bytes([9; 32])
+}
+
+fn keyed(addr: &str) -> EndpointConfig {
+    EndpointConfig::new(vec![loopback(addr)]).with_key(Some(key()))
+}
+
+fn initial(scid: u64, token: &[u8], mode: u8, hello: &[u8]) -> Vec<u8> {
+    let h = Header::Initial {
+        scid,
+        token,
+        mode,
+        hello,
+    };
+    let mut b = vec![0u8; wire::control_packet_len(&h)];
+    wire::encode_control_packet(&h, &mut b);
+    b
+}
+
+/// The next datagram on `sock` within a second.
+fn next(sock: &UdpSocket, buf: &mut [u8]) -> (usize, SocketAddr) {
+    sock.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    sock.recv_from(buf).expect("a datagram within a second")
+}
+
+#[test]
+fn a_replayed_initial_never_reaches_accept() {
+    let server = Endpoint::bind(keyed("127.0.0.1").server()).unwrap();
+    let server_addr = server.local_addrs()[0];
+
+    // The victim client talks to a relay on its path (127.0.0.3), which passes its first
+    // INITIAL to the server and the RETRY back, then keeps the INITIAL that carries the
+    // cookie and the handshake.
+    let relay = UdpSocket::bind("127.0.0.3:0").unwrap();
+    let relay_addr = relay.local_addr().unwrap();
+    let victim = Endpoint::bind(keyed("127.0.0.2")).unwrap();
+    let connecting = thread::spawn(move || {
+        let cfg = ConnectionConfig::default().with_handshake_timeout(Duration::from_secs(1));
+        let _ = victim.connect(&[relay_addr], cfg);
+    });
+    let mut buf = [0u8; 2048];
+    let mut victim_addr = None;
+    let captured = loop {
+        let (n, from) = next(&relay, &mut buf);
+        if from == server_addr {
+            let to = victim_addr.expect("the victim spoke first");
+            relay.send_to(&buf[..n], to).unwrap();
+            continue;
+        }
+        victim_addr = Some(from);
+        match wire::decode_packet(&buf[..n]) {
+            Ok((Header::Initial { token: [], .. }, _)) => {
+                relay.send_to(&buf[..n], server_addr).unwrap();
+            }
+            Ok((Header::Initial { .. }, _)) => break buf[..n].to_vec(),
+            _ => {}
+        }
+    };
+    let (scid, mode, hello) = match wire::decode_packet(&captured) {
+        Ok((
+            Header::Initial {
+                scid, mode, hello, ..
+            },
+            _,
+        )) => (scid, mode, hello.to_vec()),
+        _ => unreachable!(),
+    };
+    assert!(
+        !hello.is_empty(),
+        "the captured INITIAL carries the handshake"
+    );
+
+    // The attacker replays it from its own address, with the cookie the server gives it.
+    let attacker = UdpSocket::bind("127.0.0.4:0").unwrap();
+    attacker
+        .send_to(&initial(scid, &[], mode, &[]), server_addr)
+        .unwrap();
+    let (n, _) = next(&attacker, &mut buf);
+    let cookie = match wire::decode_packet(&buf[..n]) {
+        Ok((Header::Retry { token, .. }, _)) => token.to_vec(),
+        other => panic!("expected a RETRY, got {other:?}"),
+    };
+    for _ in 0..2 {
+        attacker
+            .send_to(&initial(scid, &cookie, mode, &hello), server_addr)
+            .unwrap();
+    }
+    let (n, _) = next(&attacker, &mut buf);
+    assert_eq!(
+        buf[1],
+        packet_type::REFUSE,
+        "the replay was answered with {:02x}, not refused",
+        buf[1]
+    );
+    assert_eq!(n, 11);
+    let waited = Instant::now();
+    let replayed = server
+        .accept_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    assert!(
+        replayed.is_none(),
+        "accept returned the replay's connection after {:?}",
+        waited.elapsed()
+    );
+    // refused as a handshake that does not authenticate (made for another cookie)
+    assert_eq!(server.dropped_datagrams().get(DropReason::KeyMismatch), 2);
+    connecting.join().unwrap();
+
+    // The real client that comes next is the one accepted, and its data arrives.
+    let client = Endpoint::bind(keyed("127.0.0.5")).unwrap();
+    let sender = thread::spawn(move || {
+        use std::io::Write;
+        let mut conn = client
+            .connect(&[server_addr], ConnectionConfig::default())
+            .unwrap();
+        conn.write_all(b"the real client").unwrap();
+        conn.finish().unwrap();
+        conn.wait_acknowledged(Some(Duration::from_secs(5)))
+            .unwrap();
+    });
+    let conn = server
+        .accept_timeout(Some(Duration::from_secs(5)))
+        .unwrap()
+        .expect("the real client is accepted");
+    assert_eq!(conn.stats().links[0].remote.ip().to_string(), "127.0.0.5");
+    let mut got = Vec::new();
+    std::io::Read::read_to_end(&mut &conn, &mut got).unwrap();
+    assert_eq!(got, b"the real client");
+    sender.join().unwrap();
+}
