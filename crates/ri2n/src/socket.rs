@@ -449,8 +449,48 @@ fn set_up(socket: &std::net::UdpSocket) -> io::Result<UdpSocketState> {
     // peer's host tells that the peer process is gone, not the network
     let _ = state.enable_transport_errors(socket.into());
     decline_unused_ancillary_data(socket);
+    admit_only_ri2n(socket);
     Ok(state)
 }
+
+/// Has the kernel drop, before they are queued, datagrams that cannot be ri2n packets of this
+/// version: a classic BPF socket filter that looks at the first two bytes of the UDP payload
+/// (version and packet type). Junk sent to our ports then costs neither a copy to user space
+/// nor a wake-up, and takes no room in the socket buffer from real packets
+/// (docs/PROTOCOL.md §11.1). Best effort: without it the engine drops such datagrams itself.
+#[cfg(target_os = "linux")]
+fn admit_only_ri2n(socket: &std::net::UdpSocket) {
+    use libc::{BPF_ABS, BPF_B, BPF_JEQ, BPF_JGE, BPF_JGT, BPF_JMP, BPF_K, BPF_LD, BPF_LEN};
+    use ri2n_proto::wire::{packet_type as t, VERSION};
+    use socket2::SockFilter;
+    const LD_LEN: u16 = (BPF_LD | BPF_LEN) as u16;
+    const LD_BYTE: u16 = (BPF_LD | BPF_B | BPF_ABS) as u16;
+    const JEQ: u16 = (BPF_JMP | BPF_JEQ | BPF_K) as u16;
+    const JGE: u16 = (BPF_JMP | BPF_JGE | BPF_K) as u16;
+    const JGT: u16 = (BPF_JMP | BPF_JGT | BPF_K) as u16;
+    const RET: u16 = (libc::BPF_RET | BPF_K) as u16;
+    // The filter sees the datagram from its UDP header on (8 bytes): the payload's version
+    // byte is at offset 8, its type at 9. A jump skips that many instructions forward.
+    let program = [
+        SockFilter::new(LD_LEN, 0, 0, 0),
+        SockFilter::new(JGE, 0, 8, 10), // shorter than the header and 2 bytes: drop
+        SockFilter::new(LD_BYTE, 0, 0, 8),
+        SockFilter::new(JEQ, 0, 6, u32::from(VERSION)), // another version: drop
+        SockFilter::new(LD_BYTE, 0, 0, 9),
+        SockFilter::new(JEQ, 3, 0, u32::from(t::SHORT)),
+        SockFilter::new(JEQ, 2, 0, u32::from(t::SHORT_PHASE1)),
+        SockFilter::new(JGE, 0, 2, u32::from(t::INITIAL)), // below the handshake types: drop
+        SockFilter::new(JGT, 1, 0, u32::from(t::REFUSE)),  // above them: drop
+        SockFilter::new(RET, 0, 0, u32::MAX),              // accept, whole
+        SockFilter::new(RET, 0, 0, 0),                     // drop
+    ];
+    if let Err(e) = socket2::SockRef::from(socket).attach_filter(&program) {
+        tracing::debug!(error = %e, "no socket filter: the engine drops junk itself");
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn admit_only_ri2n(_: &std::net::UdpSocket) {}
 
 /// Whether descriptor `fd`, just handed out, lies in the last quarter of `limit`.
 fn descriptors_running_low(fd: RawFd, limit: u64) -> bool {

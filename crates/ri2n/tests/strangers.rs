@@ -1,8 +1,6 @@
-//! A replayed handshake against a real keyed server on loopback (docs/PROTOCOL.md §11): an
-//! attacker who captured a client's INITIAL on the path replays it from its own address, with
-//! a cookie of its own. The server must not hand the application a connection for it (it
-//! would take `ri2n recv`'s only accept, or replace a tunnel peer's working connection): the
-//! next connection `accept` returns is the real client's.
+//! What strangers without the key can do to a real keyed endpoint on loopback
+//! (docs/PROTOCOL.md §11.1): a replayed handshake never reaches `accept`, and junk sent to its
+//! ports is dropped by the kernel before it costs the endpoint anything.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::thread;
@@ -41,6 +39,10 @@ fn next(sock: &UdpSocket, buf: &mut [u8]) -> (usize, SocketAddr) {
     sock.recv_from(buf).expect("a datagram within a second")
 }
 
+/// An attacker who captured a client's INITIAL on the path replays it from its own address,
+/// with a cookie of its own. The server must not hand the application a connection for it
+/// (it would take `ri2n recv`'s only accept, or replace a tunnel peer's working connection):
+/// the next connection `accept` returns is the real client's.
 #[test]
 fn a_replayed_initial_never_reaches_accept() {
     let server = Endpoint::bind(keyed("127.0.0.1").server()).unwrap();
@@ -145,4 +147,92 @@ fn a_replayed_initial_never_reaches_accept() {
     std::io::Read::read_to_end(&mut &conn, &mut got).unwrap();
     assert_eq!(got, b"the real client");
     sender.join().unwrap();
+}
+
+/// Drops the kernel counted for the UDP socket bound to `addr` (`/proc/net/udp`): datagrams
+/// it did not queue, its socket filter's among them.
+fn kernel_drops(addr: SocketAddr) -> u64 {
+    let SocketAddr::V4(a) = addr else {
+        panic!("IPv4 only")
+    };
+    let want = format!(
+        "{:08X}:{:04X}",
+        u32::from_le_bytes(a.ip().octets()),
+        a.port()
+    );
+    std::fs::read_to_string("/proc/net/udp")
+        .unwrap()
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some(want.as_str()))
+        .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// 20 000 datagrams of junk (random bytes, none starting as a ri2n packet of this version
+/// would) sent to a server's port during a transfer: the kernel drops every one before it is
+/// queued (the socket's filter), so the endpoint never sees them, and the transfer is exact.
+/// 100 that do start like a ri2n packet get through to the engine, which drops them.
+#[test]
+fn junk_is_dropped_by_the_kernel_before_the_endpoint_sees_it() {
+    use std::io::{Read, Write};
+    let server = Endpoint::bind(keyed("127.0.0.1").server()).unwrap();
+    let server_addr = server.local_addrs()[0];
+    let client = Endpoint::bind(keyed("127.0.0.2")).unwrap();
+    let len = 32 << 20;
+    let sender = thread::spawn(move || {
+        let mut conn = client
+            .connect(&[server_addr], ConnectionConfig::default())
+            .unwrap();
+        let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        conn.write_all(&data).unwrap();
+        conn.finish().unwrap();
+        conn.wait_acknowledged(Some(Duration::from_secs(30)))
+            .unwrap();
+    });
+    let conn = server
+        .accept_timeout(Some(Duration::from_secs(5)))
+        .unwrap()
+        .unwrap();
+    let drops_before = kernel_drops(server_addr);
+    let junk = UdpSocket::bind("127.0.0.3:0").unwrap();
+    let mut rng: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut datagram = [0u8; 200];
+    for i in 0..20_100u32 {
+        for b in datagram.iter_mut() {
+            *b = next() as u8;
+        }
+        if i < 20_000 {
+            // anything but this version's first byte
+            datagram[0] = datagram[0].wrapping_add(u8::from(datagram[0] == wire::VERSION));
+        } else {
+            datagram[0] = wire::VERSION;
+            datagram[1] = packet_type::SHORT;
+        }
+        let _ = junk.send_to(&datagram, server_addr);
+        if i % 1000 == 999 {
+            thread::sleep(Duration::from_millis(1)); // leave the socket buffer room
+        }
+    }
+    let mut got = Vec::new();
+    (&conn).read_to_end(&mut got).unwrap();
+    sender.join().unwrap();
+    assert_eq!(got.len(), len);
+    assert!(got.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+    let filtered = kernel_drops(server_addr) - drops_before;
+    let seen = server.dropped_datagrams().total();
+    println!("junk: {filtered} dropped by the kernel, {seen} reached the engine");
+    assert!(
+        filtered >= 20_000,
+        "the kernel dropped only {filtered} datagrams"
+    );
+    assert!(
+        (100..200).contains(&seen),
+        "{seen} datagrams reached the engine and were dropped"
+    );
 }
