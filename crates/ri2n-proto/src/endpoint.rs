@@ -1038,7 +1038,8 @@ impl Endpoint {
         None
     }
 
-    /// The next accepted incoming connection.
+    /// The next accepted incoming connection: one whose client has confirmed the handshake
+    /// (its first short packet arrived), so never one a replayed INITIAL started.
     pub fn accept(&mut self) -> Option<ConnectionHandle> {
         self.accept_queue.pop_front()
     }

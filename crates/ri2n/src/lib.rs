@@ -308,7 +308,10 @@ impl Endpoint {
         Ok(shared.accept_readiness.get().expect("set above").as_fd())
     }
 
-    /// Waits for the next incoming connection.
+    /// Waits for the next incoming connection. A connection is handed over once its client
+    /// has confirmed the handshake (its first packet after the server's answer arrived: it
+    /// received that answer and, with a key, holds the handshake's fresh secrets), so never
+    /// one that a replayed or forged handshake started (docs/PROTOCOL.md §4.3, §11).
     pub fn accept(&self) -> Result<Connection, Error> {
         self.accept_timeout(None)?.ok_or(Error::TimedOut)
     }

@@ -809,6 +809,17 @@ mod tests {
 
     use super::*;
 
+    /// `text` as the payload of what looks like a ri2n short packet (the sockets' filter
+    /// admits nothing else).
+    fn datagram(text: &[u8]) -> Vec<u8> {
+        let mut d = vec![
+            ri2n_proto::wire::VERSION,
+            ri2n_proto::wire::packet_type::SHORT,
+        ];
+        d.extend_from_slice(text);
+        d
+    }
+
     /// Waits up to 2 s for a datagram on the non-blocking `sock`.
     fn recv_within(sock: &mio::net::UdpSocket) -> (Vec<u8>, SocketAddr) {
         let deadline = Instant::now() + Duration::from_secs(2);
@@ -833,15 +844,18 @@ mod tests {
         let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
         let other = UdpSocket::bind("127.0.0.1:0").unwrap();
         let path = link.open_path(0, peer.local_addr().unwrap()).unwrap();
-        peer.send_to(b"from the peer", link.local).unwrap();
-        other.send_to(b"from another", link.local).unwrap();
+        peer.send_to(&datagram(b"from the peer"), link.local)
+            .unwrap();
+        other
+            .send_to(&datagram(b"from another"), link.local)
+            .unwrap();
         assert_eq!(
             recv_within(&path.io),
-            (b"from the peer".to_vec(), peer.local_addr().unwrap())
+            (datagram(b"from the peer"), peer.local_addr().unwrap())
         );
         assert_eq!(
             recv_within(&link.io),
-            (b"from another".to_vec(), other.local_addr().unwrap())
+            (datagram(b"from another"), other.local_addr().unwrap())
         );
         let remote = peer.local_addr().unwrap();
         link.add_path(path);
@@ -885,12 +899,15 @@ mod tests {
     fn a_single_take_reports_the_sender_and_splits_coalesced_datagrams() {
         let sock = LinkSocket::bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let peer = LinkSocket::bind("127.0.0.1:0".parse().unwrap()).unwrap();
-        assert_eq!(peer.send(sock.local, b"one", None), SendOutcome::Sent);
+        assert_eq!(
+            peer.send(sock.local, &datagram(b"one"), None),
+            SendOutcome::Sent
+        );
         assert_eq!(
             take_one_at_a_time(&sock, 1),
-            [(peer.local, b"one".to_vec())]
+            [(peer.local, datagram(b"one"))]
         );
-        let data: Vec<u8> = (0..240u8).collect();
+        let data: Vec<u8> = [datagram(&[1; 98]), datagram(&[2; 98]), datagram(&[3; 38])].concat();
         assert_eq!(peer.send(sock.local, &data, Some(100)), SendOutcome::Sent);
         let expected: Vec<_> = data.chunks(100).map(|c| (peer.local, c.to_vec())).collect();
         assert_eq!(take_one_at_a_time(&sock, 3), expected);

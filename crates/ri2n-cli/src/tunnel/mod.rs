@@ -66,12 +66,38 @@ struct Peers {
 }
 
 impl Peers {
+    /// Host `me` of `cluster`, with no peer connected yet.
+    fn new(cluster: Cluster, me: usize, carry: Carry) -> Self {
+        Peers {
+            by_tunnel_address: (0..cluster.hosts.len())
+                .map(|i| (cluster.hosts[i].address, i))
+                .collect(),
+            by_link_address: (0..cluster.hosts.len())
+                .flat_map(|i| cluster.hosts[i].links.iter().map(move |&ip| (ip, i)))
+                .collect(),
+            conns: (0..cluster.hosts.len())
+                .map(|_| RwLock::new(None))
+                .collect(),
+            cluster,
+            me,
+            carry,
+        }
+    }
+
     fn name(&self, i: usize) -> &str {
         &self.cluster.hosts[i].name
     }
 
     fn set(&self, i: usize, conn: Option<Arc<Connection>>) {
         *self.conns[i].write().unwrap_or_else(|e| e.into_inner()) = conn;
+    }
+
+    /// The host a connection accepted from `remote` comes from, if it is one this host
+    /// accepts (listed before it) and it comes from the cluster's port, where that host's
+    /// daemon is bound.
+    fn accepted_from(&self, remote: SocketAddr) -> Option<usize> {
+        let i = *self.by_link_address.get(&remote.ip())?;
+        (remote.port() == self.cluster.port && i < self.me).then_some(i)
     }
 
     fn get(&self, i: usize) -> Option<Arc<Connection>> {
@@ -125,20 +151,7 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
         cluster.hosts.len() - 1
     );
 
-    let peers = Arc::new(Peers {
-        by_tunnel_address: (0..cluster.hosts.len())
-            .map(|i| (cluster.hosts[i].address, i))
-            .collect(),
-        by_link_address: (0..cluster.hosts.len())
-            .flat_map(|i| cluster.hosts[i].links.iter().map(move |&ip| (ip, i)))
-            .collect(),
-        conns: (0..cluster.hosts.len())
-            .map(|_| RwLock::new(None))
-            .collect(),
-        cluster,
-        me,
-        carry: args.carry,
-    });
+    let peers = Arc::new(Peers::new(cluster, me, args.carry));
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
         .map_err(|e| Failure::io("cannot watch SIGINT and SIGTERM", &e))?;
 
@@ -253,11 +266,8 @@ fn accept_loop(peers: &Arc<Peers>, endpoint: &Endpoint, tun: &Tun) {
             return; // the endpoint closed
         };
         let from = conn.stats().links.first().map(|l| l.remote);
-        let peer = from
-            .filter(|a| a.port() == peers.cluster.port)
-            .and_then(|a| peers.by_link_address.get(&a.ip()).copied());
-        match peer {
-            Some(i) if i < peers.me => {
+        match from.and_then(|a| peers.accepted_from(a)) {
+            Some(i) => {
                 let (peers, tun) = (peers.clone(), tun.try_clone());
                 match tun {
                     Ok(tun) => {
@@ -510,4 +520,48 @@ pub fn describe(path: &Path, name: Option<&str>) -> Result<String, Failure> {
         cluster.prefix,
         cluster.interface
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A newly accepted connection replaces a host's current one, so only one from a host
+    /// listed before this one, on one of its link addresses and from the cluster's port
+    /// (where that host's daemon is bound), is taken for it.
+    #[test]
+    fn a_connection_is_taken_for_a_peer_only_from_its_address_and_the_cluster_port() {
+        let text = r#"
+key = "cluster.key"
+port = 7500
+
+[[host]]
+name = "node1"
+address = "10.99.0.1"
+links = ["10.0.1.1", "10.0.2.1"]
+
+[[host]]
+name = "node2"
+address = "10.99.0.2"
+links = ["10.0.1.2", "10.0.2.2"]
+
+[[host]]
+name = "node3"
+address = "10.99.0.3"
+links = ["10.0.1.3", "10.0.2.3"]
+"#;
+        let cluster = Cluster::parse(Path::new("/etc/ri2n/cluster.toml"), text).unwrap();
+        let peers = Peers::new(cluster, 1, Carry::Datagrams);
+        let from = |s: &str| peers.accepted_from(s.parse().unwrap());
+        assert_eq!(from("10.0.1.1:7500"), Some(0));
+        assert_eq!(from("10.0.2.1:7500"), Some(0));
+        // another port of that host: not its daemon
+        assert_eq!(from("10.0.1.1:7501"), None);
+        assert_eq!(from("10.0.1.1:40000"), None);
+        // a host listed after this one connects to us, never the other way round
+        assert_eq!(from("10.0.1.3:7500"), None);
+        // an address of no host, and this host's own
+        assert_eq!(from("10.0.1.9:7500"), None);
+        assert_eq!(from("10.0.1.2:7500"), None);
+    }
 }
