@@ -512,9 +512,6 @@ def flood(c):
     each is a new client to the server; their cookies are fetched beforehand). Goodput per
     100 ms before and in the 1.5 s from the burst on; link state changes; whether a new client
     is served afterwards."""
-    import resource
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
     version, scid, mode, hello = c.captured_initial()
     port = free_port()
     server = ("127.0.0.1", port)
@@ -524,22 +521,10 @@ def flood(c):
     b = c.procs.start("bench", [c.ri2n, "bench", "--key", c.key, "--to", "127.0.0.1:%d" % port,
                                 "--time", "8", "--interval", "0.1", "--json"])
     t_start = time.monotonic()
-    time.sleep(1.0)
-    socks = []
-    for i in range(4096):
-        me = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        me.bind(("127.0.0.%d" % (10 + i % 16), 0))
-        me.sendto(initial(version, scid, b"", 1, b""), server)
-        socks.append(me)
-    replays = []
-    for me in socks:
-        me.settimeout(1)
-        try:
-            d, _ = me.recvfrom(2048)
-            if d[1] == RETRY:
-                replays.append((me, initial(version, scid, retry_token(d), mode, hello)))
-        except socket.timeout:
-            pass
+    time.sleep(0.5)
+    clients = fresh_clients(server, 4096, version, scid)
+    socks = [me for me, _ in clients]
+    replays = [(me, initial(version, scid, cookie, mode, hello)) for me, cookie in clients]
     time.sleep(max(0.0, 3.0 - (time.monotonic() - t_start)))
     t0, cpu0 = time.monotonic(), cpu_s(srv.pid)
     for me, d in replays:
@@ -578,28 +563,48 @@ def flood(c):
             "new_client_exit": wait(after, 20)}
 
 
-def replay_burst(c, server, count):
-    """`count` replays of a captured keyed INITIAL from fresh ports of 16 addresses, their
-    cookies fetched first; returns their sockets (closing them is up to the caller)."""
+def fresh_clients(server, count, version, scid):
+    """`count` sockets on fresh ports of 16 addresses (127.0.0.10-25), each with the cookie
+    `server` gave it for client ID `scid`: [(socket, cookie)]. The cookies are asked for in
+    small bursts, again for those whose RETRY did not come (a server queues few stateless
+    answers at a time)."""
     import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
-    version, scid, mode, hello = c.captured_initial()
     socks = []
     for i in range(count):
         me = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         me.bind(("127.0.0.%d" % (10 + i % 16), 0))
-        me.sendto(initial(version, scid, b"", 1, b""), server)
+        me.setblocking(False)
         socks.append(me)
-    for me in socks:
-        me.settimeout(1)
-        try:
-            d, _ = me.recvfrom(2048)
-            if d[1] == RETRY:
-                me.sendto(initial(version, scid, retry_token(d), mode, hello), server)
-        except socket.timeout:
-            pass
-    return socks
+    cookies = {}
+    for _ in range(10):
+        waiting = [me for me in socks if me not in cookies]
+        if not waiting:
+            break
+        for k, me in enumerate(waiting):
+            me.sendto(initial(version, scid, b"", 1, b""), server)
+            if k % 32 == 31:
+                time.sleep(0.002)
+        time.sleep(0.2)
+        for me in waiting:
+            try:
+                d = me.recv(2048)
+                if d[1] == RETRY:
+                    cookies[me] = retry_token(d)
+            except OSError:
+                pass
+    return [(me, cookies[me]) for me in socks if me in cookies]
+
+
+def replay_burst(c, server, count):
+    """`count` replays of a captured keyed INITIAL from fresh ports of 16 addresses, their
+    cookies fetched first; returns their sockets (closing them is up to the caller)."""
+    version, scid, mode, hello = c.captured_initial()
+    clients = fresh_clients(server, count, version, scid)
+    for me, cookie in clients:
+        me.sendto(initial(version, scid, cookie, mode, hello), server)
+    return [me for me, _ in clients]
 
 
 def resets(c, flooder):

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::{
-    env, icmp_forger, report, serial, DataFile, Host, IcmpPlan, Lab, TestDir, TestTimer, Transfer,
-    PORT,
+    env, icmp_forger, keygen, report, serial, DataFile, Host, IcmpPlan, Lab, TestDir, TestTimer,
+    Transfer, PORT,
 };
 
 /// The test gives up (killing its processes and removing its lab) after this long.
@@ -48,13 +48,7 @@ fn forged_icmp_errors_do_not_end_a_keyed_transfer() {
     let name = "icmp";
     let dir = TestDir::new(env, name);
     let lab = Lab::up(env, name, 2);
-    let key = dir.0.join("cluster.key");
-    let keygen = std::process::Command::new(&env.ri2n)
-        .args(["keygen", "--output"])
-        .arg(&key)
-        .status()
-        .expect("ri2n keygen");
-    assert!(keygen.success());
+    let key = keygen(env, &dir.0);
     let data = DataFile::create(dir.0.join("input"), 512, 31);
     let stop = Arc::new(AtomicBool::new(false));
     let forgers: Vec<_> = [Host::A, Host::B]

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::{
-    env, flood, report, serial, tap, Action, DataFile, FloodPlan, Host, Lab, Proc, TapPlan,
+    env, flood, keygen, report, serial, tap, Action, DataFile, FloodPlan, Host, Lab, Proc, TapPlan,
     TestDir, TestTimer, Transfer, PORT,
 };
 
@@ -505,13 +505,7 @@ fn keyed_transfer_is_private_and_ignores_an_on_path_injector() {
     let dir = TestDir::new(env, name);
     let lab = Lab::up(env, name, 2);
     let marker = b"RI2N-PLAINTEXT-MARKER-7f3a9c";
-    let key = dir.0.join("cluster.key");
-    let keygen = std::process::Command::new(&env.ri2n)
-        .args(["keygen", "--output"])
-        .arg(&key)
-        .status()
-        .expect("ri2n keygen");
-    assert!(keygen.success());
+    let key = keygen(env, &dir.0);
     let tapped = |data: &DataFile, key: Option<&Path>, inject: u64, label: &str| {
         let stop = Arc::new(AtomicBool::new(false));
         let tap = tap(TapPlan {

@@ -35,13 +35,7 @@ fn tunnel_address(host: &str) -> String {
 
 /// A key and a cluster file for the lab's three hosts; returns the file.
 fn cluster_file(env: &Env, dir: &Path) -> PathBuf {
-    let key = dir.join("cluster.key");
-    let status = Command::new(&env.ri2n)
-        .args(["keygen", "--output"])
-        .arg(&key)
-        .status()
-        .expect("running ri2n keygen");
-    assert!(status.success(), "ri2n keygen failed");
+    support::keygen(env, dir);
     let mut text = String::from("key = \"cluster.key\"\n");
     for (i, h) in HOSTS.iter().enumerate() {
         let n = i + 1;

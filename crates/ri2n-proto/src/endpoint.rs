@@ -387,6 +387,7 @@ impl Endpoint {
             return;
         };
         let (remote, instance) = (c.handshake_path().1, c.peer_instance);
+        let mut forget = SmallVec::<[ConnectionHandle; 1]>::new();
         for (&other, c) in self.connections.iter_mut() {
             if other != h
                 && c.state() != ConnectionState::Closed
@@ -396,7 +397,13 @@ impl Endpoint {
             {
                 c.peer_restarted();
                 self.attention.touch(other);
+                if c.is_unconfirmed_server() {
+                    forget.push(other); // the application never had it
+                }
             }
+        }
+        for other in forget {
+            self.remove(other);
         }
         self.accept_queue.push_back(h);
     }
@@ -473,10 +480,8 @@ impl Endpoint {
         if self.stateless.len() >= MAX_STATELESS_QUEUE {
             return;
         }
-        let mut buf = vec![0u8; wire::control_packet_len(header)];
-        let len = wire::encode_control_packet(header, &mut buf);
-        buf.truncate(len);
-        self.stateless.push_back((local, remote, buf));
+        self.stateless
+            .push_back((local, remote, wire::control_packet(header)));
     }
 
     /// Handles one received datagram that travelled from `remote` to our `local` address.

@@ -576,6 +576,15 @@ pub fn control_packet_len(header: &Header<'_>) -> usize {
     }
 }
 
+/// A complete handshake, reset or refusal packet (anything but [`Header::Short`]) in a new
+/// vector: [`encode_control_packet`] for callers that do not build into a buffer of their own.
+pub fn control_packet(header: &Header<'_>) -> Vec<u8> {
+    let mut buf = vec![0u8; control_packet_len(header)];
+    let len = encode_control_packet(header, &mut buf);
+    buf.truncate(len);
+    buf
+}
+
 /// Encodes a complete handshake, reset or refusal packet (anything but [`Header::Short`]) into
 /// `buf` (of at least [`control_packet_len`] bytes), returning its length. INITIAL packets are
 /// padded to [`MIN_INITIAL_SIZE`].

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use harness::{Sim, SimConfig, Transfer};
+use harness::{finish, initial, keyed, Sim, Transfer};
 use ri2n_proto::wire::{self, packet_type, Writer};
 use ri2n_proto::{
     ConnectionError, ConnectionState, DropReason, Endpoint, EndpointConfig, Event, Key, LinkId,
@@ -25,26 +25,9 @@ fn addr(s: &str) -> SocketAddr {
     s.parse().unwrap()
 }
 
-/// Both ends keyed, two links, every client datagram kept for the attacker to read.
+/// Both ends keyed, two links, client datagrams kept for the attacker to read.
 fn keyed_sim() -> Sim {
-    Sim::new(SimConfig {
-        client_key: Some(key()),
-        server_key: Some(key()),
-        capture_keep: 20_000,
-        capture_rolling: 0,
-        ..SimConfig::default()
-    })
-}
-
-/// Runs `t` to completion (panics after 60 s of simulated time).
-fn finish(sim: &mut Sim, t: &mut Transfer) {
-    let limit = sim.now + Duration::from_secs(60);
-    sim.run_until(limit, |s| {
-        t.pump(s);
-        t.complete(s)
-    });
-    assert_eq!(t.corrupted, 0);
-    assert_eq!(t.lost, None);
+    keyed(Some(key()), Some(key()))
 }
 
 /// Every datagram `ep` wants to send now.
@@ -79,18 +62,6 @@ fn cookie_for(
             _ => None,
         })
         .expect("a RETRY")
-}
-
-fn initial(scid: u64, token: &[u8], mode: u8, hello: &[u8]) -> Vec<u8> {
-    let h = wire::Header::Initial {
-        scid,
-        token,
-        mode,
-        hello,
-    };
-    let mut b = vec![0u8; wire::control_packet_len(&h)];
-    wire::encode_control_packet(&h, &mut b);
-    b
 }
 
 /// A real keyed INITIAL as another client of the cluster sent it to `server` (its second

@@ -7,7 +7,7 @@ mod harness;
 
 use std::time::Duration;
 
-use harness::{Sim, SimConfig, Transfer};
+use harness::{finish, keyed, Sim, Transfer};
 use ri2n_proto::wire::{self, frame_type, Writer};
 use ri2n_proto::{
     Cipher, ConnectionError, ConnectionState, DropReason, Key, KeyMismatch, LinkId,
@@ -16,27 +16,6 @@ use ri2n_proto::{
 
 fn key(b: u8) -> Key {
     Key::from_bytes([b; 32])
-}
-
-fn keyed(client: Option<Key>, server: Option<Key>) -> Sim {
-    Sim::new(SimConfig {
-        client_key: client,
-        server_key: server,
-        capture_keep: 4000,
-        capture_rolling: 0,
-        ..SimConfig::default()
-    })
-}
-
-/// Runs `t` to completion (panics after 60 s of simulated time).
-fn finish(sim: &mut Sim, t: &mut Transfer) {
-    let limit = sim.now + Duration::from_secs(60);
-    sim.run_until(limit, |s| {
-        t.pump(s);
-        t.complete(s)
-    });
-    assert_eq!(t.corrupted, 0);
-    assert_eq!(t.lost, None);
 }
 
 #[test]
@@ -459,17 +438,7 @@ fn a_forged_initial_does_not_end_a_keyed_connection() {
         if key.is_some() {
             hello.resize(params.len() + 48, 7); // the shape of a Noise message, not one
         }
-        let initial = |token: &[u8]| {
-            let h = wire::Header::Initial {
-                scid: 0xF0F0,
-                token,
-                mode,
-                hello: &hello,
-            };
-            let mut b = vec![0u8; wire::control_packet_len(&h)];
-            wire::encode_control_packet(&h, &mut b);
-            b
-        };
+        let initial = |token: &[u8]| harness::initial(0xF0F0, token, mode, &hello);
         // what the server answers, read off the path
         let answers = |sim: &mut Sim, d: &mut [u8]| {
             let now = sim.instant();

@@ -22,15 +22,12 @@ fn keyed(addr: &str) -> EndpointConfig {
 }
 
 fn initial(scid: u64, token: &[u8], mode: u8, hello: &[u8]) -> Vec<u8> {
-    let h = Header::Initial {
+    wire::control_packet(&Header::Initial {
         scid,
         token,
         mode,
         hello,
-    };
-    let mut b = vec![0u8; wire::control_packet_len(&h)];
-    wire::encode_control_packet(&h, &mut b);
-    b
+    })
 }
 
 /// The next datagram on `sock` within a second.

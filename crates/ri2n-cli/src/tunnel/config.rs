@@ -298,10 +298,11 @@ fn line_of(text: &str, offset: usize) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    const GOOD: &str = r#"
+    /// A cluster file of two hosts (the tunnel's tests add hosts to it).
+    pub(crate) const GOOD: &str = r#"
 key = "cluster.key"
 port = 7500
 

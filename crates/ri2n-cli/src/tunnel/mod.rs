@@ -531,26 +531,12 @@ mod tests {
     /// (where that host's daemon is bound), is taken for it.
     #[test]
     fn a_connection_is_taken_for_a_peer_only_from_its_address_and_the_cluster_port() {
-        let text = r#"
-key = "cluster.key"
-port = 7500
-
-[[host]]
-name = "node1"
-address = "10.99.0.1"
-links = ["10.0.1.1", "10.0.2.1"]
-
-[[host]]
-name = "node2"
-address = "10.99.0.2"
-links = ["10.0.1.2", "10.0.2.2"]
-
-[[host]]
-name = "node3"
-address = "10.99.0.3"
-links = ["10.0.1.3", "10.0.2.3"]
-"#;
-        let cluster = Cluster::parse(Path::new("/etc/ri2n/cluster.toml"), text).unwrap();
+        let text = format!(
+            "{}\n[[host]]\nname = \"node3\"\naddress = \"10.99.0.3\"\n\
+             links = [\"10.0.1.3\", \"10.0.2.3\"]\n",
+            config::tests::GOOD
+        );
+        let cluster = Cluster::parse(Path::new("/etc/ri2n/cluster.toml"), &text).unwrap();
         let peers = Peers::new(cluster, 1, Carry::Datagrams);
         let from = |s: &str| peers.accepted_from(s.parse().unwrap());
         assert_eq!(from("10.0.1.1:7500"), Some(0));

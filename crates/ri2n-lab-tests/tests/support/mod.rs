@@ -551,6 +551,18 @@ impl Drop for TestDir {
 // ---------------------------------------------------------------------------------------------
 // Data
 
+/// A new cluster key, `cluster.key` in `dir` (made by `ri2n keygen`).
+pub fn keygen(env: &Env, dir: &Path) -> PathBuf {
+    let key = dir.join("cluster.key");
+    let status = Command::new(&env.ri2n)
+        .args(["keygen", "--output"])
+        .arg(&key)
+        .status()
+        .expect("running ri2n keygen");
+    assert!(status.success(), "ri2n keygen failed");
+    key
+}
+
 /// A file of seeded random bytes and its sha256.
 pub struct DataFile {
     pub path: PathBuf,
@@ -1652,11 +1664,16 @@ fn send_raw(
     p.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
     p.extend_from_slice(&[0, 0]);
     p.extend_from_slice(payload);
+    send_ip(fd, dst.ip().octets(), &p)
+}
+
+/// Sends the IPv4 packet `p` (header included) to `dst` through the raw IP socket `fd`.
+fn send_ip(fd: &OwnedFd, dst: [u8; 4], p: &[u8]) -> bool {
     let sin = libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
         sin_port: 0,
         sin_addr: libc::in_addr {
-            s_addr: u32::from_ne_bytes(dst.ip().octets()),
+            s_addr: u32::from_ne_bytes(dst),
         },
         sin_zero: [0; 8],
     };
@@ -1810,26 +1827,7 @@ fn send_icmp_refusal(fd: &OwnedFd, quote: &[u8]) -> bool {
     p.extend_from_slice(quote);
     let sum = internet_checksum(&p[icmp_at..]);
     p[icmp_at + 2..icmp_at + 4].copy_from_slice(&sum.to_be_bytes());
-    let sin = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: 0,
-        sin_addr: libc::in_addr {
-            s_addr: u32::from_ne_bytes(dst.try_into().unwrap()),
-        },
-        sin_zero: [0; 8],
-    };
-    // SAFETY: sendto with a valid buffer and address of the right size.
-    let n = unsafe {
-        libc::sendto(
-            fd.as_raw_fd(),
-            p.as_ptr().cast(),
-            p.len(),
-            0,
-            (&sin as *const libc::sockaddr_in).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
-    };
-    n == p.len() as isize
+    send_ip(fd, dst.try_into().unwrap(), &p)
 }
 
 /// The one's-complement sum of RFC 1071, over `data`.

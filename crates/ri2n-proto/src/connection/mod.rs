@@ -114,7 +114,7 @@ const REFUSALS_TO_GIVE_UP: u32 = 3;
 /// How long the peer must have been silent before a "port unreachable" ends an established
 /// connection: longer than a working peer is ever silent (keepalives, acknowledgements),
 /// short enough that a vanished one is reported within a second or so.
-pub(crate) const PEER_GONE_SILENCE: Duration = Duration::from_millis(500);
+const PEER_GONE_SILENCE: Duration = Duration::from_millis(500);
 
 #[derive(Debug)]
 enum Handshake {

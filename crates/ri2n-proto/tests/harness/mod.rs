@@ -383,6 +383,39 @@ impl Sim {
     }
 }
 
+/// A simulation whose client and server hold these keys (or none), keeping every client
+/// datagram of the first 20 000 for the test to read (replays, mutations, captured IDs).
+pub fn keyed(client_key: Option<Key>, server_key: Option<Key>) -> Sim {
+    Sim::new(SimConfig {
+        client_key,
+        server_key,
+        capture_keep: 20_000,
+        capture_rolling: 0,
+        ..SimConfig::default()
+    })
+}
+
+/// Runs `t` to completion, exact and with nothing lost (panics after 60 s of simulated time).
+pub fn finish(sim: &mut Sim, t: &mut Transfer) {
+    let limit = sim.now + Duration::from_secs(60);
+    sim.run_until(limit, |s| {
+        t.pump(s);
+        t.complete(s)
+    });
+    assert_eq!(t.corrupted, 0);
+    assert_eq!(t.lost, None);
+}
+
+/// An INITIAL datagram (padded to the minimum size).
+pub fn initial(scid: u64, token: &[u8], mode: u8, hello: &[u8]) -> Vec<u8> {
+    wire::control_packet(&wire::Header::Initial {
+        scid,
+        token,
+        mode,
+        hello,
+    })
+}
+
 /// Rewrites `data` into a short packet for the server's connection: version, type and
 /// connection ID replaced (the datagram is extended to hold a header), the link byte replaced
 /// when given.
