@@ -18,6 +18,7 @@ fn handshakes(n: u32, key: Option<Key>) -> (Duration, Duration) {
     let mut scfg = EndpointConfig::new(vec![server_addr]).server();
     scfg.max_connections = usize::MAX;
     scfg.max_connections_per_address = usize::MAX;
+    scfg.max_keyed_handshakes_per_second = None;
     scfg.key = key.clone();
     let mut server = Endpoint::new(scfg, 1, start);
     let mut ccfg = EndpointConfig::new(vec![client_addr]);

@@ -185,6 +185,7 @@ setters!(EndpointConfig {
     close_linger => with_close_linger: Duration,
     max_connections => with_max_connections: usize,
     max_connections_per_address => with_max_connections_per_address: usize,
+    max_keyed_handshakes_per_second => with_max_keyed_handshakes_per_second: Option<u32>,
     key => with_key: Option<crate::Key>,
 });
 
@@ -260,6 +261,12 @@ pub struct EndpointConfig {
     /// and encrypted with fresh keys (docs/PROTOCOL.md §9); peers must hold the same key. An
     /// endpoint without a key talks only to peers without one, in clear.
     pub key: Option<crate::Key>,
+    /// Server with a key: keyed handshake messages it reads per second at most (default
+    /// 5 000, in bursts of a fiftieth of that), so that a flood of INITIALs (each worth a
+    /// cookie check and a Noise message, even when it then fails) cannot hold up established
+    /// connections; INITIALs beyond it are dropped unread and their clients retransmit.
+    /// `None`: no limit.
+    pub max_keyed_handshakes_per_second: Option<u32>,
 }
 
 impl EndpointConfig {
@@ -275,6 +282,7 @@ impl EndpointConfig {
             close_linger: Duration::from_secs(10),
             max_connections: 4096,
             max_connections_per_address: 256,
+            max_keyed_handshakes_per_second: Some(5000),
             key: None,
         }
     }

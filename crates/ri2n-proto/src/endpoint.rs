@@ -172,6 +172,8 @@ pub struct Endpoint {
     dropped: DropCounts,
     /// Rate limit of RESETs.
     reset_budget: TokenBucket,
+    /// Rate limit of keyed handshake messages read (`max_keyed_handshakes_per_second`).
+    handshake_budget: Option<TokenBucket>,
     /// Refused handshakes for the application to log, and their rate limit.
     refusals: VecDeque<RefusedHandshake>,
     refusal_budget: TokenBucket,
@@ -252,11 +254,15 @@ pub enum DropReason {
     /// Not a datagram but an ICMP "port unreachable" that quotes no packet this endpoint
     /// sent on that path (forged, or about a connection long gone): ignored.
     UnmatchedRefusal,
+    /// A keyed INITIAL beyond the server's rate of handshake messages it reads
+    /// ([`EndpointConfig::max_keyed_handshakes_per_second`](crate::EndpointConfig::max_keyed_handshakes_per_second)):
+    /// dropped unread; a real client sends it again.
+    HandshakeBudget,
 }
 
 impl DropReason {
     /// Every reason, in the order of [`DropCounts::iter`].
-    pub const ALL: [DropReason; 12] = [
+    pub const ALL: [DropReason; 13] = [
         DropReason::Undecodable,
         DropReason::UnknownConnection,
         DropReason::UnexpectedHandshake,
@@ -269,6 +275,7 @@ impl DropReason {
         DropReason::Unauthenticated,
         DropReason::KeyMismatch,
         DropReason::UnmatchedRefusal,
+        DropReason::HandshakeBudget,
     ];
 }
 
@@ -303,6 +310,10 @@ impl Endpoint {
     /// A real driver passes a seed from the operating system's random source.
     pub fn new(cfg: EndpointConfig, seed: u64, now: Instant) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let handshake_budget = cfg.max_keyed_handshakes_per_second.map(|rate| {
+            let rate = f64::from(rate.max(1));
+            TokenBucket::new(rate, (rate / 50.0).max(1.0), now)
+        });
         Self {
             instance: rng.gen(),
             cookie_key: (rng.gen(), rng.gen()),
@@ -316,6 +327,7 @@ impl Endpoint {
             next_handle: 0,
             stateless: VecDeque::new(),
             reset_budget: TokenBucket::new(RESETS_PER_SECOND, RESET_BURST, now),
+            handshake_budget,
             refusals: VecDeque::new(),
             refusal_budget: TokenBucket::new(REFUSAL_REPORTS_PER_SECOND, REFUSAL_REPORT_BURST, now),
             accept_queue: VecDeque::new(),
@@ -781,6 +793,10 @@ impl Endpoint {
         let (params, noise) = match (&self.cfg.key, mode) {
             (None, handshake_mode::PLAIN) => (wire::ClientParams::decode(hello), None),
             (Some(key), handshake_mode::NOISE_NNPSK0) => {
+                // reading it is the costly part of a stranger's INITIAL: within the budget only
+                if !self.handshake_budget.as_mut().is_none_or(|b| b.take(now)) {
+                    return Err(DropReason::HandshakeBudget);
+                }
                 match ServerHandshake::read(key, scid, token, hello) {
                     Ok((noise, payload)) => (wire::ClientParams::decode(&payload), Some(noise)),
                     Err(_) => return self.refuse(now, local, remote, scid, KeyMismatch::WrongKey),

@@ -337,16 +337,20 @@ fn unconfirmed_and_unreleased_connections_are_bounded_and_freed() {
     let server = sim.server_addrs[0];
     let now = sim.instant();
     let (scid, mode, hello) = captured_initial(&mut sim.server, now, server);
+    // one a millisecond: within the server's budget of handshake messages, so each is read
     for port in 0..2000u16 {
+        let at = now + Duration::from_millis(u64::from(port));
         let from = SocketAddr::new(addr("10.0.0.66:1").ip(), 10_000 + port);
-        let cookie = cookie_for(&mut sim.server, now, server, from, scid);
+        let cookie = cookie_for(&mut sim.server, at, server, from, scid);
         let mut d = initial(scid, &cookie, mode, &hello);
-        sim.server.handle_datagram(now, server, from, &mut d);
-        drain(&mut sim.server, now);
+        sim.server.handle_datagram(at, server, from, &mut d);
+        drain(&mut sim.server, at);
     }
     assert_eq!(sim.server.connection_count(), 0, "state kept for replays");
+    assert_eq!(sim.server.dropped().get(DropReason::KeyMismatch), 2000);
 
     // a real handshake whose confirmation never arrives
+    let now = now + Duration::from_secs(3);
     let other = addr("10.6.0.1:7000");
     let mut cfg = EndpointConfig::new(vec![other]);
     cfg.key = Some(key());
@@ -419,8 +423,9 @@ fn unconfirmed_and_unreleased_connections_are_bounded_and_freed() {
 }
 
 /// Finding 6. 4 096 replayed INITIALs from 16 addresses while a transfer runs: the server
-/// creates nothing for them (so does no Diffie-Hellman and fills no table), the transfer's
-/// links never go down, and a new real client is served right after.
+/// creates nothing for them (so does no Diffie-Hellman and fills no table), reads most of
+/// them not at all (its budget of handshake messages), the transfer's links never go down,
+/// and a new real client is served right after.
 #[test]
 fn a_flood_of_replayed_initials_neither_fills_the_table_nor_stalls_a_transfer() {
     let mut sim = keyed_sim();
@@ -451,6 +456,16 @@ fn a_flood_of_replayed_initials_neither_fills_the_table_nor_stalls_a_transfer() 
         sim.server.connection_count(),
         before,
         "replays created connections"
+    );
+    // most were not even read: handshake messages have a budget of their own
+    let (read, unread) = (
+        sim.server.dropped().get(DropReason::KeyMismatch),
+        sim.server.dropped().get(DropReason::HandshakeBudget),
+    );
+    assert_eq!(read + unread, 4096);
+    assert!(
+        unread >= 3500,
+        "{unread} of 4096 replays were dropped unread"
     );
     assert!(!t.complete(&sim), "the transfer ended before the flood did");
     finish(&mut sim, &mut t);
