@@ -311,6 +311,16 @@ class Ctx:
         return version, scid, mode, hello
 
 
+def data_packets(sn, port, sender, rounds=10):
+    """The latest SHORT packet to `port` seen on the interface, once per round, for `rounds`
+    rounds or until the `sender` process ends: (source, destination, headers, payload)."""
+    for _ in range(rounds):
+        d = sn.find(lambda s, t, h, p: t[1] == port and len(p) > 11 and p[1] in SHORTS)
+        if not d or sender.poll() is not None:
+            return
+        yield d
+
+
 def transfer_outcome(send, recv, size, secs=60):
     rs, rr = wait(send, secs), wait(recv, secs)
     sj, rj = Procs.json(send), Procs.json(recv)
@@ -386,11 +396,7 @@ def reset(c):
     s = c.send(port, data_file(mib))
     provoked = replayed = 0
     try:
-        for _ in range(10):
-            d = sn.find(lambda s_, t, h, p: t[1] == port and len(p) > 11 and p[1] in SHORTS)
-            if not d or s.poll() is not None:
-                break
-            sender, receiver, _, p = d
+        for sender, receiver, _, p in data_packets(sn, port, s):
             me.sendto(bytes([p[0], 1]) + p[2:10] + b"\0\1" + b"\0" * 40, sender)
             try:
                 ans, _ = me.recvfrom(2048)
@@ -419,11 +425,7 @@ def replay(c):
     s = c.send(port, data_file(mib))
     tries = answered = 0
     try:
-        for _ in range(10):
-            d = sn.find(lambda s_, t, h, p: t[1] == port and len(p) > 11 and p[1] in SHORTS)
-            if not d or s.poll() is not None:
-                break
-            client, server = d[0], d[1]
+        for client, server, _, _ in data_packets(sn, port, s):
             cookie = cookie_for(sn, server, client, scid, version)
             if cookie is None:
                 continue
