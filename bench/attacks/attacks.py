@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import socket
 import struct
 import subprocess
@@ -712,6 +713,7 @@ def main():
         for f in os.listdir(SHM):
             if f.startswith("ri2n-attacks-%d-" % os.getpid()):
                 os.unlink(os.path.join(SHM, f))
+        shutil.rmtree(tmp, ignore_errors=True)
     if o.out:
         with open(o.out, "w") as f:
             json.dump(results, f, indent=1)
