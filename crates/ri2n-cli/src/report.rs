@@ -264,24 +264,8 @@ pub fn dropped(counts: &ri2n::DropCounts) -> BTreeMap<String, u64> {
     counts
         .iter()
         .filter(|&(_, n)| n > 0)
-        .map(|(reason, n)| (drop_reason_name(reason), n))
+        .map(|(reason, n)| (reason.name().to_owned(), n))
         .collect()
-}
-
-/// `UnmatchedRefusal` → `unmatched_refusal`.
-fn drop_reason_name(reason: ri2n::DropReason) -> String {
-    let mut name = String::new();
-    for (i, c) in format!("{reason:?}").chars().enumerate() {
-        if c.is_ascii_uppercase() {
-            if i > 0 {
-                name.push('_');
-            }
-            name.push(c.to_ascii_lowercase());
-        } else {
-            name.push(c);
-        }
-    }
-    name
 }
 
 /// How a connection's packets were protected, for summaries.

@@ -261,6 +261,26 @@ pub enum DropReason {
 }
 
 impl DropReason {
+    /// The reason's name in reports: `undecodable`, `unknown_connection`, ... (stable: JSON
+    /// summaries use it as a key).
+    pub fn name(self) -> &'static str {
+        match self {
+            DropReason::Undecodable => "undecodable",
+            DropReason::UnknownConnection => "unknown_connection",
+            DropReason::UnexpectedHandshake => "unexpected_handshake",
+            DropReason::WrongState => "wrong_state",
+            DropReason::MalformedFrame => "malformed_frame",
+            DropReason::UnknownLink => "unknown_link",
+            DropReason::Duplicate => "duplicate",
+            DropReason::TooFragmented => "too_fragmented",
+            DropReason::ConnectionLimit => "connection_limit",
+            DropReason::Unauthenticated => "unauthenticated",
+            DropReason::KeyMismatch => "key_mismatch",
+            DropReason::UnmatchedRefusal => "unmatched_refusal",
+            DropReason::HandshakeBudget => "handshake_budget",
+        }
+    }
+
     /// Every reason, in the order of [`DropCounts::iter`].
     pub const ALL: [DropReason; 13] = [
         DropReason::Undecodable,

@@ -40,6 +40,21 @@ fn drain(ep: &mut Endpoint, now: Instant) -> Vec<(Transmit, Vec<u8>)> {
     out
 }
 
+/// Four rounds of what `client` and `server` send each other at instant `now`, the client's
+/// short packets passed on only if `shorts` (without them the server is never confirmed).
+fn exchange(client: &mut Endpoint, server: &mut Endpoint, now: Instant, shorts: bool) {
+    for _ in 0..4 {
+        for (t, mut d) in drain(client, now) {
+            if shorts || packet_type_of(&d) != packet_type::SHORT {
+                server.handle_datagram(now, t.remote, t.local, &mut d);
+            }
+        }
+        for (t, mut d) in drain(server, now) {
+            client.handle_datagram(now, t.remote, t.local, &mut d);
+        }
+    }
+}
+
 fn packet_type_of(d: &[u8]) -> u8 {
     d[1]
 }
@@ -356,16 +371,7 @@ fn unconfirmed_and_unreleased_connections_are_bounded_and_freed() {
     cfg.key = Some(key());
     let mut client = Endpoint::new(cfg, 78, now);
     client.connect(now, &[server], Default::default()).unwrap();
-    for _ in 0..3 {
-        for (t, mut d) in drain(&mut client, now) {
-            if packet_type_of(&d) != packet_type::SHORT {
-                sim.server.handle_datagram(now, t.remote, t.local, &mut d);
-            }
-        }
-        for (t, mut d) in drain(&mut sim.server, now) {
-            client.handle_datagram(now, t.remote, t.local, &mut d);
-        }
-    }
+    exchange(&mut client, &mut sim.server, now, false);
     assert_eq!(client.connection_handles().count(), 1);
     assert_eq!(
         sim.server.connection_count(),
@@ -401,14 +407,7 @@ fn unconfirmed_and_unreleased_connections_are_bounded_and_freed() {
             now,
         );
         let ch = c.connect(now, &[server], Default::default()).unwrap();
-        for _ in 0..4 {
-            for (t, mut d) in drain(&mut c, now) {
-                small.handle_datagram(now, t.remote, t.local, &mut d);
-            }
-            for (t, mut d) in drain(&mut small, now) {
-                c.handle_datagram(now, t.remote, t.local, &mut d);
-            }
-        }
+        exchange(&mut c, &mut small, now, true);
         let conn = c.connection(ch).unwrap();
         if conn.close_reason() == Some(&ConnectionError::ServerFull) {
             refused += 1;
@@ -481,14 +480,7 @@ fn a_flood_of_replayed_initials_neither_fills_the_table_nor_stalls_a_transfer() 
     let now = sim.instant();
     let mut client = Endpoint::new(cfg, 79, now);
     let ch = client.connect(now, &[server], Default::default()).unwrap();
-    for _ in 0..4 {
-        for (t, mut d) in drain(&mut client, now) {
-            sim.server.handle_datagram(now, t.remote, t.local, &mut d);
-        }
-        for (t, mut d) in drain(&mut sim.server, now) {
-            client.handle_datagram(now, t.remote, t.local, &mut d);
-        }
-    }
+    exchange(&mut client, &mut sim.server, now, true);
     assert_eq!(
         client.connection(ch).unwrap().state(),
         ConnectionState::Established

@@ -574,7 +574,7 @@ impl Shared {
         sock.deliver(batch, &mut |remote, d| {
             endpoint.handle_datagram(now, sock.local, remote, d)
         });
-        self.hand_over_refusals(&mut st, now);
+        self.hand_over_refusals(&mut st, Some(now));
         let mut st = self.transmit(st, Some(now));
         let wakeups = self.dispatch(&mut st);
         drop(st);
@@ -582,10 +582,12 @@ impl Shared {
         received
     }
 
-    /// Tells the engine which datagrams the peers' hosts answered with "port unreachable".
-    fn hand_over_refusals(&self, st: &mut State, now: Instant) {
+    /// Tells the engine which datagrams the peers' hosts answered with "port unreachable"
+    /// (`now`, if the caller has it: the clock is read only when there is something to tell).
+    fn hand_over_refusals(&self, st: &mut State, now: Option<Instant>) {
         for sock in &self.sockets {
             for r in sock.take_refused() {
+                let now = now.unwrap_or_else(Instant::now);
                 st.endpoint
                     .handle_port_unreachable(now, sock.local, r.dest, r.quote());
             }
@@ -755,7 +757,7 @@ impl Shared {
                         .handle_unreachable(now, self.sockets[i].local, dest);
                 }
             }
-            self.hand_over_refusals(&mut st, Instant::now());
+            self.hand_over_refusals(&mut st, None);
             st.out.spare.extend(batches.drain(..).map(|(_, mut b)| {
                 b.len = 0;
                 b
@@ -1137,7 +1139,7 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
         let (timeout, wakeups, confirm, watch) = {
             let mut st = shared.lock();
             let now = Instant::now();
-            shared.hand_over_refusals(&mut st, now);
+            shared.hand_over_refusals(&mut st, Some(now));
             if st.endpoint.poll_timeout().is_some_and(|t| t <= now) {
                 st.endpoint.handle_timeout(now);
             }
