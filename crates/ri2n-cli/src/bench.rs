@@ -43,7 +43,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
     let say = Say { json: args.json };
     let endpoint = net::client_endpoint(&args.connect, &args.key, false)?;
     let faults = FaultPlan::new(&endpoint, &args.link.fault)?;
-    let config = net::connection_config(&args.connect, &args.link);
+    let config = net::connection_config(&args.connect, &args.link, net::Application::Bench);
     let conn = net::connect(&endpoint, &args.connect, config)?;
     let start = Instant::now();
     faults.start(start, true);

@@ -143,8 +143,13 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
             ),
         )
     };
-    let server =
-        net::server_endpoint(&loopback, &crate::KeyOpts { key: None }, None).map_err(hint)?;
+    let server = net::server_endpoint(
+        &loopback,
+        &crate::KeyOpts { key: None },
+        None,
+        net::Application::File,
+    )
+    .map_err(hint)?;
     let client =
         Endpoint::client(&loopback).map_err(|e| hint(Failure::endpoint(e, &[], Duration::ZERO)))?;
     let (saddr, caddr) = (server.local_addrs(), client.local_addrs());
@@ -227,7 +232,10 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
     };
 
     let mut conn = client
-        .connect(&saddr[..1], ConnectionConfig::default())
+        .connect(
+            &saddr[..1],
+            net::Application::File.configure(ConnectionConfig::default()),
+        )
         .map_err(|e| Failure::endpoint(e, &saddr[..1], Duration::from_secs(10)))?;
     let start = Instant::now();
     let screen = Screen { start, ..screen };

@@ -26,8 +26,8 @@ Exit codes:
   1  other error (reading or writing a file or stdout, received data differs in `demo`)
   2  usage error (unknown option, bad value, unreadable or malformed key file)
   3  connection not established (no answer within --connect-timeout, nothing listening
-     there, no route, authentication failed: the peer holds another key, or one side has
-     none)
+     there, another kind of ri2n command there (send needs recv, bench needs serve), no
+     route, authentication failed: the peer holds another key, or one side has none)
   4  connection lost (peer gone, restarted or aborted, all links down past
      --all-links-down-timeout); send also when the receiver did not acknowledge every byte
   5  cannot bind a local address (address in use, address not on this host)
@@ -112,17 +112,36 @@ impl Failure {
                 format!("no local address can reach {a} (add a --local of the same IP family)"),
             ),
             ri2n::Error::Connect(e) => Self::usage(e.to_string()),
-            ri2n::Error::Connection(ConnectionError::Refused) | ri2n::Error::TimedOut => {
+            ri2n::Error::Connection(ConnectionError::TimedOut(_)) | ri2n::Error::TimedOut => {
                 Self::no_answer(to, timeout)
             }
-            ri2n::Error::Connection(ConnectionError::PeerGone) => Self::new(
+            // the handshake goes to the first address; the others are only links to add
+            ri2n::Error::Connection(ConnectionError::Refused) => Self::new(
                 CONNECT,
                 format!(
                     "nothing listens at {} (its host answers \"port unreachable\": is `ri2n \
                      recv` or `ri2n serve` running there, on that port?)",
-                    list(to)
+                    list(&to[..to.len().min(1)])
                 ),
             ),
+            ri2n::Error::Connection(ConnectionError::NotAccepting) => Self::new(
+                CONNECT,
+                format!(
+                    "{} takes no connections: a ri2n program runs there, but not as a server",
+                    list(&to[..to.len().min(1)])
+                ),
+            ),
+            ri2n::Error::Connection(ConnectionError::WrongApplication { ours, theirs }) => {
+                Self::new(
+                    CONNECT,
+                    format!(
+                        "{} is {}, which this command cannot talk to: it needs {}",
+                        list(&to[..to.len().min(1)]),
+                        crate::net::Application::describe(&theirs),
+                        crate::net::Application::describe(&ours)
+                    ),
+                )
+            }
             ri2n::Error::Connection(ConnectionError::KeyMismatch(m)) => Self::new(
                 CONNECT,
                 format!(

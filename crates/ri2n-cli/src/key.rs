@@ -4,7 +4,7 @@
 use std::fs;
 use std::io::{self, Write};
 use std::net::SocketAddr;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -23,6 +23,19 @@ pub fn keygen(args: &KeygenArgs) -> Result<(), Failure> {
             .write_all(line.as_bytes())
             .map_err(|e| Failure::io("writing the key to stdout", &e));
     };
+    // a fresh host has no /etc/ri2n yet: the directory is made private (0700), like the key
+    if let Some(dir) = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty() && !d.exists())
+    {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| {
+                Failure::io(format!("cannot create the directory {}", dir.display()), &e)
+            })?;
+    }
     let mut options = fs::OpenOptions::new();
     // created with mode 0600 (the umask can only narrow it): never readable by others, not
     // even for a moment

@@ -66,17 +66,31 @@ enum Command {
     #[command(after_help = EXIT_CODES_HELP)]
     Bench(BenchArgs),
     /// Two links on loopback in this process: move data, cut a link, restore it, check the bytes.
-    #[command(after_help = EXIT_CODES_HELP)]
+    #[command(after_help = DEMO_HELP)]
     Demo(DemoArgs),
     /// Make a new random cluster key: one line of text, to copy to every host and name with
     /// --key (or RI2N_KEY_FILE) on both ends.
-    #[command(after_help = EXIT_CODES_HELP)]
+    #[command(after_help = KEYGEN_HELP)]
     Keygen(KeygenArgs),
     /// Carry every IPv4 packet between the hosts of a cluster over ri2n: a TUN interface on
     /// each host, one connection to every other host, a dead link costing milliseconds.
     #[command(after_help = TUNNEL_HELP)]
     Tunnel(TunnelArgs),
 }
+
+const DEMO_HELP: &str = "\
+Exit codes:
+  0  the data arrived whole and unchanged, the cut and the restore were seen
+  1  it did not (the message says what differed), or the terminal could not be written
+  2  usage error
+  3, 4  the demo's connection could not be made, or was lost (as for `ri2n send`)
+  5  127.0.0.1 or 127.0.0.2 cannot be bound";
+
+const KEYGEN_HELP: &str = "\
+Exit codes:
+  0  the key was written (a directory of --output that does not exist is created, mode 0700)
+  1  the file exists (without --force) or cannot be written
+  2  usage error";
 
 const TUNNEL_HELP: &str = "\
 The cluster file (TOML, the same on every host):
@@ -253,8 +267,10 @@ pub struct SendArgs {
     #[command(flatten)]
     pub link: LinkOpts,
 
-    /// Print a JSON summary (bytes, seconds, goodput, checksum, per-link counters) on stdout.
-    #[arg(long)]
+    /// Print a JSON summary on stdout: bytes, seconds, goodput, checksum (XXH3-64 of the bytes,
+    /// hex; `recv` prints the same for the same data), per-link counters. A failure prints
+    /// `{"command": ..., "error": ..., "exit_code": ...}` instead.
+    #[arg(long, short = 'J')]
     pub json: bool,
 
     /// No progress display and no summary line on stderr (errors are still reported).
@@ -288,8 +304,9 @@ pub struct RecvArgs {
     #[command(flatten)]
     pub link: LinkOpts,
 
-    /// Print a JSON summary on stdout (needs --output, since stdout would carry the data).
-    #[arg(long, requires = "output")]
+    /// Print a JSON summary on stdout (needs --output, since stdout would carry the data), as
+    /// `send --json` does; the checksum is XXH3-64 of the bytes received.
+    #[arg(long, short = 'J', requires = "output")]
     pub json: bool,
 
     /// No progress display and no summary line on stderr (errors are still reported).
@@ -339,8 +356,9 @@ pub struct BenchArgs {
     #[command(flatten)]
     pub connect: ConnectOpts,
 
-    /// Throughput test length in seconds.
-    #[arg(long, short = 't', value_name = "SECS", default_value = "10", value_parser = parse_secs, conflicts_with = "latency")]
+    /// Throughput test length in seconds (more than 0; the server's --max-time may cut it
+    /// short, and then the result says so).
+    #[arg(long, short = 't', value_name = "SECS", default_value = "10", value_parser = parse_positive_secs, conflicts_with = "latency")]
     pub time: Duration,
 
     /// Timeline resolution: one line (one JSON record) per SECS, down to 0.01, also while
@@ -387,8 +405,9 @@ pub struct BenchArgs {
     /// Print one JSON document on stdout; the human-readable text then goes to stderr. A
     /// throughput test's `intervals` count what the server acknowledged (sending) or what was
     /// read (--reverse); when sending, `server.timeline` is the server's own meter:
-    /// `[seconds since the request, bytes read so far]` at the end of every interval.
-    #[arg(long)]
+    /// `[seconds since the request, bytes read so far]` at the end of every interval. A
+    /// failure prints `{"command": "bench", "error": ..., "exit_code": ...}` instead.
+    #[arg(long, short = 'J')]
     pub json: bool,
 }
 
@@ -476,6 +495,13 @@ fn parse_demo_secs(s: &str) -> Result<Duration, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
+    // a script that asked for JSON reads a failure as JSON too
+    let json_command = match &cli.command {
+        Command::Send(a) if a.json => Some("send"),
+        Command::Recv(a) if a.json => Some("recv"),
+        Command::Bench(a) if a.json => Some("bench"),
+        _ => None,
+    };
     let result = match cli.command {
         Command::Send(a) => send::run(&a),
         Command::Recv(a) => recv::run(&a),
@@ -497,6 +523,14 @@ fn main() -> ExitCode {
         Err(f) => {
             progress::clear_line();
             eprintln!("ri2n: error: {}", f.message);
+            if let Some(command) = json_command {
+                let doc = serde_json::json!({
+                    "command": command,
+                    "error": f.message,
+                    "exit_code": f.code,
+                });
+                println!("{doc}");
+            }
             ExitCode::from(f.code)
         }
     }

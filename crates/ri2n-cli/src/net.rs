@@ -59,9 +59,70 @@ fn route_source(target: SocketAddr) -> IpAddr {
         .unwrap_or(any.ip())
 }
 
-/// The connection settings the options ask for.
-pub fn connection_config(connect: &ConnectOpts, link: &LinkOpts) -> ConnectionConfig {
-    ConnectionConfig::default()
+/// What a command speaks. It is named in the handshake, with what the command reads besides
+/// the byte stream, so that a command that reaches the wrong kind of peer (`send` to a
+/// `serve`, `bench` to a `recv`) is refused at once and both sides say so, and a library peer
+/// that sends what the command never reads gets an error instead of silence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Application {
+    /// `ri2n send` to `ri2n recv` (and the demo): the byte stream only.
+    File,
+    /// `ri2n bench` to `ri2n serve`: the byte stream and messages.
+    Bench,
+    /// `ri2n tunnel` to `ri2n tunnel`: datagrams (and messages with `--carry messages`).
+    Tunnel,
+}
+
+impl Application {
+    const ALL: [Application; 3] = [Application::File, Application::Bench, Application::Tunnel];
+
+    /// The name in the handshake.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Application::File => "ri2n file transfer",
+            Application::Bench => "ri2n bench",
+            Application::Tunnel => "ri2n tunnel",
+        }
+    }
+
+    /// The commands that speak it, for messages.
+    pub const fn commands(self) -> &'static str {
+        match self {
+            Application::File => "`ri2n recv` (the receiver of `ri2n send`)",
+            Application::Bench => "`ri2n serve` (the server of `ri2n bench`)",
+            Application::Tunnel => "`ri2n tunnel`",
+        }
+    }
+
+    /// The commands that speak the application named `name`, or the name itself quoted.
+    pub fn describe(name: &str) -> String {
+        Self::ALL
+            .into_iter()
+            .find(|a| a.name() == name)
+            .map_or_else(|| format!("{name:?}"), |a| a.commands().to_owned())
+    }
+
+    /// `config` speaking this application.
+    pub fn configure(self, config: ConnectionConfig) -> ConnectionConfig {
+        let (messages, datagrams) = match self {
+            Application::File => (false, false),
+            Application::Bench => (true, false),
+            Application::Tunnel => (true, true),
+        };
+        config
+            .with_application(self.name())
+            .with_accept_messages(messages)
+            .with_accept_datagrams(datagrams)
+    }
+}
+
+/// The connection settings the options ask for, speaking `app`.
+pub fn connection_config(
+    connect: &ConnectOpts,
+    link: &LinkOpts,
+    app: Application,
+) -> ConnectionConfig {
+    app.configure(ConnectionConfig::default())
         .with_discover(!connect.no_discover)
         .with_handshake_timeout(connect.connect_timeout)
         .with_all_links_down_timeout(link.all_links_down_timeout)
@@ -93,14 +154,15 @@ pub fn client_endpoint(
         .map_err(|e| Failure::endpoint(e, &opts.to, opts.connect_timeout))
 }
 
-/// A server endpoint listening on `listen`, holding the key `key` names, its connections
-/// closed after every link has been down for `all_links_down_timeout`.
+/// A server endpoint for `app` listening on `listen`, holding the key `key` names, its
+/// connections closed after every link has been down for `all_links_down_timeout`.
 pub fn server_endpoint(
     listen: &[SocketAddr],
     key: &KeyOpts,
     all_links_down_timeout: Option<Duration>,
+    app: Application,
 ) -> Result<Endpoint, Failure> {
-    server_endpoint_with(listen, key, all_links_down_timeout, |cfg| cfg)
+    server_endpoint_with(listen, key, all_links_down_timeout, app, |cfg| cfg)
 }
 
 /// [`server_endpoint`] with further settings made by `configure`.
@@ -108,11 +170,13 @@ pub fn server_endpoint_with(
     listen: &[SocketAddr],
     key: &KeyOpts,
     all_links_down_timeout: Option<Duration>,
+    app: Application,
     configure: impl FnOnce(EndpointConfig) -> EndpointConfig,
 ) -> Result<Endpoint, Failure> {
     let key = crate::key::load(key)?;
     crate::key::warn_if_unprotected(&key, listen);
     let mut cfg = EndpointConfig::new(listen.to_vec()).server().with_key(key);
+    cfg.server_connection = app.configure(cfg.server_connection);
     cfg.server_connection.all_links_down_timeout = all_links_down_timeout;
     Endpoint::bind(configure(cfg)).map_err(|e| Failure::endpoint(e, &[], Duration::ZERO))
 }
@@ -134,14 +198,24 @@ pub fn accept_logging_refusals(
             .accept_timeout(Some(slice))
             .map_err(|e| Failure::endpoint(e, &[], Duration::ZERO))?;
         for r in endpoint.refused_handshakes() {
-            eprintln!(
-                "{who}: refused a connection from {}: authentication failed: {}",
-                r.remote, r.reason
-            );
+            eprintln!("{who}: {}", describe_refusal(&r));
         }
         if accepted.is_some() || deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(accepted);
         }
+    }
+}
+
+/// A handshake a server refused, in the words of the commands.
+pub fn describe_refusal(r: &ri2n::RefusedHandshake) -> String {
+    match &r.reason {
+        ri2n::RefusalReason::WrongApplication { client, ours } => format!(
+            "refused a connection from {}: it wants {}, this is {}",
+            r.remote,
+            Application::describe(client),
+            Application::describe(ours)
+        ),
+        other => format!("refused a connection from {}: {other}", r.remote),
     }
 }
 

@@ -102,6 +102,30 @@ impl Output {
         }
     }
 
+    /// Removes a regular file's `FILE.partial` while it holds nothing: a receiver that never
+    /// got a sender leaves no file behind.
+    fn discard_empty(self) {
+        if let Output::File { w, partial, .. } = self {
+            drop(w);
+            if std::fs::metadata(&partial).is_ok_and(|m| m.len() == 0) {
+                let _ = std::fs::remove_file(&partial);
+            }
+        }
+    }
+
+    /// What the output holds after a failed write, in words: a regular file's size on disk
+    /// (what a full disk let through), else how much was handed to it before.
+    fn holds(&mut self, handed: u64) -> String {
+        let _ = self.writer().flush();
+        match self {
+            Output::File { partial, .. } => match std::fs::metadata(partial) {
+                Ok(m) => format!("it holds the first {} bytes", m.len()),
+                Err(_) => format!("{handed} bytes went to it before"),
+            },
+            _ => format!("{handed} bytes went to it before"),
+        }
+    }
+
     /// Flushes, syncs a regular file to disk and gives it its final name.
     fn complete(self) -> io::Result<()> {
         match self {
@@ -123,7 +147,18 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
         interrupt::remove_on_interrupt(partial.clone());
     }
 
-    let endpoint = net::server_endpoint(&args.listen, &args.key, args.link.all_links_down_timeout)?;
+    let endpoint = match net::server_endpoint(
+        &args.listen,
+        &args.key,
+        args.link.all_links_down_timeout,
+        net::Application::File,
+    ) {
+        Ok(e) => e,
+        Err(f) => {
+            output.discard_empty();
+            return Err(f);
+        }
+    };
     let faults = FaultPlan::new(&endpoint, &args.link.fault)?;
     if !args.quiet && crate::progress::stderr_is_terminal() {
         eprintln!(
@@ -134,13 +169,14 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
     let conn = match net::accept_logging_refusals(&endpoint, args.accept_timeout, "ri2n recv")? {
         Some(c) => Arc::new(c),
         None => {
+            output.discard_empty();
             return Err(Failure::new(
                 error::CONNECT,
                 format!(
                     "no sender connected within {:.1} s",
                     args.accept_timeout.unwrap_or_default().as_secs_f64()
                 ),
-            ))
+            ));
         }
     };
     interrupt::abort_on_interrupt(conn.clone());
@@ -180,11 +216,16 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
             }
         };
         if let Err(e) = output.writer().write_all(&buf) {
-            conn.abort(1, "the receiver could not write its output");
+            // the sender has more acknowledged than this: say what is really in the output
+            let holds = output.holds(got);
+            conn.abort(
+                1,
+                &format!("the receiver could not write its output ({e}); {holds}"),
+            );
             monitor.finish();
             net::linger(&conn, Duration::from_millis(200));
             return Err(Failure::io(
-                format!("cannot write to {}", output.name()),
+                format!("cannot write to {} ({holds})", output.name()),
                 &e,
             ));
         }
@@ -201,6 +242,7 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
     net::linger(&conn, net::LINGER);
     let events = monitor.finish();
 
+    crate::report::warn_links_never_up(&conn.stats().links, args.quiet);
     let summary = TransferSummary {
         command: "recv",
         bytes: got,

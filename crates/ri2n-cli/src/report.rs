@@ -195,6 +195,8 @@ pub struct LinkSummary {
     /// ICMP "port unreachable" answers to this link's packets that the connection checked
     /// with its peer (forged ones change nothing while the peer answers).
     pub refusals: u32,
+    /// Whether the peer was ever heard on this link (false: it never came up).
+    pub came_up: bool,
 }
 
 impl LinkSummary {
@@ -231,8 +233,33 @@ impl LinkSummary {
                     0.0
                 },
                 refusals: l.refusals,
+                came_up: l.packets_received > 0,
             })
             .collect()
+    }
+}
+
+/// Warns, unless `quiet`, of each link on which nothing ever came back: the data went over
+/// the others, so the command still succeeds, but the user asked for that link.
+pub fn warn_links_never_up(links: &[LinkStats], quiet: bool) {
+    for l in links.iter().filter(|l| l.packets_received == 0) {
+        if quiet {
+            return;
+        }
+        let why = if l.refusals > 0 {
+            format!(
+                "its host answered \"port unreachable\" {} time(s): nothing listens at {}",
+                l.refusals, l.remote
+            )
+        } else {
+            format!("no answer from {}", l.remote)
+        };
+        crate::progress::clear_line();
+        eprintln!(
+            "ri2n: warning: link {} ({} → {}) never came up ({why}); the others carried \
+             everything",
+            l.id, l.local, l.remote
+        );
     }
 }
 

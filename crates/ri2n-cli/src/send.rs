@@ -86,7 +86,7 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
 
     let endpoint = net::client_endpoint(&args.connect, &args.key, args.quiet)?;
     let faults = FaultPlan::new(&endpoint, &args.link.fault)?;
-    let config = net::connection_config(&args.connect, &args.link);
+    let config = net::connection_config(&args.connect, &args.link, net::Application::File);
     let conn = Arc::new(net::connect(&endpoint, &args.connect, config)?);
     interrupt::abort_on_interrupt(conn.clone());
     let start = Instant::now();
@@ -160,6 +160,7 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
         ));
     }
 
+    crate::report::warn_links_never_up(&conn.stats().links, args.quiet);
     let summary = TransferSummary {
         command: "send",
         bytes: written,

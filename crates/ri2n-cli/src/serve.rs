@@ -30,6 +30,7 @@ pub fn run(args: &ServeArgs) -> Result<(), Failure> {
         &args.listen,
         &args.key,
         Some(args.all_links_down_timeout),
+        net::Application::Bench,
         |cfg| {
             cfg.with_max_connections(args.max_clients as usize)
                 .with_max_connections_per_address(args.max_clients_per_address as usize)
@@ -56,10 +57,7 @@ async fn serve(endpoint: Endpoint, quiet: bool, max_time: Duration) -> Result<()
         loop {
             tokio::time::sleep(REFUSAL_LOG_PERIOD).await;
             for r in logger.refused_handshakes() {
-                eprintln!(
-                    "ri2n serve: refused a connection from {}: authentication failed: {}",
-                    r.remote, r.reason
-                );
+                eprintln!("ri2n serve: {}", net::describe_refusal(&r));
             }
         }
     });

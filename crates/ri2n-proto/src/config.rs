@@ -95,9 +95,23 @@ pub struct ConnectionConfig {
     pub max_links: usize,
     /// How data is spread over the links (default [`Striping::Weighted`]).
     pub striping: Striping,
-    /// Client: give up the handshake (with [`crate::ConnectionError::Refused`]) after this long
-    /// without an answer; server: forget a client that never confirms (default 10 s).
+    /// Client: give up the handshake (with [`crate::ConnectionError::TimedOut`]) after this
+    /// long without an answer; server: forget a client that never confirms (default 10 s).
     pub handshake_timeout: Duration,
+    /// The application this side speaks, named in the handshake (at most
+    /// [`crate::wire::MAX_APPLICATION_LEN`] bytes; default none: any). A server whose
+    /// connections name one refuses a client that names another
+    /// ([`crate::ConnectionError::WrongApplication`] on the client), so two programs that do
+    /// not understand each other find out before any data moves.
+    pub application: Option<String>,
+    /// Whether this side reads messages (default true). When false the peer learns it in the
+    /// handshake and its `send_message` fails with [`crate::WriteError::MessagesRefused`]
+    /// instead of sending what nobody reads; a message that arrives anyway ends the connection.
+    pub accept_messages: bool,
+    /// Whether this side reads datagrams (default true); as
+    /// [`accept_messages`](Self::accept_messages), with
+    /// [`crate::WriteError::DatagramsRefused`].
+    pub accept_datagrams: bool,
 }
 
 impl Default for ConnectionConfig {
@@ -126,6 +140,9 @@ impl Default for ConnectionConfig {
             max_links: crate::MAX_LINKS,
             striping: Striping::Weighted,
             handshake_timeout: Duration::from_secs(10),
+            application: None,
+            accept_messages: true,
+            accept_datagrams: true,
         }
     }
 }
@@ -173,6 +190,8 @@ setters!(ConnectionConfig {
     max_links => with_max_links: usize,
     striping => with_striping: Striping,
     handshake_timeout => with_handshake_timeout: Duration,
+    accept_messages => with_accept_messages: bool,
+    accept_datagrams => with_accept_datagrams: bool,
 });
 
 setters!(EndpointConfig {
@@ -190,6 +209,25 @@ setters!(EndpointConfig {
 });
 
 impl ConnectionConfig {
+    /// Sets [`application`](Self::application).
+    #[must_use]
+    pub fn with_application(mut self, name: impl Into<String>) -> Self {
+        self.application = Some(name.into());
+        self
+    }
+
+    /// The [`crate::wire::accepts`] bits of these settings.
+    pub(crate) fn accepts(&self) -> u8 {
+        let mut bits = 0;
+        if self.accept_messages {
+            bits |= crate::wire::accepts::MESSAGES;
+        }
+        if self.accept_datagrams {
+            bits |= crate::wire::accepts::DATAGRAMS;
+        }
+        bits
+    }
+
     /// Checks that the settings can work together.
     pub fn validate(&self) -> Result<(), crate::ConnectError> {
         use crate::ConnectError::InvalidConfig;
@@ -223,6 +261,13 @@ impl ConnectionConfig {
         if !(1..=crate::MAX_LINKS).contains(&self.max_links) {
             return Err(InvalidConfig("max_links must be 1 to 8"));
         }
+        if self
+            .application
+            .as_ref()
+            .is_some_and(|a| a.is_empty() || a.len() > crate::wire::MAX_APPLICATION_LEN)
+        {
+            return Err(InvalidConfig("application must be 1 to 64 bytes"));
+        }
         Ok(())
     }
 }
@@ -233,7 +278,8 @@ impl ConnectionConfig {
 pub struct EndpointConfig {
     /// Local addresses, one per link the host can offer (one UDP socket each in a real driver).
     pub local_addrs: Vec<SocketAddr>,
-    /// Accept incoming connections (a server). A client-only endpoint answers strangers with nothing.
+    /// Accept incoming connections (a server). An endpoint that does not answers a handshake
+    /// with a refusal ([`crate::ConnectionError::NotAccepting`] on the client).
     pub accept_incoming: bool,
     /// Addresses a server tells its clients about; empty means `local_addrs`.
     pub advertised_addrs: Vec<SocketAddr>,

@@ -27,7 +27,8 @@ use crate::connection::pick_local;
 use crate::crypto::{Cipher, PacketProtection, ServerHandshake};
 use crate::wire::{self, handshake_mode, refuse_reason, Header, Quoted};
 use crate::{
-    ConnectError, Connection, ConnectionConfig, ConnectionState, EndpointConfig, Event, KeyMismatch,
+    ConnectError, Connection, ConnectionConfig, ConnectionError, ConnectionState, EndpointConfig,
+    Event, KeyMismatch,
 };
 
 /// Names a connection within its endpoint.
@@ -105,14 +106,32 @@ const REFUSAL_REPORT_BURST: f64 = 5.0;
 /// Refused handshakes waiting for the application to collect them.
 const MAX_REFUSAL_REPORTS: usize = 16;
 
-/// A handshake the server refused because the two sides' keys differ. The server keeps no
-/// state for it; these reports are rate-limited (see [`Endpoint::poll_refused_handshake`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A handshake the server refused: the two sides' keys differ, or the client speaks another
+/// application. The server keeps no state for it; these reports are rate-limited (see
+/// [`Endpoint::poll_refused_handshake`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RefusedHandshake {
     /// Where the INITIAL came from.
     pub remote: SocketAddr,
-    /// How the keys differ, seen from the server.
-    pub reason: KeyMismatch,
+    /// Why it was refused, seen from the server.
+    pub reason: RefusalReason,
+}
+
+/// Why a server refused a handshake.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RefusalReason {
+    /// The keys differ.
+    #[error("authentication failed: {0}")]
+    Key(KeyMismatch),
+    /// The client speaks another application than this server serves.
+    #[error("the client speaks {client:?}, this server serves {ours:?}")]
+    WrongApplication {
+        /// The application the client named.
+        client: String,
+        /// The application this server serves.
+        ours: String,
+    },
 }
 
 /// Hashes a connection ID as itself. Our IDs are random numbers we chose, so they spread
@@ -223,8 +242,8 @@ pub enum DropReason {
     /// of at least 16 bytes is answered with a RESET, at most 1000 per second).
     UnknownConnection,
     /// A handshake packet that answers nothing outstanding here: an INITIAL at an endpoint
-    /// that does not accept connections, a RETRY or ACCEPT for no connecting client or from
-    /// another address.
+    /// that does not accept connections (answered with a REFUSE), a RETRY or ACCEPT for no
+    /// connecting client or from another address.
     UnexpectedHandshake,
     /// A short packet for a connection still connecting, or already closed.
     WrongState,
@@ -258,6 +277,10 @@ pub enum DropReason {
     /// ([`EndpointConfig::max_keyed_handshakes_per_second`](crate::EndpointConfig::max_keyed_handshakes_per_second)):
     /// dropped unread; a real client sends it again.
     HandshakeBudget,
+    /// An INITIAL naming another application than the server serves
+    /// ([`ConnectionConfig::application`](crate::ConnectionConfig::application)): the client
+    /// is told with a REFUSE naming the server's.
+    WrongApplication,
 }
 
 impl DropReason {
@@ -278,11 +301,12 @@ impl DropReason {
             DropReason::KeyMismatch => "key_mismatch",
             DropReason::UnmatchedRefusal => "unmatched_refusal",
             DropReason::HandshakeBudget => "handshake_budget",
+            DropReason::WrongApplication => "wrong_application",
         }
     }
 
     /// Every reason, in the order of [`DropCounts::iter`].
-    pub const ALL: [DropReason; 13] = [
+    pub const ALL: [DropReason; 14] = [
         DropReason::Undecodable,
         DropReason::UnknownConnection,
         DropReason::UnexpectedHandshake,
@@ -296,6 +320,7 @@ impl DropReason {
         DropReason::KeyMismatch,
         DropReason::UnmatchedRefusal,
         DropReason::HandshakeBudget,
+        DropReason::WrongApplication,
     ];
 }
 
@@ -613,16 +638,28 @@ impl Endpoint {
                 self.by_peer_cid.entry(peer_cid).or_default().push(h);
                 Ok(())
             }
-            Header::Refuse { dcid, reason } => {
-                let mismatch = match reason {
-                    refuse_reason::WRONG_KEY => KeyMismatch::WrongKey,
-                    refuse_reason::KEY_REQUIRED => KeyMismatch::KeyRequired,
-                    refuse_reason::NO_KEY => KeyMismatch::NoKey,
+            Header::Refuse {
+                dcid,
+                reason,
+                detail,
+            } => {
+                let conn = self
+                    .client_conn(dcid, remote)
+                    .ok_or(DropReason::UnexpectedHandshake)?;
+                let e = match reason {
+                    refuse_reason::WRONG_KEY => ConnectionError::KeyMismatch(KeyMismatch::WrongKey),
+                    refuse_reason::KEY_REQUIRED => {
+                        ConnectionError::KeyMismatch(KeyMismatch::KeyRequired)
+                    }
+                    refuse_reason::NO_KEY => ConnectionError::KeyMismatch(KeyMismatch::NoKey),
+                    refuse_reason::NOT_ACCEPTING => ConnectionError::NotAccepting,
+                    refuse_reason::WRONG_APPLICATION => ConnectionError::WrongApplication {
+                        ours: conn.application().unwrap_or_default().to_owned(),
+                        theirs: String::from_utf8_lossy(detail).into_owned(),
+                    },
                     _ => return Err(DropReason::Undecodable),
                 };
-                self.client_conn(dcid, remote)
-                    .ok_or(DropReason::UnexpectedHandshake)?
-                    .refused_by_server(Some(mismatch));
+                conn.refused_by_server(e);
                 Ok(())
             }
             Header::Reset { dcid, token } => self.handle_reset(local, remote, dcid, token),
@@ -663,7 +700,7 @@ impl Endpoint {
         }
         self.attention.touch(h);
         if conn.state() == ConnectionState::Connecting {
-            conn.refused_by_server(None);
+            conn.refused_by_server(ConnectionError::ServerFull);
         } else {
             conn.peer_restarted();
         }
@@ -782,7 +819,20 @@ impl Endpoint {
         mode: u8,
         hello: &[u8],
     ) -> Result<(), DropReason> {
-        if !self.cfg.accept_incoming || scid == 0 {
+        if scid == 0 {
+            return Err(DropReason::UnexpectedHandshake);
+        }
+        if !self.cfg.accept_incoming {
+            // said at once, so the client does not wait out its handshake timeout; the
+            // REFUSE is far smaller than the INITIAL and within the RESET budget
+            if self.reset_budget.take(now) {
+                let refuse = Header::Refuse {
+                    dcid: scid,
+                    reason: refuse_reason::NOT_ACCEPTING,
+                    detail: &[],
+                };
+                self.queue_stateless(local, remote, &refuse);
+            }
             return Err(DropReason::UnexpectedHandshake);
         }
         if let Some(&h) = self.by_initial.get(&(remote, scid)) {
@@ -819,18 +869,29 @@ impl Endpoint {
                 }
                 match ServerHandshake::read(key, scid, token, hello) {
                     Ok((noise, payload)) => (wire::ClientParams::decode(&payload), Some(noise)),
-                    Err(_) => return self.refuse(now, local, remote, scid, KeyMismatch::WrongKey),
+                    Err(_) => {
+                        return self.refuse_key(now, local, remote, scid, KeyMismatch::WrongKey)
+                    }
                 }
             }
             (Some(_), handshake_mode::PLAIN) => {
-                return self.refuse(now, local, remote, scid, KeyMismatch::NoKey)
+                return self.refuse_key(now, local, remote, scid, KeyMismatch::NoKey)
             }
             (None, handshake_mode::NOISE_NNPSK0) => {
-                return self.refuse(now, local, remote, scid, KeyMismatch::KeyRequired)
+                return self.refuse_key(now, local, remote, scid, KeyMismatch::KeyRequired)
             }
             _ => return Err(DropReason::Undecodable),
         };
         let params = params.map_err(|_| DropReason::Undecodable)?;
+        if let Some(ours) = &self.cfg.server_connection.application {
+            if !params.application.is_empty() && params.application != ours.as_bytes() {
+                let reason = RefusalReason::WrongApplication {
+                    client: String::from_utf8_lossy(&params.application).into_owned(),
+                    ours: ours.clone(),
+                };
+                return self.refuse(now, local, remote, scid, reason);
+            }
+        }
         // (whether this is a new run of a peer we have connections with is decided when the
         // client confirms: until then this may be a replay, see `on_confirmed`)
         if let Some(limit) = self.connection_limit_reached(remote) {
@@ -856,6 +917,7 @@ impl Endpoint {
             instance: self.instance,
             window: self.cfg.server_connection.stream_receive_window,
             cipher: cipher.code(),
+            accepts: self.cfg.server_connection.accepts(),
             addrs: advertised,
         }
         .encode();
@@ -891,27 +953,53 @@ impl Endpoint {
         Ok(())
     }
 
-    /// Refuses a handshake whose keys do not match: a REFUSE to the client (which proved its
-    /// address with the cookie, and the REFUSE is far smaller than the INITIAL), within the
-    /// RESET budget, and a report for the application to log, rate-limited. No state is kept.
+    /// Refuses a handshake whose keys do not match ([`Self::refuse`]).
+    fn refuse_key(
+        &mut self,
+        now: Instant,
+        local: SocketAddr,
+        remote: SocketAddr,
+        scid: u64,
+        mismatch: KeyMismatch,
+    ) -> Result<(), DropReason> {
+        self.refuse(now, local, remote, scid, RefusalReason::Key(mismatch))
+    }
+
+    /// Refuses a handshake: a REFUSE to the client (which proved its address with the cookie,
+    /// and the REFUSE is far smaller than the INITIAL), within the RESET budget, and a report
+    /// for the application to log, rate-limited. No state is kept.
     fn refuse(
         &mut self,
         now: Instant,
         local: SocketAddr,
         remote: SocketAddr,
         scid: u64,
-        reason: KeyMismatch,
+        reason: RefusalReason,
     ) -> Result<(), DropReason> {
-        let code = match reason {
-            KeyMismatch::WrongKey => refuse_reason::WRONG_KEY,
+        let (code, detail, dropped) = match &reason {
+            RefusalReason::Key(KeyMismatch::WrongKey) => {
+                (refuse_reason::WRONG_KEY, &[][..], DropReason::KeyMismatch)
+            }
             // seen from the client: the server requires a key, or has none
-            KeyMismatch::NoKey => refuse_reason::KEY_REQUIRED,
-            KeyMismatch::KeyRequired => refuse_reason::NO_KEY,
+            RefusalReason::Key(KeyMismatch::NoKey) => (
+                refuse_reason::KEY_REQUIRED,
+                &[][..],
+                DropReason::KeyMismatch,
+            ),
+            RefusalReason::Key(KeyMismatch::KeyRequired) => {
+                (refuse_reason::NO_KEY, &[][..], DropReason::KeyMismatch)
+            }
+            RefusalReason::WrongApplication { ours, .. } => (
+                refuse_reason::WRONG_APPLICATION,
+                ours.as_bytes(),
+                DropReason::WrongApplication,
+            ),
         };
         if self.reset_budget.take(now) {
             let refuse = Header::Refuse {
                 dcid: scid,
                 reason: code,
+                detail,
             };
             self.queue_stateless(local, remote, &refuse);
         }
@@ -919,12 +1007,13 @@ impl Endpoint {
         if self.refusals.len() < MAX_REFUSAL_REPORTS && self.refusal_budget.take(now) {
             self.refusals.push_back(RefusedHandshake { remote, reason });
         }
-        Err(DropReason::KeyMismatch)
+        Err(dropped)
     }
 
-    /// The next handshake refused because the keys differ, for the application to log: at
-    /// most one per second on average (bursts of 5); the others are counted in
-    /// [`dropped`](Self::dropped) as [`DropReason::KeyMismatch`].
+    /// The next handshake refused (the keys differ, or the client speaks another
+    /// application), for the application to log: at most one per second on average (bursts
+    /// of 5); the others are counted in [`dropped`](Self::dropped) as
+    /// [`DropReason::KeyMismatch`] or [`DropReason::WrongApplication`].
     pub fn poll_refused_handshake(&mut self) -> Option<RefusedHandshake> {
         self.refusals.pop_front()
     }

@@ -45,9 +45,26 @@ pub enum ConnectionError {
     /// The application aborted the connection locally.
     #[error("the connection was aborted locally")]
     LocallyAborted,
-    /// The handshake could not complete within the deadline or was refused.
-    #[error("the peer did not accept the connection")]
+    /// Nothing listens at the peer's address: its host answered the handshake with "port
+    /// unreachable" (the peer's process is not running, or runs on another port).
+    #[error("connection refused: nothing listens at the peer's address")]
     Refused,
+    /// The peer did not answer the handshake within the handshake timeout (a host or network
+    /// that is down, a firewall that drops the packets, or no host at that address).
+    #[error("no answer to the handshake within {0:?}")]
+    TimedOut(std::time::Duration),
+    /// Something listens at the peer's address but takes no connections: a ri2n endpoint that
+    /// is not a server.
+    #[error("the peer takes no connections (its endpoint is not a server)")]
+    NotAccepting,
+    /// The server serves another application than the one this side speaks.
+    #[error("the peer serves {theirs:?}, not {ours:?}")]
+    WrongApplication {
+        /// The application this side asked for.
+        ours: String,
+        /// The application the server serves.
+        theirs: String,
+    },
     /// The server refused the connection: it holds as many connections as it allows, in all
     /// or from this client's address.
     #[error("the server refused the connection: it has reached its connection limit")]
@@ -81,6 +98,13 @@ pub enum WriteError {
     /// The connection is not established yet.
     #[error("the connection is not established yet")]
     NotConnected,
+    /// The peer said in the handshake that it takes no messages (it reads only the byte
+    /// stream): a message would never be read.
+    #[error("the peer takes no messages (it reads only the byte stream)")]
+    MessagesRefused,
+    /// The peer said in the handshake that it takes no datagrams.
+    #[error("the peer takes no datagrams")]
+    DatagramsRefused,
     /// The connection has ended.
     #[error("connection lost: {0}")]
     ConnectionLost(ConnectionError),

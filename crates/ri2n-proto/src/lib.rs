@@ -36,7 +36,8 @@ pub use connection::{Connection, ConnectionState, ConnectionStats};
 pub use crypto::{Cipher, Key, KeyError};
 pub use datagrams::datagram_capacity;
 pub use endpoint::{
-    ConnectionHandle, DropCounts, DropReason, Endpoint, RefusedHandshake, Transmit, TransmitBuffer,
+    ConnectionHandle, DropCounts, DropReason, Endpoint, RefusalReason, RefusedHandshake, Transmit,
+    TransmitBuffer,
 };
 pub use error::{ConnectError, ConnectionError, KeyMismatch, ReadError, WriteError};
 pub use link::{LinkState, LinkStats};

@@ -17,8 +17,9 @@ use thiserror::Error;
 /// Protocol version carried in the first byte of every packet (version 1 ended each packet
 /// with a CRC-32C; version 2 relied on the UDP checksum; version 3 added the keyed handshake,
 /// sealed short packets and authenticated RESETs; version 4 binds the handshake to the retry
-/// cookie and each RESET token to its addresses, docs/PROTOCOL.md §11).
-pub const VERSION: u8 = 4;
+/// cookie and each RESET token to its addresses, docs/PROTOCOL.md §11; version 5 names the
+/// application in the handshake and says what each side accepts, §4.1).
+pub const VERSION: u8 = 5;
 /// Smallest datagram that may carry an INITIAL packet (padding makes it up): it keeps the
 /// server's answers to an unproven address below three times what that address sent.
 pub const MIN_INITIAL_SIZE: usize = 1200;
@@ -239,7 +240,24 @@ pub mod refuse_reason {
     pub const KEY_REQUIRED: u8 = 2;
     /// The client offered a keyed handshake and the server holds no key.
     pub const NO_KEY: u8 = 3;
+    /// The endpoint takes no incoming connections (it is not a server).
+    pub const NOT_ACCEPTING: u8 = 4;
+    /// The server serves another application; the REFUSE's detail names it.
+    pub const WRONG_APPLICATION: u8 = 5;
 }
+
+/// What a side of a connection takes from its peer besides the byte stream (the `accepts`
+/// bits of the handshake parameters): a sender asked to send what its peer does not take
+/// fails at once instead of sending what nobody reads.
+pub mod accepts {
+    /// Messages (the message stream).
+    pub const MESSAGES: u8 = 1;
+    /// Unreliable datagrams.
+    pub const DATAGRAMS: u8 = 2;
+}
+
+/// Longest application name of the handshake parameters, in bytes.
+pub const MAX_APPLICATION_LEN: usize = 64;
 
 /// A decoded packet header. Short packets are followed by frames ([`Frames`]), sealed when the
 /// connection has a key.
@@ -290,12 +308,15 @@ pub enum Header<'a> {
         /// Proof that the sender holds the cluster key (keyed endpoints only).
         token: Option<&'a [u8]>,
     },
-    /// The server refuses a handshake it cannot authenticate.
+    /// The server refuses a handshake.
     Refuse {
         /// The client's connection ID.
         dcid: u64,
         /// Why ([`refuse_reason`]).
         reason: u8,
+        /// For [`refuse_reason::WRONG_APPLICATION`], the application the server serves;
+        /// empty otherwise.
+        detail: &'a [u8],
     },
 }
 
@@ -308,16 +329,24 @@ pub struct ClientParams {
     pub window: u64,
     /// The AEAD the client prefers (keyed handshakes; code of [`crate::Cipher`]).
     pub cipher: u8,
+    /// What the client takes besides the byte stream ([`accepts`] bits).
+    pub accepts: u8,
+    /// The application the client speaks (at most [`MAX_APPLICATION_LEN`] bytes; empty: any).
+    pub application: Vec<u8>,
 }
 
 impl ClientParams {
-    /// Encodes the parameters.
+    /// Encodes the parameters (an application name cut to [`MAX_APPLICATION_LEN`] bytes).
     pub fn encode(&self) -> Vec<u8> {
-        let mut buf = vec![0u8; 8 + 8 + 1];
+        let application = &self.application[..self.application.len().min(MAX_APPLICATION_LEN)];
+        let mut buf = vec![0u8; 8 + 8 + 1 + 1 + 1 + application.len()];
         let mut w = Writer::new(&mut buf);
         w.u64(self.instance);
         w.varint(self.window);
         w.u8(self.cipher);
+        w.u8(self.accepts);
+        w.u8(application.len() as u8);
+        w.bytes(application);
         let len = w.finish();
         buf.truncate(len);
         buf
@@ -326,10 +355,20 @@ impl ClientParams {
     /// Decodes parameters that fill `b` exactly.
     pub fn decode(b: &[u8]) -> Result<Self, DecodeError> {
         let mut r = Reader::new(b);
+        let instance = r.u64()?;
+        let window = r.varint()?;
+        let cipher = r.u8()?;
+        let accepts = r.u8()?;
+        let len = r.u8()? as usize;
+        if len > MAX_APPLICATION_LEN {
+            return Err(DecodeError::Malformed("application name too long"));
+        }
         let p = ClientParams {
-            instance: r.u64()?,
-            window: r.varint()?,
-            cipher: r.u8()?,
+            instance,
+            window,
+            cipher,
+            accepts,
+            application: r.bytes(len)?.to_vec(),
         };
         end_of(r, p)
     }
@@ -346,6 +385,8 @@ pub struct ServerParams {
     pub window: u64,
     /// The AEAD of the connection (keyed handshakes; code of [`crate::Cipher`]).
     pub cipher: u8,
+    /// What the server takes besides the byte stream ([`accepts`] bits).
+    pub accepts: u8,
     /// The server's addresses, for link discovery (at most [`crate::MAX_LINKS`]).
     pub addrs: Vec<SocketAddr>,
 }
@@ -353,12 +394,13 @@ pub struct ServerParams {
 impl ServerParams {
     /// Encodes the parameters (at most [`crate::MAX_LINKS`] addresses).
     pub fn encode(&self) -> Vec<u8> {
-        let mut buf = vec![0u8; 8 + 8 + 8 + 1 + 1 + crate::MAX_LINKS * 19];
+        let mut buf = vec![0u8; 8 + 8 + 8 + 1 + 1 + 1 + crate::MAX_LINKS * 19];
         let mut w = Writer::new(&mut buf);
         w.u64(self.scid);
         w.u64(self.instance);
         w.varint(self.window);
         w.u8(self.cipher);
+        w.u8(self.accepts);
         let addrs = &self.addrs[..self.addrs.len().min(crate::MAX_LINKS)];
         w.u8(addrs.len() as u8);
         for a in addrs {
@@ -376,6 +418,7 @@ impl ServerParams {
         let instance = r.u64()?;
         let window = r.varint()?;
         let cipher = r.u8()?;
+        let accepts = r.u8()?;
         let count = r.u8()? as usize;
         if count > crate::MAX_LINKS {
             return Err(DecodeError::Malformed("too many addresses"));
@@ -389,6 +432,7 @@ impl ServerParams {
             instance,
             window,
             cipher,
+            accepts,
             addrs,
         };
         end_of(r, p)
@@ -463,10 +507,19 @@ pub fn decode_packet(datagram: &[u8]) -> Result<(Header<'_>, &[u8]), DecodeError
             };
             Header::Reset { dcid, token }
         }
-        packet_type::REFUSE => Header::Refuse {
-            dcid: r.u64()?,
-            reason: r.u8()?,
-        },
+        packet_type::REFUSE => {
+            let dcid = r.u64()?;
+            let reason = r.u8()?;
+            let len = r.u8()? as usize;
+            if len > MAX_APPLICATION_LEN {
+                return Err(DecodeError::Malformed("refusal detail too long"));
+            }
+            Header::Refuse {
+                dcid,
+                reason,
+                detail: r.bytes(len)?,
+            }
+        }
         _ => return Err(DecodeError::Malformed("unknown packet type")),
     };
     if !matches!(header, Header::Short { .. }) && r.remaining() != 0 {
@@ -572,7 +625,7 @@ pub fn control_packet_len(header: &Header<'_>) -> usize {
         Header::Retry { token, .. } => 8 + with_len(token.len()),
         Header::Accept { hello, .. } => 8 + 1 + with_len(hello.len()),
         Header::Reset { token, .. } => 8 + token.map_or(0, <[u8]>::len),
-        Header::Refuse { .. } => 8 + 1,
+        Header::Refuse { detail, .. } => 8 + 1 + 1 + detail.len().min(MAX_APPLICATION_LEN),
     }
 }
 
@@ -629,10 +682,17 @@ pub fn encode_control_packet(header: &Header<'_>, buf: &mut [u8]) -> usize {
                 w.bytes(token);
             }
         }
-        Header::Refuse { dcid, reason } => {
+        Header::Refuse {
+            dcid,
+            reason,
+            detail,
+        } => {
+            let detail = &detail[..detail.len().min(MAX_APPLICATION_LEN)];
             w.u8(packet_type::REFUSE);
             w.u64(*dcid);
             w.u8(*reason);
+            w.u8(detail.len() as u8);
+            w.bytes(detail);
         }
     }
     w.finish()

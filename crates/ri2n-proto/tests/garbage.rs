@@ -318,6 +318,8 @@ impl Junk {
                     instance: rng.gen(),
                     window: 1 << 20,
                     cipher: 2,
+                    accepts: rng.gen(),
+                    application: b"ri2n file transfer".to_vec(),
                 }
                 .encode();
                 let server = ServerParams {
@@ -325,6 +327,7 @@ impl Junk {
                     instance: rng.gen(),
                     window: 1 << 20,
                     cipher: 2,
+                    accepts: rng.gen(),
                     addrs: vec![local, remote],
                 }
                 .encode();

@@ -87,7 +87,7 @@ fn refused(
         .server
         .poll_refused_handshake()
         .expect("a report to log");
-    assert_eq!(report.reason, server_sees);
+    assert_eq!(report.reason, ri2n_proto::RefusalReason::Key(server_sees));
     assert_eq!(report.remote, sim.client_addrs[0]);
     assert_eq!(
         sim.server.poll_refused_handshake(),
@@ -427,6 +427,8 @@ fn a_forged_initial_does_not_end_a_keyed_connection() {
             instance: 0xBAD,
             window: 1 << 20,
             cipher: 2,
+            accepts: 3,
+            application: Vec::new(),
         }
         .encode();
         let mode = if key.is_some() {

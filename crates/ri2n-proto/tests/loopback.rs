@@ -736,7 +736,10 @@ fn the_handshake_timeout_is_configurable() {
     );
     assert_eq!(
         unanswered_handshake(Duration::from_secs(30), Duration::from_secs(31)),
-        (false, Some(ConnectionError::Refused))
+        (
+            false,
+            Some(ConnectionError::TimedOut(Duration::from_secs(30)))
+        )
     );
     assert_eq!(
         unanswered_handshake(Duration::MAX, Duration::from_secs(100)),

@@ -72,6 +72,7 @@ enum Control {
     Refuse {
         dcid: u64,
         reason: u8,
+        detail: Vec<u8>,
     },
 }
 
@@ -99,9 +100,14 @@ impl Control {
                 dcid: *dcid,
                 token: token.as_ref().map(|t| &t[..]),
             },
-            Control::Refuse { dcid, reason } => Header::Refuse {
+            Control::Refuse {
+                dcid,
+                reason,
+                detail,
+            } => Header::Refuse {
                 dcid: *dcid,
                 reason: *reason,
+                detail,
             },
         }
     }
@@ -132,18 +138,36 @@ fn control() -> impl Strategy<Value = Control> {
         }),
         (any::<u64>(), any::<Option<[u8; 16]>>())
             .prop_map(|(dcid, token)| Control::Reset { dcid, token }),
-        (any::<u64>(), any::<u8>()).prop_map(|(dcid, reason)| Control::Refuse { dcid, reason }),
+        (
+            any::<u64>(),
+            any::<u8>(),
+            prop::collection::vec(any::<u8>(), 0..=wire::MAX_APPLICATION_LEN)
+        )
+            .prop_map(|(dcid, reason, detail)| Control::Refuse {
+                dcid,
+                reason,
+                detail
+            }),
     ]
 }
 
 fn client_params() -> impl Strategy<Value = ClientParams> {
-    (any::<u64>(), varint_value(), any::<u8>()).prop_map(|(instance, window, cipher)| {
-        ClientParams {
-            instance,
-            window,
-            cipher,
-        }
-    })
+    (
+        any::<u64>(),
+        varint_value(),
+        any::<u8>(),
+        any::<u8>(),
+        prop::collection::vec(any::<u8>(), 0..=wire::MAX_APPLICATION_LEN),
+    )
+        .prop_map(
+            |(instance, window, cipher, accepts, application)| ClientParams {
+                instance,
+                window,
+                cipher,
+                accepts,
+                application,
+            },
+        )
 }
 
 fn server_params() -> impl Strategy<Value = ServerParams> {
@@ -152,15 +176,19 @@ fn server_params() -> impl Strategy<Value = ServerParams> {
         any::<u64>(),
         varint_value(),
         any::<u8>(),
+        any::<u8>(),
         prop::collection::vec(socket_addr(), 0..=ri2n_proto::MAX_LINKS),
     )
-        .prop_map(|(scid, instance, window, cipher, addrs)| ServerParams {
-            scid,
-            instance,
-            window,
-            cipher,
-            addrs,
-        })
+        .prop_map(
+            |(scid, instance, window, cipher, accepts, addrs)| ServerParams {
+                scid,
+                instance,
+                window,
+                cipher,
+                accepts,
+                addrs,
+            },
+        )
 }
 
 /// How one frame is to be written into a short packet.
@@ -976,6 +1004,7 @@ fn accept_addresses_are_capped() {
         instance: 3,
         window: 4,
         cipher: 1,
+        accepts: 3,
         addrs: addrs.clone(),
     };
     let got = ServerParams::decode(&p.encode()).unwrap();
@@ -1023,4 +1052,50 @@ fn datagram_part_frames_as_bytes() {
     for bad in [[0x13, 1, 0], [0x17, 1, 0], [0x07, 1, 0]] {
         assert!(Frames::new(&bad).any(|f| f.is_err()), "{bad:?}");
     }
+}
+
+/// Version 5's handshake parameters and REFUSE as bytes (docs/PROTOCOL.md §4.1, §4.2): the
+/// `accepts` bits after the cipher, the application name with a one-byte length, the refusal
+/// detail likewise.
+#[test]
+fn application_and_accepts_bytes() {
+    let p = ClientParams {
+        instance: 0x0102_0304_0506_0708,
+        window: 1 << 20,
+        cipher: 2,
+        accepts: 1,
+        application: b"ri2n bench".to_vec(),
+    };
+    let mut want = vec![1, 2, 3, 4, 5, 6, 7, 8, 0x80, 0x10, 0x00, 0x00, 2, 1, 10];
+    want.extend_from_slice(b"ri2n bench");
+    assert_eq!(p.encode(), want);
+    assert_eq!(ClientParams::decode(&want).unwrap(), p);
+    let mut long = want[..14].to_vec();
+    long.push(65);
+    long.extend_from_slice(&[b'x'; 65]);
+    assert!(ClientParams::decode(&long).is_err(), "a name over 64 bytes");
+
+    let refuse = Header::Refuse {
+        dcid: 9,
+        reason: wire::refuse_reason::WRONG_APPLICATION,
+        detail: b"ri2n bench",
+    };
+    let bytes = wire::control_packet(&refuse);
+    let mut want = vec![
+        wire::VERSION,
+        wire::packet_type::REFUSE,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        9,
+        5,
+        10,
+    ];
+    want.extend_from_slice(b"ri2n bench");
+    assert_eq!(bytes, want);
+    assert_eq!(wire::decode_packet(&bytes).unwrap().0, refuse);
 }

@@ -43,11 +43,17 @@ pub struct TimedEvent {
 fn lost(e: ConnectionError) -> io::Error {
     let kind = match e {
         ConnectionError::PeerRestarted => io::ErrorKind::ConnectionReset,
-        ConnectionError::AllLinksDown | ConnectionError::IdleTimeout => io::ErrorKind::TimedOut,
+        ConnectionError::AllLinksDown
+        | ConnectionError::IdleTimeout
+        | ConnectionError::TimedOut(_) => io::ErrorKind::TimedOut,
         ConnectionError::PeerAborted { .. } | ConnectionError::LocallyAborted => {
             io::ErrorKind::ConnectionAborted
         }
-        ConnectionError::Refused | ConnectionError::ServerFull => io::ErrorKind::ConnectionRefused,
+        ConnectionError::Refused
+        | ConnectionError::ServerFull
+        | ConnectionError::NotAccepting
+        | ConnectionError::WrongApplication { .. }
+        | ConnectionError::KeyMismatch(_) => io::ErrorKind::ConnectionRefused,
         _ => io::ErrorKind::Other,
     };
     io::Error::new(kind, e)
@@ -498,6 +504,9 @@ fn write_error(e: WriteError) -> io::Error {
     match e {
         WriteError::ConnectionLost(e) => lost(e),
         WriteError::Finished => io::Error::new(io::ErrorKind::BrokenPipe, e),
+        WriteError::MessagesRefused | WriteError::DatagramsRefused => {
+            io::Error::new(io::ErrorKind::Unsupported, e)
+        }
         other => io::Error::new(io::ErrorKind::InvalidInput, other),
     }
 }

@@ -46,7 +46,8 @@ pub use impair::Impairment;
 pub use ri2n_proto::{
     datagram_capacity, Cipher, ConnectError, ConnectionConfig, ConnectionError, ConnectionState,
     ConnectionStats, DropCounts, DropReason, EndpointConfig, Event, Key, KeyError, KeyMismatch,
-    LinkId, LinkState, LinkStats, RefusedHandshake, Striping, MAX_DATAGRAM_LEN, MAX_LINKS,
+    LinkId, LinkState, LinkStats, RefusalReason, RefusedHandshake, Striping, MAX_DATAGRAM_LEN,
+    MAX_LINKS,
 };
 
 use driver::Driver;
@@ -247,7 +248,11 @@ impl Endpoint {
     }
 
     /// Connects to a peer given one or more of its addresses, waiting until the handshake
-    /// completes (or fails: [`ConnectionError::Refused`] after 10 s without an answer).
+    /// completes or fails: [`ConnectionError::TimedOut`] without an answer within the
+    /// configuration's `handshake_timeout` (10 s by default), [`ConnectionError::Refused`]
+    /// when nothing listens there, [`ConnectionError::NotAccepting`] from an endpoint that is
+    /// not a server, [`ConnectionError::WrongApplication`], [`ConnectionError::KeyMismatch`],
+    /// [`ConnectionError::ServerFull`].
     pub fn connect(
         &self,
         remotes: &[SocketAddr],

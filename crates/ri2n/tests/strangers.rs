@@ -109,7 +109,7 @@ fn a_replayed_initial_never_reaches_accept() {
         "the replay was answered with {:02x}, not refused",
         buf[1]
     );
-    assert_eq!(n, 11);
+    assert_eq!(n, 12, "a REFUSE without detail");
     let waited = Instant::now();
     let replayed = server
         .accept_timeout(Some(Duration::from_millis(300)))

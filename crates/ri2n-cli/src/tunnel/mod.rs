@@ -50,7 +50,8 @@ const RECEIVE_BUFFER: usize = 4 << 20;
 /// Every connection of the tunnel: no deadline on an outage (a host away for minutes is
 /// taken back when it returns, and packets wait for a link meanwhile).
 fn connection_config() -> ConnectionConfig {
-    ConnectionConfig::default()
+    crate::net::Application::Tunnel
+        .configure(ConnectionConfig::default())
         .with_handshake_timeout(CONNECT_TIMEOUT)
         .with_datagram_receive_buffer(RECEIVE_BUFFER)
 }

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use ri2n_proto::wire::{packet_type, VERSION};
 use sha2::{Digest, Sha256};
 
 /// The port `ri2n recv` listens on, on every address.
@@ -1188,9 +1189,6 @@ pub struct FloodStats {
     pub secs: f64,
 }
 
-/// The protocol version byte (docs/PROTOCOL.md §2.1), so the flood's packets pass the first check.
-const VERSION: u8 = 3;
-
 /// One garbage datagram: random bytes, or a well-formed-looking packet of each type (the
 /// current version, random CIDs, tokens and frames), or a bit-flipped or exact replay of an
 /// earlier one.
@@ -1209,7 +1207,7 @@ fn garbage(rng: &mut ChaCha8Rng, history: &mut Vec<Vec<u8>>) -> Vec<u8> {
         }
         // SHORT with a random DCID, link, packet number and frame bytes
         1 | 2 => {
-            let mut d = vec![VERSION, 1];
+            let mut d = vec![VERSION, packet_type::SHORT];
             d.extend(random(rng, 8));
             d.push(rng.gen_range(0..4));
             d.push(rng.gen_range(0..64)); // 1-byte varint packet number
@@ -1219,7 +1217,7 @@ fn garbage(rng: &mut ChaCha8Rng, history: &mut Vec<Vec<u8>>) -> Vec<u8> {
         }
         // INITIAL (1200 bytes), with a random token half of the time
         3 => {
-            let mut d = vec![VERSION, 0x10];
+            let mut d = vec![VERSION, packet_type::INITIAL];
             d.extend(random(rng, 8)); // SCID
             if rng.gen() {
                 d.push(16);
@@ -1236,12 +1234,15 @@ fn garbage(rng: &mut ChaCha8Rng, history: &mut Vec<Vec<u8>>) -> Vec<u8> {
         }
         // RESET, RETRY, ACCEPT with random contents
         4 => {
-            let mut d = vec![VERSION, 0x13];
+            let mut d = vec![VERSION, packet_type::RESET];
             d.extend(random(rng, 8));
             d
         }
         5 => {
-            let mut d = vec![VERSION, rng.gen_range(0x11..=0x12)];
+            let mut d = vec![
+                VERSION,
+                rng.gen_range(packet_type::RETRY..=packet_type::ACCEPT),
+            ];
             let n = rng.gen_range(8..=180);
             d.extend(random(rng, n));
             d

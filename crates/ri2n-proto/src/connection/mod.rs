@@ -25,8 +25,8 @@ use crate::link::{AckOutcome, Arrival, Link, SentFrame};
 use crate::streams::{RecvStream, SendStream};
 use crate::wire::{self, Frame, Frames, Writer};
 use crate::{
-    ConnectionConfig, ConnectionError, DropReason, Event, KeyMismatch, LinkId, LinkState,
-    LinkStats, ReadError, WriteError,
+    ConnectionConfig, ConnectionError, DropReason, Event, LinkId, LinkState, LinkStats, ReadError,
+    WriteError,
 };
 
 /// Where a connection is in its life.
@@ -202,6 +202,9 @@ pub struct Connection {
     pub(crate) peer_instance: u64,
     /// The receive window the peer announced in the handshake.
     peer_window: u64,
+    /// What the peer takes besides the byte stream ([`wire::accepts`] bits; all until a
+    /// client hears the server's parameters).
+    peer_accepts: u8,
     handshake: Handshake,
     /// The keys sealing and opening short packets (connections of keyed endpoints).
     protection: Option<PacketProtection>,
@@ -276,6 +279,8 @@ impl Connection {
             instance: local_instance,
             window: cfg.stream_receive_window,
             cipher: Cipher::preferred().code(),
+            accepts: cfg.accepts(),
+            application: cfg.application.clone().unwrap_or_default().into_bytes(),
         }
         .encode();
         let mode = match key {
@@ -334,6 +339,7 @@ impl Connection {
             client.window,
         );
         c.protection = protection;
+        c.peer_accepts = client.accepts;
         c.state = ConnectionState::Established;
         c
     }
@@ -359,6 +365,7 @@ impl Connection {
             peer_cid,
             peer_instance,
             peer_window,
+            peer_accepts: wire::accepts::MESSAGES | wire::accepts::DATAGRAMS,
             handshake,
             protection: None,
             local_mtus,
@@ -487,6 +494,9 @@ impl Connection {
     /// independently of the byte stream.
     pub fn send_message(&mut self, msg: &[u8]) -> Result<(), WriteError> {
         self.write_check()?;
+        if self.peer_accepts & wire::accepts::MESSAGES == 0 {
+            return Err(WriteError::MessagesRefused);
+        }
         let limit = self.max_message_size();
         if msg.len() > limit {
             return Err(WriteError::MessageTooLarge {
@@ -511,9 +521,10 @@ impl Connection {
     }
 
     /// Largest datagram [`send_datagram`](Self::send_datagram) accepts:
-    /// [`wire::MAX_DATAGRAM_LEN`] (64 KiB and 1 KiB). One larger than
-    /// [`unsplit_datagram_size`](Self::unsplit_datagram_size) goes in pieces that fill the
-    /// packets, and the peer receives it whole or not at all: losing any piece loses it.
+    /// [`wire::MAX_DATAGRAM_LEN`] (the largest IP packet and 1 KiB for an application
+    /// header). One larger than [`unsplit_datagram_size`](Self::unsplit_datagram_size) goes in
+    /// pieces that fill the packets, and the peer receives it whole or not at all: losing any
+    /// piece loses it.
     pub fn max_datagram_size(&self) -> usize {
         wire::MAX_DATAGRAM_LEN
     }
@@ -571,6 +582,9 @@ impl Connection {
         }
         if self.state == ConnectionState::Closed {
             return Err(WriteError::Finished);
+        }
+        if self.peer_accepts & wire::accepts::DATAGRAMS == 0 {
+            return Err(WriteError::DatagramsRefused);
         }
         let limit = self.max_datagram_size();
         if size > limit {
@@ -1037,9 +1051,11 @@ impl Connection {
             scid,
             instance,
             window,
+            accepts,
             addrs,
             ..
         } = params;
+        self.peer_accepts = accepts;
         self.protection = protection;
         let remotes = std::mem::take(remotes);
         let rtt_sample = first_sent.map(|t| now - t);
@@ -1213,7 +1229,7 @@ impl Connection {
         match self.state {
             ConnectionState::Connecting => {
                 if self.links[i].port_unreachable >= REFUSALS_TO_GIVE_UP {
-                    self.set_closed(Some(ConnectionError::PeerGone));
+                    self.set_closed(Some(ConnectionError::Refused));
                 }
             }
             ConnectionState::Established | ConnectionState::Draining => {
@@ -1266,13 +1282,23 @@ impl Connection {
         self.state == ConnectionState::Connecting && cid != 0 && self.local_cid == cid
     }
 
-    /// The server refused this client's connection: `None` for its connection limit, else
-    /// because the two sides' keys differ.
-    pub(crate) fn refused_by_server(&mut self, keys: Option<KeyMismatch>) {
+    /// The server refused this client's connection (its connection limit:
+    /// [`ConnectionError::ServerFull`]).
+    pub(crate) fn refused_by_server(&mut self, e: ConnectionError) {
         if self.state == ConnectionState::Connecting {
-            let e = keys.map_or(ConnectionError::ServerFull, ConnectionError::KeyMismatch);
             self.set_closed(Some(e));
         }
+    }
+
+    /// The application this side speaks, as its handshake names it.
+    pub(crate) fn application(&self) -> Option<&str> {
+        self.cfg.application.as_deref()
+    }
+
+    /// A client's handshake went unanswered (a server's: never confirmed) for the handshake
+    /// timeout.
+    pub(super) fn handshake_timed_out(&mut self) {
+        self.set_closed(Some(ConnectionError::TimedOut(self.cfg.handshake_timeout)));
     }
 
     /// Whether a RESET is authentic for this connection: with a key, it must carry the token
@@ -1382,6 +1408,25 @@ impl Connection {
         }
         // before the packet counts as received (and is acknowledged): stream data that would
         // spread the reassembly bookkeeping past its bound waits for the sender's next try
+        // what this side said in the handshake it does not take would never be read: the
+        // connection ends rather than drop it without a word
+        let refused = frames.iter().find_map(|f| match *f {
+            Frame::Stream { stream, data, .. }
+                if stream as usize == MESSAGE_STREAM
+                    && !data.is_empty()
+                    && !self.cfg.accept_messages =>
+            {
+                Some("a message to a side that takes no messages")
+            }
+            Frame::Datagram { .. } if !self.cfg.accept_datagrams => {
+                Some("a datagram to a side that takes no datagrams")
+            }
+            _ => None,
+        });
+        if let Some(what) = refused {
+            self.fail(ConnectionError::ProtocolViolation(what));
+            return Ok(());
+        }
         let fragmenting = frames.iter().any(|f| match *f {
             Frame::Stream {
                 stream,
@@ -1406,6 +1451,12 @@ impl Connection {
             self.handshake = Handshake::Done;
             self.confirmed_now = true;
             self.event(Event::Connected);
+            // as on the client: the first link is reported up, so both sides' logs name it
+            self.event(Event::LinkStateChanged {
+                link: LinkId(0),
+                from: LinkState::Validating,
+                to: LinkState::Up,
+            });
         }
         self.last_rx = now;
         self.refused_at = None;

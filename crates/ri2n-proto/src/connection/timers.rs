@@ -180,7 +180,7 @@ impl Connection {
             | Timer::HandshakeRetry
             | Timer::Link(_, LinkTimer::Probe | LinkTimer::Ack) => {}
             Timer::Link(i, LinkTimer::Keepalive) => self.pings_owed |= 1 << i,
-            Timer::HandshakeTimeout => self.set_closed(Some(ConnectionError::Refused)),
+            Timer::HandshakeTimeout => self.handshake_timed_out(),
             Timer::AllLinksDown => self.fail(ConnectionError::AllLinksDown),
             Timer::Idle => self.fail(ConnectionError::IdleTimeout),
             Timer::Draining => {

@@ -1,0 +1,264 @@
+//! What the `ri2n` command's tests share: child processes under deadlines, free loopback
+//! ports, temporary files and transfers through `ri2n recv` and `ri2n send`.
+
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::net::UdpSocket;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+pub const GIB: u64 = 1 << 30;
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_ri2n")
+}
+
+/// Serialises the tests that move a lot of data or time failovers.
+pub fn heavy() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A UDP port free on both 127.0.0.1 and 127.0.0.2 right now (never the same one twice in
+/// this process).
+pub fn free_port() -> u16 {
+    static TAKEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    for _ in 0..100 {
+        let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = a.local_addr().unwrap().port();
+        if UdpSocket::bind(("127.0.0.2", port)).is_ok() {
+            let mut taken = TAKEN.lock().unwrap();
+            if !taken.contains(&port) {
+                taken.push(port);
+                return port;
+            }
+        }
+    }
+    panic!("no free port on 127.0.0.1 and 127.0.0.2");
+}
+
+/// A child process, killed when dropped unless it was waited for.
+pub struct Proc {
+    pub name: &'static str,
+    pub child: Option<Child>,
+}
+
+impl Proc {
+    pub fn spawn(name: &'static str, cmd: &mut Command) -> Self {
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        Self {
+            name,
+            child: Some(child),
+        }
+    }
+
+    /// Waits for the exit and the output, at most `limit`; kills the process and panics after.
+    pub fn wait(mut self, limit: Duration) -> (ExitStatus, Output) {
+        let mut child = self.child.take().unwrap();
+        // read the pipes in the background so a chatty child never blocks on them
+        let mut out = child.stdout.take();
+        let mut err = child.stderr.take();
+        let out_t = thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(o) = out.as_mut() {
+                let _ = o.read_to_end(&mut v);
+            }
+            v
+        });
+        let err_t = thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(e) = err.as_mut() {
+                let _ = e.read_to_end(&mut v);
+            }
+            v
+        });
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                let stderr = err_t.join().unwrap();
+                panic!(
+                    "{} did not finish within {limit:?}; stderr:\n{}",
+                    self.name,
+                    String::from_utf8_lossy(&stderr)
+                );
+            }
+            thread::sleep(Duration::from_millis(10));
+        };
+        let output = Output {
+            status,
+            stdout: out_t.join().unwrap(),
+            stderr: err_t.join().unwrap(),
+        };
+        (status, output)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A file in the temp dir, removed when dropped.
+pub struct TempFile(pub PathBuf);
+
+impl TempFile {
+    pub fn new(tag: &str) -> Self {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        Self(std::env::temp_dir().join(format!(
+            "ri2n-cli-test-{}-{}-{nanos}-{tag}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        )))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Writes `len` pseudo-random bytes (xorshift, 1 MiB at a time) to `path`; returns their sha256.
+pub fn write_random(path: &Path, len: u64, seed: u64) -> [u8; 32] {
+    let mut f = BufWriter::new(File::create(path).unwrap());
+    let mut h = Sha256::new();
+    let mut x = seed | 1;
+    let mut block = vec![0u8; 1 << 20];
+    let mut left = len;
+    while left > 0 {
+        for w in block.chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            w.copy_from_slice(&x.to_le_bytes());
+        }
+        let n = left.min(block.len() as u64) as usize;
+        f.write_all(&block[..n]).unwrap();
+        h.update(&block[..n]);
+        left -= n as u64;
+    }
+    f.flush().unwrap();
+    h.finalize().into()
+}
+
+pub fn sha256_file(path: &Path) -> ([u8; 32], u64) {
+    let mut f = File::open(path).unwrap();
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut len = 0;
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        len += n as u64;
+    }
+    (h.finalize().into(), len)
+}
+
+pub fn stderr_of(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Runs `ri2n ARGS` (stdin empty, output captured) and waits for it, at most `limit`.
+pub fn ri2n<I, A>(args: I, limit: Duration) -> (ExitStatus, Output)
+where
+    I: IntoIterator<Item = A>,
+    A: AsRef<std::ffi::OsStr>,
+{
+    Proc::spawn(
+        "ri2n",
+        Command::new(bin())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .wait(limit)
+}
+
+/// Starts `ri2n recv` listening on both loopback addresses at `port` and writing to
+/// `output`, with `extra` options; returns it and the address a sender connects to.
+pub fn spawn_recv(port: u16, output: &Path, extra: &[&str]) -> (Proc, String) {
+    let a = format!("127.0.0.1:{port}");
+    let b = format!("127.0.0.2:{port}");
+    let recv = Proc::spawn(
+        "ri2n recv",
+        Command::new(bin())
+            .args(["recv", "--listen", &a, "--listen", &b, "--output"])
+            .arg(output)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    (recv, a)
+}
+
+/// `ri2n recv` on both loopback addresses and `ri2n send` to the first one, `len` random
+/// bytes, with `sender_args` added to the sender; checks exit codes and sha256.
+pub fn transfer(len: u64, sender_args: &[&str]) -> Duration {
+    let input = TempFile::new("in");
+    let output = TempFile::new("out");
+    let t = Instant::now();
+    let sent_hash = write_random(input.path(), len, 0x1234_5678_9ABC_DEF1 ^ len);
+    println!("generated {} MiB in {:?}", len >> 20, t.elapsed());
+    let (recv, a) = spawn_recv(free_port(), output.path(), &[]);
+    let start = Instant::now();
+    let send = Proc::spawn(
+        "ri2n send",
+        Command::new(bin())
+            .args(["send", "--to", &a, "--input"])
+            .arg(input.path())
+            .args(sender_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    let (s, so) = send.wait(Duration::from_secs(150));
+    let elapsed = start.elapsed();
+    let (r, ro) = recv.wait(Duration::from_secs(20));
+    println!("send: {}", stderr_of(&so).trim());
+    println!("recv: {}", stderr_of(&ro).trim());
+    assert!(s.success(), "send failed: {s}: {}", stderr_of(&so));
+    assert!(r.success(), "recv failed: {r}: {}", stderr_of(&ro));
+    let (got_hash, got_len) = sha256_file(output.path());
+    assert_eq!(got_len, len, "received length");
+    assert!(
+        got_hash == sent_hash,
+        "sha256 of the output differs from the input's"
+    );
+    println!(
+        "{} MiB {sender_args:?}: {elapsed:.2?}, {:.0} Mbit/s",
+        len >> 20,
+        len as f64 * 8.0 / elapsed.as_secs_f64() / 1e6
+    );
+    elapsed
+}

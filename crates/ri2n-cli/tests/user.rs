@@ -1,0 +1,316 @@
+//! What a new user meets, on loopback: the README's library example against the commands it
+//! names, commands that reach the wrong kind of peer, a link that never comes up, and the
+//! small things (a key in a directory not made yet, an output that fills the disk, JSON on
+//! failure, help that names its exit codes and checksum).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// The README's Rust code block and the example file the tests run are the same text.
+#[test]
+fn the_readme_library_example_is_the_example_file() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let blocks: Vec<&str> = readme
+        .split("```rust\n")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap())
+        .collect();
+    let example = std::fs::read_to_string(root.join("crates/ri2n/examples/readme.rs")).unwrap();
+    assert_eq!(blocks, [example.as_str()], "README.md's ```rust blocks");
+}
+
+/// The README example, built (`cargo test` builds the workspace's examples; a narrower run
+/// builds it here).
+fn readme_example() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
+    let path = profile_dir.join("examples/readme");
+    if !path.exists() {
+        let mut cargo = Command::new(env!("CARGO"));
+        cargo.args(["build", "-p", "ri2n", "--example", "readme"]);
+        if profile_dir.ends_with("release") {
+            cargo.arg("--release");
+        }
+        assert!(cargo.status().unwrap().success(), "building the example");
+    }
+    path
+}
+
+/// The example sends "hello" to `ri2n recv`, and receives a file from `ri2n send` whole.
+#[test]
+fn the_readme_library_example_runs_against_recv_and_send() {
+    let example = readme_example();
+    let output = TempFile::new("readme-out");
+    let (recv, to) = spawn_recv(free_port(), output.path(), &[]);
+    let (s, o) = Proc::spawn(
+        "readme send",
+        Command::new(&example)
+            .args(["send", &to])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .wait(Duration::from_secs(20));
+    assert!(s.success(), "example send: {s}: {}", stderr_of(&o));
+    let (r, ro) = recv.wait(Duration::from_secs(10));
+    assert!(r.success(), "recv: {r}: {}", stderr_of(&ro));
+    assert_eq!(std::fs::read(output.path()).unwrap(), b"hello");
+
+    let input = TempFile::new("readme-in");
+    write_random(input.path(), 3 << 20, 41);
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let receiver = Proc::spawn(
+        "readme recv",
+        Command::new(&example)
+            .args(["recv", &listen])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let (s, so) = ri2n(
+        [
+            "send",
+            "--to",
+            &listen,
+            "--input",
+            input.path().to_str().unwrap(),
+        ],
+        Duration::from_secs(20),
+    );
+    assert!(s.success(), "ri2n send: {s}: {}", stderr_of(&so));
+    let (r, ro) = receiver.wait(Duration::from_secs(20));
+    assert!(r.success(), "example recv: {r}: {}", stderr_of(&ro));
+    let got = std::fs::read(input.path()).unwrap();
+    assert_eq!(ro.stdout.len(), got.len(), "bytes on the example's stdout");
+    assert!(
+        ro.stdout == got,
+        "the example's stdout differs from the file sent"
+    );
+}
+
+/// `ri2n send` of 20 MiB to a `ri2n serve` port is refused in the handshake: send exits 3 at
+/// once naming what it found, and serve logs the refusal naming both commands.
+#[test]
+fn send_to_serve_is_refused_at_once_on_both_sides() {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let serve = Proc::spawn(
+        "ri2n serve",
+        Command::new(bin())
+            .args(["serve", "--listen", &listen])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let input = TempFile::new("to-serve");
+    write_random(input.path(), 20 << 20, 3);
+    let start = Instant::now();
+    let (s, o) = ri2n(
+        [
+            "send",
+            "--to",
+            &listen,
+            "--input",
+            input.path().to_str().unwrap(),
+        ],
+        Duration::from_secs(20),
+    );
+    let took = start.elapsed();
+    let err = stderr_of(&o);
+    assert_eq!(s.code(), Some(3), "exit code; stderr: {err}");
+    assert!(took < Duration::from_secs(3), "refused after {took:?}");
+    assert!(err.contains("is `ri2n serve`"), "says what it found: {err}");
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = serve.child.as_ref().unwrap().id();
+    // SAFETY: kill(2) of the child this test started and has not reaped
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let (_, so) = serve.wait(Duration::from_secs(10));
+    let log = stderr_of(&so);
+    assert!(
+        log.contains("refused a connection") && log.contains("`ri2n recv`"),
+        "serve logs the refusal: {log}"
+    );
+}
+
+/// `ri2n bench --to` a `ri2n recv` port is refused at once; recv keeps waiting for a real
+/// sender, logs the refusal, saves nothing, and leaves no `.partial` when it gives up.
+#[test]
+fn bench_to_recv_is_refused_and_recv_saves_nothing() {
+    let output = TempFile::new("bench-to-recv");
+    let (recv, to) = spawn_recv(free_port(), output.path(), &["--accept-timeout", "3"]);
+    std::thread::sleep(Duration::from_millis(300));
+    let (s, o) = ri2n(
+        ["bench", "--to", &to, "--time", "2"],
+        Duration::from_secs(20),
+    );
+    let err = stderr_of(&o);
+    assert_eq!(s.code(), Some(3), "bench exit code; stderr: {err}");
+    assert!(err.contains("is `ri2n recv`"), "says what it found: {err}");
+    let (r, ro) = recv.wait(Duration::from_secs(10));
+    let log = stderr_of(&ro);
+    assert_eq!(r.code(), Some(3), "recv gives up without a sender: {log}");
+    assert!(
+        log.contains("refused a connection") && log.contains("`ri2n serve`"),
+        "recv logs the refusal: {log}"
+    );
+    assert!(!output.path().exists(), "no output file");
+    assert!(!partial_of(output.path()).exists(), "no .partial left");
+}
+
+fn partial_of(p: &Path) -> PathBuf {
+    let mut s = p.as_os_str().to_owned();
+    s.push(".partial");
+    PathBuf::from(s)
+}
+
+/// A second `--to` where nothing listens: the file goes over the link that works, both
+/// commands exit 0, and send warns that the other link never came up (JSON: `came_up`).
+#[test]
+fn a_link_that_never_came_up_is_a_warning_not_a_failure() {
+    let input = TempFile::new("one-dead-link-in");
+    let output = TempFile::new("one-dead-link-out");
+    let sent = write_random(input.path(), 20 << 20, 7);
+    let port = free_port();
+    let a = format!("127.0.0.1:{port}");
+    let recv = Proc::spawn(
+        "ri2n recv",
+        Command::new(bin())
+            .args(["recv", "--listen", &a, "--output"])
+            .arg(output.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let dead = format!("127.0.0.2:{}", free_port());
+    let (s, o) = ri2n(
+        [
+            "send",
+            "--to",
+            &a,
+            "--to",
+            &dead,
+            "--json",
+            "--input",
+            input.path().to_str().unwrap(),
+        ],
+        Duration::from_secs(30),
+    );
+    let err = stderr_of(&o);
+    assert_eq!(s.code(), Some(0), "send exit code; stderr: {err}");
+    assert!(
+        err.contains("warning: link 1") && err.contains("never came up"),
+        "warns of the dead link: {err}"
+    );
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(json["links"][0]["came_up"], true);
+    assert_eq!(json["links"][1]["came_up"], false);
+    let (r, ro) = recv.wait(Duration::from_secs(10));
+    assert_eq!(r.code(), Some(0), "recv: {}", stderr_of(&ro));
+    assert_eq!(sha256_file(output.path()), (sent, 20 << 20));
+}
+
+/// `ri2n keygen --output DIR/cluster.key` on a host without DIR makes it, private.
+#[test]
+fn keygen_creates_a_missing_directory_privately() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempFile::new("keydir");
+    let path = dir.path().join("etc-ri2n/cluster.key");
+    let (s, o) = ri2n(
+        ["keygen", "--output", path.to_str().unwrap()],
+        Duration::from_secs(10),
+    );
+    assert!(s.success(), "keygen: {}", stderr_of(&o));
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(path.parent().unwrap()), 0o700);
+    assert_eq!(mode(&path), 0o600);
+    std::fs::remove_dir_all(dir.path()).unwrap();
+}
+
+/// A receiver whose output cannot take the data says how much it holds, and the sender's
+/// error carries that figure (not only what the receiver acknowledged).
+#[test]
+fn a_full_output_is_reported_with_what_it_holds() {
+    let input = TempFile::new("to-full");
+    write_random(input.path(), 4 << 20, 9);
+    let port = free_port();
+    let a = format!("127.0.0.1:{port}");
+    let recv = Proc::spawn(
+        "ri2n recv",
+        Command::new(bin())
+            .args(["recv", "--listen", &a, "--output", "/dev/full"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let (s, o) = ri2n(
+        [
+            "send",
+            "--to",
+            &a,
+            "--input",
+            input.path().to_str().unwrap(),
+        ],
+        Duration::from_secs(20),
+    );
+    let err = stderr_of(&o);
+    assert_eq!(s.code(), Some(4), "send exit code; stderr: {err}");
+    assert!(
+        err.contains("could not write its output (No space left")
+            && err.contains("bytes went to it before"),
+        "send says what the receiver holds: {err}"
+    );
+    let (r, ro) = recv.wait(Duration::from_secs(10));
+    let log = stderr_of(&ro);
+    assert_eq!(r.code(), Some(1), "recv: {log}");
+    assert!(log.contains("No space left"), "recv says why: {log}");
+}
+
+/// `send --json` that fails still prints one JSON document on stdout, with the error and
+/// the exit code.
+#[test]
+fn a_failed_send_with_json_prints_a_json_error() {
+    let closed = format!("127.0.0.1:{}", free_port());
+    let (s, o) = ri2n(
+        ["send", "--to", &closed, "--input", "/dev/null", "--json"],
+        Duration::from_secs(20),
+    );
+    assert_eq!(s.code(), Some(3));
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {:?}", o.stdout));
+    assert_eq!(json["command"], "send");
+    assert_eq!(json["exit_code"], 3);
+    assert!(json["error"].as_str().unwrap().contains("nothing listens"));
+}
+
+/// Each command's help lists the exit codes it can have; send and recv name the checksum.
+#[test]
+fn help_lists_each_commands_own_exit_codes_and_names_the_checksum() {
+    let help = |cmd: &str| {
+        let (s, o) = ri2n([cmd, "--help"], Duration::from_secs(10));
+        assert!(s.success());
+        String::from_utf8(o.stdout).unwrap()
+    };
+    for cmd in ["keygen", "demo"] {
+        let h = help(cmd);
+        assert!(h.contains("Exit codes:"), "{cmd} --help: {h}");
+        assert!(
+            !h.contains("--all-links-down-timeout)"),
+            "{cmd} --help: {h}"
+        );
+    }
+    assert!(help("keygen").contains("mode 0700"));
+    for cmd in ["send", "recv"] {
+        let h = help(cmd);
+        assert!(h.contains("XXH3-64"), "{cmd} --help names the checksum");
+        assert!(
+            h.contains("connection lost"),
+            "{cmd} --help lists exit code 4"
+        );
+    }
+}

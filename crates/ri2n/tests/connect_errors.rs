@@ -1,0 +1,124 @@
+//! What `Endpoint::connect` reports, on loopback, when the peer is not what the client
+//! expects: each failure says what happened (timed out, not accepting, another application;
+//! nothing listening is `endings.rs`'s) instead of one error for all; and what a side said it does not read is
+//! refused to the sender at once (docs/PROTOCOL.md §4.1).
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use ri2n::{ConnectionConfig, ConnectionError, Endpoint, EndpointConfig, Error};
+
+fn any_port() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+fn connect_error(to: SocketAddr, config: ConnectionConfig) -> (ConnectionError, Duration) {
+    let client = Endpoint::client(&[any_port()]).unwrap();
+    let start = Instant::now();
+    match client.connect(&[to], config) {
+        Err(Error::Connection(e)) => (e, start.elapsed()),
+        Err(other) => panic!("not a connection error: {other}"),
+        Ok(_) => panic!("connected to {to}"),
+    }
+}
+
+/// A socket that reads and never answers: the handshake times out after the configured
+/// timeout, and says so.
+#[test]
+fn a_silent_peer_is_a_timeout() {
+    let silent = UdpSocket::bind(any_port()).unwrap();
+    let timeout = Duration::from_millis(400);
+    let (e, took) = connect_error(
+        silent.local_addr().unwrap(),
+        ConnectionConfig::default().with_handshake_timeout(timeout),
+    );
+    assert_eq!(e, ConnectionError::TimedOut(timeout));
+    assert!(took >= timeout, "gave up after {took:?}");
+    let mut buf = [0u8; 2048];
+    silent.set_nonblocking(true).unwrap();
+    assert!(
+        silent.recv_from(&mut buf).is_ok(),
+        "the handshake reached the silent socket"
+    );
+}
+
+/// An endpoint made without `.server()` answers a handshake with a refusal: the client
+/// learns at once that it takes no connections.
+#[test]
+fn an_endpoint_that_is_not_a_server_says_so() {
+    let not_server = Endpoint::bind(EndpointConfig::new(vec![any_port()])).unwrap();
+    let (e, took) = connect_error(not_server.local_addrs()[0], ConnectionConfig::default());
+    assert_eq!(e, ConnectionError::NotAccepting);
+    assert!(took < Duration::from_secs(5), "told after {took:?}");
+}
+
+/// A server of one application refuses a client of another, naming both; a client that
+/// names none, or the same, is served.
+#[test]
+fn a_server_refuses_a_client_of_another_application() {
+    let config = EndpointConfig::new(vec![any_port()])
+        .server()
+        .with_server_connection(ConnectionConfig::default().with_application("files"));
+    let server = Endpoint::bind(config).unwrap();
+    let to = server.local_addrs()[0];
+    let (e, _) = connect_error(to, ConnectionConfig::default().with_application("bench"));
+    assert_eq!(
+        e,
+        ConnectionError::WrongApplication {
+            ours: "bench".into(),
+            theirs: "files".into()
+        }
+    );
+    let refusals = server.refused_handshakes();
+    assert_eq!(refusals.len(), 1, "the server reports it: {refusals:?}");
+    assert_eq!(
+        refusals[0].reason,
+        ri2n::RefusalReason::WrongApplication {
+            client: "bench".into(),
+            ours: "files".into()
+        }
+    );
+    let client = Endpoint::client(&[any_port()]).unwrap();
+    for config in [
+        ConnectionConfig::default(),
+        ConnectionConfig::default().with_application("files"),
+    ] {
+        let conn = client.connect(&[to], config).unwrap();
+        drop(conn);
+    }
+}
+
+/// A receiver that reads only the byte stream says so in the handshake: the sender's
+/// messages and datagrams fail at once, and the byte stream still arrives whole.
+#[test]
+fn messages_to_a_side_that_reads_none_fail_at_the_sender() {
+    let server = Endpoint::bind(
+        EndpointConfig::new(vec![any_port()])
+            .server()
+            .with_server_connection(
+                ConnectionConfig::default()
+                    .with_accept_messages(false)
+                    .with_accept_datagrams(false),
+            ),
+    )
+    .unwrap();
+    let to = server.local_addrs()[0];
+    let reader = std::thread::spawn(move || {
+        let mut conn = server.accept().unwrap();
+        let mut got = Vec::new();
+        conn.read_to_end(&mut got).unwrap();
+        got
+    });
+    let client = Endpoint::client(&[any_port()]).unwrap();
+    let mut conn = client.connect(&[to], ConnectionConfig::default()).unwrap();
+    let e = conn.send_message(b"a whole message").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    let e = conn.send_datagram(b"a datagram").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    conn.write_all(b"hello").unwrap();
+    conn.finish().unwrap();
+    conn.wait_acknowledged(Some(Duration::from_secs(10)))
+        .unwrap();
+    assert_eq!(reader.join().unwrap(), b"hello");
+}
