@@ -2,11 +2,10 @@
 //! boundaries.
 //!
 //! The kernel copies every byte ri2n moves between its buffers and files, pipes and sockets
-//! (`read`, `write`, `recvmmsg`, `sendmsg`). On the AMD EPYC hosts this project is measured on,
-//! `read` of a file in the page cache into 256 KiB buffers ran at 1.7–2.3 GB/s with the buffer
-//! 1, 4, 8, 16 or 24 bytes past a page, and at 7.9–9.6 GB/s at 0, 32, 48, 56, 64, 96, 128 or
-//! 2048 bytes. glibc hands out large blocks 16 bytes past a page (its block header), the slow
-//! case: the input reads of `ri2n send` ran at about a fifth of their speed.
+//! (`read`, `write`, `recvmmsg`, `sendmsg`), and its copies into a buffer that starts a few
+//! bytes past a page run far slower than into one on a page. glibc hands out large blocks 16
+//! bytes past a page (its block header), the slow case, which held back the input reads of
+//! `ri2n send` (docs/BENCHMARKS.md, "Misses", 2026-11-24 05:30–06:40).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 

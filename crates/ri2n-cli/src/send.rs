@@ -52,8 +52,8 @@ fn read_chunk(fd: BorrowedFd<'_>, buf: &mut Vec<u8>, sum: &mut Checksum) -> io::
 }
 
 /// Appends up to `max` bytes from `fd` to `buf`, straight into its memory: a buffer the
-/// connection handed back is empty, and filling it with zeros before each read was a pass
-/// over every byte sent (6 % of the sender's time, by `perf`).
+/// connection handed back is empty, and filling it with zeros before each read would be one
+/// more pass over every byte sent.
 fn read_into(fd: BorrowedFd<'_>, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
     buf.reserve(max);
     let len = buf.len();
@@ -115,8 +115,8 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
     };
     // The sending thread reads the input itself. A reader thread of its own (until
     // 2026-11-25) made the bytes cross to the other core before the connection copied them
-    // into datagrams: reading here, the copy finds them in this core's cache, for 0.9 times
-    // the CPU per byte and no less goodput (docs/BENCHMARKS.md, "What looked wrong", 15).
+    // into datagrams: reading here, the copy finds them in this core's cache, for less CPU
+    // per byte and no less goodput (docs/BENCHMARKS.md, "What looked wrong", item 15).
     let mut sum = Checksum::default();
     let mut buf = Vec::new();
     let mut written = 0u64;

@@ -1,45 +1,11 @@
-//! Unreliable datagrams (DATAGRAM frames, docs/PROTOCOL.md §5.9): whole messages that travel
-//! once, under each link's congestion window and pacing like stream data, striped by the same
+//! Unreliable datagrams (DATAGRAM and DATAGRAM_PART frames): whole messages that travel once,
+//! under each link's congestion window and pacing like stream data, striped by the same
 //! scheduler, and never re-sent when congestion loses them. They suit traffic that recovers by
-//! itself, such as the IP packets a tunnel carries: a second retransmission loop under inner
-//! TCP only adds delay and duplicates (TCP-over-TCP meltdown).
-//!
-//! A link failure is not congestion, and hiding it is what ri2n is for: the datagrams in
-//! flight on a link declared failed are sent once more, on another link or, if none is up,
-//! when one heals. Without this, an outage of every link loses the inner flow's last data and
-//! the acknowledgements of it both ways; inner TCP then takes the first answer after the heal
-//! for proof that its timeout was spurious, undoes its recovery, and leaves the lost data
-//! waiting for its next, backed-off, timeout (seconds after a 3 s outage, a minute and more
-//! after a long one). The receiver delivers each datagram at most once.
-//!
-//! Both queues are bounded in bytes. Outgoing, a full queue drops its oldest datagram (a flow
-//! that recovers by itself gains more from the newest), and a datagram that waited longer than
-//! the configured age while the queue was moving is dropped unsent: it would only add queueing
-//! delay. When no datagram has left for half the age, the links are not carrying (every link
-//! failing, whether or not the failure is detected yet, or none up): the datagrams wait within
-//! the bound, and every datagram waiting when the queue moves again goes whatever its age, as
-//! does one sent again after a link failure (see `drop_stale`). So the last packets of a
-//! stalled flow, and the retransmissions inner TCP queued during the outage, reach the peer at
-//! the heal, and an inner TCP connection moves again at once instead of at its next, backed-off,
-//! retransmission timeout. Every drop is counted. (On paths so slow that datagrams leave less
-//! often than every half age, about 1.2 Mbit/s of 1472-byte datagrams at the 20 ms default, the
-//! queue counts as standing still between departures and only its bound limits the delay: such
-//! paths want a longer age.)
-//!
-//! Datagrams are numbered in sending order, and the receiver restores that order: one that
-//! arrives ahead of a missing one (it took a faster link) is held until the missing one comes
-//! or a short hold time passes (then the missing one counts as lost). Striping over links of
-//! different delays would otherwise reorder inner TCP's segments by more than a millisecond,
-//! which it takes for loss (fast retransmits, halved windows), and beyond its timestamps'
-//! 1 ms granularity, which its PAWS check drops as old duplicates. Each link delivers in
-//! sending order, so a missing datagram can still be in flight only on a link that has not yet
-//! delivered a later one. If such a link has gone quiet, the missing one may be stranded on it
-//! (the link just failed): it comes again over another link once the sender has declared the
-//! failure, and the hold lasts until then ([`HoldRule`]). Delivered after their successors they
-//! would be dropped by PAWS, and an inner TCP connection that lost them that way at the start
-//! of an outage stood still until its backed-off retransmission timeout, seconds after the
-//! heal. When every link fails before they come again, they come only at the heal, and the
-//! datagrams held for them wait through the outage.
+//! itself, such as the IP packets a tunnel carries (a second retransmission loop under inner
+//! TCP only adds delay and duplicates). A link failure is not congestion: what was in flight
+//! on a failed link goes once more on another, or at the heal. Both queues are bounded in
+//! bytes, the receiver restores the sending order ([`HoldRule`]) and delivers each datagram
+//! at most once. docs/PROTOCOL.md §5.9 gives the rules and why each is needed.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -256,8 +222,7 @@ impl OutgoingDatagrams {
     /// take longer than the age allowed; dropping its tail would lose what the failure is meant
     /// to hide (only the queue's bound drops these). With only the re-sent ones exempt, a
     /// drain longer than the age dropped inner TCP's last retransmission behind them, and after
-    /// a 60 s outage the flow would then stand still until its next timeout, about a minute
-    /// later.
+    /// a long outage the flow would then stand still until its next, backed-off, timeout.
     ///
     /// A queue that stands still drops nothing for age. A datagram waiting behind links that
     /// have just failed is not stale: dropping it before the failure is detected (tens of

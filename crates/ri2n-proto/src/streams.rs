@@ -368,8 +368,8 @@ pub(crate) struct StreamViolation(pub &'static str);
 
 /// Out-of-order fragments a receiving stream holds at most. Each costs a map entry (about 50
 /// bytes) on top of the blocks, which the window bounds: without this, 1-byte frames at
-/// scattered offsets grew a receiver to 1.09 GB per connection. Full-size packets with
-/// scattered losses need one fragment per lost run, far fewer.
+/// scattered offsets would cost an entry per byte of the window, many times the window
+/// itself. Full-size packets with scattered losses need one fragment per lost run, far fewer.
 pub(crate) const MAX_FRAGMENTS: usize = 4096;
 
 impl RecvStream {

@@ -1,20 +1,11 @@
 //! Robustness of an established connection against garbage, in the default test suite (the
 //! `established_connection` fuzz target does the same, undirected, under `cargo fuzz`).
 //!
-//! While a transfer of a few MB runs in both directions over two links, the server is handed
-//! 20 000 seeded pseudo-random datagrams that a correct engine must ignore: raw junk, truncated
-//! and replayed copies of real client packets, and well-formed packets for the right connection
-//! that must still be dropped whole (a malformed frame anywhere, a duplicate packet number, a
-//! link byte that does not match the address pair, a forged source address). Damage on the wire
-//! (flipped bits, a datagram cut short in flight) is the UDP checksum's to catch, before the
-//! engine: packets carry no checksum of their own.
-//!
-//! The transfer must complete with every byte and message exactly as sent, and the
-//! server's memory must stay bounded throughout.
-//!
-//! A second test sends *well-formed* forgeries (valid frames, right connection, right link and
-//! address). The protocol has no authentication, so those may legitimately disturb the transfer;
-//! that test only demands no panic, no stuck timer and bounded memory.
+//! While a transfer runs both ways over two links, the server is handed seeded junk, truncated
+//! and replayed copies of real packets, and well-formed packets that must still be dropped
+//! whole (docs/PROTOCOL.md §2.7, §3.1); the transfer must complete exactly and the server's
+//! memory stay bounded. A second test sends well-formed forgeries, which may disturb a transfer
+//! without a key: it demands only no panic, no stuck timer and bounded memory.
 
 mod harness;
 
@@ -644,8 +635,8 @@ fn unknown_connection_flood_is_answered_at_a_bounded_rate() {
 
 /// A peer (or anyone who knows the connection ID, until channels are authenticated) sends
 /// 1-byte STREAM frames at scattered offsets inside the window. Each would be an out-of-order
-/// fragment with its own bookkeeping (1.09 GB per connection was measured); the receiver holds
-/// at most 4096 per stream, drops the rest unacknowledged, and the real transfer completes.
+/// fragment with its own bookkeeping, unbounded by the window's bytes; the receiver holds at
+/// most 4096 per stream, drops the rest unacknowledged, and the real transfer completes.
 #[test]
 fn scattered_one_byte_frames_keep_reassembly_bookkeeping_bounded() {
     let mut sim = Sim::new(SimConfig {

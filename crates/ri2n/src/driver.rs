@@ -1,35 +1,15 @@
-//! The driver: runs the sans-IO engine on real sockets.
+//! The driver: runs the sans-IO engine on real sockets, with one communication thread per
+//! endpoint beside the application's threads.
 //!
-//! All engine state sits behind one mutex, but no system call is made while holding it:
-//! datagrams are received into receive buffers that one thread at a time holds, and only then
-//! handed to the engine, and the engine builds outgoing datagrams in place in per-socket GSO
-//! batches that are sent after the lock is released. So the application thread (copying its
-//! data in and out) and the communication thread (receiving and sending) work on both cores at
-//! once instead of taking turns; the lock covers only the engine's bookkeeping.
-//!
-//! A communication thread (RI2N's "RI2N thread") waits on the sockets and the engine's next
-//! timer, so retransmissions and link probes happen without the application calling in. It
-//! runs under `SCHED_BATCH`, so that its wake-ups do not preempt busy application threads
-//! (see [`yield_to_busy_threads`]). In a process confined to one CPU it also steps back from
-//! the sockets while an application call comes back to wait for arrivals (see [`STEP_BACK`]).
-//! Application threads call the engine directly and send what results from their own thread:
-//! a write reaches the wire without a thread hop. The receive path avoids the hop too: one
-//! blocked application call at a time waits on a second epoll instance watching the same
-//! sockets and receives for itself when a datagram arrives, so a reply does not wait for the
-//! driver thread to wake the application (RI2N/UDP measured that hop as most of its latency
-//! above TCP's). Both instances watch the sockets with `EPOLLEXCLUSIVE`, the caller's first,
-//! so an arrival wakes the waiting application call alone and the driver thread only when no
-//! call waits. Other blocked calls wait on a condition variable of their connection (or of
-//! `accept`), signalled when the engine reports an event for it; a watching call woken only
-//! for other connections leaves the watching to them on its next wait (`PollerTurn`). The
-//! callers' instance is level-triggered, so a waiting call may receive a datagram of a source
-//! that carries one at a time with one `recvmsg` and not ask again whether more wait
-//! ([`Receiver::take_for`]); the driver thread's is edge-triggered and drains what it is told.
-//!
-//! Beside each link's socket, every path in use has a socket connected to its peer (see
-//! `socket.rs`), which the driver thread opens and closes ([`Shared::update_path_sockets`])
-//! and both epoll instances watch like the link sockets: receive sources `0..links` are the
-//! link sockets, `links + slot` the path sockets.
+//! All engine state sits behind one mutex, held for bookkeeping only: no system call is made
+//! under it, so application and communication threads work on different cores at once.
+//! Application calls send what their writes produce from their own thread and, while blocked,
+//! watch the sockets and receive for themselves (`PollerTurn`, [`Receiver::take_for`]), so
+//! neither direction waits for a thread hop. The communication thread (RI2N's "RI2N thread")
+//! runs timers, retransmissions and probes without the application calling in (see
+//! [`yield_to_busy_threads`] and [`STEP_BACK`]) and keeps a connected socket per path in use
+//! ([`Shared::update_path_sockets`]). What a driver owes the protocol (unreachable paths,
+//! MTU ceilings, next-hop confirmation): docs/PROTOCOL.md §6.7–§6.9.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
@@ -70,8 +50,8 @@ const BUSY_HORIZON: Duration = Duration::from_millis(50);
 /// application's threads and can work in parallel with none of them: an arrival that found
 /// the application thread between two calls (a request-response exchange whose reply woke
 /// the peer, which then ran first) woke the driver thread only to receive what the
-/// application thread was about to receive itself, one more context switch per message (a
-/// 64-byte ping-pong pinned to one CPU: 23.9 µs a round trip, 19.9 with this step back).
+/// application thread was about to receive itself, one more context switch per message
+/// (docs/BENCHMARKS.md, "What looked wrong", item 14).
 /// An arrival that no call takes waits at most this long, as it could already wait for a
 /// driver thread under `SCHED_BATCH` behind a busy application thread on that CPU (up to a
 /// scheduler tick). A call that blocks without watching the sockets gives them back at once.
@@ -352,7 +332,7 @@ pub(crate) struct Shared {
     /// first, which looks like loss). One receiving thread for all sockets, because what it
     /// receives is handed to the engine under its one lock anyway: two threads receiving from
     /// two links at once only waited on that lock in turn, with the engine's and the stream's
-    /// memory moving between their cores (5–10 % more CPU per byte on unlimited-rate links).
+    /// memory moving between their cores (docs/BENCHMARKS.md, "What looked wrong", item 12).
     receiving: Mutex<Receiver>,
     /// Per receive source (the link sockets, then the path-socket slots: see
     /// [`Shared::sources`]): a thread wanted to receive from it while another held the buffers.
@@ -1240,12 +1220,10 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
 /// busy one, but it no longer preempts the thread running there; it waits until that thread
 /// sleeps or its time slice ends (a scheduler tick). On a busy machine the application's
 /// threads do the driver's work themselves (a write sends, a blocked read receives), and the
-/// driver thread preempting them on every wake-up only took turns with them: on an unlimited
-/// 2-link lab at MTU 1500, the receiving thread was preempted about 1 400 times per GB, and
-/// with this policy ri2n moved 1.15 times as much per second at 0.88 times the CPU per byte
-/// (docs/BENCHMARKS.md, "What looked wrong", item 13). The cost: under full load a timer may
-/// fire up to a tick late, against failure detection that takes tens of milliseconds (failover
-/// and heal times did not change measurably).
+/// driver thread preempting them on every wake-up only took turns with them, each waiting
+/// for the engine's lock while a CPU idled; this policy gave more goodput for less CPU per
+/// byte (docs/BENCHMARKS.md, "What looked wrong", item 13). The cost: under full load a timer
+/// may fire up to a tick late, against failure detection that takes tens of milliseconds.
 fn yield_to_busy_threads() {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: `param` is a valid `sched_param` for the call's duration; pid 0 is this thread.

@@ -1,13 +1,12 @@
 //! Zeroed, page-aligned memory mapped straight from the OS: the receive batches' buffers.
 //!
-//! The kernel copies every datagram received into these buffers. On the AMD EPYC hosts this
-//! project is measured on, the kernel's copies into buffers starting 1 to 24 bytes past a page
-//! ran at about a fifth of their speed, and glibc hands out large blocks 16 bytes past one: a
-//! mapping starts on a page whatever allocator the application uses. Its pages also read as
-//! zero without being written, and cost a page fault only once something lands in them: a
-//! batch has room for 32 GRO messages of up to 64 KB per socket, of which most calls fill a
-//! few, and zero-filling all of it (6 MB for two links) was most of the page faults of a short
-//! transfer.
+//! The kernel copies every datagram received into these buffers, and its copies into a buffer
+//! starting a few bytes past a page, where glibc puts large blocks, run far slower: a mapping
+//! starts on a page whatever allocator the application uses. Its pages also read as zero
+//! without being written, and cost a page fault only once something lands in them: a batch has
+//! room for 32 GRO messages of up to 64 KB per socket, of which most calls fill a few, and
+//! zero-filling all of it made a short transfer fault in pages it never used. Figures:
+//! docs/BENCHMARKS.md, "Misses", 2026-11-24 05:30–06:40 and 08:15–10:02.
 
 use std::io;
 use std::ops::{Deref, DerefMut};

@@ -5,13 +5,13 @@
 //!
 //! Beside it, a path in use gets a socket of its own, connected to the peer's address
 //! ([`PathSocket`]): Linux looks up the route of every datagram sent from an unconnected
-//! socket, and a connected one keeps its route. That lookup was about 0.45 µs of every
-//! single-datagram send (a 64-byte ping-pong pinned to one CPU: 18.7 µs a round trip before
-//! path sockets, 18.0 µs with them). Both sockets share the local address and port
-//! (`SO_REUSEPORT`, set on the link socket only after its own bind, so another process still
-//! cannot bind that port unless it also runs as this user and asks to share it), the peer
-//! sees one address as before, and Linux delivers what that peer sends to the connected
-//! socket, what any other address sends to the link socket.
+//! socket, and a connected one keeps its route, which a request-response exchange of single
+//! datagrams feels in every round trip (docs/BENCHMARKS.md, summary of 2026-11-25 11:47).
+//! Both sockets share the local address and port (`SO_REUSEPORT`, set on the link socket only
+//! after its own bind, so another process still cannot bind that port unless it also runs as
+//! this user and asks to share it), the peer sees one address as before, and Linux delivers
+//! what that peer sends to the connected socket, what any other address sends to the link
+//! socket.
 
 use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
@@ -563,11 +563,10 @@ pub(crate) enum Received {
 pub(crate) enum Take {
     /// Up to `BATCH_SIZE` buffers (`recvmmsg`). Fewer than that tell that the queue was empty.
     Batch,
-    /// One buffer (`recvmsg`); whether more wait is not asked. Cheaper for one datagram: in
-    /// `bench/udp_pingpong_floor.c` (a 64-byte ping-pong in C pinned to one CPU; Linux 6.18
-    /// in a VM), pattern `ri2n-single-connected` (level-triggered epoll, one `recvmsg`) goes
-    /// round 0.4–0.5 µs faster than `ri2n-connected` (a `recvmmsg` of up to 32, whose second
-    /// try finds the queue empty): 12.43 against 12.95 µs in a quiet round.
+    /// One buffer (`recvmsg`); whether more wait is not asked. Cheaper for one datagram: a
+    /// `recvmmsg` of up to 32 costs more in itself, and its second try finds the queue empty
+    /// (`bench/udp_pingpong_floor.c`, patterns `ri2n-single-connected` and `ri2n-connected`;
+    /// docs/BENCHMARKS.md, summary of 2026-11-25 16:37).
     One,
 }
 

@@ -20,8 +20,9 @@ use smallvec::SmallVec;
 use super::offload::{VnetHeader, PLAIN_HEADER, VNET_HDR_LEN};
 
 /// Packets the interface queues for the daemon to read (the kernel's default for TUN is
-/// 500: 3.4 ms at 1.7 Gbit/s, less than the daemon may wait for a CPU on a busy host, and
-/// every packet that overflows it is a loss for the inner flow).
+/// 500: a few milliseconds of full-size packets at gigabit rates, less than the daemon may
+/// wait for a CPU on a busy host, and every packet that overflows it is a loss for the inner
+/// flow).
 const TX_QUEUE_LEN: i32 = 2000;
 
 /// An open TUN interface: one IP packet per `read`, one packet or one coalesced run of TCP

@@ -1,22 +1,14 @@
 //! `ri2n tunnel`: every IP application of a cluster gets ri2n's links, unchanged.
 //!
-//! Each host runs one daemon with the same cluster file. It creates a TUN interface holding
-//! the host's tunnel address, binds one ri2n endpoint to the host's address on every network,
-//! and keeps one connection to every other host: of two hosts, the one listed first in the
-//! file connects (again and again while the other is away), the other accepts. Each IP packet
-//! read from the interface travels to the host owning its destination as one unreliable
-//! datagram (docs/PROTOCOL.md §5.9): striped over the links under their congestion control,
-//! failed over within milliseconds when a link dies, and never retransmitted after congestion
-//! loss, so inner TCP keeps the only recovery loop for that. What a failing link had in
-//! flight is sent again on another, and while every link to a host is down its packets wait
-//! and go when a link heals: inner TCP sees an outage as delay, not loss, and moves again at
-//! the heal. The peer writes the packet to its own interface.
-//!
-//! Threads: one reads the interface and routes; one per peer connects (or the acceptor
-//! accepts) and then writes what the connection receives to the interface. Both sides use
-//! the interface's TCP offloads (`offload`): a large segment read goes whole, as one datagram
-//! the connection carries in pieces, and is written whole; consecutive segments of a flow
-//! that came as separate packets are written as one.
+//! Each host runs one daemon with the same cluster file: a TUN interface holding the host's
+//! tunnel address, one ri2n endpoint on the host's address on every network, and one
+//! connection to every other host (the one listed first connects, again and again while the
+//! other is away). Each IP packet read from the interface travels to the host owning its
+//! destination as one unreliable datagram (docs/PROTOCOL.md §5.9): inner TCP keeps the only
+//! recovery loop for congestion loss, and sees a link failure or an outage as delay, not
+//! loss. Threads: one reads the interface and routes; one per peer connects (or the acceptor
+//! accepts) and writes what the connection receives to the interface, with the interface's
+//! TCP offloads (`offload`).
 
 mod config;
 mod device;

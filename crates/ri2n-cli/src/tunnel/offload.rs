@@ -1,34 +1,12 @@
 //! The tunnel's TCP offloads, done in user space as a NIC would do them in hardware, so the
-//! kernel handles inner TCP in 64 KB pieces.
+//! kernel handles inner TCP in 64 KB pieces instead of 1.4 KB packets.
 //!
-//! **Large segments (TSO), on reads.** The interface is asked for TSO (`TUN_F_TSO4`) and
-//! checksum offload: a read may return one TCP segment of up to 64 KB with a virtio-net
-//! header saying how to cut it (`gso_size`), and packets whose checksum is left to finish.
-//! [`carry_whole`] sends such a segment as it is, behind a 4-byte prefix with its GSO type
-//! and size: the connection carries it in pieces that fill its packets (a datagram larger
-//! than a packet, docs/PROTOCOL.md §5.9), so inner TCP's 52 bytes of headers go once per
-//! 64 KB instead of once per 1.4 KB, and the peer writes it to its interface whole
-//! ([`segment_for_write`]), where its kernel takes it as it took a segment from a local
-//! socket. Losing any piece loses the whole segment (up to 47 of inner TCP's segments, which
-//! its SACK recovery repairs at once); what a failing link had in flight goes again on
-//! another, so only congestion loses pieces.
-//! [`split`] instead cuts a segment and finishes checksums as Linux's `tcp_gso_segment` does:
-//! each piece gets the headers with its own length, IP ID, sequence number and checksums; FIN
-//! and PSH stay on the last piece, CWR on the first (reliable messages, `--carry messages`,
-//! go that way).
-//!
-//! **Coalescing (GRO), on writes.** Consecutive segments of one TCP flow that continue each
-//! other are handed to the interface in one write, as one large segment with a virtio-net
-//! header saying how it was cut. The kernel then runs its IP and TCP receive path once for up
-//! to 64 KB instead of once per 1.4 KB packet: that path, run inside each `write`, was most
-//! of the daemon's CPU time. The rules follow Linux's own GRO for TCP (`tcp_gro_receive`):
-//! IPv4 without options or fragments, same addresses, ports, TTL and TOS, the same ACK number,
-//! window, flags (ACK, with PSH allowed on the last segment) and TCP options (timestamps
-//! included), sequence numbers that continue each other, every segment but the last of the
-//! first one's size, and at most 64 KB in all. The merged segment's TCP checksum is left for
-//! the kernel to finish, as for a packet a local socket sends (`NEEDS_CSUM`, the field holding
-//! the pseudo-header sum); a socket on this host takes such a packet as checked, and ri2n's
-//! AEAD did check every segment.
+//! On reads (TSO), the interface may hand over one large TCP segment with a virtio-net header
+//! saying how to cut it: [`carry_whole`] sends it as one datagram that the connection carries
+//! in pieces (docs/PROTOCOL.md §5.9) and [`segment_for_write`] writes it whole at the peer,
+//! or [`split`] cuts it as Linux's `tcp_gso_segment` does. On writes (GRO), consecutive
+//! segments of one flow go to the interface as one ([`runs`], [`merged_header`]), so the
+//! kernel runs its IP and TCP receive path, inside each `write`, once per run.
 
 use std::ops::Range;
 
@@ -119,6 +97,10 @@ impl Packets {
 /// Adds what one read returned (`header`, `packet`) to `out` as IP packets with complete
 /// checksums, cut to `gso_size` if the kernel handed over a large TCP segment. Returns how
 /// many it added (none for a header it did not ask for, or a malformed large segment).
+///
+/// Cut as Linux's `tcp_gso_segment` does: each piece gets the headers with its own length,
+/// IP ID, sequence number and checksums; FIN and PSH stay on the last piece, CWR on the first
+/// (reliable messages, `--carry messages`, go this way).
 pub fn split(header: &VnetHeader, packet: &[u8], out: &mut Packets) -> usize {
     let gso = header.gso_type & !VIRTIO_NET_HDR_GSO_ECN;
     if gso == VIRTIO_NET_HDR_GSO_NONE {
@@ -181,6 +163,12 @@ const SEGMENT_PREFIX: usize = 4;
 /// whole, behind a 4-byte prefix saying how it is cut (the connection carries it in pieces
 /// that fill its packets, and [`segment_for_write`] hands it to the peer's interface as it
 /// is), anything else as [`split`] does. Returns how many it added.
+///
+/// Inner TCP's 52 bytes of headers then go once per 64 KB instead of once per 1.4 KB, and
+/// the peer's kernel takes the segment as it took one from a local socket. Losing any piece
+/// loses the whole segment (up to 47 of inner TCP's segments, which its SACK recovery repairs
+/// at once); what a failing link had in flight goes again on another, so only congestion
+/// loses pieces.
 pub fn carry_whole(header: &VnetHeader, packet: &[u8], out: &mut Packets) -> usize {
     let gso = header.gso_type & !VIRTIO_NET_HDR_GSO_ECN;
     let whole = gso == VIRTIO_NET_HDR_GSO_TCPV4
@@ -319,6 +307,12 @@ impl<'a> TcpView<'a> {
 
 /// Splits `packets` into runs of consecutive packets that can be written as one (runs of one
 /// are written as they are), into `out` (cleared first).
+///
+/// The rules follow Linux's own GRO for TCP (`tcp_gro_receive`): IPv4 without options or
+/// fragments, same addresses, ports, TTL and TOS, the same ACK number, window, flags (ACK,
+/// with PSH allowed on the last segment) and TCP options (timestamps included), sequence
+/// numbers that continue each other, every segment but the last of the first one's size, and
+/// at most 64 KB in all.
 pub fn runs(packets: &[&[u8]], out: &mut Vec<Range<usize>>) {
     out.clear();
     let mut i = 0;
@@ -350,6 +344,10 @@ pub fn runs(packets: &[&[u8]], out: &mut Vec<Range<usize>>) {
 /// IP checksum, the last segment's PSH and the TCP pseudo-header sum. The payloads follow,
 /// each segment's after its own headers (`segment[header_len..]`, header_len being the
 /// returned value).
+///
+/// The merged segment's TCP checksum is left for the kernel to finish, as for a packet a
+/// local socket sends (`NEEDS_CSUM`, the field holding the pseudo-header sum); a socket on
+/// this host takes such a packet as checked, and ri2n's AEAD did check every segment.
 pub fn merged_header(segments: &[&[u8]], out: &mut Vec<u8>) -> usize {
     let first = TcpView::parse(segments[0]).expect("a run from `runs`");
     let last = TcpView::parse(segments[segments.len() - 1]).expect("a run from `runs`");

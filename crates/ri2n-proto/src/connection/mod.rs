@@ -1566,8 +1566,8 @@ impl Connection {
     /// link; a keepalive PING in flight is no data: with it counted, request-response traffic
     /// had its idle link demoted now and then); with data acknowledged within a round trip,
     /// the scheduler merely gave the link less because another looked faster (at high rates
-    /// on shared CPUs the shares swing, and loopback throughput runs had a healthy link
-    /// demoted for 40 ms in half of them).
+    /// on shared CPUs the shares swing, and taking that for a collapse demoted healthy links
+    /// in throughput runs: docs/BENCHMARKS.md, "What looked wrong", item 4).
     fn report_borne_out(&self, now: Instant, l: usize) -> bool {
         let recovery = &self.links[l].recovery;
         recovery.data_in_flight()

@@ -1,24 +1,10 @@
 //! One link of a connection: a (local address, remote address) path with its own packet-number
 //! space in each direction, RTT estimate, loss detection, congestion window, pacer and health.
+//! Loss is judged per link, so data that overtakes on a faster link never looks lost.
 //!
-//! Loss is judged per link, so data that overtakes on a faster link never looks lost. Health
-//! follows a small state machine (see `docs/PROTOCOL.md`, §6 "Link health"):
-//!
-//! - `Validating` → `Up` once a probe is acknowledged;
-//! - `Up` → `Down` after `failure_ptos` probe timeouts with no acknowledgement at all;
-//! - `Up` → `Degraded` when the receiver reports the link's share of arrivals collapsed and
-//!   the data outstanding on it bears that out, or when the sender finds it too slow for its
-//!   data;
-//! - `Degraded` → `Down` when its probes go unanswered;
-//! - `Down`/`Degraded` → `Up` after `recovery_probes` acknowledged probes, sent every
-//!   `probe_interval` however long the outage: recovery time does not grow with the outage.
-//!   A link that fails again soon after coming back needs twice as many probes (flap damping).
-//!
-//! The link is made of parts that each own their state: [`recovery`] (what was sent and is
-//! unresolved, loss detection, probe timeout), [`probing`] (while not up), [`arrivals`]
-//! (what the peer sends on it), the acknowledgements owed ([`AckState`]), the RTT estimate,
-//! the delivery rate, congestion control and pacing, path MTU discovery, and the health
-//! detectors' per-link views. `Link` ties them together in its state transitions and in the
+//! Each part owns its state ([`recovery`], [`probing`], [`arrivals`], [`AckState`], the RTT
+//! estimate, delivery rate, congestion control and path MTU discovery); `Link` ties them
+//! together in the health state machine of docs/PROTOCOL.md §6 (transitions: §6.1) and in the
 //! handling of a sent, acknowledged or lost packet.
 
 use std::net::SocketAddr;
