@@ -23,7 +23,8 @@ if __package__ in (None, ""):
     # run as `python3 bench/ri2nbench`: make the package importable by its name
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ri2nbench import common, fast, fault, keyed, lab, labctl, loopback, sweep, tunnel  # noqa: E402
+from ri2nbench import (  # noqa: E402
+    attacks, common, fast, fault, keyed, lab, labctl, loopback, sweep, tunnel)
 
 PARTS = {"loopback": loopback.part_loopback, "lab": lab.part_lab, "fast": fast.part_fast,
          "fault": fault.part_fault, "sweep": sweep.part_sweep, "keyed": keyed.part_keyed,
@@ -31,12 +32,14 @@ PARTS = {"loopback": loopback.part_loopback, "lab": lab.part_lab, "fast": fast.p
 REPORTERS = {"loopback": loopback.report_loopback, "lab": lab.report_lab,
              "fast": fast.report_fast, "fault": fault.report_fault,
              "sweep": sweep.report_sweep, "keyed": keyed.report_keyed,
-             "tunnel": tunnel.report_tunnel}
+             "tunnel": tunnel.report_tunnel, "attacks": attacks.report_attacks}
+# parts measured elsewhere, whose blocks `report` writes too (attacks: bench/attacks/attacks.py)
+REPORT_ONLY = ["attacks"]
 AFTER_REPORT = {"fault": fault.plot}
 
 
-def update_doc(parts):
-    common.update_doc(parts, REPORTERS, AFTER_REPORT)
+def update_doc(parts, write=True):
+    common.update_doc(parts, REPORTERS, AFTER_REPORT, write)
 
 
 def cleanup():
@@ -81,7 +84,8 @@ def parser():
     ap.add_argument("--quick", action="store_true",
                     help="smoke test: 1 run each, 3 s throughput; results go to bench/results/quick "
                          "and docs/BENCHMARKS.md is not touched")
-    ap.add_argument("--no-doc", action="store_true", help="do not rewrite docs/BENCHMARKS.md")
+    ap.add_argument("--no-doc", action="store_true",
+                    help="do not rewrite docs/BENCHMARKS.md (report: print the blocks instead)")
     return ap
 
 
@@ -103,7 +107,8 @@ def main():
         o.no_doc = True
         common.RESULTS = os.path.join(common.RESULTS, "quick")
     if "report" in parts:
-        update_doc([p for p in PARTS if common.load(p)])
+        # with --no-doc the blocks are printed instead: a check that they render
+        update_doc([p for p in list(PARTS) + REPORT_ONLY if common.load(p)], not o.no_doc)
         return 0
     needs_root = [p for p in parts if p != "loopback"]
     if needs_root and os.geteuid() != 0:

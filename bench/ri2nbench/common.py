@@ -360,15 +360,32 @@ def load(part):
         return None
 
 
+def command_line(res):
+    """The command that produced a results file: `bench/run-all PARTS` and every option that
+    differed from its default (the lab prefix aside)."""
+    o = res.get("options") or {}
+    words = ["bench/run-all"] + list(o.get("parts") or [res["part"]])
+    for k, v in o.items():
+        if k in ("parts", "prefix", "no_doc") or k not in OPTION_DEFAULTS:
+            continue
+        if v != OPTION_DEFAULTS[k]:
+            flag = "--" + k.replace("_", "-")
+            words += [flag] if v is True else [] if v is False else [flag, str(v)]
+    return " ".join(words)
+
+
 def mfacts(res):
+    """A block's first line: when, where (CPUs and their model), from which commit, by which
+    command."""
     m = res["machine"]
-    return ("Measured %s on %s CPU(s) (`nproc`), CPU `%s`, kernel `%s`, load average at start %s; "
-            "ri2n `%s` (binary sha256 %s…, built %s from the work tree at commit `%s`%s); %s; %s. Part took %.0f s.\n" % (
-                m["date_utc"], m["nproc"], m["cpu"], m["uname_r"], m["loadavg"], m["ri2n"],
-                m.get("ri2n_sha256"), m.get("ri2n_built"),
-                m["commit"], " plus %s uncommitted file(s) under crates/" % m["dirty"]
-                if m["dirty"] not in ("", "0") else "", m["iperf3"], m["sockperf"],
-                res.get("elapsed_s", 0)))
+    dirty = (" plus %s uncommitted file(s) under crates/" % m["dirty"]
+             if m["dirty"] not in ("", "0") else "")
+    return ("**Measured %s on %s CPUs (`nproc`), `%s`, commit `%s`%s** by `%s`. Kernel `%s`, "
+            "load average at the start %s; %s (binary sha256 %s…, built %s); %s; %s. The part "
+            "took %.0f s." % (
+                m["date_utc"], m["nproc"], m["cpu"], m["commit"], dirty, command_line(res),
+                m["uname_r"], m["loadavg"], m["ri2n"], m.get("ri2n_sha256"), m.get("ri2n_built"),
+                m["iperf3"], m["sockperf"], res.get("elapsed_s", 0)))
 
 
 def odd_events(evs):
@@ -397,18 +414,26 @@ def busy_line(rows):
     b = [r.get("busy_before") for r in rows if r.get("busy_before") is not None]
     if not b:
         return ""
-    return ("The machine is shared: before each measurement the driver waits (at most 30 s per "
-            "part) for the CPUs to be at most 25 %% busy; busy fraction just before the runs: %s."
-            % spread(b, "%.0f %%", 100))
+    return ("CPUs busy just before each measurement (the driver waits up to 30 s per part for "
+            "at most 25 %%): %s." % spread(b, "%.0f %%", 100))
+
+
+def per_run(values):
+    """Each run's value, or one value "in every run" when they are all alike."""
+    values = list(values)
+    if values and all(v == values[0] for v in values):
+        return "%s in every run" % values[0]
+    return "; ".join(map(str, values)) or "n/a"
 
 
 def fmt_ms(x):
     return "never" if x is None else "%.0f" % (x * 1000)
 
 
-def update_doc(parts, reporters, after=None):
+def update_doc(parts, reporters, after=None, write=True):
     """Rewrites each part's block of docs/BENCHMARKS.md from its results file with
-    `reporters[part](res)`; then calls `after[part](res)` where given (the fault plot)."""
+    `reporters[part](res)`; then calls `after[part](res)` where given (the fault plot). With
+    write=False the blocks go to stdout and nothing is written."""
     if not os.path.exists(DOC):
         log("no %s: not updated" % DOC)
         return
@@ -419,6 +444,9 @@ def update_doc(parts, reporters, after=None):
         if not res:
             continue
         block = reporters[part](res)
+        if not write:
+            print("<!-- BEGIN %s -->\n%s\n<!-- END %s -->" % (part, block, part))
+            continue
         b, e = "<!-- BEGIN %s -->" % part, "<!-- END %s -->" % part
         if b in text and e in text:
             pre, rest = text.split(b, 1)
@@ -428,5 +456,6 @@ def update_doc(parts, reporters, after=None):
             log("markers for %s missing in %s" % (part, DOC))
         if after and part in after:
             after[part](res)
-    with open(DOC, "w") as f:
-        f.write(text)
+    if write:
+        with open(DOC, "w") as f:
+            f.write(text)

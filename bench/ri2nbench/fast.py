@@ -245,7 +245,7 @@ def report_fast(res):
         ct = sum(tcp_limit(r) for r in c["rates_mbit"])
         L.append("**(c) 2 × 1 Gbit/s (tbf) with the application competing for the CPUs**: the "
                  "sender reads from a pipe fed by `cat`, the receiver writes into a pipe to "
-                 "`b2sum` (about half a CPU at this rate); %.2f GB per run, %d runs:\n" % (res.get("options", {}).get("piped_bytes", 0) / 1e9, len(runs)))
+                 "`b2sum`; %.2f GB per run, %d runs:\n" % (res.get("options", {}).get("piped_bytes", 0) / 1e9, len(runs)))
         L.append("| tool | goodput | share of payload capacity | CPU-s per GB (machine) |")
         L.append("| --- | --- | --- | --- |")
         for k, cap in (("ri2n", cu), ("mptcp", ct)):

@@ -316,6 +316,10 @@ def part_fault(o):
     return res
 
 
+def mb_per_link(tx):
+    return " / ".join("%s %.1f" % (d, tx[d] / 1e6) for d in sorted(tx))
+
+
 def report_fault(res):
     L = [mfacts(res), ""]
     runs = res["runs"]
@@ -423,14 +427,17 @@ def report_fault(res):
     if det:
         L.append("- ri2n declared link 1 degraded/down %s ms after its switch died (its own "
                  "`events`, main scenario)." % spread(det, "%.0f", 1000))
-    for sc, name in (("main", "after 2 s with no link (main, t=6 s)"), ("outage1", "after the 1 s outage"),
-                     ("outage10", "after the 10 s outage"), ("outage60", "after the 60 s outage"),
-                     ("outage300", "after the 5-minute outage"),
-                     ("cable_a", "after its cable was back in host A"),
-                     ("cable_b", "after its cable was back in host B")):
+    took = []
+    for sc, name in (("main", "after 2 s with no link (main, t=6 s)"), ("outage1", "after 1 s"),
+                     ("outage10", "after 10 s"), ("outage60", "after 60 s"),
+                     ("outage300", "after 5 minutes"), ("cable_a", "its cable back in host A"),
+                     ("cable_b", "in host B")):
         v = [b for s_, b in back if s_ == sc]
         if v:
-            L.append("- ri2n took link 1 back up %s ms after it healed %s." % (spread(v, "%.0f", 1000), name))
+            took.append("%s %s" % (name, spread(v, "%.0f", 1000)))
+    if took:
+        L.append("- ri2n took link 1 back up (its own `events`) this many ms after it healed: %s."
+                 % "; ".join(took))
     for tool in ("ri2n", "mptcp"):
         ss = [r["analysis"]["steady_bps"] for r in runs if r["tool"] == tool and r["scenario"] == "main"]
         tg = [r["analysis"]["events"][3].get("target_bps") for r in runs
@@ -442,11 +449,13 @@ def report_fault(res):
     mp = [r for r in runs if r["tool"] == "mptcp"]
     if mp:
         L.append("- MPTCP really ran (TCP_IS_MPTCP on both ends: %s); `subflows:` (joined subflows "
-                 "besides the first) at t=1 s (`ss -Mni` in A): %s; A's tx bytes per link in the main scenario: %s." % (
-                     sorted(set("%s/%s" % (r["mptcp_send"], r["mptcp_recv"]) for r in mp)),
-                     sorted(set(str(r["ss_subflows_at_1s"]) for r in mp)),
-                     [r["link_tx_bytes"] for r in mp if r["scenario"] == "main"][:1]))
-    nojoin = ["%s run %d (A's tx bytes per link %s)" % (r["scenario"], r["rep"], r["link_tx_bytes"])
+                 "besides the first) at t=1 s (`ss -Mni` in A): %s; MB sent by A on each link in a main-scenario run: %s." % (
+                     ", ".join(sorted(set("%s/%s" % (r["mptcp_send"], r["mptcp_recv"]) for r in mp))),
+                     ", ".join(sorted(set(str(r["ss_subflows_at_1s"]) for r in mp))),
+                     next((mb_per_link(r["link_tx_bytes"]) for r in mp
+                           if r["scenario"] == "main"), "n/a")))
+    nojoin = ["%s run %d (MB sent by A per link %s)" % (r["scenario"], r["rep"],
+                                                      mb_per_link(r["link_tx_bytes"]))
               for r in mp if not r["ss_subflows_at_1s"]]
     if nojoin:
         L.append("- MPTCP runs whose second subflow was not up at t=1 s (no `subflows:` in "

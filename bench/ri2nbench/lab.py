@@ -3,7 +3,7 @@ import re
 import threading
 
 from .common import (
-    PROCS, busy_line, log, mfacts, odd_summary, proc_comm, run_json, spread, tcp_limit,
+    PROCS, busy_line, log, mfacts, odd_summary, per_run, proc_comm, run_json, spread, tcp_limit,
     udp_limit, wait_quiet)
 from .labctl import new_lab, ri2n_lab_client, ss_snapshot, start_lab_servers
 
@@ -100,29 +100,29 @@ def report_lab(res):
         L.append("| %s | %.0f / %.0f | %s | %s | %s | %s %% |" % (
             t["name"], cu / 1e6, ct / 1e6, cell("ri2n", cu), cell("tcp", ct), cell("mptcp", ct),
             ", ".join(shares)))
-        sf = [r["mptcp"].get("ss_subflows") for r in runs]
-        joins = [r["mptcp"]["mptcp_counters"].get("MPJoinSynAckRx", 0) for r in runs]
-        rs = [r["ri2n"].get("shares") for r in runs]
-        notes.append("- %s: MPTCP `ss -Mni` at mid-run, `subflows:` (joined subflows besides the first) per MPTCP socket %s; "
-                     "MPJoinSynAckRx per run %s (iperf3 opens 2 MPTCP connections, control and data); "
-                     "ri2n's per-link shares of the stream bytes %s; single-link TCP limit %.0f Mbit/s." % (
-                         t["name"], sf, joins,
-                         ["/".join("%.2f" % x for x in s) for s in rs if s], tcp_limit(max(rates)) / 1e6))
+        sf = [",".join(map(str, r["mptcp"].get("ss_subflows") or [])) or "none" for r in runs]
+        joins = [str(r["mptcp"]["mptcp_counters"].get("MPJoinSynAckRx", 0)) for r in runs]
+        rs = ["/".join("%.2f" % x for x in r["ri2n"]["shares"]) for r in runs
+              if r["ri2n"].get("shares")]
+
+        def cpu(k):
+            return spread([(r[k]["cpu_client"] or 0) + (r[k]["cpu_server"] or 0) for r in runs
+                           if r[k].get("cpu_client") is not None
+                           and r[k].get("cpu_server") is not None], "%.1f")
+        notes.append("- %s: MPTCP subflows %s, MPJoinSynAckRx %s; ri2n's shares %s; CPU-s: "
+                     "ri2n %s, TCP %s, MPTCP %s." % (
+                         t["name"], per_run(sf), per_run(joins), per_run(rs), cpu("ri2n"),
+                         cpu("tcp"), cpu("mptcp")))
     L.append("")
+    L.append("Per topology: MPTCP's joined subflows per socket at mid-run (`ss -Mni` "
+             "`subflows:`, besides the first) and its MPJoinSynAckRx per run (iperf3 opens 2 "
+             "MPTCP connections, control and data); ri2n's per-link shares of the stream; CPU "
+             "seconds per %s s run of the client and server processes (without the kernel's "
+             "softirq work on other threads):" % res["options"]["time"])
     L += notes
     rows = [r[k] for t in res["topologies"] for r in t["runs"] for k in ("ri2n", "tcp", "mptcp")]
     L.append("")
     L.append(busy_line(rows))
-    L.append("")
     L += odd_summary([("%s, run %d" % (t["name"], r["rep"]), r["ri2n"].get("events"))
                       for t in res["topologies"] for r in t["runs"]])
-    cpu = []
-    for t in res["topologies"]:
-        for k in ("ri2n", "tcp", "mptcp"):
-            v = [(r[k]["cpu_client"] or 0) + (r[k]["cpu_server"] or 0) for r in t["runs"]
-                 if r[k].get("cpu_client") is not None and r[k].get("cpu_server") is not None]
-            cpu.append("%s %s: %s" % (t["name"], k, spread(v, "%.1f")))
-    L.append("")
-    L.append("CPU seconds (client + server processes, not the kernel's softirq work on other "
-             "threads) per %s s run: %s." % (res["options"]["time"], "; ".join(cpu)))
     return "\n".join(L)

@@ -118,9 +118,9 @@ def report_sweep(res):
     shares = []
     for r in runs:
         lt = r["mptcp"]["link_tx_bytes"]
-        shares.append({d: lt[d] for d in sorted(lt)})
+        shares.append(" / ".join("%.1f" % (lt[d] / 1e6) for d in sorted(lt)))
     L.append("")
-    L.append("MPTCP sweep, A's tx bytes per link per run: %s." % shares)
+    L.append("MPTCP sweep, MB sent by A on each link (eth1 / eth2 …), per run: %s." % "; ".join(shares))
     L.append("")
     L.append(busy_line(runs))
     L.append("")
