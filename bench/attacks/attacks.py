@@ -678,6 +678,18 @@ def junk(c, flooder, runs):
 SCENARIOS = ["icmp", "sweep", "reset", "replay", "accept", "memory", "flood", "resets", "junk"]
 
 
+def cpu_model():
+    """The CPU's model name (docs/BENCHMARKS.md names the host of every figure)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("scenarios", nargs="*", help="default: all of " + ", ".join(SCENARIOS))
@@ -697,7 +709,8 @@ def main():
                                                                "flood.c")], check=True)
     c = Ctx(os.path.abspath(o.ri2n), tmp)
     results = {"ri2n": o.ri2n, "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               "nproc": os.cpu_count()}
+               "nproc": os.cpu_count(), "cpu": cpu_model(), "uname_r": os.uname().release,
+               "command": " ".join(["bench/attacks/attacks.py"] + sys.argv[1:])}
     try:
         for name in o.scenarios:
             log("== %s" % name)

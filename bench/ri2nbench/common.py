@@ -1,0 +1,461 @@
+"""Paths, processes, measurement helpers, statistics, machine facts, results files and the doc's blocks."""
+import json
+import os
+import random
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # bench/
+ROOT = os.path.dirname(HERE)
+RI2N = os.path.join(ROOT, "target", "release", "ri2n")
+LAB = os.path.join(ROOT, "lab", "ri2n-lab")
+FLOW = os.path.join(HERE, "mptcp_flow.py")
+RESULTS = os.path.join(HERE, "results")
+DOC = os.path.join(ROOT, "docs", "BENCHMARKS.md")
+PLOT = os.path.join(ROOT, "docs", "fault-timeline.png")
+
+DEVNULL = subprocess.DEVNULL
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+# Payload limits of a tbf-capped link (tbf counts skb->len = IP packet + 14-byte Ethernet header)
+WIRE = 1500 + 14
+UDP_PAYLOAD = 1500 - 20 - 8  # 1472
+TCP_PAYLOAD = 1500 - 20 - 20 - 12  # 1448 (timestamps on)
+
+
+def udp_limit(mbit):
+    return mbit * 1e6 * UDP_PAYLOAD / WIRE
+
+
+def tcp_limit(mbit):
+    return mbit * 1e6 * TCP_PAYLOAD / WIRE
+
+
+def log(*a):
+    print("[%s]" % time.strftime("%H:%M:%S"), *a, file=sys.stderr, flush=True)
+
+
+class Procs:
+    """Every process this run starts; ended by PID (SIGTERM, then SIGKILL), never by name."""
+
+    def __init__(self):
+        self.live = []
+
+    def start(self, cmd, stdout=DEVNULL, stderr=DEVNULL, **kw):
+        p = subprocess.Popen([str(c) for c in cmd], stdin=DEVNULL, stdout=stdout, stderr=stderr,
+                             start_new_session=True, **kw)
+        self.live.append(p)
+        return p
+
+    def stop(self, p, grace=3.0):
+        if p.returncode is None and p.poll() is None:
+            try:
+                os.kill(p.pid, signal.SIGTERM)
+                p.wait(grace)
+            except subprocess.TimeoutExpired:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait(5)
+            except ProcessLookupError:
+                pass
+        if p in self.live:
+            self.live.remove(p)
+
+    def stop_all(self):
+        for p in reversed(list(self.live)):
+            try:
+                self.stop(p)
+            except Exception as e:  # keep tearing down
+                log("stop %d: %s" % (p.pid, e))
+
+    def wait_rusage(self, p, timeout):
+        """Waits (bounded) for p; returns (exit code, CPU seconds user+system) via wait4."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid == p.pid:
+                p.returncode = os.waitstatus_to_exitcode(status)
+                if p in self.live:
+                    self.live.remove(p)
+                return p.returncode, ru.ru_utime + ru.ru_stime
+            if time.monotonic() > deadline:
+                log("timeout: killing pid %d (%s)" % (p.pid, " ".join(p.args[:6])))
+                self.stop(p)
+                return None, None
+            time.sleep(0.01)
+
+
+PROCS = Procs()
+
+
+def run(cmd, check=True, timeout=60, quiet=False):
+    r = subprocess.run([str(c) for c in cmd], stdin=DEVNULL, capture_output=True, text=True,
+                       timeout=timeout)
+    if check and r.returncode != 0:
+        raise RuntimeError("%s: exit %d: %s" % (" ".join(map(str, cmd)), r.returncode,
+                                                (r.stderr or r.stdout).strip()[-500:]))
+    return r.stdout
+
+
+def stat_cpu(path):
+    """A /proc `stat` file's name (comm) and utime+stime in seconds."""
+    with open(path) as f:
+        head, rest = f.read().rsplit(")", 1)
+    fields = rest.split()
+    return head.split("(", 1)[1], (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def proc_cpu(pid):
+    """utime+stime of a running process (all its threads), in seconds."""
+    return stat_cpu("/proc/%d/stat" % pid)[1]
+
+
+def thread_cpu(pid):
+    """utime+stime of each thread of a running process, in seconds, by "comm-tid"."""
+    out = {}
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:
+            comm, cpu = stat_cpu("/proc/%d/task/%s/stat" % (pid, tid))
+            out["%s-%s" % (comm, tid)] = cpu
+        except OSError:
+            pass  # the thread ended meanwhile
+    return out
+
+
+def proc_comm(pid):
+    try:
+        with open("/proc/%d/comm" % pid) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def wait_ready(p, what, seconds=0.6):
+    time.sleep(seconds)
+    if p.poll() is not None:
+        raise RuntimeError("%s exited at start (code %s)" % (what, p.returncode))
+
+
+def free_port(addrs=("127.0.0.1", "127.0.0.2")):
+    for _ in range(50):
+        port = random.randint(20000, 60000)
+        socks = []
+        try:
+            for a in addrs:
+                for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
+                    s = socket.socket(socket.AF_INET, kind)
+                    socks.append(s)
+                    s.bind((a, port))
+            return port
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port")
+
+
+def cpu_times():
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    return v[3] + v[4], sum(v)  # idle + iowait, total
+
+
+def cpu_busy(seconds=0.5):
+    i0, t0 = cpu_times()
+    time.sleep(seconds)
+    i1, t1 = cpu_times()
+    return 1 - (i1 - i0) / max(1, t1 - t0)
+
+
+QUIET = {"budget": 30.0, "waited": 0.0}
+
+
+def wait_quiet(threshold=0.25):
+    """The machine is shared: before a measurement, wait (within a budget of QUIET['budget']
+    seconds per part) until the CPUs are at most `threshold` busy. Returns the last busy
+    fraction, recorded with the run."""
+    while True:
+        b = cpu_busy(0.5)
+        if b <= threshold or QUIET["waited"] >= QUIET["budget"]:
+            return round(b, 3)
+        QUIET["waited"] += 0.5
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def spread(xs, fmt="%.1f", scale=1.0):
+    """'median (min–max, n=N)'"""
+    xs = [x * scale for x in xs if x is not None]
+    if not xs:
+        return "n/a"
+    if len(xs) == 1:
+        return (fmt % xs[0]) + " (n=1)"
+    return "%s (%s–%s, n=%d)" % (fmt % statistics.median(xs), fmt % min(xs), fmt % max(xs), len(xs))
+
+
+def fit(points):
+    """Least squares t = alpha + beta*n on (n, t) points; returns alpha, beta, n_half."""
+    n = len(points)
+    if n < 2:
+        return None, None, None
+    sx = sum(p[0] for p in points)
+    sy = sum(p[1] for p in points)
+    sxx = sum(p[0] * p[0] for p in points)
+    sxy = sum(p[0] * p[1] for p in points)
+    d = n * sxx - sx * sx
+    beta = (n * sxy - sx * sy) / d
+    alpha = (sy - beta * sx) / n
+    return alpha, beta, (alpha / beta if beta > 0 else None)
+
+
+def parse_sockperf(text):
+    def grab(pat):
+        m = re.search(pat, text)
+        return float(m.group(1)) if m else None
+
+    return {
+        "median_us": grab(r"percentile 50\.000 =\s*([\d.]+)"),
+        "p99_us": grab(r"percentile 99\.000 =\s*([\d.]+)"),
+        "min_us": grab(r"<MIN> observation =\s*([\d.]+)"),
+        "mean_us": grab(r"avg-rtt=([\d.]+)"),
+        "count": grab(r"Total (\d+) observations"),
+    }
+
+
+def sockperf_pp(prefix_cmd, ip, port, size, seconds, tcp=False):
+    """sockperf ping-pong with --full-rtt: every figure is a round-trip time."""
+    cmd = prefix_cmd + ["sockperf", "ping-pong", "-i", ip, "-p", port, "-m", size, "-t", seconds,
+                        "--full-rtt"] + (["--tcp"] if tcp else [])
+    with tempfile.TemporaryFile("w+") as out:
+        w0 = time.monotonic()
+        p = PROCS.start(cmd, stdout=out, stderr=subprocess.STDOUT)
+        rc, _ = PROCS.wait_rusage(p, seconds + 30)
+        wall = time.monotonic() - w0
+        out.seek(0)
+        text = out.read()
+    r = parse_sockperf(text)
+    r["rc"] = rc
+    r["size"] = size
+    r["wall_s"] = round(wall, 2)
+    if rc != 0 or r["median_us"] is None:
+        r["error"] = text[-800:]
+    return r
+
+
+def run_json(cmd, timeout, server_pid=None):
+    """Runs a client with --json; returns (doc, rc, client CPU s, server CPU s, wall s, stderr)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        s0 = proc_cpu(server_pid) if server_pid else None
+        w0 = time.monotonic()
+        p = PROCS.start(cmd, stdout=out, stderr=err)
+        rc, cpu = PROCS.wait_rusage(p, timeout)
+        wall = time.monotonic() - w0
+        time.sleep(0.3)  # the server finishes its side
+        s1 = proc_cpu(server_pid) if server_pid else None
+        out.seek(0)
+        err.seek(0)
+        text, etext = out.read(), err.read()
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    return doc, rc, cpu, (s1 - s0 if s0 is not None else None), wall, etext
+
+
+def sys_busy():
+    """Busy CPU seconds of the whole machine so far (user, nice, system, irq, softirq): counts
+    both ends and the kernel work done for them on any thread (veth and bridge forwarding in
+    softirq), which per-process accounting misses."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:8]]
+    return (v[0] + v[1] + v[2] + v[5] + v[6]) / CLK_TCK
+
+
+def timed_client(cmd, timeout):
+    """Runs the sending side of a transfer; returns its exit code, its CPU seconds, the
+    machine's busy CPU seconds meanwhile and what it printed."""
+    with tempfile.TemporaryFile("w+") as out:
+        busy0 = sys_busy()
+        p = PROCS.start(cmd, stdout=out)
+        rc, cpu = PROCS.wait_rusage(p, timeout)
+        busy1 = sys_busy()
+        out.seek(0)
+        return rc, cpu, busy1 - busy0, out.read()
+
+
+def fast_file(nbytes):
+    """A file of random bytes in /dev/shm (memory: reading it costs no disk time)."""
+    path = "/dev/shm/ri2nbench-%d-%d.bin" % (os.getpid(), nbytes)
+    if not os.path.exists(path):
+        with open(path, "wb") as f:
+            left = nbytes
+            while left:
+                n = min(left, 1 << 22)
+                f.write(os.urandom(n))
+                left -= n
+    FAST_FILES.add(path)
+    return path
+
+
+FAST_FILES = set()
+
+
+def sh(cmd):
+    try:
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=20).stdout.strip()
+    except Exception:
+        return ""
+
+
+BUILD = {}  # facts about the ri2n binary, taken when it is copied at start
+# the command line's defaults (set by __main__), to tell which options a results file changed
+OPTION_DEFAULTS = {}
+
+
+def build_facts():
+    src = os.path.join(ROOT, "target", "release", "ri2n")
+    return {
+        "commit": sh("git -C %s rev-parse --short HEAD" % ROOT),
+        "dirty": sh("git -C %s status --porcelain -- crates Cargo.toml Cargo.lock | wc -l" % ROOT),
+        "ri2n_built": sh("date -u -r %s '+%%Y-%%m-%%d %%H:%%M UTC'" % src),
+    }
+
+
+def machine():
+    return BUILD | {
+        "date_utc": sh("date -u '+%Y-%m-%d %H:%M UTC'"),
+        "nproc": sh("nproc"),
+        "uname_r": sh("uname -r"),
+        "cpu": sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-").strip(),
+        "loadavg": sh("cut -d' ' -f1-3 /proc/loadavg"),
+        "ri2n": sh("%s --version" % RI2N),
+        "ri2n_sha256": sh("sha256sum %s | cut -c1-12" % RI2N),
+        "iperf3": sh("iperf3 --version | head -1"),
+        "sockperf": sh("sockperf --version 2>&1 | grep -m1 version"),
+        "mptcp_enabled": sh("sysctl -n net.mptcp.enabled"),
+    }
+
+
+def save(res):
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, res["part"] + ".json"), "w") as f:
+        json.dump(res, f, indent=1)
+
+
+def load(part):
+    try:
+        with open(os.path.join(RESULTS, part + ".json")) as f:
+            return json.load(f)
+    except OSError:
+        return None
+
+
+def command_line(res):
+    """The command that produced a results file: `bench/run-all PARTS` and every option that
+    differed from its default (the lab prefix aside)."""
+    o = res.get("options") or {}
+    words = ["bench/run-all"] + list(o.get("parts") or [res["part"]])
+    for k, v in o.items():
+        if k in ("parts", "prefix", "no_doc") or k not in OPTION_DEFAULTS:
+            continue
+        if v != OPTION_DEFAULTS[k]:
+            flag = "--" + k.replace("_", "-")
+            words += [flag] if v is True else [] if v is False else [flag, str(v)]
+    return " ".join(words)
+
+
+def mfacts(res):
+    """A block's first line: when, where (CPUs and their model), from which commit, by which
+    command."""
+    m = res["machine"]
+    dirty = (" plus %s uncommitted file(s) under crates/" % m["dirty"]
+             if m["dirty"] not in ("", "0") else "")
+    return ("**Measured %s on %s CPUs (`nproc`), `%s`, commit `%s`%s** by `%s`. Kernel `%s`, "
+            "load average at the start %s; %s (binary sha256 %s…, built %s); %s; %s. The part "
+            "took %.0f s." % (
+                m["date_utc"], m["nproc"], m["cpu"], m["commit"], dirty, command_line(res),
+                m["uname_r"], m["loadavg"], m["ri2n"], m.get("ri2n_sha256"), m.get("ri2n_built"),
+                m["iperf3"], m["sockperf"], res.get("elapsed_s", 0)))
+
+
+def odd_events(evs):
+    """ri2n link-state changes other than the start-up ones (in runs without any fault, each
+    one is a false alarm)."""
+    return ["%.3f s L%d %s" % (e["t"], e["link"], e["event"]) for e in (evs or [])
+            if e["event"] not in ("validating -> up", "added")]
+
+
+def odd_summary(items):
+    """items: (label, events) → one line per run that had false alarms."""
+    out = []
+    for label, evs in items:
+        odd = odd_events(evs)
+        if odd:
+            downs = sum(1 for x in odd if x.endswith("-> down") or x.endswith("-> degraded"))
+            out.append("  - %s: %d link(s) demoted (%s%s)" % (label, downs, ", ".join(odd[:4]),
+                                                              ", …" if len(odd) > 4 else ""))
+    if not out:
+        return ["No ri2n link changed state during these fault-free runs."]
+    return ["ri2n link-state changes during these fault-free runs (false alarms: no fault was "
+            "injected; ri2n's `events`, t from the connection's start):"] + out
+
+
+def busy_line(rows):
+    b = [r.get("busy_before") for r in rows if r.get("busy_before") is not None]
+    if not b:
+        return ""
+    return ("CPUs busy just before each measurement (the driver waits up to 30 s per part for "
+            "at most 25 %%): %s." % spread(b, "%.0f %%", 100))
+
+
+def per_run(values):
+    """Each run's value, or one value "in every run" when they are all alike."""
+    values = list(values)
+    if values and all(v == values[0] for v in values):
+        return "%s in every run" % values[0]
+    return "; ".join(map(str, values)) or "n/a"
+
+
+def fmt_ms(x):
+    return "never" if x is None else "%.0f" % (x * 1000)
+
+
+def update_doc(parts, reporters, after=None, write=True):
+    """Rewrites each part's block of docs/BENCHMARKS.md from its results file with
+    `reporters[part](res)`; then calls `after[part](res)` where given (the fault plot). With
+    write=False the blocks go to stdout and nothing is written."""
+    if not os.path.exists(DOC):
+        log("no %s: not updated" % DOC)
+        return
+    with open(DOC) as f:
+        text = f.read()
+    for part in parts:
+        res = load(part)
+        if not res:
+            continue
+        block = reporters[part](res)
+        if not write:
+            print("<!-- BEGIN %s -->\n%s\n<!-- END %s -->" % (part, block, part))
+            continue
+        b, e = "<!-- BEGIN %s -->" % part, "<!-- END %s -->" % part
+        if b in text and e in text:
+            pre, rest = text.split(b, 1)
+            _, post = rest.split(e, 1)
+            text = pre + b + "\n" + block + "\n" + e + post
+        else:
+            log("markers for %s missing in %s" % (part, DOC))
+        if after and part in after:
+            after[part](res)
+    if write:
+        with open(DOC, "w") as f:
+            f.write(text)

@@ -1,0 +1,458 @@
+"""Part 6: `ri2n tunnel` on 3 hosts and 2 networks of 1 Gbit/s per port."""
+import json
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+
+from . import common
+from .common import (
+    LAB, PROCS, ROOT, fmt_ms, log, mfacts, proc_cpu, run, run_json, sockperf_pp, spread,
+    wait_quiet)
+from .labctl import do_events, new_lab
+from .analysis import BIN, analyse
+from .fault import tcp_flow_run
+
+
+TUNNEL_HOSTS = "abc"
+
+
+def tunnel_up(lab, tmpdir, carry="datagrams"):
+    """Key, cluster file and a daemon per host (`--carry CARRY`); waits until every daemon has
+    both peers."""
+    key = os.path.join(tmpdir, "cluster.key")
+    run([common.RI2N, "keygen", "--output", key, "--force"])
+    text = 'key = "%s"\n' % key
+    for i, h in enumerate(TUNNEL_HOSTS, 1):
+        text += '\n[[host]]\nname = "%s"\naddress = "10.99.0.%d"\nlinks = ["10.77.1.%d", "10.77.2.%d"]\n' % (
+            h, i, i, i)
+    cfg = os.path.join(tmpdir, "cluster.toml")
+    with open(cfg, "w") as f:
+        f.write(text)
+    logs, daemons = {}, {}
+    for h in TUNNEL_HOSTS:
+        logs[h] = os.path.join(tmpdir, "tunnel-%s.log" % h)
+        daemons[h] = PROCS.start(lab.ex(h, common.RI2N, "tunnel", "--config", cfg, "--carry", carry),
+                                 stderr=open(logs[h], "w"))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if all(open(logs[h]).read().count(" connected (") >= 2 for h in TUNNEL_HOSTS):
+            return daemons, logs
+        time.sleep(0.1)
+    raise RuntimeError("tunnel daemons did not connect: %s" % {h: open(logs[h]).read() for h in logs})
+
+
+def iperf_run(lab, client, server_ip, port, seconds, mptcp=False, interval=None, events=()):
+    cmd = ["iperf3", "-c", server_ip, "-p", port, "-t", seconds, "--json"]
+    if interval:
+        cmd += ["-i", interval]
+    if mptcp:
+        cmd = ["mptcpize", "run"] + cmd
+    stop = threading.Event()
+    ev_log = []
+    th = None
+    if events:
+        t0 = time.monotonic()
+        th = threading.Thread(target=do_events, args=(lab, t0, events, ev_log, stop))
+        th.start()
+    doc, rc, cpu, _, wall, err = run_json(lab.ex(client, *cmd), seconds + 60)
+    stop.set()
+    if th:
+        th.join(30)
+    e = doc["end"]["sum_received"] if doc else {}
+    r = {"bps": e.get("bits_per_second"), "bytes": e.get("bytes"), "rc": rc,
+         "retransmits": doc and doc["end"]["sum_sent"].get("retransmits"), "cpu_client": cpu}
+    if interval and doc:
+        r["intervals"] = [[round(i["sum"]["start"], 3), i["sum"]["bits_per_second"]]
+                          for i in doc["intervals"]]
+        # when the sender retransmitted, and its window then: what a stall looked like
+        r["retransmits_at"] = [[round(i["sum"]["start"], 3), i["sum"].get("retransmits"),
+                                (i.get("streams") or [{}])[0].get("snd_cwnd")]
+                               for i in doc["intervals"] if i["sum"].get("retransmits")]
+    if rc != 0:
+        r["error"] = err[-500:] or (doc or {}).get("error")
+    return r
+
+
+# an idle TCP connection through an outage: the client connects, is echoed once, sleeps, and
+# then times one more echo (its JSON result on stdout)
+IDLE_PY = r"""
+import json, socket, sys, time
+if sys.argv[1] == "server":
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", int(sys.argv[2])))
+    s.listen(1)
+    c, _ = s.accept()
+    while True:
+        d = c.recv(100)
+        if not d:
+            break
+        c.sendall(d)
+else:
+    c = socket.create_connection((sys.argv[2], int(sys.argv[3])), timeout=10)
+    c.sendall(b"hello")
+    c.recv(100)
+    time.sleep(float(sys.argv[4]))
+    c.settimeout(60)
+    t = time.monotonic()
+    try:
+        c.sendall(b"again")
+        d = c.recv(100)
+        print(json.dumps({"ok": d == b"again", "echo_s": time.monotonic() - t}))
+    except OSError as e:
+        print(json.dumps({"ok": False, "error": str(e), "after_s": time.monotonic() - t}))
+"""
+
+
+def first_data_after(intervals, t):
+    """Seconds from t to the end of the first interval starting at or after t that moved data
+    (None if none did)."""
+    step = intervals[1][0] - intervals[0][0] if len(intervals) > 1 else 0.2
+    for start, bps in intervals:
+        if start >= t - 1e-6 and bps > 0:
+            return start + step - t
+    return None
+
+
+def tunnel_partition(lab, tmpdir, outage, t_fault=5.0):
+    """Every link down for `outage` s under an idle and a moving TCP connection (host a to b
+    through the tunnel)."""
+    script = os.path.join(tmpdir, "idle.py")
+    with open(script, "w") as f:
+        f.write(IDLE_PY)
+    srv = PROCS.start(lab.ex("b", "python3", script, "server", 5301))
+    time.sleep(0.5)
+    out = tempfile.TemporaryFile("w+")
+    idle = PROCS.start(lab.ex("a", "python3", script, "client", "10.99.0.2", 5301,
+                              t_fault + outage + 1.0), stdout=out)
+    heal = t_fault + outage
+    r = iperf_run(lab, "a", "10.99.0.2", 5201, heal + 10, interval=0.2,
+                  events=[(t_fault, "fault", 1, "switch"), (t_fault, "fault", 2, "switch"),
+                          (heal, "heal", "all")])
+    PROCS.wait_rusage(idle, 70)
+    out.seek(0)
+    try:
+        r["idle"] = json.loads(out.read())
+    except ValueError:
+        r["idle"] = {"ok": False, "error": "no result"}
+    PROCS.stop(srv)
+    r["outage"] = outage
+    r["resume_s"] = first_data_after(r.get("intervals") or [], heal)
+    return r
+
+
+MPI_SECONDS = 42
+# the lab test's schedule (crates/ri2n-lab-tests/tests/tunnel.rs), in the job's own seconds
+MPI_EVENTS = [(6.0, "fault", 1, "switch"), (12.0, "heal", 1), (16.0, "fault", 1, "switch"),
+              (16.0, "fault", 2, "switch"), (36.0, "heal", "all")]
+
+
+def mpi_job(lab, tmpdir, btl, oob):
+    """The lab test's MPI job (tests/mpi/check.c, one rank per host, mpirun in host a) with
+    Open MPI's TCP transport on `btl` and its control traffic on `oob`, through MPI_EVENTS."""
+    program = os.path.join(tmpdir, "check")
+    if not os.path.exists(program):
+        run(["mpicc", "-O2", "-o", program,
+             os.path.join(ROOT, "crates/ri2n-lab-tests/tests/mpi/check.c")], timeout=120)
+    agent = os.path.join(tmpdir, "agent")
+    with open(agent, "w") as f:
+        f.write('#!/bin/sh\nexec %s --prefix %s agent "$@"\n' % (LAB, lab.prefix))
+    os.chmod(agent, 0o755)
+    hostfile = os.path.join(tmpdir, "hostfile")
+    with open(hostfile, "w") as f:
+        f.write("".join("%s slots=1\n" % h for h in TUNNEL_HOSTS))
+    cmd = [agent, "a", "mpirun", "--hostfile", hostfile, "-np", 3, "--map-by", "node",
+           "--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", 1,
+           "--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", btl,
+           "--mca", "oob_tcp_if_include", oob, program, MPI_SECONDS]
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    p = PROCS.start(cmd, stdout=out, stderr=err, env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and p.poll() is None:
+        out.seek(0)
+        if "progress" in out.read():
+            break
+        time.sleep(0.05)
+    t0 = time.monotonic() - 1.0  # the first progress line comes a second into the job
+    ev_log, stop = [], threading.Event()
+    do_events(lab, t0, MPI_EVENTS, ev_log, stop)
+    rc, _ = PROCS.wait_rusage(p, MPI_SECONDS + 120)
+    wall = time.monotonic() - t0
+    out.seek(0)
+    err.seek(0)
+    text, etext = out.read(), err.read()
+    ranks = re.findall(r"rank (\d+): iterations (\d+), checked MB (\d+), longest iteration "
+                       r"([\d.]+) s, at ([\d.]+) s", text)
+    progress = [(float(t), int(i)) for t, i in re.findall(r"progress t=([\d.]+) iterations=(\d+)", text)]
+    return {"rc": rc, "ok": "result: ok" in text, "wall_s": wall, "progress": progress,
+            "ranks": [{"rank": int(r), "iterations": int(i), "mb": int(m), "longest_s": float(l),
+                       "longest_at": float(a)} for r, i, m, l, a in ranks],
+            "stderr": etext[-1500:] if rc != 0 else ""}
+
+
+# payload capacity of one 1 Gbit/s link for TCP: 1448 payload bytes per 1514-byte frame (a
+# 1500-byte packet less 52 bytes of IP+TCP with timestamps), what one TCP connection carries on
+# it; the tunnel's own encapsulation (ri2n's 39 bytes per packet, inner TCP's headers once per
+# 64 KB segment) counts against it
+TUNNEL_LINK_CAP = 1e9 * 1448 / 1514
+# a switch dies and heals under a TCP flow through the tunnel
+TUNNEL_FAILOVER = (8, [(3.0, "fault", 1, "switch"), (5.0, "heal", 1)])
+
+
+def part_tunnel(o):
+    res = {"part": "tunnel", "runs": [], "failover": [], "latency": []}
+    lab = new_lab(o.prefix)
+    lab.up([1000, 1000], hosts=3)
+    res["mptcp"] = lab.mptcp_setup()
+    tmpdir = tempfile.mkdtemp(prefix="ri2nbench-tunnel-")
+    daemons, logs = tunnel_up(lab, tmpdir)
+    srv = {"iperf3": PROCS.start(lab.ex("b", "iperf3", "-s", "-p", 5201)),
+           "mptcp": PROCS.start(lab.ex("b", "mptcpize", "run", "iperf3", "-s", "-p", 5202)),
+           "sockperf": PROCS.start(lab.ex("b", "sockperf", "server", "-i", "0.0.0.0", "-p", 11111))}
+    time.sleep(1)
+    tools = ["tunnel", "mptcp", "tcp"]
+    for rep in range(o.reps):
+        row = {"rep": rep}
+        for k in tools[rep % 3:] + tools[:rep % 3]:
+            row["busy_before_" + k] = wait_quiet()
+            c0 = {h: proc_cpu(daemons[h].pid) for h in "ab"}
+            if k == "tunnel":
+                r = iperf_run(lab, "a", "10.99.0.2", 5201, o.time)
+            else:
+                r = iperf_run(lab, "a", "10.77.1.2", 5202 if k == "mptcp" else 5201, o.time,
+                              mptcp=k == "mptcp")
+            c1 = {h: proc_cpu(daemons[h].pid) for h in "ab"}
+            if k == "tunnel":
+                r["cpu_daemons"] = {h: c1[h] - c0[h] for h in "ab"}
+            row[k] = r
+        log("  rep %d: tunnel %.0f, mptcp %.0f, tcp (one link) %.0f Mbit/s" % tuple(
+            [rep] + [(row[k]["bps"] or 0) / 1e6 for k in tools]))
+        res["runs"].append(row)
+    # a switch dies and heals under a TCP flow through the tunnel, measured by the receiver
+    # in 10 ms bins (iperf3 reports no more often than every 0.1 s) with the fault part's rule
+    seconds, events = TUNNEL_FAILOVER
+    for rep in range(o.reps):
+        wait_quiet()
+        r = tcp_flow_run(lab, "a", "10.99.0.2", 5310, seconds, events)
+        r["analysis"] = analyse(r["series_bps"], r["events"], seconds, TUNNEL_LINK_CAP)
+        log("  failover rep %d: %s" % (rep, ", ".join(
+            "%s at %.2f s: %s ms" % (e["action"], e["t_bench"], fmt_ms(e.get("time_to_90")))
+            for e in r["analysis"]["events"])))
+        res["failover"].append(r)
+    # round trip through the tunnel and directly on link 1 (64-byte UDP ping-pong)
+    for rep in range(o.reps):
+        wait_quiet()
+        row = {"tunnel": sockperf_pp(lab.ex("a"), "10.99.0.2", 11111, 64, o.sockperf_time),
+               "link": sockperf_pp(lab.ex("a"), "10.77.1.2", 11111, 64, o.sockperf_time)}
+        res["latency"].append(row)
+    # every link down under an idle and a moving connection
+    outage = 10 if o.quick else 60
+    res["partition"] = []
+    for rep in range(1 if o.quick else 2):
+        wait_quiet()
+        r = tunnel_partition(lab, tmpdir, outage)
+        log("  partition %d s, rep %d: iperf3 exit %s, data again %s s after the heal; idle "
+            "connection %s" % (outage, rep, r["rc"], r["resume_s"], r["idle"]))
+        res["partition"].append(r)
+    # an MPI job through a dead switch and a 20 s partition
+    if shutil.which("mpirun") and shutil.which("mpicc"):
+        wait_quiet()
+        res["mpi_tunnel"] = mpi_job(lab, tmpdir, "ri2n0", "ri2n0")
+        log("  MPI through the tunnel: %s" % {k: res["mpi_tunnel"][k] for k in ("rc", "ok", "ranks")})
+    # how IP packets ride: datagrams (the default) against reliable messages
+    res["carry"] = {}
+    for carry in ("datagrams", "messages"):
+        for p in daemons.values():
+            PROCS.stop(p)
+        daemons, logs = tunnel_up(lab, tmpdir, carry)
+        rows = []
+        for rep in range(o.reps):
+            wait_quiet()
+            row = {"rate": iperf_run(lab, "a", "10.99.0.2", 5201, o.time),
+                   "failover": iperf_run(lab, "a", "10.99.0.2", 5201, 8, interval=0.1,
+                                         events=[(3.0, "fault", 1, "switch"), (5.0, "heal", 1)]),
+                   "outage": iperf_run(lab, "a", "10.99.0.2", 5201, 10, interval=0.2,
+                                       events=[(3.0, "fault", 1, "switch"),
+                                               (3.0, "fault", 2, "switch"), (6.0, "heal", "all")])}
+            row["outage"]["resume_s"] = first_data_after(row["outage"].get("intervals") or [], 6.0)
+            log("  carry %s rep %d: %.0f Mbit/s, data again %s s after a 3 s outage" % (
+                carry, rep, (row["rate"]["bps"] or 0) / 1e6, row["outage"]["resume_s"]))
+            rows.append(row)
+        res["carry"][carry] = rows
+    for p in srv.values():
+        PROCS.stop(p)
+    for p in daemons.values():
+        PROCS.stop(p)
+    # the same MPI job on the plain networks: Open MPI on both interfaces, no ri2n
+    if shutil.which("mpirun") and shutil.which("mpicc"):
+        wait_quiet()
+        res["mpi_plain"] = mpi_job(lab, tmpdir, "eth1,eth2", "eth1")
+        log("  MPI on the plain networks: %s" % {k: res["mpi_plain"][k] for k in ("rc", "ok", "ranks")})
+    res["daemon_logs"] = {h: open(logs[h]).read()[-3000:] for h in TUNNEL_HOSTS}
+    res["commands"] = {
+        "tunnel": "iperf3 -c 10.99.0.2 -t %d (host a to b through ri2n0)" % o.time,
+        "mptcp": "mptcpize run iperf3 -c 10.77.1.2 -p 5202 -t %d (one subflow per network)" % o.time,
+        "tcp": "iperf3 -c 10.77.1.2 -t %d (network 1 only)" % o.time,
+        "failover": "bench/mptcp_flow.py send --tcp --to 10.99.0.2:5310 --time 8 (receiver: "
+                    "recv --tcp, 10 ms bins); switch 1 dies at 3 s, heals at 5 s",
+        "latency": "sockperf ping-pong -m 64 --full-rtt -t %d to 10.99.0.2 and to 10.77.1.2" % o.sockperf_time,
+        "partition": "iperf3 -c 10.99.0.2 -t %d -i 0.2 and an idle TCP connection (echoed once "
+                     "before, timed once after); every switch dead from 5 s to %d s" % (
+                         5 + outage + 10, 5 + outage),
+        "mpi": "mpirun -np 3 --map-by node --mca pml ob1 --mca btl tcp,self --mca "
+               "btl_tcp_if_include ri2n0 (plain: eth1,eth2) --mca oob_tcp_if_include ri2n0 "
+               "(plain: eth1) check %d (tests/mpi/check.c); switch 1 dead 6-12 s, every switch "
+               "dead 16-36 s" % MPI_SECONDS,
+        "carry": "ri2n tunnel --carry datagrams|messages; iperf3 -c 10.99.0.2 -t %d; -t 8 -i 0.1 "
+                 "with switch 1 dead 3-5 s; -t 10 -i 0.2 with every switch dead 3-6 s" % o.time,
+    }
+    lab.down()
+    shutil.rmtree(tmpdir, ignore_errors=True)
+    return res
+
+
+def report_tunnel(res):
+    L = [mfacts(res), ""]
+    runs = res["runs"]
+    cap = 2 * TUNNEL_LINK_CAP
+    L.append("3 hosts (`lab/ri2n-lab up 2 --hosts 3 --rate 1000`), 2 networks, 1 Gbit/s tbf per "
+             "port; a `ri2n tunnel` daemon per host (keyed); TCP from host a to host b. Median "
+             "(min–max) of %d runs, the tools taking turns:\n" % len(runs))
+    L.append("| what | goodput, Mbit/s | TCP retransmissions | daemon CPU-s per GB (a + b) |")
+    L.append("| --- | --- | --- | --- |")
+    for k, name in (("tunnel", "iperf3 through the tunnel (both networks)"),
+                    ("mptcp", "iperf3 over kernel MPTCP (`mptcpize`, both networks)"),
+                    ("tcp", "iperf3 over TCP on network 1 only")):
+        bps = [r[k]["bps"] or 0 for r in runs]
+        retr = [r[k]["retransmits"] or 0 for r in runs]
+        cpu = ""
+        if k == "tunnel":
+            cpu = spread([sum(r[k]["cpu_daemons"].values()) / max(r[k]["bytes"] or 1, 1) * 1e9
+                          for r in runs], "%.2f")
+        L.append("| %s | %s | %s | %s |" % (name, spread(bps, "%.0f", 1e-6), spread(retr, "%.0f"), cpu))
+    ratio = [(r["tunnel"]["bps"] or 0) / (r["mptcp"]["bps"] or 1) for r in runs]
+    share = [(r["tunnel"]["bps"] or 0) / cap for r in runs]
+    L.append("")
+    L.append("Tunnel / MPTCP per run: **%s** (target ≥ 1). Tunnel / payload capacity of the two "
+             "links for TCP (1448 bytes per 1514-byte frame, %.0f Mbit/s): **%s** (target ≥ 90 %%)."
+             % (spread(ratio, "%.3f×"), cap / 1e6, spread(share, "%.1f %%", 100)))
+    fo = res["failover"]
+    if fo and "analysis" in fo[0]:
+        L.append("")
+        L.append("**Switch 1 dies at 3 s and heals at 5 s** under one TCP flow through the tunnel "
+                 "(`bench/mptcp_flow.py --tcp`, the receiver counting what it reads per 10 ms; "
+                 "events placed where the lab stamped them). Rule as in part 3: the flow is back "
+                 "at the start of the first 10 ms bin whose own goodput and whose 100 ms average "
+                 "are both ≥ the target: after the fault 90 %% of the surviving link (%.0f "
+                 "Mbit/s), after the heal 90 %% of both links or of the flow's own rate before the "
+                 "fault if lower. Mbit/s and ms:" % (0.9 * TUNNEL_LINK_CAP / 1e6))
+        L.append("")
+        L.append("| run | 0.3–3 s | 3–5 s (one link) | 5.5–8 s | back after the fault | back after "
+                 "the heal (target) | longest stall after the fault |")
+        L.append("| --- | --- | --- | --- | --- | --- | --- |")
+        for i, r in enumerate(fo):
+            se = r["series_bps"]
+
+            def mean(a, b):
+                xs = se[int(a / BIN):int(b / BIN)]
+                return sum(xs) / len(xs) / 1e6 if xs else 0
+            ev = r["analysis"]["events"]
+            fault = next((e for e in ev if e["action"] == "fault"), {})
+            heal = next((e for e in ev if e["action"] == "heal"), {})
+            L.append("| %d | %.0f | %.0f | %.0f | %s | %s (%.0f) | %s |" % (
+                i + 1, mean(0.3, 3.0), mean(3.0, 5.0), mean(5.5, 8.0),
+                fmt_ms(fault.get("time_to_90")), fmt_ms(heal.get("time_to_90")),
+                (heal.get("target_bps") or 0) / 1e6, fmt_ms(fault.get("stall"))))
+        fails = [e.get("time_to_90") for r in fo for e in r["analysis"]["events"]
+                 if e["action"] == "fault"]
+        heals = [e.get("time_to_90") for r in fo for e in r["analysis"]["events"]
+                 if e["action"] == "heal"]
+        L.append("")
+        L.append("Back after the fault within 100 ms in %d of %d runs; after the heal within "
+                 "200 ms in %d of %d." % (
+                     sum(1 for x in fails if x is not None and x <= 0.1), len(fails),
+                     sum(1 for x in heals if x is not None and x <= 0.2), len(heals)))
+    lat = res["latency"]
+    if lat:
+        L.append("")
+        L.append("**64-byte UDP round trip** (sockperf `--full-rtt`), µs: through the tunnel %s, "
+                 "directly on network 1 %s (median of each run's median)." % (
+                     spread([r["tunnel"]["median_us"] or 0 for r in lat]),
+                     spread([r["link"]["median_us"] or 0 for r in lat])))
+    part = res.get("partition") or []
+    if part:
+        L.append("")
+        L.append("**Every link down for %d s** under two TCP connections through the tunnel, "
+                 "one moving data (iperf3, 0.2 s intervals) and one idle (echoed before the "
+                 "outage and once after the heal):" % part[0]["outage"])
+        L.append("")
+        L.append("| run | moving: iperf3 exit (0: no reset) | moving: data again after the heal | idle: echo after the heal |")
+        L.append("| --- | --- | --- | --- |")
+        for i, r in enumerate(part):
+            idle = r.get("idle") or {}
+            L.append("| %d | %s | %s | %s |" % (
+                i + 1, r["rc"], "%.1f s" % r["resume_s"] if r["resume_s"] is not None else "never",
+                "%.3f s" % idle["echo_s"] if idle.get("ok") else "failed: %s" % idle.get("error")))
+        L.append("")
+        L.append("(Counted in whole 0.2 s intervals, the one holding the heal included.)")
+    mt, mp = res.get("mpi_tunnel"), res.get("mpi_plain")
+    if mt or mp:
+        L.append("")
+        L.append("**An MPI job through faults** (Open MPI, `tests/mpi/check.c`: allreduce, "
+                 "broadcast, ring exchange and all-to-all with every result checked, one rank "
+                 "per host, %d s of its own clock); switch 1 dead from 6 s to 12 s, every switch "
+                 "dead from 16 s to 36 s:" % MPI_SECONDS)
+        L.append("")
+        L.append("| network | exit, result | iterations a second before the faults | iterations | longest iteration (the job stood still) | wall time |")
+        L.append("| --- | --- | --- | --- | --- | --- |")
+        for name, r in (("through the tunnel (ri2n0)", mt), ("plain networks, Open MPI on both (eth1, eth2)", mp)):
+            if not r:
+                continue
+            before = [i for t, i in r["progress"] if t <= 6.0]
+            rate = before[-1] / max(t for t, i in r["progress"] if t <= 6.0) if before else 0
+            worst = max(r["ranks"], key=lambda x: x["longest_s"]) if r["ranks"] else None
+            L.append("| %s | %s, %s | %.0f | %s | %s | %.0f s |" % (
+                name, r["rc"], "ok" if r["ok"] else "**no result**", rate,
+                r["ranks"][0]["iterations"] if r["ranks"] else "–",
+                "%.1f s from %.1f s" % (worst["longest_s"], worst["longest_at"]) if worst else "–",
+                r["wall_s"]))
+    carry = res.get("carry") or {}
+    if carry:
+        L.append("")
+        L.append("**How IP packets ride** (`ri2n tunnel --carry`): each as one unreliable "
+                 "datagram (the default) or as a reliable, ordered message (ri2n retransmits "
+                 "under inner TCP). iperf3 from host a to b; median (min–max) of %d runs:" % len(
+                     next(iter(carry.values()))))
+        L.append("")
+        L.append("| carry | goodput, Mbit/s | inner TCP retransmissions | switch 1 dead 3–5 s: mean Mbit/s | back ≥ 816 after the fault | its inner TCP retransmissions | every switch dead 3–6 s: data again after the heal | its inner TCP retransmissions |")
+        L.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for name, rows in carry.items():
+            def during(r):
+                xs = [x[1] for x in r["failover"].get("intervals") or [] if 3.0 <= x[0] < 5.0]
+                return sum(xs) / len(xs) if xs else 0
+
+            def back(r):
+                for x in r["failover"].get("intervals") or []:
+                    if x[0] >= 3.0 and x[1] >= 816e6:
+                        return x[0] + 0.1 - 3.0
+                return 99.0
+            resume = [r["outage"]["resume_s"] if r["outage"]["resume_s"] is not None else 99.0
+                      for r in rows]
+            def retransmits(k):
+                return spread([r[k]["retransmits"] or 0 for r in rows], "%.0f")
+            L.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                name, spread([r["rate"]["bps"] or 0 for r in rows], "%.0f", 1e-6),
+                retransmits("rate"), spread([during(r) for r in rows], "%.0f", 1e-6),
+                spread([back(r) for r in rows], "%.1f s"), retransmits("failover"),
+                spread(resume, "%.1f s"), retransmits("outage")))
+        L.append("")
+        L.append("(99 s: never within the run. Recovery counted in whole intervals. An outage of "
+                 "every link costs inner TCP its retransmission timeouts during the outage, 3 "
+                 "in 3 s, even when nothing is lost.)")
+    L.append("")
+    L.append("Commands: " + "; ".join("%s: `%s`" % kv for kv in res["commands"].items()) + ".")
+    return "\n".join(L)
