@@ -14,32 +14,27 @@
 
 #![no_main]
 
-#[path = "../../crates/ri2n-proto/tests/harness/mod.rs"]
-mod harness;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use harness::{make_valid, Sim, SimConfig, Transfer};
 use libfuzzer_sys::fuzz_target;
 use ri2n_proto::wire::{decode_packet, Header};
+use ri2n_sim::testbed::{make_valid, Capture, Testbed, TestbedConfig, Transfer};
+use ri2n_sim::Dir;
 
 const MAX_DATAGRAMS: usize = 128;
 
 fuzz_target!(|data: &[u8]| {
-    let mut sim = Sim::new(SimConfig {
-        links: 2,
-        window: 64 << 10,
-        send_buffer: 64 << 10,
-        capture_keep: 8,
-        capture_rolling: 0,
-        ..SimConfig::default()
-    });
+    let mut sim = Testbed::new(
+        TestbedConfig::new(2)
+            .with_buffers(64 << 10, 64 << 10)
+            .with_capture(Dir::AToB, Capture::first(8)),
+    );
     sim.establish();
     let mut t = Transfer::new(48_000, 24_000, 4, false);
     t.verify = false;
     sim.advance(Duration::from_millis(3), |s| t.pump(s));
-    let cid = sim.server_cid.expect("server connection ID seen");
+    let cid = sim.server_cid().expect("server connection ID seen");
     let pairs = sim.pairs();
     let stranger: SocketAddr = "10.0.0.66:5000".parse().unwrap();
     let mut max_conns = 1;
@@ -60,8 +55,7 @@ fuzz_target!(|data: &[u8]| {
             _ => (pairs[pairs.len() - 1].0, pairs[0].1),
         };
         let datagram = if flags & 1 != 0 {
-            let link =
-                (flags & 2 != 0).then(|| sim.link_ids.get(&(local, remote)).copied().unwrap_or(0));
+            let link = (flags & 2 != 0).then(|| sim.link_id(local, remote).unwrap_or(0));
             make_valid(bytes, cid, link)
         } else {
             bytes.to_vec()

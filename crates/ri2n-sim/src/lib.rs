@@ -23,27 +23,36 @@
 //! println!("done at {:?}", report.completed_at);
 //! ```
 //!
+//! For tests that step the two engines by hand, [`testbed::Testbed`] joins a client and a
+//! server `Endpoint` by the same network model: ideal links by default, changed with the same
+//! [`Action`]s, with the client's datagrams captured and any datagram injectable.
+//!
 //! Modules: [`net`] (links and the network model), [`scenario`] (descriptions and random
-//! scenarios), `app` (the application model), `sim` (the event loop), [`report`] and [`error`].
+//! scenarios), `app` (the application model), `sim` (the scenario runner's event loop),
+//! [`testbed`] (the stepped pair), [`report`] and [`error`].
 
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
 mod app;
 pub mod error;
+mod events;
 pub mod net;
+mod outgoing;
 pub mod report;
 pub mod scenario;
 mod sim;
+pub mod testbed;
 
 pub use error::{FailureKind, SimError};
 pub use net::{
     host_addr, Dir, DirectionConfig, DirectionCounters, HostId, LinkConfig, LinkStatus,
-    HEADER_BYTES, MAX_DATAGRAM,
+    HEADER_BYTES, MAX_DATAGRAM, UNLIMITED_RATE,
 };
 pub use report::{BufferPeaks, CloseRecord, LinkChange, LinkReport, Report, TransferReport};
 pub use scenario::{Action, AppConfig, AppMode, Scenario};
 pub use sim::run;
+pub use testbed::{Testbed, TestbedConfig};
 
 /// Derives an independent 64-bit seed from `seed` for the given purpose (SplitMix64 finalizer).
 pub(crate) fn derive_seed(seed: u64, purpose: u64) -> u64 {

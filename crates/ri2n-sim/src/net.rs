@@ -8,6 +8,12 @@
 //! [`Delivery`]s for the caller to schedule. A delivery is only real if
 //! [`Direction::accept_delivery`] still agrees when its time comes (a link that went down in
 //! between loses what was on the wire).
+//!
+//! A [`Network`] holds the K links and routes address pairs onto them; its [`Network::send`],
+//! [`Network::handle`] and [`Network::apply`] do that scheduling for an event loop, which only
+//! keeps [`NetEvent`]s in its queue and hands each one back when it comes due. Both event loops
+//! of this crate (the scenario runner and the [`Testbed`](crate::testbed::Testbed)) move their
+//! datagrams this way, so they share one network model.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -18,6 +24,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::derive_seed;
+use crate::scenario::Action;
 
 /// Bytes of IPv4 + UDP header counted on the wire for every datagram (serialization and queue).
 pub const HEADER_BYTES: usize = 28;
@@ -27,6 +34,10 @@ pub const MAX_DATAGRAM: usize = 1472;
 
 /// Most links the simulated network has (the engine's limit).
 pub const MAX_LINKS: usize = ri2n_proto::MAX_LINKS;
+
+/// A rate at which serialization takes no time at all: a direction at this rate never queues,
+/// so only its delay and impairments shape its traffic.
+pub const UNLIMITED_RATE: u64 = u64::MAX;
 
 /// One of the two simulated hosts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -189,6 +200,22 @@ impl Default for DirectionConfig {
 }
 
 impl DirectionConfig {
+    /// An ideal direction: every datagram arrives exactly `delay` after it was sent, in order,
+    /// whatever the load ([`UNLIMITED_RATE`], no queue limit, no impairments).
+    pub fn ideal(delay: Duration) -> Self {
+        Self {
+            rate_bps: UNLIMITED_RATE,
+            delay,
+            jitter: Duration::ZERO,
+            queue_limit: usize::MAX,
+            loss: 0.0,
+            duplicate: 0.0,
+            corrupt: 0.0,
+            reorder: 0.0,
+            mtu: MAX_DATAGRAM,
+        }
+    }
+
     /// The same, with another rate (bits/s).
     pub fn with_rate(mut self, rate_bps: u64) -> Self {
         self.rate_bps = rate_bps;
@@ -264,6 +291,11 @@ pub struct LinkConfig {
 }
 
 impl LinkConfig {
+    /// An ideal link both ways (see [`DirectionConfig::ideal`]).
+    pub fn ideal(delay: Duration) -> Self {
+        Self::symmetric(DirectionConfig::ideal(delay))
+    }
+
     /// A link with the same characteristics both ways.
     pub fn symmetric(config: DirectionConfig) -> Self {
         Self {
@@ -336,8 +368,12 @@ pub struct Delivery {
     pub data: Vec<u8>,
 }
 
-/// Serialization time of `wire_bytes` at `rate_bps`, rounded up to the nanosecond.
+/// Serialization time of `wire_bytes` at `rate_bps`, rounded up to the nanosecond (none at
+/// [`UNLIMITED_RATE`]).
 pub fn serialization_time(wire_bytes: usize, rate_bps: u64) -> Duration {
+    if rate_bps == UNLIMITED_RATE {
+        return Duration::ZERO;
+    }
     let bits = wire_bytes as u128 * 8;
     let rate = rate_bps.max(1) as u128;
     let ns = (bits * 1_000_000_000).div_ceil(rate);
@@ -570,15 +606,76 @@ impl Direction {
     }
 }
 
+/// Something a [`Network`] asked its event loop to hand back at a given time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NetEvent {
+    /// Serialization completes on a link direction.
+    TxDone {
+        /// Link index.
+        link: usize,
+        /// Direction.
+        dir: Dir,
+        /// Generation, from the [`TxDone`].
+        gen: u64,
+    },
+    /// A datagram leaves the wire of a link direction.
+    Deliver {
+        /// Link index.
+        link: usize,
+        /// Direction.
+        dir: Dir,
+        /// Epoch of the direction when the datagram was put on the wire.
+        epoch: u32,
+        /// The datagram.
+        data: Vec<u8>,
+    },
+}
+
+/// A datagram that reached its receiving host, `dir.receiver()`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Arrival {
+    /// The link it travelled on.
+    pub link: usize,
+    /// Its direction.
+    pub dir: Dir,
+    /// The receiver's address it arrived at.
+    pub local: SocketAddr,
+    /// The sender's address it came from.
+    pub remote: SocketAddr,
+    /// The datagram.
+    pub data: Vec<u8>,
+}
+
 /// The K links between A and B, and the routing of (local, remote) address pairs onto them.
 #[derive(Debug)]
 pub struct Network {
     links: Vec<[Direction; 2]>,
+    /// A's and B's address on each link.
+    addrs: Vec<(SocketAddr, SocketAddr)>,
+    /// Scratch space for deliveries, reused.
+    deliveries: Vec<Delivery>,
 }
 
 impl Network {
-    /// A network of `links.len()` links, every direction with its own random stream from `seed`.
+    /// A network of `links.len()` links, every direction with its own random stream from `seed`,
+    /// the hosts' addresses on link `i` being [`host_addr`]`(A, i)` and [`host_addr`]`(B, i)`.
     pub fn new(links: &[LinkConfig], seed: u64) -> Self {
+        let addrs: Vec<_> = (0..links.len())
+            .map(|i| (host_addr(HostId::A, i), host_addr(HostId::B, i)))
+            .collect();
+        Self::with_addrs(links, &addrs, seed)
+    }
+
+    /// A network whose link `i` joins A's address `addrs[i].0` and B's address `addrs[i].1`
+    /// (one address pair per link, no pair twice).
+    pub fn with_addrs(links: &[LinkConfig], addrs: &[(SocketAddr, SocketAddr)], seed: u64) -> Self {
+        assert_eq!(links.len(), addrs.len(), "one address pair per link");
+        for (i, pair) in addrs.iter().enumerate() {
+            assert!(
+                !addrs[..i].contains(pair),
+                "address pair {pair:?} used by two links"
+            );
+        }
         let links = links
             .iter()
             .enumerate()
@@ -590,7 +687,11 @@ impl Network {
                 ]
             })
             .collect();
-        Self { links }
+        Self {
+            links,
+            addrs: addrs.to_vec(),
+            deliveries: Vec::new(),
+        }
     }
 
     /// Number of links.
@@ -603,16 +704,22 @@ impl Network {
         self.links.is_empty()
     }
 
+    /// The address of `host` on link `link`.
+    pub fn addr(&self, host: HostId, link: usize) -> SocketAddr {
+        let (a, b) = self.addrs[link];
+        match host {
+            HostId::A => a,
+            HostId::B => b,
+        }
+    }
+
     /// The link a datagram sent by `from` from `local` to `remote` travels on, if any.
     pub fn route(&self, from: HostId, local: SocketAddr, remote: SocketAddr) -> Option<usize> {
-        let IpAddr::V4(ip) = local.ip() else {
-            return None;
+        let pair = match from {
+            HostId::A => (local, remote),
+            HostId::B => (remote, local),
         };
-        let link = ip.octets()[1] as usize;
-        (link < self.links.len()
-            && local == host_addr(from, link)
-            && remote == host_addr(from.peer(), link))
-        .then_some(link)
+        self.addrs.iter().position(|&p| p == pair)
     }
 
     /// One direction of one link.
@@ -623,6 +730,143 @@ impl Network {
     /// One direction of one link, mutable.
     pub fn direction_mut(&mut self, link: usize, dir: Dir) -> &mut Direction {
         &mut self.links[link][dir.index()]
+    }
+
+    /// Host `from` sends `data` from `local` to `remote` at `now`: it goes onto the link that
+    /// joins the pair, whose transmitter may ask for an event. Returns that link, or `None`
+    /// when no link joins the pair (the datagram is lost, as to an unreachable address).
+    pub fn send(
+        &mut self,
+        now: Duration,
+        from: HostId,
+        local: SocketAddr,
+        remote: SocketAddr,
+        data: Vec<u8>,
+        schedule: &mut impl FnMut(Duration, NetEvent),
+    ) -> Option<usize> {
+        let link = self.route(from, local, remote)?;
+        let dir = Dir::from_sender(from);
+        let tx = self.direction_mut(link, dir).send(now, data);
+        schedule_tx(link, dir, tx, schedule);
+        Some(link)
+    }
+
+    /// Handles an event this network asked for, now that it is due. A datagram that leaves the
+    /// wire and is still wanted (its direction did not go down meanwhile) is returned for the
+    /// caller to hand to its receiving host.
+    pub fn handle(
+        &mut self,
+        ev: NetEvent,
+        schedule: &mut impl FnMut(Duration, NetEvent),
+    ) -> Option<Arrival> {
+        match ev {
+            NetEvent::TxDone { link, dir, gen } => {
+                let mut out = std::mem::take(&mut self.deliveries);
+                let next = self.direction_mut(link, dir).tx_done(gen, &mut out);
+                for d in out.drain(..) {
+                    schedule(
+                        d.at,
+                        NetEvent::Deliver {
+                            link,
+                            dir,
+                            epoch: d.epoch,
+                            data: d.data,
+                        },
+                    );
+                }
+                self.deliveries = out;
+                schedule_tx(link, dir, next, schedule);
+                None
+            }
+            NetEvent::Deliver {
+                link,
+                dir,
+                epoch,
+                data,
+            } => {
+                if !self
+                    .direction_mut(link, dir)
+                    .accept_delivery(epoch, data.len())
+                {
+                    return None;
+                }
+                let to = dir.receiver();
+                Some(Arrival {
+                    link,
+                    dir,
+                    local: self.addr(to, link),
+                    remote: self.addr(to.peer(), link),
+                    data,
+                })
+            }
+        }
+    }
+
+    /// Applies a change to the links at `now` ([`Action::RestartServer`] is no change to the
+    /// network: returns false for it and true for every other action).
+    pub fn apply(
+        &mut self,
+        now: Duration,
+        action: &Action,
+        schedule: &mut impl FnMut(Duration, NetEvent),
+    ) -> bool {
+        let dirs = |d: Option<Dir>| match d {
+            Some(d) => vec![d],
+            None => vec![Dir::AToB, Dir::BToA],
+        };
+        match action {
+            Action::SetStatus { link, dir, status } => {
+                for d in dirs(*dir) {
+                    self.direction_mut(*link, d).set_status(*status);
+                }
+            }
+            Action::SetRate {
+                link,
+                dir,
+                rate_bps,
+            } => {
+                for d in dirs(*dir) {
+                    let tx = self.direction_mut(*link, d).set_rate(now, *rate_bps);
+                    schedule_tx(*link, d, tx, schedule);
+                }
+            }
+            Action::SetLoss { link, dir, loss } => {
+                for d in dirs(*dir) {
+                    self.direction_mut(*link, d).set_loss(*loss);
+                }
+            }
+            Action::Configure { link, dir, config } => {
+                for d in dirs(*dir) {
+                    let tx = self.direction_mut(*link, d).set_config(now, config.clone());
+                    schedule_tx(*link, d, tx, schedule);
+                }
+            }
+            Action::SetMtu { link, dir, mtu } => {
+                for d in dirs(*dir) {
+                    self.direction_mut(*link, d).set_mtu(*mtu);
+                }
+            }
+            Action::RestartServer => return false,
+        }
+        true
+    }
+}
+
+fn schedule_tx(
+    link: usize,
+    dir: Dir,
+    tx: Option<TxDone>,
+    schedule: &mut impl FnMut(Duration, NetEvent),
+) {
+    if let Some(tx) = tx {
+        schedule(
+            tx.at,
+            NetEvent::TxDone {
+                link,
+                dir,
+                gen: tx.gen,
+            },
+        );
     }
 }
 
@@ -931,6 +1175,58 @@ mod tests {
         );
         assert_eq!(a0.to_string(), "10.0.0.1:5000");
         assert_eq!(host_addr(HostId::B, 2).to_string(), "10.2.0.2:6000");
+    }
+
+    #[test]
+    fn an_ideal_direction_delivers_everything_after_exactly_its_delay() {
+        let mut d = Direction::new(DirectionConfig::ideal(us(500)), 1);
+        // a burst far beyond any queue, all at one instant, then one more later
+        let mut sends = packets(10_000, MAX_DATAGRAM, |_| Duration::ZERO);
+        sends.push((ms(3), vec![9; 10]));
+        let out = run(&mut d, sends);
+        assert_eq!(out.len(), 10_001);
+        assert!(out[..10_000].iter().all(|o| o.at == us(500)));
+        assert_eq!(out[10_000].at, ms(3) + us(500));
+        let firsts: Vec<u8> = out[..10_000].iter().map(|o| o.data[0]).collect();
+        let expect: Vec<u8> = (0..10_000).map(|i| (i % 251) as u8 + 1).collect();
+        assert_eq!(firsts, expect, "in order");
+    }
+
+    #[test]
+    fn a_network_carries_a_datagram_between_the_addresses_of_its_link() {
+        let (a, b): (SocketAddr, SocketAddr) = (
+            "127.0.0.1:5000".parse().unwrap(),
+            "127.0.0.1:6000".parse().unwrap(),
+        );
+        let links = [LinkConfig::ideal(ms(1)), LinkConfig::ideal(ms(2))];
+        let addrs = [(host_addr(HostId::A, 0), host_addr(HostId::B, 0)), (a, b)];
+        let mut net = Network::with_addrs(&links, &addrs, 1);
+        let mut events = Vec::new();
+        let mut schedule = |at, ev| events.push((at, ev));
+        assert_eq!(
+            net.send(ms(1), HostId::B, b, a, vec![7; 10], &mut schedule),
+            Some(1)
+        );
+        assert_eq!(
+            net.send(ms(1), HostId::B, a, b, vec![7; 10], &mut schedule),
+            None
+        );
+        let mut arrivals = Vec::new();
+        while let Some((at, ev)) = events.pop() {
+            let mut later = Vec::new();
+            if let Some(arrival) = net.handle(ev, &mut |t, e| later.push((t, e))) {
+                arrivals.push((at, arrival));
+            }
+            events.extend(later);
+        }
+        let expect = Arrival {
+            link: 1,
+            dir: Dir::BToA,
+            local: a,
+            remote: b,
+            data: vec![7; 10],
+        };
+        assert_eq!(arrivals, vec![(ms(3), expect)]);
     }
 
     #[test]

@@ -2,19 +2,17 @@
 //! reader wakeups and scenario actions; the two hosts (engine endpoint + application model); and
 //! the driving of a host after anything happened to it.
 
-use std::cmp::Ordering;
-use std::collections::BinaryHeap;
 use std::panic::{self, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
-use ri2n_proto::{
-    ConnectionHandle, Endpoint, EndpointConfig, Event, LinkId, Transmit, TransmitBuffer,
-};
+use ri2n_proto::{ConnectionHandle, Endpoint, EndpointConfig, Event, LinkId};
 
 use crate::app::{Receiver, Sender, Workload};
 use crate::derive_seed;
 use crate::error::{FailureKind, SimError};
-use crate::net::{host_addr, Dir, HostId, Network, TxDone};
+use crate::events::EventQueue;
+use crate::net::{host_addr, Dir, HostId, NetEvent, Network};
+use crate::outgoing::Outgoing;
 use crate::report::{BufferPeaks, CloseRecord, LinkChange, LinkReport, Report, BUCKET};
 use crate::scenario::{Action, AppMode, Scenario};
 
@@ -110,45 +108,14 @@ fn workload(sc: &Scenario, dir: Dir) -> Workload {
 
 #[derive(Debug)]
 enum EventKind {
-    /// A datagram leaves link `link` in direction `dir`.
-    Deliver {
-        link: usize,
-        dir: Dir,
-        epoch: u32,
-        data: Vec<u8>,
-    },
-    /// Serialization completion on a link direction.
-    TxDone { link: usize, dir: Dir, gen: u64 },
+    /// What the network asked for: a serialization completes or a datagram leaves a link.
+    Net(NetEvent),
     /// A host's engine timer.
     Timer { host: HostId, gen: u64 },
     /// A rate-limited reader may read again.
     ReaderWake { host: HostId, gen: u64 },
     /// `scenario.actions[i]`.
     Action(usize),
-}
-
-struct Scheduled {
-    at: Duration,
-    seq: u64,
-    kind: EventKind,
-}
-
-impl PartialEq for Scheduled {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
-impl Eq for Scheduled {}
-impl PartialOrd for Scheduled {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Scheduled {
-    /// Reversed: the heap pops the earliest (time, sequence number) first.
-    fn cmp(&self, other: &Self) -> Ordering {
-        (other.at, other.seq).cmp(&(self.at, self.seq))
-    }
 }
 
 /// The application's view of one host.
@@ -211,45 +178,13 @@ struct Sim<'a> {
     sc: &'a Scenario,
     base: Instant,
     now: Duration,
-    queue: BinaryHeap<Scheduled>,
-    seq: u64,
+    queue: EventQueue<EventKind>,
     net: Network,
     hosts: [Host; 2],
     report: Report,
     /// Scratch space, reused.
-    deliveries: Vec<crate::net::Delivery>,
     tx: Outgoing,
     rx_buf: Vec<u8>,
-}
-
-/// What one `poll_transmit_into` call built: a burst, as into the driver's batches.
-#[derive(Debug)]
-struct Outgoing {
-    room: Vec<u8>,
-    built: Vec<(Transmit, Vec<u8>)>,
-}
-
-impl Default for Outgoing {
-    fn default() -> Self {
-        Self {
-            room: vec![0; ri2n_proto::wire::MAX_DATAGRAM_SIZE],
-            built: Vec::new(),
-        }
-    }
-}
-
-impl TransmitBuffer for Outgoing {
-    fn buffer(&mut self, _: std::net::SocketAddr, _: std::net::SocketAddr) -> &mut [u8] {
-        &mut self.room
-    }
-
-    fn commit(&mut self, t: &Transmit) {
-        self.built.push((*t, self.room[..t.len].to_vec()));
-    }
-
-    fn wants_more(&self) -> bool {
-        true
-    }
 }
 
 impl<'a> Sim<'a> {
@@ -259,8 +194,7 @@ impl<'a> Sim<'a> {
             sc,
             base,
             now: Duration::ZERO,
-            queue: BinaryHeap::new(),
-            seq: 0,
+            queue: EventQueue::default(),
             net: Network::new(&sc.links, derive_seed(sc.seed, 0x7E7)),
             hosts: [Host::new(sc, HostId::A, a), Host::new(sc, HostId::B, b)],
             report: Report {
@@ -268,7 +202,6 @@ impl<'a> Sim<'a> {
                 links: vec![LinkReport::default(); sc.links.len()],
                 ..Report::default()
             },
-            deliveries: Vec::new(),
             tx: Outgoing::default(),
             rx_buf: vec![0; 64 << 10],
         }
@@ -279,25 +212,7 @@ impl<'a> Sim<'a> {
     }
 
     fn schedule(&mut self, at: Duration, kind: EventKind) {
-        self.seq += 1;
-        self.queue.push(Scheduled {
-            at,
-            seq: self.seq,
-            kind,
-        });
-    }
-
-    fn schedule_tx(&mut self, link: usize, dir: Dir, tx: Option<TxDone>) {
-        if let Some(tx) = tx {
-            self.schedule(
-                tx.at,
-                EventKind::TxDone {
-                    link,
-                    dir,
-                    gen: tx.gen,
-                },
-            );
-        }
+        self.queue.schedule(at, kind);
     }
 
     /// The report as of now, with the network's and applications' final numbers.
@@ -347,67 +262,47 @@ impl<'a> Sim<'a> {
         self.drive(HostId::A)?;
         self.drive(HostId::B)?;
 
-        while let Some(ev) = self.queue.pop() {
-            if ev.at > self.sc.time_limit {
+        while let Some((at, kind)) = self.queue.pop() {
+            if at > self.sc.time_limit {
                 self.now = self.sc.time_limit;
                 return Err(FailureKind::Timeout {
                     limit: self.sc.time_limit,
                 });
             }
-            debug_assert!(ev.at >= self.now, "time went backwards");
-            self.now = ev.at;
+            debug_assert!(at >= self.now, "time went backwards");
+            self.now = at;
             self.report.events += 1;
-            match ev.kind {
-                EventKind::Deliver {
-                    link,
-                    dir,
-                    epoch,
-                    mut data,
-                } => {
-                    if self
+            match kind {
+                EventKind::Net(ev) => {
+                    let queue = &mut self.queue;
+                    let arrival = self
                         .net
-                        .direction_mut(link, dir)
-                        .accept_delivery(epoch, data.len())
-                    {
+                        .handle(ev, &mut |at, e| queue.schedule(at, EventKind::Net(e)));
+                    if let Some(mut a) = arrival {
                         // sealed packets hide their frames from the network, and from this
                         // observer of it
                         let stream = match self.sc.key {
-                            None => crate::report::stream_payload(&data),
+                            None => crate::report::stream_payload(&a.data),
                             Some(_) => 0,
                         };
                         if stream > 0 {
-                            let tl = &mut self.report.links[link].stream_timeline[dir.index()];
+                            let tl = &mut self.report.links[a.link].stream_timeline[a.dir.index()];
                             let bucket = (self.now.as_nanos() / BUCKET.as_nanos()) as usize;
                             if tl.len() <= bucket {
                                 tl.resize(bucket + 1, 0);
                             }
                             tl[bucket] += stream;
                         }
-                        let to = dir.receiver();
-                        let (local, remote) = (host_addr(to, link), host_addr(to.peer(), link));
+                        let to = a.dir.receiver();
                         let now = self.instant();
-                        self.hosts[to.index()]
-                            .endpoint
-                            .handle_datagram(now, local, remote, &mut data);
+                        self.hosts[to.index()].endpoint.handle_datagram(
+                            now,
+                            a.local,
+                            a.remote,
+                            &mut a.data,
+                        );
                         self.drive(to)?;
                     }
-                }
-                EventKind::TxDone { link, dir, gen } => {
-                    let mut out = std::mem::take(&mut self.deliveries);
-                    let next = self.net.direction_mut(link, dir).tx_done(gen, &mut out);
-                    for d in out.drain(..) {
-                        self.schedule(
-                            d.at,
-                            EventKind::Deliver {
-                                link,
-                                dir,
-                                epoch: d.epoch,
-                                data: d.data,
-                            },
-                        );
-                    }
-                    self.deliveries = out;
-                    self.schedule_tx(link, dir, next);
                 }
                 EventKind::Timer { host, gen } => {
                     let now = self.now;
@@ -467,61 +362,25 @@ impl<'a> Sim<'a> {
     fn apply(&mut self, i: usize) -> Result<(), FailureKind> {
         let action = &self.sc.actions[i].1;
         let now = self.now;
-        let dirs = |d: Option<Dir>| match d {
-            Some(d) => vec![d],
-            None => vec![Dir::AToB, Dir::BToA],
-        };
-        match action {
-            Action::SetStatus { link, dir, status } => {
-                for d in dirs(*dir) {
-                    self.net.direction_mut(*link, d).set_status(*status);
-                }
-            }
-            Action::SetRate {
-                link,
-                dir,
-                rate_bps,
-            } => {
-                for d in dirs(*dir) {
-                    let tx = self.net.direction_mut(*link, d).set_rate(now, *rate_bps);
-                    self.schedule_tx(*link, d, tx);
-                }
-            }
-            Action::SetLoss { link, dir, loss } => {
-                for d in dirs(*dir) {
-                    self.net.direction_mut(*link, d).set_loss(*loss);
-                }
-            }
-            Action::Configure { link, dir, config } => {
-                for d in dirs(*dir) {
-                    let tx = self
-                        .net
-                        .direction_mut(*link, d)
-                        .set_config(now, config.clone());
-                    self.schedule_tx(*link, d, tx);
-                }
-            }
-            Action::SetMtu { link, dir, mtu } => {
-                for d in dirs(*dir) {
-                    self.net.direction_mut(*link, d).set_mtu(*mtu);
-                }
-            }
-            Action::RestartServer => {
-                let n = self.report.restarts.len() as u64 + 1;
-                self.report.restarts.push(now);
-                let seed = derive_seed(self.sc.seed, 0xE0_0000 + n);
-                let endpoint =
-                    Endpoint::new(endpoint_config(self.sc, HostId::B), seed, self.instant());
-                let old = &self.hosts[1];
-                let (timer_gen, wake_gen) = (old.timer_gen + 1, old.wake_gen + 1);
-                let mut fresh = Host::new(self.sc, HostId::B, endpoint);
-                fresh.timer_gen = timer_gen;
-                fresh.wake_gen = wake_gen;
-                self.hosts[1] = fresh;
-                self.drive(HostId::B)?;
-            }
+        let queue = &mut self.queue;
+        if self.net.apply(now, action, &mut |at, e| {
+            queue.schedule(at, EventKind::Net(e))
+        }) {
+            return Ok(());
         }
-        Ok(())
+        // the one action that is no change to the network
+        debug_assert!(matches!(action, Action::RestartServer));
+        let n = self.report.restarts.len() as u64 + 1;
+        self.report.restarts.push(now);
+        let seed = derive_seed(self.sc.seed, 0xE0_0000 + n);
+        let endpoint = Endpoint::new(endpoint_config(self.sc, HostId::B), seed, self.instant());
+        let old = &self.hosts[1];
+        let (timer_gen, wake_gen) = (old.timer_gen + 1, old.wake_gen + 1);
+        let mut fresh = Host::new(self.sc, HostId::B, endpoint);
+        fresh.timer_gen = timer_gen;
+        fresh.wake_gen = wake_gen;
+        self.hosts[1] = fresh;
+        self.drive(HostId::B)
     }
 
     /// After anything happened to host `h`: send what it has, let its application react to
@@ -546,7 +405,6 @@ impl<'a> Sim<'a> {
     fn flush(&mut self, h: HostId) -> Result<(), FailureKind> {
         let now = self.now;
         let instant = self.instant();
-        let dir = Dir::from_sender(h);
         let mut flushed = 0;
         while flushed < FLUSH_LIMIT {
             if self.hosts[h.index()]
@@ -565,12 +423,14 @@ impl<'a> Sim<'a> {
                         len: t.len,
                     });
                 }
-                match self.net.route(h, t.local, t.remote) {
-                    None => self.report.no_route[h.index()] += 1,
-                    Some(link) => {
-                        let tx = self.net.direction_mut(link, dir).send(now, data);
-                        self.schedule_tx(link, dir, tx);
-                    }
+                let queue = &mut self.queue;
+                let sent = self
+                    .net
+                    .send(now, h, t.local, t.remote, data, &mut |at, e| {
+                        queue.schedule(at, EventKind::Net(e))
+                    });
+                if sent.is_none() {
+                    self.report.no_route[h.index()] += 1;
                 }
             }
             self.tx.built = built; // empty, its memory kept
@@ -745,23 +605,6 @@ fn map_link(host: &mut Host, net: &Network, link: LinkId) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn events_pop_in_time_then_sequence_order() {
-        let mut q = BinaryHeap::new();
-        let ev = |at: u64, seq| Scheduled {
-            at: Duration::from_nanos(at),
-            seq,
-            kind: EventKind::Action(seq as usize),
-        };
-        for (at, seq) in [(5, 1), (3, 2), (5, 3), (1, 4), (3, 5)] {
-            q.push(ev(at, seq));
-        }
-        let order: Vec<_> = std::iter::from_fn(|| q.pop())
-            .map(|s| (s.at.as_nanos(), s.seq))
-            .collect();
-        assert_eq!(order, vec![(1, 4), (3, 2), (3, 5), (5, 1), (5, 3)]);
-    }
 
     #[test]
     fn workloads() {

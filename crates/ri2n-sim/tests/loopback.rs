@@ -1,259 +1,79 @@
-//! Two endpoints joined by an ideal in-memory network (fixed delay, no loss, unlimited rate):
-//! the smallest end-to-end check of the engine, independent of the simulator.
+//! Two endpoints joined by ideal links of the simulator's network model (fixed delay, no loss,
+//! no rate limit), stepped by hand: the smallest end-to-end checks of the engine.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use ri2n_proto::wire::{self, frame_type, Header, Writer};
 use ri2n_proto::{
     Connection, ConnectionConfig, ConnectionError, ConnectionHandle, ConnectionState, Endpoint,
-    EndpointConfig, LinkState, ReadError, Transmit, TransmitBuffer,
+    EndpointConfig, LinkState, ReadError,
 };
+use ri2n_sim::testbed::{Capture, Testbed, TestbedConfig, DEFAULT_DELAY};
+use ri2n_sim::{Action, Dir, DirectionConfig, LinkStatus};
 
 fn addr(s: &str) -> SocketAddr {
     s.parse().unwrap()
 }
 
-/// A datagram in flight: (arrival, seq, to_server, local, remote, bytes).
-type InFlight = (Duration, u64, bool, SocketAddr, SocketAddr, Vec<u8>);
-
-struct Net {
-    base: Instant,
-    now: Duration,
-    delay: Duration,
-    queue: BinaryHeap<Reverse<InFlight>>,
-    seq: u64,
-    /// Datagrams from the server are lost.
-    cut_to_client: bool,
-    /// Datagrams from the client are lost (with `cut_to_client`: every path is dead).
-    cut_to_server: bool,
-    /// The last datagram the server sent, as (local, remote, bytes).
-    last_to_client: Option<(SocketAddr, SocketAddr, Vec<u8>)>,
-    /// Datagrams from or to these addresses are lost (their link's switch is dead).
-    cut_addrs: Vec<SocketAddr>,
-    /// Datagrams from or to these addresses take this much longer (a slower path).
-    slow_addrs: Vec<(SocketAddr, Duration)>,
-    /// The endpoints build bursts (many datagrams per `poll_transmit_into` call), as into the
-    /// driver's batches, rather than one datagram per `poll_transmit` call.
-    burst: bool,
-    /// Every datagram the client sent, as (local, remote, bytes), when recording.
-    client_log: Option<Vec<(SocketAddr, SocketAddr, Vec<u8>)>>,
-    /// Most datagrams one call built.
-    largest_burst: usize,
-}
-
-/// Collects what one `poll_transmit_into` call builds.
-#[derive(Default)]
-struct Burst {
-    room: Vec<u8>,
-    built: Vec<(Transmit, Vec<u8>)>,
-}
-
-impl TransmitBuffer for Burst {
-    fn buffer(&mut self, _: SocketAddr, _: SocketAddr) -> &mut [u8] {
-        self.room.resize(1500, 0);
-        &mut self.room
-    }
-
-    fn commit(&mut self, t: &Transmit) {
-        self.built.push((*t, self.room[..t.len].to_vec()));
-    }
-
-    fn wants_more(&self) -> bool {
-        true
-    }
-}
-
-impl Net {
-    fn flush(&mut self, ep: &mut Endpoint, to_server: bool) {
-        let now = self.base + self.now;
-        loop {
-            let mut out = Burst::default();
-            if self.burst {
-                ep.poll_transmit_into(now, &mut out);
-            } else {
-                let mut buf = [0u8; 1500];
-                if let Some(t) = ep.poll_transmit(now, &mut buf) {
-                    out.built.push((t, buf[..t.len].to_vec()));
-                }
-            }
-            if out.built.is_empty() {
-                return;
-            }
-            self.largest_burst = self.largest_burst.max(out.built.len());
-            for (t, bytes) in out.built {
-                self.put(t, bytes, to_server);
-            }
-        }
-    }
-
-    /// Puts a datagram `ep` built on the network (`to_server`: `ep` is the server).
-    fn put(&mut self, t: Transmit, bytes: Vec<u8>, to_server: bool) {
-        if !to_server {
-            if let Some(log) = &mut self.client_log {
-                log.push((t.local, t.remote, bytes.clone()));
-            }
-        }
-        if self.cut_addrs.contains(&t.local) || self.cut_addrs.contains(&t.remote) {
-            return;
-        }
-        if to_server {
-            self.last_to_client = Some((t.local, t.remote, bytes.clone()));
-            if self.cut_to_client {
-                return;
-            }
-        } else if self.cut_to_server {
-            return;
-        }
-        let extra = self
-            .slow_addrs
-            .iter()
-            .filter(|(a, _)| *a == t.local || *a == t.remote)
-            .map(|&(_, d)| d)
-            .max()
-            .unwrap_or_default();
-        self.seq += 1;
-        self.queue.push(Reverse((
-            self.now + self.delay + extra,
-            self.seq,
-            !to_server,
-            t.remote,
-            t.local,
-            bytes,
-        )));
-    }
-}
-
-/// Runs client and server until `done` or the simulated deadline; returns the server's handle.
+/// Runs the pair until `step` returns true (handed the client, the server and the server's
+/// connection once accepted), panicking at the simulated deadline; returns the server's handle.
 fn run(
-    client: &mut Endpoint,
-    server: &mut Endpoint,
-    net: &mut Net,
+    tb: &mut Testbed,
     limit: Duration,
     mut step: impl FnMut(&mut Endpoint, &mut Endpoint, &mut Option<ConnectionHandle>) -> bool,
 ) -> Option<ConnectionHandle> {
-    let mut accepted = None;
-    loop {
-        net.flush(client, false);
-        net.flush(server, true);
-        if let Some(h) = server.accept() {
-            accepted = Some(h);
-        }
-        if step(client, server, &mut accepted) {
-            net.flush(client, false);
-            net.flush(server, true);
-            return accepted;
-        }
-        net.flush(client, false);
-        net.flush(server, true);
-        let Some(next) = next_event(client, server, net) else {
-            panic!("nothing left to happen")
-        };
-        assert!(net.now.max(next) < limit, "simulated time limit reached");
-        advance(client, server, net, next);
-    }
+    tb.run_until(limit, |tb| {
+        let mut accepted = tb.sh;
+        step(&mut tb.client, &mut tb.server, &mut accepted)
+    });
+    tb.sh
 }
 
-/// Runs a fresh pair until the server accepted connection `ch` and the client has two links
+/// Runs a fresh pair until the server accepted the connection and the client has two links
 /// up; returns the server's handle.
-fn until_two_links_up(
-    client: &mut Endpoint,
-    server: &mut Endpoint,
-    net: &mut Net,
-    ch: ConnectionHandle,
-) -> ConnectionHandle {
-    run(client, server, net, Duration::from_secs(5), |c, _, acc| {
+fn until_two_links_up(tb: &mut Testbed) -> ConnectionHandle {
+    let ch = tb.ch;
+    run(tb, Duration::from_secs(5), |c, _, acc| {
         let links = c.connection(ch).unwrap().stats().links;
         acc.is_some() && links.len() == 2 && links.iter().all(|l| l.state == LinkState::Up)
     })
     .expect("the server accepted")
 }
 
-/// When the pair's next timer expires or datagram arrives; None if nothing is left to happen.
-fn next_event(client: &mut Endpoint, server: &mut Endpoint, net: &Net) -> Option<Duration> {
-    let next_timer = [client.poll_timeout(), server.poll_timeout()]
-        .into_iter()
-        .flatten()
-        .min()
-        .map(|t| t - net.base);
-    let next_packet = net.queue.peek().map(|Reverse(p)| p.0);
-    [next_timer, next_packet].into_iter().flatten().min()
-}
-
-/// Moves the clock to `next` (if later): delivers the datagrams due by then and runs both
-/// endpoints' timers.
-fn advance(client: &mut Endpoint, server: &mut Endpoint, net: &mut Net, next: Duration) {
-    net.now = net.now.max(next);
-    let now = net.base + net.now;
-    while net.queue.peek().is_some_and(|Reverse(p)| p.0 <= net.now) {
-        let Reverse((_, _, to_server, local, remote, mut data)) = net.queue.pop().unwrap();
-        if (!to_server && net.cut_to_client) || (to_server && net.cut_to_server) {
-            continue;
-        }
-        let ep = if to_server {
-            &mut *server
-        } else {
-            &mut *client
-        };
-        ep.handle_datagram(now, local, remote, &mut data);
+/// Every path in direction `dir` dead (its switches drop what they carry), or alive again.
+fn cut(tb: &mut Testbed, dir: Dir, dead: bool) {
+    let status = if dead {
+        LinkStatus::Blackhole
+    } else {
+        LinkStatus::Up
+    };
+    for link in 0..tb.network().len() {
+        tb.apply(Action::SetStatus {
+            link,
+            dir: Some(dir),
+            status,
+        });
     }
-    client.handle_timeout(now);
-    server.handle_timeout(now);
 }
 
-/// A client on `a` and a server on `b` joined by a 0.5 ms network; the client has started
-/// connecting to `b[0]`.
-fn connected_pair(
-    a: &[SocketAddr],
-    b: &[SocketAddr],
-) -> (Endpoint, Endpoint, Net, ConnectionHandle) {
+/// A client on `a` and a server on `b` (link `i` joins `a[i]` and `b[i]`) joined by ideal
+/// links of 0.5 ms; the client has started connecting to `b[0]`.
+fn connected_pair(a: &[SocketAddr], b: &[SocketAddr]) -> Testbed {
     connected_pair_with(a, b, ConnectionConfig::default())
 }
 
 /// [`connected_pair`] with `config` for the connection on both sides.
-fn connected_pair_with(
-    a: &[SocketAddr],
-    b: &[SocketAddr],
-    config: ConnectionConfig,
-) -> (Endpoint, Endpoint, Net, ConnectionHandle) {
-    connected_pair_at(Instant::now(), a, b, config)
+fn connected_pair_with(a: &[SocketAddr], b: &[SocketAddr], config: ConnectionConfig) -> Testbed {
+    Testbed::new(pair_config(a, b, config))
 }
 
-/// [`connected_pair_with`] whose clock starts at `base`: pairs made with the same arguments
-/// behave alike.
-fn connected_pair_at(
-    base: Instant,
-    a: &[SocketAddr],
-    b: &[SocketAddr],
-    config: ConnectionConfig,
-) -> (Endpoint, Endpoint, Net, ConnectionHandle) {
-    let mut client = Endpoint::new(EndpointConfig::new(a.to_vec()), 1, base);
-    let server = Endpoint::new(
-        EndpointConfig::new(b.to_vec())
-            .server()
-            .with_server_connection(config.clone()),
-        2,
-        base,
-    );
-    let net = Net {
-        base,
-        now: Duration::ZERO,
-        delay: Duration::from_micros(500),
-        queue: BinaryHeap::new(),
-        seq: 0,
-        cut_to_client: false,
-        cut_to_server: false,
-        cut_addrs: Vec::new(),
-        slow_addrs: Vec::new(),
-        last_to_client: None,
-        burst: false,
-        client_log: None,
-        largest_burst: 0,
-    };
-    let ch = client.connect(base, &b[..1], config).unwrap();
-    (client, server, net, ch)
+/// The configuration of [`connected_pair_with`].
+fn pair_config(a: &[SocketAddr], b: &[SocketAddr], config: ConnectionConfig) -> TestbedConfig {
+    assert_eq!(a.len(), b.len(), "one address of each side per link");
+    TestbedConfig::new(a.len())
+        .with_addrs(a.iter().copied().zip(b.iter().copied()).collect())
+        .with_connection(config)
 }
 
 fn pattern(i: u64) -> u8 {
@@ -274,90 +94,84 @@ fn write_pattern(conn: &mut Connection, sent: &mut u64, total: u64, byte: impl F
 #[test]
 fn bytes_and_messages_cross_two_links_both_ways() {
     let b = vec![addr("10.0.0.2:6000"), addr("10.1.0.2:6000")];
-    let (mut client, mut server, mut net, ch) =
-        connected_pair(&[addr("10.0.0.1:5000"), addr("10.1.0.1:5000")], &b);
+    let mut tb = connected_pair(&[addr("10.0.0.1:5000"), addr("10.1.0.1:5000")], &b);
+    let ch = tb.ch;
     const TOTAL: u64 = 3_000_000;
     let (mut sent_c, mut sent_s, mut got_c, mut got_s) = (0u64, 0u64, 0u64, 0u64);
     let mut msgs_got = 0;
     let mut buf = vec![0u8; 65536];
     let mut finished = false;
-    let server_handle = run(
-        &mut client,
-        &mut server,
-        &mut net,
-        Duration::from_secs(30),
-        |c, s, acc| {
-            let cc = c.connection_mut(ch).unwrap();
-            write_pattern(cc, &mut sent_c, TOTAL, pattern);
-            if sent_c == TOTAL && !finished && cc.state() == ConnectionState::Established {
-                for k in 0..10u8 {
-                    cc.send_message(&vec![k; 1000 * k as usize + 1]).unwrap();
-                }
-                cc.finish();
-                finished = true;
+    let server_handle = run(&mut tb, Duration::from_secs(30), |c, s, acc| {
+        let cc = c.connection_mut(ch).unwrap();
+        write_pattern(cc, &mut sent_c, TOTAL, pattern);
+        if sent_c == TOTAL && !finished && cc.state() == ConnectionState::Established {
+            for k in 0..10u8 {
+                cc.send_message(&vec![k; 1000 * k as usize + 1]).unwrap();
             }
-            loop {
-                match cc.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        for (i, &x) in buf[..n].iter().enumerate() {
-                            assert_eq!(
-                                x,
-                                pattern(got_c + i as u64) ^ 0xff,
-                                "client byte {}",
-                                got_c + i as u64
-                            );
-                        }
-                        got_c += n as u64;
+            cc.finish();
+            finished = true;
+        }
+        loop {
+            match cc.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    for (i, &x) in buf[..n].iter().enumerate() {
+                        assert_eq!(
+                            x,
+                            pattern(got_c + i as u64) ^ 0xff,
+                            "client byte {}",
+                            got_c + i as u64
+                        );
                     }
-                    Err(ReadError::Blocked) => break,
-                    Err(e) => panic!("client read: {e}"),
+                    got_c += n as u64;
                 }
+                Err(ReadError::Blocked) => break,
+                Err(e) => panic!("client read: {e}"),
             }
-            let Some(h) = *acc else { return false };
-            let sc = s.connection_mut(h).unwrap();
-            write_pattern(sc, &mut sent_s, TOTAL / 2, |i| pattern(i) ^ 0xff);
-            if sent_s == TOTAL / 2 {
-                sc.finish();
-            }
-            loop {
-                match sc.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        for (i, &x) in buf[..n].iter().enumerate() {
-                            assert_eq!(
-                                x,
-                                pattern(got_s + i as u64),
-                                "server byte {}",
-                                got_s + i as u64
-                            );
-                        }
-                        got_s += n as u64;
+        }
+        let Some(h) = *acc else { return false };
+        let sc = s.connection_mut(h).unwrap();
+        write_pattern(sc, &mut sent_s, TOTAL / 2, |i| pattern(i) ^ 0xff);
+        if sent_s == TOTAL / 2 {
+            sc.finish();
+        }
+        loop {
+            match sc.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    for (i, &x) in buf[..n].iter().enumerate() {
+                        assert_eq!(
+                            x,
+                            pattern(got_s + i as u64),
+                            "server byte {}",
+                            got_s + i as u64
+                        );
                     }
-                    Err(ReadError::Blocked) => break,
-                    Err(e) => panic!("server read: {e}"),
+                    got_s += n as u64;
                 }
+                Err(ReadError::Blocked) => break,
+                Err(e) => panic!("server read: {e}"),
             }
-            while let Ok(Some(m)) = sc.recv_message() {
-                assert_eq!(m, vec![msgs_got as u8; 1000 * msgs_got + 1]);
-                msgs_got += 1;
-            }
-            // (and the discovered link is up on both sides: its first probes are small, so
-            // it may come up after a short transfer is done)
-            let up = |ep: &Endpoint, h| {
-                let links = ep.connection(h).unwrap().stats().links;
-                links.len() == 2 && links.iter().all(|l| l.state == LinkState::Up)
-            };
-            got_s == TOTAL
-                && got_c == TOTAL / 2
-                && msgs_got == 10
-                && c.connection(ch).unwrap().is_send_complete()
-                && s.connection(h).unwrap().is_send_complete()
-                && up(c, ch)
-                && up(s, h)
-        },
-    );
-    let stats = client.connection(ch).unwrap().stats();
+        }
+        while let Ok(Some(m)) = sc.recv_message() {
+            assert_eq!(m, vec![msgs_got as u8; 1000 * msgs_got + 1]);
+            msgs_got += 1;
+        }
+        // (and the discovered link is up on both sides: its first probes are small, so
+        // it may come up after a short transfer is done)
+        let up = |ep: &Endpoint, h| {
+            let links = ep.connection(h).unwrap().stats().links;
+            links.len() == 2 && links.iter().all(|l| l.state == LinkState::Up)
+        };
+        got_s == TOTAL
+            && got_c == TOTAL / 2
+            && msgs_got == 10
+            && c.connection(ch).unwrap().is_send_complete()
+            && s.connection(h).unwrap().is_send_complete()
+            && up(c, ch)
+            && up(s, h)
+    });
+    let stats = tb.client.connection(ch).unwrap().stats();
     assert_eq!(stats.links.len(), 2, "the second link was discovered");
     // delivered-byte counters: the bytes and the ten messages (each with a 1- or 2-byte length)
     let message_bytes: u64 = (0..10u64)
@@ -365,20 +179,24 @@ fn bytes_and_messages_cross_two_links_both_ways() {
         .sum();
     assert_eq!(stats.bytes_acknowledged, TOTAL + message_bytes);
     assert_eq!(stats.bytes_received, TOTAL / 2);
-    let server_stats = server.connection(server_handle.unwrap()).unwrap().stats();
+    let server_stats = tb
+        .server
+        .connection(server_handle.unwrap())
+        .unwrap()
+        .stats();
     assert_eq!(server_stats.bytes_received, TOTAL + message_bytes);
     assert_eq!(server_stats.bytes_acknowledged, TOTAL / 2);
     // both paths were heard from just now, and are no longer after the hold
-    let now = net.base + net.now;
+    let now = tb.instant();
     let hold = Duration::from_secs(60);
     assert_eq!(
-        client.heard_paths(now, hold),
+        tb.client.heard_paths(now, hold),
         vec![
             (addr("10.0.0.1:5000"), addr("10.0.0.2:6000")),
             (addr("10.1.0.1:5000"), addr("10.1.0.2:6000"))
         ]
     );
-    assert!(client.heard_paths(now + hold * 2, hold).is_empty());
+    assert!(tb.client.heard_paths(now + hold * 2, hold).is_empty());
     let acked_on_links: u64 = stats.links.iter().map(|l| l.stream_bytes_acked).sum();
     let sent_on_links: u64 = stats.links.iter().map(|l| l.stream_bytes_sent).sum();
     assert!(
@@ -405,52 +223,42 @@ fn bytes_and_messages_cross_two_links_both_ways() {
 fn a_servers_first_reply_is_striped_over_both_links() {
     const REPLY: usize = 1 << 18;
     let b = [addr("10.0.0.2:6000"), addr("10.1.0.2:6000")];
-    let (mut client, mut server, mut net, ch) =
-        connected_pair(&[addr("10.0.0.1:5000"), addr("10.1.0.1:5000")], &b);
+    let mut tb = connected_pair(&[addr("10.0.0.1:5000"), addr("10.1.0.1:5000")], &b);
+    let ch = tb.ch;
     let both_up = |ep: &Endpoint, h| {
         let links = ep.connection(h).unwrap().stats().links;
         links.len() == 2 && links.iter().all(|l| l.state == LinkState::Up)
     };
-    let sh = run(
-        &mut client,
-        &mut server,
-        &mut net,
-        Duration::from_secs(1),
-        |c, s, acc| acc.is_some_and(|h| both_up(c, ch) && both_up(s, h)),
-    )
+    let sh = run(&mut tb, Duration::from_secs(1), |c, s, acc| {
+        acc.is_some_and(|h| both_up(c, ch) && both_up(s, h))
+    })
     .unwrap();
-    let up_at = net.now;
-    let srtt = server.connection(sh).unwrap().stats().links[0].srtt;
+    let up_at = tb.now();
+    let srtt = tb.server.connection(sh).unwrap().stats().links[0].srtt;
     assert!(
         srtt < Duration::from_millis(5),
         "server's link 0: srtt {srtt:?}"
     );
     let reply: Vec<u8> = (0..REPLY as u64).map(pattern).collect();
-    server
+    tb.server
         .connection_mut(sh)
         .unwrap()
         .send_message(&reply)
         .unwrap();
     let mut got = None;
-    run(
-        &mut client,
-        &mut server,
-        &mut net,
-        Duration::from_secs(1),
-        |c, _, _| {
-            got = got
-                .take()
-                .or_else(|| c.connection_mut(ch).unwrap().recv_message().ok()?);
-            got.is_some()
-        },
-    );
+    run(&mut tb, Duration::from_secs(1), |c, _, _| {
+        got = got
+            .take()
+            .or_else(|| c.connection_mut(ch).unwrap().recv_message().ok()?);
+        got.is_some()
+    });
     assert!(got == Some(reply), "the reply arrived whole");
     assert!(
-        net.now - up_at < Duration::from_millis(100),
+        tb.now() - up_at < Duration::from_millis(100),
         "taken within the first keepalive interval: {:?}",
-        net.now - up_at
+        tb.now() - up_at
     );
-    for l in server.connection(sh).unwrap().stats().links {
+    for l in tb.server.connection(sh).unwrap().stats().links {
         assert!(
             l.stream_bytes_sent > REPLY as u64 / 4,
             "server's link {} carried a share of the reply: {l:?}",
@@ -469,41 +277,42 @@ fn a_burst_sends_what_one_datagram_per_call_sends() {
     let b = [addr("10.0.0.2:6000"), addr("10.1.0.2:6000")];
     let base = Instant::now();
     let transfer = |burst: bool| {
-        let (mut client, mut server, mut net, ch) =
-            connected_pair_at(base, &a, &b, ConnectionConfig::default());
-        net.burst = burst;
-        net.client_log = Some(Vec::new());
+        // pairs made with the same configuration and base behave alike
+        let cfg = pair_config(&a, &b, ConnectionConfig::default())
+            .with_bursts(burst)
+            .with_capture(Dir::AToB, Capture::all());
+        let mut tb = Testbed::new_at(cfg, base);
+        let ch = tb.ch;
         let (mut sent, mut got) = (0u64, 0u64);
         let mut buf = vec![0u8; 65536];
-        run(
-            &mut client,
-            &mut server,
-            &mut net,
-            Duration::from_secs(30),
-            |c, s, acc| {
-                let cc = c.connection_mut(ch).unwrap();
-                write_pattern(cc, &mut sent, TOTAL, pattern);
-                let Some(h) = *acc else { return false };
-                let sc = s.connection_mut(h).unwrap();
-                while let Ok(n) = sc.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    assert!(buf[..n]
-                        .iter()
-                        .enumerate()
-                        .all(|(i, &x)| x == pattern(got + i as u64)));
-                    got += n as u64;
+        run(&mut tb, Duration::from_secs(30), |c, s, acc| {
+            let cc = c.connection_mut(ch).unwrap();
+            write_pattern(cc, &mut sent, TOTAL, pattern);
+            let Some(h) = *acc else { return false };
+            let sc = s.connection_mut(h).unwrap();
+            while let Ok(n) = sc.read(&mut buf) {
+                if n == 0 {
+                    break;
                 }
-                got == TOTAL
-            },
-        );
-        let links = client.connection(ch).unwrap().stats().links;
+                assert!(buf[..n]
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &x)| x == pattern(got + i as u64)));
+                got += n as u64;
+            }
+            got == TOTAL
+        });
+        let links = tb.client.connection(ch).unwrap().stats().links;
         assert!(
             links.len() == 2 && links.iter().all(|l| l.stream_bytes_sent > TOTAL / 4),
             "both links carried data: {links:?}"
         );
-        (net.client_log.take().unwrap(), net.largest_burst)
+        let log: Vec<_> = tb
+            .captured(Dir::AToB)
+            .iter()
+            .map(|c| (c.local, c.remote, c.bytes.clone()))
+            .collect();
+        (log, tb.largest_burst())
     };
     let (one_by_one, largest) = transfer(false);
     assert_eq!(largest, 1);
@@ -526,18 +335,12 @@ fn a_burst_sends_what_one_datagram_per_call_sends() {
 #[test]
 fn a_remote_peers_loopback_address_is_not_discovered() {
     let b = vec![addr("10.0.0.2:6000"), addr("127.0.0.1:6000")];
-    let (mut client, mut server, mut net, ch) =
-        connected_pair(&[addr("10.0.0.1:5000"), addr("127.0.0.1:5000")], &b);
-    run(
-        &mut client,
-        &mut server,
-        &mut net,
-        Duration::from_secs(5),
-        |c, _, accepted| {
-            accepted.is_some() && c.connection(ch).unwrap().state() == ConnectionState::Established
-        },
-    );
-    let links = client.connection(ch).unwrap().stats().links;
+    let mut tb = connected_pair(&[addr("10.0.0.1:5000"), addr("127.0.0.1:5000")], &b);
+    let ch = tb.ch;
+    run(&mut tb, Duration::from_secs(5), |c, _, accepted| {
+        accepted.is_some() && c.connection(ch).unwrap().state() == ConnectionState::Established
+    });
+    let links = tb.client.connection(ch).unwrap().stats().links;
     assert_eq!(links.len(), 1, "only the handshake's link: {links:?}");
     assert_eq!(links[0].remote, b[0]);
 }
@@ -549,9 +352,10 @@ fn a_remote_peers_loopback_address_is_not_discovered() {
 #[test]
 fn a_closed_peer_confirms_a_clean_end_whose_acknowledgements_were_lost() {
     let b = vec![addr("10.0.0.2:6000")];
-    let (mut client, mut server, mut net, ch) = connected_pair(&[addr("10.0.0.1:5000")], &b);
+    let mut tb = connected_pair(&[addr("10.0.0.1:5000")], &b);
+    let ch = tb.ch;
     const TOTAL: usize = 200_000;
-    // shared by the three phases' closures
+    // shared by the phases' closures
     let got = std::cell::Cell::new(0);
     let sh = std::cell::Cell::new(None::<ConnectionHandle>);
     let mut written = 0;
@@ -575,28 +379,28 @@ fn a_closed_peer_confirms_a_clean_end_whose_acknowledgements_were_lost() {
     };
     let limit = Duration::from_secs(30);
     let server_state = |s: &Endpoint| sh.get().map(|h| s.connection(h).unwrap().state());
-    run(&mut client, &mut server, &mut net, limit, |c, s, acc| {
+    run(&mut tb, limit, |c, s, acc| {
         step(c, s, acc);
         got.get() == TOTAL
             && sh
                 .get()
                 .is_some_and(|h| s.connection(h).unwrap().is_send_complete())
     });
-    net.cut_to_client = true;
-    run(&mut client, &mut server, &mut net, limit, |c, s, acc| {
-        step(c, s, acc);
+    cut(&mut tb, Dir::BToA, true);
+    // both sides have done their part: the server closes on its own
+    run(&mut tb, limit, |_, s, _| {
         server_state(s) == Some(ConnectionState::Closed)
     });
     assert_eq!(got.get(), TOTAL);
     assert!(
-        !client.connection(ch).unwrap().is_send_complete(),
+        !tb.client.connection(ch).unwrap().is_send_complete(),
         "acknowledgements were lost"
     );
-    net.cut_to_client = false;
-    run(&mut client, &mut server, &mut net, limit, |c, _, _| {
+    cut(&mut tb, Dir::BToA, false);
+    run(&mut tb, limit, |c, _, _| {
         c.connection(ch).unwrap().state() == ConnectionState::Closed
     });
-    let c = client.connection(ch).unwrap();
+    let c = tb.client.connection(ch).unwrap();
     assert_eq!(c.close_reason(), None, "a clean close");
     assert!(c.is_send_complete());
 }
@@ -607,29 +411,27 @@ fn a_closed_peer_confirms_a_clean_end_whose_acknowledgements_were_lost() {
 #[test]
 fn a_clean_close_without_acknowledgements_is_not_a_success() {
     let b = vec![addr("10.0.0.2:6000")];
-    let (mut client, mut server, mut net, ch) = connected_pair(&[addr("10.0.0.1:5000")], &b);
+    let mut tb = connected_pair(&[addr("10.0.0.1:5000")], &b);
+    let ch = tb.ch;
     const TOTAL: usize = 1_000_000;
     let mut written = 0;
-    run(
-        &mut client,
-        &mut server,
-        &mut net,
-        Duration::from_secs(30),
-        |c, _, acc| {
-            let cc = c.connection_mut(ch).unwrap();
-            if written < TOTAL {
-                written += cc.write(&vec![7u8; TOTAL - written]).unwrap_or(0);
-                if written == TOTAL {
-                    cc.finish();
-                }
+    run(&mut tb, Duration::from_secs(30), |c, _, acc| {
+        let cc = c.connection_mut(ch).unwrap();
+        if written < TOTAL {
+            written += cc.write(&vec![7u8; TOTAL - written]).unwrap_or(0);
+            if written == TOTAL {
+                cc.finish();
             }
-            acc.is_some() && written == TOTAL && cc.stats().links[0].packets_received > 3
-        },
-    );
-    assert!(!client.connection(ch).unwrap().is_send_complete());
+        }
+        acc.is_some() && written == TOTAL && cc.stats().links[0].packets_received > 3
+    });
+    assert!(!tb.client.connection(ch).unwrap().is_send_complete());
     // a CLOSE 0 on the server's link, numbered past what the server used
-    let (local, remote, last) = net.last_to_client.clone().expect("the server sent packets");
-    let Ok((Header::Short { dcid, link, pn, .. }, _)) = wire::decode_packet(&last) else {
+    let last = tb
+        .last_captured(Dir::BToA)
+        .cloned()
+        .expect("the server sent packets");
+    let Ok((Header::Short { dcid, link, pn, .. }, _)) = wire::decode_packet(&last.bytes) else {
         panic!("a short packet from the server")
     };
     let mut d = [0u8; 64];
@@ -639,21 +441,19 @@ fn a_clean_close_without_acknowledgements_is_not_a_success() {
     w.varint(0);
     w.varint(0);
     let len = w.finish();
-    client.handle_datagram(net.base + net.now, remote, local, &mut d[..len]);
+    let now = tb.instant();
+    tb.client
+        .handle_datagram(now, last.local, last.remote, &mut d[..len]);
     // the real server is silent from now on: nothing ever proves the claim
-    net.cut_to_client = true;
-    let forged_at = net.now;
-    run(
-        &mut client,
-        &mut server,
-        &mut net,
-        Duration::from_secs(30),
-        |c, _, _| c.connection(ch).unwrap().state() == ConnectionState::Closed,
-    );
-    let c = client.connection(ch).unwrap();
+    cut(&mut tb, Dir::BToA, true);
+    let forged_at = tb.now();
+    run(&mut tb, Duration::from_secs(30), |c, _, _| {
+        c.connection(ch).unwrap().state() == ConnectionState::Closed
+    });
+    let c = tb.client.connection(ch).unwrap();
     assert_eq!(c.close_reason(), Some(&ConnectionError::ClosedEarly));
     assert!(
-        net.now - forged_at < Duration::from_secs(1),
+        tb.now() - forged_at < Duration::from_secs(1),
         "ended within the grace period"
     );
 }
@@ -665,36 +465,31 @@ fn a_clean_close_without_acknowledgements_is_not_a_success() {
 #[test]
 fn messages_of_the_largest_size_arrive_after_small_ones() {
     let b = vec![addr("10.0.0.2:6000")];
-    let (mut client, mut server, mut net, ch) = connected_pair(&[addr("10.0.0.1:5000")], &b);
+    let mut tb = connected_pair(&[addr("10.0.0.1:5000")], &b);
+    let ch = tb.ch;
     let mut sent = 0;
     let mut got = Vec::new();
     let mut big = 0;
-    run(
-        &mut client,
-        &mut server,
-        &mut net,
-        Duration::from_secs(30),
-        |c, s, acc| {
-            let cc = c.connection_mut(ch).unwrap();
-            if cc.state() == ConnectionState::Established && sent < 6 {
-                if big == 0 {
-                    big = cc.max_message_size();
-                }
-                let size = if sent % 2 == 0 { 50 } else { big };
-                match cc.send_message(&vec![sent as u8; size]) {
-                    Ok(()) => sent += 1,
-                    Err(ri2n_proto::WriteError::Blocked) => {}
-                    Err(e) => panic!("send_message({size}): {e}"),
-                }
+    run(&mut tb, Duration::from_secs(30), |c, s, acc| {
+        let cc = c.connection_mut(ch).unwrap();
+        if cc.state() == ConnectionState::Established && sent < 6 {
+            if big == 0 {
+                big = cc.max_message_size();
             }
-            let Some(h) = *acc else { return false };
-            let sc = s.connection_mut(h).unwrap();
-            while let Ok(Some(m)) = sc.recv_message() {
-                got.push((m.len(), m.iter().all(|&x| x == got.len() as u8)));
+            let size = if sent % 2 == 0 { 50 } else { big };
+            match cc.send_message(&vec![sent as u8; size]) {
+                Ok(()) => sent += 1,
+                Err(ri2n_proto::WriteError::Blocked) => {}
+                Err(e) => panic!("send_message({size}): {e}"),
             }
-            got.len() == 6
-        },
-    );
+        }
+        let Some(h) = *acc else { return false };
+        let sc = s.connection_mut(h).unwrap();
+        while let Ok(Some(m)) = sc.recv_message() {
+            got.push((m.len(), m.iter().all(|&x| x == got.len() as u8)));
+        }
+        got.len() == 6
+    });
     assert!(big > 8_000_000, "largest message: {big}");
     let want: Vec<(usize, bool)> = (0..6)
         .map(|i| (if i % 2 == 0 { 50 } else { big }, true))
@@ -747,63 +542,38 @@ fn the_handshake_timeout_is_configurable() {
     );
 }
 
-/// Timer expiries and arrivals the pair handles from now until `span` later.
-fn events_within(
-    client: &mut Endpoint,
-    server: &mut Endpoint,
-    net: &mut Net,
-    span: Duration,
-) -> usize {
-    let end = net.now + span;
-    let mut events = 0;
-    loop {
-        net.flush(client, false);
-        net.flush(server, true);
-        match next_event(client, server, net) {
-            Some(next) if next < end => advance(client, server, net, next),
-            _ => return events,
-        }
-        events += 1;
-    }
-}
-
 #[test]
 fn an_idle_connection_sets_no_timers_but_its_keepalives() {
     // keepalives every 10 s: an idle connection should then have nothing to do for seconds
     let config = ConnectionConfig::default().with_keepalive_interval(Duration::from_secs(10));
-    let (mut client, mut server, mut net, ch) = connected_pair_with(
+    let mut tb = connected_pair_with(
         &[addr("10.0.0.1:5000"), addr("10.1.0.1:5000")],
         &[addr("10.0.0.2:6000"), addr("10.1.0.2:6000")],
         config,
     );
+    let ch = tb.ch;
     let mut sent = false;
-    run(
-        &mut client,
-        &mut server,
-        &mut net,
-        Duration::from_secs(5),
-        |c, s, acc| {
-            let cc = c.connection_mut(ch).unwrap();
-            if !sent && cc.state() == ConnectionState::Established && cc.stats().links.len() == 2 {
-                cc.send_message(b"hello").unwrap();
-                sent = true;
-            }
-            let Some(h) = *acc else { return false };
-            s.connection_mut(h)
-                .unwrap()
-                .recv_message()
-                .is_ok_and(|m| m.is_some())
-        },
-    );
+    run(&mut tb, Duration::from_secs(5), |c, s, acc| {
+        let cc = c.connection_mut(ch).unwrap();
+        if !sent && cc.state() == ConnectionState::Established && cc.stats().links.len() == 2 {
+            cc.send_message(b"hello").unwrap();
+            sent = true;
+        }
+        let Some(h) = *acc else { return false };
+        s.connection_mut(h)
+            .unwrap()
+            .recv_message()
+            .is_ok_and(|m| m.is_some())
+    });
     // let the acknowledgements and path MTU discovery settle
-    events_within(&mut client, &mut server, &mut net, Duration::from_secs(1));
-    let idle = events_within(&mut client, &mut server, &mut net, Duration::from_secs(2));
+    tb.events_within(Duration::from_secs(1));
+    let idle = tb.events_within(Duration::from_secs(2));
     assert!(
         idle <= 4,
         "{idle} wake-ups in 2 s of an idle connection (periodic checks of nothing?)"
     );
     assert_eq!(
-        client.connection(ch).unwrap().state(),
+        tb.client.connection(ch).unwrap().state(),
         ConnectionState::Established
     );
 }
@@ -815,14 +585,15 @@ fn an_idle_connection_sets_no_timers_but_its_keepalives() {
 fn idle_links_send_a_keepalive_every_interval_and_stay_up() {
     let interval = Duration::from_millis(200);
     let config = ConnectionConfig::default().with_keepalive_interval(interval);
-    let (mut client, mut server, mut net, ch) = connected_pair_with(
+    let mut tb = connected_pair_with(
         &[addr("10.0.0.1:5000"), addr("10.1.0.1:5000")],
         &[addr("10.0.0.2:6000"), addr("10.1.0.2:6000")],
         config,
     );
-    let sh = until_two_links_up(&mut client, &mut server, &mut net, ch);
+    let ch = tb.ch;
+    let sh = until_two_links_up(&mut tb);
     // let the acknowledgements and path MTU discovery settle
-    events_within(&mut client, &mut server, &mut net, Duration::from_secs(1));
+    tb.events_within(Duration::from_secs(1));
     let sent = |e: &Endpoint, h| -> Vec<(LinkState, u64)> {
         let stats = e.connection(h).unwrap().stats();
         stats
@@ -831,9 +602,9 @@ fn idle_links_send_a_keepalive_every_interval_and_stay_up() {
             .map(|l| (l.state, l.packets_sent))
             .collect()
     };
-    let before = (sent(&client, ch), sent(&server, sh));
-    events_within(&mut client, &mut server, &mut net, Duration::from_secs(2));
-    let after = (sent(&client, ch), sent(&server, sh));
+    let before = (sent(&tb.client, ch), sent(&tb.server, sh));
+    tb.events_within(Duration::from_secs(2));
+    let after = (sent(&tb.client, ch), sent(&tb.server, sh));
     for (side, b, a) in [
         ("client", &before.0, &after.0),
         ("server", &before.1, &after.1),
@@ -858,30 +629,24 @@ fn idle_links_send_a_keepalive_every_interval_and_stay_up() {
 fn a_read_that_frees_the_window_leaves_its_update_pending_until_sent() {
     let mut config = ConnectionConfig::default();
     config.stream_receive_window = 64 * 1024;
-    let (mut client, mut server, mut net, ch) =
-        connected_pair_with(&[addr("10.0.0.1:5000")], &[addr("10.0.0.2:6000")], config);
-    let sh = run(
-        &mut client,
-        &mut server,
-        &mut net,
-        Duration::from_secs(5),
-        |c, _, acc| {
-            acc.is_some() && c.connection(ch).unwrap().state() == ConnectionState::Established
-        },
-    )
+    let mut tb = connected_pair_with(&[addr("10.0.0.1:5000")], &[addr("10.0.0.2:6000")], config);
+    let ch = tb.ch;
+    let sh = run(&mut tb, Duration::from_secs(5), |c, _, acc| {
+        acc.is_some() && c.connection(ch).unwrap().state() == ConnectionState::Established
+    })
     .expect("the server accepted");
     // (message length, update expected): a small message frees too little of the window, a
     // large one a quarter or more
     for (len, update) in [(1000, false), (40_000, true)] {
         let msg = vec![7u8; len];
-        server
+        tb.server
             .connection_mut(sh)
             .unwrap()
             .send_message(&msg)
             .unwrap();
         let mut pending = None;
-        let limit = net.now + Duration::from_secs(5);
-        run(&mut client, &mut server, &mut net, limit, |c, _, _| {
+        let limit = tb.now() + Duration::from_secs(5);
+        run(&mut tb, limit, |c, _, _| {
             let conn = c.connection_mut(ch).unwrap();
             match conn.recv_message() {
                 Ok(Some(m)) => {
@@ -894,7 +659,7 @@ fn a_read_that_frees_the_window_leaves_its_update_pending_until_sent() {
         });
         assert_eq!(pending, Some(update), "after reading {len} bytes");
         // `run` flushed what the client had to send: the update went out
-        assert!(!client.connection(ch).unwrap().window_update_pending());
+        assert!(!tb.client.connection(ch).unwrap().window_update_pending());
     }
 }
 
@@ -902,10 +667,11 @@ fn a_read_that_frees_the_window_leaves_its_update_pending_until_sent() {
 /// date: checked at every step of an exchange of messages over two links, on both sides.
 #[test]
 fn timeout_before_agrees_with_poll_timeout_throughout_an_exchange() {
-    let (mut client, mut server, mut net, ch) = connected_pair(
+    let mut tb = connected_pair(
         &[addr("10.0.0.1:5000"), addr("10.1.0.1:5000")],
         &[addr("10.0.0.2:6000"), addr("10.1.0.2:6000")],
     );
+    let ch = tb.ch;
     let check = |e: &mut Endpoint| {
         let quick = e.timeout_before(None);
         let full = e.poll_timeout();
@@ -917,39 +683,33 @@ fn timeout_before_agrees_with_poll_timeout_throughout_an_exchange() {
         }
     };
     let (mut sent, mut echoed, mut checks) = (0, 0, 0);
-    run(
-        &mut client,
-        &mut server,
-        &mut net,
-        Duration::from_secs(10),
-        |c, s, acc| {
-            check(c);
-            check(s);
-            checks += 1;
-            let Some(sh) = *acc else { return false };
-            if let Ok(Some(m)) = s.connection_mut(sh).unwrap().recv_message() {
-                s.connection_mut(sh).unwrap().send_message(&m).unwrap();
-            }
-            let cc = c.connection_mut(ch).unwrap();
-            if let Ok(Some(_)) = cc.recv_message() {
-                echoed += 1;
-            }
-            if sent == echoed && sent < 200 && cc.state() == ConnectionState::Established {
-                cc.send_message(&[sent as u8; 100]).unwrap();
-                sent += 1;
-            }
-            echoed == 200
-        },
-    );
+    run(&mut tb, Duration::from_secs(10), |c, s, acc| {
+        check(c);
+        check(s);
+        checks += 1;
+        let Some(sh) = *acc else { return false };
+        if let Ok(Some(m)) = s.connection_mut(sh).unwrap().recv_message() {
+            s.connection_mut(sh).unwrap().send_message(&m).unwrap();
+        }
+        let cc = c.connection_mut(ch).unwrap();
+        if let Ok(Some(_)) = cc.recv_message() {
+            echoed += 1;
+        }
+        if sent == echoed && sent < 200 && cc.state() == ConnectionState::Established {
+            cc.send_message(&[sent as u8; 100]).unwrap();
+            sent += 1;
+        }
+        echoed == 200
+    });
     assert!(checks > 400, "{checks} checks");
     // more connections something happened to than it asks: the index is brought up to date
-    let now = net.base + net.now;
+    let now = tb.instant();
     for _ in 0..12 {
-        client
+        tb.client
             .connect(now, &[addr("10.0.0.2:6000")], ConnectionConfig::default())
             .unwrap();
     }
-    check(&mut client);
+    check(&mut tb.client);
 }
 
 /// A datagram flow from client to server: one datagram every `every` while sending, each
@@ -979,19 +739,18 @@ const fn v4([a, b, c, d]: [u8; 4], port: u16) -> SocketAddr {
 impl Flow {
     /// A client and a server joined by two links, both up, and a flow of one datagram every
     /// `every` from the client, not started yet.
-    fn on_two_links(every: Duration) -> (Endpoint, Endpoint, Net, Flow) {
-        let (mut client, mut server, mut net, ch) =
-            connected_pair(&[LINK0.0, LINK1.0], &[LINK0.1, LINK1.1]);
-        let sh = until_two_links_up(&mut client, &mut server, &mut net, ch);
+    fn on_two_links(every: Duration) -> (Testbed, Flow) {
+        let mut tb = connected_pair(&[LINK0.0, LINK1.0], &[LINK0.1, LINK1.1]);
+        let sh = until_two_links_up(&mut tb);
         let flow = Flow {
-            conns: (ch, sh),
+            conns: (tb.ch, sh),
             every,
-            next_send: net.now,
+            next_send: tb.now(),
             sent: 0,
             arrived: Vec::new(),
             order: Vec::new(),
         };
-        (client, server, net, flow)
+        (tb, flow)
     }
 
     /// Every datagram sent was read, none after a later one (`resent`: how many the sender
@@ -1016,20 +775,15 @@ impl Flow {
     }
 
     /// Runs the pair until `until`, sending while `sending`, reading everything that arrives.
-    fn drive(
-        &mut self,
-        (client, server, net): (&mut Endpoint, &mut Endpoint, &mut Net),
-        until: Duration,
-        sending: bool,
-    ) {
+    fn drive(&mut self, tb: &mut Testbed, until: Duration, sending: bool) {
         let (ch, sh) = self.conns;
-        self.next_send = self.next_send.max(net.now);
-        while net.now < until {
-            let now = net.base + net.now;
-            if sending && net.now >= self.next_send {
+        self.next_send = self.next_send.max(tb.now());
+        while tb.now() < until {
+            let now = tb.instant();
+            if sending && tb.now() >= self.next_send {
                 let mut d = vec![0u8; 1000];
                 d[..8].copy_from_slice(&self.sent.to_le_bytes());
-                client
+                tb.client
                     .connection_mut(ch)
                     .unwrap()
                     .send_datagram(now, &d)
@@ -1038,10 +792,9 @@ impl Flow {
                 self.arrived.push(false);
                 self.next_send += self.every;
             }
-            net.flush(client, false);
-            net.flush(server, true);
+            tb.flush();
             loop {
-                let d = match server.connection_mut(sh).unwrap().recv_datagram() {
+                let d = match tb.server.connection_mut(sh).unwrap().recv_datagram() {
                     Ok(Some(d)) => d,
                     Ok(None) | Err(ReadError::Blocked) => break,
                     Err(e) => panic!("{e:?}"),
@@ -1051,12 +804,12 @@ impl Flow {
                 self.arrived[k] = true;
                 self.order.push(k);
             }
-            net.flush(server, true);
-            let mut next = next_event(client, server, net).unwrap_or(until).min(until);
+            tb.flush();
+            let mut next = tb.next_event().unwrap_or(until).min(until);
             if sending {
                 next = next.min(self.next_send);
             }
-            advance(client, server, net, next);
+            tb.advance_to(next);
         }
     }
 }
@@ -1068,8 +821,7 @@ fn datagrams_queued_while_every_link_is_failing_reach_the_peer_at_the_heal() {
     // for the next, backed-off one (seconds)
     // 1000-byte datagrams at 40 Mbit/s: what waits during the outage stays well within the
     // send queue's 1 MiB bound, so only the age rule could drop any
-    let (mut client, mut server, mut net, mut flow) =
-        Flow::on_two_links(Duration::from_micros(200));
+    let (mut tb, mut flow) = Flow::on_two_links(Duration::from_micros(200));
     let ch = flow.conns.0;
     let ms = Duration::from_millis;
     // (every path dead, how long, the application sending, every link known down after it)
@@ -1084,17 +836,17 @@ fn datagrams_queued_while_every_link_is_failing_reach_the_peer_at_the_heal() {
         (false, ms(3000), false, false),
     ];
     for (dead, length, sending, all_down) in phases {
-        net.cut_to_client = dead;
-        net.cut_to_server = dead;
-        let until = net.now + length;
-        flow.drive((&mut client, &mut server, &mut net), until, sending);
-        let links = client.connection(ch).unwrap().stats().links;
+        cut(&mut tb, Dir::BToA, dead);
+        cut(&mut tb, Dir::AToB, dead);
+        let until = tb.now() + length;
+        flow.drive(&mut tb, until, sending);
+        let links = tb.client.connection(ch).unwrap().stats().links;
         assert!(
             !all_down || links.iter().all(|l| l.state == LinkState::Down),
             "every link is known down during the outage"
         );
     }
-    let stats = client.connection(ch).unwrap().stats();
+    let stats = tb.client.connection(ch).unwrap().stats();
     let lost: Vec<usize> = (0..flow.arrived.len())
         .filter(|&k| !flow.arrived[k])
         .collect();
@@ -1118,25 +870,24 @@ fn datagrams_in_flight_on_a_link_that_dies_arrive_in_order_with_the_rest() {
     // has declared it down: delivered after their successors, inner TCP would drop them as old
     // duplicates (PAWS, its timestamps being older than ones it already took), and an inner
     // connection that lost them just before an outage stood still for seconds after the heal.
-    let (mut client, mut server, mut net, mut flow) =
-        Flow::on_two_links(Duration::from_micros(100));
+    let (mut tb, mut flow) = Flow::on_two_links(Duration::from_micros(100));
     let ch = flow.conns.0;
-    let until = net.now + Duration::from_millis(300);
-    flow.drive((&mut client, &mut server, &mut net), until, true);
+    let until = tb.now() + Duration::from_millis(300);
+    flow.drive(&mut tb, until, true);
     // link 1's switch dies, and the flow goes on
-    net.cut_addrs = vec![LINK1.0, LINK1.1];
-    let until = net.now + Duration::from_millis(500);
-    flow.drive((&mut client, &mut server, &mut net), until, true);
-    let until = net.now + Duration::from_millis(200);
-    flow.drive((&mut client, &mut server, &mut net), until, false);
+    tb.apply(Action::blackhole(1));
+    let until = tb.now() + Duration::from_millis(500);
+    flow.drive(&mut tb, until, true);
+    let until = tb.now() + Duration::from_millis(200);
+    flow.drive(&mut tb, until, false);
 
-    let links = client.connection(ch).unwrap().stats().links;
+    let links = tb.client.connection(ch).unwrap().stats().links;
     assert_eq!(
         links[1].state,
         LinkState::Down,
         "the dead link is known down"
     );
-    let stats = client.connection(ch).unwrap().stats();
+    let stats = tb.client.connection(ch).unwrap().stats();
     assert!(
         stats.datagrams_resent > 0,
         "datagrams were in flight on the dead link"
@@ -1155,27 +906,25 @@ fn datagrams_stranded_on_a_link_that_dies_before_the_others_arrive_in_order_at_t
     // (PAWS), and an inner connection stood still for seconds after the heal.
     let ms = Duration::from_millis;
     for stagger in [ms(2), ms(3), ms(8), ms(15), ms(25), ms(40)] {
-        let (mut client, mut server, mut net, mut flow) =
-            Flow::on_two_links(Duration::from_micros(100));
-        let until = net.now + ms(300);
-        flow.drive((&mut client, &mut server, &mut net), until, true);
-        net.cut_addrs = vec![LINK1.0, LINK1.1];
-        let until = net.now + stagger;
-        flow.drive((&mut client, &mut server, &mut net), until, true);
-        net.cut_to_client = true;
-        net.cut_to_server = true;
+        let (mut tb, mut flow) = Flow::on_two_links(Duration::from_micros(100));
+        let until = tb.now() + ms(300);
+        flow.drive(&mut tb, until, true);
+        tb.apply(Action::blackhole(1));
+        let until = tb.now() + stagger;
+        flow.drive(&mut tb, until, true);
+        cut(&mut tb, Dir::BToA, true);
+        cut(&mut tb, Dir::AToB, true);
         // the application stops soon after, as inner TCP does when its window fills
-        let until = net.now + ms(5);
-        flow.drive((&mut client, &mut server, &mut net), until, true);
-        let until = net.now + ms(3000);
-        flow.drive((&mut client, &mut server, &mut net), until, false);
-        net.cut_addrs.clear();
-        net.cut_to_client = false;
-        net.cut_to_server = false;
-        let until = net.now + ms(3000);
-        flow.drive((&mut client, &mut server, &mut net), until, false);
+        let until = tb.now() + ms(5);
+        flow.drive(&mut tb, until, true);
+        let until = tb.now() + ms(3000);
+        flow.drive(&mut tb, until, false);
+        cut(&mut tb, Dir::BToA, false);
+        cut(&mut tb, Dir::AToB, false);
+        let until = tb.now() + ms(3000);
+        flow.drive(&mut tb, until, false);
 
-        let stats = client.connection(flow.conns.0).unwrap().stats();
+        let stats = tb.client.connection(flow.conns.0).unwrap().stats();
         flow.assert_all_read_in_order(stats.datagrams_resent);
     }
 }
@@ -1189,23 +938,22 @@ fn datagrams_held_for_ones_lost_on_a_link_that_then_fell_quiet_go_once_the_peer_
     // that the links work, so the missing ones are lost, and the rest goes at once, long
     // before a keepalive would have shown the same.
     let ms = Duration::from_millis;
-    let (mut client, mut server, mut net, mut flow) =
-        Flow::on_two_links(Duration::from_micros(100));
-    let until = net.now + ms(300);
-    flow.drive((&mut client, &mut server, &mut net), until, true);
-    net.cut_addrs = vec![LINK1.0, LINK1.1];
-    let until = net.now + ms(1);
-    flow.drive((&mut client, &mut server, &mut net), until, true);
-    net.cut_addrs.clear();
-    let stopped = net.now;
+    let (mut tb, mut flow) = Flow::on_two_links(Duration::from_micros(100));
+    let until = tb.now() + ms(300);
+    flow.drive(&mut tb, until, true);
+    tb.apply(Action::blackhole(1));
+    let until = tb.now() + ms(1);
+    flow.drive(&mut tb, until, true);
+    tb.apply(Action::up(1));
+    let stopped = tb.now();
     let sh = flow.conns.1;
     let held = |server: &Endpoint| server.connection(sh).unwrap().stats().datagrams_waiting.0;
-    assert!(held(&server) > 0, "datagrams wait for the lost ones");
-    while held(&server) > 0 && net.now < stopped + ms(1000) {
-        let until = net.now + ms(1);
-        flow.drive((&mut client, &mut server, &mut net), until, false);
+    assert!(held(&tb.server) > 0, "datagrams wait for the lost ones");
+    while held(&tb.server) > 0 && tb.now() < stopped + ms(1000) {
+        let until = tb.now() + ms(1);
+        flow.drive(&mut tb, until, false);
     }
-    let waited = net.now - stopped;
+    let waited = tb.now() - stopped;
     let late = flow.order.windows(2).filter(|w| w[1] < w[0]).count();
     assert_eq!(late, 0, "none read after a later one");
     let keepalive = ConnectionConfig::default().keepalive_interval;
@@ -1224,21 +972,24 @@ fn datagrams_stranded_on_a_fast_link_come_again_over_a_slow_one_in_order() {
     // hold must allow for the slower link's delay, or it delivers those datagrams after
     // their successors.
     let ms = Duration::from_millis;
-    let (mut client, mut server, mut net, mut flow) =
-        Flow::on_two_links(Duration::from_micros(200));
-    net.slow_addrs = vec![(LINK1.0, ms(10)), (LINK1.1, ms(10))];
+    let (mut tb, mut flow) = Flow::on_two_links(Duration::from_micros(200));
+    tb.apply(Action::Configure {
+        link: 1,
+        dir: None,
+        config: DirectionConfig::ideal(DEFAULT_DELAY + ms(10)),
+    });
     // (while the slow link delivers its first datagrams, the receiver does not know yet that
     // it must wait for it: the order is checked from the failure on)
-    let until = net.now + ms(1000);
-    flow.drive((&mut client, &mut server, &mut net), until, true);
+    let until = tb.now() + ms(1000);
+    flow.drive(&mut tb, until, true);
     let (first, read_before) = (flow.sent as usize, flow.order.len());
-    net.cut_addrs = vec![LINK0.0, LINK0.1];
-    let until = net.now + ms(500);
-    flow.drive((&mut client, &mut server, &mut net), until, true);
-    let until = net.now + ms(500);
-    flow.drive((&mut client, &mut server, &mut net), until, false);
+    tb.apply(Action::blackhole(0));
+    let until = tb.now() + ms(500);
+    flow.drive(&mut tb, until, true);
+    let until = tb.now() + ms(500);
+    flow.drive(&mut tb, until, false);
 
-    let stats = client.connection(flow.conns.0).unwrap().stats();
+    let stats = tb.client.connection(flow.conns.0).unwrap().stats();
     assert_eq!(
         stats.links[0].state,
         LinkState::Down,

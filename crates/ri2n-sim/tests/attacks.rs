@@ -4,18 +4,17 @@
 //! it. The attacker reads the links where the attack needs it (connection IDs, cookies,
 //! captured handshakes), but never holds the key.
 
-mod harness;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use harness::{finish, initial, keyed, Sim, Transfer};
 use ri2n_proto::wire::{self, packet_type, Writer};
 use ri2n_proto::{
     ConnectionError, ConnectionState, DropReason, Endpoint, EndpointConfig, Event, Key, LinkId,
     LinkState, Transmit,
 };
+use ri2n_sim::testbed::{initial_packet as initial, Capture, Testbed, TestbedConfig, Transfer};
+use ri2n_sim::Dir;
 
 fn key() -> Key {
     Key::from_bytes([1; 32])
@@ -25,9 +24,15 @@ fn addr(s: &str) -> SocketAddr {
     s.parse().unwrap()
 }
 
-/// Both ends keyed, two links, client datagrams kept for the attacker to read.
-fn keyed_sim() -> Sim {
-    keyed(Some(key()), Some(key()))
+/// Both ends keyed, two links, 256 KiB buffers, the first 20 000 client datagrams kept for
+/// the attacker to read.
+fn keyed_sim() -> Testbed {
+    Testbed::new(
+        TestbedConfig::new(2)
+            .with_buffers(256 << 10, 256 << 10)
+            .with_keys(Some(key()), Some(key()))
+            .with_capture(Dir::AToB, Capture::first(20_000)),
+    )
 }
 
 /// Every datagram `ep` wants to send now.
@@ -146,7 +151,7 @@ fn forged_port_unreachable_does_not_end_a_connection() {
     sim.advance(Duration::from_millis(20), |s| t.pump(s));
     let client_cid = {
         // the server's peer CID is the client's own: the first INITIAL carries it
-        match wire::decode_packet(&sim.captured[0].bytes) {
+        match wire::decode_packet(&sim.captured(Dir::AToB)[0].bytes) {
             Ok((wire::Header::Initial { scid, .. }, _)) => scid,
             other => panic!("first captured datagram: {other:?}"),
         }
@@ -170,7 +175,7 @@ fn forged_port_unreachable_does_not_end_a_connection() {
             blind += 2;
             // on the path: the latest packet the client sent there, and one the server sent
             let last = sim
-                .captured
+                .captured(Dir::AToB)
                 .iter()
                 .rev()
                 .find(|c| {
@@ -182,7 +187,7 @@ fn forged_port_unreachable_does_not_end_a_connection() {
                 sim.client
                     .handle_port_unreachable(now, client, server, &quote),
             );
-            let link = sim.link_ids[&(server, client)];
+            let link = sim.link_id(server, client).unwrap();
             let mut theirs = [0u8; 24];
             let mut w = Writer::new(&mut theirs);
             wire::write_short_header(&mut w, client_cid, LinkId(link), 0, 0);
@@ -207,7 +212,7 @@ fn forged_port_unreachable_does_not_end_a_connection() {
         !t.complete(&sim),
         "the transfer ended before the attack did"
     );
-    finish(&mut sim, &mut t);
+    sim.complete_transfer(&mut t);
     assert_eq!(sim.client.connection(sim.ch).unwrap().close_reason(), None);
     assert_eq!(sim.server_conn().close_reason(), None);
 }
@@ -222,7 +227,7 @@ fn a_vanished_peer_is_still_reported() {
     let mut t = Transfer::new(1 << 30, 0, 0, true);
     sim.advance(Duration::from_millis(20), |s| t.pump(s));
     // the server's process is killed: its host refuses every datagram, nothing comes back
-    let killed = sim.now;
+    let killed = sim.now();
     let mut now = sim.instant();
     while sim.client.connection(sim.ch).unwrap().state() != ConnectionState::Closed {
         sim.client.handle_timeout(now);
@@ -232,11 +237,11 @@ fn a_vanished_peer_is_still_reported() {
         }
         now += Duration::from_millis(1);
         assert!(
-            now - sim.base - killed < Duration::from_secs(2),
+            now - sim.base() - killed < Duration::from_secs(2),
             "the vanished peer was not noticed"
         );
     }
-    let took = now - sim.base - killed;
+    let took = now - sim.base() - killed;
     assert_eq!(
         sim.client.connection(sim.ch).unwrap().close_reason(),
         Some(&ConnectionError::PeerGone)
@@ -258,8 +263,8 @@ fn a_reset_provoked_from_the_victim_does_not_end_its_connection() {
     sim.establish();
     let mut t = Transfer::new(4 << 20, 4 << 20, 0, true);
     sim.advance(Duration::from_millis(20), |s| t.pump(s));
-    let server_cid = sim.server_cid.unwrap();
-    let (client, server) = (sim.client_addrs[0], sim.server_addrs[0]);
+    let server_cid = sim.server_cid().unwrap();
+    let (client, server) = (sim.client_addrs()[0], sim.server_addrs()[0]);
     let attacker = addr("10.0.0.66:4444");
     let mut provoke = vec![0u8; 64];
     let mut w = Writer::new(&mut provoke);
@@ -276,7 +281,7 @@ fn a_reset_provoked_from_the_victim_does_not_end_its_connection() {
     sim.inject_client(client, server, &reset);
     assert!(sim.client.dropped().get(DropReason::Unauthenticated) >= 1);
     assert_eq!(sim.client.connection(sim.ch).unwrap().close_reason(), None);
-    finish(&mut sim, &mut t);
+    sim.complete_transfer(&mut t);
     assert_eq!(sim.client.connection(sim.ch).unwrap().close_reason(), None);
 }
 
@@ -289,7 +294,7 @@ fn a_replayed_initial_does_not_end_an_established_connection() {
     sim.establish();
     let mut t = Transfer::new(4 << 20, 4 << 20, 10, true);
     sim.advance(Duration::from_millis(20), |s| t.pump(s));
-    let (client, server) = (sim.client_addrs[0], sim.server_addrs[0]);
+    let (client, server) = (sim.client_addrs()[0], sim.server_addrs()[0]);
     let now = sim.instant();
     let (scid, mode, hello) = captured_initial(&mut sim.server, now, server);
     let before = sim.server.connection_count();
@@ -310,7 +315,7 @@ fn a_replayed_initial_does_not_end_an_established_connection() {
         "the replay ended the connection"
     );
     assert_eq!(sim.server.connection_count(), before);
-    finish(&mut sim, &mut t);
+    sim.complete_transfer(&mut t);
     assert_eq!(sim.server_conn().close_reason(), None);
 }
 
@@ -320,7 +325,7 @@ fn a_replayed_initial_does_not_end_an_established_connection() {
 #[test]
 fn a_replayed_initial_is_never_accepted() {
     let mut sim = keyed_sim();
-    let server = sim.server_addrs[0];
+    let server = sim.server_addrs()[0];
     let now = sim.instant();
     let (scid, mode, hello) = captured_initial(&mut sim.server, now, server);
     let attacker = addr("10.0.0.66:4444");
@@ -336,10 +341,10 @@ fn a_replayed_initial_is_never_accepted() {
     let sh = sim.sh.unwrap();
     assert_eq!(
         sim.server.connection(sh).unwrap().stats().links[0].remote,
-        sim.client_addrs[0]
+        sim.client_addrs()[0]
     );
     let mut t = Transfer::new(1 << 20, 1 << 20, 0, true);
-    finish(&mut sim, &mut t);
+    sim.complete_transfer(&mut t);
 }
 
 /// Finding 5. Rounds of replayed INITIALs from fresh ports leave the server holding nothing;
@@ -349,7 +354,7 @@ fn a_replayed_initial_is_never_accepted() {
 #[test]
 fn unconfirmed_and_unreleased_connections_are_bounded_and_freed() {
     let mut sim = keyed_sim();
-    let server = sim.server_addrs[0];
+    let server = sim.server_addrs()[0];
     let now = sim.instant();
     let (scid, mode, hello) = captured_initial(&mut sim.server, now, server);
     // one a millisecond: within the server's budget of handshake messages, so each is read
@@ -433,7 +438,7 @@ fn a_flood_of_replayed_initials_neither_fills_the_table_nor_stalls_a_transfer() 
     sim.advance(Duration::from_millis(20), |s| t.pump(s));
     downs(&mut sim.client);
     downs(&mut sim.server);
-    let server = sim.server_addrs[0];
+    let server = sim.server_addrs()[0];
     let now = sim.instant();
     let (scid, mode, hello) = captured_initial(&mut sim.server, now, server);
     let mut cookies: HashMap<SocketAddr, Vec<u8>> = HashMap::new();
@@ -467,7 +472,7 @@ fn a_flood_of_replayed_initials_neither_fills_the_table_nor_stalls_a_transfer() 
         "{unread} of 4096 replays were dropped unread"
     );
     assert!(!t.complete(&sim), "the transfer ended before the flood did");
-    finish(&mut sim, &mut t);
+    sim.complete_transfer(&mut t);
     assert_eq!(
         downs(&mut sim.client) + downs(&mut sim.server),
         0,

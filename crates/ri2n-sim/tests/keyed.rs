@@ -3,19 +3,32 @@
 //! the key sends (flipped bits, replays, datagrams moved to another link, forged CLOSE, RESET
 //! or acknowledgements) has any effect; keys are updated on long connections.
 
-mod harness;
-
 use std::time::Duration;
 
-use harness::{finish, keyed, Sim, Transfer};
 use ri2n_proto::wire::{self, frame_type, Writer};
 use ri2n_proto::{
     Cipher, ConnectionError, ConnectionState, DropReason, Key, KeyMismatch, LinkId,
     RefusedHandshake,
 };
+use ri2n_sim::testbed::{
+    initial_packet, pattern, Capture, Captured, Testbed, TestbedConfig, Transfer,
+};
+use ri2n_sim::{Action, Dir};
 
 fn key(b: u8) -> Key {
     Key::from_bytes([b; 32])
+}
+
+/// A testbed whose client and server hold these keys (or none), with two links and 256 KiB
+/// buffers, keeping every client datagram of the first 20 000 for the test to read (replays,
+/// mutations, captured IDs).
+fn keyed(client_key: Option<Key>, server_key: Option<Key>) -> Testbed {
+    Testbed::new(
+        TestbedConfig::new(2)
+            .with_buffers(256 << 10, 256 << 10)
+            .with_keys(client_key, server_key)
+            .with_capture(Dir::AToB, Capture::first(20_000)),
+    )
 }
 
 #[test]
@@ -23,15 +36,15 @@ fn keyed_transfer_is_exact_and_sealed() {
     let mut sim = keyed(Some(key(1)), Some(key(1)));
     sim.establish();
     let mut t = Transfer::new(2 << 20, 1 << 20, 200, true);
-    finish(&mut sim, &mut t);
+    sim.complete_transfer(&mut t);
     let stats = sim.client.connection(sim.ch).unwrap().stats();
     assert!(stats.cipher.is_some());
     assert_eq!(sim.server_conn().stats().cipher, stats.cipher);
     assert_eq!(Some(Cipher::preferred()), stats.cipher);
     // the client's byte stream is a known pattern: no 32-byte run of it is on the wire
-    let plain: Vec<u8> = (0..4096).map(harness::pattern).collect();
+    let plain: Vec<u8> = (0..4096).map(pattern).collect();
     let mut seen = 0;
-    for c in &sim.captured {
+    for c in sim.captured(Dir::AToB) {
         for w in c.bytes.windows(32) {
             assert!(!plain.windows(32).any(|p| p == w), "plaintext on the wire");
         }
@@ -46,10 +59,10 @@ fn the_same_transfer_in_clear_shows_its_plaintext() {
     let mut sim = keyed(None, None);
     sim.establish();
     let mut t = Transfer::new(64 << 10, 0, 0, true);
-    finish(&mut sim, &mut t);
-    let plain: Vec<u8> = (0..4096).map(harness::pattern).collect();
+    sim.complete_transfer(&mut t);
+    let plain: Vec<u8> = (0..4096).map(pattern).collect();
     assert!(sim
-        .captured
+        .captured(Dir::AToB)
         .iter()
         .any(|c| c.bytes.windows(32).any(|w| w == &plain[..32])));
     assert_eq!(sim.client.connection(sim.ch).unwrap().stats().cipher, None);
@@ -88,7 +101,7 @@ fn refused(
         .poll_refused_handshake()
         .expect("a report to log");
     assert_eq!(report.reason, ri2n_proto::RefusalReason::Key(server_sees));
-    assert_eq!(report.remote, sim.client_addrs[0]);
+    assert_eq!(report.remote, sim.client_addrs()[0]);
     assert_eq!(
         sim.server.poll_refused_handshake(),
         None::<RefusedHandshake>
@@ -131,7 +144,7 @@ fn refusals_are_reported_at_a_bounded_rate() {
     // 200 clients with the wrong key, at once: every one refused, a handful reported to log
     let mut sim = keyed(Some(key(2)), Some(key(1)));
     for _ in 0..199 {
-        let remote = sim.server_addrs[0];
+        let remote = sim.server_addrs()[0];
         let mut cfg = ri2n_proto::ConnectionConfig::default();
         cfg.discover = false;
         sim.client.connect(sim.instant(), &[remote], cfg).unwrap();
@@ -158,8 +171,8 @@ fn refusals_are_reported_at_a_bounded_rate() {
 }
 
 /// The client's captured short packets (sealed) with their address pairs.
-fn client_short_packets(sim: &Sim) -> Vec<harness::Captured> {
-    sim.captured
+fn client_short_packets(sim: &Testbed) -> Vec<Captured> {
+    sim.captured(Dir::AToB)
         .iter()
         .filter(|c| {
             matches!(
@@ -178,12 +191,12 @@ fn tampering_without_the_key_changes_nothing() {
     let mut t = Transfer::new(16 << 20, 4 << 20, 100, true);
     // let the transfer get going, then attack it throughout
     sim.advance(Duration::from_millis(1), |s| t.pump(s));
-    let dropped = |s: &Sim| s.server.dropped().total();
+    let dropped = |s: &Testbed| s.server.dropped().total();
     let pairs = sim.pairs();
     assert_eq!(pairs.len(), 2, "two links");
-    let cid = sim.server_cid.unwrap();
+    let cid = sim.server_cid().unwrap();
     let mut round = 0u64;
-    let limit = sim.now + Duration::from_secs(60);
+    let limit = sim.now() + Duration::from_secs(60);
     let (mut flipped, mut replayed, mut moved, mut relabelled, mut forged) = (0, 0, 0, 0, 0);
     sim.run_until(limit, |s| {
         t.pump(s);
@@ -193,7 +206,7 @@ fn tampering_without_the_key_changes_nothing() {
         // packets that have arrived (a replay that overtakes its original is the original)
         let packets: Vec<_> = client_short_packets(s)
             .into_iter()
-            .filter(|c| c.at + Duration::from_millis(5) < s.now)
+            .filter(|c| c.at + Duration::from_millis(5) < s.now())
             .collect();
         if packets.is_empty() {
             return false;
@@ -227,7 +240,7 @@ fn tampering_without_the_key_changes_nothing() {
                         .unwrap();
                     let mut b = p.bytes.clone();
                     if round % 5 == 3 {
-                        b[10] = s.link_ids[&other];
+                        b[10] = s.link_id(other.0, other.1).unwrap();
                         relabelled += 1;
                     } else {
                         moved += 1;
@@ -269,8 +282,8 @@ fn forged_resets_and_acknowledgements_do_not_reach_a_keyed_client() {
     sim.establish();
     let mut t = Transfer::new(1 << 20, 1 << 20, 0, true);
     sim.advance(Duration::from_millis(10), |s| t.pump(s));
-    let server_cid = sim.server_cid.unwrap();
-    let (local, remote) = (sim.client_addrs[0], sim.server_addrs[0]);
+    let server_cid = sim.server_cid().unwrap();
+    let (local, remote) = (sim.client_addrs()[0], sim.server_addrs()[0]);
     // RESETs carrying the server's connection ID: without a token, and with a wrong one
     let mut buf = [0u8; 64];
     for token in [
@@ -292,7 +305,7 @@ fn forged_resets_and_acknowledgements_do_not_reach_a_keyed_client() {
     let len = w.finish();
     sim.inject_client(local, remote, &d[..len]);
     assert!(sim.client.dropped().get(DropReason::Unauthenticated) >= 3);
-    finish(&mut sim, &mut t);
+    sim.complete_transfer(&mut t);
     assert_eq!(sim.client.connection(sim.ch).unwrap().close_reason(), None);
 }
 
@@ -301,12 +314,9 @@ fn a_restarted_keyed_server_resets_its_old_connections() {
     // the RESET of a restarted host carries the key's token, so it is taken
     let mut sim = keyed(Some(key(1)), Some(key(1)));
     sim.establish();
-    let mut cfg = ri2n_proto::EndpointConfig::new(sim.server_addrs.clone()).server();
-    cfg.key = Some(key(1));
-    sim.server = ri2n_proto::Endpoint::new(cfg, 99, sim.instant());
-    sim.sh = None;
+    sim.apply(Action::RestartServer);
     let mut t = Transfer::new(64 << 10, 0, 0, false);
-    let limit = sim.now + Duration::from_secs(2);
+    let limit = sim.now() + Duration::from_secs(2);
     sim.run_until(limit, |s| {
         t.pump(s);
         s.client.connection(s.ch).unwrap().state() == ConnectionState::Closed
@@ -329,7 +339,7 @@ fn keys_are_updated_on_a_long_connection() {
         assert_eq!((c, s), ((round, round), (round, round)), "client, server");
     }
     let mut t = Transfer::new(1 << 20, 1 << 20, 10, true);
-    finish(&mut sim, &mut t);
+    sim.complete_transfer(&mut t);
 }
 
 /// An off-path attacker sending from spoofed addresses (INITIALs without a cookie, with a
@@ -347,7 +357,7 @@ fn answers_to_unproven_addresses_stay_within_three_times() {
         let mut buf = vec![0u8; 2048];
         let t = sim.client.poll_transmit(sim.instant(), &mut buf).unwrap();
         let real_initial = buf[..t.len].to_vec();
-        let server_addr = sim.server_addrs[0];
+        let server_addr = sim.server_addrs()[0];
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
         let mut received: HashMap<SocketAddr, u64> = HashMap::new();
         let mut sent: HashMap<SocketAddr, u64> = HashMap::new();
@@ -400,7 +410,7 @@ fn answers_to_unproven_addresses_stay_within_three_times() {
         // and a real client is served right after
         sim.establish();
         let mut t = Transfer::new(64 << 10, 64 << 10, 0, true);
-        finish(&mut sim, &mut t);
+        sim.complete_transfer(&mut t);
         println!(
             "key {}: {} bytes received from {} addresses, {answered} sent back",
             key.is_some(),
@@ -422,7 +432,7 @@ fn a_forged_initial_does_not_end_a_keyed_connection() {
     for key in [Some(key(1)), None] {
         let mut sim = keyed(key.clone(), key.clone());
         sim.establish();
-        let (server, client) = (sim.server_addrs[0], sim.client_addrs[0]);
+        let (server, client) = (sim.server_addrs()[0], sim.client_addrs()[0]);
         let params = wire::ClientParams {
             instance: 0xBAD,
             window: 1 << 20,
@@ -440,9 +450,9 @@ fn a_forged_initial_does_not_end_a_keyed_connection() {
         if key.is_some() {
             hello.resize(params.len() + 48, 7); // the shape of a Noise message, not one
         }
-        let initial = |token: &[u8]| harness::initial(0xF0F0, token, mode, &hello);
+        let initial = |token: &[u8]| initial_packet(0xF0F0, token, mode, &hello);
         // what the server answers, read off the path
-        let answers = |sim: &mut Sim, d: &mut [u8]| {
+        let answers = |sim: &mut Testbed, d: &mut [u8]| {
             let now = sim.instant();
             sim.server.handle_datagram(now, server, client, d);
             let mut buf = vec![0u8; 2048];
@@ -475,7 +485,7 @@ fn a_forged_initial_does_not_end_a_keyed_connection() {
             );
             assert_eq!(sim.server.connection_count(), 1);
             let mut t = Transfer::new(256 << 10, 256 << 10, 0, true);
-            finish(&mut sim, &mut t);
+            sim.complete_transfer(&mut t);
             continue;
         }
         // in clear: the ACCEPT names the new server connection; confirming it is believed

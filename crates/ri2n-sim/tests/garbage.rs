@@ -7,12 +7,9 @@
 //! memory stay bounded. A second test sends well-formed forgeries, which may disturb a transfer
 //! without a key: it demands only no panic, no stuck timer and bounded memory.
 
-mod harness;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use harness::{make_valid, Sim, SimConfig, Transfer};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use ri2n_proto::wire::{
@@ -20,6 +17,8 @@ use ri2n_proto::wire::{
     ClientParams, Frames, Header, ServerParams, Writer, VARINT_MAX, VERSION,
 };
 use ri2n_proto::{ConnectionState, DropReason, LinkId};
+use ri2n_sim::testbed::{make_valid, Testbed, TestbedConfig, Transfer};
+use ri2n_sim::{Dir, HostId};
 
 const JUNK: usize = 20_000;
 const C2S: u64 = 4_000_000;
@@ -196,14 +195,14 @@ struct Junk {
 
 impl Junk {
     /// One garbage datagram of a random kind: (kind, server address, source address, bytes).
-    fn next(&mut self, sim: &Sim, t: &Transfer) -> (Kind, SocketAddr, SocketAddr, Vec<u8>) {
+    fn next(&mut self, sim: &Testbed, t: &Transfer) -> (Kind, SocketAddr, SocketAddr, Vec<u8>) {
         let rng = &mut self.rng;
-        let cid = sim.server_cid.expect("server connection ID known");
+        let cid = sim.server_cid().expect("server connection ID known");
         let pairs = sim.pairs();
         let (local, remote) = pairs[rng.gen_range(0..pairs.len())];
-        let link = sim.link_ids[&(local, remote)];
+        let link = sim.link_id(local, remote).unwrap();
         let kind = KINDS[rng.gen_range(0..KINDS.len())];
-        let real = &sim.captured[rng.gen_range(0..sim.captured.len())];
+        let real = &sim.captured(Dir::AToB)[rng.gen_range(0..sim.captured(Dir::AToB).len())];
         let bytes = match kind {
             Kind::Raw => {
                 let mut b: Vec<u8> = (0..rng.gen_range(0..1500)).map(|_| rng.gen()).collect();
@@ -218,9 +217,9 @@ impl Junk {
             }
             Kind::Truncated => {
                 let delivered: Vec<_> = sim
-                    .captured
+                    .captured(Dir::AToB)
                     .iter()
-                    .filter(|c| c.at + Duration::from_millis(5) < sim.now)
+                    .filter(|c| c.at + Duration::from_millis(5) < sim.now())
                     .collect();
                 if delivered.is_empty() {
                     return (Kind::Raw, local, remote, vec![0; 20]);
@@ -267,9 +266,9 @@ impl Junk {
             Kind::DuplicatePn => {
                 // a real short packet old enough to have arrived long ago
                 let old: Vec<_> = sim
-                    .captured
+                    .captured(Dir::AToB)
                     .iter()
-                    .filter(|c| c.at + Duration::from_millis(5) < sim.now)
+                    .filter(|c| c.at + Duration::from_millis(5) < sim.now())
                     .filter_map(|c| match decode_packet(&c.bytes) {
                         Ok((Header::Short { link, pn, .. }, _)) => {
                             Some((c.local, c.remote, link, pn))
@@ -368,13 +367,11 @@ fn established_connection_ignores_garbage_during_transfer() {
 }
 
 fn garbage_during_transfer(seed: u64) {
-    let mut sim = Sim::new(SimConfig {
-        links: 2,
-        window: 512 << 10,
-        send_buffer: 512 << 10,
-        seed,
-        ..SimConfig::default()
-    });
+    let mut sim = Testbed::new(
+        TestbedConfig::new(2)
+            .with_buffers(512 << 10, 512 << 10)
+            .with_seed(seed),
+    );
     sim.establish();
     let mut t = Transfer::new(C2S, S2C, MESSAGES, true);
     // some traffic first, so real packets of both links are captured
@@ -390,10 +387,10 @@ fn garbage_during_transfer(seed: u64) {
     let limit = Duration::from_secs(60);
     while !t.complete(&sim) {
         assert!(
-            sim.now < limit,
+            sim.now() < limit,
             "seed {seed}: transfer hung: after {:?} simulated, {}/{} bytes and {}/{} messages reached the \
              server, {}/{} bytes the client; server state {:?}, client state {:?}; junk sent {injected}",
-            sim.now,
+            sim.now(),
             t.got_s,
             C2S,
             t.msgs_got,
@@ -458,8 +455,8 @@ fn garbage_during_transfer(seed: u64) {
          simulated; {} answers to strangers dropped",
         KINDS.iter().zip(junk.counts).collect::<Vec<_>>(),
         done * 100.0,
-        sim.now,
-        sim.dropped_to_strangers
+        sim.now(),
+        sim.unrouted(HostId::B)
     );
 }
 
@@ -468,21 +465,16 @@ fn garbage_during_transfer(seed: u64) {
 /// transfer may suffer; but the engine must not panic, spin on a timer or grow its memory.
 #[test]
 fn well_formed_forgeries_keep_memory_bounded() {
-    let mut sim = Sim::new(SimConfig {
-        links: 2,
-        window: 256 << 10,
-        send_buffer: 256 << 10,
-        ..SimConfig::default()
-    });
+    let mut sim = Testbed::new(TestbedConfig::new(2).with_buffers(256 << 10, 256 << 10));
     sim.establish();
     let mut t = Transfer::new(1_000_000, 1_000_000, 50, false);
     sim.advance(Duration::from_millis(5), |s| t.pump(s));
     let mut rng = ChaCha8Rng::seed_from_u64(0x666f_7267);
-    let cid = sim.server_cid.unwrap();
+    let cid = sim.server_cid().unwrap();
     let pairs = sim.pairs();
     for i in 0..5_000 {
         let (local, remote) = pairs[rng.gen_range(0..pairs.len())];
-        let link = sim.link_ids[&(local, remote)];
+        let link = sim.link_id(local, remote).unwrap();
         let pn = if rng.gen_bool(0.9) {
             // near the packet numbers in use
             sim.server_conn().stats().links[link as usize].packets_received + rng.gen_range(0..64)
@@ -530,19 +522,16 @@ fn well_formed_forgeries_keep_memory_bounded() {
 /// acknowledged again. Receivers reject packet numbers that jump further than any window.
 #[test]
 fn forged_high_packet_number_does_not_stall_the_link() {
-    let mut sim = Sim::new(SimConfig {
-        links: 1,
-        ..SimConfig::default()
-    });
+    let mut sim = Testbed::new(TestbedConfig::new(1).with_buffers(256 << 10, 256 << 10));
     sim.establish();
     let mut t = Transfer::new(2_000_000, 0, 0, true);
     sim.advance(Duration::from_millis(5), |s| t.pump(s));
-    let cid = sim.server_cid.unwrap();
+    let cid = sim.server_cid().unwrap();
     let (local, remote) = sim.pairs()[0];
     let b = short_packet(cid, 0, 1 << 40, |w, _| w.u8(frame_type::PING));
     sim.inject(local, remote, &b);
-    let limit = sim.now + Duration::from_secs(10);
-    while !t.complete(&sim) && sim.now < limit {
+    let limit = sim.now() + Duration::from_secs(10);
+    while !t.complete(&sim) && sim.now() < limit {
         sim.advance(Duration::from_millis(10), |s| t.pump(s));
     }
     let client = sim.client.connection(sim.ch).unwrap();
@@ -562,20 +551,17 @@ fn forged_high_packet_number_does_not_stall_the_link() {
 /// declared lost at once, and the transfer would crawl for good.
 #[test]
 fn forged_packet_number_inside_the_jump_window_does_not_stall_the_link() {
-    let mut sim = Sim::new(SimConfig {
-        links: 1,
-        ..SimConfig::default()
-    });
+    let mut sim = Testbed::new(TestbedConfig::new(1).with_buffers(256 << 10, 256 << 10));
     sim.establish();
     let mut t = Transfer::new(20_000_000, 0, 0, true);
     sim.advance(Duration::from_millis(5), |s| t.pump(s));
-    let cid = sim.server_cid.unwrap();
+    let cid = sim.server_cid().unwrap();
     let (local, remote) = sim.pairs()[0];
     let b = short_packet(cid, 0, (1 << 20) - 1, |w, _| w.u8(frame_type::PING));
     sim.inject(local, remote, &b);
-    let start = sim.now;
-    let limit = sim.now + Duration::from_secs(10);
-    while !t.complete(&sim) && sim.now < limit {
+    let start = sim.now();
+    let limit = sim.now() + Duration::from_secs(10);
+    while !t.complete(&sim) && sim.now() < limit {
         sim.advance(Duration::from_millis(10), |s| t.pump(s));
     }
     let client = sim.client.connection(sim.ch).unwrap();
@@ -589,7 +575,7 @@ fn forged_packet_number_inside_the_jump_window_does_not_stall_the_link() {
     );
     println!(
         "completed {:?} after the forgery; {lost} packets declared lost",
-        sim.now - start
+        sim.now() - start
     );
     assert!(lost < 100, "{lost} packets declared lost");
 }
@@ -639,18 +625,13 @@ fn unknown_connection_flood_is_answered_at_a_bounded_rate() {
 /// most 4096 per stream, drops the rest unacknowledged, and the real transfer completes.
 #[test]
 fn scattered_one_byte_frames_keep_reassembly_bookkeeping_bounded() {
-    let mut sim = Sim::new(SimConfig {
-        links: 1,
-        window: 8 << 20,
-        send_buffer: 8 << 20,
-        ..SimConfig::default()
-    });
+    let mut sim = Testbed::new(TestbedConfig::new(1).with_buffers(8 << 20, 8 << 20));
     sim.establish();
     let mut t = Transfer::new(2_000_000, 0, 0, true);
     sim.advance(Duration::from_millis(2), |s| t.pump(s));
-    let cid = sim.server_cid.unwrap();
+    let cid = sim.server_cid().unwrap();
     let (local, remote) = sim.pairs()[0];
-    let link = sim.link_ids[&(local, remote)];
+    let link = sim.link_id(local, remote).unwrap();
     let mut most = 0;
     for k in 0..50_000u64 {
         // numbers the real packets will not reach (the jump window allows 2^20): a forged
@@ -672,8 +653,8 @@ fn scattered_one_byte_frames_keep_reassembly_bookkeeping_bounded() {
     }
     // the byte stream arrives whole (the connection itself cannot end cleanly: its message
     // stream holds forged data past the end the client gives it)
-    let limit = sim.now + Duration::from_secs(10);
-    while t.got_s < t.c2s && sim.now < limit {
+    let limit = sim.now() + Duration::from_secs(10);
+    while t.got_s < t.c2s && sim.now() < limit {
         sim.advance(Duration::from_millis(10), |s| t.pump(s));
     }
     let dropped = sim.server.dropped().get(DropReason::TooFragmented);
