@@ -116,7 +116,8 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
     // The sending thread reads the input itself. A reader thread of its own (until
     // 2026-11-25) made the bytes cross to the other core before the connection copied them
     // into datagrams: reading here, the copy finds them in this core's cache, for less CPU
-    // per byte and no less goodput (docs/BENCHMARKS.md, "What looked wrong", item 15).
+    // per byte and no less goodput (item 15 of "What looked wrong" in docs/BENCHMARKS.md at
+    // commit 085a7a3).
     let mut sum = Checksum::default();
     let mut buf = Vec::new();
     let mut written = 0u64;

@@ -51,7 +51,7 @@ const BUSY_HORIZON: Duration = Duration::from_millis(50);
 /// the application thread between two calls (a request-response exchange whose reply woke
 /// the peer, which then ran first) woke the driver thread only to receive what the
 /// application thread was about to receive itself, one more context switch per message
-/// (docs/BENCHMARKS.md, "What looked wrong", item 14).
+/// (item 14 of "What looked wrong" in docs/BENCHMARKS.md at commit 085a7a3).
 /// An arrival that no call takes waits at most this long, as it could already wait for a
 /// driver thread under `SCHED_BATCH` behind a busy application thread on that CPU (up to a
 /// scheduler tick). A call that blocks without watching the sockets gives them back at once.
@@ -332,7 +332,8 @@ pub(crate) struct Shared {
     /// first, which looks like loss). One receiving thread for all sockets, because what it
     /// receives is handed to the engine under its one lock anyway: two threads receiving from
     /// two links at once only waited on that lock in turn, with the engine's and the stream's
-    /// memory moving between their cores (docs/BENCHMARKS.md, "What looked wrong", item 12).
+    /// memory moving between their cores (item 12 of "What looked wrong" in docs/BENCHMARKS.md
+    /// at commit 085a7a3).
     receiving: Mutex<Receiver>,
     /// Per receive source (the link sockets, then the path-socket slots: see
     /// [`Shared::sources`]): a thread wanted to receive from it while another held the buffers.
@@ -1222,8 +1223,8 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
 /// threads do the driver's work themselves (a write sends, a blocked read receives), and the
 /// driver thread preempting them on every wake-up only took turns with them, each waiting
 /// for the engine's lock while a CPU idled; this policy gave more goodput for less CPU per
-/// byte (docs/BENCHMARKS.md, "What looked wrong", item 13). The cost: under full load a timer
-/// may fire up to a tick late, against failure detection that takes tens of milliseconds.
+/// byte (item 13 of "What looked wrong" in docs/BENCHMARKS.md at commit 085a7a3). The cost:
+/// under full load a timer may fire up to a tick late, against failure detection that takes tens of milliseconds.
 fn yield_to_busy_threads() {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: `param` is a valid `sched_param` for the call's duration; pid 0 is this thread.

@@ -1567,7 +1567,8 @@ impl Connection {
     /// had its idle link demoted now and then); with data acknowledged within a round trip,
     /// the scheduler merely gave the link less because another looked faster (at high rates
     /// on shared CPUs the shares swing, and taking that for a collapse demoted healthy links
-    /// in throughput runs: docs/BENCHMARKS.md, "What looked wrong", item 4).
+    /// in throughput runs: item 4 of "What looked wrong" in docs/BENCHMARKS.md at commit
+    /// 085a7a3).
     fn report_borne_out(&self, now: Instant, l: usize) -> bool {
         let recovery = &self.links[l].recovery;
         recovery.data_in_flight()
