@@ -5,15 +5,19 @@
 //! datagrams, and a dead switch on IPv6 links.
 //!
 //! Every transfer must end with both tools exiting 0 and the received file equal (sha256) to
-//! the sent one. The figures (transfer times, per-link rates around the fault, the longest
-//! delivery stall, restart detection time, peak memory) are printed and appended to
-//! `target/tmp/ri2n-lab-report.txt`; timing is reported, not asserted, except where a bound is
-//! the behaviour itself (a restart must be noticed, memory must stay bounded).
+//! the sent one. The figures (transfer times, per-link rates around the fault, when the
+//! faulted link carried data again, restart detection time, peak memory) are printed and
+//! appended to `target/tmp/ri2n-lab-report.txt`; the delivery stalls themselves are measured
+//! by the benchmark (`bench/run-all fault`). Times are asserted at a few times their measured
+//! median, with the median beside the bound.
 //!
 //! Needs root, iproute2 and nftables; without them the tests print why and pass, unless `CI`
 //! is set, where they fail. The tests run one at a time (see `support::serial`).
-//! `RI2N_LAB_MIB` sets the data size (default 512 MiB, at least 256) and `RI2N_LAB_TMPDIR`
-//! where the data files go.
+//! A transfer is sized by time: its sender is fed until every fault and heal has happened and
+//! the recovery had time to show (`support::Transfer`), and each fault test fails unless the
+//! fault visibly hit the link while data moved and the recovery it names was observed.
+//! `RI2N_LAB_MIB` sets the size of the data file that is fed over and over (default 128 MiB)
+//! and `RI2N_LAB_TMPDIR` where the data files go.
 
 mod support;
 
@@ -33,20 +37,77 @@ const TEST_TIMEOUT: Duration = Duration::from_secs(120);
 const FAULT_AT: Duration = Duration::from_millis(1000);
 const HEAL_AT: Duration = Duration::from_millis(3000);
 
-/// MiB moved per transfer.
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// MiB of the data file a transfer feeds (at least once, then as long as its timeline runs).
 fn data_mib() -> u64 {
     std::env::var("RI2N_LAB_MIB")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(512u64)
-        .max(256)
+        .unwrap_or(128u64)
+        .max(1)
+}
+
+/// What a fault must visibly do to its link for the test to count.
+#[derive(Clone, Copy, Debug)]
+enum Shows {
+    /// The sender declares the link down between the fault and the heal.
+    Down,
+    /// The sender declares the link down or degraded between the fault and the heal.
+    DownOrDegraded,
+    /// The sender counts packets lost on the link.
+    Losses,
+}
+
+/// Panics unless the sender's report shows what `shows` says of lab link `link` (connection
+/// link `link - 1`: the first address given is link 0 on both sides).
+fn assert_fault_seen(out: &support::Outcome, link: u8, shows: Shows) {
+    let (fault, heal) = (out.applied[0].0, out.applied[1].0);
+    let id = u64::from(link - 1);
+    let events = out.send_json["link_events"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let declared = |states: &[&str]| {
+        events.iter().any(|e| {
+            e["link"].as_u64() == Some(id)
+                && states.contains(&e["to"].as_str().unwrap_or(""))
+                && (fault..=heal + 0.5).contains(&e["at_s"].as_f64().unwrap_or(-1.0))
+        })
+    };
+    let seen = match shows {
+        Shows::Down => declared(&["down"]),
+        Shows::DownOrDegraded => declared(&["down", "degraded"]),
+        Shows::Losses => {
+            out.send_json["links"][id as usize]["packets_lost"]
+                .as_u64()
+                .unwrap_or(0)
+                > 0
+        }
+    };
+    assert!(
+        seen,
+        "{}: the fault on link {link} did not show ({shows:?}); sender's events: {events:?}",
+        out.name
+    );
 }
 
 /// A 2-link lab, a data file, and one transfer each way with `kind` injected on one link at
 /// [`FAULT_AT`] and healed at [`HEAL_AT`]: A→B with the fault on link 1 (the address the
 /// sender was given; link 2 is discovered in the handshake), B→A with the fault on link 2
 /// (both addresses given, no discovery). `kind_b2a` is the fault for the second transfer.
-fn fault_both_ways(name: &'static str, seed: u64, kind_a2b: &[&str], kind_b2a: &[&str]) {
+/// `rejoin_bound`: how soon after the heal the faulted link must carry more than 50 Mbit/s
+/// again, a few times what was measured.
+fn fault_both_ways(
+    name: &'static str,
+    seed: u64,
+    kind_a2b: &[&str],
+    kind_b2a: &[&str],
+    shows: Shows,
+    rejoin_bound: Duration,
+) {
     let Some(env) = env() else { return };
     let _serial = serial();
     let _timer = TestTimer::start(name);
@@ -73,6 +134,26 @@ fn fault_both_ways(name: &'static str, seed: u64, kind_a2b: &[&str], kind_b2a: &
         }
         .run(env, &lab, &dir.0);
         out.report(Some(link));
+        assert_fault_seen(&out, link, shows);
+        let heal = out.applied[1].0;
+        let rejoined = out.rejoin_after(heal, link, 50.0).unwrap_or_else(|| {
+            panic!(
+                "{}: link {link} never carried > 50 Mbit/s again after the heal at {heal:.2} s",
+                out.name
+            )
+        });
+        report(&format!(
+            "    {}: rejoined {:.0} ms after the heal",
+            out.name,
+            rejoined * 1e3
+        ));
+        assert!(
+            rejoined <= rejoin_bound.as_secs_f64(),
+            "{}: link {link} carried data again only {:.0} ms after the heal (bound {:?})",
+            out.name,
+            rejoined * 1e3,
+            rejoin_bound
+        );
     }
 }
 
@@ -80,25 +161,50 @@ fn fault_both_ways(name: &'static str, seed: u64, kind_a2b: &[&str], kind_b2a: &
 fn cable_pulled_then_plugged_back() {
     // the cable between the switch and host B: B loses carrier (the receiver in A→B, the
     // sender in B→A)
-    fault_both_ways("cable", 1, &["cable", "b"], &["cable", "b"]);
+    // measured 192 ms (A→B) and 20 ms (B→A), 2-core host, 2026-11-27
+    fault_both_ways(
+        "cable",
+        1,
+        &["cable", "b"],
+        &["cable", "b"],
+        Shows::Down,
+        ms(800),
+    );
 }
 
 #[test]
 fn switch_dead_then_back() {
     // the bridge stops forwarding; both hosts keep carrier and see nothing wrong locally
-    fault_both_ways("switch", 2, &["switch"], &["switch"]);
+    // measured 127 ms and 42 ms, 2-core host, 2026-11-27
+    fault_both_ways("switch", 2, &["switch"], &["switch"], Shows::Down, ms(600));
 }
 
 #[test]
 fn switch_trickles_then_recovers() {
     // soft failure: the switch forwards at 0.5 % of the link rate (5 Mbit/s) each way
-    fault_both_ways("soft", 3, &["soft"], &["soft"]);
+    // measured 72 ms and 67 ms, 2-core host, 2026-11-27
+    fault_both_ways(
+        "soft",
+        3,
+        &["soft"],
+        &["soft"],
+        Shows::DownOrDegraded,
+        ms(300),
+    );
 }
 
 #[test]
 fn loss_20_percent_data_direction() {
     // 20 % of the frames in the direction of the data are dropped; the acks get through
-    fault_both_ways("loss20", 4, &["loss", "20", "a2b"], &["loss", "20", "b2a"]);
+    fault_both_ways(
+        "loss20",
+        4,
+        &["loss", "20", "a2b"],
+        &["loss", "20", "b2a"],
+        Shows::Losses,
+        // measured 607 ms and 643 ms, 2-core host, 2026-11-27
+        ms(2500),
+    );
 }
 
 #[test]
@@ -108,6 +214,9 @@ fn loss_10_percent_both_directions() {
         5,
         &["loss", "10", "both"],
         &["loss", "10", "both"],
+        Shows::Losses,
+        // measured 8 ms and 59 ms, 2-core host, 2026-11-27
+        ms(300),
     );
 }
 
@@ -147,18 +256,24 @@ fn all_links_down_30s_then_one_back() {
         "the transfer ended before the heal: the outage did not hit it (data too small?)"
     );
     let resumed = out.resume_after(healed_at);
+    let during = out.goodput_mbit(down_at + 0.5, healed_at);
+    assert!(
+        during < 1.0,
+        "{during:.1} Mbit/s delivered while every link was down: the outage did not happen"
+    );
     report(&format!(
         "    during the outage: {:.1} Mbit/s delivered; delivery resumed {:.0} ms after link 2 \
          was healed",
         out.goodput_mbit(down_at + 0.5, healed_at),
         resumed.unwrap_or(f64::NAN) * 1e3
     ));
-    // a generous bound (the figures belong in the benchmark, docs/BENCHMARKS.md): the healed
-    // link is taken back however long the outage was, not after address-resolution retries
+    // the healed link is taken back however long the outage was, not after address-resolution
+    // retries: measured 141 ms, 2-core host, 2026-11-27 (the benchmark's figures: BENCHMARKS.md
+    // §3)
     let resumed = resumed.expect("delivery resumed after the heal");
     assert!(
-        resumed < 1.0,
-        "delivery resumed {:.0} ms after the heal (bound: 1 s)",
+        resumed <= 0.6,
+        "delivery resumed {:.0} ms after the heal (bound: 600 ms)",
         resumed * 1e3
     );
 }
@@ -244,14 +359,8 @@ fn killed_sender_is_reported_by_the_receiver() {
     );
     recv.wait_listening(2, Duration::from_secs(10));
     let start = Instant::now();
-    let mut send = Proc::spawn(
-        &lab,
-        Host::A,
-        &env.ri2n,
-        &support::send_args(&lab, Host::A, &data.path, true),
-        &dir.0,
-        "killsend-send",
-    );
+    let (mut send, _feeder) =
+        support::spawn_fed_sender(env, &lab, Host::A, &data, &dir.0, "killsend-send");
     while start.elapsed() < FAULT_AT {
         assert!(
             send.poll().is_none() && recv.poll().is_none(),
@@ -323,6 +432,7 @@ fn ipv6_links_carry_a_transfer_through_a_dead_switch() {
     }
     .run(env, &lab, &dir.0);
     out.report(Some(1));
+    assert_fault_seen(&out, 1, Shows::Down);
 }
 
 /// Starts an A→B transfer, kills the receiver at [`FAULT_AT`], starts a new one after `gap`,
@@ -347,14 +457,8 @@ fn restart_during_transfer(
     );
     recv1.wait_listening(2, Duration::from_secs(10));
     let start = Instant::now();
-    let mut send = Proc::spawn(
-        lab,
-        Host::A,
-        &env.ri2n,
-        &support::send_args(lab, Host::A, &data.path, true),
-        dir,
-        &format!("{label}-send"),
-    );
+    let (mut send, _feeder) =
+        support::spawn_fed_sender(env, lab, Host::A, data, dir, &format!("{label}-send"));
     let sender_alive = |send: &mut Proc, what: &str| {
         assert!(
             send.poll().is_none(),

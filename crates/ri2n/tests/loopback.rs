@@ -3,12 +3,13 @@
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use rand::{RngCore, SeedableRng};
-use ri2n::{Connection, ConnectionConfig, Endpoint, Impairment, LinkState};
+use ri2n::{Connection, ConnectionConfig, Endpoint, Impairment, LinkState, LinkStats};
 
 fn addrs(ips: &[&str]) -> Vec<SocketAddr> {
     ips.iter()
@@ -85,9 +86,11 @@ enum Api {
     Exchange,
 }
 
-/// Sends `len` seeded random bytes client → server while `during` runs against the client
-/// endpoint; returns the elapsed time after checking the bytes arrived exactly.
-fn transfer(p: &Pair, len: usize, during: impl FnOnce(&Endpoint) + Send) -> Duration {
+/// Sends seeded random bytes client → server, at least `len` and for as long as `during` runs
+/// against the client endpoint and connection (so a fault it applies always meets data on the
+/// move, however fast the code is); returns the elapsed time after checking the bytes arrived
+/// exactly.
+fn transfer(p: &Pair, len: usize, during: impl FnOnce(&Endpoint, &Connection) + Send) -> Duration {
     transfer_with(p, len, Api::Copy, during)
 }
 
@@ -95,7 +98,7 @@ fn transfer_with(
     p: &Pair,
     len: usize,
     api: Api,
-    during: impl FnOnce(&Endpoint) + Send,
+    during: impl FnOnce(&Endpoint, &Connection) + Send,
 ) -> Duration {
     let server_addr = p.server.local_addrs()[0];
     let server = p.server.clone();
@@ -121,29 +124,42 @@ fn transfer_with(
         got
     });
     let start = Instant::now();
-    let mut conn = p
+    let conn = p
         .client
         .connect(&[server_addr], ConnectionConfig::default())
         .unwrap();
-    thread::scope(|s| {
-        s.spawn(|| during(&p.client));
+    let running = AtomicBool::new(true);
+    let sent = thread::scope(|s| {
+        s.spawn(|| {
+            // the writer stops also when `during` fails an assertion, so the test reports it
+            struct Done<'a>(&'a AtomicBool);
+            impl Drop for Done<'_> {
+                fn drop(&mut self) {
+                    self.0.store(false, Ordering::Release);
+                }
+            }
+            let _done = Done(&running);
+            during(&p.client, &conn);
+        });
         let mut stream = Stream::new(7);
         let mut sent = 0;
         let mut buf = Vec::new();
         let sizes = [1 << 16, 1000, 200_000, 16 << 10, 5];
         let mut pending: Vec<u8> = Vec::new();
-        while sent < len {
+        let mut writer = &conn;
+        loop {
+            let last = sent >= len && !running.load(Ordering::Acquire);
             let chunk = stream.next_block();
-            let n = chunk.len().min(len - sent);
+            let n = if last { 0 } else { chunk.len() };
             match api {
-                Api::Copy => conn.write_all(&chunk[..n]).unwrap(),
+                Api::Copy => writer.write_all(&chunk[..n]).unwrap(),
                 Api::Exchange => pending.extend_from_slice(&chunk[..n]),
             }
             sent += n;
             // hand the bytes over in buffers of varied sizes
             while api == Api::Exchange && !pending.is_empty() {
                 let want = sizes[sent % sizes.len()].min(pending.len());
-                if want < pending.len() || sent == len {
+                if want < pending.len() || last {
                     buf.extend_from_slice(&pending[..want]);
                     pending.drain(..want);
                     conn.write_buf(&mut buf).unwrap();
@@ -152,13 +168,17 @@ fn transfer_with(
                     break;
                 }
             }
+            if last {
+                break;
+            }
         }
         conn.finish().unwrap();
         conn.wait_acknowledged(Some(Duration::from_secs(120)))
             .unwrap();
+        sent
     });
     let elapsed = start.elapsed();
-    assert_eq!(receiver.join().unwrap(), len);
+    assert_eq!(receiver.join().unwrap(), sent);
     let stats = conn.stats();
     assert_eq!(stats.links.len(), 2, "both links in use: {stats:?}");
     elapsed
@@ -168,7 +188,7 @@ fn transfer_with(
 fn transfer_over_two_loopback_links() {
     let p = pair();
     let len = 64 << 20;
-    let t = transfer(&p, len, |_| {});
+    let t = transfer(&p, len, |_, _| {});
     println!(
         "{} MiB in {t:?}: {:.0} Mbit/s",
         len >> 20,
@@ -181,7 +201,7 @@ fn transfer_with_one_link_losing_20_percent() {
     let p = pair();
     let lossy = p.client.local_addrs()[1];
     p.client.impairment(lossy).unwrap().set_loss(0.2);
-    transfer(&p, 16 << 20, |_| {});
+    transfer(&p, 16 << 20, |_, _| {});
 }
 
 #[test]
@@ -189,19 +209,55 @@ fn buffers_exchanged_with_the_connection_arrive_exact_through_loss() {
     let p = pair();
     let lossy = p.client.local_addrs()[1];
     p.client.impairment(lossy).unwrap().set_loss(0.1);
-    transfer_with(&p, 24 << 20, Api::Exchange, |_| {});
+    transfer_with(&p, 24 << 20, Api::Exchange, |_, _| {});
 }
 
+/// Waits (at most `limit`) until `done` holds for link 1's statistics; panics naming `what`
+/// otherwise.
+fn until_link_1(conn: &Connection, limit: Duration, what: &str, done: impl Fn(&LinkStats) -> bool) {
+    let deadline = Instant::now() + limit;
+    while !conn.stats().links.get(1).is_some_and(&done) {
+        assert!(Instant::now() < deadline, "{what} within {limit:?}");
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Link 1 is cut while it carries data and restored while data still flows: the connection
+/// sees it go down, the other link carries on, link 1 carries data again after the heal, and
+/// every byte arrives exactly once, in order.
 #[test]
 fn transfer_survives_a_link_cut_and_restored() {
+    const SOME: u64 = 1 << 20;
     let p = pair();
     let link = p.client.local_addrs()[1];
     let switch = p.client.impairment(link).unwrap();
-    transfer(&p, 48 << 20, |_| {
-        thread::sleep(Duration::from_millis(100));
+    transfer(&p, 8 << 20, |_, conn| {
+        let acked = |i: usize| conn.stats().links[i].stream_bytes_acked;
+        let limit = Duration::from_secs(10);
+        until_link_1(conn, limit, "link 1 carries data", |l| {
+            l.state == LinkState::Up && l.stream_bytes_acked >= SOME
+        });
         switch.set_down(true);
-        thread::sleep(Duration::from_millis(500));
+        until_link_1(conn, limit, "link 1 is declared down", |l| {
+            l.state == LinkState::Down
+        });
+        let link0_at_down = acked(0);
+        let deadline = Instant::now() + limit;
+        while acked(0) < link0_at_down + SOME {
+            assert!(
+                Instant::now() < deadline,
+                "link 0 carries on during the outage"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+        let link1_at_heal = acked(1);
         switch.set_down(false);
+        until_link_1(
+            conn,
+            limit,
+            "link 1 carries data again after the heal",
+            |l| l.state == LinkState::Up && l.stream_bytes_acked >= link1_at_heal + SOME,
+        );
     });
 }
 

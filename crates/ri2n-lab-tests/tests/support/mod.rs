@@ -413,11 +413,32 @@ impl Proc {
     }
 
     /// Starts `command` (which enters a lab host itself), its output in `dir`.
-    pub fn spawn_command(mut command: Command, dir: &Path, name: &str) -> Proc {
+    pub fn spawn_command(command: Command, dir: &Path, name: &str) -> Proc {
+        Self::spawn_command_with(command, Stdio::null(), dir, name)
+    }
+
+    /// Like [`Proc::spawn`], reading what the caller writes to [`Proc::take_stdin`].
+    pub fn spawn_fed(
+        lab: &Lab,
+        host: Host,
+        program: &Path,
+        args: &[String],
+        dir: &Path,
+        name: &str,
+    ) -> Proc {
+        let mut command = Command::new("ip");
+        command
+            .args(["netns", "exec", &lab.ns(host)])
+            .arg(program)
+            .args(args);
+        Self::spawn_command_with(command, Stdio::piped(), dir, name)
+    }
+
+    fn spawn_command_with(mut command: Command, stdin: Stdio, dir: &Path, name: &str) -> Proc {
         let stdout = dir.join(format!("{name}.stdout"));
         let stderr = dir.join(format!("{name}.stderr"));
         let child = command
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(File::create(&stdout).expect("stdout file"))
             .stderr(File::create(&stderr).expect("stderr file"))
             .spawn()
@@ -433,6 +454,14 @@ impl Proc {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The process's stdin, once (of a [`Proc::spawn_fed`] process).
+    pub fn take_stdin(&mut self) -> std::process::ChildStdin {
+        self.child
+            .stdin
+            .take()
+            .expect("a process spawned with a piped stdin")
     }
 
     /// The exit status, once exited.
@@ -774,7 +803,10 @@ pub enum Action {
     Heal(u8),
 }
 
-/// One `ri2n send` → `ri2n recv` run.
+/// One `ri2n send` → `ri2n recv` run. The sender reads its stdin, which the test feeds with
+/// `input` over and over until every action has been applied and [`AFTER_LAST_ACTION`] has
+/// passed (and at least one whole copy went in): the data is sized by time, so every fault
+/// and heal meets data on the move however fast the code is.
 pub struct Transfer<'a> {
     pub sender: Host,
     pub input: &'a DataFile,
@@ -789,6 +821,94 @@ pub struct Transfer<'a> {
     pub name: String,
     /// The key file both sides use (`--key`), if any.
     pub key: Option<&'a Path>,
+}
+
+/// How long a transfer keeps being fed after its last action: time for the recovery the test
+/// names to show in the samples.
+pub const AFTER_LAST_ACTION: Duration = Duration::from_millis(1500);
+
+/// Writes a file over and over into a process's stdin until told to stop (or the process
+/// stops reading); the sha256 and length of everything written come back from
+/// [`Feeder::finish`]. Dropped, it only tells its thread to stop.
+pub struct Feeder {
+    stop: Arc<AtomicBool>,
+    fed: Arc<std::sync::atomic::AtomicU64>,
+    handle: Option<JoinHandle<[u8; 32]>>,
+}
+
+/// `ri2n send` from `host` to the other host of `lab`, its stdin fed with `data` over and
+/// over (see [`Feeder`]) so that it sends for as long as the test needs.
+pub fn spawn_fed_sender(
+    env: &Env,
+    lab: &Lab,
+    host: Host,
+    data: &DataFile,
+    dir: &Path,
+    name: &str,
+) -> (Proc, Feeder) {
+    let args = send_args(lab, host, Path::new("-"), true);
+    let mut send = Proc::spawn_fed(lab, host, &env.ri2n, &args, dir, name);
+    let feeder = Feeder::start(send.take_stdin(), data.path.clone());
+    (send, feeder)
+}
+
+impl Feeder {
+    pub fn start(mut stdin: std::process::ChildStdin, path: PathBuf) -> Feeder {
+        let stop = Arc::new(AtomicBool::new(false));
+        let fed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (s, f) = (stop.clone(), fed.clone());
+        let handle = thread::spawn(move || {
+            let mut h = Sha256::new();
+            let mut buf = vec![0u8; 1 << 20];
+            'feeding: loop {
+                let mut file = File::open(&path).expect("the data file");
+                loop {
+                    if s.load(Ordering::Acquire) {
+                        break 'feeding;
+                    }
+                    let n = file.read(&mut buf).expect("reading the data file");
+                    if n == 0 {
+                        break;
+                    }
+                    // a sender that exited early: its exit status tells why
+                    if stdin.write_all(&buf[..n]).is_err() {
+                        break 'feeding;
+                    }
+                    h.update(&buf[..n]);
+                    f.fetch_add(n as u64, Ordering::Release);
+                }
+            }
+            h.finalize().into()
+        });
+        Feeder {
+            stop,
+            fed,
+            handle: Some(handle),
+        }
+    }
+
+    /// Bytes written so far.
+    pub fn fed(&self) -> u64 {
+        self.fed.load(Ordering::Acquire)
+    }
+
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+
+    /// sha256 and length of what was fed (call once the process exited or stopped reading).
+    pub fn finish(mut self) -> ([u8; 32], u64) {
+        self.stop();
+        let handle = self.handle.take().expect("finished once");
+        let sha = handle.join().expect("the feeding thread");
+        (sha, self.fed())
+    }
+}
+
+impl Drop for Feeder {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }
 
 /// What a transfer did.
@@ -876,22 +996,24 @@ impl Transfer<'_> {
         );
         recv.wait_listening(lab.links as usize, Duration::from_secs(10));
         let start = Instant::now();
-        let mut send = Proc::spawn(
+        let mut send = Proc::spawn_fed(
             lab,
             self.sender,
             &env.ri2n,
             &with_key(
-                send_args(lab, self.sender, &self.input.path, self.discover),
+                send_args(lab, self.sender, Path::new("-"), self.discover),
                 self.key,
             ),
             dir,
             &format!("{}-send", self.name),
         );
+        let feeder = Feeder::start(send.take_stdin(), self.input.path.clone());
         let monitor = Monitor::start(start, send.pid(), recv.pid(), output.clone(), lab.links);
 
         let mut pending = self.actions.into_iter().peekable();
         let mut applied = Vec::new();
         let (mut send_secs, mut recv_secs) = (None, None);
+        let mut last_action_at = Duration::ZERO;
         while send_secs.is_none() || recv_secs.is_none() {
             if let Some((at, _)) = pending.peek() {
                 if start.elapsed() >= *at {
@@ -899,7 +1021,12 @@ impl Transfer<'_> {
                     let t = start.elapsed().as_secs_f64();
                     apply(lab, &action);
                     applied.push((t, action));
+                    last_action_at = start.elapsed();
                 }
+            } else if start.elapsed() >= last_action_at + AFTER_LAST_ACTION
+                && feeder.fed() >= self.input.len
+            {
+                feeder.stop();
             }
             if send_secs.is_none() && send.poll().is_some() {
                 send_secs = Some(start.elapsed().as_secs_f64());
@@ -928,14 +1055,7 @@ impl Transfer<'_> {
             thread::sleep(Duration::from_millis(5));
         }
         let samples = monitor.finish();
-        // faults left over (the transfer ended before their time) are undone now
-        for (_, action) in pending {
-            if let Action::Heal(_) = action {
-                let t = start.elapsed().as_secs_f64();
-                apply(lab, &action);
-                applied.push((t, action));
-            }
-        }
+        let (sent_sha, sent_len) = feeder.finish();
         lab.heal_all();
 
         let (ss, rs) = (send.poll().unwrap(), recv.poll().unwrap());
@@ -947,21 +1067,17 @@ impl Transfer<'_> {
             recv.stderr_text().trim()
         );
         let (sha, len) = sha256_file(&output);
-        assert_eq!(
-            len, self.input.len,
-            "{}: received length differs",
-            self.name
-        );
+        assert_eq!(len, sent_len, "{}: received length differs", self.name);
         assert!(
-            sha == self.input.sha256,
+            sha == sent_sha,
             "{}: received data differs (sha256 {} vs {}, seed {})",
             self.name,
             hex(&sha),
-            hex(&self.input.sha256),
+            hex(&sent_sha),
             self.input.seed
         );
         let _ = fs::remove_file(&output);
-        Outcome {
+        let outcome = Outcome {
             name: self.name,
             send_secs: send_secs.unwrap(),
             recv_secs: recv_secs.unwrap(),
@@ -970,31 +1086,20 @@ impl Transfer<'_> {
             send_json: send.stdout_json(),
             recv_json: recv.stdout_json(),
             links: lab.links,
+        };
+        // the premise of every action: data was still arriving after the last one
+        if let Some(&(t, ref action)) = outcome.applied.last() {
+            assert!(
+                outcome.resume_after(t).is_some(),
+                "{}: no data arrived after {action:?} at {t:.2} s",
+                outcome.name
+            );
         }
+        outcome
     }
 }
 
 impl Outcome {
-    /// Longest time the receiver's output did not grow, between its first and last byte,
-    /// with the instant the stall began.
-    pub fn longest_stall(&self) -> (f64, f64) {
-        let mut best = (0.0, 0.0);
-        let mut last_change: Option<(f64, u64)> = None;
-        for s in &self.samples {
-            match last_change {
-                None if s.out_len > 0 => last_change = Some((s.t, s.out_len)),
-                Some((t, len)) if s.out_len != len => {
-                    if s.t - t > best.0 {
-                        best = (s.t - t, t);
-                    }
-                    last_change = Some((s.t, s.out_len));
-                }
-                _ => {}
-            }
-        }
-        best
-    }
-
     /// Receive rate of link `link` (1-based) at the receiver between samples i-1 and i, Mbit/s.
     fn link_rx_mbit(&self, i: usize, link: u8) -> f64 {
         let (a, b) = (&self.samples[i - 1], &self.samples[i]);
@@ -1082,16 +1187,13 @@ impl Outcome {
     /// Reports the figures of this transfer; `fault_link`: the link the actions concern.
     pub fn report(&self, fault_link: Option<u8>) {
         let mib = self.send_json["bytes"].as_u64().unwrap_or(0) as f64 / 1048576.0;
-        let (stall, stall_at) = self.longest_stall();
         report(&format!(
-            "{}: {mib:.0} MiB in {:.2} s (sender exit; receiver {:.2} s), {:.0} Mbit/s; longest \
-             delivery stall {:.0} ms at {:.2} s; receiver peak RSS {:.1} MiB",
+            "{}: {mib:.0} MiB in {:.2} s (sender exit; receiver {:.2} s), {:.0} Mbit/s; receiver \
+             peak RSS {:.1} MiB",
             self.name,
             self.send_secs,
             self.recv_secs,
             mib * 8.0 * 1.048576 / self.send_secs,
-            stall * 1e3,
-            stall_at,
             self.peak_recv_hwm_mib()
         ));
         let fault_at = self
