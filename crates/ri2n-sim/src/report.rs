@@ -1,6 +1,6 @@
 //! Measurements of one run: completion, per-direction transfer results and goodput timeline,
-//! per-link datagram counters, the link-state and connection-close timelines, buffer peaks;
-//! with helpers to query them over time windows.
+//! per-link datagram counters, the link-state and connection-close timelines, buffer peaks, the
+//! scenario actions that happened; with helpers to query them over time windows.
 
 use std::fmt;
 use std::time::Duration;
@@ -8,6 +8,7 @@ use std::time::Duration;
 use ri2n_proto::{ConnectionError, LinkId, LinkState};
 
 use crate::net::{Dir, DirectionCounters, HostId};
+use crate::scenario::Action;
 
 /// Width of a goodput timeline bucket.
 pub const BUCKET: Duration = Duration::from_millis(1);
@@ -157,6 +158,10 @@ pub struct Report {
     pub ciphers: [Option<ri2n_proto::Cipher>; 2],
     /// When host B was restarted.
     pub restarts: Vec<Duration>,
+    /// The scenario's actions that happened, with when, in order. A run ends when its transfer
+    /// is complete, so an action scheduled later never happens: a test of a fault checks here
+    /// that its fault did.
+    pub actions: Vec<(Duration, Action)>,
 }
 
 impl Report {
@@ -175,6 +180,17 @@ impl Report {
         let tl = &self.transfer(dir).timeline;
         let (a, b) = bucket_range(from, to, tl.len());
         tl[a..b].iter().sum()
+    }
+
+    /// Application bytes delivered in `dir` before `t` (the 1 ms buckets starting before it):
+    /// how far the transfer had got when something happened at `t`.
+    pub fn delivered_before(&self, dir: Dir, t: Duration) -> u64 {
+        self.delivered_between(dir, Duration::ZERO, t)
+    }
+
+    /// Whether the run applied `action` at `at`.
+    pub fn applied(&self, at: Duration, action: &Action) -> bool {
+        self.actions.iter().any(|(t, a)| *t == at && a == action)
     }
 
     /// Sum of the goodput timeline of `dir` (equals `transfer(dir).delivered`).
@@ -245,6 +261,13 @@ impl Report {
             self.connected_at[1],
             self.restarts
         )?;
+        let skip = self.actions.len().saturating_sub(30);
+        if skip > 0 {
+            writeln!(f, "  ({skip} earlier actions not shown)")?;
+        }
+        for (at, a) in &self.actions[skip..] {
+            writeln!(f, "  action at {at:?}: {a:?}")?;
+        }
         for dir in [Dir::AToB, Dir::BToA] {
             let t = self.transfer(dir);
             writeln!(
@@ -341,6 +364,21 @@ mod tests {
         assert_eq!(r.max_delivery_gap(Dir::AToB, ms(5), ms(10)), ms(2));
         // Clipped to the end of the run (bucket 10 is the last observed one).
         assert_eq!(r.max_delivery_gap(Dir::AToB, ms(8), ms(1000)), ms(1));
+        assert_eq!(r.delivered_before(Dir::AToB, ms(0)), 0);
+        assert_eq!(r.delivered_before(Dir::AToB, ms(3)), 3000);
+        assert_eq!(r.delivered_before(Dir::AToB, ms(100)), 6000);
+    }
+
+    #[test]
+    fn applied_actions() {
+        let r = Report {
+            actions: vec![(ms(5), Action::down(1)), (ms(9), Action::up(1))],
+            ..Report::default()
+        };
+        assert!(r.applied(ms(5), &Action::down(1)));
+        assert!(r.applied(ms(9), &Action::up(1)));
+        assert!(!r.applied(ms(9), &Action::down(1)));
+        assert!(!r.applied(ms(5), &Action::down(0)));
     }
 
     #[test]

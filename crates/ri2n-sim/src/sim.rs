@@ -362,6 +362,7 @@ impl<'a> Sim<'a> {
     fn apply(&mut self, i: usize) -> Result<(), FailureKind> {
         let action = &self.sc.actions[i].1;
         let now = self.now;
+        self.report.actions.push((now, action.clone()));
         let queue = &mut self.queue;
         if self.net.apply(now, action, &mut |at, e| {
             queue.schedule(at, EventKind::Net(e))

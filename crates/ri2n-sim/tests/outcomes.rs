@@ -2,7 +2,12 @@
 //! Every run also checks (inside the simulator) that the received stream equals the sent one,
 //! byte for byte, and that buffers stay within the configured windows.
 //!
-//! Each test prints the figure it measured (run with `--nocapture` to see them).
+//! Each test prints the figure it measured (run with `--nocapture` to see them). The runs are
+//! deterministic (seed 0 unless a test says otherwise), so every bound sits close to the figure
+//! measured, noted beside it with the commit that measured it: a regression by 1.5× fails (a
+//! time 1.5× as long, a shortfall from capacity 1.5× as large). A test of a fault first proves
+//! its premise: each fault and heal it names happened while the transfer was under way, and
+//! what the fault should cause (a link declared down, a gap) was seen.
 
 use std::time::Duration;
 
@@ -44,6 +49,33 @@ fn run_ok(sc: &Scenario) -> Report {
     }
 }
 
+/// Fails unless the run applied `action` at `at` while the A → B transfer of `total` bytes was
+/// under way: some of it had arrived, and not all. A fault scheduled after the last byte
+/// arrived never happens (the run ends first), and one before the first tests the handshake,
+/// not the transfer.
+fn assert_while_moving(r: &Report, total: u64, at: Duration, action: Action) {
+    assert!(
+        r.applied(at, &action),
+        "{action:?} at {at:?} never happened (the run ended at {:?})",
+        r.end_time
+    );
+    let arrived = r.delivered_before(Dir::AToB, at);
+    assert!(
+        arrived > 0 && arrived < total,
+        "{action:?} at {at:?}: {arrived} of the {total} bytes had arrived"
+    );
+}
+
+/// Fails unless the A → B transfer of `total` bytes was still under way at `t`: a goodput
+/// measured up to `t` is the engine's, not the end of the data's.
+fn assert_under_way(r: &Report, total: u64, t: Duration) {
+    let arrived = r.delivered_before(Dir::AToB, t);
+    assert!(
+        arrived < total,
+        "the transfer was over by {t:?}: the window measures its end"
+    );
+}
+
 /// Earliest time at or after `from` from which goodput over the next `window` reaches
 /// `threshold` bits/s.
 fn goodput_back_at(
@@ -57,10 +89,20 @@ fn goodput_back_at(
         .find(|&t| r.goodput_bps(t, t + window) >= threshold)
 }
 
+/// When `host` first declared `link` degraded or down at or after `after`.
+fn demoted_at(r: &Report, host: HostId, link: usize, after: Duration) -> Option<Duration> {
+    [LinkState::Degraded, LinkState::Down]
+        .iter()
+        .filter_map(|&s| r.first_state_change(host, link, s, after))
+        .min()
+}
+
 #[test]
-fn two_gigabit_links_reach_97_percent_of_payload_capacity() {
-    let sc = gigabit_links(2).with_total_bytes(300 << 20);
+fn two_gigabit_links_reach_98_percent_of_payload_capacity() {
+    let total = 300 << 20;
+    let sc = gigabit_links(2).with_total_bytes(total);
     let r = run_ok(&sc);
+    assert_under_way(&r, total, ms(1100));
     let capacity = 2.0 * payload_capacity(GBIT);
     let goodput = r.goodput_bps(ms(300), ms(1100));
     println!(
@@ -69,47 +111,63 @@ fn two_gigabit_links_reach_97_percent_of_payload_capacity() {
         100.0 * goodput / capacity,
         capacity / 1e6
     );
-    assert!(goodput >= 0.97 * capacity, "goodput {goodput:.0} bit/s");
+    // measured 98.50 % (b3f1584): the shortfall may grow from 1.5 % to 2 %, not to 2.25 %
+    assert!(goodput >= 0.98 * capacity, "goodput {goodput:.0} bit/s");
 }
 
 #[test]
-fn blackholed_link_fails_over_within_50ms() {
+fn blackholed_link_fails_over_within_13ms() {
+    let total = 250 << 20;
     let fault = ms(500);
     let sc = gigabit_links(2)
-        .with_total_bytes(250 << 20)
+        .with_total_bytes(total)
         .at(fault, Action::blackhole(1));
     let r = run_ok(&sc);
+    assert_while_moving(&r, total, fault, Action::blackhole(1));
+    let demoted = demoted_at(&r, HostId::A, 1, fault).expect("A demoted the blackholed link");
     let survivor = payload_capacity(GBIT);
     let back = goodput_back_at(&r, fault, ms(10), 0.9 * survivor).expect("goodput came back");
-    let sustained = r.goodput_bps(back, back + ms(300));
+    let steady = (back + ms(50), back + ms(350));
+    assert_under_way(&r, total, steady.1);
+    let sustained = r.goodput_bps(steady.0, steady.1);
     println!(
-        "failover: goodput >= 90 % of the surviving link {:?} after the blackhole; then {:.1} % of it",
+        "failover: link 1 demoted {:?} after the blackhole, goodput >= 90 % of the surviving \
+         link {:?} after it; then {:.2} % of it",
+        demoted - fault,
         back - fault,
         100.0 * sustained / survivor
     );
-    assert!(back - fault <= ms(50), "failover took {:?}", back - fault);
+    // measured 9 ms (b3f1584)
+    assert!(back - fault <= ms(13), "failover took {:?}", back - fault);
+    // measured 98.50 % (b3f1584): the shortfall may grow from 1.5 % to 2 %
     assert!(
-        sustained >= 0.9 * survivor,
+        sustained >= 0.98 * survivor,
         "sustained {sustained:.0} bit/s"
     );
 }
 
-/// A link down for `outage` heals; it must carry data again within 100 ms. The links are
+/// A link down for `outage` heals: how long until it carries data again. The links are
 /// 10 Mbit/s so that ten simulated minutes of transfer stay cheap.
 fn healed_link_carries_data_again(outage: Duration) -> Duration {
     let start = ms(300);
     let heal = start + outage;
     let rate = 10_000_000;
-    let bytes = (rate as f64 / 8.0 * (heal + ms(1500)).as_secs_f64()) as u64;
+    // enough for the transfer to go on 1.5 s past the heal
+    let total = (rate as f64 / 8.0 * (heal + ms(1500)).as_secs_f64()) as u64;
     let sc = Scenario::default()
         .with_links(2, link(rate, ms(1)))
-        .with_total_bytes(bytes)
+        .with_total_bytes(total)
         .with_time_limit(heal + Duration::from_secs(30))
         .at(start, Action::down(1))
         .at(heal, Action::up(1));
     let r = run_ok(&sc);
+    assert_while_moving(&r, total, start, Action::down(1));
+    assert_while_moving(&r, total, heal, Action::up(1));
     let went_down = r.first_state_change(HostId::A, 1, LinkState::Down, start);
-    assert!(went_down.is_some(), "the link was seen down");
+    assert!(
+        went_down.is_some_and(|t| t < heal),
+        "the link was seen down during the outage"
+    );
     assert_eq!(
         r.links[1].stream_bytes_between(Dir::AToB, start + ms(100), heal),
         0,
@@ -119,7 +177,9 @@ fn healed_link_carries_data_again(outage: Duration) -> Duration {
         .first_stream_delivery(Dir::AToB, heal)
         .expect("the healed link carried data");
     println!(
-        "outage {outage:?}: healed link carries data {:?} after the heal (up at {:?})",
+        "outage {outage:?}: link seen down {:?} after the cut; healed link carries data {:?} \
+         after the heal (up at {:?})",
+        went_down.map(|t| t - start),
         carried - heal,
         r.first_state_change(HostId::A, 1, LinkState::Up, heal)
             .map(|t| t - heal)
@@ -128,29 +188,43 @@ fn healed_link_carries_data_again(outage: Duration) -> Duration {
 }
 
 #[test]
-fn healed_link_carries_data_within_100ms_after_1s_outage() {
+fn healed_link_carries_data_within_58ms_after_1s_outage() {
     let t = healed_link_carries_data_again(Duration::from_secs(1));
-    assert!(t <= ms(100), "took {t:?}");
+    // measured 39 ms (b3f1584)
+    assert!(t <= ms(58), "took {t:?}");
 }
 
 #[test]
-fn healed_link_carries_data_within_100ms_after_10min_outage() {
+fn healed_link_carries_data_within_58ms_after_10min_outage() {
     let t = healed_link_carries_data_again(Duration::from_secs(600));
-    assert!(t <= ms(100), "took {t:?}");
+    // measured 39 ms (b3f1584)
+    assert!(t <= ms(58), "took {t:?}");
 }
 
 #[test]
 fn all_links_dead_for_60s_then_one_heals_and_the_transfer_completes() {
+    let total = 64 << 20;
     let start = ms(200);
+    let heal = start + Duration::from_secs(60);
     let sc = gigabit_links(2)
-        .with_total_bytes(64 << 20)
+        .with_total_bytes(total)
         .with_time_limit(Duration::from_secs(120))
         .at(start, Action::down(0))
         .at(start, Action::blackhole(1))
-        .at(start + Duration::from_secs(60), Action::up(0));
+        .at(heal, Action::up(0));
     let r = run_ok(&sc);
+    assert_while_moving(&r, total, start, Action::down(0));
+    assert_while_moving(&r, total, start, Action::blackhole(1));
+    assert_while_moving(&r, total, heal, Action::up(0));
+    for l in 0..2 {
+        let down = r.first_state_change(HostId::A, l, LinkState::Down, start);
+        assert!(
+            down.is_some_and(|t| t < heal),
+            "A declared link {l} down during the outage"
+        );
+    }
     let t = r.transfer(Dir::AToB);
-    assert_eq!(t.delivered, 64 << 20);
+    assert_eq!(t.delivered, total);
     assert_eq!(t.sent_hash, t.received_hash);
     assert!(
         r.closes.iter().all(|c| c.reason.is_none()),
@@ -158,13 +232,20 @@ fn all_links_dead_for_60s_then_one_heals_and_the_transfer_completes() {
         r.closes
     );
     let resumed = r.links[0]
-        .first_stream_delivery(Dir::AToB, start + Duration::from_secs(60))
-        .unwrap();
+        .first_stream_delivery(Dir::AToB, heal)
+        .expect("the healed link carried data");
+    let complete = r.completed_at.expect("completed");
     println!(
-        "all links down 60 s: data flows again {:?} after link 0 heals; complete at {:?}",
-        resumed - start - Duration::from_secs(60),
-        r.completed_at
+        "all links down 60 s: data flows again {:?} after link 0 heals ({} bytes left); \
+         complete {:?} after the heal",
+        resumed - heal,
+        total - r.delivered_before(Dir::AToB, heal),
+        complete - heal
     );
+    // measured 31 ms (b3f1584)
+    assert!(resumed - heal <= ms(46), "{:?}", resumed - heal);
+    // measured 189 ms (b3f1584)
+    assert!(complete - heal <= ms(280), "{:?}", complete - heal);
 }
 
 /// A link that never answers is probed with small datagrams, and slowly: to an address the
@@ -174,17 +255,29 @@ fn all_links_dead_for_60s_then_one_heals_and_the_transfer_completes() {
 /// announcing seven dead addresses made a client send 501 kB/s.)
 #[test]
 fn a_link_that_never_answers_gets_small_slow_probes() {
+    let total = 64 << 20;
+    // the premise here is a link dead from the start, before any data
     let sc = gigabit_links(2)
-        .with_total_bytes(64 << 20)
+        .with_total_bytes(total)
         .at(Duration::ZERO, Action::blackhole(1));
     let r = run_ok(&sc);
-    assert_eq!(r.transfer(Dir::AToB).delivered, 64 << 20);
+    assert!(
+        r.applied(Duration::ZERO, &Action::blackhole(1)),
+        "link 1 was blackholed from the start"
+    );
+    assert_eq!(r.transfer(Dir::AToB).delivered, total);
     let c = r.links[1].dir(Dir::AToB);
+    assert_eq!(
+        (c.delivered, r.links[1].dir(Dir::BToA).delivered),
+        (0, 0),
+        "nothing crossed the dead link"
+    );
     let seconds = r.completed_at.expect("completed").as_secs_f64();
     println!(
         "a dead link, {seconds:.2} s: {} probes, {} bytes",
         c.offered, c.offered_bytes
     );
+    // ten probes in the first 200 ms, then one a second: 11 measured in 0.56 s (b3f1584)
     assert!(
         c.offered >= 10,
         "the dead link was probed {} times",
@@ -195,9 +288,10 @@ fn a_link_that_never_answers_gets_small_slow_probes() {
         "{} probes in {seconds:.2} s",
         c.offered
     );
-    // every probe small: the link leads to an address only the server's ACCEPT vouches for
+    // every probe small: the link leads to an address only the server's ACCEPT vouches for;
+    // measured 13 bytes a probe (b3f1584)
     assert!(
-        c.offered_bytes <= 100 * c.offered,
+        c.offered_bytes <= 19 * c.offered,
         "{} bytes in {} probes",
         c.offered_bytes,
         c.offered
@@ -205,36 +299,43 @@ fn a_link_that_never_answers_gets_small_slow_probes() {
 }
 
 /// Every link dies during an A → B transfer: both sides, the sending one and the one that only
-/// acknowledges, declare every link down within 400 ms (the peer is silent on every link, so
-/// a link must be silent for 150 ms first, PROTOCOL.md §5.5).
+/// acknowledges, declare every link down (the peer is silent on every link, so a link must be
+/// silent for 150 ms first, PROTOCOL.md §5.5); when the links heal, the transfer completes.
 #[test]
 fn every_link_dead_is_declared_down_on_both_sides() {
+    let total = 256 << 20;
     let fault = ms(300);
+    let heal = fault + Duration::from_secs(2);
     let sc = gigabit_links(2)
-        .with_total_bytes(256 << 20)
+        .with_total_bytes(total)
         .with_time_limit(Duration::from_secs(10))
         .at(fault, Action::blackhole(0))
         .at(fault, Action::blackhole(1))
-        .at(fault + Duration::from_secs(2), Action::up(0))
-        .at(fault + Duration::from_secs(2), Action::up(1));
+        .at(heal, Action::up(0))
+        .at(heal, Action::up(1));
     let r = run_ok(&sc);
-    assert_eq!(r.transfer(Dir::AToB).delivered, 256 << 20);
-    for host in [HostId::A, HostId::B] {
-        for link in 0..2 {
-            let down = r
-                .link_changes
-                .iter()
-                .find(|c| {
-                    c.host == host
-                        && c.link == Some(link)
-                        && c.at >= fault
-                        && c.to == LinkState::Down
-                })
-                .map(|c| c.at - fault);
-            println!("every link dead: {host:?} declares link {link} down after {down:?}");
-            let down = down.unwrap_or_else(|| panic!("{host:?} never declared link {link} down"));
-            assert!(down <= ms(400), "{host:?} link {link}: {down:?}");
-        }
+    for l in 0..2 {
+        assert_while_moving(&r, total, fault, Action::blackhole(l));
+        assert_while_moving(&r, total, heal, Action::up(l));
+    }
+    let gap = r.max_delivery_gap(Dir::AToB, fault, heal + ms(200));
+    println!("every link dead: no delivery for {gap:?}");
+    assert!(gap >= ms(1900), "the transfer went on: longest gap {gap:?}");
+    assert_eq!(r.transfer(Dir::AToB).delivered, total);
+    // each bound 1.5× what was measured at b3f1584: A 149.96 ms for link 0 and 14.96 ms for
+    // link 1, B 154.99 ms for both
+    for (host, link, bound) in [
+        (HostId::A, 0, ms(224)),
+        (HostId::A, 1, ms(22)),
+        (HostId::B, 0, ms(232)),
+        (HostId::B, 1, ms(232)),
+    ] {
+        let down = r
+            .first_state_change(host, link, LinkState::Down, fault)
+            .map(|t| t - fault);
+        println!("every link dead: {host:?} declares link {link} down after {down:?}");
+        let down = down.unwrap_or_else(|| panic!("{host:?} never declared link {link} down"));
+        assert!(down <= bound, "{host:?} link {link}: {down:?}");
     }
 }
 
@@ -243,46 +344,70 @@ fn every_link_dead_is_declared_down_on_both_sides() {
 /// recovery.
 #[test]
 fn a_100ms_stall_of_the_only_link_does_not_take_it_down() {
+    let total = 64 << 20;
     let stall = ms(300);
+    let end = stall + ms(100);
     let sc = gigabit_links(1)
-        .with_total_bytes(64 << 20)
+        .with_total_bytes(total)
         .at(stall, Action::blackhole(0))
-        .at(stall + ms(100), Action::up(0));
+        .at(end, Action::up(0));
     let r = run_ok(&sc);
-    assert_eq!(r.transfer(Dir::AToB).delivered, 64 << 20);
+    assert_while_moving(&r, total, stall, Action::blackhole(0));
+    assert_while_moving(&r, total, end, Action::up(0));
+    assert_eq!(r.transfer(Dir::AToB).delivered, total);
+    let gap = r.max_delivery_gap(Dir::AToB, stall, end + ms(200));
+    let again = r.links[0]
+        .first_stream_delivery(Dir::AToB, end)
+        .expect("the link carried data again");
+    let back =
+        goodput_back_at(&r, end, ms(10), 0.9 * payload_capacity(GBIT)).expect("goodput came back");
+    println!(
+        "a 100 ms stall: no delivery for {gap:?}; the link carries data {:?} after it ends, \
+         goodput >= 90 % of the link {:?} after",
+        again - end,
+        back - end
+    );
+    assert!(
+        gap >= ms(99),
+        "the stall stopped nothing: longest gap {gap:?}"
+    );
     let downs: Vec<_> = r
         .link_changes
         .iter()
         .filter(|c| c.to == LinkState::Down)
         .collect();
     assert!(downs.is_empty(), "{downs:?}");
+    // measured 5 ms (b3f1584): no recovery, the link goes on where it stopped
+    assert!(back - end <= ms(7), "{:?}", back - end);
 }
 
 #[test]
-fn soft_failed_link_is_demoted_within_100ms_and_goodput_holds() {
+fn soft_failed_link_is_demoted_within_60ms_and_goodput_holds() {
+    let total = 250 << 20;
     let fault = ms(500);
     let sc = gigabit_links(2)
-        .with_total_bytes(250 << 20)
+        .with_total_bytes(total)
         .at(fault, Action::rate(1, GBIT / 200));
     let r = run_ok(&sc);
-    let demoted = [LinkState::Degraded, LinkState::Down]
-        .iter()
-        .filter_map(|&s| r.first_state_change(HostId::A, 1, s, fault))
-        .min()
-        .expect("the slow link was demoted");
+    assert_while_moving(&r, total, fault, Action::rate(1, GBIT / 200));
+    let demoted = demoted_at(&r, HostId::A, 1, fault).expect("the slow link was demoted");
     let healthy = payload_capacity(GBIT);
-    let goodput = r.goodput_bps(fault + ms(100), fault + ms(1000));
+    let window = (fault + ms(100), fault + ms(1000));
+    assert_under_way(&r, total, window.1);
+    let goodput = r.goodput_bps(window.0, window.1);
     println!(
-        "soft failure: demoted after {:?}; goodput {:.1} % of the healthy link over the next 0.9 s",
+        "soft failure: demoted after {:?}; goodput {:.2} % of the healthy link over the next 0.9 s",
         demoted - fault,
         100.0 * goodput / healthy
     );
+    // measured 40.4 ms (b3f1584)
     assert!(
-        demoted - fault <= ms(100),
+        demoted - fault <= ms(60),
         "demoted after {:?}",
         demoted - fault
     );
-    assert!(goodput >= 0.9 * healthy, "goodput {goodput:.0} bit/s");
+    // measured 98.6 % (b3f1584): the shortfall may grow from 1.4 % to 2 %
+    assert!(goodput >= 0.98 * healthy, "goodput {goodput:.0} bit/s");
 }
 
 /// A link that slows to a tenth of its rate but keeps delivering is not a failed link: the
@@ -291,46 +416,58 @@ fn soft_failed_link_is_demoted_within_100ms_and_goodput_holds() {
 /// there is acknowledged within a round trip; the link goes on carrying its part.
 #[test]
 fn a_link_slowed_to_a_tenth_stays_up_and_carries_its_part() {
+    let total = 250 << 20;
     let change = ms(500);
     let sc = gigabit_links(2)
-        .with_total_bytes(250 << 20)
+        .with_total_bytes(total)
         .at(change, Action::rate(1, GBIT / 10));
     let r = run_ok(&sc);
+    assert_while_moving(&r, total, change, Action::rate(1, GBIT / 10));
     let demotions: Vec<_> = r
         .link_changes
         .iter()
         .filter(|c| c.at >= change && c.to != LinkState::Up)
         .collect();
-    let after = (change + ms(300), change + ms(1300));
+    // the transfer is over at 1.58 s: the window ends before
+    let after = (change + ms(300), change + ms(1000));
+    assert_under_way(&r, total, after.1);
     let slow_share = r.links[1].stream_bytes_between(Dir::AToB, after.0, after.1) as f64
         / r.delivered_between(Dir::AToB, after.0, after.1) as f64;
     println!(
-        "a link slowed to a tenth: {} state changes; its share afterwards {:.1} %",
+        "a link slowed to a tenth: {} state changes; its share afterwards {:.2} %",
         demotions.len(),
         100.0 * slow_share
     );
     assert!(demotions.is_empty(), "{demotions:?}");
-    assert!(slow_share > 0.05, "share of the slowed link {slow_share}");
+    // measured 9.09 % (b3f1584), the 1/11 a tenth of the rate is worth: a share smaller by
+    // 1.5× fails, and so does one the slowing did not make small
+    assert!(
+        (0.061..=0.1).contains(&slow_share),
+        "share of the slowed link {slow_share}"
+    );
 }
 
 #[test]
-fn gigabit_and_100_megabit_links_reach_95_percent_of_combined_capacity() {
-    let mut sc = Scenario::default().with_total_bytes(200 << 20);
+fn gigabit_and_100_megabit_links_reach_98_percent_of_combined_capacity() {
+    let total = 200 << 20;
+    let mut sc = Scenario::default().with_total_bytes(total);
     sc.links = vec![
         link(GBIT, Duration::from_micros(100)),
         link(GBIT / 10, Duration::from_micros(100)),
     ];
     let r = run_ok(&sc);
+    assert_under_way(&r, total, ms(1200));
     let capacity = payload_capacity(GBIT) + payload_capacity(GBIT / 10);
     let goodput = r.goodput_bps(ms(300), ms(1200));
     let slow_share = r.links[1].stream_bytes_between(Dir::AToB, ms(300), ms(1200)) as f64
         / r.delivered_between(Dir::AToB, ms(300), ms(1200)) as f64;
     println!(
-        "1 Gbit/s + 100 Mbit/s: goodput {:.1} % of combined payload capacity; slow link share {:.1} %",
+        "1 Gbit/s + 100 Mbit/s: goodput {:.2} % of combined payload capacity; slow link share {:.1} %",
         100.0 * goodput / capacity,
         100.0 * slow_share
     );
-    assert!(goodput >= 0.95 * capacity, "goodput {goodput:.0} bit/s");
+    // measured 98.4 % (b3f1584): the shortfall may grow from 1.6 % to 2 %
+    assert!(goodput >= 0.98 * capacity, "goodput {goodput:.0} bit/s");
 }
 
 #[test]
@@ -350,10 +487,10 @@ fn five_percent_loss_on_every_link_completes_exactly() {
         assert_eq!(t.delivered, 8 << 20);
         assert_eq!(t.sent_hash, t.received_hash);
     }
-    println!(
-        "5 % loss on 3 links, both directions: complete at {:?}",
-        r.completed_at
-    );
+    let complete = r.completed_at.expect("completed");
+    println!("5 % loss on 3 links, both directions: complete at {complete:?}");
+    // measured 1.600 s (b3f1584)
+    assert!(complete <= ms(2390), "{complete:?}");
 }
 
 #[test]
@@ -380,113 +517,185 @@ fn messages_survive_loss_duplication_corruption_and_reordering() {
     let r = run_ok(&sc);
     assert_eq!(r.transfer(Dir::AToB).messages, 400);
     assert_eq!(r.transfer(Dir::BToA).messages, 400);
+    let complete = r.completed_at.expect("completed");
+    println!("400 messages each way over bad links: complete at {complete:?}");
+    // measured 8.95 s (b3f1584)
+    assert!(complete <= ms(13_400), "{complete:?}");
 }
 
 #[test]
 fn slow_reader_keeps_sender_memory_within_the_window() {
+    let total = 6 << 20;
+    let reader = 1_000_000;
     let buffer = 1 << 20;
     let mut sc = gigabit_links(2)
-        .with_total_bytes(6 << 20)
+        .with_total_bytes(total)
         .with_time_limit(Duration::from_secs(60));
-    sc.app.reader_rate = Some(1_000_000);
+    sc.app.reader_rate = Some(reader);
     sc.client.send_buffer = buffer;
     sc.server.stream_receive_window = 2 << 20;
     let r = run_ok(&sc);
     let a = r.buffers(HostId::A);
     let b = r.buffers(HostId::B);
+    let complete = r.completed_at.expect("completed");
+    // the soonest the reader can have read everything: it starts with 10 ms worth of tokens
+    let paced = Duration::from_secs_f64((total - reader / 100) as f64 / reader as f64);
     println!(
-        "reader at 1 MB/s: sender buffered at most {} B (limit {buffer}), receiver {} B (window {})",
+        "reader at 1 MB/s: sender buffered at most {} B (limit {buffer}), receiver {} B (window {}); \
+         complete at {complete:?} ({:?} after the reader's pace)",
         a.send_buffered,
         b.recv_buffered,
-        2 << 20
+        2 << 20,
+        complete.saturating_sub(paced)
     );
     assert!(a.send_buffered <= buffer);
     assert!(b.recv_buffered <= 2 << 20);
-    assert!(
-        r.completed_at.unwrap() >= Duration::from_secs(5),
-        "the reader set the pace"
-    );
+    assert!(complete >= paced, "the reader set the pace");
+    // and was kept fed: measured 7.6 ms after its pace (b3f1584)
+    assert!(complete <= paced + ms(11), "{complete:?}");
 }
 
 #[test]
-fn restarted_peer_is_reported_within_one_second() {
+fn restarted_peer_is_reported_within_a_round_trip() {
+    let total = 1 << 30;
     let restart = ms(300);
     let mut sc = gigabit_links(2)
-        .with_total_bytes(1 << 30)
+        .with_total_bytes(total)
         .at(restart, Action::RestartServer);
     sc.end_on_close = true;
     let r = run_ok(&sc);
+    assert_while_moving(&r, total, restart, Action::RestartServer);
     let close = r.close_of(HostId::A).expect("A's connection closed");
     assert_eq!(close.reason, Some(ConnectionError::PeerRestarted));
     println!(
         "peer restart reported {:?} after the restart",
         close.at - restart
     );
-    assert!(close.at - restart <= Duration::from_secs(1));
+    // measured 102.4 µs (b3f1584); the round trip is 200 µs
+    assert!(
+        close.at - restart <= Duration::from_micros(150),
+        "{:?}",
+        close.at - restart
+    );
 }
 
 /// The all-links-down deadline, pinned from both sides: an outage shorter than the deadline is
 /// survived, a longer one ends the connection with `AllLinksDown`.
 #[test]
 fn all_links_down_deadline_is_honoured_from_both_sides() {
+    let total = 32 << 20;
     let deadline = Duration::from_secs(2);
+    let start = ms(100);
     let scenario = |outage: Duration| {
         let mut sc = gigabit_links(2)
-            .with_total_bytes(32 << 20)
+            .with_total_bytes(total)
             .with_time_limit(Duration::from_secs(30))
-            .outage(ms(100), outage);
+            .outage(start, outage);
         sc.client.all_links_down_timeout = Some(deadline);
         sc.server.all_links_down_timeout = Some(deadline);
         sc
     };
     // survived: the links come back 500 ms before the deadline would end the connection
-    run_ok(&scenario(deadline - ms(500)));
+    let outage = deadline - ms(500);
+    let r = run_ok(&scenario(outage));
+    for l in 0..2 {
+        assert_while_moving(&r, total, start, Action::down(l));
+        assert_while_moving(&r, total, start + outage, Action::up(l));
+    }
+    assert_eq!(r.transfer(Dir::AToB).delivered, total);
+    assert!(
+        r.closes.iter().all(|c| c.reason.is_none()),
+        "{:?}",
+        r.closes
+    );
     // exceeded
     let mut sc = scenario(deadline + Duration::from_secs(3));
     sc.end_on_close = true;
     let r = run_ok(&sc);
+    for l in 0..2 {
+        assert_while_moving(&r, total, start, Action::down(l));
+    }
     let close = r.close_of(HostId::A).expect("A gave up");
     assert_eq!(close.reason, Some(ConnectionError::AllLinksDown));
+    let all_down = (0..2)
+        .map(|l| r.first_state_change(HostId::A, l, LinkState::Down, start))
+        .max()
+        .flatten()
+        .expect("A declared every link down");
+    println!(
+        "every link down for longer than the {deadline:?} deadline: A declared them down {:?} \
+         after the cut and gave up {:?} after that",
+        all_down - start,
+        close.at - all_down
+    );
+    // measured exactly the deadline (b3f1584)
+    assert!(
+        close.at - all_down >= deadline && close.at - all_down <= deadline + ms(1),
+        "{:?}",
+        close.at - all_down
+    );
 }
 
 #[test]
 fn explicit_addresses_open_every_link_without_discovery() {
-    let mut sc = gigabit_links(3).with_total_bytes(32 << 20);
+    let total = 32 << 20;
+    let mut sc = gigabit_links(3).with_total_bytes(total);
     sc.app.explicit_addrs = true;
     sc.client.discover = false;
     let r = run_ok(&sc);
     for (i, l) in r.links.iter().enumerate() {
-        assert!(
-            l.stream_bytes_between(Dir::AToB, Duration::ZERO, r.end_time) > 1 << 20,
-            "link {i} carried data"
-        );
+        let carried = l.stream_bytes_between(Dir::AToB, Duration::ZERO, r.end_time);
+        println!("explicit addresses: link {i} carried {carried} B");
+        // measured 11.21, 11.17 and 11.17 MB, a third each (b3f1584): two thirds of a third
+        assert!(carried >= 2 * total / 9, "link {i} carried {carried} B");
     }
 }
 
 #[test]
 fn failover_striping_keeps_one_link_active_and_the_other_hot() {
+    let total = 100 << 20;
     let fault = ms(400);
     let mut sc = gigabit_links(2)
-        .with_total_bytes(100 << 20)
+        .with_total_bytes(total)
         .at(fault, Action::blackhole(0));
     sc.client.striping = ri2n_proto::Striping::Failover;
     let r = run_ok(&sc);
+    assert_while_moving(&r, total, fault, Action::blackhole(0));
+    let demoted = demoted_at(&r, HostId::A, 0, fault).expect("A demoted the blackholed link");
     let before = [0, 1].map(|l| r.links[l].stream_bytes_between(Dir::AToB, ms(100), fault));
     let after = r.links[1].stream_bytes_between(Dir::AToB, fault, r.end_time);
-    println!("failover striping: before the fault link 0 carried {} B, link 1 {} B; link 1 then {after} B", before[0], before[1]);
-    assert!(
-        before[1] * 100 < before[0],
-        "the standby stayed (almost) idle"
+    let left = total - r.delivered_before(Dir::AToB, fault);
+    let back = goodput_back_at(&r, fault, ms(10), 0.9 * payload_capacity(GBIT))
+        .expect("goodput came back");
+    println!(
+        "failover striping: before the fault link 0 carried {} B, link 1 {} B; link 0 demoted \
+         {:?} after the fault, goodput >= 90 % of link 1 {:?} after; link 1 then carried \
+         {after} B of the {left} B left",
+        before[0],
+        before[1],
+        demoted - fault,
+        back - fault
     );
-    assert!(after > 10 << 20, "the standby took over");
+    // measured 0 B: the standby carries no data while the active link works (b3f1584)
+    assert_eq!(before[1], 0, "the standby stayed idle");
+    assert!(before[0] > 0, "the active link carried the data");
+    assert!(after >= left, "the standby took over: {after} of {left} B");
+    // measured 77 ms (b3f1584): the standby takes over once the active link is declared down
+    assert!(back - fault <= ms(115), "failover took {:?}", back - fault);
 }
 
 #[test]
 fn path_mtu_discovery_uses_jumbo_frames_and_survives_a_black_hole() {
     // Two 1 Gbit/s links and hosts that carry 8972-byte datagrams (a 9000-byte MTU). At 1 s
     // link 1's path shrinks to a 1500-byte MTU: its large datagrams vanish from then on.
+    let total = 400 << 20;
     let jumbo = 8972;
     let shrink = ms(1000);
+    let to_1500 = Action::SetMtu {
+        link: 1,
+        dir: None,
+        mtu: MAX_DATAGRAM,
+    };
     let mut sc = Scenario::default()
         .with_links(
             2,
@@ -497,17 +706,11 @@ fn path_mtu_discovery_uses_jumbo_frames_and_survives_a_black_hole() {
                     .with_mtu(jumbo),
             ),
         )
-        .with_total_bytes(400 << 20)
-        .at(
-            shrink,
-            Action::SetMtu {
-                link: 1,
-                dir: None,
-                mtu: MAX_DATAGRAM,
-            },
-        );
+        .with_total_bytes(total)
+        .at(shrink, to_1500.clone());
     sc.max_datagram = jumbo;
     let r = run_ok(&sc);
+    assert_while_moving(&r, total, shrink, to_1500);
     let capacity = |size: usize| GBIT as f64 * size as f64 / (size + HEADER_BYTES) as f64;
     let before = r.goodput_bps(ms(300), ms(900));
     println!(
@@ -516,7 +719,11 @@ fn path_mtu_discovery_uses_jumbo_frames_and_survives_a_black_hole() {
         100.0 * before / (2.0 * capacity(jumbo)),
         100.0 * before / (2.0 * capacity(MAX_DATAGRAM))
     );
-    assert!(before >= 0.97 * 2.0 * capacity(jumbo), "{before:.0} bit/s");
+    // measured 99.54 % (b3f1584): the shortfall may grow from 0.46 % to 0.69 %
+    assert!(
+        before >= 0.9931 * 2.0 * capacity(jumbo),
+        "{before:.0} bit/s"
+    );
     assert!(
         before > 2.0 * capacity(MAX_DATAGRAM),
         "only larger datagrams get this far"
@@ -530,15 +737,20 @@ fn path_mtu_discovery_uses_jumbo_frames_and_survives_a_black_hole() {
         .expect("link 1 carries data again");
     let target = 0.9 * (capacity(jumbo) + capacity(MAX_DATAGRAM));
     let back = goodput_back_at(&r, shrink + ms(1), ms(20), target).expect("goodput recovers");
+    assert_under_way(&r, total, back + ms(20));
+    let dropped = r.links[1].dir(Dir::AToB).dropped_too_big;
     println!(
         "black hole on link 1: it carries data again {resumed:?} after its MTU shrank, goodput \
-         ≥ 90 % of both links' capacity {:?} after; {} oversize datagrams dropped",
+         ≥ 90 % of both links' capacity {:?} after; {dropped} oversize datagrams dropped",
         back - shrink,
-        r.links[1].dir(Dir::AToB).dropped_too_big
     );
-    assert!(resumed <= ms(100), "{resumed:?}");
-    assert!(back - shrink <= ms(200), "{:?}", back - shrink);
-    assert!(r.links[1].dir(Dir::AToB).dropped_too_big > 0);
+    // measured 5 ms, 2 ms and 52 datagrams (b3f1584)
+    assert!(resumed <= ms(7), "{resumed:?}");
+    assert!(back - shrink <= ms(3), "{:?}", back - shrink);
+    assert!(
+        (1..=78).contains(&dropped),
+        "{dropped} oversize datagrams dropped"
+    );
 }
 
 /// Every link dead for 2 s, then one comes back while the other stays dead, with the failures
@@ -548,19 +760,30 @@ fn path_mtu_discovery_uses_jumbo_frames_and_survives_a_black_hole() {
 /// the sender's probes did too (its side of the healed link never came back).
 #[test]
 fn one_link_back_after_every_link_died_carries_the_rest_of_the_transfer() {
+    let total = 128 << 20;
     for (start, heals) in [(157, 0), (178, 0), (325, 0), (157, 1), (325, 1)] {
         let start = ms(start);
+        let healed = start + Duration::from_secs(2);
         let sc = gigabit_links(2)
-            .with_total_bytes(128 << 20)
+            .with_total_bytes(total)
             .with_time_limit(Duration::from_secs(10))
             .at(start, Action::blackhole(heals))
             .at(start + ms(1), Action::blackhole(1 - heals))
-            .at(start + Duration::from_secs(2), Action::up(heals));
+            .at(healed, Action::up(heals));
         let r = run_ok(&sc);
+        assert_while_moving(&r, total, start, Action::blackhole(heals));
+        assert_while_moving(&r, total, start + ms(1), Action::blackhole(1 - heals));
+        assert_while_moving(&r, total, healed, Action::up(heals));
+        for l in 0..2 {
+            let down = r.first_state_change(HostId::A, l, LinkState::Down, start);
+            assert!(
+                down.is_some_and(|t| t < healed),
+                "A declared link {l} down during the outage"
+            );
+        }
         let t = r.transfer(Dir::AToB);
-        assert_eq!(t.delivered, 128 << 20);
+        assert_eq!(t.delivered, total);
         assert_eq!(t.sent_hash, t.received_hash);
-        let healed = start + Duration::from_secs(2);
         let resumed = r.links[heals]
             .first_stream_delivery(Dir::AToB, healed)
             .expect("data on the healed link");
@@ -568,5 +791,7 @@ fn one_link_back_after_every_link_died_carries_the_rest_of_the_transfer() {
             "every link dead from {start:?}, link {heals} back after 2 s: data again {:?} later",
             resumed - healed
         );
+        // measured 36 ms in each case (b3f1584)
+        assert!(resumed - healed <= ms(54), "{:?}", resumed - healed);
     }
 }
