@@ -1,13 +1,22 @@
-//! `ri2n bench`: measures a connection to `ri2n serve`.
+//! `ri2n bench`: measures connections to `ri2n serve`.
 //!
-//! Throughput (either direction) for a fixed time, with a timeline at the chosen interval:
-//! application goodput, each link's traffic and state per interval, and link state changes as
-//! they happen; then a summary (goodput, per-link share, repairs and losses, the server's
-//! view). Latency: ping-pong of whole messages, median and p99 round trip; with `--sweep`, the
-//! fit t = alpha + beta * n over message sizes and the half-bandwidth size n_1/2 = alpha/beta.
+//! Throughput (either direction) for the time the server grants (what was asked, at most its
+//! `--max-time`), over one connection or several at once (`-P`), as fast as possible or
+//! paced to a target rate (`-b`), with a timeline at the chosen interval: application
+//! goodput, what each link delivered and its state per interval, and link state changes and
+//! injected faults as they happen; then a summary (goodput, per-link share, repairs and
+//! losses, the server's view) per connection and their sum. Latency: ping-pong of whole
+//! messages, median and p99 round trip; with `--sweep`, the fit t = alpha + beta * n over
+//! message sizes and the half-bandwidth size n_1/2 = alpha/beta.
+//!
+//! Every line of a throughput test is printed by one thread at a time (the sampling thread
+//! while data moves, the main thread before and after), whole: the fault thread hands its
+//! notices over instead of printing them between the pieces of a row.
 
 use std::io::{self, Read, Write};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,11 +24,11 @@ use ri2n::{Connection, ConnectionStats, Event};
 use serde::Serialize;
 
 use crate::checksum::RandomBytes;
-use crate::control::{Request, ServerReport, Test, VERSION};
+use crate::control::{Grant, Request, ServerReport, Test, VERSION};
 use crate::error::Failure;
 use crate::fault::FaultPlan;
-use crate::monitor;
 use crate::net;
+use crate::pace::Pacer;
 use crate::report::{
     bps, fmt_bytes, fmt_rate, fmt_rtt_us, state_name, LinkDelta, LinkMeter, LinkSummary,
 };
@@ -44,20 +53,33 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
     let endpoint = net::client_endpoint(&args.connect, &args.key, false)?;
     let faults = FaultPlan::new(&endpoint, &args.link.fault)?;
     let config = net::connection_config(&args.connect, &args.link, net::Application::Bench);
-    let conn = net::connect(&endpoint, &args.connect, config)?;
+    let count = if args.latency {
+        1
+    } else {
+        args.parallel as usize
+    };
+    // one endpoint for all: the faults, which act on its sockets, reach every connection
+    let conns = (0..count)
+        .map(|_| net::connect(&endpoint, &args.connect, config.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
     let start = Instant::now();
-    faults.start(start, true);
-    let mut events = EventLog::new(start, say);
+    let (notices, faults_seen) = mpsc::channel();
+    faults.start_with(start, move |t, local, action| {
+        // the receiving end is gone once the test is over: nothing left to tell
+        let _ = notices.send(FaultRecord { t, local, action });
+    });
+    let mut events = EventLog::new(start, say, faults_seen, count > 1);
 
     let doc = if args.latency {
-        serde_json::to_value(latency(&conn, args, &mut events, say)?)
-    } else if args.reverse {
-        serde_json::to_value(throughput_reverse(&conn, args, start, &mut events, say)?)
+        serde_json::to_value(latency(&conns[0], args, &mut events, say)?)
     } else {
-        serde_json::to_value(throughput(&conn, args, start, &mut events, say)?)
+        serde_json::to_value(throughput(&conns, args, start, &mut events, say)?)
     }
     .expect("the report serialises");
-    net::linger(&conn, net::LINGER);
+    let linger_end = Instant::now() + net::LINGER;
+    for conn in &conns {
+        net::linger(conn, linger_end.saturating_duration_since(Instant::now()));
+    }
     if args.json {
         let mut out = io::stdout().lock();
         serde_json::to_writer_pretty(&mut out, &doc)
@@ -88,8 +110,19 @@ impl Say {
 #[derive(Debug, Clone, Serialize)]
 struct EventRecord {
     t: f64,
+    /// Which connection (1, 2, ... as the text's `[  1]`; always 1 without -P).
+    connection: usize,
     link: u8,
     event: String,
+}
+
+/// A fault injected with `--fault`, timed from the test's start.
+#[derive(Debug, Clone, Serialize)]
+struct FaultRecord {
+    t: f64,
+    /// The local socket it acted on.
+    local: SocketAddr,
+    action: String,
 }
 
 /// How often the latency test looks for link events between round trips: each event carries
@@ -97,24 +130,37 @@ struct EventRecord {
 /// the test measured.
 const EVENT_POLL_PERIOD: Duration = Duration::from_millis(20);
 
-/// Collects the connection's link events (each with the time the engine reported it) and
-/// prints each as it comes, or, while `hold` is set (inside a table whose rows must stay
-/// together), at the next [`flush`](Self::flush).
+/// Collects the connections' link events (each with the time the engine reported it) and
+/// the faults applied, and prints each as it comes, or, while `hold` is set (inside a table
+/// whose rows must stay together), at the next [`flush`](Self::flush).
 struct EventLog {
     start: Instant,
     say: Say,
     records: Vec<EventRecord>,
+    faults: Vec<FaultRecord>,
+    /// Faults applied by the fault thread, not printed yet.
+    fault_notices: mpsc::Receiver<FaultRecord>,
+    /// Several connections: each line names its own.
+    tagged: bool,
     hold: bool,
     /// Lines not printed yet (while holding).
     held: Vec<String>,
 }
 
 impl EventLog {
-    fn new(start: Instant, say: Say) -> Self {
+    fn new(
+        start: Instant,
+        say: Say,
+        fault_notices: mpsc::Receiver<FaultRecord>,
+        tagged: bool,
+    ) -> Self {
         Self {
             start,
             say,
             records: Vec::new(),
+            faults: Vec::new(),
+            fault_notices,
+            tagged,
             hold: false,
             held: Vec::new(),
         }
@@ -127,27 +173,49 @@ impl EventLog {
         }
     }
 
-    fn poll(&mut self, conn: &Connection) {
-        for e in conn.poll_events() {
-            let (link, event) = match e.event {
-                Event::LinkAdded { link } => (link, "added".to_owned()),
-                Event::LinkStateChanged { link, from, to } => {
-                    (link, format!("{} -> {}", state_name(from), state_name(to)))
-                }
-                _ => continue,
-            };
-            let t = e.at.saturating_duration_since(self.start).as_secs_f64();
-            let line = format!("{t:10.3} s   L{link} {event}");
-            if self.hold {
-                self.held.push(line);
-            } else {
-                self.say.line(line);
+    fn emit(&mut self, line: String) {
+        if self.hold {
+            self.held.push(line);
+        } else {
+            self.say.line(line);
+        }
+    }
+
+    /// Takes the faults applied and the events of `conns` (connection 1, 2, ...) since the
+    /// last call.
+    fn poll(&mut self, conns: &[Connection]) {
+        // the lines of this call in time order: a fault before the events it causes
+        let mut lines = Vec::new();
+        while let Ok(f) = self.fault_notices.try_recv() {
+            lines.push((
+                f.t,
+                format!("{:10.3} s   fault: {} {}", f.t, f.local, f.action),
+            ));
+            self.faults.push(f);
+        }
+        for (i, conn) in conns.iter().enumerate() {
+            for e in conn.poll_events() {
+                let (link, event) = match e.event {
+                    Event::LinkAdded { link } => (link, "added".to_owned()),
+                    Event::LinkStateChanged { link, from, to } => {
+                        (link, format!("{} -> {}", state_name(from), state_name(to)))
+                    }
+                    _ => continue,
+                };
+                let t = e.at.saturating_duration_since(self.start).as_secs_f64();
+                let tag = tag(self.tagged, i);
+                lines.push((t, format!("{t:10.3} s   {tag}L{link} {event}")));
+                self.records.push(EventRecord {
+                    t,
+                    connection: i + 1,
+                    link: link.0,
+                    event,
+                });
             }
-            self.records.push(EventRecord {
-                t,
-                link: link.0,
-                event,
-            });
+        }
+        lines.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for (_, line) in lines {
+            self.emit(line);
         }
     }
 }
@@ -161,38 +229,70 @@ struct IntervalRow {
     /// Application bytes acknowledged (sending) or read (receiving) in the interval.
     bytes: u64,
     goodput_bps: f64,
+    /// Each link's activity in the interval (none in a row that sums several connections).
     links: Vec<LinkDelta>,
 }
 
-/// The per-interval timeline of a throughput test.
+/// One connection's part of the timeline.
+#[derive(Default)]
+struct Track {
+    meter: LinkMeter,
+    prev_bytes: u64,
+    rows: Vec<IntervalRow>,
+    /// Links named so far.
+    links_named: usize,
+}
+
+/// The per-interval timeline of a throughput test: at the end of every interval a row per
+/// connection, and with several connections a row of their sum.
 struct Timeline {
     start: Instant,
     interval: Duration,
     next: Instant,
     prev_t: Instant,
-    prev_bytes: u64,
-    meter: LinkMeter,
-    rows: Vec<IntervalRow>,
-    /// Rate the links by bytes received (reverse test) rather than sent.
+    tracks: Vec<Track>,
+    sum_rows: Vec<IntervalRow>,
+    /// Rate the links by what arrived on them (reverse test) rather than what they delivered.
     incoming: bool,
-    links_in_header: usize,
+    /// Link columns in the last header printed (none before the first).
+    columns: Option<usize>,
     say: Say,
 }
 
+/// How a connection's lines start: nothing with one connection, `[  1] ` (as iperf3) with
+/// several.
+fn tag(tagged: bool, i: usize) -> String {
+    if tagged {
+        format!("[{:>3}] ", i + 1)
+    } else {
+        String::new()
+    }
+}
+
 impl Timeline {
-    fn new(start: Instant, interval: Duration, incoming: bool, say: Say) -> Self {
-        let mut meter = LinkMeter::default();
-        meter.sample(start, &[]);
+    fn new(
+        start: Instant,
+        interval: Duration,
+        connections: usize,
+        incoming: bool,
+        say: Say,
+    ) -> Self {
+        let tracks = (0..connections)
+            .map(|_| {
+                let mut t = Track::default();
+                t.meter.sample(start, &[]);
+                t
+            })
+            .collect();
         Self {
             start,
             interval,
             next: start + interval,
             prev_t: start,
-            prev_bytes: 0,
-            meter,
-            rows: Vec::new(),
+            tracks,
+            sum_rows: Vec::new(),
             incoming,
-            links_in_header: 0,
+            columns: None,
             say,
         }
     }
@@ -206,54 +306,97 @@ impl Timeline {
         self.next.saturating_duration_since(Instant::now())
     }
 
-    /// Closes the current interval at `bytes` done.
-    fn sample(&mut self, bytes: u64, stats: &ConnectionStats) {
+    /// Closes the current interval: `done[i]` is connection i's bytes done (acknowledged or
+    /// read) and its statistics.
+    fn sample(&mut self, done: &[(u64, ConnectionStats)]) {
         let now = Instant::now();
-        let links = self.meter.sample(now, &stats.links);
-        if stats.links.len() > self.links_in_header {
-            self.links_in_header = stats.links.len();
-            let names: Vec<String> = stats
-                .links
-                .iter()
-                .map(|l| format!("L{} {} -> {}", l.id, l.local, l.remote))
-                .collect();
-            self.say.line(format!("links: {}", names.join(", ")));
-            let mut h = format!("{:>17} {:>14}", "interval (s)", "goodput");
-            for l in &stats.links {
-                h += &format!("   {:<24}", format!("L{} state, rate, rtt", l.id));
+        let tagged = self.tracks.len() > 1;
+        let pad = if tagged { "      " } else { "" };
+        for (i, (track, (_, stats))) in self.tracks.iter_mut().zip(done).enumerate() {
+            if stats.links.len() > track.links_named {
+                track.links_named = stats.links.len();
+                let names: Vec<String> = stats
+                    .links
+                    .iter()
+                    .map(|l| format!("L{} {} -> {}", l.id, l.local, l.remote))
+                    .collect();
+                self.say
+                    .line(format!("{}links: {}", tag(tagged, i), names.join(", ")));
             }
-            self.say.line(h);
+        }
+        let columns = done.iter().map(|(_, s)| s.links.len()).max().unwrap_or(0);
+        if self.columns.is_none_or(|c| columns > c) {
+            self.columns = Some(columns);
+            let what = if self.incoming {
+                "arrived"
+            } else {
+                "delivered"
+            };
+            let mut h = format!("{pad}{:>17} {:>14}", "interval (s)", "goodput");
+            for l in 0..columns {
+                h += &format!("   {:<34}", format!("L{l} state, {what}, rtt"));
+            }
+            self.say.line(h.trim_end());
         }
         let (t0, t1) = (
             self.prev_t.duration_since(self.start).as_secs_f64(),
             now.duration_since(self.start).as_secs_f64(),
         );
-        let delta = bytes.saturating_sub(self.prev_bytes);
+        let mut sum = 0u64;
+        for (i, (track, (bytes, stats))) in self.tracks.iter_mut().zip(done).enumerate() {
+            let links = track.meter.sample(now, &stats.links);
+            let delta = bytes.saturating_sub(track.prev_bytes);
+            sum += delta;
+            let row = IntervalRow {
+                start: t0,
+                end: t1,
+                bytes: delta,
+                goodput_bps: bps(delta, t1 - t0),
+                links,
+            };
+            let mut line = format!(
+                "{}{:>8.2}-{:<8.2} {:>14}",
+                tag(tagged, i),
+                t0,
+                t1,
+                fmt_rate(row.goodput_bps)
+            );
+            for l in &row.links {
+                // what the link delivered (or what arrived on it), not what it sent: datagrams
+                // a policer or a failed link dropped would add up to more than the goodput
+                let rate = if self.incoming {
+                    l.recv_bps
+                } else {
+                    l.delivered_bps
+                };
+                line += &format!(
+                    "   {:<10} {:>13} {:>9}",
+                    l.state,
+                    fmt_rate(rate),
+                    fmt_rtt_us(l.srtt_us)
+                );
+            }
+            self.say.line(line);
+            track.rows.push(row);
+            track.prev_bytes = *bytes;
+        }
         let row = IntervalRow {
             start: t0,
             end: t1,
-            bytes: delta,
-            goodput_bps: bps(delta, t1 - t0),
-            links,
+            bytes: sum,
+            goodput_bps: bps(sum, t1 - t0),
+            links: Vec::new(),
         };
-        let mut line = format!("{:>8.2}-{:<8.2} {:>14}", t0, t1, fmt_rate(row.goodput_bps));
-        for l in &row.links {
-            let rate = if self.incoming {
-                l.recv_bps
-            } else {
-                l.sent_bps
-            };
-            line += &format!(
-                "   {:<10} {:>13} {:>9}",
-                l.state,
-                fmt_rate(rate),
-                fmt_rtt_us(l.srtt_us)
-            );
+        if tagged {
+            self.say.line(format!(
+                "[SUM] {:>8.2}-{:<8.2} {:>14}",
+                t0,
+                t1,
+                fmt_rate(row.goodput_bps)
+            ));
         }
-        self.say.line(line);
-        self.rows.push(row);
+        self.sum_rows.push(row);
         self.prev_t = now;
-        self.prev_bytes = bytes;
         while self.next <= now {
             self.next += self.interval;
         }
@@ -262,9 +405,9 @@ impl Timeline {
     /// The last, partial interval, unless it is shorter than a quarter of an interval and
     /// follows others: a rate over a few milliseconds (in which the last acknowledgements
     /// arrive at once) says nothing. The summary counts its bytes either way.
-    fn close(&mut self, bytes: u64, stats: &ConnectionStats) {
-        if self.prev_t.elapsed() >= self.interval / 4 || self.rows.is_empty() {
-            self.sample(bytes, stats);
+    fn close(&mut self, done: &[(u64, ConnectionStats)]) {
+        if self.prev_t.elapsed() >= self.interval / 4 || self.sum_rows.is_empty() {
+            self.sample(done);
         }
     }
 }
@@ -274,39 +417,134 @@ impl Timeline {
 struct ThroughputDoc {
     command: &'static str,
     test: &'static str,
+    /// The --time asked for (also as `requested_s`; this name came first).
     seconds_requested: f64,
+    requested_s: f64,
+    /// The time the server granted: `requested_s`, or less where its --max-time cut it.
+    granted_s: f64,
+    cut_by_server: bool,
+    /// Connections at once (-P).
+    parallel: usize,
+    /// The target rate in all (-b), bits per second; null: as fast as possible.
+    target_bps: Option<f64>,
     interval: f64,
+    /// One connection: its timeline; several: the timeline of their sum (rows without links).
+    intervals: Vec<IntervalRow>,
+    events: Vec<EventRecord>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    faults: Vec<FaultRecord>,
+    /// One connection: its summary; several: their sum (no links).
+    summary: ThroughputSummary,
+    /// One connection: what the server reported (its view: bytes it read or wrote, its
+    /// per-link counters); several: null (see `connections`).
+    server: Option<ServerReport>,
+    /// Each connection's results.
+    connections: Vec<ConnectionDoc>,
+    /// The connections' total.
+    sum: Sum,
+}
+
+/// One connection of a throughput test.
+#[derive(Debug, Serialize)]
+struct ConnectionDoc {
+    /// 1, 2, ... as the text's `[  1]`.
+    connection: usize,
+    granted_s: f64,
+    cut_by_server: bool,
     intervals: Vec<IntervalRow>,
     events: Vec<EventRecord>,
     summary: ThroughputSummary,
-    /// What the server reported (its view: bytes it read or wrote, its per-link counters).
     server: Option<ServerReport>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 struct ThroughputSummary {
     /// Application bytes moved (acknowledged when sending, read when receiving).
     bytes: u64,
     seconds: f64,
     goodput_bps: f64,
-    /// Stream bytes sent beyond the application's (repairs after loss or a link failure), by
-    /// the sending side.
+    /// Stream bytes the sending side sent beyond the application's: repairs of packets
+    /// declared lost (late ones included), and early second copies of the oldest
+    /// unacknowledged bytes, sent when the window filled up behind them (usually a slower
+    /// link still holding them: late, not lost, so not counted in `packets_lost`).
     retransmitted_bytes: Option<u64>,
-    /// Packets the sending side declared lost.
+    /// Packets the sending side declared lost (no acknowledgement in time, or in flight on a
+    /// link that failed); their data was sent again.
     packets_lost: Option<u64>,
-    links: Vec<LinkSummary>,
+    links: Vec<BenchLink>,
 }
 
-/// Sends the request for `test`; `interval` asks the server for its timeline of what it read.
-fn request(conn: &Connection, test: Test, seconds: f64, interval: f64) -> Result<(), Failure> {
+/// The connections' total.
+#[derive(Debug, Clone, Serialize)]
+struct Sum {
+    bytes: u64,
+    /// The longest connection's.
+    seconds: f64,
+    goodput_bps: f64,
+    retransmitted_bytes: Option<u64>,
+    packets_lost: Option<u64>,
+}
+
+/// A link's totals in a throughput test: [`LinkSummary`] and what the link delivered.
+#[derive(Debug, Clone, Serialize)]
+struct BenchLink {
+    #[serde(flatten)]
+    totals: LinkSummary,
+    /// Stream bytes this link delivered: acknowledged by the peer (sending), or by this
+    /// client as the server counted them (--reverse; null without the server's report).
+    /// Repairs count on the link that carried them, so the links add up to the goodput, but
+    /// for bytes that arrived twice (an early copy and a late original), which count on both.
+    delivered_bytes: Option<u64>,
+    delivered_bps: Option<f64>,
+    /// This link's part of what the links delivered, 0 to 1.
+    delivered_share: Option<f64>,
+}
+
+/// Sends the request for `test`; `interval` asks the server for its timeline of what it read,
+/// `rate_bps` (reverse) for its pace.
+fn request(
+    conn: &Connection,
+    test: Test,
+    seconds: f64,
+    interval: f64,
+    rate_bps: Option<f64>,
+) -> Result<(), Failure> {
     let msg = serde_json::to_vec(&Request {
         version: VERSION,
         test,
         seconds,
         interval,
+        rate_bps,
     })
     .expect("a request serialises");
     conn.send_message(&msg).map_err(|e| Failure::lost(&e))
+}
+
+/// The server's answer to a throughput request: how long the test runs.
+fn grant(conn: &Connection) -> Result<Grant, Failure> {
+    let m = conn
+        .recv_message()
+        .map_err(|e| Failure::lost(&e))?
+        .ok_or_else(|| {
+            Failure::new(
+                crate::error::LOST,
+                "the server ended the test without answering its request",
+            )
+        })?;
+    let g: Grant = serde_json::from_slice(&m).map_err(|e| {
+        Failure::new(
+            crate::error::GENERIC,
+            format!("the server's answer to the request is not a grant ({e})"),
+        )
+    })?;
+    // the time becomes an instant: one the clock cannot hold would panic there
+    if !(0.0..=crate::MAX_SECS).contains(&g.seconds) {
+        return Err(Failure::new(
+            crate::error::GENERIC,
+            format!("the server granted a test of {} s", g.seconds),
+        ));
+    }
+    Ok(g)
 }
 
 /// The server's report, the next message after a throughput test.
@@ -315,226 +553,441 @@ fn server_report(conn: &Connection) -> Option<ServerReport> {
     serde_json::from_slice(&m).ok()
 }
 
-/// Samples the timeline and collects the link events from a thread of its own while
-/// `transfer` moves the data, so that the timeline keeps its rows and the events their lines
-/// while the data path blocks (every link down: the writer waits for window, the reader for
-/// data). `transfer` keeps its byte count in the counter it is given; `done` turns that count
-/// and the connection's statistics into the bytes the timeline counts.
-fn sampled<R>(
-    conn: &Connection,
-    tl: &mut Timeline,
-    events: &mut EventLog,
-    done: impl Fn(u64, &ConnectionStats) -> u64 + Send,
-    transfer: impl FnOnce(&AtomicU64) -> Result<R, Failure>,
-) -> Result<R, Failure> {
-    monitor::with_ticker(
-        move |count| {
-            events.poll(conn);
-            if tl.due() {
-                let stats = conn.stats();
-                tl.sample(done(count, &stats), &stats);
-            }
-            tl.until_due().min(EVENT_TICK)
-        },
-        transfer,
-    )
+/// " (4.0 s asked, cut to 2.0 s by the server's --max-time)", or nothing.
+fn cut_note(requested: f64, granted: f64, cut: bool) -> String {
+    if cut {
+        format!(" ({requested:.1} s asked, cut to {granted:.1} s by the server's --max-time)")
+    } else {
+        String::new()
+    }
 }
 
-fn throughput(
+/// Writes to `conn` until `end` (paced by `pacer`, if any), then finishes and waits until
+/// the server acknowledged everything; returns the bytes written, keeping the count in
+/// `counter` meanwhile.
+fn send_until(
     conn: &Connection,
+    data: &[u8],
+    end: Instant,
+    pacer: Option<Pacer>,
+    counter: &AtomicU64,
+) -> Result<u64, Failure> {
+    let size = pacer.map_or(CHUNK, |p| p.write_size(CHUNK));
+    let mut writer = conn;
+    let mut written = 0u64;
+    let mut off = 0;
+    while Instant::now() < end {
+        if let Some(p) = pacer {
+            let wait = p.wait(written, end);
+            if !wait.is_zero() {
+                std::thread::sleep(wait);
+                continue;
+            }
+        }
+        // count every accepted part, not whole chunks: the timeline subtracts what is
+        // still buffered, which includes a chunk's accepted part while the rest waits
+        let mut chunk = &data[off..off + size];
+        while !chunk.is_empty() {
+            let n = writer.write(chunk).map_err(|e| Failure::lost(&e))?;
+            written += n as u64;
+            counter.store(written, Ordering::Relaxed);
+            chunk = &chunk[n..];
+        }
+        off += size;
+        if off + size > data.len() {
+            off = 0;
+        }
+    }
+    conn.finish().map_err(|e| Failure::lost(&e))?;
+    net::wait_acknowledged(conn, Duration::from_millis(5), || {})?;
+    Ok(written)
+}
+
+/// Reads `conn` to its end; returns the bytes read, keeping the count in `counter`.
+fn receive_all(conn: &Connection, counter: &AtomicU64) -> Result<u64, Failure> {
+    let mut reader = conn;
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut got = 0u64;
+    loop {
+        match reader.read(&mut buf) {
+            Ok(0) => return Ok(got),
+            Ok(n) => got += n as u64,
+            Err(e) => return Err(Failure::lost(&e)),
+        }
+        counter.store(got, Ordering::Relaxed);
+    }
+}
+
+/// A throughput test over `conns` (each a test of its own, at once), either direction.
+fn throughput(
+    conns: &[Connection],
     args: &BenchArgs,
     start: Instant,
     events: &mut EventLog,
     say: Say,
 ) -> Result<ThroughputDoc, Failure> {
-    request(
-        conn,
-        Test::Throughput,
-        args.time.as_secs_f64(),
-        args.interval.as_secs_f64(),
-    )?;
+    let reverse = args.reverse;
+    let n = conns.len();
+    let requested = args.time.as_secs_f64();
+    let target = args.bitrate.filter(|&b| b > 0).map(|b| b as f64);
+    let each_rate = target.map(|t| t / n as f64);
+    for conn in conns {
+        if reverse {
+            request(conn, Test::Reverse, requested, 0.0, each_rate)?;
+            // nothing more to send: our end of stream goes with the request
+            conn.finish().map_err(|e| Failure::lost(&e))?;
+        } else {
+            request(
+                conn,
+                Test::Throughput,
+                requested,
+                args.interval.as_secs_f64(),
+                None,
+            )?;
+        }
+    }
+    let grants = conns.iter().map(grant).collect::<Result<Vec<_>, _>>()?;
+    let granted = grants.iter().map(|g| g.seconds).fold(0.0, f64::max);
+    let cut = grants.iter().any(|g| g.cut);
     say.line(format!(
-        "throughput test, {:.1} s, sending; timeline every {} s",
-        args.time.as_secs_f64(),
+        "throughput test, {granted:.1} s{}{}, {}{}; timeline every {} s",
+        cut_note(requested, granted, cut),
+        if n > 1 {
+            format!(", {n} connections")
+        } else {
+            String::new()
+        },
+        if reverse {
+            "receiving (reverse)"
+        } else {
+            "sending"
+        },
+        match target {
+            Some(t) => format!(" at {}{}", fmt_rate(t), if n > 1 { " in all" } else { "" }),
+            None => String::new(),
+        },
         args.interval.as_secs_f64()
     ));
     let mut data = vec![0u8; 16 * CHUNK];
     RandomBytes::new(1).fill(&mut data);
-    let mut tl = Timeline::new(start, args.interval, false, say);
-    let acked = |written: u64, s: &ConnectionStats| written - s.send_buffered.min(written);
-    let end = start + args.time;
-    let written = sampled(conn, &mut tl, events, acked, |counter| {
-        let mut writer = conn;
-        let mut written = 0u64;
-        let mut off = 0;
-        while Instant::now() < end {
-            // count every accepted part, not whole chunks: the timeline subtracts what is
-            // still buffered, which includes a chunk's accepted part while the rest waits
-            let mut chunk = &data[off..off + CHUNK];
-            while !chunk.is_empty() {
-                let n = writer.write(chunk).map_err(|e| Failure::lost(&e))?;
-                written += n as u64;
-                counter.store(written, Ordering::Relaxed);
-                chunk = &chunk[n..];
-            }
-            off = (off + CHUNK) % data.len();
+    let mut tl = Timeline::new(start, args.interval, n, reverse, say);
+    let counters: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+    // bytes done: what the server acknowledged (sending) or what was read
+    let done = |i: usize, stats: &ConnectionStats| {
+        let count = counters[i].load(Ordering::Relaxed);
+        if reverse {
+            count
+        } else {
+            count - stats.send_buffered.min(count)
         }
-        conn.finish().map_err(|e| Failure::lost(&e))?;
-        net::wait_acknowledged(conn, Duration::from_millis(5), || {})?;
-        Ok(written)
-    })?;
-    let seconds = start.elapsed().as_secs_f64();
-    events.poll(conn);
-    let stats = conn.stats();
-    tl.close(written, &stats);
-    let server = server_report(conn);
-    let stream_sent: u64 = stats.links.iter().map(|l| l.stream_bytes_sent).sum();
-    let summary = ThroughputSummary {
-        bytes: written,
-        seconds,
-        goodput_bps: bps(written, seconds),
-        retransmitted_bytes: Some(stream_sent.saturating_sub(written)),
-        packets_lost: Some(stats.links.iter().map(|l| l.packets_lost).sum()),
-        links: LinkSummary::all(&stats.links, false),
     };
-    Ok(throughput_doc(
-        args, say, tl, events, summary, server, false,
-    ))
-}
-
-fn throughput_reverse(
-    conn: &Connection,
-    args: &BenchArgs,
-    start: Instant,
-    events: &mut EventLog,
-    say: Say,
-) -> Result<ThroughputDoc, Failure> {
-    request(conn, Test::Reverse, args.time.as_secs_f64(), 0.0)?;
-    // nothing more to send: our end of stream goes with the request
-    conn.finish().map_err(|e| Failure::lost(&e))?;
-    say.line(format!(
-        "throughput test, {:.1} s, receiving (reverse); timeline every {} s",
-        args.time.as_secs_f64(),
-        args.interval.as_secs_f64()
-    ));
-    let mut tl = Timeline::new(start, args.interval, true, say);
-    let got = sampled(
-        conn,
-        &mut tl,
-        events,
-        |got, _| got,
-        |counter| {
-            let mut reader = conn;
-            let mut buf = vec![0u8; 256 * 1024];
-            let mut got = 0u64;
-            loop {
-                match reader.read(&mut buf) {
-                    Ok(0) => return Ok(got),
-                    Ok(n) => got += n as u64,
-                    Err(e) => return Err(Failure::lost(&e)),
-                }
-                counter.store(got, Ordering::Relaxed);
+    let sample = |conns: &[Connection]| -> Vec<(u64, ConnectionStats)> {
+        conns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let stats = c.stats();
+                (done(i, &stats), stats)
+            })
+            .collect()
+    };
+    // each connection moves its data on a thread of its own while this one samples the
+    // timeline and prints the events, so that rows and event lines keep coming while the
+    // data path blocks (every link down: the writer waits for window, the reader for data)
+    let results: Vec<Result<(u64, f64), Failure>> = std::thread::scope(|scope| {
+        let me = std::thread::current();
+        let transfers: Vec<_> = conns
+            .iter()
+            .zip(&grants)
+            .zip(&counters)
+            .map(|((conn, g), counter)| {
+                let (data, me) = (&data, me.clone());
+                let end = start + Duration::from_secs_f64(g.seconds);
+                scope.spawn(move || {
+                    let result = if reverse {
+                        receive_all(conn, counter)
+                    } else {
+                        let pacer = Pacer::new(Instant::now(), each_rate);
+                        send_until(conn, data, end, pacer, counter)
+                    };
+                    let seconds = start.elapsed().as_secs_f64();
+                    me.unpark();
+                    result.map(|bytes| (bytes, seconds))
+                })
+            })
+            .collect();
+        while !transfers.iter().all(|t| t.is_finished()) {
+            events.poll(conns);
+            if tl.due() {
+                tl.sample(&sample(conns));
             }
-        },
-    )?;
-    let seconds = start.elapsed().as_secs_f64();
-    events.poll(conn);
-    let stats = conn.stats();
-    tl.close(got, &stats);
-    let server = server_report(conn);
-    let (retransmitted_bytes, packets_lost) = match &server {
-        Some(r) => (
-            Some(
-                r.links
-                    .iter()
-                    .map(|l| l.stream_bytes_sent)
-                    .sum::<u64>()
-                    .saturating_sub(r.bytes),
-            ),
-            Some(r.links.iter().map(|l| l.packets_lost).sum()),
-        ),
-        None => (None, None),
-    };
-    let summary = ThroughputSummary {
-        bytes: got,
+            std::thread::park_timeout(tl.until_due().min(EVENT_TICK));
+        }
+        transfers
+            .into_iter()
+            .map(|t| t.join().expect("a transfer thread does not panic"))
+            .collect()
+    });
+    let results = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    events.poll(conns);
+    let last = sample(conns);
+    tl.close(&last);
+    let mut connections = Vec::with_capacity(n);
+    let mut tracks = std::mem::take(&mut tl.tracks).into_iter();
+    for (i, (((conn, (bytes, seconds)), (_, stats)), g)) in
+        conns.iter().zip(results).zip(last).zip(&grants).enumerate()
+    {
+        let server = server_report(conn);
+        let summary = summarise(bytes, seconds, &stats, server.as_ref(), reverse);
+        connections.push(ConnectionDoc {
+            connection: i + 1,
+            granted_s: g.seconds,
+            cut_by_server: g.cut,
+            intervals: tracks.next().expect("a track per connection").rows,
+            events: events
+                .records
+                .iter()
+                .filter(|e| e.connection == i + 1)
+                .cloned()
+                .collect(),
+            summary,
+            server,
+        });
+    }
+    let bytes = connections.iter().map(|c| c.summary.bytes).sum();
+    // the connections ran side by side: their sum took as long as the longest
+    let seconds = connections
+        .iter()
+        .map(|c| c.summary.seconds)
+        .fold(0.0, f64::max);
+    let sum = Sum {
+        bytes,
         seconds,
-        goodput_bps: bps(got, seconds),
-        retransmitted_bytes,
-        packets_lost,
-        links: LinkSummary::all(&stats.links, true),
+        goodput_bps: bps(bytes, seconds),
+        retransmitted_bytes: connections
+            .iter()
+            .map(|c| c.summary.retransmitted_bytes)
+            .sum(),
+        packets_lost: connections.iter().map(|c| c.summary.packets_lost).sum(),
     };
-    Ok(throughput_doc(args, say, tl, events, summary, server, true))
-}
-
-/// Prints the summary of a throughput test (either direction) and assembles its document.
-fn throughput_doc(
-    args: &BenchArgs,
-    say: Say,
-    tl: Timeline,
-    events: &mut EventLog,
-    summary: ThroughputSummary,
-    server: Option<ServerReport>,
-    reverse: bool,
-) -> ThroughputDoc {
-    print_summary(say, &summary, server.as_ref(), reverse);
-    ThroughputDoc {
+    let tagged = n > 1;
+    for c in &connections {
+        print_summary(
+            say,
+            &tag(tagged, c.connection - 1),
+            &c.summary,
+            c.server.as_ref(),
+            reverse,
+            if tagged {
+                String::new()
+            } else {
+                cut_note(requested, c.granted_s, c.cut_by_server)
+            },
+        );
+    }
+    if tagged {
+        print_sum(say, &sum, reverse, cut_note(requested, granted, cut));
+    }
+    let (intervals, summary, server) = if tagged {
+        let summary = ThroughputSummary {
+            bytes: sum.bytes,
+            seconds: sum.seconds,
+            goodput_bps: sum.goodput_bps,
+            retransmitted_bytes: sum.retransmitted_bytes,
+            packets_lost: sum.packets_lost,
+            links: Vec::new(),
+        };
+        (tl.sum_rows, summary, None)
+    } else {
+        let c = &connections[0];
+        (c.intervals.clone(), c.summary.clone(), c.server.clone())
+    };
+    Ok(ThroughputDoc {
         command: "bench",
         test: if reverse { "reverse" } else { "throughput" },
-        seconds_requested: args.time.as_secs_f64(),
+        seconds_requested: requested,
+        requested_s: requested,
+        granted_s: granted,
+        cut_by_server: cut,
+        parallel: n,
+        target_bps: target,
         interval: args.interval.as_secs_f64(),
-        intervals: tl.rows,
+        intervals,
         events: std::mem::take(&mut events.records),
+        faults: std::mem::take(&mut events.faults),
         summary,
         server,
+        connections,
+        sum,
+    })
+}
+
+/// One connection's summary: `bytes` moved in `seconds`, its final statistics and the
+/// server's report. The sending side's counters say what was sent again and lost: ours, or
+/// with `reverse` the server's.
+fn summarise(
+    bytes: u64,
+    seconds: f64,
+    stats: &ConnectionStats,
+    server: Option<&ServerReport>,
+    reverse: bool,
+) -> ThroughputSummary {
+    let (retransmitted_bytes, packets_lost) = if reverse {
+        match server {
+            Some(r) => (
+                Some(
+                    r.links
+                        .iter()
+                        .map(|l| l.stream_bytes_sent)
+                        .sum::<u64>()
+                        .saturating_sub(r.bytes),
+                ),
+                Some(r.links.iter().map(|l| l.packets_lost).sum()),
+            ),
+            None => (None, None),
+        }
+    } else {
+        let stream_sent: u64 = stats.links.iter().map(|l| l.stream_bytes_sent).sum();
+        (
+            Some(stream_sent.saturating_sub(bytes)),
+            Some(stats.links.iter().map(|l| l.packets_lost).sum()),
+        )
+    };
+    // what each link delivered: acknowledged to us, or (reverse) to the server, by link id
+    // (both ends number the links alike)
+    let delivered: Vec<Option<u64>> = stats
+        .links
+        .iter()
+        .map(|l| {
+            if reverse {
+                server.and_then(|r| {
+                    r.links
+                        .iter()
+                        .find(|s| s.id == l.id.0)
+                        .map(|s| s.stream_bytes_acked)
+                })
+            } else {
+                Some(l.stream_bytes_acked)
+            }
+        })
+        .collect();
+    let total: u64 = delivered.iter().flatten().sum();
+    let links = LinkSummary::all(&stats.links, reverse)
+        .into_iter()
+        .zip(delivered)
+        .map(|(totals, d)| BenchLink {
+            totals,
+            delivered_bytes: d,
+            delivered_bps: d.map(|d| bps(d, seconds)),
+            delivered_share: d.map(|d| {
+                if total > 0 {
+                    d as f64 / total as f64
+                } else {
+                    0.0
+                }
+            }),
+        })
+        .collect();
+    ThroughputSummary {
+        bytes,
+        seconds,
+        goodput_bps: bps(bytes, seconds),
+        retransmitted_bytes,
+        packets_lost,
+        links,
     }
 }
 
-fn print_summary(say: Say, s: &ThroughputSummary, server: Option<&ServerReport>, reverse: bool) {
+/// The line that says what "sent again" counts, so that many bytes sent again beside no
+/// packet lost does not read as a contradiction.
+fn resent_line(bytes: u64, resent: u64, lost: u64, reverse: bool) -> String {
+    format!(
+        "{} sent again ({:.2} % of the data): repairs of the {lost} packets declared lost{}, \
+         and early copies of the oldest unacknowledged bytes, sent when the window filled up \
+         behind them (late, not lost)",
+        fmt_bytes(resent),
+        if bytes > 0 {
+            resent as f64 * 100.0 / bytes as f64
+        } else {
+            0.0
+        },
+        if reverse { " (the server's count)" } else { "" }
+    )
+}
+
+fn print_summary(
+    say: Say,
+    tag: &str,
+    s: &ThroughputSummary,
+    server: Option<&ServerReport>,
+    reverse: bool,
+    cut: String,
+) {
     say.line(format!(
-        "summary: {} {} in {:.2} s: {} goodput",
+        "{tag}summary: {} {} in {:.2} s: {} goodput{cut}",
         if reverse { "received" } else { "sent" },
         fmt_bytes(s.bytes),
         s.seconds,
         fmt_rate(s.goodput_bps)
     ));
     for l in &s.links {
+        let t = &l.totals;
+        let delivered = match (l.delivered_bytes, l.delivered_bps, l.delivered_share) {
+            (Some(b), Some(r), Some(share)) => format!(
+                "delivered {} at {} ({:.1} %)",
+                fmt_bytes(b),
+                fmt_rate(r),
+                share * 100.0
+            ),
+            _ => "delivered: unknown (no server report)".to_owned(),
+        };
+        let other = if reverse {
+            format!("{} of datagrams arrived", fmt_bytes(t.bytes_received))
+        } else {
+            format!("{} of stream bytes sent", fmt_bytes(t.stream_bytes_sent))
+        };
+        // the sending side's losses: ours, or the server's on the same link
+        let lost = if reverse {
+            server
+                .and_then(|r| r.links.iter().find(|s| s.id == t.id))
+                .map_or("?".to_owned(), |s| s.packets_lost.to_string())
+        } else {
+            t.packets_lost.to_string()
+        };
         say.line(format!(
-            "  L{} {} -> {}: {}, {:.1} % of the {}, {} packets lost, rtt {} (min {})",
-            l.id,
-            l.local,
-            l.remote,
-            l.state,
-            l.share * 100.0,
-            if reverse {
-                "bytes received"
-            } else {
-                "stream bytes sent"
-            },
-            l.packets_lost,
-            fmt_rtt_us(l.srtt_us),
-            fmt_rtt_us(l.min_rtt_us),
+            "{tag}  L{} {} -> {}: {}, {delivered}, {other}, {lost} packets lost, rtt {} (min {})",
+            t.id,
+            t.local,
+            t.remote,
+            t.state,
+            fmt_rtt_us(t.srtt_us),
+            fmt_rtt_us(t.min_rtt_us),
         ));
     }
     if let (Some(r), Some(p)) = (s.retransmitted_bytes, s.packets_lost) {
-        say.line(format!(
-            "  {} re-sent ({:.2} % of the data), {p} packets declared lost{}",
-            fmt_bytes(r),
-            if s.bytes > 0 {
-                r as f64 * 100.0 / s.bytes as f64
-            } else {
-                0.0
-            },
-            if reverse { " (server's count)" } else { "" }
-        ));
+        say.line(format!("{tag}  {}", resent_line(s.bytes, r, p, reverse)));
     }
     if let Some(r) = server {
         say.line(format!(
-            "  server: {} {} in {:.2} s: {}",
+            "{tag}  server: {} {} in {:.2} s: {}",
             if reverse { "sent" } else { "received" },
             fmt_bytes(r.bytes),
             r.seconds,
             fmt_rate(bps(r.bytes, r.seconds))
         ));
+    }
+}
+
+fn print_sum(say: Say, s: &Sum, reverse: bool, cut: String) {
+    say.line(format!(
+        "[SUM] summary: {} {} in {:.2} s: {} goodput{cut}",
+        if reverse { "received" } else { "sent" },
+        fmt_bytes(s.bytes),
+        s.seconds,
+        fmt_rate(s.goodput_bps)
+    ));
+    if let (Some(r), Some(p)) = (s.retransmitted_bytes, s.packets_lost) {
+        say.line(format!("[SUM]   {}", resent_line(s.bytes, r, p, reverse)));
     }
 }
 
@@ -574,6 +1027,8 @@ struct LatencyDoc {
     #[serde(skip_serializing_if = "Option::is_none")]
     fit: Option<Fit>,
     events: Vec<EventRecord>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    faults: Vec<FaultRecord>,
 }
 
 fn latency(
@@ -595,7 +1050,7 @@ fn latency(
             args.size
         )));
     }
-    request(conn, Test::Latency, 0.0, 0.0)?;
+    request(conn, Test::Latency, 0.0, 0.0, None)?;
     let count = args.count as usize;
     say.line(format!(
         "latency test: ping-pong of whole messages, {} round trips per size{}",
@@ -649,11 +1104,11 @@ fn latency(
                 rtts.push(rtt.as_secs_f64() * 1e6);
             }
             if t0 >= next_event_poll {
-                events.poll(conn);
+                events.poll(std::slice::from_ref(conn));
                 next_event_poll = t0 + EVENT_POLL_PERIOD;
             }
         }
-        events.poll(conn);
+        events.poll(std::slice::from_ref(conn));
         let r = stats_of(size, &mut rtts);
         say.line(format!(
             "{:>10} {:>7} {:>9.1} µs {:>9.1} µs {:>9.1} µs {:>9.1} µs",
@@ -692,6 +1147,7 @@ fn latency(
         results,
         fit,
         events: std::mem::take(&mut events.records),
+        faults: std::mem::take(&mut events.faults),
     })
 }
 

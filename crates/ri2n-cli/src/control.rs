@@ -1,21 +1,25 @@
 //! The control messages between `ri2n bench` and `ri2n serve`: the client's first message
-//! (on the message stream, `send_message`) names the test; after a throughput test the
-//! server answers with what it saw. Both are small JSON documents.
+//! (on the message stream, `send_message`) names the test; the server answers a throughput
+//! test (either direction) with the time it grants, and after it with what it saw. All are
+//! small JSON documents.
 
 use serde::{Deserialize, Serialize};
 
 use crate::report::LinkSummary;
 
-/// Version of this little protocol, checked by the server.
-pub const VERSION: u32 = 1;
+/// Version of this little protocol, checked by the server. Version 2 added the [`Grant`]: a
+/// client of version 1 would take it for the report, and one of version 2 would wait for it
+/// forever from a server of version 1, so the two must not be mixed.
+pub const VERSION: u32 = 2;
 
 /// Which test a client wants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Test {
-    /// The client writes for `seconds`; the server reads and discards, then reports.
+    /// The client writes for the granted seconds; the server reads and discards, then
+    /// reports.
     Throughput,
-    /// The server writes for `seconds`, then reports; the client reads.
+    /// The server writes for the granted seconds, then reports; the client reads.
     Reverse,
     /// The server echoes each message until the client finishes.
     Latency,
@@ -34,6 +38,20 @@ pub struct Request {
     /// sending, at the client's timeline resolution.
     #[serde(default)]
     pub interval: f64,
+    /// Reverse test: the server paces its writes to this many bits per second (none: as fast
+    /// as it can). The client paces its own writes in the other direction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_bps: Option<f64>,
+}
+
+/// The server's answer to a throughput request (either direction), before any data: how
+/// long the test runs. The server's `--max-time` may cut the time asked for; the client then
+/// sends (or expects data) only that long and says the test was cut.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Grant {
+    pub seconds: f64,
+    /// Whether `seconds` is less than the request asked for.
+    pub cut: bool,
 }
 
 /// The server's report after a throughput test (either direction).
@@ -59,6 +77,10 @@ pub struct ServerLink {
     pub id: u8,
     pub state: String,
     pub stream_bytes_sent: u64,
+    /// Stream bytes this link delivered (acknowledged by the client): in a reverse test, the
+    /// link's part of the goodput.
+    #[serde(default)]
+    pub stream_bytes_acked: u64,
     pub bytes_received: u64,
     pub packets_lost: u64,
     pub srtt_us: u64,
@@ -70,6 +92,7 @@ impl From<&LinkSummary> for ServerLink {
             id: l.id,
             state: l.state.to_owned(),
             stream_bytes_sent: l.stream_bytes_sent,
+            stream_bytes_acked: l.stream_bytes_acked,
             bytes_received: l.bytes_received,
             packets_lost: l.packets_lost,
             srtt_us: l.srtt_us.unwrap_or(0),

@@ -107,12 +107,13 @@ fn parse_action(s: &str) -> Result<Action, String> {
     ))
 }
 
-/// `100M`, `1.5G`, `64k`, `1000000` (decimal multipliers).
-fn parse_bits(s: &str) -> Option<u64> {
+/// `100M`, `1.5G`, `64k`, `1000000` (decimal multipliers, as iperf3's).
+pub fn parse_bits(s: &str) -> Option<u64> {
     let (num, mult) = match s.chars().last()? {
         'k' | 'K' => (&s[..s.len() - 1], 1e3),
         'm' | 'M' => (&s[..s.len() - 1], 1e6),
         'g' | 'G' => (&s[..s.len() - 1], 1e9),
+        't' | 'T' => (&s[..s.len() - 1], 1e12),
         _ => (s, 1.0),
     };
     let v: f64 = num.parse().ok()?;
@@ -153,6 +154,22 @@ impl FaultPlan {
 
     /// Applies each fault at `start + AFTER` from a background thread; `log`: say so on stderr.
     pub fn start(self, start: Instant, log: bool) {
+        self.start_with(start, move |t, addr, what| {
+            if log {
+                crate::progress::clear_line();
+                eprintln!("ri2n: fault at {t:.2} s: {addr} {what}");
+            }
+        });
+    }
+
+    /// Applies each fault at `start + AFTER` from a background thread and tells `notice` of
+    /// each as it is applied: seconds since `start`, the socket, what was done. For a command
+    /// whose own lines (a timeline) must not be broken by a line printed from this thread.
+    pub fn start_with(
+        self,
+        start: Instant,
+        mut notice: impl FnMut(f64, SocketAddr, String) + Send + 'static,
+    ) {
         if self.steps.is_empty() {
             return;
         }
@@ -167,14 +184,7 @@ impl FaultPlan {
                     }
                     for (addr, imp) in &targets {
                         apply(imp, f.action);
-                        if log {
-                            crate::progress::clear_line();
-                            eprintln!(
-                                "ri2n: fault at {:.2} s: {addr} {}",
-                                start.elapsed().as_secs_f64(),
-                                describe(f.action)
-                            );
-                        }
+                        notice(start.elapsed().as_secs_f64(), *addr, describe(f.action));
                     }
                 }
             });

@@ -13,6 +13,7 @@ mod interrupt;
 mod key;
 mod monitor;
 mod net;
+mod pace;
 mod progress;
 mod recv;
 mod report;
@@ -62,7 +63,8 @@ enum Command {
     /// Long-running benchmark server for `ri2n bench` (several clients at once).
     #[command(after_help = EXIT_CODES_HELP)]
     Serve(ServeArgs),
-    /// Measure throughput (with a per-interval, per-link timeline) or latency against `ri2n serve`.
+    /// Measure throughput (with a per-interval, per-link timeline; several connections at once
+    /// with -P, a target rate with -b) or latency against `ri2n serve`.
     #[command(after_help = EXIT_CODES_HELP)]
     Bench(BenchArgs),
     /// Two links on loopback in this process: move data, cut a link, restore it, check the bytes.
@@ -330,7 +332,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECS", default_value = "60", value_parser = parse_secs)]
     pub all_links_down_timeout: Duration,
 
-    /// Longest throughput test a client may ask for, in seconds.
+    /// Longest throughput test a client may ask for, in seconds (either direction): a longer
+    /// one is cut to it. The client is told before any data moves, sends (or receives) only
+    /// that long, and says the test was cut.
     #[arg(long, value_name = "SECS", default_value = "3600", value_parser = parse_secs)]
     pub max_time: Duration,
 
@@ -356,20 +360,39 @@ pub struct BenchArgs {
     #[command(flatten)]
     pub connect: ConnectOpts,
 
-    /// Throughput test length in seconds (more than 0; the server's --max-time may cut it
-    /// short, and then the result says so).
+    /// Throughput test length in seconds (more than 0). The server's --max-time may cut it
+    /// short: the test then runs the time the server granted, and the text ("cut to S s by
+    /// the server's --max-time") and the JSON (`cut_by_server`, `granted_s`) say so.
     #[arg(long, short = 't', value_name = "SECS", default_value = "10", value_parser = parse_positive_secs, conflicts_with = "latency")]
     pub time: Duration,
 
     /// Timeline resolution: one line (one JSON record) per SECS, down to 0.01, also while
     /// every link is down (rows of zero goodput, each link shown down); a last interval
-    /// shorter than a quarter of SECS is left out (the summary counts its bytes).
+    /// shorter than a quarter of SECS is left out (the summary counts its bytes). A row shows
+    /// the goodput, then for each link its state, what it delivered (stream bytes the server
+    /// acknowledged: the links add up to the goodput, datagrams a policer or a failure
+    /// dropped not counted; with --reverse what arrived on it, datagram bytes with their
+    /// headers) and its round trip. Link state changes and injected faults come between the
+    /// rows, as whole lines.
     #[arg(long, short = 'i', value_name = "SECS", default_value = "1", value_parser = parse_interval, conflicts_with = "latency")]
     pub interval: Duration,
 
     /// The server sends and this client receives (default: the client sends).
     #[arg(long, short = 'R', conflicts_with = "latency")]
     pub reverse: bool,
+
+    /// Parallel connections, as iperf3's -P: N connections to the server at once (from the
+    /// same local sockets), each a throughput test of its own with its own links, timeline
+    /// rows and summary, marked [  1], [  2], ..., and their sum, marked [SUM].
+    #[arg(long, short = 'P', value_name = "N", default_value = "1", value_parser = clap::value_parser!(u32).range(1..=128), conflicts_with = "latency")]
+    pub parallel: u32,
+
+    /// Target rate, as iperf3's -b: the sending end (this client, or the server with
+    /// --reverse) paces its writes to RATE bits per second in all, split evenly over the
+    /// --parallel connections. Decimal suffixes K, M, G, T (100M: 100 000 000 bit/s); 0 or
+    /// none: as fast as it goes.
+    #[arg(long, short = 'b', value_name = "RATE", value_parser = parse_rate, conflicts_with = "latency")]
+    pub bitrate: Option<u64>,
 
     /// Latency test instead of throughput: ping-pong of whole messages, median and p99 of the
     /// round-trip time.
@@ -404,9 +427,26 @@ pub struct BenchArgs {
 
     /// Print one JSON document on stdout; the human-readable text then goes to stderr. A
     /// throughput test's `intervals` count what the server acknowledged (sending) or what was
-    /// read (--reverse); when sending, `server.timeline` is the server's own meter:
-    /// `[seconds since the request, bytes read so far]` at the end of every interval. A
-    /// failure prints `{"command": "bench", "error": ..., "exit_code": ...}` instead.
+    /// read (--reverse); each link's `delivered_bps` there is what it delivered (stream bytes
+    /// the peer acknowledged; the text's per-link column when sending), `recv_bps` what
+    /// arrived on it (datagram bytes, headers included; the column with --reverse), and
+    /// `sent_bps` what was sent (datagrams a policer or a failure dropped included). In
+    /// `summary.links`, `delivered_bytes`, `delivered_bps` and `delivered_share` are what each
+    /// link delivered over the test (with --reverse as the server counted it); a byte
+    /// delivered twice (see below) counts on both links. `summary.retransmitted_bytes` (the
+    /// text's "sent again") counts stream bytes sent more than once: repairs of the
+    /// `packets_lost` (packets declared lost: unacknowledged in time, or on a link that
+    /// failed), and early copies of the oldest unacknowledged bytes, sent when the window
+    /// filled up behind them (late, not lost: many of these beside no packet lost is no
+    /// contradiction). When sending, `server.timeline` is the server's own meter: `[seconds
+    /// since the request, bytes read so far]` at the end of every interval. `requested_s` is
+    /// the --time asked, `granted_s` the time the server granted, `cut_by_server` whether
+    /// its --max-time cut it; `parallel` is -P, `target_bps` -b (null: none); `faults` lists
+    /// the --fault actions applied. `connections` holds each connection's results
+    /// (`summary`, `server`, `intervals`, `events`, its grant) and `sum` their total (bytes,
+    /// goodput); with -P 1 the top-level `summary`, `intervals` and `server` are the
+    /// connection's, with more they are the sum (`server` then null). A failure prints
+    /// `{"command": "bench", "error": ..., "exit_code": ...}` instead.
     #[arg(long, short = 'J')]
     pub json: bool,
 }
@@ -465,6 +505,12 @@ pub fn parse_secs(s: &str) -> Result<Duration, String> {
         return Err(format!("`{s}`: at most {MAX_SECS:.0} seconds"));
     }
     Duration::try_from_secs_f64(v).map_err(|_| format!("`{s}`: seconds must be 0 or more"))
+}
+
+/// A rate in bits per second with iperf3's decimal suffixes; 0 means none.
+fn parse_rate(s: &str) -> Result<u64, String> {
+    fault::parse_bits(s)
+        .ok_or_else(|| format!("`{s}` is not a rate in bits per second (e.g. 500K, 100M, 1.5G)"))
 }
 
 /// Like [`parse_secs`], but more than 0.

@@ -92,27 +92,3 @@ impl Monitor {
         thread.join().expect("the monitor thread does not panic")
     }
 }
-
-/// Runs `transfer` on this thread while a thread of its own calls `tick` with the count
-/// `transfer` keeps in the counter it is given, and again after the time each call returns,
-/// until `transfer` is done. For meters that must keep their rhythm while the data path
-/// blocks (every link down): the timeline of `ri2n bench`, the server's timeline of `serve`.
-pub fn with_ticker<R>(
-    mut tick: impl FnMut(u64) -> Duration + Send,
-    transfer: impl FnOnce(&AtomicU64) -> R,
-) -> R {
-    let (counter, stop) = (&AtomicU64::new(0), &AtomicBool::new(false));
-    std::thread::scope(|scope| {
-        let ticker = scope.spawn(move || {
-            while !stop.load(Ordering::Acquire) {
-                let wait = tick(counter.load(Ordering::Relaxed));
-                std::thread::park_timeout(wait);
-            }
-        });
-        let result = transfer(counter);
-        stop.store(true, Ordering::Release);
-        ticker.thread().unpark();
-        ticker.join().expect("the ticking thread does not panic");
-        result
-    })
-}

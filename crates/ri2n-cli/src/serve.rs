@@ -1,7 +1,8 @@
 //! `ri2n serve`: the long-running counterpart of `ri2n bench`. Each client is a task on a
 //! small tokio runtime (a worker per CPU), not a thread, so thousands of idle or slow clients
-//! cost memory, not threads. Its first message names the test: throughput (read and discard,
-//! then report), reverse (write for the asked time, then report) or latency (echo every
+//! cost memory, not threads. Its first message names the test: throughput (grant a time, at
+//! most `--max-time`; read and discard, then report), reverse (grant a time, write for it,
+//! at the rate asked if any, then report) or latency (echo every
 //! message; the first [`MAX_LATENCY_THREADS`] latency clients at a time echo on a thread of
 //! their own, see [`LatencyThread`]).
 
@@ -14,9 +15,10 @@ use ri2n::{Connection, ConnectionState, Endpoint};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::checksum::RandomBytes;
-use crate::control::{Request, ServerLink, ServerReport, Test, VERSION};
+use crate::control::{Grant, Request, ServerLink, ServerReport, Test, VERSION};
 use crate::error::{self, Failure};
 use crate::net;
+use crate::pace::Pacer;
 use crate::report::{bps, fmt_bytes, fmt_rate, LinkSummary};
 use crate::ServeArgs;
 
@@ -110,6 +112,7 @@ async fn serve_client(mut conn: AsyncConnection, max_time: Duration) -> Result<S
     let start = Instant::now();
     let line = match req.test {
         Test::Throughput => {
+            let (_, cut) = grant(&conn, &req, max_time).await?;
             let interval = Duration::try_from_secs_f64(req.interval)
                 .ok()
                 .filter(|i| *i >= MIN_INTERVAL);
@@ -117,26 +120,34 @@ async fn serve_client(mut conn: AsyncConnection, max_time: Duration) -> Result<S
             let secs = start.elapsed().as_secs_f64();
             report(&conn, got, secs, timeline).await?;
             format!(
-                "throughput: received {} in {secs:.2} s, {}",
+                "throughput: received {} in {secs:.2} s, {}{cut}",
                 fmt_bytes(got),
                 fmt_rate(bps(got, secs))
             )
         }
         Test::Reverse => {
-            let time = Duration::try_from_secs_f64(req.seconds)
-                .unwrap_or_default()
-                .min(max_time);
+            let (time, cut) = grant(&conn, &req, max_time).await?;
+            let end = start + time;
+            let pacer = Pacer::new(start, req.rate_bps);
             let mut buf = vec![0u8; 64 * 1024];
             RandomBytes::new(0x5EED).fill(&mut buf);
+            let size = pacer.map_or(buf.len(), |p| p.write_size(buf.len()));
             let mut sent = 0u64;
-            while start.elapsed() < time {
-                conn.write_all(&buf).await.map_err(lost)?;
-                sent += buf.len() as u64;
+            while Instant::now() < end {
+                if let Some(p) = pacer {
+                    let wait = p.wait(sent, end);
+                    if !wait.is_zero() {
+                        tokio::time::sleep(wait).await;
+                        continue;
+                    }
+                }
+                conn.write_all(&buf[..size]).await.map_err(lost)?;
+                sent += size as u64;
             }
             let secs = start.elapsed().as_secs_f64();
             report(&conn, sent, secs, Vec::new()).await?;
             format!(
-                "reverse: sent {} in {secs:.2} s, {}",
+                "reverse: sent {} in {secs:.2} s, {}{cut}",
                 fmt_bytes(sent),
                 fmt_rate(bps(sent, secs))
             )
@@ -271,6 +282,33 @@ async fn read_all(
     result?;
     let timeline = std::mem::take(&mut *timeline.lock().unwrap());
     Ok((got.load(Ordering::Relaxed), timeline))
+}
+
+/// Tells the client of a throughput test how long it runs: what it asked for, at most
+/// `max_time`. Returns that time and, if it was cut, a note for the log line.
+async fn grant(
+    conn: &AsyncConnection,
+    req: &Request,
+    max_time: Duration,
+) -> Result<(Duration, String), Failure> {
+    // a negative or NaN time asks for nothing; one beyond the clock's range for the most
+    let asked = Duration::try_from_secs_f64(req.seconds.max(0.0)).unwrap_or(Duration::MAX);
+    let time = asked.min(max_time);
+    let cut = time < asked;
+    let msg = serde_json::to_vec(&Grant {
+        seconds: time.as_secs_f64(),
+        cut,
+    })
+    .expect("a grant serialises");
+    conn.send_message(&msg)
+        .await
+        .map_err(|e| Failure::lost(&e))?;
+    let note = if cut {
+        format!(" (cut from {:.1} s by --max-time)", req.seconds)
+    } else {
+        String::new()
+    };
+    Ok((time, note))
 }
 
 /// Sends the server's report of a throughput test.

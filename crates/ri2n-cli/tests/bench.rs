@@ -1,0 +1,285 @@
+//! `ri2n bench` against `ri2n serve` on loopback: a test cut by the server's --max-time says
+//! so, per-link figures add up to the goodput, parallel connections (-P) and a target rate
+//! (-b) as iperf3 users know them, and a zero-length test is refused.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+/// Starts `ri2n serve` on both loopback addresses with `extra` options; returns it and its
+/// first address.
+fn serve(extra: &[&str]) -> (Proc, String) {
+    let port = free_port();
+    let a = format!("127.0.0.1:{port}");
+    let b = format!("127.0.0.2:{port}");
+    let p = Proc::spawn(
+        "ri2n serve",
+        Command::new(bin())
+            .args(["serve", "--listen", &a, "--listen", &b])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    (p, a)
+}
+
+/// Runs `ri2n bench --to TO --json ARGS`; returns the document and the text (on stderr).
+fn bench(to: &str, args: &[&str]) -> (serde_json::Value, String) {
+    let (s, o) = Proc::spawn(
+        "ri2n bench",
+        Command::new(bin())
+            .args(["bench", "--to", to, "--json"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .wait(Duration::from_secs(30));
+    let text = stderr_of(&o);
+    assert!(s.success(), "bench {args:?} failed: {s}: {text}");
+    let doc = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "bench --json output is not JSON ({e}): {}",
+            String::from_utf8_lossy(&o.stdout)
+        )
+    });
+    (doc, text)
+}
+
+fn f64_of(v: &serde_json::Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+/// `serve --max-time 1` cuts a 3 s test in either direction: the client sends (or receives)
+/// for 1 s only, and the text and the document say the test was cut.
+#[test]
+fn a_test_cut_by_the_server_says_so_in_both_directions() {
+    let _g = heavy();
+    let (_server, to) = serve(&["--max-time", "1"]);
+    for reverse in [false, true] {
+        let mut args = vec!["--time", "3"];
+        if reverse {
+            args.push("-R");
+        }
+        let (doc, text) = bench(&to, &args);
+        assert_eq!(doc["cut_by_server"], true, "{args:?}: {doc}");
+        assert_eq!(f64_of(&doc["requested_s"]), 3.0, "{doc}");
+        assert_eq!(f64_of(&doc["granted_s"]), 1.0, "{doc}");
+        assert_eq!(f64_of(&doc["seconds_requested"]), 3.0, "kept: {doc}");
+        let seconds = f64_of(&doc["summary"]["seconds"]);
+        assert!(
+            (0.9..2.0).contains(&seconds),
+            "{args:?}: the test ran {seconds} s, not the 1 s granted"
+        );
+        assert!(doc["summary"]["bytes"].as_u64().unwrap() > 0, "{doc}");
+        let said = text
+            .lines()
+            .filter(|l| l.contains("cut to 1.0 s by the server's --max-time"))
+            .count();
+        assert!(
+            said >= 2,
+            "{args:?}: the header and the summary say so:\n{text}"
+        );
+    }
+}
+
+/// The rate of `950.3 Mbit/s` or `1.87 Gbit/s` in bits per second.
+fn rate(value: &str, unit: &str) -> Option<f64> {
+    let v: f64 = value.parse().ok()?;
+    let mult = match unit {
+        "bit/s" => 1.0,
+        "kbit/s" => 1e3,
+        "Mbit/s" => 1e6,
+        "Gbit/s" => 1e9,
+        _ => return None,
+    };
+    Some(v * mult)
+}
+
+/// A timeline row of the text: (goodput, each link's rate), in bits per second.
+fn row_rates(line: &str) -> Option<(f64, Vec<f64>)> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let first = words.first()?;
+    // rows start with the interval, `0.00-1.00`
+    let (a, b) = first.split_once('-')?;
+    a.parse::<f64>().ok()?;
+    b.parse::<f64>().ok()?;
+    let rates: Vec<f64> = words.windows(2).filter_map(|w| rate(w[0], w[1])).collect();
+    let (goodput, links) = rates.split_first()?;
+    Some((*goodput, links.to_vec()))
+}
+
+/// With both links policed, what each link delivered adds up to the goodput, in the
+/// summary and in every timeline row: the datagrams the policer dropped are not counted as
+/// the link's rate (they were, and the links added up to far more than the goodput).
+#[test]
+fn per_link_figures_add_up_to_the_goodput() {
+    let _g = heavy();
+    let (_server, to) = serve(&[]);
+    let (doc, text) = bench(
+        &to,
+        &[
+            "--time",
+            "2",
+            "--interval",
+            "0.5",
+            "--fault",
+            "0:127.0.0.1:rate=150M",
+            "--fault",
+            "0:127.0.0.2:rate=150M",
+        ],
+    );
+    // the text's rows, weighted alike (all but the last are an interval long)
+    let rows: Vec<(f64, Vec<f64>)> = text.lines().filter_map(row_rates).collect();
+    assert!(rows.len() >= 3, "timeline rows:\n{text}");
+    let goodput: f64 = rows.iter().map(|r| r.0).sum();
+    let links: f64 = rows.iter().map(|r| r.1.iter().sum::<f64>()).sum();
+    assert!(
+        rows.iter().all(|r| r.1.len() == 2),
+        "two links in every row:\n{text}"
+    );
+    assert!(
+        (links / goodput - 1.0).abs() < 0.05,
+        "the links' column adds up to {links}, the goodput to {goodput}:\n{text}"
+    );
+    let summary = &doc["summary"];
+    let bytes = summary["bytes"].as_u64().unwrap() as f64;
+    let delivered: f64 = summary["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| f64_of(&l["delivered_bytes"]))
+        .sum();
+    assert!(
+        (delivered / bytes - 1.0).abs() < 0.05,
+        "links delivered {delivered} bytes, the goodput is {bytes}: {summary}"
+    );
+    assert!(
+        text.contains("state, delivered, rtt"),
+        "the column names what it shows:\n{text}"
+    );
+}
+
+/// A fault injected during the test is told on the timeline's own output, as a whole line
+/// between rows (it was printed on stderr by the fault thread, where it could land in the
+/// middle of a row on a terminal), and no row is broken.
+#[test]
+fn fault_notices_are_whole_lines_of_the_timeline() {
+    let _g = heavy();
+    let (_server, to) = serve(&[]);
+    let (s, o) = ri2n(
+        [
+            "bench",
+            "--to",
+            &to,
+            "--time",
+            "1.5",
+            "--interval",
+            "0.1",
+            "--fault",
+            "0.5:127.0.0.2:down",
+        ],
+        Duration::from_secs(30),
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(s.success(), "{s}: {}", stderr_of(&o));
+    let fault = out
+        .lines()
+        .position(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            w.len() == 5
+                && w[0].parse::<f64>().is_ok()
+                && w[1] == "s"
+                && w[2] == "fault:"
+                && w[3].starts_with("127.0.0.2:")
+                && w[4] == "down"
+        })
+        .unwrap_or_else(|| panic!("the fault, as a line of its own, on stdout:\n{out}"));
+    let rows: Vec<usize> = out
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| row_rates(l).is_some())
+        .map(|(i, _)| i)
+        .collect();
+    assert!(
+        rows.first() < Some(&fault) && rows.last() > Some(&fault),
+        "between the rows:\n{out}"
+    );
+    for i in &rows {
+        let line = out.lines().nth(*i).unwrap();
+        assert_eq!(row_rates(line).unwrap().1.len(), 2, "a whole row: {line}");
+    }
+}
+
+/// `-P 2`: two connections at once, each with its results, and a sum equal to the parts.
+#[test]
+fn parallel_connections_and_their_sum() {
+    let _g = heavy();
+    let (_server, to) = serve(&[]);
+    let (doc, text) = bench(&to, &["--time", "1", "-P", "2"]);
+    let conns = doc["connections"].as_array().expect("connections");
+    assert_eq!(conns.len(), 2, "{doc}");
+    assert_eq!(doc["parallel"], 2, "{doc}");
+    let parts: Vec<u64> = conns
+        .iter()
+        .map(|c| c["summary"]["bytes"].as_u64().unwrap())
+        .collect();
+    assert!(
+        parts.iter().all(|&b| b > 0),
+        "each connection moved data: {doc}"
+    );
+    let sum = doc["sum"]["bytes"].as_u64().expect("sum.bytes");
+    assert_eq!(sum, parts.iter().sum::<u64>(), "{doc}");
+    assert_eq!(doc["summary"]["bytes"].as_u64(), Some(sum), "{doc}");
+    let goodputs: f64 = conns
+        .iter()
+        .map(|c| f64_of(&c["summary"]["goodput_bps"]))
+        .sum();
+    let total = f64_of(&doc["sum"]["goodput_bps"]);
+    assert!(
+        (total / goodputs - 1.0).abs() < 0.05,
+        "sum {total} against parts {goodputs}"
+    );
+    for (i, c) in conns.iter().enumerate() {
+        assert_eq!(c["connection"], i + 1, "{c}");
+        assert!(c["server"]["bytes"].as_u64().is_some(), "{c}");
+    }
+    assert!(text.contains("[SUM] summary:"), "{text}");
+    assert!(text.contains("[  2] summary:"), "{text}");
+}
+
+/// `-b 50M`: the sending end paces to 50 Mbit/s, this client or (--reverse) the server, the
+/// rate split over -P connections.
+#[test]
+fn a_target_rate_is_kept() {
+    let _g = heavy();
+    let (_server, to) = serve(&[]);
+    for args in [
+        &["--time", "2", "-b", "50M"][..],
+        &["--time", "2", "-b", "50M", "-R", "-P", "2"][..],
+    ] {
+        let (doc, _) = bench(&to, args);
+        let goodput = f64_of(&doc["sum"]["goodput_bps"]);
+        assert!(
+            (40e6..60e6).contains(&goodput),
+            "{args:?}: {:.1} Mbit/s, not 50",
+            goodput / 1e6
+        );
+        assert_eq!(f64_of(&doc["target_bps"]), 50e6, "{doc}");
+    }
+}
+
+#[test]
+fn a_zero_length_test_is_a_usage_error() {
+    for args in [
+        ["bench", "--to", "127.0.0.1:9", "--time", "0"],
+        ["bench", "--to", "127.0.0.1:9", "-P", "0"],
+        ["bench", "--to", "127.0.0.1:9", "-b", "fast"],
+    ] {
+        let (s, o) = ri2n(args, Duration::from_secs(10));
+        assert_eq!(s.code(), Some(2), "{args:?}: {}", stderr_of(&o));
+    }
+}
