@@ -211,7 +211,9 @@ fn a_link_that_never_came_up_is_a_warning_not_a_failure() {
     assert_eq!(json["links"][0]["came_up"], true);
     assert_eq!(json["links"][1]["came_up"], false);
     let (r, ro) = recv.wait(Duration::from_secs(10));
-    assert_eq!(r.code(), Some(0), "recv: {}", stderr_of(&ro));
+    let log = stderr_of(&ro);
+    assert_eq!(r.code(), Some(0), "recv: {log}");
+    assert!(log.contains("link 0 validating -> up"), "recv names link 0: {log}");
     assert_eq!(sha256_file(output.path()), (sent, 20 << 20));
 }
 
