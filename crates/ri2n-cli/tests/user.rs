@@ -213,7 +213,10 @@ fn a_link_that_never_came_up_is_a_warning_not_a_failure() {
     let (r, ro) = recv.wait(Duration::from_secs(10));
     let log = stderr_of(&ro);
     assert_eq!(r.code(), Some(0), "recv: {log}");
-    assert!(log.contains("link 0 validating -> up"), "recv names link 0: {log}");
+    assert!(
+        log.contains("link 0 validating -> up"),
+        "recv names link 0: {log}"
+    );
     assert_eq!(sha256_file(output.path()), (sent, 20 << 20));
 }
 

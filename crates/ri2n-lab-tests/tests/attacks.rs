@@ -32,7 +32,7 @@ fn links_total(json: &serde_json::Value, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Finding 1 of issue 40: a keyed 512 MiB transfer over two 1 Gbit/s links while forgers in
+/// Finding 1 of issue 40: a keyed transfer over two 1 Gbit/s links while forgers in
 /// both hosts answer their datagrams with ICMP "port unreachable" claiming to come from the
 /// other host, 2 000 a second each: half quote datagrams the host really sent (an attacker
 /// reading the links), half only the right addresses and ports (a blind one). Before

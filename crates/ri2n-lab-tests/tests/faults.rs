@@ -595,7 +595,7 @@ fn garbage_flood_at_the_receiver() {
     assert!(peak < 200.0, "receiver RSS peaked at {peak:.1} MiB");
 }
 
-/// A keyed 512 MiB transfer while a tap inside host A captures both links and re-sends what A
+/// A keyed transfer while a tap inside host A captures both links and re-sends what A
 /// sent, half replayed and half with one bit flipped, from A's own addresses and ports, at
 /// 50 000 datagrams a second: the received file is exact and the capture holds none of the
 /// marker written every KiB of the input. First, a short transfer without a key shows that the
@@ -637,7 +637,7 @@ fn keyed_transfer_is_private_and_ignores_an_on_path_injector() {
         report(&format!(
             "    {label}: {:.0} Mbit/s; tap: {} frames, {} MiB, {} with the marker; injected {} \
              ({} mutated, {} refused) in {:.2} s",
-            data.len as f64 * 8.0 / out.recv_secs / 1e6,
+            out.send_json["bytes"].as_u64().unwrap_or(0) as f64 * 8.0 / out.recv_secs / 1e6,
             stats.frames,
             stats.bytes >> 20,
             stats.marker_frames,
