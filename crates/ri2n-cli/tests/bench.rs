@@ -9,21 +9,8 @@ use std::time::Duration;
 
 use common::*;
 
-/// Starts `ri2n serve` on both loopback addresses with `extra` options; returns it and its
-/// first address.
 fn serve(extra: &[&str]) -> (Proc, String) {
-    let port = free_port();
-    let a = format!("127.0.0.1:{port}");
-    let b = format!("127.0.0.2:{port}");
-    let p = Proc::spawn(
-        "ri2n serve",
-        Command::new(bin())
-            .args(["serve", "--listen", &a, "--listen", &b])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null()),
-    );
-    (p, a)
+    spawn_serve(extra)
 }
 
 /// Runs `ri2n bench --to TO --json ARGS`; returns the document and the text (on stderr).

@@ -531,18 +531,7 @@ fn serve() -> (Proc, String) {
 
 /// [`serve`] with further options.
 fn serve_with(extra: &[&str]) -> (Proc, String) {
-    let port = free_port();
-    let a = format!("127.0.0.1:{port}");
-    let b = format!("127.0.0.2:{port}");
-    let p = Proc::spawn(
-        "ri2n serve",
-        Command::new(bin())
-            .args(["serve", "--listen", &a, "--listen", &b])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null()),
-    );
-    (p, a)
+    spawn_serve(extra)
 }
 
 fn bench_json(to: &str, args: &[&str]) -> serde_json::Value {

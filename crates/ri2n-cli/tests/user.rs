@@ -11,6 +11,25 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
+/// Starts `command` with its output captured, and gives it a moment to bind its sockets.
+fn listening(name: &'static str, command: &mut Command) -> Proc {
+    let p = Proc::spawn(name, command.stdout(Stdio::piped()).stderr(Stdio::piped()));
+    std::thread::sleep(Duration::from_millis(300));
+    p
+}
+
+/// `ri2n ARGS` listening on 127.0.0.1 only, at a free port; returns it and its address.
+fn ri2n_listening(args: &[&str]) -> (Proc, String) {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let p = listening(
+        "ri2n",
+        Command::new(bin())
+            .args([args[0], "--listen", &listen])
+            .args(&args[1..]),
+    );
+    (p, listen)
+}
+
 /// The README's Rust code block and the example file the tests run are the same text.
 #[test]
 fn the_readme_library_example_is_the_example_file() {
@@ -63,26 +82,12 @@ fn the_readme_library_example_runs_against_recv_and_send() {
 
     let input = TempFile::new("readme-in");
     write_random(input.path(), 3 << 20, 41);
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let receiver = Proc::spawn(
+    let listen = format!("127.0.0.1:{}", free_port());
+    let receiver = listening(
         "readme recv",
-        Command::new(&example)
-            .args(["recv", &listen])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
+        Command::new(&example).args(["recv", &listen]),
     );
-    std::thread::sleep(Duration::from_millis(300));
-    let (s, so) = ri2n(
-        [
-            "send",
-            "--to",
-            &listen,
-            "--input",
-            input.path().to_str().unwrap(),
-        ],
-        Duration::from_secs(20),
-    );
+    let (s, so) = send_file(&listen, input.path(), &[]);
     assert!(s.success(), "ri2n send: {s}: {}", stderr_of(&so));
     let (r, ro) = receiver.wait(Duration::from_secs(20));
     assert!(r.success(), "example recv: {r}: {}", stderr_of(&ro));
@@ -98,29 +103,11 @@ fn the_readme_library_example_runs_against_recv_and_send() {
 /// once naming what it found, and serve logs the refusal naming both commands.
 #[test]
 fn send_to_serve_is_refused_at_once_on_both_sides() {
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let serve = Proc::spawn(
-        "ri2n serve",
-        Command::new(bin())
-            .args(["serve", "--listen", &listen])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    );
-    std::thread::sleep(Duration::from_millis(300));
+    let (serve, listen) = ri2n_listening(&["serve"]);
     let input = TempFile::new("to-serve");
     write_random(input.path(), 20 << 20, 3);
     let start = Instant::now();
-    let (s, o) = ri2n(
-        [
-            "send",
-            "--to",
-            &listen,
-            "--input",
-            input.path().to_str().unwrap(),
-        ],
-        Duration::from_secs(20),
-    );
+    let (s, o) = send_file(&listen, input.path(), &[]);
     let took = start.elapsed();
     let err = stderr_of(&o);
     assert_eq!(s.code(), Some(3), "exit code; stderr: {err}");
@@ -176,31 +163,9 @@ fn a_link_that_never_came_up_is_a_warning_not_a_failure() {
     let input = TempFile::new("one-dead-link-in");
     let output = TempFile::new("one-dead-link-out");
     let sent = write_random(input.path(), 20 << 20, 7);
-    let port = free_port();
-    let a = format!("127.0.0.1:{port}");
-    let recv = Proc::spawn(
-        "ri2n recv",
-        Command::new(bin())
-            .args(["recv", "--listen", &a, "--output"])
-            .arg(output.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    );
-    std::thread::sleep(Duration::from_millis(300));
+    let (recv, a) = ri2n_listening(&["recv", "--output", output.path().to_str().unwrap()]);
     let dead = format!("127.0.0.2:{}", free_port());
-    let (s, o) = ri2n(
-        [
-            "send",
-            "--to",
-            &a,
-            "--to",
-            &dead,
-            "--json",
-            "--input",
-            input.path().to_str().unwrap(),
-        ],
-        Duration::from_secs(30),
-    );
+    let (s, o) = send_file(&a, input.path(), &["--to", &dead, "--json"]);
     let err = stderr_of(&o);
     assert_eq!(s.code(), Some(0), "send exit code; stderr: {err}");
     assert!(
@@ -243,26 +208,8 @@ fn keygen_creates_a_missing_directory_privately() {
 fn a_full_output_is_reported_with_what_it_holds() {
     let input = TempFile::new("to-full");
     write_random(input.path(), 4 << 20, 9);
-    let port = free_port();
-    let a = format!("127.0.0.1:{port}");
-    let recv = Proc::spawn(
-        "ri2n recv",
-        Command::new(bin())
-            .args(["recv", "--listen", &a, "--output", "/dev/full"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    );
-    std::thread::sleep(Duration::from_millis(300));
-    let (s, o) = ri2n(
-        [
-            "send",
-            "--to",
-            &a,
-            "--input",
-            input.path().to_str().unwrap(),
-        ],
-        Duration::from_secs(20),
-    );
+    let (recv, a) = ri2n_listening(&["recv", "--output", "/dev/full"]);
+    let (s, o) = send_file(&a, input.path(), &[]);
     let err = stderr_of(&o);
     assert_eq!(s.code(), Some(4), "send exit code; stderr: {err}");
     assert!(

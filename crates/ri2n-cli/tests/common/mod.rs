@@ -262,3 +262,27 @@ pub fn transfer(len: u64, sender_args: &[&str]) -> Duration {
     );
     elapsed
 }
+
+/// Starts `ri2n serve` on both loopback addresses with `extra` options; returns it and its
+/// first address.
+pub fn spawn_serve(extra: &[&str]) -> (Proc, String) {
+    let port = free_port();
+    let a = format!("127.0.0.1:{port}");
+    let b = format!("127.0.0.2:{port}");
+    let p = Proc::spawn(
+        "ri2n serve",
+        Command::new(bin())
+            .args(["serve", "--listen", &a, "--listen", &b])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    (p, a)
+}
+
+/// `ri2n send --to TO --input INPUT EXTRA...`, waited for at most 20 s.
+pub fn send_file(to: &str, input: &Path, extra: &[&str]) -> (ExitStatus, Output) {
+    let mut args = vec!["send", "--to", to, "--input", input.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    ri2n(args, Duration::from_secs(20))
+}

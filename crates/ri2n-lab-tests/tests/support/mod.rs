@@ -407,9 +407,7 @@ impl Proc {
 
     /// Like [`Proc::spawn`], in namespace `ns`.
     pub fn spawn_in(ns: &str, program: &Path, args: &[String], dir: &Path, name: &str) -> Proc {
-        let mut command = Command::new("ip");
-        command.args(["netns", "exec", ns]).arg(program).args(args);
-        Self::spawn_command(command, dir, name)
+        Self::spawn_command(Self::in_namespace(ns, program, args), dir, name)
     }
 
     /// Starts `command` (which enters a lab host itself), its output in `dir`.
@@ -426,12 +424,16 @@ impl Proc {
         dir: &Path,
         name: &str,
     ) -> Proc {
-        let mut command = Command::new("ip");
-        command
-            .args(["netns", "exec", &lab.ns(host)])
-            .arg(program)
-            .args(args);
+        let command = Self::in_namespace(&lab.ns(host), program, args);
         Self::spawn_command_with(command, Stdio::piped(), dir, name)
+    }
+
+    /// `program args...` run inside namespace `ns` (`ip netns exec` execs it in place, so the
+    /// PID is the program's own).
+    fn in_namespace(ns: &str, program: &Path, args: &[String]) -> Command {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", ns]).arg(program).args(args);
+        command
     }
 
     fn spawn_command_with(mut command: Command, stdin: Stdio, dir: &Path, name: &str) -> Proc {
