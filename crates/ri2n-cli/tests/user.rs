@@ -175,6 +175,9 @@ fn a_link_that_never_came_up_is_a_warning_not_a_failure() {
     let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(json["links"][0]["came_up"], true);
     assert_eq!(json["links"][1]["came_up"], false);
+    // the close completes over the working link: it is not left to fail after the receiver
+    // went away
+    assert_eq!(json["links"][0]["state"], "up", "{json}");
     let (r, ro) = recv.wait(Duration::from_secs(10));
     let log = stderr_of(&ro);
     assert_eq!(r.code(), Some(0), "recv: {log}");

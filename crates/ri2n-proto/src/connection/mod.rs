@@ -1661,10 +1661,15 @@ impl Connection {
         }
     }
 
-    /// The largest probe timeout of the links.
+    /// The largest probe timeout of the links that are up (of all links when none is): what
+    /// an answer over a working link may take. A link that never came up (a peer address
+    /// where nothing listens) has only its initial, long estimate and carries nothing, so it
+    /// must not stretch how long a finished connection lingers or waits for its peer.
     pub(super) fn max_pto(&self) -> Duration {
+        let any_up = self.links.iter().any(Link::is_up);
         self.links
             .iter()
+            .filter(|l| !any_up || l.is_up())
             .map(|l| l.pto(&self.cfg))
             .max()
             .unwrap_or_default()
