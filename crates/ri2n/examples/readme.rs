@@ -1,6 +1,9 @@
 // A file for `ri2n recv`, or one from `ri2n send`, on loopback's two addresses:
-//   ri2n recv --listen 127.0.0.1:7000 --output got.txt  &  readme send 127.0.0.1:7000
-//   readme recv 127.0.0.1:7000 > got.bin  &  ri2n send --to 127.0.0.1:7000 --input big.iso
+//   ri2n recv --listen 127.0.0.1:7000 --output got.txt &
+//   cargo run --release -p ri2n --example readme -- send 127.0.0.1:7000
+// and the other way round:
+//   cargo run --release -p ri2n --example readme -- recv 127.0.0.1:7000 > got.bin &
+//   ri2n send --to 127.0.0.1:7000 --input big.iso
 use std::io::{Read, Write};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
