@@ -1406,36 +1406,36 @@ impl Connection {
         if self.links[i].local != local || self.links[i].remote != remote {
             return Err(DropReason::UnknownLink); // links do not migrate
         }
-        // before the packet counts as received (and is acknowledged): stream data that would
-        // spread the reassembly bookkeeping past its bound waits for the sender's next try
-        // what this side said in the handshake it does not take would never be read: the
-        // connection ends rather than drop it without a word
-        let refused = frames.iter().find_map(|f| match *f {
-            Frame::Stream { stream, data, .. }
-                if stream as usize == MESSAGE_STREAM
-                    && !data.is_empty()
-                    && !self.cfg.accept_messages =>
-            {
-                Some("a message to a side that takes no messages")
+        // Before the packet counts as received (and is acknowledged), one look at its frames:
+        // stream data that would spread the reassembly bookkeeping past its bound waits for
+        // the sender's next try; and what this side said in the handshake it does not take
+        // would never be read, so the connection ends rather than drop it without a word.
+        let mut fragmenting = false;
+        let mut refused = None;
+        for f in frames.iter() {
+            match *f {
+                Frame::Stream {
+                    stream,
+                    offset,
+                    data,
+                    ..
+                } => {
+                    let s = stream as usize;
+                    if s == MESSAGE_STREAM && !data.is_empty() && !self.cfg.accept_messages {
+                        refused = Some("a message to a side that takes no messages");
+                    }
+                    fragmenting |= !self.recv[s].has_room_for(offset, data.len() as u64);
+                }
+                Frame::Datagram { .. } if !self.cfg.accept_datagrams => {
+                    refused = Some("a datagram to a side that takes no datagrams");
+                }
+                _ => {}
             }
-            Frame::Datagram { .. } if !self.cfg.accept_datagrams => {
-                Some("a datagram to a side that takes no datagrams")
-            }
-            _ => None,
-        });
+        }
         if let Some(what) = refused {
             self.fail(ConnectionError::ProtocolViolation(what));
             return Ok(());
         }
-        let fragmenting = frames.iter().any(|f| match *f {
-            Frame::Stream {
-                stream,
-                offset,
-                data,
-                ..
-            } => !self.recv[stream as usize].has_room_for(offset, data.len() as u64),
-            _ => false,
-        });
         if fragmenting {
             return Err(DropReason::TooFragmented);
         }
