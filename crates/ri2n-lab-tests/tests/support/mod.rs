@@ -415,19 +415,6 @@ impl Proc {
         Self::spawn_command_with(command, Stdio::null(), dir, name)
     }
 
-    /// Like [`Proc::spawn`], reading what the caller writes to [`Proc::take_stdin`].
-    pub fn spawn_fed(
-        lab: &Lab,
-        host: Host,
-        program: &Path,
-        args: &[String],
-        dir: &Path,
-        name: &str,
-    ) -> Proc {
-        let command = Self::in_namespace(&lab.ns(host), program, args);
-        Self::spawn_command_with(command, Stdio::piped(), dir, name)
-    }
-
     /// `program args...` run inside namespace `ns` (`ip netns exec` execs it in place, so the
     /// PID is the program's own).
     fn in_namespace(ns: &str, program: &Path, args: &[String]) -> Command {
@@ -458,7 +445,7 @@ impl Proc {
         self.child.id()
     }
 
-    /// The process's stdin, once (of a [`Proc::spawn_fed`] process).
+    /// The process's stdin, once (of a process spawned with a piped stdin).
     pub fn take_stdin(&mut self) -> std::process::ChildStdin {
         self.child
             .stdin
@@ -849,7 +836,21 @@ pub fn spawn_fed_sender(
     name: &str,
 ) -> (Proc, Feeder) {
     let args = send_args(lab, host, Path::new("-"), true);
-    let mut send = Proc::spawn_fed(lab, host, &env.ri2n, &args, dir, name);
+    spawn_fed(env, lab, host, &args, data, dir, name)
+}
+
+/// `ri2n ARGS` (a sender reading stdin) in `host`, fed with `data` over and over.
+fn spawn_fed(
+    env: &Env,
+    lab: &Lab,
+    host: Host,
+    args: &[String],
+    data: &DataFile,
+    dir: &Path,
+    name: &str,
+) -> (Proc, Feeder) {
+    let command = Proc::in_namespace(&lab.ns(host), &env.ri2n, args);
+    let mut send = Proc::spawn_command_with(command, Stdio::piped(), dir, name);
     let feeder = Feeder::start(send.take_stdin(), data.path.clone());
     (send, feeder)
 }
@@ -998,18 +999,18 @@ impl Transfer<'_> {
         );
         recv.wait_listening(lab.links as usize, Duration::from_secs(10));
         let start = Instant::now();
-        let mut send = Proc::spawn_fed(
+        let (mut send, feeder) = spawn_fed(
+            env,
             lab,
             self.sender,
-            &env.ri2n,
             &with_key(
                 send_args(lab, self.sender, Path::new("-"), self.discover),
                 self.key,
             ),
+            self.input,
             dir,
             &format!("{}-send", self.name),
         );
-        let feeder = Feeder::start(send.take_stdin(), self.input.path.clone());
         let monitor = Monitor::start(start, send.pid(), recv.pid(), output.clone(), lab.links);
 
         let mut pending = self.actions.into_iter().peekable();
