@@ -206,6 +206,8 @@ setters!(EndpointConfig {
     max_connections_per_address => with_max_connections_per_address: usize,
     max_keyed_handshakes_per_second => with_max_keyed_handshakes_per_second: Option<u32>,
     key => with_key: Option<crate::Key>,
+    shards => with_shards: Option<usize>,
+    shard => with_shard: Shard,
 });
 
 impl ConnectionConfig {
@@ -313,6 +315,69 @@ pub struct EndpointConfig {
     /// connections; INITIALs beyond it are dropped unread and their clients retransmit.
     /// `None`: no limit.
     pub max_keyed_handshakes_per_second: Option<u32>,
+    /// Drivers: how many engines (shards) the endpoint runs side by side, each with a thread
+    /// and sockets of its own on the same addresses, its connections spread over them
+    /// (`None`, the default: a server one per CPU the process may run on, at most
+    /// [`MAX_SHARDS`]; a client one).
+    pub shards: Option<usize>,
+    /// Which share of connection IDs this engine picks its own from ([`Shard`]); a driver
+    /// that runs several engines on the same sockets sets it, one share each.
+    pub shard: Shard,
+    /// Open connections per client address, shared with the other shards of the endpoint
+    /// (set by a driver that runs several): `None` counts this engine's own.
+    pub address_counts: Option<std::sync::Arc<crate::AddressCounts>>,
+}
+
+/// Most shards a driver runs for one endpoint by default.
+pub const MAX_SHARDS: usize = 16;
+
+/// An engine's share of connection IDs, when a driver runs several engines ("shards") on the
+/// same addresses: every ID it picks for itself satisfies [`Shard::owns`], so a datagram can
+/// be steered to the engine of its connection by the ID it carries (docs/PROTOCOL.md §2.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    /// This engine's number, below `count`.
+    pub index: u32,
+    /// How many engines share the addresses.
+    pub count: u32,
+}
+
+impl Shard {
+    /// The one engine of its addresses: every ID is its own.
+    pub const ONLY: Shard = Shard { index: 0, count: 1 };
+
+    /// The shard whose share connection ID `cid` is in, of `count` shards: its upper 32 bits
+    /// modulo `count` (the bits a kernel steering program reads first).
+    pub fn of(cid: u64, count: u32) -> u32 {
+        ((cid >> 32) as u32) % count.max(1)
+    }
+
+    /// Whether `cid` is in this shard's share.
+    pub fn owns(&self, cid: u64) -> bool {
+        Self::of(cid, self.count) == self.index
+    }
+
+    /// The ID of this shard's share nearest to the random number `r`: `r` itself with one
+    /// shard; else its upper 32 bits moved down (or, at the top of the range, up) to the next
+    /// value in the share. Its lower 32 bits stay random.
+    pub fn claim(&self, r: u64) -> u64 {
+        if self.count <= 1 {
+            return r;
+        }
+        let (count, index) = (u64::from(self.count), u64::from(self.index));
+        let hi = r >> 32;
+        let mut claimed = hi - hi % count + index;
+        if claimed > u64::from(u32::MAX) {
+            claimed -= count;
+        }
+        (claimed << 32) | (r & 0xffff_ffff)
+    }
+}
+
+impl Default for Shard {
+    fn default() -> Self {
+        Self::ONLY
+    }
 }
 
 impl EndpointConfig {
@@ -330,6 +395,9 @@ impl EndpointConfig {
             max_connections_per_address: 256,
             max_keyed_handshakes_per_second: Some(5000),
             key: None,
+            shards: None,
+            shard: Shard::ONLY,
+            address_counts: None,
         }
     }
 
@@ -337,6 +405,16 @@ impl EndpointConfig {
     pub fn validate(&self) -> Result<(), crate::ConnectError> {
         if self.local_addrs.is_empty() {
             return Err(crate::ConnectError::InvalidConfig("no local address"));
+        }
+        if self.shards == Some(0) {
+            return Err(crate::ConnectError::InvalidConfig(
+                "shards must be at least 1",
+            ));
+        }
+        if self.shard.count == 0 || self.shard.index >= self.shard.count {
+            return Err(crate::ConnectError::InvalidConfig(
+                "a shard's index must be below the shard count",
+            ));
         }
         self.server_connection.validate()
     }

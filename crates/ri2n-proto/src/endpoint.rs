@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
 use std::hash::Hasher;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
@@ -197,6 +197,44 @@ pub struct Endpoint {
     /// Refused handshakes for the application to log, and their rate limit.
     refusals: VecDeque<RefusedHandshake>,
     refusal_budget: TokenBucket,
+    /// With [`EndpointConfig::address_counts`]: the client address each open server
+    /// connection is counted under there, until it closes or goes.
+    counted: HashMap<ConnectionHandle, IpAddr>,
+}
+
+/// Open server connections per client IP address, shared by the engines (shards) a driver
+/// runs for one endpoint, so that
+/// [`max_connections_per_address`](crate::EndpointConfig::max_connections_per_address) holds
+/// for the endpoint as a whole. A connection counts under the address of its handshake from
+/// its creation until it closes.
+#[derive(Debug, Default)]
+pub struct AddressCounts(std::sync::Mutex<HashMap<IpAddr, usize>>);
+
+impl AddressCounts {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts one more connection from `ip`, unless `limit` are counted already.
+    fn try_add(&self, ip: IpAddr, limit: usize) -> bool {
+        let mut counts = self.lock();
+        let n = counts.entry(ip).or_default();
+        if *n >= limit {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    fn sub(&self, ip: IpAddr) {
+        let mut counts = self.lock();
+        if let Some(n) = counts.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&ip);
+            }
+        }
+    }
 }
 
 /// A token bucket: `rate` tokens per second, holding at most `burst`.
@@ -351,18 +389,38 @@ impl DropCounts {
     }
 }
 
+/// The counts of two engines together (the shards of one endpoint).
+impl std::ops::Add<&DropCounts> for DropCounts {
+    type Output = DropCounts;
+
+    fn add(mut self, other: &DropCounts) -> DropCounts {
+        for (mine, theirs) in self.0.iter_mut().zip(other.0) {
+            *mine += theirs;
+        }
+        self
+    }
+}
+
 impl Endpoint {
     /// A new endpoint; `seed` feeds its random numbers (connection IDs, instance, cookie key).
     /// A real driver passes a seed from the operating system's random source.
     pub fn new(cfg: EndpointConfig, seed: u64, now: Instant) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        // The shards of one endpoint share its instance and cookie key (peers and clients
+        // holding a cookie see one endpoint): drawn first, from the common seed. Their other
+        // random numbers come from a stream of each shard's own.
+        let instance = rng.gen();
+        let cookie_key = (rng.gen(), rng.gen());
+        if cfg.shard.index > 0 {
+            rng.set_stream(u64::from(cfg.shard.index));
+        }
         let handshake_budget = cfg.max_keyed_handshakes_per_second.map(|rate| {
             let rate = f64::from(rate.max(1));
             TokenBucket::new(rate, (rate / 50.0).max(1.0), now)
         });
         Self {
-            instance: rng.gen(),
-            cookie_key: (rng.gen(), rng.gen()),
+            instance,
+            cookie_key,
             rng,
             cfg,
             epoch: now,
@@ -377,6 +435,7 @@ impl Endpoint {
             refusals: VecDeque::new(),
             refusal_budget: TokenBucket::new(REFUSAL_REPORTS_PER_SECOND, REFUSAL_REPORT_BURST, now),
             accept_queue: VecDeque::new(),
+            counted: HashMap::new(),
             attention: Attention::default(),
             timers: TimerIndex::default(),
             cursor: 0,
@@ -391,7 +450,7 @@ impl Endpoint {
 
     fn new_cid(&mut self) -> u64 {
         loop {
-            let cid: u64 = self.rng.gen();
+            let cid = self.cfg.shard.claim(self.rng.gen());
             if cid != 0 && !self.by_cid.contains_key(&cid) {
                 return cid;
             }
@@ -415,6 +474,7 @@ impl Endpoint {
         let Some(mut c) = self.connections.remove(&h) else {
             return;
         };
+        self.uncount(h);
         self.timers.set(h, &mut c.indexed_deadline, None);
         self.attention.forget(h);
         self.by_cid.remove(&c.local_cid());
@@ -428,6 +488,13 @@ impl Endpoint {
         if self.by_initial.get(&initial) == Some(&h) {
             self.by_initial.remove(&initial);
         }
+    }
+
+    /// Whether a connection of this endpoint goes by connection ID `cid`, its own or its
+    /// peer's: for a driver with several shards, which asks each in turn whom a RESET (or an
+    /// ICMP error quoting a packet to the peer) is for ([`wire::Steering::Ask`]).
+    pub fn knows_connection_id(&self, cid: u64) -> bool {
+        self.by_cid.contains_key(&cid) || self.by_peer_cid.contains_key(&cid)
     }
 
     /// Connections whose peer chose connection ID `cid`.
@@ -951,7 +1018,18 @@ impl Endpoint {
         );
         let h = self.insert(cid, conn);
         self.by_initial.insert((remote, scid), h);
+        if self.cfg.address_counts.is_some() {
+            // counted by `connection_limit_reached`
+            self.counted.insert(h, remote.ip());
+        }
         Ok(())
+    }
+
+    /// Connection `h` closed or went: it no longer counts under its client's address.
+    fn uncount(&mut self, h: ConnectionHandle) {
+        if let (Some(ip), Some(counts)) = (self.counted.remove(&h), &self.cfg.address_counts) {
+            counts.sub(ip);
+        }
     }
 
     /// Refuses a handshake whose keys do not match ([`Self::refuse`]).
@@ -1162,6 +1240,9 @@ impl Endpoint {
                 .get_mut(&h)
                 .and_then(Connection::poll_event)
             {
+                if matches!(e, Event::Closed(_)) {
+                    self.uncount(h);
+                }
                 return Some((h, e));
             }
             self.attention.events.remove(h);
@@ -1234,16 +1315,21 @@ impl Endpoint {
     /// application (so connections nobody accepts or releases cannot grow memory without
     /// end); the limit per address counts the open ones, so a client whose connections ended
     /// may connect again.
+    /// A server connection from `remote` is about to be made if this returns `None`: with
+    /// shared [`AddressCounts`], it counts there already.
     fn connection_limit_reached(&self, remote: SocketAddr) -> Option<&'static str> {
+        const PER_ADDRESS: &str = "max_connections_per_address";
         if self.connections.len() >= self.cfg.max_connections {
             return Some("max_connections");
         }
-        let from_address = self
-            .connections
-            .values()
-            .filter(|c| c.state() != ConnectionState::Closed && c.has_remote_ip(remote.ip()))
-            .count();
-        (from_address >= self.cfg.max_connections_per_address)
-            .then_some("max_connections_per_address")
+        let limit = self.cfg.max_connections_per_address;
+        let from_address = match &self.cfg.address_counts {
+            // counted now, when it is in the limit: the connection is made right after
+            Some(counts) => return (!counts.try_add(remote.ip(), limit)).then_some(PER_ADDRESS),
+            None => (self.connections.values())
+                .filter(|c| c.state() != ConnectionState::Closed && c.has_remote_ip(remote.ip()))
+                .count(),
+        };
+        (from_address >= limit).then_some(PER_ADDRESS)
     }
 }

@@ -31,13 +31,13 @@ pub mod ranges;
 mod streams;
 pub mod wire;
 
-pub use config::{ConnectionConfig, EndpointConfig, Striping};
+pub use config::{ConnectionConfig, EndpointConfig, Shard, Striping, MAX_SHARDS};
 pub use connection::{Connection, ConnectionState, ConnectionStats};
 pub use crypto::{Cipher, Key, KeyError};
 pub use datagrams::datagram_capacity;
 pub use endpoint::{
-    ConnectionHandle, DropCounts, DropReason, Endpoint, RefusalReason, RefusedHandshake, Transmit,
-    TransmitBuffer,
+    AddressCounts, ConnectionHandle, DropCounts, DropReason, Endpoint, RefusalReason,
+    RefusedHandshake, Transmit, TransmitBuffer,
 };
 pub use error::{ConnectError, ConnectionError, KeyMismatch, ReadError, WriteError};
 pub use link::{LinkState, LinkStats};

@@ -601,6 +601,44 @@ pub fn decode_quoted(quote: &[u8]) -> Option<Quoted> {
     }
 }
 
+/// Where a connection ID sits in every packet that carries one: right after the version
+/// and type bytes (docs/PROTOCOL.md §2.8).
+pub const CID_OFFSET: usize = 2;
+
+/// Which engine a datagram is for, when a driver runs several engines (shards, each with its
+/// share of connection IDs: [`crate::Shard`]) on the same addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Steering {
+    /// The shard of this connection ID ([`crate::Shard::of`]): one the receiver chose (a
+    /// short packet's, a RETRY's, ACCEPT's or REFUSE's destination ID), or the ID a client
+    /// chose for itself in its INITIAL, which decides the shard of the server's connection.
+    Shard(u64),
+    /// The shard whose engine knows this connection ID (a RESET's, which may be the
+    /// receiver's own or its peer's; an ICMP error's quote of a packet to the peer):
+    /// [`crate::Endpoint::knows_connection_id`] tells.
+    Ask(u64),
+}
+
+/// How to steer a received datagram; `None` for one too short or of another version (any
+/// shard may drop it).
+pub fn steering(datagram: &[u8]) -> Option<Steering> {
+    let cid = datagram.get(CID_OFFSET..CID_OFFSET + 8)?;
+    let cid = u64::from_be_bytes(cid.try_into().ok()?);
+    match (datagram[0], datagram[1]) {
+        (VERSION, packet_type::RESET) => Some(Steering::Ask(cid)),
+        (VERSION, _) => Some(Steering::Shard(cid)),
+        _ => None,
+    }
+}
+
+/// How to steer an ICMP error quoting a datagram this endpoint sent ([`decode_quoted`]).
+pub fn quote_steering(quote: &[u8]) -> Option<Steering> {
+    match decode_quoted(quote)? {
+        Quoted::Short { dcid, .. } => Some(Steering::Ask(dcid)),
+        Quoted::Initial { scid } => Some(Steering::Shard(scid)),
+    }
+}
+
 /// Writes a short packet header; frames follow, then [`Writer::finish`].
 pub fn write_short_header(w: &mut Writer<'_>, dcid: u64, link: LinkId, pn: u64, phase: u8) {
     w.u8(VERSION);

@@ -69,6 +69,12 @@ impl Connection {
         }
     }
 
+    /// Which of its endpoint's shards (an engine with its driver thread, see
+    /// [`Endpoint::shards`](crate::Endpoint::shards)) serves this connection.
+    pub fn shard(&self) -> usize {
+        self.driver.shared.shard
+    }
+
     /// Runs `f` on the engine's connection; then sends what it produced.
     fn with<T>(&self, f: impl FnOnce(&mut ProtoConnection) -> T) -> T {
         let shared = &self.driver.shared;

@@ -22,13 +22,14 @@ use std::time::{Duration, Instant};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use ri2n_proto::{
-    ConnectionHandle, ConnectionState, Endpoint as ProtoEndpoint, Event, LinkState, Transmit,
+    wire, ConnectionHandle, ConnectionState, Endpoint as ProtoEndpoint, Event, LinkState, Transmit,
     TransmitBuffer,
 };
 use smallvec::SmallVec;
 
 use crate::connection::TimedEvent;
-use crate::readiness::{Readiness, Watchers};
+use crate::readiness::Watchers;
+use crate::shards::{AcceptQueue, Forwarded, ForwardedKind, Router};
 
 use crate::socket::{LinkSocket, Received, RecvBatch, SendOutcome, Take};
 
@@ -80,8 +81,6 @@ const NEXT_HOP_HOLD: Duration = Duration::from_secs(15 * 60);
 #[derive(Debug)]
 pub(crate) struct State {
     pub endpoint: ProtoEndpoint,
-    /// Incoming connections not yet taken by `accept`.
-    pub accepted: VecDeque<ConnectionHandle>,
     /// Events per connection, for `Connection::poll_events`.
     pub events: HashMap<ConnectionHandle, VecDeque<TimedEvent>>,
     /// Connections whose application handle was dropped: released once closed.
@@ -323,9 +322,14 @@ struct CallerPoll {
 #[derive(Debug)]
 pub(crate) struct Shared {
     state: Mutex<State>,
-    /// Signalled when a connection is ready for `accept`.
-    accepted: Condvar,
     pub sockets: Vec<LinkSocket>,
+    /// This driver's number among its endpoint's shards (see `shards.rs`).
+    pub shard: usize,
+    /// Where this shard forwards what arrived for another one, and finds what others
+    /// forwarded to it.
+    router: Arc<Router>,
+    /// Where this shard's engine hands the connections it accepted.
+    accepts: Arc<AcceptQueue>,
     /// The receive buffers, for one thread at a time and every socket: holding them from
     /// `recvmmsg` until the engine has the datagrams keeps each socket's arrivals in order
     /// (two threads receiving from one socket at once could hand the engine a later batch
@@ -347,7 +351,8 @@ pub(crate) struct Shared {
     /// The epoll instance of [`CallerPoll`] (its lock may be held by a waiting call when the
     /// driver thread registers a path socket there).
     caller_epoll: RawFd,
-    waker: Waker,
+    /// Wakes the driver thread (shared with the router, for forwarded datagrams).
+    waker: Arc<Waker>,
     shutdown: AtomicBool,
     caller_poll: Mutex<CallerPoll>,
     /// An application thread waits in [`CallerPoll`]: events for it are signalled through
@@ -357,9 +362,6 @@ pub(crate) struct Shared {
     caller_polling: AtomicBool,
     /// Wakes the thread waiting in `caller_poll` for events that are not arrivals (timers).
     caller_waker: Waker,
-    /// The readiness descriptor of `accept`, once asked for (signalled and cleared under the
-    /// engine's lock).
-    pub accept_readiness: std::sync::OnceLock<Readiness>,
     /// The process may run on one CPU only: the driver thread steps back ([`STEP_BACK`]).
     one_cpu: bool,
 }
@@ -552,27 +554,102 @@ impl Shared {
         let mut st = self.lock();
         let now = Instant::now();
         let endpoint = &mut st.endpoint;
+        let mut forwarded = 0u64;
         sock.deliver(batch, &mut |remote, d| {
-            endpoint.handle_datagram(now, sock.local, remote, d)
+            let steering = (self.router.shards() > 1)
+                .then(|| wire::steering(d))
+                .flatten();
+            match (self.router).place(self.shard, endpoint, steering, self.router.first_asks()) {
+                None => endpoint.handle_datagram(now, sock.local, remote, d),
+                Some((to, asks_left)) => {
+                    forwarded |= 1 << to;
+                    self.router.forward(
+                        to,
+                        Forwarded {
+                            local: sock.local,
+                            remote,
+                            kind: ForwardedKind::Datagram,
+                            asks_left,
+                            bytes: d.to_vec(),
+                        },
+                    );
+                }
+            }
         });
-        self.hand_over_refusals(&mut st, Some(now));
+        forwarded |= self.hand_over_refusals(&mut st, Some(now));
         let mut st = self.transmit(st, Some(now));
         let wakeups = self.dispatch(&mut st);
         drop(st);
         wakeups.notify();
+        self.router.wake(forwarded);
         received
     }
 
     /// Tells the engine which datagrams the peers' hosts answered with "port unreachable"
-    /// (`now`, if the caller has it: the clock is read only when there is something to tell).
-    fn hand_over_refusals(&self, st: &mut State, now: Option<Instant>) {
+    /// (`now`, if the caller has it: the clock is read only when there is something to tell),
+    /// or forwards them to the shard they concern; returns the shards forwarded to (bit `i`:
+    /// shard `i`), for [`Router::wake`].
+    fn hand_over_refusals(&self, st: &mut State, now: Option<Instant>) -> u64 {
+        let mut forwarded = 0;
         for sock in &self.sockets {
             for r in sock.take_refused() {
-                let now = now.unwrap_or_else(Instant::now);
-                st.endpoint
-                    .handle_port_unreachable(now, sock.local, r.dest, r.quote());
+                let steering = wire::quote_steering(r.quote());
+                let asks = self.router.first_asks();
+                match self.router.place(self.shard, &st.endpoint, steering, asks) {
+                    None => {
+                        let now = now.unwrap_or_else(Instant::now);
+                        st.endpoint
+                            .handle_port_unreachable(now, sock.local, r.dest, r.quote());
+                    }
+                    Some((to, asks_left)) => {
+                        forwarded |= 1 << to;
+                        self.router.forward(
+                            to,
+                            Forwarded {
+                                local: sock.local,
+                                remote: r.dest,
+                                kind: ForwardedKind::Refusal,
+                                asks_left,
+                                bytes: r.quote().to_vec(),
+                            },
+                        );
+                    }
+                }
             }
         }
+        forwarded
+    }
+
+    /// Hands the engine what other shards forwarded to this one (driver thread), or passes
+    /// it on to the next shard to ask; returns the shards passed on to, for [`Router::wake`].
+    fn take_forwarded(&self, st: &mut State, now: Instant, items: &mut Vec<Forwarded>) -> u64 {
+        let mut passed_on = 0;
+        for mut f in items.drain(..) {
+            let steering = match f.kind {
+                ForwardedKind::Datagram => wire::steering(&f.bytes),
+                ForwardedKind::Refusal => wire::quote_steering(&f.bytes),
+            };
+            match self
+                .router
+                .place(self.shard, &st.endpoint, steering, f.asks_left)
+            {
+                // a connection ID of this share, or the last shard to ask
+                None => match f.kind {
+                    ForwardedKind::Datagram => {
+                        (st.endpoint).handle_datagram(now, f.local, f.remote, &mut f.bytes)
+                    }
+                    ForwardedKind::Refusal => {
+                        (st.endpoint).handle_port_unreachable(now, f.local, f.remote, &f.bytes);
+                    }
+                },
+                Some((to, asks_left)) => {
+                    passed_on |= 1 << to;
+                    f.asks_left = asks_left;
+                    self.router.forward(to, f);
+                }
+            }
+        }
+        passed_on
     }
 
     /// An epoll event on receive source `i`: an error event means the kernel queued an ICMP
@@ -664,14 +741,9 @@ impl Shared {
         self.path_links[slot].store(usize::MAX, Ordering::Release);
     }
 
-    /// Waits until a connection arrives for `accept` (or `deadline`).
-    pub fn wait_accept<'a>(
-        &self,
-        mut guard: MutexGuard<'a, State>,
-        deadline: Option<Instant>,
-    ) -> MutexGuard<'a, State> {
-        self.take_sockets_back(&mut guard);
-        wait_on(&self.accepted, guard, deadline)
+    /// A call (`accept`) is about to block without watching this shard's sockets.
+    pub fn before_blocking(&self) {
+        self.take_sockets_back(&mut self.lock());
     }
 
     /// Has the engine build every datagram it has ready, in place in the per-socket batches.
@@ -738,7 +810,8 @@ impl Shared {
                         .handle_unreachable(now, self.sockets[i].local, dest);
                 }
             }
-            self.hand_over_refusals(&mut st, None);
+            // rare, and woken at once: the forwarding shard holds no lock of the other's
+            self.router.wake(self.hand_over_refusals(&mut st, None));
             st.out.spare.extend(batches.drain(..).map(|(_, mut b)| {
                 b.len = 0;
                 b
@@ -755,7 +828,6 @@ impl Shared {
     /// does so, preferably after releasing the lock).
     fn dispatch(&self, st: &mut State) -> Wakeups<'_> {
         let mut wake = Wakeups {
-            accepted: None,
             connections: SmallVec::new(),
             caller_poll: None,
             driver: None,
@@ -809,11 +881,7 @@ impl Shared {
             }
         }
         while let Some(h) = st.endpoint.accept() {
-            st.accepted.push_back(h);
-            wake.accepted = Some(&self.accepted);
-            if let Some(r) = self.accept_readiness.get() {
-                r.signal();
-            }
+            self.accepts.push(self.shard, h);
         }
         let State {
             endpoint,
@@ -839,7 +907,6 @@ impl Shared {
 
 /// The waiting callers to wake after the engine reported events.
 struct Wakeups<'a> {
-    accepted: Option<&'a Condvar>,
     connections: SmallVec<[Arc<Condvar>; 4]>,
     caller_poll: Option<&'a Waker>,
     driver: Option<&'a Waker>,
@@ -849,9 +916,6 @@ impl Wakeups<'_> {
     fn notify(self) {
         if let Some(w) = self.driver {
             let _ = w.wake();
-        }
-        if let Some(a) = self.accepted {
-            a.notify_all();
         }
         if let Some(w) = self.caller_poll {
             let _ = w.wake();
@@ -997,9 +1061,17 @@ fn deregister(epoll: RawFd, fd: RawFd) -> std::io::Result<()> {
 }
 
 impl Driver {
-    pub fn start(endpoint: ProtoEndpoint, sockets: Vec<LinkSocket>) -> std::io::Result<Arc<Self>> {
+    /// Starts shard `shard` of an endpoint: its engine on its sockets.
+    pub fn start(
+        endpoint: ProtoEndpoint,
+        sockets: Vec<LinkSocket>,
+        shard: usize,
+        router: Arc<Router>,
+        accepts: Arc<AcceptQueue>,
+    ) -> std::io::Result<Arc<Self>> {
         let poll = Poll::new()?;
-        let waker = Waker::new(poll.registry(), WAKE_TOKEN)?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKE_TOKEN)?);
+        router.set_waker(shard, waker.clone());
         let caller_poll = Poll::new()?;
         let caller_waker = Waker::new(caller_poll.registry(), WAKE_TOKEN)?;
         for (i, s) in sockets.iter().enumerate() {
@@ -1029,7 +1101,6 @@ impl Driver {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 endpoint,
-                accepted: VecDeque::new(),
                 events: HashMap::new(),
                 dropped: HashSet::new(),
                 signals: HashMap::new(),
@@ -1041,7 +1112,9 @@ impl Driver {
                 paths_changed: false,
                 out: Outgoing::new(&sockets),
             }),
-            accepted: Condvar::new(),
+            shard,
+            router,
+            accepts,
             receiving: Mutex::new(Receiver {
                 batch: RecvBatch::for_sockets(&sockets)?,
                 single_takes: vec![0; sockets.len() + MAX_PATH_SOCKETS],
@@ -1063,12 +1136,11 @@ impl Driver {
             }),
             caller_polling: AtomicBool::new(false),
             caller_waker,
-            accept_readiness: std::sync::OnceLock::new(),
             one_cpu: confined_to_one_cpu(),
         });
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
-            .name("ri2n-driver".into())
+            .name(format!("ri2n-driver-{shard}"))
             .spawn(move || run(thread_shared, poll, link_changes))?;
         Ok(Arc::new(Self {
             shared,
@@ -1106,6 +1178,7 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
     let mut events = Events::with_capacity(64);
     let mut readable = vec![true; shared.receive_wanted.len()];
     let mut next_confirm = Instant::now();
+    let mut forwarded = Vec::new();
     // the last confirmation round found paths to confirm: wake up for the next one
     let mut confirming = false;
     // the sockets are registered with `poll` (not while application calls watch them)
@@ -1117,10 +1190,12 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
                 *r = shared.receive(i, false) == Received::MoreMayWait;
             }
         }
-        let (timeout, wakeups, confirm, watch) = {
+        let (timeout, wakeups, confirm, watch, passed_on) = {
+            shared.router.take(shared.shard, &mut forwarded);
             let mut st = shared.lock();
             let now = Instant::now();
-            shared.hand_over_refusals(&mut st, Some(now));
+            let mut passed_on = shared.take_forwarded(&mut st, now, &mut forwarded);
+            passed_on |= shared.hand_over_refusals(&mut st, Some(now));
             if st.endpoint.poll_timeout().is_some_and(|t| t <= now) {
                 st.endpoint.handle_timeout(now);
             }
@@ -1157,7 +1232,13 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
                 let left = until - now;
                 timeout = Some(timeout.map_or(left, |t| t.min(left)));
             }
-            (timeout, wakeups, confirm, callers_watch.is_none())
+            (
+                timeout,
+                wakeups,
+                confirm,
+                callers_watch.is_none(),
+                passed_on,
+            )
         };
         if watch != watching {
             // What arrived meanwhile is reported at once when the sockets are registered
@@ -1183,6 +1264,7 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
         }
         // after unlocking, so that a woken caller does not at once block on the lock
         wakeups.notify();
+        shared.router.wake(passed_on);
         if let Some(heard) = confirm {
             for &(local, remote) in &heard {
                 if let Some(sock) = shared.sockets.iter().find(|s| s.local == local) {

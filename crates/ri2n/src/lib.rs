@@ -33,6 +33,7 @@ mod driver;
 mod impair;
 mod pages;
 mod readiness;
+mod shards;
 mod socket;
 #[cfg(feature = "tokio")]
 pub mod tokio;
@@ -46,11 +47,11 @@ pub use impair::Impairment;
 pub use ri2n_proto::{
     datagram_capacity, Cipher, ConnectError, ConnectionConfig, ConnectionError, ConnectionState,
     ConnectionStats, DropCounts, DropReason, EndpointConfig, Event, Key, KeyError, KeyMismatch,
-    LinkId, LinkState, LinkStats, RefusalReason, RefusedHandshake, Striping, MAX_DATAGRAM_LEN,
-    MAX_LINKS,
+    LinkId, LinkState, LinkStats, RefusalReason, RefusedHandshake, Shard, Striping,
+    MAX_DATAGRAM_LEN, MAX_LINKS, MAX_SHARDS,
 };
 
-use driver::Driver;
+use shards::Shards;
 
 /// What can go wrong setting up endpoints and connections.
 #[derive(Debug, thiserror::Error)]
@@ -153,10 +154,12 @@ fn os_seed() -> u64 {
     rand::rngs::OsRng.next_u64()
 }
 
-/// A host's ri2n endpoint: its sockets, its driver thread and its connections.
+/// A host's ri2n endpoint: its sockets, its driver threads and its connections. A server's
+/// connections are spread over one engine and driver thread per core (its shards, see
+/// [`EndpointConfig::shards`]); each connection stays on one.
 #[derive(Debug, Clone)]
 pub struct Endpoint {
-    driver: Arc<Driver>,
+    shards: Arc<Shards>,
 }
 
 impl Endpoint {
@@ -176,9 +179,8 @@ impl Endpoint {
             .iter()
             .filter_map(|&a| Some((a, interface_max_datagram(a.ip())?)))
             .collect();
-        let engine = ri2n_proto::Endpoint::new(config, os_seed(), Instant::now());
         Ok(Self {
-            driver: Driver::start(engine, sockets)?,
+            shards: Arc::new(Shards::start(config, sockets, os_seed())?),
         })
     }
 
@@ -193,6 +195,11 @@ impl Endpoint {
         Self::bind(EndpointConfig::new(local_addrs.to_vec()).server())
     }
 
+    /// How many shards (engines, each with its driver thread and sockets) the endpoint runs.
+    pub fn shards(&self) -> usize {
+        self.shards.drivers.len()
+    }
+
     /// Closes every connection of the endpoint gracefully: finishes their outgoing streams
     /// and waits, at most `timeout` (`None`: as long as it takes), until each peer has
     /// acknowledged everything written to it; a connection whose peer is still sending is
@@ -204,10 +211,7 @@ impl Endpoint {
     /// from `main` right after writing does not lose the data; call `close` to choose the
     /// time and learn the outcome.
     pub fn close(&self, timeout: Option<Duration>) -> Result<(), Error> {
-        let lost = self
-            .driver
-            .shared
-            .close_all(timeout.and_then(|t| Instant::now().checked_add(t)));
+        let lost = (self.shards).close_all(timeout.and_then(|t| Instant::now().checked_add(t)));
         if lost.connections == 0 {
             Ok(())
         } else {
@@ -220,29 +224,39 @@ impl Endpoint {
 
     /// The bound local addresses, ports resolved.
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
-        self.driver.shared.sockets.iter().map(|s| s.local).collect()
+        self.first().sockets.iter().map(|s| s.local).collect()
+    }
+
+    /// The first shard, whose sockets resolved the ports (the others share its addresses,
+    /// ports and impairment switches).
+    fn first(&self) -> &driver::Shared {
+        &self.shards.drivers[0].shared
     }
 
     /// Received datagrams the engine dropped without acting on them, by reason (garbage,
     /// strangers, duplicates, packets for connections already gone, forged ICMP errors).
     pub fn dropped_datagrams(&self) -> DropCounts {
-        self.driver.shared.lock().endpoint.dropped().clone()
+        (self.shards.drivers.iter())
+            .map(|d| d.shared.lock().endpoint.dropped().clone())
+            .reduce(|a, b| a + &b)
+            .unwrap_or_default()
     }
 
     /// Handshakes refused since the last call because the client holds another key (or one
-    /// side has none), for a server to log: at most about one per second is reported, the
-    /// others only counted in [`dropped_datagrams`](Self::dropped_datagrams).
+    /// side has none), for a server to log: at most about one per second is reported (per
+    /// shard), the others only counted in [`dropped_datagrams`](Self::dropped_datagrams).
     pub fn refused_handshakes(&self) -> Vec<RefusedHandshake> {
-        let mut st = self.driver.shared.lock();
-        std::iter::from_fn(|| st.endpoint.poll_refused_handshake()).collect()
+        let mut refused = Vec::new();
+        for d in &self.shards.drivers {
+            let mut st = d.shared.lock();
+            refused.extend(std::iter::from_fn(|| st.endpoint.poll_refused_handshake()));
+        }
+        refused
     }
 
     /// The impairment switch of the socket bound to `local`, to break that link on purpose.
     pub fn impairment(&self, local: SocketAddr) -> Option<Arc<Impairment>> {
-        self.driver
-            .shared
-            .sockets
-            .iter()
+        (self.first().sockets.iter())
             .find(|s| s.local == local)
             .map(|s| s.impairment.clone())
     }
@@ -258,11 +272,12 @@ impl Endpoint {
         remotes: &[SocketAddr],
         config: ConnectionConfig,
     ) -> Result<Connection, Error> {
-        let shared = &self.driver.shared;
+        let driver = self.shards.for_connect();
+        let shared = &driver.shared;
         let mut st = shared.lock();
         let h = st.endpoint.connect(Instant::now(), remotes, config)?;
         st = shared.after_app_call(st);
-        let conn = Connection::new(self.driver.clone(), h);
+        let conn = Connection::new(driver.clone(), h);
         loop {
             let c = st.endpoint.connection(h).expect("connection just made");
             match c.state() {
@@ -285,13 +300,8 @@ impl Endpoint {
     /// [`std::io::ErrorKind::WouldBlock`] otherwise. Never blocks; clears
     /// [`readiness_fd`](Self::readiness_fd) before it looks.
     pub fn try_accept(&self) -> Result<Connection, Error> {
-        let shared = &self.driver.shared;
-        let mut st = shared.lock();
-        if let Some(r) = shared.accept_readiness.get() {
-            r.clear();
-        }
-        match st.accepted.pop_front() {
-            Some(h) => Ok(Connection::new(self.driver.clone(), h)),
+        match self.shards.pop_accepted() {
+            Some((driver, h)) => Ok(Connection::new(driver, h)),
             None => Err(Error::Io(std::io::ErrorKind::WouldBlock.into())),
         }
     }
@@ -302,15 +312,7 @@ impl Endpoint {
     /// wake-up).
     pub fn readiness_fd(&self) -> std::io::Result<std::os::fd::BorrowedFd<'_>> {
         use std::os::fd::AsFd;
-        let shared = &self.driver.shared;
-        if shared.accept_readiness.get().is_none() {
-            let r = readiness::Readiness::new()?;
-            let _st = shared.lock();
-            // a connection may be waiting already: start readable
-            r.signal();
-            let _ = shared.accept_readiness.set(r);
-        }
-        Ok(shared.accept_readiness.get().expect("set above").as_fd())
+        Ok(self.shards.accepts.readiness()?.as_fd())
     }
 
     /// Waits for the next incoming connection. A connection is handed over once its client
@@ -324,16 +326,14 @@ impl Endpoint {
     /// Waits at most `timeout` (`None`: forever) for the next incoming connection.
     pub fn accept_timeout(&self, timeout: Option<Duration>) -> Result<Option<Connection>, Error> {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
-        let shared = &self.driver.shared;
-        let mut st = shared.lock();
         loop {
-            if let Some(h) = st.accepted.pop_front() {
-                return Ok(Some(Connection::new(self.driver.clone(), h)));
+            if let Some((driver, h)) = self.shards.pop_accepted() {
+                return Ok(Some(Connection::new(driver, h)));
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);
             }
-            st = shared.wait_accept(st, deadline);
+            self.shards.wait_accept(deadline);
         }
     }
 }

@@ -104,18 +104,44 @@ pub(crate) struct PathSocket {
 impl LinkSocket {
     pub fn bind(addr: SocketAddr) -> io::Result<Self> {
         let std = std::net::UdpSocket::bind(addr)?;
+        // after the bind, so that the bind itself still fails on a port taken by anyone
+        let shareable = socket2::SockRef::from(&std).set_reuse_port(true).is_ok();
+        Self::bound(std, shareable, Arc::new(Impairment::default()))
+    }
+
+    /// Binds a socket on `first`'s address and port, for another shard of the same endpoint
+    /// (see `shards.rs`): it joins the group of sockets sharing them (`SO_REUSEPORT`) after
+    /// those bound before it, and shares `first`'s impairment switch.
+    pub fn bind_beside(first: &LinkSocket) -> io::Result<Self> {
+        use socket2::{Domain, Protocol, Socket, Type};
+        let socket = Socket::new(
+            Domain::for_address(first.local),
+            Type::DGRAM,
+            Some(Protocol::UDP),
+        )?;
+        if first.local.is_ipv6() {
+            socket.set_only_v6(socket2::SockRef::from(&first.io).only_v6()?)?;
+        }
+        socket.set_reuse_port(true)?;
+        socket.bind(&first.local.into())?;
+        Self::bound(socket.into(), true, first.impairment.clone())
+    }
+
+    fn bound(
+        std: std::net::UdpSocket,
+        shareable: bool,
+        impairment: Arc<Impairment>,
+    ) -> io::Result<Self> {
         std.set_nonblocking(true)?;
         let state = set_up(&std)?;
         let local = std.local_addr()?;
-        // after the bind, so that the bind itself still fails on a port taken by anyone
-        let shareable = socket2::SockRef::from(&std).set_reuse_port(true).is_ok();
         let interface = crate::carrier::interface_of(local.ip());
         let carrier = interface.as_deref().is_none_or(crate::carrier::has_carrier);
         Ok(Self {
             local,
             io: mio::net::UdpSocket::from_std(std),
             state,
-            impairment: Arc::new(Impairment::default()),
+            impairment,
             refused: Mutex::new(Vec::new()),
             any_refused: AtomicBool::new(false),
             interface,
@@ -123,6 +149,70 @@ impl LinkSocket {
             paths: RwLock::new(Vec::new()),
             shareable,
         })
+    }
+
+    /// Has the kernel hand each datagram arriving on this socket's address and port to the
+    /// socket of the shard its connection ID belongs to, of `shards` (socket `i` of the group
+    /// sharing them belongs to shard `i`: the shards bind in order, before any path socket):
+    /// a classic BPF program for the group (`SO_ATTACH_REUSEPORT_CBPF`), which reads the
+    /// upper 32 bits of the ID at [`wire::CID_OFFSET`] of the UDP payload
+    /// ([`ri2n_proto::Shard::of`]). A RESET, which may carry either side's ID, and anything
+    /// not of this version are left to the kernel's hash of the addresses; the shards forward
+    /// among themselves what lands on the wrong one.
+    ///
+    /// [`wire::CID_OFFSET`]: ri2n_proto::wire::CID_OFFSET
+    #[cfg(target_os = "linux")]
+    pub fn steer_by_connection_id(&self, shards: u32) -> io::Result<()> {
+        use libc::{BPF_A, BPF_ABS, BPF_ALU, BPF_B, BPF_JEQ, BPF_JMP, BPF_K, BPF_LD, BPF_MOD};
+        use libc::{BPF_RET, BPF_W};
+        use ri2n_proto::wire::{packet_type, CID_OFFSET, VERSION};
+        let op = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter {
+            code: code as u16,
+            jt,
+            jf,
+            k,
+        };
+        // offsets count from the start of the UDP payload here; a jump skips that many
+        // instructions forward; an index beyond the group makes the kernel use its hash
+        let program = [
+            op(BPF_LD | BPF_B | BPF_ABS, 0, 0, 0),
+            op(BPF_JMP | BPF_JEQ | BPF_K, 0, 5, u32::from(VERSION)),
+            op(BPF_LD | BPF_B | BPF_ABS, 0, 0, 1),
+            op(
+                BPF_JMP | BPF_JEQ | BPF_K,
+                3,
+                0,
+                u32::from(packet_type::RESET),
+            ),
+            op(BPF_LD | BPF_W | BPF_ABS, 0, 0, CID_OFFSET as u32),
+            op(BPF_ALU | BPF_MOD | BPF_K, 0, 0, shards),
+            op(BPF_RET | BPF_A, 0, 0, 0),
+            op(BPF_RET | BPF_K, 0, 0, u32::MAX),
+        ];
+        let prog = libc::sock_fprog {
+            len: program.len() as u16,
+            filter: program.as_ptr().cast_mut(),
+        };
+        // SAFETY: the socket is open; `prog` points at `program`, which outlives the call
+        // (the kernel copies it), and its size is that of a sock_fprog.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.io.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_ATTACH_REUSEPORT_CBPF,
+                (&prog as *const libc::sock_fprog).cast(),
+                std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub fn steer_by_connection_id(&self, _shards: u32) -> io::Result<()> {
+        Err(io::ErrorKind::Unsupported.into())
     }
 
     /// Opens a socket connected to `remote` on this socket's address and port, numbered

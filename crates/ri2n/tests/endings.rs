@@ -132,13 +132,15 @@ fn close_reports_data_never_acknowledged() {
 
 /// A server holding as many connections as it allows from one address refuses the next one at
 /// once, with `ServerFull` (not after the 10 s handshake timeout); once one of them is gone,
-/// the address may connect again.
+/// the address may connect again. The limit is the endpoint's, whichever of its shards the
+/// connections are on.
 #[test]
 fn a_server_at_its_connection_limit_refuses_at_once() {
     let server = Endpoint::bind(
         EndpointConfig::new(vec![loopback("127.0.0.1")])
             .server()
-            .with_max_connections_per_address(2),
+            .with_max_connections_per_address(2)
+            .with_shards(Some(4)),
     )
     .unwrap();
     let to = server.local_addrs()[0];

@@ -1,0 +1,418 @@
+//! One endpoint on several cores: shards, each an engine with a driver thread and sockets of
+//! its own on the endpoint's addresses, its connections spread over them.
+//!
+//! A connection lives on one shard from its first packet to its end, and no lock is shared
+//! by the shards on the data path. The engine of shard `i` of `n` picks its connection IDs
+//! from share `i` ([`ri2n_proto::Shard`]), and every ri2n packet but RESET carries a
+//! connection ID that tells its shard (an INITIAL: the ID its client chose, which decides the
+//! shard of the server's connection). The kernel steers: the shards' sockets of one address
+//! form one `SO_REUSEPORT` group, socket `i` of it shard `i`'s, and a classic BPF program
+//! picks the socket by that ID ([`LinkSocket::steer_by_connection_id`]). What still lands on
+//! the wrong shard is forwarded by the one that received it ([`Router`]): a RESET or an ICMP
+//! error that names the peer's ID (each shard in turn is asked whether it knows the ID), a
+//! GSO or GRO batch or a path socket shared by connections of two shards, a kernel that
+//! refused the program. Handshakes, timers and link events stay each shard's own.
+//!
+//! The shards of an endpoint share its instance and cookie key (peers see one endpoint) and
+//! the queue of accepted connections ([`AcceptQueue`]).
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
+
+use mio::Waker;
+use ri2n_proto::wire::Steering;
+use ri2n_proto::{ConnectionHandle, Endpoint as ProtoEndpoint, EndpointConfig, Shard};
+
+use crate::driver::{Driver, Undelivered};
+use crate::readiness::Readiness;
+use crate::socket::LinkSocket;
+
+/// A datagram, or the quote of an ICMP error, that arrived on a shard other than its own.
+#[derive(Debug)]
+pub(crate) struct Forwarded {
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    pub kind: ForwardedKind,
+    /// For a [`Steering::Ask`]: how many more shards may be asked after the one it is sent to.
+    pub asks_left: usize,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ForwardedKind {
+    Datagram,
+    /// The quote of a "port unreachable" for a datagram sent to `remote`.
+    Refusal,
+}
+
+/// What one shard forwarded to another and that one has not taken yet.
+#[derive(Debug, Default)]
+struct Inbox {
+    items: Mutex<Vec<Forwarded>>,
+    /// `items` may hold something: spares its lock on every round of the driver thread.
+    pending: AtomicBool,
+    /// Wakes the shard's driver thread (set once it runs).
+    waker: OnceLock<Arc<Waker>>,
+}
+
+/// How the shards of an endpoint hand each other what arrived on the wrong one.
+#[derive(Debug)]
+pub(crate) struct Router {
+    inboxes: Vec<Inbox>,
+}
+
+impl Router {
+    pub fn new(shards: usize) -> Self {
+        Self {
+            inboxes: (0..shards).map(|_| Inbox::default()).collect(),
+        }
+    }
+
+    pub fn shards(&self) -> usize {
+        self.inboxes.len()
+    }
+
+    /// How many shards besides the receiving one may be asked about a [`Steering::Ask`].
+    pub fn first_asks(&self) -> usize {
+        self.inboxes.len() - 1
+    }
+
+    pub fn set_waker(&self, shard: usize, waker: Arc<Waker>) {
+        let _ = self.inboxes[shard].waker.set(waker);
+    }
+
+    /// Where what shard `here` received goes: `None` to its own engine, else the shard to
+    /// forward it to and how many more may be asked after that one. A connection ID of
+    /// another share goes to its shard; one to ask about stays where an engine knows it, and
+    /// with the last shard asked when none does (which counts the drop).
+    pub fn place(
+        &self,
+        here: usize,
+        engine: &ProtoEndpoint,
+        steering: Option<Steering>,
+        asks_left: usize,
+    ) -> Option<(usize, usize)> {
+        let n = self.inboxes.len();
+        if n == 1 {
+            return None;
+        }
+        match steering? {
+            Steering::Shard(cid) => {
+                let owner = Shard::of(cid, n as u32) as usize;
+                (owner != here).then_some((owner, 0))
+            }
+            Steering::Ask(cid) => (asks_left > 0 && !engine.knows_connection_id(cid))
+                .then(|| ((here + 1) % n, asks_left - 1)),
+        }
+    }
+
+    /// Queues `item` for shard `to`; its driver thread is woken by [`wake`](Self::wake).
+    pub fn forward(&self, to: usize, item: Forwarded) {
+        let inbox = &self.inboxes[to];
+        inbox
+            .items
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(item);
+        inbox.pending.store(true, Ordering::Release);
+    }
+
+    /// Wakes the driver threads of the shards in `mask` (bit `i`: shard `i`), after
+    /// [`forward`](Self::forward)ing to them.
+    pub fn wake(&self, mut mask: u64) {
+        while mask != 0 {
+            let i = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            if let Some(w) = self.inboxes.get(i).and_then(|b| b.waker.get()) {
+                let _ = w.wake();
+            }
+        }
+    }
+
+    /// What was forwarded to shard `shard` since the last call, oldest first, into `into`.
+    pub fn take(&self, shard: usize, into: &mut Vec<Forwarded>) {
+        let inbox = &self.inboxes[shard];
+        if inbox.pending.load(Ordering::Acquire) && inbox.pending.swap(false, Ordering::AcqRel) {
+            into.append(&mut inbox.items.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+    }
+}
+
+/// Connections accepted by any shard and not yet taken by `accept`.
+#[derive(Debug, Default)]
+pub(crate) struct AcceptQueue {
+    queue: Mutex<VecDeque<(usize, ConnectionHandle)>>,
+    arrived: Condvar,
+    /// The readiness descriptor of `accept`, once asked for (signalled and cleared under the
+    /// queue's lock).
+    pub readiness: OnceLock<Readiness>,
+}
+
+impl AcceptQueue {
+    fn lock(&self) -> MutexGuard<'_, VecDeque<(usize, ConnectionHandle)>> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Shard `shard`'s engine accepted connection `h`.
+    pub fn push(&self, shard: usize, h: ConnectionHandle) {
+        let mut q = self.lock();
+        q.push_back((shard, h));
+        if let Some(r) = self.readiness.get() {
+            r.signal();
+        }
+        drop(q);
+        self.arrived.notify_all();
+    }
+
+    /// The oldest accepted connection, if any; clears the readiness descriptor first.
+    fn pop(&self) -> Option<(usize, ConnectionHandle)> {
+        let mut q = self.lock();
+        if let Some(r) = self.readiness.get() {
+            r.clear();
+        }
+        q.pop_front()
+    }
+
+    /// Waits until a connection is queued or `deadline` passes; the caller looks again.
+    fn wait(&self, deadline: Option<Instant>) {
+        let q = self.lock();
+        if !q.is_empty() {
+            return;
+        }
+        match deadline {
+            None => drop(self.arrived.wait(q)),
+            Some(d) => {
+                let timeout = d.saturating_duration_since(Instant::now());
+                drop(self.arrived.wait_timeout(q, timeout));
+            }
+        }
+    }
+
+    /// Makes the readiness descriptor, readable at once if a connection waits.
+    pub fn readiness(&self) -> std::io::Result<&Readiness> {
+        if self.readiness.get().is_none() {
+            let r = Readiness::new()?;
+            let q = self.lock();
+            if !q.is_empty() {
+                r.signal();
+            }
+            let _ = self.readiness.set(r);
+        }
+        Ok(self.readiness.get().expect("set above"))
+    }
+}
+
+/// An endpoint's shards.
+#[derive(Debug)]
+pub(crate) struct Shards {
+    pub drivers: Vec<Arc<Driver>>,
+    pub accepts: Arc<AcceptQueue>,
+    /// The shard the next outgoing connection is opened on (round robin).
+    next: AtomicUsize,
+}
+
+impl Shards {
+    /// Starts the engines of `config` (its addresses resolved) on `first`, the sockets bound
+    /// to them, and on as many more sockets per address as further shards are wanted.
+    pub fn start(
+        config: EndpointConfig,
+        first: Vec<LinkSocket>,
+        seed: u64,
+    ) -> std::io::Result<Self> {
+        let wanted = config.shards.unwrap_or_else(|| default_shards(&config));
+        let mut sockets = vec![first];
+        for _ in 1..wanted {
+            match sockets[0].iter().map(LinkSocket::bind_beside).collect() {
+                Ok(more) => sockets.push(more),
+                Err(e) => {
+                    tracing::warn!(error = %e, shards = sockets.len(), "cannot bind more shards");
+                    break;
+                }
+            }
+        }
+        let count = sockets.len();
+        if count > 1 {
+            for s in &sockets[0] {
+                if let Err(e) = s.steer_by_connection_id(count as u32) {
+                    tracing::warn!(error = %e, local = %s.local,
+                        "no steering program: the shards forward what lands on the wrong one");
+                }
+            }
+        }
+        let router = Arc::new(Router::new(count));
+        let mut config = config;
+        if count > 1 {
+            config.address_counts = Some(Arc::default());
+        }
+        let accepts = Arc::new(AcceptQueue::default());
+        let now = Instant::now();
+        let drivers = sockets
+            .into_iter()
+            .enumerate()
+            .map(|(i, sockets)| {
+                let engine = ProtoEndpoint::new(shard_config(&config, i, count), seed, now);
+                Driver::start(engine, sockets, i, router.clone(), accepts.clone())
+            })
+            .collect::<std::io::Result<Vec<_>>>()?;
+        Ok(Self {
+            drivers,
+            accepts,
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    /// The shard to open the next outgoing connection on.
+    pub fn for_connect(&self) -> &Arc<Driver> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.drivers.len();
+        &self.drivers[i]
+    }
+
+    /// The next accepted connection, with its shard.
+    pub fn pop_accepted(&self) -> Option<(Arc<Driver>, ConnectionHandle)> {
+        let (shard, h) = self.accepts.pop()?;
+        Some((self.drivers[shard].clone(), h))
+    }
+
+    /// Waits until a connection may have been accepted or `deadline` passes.
+    pub fn wait_accept(&self, deadline: Option<Instant>) {
+        for d in &self.drivers {
+            d.shared.before_blocking();
+        }
+        self.accepts.wait(deadline);
+    }
+
+    /// Closes every shard's connections at once (see `Shared::close_all`).
+    pub fn close_all(&self, deadline: Option<Instant>) -> Undelivered {
+        if let [only] = &self.drivers[..] {
+            return only.shared.close_all(deadline);
+        }
+        std::thread::scope(|s| {
+            let closing: Vec<_> = (self.drivers.iter())
+                .map(|d| s.spawn(move || d.shared.close_all(deadline)))
+                .collect();
+            closing
+                .into_iter()
+                .map(|c| c.join().unwrap_or_default())
+                .fold(Undelivered::default(), |a, b| Undelivered {
+                    connections: a.connections + b.connections,
+                    bytes: a.bytes + b.bytes,
+                })
+        })
+    }
+}
+
+impl Drop for Shards {
+    /// The shards whose last handle this was close in parallel, each lingering for its own
+    /// connections, not one after the other.
+    fn drop(&mut self) {
+        let drivers = std::mem::take(&mut self.drivers);
+        if drivers.len() > 1 && !std::thread::panicking() {
+            std::thread::scope(|s| {
+                for d in drivers {
+                    s.spawn(move || drop(d));
+                }
+            });
+        }
+    }
+}
+
+/// A server runs a shard per CPU the process may use (at most [`ri2n_proto::MAX_SHARDS`]);
+/// a client, which mostly holds one connection, one.
+fn default_shards(config: &EndpointConfig) -> usize {
+    if !config.accept_incoming {
+        return 1;
+    }
+    std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(ri2n_proto::MAX_SHARDS)
+}
+
+/// Shard `index` of `count`'s engine configuration: its share of connection IDs, and its
+/// share of the endpoint's limits on connections and handshakes (spread evenly, as the IDs
+/// that choose the shards are random). The limit per client address is kept by the counts
+/// the shards share.
+fn shard_config(config: &EndpointConfig, index: usize, count: usize) -> EndpointConfig {
+    let mut c = config.clone();
+    c.shard = Shard {
+        index: index as u32,
+        count: count as u32,
+    };
+    c.max_connections = config.max_connections.div_ceil(count);
+    c.max_keyed_handshakes_per_second = config
+        .max_keyed_handshakes_per_second
+        .map(|r| r.div_ceil(count as u32));
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use ri2n_proto::wire::{packet_type, VERSION};
+
+    use super::*;
+
+    /// A short packet for connection ID `cid` (header only: the socket filter and the
+    /// steering program read no further).
+    fn short_packet(cid: u64) -> Vec<u8> {
+        let mut d = vec![VERSION, packet_type::SHORT];
+        d.extend_from_slice(&cid.to_be_bytes());
+        d.extend_from_slice(&[0, 0, 0, 0]);
+        d
+    }
+
+    #[test]
+    fn the_kernel_hands_each_connection_id_to_its_shards_socket() {
+        const SHARDS: u32 = 4;
+        let first = LinkSocket::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let mut group = vec![first];
+        for _ in 1..SHARDS {
+            group.push(LinkSocket::bind_beside(&group[0]).unwrap());
+        }
+        group[0].steer_by_connection_id(SHARDS).unwrap();
+        let sender = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let cids: Vec<u64> = (0..64u64)
+            .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
+        for &cid in &cids {
+            sender.send_to(&short_packet(cid), group[0].local).unwrap();
+        }
+        let mut received = 0;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut buf = [0u8; 64];
+        while received < cids.len() && Instant::now() < deadline {
+            for (i, s) in group.iter().enumerate() {
+                while let Ok((n, _)) = s.io.recv_from(&mut buf) {
+                    let cid = u64::from_be_bytes(buf[2..10].try_into().unwrap());
+                    assert_eq!(n, 14);
+                    assert_eq!(
+                        Shard::of(cid, SHARDS) as usize,
+                        i,
+                        "connection ID {cid:#x} reached the socket of shard {i}"
+                    );
+                    received += 1;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(received, cids.len(), "every datagram arrived");
+    }
+
+    #[test]
+    fn claimed_ids_are_in_their_share_and_stay_random_below() {
+        for count in [1, 2, 3, 7, 16] {
+            for index in 0..count {
+                let shard = Shard { index, count };
+                for r in [0, 1, u64::MAX, u64::MAX - 5, 0x1234_5678_9abc_def0] {
+                    let cid = shard.claim(r);
+                    assert!(shard.owns(cid), "{r:#x} claimed by {shard:?} as {cid:#x}");
+                    assert_eq!(cid & 0xffff_ffff, r & 0xffff_ffff);
+                    assert!(cid.abs_diff(r) < u64::from(count) << 32);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! Endpoints with several shards (an engine and a driver thread each, on the same addresses):
+//! connections spread over them and each receives exactly what was sent to it, also when
+//! connections of two shards share their paths (datagrams that the kernel steers to the
+//! wrong shard are forwarded), and a peer's restart reaches connections on every shard.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::process::{Child, Command};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ri2n::{Connection, ConnectionConfig, ConnectionError, Endpoint, EndpointConfig};
+
+const BYTES_EACH: usize = 2 << 20;
+
+fn addrs(ips: &[&str], port: u16) -> Vec<SocketAddr> {
+    ips.iter()
+        .map(|ip| format!("{ip}:{port}").parse().unwrap())
+        .collect()
+}
+
+fn endpoint(config: EndpointConfig, shards: usize) -> Endpoint {
+    let e = Endpoint::bind(config.with_shards(Some(shards))).unwrap();
+    assert_eq!(e.shards(), shards, "the endpoint runs the shards asked for");
+    e
+}
+
+/// Connection `k`'s bytes: distinct per connection, so a mix-up between them shows.
+fn payload(k: usize) -> Vec<u8> {
+    (0..BYTES_EACH)
+        .map(|i| (i.wrapping_mul(31) ^ k.wrapping_mul(7919) ^ (i >> 11)) as u8)
+        .collect()
+}
+
+/// Each client connection sends its payload and reads it back from the server's echo.
+fn echo_all(server: &Endpoint, clients: Vec<Connection>) -> Vec<usize> {
+    let n = clients.len();
+    let mut server_shards = Vec::new();
+    let echoes: Vec<_> = (0..n)
+        .map(|_| {
+            let mut peer = server
+                .accept_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            let mut peer = peer.take().expect("the server accepts every client");
+            server_shards.push(peer.shard());
+            thread::spawn(move || {
+                let mut buf = vec![0u8; 64 << 10];
+                loop {
+                    let got = peer.read(&mut buf).unwrap();
+                    if got == 0 {
+                        break;
+                    }
+                    peer.write_all(&buf[..got]).unwrap();
+                }
+                peer.finish().unwrap();
+            })
+        })
+        .collect();
+    let senders: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(k, conn)| {
+            thread::spawn(move || {
+                let sent = payload(k);
+                let back = thread::scope(|s| {
+                    let check = s.spawn(|| {
+                        let mut back = Vec::new();
+                        (&conn).read_to_end(&mut back).unwrap();
+                        back
+                    });
+                    (&conn).write_all(&sent).unwrap();
+                    conn.finish().unwrap();
+                    check.join().unwrap()
+                });
+                assert!(
+                    back == sent,
+                    "connection {k} got back other bytes than it sent"
+                );
+            })
+        })
+        .collect();
+    for t in senders.into_iter().chain(echoes) {
+        t.join().unwrap();
+    }
+    server_shards
+}
+
+#[test]
+fn connections_spread_over_the_shards_and_each_gets_its_own_bytes() {
+    let server = endpoint(
+        EndpointConfig::new(addrs(&["127.0.0.1", "127.0.0.2"], 0)).server(),
+        2,
+    );
+    let to = server.local_addrs();
+    // separate client endpoints, so that each connection has paths of its own: the kernel's
+    // steering program alone must bring every datagram to its shard. The server's shard of
+    // a connection follows from the ID its client picked at random: with 16, all on one
+    // shard has a chance of 2 in 65 536.
+    let endpoints: Vec<Endpoint> = (0..16)
+        .map(|_| Endpoint::client(&addrs(&["127.0.0.1", "127.0.0.2"], 0)).unwrap())
+        .collect();
+    let clients = (endpoints.iter())
+        .map(|c| c.connect(&to[..1], ConnectionConfig::default()).unwrap())
+        .collect();
+    let used = echo_all(&server, clients);
+    assert!(
+        used.contains(&0) && used.contains(&1),
+        "the server's connections are spread over both shards: {used:?}"
+    );
+    assert_eq!(server.dropped_datagrams().total(), 0);
+}
+
+#[test]
+fn connections_of_two_shards_sharing_their_paths_lose_nothing() {
+    let server = endpoint(
+        EndpointConfig::new(addrs(&["127.0.0.1", "127.0.0.2"], 0)).server(),
+        2,
+    );
+    let to = server.local_addrs();
+    // one sharded client endpoint: all its connections run between the same address pairs,
+    // so one GSO batch, one GRO buffer or one path socket can carry datagrams of connections
+    // of both shards, on either side
+    let client = endpoint(
+        EndpointConfig::new(addrs(&["127.0.0.1", "127.0.0.2"], 0)),
+        2,
+    );
+    let clients: Vec<Connection> = (0..8)
+        .map(|_| {
+            client
+                .connect(&to[..1], ConnectionConfig::default())
+                .unwrap()
+        })
+        .collect();
+    let client_shards: Vec<usize> = clients.iter().map(Connection::shard).collect();
+    assert!(
+        client_shards.contains(&0) && client_shards.contains(&1),
+        "the client opens its connections on both shards in turn: {client_shards:?}"
+    );
+    echo_all(&server, clients);
+    assert_eq!(
+        server.dropped_datagrams().total() + client.dropped_datagrams().total(),
+        0,
+        "no datagram was dropped as unknown: each reached its connection's shard"
+    );
+}
+
+/// The environment variable that makes this test binary a server that waits to be killed
+/// (its ports in the value).
+const CHILD_SERVER: &str = "RI2N_TEST_SHARDS_CHILD_SERVER";
+
+/// Run as a child process: a server on the given port of 127.0.0.1 and 127.0.0.2 that
+/// accepts and holds connections until it is killed.
+#[test]
+fn child_server() {
+    let Ok(port) = std::env::var(CHILD_SERVER) else {
+        return; // only as the child of the restart test
+    };
+    let port: u16 = port.parse().unwrap();
+    let server = endpoint(
+        EndpointConfig::new(addrs(&["127.0.0.1", "127.0.0.2"], port)).server(),
+        1,
+    );
+    let mut held = Vec::new();
+    let until = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < until {
+        if let Some(c) = server
+            .accept_timeout(Some(Duration::from_millis(100)))
+            .unwrap()
+        {
+            held.push(c);
+        }
+    }
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_restarted_peer_is_noticed_by_connections_on_every_shard() {
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let spawn_server = || {
+        KillOnDrop(
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "child_server", "--nocapture", "--test-threads=1"])
+                .env(CHILD_SERVER, port.to_string())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let mut server = spawn_server();
+    let client = endpoint(
+        EndpointConfig::new(addrs(&["127.0.0.1", "127.0.0.2"], 0)),
+        2,
+    );
+    let to = addrs(&["127.0.0.1"], port);
+    let start = Instant::now();
+    let connect = || loop {
+        match client.connect(&to, ConnectionConfig::default()) {
+            Ok(c) => return c,
+            // the child is still binding
+            Err(_) if start.elapsed() < Duration::from_secs(10) => {
+                thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => panic!("cannot connect to the child server: {e}"),
+        }
+    };
+    let mut conns: Vec<Connection> = (0..4).map(|_| connect()).collect();
+    assert!((conns.iter()).any(|c| c.shard() == 0) && conns.iter().any(|c| c.shard() == 1));
+    for c in &mut conns {
+        c.write_all(b"before the restart").unwrap();
+    }
+    // the server's process dies without a word and a new one takes its ports: it answers
+    // the connections' packets with RESETs, which name the old server's connection IDs
+    server.0.kill().unwrap();
+    server.0.wait().unwrap();
+    let _restarted = spawn_server();
+    let killed = Instant::now();
+    let ends: Vec<_> = conns
+        .into_iter()
+        .map(|mut c| {
+            thread::spawn(move || {
+                // keep writing until the connection ends (a write makes a packet to answer)
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while Instant::now() < deadline {
+                    if let Err(e) = c.write_all(b"after the restart") {
+                        return (c.shard(), Some(e));
+                    }
+                    thread::sleep(Duration::from_millis(10));
+                }
+                (c.shard(), None)
+            })
+        })
+        .collect();
+    for t in ends {
+        let (shard, e) = t.join().unwrap();
+        let e = e.unwrap_or_else(|| panic!("a connection of shard {shard} never ended"));
+        let reason = e
+            .get_ref()
+            .and_then(|r| r.downcast_ref::<ConnectionError>());
+        assert_eq!(
+            reason,
+            Some(&ConnectionError::PeerRestarted),
+            "shard {shard}'s connection learned of the restart: {e}"
+        );
+    }
+    assert!(killed.elapsed() < Duration::from_secs(10));
+}
