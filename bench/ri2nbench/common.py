@@ -335,11 +335,44 @@ BUILD = {}  # facts about the ri2n binary, taken when it is copied at start
 OPTION_DEFAULTS = {}
 
 
+def head_commit():
+    """The checkout's commit without git (a benchmark host may have none): .git/HEAD, the ref
+    it names, loose or packed; a worktree's .git is a file naming its git directory."""
+    try:
+        gd = os.path.join(ROOT, ".git")
+        if os.path.isfile(gd):
+            with open(gd) as f:
+                gd = os.path.join(ROOT, f.read().split("gitdir:", 1)[1].strip())
+        with open(os.path.join(gd, "HEAD")) as f:
+            head = f.read().strip()
+        if not head.startswith("ref:"):
+            return head[:7]
+        ref = head[4:].strip()
+        # a worktree keeps its HEAD, the refs live in the common git directory
+        dirs = [gd]
+        if os.path.exists(os.path.join(gd, "commondir")):
+            with open(os.path.join(gd, "commondir")) as f:
+                dirs.append(os.path.join(gd, f.read().strip()))
+        for d in dirs:
+            if os.path.exists(os.path.join(d, ref)):
+                with open(os.path.join(d, ref)) as f:
+                    return f.read().strip()[:7]
+            if os.path.exists(os.path.join(d, "packed-refs")):
+                with open(os.path.join(d, "packed-refs")) as f:
+                    for line in f:
+                        if line.rstrip().endswith(" " + ref):
+                            return line[:7]
+    except (OSError, IndexError):
+        pass
+    return ""
+
+
 def build_facts():
     src = RI2N_SOURCE
     return {
-        "commit": sh("git -C %s rev-parse --short HEAD" % ROOT),
-        "dirty": sh("git -C %s status --porcelain -- crates Cargo.toml Cargo.lock | wc -l" % ROOT),
+        "commit": sh("git -C %s rev-parse --short HEAD" % ROOT) or head_commit(),
+        "dirty": (sh("git -C %s status --porcelain -- crates Cargo.toml Cargo.lock | wc -l" % ROOT)
+                  if shutil.which("git") else ""),
         "ri2n_built": sh("date -u -r %s '+%%Y-%%m-%%d %%H:%%M UTC'" % src),
     }
 
