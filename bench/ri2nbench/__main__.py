@@ -1,11 +1,11 @@
 """ri2n benchmarks: loopback, lab throughput, fast links, fault timeline, lab latency sweep,
-the cost of a key, the tunnel.
+the cost of a key, the tunnel, scaling with the host's cores.
 
-Run through bench/run-all (installs the tools, builds ri2n). Each part writes its raw results to
+Run through bench/run-all (installs the tools the named parts need, builds ri2n where cargo is). Each part writes its raw results to
 bench/results/<part>.json and rewrites its own block of docs/BENCHMARKS.md (between the
 `<!-- BEGIN part -->` / `<!-- END part -->` markers; the prose around them is kept).
 
-Safety: loopback traffic only on 127.0.0.1/127.0.0.2 (free ports picked at start); lab traffic
+Safety: loopback traffic only on 127.0.0.1 to 127.0.0.4 (free ports picked at start); lab traffic
 only inside the namespaces of one lab whose prefix is unique to this run (ri2nbench-<pid>),
 which is torn down on every exit path. Every process started is tracked and ended by its PID;
 every loop and wait is bounded in time.
@@ -24,18 +24,49 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ri2nbench import (  # noqa: E402
-    attacks, common, fast, fault, keyed, lab, labctl, loopback, sweep, tunnel)
+    attacks, common, fast, fault, keyed, lab, labctl, loopback, scale, sweep, tunnel)
 
 PARTS = {"loopback": loopback.part_loopback, "lab": lab.part_lab, "fast": fast.part_fast,
          "fault": fault.part_fault, "sweep": sweep.part_sweep, "keyed": keyed.part_keyed,
-         "tunnel": tunnel.part_tunnel}
+         "tunnel": tunnel.part_tunnel, "scale": scale.part_scale}
 REPORTERS = {"loopback": loopback.report_loopback, "lab": lab.report_lab,
              "fast": fast.report_fast, "fault": fault.report_fault,
              "sweep": sweep.report_sweep, "keyed": keyed.report_keyed,
-             "tunnel": tunnel.report_tunnel, "attacks": attacks.report_attacks}
+             "tunnel": tunnel.report_tunnel, "attacks": attacks.report_attacks,
+             "scale": scale.report_scale}
 # parts measured elsewhere, whose blocks `report` writes too (attacks: bench/attacks/attacks.py)
 REPORT_ONLY = ["attacks"]
 AFTER_REPORT = {"fault": fault.plot}
+# What each part runs besides ri2n, as "command:Debian package" ("-": no package; bench/run-all
+# says so instead of installing): those it cannot do without, and those whose absence only
+# leaves something out (fast: the perf profile; fault: the plot; tunnel: the MPI job). bench/run-all
+# asks for these (--needs) and installs only what the named parts lack.
+LAB_TOOLS = ["ip:iproute2", "tc:iproute2"]
+NEEDS = {
+    "loopback": (["iperf3:iperf3", "sockperf:sockperf", "taskset:util-linux"], []),
+    "lab": (LAB_TOOLS + ["ss:iproute2", "iperf3:iperf3", "mptcpize:mptcpize"], []),
+    "fast": (LAB_TOOLS + ["iperf3:iperf3", "mptcpize:mptcpize", "b2sum:coreutils"],
+             ["perf:linux-perf"]),
+    "fault": (LAB_TOOLS + ["ss:iproute2", "iperf3:iperf3", "mptcpize:mptcpize"],
+              ["gnuplot:gnuplot-nox"]),
+    "sweep": (LAB_TOOLS + ["sockperf:sockperf", "mptcpize:mptcpize"], []),
+    "keyed": (LAB_TOOLS + ["cargo:-"], []),
+    "tunnel": (LAB_TOOLS + ["ss:iproute2", "iperf3:iperf3", "sockperf:sockperf",
+                            "mptcpize:mptcpize"], ["mpirun:openmpi-bin", "mpicc:libopenmpi-dev"]),
+    "scale": (LAB_TOOLS + ["iperf3:iperf3", "mptcpize:mptcpize"], ["sockperf:sockperf"]),
+}
+
+
+def print_needs(parts):
+    """One line per tool the parts run: `required|optional COMMAND PACKAGE` (bench/run-all)."""
+    seen = set()
+    for kind, i in (("required", 0), ("optional", 1)):
+        for p in parts:
+            for t in NEEDS[p][i]:
+                cmd, pkg = t.split(":")
+                if cmd not in seen:
+                    seen.add(cmd)
+                    print(kind, cmd, pkg)
 
 
 def update_doc(parts, write=True):
@@ -57,19 +88,34 @@ def parser():
     ap = argparse.ArgumentParser(prog="bench/run-all", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("parts", nargs="*", default=[],
-                    help="loopback, lab, fast, fault, sweep, keyed, tunnel (default: all), or report (rewrite "
-                         "docs/BENCHMARKS.md from bench/results/ without measuring)")
+                    help="loopback, lab, fast, fault, sweep, keyed, tunnel, scale (default: all), or "
+                         "report (rewrite docs/BENCHMARKS.md from bench/results/ without measuring)")
     ap.add_argument("--prefix", default="ri2nbench-%d" % os.getpid(), help="lab prefix")
-    ap.add_argument("--reps", type=int, default=3, help="runs per throughput/fault measurement")
+    ap.add_argument("--tools", metavar="DIR",
+                    help="put DIR/bin first in PATH for everything the run starts (a folder made "
+                         "by ../shared/lab-tools/pack DIR: ip, tc, iperf3, sockperf, ping, "
+                         "mptcpize); default: $RI2N_LAB_TOOLS if set")
+    ap.add_argument("--ri2n", metavar="PATH",
+                    help="the ri2n binary (default: $RI2N, else release/ri2n of "
+                         "$CARGO_TARGET_DIR, else target/release/ri2n)")
+    ap.add_argument("--needs", action="store_true",
+                    help="print the tools the named parts run, one a line (`required|optional "
+                         "COMMAND PACKAGE`), and exit (bench/run-all installs from it)")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="runs per throughput/fault measurement (and per cell of part scale)")
     ap.add_argument("--lat-reps", type=int, default=7, help="loopback latency runs")
     ap.add_argument("--lat-count", type=int, default=20000)
     ap.add_argument("--pinned-reps", type=int, default=3,
                     help="loopback latency runs with every process pinned to CPU 0 (diagnostic)")
-    ap.add_argument("--time", type=int, default=10, help="throughput test length (s)")
+    ap.add_argument("--time", type=int, default=10,
+                    help="throughput test length (s; part scale: each loopback cell)")
     ap.add_argument("--fast-bytes", type=int, default=1 << 30,
                     help="bytes per transfer on the unlimited-rate links (part fast)")
     ap.add_argument("--piped-bytes", type=int, default=512 << 20,
                     help="bytes per piped transfer on 2 x 1 Gbit/s (part fast)")
+    ap.add_argument("--scale-bytes", type=int, default=4 << 30,
+                    help="bytes per transfer on the unlimited-rate links of part scale (more than "
+                         "part fast's: a many-core host moves 1 GiB in a fraction of a second)")
     ap.add_argument("--sockperf-time", type=int, default=2)
     ap.add_argument("--sweep-reps", type=int, default=3)
     ap.add_argument("--sweep-count", type=int, default=2000)
@@ -98,10 +144,13 @@ def main():
     for p in parts:
         if p not in PARTS and p != "report":
             ap.error("unknown part %r" % p)
+    if o.needs:
+        print_needs([p for p in parts if p in NEEDS])
+        return 0
     if o.quick:
         o.reps = o.lat_reps = o.sweep_reps = o.pinned_reps = o.soak = 1
         o.time = 3
-        o.fast_bytes = o.piped_bytes = 128 << 20
+        o.fast_bytes = o.piped_bytes = o.scale_bytes = 128 << 20
         o.lat_count = 2000
         o.sweep_count = 200
         o.no_doc = True
@@ -121,9 +170,21 @@ def main():
 
     for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(s, on_signal)
+    tools = o.tools or os.environ.get("RI2N_LAB_TOOLS")
+    if tools:
+        try:
+            common.log("tools: %s first in PATH" % common.use_tools(tools))
+        except RuntimeError as e:
+            ap.error(str(e))
+    common.log("tools: %s" % ", ".join("%s %s" % (t, p or "(none)")
+                                       for t, p in common.tool_paths().items()))
+    if o.ri2n:
+        common.RI2N = common.RI2N_SOURCE = os.path.abspath(o.ri2n)
     # a private copy of the binary: other people's builds may replace target/release/ri2n
     if not os.access(common.RI2N, os.X_OK):
-        ap.error("%s missing: cargo build --release -p ri2n-cli" % common.RI2N)
+        ap.error("%s missing: cargo build --release -p ri2n-cli (or name one: --ri2n PATH)"
+                 % common.RI2N)
+    common.log("ri2n: %s" % common.RI2N)
     tmpdir = tempfile.mkdtemp(prefix="ri2nbench-")
     common.BUILD.update(common.build_facts())
     shutil.copy2(common.RI2N, os.path.join(tmpdir, "ri2n"))

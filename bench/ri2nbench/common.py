@@ -3,6 +3,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import statistics
@@ -14,7 +15,19 @@ import time
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # bench/
 ROOT = os.path.dirname(HERE)
-RI2N = os.path.join(ROOT, "target", "release", "ri2n")
+
+
+def default_ri2n():
+    """The binary the driver runs unless --ri2n names one: $RI2N, else release/ri2n of
+    $CARGO_TARGET_DIR (relative: to the repository root, where bench/run-all builds), else of
+    target/."""
+    if os.environ.get("RI2N"):
+        return os.path.abspath(os.environ["RI2N"])
+    return os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target", "release", "ri2n")
+
+
+RI2N = default_ri2n()
+RI2N_SOURCE = RI2N  # the binary copied at start (RI2N then names the private copy)
 LAB = os.path.join(ROOT, "lab", "ri2n-lab")
 FLOW = os.path.join(HERE, "mptcp_flow.py")
 RESULTS = os.path.join(HERE, "results")
@@ -283,14 +296,14 @@ def sys_busy():
 
 def timed_client(cmd, timeout):
     """Runs the sending side of a transfer; returns its exit code, its CPU seconds, the
-    machine's busy CPU seconds meanwhile and what it printed."""
+    machine's busy CPU seconds meanwhile, the seconds it ran and what it printed."""
     with tempfile.TemporaryFile("w+") as out:
-        busy0 = sys_busy()
+        busy0, w0 = sys_busy(), time.monotonic()
         p = PROCS.start(cmd, stdout=out)
         rc, cpu = PROCS.wait_rusage(p, timeout)
-        busy1 = sys_busy()
+        busy1, wall = sys_busy(), time.monotonic() - w0
         out.seek(0)
-        return rc, cpu, busy1 - busy0, out.read()
+        return rc, cpu, busy1 - busy0, wall, out.read()
 
 
 def fast_file(nbytes):
@@ -322,11 +335,44 @@ BUILD = {}  # facts about the ri2n binary, taken when it is copied at start
 OPTION_DEFAULTS = {}
 
 
+def head_commit():
+    """The checkout's commit without git (a benchmark host may have none): .git/HEAD, the ref
+    it names, loose or packed; a worktree's .git is a file naming its git directory."""
+    try:
+        gd = os.path.join(ROOT, ".git")
+        if os.path.isfile(gd):
+            with open(gd) as f:
+                gd = os.path.join(ROOT, f.read().split("gitdir:", 1)[1].strip())
+        with open(os.path.join(gd, "HEAD")) as f:
+            head = f.read().strip()
+        if not head.startswith("ref:"):
+            return head[:7]
+        ref = head[4:].strip()
+        # a worktree keeps its HEAD, the refs live in the common git directory
+        dirs = [gd]
+        if os.path.exists(os.path.join(gd, "commondir")):
+            with open(os.path.join(gd, "commondir")) as f:
+                dirs.append(os.path.join(gd, f.read().strip()))
+        for d in dirs:
+            if os.path.exists(os.path.join(d, ref)):
+                with open(os.path.join(d, ref)) as f:
+                    return f.read().strip()[:7]
+            if os.path.exists(os.path.join(d, "packed-refs")):
+                with open(os.path.join(d, "packed-refs")) as f:
+                    for line in f:
+                        if line.rstrip().endswith(" " + ref):
+                            return line[:7]
+    except (OSError, IndexError):
+        pass
+    return ""
+
+
 def build_facts():
-    src = os.path.join(ROOT, "target", "release", "ri2n")
+    src = RI2N_SOURCE
     return {
-        "commit": sh("git -C %s rev-parse --short HEAD" % ROOT),
-        "dirty": sh("git -C %s status --porcelain -- crates Cargo.toml Cargo.lock | wc -l" % ROOT),
+        "commit": sh("git -C %s rev-parse --short HEAD" % ROOT) or head_commit(),
+        "dirty": (sh("git -C %s status --porcelain -- crates Cargo.toml Cargo.lock | wc -l" % ROOT)
+                  if shutil.which("git") else ""),
         "ri2n_built": sh("date -u -r %s '+%%Y-%%m-%%d %%H:%%M UTC'" % src),
     }
 
@@ -342,8 +388,30 @@ def machine():
         "ri2n_sha256": sh("sha256sum %s | cut -c1-12" % RI2N),
         "iperf3": sh("iperf3 --version | head -1"),
         "sockperf": sh("sockperf --version 2>&1 | grep -m1 version"),
-        "mptcp_enabled": sh("sysctl -n net.mptcp.enabled"),
+        "mptcp_enabled": sh("cat /proc/sys/net/mptcp/enabled"),
+        "cpu_count": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)),
     }
+
+
+# the outside tools the parts run, whose resolved paths the driver logs and records (a folder
+# of packed tools, --tools, puts its own first)
+TOOLS = ("ip", "tc", "iperf3", "sockperf", "mptcpize", "ping")
+
+
+def use_tools(folder):
+    """Puts FOLDER/bin (made by ../shared/lab-tools/pack) first in PATH, for every process
+    this run starts, lab/ri2n-lab included."""
+    b = os.path.join(os.path.abspath(folder), "bin")
+    if not os.path.isdir(b):
+        raise RuntimeError("%s: no such folder (make it with ../shared/lab-tools/pack %s)" % (b, folder))
+    path = os.environ.get("PATH", "").split(os.pathsep)
+    os.environ["PATH"] = os.pathsep.join([b] + [d for d in path if d != b])
+    return b
+
+
+def tool_paths():
+    return {t: shutil.which(t) for t in TOOLS}
 
 
 def save(res):

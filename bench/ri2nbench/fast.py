@@ -40,13 +40,14 @@ def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, ke
             pipe_in, common.RI2N, lab.b_addrs()[0], port, " ".join(local))]
     else:
         in_cmd += ["-i", src]
-    rc, scpu, machine, text = timed_client(lab.ex("a", *in_cmd), timeout)
+    rc, scpu, machine, wall, text = timed_client(lab.ex("a", *in_cmd), timeout)
     rrc, rcpu = PROCS.wait_rusage(recv, 30)
     try:
         doc = json.loads(text)
     except ValueError:
         doc = None
-    r = {"rc": rc, "recv_rc": rrc, "cpu_send": scpu, "cpu_recv": rcpu, "cpu_machine": machine}
+    r = {"rc": rc, "recv_rc": rrc, "cpu_send": scpu, "cpu_recv": rcpu, "cpu_machine": machine,
+         "wall_send": wall}
     if doc:
         r.update(bytes=doc["bytes"], seconds=doc["seconds"], bps=doc["goodput_bps"],
                  encryption=doc.get("encryption"),
@@ -74,9 +75,9 @@ def iperf_transfer(lab, nbytes, mptcp, pipe_in=None, pipe_out=None, src=None, ti
     if pipe_in:
         ccmd = ["sh", "-c", "%s | %s iperf3 -c 10.77.1.2 -p %d -n %d -F /dev/stdin --json" % (
             pipe_in, " ".join(wrap), port, nbytes)]
-    rc, ccpu, machine, text = timed_client(lab.ex("a", *ccmd), timeout)
+    rc, ccpu, machine, wall, text = timed_client(lab.ex("a", *ccmd), timeout)
     src, scpu = PROCS.wait_rusage(srv, 30)
-    r = {"rc": rc, "cpu_send": ccpu, "cpu_recv": scpu, "cpu_machine": machine}
+    r = {"rc": rc, "cpu_send": ccpu, "cpu_recv": scpu, "cpu_machine": machine, "wall_send": wall}
     try:
         doc = json.loads(text)
         e = doc["end"]["sum_received"]

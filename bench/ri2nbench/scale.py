@@ -1,0 +1,338 @@
+"""Part 8: how ri2n scales with the host's cores: many clients of one `ri2n serve` on loopback,
+and the unlimited-rate 2- and 4-link lab against one TCP connection and MPTCP."""
+import json
+import os
+import shutil
+import tempfile
+import time
+
+from . import common
+from .common import (
+    PROCS, busy_line, fast_file, free_port, log, med, mfacts, proc_cpu, run, spread, sys_busy,
+    thread_cpu, wait_quiet, wait_ready)
+from .fast import iperf_transfer, ri2n_transfer
+from .labctl import new_lab
+
+CLIENTS = (1, 2, 4, 8)
+LOOP_LINKS = (2, 4)
+LAB_LINKS = (2, 4)
+LAB_TOOLS = ("ri2n", "ri2n_keyed", "tcp", "mptcp")
+LAB_NAMES = {"ri2n": "ri2n", "ri2n_keyed": "ri2n, keyed", "tcp": "1 TCP connection",
+             "mptcp": "MPTCP"}
+
+
+def cpu_list(cpus):
+    """[0, 1, 2, 5] -> '0-2,5'"""
+    out, run_start, prev = [], None, None
+    for c in sorted(cpus) + [None]:
+        if prev is not None and c == prev + 1:
+            prev = c
+            continue
+        if run_start is not None:
+            out.append(str(run_start) if run_start == prev else "%d-%d" % (run_start, prev))
+        run_start = prev = c
+    return ",".join(out)
+
+
+def host_facts():
+    """What the figures depend on: the cores this run may use and their model, the kernel, when,
+    from which commit, and which tools (their resolved paths: packed ones or the host's)."""
+    aff = os.sched_getaffinity(0)
+    m = common.machine()
+    return {"cpu_count": os.cpu_count(), "affinity": len(aff), "affinity_cpus": cpu_list(aff),
+            "cpu": m["cpu"], "kernel": m["uname_r"], "date_utc": m["date_utc"],
+            "commit": m.get("commit"), "dirty": m.get("dirty"), "ri2n": common.RI2N_SOURCE,
+            "tools": common.tool_paths(), "mptcp_enabled": m["mptcp_enabled"]}
+
+
+def host_line(h):
+    return ("%s CPUs (os.cpu_count), %s in this run's affinity mask (%s), `%s`, kernel `%s`, "
+            "%s, commit `%s`" % (h["cpu_count"], h["affinity"], h["affinity_cpus"], h["cpu"],
+                                 h["kernel"], h["date_utc"], h["commit"] or "unknown"))
+
+
+def loop_addrs(links):
+    return ["127.0.0.%d" % i for i in range(1, links + 1)]
+
+
+def loop_clients(server, port, links, n, seconds, key):
+    """`n` `ri2n bench` clients started at once against `server`, each from one local address
+    per link: their aggregate goodput (the sum of what each reports), the server's CPU in
+    cores (its utime+stime delta over the clients' wall time), the clients' and the whole
+    machine's."""
+    cmd = [common.RI2N, "bench", "--to", "127.0.0.1:%d" % port, "--time", seconds, "--json"]
+    cmd += sum((["--local", a] for a in loop_addrs(links)), [])
+    cmd += ["--key", key] if key else []
+    outs = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(n)]
+    try:
+        s0, t0, b0 = proc_cpu(server.pid), thread_cpu(server.pid), sys_busy()
+        w0 = time.monotonic()
+        ps = [PROCS.start(cmd, stdout=o, stderr=e) for o, e in outs]
+        waited = [PROCS.wait_rusage(p, seconds + 60) for p in ps]
+        wall = time.monotonic() - w0
+        s1, t1, b1 = proc_cpu(server.pid), thread_cpu(server.pid), sys_busy()
+        docs, errs = [], []
+        for o, e in outs:
+            o.seek(0)
+            e.seek(0)
+            try:
+                docs.append(json.loads(o.read()))
+            except ValueError:
+                docs.append(None)
+            errs.append(e.read()[-300:])
+    finally:
+        for o, e in outs:
+            o.close()
+            e.close()
+    rcs = [w[0] for w in waited]
+    rates = [d["summary"]["goodput_bps"] if d and d.get("summary") else None for d in docs]
+    ok = all(rc == 0 for rc in rcs) and None not in rates
+    threads = sorted(((v - t0.get(t, 0.0)) / wall for t, v in t1.items()), reverse=True)
+    r = {"clients": n, "rcs": rcs, "rates": rates, "bps": sum(rates) if ok else None,
+         "wall_s": round(wall, 3),
+         "links_up": [sum(1 for l in d["summary"].get("links", []) if l.get("came_up"))
+                      if d and d.get("summary") else None for d in docs],
+         "retransmitted_bytes": sum((d["summary"].get("retransmitted_bytes") or 0)
+                                    for d in docs if d and d.get("summary")),
+         "server_cores": (s1 - s0) / wall,
+         "server_top_threads": [round(x, 3) for x in threads[:3]],
+         "client_cores": sum(w[1] or 0 for w in waited) / wall,
+         "machine_cores": (b1 - b0) / wall}
+    if not ok:
+        r["errors"] = [e for rc, e in zip(rcs, errs) if rc != 0]
+    return r
+
+
+def measure_loopback(o, res, keyfile):
+    """Every server up at once (2 and 4 links, with and without a key), so that each run
+    measures every cell in turn."""
+    servers = {}
+    for links in LOOP_LINKS:
+        for keyed in (False, True):
+            port = free_port(loop_addrs(links))
+            cmd = [common.RI2N, "serve", "-q"] + sum(
+                (["--listen", "%s:%d" % (a, port)] for a in loop_addrs(links)), [])
+            cmd += ["--key", keyfile] if keyed else []
+            servers[(links, keyed)] = (PROCS.start(cmd), port)
+    for (links, keyed), (p, _) in servers.items():
+        wait_ready(p, "ri2n serve (%d links%s)" % (links, ", keyed" if keyed else ""), 0.2)
+    time.sleep(0.3)
+    configs = list(servers)
+    for rep in range(o.reps):
+        order = configs[rep % len(configs):] + configs[:rep % len(configs)]
+        for links, keyed in order:
+            p, port = servers[(links, keyed)]
+            line = []
+            for n in (CLIENTS if rep % 2 == 0 else CLIENTS[::-1]):
+                busy = wait_quiet()
+                r = loop_clients(p, port, links, n, o.time, keyfile if keyed else None)
+                r.update(rep=rep, links=links, keyed=keyed, busy_before=busy)
+                res["loopback"].append(r)
+                line.append("%d: %.2f Gbit/s %.2f cores" % (n, (r["bps"] or 0) / 1e9,
+                                                            r["server_cores"]))
+                if r["bps"] is None:
+                    log("    failed: rc %s: %s" % (r["rcs"], r.get("errors")))
+            log("  loopback rep %d, %d links%s: %s" % (rep, links, ", keyed" if keyed else "",
+                                                       "; ".join(line)))
+    for p, _ in servers.values():
+        PROCS.stop(p)
+
+
+def measure_lab(o, res, keyfile):
+    src = fast_file(o.scale_bytes)
+    lab = new_lab(o.prefix)
+    for n in LAB_LINKS:
+        log("scale: lab, %d unlimited links, MTU 1500" % n)
+        lab.up([0] * n, mtu=1500)
+        c = {"links": n, "mtu": 1500, "mptcp": lab.mptcp_setup(), "runs": [], "warmup": {}}
+
+        def transfer(k):
+            if k.startswith("ri2n"):
+                return ri2n_transfer(lab, src, o.scale_bytes,
+                                     key=keyfile if k == "ri2n_keyed" else None)
+            return iperf_transfer(lab, o.scale_bytes, mptcp=(k == "mptcp"), src=src)
+
+        # as in part fast: one discarded transfer of each tool on the fresh lab
+        for k in LAB_TOOLS:
+            wait_quiet()
+            c["warmup"][k] = (transfer(k).get("bps") or 0) / 1e9
+        log("  warm-up (discarded): %s" % ", ".join(
+            "%s %.2f Gbit/s" % (k, v) for k, v in c["warmup"].items()))
+        for rep in range(o.reps):
+            row = {"rep": rep}
+            for k in LAB_TOOLS[rep % 4:] + LAB_TOOLS[:rep % 4]:
+                row["busy_before_" + k] = wait_quiet()
+                m0 = lab.mptcp_counters("a") if k == "mptcp" else None
+                row[k] = transfer(k)
+                if m0 is not None:
+                    # that MPTCP really opened a subflow per link (iperf3 opens two
+                    # connections, control and data: 2 × (links - 1) joins)
+                    m1 = lab.mptcp_counters("a")
+                    row[k]["mptcp_joins"] = m1.get("MPJoinSynAckRx", 0) - m0.get("MPJoinSynAckRx", 0)
+            log("  rep %d: %s" % (rep, ", ".join(
+                "%s %.2f Gbit/s %.2f CPU-s/GB" % (k, (row[k].get("bps") or 0) / 1e9,
+                                                  cpu_per_gb(row[k]) or 0) for k in LAB_TOOLS)))
+            c["runs"].append(row)
+        res["lab"].append(c)
+    lab.down()
+
+
+def part_scale(o):
+    res = {"part": "scale", "host": host_facts(), "loopback": [], "lab": [],
+           "bytes": o.scale_bytes, "seconds": o.time}
+    log("scale: host: %s" % host_line(res["host"]))
+    print("host: %s" % host_line(res["host"]), flush=True)
+    print("tools: %s" % ", ".join("%s %s" % (t, p or "(none)")
+                                  for t, p in res["host"]["tools"].items()), flush=True)
+    keydir = tempfile.mkdtemp(prefix="ri2nbench-key-")
+    keyfile = os.path.join(keydir, "cluster.key")
+    res["commands"] = {
+        "key": "ri2n keygen --output FILE; --key FILE on both ends (keyed)",
+        "serve": "ri2n serve -q --listen 127.0.0.1:PORT … --listen 127.0.0.L:PORT [--key FILE] "
+                 "(L = 2 or 4; one server per links × key, all up for the whole part)",
+        "clients": "N x ri2n bench --to 127.0.0.1:PORT --local 127.0.0.1 … --local 127.0.0.L "
+                   "--time %d --json [--key FILE], started at once" % o.time,
+        "server_cpu": "utime+stime of the serve process (/proc/PID/stat) over the clients' "
+                      "wall time",
+        "lab": "lab/ri2n-lab up L --mtu 1500 (no --rate: unlimited veth links), L = 2 and 4",
+        "ri2n": "ri2n recv --listen 10.77.I.2:PORT … -o /dev/null; ri2n send --to "
+                "10.77.1.2:PORT --local 10.77.I.1 … -i FILE [--key FILE on both]",
+        "tcp": "iperf3 -s -1; iperf3 -c 10.77.1.2 -n BYTES -F FILE (one connection, link 1)",
+        "mptcp": "mptcpize run iperf3 … -F FILE (a subflow per link)",
+        "cpu": "lab: machine busy time from /proc/stat during the transfer, per GB moved",
+    }
+    try:
+        run([common.RI2N, "keygen", "--output", keyfile])
+        log("scale: loopback, one ri2n serve, %s clients at once, %d s each" % (
+            "/".join(map(str, CLIENTS)), o.time))
+        measure_loopback(o, res, keyfile)
+        measure_lab(o, res, keyfile)
+    finally:
+        shutil.rmtree(keydir, ignore_errors=True)
+    print("\n".join(tables(res, brief=True)), flush=True)
+    return res
+
+
+def cpu_per_gb(r):
+    return r["cpu_machine"] / (r["bytes"] / 1e9) if r.get("bytes") and r.get("cpu_machine") else None
+
+
+def ratio(a, b):
+    return a / b if a and b else None
+
+
+def tables(res, brief):
+    """The part's figures and ratios. brief: medians only (what the part prints at its end);
+    else median (min–max, n) as everywhere in docs/BENCHMARKS.md."""
+    def cell(xs, fmt, scale=1.0):
+        if brief:
+            m = med([x * scale if x is not None else None for x in xs])
+            return "n/a" if m is None else fmt % m
+        return spread(xs, fmt, scale)
+
+    L = []
+    loop = res["loopback"]
+    if loop:
+        L.append("")
+        L.append("Loopback, one `ri2n serve`, N `ri2n bench` clients at once for %d s: aggregate "
+                 "goodput (Gbit/s) / the server's CPU (cores); %d run(s) per cell:" % (
+                     res["seconds"], max(r["rep"] for r in loop) + 1))
+        L.append("")
+        L.append("| links | key | %s | %d ÷ 1 clients |" % (
+            " | ".join("%d client%s" % (n, "s" if n > 1 else "") for n in CLIENTS), CLIENTS[-1]))
+        L.append("| --- | --- |%s --- |" % (" --- |" * len(CLIENTS)))
+        for links in LOOP_LINKS:
+            for keyed in (False, True):
+                rows = {n: [r for r in loop if r["links"] == links and r["keyed"] == keyed
+                            and r["clients"] == n] for n in CLIENTS}
+                cells = ["%s / %s" % (cell([r["bps"] for r in rows[n]], "%.2f", 1e-9),
+                                      cell([r["server_cores"] for r in rows[n]], "%.2f"))
+                         for n in CLIENTS]
+                top = {r["rep"]: r["bps"] for r in rows[CLIENTS[-1]]}
+                one = {r["rep"]: r["bps"] for r in rows[1]}
+                L.append("| %d | %s | %s | **%s** |" % (
+                    links, "yes" if keyed else "no", " | ".join(cells),
+                    cell([ratio(top.get(k), one.get(k)) for k in one], "%.2f×")))
+        # same run, same cell but for the key / the links
+        per = {(r["rep"], r["links"], r["keyed"], r["clients"]): r["bps"] for r in loop}
+        keyr = [ratio(v, per.get((rep, links, False, n))) for (rep, links, keyed, n), v in per.items()
+                if keyed]
+        linkr = [ratio(v, per.get((rep, 2, keyed, n))) for (rep, links, keyed, n), v in per.items()
+                 if links == 4]
+        ups = sorted({u for r in loop for u in r["links_up"] if u is not None})
+        L.append("")
+        L.append("Links that came up per client: %s. Per run and cell, keyed ÷ unkeyed goodput "
+                 "%s; 4 ÷ 2 links %s. In the %d-client cells, the server's "
+                 "busiest threads and the whole machine (cores): %s." % (
+                     "/".join(map(str, ups)) or "n/a", cell(keyr, "%.2f×"), cell(linkr, "%.2f×"),
+                     CLIENTS[-1], "; ".join(
+                         "%d links%s %s" % (links, ", keyed" if keyed else "", ", ".join(
+                             "%s, machine %.1f" % ("/".join("%.2f" % x for x in r["server_top_threads"]),
+                                                  r["machine_cores"])
+                             for r in loop if r["links"] == links and r["keyed"] == keyed
+                             and r["clients"] == CLIENTS[-1]))
+                         for links in LOOP_LINKS for keyed in (False, True))))
+    labs = res["lab"]
+    if labs:
+        L.append("")
+        L.append("Unlimited-rate lab, MTU 1500, %.2f GB A→B per transfer: goodput (Gbit/s), the "
+                 "machine's CPU-s per GB; %d run(s), the tools in turn:" % (
+                     res["bytes"] / 1e9, len(labs[0]["runs"])))
+        L.append("")
+        L.append("| links | %s | ri2n ÷ MPTCP | keyed ÷ unkeyed |" % " | ".join(
+            LAB_NAMES[k] for k in LAB_TOOLS))
+        L.append("| --- |%s --- | --- |" % (" --- |" * len(LAB_TOOLS)))
+        for c in labs:
+            runs = c["runs"]
+            cells = ["%s, %s" % (cell([r[k].get("bps") for r in runs], "%.2f", 1e-9),
+                                 cell([cpu_per_gb(r[k]) for r in runs], "%.2f"))
+                     for k in LAB_TOOLS]
+            L.append("| %d | %s | **%s** | %s |" % (
+                c["links"], " | ".join(cells),
+                cell([ratio(r["ri2n"].get("bps"), r["mptcp"].get("bps")) for r in runs], "%.2f×"),
+                cell([ratio(r["ri2n_keyed"].get("bps"), r["ri2n"].get("bps")) for r in runs],
+                     "%.2f×")))
+        L.append("")
+        L.append("MPTCP subflows joined per transfer (A's MPJoinSynAckRx; iperf3 opens a control "
+                 "and a data connection, so 2 × (links − 1) when every link is used): %s." % "; ".join(
+                     "%d links %s" % (c["links"], ", ".join(str(r["mptcp"].get("mptcp_joins", "n/a"))
+                                                            for r in c["runs"])) for c in labs))
+        by = {c["links"]: c for c in labs}
+        if 2 in by and 4 in by:
+            def m(c, k):
+                return med([r[k].get("bps") for r in c["runs"]])
+            L.append("")
+            L.append("4 ÷ 2 links (ratio of the medians, separate labs): %s." % ", ".join(
+                "%s %s×" % (LAB_NAMES[k], "n/a" if ratio(m(by[4], k), m(by[2], k)) is None
+                            else "%.2f" % ratio(m(by[4], k), m(by[2], k))) for k in LAB_TOOLS))
+        cores = []
+        for c in labs:
+            for k in LAB_TOOLS:
+                xs = [r[k]["cpu_machine"] / r[k]["wall_send"] for r in c["runs"]
+                      if r[k].get("wall_send") and r[k].get("cpu_machine") is not None]
+                cores.append("%d links %s %s" % (c["links"], LAB_NAMES[k], cell(xs, "%.1f")))
+        L.append("")
+        L.append("The machine's busy cores while the sender ran (its busy CPU-s over the "
+                 "sender's wall time, connection set-up and close included): %s." % "; ".join(cores))
+    return L
+
+
+def report_scale(res):
+    h = res["host"]
+    L = [mfacts(res), ""]
+    L.append("Host: %s. Tools: %s." % (host_line(h), ", ".join(
+        "`%s`" % (p or "%s (none)" % t) for t, p in h["tools"].items())))
+    L += tables(res, brief=False)
+    bad = ["loopback %d links%s %d clients run %d: rc %s" % (
+        r["links"], " keyed" if r["keyed"] else "", r["clients"], r["rep"], r["rcs"])
+        for r in res["loopback"] if r["bps"] is None]
+    bad += ["lab %d links run %d %s: rc %s/%s" % (c["links"], r["rep"], k, r[k].get("rc"),
+                                                  r[k].get("recv_rc"))
+            for c in res["lab"] for r in c["runs"] for k in LAB_TOOLS
+            if r[k].get("rc") != 0 or r[k].get("recv_rc") not in (None, 0)]
+    L.append("")
+    L.append(busy_line(res["loopback"]))
+    if bad:
+        L.append("")
+        L.append("Runs that failed: %s." % "; ".join(bad))
+    return "\n".join(L)
