@@ -323,9 +323,10 @@ pub struct EndpointConfig {
     /// Which share of connection IDs this engine picks its own from ([`Shard`]); a driver
     /// that runs several engines on the same sockets sets it, one share each.
     pub shard: Shard,
-    /// Open connections per client address, shared with the other shards of the endpoint
-    /// (set by a driver that runs several): `None` counts this engine's own.
-    pub address_counts: Option<std::sync::Arc<crate::AddressCounts>>,
+    /// The endpoint's connections, counted with the other shards of the endpoint (set by a
+    /// driver that runs several, so that the limits above hold for all): `None` counts this
+    /// engine's own.
+    pub connection_counts: Option<std::sync::Arc<crate::ConnectionCounts>>,
 }
 
 /// Most shards a driver runs for one endpoint by default.
@@ -397,7 +398,7 @@ impl EndpointConfig {
             key: None,
             shards: None,
             shard: Shard::ONLY,
-            address_counts: None,
+            connection_counts: None,
         }
     }
 

@@ -197,27 +197,49 @@ pub struct Endpoint {
     /// Refused handshakes for the application to log, and their rate limit.
     refusals: VecDeque<RefusedHandshake>,
     refusal_budget: TokenBucket,
-    /// With [`EndpointConfig::address_counts`]: the client address each open server
+    /// With [`EndpointConfig::connection_counts`]: the client address each open server
     /// connection is counted under there, until it closes or goes.
     counted: HashMap<ConnectionHandle, IpAddr>,
 }
 
-/// Open server connections per client IP address, shared by the engines (shards) a driver
-/// runs for one endpoint, so that
-/// [`max_connections_per_address`](crate::EndpointConfig::max_connections_per_address) holds
-/// for the endpoint as a whole. A connection counts under the address of its handshake from
-/// its creation until it closes.
+/// The connections of an endpoint whose driver runs several engines (shards), counted for
+/// all of them, so that its limits
+/// ([`max_connections`](crate::EndpointConfig::max_connections),
+/// [`max_connections_per_address`](crate::EndpointConfig::max_connections_per_address)) hold
+/// for the endpoint as a whole: every connection held, and the open server connections per
+/// client IP address (each under the address of its handshake, until it closes).
 #[derive(Debug, Default)]
-pub struct AddressCounts(std::sync::Mutex<HashMap<IpAddr, usize>>);
+pub struct ConnectionCounts {
+    held: std::sync::atomic::AtomicUsize,
+    open_by_address: std::sync::Mutex<HashMap<IpAddr, usize>>,
+}
 
-impl AddressCounts {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+impl ConnectionCounts {
+    fn by_address(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
+        (self.open_by_address.lock()).unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Counts one more connection from `ip`, unless `limit` are counted already.
-    fn try_add(&self, ip: IpAddr, limit: usize) -> bool {
-        let mut counts = self.lock();
+    /// Counts one more connection held, unless `limit` are held already.
+    fn try_hold(&self, limit: usize) -> bool {
+        use std::sync::atomic::Ordering;
+        (self.held)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    fn hold(&self) {
+        (self.held).fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    fn release(&self) {
+        (self.held).fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Counts one more open connection from `ip`, unless `limit` are counted already.
+    fn try_open(&self, ip: IpAddr, limit: usize) -> bool {
+        let mut counts = self.by_address();
         let n = counts.entry(ip).or_default();
         if *n >= limit {
             return false;
@@ -226,8 +248,8 @@ impl AddressCounts {
         true
     }
 
-    fn sub(&self, ip: IpAddr) {
-        let mut counts = self.lock();
+    fn close(&self, ip: IpAddr) {
+        let mut counts = self.by_address();
         if let Some(n) = counts.get_mut(&ip) {
             *n -= 1;
             if *n == 0 {
@@ -475,6 +497,9 @@ impl Endpoint {
             return;
         };
         self.uncount(h);
+        if let Some(counts) = &self.cfg.connection_counts {
+            counts.release();
+        }
         self.timers.set(h, &mut c.indexed_deadline, None);
         self.attention.forget(h);
         self.by_cid.remove(&c.local_cid());
@@ -566,6 +591,9 @@ impl Endpoint {
             self.cfg.local_max_datagram.clone(),
             self.cfg.key.as_ref(),
         );
+        if let Some(counts) = &self.cfg.connection_counts {
+            counts.hold();
+        }
         Ok(self.insert(cid, conn))
     }
 
@@ -1018,7 +1046,7 @@ impl Endpoint {
         );
         let h = self.insert(cid, conn);
         self.by_initial.insert((remote, scid), h);
-        if self.cfg.address_counts.is_some() {
+        if self.cfg.connection_counts.is_some() {
             // counted by `connection_limit_reached`
             self.counted.insert(h, remote.ip());
         }
@@ -1027,8 +1055,8 @@ impl Endpoint {
 
     /// Connection `h` closed or went: it no longer counts under its client's address.
     fn uncount(&mut self, h: ConnectionHandle) {
-        if let (Some(ip), Some(counts)) = (self.counted.remove(&h), &self.cfg.address_counts) {
-            counts.sub(ip);
+        if let (Some(ip), Some(counts)) = (self.counted.remove(&h), &self.cfg.connection_counts) {
+            counts.close(ip);
         }
     }
 
@@ -1315,21 +1343,32 @@ impl Endpoint {
     /// application (so connections nobody accepts or releases cannot grow memory without
     /// end); the limit per address counts the open ones, so a client whose connections ended
     /// may connect again.
+    ///
     /// A server connection from `remote` is about to be made if this returns `None`: with
-    /// shared [`AddressCounts`], it counts there already.
+    /// shared [`ConnectionCounts`], it is counted there already.
     fn connection_limit_reached(&self, remote: SocketAddr) -> Option<&'static str> {
+        const TOTAL: &str = "max_connections";
         const PER_ADDRESS: &str = "max_connections_per_address";
-        if self.connections.len() >= self.cfg.max_connections {
-            return Some("max_connections");
+        let (total, per_address) = (
+            self.cfg.max_connections,
+            self.cfg.max_connections_per_address,
+        );
+        if let Some(counts) = &self.cfg.connection_counts {
+            if !counts.try_hold(total) {
+                return Some(TOTAL);
+            }
+            if !counts.try_open(remote.ip(), per_address) {
+                counts.release();
+                return Some(PER_ADDRESS);
+            }
+            return None;
         }
-        let limit = self.cfg.max_connections_per_address;
-        let from_address = match &self.cfg.address_counts {
-            // counted now, when it is in the limit: the connection is made right after
-            Some(counts) => return (!counts.try_add(remote.ip(), limit)).then_some(PER_ADDRESS),
-            None => (self.connections.values())
-                .filter(|c| c.state() != ConnectionState::Closed && c.has_remote_ip(remote.ip()))
-                .count(),
-        };
-        (from_address >= limit).then_some(PER_ADDRESS)
+        if self.connections.len() >= total {
+            return Some(TOTAL);
+        }
+        let from_address = (self.connections.values())
+            .filter(|c| c.state() != ConnectionState::Closed && c.has_remote_ip(remote.ip()))
+            .count();
+        (from_address >= per_address).then_some(PER_ADDRESS)
     }
 }

@@ -36,7 +36,7 @@ pub use connection::{Connection, ConnectionState, ConnectionStats};
 pub use crypto::{Cipher, Key, KeyError};
 pub use datagrams::datagram_capacity;
 pub use endpoint::{
-    AddressCounts, ConnectionHandle, DropCounts, DropReason, Endpoint, RefusalReason,
+    ConnectionCounts, ConnectionHandle, DropCounts, DropReason, Endpoint, RefusalReason,
     RefusedHandshake, Transmit, TransmitBuffer,
 };
 pub use error::{ConnectError, ConnectionError, KeyMismatch, ReadError, WriteError};

@@ -245,7 +245,7 @@ impl Shards {
         let router = Arc::new(Router::new(count));
         let mut config = config;
         if count > 1 {
-            config.address_counts = Some(Arc::default());
+            config.connection_counts = Some(Arc::default());
         }
         let accepts = Arc::new(AcceptQueue::default());
         let now = Instant::now();
@@ -331,16 +331,15 @@ fn default_shards(config: &EndpointConfig) -> usize {
 }
 
 /// Shard `index` of `count`'s engine configuration: its share of connection IDs, and its
-/// share of the endpoint's limits on connections and handshakes (spread evenly, as the IDs
-/// that choose the shards are random). The limit per client address is kept by the counts
-/// the shards share.
+/// share of the endpoint's rate of keyed handshakes (spread evenly, as the IDs that choose
+/// the shards are random). The limits on connections hold for the endpoint through the
+/// counts the shards share.
 fn shard_config(config: &EndpointConfig, index: usize, count: usize) -> EndpointConfig {
     let mut c = config.clone();
     c.shard = Shard {
         index: index as u32,
         count: count as u32,
     };
-    c.max_connections = config.max_connections.div_ceil(count);
     c.max_keyed_handshakes_per_second = config
         .max_keyed_handshakes_per_second
         .map(|r| r.div_ceil(count as u32));

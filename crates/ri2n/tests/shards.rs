@@ -144,6 +144,30 @@ fn connections_of_two_shards_sharing_their_paths_lose_nothing() {
     );
 }
 
+#[test]
+fn the_connection_limit_is_the_endpoints_whichever_shards_hold_them() {
+    let server = endpoint(
+        EndpointConfig::new(addrs(&["127.0.0.1"], 0))
+            .server()
+            .with_max_connections(3),
+        4,
+    );
+    let to = server.local_addrs();
+    // from three addresses, so that the limit per address plays no part
+    let clients: Vec<Endpoint> = ["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"]
+        .iter()
+        .map(|ip| Endpoint::client(&addrs(&[ip], 0)).unwrap())
+        .collect();
+    let held: Vec<Connection> = (clients[..3].iter())
+        .map(|c| c.connect(&to, ConnectionConfig::default()).unwrap())
+        .collect();
+    match clients[3].connect(&to, ConnectionConfig::default()) {
+        Err(ri2n::Error::Connection(ConnectionError::ServerFull)) => {}
+        other => panic!("a fourth connection is refused as ServerFull: {other:?}"),
+    }
+    drop(held);
+}
+
 /// The environment variable that makes this test binary a server that waits to be killed
 /// (its ports in the value).
 const CHILD_SERVER: &str = "RI2N_TEST_SHARDS_CHILD_SERVER";
