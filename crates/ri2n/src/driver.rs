@@ -1,7 +1,7 @@
 //! The driver: runs the sans-IO engine on real sockets, with one communication thread per
-//! endpoint beside the application's threads.
+//! shard of an endpoint (see `shards.rs`) beside the application's threads.
 //!
-//! All engine state sits behind one mutex, held for bookkeeping only: no system call is made
+//! All of a shard's engine state sits behind one mutex, held for bookkeeping only: no system call is made
 //! under it, so application and communication threads work on different cores at once.
 //! Application calls send what their writes produce from their own thread and, while blocked,
 //! watch the sockets and receive for themselves (`PollerTurn`, [`Receiver::take_for`]), so
