@@ -9,10 +9,10 @@ use std::time::Instant;
 use smallvec::SmallVec;
 
 use crate::crypto::{self, PacketProtection};
-use crate::endpoint::{Transmit, TransmitBuffer};
 use crate::link::{Link, SentFrame, SentPacket};
 use crate::pmtu::PathMtu;
 use crate::streams::SendStream;
+use crate::transmit::{Transmit, TransmitBuffer};
 use crate::wire::{self, DatagramPart, Header, Writer};
 use crate::{ConnectionConfig, LinkId, LinkState};
 
