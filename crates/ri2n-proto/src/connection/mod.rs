@@ -10,7 +10,6 @@ mod packets;
 mod scheduler;
 mod timers;
 
-pub(crate) use health::{ShareDetector, SlowLinkCheck};
 use packets::new_link;
 
 use std::collections::VecDeque;

@@ -3,9 +3,10 @@
 //! Loss is judged per link, so data that overtakes on a faster link never looks lost.
 //!
 //! Each part owns its state ([`recovery`], [`probing`], [`arrivals`], [`AckState`], the RTT
-//! estimate, delivery rate, congestion control and path MTU discovery); `Link` ties them
-//! together in the health state machine of docs/PROTOCOL.md §6 (transitions: §6.1) and in the
-//! handling of a sent, acknowledged or lost packet.
+//! estimate, delivery rate, congestion control, path MTU discovery, and the link's side of the
+//! connection's health detectors in [`health`]); `Link` ties them together in the health state
+//! machine of docs/PROTOCOL.md §6 (transitions: §6.1) and in the handling of a sent,
+//! acknowledged or lost packet.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -14,13 +15,13 @@ use smallvec::SmallVec;
 
 use crate::ack::AckState;
 use crate::congestion::{Congestion, Pacer};
-use crate::connection::{ShareDetector, SlowLinkCheck};
 use crate::datagrams::Piece;
 use crate::pmtu::PathMtu;
 use crate::streams::Chunk;
 use crate::{ConnectionConfig, LinkId};
 
 mod arrivals;
+mod health;
 mod probing;
 mod rate;
 mod recovery;
@@ -28,6 +29,7 @@ mod rtt;
 mod sent;
 
 use arrivals::Arrivals;
+pub(crate) use health::{ShareDetector, SlowLinkCheck};
 use probing::Probing;
 use rate::DeliveryRate;
 use recovery::Recovery;
