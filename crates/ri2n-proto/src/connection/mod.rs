@@ -10,8 +10,6 @@ mod packets;
 mod scheduler;
 mod timers;
 
-use packets::new_link;
-
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -155,21 +153,6 @@ enum Handshake {
     Done,
 }
 
-/// Which kind of packet to build.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PacketKind {
-    /// Probe of a link that is not up, padded to the base datagram size.
-    Probe,
-    /// Path MTU probe of an up link, padded to the size probed.
-    MtuProbe(usize),
-    /// Small ack-eliciting packet (probe timeout, keepalive, handshake confirmation).
-    Ping,
-    /// Stream data and control frames.
-    Data,
-    /// Acknowledgements only (plus control frames, if any wait).
-    AckOnly,
-}
-
 /// Where received datagrams held for missing ones stand once their hold ran out
 /// ([`HoldRule`]). The missing ones are given up on only while the peer can reach us: if it
 /// cannot, they may be stranded on dead links and come at the heal, and giving up on them
@@ -272,7 +255,7 @@ impl Connection {
         local_mtus: Vec<(SocketAddr, usize)>,
         key: Option<&Key>,
     ) -> Self {
-        let mut link = new_link(&cfg, &local_mtus, LinkId(0), local, remotes[0]);
+        let mut link = Link::open(&cfg, &local_mtus, LinkId(0), local, remotes[0]);
         link.probing.next = None;
         let params = wire::ClientParams {
             instance: local_instance,
@@ -319,7 +302,7 @@ impl Connection {
         protection: Option<PacketProtection>,
         local_mtus: Vec<(SocketAddr, usize)>,
     ) -> Self {
-        let mut link = new_link(&cfg, &local_mtus, LinkId(0), local, remote);
+        let mut link = Link::open(&cfg, &local_mtus, LinkId(0), local, remote);
         link.promote(now, &mut AckOutcome::default());
         let handshake = Handshake::Server {
             accept,
@@ -1134,7 +1117,7 @@ impl Connection {
         local: SocketAddr,
         remote: SocketAddr,
     ) -> usize {
-        let mut link = new_link(&self.cfg, &self.local_mtus, id, local, remote);
+        let mut link = Link::open(&self.cfg, &self.local_mtus, id, local, remote);
         link.probing.next = Some(now);
         self.links.push(link);
         self.event(Event::LinkAdded { link: id });

@@ -9,15 +9,14 @@ use std::time::Instant;
 use smallvec::SmallVec;
 
 use crate::crypto::{self, PacketProtection};
-use crate::link::{Link, SentFrame, SentPacket};
-use crate::pmtu::PathMtu;
+use crate::link::{SentFrame, SentPacket};
 use crate::streams::SendStream;
 use crate::transmit::{Transmit, TransmitBuffer};
 use crate::wire::{self, DatagramPart, Header, Writer};
-use crate::{ConnectionConfig, LinkId, LinkState};
+use crate::{LinkId, LinkState};
 
 use super::scheduler::Schedule;
-use super::{Connection, ConnectionState, Handshake, PacketKind, CLOSE_DONE};
+use super::{Connection, ConnectionState, Handshake, CLOSE_DONE};
 
 /// Room a CLOSE of code 0 with an empty reason needs after the acknowledgements before it.
 const CLOSE_DONE_ROOM: usize = 3;
@@ -28,6 +27,21 @@ const MAX_BURST: usize = 32;
 
 /// Bytes at the head of a flow-blocked stream re-sent at once by opportunistic retransmission.
 const RESCUE_BYTES: u64 = 64 * 1024;
+
+/// Which kind of packet to build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PacketKind {
+    /// Probe of a link that is not up, padded to the base datagram size.
+    Probe,
+    /// Path MTU probe of an up link, padded to the size probed.
+    MtuProbe(usize),
+    /// Small ack-eliciting packet (probe timeout, keepalive, handshake confirmation).
+    Ping,
+    /// Stream data and control frames.
+    Data,
+    /// Acknowledgements only (plus control frames, if any wait).
+    AckOnly,
+}
 
 impl Connection {
     /// Builds the next datagram into `out` and, if it was data and `out` wants more, the rest
@@ -451,27 +465,6 @@ impl Connection {
         }
         packet.len()
     }
-}
-
-/// A new link: datagrams of the configured size, or what the local address's interface can
-/// send if that is less (IPv6 headers are 20 bytes larger than IPv4's: on a 1500-byte MTU an
-/// IPv6 link carries 1452 bytes, not the default 1472), growing (path MTU discovery) up to
-/// what the interface can send.
-pub(super) fn new_link(
-    cfg: &ConnectionConfig,
-    local_mtus: &[(SocketAddr, usize)],
-    id: LinkId,
-    local: SocketAddr,
-    remote: SocketAddr,
-) -> Link {
-    let interface = local_mtus
-        .iter()
-        .find(|(a, _)| *a == local)
-        .map(|&(_, max)| max);
-    let base = interface.map_or(cfg.max_datagram_size, |max| cfg.max_datagram_size.min(max));
-    let ceiling = interface.unwrap_or(base).min(wire::MAX_DATAGRAM_SIZE);
-    let ceiling = if cfg.mtu_discovery { ceiling } else { base };
-    Link::new(id, local, remote, PathMtu::new(base, ceiling))
 }
 
 /// The driver's room for the next datagram on a path, cut to `max` bytes.

@@ -224,6 +224,29 @@ pub(crate) struct Link {
 }
 
 impl Link {
+    /// A new link: datagrams of the configured size, or what the local address's interface
+    /// can send if that is less (IPv6 headers are 20 bytes larger than IPv4's: on a 1500-byte
+    /// MTU an IPv6 link carries 1452 bytes, not the default 1472), growing (path MTU discovery)
+    /// up to what the interface can send.
+    pub fn open(
+        cfg: &ConnectionConfig,
+        local_mtus: &[(SocketAddr, usize)],
+        id: LinkId,
+        local: SocketAddr,
+        remote: SocketAddr,
+    ) -> Self {
+        let interface = local_mtus
+            .iter()
+            .find(|(a, _)| *a == local)
+            .map(|&(_, max)| max);
+        let base = interface.map_or(cfg.max_datagram_size, |max| cfg.max_datagram_size.min(max));
+        let ceiling = interface
+            .unwrap_or(base)
+            .min(crate::wire::MAX_DATAGRAM_SIZE);
+        let ceiling = if cfg.mtu_discovery { ceiling } else { base };
+        Self::new(id, local, remote, PathMtu::new(base, ceiling))
+    }
+
     /// A link whose datagrams start at `pmtu`'s base size (not probed until told when).
     pub fn new(id: LinkId, local: SocketAddr, remote: SocketAddr, pmtu: PathMtu) -> Self {
         let mss = pmtu.current();
