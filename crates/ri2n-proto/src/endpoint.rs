@@ -273,13 +273,13 @@ impl Endpoint {
         let Some(c) = self.connections.get(&h) else {
             return;
         };
-        let (remote, instance) = (c.handshake_path().1, c.peer_instance);
+        let (remote, instance) = (c.handshake_path().1, c.peer_instance());
         let mut forget = SmallVec::<[ConnectionHandle; 1]>::new();
         for (&other, c) in self.connections.iter_mut() {
             if other != h
                 && c.state() != ConnectionState::Closed
                 && c.state() != ConnectionState::Connecting
-                && c.peer_instance != instance
+                && c.peer_instance() != instance
                 && c.has_remote(remote)
             {
                 c.peer_restarted();

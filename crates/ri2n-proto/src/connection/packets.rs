@@ -16,7 +16,7 @@ use crate::wire::{self, DatagramPart, Header, Writer};
 use crate::{LinkId, LinkState};
 
 use super::scheduler::Schedule;
-use super::{Connection, ConnectionState, Handshake, CLOSE_DONE};
+use super::{Connection, ConnectionState, HandshakeStage, CLOSE_DONE};
 
 /// Room a CLOSE of code 0 with an empty reason needs after the acknowledgements before it.
 const CLOSE_DONE_ROOM: usize = 3;
@@ -72,7 +72,8 @@ impl Connection {
         let mut built = 0;
         while built + 1 < MAX_BURST
             && out.wants_more()
-            && (!self.datagrams_out.is_empty() || self.send.iter().any(SendStream::wants_to_send))
+            && (!self.datagrams.outgoing.is_empty()
+                || self.send.iter().any(SendStream::wants_to_send))
         {
             let Some(i) = self.pick_next_data_link(schedule, now) else {
                 break;
@@ -94,8 +95,8 @@ impl Connection {
         schedule: &mut Option<Schedule>,
     ) -> Option<Transmit> {
         if self.state == ConnectionState::Closed {
-            let i = self.close_sends.pop()?;
-            let (code, reason) = self.close_frame.clone().unwrap_or_default();
+            let i = self.closing.sends.pop()?;
+            let (code, reason) = self.closing.frame.clone().unwrap_or_default();
             let len = self.build_close(i, code, &reason, out);
             let (local, remote) = (self.links[i].local, self.links[i].remote);
             return Some(Transmit { local, remote, len });
@@ -149,8 +150,8 @@ impl Connection {
                 s.rescue_head(RESCUE_BYTES);
             }
         }
-        self.datagrams_out.drop_stale(now);
-        if !self.datagrams_out.is_empty() || self.send.iter().any(SendStream::wants_to_send) {
+        self.datagrams.outgoing.drop_stale(now);
+        if !self.datagrams.outgoing.is_empty() || self.send.iter().any(SendStream::wants_to_send) {
             match self.pick_data_link(now, schedule) {
                 Ok(i) => {
                     let t = self.transmit(now, i, PacketKind::Data, out);
@@ -159,7 +160,7 @@ impl Connection {
                     }
                     return Some(t);
                 }
-                Err(wake) => self.pacing_wakeup = wake,
+                Err(wake) => self.scheduling.pacing_wakeup = wake,
             }
         }
         // control frames do not wait for congestion windows
@@ -180,8 +181,8 @@ impl Connection {
         let link = &self.links[0];
         let max = link.pmtu.base();
         let (local, remote) = (link.local, link.remote);
-        match &mut self.handshake {
-            Handshake::Client {
+        match &mut self.handshake.stage {
+            HandshakeStage::Client {
                 token,
                 next_initial,
                 backoff,
@@ -196,7 +197,7 @@ impl Connection {
                 *backoff = self.cfg.probe_interval;
                 first_sent.get_or_insert(now);
                 let header = Header::Initial {
-                    scid: self.local_cid,
+                    scid: self.handshake.local_cid,
                     token,
                     mode: *mode,
                     hello,
@@ -208,7 +209,7 @@ impl Connection {
                 let len = wire::encode_control_packet(&header, buf);
                 Some(Transmit { local, remote, len })
             }
-            Handshake::Server {
+            HandshakeStage::Server {
                 accept,
                 accept_pending: pending @ true,
                 ..
@@ -249,13 +250,14 @@ impl Connection {
         let (pn, id) = (link.recovery.next_pn(), link.id);
         let tag = self.tag_len();
         let phase = self
+            .handshake
             .protection
             .as_ref()
             .map_or(0, PacketProtection::send_phase);
         let buf = datagram_room(out, link.local, link.remote, link.pmtu.base());
         let frames_end = buf.len() - tag;
         let mut w = Writer::new(&mut buf[..frames_end]);
-        wire::write_short_header(&mut w, self.peer_cid, id, pn, phase);
+        wire::write_short_header(&mut w, self.handshake.peer_cid, id, pn, phase);
         let header_len = w.len();
         if code == CLOSE_DONE {
             // The clean-end confirmation carries its proof (PROTOCOL.md §8.2): what arrived on
@@ -293,7 +295,7 @@ impl Connection {
         let pn = self.links[i].recovery.next_pn();
         let link_id = self.links[i].id;
         let tag = self.tag_len();
-        let phase = match &mut self.protection {
+        let phase = match &mut self.handshake.protection {
             Some(p) => {
                 p.update_if_due(now);
                 p.send_phase()
@@ -314,7 +316,7 @@ impl Connection {
         }
         let frames_end = buf.len() - tag; // the AEAD's tag follows the frames
         let mut w = Writer::new(&mut buf[..frames_end]);
-        wire::write_short_header(&mut w, self.peer_cid, link_id, pn, phase);
+        wire::write_short_header(&mut w, self.handshake.peer_cid, link_id, pn, phase);
         let header_len = w.len();
         let end = w.len() + w.remaining(); // room for frames
         let mut frames: SmallVec<[SentFrame; 2]> = SmallVec::new();
@@ -340,13 +342,13 @@ impl Connection {
             end
         };
         // how datagrams go, if a data packet may carry one (stream data packets skip this)
-        let bounds = (kind == PacketKind::Data && !self.datagrams_out.is_empty())
+        let bounds = (kind == PacketKind::Data && !self.datagrams.outgoing.is_empty())
             .then(|| self.datagram_bounds());
         // acknowledgements for every link with news (at most half a data packet, and never
         // the room the next datagram needs: it must not wait behind acknowledgements)
         let ack_room = if kind == PacketKind::Data {
             let datagram = bounds
-                .and_then(|b| self.datagrams_out.front_frame_len(b))
+                .and_then(|b| self.datagrams.outgoing.front_frame_len(b))
                 .unwrap_or(0);
             ((end_of_frames - w.len()) / 2).min((end_of_frames - w.len()).saturating_sub(datagram))
         } else {
@@ -384,7 +386,7 @@ impl Connection {
         // data, alternating between the streams
         if kind == PacketKind::Data {
             while let Some(piece) =
-                bounds.and_then(|b| self.datagrams_out.pop(now, end - w.len(), b))
+                bounds.and_then(|b| self.datagrams.outgoing.pop(now, end - w.len(), b))
             {
                 // a piece that fills the packet needs no length
                 let to_end = piece.part != DatagramPart::Whole
@@ -396,8 +398,8 @@ impl Connection {
             }
             let mut stream_bytes = 0u64;
             for _ in 0..2 {
-                let s = self.next_stream;
-                self.next_stream ^= 1;
+                let s = self.scheduling.next_stream;
+                self.scheduling.next_stream ^= 1;
                 // type + offset (up to 8) + length (2: frames stay below 16 KiB)
                 let room = end - w.len();
                 if room <= 11 {
@@ -450,7 +452,7 @@ impl Connection {
 impl Connection {
     /// Bytes the AEAD adds to each short packet (none without a key).
     pub(super) fn tag_len(&self) -> usize {
-        if self.protection.is_some() {
+        if self.handshake.protection.is_some() {
             crypto::TAG_LEN
         } else {
             0
@@ -460,7 +462,7 @@ impl Connection {
     /// Seals a built packet in place (`packet`: header, frames and room for the tag), if the
     /// connection has a key; returns the datagram's length.
     fn seal(&mut self, link: LinkId, pn: u64, header_len: usize, packet: &mut [u8]) -> usize {
-        if let Some(p) = &mut self.protection {
+        if let Some(p) = &mut self.handshake.protection {
             p.seal(link, pn, header_len, packet);
         }
         packet.len()
