@@ -11,13 +11,9 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use smallvec::SmallVec;
-
 use crate::ack::AckState;
 use crate::congestion::{Congestion, Pacer};
-use crate::datagrams::Piece;
 use crate::pmtu::PathMtu;
-use crate::streams::Chunk;
 use crate::{ConnectionConfig, LinkId};
 
 mod arrivals;
@@ -32,9 +28,11 @@ use arrivals::Arrivals;
 pub(crate) use health::{ShareDetector, SlowLinkCheck};
 use probing::Probing;
 use rate::DeliveryRate;
+pub(crate) use recovery::AckOutcome;
 use recovery::Recovery;
 pub(crate) use rtt::Rtt;
 use rtt::GRANULARITY;
+pub(crate) use sent::{SentFrame, SentPacket};
 
 /// Least time a measured delivery rate is trusted without a new sample, for a link that
 /// holds none of our data (see [`Link::delivery_rate`]).
@@ -107,25 +105,6 @@ pub struct LinkStats {
     pub refusals: u32,
 }
 
-/// What a sent packet carried that matters if it is acknowledged or lost.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum SentFrame {
-    Stream {
-        stream: u8,
-        chunk: Chunk,
-    },
-    MaxStreamData {
-        stream: u8,
-    },
-    LinkStatus {
-        link: LinkId,
-        status: u8,
-    },
-    /// A datagram's bytes stay with the packet until it is acknowledged: they are sent again
-    /// if the link fails with the packet in flight.
-    Datagram(Piece),
-}
-
 /// What a packet that arrived on a link carried, for its bookkeeping.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Arrival {
@@ -137,37 +116,6 @@ pub(crate) struct Arrival {
     pub sending: bool,
     /// Its datagram's length.
     pub size: usize,
-}
-
-#[derive(Debug, Clone)]
-pub(crate) struct SentPacket {
-    pub time: Instant,
-    pub size: u16,
-    /// Counted in `bytes_in_flight` (data packets, not probes of a link that is not up).
-    pub in_flight: bool,
-    pub ack_eliciting: bool,
-    /// A probe of a link that is not up.
-    pub probe: bool,
-    /// A path MTU probe (its size is the size probed).
-    pub mtu_probe: bool,
-    pub frames: SmallVec<[SentFrame; 2]>,
-}
-
-/// Frames of a sent packet.
-pub(crate) type Frames = SmallVec<[SentFrame; 2]>;
-
-/// Outcome of processing an ACK frame for one link.
-#[derive(Debug, Default)]
-pub(crate) struct AckOutcome {
-    pub acked: Vec<SentPacket>,
-    pub lost: Vec<SentPacket>,
-    /// Stream frames of packets acknowledged after they had been declared lost.
-    pub acked_late: Vec<Frames>,
-    /// Probes acknowledged with their round-trip times.
-    pub probes_acked: u32,
-    /// Datagrams (number, bytes) that were in flight on a link that failed, in sending order:
-    /// to be sent again on another.
-    pub stranded: Vec<Piece>,
 }
 
 /// What a link carried, for [`LinkStats`].
@@ -750,13 +698,14 @@ pub(crate) fn data_packet(time: Instant, size: u16) -> SentPacket {
         ack_eliciting: true,
         probe: false,
         mtu_probe: false,
-        frames: SmallVec::new(),
+        frames: smallvec::SmallVec::new(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::streams::Chunk;
 
     /// A link that is up, with datagrams of up to `ceiling` bytes once path MTU discovery
     /// confirms them.
