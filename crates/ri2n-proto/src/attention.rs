@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use crate::endpoint::ConnectionHandle;
+use crate::ConnectionHandle;
 
 /// A set of connection handles, in order: a sorted vector. Each message of a
 /// request-response exchange inserts its connection and removes it again (a tree's node
@@ -174,7 +174,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::{HandleSet, TimerIndex};
-    use crate::endpoint::ConnectionHandle as H;
+    use crate::ConnectionHandle as H;
 
     #[test]
     fn handle_set_keeps_each_handle_once_in_order() {

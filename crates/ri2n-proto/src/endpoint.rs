@@ -25,64 +25,13 @@ use smallvec::SmallVec;
 use crate::attention::{Attention, TimerIndex};
 use crate::connection::pick_local;
 use crate::crypto::{Cipher, PacketProtection, ServerHandshake};
+use crate::dropped::{DropCounts, DropReason};
+use crate::transmit::SliceBuffer;
 use crate::wire::{self, handshake_mode, refuse_reason, Header, Quoted};
 use crate::{
-    ConnectError, Connection, ConnectionConfig, ConnectionError, ConnectionState, EndpointConfig,
-    Event, KeyMismatch,
+    ConnectError, Connection, ConnectionConfig, ConnectionError, ConnectionHandle, ConnectionState,
+    EndpointConfig, Event, KeyMismatch, Transmit, TransmitBuffer,
 };
-
-/// Names a connection within its endpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ConnectionHandle(pub u64);
-
-/// A datagram the driver must send: `len` bytes of the buffer given to `poll_transmit`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Transmit {
-    /// Local address to send from.
-    pub local: SocketAddr,
-    /// Destination.
-    pub remote: SocketAddr,
-    /// Length of the datagram.
-    pub len: usize,
-}
-
-/// Where [`Endpoint::poll_transmit_into`] builds datagrams: the engine picks the path first,
-/// then asks for room on it, so a driver can hand out the tail of that path's outgoing batch
-/// and datagrams are built in place, never copied.
-pub trait TransmitBuffer {
-    /// Room for the next datagram from `local` to `remote`: at least the connection's
-    /// `max_datagram_size` (and 1200 bytes for handshake packets). The engine writes the
-    /// datagram at its start, then reports it with [`commit`](Self::commit).
-    fn buffer(&mut self, local: SocketAddr, remote: SocketAddr) -> &mut [u8];
-
-    /// The datagram written in the room last handed out is complete.
-    fn commit(&mut self, t: &Transmit);
-
-    /// Whether the buffer takes another datagram in this call. The engine asks before each
-    /// datagram after the first: a connection with data ready builds a burst of packets at
-    /// one instant, and the costs of deciding what is due are paid once per burst.
-    fn wants_more(&self) -> bool;
-}
-
-/// One buffer for every path, for one datagram, written to its start.
-struct SliceBuffer<'a> {
-    buf: &'a mut [u8],
-    built: Option<Transmit>,
-}
-
-impl TransmitBuffer for SliceBuffer<'_> {
-    fn buffer(&mut self, _: SocketAddr, _: SocketAddr) -> &mut [u8] {
-        self.buf
-    }
-
-    fn commit(&mut self, t: &Transmit) {
-        self.built = Some(*t);
-    }
-
-    fn wants_more(&self) -> bool {
-        self.built.is_none()
-    }
-}
 
 /// Most connections [`Endpoint::timeout_before`] asks for their deadline rather than
 /// bringing the timer index up to date.
@@ -291,138 +240,6 @@ impl TokenBucket {
     }
 }
 
-/// Why the engine dropped a received datagram without acting on it. Every such drop is
-/// counted ([`Endpoint::dropped`]) and logged at `tracing`'s trace level.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum DropReason {
-    /// It could not be decoded: truncated, another protocol version, an unknown packet type or
-    /// a malformed header.
-    Undecodable,
-    /// A short packet or RESET for a connection this endpoint does not have (a short packet
-    /// of at least 16 bytes is answered with a RESET, at most 1000 per second).
-    UnknownConnection,
-    /// A handshake packet that answers nothing outstanding here: an INITIAL at an endpoint
-    /// that does not accept connections (answered with a REFUSE), a RETRY or ACCEPT for no
-    /// connecting client or from another address.
-    UnexpectedHandshake,
-    /// A short packet for a connection still connecting, or already closed.
-    WrongState,
-    /// One of its frames is malformed: the packet is dropped whole.
-    MalformedFrame,
-    /// Its link ID and address pair match no link (links never migrate), or it would open a
-    /// link beyond the limit.
-    UnknownLink,
-    /// Its packet number arrived before, is too old to tell, or jumps too far ahead.
-    Duplicate,
-    /// Its stream data would add an out-of-order fragment beyond what a receiving stream
-    /// holds (4096): dropped unacknowledged, so the sender sends it again later.
-    TooFragmented,
-    /// An INITIAL that would open a connection beyond the server's limits
-    /// ([`EndpointConfig::max_connections`](crate::EndpointConfig::max_connections), per address
-    /// [`max_connections_per_address`](crate::EndpointConfig::max_connections_per_address)):
-    /// the client is told with a RESET.
-    ConnectionLimit,
-    /// It failed authentication: a sealed packet that does not open under the connection's
-    /// keys (forged, damaged, or replayed from elsewhere), an ACCEPT whose handshake message
-    /// does not, or a RESET without a valid token at a keyed endpoint.
-    Unauthenticated,
-    /// An INITIAL whose handshake the server cannot authenticate: the client holds another
-    /// key, or one side has none, or it is a replay (its handshake was made for another
-    /// cookie). The client is told with a REFUSE; the server keeps nothing.
-    KeyMismatch,
-    /// Not a datagram but an ICMP "port unreachable" that quotes no packet this endpoint
-    /// sent on that path (forged, or about a connection long gone): ignored.
-    UnmatchedRefusal,
-    /// A keyed INITIAL beyond the server's rate of handshake messages it reads
-    /// ([`EndpointConfig::max_keyed_handshakes_per_second`](crate::EndpointConfig::max_keyed_handshakes_per_second)):
-    /// dropped unread; a real client sends it again.
-    HandshakeBudget,
-    /// An INITIAL naming another application than the server serves
-    /// ([`ConnectionConfig::application`](crate::ConnectionConfig::application)): the client
-    /// is told with a REFUSE naming the server's.
-    WrongApplication,
-}
-
-impl DropReason {
-    /// The reason's name in reports: `undecodable`, `unknown_connection`, ... (stable: JSON
-    /// summaries use it as a key).
-    pub fn name(self) -> &'static str {
-        match self {
-            DropReason::Undecodable => "undecodable",
-            DropReason::UnknownConnection => "unknown_connection",
-            DropReason::UnexpectedHandshake => "unexpected_handshake",
-            DropReason::WrongState => "wrong_state",
-            DropReason::MalformedFrame => "malformed_frame",
-            DropReason::UnknownLink => "unknown_link",
-            DropReason::Duplicate => "duplicate",
-            DropReason::TooFragmented => "too_fragmented",
-            DropReason::ConnectionLimit => "connection_limit",
-            DropReason::Unauthenticated => "unauthenticated",
-            DropReason::KeyMismatch => "key_mismatch",
-            DropReason::UnmatchedRefusal => "unmatched_refusal",
-            DropReason::HandshakeBudget => "handshake_budget",
-            DropReason::WrongApplication => "wrong_application",
-        }
-    }
-
-    /// Every reason, in the order of [`DropCounts::iter`].
-    pub const ALL: [DropReason; 14] = [
-        DropReason::Undecodable,
-        DropReason::UnknownConnection,
-        DropReason::UnexpectedHandshake,
-        DropReason::WrongState,
-        DropReason::MalformedFrame,
-        DropReason::UnknownLink,
-        DropReason::Duplicate,
-        DropReason::TooFragmented,
-        DropReason::ConnectionLimit,
-        DropReason::Unauthenticated,
-        DropReason::KeyMismatch,
-        DropReason::UnmatchedRefusal,
-        DropReason::HandshakeBudget,
-        DropReason::WrongApplication,
-    ];
-}
-
-/// Counts of dropped datagrams by [`DropReason`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DropCounts([u64; DropReason::ALL.len()]);
-
-impl DropCounts {
-    /// Datagrams dropped for `reason`.
-    pub fn get(&self, reason: DropReason) -> u64 {
-        self.0[reason as usize]
-    }
-
-    /// Datagrams dropped for any reason.
-    pub fn total(&self) -> u64 {
-        self.0.iter().sum()
-    }
-
-    /// Every reason with its count.
-    pub fn iter(&self) -> impl Iterator<Item = (DropReason, u64)> + '_ {
-        DropReason::ALL.iter().map(|&r| (r, self.get(r)))
-    }
-
-    fn record(&mut self, reason: DropReason, remote: SocketAddr, len: usize) {
-        self.0[reason as usize] += 1;
-        tracing::trace!(?reason, %remote, len, "datagram dropped");
-    }
-}
-
-/// The counts of two engines together (the shards of one endpoint).
-impl std::ops::Add<&DropCounts> for DropCounts {
-    type Output = DropCounts;
-
-    fn add(mut self, other: &DropCounts) -> DropCounts {
-        for (mine, theirs) in self.0.iter_mut().zip(other.0) {
-            *mine += theirs;
-        }
-        self
-    }
-}
-
 impl Endpoint {
     /// A new endpoint; `seed` feeds its random numbers (connection IDs, instance, cookie key).
     /// A real driver passes a seed from the operating system's random source.
@@ -536,13 +353,13 @@ impl Endpoint {
         let Some(c) = self.connections.get(&h) else {
             return;
         };
-        let (remote, instance) = (c.handshake_path().1, c.peer_instance);
+        let (remote, instance) = (c.handshake_path().1, c.peer_instance());
         let mut forget = SmallVec::<[ConnectionHandle; 1]>::new();
         for (&other, c) in self.connections.iter_mut() {
             if other != h
                 && c.state() != ConnectionState::Closed
                 && c.state() != ConnectionState::Connecting
-                && c.peer_instance != instance
+                && c.peer_instance() != instance
                 && c.has_remote(remote)
             {
                 c.peer_restarted();

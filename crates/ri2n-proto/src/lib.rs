@@ -23,28 +23,33 @@ mod congestion;
 mod connection;
 pub mod crypto;
 mod datagrams;
+mod dropped;
 mod endpoint;
 mod error;
 mod link;
 mod pmtu;
 pub mod ranges;
 mod streams;
+mod transmit;
 pub mod wire;
 
 pub use config::{ConnectionConfig, EndpointConfig, Shard, Striping, MAX_SHARDS};
 pub use connection::{Connection, ConnectionState, ConnectionStats};
 pub use crypto::{Cipher, Key, KeyError};
 pub use datagrams::datagram_capacity;
-pub use endpoint::{
-    ConnectionCounts, ConnectionHandle, DropCounts, DropReason, Endpoint, RefusalReason,
-    RefusedHandshake, Transmit, TransmitBuffer,
-};
+pub use dropped::{DropCounts, DropReason};
+pub use endpoint::{ConnectionCounts, Endpoint, RefusalReason, RefusedHandshake};
 pub use error::{ConnectError, ConnectionError, KeyMismatch, ReadError, WriteError};
 pub use link::{LinkState, LinkStats};
+pub use transmit::{Transmit, TransmitBuffer};
 pub use wire::MAX_DATAGRAM_LEN;
 
 /// Most links one connection carries.
 pub const MAX_LINKS: usize = 8;
+
+/// Names a connection within its endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnectionHandle(pub u64);
 
 /// A link's ID within its connection, carried in every packet (0 is the link the handshake
 /// used; a client numbers the links it opens 1, 2, …). An ID is not a position in the

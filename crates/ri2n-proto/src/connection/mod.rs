@@ -4,14 +4,19 @@
 //! what each packet carries and on which link. Data is striped over every `Up` link (each
 //! filling its own congestion window, lowest RTT first); acknowledgements and control frames
 //! ride on any link; what a failed link had in flight is re-sent on the others.
+//!
+//! A `Connection`'s state is grouped by concern: `Handshake` (the handshake and what it
+//! settles: connection IDs, the peer's parameters, the keys), `Closing` (how it ends),
+//! `Datagrams` (unreliable datagrams and their hold-over) and `Scheduling` (what the choice of
+//! the next packet carries over); the links, the streams, the control frames owed and the
+//! events stay at its top. The submodules add to it by concern: `packets` (what goes out),
+//! `scheduler` (on which link), `timers` (every timer, in one table), `health` (the link health
+//! checks).
 
 mod health;
 mod packets;
 mod scheduler;
 mod timers;
-
-pub(crate) use health::{ShareDetector, SlowLinkCheck};
-use packets::new_link;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -116,8 +121,101 @@ const REFUSALS_TO_GIVE_UP: u32 = 3;
 /// short enough that a vanished one is reported within a second or so.
 const PEER_GONE_SILENCE: Duration = Duration::from_millis(500);
 
+/// One ri2n connection.
 #[derive(Debug)]
-enum Handshake {
+pub struct Connection {
+    /// The deadline under which the endpoint's timer index holds this connection, if any:
+    /// kept here, so that updating the index looks nothing up.
+    pub(crate) indexed_deadline: Option<Instant>,
+    cfg: ConnectionConfig,
+    state: ConnectionState,
+    handshake: Handshake,
+    closing: Closing,
+    /// Largest datagram each local address can send (path MTU discovery's ceilings).
+    local_mtus: Vec<(SocketAddr, usize)>,
+    links: Vec<Link>,
+    send: [SendStream; 2],
+    recv: [RecvStream; 2],
+    max_data_pending: [bool; 2],
+    link_status_pending: Vec<(LinkId, u8)>,
+    ping_pending: Option<usize>,
+    /// Up links owed a PING (bit per link position): their keepalive fell due, or we must
+    /// learn whether the peer can reach us.
+    pings_owed: u32,
+    events: VecDeque<Event>,
+    readable_signalled: bool,
+    datagrams: Datagrams,
+    /// A blocked writer: the stream it writes and the room it waits for.
+    write_wants: Option<(usize, u64)>,
+    /// [`Event::AllAcknowledged`] was emitted.
+    all_acknowledged: bool,
+    scheduling: Scheduling,
+    last_rx: Instant,
+    next_share_check: Instant,
+    scratch: AckOutcome,
+}
+
+/// The handshake and what it settles for the connection's life: where the handshake stands,
+/// both sides' connection IDs, the peer's instance and parameters, and the keys.
+#[derive(Debug)]
+struct Handshake {
+    /// Where the handshake stands: a client's or a server's, or done.
+    stage: HandshakeStage,
+    local_cid: u64,
+    /// The peer's connection ID (0 until a client learns it from the ACCEPT).
+    peer_cid: u64,
+    /// The run of the peer's endpoint: a new one from the same address means it restarted.
+    peer_instance: u64,
+    /// The receive window the peer announced in the handshake.
+    peer_window: u64,
+    /// What the peer takes besides the byte stream ([`wire::accepts`] bits; all until a
+    /// client hears the server's parameters).
+    peer_accepts: u8,
+    /// The keys sealing and opening short packets (connections of keyed endpoints).
+    protection: Option<PacketProtection>,
+    /// A server connection was confirmed and the endpoint has not yet been told.
+    confirmed_now: bool,
+}
+
+impl Handshake {
+    /// A handshake at `stage`, the peer's parameters as far as known (0 until learnt), the
+    /// peer taken to accept everything until it says otherwise, and no keys yet.
+    fn new(
+        stage: HandshakeStage,
+        local_cid: u64,
+        peer_cid: u64,
+        peer_instance: u64,
+        peer_window: u64,
+    ) -> Self {
+        Self {
+            stage,
+            local_cid,
+            peer_cid,
+            peer_instance,
+            peer_window,
+            peer_accepts: wire::accepts::MESSAGES | wire::accepts::DATAGRAMS,
+            protection: None,
+            confirmed_now: false,
+        }
+    }
+
+    /// Whether the connection is sealed, or will be: it has keys, or it is a client whose
+    /// handshake runs with a key.
+    fn is_keyed(&self) -> bool {
+        self.protection.is_some()
+            || matches!(self.stage, HandshakeStage::Client { key: Some(_), .. })
+    }
+
+    /// A server side whose client has not yet confirmed (see
+    /// [`Connection::is_unconfirmed_server`]).
+    fn is_unconfirmed_server(&self) -> bool {
+        matches!(self.stage, HandshakeStage::Server { .. })
+    }
+}
+
+/// Where a connection's handshake stands.
+#[derive(Debug)]
+enum HandshakeStage {
     Client {
         /// Addresses the application gave (the first is where the handshake goes).
         remotes: Vec<SocketAddr>,
@@ -156,19 +254,69 @@ enum Handshake {
     Done,
 }
 
-/// Which kind of packet to build.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PacketKind {
-    /// Probe of a link that is not up, padded to the base datagram size.
-    Probe,
-    /// Path MTU probe of an up link, padded to the size probed.
-    MtuProbe(usize),
-    /// Small ack-eliciting packet (probe timeout, keepalive, handshake confirmation).
-    Ping,
-    /// Stream data and control frames.
-    Data,
-    /// Acknowledgements only (plus control frames, if any wait).
-    AckOnly,
+/// How the connection ends: why it ended, the CLOSE it still owes the peer, and the
+/// deadlines that end it (the linger after a clean end, a clean end of the peer's that its
+/// acknowledgements do not yet bear out, a peer that stays silent after a refusal, every link
+/// down).
+#[derive(Debug, Default)]
+struct Closing {
+    /// Why it ended (`None`: open, or closed cleanly).
+    reason: Option<ConnectionError>,
+    /// The CLOSE frame's code and reason.
+    frame: Option<(u64, String)>,
+    /// Links on which a CLOSE frame must still be sent once.
+    sends: Vec<usize>,
+    /// The end of the linger after a clean end ([`ConnectionState::Draining`]).
+    draining_until: Option<Instant>,
+    /// The peer confirmed a clean end (CLOSE code 0) before acknowledging everything we sent:
+    /// the connection ends with [`ConnectionError::ClosedEarly`] unless the acknowledgements
+    /// of our repairs complete it by then.
+    peer_closed_until: Option<Instant>,
+    /// When the peer's host first answered "port unreachable" since the peer was last
+    /// heard: the peer may be gone, which its silence will confirm (see
+    /// [`Connection::peer_gone_deadline`]).
+    refused_at: Option<Instant>,
+    /// Since when no link has been up (`all_links_down_timeout` counts from here).
+    all_down_since: Option<Instant>,
+}
+
+impl Closing {
+    /// The peer is to get a CLOSE with `code` and `reason`, once on each of `links`.
+    fn tell_peer(&mut self, code: u64, reason: String, links: Vec<usize>) {
+        self.frame = Some((code, reason));
+        self.sends = links;
+    }
+}
+
+/// Unreliable datagrams both ways: the send queue, the received ones waiting for the
+/// application or for earlier missing ones, and where those held stand once their hold ran
+/// out (the hold-over).
+#[derive(Debug)]
+struct Datagrams {
+    outgoing: OutgoingDatagrams,
+    incoming: IncomingDatagrams,
+    /// Where held datagrams stand once their hold ran out.
+    hold_over: HoldOver,
+    /// When the peer was heard again after such an outage (any packet): holds of datagrams
+    /// held before then restart from here (see [`HoldRule`]).
+    arrivals_resumed: Option<Instant>,
+}
+
+impl Datagrams {
+    /// A packet from the peer arrived: a hold-over that waited to learn whether the peer can
+    /// reach us, or to hear it again after an outage, ends.
+    fn peer_heard(&mut self, now: Instant) {
+        match self.hold_over {
+            HoldOver::No => {}
+            // it can reach us: what is held goes at once (the hold ran out)
+            HoldOver::Asked(_) => self.hold_over = HoldOver::No,
+            HoldOver::Outage => {
+                // heard again after an outage (an acknowledgement of our probes will do)
+                self.hold_over = HoldOver::No;
+                self.arrivals_resumed = Some(now);
+            }
+        }
+    }
 }
 
 /// Where received datagrams held for missing ones stand once their hold ran out
@@ -187,76 +335,19 @@ enum HoldOver {
     Outage,
 }
 
-/// One ri2n connection.
-#[derive(Debug)]
-pub struct Connection {
-    /// The deadline under which the endpoint's timer index holds this connection, if any:
-    /// kept here, so that updating the index looks nothing up.
-    pub(crate) indexed_deadline: Option<Instant>,
-    cfg: ConnectionConfig,
-    state: ConnectionState,
-    close_reason: Option<ConnectionError>,
-    local_cid: u64,
-    /// The peer's connection ID (0 until a client learns it from the ACCEPT).
-    peer_cid: u64,
-    pub(crate) peer_instance: u64,
-    /// The receive window the peer announced in the handshake.
-    peer_window: u64,
-    /// What the peer takes besides the byte stream ([`wire::accepts`] bits; all until a
-    /// client hears the server's parameters).
-    peer_accepts: u8,
-    handshake: Handshake,
-    /// The keys sealing and opening short packets (connections of keyed endpoints).
-    protection: Option<PacketProtection>,
-    /// Largest datagram each local address can send (path MTU discovery's ceilings).
-    local_mtus: Vec<(SocketAddr, usize)>,
-    links: Vec<Link>,
-    send: [SendStream; 2],
-    recv: [RecvStream; 2],
-    max_data_pending: [bool; 2],
-    link_status_pending: Vec<(LinkId, u8)>,
-    /// Links on which a CLOSE frame must still be sent once.
-    close_sends: Vec<usize>,
-    close_frame: Option<(u64, String)>,
-    ping_pending: Option<usize>,
-    events: VecDeque<Event>,
-    readable_signalled: bool,
-    datagrams_out: OutgoingDatagrams,
-    datagrams_in: IncomingDatagrams,
-    /// Where held datagrams stand once their hold ran out.
-    hold_over: HoldOver,
-    /// Up links owed a PING (bit per link position): their keepalive fell due, or we must
-    /// learn whether the peer can reach us.
-    pings_owed: u32,
-    /// When the peer was heard again after such an outage (any packet): holds of datagrams
-    /// held before then restart from here (see [`HoldRule`]).
-    arrivals_resumed: Option<Instant>,
-    /// A blocked writer: the stream it writes and the room it waits for.
-    write_wants: Option<(usize, u64)>,
-    /// [`Event::AllAcknowledged`] was emitted.
-    all_acknowledged: bool,
+/// What the choice of what goes next, and on which link, carries from one packet to the
+/// next (the [`Schedule`](scheduler::Schedule) itself lasts one burst).
+#[derive(Debug, Default)]
+struct Scheduling {
+    /// The stream a data packet takes data from first: they alternate.
     next_stream: usize,
     /// The link of the last data packet and when it was sent: a run on it may continue at the
     /// same instant (see the scheduler).
     last_data_packet: Option<(usize, Instant)>,
-    last_rx: Instant,
+    /// The link the last ack-eliciting packet arrived on: acknowledgements go back on it.
     last_arrival_link: usize,
-    all_down_since: Option<Instant>,
-    next_share_check: Instant,
-    draining_until: Option<Instant>,
-    /// The peer confirmed a clean end (CLOSE code 0) before acknowledging everything we sent:
-    /// the connection ends with [`ConnectionError::ClosedEarly`] unless the acknowledgements
-    /// of our repairs complete it by then.
-    peer_closed_until: Option<Instant>,
     /// Earliest time pacing lets a waiting data packet out.
     pacing_wakeup: Option<Instant>,
-    /// A server connection was confirmed and the endpoint has not yet been told.
-    confirmed_now: bool,
-    /// When the peer's host first answered "port unreachable" since the peer was last
-    /// heard: the peer may be gone, which its silence will confirm (see
-    /// [`Self::peer_gone_deadline`]).
-    refused_at: Option<Instant>,
-    scratch: AckOutcome,
 }
 
 impl Connection {
@@ -273,7 +364,7 @@ impl Connection {
         local_mtus: Vec<(SocketAddr, usize)>,
         key: Option<&Key>,
     ) -> Self {
-        let mut link = new_link(&cfg, &local_mtus, LinkId(0), local, remotes[0]);
+        let mut link = Link::open(&cfg, &local_mtus, LinkId(0), local, remotes[0]);
         link.probing.next = None;
         let params = wire::ClientParams {
             instance: local_instance,
@@ -287,7 +378,7 @@ impl Connection {
             Some(_) => wire::handshake_mode::NOISE_NNPSK0,
             None => wire::handshake_mode::PLAIN,
         };
-        let handshake = Handshake::Client {
+        let stage = HandshakeStage::Client {
             remotes,
             token: Vec::new(),
             next_initial: now,
@@ -300,7 +391,8 @@ impl Connection {
             key: key.cloned(),
             noise: None,
         };
-        Self::new(cfg, now, local_cid, 0, 0, handshake, local_mtus, link, 0)
+        let handshake = Handshake::new(stage, local_cid, 0, 0, 0);
+        Self::new(cfg, now, handshake, local_mtus, link)
     }
 
     /// A server connection for a client whose address was proven by a retry cookie (and, with
@@ -320,54 +412,36 @@ impl Connection {
         protection: Option<PacketProtection>,
         local_mtus: Vec<(SocketAddr, usize)>,
     ) -> Self {
-        let mut link = new_link(&cfg, &local_mtus, LinkId(0), local, remote);
+        let mut link = Link::open(&cfg, &local_mtus, LinkId(0), local, remote);
         link.promote(now, &mut AckOutcome::default());
-        let handshake = Handshake::Server {
+        let stage = HandshakeStage::Server {
             accept,
             accept_pending: true,
             created: now,
         };
-        let mut c = Self::new(
-            cfg,
-            now,
-            local_cid,
-            peer_cid,
-            client.instance,
-            handshake,
-            local_mtus,
-            link,
-            client.window,
-        );
-        c.protection = protection;
-        c.peer_accepts = client.accepts;
+        let mut handshake =
+            Handshake::new(stage, local_cid, peer_cid, client.instance, client.window);
+        handshake.protection = protection;
+        handshake.peer_accepts = client.accepts;
+        let mut c = Self::new(cfg, now, handshake, local_mtus, link);
         c.state = ConnectionState::Established;
         c
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn new(
         cfg: ConnectionConfig,
         now: Instant,
-        local_cid: u64,
-        peer_cid: u64,
-        peer_instance: u64,
         handshake: Handshake,
         local_mtus: Vec<(SocketAddr, usize)>,
         link: Link,
-        peer_window: u64,
     ) -> Self {
         let window = cfg.stream_receive_window;
         let buffer = cfg.send_buffer;
+        let peer_window = handshake.peer_window;
         Self {
             state: ConnectionState::Connecting,
-            close_reason: None,
-            local_cid,
-            peer_cid,
-            peer_instance,
-            peer_window,
-            peer_accepts: wire::accepts::MESSAGES | wire::accepts::DATAGRAMS,
             handshake,
-            protection: None,
+            closing: Closing::default(),
             local_mtus,
             links: vec![link],
             send: [
@@ -377,33 +451,25 @@ impl Connection {
             recv: [RecvStream::new(window), RecvStream::new(window)],
             max_data_pending: [false; 2],
             link_status_pending: Vec::new(),
-            close_sends: Vec::new(),
-            close_frame: None,
             ping_pending: None,
             events: VecDeque::new(),
             readable_signalled: false,
-            datagrams_out: OutgoingDatagrams::new(cfg.datagram_send_buffer, cfg.datagram_max_age),
-            datagrams_in: IncomingDatagrams::new(
-                cfg.datagram_receive_buffer,
-                cfg.datagram_reorder_hold,
-            ),
+            datagrams: Datagrams {
+                outgoing: OutgoingDatagrams::new(cfg.datagram_send_buffer, cfg.datagram_max_age),
+                incoming: IncomingDatagrams::new(
+                    cfg.datagram_receive_buffer,
+                    cfg.datagram_reorder_hold,
+                ),
+                hold_over: HoldOver::No,
+                arrivals_resumed: None,
+            },
             write_wants: None,
             all_acknowledged: false,
-            next_stream: 0,
-            last_data_packet: None,
+            scheduling: Scheduling::default(),
             last_rx: now,
-            last_arrival_link: 0,
-            hold_over: HoldOver::No,
             pings_owed: 0,
             indexed_deadline: None,
-            arrivals_resumed: None,
-            all_down_since: None,
             next_share_check: now + cfg.share_check_interval,
-            draining_until: None,
-            peer_closed_until: None,
-            pacing_wakeup: None,
-            confirmed_now: false,
-            refused_at: None,
             scratch: AckOutcome::default(),
             cfg,
         }
@@ -419,7 +485,7 @@ impl Connection {
 
     /// Why the connection ended; `None` while open or after a clean close.
     pub fn close_reason(&self) -> Option<&ConnectionError> {
-        self.close_reason.as_ref()
+        self.closing.reason.as_ref()
     }
 
     /// The configuration in force.
@@ -428,7 +494,7 @@ impl Connection {
     }
 
     fn write_check(&self) -> Result<(), WriteError> {
-        if let Some(e) = &self.close_reason {
+        if let Some(e) = &self.closing.reason {
             return Err(WriteError::ConnectionLost(e.clone()));
         }
         if self.state == ConnectionState::Closed || self.send[BYTE_STREAM].is_finished() {
@@ -486,7 +552,7 @@ impl Connection {
 
     fn recv_limit_of_peer(&self) -> u64 {
         // the peer's window is what it advertised before reading anything
-        self.peer_window
+        self.handshake.peer_window
     }
 
     /// Sends one whole message; the peer receives it whole with
@@ -494,7 +560,7 @@ impl Connection {
     /// independently of the byte stream.
     pub fn send_message(&mut self, msg: &[u8]) -> Result<(), WriteError> {
         self.write_check()?;
-        if self.peer_accepts & wire::accepts::MESSAGES == 0 {
+        if self.handshake.peer_accepts & wire::accepts::MESSAGES == 0 {
             return Err(WriteError::MessagesRefused);
         }
         let limit = self.max_message_size();
@@ -535,7 +601,7 @@ impl Connection {
     /// link failure must fit whichever link is left.
     pub fn unsplit_datagram_size(&self) -> usize {
         let base = self.links.iter().map(|l| l.pmtu.base()).min().unwrap_or(0);
-        crate::datagram_capacity(base, self.protection.is_some())
+        crate::datagram_capacity(base, self.handshake.protection.is_some())
     }
 
     /// How datagrams are sent now: whole up to [`Self::unsplit_datagram_size`], and in pieces
@@ -560,7 +626,7 @@ impl Connection {
     /// `now` starts the datagram's age ([`ConnectionConfig::datagram_max_age`]).
     pub fn send_datagram(&mut self, now: Instant, data: &[u8]) -> Result<(), WriteError> {
         self.check_datagram(data.len())?;
-        self.datagrams_out.push(now, data);
+        self.datagrams.outgoing.push(now, data);
         Ok(())
     }
 
@@ -571,19 +637,19 @@ impl Connection {
     /// datagram. On an error `buf` is left as it was.
     pub fn send_datagram_buf(&mut self, now: Instant, buf: &mut Vec<u8>) -> Result<(), WriteError> {
         self.check_datagram(buf.len())?;
-        self.datagrams_out.push_owned(now, buf);
+        self.datagrams.outgoing.push_owned(now, buf);
         Ok(())
     }
 
     /// Whether a datagram of `size` bytes may be sent now.
     fn check_datagram(&self, size: usize) -> Result<(), WriteError> {
-        if let Some(e) = &self.close_reason {
+        if let Some(e) = &self.closing.reason {
             return Err(WriteError::ConnectionLost(e.clone()));
         }
         if self.state == ConnectionState::Closed {
             return Err(WriteError::Finished);
         }
-        if self.peer_accepts & wire::accepts::DATAGRAMS == 0 {
+        if self.handshake.peer_accepts & wire::accepts::DATAGRAMS == 0 {
             return Err(WriteError::DatagramsRefused);
         }
         let limit = self.max_datagram_size();
@@ -612,7 +678,7 @@ impl Connection {
             .collect();
         // after an outage the peer's links come back after `recovery_probes` acknowledged
         // probes; what was stranded on them follows, within a failure repair time
-        let resumed = self.arrivals_resumed.map(|at| {
+        let resumed = self.datagrams.arrivals_resumed.map(|at| {
             let repair = failure_waits.iter().copied().max().unwrap_or_default();
             (
                 at,
@@ -637,10 +703,10 @@ impl Connection {
     /// Receives one datagram. `Ok(None)`: the connection closed cleanly and every datagram
     /// that arrived was read; [`ReadError::Blocked`] means wait for [`Event::Readable`].
     pub fn recv_datagram(&mut self) -> Result<Option<Vec<u8>>, ReadError> {
-        if let Some(d) = self.datagrams_in.pop() {
+        if let Some(d) = self.datagrams.incoming.pop() {
             return Ok(Some(d));
         }
-        if self.state == ConnectionState::Closed && self.close_reason.is_none() {
+        if self.state == ConnectionState::Closed && self.closing.reason.is_none() {
             return Ok(None);
         }
         self.read_blocked()
@@ -651,10 +717,10 @@ impl Connection {
     /// was read. `buf`'s previous memory is kept for a later arrival, so an application that
     /// passes its buffers back makes the receive path allocate nothing per datagram.
     pub fn recv_datagram_into(&mut self, buf: &mut Vec<u8>) -> Result<bool, ReadError> {
-        if self.datagrams_in.pop_into(buf) {
+        if self.datagrams.incoming.pop_into(buf) {
             return Ok(true);
         }
-        if self.state == ConnectionState::Closed && self.close_reason.is_none() {
+        if self.state == ConnectionState::Closed && self.closing.reason.is_none() {
             return Ok(false);
         }
         self.read_blocked()
@@ -662,7 +728,7 @@ impl Connection {
 
     /// Gives the connection a buffer the application no longer needs, for a later datagram.
     pub fn recycle_datagram_buffer(&mut self, buf: Vec<u8>) {
-        self.datagrams_in.recycle(buf);
+        self.datagrams.incoming.recycle(buf);
     }
 
     /// Finishes both outgoing streams: the peer reads end-of-stream after the data written.
@@ -704,7 +770,7 @@ impl Connection {
 
     fn read_blocked<T>(&mut self) -> Result<T, ReadError> {
         self.readable_signalled = false;
-        match &self.close_reason {
+        match &self.closing.reason {
             Some(e) => Err(ReadError::ConnectionLost(e.clone())),
             None if self.state == ConnectionState::Closed => Err(ReadError::ConnectionLost(
                 ConnectionError::ProtocolViolation("closed before the stream ended"),
@@ -784,8 +850,8 @@ impl Connection {
             return;
         }
         let code = code.min(wire::VARINT_MAX - CLOSE_APP_BASE) + CLOSE_APP_BASE;
-        self.close_frame = Some((code, reason.to_owned()));
-        self.close_sends = self.close_targets();
+        let targets = self.close_targets();
+        self.closing.tell_peer(code, reason.to_owned(), targets);
         self.set_closed(Some(ConnectionError::LocallyAborted));
     }
 
@@ -798,16 +864,21 @@ impl Connection {
             recv_fragments: self.recv.iter().map(RecvStream::fragments).sum(),
             bytes_acknowledged: self.send.iter().map(SendStream::acknowledged).sum(),
             bytes_received: self.recv.iter().map(RecvStream::received).sum(),
-            cipher: self.protection.as_ref().map(PacketProtection::cipher),
-            datagrams_sent: self.datagrams_out.sent,
-            datagrams_resent: self.datagrams_out.resent,
-            datagrams_send_dropped: self.datagrams_out.dropped,
-            datagrams_received: self.datagrams_in.received,
-            datagrams_receive_dropped: self.datagrams_in.dropped,
-            datagrams_reordered: self.datagrams_in.reordered,
-            datagrams_duplicate: self.datagrams_in.duplicates,
-            datagrams_waiting: self.datagrams_in.waiting(),
+            cipher: self
+                .handshake
+                .protection
+                .as_ref()
+                .map(PacketProtection::cipher),
+            datagrams_sent: self.datagrams.outgoing.sent,
+            datagrams_resent: self.datagrams.outgoing.resent,
+            datagrams_send_dropped: self.datagrams.outgoing.dropped,
+            datagrams_received: self.datagrams.incoming.received,
+            datagrams_receive_dropped: self.datagrams.incoming.dropped,
+            datagrams_reordered: self.datagrams.incoming.reordered,
+            datagrams_duplicate: self.datagrams.incoming.duplicates,
+            datagrams_waiting: self.datagrams.incoming.waiting(),
             key_updates: self
+                .handshake
                 .protection
                 .as_ref()
                 .map_or((0, 0), PacketProtection::generations),
@@ -862,7 +933,7 @@ impl Connection {
             return;
         }
         self.state = ConnectionState::Closed;
-        self.close_reason = reason.clone();
+        self.closing.reason = reason.clone();
         self.event(Event::Closed(reason));
     }
 
@@ -871,8 +942,8 @@ impl Connection {
         if self.state == ConnectionState::Closed {
             return;
         }
-        self.close_frame = Some((CLOSE_ERROR, e.to_string()));
-        self.close_sends = self.close_targets();
+        let targets = self.close_targets();
+        self.closing.tell_peer(CLOSE_ERROR, e.to_string(), targets);
         self.set_closed(Some(e));
     }
 
@@ -918,9 +989,9 @@ impl Connection {
 
     fn update_all_down(&mut self, now: Instant) {
         if self.links.iter().any(Link::is_up) {
-            self.all_down_since = None;
-        } else if self.all_down_since.is_none() {
-            self.all_down_since = Some(now);
+            self.closing.all_down_since = None;
+        } else if self.closing.all_down_since.is_none() {
+            self.closing.all_down_since = Some(now);
         }
     }
 
@@ -931,7 +1002,7 @@ impl Connection {
             for f in pkt.frames {
                 match f {
                     SentFrame::Stream { stream, chunk } => self.send[stream as usize].on_ack(chunk),
-                    SentFrame::Datagram(piece) => self.datagrams_out.recycle(piece.data),
+                    SentFrame::Datagram(piece) => self.datagrams.outgoing.recycle(piece.data),
                     SentFrame::MaxStreamData { .. } | SentFrame::LinkStatus { .. } => {}
                 }
             }
@@ -956,12 +1027,12 @@ impl Connection {
                         self.link_status_pending.push((link, status))
                     }
                     // congestion lost it: inner protocols recover by themselves
-                    SentFrame::Datagram(piece) => self.datagrams_out.recycle(piece.data),
+                    SentFrame::Datagram(piece) => self.datagrams.outgoing.recycle(piece.data),
                 }
             }
         }
         if !out.stranded.is_empty() {
-            self.datagrams_out.requeue(now, &mut out.stranded);
+            self.datagrams.outgoing.requeue(now, &mut out.stranded);
         }
         out.probes_acked = 0;
         if let Some((stream, want)) = self.write_wants {
@@ -982,7 +1053,7 @@ impl Connection {
     /// RETRY: send the INITIAL again with the cookie, and now the hello: with a key, the
     /// first Noise message, bound to the cookie (so it is worth nothing under another).
     pub(crate) fn handle_retry(&mut self, now: Instant, token: &[u8]) {
-        if let Handshake::Client {
+        if let HandshakeStage::Client {
             token: t,
             next_initial,
             first_sent,
@@ -991,7 +1062,7 @@ impl Connection {
             key,
             noise,
             ..
-        } = &mut self.handshake
+        } = &mut self.handshake.stage
         {
             if t.is_empty() && !token.is_empty() && token.len() <= 64 {
                 *t = token.to_vec();
@@ -999,7 +1070,8 @@ impl Connection {
                 *first_sent = None;
                 match key {
                     Some(key) => {
-                        let (hs, msg) = ClientHandshake::start(key, self.local_cid, token, params);
+                        let (hs, msg) =
+                            ClientHandshake::start(key, self.handshake.local_cid, token, params);
                         *hello = msg;
                         *noise = Some(Box::new(hs));
                     }
@@ -1018,13 +1090,13 @@ impl Connection {
         hello: &[u8],
         local_addrs: &[SocketAddr],
     ) -> Result<(), DropReason> {
-        let Handshake::Client {
+        let HandshakeStage::Client {
             remotes,
             first_sent,
             mode: our_mode,
             noise,
             ..
-        } = &mut self.handshake
+        } = &mut self.handshake.stage
         else {
             return Err(DropReason::UnexpectedHandshake);
         };
@@ -1055,14 +1127,14 @@ impl Connection {
             addrs,
             ..
         } = params;
-        self.peer_accepts = accepts;
-        self.protection = protection;
+        self.handshake.peer_accepts = accepts;
+        self.handshake.protection = protection;
         let remotes = std::mem::take(remotes);
         let rtt_sample = first_sent.map(|t| now - t);
-        self.handshake = Handshake::Done;
-        self.peer_cid = scid;
-        self.peer_instance = instance;
-        self.peer_window = window;
+        self.handshake.stage = HandshakeStage::Done;
+        self.handshake.peer_cid = scid;
+        self.handshake.peer_instance = instance;
+        self.handshake.peer_window = window;
         for s in &mut self.send {
             s.max_data = window;
         }
@@ -1135,7 +1207,7 @@ impl Connection {
         local: SocketAddr,
         remote: SocketAddr,
     ) -> usize {
-        let mut link = new_link(&self.cfg, &self.local_mtus, id, local, remote);
+        let mut link = Link::open(&self.cfg, &self.local_mtus, id, local, remote);
         link.probing.next = Some(now);
         self.links.push(link);
         self.event(Event::LinkAdded { link: id });
@@ -1144,19 +1216,24 @@ impl Connection {
 
     /// A repeated INITIAL from the client: its ACCEPT was lost.
     pub(crate) fn handle_initial_again(&mut self) {
-        if let Handshake::Server { accept_pending, .. } = &mut self.handshake {
+        if let HandshakeStage::Server { accept_pending, .. } = &mut self.handshake.stage {
             *accept_pending = true;
         }
     }
 
     /// The connection ID the peer chose (0 until known).
     pub(crate) fn peer_cid(&self) -> u64 {
-        self.peer_cid
+        self.handshake.peer_cid
+    }
+
+    /// The run of the peer's endpoint, from its handshake parameters.
+    pub(crate) fn peer_instance(&self) -> u64 {
+        self.handshake.peer_instance
     }
 
     /// The connection ID this side chose.
     pub(crate) fn local_cid(&self) -> u64 {
-        self.local_cid
+        self.handshake.local_cid
     }
 
     /// The address pair the handshake went over (link 0's).
@@ -1191,13 +1268,13 @@ impl Connection {
     /// does not know it (it is not accepted and reports no event), and the endpoint forgets
     /// it itself if it ends so.
     pub(crate) fn is_unconfirmed_server(&self) -> bool {
-        matches!(self.handshake, Handshake::Server { .. })
+        self.handshake.is_unconfirmed_server()
     }
 
     /// Whether the client confirmed this server connection since the last call: the endpoint
     /// then hands it to the application.
     pub(crate) fn take_confirmed(&mut self) -> bool {
-        std::mem::take(&mut self.confirmed_now)
+        std::mem::take(&mut self.handshake.confirmed_now)
     }
 
     /// The operating system reports the path `local` → `remote` unusable.
@@ -1233,8 +1310,8 @@ impl Connection {
                 }
             }
             ConnectionState::Established | ConnectionState::Draining => {
-                if self.refused_at.is_none() {
-                    self.refused_at = Some(now);
+                if self.closing.refused_at.is_none() {
+                    self.closing.refused_at = Some(now);
                     for (j, l) in self.links.iter().enumerate() {
                         if l.is_up() {
                             self.pings_owed |= 1 << j;
@@ -1251,7 +1328,7 @@ impl Connection {
     /// PTOs) and the peer has been silent for [`PEER_GONE_SILENCE`]. A peer that still
     /// answers on any link clears the question by being heard.
     pub(super) fn peer_gone_deadline(&self) -> Option<Instant> {
-        let refused = self.refused_at?;
+        let refused = self.closing.refused_at?;
         Some((refused + 2 * self.max_pto()).max(self.last_rx + PEER_GONE_SILENCE))
     }
 
@@ -1260,7 +1337,7 @@ impl Connection {
     /// just ends; otherwise it ends with [`ConnectionError::PeerGone`], without a CLOSE
     /// (nobody is there to read it).
     pub(super) fn peer_gone(&mut self) {
-        self.refused_at = None;
+        self.closing.refused_at = None;
         match self.state {
             ConnectionState::Draining => self.set_closed(None),
             _ => self.set_closed(Some(ConnectionError::PeerGone)),
@@ -1279,7 +1356,7 @@ impl Connection {
 
     /// A client still connecting: whether its handshake goes out under connection ID `cid`.
     pub(crate) fn is_connecting_as(&self, cid: u64) -> bool {
-        self.state == ConnectionState::Connecting && cid != 0 && self.local_cid == cid
+        self.state == ConnectionState::Connecting && cid != 0 && self.handshake.local_cid == cid
     }
 
     /// The server refused this client's connection (its connection limit:
@@ -1304,8 +1381,7 @@ impl Connection {
     /// Whether a RESET is authentic for this connection: with a key, it must carry the token
     /// only a holder of the key can make.
     pub(crate) fn is_keyed(&self) -> bool {
-        self.protection.is_some()
-            || matches!(self.handshake, Handshake::Client { key: Some(_), .. })
+        self.handshake.is_keyed()
     }
 
     /// A short packet for this connection: `datagram` holds it whole, its header
@@ -1327,7 +1403,7 @@ impl Connection {
             return Err(DropReason::WrongState);
         }
         let datagram_len = datagram.len();
-        let payload: &[u8] = match &mut self.protection {
+        let payload: &[u8] = match &mut self.handshake.protection {
             None => &datagram[header_len..],
             Some(protection) => {
                 // a replay is rejected before the cost of opening it
@@ -1355,7 +1431,7 @@ impl Connection {
             // After a clean close, tell a peer still retransmitting that everything it sent
             // arrived (its last acknowledgements were lost), so it can finish cleanly too.
             if let Some(i) = self.link_index(link_id) {
-                if self.close_reason.is_none() && self.links[i].remote == remote {
+                if self.closing.reason.is_none() && self.links[i].remote == remote {
                     // what arrives now is acknowledged with the answer too: it may carry the
                     // peer's repairs of packets it declared lost
                     let arrival = Arrival {
@@ -1364,9 +1440,9 @@ impl Connection {
                         size: datagram_len,
                     };
                     self.links[i].on_received(now, pn, arrival, &self.cfg);
-                    if !self.close_sends.contains(&i) {
-                        self.close_frame = Some((CLOSE_DONE, String::new()));
-                        self.close_sends.push(i);
+                    if !self.closing.sends.contains(&i) {
+                        self.closing.frame = Some((CLOSE_DONE, String::new()));
+                        self.closing.sends.push(i);
                     }
                 }
             }
@@ -1448,8 +1524,8 @@ impl Connection {
             return Err(DropReason::Duplicate);
         }
         if self.is_unconfirmed_server() {
-            self.handshake = Handshake::Done;
-            self.confirmed_now = true;
+            self.handshake.stage = HandshakeStage::Done;
+            self.handshake.confirmed_now = true;
             self.event(Event::Connected);
             // as on the client: the first link is reported up, so both sides' logs name it
             self.event(Event::LinkStateChanged {
@@ -1459,19 +1535,10 @@ impl Connection {
             });
         }
         self.last_rx = now;
-        self.refused_at = None;
-        match self.hold_over {
-            HoldOver::No => {}
-            // it can reach us: what is held goes at once (the hold ran out)
-            HoldOver::Asked(_) => self.hold_over = HoldOver::No,
-            HoldOver::Outage => {
-                // heard again after an outage (an acknowledgement of our probes will do)
-                self.hold_over = HoldOver::No;
-                self.arrivals_resumed = Some(now);
-            }
-        }
+        self.closing.refused_at = None;
+        self.datagrams.peer_heard(now);
         if ack_eliciting {
-            self.last_arrival_link = i;
+            self.scheduling.last_arrival_link = i;
         }
         for f in frames {
             match f {
@@ -1484,7 +1551,7 @@ impl Connection {
                 } => {
                     if let Some(l) = self.link_index(link) {
                         self.on_ack_frame(now, l, largest, delay_us, ranges);
-                        if let Some(p) = &mut self.protection {
+                        if let Some(p) = &mut self.handshake.protection {
                             p.on_acked(link, largest);
                         }
                     }
@@ -1506,7 +1573,7 @@ impl Connection {
                     }
                 },
                 Frame::Datagram { seq, part, data } => {
-                    if self.datagrams_in.push_piece(now, i, seq, part, data)
+                    if self.datagrams.incoming.push_piece(now, i, seq, part, data)
                         && !self.readable_signalled
                     {
                         self.readable_signalled = true;
@@ -1528,7 +1595,7 @@ impl Connection {
                     }
                 }
                 Frame::Close { code, reason } => {
-                    self.close_sends.clear();
+                    self.closing.sends.clear();
                     if code == CLOSE_DONE {
                         // The peer closed cleanly; the acknowledgements before this frame
                         // (PROTOCOL.md §8.2) must show that everything we sent arrived. Until
@@ -1537,11 +1604,11 @@ impl Connection {
                         // close that never does is no success.
                         if self.is_send_complete() {
                             self.set_closed(None);
-                        } else if self.peer_closed_until.is_none() {
+                        } else if self.closing.peer_closed_until.is_none() {
                             // the closed peer answers every late packet with this frame
                             // again: only the first one starts the grace period
                             let grace = (self.max_pto() * 3).max(PEER_CLOSED_GRACE);
-                            self.peer_closed_until = Some(now + grace);
+                            self.closing.peer_closed_until = Some(now + grace);
                         }
                         return Ok(());
                     }
@@ -1602,7 +1669,7 @@ impl Connection {
     /// Everything sent was acknowledged and everything the peer sent arrived: linger a little
     /// to acknowledge the peer's retransmissions, then close cleanly.
     fn check_complete(&mut self, now: Instant) {
-        if self.peer_closed_until.is_some() && self.is_send_complete() {
+        if self.closing.peer_closed_until.is_some() && self.is_send_complete() {
             self.set_closed(None);
             return;
         }
@@ -1611,7 +1678,8 @@ impl Connection {
             && self.recv.iter().all(RecvStream::is_all_received)
         {
             self.state = ConnectionState::Draining;
-            self.draining_until = Some(now + (self.max_pto() * 3).max(Duration::from_millis(100)));
+            self.closing.draining_until =
+                Some(now + (self.max_pto() * 3).max(Duration::from_millis(100)));
         }
     }
 
@@ -1619,7 +1687,11 @@ impl Connection {
     /// the peer can reach us (see [`HoldOver`]).
     pub(super) fn on_hold_over(&mut self, now: Instant) {
         let rule = self.hold_rule();
-        let ran_out = self.datagrams_in.release_deadline(&rule).unwrap_or(now);
+        let ran_out = self
+            .datagrams
+            .incoming
+            .release_deadline(&rule)
+            .unwrap_or(now);
         // heard since the hold ran out (the answer to our PINGs, say): no need to ask
         let heard_since = self.last_rx >= ran_out;
         let silent_for = now.saturating_duration_since(self.last_rx);
@@ -1630,7 +1702,7 @@ impl Connection {
             .map(|l| l.rtt.srtt)
             .min()
             .unwrap_or_default();
-        self.hold_over = match self.hold_over {
+        self.datagrams.hold_over = match self.datagrams.hold_over {
             _ if self.every_link_failing() => HoldOver::Outage,
             HoldOver::No if !heard_since && silent_for > round_trip => {
                 for (i, l) in self.links.iter().enumerate() {
@@ -1644,9 +1716,9 @@ impl Connection {
             HoldOver::Asked(_) => HoldOver::Outage,
             HoldOver::No | HoldOver::Outage => HoldOver::No,
         };
-        match self.hold_over {
+        match self.datagrams.hold_over {
             HoldOver::No => {
-                if self.datagrams_in.release_due(now, &rule) && !self.readable_signalled {
+                if self.datagrams.incoming.release_due(now, &rule) && !self.readable_signalled {
                     self.readable_signalled = true;
                     self.event(Event::Readable);
                 }

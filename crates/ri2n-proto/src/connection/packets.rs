@@ -9,15 +9,14 @@ use std::time::Instant;
 use smallvec::SmallVec;
 
 use crate::crypto::{self, PacketProtection};
-use crate::endpoint::{Transmit, TransmitBuffer};
-use crate::link::{Link, SentFrame, SentPacket};
-use crate::pmtu::PathMtu;
+use crate::link::{SentFrame, SentPacket};
 use crate::streams::SendStream;
+use crate::transmit::{Transmit, TransmitBuffer};
 use crate::wire::{self, DatagramPart, Header, Writer};
-use crate::{ConnectionConfig, LinkId, LinkState};
+use crate::{LinkId, LinkState};
 
 use super::scheduler::Schedule;
-use super::{Connection, ConnectionState, Handshake, PacketKind, CLOSE_DONE};
+use super::{Connection, ConnectionState, HandshakeStage, CLOSE_DONE};
 
 /// Room a CLOSE of code 0 with an empty reason needs after the acknowledgements before it.
 const CLOSE_DONE_ROOM: usize = 3;
@@ -28,6 +27,21 @@ const MAX_BURST: usize = 32;
 
 /// Bytes at the head of a flow-blocked stream re-sent at once by opportunistic retransmission.
 const RESCUE_BYTES: u64 = 64 * 1024;
+
+/// Which kind of packet to build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PacketKind {
+    /// Probe of a link that is not up, padded to the base datagram size.
+    Probe,
+    /// Path MTU probe of an up link, padded to the size probed.
+    MtuProbe(usize),
+    /// Small ack-eliciting packet (probe timeout, keepalive, handshake confirmation).
+    Ping,
+    /// Stream data and control frames.
+    Data,
+    /// Acknowledgements only (plus control frames, if any wait).
+    AckOnly,
+}
 
 impl Connection {
     /// Builds the next datagram into `out` and, if it was data and `out` wants more, the rest
@@ -58,7 +72,8 @@ impl Connection {
         let mut built = 0;
         while built + 1 < MAX_BURST
             && out.wants_more()
-            && (!self.datagrams_out.is_empty() || self.send.iter().any(SendStream::wants_to_send))
+            && (!self.datagrams.outgoing.is_empty()
+                || self.send.iter().any(SendStream::wants_to_send))
         {
             let Some(i) = self.pick_next_data_link(schedule, now) else {
                 break;
@@ -80,8 +95,8 @@ impl Connection {
         schedule: &mut Option<Schedule>,
     ) -> Option<Transmit> {
         if self.state == ConnectionState::Closed {
-            let i = self.close_sends.pop()?;
-            let (code, reason) = self.close_frame.clone().unwrap_or_default();
+            let i = self.closing.sends.pop()?;
+            let (code, reason) = self.closing.frame.clone().unwrap_or_default();
             let len = self.build_close(i, code, &reason, out);
             let (local, remote) = (self.links[i].local, self.links[i].remote);
             return Some(Transmit { local, remote, len });
@@ -135,8 +150,8 @@ impl Connection {
                 s.rescue_head(RESCUE_BYTES);
             }
         }
-        self.datagrams_out.drop_stale(now);
-        if !self.datagrams_out.is_empty() || self.send.iter().any(SendStream::wants_to_send) {
+        self.datagrams.outgoing.drop_stale(now);
+        if !self.datagrams.outgoing.is_empty() || self.send.iter().any(SendStream::wants_to_send) {
             match self.pick_data_link(now, schedule) {
                 Ok(i) => {
                     let t = self.transmit(now, i, PacketKind::Data, out);
@@ -145,7 +160,7 @@ impl Connection {
                     }
                     return Some(t);
                 }
-                Err(wake) => self.pacing_wakeup = wake,
+                Err(wake) => self.scheduling.pacing_wakeup = wake,
             }
         }
         // control frames do not wait for congestion windows
@@ -166,8 +181,8 @@ impl Connection {
         let link = &self.links[0];
         let max = link.pmtu.base();
         let (local, remote) = (link.local, link.remote);
-        match &mut self.handshake {
-            Handshake::Client {
+        match &mut self.handshake.stage {
+            HandshakeStage::Client {
                 token,
                 next_initial,
                 backoff,
@@ -182,7 +197,7 @@ impl Connection {
                 *backoff = self.cfg.probe_interval;
                 first_sent.get_or_insert(now);
                 let header = Header::Initial {
-                    scid: self.local_cid,
+                    scid: self.handshake.local_cid,
                     token,
                     mode: *mode,
                     hello,
@@ -194,7 +209,7 @@ impl Connection {
                 let len = wire::encode_control_packet(&header, buf);
                 Some(Transmit { local, remote, len })
             }
-            Handshake::Server {
+            HandshakeStage::Server {
                 accept,
                 accept_pending: pending @ true,
                 ..
@@ -235,13 +250,14 @@ impl Connection {
         let (pn, id) = (link.recovery.next_pn(), link.id);
         let tag = self.tag_len();
         let phase = self
+            .handshake
             .protection
             .as_ref()
             .map_or(0, PacketProtection::send_phase);
         let buf = datagram_room(out, link.local, link.remote, link.pmtu.base());
         let frames_end = buf.len() - tag;
         let mut w = Writer::new(&mut buf[..frames_end]);
-        wire::write_short_header(&mut w, self.peer_cid, id, pn, phase);
+        wire::write_short_header(&mut w, self.handshake.peer_cid, id, pn, phase);
         let header_len = w.len();
         if code == CLOSE_DONE {
             // The clean-end confirmation carries its proof (PROTOCOL.md §8.2): what arrived on
@@ -279,7 +295,7 @@ impl Connection {
         let pn = self.links[i].recovery.next_pn();
         let link_id = self.links[i].id;
         let tag = self.tag_len();
-        let phase = match &mut self.protection {
+        let phase = match &mut self.handshake.protection {
             Some(p) => {
                 p.update_if_due(now);
                 p.send_phase()
@@ -300,7 +316,7 @@ impl Connection {
         }
         let frames_end = buf.len() - tag; // the AEAD's tag follows the frames
         let mut w = Writer::new(&mut buf[..frames_end]);
-        wire::write_short_header(&mut w, self.peer_cid, link_id, pn, phase);
+        wire::write_short_header(&mut w, self.handshake.peer_cid, link_id, pn, phase);
         let header_len = w.len();
         let end = w.len() + w.remaining(); // room for frames
         let mut frames: SmallVec<[SentFrame; 2]> = SmallVec::new();
@@ -326,13 +342,13 @@ impl Connection {
             end
         };
         // how datagrams go, if a data packet may carry one (stream data packets skip this)
-        let bounds = (kind == PacketKind::Data && !self.datagrams_out.is_empty())
+        let bounds = (kind == PacketKind::Data && !self.datagrams.outgoing.is_empty())
             .then(|| self.datagram_bounds());
         // acknowledgements for every link with news (at most half a data packet, and never
         // the room the next datagram needs: it must not wait behind acknowledgements)
         let ack_room = if kind == PacketKind::Data {
             let datagram = bounds
-                .and_then(|b| self.datagrams_out.front_frame_len(b))
+                .and_then(|b| self.datagrams.outgoing.front_frame_len(b))
                 .unwrap_or(0);
             ((end_of_frames - w.len()) / 2).min((end_of_frames - w.len()).saturating_sub(datagram))
         } else {
@@ -370,7 +386,7 @@ impl Connection {
         // data, alternating between the streams
         if kind == PacketKind::Data {
             while let Some(piece) =
-                bounds.and_then(|b| self.datagrams_out.pop(now, end - w.len(), b))
+                bounds.and_then(|b| self.datagrams.outgoing.pop(now, end - w.len(), b))
             {
                 // a piece that fills the packet needs no length
                 let to_end = piece.part != DatagramPart::Whole
@@ -382,8 +398,8 @@ impl Connection {
             }
             let mut stream_bytes = 0u64;
             for _ in 0..2 {
-                let s = self.next_stream;
-                self.next_stream ^= 1;
+                let s = self.scheduling.next_stream;
+                self.scheduling.next_stream ^= 1;
                 // type + offset (up to 8) + length (2: frames stay below 16 KiB)
                 let room = end - w.len();
                 if room <= 11 {
@@ -436,7 +452,7 @@ impl Connection {
 impl Connection {
     /// Bytes the AEAD adds to each short packet (none without a key).
     pub(super) fn tag_len(&self) -> usize {
-        if self.protection.is_some() {
+        if self.handshake.protection.is_some() {
             crypto::TAG_LEN
         } else {
             0
@@ -446,32 +462,11 @@ impl Connection {
     /// Seals a built packet in place (`packet`: header, frames and room for the tag), if the
     /// connection has a key; returns the datagram's length.
     fn seal(&mut self, link: LinkId, pn: u64, header_len: usize, packet: &mut [u8]) -> usize {
-        if let Some(p) = &mut self.protection {
+        if let Some(p) = &mut self.handshake.protection {
             p.seal(link, pn, header_len, packet);
         }
         packet.len()
     }
-}
-
-/// A new link: datagrams of the configured size, or what the local address's interface can
-/// send if that is less (IPv6 headers are 20 bytes larger than IPv4's: on a 1500-byte MTU an
-/// IPv6 link carries 1452 bytes, not the default 1472), growing (path MTU discovery) up to
-/// what the interface can send.
-pub(super) fn new_link(
-    cfg: &ConnectionConfig,
-    local_mtus: &[(SocketAddr, usize)],
-    id: LinkId,
-    local: SocketAddr,
-    remote: SocketAddr,
-) -> Link {
-    let interface = local_mtus
-        .iter()
-        .find(|(a, _)| *a == local)
-        .map(|&(_, max)| max);
-    let base = interface.map_or(cfg.max_datagram_size, |max| cfg.max_datagram_size.min(max));
-    let ceiling = interface.unwrap_or(base).min(wire::MAX_DATAGRAM_SIZE);
-    let ceiling = if cfg.mtu_discovery { ceiling } else { base };
-    Link::new(id, local, remote, PathMtu::new(base, ceiling))
 }
 
 /// The driver's room for the next datagram on a path, cut to `max` bytes.

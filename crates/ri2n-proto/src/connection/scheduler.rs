@@ -64,7 +64,7 @@ impl Schedule {
                 Striping::Weighted => None,
                 Striping::Failover => c.primary_link(),
             },
-            window: c.peer_window.min(c.cfg.send_buffer) as f64,
+            window: c.handshake.peer_window.min(c.cfg.send_buffer) as f64,
         });
         for i in 0..c.links.len() {
             s.measure(i, &c.links[i], now);
@@ -185,11 +185,12 @@ impl Connection {
         now: Instant,
     ) -> Result<usize, Option<Instant>> {
         let previous = self
+            .scheduling
             .last_data_packet
             .filter(|&(_, at)| at == now)
             .map(|(i, _)| i);
         let i = schedule.pick(&mut self.links, self.cfg.striping, previous, now)?;
-        self.last_data_packet = Some((i, now));
+        self.scheduling.last_data_packet = Some((i, now));
         Ok(i)
     }
 
@@ -220,7 +221,7 @@ impl Connection {
     /// Acknowledgements go back on the link the data came in on, which just proved to work,
     /// unless we know that link's return path is down.
     pub(super) fn ack_link(&self) -> usize {
-        let i = self.last_arrival_link;
+        let i = self.scheduling.last_arrival_link;
         if self.links[i].state != LinkState::Down {
             return i;
         }

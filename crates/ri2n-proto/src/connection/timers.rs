@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 
 use crate::{ConnectionError, LinkState};
 
-use super::{Connection, ConnectionState, Handshake, HoldOver};
+use super::{Connection, ConnectionState, HandshakeStage, HoldOver};
 
 /// A timer of a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,12 +71,12 @@ impl Connection {
         if self.state == ConnectionState::Closed {
             arm(
                 Timer::CloseSend,
-                (!self.close_sends.is_empty()).then_some(self.last_rx),
+                (!self.closing.sends.is_empty()).then_some(self.last_rx),
             );
             return;
         }
-        match &self.handshake {
-            Handshake::Client {
+        match &self.handshake.stage {
+            HandshakeStage::Client {
                 next_initial,
                 started,
                 ..
@@ -88,17 +88,17 @@ impl Connection {
                 );
                 return;
             }
-            Handshake::Server { created, .. } => arm(
+            HandshakeStage::Server { created, .. } => arm(
                 Timer::HandshakeTimeout,
                 created.checked_add(self.cfg.handshake_timeout),
             ),
-            Handshake::Done => {}
+            HandshakeStage::Done => {}
         }
         if self.can_send_short() {
-            arm(Timer::Draining, self.draining_until);
-            arm(Timer::PeerClosed, self.peer_closed_until);
+            arm(Timer::Draining, self.closing.draining_until);
+            arm(Timer::PeerClosed, self.closing.peer_closed_until);
             arm(Timer::PeerGone, self.peer_gone_deadline());
-            arm(Timer::Pacing, self.pacing_wakeup);
+            arm(Timer::Pacing, self.scheduling.pacing_wakeup);
             for (i, l) in self.links.iter().enumerate() {
                 arm(Timer::Link(i, LinkTimer::Loss), l.loss_deadline());
                 arm(Timer::Link(i, LinkTimer::Pto), l.pto_deadline(&self.cfg));
@@ -115,9 +115,9 @@ impl Connection {
                 arm(Timer::HealthCheck, Some(self.next_share_check));
             }
             // the rule looks at every link: only worth building while a datagram waits
-            if self.datagrams_in.holds_any() {
-                let release = match self.hold_over {
-                    HoldOver::No => self.datagrams_in.release_deadline(&self.hold_rule()),
+            if self.datagrams.incoming.holds_any() {
+                let release = match self.datagrams.hold_over {
+                    HoldOver::No => self.datagrams.incoming.release_deadline(&self.hold_rule()),
                     // an answer ends the wait as it arrives
                     HoldOver::Asked(asked) => Some(asked + self.max_pto()),
                     HoldOver::Outage => None,
@@ -127,7 +127,8 @@ impl Connection {
         }
         arm(
             Timer::AllLinksDown,
-            self.all_down_since
+            self.closing
+                .all_down_since
                 .zip(self.cfg.all_links_down_timeout)
                 .and_then(|(since, limit)| since.checked_add(limit)),
         );
@@ -184,12 +185,12 @@ impl Connection {
             Timer::AllLinksDown => self.fail(ConnectionError::AllLinksDown),
             Timer::Idle => self.fail(ConnectionError::IdleTimeout),
             Timer::Draining => {
-                self.draining_until = None;
+                self.closing.draining_until = None;
                 self.set_closed(None);
             }
             Timer::PeerClosed => self.set_closed(Some(ConnectionError::ClosedEarly)),
             Timer::PeerGone => self.peer_gone(),
-            Timer::Pacing => self.pacing_wakeup = None,
+            Timer::Pacing => self.scheduling.pacing_wakeup = None,
             Timer::HealthCheck => {
                 self.check_arrival_shares();
                 self.check_slow_links(now);

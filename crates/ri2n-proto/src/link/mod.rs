@@ -3,24 +3,21 @@
 //! Loss is judged per link, so data that overtakes on a faster link never looks lost.
 //!
 //! Each part owns its state ([`recovery`], [`probing`], [`arrivals`], [`AckState`], the RTT
-//! estimate, delivery rate, congestion control and path MTU discovery); `Link` ties them
-//! together in the health state machine of docs/PROTOCOL.md §6 (transitions: §6.1) and in the
-//! handling of a sent, acknowledged or lost packet.
+//! estimate, delivery rate, congestion control, path MTU discovery, and the link's side of the
+//! connection's health detectors in [`health`]); `Link` ties them together in the health state
+//! machine of docs/PROTOCOL.md §6 (transitions: §6.1) and in the handling of a sent,
+//! acknowledged or lost packet.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use smallvec::SmallVec;
-
 use crate::ack::AckState;
 use crate::congestion::{Congestion, Pacer};
-use crate::connection::{ShareDetector, SlowLinkCheck};
-use crate::datagrams::Piece;
 use crate::pmtu::PathMtu;
-use crate::streams::Chunk;
 use crate::{ConnectionConfig, LinkId};
 
 mod arrivals;
+mod health;
 mod probing;
 mod rate;
 mod recovery;
@@ -28,11 +25,14 @@ mod rtt;
 mod sent;
 
 use arrivals::Arrivals;
+pub(crate) use health::{ShareDetector, SlowLinkCheck};
 use probing::Probing;
 use rate::DeliveryRate;
+pub(crate) use recovery::AckOutcome;
 use recovery::Recovery;
 pub(crate) use rtt::Rtt;
 use rtt::GRANULARITY;
+pub(crate) use sent::{SentFrame, SentPacket};
 
 /// Least time a measured delivery rate is trusted without a new sample, for a link that
 /// holds none of our data (see [`Link::delivery_rate`]).
@@ -105,25 +105,6 @@ pub struct LinkStats {
     pub refusals: u32,
 }
 
-/// What a sent packet carried that matters if it is acknowledged or lost.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum SentFrame {
-    Stream {
-        stream: u8,
-        chunk: Chunk,
-    },
-    MaxStreamData {
-        stream: u8,
-    },
-    LinkStatus {
-        link: LinkId,
-        status: u8,
-    },
-    /// A datagram's bytes stay with the packet until it is acknowledged: they are sent again
-    /// if the link fails with the packet in flight.
-    Datagram(Piece),
-}
-
 /// What a packet that arrived on a link carried, for its bookkeeping.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Arrival {
@@ -135,37 +116,6 @@ pub(crate) struct Arrival {
     pub sending: bool,
     /// Its datagram's length.
     pub size: usize,
-}
-
-#[derive(Debug, Clone)]
-pub(crate) struct SentPacket {
-    pub time: Instant,
-    pub size: u16,
-    /// Counted in `bytes_in_flight` (data packets, not probes of a link that is not up).
-    pub in_flight: bool,
-    pub ack_eliciting: bool,
-    /// A probe of a link that is not up.
-    pub probe: bool,
-    /// A path MTU probe (its size is the size probed).
-    pub mtu_probe: bool,
-    pub frames: SmallVec<[SentFrame; 2]>,
-}
-
-/// Frames of a sent packet.
-pub(crate) type Frames = SmallVec<[SentFrame; 2]>;
-
-/// Outcome of processing an ACK frame for one link.
-#[derive(Debug, Default)]
-pub(crate) struct AckOutcome {
-    pub acked: Vec<SentPacket>,
-    pub lost: Vec<SentPacket>,
-    /// Stream frames of packets acknowledged after they had been declared lost.
-    pub acked_late: Vec<Frames>,
-    /// Probes acknowledged with their round-trip times.
-    pub probes_acked: u32,
-    /// Datagrams (number, bytes) that were in flight on a link that failed, in sending order:
-    /// to be sent again on another.
-    pub stranded: Vec<Piece>,
 }
 
 /// What a link carried, for [`LinkStats`].
@@ -222,6 +172,29 @@ pub(crate) struct Link {
 }
 
 impl Link {
+    /// A new link: datagrams of the configured size, or what the local address's interface
+    /// can send if that is less (IPv6 headers are 20 bytes larger than IPv4's: on a 1500-byte
+    /// MTU an IPv6 link carries 1452 bytes, not the default 1472), growing (path MTU discovery)
+    /// up to what the interface can send.
+    pub fn open(
+        cfg: &ConnectionConfig,
+        local_mtus: &[(SocketAddr, usize)],
+        id: LinkId,
+        local: SocketAddr,
+        remote: SocketAddr,
+    ) -> Self {
+        let interface = local_mtus
+            .iter()
+            .find(|(a, _)| *a == local)
+            .map(|&(_, max)| max);
+        let base = interface.map_or(cfg.max_datagram_size, |max| cfg.max_datagram_size.min(max));
+        let ceiling = interface
+            .unwrap_or(base)
+            .min(crate::wire::MAX_DATAGRAM_SIZE);
+        let ceiling = if cfg.mtu_discovery { ceiling } else { base };
+        Self::new(id, local, remote, PathMtu::new(base, ceiling))
+    }
+
     /// A link whose datagrams start at `pmtu`'s base size (not probed until told when).
     pub fn new(id: LinkId, local: SocketAddr, remote: SocketAddr, pmtu: PathMtu) -> Self {
         let mss = pmtu.current();
@@ -725,13 +698,14 @@ pub(crate) fn data_packet(time: Instant, size: u16) -> SentPacket {
         ack_eliciting: true,
         probe: false,
         mtu_probe: false,
-        frames: SmallVec::new(),
+        frames: smallvec::SmallVec::new(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::streams::Chunk;
 
     /// A link that is up, with datagrams of up to `ceiling` bytes once path MTU discovery
     /// confirms them.

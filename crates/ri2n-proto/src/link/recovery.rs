@@ -3,7 +3,8 @@
 //! lately declared lost, the loss timer and the probe timeout.
 //!
 //! Loss is judged per link, so data that overtakes on a faster link never looks lost. The
-//! link applies what the outcome means for its congestion window, path MTU and counters.
+//! link applies what the outcome means for its congestion window, path MTU and counters, and
+//! hands the connection the packets acknowledged and lost ([`AckOutcome`]).
 
 use std::collections::VecDeque;
 use std::ops::RangeInclusive;
@@ -11,13 +12,29 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
+use crate::datagrams::Piece;
+
 use super::rtt::Rtt;
-use super::sent::SentPackets;
-use super::{AckOutcome, Frames, SentFrame, SentPacket};
+use super::sent::{Frames, SentFrame, SentPacket, SentPackets};
 
 /// Packets declared lost (data packets and probes) that a link remembers, so that a late
 /// acknowledgement of one still counts.
 const LOST_MEMORY: usize = 1024;
+
+/// Outcome of processing an ACK frame for one link.
+#[derive(Debug, Default)]
+pub(crate) struct AckOutcome {
+    pub acked: Vec<SentPacket>,
+    pub lost: Vec<SentPacket>,
+    /// Stream frames of packets acknowledged after they had been declared lost.
+    pub acked_late: Vec<Frames>,
+    /// Probes acknowledged with their round-trip times.
+    pub probes_acked: u32,
+    /// Datagrams (number, bytes) that were in flight on a link that failed, in sending order:
+    /// to be sent again on another.
+    pub stranded: Vec<Piece>,
+}
+
 /// How long a link must have been silent to be declared down while no other link shows that
 /// the peer is answering. A dead peer or every link gone is then declared a little later,
 /// which costs nothing (there is nowhere to fail over to), and a peer or network that did not

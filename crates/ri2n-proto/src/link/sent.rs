@@ -1,4 +1,6 @@
-//! The packets a link sent that still wait for an acknowledgement or a loss verdict.
+//! The packets a link sent: what each carried that matters once it is acknowledged or lost
+//! ([`SentPacket`], [`SentFrame`]), and those that still wait for an acknowledgement or a
+//! loss verdict ([`SentPackets`]).
 //!
 //! Packet numbers on a link grow by one per packet, and what is outstanding is a window
 //! between the oldest unresolved packet and the newest: a ring of slots indexed by
@@ -9,8 +11,49 @@
 
 use std::collections::VecDeque;
 use std::ops::{Range, RangeInclusive};
+use std::time::Instant;
 
-use super::SentPacket;
+use smallvec::SmallVec;
+
+use crate::datagrams::Piece;
+use crate::streams::Chunk;
+use crate::LinkId;
+
+/// What a sent packet carried that matters if it is acknowledged or lost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SentFrame {
+    Stream {
+        stream: u8,
+        chunk: Chunk,
+    },
+    MaxStreamData {
+        stream: u8,
+    },
+    LinkStatus {
+        link: LinkId,
+        status: u8,
+    },
+    /// A datagram's bytes stay with the packet until it is acknowledged: they are sent again
+    /// if the link fails with the packet in flight.
+    Datagram(Piece),
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct SentPacket {
+    pub time: Instant,
+    pub size: u16,
+    /// Counted in `bytes_in_flight` (data packets, not probes of a link that is not up).
+    pub in_flight: bool,
+    pub ack_eliciting: bool,
+    /// A probe of a link that is not up.
+    pub probe: bool,
+    /// A path MTU probe (its size is the size probed).
+    pub mtu_probe: bool,
+    pub frames: SmallVec<[SentFrame; 2]>,
+}
+
+/// Frames of a sent packet.
+pub(crate) type Frames = SmallVec<[SentFrame; 2]>;
 
 #[derive(Debug, Default)]
 pub(crate) struct SentPackets {
