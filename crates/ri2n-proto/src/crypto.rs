@@ -4,7 +4,8 @@
 //! `Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s` (through the `snow` crate) inside its INITIAL and
 //! ACCEPT: the pre-shared key authenticates both sides, the ephemeral Diffie-Hellman gives each
 //! connection fresh keys with forward secrecy. Every short packet is then sealed with an AEAD
-//! (`ring`: AES-256-GCM when both hosts have AES instructions, ChaCha20-Poly1305 otherwise),
+//! (`aws-lc-rs`: AES-256-GCM when both hosts have AES instructions, ChaCha20-Poly1305
+//! otherwise),
 //! the packet header as associated data and the link ID and packet number as nonce, so no
 //! nonce repeats within a key. Each direction moves to a new key (Noise's one-way `REKEY`)
 //! long before the AEAD's limits; old keys are wiped.
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use blake2::digest::consts::U16;
 use blake2::digest::{Mac, Update};
-use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
+use aws_lc_rs::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use thiserror::Error;
 use zeroize::{Zeroize, Zeroizing};
 
@@ -75,8 +76,7 @@ impl Key {
     /// A new random key from the operating system's random source.
     pub fn generate() -> Result<Key, KeyError> {
         let mut bytes = Zeroizing::new([0u8; KEY_LEN]);
-        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes[..])
-            .map_err(|_| KeyError::Random)?;
+        aws_lc_rs::rand::fill(&mut bytes[..]).map_err(|_| KeyError::Random)?;
         Ok(Key(bytes))
     }
 
@@ -499,35 +499,18 @@ impl ServerHandshake {
 // ---------------------------------------------------------------------------------------------
 // Packet protection
 
-/// One AEAD key, ready to seal or open. The key schedule `ring` derived is wiped on drop.
-struct PacketKey {
-    /// Always initialised; `MaybeUninit` only so that its bytes may be overwritten with zeros
-    /// on drop (zero is not a valid value of every field inside).
-    key: MaybeUninit<LessSafeKey>,
-}
-
-// Overwriting the key's bytes on drop is sound only if it owns nothing that needs dropping.
-const _: () = assert!(!std::mem::needs_drop::<LessSafeKey>());
+/// One AEAD key, ready to seal or open. aws-lc-rs keeps the key schedule it derives in memory
+/// of its own, which its allocator overwrites with zeros when the key is dropped.
+struct PacketKey(LessSafeKey);
 
 impl PacketKey {
     fn new(cipher: Cipher, secret: &[u8; KEY_LEN]) -> PacketKey {
         let key = UnboundKey::new(cipher.algorithm(), secret).expect("32-byte key");
-        PacketKey {
-            key: MaybeUninit::new(LessSafeKey::new(key)),
-        }
+        PacketKey(LessSafeKey::new(key))
     }
 
     fn key(&self) -> &LessSafeKey {
-        // SAFETY: `key` is initialised in `new` and only cleared in `drop`.
-        unsafe { self.key.assume_init_ref() }
-    }
-}
-
-impl Drop for PacketKey {
-    fn drop(&mut self) {
-        // SAFETY: exclusive access to the field's bytes; `MaybeUninit` accepts any bytes, and
-        // the key owns nothing (asserted above) and is not used again.
-        unsafe { zeroize::zeroize_flat_type(&mut self.key as *mut MaybeUninit<LessSafeKey>) }
+        &self.0
     }
 }
 
@@ -553,9 +536,6 @@ fn next_secret(secret: &[u8; KEY_LEN]) -> Zeroizing<[u8; KEY_LEN]> {
     let _tag = key
         .seal_in_place_separate_tag(Nonce::assume_unique_for_key(n), Aad::empty(), &mut out[..])
         .expect("sealing 32 bytes");
-    let key = PacketKey {
-        key: MaybeUninit::new(key),
-    };
     drop(key); // wiped
     out
 }
