@@ -347,6 +347,12 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value = "256", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_clients_per_address: u32,
 
+    /// Engines the server runs side by side, each with a thread and sockets of its own on
+    /// the --listen addresses; clients are spread over them, each served by one. Default:
+    /// one per CPU this process may run on, at most 16.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub shards: Option<u32>,
+
     /// Do not log one line per client on stderr.
     #[arg(long, short)]
     pub quiet: bool,

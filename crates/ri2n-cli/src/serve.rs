@@ -36,12 +36,15 @@ pub fn run(args: &ServeArgs) -> Result<(), Failure> {
         |cfg| {
             cfg.with_max_connections(args.max_clients as usize)
                 .with_max_connections_per_address(args.max_clients_per_address as usize)
+                .with_shards(args.shards.map(|n| n as usize))
         },
     )?;
     if !args.quiet {
         eprintln!(
-            "ri2n serve: listening on {}",
-            error::list(&endpoint.local_addrs())
+            "ri2n serve: listening on {} ({} shard{})",
+            error::list(&endpoint.local_addrs()),
+            endpoint.shards(),
+            if endpoint.shards() == 1 { "" } else { "s" }
         );
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -15,9 +15,9 @@ use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use aws_lc_rs::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use blake2::digest::consts::U16;
 use blake2::digest::{Mac, Update};
-use aws_lc_rs::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use thiserror::Error;
 use zeroize::{Zeroize, Zeroizing};
 
