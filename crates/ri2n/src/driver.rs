@@ -1169,6 +1169,7 @@ impl Drop for Driver {
         if let Some(t) = self.thread.lock().unwrap().take() {
             let _ = t.join();
         }
+        self.shared.router.close(self.shared.shard);
     }
 }
 

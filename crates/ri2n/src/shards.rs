@@ -48,12 +48,19 @@ pub(crate) enum ForwardedKind {
     Refusal,
 }
 
+/// Most datagrams waiting in one shard's inbox: beyond, more are dropped, as a full socket
+/// buffer drops them (their senders' loss recovery repairs it).
+const MAX_FORWARDED: usize = 4096;
+
 /// What one shard forwarded to another and that one has not taken yet.
 #[derive(Debug, Default)]
 struct Inbox {
     items: Mutex<Vec<Forwarded>>,
     /// `items` may hold something: spares its lock on every round of the driver thread.
     pending: AtomicBool,
+    /// The shard stopped (its last handle was dropped while others live on): what would be
+    /// forwarded to it is dropped, not kept.
+    closed: AtomicBool,
     /// Wakes the shard's driver thread (set once it runs).
     waker: OnceLock<Arc<Waker>>,
 }
@@ -110,14 +117,24 @@ impl Router {
     }
 
     /// Queues `item` for shard `to`; its driver thread is woken by [`wake`](Self::wake).
+    /// Dropped when that shard has stopped or has [`MAX_FORWARDED`] waiting.
     pub fn forward(&self, to: usize, item: Forwarded) {
         let inbox = &self.inboxes[to];
-        inbox
-            .items
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(item);
+        let mut items = inbox.items.lock().unwrap_or_else(|e| e.into_inner());
+        if inbox.closed.load(Ordering::Acquire) || items.len() >= MAX_FORWARDED {
+            tracing::trace!(shard = to, remote = %item.remote, "forwarded datagram dropped");
+            return;
+        }
+        items.push(item);
         inbox.pending.store(true, Ordering::Release);
+    }
+
+    /// Shard `shard` stopped: nothing is forwarded to it any more.
+    pub fn close(&self, shard: usize) {
+        let inbox = &self.inboxes[shard];
+        let mut items = inbox.items.lock().unwrap_or_else(|e| e.into_inner());
+        inbox.closed.store(true, Ordering::Release);
+        items.clear();
     }
 
     /// Wakes the driver threads of the shards in `mask` (bit `i`: shard `i`), after

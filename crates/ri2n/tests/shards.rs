@@ -279,3 +279,57 @@ fn a_restarted_peer_is_noticed_by_connections_on_every_shard() {
     }
     assert!(killed.elapsed() < Duration::from_secs(10));
 }
+
+#[test]
+fn a_connection_outlives_its_endpoint_and_the_other_shards() {
+    let server = endpoint(
+        EndpointConfig::new(addrs(&["127.0.0.1", "127.0.0.2"], 0)).server(),
+        2,
+    );
+    let to = server.local_addrs();
+    let clients: Vec<Endpoint> = (0..16)
+        .map(|_| Endpoint::client(&addrs(&["127.0.0.1", "127.0.0.2"], 0)).unwrap())
+        .collect();
+    let mut conns: Vec<Connection> = (clients.iter())
+        .map(|c| c.connect(&to[..1], ConnectionConfig::default()).unwrap())
+        .collect();
+    let mut accepted: Vec<Connection> = (0..conns.len())
+        .map(|_| {
+            server
+                .accept_timeout(Some(Duration::from_secs(10)))
+                .unwrap()
+                .unwrap()
+        })
+        .collect();
+    // keep one connection: once the endpoint goes, the other shard (which holds connections:
+    // 16 random IDs are all in one share 2 times in 65 536) has no handle left and stops,
+    // its sockets closed, while the kept connection's shard runs on
+    let kept = accepted.pop().unwrap();
+    drop(accepted);
+    drop(server);
+    // every client sends the same bytes, so the kept connection's client is any of them
+    let sent = payload(3);
+    let writers: Vec<_> = conns
+        .drain(..)
+        .map(|mut c| {
+            let sent = sent.clone();
+            thread::spawn(move || {
+                // a client whose server connection is gone sees its connection end
+                let _ = c
+                    .write_all(&sent)
+                    .and_then(|()| c.finish().map_err(Into::into));
+                c
+            })
+        })
+        .collect();
+    let mut got = Vec::new();
+    let mut kept = kept;
+    kept.read_to_end(&mut got).unwrap();
+    assert!(
+        got == sent,
+        "the connection that outlived its endpoint read exact bytes"
+    );
+    for w in writers {
+        drop(w.join().unwrap());
+    }
+}
