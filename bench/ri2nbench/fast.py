@@ -118,6 +118,17 @@ def profile_ri2n(lab, src):
     return rows[:25]
 
 
+def warm_up(tools, transfer):
+    """One discarded transfer of each tool on a fresh lab; returns their goodputs (Gbit/s)."""
+    warmup = {}
+    for k in tools:
+        wait_quiet()
+        warmup[k] = (transfer(k).get("bps") or 0) / 1e9
+    log("  warm-up (discarded): %s" % ", ".join(
+        "%s %.2f Gbit/s" % (k, v) for k, v in warmup.items()))
+    return warmup
+
+
 def part_fast(o):
     res = {"part": "fast", "configs": [], "bytes": o.fast_bytes}
     src = fast_file(o.fast_bytes)
@@ -145,12 +156,7 @@ def part_fast(o):
 
         # One discarded transfer per tool first: the part's first transfer, right after it
         # wrote its file, ran slow, and in the rotation below it was always ri2n's.
-        c["warmup"] = {}
-        for k in tools:
-            wait_quiet()
-            c["warmup"][k] = (transfer(k).get("bps") or 0) / 1e9
-        log("  warm-up (discarded): %s" % ", ".join(
-            "%s %.2f Gbit/s" % (k, v) for k, v in c["warmup"].items()))
+        c["warmup"] = warm_up(tools, transfer)
         for rep in range(o.reps):
             row = {"rep": rep}
             for k in tools[rep % 3:] + tools[:rep % 3]:

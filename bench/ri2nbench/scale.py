@@ -10,7 +10,7 @@ from . import common
 from .common import (
     PROCS, busy_line, fast_file, free_port, log, med, mfacts, proc_cpu, run, spread, sys_busy,
     thread_cpu, wait_quiet, wait_ready)
-from .fast import iperf_transfer, ri2n_transfer
+from .fast import iperf_transfer, ri2n_transfer, warm_up
 from .labctl import new_lab
 
 CLIENTS = (1, 2, 4, 8)
@@ -144,7 +144,7 @@ def measure_lab(o, res, keyfile):
     for n in LAB_LINKS:
         log("scale: lab, %d unlimited links, MTU 1500" % n)
         lab.up([0] * n, mtu=1500)
-        c = {"links": n, "mtu": 1500, "mptcp": lab.mptcp_setup(), "runs": [], "warmup": {}}
+        c = {"links": n, "mtu": 1500, "mptcp": lab.mptcp_setup(), "runs": []}
 
         def transfer(k):
             if k.startswith("ri2n"):
@@ -153,11 +153,7 @@ def measure_lab(o, res, keyfile):
             return iperf_transfer(lab, o.scale_bytes, mptcp=(k == "mptcp"), src=src)
 
         # as in part fast: one discarded transfer of each tool on the fresh lab
-        for k in LAB_TOOLS:
-            wait_quiet()
-            c["warmup"][k] = (transfer(k).get("bps") or 0) / 1e9
-        log("  warm-up (discarded): %s" % ", ".join(
-            "%s %.2f Gbit/s" % (k, v) for k, v in c["warmup"].items()))
+        c["warmup"] = warm_up(LAB_TOOLS, transfer)
         for rep in range(o.reps):
             row = {"rep": rep}
             for k in LAB_TOOLS[rep % 4:] + LAB_TOOLS[:rep % 4]:

@@ -556,24 +556,9 @@ impl Shared {
         let endpoint = &mut st.endpoint;
         let mut forwarded = 0u64;
         sock.deliver(batch, &mut |remote, d| {
-            let steering = (self.router.shards() > 1)
-                .then(|| wire::steering(d))
-                .flatten();
-            match (self.router).place(self.shard, endpoint, steering, self.router.first_asks()) {
-                None => endpoint.handle_datagram(now, sock.local, remote, d),
-                Some((to, asks_left)) => {
-                    forwarded |= 1 << to;
-                    self.router.forward(
-                        to,
-                        Forwarded {
-                            local: sock.local,
-                            remote,
-                            kind: ForwardedKind::Datagram,
-                            asks_left,
-                            bytes: d.to_vec(),
-                        },
-                    );
-                }
+            let kind = ForwardedKind::Datagram;
+            if self.keep_or_forward(endpoint, kind, sock.local, remote, d, &mut forwarded) {
+                endpoint.handle_datagram(now, sock.local, remote, d);
             }
         });
         forwarded |= self.hand_over_refusals(&mut st, Some(now));
@@ -593,31 +578,57 @@ impl Shared {
         let mut forwarded = 0;
         for sock in &self.sockets {
             for r in sock.take_refused() {
-                let steering = wire::quote_steering(r.quote());
-                let asks = self.router.first_asks();
-                match self.router.place(self.shard, &st.endpoint, steering, asks) {
-                    None => {
-                        let now = now.unwrap_or_else(Instant::now);
-                        st.endpoint
-                            .handle_port_unreachable(now, sock.local, r.dest, r.quote());
-                    }
-                    Some((to, asks_left)) => {
-                        forwarded |= 1 << to;
-                        self.router.forward(
-                            to,
-                            Forwarded {
-                                local: sock.local,
-                                remote: r.dest,
-                                kind: ForwardedKind::Refusal,
-                                asks_left,
-                                bytes: r.quote().to_vec(),
-                            },
-                        );
-                    }
+                let (kind, quote) = (ForwardedKind::Refusal, r.quote());
+                if self.keep_or_forward(
+                    &st.endpoint,
+                    kind,
+                    sock.local,
+                    r.dest,
+                    quote,
+                    &mut forwarded,
+                ) {
+                    let now = now.unwrap_or_else(Instant::now);
+                    (st.endpoint).handle_port_unreachable(now, sock.local, r.dest, quote);
                 }
             }
         }
         forwarded
+    }
+
+    /// Whether what this shard received (a datagram, or an ICMP error's quote) is for its own
+    /// engine ([`Router::place`]); if not, it is forwarded and `forwarded` gains the shard's
+    /// bit, for [`Router::wake`].
+    fn keep_or_forward(
+        &self,
+        engine: &ProtoEndpoint,
+        kind: ForwardedKind,
+        local: SocketAddr,
+        remote: SocketAddr,
+        bytes: &[u8],
+        forwarded: &mut u64,
+    ) -> bool {
+        if self.router.shards() == 1 {
+            return true;
+        }
+        let steering = match kind {
+            ForwardedKind::Datagram => wire::steering(bytes),
+            ForwardedKind::Refusal => wire::quote_steering(bytes),
+        };
+        let asks = self.router.first_asks();
+        let Some((to, asks_left)) = self.router.place(self.shard, engine, steering, asks) else {
+            return true;
+        };
+        *forwarded |= 1 << to;
+        let bytes = bytes.to_vec();
+        let item = Forwarded {
+            local,
+            remote,
+            kind,
+            asks_left,
+            bytes,
+        };
+        self.router.forward(to, item);
+        false
     }
 
     /// Hands the engine what other shards forwarded to this one (driver thread), or passes
