@@ -610,9 +610,12 @@ pub const CID_OFFSET: usize = 2;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Steering {
     /// The shard of this connection ID ([`crate::Shard::of`]): one the receiver chose (a
-    /// short packet's, a RETRY's, ACCEPT's or REFUSE's destination ID), or the ID a client
-    /// chose for itself in its INITIAL, which decides the shard of the server's connection.
+    /// short packet's, a RETRY's, ACCEPT's or REFUSE's destination ID).
     Shard(u64),
+    /// A client's INITIAL, with the ID the client chose for itself: the kernel steers it by
+    /// that ID as [`Steering::Shard`]; the server may make the connection on any shard (whose
+    /// share its own ID then comes from), as long as every repeat of the INITIAL goes there.
+    Initial(u64),
     /// The shard whose engine knows this connection ID (a RESET's, which may be the
     /// receiver's own or its peer's; an ICMP error's quote of a packet to the peer):
     /// [`crate::Endpoint::knows_connection_id`] tells.
@@ -626,6 +629,7 @@ pub fn steering(datagram: &[u8]) -> Option<Steering> {
     let cid = u64::from_be_bytes(cid.try_into().ok()?);
     match (datagram[0], datagram[1]) {
         (VERSION, packet_type::RESET) => Some(Steering::Ask(cid)),
+        (VERSION, packet_type::INITIAL) => Some(Steering::Initial(cid)),
         (VERSION, _) => Some(Steering::Shard(cid)),
         _ => None,
     }

@@ -615,7 +615,10 @@ impl Shared {
             ForwardedKind::Refusal => wire::quote_steering(bytes),
         };
         let asks = self.router.first_asks();
-        let Some((to, asks_left)) = self.router.place(self.shard, engine, steering, asks) else {
+        let placed = self
+            .router
+            .place(self.shard, engine, remote, steering, asks);
+        let Some((to, asks_left)) = placed else {
             return true;
         };
         *forwarded |= 1 << to;
@@ -642,7 +645,7 @@ impl Shared {
             };
             match self
                 .router
-                .place(self.shard, &st.endpoint, steering, f.asks_left)
+                .place(self.shard, &st.endpoint, f.remote, steering, f.asks_left)
             {
                 // a connection ID of this share, or the last shard to ask
                 None => match f.kind {
@@ -912,6 +915,8 @@ impl Shared {
                 true
             }
         });
+        self.router
+            .set_load(self.shard, endpoint.connection_count());
         wake
     }
 }

@@ -3,9 +3,11 @@
 //!
 //! A connection lives on one shard from its first packet to its end, and no lock is shared
 //! by the shards on the data path. The engine of shard `i` of `n` picks its connection IDs
-//! from share `i` ([`ri2n_proto::Shard`]), and every ri2n packet but RESET carries a
-//! connection ID that tells its shard (an INITIAL: the ID its client chose, which decides the
-//! shard of the server's connection). The kernel steers: the shards' sockets of one address
+//! from share `i` ([`ri2n_proto::Shard`]), and every ri2n packet but RESET and INITIAL
+//! carries a connection ID that tells its shard. A client's first INITIAL goes to the shard
+//! with the fewest connections, and its repeats after it (the ID the client chose for itself
+//! decides which shard receives them, and that one remembers where it sent the first: see
+//! [`Router::place`]). The kernel steers: the shards' sockets of one address
 //! form one `SO_REUSEPORT` group, socket `i` of it shard `i`'s, and a classic BPF program
 //! picks the socket by that ID ([`LinkSocket::steer_by_connection_id`]). What still lands on
 //! the wrong shard is forwarded by the one that received it ([`Router`]): a RESET or an ICMP
@@ -16,11 +18,11 @@
 //! The shards of an endpoint share its instance and cookie key (peers see one endpoint) and
 //! the queue of accepted connections ([`AcceptQueue`]).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mio::Waker;
 use ri2n_proto::wire::Steering;
@@ -52,6 +54,12 @@ pub(crate) enum ForwardedKind {
 /// buffer drops them (their senders' loss recovery repairs it).
 const MAX_FORWARDED: usize = 4096;
 
+/// How long a client's INITIAL is sent on to the shard chosen for its first one: longer than
+/// a client keeps retransmitting it (its `handshake_timeout`, 10 s by default).
+const PLACEMENT_HOLD: Duration = Duration::from_secs(60);
+/// Most placements remembered at once (the oldest go first beyond).
+const MAX_PLACEMENTS: usize = 1 << 16;
+
 /// What one shard forwarded to another and that one has not taken yet.
 #[derive(Debug, Default)]
 struct Inbox {
@@ -61,21 +69,66 @@ struct Inbox {
     /// The shard stopped (its last handle was dropped while others live on): what would be
     /// forwarded to it is dropped, not kept.
     closed: AtomicBool,
+    /// Connections its engine holds, as of its last round: the load new connections are
+    /// placed by.
+    connections: AtomicUsize,
     /// Wakes the shard's driver thread (set once it runs).
     waker: OnceLock<Arc<Waker>>,
 }
 
-/// How the shards of an endpoint hand each other what arrived on the wrong one.
+/// How the shards of an endpoint hand each other what arrived on the wrong one, and which
+/// shard takes each new connection.
 #[derive(Debug)]
 pub(crate) struct Router {
     inboxes: Vec<Inbox>,
+    /// The shard each recent client INITIAL (by its source address and the client's
+    /// connection ID) was placed on, and when: its repeats go there too.
+    placements: Mutex<Placements>,
+}
+
+#[derive(Debug, Default)]
+struct Placements {
+    by_initial: HashMap<(SocketAddr, u64), usize>,
+    /// The same, oldest first, with the time each was made.
+    order: VecDeque<(Instant, SocketAddr, u64)>,
+}
+
+impl Placements {
+    /// The shard of the INITIAL with client ID `scid` from `remote`, choosing `choose()` if
+    /// it is new.
+    fn shard(&mut self, remote: SocketAddr, scid: u64, choose: impl FnOnce() -> usize) -> usize {
+        let now = Instant::now();
+        while let Some(&(at, r, c)) = self.order.front() {
+            if now.duration_since(at) < PLACEMENT_HOLD && self.order.len() < MAX_PLACEMENTS {
+                break;
+            }
+            self.order.pop_front();
+            self.by_initial.remove(&(r, c));
+        }
+        *self.by_initial.entry((remote, scid)).or_insert_with(|| {
+            self.order.push_back((now, remote, scid));
+            choose()
+        })
+    }
 }
 
 impl Router {
     pub fn new(shards: usize) -> Self {
         Self {
             inboxes: (0..shards).map(|_| Inbox::default()).collect(),
+            placements: Mutex::default(),
         }
+    }
+
+    /// Shard `shard`'s engine holds `n` connections now.
+    pub fn set_load(&self, shard: usize, n: usize) {
+        self.inboxes[shard].connections.store(n, Ordering::Relaxed);
+    }
+
+    /// The shard with the fewest connections, `here` among those.
+    fn least_loaded(&self, here: usize) -> usize {
+        let load = |i: usize| self.inboxes[i].connections.load(Ordering::Relaxed);
+        (0..self.inboxes.len()).fold(here, |best, i| if load(i) < load(best) { i } else { best })
     }
 
     pub fn shards(&self) -> usize {
@@ -91,14 +144,17 @@ impl Router {
         let _ = self.inboxes[shard].waker.set(waker);
     }
 
-    /// Where what shard `here` received goes: `None` to its own engine, else the shard to
-    /// forward it to and how many more may be asked after that one. A connection ID of
-    /// another share goes to its shard; one to ask about stays where an engine knows it, and
-    /// with the last shard asked when none does (which counts the drop).
+    /// Where what shard `here` received from `remote` goes: `None` to its own engine, else
+    /// the shard to forward it to and how many more may be asked after that one. A connection
+    /// ID of another share goes to its shard; a client's first INITIAL to the shard with the
+    /// fewest connections (this one when it has no more than any), and its repeats after it;
+    /// an ID to ask about stays where an engine knows it, and with the last shard asked when
+    /// none does (which counts the drop).
     pub fn place(
         &self,
         here: usize,
         engine: &ProtoEndpoint,
+        remote: SocketAddr,
         steering: Option<Steering>,
         asks_left: usize,
     ) -> Option<(usize, usize)> {
@@ -107,6 +163,11 @@ impl Router {
             return None;
         }
         match steering? {
+            Steering::Initial(scid) => {
+                let mut placements = self.placements.lock().unwrap_or_else(|e| e.into_inner());
+                let shard = placements.shard(remote, scid, || self.least_loaded(here));
+                (shard != here).then_some((shard, 0))
+            }
             Steering::Shard(cid) => {
                 let owner = Shard::of(cid, n as u32) as usize;
                 (owner != here).then_some((owner, 0))
