@@ -558,7 +558,13 @@ impl Shared {
         sock.deliver(batch, &mut |remote, d| {
             let kind = ForwardedKind::Datagram;
             if self.keep_or_forward(endpoint, kind, sock.local, remote, d, &mut forwarded) {
+                let initial = self.router.initial(d);
+                let before = endpoint.connection_count();
                 endpoint.handle_datagram(now, sock.local, remote, d);
+                if let Some(scid) = initial {
+                    let made = endpoint.connection_count() > before;
+                    (self.router).initial_handled(self.shard, endpoint, remote, scid, made);
+                }
             }
         });
         forwarded |= self.hand_over_refusals(&mut st, Some(now));
@@ -650,7 +656,19 @@ impl Shared {
                 // a connection ID of this share, or the last shard to ask
                 None => match f.kind {
                     ForwardedKind::Datagram => {
-                        (st.endpoint).handle_datagram(now, f.local, f.remote, &mut f.bytes)
+                        let initial = self.router.initial(&f.bytes);
+                        let before = st.endpoint.connection_count();
+                        (st.endpoint).handle_datagram(now, f.local, f.remote, &mut f.bytes);
+                        if let Some(scid) = initial {
+                            let made = st.endpoint.connection_count() > before;
+                            (self.router).initial_handled(
+                                self.shard,
+                                &st.endpoint,
+                                f.remote,
+                                scid,
+                                made,
+                            );
+                        }
                     }
                     ForwardedKind::Refusal => {
                         (st.endpoint).handle_port_unreachable(now, f.local, f.remote, &f.bytes);

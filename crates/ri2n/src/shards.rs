@@ -25,7 +25,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use mio::Waker;
-use ri2n_proto::wire::Steering;
+use ri2n_proto::wire::{self, Steering};
 use ri2n_proto::{ConnectionHandle, Endpoint as ProtoEndpoint, EndpointConfig, Shard};
 
 use crate::driver::{Driver, Undelivered};
@@ -69,9 +69,12 @@ struct Inbox {
     /// The shard stopped (its last handle was dropped while others live on): what would be
     /// forwarded to it is dropped, not kept.
     closed: AtomicBool,
-    /// Connections its engine holds, as of its last round: the load new connections are
+    /// Connections its engine holds, as of its last round, and clients placed on it whose
+    /// connection is not made yet (a handshake takes a RETRY and a second INITIAL; clients
+    /// connecting at once must not all see an empty shard): the load new connections are
     /// placed by.
     connections: AtomicUsize,
+    placed: AtomicUsize,
     /// Wakes the shard's driver thread (set once it runs).
     waker: OnceLock<Arc<Waker>>,
 }
@@ -88,31 +91,38 @@ pub(crate) struct Router {
 
 #[derive(Debug, Default)]
 struct Placements {
-    by_initial: HashMap<(SocketAddr, u64), usize>,
-    /// The same, oldest first, with the time each was made.
+    /// By the client's address and connection ID: its shard, and whether the connection is
+    /// still to be made (counted in that shard's `placed`).
+    by_initial: HashMap<(SocketAddr, u64), (usize, bool)>,
+    /// The same keys, oldest first, with the time each was placed.
     order: VecDeque<(Instant, SocketAddr, u64)>,
 }
 
-impl Placements {
-    /// The shard of the INITIAL with client ID `scid` from `remote`, choosing `choose()` if
-    /// it is new.
-    fn shard(&mut self, remote: SocketAddr, scid: u64, choose: impl FnOnce() -> usize) -> usize {
+impl Router {
+    /// The shard of the INITIAL with client ID `scid` from `remote`: the one its first went
+    /// to, or now the least loaded. Placements older than [`PLACEMENT_HOLD`] are forgotten.
+    fn placement(&self, here: usize, remote: SocketAddr, scid: u64) -> usize {
+        let mut p = self.placements.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
-        while let Some(&(at, r, c)) = self.order.front() {
-            if now.duration_since(at) < PLACEMENT_HOLD && self.order.len() < MAX_PLACEMENTS {
+        while let Some(&(at, r, c)) = p.order.front() {
+            if now.duration_since(at) < PLACEMENT_HOLD && p.order.len() < MAX_PLACEMENTS {
                 break;
             }
-            self.order.pop_front();
-            self.by_initial.remove(&(r, c));
+            p.order.pop_front();
+            if let Some((shard, true)) = p.by_initial.remove(&(r, c)) {
+                self.inboxes[shard].placed.fetch_sub(1, Ordering::Relaxed);
+            }
         }
-        *self.by_initial.entry((remote, scid)).or_insert_with(|| {
-            self.order.push_back((now, remote, scid));
-            choose()
-        })
+        if let Some(&(shard, _)) = p.by_initial.get(&(remote, scid)) {
+            return shard;
+        }
+        let shard = self.least_loaded(here);
+        self.inboxes[shard].placed.fetch_add(1, Ordering::Relaxed);
+        p.by_initial.insert((remote, scid), (shard, true));
+        p.order.push_back((now, remote, scid));
+        shard
     }
-}
 
-impl Router {
     pub fn new(shards: usize) -> Self {
         Self {
             inboxes: (0..shards).map(|_| Inbox::default()).collect(),
@@ -125,9 +135,51 @@ impl Router {
         self.inboxes[shard].connections.store(n, Ordering::Relaxed);
     }
 
-    /// The shard with the fewest connections, `here` among those.
+    /// The client connection ID of `datagram` if it is a client's INITIAL to place (with
+    /// several shards).
+    pub fn initial(&self, datagram: &[u8]) -> Option<u64> {
+        match wire::steering(datagram) {
+            Some(Steering::Initial(scid)) if self.inboxes.len() > 1 => Some(scid),
+            _ => None,
+        }
+    }
+
+    /// Shard `shard`'s engine just handled the INITIAL with client ID `scid` from `remote`:
+    /// its load is published at once, so that the next INITIAL (of the same batch, or at
+    /// another shard) sees it, and if it `made` the connection, the placement is settled.
+    pub fn initial_handled(
+        &self,
+        shard: usize,
+        engine: &ProtoEndpoint,
+        remote: SocketAddr,
+        scid: u64,
+        made: bool,
+    ) {
+        let inbox = &self.inboxes[shard];
+        inbox
+            .connections
+            .store(engine.connection_count(), Ordering::Relaxed);
+        if made {
+            let mut p = self.placements.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((placed_on, pending)) = p.by_initial.get_mut(&(remote, scid)) {
+                if std::mem::take(pending) {
+                    self.inboxes[*placed_on]
+                        .placed
+                        .fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// The running shard with the fewest connections, `here` among those.
     fn least_loaded(&self, here: usize) -> usize {
-        let load = |i: usize| self.inboxes[i].connections.load(Ordering::Relaxed);
+        let load = |i: usize| {
+            let inbox = &self.inboxes[i];
+            if inbox.closed.load(Ordering::Acquire) {
+                return usize::MAX;
+            }
+            inbox.connections.load(Ordering::Relaxed) + inbox.placed.load(Ordering::Relaxed)
+        };
         (0..self.inboxes.len()).fold(here, |best, i| if load(i) < load(best) { i } else { best })
     }
 
@@ -164,8 +216,7 @@ impl Router {
         }
         match steering? {
             Steering::Initial(scid) => {
-                let mut placements = self.placements.lock().unwrap_or_else(|e| e.into_inner());
-                let shard = placements.shard(remote, scid, || self.least_loaded(here));
+                let shard = self.placement(here, remote, scid);
                 (shard != here).then_some((shard, 0))
             }
             Steering::Shard(cid) => {

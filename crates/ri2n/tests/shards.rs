@@ -331,3 +331,26 @@ fn a_connection_outlives_its_endpoint_and_the_other_shards() {
         drop(w.join().unwrap());
     }
 }
+
+#[test]
+fn two_clients_connecting_together_get_a_shard_each() {
+    let server = endpoint(
+        EndpointConfig::new(addrs(&["127.0.0.1", "127.0.0.2"], 0)).server(),
+        2,
+    );
+    let to = server.local_addrs();
+    let clients: Vec<Endpoint> = (0..2)
+        .map(|_| Endpoint::client(&addrs(&["127.0.0.1", "127.0.0.2"], 0)).unwrap())
+        .collect();
+    let conns: Vec<Connection> = thread::scope(|s| {
+        let connecting: Vec<_> = (clients.iter())
+            .map(|c| s.spawn(|| c.connect(&to[..1], ConnectionConfig::default()).unwrap()))
+            .collect();
+        connecting.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let used = echo_all(&server, conns);
+    assert!(
+        used.contains(&0) && used.contains(&1),
+        "two connections made at once are on different shards: {used:?}"
+    );
+}
