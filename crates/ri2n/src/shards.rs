@@ -5,10 +5,9 @@
 //! by the shards on the data path. The engine of shard `i` of `n` picks its connection IDs
 //! from share `i` ([`ri2n_proto::Shard`]), and every ri2n packet but RESET and INITIAL
 //! carries a connection ID that tells its shard. A client's first INITIAL goes to the shard
-//! with the fewest connections, and its repeats after it (the ID the client chose for itself
-//! decides which shard receives them, and that one remembers where it sent the first: see
-//! [`Router::place`]). The kernel steers: the shards' sockets of one address
-//! form one `SO_REUSEPORT` group, socket `i` of it shard `i`'s, and a classic BPF program
+//! with the fewest connections (counting those placed there and not made yet), and its
+//! repeats after it: the router remembers where the first went ([`Router::place`]). The
+//! kernel steers: the shards' sockets of one address form one `SO_REUSEPORT` group, socket `i` of it shard `i`'s, and a classic BPF program
 //! picks the socket by that ID ([`LinkSocket::steer_by_connection_id`]). What still lands on
 //! the wrong shard is forwarded by the one that received it ([`Router`]): a RESET or an ICMP
 //! error that names the peer's ID (each shard in turn is asked whether it knows the ID), a
