@@ -6,16 +6,19 @@
 //! from share `i` ([`ri2n_proto::Shard`]), and every ri2n packet but RESET and INITIAL
 //! carries a connection ID that tells its shard. A client's first INITIAL goes to the shard
 //! with the fewest connections (counting those placed there and not made yet), and its
-//! repeats after it: the router remembers where the first went ([`Router::place`]). The
-//! kernel steers: the shards' sockets of one address form one `SO_REUSEPORT` group, socket `i` of it shard `i`'s, and a classic BPF program
-//! picks the socket by that ID ([`LinkSocket::steer_by_connection_id`]). What still lands on
-//! the wrong shard is forwarded by the one that received it ([`Router`]): a RESET or an ICMP
-//! error that names the peer's ID (each shard in turn is asked whether it knows the ID), a
-//! GSO or GRO batch or a path socket shared by connections of two shards, a kernel that
-//! refused the program. Handshakes, timers and link events stay each shard's own.
+//! repeats after it: the router remembers where the first went ([`Router::place`]).
 //!
-//! The shards of an endpoint share its instance and cookie key (peers see one endpoint) and
-//! the queue of accepted connections ([`AcceptQueue`]).
+//! The kernel steers: the shards' sockets of one address form one `SO_REUSEPORT` group,
+//! socket `i` of it shard `i`'s, and a classic BPF program picks the socket by the packet's
+//! ID ([`LinkSocket::steer_by_connection_id`]). What still lands on the wrong shard is
+//! forwarded by the one that received it ([`Router`]): an INITIAL placed elsewhere, a RESET
+//! or an ICMP error that names the peer's ID (each shard in turn is asked whether it knows
+//! the ID), a GSO or GRO batch or a path socket shared by connections of two shards, a kernel
+//! that refused the program. Handshakes, timers and link events stay each shard's own.
+//!
+//! The shards of an endpoint share its instance and cookie key (peers see one endpoint), the
+//! counts its connection limits apply to ([`ri2n_proto::ConnectionCounts`]) and the queue of
+//! accepted connections ([`AcceptQueue`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -88,6 +91,7 @@ pub(crate) struct Router {
     placements: Mutex<Placements>,
 }
 
+/// Where recent client INITIALs were placed ([`Router::place`]).
 #[derive(Debug, Default)]
 struct Placements {
     /// By the client's address and connection ID: its shard, and whether the connection is
@@ -98,6 +102,13 @@ struct Placements {
 }
 
 impl Router {
+    pub fn new(shards: usize) -> Self {
+        Self {
+            inboxes: (0..shards).map(|_| Inbox::default()).collect(),
+            placements: Mutex::default(),
+        }
+    }
+
     /// The shard of the INITIAL with client ID `scid` from `remote`: the one its first went
     /// to, or now the least loaded. Placements older than [`PLACEMENT_HOLD`] are forgotten.
     fn placement(&self, here: usize, remote: SocketAddr, scid: u64) -> usize {
@@ -120,13 +131,6 @@ impl Router {
         p.by_initial.insert((remote, scid), (shard, true));
         p.order.push_back((now, remote, scid));
         shard
-    }
-
-    pub fn new(shards: usize) -> Self {
-        Self {
-            inboxes: (0..shards).map(|_| Inbox::default()).collect(),
-            placements: Mutex::default(),
-        }
     }
 
     /// Shard `shard`'s engine holds `n` connections now.
