@@ -1,8 +1,9 @@
 //! The driver: runs the sans-IO engine on real sockets, with one communication thread per
 //! shard of an endpoint (see `shards.rs`) beside the application's threads.
 //!
-//! All of a shard's engine state sits behind one mutex, held for bookkeeping only: no system call is made
-//! under it, so application and communication threads work on different cores at once.
+//! All of a shard's engine state sits behind one mutex, held for bookkeeping only: no system
+//! call is made under it, so application and communication threads work on different cores
+//! at once.
 //! Application calls send what their writes produce from their own thread and, while blocked,
 //! watch the sockets and receive for themselves (`PollerTurn`, [`Receiver::take_for`]), so
 //! neither direction waits for a thread hop. The communication thread (RI2N's "RI2N thread")

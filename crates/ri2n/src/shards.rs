@@ -141,8 +141,11 @@ impl Router {
     /// The client connection ID of `datagram` if it is a client's INITIAL to place (with
     /// several shards).
     pub fn initial(&self, datagram: &[u8]) -> Option<u64> {
-        match wire::steering(datagram) {
-            Some(Steering::Initial(scid)) if self.inboxes.len() > 1 => Some(scid),
+        if self.inboxes.len() == 1 {
+            return None;
+        }
+        match wire::steering(datagram)? {
+            Steering::Initial(scid) => Some(scid),
             _ => None,
         }
     }
