@@ -161,14 +161,18 @@ fn fault_both_ways(
 fn cable_pulled_then_plugged_back() {
     // the cable between the switch and host B: B loses carrier (the receiver in A→B, the
     // sender in B→A)
-    // measured 47 and 192 ms (A→B), 20 and 82 ms (B→A), 2-core host, 2026-11-27
+    // measured 47 and 192 ms (A→B), 20 and 82 ms (B→A), 2-core host, 2026-11-27; later that
+    // day 65-280 ms in three runs each way, and once 1074 ms (B→A): B, which lost carrier,
+    // dropped its neighbour entries and resolves A's address anew after the heal, and one
+    // lost request waits out Linux's 1 s address-resolution retransmission, so the bound
+    // allows one
     fault_both_ways(
         "cable",
         1,
         &["cable", "b"],
         &["cable", "b"],
         Shows::Down,
-        ms(800),
+        ms(1500),
     );
 }
 
