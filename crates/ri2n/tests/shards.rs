@@ -25,6 +25,22 @@ fn endpoint(config: EndpointConfig, shards: usize) -> Endpoint {
     e
 }
 
+/// A server on 127.0.0.1 and 127.0.0.2 with two shards.
+fn two_shard_server() -> Endpoint {
+    endpoint(
+        EndpointConfig::new(addrs(&["127.0.0.1", "127.0.0.2"], 0)).server(),
+        2,
+    )
+}
+
+/// `n` one-shard client endpoints on 127.0.0.1 and 127.0.0.2, so that their connections
+/// have paths of their own.
+fn client_endpoints(n: usize) -> Vec<Endpoint> {
+    (0..n)
+        .map(|_| Endpoint::client(&addrs(&["127.0.0.1", "127.0.0.2"], 0)).unwrap())
+        .collect()
+}
+
 /// Connection `k`'s bytes: distinct per connection, so a mix-up between them shows.
 fn payload(k: usize) -> Vec<u8> {
     (0..BYTES_EACH)
@@ -87,17 +103,12 @@ fn echo_all(server: &Endpoint, clients: Vec<Connection>) -> Vec<usize> {
 
 #[test]
 fn connections_spread_evenly_over_the_shards_and_each_gets_its_own_bytes() {
-    let server = endpoint(
-        EndpointConfig::new(addrs(&["127.0.0.1", "127.0.0.2"], 0)).server(),
-        2,
-    );
+    let server = two_shard_server();
     let to = server.local_addrs();
     // separate client endpoints, so that each connection has paths of its own: the kernel's
     // steering program alone must bring every datagram to its shard. Each connects once the
     // one before is up: each goes to the shard with the fewer connections.
-    let endpoints: Vec<Endpoint> = (0..16)
-        .map(|_| Endpoint::client(&addrs(&["127.0.0.1", "127.0.0.2"], 0)).unwrap())
-        .collect();
+    let endpoints: Vec<Endpoint> = client_endpoints(16);
     let clients = (endpoints.iter())
         .map(|c| c.connect(&to[..1], ConnectionConfig::default()).unwrap())
         .collect();
@@ -112,10 +123,7 @@ fn connections_spread_evenly_over_the_shards_and_each_gets_its_own_bytes() {
 
 #[test]
 fn connections_of_two_shards_sharing_their_paths_lose_nothing() {
-    let server = endpoint(
-        EndpointConfig::new(addrs(&["127.0.0.1", "127.0.0.2"], 0)).server(),
-        2,
-    );
+    let server = two_shard_server();
     let to = server.local_addrs();
     // one sharded client endpoint: all its connections run between the same address pairs,
     // so one GSO batch, one GRO buffer or one path socket can carry datagrams of connections
@@ -282,14 +290,9 @@ fn a_restarted_peer_is_noticed_by_connections_on_every_shard() {
 
 #[test]
 fn a_connection_outlives_its_endpoint_and_the_other_shards() {
-    let server = endpoint(
-        EndpointConfig::new(addrs(&["127.0.0.1", "127.0.0.2"], 0)).server(),
-        2,
-    );
+    let server = two_shard_server();
     let to = server.local_addrs();
-    let clients: Vec<Endpoint> = (0..16)
-        .map(|_| Endpoint::client(&addrs(&["127.0.0.1", "127.0.0.2"], 0)).unwrap())
-        .collect();
+    let clients: Vec<Endpoint> = client_endpoints(16);
     let mut conns: Vec<Connection> = (clients.iter())
         .map(|c| c.connect(&to[..1], ConnectionConfig::default()).unwrap())
         .collect();
@@ -334,14 +337,9 @@ fn a_connection_outlives_its_endpoint_and_the_other_shards() {
 
 #[test]
 fn two_clients_connecting_together_get_a_shard_each() {
-    let server = endpoint(
-        EndpointConfig::new(addrs(&["127.0.0.1", "127.0.0.2"], 0)).server(),
-        2,
-    );
+    let server = two_shard_server();
     let to = server.local_addrs();
-    let clients: Vec<Endpoint> = (0..2)
-        .map(|_| Endpoint::client(&addrs(&["127.0.0.1", "127.0.0.2"], 0)).unwrap())
-        .collect();
+    let clients: Vec<Endpoint> = client_endpoints(2);
     let conns: Vec<Connection> = thread::scope(|s| {
         let connecting: Vec<_> = (clients.iter())
             .map(|c| s.spawn(|| c.connect(&to[..1], ConnectionConfig::default()).unwrap()))
