@@ -13,6 +13,7 @@
 use std::fmt;
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use aws_lc_rs::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
@@ -21,7 +22,7 @@ use blake2::digest::{Mac, Update};
 use thiserror::Error;
 use zeroize::{Zeroize, Zeroizing};
 
-use crate::{LinkId, MAX_LINKS};
+use crate::{wire, LinkId, MAX_LINKS};
 
 /// Bytes of a key.
 pub const KEY_LEN: usize = 32;
@@ -500,17 +501,155 @@ impl ServerHandshake {
 // Packet protection
 
 /// One AEAD key, ready to seal or open. aws-lc-rs keeps the key schedule it derives in memory
-/// of its own, which its allocator overwrites with zeros when the key is dropped.
-struct PacketKey(LessSafeKey);
+/// of its own, which its allocator overwrites with zeros when the key is dropped. Shared
+/// (`Arc`) with the [`Seal`]s and [`Opened`] proofs that use it outside the engine: it is
+/// wiped when the last of them is gone.
+pub(crate) struct PacketKey(LessSafeKey);
 
 impl PacketKey {
-    fn new(cipher: Cipher, secret: &[u8; KEY_LEN]) -> PacketKey {
+    fn new(cipher: Cipher, secret: &[u8; KEY_LEN]) -> Arc<PacketKey> {
         let key = UnboundKey::new(cipher.algorithm(), secret).expect("32-byte key");
-        PacketKey(LessSafeKey::new(key))
+        Arc::new(PacketKey(LessSafeKey::new(key)))
     }
 
     fn key(&self) -> &LessSafeKey {
         &self.0
+    }
+}
+
+/// The sealing of one packet the engine built, to be done later by the driver (see
+/// [`TransmitBuffer::seals_later`](crate::TransmitBuffer::seals_later)): outside the engine's
+/// lock, on the thread that sends, while the engine goes on with other work. The engine
+/// already counted the packet against its key; the seal holds that key, so a key update in
+/// between changes nothing.
+pub struct Seal {
+    key: Arc<PacketKey>,
+    link: LinkId,
+    pn: u64,
+    header_len: usize,
+}
+
+impl Seal {
+    /// Seals `packet` in place: the datagram exactly as the engine built it (header, payload
+    /// and [`TAG_LEN`] bytes of room at its end).
+    pub fn apply(&self, packet: &mut [u8]) {
+        seal_with(&self.key, self.link, self.pn, self.header_len, packet);
+    }
+}
+
+impl fmt::Debug for Seal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Seal")
+            .field("link", &self.link)
+            .field("pn", &self.pn)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Opens a connection's packets outside the engine, so that a driver can open what it
+/// received before it takes the engine's lock ([`Endpoint::opener`](crate::Endpoint::opener)).
+/// It holds the connection's receiving key of the moment without keeping it alive: once the
+/// engine drops that key (the peer's second update after it, or the connection's end) the
+/// opener opens nothing, and the packets go the engine's own way.
+#[derive(Clone)]
+pub struct Opener {
+    cid: u64,
+    /// The key phase and key; none for a connection without a key (nothing to open).
+    key: Option<(u8, Weak<PacketKey>)>,
+}
+
+impl Opener {
+    pub(crate) fn new(cid: u64, key: Option<(u8, Weak<PacketKey>)>) -> Opener {
+        Opener { cid, key }
+    }
+
+    /// Whether the connection's packets are sealed (an opener of an unkeyed connection opens
+    /// nothing, and says so, so a driver need not ask the engine again).
+    pub fn is_keyed(&self) -> bool {
+        self.key.is_some()
+    }
+
+    /// Opens `datagram` in place if it is a short packet of this connection in this key's
+    /// phase, and returns the proof for
+    /// [`Endpoint::handle_opened_datagram`](crate::Endpoint::handle_opened_datagram). `None`:
+    /// left unopened and unchanged (another connection, another phase, a key already
+    /// dropped), or it failed to open: then its payload is damaged, and the engine rejects it
+    /// as it would any packet that fails to open.
+    pub fn open(&self, datagram: &mut [u8]) -> Option<Opened> {
+        let (phase, key) = self.key.as_ref()?;
+        let Ok((
+            wire::Header::Short {
+                dcid,
+                link,
+                pn,
+                phase: p,
+            },
+            rest,
+        )) = wire::decode_packet(datagram)
+        else {
+            return None;
+        };
+        if dcid != self.cid || p != *phase {
+            return None;
+        }
+        let header_len = datagram.len() - rest.len();
+        let key = key.upgrade()?;
+        let (header, body) = datagram.split_at_mut(header_len);
+        let len = open_with(&key, link, pn, header, body).ok()?;
+        Some(Opened {
+            dcid,
+            link,
+            pn,
+            len,
+            key,
+        })
+    }
+}
+
+impl fmt::Debug for Opener {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Opener")
+            .field("cid", &format_args!("{:#x}", self.cid))
+            .field("keyed", &self.is_keyed())
+            .finish()
+    }
+}
+
+/// Proof that an [`Opener`] opened one packet: which one, how long its plaintext is, and
+/// under which key. The engine accepts it only for that packet and while that key is still
+/// one it would open the packet with.
+pub struct Opened {
+    dcid: u64,
+    link: LinkId,
+    pn: u64,
+    len: usize,
+    key: Arc<PacketKey>,
+}
+
+impl Opened {
+    /// Whether this proof is for the packet with these header fields.
+    pub(crate) fn is_for(&self, dcid: u64, link: LinkId, pn: u64) -> bool {
+        (self.dcid, self.link, self.pn) == (dcid, link, pn)
+    }
+
+    /// The plaintext's length (what follows the header, tag removed).
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The key that opened it.
+    pub(crate) fn key(&self) -> &Arc<PacketKey> {
+        &self.key
+    }
+}
+
+impl fmt::Debug for Opened {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Opened")
+            .field("link", &self.link)
+            .field("pn", &self.pn)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
     }
 }
 
@@ -551,6 +690,8 @@ pub(crate) struct PacketProtection {
     recv: RecvKeys,
     /// Packets that failed to open.
     pub auth_failures: u64,
+    /// Packets opened outside the engine and accepted ([`Self::accept_opened`]).
+    pub opened_ahead: u64,
 }
 
 impl fmt::Debug for PacketProtection {
@@ -565,7 +706,7 @@ impl fmt::Debug for PacketProtection {
 
 struct SendKeys {
     secret: Zeroizing<[u8; KEY_LEN]>,
-    key: PacketKey,
+    key: Arc<PacketKey>,
     generation: u64,
     /// Packets sealed with this key.
     sealed: u64,
@@ -580,12 +721,12 @@ struct SendKeys {
 
 struct RecvKeys {
     generation: u64,
-    current: PacketKey,
+    current: Arc<PacketKey>,
     /// The key of the generation before, for packets still on their way (dropped at the
     /// next update).
-    previous: Option<PacketKey>,
+    previous: Option<Arc<PacketKey>>,
     next_secret: Zeroizing<[u8; KEY_LEN]>,
-    next: PacketKey,
+    next: Arc<PacketKey>,
 }
 
 impl PacketProtection {
@@ -616,6 +757,7 @@ impl PacketProtection {
                 next_secret,
             },
             auth_failures: 0,
+            opened_ahead: 0,
         }
     }
 
@@ -652,19 +794,44 @@ impl PacketProtection {
     /// Seals a packet in place: `packet` holds the header (`header_len` bytes), the payload,
     /// and [`TAG_LEN`] bytes of room at its end for the tag.
     pub fn seal(&mut self, link: LinkId, pn: u64, header_len: usize, packet: &mut [u8]) {
+        self.seal_later(link, pn, header_len).apply(packet);
+    }
+
+    /// Counts a packet against the sending key and hands out its sealing, to be applied to
+    /// the packet before it leaves.
+    pub fn seal_later(&mut self, link: LinkId, pn: u64, header_len: usize) -> Seal {
         let s = &mut self.send;
         if let Some(first) = s.first_pn.get_mut(usize::from(link.0)) {
             first.get_or_insert(pn);
         }
         s.sealed += 1;
-        let (header, rest) = packet.split_at_mut(header_len);
-        let (payload, tag_room) = rest.split_at_mut(rest.len() - TAG_LEN);
-        let tag = s
-            .key
-            .key()
-            .seal_in_place_separate_tag(nonce(link, pn), Aad::from(&*header), payload)
-            .expect("packet within the AEAD's size limit");
-        tag_room.copy_from_slice(tag.as_ref());
+        Seal {
+            key: s.key.clone(),
+            link,
+            pn,
+            header_len,
+        }
+    }
+
+    /// The current receiving key and its phase, for an [`Opener`].
+    pub fn opening_key(&self) -> (u8, Weak<PacketKey>) {
+        let r = &self.recv;
+        ((r.generation & 1) as u8, Arc::downgrade(&r.current))
+    }
+
+    /// Whether a packet of key phase `phase` that `key` opened outside is taken: only if this
+    /// side would have opened it with that very key (the current key for the current phase,
+    /// the previous one for the other; only the engine moves to the next key, so a packet
+    /// under that one is never opened outside).
+    pub fn accept_opened(&mut self, phase: u8, key: &Arc<PacketKey>) -> bool {
+        let r = &self.recv;
+        let accepted = if phase == (r.generation & 1) as u8 {
+            Arc::ptr_eq(&r.current, key)
+        } else {
+            r.previous.as_ref().is_some_and(|p| Arc::ptr_eq(p, key))
+        };
+        self.opened_ahead += u64::from(accepted);
+        accepted
     }
 
     /// Opens a sealed packet in place (`body` is everything after the header, tag included);
@@ -732,6 +899,16 @@ impl PacketProtection {
         self.send.sealed = REKEY_AFTER_PACKETS;
         self.update_if_due(now);
     }
+}
+
+fn seal_with(key: &PacketKey, link: LinkId, pn: u64, header_len: usize, packet: &mut [u8]) {
+    let (header, rest) = packet.split_at_mut(header_len);
+    let (payload, tag_room) = rest.split_at_mut(rest.len() - TAG_LEN);
+    let tag = key
+        .key()
+        .seal_in_place_separate_tag(nonce(link, pn), Aad::from(&*header), payload)
+        .expect("packet within the AEAD's size limit");
+    tag_room.copy_from_slice(tag.as_ref());
 }
 
 fn open_with(

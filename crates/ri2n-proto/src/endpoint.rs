@@ -24,7 +24,7 @@ use smallvec::SmallVec;
 
 use crate::attention::{Attention, TimerIndex};
 use crate::connection::pick_local;
-use crate::crypto::{Cipher, PacketProtection, ServerHandshake};
+use crate::crypto::{Cipher, Opened, Opener, PacketProtection, ServerHandshake};
 use crate::dropped::{DropCounts, DropReason};
 use crate::transmit::SliceBuffer;
 use crate::wire::{self, handshake_mode, refuse_reason, Header, Quoted};
@@ -465,8 +465,42 @@ impl Endpoint {
         data: &mut [u8],
     ) {
         let len = data.len();
-        if let Err(reason) = self.handle_datagram_inner(now, local, remote, data) {
+        if let Err(reason) = self.handle_datagram_inner(now, local, remote, data, None) {
             self.dropped.record(reason, remote, len);
+        }
+    }
+
+    /// Handles a datagram an [`Opener`] already opened (`opened` is its proof), as
+    /// [`Self::handle_datagram`] handles one it opens itself. A driver opens what it received
+    /// before it takes the lock around the engine, so opening runs in parallel with the
+    /// engine's work for other threads.
+    pub fn handle_opened_datagram(
+        &mut self,
+        now: Instant,
+        local: SocketAddr,
+        remote: SocketAddr,
+        data: &mut [u8],
+        opened: Opened,
+    ) {
+        let len = data.len();
+        if let Err(reason) = self.handle_datagram_inner(now, local, remote, data, Some(&opened)) {
+            self.dropped.record(reason, remote, len);
+        }
+    }
+
+    /// What opens connection `cid`'s packets outside the engine, for
+    /// [`Self::handle_opened_datagram`]; `None` while there is none to give (no such
+    /// connection, or its handshake is not done). Ask again when a packet of the connection
+    /// arrives that the opener did not open: the peer may have moved to its next key.
+    pub fn opener(&self, cid: u64) -> Option<Opener> {
+        let conn = &self.connections[self.by_cid.get(&cid)?];
+        if conn.state() == ConnectionState::Connecting {
+            return None;
+        }
+        match conn.protection() {
+            Some(p) => Some(Opener::new(cid, Some(p.opening_key()))),
+            None if self.cfg.key.is_none() => Some(Opener::new(cid, None)),
+            None => None,
         }
     }
 
@@ -481,6 +515,7 @@ impl Endpoint {
         local: SocketAddr,
         remote: SocketAddr,
         data: &mut [u8],
+        opened: Option<&Opened>,
     ) -> Result<(), DropReason> {
         let Ok((header, rest)) = wire::decode_packet(data) else {
             return Err(DropReason::Undecodable);
@@ -493,11 +528,15 @@ impl Endpoint {
                 pn,
                 phase,
             } => match self.by_cid.get(&dcid) {
+                _ if opened.is_some_and(|o| !o.is_for(dcid, link, pn)) => {
+                    Err(DropReason::Unauthenticated)
+                }
                 Some(&h) => {
                     self.attention.touch(h);
                     let conn = self.connections.get_mut(&h).expect("mapped handle");
-                    let r =
-                        conn.handle_short(now, local, remote, link, pn, phase, header_len, data);
+                    let r = conn.handle_short(
+                        now, local, remote, link, pn, phase, header_len, data, opened,
+                    );
                     if conn.take_confirmed() {
                         self.on_confirmed(h);
                     }
@@ -508,6 +547,7 @@ impl Endpoint {
                     Err(DropReason::UnknownConnection)
                 }
             },
+            _ if opened.is_some() => Err(DropReason::Unauthenticated),
             control => self.handle_control_packet(now, local, remote, control),
         }
     }

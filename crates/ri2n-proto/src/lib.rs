@@ -27,6 +27,7 @@ mod dropped;
 mod endpoint;
 mod error;
 mod link;
+mod open_ahead;
 mod pmtu;
 pub mod ranges;
 mod streams;
@@ -35,12 +36,13 @@ pub mod wire;
 
 pub use config::{ConnectionConfig, EndpointConfig, Shard, Striping, MAX_SHARDS};
 pub use connection::{Connection, ConnectionState, ConnectionStats};
-pub use crypto::{Cipher, Key, KeyError};
+pub use crypto::{Cipher, Key, KeyError, Opened, Opener, Seal};
 pub use datagrams::datagram_capacity;
 pub use dropped::{DropCounts, DropReason};
 pub use endpoint::{ConnectionCounts, Endpoint, RefusalReason, RefusedHandshake};
 pub use error::{ConnectError, ConnectionError, KeyMismatch, ReadError, WriteError};
 pub use link::{LinkState, LinkStats};
+pub use open_ahead::Openers;
 pub use transmit::{Transmit, TransmitBuffer};
 pub use wire::MAX_DATAGRAM_LEN;
 

@@ -4,6 +4,8 @@
 
 use std::net::SocketAddr;
 
+use crate::crypto::Seal;
+
 /// A datagram the driver must send: `len` bytes of the buffer given to `poll_transmit`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transmit {
@@ -33,6 +35,22 @@ pub trait TransmitBuffer {
     /// datagram after the first: a connection with data ready builds a burst of packets at
     /// one instant, and the costs of deciding what is due are paid once per burst.
     fn wants_more(&self) -> bool;
+
+    /// Whether the driver seals the datagrams itself before it sends them (default: no). The
+    /// engine then hands the sealing of each sealed datagram to
+    /// [`defer_seal`](Self::defer_seal) instead of doing it, so that the driver can seal
+    /// outside the lock it keeps around the engine, in parallel with the engine's work.
+    fn seals_later(&self) -> bool {
+        false
+    }
+
+    /// The sealing the datagram being built (the next one committed) still needs. Called
+    /// only where [`seals_later`](Self::seals_later) says so, before
+    /// [`commit`](Self::commit); a datagram must not leave unsealed.
+    fn defer_seal(&mut self, seal: Seal) {
+        let _ = seal;
+        unreachable!("a buffer that seals later must take the seals");
+    }
 }
 
 /// One buffer for every path, for one datagram, written to its start.

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use ri2n_proto::{Transmit, TransmitBuffer};
+use ri2n_proto::{Seal, Transmit, TransmitBuffer};
 
 /// What one `poll_transmit_into` call built.
 #[derive(Debug)]
@@ -11,13 +11,24 @@ pub(crate) struct Outgoing {
     room: Vec<u8>,
     /// Each datagram built, with its addresses.
     pub(crate) built: Vec<(Transmit, Vec<u8>)>,
+    /// The engine hands out the sealing of each datagram, applied once it is built.
+    seals_later: bool,
+    pending_seal: Option<Seal>,
 }
 
 impl Default for Outgoing {
     fn default() -> Self {
+        Self::new(false)
+    }
+}
+
+impl Outgoing {
+    pub(crate) fn new(seals_later: bool) -> Self {
         Self {
             room: vec![0; ri2n_proto::wire::MAX_DATAGRAM_SIZE],
             built: Vec::new(),
+            seals_later,
+            pending_seal: None,
         }
     }
 }
@@ -28,10 +39,22 @@ impl TransmitBuffer for Outgoing {
     }
 
     fn commit(&mut self, t: &Transmit) {
-        self.built.push((*t, self.room[..t.len].to_vec()));
+        let mut datagram = self.room[..t.len].to_vec();
+        if let Some(seal) = self.pending_seal.take() {
+            seal.apply(&mut datagram);
+        }
+        self.built.push((*t, datagram));
     }
 
     fn wants_more(&self) -> bool {
         true
+    }
+
+    fn seals_later(&self) -> bool {
+        self.seals_later
+    }
+
+    fn defer_seal(&mut self, seal: Seal) {
+        self.pending_seal = Some(seal);
     }
 }

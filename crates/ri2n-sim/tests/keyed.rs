@@ -342,6 +342,95 @@ fn keys_are_updated_on_a_long_connection() {
     sim.complete_transfer(&mut t);
 }
 
+/// The driver seals what the engine built after it leaves the engine's lock, and opens what
+/// it received before it takes it (`Seal`, `Openers`): both directions stay exact and sealed
+/// through two key updates, and opening outside goes on under each new key.
+#[test]
+fn packets_sealed_and_opened_outside_the_engine_survive_key_updates() {
+    let mut sim = Testbed::new(
+        TestbedConfig::new(2)
+            .with_buffers(256 << 10, 256 << 10)
+            .with_keys(Some(key(1)), Some(key(1)))
+            .with_opening_outside()
+            .with_capture(Dir::AToB, Capture::last(2_000)),
+    );
+    sim.establish();
+    // one transfer, moving for a while in each key generation
+    let mut t = Transfer::new(48 << 20, 48 << 20, 100, true);
+    for generation in 0..3u64 {
+        let before = sim.opened_outside();
+        if generation < 2 {
+            sim.advance(Duration::from_millis(20), |s| t.pump(s));
+        } else {
+            sim.complete_transfer(&mut t);
+        }
+        assert!(
+            sim.opened_outside() > before + 1000,
+            "generation {generation}: {} datagrams opened outside the engine",
+            sim.opened_outside() - before
+        );
+        if generation < 2 {
+            // two minutes pass, with only keepalives on the links
+            sim.advance(Duration::from_secs(125), |_| {});
+            let c = sim.client.connection(sim.ch).unwrap().stats().key_updates;
+            let s = sim.server_conn().stats().key_updates;
+            let g = generation + 1;
+            assert_eq!((c, s), ((g, g), (g, g)), "client, server");
+        }
+    }
+    for (side, dropped) in [
+        ("client", sim.client.dropped()),
+        ("server", sim.server.dropped()),
+    ] {
+        assert_eq!(dropped.get(DropReason::Unauthenticated), 0, "{side}");
+    }
+    let plain: Vec<u8> = (0..4096).map(pattern).collect();
+    for c in sim.captured(Dir::AToB) {
+        for w in c.bytes.windows(32) {
+            assert!(!plain.windows(32).any(|p| p == w), "plaintext on the wire");
+        }
+    }
+}
+
+/// An opened datagram is accepted only with its own proof, and an opener holds its key only
+/// while the connection does.
+#[test]
+fn a_proof_of_opening_counts_for_its_own_packet_only() {
+    let mut sim = Testbed::new(
+        TestbedConfig::new(1)
+            .with_keys(Some(key(1)), Some(key(1)))
+            .with_capture(Dir::AToB, Capture::first(1_000)),
+    );
+    sim.establish();
+    // keepalives and their acknowledgements: short packets
+    sim.advance(Duration::from_secs(30), |_| {});
+    let mut packets = client_short_packets(&sim).into_iter().map(|c| c.bytes);
+    let (first, second) = (packets.next().unwrap(), packets.next().unwrap());
+    let mut openers = ri2n_proto::Openers::default();
+    let (mut a, mut b) = (first.clone(), second.clone());
+    assert!(openers.open(&mut a).is_none(), "nothing learned yet");
+    openers.learn(&sim.server, &a);
+    let proof_a = openers.open(&mut a).expect("opens under the server's key");
+    let proof_b = openers.open(&mut b).expect("opens under the server's key");
+    let (client, server) = sim.pairs()[0];
+    let now = sim.instant();
+    let unauthenticated = |s: &Testbed| s.server.dropped().get(DropReason::Unauthenticated);
+    // each proof with the other packet: refused
+    sim.server
+        .handle_opened_datagram(now, server, client, &mut a.clone(), proof_b);
+    sim.server
+        .handle_opened_datagram(now, server, client, &mut b.clone(), proof_a);
+    assert_eq!(unauthenticated(&sim), 2);
+    // after two key updates the opener holds nothing that opens
+    for _ in 0..2 {
+        sim.advance(Duration::from_secs(125), |_| {});
+    }
+    assert_eq!(sim.server_conn().stats().key_updates.1, 2);
+    let mut c = first.clone();
+    assert!(openers.open(&mut c).is_none(), "the old key is gone");
+    assert_eq!(c, first, "left unchanged");
+}
+
 /// An off-path attacker sending from spoofed addresses (INITIALs without a cookie, with a
 /// made-up one, with a keyed or plain hello; short packets with made-up connection IDs; a real
 /// client's INITIAL replayed from other addresses) gets back at most three times what each

@@ -2,8 +2,9 @@
 //! shard of an endpoint (see `shards.rs`) beside the application's threads.
 //!
 //! All of a shard's engine state sits behind one mutex, held for bookkeeping only: no system
-//! call is made under it, so application and communication threads work on different cores
-//! at once.
+//! call is made under it, packets are sealed after it is released (the engine hands out each
+//! datagram's [`Seal`]) and opened before it is taken (`open_ahead.rs`), so application and
+//! communication threads work on different cores at once.
 //! Application calls send what their writes produce from their own thread and, while blocked,
 //! watch the sockets and receive for themselves (`PollerTurn`, [`Receiver::take_for`]), so
 //! neither direction waits for a thread hop. The communication thread (RI2N's "RI2N thread")
@@ -23,12 +24,13 @@ use std::time::{Duration, Instant};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use ri2n_proto::{
-    wire, ConnectionHandle, ConnectionState, Endpoint as ProtoEndpoint, Event, LinkState, Transmit,
-    TransmitBuffer,
+    wire, ConnectionHandle, ConnectionState, Endpoint as ProtoEndpoint, Event, LinkState, Seal,
+    Transmit, TransmitBuffer,
 };
 use smallvec::SmallVec;
 
 use crate::connection::TimedEvent;
+use crate::open_ahead::OpenAhead;
 use crate::readiness::Watchers;
 use crate::shards::{AcceptQueue, Forwarded, ForwardedKind, Router};
 
@@ -144,6 +146,9 @@ struct Batch {
     segment: usize,
     buf: Box<[u8]>,
     len: usize,
+    /// The datagrams still to seal before the batch leaves (start, length, sealing): the
+    /// sending thread seals them without the lock ([`TransmitBuffer::seals_later`]).
+    seals: Vec<(usize, usize, Seal)>,
 }
 
 impl Batch {
@@ -153,6 +158,14 @@ impl Batch {
             segment: 0,
             buf: vec![0u8; BATCH_BYTES + MAX_DATAGRAM].into_boxed_slice(),
             len: 0,
+            seals: Vec::new(),
+        }
+    }
+
+    /// Seals the datagrams whose sealing was left to the sender.
+    fn seal(&mut self) {
+        for (start, len, seal) in self.seals.drain(..) {
+            seal.apply(&mut self.buf[start..start + len]);
         }
     }
 
@@ -193,6 +206,8 @@ struct Outgoing {
     sending: bool,
     /// Room was handed out in this socket's open batch at this position.
     pending: Option<(usize, usize)>,
+    /// The sealing the datagram in that room still needs.
+    pending_seal: Option<Seal>,
     /// Room for a datagram from an address that has no socket (it is dropped).
     discard: Vec<u8>,
 }
@@ -208,6 +223,7 @@ impl Outgoing {
             spare: Vec::new(),
             sending: false,
             pending: None,
+            pending_seal: None,
             discard: vec![0u8; MAX_DATAGRAM],
         }
     }
@@ -244,6 +260,7 @@ impl TransmitBuffer for Outgoing {
 
     /// Records the datagram the engine just built in the room last handed out.
     fn commit(&mut self, t: &Transmit) {
+        let seal = self.pending_seal.take();
         let Some((i, start)) = self.pending.take() else {
             return;
         };
@@ -259,10 +276,12 @@ impl TransmitBuffer for Outgoing {
             own.dest = t.remote;
             own.segment = t.len;
             own.len = t.len;
+            own.seals.extend(seal.map(|s| (0, t.len, s)));
             let previous = std::mem::replace(batch, own);
             self.queue.push_back((i, previous));
             return;
         }
+        batch.seals.extend(seal.map(|s| (start, t.len, s)));
         batch.len = start + t.len;
         if t.len < batch.segment {
             self.close(i); // a shorter datagram can only end a batch
@@ -272,6 +291,14 @@ impl TransmitBuffer for Outgoing {
     fn wants_more(&self) -> bool {
         self.queue.len() < MAX_QUEUED_BATCHES
     }
+
+    fn seals_later(&self) -> bool {
+        true
+    }
+
+    fn defer_seal(&mut self, seal: Seal) {
+        self.pending_seal = Some(seal);
+    }
 }
 
 /// The receive buffers, and what the last receives from each source found.
@@ -280,6 +307,8 @@ struct Receiver {
     batch: RecvBatch,
     /// Per receive source: how many more receives of a waiting call take one datagram alone.
     single_takes: Vec<u8>,
+    /// With a key: opens what was received before the engine's lock is taken.
+    open_ahead: Option<OpenAhead>,
 }
 
 impl Receiver {
@@ -511,7 +540,7 @@ impl Shared {
             };
             self.receive_wanted[i].store(false, Ordering::SeqCst);
             let take = rx.take_for(i, waiting_call);
-            let r = self.receive_batch(i, &mut rx.batch, take);
+            let r = self.receive_batch(i, &mut rx, take);
             rx.note(i, take, r);
             if r != Received::Nothing || received == Received::TurnedAway {
                 received = r;
@@ -519,9 +548,7 @@ impl Shared {
             // the sources other threads were turned away from, drained
             for j in self.sources().filter(|&j| j != i) {
                 if self.receive_wanted[j].swap(false, Ordering::SeqCst) {
-                    while self.receive_batch(j, &mut rx.batch, Take::Batch) == Received::MoreMayWait
-                    {
-                    }
+                    while self.receive_batch(j, &mut rx, Take::Batch) == Received::MoreMayWait {}
                 }
             }
             drop(rx);
@@ -533,8 +560,12 @@ impl Shared {
         }
     }
 
-    /// One receive call on source `i` into `batch`, handed to the engine.
-    fn receive_batch(&self, i: usize, batch: &mut RecvBatch, take: Take) -> Received {
+    /// One receive call on source `i` into `rx`'s buffers, opened there (with a key) and
+    /// handed to the engine.
+    fn receive_batch(&self, i: usize, rx: &mut Receiver, take: Take) -> Received {
+        let Receiver {
+            batch, open_ahead, ..
+        } = rx;
         let result = match self.link_of(i) {
             Some((sock, None)) => Some((sock, sock.recv(batch, take))),
             Some((sock, Some(slot))) => sock.recv_path(slot, batch, take).map(|r| (sock, r)),
@@ -552,20 +583,31 @@ impl Shared {
                 return Received::Nothing;
             }
         };
+        if let Some(o) = open_ahead.as_mut() {
+            o.open(batch);
+        }
         let mut st = self.lock();
         let now = Instant::now();
         let endpoint = &mut st.endpoint;
         let mut forwarded = 0u64;
-        sock.deliver(batch, &mut |remote, d| {
+        sock.deliver(batch, &mut |n, remote, d| {
             let kind = ForwardedKind::Datagram;
-            if self.keep_or_forward(endpoint, kind, sock.local, remote, d, &mut forwarded) {
-                let initial = self.router.initial(d);
-                let before = endpoint.connection_count();
-                endpoint.handle_datagram(now, sock.local, remote, d);
-                if let Some(scid) = initial {
-                    let made = endpoint.connection_count() > before;
-                    (self.router).initial_handled(self.shard, endpoint, remote, scid, made);
-                }
+            if !self.keep_or_forward(endpoint, kind, sock.local, remote, d, &mut forwarded) {
+                return;
+            }
+            if let Some(opened) = open_ahead.as_mut().and_then(|o| o.take(n)) {
+                endpoint.handle_opened_datagram(now, sock.local, remote, d, opened);
+                return;
+            }
+            let initial = self.router.initial(d);
+            let before = endpoint.connection_count();
+            endpoint.handle_datagram(now, sock.local, remote, d);
+            if let Some(scid) = initial {
+                let made = endpoint.connection_count() > before;
+                (self.router).initial_handled(self.shard, endpoint, remote, scid, made);
+            }
+            if let Some(o) = open_ahead.as_mut() {
+                o.learn(endpoint, d);
             }
         });
         forwarded |= self.hand_over_refusals(&mut st, Some(now));
@@ -816,7 +858,8 @@ impl Shared {
             }
             drop(st);
             let mut sent_bytes = 0;
-            for (i, b) in &batches {
+            for (i, b) in &mut batches {
+                b.seal();
                 let sock = &self.sockets[*i];
                 let segment = Some(b.segment).filter(|&s| s < b.len);
                 if sock.send(b.dest, &b.buf[..b.len], segment) == SendOutcome::Unreachable {
@@ -1104,6 +1147,7 @@ impl Driver {
         router: Arc<Router>,
         accepts: Arc<AcceptQueue>,
     ) -> std::io::Result<Arc<Self>> {
+        let keyed = endpoint.config().key.is_some();
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKE_TOKEN)?);
         router.set_waker(shard, waker.clone());
@@ -1153,6 +1197,7 @@ impl Driver {
             receiving: Mutex::new(Receiver {
                 batch: RecvBatch::for_sockets(&sockets)?,
                 single_takes: vec![0; sockets.len() + MAX_PATH_SOCKETS],
+                open_ahead: keyed.then(OpenAhead::default),
             }),
             receive_wanted: (0..sockets.len() + MAX_PATH_SOCKETS)
                 .map(|_| AtomicBool::new(false))

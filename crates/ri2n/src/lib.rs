@@ -31,6 +31,7 @@ mod carrier;
 mod connection;
 mod driver;
 mod impair;
+mod open_ahead;
 mod pages;
 mod readiness;
 mod shards;

@@ -513,18 +513,15 @@ impl LinkSocket {
         })
     }
 
-    /// Calls `f(remote, datagram)` for each datagram of the batch last received (GRO buffers
-    /// are split at their stride; the impairment layer may drop some).
-    pub fn deliver(&self, batch: &mut RecvBatch, f: &mut dyn FnMut(SocketAddr, &mut [u8])) {
-        let bufs = batch.buf.chunks_mut(batch.slot);
-        for (m, buf) in batch.meta.iter().zip(bufs).take(batch.count) {
-            let stride = m.stride.max(1);
-            for d in buf[..m.len].chunks_mut(stride) {
-                if self.impairment.admit_recv() {
-                    f(m.addr, d);
-                }
+    /// Calls `f(n, remote, datagram)` for each datagram of the batch last received, `n` its
+    /// position in the batch ([`RecvBatch::for_each_datagram`]); the impairment layer may
+    /// drop some.
+    pub fn deliver(&self, batch: &mut RecvBatch, f: &mut dyn FnMut(usize, SocketAddr, &mut [u8])) {
+        batch.for_each_datagram(&mut |n, remote, d| {
+            if self.impairment.admit_recv() {
+                f(n, remote, d);
             }
-        }
+        });
     }
 }
 
@@ -671,6 +668,20 @@ pub(crate) struct RecvBatch {
 }
 
 impl RecvBatch {
+    /// Calls `f(n, remote, datagram)` for each datagram of the batch last received, in the
+    /// order they arrived, `n` counting from 0 (GRO buffers are split at their stride).
+    pub fn for_each_datagram(&mut self, f: &mut dyn FnMut(usize, SocketAddr, &mut [u8])) {
+        let bufs = self.buf.chunks_mut(self.slot);
+        let mut n = 0;
+        for (m, buf) in self.meta.iter().zip(bufs).take(self.count) {
+            let stride = m.stride.max(1);
+            for d in buf[..m.len].chunks_mut(stride) {
+                f(n, m.addr, d);
+                n += 1;
+            }
+        }
+    }
+
     /// Whether the last receive brought exactly one datagram (one buffer, not a GRO one).
     pub fn one_datagram(&self) -> bool {
         self.count == 1 && self.meta[0].len <= self.meta[0].stride
@@ -975,7 +986,7 @@ mod tests {
                 }
                 r => {
                     assert_eq!(r, Received::Unchecked);
-                    sock.deliver(&mut batch, &mut |from, d| got.push((from, d.to_vec())));
+                    sock.deliver(&mut batch, &mut |_, from, d| got.push((from, d.to_vec())));
                 }
             }
         }

@@ -295,6 +295,7 @@ impl Connection {
         let pn = self.links[i].recovery.next_pn();
         let link_id = self.links[i].id;
         let tag = self.tag_len();
+        let seals_later = out.seals_later();
         let phase = match &mut self.handshake.protection {
             Some(p) => {
                 p.update_if_due(now);
@@ -429,8 +430,13 @@ impl Connection {
             let pad = end - w.len();
             w.zeros(pad);
         }
-        let len = w.finish();
-        let len = self.seal(link_id, pn, header_len, &mut buf[..len + tag]);
+        let len = w.finish() + tag;
+        match &mut self.handshake.protection {
+            Some(p) if seals_later => out.defer_seal(p.seal_later(link_id, pn, header_len)),
+            _ => {
+                self.seal(link_id, pn, header_len, &mut buf[..len]);
+            }
+        }
         let link = &mut self.links[i];
         let pkt = SentPacket {
             time: now,

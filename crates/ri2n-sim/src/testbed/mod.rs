@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use ri2n_proto::wire::{self, packet_type, VERSION};
 use ri2n_proto::{
     Connection, ConnectionConfig, ConnectionHandle, ConnectionState, Endpoint, EndpointConfig, Key,
+    Openers,
 };
 
 use crate::derive_seed;
@@ -111,6 +112,10 @@ pub struct TestbedConfig {
     pub bursts: bool,
     /// Largest datagram either endpoint may build: a larger one is a bug, and panics.
     pub max_datagram: usize,
+    /// Packets are sealed and opened outside the engine, as the driver does: the sealing of
+    /// each datagram of a burst is handed out and applied after it was built, and received
+    /// datagrams are opened by [`Openers`] before the engine gets them (with `bursts`).
+    pub opens_outside: bool,
 }
 
 impl TestbedConfig {
@@ -136,6 +141,7 @@ impl TestbedConfig {
             ],
             bursts: false,
             max_datagram: MAX_DATAGRAM,
+            opens_outside: false,
         }
     }
 
@@ -183,6 +189,14 @@ impl TestbedConfig {
     /// The same keeping other datagrams of direction `dir`.
     pub fn with_capture(mut self, dir: Dir, capture: Capture) -> Self {
         self.capture[dir.index()] = capture;
+        self
+    }
+
+    /// The same with packets sealed and opened outside the engine (see
+    /// [`TestbedConfig::opens_outside`]), which implies bursts.
+    pub fn with_opening_outside(mut self) -> Self {
+        self.bursts = true;
+        self.opens_outside = true;
         self
     }
 
@@ -241,6 +255,9 @@ pub struct Testbed {
     restarts: u64,
     tx: Outgoing,
     buf: Vec<u8>,
+    /// The client's and the server's openers (with `opens_outside`).
+    openers: [Openers; 2],
+    opened_outside: u64,
 }
 
 impl Testbed {
@@ -261,7 +278,6 @@ impl Testbed {
             .connect(base, &[cfg.addrs[0].1], cfg.connection.clone())
             .expect("the client connects");
         Self {
-            cfg,
             base,
             now: Duration::ZERO,
             net,
@@ -277,9 +293,17 @@ impl Testbed {
             unrouted: [0; 2],
             largest_burst: 0,
             restarts: 0,
-            tx: Outgoing::default(),
+            tx: Outgoing::new(cfg.opens_outside),
             buf: vec![0; wire::MAX_DATAGRAM_SIZE],
+            openers: Default::default(),
+            opened_outside: 0,
+            cfg,
         }
+    }
+
+    /// Datagrams the endpoints were handed opened already (with `opens_outside`).
+    pub fn opened_outside(&self) -> u64 {
+        self.opened_outside
     }
 
     /// The configuration it was made with.
@@ -517,11 +541,19 @@ impl Testbed {
             let Some(mut a) = self.net.handle(ev, &mut |at, e| queue.schedule(at, e)) else {
                 continue;
             };
-            let ep = match a.dir.receiver() {
-                HostId::A => &mut self.client,
-                HostId::B => &mut self.server,
+            let (ep, openers) = match a.dir.receiver() {
+                HostId::A => (&mut self.client, &mut self.openers[0]),
+                HostId::B => (&mut self.server, &mut self.openers[1]),
             };
-            ep.handle_datagram(now, a.local, a.remote, &mut a.data);
+            if !self.cfg.opens_outside {
+                ep.handle_datagram(now, a.local, a.remote, &mut a.data);
+            } else if let Some(opened) = openers.open(&mut a.data) {
+                self.opened_outside += 1;
+                ep.handle_opened_datagram(now, a.local, a.remote, &mut a.data, opened);
+            } else {
+                ep.handle_datagram(now, a.local, a.remote, &mut a.data);
+                openers.learn(ep, &a.data);
+            }
         }
         self.client.handle_timeout(now);
         self.server.handle_timeout(now);
