@@ -72,12 +72,12 @@ impl Connection {
     /// Which of its endpoint's shards (an engine with its driver thread, see
     /// [`Endpoint::shards`](crate::Endpoint::shards)) serves this connection.
     pub fn shard(&self) -> usize {
-        self.driver.shared.shard
+        self.driver.shared().shard()
     }
 
     /// Runs `f` on the engine's connection; then sends what it produced.
     fn with<T>(&self, f: impl FnOnce(&mut ProtoConnection) -> T) -> T {
-        let shared = &self.driver.shared;
+        let shared = self.driver.shared();
         let mut st = shared.lock();
         let r = f(conn(&mut st, self.handle));
         drop(shared.after_app_call(st));
@@ -88,7 +88,7 @@ impl Connection {
     /// on the engine's connection (both under the lock, so an event after `f` looked signals
     /// them again).
     fn try_with<T>(&self, interest: Interest, f: impl FnOnce(&mut ProtoConnection) -> T) -> T {
-        let shared = &self.driver.shared;
+        let shared = self.driver.shared();
         let mut st = shared.lock();
         self.watchers.clear(interest);
         let out = f(conn(&mut st, self.handle));
@@ -98,9 +98,9 @@ impl Connection {
 
     /// The readiness descriptor for `interest` (see [`readiness_fd`](Self::readiness_fd)).
     pub(crate) fn readiness_fd_for(&self, interest: Interest) -> io::Result<BorrowedFd<'_>> {
-        let mut st = self.driver.shared.lock();
+        let mut st = self.driver.shared().lock();
         if !self.watched.swap(true, Ordering::Relaxed) {
-            st.readiness.insert(self.handle, self.watchers.clone());
+            st.watch(self.handle, self.watchers.clone());
         }
         self.watchers.fd(interest)
     }
@@ -140,7 +140,7 @@ impl Connection {
         is_blocked: impl Fn(&E) -> bool,
         settled: impl Fn(&ProtoConnection, &Result<T, E>) -> bool,
     ) -> Result<Result<T, E>, io::Error> {
-        let shared = &self.driver.shared;
+        let shared = self.driver.shared();
         let mut st = shared.lock();
         // whether this wait's window update was sent already (see below)
         let mut granted = false;
@@ -479,11 +479,7 @@ impl Connection {
     /// [`Event::Writable`]) is not queued here: it is a level, seen through the calls
     /// themselves and [`readiness_fd`](Self::readiness_fd).
     pub fn poll_events(&self) -> Vec<TimedEvent> {
-        let mut st = self.driver.shared.lock();
-        st.events
-            .get_mut(&self.handle)
-            .map(|q| q.drain(..).collect())
-            .unwrap_or_default()
+        self.driver.shared().lock().take_events(self.handle)
     }
 
     /// Why the connection ended, if it did with an error.
@@ -493,7 +489,7 @@ impl Connection {
 }
 
 fn conn(st: &mut State, h: ConnectionHandle) -> &mut ProtoConnection {
-    st.endpoint
+    st.engine_mut()
         .connection_mut(h)
         .expect("a connection stays in the engine while its handle lives")
 }
@@ -501,7 +497,7 @@ fn conn(st: &mut State, h: ConnectionHandle) -> &mut ProtoConnection {
 /// [`conn`] to look at only: the engine does not count it as something that happened to the
 /// connection.
 fn look(st: &State, h: ConnectionHandle) -> &ProtoConnection {
-    st.endpoint
+    st.engine()
         .connection(h)
         .expect("a connection stays in the engine while its handle lives")
 }
@@ -565,14 +561,14 @@ impl io::Write for Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        let shared = &self.driver.shared;
+        let shared = self.driver.shared();
         let mut st = shared.lock();
-        if let Some(c) = st.endpoint.connection_mut(self.handle) {
+        if let Some(c) = st.engine_mut().connection_mut(self.handle) {
             if c.state() != ConnectionState::Closed {
                 c.finish();
             }
         }
-        st.dropped.insert(self.handle);
+        st.release_when_closed(self.handle);
         drop(shared.after_app_call(st));
     }
 }

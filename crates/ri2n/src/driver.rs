@@ -4,14 +4,31 @@
 //! All of a shard's engine state sits behind one mutex, held for bookkeeping only: no system
 //! call is made under it, packets are sealed after it is released (the engine hands out each
 //! datagram's [`Seal`]) and opened before it is taken (`open_ahead.rs`), so application and
-//! communication threads work on different cores at once.
-//! Application calls send what their writes produce from their own thread and, while blocked,
-//! watch the sockets and receive for themselves (`PollerTurn`, [`Receiver::take_for`]), so
-//! neither direction waits for a thread hop. The communication thread (RI2N's "RI2N thread")
-//! runs timers, retransmissions and probes without the application calling in (see
-//! [`yield_to_busy_threads`] and [`STEP_BACK`]) and keeps a connected socket per path in use
-//! ([`Shared::update_path_sockets`]). What a driver owes the protocol (unreachable paths,
-//! MTU ceilings, next-hop confirmation): docs/PROTOCOL.md §6.7–§6.9.
+//! communication threads work on different cores at once. The library reaches that state
+//! through methods of [`Shared`] and [`State`] only.
+//!
+//! Data moves one way, a turn of the pump at a time, whichever thread turns it
+//! ([`Shared::receive`]): receive, hand to the engine, send what the engine then has to send,
+//! wake the calls concerned. An application call's turn starts at the engine
+//! ([`Shared::after_app_call`]). A long sending streak takes in what arrived between its
+//! rounds ([`Shared::take_in`]) and wakes whom it concerns, without starting a turn of its
+//! own inside it.
+//!
+//! Which thread turns the pump: application calls send what their writes produce from their
+//! own thread and, while blocked, watch the sockets and receive for themselves, so neither
+//! direction waits for a thread hop. The communication thread (RI2N's "RI2N thread") runs
+//! timers, retransmissions and probes without the application calling in, and keeps a
+//! connected socket per path in use ([`Shared::update_path_sockets`]). Three devices keep
+//! threads from waking for nothing, each with a test that fails without it:
+//! - the poller turn ([`PollerTurn`]; `tests/wakeups.rs`): a call woken only for another
+//!   connection's call leaves the sockets to that one;
+//! - the step-back in a process confined to one CPU ([`STEP_BACK`],
+//!   [`yield_to_busy_threads`]; `tests/one_cpu.rs`);
+//! - single takes ([`Receiver::take_for`]; `tests` below): one datagram at a time is taken
+//!   with one `recvmsg`.
+//!
+//! What a driver owes the protocol (unreachable paths, MTU ceilings, next-hop confirmation):
+//! docs/PROTOCOL.md §6.7–§6.9.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
@@ -83,18 +100,18 @@ const NEXT_HOP_HOLD: Duration = Duration::from_secs(15 * 60);
 /// Engine state shared between the driver thread and application threads.
 #[derive(Debug)]
 pub(crate) struct State {
-    pub endpoint: ProtoEndpoint,
+    endpoint: ProtoEndpoint,
     /// Events per connection, for `Connection::poll_events`.
-    pub events: HashMap<ConnectionHandle, VecDeque<TimedEvent>>,
+    events: HashMap<ConnectionHandle, VecDeque<TimedEvent>>,
     /// Connections whose application handle was dropped: released once closed.
-    pub dropped: HashSet<ConnectionHandle>,
+    dropped: HashSet<ConnectionHandle>,
     /// What callers waiting on a connection wait on, by connection.
     signals: HashMap<ConnectionHandle, Signal>,
     /// Calls waiting on any connection's condition variable (the sum of the `waiting` counts
     /// of `signals`, kept apart so that it is known without visiting every connection).
     signal_waiters: usize,
     /// Readiness descriptors of connections whose application asked for one.
-    pub readiness: HashMap<ConnectionHandle, Arc<Watchers>>,
+    readiness: HashMap<ConnectionHandle, Arc<Watchers>>,
 
     /// When the driver thread will next wake up by itself.
     driver_deadline: Option<Instant>,
@@ -108,6 +125,34 @@ pub(crate) struct State {
     paths_changed: bool,
     /// Datagrams built and not yet sent.
     out: Outgoing,
+}
+
+impl State {
+    /// The engine, to look at.
+    pub fn engine(&self) -> &ProtoEndpoint {
+        &self.endpoint
+    }
+
+    /// The engine, for an application call (the caller then hands the guard back through
+    /// [`Shared::after_app_call`], which sends what the call produced).
+    pub fn engine_mut(&mut self) -> &mut ProtoEndpoint {
+        &mut self.endpoint
+    }
+
+    /// Signals `watchers` at each of connection `h`'s events from now on.
+    pub fn watch(&mut self, h: ConnectionHandle, watchers: Arc<Watchers>) {
+        self.readiness.insert(h, watchers);
+    }
+
+    /// Connection `h`'s state-change events queued so far, oldest first.
+    pub fn take_events(&mut self, h: ConnectionHandle) -> Vec<TimedEvent> {
+        (self.events.get_mut(&h)).map_or_else(Vec::new, |q| q.drain(..).collect())
+    }
+
+    /// Connection `h`'s application handle is gone: the engine releases it once closed.
+    pub fn release_when_closed(&mut self, h: ConnectionHandle) {
+        self.dropped.insert(h);
+    }
 }
 
 /// The condition variable of one connection's waiting calls, and how many wait on it (only
@@ -309,6 +354,9 @@ struct Receiver {
     single_takes: Vec<u8>,
     /// With a key: opens what was received before the engine's lock is taken.
     open_ahead: Option<OpenAhead>,
+    /// Receives that took one datagram alone.
+    #[cfg(test)]
+    taken_alone: u64,
 }
 
 impl Receiver {
@@ -352,9 +400,9 @@ struct CallerPoll {
 #[derive(Debug)]
 pub(crate) struct Shared {
     state: Mutex<State>,
-    pub sockets: Vec<LinkSocket>,
+    sockets: Vec<LinkSocket>,
     /// This driver's number among its endpoint's shards (see `shards.rs`).
-    pub shard: usize,
+    shard: usize,
     /// Where this shard forwards what arrived for another one, and finds what others
     /// forwarded to it.
     router: Arc<Router>,
@@ -399,6 +447,23 @@ pub(crate) struct Shared {
 impl Shared {
     pub fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This shard's number among its endpoint's shards.
+    pub fn shard(&self) -> usize {
+        self.shard
+    }
+
+    /// The link sockets' local addresses.
+    pub fn local_addrs(&self) -> impl Iterator<Item = SocketAddr> + '_ {
+        self.sockets.iter().map(|s| s.local)
+    }
+
+    /// The impairment switch of the link socket bound to `local`.
+    pub fn impairment(&self, local: SocketAddr) -> Option<Arc<crate::Impairment>> {
+        (self.sockets.iter())
+            .find(|s| s.local == local)
+            .map(|s| s.impairment.clone())
     }
 
     /// Every receive source that has a socket: the link sockets (`0..sockets.len()`), then
@@ -503,7 +568,7 @@ impl Shared {
         if self.one_cpu && st.signal_waiters == 0 {
             st.callers_watch_until = Some(Instant::now() + STEP_BACK);
         }
-        // what was received is answered already (`receive_batch` sends and dispatches); the
+        // what was received is answered already (`receive` sends and dispatches); the
         // timers it set are the driver thread's to run
         if received {
             self.arm_driver(&mut st);
@@ -524,45 +589,73 @@ impl Shared {
         }
     }
 
-    /// Receives from source `i` (without the engine's lock), hands what came to the engine
-    /// and sends the answers. `TurnedAway` when another thread is receiving: that thread then
-    /// receives from every source it was wanted for (`receive_wanted`) before it is done, so
-    /// an arrival it did not see is not left in the queue until the next one comes. A
-    /// `waiting_call` (one whose level-triggered instance reported the source) may take a
-    /// datagram alone ([`Receiver::take_for`]).
+    /// One turn of the pump from source `i`: receives (without the engine's lock), hands
+    /// what came to the engine, sends what the engine has to send, and wakes the calls it
+    /// concerns. See [`Self::take_in`] for what it returns.
     fn receive(&self, i: usize, waiting_call: bool) -> Received {
+        let (received, taken) = self.take_in(i, waiting_call);
+        if taken {
+            let st = self.lock();
+            let mut st = self.transmit(st, None);
+            let wakeups = self.dispatch(&mut st);
+            drop(st);
+            wakeups.notify();
+        }
+        received
+    }
+
+    /// Receives from source `i` (without the engine's lock) and hands what came to the
+    /// engine; also whether anything was handed over (from `i` or another source).
+    /// `TurnedAway` when another thread is receiving: that thread then receives from every
+    /// source it was wanted for (`receive_wanted`) before it is done, so an arrival it did
+    /// not see is not left in the queue until the next one comes. A `waiting_call` (one whose
+    /// level-triggered instance reported the source) may take a datagram alone
+    /// ([`Receiver::take_for`]).
+    fn take_in(&self, i: usize, waiting_call: bool) -> (Received, bool) {
         let mut received = Received::TurnedAway;
+        let mut taken = false;
         loop {
             // announce first, then try: a holder that lets go after a failed try sees it
             self.receive_wanted[i].store(true, Ordering::SeqCst);
             let Ok(mut rx) = self.receiving.try_lock() else {
-                return received;
+                return (received, taken);
             };
             self.receive_wanted[i].store(false, Ordering::SeqCst);
             let take = rx.take_for(i, waiting_call);
-            let r = self.receive_batch(i, &mut rx, take);
+            let r = self.take_in_batch(i, &mut rx, take);
             rx.note(i, take, r);
+            #[cfg(test)]
+            if take == Take::One && r != Received::Nothing {
+                rx.taken_alone += 1;
+            }
+            taken |= r != Received::Nothing;
             if r != Received::Nothing || received == Received::TurnedAway {
                 received = r;
             }
             // the sources other threads were turned away from, drained
             for j in self.sources().filter(|&j| j != i) {
                 if self.receive_wanted[j].swap(false, Ordering::SeqCst) {
-                    while self.receive_batch(j, &mut rx, Take::Batch) == Received::MoreMayWait {}
+                    loop {
+                        let r = self.take_in_batch(j, &mut rx, Take::Batch);
+                        taken |= r != Received::Nothing;
+                        if r != Received::MoreMayWait {
+                            break;
+                        }
+                    }
                 }
             }
             drop(rx);
             let wanted = |j: usize| self.receive_wanted[j].load(Ordering::SeqCst);
             let others_wanted = self.sources().any(|j| j != i && wanted(j));
             if !others_wanted && (received == Received::MoreMayWait || !wanted(i)) {
-                return received;
+                return (received, taken);
             }
         }
     }
 
     /// One receive call on source `i` into `rx`'s buffers, opened there (with a key) and
     /// handed to the engine.
-    fn receive_batch(&self, i: usize, rx: &mut Receiver, take: Take) -> Received {
+    fn take_in_batch(&self, i: usize, rx: &mut Receiver, take: Take) -> Received {
         let Receiver {
             batch, open_ahead, ..
         } = rx;
@@ -611,10 +704,7 @@ impl Shared {
             }
         });
         forwarded |= self.hand_over_refusals(&mut st, Some(now));
-        let mut st = self.transmit(st, Some(now));
-        let wakeups = self.dispatch(&mut st);
         drop(st);
-        wakeups.notify();
         self.router.wake(forwarded);
         received
     }
@@ -873,12 +963,26 @@ impl Shared {
             // declared down under load). Not after a round shorter than one full batch: that
             // took microseconds, and a message of a request-response exchange would pay an
             // empty receive call per socket.
+            let mut taken = false;
             if sent_bytes >= BATCH_BYTES {
                 for i in self.sources() {
-                    while self.receive(i, false) == Received::MoreMayWait {}
+                    loop {
+                        let (r, t) = self.take_in(i, false);
+                        taken |= t;
+                        if r != Received::MoreMayWait {
+                            break;
+                        }
+                    }
                 }
             }
             st = self.lock();
+            if taken {
+                // what came may concern a waiting call: wake it now, not after the streak
+                let wakeups = self.dispatch(&mut st);
+                drop(st);
+                wakeups.notify();
+                st = self.lock();
+            }
             if !unreachable.is_empty() {
                 let now = Instant::now();
                 for (i, dest) in unreachable.drain(..) {
@@ -1103,7 +1207,7 @@ impl Shared {
 /// Owns the driver thread; the last owner (endpoint or connection) stops it.
 #[derive(Debug)]
 pub(crate) struct Driver {
-    pub shared: Arc<Shared>,
+    shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -1139,6 +1243,11 @@ fn deregister(epoll: RawFd, fd: RawFd) -> std::io::Result<()> {
 }
 
 impl Driver {
+    /// What the driver thread shares with the application's calls.
+    pub fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
     /// Starts shard `shard` of an endpoint: its engine on its sockets.
     pub fn start(
         endpoint: ProtoEndpoint,
@@ -1198,6 +1307,8 @@ impl Driver {
                 batch: RecvBatch::for_sockets(&sockets)?,
                 single_takes: vec![0; sockets.len() + MAX_PATH_SOCKETS],
                 open_ahead: keyed.then(OpenAhead::default),
+                #[cfg(test)]
+                taken_alone: 0,
             }),
             receive_wanted: (0..sockets.len() + MAX_PATH_SOCKETS)
                 .map(|_| AtomicBool::new(false))
@@ -1417,4 +1528,54 @@ pub(crate) fn bind_all(
         .iter()
         .map(|&a| LinkSocket::bind(a).map_err(|e| (a, e)))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::SocketAddr;
+
+    use crate::{ConnectionConfig, Endpoint};
+
+    fn taken_alone(e: &Endpoint) -> u64 {
+        (e.shards.drivers.iter())
+            .map(|d| d.shared().receiving.lock().unwrap().taken_alone)
+            .sum()
+    }
+
+    /// A call that waits for one message at a time takes each arrival alone, with a plain
+    /// `recvmsg` ([`SINGLE_TAKES`](super::SINGLE_TAKES)), not with a `recvmmsg` that then
+    /// looks for more in vain.
+    #[test]
+    fn a_request_response_exchange_is_received_one_datagram_at_a_time() {
+        const ROUNDS: u64 = 2000;
+        let addrs: Vec<SocketAddr> = vec!["127.0.0.1:0".parse().unwrap()];
+        let server = Endpoint::server(&addrs).unwrap();
+        let client = Endpoint::client(&addrs).unwrap();
+        let to = server.local_addrs();
+        let echo = std::thread::spawn(move || {
+            let mut conn = server.accept().unwrap();
+            let mut buf = [0u8; 64];
+            for _ in 0..ROUNDS {
+                conn.read_exact(&mut buf).unwrap();
+                conn.write_all(&buf).unwrap();
+            }
+            taken_alone(&server)
+        });
+        let mut conn = client.connect(&to, ConnectionConfig::default()).unwrap();
+        let mut reply = [0u8; 64];
+        for i in 0..ROUNDS {
+            let msg = [i as u8; 64];
+            conn.write_all(&msg).unwrap();
+            conn.read_exact(&mut reply).unwrap();
+            assert_eq!(reply, msg);
+        }
+        let alone = taken_alone(&client) + echo.join().unwrap();
+        // two arrivals per round trip, one at each end
+        assert!(
+            alone > ROUNDS,
+            "{alone} of the {} arrivals were taken alone",
+            2 * ROUNDS
+        );
+    }
 }

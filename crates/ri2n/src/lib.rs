@@ -225,20 +225,20 @@ impl Endpoint {
 
     /// The bound local addresses, ports resolved.
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
-        self.first().sockets.iter().map(|s| s.local).collect()
+        self.first().local_addrs().collect()
     }
 
     /// The first shard, whose sockets resolved the ports (the others share its addresses,
     /// ports and impairment switches).
     fn first(&self) -> &driver::Shared {
-        &self.shards.drivers[0].shared
+        self.shards.drivers[0].shared()
     }
 
     /// Received datagrams the engine dropped without acting on them, by reason (garbage,
     /// strangers, duplicates, packets for connections already gone, forged ICMP errors).
     pub fn dropped_datagrams(&self) -> DropCounts {
         (self.shards.drivers.iter())
-            .map(|d| d.shared.lock().endpoint.dropped().clone())
+            .map(|d| d.shared().lock().engine().dropped().clone())
             .reduce(|a, b| a + &b)
             .unwrap_or_default()
     }
@@ -249,17 +249,16 @@ impl Endpoint {
     pub fn refused_handshakes(&self) -> Vec<RefusedHandshake> {
         let mut refused = Vec::new();
         for d in &self.shards.drivers {
-            let mut st = d.shared.lock();
-            refused.extend(std::iter::from_fn(|| st.endpoint.poll_refused_handshake()));
+            let mut st = d.shared().lock();
+            let engine = st.engine_mut();
+            refused.extend(std::iter::from_fn(|| engine.poll_refused_handshake()));
         }
         refused
     }
 
     /// The impairment switch of the socket bound to `local`, to break that link on purpose.
     pub fn impairment(&self, local: SocketAddr) -> Option<Arc<Impairment>> {
-        (self.first().sockets.iter())
-            .find(|s| s.local == local)
-            .map(|s| s.impairment.clone())
+        self.first().impairment(local)
     }
 
     /// Connects to a peer given one or more of its addresses, waiting until the handshake
@@ -274,13 +273,13 @@ impl Endpoint {
         config: ConnectionConfig,
     ) -> Result<Connection, Error> {
         let driver = self.shards.for_connect();
-        let shared = &driver.shared;
+        let shared = driver.shared();
         let mut st = shared.lock();
-        let h = st.endpoint.connect(Instant::now(), remotes, config)?;
+        let h = st.engine_mut().connect(Instant::now(), remotes, config)?;
         st = shared.after_app_call(st);
         let conn = Connection::new(driver.clone(), h);
         loop {
-            let c = st.endpoint.connection(h).expect("connection just made");
+            let c = st.engine().connection(h).expect("connection just made");
             match c.state() {
                 ConnectionState::Connecting => st = shared.wait_connection(st, h, None),
                 ConnectionState::Closed => {

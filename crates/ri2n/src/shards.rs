@@ -414,7 +414,7 @@ impl Shards {
     /// Waits until a connection may have been accepted or `deadline` passes.
     pub fn wait_accept(&self, deadline: Option<Instant>) {
         for d in &self.drivers {
-            d.shared.before_blocking();
+            d.shared().before_blocking();
         }
         self.accepts.wait(deadline);
     }
@@ -422,11 +422,11 @@ impl Shards {
     /// Closes every shard's connections at once (see `Shared::close_all`).
     pub fn close_all(&self, deadline: Option<Instant>) -> Undelivered {
         if let [only] = &self.drivers[..] {
-            return only.shared.close_all(deadline);
+            return only.shared().close_all(deadline);
         }
         std::thread::scope(|s| {
             let closing: Vec<_> = (self.drivers.iter())
-                .map(|d| s.spawn(move || d.shared.close_all(deadline)))
+                .map(|d| s.spawn(move || d.shared().close_all(deadline)))
                 .collect();
             closing
                 .into_iter()

@@ -6,7 +6,7 @@
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -37,6 +37,15 @@ fn pin_to_one_cpu() {
     }
 }
 
+/// Runs `test` on a thread of its own (which `pinned_pair` confines to one CPU), one test at
+/// a time: the tests share that CPU, and one counts the context switches of every driver
+/// thread of the process.
+fn on_one_cpu(test: impl FnOnce() + Send + 'static) {
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    thread::spawn(test).join().unwrap();
+}
+
 /// A server and a client endpoint on two loopback links, whose threads (the calling one
 /// included) may run on one CPU only.
 fn pinned_pair() -> (Endpoint, Endpoint) {
@@ -58,7 +67,7 @@ fn message(i: u32) -> [u8; 64] {
 
 #[test]
 fn request_response_and_a_stream_arrive_exact_on_one_cpu() {
-    thread::spawn(|| {
+    on_one_cpu(|| {
         let (server, client) = pinned_pair();
         let server_addrs = server.local_addrs();
         let echo = thread::spawn(move || {
@@ -88,14 +97,81 @@ fn request_response_and_a_stream_arrive_exact_on_one_cpu() {
         conn.wait_acknowledged(Some(Duration::from_secs(60)))
             .unwrap();
         assert!(echo.join().unwrap() == stream, "the stream arrived changed");
-    })
-    .join()
-    .unwrap();
+    });
+}
+
+/// Context switches so far of this process's threads named `ri2n-driver-…` (every
+/// endpoint's driver threads), from `/proc/self/task/*/status`.
+fn driver_thread_switches() -> u64 {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("ri2n-driver") {
+            continue;
+        }
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        for line in status.lines() {
+            if let Some(n) = line
+                .strip_prefix("voluntary_ctxt_switches:")
+                .or_else(|| line.strip_prefix("nonvoluntary_ctxt_switches:"))
+            {
+                total += n.trim().parse::<u64>().unwrap();
+            }
+        }
+    }
+    total
+}
+
+/// On one CPU the driver threads leave the sockets to the application calls that wait on
+/// them (`STEP_BACK` in the driver): in a request-response exchange the calls receive for
+/// themselves, and the driver threads, which could only take turns with them on that CPU,
+/// wake for their timer ticks (at most one per millisecond each) but not for the messages.
+/// Without the step-back most round trips also switched to a driver thread.
+#[test]
+fn on_one_cpu_a_request_response_exchange_leaves_the_driver_threads_asleep() {
+    on_one_cpu(|| {
+        let (server, client) = pinned_pair();
+        let server_addrs = server.local_addrs();
+        const ROUNDS: u32 = 4000;
+        let echo = thread::spawn(move || {
+            let mut conn = server.accept().unwrap();
+            let mut buf = [0u8; 64];
+            for _ in 0..ROUNDS {
+                conn.read_exact(&mut buf).unwrap();
+                conn.write_all(&buf).unwrap();
+            }
+            conn
+        });
+        let mut conn = client
+            .connect(&server_addrs, ConnectionConfig::default())
+            .unwrap();
+        let mut reply = [0u8; 64];
+        // warm up, then count
+        for i in 0..1000 {
+            conn.write_all(&message(i)).unwrap();
+            conn.read_exact(&mut reply).unwrap();
+        }
+        let (before, start) = (driver_thread_switches(), Instant::now());
+        for i in 1000..ROUNDS {
+            conn.write_all(&message(i)).unwrap();
+            conn.read_exact(&mut reply).unwrap();
+            assert_eq!(reply, message(i), "reply {i}");
+        }
+        let switches = driver_thread_switches() - before;
+        let ticks = 2 * start.elapsed().as_millis() as u64; // two driver threads
+        let rounds = u64::from(ROUNDS - 1000);
+        drop(echo.join().unwrap());
+        assert!(
+            switches < ticks + rounds / 8,
+            "the driver threads were switched to {switches} times in {rounds} round trips \
+             ({ticks} timer ticks at most)"
+        );
+    });
 }
 
 #[test]
 fn data_is_acknowledged_while_the_application_is_away_on_one_cpu() {
-    thread::spawn(|| {
+    on_one_cpu(|| {
         let (server, client) = pinned_pair();
         let server_addrs = server.local_addrs();
         let back = Arc::new(AtomicBool::new(false));
@@ -139,7 +215,5 @@ fn data_is_acknowledged_while_the_application_is_away_on_one_cpu() {
         let (hello, got) = away.join().unwrap();
         assert_eq!(&hello, b"hello");
         assert!(got == data, "the data arrived changed");
-    })
-    .join()
-    .unwrap();
+    });
 }
