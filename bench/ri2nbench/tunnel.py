@@ -38,7 +38,8 @@ def tunnel_up(lab, tmpdir, carry="datagrams"):
                                  stderr=open(logs[h], "w"))
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        if all(open(logs[h]).read().count(" connected (") >= 2 for h in TUNNEL_HOSTS):
+        if all(sum(line.endswith(" connected") for line in open(logs[h]).read().splitlines()) >= 2
+               for h in TUNNEL_HOSTS):
             return daemons, logs
         time.sleep(0.1)
     raise RuntimeError("tunnel daemons did not connect: %s" % {h: open(logs[h]).read() for h in logs})

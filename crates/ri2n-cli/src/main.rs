@@ -160,7 +160,8 @@ pub struct TunnelArgs {
     #[arg(long, value_name = "HOST")]
     pub name: Option<String>,
 
-    /// Check the cluster file, say which host this is, and exit (no root needed).
+    /// Check the cluster file and its key, say which host this is, and exit (no root
+    /// needed).
     #[arg(long)]
     pub check: bool,
 

@@ -883,3 +883,54 @@ fn tunnel_check_finds_this_host_and_names_the_line_of_an_error() {
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(err.contains("no tunnel daemon of host me answers"), "{err}");
 }
+
+/// `--check` finds what the daemon would fail on or what would silently misroute: a key file
+/// missing or not a key, tunnel addresses whose network holds a link address, and a machine
+/// the file does not list (it says how to add it, not to pretend to be another host).
+#[test]
+fn tunnel_check_loads_the_key_and_refuses_a_tunnel_network_holding_a_link() {
+    let key = TempFile::new("tunnel-check.key");
+    let (status, out) = ri2n(
+        [
+            std::ffi::OsStr::new("keygen"),
+            "--output".as_ref(),
+            key.path().as_os_str(),
+        ],
+        Duration::from_secs(10),
+    );
+    assert!(status.success(), "keygen: {}", stderr_of(&out));
+    let config = TempFile::new("cluster-check.toml");
+    let check = |text: String| {
+        std::fs::write(config.path(), text).unwrap();
+        tunnel(&["--check"], config.path())
+    };
+
+    let missing = key.path().with_extension("missing");
+    let (status, _, err) = check(cluster_text(&missing, "10.99.0.2"));
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("cannot read the key file"), "{err}");
+
+    let junk = TempFile::new("tunnel-check-junk.key");
+    std::fs::write(junk.path(), "junk\n").unwrap();
+    let (status, _, err) = check(cluster_text(junk.path(), "10.99.0.2"));
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains(&junk.path().display().to_string()), "{err}");
+
+    // tunnel addresses in 127.0.0.0/24, where host "me" has its link: line 6
+    let overlapping = cluster_text(key.path(), "127.0.0.11").replace("10.99.0.1", "127.0.0.10");
+    let (status, _, err) = check(overlapping);
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{}:6: links: 127.0.0.1 is inside the tunnel network 127.0.0.0/24",
+            config.path().display()
+        )),
+        "{err}"
+    );
+
+    // no host of the file has an address of this machine
+    let elsewhere = cluster_text(key.path(), "10.99.0.2").replace("127.0.0.1", "192.0.2.6");
+    let (status, _, err) = check(elsewhere);
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("add it to the file as a [[host]]"), "{err}");
+}

@@ -8,11 +8,14 @@
 //! reset (iperf3 exits 0) and moves data again right after the heal; `ri2n tunnel status` and
 //! the metrics show both peers connected over both links; SIGTERM ends a daemon with status 0
 //! and removes its interface; an MPI job that checks every result completes with correct
-//! results through a dead switch and a 20 s partition. Rates are reported, not asserted
+//! results through a dead switch and a 20 s partition; the systemd unit's daemon serves its
+//! status and carries traffic under the unit's sandbox; what the daemons log and show of dead
+//! links and of a peer back with another key is true. Rates are reported, not asserted
 //! (docs/BENCHMARKS.md has the measurements).
 //!
-//! Needs root, iproute2, nftables, iperf3 and Open MPI (openmpi-bin, libopenmpi-dev); without
-//! them a test prints why and passes, unless `CI` is set, where it fails.
+//! Needs root, iproute2, nftables, iperf3, util-linux (`unshare`, `setpriv`, `nsenter`) and
+//! Open MPI (openmpi-bin, libopenmpi-dev); without them a test prints why and passes, unless
+//! `CI` is set, where it fails.
 
 mod support;
 
@@ -49,6 +52,11 @@ fn cluster_file(env: &Env, dir: &Path) -> PathBuf {
     path
 }
 
+/// How many times a daemon's log says a peer connected.
+fn connected_peers(log: &str) -> usize {
+    log.lines().filter(|l| l.ends_with(" connected")).count()
+}
+
 /// Starts a daemon on every host and waits until each has both peers connected.
 fn start_daemons(env: &Env, lab: &Lab, dir: &Path, config: &Path) -> Vec<Proc> {
     let mut daemons: Vec<Proc> = HOSTS
@@ -71,7 +79,7 @@ fn start_daemons(env: &Env, lab: &Lab, dir: &Path, config: &Path) -> Vec<Proc> {
             if let Some(s) = d.poll() {
                 panic!("{} exited ({s}): {}", d.name, d.stderr_text());
             }
-            if d.stderr_text().matches(" connected (").count() >= 2 {
+            if connected_peers(&d.stderr_text()) >= 2 {
                 break;
             }
             assert!(
@@ -84,6 +92,18 @@ fn start_daemons(env: &Env, lab: &Lab, dir: &Path, config: &Path) -> Vec<Proc> {
         }
     }
     daemons
+}
+
+/// `ri2n tunnel status --json` in namespace `ns`, as it is now.
+fn status_json(env: &Env, ns: &str, config: &Path) -> serde_json::Value {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .arg(&env.ri2n)
+        .args(["tunnel", "status", "--json", "--config"])
+        .arg(config)
+        .output()
+        .expect("running ri2n tunnel status");
+    serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
 }
 
 /// `ri2n tunnel status --json` in namespace `ns`, once the daemon's first sample shows both
@@ -284,6 +304,7 @@ fn a_three_host_tunnel_carries_tcp_through_a_dead_switch_and_a_partition() {
     // (that would be 3 s or more later): what was in flight when the links died, and what
     // inner TCP sent during the outage, reach the peer at the heal
     let (outage_from, outage_to) = (Duration::from_millis(2000), Duration::from_millis(5000));
+    let during_outage = std::sync::Mutex::new(serde_json::Value::Null);
     let r = iperf(
         &lab,
         &dir.0,
@@ -295,9 +316,29 @@ fn a_three_host_tunnel_carries_tcp_through_a_dead_switch_and_a_partition() {
                 lab.fault(1, &["switch"]);
                 lab.fault(2, &["switch"]);
             }),
+            // the daemon samples every second: this one is of the outage
+            (outage_to - Duration::from_millis(500), &|| {
+                *during_outage.lock().unwrap() = status_json(env, &lab.ns_of("a"), &config);
+            }),
             (outage_to, &|| lab.heal_all()),
         ],
     );
+    // what the status says of dead links: down, no round trip (the last one is stale), and
+    // a loss no larger than everything
+    let status = during_outage.into_inner().unwrap();
+    let links: Vec<&serde_json::Value> = (status["peers"].as_array().into_iter().flatten())
+        .flat_map(|p| p["links"].as_array().into_iter().flatten())
+        .collect();
+    assert_eq!(links.len(), 4, "{status}");
+    for l in links {
+        assert_eq!(l["state"], "down", "{status}");
+        assert!(
+            l["rtt_us"].is_null(),
+            "a round trip for a dead link: {status}"
+        );
+        let loss = l["loss"].as_f64().unwrap_or(f64::NAN);
+        assert!((0.0..=1.0).contains(&loss), "loss {loss}: {status}");
+    }
     let rates = interval_rates(&r);
     let tenth = |d: Duration| (d.as_millis() / 100) as usize;
     // the premise: nothing moved through the second half of the outage (the sender's
@@ -322,6 +363,19 @@ fn a_three_host_tunnel_carries_tcp_through_a_dead_switch_and_a_partition() {
         resumed_ms <= 500,
         "data moved again only {resumed_ms} ms after the heal: {rates:.0?}"
     );
+    // the daemon's log told of both links of peer b going down and coming back
+    let log = daemons[0].stderr_text();
+    for (local, remote) in [("10.77.1.1", "10.77.1.2"), ("10.77.2.1", "10.77.2.2")] {
+        let line = |state: &str| format!("ri2n tunnel: b: link {local} -> {remote} {state} (");
+        let down = log
+            .rfind(&line("down"))
+            .unwrap_or_else(|| panic!("no \"{}\" in a's log: {log}", line("down")));
+        assert!(
+            log[down..].contains(&line("up")),
+            "no \"{}\" after it in a's log: {log}",
+            line("up")
+        );
+    }
 
     // SIGTERM: exit 0, interface gone
     for (d, h) in daemons.iter_mut().zip(HOSTS) {
@@ -337,6 +391,307 @@ fn a_three_host_tunnel_carries_tcp_through_a_dead_switch_and_a_partition() {
             .output()
             .expect("running ip");
         assert!(!gone.status.success(), "ri2n0 still exists in host {h}");
+    }
+}
+
+/// The sandbox of `contrib/ri2n-tunnel.service`, reproduced (no systemd runs in a lab host):
+/// a shell script that builds it in a mount namespace of its own, with the test's directory
+/// `$1` (cluster file, key, a copy of the binary) as the unit's `/etc/ri2n`, then execs the
+/// rest of its arguments. Every directive of the unit's `[Service]` section is either
+/// reproduced here or named as having no effect on the daemon; an unknown one fails the test,
+/// so the unit cannot change without this test following it.
+fn unit_sandbox(unit: &str) -> String {
+    let mut service = false;
+    let mut directives: Vec<(String, String)> = Vec::new();
+    for line in unit.lines().map(str::trim) {
+        if line.starts_with('[') {
+            service = line == "[Service]";
+        } else if service && !line.is_empty() && !line.starts_with('#') {
+            let (k, v) = line.split_once('=').expect("Key=Value");
+            directives.push((k.to_owned(), v.to_owned()));
+        }
+    }
+    let get = |k: &str| {
+        directives
+            .iter()
+            .find(|(d, _)| d == k)
+            .map(|(_, v)| v.as_str())
+    };
+    let mut script = String::from(
+        "set -eu\ndir=$1; shift\nmount --make-rprivate /\nmkdir -p /run/ri2n\n\
+         mount --bind \"$dir\" /etc/ri2n\n",
+    );
+    for (k, v) in &directives {
+        match (k.as_str(), v.as_str()) {
+            // what starts, stops and restarts it: the test does that itself
+            ("ExecStart" | "KillSignal" | "Restart" | "RestartSec", _) => {}
+            // device access is a cgroup rule: the daemon opens /dev/net/tun, which it allows
+            ("DeviceAllow", "/dev/net/tun rw") => {}
+            ("ProtectSystem", "strict") => script.push_str(
+                "awk '$3 !~ /^(proc|sysfs|devtmpfs|devpts|mqueue|cgroup2?|nsfs|bpf|tracefs|\
+                 debugfs|securityfs|pstore|fusectl|configfs|binfmt_misc|hugetlbfs|autofs)$/ \
+                 {print $2}' /proc/self/mounts | sort -u | while read -r m; do\n\
+                 m=$(printf '%b' \"$m\")\n\
+                 case \"$m\" in /dev|/dev/*|/proc|/proc/*|/sys|/sys/*) continue;; esac\n\
+                 mount -o remount,bind,ro \"$m\"\ndone\n",
+            ),
+            ("ProtectHome", "true") => script.push_str(
+                "for d in /home /root /run/user; do [ -d \"$d\" ] && mount -t tmpfs -o ro,mode=0755 \
+                 protect-home \"$d\"; done; true\n",
+            ),
+            ("PrivateTmp", "true") => script.push_str(
+                "mount -t tmpfs private-tmp /tmp\n\
+                 [ -d /var/tmp ] && mount -t tmpfs private-tmp /var/tmp; true\n",
+            ),
+            ("ReadOnlyPaths", paths) => {
+                for p in paths.split_whitespace() {
+                    script.push_str(&format!("mount -o remount,bind,ro {p}\n"));
+                }
+            }
+            ("RuntimeDirectory", names) => {
+                for n in names.split_whitespace() {
+                    script.push_str(&format!("mount -t tmpfs -o mode=0755 runtime /run/{n}\n"));
+                }
+            }
+            ("NoNewPrivileges" | "CapabilityBoundingSet" | "AmbientCapabilities", _) => {}
+            _ => panic!("the unit's {k}={v} is not reproduced by this test: add it here"),
+        }
+    }
+    let caps = |k: &str| {
+        get(k).map_or("-all".to_owned(), |v| {
+            let names: Vec<String> = v
+                .split_whitespace()
+                .map(|c| c.trim_start_matches("CAP_").to_lowercase())
+                .collect();
+            format!("-all,+{}", names.join(",+"))
+        })
+    };
+    script.push_str(&format!(
+        "exec setpriv {}--bounding-set {} --inh-caps {} --ambient-caps {} \"$@\"\n",
+        if get("NoNewPrivileges") == Some("true") {
+            "--no-new-privs "
+        } else {
+            ""
+        },
+        caps("CapabilityBoundingSet"),
+        caps("AmbientCapabilities"),
+        caps("AmbientCapabilities"),
+    ));
+    script
+}
+
+/// `/etc/ri2n` exists (as the mount point of the unit's configuration directory); removed
+/// again at the end if the test made it.
+struct EtcRi2n(bool);
+
+impl EtcRi2n {
+    fn ensure() -> EtcRi2n {
+        let made = !Path::new("/etc/ri2n").exists();
+        if made {
+            fs::create_dir("/etc/ri2n").expect("creating /etc/ri2n");
+        }
+        EtcRi2n(made)
+    }
+}
+
+impl Drop for EtcRi2n {
+    fn drop(&mut self) {
+        if self.0 {
+            let _ = fs::remove_dir("/etc/ri2n");
+        }
+    }
+}
+
+/// The systemd unit works under its own sandbox: a daemon started as the unit starts it, with
+/// the unit's restrictions (read-only file system but its runtime directory, no home, a
+/// private /tmp, only CAP_NET_ADMIN, no new privileges), serves its status and carries
+/// traffic, and ends with status 0 on SIGTERM.
+#[test]
+fn the_systemd_unit_runs_the_daemon_under_its_sandbox() {
+    let _serial = serial();
+    let Some(env) = env() else { return };
+    for (tool, package) in [
+        ("setpriv", "util-linux"),
+        ("unshare", "util-linux"),
+        ("nsenter", "util-linux"),
+    ] {
+        if !require_tool(tool, package) {
+            return;
+        }
+    }
+    let _timer = TestTimer::start("tunnel-unit");
+    let dir = TestDir::new(env, "tunnel-unit");
+    let lab = Lab::up_hosts(env, "unit", 2, 3);
+    let config = cluster_file(env, &dir.0);
+    let unit_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../contrib/ri2n-tunnel.service");
+    let unit = fs::read_to_string(&unit_path).expect("reading the unit");
+    let exec = unit
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("ExecStart="))
+        .expect("ExecStart");
+    let mut words = exec.split_whitespace();
+    let program = words.next().expect("a program");
+    assert!(program.ends_with("/ri2n"), "{exec}");
+    let args: Vec<&str> = words.collect();
+    assert!(
+        args.windows(2)
+            .any(|w| w == ["--config", "/etc/ri2n/cluster.toml"]),
+        "the unit reads /etc/ri2n/cluster.toml: {exec}"
+    );
+    fs::copy(&env.ri2n, dir.0.join("ri2n")).expect("copying the binary");
+    let _etc = EtcRi2n::ensure();
+
+    // hosts a and c as usual; host b as the unit runs it
+    let mut daemons: Vec<Proc> = ["a", "c"]
+        .iter()
+        .map(|h| {
+            let args = ["tunnel", "--config"].map(str::to_owned);
+            let args = [&args[..], &[config.display().to_string()]].concat();
+            Proc::spawn_in(
+                &lab.ns_of(h),
+                &env.ri2n,
+                &args,
+                &dir.0,
+                &format!("tunnel-{h}"),
+            )
+        })
+        .collect();
+    let mut command = Command::new("ip");
+    command
+        .args(["netns", "exec", &lab.ns_of("b"), "unshare", "--mount"])
+        .args([
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &unit_sandbox(&unit),
+            "sh",
+        ])
+        .arg(&dir.0)
+        .arg("/etc/ri2n/ri2n")
+        .args(&args);
+    let mut b = Proc::spawn_command(command, &dir.0, "tunnel-b-unit");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while connected_peers(&b.stderr_text()) < 2 {
+        if let Some(s) = b.poll() {
+            panic!(
+                "the daemon under the unit's sandbox exited ({s}): {}",
+                b.stderr_text()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the daemon under the unit's sandbox did not connect: {}",
+            b.stderr_text()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+
+    // its status, asked inside its sandbox (where its runtime directory is)
+    let status_deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let out = Command::new("nsenter")
+            .args(["-t", &b.pid().to_string(), "-m", "-n", "/etc/ri2n/ri2n"])
+            .args([
+                "tunnel",
+                "status",
+                "--json",
+                "--config",
+                "/etc/ri2n/cluster.toml",
+            ])
+            .output()
+            .expect("running ri2n tunnel status");
+        let status: serde_json::Value =
+            serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+        let peers = status["peers"].as_array().map_or(0, |p| {
+            p.iter().filter(|p| p["state"] == "connected").count()
+        });
+        if peers == 2 {
+            assert_eq!(status["host"], "b", "{status}");
+            break;
+        }
+        assert!(
+            Instant::now() < status_deadline,
+            "ri2n tunnel status under the sandbox: {} {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
+
+    // traffic both ways through the sandboxed host's tunnel
+    for (from, to) in [("a", "b"), ("c", "b")] {
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &lab.ns_of(from),
+                "ping",
+                "-c",
+                "3",
+                "-i",
+                "0.2",
+                "-W",
+                "2",
+            ])
+            .arg(tunnel_address(to))
+            .output()
+            .expect("running ping");
+        assert!(
+            out.status.success(),
+            "ping {from} -> {to} through the tunnel: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+
+    // host c comes back with another key: the hosts that connect to it say so at once, and
+    // c names each refused handshake
+    daemons[1].terminate(Duration::from_secs(10));
+    let other = TestDir::new(env, "tunnel-unit-other-key");
+    support::keygen(env, &other.0);
+    let other_config = other.0.join("cluster.toml");
+    fs::copy(&config, &other_config).expect("copying the cluster file");
+    let args = ["tunnel", "--config"].map(str::to_owned);
+    let args = [&args[..], &[other_config.display().to_string()]].concat();
+    daemons[1] = Proc::spawn_in(
+        &lab.ns_of("c"),
+        &env.ri2n,
+        &args,
+        &dir.0,
+        "tunnel-c-other-key",
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let told = |log: String| {
+            log.contains("waiting for c (authentication failed: the peer holds another key)")
+        };
+        let a_told = told(daemons[0].stderr_text());
+        let b_told = told(b.stderr_text());
+        let c_told = daemons[1]
+            .stderr_text()
+            .contains("refused a connection from");
+        if a_told && b_told && c_told {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "within 5 s of c's restart with another key: a told {a_told}, b told {b_told}, c \
+             told {c_told}:\n{}\n{}\n{}",
+            daemons[0].stderr_text(),
+            b.stderr_text(),
+            daemons[1].stderr_text()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+
+    let status = b.terminate(Duration::from_secs(10));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the sandboxed daemon after SIGTERM: {status:?}: {}",
+        b.stderr_text()
+    );
+    for d in &mut daemons {
+        d.terminate(Duration::from_secs(10));
     }
 }
 

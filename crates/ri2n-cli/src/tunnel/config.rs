@@ -237,6 +237,20 @@ impl Cluster {
                         ),
                     ));
                 }
+                // the interface's route would take the links' own traffic into the tunnel
+                // (or the link network's route the tunnel's traffic past it)
+                if let (IpAddr::V4(v4), Some(n)) = (ip, network) {
+                    if u32::from(v4) & mask == n {
+                        return Err(at(
+                            Some(l.span()),
+                            format!(
+                                "links: {ip} is inside the tunnel network {}/{prefix}: give the \
+                                 tunnel addresses a network of their own, apart from every link's",
+                                Ipv4Addr::from(n)
+                            ),
+                        ));
+                    }
+                }
                 link_addresses.insert(ip, line_of_span(l.span()));
             }
             hosts.push(Host {
@@ -274,8 +288,10 @@ impl Cluster {
             .collect();
         match mine.as_slice() {
             [i] => Ok(*i),
-            [] => Err("none of the hosts' link addresses is an address of this machine; \
-                       name this host with --name"
+            [] => Err("none of the hosts' link addresses is an address of this machine: add it \
+                       to the file as a [[host]] (its name, tunnel address and address on each \
+                       network), or, if it is listed but its link addresses are not up yet, say \
+                       which host it is with --name"
                 .into()),
             _ => Err(format!(
                 "this machine owns link addresses of several hosts ({}); name this host with --name",

@@ -18,6 +18,7 @@ mod status;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread;
 use std::time::Duration;
@@ -55,7 +56,17 @@ struct Peers {
     by_tunnel_address: HashMap<Ipv4Addr, usize>,
     by_link_address: HashMap<IpAddr, usize>,
     conns: Vec<RwLock<Option<Arc<Connection>>>>,
+    /// IP packets handed to each peer's connection and received from it, whatever carries
+    /// them (datagrams or messages), for the status.
+    packets: Vec<PacketCounts>,
     carry: Carry,
+}
+
+/// IP packets to and from one peer, over every connection it had.
+#[derive(Default)]
+struct PacketCounts {
+    sent: AtomicU64,
+    received: AtomicU64,
 }
 
 impl Peers {
@@ -70,6 +81,9 @@ impl Peers {
                 .collect(),
             conns: (0..cluster.hosts.len())
                 .map(|_| RwLock::new(None))
+                .collect(),
+            packets: (0..cluster.hosts.len())
+                .map(|_| PacketCounts::default())
                 .collect(),
             cluster,
             me,
@@ -229,17 +243,20 @@ fn connect_loop(peers: &Peers, endpoint: &Endpoint, tun: &Tun, i: usize) {
         .map(|&ip| SocketAddr::new(ip, peers.cluster.port))
         .collect();
     let config = connection_config();
-    let mut said_waiting = false;
+    // why the last attempt failed: logged whenever it changes (a peer that comes back with
+    // another key is named as such, not left at "nothing listens")
+    let mut waiting_for: Option<String> = None;
     loop {
         match endpoint.connect(&remotes, config.clone()) {
             Ok(conn) => {
-                said_waiting = false;
+                waiting_for = None;
                 carry(peers, tun, i, Arc::new(conn));
             }
             Err(e) => {
-                if !said_waiting {
-                    eprintln!("ri2n tunnel: waiting for {} ({e})", host.name);
-                    said_waiting = true;
+                let reason = e.to_string();
+                if waiting_for.as_ref() != Some(&reason) {
+                    eprintln!("ri2n tunnel: waiting for {} ({reason})", host.name);
+                    waiting_for = Some(reason);
                 }
             }
         }
@@ -255,7 +272,9 @@ fn connect_loop(peers: &Peers, endpoint: &Endpoint, tun: &Tun, i: usize) {
 /// one of its networks and from the cluster's port, where the host's daemon is bound.
 fn accept_loop(peers: &Arc<Peers>, endpoint: &Endpoint, tun: &Tun) {
     loop {
-        let Ok(conn) = endpoint.accept() else {
+        // handshakes refused meanwhile (a host holding another key) are logged as they come
+        let Ok(Some(conn)) = crate::net::accept_logging_refusals(endpoint, None, "ri2n tunnel")
+        else {
             return; // the endpoint closed
         };
         let from = conn.stats().links.first().map(|l| l.remote);
@@ -285,8 +304,9 @@ fn accept_loop(peers: &Arc<Peers>, endpoint: &Endpoint, tun: &Tun) {
 /// ends.
 fn carry(peers: &Peers, tun: &Tun, i: usize, conn: Arc<Connection>) {
     let name = peers.name(i);
-    let links = conn.stats().links.len();
-    eprintln!("ri2n tunnel: {name} connected ({links} links)");
+    // its links are logged as they come up (`status::sample_loop`): the accepting side has
+    // only the first one yet
+    eprintln!("ri2n tunnel: {name} connected");
     peers.set(i, Some(conn.clone()));
     let source = peers.cluster.hosts[i].address.octets();
     // the same buffers every batch: their memory goes round between here and the connection
@@ -304,6 +324,7 @@ fn carry(peers: &Peers, tun: &Tun, i: usize, conn: Arc<Connection>) {
         match receive(&mut packets) {
             Ok(()) if packets.is_empty() => break "closed".to_owned(),
             Ok(()) => {
+                (peers.packets[i].received).fetch_add(packets.len() as u64, Ordering::Relaxed);
                 segments.clear();
                 segments.extend(packets.iter_mut().map(|p| offload::segment_for_write(p)));
                 // in the order they came: plain packets in coalesced runs, large segments
@@ -376,20 +397,20 @@ fn summary(s: &ri2n::ConnectionStats) -> String {
                 l.state,
                 l.bytes_sent as f64 / 1e6,
                 l.packets_lost,
-                l.srtt.as_micros()
+                crate::report::current_rtt(l).map_or("-".to_owned(), |d| d.as_micros().to_string())
             )
         })
         .collect();
     format!(
-        "packets sent {} (again after a link failure {}, dropped unsent {}), received {} \
-         (dropped {}, reordered {}, duplicate {}); links: {}",
+        "datagrams sent {} (again after a link failure {}, dropped unsent {}), received {} \
+         (dropped {}, duplicate {}; pieces held for their order {}); links: {}",
         s.datagrams_sent,
         s.datagrams_resent,
         s.datagrams_send_dropped,
         s.datagrams_received,
         s.datagrams_receive_dropped,
-        s.datagrams_reordered,
         s.datagrams_duplicate,
+        s.datagrams_reordered,
         links.join("; ")
     )
 }
@@ -462,11 +483,15 @@ fn route_loop(peers: &Peers, tun: &Tun) {
                             .zip(&dests)
                             .filter(|(_, &d)| d == peer)
                             .map(|(b, _)| b);
-                        let _ = conn.send_datagram_bufs(batch);
+                        let mut n = 0;
+                        let _ = conn.send_datagram_bufs(batch.inspect(|_| n += 1));
+                        (peers.packets[peer].sent).fetch_add(n, Ordering::Relaxed);
                     }
                     Carry::Messages => {
                         for k in (0..packets.len()).filter(|&k| dests[k] == peer) {
-                            let _ = conn.try_send_message(packets.get(k));
+                            if conn.try_send_message(packets.get(k)).is_ok() {
+                                (peers.packets[peer].sent).fetch_add(1, Ordering::Relaxed);
+                            }
                         }
                     }
                 }
@@ -503,6 +528,10 @@ pub fn status(args: &TunnelStatusArgs) -> Result<(), Failure> {
 /// Checks a cluster file and prints what this host would be (used by `--check`).
 pub fn describe(path: &Path, name: Option<&str>) -> Result<String, Failure> {
     let (cluster, me) = load(path, name)?;
+    // the daemon would fail on it at once: the key file is part of the configuration
+    crate::key::load(&crate::KeyOpts {
+        key: Some(cluster.key.clone()),
+    })?;
     let h = &cluster.hosts[me];
     Ok(format!(
         "{}: {} hosts; this host is {} ({}/{} on {})",

@@ -9,11 +9,14 @@ use std::net::{SocketAddr, TcpListener};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+
+use crate::report::current_rtt;
 
 use super::Peers;
 
@@ -42,6 +45,7 @@ pub struct PeerStatus {
     pub address: String,
     /// `connected` or `waiting`.
     pub state: String,
+    /// IP packets handed to the peer's connections, and received from them.
     pub packets_sent: u64,
     pub packets_received: u64,
     /// Dropped unsent (queue full or too old) and dropped on arrival (not read in time).
@@ -55,12 +59,14 @@ pub struct LinkStatus {
     pub remote: String,
     /// `validating`, `up`, `degraded` or `down`.
     pub state: String,
-    /// Smoothed round-trip time.
-    pub rtt_us: u64,
+    /// Smoothed round-trip time; none before the link's first measurement or while it is
+    /// down (the last one is stale).
+    pub rtt_us: Option<u64>,
     /// Over the last sampling period.
     pub send_mbit: f64,
     pub receive_mbit: f64,
-    /// Packets declared lost over the last period, per packet sent.
+    /// Packets declared lost over the last period, per packet sent in it (at most 1: with
+    /// every link down, what was sent before the period is declared lost in it).
     pub loss: f64,
     pub bytes_sent: u64,
     pub bytes_received: u64,
@@ -97,8 +103,8 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>) {
                 name: host.name.clone(),
                 address: host.address.to_string(),
                 state: "waiting".into(),
-                packets_sent: 0,
-                packets_received: 0,
+                packets_sent: peers.packets[i].sent.load(Ordering::Relaxed),
+                packets_received: peers.packets[i].received.load(Ordering::Relaxed),
                 packets_dropped: 0,
                 links: Vec::new(),
             };
@@ -108,9 +114,8 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>) {
                 continue;
             };
             let s = conn.stats();
+            log_link_changes(&host.name, &conn, &s);
             p.state = "connected".into();
-            p.packets_sent = s.datagrams_sent;
-            p.packets_received = s.datagrams_received;
             p.packets_dropped = s.datagrams_send_dropped + s.datagrams_receive_dropped;
             previous[i].resize(s.links.len(), Previous::default());
             for (l, prev) in s.links.iter().zip(previous[i].iter_mut()) {
@@ -123,15 +128,16 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>) {
                     }
                 };
                 let sent = l.packets_sent.saturating_sub(prev.packets_sent);
+                let lost = l.packets_lost.saturating_sub(prev.lost);
                 p.links.push(LinkStatus {
                     local: l.local.ip().to_string(),
                     remote: l.remote.ip().to_string(),
                     state: l.state.to_string(),
-                    rtt_us: l.srtt.as_micros() as u64,
+                    rtt_us: current_rtt(l).map(|d| d.as_micros() as u64),
                     send_mbit: per_second(l.bytes_sent, prev.sent),
                     receive_mbit: per_second(l.bytes_received, prev.received),
-                    loss: if sent > 0 {
-                        l.packets_lost.saturating_sub(prev.lost) as f64 / sent as f64
+                    loss: if lost > 0 {
+                        lost as f64 / sent.max(lost) as f64
                     } else {
                         0.0
                     },
@@ -151,6 +157,26 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>) {
         }
         *latest.lock().unwrap_or_else(|e| e.into_inner()) = status;
         thread::sleep(SAMPLE_PERIOD);
+    }
+}
+
+/// Logs the link state changes of the connection to peer `name` since the last call (the
+/// operator learns of a link going down or coming back from the log, not only from the
+/// status), each with its time: up to one sampling period late.
+fn log_link_changes(name: &str, conn: &ri2n::Connection, stats: &ri2n::ConnectionStats) {
+    for e in conn.poll_events() {
+        let ri2n::Event::LinkStateChanged { link, to, .. } = e.event else {
+            continue;
+        };
+        let Some(l) = stats.links.iter().find(|l| l.id == link) else {
+            continue;
+        };
+        eprintln!(
+            "ri2n tunnel: {name}: link {} -> {} {to} ({:.1} s ago)",
+            l.local.ip(),
+            l.remote.ip(),
+            e.at.elapsed().as_secs_f64()
+        );
     }
 }
 
@@ -272,9 +298,9 @@ pub fn prometheus(s: &Status) -> String {
     family(
         "ri2n_tunnel_link_rtt_seconds",
         "gauge",
-        "Smoothed round-trip time of the link.",
+        "Smoothed round-trip time of the link (absent while it validates or is down).",
         links()
-            .map(|(p, l)| (link(p, l), l.rtt_us as f64 / 1e6))
+            .filter_map(|(p, l)| Some((link(p, l), l.rtt_us? as f64 / 1e6)))
             .collect(),
     );
     family(
@@ -344,7 +370,7 @@ pub fn table(s: &Status) -> String {
                 l.local,
                 l.remote,
                 l.state,
-                l.rtt_us,
+                l.rtt_us.map_or("-".to_owned(), |r| r.to_string()),
                 l.send_mbit,
                 l.receive_mbit,
                 l.loss * 100.0
