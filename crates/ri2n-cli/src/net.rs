@@ -69,12 +69,21 @@ pub enum Application {
     File,
     /// `ri2n bench` to `ri2n serve`: the byte stream and messages.
     Bench,
-    /// `ri2n tunnel` to `ri2n tunnel`: datagrams (and messages with `--carry messages`).
+    /// `ri2n tunnel` to `ri2n tunnel`, carrying IP packets as datagrams.
     Tunnel,
+    /// `ri2n tunnel --carry messages` to the same: IP packets as messages. A name of its own,
+    /// so that two hosts that disagree on the carry are refused in the handshake and both
+    /// say why, instead of connecting and losing every packet.
+    TunnelMessages,
 }
 
 impl Application {
-    const ALL: [Application; 3] = [Application::File, Application::Bench, Application::Tunnel];
+    const ALL: [Application; 4] = [
+        Application::File,
+        Application::Bench,
+        Application::Tunnel,
+        Application::TunnelMessages,
+    ];
 
     /// The name in the handshake.
     pub const fn name(self) -> &'static str {
@@ -82,6 +91,7 @@ impl Application {
             Application::File => "ri2n file transfer",
             Application::Bench => "ri2n bench",
             Application::Tunnel => "ri2n tunnel",
+            Application::TunnelMessages => "ri2n tunnel, messages",
         }
     }
 
@@ -90,7 +100,8 @@ impl Application {
         match self {
             Application::File => "`ri2n recv` (the receiver of `ri2n send`)",
             Application::Bench => "`ri2n serve` (the server of `ri2n bench`)",
-            Application::Tunnel => "`ri2n tunnel`",
+            Application::Tunnel => "`ri2n tunnel` (with --carry datagrams)",
+            Application::TunnelMessages => "`ri2n tunnel --carry messages`",
         }
     }
 
@@ -107,7 +118,7 @@ impl Application {
         let (messages, datagrams) = match self {
             Application::File => (false, false),
             Application::Bench => (true, false),
-            Application::Tunnel => (true, true),
+            Application::Tunnel | Application::TunnelMessages => (true, true),
         };
         config
             .with_application(self.name())

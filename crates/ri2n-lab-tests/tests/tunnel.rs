@@ -684,6 +684,43 @@ fn the_systemd_unit_runs_the_daemon_under_its_sandbox() {
         thread::sleep(Duration::from_millis(100));
     }
 
+    // host c comes back with the right key but carrying messages: refused in the handshake,
+    // and every side says why
+    daemons[1].terminate(Duration::from_secs(10));
+    let args = ["tunnel", "--carry", "messages", "--config"].map(str::to_owned);
+    let args = [&args[..], &[config.display().to_string()]].concat();
+    daemons[1] = Proc::spawn_in(
+        &lab.ns_of("c"),
+        &env.ri2n,
+        &args,
+        &dir.0,
+        "tunnel-c-messages",
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let told = |log: String| {
+            log.contains(
+                "waiting for c (the peer serves \"ri2n tunnel, messages\", not \"ri2n tunnel\")",
+            )
+        };
+        let a_told = told(daemons[0].stderr_text());
+        let b_told = told(b.stderr_text());
+        let c_told = (daemons[1].stderr_text())
+            .contains("it wants `ri2n tunnel` (with --carry datagrams), this is `ri2n tunnel --carry messages`");
+        if a_told && b_told && c_told {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "within 5 s of c's restart carrying messages: a told {a_told}, b told {b_told}, c \
+             told {c_told}:\n{}\n{}\n{}",
+            daemons[0].stderr_text(),
+            b.stderr_text(),
+            daemons[1].stderr_text()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+
     let status = b.terminate(Duration::from_secs(10));
     assert!(
         status.is_some_and(|s| s.success()),

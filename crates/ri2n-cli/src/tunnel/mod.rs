@@ -40,10 +40,15 @@ const RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// 4 ms of two 1 Gbit/s links: a writer that misses a few milliseconds of CPU would drop).
 const RECEIVE_BUFFER: usize = 4 << 20;
 
-/// Every connection of the tunnel: no deadline on an outage (a host away for minutes is
-/// taken back when it returns, and packets wait for a link meanwhile).
-fn connection_config() -> ConnectionConfig {
-    crate::net::Application::Tunnel
+/// Every connection of the tunnel, named by its carry in the handshake: no deadline on an
+/// outage (a host away for minutes is taken back when it returns, and packets wait for a
+/// link meanwhile).
+fn connection_config(carry: Carry) -> ConnectionConfig {
+    let application = match carry {
+        Carry::Datagrams => crate::net::Application::Tunnel,
+        Carry::Messages => crate::net::Application::TunnelMessages,
+    };
+    application
         .configure(ConnectionConfig::default())
         .with_handshake_timeout(CONNECT_TIMEOUT)
         .with_datagram_receive_buffer(RECEIVE_BUFFER)
@@ -133,7 +138,7 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
         EndpointConfig::new(locals.clone())
             .server()
             .with_key(Some(key))
-            .with_server_connection(connection_config()),
+            .with_server_connection(connection_config(args.carry)),
     )
     .map_err(|e| Failure::endpoint(e, &[], Duration::ZERO))?;
 
@@ -242,7 +247,7 @@ fn connect_loop(peers: &Peers, endpoint: &Endpoint, tun: &Tun, i: usize) {
         .iter()
         .map(|&ip| SocketAddr::new(ip, peers.cluster.port))
         .collect();
-    let config = connection_config();
+    let config = connection_config(peers.carry);
     // why the last attempt failed: logged whenever it changes (a peer that comes back with
     // another key is named as such, not left at "nothing listens")
     let mut waiting_for: Option<String> = None;
