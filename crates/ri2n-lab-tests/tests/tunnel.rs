@@ -732,6 +732,112 @@ fn the_systemd_unit_runs_the_daemon_under_its_sandbox() {
     }
 }
 
+/// A host whose address on one network is missing at start (a NIC dead or late at boot)
+/// starts on its other link, carries traffic, and takes the link up once the address is
+/// there, without a restart.
+#[test]
+fn a_host_missing_a_link_address_starts_without_it_and_takes_it_up_later() {
+    let _serial = serial();
+    let Some(env) = env() else { return };
+    let _timer = TestTimer::start("tunnel-late-link");
+    let dir = TestDir::new(env, "tunnel-late-link");
+    let lab = Lab::up_hosts(env, "late", 2, 3);
+    let config = cluster_file(env, &dir.0);
+    let ip_b = |verb: &str| {
+        let out = Command::new("ip")
+            .args([
+                "-n",
+                &lab.ns_of("b"),
+                "addr",
+                verb,
+                "10.77.2.2/24",
+                "dev",
+                "eth2",
+            ])
+            .output()
+            .expect("running ip");
+        assert!(
+            out.status.success(),
+            "ip addr {verb}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    ip_b("del");
+    let mut daemons = start_daemons(env, &lab, &dir.0, &config);
+    let log_b = daemons[1].stderr_text();
+    assert!(
+        log_b.contains("cannot bind 10.77.2.2:7400") && log_b.contains("starting without it"),
+        "{log_b}"
+    );
+    let ping = |from: &str, to: &str| {
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &lab.ns_of(from),
+                "ping",
+                "-c",
+                "3",
+                "-i",
+                "0.2",
+                "-W",
+                "2",
+            ])
+            .arg(tunnel_address(to))
+            .output()
+            .expect("running ping");
+        assert!(
+            out.status.success(),
+            "ping {from} -> {to} through the tunnel: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    };
+    ping("a", "b");
+    ping("b", "c");
+
+    ip_b("add");
+    // both peers of b connected again, with a link on the second network up
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let status = status_json(env, &lab.ns_of("b"), &config);
+        let peers = status["peers"].as_array().cloned().unwrap_or_default();
+        let on_both = peers.len() == 2
+            && peers.iter().all(|p| {
+                p["links"].as_array().is_some_and(|l| {
+                    l.iter()
+                        .any(|l| l["local"] == "10.77.2.2" && l["state"] == "up")
+                })
+            });
+        if on_both {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "b's links on network 2 not up within 15 s of its address: {status}\n{}",
+            daemons[1].stderr_text()
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        daemons[1]
+            .stderr_text()
+            .contains("10.77.2.2:7400 is an address of this host now"),
+        "{}",
+        daemons[1].stderr_text()
+    );
+    ping("a", "b");
+    ping("b", "c");
+    for d in &mut daemons {
+        let status = d.terminate(Duration::from_secs(10));
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "{} after SIGTERM: {status:?}: {}",
+            d.name,
+            d.stderr_text()
+        );
+    }
+}
+
 /// How long the MPI job runs, seconds (of its own clock, which starts after MPI_Init).
 const MPI_JOB_SECONDS: u64 = 42;
 

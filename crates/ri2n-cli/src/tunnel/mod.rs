@@ -8,10 +8,11 @@
 //! recovery loop for congestion loss, and sees a link failure or an outage as delay, not
 //! loss. Threads: one reads the interface and routes; one per peer connects (or the acceptor
 //! accepts) and writes what the connection receives to the interface, with the interface's
-//! TCP offloads (`offload`).
+//! TCP offloads (`offload`). A link address missing at start is taken up later (`links`).
 
 mod config;
 mod device;
+mod links;
 mod offload;
 mod status;
 
@@ -36,6 +37,8 @@ use device::Tun;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Pause between a lost or refused connection and the next attempt.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
+/// Longest an accepting call waits before it looks up the endpoint in use again.
+const ACCEPT_SLICE: Duration = Duration::from_millis(500);
 /// Received packets a connection keeps for the interface (the engine's default, 1 MiB, is
 /// 4 ms of two 1 Gbit/s links: a writer that misses a few milliseconds of CPU would drop).
 const RECEIVE_BUFFER: usize = 4 << 20;
@@ -61,6 +64,8 @@ struct Peers {
     by_tunnel_address: HashMap<Ipv4Addr, usize>,
     by_link_address: HashMap<IpAddr, usize>,
     conns: Vec<RwLock<Option<Arc<Connection>>>>,
+    /// This host's endpoint (made again when a missing link address appears).
+    endpoint: links::Current,
     /// IP packets handed to each peer's connection and received from it, whatever carries
     /// them (datagrams or messages), for the status.
     packets: Vec<PacketCounts>,
@@ -75,9 +80,10 @@ struct PacketCounts {
 }
 
 impl Peers {
-    /// Host `me` of `cluster`, with no peer connected yet.
-    fn new(cluster: Cluster, me: usize, carry: Carry) -> Self {
+    /// Host `me` of `cluster` on `endpoint`, with no peer connected yet.
+    fn new(cluster: Cluster, me: usize, carry: Carry, endpoint: Endpoint) -> Self {
         Peers {
+            endpoint: links::Current::new(endpoint),
             by_tunnel_address: (0..cluster.hosts.len())
                 .map(|i| (cluster.hosts[i].address, i))
                 .collect(),
@@ -134,13 +140,17 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
         .iter()
         .map(|&ip| SocketAddr::new(ip, port))
         .collect();
-    let endpoint = Endpoint::bind(
-        EndpointConfig::new(locals.clone())
+    let carry = args.carry;
+    let endpoint_config = move |addrs: Vec<SocketAddr>| {
+        EndpointConfig::new(addrs)
             .server()
-            .with_key(Some(key))
-            .with_server_connection(connection_config(args.carry)),
-    )
-    .map_err(|e| Failure::endpoint(e, &[], Duration::ZERO))?;
+            .with_key(Some(key.clone()))
+            .with_server_connection(connection_config(carry))
+    };
+    let (endpoint, missing) = links::bind_present(&locals, &endpoint_config)?;
+    let present: Vec<SocketAddr> = (locals.iter().copied())
+        .filter(|a| !missing.contains(a))
+        .collect();
 
     // the interface's MTU is what one packet carries on every link: an inner packet that is
     // not a large TCP segment goes unsplit (and is lost alone)
@@ -159,11 +169,11 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
         host.address,
         cluster.prefix,
         cluster.interface,
-        crate::error::list(&locals),
+        crate::error::list(&present),
         cluster.hosts.len() - 1
     );
 
-    let peers = Arc::new(Peers::new(cluster, me, args.carry));
+    let peers = Arc::new(Peers::new(cluster, me, args.carry, endpoint));
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
         .map_err(|e| Failure::io("cannot watch SIGINT and SIGTERM", &e))?;
 
@@ -190,12 +200,31 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
     }
 
     for i in (me + 1)..peers.cluster.hosts.len() {
-        let (peers, endpoint, tun) = (peers.clone(), endpoint.clone(), tun_handle(&tun)?);
-        thread::spawn(move || connect_loop(&peers, &endpoint, &tun, i));
+        let (peers, tun) = (peers.clone(), tun_handle(&tun)?);
+        thread::spawn(move || connect_loop(&peers, &tun, i));
     }
     {
-        let (peers, endpoint, tun) = (peers.clone(), endpoint.clone(), tun_handle(&tun)?);
-        thread::spawn(move || accept_loop(&peers, &endpoint, &tun));
+        let (peers, tun) = (peers.clone(), tun_handle(&tun)?);
+        thread::spawn(move || accept_loop(&peers, &tun));
+    }
+    if !missing.is_empty() {
+        let peers = peers.clone();
+        thread::spawn(move || {
+            let end_connections = |_: &Endpoint| {
+                for i in 0..peers.cluster.hosts.len() {
+                    if let Some(c) = peers.get(i) {
+                        c.abort(0, "the peer's link addresses changed: connecting again");
+                    }
+                }
+            };
+            links::bind_late(
+                &peers.endpoint,
+                &locals,
+                missing,
+                &endpoint_config,
+                &end_connections,
+            );
+        });
     }
     {
         let peers = peers.clone();
@@ -219,7 +248,9 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
         }
     }
     let _ = std::fs::remove_file(&socket);
-    let _ = endpoint.close(Some(Duration::from_millis(500)));
+    if let Some((_, endpoint)) = peers.endpoint.get() {
+        let _ = endpoint.close(Some(Duration::from_millis(500)));
+    }
     // returning ends the process, which closes the interface: the kernel removes it
     Ok(())
 }
@@ -240,7 +271,7 @@ fn tun_handle(tun: &Tun) -> Result<Tun, Failure> {
 }
 
 /// The connecting side of one peer: connect, carry, and after a loss connect again.
-fn connect_loop(peers: &Peers, endpoint: &Endpoint, tun: &Tun, i: usize) {
+fn connect_loop(peers: &Peers, tun: &Tun, i: usize) {
     let host = &peers.cluster.hosts[i];
     let remotes: Vec<SocketAddr> = host
         .links
@@ -252,7 +283,18 @@ fn connect_loop(peers: &Peers, endpoint: &Endpoint, tun: &Tun, i: usize) {
     // another key is named as such, not left at "nothing listens")
     let mut waiting_for: Option<String> = None;
     loop {
-        match endpoint.connect(&remotes, config.clone()) {
+        // none while it is made again with another address
+        let Some((generation, endpoint)) = peers.endpoint.get() else {
+            thread::sleep(RETRY_PAUSE);
+            continue;
+        };
+        let connected = endpoint.connect(&remotes, config.clone());
+        drop(endpoint);
+        match connected {
+            // made on an endpoint taken out meanwhile: it would keep the old sockets alive
+            Ok(conn) if peers.endpoint.get().is_none_or(|(g, _)| g != generation) => {
+                conn.abort(0, "the peer's link addresses changed: connecting again");
+            }
             Ok(conn) => {
                 waiting_for = None;
                 carry(peers, tun, i, Arc::new(conn));
@@ -275,13 +317,30 @@ fn connect_loop(peers: &Peers, endpoint: &Endpoint, tun: &Tun, i: usize) {
 /// the handshake (it holds the cluster key and the handshake's fresh secrets, which a replayed
 /// INITIAL cannot give, docs/PROTOCOL.md §11), and it must come from that host's address on
 /// one of its networks and from the cluster's port, where the host's daemon is bound.
-fn accept_loop(peers: &Arc<Peers>, endpoint: &Endpoint, tun: &Tun) {
+fn accept_loop(peers: &Arc<Peers>, tun: &Tun) {
     loop {
-        // handshakes refused meanwhile (a host holding another key) are logged as they come
-        let Ok(Some(conn)) = crate::net::accept_logging_refusals(endpoint, None, "ri2n tunnel")
-        else {
-            return; // the endpoint closed
+        // none while it is made again with another address
+        let Some((generation, endpoint)) = peers.endpoint.get() else {
+            thread::sleep(Duration::from_millis(50));
+            continue;
         };
+        // handshakes refused meanwhile (a host holding another key) are logged as they come;
+        // in slices, so that the endpoint in use is looked up again
+        let conn =
+            match crate::net::accept_logging_refusals(&endpoint, Some(ACCEPT_SLICE), "ri2n tunnel")
+            {
+                Ok(Some(conn)) => conn,
+                Ok(None) => continue,
+                // the endpoint closed: for good, or to be made again with another address
+                Err(_) if peers.endpoint.closed_for_good(generation) => return,
+                Err(_) => continue,
+            };
+        drop(endpoint);
+        if peers.endpoint.get().is_none_or(|(g, _)| g != generation) {
+            // it would keep the old sockets alive: the peer connects again to the new ones
+            conn.abort(0, "the peer's link addresses changed: connecting again");
+            continue;
+        }
         let from = conn.stats().links.first().map(|l| l.remote);
         match from.and_then(|a| peers.accepted_from(a)) {
             Some(i) => {
@@ -564,7 +623,8 @@ mod tests {
             config::tests::GOOD
         );
         let cluster = Cluster::parse(Path::new("/etc/ri2n/cluster.toml"), &text).unwrap();
-        let peers = Peers::new(cluster, 1, Carry::Datagrams);
+        let endpoint = Endpoint::server(&["127.0.0.1:0".parse().unwrap()]).unwrap();
+        let peers = Peers::new(cluster, 1, Carry::Datagrams, endpoint);
         let from = |s: &str| peers.accepted_from(s.parse().unwrap());
         assert_eq!(from("10.0.1.1:7500"), Some(0));
         assert_eq!(from("10.0.2.1:7500"), Some(0));

@@ -1,0 +1,146 @@
+//! This host's endpoint on its link addresses. An address that is not (yet) one of this
+//! host's, a NIC dead or late at boot, does not stop the daemon: it starts on the others,
+//! looks for the missing ones every second, and once one is there makes the endpoint again
+//! with it. The connections are made again; the interface, and the inner connections
+//! through it, stay.
+
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::RwLock;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ri2n::{Endpoint, EndpointConfig};
+
+use crate::error::Failure;
+
+/// How often the missing addresses are looked for.
+const LOOK_AGAIN: Duration = Duration::from_secs(1);
+/// How long a new endpoint waits for the old one's sockets to be released.
+const REBIND_WAIT: Duration = Duration::from_secs(5);
+
+/// The endpoint in use, and how many were made before it; none while it is being made again
+/// (no handle of the old one may be kept then: its sockets, and so its addresses, must go).
+pub struct Current {
+    inner: RwLock<(u64, Option<Endpoint>)>,
+}
+
+impl Current {
+    pub fn new(endpoint: Endpoint) -> Current {
+        Current {
+            inner: RwLock::new((0, Some(endpoint))),
+        }
+    }
+
+    /// The endpoint in use and its generation; none while it is being made again.
+    pub fn get(&self) -> Option<(u64, Endpoint)> {
+        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        inner.1.clone().map(|e| (inner.0, e))
+    }
+
+    /// Whether the endpoint of `generation`, found closed, was closed for good (the daemon
+    /// stops), not to be made again.
+    pub fn closed_for_good(&self, generation: u64) -> bool {
+        self.get().is_some_and(|(g, _)| g == generation)
+    }
+
+    /// Takes the endpoint in use out, to make it again.
+    fn take(&self) -> Option<Endpoint> {
+        self.inner
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .1
+            .take()
+    }
+
+    /// Puts `endpoint` in use, of the next generation.
+    fn put(&self, endpoint: Endpoint) {
+        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        *inner = (inner.0 + 1, Some(endpoint));
+    }
+}
+
+/// Binds an endpoint (`config` of the addresses) on every address of `locals` this host has;
+/// returns it and the addresses it lacks. Fails on any other error (an address in use) and
+/// when none of them can be bound.
+pub fn bind_present(
+    locals: &[SocketAddr],
+    config: &dyn Fn(Vec<SocketAddr>) -> EndpointConfig,
+) -> Result<(Endpoint, Vec<SocketAddr>), Failure> {
+    let mut present = locals.to_vec();
+    let mut missing = Vec::new();
+    loop {
+        match Endpoint::bind(config(present.clone())) {
+            Ok(endpoint) => return Ok((endpoint, missing)),
+            Err(ri2n::Error::Bind { addr, source })
+                if source.kind() == io::ErrorKind::AddrNotAvailable && present.len() > 1 =>
+            {
+                eprintln!(
+                    "ri2n tunnel: cannot bind {addr} ({source}): starting without it, and \
+                     looking for it every {} s",
+                    LOOK_AGAIN.as_secs()
+                );
+                present.retain(|&a| a != addr);
+                missing.push(addr);
+            }
+            Err(e) => return Err(Failure::endpoint(e, &[], Duration::ZERO)),
+        }
+    }
+}
+
+/// Whether `addr`'s IP is one of this host's now.
+fn is_present(addr: SocketAddr) -> bool {
+    UdpSocket::bind(SocketAddr::new(addr.ip(), 0)).is_ok()
+}
+
+/// Looks for the `missing` addresses of `locals` every second; when one appears, makes the
+/// endpoint again with every address present and puts it in `current`. `before_replacing`
+/// is called with the old endpoint, closed, before the new one is bound (to end the
+/// connections still held). Returns once none is missing.
+pub fn bind_late(
+    current: &Current,
+    locals: &[SocketAddr],
+    mut missing: Vec<SocketAddr>,
+    config: &dyn Fn(Vec<SocketAddr>) -> EndpointConfig,
+    before_replacing: &dyn Fn(&Endpoint),
+) {
+    while !missing.is_empty() {
+        thread::sleep(LOOK_AGAIN);
+        let appeared: Vec<SocketAddr> =
+            missing.iter().copied().filter(|&a| is_present(a)).collect();
+        if appeared.is_empty() {
+            continue;
+        }
+        for a in &appeared {
+            eprintln!("ri2n tunnel: {a} is an address of this host now: its links start");
+        }
+        let present: Vec<SocketAddr> = (locals.iter().copied())
+            .filter(|a| !missing.contains(a) || appeared.contains(a))
+            .collect();
+        if let Some(old) = current.take() {
+            let _ = old.close(Some(Duration::from_millis(100)));
+            before_replacing(&old);
+        }
+        // the old endpoint's sockets go with its last handle, held a moment longer by the
+        // threads that used it
+        let deadline = Instant::now() + REBIND_WAIT;
+        let endpoint = loop {
+            match Endpoint::bind(config(present.clone())) {
+                Ok(e) => break Some(e),
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => {
+                    eprintln!("ri2n tunnel: cannot bind the link addresses again: {e}");
+                    break None;
+                }
+            }
+        };
+        let Some(endpoint) = endpoint else {
+            continue;
+        };
+        current.put(endpoint);
+        missing.retain(|a| !appeared.contains(a));
+    }
+}
