@@ -826,6 +826,21 @@ fn cluster_text(key: &Path, me_second_address: &str) -> String {
     )
 }
 
+/// A key made by `ri2n keygen` in a temporary file named after `name`.
+fn keygen(name: &str) -> TempFile {
+    let key = TempFile::new(name);
+    let (status, out) = ri2n(
+        [
+            std::ffi::OsStr::new("keygen"),
+            "--output".as_ref(),
+            key.path().as_os_str(),
+        ],
+        Duration::from_secs(10),
+    );
+    assert!(status.success(), "keygen: {}", stderr_of(&out));
+    key
+}
+
 /// `ri2n tunnel ARGS --config CONFIG`: its exit status and stderr (stdout for `--check`).
 fn tunnel(args: &[&str], config: &Path) -> (ExitStatus, String, String) {
     let mut all: Vec<std::ffi::OsString> = vec!["tunnel".into()];
@@ -838,16 +853,7 @@ fn tunnel(args: &[&str], config: &Path) -> (ExitStatus, String, String) {
 
 #[test]
 fn tunnel_check_finds_this_host_and_names_the_line_of_an_error() {
-    let key = TempFile::new("tunnel.key");
-    let (status, out) = ri2n(
-        [
-            std::ffi::OsStr::new("keygen"),
-            "--output".as_ref(),
-            key.path().as_os_str(),
-        ],
-        Duration::from_secs(10),
-    );
-    assert!(status.success(), "keygen: {}", stderr_of(&out));
+    let key = keygen("tunnel.key");
     let config = TempFile::new("cluster.toml");
 
     std::fs::write(config.path(), cluster_text(key.path(), "10.99.0.2")).unwrap();
@@ -889,16 +895,7 @@ fn tunnel_check_finds_this_host_and_names_the_line_of_an_error() {
 /// the file does not list (it says how to add it, not to pretend to be another host).
 #[test]
 fn tunnel_check_loads_the_key_and_refuses_a_tunnel_network_holding_a_link() {
-    let key = TempFile::new("tunnel-check.key");
-    let (status, out) = ri2n(
-        [
-            std::ffi::OsStr::new("keygen"),
-            "--output".as_ref(),
-            key.path().as_os_str(),
-        ],
-        Duration::from_secs(10),
-    );
-    assert!(status.success(), "keygen: {}", stderr_of(&out));
+    let key = keygen("tunnel-check.key");
     let config = TempFile::new("cluster-check.toml");
     let check = |text: String| {
         std::fs::write(config.path(), text).unwrap();

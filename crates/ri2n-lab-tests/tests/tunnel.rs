@@ -62,15 +62,12 @@ fn start_daemons(env: &Env, lab: &Lab, dir: &Path, config: &Path) -> Vec<Proc> {
     let mut daemons: Vec<Proc> = HOSTS
         .iter()
         .map(|h| {
-            let mut args = vec![
-                "tunnel".to_owned(),
-                "--config".to_owned(),
-                config.display().to_string(),
-            ];
-            if *h == "a" {
-                args.extend(["--metrics".to_owned(), METRICS.to_owned()]);
-            }
-            Proc::spawn_in(&lab.ns_of(h), &env.ri2n, &args, dir, &format!("tunnel-{h}"))
+            let metrics: &[&str] = if *h == "a" {
+                &["--metrics", METRICS]
+            } else {
+                &[]
+            };
+            spawn_daemon(env, lab, h, metrics, config, dir, &format!("tunnel-{h}"))
         })
         .collect();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -111,15 +108,7 @@ fn status_json(env: &Env, ns: &str, config: &Path) -> serde_json::Value {
 fn wait_for_status(env: &Env, ns: &str, config: &Path) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let out = Command::new("ip")
-            .args(["netns", "exec", ns])
-            .arg(&env.ri2n)
-            .args(["tunnel", "status", "--json", "--config"])
-            .arg(config)
-            .output()
-            .expect("running ri2n tunnel status");
-        let status: serde_json::Value =
-            serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+        let status = status_json(env, ns, config);
         let ready = status["peers"].as_array().is_some_and(|p| {
             p.len() == 2
                 && p.iter().all(|p| {
@@ -131,12 +120,7 @@ fn wait_for_status(env: &Env, ns: &str, config: &Path) -> serde_json::Value {
         if ready {
             return status;
         }
-        assert!(
-            Instant::now() < deadline,
-            "ri2n tunnel status: {} {}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(Instant::now() < deadline, "ri2n tunnel status: {status}");
         thread::sleep(Duration::from_millis(200));
     }
 }
@@ -394,6 +378,73 @@ fn a_three_host_tunnel_carries_tcp_through_a_dead_switch_and_a_partition() {
     }
 }
 
+/// `ri2n tunnel ARGS --config CONFIG` on host `h`, its output in `dir` under `name`.
+fn spawn_daemon(
+    env: &Env,
+    lab: &Lab,
+    h: &str,
+    args: &[&str],
+    config: &Path,
+    dir: &Path,
+    name: &str,
+) -> Proc {
+    let mut all: Vec<String> = std::iter::once("tunnel")
+        .chain(args.iter().copied())
+        .map(str::to_owned)
+        .collect();
+    all.extend(["--config".to_owned(), config.display().to_string()]);
+    Proc::spawn_in(&lab.ns_of(h), &env.ri2n, &all, dir, name)
+}
+
+/// Three pings from host `from` to host `to`'s tunnel address; panics if they fail.
+fn ping_through(lab: &Lab, from: &str, to: &str) {
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &lab.ns_of(from),
+            "ping",
+            "-c",
+            "3",
+            "-i",
+            "0.2",
+            "-W",
+            "2",
+        ])
+        .arg(tunnel_address(to))
+        .output()
+        .expect("running ping");
+    assert!(
+        out.status.success(),
+        "ping {from} -> {to} through the tunnel: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// Waits at most 5 s until each daemon's log holds its line; panics naming `after` and every
+/// log otherwise.
+fn wait_for_log_lines(after: &str, expected: &[(&Proc, &str)]) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let missing: Vec<&str> = (expected.iter())
+            .filter(|(d, line)| !d.stderr_text().contains(line))
+            .map(|(d, _)| d.name.as_str())
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "within 5 s of {after}, not in the log of {missing:?}:\n{}",
+            (expected.iter())
+                .map(|(d, _)| format!("{}: {}", d.name, d.stderr_text()))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// The sandbox of `contrib/ri2n-tunnel.service`, reproduced (no systemd runs in a lab host):
 /// a shell script that builds it in a mount namespace of its own, with the test's directory
 /// `$1` (cluster file, key, a copy of the binary) as the unit's `/etc/ri2n`, then execs the
@@ -544,17 +595,7 @@ fn the_systemd_unit_runs_the_daemon_under_its_sandbox() {
     // hosts a and c as usual; host b as the unit runs it
     let mut daemons: Vec<Proc> = ["a", "c"]
         .iter()
-        .map(|h| {
-            let args = ["tunnel", "--config"].map(str::to_owned);
-            let args = [&args[..], &[config.display().to_string()]].concat();
-            Proc::spawn_in(
-                &lab.ns_of(h),
-                &env.ri2n,
-                &args,
-                &dir.0,
-                &format!("tunnel-{h}"),
-            )
-        })
+        .map(|h| spawn_daemon(env, &lab, h, &[], &config, &dir.0, &format!("tunnel-{h}")))
         .collect();
     let mut command = Command::new("ip");
     command
@@ -620,29 +661,8 @@ fn the_systemd_unit_runs_the_daemon_under_its_sandbox() {
     }
 
     // traffic both ways through the sandboxed host's tunnel
-    for (from, to) in [("a", "b"), ("c", "b")] {
-        let out = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &lab.ns_of(from),
-                "ping",
-                "-c",
-                "3",
-                "-i",
-                "0.2",
-                "-W",
-                "2",
-            ])
-            .arg(tunnel_address(to))
-            .output()
-            .expect("running ping");
-        assert!(
-            out.status.success(),
-            "ping {from} -> {to} through the tunnel: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-    }
+    ping_through(&lab, "a", "b");
+    ping_through(&lab, "c", "b");
 
     // host c comes back with another key: the hosts that connect to it say so at once, and
     // c names each refused handshake
@@ -651,75 +671,44 @@ fn the_systemd_unit_runs_the_daemon_under_its_sandbox() {
     support::keygen(env, &other.0);
     let other_config = other.0.join("cluster.toml");
     fs::copy(&config, &other_config).expect("copying the cluster file");
-    let args = ["tunnel", "--config"].map(str::to_owned);
-    let args = [&args[..], &[other_config.display().to_string()]].concat();
-    daemons[1] = Proc::spawn_in(
-        &lab.ns_of("c"),
-        &env.ri2n,
-        &args,
+    daemons[1] = spawn_daemon(
+        env,
+        &lab,
+        "c",
+        &[],
+        &other_config,
         &dir.0,
         "tunnel-c-other-key",
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let told = |log: String| {
-            log.contains("waiting for c (authentication failed: the peer holds another key)")
-        };
-        let a_told = told(daemons[0].stderr_text());
-        let b_told = told(b.stderr_text());
-        let c_told = daemons[1]
-            .stderr_text()
-            .contains("refused a connection from");
-        if a_told && b_told && c_told {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "within 5 s of c's restart with another key: a told {a_told}, b told {b_told}, c \
-             told {c_told}:\n{}\n{}\n{}",
-            daemons[0].stderr_text(),
-            b.stderr_text(),
-            daemons[1].stderr_text()
-        );
-        thread::sleep(Duration::from_millis(100));
-    }
+    let told = "waiting for c (authentication failed: the peer holds another key)";
+    let after = "c's restart with another key";
+    let refused = "refused a connection from";
+    wait_for_log_lines(
+        after,
+        &[(&daemons[0], told), (&b, told), (&daemons[1], refused)],
+    );
 
     // host c comes back with the right key but carrying messages: refused in the handshake,
     // and every side says why
     daemons[1].terminate(Duration::from_secs(10));
-    let args = ["tunnel", "--carry", "messages", "--config"].map(str::to_owned);
-    let args = [&args[..], &[config.display().to_string()]].concat();
-    daemons[1] = Proc::spawn_in(
-        &lab.ns_of("c"),
-        &env.ri2n,
-        &args,
+    let messages = ["--carry", "messages"];
+    daemons[1] = spawn_daemon(
+        env,
+        &lab,
+        "c",
+        &messages,
+        &config,
         &dir.0,
         "tunnel-c-messages",
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let told = |log: String| {
-            log.contains(
-                "waiting for c (the peer serves \"ri2n tunnel, messages\", not \"ri2n tunnel\")",
-            )
-        };
-        let a_told = told(daemons[0].stderr_text());
-        let b_told = told(b.stderr_text());
-        let c_told = (daemons[1].stderr_text())
-            .contains("it wants `ri2n tunnel` (with --carry datagrams), this is `ri2n tunnel --carry messages`");
-        if a_told && b_told && c_told {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "within 5 s of c's restart carrying messages: a told {a_told}, b told {b_told}, c \
-             told {c_told}:\n{}\n{}\n{}",
-            daemons[0].stderr_text(),
-            b.stderr_text(),
-            daemons[1].stderr_text()
-        );
-        thread::sleep(Duration::from_millis(100));
-    }
+    let told = "waiting for c (the peer serves \"ri2n tunnel, messages\", not \"ri2n tunnel\")";
+    let refused =
+        "it wants `ri2n tunnel` (with --carry datagrams), this is `ri2n tunnel --carry messages`";
+    let after = "c's restart carrying messages";
+    wait_for_log_lines(
+        after,
+        &[(&daemons[0], told), (&b, told), (&daemons[1], refused)],
+    );
 
     let status = b.terminate(Duration::from_secs(10));
     assert!(
@@ -769,31 +758,8 @@ fn a_host_missing_a_link_address_starts_without_it_and_takes_it_up_later() {
         log_b.contains("cannot bind 10.77.2.2:7400") && log_b.contains("starting without it"),
         "{log_b}"
     );
-    let ping = |from: &str, to: &str| {
-        let out = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &lab.ns_of(from),
-                "ping",
-                "-c",
-                "3",
-                "-i",
-                "0.2",
-                "-W",
-                "2",
-            ])
-            .arg(tunnel_address(to))
-            .output()
-            .expect("running ping");
-        assert!(
-            out.status.success(),
-            "ping {from} -> {to} through the tunnel: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-    };
-    ping("a", "b");
-    ping("b", "c");
+    ping_through(&lab, "a", "b");
+    ping_through(&lab, "b", "c");
 
     ip_b("add");
     // both peers of b connected again, with a link on the second network up
@@ -825,8 +791,8 @@ fn a_host_missing_a_link_address_starts_without_it_and_takes_it_up_later() {
         "{}",
         daemons[1].stderr_text()
     );
-    ping("a", "b");
-    ping("b", "c");
+    ping_through(&lab, "a", "b");
+    ping_through(&lab, "b", "c");
     for d in &mut daemons {
         let status = d.terminate(Duration::from_secs(10));
         assert!(
