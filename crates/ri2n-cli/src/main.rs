@@ -110,7 +110,9 @@ The cluster file (TOML, the same on every host):
   ...
 
 Runs in the foreground until SIGINT or SIGTERM, which close the connections and remove the
-interface. Needs root (or CAP_NET_ADMIN) and /dev/net/tun.
+interface. SIGHUP reads the cluster file again: hosts added, removed or changed are taken up,
+the connections to the others stay. A link address this host lacks at start is looked for
+every second and taken up once there. Needs root (or CAP_NET_ADMIN) and /dev/net/tun.
 
 `ri2n tunnel status` asks the daemon of this host (over /run/ri2n/tunnel-HOST.sock) for
 every peer and link: state, round trip, rate and loss over the last second.
@@ -119,8 +121,8 @@ Exit codes:
   0  stopped by SIGINT or SIGTERM, --check found the file good, or status printed
   1  the interface cannot be created or read; status: no daemon answers
   2  the configuration or the key is bad (the message names the file and line)
-  5  cannot bind a link address or the --metrics address (in use, not an address of this
-     host)";
+  5  cannot bind a link address (in use, or none of them an address of this host) or the
+     --metrics address";
 
 /// The cluster key (send, recv, serve, bench).
 #[derive(Args, Debug, Clone)]

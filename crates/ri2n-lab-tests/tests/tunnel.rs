@@ -39,9 +39,15 @@ fn tunnel_address(host: &str) -> String {
 /// A key and a cluster file for the lab's three hosts; returns the file.
 fn cluster_file(env: &Env, dir: &Path) -> PathBuf {
     support::keygen(env, dir);
+    write_cluster_file(dir, &HOSTS)
+}
+
+/// The cluster file `cluster.toml` in `dir` (its key `cluster.key` beside it), listing `hosts`
+/// of the lab; returns it.
+fn write_cluster_file(dir: &Path, hosts: &[&str]) -> PathBuf {
     let mut text = String::from("key = \"cluster.key\"\n");
-    for (i, h) in HOSTS.iter().enumerate() {
-        let n = i + 1;
+    for h in hosts {
+        let n = HOSTS.iter().position(|x| x == h).expect("a lab host") + 1;
         text.push_str(&format!(
             "\n[[host]]\nname = \"{h}\"\naddress = \"{}\"\nlinks = [\"10.77.1.{n}\", \"10.77.2.{n}\"]\n",
             tunnel_address(h)
@@ -475,7 +481,7 @@ fn unit_sandbox(unit: &str) -> String {
     for (k, v) in &directives {
         match (k.as_str(), v.as_str()) {
             // what starts, stops and restarts it: the test does that itself
-            ("ExecStart" | "KillSignal" | "Restart" | "RestartSec", _) => {}
+            ("ExecStart" | "ExecReload" | "KillSignal" | "Restart" | "RestartSec", _) => {}
             // device access is a cgroup rule: the daemon opens /dev/net/tun, which it allows
             ("DeviceAllow", "/dev/net/tun rw") => {}
             ("ProtectSystem", "strict") => script.push_str(
@@ -802,6 +808,108 @@ fn a_host_missing_a_link_address_starts_without_it_and_takes_it_up_later() {
             d.stderr_text()
         );
     }
+}
+
+/// Sends SIGHUP to daemon `d` (it reads its cluster file again).
+fn sighup(d: &Proc) {
+    let status = Command::new("kill")
+        .args(["-HUP", &d.pid().to_string()])
+        .status()
+        .expect("running kill");
+    assert!(status.success(), "kill -HUP {}", d.name);
+}
+
+/// Waits at most 10 s until daemon `d` has `n` peers connected and its log holds `line`.
+fn wait_for_peers(env: &Env, lab: &Lab, d: &Proc, host: &str, config: &Path, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = status_json(env, &lab.ns_of(host), config);
+        let peers = status["peers"].as_array().cloned().unwrap_or_default();
+        let connected = peers.iter().filter(|p| p["state"] == "connected").count();
+        if peers.len() == n && connected == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{host}: {n} peers connected within 10 s: {status}\n{}",
+            d.stderr_text()
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A host joins and leaves a running cluster: its line is added to (and removed from) the
+/// cluster file and the daemons get SIGHUP; the connection between the hosts already there
+/// is never made again.
+#[test]
+fn a_host_joins_and_leaves_on_sighup_without_restarting_the_others() {
+    let _serial = serial();
+    let Some(env) = env() else { return };
+    let _timer = TestTimer::start("tunnel-reload");
+    let dir = TestDir::new(env, "tunnel-reload");
+    let lab = Lab::up_hosts(env, "reload", 2, 3);
+    support::keygen(env, &dir.0);
+    let config = write_cluster_file(&dir.0, &["a", "b"]);
+    let mut daemons: Vec<Proc> = ["a", "b"]
+        .iter()
+        .map(|h| spawn_daemon(env, &lab, h, &[], &config, &dir.0, &format!("tunnel-{h}")))
+        .collect();
+    wait_for_peers(env, &lab, &daemons[0], "a", &config, 1);
+
+    // c joins
+    write_cluster_file(&dir.0, &HOSTS);
+    for d in &daemons {
+        sighup(d);
+    }
+    daemons.push(spawn_daemon(
+        env,
+        &lab,
+        "c",
+        &[],
+        &config,
+        &dir.0,
+        "tunnel-c",
+    ));
+    for (d, h) in daemons.iter().zip(HOSTS) {
+        wait_for_peers(env, &lab, d, h, &config, 2);
+    }
+    ping_through(&lab, "c", "a");
+    ping_through(&lab, "b", "c");
+    let a_log = daemons[0].stderr_text();
+    assert!(a_log.contains("c added to the cluster file"), "{a_log}");
+
+    // c leaves
+    write_cluster_file(&dir.0, &["a", "b"]);
+    for d in &daemons[..2] {
+        sighup(d);
+    }
+    for (d, h) in daemons[..2].iter().zip(HOSTS) {
+        wait_for_peers(env, &lab, d, h, &config, 1);
+    }
+    ping_through(&lab, "a", "b");
+    let a_log = daemons[0].stderr_text();
+    assert!(
+        a_log.contains("c removed or changed in the cluster file"),
+        "{a_log}"
+    );
+    // a and b stayed connected throughout: one connection, never lost
+    assert_eq!(connected_lines(&a_log, "b"), 1, "{a_log}");
+    assert!(!a_log.contains("b lost"), "{a_log}");
+    for d in &mut daemons {
+        let status = d.terminate(Duration::from_secs(10));
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "{} after SIGTERM: {status:?}: {}",
+            d.name,
+            d.stderr_text()
+        );
+    }
+}
+
+/// How many times a daemon's log says peer `name` connected.
+fn connected_lines(log: &str, name: &str) -> usize {
+    let line = format!("ri2n tunnel: {name} connected");
+    log.lines().filter(|l| *l == line).count()
 }
 
 /// How long the MPI job runs, seconds (of its own clock, which starts after MPI_Init).

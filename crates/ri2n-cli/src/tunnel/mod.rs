@@ -14,24 +14,25 @@ mod config;
 mod device;
 mod links;
 mod offload;
+mod peers;
 mod status;
 
-use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
 use ri2n::{Connection, ConnectionConfig, Endpoint, EndpointConfig};
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use smallvec::SmallVec;
 
 use crate::error::{Failure, BIND, GENERIC, USAGE};
 use crate::{Carry, TunnelArgs, TunnelStatusArgs};
 use config::Cluster;
 use device::Tun;
+use peers::{Peer, Peers};
 
 /// How long a connecting host waits for a peer's answer before trying again.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -57,76 +58,8 @@ fn connection_config(carry: Carry) -> ConnectionConfig {
         .with_datagram_receive_buffer(RECEIVE_BUFFER)
 }
 
-/// Every peer's connection, if it is up, by position in the cluster file.
-struct Peers {
-    cluster: Cluster,
-    me: usize,
-    by_tunnel_address: HashMap<Ipv4Addr, usize>,
-    by_link_address: HashMap<IpAddr, usize>,
-    conns: Vec<RwLock<Option<Arc<Connection>>>>,
-    /// This host's endpoint (made again when a missing link address appears).
-    endpoint: links::Current,
-    /// IP packets handed to each peer's connection and received from it, whatever carries
-    /// them (datagrams or messages), for the status.
-    packets: Vec<PacketCounts>,
-    carry: Carry,
-}
-
-/// IP packets to and from one peer, over every connection it had.
-#[derive(Default)]
-struct PacketCounts {
-    sent: AtomicU64,
-    received: AtomicU64,
-}
-
-impl Peers {
-    /// Host `me` of `cluster` on `endpoint`, with no peer connected yet.
-    fn new(cluster: Cluster, me: usize, carry: Carry, endpoint: Endpoint) -> Self {
-        Peers {
-            endpoint: links::Current::new(endpoint),
-            by_tunnel_address: (0..cluster.hosts.len())
-                .map(|i| (cluster.hosts[i].address, i))
-                .collect(),
-            by_link_address: (0..cluster.hosts.len())
-                .flat_map(|i| cluster.hosts[i].links.iter().map(move |&ip| (ip, i)))
-                .collect(),
-            conns: (0..cluster.hosts.len())
-                .map(|_| RwLock::new(None))
-                .collect(),
-            packets: (0..cluster.hosts.len())
-                .map(|_| PacketCounts::default())
-                .collect(),
-            cluster,
-            me,
-            carry,
-        }
-    }
-
-    fn name(&self, i: usize) -> &str {
-        &self.cluster.hosts[i].name
-    }
-
-    fn set(&self, i: usize, conn: Option<Arc<Connection>>) {
-        *self.conns[i].write().unwrap_or_else(|e| e.into_inner()) = conn;
-    }
-
-    /// The host a connection accepted from `remote` comes from, if it is one this host
-    /// accepts (listed before it) and it comes from the cluster's port, where that host's
-    /// daemon is bound.
-    fn accepted_from(&self, remote: SocketAddr) -> Option<usize> {
-        let i = *self.by_link_address.get(&remote.ip())?;
-        (remote.port() == self.cluster.port && i < self.me).then_some(i)
-    }
-
-    fn get(&self, i: usize) -> Option<Arc<Connection>> {
-        self.conns[i]
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-}
-
-/// `ri2n tunnel --config FILE [--name HOST]`: runs until SIGINT or SIGTERM.
+/// `ri2n tunnel --config FILE [--name HOST]`: runs until SIGINT or SIGTERM; SIGHUP reads the
+/// cluster file again.
 pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
     let (cluster, me) = load(&args.config, args.name.as_deref())?;
     let key = crate::key::load(&crate::KeyOpts {
@@ -173,14 +106,15 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
         cluster.hosts.len() - 1
     );
 
+    let interface = cluster.interface.clone();
     let peers = Arc::new(Peers::new(cluster, me, args.carry, endpoint));
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
-        .map_err(|e| Failure::io("cannot watch SIGINT and SIGTERM", &e))?;
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
+        .map_err(|e| Failure::io("cannot watch SIGINT, SIGTERM and SIGHUP", &e))?;
 
     let latest = Arc::new(Mutex::new(status::Status {
         host: host.name.clone(),
         address: host.address.to_string(),
-        interface: peers.cluster.interface.clone(),
+        interface: interface.clone(),
         peers: Vec::new(),
     }));
     {
@@ -199,9 +133,8 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
             .map_err(|e| Failure::new(BIND, format!("cannot serve metrics on {addr}: {e}")))?;
     }
 
-    for i in (me + 1)..peers.cluster.hosts.len() {
-        let (peers, tun) = (peers.clone(), tun_handle(&tun)?);
-        thread::spawn(move || connect_loop(&peers, &tun, i));
+    for peer in peers.table().peers.iter().filter(|p| p.connects) {
+        start_connecting(&peers, peer.clone(), &tun)?;
     }
     {
         let (peers, tun) = (peers.clone(), tun_handle(&tun)?);
@@ -211,10 +144,8 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
         let peers = peers.clone();
         thread::spawn(move || {
             let end_connections = |_: &Endpoint| {
-                for i in 0..peers.cluster.hosts.len() {
-                    if let Some(c) = peers.get(i) {
-                        c.abort(0, "the peer's link addresses changed: connecting again");
-                    }
+                for c in peers.table().peers.iter().filter_map(|p| p.conn()) {
+                    c.abort(0, "the peer's link addresses changed: connecting again");
                 }
             };
             links::bind_late(
@@ -227,23 +158,27 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
         });
     }
     {
-        let peers = peers.clone();
+        let (peers, tun) = (peers.clone(), tun_handle(&tun)?);
         thread::spawn(move || route_loop(&peers, &tun));
     }
 
-    let signal = signals.forever().next().unwrap_or(SIGTERM);
+    let signal = loop {
+        match signals.forever().next().unwrap_or(SIGTERM) {
+            SIGHUP => reload(&peers, args, &tun),
+            other => break other,
+        }
+    };
     eprintln!(
-        "ri2n tunnel: {}: closing the connections and removing {}",
+        "ri2n tunnel: {}: closing the connections and removing {interface}",
         if signal == SIGINT {
             "SIGINT"
         } else {
             "SIGTERM"
         },
-        peers.cluster.interface
     );
-    for i in 0..peers.cluster.hosts.len() {
-        if let Some(c) = peers.get(i) {
-            eprintln!("ri2n tunnel: {}: {}", peers.name(i), summary(&c.stats()));
+    for peer in &peers.table().peers {
+        if let Some(c) = peer.conn() {
+            eprintln!("ri2n tunnel: {}: {}", peer.name(), summary(&c.stats()));
             c.abort(0, "the tunnel on the peer stopped");
         }
     }
@@ -265,24 +200,53 @@ fn load(path: &Path, name: Option<&str>) -> Result<(Cluster, usize), Failure> {
     Ok((cluster, me))
 }
 
+/// SIGHUP: reads the cluster file again and puts it in use (see [`Peers::reload`]); a file
+/// that cannot be used is logged and the one in use kept.
+fn reload(peers: &Arc<Peers>, args: &TunnelArgs, tun: &Tun) {
+    let me = peers.table().me().name.clone();
+    let loaded = load(&args.config, Some(&me))
+        .map_err(|f| f.message)
+        .and_then(|(cluster, me)| peers.reload(cluster, me));
+    match loaded {
+        Ok(added) => {
+            eprintln!("ri2n tunnel: SIGHUP: {} read again", args.config.display());
+            for peer in added.into_iter().filter(|p| p.connects) {
+                if let Err(f) = start_connecting(peers, peer, tun) {
+                    eprintln!("ri2n tunnel: {}", f.message);
+                }
+            }
+        }
+        Err(e) => eprintln!("ri2n tunnel: SIGHUP: the cluster file in use is kept: {e}"),
+    }
+}
+
+/// Starts the loop that connects to `peer` (listed after this host).
+fn start_connecting(peers: &Arc<Peers>, peer: Arc<Peer>, tun: &Tun) -> Result<(), Failure> {
+    let (peers, tun) = (peers.clone(), tun_handle(tun)?);
+    thread::spawn(move || connect_loop(&peers, &peer, &tun));
+    Ok(())
+}
+
 fn tun_handle(tun: &Tun) -> Result<Tun, Failure> {
     tun.try_clone()
         .map_err(|e| Failure::io("cannot duplicate the TUN descriptor", &e))
 }
 
-/// The connecting side of one peer: connect, carry, and after a loss connect again.
-fn connect_loop(peers: &Peers, tun: &Tun, i: usize) {
-    let host = &peers.cluster.hosts[i];
+/// The connecting side of one peer: connect, carry, and after a loss connect again, until
+/// the peer is removed from the cluster file.
+fn connect_loop(peers: &Peers, peer: &Arc<Peer>, tun: &Tun) {
+    let host = &peer.host;
+    let port = peers.table().cluster.port;
     let remotes: Vec<SocketAddr> = host
         .links
         .iter()
-        .map(|&ip| SocketAddr::new(ip, peers.cluster.port))
+        .map(|&ip| SocketAddr::new(ip, port))
         .collect();
     let config = connection_config(peers.carry);
     // why the last attempt failed: logged whenever it changes (a peer that comes back with
     // another key is named as such, not left at "nothing listens")
     let mut waiting_for: Option<String> = None;
-    loop {
+    while !peer.is_removed() {
         // none while it is made again with another address
         let Some((generation, endpoint)) = peers.endpoint.get() else {
             thread::sleep(RETRY_PAUSE);
@@ -297,7 +261,7 @@ fn connect_loop(peers: &Peers, tun: &Tun, i: usize) {
             }
             Ok(conn) => {
                 waiting_for = None;
-                carry(peers, tun, i, Arc::new(conn));
+                carry(peers, peer, tun, Arc::new(conn));
             }
             Err(e) => {
                 let reason = e.to_string();
@@ -342,12 +306,13 @@ fn accept_loop(peers: &Arc<Peers>, tun: &Tun) {
             continue;
         }
         let from = conn.stats().links.first().map(|l| l.remote);
-        match from.and_then(|a| peers.accepted_from(a)) {
-            Some(i) => {
-                let (peers, tun) = (peers.clone(), tun.try_clone());
+        let table = peers.table();
+        match from.and_then(|a| table.accepted_from(a)) {
+            Some(peer) => {
+                let (peers, peer, tun) = (peers.clone(), peer.clone(), tun.try_clone());
                 match tun {
                     Ok(tun) => {
-                        thread::spawn(move || carry(&peers, &tun, i, Arc::new(conn)));
+                        thread::spawn(move || carry(&peers, &peer, &tun, Arc::new(conn)));
                     }
                     Err(e) => eprintln!("ri2n tunnel: cannot duplicate the TUN descriptor: {e}"),
                 }
@@ -364,15 +329,22 @@ fn accept_loop(peers: &Arc<Peers>, tun: &Tun) {
     }
 }
 
-/// Makes `conn` the way to peer `i` and writes what it receives to the interface until it
+/// Makes `conn` the way to `peer` and writes what it receives to the interface until it
 /// ends.
-fn carry(peers: &Peers, tun: &Tun, i: usize, conn: Arc<Connection>) {
-    let name = peers.name(i);
+fn carry(peers: &Peers, peer: &Peer, tun: &Tun, conn: Arc<Connection>) {
+    if peer.is_removed() {
+        conn.abort(
+            0,
+            "the peer's cluster file no longer lists this host as it was",
+        );
+        return;
+    }
+    let name = peer.name();
     // its links are logged as they come up (`status::sample_loop`): the accepting side has
     // only the first one yet
     eprintln!("ri2n tunnel: {name} connected");
-    peers.set(i, Some(conn.clone()));
-    let source = peers.cluster.hosts[i].address.octets();
+    peer.set(conn.clone());
+    let source = peer.host.address.octets();
     // the same buffers every batch: their memory goes round between here and the connection
     let mut packets: Vec<Vec<u8>> = Vec::new();
     let receive = |packets: &mut Vec<Vec<u8>>| match peers.carry {
@@ -388,7 +360,7 @@ fn carry(peers: &Peers, tun: &Tun, i: usize, conn: Arc<Connection>) {
         match receive(&mut packets) {
             Ok(()) if packets.is_empty() => break "closed".to_owned(),
             Ok(()) => {
-                (peers.packets[i].received).fetch_add(packets.len() as u64, Ordering::Relaxed);
+                (peer.received).fetch_add(packets.len() as u64, Ordering::Relaxed);
                 segments.clear();
                 segments.extend(packets.iter_mut().map(|p| offload::segment_for_write(p)));
                 // in the order they came: plain packets in coalesced runs, large segments
@@ -411,12 +383,7 @@ fn carry(peers: &Peers, tun: &Tun, i: usize, conn: Arc<Connection>) {
         }
     };
     // a newer connection to the same peer may have replaced this one meanwhile
-    {
-        let mut slot = peers.conns[i].write().unwrap_or_else(|e| e.into_inner());
-        if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn)) {
-            *slot = None;
-        }
-    }
+    peer.clear(&conn);
     eprintln!(
         "ri2n tunnel: {name} lost ({reason}); {}",
         summary(&conn.stats())
@@ -504,13 +471,15 @@ fn route_loop(peers: &Peers, tun: &Tun) {
         }
         packets.clear();
         dests.clear();
+        // the peers as the cluster file says now, by position
+        let table = peers.table();
         // about BATCH packets or BATCH_BYTES: a batch of 64 large segments would be 4 MB,
         // more than a connection queues (it would drop the oldest)
         let mut bytes = 0;
         while packets.len() < BATCH && bytes < BATCH_BYTES {
             match tun.read(&mut buf) {
                 Ok((header, len)) => {
-                    let dest = destination(peers, &buf[..len]).unwrap_or(usize::MAX);
+                    let dest = destination(&table, &buf[..len]).unwrap_or(usize::MAX);
                     let packet = &buf[..len];
                     let added = match peers.carry {
                         // large TCP segments whole: their headers once per 64 KB
@@ -533,8 +502,9 @@ fn route_loop(peers: &Peers, tun: &Tun) {
         batch_peers.extend(dests.iter().copied().filter(|&d| d != usize::MAX));
         batch_peers.sort_unstable();
         batch_peers.dedup();
-        for &peer in &batch_peers {
-            if let Some(conn) = peers.get(peer) {
+        for &k in &batch_peers {
+            let peer = &table.peers[k];
+            if let Some(conn) = peer.conn() {
                 // a connection just lost, or (messages) a full send buffer: the packets are
                 // dropped, as on a dead cable or a full NIC queue
                 match peers.carry {
@@ -545,16 +515,16 @@ fn route_loop(peers: &Peers, tun: &Tun) {
                             .bufs_mut()
                             .iter_mut()
                             .zip(&dests)
-                            .filter(|(_, &d)| d == peer)
+                            .filter(|(_, &d)| d == k)
                             .map(|(b, _)| b);
                         let mut n = 0;
                         let _ = conn.send_datagram_bufs(batch.inspect(|_| n += 1));
-                        (peers.packets[peer].sent).fetch_add(n, Ordering::Relaxed);
+                        peer.sent.fetch_add(n, Ordering::Relaxed);
                     }
                     Carry::Messages => {
-                        for k in (0..packets.len()).filter(|&k| dests[k] == peer) {
-                            if conn.try_send_message(packets.get(k)).is_ok() {
-                                (peers.packets[peer].sent).fetch_add(1, Ordering::Relaxed);
+                        for j in (0..packets.len()).filter(|&j| dests[j] == k) {
+                            if conn.try_send_message(packets.get(j)).is_ok() {
+                                peer.sent.fetch_add(1, Ordering::Relaxed);
                             }
                         }
                     }
@@ -566,12 +536,13 @@ fn route_loop(peers: &Peers, tun: &Tun) {
 
 /// The peer owning an IPv4 packet's destination; None for anything else (IPv6, an address
 /// no host owns): dropped, as a router without a route would.
-fn destination(peers: &Peers, packet: &[u8]) -> Option<usize> {
+fn destination(table: &peers::Table, packet: &[u8]) -> Option<usize> {
     if packet.len() < 20 || packet[0] >> 4 != 4 {
         return None;
     }
-    let dst = Ipv4Addr::new(packet[16], packet[17], packet[18], packet[19]);
-    peers.by_tunnel_address.get(&dst).copied()
+    table.by_tunnel_address(Ipv4Addr::new(
+        packet[16], packet[17], packet[18], packet[19],
+    ))
 }
 
 /// `ri2n tunnel status`: the running daemon's view of every peer and link.
@@ -606,35 +577,4 @@ pub fn describe(path: &Path, name: Option<&str>) -> Result<String, Failure> {
         cluster.prefix,
         cluster.interface
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A newly accepted connection replaces a host's current one, so only one from a host
-    /// listed before this one, on one of its link addresses and from the cluster's port
-    /// (where that host's daemon is bound), is taken for it.
-    #[test]
-    fn a_connection_is_taken_for_a_peer_only_from_its_address_and_the_cluster_port() {
-        let text = format!(
-            "{}\n[[host]]\nname = \"node3\"\naddress = \"10.99.0.3\"\n\
-             links = [\"10.0.1.3\", \"10.0.2.3\"]\n",
-            config::tests::GOOD
-        );
-        let cluster = Cluster::parse(Path::new("/etc/ri2n/cluster.toml"), &text).unwrap();
-        let endpoint = Endpoint::server(&["127.0.0.1:0".parse().unwrap()]).unwrap();
-        let peers = Peers::new(cluster, 1, Carry::Datagrams, endpoint);
-        let from = |s: &str| peers.accepted_from(s.parse().unwrap());
-        assert_eq!(from("10.0.1.1:7500"), Some(0));
-        assert_eq!(from("10.0.2.1:7500"), Some(0));
-        // another port of that host: not its daemon
-        assert_eq!(from("10.0.1.1:7501"), None);
-        assert_eq!(from("10.0.1.1:40000"), None);
-        // a host listed after this one connects to us, never the other way round
-        assert_eq!(from("10.0.1.3:7500"), None);
-        // an address of no host, and this host's own
-        assert_eq!(from("10.0.1.9:7500"), None);
-        assert_eq!(from("10.0.1.2:7500"), None);
-    }
 }

@@ -3,6 +3,7 @@
 //! JSON on a Unix socket (`ri2n tunnel status`) and, with `--metrics`, as Prometheus text
 //! over HTTP.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -85,31 +86,33 @@ struct Previous {
 
 /// Samples every peer's connection each [`SAMPLE_PERIOD`] into `latest`, forever.
 pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>) {
-    let mut previous: Vec<Vec<Previous>> = vec![Vec::new(); peers.cluster.hosts.len()];
+    // by peer name: the cluster file may be read again meanwhile
+    let mut previous: HashMap<String, Vec<Previous>> = HashMap::new();
     loop {
         let now = Instant::now();
-        let me = &peers.cluster.hosts[peers.me];
+        let table = peers.table();
+        let me = table.me();
         let mut status = Status {
             host: me.name.clone(),
             address: me.address.to_string(),
-            interface: peers.cluster.interface.clone(),
+            interface: table.cluster.interface.clone(),
             peers: Vec::new(),
         };
-        for (i, host) in peers.cluster.hosts.iter().enumerate() {
-            if i == peers.me {
-                continue;
-            }
+        previous.retain(|name, _| table.peers.iter().any(|p| p.name() == name));
+        for peer in &table.peers {
+            let host = &peer.host;
             let mut p = PeerStatus {
                 name: host.name.clone(),
                 address: host.address.to_string(),
                 state: "waiting".into(),
-                packets_sent: peers.packets[i].sent.load(Ordering::Relaxed),
-                packets_received: peers.packets[i].received.load(Ordering::Relaxed),
+                packets_sent: peer.sent.load(Ordering::Relaxed),
+                packets_received: peer.received.load(Ordering::Relaxed),
                 packets_dropped: 0,
                 links: Vec::new(),
             };
-            let Some(conn) = peers.get(i) else {
-                previous[i].clear();
+            let previous = previous.entry(host.name.clone()).or_default();
+            let Some(conn) = peer.conn() else {
+                previous.clear();
                 status.peers.push(p);
                 continue;
             };
@@ -117,8 +120,8 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>) {
             log_link_changes(&host.name, &conn, &s);
             p.state = "connected".into();
             p.packets_dropped = s.datagrams_send_dropped + s.datagrams_receive_dropped;
-            previous[i].resize(s.links.len(), Previous::default());
-            for (l, prev) in s.links.iter().zip(previous[i].iter_mut()) {
+            previous.resize(s.links.len(), Previous::default());
+            for (l, prev) in s.links.iter().zip(previous.iter_mut()) {
                 let secs = prev.at.map_or(0.0, |t| now.duration_since(t).as_secs_f64());
                 let per_second = |now: u64, then: u64| {
                     if secs > 0.0 {

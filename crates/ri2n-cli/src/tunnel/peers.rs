@@ -1,0 +1,276 @@
+//! The cluster as the daemon sees it: every other host with its connection, found by tunnel
+//! address (routing) and by link address (accepting). Reading the cluster file again
+//! (SIGHUP) replaces the whole table, keeping each host whose entry and role did not change,
+//! with its connection and its loop; a removed or changed host's loop stops and its
+//! connection ends.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use ri2n::Connection;
+
+use super::config::{Cluster, Host};
+use super::links;
+use crate::Carry;
+
+/// One other host of the cluster.
+pub struct Peer {
+    pub host: Host,
+    /// This host connects to it (it is listed after this host); otherwise it connects here.
+    pub connects: bool,
+    conn: RwLock<Option<Arc<Connection>>>,
+    /// IP packets handed to its connections, and received from them, whatever carried them
+    /// (datagrams or messages).
+    pub sent: AtomicU64,
+    pub received: AtomicU64,
+    /// No longer in the cluster file as it was: its loop stops, its connection ends.
+    removed: AtomicBool,
+}
+
+impl Peer {
+    fn new(host: Host, connects: bool) -> Peer {
+        Peer {
+            host,
+            connects,
+            conn: RwLock::new(None),
+            sent: AtomicU64::new(0),
+            received: AtomicU64::new(0),
+            removed: AtomicBool::new(false),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.host.name
+    }
+
+    /// Its connection, if one is up.
+    pub fn conn(&self) -> Option<Arc<Connection>> {
+        self.conn.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Makes `conn` the way to it (a newer connection replaces an older one).
+    pub fn set(&self, conn: Arc<Connection>) {
+        *self.conn.write().unwrap_or_else(|e| e.into_inner()) = Some(conn);
+    }
+
+    /// `conn` ended: forgotten, unless a newer one replaced it meanwhile.
+    pub fn clear(&self, conn: &Arc<Connection>) {
+        let mut slot = self.conn.write().unwrap_or_else(|e| e.into_inner());
+        if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+            *slot = None;
+        }
+    }
+
+    pub fn is_removed(&self) -> bool {
+        self.removed.load(Ordering::Acquire)
+    }
+
+    fn remove(&self) {
+        self.removed.store(true, Ordering::Release);
+        if let Some(c) = self.conn() {
+            c.abort(
+                0,
+                "the peer's cluster file no longer lists this host as it was",
+            );
+        }
+    }
+}
+
+/// The cluster file as read last, with a [`Peer`] for every host but this one.
+pub struct Table {
+    pub cluster: Cluster,
+    pub me: usize,
+    /// In the file's order.
+    pub peers: Vec<Arc<Peer>>,
+    by_tunnel_address: HashMap<Ipv4Addr, usize>,
+    by_link_address: HashMap<IpAddr, usize>,
+}
+
+impl Table {
+    /// Host `me` of `cluster`; a host keeps its [`Peer`] from `old` when its entry and its
+    /// role are unchanged.
+    fn new(cluster: Cluster, me: usize, old: Option<&Table>) -> Table {
+        let peers: Vec<Arc<Peer>> = (cluster.hosts.iter().enumerate())
+            .filter(|&(i, _)| i != me)
+            .map(|(i, h)| {
+                let connects = i > me;
+                let kept = old.and_then(|t| {
+                    (t.peers.iter())
+                        .find(|p| p.host == *h && p.connects == connects && !p.is_removed())
+                });
+                kept.cloned()
+                    .unwrap_or_else(|| Arc::new(Peer::new(h.clone(), connects)))
+            })
+            .collect();
+        let by_tunnel_address = (peers.iter().enumerate())
+            .map(|(k, p)| (p.host.address, k))
+            .collect();
+        let by_link_address = (peers.iter().enumerate())
+            .flat_map(|(k, p)| p.host.links.iter().map(move |&ip| (ip, k)))
+            .collect();
+        Table {
+            cluster,
+            me,
+            peers,
+            by_tunnel_address,
+            by_link_address,
+        }
+    }
+
+    pub fn me(&self) -> &Host {
+        &self.cluster.hosts[self.me]
+    }
+
+    /// The peer owning tunnel address `dst`, by position.
+    pub fn by_tunnel_address(&self, dst: Ipv4Addr) -> Option<usize> {
+        self.by_tunnel_address.get(&dst).copied()
+    }
+
+    /// The host a connection accepted from `remote` comes from, if it is one this host
+    /// accepts (listed before it) and it comes from the cluster's port, where that host's
+    /// daemon is bound.
+    pub fn accepted_from(&self, remote: SocketAddr) -> Option<&Arc<Peer>> {
+        let p = &self.peers[*self.by_link_address.get(&remote.ip())?];
+        (remote.port() == self.cluster.port && !p.connects).then_some(p)
+    }
+}
+
+/// Everything the daemon's threads share.
+pub struct Peers {
+    table: RwLock<Arc<Table>>,
+    pub carry: Carry,
+    /// This host's endpoint (made again when a missing link address appears).
+    pub endpoint: links::Current,
+}
+
+impl Peers {
+    pub fn new(cluster: Cluster, me: usize, carry: Carry, endpoint: ri2n::Endpoint) -> Peers {
+        Peers {
+            table: RwLock::new(Arc::new(Table::new(cluster, me, None))),
+            carry,
+            endpoint: links::Current::new(endpoint),
+        }
+    }
+
+    /// The table in use.
+    pub fn table(&self) -> Arc<Table> {
+        self.table.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Puts the cluster file read again in use, host `me` of it. Refused (with the reason)
+    /// where it changes what this host is or what its endpoint and interface are: that takes
+    /// a restart. Returns the peers that are new (this host is to connect to those that
+    /// `connects`), and says in the log what changed.
+    pub fn reload(&self, cluster: Cluster, me: usize) -> Result<Vec<Arc<Peer>>, String> {
+        let mut table = self.table.write().unwrap_or_else(|e| e.into_inner());
+        let (old, new) = (&table.cluster, &cluster);
+        if new.hosts[me] != old.hosts[table.me] {
+            return Err("this host's own entry changed: restart the daemon for that".into());
+        }
+        if (new.port, &new.interface, new.prefix, &new.key)
+            != (old.port, &old.interface, old.prefix, &old.key)
+        {
+            return Err(
+                "the port, interface, prefix or key changed: restart the daemon for that".into(),
+            );
+        }
+        let next = Table::new(cluster, me, Some(&table));
+        let kept = |p: &Arc<Peer>, t: &Table| t.peers.iter().any(|q| Arc::ptr_eq(p, q));
+        for p in table.peers.iter().filter(|p| !kept(p, &next)) {
+            eprintln!(
+                "ri2n tunnel: {} removed or changed in the cluster file",
+                p.name()
+            );
+            p.remove();
+        }
+        let added: Vec<Arc<Peer>> = (next.peers.iter())
+            .filter(|p| !kept(p, &table))
+            .cloned()
+            .collect();
+        for p in &added {
+            eprintln!("ri2n tunnel: {} added to the cluster file", p.name());
+        }
+        *table = Arc::new(next);
+        Ok(added)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn cluster(extra: &str) -> Cluster {
+        let text = format!("{}{extra}", super::super::config::tests::GOOD);
+        Cluster::parse(Path::new("/etc/ri2n/cluster.toml"), &text).unwrap()
+    }
+
+    const NODE3: &str = "\n[[host]]\nname = \"node3\"\naddress = \"10.99.0.3\"\n\
+                         links = [\"10.0.1.3\", \"10.0.2.3\"]\n";
+
+    /// A newly accepted connection replaces a host's current one, so only one from a host
+    /// listed before this one, on one of its link addresses and from the cluster's port
+    /// (where that host's daemon is bound), is taken for it.
+    #[test]
+    fn a_connection_is_taken_for_a_peer_only_from_its_address_and_the_cluster_port() {
+        let table = Table::new(cluster(NODE3), 1, None);
+        let from = |s: &str| {
+            table
+                .accepted_from(s.parse().unwrap())
+                .map(|p| p.name().to_owned())
+        };
+        assert_eq!(from("10.0.1.1:7500").as_deref(), Some("node1"));
+        assert_eq!(from("10.0.2.1:7500").as_deref(), Some("node1"));
+        // another port of that host: not its daemon
+        assert_eq!(from("10.0.1.1:7501"), None);
+        assert_eq!(from("10.0.1.1:40000"), None);
+        // a host listed after this one connects to us, never the other way round
+        assert_eq!(from("10.0.1.3:7500"), None);
+        // an address of no host, and this host's own
+        assert_eq!(from("10.0.1.9:7500"), None);
+        assert_eq!(from("10.0.1.2:7500"), None);
+    }
+
+    /// Reading the file again keeps each host whose entry and role are unchanged (its peer,
+    /// so its connection and its loop), drops a changed one and adds a new one; it refuses
+    /// a change of this host's own entry.
+    #[test]
+    fn a_reload_keeps_the_unchanged_hosts_and_refuses_a_change_of_this_one() {
+        let endpoint = ri2n::Endpoint::server(&["127.0.0.1:0".parse().unwrap()]).unwrap();
+        let peers = Peers::new(cluster(NODE3), 0, Carry::Datagrams, endpoint);
+        let before = peers.table();
+        let (node2, node3) = (before.peers[0].clone(), before.peers[1].clone());
+        assert_eq!((node2.name(), node2.connects), ("node2", true));
+
+        // node3 moves to another address, node4 joins
+        let changed = NODE3.replace("10.0.2.3", "10.0.2.33")
+            + "\n[[host]]\nname = \"node4\"\naddress = \"10.99.0.4\"\nlinks = [\"10.0.1.4\"]\n";
+        let added = peers.reload(cluster(&changed), 0).unwrap();
+        let after = peers.table();
+        assert!(Arc::ptr_eq(&after.peers[0], &node2), "node2 is kept");
+        assert!(node3.is_removed() && !node2.is_removed());
+        let names: Vec<&str> = added.iter().map(|p| p.name()).collect();
+        assert_eq!(names, ["node3", "node4"]);
+        assert_eq!(
+            after.by_tunnel_address("10.99.0.4".parse().unwrap()),
+            Some(2)
+        );
+
+        // this host's own links changed: refused, the table in use stays
+        let mine = cluster(&changed).hosts[0].clone();
+        let mut other = cluster(&changed);
+        other.hosts[0].links = vec!["10.0.1.9".parse().unwrap()];
+        assert_ne!(other.hosts[0], mine);
+        let Err(refused) = peers.reload(other, 0) else {
+            panic!("a change of this host's own entry was taken");
+        };
+        assert!(
+            refused.contains("this host's own entry changed"),
+            "{refused}"
+        );
+        assert!(Arc::ptr_eq(&peers.table(), &after));
+    }
+}
