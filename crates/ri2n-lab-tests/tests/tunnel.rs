@@ -693,6 +693,20 @@ fn the_systemd_unit_runs_the_daemon_under_its_sandbox() {
         after,
         &[(&daemons[0], told), (&b, told), (&daemons[1], refused)],
     );
+    // and a's status says so, within its next sample
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let status = status_json(env, &lab.ns_of("a"), &config);
+        let c = (status["peers"].as_array().into_iter().flatten()).find(|p| p["name"] == "c");
+        if c.is_some_and(|c| {
+            c["state"] == "waiting"
+                && c["waiting_for"] == "authentication failed: the peer holds another key"
+        }) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a's status of c: {status}");
+        thread::sleep(Duration::from_millis(200));
+    }
 
     // host c comes back with the right key but carrying messages: refused in the handshake,
     // and every side says why

@@ -261,12 +261,14 @@ fn connect_loop(peers: &Peers, peer: &Arc<Peer>, tun: &Tun) {
             }
             Ok(conn) => {
                 waiting_for = None;
+                peer.set_waiting_for(None);
                 carry(peers, peer, tun, Arc::new(conn));
             }
             Err(e) => {
                 let reason = e.to_string();
                 if waiting_for.as_ref() != Some(&reason) {
                     eprintln!("ri2n tunnel: waiting for {} ({reason})", host.name);
+                    peer.set_waiting_for(Some(reason.clone()));
                     waiting_for = Some(reason);
                 }
             }

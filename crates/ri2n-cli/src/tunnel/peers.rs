@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use ri2n::Connection;
 
@@ -27,6 +27,8 @@ pub struct Peer {
     pub received: AtomicU64,
     /// No longer in the cluster file as it was: its loop stops, its connection ends.
     removed: AtomicBool,
+    /// Why the last attempt to connect to it failed (connecting side), for the status.
+    waiting_for: Mutex<Option<String>>,
 }
 
 impl Peer {
@@ -38,7 +40,23 @@ impl Peer {
             sent: AtomicU64::new(0),
             received: AtomicU64::new(0),
             removed: AtomicBool::new(false),
+            waiting_for: Mutex::new(None),
         }
+    }
+
+    /// Why it is not connected, as far as this side knows.
+    pub fn waiting_for(&self) -> String {
+        let reason = self.waiting_for.lock().unwrap_or_else(|e| e.into_inner());
+        match (&*reason, self.connects) {
+            (Some(r), _) => r.clone(),
+            (None, true) => "not tried yet".into(),
+            (None, false) => "it connects to this host, and has not yet".into(),
+        }
+    }
+
+    /// The last attempt to connect to it failed for `reason` (`None`: it succeeded).
+    pub fn set_waiting_for(&self, reason: Option<String>) {
+        *self.waiting_for.lock().unwrap_or_else(|e| e.into_inner()) = reason;
     }
 
     pub fn name(&self) -> &str {

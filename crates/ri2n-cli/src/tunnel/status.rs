@@ -46,6 +46,9 @@ pub struct PeerStatus {
     pub address: String,
     /// `connected` or `waiting`.
     pub state: String,
+    /// While waiting: why (the last attempt's failure, on the connecting side).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
     /// IP packets handed to the peer's connections, and received from them.
     pub packets_sent: u64,
     pub packets_received: u64,
@@ -105,6 +108,7 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>) {
                 name: host.name.clone(),
                 address: host.address.to_string(),
                 state: "waiting".into(),
+                waiting_for: None,
                 packets_sent: peer.sent.load(Ordering::Relaxed),
                 packets_received: peer.received.load(Ordering::Relaxed),
                 packets_dropped: 0,
@@ -113,6 +117,7 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>) {
             let previous = previous.entry(host.name.clone()).or_default();
             let Some(conn) = peer.conn() else {
                 previous.clear();
+                p.waiting_for = Some(peer.waiting_for());
                 status.peers.push(p);
                 continue;
             };
@@ -363,8 +368,16 @@ pub fn table(s: &Status) -> String {
     for p in &s.peers {
         let _ = writeln!(
             out,
-            "  {} {} {}: packets sent {}, received {}, dropped {}",
-            p.name, p.address, p.state, p.packets_sent, p.packets_received, p.packets_dropped
+            "  {} {} {}{}: packets sent {}, received {}, dropped {}",
+            p.name,
+            p.address,
+            p.state,
+            p.waiting_for
+                .as_ref()
+                .map_or(String::new(), |r| format!(" ({r})")),
+            p.packets_sent,
+            p.packets_received,
+            p.packets_dropped
         );
         for l in &p.links {
             let _ = writeln!(
