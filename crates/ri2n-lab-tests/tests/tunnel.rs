@@ -402,6 +402,19 @@ fn spawn_daemon(
     Proc::spawn_in(&lab.ns_of(h), &env.ri2n, &all, dir, name)
 }
 
+/// SIGTERM to every daemon: each must exit 0.
+fn stop_daemons(daemons: &mut [Proc]) {
+    for d in daemons {
+        let status = d.terminate(Duration::from_secs(10));
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "{} after SIGTERM: {status:?}: {}",
+            d.name,
+            d.stderr_text()
+        );
+    }
+}
+
 /// Three pings from host `from` to host `to`'s tunnel address; panics if they fail.
 fn ping_through(lab: &Lab, from: &str, to: &str) {
     let out = Command::new("ip")
@@ -813,15 +826,7 @@ fn a_host_missing_a_link_address_starts_without_it_and_takes_it_up_later() {
     );
     ping_through(&lab, "a", "b");
     ping_through(&lab, "b", "c");
-    for d in &mut daemons {
-        let status = d.terminate(Duration::from_secs(10));
-        assert!(
-            status.is_some_and(|s| s.success()),
-            "{} after SIGTERM: {status:?}: {}",
-            d.name,
-            d.stderr_text()
-        );
-    }
+    stop_daemons(&mut daemons);
 }
 
 /// Sends SIGHUP to daemon `d` (it reads its cluster file again).
@@ -909,15 +914,7 @@ fn a_host_joins_and_leaves_on_sighup_without_restarting_the_others() {
     // a and b stayed connected throughout: one connection, never lost
     assert_eq!(connected_lines(&a_log, "b"), 1, "{a_log}");
     assert!(!a_log.contains("b lost"), "{a_log}");
-    for d in &mut daemons {
-        let status = d.terminate(Duration::from_secs(10));
-        assert!(
-            status.is_some_and(|s| s.success()),
-            "{} after SIGTERM: {status:?}: {}",
-            d.name,
-            d.stderr_text()
-        );
-    }
+    stop_daemons(&mut daemons);
 }
 
 /// How many times a daemon's log says peer `name` connected.
