@@ -127,10 +127,7 @@ pub fn bind_late(
         let endpoint = loop {
             match Endpoint::bind(config(present.clone())) {
                 Ok(e) => break Some(e),
-                Err(e) if Instant::now() < deadline => {
-                    let _ = e;
-                    thread::sleep(Duration::from_millis(50));
-                }
+                Err(_) if Instant::now() < deadline => thread::sleep(Duration::from_millis(50)),
                 Err(e) => {
                     eprintln!("ri2n tunnel: cannot bind the link addresses again: {e}");
                     break None;

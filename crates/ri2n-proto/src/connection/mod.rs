@@ -1237,12 +1237,12 @@ impl Connection {
         self.handshake.peer_instance
     }
 
-    /// The connection ID this side chose.
     /// The keys of a connection whose handshake is done with a key.
     pub(crate) fn protection(&self) -> Option<&PacketProtection> {
         self.handshake.protection.as_ref()
     }
 
+    /// The connection ID this side chose.
     pub(crate) fn local_cid(&self) -> u64 {
         self.handshake.local_cid
     }
