@@ -121,11 +121,12 @@ impl Connection {
     /// with: one fewer per message of a request-response exchange.
     fn blocking_read<T>(
         &self,
+        deadline: Option<Instant>,
         f: impl FnMut(&mut ProtoConnection) -> Result<T, ReadError>,
     ) -> io::Result<T> {
         let settled =
             |c: &ProtoConnection, r: &Result<T, ReadError>| r.is_ok() && !c.window_update_pending();
-        match self.blocking_then(None, f, |e| *e == ReadError::Blocked, settled)? {
+        match self.blocking_then(deadline, f, |e| *e == ReadError::Blocked, settled)? {
             Ok(r) => Ok(r),
             Err(e) => Err(read_error(e)),
         }
@@ -330,6 +331,20 @@ impl Connection {
         }
     }
 
+    /// [`recv_datagram`](Self::recv_datagram), waiting at most `timeout` (`None`: as long as
+    /// it takes): an error of kind [`io::ErrorKind::TimedOut`] when none arrived in time.
+    pub fn recv_datagram_timeout(&self, timeout: Option<Duration>) -> io::Result<Option<Vec<u8>>> {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        match self.blocking(
+            deadline,
+            |c| c.recv_datagram(),
+            |e| *e == ReadError::Blocked,
+        )? {
+            Ok(d) => Ok(d),
+            Err(e) => Err(read_error(e)),
+        }
+    }
+
     /// Receives one datagram if one is waiting; an error of kind
     /// [`io::ErrorKind::WouldBlock`] otherwise. Never blocks.
     pub fn try_recv_datagram(&self) -> io::Result<Option<Vec<u8>>> {
@@ -342,7 +357,15 @@ impl Connection {
 
     /// Receives one whole message; `Ok(None)` once the peer finished its message stream.
     pub fn recv_message(&self) -> io::Result<Option<Vec<u8>>> {
-        self.blocking_read(|c| c.recv_message())
+        self.blocking_read(None, |c| c.recv_message())
+    }
+
+    /// [`recv_message`](Self::recv_message), waiting at most `timeout` (`None`: as long as it
+    /// takes): an error of kind [`io::ErrorKind::TimedOut`] when no whole message arrived in
+    /// time.
+    pub fn recv_message_timeout(&self, timeout: Option<Duration>) -> io::Result<Option<Vec<u8>>> {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        self.blocking_read(deadline, |c| c.recv_message())
     }
 
     /// Receives one whole message if one has fully arrived; `Ok(None)` once the peer finished
@@ -454,7 +477,7 @@ impl Connection {
     /// the receive buffer is ready it is handed over as `buf` without copying, and the memory
     /// `buf` had is kept for a later block: reuse the same `buf` for every call.
     pub fn read_buf(&self, buf: &mut Vec<u8>) -> io::Result<usize> {
-        self.blocking_read(|c| c.read_buf(buf))
+        self.blocking_read(None, |c| c.read_buf(buf))
     }
 
     /// Aborts the connection at once; the peer sees `PeerAborted` with `code` and `reason`.
@@ -524,7 +547,7 @@ fn read_error(e: ReadError) -> io::Error {
 /// another writes or watches the statistics.
 impl io::Read for &Connection {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.blocking_read(|c| c.read(buf))
+        self.blocking_read(None, |c| c.read(buf))
     }
 }
 

@@ -48,8 +48,8 @@ pub use impair::Impairment;
 pub use ri2n_proto::{
     datagram_capacity, Cipher, ConnectError, ConnectionConfig, ConnectionError, ConnectionState,
     ConnectionStats, DropCounts, DropReason, EndpointConfig, Event, Key, KeyError, KeyMismatch,
-    LinkId, LinkState, LinkStats, RefusalReason, RefusedHandshake, Shard, Striping,
-    MAX_DATAGRAM_LEN, MAX_LINKS, MAX_SHARDS,
+    LinkId, LinkState, LinkStats, ReadError, RefusalReason, RefusedHandshake, Shard, Striping,
+    WriteError, MAX_DATAGRAM_LEN, MAX_LINKS, MAX_SHARDS,
 };
 
 use shards::Shards;

@@ -1,0 +1,195 @@
+/* Every failure the header promises, with its errno: bad arguments, nothing listening, not a
+ * server, no answer, another key or none, a peer that aborted, writes after the end, messages
+ * too large for the buffer, non-blocking calls with nothing to do; and datagrams, messages
+ * and events working.
+ *
+ * usage: errors DIR   (a directory for key files) */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common.h"
+
+/* A loopback UDP port with a socket that never answers (kept open) or with none (closed). */
+static int udp_port(int *fd_out) {
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    CHECK(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    CHECK(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
+    socklen_t len = sizeof a;
+    CHECK(getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+    if (fd_out) *fd_out = fd;
+    else close(fd);
+    return ntohs(a.sin_port);
+}
+
+static const char *local1[] = {"127.0.0.1:0"};
+
+/* A connected pair on loopback, with these key files (NULL: none). */
+static void pair(const char *server_key, const char *client_key, ri2n_endpoint **server,
+                 ri2n_endpoint **client, ri2n_conn **c, ri2n_conn **peer) {
+    const char *listen[] = {"127.0.0.1:0", "127.0.0.2:0"};
+    *server = ri2n_endpoint_server(listen, 2, server_key);
+    CHECK(*server != NULL);
+    char addr[RI2N_ADDR_LEN];
+    CHECK(ri2n_endpoint_local_addr(*server, 0, addr, sizeof addr) > 0);
+    const char *remote[] = {addr};
+    *client = ri2n_endpoint_client(local1, 1, client_key);
+    CHECK(*client != NULL);
+    *c = ri2n_connect(*client, remote, 1, 10000);
+    if (*c == NULL) return;
+    /* the server hands a connection over once the client's first packet confirmed it */
+    CHECK(ri2n_write(*c, "x", 1) == 1);
+    *peer = ri2n_accept(*server, 10000);
+    CHECK(*peer != NULL);
+    char x;
+    CHECK(ri2n_read(*peer, &x, 1) == 1 && x == 'x');
+}
+
+int main(int argc, char **argv) {
+    CHECK(argc == 2);
+    char key[4096], other_key[4096], junk_key[4096], missing_key[4096];
+    snprintf(key, sizeof key, "%s/k1", argv[1]);
+    snprintf(other_key, sizeof other_key, "%s/k2", argv[1]);
+    snprintf(junk_key, sizeof junk_key, "%s/junk", argv[1]);
+    snprintf(missing_key, sizeof missing_key, "%s/missing", argv[1]);
+    CHECK(ri2n_key_generate(key) == 0);
+    CHECK(ri2n_key_generate(other_key) == 0);
+    FILE *junk = fopen(junk_key, "w");
+    CHECK(junk != NULL);
+    fputs("junk\n", junk);
+    fclose(junk);
+    char buf[256];
+
+    /* EINVAL: NULL and malformed arguments, never a crash */
+    CHECK_NULL_WITH(ri2n_endpoint_server(NULL, 1, NULL), EINVAL);
+    CHECK_NULL_WITH(ri2n_endpoint_client(local1, 0, NULL), EINVAL);
+    const char *bad[] = {"not an address"};
+    CHECK_NULL_WITH(ri2n_endpoint_server(bad, 1, NULL), EINVAL);
+    CHECK(strstr(ri2n_last_error(), "not an address") != NULL);
+    const char *null_entry[] = {NULL};
+    CHECK_NULL_WITH(ri2n_endpoint_client(null_entry, 1, NULL), EINVAL);
+    CHECK_NULL_WITH(ri2n_connect(NULL, local1, 1, 100), EINVAL);
+    CHECK_NULL_WITH(ri2n_accept(NULL, 0), EINVAL);
+    CHECK_FAILS_WITH(ri2n_write(NULL, "x", 1), EINVAL);
+    CHECK_FAILS_WITH(ri2n_read(NULL, buf, 1), EINVAL);
+    CHECK_FAILS_WITH(ri2n_send_message(NULL, "x", 1), EINVAL);
+    CHECK_FAILS_WITH(ri2n_recv_message(NULL, buf, 1), EINVAL);
+    CHECK_FAILS_WITH(ri2n_finish(NULL), EINVAL);
+    CHECK_FAILS_WITH(ri2n_conn_fd(NULL), EINVAL);
+    CHECK_FAILS_WITH(ri2n_endpoint_fd(NULL), EINVAL);
+    CHECK_FAILS_WITH(ri2n_conn_stats(NULL, NULL, NULL, 0), EINVAL);
+    ri2n_conn_free(NULL);
+    ri2n_endpoint_free(NULL);
+    CHECK_NULL_WITH(ri2n_endpoint_client(local1, 1, junk_key), EINVAL);
+    CHECK(strstr(ri2n_last_error(), junk_key) != NULL);
+    CHECK_NULL_WITH(ri2n_endpoint_client(local1, 1, missing_key), ENOENT);
+    printf("bad arguments: EINVAL, a missing key file: ENOENT\n");
+
+    ri2n_endpoint *client = ri2n_endpoint_client(local1, 1, NULL);
+    CHECK(client != NULL);
+
+    /* ECONNREFUSED: nothing listens on the port; or a client endpoint, not a server */
+    char addr[RI2N_ADDR_LEN];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", udp_port(NULL));
+    const char *nobody[] = {addr};
+    CHECK_NULL_WITH(ri2n_connect(client, nobody, 1, 5000), ECONNREFUSED);
+    ri2n_endpoint *not_server = ri2n_endpoint_client(local1, 1, NULL);
+    CHECK(not_server != NULL);
+    char not_server_addr[RI2N_ADDR_LEN];
+    CHECK(ri2n_endpoint_local_addr(not_server, 0, not_server_addr, sizeof not_server_addr) > 0);
+    CHECK_FAILS_WITH(ri2n_endpoint_local_addr(not_server, 5, buf, sizeof buf), ENOENT);
+    CHECK_FAILS_WITH(ri2n_endpoint_local_addr(not_server, 0, buf, 4), ERANGE);
+    const char *client_addr[] = {not_server_addr};
+    CHECK_NULL_WITH(ri2n_connect(client, client_addr, 1, 5000), ECONNREFUSED);
+    ri2n_endpoint_free(not_server);
+    printf("nothing listening, not a server: ECONNREFUSED\n");
+
+    /* ETIMEDOUT: a port that never answers; an accept with nobody coming */
+    int silent_fd;
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", udp_port(&silent_fd));
+    const char *silent[] = {addr};
+    CHECK_NULL_WITH(ri2n_connect(client, silent, 1, 300), ETIMEDOUT);
+    close(silent_fd);
+    const char *listen1[] = {"127.0.0.1:0"};
+    ri2n_endpoint *lonely = ri2n_endpoint_server(listen1, 1, NULL);
+    CHECK(lonely != NULL);
+    CHECK_NULL_WITH(ri2n_accept(lonely, 100), ETIMEDOUT);
+    CHECK_NULL_WITH(ri2n_try_accept(lonely), EAGAIN);
+    CHECK(ri2n_endpoint_fd(lonely) >= 0);
+    ri2n_endpoint_free(lonely);
+    printf("no answer, nobody to accept: ETIMEDOUT; try_accept: EAGAIN\n");
+
+    /* EACCES: another key, or a key on one side only */
+    ri2n_endpoint *server, *cl;
+    ri2n_conn *c = NULL, *peer = NULL;
+    pair(key, other_key, &server, &cl, &c, &peer);
+    CHECK_NULL_WITH(c, EACCES);
+    CHECK(strstr(ri2n_last_error(), other_key) != NULL);
+    ri2n_endpoint_free(cl);
+    ri2n_endpoint_free(server);
+    pair(key, NULL, &server, &cl, &c, &peer);
+    CHECK_NULL_WITH(c, EACCES);
+    ri2n_endpoint_free(cl);
+    ri2n_endpoint_free(server);
+    pair(NULL, key, &server, &cl, &c, &peer);
+    CHECK_NULL_WITH(c, EACCES);
+    ri2n_endpoint_free(cl);
+    ri2n_endpoint_free(server);
+    printf("another key, a key on one side only: EACCES\n");
+
+    /* messages, datagrams, events and the non-blocking calls on a keyed pair */
+    pair(key, key, &server, &cl, &c, &peer);
+    CHECK(c != NULL);
+    CHECK_FAILS_WITH(ri2n_try_read(c, buf, sizeof buf), EAGAIN);
+    CHECK_FAILS_WITH(ri2n_try_recv_message(c, buf, sizeof buf), EAGAIN);
+    CHECK(ri2n_conn_fd(c) >= 0);
+    CHECK(ri2n_send_message(c, "hello", 5) == 5);
+    CHECK_FAILS_WITH(ri2n_recv_message(peer, buf, 3), EMSGSIZE);
+    CHECK(ri2n_recv_message(peer, buf, sizeof buf) == 5 && memcmp(buf, "hello", 5) == 0);
+    CHECK_FAILS_WITH(ri2n_send_message(c, "", 0), EINVAL);
+    ssize_t max_message = ri2n_max_message_size(c);
+    CHECK(max_message > 0);
+    unsigned char *big = calloc((size_t)max_message + 1, 1);
+    CHECK(big != NULL);
+    CHECK_FAILS_WITH(ri2n_send_message(c, big, (size_t)max_message + 1), EMSGSIZE);
+    free(big);
+    CHECK(ri2n_send_datagram(c, "dgram", 5) == 5);
+    CHECK(ri2n_recv_datagram(peer, buf, sizeof buf, 5000) == 5 && memcmp(buf, "dgram", 5) == 0);
+    CHECK_FAILS_WITH(ri2n_recv_datagram(peer, buf, sizeof buf, 100), ETIMEDOUT);
+    CHECK_FAILS_WITH(ri2n_recv_datagram(peer, buf, sizeof buf, 0), EAGAIN);
+    CHECK(ri2n_max_datagram_size(c) > 0);
+    ri2n_event events[16];
+    ssize_t nevents = ri2n_conn_events(c, events, 16);
+    CHECK(nevents >= 2);
+    CHECK(events[0].kind == RI2N_EVENT_CONNECTED || events[0].kind == RI2N_EVENT_LINK_ADDED);
+    int links_added = 0;
+    for (ssize_t i = 0; i < nevents; i++) links_added += events[i].kind == RI2N_EVENT_LINK_ADDED;
+    CHECK(links_added >= 1);
+    printf("messages, datagrams, %zd events: ok\n", nevents);
+
+    /* ECONNRESET: the peer aborted; EPIPE: a write after finish */
+    CHECK(ri2n_abort(peer, 7, "test over") == 0);
+    CHECK_FAILS_WITH(ri2n_read(c, buf, sizeof buf), ECONNRESET);
+    CHECK(strstr(ri2n_last_error(), "test over") != NULL);
+    CHECK_FAILS_WITH(ri2n_write(c, "x", 1), ECONNRESET);
+    ri2n_conn_free(c);
+    ri2n_conn_free(peer);
+    ri2n_endpoint_free(cl);
+    ri2n_endpoint_free(server);
+    pair(NULL, NULL, &server, &cl, &c, &peer);
+    CHECK(c != NULL);
+    CHECK(ri2n_finish(c) == 0);
+    CHECK_FAILS_WITH(ri2n_write(c, "x", 1), EPIPE);
+    CHECK(ri2n_read(peer, buf, sizeof buf) == 0);
+    ri2n_conn_free(c);
+    ri2n_conn_free(peer);
+    ri2n_endpoint_free(cl);
+    ri2n_endpoint_free(server);
+    printf("peer aborted: ECONNRESET; write after finish: EPIPE\n");
+
+    ri2n_endpoint_free(client);
+    printf("ok\n");
+    return 0;
+}
