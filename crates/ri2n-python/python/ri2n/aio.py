@@ -1,0 +1,382 @@
+"""asyncio streams over ri2n connections.
+
+::
+
+    reader, writer = await ri2n.aio.open_connection(client, ["10.0.1.2:7000"], timeout=10)
+    writer.write(b"hello")
+    writer.write_eof()                 # Connection.finish(): the peer reads b"" after this
+    reply = await reader.read()        # until the peer's end of stream
+    writer.close()
+    await writer.wait_closed()
+
+    reader, writer = await ri2n.aio.accept(server)      # on the server
+
+The streams are asyncio's own ``StreamReader``/``StreamWriter`` over a ``Transport`` of this
+module. Reading never blocks a thread: the transport watches the connection's readiness
+descriptor (``Connection.fileno()``) with ``loop.add_reader`` and calls ``try_recv`` when it
+is readable. Writing first hands the data to ``try_send``; what the send buffer cannot take
+now is written by a thread of the transport's own (one, made on first need) with the
+blocking ``sendall``, the GIL released. Why not wait for writability on the descriptor as
+well: one descriptor serves both directions and every ``try_*`` call clears it, so a
+``try_send`` could swallow the wake-up meant for the reader (or the reverse) and stall the
+stream; with only reads waiting on it, and a read retried after each ``try_send``, no wake-up
+is lost.
+
+As with asyncio's sockets, ``writer.close()`` first hands over what is still buffered: while
+the peer reads nothing, that waits (and so does the interpreter's exit, for the writer
+thread); ``writer.transport.abort()`` gives up at once. Once handed over, the connection
+delivers it in the background (``Connection.close``).
+"""
+
+import asyncio
+import concurrent.futures
+import functools
+import os
+import weakref
+from typing import Any, Optional, Sequence, Tuple, Union
+
+from ._ri2n import Connection, Endpoint
+
+__all__ = ["Transport", "accept", "open_connection", "wrap"]
+
+Addrs = Union[str, Sequence[str]]
+
+#: The reader's buffer limit, as asyncio's own streams have it.
+_DEFAULT_LIMIT = 2**16
+#: Bytes asked of ``try_recv`` per call.
+_READ_SIZE = 256 * 1024
+#: Default write-buffer limits (asyncio's defaults): ``drain()`` waits above the high mark
+#: until the buffer falls to the low one.
+_HIGH_WATER = 64 * 1024
+_LOW_WATER = 16 * 1024
+
+
+class Transport(asyncio.Transport):
+    """An asyncio transport over a ri2n ``Connection``; it owns the connection and closes it
+    when it closes. ``write_eof()`` finishes the connection's outgoing streams (the peer reads
+    end of stream), ``abort()`` aborts the connection. ``get_extra_info("connection")`` is the
+    ``Connection``, for ``stats()``, ``events()`` and messages."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        conn: Connection,
+        protocol: asyncio.BaseProtocol,
+    ) -> None:
+        super().__init__({"connection": conn})
+        self._loop = loop
+        self._conn = conn
+        self._fd = conn.fileno()
+        self._protocol: Any = protocol
+        self._buffer = bytearray()  # written, not yet taken by the connection
+        self._flushing = 0  # bytes the writer thread is writing now
+        self._writer: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._reading = True  # not paused
+        self._watching = False  # the descriptor is registered with the loop
+        self._read_scheduled = False
+        self._at_eof = False  # the peer's stream ended
+        self._eof_pending = False  # write_eof() waits for the buffer to drain
+        self._eof_written = False
+        self._closing = False
+        self._closed = False  # connection_lost was called (or is about to be)
+        self._high = _HIGH_WATER
+        self._low = _LOW_WATER
+        self._protocol_paused = False
+        protocol.connection_made(self)
+        self._update_watch()
+        self._schedule_read()
+
+    # --- reading -----------------------------------------------------------------------
+
+    def _update_watch(self) -> None:
+        """Watches the descriptor exactly while reads are wanted: a readable descriptor
+        that nobody clears (reading paused) would wake the loop for ever."""
+        want = self._reading and not self._at_eof and not self._closed
+        if want and not self._watching:
+            self._loop.add_reader(self._fd, self._read_ready)
+            self._watching = True
+        elif not want and self._watching:
+            self._loop.remove_reader(self._fd)
+            self._watching = False
+
+    def _schedule_read(self) -> None:
+        """Tries a read soon: needed wherever a wake-up may have been cleared unseen (after a
+        ``try_send``, on resuming)."""
+        if not self._read_scheduled and self._reading and not self._at_eof:
+            self._read_scheduled = True
+            self._loop.call_soon(self._read_ready)
+
+    def _read_ready(self) -> None:
+        self._read_scheduled = False
+        # until the descriptor is cleared with nothing left (it is edge-like), or the
+        # protocol pauses us
+        while self._reading and not self._at_eof and not self._closed:
+            try:
+                data = self._conn.try_recv(_READ_SIZE)
+            except BlockingIOError:
+                return
+            except Exception as exc:  # the connection ended: PeerGone, TimeoutError...
+                self._fatal_error(exc)
+                return
+            if not data:
+                self._at_eof = True
+                self._update_watch()
+                keep_open = self._protocol.eof_received()
+                if not keep_open:
+                    self.close()
+                return
+            self._protocol.data_received(data)
+
+    def is_reading(self) -> bool:
+        return self._reading and not self._closing
+
+    def pause_reading(self) -> None:
+        self._reading = False
+        self._update_watch()
+
+    def resume_reading(self) -> None:
+        if self._reading or self._closing:
+            return
+        self._reading = True
+        self._update_watch()
+        # a wake-up that came while paused may have been cleared by a try_send since
+        self._schedule_read()
+
+    # --- writing -----------------------------------------------------------------------
+
+    def write(self, data: Union[bytes, bytearray, memoryview]) -> None:
+        if self._eof_pending or self._eof_written:
+            raise RuntimeError("cannot call write() after write_eof()")
+        if self._closing or not data:
+            return
+        view = memoryview(data).cast("B")
+        if not self._buffer and not self._flushing:
+            # the fast path: the send buffer usually has room
+            try:
+                taken = self._conn.try_send(view)
+            except BlockingIOError:
+                taken = 0
+            except Exception as exc:
+                self._fatal_error(exc)
+                return
+            # try_send cleared the descriptor: look for data it may have hidden
+            self._schedule_read()
+            view = view[taken:]
+        if view:
+            self._buffer += view
+            self._flush()
+            self._maybe_pause_protocol()
+
+    def _flush(self) -> None:
+        """Hands the buffer to the writer thread, which waits for room with ``sendall``."""
+        if self._flushing or not self._buffer or self._closed:
+            return
+        chunk, self._buffer = self._buffer, bytearray()
+        self._flushing = len(chunk)
+        if self._writer is None:
+            self._writer = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="ri2n-aio-writer"
+            )
+        future = self._loop.run_in_executor(self._writer, self._conn.sendall, chunk)
+        future.add_done_callback(self._flushed)
+
+    def _flushed(self, future: "asyncio.Future[None]") -> None:
+        self._flushing = 0
+        if self._closed:
+            return
+        exc = future.exception() if not future.cancelled() else None
+        if exc is not None:
+            self._fatal_error(exc)
+            return
+        if self._buffer:
+            self._flush()
+        self._maybe_resume_protocol()
+        if not self._buffer and not self._flushing:
+            if self._eof_pending:
+                self._eof_pending = False
+                self._write_eof_now()
+            if self._closing:
+                self._finish_close(None)
+
+    def write_eof(self) -> None:
+        if self._eof_pending or self._eof_written or self._closing:
+            return
+        if self._buffer or self._flushing:
+            self._eof_pending = True
+        else:
+            self._write_eof_now()
+
+    def _write_eof_now(self) -> None:
+        self._eof_written = True
+        try:
+            self._conn.finish()
+        except Exception as exc:
+            self._fatal_error(exc)
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def get_write_buffer_size(self) -> int:
+        return len(self._buffer) + self._flushing
+
+    def get_write_buffer_limits(self) -> Tuple[int, int]:
+        return (self._low, self._high)
+
+    def set_write_buffer_limits(
+        self, high: Optional[int] = None, low: Optional[int] = None
+    ) -> None:
+        if high is None:
+            high = _HIGH_WATER if low is None else 4 * low
+        if low is None:
+            low = high // 4
+        if not high >= low >= 0:
+            raise ValueError(f"high ({high!r}) must be >= low ({low!r}) must be >= 0")
+        self._high, self._low = high, low
+        self._maybe_pause_protocol()
+
+    def _maybe_pause_protocol(self) -> None:
+        if not self._protocol_paused and self.get_write_buffer_size() > self._high:
+            self._protocol_paused = True
+            self._protocol.pause_writing()
+
+    def _maybe_resume_protocol(self) -> None:
+        if self._protocol_paused and self.get_write_buffer_size() <= self._low:
+            self._protocol_paused = False
+            self._protocol.resume_writing()
+
+    # --- closing -----------------------------------------------------------------------
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        """Closes once what was written is handed to the connection, which then delivers it
+        in the background (see ``Connection.close``)."""
+        if self._closing:
+            return
+        self._closing = True
+        self._reading = False
+        self._update_watch()
+        if not self._buffer and not self._flushing:
+            self._loop.call_soon(self._finish_close, None)
+
+    def abort(self) -> None:
+        """Aborts the connection: what was not delivered is dropped; the peer's calls raise
+        ``PeerGone``."""
+        if self._closed:
+            return
+        self._closing = True
+        self._buffer.clear()
+        try:
+            self._conn.abort(0, "aborted")
+        except ValueError:  # closed already
+            pass
+        self._finish_close(None)
+
+    def _fatal_error(self, exc: BaseException) -> None:
+        self._closing = True
+        self._buffer.clear()
+        self._finish_close(exc)
+
+    def _finish_close(self, exc: Optional[BaseException]) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._update_watch()
+        self._conn.close()
+        if self._writer is not None:
+            # a write still waiting ends with the connection; nothing to wait for here
+            self._writer.shutdown(wait=False)
+            self._writer = None
+        self._protocol.connection_lost(exc)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "closing" if self._closing else "open"
+        return f"<ri2n.aio.Transport {state} {self._conn!r}>"
+
+
+def wrap(
+    conn: Connection, *, limit: int = _DEFAULT_LIMIT
+) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """asyncio streams over an established ``conn``, which they own from now on (closing the
+    writer closes it). Call it from a coroutine of the running loop."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=limit, loop=loop)
+    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+    transport = Transport(loop, conn, protocol)
+    writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+    return reader, writer
+
+
+async def open_connection(
+    endpoint: Endpoint,
+    addrs: Addrs,
+    timeout: Optional[float] = None,
+    *,
+    limit: int = _DEFAULT_LIMIT,
+) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Connects ``endpoint`` to a server (``Endpoint.connect``: ``TimeoutError``,
+    ``ConnectionRefusedError``, ``KeyMismatch``...) and returns streams over the connection.
+    The handshake runs in the loop's default executor."""
+    loop = asyncio.get_running_loop()
+    conn = await loop.run_in_executor(
+        None, functools.partial(endpoint.connect, addrs, timeout=timeout)
+    )
+    return wrap(conn, limit=limit)
+
+
+#: One lock per endpoint (and loop), so that tasks accepting on the same endpoint take turns:
+#: the endpoint's descriptor is signalled once for what arrived, and a task that took one
+#: connection must not leave another waiting unseen while the next task sleeps.
+_accept_locks: "weakref.WeakKeyDictionary[Endpoint, Tuple[Any, asyncio.Lock]]"
+_accept_locks = weakref.WeakKeyDictionary()
+
+
+def _accept_lock(endpoint: Endpoint, loop: asyncio.AbstractEventLoop) -> asyncio.Lock:
+    held = _accept_locks.get(endpoint)
+    if held is None or held[0] is not loop:
+        held = (loop, asyncio.Lock())
+        _accept_locks[endpoint] = held
+    return held[1]
+
+
+async def _accept_connection(endpoint: Endpoint) -> Connection:
+    loop = asyncio.get_running_loop()
+    async with _accept_lock(endpoint, loop):
+        # a duplicate, so that whoever else watches the endpoint's descriptor on this loop
+        # keeps its own registration
+        fd = os.dup(endpoint.fileno())
+        try:
+            while True:
+                # look first: a connection may be waiting with the descriptor already cleared
+                try:
+                    return endpoint.try_accept()
+                except BlockingIOError:
+                    pass
+                ready: "asyncio.Future[None]" = loop.create_future()
+
+                def wake() -> None:
+                    if not ready.done():
+                        ready.set_result(None)
+
+                loop.add_reader(fd, wake)
+                try:
+                    await ready
+                finally:
+                    loop.remove_reader(fd)
+        finally:
+            os.close(fd)
+
+
+async def accept(
+    endpoint: Endpoint, timeout: Optional[float] = None, *, limit: int = _DEFAULT_LIMIT
+) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Waits for the next incoming connection of the server ``endpoint``, at most
+    ``timeout`` seconds (``None``: for ever; the built-in ``TimeoutError`` then), without
+    blocking a thread, and returns streams over it."""
+    try:
+        conn = await asyncio.wait_for(_accept_connection(endpoint), timeout)
+    except asyncio.TimeoutError:
+        # before Python 3.11 asyncio's TimeoutError is not the built-in one
+        raise TimeoutError("no connection arrived in time") from None
+    return wrap(conn, limit=limit)

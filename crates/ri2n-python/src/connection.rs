@@ -1,0 +1,598 @@
+//! `ri2n.Connection`: a reliable byte stream, whole messages and unreliable datagrams over
+//! every link of one connection, with the calls of a Python socket where they fit.
+//!
+//! Blocking calls without a timeout are the library's own blocking calls, run with the GIL
+//! released. A call with a timeout cannot be one of them (they take none): it retries the
+//! library's non-blocking call and waits on the connection's readiness descriptor in
+//! between, which the non-blocking calls clear before they look and the driver signals when
+//! retrying may succeed, so no wake-up is lost; it comes back to Python every
+//! [`SIGNAL_CHECK`] to let Ctrl-C through, and looks again then. (One descriptor serves all
+//! of a connection's non-blocking calls: another thread's `try_*` call can clear a wake-up
+//! meant for a timed wait, which then sees the data at its next look, within
+//! [`SIGNAL_CHECK`].)
+
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pyo3::exceptions::{PyTimeoutError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyType};
+use ri2n::{Cipher, Connection, ConnectionState, ConnectionStats, Event, TimedEvent};
+
+use crate::buffer::Held;
+use crate::errors::{connection_error, io_error};
+use crate::{drop_detached, poll_readable, timeout_arg, SIGNAL_CHECK};
+
+/// One ri2n connection. Reads and writes block (with the GIL released) until they can
+/// proceed; while every link is down they simply wait. The ``try_*`` calls never block: they
+/// raise ``BlockingIOError`` instead, and ``fileno()`` becomes readable when retrying may
+/// succeed. ``close()`` (or leaving a ``with`` block) finishes the streams and lets the
+/// connection deliver what was written in the background while its endpoint lives.
+#[pyclass(name = "Connection", module = "ri2n", frozen)]
+pub struct PyConnection {
+    /// `None` once closed. Shared with the calls running without the GIL, so that closing
+    /// while another thread waits in a call takes effect when that call returns.
+    inner: Mutex<Option<Arc<Connection>>>,
+}
+
+impl PyConnection {
+    pub(crate) fn new(conn: Connection) -> Self {
+        Self {
+            inner: Mutex::new(Some(Arc::new(conn))),
+        }
+    }
+
+    /// The connection, or `ValueError` once closed.
+    fn get(&self) -> PyResult<Arc<Connection>> {
+        // a poisoned lock still holds a valid Option
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner
+            .clone()
+            .ok_or_else(|| PyValueError::new_err("the connection is closed"))
+    }
+
+    fn take(&self) -> Option<Arc<Connection>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+/// What a wait on the readiness descriptor came to.
+enum Waited<T> {
+    Done(io::Result<T>),
+    TimedOut,
+    /// A slice of the wait passed: time to let Python handle signals.
+    Slice,
+}
+
+/// Retries the non-blocking `attempt` until it does not say `WouldBlock`, waiting on the
+/// readiness descriptor in between, until `deadline`: `TimeoutError` then.
+fn retry_until<T: Send>(
+    py: Python<'_>,
+    conn: &Connection,
+    deadline: Instant,
+    mut attempt: impl FnMut(&Connection) -> io::Result<T> + Send,
+) -> PyResult<T> {
+    let fd = conn
+        .readiness_fd()
+        .map_err(|e| io_error(py, e))?
+        .as_raw_fd();
+    loop {
+        let waited = py.detach(|| loop {
+            match attempt(conn) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                r => return Waited::Done(r),
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Waited::TimedOut;
+            }
+            if !poll_readable(fd, (deadline - now).min(SIGNAL_CHECK)) {
+                return Waited::Slice;
+            }
+        });
+        match waited {
+            Waited::Done(r) => return r.map_err(|e| io_error(py, e)),
+            Waited::TimedOut => return Err(PyTimeoutError::new_err("timed out")),
+            Waited::Slice => py.check_signals()?,
+        }
+    }
+}
+
+/// The deadline of a timeout argument: `None` for none (wait for ever).
+fn deadline(timeout: Option<f64>) -> PyResult<Option<Instant>> {
+    Ok(timeout_arg(timeout)?.and_then(|t| Instant::now().checked_add(t)))
+}
+
+#[pymethods]
+impl PyConnection {
+    /// Writes as much of ``data`` (any bytes-like object) as the send buffer takes, waiting
+    /// until it takes some; returns how many bytes it took.
+    fn send(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let conn = self.get()?;
+        let held = Held::readable(data)?;
+        py.detach(|| (&*conn).write(held.bytes()))
+            .map_err(|e| io_error(py, e))
+    }
+
+    /// Writes all of ``data`` (any bytes-like object), waiting for room as needed. The
+    /// library copies straight from the object's memory, with the GIL released.
+    fn sendall(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let conn = self.get()?;
+        let held = Held::readable(data)?;
+        py.detach(|| (&*conn).write_all(held.bytes()))
+            .map_err(|e| io_error(py, e))
+    }
+
+    /// Writes as much of ``data`` as the send buffer takes now; ``BlockingIOError`` when it
+    /// is full. Never blocks.
+    fn try_send(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let conn = self.get()?;
+        let held = Held::readable(data)?;
+        py.detach(|| conn.try_write(held.bytes()))
+            .map_err(|e| io_error(py, e))
+    }
+
+    /// Reads at most ``n`` bytes of the stream, waiting until some arrived (at most
+    /// ``timeout`` seconds, ``None``: for ever; ``TimeoutError`` then); ``b""`` at the end of
+    /// the stream (the peer called ``finish()`` or closed). ``recv_into`` spares the copy.
+    #[pyo3(signature = (n, *, timeout = None))]
+    fn recv<'py>(
+        &self,
+        py: Python<'py>,
+        n: usize,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let conn = self.get()?;
+        let deadline = deadline(timeout)?;
+        if n == 0 {
+            return Ok(PyBytes::new(py, b""));
+        }
+        let mut buf = vec![0u8; n.min(MAX_RECV)];
+        let got = match deadline {
+            None => py
+                .detach(|| (&*conn).read(&mut buf))
+                .map_err(|e| io_error(py, e))?,
+            Some(d) => retry_until(py, &conn, d, |c| c.try_read(&mut buf))?,
+        };
+        Ok(PyBytes::new(py, &buf[..got]))
+    }
+
+    /// Reads the stream into ``buffer`` (any writable bytes-like object), at most ``nbytes``
+    /// bytes (0: its length), waiting as ``recv`` does; returns how many, 0 at the end of the
+    /// stream. The library copies straight into the buffer, with the GIL released.
+    #[pyo3(signature = (buffer, nbytes = 0, *, timeout = None))]
+    fn recv_into(
+        &self,
+        py: Python<'_>,
+        buffer: &Bound<'_, PyAny>,
+        nbytes: usize,
+        timeout: Option<f64>,
+    ) -> PyResult<usize> {
+        let conn = self.get()?;
+        let deadline = deadline(timeout)?;
+        let mut held = Held::writable(buffer)?;
+        let into = limit(held.bytes_mut(), nbytes)?;
+        if into.is_empty() {
+            return Ok(0);
+        }
+        match deadline {
+            None => py
+                .detach(|| (&*conn).read(into))
+                .map_err(|e| io_error(py, e)),
+            Some(d) => retry_until(py, &conn, d, |c| c.try_read(into)),
+        }
+    }
+
+    /// Reads at most ``n`` bytes that have arrived; ``b""`` at the end of the stream,
+    /// ``BlockingIOError`` when nothing is waiting. Never blocks.
+    fn try_recv<'py>(&self, py: Python<'py>, n: usize) -> PyResult<Bound<'py, PyBytes>> {
+        let conn = self.get()?;
+        if n == 0 {
+            return Ok(PyBytes::new(py, b""));
+        }
+        let mut buf = vec![0u8; n.min(MAX_RECV)];
+        let got = py
+            .detach(|| conn.try_read(&mut buf))
+            .map_err(|e| io_error(py, e))?;
+        Ok(PyBytes::new(py, &buf[..got]))
+    }
+
+    /// ``recv_into`` without waiting: ``BlockingIOError`` when nothing is waiting.
+    #[pyo3(signature = (buffer, nbytes = 0))]
+    fn try_recv_into(
+        &self,
+        py: Python<'_>,
+        buffer: &Bound<'_, PyAny>,
+        nbytes: usize,
+    ) -> PyResult<usize> {
+        let conn = self.get()?;
+        let mut held = Held::writable(buffer)?;
+        let into = limit(held.bytes_mut(), nbytes)?;
+        if into.is_empty() {
+            return Ok(0);
+        }
+        py.detach(|| conn.try_read(into))
+            .map_err(|e| io_error(py, e))
+    }
+
+    /// Sends one whole message (the peer receives it whole, in order, with
+    /// ``recv_message``), waiting for buffer space. At most ``max_message_size()`` bytes
+    /// (``ValueError`` beyond); larger data belongs on the stream.
+    fn send_message(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let conn = self.get()?;
+        let held = Held::readable(data)?;
+        py.detach(|| conn.send_message(held.bytes()))
+            .map_err(|e| io_error(py, e))
+    }
+
+    /// ``send_message`` if the buffer has room now; ``BlockingIOError`` otherwise.
+    fn try_send_message(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let conn = self.get()?;
+        let held = Held::readable(data)?;
+        py.detach(|| conn.try_send_message(held.bytes()))
+            .map_err(|e| io_error(py, e))
+    }
+
+    /// Receives one whole message, waiting at most ``timeout`` seconds (``None``: for ever;
+    /// ``TimeoutError`` then). Returns ``None`` once the peer finished (``finish()``/
+    /// ``close()``) and every message was read: ``b""`` is a message, the empty one.
+    #[pyo3(signature = (*, timeout = None))]
+    fn recv_message<'py>(
+        &self,
+        py: Python<'py>,
+        timeout: Option<f64>,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let conn = self.get()?;
+        let got = match deadline(timeout)? {
+            None => py
+                .detach(|| conn.recv_message())
+                .map_err(|e| io_error(py, e))?,
+            Some(d) => retry_until(py, &conn, d, |c| c.try_recv_message())?,
+        };
+        Ok(got.map(|m| PyBytes::new(py, &m)))
+    }
+
+    /// A whole message if one has arrived; ``None`` at the end (as ``recv_message``);
+    /// ``BlockingIOError`` when none is waiting. Never blocks.
+    fn try_recv_message<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let conn = self.get()?;
+        let got = py
+            .detach(|| conn.try_recv_message())
+            .map_err(|e| io_error(py, e))?;
+        Ok(got.map(|m| PyBytes::new(py, &m)))
+    }
+
+    /// Sends ``data`` as one unreliable datagram: it arrives whole or not at all, is sent
+    /// once and never repaired, and may overtake others. Never blocks (datagrams wait in a
+    /// bounded queue, the oldest dropped when it is full). At most ``max_datagram_size()``
+    /// bytes (``ValueError`` beyond).
+    fn send_datagram(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let conn = self.get()?;
+        let held = Held::readable(data)?;
+        py.detach(|| conn.send_datagram(held.bytes()))
+            .map_err(|e| io_error(py, e))
+    }
+
+    /// Receives one datagram, waiting at most ``timeout`` seconds (``None``: for ever;
+    /// ``TimeoutError`` then). Returns ``None`` once the connection closed cleanly and every
+    /// datagram that arrived was read.
+    #[pyo3(signature = (*, timeout = None))]
+    fn recv_datagram<'py>(
+        &self,
+        py: Python<'py>,
+        timeout: Option<f64>,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let conn = self.get()?;
+        let got = match deadline(timeout)? {
+            None => py
+                .detach(|| conn.recv_datagram())
+                .map_err(|e| io_error(py, e))?,
+            Some(d) => retry_until(py, &conn, d, |c| c.try_recv_datagram())?,
+        };
+        Ok(got.map(|d| PyBytes::new(py, &d)))
+    }
+
+    /// A datagram if one is waiting; ``None`` at the end (as ``recv_datagram``);
+    /// ``BlockingIOError`` when none is waiting. Never blocks.
+    fn try_recv_datagram<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let conn = self.get()?;
+        let got = py
+            .detach(|| conn.try_recv_datagram())
+            .map_err(|e| io_error(py, e))?;
+        Ok(got.map(|d| PyBytes::new(py, &d)))
+    }
+
+    /// Largest message ``send_message`` takes, in bytes (just under 8 MiB by default).
+    fn max_message_size(&self) -> PyResult<usize> {
+        Ok(self.get()?.max_message_size())
+    }
+
+    /// Largest datagram ``send_datagram`` takes, in bytes (66 559).
+    fn max_datagram_size(&self) -> PyResult<usize> {
+        Ok(self.get()?.max_datagram_size())
+    }
+
+    /// Largest datagram that travels in one packet, never in pieces.
+    fn unsplit_datagram_size(&self) -> PyResult<usize> {
+        Ok(self.get()?.unsplit_datagram_size())
+    }
+
+    /// Ends both outgoing streams (bytes and messages): the peer reads ``b""`` from ``recv``
+    /// (and ``None`` from ``recv_message``) after what was written. Data keeps arriving from
+    /// the peer until it finishes too.
+    fn finish(&self, py: Python<'_>) -> PyResult<()> {
+        let conn = self.get()?;
+        py.detach(|| conn.finish()).map_err(|e| io_error(py, e))
+    }
+
+    /// Waits until the peer acknowledged everything written and the end of both streams
+    /// (call ``finish()`` first), at most ``timeout`` seconds (``None``: for ever;
+    /// ``TimeoutError`` then).
+    #[pyo3(signature = (timeout = None))]
+    fn wait_acknowledged(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        let conn = self.get()?;
+        let timeout = timeout_arg(timeout)?;
+        py.detach(|| conn.wait_acknowledged(timeout))
+            .map_err(|e| io_error(py, e))
+    }
+
+    /// Whether the peer acknowledged everything written and the end of both streams.
+    fn is_acknowledged(&self) -> PyResult<bool> {
+        Ok(self.get()?.is_acknowledged())
+    }
+
+    /// The readiness descriptor: it becomes readable when a ``try_*`` call that raised
+    /// ``BlockingIOError`` may succeed if retried (data or a message arrived, buffer space was
+    /// freed, a link changed state, the connection closed). For ``select``/``selectors``/
+    /// asyncio readiness only: register it for reading and never read it yourself. Each
+    /// ``try_*`` call clears it before it looks, so after a wake-up call them until
+    /// ``BlockingIOError`` (it is edge-like). One descriptor serves reads and writes: one event
+    /// loop per connection. ``-1`` once closed, like a closed socket.
+    fn fileno(&self, py: Python<'_>) -> PyResult<i32> {
+        let Ok(conn) = self.get() else {
+            return Ok(-1);
+        };
+        let fd = conn
+            .readiness_fd()
+            .map_err(|e| io_error(py, e))?
+            .as_raw_fd();
+        Ok(fd)
+    }
+
+    /// The connection's state: ``"connecting"``, ``"established"``, ``"draining"`` (both
+    /// sides done, lingering briefly) or ``"closed"``.
+    fn state(&self) -> PyResult<&'static str> {
+        Ok(state_name(self.get()?.state()))
+    }
+
+    /// Why the connection ended, as the exception its calls raise (not raised: returned), or
+    /// ``None`` while it runs or after a clean end.
+    fn close_reason(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        let reason = self.get()?.close_reason();
+        Ok(reason.map(|e| connection_error(py, &e, None).into_value(py).into_any()))
+    }
+
+    /// Statistics: a dict of the connection's counters (``bytes_acknowledged``,
+    /// ``bytes_received``, ``send_buffered``, ``recv_buffered``, ``cipher``, the
+    /// ``datagrams_*`` counts, ...) whose ``"links"`` is a list of dicts, one per link:
+    /// ``id``, ``state`` (``"up"``, ``"down"``, ``"degraded"``, ``"validating"``), ``local``
+    /// and ``remote`` (``"ip:port"``), ``srtt`` and ``min_rtt`` (seconds), ``cwnd``,
+    /// ``bytes_in_flight``, ``bytes_sent``/``bytes_received``, ``packets_sent``/
+    /// ``packets_received``/``packets_lost``, ``stream_bytes_sent``/``stream_bytes_acked``,
+    /// ``max_datagram``, ``refusals``.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = self.get()?.stats();
+        stats_dict(py, &stats)
+    }
+
+    /// State changes since the last call, oldest first: dicts with ``kind``
+    /// (``"connected"``, ``"link_added"``, ``"link_state_changed"``, ``"all_acknowledged"``,
+    /// ``"closed"``), ``link`` (its id, or ``None``), ``from``/``to`` (link states, for
+    /// ``"link_state_changed"``), ``reason`` (why a ``"closed"`` connection ended, ``None``
+    /// for a clean close) and ``at`` (when, in ``time.monotonic()`` seconds).
+    fn events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let events = self.get()?.poll_events();
+        let list = PyList::empty(py);
+        let (now, mono) = (Instant::now(), monotonic());
+        for e in &events {
+            list.append(event_dict(py, e, now, mono)?)?;
+        }
+        Ok(list)
+    }
+
+    /// Aborts the connection at once, dropping what was not delivered; the peer's calls
+    /// raise ``PeerGone`` naming ``code`` and ``reason``. The handle stays (for ``stats()``)
+    /// until ``close()``.
+    #[pyo3(signature = (code = 0, reason = ""))]
+    fn abort(&self, py: Python<'_>, code: u64, reason: &str) -> PyResult<()> {
+        let conn = self.get()?;
+        py.detach(|| conn.abort(code, reason));
+        Ok(())
+    }
+
+    /// Lets go of the connection: finishes its streams (unless aborted) and lets it deliver
+    /// what was written in the background while its endpoint lives (``wait_acknowledged``
+    /// first to know it did; ``Endpoint.close`` waits for every connection). Later calls
+    /// raise ``ValueError``; ``fileno()`` gives -1. Closing twice does nothing.
+    fn close(&self) {
+        if let Some(conn) = self.take() {
+            drop_detached(conn);
+        }
+    }
+
+    /// Whether ``close()`` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// ``close()``.
+    #[pyo3(signature = (_exc_type = None, _exc_value = None, _traceback = None))]
+    fn __exit__(
+        &self,
+        _exc_type: Option<Bound<'_, PyType>>,
+        _exc_value: Option<Bound<'_, PyAny>>,
+        _traceback: Option<Bound<'_, PyAny>>,
+    ) -> bool {
+        self.close();
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        match self.get() {
+            Ok(c) => {
+                let links = c.stats().links.len();
+                format!(
+                    "<ri2n.Connection {}, {links} link(s)>",
+                    state_name(c.state())
+                )
+            }
+            Err(_) => "<ri2n.Connection closed>".to_owned(),
+        }
+    }
+}
+
+impl Drop for PyConnection {
+    fn drop(&mut self) {
+        if let Some(conn) = self.take() {
+            drop_detached(conn);
+        }
+    }
+}
+
+/// The most `recv`/`try_recv` read per call: far more than a connection's receive window
+/// holds (8 MiB by default), so a read never returns less for it, while a huge `n` cannot
+/// make the buffer allocation fail (which would abort the process, not raise).
+const MAX_RECV: usize = 64 << 20;
+
+/// The first `nbytes` of `buf` (all of it for 0), as `socket.recv_into` takes them.
+fn limit(buf: &mut [u8], nbytes: usize) -> PyResult<&mut [u8]> {
+    match nbytes {
+        0 => Ok(buf),
+        n if n <= buf.len() => Ok(&mut buf[..n]),
+        n => Err(PyValueError::new_err(format!(
+            "nbytes ({n}) is larger than the buffer ({} bytes)",
+            buf.len()
+        ))),
+    }
+}
+
+fn state_name(s: ConnectionState) -> &'static str {
+    match s {
+        ConnectionState::Connecting => "connecting",
+        ConnectionState::Established => "established",
+        ConnectionState::Draining => "draining",
+        ConnectionState::Closed => "closed",
+    }
+}
+
+/// Seconds of `CLOCK_MONOTONIC`: Python's `time.monotonic()`, and the clock of Rust's
+/// `Instant` on Linux, so event times convert by their distance from now.
+fn monotonic() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+fn cipher_name(c: Cipher) -> &'static str {
+    match c {
+        Cipher::Aes256Gcm => "aes-256-gcm",
+        Cipher::ChaCha20Poly1305 => "chacha20-poly1305",
+    }
+}
+
+fn stats_dict<'py>(py: Python<'py>, s: &ConnectionStats) -> PyResult<Bound<'py, PyDict>> {
+    let links = PyList::empty(py);
+    for l in &s.links {
+        let d = PyDict::new(py);
+        d.set_item("id", l.id.0)?;
+        d.set_item("state", l.state.to_string())?;
+        d.set_item("local", l.local.to_string())?;
+        d.set_item("remote", l.remote.to_string())?;
+        d.set_item("srtt", secs(l.srtt))?;
+        d.set_item("min_rtt", secs(l.min_rtt))?;
+        d.set_item("cwnd", l.cwnd)?;
+        d.set_item("bytes_in_flight", l.bytes_in_flight)?;
+        d.set_item("bytes_sent", l.bytes_sent)?;
+        d.set_item("bytes_received", l.bytes_received)?;
+        d.set_item("packets_sent", l.packets_sent)?;
+        d.set_item("packets_received", l.packets_received)?;
+        d.set_item("packets_lost", l.packets_lost)?;
+        d.set_item("stream_bytes_sent", l.stream_bytes_sent)?;
+        d.set_item("stream_bytes_acked", l.stream_bytes_acked)?;
+        d.set_item("max_datagram", l.max_datagram)?;
+        d.set_item("refusals", l.refusals)?;
+        links.append(d)?;
+    }
+    let d = PyDict::new(py);
+    d.set_item("links", links)?;
+    d.set_item("send_buffered", s.send_buffered)?;
+    d.set_item("recv_buffered", s.recv_buffered)?;
+    d.set_item("recv_fragments", s.recv_fragments)?;
+    d.set_item("bytes_acknowledged", s.bytes_acknowledged)?;
+    d.set_item("bytes_received", s.bytes_received)?;
+    d.set_item("cipher", s.cipher.map(cipher_name))?;
+    d.set_item("key_updates", s.key_updates)?;
+    d.set_item("packets_opened_ahead", s.packets_opened_ahead)?;
+    d.set_item("datagrams_sent", s.datagrams_sent)?;
+    d.set_item("datagrams_resent", s.datagrams_resent)?;
+    d.set_item("datagrams_send_dropped", s.datagrams_send_dropped)?;
+    d.set_item("datagrams_received", s.datagrams_received)?;
+    d.set_item("datagrams_receive_dropped", s.datagrams_receive_dropped)?;
+    d.set_item("datagrams_reordered", s.datagrams_reordered)?;
+    d.set_item("datagrams_duplicate", s.datagrams_duplicate)?;
+    d.set_item("datagrams_waiting", s.datagrams_waiting)?;
+    Ok(d)
+}
+
+fn event_dict<'py>(
+    py: Python<'py>,
+    e: &TimedEvent,
+    now: Instant,
+    mono: f64,
+) -> PyResult<Bound<'py, PyDict>> {
+    let (kind, link, from, to) = match &e.event {
+        Event::Connected => ("connected", None, None, None),
+        Event::LinkAdded { link } => ("link_added", Some(link.0), None, None),
+        Event::LinkStateChanged { link, from, to } => (
+            "link_state_changed",
+            Some(link.0),
+            Some(from.to_string()),
+            Some(to.to_string()),
+        ),
+        Event::Readable => ("readable", None, None, None),
+        Event::Writable => ("writable", None, None, None),
+        Event::AllAcknowledged => ("all_acknowledged", None, None, None),
+        Event::Closed(_) => ("closed", None, None, None),
+        _ => ("other", None, None, None),
+    };
+    let reason = match &e.event {
+        Event::Closed(Some(why)) => Some(why.to_string()),
+        _ => None,
+    };
+    let d = PyDict::new(py);
+    d.set_item("kind", kind)?;
+    d.set_item("link", link)?;
+    d.set_item("from", from)?;
+    d.set_item("to", to)?;
+    d.set_item("reason", reason)?;
+    d.set_item("at", mono - secs(now.saturating_duration_since(e.at)))?;
+    Ok(d)
+}

@@ -1,0 +1,318 @@
+//! `ri2n.Endpoint`: a host's local addresses (one UDP socket, one link, each), from which it
+//! connects, or on which a server accepts.
+
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use pyo3::exceptions::{PyTimeoutError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyType;
+use ri2n::{ConnectionConfig, ConnectionError, Endpoint, EndpointConfig};
+
+use crate::connection::PyConnection;
+use crate::errors::endpoint_error;
+use crate::key::PyKey;
+use crate::{drop_detached, timeout_arg, Addrs, SIGNAL_CHECK};
+
+/// The longest handshake attempt `connect` makes before it lets Python handle signals and
+/// starts a new one (see `connect`).
+const CONNECT_ATTEMPT: Duration = Duration::from_secs(1);
+
+/// How long leaving a `with` block waits for the peers to acknowledge what was written: the
+/// library's own `close_linger`, what dropping the endpoint would wait.
+const EXIT_LINGER: Duration = Duration::from_secs(10);
+
+/// A host's ri2n endpoint: one UDP socket per local address (each address a link), the
+/// driver threads, and the connections. Make one with ``Endpoint.server`` (accepts
+/// connections) or ``Endpoint.client`` (only connects). Closing it (``close()``, or leaving a
+/// ``with`` block) waits until the peers acknowledged what was written to them.
+#[pyclass(name = "Endpoint", module = "ri2n", frozen, weakref)]
+pub struct PyEndpoint {
+    /// `None` once closed.
+    inner: Mutex<Option<Endpoint>>,
+    /// The file the key came from, named by `KeyMismatch`.
+    key_file: Option<PathBuf>,
+    server: bool,
+}
+
+impl PyEndpoint {
+    fn bind(
+        py: Python<'_>,
+        addrs: Addrs,
+        key: Option<PyRef<'_, PyKey>>,
+        key_file: Option<PathBuf>,
+        server: bool,
+    ) -> PyResult<Self> {
+        let addrs = addrs.parse()?;
+        let (key, key_file) = match (key, key_file) {
+            (Some(_), Some(_)) => {
+                return Err(PyValueError::new_err("give key= or key_file=, not both"))
+            }
+            (Some(k), None) => (Some(k.key.clone()), k.path.clone()),
+            (None, Some(f)) => {
+                let k = PyKey::read(py, f)?;
+                (Some(k.key), k.path)
+            }
+            (None, None) => (None, None),
+        };
+        let mut config = EndpointConfig::new(addrs).with_key(key);
+        if server {
+            config = config.server();
+        }
+        let endpoint = py
+            .detach(|| Endpoint::bind(config))
+            .map_err(|e| endpoint_error(py, e, None))?;
+        Ok(Self {
+            inner: Mutex::new(Some(endpoint)),
+            key_file,
+            server,
+        })
+    }
+
+    /// The endpoint, for `accept`: `ValueError` for a client, which never has a connection
+    /// to accept (the library would wait for ever).
+    fn get_server(&self) -> PyResult<Endpoint> {
+        if !self.server {
+            return Err(PyValueError::new_err(
+                "a client endpoint accepts no connections (make it with Endpoint.server)",
+            ));
+        }
+        self.get()
+    }
+
+    /// The endpoint (a handle that shares it), or `ValueError` once closed.
+    fn get(&self) -> PyResult<Endpoint> {
+        // a poisoned lock still holds a valid Option
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner
+            .clone()
+            .ok_or_else(|| PyValueError::new_err("the endpoint is closed"))
+    }
+
+    fn take(&self) -> Option<Endpoint> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+#[pymethods]
+impl PyEndpoint {
+    /// An endpoint that accepts connections on ``addrs`` (``"ip:port"`` strings; port 0 picks
+    /// a free port, see ``local_addrs()``; ``"0.0.0.0:7000"`` stands for every IPv4 address the
+    /// host has now). Clients given one of the addresses learn the others and open a link to
+    /// each. With ``key`` (a ``Key``) or ``key_file`` (a path to one), only clients holding
+    /// the same key are accepted.
+    #[staticmethod]
+    #[pyo3(signature = (addrs, key = None, key_file = None))]
+    fn server(
+        py: Python<'_>,
+        addrs: Addrs,
+        key: Option<PyRef<'_, PyKey>>,
+        key_file: Option<PathBuf>,
+    ) -> PyResult<Self> {
+        Self::bind(py, addrs, key, key_file, true)
+    }
+
+    /// An endpoint that only makes outgoing connections, from ``addrs`` (usually one address
+    /// per network, port 0). ``key``/``key_file`` as for ``server``.
+    #[staticmethod]
+    #[pyo3(signature = (addrs, key = None, key_file = None))]
+    fn client(
+        py: Python<'_>,
+        addrs: Addrs,
+        key: Option<PyRef<'_, PyKey>>,
+        key_file: Option<PathBuf>,
+    ) -> PyResult<Self> {
+        Self::bind(py, addrs, key, key_file, false)
+    }
+
+    /// Connects to a server given one or more of its addresses and returns the
+    /// ``Connection`` once the handshake completed. Raises ``TimeoutError`` when nobody
+    /// answered within ``timeout`` seconds (``None``: keeps trying for ever),
+    /// ``ConnectionRefusedError`` when nothing listens there (or an endpoint that is not a
+    /// server, or a full server), ``KeyMismatch`` when the keys differ.
+    #[pyo3(signature = (addrs, timeout = None))]
+    fn connect(
+        &self,
+        py: Python<'_>,
+        addrs: Addrs,
+        timeout: Option<f64>,
+    ) -> PyResult<PyConnection> {
+        let remotes = addrs.parse()?;
+        let timeout = timeout_arg(timeout)?;
+        if timeout.is_some_and(|t| t.is_zero()) {
+            return Err(PyValueError::new_err("a connect timeout must be positive"));
+        }
+        let endpoint = self.get()?;
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        // The handshake runs in attempts of at most a second, so that Ctrl-C is handled
+        // between them: a handshake cannot be interrupted, and `None` would otherwise never
+        // come back to Python. Starting anew after an attempt without an answer is what
+        // the retransmissions of one attempt would have done.
+        loop {
+            let attempt = deadline.map_or(CONNECT_ATTEMPT, |d| {
+                d.saturating_duration_since(Instant::now())
+                    .min(CONNECT_ATTEMPT)
+            });
+            if attempt.is_zero() {
+                return Err(no_answer(&remotes, timeout));
+            }
+            let config = ConnectionConfig::default().with_handshake_timeout(attempt);
+            match py.detach(|| endpoint.connect(&remotes, config)) {
+                Ok(conn) => return Ok(PyConnection::new(conn)),
+                Err(ri2n::Error::Connection(ConnectionError::TimedOut(_))) => py.check_signals()?,
+                Err(e) => return Err(endpoint_error(py, e, self.key_file.as_deref())),
+            }
+        }
+    }
+
+    /// Waits for the next incoming connection, at most ``timeout`` seconds (``None``: for
+    /// ever); ``TimeoutError`` if none came. A connection is handed over once its client
+    /// confirmed the handshake, so never one a replayed or forged handshake started.
+    #[pyo3(signature = (timeout = None))]
+    fn accept(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyConnection> {
+        let endpoint = self.get_server()?;
+        let deadline = timeout_arg(timeout)?.and_then(|t| Instant::now().checked_add(t));
+        loop {
+            let wait = deadline.map_or(SIGNAL_CHECK, |d| {
+                d.saturating_duration_since(Instant::now())
+                    .min(SIGNAL_CHECK)
+            });
+            match py.detach(|| endpoint.accept_timeout(Some(wait))) {
+                Ok(Some(conn)) => return Ok(PyConnection::new(conn)),
+                Ok(None) if deadline.is_some_and(|d| Instant::now() >= d) => {
+                    return Err(PyTimeoutError::new_err("no connection arrived in time"))
+                }
+                Ok(None) => {
+                    py.check_signals()?;
+                    // closed by another thread meanwhile: stop waiting, as a socket does
+                    self.get()?;
+                }
+                Err(e) => return Err(endpoint_error(py, e, None)),
+            }
+        }
+    }
+
+    /// The next incoming connection if one is waiting; ``BlockingIOError`` otherwise. For
+    /// event loops, with ``fileno()``.
+    fn try_accept(&self, py: Python<'_>) -> PyResult<PyConnection> {
+        let endpoint = self.get_server()?;
+        endpoint
+            .try_accept()
+            .map(PyConnection::new)
+            .map_err(|e| endpoint_error(py, e, None))
+    }
+
+    /// A descriptor that becomes readable when a connection may be waiting for
+    /// ``try_accept()``: register it with ``select``/``selectors``/asyncio for reading, and
+    /// call ``try_accept()`` until ``BlockingIOError`` after each wake-up. Never read it.
+    /// It is closed with the endpoint.
+    fn fileno(&self, py: Python<'_>) -> PyResult<i32> {
+        let endpoint = self.get()?;
+        let fd = endpoint
+            .readiness_fd()
+            .map_err(|e| crate::errors::io_error(py, e))?
+            .as_raw_fd();
+        Ok(fd)
+    }
+
+    /// The bound local addresses, ports resolved, as ``"ip:port"`` strings.
+    fn local_addrs(&self) -> PyResult<Vec<String>> {
+        Ok(self
+            .get()?
+            .local_addrs()
+            .iter()
+            .map(|a| a.to_string())
+            .collect())
+    }
+
+    /// Handshakes refused since the last call because the client holds another key (or one
+    /// side has none) or speaks another application: ``(client address, reason)`` pairs, for
+    /// a server to log (about one per second is reported, the rest only counted).
+    fn refused_handshakes(&self) -> PyResult<Vec<(String, String)>> {
+        Ok(self
+            .get()?
+            .refused_handshakes()
+            .into_iter()
+            .map(|r| (r.remote.to_string(), r.reason.to_string()))
+            .collect())
+    }
+
+    /// Closes every connection gracefully: finishes their streams and waits, at most
+    /// ``timeout`` seconds (``None``: as long as it takes), until each peer acknowledged
+    /// everything written to it, then releases the sockets (once no ``Connection`` of the
+    /// endpoint is left). Raises ``NotDelivered`` if some data was never acknowledged.
+    /// An ``accept`` waiting in another thread then raises ``ValueError``. Closing a closed
+    /// endpoint does nothing.
+    #[pyo3(signature = (timeout = None))]
+    fn close(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        let timeout = timeout_arg(timeout)?;
+        let Some(endpoint) = self.take() else {
+            return Ok(());
+        };
+        let closed = py.detach(|| endpoint.close(timeout));
+        drop_detached(endpoint);
+        closed.map_err(|e| endpoint_error(py, e, None))
+    }
+
+    /// Whether ``close()`` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Closes the endpoint, waiting up to 10 s for the peers to acknowledge what was written
+    /// (what dropping it would wait); ``NotDelivered`` is raised only if the block itself
+    /// raised nothing.
+    #[pyo3(signature = (exc_type = None, _exc_value = None, _traceback = None))]
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        exc_type: Option<Bound<'_, PyType>>,
+        _exc_value: Option<Bound<'_, PyAny>>,
+        _traceback: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        let closed = self.close(py, Some(EXIT_LINGER.as_secs_f64()));
+        match closed {
+            Err(e) if exc_type.is_none() => Err(e),
+            _ => Ok(false),
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        let kind = if self.server { "server" } else { "client" };
+        match self.get() {
+            Ok(e) => {
+                let addrs: Vec<String> = e.local_addrs().iter().map(|a| a.to_string()).collect();
+                format!("<ri2n.Endpoint {kind} {}>", addrs.join(", "))
+            }
+            Err(_) => format!("<ri2n.Endpoint {kind} closed>"),
+        }
+    }
+}
+
+impl Drop for PyEndpoint {
+    fn drop(&mut self) {
+        if let Some(endpoint) = self.take() {
+            drop_detached(endpoint);
+        }
+    }
+}
+
+/// The `TimeoutError` of a handshake nobody answered.
+fn no_answer(remotes: &[std::net::SocketAddr], timeout: Option<Duration>) -> PyErr {
+    let to: Vec<String> = remotes.iter().map(|a| a.to_string()).collect();
+    let within = timeout.map_or(String::new(), |t| format!(" within {} s", t.as_secs_f64()));
+    PyTimeoutError::new_err(format!(
+        "no answer to the handshake from {}{within}",
+        to.join(", ")
+    ))
+}

@@ -1,0 +1,124 @@
+//! `ri2n.Key`: the key a cluster shares, in the text form of `ri2n keygen` (one line,
+//! `ri2n-key-v1:` and 64 hex digits) in a file of mode 0600.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use pyo3::exceptions::{PyOSError, PyUserWarning, PyValueError};
+use pyo3::prelude::*;
+
+use crate::errors::os_error;
+
+/// The key a cluster shares: give every host the same one, and connections between them are
+/// mutually authenticated and encrypted; a peer holding another key, or none, is refused
+/// (``KeyMismatch``). ``repr()`` never shows the key.
+#[pyclass(name = "Key", module = "ri2n", frozen)]
+pub struct PyKey {
+    pub(crate) key: ri2n::Key,
+    /// The file it was read from, named when a peer turns out to hold another key.
+    pub(crate) path: Option<PathBuf>,
+}
+
+impl PyKey {
+    /// Reads the key file at `path`, as `ri2n --key FILE` does.
+    pub(crate) fn read(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        let text = fs::read_to_string(&path).map_err(|e| os_error(py, &e, None, Some(&path)))?;
+        let key = ri2n::Key::from_text(&text)
+            .map_err(|e| PyValueError::new_err(format!("{}: {e}", path.display())))?;
+        if let Ok(meta) = fs::metadata(&path) {
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                let message = format!(
+                    "the key file {} can be read by other users (mode {mode:04o}); `chmod 600` it",
+                    path.display()
+                );
+                // a C string for the warning; a path with a NUL byte could not have been read
+                if let Ok(message) = std::ffi::CString::new(message) {
+                    PyErr::warn(py, &py.get_type::<PyUserWarning>(), &message, 1)?;
+                }
+            }
+        }
+        Ok(Self {
+            key,
+            path: Some(path),
+        })
+    }
+}
+
+#[pymethods]
+impl PyKey {
+    /// A new random key from the operating system's random source.
+    #[staticmethod]
+    fn generate() -> PyResult<Self> {
+        let key = ri2n::Key::generate().map_err(|e| PyOSError::new_err(e.to_string()))?;
+        Ok(Self { key, path: None })
+    }
+
+    /// The key in ``text`` (a key file's content, as ``ri2n keygen`` writes it; surrounding
+    /// white space is ignored). Raises ``ValueError`` if it is not a key.
+    #[staticmethod]
+    fn from_text(text: &str) -> PyResult<Self> {
+        let key = ri2n::Key::from_text(text).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(Self { key, path: None })
+    }
+
+    /// Reads a key file (``ri2n keygen --output FILE``). A missing or unreadable file raises
+    /// the ``OSError`` subclass its errno names (``FileNotFoundError``, ``PermissionError``);
+    /// content that is not a key raises ``ValueError``. A file other users can read gives a
+    /// ``UserWarning``, as ``ri2n`` does.
+    #[staticmethod]
+    fn from_file(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        Self::read(py, path)
+    }
+
+    /// Writes the key to a new file of mode 0600 in the text form of ``ri2n keygen``. An
+    /// existing file is replaced only with ``overwrite=True`` (``FileExistsError`` otherwise):
+    /// every host of a cluster holds that key.
+    #[pyo3(signature = (path, *, overwrite = false))]
+    fn save(&self, py: Python<'_>, path: PathBuf, overwrite: bool) -> PyResult<()> {
+        write_key(&self.key, &path, overwrite).map_err(|e| os_error(py, &e, None, Some(&path)))
+    }
+
+    /// The text form: ``ri2n-key-v1:`` and 64 hex digits (the secret itself: keep it so).
+    fn to_text(&self) -> String {
+        self.key.to_text().to_string()
+    }
+
+    /// The file the key was read from, if it was.
+    #[getter]
+    fn path(&self) -> Option<PathBuf> {
+        self.path.clone()
+    }
+
+    fn __eq__(&self, other: PyRef<'_, PyKey>) -> bool {
+        self.key == other.key
+    }
+
+    fn __repr__(&self) -> String {
+        match &self.path {
+            Some(p) => format!("<ri2n.Key from {}>", p.display()),
+            None => "<ri2n.Key>".to_owned(),
+        }
+    }
+}
+
+/// Writes `key` as `ri2n keygen` does: created with mode 0600 (the umask can only narrow it),
+/// so it is never readable by others, not even for a moment.
+fn write_key(key: &ri2n::Key, path: &Path, overwrite: bool) -> std::io::Result<()> {
+    let mut options = fs::OpenOptions::new();
+    options.write(true).mode(0o600);
+    if overwrite {
+        options.create(true).truncate(true);
+    } else {
+        options.create_new(true);
+    }
+    let mut file = options.open(path)?;
+    // a replaced file keeps its old mode: make sure it is private too
+    file.set_permissions(fs::Permissions::from_mode(0o600))?;
+    let mut line = key.to_text();
+    line.push('\n');
+    file.write_all(line.as_bytes())?;
+    file.sync_all()
+}

@@ -1,0 +1,102 @@
+//! `ri2n._ri2n`: the Python binding of ri2n, the extension module under the `ri2n` package
+//! (`python/ri2n/__init__.py` re-exports it, `python/ri2n/aio.py` adds asyncio streams).
+//!
+//! It is a thin layer over the `ri2n` crate: `key.rs` makes `ri2n.Key`, `endpoint.rs`
+//! `ri2n.Endpoint`, `connection.rs` `ri2n.Connection`, `errors.rs` the exceptions and
+//! `buffer.rs` the buffer protocol. Three rules hold throughout:
+//! - every call that can wait (connect, accept, reads, writes, close) releases the GIL while it
+//!   waits, so other Python threads run meanwhile;
+//! - data moves through the buffer protocol: a write holds the caller's buffer and the
+//!   library copies straight from it, `recv_into` lets the library copy straight into the
+//!   caller's buffer (only `recv(n)`, which must make a `bytes`, reads into a `Vec` first);
+//! - errors become exceptions (`errors.rs`), never a panic: nothing here unwraps what a user
+//!   can influence.
+
+mod buffer;
+mod connection;
+mod endpoint;
+mod errors;
+mod key;
+
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+/// How long a wait runs with the GIL released before it comes back to let Python handle
+/// signals (Ctrl-C): waits with a timeout, and `accept`, wake this often.
+pub(crate) const SIGNAL_CHECK: Duration = Duration::from_millis(200);
+
+/// Addresses as Python passes them: one `"ip:port"` string or a sequence of them.
+#[derive(FromPyObject)]
+pub(crate) enum Addrs {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Addrs {
+    /// The socket addresses; `ValueError` naming the first string that is not one.
+    pub(crate) fn parse(self) -> PyResult<Vec<SocketAddr>> {
+        let all = match self {
+            Addrs::One(a) => vec![a],
+            Addrs::Many(v) => v,
+        };
+        all.iter()
+            .map(|a| {
+                a.trim().parse().map_err(|_| {
+                    PyValueError::new_err(format!(
+                        "not a socket address: {a:?} (expected \"ip:port\", e.g. \
+                         \"10.0.1.2:7000\" or \"[fd00::2]:7000\"; names are not resolved)"
+                    ))
+                })
+            })
+            .collect()
+    }
+}
+
+/// A timeout argument: `None` waits for ever (so does infinity); otherwise seconds, at least
+/// 0. `ValueError` for a negative or NaN one.
+pub(crate) fn timeout_arg(seconds: Option<f64>) -> PyResult<Option<Duration>> {
+    match seconds {
+        None => Ok(None),
+        Some(s) if s.is_nan() || s < 0.0 => Err(PyValueError::new_err(format!(
+            "timeout must be None or a number of seconds >= 0, not {s}"
+        ))),
+        // beyond what a Duration holds (infinity included) is for ever
+        Some(s) => Ok(Duration::try_from_secs_f64(s).ok()),
+    }
+}
+
+/// Waits at most `wait` for `fd` to become readable; whether it did. An interrupted wait
+/// (EINTR) counts as not: the callers look again and let Python handle the signal.
+pub(crate) fn poll_readable(fd: RawFd, wait: Duration) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // rounded up: a wait of 0.3 ms must not turn into a busy poll of 0 ms
+    let ms = wait.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+    // SAFETY: one valid pollfd, for the duration of the call.
+    unsafe { libc::poll(&mut pfd, 1, ms) > 0 }
+}
+
+/// Drops `value` with the GIL released: the last handle of an endpoint (or its last
+/// connection) waits there, up to the endpoint's `close_linger`, for what was written to be
+/// delivered, and other Python threads must not stall meanwhile.
+pub(crate) fn drop_detached<T: Send>(value: T) {
+    Python::attach(|py| py.detach(move || drop(value)));
+}
+
+/// The extension module: `ri2n/__init__.py` re-exports what it defines.
+#[pymodule]
+fn _ri2n(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<key::PyKey>()?;
+    m.add_class::<endpoint::PyEndpoint>()?;
+    m.add_class::<connection::PyConnection>()?;
+    m.add("MAX_LINKS", ri2n::MAX_LINKS)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,96 @@
+"""Shared fixtures: endpoints and connections on loopback.
+
+Two links are two loopback addresses, 127.0.0.1 and 127.0.0.2 (all of 127.0.0.0/8 is
+loopback on Linux), each with a free port, as the Rust tests in crates/ri2n/tests do.
+"""
+
+import contextlib
+import subprocess
+import sys
+from typing import Any, Iterator, List, Optional, Tuple
+
+import pytest
+
+import ri2n
+
+#: One local address per link.
+LINKS = ["127.0.0.1:0", "127.0.0.2:0"]
+
+
+def close_quietly(*things: object) -> None:
+    """Closes connections and endpoints at the end of a test, whatever state it left them in
+    (an endpoint whose connection was aborted may report data it could not deliver)."""
+    for t in things:
+        with contextlib.suppress(ri2n.NotDelivered, ValueError):
+            if isinstance(t, ri2n.Endpoint):
+                t.close(timeout=2)
+            elif isinstance(t, ri2n.Connection):
+                t.close()
+
+
+class Pair:
+    """A server and a client endpoint on both links, and a connection between them."""
+
+    def __init__(self, key: Optional[ri2n.Key] = None) -> None:
+        self.server = ri2n.Endpoint.server(LINKS, key=key)
+        self.client = ri2n.Endpoint.client(LINKS, key=key)
+        # one address is enough: the server tells the client its other one
+        self.conn = self.client.connect(self.server.local_addrs()[0], timeout=10)
+        self.peer = self.server.accept(timeout=10)
+
+    def close(self) -> None:
+        close_quietly(self.conn, self.peer, self.client, self.server)
+
+
+@pytest.fixture
+def pair() -> Iterator[Pair]:
+    p = Pair()
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def endpoints() -> Iterator[Tuple[ri2n.Endpoint, ri2n.Endpoint]]:
+    """A server and a client endpoint, not connected."""
+    server = ri2n.Endpoint.server(LINKS)
+    client = ri2n.Endpoint.client(LINKS)
+    yield server, client
+    close_quietly(client, server)
+
+
+def wait_links_up(conn: ri2n.Connection, n: int, timeout: float = 5.0) -> List[Any]:
+    """The connection's links once ``n`` are up (a server learns of the client's second link
+    shortly after the handshake)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        links = conn.stats()["links"]
+        if sum(1 for l in links if l["state"] == "up") >= n:
+            return links
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {n} links up: {links}")
+        time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def server_process() -> Iterator[Tuple[subprocess.Popen, str]]:
+    """A server in a process of its own (to kill or stop): it accepts one connection, sends
+    b"hi" on it and waits until its stdin closes. Yields the process and its address."""
+    code = (
+        "import sys, ri2n\n"
+        f"s = ri2n.Endpoint.server({LINKS!r})\n"
+        "print(s.local_addrs()[0], flush=True)\n"
+        "c = s.accept(timeout=30)\n"
+        "c.sendall(b'hi')\n"
+        "sys.stdin.read()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        yield proc, proc.stdout.readline().strip()
+    finally:
+        proc.kill()
+        proc.wait()

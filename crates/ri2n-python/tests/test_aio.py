@@ -1,0 +1,145 @@
+"""ri2n.aio: asyncio streams over connections."""
+
+import asyncio
+import hashlib
+import random
+
+import pytest
+
+import ri2n
+from conftest import LINKS
+
+
+async def echo_server(server: ri2n.Endpoint, clients: int) -> None:
+    """Echoes each client's stream back until its end, then ends its own."""
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            data = await reader.read(1 << 16)
+            if not data:
+                break
+            writer.write(data)
+            await writer.drain()
+        writer.write_eof()
+        writer.close()
+        await writer.wait_closed()
+
+    tasks = []
+    for _ in range(clients):
+        reader, writer = await ri2n.aio.accept(server, timeout=10)
+        tasks.append(asyncio.ensure_future(echo(reader, writer)))
+    await asyncio.gather(*tasks)
+
+
+async def echo_client(client: ri2n.Endpoint, to: str, data: bytes) -> bytes:
+    reader, writer = await ri2n.aio.open_connection(client, [to], timeout=10)
+
+    async def send() -> None:
+        for i in range(0, len(data), 100_000):  # uneven pieces
+            writer.write(data[i : i + 100_000])
+            await writer.drain()
+        writer.write_eof()
+
+    sending = asyncio.ensure_future(send())
+    back = await reader.read()  # until the server's end of stream
+    await sending
+    writer.close()
+    await writer.wait_closed()
+    return back
+
+
+def test_asyncio_echo_is_exact() -> None:
+    """Three clients at once, 8 MiB each, echoed by one asyncio server over two links."""
+
+    async def main() -> None:
+        server = ri2n.Endpoint.server(LINKS)
+        client = ri2n.Endpoint.client(LINKS)
+        try:
+            to = server.local_addrs()[0]
+            payloads = [random.Random(k).randbytes(8 << 20) for k in range(3)]
+            serving = asyncio.ensure_future(echo_server(server, len(payloads)))
+            backs = await asyncio.wait_for(
+                asyncio.gather(*(echo_client(client, to, p) for p in payloads)), 120
+            )
+            await asyncio.wait_for(serving, 30)
+            for sent, back in zip(payloads, backs):
+                assert len(back) == len(sent)
+                assert hashlib.sha256(back).digest() == hashlib.sha256(sent).digest()
+        finally:
+            client.close(timeout=5)
+            server.close(timeout=5)
+
+    asyncio.run(main())
+
+
+def test_asyncio_small_exchanges() -> None:
+    """Request and reply, line by line: each write is answered before the next."""
+
+    async def main() -> None:
+        server = ri2n.Endpoint.server(LINKS)
+        client = ri2n.Endpoint.client(LINKS)
+        try:
+            accepting = asyncio.ensure_future(ri2n.aio.accept(server, timeout=10))
+            reader, writer = await ri2n.aio.open_connection(client, server.local_addrs())
+            sreader, swriter = await accepting
+            for i in range(200):
+                writer.write(b"ping %d\n" % i)
+                line = await asyncio.wait_for(sreader.readline(), 5)
+                swriter.write(line.replace(b"ping", b"pong"))
+                assert await asyncio.wait_for(reader.readline(), 5) == b"pong %d\n" % i
+            conn = writer.get_extra_info("connection")
+            assert isinstance(conn, ri2n.Connection)
+            assert len(conn.stats()["links"]) == 2
+            writer.close()
+            await writer.wait_closed()
+            assert await asyncio.wait_for(sreader.read(), 5) == b"", "the client's end"
+            swriter.close()
+            await swriter.wait_closed()
+        finally:
+            client.close(timeout=5)
+            server.close(timeout=5)
+
+    asyncio.run(main())
+
+
+def test_asyncio_accept_times_out_and_takes_turns() -> None:
+    async def main() -> None:
+        server = ri2n.Endpoint.server(LINKS)
+        client = ri2n.Endpoint.client(LINKS)
+        try:
+            with pytest.raises(TimeoutError):
+                await ri2n.aio.accept(server, timeout=0.2)
+            # two tasks accept at once; two clients come: each task gets one
+            accepts = [asyncio.ensure_future(ri2n.aio.accept(server, timeout=10)) for _ in "ab"]
+            conns = await asyncio.gather(
+                *(ri2n.aio.open_connection(client, server.local_addrs()) for _ in "ab")
+            )
+            accepted = await asyncio.gather(*accepts)
+            assert len(accepted) == 2
+            for _, w in list(conns) + list(accepted):
+                w.close()
+                await w.wait_closed()
+        finally:
+            client.close(timeout=5)
+            server.close(timeout=5)
+
+    asyncio.run(main())
+
+
+def test_asyncio_peer_gone_reaches_the_reader() -> None:
+    async def main() -> None:
+        server = ri2n.Endpoint.server(LINKS)
+        client = ri2n.Endpoint.client(LINKS)
+        try:
+            accepting = asyncio.ensure_future(ri2n.aio.accept(server, timeout=10))
+            reader, writer = await ri2n.aio.open_connection(client, server.local_addrs())
+            _, swriter = await accepting
+            swriter.transport.abort()
+            with pytest.raises(ri2n.PeerGone):
+                await asyncio.wait_for(reader.read(), 5)
+            writer.close()
+        finally:
+            client.close(timeout=5)
+            server.close(timeout=5)
+
+    asyncio.run(main())

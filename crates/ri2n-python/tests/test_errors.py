@@ -1,0 +1,159 @@
+"""What goes wrong, as exceptions: timeouts, refusals, bad arguments, a peer that is gone,
+calls on what was closed."""
+
+import socket
+import time
+
+import pytest
+
+import ri2n
+from conftest import LINKS, Pair, server_process
+
+
+def test_accept_times_out(endpoints) -> None:
+    server, _ = endpoints
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        server.accept(timeout=0.3)
+    assert 0.25 < time.monotonic() - start < 3
+    with pytest.raises(TimeoutError):
+        server.accept(timeout=0)
+
+
+def test_connect_to_a_silent_peer_times_out(endpoints) -> None:
+    """A UDP socket that reads and never answers (a host that drops the handshake)."""
+    _, client = endpoints
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:
+        silent.bind(("127.0.0.1", 0))
+        to = "%s:%d" % silent.getsockname()
+        start = time.monotonic()
+        with pytest.raises(TimeoutError) as e:
+            client.connect(to, timeout=1.5)
+        took = time.monotonic() - start
+        assert 1.4 < took < 5, took
+        assert to in str(e.value)
+        silent.settimeout(0)
+        assert silent.recv(2048), "the handshake reached the silent socket"
+
+
+def test_connect_to_a_closed_port_is_refused(endpoints) -> None:
+    """Nothing listens: the host answers "port unreachable" and connect fails at once."""
+    _, client = endpoints
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        to = "%s:%d" % s.getsockname()
+    start = time.monotonic()
+    with pytest.raises(ConnectionRefusedError):
+        client.connect(to, timeout=10)
+    assert time.monotonic() - start < 5
+
+
+def test_connect_to_an_endpoint_that_is_not_a_server(endpoints) -> None:
+    _, client = endpoints
+    other = ri2n.Endpoint.client(["127.0.0.1:0"])
+    try:
+        with pytest.raises(ConnectionRefusedError, match="not a server"):
+            client.connect(other.local_addrs(), timeout=5)
+    finally:
+        other.close()
+
+
+@pytest.mark.parametrize(
+    "addr", ["nonsense", "127.0.0.1", "localhost:7000", "127.0.0.1:99999", "", "1.2.3.4:-1"]
+)
+def test_bad_addresses_are_value_errors(endpoints, addr: str) -> None:
+    _, client = endpoints
+    with pytest.raises(ValueError):
+        ri2n.Endpoint.client([addr])
+    with pytest.raises(ValueError):
+        ri2n.Endpoint.server(["127.0.0.1:0", addr])
+    with pytest.raises(ValueError):
+        client.connect([addr], timeout=1)
+
+
+def test_bad_arguments_are_value_errors(endpoints) -> None:
+    server, client = endpoints
+    with pytest.raises(ValueError):
+        ri2n.Endpoint.client([])  # no local address
+    with pytest.raises(ValueError):
+        client.connect([], timeout=1)  # no remote address
+    with pytest.raises(ValueError):
+        client.connect(server.local_addrs(), timeout=-1)
+    with pytest.raises(ValueError):
+        client.connect(server.local_addrs(), timeout=float("nan"))
+    with pytest.raises(ValueError):
+        server.accept(timeout=-0.5)
+    with pytest.raises(TypeError):
+        ri2n.Endpoint.client([1, 2])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="client"):
+        client.accept(timeout=0)  # a client never has a connection to accept
+    with pytest.raises(ValueError):
+        ri2n.Endpoint.client(LINKS, key=ri2n.Key.generate(), key_file="both.key")
+
+
+def test_a_peer_that_aborts_is_gone(pair: Pair) -> None:
+    pair.conn.abort(7, "enough")
+    with pytest.raises(ri2n.PeerGone, match="enough") as e:
+        pair.peer.recv(100, timeout=5)
+    assert isinstance(e.value, ConnectionResetError)
+    assert isinstance(e.value, ri2n.Error)
+    assert isinstance(pair.peer.close_reason(), ri2n.PeerGone)
+    # this side aborted: its own calls say so
+    with pytest.raises(ConnectionAbortedError):
+        pair.conn.sendall(b"x")
+
+
+def test_a_peer_whose_process_is_gone(endpoints) -> None:
+    """The server's process is killed: its host answers "port unreachable" to the client's
+    keepalives, and the client's waiting read raises PeerGone within a few seconds."""
+    _, client = endpoints
+    with server_process() as (proc, addr):
+        conn = client.connect(addr, timeout=10)
+        assert conn.recv(2, timeout=10) == b"hi"
+        proc.kill()
+        proc.wait()
+        start = time.monotonic()
+        with pytest.raises(ri2n.PeerGone, match="gone"):
+            conn.recv(10, timeout=10)
+        assert time.monotonic() - start < 5
+        conn.close()
+
+
+def test_calls_on_closed_things(pair: Pair) -> None:
+    pair.conn.close()
+    assert pair.conn.closed
+    assert pair.conn.fileno() == -1
+    with pytest.raises(ValueError, match="closed"):
+        pair.conn.sendall(b"x")
+    pair.conn.close()  # twice is fine
+    pair.client.close(timeout=5)
+    assert pair.client.closed
+    with pytest.raises(ValueError, match="closed"):
+        pair.client.connect(pair.server.local_addrs(), timeout=1)
+    pair.client.close()
+
+
+def test_writing_after_finish_is_a_broken_pipe(pair: Pair) -> None:
+    pair.conn.finish()
+    with pytest.raises(BrokenPipeError):
+        pair.conn.sendall(b"x")
+
+
+def test_closing_an_endpoint_ends_a_waiting_accept(endpoints) -> None:
+    import threading
+
+    server, _ = endpoints
+    raised = []
+
+    def wait() -> None:
+        try:
+            server.accept()
+        except ValueError as e:
+            raised.append(e)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.3)
+    server.close(timeout=1)
+    waiter.join(timeout=5)
+    assert not waiter.is_alive() and raised and "closed" in str(raised[0])

@@ -1,0 +1,94 @@
+"""Context managers, closing, statistics and events."""
+
+import os
+import signal
+import time
+
+import pytest
+
+import ri2n
+from conftest import LINKS, server_process, wait_links_up
+
+
+def test_context_managers_close_and_deliver() -> None:
+    data = bytes(range(256)) * 4096  # 1 MiB
+    with ri2n.Endpoint.server(LINKS) as server:
+        with ri2n.Endpoint.client(LINKS) as client:
+            with client.connect(server.local_addrs()[0], timeout=10) as conn:
+                conn.sendall(data)
+            # closed: the connection finished its stream and delivers in the background
+            assert conn.closed
+            with server.accept(timeout=10) as peer:
+                got = bytearray()
+                while chunk := peer.recv(1 << 20, timeout=10):
+                    got += chunk
+                assert got == data
+        assert client.closed
+    assert server.closed
+
+
+def test_stats_and_events(pair) -> None:
+    links = wait_links_up(pair.conn, 2)
+    assert {l["id"] for l in links} == {0, 1}
+    assert {l["local"].split(":")[0] for l in links} == {"127.0.0.1", "127.0.0.2"}
+    for l in links:
+        assert l["state"] == "up"
+        assert isinstance(l["srtt"], float) and 0 < l["srtt"] < 1
+        for counter in ("bytes_sent", "bytes_received", "packets_sent", "packets_lost", "cwnd"):
+            assert isinstance(l[counter], int)
+    pair.conn.sendall(bytes(100_000))
+    pair.conn.finish()
+    pair.conn.wait_acknowledged(timeout=10)
+    stats = pair.conn.stats()
+    assert stats["bytes_acknowledged"] >= 100_000 and stats["send_buffered"] == 0
+    assert stats["cipher"] is None  # no key
+    events = pair.conn.events()
+    kinds = [e["kind"] for e in events]
+    assert kinds[0] == "connected" and "all_acknowledged" in kinds
+    ups = [e for e in events if e["kind"] == "link_state_changed" and e["to"] == "up"]
+    assert {e["link"] for e in ups} == {0, 1} and all(e["from"] == "validating" for e in ups)
+    now = time.monotonic()
+    assert all(now - 30 < e["at"] <= now for e in events), "times are time.monotonic()"
+    assert pair.conn.events() == [], "each event is reported once"
+    assert pair.conn.state() == "established" and pair.conn.is_acknowledged()
+    assert "established" in repr(pair.conn)
+
+
+def test_endpoint_close_reports_what_was_not_delivered() -> None:
+    """The server's process stops (SIGSTOP: no acknowledgement, no "port unreachable"):
+    what the client writes then is never acknowledged, and close() says so."""
+    with server_process() as (proc, addr):
+        client = ri2n.Endpoint.client(LINKS)
+        conn = client.connect(addr, timeout=10)
+        assert conn.recv(2, timeout=10) == b"hi"
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            conn.sendall(bytes(10_000))
+            conn.close()
+            start = time.monotonic()
+            with pytest.raises(ri2n.NotDelivered) as e:
+                client.close(timeout=0.5)
+            assert 0.4 < time.monotonic() - start < 5
+            assert e.value.connections == 1 and e.value.bytes >= 10_000
+            assert client.closed
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+
+
+def test_stubs_match_the_module() -> None:
+    """Every class and method the type stubs declare exists, and every public method of the
+    classes is declared."""
+    import ast
+    import pathlib
+
+    stub = pathlib.Path(__file__).parent.parent / "python" / "ri2n" / "_ri2n.pyi"
+    tree = ast.parse(stub.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            cls = getattr(ri2n, node.name)
+            declared = {
+                n.name for n in node.body if isinstance(n, ast.FunctionDef) and n.name != "__eq__"
+            }
+            assert declared <= set(dir(cls)), declared - set(dir(cls))
+            public = {n for n in dir(cls) if not n.startswith("_")}
+            assert public <= declared, f"{node.name}: not in the stubs: {public - declared}"
