@@ -100,6 +100,27 @@ fn retry_until<T: Send>(
     }
 }
 
+/// Bytes handed to the library per `write_buf` call by [`write_all`], as `ri2n send` does.
+const SEND_CHUNK: usize = 1 << 20;
+
+/// Writes all of `data`. A large buffer goes in chunks copied into a buffer of our own and
+/// handed over whole (`Connection::write_buf`): the copy is then made before the engine's lock
+/// is taken, not under it as `write` makes it, so the library's threads never wait for it.
+fn write_all(conn: &Connection, data: &[u8]) -> io::Result<()> {
+    if data.len() < SEND_CHUNK {
+        return (&*conn).write_all(data);
+    }
+    // `write_buf` leaves the buffer empty with the memory of one already acknowledged, so
+    // the chunks after the first few allocate nothing
+    let mut buf = Vec::with_capacity(SEND_CHUNK);
+    for chunk in data.chunks(SEND_CHUNK) {
+        buf.clear();
+        buf.extend_from_slice(chunk);
+        conn.write_buf(&mut buf)?;
+    }
+    Ok(())
+}
+
 /// The deadline of a timeout argument: `None` for none (wait for ever).
 fn deadline(timeout: Option<f64>) -> PyResult<Option<Instant>> {
     Ok(timeout_arg(timeout)?.and_then(|t| Instant::now().checked_add(t)))
@@ -116,12 +137,12 @@ impl PyConnection {
             .map_err(|e| io_error(py, e))
     }
 
-    /// Writes all of ``data`` (any bytes-like object), waiting for room as needed. The
-    /// library copies straight from the object's memory, with the GIL released.
+    /// Writes all of ``data`` (any bytes-like object, read where it lies), waiting for room
+    /// as needed, with the GIL released.
     fn sendall(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
         let conn = self.get()?;
         let held = Held::readable(data)?;
-        py.detach(|| (&*conn).write_all(held.bytes()))
+        py.detach(|| write_all(&conn, held.bytes()))
             .map_err(|e| io_error(py, e))
     }
 
