@@ -1,5 +1,5 @@
 """ri2n benchmarks: loopback, lab throughput, fast links, fault timeline, lab latency sweep,
-the cost of a key, the tunnel, scaling with the host's cores.
+the cost of a key, the tunnel, scaling with the host's cores, ri2n from C and Python.
 
 Run through bench/run-all (installs the tools the named parts need, builds ri2n where cargo is). Each part writes its raw results to
 bench/results/<part>.json and rewrites its own block of docs/BENCHMARKS.md (between the
@@ -24,16 +24,17 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ri2nbench import (  # noqa: E402
-    attacks, common, fast, fault, keyed, lab, labctl, loopback, scale, sweep, tunnel)
+    attacks, bindings, common, fast, fault, keyed, lab, labctl, loopback, scale, sweep, tunnel)
 
 PARTS = {"loopback": loopback.part_loopback, "lab": lab.part_lab, "fast": fast.part_fast,
          "fault": fault.part_fault, "sweep": sweep.part_sweep, "keyed": keyed.part_keyed,
-         "tunnel": tunnel.part_tunnel, "scale": scale.part_scale}
+         "tunnel": tunnel.part_tunnel, "scale": scale.part_scale,
+         "bindings": bindings.part_bindings}
 REPORTERS = {"loopback": loopback.report_loopback, "lab": lab.report_lab,
              "fast": fast.report_fast, "fault": fault.report_fault,
              "sweep": sweep.report_sweep, "keyed": keyed.report_keyed,
              "tunnel": tunnel.report_tunnel, "attacks": attacks.report_attacks,
-             "scale": scale.report_scale}
+             "scale": scale.report_scale, "bindings": bindings.report_bindings}
 # parts measured elsewhere, whose blocks `report` writes too (attacks: bench/attacks/attacks.py)
 REPORT_ONLY = ["attacks"]
 AFTER_REPORT = {"fault": fault.plot}
@@ -54,6 +55,7 @@ NEEDS = {
     "tunnel": (LAB_TOOLS + ["ss:iproute2", "iperf3:iperf3", "sockperf:sockperf",
                             "mptcpize:mptcpize"], ["mpirun:openmpi-bin", "mpicc:libopenmpi-dev"]),
     "scale": (LAB_TOOLS + ["iperf3:iperf3", "mptcpize:mptcpize"], ["sockperf:sockperf"]),
+    "bindings": (["cargo:-", "cc:gcc", "taskset:util-linux"], []),
 }
 
 
