@@ -41,7 +41,10 @@ def python_env(tmp):
     py = os.path.join(venv, "bin", "python")
     if subprocess.run([py, "-c", "import maturin"], capture_output=True).returncode != 0:
         run([py, "-m", "pip", "install", "--quiet", "maturin"], timeout=600)
-    env = dict(os.environ, CARGO_TARGET_DIR=os.path.join(target_dir(), "ri2n-python-bench"))
+    # the environment's bin first, as activating it would: maturin's build hook runs `maturin`
+    env = dict(os.environ, CARGO_TARGET_DIR=os.path.join(target_dir(), "ri2n-python-bench"),
+               PATH=os.path.join(venv, "bin") + os.pathsep + os.environ.get("PATH", ""),
+               VIRTUAL_ENV=venv)
     r = subprocess.run([py, "-m", "pip", "install", "--quiet", "--no-build-isolation",
                         "--no-deps", os.path.join(common.ROOT, "crates/ri2n-python")],
                        capture_output=True, text=True, timeout=1800, env=env)

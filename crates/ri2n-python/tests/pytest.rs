@@ -116,13 +116,21 @@ fn python_suite() {
 
     // `target/ri2n-python-pytest`: next to the workspace's own build directories
     let build_dir = tmp.parent().unwrap_or(tmp).join("ri2n-python-pytest");
+    // the environment's programs first, as activating it would: maturin's build hook runs
+    // the `maturin` program, which a pip install into the environment put only there
+    let path = std::env::join_paths(std::iter::once(venv.join("bin")).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))
+    .expect("PATH with the environment's bin first");
     let started = Instant::now();
     let (ok, output) = run_logged(
         Command::new(&python)
             .args(["-m", "pip", "install", "--no-build-isolation", "--no-deps"])
             .args(["--disable-pip-version-check"])
             .arg(crate_dir)
-            .env("CARGO_TARGET_DIR", &build_dir),
+            .env("CARGO_TARGET_DIR", &build_dir)
+            .env("PATH", &path)
+            .env("VIRTUAL_ENV", &venv),
         &tmp.join("ri2n-python-pip-install.log"),
         Duration::from_secs(1800),
     );
