@@ -382,6 +382,29 @@ impl PyConnection {
         Ok(fd)
     }
 
+    /// A readiness descriptor for reading alone: readable when a retry of ``try_recv``,
+    /// ``try_recv_into``, ``try_recv_message`` or ``try_recv_datagram`` may succeed, and
+    /// cleared only by those. With ``write_fileno()``, a reader and a writer that wait apart
+    /// (``ri2n.aio``'s transport) never clear each other's wake-ups. ``-1`` once closed.
+    fn read_fileno(&self, py: Python<'_>) -> PyResult<i32> {
+        let Ok(conn) = self.get() else {
+            return Ok(-1);
+        };
+        let fd = conn.read_readiness_fd().map_err(|e| io_error(py, e))?;
+        Ok(fd.as_raw_fd())
+    }
+
+    /// A readiness descriptor for writing alone: readable when a retry of ``try_send`` or
+    /// ``try_send_message`` may succeed (room was freed, or the connection changed state),
+    /// and cleared only by those. ``-1`` once closed.
+    fn write_fileno(&self, py: Python<'_>) -> PyResult<i32> {
+        let Ok(conn) = self.get() else {
+            return Ok(-1);
+        };
+        let fd = conn.write_readiness_fd().map_err(|e| io_error(py, e))?;
+        Ok(fd.as_raw_fd())
+    }
+
     /// The connection's state: ``"connecting"``, ``"established"``, ``"draining"`` (both
     /// sides done, lingering briefly) or ``"closed"``.
     fn state(&self) -> PyResult<&'static str> {

@@ -143,3 +143,39 @@ def test_asyncio_peer_gone_reaches_the_reader() -> None:
             server.close(timeout=5)
 
     asyncio.run(main())
+
+
+def test_a_write_larger_than_the_send_buffer_drains_with_no_thread() -> None:
+    """64 MiB written at once while the peer reads nothing for a while: the send buffer fills
+    (the premise), the transport waits on the writing descriptor, and once the peer reads
+    everything arrives exact, with no thread started for it."""
+    import threading
+
+    async def main() -> None:
+        server = ri2n.Endpoint.server(LINKS)
+        client = ri2n.Endpoint.client(LINKS)
+        try:
+            to = server.local_addrs()[0]
+            accepting = asyncio.ensure_future(ri2n.aio.accept(server, timeout=10))
+            reader, writer = await ri2n.aio.open_connection(client, [to], timeout=10)
+            peer_reader, peer_writer = await accepting
+            threads = threading.active_count()
+            data = random.Random(7).randbytes(64 << 20)
+            writer.write(data)
+            writer.write_eof()
+            await asyncio.sleep(0.3)
+            # the peer has read nothing: most of it still waits in the transport
+            assert writer.transport.get_write_buffer_size() > 16 << 20
+            back = await asyncio.wait_for(peer_reader.read(), 60)
+            await asyncio.wait_for(writer.drain(), 10)
+            assert writer.transport.get_write_buffer_size() == 0
+            assert hashlib.sha256(back).digest() == hashlib.sha256(data).digest()
+            assert threading.active_count() == threads
+            for w in (writer, peer_writer):
+                w.close()
+                await w.wait_closed()
+        finally:
+            client.close(timeout=5)
+            server.close(timeout=5)
+
+    asyncio.run(main())

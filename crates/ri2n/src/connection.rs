@@ -424,6 +424,25 @@ impl Connection {
         self.readiness_fd_for(Interest::Any)
     }
 
+    /// A readiness descriptor for reading alone: readable when a retry of
+    /// [`try_read`](Self::try_read), [`try_recv_message`](Self::try_recv_message) or
+    /// [`try_recv_datagram`](Self::try_recv_datagram) may succeed, and cleared only by them.
+    /// With [`write_readiness_fd`](Self::write_readiness_fd) a reader and a writer that wait
+    /// apart (an asyncio transport, tokio's split halves) never clear each other's wake-ups,
+    /// as they would sharing [`readiness_fd`](Self::readiness_fd). Lives as long as this
+    /// handle.
+    pub fn read_readiness_fd(&self) -> io::Result<BorrowedFd<'_>> {
+        self.readiness_fd_for(Interest::Read)
+    }
+
+    /// A readiness descriptor for writing alone: readable when a retry of
+    /// [`try_write`](Self::try_write) or [`try_send_message`](Self::try_send_message) may
+    /// succeed (buffer space was freed, or the connection changed state), and cleared only by
+    /// them. See [`read_readiness_fd`](Self::read_readiness_fd).
+    pub fn write_readiness_fd(&self) -> io::Result<BorrowedFd<'_>> {
+        self.readiness_fd_for(Interest::Write)
+    }
+
     /// Ends both outgoing streams: the peer reads end-of-stream after what was written.
     pub fn finish(&self) -> io::Result<()> {
         self.with(|c| c.finish());

@@ -172,6 +172,10 @@ class Connection:
     def is_acknowledged(self) -> bool: ...
     def fileno(self) -> int:
         """Readiness descriptor for the ``try_*`` calls (never read it); -1 once closed."""
+    def read_fileno(self) -> int:
+        """Readiness descriptor of the reading calls alone (``-1`` once closed)."""
+    def write_fileno(self) -> int:
+        """Readiness descriptor of the writing calls alone (``-1`` once closed)."""
     def state(self) -> str:
         """``"connecting"``, ``"established"``, ``"draining"`` or ``"closed"``."""
     def close_reason(self) -> Optional[BaseException]:

@@ -12,24 +12,18 @@
     reader, writer = await ri2n.aio.accept(server)      # on the server
 
 The streams are asyncio's own ``StreamReader``/``StreamWriter`` over a ``Transport`` of this
-module. Reading never blocks a thread: the transport watches the connection's readiness
-descriptor (``Connection.fileno()``) with ``loop.add_reader`` and calls ``try_recv`` when it
-is readable. Writing first hands the data to ``try_send``; what the send buffer cannot take
-now is written by a thread of the transport's own (one, made on first need) with the
-blocking ``sendall``, the GIL released. Why not wait for writability on the descriptor as
-well: one descriptor serves both directions and every ``try_*`` call clears it, so a
-``try_send`` could swallow the wake-up meant for the reader (or the reverse) and stall the
-stream; with only reads waiting on it, and a read retried after each ``try_send``, no wake-up
-is lost.
+module, which never blocks a thread. It watches the connection's two readiness descriptors
+with ``loop.add_reader``: the reading one (``Connection.read_fileno()``) wakes ``try_recv``, the
+writing one (``Connection.write_fileno()``) wakes ``try_send`` for what the send buffer could
+not take at once. Each descriptor is cleared only by its own calls, so neither direction can
+swallow the other's wake-up.
 
-As with asyncio's sockets, ``writer.close()`` first hands over what is still buffered: while
-the peer reads nothing, that waits (and so does the interpreter's exit, for the writer
-thread); ``writer.transport.abort()`` gives up at once. Once handed over, the connection
-delivers it in the background (``Connection.close``).
+As with asyncio's sockets, ``writer.close()`` first hands over what is still buffered, as the
+peer makes room; ``writer.transport.abort()`` gives up at once. Once handed over, the
+connection delivers it in the background (``Connection.close``).
 """
 
 import asyncio
-import concurrent.futures
 import functools
 import os
 import weakref
@@ -66,13 +60,13 @@ class Transport(asyncio.Transport):
         super().__init__({"connection": conn})
         self._loop = loop
         self._conn = conn
-        self._fd = conn.fileno()
+        self._fd = conn.read_fileno()
+        self._write_fd = conn.write_fileno()
         self._protocol: Any = protocol
         self._buffer = bytearray()  # written, not yet taken by the connection
-        self._flushing = 0  # bytes the writer thread is writing now
-        self._writer: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._reading = True  # not paused
-        self._watching = False  # the descriptor is registered with the loop
+        self._watching = False  # the reading descriptor is registered with the loop
+        self._watching_writes = False  # the writing descriptor is
         self._read_scheduled = False
         self._at_eof = False  # the peer's stream ended
         self._eof_pending = False  # write_eof() waits for the buffer to drain
@@ -100,8 +94,8 @@ class Transport(asyncio.Transport):
             self._watching = False
 
     def _schedule_read(self) -> None:
-        """Tries a read soon: needed wherever a wake-up may have been cleared unseen (after a
-        ``try_send``, on resuming)."""
+        """Tries a read soon: at the start and on resuming, what arrived meanwhile may have
+        signalled the descriptor while nobody watched it."""
         if not self._read_scheduled and self._reading and not self._at_eof:
             self._read_scheduled = True
             self._loop.call_soon(self._read_ready)
@@ -139,7 +133,6 @@ class Transport(asyncio.Transport):
             return
         self._reading = True
         self._update_watch()
-        # a wake-up that came while paused may have been cleared by a try_send since
         self._schedule_read()
 
     # --- writing -----------------------------------------------------------------------
@@ -150,58 +143,58 @@ class Transport(asyncio.Transport):
         if self._closing or not data:
             return
         view = memoryview(data).cast("B")
-        if not self._buffer and not self._flushing:
-            # the fast path: the send buffer usually has room
+        if not self._buffer:
+            # the fast path: the send buffer usually has room. Until it says BlockingIOError:
+            # only a refused try_send makes the connection signal the writing descriptor
+            # when room is freed (a partial take does not)
             try:
-                taken = self._conn.try_send(view)
+                while view:
+                    view = view[self._conn.try_send(view) :]
             except BlockingIOError:
-                taken = 0
+                pass
             except Exception as exc:
                 self._fatal_error(exc)
                 return
-            # try_send cleared the descriptor: look for data it may have hidden
-            self._schedule_read()
-            view = view[taken:]
         if view:
             self._buffer += view
-            self._flush()
+            self._watch_writes(True)
             self._maybe_pause_protocol()
 
-    def _flush(self) -> None:
-        """Hands the buffer to the writer thread, which waits for room with ``sendall``."""
-        if self._flushing or not self._buffer or self._closed:
-            return
-        chunk, self._buffer = self._buffer, bytearray()
-        self._flushing = len(chunk)
-        if self._writer is None:
-            self._writer = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="ri2n-aio-writer"
-            )
-        future = self._loop.run_in_executor(self._writer, self._conn.sendall, chunk)
-        future.add_done_callback(self._flushed)
+    def _watch_writes(self, want: bool) -> None:
+        """Watches the writing descriptor exactly while something waits to be taken."""
+        if want and not self._watching_writes:
+            self._loop.add_reader(self._write_fd, self._write_ready)
+            self._watching_writes = True
+        elif not want and self._watching_writes:
+            self._loop.remove_reader(self._write_fd)
+            self._watching_writes = False
 
-    def _flushed(self, future: "asyncio.Future[None]") -> None:
-        self._flushing = 0
+    def _write_ready(self) -> None:
+        """Room may have been freed: hands over what it can, until the connection takes no
+        more (its descriptor, cleared by that ``try_send``, then signals the next room)."""
+        while self._buffer and not self._closed:
+            try:
+                taken = self._conn.try_send(self._buffer)
+            except BlockingIOError:
+                return
+            except Exception as exc:  # the connection ended
+                self._fatal_error(exc)
+                return
+            del self._buffer[:taken]
         if self._closed:
             return
-        exc = future.exception() if not future.cancelled() else None
-        if exc is not None:
-            self._fatal_error(exc)
-            return
-        if self._buffer:
-            self._flush()
+        self._watch_writes(False)
         self._maybe_resume_protocol()
-        if not self._buffer and not self._flushing:
-            if self._eof_pending:
-                self._eof_pending = False
-                self._write_eof_now()
-            if self._closing:
-                self._finish_close(None)
+        if self._eof_pending:
+            self._eof_pending = False
+            self._write_eof_now()
+        if self._closing:
+            self._finish_close(None)
 
     def write_eof(self) -> None:
         if self._eof_pending or self._eof_written or self._closing:
             return
-        if self._buffer or self._flushing:
+        if self._buffer:
             self._eof_pending = True
         else:
             self._write_eof_now()
@@ -217,7 +210,7 @@ class Transport(asyncio.Transport):
         return True
 
     def get_write_buffer_size(self) -> int:
-        return len(self._buffer) + self._flushing
+        return len(self._buffer)
 
     def get_write_buffer_limits(self) -> Tuple[int, int]:
         return (self._low, self._high)
@@ -257,7 +250,7 @@ class Transport(asyncio.Transport):
         self._closing = True
         self._reading = False
         self._update_watch()
-        if not self._buffer and not self._flushing:
+        if not self._buffer:
             self._loop.call_soon(self._finish_close, None)
 
     def abort(self) -> None:
@@ -283,11 +276,8 @@ class Transport(asyncio.Transport):
             return
         self._closed = True
         self._update_watch()
+        self._watch_writes(False)
         self._conn.close()
-        if self._writer is not None:
-            # a write still waiting ends with the connection; nothing to wait for here
-            self._writer.shutdown(wait=False)
-            self._writer = None
         self._protocol.connection_lost(exc)
 
     def __repr__(self) -> str:
