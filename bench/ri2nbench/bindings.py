@@ -22,7 +22,9 @@ def target_dir():
 
 def build_c_pingpong(tmp):
     """The Rust ping-pong example and the C one, linked against the same build's libri2n_ffi.a."""
-    run(["cargo", "build", "--release", "-q", "-p", "ri2n-ffi", "--example", "pingpong"],
+    # --lib: the library is then a target of its own, copied to target/release (as a mere
+    # dependency of the example it stays in target/release/deps)
+    run(["cargo", "build", "--release", "-q", "-p", "ri2n-ffi", "--lib", "--example", "pingpong"],
         timeout=1800)
     release = os.path.join(target_dir(), "release")
     c_prog = os.path.join(tmp, "pingpong_c")

@@ -447,6 +447,38 @@ pub unsafe extern "C" fn ri2n_conn_fd(c: *const ri2n_conn) -> c_int {
     )
 }
 
+/// A descriptor for the reading calls alone (`ri2n_read`'s and the receiving calls'
+/// `ri2n_try_*` forms): readable when a retry may succeed, cleared only by them. With
+/// [`ri2n_conn_write_fd`], a reader and a writer that wait apart (two threads, or callbacks
+/// per direction) never clear each other's wake-ups, as they could sharing [`ri2n_conn_fd`].
+///
+/// # Safety
+/// `c` is a live connection.
+#[no_mangle]
+pub unsafe extern "C" fn ri2n_conn_read_fd(c: *const ri2n_conn) -> c_int {
+    guard(
+        |e| -e,
+        // SAFETY: passed on from the caller
+        || Ok(unsafe { conn(c) }?.conn.read_readiness_fd()?.as_raw_fd()),
+    )
+}
+
+/// A descriptor for the writing calls alone (`ri2n_try_write`, `ri2n_try_send_message`):
+/// readable when a retry may succeed (room was freed, or the connection changed state),
+/// cleared only by them. Call them until `-EAGAIN`: only a refused write makes the connection
+/// signal room.
+///
+/// # Safety
+/// `c` is a live connection.
+#[no_mangle]
+pub unsafe extern "C" fn ri2n_conn_write_fd(c: *const ri2n_conn) -> c_int {
+    guard(
+        |e| -e,
+        // SAFETY: passed on from the caller
+        || Ok(unsafe { conn(c) }?.conn.write_readiness_fd()?.as_raw_fd()),
+    )
+}
+
 /// Frees the connection. Like dropping a Rust connection: the streams are finished and what
 /// was written is still delivered in the background while the endpoint lives (freeing the
 /// endpoint waits for it). NULL is ignored.

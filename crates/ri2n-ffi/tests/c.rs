@@ -22,13 +22,12 @@ fn crate_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Where Cargo put this run's libraries: the test binary lives in `<profile>/deps/`.
-fn profile_dir() -> PathBuf {
+/// Where Cargo put the libraries it built for this test run: beside the test binary, in
+/// `<profile>/deps/` (`libri2n_ffi.a` and `.so` there carry no hash; the copies in
+/// `<profile>/` are only made, and kept fresh, by a `cargo build` of the library).
+fn libs_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test's own path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("<profile>/deps/<test>")
-        .to_path_buf()
+    exe.parent().expect("<profile>/deps/<test>").to_path_buf()
 }
 
 /// A fresh scratch directory for one test.
@@ -58,7 +57,7 @@ fn compile(sources: &[PathBuf], out: &Path, linkage: Linkage) {
         .args(sources)
         .arg("-o")
         .arg(out);
-    let libs = profile_dir();
+    let libs = libs_dir();
     match linkage {
         Linkage::Static => {
             cmd.arg(libs.join("libri2n_ffi.a"));

@@ -255,6 +255,24 @@ int ri2n_abort(struct ri2n_conn *c, uint64_t code, const char *reason);
 // `c` is a live connection.
 int ri2n_conn_fd(const struct ri2n_conn *c);
 
+// A descriptor for the reading calls alone (`ri2n_read`'s and the receiving calls'
+// `ri2n_try_*` forms): readable when a retry may succeed, cleared only by them. With
+// [`ri2n_conn_write_fd`], a reader and a writer that wait apart (two threads, or callbacks
+// per direction) never clear each other's wake-ups, as they could sharing [`ri2n_conn_fd`].
+//
+// # Safety
+// `c` is a live connection.
+int ri2n_conn_read_fd(const struct ri2n_conn *c);
+
+// A descriptor for the writing calls alone (`ri2n_try_write`, `ri2n_try_send_message`):
+// readable when a retry may succeed (room was freed, or the connection changed state),
+// cleared only by them. Call them until `-EAGAIN`: only a refused write makes the connection
+// signal room.
+//
+// # Safety
+// `c` is a live connection.
+int ri2n_conn_write_fd(const struct ri2n_conn *c);
+
 // Frees the connection. Like dropping a Rust connection: the streams are finished and what
 // was written is still delivered in the background while the endpoint lives (freeing the
 // endpoint waits for it). NULL is ignored.

@@ -145,6 +145,9 @@ int main(int argc, char **argv) {
     CHECK_FAILS_WITH(ri2n_try_read(c, buf, sizeof buf), EAGAIN);
     CHECK_FAILS_WITH(ri2n_try_recv_message(c, buf, sizeof buf), EAGAIN);
     CHECK(ri2n_conn_fd(c) >= 0);
+    CHECK(ri2n_conn_read_fd(c) >= 0 && ri2n_conn_write_fd(c) >= 0);
+    CHECK(ri2n_conn_read_fd(c) != ri2n_conn_write_fd(c));
+    CHECK_FAILS_WITH(ri2n_conn_read_fd(NULL), EINVAL);
     CHECK(ri2n_send_message(c, "hello", 5) == 5);
     CHECK_FAILS_WITH(ri2n_recv_message(peer, buf, 3), EMSGSIZE);
     CHECK(ri2n_recv_message(peer, buf, sizeof buf) == 5 && memcmp(buf, "hello", 5) == 0);
