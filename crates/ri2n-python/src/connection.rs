@@ -2,14 +2,12 @@
 //! every link of one connection, with the calls of a Python socket where they fit.
 //!
 //! Blocking calls without a timeout are the library's own blocking calls, run with the GIL
-//! released. A call with a timeout cannot be one of them (they take none): it retries the
-//! library's non-blocking call and waits on the connection's readiness descriptor in
-//! between, which the non-blocking calls clear before they look and the driver signals when
-//! retrying may succeed, so no wake-up is lost; it comes back to Python every
-//! [`SIGNAL_CHECK`] to let Ctrl-C through, and looks again then. (One descriptor serves all
-//! of a connection's non-blocking calls: another thread's `try_*` call can clear a wake-up
-//! meant for a timed wait, which then sees the data at its next look, within
-//! [`SIGNAL_CHECK`].)
+//! released. A message or datagram received with a timeout is the library's timed call, in
+//! slices of [`SIGNAL_CHECK`] so that Ctrl-C gets through between them. A stream read with a
+//! timeout (the library has no timed read) retries the non-blocking read and waits on the
+//! connection's reading descriptor in between, which `try_read` clears before it looks and
+//! the driver signals when retrying may succeed, so no wake-up is lost; it too comes back to
+//! Python every [`SIGNAL_CHECK`].
 
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
@@ -75,7 +73,7 @@ fn retry_until<T: Send>(
     mut attempt: impl FnMut(&Connection) -> io::Result<T> + Send,
 ) -> PyResult<T> {
     let fd = conn
-        .readiness_fd()
+        .read_readiness_fd()
         .map_err(|e| io_error(py, e))?
         .as_raw_fd();
     loop {
@@ -98,6 +96,35 @@ fn retry_until<T: Send>(
             Waited::Slice => py.check_signals()?,
         }
     }
+}
+
+/// Runs the library's timed receive `call` in slices of at most [`SIGNAL_CHECK`] until
+/// `deadline` (`TimeoutError` then), letting Python handle signals between slices.
+fn timed_slices<T: Send>(
+    py: Python<'_>,
+    deadline: Instant,
+    mut call: impl FnMut(Duration) -> io::Result<T> + Send,
+) -> PyResult<T> {
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(PyTimeoutError::new_err("timed out"));
+        }
+        let slice = (deadline - now).min(SIGNAL_CHECK);
+        match py.detach(|| call(slice)) {
+            // the slice ran out; a connection that timed out carries its ConnectionError
+            Err(e) if e.kind() == io::ErrorKind::TimedOut && !ends_connection(&e) => {
+                py.check_signals()?
+            }
+            r => return r.map_err(|e| io_error(py, e)),
+        }
+    }
+}
+
+/// Whether an error says the connection ended (as opposed to a wait that ran out).
+fn ends_connection(e: &io::Error) -> bool {
+    e.get_ref()
+        .is_some_and(|inner| inner.downcast_ref::<ri2n::ConnectionError>().is_some())
 }
 
 /// Bytes handed to the library per `write_buf` call by [`write_all`], as `ri2n send` does.
@@ -270,7 +297,7 @@ impl PyConnection {
             None => py
                 .detach(|| conn.recv_message())
                 .map_err(|e| io_error(py, e))?,
-            Some(d) => retry_until(py, &conn, d, |c| c.try_recv_message())?,
+            Some(d) => timed_slices(py, d, |slice| conn.recv_message_timeout(Some(slice)))?,
         };
         Ok(got.map(|m| PyBytes::new(py, &m)))
     }
@@ -310,7 +337,7 @@ impl PyConnection {
             None => py
                 .detach(|| conn.recv_datagram())
                 .map_err(|e| io_error(py, e))?,
-            Some(d) => retry_until(py, &conn, d, |c| c.try_recv_datagram())?,
+            Some(d) => timed_slices(py, d, |slice| conn.recv_datagram_timeout(Some(slice)))?,
         };
         Ok(got.map(|d| PyBytes::new(py, &d)))
     }
