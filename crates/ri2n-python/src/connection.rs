@@ -121,6 +121,29 @@ fn timed_slices<T: Send>(
     }
 }
 
+/// A whole message or datagram from `recv` (the library's call, given how long it may wait:
+/// `None`, as long as it takes), waiting at most `timeout` seconds.
+fn receive_whole<'py>(
+    py: Python<'py>,
+    timeout: Option<f64>,
+    recv: impl Fn(Option<Duration>) -> io::Result<Option<Vec<u8>>> + Sync,
+) -> PyResult<Option<Bound<'py, PyBytes>>> {
+    let got = match deadline(timeout)? {
+        None => py.detach(|| recv(None)),
+        Some(d) => Ok(timed_slices(py, d, |slice| recv(Some(slice)))?),
+    };
+    whole(py, got)
+}
+
+/// A received message or datagram as Python sees it: `bytes`, `None` at the end.
+fn whole<'py>(
+    py: Python<'py>,
+    got: io::Result<Option<Vec<u8>>>,
+) -> PyResult<Option<Bound<'py, PyBytes>>> {
+    let got = got.map_err(|e| io_error(py, e))?;
+    Ok(got.map(|m| PyBytes::new(py, &m)))
+}
+
 /// Whether an error says the connection ended (as opposed to a wait that ran out).
 fn ends_connection(e: &io::Error) -> bool {
     e.get_ref()
@@ -293,23 +316,14 @@ impl PyConnection {
         timeout: Option<f64>,
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let conn = self.get()?;
-        let got = match deadline(timeout)? {
-            None => py
-                .detach(|| conn.recv_message())
-                .map_err(|e| io_error(py, e))?,
-            Some(d) => timed_slices(py, d, |slice| conn.recv_message_timeout(Some(slice)))?,
-        };
-        Ok(got.map(|m| PyBytes::new(py, &m)))
+        receive_whole(py, timeout, |t| conn.recv_message_timeout(t))
     }
 
     /// A whole message if one has arrived; ``None`` at the end (as ``recv_message``);
     /// ``BlockingIOError`` when none is waiting. Never blocks.
     fn try_recv_message<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let conn = self.get()?;
-        let got = py
-            .detach(|| conn.try_recv_message())
-            .map_err(|e| io_error(py, e))?;
-        Ok(got.map(|m| PyBytes::new(py, &m)))
+        whole(py, py.detach(|| conn.try_recv_message()))
     }
 
     /// Sends ``data`` as one unreliable datagram: it arrives whole or not at all, is sent
@@ -333,23 +347,14 @@ impl PyConnection {
         timeout: Option<f64>,
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let conn = self.get()?;
-        let got = match deadline(timeout)? {
-            None => py
-                .detach(|| conn.recv_datagram())
-                .map_err(|e| io_error(py, e))?,
-            Some(d) => timed_slices(py, d, |slice| conn.recv_datagram_timeout(Some(slice)))?,
-        };
-        Ok(got.map(|d| PyBytes::new(py, &d)))
+        receive_whole(py, timeout, |t| conn.recv_datagram_timeout(t))
     }
 
     /// A datagram if one is waiting; ``None`` at the end (as ``recv_datagram``);
     /// ``BlockingIOError`` when none is waiting. Never blocks.
     fn try_recv_datagram<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let conn = self.get()?;
-        let got = py
-            .detach(|| conn.try_recv_datagram())
-            .map_err(|e| io_error(py, e))?;
-        Ok(got.map(|d| PyBytes::new(py, &d)))
+        whole(py, py.detach(|| conn.try_recv_datagram()))
     }
 
     /// Largest message ``send_message`` takes, in bytes (just under 8 MiB by default).
