@@ -1820,7 +1820,10 @@ pub struct IcmpStats {
 /// millisecond, alternately quoting and blind), answers one of the latest with an ICMP "port
 /// unreachable" that claims to come from its destination, delivered to the host itself through
 /// a raw socket (the kernel then hands it to the sending socket, as it would a real one). It
-/// runs until `stop` is set or `max_time` passed.
+/// runs until `stop` is set or `max_time` passed. It starts [`FORGE_AFTER`] after the first
+/// datagram it captured: a "port unreachable" for a handshake ends it at once, by design (a
+/// closed port is reported at once), so forging earlier would test that instead of a
+/// connection under attack.
 pub struct IcmpPlan {
     pub ns: String,
     pub links: u8,
@@ -1830,6 +1833,10 @@ pub struct IcmpPlan {
     pub stop: Arc<AtomicBool>,
     pub seed: u64,
 }
+
+/// How long after the first datagram it sees an ICMP forger starts: far longer than a
+/// handshake takes, even on a loaded host.
+const FORGE_AFTER: Duration = Duration::from_millis(500);
 
 /// Bytes of the refused datagram a forged error quotes: its IP and UDP headers and the start
 /// of its payload (a ri2n header), as Linux quotes.
@@ -1852,6 +1859,8 @@ pub fn icmp_forger(plan: IcmpPlan) -> JoinHandle<IcmpStats> {
         let mut buf = vec![0u8; 1 << 17];
         let start = Instant::now();
         let mut next_burst = start;
+        // when the first datagram was captured
+        let mut first_seen: Option<Instant> = None;
         let burst = (plan.per_sec / 1000).max(1);
         while !plan.stop.load(Ordering::Relaxed) && start.elapsed() < plan.max_time {
             for c in &captures {
@@ -1863,6 +1872,7 @@ pub fn icmp_forger(plan: IcmpPlan) -> JoinHandle<IcmpStats> {
                     let frame = &buf[10..n];
                     if outgoing {
                         if let Some(q) = quotable(frame, plan.port) {
+                            first_seen.get_or_insert_with(Instant::now);
                             if latest.len() < 64 {
                                 latest.push(q);
                             } else {
@@ -1873,7 +1883,13 @@ pub fn icmp_forger(plan: IcmpPlan) -> JoinHandle<IcmpStats> {
                     }
                 }
             }
-            if latest.is_empty() || Instant::now() < next_burst {
+            if first_seen.is_none_or(|t| t.elapsed() < FORGE_AFTER) {
+                // the bursts start from now, not in a catch-up of the time waited
+                next_burst = Instant::now();
+                thread::sleep(Duration::from_micros(200));
+                continue;
+            }
+            if Instant::now() < next_burst {
                 thread::sleep(Duration::from_micros(200));
                 continue;
             }
