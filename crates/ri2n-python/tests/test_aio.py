@@ -1,13 +1,27 @@
 """ri2n.aio: asyncio streams over connections."""
 
 import asyncio
+import contextlib
 import hashlib
 import random
+from typing import AsyncIterator, Tuple
 
 import pytest
 
 import ri2n
 from conftest import LINKS
+
+
+@contextlib.asynccontextmanager
+async def endpoints() -> AsyncIterator[Tuple[ri2n.Endpoint, ri2n.Endpoint]]:
+    """A server and a client endpoint on both links, closed (delivering) at the end."""
+    server = ri2n.Endpoint.server(LINKS)
+    client = ri2n.Endpoint.client(LINKS)
+    try:
+        yield server, client
+    finally:
+        client.close(timeout=5)
+        server.close(timeout=5)
 
 
 async def echo_server(server: ri2n.Endpoint, clients: int) -> None:
@@ -52,9 +66,7 @@ def test_asyncio_echo_is_exact() -> None:
     """Three clients at once, 8 MiB each, echoed by one asyncio server over two links."""
 
     async def main() -> None:
-        server = ri2n.Endpoint.server(LINKS)
-        client = ri2n.Endpoint.client(LINKS)
-        try:
+        async with endpoints() as (server, client):
             to = server.local_addrs()[0]
             payloads = [random.Random(k).randbytes(8 << 20) for k in range(3)]
             serving = asyncio.ensure_future(echo_server(server, len(payloads)))
@@ -65,9 +77,6 @@ def test_asyncio_echo_is_exact() -> None:
             for sent, back in zip(payloads, backs):
                 assert len(back) == len(sent)
                 assert hashlib.sha256(back).digest() == hashlib.sha256(sent).digest()
-        finally:
-            client.close(timeout=5)
-            server.close(timeout=5)
 
     asyncio.run(main())
 
@@ -76,9 +85,7 @@ def test_asyncio_small_exchanges() -> None:
     """Request and reply, line by line: each write is answered before the next."""
 
     async def main() -> None:
-        server = ri2n.Endpoint.server(LINKS)
-        client = ri2n.Endpoint.client(LINKS)
-        try:
+        async with endpoints() as (server, client):
             accepting = asyncio.ensure_future(ri2n.aio.accept(server, timeout=10))
             reader, writer = await ri2n.aio.open_connection(client, server.local_addrs())
             sreader, swriter = await accepting
@@ -95,18 +102,13 @@ def test_asyncio_small_exchanges() -> None:
             assert await asyncio.wait_for(sreader.read(), 5) == b"", "the client's end"
             swriter.close()
             await swriter.wait_closed()
-        finally:
-            client.close(timeout=5)
-            server.close(timeout=5)
 
     asyncio.run(main())
 
 
 def test_asyncio_accept_times_out_and_takes_turns() -> None:
     async def main() -> None:
-        server = ri2n.Endpoint.server(LINKS)
-        client = ri2n.Endpoint.client(LINKS)
-        try:
+        async with endpoints() as (server, client):
             with pytest.raises(TimeoutError):
                 await ri2n.aio.accept(server, timeout=0.2)
             # two tasks accept at once; two clients come: each task gets one
@@ -119,18 +121,13 @@ def test_asyncio_accept_times_out_and_takes_turns() -> None:
             for _, w in list(conns) + list(accepted):
                 w.close()
                 await w.wait_closed()
-        finally:
-            client.close(timeout=5)
-            server.close(timeout=5)
 
     asyncio.run(main())
 
 
 def test_asyncio_peer_gone_reaches_the_reader() -> None:
     async def main() -> None:
-        server = ri2n.Endpoint.server(LINKS)
-        client = ri2n.Endpoint.client(LINKS)
-        try:
+        async with endpoints() as (server, client):
             accepting = asyncio.ensure_future(ri2n.aio.accept(server, timeout=10))
             reader, writer = await ri2n.aio.open_connection(client, server.local_addrs())
             _, swriter = await accepting
@@ -138,9 +135,6 @@ def test_asyncio_peer_gone_reaches_the_reader() -> None:
             with pytest.raises(ri2n.PeerGone):
                 await asyncio.wait_for(reader.read(), 5)
             writer.close()
-        finally:
-            client.close(timeout=5)
-            server.close(timeout=5)
 
     asyncio.run(main())
 
@@ -152,9 +146,7 @@ def test_a_write_larger_than_the_send_buffer_drains_with_no_thread() -> None:
     import threading
 
     async def main() -> None:
-        server = ri2n.Endpoint.server(LINKS)
-        client = ri2n.Endpoint.client(LINKS)
-        try:
+        async with endpoints() as (server, client):
             to = server.local_addrs()[0]
             accepting = asyncio.ensure_future(ri2n.aio.accept(server, timeout=10))
             reader, writer = await ri2n.aio.open_connection(client, [to], timeout=10)
@@ -174,8 +166,5 @@ def test_a_write_larger_than_the_send_buffer_drains_with_no_thread() -> None:
             for w in (writer, peer_writer):
                 w.close()
                 await w.wait_closed()
-        finally:
-            client.close(timeout=5)
-            server.close(timeout=5)
 
     asyncio.run(main())
