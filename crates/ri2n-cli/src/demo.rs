@@ -145,7 +145,7 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
     };
     let server = net::server_endpoint(
         &loopback,
-        &crate::KeyOpts { key: None },
+        &crate::ChannelOpts::with_key(None),
         None,
         net::Application::File,
     )

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use ri2n::Key;
 
 use crate::error::{Failure, GENERIC, USAGE};
-use crate::{KeyOpts, KeygenArgs};
+use crate::{ChannelOpts, KeygenArgs};
 
 /// `ri2n keygen`: a new random key, on stdout or in a new file of mode 0600.
 pub fn keygen(args: &KeygenArgs) -> Result<(), Failure> {
@@ -67,7 +67,7 @@ pub fn keygen(args: &KeygenArgs) -> Result<(), Failure> {
 }
 
 /// The key `--key` (or `RI2N_KEY_FILE`) names, if any.
-pub fn load(opts: &KeyOpts) -> Result<Option<Key>, Failure> {
+pub fn load(opts: &ChannelOpts) -> Result<Option<Key>, Failure> {
     let Some(path) = &opts.key else {
         return Ok(None);
     };

@@ -124,9 +124,15 @@ Exit codes:
   5  cannot bind a link address (in use, or none of them an address of this host) or the
      --metrics address";
 
-/// The cluster key (send, recv, serve, bench).
+/// The cluster key and the transport (send, recv, serve, bench).
 #[derive(Args, Debug, Clone)]
-pub struct KeyOpts {
+pub struct ChannelOpts {
+    /// What carries the links: `udp` (ri2n's own protocol over UDP: messages, datagrams,
+    /// keys) or `tcp` (one TCP connection per link, the stream striped over them as
+    /// MuniSocket does, with ri2n's failover; the byte stream only, no key yet). Both ends
+    /// must use the same: a TCP client finds nothing listening on a UDP server's port.
+    #[arg(long, value_enum, default_value_t = TransportArg::Udp)]
+    pub transport: TransportArg,
     /// Key file made by `ri2n keygen`; every host of the cluster holds the same. With a key,
     /// each connection is mutually authenticated and encrypted with fresh keys; a peer holding
     /// another key, or none, is refused (the client exits 3, the server logs the attempt).
@@ -134,6 +140,31 @@ pub struct KeyOpts {
     /// for non-loopback addresses).
     #[arg(long, value_name = "FILE", env = "RI2N_KEY_FILE")]
     pub key: Option<PathBuf>,
+}
+
+/// `--transport`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportArg {
+    Udp,
+    Tcp,
+}
+
+impl ChannelOpts {
+    /// The UDP transport with this key file.
+    pub fn with_key(key: Option<PathBuf>) -> Self {
+        Self {
+            transport: TransportArg::Udp,
+            key,
+        }
+    }
+
+    /// The library's transport setting.
+    pub fn transport(&self) -> ri2n::Transport {
+        match self.transport {
+            TransportArg::Udp => ri2n::Transport::Udp,
+            TransportArg::Tcp => ri2n::Transport::Tcp,
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -260,7 +291,7 @@ pub struct LinkOpts {
 #[derive(Args, Debug)]
 pub struct SendArgs {
     #[command(flatten)]
-    pub key: KeyOpts,
+    pub key: ChannelOpts,
 
     #[command(flatten)]
     pub connect: ConnectOpts,
@@ -286,7 +317,7 @@ pub struct SendArgs {
 #[derive(Args, Debug)]
 pub struct RecvArgs {
     #[command(flatten)]
-    pub key: KeyOpts,
+    pub key: ChannelOpts,
 
     /// Local address to listen on; repeat for each link (one UDP socket each). The sender is
     /// told about all of them, so `ri2n send` needs only one of them as --to. A wildcard
@@ -322,7 +353,7 @@ pub struct RecvArgs {
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     #[command(flatten)]
-    pub key: KeyOpts,
+    pub key: ChannelOpts,
 
     /// Local address to listen on; repeat for each link. Clients are told about all of them.
     /// A wildcard (`0.0.0.0:PORT` or `[::]:PORT`) listens on every address of the host's
@@ -364,7 +395,7 @@ pub struct ServeArgs {
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     #[command(flatten)]
-    pub key: KeyOpts,
+    pub key: ChannelOpts,
 
     #[command(flatten)]
     pub connect: ConnectOpts,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use ri2n::{Connection, ConnectionConfig, ConnectionState, Endpoint, EndpointConfig};
 
 use crate::error::Failure;
-use crate::{ConnectOpts, KeyOpts, LinkOpts};
+use crate::{ChannelOpts, ConnectOpts, LinkOpts};
 
 /// How long a finished connection may take to close cleanly (the peer acknowledging our end
 /// of stream, the engine's short draining period) before the command exits anyway.
@@ -143,10 +143,10 @@ pub fn connection_config(
 /// key the options name.
 pub fn client_endpoint(
     opts: &ConnectOpts,
-    key: &KeyOpts,
+    channel: &ChannelOpts,
     quiet: bool,
 ) -> Result<Endpoint, Failure> {
-    let key = crate::key::load(key)?;
+    let key = crate::key::load(channel)?;
     crate::key::warn_if_unprotected(&key, &opts.to);
     let locals = if opts.local.is_empty() {
         let (locals, single) = default_locals(&opts.to);
@@ -161,7 +161,8 @@ pub fn client_endpoint(
     } else {
         opts.local.clone()
     };
-    Endpoint::bind(EndpointConfig::new(locals).with_key(key))
+    let cfg = EndpointConfig::new(locals).with_key(key);
+    Endpoint::bind(cfg.with_transport(channel.transport()))
         .map_err(|e| Failure::endpoint(e, &opts.to, opts.connect_timeout))
 }
 
@@ -169,7 +170,7 @@ pub fn client_endpoint(
 /// connections closed after every link has been down for `all_links_down_timeout`.
 pub fn server_endpoint(
     listen: &[SocketAddr],
-    key: &KeyOpts,
+    key: &ChannelOpts,
     all_links_down_timeout: Option<Duration>,
     app: Application,
 ) -> Result<Endpoint, Failure> {
@@ -179,14 +180,17 @@ pub fn server_endpoint(
 /// [`server_endpoint`] with further settings made by `configure`.
 pub fn server_endpoint_with(
     listen: &[SocketAddr],
-    key: &KeyOpts,
+    key: &ChannelOpts,
     all_links_down_timeout: Option<Duration>,
     app: Application,
     configure: impl FnOnce(EndpointConfig) -> EndpointConfig,
 ) -> Result<Endpoint, Failure> {
+    let transport = key.transport();
     let key = crate::key::load(key)?;
     crate::key::warn_if_unprotected(&key, listen);
-    let mut cfg = EndpointConfig::new(listen.to_vec()).server().with_key(key);
+    let mut cfg = (EndpointConfig::new(listen.to_vec()).server())
+        .with_key(key)
+        .with_transport(transport);
     cfg.server_connection = app.configure(cfg.server_connection);
     cfg.server_connection.all_links_down_timeout = all_links_down_timeout;
     Endpoint::bind(configure(cfg)).map_err(|e| Failure::endpoint(e, &[], Duration::ZERO))

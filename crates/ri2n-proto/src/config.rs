@@ -196,6 +196,7 @@ setters!(ConnectionConfig {
 
 setters!(EndpointConfig {
     local_addrs => with_local_addrs: Vec<SocketAddr>,
+    transport => with_transport: Transport,
     accept_incoming => with_accept_incoming: bool,
     advertised_addrs => with_advertised_addrs: Vec<SocketAddr>,
     server_connection => with_server_connection: ConnectionConfig,
@@ -274,12 +275,37 @@ impl ConnectionConfig {
     }
 }
 
+/// What carries a connection's links (both ends must use the same).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Transport {
+    /// One UDP socket per local address; ri2n's own congestion control, repair and
+    /// unreliable datagrams (docs/PROTOCOL.md §1-§12).
+    #[default]
+    Udp,
+    /// One TCP connection per address pair, the stream striped over them from both ends of
+    /// each stretch as Enhanced MuniSocket does, with ri2n's failover on top (PROTOCOL.md
+    /// §13). Carries the byte stream only: messages, datagrams and keys are refused.
+    Tcp,
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Transport::Udp => "udp",
+            Transport::Tcp => "tcp",
+        })
+    }
+}
+
 /// Settings of an endpoint: the local addresses it owns and whether it accepts connections.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct EndpointConfig {
     /// Local addresses, one per link the host can offer (one UDP socket each in a real driver).
     pub local_addrs: Vec<SocketAddr>,
+    /// What carries the links (default UDP).
+    pub transport: Transport,
     /// Accept incoming connections (a server). An endpoint that does not answers a handshake
     /// with a refusal ([`crate::ConnectionError::NotAccepting`] on the client).
     pub accept_incoming: bool,
@@ -386,6 +412,7 @@ impl EndpointConfig {
     pub fn new(local_addrs: Vec<SocketAddr>) -> Self {
         Self {
             local_addrs,
+            transport: Transport::Udp,
             accept_incoming: false,
             advertised_addrs: Vec::new(),
             server_connection: ConnectionConfig::default(),
@@ -415,6 +442,12 @@ impl EndpointConfig {
         if self.shard.count == 0 || self.shard.index >= self.shard.count {
             return Err(crate::ConnectError::InvalidConfig(
                 "a shard's index must be below the shard count",
+            ));
+        }
+        if self.transport == Transport::Tcp && self.key.is_some() {
+            return Err(crate::ConnectError::InvalidConfig(
+                "the TCP transport does not take a key yet: use the UDP transport for keyed \
+                 connections",
             ));
         }
         self.server_connection.validate()

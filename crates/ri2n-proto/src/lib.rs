@@ -31,10 +31,11 @@ mod open_ahead;
 mod pmtu;
 pub mod ranges;
 mod streams;
+pub mod tcp;
 mod transmit;
 pub mod wire;
 
-pub use config::{ConnectionConfig, EndpointConfig, Shard, Striping, MAX_SHARDS};
+pub use config::{ConnectionConfig, EndpointConfig, Shard, Striping, Transport, MAX_SHARDS};
 pub use connection::{Connection, ConnectionState, ConnectionStats};
 pub use crypto::{Cipher, Key, KeyError, Opened, Opener, Seal};
 pub use datagrams::datagram_capacity;

@@ -1538,7 +1538,7 @@ mod tests {
     use crate::{ConnectionConfig, Endpoint};
 
     fn taken_alone(e: &Endpoint) -> u64 {
-        (e.shards.drivers.iter())
+        (e.udp().expect("a UDP endpoint").drivers.iter())
             .map(|d| d.shared().receiving.lock().unwrap().taken_alone)
             .sum()
     }

@@ -36,8 +36,10 @@ mod pages;
 mod readiness;
 mod shards;
 mod socket;
+mod tcp;
 #[cfg(feature = "tokio")]
 pub mod tokio;
+mod udp_connection;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -49,10 +51,17 @@ pub use ri2n_proto::{
     datagram_capacity, Cipher, ConnectError, ConnectionConfig, ConnectionError, ConnectionState,
     ConnectionStats, DropCounts, DropReason, EndpointConfig, Event, Key, KeyError, KeyMismatch,
     LinkId, LinkState, LinkStats, ReadError, RefusalReason, RefusedHandshake, Shard, Striping,
-    WriteError, MAX_DATAGRAM_LEN, MAX_LINKS, MAX_SHARDS,
+    Transport, WriteError, MAX_DATAGRAM_LEN, MAX_LINKS, MAX_SHARDS,
 };
 
 use shards::Shards;
+use udp_connection::UdpConnection;
+
+/// The first shard, whose sockets resolved the ports (the others share its addresses, ports
+/// and impairment switches).
+fn first(shards: &Shards) -> &driver::Shared {
+    shards.drivers[0].shared()
+}
 
 /// What can go wrong setting up endpoints and connections.
 #[derive(Debug, thiserror::Error)]
@@ -160,7 +169,46 @@ fn os_seed() -> u64 {
 /// [`EndpointConfig::shards`]); each connection stays on one.
 #[derive(Debug, Clone)]
 pub struct Endpoint {
-    shards: Arc<Shards>,
+    inner: Transports,
+}
+
+/// An endpoint of either transport.
+#[derive(Debug, Clone)]
+enum Transports {
+    Udp(Arc<Shards>),
+    Tcp(Arc<TcpHandle>),
+}
+
+/// The application's handle on a TCP-transport endpoint: dropping the last one closes it
+/// like a UDP endpoint's (waiting up to `close_linger` for delivery).
+#[derive(Debug)]
+struct TcpHandle {
+    endpoint: Arc<tcp::TcpEndpoint>,
+    linger: Duration,
+}
+
+impl Drop for TcpHandle {
+    fn drop(&mut self) {
+        let deadline = Instant::now().checked_add(self.linger);
+        let _ = tcp_close(&self.endpoint, deadline);
+    }
+}
+
+/// Finishes every connection of a TCP endpoint and waits until `deadline` for each to be
+/// acknowledged; returns (connections, bytes) never acknowledged.
+fn tcp_close(ep: &tcp::TcpEndpoint, deadline: Option<Instant>) -> (usize, u64) {
+    ep.shut();
+    let mut lost = (0, 0);
+    for c in ep.connections() {
+        let _ = c.finish();
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        if c.wait_acknowledged(left).is_err() {
+            lost.0 += 1;
+            lost.1 += c.unacknowledged();
+            c.abort(1, "the endpoint closed");
+        }
+    }
+    lost
 }
 
 impl Endpoint {
@@ -172,6 +220,15 @@ impl Endpoint {
     pub fn bind(mut config: EndpointConfig) -> Result<Self, Error> {
         config.validate()?;
         config.local_addrs = expand_wildcards(&config.local_addrs)?;
+        if config.transport == Transport::Tcp {
+            let linger = config.close_linger;
+            return Ok(Self {
+                inner: Transports::Tcp(Arc::new(TcpHandle {
+                    endpoint: tcp::TcpEndpoint::bind(config)?,
+                    linger,
+                })),
+            });
+        }
         let sockets = driver::bind_all(&config.local_addrs)
             .map_err(|(addr, source)| Error::Bind { addr, source })?;
         config.local_addrs = sockets.iter().map(|s| s.local).collect();
@@ -181,7 +238,7 @@ impl Endpoint {
             .filter_map(|&a| Some((a, interface_max_datagram(a.ip())?)))
             .collect();
         Ok(Self {
-            shards: Arc::new(Shards::start(config, sockets, os_seed())?),
+            inner: Transports::Udp(Arc::new(Shards::start(config, sockets, os_seed())?)),
         })
     }
 
@@ -198,7 +255,18 @@ impl Endpoint {
 
     /// How many shards (engines, each with its driver thread and sockets) the endpoint runs.
     pub fn shards(&self) -> usize {
-        self.shards.drivers.len()
+        match &self.inner {
+            Transports::Udp(s) => s.drivers.len(),
+            Transports::Tcp(_) => 1,
+        }
+    }
+
+    /// The transport the endpoint's connections use.
+    pub fn transport(&self) -> Transport {
+        match &self.inner {
+            Transports::Udp(_) => Transport::Udp,
+            Transports::Tcp(_) => Transport::Tcp,
+        }
     }
 
     /// Closes every connection of the endpoint gracefully: finishes their outgoing streams
@@ -212,32 +280,44 @@ impl Endpoint {
     /// from `main` right after writing does not lose the data; call `close` to choose the
     /// time and learn the outcome.
     pub fn close(&self, timeout: Option<Duration>) -> Result<(), Error> {
-        let lost = (self.shards).close_all(timeout.and_then(|t| Instant::now().checked_add(t)));
-        if lost.connections == 0 {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let (connections, bytes) = match &self.inner {
+            Transports::Udp(s) => {
+                let lost = s.close_all(deadline);
+                (lost.connections, lost.bytes)
+            }
+            Transports::Tcp(t) => tcp_close(&t.endpoint, deadline),
+        };
+        if connections == 0 {
             Ok(())
         } else {
-            Err(Error::NotDelivered {
-                connections: lost.connections,
-                bytes: lost.bytes,
-            })
+            Err(Error::NotDelivered { connections, bytes })
         }
     }
 
     /// The bound local addresses, ports resolved.
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
-        self.first().local_addrs().collect()
+        match &self.inner {
+            Transports::Udp(s) => first(s).local_addrs().collect(),
+            Transports::Tcp(t) => t.endpoint.local_addrs(),
+        }
     }
 
-    /// The first shard, whose sockets resolved the ports (the others share its addresses,
-    /// ports and impairment switches).
-    fn first(&self) -> &driver::Shared {
-        self.shards.drivers[0].shared()
+    /// The UDP shards; `None` on the TCP transport.
+    fn udp(&self) -> Option<&Shards> {
+        match &self.inner {
+            Transports::Udp(s) => Some(s),
+            Transports::Tcp(_) => None,
+        }
     }
 
     /// Received datagrams the engine dropped without acting on them, by reason (garbage,
     /// strangers, duplicates, packets for connections already gone, forged ICMP errors).
     pub fn dropped_datagrams(&self) -> DropCounts {
-        (self.shards.drivers.iter())
+        let Some(shards) = self.udp() else {
+            return DropCounts::default();
+        };
+        (shards.drivers.iter())
             .map(|d| d.shared().lock().engine().dropped().clone())
             .reduce(|a, b| a + &b)
             .unwrap_or_default()
@@ -248,7 +328,7 @@ impl Endpoint {
     /// shard), the others only counted in [`dropped_datagrams`](Self::dropped_datagrams).
     pub fn refused_handshakes(&self) -> Vec<RefusedHandshake> {
         let mut refused = Vec::new();
-        for d in &self.shards.drivers {
+        for d in self.udp().map_or(&[][..], |s| &s.drivers[..]) {
             let mut st = d.shared().lock();
             let engine = st.engine_mut();
             refused.extend(std::iter::from_fn(|| engine.poll_refused_handshake()));
@@ -258,7 +338,7 @@ impl Endpoint {
 
     /// The impairment switch of the socket bound to `local`, to break that link on purpose.
     pub fn impairment(&self, local: SocketAddr) -> Option<Arc<Impairment>> {
-        self.first().impairment(local)
+        self.udp().and_then(|s| first(s).impairment(local))
     }
 
     /// Connects to a peer given one or more of its addresses, waiting until the handshake
@@ -272,12 +352,16 @@ impl Endpoint {
         remotes: &[SocketAddr],
         config: ConnectionConfig,
     ) -> Result<Connection, Error> {
-        let driver = self.shards.for_connect();
+        let shards = match &self.inner {
+            Transports::Udp(s) => s,
+            Transports::Tcp(t) => return Ok(Connection::tcp(t.endpoint.connect(remotes, config)?)),
+        };
+        let driver = shards.for_connect();
         let shared = driver.shared();
         let mut st = shared.lock();
         let h = st.engine_mut().connect(Instant::now(), remotes, config)?;
         st = shared.after_app_call(st);
-        let conn = Connection::new(driver.clone(), h);
+        let conn = Connection::udp(UdpConnection::new(driver.clone(), h));
         loop {
             let c = st.engine().connection(h).expect("connection just made");
             match c.state() {
@@ -300,10 +384,13 @@ impl Endpoint {
     /// [`std::io::ErrorKind::WouldBlock`] otherwise. Never blocks; clears
     /// [`readiness_fd`](Self::readiness_fd) before it looks.
     pub fn try_accept(&self) -> Result<Connection, Error> {
-        match self.shards.pop_accepted() {
-            Some((driver, h)) => Ok(Connection::new(driver, h)),
-            None => Err(Error::Io(std::io::ErrorKind::WouldBlock.into())),
-        }
+        let accepted = match &self.inner {
+            Transports::Udp(s) => {
+                (s.pop_accepted()).map(|(driver, h)| Connection::udp(UdpConnection::new(driver, h)))
+            }
+            Transports::Tcp(t) => t.endpoint.try_accept().map(Connection::tcp),
+        };
+        accepted.ok_or_else(|| Error::Io(std::io::ErrorKind::WouldBlock.into()))
     }
 
     /// A file descriptor that becomes readable when a connection may be waiting for
@@ -312,7 +399,13 @@ impl Endpoint {
     /// wake-up).
     pub fn readiness_fd(&self) -> std::io::Result<std::os::fd::BorrowedFd<'_>> {
         use std::os::fd::AsFd;
-        Ok(self.shards.accepts.readiness()?.as_fd())
+        match &self.inner {
+            Transports::Udp(s) => Ok(s.accepts.readiness()?.as_fd()),
+            Transports::Tcp(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "the TCP transport has no readiness descriptors yet",
+            )),
+        }
     }
 
     /// Waits for the next incoming connection. A connection is handed over once its client
@@ -325,15 +418,21 @@ impl Endpoint {
 
     /// Waits at most `timeout` (`None`: forever) for the next incoming connection.
     pub fn accept_timeout(&self, timeout: Option<Duration>) -> Result<Option<Connection>, Error> {
+        let shards = match &self.inner {
+            Transports::Udp(s) => s,
+            Transports::Tcp(t) => {
+                return Ok(t.endpoint.accept_timeout(timeout).map(Connection::tcp))
+            }
+        };
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         loop {
-            if let Some((driver, h)) = self.shards.pop_accepted() {
-                return Ok(Some(Connection::new(driver, h)));
+            if let Some((driver, h)) = shards.pop_accepted() {
+                return Ok(Some(Connection::udp(UdpConnection::new(driver, h))));
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);
             }
-            self.shards.wait_accept(deadline);
+            shards.wait_accept(deadline);
         }
     }
 }

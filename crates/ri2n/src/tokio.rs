@@ -21,7 +21,6 @@ use std::task::{ready, Context, Poll};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::readiness::Interest;
 use crate::{Connection, Endpoint, Error};
 
 /// A tokio registration of a readiness descriptor, on a duplicate of it (the `AsyncFd` owns
@@ -49,8 +48,8 @@ impl AsyncConnection {
     /// Wraps a connection; must be called within a tokio runtime.
     pub fn new(conn: Connection) -> io::Result<Self> {
         Ok(Self {
-            read_ready: watch(conn.readiness_fd_for(Interest::Read)?)?,
-            write_ready: watch(conn.readiness_fd_for(Interest::Write)?)?,
+            read_ready: watch(conn.read_readiness_fd()?)?,
+            write_ready: watch(conn.write_readiness_fd()?)?,
             conn,
         })
     }

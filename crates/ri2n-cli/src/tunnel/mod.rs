@@ -62,10 +62,8 @@ fn connection_config(carry: Carry) -> ConnectionConfig {
 /// cluster file again.
 pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
     let (cluster, me) = load(&args.config, args.name.as_deref())?;
-    let key = crate::key::load(&crate::KeyOpts {
-        key: Some(cluster.key.clone()),
-    })?
-    .expect("a key path was given");
+    let key = crate::key::load(&crate::ChannelOpts::with_key(Some(cluster.key.clone())))?
+        .expect("a key path was given");
     let host = cluster.hosts[me].clone();
     let port = cluster.port;
     let locals: Vec<SocketAddr> = host
@@ -566,9 +564,7 @@ pub fn status(args: &TunnelStatusArgs) -> Result<(), Failure> {
 pub fn describe(path: &Path, name: Option<&str>) -> Result<String, Failure> {
     let (cluster, me) = load(path, name)?;
     // the daemon would fail on it at once: the key file is part of the configuration
-    crate::key::load(&crate::KeyOpts {
-        key: Some(cluster.key.clone()),
-    })?;
+    crate::key::load(&crate::ChannelOpts::with_key(Some(cluster.key.clone())))?;
     let h = &cluster.hosts[me];
     Ok(format!(
         "{}: {} hosts; this host is {} ({}/{} on {})",

@@ -101,6 +101,32 @@ pub struct ConnectionStats {
     pub datagrams_waiting: (usize, usize),
 }
 
+impl ConnectionStats {
+    /// Statistics with these links and every count zero, for a transport outside this
+    /// engine (the TCP transport) to fill in.
+    pub fn new(links: Vec<LinkStats>) -> Self {
+        Self {
+            links,
+            send_buffered: 0,
+            recv_buffered: 0,
+            recv_fragments: 0,
+            bytes_acknowledged: 0,
+            bytes_received: 0,
+            cipher: None,
+            key_updates: (0, 0),
+            packets_opened_ahead: 0,
+            datagrams_sent: 0,
+            datagrams_resent: 0,
+            datagrams_send_dropped: 0,
+            datagrams_received: 0,
+            datagrams_receive_dropped: 0,
+            datagrams_reordered: 0,
+            datagrams_duplicate: 0,
+            datagrams_waiting: (0, 0),
+        }
+    }
+}
+
 /// Byte stream and message stream numbers.
 const BYTE_STREAM: usize = 0;
 const MESSAGE_STREAM: usize = 1;

@@ -105,6 +105,32 @@ pub struct LinkStats {
     pub refusals: u32,
 }
 
+impl LinkStats {
+    /// A link's statistics with every count zero, for a transport outside this engine (the
+    /// TCP transport) to fill in.
+    pub fn new(id: LinkId, local: SocketAddr, remote: SocketAddr, state: LinkState) -> Self {
+        Self {
+            id,
+            local,
+            remote,
+            state,
+            srtt: Duration::ZERO,
+            min_rtt: Duration::ZERO,
+            cwnd: 0,
+            bytes_in_flight: 0,
+            bytes_sent: 0,
+            bytes_received: 0,
+            packets_sent: 0,
+            packets_received: 0,
+            packets_lost: 0,
+            stream_bytes_sent: 0,
+            stream_bytes_acked: 0,
+            max_datagram: 0,
+            refusals: 0,
+        }
+    }
+}
+
 /// What a packet that arrived on a link carried, for its bookkeeping.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Arrival {

@@ -1,0 +1,700 @@
+//! The sending side of the TCP transport: which stream bytes each link's writer sends next.
+//!
+//! The stream is cut into *partitions* (stretches of at most `max_round` bytes, as much as
+//! the application had written and the receiver's window allows). A partition is taken from
+//! both ends, as Enhanced MuniSocket takes a message: one link claims runs from its front,
+//! moving forward, another from its back, moving backward, until they meet; each writer
+//! claims its next run only when its TCP connection took the previous one, so a faster link
+//! takes more (the connections' own back-pressure balances the load). A link starting on a
+//! partition sends one [`Round`] record (where it starts, which way it goes); its runs then
+//! carry only their length, and the receiver places each by the link's order alone. A link
+//! with nothing left in its partition helps another: it takes the end that has no taker, or
+//! splits the largest unclaimed range in two and takes the back of the first half. A
+//! partition smaller than `stripe_threshold` is not split at all: it goes whole on one link,
+//! the idle one with the lowest round-trip time.
+//!
+//! Every run stays *in flight* on its link until the receiver acknowledges the link's bytes
+//! up to its end. When a link dies, its in-flight runs become repairs, which the surviving
+//! links send first, each with its offset (the receiver discards bytes it already has).
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::time::Duration;
+
+use crate::ranges::RangeSet;
+
+/// Sizes of the striping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StripeConfig {
+    /// The largest partition.
+    pub max_round: u64,
+    /// Partitions smaller than this go whole on one link.
+    pub stripe_threshold: u64,
+    /// The smallest run a link claims from a partition shared with another link (the last
+    /// one of a partition may be smaller).
+    pub min_run: u64,
+    /// The largest run.
+    pub max_run: u64,
+}
+
+impl Default for StripeConfig {
+    fn default() -> Self {
+        Self {
+            max_round: 8 << 20,
+            stripe_threshold: 16 << 10,
+            min_run: 4 << 10,
+            max_run: 256 << 10,
+        }
+    }
+}
+
+/// A link's new start: from stream position `pos`, forward, or backward when `backward`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Round {
+    /// Where the link's first run starts (forward) or ends (backward).
+    pub pos: u64,
+    /// The link's runs go backward from `pos`.
+    pub backward: bool,
+}
+
+/// What a link's writer sends next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    /// Stream bytes `offset..offset + len` as a run, after a ROUND record if `round` is set.
+    Run {
+        /// The link starts on a partition: a ROUND record first.
+        round: Option<Round>,
+        /// The first stream byte.
+        offset: u64,
+        /// How many.
+        len: u64,
+    },
+    /// Stream bytes `offset..offset + len` again, with their offset.
+    Repair {
+        /// The first stream byte.
+        offset: u64,
+        /// How many.
+        len: u64,
+    },
+    /// The end of the stream.
+    Fin {
+        /// The stream's length.
+        end: u64,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Partition {
+    /// Unclaimed bytes: `lo..hi`.
+    lo: u64,
+    hi: u64,
+    front: Option<usize>,
+    back: Option<usize>,
+    /// Too small to split: one taker only.
+    whole: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    /// The link's byte count once this run arrived.
+    end: u64,
+    range: (u64, u64),
+}
+
+#[derive(Debug, Default)]
+struct LinkTx {
+    up: bool,
+    /// Payload bytes handed to the link since it opened.
+    sent: u64,
+    /// ... and acknowledged by the receiver.
+    acked: u64,
+    in_flight: VecDeque<InFlight>,
+    srtt: Duration,
+    /// Its writer found nothing to send and waits.
+    idle: bool,
+    /// The FIN went on this link and is not acknowledged yet.
+    fin_in_flight: bool,
+}
+
+/// The sending side of one connection's stream (see the module documentation).
+#[derive(Debug)]
+pub struct Striper {
+    cfg: StripeConfig,
+    /// The end of what the application wrote.
+    written: u64,
+    /// The end of the stream, once the application finished it.
+    fin: Option<u64>,
+    fin_acked: bool,
+    /// Every byte below this arrived (the receiver said so).
+    delivered: u64,
+    /// The receiver's window: nothing at or beyond it is sent.
+    window_end: u64,
+    /// The start of the bytes no partition holds yet.
+    frontier: u64,
+    parts: Vec<Partition>,
+    repairs: RangeSet,
+    links: Vec<LinkTx>,
+}
+
+impl Striper {
+    /// A stream with nothing written; the receiver's initial `window` bytes may be sent.
+    pub fn new(cfg: StripeConfig, window: u64) -> Self {
+        Self {
+            cfg,
+            written: 0,
+            fin: None,
+            fin_acked: false,
+            delivered: 0,
+            window_end: window,
+            frontier: 0,
+            parts: Vec::new(),
+            repairs: RangeSet::new(),
+            links: Vec::new(),
+        }
+    }
+
+    /// The application wrote `len` more bytes.
+    pub fn push(&mut self, len: u64) {
+        debug_assert!(self.fin.is_none(), "written after the end of the stream");
+        self.written += len;
+    }
+
+    /// The application ended the stream.
+    pub fn finish(&mut self) {
+        self.fin.get_or_insert(self.written);
+    }
+
+    /// The application ended the stream.
+    pub fn finished(&self) -> bool {
+        self.fin.is_some()
+    }
+
+    /// The end of what was written.
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// Every byte below this arrived: the send buffer may drop them.
+    pub fn delivered(&self) -> u64 {
+        self.delivered
+    }
+
+    /// Everything written, and the end of the stream, arrived.
+    pub fn all_acknowledged(&self) -> bool {
+        self.fin.is_some() && self.fin_acked && self.delivered == self.written
+    }
+
+    /// Link `link` (re)opened: a new TCP connection, counting its bytes from zero.
+    pub fn link_up(&mut self, link: usize, srtt: Duration) {
+        if self.links.len() <= link {
+            self.links.resize_with(link + 1, LinkTx::default);
+        }
+        self.link_down(link);
+        let l = &mut self.links[link];
+        *l = LinkTx {
+            up: true,
+            srtt,
+            ..LinkTx::default()
+        };
+    }
+
+    /// Link `link` died: what it had in flight is sent again on the others. Returns the
+    /// bytes re-queued.
+    pub fn link_down(&mut self, link: usize) -> u64 {
+        let Some(l) = self.links.get_mut(link) else {
+            return 0;
+        };
+        l.up = false;
+        l.idle = false;
+        // a FIN it carried is sent again by whichever link asks next (see `fin_due`)
+        l.fin_in_flight = false;
+        let mut requeued = 0;
+        for f in l.in_flight.drain(..) {
+            let (s, e) = (f.range.0.max(self.delivered), f.range.1);
+            if s < e {
+                requeued += e - s;
+                self.repairs.insert(s..e);
+            }
+        }
+        for p in &mut self.parts {
+            if p.front == Some(link) {
+                p.front = None;
+            }
+            if p.back == Some(link) {
+                p.back = None;
+            }
+        }
+        requeued
+    }
+
+    /// Whether link `link` is up.
+    pub fn is_up(&self, link: usize) -> bool {
+        self.links.get(link).is_some_and(|l| l.up)
+    }
+
+    /// The link's latest round-trip time, which picks the link for small partitions.
+    pub fn set_srtt(&mut self, link: usize, srtt: Duration) {
+        if let Some(l) = self.links.get_mut(link) {
+            l.srtt = srtt;
+        }
+    }
+
+    /// Payload bytes the link has in flight (handed over, not acknowledged).
+    pub fn in_flight(&self, link: usize) -> u64 {
+        self.links.get(link).map_or(0, |l| l.sent - l.acked)
+    }
+
+    /// An acknowledgement arrived on `link`. Returns whether it released anything (bytes
+    /// delivered, window opened, FIN acknowledged).
+    pub fn on_ack(
+        &mut self,
+        link: usize,
+        link_bytes: u64,
+        delivered: u64,
+        window_end: u64,
+        eof: bool,
+    ) -> bool {
+        let mut progress = false;
+        if let Some(l) = self.links.get_mut(link).filter(|l| l.up) {
+            let link_bytes = link_bytes.min(l.sent);
+            if link_bytes > l.acked {
+                l.acked = link_bytes;
+                progress = true;
+            }
+            while l.in_flight.front().is_some_and(|f| f.end <= l.acked) {
+                l.in_flight.pop_front();
+            }
+            if eof && l.fin_in_flight {
+                l.fin_in_flight = false;
+            }
+        }
+        // `delivered` is the receiver's: never beyond what was written
+        let delivered = delivered.min(self.written);
+        if delivered > self.delivered {
+            self.delivered = delivered;
+            self.repairs.remove_below(delivered);
+            progress = true;
+        }
+        if window_end > self.window_end {
+            self.window_end = window_end;
+            progress = true;
+        }
+        if eof && self.fin.is_some() && !self.fin_acked {
+            self.fin_acked = true;
+            progress = true;
+        }
+        progress
+    }
+
+    /// Whether some link has something to send (data, repairs or the FIN).
+    pub fn has_work(&self) -> bool {
+        !self.repairs.is_empty()
+            || self.parts.iter().any(|p| p.lo < p.hi)
+            || self.frontier < self.limit()
+            || self.fin_due()
+    }
+
+    fn limit(&self) -> u64 {
+        self.written.min(self.window_end)
+    }
+
+    fn fin_due(&self) -> bool {
+        self.fin.is_some_and(|f| f == self.frontier)
+            && !self.fin_acked
+            && self.parts.iter().all(|p| p.lo >= p.hi)
+            && self.repairs.is_empty()
+            && !self.links.iter().any(|l| l.fin_in_flight)
+    }
+
+    /// What link `link`'s writer sends next; `None`: nothing for it now (it waits).
+    pub fn next(&mut self, link: usize) -> Option<Work> {
+        if !self.is_up(link) {
+            return None;
+        }
+        let work = self.pick(link);
+        let l = &mut self.links[link];
+        l.idle = work.is_none();
+        match work {
+            Some(Work::Run { offset, len, .. }) | Some(Work::Repair { offset, len }) => {
+                l.sent += len;
+                l.in_flight.push_back(InFlight {
+                    end: l.sent,
+                    range: (offset, offset + len),
+                });
+            }
+            Some(Work::Fin { .. }) => l.fin_in_flight = true,
+            None => {}
+        }
+        work
+    }
+
+    fn pick(&mut self, link: usize) -> Option<Work> {
+        if let Some(r) = self.repairs.pop_front(self.cfg.max_run) {
+            return Some(Work::Repair {
+                offset: r.start,
+                len: r.end - r.start,
+            });
+        }
+        // the partition this link works on, if it has bytes left
+        if let Some(i) = self.parts.iter().position(|p| p.front == Some(link)) {
+            if self.parts[i].lo < self.parts[i].hi {
+                return Some(self.claim(i, false, None));
+            }
+            self.parts[i].front = None;
+        }
+        if let Some(i) = self.parts.iter().position(|p| p.back == Some(link)) {
+            if self.parts[i].lo < self.parts[i].hi {
+                return Some(self.claim(i, true, None));
+            }
+            self.parts[i].back = None;
+        }
+        self.parts.retain(|p| p.lo < p.hi);
+        if let Some(w) = self.help(link) {
+            return Some(w);
+        }
+        if let Some(w) = self.open(link) {
+            return Some(w);
+        }
+        self.fin_due().then_some(Work::Fin { end: self.frontier })
+    }
+
+    /// Claims the next run of partition `i` from its front or back, for a link that starts
+    /// there (`round`) or continues.
+    fn claim(&mut self, i: usize, backward: bool, round: Option<Round>) -> Work {
+        let p = &mut self.parts[i];
+        let left = p.hi - p.lo;
+        let len = if p.whole || (p.front.is_none() || p.back.is_none()) && left <= self.cfg.max_run
+        {
+            left.min(self.cfg.max_run)
+        } else {
+            (left / 4)
+                .clamp(self.cfg.min_run, self.cfg.max_run)
+                .min(left)
+        };
+        let offset = if backward {
+            p.hi -= len;
+            p.hi
+        } else {
+            p.lo += len;
+            p.lo - len
+        };
+        Work::Run { round, offset, len }
+    }
+
+    /// Joins a partition that needs another taker: one that lost its front taker (a dead
+    /// link), one large enough to be taken from its back too, or the largest one, split.
+    fn help(&mut self, link: usize) -> Option<Work> {
+        let t = self.cfg.stripe_threshold;
+        if let Some(i) = self
+            .parts
+            .iter()
+            .position(|p| p.front.is_none() && p.lo < p.hi)
+        {
+            let p = &mut self.parts[i];
+            p.front = Some(link);
+            let round = Round {
+                pos: p.lo,
+                backward: false,
+            };
+            return Some(self.claim(i, false, Some(round)));
+        }
+        if let Some(i) =
+            (self.parts.iter()).position(|p| !p.whole && p.back.is_none() && p.hi - p.lo >= t)
+        {
+            let p = &mut self.parts[i];
+            p.back = Some(link);
+            let round = Round {
+                pos: p.hi,
+                backward: true,
+            };
+            return Some(self.claim(i, true, Some(round)));
+        }
+        let (i, p) = (self.parts.iter().enumerate())
+            .filter(|(_, p)| !p.whole && p.hi - p.lo >= 2 * t)
+            .max_by_key(|(_, p)| p.hi - p.lo)?;
+        // the back half keeps its back taker and waits for a front one; this link takes the
+        // front half from its new end
+        let mid = p.lo + (p.hi - p.lo) / 2;
+        let upper = Partition {
+            lo: mid,
+            hi: p.hi,
+            front: None,
+            back: p.back,
+            whole: false,
+        };
+        let p = &mut self.parts[i];
+        p.hi = mid;
+        p.back = Some(link);
+        self.parts.insert(i + 1, upper);
+        let round = Round {
+            pos: mid,
+            backward: true,
+        };
+        Some(self.claim(i, true, Some(round)))
+    }
+
+    /// Opens a partition of new data, taken from its front by this link. A small one goes
+    /// only to the idle link with the lowest round-trip time.
+    fn open(&mut self, link: usize) -> Option<Work> {
+        let limit = self.limit();
+        if self.frontier >= limit {
+            return None;
+        }
+        let size = (limit - self.frontier).min(self.cfg.max_round);
+        let whole = size < self.cfg.stripe_threshold;
+        if whole {
+            let me = self.links[link].srtt;
+            let better = (self.links.iter().enumerate())
+                .any(|(j, l)| j != link && l.up && l.idle && l.srtt < me);
+            if better {
+                return None;
+            }
+        }
+        let lo = self.frontier;
+        self.frontier += size;
+        self.parts.push(Partition {
+            lo,
+            hi: lo + size,
+            front: Some(link),
+            back: None,
+            whole,
+        });
+        let i = self.parts.len() - 1;
+        let round = Round {
+            pos: lo,
+            backward: false,
+        };
+        Some(self.claim(i, false, Some(round)))
+    }
+
+    /// The stream bytes in flight on `link` (for tests and statistics).
+    pub fn in_flight_ranges(&self, link: usize) -> Vec<Range<u64>> {
+        self.links.get(link).map_or_else(Vec::new, |l| {
+            l.in_flight.iter().map(|f| f.range.0..f.range.1).collect()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tcp::Reassembly;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn striper(links: usize) -> Striper {
+        let mut s = Striper::new(StripeConfig::default(), 64 << 20);
+        for l in 0..links {
+            s.link_up(l, MS * (l as u32 + 1));
+        }
+        s
+    }
+
+    /// Feeds `work` for `link` into the receiver, as the link would carry it.
+    fn deliver(r: &mut Reassembly, link: usize, w: Work) {
+        match w {
+            Work::Run { round, len, .. } => {
+                if let Some(round) = round {
+                    r.round(link, round.pos, round.backward).unwrap();
+                }
+                let at = r.place_run(link, len).unwrap();
+                r.accept(link, at, len).unwrap();
+            }
+            Work::Repair { offset, len } => {
+                r.accept(link, offset, len).unwrap();
+            }
+            Work::Fin { end } => r.fin(end).unwrap(),
+        }
+    }
+
+    #[test]
+    fn two_links_take_a_message_from_its_two_ends() {
+        let mut s = striper(2);
+        s.push(1 << 20);
+        let a = s.next(0).unwrap();
+        let b = s.next(1).unwrap();
+        assert_eq!(
+            a,
+            Work::Run {
+                round: Some(Round {
+                    pos: 0,
+                    backward: false
+                }),
+                offset: 0,
+                len: 256 << 10
+            }
+        );
+        let Work::Run { round, offset, len } = b else {
+            panic!("{b:?}")
+        };
+        assert_eq!(
+            round,
+            Some(Round {
+                pos: 1 << 20,
+                backward: true
+            })
+        );
+        assert_eq!(offset + len, 1 << 20);
+        // the rest goes to whichever asks, until the two meet
+        let mut r = Reassembly::new(64 << 20);
+        deliver(&mut r, 0, a);
+        deliver(&mut r, 1, b);
+        let mut runs = [1usize, 1];
+        let mut rounds = 2;
+        for i in 0.. {
+            let link = if i % 3 == 0 { 1 } else { 0 };
+            let Some(w) = s.next(link) else { break };
+            if let Work::Run { round: Some(_), .. } = w {
+                rounds += 1;
+            }
+            runs[link] += 1;
+            deliver(&mut r, link, w);
+        }
+        assert!(s.next(0).is_none() && s.next(1).is_none());
+        assert_eq!(r.contiguous(), 1 << 20, "every byte placed once");
+        assert_eq!(rounds, 2, "one ROUND per link for the whole message");
+        assert!(
+            runs[0] > runs[1],
+            "the link asking more often took more: {runs:?}"
+        );
+    }
+
+    #[test]
+    fn a_small_message_goes_whole_on_the_idle_link_with_the_lowest_rtt() {
+        let mut s = striper(2);
+        // both idle
+        assert!(s.next(0).is_none() && s.next(1).is_none());
+        s.push(1000);
+        assert_eq!(s.next(1), None, "link 1 has the higher RTT");
+        assert_eq!(
+            s.next(0),
+            Some(Work::Run {
+                round: Some(Round {
+                    pos: 0,
+                    backward: false
+                }),
+                offset: 0,
+                len: 1000
+            })
+        );
+        assert_eq!(s.next(1), None, "not split");
+    }
+
+    #[test]
+    fn a_free_link_splits_the_largest_partition() {
+        let mut s = striper(3);
+        s.push(4 << 20);
+        let _ = s.next(0).unwrap(); // front of 0..4M
+        let _ = s.next(1).unwrap(); // back
+        let c = s.next(2).unwrap(); // splits what is left
+        let Work::Run {
+            round: Some(Round {
+                pos,
+                backward: true,
+            }),
+            offset,
+            len,
+        } = c
+        else {
+            panic!("{c:?}")
+        };
+        assert_eq!(offset + len, pos);
+        assert!(pos > 256 << 10 && pos < (4 << 20) - (256 << 10));
+        let mut r = Reassembly::new(64 << 20);
+        // replay it all to the receiver in a fixed order and check the placement
+        let mut s2 = striper(3);
+        s2.push(4 << 20);
+        for i in 0..10_000 {
+            let link = [0, 1, 2, 0, 2][i % 5];
+            if let Some(w) = s2.next(link) {
+                deliver(&mut r, link, w);
+            }
+            if !s2.has_work() {
+                break;
+            }
+        }
+        assert_eq!(r.contiguous(), 4 << 20);
+    }
+
+    #[test]
+    fn a_dead_links_unacknowledged_runs_are_sent_again_by_the_others() {
+        let mut s = striper(2);
+        s.push(1 << 20);
+        let mut r = Reassembly::new(64 << 20);
+        let a1 = s.next(0).unwrap();
+        let b1 = s.next(1).unwrap();
+        let a2 = s.next(0).unwrap();
+        // link 0's first run arrived and was acknowledged; its second was lost with it
+        deliver(&mut r, 0, a1);
+        deliver(&mut r, 1, b1);
+        let Work::Run { len: a1_len, .. } = a1 else {
+            unreachable!()
+        };
+        s.on_ack(0, a1_len, r.contiguous(), r.window_end(), false);
+        let Work::Run {
+            offset: a2_off,
+            len: a2_len,
+            ..
+        } = a2
+        else {
+            unreachable!()
+        };
+        assert_eq!(s.link_down(0), a2_len);
+        assert_eq!(
+            s.next(1),
+            Some(Work::Repair {
+                offset: a2_off,
+                len: a2_len
+            })
+        );
+        deliver(
+            &mut r,
+            1,
+            Work::Repair {
+                offset: a2_off,
+                len: a2_len,
+            },
+        );
+        // link 1 then takes the partition's front too
+        while let Some(w) = s.next(1) {
+            deliver(&mut r, 1, w);
+        }
+        assert_eq!(r.contiguous(), 1 << 20);
+    }
+
+    #[test]
+    fn the_window_bounds_what_is_sent_and_the_fin_comes_last() {
+        let mut s = Striper::new(StripeConfig::default(), 100_000);
+        s.link_up(0, MS);
+        s.push(300_000);
+        s.finish();
+        let mut sent = 0;
+        while let Some(w) = s.next(0) {
+            let Work::Run { offset, len, .. } = w else {
+                panic!("{w:?}")
+            };
+            assert!(offset + len <= 100_000);
+            sent += len;
+        }
+        assert_eq!(sent, 100_000);
+        s.on_ack(0, sent, 100_000, 400_000, false);
+        let mut last = None;
+        while let Some(w) = s.next(0) {
+            last = Some(w);
+        }
+        assert_eq!(last, Some(Work::Fin { end: 300_000 }));
+        assert!(!s.all_acknowledged());
+        s.on_ack(0, 300_000, 300_000, 400_000, true);
+        assert!(s.all_acknowledged());
+    }
+
+    #[test]
+    fn a_fin_lost_with_its_link_is_sent_again() {
+        let mut s = striper(2);
+        s.finish();
+        assert_eq!(s.next(0), Some(Work::Fin { end: 0 }));
+        assert_eq!(s.next(1), None, "one FIN in flight");
+        s.link_down(0);
+        assert_eq!(s.next(1), Some(Work::Fin { end: 0 }));
+    }
+}

@@ -1,0 +1,556 @@
+//! One TCP-transport connection: its state under one lock (the stream's striping and
+//! reassembly, the send and receive buffers, the links), and the application's calls on it.
+//! Link threads (`super::link`) move bytes between this state and the TCP connections; the
+//! application's calls wait on `app`, the link writers on `work`.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes, BytesMut};
+use ri2n_proto::tcp::{Reassembly, StripeConfig, Striper};
+use ri2n_proto::{
+    ConnectionConfig, ConnectionError, ConnectionState, ConnectionStats, Event, LinkId, LinkState,
+    LinkStats,
+};
+
+use crate::connection::TimedEvent;
+
+/// Writes smaller than this are copied into the send buffer's open tail; larger buffers
+/// handed over with `write_buf` are kept whole (no copy).
+const WHOLE_BUFFER: usize = 16 << 10;
+
+/// How a connection behaves, from its `ConnectionConfig`.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub connection_id: u64,
+    pub application: Option<String>,
+    pub window: u64,
+    pub send_buffer: u64,
+    pub stripe: StripeConfig,
+    /// A link sends a PING after this long without sending anything.
+    pub keepalive: Duration,
+    /// A link is dead after this long without receiving anything (at least; more on links
+    /// with a longer round trip, see `dead_after`).
+    pub min_dead: Duration,
+    /// Pace of the attempts to replace a dead link's TCP connection.
+    pub probe_interval: Duration,
+    pub all_links_down_timeout: Option<Duration>,
+}
+
+impl Settings {
+    pub fn new(cfg: &ConnectionConfig, connection_id: u64) -> Self {
+        Self {
+            connection_id,
+            application: cfg.application.clone(),
+            window: cfg.stream_receive_window,
+            send_buffer: cfg.send_buffer,
+            stripe: StripeConfig::default(),
+            keepalive: Duration::from_millis(5),
+            min_dead: cfg.probe_interval,
+            probe_interval: cfg.probe_interval,
+            all_links_down_timeout: cfg.all_links_down_timeout,
+        }
+    }
+
+    /// How long a link may stay silent before it is declared dead: a few of its round
+    /// trips, never less than `min_dead` (every end PINGs each link every `keepalive`).
+    pub fn dead_after(&self, srtt: Duration) -> Duration {
+        (srtt * 3 + self.keepalive).max(self.min_dead)
+    }
+}
+
+/// Which side opened the connection: the client replaces dead links' TCP connections.
+#[derive(Debug, Clone)]
+pub(crate) enum Role {
+    /// Local and remote address of each link, by link number.
+    Client {
+        pairs: Vec<(SocketAddr, SocketAddr)>,
+    },
+    Server,
+}
+
+/// One link of the connection.
+#[derive(Debug)]
+pub(crate) struct Link {
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    /// Bumped for each new TCP connection: the threads of an older one stop.
+    pub incarnation: u64,
+    pub stream: Option<Arc<TcpStream>>,
+    pub state: LinkState,
+    pub ack_due: bool,
+    pub ping_due: bool,
+    /// A CLOSE record is still to go out on this link.
+    pub close_due: bool,
+    pub last_rx: Instant,
+    pub last_tx: Instant,
+    /// A dialer is trying to replace the TCP connection.
+    pub dialing: bool,
+    pub next_dial: Instant,
+    pub srtt: Duration,
+    pub min_rtt: Duration,
+    pub cwnd: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub stream_bytes_sent: u64,
+    pub stream_bytes_acked: u64,
+    /// Link byte count of the last acknowledgement, to count what it delivered.
+    pub acked_link_bytes: u64,
+}
+
+impl Link {
+    pub fn new(local: SocketAddr, remote: SocketAddr, now: Instant) -> Self {
+        Self {
+            local,
+            remote,
+            incarnation: 0,
+            stream: None,
+            state: LinkState::Validating,
+            ack_due: false,
+            ping_due: false,
+            close_due: false,
+            last_rx: now,
+            last_tx: now,
+            dialing: false,
+            next_dial: now,
+            srtt: Duration::ZERO,
+            min_rtt: Duration::ZERO,
+            cwnd: 0,
+            bytes_sent: 0,
+            bytes_received: 0,
+            stream_bytes_sent: 0,
+            stream_bytes_acked: 0,
+            acked_link_bytes: 0,
+        }
+    }
+}
+
+/// Everything the connection's threads share.
+#[derive(Debug)]
+pub(crate) struct State {
+    pub striper: Striper,
+    pub reasm: Reassembly,
+    /// Written bytes not yet acknowledged, from `send_base` on, then the open tail.
+    pub send_buf: VecDeque<Bytes>,
+    pub send_base: u64,
+    pub tail: BytesMut,
+    /// Received bytes not yet read, by stream offset (never overlapping).
+    pub recv: BTreeMap<u64, Bytes>,
+    /// The window end last sent to the peer.
+    pub advertised: u64,
+    pub links: Vec<Link>,
+    pub events: Vec<TimedEvent>,
+    /// `Some` once ended: `None` inside for a clean close.
+    pub end: Option<Option<ConnectionError>>,
+    pub ended_at: Option<Instant>,
+    pub all_down_since: Option<Instant>,
+    /// The code and reason a CLOSE record carries (code 0: a clean close).
+    pub close_record: (u64, String),
+}
+
+impl State {
+    pub fn event(&mut self, event: Event) {
+        self.events.push(TimedEvent {
+            at: Instant::now(),
+            event,
+        });
+    }
+
+    pub fn set_link_state(&mut self, l: usize, to: LinkState) {
+        let from = self.links[l].state;
+        if from != to {
+            self.links[l].state = to;
+            self.event(Event::LinkStateChanged {
+                link: LinkId(l as u8),
+                from,
+                to,
+            });
+        }
+    }
+
+    /// Ends the connection (once): `why` is `None` for a clean close.
+    pub fn end(&mut self, why: Option<ConnectionError>) {
+        if self.end.is_none() {
+            self.end = Some(why.clone());
+            self.ended_at = Some(Instant::now());
+            self.event(Event::Closed(why));
+        }
+    }
+
+    /// The bytes `offset..offset + len` of the send buffer, as slices of its pieces.
+    pub fn send_slices(&mut self, offset: u64, len: u64, out: &mut Vec<Bytes>) {
+        if offset + len > self.send_base + self.send_buf.iter().map(|b| b.len() as u64).sum::<u64>()
+        {
+            self.seal_tail();
+        }
+        let mut at = self.send_base;
+        let (mut from, end) = (offset, offset + len);
+        for b in &self.send_buf {
+            let b_end = at + b.len() as u64;
+            if b_end > from && at < end {
+                let s = (from - at) as usize;
+                let e = (end.min(b_end) - at) as usize;
+                out.push(b.slice(s..e));
+                from = at + e as u64;
+            }
+            if b_end >= end {
+                break;
+            }
+            at = b_end;
+        }
+        debug_assert_eq!(out.iter().map(|b| b.len() as u64).sum::<u64>(), len);
+    }
+
+    /// Moves the open tail's bytes into the send buffer proper (they can then be sent).
+    fn seal_tail(&mut self) {
+        if !self.tail.is_empty() {
+            let b = self.tail.split().freeze();
+            self.send_buf.push_back(b);
+        }
+    }
+
+    /// Drops acknowledged bytes from the send buffer.
+    pub fn release(&mut self) {
+        let delivered = self.striper.delivered();
+        while let Some(front) = self.send_buf.front_mut() {
+            let drop = (delivered - self.send_base).min(front.len() as u64);
+            if drop == 0 {
+                break;
+            }
+            front.advance(drop as usize);
+            self.send_base += drop;
+            if front.is_empty() {
+                self.send_buf.pop_front();
+            } else {
+                break;
+            }
+        }
+    }
+
+    fn buffered(&self) -> u64 {
+        self.striper.written() - self.striper.delivered()
+    }
+
+    /// Both streams are complete: everything this side wrote was acknowledged, and the
+    /// peer's whole stream arrived.
+    pub fn done(&self) -> bool {
+        self.striper.all_acknowledged() && self.reasm.complete()
+    }
+
+    /// Asks every up link for an ACK (the window opened, or the stream completed).
+    pub fn ack_all(&mut self) {
+        for l in &mut self.links {
+            if l.state == LinkState::Up {
+                l.ack_due = true;
+            }
+        }
+    }
+
+    fn error(&self) -> io::Error {
+        match &self.end {
+            Some(Some(e)) => crate::udp_connection::lost(e.clone()),
+            _ => io::Error::new(io::ErrorKind::NotConnected, "the connection is closed"),
+        }
+    }
+}
+
+/// One connection of the TCP transport.
+#[derive(Debug)]
+pub(crate) struct TcpConnection {
+    pub state: Mutex<State>,
+    /// The application waits here (data, room, acknowledgements, the end).
+    pub app: Condvar,
+    /// Link writers wait here for something to send.
+    pub work: Condvar,
+    pub settings: Settings,
+    pub role: Role,
+}
+
+impl TcpConnection {
+    pub fn new(settings: Settings, role: Role, links: Vec<Link>) -> Arc<Self> {
+        let st = State {
+            striper: Striper::new(settings.stripe, settings.window),
+            reasm: Reassembly::new(settings.window),
+            send_buf: VecDeque::new(),
+            send_base: 0,
+            tail: BytesMut::new(),
+            recv: BTreeMap::new(),
+            advertised: settings.window,
+            links,
+            events: vec![TimedEvent {
+                at: Instant::now(),
+                event: Event::Connected,
+            }],
+            end: None,
+            ended_at: None,
+            all_down_since: None,
+            close_record: (0, String::new()),
+        };
+        Arc::new(Self {
+            state: Mutex::new(st),
+            app: Condvar::new(),
+            work: Condvar::new(),
+            settings,
+            role,
+        })
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wakes everyone after a change.
+    pub fn wake(&self) {
+        self.work.notify_all();
+        self.app.notify_all();
+    }
+
+    fn wait<'a>(
+        &self,
+        st: MutexGuard<'a, State>,
+        deadline: Option<Instant>,
+    ) -> MutexGuard<'a, State> {
+        match deadline {
+            None => self.app.wait(st).unwrap_or_else(|e| e.into_inner()),
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                self.app
+                    .wait_timeout(st, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0
+            }
+        }
+    }
+
+    /// Waits for room in the send buffer; `Ok(room)` or the error that ended the connection.
+    fn room<'a>(
+        &self,
+        mut st: MutexGuard<'a, State>,
+        block: bool,
+    ) -> io::Result<(MutexGuard<'a, State>, u64)> {
+        loop {
+            if st.end.is_some() {
+                return Err(st.error());
+            }
+            if st.striper.finished() {
+                return Err(io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    "the stream was finished",
+                ));
+            }
+            let room = self.settings.send_buffer.saturating_sub(st.buffered());
+            if room > 0 {
+                return Ok((st, room));
+            }
+            if !block {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            st = self.wait(st, None);
+        }
+    }
+
+    pub fn write(&self, data: &[u8], block: bool) -> io::Result<usize> {
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let (mut st, room) = self.room(self.lock(), block)?;
+        let n = data.len().min(room as usize);
+        st.tail.extend_from_slice(&data[..n]);
+        st.striper.push(n as u64);
+        drop(st);
+        self.work.notify_all();
+        Ok(n)
+    }
+
+    /// Takes `buf` whole when it is large (no copy), leaving it empty.
+    pub fn write_buf(&self, buf: &mut Vec<u8>) -> io::Result<()> {
+        if buf.len() < WHOLE_BUFFER {
+            let mut at = 0;
+            while at < buf.len() {
+                at += self.write(&buf[at..], true)?;
+            }
+            buf.clear();
+            return Ok(());
+        }
+        let (mut st, _) = self.room(self.lock(), true)?;
+        st.seal_tail();
+        let n = buf.len() as u64;
+        st.send_buf.push_back(Bytes::from(std::mem::take(buf)));
+        st.striper.push(n);
+        drop(st);
+        self.work.notify_all();
+        Ok(())
+    }
+
+    pub fn finish(&self) -> io::Result<()> {
+        let mut st = self.lock();
+        if let Some(Some(e)) = &st.end {
+            return Err(crate::udp_connection::lost(e.clone()));
+        }
+        st.striper.finish();
+        drop(st);
+        self.work.notify_all();
+        Ok(())
+    }
+
+    /// Waits until data can be read; `Ok(None)` at the end of the stream.
+    fn readable<'a>(
+        &self,
+        mut st: MutexGuard<'a, State>,
+        block: bool,
+        deadline: Option<Instant>,
+    ) -> io::Result<Option<MutexGuard<'a, State>>> {
+        loop {
+            if st.reasm.contiguous() > st.reasm.consumed() {
+                return Ok(Some(st));
+            }
+            if st.reasm.eof() {
+                return Ok(None);
+            }
+            if st.end.is_some() {
+                return Err(st.error());
+            }
+            if !block || deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            st = self.wait(st, deadline);
+        }
+    }
+
+    /// Takes up to `max` bytes of the next received piece.
+    fn take_piece(&self, st: &mut State, max: usize) -> Bytes {
+        let at = st.reasm.consumed();
+        let mut piece = st
+            .recv
+            .remove(&at)
+            .expect("the contiguous data starts a piece");
+        let out = if piece.len() > max {
+            let head = piece.split_to(max);
+            st.recv.insert(at + max as u64, piece);
+            head
+        } else {
+            piece
+        };
+        st.reasm.consume(out.len() as u64);
+        // tell the peer when the window moved by a quarter
+        if st.reasm.window_end() - st.advertised >= self.settings.window / 4 {
+            st.advertised = st.reasm.window_end();
+            st.ack_all();
+            self.work.notify_all();
+        }
+        out
+    }
+
+    pub fn read(&self, buf: &mut [u8], block: bool) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let Some(mut st) = self.readable(self.lock(), block, None)? else {
+            return Ok(0);
+        };
+        let mut n = 0;
+        while n < buf.len() && st.reasm.contiguous() > st.reasm.consumed() {
+            let piece = self.take_piece(&mut st, buf.len() - n);
+            buf[n..n + piece.len()].copy_from_slice(&piece);
+            n += piece.len();
+        }
+        Ok(n)
+    }
+
+    /// Replaces `buf` with the next received piece, whole (without a copy when nothing else
+    /// holds the piece's memory). Returns its length (0: the end of the stream).
+    pub fn read_buf(&self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        let Some(mut st) = self.readable(self.lock(), true, None)? else {
+            return Ok(0);
+        };
+        let piece = self.take_piece(&mut st, usize::MAX);
+        drop(st);
+        let n = piece.len();
+        *buf = Vec::from(piece);
+        Ok(n)
+    }
+
+    pub fn wait_acknowledged(&self, timeout: Option<Duration>) -> io::Result<()> {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let mut st = self.lock();
+        loop {
+            if st.striper.all_acknowledged() {
+                return Ok(());
+            }
+            if st.end.is_some() {
+                return Err(st.error());
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(io::ErrorKind::TimedOut.into());
+            }
+            st = self.wait(st, deadline);
+        }
+    }
+
+    pub fn is_acknowledged(&self) -> bool {
+        self.lock().striper.all_acknowledged()
+    }
+
+    /// Written bytes the peer has not acknowledged.
+    pub fn unacknowledged(&self) -> u64 {
+        self.lock().buffered()
+    }
+
+    /// Ends the connection now, telling the peer why.
+    pub fn abort(&self, code: u64, reason: &str) {
+        let mut st = self.lock();
+        if st.end.is_none() {
+            // a CLOSE with code 0 reads as a clean close
+            st.close_record = (code.max(1), reason.to_owned());
+            for l in &mut st.links {
+                l.close_due = l.state == LinkState::Up;
+            }
+            st.end(Some(ConnectionError::LocallyAborted));
+        }
+        drop(st);
+        self.wake();
+    }
+
+    pub fn state(&self) -> ConnectionState {
+        if self.lock().end.is_some() {
+            ConnectionState::Closed
+        } else {
+            ConnectionState::Established
+        }
+    }
+
+    pub fn close_reason(&self) -> Option<ConnectionError> {
+        self.lock().end.clone().flatten()
+    }
+
+    pub fn poll_events(&self) -> Vec<TimedEvent> {
+        std::mem::take(&mut self.lock().events)
+    }
+
+    pub fn stats(&self) -> ConnectionStats {
+        let st = self.lock();
+        let links = (st.links.iter().enumerate())
+            .map(|(i, l)| {
+                let mut s = LinkStats::new(LinkId(i as u8), l.local, l.remote, l.state);
+                s.srtt = l.srtt;
+                s.min_rtt = l.min_rtt;
+                s.cwnd = l.cwnd;
+                s.bytes_sent = l.bytes_sent;
+                s.bytes_received = l.bytes_received;
+                s.stream_bytes_sent = l.stream_bytes_sent;
+                s.stream_bytes_acked = l.stream_bytes_acked;
+                s
+            })
+            .collect();
+        let mut s = ConnectionStats::new(links);
+        s.send_buffered = st.buffered();
+        s.recv_buffered = st.reasm.contiguous() - st.reasm.consumed();
+        s.recv_fragments = st.reasm.holes();
+        s.bytes_acknowledged = st.striper.delivered();
+        s.bytes_received = st.reasm.contiguous();
+        s
+    }
+}

@@ -1,0 +1,396 @@
+//! The TCP transport's endpoint: a listening socket per local address (on a server), the
+//! hello exchange that makes a TCP connection a link of a connection, and connecting.
+//!
+//! A client opens its first link from its first local address to the first server address
+//! it was given; the server's answer lists all its addresses, and the client pairs each of
+//! its local addresses with the server address most like it (the longest common prefix: the
+//! same network), opening one link per pair.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use ri2n_proto::tcp::{Hello, HelloReply, HelloStatus};
+use ri2n_proto::{ConnectionConfig, ConnectionError, EndpointConfig};
+
+use super::conn::{Link, Role, Settings, TcpConnection};
+use super::link;
+use super::sys;
+use crate::Error;
+
+/// How long a server waits for a new TCP connection's hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A TCP-transport endpoint.
+#[derive(Debug)]
+pub(crate) struct TcpEndpoint {
+    locals: Vec<SocketAddr>,
+    listeners: Vec<Arc<TcpListener>>,
+    config: EndpointConfig,
+    /// Connections by ID, for the hellos of their further links.
+    conns: Mutex<HashMap<u64, Weak<TcpConnection>>>,
+    accepted: Mutex<VecDeque<Arc<TcpConnection>>>,
+    accept_cv: Condvar,
+    closed: AtomicBool,
+}
+
+impl TcpEndpoint {
+    /// Binds a listening socket per local address when the endpoint is a server (port 0: a
+    /// free port, the same on every address where possible).
+    pub fn bind(config: EndpointConfig) -> Result<Arc<Self>, Error> {
+        let mut listeners = Vec::new();
+        let mut locals = Vec::new();
+        let mut port = 0;
+        for &a in &config.local_addrs {
+            if !config.accept_incoming {
+                locals.push(a);
+                continue;
+            }
+            let want = if a.port() == 0 && port != 0 {
+                SocketAddr::new(a.ip(), port)
+            } else {
+                a
+            };
+            let l = TcpListener::bind(want)
+                .or_else(|_| TcpListener::bind(a))
+                .map_err(|source| Error::Bind { addr: a, source })?;
+            let bound = l
+                .local_addr()
+                .map_err(|source| Error::Bind { addr: a, source })?;
+            port = bound.port();
+            locals.push(bound);
+            listeners.push(Arc::new(l));
+        }
+        let ep = Arc::new(Self {
+            locals,
+            listeners: listeners.clone(),
+            config,
+            conns: Mutex::new(HashMap::new()),
+            accepted: Mutex::new(VecDeque::new()),
+            accept_cv: Condvar::new(),
+            closed: AtomicBool::new(false),
+        });
+        for l in listeners {
+            let weak = Arc::downgrade(&ep);
+            std::thread::Builder::new()
+                .name("ri2n-tcp-listen".into())
+                .spawn(move || listen(&weak, &l))
+                .map_err(Error::Io)?;
+        }
+        Ok(ep)
+    }
+
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.locals.clone()
+    }
+
+    /// Connects to a server given one or more of its addresses.
+    pub fn connect(
+        &self,
+        remotes: &[SocketAddr],
+        config: ConnectionConfig,
+    ) -> Result<Arc<TcpConnection>, Error> {
+        let (&first_remote, &first_local) = remotes
+            .first()
+            .zip(self.locals.first())
+            .ok_or(Error::Connect(ri2n_proto::ConnectError::NoRemoteAddress))?;
+        let local = self
+            .locals
+            .iter()
+            .copied()
+            .find(|l| l.is_ipv4() == first_remote.is_ipv4())
+            .unwrap_or(first_local);
+        let id = rand::random::<u64>();
+        let settings = Settings::new(&config, id);
+        let hello = Hello {
+            connection_id: id,
+            link: 0,
+            new_connection: true,
+            application: config.application.clone(),
+        };
+        let timeout = config.handshake_timeout;
+        let stream = sys::connect_from(local, first_remote, timeout)
+            .map_err(|e| {
+                match e.kind() {
+                    io::ErrorKind::ConnectionRefused => ConnectionError::Refused,
+                    io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => {
+                        ConnectionError::TimedOut(timeout)
+                    }
+                    _ => return Error::Io(e),
+                }
+                .into()
+            })
+            .map_err(|e: Error| e)?;
+        let (stream, reply, leftover) =
+            link::hello_exchange(stream, &hello, timeout).map_err(|e| match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                    Error::Connection(ConnectionError::TimedOut(timeout))
+                }
+                _ => Error::Connection(ConnectionError::ProtocolViolation(
+                    "the peer did not answer as a ri2n TCP server",
+                )),
+            })?;
+        match reply.status {
+            HelloStatus::Accepted => {}
+            HelloStatus::ServerFull => return Err(ConnectionError::ServerFull.into()),
+            HelloStatus::NotAccepting => return Err(ConnectionError::NotAccepting.into()),
+            HelloStatus::UnknownConnection => return Err(ConnectionError::Refused.into()),
+            HelloStatus::WrongApplication => {
+                return Err(ConnectionError::WrongApplication {
+                    ours: config.application.clone().unwrap_or_default(),
+                    theirs: reply.application.unwrap_or_default(),
+                }
+                .into())
+            }
+        }
+        let mut candidates: Vec<SocketAddr> = remotes.to_vec();
+        candidates.extend(reply.addrs.iter().filter(|a| !remotes.contains(a)));
+        let pairs = pair_links(
+            local,
+            first_remote,
+            &self.locals,
+            &candidates,
+            config.max_links,
+        );
+        let now = Instant::now();
+        let links = pairs.iter().map(|&(l, r)| Link::new(l, r, now)).collect();
+        let conn = TcpConnection::new(settings, Role::Client { pairs }, links);
+        link::attach(&conn, 0, stream, leftover).map_err(Error::Io)?;
+        spawn_watch(&conn)?;
+        Ok(conn)
+    }
+
+    /// Waits at most `timeout` (`None`: forever) for the next incoming connection.
+    pub fn accept_timeout(&self, timeout: Option<Duration>) -> Option<Arc<TcpConnection>> {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let mut q = self.accepted.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(c) = q.pop_front() {
+                return Some(c);
+            }
+            let left = match deadline {
+                Some(d) => d.checked_duration_since(Instant::now())?,
+                None => Duration::from_secs(3600),
+            };
+            q = self
+                .accept_cv
+                .wait_timeout(q, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    pub fn try_accept(&self) -> Option<Arc<TcpConnection>> {
+        self.accepted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front()
+    }
+
+    /// Every live connection.
+    pub fn connections(&self) -> Vec<Arc<TcpConnection>> {
+        let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        conns.values().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Stops listening.
+    pub fn shut(&self) {
+        if !self.closed.swap(true, Ordering::SeqCst) {
+            for l in &self.listeners {
+                // SAFETY: shutdown(2) on a descriptor the listener owns; it wakes `accept`.
+                unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR) };
+            }
+        }
+    }
+
+    /// A server's answer to a new TCP connection's hello.
+    fn on_hello(&self, hello: &Hello, stream: TcpStream, leftover: BytesMut) {
+        let refuse = |status, application: Option<String>| {
+            let mut out = Vec::new();
+            HelloReply {
+                status,
+                application,
+                addrs: Vec::new(),
+            }
+            .encode(&mut out);
+            let _ = io::Write::write_all(&mut &stream, &out);
+            let _ = stream.shutdown(Shutdown::Both);
+        };
+        let cfg = &self.config.server_connection;
+        if !self.config.accept_incoming {
+            return refuse(HelloStatus::NotAccepting, None);
+        }
+        if let (Some(theirs), Some(ours)) = (&hello.application, &cfg.application) {
+            if theirs != ours {
+                return refuse(HelloStatus::WrongApplication, Some(ours.clone()));
+            }
+        }
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        conns.retain(|_, w| w.strong_count() > 0);
+        let conn = if hello.new_connection {
+            if conns.len() >= self.config.max_connections {
+                drop(conns);
+                return refuse(HelloStatus::ServerFull, None);
+            }
+            let settings = Settings::new(cfg, hello.connection_id);
+            let conn = TcpConnection::new(settings, Role::Server, Vec::new());
+            conns.insert(hello.connection_id, Arc::downgrade(&conn));
+            conn
+        } else {
+            match conns.get(&hello.connection_id).and_then(Weak::upgrade) {
+                Some(c) if c.lock().end.is_none() => c,
+                _ => {
+                    drop(conns);
+                    return refuse(HelloStatus::UnknownConnection, None);
+                }
+            }
+        };
+        drop(conns);
+        let mut out = Vec::new();
+        HelloReply {
+            status: HelloStatus::Accepted,
+            application: cfg.application.clone(),
+            addrs: if hello.new_connection {
+                self.locals.clone()
+            } else {
+                Vec::new()
+            },
+        }
+        .encode(&mut out);
+        if io::Write::write_all(&mut &stream, &out).is_err() || sys::tune(&stream).is_err() {
+            return;
+        }
+        if link::attach(&conn, usize::from(hello.link), stream, leftover).is_err() {
+            return;
+        }
+        if hello.new_connection && spawn_watch(&conn).is_ok() {
+            let mut q = self.accepted.lock().unwrap_or_else(|e| e.into_inner());
+            q.push_back(conn);
+            self.accept_cv.notify_all();
+        }
+    }
+}
+
+fn spawn_watch(conn: &Arc<TcpConnection>) -> Result<(), Error> {
+    let c = conn.clone();
+    std::thread::Builder::new()
+        .name("ri2n-tcp-watch".into())
+        .spawn(move || link::watch(&c))
+        .map(drop)
+        .map_err(Error::Io)
+}
+
+/// Accepts TCP connections until the endpoint closes; each says hello on its own thread.
+fn listen(ep: &Weak<TcpEndpoint>, l: &TcpListener) {
+    loop {
+        let Ok((stream, _)) = l.accept() else {
+            match ep.upgrade() {
+                Some(e) if !e.closed.load(Ordering::SeqCst) => {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+                _ => return,
+            }
+        };
+        let ep = ep.clone();
+        let _ = std::thread::Builder::new()
+            .name("ri2n-tcp-hello".into())
+            .spawn(move || {
+                if let Some((hello, leftover)) = read_hello(&stream) {
+                    if let Some(ep) = ep.upgrade() {
+                        ep.on_hello(&hello, stream, leftover);
+                    }
+                }
+            });
+    }
+}
+
+/// The client's hello and what followed it; `None` (the TCP connection closed) for anything
+/// else within [`HELLO_TIMEOUT`].
+fn read_hello(s: &TcpStream) -> Option<(Hello, BytesMut)> {
+    s.set_read_timeout(Some(HELLO_TIMEOUT)).ok()?;
+    let mut buf = BytesMut::with_capacity(512);
+    let hello = loop {
+        match Hello::parse(&buf) {
+            Ok(Some((h, n))) => {
+                let _ = buf.split_to(n);
+                break h;
+            }
+            Ok(None) if buf.len() < 1024 => match sys::read_into(s, &mut buf, 512) {
+                Ok(n) if n > 0 => {}
+                _ => return None,
+            },
+            _ => {
+                let _ = s.shutdown(Shutdown::Both);
+                return None;
+            }
+        }
+    };
+    s.set_read_timeout(None).ok()?;
+    Some((hello, buf))
+}
+
+/// Leading bits two addresses share (0 across families).
+fn common_prefix(a: IpAddr, b: IpAddr) -> u32 {
+    match (a, b) {
+        (IpAddr::V4(a), IpAddr::V4(b)) => (u32::from(a) ^ u32::from(b)).leading_zeros(),
+        (IpAddr::V6(a), IpAddr::V6(b)) => (u128::from(a) ^ u128::from(b)).leading_zeros(),
+        _ => 0,
+    }
+}
+
+/// The links of a connection: the first pair as connected, then each further local address
+/// with the unused server address most like it.
+fn pair_links(
+    first_local: SocketAddr,
+    first_remote: SocketAddr,
+    locals: &[SocketAddr],
+    remotes: &[SocketAddr],
+    max_links: usize,
+) -> Vec<(SocketAddr, SocketAddr)> {
+    let mut pairs = vec![(first_local, first_remote)];
+    let mut used = vec![first_remote];
+    for &l in locals.iter().filter(|&&l| l != first_local) {
+        if pairs.len() >= max_links {
+            break;
+        }
+        let best = (remotes.iter())
+            .filter(|r| !used.contains(r) && r.is_ipv4() == l.is_ipv4())
+            .max_by_key(|r| common_prefix(l.ip(), r.ip()));
+        if let Some(&r) = best {
+            used.push(r);
+            pairs.push((l, r));
+        }
+    }
+    pairs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_local_address_pairs_with_the_server_address_on_its_network() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let pairs = pair_links(
+            a("10.0.1.1:0"),
+            a("10.0.1.2:7000"),
+            &[a("10.0.1.1:0"), a("10.0.3.1:0"), a("10.0.2.1:0")],
+            &[a("10.0.1.2:7000"), a("10.0.2.2:7000"), a("10.0.3.2:7000")],
+            8,
+        );
+        assert_eq!(
+            pairs,
+            vec![
+                (a("10.0.1.1:0"), a("10.0.1.2:7000")),
+                (a("10.0.3.1:0"), a("10.0.3.2:7000")),
+                (a("10.0.2.1:0"), a("10.0.2.2:7000")),
+            ]
+        );
+    }
+}

@@ -1,0 +1,99 @@
+//! The few socket calls std does not offer: TCP_INFO, TCP_NOTSENT_LOWAT, reads into spare
+//! capacity, and a connect from a chosen address with a deadline.
+
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+/// Unsent bytes a link's TCP connection may queue before its writer blocks: enough to keep
+/// the link busy between two runs, small enough that a run waits little behind others and
+/// that a slow link does not hoard work (MuniSocket's back-pressure on the unsent queue
+/// rather than the whole buffer).
+const NOTSENT_LOWAT: libc::c_int = 256 << 10;
+
+/// Sets what every link socket needs: no Nagle delay (records go out at once) and the
+/// unsent-queue limit.
+pub(crate) fn tune(s: &TcpStream) -> io::Result<()> {
+    s.set_nodelay(true)?;
+    let v: libc::c_int = NOTSENT_LOWAT;
+    // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a live c_int.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NOTSENT_LOWAT,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The kernel's smoothed round-trip time of a TCP connection and its congestion window in
+/// bytes.
+pub(crate) fn rtt_and_cwnd(s: &TcpStream) -> Option<(Duration, u64)> {
+    // SAFETY: tcp_info is plain data; getsockopt writes at most `len` bytes into it.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then(|| {
+        (
+            Duration::from_micros(u64::from(info.tcpi_rtt)),
+            u64::from(info.tcpi_snd_cwnd) * u64::from(info.tcpi_snd_mss),
+        )
+    })
+}
+
+/// Opens a TCP connection from `local` (port 0: any) to `remote`, giving up after `timeout`.
+pub(crate) fn connect_from(
+    local: SocketAddr,
+    remote: SocketAddr,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
+    let s = Socket::new(
+        Domain::for_address(remote),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
+    s.bind(&SockAddr::from(SocketAddr::new(local.ip(), 0)))?;
+    s.connect_timeout(&SockAddr::from(remote), timeout)?;
+    let s: TcpStream = s.into();
+    tune(&s)?;
+    Ok(s)
+}
+
+/// Appends up to `max` bytes read from `s` to `buf`, straight into its spare capacity (no
+/// zeroing pass over a run's bytes). Returns how many (0: the peer closed).
+pub(crate) fn read_into(s: &TcpStream, buf: &mut BytesMut, max: usize) -> io::Result<usize> {
+    buf.reserve(max);
+    let spare = buf.spare_capacity_mut();
+    let max = max.min(spare.len());
+    loop {
+        // SAFETY: read(2) writes at most `max` bytes into `spare`, which `buf` owns.
+        let n = unsafe { libc::read(s.as_raw_fd(), spare.as_mut_ptr().cast(), max) };
+        if n >= 0 {
+            // SAFETY: the kernel initialised the `n` bytes after the current length.
+            unsafe { buf.set_len(buf.len() + n as usize) };
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}

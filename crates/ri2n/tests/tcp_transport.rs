@@ -1,0 +1,165 @@
+//! The TCP transport on loopback: a transfer over two links arrives intact with both links
+//! carrying it, both directions at once, and the calls it does not carry fail clearly.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use ri2n::{ConnectionConfig, Endpoint, EndpointConfig, LinkState, Transport};
+
+fn addrs(list: &[&str]) -> Vec<SocketAddr> {
+    list.iter().map(|a| a.parse().unwrap()).collect()
+}
+
+fn pair() -> (Endpoint, Endpoint) {
+    let server = Endpoint::bind(
+        EndpointConfig::new(addrs(&["127.0.0.1:0", "127.0.0.2:0"]))
+            .with_transport(Transport::Tcp)
+            .server(),
+    )
+    .unwrap();
+    let client = Endpoint::bind(
+        EndpointConfig::new(addrs(&["127.0.0.1:0", "127.0.0.2:0"])).with_transport(Transport::Tcp),
+    )
+    .unwrap();
+    (server, client)
+}
+
+/// Deterministic, incompressible test data.
+fn data(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn a_transfer_over_two_tcp_links_arrives_intact_on_both() {
+    let (server, client) = pair();
+    let to = server.local_addrs()[0];
+    let sent = data(64 << 20, 7);
+    let expect = sent.clone();
+    let rx = std::thread::spawn(move || {
+        let conn = server.accept().unwrap();
+        // as `ri2n recv` reads: each call replaces the buffer's contents
+        let (mut got, mut buf) = (Vec::new(), Vec::new());
+        while conn.read_buf(&mut buf).unwrap() > 0 {
+            got.extend_from_slice(&buf);
+        }
+        conn.finish().unwrap();
+        conn.wait_acknowledged(Some(Duration::from_secs(10)))
+            .unwrap();
+        (got, conn.stats())
+    });
+    let conn = client.connect(&[to], ConnectionConfig::default()).unwrap();
+    for chunk in sent.chunks(1 << 20) {
+        conn.write_buf(&mut chunk.to_vec()).unwrap();
+    }
+    conn.finish().unwrap();
+    conn.wait_acknowledged(Some(Duration::from_secs(60)))
+        .unwrap();
+    let stats = conn.stats();
+    let (got, rx_stats) = rx.join().unwrap();
+    assert_eq!(got.len(), expect.len());
+    assert!(
+        got == expect,
+        "the received bytes differ from the sent ones"
+    );
+    assert_eq!(stats.links.len(), 2, "one link per local address");
+    for l in &stats.links {
+        assert_eq!(l.state, LinkState::Up);
+        assert!(
+            l.stream_bytes_acked > 0,
+            "link {:?} carried nothing: {stats:?}",
+            l.id
+        );
+    }
+    let acked: u64 = stats.links.iter().map(|l| l.stream_bytes_acked).sum();
+    // a link's own last acknowledgement may still be on its way: at most every byte, once
+    assert!(acked <= 64 << 20 && acked > 32 << 20, "{acked}");
+    assert_eq!(stats.bytes_acknowledged, 64 << 20);
+    assert_eq!(rx_stats.bytes_received, 64 << 20);
+}
+
+#[test]
+fn both_directions_at_once_and_small_writes() {
+    let (server, client) = pair();
+    let to = server.local_addrs()[1];
+    let echo = std::thread::spawn(move || {
+        let conn = server.accept().unwrap();
+        let mut buf = vec![0; 3000];
+        loop {
+            let n = (&conn).read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            (&conn).write_all(&buf[..n]).unwrap();
+        }
+        conn.finish().unwrap();
+        conn.wait_acknowledged(Some(Duration::from_secs(10)))
+            .unwrap();
+    });
+    let conn = std::sync::Arc::new(client.connect(&[to], ConnectionConfig::default()).unwrap());
+    let sent = data(5 << 20, 11);
+    let reader = {
+        let conn = conn.clone();
+        std::thread::spawn(move || {
+            let mut got = Vec::new();
+            (&*conn).read_to_end(&mut got).unwrap();
+            got
+        })
+    };
+    for chunk in sent.chunks(777) {
+        (&*conn).write_all(chunk).unwrap();
+    }
+    conn.finish().unwrap();
+    let got = reader.join().unwrap();
+    conn.wait_acknowledged(Some(Duration::from_secs(10)))
+        .unwrap();
+    echo.join().unwrap();
+    assert!(got == sent, "the echo differs");
+}
+
+#[test]
+fn what_the_tcp_transport_does_not_carry_is_refused_clearly() {
+    let (server, client) = pair();
+    let to = server.local_addrs()[0];
+    let conn = client.connect(&[to], ConnectionConfig::default()).unwrap();
+    let peer = server.accept().unwrap();
+    for e in [
+        conn.send_datagram(b"x").unwrap_err(),
+        conn.send_message(b"x").unwrap_err(),
+        peer.recv_message().unwrap_err(),
+    ] {
+        assert_eq!(e.kind(), std::io::ErrorKind::Unsupported);
+        assert!(e.to_string().contains("TCP transport"), "{e}");
+    }
+    let key = ri2n::Key::generate().unwrap();
+    let keyed = Endpoint::bind(
+        EndpointConfig::new(addrs(&["127.0.0.1:0"]))
+            .with_transport(Transport::Tcp)
+            .with_key(Some(key)),
+    );
+    assert!(keyed.is_err());
+}
+
+#[test]
+fn a_tcp_client_of_a_udp_server_is_refused() {
+    let server = Endpoint::server(&addrs(&["127.0.0.1:0"])).unwrap();
+    let to = server.local_addrs()[0];
+    let client =
+        Endpoint::bind(EndpointConfig::new(addrs(&["127.0.0.1:0"])).with_transport(Transport::Tcp))
+            .unwrap();
+    let e = client
+        .connect(&[to], ConnectionConfig::default())
+        .unwrap_err();
+    assert!(
+        matches!(e, ri2n::Error::Connection(ri2n::ConnectionError::Refused)),
+        "{e}"
+    );
+}
