@@ -74,6 +74,7 @@ fn forged_icmp_errors_do_not_end_a_keyed_transfer() {
         deadline: Instant::now() + TEST_TIMEOUT,
         name: name.to_owned(),
         key: Some(Path::new(&key)),
+        tcp: false,
     }
     .run(env, &lab, &dir.0);
     let ended = Instant::now();

@@ -503,8 +503,8 @@ impl Proc {
         serde_json::from_str(&text).unwrap_or(serde_json::Value::Null)
     }
 
-    /// Waits until the process has `count` UDP sockets bound to [`PORT`] in its namespace
-    /// (it is listening), or panics after `max`.
+    /// Waits until the process has `count` UDP or TCP sockets bound to [`PORT`] in its
+    /// namespace (it is listening), or panics after `max`.
     pub fn wait_listening(&mut self, count: usize, max: Duration) {
         let deadline = Instant::now() + max;
         let port = format!(":{PORT:04X} ");
@@ -516,7 +516,7 @@ impl Proc {
                     self.stderr_text()
                 );
             }
-            let bound = ["udp", "udp6"]
+            let bound = ["udp", "udp6", "tcp", "tcp6"]
                 .iter()
                 .map(|f| fs::read_to_string(format!("/proc/{}/net/{f}", self.pid())))
                 .filter_map(Result::ok)
@@ -810,6 +810,8 @@ pub struct Transfer<'a> {
     pub name: String,
     /// The key file both sides use (`--key`), if any.
     pub key: Option<&'a Path>,
+    /// Both sides use the TCP transport (`--transport tcp`).
+    pub tcp: bool,
 }
 
 /// How long a transfer keeps being fed after its last action: time for the recovery the test
@@ -962,6 +964,14 @@ pub fn send_args(lab: &Lab, host: Host, input: &Path, discover: bool) -> Vec<Str
     a
 }
 
+/// `args` with `--transport tcp` when `tcp`.
+fn with_transport(mut args: Vec<String>, tcp: bool) -> Vec<String> {
+    if tcp {
+        args.extend(["--transport".to_owned(), "tcp".to_owned()]);
+    }
+    args
+}
+
 /// `args` with `--key FILE` when there is a key.
 fn with_key(mut args: Vec<String>, key: Option<&Path>) -> Vec<String> {
     if let Some(k) = key {
@@ -993,7 +1003,10 @@ impl Transfer<'_> {
             lab,
             receiver,
             &env.ri2n,
-            &with_key(recv_args(lab, receiver, &output), self.key),
+            &with_transport(
+                with_key(recv_args(lab, receiver, &output), self.key),
+                self.tcp,
+            ),
             dir,
             &format!("{}-recv", self.name),
         );
@@ -1003,9 +1016,12 @@ impl Transfer<'_> {
             env,
             lab,
             self.sender,
-            &with_key(
-                send_args(lab, self.sender, Path::new("-"), self.discover),
-                self.key,
+            &with_transport(
+                with_key(
+                    send_args(lab, self.sender, Path::new("-"), self.discover),
+                    self.key,
+                ),
+                self.tcp,
             ),
             self.input,
             dir,
