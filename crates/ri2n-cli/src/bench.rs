@@ -49,6 +49,7 @@ const STALL_LIMIT: Duration = Duration::from_secs(10);
 const EVENT_TICK: Duration = Duration::from_millis(20);
 
 pub fn run(args: &BenchArgs) -> Result<(), Failure> {
+    crate::net::stream_only(&args.key, "bench")?;
     let say = Say { json: args.json };
     let endpoint = net::client_endpoint(&args.connect, &args.key, false)?;
     let faults = FaultPlan::new(&endpoint, &args.link.fault)?;

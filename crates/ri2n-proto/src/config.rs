@@ -280,12 +280,12 @@ impl ConnectionConfig {
 #[non_exhaustive]
 pub enum Transport {
     /// One UDP socket per local address; ri2n's own congestion control, repair and
-    /// unreliable datagrams (docs/PROTOCOL.md §1-§12).
+    /// unreliable datagrams (docs/PROTOCOL.md §1-§11).
     #[default]
     Udp,
     /// One TCP connection per address pair, the stream striped over them from both ends of
     /// each stretch as Enhanced MuniSocket does, with ri2n's failover on top (PROTOCOL.md
-    /// §13). Carries the byte stream only: messages, datagrams and keys are refused.
+    /// §12). Carries the byte stream only: messages, datagrams and keys are refused.
     Tcp,
 }
 

@@ -1,4 +1,4 @@
-//! The bytes a TCP link carries (docs/PROTOCOL.md §13.2): a hello exchange when the TCP
+//! The bytes a TCP link carries (docs/PROTOCOL.md §12.2): a hello exchange when the TCP
 //! connection opens, then in each direction a sequence of records, each a one-byte type and
 //! fixed fields, big-endian. A run's or repair's payload follows its record on the wire; the
 //! parser returns the record and leaves the payload to the caller, which reads it straight

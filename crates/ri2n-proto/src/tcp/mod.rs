@@ -1,4 +1,4 @@
-//! The TCP transport's protocol core (docs/PROTOCOL.md §13), without I/O: each link is one
+//! The TCP transport's protocol core (docs/PROTOCOL.md §12), without I/O: each link is one
 //! TCP connection, and the channel stripes its byte stream over them as Enhanced MuniSocket
 //! does, then adds what MuniSocket lacked: acknowledgements at the ri2n level, so that what a
 //! dead link had taken is sent again on the others.

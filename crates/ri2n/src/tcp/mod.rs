@@ -1,4 +1,4 @@
-//! The TCP transport (`EndpointConfig::transport = Transport::Tcp`, docs/PROTOCOL.md §13):
+//! The TCP transport (`EndpointConfig::transport = Transport::Tcp`, docs/PROTOCOL.md §12):
 //! each link is one TCP connection per address pair, and the channel's byte stream is
 //! striped over them without per-fragment headers as Enhanced MuniSocket does
 //! (`ri2n_proto::tcp`), with ri2n's acknowledgements, failover, reconnection and take-back
