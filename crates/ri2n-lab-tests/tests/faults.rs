@@ -297,9 +297,10 @@ fn tcp_outage() -> Duration {
     )
 }
 
-/// The TCP transport (`--transport tcp`) through a dead switch, then through a partition of
-/// every network: the transfer goes on over the other link, takes the healed one back (a new
-/// TCP connection), waits out the partition and resumes; bytes intact, both ends exit 0.
+/// The TCP transport (`--transport tcp`) through a dead switch, a switch that trickles, then
+/// a partition of every network: the transfer goes on over the other link, takes the healed one
+/// back (a new TCP connection), sets the slow one aside, waits out the partition and resumes;
+/// bytes intact, both ends exit 0.
 #[test]
 fn tcp_transport_through_a_dead_switch_and_a_partition() {
     let Some(env) = env() else { return };
@@ -345,6 +346,33 @@ fn tcp_transport_through_a_dead_switch_and_a_partition() {
         rejoined <= 0.6,
         "link 1 carried data again only {:.0} ms after the heal (bound: 600 ms)",
         rejoined * 1e3
+    );
+
+    // soft failure: switch 1 forwards 5 Mbit/s; the stream must not wait for it
+    let out = Transfer {
+        sender: Host::A,
+        input: &data,
+        actions: vec![
+            (FAULT_AT, Action::Fault(1, vec!["soft".to_owned()])),
+            (HEAL_AT, Action::Heal(1)),
+        ],
+        discover: true,
+        deadline,
+        name: format!("{name}-soft"),
+        key: None,
+        tcp: true,
+    }
+    .run(env, &lab, &dir.0);
+    out.report(Some(1));
+    assert_fault_seen(&out, 1, Shows::DownOrDegraded);
+    let (fault, heal) = (out.applied[0].0, out.applied[1].0);
+    let during = out.goodput_mbit(fault + 0.5, heal);
+    report(&format!(
+        "    tcp-soft: {during:.0} Mbit/s delivered while link 1 trickled"
+    ));
+    assert!(
+        during > 500.0,
+        "{during:.0} Mbit/s while link 1 trickled: the stream waited for it"
     );
 
     let out = Transfer {
@@ -707,6 +735,62 @@ fn garbage_flood_at_the_receiver() {
     assert!(peak < 200.0, "receiver RSS peaked at {peak:.1} MiB");
 }
 
+/// The text written every KiB of the input of the privacy tests.
+const MARKER: &[u8] = b"RI2N-PLAINTEXT-MARKER-7f3a9c";
+
+/// A transfer A→B of `data` while a tap inside host A captures both links (and, at `inject`
+/// datagrams a second, re-sends what A sent, half replayed and half with one bit flipped);
+/// returns what the tap saw.
+#[allow(clippy::too_many_arguments)]
+fn tapped_transfer(
+    env: &support::Env,
+    lab: &Lab,
+    dir: &Path,
+    data: &DataFile,
+    key: Option<&Path>,
+    inject: u64,
+    label: &str,
+    tcp: bool,
+) -> support::TapStats {
+    let stop = Arc::new(AtomicBool::new(false));
+    let tap = tap(TapPlan {
+        ns: lab.ns(Host::A),
+        links: lab.links,
+        port: PORT,
+        marker: MARKER.to_vec(),
+        inject_per_sec: inject,
+        max_time: TEST_TIMEOUT,
+        stop: stop.clone(),
+        seed: 11,
+    });
+    let out = Transfer {
+        sender: Host::A,
+        input: data,
+        actions: vec![],
+        discover: true,
+        deadline: Instant::now() + TEST_TIMEOUT,
+        name: label.to_owned(),
+        key,
+        tcp,
+    }
+    .run(env, lab, dir);
+    stop.store(true, Ordering::Relaxed);
+    let stats = tap.join().expect("the tap thread panicked");
+    report(&format!(
+        "    {label}: {:.0} Mbit/s; tap: {} frames, {} MiB, {} with the marker; injected {} \
+         ({} mutated, {} refused) in {:.2} s",
+        out.send_json["bytes"].as_u64().unwrap_or(0) as f64 * 8.0 / out.recv_secs / 1e6,
+        stats.frames,
+        stats.bytes >> 20,
+        stats.marker_frames,
+        stats.injected,
+        stats.mutated,
+        stats.inject_errors,
+        stats.secs
+    ));
+    stats
+}
+
 /// A keyed transfer while a tap inside host A captures both links and re-sends what A
 /// sent, half replayed and half with one bit flipped, from A's own addresses and ports, at
 /// 50 000 datagrams a second: the received file is exact and the capture holds none of the
@@ -720,55 +804,24 @@ fn keyed_transfer_is_private_and_ignores_an_on_path_injector() {
     let name = "keyed";
     let dir = TestDir::new(env, name);
     let lab = Lab::up(env, name, 2);
-    let marker = b"RI2N-PLAINTEXT-MARKER-7f3a9c";
     let key = keygen(env, &dir.0);
-    let tapped = |data: &DataFile, key: Option<&Path>, inject: u64, label: &str| {
-        let stop = Arc::new(AtomicBool::new(false));
-        let tap = tap(TapPlan {
-            ns: lab.ns(Host::A),
-            links: lab.links,
-            port: PORT,
-            marker: marker.to_vec(),
-            inject_per_sec: inject,
-            max_time: TEST_TIMEOUT,
-            stop: stop.clone(),
-            seed: 11,
-        });
-        let out = Transfer {
-            sender: Host::A,
-            input: data,
-            actions: vec![],
-            discover: true,
-            deadline: Instant::now() + TEST_TIMEOUT,
-            name: format!("{name}-{label}"),
-            key,
-            tcp: false,
-        }
-        .run(env, &lab, &dir.0);
-        stop.store(true, Ordering::Relaxed);
-        let stats = tap.join().expect("the tap thread panicked");
-        report(&format!(
-            "    {label}: {:.0} Mbit/s; tap: {} frames, {} MiB, {} with the marker; injected {} \
-             ({} mutated, {} refused) in {:.2} s",
-            out.send_json["bytes"].as_u64().unwrap_or(0) as f64 * 8.0 / out.recv_secs / 1e6,
-            stats.frames,
-            stats.bytes >> 20,
-            stats.marker_frames,
-            stats.injected,
-            stats.mutated,
-            stats.inject_errors,
-            stats.secs
-        ));
-        stats
-    };
-    let small = DataFile::create_marked(dir.0.join("clear"), 8, 21, marker);
-    let clear = tapped(&small, None, 0, "clear");
+    let small = DataFile::create_marked(dir.0.join("clear"), 8, 21, MARKER);
+    let clear = tapped_transfer(env, &lab, &dir.0, &small, None, 0, "keyed-clear", false);
     assert!(
         clear.marker_frames > 0,
         "the tap saw no marker in clear: it sees nothing"
     );
-    let data = DataFile::create_marked(dir.0.join("input"), 512, 22, marker);
-    let keyed = tapped(&data, Some(&key), 50_000, "keyed");
+    let data = DataFile::create_marked(dir.0.join("input"), 512, 22, MARKER);
+    let keyed = tapped_transfer(
+        env,
+        &lab,
+        &dir.0,
+        &data,
+        Some(&key),
+        50_000,
+        "keyed-keyed",
+        false,
+    );
     assert_eq!(keyed.marker_frames, 0, "plaintext on the wire");
     // the tap really watched the keyed transfer (so that no marker means none was sent); a
     // packet socket drops frames when both CPUs are busy (506 of 512 MiB seen once in CI,
@@ -783,5 +836,32 @@ fn keyed_transfer_is_private_and_ignores_an_on_path_injector() {
         keyed.injected >= 20_000,
         "the injector sent only {} datagrams",
         keyed.injected
+    );
+}
+
+/// The same privacy check on the TCP transport: the tap sees the marker in a transfer without
+/// a key, and none in a keyed one, which arrives exact.
+#[test]
+fn tcp_keyed_transfer_is_private() {
+    let Some(env) = env() else { return };
+    let _serial = serial();
+    let _timer = TestTimer::start("tcp-keyed");
+    let name = "tcpkeyed";
+    let dir = TestDir::new(env, name);
+    let lab = Lab::up(env, name, 2);
+    let key = keygen(env, &dir.0);
+    let small = DataFile::create_marked(dir.0.join("clear"), 8, 23, MARKER);
+    let clear = tapped_transfer(env, &lab, &dir.0, &small, None, 0, "tcp-clear", true);
+    assert!(
+        clear.marker_frames > 0,
+        "the tap saw no marker in clear: it sees nothing"
+    );
+    let data = DataFile::create_marked(dir.0.join("input"), 512, 24, MARKER);
+    let keyed = tapped_transfer(env, &lab, &dir.0, &data, Some(&key), 0, "tcp-keyed", true);
+    assert_eq!(keyed.marker_frames, 0, "plaintext on the wire");
+    assert!(
+        keyed.bytes > (512 << 20) / 4,
+        "captured only {} bytes",
+        keyed.bytes
     );
 }

@@ -285,7 +285,7 @@ pub enum Transport {
     Udp,
     /// One TCP connection per address pair, the stream striped over them from both ends of
     /// each stretch as Enhanced MuniSocket does, with ri2n's failover on top (PROTOCOL.md
-    /// §12). Carries the byte stream only: messages, datagrams and keys are refused.
+    /// §12). Carries the byte stream only: messages and datagrams are refused.
     Tcp,
 }
 
@@ -442,12 +442,6 @@ impl EndpointConfig {
         if self.shard.count == 0 || self.shard.index >= self.shard.count {
             return Err(crate::ConnectError::InvalidConfig(
                 "a shard's index must be below the shard count",
-            ));
-        }
-        if self.transport == Transport::Tcp && self.key.is_some() {
-            return Err(crate::ConnectError::InvalidConfig(
-                "the TCP transport does not take a key yet: use the UDP transport for keyed \
-                 connections",
             ));
         }
         self.server_connection.validate()

@@ -205,7 +205,7 @@ impl Cipher {
         }
     }
 
-    fn algorithm(self) -> &'static aead::Algorithm {
+    pub(crate) fn algorithm(self) -> &'static aead::Algorithm {
         match self {
             Cipher::Aes256Gcm => &aead::AES_256_GCM,
             Cipher::ChaCha20Poly1305 => &aead::CHACHA20_POLY1305,

@@ -59,6 +59,8 @@ pub struct Hello {
     /// The first link of a new connection (else a further link, or a link replacing one that
     /// died, of a connection the server knows).
     pub new_connection: bool,
+    /// The client holds a cluster key: its Noise handshake message follows (§12.6).
+    pub keyed: bool,
     /// The application protocol the client expects to talk to (`None`: any).
     pub application: Option<String>,
 }
@@ -76,6 +78,13 @@ pub enum HelloStatus {
     NotAccepting,
     /// The server runs another application protocol.
     WrongApplication,
+    /// The server requires a key and the client has none.
+    KeyRequired,
+    /// The client holds a key and the server has none.
+    NoKey,
+    /// The handshake failed: the two hold different keys (not authenticated: like the UDP
+    /// transport's REFUSE, a forger on the path can send it).
+    WrongKey,
 }
 
 /// The server's answer to a hello.
@@ -308,7 +317,7 @@ impl Hello {
         out.push(VERSION);
         out.extend_from_slice(&self.connection_id.to_be_bytes());
         out.push(self.link);
-        out.push(u8::from(self.new_connection));
+        out.push(u8::from(self.new_connection) | u8::from(self.keyed) << 1);
         encode_name(&self.application, out);
     }
 
@@ -320,11 +329,10 @@ impl Hello {
         let Some(b) = buf.get(9..19) else {
             return Ok(None);
         };
-        let new_connection = match b[9] {
-            0 => false,
-            1 => true,
-            _ => return Err(FrameError::Malformed("hello flags")),
-        };
+        if b[9] > 3 {
+            return Err(FrameError::Malformed("hello flags"));
+        }
+        let (new_connection, keyed) = (b[9] & 1 != 0, b[9] & 2 != 0);
         let Some((application, n)) = parse_name(&buf[19..])? else {
             return Ok(None);
         };
@@ -332,6 +340,7 @@ impl Hello {
             connection_id: be_u64(b),
             link: b[8],
             new_connection,
+            keyed,
             application,
         };
         Ok(Some((hello, 19 + n)))
@@ -346,6 +355,9 @@ impl HelloStatus {
             HelloStatus::ServerFull => 2,
             HelloStatus::NotAccepting => 3,
             HelloStatus::WrongApplication => 4,
+            HelloStatus::KeyRequired => 5,
+            HelloStatus::NoKey => 6,
+            HelloStatus::WrongKey => 7,
         }
     }
 
@@ -356,6 +368,9 @@ impl HelloStatus {
             2 => HelloStatus::ServerFull,
             3 => HelloStatus::NotAccepting,
             4 => HelloStatus::WrongApplication,
+            5 => HelloStatus::KeyRequired,
+            6 => HelloStatus::NoKey,
+            7 => HelloStatus::WrongKey,
             _ => return Err(FrameError::Malformed("hello status")),
         })
     }
@@ -515,6 +530,7 @@ mod tests {
             connection_id: 0xdead_beef_0102_0304,
             link: 3,
             new_connection: true,
+            keyed: true,
             application: Some("ri2n-file".into()),
         };
         let mut b = Vec::new();

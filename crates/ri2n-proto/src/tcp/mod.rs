@@ -13,6 +13,7 @@
 //! The I/O (sockets, threads, link watching, reconnecting) lives in `ri2n::tcp`.
 
 pub mod frame;
+pub mod keys;
 pub mod reassembly;
 pub mod stripe;
 

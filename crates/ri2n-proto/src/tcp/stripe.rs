@@ -114,6 +114,8 @@ struct LinkTx {
     idle: bool,
     /// The FIN went on this link and is not acknowledged yet.
     fin_in_flight: bool,
+    /// A slow link set aside: it takes no new runs (see [`Striper::hedge`]).
+    paused: bool,
 }
 
 /// The sending side of one connection's stream (see the module documentation).
@@ -227,6 +229,49 @@ impl Striper {
         requeued
     }
 
+    /// Sends what link `link` has in flight again on the others, keeping it in flight there
+    /// too (whichever copy arrives first counts), and gives the link no new runs until
+    /// [`resume`](Self::resume): for a link gone slow that holds the stream's next bytes
+    /// while the others deliver (a soft failure). Returns the bytes re-queued.
+    pub fn hedge(&mut self, link: usize) -> u64 {
+        let Some(l) = self.links.get_mut(link).filter(|l| l.up) else {
+            return 0;
+        };
+        l.paused = true;
+        let mut requeued = 0;
+        for f in &l.in_flight {
+            let (s, e) = (f.range.0.max(self.delivered), f.range.1);
+            if s < e {
+                requeued += e - s;
+                self.repairs.insert(s..e);
+            }
+        }
+        for p in &mut self.parts {
+            if p.front == Some(link) {
+                p.front = None;
+            }
+            if p.back == Some(link) {
+                p.back = None;
+            }
+        }
+        requeued
+    }
+
+    /// A link [`hedge`](Self::hedge) set aside takes runs again.
+    pub fn resume(&mut self, link: usize) {
+        if let Some(l) = self.links.get_mut(link) {
+            l.paused = false;
+        }
+    }
+
+    /// The link holding the stream's first undelivered byte in flight, if one does: the
+    /// link the receiver waits for.
+    pub fn head_link(&self) -> Option<usize> {
+        let d = self.delivered;
+        (self.links.iter())
+            .position(|l| l.up && l.in_flight.iter().any(|f| f.range.0 <= d && d < f.range.1))
+    }
+
     /// Whether link `link` is up.
     pub fn is_up(&self, link: usize) -> bool {
         self.links.get(link).is_some_and(|l| l.up)
@@ -329,6 +374,9 @@ impl Striper {
     }
 
     fn pick(&mut self, link: usize) -> Option<Work> {
+        if self.links[link].paused {
+            return None;
+        }
         if let Some(r) = self.repairs.pop_front(self.cfg.max_run) {
             return Some(Work::Repair {
                 offset: r.start,
@@ -686,6 +734,40 @@ mod tests {
         assert!(!s.all_acknowledged());
         s.on_ack(0, 300_000, 300_000, 400_000, true);
         assert!(s.all_acknowledged());
+    }
+
+    #[test]
+    fn a_slow_link_holding_the_next_bytes_is_hedged_and_set_aside() {
+        let mut s = striper(2);
+        s.push(1 << 20);
+        let mut r = Reassembly::new(64 << 20);
+        let a = s.next(0).unwrap();
+        let b = s.next(1).unwrap();
+        // link 1's run arrived; link 0's (the stream's first bytes) did not
+        deliver(&mut r, 1, b);
+        let Work::Run { len: b_len, .. } = b else {
+            unreachable!()
+        };
+        s.on_ack(1, b_len, r.contiguous(), r.window_end(), false);
+        assert_eq!(s.head_link(), Some(0));
+        let Work::Run { offset, len, .. } = a else {
+            unreachable!()
+        };
+        assert_eq!(s.hedge(0), len);
+        assert_eq!(s.next(0), None, "set aside");
+        assert_eq!(s.next(1), Some(Work::Repair { offset, len }));
+        deliver(&mut r, 1, Work::Repair { offset, len });
+        while let Some(w) = s.next(1) {
+            deliver(&mut r, 1, w);
+        }
+        assert_eq!(r.contiguous(), 1 << 20, "link 1 carried it all");
+        // the slow copy arriving after all is a duplicate, dropped
+        r.round(0, 0, false).unwrap();
+        let at = r.place_run(0, len).unwrap();
+        assert!(r.accept(0, at, len).unwrap().is_empty());
+        s.resume(0);
+        s.push(1000);
+        assert!(s.next(0).is_some(), "taken back");
     }
 
     #[test]

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, Bytes, BytesMut};
 use ri2n_proto::tcp::{Reassembly, StripeConfig, Striper};
 use ri2n_proto::{
-    ConnectionConfig, ConnectionError, ConnectionState, ConnectionStats, Event, LinkId, LinkState,
-    LinkStats,
+    Cipher, ConnectionConfig, ConnectionError, ConnectionState, ConnectionStats, Event, Key,
+    LinkId, LinkState, LinkStats,
 };
 
 use crate::connection::TimedEvent;
@@ -38,10 +38,12 @@ pub(crate) struct Settings {
     /// Pace of the attempts to replace a dead link's TCP connection.
     pub probe_interval: Duration,
     pub all_links_down_timeout: Option<Duration>,
+    /// The cluster key: every TCP connection of a link handshakes and seals its frames.
+    pub key: Option<Key>,
 }
 
 impl Settings {
-    pub fn new(cfg: &ConnectionConfig, connection_id: u64) -> Self {
+    pub fn new(cfg: &ConnectionConfig, connection_id: u64, key: Option<Key>) -> Self {
         Self {
             connection_id,
             application: cfg.application.clone(),
@@ -52,6 +54,7 @@ impl Settings {
             min_dead: cfg.probe_interval,
             probe_interval: cfg.probe_interval,
             all_links_down_timeout: cfg.all_links_down_timeout,
+            key,
         }
     }
 
@@ -99,9 +102,24 @@ pub(crate) struct Link {
     pub stream_bytes_acked: u64,
     /// Link byte count of the last acknowledgement, to count what it delivered.
     pub acked_link_bytes: u64,
+    /// When an acknowledgement last counted more of this link's bytes.
+    pub last_ack_progress: Instant,
+    /// Set aside as slow until then (state `Degraded`, see `Striper::hedge`).
+    pub paused_until: Option<Instant>,
+    /// How long it was set aside the last time, and when that ended: a link slow again soon
+    /// after is set aside twice as long.
+    pub last_pause: (Duration, Instant),
+    /// A UDP socket on the local address, to keep the next hop confirmed through outages
+    /// (made on first use; `None` if it cannot be bound).
+    pub confirmer: Option<std::net::UdpSocket>,
 }
 
 impl Link {
+    /// It has a working TCP connection (up, or set aside as slow).
+    pub fn connected(&self) -> bool {
+        matches!(self.state, LinkState::Up | LinkState::Degraded)
+    }
+
     pub fn new(local: SocketAddr, remote: SocketAddr, now: Instant) -> Self {
         Self {
             local,
@@ -124,6 +142,10 @@ impl Link {
             stream_bytes_sent: 0,
             stream_bytes_acked: 0,
             acked_link_bytes: 0,
+            last_ack_progress: now,
+            paused_until: None,
+            last_pause: (Duration::ZERO, now),
+            confirmer: None,
         }
     }
 }
@@ -149,6 +171,8 @@ pub(crate) struct State {
     pub all_down_since: Option<Instant>,
     /// The code and reason a CLOSE record carries (code 0: a clean close).
     pub close_record: (u64, String),
+    /// The AEAD of the latest keyed link (`None`: no key).
+    pub cipher: Option<Cipher>,
 }
 
 impl State {
@@ -243,7 +267,7 @@ impl State {
     /// Asks every up link for an ACK (the window opened, or the stream completed).
     pub fn ack_all(&mut self) {
         for l in &mut self.links {
-            if l.state == LinkState::Up {
+            if l.connected() {
                 l.ack_due = true;
             }
         }
@@ -288,6 +312,7 @@ impl TcpConnection {
             ended_at: None,
             all_down_since: None,
             close_record: (0, String::new()),
+            cipher: None,
         };
         Arc::new(Self {
             state: Mutex::new(st),
@@ -506,7 +531,7 @@ impl TcpConnection {
             // a CLOSE with code 0 reads as a clean close
             st.close_record = (code.max(1), reason.to_owned());
             for l in &mut st.links {
-                l.close_due = l.state == LinkState::Up;
+                l.close_due = l.connected();
             }
             st.end(Some(ConnectionError::LocallyAborted));
         }
@@ -551,6 +576,7 @@ impl TcpConnection {
         s.recv_fragments = st.reasm.holes();
         s.bytes_acknowledged = st.striper.delivered();
         s.bytes_received = st.reasm.contiguous();
+        s.cipher = st.cipher;
         s
     }
 }

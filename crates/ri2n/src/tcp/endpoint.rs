@@ -15,8 +15,9 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
+use ri2n_proto::tcp::keys::server_handshake;
 use ri2n_proto::tcp::{Hello, HelloReply, HelloStatus};
-use ri2n_proto::{ConnectionConfig, ConnectionError, EndpointConfig};
+use ri2n_proto::{ConnectionConfig, ConnectionError, EndpointConfig, KeyMismatch};
 
 use super::conn::{Link, Role, Settings, TcpConnection};
 use super::link;
@@ -106,11 +107,13 @@ impl TcpEndpoint {
             .find(|l| l.is_ipv4() == first_remote.is_ipv4())
             .unwrap_or(first_local);
         let id = rand::random::<u64>();
-        let settings = Settings::new(&config, id);
+        let key = self.config.key.clone();
+        let settings = Settings::new(&config, id, key.clone());
         let hello = Hello {
             connection_id: id,
             link: 0,
             new_connection: true,
+            keyed: key.is_some(),
             application: config.application.clone(),
         };
         let timeout = config.handshake_timeout;
@@ -126,17 +129,23 @@ impl TcpEndpoint {
                 .into()
             })
             .map_err(|e: Error| e)?;
-        let (stream, reply, leftover) =
-            link::hello_exchange(stream, &hello, timeout).map_err(|e| match e.kind() {
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-                    Error::Connection(ConnectionError::TimedOut(timeout))
-                }
-                _ => Error::Connection(ConnectionError::ProtocolViolation(
-                    "the peer did not answer as a ri2n TCP server",
-                )),
-            })?;
+        let x = link::hello_exchange(stream, &hello, timeout, key.as_ref()).map_err(|e| match e
+            .kind()
+        {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                Error::Connection(ConnectionError::TimedOut(timeout))
+            }
+            _ => Error::Connection(ConnectionError::ProtocolViolation(
+                "the peer did not answer as a ri2n TCP server",
+            )),
+        })?;
+        let (stream, reply, leftover, keys) = (x.stream, x.reply, x.leftover, x.keys);
+        let mismatch = |m| Err(Error::Connection(ConnectionError::KeyMismatch(m)));
         match reply.status {
             HelloStatus::Accepted => {}
+            HelloStatus::KeyRequired => return mismatch(KeyMismatch::KeyRequired),
+            HelloStatus::NoKey => return mismatch(KeyMismatch::NoKey),
+            HelloStatus::WrongKey => return mismatch(KeyMismatch::WrongKey),
             HelloStatus::ServerFull => return Err(ConnectionError::ServerFull.into()),
             HelloStatus::NotAccepting => return Err(ConnectionError::NotAccepting.into()),
             HelloStatus::UnknownConnection => return Err(ConnectionError::Refused.into()),
@@ -160,7 +169,7 @@ impl TcpEndpoint {
         let now = Instant::now();
         let links = pairs.iter().map(|&(l, r)| Link::new(l, r, now)).collect();
         let conn = TcpConnection::new(settings, Role::Client { pairs }, links);
-        link::attach(&conn, 0, stream, leftover).map_err(Error::Io)?;
+        link::attach(&conn, 0, stream, leftover, keys).map_err(Error::Io)?;
         spawn_watch(&conn)?;
         Ok(conn)
     }
@@ -208,8 +217,15 @@ impl TcpEndpoint {
         }
     }
 
-    /// A server's answer to a new TCP connection's hello.
-    fn on_hello(&self, hello: &Hello, stream: TcpStream, leftover: BytesMut) {
+    /// A server's answer to a new TCP connection's hello (and its handshake message, on a
+    /// keyed link).
+    fn on_hello(
+        &self,
+        hello: &Hello,
+        handshake: Option<Vec<u8>>,
+        stream: TcpStream,
+        leftover: BytesMut,
+    ) {
         let refuse = |status, application: Option<String>| {
             let mut out = Vec::new();
             HelloReply {
@@ -225,6 +241,18 @@ impl TcpEndpoint {
         if !self.config.accept_incoming {
             return refuse(HelloStatus::NotAccepting, None);
         }
+        // the key first: nothing about the server's connections is said to a stranger
+        let (answer, keys) = match (&self.config.key, handshake) {
+            (None, None) => (None, None),
+            (Some(_), None) => return refuse(HelloStatus::KeyRequired, None),
+            (None, Some(_)) => return refuse(HelloStatus::NoKey, None),
+            (Some(key), Some(msg)) => {
+                match server_handshake(key, hello.connection_id, hello.link, &msg) {
+                    Ok((answer, keys)) => (Some(answer), Some(keys)),
+                    Err(_) => return refuse(HelloStatus::WrongKey, None),
+                }
+            }
+        };
         if let (Some(theirs), Some(ours)) = (&hello.application, &cfg.application) {
             if theirs != ours {
                 return refuse(HelloStatus::WrongApplication, Some(ours.clone()));
@@ -237,7 +265,7 @@ impl TcpEndpoint {
                 drop(conns);
                 return refuse(HelloStatus::ServerFull, None);
             }
-            let settings = Settings::new(cfg, hello.connection_id);
+            let settings = Settings::new(cfg, hello.connection_id, self.config.key.clone());
             let conn = TcpConnection::new(settings, Role::Server, Vec::new());
             conns.insert(hello.connection_id, Arc::downgrade(&conn));
             conn
@@ -262,10 +290,14 @@ impl TcpEndpoint {
             },
         }
         .encode(&mut out);
+        if let Some(answer) = answer {
+            out.extend_from_slice(&(answer.len() as u16).to_be_bytes());
+            out.extend_from_slice(&answer);
+        }
         if io::Write::write_all(&mut &stream, &out).is_err() || sys::tune(&stream).is_err() {
             return;
         }
-        if link::attach(&conn, usize::from(hello.link), stream, leftover).is_err() {
+        if link::attach(&conn, usize::from(hello.link), stream, leftover, keys).is_err() {
             return;
         }
         if hello.new_connection && spawn_watch(&conn).is_ok() {
@@ -301,18 +333,18 @@ fn listen(ep: &Weak<TcpEndpoint>, l: &TcpListener) {
         let _ = std::thread::Builder::new()
             .name("ri2n-tcp-hello".into())
             .spawn(move || {
-                if let Some((hello, leftover)) = read_hello(&stream) {
+                if let Some((hello, handshake, leftover)) = read_hello(&stream) {
                     if let Some(ep) = ep.upgrade() {
-                        ep.on_hello(&hello, stream, leftover);
+                        ep.on_hello(&hello, handshake, stream, leftover);
                     }
                 }
             });
     }
 }
 
-/// The client's hello and what followed it; `None` (the TCP connection closed) for anything
-/// else within [`HELLO_TIMEOUT`].
-fn read_hello(s: &TcpStream) -> Option<(Hello, BytesMut)> {
+/// The client's hello, its handshake message (a keyed hello) and what followed them; `None`
+/// (the TCP connection closed) for anything else within [`HELLO_TIMEOUT`].
+fn read_hello(s: &TcpStream) -> Option<(Hello, Option<Vec<u8>>, BytesMut)> {
     s.set_read_timeout(Some(HELLO_TIMEOUT)).ok()?;
     let mut buf = BytesMut::with_capacity(512);
     let hello = loop {
@@ -331,8 +363,21 @@ fn read_hello(s: &TcpStream) -> Option<(Hello, BytesMut)> {
             }
         }
     };
+    let handshake = if hello.keyed {
+        loop {
+            if let Some(m) = link::take_handshake(&mut buf) {
+                break Some(m);
+            }
+            match sys::read_into(s, &mut buf, 512) {
+                Ok(n) if n > 0 && buf.len() < 4096 => {}
+                _ => return None,
+            }
+        }
+    } else {
+        None
+    };
     s.set_read_timeout(None).ok()?;
-    Some((hello, buf))
+    Some((hello, handshake, buf))
 }
 
 /// Leading bits two addresses share (0 across families).

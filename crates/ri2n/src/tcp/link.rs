@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use ri2n_proto::tcp::frame::MAX_REASON;
+use ri2n_proto::tcp::keys::{ClientLinkHandshake, FrameKey, FrameKeys, MAX_FRAME};
 use ri2n_proto::tcp::{Hello, HelloReply, HelloStatus, Record, Work};
+use ri2n_proto::Key;
 use ri2n_proto::{ConnectionError, LinkState};
 
 use super::conn::{Role, State, TcpConnection};
@@ -33,11 +35,19 @@ const READ_CHUNK: usize = 64 << 10;
 const WATCH_TICK: Duration = Duration::from_millis(2);
 /// How often it samples each link's round trip from TCP_INFO.
 const RTT_SAMPLE: Duration = Duration::from_millis(20);
+/// How long the receiver may wait for a link holding the stream's next bytes while another
+/// link delivers, before that link is set aside as slow (see [`soft_failure`]).
+const SOFT_STALL: Duration = Duration::from_millis(50);
 /// How long a dialer waits for one connection attempt before starting a fresh one: a SYN
 /// lost during an outage is not retried by the kernel soon enough (its back-off doubles).
 const DIAL_ATTEMPT: Duration = Duration::from_millis(50);
 /// How long the threads of an ended connection keep going, to let a CLOSE record out.
 const CLOSE_LINGER: Duration = Duration::from_millis(200);
+/// How often the next hop of each link is confirmed (see [`sys::confirm_next_hop`]).
+const CONFIRM_EVERY: Duration = Duration::from_millis(500);
+/// Confirmation stops on a link not heard from for this long: the peer's interface may have
+/// been replaced, and the OS should resolve its address again.
+const CONFIRM_FOR: Duration = Duration::from_secs(15 * 60);
 
 /// Makes `stream` link `l`'s TCP connection (a new one, or the replacement of a dead one)
 /// and starts its threads.
@@ -46,6 +56,7 @@ pub(crate) fn attach(
     l: usize,
     stream: TcpStream,
     leftover: BytesMut,
+    keys: Option<FrameKeys>,
 ) -> io::Result<()> {
     let stream = Arc::new(stream);
     let (local, remote) = (stream.local_addr()?, stream.peer_addr()?);
@@ -74,21 +85,24 @@ pub(crate) fn attach(
         link.min_rtt = rtt;
     }
     (link.dialing, link.ack_due, link.acked_link_bytes) = (false, true, 0);
+    (link.last_ack_progress, link.paused_until) = (now, None);
     let incarnation = link.incarnation;
+    st.cipher = keys.as_ref().map(|k| k.cipher);
     st.striper.link_up(l, rtt);
     st.reasm.link_up(l);
     st.set_link_state(l, LinkState::Up);
     st.all_down_since = None;
     drop(st);
     conn.wake();
+    let (seal, open) = keys.map(|k| (k.seal, k.open)).unzip();
     let (c, s) = (conn.clone(), stream.clone());
     std::thread::Builder::new()
         .name(format!("ri2n-tcp-w{l}"))
-        .spawn(move || writer(&c, l, incarnation, &s))?;
+        .spawn(move || writer(&c, l, incarnation, &s, seal))?;
     let c = conn.clone();
     std::thread::Builder::new()
         .name(format!("ri2n-tcp-r{l}"))
-        .spawn(move || reader(&c, l, incarnation, &stream, leftover))?;
+        .spawn(move || reader(&c, l, incarnation, &stream, leftover, open))?;
     Ok(())
 }
 
@@ -105,7 +119,7 @@ pub(crate) fn fail(conn: &TcpConnection, st: &mut State, l: usize, incarnation: 
     link.next_dial = Instant::now();
     st.striper.link_down(l);
     st.set_link_state(l, LinkState::Down);
-    if st.links.iter().all(|l| l.state != LinkState::Up) {
+    if st.links.iter().all(|l| !l.connected()) {
         st.all_down_since.get_or_insert_with(Instant::now);
     }
     conn.wake();
@@ -135,7 +149,7 @@ fn next_send(
 ) -> Option<bool> {
     let mut st = conn.lock();
     loop {
-        if st.links[l].incarnation != incarnation || st.links[l].state != LinkState::Up {
+        if st.links[l].incarnation != incarnation || !st.links[l].connected() {
             return None;
         }
         head.clear();
@@ -212,14 +226,39 @@ fn next_send(
     }
 }
 
-fn writer(conn: &Arc<TcpConnection>, l: usize, incarnation: u64, s: &TcpStream) {
+fn writer(
+    conn: &Arc<TcpConnection>,
+    l: usize,
+    incarnation: u64,
+    s: &TcpStream,
+    mut seal: Option<FrameKey>,
+) {
     let mut head = Vec::with_capacity(64);
     let mut payload = Vec::new();
+    let mut frame = Vec::new();
     while let Some(closing) = next_send(conn, l, incarnation, &mut head, &mut payload) {
-        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(1 + payload.len());
-        slices.push(IoSlice::new(&head));
-        slices.extend(payload.iter().map(|b| IoSlice::new(b)));
-        let res = write_all(s, &mut slices);
+        let res = match &mut seal {
+            None => {
+                let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(1 + payload.len());
+                slices.push(IoSlice::new(&head));
+                slices.extend(payload.iter().map(|b| IoSlice::new(b)));
+                write_all(s, &mut slices)
+            }
+            // keyed: the records and the run's bytes sealed as one frame, in place
+            Some(key) => {
+                frame.clear();
+                frame.extend_from_slice(&[0; 4]);
+                frame.extend_from_slice(&head);
+                payload.iter().for_each(|b| frame.extend_from_slice(b));
+                key.seal(&mut frame);
+                let res = write_all(s, &mut [IoSlice::new(&frame)]);
+                // a key that sealed its share: a new TCP connection brings fresh keys
+                res.and_then(|()| match key.worn_out() {
+                    true => Err(io::ErrorKind::Other.into()),
+                    false => Ok(()),
+                })
+            }
+        };
         if closing {
             let _ = s.shutdown(Shutdown::Write);
             return;
@@ -232,26 +271,73 @@ fn writer(conn: &Arc<TcpConnection>, l: usize, incarnation: u64, s: &TcpStream) 
     }
 }
 
-/// Reads records from a link, buffering what arrives beyond the current record.
+/// Reads records from a link, buffering what arrives beyond the current record. On a keyed
+/// link the socket's bytes are sealed frames: `raw` holds them until a whole one arrived,
+/// and `buf` its opened records.
 struct RecordReader<'a> {
     s: &'a TcpStream,
     buf: BytesMut,
+    open: Option<FrameKey>,
+    raw: BytesMut,
 }
 
 impl RecordReader<'_> {
-    /// Reads more into the buffer; `Err` at the peer's close too.
+    /// Reads more into the buffer (on a keyed link: one whole frame, opened); returns the
+    /// bytes read from the socket. `Err` at the peer's close, and for a frame that does not
+    /// open.
     fn fill(&mut self) -> io::Result<usize> {
-        if self.buf.capacity() - self.buf.len() < 512 {
-            self.buf.reserve(READ_CHUNK);
+        let Some(key) = &mut self.open else {
+            if self.buf.capacity() - self.buf.len() < 512 {
+                self.buf.reserve(READ_CHUNK);
+            }
+            return match sys::read_into(self.s, &mut self.buf, READ_CHUNK)? {
+                0 => Err(io::ErrorKind::UnexpectedEof.into()),
+                n => Ok(n),
+            };
+        };
+        let mut got = 0;
+        let mut need = 4;
+        loop {
+            if self.raw.len() >= 4 {
+                let len = u32::from_be_bytes([self.raw[0], self.raw[1], self.raw[2], self.raw[3]]);
+                if len as usize > MAX_FRAME || (len as usize) < ri2n_proto::crypto::TAG_LEN {
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, "frame length"));
+                }
+                need = 4 + len as usize;
+                if self.raw.len() >= need {
+                    break;
+                }
+            }
+            let want = (need - self.raw.len()).max(READ_CHUNK.min(need));
+            match sys::read_into(self.s, &mut self.raw, want)? {
+                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                n => got += n,
+            }
         }
-        match sys::read_into(self.s, &mut self.buf, READ_CHUNK)? {
-            0 => Err(io::ErrorKind::UnexpectedEof.into()),
-            n => Ok(n),
+        let mut frame = self.raw.split_to(need);
+        let len = [frame[0], frame[1], frame[2], frame[3]];
+        let _ = frame.split_to(4);
+        let n = key
+            .open(len, &mut frame)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        frame.truncate(n);
+        if self.buf.is_empty() {
+            self.buf = frame;
+        } else {
+            self.buf.extend_from_slice(&frame);
         }
+        Ok(got)
     }
 
-    /// The next `len` bytes, whole: what is buffered, then straight from the socket.
+    /// The next `len` bytes, whole: what is buffered, then straight from the socket (on a
+    /// keyed link, from the opened frames).
     fn payload(&mut self, len: usize, mut on_read: impl FnMut(usize)) -> io::Result<Bytes> {
+        if self.open.is_some() {
+            while self.buf.len() < len {
+                let n = self.fill()?;
+                on_read(n);
+            }
+        }
         if self.buf.len() >= len {
             return Ok(self.buf.split_to(len).freeze());
         }
@@ -268,9 +354,21 @@ impl RecordReader<'_> {
     }
 }
 
-fn reader(conn: &Arc<TcpConnection>, l: usize, incarnation: u64, s: &TcpStream, mut buf: BytesMut) {
-    buf.reserve(READ_CHUNK);
-    let mut r = RecordReader { s, buf };
+fn reader(
+    conn: &Arc<TcpConnection>,
+    l: usize,
+    incarnation: u64,
+    s: &TcpStream,
+    leftover: BytesMut,
+    open: Option<FrameKey>,
+) {
+    // what came after the hello: records, or on a keyed link sealed frames
+    let (buf, raw) = match open {
+        None => (leftover, BytesMut::new()),
+        Some(_) => (BytesMut::new(), leftover),
+    };
+    let mut r = RecordReader { s, buf, open, raw };
+    r.buf.reserve(READ_CHUNK);
     let res = read_records(conn, l, incarnation, &mut r);
     let mut st = conn.lock();
     if let Err(e) = res {
@@ -358,6 +456,9 @@ fn read_records(
                 if st.striper.on_ack(l, link_bytes, delivered, window_end, eof) {
                     let link = &mut st.links[l];
                     let gained = link_bytes.saturating_sub(link.acked_link_bytes);
+                    if gained > 0 {
+                        link.last_ack_progress = Instant::now();
+                    }
                     link.acked_link_bytes = link.acked_link_bytes.max(link_bytes);
                     link.stream_bytes_acked += gained;
                     if st.striper.delivered() > before {
@@ -409,13 +510,17 @@ fn read_records(
 /// The connection's watch thread (see the module documentation). Returns once the
 /// connection ended and its links were closed.
 pub(crate) fn watch(conn: &Arc<TcpConnection>) {
-    let mut last_sample = Instant::now();
+    let (mut last_sample, mut last_confirm) = (Instant::now(), Instant::now());
     loop {
         std::thread::sleep(WATCH_TICK);
         let now = Instant::now();
         let sample = now - last_sample >= RTT_SAMPLE;
         if sample {
             last_sample = now;
+        }
+        let confirm = now - last_confirm >= CONFIRM_EVERY;
+        if confirm {
+            last_confirm = now;
         }
         let mut st = conn.lock();
         if let Some(at) = st.ended_at {
@@ -433,7 +538,7 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
         }
         // both streams complete and acknowledged: one CLOSE, on the first up link
         if st.done() && !st.links.iter().any(|l| l.ack_due) {
-            if let Some(i) = st.links.iter().position(|l| l.state == LinkState::Up) {
+            if let Some(i) = st.links.iter().position(|l| l.connected()) {
                 st.links[i].close_due = true;
             }
             st.end(None);
@@ -443,7 +548,15 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
         }
         for i in 0..st.links.len() {
             let link = &mut st.links[i];
-            if link.state != LinkState::Up {
+            if confirm && now - link.last_rx < CONFIRM_FOR {
+                if link.confirmer.is_none() {
+                    link.confirmer = std::net::UdpSocket::bind((link.local.ip(), 0)).ok();
+                }
+                if let Some(via) = &link.confirmer {
+                    sys::confirm_next_hop(via, link.remote);
+                }
+            }
+            if !link.connected() {
                 continue;
             }
             if sample {
@@ -465,6 +578,7 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
                 conn.work.notify_all();
             }
         }
+        soft_failure(conn, &mut st, now);
         if let (Some(since), Some(limit)) =
             (st.all_down_since, conn.settings.all_links_down_timeout)
         {
@@ -477,7 +591,7 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
         if let Role::Client { pairs } = &conn.role {
             for (i, &(local, remote)) in pairs.iter().enumerate() {
                 let link = &mut st.links[i];
-                if link.state != LinkState::Up && !link.dialing && now >= link.next_dial {
+                if !link.connected() && !link.dialing && now >= link.next_dial {
                     link.dialing = true;
                     let c = conn.clone();
                     let spawned = std::thread::Builder::new()
@@ -492,6 +606,54 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
     }
 }
 
+/// Sets aside a link gone slow (a soft failure): the receiver waits for the stream's next
+/// bytes, in flight on that link, which has delivered nothing for [`SOFT_STALL`] (or 8 of
+/// another link's round trips, if longer) while another link delivered. What it has in
+/// flight goes again on the others and it takes no new runs for a while (state `Degraded`):
+/// half a second, twice as long each time it is slow again within 10 s of coming back, at
+/// most 8 s. Its TCP connection stays open; it then takes runs again.
+fn soft_failure(conn: &TcpConnection, st: &mut State, now: Instant) {
+    for l in 0..st.links.len() {
+        if st.links[l].paused_until.is_some_and(|t| now >= t) {
+            st.links[l].paused_until = None;
+            st.links[l].last_pause.1 = now;
+            st.links[l].last_ack_progress = now;
+            st.striper.resume(l);
+            if st.links[l].state == LinkState::Degraded {
+                st.set_link_state(l, LinkState::Up);
+            }
+            conn.work.notify_all();
+        }
+    }
+    let Some(h) = st.striper.head_link() else {
+        return;
+    };
+    let others = (st.links.iter().enumerate())
+        .filter(|&(j, l)| j != h && l.state == LinkState::Up && l.paused_until.is_none());
+    let fastest = others.clone().map(|(_, l)| l.srtt).min();
+    let Some(stall) = fastest.map(|rtt| (rtt * 8).max(SOFT_STALL)) else {
+        return;
+    };
+    let head = &st.links[h];
+    let delivering = others
+        .clone()
+        .any(|(_, l)| now - l.last_ack_progress < stall);
+    if head.state != LinkState::Up || now - head.last_ack_progress < stall || !delivering {
+        return;
+    }
+    let (last, ended) = head.last_pause;
+    let pause = if now - ended < Duration::from_secs(10) && !last.is_zero() {
+        (last * 2).min(Duration::from_secs(8))
+    } else {
+        Duration::from_millis(500)
+    };
+    st.striper.hedge(h);
+    st.links[h].paused_until = Some(now + pause);
+    st.links[h].last_pause = (pause, now);
+    st.set_link_state(h, LinkState::Degraded);
+    conn.wake();
+}
+
 /// Opens the TCP connection of a client's link `l` and says hello on it; the first link of
 /// a connection uses [`hello`] directly.
 fn dial(conn: &Arc<TcpConnection>, l: usize, local: SocketAddr, remote: SocketAddr) {
@@ -499,25 +661,22 @@ fn dial(conn: &Arc<TcpConnection>, l: usize, local: SocketAddr, remote: SocketAd
         connection_id: conn.settings.connection_id,
         link: l as u8,
         new_connection: false,
+        keyed: conn.settings.key.is_some(),
         application: conn.settings.application.clone(),
     };
     let started = Instant::now();
-    let res = sys::connect_from(local, remote, DIAL_ATTEMPT).and_then(|s| {
-        hello_exchange(
-            s,
-            &hello,
-            DIAL_ATTEMPT.max(conn.settings.probe_interval * 5),
-        )
-    });
+    let timeout = DIAL_ATTEMPT.max(conn.settings.probe_interval * 5);
+    let res = sys::connect_from(local, remote, DIAL_ATTEMPT)
+        .and_then(|s| hello_exchange(s, &hello, timeout, conn.settings.key.as_ref()));
     let mut st = conn.lock();
     st.links[l].dialing = false;
     st.links[l].next_dial = started + conn.settings.probe_interval;
     match res {
-        Ok((s, reply, leftover)) if reply.status == HelloStatus::Accepted => {
+        Ok(x) if x.reply.status == HelloStatus::Accepted => {
             drop(st);
-            let _ = attach(conn, l, s, leftover);
+            let _ = attach(conn, l, x.stream, x.leftover, x.keys);
         }
-        Ok((_, reply, _)) if reply.status == HelloStatus::UnknownConnection => {
+        Ok(x) if x.reply.status == HelloStatus::UnknownConnection => {
             st.end(Some(ConnectionError::PeerRestarted));
             drop(st);
             conn.wake();
@@ -526,36 +685,80 @@ fn dial(conn: &Arc<TcpConnection>, l: usize, local: SocketAddr, remote: SocketAd
     }
 }
 
-/// Sends `hello` on a new TCP connection and reads the server's reply, waiting at most
-/// `timeout` for it. Returns the reply and the bytes that came after it (the link's first
-/// records).
+/// A TCP connection the server answered.
+pub(crate) struct Exchanged {
+    pub stream: TcpStream,
+    /// The server's reply; [`HelloStatus::WrongKey`] too when its handshake message did not
+    /// authenticate.
+    pub reply: HelloReply,
+    /// What came after the reply (the link's first records or frames).
+    pub leftover: BytesMut,
+    /// The link's keys, on a keyed link the server accepted.
+    pub keys: Option<FrameKeys>,
+}
+
+/// The 2-byte length and a Noise message at the start of `buf`, if all there.
+pub(crate) fn take_handshake(buf: &mut BytesMut) -> Option<Vec<u8>> {
+    let len = usize::from(u16::from_be_bytes([*buf.first()?, *buf.get(1)?]));
+    (buf.len() >= 2 + len).then(|| buf.split_to(2 + len)[2..].to_vec())
+}
+
+/// Sends `hello` (and with `key` the first handshake message) on a new TCP connection and
+/// reads the server's reply (and handshake answer), waiting at most `timeout` for it.
 pub(crate) fn hello_exchange(
     s: TcpStream,
     hello: &Hello,
     timeout: Duration,
-) -> io::Result<(TcpStream, HelloReply, BytesMut)> {
+    key: Option<&Key>,
+) -> io::Result<Exchanged> {
     let mut out = Vec::new();
     hello.encode(&mut out);
+    let handshake = key.map(|k| {
+        let (h, msg) = ClientLinkHandshake::start(k, hello.connection_id, hello.link);
+        out.extend_from_slice(&(msg.len() as u16).to_be_bytes());
+        out.extend_from_slice(&msg);
+        h
+    });
     (&s).write_all(&out)?;
     s.set_read_timeout(Some(timeout))?;
     let mut buf = BytesMut::with_capacity(512);
-    let reply = loop {
+    let more = |buf: &mut BytesMut| -> io::Result<()> {
+        match sys::read_into(&s, buf, 512)? {
+            0 => Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "the peer closed the TCP connection during the hello",
+            )),
+            _ => Ok(()),
+        }
+    };
+    let mut reply = loop {
         match HelloReply::parse(&buf) {
             Ok(Some((reply, n))) => {
                 let _ = buf.split_to(n);
                 break reply;
             }
-            Ok(None) => {
-                if sys::read_into(&s, &mut buf, 512)? == 0 {
-                    return Err(io::Error::new(
-                        io::ErrorKind::ConnectionAborted,
-                        "the peer closed the TCP connection during the hello",
-                    ));
-                }
-            }
+            Ok(None) => more(&mut buf)?,
             Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
         }
     };
+    let mut keys = None;
+    if let (Some(h), HelloStatus::Accepted) = (handshake, reply.status) {
+        let answer = loop {
+            match take_handshake(&mut buf) {
+                Some(m) => break m,
+                None => more(&mut buf)?,
+            }
+        };
+        match h.finish(&answer) {
+            Ok(k) => keys = Some(k),
+            Err(_) => reply.status = HelloStatus::WrongKey,
+        }
+    }
     s.set_read_timeout(None)?;
-    Ok((s, reply, buf))
+    Ok(Exchanged {
+        stream: s,
+        reply,
+        leftover: buf,
+        keys,
+    })
 }

@@ -1,8 +1,8 @@
 //! The few socket calls std does not offer: TCP_INFO, TCP_NOTSENT_LOWAT, reads into spare
-//! capacity, and a connect from a chosen address with a deadline.
+//! capacity, a connect from a chosen address with a deadline, and next-hop confirmation.
 
 use std::io;
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
@@ -96,4 +96,20 @@ pub(crate) fn read_into(s: &TcpStream, buf: &mut BytesMut, max: usize) -> io::Re
             return Err(e);
         }
     }
+}
+
+/// Tells the OS that the next hop towards `remote` is alive, sending nothing: a zero-length
+/// `sendto` with `MSG_CONFIRM | MSG_PROBE` from a UDP socket on the link's local address
+/// (docs/PROTOCOL.md §6.9). A TCP connection confirms its neighbour only while ACKs arrive; a
+/// few seconds into an outage Linux then resolves the peer's link-layer address anew, once a
+/// second, and after the heal the new TCP connection waits for the next request: up to a
+/// second. Kept confirmed, the entry stays usable and the first SYN after the heal goes out.
+pub(crate) fn confirm_next_hop(via: &UdpSocket, remote: SocketAddr) {
+    // MSG_PROBE ("do not send, only probe the path", include/linux/socket.h) is not in libc
+    const MSG_PROBE: libc::c_int = 0x10;
+    let _ = socket2::SockRef::from(via).send_to_with_flags(
+        &[],
+        &socket2::SockAddr::from(remote),
+        libc::MSG_CONFIRM | MSG_PROBE,
+    );
 }
