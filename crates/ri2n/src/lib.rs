@@ -207,6 +207,7 @@ fn tcp_close(ep: &tcp::TcpEndpoint, deadline: Option<Instant>) -> (usize, u64) {
             lost.1 += c.unacknowledged();
             c.abort(1, "the endpoint closed");
         }
+        c.close(Duration::from_millis(200));
     }
     lost
 }

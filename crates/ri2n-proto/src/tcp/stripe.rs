@@ -42,7 +42,7 @@ impl Default for StripeConfig {
         Self {
             max_round: 8 << 20,
             stripe_threshold: 16 << 10,
-            min_run: 4 << 10,
+            min_run: 8 << 10,
             max_run: 256 << 10,
         }
     }

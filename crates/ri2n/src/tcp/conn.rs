@@ -173,6 +173,22 @@ pub(crate) struct State {
     pub close_record: (u64, String),
     /// The AEAD of the latest keyed link (`None`: no key).
     pub cipher: Option<Cipher>,
+    /// Memory of acknowledged buffers `write_buf` took, handed back by later `write_buf`
+    /// calls, and of buffers `read_buf` got back, for the link readers' next runs: reused
+    /// memory is not faulted in and zeroed by the kernel again for every buffer.
+    pub spare_send: Vec<Vec<u8>>,
+    pub spare_recv: Vec<Vec<u8>>,
+}
+
+/// Spare buffers kept in each pool.
+const SPARES: usize = 8;
+
+/// Keeps `v`'s memory in `pool` if it is worth it and the pool has room.
+fn keep_spare(pool: &mut Vec<Vec<u8>>, mut v: Vec<u8>) {
+    if v.capacity() >= WHOLE_BUFFER && pool.len() < SPARES {
+        v.clear();
+        pool.push(v);
+    }
 }
 
 impl State {
@@ -246,10 +262,11 @@ impl State {
             }
             front.advance(drop as usize);
             self.send_base += drop;
-            if front.is_empty() {
-                self.send_buf.pop_front();
-            } else {
+            if !front.is_empty() {
                 break;
+            }
+            if let Some(Ok(done)) = self.send_buf.pop_front().map(Bytes::try_into_mut) {
+                keep_spare(&mut self.spare_send, Vec::from(done));
             }
         }
     }
@@ -313,6 +330,8 @@ impl TcpConnection {
             all_down_since: None,
             close_record: (0, String::new()),
             cipher: None,
+            spare_send: Vec::new(),
+            spare_recv: Vec::new(),
         };
         Arc::new(Self {
             state: Mutex::new(st),
@@ -390,7 +409,8 @@ impl TcpConnection {
         Ok(n)
     }
 
-    /// Takes `buf` whole when it is large (no copy), leaving it empty.
+    /// Takes `buf` whole when it is large (no copy), leaving it empty (with the memory of a
+    /// buffer already acknowledged, when there is one).
     pub fn write_buf(&self, buf: &mut Vec<u8>) -> io::Result<()> {
         if buf.len() < WHOLE_BUFFER {
             let mut at = 0;
@@ -403,7 +423,9 @@ impl TcpConnection {
         let (mut st, _) = self.room(self.lock(), true)?;
         st.seal_tail();
         let n = buf.len() as u64;
-        st.send_buf.push_back(Bytes::from(std::mem::take(buf)));
+        let spare = st.spare_send.pop().unwrap_or_default();
+        st.send_buf
+            .push_back(Bytes::from(std::mem::replace(buf, spare)));
         st.striper.push(n);
         drop(st);
         self.work.notify_all();
@@ -492,6 +514,7 @@ impl TcpConnection {
             return Ok(0);
         };
         let piece = self.take_piece(&mut st, usize::MAX);
+        keep_spare(&mut st.spare_recv, std::mem::take(buf));
         drop(st);
         let n = piece.len();
         *buf = Vec::from(piece);
@@ -537,6 +560,27 @@ impl TcpConnection {
         }
         drop(st);
         self.wake();
+    }
+
+    /// Ends the connection as its endpoint closes: the peer gets a CLOSE (code 0: it reads a
+    /// clean close if everything both ways was delivered, `ClosedEarly` otherwise). Waits at
+    /// most `max` for the CLOSE to be written.
+    pub fn close(&self, max: Duration) {
+        let deadline = Instant::now() + max;
+        let mut st = self.lock();
+        if st.end.is_none() {
+            for l in &mut st.links {
+                l.close_due = l.connected();
+            }
+            st.end(None);
+        }
+        self.wake();
+        while st.links.iter().any(|l| l.close_due) && Instant::now() < deadline {
+            st = self.wait(
+                st,
+                Some(deadline.min(Instant::now() + Duration::from_millis(5))),
+            );
+        }
     }
 
     pub fn state(&self) -> ConnectionState {

@@ -158,7 +158,8 @@ fn next_send(
         let link = &mut st.links[l];
         let ack_due = std::mem::take(&mut link.ack_due);
         let ping_due = std::mem::take(&mut link.ping_due);
-        let close_due = std::mem::take(&mut link.close_due);
+        // cleared by the writer once the CLOSE is written (`TcpConnection::close` waits)
+        let close_due = link.close_due;
         if ack_due || close_due {
             Record::Ack {
                 link_bytes: st.reasm.link_bytes(l),
@@ -179,6 +180,10 @@ fn next_send(
             head.extend_from_slice(reason);
             closing = true;
         } else if st.end.is_none() {
+            // an idle link's silence is not slowness: its stall clock starts with its next run
+            if st.striper.in_flight(l) == 0 {
+                st.links[l].last_ack_progress = Instant::now();
+            }
             match st.striper.next(l) {
                 Some(Work::Run { round, offset, len }) => {
                     if let Some(r) = round {
@@ -261,6 +266,8 @@ fn writer(
         };
         if closing {
             let _ = s.shutdown(Shutdown::Write);
+            conn.lock().links[l].close_due = false;
+            conn.app.notify_all();
             return;
         }
         if res.is_err() {
@@ -329,9 +336,14 @@ impl RecordReader<'_> {
         Ok(got)
     }
 
-    /// The next `len` bytes, whole: what is buffered, then straight from the socket (on a
-    /// keyed link, from the opened frames).
-    fn payload(&mut self, len: usize, mut on_read: impl FnMut(usize)) -> io::Result<Bytes> {
+    /// The next `len` bytes, whole: what is buffered, then straight from the socket into
+    /// `spare`'s memory (on a keyed link, from the opened frames).
+    fn payload(
+        &mut self,
+        len: usize,
+        spare: Vec<u8>,
+        mut on_read: impl FnMut(usize),
+    ) -> io::Result<Bytes> {
         if self.open.is_some() {
             while self.buf.len() < len {
                 let n = self.fill()?;
@@ -341,16 +353,18 @@ impl RecordReader<'_> {
         if self.buf.len() >= len {
             return Ok(self.buf.split_to(len).freeze());
         }
-        let mut out = BytesMut::with_capacity(len);
+        let mut out = spare;
+        out.clear();
+        out.reserve(len);
         out.extend_from_slice(&self.buf.split());
         while out.len() < len {
             let want = len - out.len();
-            match sys::read_into(self.s, &mut out, want)? {
+            match sys::read_into_vec(self.s, &mut out, want)? {
                 0 => return Err(io::ErrorKind::UnexpectedEof.into()),
                 n => on_read(n),
             }
         }
-        Ok(out.freeze())
+        Ok(Bytes::from(out))
     }
 }
 
@@ -414,16 +428,16 @@ fn read_records(
         match record {
             Record::Run { len } | Record::Repair { len, .. } => {
                 let len = u64::from(len);
+                let mut st = conn.lock();
                 let offset = match record {
                     Record::Repair { offset, .. } => offset,
-                    _ => conn
-                        .lock()
-                        .reasm
-                        .place_run(l, len)
+                    _ => (st.reasm.place_run(l, len))
                         .map_err(|_| violation("a run outside its round or window"))?,
                 };
+                let spare = st.spare_recv.pop().unwrap_or_default();
+                drop(st);
                 let data = r
-                    .payload(len as usize, |n| {
+                    .payload(len as usize, spare, |n| {
                         let _ = heard(&mut conn.lock(), l, incarnation, n);
                     })
                     .map_err(|_| None)?;
@@ -481,9 +495,8 @@ fn read_records(
             }
             Record::Ping => {}
             Record::Close { code, reason_len } => {
-                let reason = r
-                    .payload(usize::from(reason_len), |_| {})
-                    .unwrap_or_default();
+                let reason =
+                    (r.payload(usize::from(reason_len), Vec::new(), |_| {})).unwrap_or_default();
                 let reason = String::from_utf8_lossy(&reason[..reason.len().min(MAX_REASON)]);
                 let st = conn.lock();
                 let why = if code != 0 {

@@ -13,7 +13,7 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 /// the link busy between two runs, small enough that a run waits little behind others and
 /// that a slow link does not hoard work (MuniSocket's back-pressure on the unsent queue
 /// rather than the whole buffer).
-const NOTSENT_LOWAT: libc::c_int = 256 << 10;
+const NOTSENT_LOWAT: libc::c_int = 64 << 10;
 
 /// Sets what every link socket needs: no Nagle delay (records go out at once) and the
 /// unsent-queue limit.
@@ -81,6 +81,25 @@ pub(crate) fn connect_from(
 /// zeroing pass over a run's bytes). Returns how many (0: the peer closed).
 pub(crate) fn read_into(s: &TcpStream, buf: &mut BytesMut, max: usize) -> io::Result<usize> {
     buf.reserve(max);
+    let spare = buf.spare_capacity_mut();
+    let max = max.min(spare.len());
+    loop {
+        // SAFETY: read(2) writes at most `max` bytes into `spare`, which `buf` owns.
+        let n = unsafe { libc::read(s.as_raw_fd(), spare.as_mut_ptr().cast(), max) };
+        if n >= 0 {
+            // SAFETY: the kernel initialised the `n` bytes after the current length.
+            unsafe { buf.set_len(buf.len() + n as usize) };
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// [`read_into`] for a `Vec`: appends up to `max` bytes (its capacity must allow them).
+pub(crate) fn read_into_vec(s: &TcpStream, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
     let spare = buf.spare_capacity_mut();
     let max = max.min(spare.len());
     loop {
