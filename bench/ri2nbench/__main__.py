@@ -24,17 +24,19 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ri2nbench import (  # noqa: E402
-    attacks, bindings, common, fast, fault, keyed, lab, labctl, loopback, scale, sweep, tunnel)
+    attacks, bindings, common, fast, fault, keyed, lab, labctl, loopback, scale, sweep, tcp,
+    tunnel)
 
 PARTS = {"loopback": loopback.part_loopback, "lab": lab.part_lab, "fast": fast.part_fast,
          "fault": fault.part_fault, "sweep": sweep.part_sweep, "keyed": keyed.part_keyed,
          "tunnel": tunnel.part_tunnel, "scale": scale.part_scale,
-         "bindings": bindings.part_bindings}
+         "bindings": bindings.part_bindings, "tcp": tcp.part_tcp}
 REPORTERS = {"loopback": loopback.report_loopback, "lab": lab.report_lab,
              "fast": fast.report_fast, "fault": fault.report_fault,
              "sweep": sweep.report_sweep, "keyed": keyed.report_keyed,
              "tunnel": tunnel.report_tunnel, "attacks": attacks.report_attacks,
-             "scale": scale.report_scale, "bindings": bindings.report_bindings}
+             "scale": scale.report_scale, "bindings": bindings.report_bindings,
+             "tcp": tcp.report_tcp}
 # parts measured elsewhere, whose blocks `report` writes too (attacks: bench/attacks/attacks.py)
 REPORT_ONLY = ["attacks"]
 AFTER_REPORT = {"fault": fault.plot}
@@ -56,6 +58,7 @@ NEEDS = {
                             "mptcpize:mptcpize"], ["mpirun:openmpi-bin", "mpicc:libopenmpi-dev"]),
     "scale": (LAB_TOOLS + ["iperf3:iperf3", "mptcpize:mptcpize"], ["sockperf:sockperf"]),
     "bindings": (["cargo:-", "cc:gcc", "taskset:util-linux"], []),
+    "tcp": (LAB_TOOLS + ["iperf3:iperf3", "mptcpize:mptcpize", "cargo:-"], []),
 }
 
 
@@ -90,7 +93,8 @@ def parser():
     ap = argparse.ArgumentParser(prog="bench/run-all", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("parts", nargs="*", default=[],
-                    help="loopback, lab, fast, fault, sweep, keyed, tunnel, scale (default: all), or "
+                    help="loopback, lab, fast, fault, sweep, keyed, tunnel, scale, bindings, tcp (default: "
+                         "all), or "
                          "report (rewrite docs/BENCHMARKS.md from bench/results/ without measuring)")
     ap.add_argument("--prefix", default="ri2nbench-%d" % os.getpid(), help="lab prefix")
     ap.add_argument("--tools", metavar="DIR",

@@ -17,10 +17,11 @@ FAST_CONFIGS = [("2 links, MTU 1500", 2, 1500), ("2 links, MTU 9000", 2, 9000),
                 ("4 links, MTU 1500", 4, 1500), ("4 links, MTU 9000", 4, 9000)]
 
 
-def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, key=None):
+def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, key=None,
+                  transport=None):
     """`ri2n recv` on B, `ri2n send` on A of `src` (a file, or `pipe_in` feeding its stdin),
-    both with `--key key` if given; returns goodput, CPU of both processes and of the machine,
-    and the sender's summary."""
+    both with `--key key` and `--transport transport` if given; returns goodput, CPU of both
+    processes and of the machine, and the sender's summary."""
     port = 7300 + random.randrange(500)
     listen = sum((["--listen", "%s:%d" % (a, port)] for a in lab.b_addrs()), [])
     local = sum((["--local", a] for a in lab.a_addrs()), [])
@@ -28,6 +29,9 @@ def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, ke
         # (both commands take it: `--key` goes with the addresses everywhere below)
         listen += ["--key", key]
         local += ["--key", key]
+    if transport:
+        listen += ["--transport", transport]
+        local += ["--transport", transport]
     out_cmd = [common.RI2N, "recv", "-q", "--json", "-o", "/dev/null"] + listen
     if pipe_out:
         # the receiving application is another process: recv writes to a pipe into it
@@ -53,7 +57,7 @@ def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, ke
                  encryption=doc.get("encryption"),
                  datagram=[l.get("max_datagram") for l in doc["links"]],
                  shares=[l.get("share") for l in doc["links"]],
-                 lost=sum(l["packets_lost"] for l in doc["links"]))
+                 lost=sum(l.get("packets_lost") or 0 for l in doc["links"]))
     return r
 
 

@@ -1,0 +1,137 @@
+"""Part 10: the TCP transport (`--transport tcp`) beside the UDP transport, one TCP connection
+and MPTCP; and MuniSocket's own figure, message bandwidth against one TCP connection."""
+import json
+import os
+import random
+import shutil
+
+from . import common
+from .common import PROCS, fast_file, log, mfacts, run, spread, timed_client, wait_quiet, wait_ready
+from .fast import iperf_transfer, rate_cpu_cell, ri2n_transfer, warm_up
+from .labctl import new_lab
+
+TOOLS = ["ri2n-tcp", "ri2n-udp", "tcp", "mptcp"]
+MESSAGE_SIZES = [8 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20, 8 << 20]
+
+
+def msgbw_binary():
+    """examples/msgbw beside the ri2n binary the run was given, built here when cargo is at
+    hand."""
+    path = os.path.join(os.path.dirname(common.RI2N_SOURCE), "examples", "msgbw")
+    if shutil.which("cargo"):
+        run(["cargo", "build", "--release", "-q", "-p", "ri2n", "--example", "msgbw"], timeout=900)
+    return path
+
+
+def message_run(lab, msgbw, kind, size, count):
+    """One client of `msgbw` A→B (`kind`: ri2n-tcp over both links, tcp over link 1)."""
+    port = 7600 + random.randrange(300)
+    if kind == "tcp":
+        listen, to, locals_ = ["10.77.1.2:%d" % port], "10.77.1.2:%d" % port, []
+    else:
+        listen = ["%s:%d" % (a, port) for a in lab.b_addrs()]
+        to, locals_ = listen[0], ["%s:0" % a for a in lab.a_addrs()]
+    srv = PROCS.start(lab.ex("b", msgbw, "server", kind, *listen), stderr=None)
+    wait_ready(srv, "msgbw server", 0.3)
+    rc, _, _, _, text = timed_client(
+        lab.ex("a", msgbw, "client", kind, to, *locals_, "--", size, count), 120)
+    PROCS.wait_rusage(srv, 30)
+    try:
+        return json.loads(text.strip().splitlines()[-1])["bps"] if rc == 0 else None
+    except (ValueError, KeyError, IndexError):
+        return None
+
+
+def part_tcp(o):
+    """Bulk transfers on 2 x 1 Gbit/s (tbf) and unlimited 2-link veth links; then message
+    bandwidth for 8 KiB to 8 MiB messages on 2 x 1 Gbit/s."""
+    res = {"part": "tcp", "bytes": o.fast_bytes, "configs": [], "messages": []}
+    res["commands"] = {
+        "ri2n": "ri2n recv --transport tcp|udp --listen 10.77.I.2:PORT … -o /dev/null; "
+                "ri2n send --transport tcp|udp --to 10.77.1.2:PORT --local 10.77.I.1 … -i FILE",
+        "tcp": "iperf3 -c 10.77.1.2 -n BYTES -F FILE (one connection, link 1)",
+        "mptcp": "mptcpize run iperf3 … -F FILE (a subflow per link)",
+        "messages": "examples/msgbw server|client ri2n-tcp|tcp …: one message, a 1-byte answer, "
+                    "the next message (MuniSocket's effective bandwidth)",
+    }
+    msgbw = msgbw_binary()
+    src = fast_file(o.fast_bytes)
+    lab = new_lab(o.prefix)
+    for name, rates in (("2 × 1 Gbit/s (tbf)", [1000, 1000]), ("2 links, unlimited, MTU 1500", None)):
+        log("tcp: %s" % name)
+        lab.up(rates or [0, 0], mtu=None if rates else 1500)
+        c = {"name": name, "rates_mbit": rates, "mptcp": lab.mptcp_setup(), "runs": []}
+
+        def transfer(k):
+            if k.startswith("ri2n"):
+                return ri2n_transfer(lab, src, o.fast_bytes, transport=k[5:])
+            return iperf_transfer(lab, o.fast_bytes, mptcp=(k == "mptcp"), src=src)
+
+        c["warmup"] = warm_up(TOOLS, transfer)
+        for rep in range(o.reps):
+            row = {"rep": rep}
+            for k in TOOLS[rep % 4:] + TOOLS[:rep % 4]:
+                row["busy_before_" + k] = wait_quiet()
+                row[k] = transfer(k)
+            log("  rep %d: %s" % (rep, ", ".join(
+                "%s %.2f Gbit/s %.2f CPU-s/GB" % (k, (row[k].get("bps") or 0) / 1e9,
+                                                  row[k]["cpu_machine"] / (o.fast_bytes / 1e9))
+                for k in TOOLS)))
+            c["runs"].append(row)
+        res["configs"].append(c)
+    log("tcp: messages on 2 x 1 Gbit/s")
+    lab.up([1000, 1000])
+    for size in MESSAGE_SIZES:
+        # about 0.5 s of one link per run, at least 20 messages
+        count = max(20, int(60e6 / size))
+        m = {"size": size, "count": count, "ri2n-tcp": [], "tcp": []}
+        for rep in range(o.reps):
+            for k in (["ri2n-tcp", "tcp"] if rep % 2 == 0 else ["tcp", "ri2n-tcp"]):
+                wait_quiet()
+                m[k].append(message_run(lab, msgbw, k, size, count))
+        ratio = [a / b for a, b in zip(m["ri2n-tcp"], m["tcp"]) if a and b]
+        log("  %d KiB: ri2n-tcp %s, tcp %s Mbit/s, ratio %s" % (
+            size >> 10, spread([x / 1e6 for x in m["ri2n-tcp"] if x], "%.0f"),
+            spread([x / 1e6 for x in m["tcp"] if x], "%.0f"), spread(ratio, "%.2f")))
+        res["messages"].append(m)
+    lab.down()
+    return res
+
+
+def report_tcp(res):
+    L = [mfacts(res), ""]
+    gb = res["bytes"] / 1e9
+    n = len(res["configs"][0]["runs"]) if res["configs"] else 0
+    L.append("%.2f GB A→B per run, each tool in turn, median (min–max) of %d runs; CPU: the "
+             "whole machine's busy time during the transfer per GB.\n" % (gb, n))
+    L.append("| links | ri2n, TCP transport | ri2n, UDP transport | one TCP connection | MPTCP | TCP transport / MPTCP | its CPU per GB / TCP's |")
+    L.append("| --- | --- | --- | --- | --- | --- | --- |")
+    for c in res["configs"]:
+        runs = c["runs"]
+        ratio = [r["ri2n-tcp"]["bps"] / r["mptcp"]["bps"] for r in runs
+                 if r["ri2n-tcp"].get("bps") and r["mptcp"].get("bps")]
+        cpu = [(r["ri2n-tcp"]["cpu_machine"] / r["ri2n-tcp"]["bytes"]) /
+               (r["tcp"]["cpu_machine"] / r["tcp"]["bytes"]) for r in runs
+               if r["ri2n-tcp"].get("bytes") and r["tcp"].get("bytes")]
+        L.append("| %s | %s | %s | %s | %s | **%s** | %s |" % (
+            c["name"], *(rate_cpu_cell(runs, k, "Mbit/s") for k in TOOLS),
+            spread(ratio, "%.2f"), spread(cpu, "%.2f")))
+    if res.get("messages"):
+        L.append("")
+        L.append("Message bandwidth on 2 × 1 Gbit/s (`%s`), Mbit/s, median (min–max):\n"
+                 % res["commands"]["messages"])
+        L.append("| message | ri2n, TCP transport, 2 links | one TCP connection, 1 link | ratio |")
+        L.append("| --- | --- | --- | --- |")
+        for m in res["messages"]:
+            ratio = [a / b for a, b in zip(m["ri2n-tcp"], m["tcp"]) if a and b]
+            size = m["size"]
+            label = "%d KiB" % (size >> 10) if size < 1 << 20 else "%d MiB" % (size >> 20)
+            L.append("| %s | %s | %s | **%s** |" % (
+                label, spread([x / 1e6 for x in m["ri2n-tcp"] if x], "%.0f"),
+                spread([x / 1e6 for x in m["tcp"] if x], "%.0f"), spread(ratio, "%.2f")))
+    bad = [(c["name"], r["rep"], k, r[k].get("rc")) for c in res["configs"] for r in c["runs"]
+           for k in TOOLS if r[k].get("rc") != 0]
+    if bad:
+        L.append("")
+        L.append("Runs that failed: %s." % bad)
+    return "\n".join(L)
