@@ -269,3 +269,45 @@ fn help_lists_each_commands_own_exit_codes_and_names_the_checksum() {
         );
     }
 }
+
+/// Over `--transport tcp`, a receiver killed mid-transfer is reported by the sender: its host
+/// resets the links' TCP connections and refuses new ones, so the sender exits 4 saying the
+/// peer is gone instead of waiting for links that will never come back.
+#[test]
+fn tcp_transport_a_killed_receiver_is_reported_by_the_sender() {
+    use std::io::Write;
+    let output = TempFile::new("tcp-killed");
+    let (mut recv, to) = spawn_recv(free_port(), output.path(), &["--transport", "tcp"]);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut send = Proc::spawn(
+        "ri2n send",
+        Command::new(bin())
+            .args(["send", "--transport", "tcp", "--to", &to, "--input", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    let mut stdin = send.child.as_mut().unwrap().stdin.take().unwrap();
+    let chunk = vec![0x5a_u8; 1 << 20];
+    stdin.write_all(&chunk).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let grew = std::fs::metadata(partial_of(output.path())).map_or(0, |m| m.len());
+    assert!(grew > 0, "nothing arrived before the kill");
+    let pid = recv.child.as_ref().unwrap().id();
+    // SAFETY: kill(2) of the child this test started and has not reaped
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let _ = recv.child.as_mut().unwrap().wait();
+    let killed = Instant::now();
+    // the sender learns it at its next write at the latest
+    let _ = stdin.write_all(&chunk);
+    drop(stdin);
+    let (s, o) = send.wait(Duration::from_secs(20));
+    let err = stderr_of(&o);
+    assert_eq!(s.code(), Some(4), "exit code; stderr: {err}");
+    assert!(err.contains("peer is gone"), "says why: {err}");
+    assert!(
+        killed.elapsed() < Duration::from_secs(10),
+        "noticed {:?} after the kill",
+        killed.elapsed()
+    );
+}

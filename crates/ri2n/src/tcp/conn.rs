@@ -92,6 +92,10 @@ pub(crate) struct Link {
     pub last_tx: Instant,
     /// A dialer is trying to replace the TCP connection.
     pub dialing: bool,
+    /// Since when the peer's host has been saying nothing is there: its side of the TCP
+    /// connection was closed or reset without a CLOSE (its process died), and new ones are
+    /// refused. `None` while the link works or only fell silent (a network outage).
+    pub refused_since: Option<Instant>,
     pub next_dial: Instant,
     pub srtt: Duration,
     pub min_rtt: Duration,
@@ -133,6 +137,7 @@ impl Link {
             last_rx: now,
             last_tx: now,
             dialing: false,
+            refused_since: None,
             next_dial: now,
             srtt: Duration::ZERO,
             min_rtt: Duration::ZERO,

@@ -38,6 +38,8 @@ const RTT_SAMPLE: Duration = Duration::from_millis(20);
 /// How long the receiver may wait for a link holding the stream's next bytes while another
 /// link delivers, before that link is set aside as slow (see [`soft_failure`]).
 const SOFT_STALL: Duration = Duration::from_millis(50);
+/// How long the peer's host must have refused every link before the peer counts as gone.
+const PEER_GONE: Duration = Duration::from_millis(500);
 /// How long a dialer waits for one connection attempt before starting a fresh one: a SYN
 /// lost during an outage is not retried by the kernel soon enough (its back-off doubles).
 const DIAL_ATTEMPT: Duration = Duration::from_millis(50);
@@ -86,6 +88,7 @@ pub(crate) fn attach(
     }
     (link.dialing, link.ack_due, link.acked_link_bytes) = (false, true, 0);
     (link.last_ack_progress, link.paused_until) = (now, None);
+    link.refused_since = None;
     let incarnation = link.incarnation;
     st.cipher = keys.as_ref().map(|k| k.cipher);
     st.striper.link_up(l, rtt);
@@ -107,12 +110,20 @@ pub(crate) fn attach(
 }
 
 /// Declares link `l` dead (if `incarnation` is still its TCP connection): what it had in
-/// flight goes to the other links, and its TCP connection is closed.
-pub(crate) fn fail(conn: &TcpConnection, st: &mut State, l: usize, incarnation: u64) {
+/// flight goes to the other links, and its TCP connection is closed. `refused`: the peer's
+/// side closed or reset it (see `Link::refused_since`).
+pub(crate) fn fail(
+    conn: &TcpConnection,
+    st: &mut State,
+    l: usize,
+    incarnation: u64,
+    refused: bool,
+) {
     let link = &mut st.links[l];
     if link.incarnation != incarnation || link.state == LinkState::Down {
         return;
     }
+    link.refused_since = refused.then(Instant::now);
     if let Some(s) = link.stream.take() {
         let _ = s.shutdown(Shutdown::Both);
     }
@@ -123,6 +134,18 @@ pub(crate) fn fail(conn: &TcpConnection, st: &mut State, l: usize, incarnation: 
         st.all_down_since.get_or_insert_with(Instant::now);
     }
     conn.wake();
+}
+
+/// Whether an I/O error says the peer's side of the TCP connection is gone (closed or reset)
+/// rather than silent.
+fn closed_by_peer(kind: io::ErrorKind) -> bool {
+    matches!(
+        kind,
+        io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionRefused
+    )
 }
 
 /// Writes all of `bufs`.
@@ -270,9 +293,9 @@ fn writer(
             conn.app.notify_all();
             return;
         }
-        if res.is_err() {
+        if let Err(e) = res {
             let mut st = conn.lock();
-            fail(conn, &mut st, l, incarnation);
+            fail(conn, &mut st, l, incarnation, closed_by_peer(e.kind()));
             return;
         }
     }
@@ -286,6 +309,8 @@ struct RecordReader<'a> {
     buf: BytesMut,
     open: Option<FrameKey>,
     raw: BytesMut,
+    /// The kind of the last I/O error, which ended the link.
+    failed: Option<io::ErrorKind>,
 }
 
 impl RecordReader<'_> {
@@ -381,7 +406,13 @@ fn reader(
         None => (leftover, BytesMut::new()),
         Some(_) => (BytesMut::new(), leftover),
     };
-    let mut r = RecordReader { s, buf, open, raw };
+    let mut r = RecordReader {
+        s,
+        buf,
+        open,
+        raw,
+        failed: None,
+    };
     r.buf.reserve(READ_CHUNK);
     let res = read_records(conn, l, incarnation, &mut r);
     let mut st = conn.lock();
@@ -390,7 +421,8 @@ fn reader(
             st.end(Some(why));
             conn.wake();
         }
-        fail(conn, &mut st, l, incarnation);
+        let refused = r.failed.is_some_and(closed_by_peer);
+        fail(conn, &mut st, l, incarnation, refused);
     }
 }
 
@@ -416,7 +448,10 @@ fn read_records(
             match Record::parse(&r.buf) {
                 Ok(Some(x)) => break x,
                 Ok(None) => {
-                    let n = r.fill().map_err(|_| None)?;
+                    let n = r.fill().map_err(|e| {
+                        r.failed = Some(e.kind());
+                        None
+                    })?;
                     if !heard(&mut conn.lock(), l, incarnation, n) {
                         return Ok(());
                     }
@@ -440,7 +475,10 @@ fn read_records(
                     .payload(len as usize, spare, |n| {
                         let _ = heard(&mut conn.lock(), l, incarnation, n);
                     })
-                    .map_err(|_| None)?;
+                    .map_err(|e| {
+                        r.failed = Some(e.kind());
+                        None
+                    })?;
                 let mut st = conn.lock();
                 if st.links[l].incarnation != incarnation {
                     return Ok(());
@@ -585,13 +623,29 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
             let link = &mut st.links[i];
             if now - link.last_rx > conn.settings.dead_after(link.min_rtt.max(link.srtt / 2)) {
                 let inc = link.incarnation;
-                fail(conn, &mut st, i, inc);
+                fail(conn, &mut st, i, inc, false);
             } else if now - link.last_tx >= conn.settings.keepalive {
                 link.ping_due = true;
                 conn.work.notify_all();
             }
         }
         soft_failure(conn, &mut st, now);
+        // every link the peer ever had was closed or refused by its host for a while: its
+        // process is gone (a network outage only silences links)
+        let opened = st
+            .links
+            .iter()
+            .filter(|l| l.incarnation > 0 || l.refused_since.is_some());
+        if opened.clone().count() > 0
+            && opened.clone().all(|l| !l.connected())
+            && opened
+                .clone()
+                .all(|l| l.refused_since.is_some_and(|t| now - t >= PEER_GONE))
+        {
+            st.end(Some(ConnectionError::PeerGone));
+            conn.wake();
+            continue;
+        }
         if let (Some(since), Some(limit)) =
             (st.all_down_since, conn.settings.all_links_down_timeout)
         {
@@ -684,6 +738,13 @@ fn dial(conn: &Arc<TcpConnection>, l: usize, local: SocketAddr, remote: SocketAd
     let mut st = conn.lock();
     st.links[l].dialing = false;
     st.links[l].next_dial = started + conn.settings.probe_interval;
+    if let Err(e) = &res {
+        let link = &mut st.links[l];
+        link.refused_since = match closed_by_peer(e.kind()) {
+            true => link.refused_since.or(Some(started)),
+            false => None,
+        };
+    }
     match res {
         Ok(x) if x.reply.status == HelloStatus::Accepted => {
             drop(st);
