@@ -120,7 +120,8 @@ impl Failure {
                 CONNECT,
                 format!(
                     "nothing listens at {} (its host answers \"port unreachable\": is `ri2n \
-                     recv` or `ri2n serve` running there, on that port?)",
+                     recv` or `ri2n serve` running there, on that port, with the same \
+                     --transport?)",
                     list(&to[..to.len().min(1)])
                 ),
             ),

@@ -208,3 +208,48 @@ fn a_tcp_client_of_a_udp_server_is_refused() {
         "{e}"
     );
 }
+
+/// As on the UDP transport, closing the client's endpoint waits until what was written is
+/// delivered, and says so when it was not: here a receiver whose window is full.
+#[test]
+fn closing_the_client_endpoint_waits_for_delivery_and_says_when_it_failed() {
+    let (server, client) = pair();
+    let to = server.local_addrs()[0];
+    let sent = data(8 << 20, 5);
+    let conn = client.connect(&[to], ConnectionConfig::default()).unwrap();
+    (&conn).write_all(&sent).unwrap();
+    drop(conn);
+    client.close(Some(Duration::from_secs(20))).unwrap();
+    let peer = server.accept().unwrap();
+    assert_eq!(
+        peer.stats().bytes_received,
+        8 << 20,
+        "delivered before close returned"
+    );
+    let mut got = Vec::new();
+    (&peer).read_to_end(&mut got).unwrap();
+    assert!(got == sent, "{} of {} bytes", got.len(), sent.len());
+
+    // a receiver that reads nothing, with a 64 KiB window: 1 MiB cannot all arrive
+    let small = ConnectionConfig::default().with_stream_receive_window(64 << 10);
+    let server = Endpoint::bind(
+        EndpointConfig::new(addrs(&["127.0.0.1:0"]))
+            .with_transport(Transport::Tcp)
+            .with_server_connection(small)
+            .server(),
+    )
+    .unwrap();
+    let client =
+        Endpoint::bind(EndpointConfig::new(addrs(&["127.0.0.1:0"])).with_transport(Transport::Tcp))
+            .unwrap();
+    let conn = client
+        .connect(&server.local_addrs(), ConnectionConfig::default())
+        .unwrap();
+    (&conn).write_all(&sent[..1 << 20]).unwrap();
+    drop(conn);
+    let e = client.close(Some(Duration::from_millis(300))).unwrap_err();
+    assert!(
+        matches!(e, ri2n::Error::NotDelivered { connections: 1, bytes } if bytes > 0),
+        "{e}"
+    );
+}

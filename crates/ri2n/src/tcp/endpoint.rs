@@ -170,6 +170,11 @@ impl TcpEndpoint {
         let links = pairs.iter().map(|&(l, r)| Link::new(l, r, now)).collect();
         let conn = TcpConnection::new(settings, Role::Client { pairs }, links);
         link::attach(&conn, 0, stream, leftover, keys).map_err(Error::Io)?;
+        // known to the endpoint, whose closing waits for it to deliver
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        conns.retain(|_, w| w.strong_count() > 0);
+        conns.insert(id, Arc::downgrade(&conn));
+        drop(conns);
         spawn_watch(&conn)?;
         Ok(conn)
     }

@@ -15,7 +15,7 @@
 
 use std::io::{self, IoSlice, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -434,8 +434,17 @@ fn heard(st: &mut State, l: usize, incarnation: u64, bytes: usize) -> bool {
     link.incarnation == incarnation
 }
 
+/// The connection's state if link `l` still runs on TCP connection `incarnation`: records
+/// an older one had buffered must not touch the link's newer connection (its cursor, its
+/// byte counts).
+fn current(conn: &TcpConnection, l: usize, incarnation: u64) -> Option<MutexGuard<'_, State>> {
+    let st = conn.lock();
+    (st.links[l].incarnation == incarnation).then_some(st)
+}
+
 /// Reads the link's records until it fails (`Err(None)`) or the peer breaks the protocol
-/// or ends the connection (`Err(Some(why))`).
+/// or ends the connection (`Err(Some(why))`); `Ok` once the link runs on another TCP
+/// connection.
 fn read_records(
     conn: &Arc<TcpConnection>,
     l: usize,
@@ -463,7 +472,9 @@ fn read_records(
         match record {
             Record::Run { len } | Record::Repair { len, .. } => {
                 let len = u64::from(len);
-                let mut st = conn.lock();
+                let Some(mut st) = current(conn, l, incarnation) else {
+                    return Ok(());
+                };
                 let offset = match record {
                     Record::Repair { offset, .. } => offset,
                     _ => (st.reasm.place_run(l, len))
@@ -479,10 +490,9 @@ fn read_records(
                         r.failed = Some(e.kind());
                         None
                     })?;
-                let mut st = conn.lock();
-                if st.links[l].incarnation != incarnation {
+                let Some(mut st) = current(conn, l, incarnation) else {
                     return Ok(());
-                }
+                };
                 let new = (st.reasm.accept(l, offset, len))
                     .map_err(|_| violation("stream bytes outside the receive window"))?;
                 for g in new {
@@ -494,7 +504,10 @@ fn read_records(
                 conn.wake();
             }
             Record::Round { pos, backward } => {
-                (conn.lock().reasm.round(l, pos, backward))
+                let Some(mut st) = current(conn, l, incarnation) else {
+                    return Ok(());
+                };
+                (st.reasm.round(l, pos, backward))
                     .map_err(|_| violation("a round outside the receive window"))?;
             }
             Record::Ack {
@@ -503,7 +516,9 @@ fn read_records(
                 window_end,
                 eof,
             } => {
-                let mut st = conn.lock();
+                let Some(mut st) = current(conn, l, incarnation) else {
+                    return Ok(());
+                };
                 let before = st.striper.delivered();
                 if st.striper.on_ack(l, link_bytes, delivered, window_end, eof) {
                     let link = &mut st.links[l];
@@ -525,7 +540,9 @@ fn read_records(
                 }
             }
             Record::Fin { end } => {
-                let mut st = conn.lock();
+                let Some(mut st) = current(conn, l, incarnation) else {
+                    return Ok(());
+                };
                 (st.reasm.fin(end)).map_err(|_| violation("an end of stream that moved"))?;
                 st.links[l].ack_due = true;
                 drop(st);
