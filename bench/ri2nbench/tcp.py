@@ -4,13 +4,14 @@ import json
 import os
 import random
 import shutil
+import tempfile
 
 from . import common
 from .common import PROCS, fast_file, log, mfacts, run, spread, timed_client, wait_quiet, wait_ready
 from .fast import iperf_transfer, rate_cpu_cell, ri2n_transfer, warm_up
 from .labctl import new_lab
 
-TOOLS = ["ri2n-tcp", "ri2n-udp", "tcp", "mptcp"]
+TOOLS = ["ri2n-tcp", "ri2n-tcp-keyed", "ri2n-udp", "tcp", "mptcp"]
 MESSAGE_SIZES = [8 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20, 8 << 20]
 
 
@@ -55,6 +56,8 @@ def part_tcp(o):
                     "the next message (MuniSocket's effective bandwidth)",
     }
     msgbw = msgbw_binary()
+    keyfile = os.path.join(tempfile.mkdtemp(prefix="ri2nbench-key-"), "cluster.key")
+    run([common.RI2N, "keygen", "--output", keyfile])
     src = fast_file(o.fast_bytes)
     lab = new_lab(o.prefix)
     for name, rates in (("2 × 1 Gbit/s (tbf)", [1000, 1000]), ("2 links, unlimited, MTU 1500", None)):
@@ -63,6 +66,8 @@ def part_tcp(o):
         c = {"name": name, "rates_mbit": rates, "mptcp": lab.mptcp_setup(), "runs": []}
 
         def transfer(k):
+            if k == "ri2n-tcp-keyed":
+                return ri2n_transfer(lab, src, o.fast_bytes, transport="tcp", key=keyfile)
             if k.startswith("ri2n"):
                 return ri2n_transfer(lab, src, o.fast_bytes, transport=k[5:])
             return iperf_transfer(lab, o.fast_bytes, mptcp=(k == "mptcp"), src=src)
@@ -70,7 +75,7 @@ def part_tcp(o):
         c["warmup"] = warm_up(TOOLS, transfer)
         for rep in range(o.reps):
             row = {"rep": rep}
-            for k in TOOLS[rep % 4:] + TOOLS[:rep % 4]:
+            for k in TOOLS[rep % len(TOOLS):] + TOOLS[:rep % len(TOOLS)]:
                 row["busy_before_" + k] = wait_quiet()
                 row[k] = transfer(k)
             log("  rep %d: %s" % (rep, ", ".join(
@@ -104,8 +109,8 @@ def report_tcp(res):
     n = len(res["configs"][0]["runs"]) if res["configs"] else 0
     L.append("%.2f GB A→B per run, each tool in turn, median (min–max) of %d runs; CPU: the "
              "whole machine's busy time during the transfer per GB.\n" % (gb, n))
-    L.append("| links | ri2n, TCP transport | ri2n, UDP transport | one TCP connection | MPTCP | TCP transport / MPTCP | its CPU per GB / TCP's |")
-    L.append("| --- | --- | --- | --- | --- | --- | --- |")
+    L.append("| links | ri2n, TCP transport | same, keyed | ri2n, UDP transport | one TCP connection | MPTCP | TCP transport / MPTCP | its CPU per GB / TCP's | keyed / not |")
+    L.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for c in res["configs"]:
         runs = c["runs"]
         ratio = [r["ri2n-tcp"]["bps"] / r["mptcp"]["bps"] for r in runs
@@ -113,9 +118,11 @@ def report_tcp(res):
         cpu = [(r["ri2n-tcp"]["cpu_machine"] / r["ri2n-tcp"]["bytes"]) /
                (r["tcp"]["cpu_machine"] / r["tcp"]["bytes"]) for r in runs
                if r["ri2n-tcp"].get("bytes") and r["tcp"].get("bytes")]
-        L.append("| %s | %s | %s | %s | %s | **%s** | %s |" % (
+        keyed = [r["ri2n-tcp-keyed"]["bps"] / r["ri2n-tcp"]["bps"] for r in runs
+                 if r.get("ri2n-tcp-keyed", {}).get("bps") and r["ri2n-tcp"].get("bps")]
+        L.append("| %s | %s | %s | %s | %s | %s | **%s** | %s | **%s** |" % (
             c["name"], *(rate_cpu_cell(runs, k, "Mbit/s") for k in TOOLS),
-            spread(ratio, "%.2f"), spread(cpu, "%.2f")))
+            spread(ratio, "%.2f"), spread(cpu, "%.2f"), spread(keyed, "%.2f")))
     if res.get("messages"):
         L.append("")
         L.append("Message bandwidth on 2 × 1 Gbit/s (`%s`), Mbit/s, median (min–max):\n"
@@ -130,7 +137,7 @@ def report_tcp(res):
                 label, spread([x / 1e6 for x in m["ri2n-tcp"] if x], "%.0f"),
                 spread([x / 1e6 for x in m["tcp"] if x], "%.0f"), spread(ratio, "%.2f")))
     bad = [(c["name"], r["rep"], k, r[k].get("rc")) for c in res["configs"] for r in c["runs"]
-           for k in TOOLS if r[k].get("rc") != 0]
+           for k in TOOLS if k in r and r[k].get("rc") != 0]
     if bad:
         L.append("")
         L.append("Runs that failed: %s." % bad)
