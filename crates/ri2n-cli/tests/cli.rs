@@ -62,8 +62,11 @@ fn a_link_cut_and_restored_mid_transfer_loses_nothing() {
             log.push('\n');
         }
     });
+    // down straight from up, or through degraded when the cut's first losses read as a slow
+    // link (seen once on a busy 2-core host)
     let healed = |log: &str| {
-        log.split_once("link 1 up -> down")
+        (log.split_once("link 1 up -> down"))
+            .or_else(|| log.split_once("link 1 degraded -> down"))
             .is_some_and(|(_, after)| {
                 after.contains("link 1 validating -> up") || after.contains("link 1 down -> up")
             })

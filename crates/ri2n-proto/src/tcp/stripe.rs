@@ -210,8 +210,16 @@ impl Striper {
         l.idle = false;
         // a FIN it carried is sent again by whichever link asks next (see `fin_due`)
         l.fin_in_flight = false;
+        let requeued = self.hand_off(link);
+        self.links[link].in_flight.clear();
+        requeued
+    }
+
+    /// Queues what `link` has in flight (and not yet delivered) as repairs for the other
+    /// links, and takes it off the partitions it was taking; returns the bytes queued.
+    fn hand_off(&mut self, link: usize) -> u64 {
         let mut requeued = 0;
-        for f in l.in_flight.drain(..) {
+        for f in &self.links[link].in_flight {
             let (s, e) = (f.range.0.max(self.delivered), f.range.1);
             if s < e {
                 requeued += e - s;
@@ -238,23 +246,7 @@ impl Striper {
             return 0;
         };
         l.paused = true;
-        let mut requeued = 0;
-        for f in &l.in_flight {
-            let (s, e) = (f.range.0.max(self.delivered), f.range.1);
-            if s < e {
-                requeued += e - s;
-                self.repairs.insert(s..e);
-            }
-        }
-        for p in &mut self.parts {
-            if p.front == Some(link) {
-                p.front = None;
-            }
-            if p.back == Some(link) {
-                p.back = None;
-            }
-        }
-        requeued
+        self.hand_off(link)
     }
 
     /// A link [`hedge`](Self::hedge) set aside takes runs again.

@@ -117,18 +117,14 @@ impl TcpEndpoint {
             application: config.application.clone(),
         };
         let timeout = config.handshake_timeout;
-        let stream = sys::connect_from(local, first_remote, timeout)
-            .map_err(|e| {
-                match e.kind() {
-                    io::ErrorKind::ConnectionRefused => ConnectionError::Refused,
-                    io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => {
-                        ConnectionError::TimedOut(timeout)
-                    }
-                    _ => return Error::Io(e),
+        let stream =
+            sys::connect_from(local, first_remote, timeout).map_err(|e| match e.kind() {
+                io::ErrorKind::ConnectionRefused => Error::Connection(ConnectionError::Refused),
+                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => {
+                    Error::Connection(ConnectionError::TimedOut(timeout))
                 }
-                .into()
-            })
-            .map_err(|e: Error| e)?;
+                _ => Error::Io(e),
+            })?;
         let x = link::hello_exchange(stream, &hello, timeout, key.as_ref()).map_err(|e| match e
             .kind()
         {
@@ -157,8 +153,11 @@ impl TcpEndpoint {
                 .into())
             }
         }
+        // the addresses given, then (unless discovery is off) those the server announced
         let mut candidates: Vec<SocketAddr> = remotes.to_vec();
-        candidates.extend(reply.addrs.iter().filter(|a| !remotes.contains(a)));
+        if config.discover {
+            candidates.extend(reply.addrs.iter().filter(|a| !remotes.contains(a)));
+        }
         let pairs = pair_links(
             local,
             first_remote,

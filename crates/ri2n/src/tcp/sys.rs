@@ -77,18 +77,13 @@ pub(crate) fn connect_from(
     Ok(s)
 }
 
-/// Appends up to `max` bytes read from `s` to `buf`, straight into its spare capacity (no
-/// zeroing pass over a run's bytes). Returns how many (0: the peer closed).
-pub(crate) fn read_into(s: &TcpStream, buf: &mut BytesMut, max: usize) -> io::Result<usize> {
-    buf.reserve(max);
-    let spare = buf.spare_capacity_mut();
-    let max = max.min(spare.len());
+/// Reads at most `spare.len()` bytes from `s` into `spare` (retrying on EINTR); returns how
+/// many (0: the peer closed).
+fn read_spare(s: &TcpStream, spare: &mut [std::mem::MaybeUninit<u8>]) -> io::Result<usize> {
     loop {
-        // SAFETY: read(2) writes at most `max` bytes into `spare`, which `buf` owns.
-        let n = unsafe { libc::read(s.as_raw_fd(), spare.as_mut_ptr().cast(), max) };
+        // SAFETY: read(2) writes at most `spare.len()` bytes into `spare`.
+        let n = unsafe { libc::read(s.as_raw_fd(), spare.as_mut_ptr().cast(), spare.len()) };
         if n >= 0 {
-            // SAFETY: the kernel initialised the `n` bytes after the current length.
-            unsafe { buf.set_len(buf.len() + n as usize) };
             return Ok(n as usize);
         }
         let e = io::Error::last_os_error();
@@ -98,23 +93,26 @@ pub(crate) fn read_into(s: &TcpStream, buf: &mut BytesMut, max: usize) -> io::Re
     }
 }
 
+/// Appends up to `max` bytes read from `s` to `buf`, straight into its spare capacity (no
+/// zeroing pass over a run's bytes). Returns how many (0: the peer closed).
+pub(crate) fn read_into(s: &TcpStream, buf: &mut BytesMut, max: usize) -> io::Result<usize> {
+    buf.reserve(max);
+    let spare = buf.spare_capacity_mut();
+    let len = max.min(spare.len());
+    let n = read_spare(s, &mut spare[..len])?;
+    // SAFETY: the kernel initialised the `n` bytes after the current length.
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
+}
+
 /// [`read_into`] for a `Vec`: appends up to `max` bytes (its capacity must allow them).
 pub(crate) fn read_into_vec(s: &TcpStream, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
     let spare = buf.spare_capacity_mut();
-    let max = max.min(spare.len());
-    loop {
-        // SAFETY: read(2) writes at most `max` bytes into `spare`, which `buf` owns.
-        let n = unsafe { libc::read(s.as_raw_fd(), spare.as_mut_ptr().cast(), max) };
-        if n >= 0 {
-            // SAFETY: the kernel initialised the `n` bytes after the current length.
-            unsafe { buf.set_len(buf.len() + n as usize) };
-            return Ok(n as usize);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
+    let len = max.min(spare.len());
+    let n = read_spare(s, &mut spare[..len])?;
+    // SAFETY: the kernel initialised the `n` bytes after the current length.
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
 }
 
 /// Tells the OS that the next hop towards `remote` is alive, sending nothing: a zero-length
