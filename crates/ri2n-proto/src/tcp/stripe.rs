@@ -18,7 +18,6 @@
 //! links send first, each with its offset (the receiver discards bytes it already has).
 
 use std::collections::VecDeque;
-use std::ops::Range;
 use std::time::Duration;
 
 use crate::ranges::RangeSet;
@@ -505,13 +504,6 @@ impl Striper {
             backward: false,
         };
         Some(self.claim(i, false, Some(round)))
-    }
-
-    /// The stream bytes in flight on `link` (for tests and statistics).
-    pub fn in_flight_ranges(&self, link: usize) -> Vec<Range<u64>> {
-        self.links.get(link).map_or_else(Vec::new, |l| {
-            l.in_flight.iter().map(|f| f.range.0..f.range.1).collect()
-        })
     }
 }
 
