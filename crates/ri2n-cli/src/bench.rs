@@ -49,7 +49,6 @@ const STALL_LIMIT: Duration = Duration::from_secs(10);
 const EVENT_TICK: Duration = Duration::from_millis(20);
 
 pub fn run(args: &BenchArgs) -> Result<(), Failure> {
-    crate::net::stream_only(&args.key, "bench")?;
     let say = Say { json: args.json };
     let endpoint = net::client_endpoint(&args.connect, &args.key, false)?;
     let faults = FaultPlan::new(&endpoint, &args.link.fault)?;
@@ -772,9 +771,11 @@ fn throughput(
         packets_lost: connections.iter().map(|c| c.summary.packets_lost).sum(),
     };
     let tagged = n > 1;
+    let tcp = args.key.transport() == ri2n::Transport::Tcp;
     for c in &connections {
         print_summary(
             say,
+            tcp,
             &tag(tagged, c.connection - 1),
             &c.summary,
             c.server.as_ref(),
@@ -787,7 +788,7 @@ fn throughput(
         );
     }
     if tagged {
-        print_sum(say, &sum, reverse, cut_note(requested, granted, cut));
+        print_sum(say, tcp, &sum, reverse, cut_note(requested, granted, cut));
     }
     let (intervals, summary, server) = if tagged {
         let summary = ThroughputSummary {
@@ -901,23 +902,33 @@ fn summarise(
 
 /// The line that says what "sent again" counts, so that many bytes sent again beside no
 /// packet lost does not read as a contradiction.
-fn resent_line(bytes: u64, resent: u64, lost: u64, reverse: bool) -> String {
+fn resent_line(tcp: bool, bytes: u64, resent: u64, lost: u64, reverse: bool) -> String {
+    let share = if bytes > 0 {
+        resent as f64 * 100.0 / bytes as f64
+    } else {
+        0.0
+    };
+    if tcp {
+        // TCP repairs its own losses; ri2n sends again only what a failed or stalled link held
+        return format!(
+            "{} sent again ({share:.2} % of the data{}): what a link that died or stalled had \
+             taken, sent on another link, and 5 bytes of framing per chunk of the stream",
+            fmt_bytes(resent),
+            if reverse { ", the server's count" } else { "" }
+        );
+    }
     format!(
-        "{} sent again ({:.2} % of the data): repairs of the {lost} packets declared lost{}, \
-         and early copies of the oldest unacknowledged bytes, sent when the window filled up \
-         behind them (late, not lost)",
+        "{} sent again ({share:.2} % of the data): repairs of the {lost} packets declared \
+         lost{}, and early copies of the oldest unacknowledged bytes, sent when the window \
+         filled up behind them (late, not lost)",
         fmt_bytes(resent),
-        if bytes > 0 {
-            resent as f64 * 100.0 / bytes as f64
-        } else {
-            0.0
-        },
         if reverse { " (the server's count)" } else { "" }
     )
 }
 
 fn print_summary(
     say: Say,
+    tcp: bool,
     tag: &str,
     s: &ThroughputSummary,
     server: Option<&ServerReport>,
@@ -943,7 +954,8 @@ fn print_summary(
             _ => "delivered: unknown (no server report)".to_owned(),
         };
         let other = if reverse {
-            format!("{} of datagrams arrived", fmt_bytes(t.bytes_received))
+            let what = if tcp { "bytes" } else { "datagrams" };
+            format!("{} of {what} arrived", fmt_bytes(t.bytes_received))
         } else {
             format!("{} of stream bytes sent", fmt_bytes(t.stream_bytes_sent))
         };
@@ -955,8 +967,14 @@ fn print_summary(
         } else {
             t.packets_lost.to_string()
         };
+        // TCP counts no packets of its own
+        let lost = if tcp {
+            String::new()
+        } else {
+            format!(", {lost} packets lost")
+        };
         say.line(format!(
-            "{tag}  L{} {} -> {}: {}, {delivered}, {other}, {lost} packets lost, rtt {} (min {})",
+            "{tag}  L{} {} -> {}: {}, {delivered}, {other}{lost}, rtt {} (min {})",
             t.id,
             t.local,
             t.remote,
@@ -966,7 +984,10 @@ fn print_summary(
         ));
     }
     if let (Some(r), Some(p)) = (s.retransmitted_bytes, s.packets_lost) {
-        say.line(format!("{tag}  {}", resent_line(s.bytes, r, p, reverse)));
+        say.line(format!(
+            "{tag}  {}",
+            resent_line(tcp, s.bytes, r, p, reverse)
+        ));
     }
     if let Some(r) = server {
         say.line(format!(
@@ -979,7 +1000,7 @@ fn print_summary(
     }
 }
 
-fn print_sum(say: Say, s: &Sum, reverse: bool, cut: String) {
+fn print_sum(say: Say, tcp: bool, s: &Sum, reverse: bool, cut: String) {
     say.line(format!(
         "[SUM] summary: {} {} in {:.2} s: {} goodput{cut}",
         if reverse { "received" } else { "sent" },
@@ -988,7 +1009,10 @@ fn print_sum(say: Say, s: &Sum, reverse: bool, cut: String) {
         fmt_rate(s.goodput_bps)
     ));
     if let (Some(r), Some(p)) = (s.retransmitted_bytes, s.packets_lost) {
-        say.line(format!("[SUM]   {}", resent_line(s.bytes, r, p, reverse)));
+        say.line(format!(
+            "[SUM]   {}",
+            resent_line(tcp, s.bytes, r, p, reverse)
+        ));
     }
 }
 

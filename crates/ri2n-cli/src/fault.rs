@@ -131,6 +131,12 @@ pub struct FaultPlan {
 impl FaultPlan {
     /// Finds the sockets each fault applies to; a usage error if one matches none.
     pub fn new(endpoint: &Endpoint, faults: &[FaultSpec]) -> Result<Self, Failure> {
+        if !faults.is_empty() && endpoint.transport() == ri2n::Transport::Tcp {
+            return Err(Failure::usage(
+                "--fault acts on the UDP transport's sockets, not on --transport tcp's \
+                 connections: fail the network itself to test the TCP transport",
+            ));
+        }
         let locals = endpoint.local_addrs();
         let mut steps = Vec::new();
         for f in faults {

@@ -129,9 +129,9 @@ Exit codes:
 pub struct ChannelOpts {
     /// What carries the links: `udp` (ri2n's own protocol over UDP: messages, datagrams,
     /// keys) or `tcp` (one TCP connection per link, the stream striped over them as
-    /// MuniSocket does, with ri2n's failover and the same keys; the byte stream only: `send`
-    /// and `recv` only). Both ends must use the same: a TCP client finds nothing listening on
-    /// a UDP server's port.
+    /// MuniSocket does, with ri2n's failover and the same keys; no unreliable datagrams).
+    /// Both ends must use the same: a TCP client finds nothing listening on a UDP server's
+    /// port.
     #[arg(long, value_enum, default_value_t = TransportArg::Udp)]
     pub transport: TransportArg,
     /// Key file made by `ri2n keygen`; every host of the cluster holds the same. With a key,

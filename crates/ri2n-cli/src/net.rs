@@ -139,19 +139,6 @@ pub fn connection_config(
         .with_all_links_down_timeout(link.all_links_down_timeout)
 }
 
-/// Refuses `--transport tcp` for `serve` and `bench`: their exchange (the test's parameters,
-/// the results) travels as whole messages, which the TCP transport does not carry yet.
-pub fn stream_only(channel: &ChannelOpts, command: &str) -> Result<(), Failure> {
-    if channel.transport() == ri2n::Transport::Tcp {
-        return Err(Failure::usage(format!(
-            "ri2n {command} runs over the UDP transport only for now (its control exchange \
-             uses whole messages, which --transport tcp does not carry); measure the TCP \
-             transport with ri2n send and ri2n recv"
-        )));
-    }
-    Ok(())
-}
-
 /// A client endpoint on the local addresses the options give (or the defaults), holding the
 /// key the options name.
 pub fn client_endpoint(

@@ -28,7 +28,6 @@ const MIN_INTERVAL: Duration = Duration::from_millis(10);
 const REFUSAL_LOG_PERIOD: Duration = Duration::from_millis(200);
 
 pub fn run(args: &ServeArgs) -> Result<(), Failure> {
-    crate::net::stream_only(&args.key, "serve")?;
     let endpoint = net::server_endpoint_with(
         &args.listen,
         &args.key,

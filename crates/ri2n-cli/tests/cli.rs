@@ -616,6 +616,60 @@ fn bench_against_serve() {
     println!("latency: median {median:.1} µs, p99 {} µs", doc["p99_us"]);
 }
 
+/// `ri2n serve` and `ri2n bench` over `--transport tcp`: throughput over both links with the
+/// server's count equal to the client's, reverse, several connections, and the message
+/// ping-pong; `--fault`, which acts on UDP sockets, is refused clearly.
+#[test]
+fn bench_against_serve_over_tcp() {
+    let _g = heavy();
+    let (_server, to) = serve_with(&["--transport", "tcp"]);
+    // a TCP client is refused until the server listens (a UDP one retries its handshake)
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(&to).is_err() {
+        assert!(
+            std::time::Instant::now() < until,
+            "ri2n serve never listened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let tcp = ["--transport", "tcp"];
+    let doc = bench_json(&to, &[&tcp[..], &["--time", "1"]].concat());
+    let bytes = doc["summary"]["bytes"].as_u64().expect("summary.bytes");
+    assert!(bytes > 0, "{doc}");
+    assert_eq!(doc["server"]["bytes"].as_u64(), Some(bytes), "{doc}");
+    let links = doc["summary"]["links"].as_array().unwrap();
+    assert_eq!(links.len(), 2, "{doc}");
+    for l in links {
+        assert!(l["delivered_bytes"].as_u64().unwrap() > 0, "{l}");
+    }
+    let doc = bench_json(&to, &[&tcp[..], &["--time", "1", "--reverse"]].concat());
+    assert!(doc["summary"]["bytes"].as_u64().unwrap() > 0, "{doc}");
+    let doc = bench_json(&to, &[&tcp[..], &["--time", "1", "-P", "3"]].concat());
+    assert_eq!(doc["connections"].as_array().unwrap().len(), 3, "{doc}");
+    let doc = bench_json(&to, &[&tcp[..], &["--latency", "--count", "200"]].concat());
+    assert_eq!(doc["results"][0]["count"].as_u64(), Some(200), "{doc}");
+    println!("latency over tcp: median {} µs", doc["median_us"]);
+
+    let (s, o) = ri2n(
+        [
+            "bench",
+            "--transport",
+            "tcp",
+            "--to",
+            &to,
+            "--fault",
+            "1:127.0.0.1:down",
+        ],
+        Duration::from_secs(20),
+    );
+    let e = stderr_of(&o);
+    assert_eq!(s.code(), Some(2), "{e}");
+    assert!(
+        e.contains("--fault") && e.contains("--transport tcp"),
+        "{e}"
+    );
+}
+
 /// The largest message size works (it used to hang just below the limit) and one byte more is
 /// a usage error (it used to end as "connection lost").
 #[test]

@@ -285,7 +285,8 @@ pub enum Transport {
     Udp,
     /// One TCP connection per address pair, the stream striped over them from both ends of
     /// each stretch as Enhanced MuniSocket does, with ri2n's failover on top (PROTOCOL.md
-    /// §12). Carries the byte stream only: messages and datagrams are refused.
+    /// §12). Carries the byte stream and whole messages, in one order (§12.7); unreliable
+    /// datagrams are refused.
     Tcp,
 }
 

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use ri2n_proto::{ConnectionError, ConnectionState, ConnectionStats, Event};
 
+use crate::readiness::Interest;
 use crate::tcp::TcpConnection;
 use crate::udp_connection::UdpConnection;
 
@@ -19,8 +20,11 @@ use crate::udp_connection::UdpConnection;
 /// what was written to be delivered (see [`Endpoint::close`](crate::Endpoint::close)).
 ///
 /// On the TCP transport ([`Transport::Tcp`](crate::Transport::Tcp)) a connection carries the
-/// byte stream only: the calls for whole messages, datagrams and readiness descriptors fail
-/// with an error of kind [`io::ErrorKind::Unsupported`] that says so.
+/// byte stream and whole messages, in one striped sequence: a message waits behind stream
+/// bytes written before it (and stream bytes the application does not read hold back the
+/// messages after them once they fill the receive window). Unreliable datagrams are not
+/// carried: their calls fail with an error of kind [`io::ErrorKind::Unsupported`] that says
+/// so.
 #[derive(Debug)]
 pub struct Connection {
     inner: Inner,
@@ -55,9 +59,7 @@ pub struct TimedEvent {
 fn tcp_refuses(what: &str) -> io::Error {
     io::Error::new(
         io::ErrorKind::Unsupported,
-        format!(
-            "the TCP transport carries the byte stream only, not {what}: use the UDP transport"
-        ),
+        format!("the TCP transport does not carry {what}: use the UDP transport"),
     )
 }
 
@@ -90,7 +92,7 @@ impl Connection {
     pub fn max_message_size(&self) -> usize {
         match &self.inner {
             Inner::Udp(c) => c.max_message_size(),
-            Inner::Tcp(_) => 0,
+            Inner::Tcp(TcpHandle(c)) => c.settings.max_message() as usize,
         }
     }
 
@@ -100,7 +102,7 @@ impl Connection {
     pub fn send_message(&self, msg: &[u8]) -> io::Result<()> {
         match &self.inner {
             Inner::Udp(c) => c.send_message(msg),
-            Inner::Tcp(_) => Err(tcp_refuses("whole messages")),
+            Inner::Tcp(TcpHandle(c)) => c.send_message(msg, true),
         }
     }
 
@@ -219,7 +221,7 @@ impl Connection {
     pub fn recv_message(&self) -> io::Result<Option<Vec<u8>>> {
         match &self.inner {
             Inner::Udp(c) => c.recv_message(),
-            Inner::Tcp(_) => Err(tcp_refuses("whole messages")),
+            Inner::Tcp(TcpHandle(c)) => c.recv_message(true, None),
         }
     }
 
@@ -229,7 +231,9 @@ impl Connection {
     pub fn recv_message_timeout(&self, timeout: Option<Duration>) -> io::Result<Option<Vec<u8>>> {
         match &self.inner {
             Inner::Udp(c) => c.recv_message_timeout(timeout),
-            Inner::Tcp(_) => Err(tcp_refuses("whole messages")),
+            Inner::Tcp(TcpHandle(c)) => {
+                c.recv_message(true, timeout.and_then(|t| Instant::now().checked_add(t)))
+            }
         }
     }
 
@@ -239,7 +243,7 @@ impl Connection {
     pub fn try_recv_message(&self) -> io::Result<Option<Vec<u8>>> {
         match &self.inner {
             Inner::Udp(c) => c.try_recv_message(),
-            Inner::Tcp(_) => Err(tcp_refuses("whole messages")),
+            Inner::Tcp(TcpHandle(c)) => c.recv_message(false, None),
         }
     }
 
@@ -249,7 +253,7 @@ impl Connection {
     pub fn try_send_message(&self, msg: &[u8]) -> io::Result<()> {
         match &self.inner {
             Inner::Udp(c) => c.try_send_message(msg),
-            Inner::Tcp(_) => Err(tcp_refuses("whole messages")),
+            Inner::Tcp(TcpHandle(c)) => c.send_message(msg, false),
         }
     }
 
@@ -284,7 +288,7 @@ impl Connection {
     pub fn readiness_fd(&self) -> io::Result<BorrowedFd<'_>> {
         match &self.inner {
             Inner::Udp(c) => c.readiness_fd(),
-            Inner::Tcp(_) => Err(tcp_refuses("readiness descriptors")),
+            Inner::Tcp(TcpHandle(c)) => c.readiness_fd(Interest::Any),
         }
     }
 
@@ -298,7 +302,7 @@ impl Connection {
     pub fn read_readiness_fd(&self) -> io::Result<BorrowedFd<'_>> {
         match &self.inner {
             Inner::Udp(c) => c.read_readiness_fd(),
-            Inner::Tcp(_) => Err(tcp_refuses("readiness descriptors")),
+            Inner::Tcp(TcpHandle(c)) => c.readiness_fd(Interest::Read),
         }
     }
 
@@ -309,7 +313,7 @@ impl Connection {
     pub fn write_readiness_fd(&self) -> io::Result<BorrowedFd<'_>> {
         match &self.inner {
             Inner::Udp(c) => c.write_readiness_fd(),
-            Inner::Tcp(_) => Err(tcp_refuses("readiness descriptors")),
+            Inner::Tcp(TcpHandle(c)) => c.readiness_fd(Interest::Write),
         }
     }
 

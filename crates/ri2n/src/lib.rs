@@ -402,10 +402,7 @@ impl Endpoint {
         use std::os::fd::AsFd;
         match &self.inner {
             Transports::Udp(s) => Ok(s.accepts.readiness()?.as_fd()),
-            Transports::Tcp(_) => Err(std::io::Error::new(
-                std::io::ErrorKind::Unsupported,
-                "the TCP transport has no readiness descriptors yet",
-            )),
+            Transports::Tcp(t) => Ok(t.endpoint.readiness()?.as_fd()),
         }
     }
 

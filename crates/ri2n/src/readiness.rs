@@ -49,14 +49,19 @@ impl Readiness {
         }
     }
 
-    /// Makes the descriptor not readable (until the next signal).
+    /// Makes the descriptor not readable (until the next signal). The flag is lowered only
+    /// after the descriptor was drained: a signal racing this call (its change made before
+    /// the caller's look) then either finds the flag still up and is seen by that look, or
+    /// writes again; lowering it first could leave it up over a drained descriptor, and
+    /// every later signal would be skipped.
     pub fn clear(&self) {
-        if self.signalled.swap(false, Ordering::AcqRel) {
+        if self.signalled.load(Ordering::Acquire) {
             let mut count = 0u64;
             // SAFETY: an 8-byte read into a live u64 from our non-blocking eventfd.
             unsafe {
                 libc::read(self.fd.as_raw_fd(), (&mut count as *mut u64).cast(), 8);
             }
+            self.signalled.store(false, Ordering::Release);
         }
     }
 }
@@ -121,6 +126,16 @@ impl Watchers {
             if let Some(r) = slot.get().filter(|_| wanted) {
                 r.signal();
             }
+        }
+    }
+
+    /// Something changed for readers and writers alike.
+    pub fn signal_all(&self) {
+        for r in [&self.any, &self.read, &self.write]
+            .into_iter()
+            .filter_map(OnceLock::get)
+        {
+            r.signal();
         }
     }
 

@@ -1,6 +1,6 @@
 //! The TCP transport on loopback: a transfer over two links arrives intact with both links
-//! carrying it, both directions at once, keyed, keys that do not match, and the calls it does
-//! not carry fail clearly.
+//! carrying it, both directions at once, whole messages beside the byte stream, keyed, keys
+//! that do not match, and the calls it does not carry fail clearly.
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -102,11 +102,13 @@ fn transfer_over_two_links(key: Option<Key>) -> ri2n::ConnectionStats {
             l.id
         );
     }
+    // each 1 MiB `write_buf` went as one chunk, with a 5-byte header
+    let sequence = (64 << 20) + 64 * 5;
     let acked: u64 = stats.links.iter().map(|l| l.stream_bytes_acked).sum();
     // a link's own last acknowledgement may still be on its way: at most every byte, once
-    assert!(acked <= 64 << 20 && acked > 32 << 20, "{acked}");
-    assert_eq!(stats.bytes_acknowledged, 64 << 20);
-    assert_eq!(rx_stats.bytes_received, 64 << 20);
+    assert!(acked <= sequence && acked > 32 << 20, "{acked}");
+    assert_eq!(stats.bytes_acknowledged, sequence);
+    assert_eq!(rx_stats.bytes_received, sequence);
     assert_eq!(rx_stats.cipher, stats.cipher);
     stats
 }
@@ -185,12 +187,113 @@ fn what_the_tcp_transport_does_not_carry_is_refused_clearly() {
     let peer = server.accept().unwrap();
     for e in [
         conn.send_datagram(b"x").unwrap_err(),
-        conn.send_message(b"x").unwrap_err(),
-        peer.recv_message().unwrap_err(),
+        peer.recv_datagram().unwrap_err(),
     ] {
         assert_eq!(e.kind(), std::io::ErrorKind::Unsupported);
         assert!(e.to_string().contains("TCP transport"), "{e}");
     }
+}
+
+/// Messages of every size, a large one striped over both links, arrive whole and in order,
+/// interleaved with the byte stream in both directions; each stream ends on its own read.
+#[test]
+fn whole_messages_and_the_byte_stream_share_a_connection() {
+    let (server, client) = pair();
+    let to = server.local_addrs()[0];
+    let sizes = [0usize, 1, 100, 16 << 10, 64 << 10, 4 << 20, 3, 1 << 20];
+    let messages: Vec<Vec<u8>> = (sizes.iter().enumerate())
+        .map(|(i, &n)| data(n, 100 + i as u64))
+        .collect();
+    let stream = data(2 << 20, 99);
+    let (m, st) = (messages.clone(), stream.clone());
+    let peer = std::thread::spawn(move || {
+        let conn = server.accept().unwrap();
+        // every message first: the stream bytes before them wait (they fit the window)
+        let mut got = Vec::new();
+        while let Some(msg) = conn.recv_message().unwrap() {
+            conn.send_message(&msg).unwrap();
+            got.push(msg);
+        }
+        let mut bytes = Vec::new();
+        (&conn).read_to_end(&mut bytes).unwrap();
+        (&conn).write_all(&bytes).unwrap();
+        conn.finish().unwrap();
+        conn.wait_acknowledged(Some(Duration::from_secs(20)))
+            .unwrap();
+        assert!(got == m, "messages differ at the server");
+        assert!(bytes == st, "stream bytes differ at the server");
+    });
+    let conn = client.connect(&[to], ConnectionConfig::default()).unwrap();
+    let mut pieces = stream.chunks(stream.len() / messages.len() + 1);
+    for msg in &messages {
+        (&conn).write_all(pieces.next().unwrap()).unwrap();
+        conn.send_message(msg).unwrap();
+    }
+    for rest in pieces {
+        (&conn).write_all(rest).unwrap();
+    }
+    conn.finish().unwrap();
+    let mut echoed = Vec::new();
+    while let Some(msg) = conn.recv_message().unwrap() {
+        echoed.push(msg);
+    }
+    let mut bytes = Vec::new();
+    (&conn).read_to_end(&mut bytes).unwrap();
+    conn.wait_acknowledged(Some(Duration::from_secs(20)))
+        .unwrap();
+    peer.join().unwrap();
+    assert!(echoed == messages, "echoed messages differ");
+    assert!(bytes == stream, "echoed stream bytes differ");
+    let stats = conn.stats();
+    for l in &stats.links {
+        assert!(l.stream_bytes_acked > 0, "link {:?} carried nothing", l.id);
+    }
+}
+
+#[test]
+fn messages_too_long_or_unwanted_are_refused() {
+    let server = Endpoint::bind(
+        EndpointConfig::new(addrs(&["127.0.0.1:0"]))
+            .with_transport(Transport::Tcp)
+            .with_server_connection(
+                ConnectionConfig::default()
+                    .with_accept_messages(false)
+                    .with_stream_receive_window(1 << 20),
+            )
+            .server(),
+    )
+    .unwrap();
+    let (_, client) = pair();
+    let to = server.local_addrs()[0];
+    let conn = client.connect(&[to], ConnectionConfig::default()).unwrap();
+    let peer = server.accept().unwrap();
+    // the client learnt the server's window in the hello exchange
+    assert_eq!(conn.max_message_size(), (1 << 20) - 8);
+    let e = conn.send_message(b"x").unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::Unsupported, "{e}");
+    let e = peer.recv_message().unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::Unsupported, "{e}");
+    // the server's messages go: the client takes them
+    peer.send_message(b"hello").unwrap();
+    assert_eq!(conn.recv_message().unwrap().unwrap(), b"hello");
+    let max = peer.max_message_size();
+    assert_eq!(max as u64, (8 << 20) - 8);
+    let e = peer.send_message(&vec![0; max + 1]).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
+    peer.send_message(&vec![5; max]).unwrap();
+    let got = conn
+        .recv_message_timeout(Some(Duration::from_secs(20)))
+        .unwrap()
+        .unwrap();
+    assert!(got.len() == max && got.iter().all(|&b| b == 5));
+    let e = conn
+        .recv_message_timeout(Some(Duration::from_millis(20)))
+        .unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+    assert_eq!(
+        conn.try_recv_message().unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock
+    );
 }
 
 #[test]
@@ -215,7 +318,8 @@ fn a_tcp_client_of_a_udp_server_is_refused() {
 fn closing_the_client_endpoint_waits_for_delivery_and_says_when_it_failed() {
     let (server, client) = pair();
     let to = server.local_addrs()[0];
-    let sent = data(8 << 20, 5);
+    // within the receive window (8 MiB), which the peer does not read before the close
+    let sent = data(6 << 20, 5);
     let conn = client.connect(&[to], ConnectionConfig::default()).unwrap();
     (&conn).write_all(&sent).unwrap();
     drop(conn);
@@ -223,8 +327,8 @@ fn closing_the_client_endpoint_waits_for_delivery_and_says_when_it_failed() {
     let peer = server.accept().unwrap();
     assert_eq!(
         peer.stats().bytes_received,
-        8 << 20,
-        "delivered before close returned"
+        (6 << 20) + 5,
+        "delivered (with its chunk header) before close returned"
     );
     let mut got = Vec::new();
     (&peer).read_to_end(&mut got).unwrap();

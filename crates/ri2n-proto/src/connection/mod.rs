@@ -64,7 +64,8 @@ pub struct ConnectionStats {
     pub recv_fragments: usize,
     /// Bytes written by the application that the peer acknowledged, each counted once
     /// however often it was sent: what was delivered (both streams; a message counts with
-    /// its few bytes of length prefix).
+    /// its few bytes of length prefix, and on the TCP transport every chunk with its 5-byte
+    /// header).
     pub bytes_acknowledged: u64,
     /// Bytes that arrived from the peer in order (read or not), each counted once: what the
     /// peer delivered to this side (both streams, like `bytes_acknowledged`).

@@ -13,7 +13,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 /// answered with nothing and closed.
 pub const MAGIC: [u8; 8] = *b"ri2n-tcp";
 /// The version of this framing.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Longest application name a hello carries.
 pub const MAX_APPLICATION: usize = 255;
 /// Most addresses a server announces.
@@ -61,6 +61,11 @@ pub struct Hello {
     pub new_connection: bool,
     /// The client holds a cluster key: its Noise handshake message follows (§12.6).
     pub keyed: bool,
+    /// The client reads messages (else the server's `send_message` is refused).
+    pub takes_messages: bool,
+    /// The client's receive window: how far beyond what its application read the server
+    /// may send.
+    pub window: u64,
     /// The application protocol the client expects to talk to (`None`: any).
     pub application: Option<String>,
 }
@@ -92,6 +97,10 @@ pub enum HelloStatus {
 pub struct HelloReply {
     /// Whether the link was taken.
     pub status: HelloStatus,
+    /// The server reads messages (else the client's `send_message` is refused).
+    pub takes_messages: bool,
+    /// The server's receive window.
+    pub window: u64,
     /// The server's application name (when it refused for that reason, what it runs).
     pub application: Option<String>,
     /// The server's addresses, for the client's further links (on the first link only).
@@ -149,6 +158,15 @@ pub enum Record {
         /// Bytes of UTF-8 reason that follow.
         reason_len: u16,
     },
+}
+
+/// A byte that must be 0 or 1.
+fn flag(v: u8, what: &'static str) -> Result<bool, FrameError> {
+    match v {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(FrameError::Malformed(what)),
+    }
 }
 
 fn be_u16(b: &[u8]) -> u16 {
@@ -229,11 +247,6 @@ impl Record {
             return Ok(None);
         }
         let b = &buf[1..need];
-        let flag = |v: u8, what| match v {
-            0 => Ok(false),
-            1 => Ok(true),
-            _ => Err(FrameError::Malformed(what)),
-        };
         let payload = |len: u32| {
             if len == 0 || len > MAX_RUN {
                 Err(FrameError::Malformed("run length"))
@@ -317,7 +330,12 @@ impl Hello {
         out.push(VERSION);
         out.extend_from_slice(&self.connection_id.to_be_bytes());
         out.push(self.link);
-        out.push(u8::from(self.new_connection) | u8::from(self.keyed) << 1);
+        out.push(
+            u8::from(self.new_connection)
+                | u8::from(self.keyed) << 1
+                | u8::from(self.takes_messages) << 2,
+        );
+        out.extend_from_slice(&self.window.to_be_bytes());
         encode_name(&self.application, out);
     }
 
@@ -326,14 +344,15 @@ impl Hello {
         if !check_magic(buf)? {
             return Ok(None);
         }
-        let Some(b) = buf.get(9..19) else {
+        let Some(b) = buf.get(9..27) else {
             return Ok(None);
         };
-        if b[9] > 3 {
+        if b[9] > 7 {
             return Err(FrameError::Malformed("hello flags"));
         }
         let (new_connection, keyed) = (b[9] & 1 != 0, b[9] & 2 != 0);
-        let Some((application, n)) = parse_name(&buf[19..])? else {
+        let takes_messages = b[9] & 4 != 0;
+        let Some((application, n)) = parse_name(&buf[27..])? else {
             return Ok(None);
         };
         let hello = Hello {
@@ -341,9 +360,11 @@ impl Hello {
             link: b[8],
             new_connection,
             keyed,
+            takes_messages,
+            window: be_u64(&b[10..]),
             application,
         };
-        Ok(Some((hello, 19 + n)))
+        Ok(Some((hello, 27 + n)))
     }
 }
 
@@ -382,6 +403,8 @@ impl HelloReply {
         out.extend_from_slice(&MAGIC);
         out.push(VERSION);
         out.push(self.status.code());
+        out.push(u8::from(self.takes_messages));
+        out.extend_from_slice(&self.window.to_be_bytes());
         encode_name(&self.application, out);
         let addrs = &self.addrs[..self.addrs.len().min(MAX_ADDRS)];
         out.push(addrs.len() as u8);
@@ -405,14 +428,16 @@ impl HelloReply {
         if !check_magic(buf)? {
             return Ok(None);
         }
-        let Some(&status) = buf.get(9) else {
+        let Some(b) = buf.get(9..19) else {
             return Ok(None);
         };
-        let status = HelloStatus::from_code(status)?;
-        let Some((application, n)) = parse_name(&buf[10..])? else {
+        let status = HelloStatus::from_code(b[0])?;
+        let takes_messages = flag(b[1], "hello reply flags")?;
+        let window = be_u64(&b[2..]);
+        let Some((application, n)) = parse_name(&buf[19..])? else {
             return Ok(None);
         };
-        let mut at = 10 + n;
+        let mut at = 19 + n;
         let Some(&count) = buf.get(at) else {
             return Ok(None);
         };
@@ -446,6 +471,8 @@ impl HelloReply {
         Ok(Some((
             HelloReply {
                 status,
+                takes_messages,
+                window,
                 application,
                 addrs,
             },
@@ -531,6 +558,8 @@ mod tests {
             link: 3,
             new_connection: true,
             keyed: true,
+            takes_messages: true,
+            window: 8 << 20,
             application: Some("ri2n-file".into()),
         };
         let mut b = Vec::new();
@@ -542,6 +571,8 @@ mod tests {
         }
         let r = HelloReply {
             status: HelloStatus::Accepted,
+            takes_messages: true,
+            window: 1 << 16,
             application: None,
             addrs: vec![
                 "10.0.1.2:7000".parse().unwrap(),
@@ -550,7 +581,7 @@ mod tests {
         };
         let mut b = Vec::new();
         r.encode(&mut b);
-        assert_eq!(b.len(), 9 + 1 + 1 + 1 + 7 + 19);
+        assert_eq!(b.len(), 9 + 1 + 1 + 8 + 1 + 1 + 7 + 19);
         assert_eq!(HelloReply::parse(&b), Ok(Some((r, b.len()))));
         for cut in 0..b.len() {
             assert_eq!(HelloReply::parse(&b[..cut]), Ok(None));
@@ -561,7 +592,7 @@ mod tests {
     fn another_protocol_or_version_is_named() {
         assert_eq!(Hello::parse(b"GET / HTTP/1.1"), Err(FrameError::NotRi2n));
         assert_eq!(Hello::parse(b"ri2n"), Ok(None));
-        assert_eq!(Hello::parse(b"ri2n-tcp\x02"), Err(FrameError::Version(2)));
+        assert_eq!(Hello::parse(b"ri2n-tcp\x01"), Err(FrameError::Version(1)));
         assert_eq!(HelloReply::parse(b"SSH-2.0"), Err(FrameError::NotRi2n));
     }
 }

@@ -1,7 +1,14 @@
-//! One TCP-transport connection: its state under one lock (the stream's striping and
+//! One TCP-transport connection: its state under one lock (the sequence's striping and
 //! reassembly, the send and receive buffers, the links), and the application's calls on it.
 //! Link threads (`super::link`) move bytes between this state and the TCP connections; the
-//! application's calls wait on `app`, the link writers on `work`.
+//! application's calls wait on `app` (or its readiness descriptors), the link writers on
+//! `work`.
+//!
+//! The byte stream and the messages travel in one striped sequence, as chunks
+//! (`ri2n_proto::tcp::chunk`): what the application writes collects in an open stream chunk
+//! whose header is filled in when a link writer takes it, so many small writes cost one
+//! header; a message is one chunk of its own. The receiver splits the in-order sequence
+//! back into stream bytes and whole messages as the application asks for them.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
@@ -10,6 +17,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
+use ri2n_proto::tcp::chunk::{self, ChunkError, Demux, Kind, Piece};
 use ri2n_proto::tcp::{Reassembly, StripeConfig, Striper};
 use ri2n_proto::{
     Cipher, ConnectionConfig, ConnectionError, ConnectionState, ConnectionStats, Event, Key,
@@ -17,6 +25,7 @@ use ri2n_proto::{
 };
 
 use crate::connection::TimedEvent;
+use crate::readiness::{Interest, Watchers};
 
 /// Writes smaller than this are copied into the send buffer's open tail; larger buffers
 /// handed over with `write_buf` are kept whole (no copy).
@@ -40,6 +49,11 @@ pub(crate) struct Settings {
     pub all_links_down_timeout: Option<Duration>,
     /// The cluster key: every TCP connection of a link handshakes and seals its frames.
     pub key: Option<Key>,
+    /// This side reads messages.
+    pub takes_messages: bool,
+    /// The peer reads messages, and its receive window (both said in the hello exchange).
+    pub peer_takes_messages: bool,
+    pub peer_window: u64,
 }
 
 impl Settings {
@@ -55,7 +69,16 @@ impl Settings {
             probe_interval: cfg.probe_interval,
             all_links_down_timeout: cfg.all_links_down_timeout,
             key,
+            takes_messages: cfg.accept_messages,
+            peer_takes_messages: false,
+            peer_window: 0,
         }
+    }
+
+    /// The longest message: one whole message must fit this side's send buffer and the
+    /// peer's receive window (less room for its header, as the UDP transport leaves).
+    pub fn max_message(&self) -> u64 {
+        self.send_buffer.min(self.peer_window).saturating_sub(8)
     }
 
     /// How long a link may stay silent before it is declared dead: a few of its round
@@ -160,14 +183,28 @@ impl Link {
 pub(crate) struct State {
     pub striper: Striper,
     pub reasm: Reassembly,
-    /// Written bytes not yet acknowledged, from `send_base` on, then the open tail.
+    /// Sequence bytes not yet acknowledged, from `send_base` on.
     pub send_buf: VecDeque<Bytes>,
     pub send_base: u64,
+    /// The open stream chunk: a header to fill in, then stream bytes written since the last
+    /// chunk was sealed (empty when there are none). Not in the sequence yet.
     pub tail: BytesMut,
-    /// Received bytes not yet read, by stream offset (never overlapping).
+    /// Received sequence bytes not yet split into the streams, by offset (never
+    /// overlapping).
     pub recv: BTreeMap<u64, Bytes>,
-    /// The window end last sent to the peer.
+    /// Splits the in-order sequence into the two streams.
+    pub demux: Demux,
+    /// Stream bytes that arrived and were not read yet.
+    pub stream_in: VecDeque<Bytes>,
+    /// Whole messages that arrived and were not read yet; the message arriving.
+    pub messages: VecDeque<Vec<u8>>,
+    pub message_part: Vec<u8>,
+    /// The window end last sent to the peer; a new one is sent when reading moved it by
+    /// `ack_step`.
     pub advertised: u64,
+    pub ack_step: u64,
+    /// Reading opened the window: the link writers have ACKs to send.
+    pub acks_queued: bool,
     pub links: Vec<Link>,
     pub events: Vec<TimedEvent>,
     /// `Some` once ended: `None` inside for a clean close.
@@ -226,11 +263,7 @@ impl State {
     }
 
     /// The bytes `offset..offset + len` of the send buffer, as slices of its pieces.
-    pub fn send_slices(&mut self, offset: u64, len: u64, out: &mut Vec<Bytes>) {
-        if offset + len > self.send_base + self.send_buf.iter().map(|b| b.len() as u64).sum::<u64>()
-        {
-            self.seal_tail();
-        }
+    pub fn send_slices(&self, offset: u64, len: u64, out: &mut Vec<Bytes>) {
         let mut at = self.send_base;
         let (mut from, end) = (offset, offset + len);
         for b in &self.send_buf {
@@ -249,12 +282,111 @@ impl State {
         debug_assert_eq!(out.iter().map(|b| b.len() as u64).sum::<u64>(), len);
     }
 
-    /// Moves the open tail's bytes into the send buffer proper (they can then be sent).
-    fn seal_tail(&mut self) {
-        if !self.tail.is_empty() {
-            let b = self.tail.split().freeze();
-            self.send_buf.push_back(b);
+    /// Closes the open stream chunk: fills in its header and appends it to the sequence (its
+    /// bytes can then be sent). Link writers call it before they look for work.
+    pub fn seal_tail(&mut self) {
+        if self.tail.is_empty() {
+            return;
         }
+        let len = self.tail.len() - chunk::HEADER_LEN;
+        self.tail[..chunk::HEADER_LEN].copy_from_slice(&chunk::header(Kind::Stream, len));
+        let b = self.tail.split().freeze();
+        self.striper.push(b.len() as u64);
+        self.send_buf.push_back(b);
+    }
+
+    /// Appends `len` stream bytes to the open stream chunk (opening one if needed).
+    fn append_stream(&mut self, data: &[u8]) {
+        if self.tail.len() + data.len() > chunk::HEADER_LEN + chunk::MAX_CHUNK {
+            self.seal_tail();
+        }
+        if self.tail.is_empty() {
+            self.tail.extend_from_slice(&[0; chunk::HEADER_LEN]);
+        }
+        self.tail.extend_from_slice(data);
+    }
+
+    /// Appends a whole chunk (its header, then `payload`) to the sequence, after the open
+    /// stream chunk.
+    fn append_chunk(&mut self, kind: Kind, payload: Bytes) {
+        self.seal_tail();
+        let header = chunk::header(kind, payload.len());
+        self.send_buf.push_back(Bytes::copy_from_slice(&header));
+        self.striper.push((header.len() + payload.len()) as u64);
+        self.send_buf.push_back(payload);
+    }
+
+    /// Splits the in-order received sequence into stream bytes and whole messages.
+    fn pump(&mut self) -> Result<(), ChunkError> {
+        while self.demux.position() < self.reasm.contiguous() {
+            let at = self.demux.position();
+            let mut piece = (self.recv.remove(&at)).expect("the contiguous data starts a piece");
+            while !piece.is_empty() {
+                let step = self.demux.step(&piece);
+                let Ok(step) = step else {
+                    // kept, so a later look finds the piece where it was
+                    self.recv.insert(self.demux.position(), piece);
+                    return step.map(|_| ());
+                };
+                match step {
+                    Piece::Header { n, empty_message } => {
+                        piece.advance(n);
+                        self.consume(n as u64);
+                        if empty_message {
+                            self.messages.push_back(Vec::new());
+                        }
+                    }
+                    Piece::Stream(n) => self.stream_in.push_back(piece.split_to(n)),
+                    Piece::Message { n, last } => {
+                        self.message_part.extend_from_slice(&piece[..n]);
+                        piece.advance(n);
+                        if last {
+                            let m = std::mem::take(&mut self.message_part);
+                            self.messages.push_back(m);
+                        }
+                    }
+                }
+            }
+        }
+        if self.reasm.complete() {
+            self.demux.check_end()?;
+        }
+        Ok(())
+    }
+
+    /// Splits what arrived into the streams (also after the connection ended: what arrived
+    /// is still read); a peer that broke the chunk framing ends the connection (and is told
+    /// why).
+    fn pump_or_end(&mut self) {
+        if let Err(e) = self.pump() {
+            if self.end.is_some() {
+                return;
+            }
+            tracing::warn!("ending the connection: {e}");
+            self.close_record = (1, e.to_string());
+            for l in &mut self.links {
+                l.close_due = l.connected();
+            }
+            self.end(Some(ConnectionError::ProtocolViolation(
+                "malformed chunk in the peer's streams",
+            )));
+        }
+    }
+
+    /// The application took `n` bytes of the sequence (stream bytes, a message, a header):
+    /// the window moves, and the peer hears of it when it moved by `ack_step`.
+    fn consume(&mut self, n: u64) {
+        self.reasm.consume(n);
+        if self.reasm.window_end() - self.advertised >= self.ack_step {
+            self.advertised = self.reasm.window_end();
+            self.ack_all();
+            self.acks_queued = true;
+        }
+    }
+
+    /// The peer's streams ended and everything in them was split out.
+    fn peer_finished(&self) -> bool {
+        self.reasm.complete() && self.demux.position() == self.reasm.contiguous()
     }
 
     /// Drops acknowledged bytes from the send buffer.
@@ -276,8 +408,9 @@ impl State {
         }
     }
 
+    /// Written bytes (in the sequence or the open chunk) not acknowledged yet.
     fn buffered(&self) -> u64 {
-        self.striper.written() - self.striper.delivered()
+        self.striper.written() - self.striper.delivered() + self.tail.len() as u64
     }
 
     /// Both streams are complete: everything this side wrote was acknowledged, and the
@@ -309,22 +442,38 @@ pub(crate) struct TcpConnection {
     pub state: Mutex<State>,
     /// The application waits here (data, room, acknowledgements, the end).
     pub app: Condvar,
+    /// ... or on these descriptors, signalled at the same moments.
+    pub watchers: Watchers,
     /// Link writers wait here for something to send.
     pub work: Condvar,
     pub settings: Settings,
     pub role: Role,
 }
 
+/// Which of the peer's streams a read takes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Incoming {
+    Stream,
+    Messages,
+}
+
 impl TcpConnection {
     pub fn new(settings: Settings, role: Role, links: Vec<Link>) -> Arc<Self> {
         let st = State {
-            striper: Striper::new(settings.stripe, settings.window),
+            striper: Striper::new(settings.stripe, settings.peer_window),
             reasm: Reassembly::new(settings.window),
             send_buf: VecDeque::new(),
             send_base: 0,
             tail: BytesMut::new(),
             recv: BTreeMap::new(),
+            // a message as long as the window can still be held whole
+            demux: Demux::new(settings.takes_messages.then_some(settings.window)),
+            stream_in: VecDeque::new(),
+            messages: VecDeque::new(),
+            message_part: Vec::new(),
             advertised: settings.window,
+            ack_step: settings.window / 4,
+            acks_queued: false,
             links,
             events: vec![TimedEvent {
                 at: Instant::now(),
@@ -341,6 +490,7 @@ impl TcpConnection {
         Arc::new(Self {
             state: Mutex::new(st),
             app: Condvar::new(),
+            watchers: Watchers::default(),
             work: Condvar::new(),
             settings,
             role,
@@ -354,7 +504,38 @@ impl TcpConnection {
     /// Wakes everyone after a change.
     pub fn wake(&self) {
         self.work.notify_all();
+        self.notify_app();
+    }
+
+    /// Wakes the application: its waiting calls and its readiness descriptors. Called after
+    /// the change is made, so a non-blocking call that clears a descriptor and then looks
+    /// (under the lock) never misses it.
+    pub fn notify_app(&self) {
         self.app.notify_all();
+        self.watchers.signal_all();
+    }
+
+    /// The readiness descriptor for `interest` (made under the lock, so no signal races it).
+    pub fn readiness_fd(&self, interest: Interest) -> io::Result<std::os::fd::BorrowedFd<'_>> {
+        let _st = self.lock();
+        self.watchers.fd(interest)
+    }
+
+    /// Locks the state for a call; a non-blocking one clears its readiness descriptor
+    /// first.
+    fn lock_for(&self, interest: Interest, block: bool) -> MutexGuard<'_, State> {
+        let st = self.lock();
+        if !block {
+            self.watchers.clear(interest);
+        }
+        st
+    }
+
+    /// Wakes the link writers if reading queued ACKs.
+    fn send_queued_acks(&self, st: &mut State) {
+        if std::mem::take(&mut st.acks_queued) {
+            self.work.notify_all();
+        }
     }
 
     fn wait<'a>(
@@ -374,10 +555,12 @@ impl TcpConnection {
         }
     }
 
-    /// Waits for room in the send buffer; `Ok(room)` or the error that ended the connection.
+    /// Waits until the send buffer has room for `need` bytes (any room when `need` is 0);
+    /// `Ok(room)` or the error that ended the connection.
     fn room<'a>(
         &self,
         mut st: MutexGuard<'a, State>,
+        need: u64,
         block: bool,
     ) -> io::Result<(MutexGuard<'a, State>, u64)> {
         loop {
@@ -391,7 +574,7 @@ impl TcpConnection {
                 ));
             }
             let room = self.settings.send_buffer.saturating_sub(st.buffered());
-            if room > 0 {
+            if room > 0 && room >= need {
                 return Ok((st, room));
             }
             if !block {
@@ -405,10 +588,9 @@ impl TcpConnection {
         if data.is_empty() {
             return Ok(0);
         }
-        let (mut st, room) = self.room(self.lock(), block)?;
+        let (mut st, room) = self.room(self.lock_for(Interest::Write, block), 0, block)?;
         let n = data.len().min(room as usize);
-        st.tail.extend_from_slice(&data[..n]);
-        st.striper.push(n as u64);
+        st.append_stream(&data[..n]);
         drop(st);
         self.work.notify_all();
         Ok(n)
@@ -417,7 +599,7 @@ impl TcpConnection {
     /// Takes `buf` whole when it is large (no copy), leaving it empty (with the memory of a
     /// buffer already acknowledged, when there is one).
     pub fn write_buf(&self, buf: &mut Vec<u8>) -> io::Result<()> {
-        if buf.len() < WHOLE_BUFFER {
+        if buf.len() < WHOLE_BUFFER || buf.len() > chunk::MAX_CHUNK {
             let mut at = 0;
             while at < buf.len() {
                 at += self.write(&buf[at..], true)?;
@@ -425,13 +607,37 @@ impl TcpConnection {
             buf.clear();
             return Ok(());
         }
-        let (mut st, _) = self.room(self.lock(), true)?;
-        st.seal_tail();
-        let n = buf.len() as u64;
+        let (mut st, _) = self.room(self.lock(), 0, true)?;
         let spare = st.spare_send.pop().unwrap_or_default();
-        st.send_buf
-            .push_back(Bytes::from(std::mem::replace(buf, spare)));
-        st.striper.push(n);
+        let data = Bytes::from(std::mem::replace(buf, spare));
+        st.append_chunk(Kind::Stream, data);
+        drop(st);
+        self.work.notify_all();
+        Ok(())
+    }
+
+    /// Sends `msg` as one chunk, waiting for room for all of it unless `block` is false.
+    pub fn send_message(&self, msg: &[u8], block: bool) -> io::Result<()> {
+        if !self.settings.peer_takes_messages {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                ri2n_proto::WriteError::MessagesRefused,
+            ));
+        }
+        let max = self.settings.max_message();
+        if msg.len() as u64 > max {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "a message of {} bytes is longer than the largest this connection carries \
+                     ({max} bytes): send it on the byte stream",
+                    msg.len()
+                ),
+            ));
+        }
+        let need = (chunk::HEADER_LEN + msg.len()) as u64;
+        let (mut st, _) = self.room(self.lock_for(Interest::Write, block), need, block)?;
+        st.append_chunk(Kind::Message, Bytes::copy_from_slice(msg));
         drop(st);
         self.work.notify_all();
         Ok(())
@@ -442,57 +648,60 @@ impl TcpConnection {
         if let Some(Some(e)) = &st.end {
             return Err(crate::udp_connection::lost(e.clone()));
         }
+        st.seal_tail();
         st.striper.finish();
         drop(st);
         self.work.notify_all();
         Ok(())
     }
 
-    /// Waits until data can be read; `Ok(None)` at the end of the stream.
+    /// Waits until `from` has something to read; `Ok(None)` at the end of the peer's
+    /// streams.
     fn readable<'a>(
         &self,
         mut st: MutexGuard<'a, State>,
+        from: Incoming,
         block: bool,
         deadline: Option<Instant>,
     ) -> io::Result<Option<MutexGuard<'a, State>>> {
         loop {
-            if st.reasm.contiguous() > st.reasm.consumed() {
+            st.pump_or_end();
+            let ready = match from {
+                Incoming::Stream => !st.stream_in.is_empty(),
+                Incoming::Messages => !st.messages.is_empty(),
+            };
+            if ready {
                 return Ok(Some(st));
             }
-            if st.reasm.eof() {
+            if st.peer_finished() {
                 return Ok(None);
             }
             if st.end.is_some() {
                 return Err(st.error());
             }
             if !block || deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(io::ErrorKind::WouldBlock.into());
+                let kind = match block {
+                    true => io::ErrorKind::TimedOut,
+                    false => io::ErrorKind::WouldBlock,
+                };
+                return Err(kind.into());
             }
             st = self.wait(st, deadline);
         }
     }
 
-    /// Takes up to `max` bytes of the next received piece.
+    /// Takes up to `max` bytes of the next received stream piece.
     fn take_piece(&self, st: &mut State, max: usize) -> Bytes {
-        let at = st.reasm.consumed();
-        let mut piece = st
-            .recv
-            .remove(&at)
-            .expect("the contiguous data starts a piece");
+        let mut piece = st.stream_in.pop_front().expect("a piece is waiting");
         let out = if piece.len() > max {
             let head = piece.split_to(max);
-            st.recv.insert(at + max as u64, piece);
+            st.stream_in.push_front(piece);
             head
         } else {
             piece
         };
-        st.reasm.consume(out.len() as u64);
-        // tell the peer when the window moved by a quarter
-        if st.reasm.window_end() - st.advertised >= self.settings.window / 4 {
-            st.advertised = st.reasm.window_end();
-            st.ack_all();
-            self.work.notify_all();
-        }
+        st.consume(out.len() as u64);
+        self.send_queued_acks(st);
         out
     }
 
@@ -500,11 +709,12 @@ impl TcpConnection {
         if buf.is_empty() {
             return Ok(0);
         }
-        let Some(mut st) = self.readable(self.lock(), block, None)? else {
+        let st = self.lock_for(Interest::Read, block);
+        let Some(mut st) = self.readable(st, Incoming::Stream, block, None)? else {
             return Ok(0);
         };
         let mut n = 0;
-        while n < buf.len() && st.reasm.contiguous() > st.reasm.consumed() {
+        while n < buf.len() && !st.stream_in.is_empty() {
             let piece = self.take_piece(&mut st, buf.len() - n);
             buf[n..n + piece.len()].copy_from_slice(&piece);
             n += piece.len();
@@ -515,7 +725,7 @@ impl TcpConnection {
     /// Replaces `buf` with the next received piece, whole (without a copy when nothing else
     /// holds the piece's memory). Returns its length (0: the end of the stream).
     pub fn read_buf(&self, buf: &mut Vec<u8>) -> io::Result<usize> {
-        let Some(mut st) = self.readable(self.lock(), true, None)? else {
+        let Some(mut st) = self.readable(self.lock(), Incoming::Stream, true, None)? else {
             return Ok(0);
         };
         let piece = self.take_piece(&mut st, usize::MAX);
@@ -526,6 +736,29 @@ impl TcpConnection {
         Ok(n)
     }
 
+    /// The next whole message; `Ok(None)` at the end of the peer's streams. Waits until
+    /// `deadline` when `block` (an error of kind `TimedOut` after it), else not at all
+    /// (`WouldBlock`).
+    pub fn recv_message(
+        &self,
+        block: bool,
+        deadline: Option<Instant>,
+    ) -> io::Result<Option<Vec<u8>>> {
+        if !self.settings.takes_messages {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "this connection takes no messages (its configuration says so)",
+            ));
+        }
+        let st = self.lock_for(Interest::Read, block);
+        let Some(mut st) = self.readable(st, Incoming::Messages, block, deadline)? else {
+            return Ok(None);
+        };
+        let m = st.messages.pop_front().expect("a message is waiting");
+        st.consume(m.len() as u64);
+        self.send_queued_acks(&mut st);
+        Ok(Some(m))
+    }
     pub fn wait_acknowledged(&self, timeout: Option<Duration>) -> io::Result<()> {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let mut st = self.lock();

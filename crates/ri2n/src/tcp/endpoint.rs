@@ -11,7 +11,7 @@ use std::io;
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -22,6 +22,7 @@ use ri2n_proto::{ConnectionConfig, ConnectionError, EndpointConfig, KeyMismatch}
 use super::conn::{Link, Role, Settings, TcpConnection};
 use super::link;
 use super::sys;
+use crate::readiness::Readiness;
 use crate::Error;
 
 /// How long a server waits for a new TCP connection's hello.
@@ -37,6 +38,8 @@ pub(crate) struct TcpEndpoint {
     conns: Mutex<HashMap<u64, Weak<TcpConnection>>>,
     accepted: Mutex<VecDeque<Arc<TcpConnection>>>,
     accept_cv: Condvar,
+    /// Readable while a connection may be waiting in `accepted` (made on first request).
+    accept_ready: OnceLock<Readiness>,
     closed: AtomicBool,
 }
 
@@ -74,6 +77,7 @@ impl TcpEndpoint {
             conns: Mutex::new(HashMap::new()),
             accepted: Mutex::new(VecDeque::new()),
             accept_cv: Condvar::new(),
+            accept_ready: OnceLock::new(),
             closed: AtomicBool::new(false),
         });
         for l in listeners {
@@ -108,12 +112,14 @@ impl TcpEndpoint {
             .unwrap_or(first_local);
         let id = rand::random::<u64>();
         let key = self.config.key.clone();
-        let settings = Settings::new(&config, id, key.clone());
+        let mut settings = Settings::new(&config, id, key.clone());
         let hello = Hello {
             connection_id: id,
             link: 0,
             new_connection: true,
             keyed: key.is_some(),
+            takes_messages: config.accept_messages,
+            window: config.stream_receive_window,
             application: config.application.clone(),
         };
         let timeout = config.handshake_timeout;
@@ -165,6 +171,8 @@ impl TcpEndpoint {
             &candidates,
             config.max_links,
         );
+        settings.peer_takes_messages = reply.takes_messages;
+        settings.peer_window = reply.window;
         let now = Instant::now();
         let links = pairs.iter().map(|&(l, r)| Link::new(l, r, now)).collect();
         let conn = TcpConnection::new(settings, Role::Client { pairs }, links);
@@ -198,11 +206,26 @@ impl TcpEndpoint {
         }
     }
 
+    /// The next incoming connection if one waits; clears the readiness descriptor first.
     pub fn try_accept(&self) -> Option<Arc<TcpConnection>> {
-        self.accepted
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop_front()
+        let mut q = self.accepted.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = self.accept_ready.get() {
+            r.clear();
+        }
+        q.pop_front()
+    }
+
+    /// The descriptor readable while a connection may wait for `try_accept`.
+    pub fn readiness(&self) -> io::Result<&Readiness> {
+        let q = self.accepted.lock().unwrap_or_else(|e| e.into_inner());
+        if self.accept_ready.get().is_none() {
+            let r = Readiness::new()?;
+            if !q.is_empty() {
+                r.signal();
+            }
+            let _ = self.accept_ready.set(r);
+        }
+        Ok(self.accept_ready.get().expect("set above"))
     }
 
     /// Every live connection.
@@ -234,6 +257,8 @@ impl TcpEndpoint {
             let mut out = Vec::new();
             HelloReply {
                 status,
+                takes_messages: false,
+                window: 0,
                 application,
                 addrs: Vec::new(),
             }
@@ -269,7 +294,9 @@ impl TcpEndpoint {
                 drop(conns);
                 return refuse(HelloStatus::ServerFull, None);
             }
-            let settings = Settings::new(cfg, hello.connection_id, self.config.key.clone());
+            let mut settings = Settings::new(cfg, hello.connection_id, self.config.key.clone());
+            settings.peer_takes_messages = hello.takes_messages;
+            settings.peer_window = hello.window;
             let conn = TcpConnection::new(settings, Role::Server, Vec::new());
             conns.insert(hello.connection_id, Arc::downgrade(&conn));
             conn
@@ -286,6 +313,8 @@ impl TcpEndpoint {
         let mut out = Vec::new();
         HelloReply {
             status: HelloStatus::Accepted,
+            takes_messages: cfg.accept_messages,
+            window: cfg.stream_receive_window,
             application: cfg.application.clone(),
             addrs: if hello.new_connection {
                 self.locals.clone()
@@ -308,6 +337,9 @@ impl TcpEndpoint {
             let mut q = self.accepted.lock().unwrap_or_else(|e| e.into_inner());
             q.push_back(conn);
             self.accept_cv.notify_all();
+            if let Some(r) = self.accept_ready.get() {
+                r.signal();
+            }
         }
     }
 }

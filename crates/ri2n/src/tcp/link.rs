@@ -207,6 +207,7 @@ fn next_send(
             if st.striper.in_flight(l) == 0 {
                 st.links[l].last_ack_progress = Instant::now();
             }
+            st.seal_tail();
             match st.striper.next(l) {
                 Some(Work::Run { round, offset, len }) => {
                     if let Some(r) = round {
@@ -290,7 +291,7 @@ fn writer(
         if closing {
             let _ = s.shutdown(Shutdown::Write);
             conn.lock().links[l].close_due = false;
-            conn.app.notify_all();
+            conn.notify_app();
             return;
         }
         if let Err(e) = res {
@@ -746,6 +747,8 @@ fn dial(conn: &Arc<TcpConnection>, l: usize, local: SocketAddr, remote: SocketAd
         link: l as u8,
         new_connection: false,
         keyed: conn.settings.key.is_some(),
+        takes_messages: conn.settings.takes_messages,
+        window: conn.settings.window,
         application: conn.settings.application.clone(),
     };
     let started = Instant::now();
