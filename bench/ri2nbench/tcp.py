@@ -13,6 +13,12 @@ from .labctl import new_lab
 
 TOOLS = ["ri2n-tcp", "ri2n-tcp-keyed", "ri2n-udp", "tcp", "mptcp"]
 MESSAGE_SIZES = [8 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20, 8 << 20]
+MESSAGE_TOOLS = ["ri2n-tcp", "ri2n-udp", "tcp"]
+
+
+def message_ratio(m, k):
+    """Run by run, tool `k`'s message bandwidth over one TCP connection's."""
+    return [a / b for a, b in zip(m.get(k, []), m["tcp"]) if a and b]
 
 
 def msgbw_binary():
@@ -25,7 +31,8 @@ def msgbw_binary():
 
 
 def message_run(lab, msgbw, kind, size, count):
-    """One client of `msgbw` A→B (`kind`: ri2n-tcp over both links, tcp over link 1)."""
+    """One client of `msgbw` A→B (`kind`: ri2n-tcp or ri2n-udp over both links, tcp over
+    link 1)."""
     port = 7600 + random.randrange(300)
     if kind == "tcp":
         listen, to, locals_ = ["10.77.1.2:%d" % port], "10.77.1.2:%d" % port, []
@@ -52,7 +59,7 @@ def part_tcp(o):
                 "ri2n send --transport tcp|udp --to 10.77.1.2:PORT --local 10.77.I.1 … -i FILE",
         "tcp": "iperf3 -c 10.77.1.2 -n BYTES -F FILE (one connection, link 1)",
         "mptcp": "mptcpize run iperf3 … -F FILE (a subflow per link)",
-        "messages": "examples/msgbw server|client ri2n-tcp|tcp …: one message, a 1-byte answer, "
+        "messages": "examples/msgbw server|client ri2n-tcp|ri2n-udp|tcp …: one message, a 1-byte answer, "
                     "the next message (MuniSocket's effective bandwidth)",
     }
     msgbw = msgbw_binary()
@@ -89,15 +96,14 @@ def part_tcp(o):
     for size in MESSAGE_SIZES:
         # about 0.5 s of one link per run, at least 20 messages
         count = max(20, int(60e6 / size))
-        m = {"size": size, "count": count, "ri2n-tcp": [], "tcp": []}
+        m = {"size": size, "count": count, **{k: [] for k in MESSAGE_TOOLS}}
         for rep in range(o.reps):
-            for k in (["ri2n-tcp", "tcp"] if rep % 2 == 0 else ["tcp", "ri2n-tcp"]):
+            for k in MESSAGE_TOOLS[rep % 3:] + MESSAGE_TOOLS[:rep % 3]:
                 wait_quiet()
                 m[k].append(message_run(lab, msgbw, k, size, count))
-        ratio = [a / b for a, b in zip(m["ri2n-tcp"], m["tcp"]) if a and b]
-        log("  %d KiB: ri2n-tcp %s, tcp %s Mbit/s, ratio %s" % (
-            size >> 10, spread([x / 1e6 for x in m["ri2n-tcp"] if x], "%.0f"),
-            spread([x / 1e6 for x in m["tcp"] if x], "%.0f"), spread(ratio, "%.2f")))
+        log("  %d KiB: %s Mbit/s; ratios to tcp %s" % (size >> 10, ", ".join(
+            "%s %s" % (k, spread([x / 1e6 for x in m[k] if x], "%.0f")) for k in MESSAGE_TOOLS),
+            ", ".join(spread(message_ratio(m, k), "%.2f") for k in MESSAGE_TOOLS[:2])))
         res["messages"].append(m)
     lab.down()
     return res
@@ -127,15 +133,16 @@ def report_tcp(res):
         L.append("")
         L.append("Message bandwidth on 2 × 1 Gbit/s (`%s`), Mbit/s, median (min–max):\n"
                  % res["commands"]["messages"])
-        L.append("| message | ri2n, TCP transport, 2 links | one TCP connection, 1 link | ratio |")
-        L.append("| --- | --- | --- | --- |")
+        L.append("| message | ri2n, TCP transport, 2 links | ri2n, UDP transport, 2 links | "
+                 "one TCP connection, 1 link | TCP transport / TCP | UDP transport / TCP |")
+        L.append("| --- | --- | --- | --- | --- | --- |")
         for m in res["messages"]:
-            ratio = [a / b for a, b in zip(m["ri2n-tcp"], m["tcp"]) if a and b]
             size = m["size"]
             label = "%d KiB" % (size >> 10) if size < 1 << 20 else "%d MiB" % (size >> 20)
-            L.append("| %s | %s | %s | **%s** |" % (
-                label, spread([x / 1e6 for x in m["ri2n-tcp"] if x], "%.0f"),
-                spread([x / 1e6 for x in m["tcp"] if x], "%.0f"), spread(ratio, "%.2f")))
+            cells = [spread([x / 1e6 for x in m.get(k, []) if x], "%.0f") for k in MESSAGE_TOOLS]
+            L.append("| %s | %s | %s | %s | **%s** | %s |" % (
+                label, *cells, spread(message_ratio(m, "ri2n-tcp"), "%.2f"),
+                spread(message_ratio(m, "ri2n-udp"), "%.2f")))
     bad = [(c["name"], r["rep"], k, r[k].get("rc")) for c in res["configs"] for r in c["runs"]
            for k in TOOLS if k in r and r[k].get("rc") != 0]
     if bad:

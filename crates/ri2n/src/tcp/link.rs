@@ -265,7 +265,29 @@ fn writer(
     let mut head = Vec::with_capacity(64);
     let mut payload = Vec::new();
     let mut frame = Vec::new();
-    while let Some(closing) = next_send(conn, l, incarnation, &mut head, &mut payload) {
+    loop {
+        // claim work only once the TCP connection can take it: a run claimed while the last
+        // one still waits in the unsent queue is committed to this link early, and the links
+        // end a message unevenly
+        match sys::wait_writable(s, conn.settings.keepalive) {
+            Ok(true) => {}
+            Ok(false) => {
+                let st = conn.lock();
+                let link = &st.links[l];
+                if link.incarnation != incarnation || !link.connected() || st.end.is_some() {
+                    break;
+                }
+                continue;
+            }
+            Err(e) => {
+                let mut st = conn.lock();
+                fail(conn, &mut st, l, incarnation, closed_by_peer(e.kind()));
+                return;
+            }
+        }
+        let Some(closing) = next_send(conn, l, incarnation, &mut head, &mut payload) else {
+            break;
+        };
         let res = match &mut seal {
             None => {
                 let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(1 + payload.len());

@@ -36,6 +36,30 @@ pub(crate) fn tune(s: &TcpStream) -> io::Result<()> {
     Ok(())
 }
 
+/// Waits at most `timeout` until the connection takes more data without blocking (its unsent
+/// queue below the low-water mark); `Ok(false)` if it did not in time.
+pub(crate) fn wait_writable(s: &TcpStream, timeout: Duration) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
+    // SAFETY: poll(2) on one live pollfd.
+    match unsafe { libc::poll(&mut pfd, 1, ms) } {
+        n if n < 0 => {
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => Ok(false),
+                _ => Err(e),
+            }
+        }
+        0 => Ok(false),
+        // an error or hang-up is writable too: the write that follows reports it
+        _ => Ok(true),
+    }
+}
+
 /// The kernel's smoothed round-trip time of a TCP connection and its congestion window in
 /// bytes.
 pub(crate) fn rtt_and_cwnd(s: &TcpStream) -> Option<(Duration, u64)> {
