@@ -1,5 +1,6 @@
-//! Endpoints (`ri2n_endpoint_server`, `ri2n_endpoint_client`), the cluster key, and the calls
-//! that make connections (`ri2n_connect`, `ri2n_accept`, `ri2n_try_accept`).
+//! Endpoints (`ri2n_endpoint_server`, `ri2n_endpoint_client`, and their `_tcp` forms for the
+//! TCP transport), the cluster key, and the calls that make connections (`ri2n_connect`,
+//! `ri2n_accept`, `ri2n_try_accept`).
 
 use std::ffi::{c_char, c_int};
 use std::fs;
@@ -9,7 +10,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::time::Duration;
 
-use ri2n::{ConnectionConfig, Endpoint, EndpointConfig, Key};
+use ri2n::{ConnectionConfig, Endpoint, EndpointConfig, Key, Transport};
 
 use crate::conn::ri2n_conn;
 use crate::error::{guard, guard_int, guard_len, guard_ptr, text, Failure};
@@ -70,6 +71,7 @@ unsafe fn bind(
     n: usize,
     key_file: *const c_char,
     server: bool,
+    transport: Transport,
 ) -> Result<Box<ri2n_endpoint>, Failure> {
     // SAFETY: passed on from the caller
     let addrs = unsafe { addresses(addrs, n, "local address") }?;
@@ -79,7 +81,9 @@ unsafe fn bind(
         false => Some(unsafe { text(key_file, "key_file") }?.to_owned()),
     };
     let key = key_file.as_deref().map(load_key).transpose()?;
-    let mut config = EndpointConfig::new(addrs).with_key(key);
+    let mut config = EndpointConfig::new(addrs)
+        .with_key(key)
+        .with_transport(transport);
     if server {
         config = config.server();
     }
@@ -115,7 +119,7 @@ pub unsafe extern "C" fn ri2n_endpoint_server(
     key_file: *const c_char,
 ) -> *mut ri2n_endpoint {
     // SAFETY: passed on from the caller
-    guard_ptr(|| unsafe { bind(listen_addrs, n, key_file, true) })
+    guard_ptr(|| unsafe { bind(listen_addrs, n, key_file, true, Transport::Udp) })
 }
 
 /// An endpoint that makes connections from `local_addrs` (one per link, e.g. `"10.0.1.1:0"`
@@ -130,7 +134,38 @@ pub unsafe extern "C" fn ri2n_endpoint_client(
     key_file: *const c_char,
 ) -> *mut ri2n_endpoint {
     // SAFETY: passed on from the caller
-    guard_ptr(|| unsafe { bind(local_addrs, n, key_file, false) })
+    guard_ptr(|| unsafe { bind(local_addrs, n, key_file, false, Transport::Udp) })
+}
+
+/// [`ri2n_endpoint_server`] on the TCP transport: each link is one TCP connection, the
+/// stream and messages striped over them (docs/PROTOCOL.md §12). Only TCP-transport clients
+/// reach it; unreliable datagrams are refused (`EOPNOTSUPP`).
+///
+/// # Safety
+/// As for [`ri2n_endpoint_server`].
+#[no_mangle]
+pub unsafe extern "C" fn ri2n_endpoint_server_tcp(
+    listen_addrs: *const *const c_char,
+    n: usize,
+    key_file: *const c_char,
+) -> *mut ri2n_endpoint {
+    // SAFETY: passed on from the caller
+    guard_ptr(|| unsafe { bind(listen_addrs, n, key_file, true, Transport::Tcp) })
+}
+
+/// [`ri2n_endpoint_client`] on the TCP transport, for servers made with
+/// [`ri2n_endpoint_server_tcp`] (a UDP server refuses it: `ECONNREFUSED`).
+///
+/// # Safety
+/// As for [`ri2n_endpoint_client`].
+#[no_mangle]
+pub unsafe extern "C" fn ri2n_endpoint_client_tcp(
+    local_addrs: *const *const c_char,
+    n: usize,
+    key_file: *const c_char,
+) -> *mut ri2n_endpoint {
+    // SAFETY: passed on from the caller
+    guard_ptr(|| unsafe { bind(local_addrs, n, key_file, false, Transport::Tcp) })
 }
 
 /// Connects to a peer given one or more of its addresses, waiting for the handshake at most

@@ -124,18 +124,31 @@ fn run_ok(program: &Path, args: &[&Path], limit: Duration) -> String {
 
 #[test]
 fn a_keyed_transfer_over_two_links_is_intact_and_another_key_is_refused() {
-    let dir = scratch("transfer");
+    keyed_transfer("transfer", None);
+}
+
+#[test]
+fn the_same_over_the_tcp_transport() {
+    keyed_transfer("transfer-tcp", Some("tcp"));
+}
+
+/// Runs `tests/c/transfer.c` (its second argument: `transport`).
+fn keyed_transfer(name: &str, transport: Option<&str>) {
+    let dir = scratch(name);
     let program = dir.join("transfer");
     compile(
         &[crate_dir().join("tests/c/transfer.c")],
         &program,
         Linkage::Static,
     );
-    let out = run_ok(&program, &[&dir], Duration::from_secs(120));
-    assert!(
-        out.contains("67108864 bytes intact over 2 links, keyed"),
-        "{out}"
-    );
+    let mut args = vec![dir.as_path()];
+    args.extend(transport.map(Path::new));
+    let out = run_ok(&program, &args, Duration::from_secs(120));
+    let expect = match transport {
+        Some(t) => format!("67108864 bytes intact over 2 links, keyed, {t}"),
+        None => "67108864 bytes intact over 2 links, keyed\n".to_owned(),
+    };
+    assert!(out.contains(&expect), "{out}");
     assert!(
         out.contains("another key refused: connecting to 127.0.0.1:"),
         "{out}"

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use pyo3::exceptions::{PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyType;
-use ri2n::{ConnectionConfig, ConnectionError, Endpoint, EndpointConfig};
+use ri2n::{ConnectionConfig, ConnectionError, Endpoint, EndpointConfig, Transport};
 
 use crate::connection::PyConnection;
 use crate::errors::endpoint_error;
@@ -43,9 +43,19 @@ impl PyEndpoint {
         addrs: Addrs,
         key: Option<PyRef<'_, PyKey>>,
         key_file: Option<PathBuf>,
+        transport: &str,
         server: bool,
     ) -> PyResult<Self> {
         let addrs = addrs.parse()?;
+        let transport = match transport {
+            "udp" => Transport::Udp,
+            "tcp" => Transport::Tcp,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "transport must be \"udp\" or \"tcp\", not {other:?}"
+                )))
+            }
+        };
         let (key, key_file) = match (key, key_file) {
             (Some(_), Some(_)) => {
                 return Err(PyValueError::new_err("give key= or key_file=, not both"))
@@ -57,7 +67,9 @@ impl PyEndpoint {
             }
             (None, None) => (None, None),
         };
-        let mut config = EndpointConfig::new(addrs).with_key(key);
+        let mut config = EndpointConfig::new(addrs)
+            .with_key(key)
+            .with_transport(transport);
         if server {
             config = config.server();
         }
@@ -102,29 +114,33 @@ impl PyEndpoint {
     /// a free port, see ``local_addrs()``; ``"0.0.0.0:7000"`` stands for every IPv4 address the
     /// host has now). Clients given one of the addresses learn the others and open a link to
     /// each. With ``key`` (a ``Key``) or ``key_file`` (a path to one), only clients holding
-    /// the same key are accepted.
+    /// the same key are accepted. ``transport``: ``"udp"`` (ri2n's own protocol) or ``"tcp"``
+    /// (one TCP connection per link, the stream and messages striped over them; no
+    /// datagrams); clients must use the same.
     #[staticmethod]
-    #[pyo3(signature = (addrs, key = None, key_file = None))]
+    #[pyo3(signature = (addrs, key = None, key_file = None, transport = "udp"))]
     fn server(
         py: Python<'_>,
         addrs: Addrs,
         key: Option<PyRef<'_, PyKey>>,
         key_file: Option<PathBuf>,
+        transport: &str,
     ) -> PyResult<Self> {
-        Self::bind(py, addrs, key, key_file, true)
+        Self::bind(py, addrs, key, key_file, transport, true)
     }
 
     /// An endpoint that only makes outgoing connections, from ``addrs`` (usually one address
-    /// per network, port 0). ``key``/``key_file`` as for ``server``.
+    /// per network, port 0). ``key``/``key_file``/``transport`` as for ``server``.
     #[staticmethod]
-    #[pyo3(signature = (addrs, key = None, key_file = None))]
+    #[pyo3(signature = (addrs, key = None, key_file = None, transport = "udp"))]
     fn client(
         py: Python<'_>,
         addrs: Addrs,
         key: Option<PyRef<'_, PyKey>>,
         key_file: Option<PathBuf>,
+        transport: &str,
     ) -> PyResult<Self> {
-        Self::bind(py, addrs, key, key_file, false)
+        Self::bind(py, addrs, key, key_file, transport, false)
     }
 
     /// Connects to a server given one or more of its addresses and returns the

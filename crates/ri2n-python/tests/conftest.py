@@ -31,9 +31,9 @@ def close_quietly(*things: object) -> None:
 class Pair:
     """A server and a client endpoint on both links, and a connection between them."""
 
-    def __init__(self, key: Optional[ri2n.Key] = None) -> None:
-        self.server = ri2n.Endpoint.server(LINKS, key=key)
-        self.client = ri2n.Endpoint.client(LINKS, key=key)
+    def __init__(self, key: Optional[ri2n.Key] = None, transport: str = "udp") -> None:
+        self.server = ri2n.Endpoint.server(LINKS, key=key, transport=transport)
+        self.client = ri2n.Endpoint.client(LINKS, key=key, transport=transport)
         # one address is enough: the server tells the client its other one
         self.conn = self.client.connect(self.server.local_addrs()[0], timeout=10)
         self.peer = self.server.accept(timeout=10)
@@ -45,6 +45,14 @@ class Pair:
 @pytest.fixture
 def pair() -> Iterator[Pair]:
     p = Pair()
+    yield p
+    p.close()
+
+
+@pytest.fixture(params=["udp", "tcp"])
+def pair_on_each_transport(request: pytest.FixtureRequest) -> Iterator[Pair]:
+    """A connected pair on the UDP transport, then on the TCP transport."""
+    p = Pair(transport=request.param)
     yield p
     p.close()
 

@@ -5,10 +5,13 @@ from typing import List, Union
 
 import pytest
 
+import ri2n
+
 from conftest import Pair
 
 
-def test_messages_arrive_whole_and_in_order(pair: Pair) -> None:
+def test_messages_arrive_whole_and_in_order(pair_on_each_transport: Pair) -> None:
+    pair = pair_on_each_transport
     msgs: List[Union[bytes, memoryview]] = [b"", b"one", bytes(range(256)) * 1000, memoryview(b"four")]
     for m in msgs:
         pair.conn.send_message(m)
@@ -40,6 +43,20 @@ def test_message_limits_and_timeouts(pair: Pair) -> None:
         except BlockingIOError:
             assert time.monotonic() < deadline
             time.sleep(0.001)
+
+
+def test_the_tcp_transport_refuses_datagrams_and_unknown_transports() -> None:
+    p = Pair(transport="tcp")
+    try:
+        with pytest.raises(ri2n.Error, match="TCP transport"):
+            p.conn.send_datagram(b"x")
+        p.conn.sendall(b"stream bytes")
+        p.conn.finish()
+        assert p.peer.recv(100, timeout=5) == b"stream bytes"
+    finally:
+        p.close()
+    with pytest.raises(ValueError, match="udp"):
+        ri2n.Endpoint.client(["127.0.0.1:0"], transport="quic")
 
 
 def test_datagrams(pair: Pair) -> None:

@@ -303,6 +303,25 @@ struct ri2n_endpoint *ri2n_endpoint_client(const char *const *local_addrs,
                                            size_t n,
                                            const char *key_file);
 
+// [`ri2n_endpoint_server`] on the TCP transport: each link is one TCP connection, the
+// stream and messages striped over them (docs/PROTOCOL.md §12). Only TCP-transport clients
+// reach it; unreliable datagrams are refused (`EOPNOTSUPP`).
+//
+// # Safety
+// As for [`ri2n_endpoint_server`].
+struct ri2n_endpoint *ri2n_endpoint_server_tcp(const char *const *listen_addrs,
+                                               size_t n,
+                                               const char *key_file);
+
+// [`ri2n_endpoint_client`] on the TCP transport, for servers made with
+// [`ri2n_endpoint_server_tcp`] (a UDP server refuses it: `ECONNREFUSED`).
+//
+// # Safety
+// As for [`ri2n_endpoint_client`].
+struct ri2n_endpoint *ri2n_endpoint_client_tcp(const char *const *local_addrs,
+                                               size_t n,
+                                               const char *key_file);
+
 // Connects to a peer given one or more of its addresses, waiting for the handshake at most
 // `timeout_ms` (0 or less: the library's default, 10 s). NULL on failure, with errno
 // `ETIMEDOUT` (no answer), `ECONNREFUSED` (nothing listens there, or it is not a server, or

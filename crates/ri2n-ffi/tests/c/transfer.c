@@ -1,7 +1,7 @@
 /* 64 MiB over two loopback links with a cluster key, checked by checksum; then a client with
  * another key is refused with EACCES and a message naming its key file.
  *
- * usage: transfer DIR   (a directory for the key files) */
+ * usage: transfer DIR [tcp]   (a directory for the key files; tcp: the TCP transport) */
 #include <pthread.h>
 
 #include "common.h"
@@ -32,7 +32,12 @@ static void *receive(void *arg) {
 }
 
 int main(int argc, char **argv) {
-    CHECK(argc == 2);
+    CHECK(argc == 2 || (argc == 3 && strcmp(argv[2], "tcp") == 0));
+    int tcp = argc == 3;
+    ri2n_endpoint *(*server_at)(const char *const *, size_t, const char *) =
+        tcp ? ri2n_endpoint_server_tcp : ri2n_endpoint_server;
+    ri2n_endpoint *(*client_at)(const char *const *, size_t, const char *) =
+        tcp ? ri2n_endpoint_client_tcp : ri2n_endpoint_client;
     char key[4096], other_key[4096];
     snprintf(key, sizeof key, "%s/cluster.key", argv[1]);
     snprintf(other_key, sizeof other_key, "%s/other.key", argv[1]);
@@ -41,7 +46,7 @@ int main(int argc, char **argv) {
     CHECK_FAILS_WITH(ri2n_key_generate(key), EEXIST);
 
     const char *listen[] = {"127.0.0.1:0", "127.0.0.2:0"};
-    ri2n_endpoint *server = ri2n_endpoint_server(listen, 2, key);
+    ri2n_endpoint *server = server_at(listen, 2, key);
     CHECK(server != NULL);
     char addr[RI2N_ADDR_LEN];
     CHECK(ri2n_endpoint_local_addr(server, 0, addr, sizeof addr) > 0);
@@ -52,7 +57,7 @@ int main(int argc, char **argv) {
     CHECK(pthread_create(&receiver, NULL, receive, &r) == 0);
 
     const char *local[] = {"127.0.0.1:0", "127.0.0.2:0"};
-    ri2n_endpoint *client = ri2n_endpoint_client(local, 2, key);
+    ri2n_endpoint *client = client_at(local, 2, key);
     CHECK(client != NULL);
     ri2n_conn *c = ri2n_connect(client, remote, 1, 10000);
     CHECK(c != NULL);
@@ -88,10 +93,10 @@ int main(int argc, char **argv) {
                links[i].remote, (unsigned long long)links[i].stream_bytes_acked);
     }
     ri2n_conn_free(c);
-    printf("%u bytes intact over %zd links, keyed\n", TOTAL, nlinks);
+    printf("%u bytes intact over %zd links, keyed%s\n", TOTAL, nlinks, tcp ? ", tcp" : "");
 
     /* another key: refused, and the message names this side's key file */
-    ri2n_endpoint *stranger = ri2n_endpoint_client(local, 1, other_key);
+    ri2n_endpoint *stranger = client_at(local, 1, other_key);
     CHECK(stranger != NULL);
     CHECK_NULL_WITH(ri2n_connect(stranger, remote, 1, 10000), EACCES);
     CHECK(strstr(ri2n_last_error(), other_key) != NULL);

@@ -97,12 +97,19 @@ class Endpoint:
 
     @staticmethod
     def server(
-        addrs: _Addrs, key: Optional[Key] = None, key_file: Optional[_Path] = None
+        addrs: _Addrs,
+        key: Optional[Key] = None,
+        key_file: Optional[_Path] = None,
+        transport: str = "udp",
     ) -> Endpoint:
-        """An endpoint that accepts connections on ``addrs`` (``"ip:port"``)."""
+        """An endpoint that accepts connections on ``addrs`` (``"ip:port"``); ``transport``
+        ``"udp"`` or ``"tcp"``."""
     @staticmethod
     def client(
-        addrs: _Addrs, key: Optional[Key] = None, key_file: Optional[_Path] = None
+        addrs: _Addrs,
+        key: Optional[Key] = None,
+        key_file: Optional[_Path] = None,
+        transport: str = "udp",
     ) -> Endpoint:
         """An endpoint that only connects, from ``addrs`` (port 0: any)."""
     def connect(self, addrs: _Addrs, timeout: Optional[float] = None) -> Connection:
