@@ -11,7 +11,8 @@
 //! with nothing left in its partition helps another: it takes the end that has no taker, or
 //! splits the largest unclaimed range in two and takes the back of the first half. A
 //! partition smaller than `stripe_threshold` is not split at all: it goes whole on one link,
-//! the idle one with the lowest round-trip time.
+//! the idle one with the lowest round-trip time; one of at most two runs (a message) is cut
+//! into one piece per usable link, as MuniSocket cuts a message among its channels.
 //!
 //! Every run stays *in flight* on its link until the receiver acknowledges the link's bytes
 //! up to its end. When a link dies, its in-flight runs become repairs, which the surviving
@@ -473,7 +474,10 @@ impl Striper {
     }
 
     /// Opens a partition of new data, taken from its front by this link. A small one goes
-    /// only to the idle link with the lowest round-trip time.
+    /// only to the idle link with the lowest round-trip time. One of at most two runs (a
+    /// message) is cut into equal pieces, one per usable link, as MuniSocket cuts a message:
+    /// this link takes the first, each other piece waits for a link to take it whole (this
+    /// one, once done with its own, if no other comes).
     fn open(&mut self, link: usize) -> Option<Work> {
         let limit = self.limit();
         if self.frontier >= limit {
@@ -491,14 +495,22 @@ impl Striper {
         }
         let lo = self.frontier;
         self.frontier += size;
-        self.parts.push(Partition {
-            lo,
-            hi: lo + size,
-            front: Some(link),
-            back: None,
-            whole,
-        });
-        let i = self.parts.len() - 1;
+        let usable = self.links.iter().filter(|l| l.up && !l.paused).count() as u64;
+        let pieces = if whole || size > 2 * self.cfg.max_run {
+            1
+        } else {
+            usable.clamp(1, (size / self.cfg.min_run).max(1))
+        };
+        let i = self.parts.len();
+        for k in 0..pieces {
+            self.parts.push(Partition {
+                lo: lo + size * k / pieces,
+                hi: lo + size * (k + 1) / pieces,
+                front: (k == 0).then_some(link),
+                back: None,
+                whole: whole || pieces > 1,
+            });
+        }
         let round = Round {
             pos: lo,
             backward: false,
@@ -537,6 +549,36 @@ mod tests {
             }
             Work::Fin { end } => r.fin(end).unwrap(),
         }
+    }
+
+    #[test]
+    fn a_message_of_two_runs_or_less_is_cut_in_one_piece_per_link() {
+        let mut s = striper(2);
+        s.push(64 << 10);
+        let run = |round: u64, offset: u64| Work::Run {
+            round: Some(Round {
+                pos: round,
+                backward: false,
+            }),
+            offset,
+            len: 32 << 10,
+        };
+        assert_eq!(s.next(0), Some(run(0, 0)));
+        assert_eq!(s.next(1), Some(run(32 << 10, 32 << 10)));
+        assert_eq!(s.next(0), None);
+        // a link alone takes the other piece too, once done with its own
+        let mut s = striper(2);
+        s.push(64 << 10);
+        assert_eq!(s.next(0), Some(run(0, 0)));
+        assert_eq!(s.next(0), Some(run(32 << 10, 32 << 10)));
+        // what only one link can take is not cut
+        let mut s = striper(2);
+        s.link_down(1);
+        s.push(64 << 10);
+        let Some(Work::Run { len, .. }) = s.next(0) else {
+            panic!("a run")
+        };
+        assert_eq!(len, 64 << 10);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use ri2n_proto::tcp::chunk::{self, ChunkError, Demux, Kind, Piece};
 use ri2n_proto::tcp::{Reassembly, StripeConfig, Striper};
 use ri2n_proto::{
     Cipher, ConnectionConfig, ConnectionError, ConnectionState, ConnectionStats, Event, Key,
-    LinkId, LinkState, LinkStats,
+    LinkId, LinkState, LinkStats, MAX_LINKS,
 };
 
 use crate::connection::TimedEvent;
@@ -108,6 +108,8 @@ pub(crate) struct Link {
     pub stream: Option<Arc<TcpStream>>,
     pub state: LinkState,
     pub ack_due: bool,
+    /// Run and repair bytes that arrived since the link's last ACK.
+    pub rx_unacked: u64,
     pub ping_due: bool,
     /// A CLOSE record is still to go out on this link.
     pub close_due: bool,
@@ -155,6 +157,7 @@ impl Link {
             stream: None,
             state: LinkState::Validating,
             ack_due: false,
+            rx_unacked: 0,
             ping_due: false,
             close_due: false,
             last_rx: now,
@@ -444,8 +447,9 @@ pub(crate) struct TcpConnection {
     pub app: Condvar,
     /// ... or on these descriptors, signalled at the same moments.
     pub watchers: Watchers,
-    /// Link writers wait here for something to send.
-    pub work: Condvar,
+    /// Each link's writer waits on its own condition variable for something to send, so
+    /// that waking one (an ACK due on its link) does not wake them all.
+    pub writers: [Condvar; MAX_LINKS],
     pub settings: Settings,
     pub role: Role,
 }
@@ -491,7 +495,7 @@ impl TcpConnection {
             state: Mutex::new(st),
             app: Condvar::new(),
             watchers: Watchers::default(),
-            work: Condvar::new(),
+            writers: std::array::from_fn(|_| Condvar::new()),
             settings,
             role,
         })
@@ -503,8 +507,21 @@ impl TcpConnection {
 
     /// Wakes everyone after a change.
     pub fn wake(&self) {
-        self.work.notify_all();
+        self.wake_writers();
         self.notify_app();
+    }
+
+    /// Wakes every link's writer (new data, an opened window, a link that went down).
+    pub fn wake_writers(&self) {
+        // all on each: a writer of the link's previous TCP connection may still wait there
+        self.writers.iter().for_each(Condvar::notify_all);
+    }
+
+    /// Wakes link `l`'s writer (something is due on its link alone).
+    pub fn wake_writer(&self, l: usize) {
+        if let Some(w) = self.writers.get(l) {
+            w.notify_all();
+        }
     }
 
     /// Wakes the application: its waiting calls and its readiness descriptors. Called after
@@ -534,7 +551,7 @@ impl TcpConnection {
     /// Wakes the link writers if reading queued ACKs.
     fn send_queued_acks(&self, st: &mut State) {
         if std::mem::take(&mut st.acks_queued) {
-            self.work.notify_all();
+            self.wake_writers();
         }
     }
 
@@ -592,7 +609,7 @@ impl TcpConnection {
         let n = data.len().min(room as usize);
         st.append_stream(&data[..n]);
         drop(st);
-        self.work.notify_all();
+        self.wake_writers();
         Ok(n)
     }
 
@@ -612,7 +629,7 @@ impl TcpConnection {
         let data = Bytes::from(std::mem::replace(buf, spare));
         st.append_chunk(Kind::Stream, data);
         drop(st);
-        self.work.notify_all();
+        self.wake_writers();
         Ok(())
     }
 
@@ -639,7 +656,7 @@ impl TcpConnection {
         let (mut st, _) = self.room(self.lock_for(Interest::Write, block), need, block)?;
         st.append_chunk(Kind::Message, Bytes::copy_from_slice(msg));
         drop(st);
-        self.work.notify_all();
+        self.wake_writers();
         Ok(())
     }
 
@@ -651,7 +668,7 @@ impl TcpConnection {
         st.seal_tail();
         st.striper.finish();
         drop(st);
-        self.work.notify_all();
+        self.wake_writers();
         Ok(())
     }
 

@@ -31,8 +31,11 @@ use super::sys;
 /// Bytes a reader asks the kernel for at once when it reads records (a run's payload goes
 /// straight into its own buffer, however long).
 const READ_CHUNK: usize = 64 << 10;
-/// How often the watch thread looks at the links.
+/// How often the watch thread looks at the links (and sends the ACKs still owed).
 const WATCH_TICK: Duration = Duration::from_millis(2);
+/// Run bytes a link receives before it owes an ACK at once: one ACK per run would wake both
+/// ends' threads for every run.
+const ACK_EVERY: u64 = 256 << 10;
 /// How often it samples each link's round trip from TCP_INFO.
 const RTT_SAMPLE: Duration = Duration::from_millis(20);
 /// How long the receiver may wait for a link holding the stream's next bytes while another
@@ -184,6 +187,7 @@ fn next_send(
         // cleared by the writer once the CLOSE is written (`TcpConnection::close` waits)
         let close_due = link.close_due;
         if ack_due || close_due {
+            link.rx_unacked = 0;
             Record::Ack {
                 link_bytes: st.reasm.link_bytes(l),
                 delivered: st.reasm.contiguous(),
@@ -247,8 +251,7 @@ fn next_send(
         if st.end.is_some() {
             return None;
         }
-        st = conn
-            .work
+        st = conn.writers[l]
             .wait_timeout(st, conn.settings.keepalive)
             .unwrap_or_else(|e| e.into_inner())
             .0;
@@ -310,6 +313,9 @@ fn writer(
                 })
             }
         };
+        // the run's slices go now, not at the next claim: while they live, the send buffer's
+        // memory they point into cannot be reused once acknowledged
+        payload.clear();
         if closing {
             let _ = s.shutdown(Shutdown::Write);
             conn.lock().links[l].close_due = false;
@@ -401,9 +407,13 @@ impl RecordReader<'_> {
         if self.buf.len() >= len {
             return Ok(self.buf.split_to(len).freeze());
         }
-        let mut out = spare;
+        // a spare too small is dropped, not grown: growing copies its old capacity
+        let mut out = if spare.capacity() >= len {
+            spare
+        } else {
+            Vec::with_capacity(len)
+        };
         out.clear();
-        out.reserve(len);
         out.extend_from_slice(&self.buf.split());
         while out.len() < len {
             let want = len - out.len();
@@ -516,15 +526,28 @@ fn read_records(
                 let Some(mut st) = current(conn, l, incarnation) else {
                     return Ok(());
                 };
+                let contiguous = st.reasm.contiguous();
                 let new = (st.reasm.accept(l, offset, len))
                     .map_err(|_| violation("stream bytes outside the receive window"))?;
                 for g in new {
                     let (s, e) = ((g.start - offset) as usize, (g.end - offset) as usize);
                     st.recv.insert(g.start, data.slice(s..e));
                 }
-                st.links[l].ack_due = true;
+                // an ACK when everything so far arrived (a message's or a burst's end), else
+                // every ACK_EVERY bytes; the watch thread sends what is left within a tick
+                let caught_up = st.reasm.holes() == 0;
+                let link = &mut st.links[l];
+                link.rx_unacked += len;
+                let ack = link.rx_unacked >= ACK_EVERY || caught_up;
+                link.ack_due |= ack;
+                let readable = st.reasm.contiguous() > contiguous;
                 drop(st);
-                conn.wake();
+                if ack {
+                    conn.wake_writer(l);
+                }
+                if readable {
+                    conn.notify_app();
+                }
             }
             Record::Round { pos, backward } => {
                 let Some(mut st) = current(conn, l, incarnation) else {
@@ -650,6 +673,10 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
             if !link.connected() {
                 continue;
             }
+            if link.rx_unacked > 0 && !link.ack_due {
+                link.ack_due = true;
+                conn.wake_writer(i);
+            }
             if sample {
                 if let Some((rtt, cwnd)) = link.stream.as_deref().and_then(sys::rtt_and_cwnd) {
                     link.srtt = rtt;
@@ -666,7 +693,7 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
                 fail(conn, &mut st, i, inc, false);
             } else if now - link.last_tx >= conn.settings.keepalive {
                 link.ping_due = true;
-                conn.work.notify_all();
+                conn.wake_writers();
             }
         }
         soft_failure(conn, &mut st, now);
@@ -729,7 +756,7 @@ fn soft_failure(conn: &TcpConnection, st: &mut State, now: Instant) {
             if st.links[l].state == LinkState::Degraded {
                 st.set_link_state(l, LinkState::Up);
             }
-            conn.work.notify_all();
+            conn.wake_writers();
         }
     }
     let Some(h) = st.striper.head_link() else {
