@@ -29,7 +29,8 @@
 //!
 //! Modules: [`net`] (links and the network model), [`scenario`] (descriptions and random
 //! scenarios), `app` (the application model), `sim` (the scenario runner's event loop),
-//! [`testbed`] (the stepped pair), [`report`] and [`error`].
+//! [`testbed`] (the stepped pair), [`report`] and [`error`]; [`tcp`] models the TCP transport
+//! (its own links: byte pipes in order) around the same core's TCP parts.
 
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
@@ -42,6 +43,7 @@ mod outgoing;
 pub mod report;
 pub mod scenario;
 mod sim;
+pub mod tcp;
 pub mod testbed;
 
 pub use error::{FailureKind, SimError};
@@ -52,6 +54,7 @@ pub use net::{
 pub use report::{BufferPeaks, CloseRecord, LinkChange, LinkReport, Report, TransferReport};
 pub use scenario::{Action, AppConfig, AppMode, Scenario};
 pub use sim::run;
+pub use tcp::{run_tcp, TcpAction, TcpReport, TcpScenario};
 pub use testbed::{Testbed, TestbedConfig};
 
 /// Derives an independent 64-bit seed from `seed` for the given purpose (SplitMix64 finalizer).

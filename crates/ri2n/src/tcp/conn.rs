@@ -1,8 +1,8 @@
 //! One TCP-transport connection: its state under one lock (the sequence's striping and
 //! reassembly, the send and receive buffers, the links), and the application's calls on it.
 //! Link threads (`super::link`) move bytes between this state and the TCP connections; the
-//! application's calls wait on `app` (or its readiness descriptors), the link writers on
-//! `work`.
+//! application's calls wait on `app` (or its readiness descriptors), each link's writer on
+//! its own condition variable in `writers`.
 //!
 //! The byte stream and the messages travel in one striped sequence, as chunks
 //! (`ri2n_proto::tcp::chunk`): what the application writes collects in an open stream chunk
@@ -298,7 +298,7 @@ impl State {
         self.send_buf.push_back(b);
     }
 
-    /// Appends `len` stream bytes to the open stream chunk (opening one if needed).
+    /// Appends `data` to the open stream chunk (opening one if needed).
     fn append_stream(&mut self, data: &[u8]) {
         if self.tail.len() + data.len() > chunk::HEADER_LEN + chunk::MAX_CHUNK {
             self.seal_tail();
@@ -683,6 +683,8 @@ impl TcpConnection {
     ) -> io::Result<Option<MutexGuard<'a, State>>> {
         loop {
             st.pump_or_end();
+            // headers taken may have moved the window
+            self.send_queued_acks(&mut st);
             let ready = match from {
                 Incoming::Stream => !st.stream_in.is_empty(),
                 Incoming::Messages => !st.messages.is_empty(),

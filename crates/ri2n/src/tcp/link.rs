@@ -693,7 +693,7 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
                 fail(conn, &mut st, i, inc, false);
             } else if now - link.last_tx >= conn.settings.keepalive {
                 link.ping_due = true;
-                conn.wake_writers();
+                conn.wake_writer(i);
             }
         }
         soft_failure(conn, &mut st, now);
