@@ -349,6 +349,7 @@ fn tcp_transport_through_a_dead_switch_and_a_partition() {
     assert_fault_seen(&out, 1, Shows::Down);
     let (fault, heal) = (out.applied[0].0, out.applied[1].0);
     let during = out.goodput_mbit(fault + 0.1, heal);
+    let stall = out.longest_stall(fault - 0.05, heal);
     let rejoined = out.rejoin_after(heal, 1, 50.0);
     // when the sender declared link 1 (connection link 0) down, from its own event log
     let declared = (out.send_json["link_events"]
@@ -359,9 +360,11 @@ fn tcp_transport_through_a_dead_switch_and_a_partition() {
     .filter_map(|e| e["at_s"].as_f64())
     .find(|&t| t >= fault);
     report(&format!(
-        "    tcp-switch: link 1 declared down {:.0} ms after the fault; {during:.0} Mbit/s \
-         delivered while it was dead; it carried data again {:.0} ms after the heal",
+        "    tcp-switch: link 1 declared down {:.0} ms after the fault; the output stood still \
+         at most {:.0} ms (sampled every 10 ms); {during:.0} Mbit/s delivered while the link \
+         was dead; it carried data again {:.0} ms after the heal",
         declared.map_or(f64::NAN, |t| (t - fault) * 1e3),
+        stall * 1e3,
         rejoined.unwrap_or(f64::NAN) * 1e3
     ));
     assert!(

@@ -706,7 +706,7 @@ pub fn rss_kib(pid: u32) -> Option<(u64, u64)> {
     Some((field("VmRSS:")?, field("VmHWM:")?))
 }
 
-/// Samples a transfer every 50 ms from a thread until stopped.
+/// Samples a transfer every `period` from a thread until stopped.
 pub struct Monitor {
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<Vec<Sample>>>,
@@ -719,6 +719,7 @@ impl Monitor {
         receiver: u32,
         output: PathBuf,
         links: u8,
+        period: Duration,
     ) -> Monitor {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
@@ -752,7 +753,7 @@ impl Monitor {
                 x.recv_rss_kib = rss;
                 x.recv_hwm_kib = hwm;
                 samples.push(x);
-                thread::sleep(Duration::from_millis(50));
+                thread::sleep(period);
             }
             samples
         });
@@ -1027,7 +1028,16 @@ impl Transfer<'_> {
             dir,
             &format!("{}-send", self.name),
         );
-        let monitor = Monitor::start(start, send.pid(), recv.pid(), output.clone(), lab.links);
+        // the TCP transport's tests measure the pause in delivery around a fault: finer
+        let period = Duration::from_millis(if self.tcp { 10 } else { 50 });
+        let monitor = Monitor::start(
+            start,
+            send.pid(),
+            recv.pid(),
+            output.clone(),
+            lab.links,
+            period,
+        );
 
         let mut pending = self.actions.into_iter().peekable();
         let mut applied = Vec::new();
@@ -1135,6 +1145,24 @@ impl Outcome {
         (1..self.samples.len())
             .find(|&i| self.samples[i - 1].t >= t && self.link_rx_mbit(i, link) > mbit)
             .map(|i| self.samples[i - 1].t - t)
+    }
+
+    /// The longest time between `from` and `to` in which the output did not grow, seconds
+    /// (to within the sampling period).
+    pub fn longest_stall(&self, from: f64, to: f64) -> f64 {
+        let mut last_growth = from;
+        let mut longest: f64 = 0.0;
+        for w in self.samples.windows(2) {
+            let (a, b) = (&w[0], &w[1]);
+            if b.t < from || a.t > to {
+                continue;
+            }
+            if b.out_len > a.out_len {
+                longest = longest.max(a.t - last_growth);
+                last_growth = b.t;
+            }
+        }
+        longest.max(to.min(self.samples.last().map_or(to, |s| s.t)) - last_growth)
     }
 
     /// Seconds from `t` until the output grows again.
