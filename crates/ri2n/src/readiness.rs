@@ -3,10 +3,11 @@
 //! (`poll`, `epoll`, mio, tokio) can wait for ri2n next to its other descriptors.
 //!
 //! The contract is edge-like and race-free: every non-blocking call (`try_read`, `try_write`,
-//! `try_accept`, …) first clears the descriptor, then looks, both under the engine's lock;
-//! the driver signals it, under the same lock, whenever the engine reports anything for the
-//! connection. So after a call returned `WouldBlock`, the descriptor becomes readable as soon
-//! as retrying may succeed.
+//! `try_accept`, …) first clears the descriptor, then looks, both under the connection's
+//! lock; whoever changes the connection signals it after the change: the UDP driver under
+//! that lock whenever the engine reports anything, the TCP transport's link threads just
+//! after they release it. So after a call returned `WouldBlock`, the descriptor becomes
+//! readable as soon as retrying may succeed.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
