@@ -30,6 +30,9 @@ use crate::readiness::{Interest, Watchers};
 /// Writes smaller than this are copied into the send buffer's open tail; larger buffers
 /// handed over with `write_buf` are kept whole (no copy).
 const WHOLE_BUFFER: usize = 16 << 10;
+/// The application thread sends for itself (see `TcpConnection::send_or_wake`) while no
+/// more than this is buffered: a message of up to two runs, as `StripeConfig` cuts them.
+const DIRECT_SEND_MAX: u64 = 512 << 10;
 
 /// How a connection behaves, from its `ConnectionConfig`.
 #[derive(Debug, Clone)]
@@ -450,6 +453,9 @@ pub(crate) struct TcpConnection {
     /// Each link's writer waits on its own condition variable for something to send, so
     /// that waking one (an ACK due on its link) does not wake them all.
     pub writers: [Condvar; MAX_LINKS],
+    /// Each link's sending side, held while a batch is written on its TCP connection (lock
+    /// order: a `tx`, then `state`).
+    pub tx: [Mutex<super::link::Tx>; MAX_LINKS],
     pub settings: Settings,
     pub role: Role,
 }
@@ -496,6 +502,7 @@ impl TcpConnection {
             app: Condvar::new(),
             watchers: Watchers::default(),
             writers: std::array::from_fn(|_| Condvar::new()),
+            tx: std::array::from_fn(|_| Mutex::default()),
             settings,
             role,
         })
@@ -515,6 +522,17 @@ impl TcpConnection {
     pub fn wake_writers(&self) {
         // all on each: a writer of the link's previous TCP connection may still wait there
         self.writers.iter().for_each(Condvar::notify_all);
+    }
+
+    /// After the application wrote: when little is buffered (a message, a request), sends at
+    /// once on the links that can take it from this thread, and wakes the writers only for
+    /// what is left: a hand-off to a writer thread would add its wake-up to every small
+    /// message's delivery. A stream that keeps the buffer full is left to the writers, so
+    /// the application's next read or computation runs beside their sending.
+    fn send_or_wake(&self, direct: bool) {
+        if !direct || super::link::send_now(self) {
+            self.wake_writers();
+        }
     }
 
     /// Wakes link `l`'s writer (something is due on its link alone).
@@ -608,8 +626,9 @@ impl TcpConnection {
         let (mut st, room) = self.room(self.lock_for(Interest::Write, block), 0, block)?;
         let n = data.len().min(room as usize);
         st.append_stream(&data[..n]);
+        let direct = st.buffered() <= DIRECT_SEND_MAX;
         drop(st);
-        self.wake_writers();
+        self.send_or_wake(direct);
         Ok(n)
     }
 
@@ -628,8 +647,9 @@ impl TcpConnection {
         let spare = st.spare_send.pop().unwrap_or_default();
         let data = Bytes::from(std::mem::replace(buf, spare));
         st.append_chunk(Kind::Stream, data);
+        let direct = st.buffered() <= DIRECT_SEND_MAX;
         drop(st);
-        self.wake_writers();
+        self.send_or_wake(direct);
         Ok(())
     }
 
@@ -655,8 +675,9 @@ impl TcpConnection {
         let need = (chunk::HEADER_LEN + msg.len()) as u64;
         let (mut st, _) = self.room(self.lock_for(Interest::Write, block), need, block)?;
         st.append_chunk(Kind::Message, Bytes::copy_from_slice(msg));
+        let direct = st.buffered() <= DIRECT_SEND_MAX;
         drop(st);
-        self.wake_writers();
+        self.send_or_wake(direct);
         Ok(())
     }
 

@@ -99,12 +99,19 @@ pub(crate) fn attach(
     st.set_link_state(l, LinkState::Up);
     st.all_down_since = None;
     drop(st);
-    conn.wake();
     let (seal, open) = keys.map(|k| (k.seal, k.open)).unzip();
+    // after the state's lock: whoever holds a link's `tx` may take the state's lock
+    *conn.tx[l].lock().unwrap_or_else(|e| e.into_inner()) = Tx {
+        incarnation,
+        stream: Some(stream.clone()),
+        seal,
+        ..Tx::default()
+    };
+    conn.wake();
     let (c, s) = (conn.clone(), stream.clone());
     std::thread::Builder::new()
         .name(format!("ri2n-tcp-w{l}"))
-        .spawn(move || writer(&c, l, incarnation, &s, seal))?;
+        .spawn(move || writer(&c, l, incarnation, &s))?;
     let c = conn.clone();
     std::thread::Builder::new()
         .name(format!("ri2n-tcp-r{l}"))
@@ -164,110 +171,207 @@ fn write_all(mut s: &TcpStream, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> 
     Ok(())
 }
 
-/// What the writer sends next, encoded into `head` (records) and `payload` (the run's
-/// bytes, after the last record); `None` when the link's threads should stop.
-fn next_send(
-    conn: &TcpConnection,
-    l: usize,
+/// A link's sending side, held by whoever writes on its TCP connection: the link's writer
+/// thread, or an application thread that found the link able to take data at once (see
+/// [`send_now`]), so that one batch of records is never interleaved with another.
+#[derive(Default)]
+pub(crate) struct Tx {
+    /// The TCP connection it sends on (`Link::incarnation`), and that connection's sealing
+    /// key.
     incarnation: u64,
-    head: &mut Vec<u8>,
-    payload: &mut Vec<Bytes>,
-) -> Option<bool> {
-    let mut st = conn.lock();
-    loop {
-        if st.links[l].incarnation != incarnation || !st.links[l].connected() {
-            return None;
-        }
-        head.clear();
-        payload.clear();
-        let mut closing = false;
-        let link = &mut st.links[l];
-        let ack_due = std::mem::take(&mut link.ack_due);
-        let ping_due = std::mem::take(&mut link.ping_due);
-        // cleared by the writer once the CLOSE is written (`TcpConnection::close` waits)
-        let close_due = link.close_due;
-        if ack_due || close_due {
-            link.rx_unacked = 0;
-            Record::Ack {
-                link_bytes: st.reasm.link_bytes(l),
-                delivered: st.reasm.contiguous(),
-                window_end: st.reasm.window_end(),
-                eof: st.reasm.complete(),
-            }
-            .encode(head);
-        }
-        if close_due {
-            let (code, reason) = &st.close_record;
-            let reason = &reason.as_bytes()[..reason.len().min(MAX_REASON)];
-            Record::Close {
-                code: *code,
-                reason_len: reason.len() as u16,
-            }
-            .encode(head);
-            head.extend_from_slice(reason);
-            closing = true;
-        } else if st.end.is_none() {
-            // an idle link's silence is not slowness: its stall clock starts with its next run
-            if st.striper.in_flight(l) == 0 {
-                st.links[l].last_ack_progress = Instant::now();
-            }
-            st.seal_tail();
-            match st.striper.next(l) {
-                Some(Work::Run { round, offset, len }) => {
-                    if let Some(r) = round {
-                        Record::Round {
-                            pos: r.pos,
-                            backward: r.backward,
-                        }
-                        .encode(head);
-                    }
-                    Record::Run { len: len as u32 }.encode(head);
-                    st.send_slices(offset, len, payload);
-                    st.links[l].stream_bytes_sent += len;
-                }
-                Some(Work::Repair { offset, len }) => {
-                    Record::Repair {
-                        offset,
-                        len: len as u32,
-                    }
-                    .encode(head);
-                    st.send_slices(offset, len, payload);
-                    st.links[l].stream_bytes_sent += len;
-                }
-                Some(Work::Fin { end }) => Record::Fin { end }.encode(head),
-                None => {}
-            }
-        }
-        if head.is_empty() && ping_due {
-            Record::Ping.encode(head);
-        }
-        if !head.is_empty() {
-            let link = &mut st.links[l];
-            link.last_tx = Instant::now();
-            link.bytes_sent +=
-                head.len() as u64 + payload.iter().map(|b| b.len() as u64).sum::<u64>();
-            return Some(closing);
-        }
-        if st.end.is_some() {
-            return None;
-        }
-        st = conn.writers[l]
-            .wait_timeout(st, conn.settings.keepalive)
-            .unwrap_or_else(|e| e.into_inner())
-            .0;
+    stream: Option<Arc<TcpStream>>,
+    seal: Option<FrameKey>,
+    head: Vec<u8>,
+    payload: Vec<Bytes>,
+    frame: Vec<u8>,
+}
+
+impl std::fmt::Debug for Tx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tx {{ incarnation: {} }}", self.incarnation)
     }
 }
 
-fn writer(
-    conn: &Arc<TcpConnection>,
-    l: usize,
-    incarnation: u64,
-    s: &TcpStream,
-    mut seal: Option<FrameKey>,
-) {
-    let mut head = Vec::with_capacity(64);
-    let mut payload = Vec::new();
-    let mut frame = Vec::new();
+/// What one look at the connection gave a link's sender.
+enum Compose {
+    /// Records (and a run's bytes) to write; `true`: a CLOSE, the last.
+    Send(bool),
+    /// Nothing due now.
+    Idle,
+    /// The connection ended and nothing is left to say on this link.
+    Stop,
+}
+
+/// Encodes what link `l` sends next into `head` (records) and `payload` (the run's bytes,
+/// after the last record), claiming its run.
+fn compose(st: &mut State, l: usize, head: &mut Vec<u8>, payload: &mut Vec<Bytes>) -> Compose {
+    head.clear();
+    payload.clear();
+    let mut closing = false;
+    let link = &mut st.links[l];
+    let ack_due = std::mem::take(&mut link.ack_due);
+    let ping_due = std::mem::take(&mut link.ping_due);
+    // cleared by the writer once the CLOSE is written (`TcpConnection::close` waits)
+    let close_due = link.close_due;
+    if ack_due || close_due {
+        link.rx_unacked = 0;
+        Record::Ack {
+            link_bytes: st.reasm.link_bytes(l),
+            delivered: st.reasm.contiguous(),
+            window_end: st.reasm.window_end(),
+            eof: st.reasm.complete(),
+        }
+        .encode(head);
+    }
+    if close_due {
+        let (code, reason) = &st.close_record;
+        let reason = &reason.as_bytes()[..reason.len().min(MAX_REASON)];
+        Record::Close {
+            code: *code,
+            reason_len: reason.len() as u16,
+        }
+        .encode(head);
+        head.extend_from_slice(reason);
+        closing = true;
+    } else if st.end.is_none() {
+        // an idle link's silence is not slowness: its stall clock starts with its next run
+        if st.striper.in_flight(l) == 0 {
+            st.links[l].last_ack_progress = Instant::now();
+        }
+        st.seal_tail();
+        match st.striper.next(l) {
+            Some(Work::Run { round, offset, len }) => {
+                if let Some(r) = round {
+                    Record::Round {
+                        pos: r.pos,
+                        backward: r.backward,
+                    }
+                    .encode(head);
+                }
+                Record::Run { len: len as u32 }.encode(head);
+                st.send_slices(offset, len, payload);
+                st.links[l].stream_bytes_sent += len;
+            }
+            Some(Work::Repair { offset, len }) => {
+                Record::Repair {
+                    offset,
+                    len: len as u32,
+                }
+                .encode(head);
+                st.send_slices(offset, len, payload);
+                st.links[l].stream_bytes_sent += len;
+            }
+            Some(Work::Fin { end }) => Record::Fin { end }.encode(head),
+            None => {}
+        }
+    }
+    if head.is_empty() && ping_due {
+        Record::Ping.encode(head);
+    }
+    if !head.is_empty() {
+        let link = &mut st.links[l];
+        link.last_tx = Instant::now();
+        link.bytes_sent += head.len() as u64 + payload.iter().map(|b| b.len() as u64).sum::<u64>();
+        return Compose::Send(closing);
+    }
+    match st.end {
+        Some(_) => Compose::Stop,
+        None => Compose::Idle,
+    }
+}
+
+/// What one batch came to.
+enum Batch<'a> {
+    /// Written.
+    Sent,
+    /// Nothing was due: the state, still locked, to wait on.
+    Idle(MutexGuard<'a, State>),
+    /// The link's sending is over: its TCP connection failed or was replaced, or the
+    /// connection ended.
+    Over,
+}
+
+/// Composes and writes one batch on link `l` for the holder of its `tx`.
+fn send_batch<'a>(conn: &'a TcpConnection, l: usize, tx: &mut Tx) -> Batch<'a> {
+    let mut st = conn.lock();
+    let link = &st.links[l];
+    let Some(s) = tx.stream.clone() else {
+        return Batch::Over;
+    };
+    if link.incarnation != tx.incarnation || !link.connected() {
+        return Batch::Over;
+    }
+    let closing = match compose(&mut st, l, &mut tx.head, &mut tx.payload) {
+        Compose::Send(closing) => closing,
+        Compose::Idle => return Batch::Idle(st),
+        Compose::Stop => return Batch::Over,
+    };
+    drop(st);
+    let res = match &mut tx.seal {
+        None => {
+            let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(1 + tx.payload.len());
+            slices.push(IoSlice::new(&tx.head));
+            slices.extend(tx.payload.iter().map(|b| IoSlice::new(b)));
+            write_all(&s, &mut slices)
+        }
+        // keyed: the records and the run's bytes sealed as one frame, in place
+        Some(key) => {
+            let frame = &mut tx.frame;
+            frame.clear();
+            frame.extend_from_slice(&[0; 4]);
+            frame.extend_from_slice(&tx.head);
+            tx.payload.iter().for_each(|b| frame.extend_from_slice(b));
+            key.seal(frame);
+            let res = write_all(&s, &mut [IoSlice::new(frame)]);
+            // a key that sealed its share: a new TCP connection brings fresh keys
+            res.and_then(|()| match key.worn_out() {
+                true => Err(io::ErrorKind::Other.into()),
+                false => Ok(()),
+            })
+        }
+    };
+    // the run's slices go now: while they live, the send buffer's memory they point into
+    // cannot be reused once acknowledged
+    tx.payload.clear();
+    if closing {
+        let _ = s.shutdown(Shutdown::Write);
+        conn.lock().links[l].close_due = false;
+        conn.notify_app();
+        return Batch::Over;
+    }
+    if let Err(e) = res {
+        let mut st = conn.lock();
+        fail(conn, &mut st, l, tx.incarnation, closed_by_peer(e.kind()));
+        return Batch::Over;
+    }
+    Batch::Sent
+}
+
+/// Sends what is due on every link whose TCP connection takes data at once and whose writer
+/// is not sending, from the calling (application) thread: a message goes out without
+/// waking a writer thread first. Returns whether work is left for the writers.
+pub(crate) fn send_now(conn: &TcpConnection) -> bool {
+    for (l, tx) in conn.tx.iter().enumerate() {
+        let Ok(mut tx) = tx.try_lock() else {
+            continue;
+        };
+        let writable = tx
+            .stream
+            .as_deref()
+            .map(|s| sys::wait_writable(s, Duration::ZERO));
+        if matches!(writable, Some(Ok(true))) {
+            let _ = send_batch(conn, l, &mut tx);
+        }
+        if l + 1 >= conn.lock().links.len() {
+            break;
+        }
+    }
+    let st = conn.lock();
+    st.striper.has_work() || !st.tail.is_empty()
+}
+
+/// Link `l`'s writer thread, for its TCP connection `incarnation`.
+fn writer(conn: &Arc<TcpConnection>, l: usize, incarnation: u64, s: &TcpStream) {
     loop {
         // claim work only once the TCP connection can take it: a run claimed while the last
         // one still waits in the unsent queue is committed to this link early, and the links
@@ -278,7 +382,7 @@ fn writer(
                 let st = conn.lock();
                 let link = &st.links[l];
                 if link.incarnation != incarnation || !link.connected() || st.end.is_some() {
-                    break;
+                    return;
                 }
                 continue;
             }
@@ -288,44 +392,23 @@ fn writer(
                 return;
             }
         }
-        let Some(closing) = next_send(conn, l, incarnation, &mut head, &mut payload) else {
-            break;
-        };
-        let res = match &mut seal {
-            None => {
-                let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(1 + payload.len());
-                slices.push(IoSlice::new(&head));
-                slices.extend(payload.iter().map(|b| IoSlice::new(b)));
-                write_all(s, &mut slices)
-            }
-            // keyed: the records and the run's bytes sealed as one frame, in place
-            Some(key) => {
-                frame.clear();
-                frame.extend_from_slice(&[0; 4]);
-                frame.extend_from_slice(&head);
-                payload.iter().for_each(|b| frame.extend_from_slice(b));
-                key.seal(&mut frame);
-                let res = write_all(s, &mut [IoSlice::new(&frame)]);
-                // a key that sealed its share: a new TCP connection brings fresh keys
-                res.and_then(|()| match key.worn_out() {
-                    true => Err(io::ErrorKind::Other.into()),
-                    false => Ok(()),
-                })
-            }
-        };
-        // the run's slices go now, not at the next claim: while they live, the send buffer's
-        // memory they point into cannot be reused once acknowledged
-        payload.clear();
-        if closing {
-            let _ = s.shutdown(Shutdown::Write);
-            conn.lock().links[l].close_due = false;
-            conn.notify_app();
+        let mut tx = conn.tx[l].lock().unwrap_or_else(|e| e.into_inner());
+        if tx.incarnation != incarnation {
             return;
         }
-        if let Err(e) = res {
-            let mut st = conn.lock();
-            fail(conn, &mut st, l, incarnation, closed_by_peer(e.kind()));
-            return;
+        match send_batch(conn, l, &mut tx) {
+            Batch::Sent => {}
+            Batch::Over => return,
+            Batch::Idle(st) => {
+                // let an application thread send meanwhile; wait under the same lock, so no
+                // wake-up falls between the look and the wait
+                drop(tx);
+                drop(
+                    conn.writers[l]
+                        .wait_timeout(st, conn.settings.keepalive)
+                        .unwrap_or_else(|e| e.into_inner()),
+                );
+            }
         }
     }
 }

@@ -44,7 +44,10 @@ pub(crate) fn wait_writable(s: &TcpStream, timeout: Duration) -> io::Result<bool
         events: libc::POLLOUT,
         revents: 0,
     };
-    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
+    let ms = match timeout.is_zero() {
+        true => 0,
+        false => timeout.as_millis().clamp(1, i32::MAX as u128) as libc::c_int,
+    };
     // SAFETY: poll(2) on one live pollfd.
     match unsafe { libc::poll(&mut pfd, 1, ms) } {
         n if n < 0 => {
