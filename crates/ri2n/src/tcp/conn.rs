@@ -528,9 +528,13 @@ impl TcpConnection {
     /// once on the links that can take it from this thread, and wakes the writers only for
     /// what is left: a hand-off to a writer thread would add its wake-up to every small
     /// message's delivery. A stream that keeps the buffer full is left to the writers, so
-    /// the application's next read or computation runs beside their sending.
-    fn send_or_wake(&self, direct: bool) {
-        if !direct || super::link::send_now(self) {
+    /// the application's next read or computation runs beside their sending. Releases
+    /// `st` first.
+    fn send_or_wake(&self, st: MutexGuard<'_, State>) {
+        let direct = st.buffered() <= DIRECT_SEND_MAX;
+        let links = st.links.len();
+        drop(st);
+        if !direct || super::link::send_now(self, links) {
             self.wake_writers();
         }
     }
@@ -626,9 +630,7 @@ impl TcpConnection {
         let (mut st, room) = self.room(self.lock_for(Interest::Write, block), 0, block)?;
         let n = data.len().min(room as usize);
         st.append_stream(&data[..n]);
-        let direct = st.buffered() <= DIRECT_SEND_MAX;
-        drop(st);
-        self.send_or_wake(direct);
+        self.send_or_wake(st);
         Ok(n)
     }
 
@@ -647,9 +649,7 @@ impl TcpConnection {
         let spare = st.spare_send.pop().unwrap_or_default();
         let data = Bytes::from(std::mem::replace(buf, spare));
         st.append_chunk(Kind::Stream, data);
-        let direct = st.buffered() <= DIRECT_SEND_MAX;
-        drop(st);
-        self.send_or_wake(direct);
+        self.send_or_wake(st);
         Ok(())
     }
 
@@ -675,9 +675,7 @@ impl TcpConnection {
         let need = (chunk::HEADER_LEN + msg.len()) as u64;
         let (mut st, _) = self.room(self.lock_for(Interest::Write, block), need, block)?;
         st.append_chunk(Kind::Message, Bytes::copy_from_slice(msg));
-        let direct = st.buffered() <= DIRECT_SEND_MAX;
-        drop(st);
-        self.send_or_wake(direct);
+        self.send_or_wake(st);
         Ok(())
     }
 

@@ -349,9 +349,10 @@ fn send_batch<'a>(conn: &'a TcpConnection, l: usize, tx: &mut Tx) -> Batch<'a> {
 
 /// Sends what is due on every link whose TCP connection takes data at once and whose writer
 /// is not sending, from the calling (application) thread: a message goes out without
-/// waking a writer thread first. Returns whether work is left for the writers.
-pub(crate) fn send_now(conn: &TcpConnection) -> bool {
-    for (l, tx) in conn.tx.iter().enumerate() {
+/// waking a writer thread first. `links`: how many the connection has. Returns whether work
+/// is left for the writers.
+pub(crate) fn send_now(conn: &TcpConnection, links: usize) -> bool {
+    for (l, tx) in conn.tx.iter().enumerate().take(links) {
         let Ok(mut tx) = tx.try_lock() else {
             continue;
         };
@@ -361,9 +362,6 @@ pub(crate) fn send_now(conn: &TcpConnection) -> bool {
             .map(|s| sys::wait_writable(s, Duration::ZERO));
         if matches!(writable, Some(Ok(true))) {
             let _ = send_batch(conn, l, &mut tx);
-        }
-        if l + 1 >= conn.lock().links.len() {
-            break;
         }
     }
     let st = conn.lock();
