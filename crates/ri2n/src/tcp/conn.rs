@@ -224,18 +224,72 @@ pub(crate) struct State {
     /// Memory of acknowledged buffers `write_buf` took, handed back by later `write_buf`
     /// calls, and of buffers `read_buf` got back, for the link readers' next runs: reused
     /// memory is not faulted in and zeroed by the kernel again for every buffer.
-    pub spare_send: Vec<Vec<u8>>,
-    pub spare_recv: Vec<Vec<u8>>,
+    pub spare_send: Spares,
+    pub spare_recv: Spares,
 }
 
-/// Spare buffers kept in each pool.
-const SPARES: usize = 8;
+/// Most buffers [`Spares`] waits for others to let go of.
+const MAX_SHARED: usize = 64;
 
-/// Keeps `v`'s memory in `pool` if it is worth it and the pool has room.
-fn keep_spare(pool: &mut Vec<Vec<u8>>, mut v: Vec<u8>) {
-    if v.capacity() >= WHOLE_BUFFER && pool.len() < SPARES {
-        v.clear();
-        pool.push(v);
+/// Empty buffers kept for reuse, and the memory they hold.
+#[derive(Debug)]
+pub(crate) struct Spares {
+    bufs: Vec<Vec<u8>>,
+    bytes: usize,
+    /// Buffers done with that a link writer still shares (an acknowledgement can arrive
+    /// before the writer that sent the bytes drops its slices): taken in once it has.
+    shared: Vec<Bytes>,
+    /// The bound on the buffered bytes (send buffer or receive window) that the spares
+    /// share with them.
+    limit: u64,
+}
+
+impl Spares {
+    fn new(limit: u64) -> Self {
+        Self {
+            bufs: Vec::new(),
+            bytes: 0,
+            shared: Vec::new(),
+            limit,
+        }
+    }
+
+    /// Keeps the memory of `done` (a buffer nothing will read again) as [`Spares::keep`]
+    /// does, once no one else shares it; and of earlier ones no longer shared.
+    fn keep_bytes(&mut self, done: Bytes, in_use: u64) {
+        let mut waiting = std::mem::take(&mut self.shared);
+        waiting.push(done);
+        for b in waiting {
+            match b.try_into_mut() {
+                Ok(free) => self.keep(Vec::from(free), in_use),
+                Err(still) => self.shared.push(still),
+            }
+        }
+        // writers hold a few slices each at most; beyond, the oldest buffers' memory goes
+        // back to the allocator when their last holder lets go
+        let excess = self.shared.len().saturating_sub(MAX_SHARED);
+        self.shared.drain(..excess);
+    }
+
+    /// Keeps `v`'s memory if it is worth it and the spares, with it, fit in what the
+    /// `in_use` buffered bytes leave of the limit: a connection's memory stays within its
+    /// buffer or window, yet every buffer a sender refills is kept. (One acknowledgement
+    /// often frees many buffers at once; a pool bounded by a count dropped the rest, and
+    /// their successors were faulted in and zeroed afresh.)
+    fn keep(&mut self, mut v: Vec<u8>, in_use: u64) {
+        let bytes = self.bytes + v.capacity();
+        if v.capacity() >= WHOLE_BUFFER && in_use + bytes as u64 <= self.limit {
+            v.clear();
+            self.bytes = bytes;
+            self.bufs.push(v);
+        }
+    }
+
+    /// A kept buffer (empty), or a new one without memory.
+    pub fn take(&mut self) -> Vec<u8> {
+        let v = self.bufs.pop().unwrap_or_default();
+        self.bytes -= v.capacity();
+        v
     }
 }
 
@@ -408,8 +462,9 @@ impl State {
             if !front.is_empty() {
                 break;
             }
-            if let Some(Ok(done)) = self.send_buf.pop_front().map(Bytes::try_into_mut) {
-                keep_spare(&mut self.spare_send, Vec::from(done));
+            if let Some(done) = self.send_buf.pop_front() {
+                let in_use = self.buffered();
+                self.spare_send.keep_bytes(done, in_use);
             }
         }
     }
@@ -494,8 +549,8 @@ impl TcpConnection {
             all_down_since: None,
             close_record: (0, String::new()),
             cipher: None,
-            spare_send: Vec::new(),
-            spare_recv: Vec::new(),
+            spare_send: Spares::new(settings.send_buffer),
+            spare_recv: Spares::new(settings.window),
         };
         Arc::new(Self {
             state: Mutex::new(st),
@@ -646,7 +701,7 @@ impl TcpConnection {
             return Ok(());
         }
         let (mut st, _) = self.room(self.lock(), 0, true)?;
-        let spare = st.spare_send.pop().unwrap_or_default();
+        let spare = st.spare_send.take();
         let data = Bytes::from(std::mem::replace(buf, spare));
         st.append_chunk(Kind::Stream, data);
         self.send_or_wake(st);
@@ -767,7 +822,8 @@ impl TcpConnection {
             return Ok(0);
         };
         let piece = self.take_piece(&mut st, usize::MAX);
-        keep_spare(&mut st.spare_recv, std::mem::take(buf));
+        let unread = st.reasm.contiguous() - st.reasm.consumed();
+        st.spare_recv.keep(std::mem::take(buf), unread);
         drop(st);
         let n = piece.len();
         *buf = Vec::from(piece);
@@ -898,5 +954,40 @@ impl TcpConnection {
         s.bytes_received = st.reasm.contiguous();
         s.cipher = st.cipher;
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spares_hold_no_more_than_the_buffered_bytes_leave_of_the_limit() {
+        let mut spares = Spares::new(4 * WHOLE_BUFFER as u64);
+        for _ in 0..8 {
+            spares.keep(Vec::with_capacity(WHOLE_BUFFER), WHOLE_BUFFER as u64);
+        }
+        assert_eq!(spares.bufs.len(), 3);
+        assert_eq!(spares.bytes, 3 * WHOLE_BUFFER);
+        // too small to be worth keeping
+        spares.keep(Vec::with_capacity(64), 0);
+        assert_eq!(spares.bufs.len(), 3);
+        let v = spares.take();
+        assert!(v.is_empty() && v.capacity() == WHOLE_BUFFER);
+        assert_eq!(spares.bytes, 2 * WHOLE_BUFFER);
+    }
+
+    #[test]
+    fn a_buffer_a_writer_still_shares_is_kept_once_the_writer_lets_go() {
+        let mut spares = Spares::new(u64::MAX);
+        let done = Bytes::from(vec![7u8; WHOLE_BUFFER]);
+        let writer_slice = done.slice(100..200);
+        spares.keep_bytes(done, 0);
+        assert!(spares.bufs.is_empty(), "kept while shared");
+        drop(writer_slice);
+        spares.keep_bytes(Bytes::from(vec![1u8; 5]), 0);
+        assert_eq!(spares.bufs.len(), 1);
+        assert!(spares.shared.is_empty());
+        assert_eq!(spares.take().capacity(), WHOLE_BUFFER);
     }
 }

@@ -594,7 +594,7 @@ fn read_records(
                     _ => (st.reasm.place_run(l, len))
                         .map_err(|_| violation("a run outside its round or window"))?,
                 };
-                let spare = st.spare_recv.pop().unwrap_or_default();
+                let spare = st.spare_recv.take();
                 drop(st);
                 let data = r
                     .payload(len as usize, spare, |n| {
