@@ -31,9 +31,33 @@ const HOSTS: [&str; 3] = ["a", "b", "c"];
 /// Where host a's daemon serves its metrics (inside host a).
 const METRICS: &str = "127.0.0.1:9474";
 
+/// The number of lab host `host` (a = 1, b = 2, ... z = 26, aa = 27, ...), as `ri2n-lab`
+/// numbers them: its address on link i is 10.77.i.N.
+fn host_number(host: &str) -> usize {
+    let letter = |c: u8| usize::from(c - b'a') + 1;
+    match host.as_bytes() {
+        [c] => letter(*c),
+        [b'a', c] => 26 + letter(*c),
+        _ => panic!("not a lab host: {host}"),
+    }
+}
+
+/// The lab's host names for `n` hosts, as `ri2n-lab up --hosts n` makes them.
+fn lab_hosts(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|k| {
+            let letter = |k: usize| char::from(b'a' + k as u8);
+            if k < 26 {
+                letter(k).to_string()
+            } else {
+                format!("a{}", letter(k - 26))
+            }
+        })
+        .collect()
+}
+
 fn tunnel_address(host: &str) -> String {
-    let n = HOSTS.iter().position(|&h| h == host).expect("a lab host") + 1;
-    format!("10.99.0.{n}")
+    format!("10.99.0.{}", host_number(host))
 }
 
 /// A key and a cluster file for the lab's three hosts; returns the file.
@@ -47,7 +71,7 @@ fn cluster_file(env: &Env, dir: &Path) -> PathBuf {
 fn write_cluster_file(dir: &Path, hosts: &[&str]) -> PathBuf {
     let mut text = String::from("key = \"cluster.key\"\n");
     for h in hosts {
-        let n = HOSTS.iter().position(|x| x == h).expect("a lab host") + 1;
+        let n = host_number(h);
         text.push_str(&format!(
             "\n[[host]]\nname = \"{h}\"\naddress = \"{}\"\nlinks = [\"10.77.1.{n}\", \"10.77.2.{n}\"]\n",
             tunnel_address(h)
@@ -1043,4 +1067,149 @@ fn an_mpi_job_through_the_tunnel_completes_through_a_dead_switch_and_a_partition
             "MPI through the tunnel, switch 1 dead 6-12 s, every link down 16-36 s: {line}"
         ));
     }
+}
+
+/// Hosts of the cluster test.
+const CLUSTER_HOSTS: usize = 32;
+
+/// The number of threads of process `pid`.
+fn threads(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
+}
+
+/// A cluster of 32 hosts on 2 networks: every daemon connects to its 31 peers, every host
+/// reaches every other through the tunnel, and a daemon's threads do not grow with its
+/// peers (the peer loop serves them all); its threads and memory go to the report.
+#[test]
+fn a_32_host_cluster_comes_up_and_every_host_reaches_every_other() {
+    let _serial = serial();
+    let Some(env) = env() else { return };
+    let _timer = TestTimer::start("tunnel-cluster");
+    let dir = TestDir::new(env, "tunnel-cluster");
+    let lab = Lab::up_hosts(env, "clu", 2, CLUSTER_HOSTS as u8);
+    let names = lab_hosts(CLUSTER_HOSTS);
+    let hosts: Vec<&str> = names.iter().map(String::as_str).collect();
+    support::keygen(env, &dir.0);
+    let config = write_cluster_file(&dir.0, &hosts);
+    let started = Instant::now();
+    let mut daemons: Vec<Proc> = (hosts.iter())
+        .map(|h| spawn_daemon(env, &lab, h, &[], &config, &dir.0, &format!("cluster-{h}")))
+        .collect();
+
+    let peers = CLUSTER_HOSTS - 1;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    for d in &mut daemons {
+        loop {
+            if let Some(s) = d.poll() {
+                panic!("{} exited ({s}): {}", d.name, d.stderr_text());
+            }
+            if connected_peers(&d.stderr_text()) >= peers {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} connected to {} of {peers} peers within 90 s: {}",
+                d.name,
+                connected_peers(&d.stderr_text()),
+                d.stderr_text()
+            );
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let up_after = started.elapsed();
+
+    // every host pings every other through the tunnel, the hosts in parallel
+    let pingers: Vec<(String, std::process::Child)> = (hosts.iter())
+        .map(|from| {
+            let targets: Vec<String> = (hosts.iter())
+                .filter(|to| *to != from)
+                .map(|to| tunnel_address(to))
+                .collect();
+            let script = format!(
+                "for ip in {}; do ping -q -c 1 -W 3 $ip >/dev/null || echo $ip; done",
+                targets.join(" ")
+            );
+            let child = Command::new("ip")
+                .args(["netns", "exec", &lab.ns_of(from), "sh", "-c", &script])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("running ping");
+            (from.to_string(), child)
+        })
+        .collect();
+    let mut unreachable = Vec::new();
+    for (from, child) in pingers {
+        let out = child.wait_with_output().expect("waiting for ping");
+        for ip in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            unreachable.push(format!("{from} -> {ip}"));
+        }
+    }
+    assert!(
+        unreachable.is_empty(),
+        "pairs not reaching each other through the tunnel: {unreachable:?}"
+    );
+
+    // the daemons at rest with 31 peers each
+    thread::sleep(Duration::from_secs(2));
+    let cpu0: Vec<u64> = daemons.iter().map(|d| cpu_ticks(d.pid())).collect();
+    let idle = Duration::from_secs(5);
+    thread::sleep(idle);
+    let tick = 100.0; // USER_HZ on Linux
+    let cpu: Vec<f64> = (daemons.iter().zip(&cpu0))
+        .map(|(d, c0)| (cpu_ticks(d.pid()) - c0) as f64 / tick / idle.as_secs_f64())
+        .collect();
+    let thread_counts: Vec<usize> = daemons.iter().map(|d| threads(d.pid())).collect();
+    let rss: Vec<u64> = (daemons.iter())
+        .map(|d| support::rss_kib(d.pid()).map_or(0, |r| r.0))
+        .collect();
+    let most_threads = thread_counts.iter().copied().max().unwrap_or(0);
+    report(&format!(
+        "tunnel cluster: {CLUSTER_HOSTS} hosts, 2 networks: every daemon connected to its {peers} \
+         peers {:.1} s after start; {} pairs ping through the tunnel; per daemon at rest: \
+         threads {}..{}, RSS {}..{} KiB (median {}), CPU {:.2}..{:.2} % of a core (median {:.2})",
+        up_after.as_secs_f64(),
+        CLUSTER_HOSTS * peers,
+        thread_counts.iter().min().unwrap_or(&0),
+        most_threads,
+        rss.iter().min().unwrap_or(&0),
+        rss.iter().max().unwrap_or(&0),
+        median_u64(&rss),
+        cpu.iter().copied().fold(f64::INFINITY, f64::min) * 100.0,
+        cpu.iter().copied().fold(0.0, f64::max) * 100.0,
+        median_f64(&cpu) * 100.0,
+    ));
+    // one thread per peer would be 31 or more
+    assert!(
+        most_threads < peers / 2,
+        "a daemon with {peers} peers runs {most_threads} threads"
+    );
+    stop_daemons(&mut daemons);
+}
+
+/// User and system CPU time of process `pid`, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // the fields after the command name, which may hold spaces, are counted from its ')'
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    field(11) + field(12)
+}
+
+fn median_u64(xs: &[u64]) -> u64 {
+    let mut v = xs.to_vec();
+    v.sort_unstable();
+    v.get(v.len() / 2).copied().unwrap_or(0)
+}
+
+fn median_f64(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }

@@ -190,6 +190,16 @@ impl Connection {
         }
     }
 
+    /// [`recv_datagrams_into`](Self::recv_datagrams_into) without waiting: an error of kind
+    /// [`io::ErrorKind::WouldBlock`] when no datagram is waiting (`bufs` then holds none).
+    /// Clears the read readiness before it looks, as the other non-blocking calls do.
+    pub fn try_recv_datagrams_into(&self, bufs: &mut Vec<Vec<u8>>, max: usize) -> io::Result<()> {
+        match &self.inner {
+            Inner::Udp(c) => c.try_recv_datagrams_into(bufs, max),
+            Inner::Tcp(_) => Err(tcp_refuses("unreliable datagrams")),
+        }
+    }
+
     /// Receives one datagram, waiting for one; `Ok(None)` once the connection closed cleanly
     /// and every datagram that arrived was read.
     pub fn recv_datagram(&self) -> io::Result<Option<Vec<u8>>> {

@@ -359,9 +359,7 @@ impl Endpoint {
         };
         let driver = shards.for_connect();
         let shared = driver.shared();
-        let mut st = shared.lock();
-        let h = st.engine_mut().connect(Instant::now(), remotes, config)?;
-        st = shared.after_app_call(st);
+        let (h, mut st) = start_udp(shared, remotes, config)?;
         let conn = Connection::udp(UdpConnection::new(driver.clone(), h));
         loop {
             let c = st.engine().connection(h).expect("connection just made");
@@ -379,6 +377,32 @@ impl Endpoint {
                 _ => return Ok(conn),
             }
         }
+    }
+
+    /// Starts connecting to a peer and returns at once, with the handshake under way: the
+    /// connection's [`state`](Connection::state) is [`ConnectionState::Connecting`] until it
+    /// ends, then established or [`ConnectionState::Closed`] (with the same
+    /// [`close_reason`](Connection::close_reason) as [`connect`](Self::connect) would
+    /// return). Its readiness descriptors become readable when the handshake ends. As for
+    /// any wake-up, a non-blocking call clears them before it looks (while the handshake
+    /// lasts, [`try_recv_datagram`](Connection::try_recv_datagram) and the other `try_`
+    /// reads return [`std::io::ErrorKind::WouldBlock`]); look at the state after it, and
+    /// once after registering (the handshake may have ended before). One thread can so wait
+    /// on many handshakes, e.g. in an event loop with a connection per peer of a cluster.
+    /// On the TCP transport the handshake completes before this returns.
+    pub fn start_connect(
+        &self,
+        remotes: &[SocketAddr],
+        config: ConnectionConfig,
+    ) -> Result<Connection, Error> {
+        let shards = match &self.inner {
+            Transports::Udp(s) => s,
+            Transports::Tcp(t) => return Ok(Connection::tcp(t.endpoint.connect(remotes, config)?)),
+        };
+        let driver = shards.for_connect();
+        let (h, st) = start_udp(driver.shared(), remotes, config)?;
+        drop(st);
+        Ok(Connection::udp(UdpConnection::new(driver.clone(), h)))
     }
 
     /// The next incoming connection if one is waiting; an [`Error::Io`] of kind
@@ -433,4 +457,22 @@ impl Endpoint {
             shards.wait_accept(deadline);
         }
     }
+}
+
+/// Opens a connection in `shared`'s engine and lets its driver send the first handshake
+/// packet; the lock comes back for a caller that waits on the handshake.
+fn start_udp<'a>(
+    shared: &'a driver::Shared,
+    remotes: &[SocketAddr],
+    config: ConnectionConfig,
+) -> Result<
+    (
+        ri2n_proto::ConnectionHandle,
+        std::sync::MutexGuard<'a, driver::State>,
+    ),
+    Error,
+> {
+    let mut st = shared.lock();
+    let h = st.engine_mut().connect(Instant::now(), remotes, config)?;
+    Ok((h, shared.after_app_call(st)))
 }

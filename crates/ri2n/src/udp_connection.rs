@@ -282,36 +282,24 @@ impl UdpConnection {
         bufs: &mut Vec<Vec<u8>>,
         max: usize,
     ) -> io::Result<()> {
-        let max = max.max(1);
-        let mut n = 0;
         let r = self.blocking(
             None,
-            |c| {
-                let r = loop {
-                    if n == bufs.len() {
-                        bufs.push(Vec::new());
-                    }
-                    match c.recv_datagram_into(&mut bufs[n]) {
-                        Ok(true) => {
-                            n += 1;
-                            if n >= max {
-                                break Ok(());
-                            }
-                        }
-                        Ok(false) => break Ok(()),
-                        // what was taken is handed over first; the next call sees the error
-                        Err(_) if n > 0 => break Ok(()),
-                        Err(e) => break Err(e),
-                    }
-                };
-                for spare in bufs.drain(n..) {
-                    c.recycle_datagram_buffer(spare);
-                }
-                r
-            },
+            |c| take_datagrams(c, bufs, max),
             |e| *e == ReadError::Blocked,
         )?;
         r.map_err(read_error)
+    }
+
+    pub(crate) fn try_recv_datagrams_into(
+        &self,
+        bufs: &mut Vec<Vec<u8>>,
+        max: usize,
+    ) -> io::Result<()> {
+        match self.try_with(Interest::Read, |c| take_datagrams(c, bufs, max)) {
+            Ok(()) => Ok(()),
+            Err(ReadError::Blocked) => Err(io::ErrorKind::WouldBlock.into()),
+            Err(e) => Err(read_error(e)),
+        }
     }
 
     /// Receives one datagram, waiting for one; `Ok(None)` once the connection closed cleanly
@@ -591,4 +579,37 @@ impl Drop for UdpConnection {
         st.release_when_closed(self.handle);
         drop(shared.after_app_call(st));
     }
+}
+
+/// Moves up to `max` (at least one) waiting datagrams into `bufs`, which afterwards holds
+/// exactly them; the memory of the buffers left over goes back to the connection.
+/// `Err(ReadError::Blocked)` when none is waiting.
+fn take_datagrams(
+    c: &mut ProtoConnection,
+    bufs: &mut Vec<Vec<u8>>,
+    max: usize,
+) -> Result<(), ReadError> {
+    let max = max.max(1);
+    let mut n = 0;
+    let r = loop {
+        if n == bufs.len() {
+            bufs.push(Vec::new());
+        }
+        match c.recv_datagram_into(&mut bufs[n]) {
+            Ok(true) => {
+                n += 1;
+                if n >= max {
+                    break Ok(());
+                }
+            }
+            Ok(false) => break Ok(()),
+            // what was taken is handed over first; the next call sees the error
+            Err(_) if n > 0 => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    for spare in bufs.drain(n..) {
+        c.recycle_datagram_buffer(spare);
+    }
+    r
 }

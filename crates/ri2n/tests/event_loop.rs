@@ -203,3 +203,150 @@ fn state_events_are_not_crowded_out_by_data_readiness() {
         "{events:?}"
     );
 }
+
+/// What one handshake of the client's loop came to.
+enum Outcome {
+    Waiting,
+    /// Established: the datagrams received so far.
+    Carrying(Vec<Vec<u8>>),
+    Closed(ri2n::ConnectionError),
+}
+
+/// A cluster member's view: one thread starts every handshake at once (`start_connect`) and
+/// waits on all of them and on their datagrams in one poll loop. Servers that answer are
+/// reached and their datagrams read without blocking; one address where nothing answers
+/// times out on its own, without holding back the others.
+#[test]
+fn one_thread_connects_to_many_peers_and_reads_their_datagrams() {
+    const PEERS: usize = 6;
+    const DATAGRAMS: usize = 3;
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let done_rx = std::sync::Arc::new(std::sync::Mutex::new(done_rx));
+    let mut servers = Vec::new();
+    let mut remotes = Vec::new();
+    for k in 0..PEERS {
+        let server = Endpoint::server(&[loopback("127.0.0.1"), loopback("127.0.0.2")]).unwrap();
+        remotes.push(server.local_addrs());
+        let done = done_rx.clone();
+        servers.push(std::thread::spawn(move || {
+            let conn = server.accept().unwrap();
+            for i in 0..DATAGRAMS {
+                conn.send_datagram(format!("peer {k} datagram {i}").as_bytes())
+                    .unwrap();
+            }
+            // keep the connection until the client read everything
+            let _ = done.lock().unwrap().recv_timeout(Duration::from_secs(60));
+        }));
+    }
+    // a port where nothing ever answers: its handshake times out
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    remotes.push(vec![silent.local_addr().unwrap()]);
+
+    let client = Endpoint::client(&[loopback("127.0.0.1"), loopback("127.0.0.2")]).unwrap();
+    let timeout = Duration::from_millis(500);
+    let started = Instant::now();
+    let conns: Vec<Connection> = remotes
+        .iter()
+        .map(|r| {
+            let config = ConnectionConfig::default().with_handshake_timeout(timeout);
+            client.start_connect(r, config).unwrap()
+        })
+        .collect();
+    assert!(
+        started.elapsed() < timeout,
+        "start_connect waited for handshakes ({:?})",
+        started.elapsed()
+    );
+    assert_eq!(
+        conns[PEERS].state(),
+        ri2n::ConnectionState::Connecting,
+        "the silent peer's handshake had not ended"
+    );
+
+    let mut poll = Poll::new().unwrap();
+    for (k, c) in conns.iter().enumerate() {
+        let fd = c.read_readiness_fd().unwrap().as_raw_fd();
+        poll.registry()
+            .register(&mut SourceFd(&fd), Token(k), Interest::READABLE)
+            .unwrap();
+    }
+    let mut outcomes: Vec<Outcome> = conns.iter().map(|_| Outcome::Waiting).collect();
+    let mut events = Events::with_capacity(64);
+    let mut bufs = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // every connection looked at once first: a handshake may have ended before its
+    // descriptor was registered
+    let mut ready: Vec<usize> = (0..conns.len()).collect();
+    loop {
+        for &k in &ready {
+            let c = &conns[k];
+            // a non-blocking call first: it clears the descriptor before it looks (while the
+            // handshake lasts it finds nothing), so the end of the handshake signals again
+            let first = c.try_recv_datagrams_into(&mut bufs, 64);
+            match (&mut outcomes[k], c.state()) {
+                (o @ Outcome::Waiting, ri2n::ConnectionState::Closed) => {
+                    *o = Outcome::Closed(c.close_reason().expect("a closed connection says why"));
+                }
+                (Outcome::Waiting | Outcome::Carrying(_), ri2n::ConnectionState::Connecting) => {}
+                (o @ Outcome::Waiting, _) => *o = Outcome::Carrying(Vec::new()),
+                _ => {}
+            }
+            if let Outcome::Carrying(got) = &mut outcomes[k] {
+                if first.is_ok() {
+                    got.append(&mut bufs);
+                }
+                loop {
+                    match c.try_recv_datagrams_into(&mut bufs, 64) {
+                        Ok(()) => got.append(&mut bufs),
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                        Err(e) => panic!("peer {k}: {e}"),
+                    }
+                }
+            }
+        }
+        let finished = outcomes.iter().all(|o| match o {
+            Outcome::Carrying(got) => got.len() == DATAGRAMS,
+            Outcome::Closed(_) => true,
+            Outcome::Waiting => false,
+        });
+        if finished {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the loop did not finish in 30 s: {:?}",
+            outcomes
+                .iter()
+                .map(|o| match o {
+                    Outcome::Waiting => "waiting".to_owned(),
+                    Outcome::Carrying(got) => format!("{} datagrams", got.len()),
+                    Outcome::Closed(e) => e.to_string(),
+                })
+                .collect::<Vec<_>>()
+        );
+        poll.poll(&mut events, Some(Duration::from_millis(100)))
+            .unwrap();
+        ready = events.iter().map(|e| e.token().0).collect();
+    }
+
+    for (k, o) in outcomes.iter().enumerate().take(PEERS) {
+        let Outcome::Carrying(got) = o else {
+            panic!("peer {k} was not reached");
+        };
+        let expected: Vec<Vec<u8>> = (0..DATAGRAMS)
+            .map(|i| format!("peer {k} datagram {i}").into_bytes())
+            .collect();
+        assert_eq!(got, &expected, "peer {k}'s datagrams");
+    }
+    assert!(
+        matches!(
+            outcomes[PEERS],
+            Outcome::Closed(ri2n::ConnectionError::TimedOut(_))
+        ),
+        "the silent peer's handshake timed out"
+    );
+    drop(done_tx);
+    for s in servers {
+        s.join().unwrap();
+    }
+}

@@ -6,14 +6,16 @@
 //! other is away). Each IP packet read from the interface travels to the host owning its
 //! destination as one unreliable datagram (docs/PROTOCOL.md §5.9): inner TCP keeps the only
 //! recovery loop for congestion loss, and sees a link failure or an outage as delay, not
-//! loss. Threads: one reads the interface and routes; one per peer connects (or the acceptor
-//! accepts) and writes what the connection receives to the interface, with the interface's
-//! TCP offloads (`offload`). A link address missing at start is taken up later (`links`).
+//! loss. Threads, however many peers: one reads the interface and routes; one connects to
+//! the peers, accepts them and writes what every connection receives to the interface, with
+//! the interface's TCP offloads (`peer_loop`, `offload`); one samples the status. A link
+//! address missing at start is taken up later (`links`).
 
 mod config;
 mod device;
 mod links;
 mod offload;
+mod peer_loop;
 mod peers;
 mod status;
 
@@ -24,22 +26,17 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use ri2n::{Connection, ConnectionConfig, Endpoint, EndpointConfig};
+use ri2n::{ConnectionConfig, Endpoint, EndpointConfig};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-use smallvec::SmallVec;
 
 use crate::error::{Failure, BIND, GENERIC, USAGE};
 use crate::{Carry, TunnelArgs, TunnelStatusArgs};
 use config::Cluster;
 use device::Tun;
-use peers::{Peer, Peers};
+use peers::Peers;
 
 /// How long a connecting host waits for a peer's answer before trying again.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Pause between a lost or refused connection and the next attempt.
-const RETRY_PAUSE: Duration = Duration::from_millis(100);
-/// Longest an accepting call waits before it looks up the endpoint in use again.
-const ACCEPT_SLICE: Duration = Duration::from_millis(500);
 /// Received packets a connection keeps for the interface (the engine's default, 1 MiB, is
 /// 4 ms of two 1 Gbit/s links: a writer that misses a few milliseconds of CPU would drop).
 const RECEIVE_BUFFER: usize = 4 << 20;
@@ -131,13 +128,8 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
             .map_err(|e| Failure::new(BIND, format!("cannot serve metrics on {addr}: {e}")))?;
     }
 
-    for peer in peers.table().peers.iter().filter(|p| p.connects) {
-        start_connecting(&peers, peer.clone(), &tun)?;
-    }
-    {
-        let (peers, tun) = (peers.clone(), tun_handle(&tun)?);
-        thread::spawn(move || accept_loop(&peers, &tun));
-    }
+    let peer_loop = peer_loop::start(peers.clone(), tun_handle(&tun)?)
+        .map_err(|e| Failure::io("cannot start the peer loop", &e))?;
     if !missing.is_empty() {
         let peers = peers.clone();
         thread::spawn(move || {
@@ -162,7 +154,7 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
 
     let signal = loop {
         match signals.forever().next().unwrap_or(SIGTERM) {
-            SIGHUP => reload(&peers, args, &tun),
+            SIGHUP => reload(&peers, args, &peer_loop),
             other => break other,
         }
     };
@@ -200,7 +192,7 @@ fn load(path: &Path, name: Option<&str>) -> Result<(Cluster, usize), Failure> {
 
 /// SIGHUP: reads the cluster file again and puts it in use (see [`Peers::reload`]); a file
 /// that cannot be used is logged and the one in use kept.
-fn reload(peers: &Arc<Peers>, args: &TunnelArgs, tun: &Tun) {
+fn reload(peers: &Arc<Peers>, args: &TunnelArgs, peer_loop: &peer_loop::Handle) {
     let me = peers.table().me().name.clone();
     let loaded = load(&args.config, Some(&me))
         .map_err(|f| f.message)
@@ -209,210 +201,16 @@ fn reload(peers: &Arc<Peers>, args: &TunnelArgs, tun: &Tun) {
         Ok(added) => {
             eprintln!("ri2n tunnel: SIGHUP: {} read again", args.config.display());
             for peer in added.into_iter().filter(|p| p.connects) {
-                if let Err(f) = start_connecting(peers, peer, tun) {
-                    eprintln!("ri2n tunnel: {}", f.message);
-                }
+                peer_loop.connect_to(peer);
             }
         }
         Err(e) => eprintln!("ri2n tunnel: SIGHUP: the cluster file in use is kept: {e}"),
     }
 }
 
-/// Starts the loop that connects to `peer` (listed after this host).
-fn start_connecting(peers: &Arc<Peers>, peer: Arc<Peer>, tun: &Tun) -> Result<(), Failure> {
-    let (peers, tun) = (peers.clone(), tun_handle(tun)?);
-    thread::spawn(move || connect_loop(&peers, &peer, &tun));
-    Ok(())
-}
-
 fn tun_handle(tun: &Tun) -> Result<Tun, Failure> {
     tun.try_clone()
         .map_err(|e| Failure::io("cannot duplicate the TUN descriptor", &e))
-}
-
-/// The connecting side of one peer: connect, carry, and after a loss connect again, until
-/// the peer is removed from the cluster file.
-fn connect_loop(peers: &Peers, peer: &Arc<Peer>, tun: &Tun) {
-    let host = &peer.host;
-    let port = peers.table().cluster.port;
-    let remotes: Vec<SocketAddr> = host
-        .links
-        .iter()
-        .map(|&ip| SocketAddr::new(ip, port))
-        .collect();
-    let config = connection_config(peers.carry);
-    // why the last attempt failed: logged whenever it changes (a peer that comes back with
-    // another key is named as such, not left at "nothing listens")
-    let mut waiting_for: Option<String> = None;
-    while !peer.is_removed() {
-        // none while it is made again with another address
-        let Some((generation, endpoint)) = peers.endpoint.get() else {
-            thread::sleep(RETRY_PAUSE);
-            continue;
-        };
-        let connected = endpoint.connect(&remotes, config.clone());
-        drop(endpoint);
-        match connected {
-            // made on an endpoint taken out meanwhile: it would keep the old sockets alive
-            Ok(conn) if peers.endpoint.get().is_none_or(|(g, _)| g != generation) => {
-                conn.abort(0, "the peer's link addresses changed: connecting again");
-            }
-            Ok(conn) => {
-                waiting_for = None;
-                peer.set_waiting_for(None);
-                carry(peers, peer, tun, Arc::new(conn));
-            }
-            Err(e) => {
-                let reason = e.to_string();
-                if waiting_for.as_ref() != Some(&reason) {
-                    eprintln!("ri2n tunnel: waiting for {} ({reason})", host.name);
-                    peer.set_waiting_for(Some(reason.clone()));
-                    waiting_for = Some(reason);
-                }
-            }
-        }
-        thread::sleep(RETRY_PAUSE);
-    }
-}
-
-/// The accepting side: connections from the hosts listed before this one. A new connection
-/// replaces a host's current one (the host restarted, or its connection was lost), so only a
-/// proven one may: the endpoint hands over a connection only once the client has confirmed
-/// the handshake (it holds the cluster key and the handshake's fresh secrets, which a replayed
-/// INITIAL cannot give, docs/PROTOCOL.md §11), and it must come from that host's address on
-/// one of its networks and from the cluster's port, where the host's daemon is bound.
-fn accept_loop(peers: &Arc<Peers>, tun: &Tun) {
-    loop {
-        // none while it is made again with another address
-        let Some((generation, endpoint)) = peers.endpoint.get() else {
-            thread::sleep(Duration::from_millis(50));
-            continue;
-        };
-        // handshakes refused meanwhile (a host holding another key) are logged as they come;
-        // in slices, so that the endpoint in use is looked up again
-        let conn =
-            match crate::net::accept_logging_refusals(&endpoint, Some(ACCEPT_SLICE), "ri2n tunnel")
-            {
-                Ok(Some(conn)) => conn,
-                Ok(None) => continue,
-                // the endpoint closed: for good, or to be made again with another address
-                Err(_) if peers.endpoint.closed_for_good(generation) => return,
-                Err(_) => continue,
-            };
-        drop(endpoint);
-        if peers.endpoint.get().is_none_or(|(g, _)| g != generation) {
-            // it would keep the old sockets alive: the peer connects again to the new ones
-            conn.abort(0, "the peer's link addresses changed: connecting again");
-            continue;
-        }
-        let from = conn.stats().links.first().map(|l| l.remote);
-        let table = peers.table();
-        match from.and_then(|a| table.accepted_from(a)) {
-            Some(peer) => {
-                let (peers, peer, tun) = (peers.clone(), peer.clone(), tun.try_clone());
-                match tun {
-                    Ok(tun) => {
-                        thread::spawn(move || carry(&peers, &peer, &tun, Arc::new(conn)));
-                    }
-                    Err(e) => eprintln!("ri2n tunnel: cannot duplicate the TUN descriptor: {e}"),
-                }
-            }
-            _ => {
-                let who = from.map_or("an unknown address".to_owned(), |a| a.to_string());
-                eprintln!(
-                    "ri2n tunnel: refused a connection from {who}: not the port of the \
-                     cluster file on the address of a host listed before this one"
-                );
-                conn.abort(1, "not expected by this host's configuration");
-            }
-        }
-    }
-}
-
-/// Makes `conn` the way to `peer` and writes what it receives to the interface until it
-/// ends.
-fn carry(peers: &Peers, peer: &Peer, tun: &Tun, conn: Arc<Connection>) {
-    if peer.is_removed() {
-        conn.abort(
-            0,
-            "the peer's cluster file no longer lists this host as it was",
-        );
-        return;
-    }
-    let name = peer.name();
-    // its links are logged as they come up (`status::sample_loop`): the accepting side has
-    // only the first one yet
-    eprintln!("ri2n tunnel: {name} connected");
-    peer.set(conn.clone());
-    let source = peer.host.address.octets();
-    // the same buffers every batch: their memory goes round between here and the connection
-    let mut packets: Vec<Vec<u8>> = Vec::new();
-    let receive = |packets: &mut Vec<Vec<u8>>| match peers.carry {
-        Carry::Datagrams => conn.recv_datagrams_into(packets, BATCH),
-        Carry::Messages => conn
-            .recv_message()
-            .map(|m| *packets = m.into_iter().collect()),
-    };
-    let mut header = Vec::new();
-    let mut runs = Vec::new();
-    let mut segments: Vec<Option<([u8; offload::VNET_HDR_LEN], usize)>> = Vec::new();
-    let reason = loop {
-        match receive(&mut packets) {
-            Ok(()) if packets.is_empty() => break "closed".to_owned(),
-            Ok(()) => {
-                (peer.received).fetch_add(packets.len() as u64, Ordering::Relaxed);
-                segments.clear();
-                segments.extend(packets.iter_mut().map(|p| offload::segment_for_write(p)));
-                // in the order they came: plain packets in coalesced runs, large segments
-                // carried whole as they are; a full or vanished interface drops the packet,
-                // as a NIC would
-                let mut plain: SmallVec<[&[u8]; BATCH]> = SmallVec::new();
-                for (p, segment) in packets.iter().zip(&segments) {
-                    let Some((vnet, start)) = segment else {
-                        plain.push(p);
-                        continue;
-                    };
-                    write_plain(tun, &mut plain, &mut runs, &mut header, &source);
-                    if p[start + 12..start + 16] == source {
-                        let _ = tun.write_merged(vnet, std::iter::once(&p[*start..]));
-                    }
-                }
-                write_plain(tun, &mut plain, &mut runs, &mut header, &source);
-            }
-            Err(e) => break e.to_string(),
-        }
-    };
-    // a newer connection to the same peer may have replaced this one meanwhile
-    peer.clear(&conn);
-    eprintln!(
-        "ri2n tunnel: {name} lost ({reason}); {}",
-        summary(&conn.stats())
-    );
-}
-
-/// Writes the plain packets received from a peer (`source` its tunnel address) to the
-/// interface, consecutive TCP segments of one flow coalesced into one write, and empties
-/// `packets`. Only packets from the peer's own tunnel address go: a host of the cluster cannot
-/// speak for another.
-fn write_plain(
-    tun: &Tun,
-    packets: &mut SmallVec<[&[u8]; BATCH]>,
-    runs: &mut Vec<std::ops::Range<usize>>,
-    header: &mut Vec<u8>,
-    source: &[u8; 4],
-) {
-    packets.retain(|p| p.len() >= 20 && p[0] >> 4 == 4 && p[12..16] == *source);
-    offload::runs(packets, runs);
-    for run in runs.drain(..) {
-        let run = &packets[run];
-        if let [packet] = run {
-            let _ = tun.write(packet);
-        } else {
-            let skip = offload::merged_header(run, header);
-            let _ = tun.write_merged(header, run.iter().map(|p| &p[skip..]));
-        }
-    }
-    packets.clear();
 }
 
 /// What a connection to a peer carried, on one line.

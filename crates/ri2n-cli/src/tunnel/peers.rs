@@ -55,6 +55,14 @@ impl Peer {
     }
 
     /// The last attempt to connect to it failed for `reason` (`None`: it succeeded).
+    /// Why the last attempt to connect failed, if it did.
+    pub fn waiting_reason(&self) -> Option<String> {
+        self.waiting_for
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     pub fn set_waiting_for(&self, reason: Option<String>) {
         *self.waiting_for.lock().unwrap_or_else(|e| e.into_inner()) = reason;
     }

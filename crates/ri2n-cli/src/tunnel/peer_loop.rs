@@ -1,0 +1,521 @@
+//! The peer loop: one thread, whatever the size of the cluster, keeps a connection to every
+//! peer and writes what they carry to the interface.
+//!
+//! It connects to the hosts listed after this one (every handshake started at once with
+//! [`ri2n::Endpoint::start_connect`], each retried after a pause while its host is away),
+//! accepts the hosts listed before, and waits on the readiness descriptors of the endpoint and
+//! of every connection in one `epoll` set (mio). A peer costs its connection and a slot here,
+//! not a thread. Sending does not pass through here: the route thread hands each packet read
+//! from the interface to its peer's connection.
+
+use std::collections::VecDeque;
+use std::io::ErrorKind;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
+use ri2n::{Connection, ConnectionState, Endpoint};
+use smallvec::SmallVec;
+
+use super::device::Tun;
+use super::offload;
+use super::peers::{Peer, Peers};
+use super::{connection_config, summary, BATCH};
+use crate::Carry;
+
+/// Pause between a lost or refused connection and the next attempt.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+/// Longest the loop sleeps before it looks at the endpoint in use (made again when a link
+/// address appears), the refused handshakes to log and the peers removed from the file.
+const HOUSEKEEPING: Duration = Duration::from_millis(200);
+/// Batches taken from one connection before the others get a turn.
+const TURN: usize = 4;
+const ENDPOINT: Token = Token(usize::MAX);
+const WAKER: Token = Token(usize::MAX - 1);
+
+/// How the rest of the daemon reaches the loop: peers added to the cluster file (SIGHUP).
+pub struct Handle {
+    added: Mutex<Vec<Arc<Peer>>>,
+    waker: Waker,
+}
+
+impl Handle {
+    /// Has the loop connect to `peer` (listed after this host) from now on.
+    pub fn connect_to(&self, peer: Arc<Peer>) {
+        self.added
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(peer);
+        let _ = self.waker.wake();
+    }
+}
+
+/// A connection the loop waits on.
+struct Slot {
+    peer: Arc<Peer>,
+    conn: Arc<Connection>,
+    /// The endpoint generation it was made on (see `links::Current`).
+    generation: u64,
+    /// Its handshake is still under way (a connection this host started).
+    handshaking: bool,
+}
+
+/// Starts the loop on a thread of its own; the returned handle feeds it.
+pub fn start(peers: Arc<Peers>, tun: Tun) -> std::io::Result<Arc<Handle>> {
+    let poll = Poll::new()?;
+    let handle = Arc::new(Handle {
+        added: Mutex::new(Vec::new()),
+        waker: Waker::new(poll.registry(), WAKER)?,
+    });
+    let mut l = Loop {
+        poll,
+        peers,
+        tun,
+        handle: handle.clone(),
+        slots: Vec::new(),
+        retries: Vec::new(),
+        ready: VecDeque::new(),
+        endpoint: None,
+        out: Delivery::default(),
+    };
+    let table = l.peers.table();
+    let now = Instant::now();
+    l.retries.extend(
+        table
+            .peers
+            .iter()
+            .filter(|p| p.connects)
+            .map(|p| (now, p.clone())),
+    );
+    std::thread::Builder::new()
+        .name("ri2n-peers".into())
+        .spawn(move || l.run())?;
+    Ok(handle)
+}
+
+struct Loop {
+    poll: Poll,
+    peers: Arc<Peers>,
+    tun: Tun,
+    handle: Arc<Handle>,
+    /// By token; `None`: free.
+    slots: Vec<Option<Slot>>,
+    /// Peers to connect to, each from when.
+    retries: Vec<(Instant, Arc<Peer>)>,
+    /// Connections left with datagrams waiting after their turn.
+    ready: VecDeque<usize>,
+    /// The endpoint whose descriptor is registered, with its generation.
+    endpoint: Option<(u64, Endpoint)>,
+    out: Delivery,
+}
+
+impl Loop {
+    fn run(mut self) {
+        let mut events = Events::with_capacity(256);
+        let mut next_housekeeping = Instant::now();
+        loop {
+            let now = Instant::now();
+            if now >= next_housekeeping {
+                if !self.housekeeping() {
+                    return;
+                }
+                next_housekeeping = now + HOUSEKEEPING;
+            }
+            self.start_due_connects(now);
+            let wake_at = (self.retries.iter().map(|r| r.0))
+                .chain([next_housekeeping])
+                .min()
+                .unwrap_or(next_housekeeping);
+            let timeout = if self.ready.is_empty() {
+                wake_at.saturating_duration_since(Instant::now())
+            } else {
+                Duration::ZERO
+            };
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+                if e.kind() != ErrorKind::Interrupted {
+                    eprintln!("ri2n tunnel: waiting on the connections failed: {e}");
+                    std::process::exit(i32::from(crate::error::GENERIC));
+                }
+            }
+            for ev in events.iter() {
+                match ev.token() {
+                    ENDPOINT => {
+                        self.accept_all();
+                    }
+                    WAKER => {
+                        let added = std::mem::take(
+                            &mut *self.handle.added.lock().unwrap_or_else(|e| e.into_inner()),
+                        );
+                        let now = Instant::now();
+                        self.retries.extend(added.into_iter().map(|p| (now, p)));
+                    }
+                    Token(k) => {
+                        if !self.ready.contains(&k) {
+                            self.ready.push_back(k);
+                        }
+                    }
+                }
+            }
+            // one turn each for the connections ready now; those with more go round again
+            for _ in 0..self.ready.len() {
+                let Some(k) = self.ready.pop_front() else {
+                    break;
+                };
+                if self.serve(k) {
+                    self.ready.push_back(k);
+                }
+            }
+        }
+    }
+
+    /// Follows the endpoint in use (its descriptor registered, the old one's handle dropped
+    /// so that its sockets can go), logs refused handshakes, and drops the connections of
+    /// peers removed from the cluster file. False once the endpoint closed for good.
+    fn housekeeping(&mut self) -> bool {
+        let current = self.peers.endpoint.get();
+        let mine = self.endpoint.as_ref().map(|e| e.0);
+        if current.as_ref().map(|c| c.0) != mine {
+            if let Some((_, old)) = self.endpoint.take() {
+                if let Ok(fd) = old.readiness_fd() {
+                    let _ = self
+                        .poll
+                        .registry()
+                        .deregister(&mut SourceFd(&fd.as_raw_fd()));
+                }
+            }
+            if let Some((generation, endpoint)) = current {
+                match endpoint.readiness_fd() {
+                    Ok(fd) => {
+                        let fd = fd.as_raw_fd();
+                        if let Err(e) = self.poll.registry().register(
+                            &mut SourceFd(&fd),
+                            ENDPOINT,
+                            Interest::READABLE,
+                        ) {
+                            eprintln!("ri2n tunnel: cannot wait for connections: {e}");
+                        }
+                    }
+                    Err(e) => eprintln!("ri2n tunnel: cannot wait for connections: {e}"),
+                }
+                self.endpoint = Some((generation, endpoint));
+                // connections that came while no descriptor was registered
+                self.accept_all();
+            }
+        }
+        if let Some((generation, endpoint)) = &self.endpoint {
+            for r in endpoint.refused_handshakes() {
+                eprintln!("ri2n tunnel: {}", crate::net::describe_refusal(&r));
+            }
+            let generation = *generation;
+            if self.accept_all() && self.peers.endpoint.closed_for_good(generation) {
+                return false;
+            }
+        }
+        for k in 0..self.slots.len() {
+            if self.slots[k].as_ref().is_some_and(|s| s.peer.is_removed()) {
+                self.end(k, "removed from the cluster file");
+            }
+        }
+        self.retries.retain(|(_, p)| !p.is_removed());
+        true
+    }
+
+    /// Starts the handshakes whose time came.
+    fn start_due_connects(&mut self, now: Instant) {
+        let Some((generation, endpoint)) = self.endpoint.clone() else {
+            return;
+        };
+        let port = self.peers.table().cluster.port;
+        let config = connection_config(self.peers.carry);
+        let mut i = 0;
+        while i < self.retries.len() {
+            if self.retries[i].0 > now {
+                i += 1;
+                continue;
+            }
+            let (_, peer) = self.retries.swap_remove(i);
+            let remotes: Vec<_> = (peer.host.links.iter())
+                .map(|&ip| std::net::SocketAddr::new(ip, port))
+                .collect();
+            match endpoint.start_connect(&remotes, config.clone()) {
+                Ok(conn) => {
+                    self.add(peer, Arc::new(conn), generation, true);
+                }
+                Err(e) => {
+                    note_waiting(&peer, e.to_string());
+                    self.retries.push((now + RETRY_PAUSE, peer));
+                }
+            }
+        }
+    }
+
+    /// Takes every connection waiting on the endpoint; true when it was found closed.
+    fn accept_all(&mut self) -> bool {
+        let Some((generation, endpoint)) = self.endpoint.clone() else {
+            return false;
+        };
+        loop {
+            match endpoint.try_accept() {
+                Ok(conn) => self.accepted(conn, generation),
+                Err(ri2n::Error::Io(e)) if e.kind() == ErrorKind::WouldBlock => return false,
+                Err(_) => return true,
+            }
+        }
+    }
+
+    /// A connection from a host listed before this one. A new connection replaces a host's
+    /// current one (the host restarted, or its connection was lost), so only a proven one
+    /// may: the endpoint hands over a connection only once the client has confirmed the
+    /// handshake (it holds the cluster key and the handshake's fresh secrets, which a
+    /// replayed INITIAL cannot give, docs/PROTOCOL.md §11), and it must come from that
+    /// host's address on one of its networks and from the cluster's port, where the host's
+    /// daemon is bound.
+    fn accepted(&mut self, conn: Connection, generation: u64) {
+        let from = conn.stats().links.first().map(|l| l.remote);
+        let table = self.peers.table();
+        match from.and_then(|a| table.accepted_from(a)) {
+            Some(peer) => self.add(peer.clone(), Arc::new(conn), generation, false),
+            None => {
+                let who = from.map_or("an unknown address".to_owned(), |a| a.to_string());
+                eprintln!(
+                    "ri2n tunnel: refused a connection from {who}: not the port of the \
+                     cluster file on the address of a host listed before this one"
+                );
+                conn.abort(1, "not expected by this host's configuration");
+            }
+        }
+    }
+
+    /// Waits on `conn` from now on.
+    fn add(&mut self, peer: Arc<Peer>, conn: Arc<Connection>, generation: u64, handshaking: bool) {
+        let k = match self.slots.iter().position(Option::is_none) {
+            Some(k) => k,
+            None => {
+                self.slots.push(None);
+                self.slots.len() - 1
+            }
+        };
+        let registered = conn.read_readiness_fd().and_then(|fd| {
+            let fd = fd.as_raw_fd();
+            (self.poll.registry()).register(&mut SourceFd(&fd), Token(k), Interest::READABLE)
+        });
+        if let Err(e) = registered {
+            eprintln!(
+                "ri2n tunnel: cannot wait on the connection to {}: {e}",
+                peer.name()
+            );
+            conn.abort(1, "the tunnel could not wait on this connection");
+            if peer.connects {
+                self.retries.push((Instant::now() + RETRY_PAUSE, peer));
+            }
+            return;
+        }
+        let accepted = !handshaking;
+        self.slots[k] = Some(Slot {
+            peer,
+            conn,
+            generation,
+            handshaking,
+        });
+        if accepted {
+            self.established(k);
+        }
+        // the handshake may have ended, or datagrams come, before the registration
+        self.ready.push_back(k);
+    }
+
+    /// The connection in slot `k` is up: it becomes the way to its peer.
+    fn established(&mut self, k: usize) {
+        let Some(slot) = self.slots[k].as_mut() else {
+            return;
+        };
+        slot.handshaking = false;
+        let (peer, conn, generation) = (slot.peer.clone(), slot.conn.clone(), slot.generation);
+        if self.endpoint.as_ref().is_none_or(|(g, _)| *g != generation) {
+            // made on an endpoint taken out meanwhile: it would keep the old sockets alive
+            self.end(k, "the peer's link addresses changed: connecting again");
+            return;
+        }
+        if peer.is_removed() {
+            self.end(
+                k,
+                "the peer's cluster file no longer lists this host as it was",
+            );
+            return;
+        }
+        peer.set_waiting_for(None);
+        peer.set(conn);
+        // its links are logged as they come up (`status::sample_loop`): the accepting side
+        // has only the first one yet
+        eprintln!("ri2n tunnel: {} connected", peer.name());
+    }
+
+    /// One turn of the connection in slot `k`: its handshake's end, or up to [`TURN`]
+    /// batches of what it received, written to the interface. True when it may have more.
+    fn serve(&mut self, k: usize) -> bool {
+        let Some(slot) = self.slots[k].as_ref() else {
+            return false;
+        };
+        let (conn, peer) = (slot.conn.clone(), slot.peer.clone());
+        for _ in 0..TURN {
+            // a non-blocking call first: it clears the descriptor before it looks
+            let received = self.out.receive(&conn, self.peers.carry);
+            if self.slots[k].as_ref().is_some_and(|s| s.handshaking) {
+                match conn.state() {
+                    ConnectionState::Connecting => return false,
+                    ConnectionState::Closed => {
+                        let reason = (conn.close_reason())
+                            .map_or_else(|| "closed".to_owned(), |r| r.to_string());
+                        note_waiting(&peer, reason);
+                        self.end(k, "");
+                        return false;
+                    }
+                    _ => {
+                        self.established(k);
+                        if self.slots[k].is_none() {
+                            return false;
+                        }
+                    }
+                }
+            }
+            match received {
+                Ok(0) => {
+                    self.lost(k, "closed".to_owned());
+                    return false;
+                }
+                Ok(n) => {
+                    peer.received.fetch_add(n as u64, Ordering::Relaxed);
+                    self.out.write(&self.tun, &peer.host.address.octets());
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return false,
+                Err(e) => {
+                    self.lost(k, e.to_string());
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// The established connection in slot `k` ended.
+    fn lost(&mut self, k: usize, reason: String) {
+        if let Some(slot) = self.slots[k].as_ref() {
+            eprintln!(
+                "ri2n tunnel: {} lost ({reason}); {}",
+                slot.peer.name(),
+                summary(&slot.conn.stats())
+            );
+        }
+        self.end(k, "");
+    }
+
+    /// Stops waiting on slot `k` (aborting its connection with `why`, unless empty), and
+    /// connects again after a pause if this host is the one that connects.
+    fn end(&mut self, k: usize, why: &str) {
+        let Some(slot) = self.slots[k].take() else {
+            return;
+        };
+        if let Ok(fd) = slot.conn.read_readiness_fd() {
+            let _ = self
+                .poll
+                .registry()
+                .deregister(&mut SourceFd(&fd.as_raw_fd()));
+        }
+        if !why.is_empty() {
+            slot.conn.abort(0, why);
+        }
+        // a newer connection to the same peer may have replaced this one meanwhile
+        slot.peer.clear(&slot.conn);
+        self.ready.retain(|&r| r != k);
+        if slot.peer.connects && !slot.peer.is_removed() {
+            self.retries.push((Instant::now() + RETRY_PAUSE, slot.peer));
+        }
+    }
+}
+
+/// Why a connection to `peer` could not be made, logged whenever it changes (a peer that
+/// comes back with another key is named as such, not left at "nothing listens").
+fn note_waiting(peer: &Peer, reason: String) {
+    if peer.waiting_reason().as_ref() != Some(&reason) {
+        eprintln!("ri2n tunnel: waiting for {} ({reason})", peer.name());
+        peer.set_waiting_for(Some(reason));
+    }
+}
+
+/// What one connection received, on its way to the interface, and the buffers for it (their
+/// memory goes round between here and the connections).
+#[derive(Default)]
+struct Delivery {
+    packets: Vec<Vec<u8>>,
+    header: Vec<u8>,
+    runs: Vec<std::ops::Range<usize>>,
+    segments: Vec<Option<([u8; offload::VNET_HDR_LEN], usize)>>,
+}
+
+impl Delivery {
+    /// Takes what `conn` has received, without waiting: how many packets (0: the
+    /// connection ended cleanly), or `WouldBlock`.
+    fn receive(&mut self, conn: &Connection, carry: Carry) -> std::io::Result<usize> {
+        match carry {
+            Carry::Datagrams => conn.try_recv_datagrams_into(&mut self.packets, BATCH)?,
+            Carry::Messages => {
+                self.packets.clear();
+                self.packets.extend(conn.try_recv_message()?);
+            }
+        }
+        Ok(self.packets.len())
+    }
+
+    /// Writes the packets received to the interface, in the order they came: plain packets
+    /// in coalesced runs, large segments whole as they are; a full or vanished interface
+    /// drops the packet, as a NIC would. Only packets from the peer's own tunnel address
+    /// (`source`) go: a host of the cluster cannot speak for another.
+    fn write(&mut self, tun: &Tun, source: &[u8; 4]) {
+        let Delivery {
+            packets,
+            header,
+            runs,
+            segments,
+        } = self;
+        segments.clear();
+        segments.extend(packets.iter_mut().map(|p| offload::segment_for_write(p)));
+        let mut plain: SmallVec<[&[u8]; BATCH]> = SmallVec::new();
+        for (p, segment) in packets.iter().zip(segments.iter()) {
+            let Some((vnet, start)) = segment else {
+                plain.push(p);
+                continue;
+            };
+            write_plain(tun, &mut plain, runs, header, source);
+            if p[start + 12..start + 16] == *source {
+                let _ = tun.write_merged(vnet, std::iter::once(&p[*start..]));
+            }
+        }
+        write_plain(tun, &mut plain, runs, header, source);
+    }
+}
+
+/// Writes plain packets to the interface, consecutive TCP segments of one flow coalesced
+/// into one write, and empties `packets`.
+fn write_plain(
+    tun: &Tun,
+    packets: &mut SmallVec<[&[u8]; BATCH]>,
+    runs: &mut Vec<std::ops::Range<usize>>,
+    header: &mut Vec<u8>,
+    source: &[u8; 4],
+) {
+    packets.retain(|p| p.len() >= 20 && p[0] >> 4 == 4 && p[12..16] == *source);
+    offload::runs(packets, runs);
+    for run in runs.drain(..) {
+        let run = &packets[run];
+        if let [packet] = run {
+            let _ = tun.write(packet);
+        } else {
+            let skip = offload::merged_header(run, header);
+            let _ = tun.write_merged(header, run.iter().map(|p| &p[skip..]));
+        }
+    }
+    packets.clear();
+}
