@@ -1,5 +1,6 @@
 """ri2n benchmarks: loopback, lab throughput, fast links, fault timeline, lab latency sweep,
-the cost of a key, the tunnel, scaling with the host's cores, ri2n from C and Python.
+the cost of a key, the tunnel, its cost per peer in a cluster, scaling with the host's cores,
+ri2n from C and Python.
 
 Run through bench/run-all (installs the tools the named parts need, builds ri2n where cargo is). Each part writes its raw results to
 bench/results/<part>.json and rewrites its own block of docs/BENCHMARKS.md (between the
@@ -24,17 +25,18 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ri2nbench import (  # noqa: E402
-    attacks, bindings, common, fast, fault, keyed, lab, labctl, loopback, scale, sweep, tcp,
-    tunnel)
+    attacks, bindings, cluster, common, fast, fault, keyed, lab, labctl, loopback, scale, sweep,
+    tcp, tunnel)
 
 PARTS = {"loopback": loopback.part_loopback, "lab": lab.part_lab, "fast": fast.part_fast,
          "fault": fault.part_fault, "sweep": sweep.part_sweep, "keyed": keyed.part_keyed,
-         "tunnel": tunnel.part_tunnel, "scale": scale.part_scale,
+         "tunnel": tunnel.part_tunnel, "cluster": cluster.part_cluster, "scale": scale.part_scale,
          "bindings": bindings.part_bindings, "tcp": tcp.part_tcp}
 REPORTERS = {"loopback": loopback.report_loopback, "lab": lab.report_lab,
              "fast": fast.report_fast, "fault": fault.report_fault,
              "sweep": sweep.report_sweep, "keyed": keyed.report_keyed,
-             "tunnel": tunnel.report_tunnel, "attacks": attacks.report_attacks,
+             "tunnel": tunnel.report_tunnel, "cluster": cluster.report_cluster,
+             "attacks": attacks.report_attacks,
              "scale": scale.report_scale, "bindings": bindings.report_bindings,
              "tcp": tcp.report_tcp}
 # parts measured elsewhere, whose blocks `report` writes too (attacks: bench/attacks/attacks.py)
@@ -56,6 +58,7 @@ NEEDS = {
     "keyed": (LAB_TOOLS + ["cargo:-"], []),
     "tunnel": (LAB_TOOLS + ["ss:iproute2", "iperf3:iperf3", "sockperf:sockperf",
                             "mptcpize:mptcpize"], ["mpirun:openmpi-bin", "mpicc:libopenmpi-dev"]),
+    "cluster": (LAB_TOOLS + ["ping:iputils-ping"], []),
     "scale": (LAB_TOOLS + ["iperf3:iperf3", "mptcpize:mptcpize"], ["sockperf:sockperf"]),
     "bindings": (["cargo:-", "cc:gcc", "taskset:util-linux"], []),
     "tcp": (LAB_TOOLS + ["iperf3:iperf3", "mptcpize:mptcpize", "cargo:-"], []),
@@ -93,7 +96,7 @@ def parser():
     ap = argparse.ArgumentParser(prog="bench/run-all", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("parts", nargs="*", default=[],
-                    help="loopback, lab, fast, fault, sweep, keyed, tunnel, scale, bindings, tcp (default: "
+                    help="loopback, lab, fast, fault, sweep, keyed, tunnel, cluster, scale, bindings, tcp (default: "
                          "all), or "
                          "report (rewrite docs/BENCHMARKS.md from bench/results/ without measuring)")
     ap.add_argument("--prefix", default="ri2nbench-%d" % os.getpid(), help="lab prefix")

@@ -19,27 +19,28 @@ from .fault import tcp_flow_run
 TUNNEL_HOSTS = "abc"
 
 
-def tunnel_up(lab, tmpdir, carry="datagrams"):
-    """Key, cluster file and a daemon per host (`--carry CARRY`); waits until every daemon has
-    both peers."""
+def tunnel_up(lab, tmpdir, carry="datagrams", hosts=TUNNEL_HOSTS, timeout=30):
+    """Key, cluster file and a daemon per host of `hosts` (the lab's host names, in its order,
+    host i being 10.77.LINK.i) with `--carry CARRY`; waits until every daemon has all its
+    peers."""
     key = os.path.join(tmpdir, "cluster.key")
     run([common.RI2N, "keygen", "--output", key, "--force"])
     text = 'key = "%s"\n' % key
-    for i, h in enumerate(TUNNEL_HOSTS, 1):
+    for i, h in enumerate(hosts, 1):
         text += '\n[[host]]\nname = "%s"\naddress = "10.99.0.%d"\nlinks = ["10.77.1.%d", "10.77.2.%d"]\n' % (
             h, i, i, i)
     cfg = os.path.join(tmpdir, "cluster.toml")
     with open(cfg, "w") as f:
         f.write(text)
     logs, daemons = {}, {}
-    for h in TUNNEL_HOSTS:
+    for h in hosts:
         logs[h] = os.path.join(tmpdir, "tunnel-%s.log" % h)
         daemons[h] = PROCS.start(lab.ex(h, common.RI2N, "tunnel", "--config", cfg, "--carry", carry),
                                  stderr=open(logs[h], "w"))
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if all(sum(line.endswith(" connected") for line in open(logs[h]).read().splitlines()) >= 2
-               for h in TUNNEL_HOSTS):
+        if all(sum(line.endswith(" connected") for line in open(logs[h]).read().splitlines())
+               >= len(hosts) - 1 for h in hosts):
             return daemons, logs
         time.sleep(0.1)
     raise RuntimeError("tunnel daemons did not connect: %s" % {h: open(logs[h]).read() for h in logs})
