@@ -59,6 +59,8 @@ const MAX_QUEUED_EVENTS: usize = 4096;
 const WAKE_TOKEN: Token = Token(usize::MAX);
 /// The kernel's link-change notifications (see `carrier.rs`).
 const CARRIER_TOKEN: Token = Token(usize::MAX - 1);
+/// The descriptor a call of [`Shared::wait_receiving`] waits on besides the sockets.
+const READY_TOKEN: Token = Token(usize::MAX - 2);
 /// Room for one datagram: the largest the engine builds.
 const MAX_DATAGRAM: usize = ri2n_proto::wire::MAX_DATAGRAM_SIZE;
 /// Most bytes one GSO send carries: below the 65 507-byte limit of one UDP send over IPv4.
@@ -180,6 +182,9 @@ struct PollerTurn {
     /// A connection whose call watched for others only, or found the receive buffers taken:
     /// its next wait is on its condition variable.
     yielding: Option<ConnectionHandle>,
+    /// A call of [`Shared::wait_receiving`] found the receive buffers taken: the next one
+    /// waits on its descriptor alone.
+    receiving_yields: bool,
 }
 
 /// Datagrams for one socket that leave together in one GSO send: all to `dest`, all
@@ -394,6 +399,9 @@ impl Receiver {
 struct CallerPoll {
     poll: Poll,
     events: Events,
+    /// The descriptor [`Shared::wait_receiving`] last waited on, still registered: a loop
+    /// that waits on the same one again and again costs no `epoll_ctl` per wait.
+    ready: Option<RawFd>,
 }
 
 /// What the driver thread and the application handles share.
@@ -534,7 +542,7 @@ impl Shared {
         guard.turn.served = false;
         guard.turn.woke_others = false;
         drop(guard);
-        let CallerPoll { poll, events } = &mut *cp;
+        let CallerPoll { poll, events, .. } = &mut *cp;
         let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         // an error (EINTR) just means: look again
         let _ = poll.poll(events, timeout);
@@ -574,6 +582,75 @@ impl Shared {
             self.arm_driver(&mut st);
         }
         st
+    }
+
+    /// Waits until descriptor `ready` is readable or `deadline` passes, watching the sockets
+    /// meanwhile as a blocked call does (see [`Self::wait_connection`]): what arrives is
+    /// received and handled on this thread, which signals the readiness descriptors of the
+    /// connections concerned. An event loop that waits on those descriptors in its own
+    /// epoll set passes that set as `ready`: an arrival then reaches it with no other
+    /// thread woken. Returns early after handling arrivals (the caller looks at its set and
+    /// waits again). While another call watches the sockets, it waits on `ready` alone.
+    pub fn wait_receiving(&self, ready: RawFd, deadline: Option<Instant>) {
+        let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let yields = std::mem::take(&mut self.lock().turn.receiving_yields);
+        let cp = if yields {
+            None
+        } else {
+            self.caller_poll.try_lock().ok()
+        };
+        let Some(mut cp) = cp else {
+            self.take_sockets_back(&mut self.lock());
+            poll_readable(ready, timeout);
+            return;
+        };
+        let CallerPoll {
+            poll,
+            events,
+            ready: registered,
+        } = &mut *cp;
+        if *registered != Some(ready) {
+            if let Some(old) = registered.take() {
+                // gone already if the caller closed it
+                let _ = poll.registry().deregister(&mut SourceFd(&old));
+            }
+            let added =
+                (poll.registry()).register(&mut SourceFd(&ready), READY_TOKEN, Interest::READABLE);
+            if let Err(e) = added {
+                tracing::error!(error = %e, "epoll_ctl failed");
+                drop(cp);
+                poll_readable(ready, timeout);
+                return;
+            }
+            *registered = Some(ready);
+        }
+        self.caller_polling.store(true, Ordering::Release);
+        // an error (EINTR) just means: look again
+        let _ = poll.poll(events, timeout);
+        self.caller_polling.store(false, Ordering::Release);
+        let mut received = false;
+        let mut turned_away = false;
+        for ev in events.iter() {
+            if ev.token().0 < self.receive_wanted.len() {
+                self.socket_event(ev.token().0, ev);
+                loop {
+                    let r = self.receive(ev.token().0, true);
+                    received |= !matches!(r, Received::Nothing | Received::TurnedAway);
+                    turned_away |= r == Received::TurnedAway;
+                    if r != Received::MoreMayWait {
+                        break;
+                    }
+                }
+            }
+        }
+        drop(cp);
+        let mut st = self.lock();
+        // the level-triggered instance would report the socket at once again until the
+        // thread holding the receive buffers has emptied it (see `wait_connection`)
+        st.turn.receiving_yields = turned_away;
+        if received {
+            self.arm_driver(&mut st);
+        }
     }
 
     /// A call is about to block without watching the sockets: the driver thread watches them
@@ -1041,11 +1118,14 @@ impl Shared {
                     event: e,
                 });
             }
-            if self.caller_polling.load(Ordering::Acquire) {
-                wake.caller_poll = Some(&self.caller_waker);
-            }
+            // the call watching the sockets, for its own connection's events only: a call
+            // blocked on another connection is woken through its condition variable, and one
+            // in `wait_receiving` through the readiness descriptors in its set
             if st.turn.watching == Some(h) {
                 st.turn.served = true;
+                if self.caller_polling.load(Ordering::Acquire) {
+                    wake.caller_poll = Some(&self.caller_waker);
+                }
             }
             if let Some(signal) = st.signals.get(&h).filter(|s| s.waiting > 0) {
                 if st.turn.watching.is_some_and(|w| w != h) {
@@ -1324,6 +1404,7 @@ impl Driver {
             caller_poll: Mutex::new(CallerPoll {
                 poll: caller_poll,
                 events: Events::with_capacity(64),
+                ready: None,
             }),
             caller_polling: AtomicBool::new(false),
             caller_waker,
@@ -1499,6 +1580,21 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
 /// for the engine's lock while a CPU idled; this policy gave more goodput for less CPU per
 /// byte (item 13 of "What looked wrong" in docs/BENCHMARKS.md at commit 085a7a3). The cost:
 /// under full load a timer may fire up to a tick late, against failure detection that takes tens of milliseconds.
+/// Waits until `fd` is readable or `timeout` passes (`None`: as long as it takes).
+pub(crate) fn poll_readable(fd: RawFd, timeout: Option<Duration>) {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.map_or(-1, |t| {
+        // rounded up: a wait of a few microseconds is not a busy loop
+        i32::try_from(t.as_micros().div_ceil(1000)).unwrap_or(i32::MAX)
+    });
+    // SAFETY: one valid pollfd for the call's duration; an error (EINTR) means: look again
+    unsafe { libc::poll(&mut p, 1, ms) };
+}
+
 fn yield_to_busy_threads() {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: `param` is a valid `sched_param` for the call's duration; pid 0 is this thread.

@@ -262,6 +262,35 @@ impl Endpoint {
         }
     }
 
+    /// Waits until `ready` is readable or `timeout` passes (`None`: as long as it takes),
+    /// receiving meanwhile on the calling thread what arrives on the sockets of shard `shard`
+    /// (see [`Connection::shard`]), as a blocked call of one of its connections does. For an
+    /// event loop that waits on many connections' readiness descriptors: pass its own epoll
+    /// descriptor as `ready`, and an arrival wakes no thread but this one, which receives it,
+    /// signals the descriptor of the connection concerned and returns. It may return early
+    /// (after handling arrivals, or for events of the driver thread): look at your set, then
+    /// wait again. While another call watches the shard's sockets, it waits on `ready` alone;
+    /// so does it on the TCP transport and for a shard the endpoint does not have. `ready`
+    /// stays registered with the shard between calls (no system call to add it each time):
+    /// pass the same open descriptor every time, such as an event loop's own.
+    pub fn wait_receiving(
+        &self,
+        shard: usize,
+        ready: std::os::fd::BorrowedFd<'_>,
+        timeout: Option<Duration>,
+    ) {
+        use std::os::fd::AsRawFd;
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        match &self.inner {
+            Transports::Udp(s) if shard < s.drivers.len() => {
+                s.drivers[shard]
+                    .shared()
+                    .wait_receiving(ready.as_raw_fd(), deadline);
+            }
+            _ => driver::poll_readable(ready.as_raw_fd(), timeout),
+        }
+    }
+
     /// The transport the endpoint's connections use.
     pub fn transport(&self) -> Transport {
         match &self.inner {

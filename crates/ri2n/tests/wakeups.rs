@@ -18,6 +18,9 @@ fn addrs() -> Vec<SocketAddr> {
         .collect()
 }
 
+/// The tests of this file one at a time: each counts the wake-ups of threads of its own.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Context switches so far of thread `tid` of this process.
 fn switches(tid: i32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
@@ -33,6 +36,7 @@ fn switches(tid: i32) -> u64 {
 
 #[test]
 fn a_call_waiting_on_an_idle_connection_is_not_woken_by_a_busy_one() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     const ROUNDS: usize = 3000;
     let server = Endpoint::server(&addrs()).unwrap();
     let client = Endpoint::client(&addrs()).unwrap();
@@ -78,4 +82,138 @@ fn a_call_waiting_on_an_idle_connection_is_not_woken_by_a_busy_one() {
     );
     // the server's connections were dropped with its thread: the idle one's stream ended
     assert_eq!(waiter.join().unwrap(), 0);
+}
+
+/// The threads of this process named `name`.
+fn threads_named(name: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| {
+            let tid = t.ok()?.file_name().to_str()?.parse::<i32>().ok()?;
+            let comm = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).ok()?;
+            (comm.trim() == name).then_some(tid)
+        })
+        .collect()
+}
+
+/// An event loop that waits through `Endpoint::wait_receiving` alone serves its connection:
+/// every datagram of 2000 round trips is echoed intact. How often the driver thread was
+/// switched to meanwhile is printed: the loop receives arrivals itself, but a reply that sets
+/// an earlier timer still wakes the driver thread (docs/BENCHMARKS.md has the round trips).
+#[test]
+fn an_event_loop_waiting_with_wait_receiving_serves_its_connections() {
+    use std::os::fd::{AsRawFd, BorrowedFd};
+
+    use mio::unix::SourceFd;
+    use mio::{Events, Interest, Poll, Token};
+
+    const ROUNDS: usize = 2000;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let before: Vec<i32> = threads_named("ri2n-driver-0");
+    let config = ri2n::EndpointConfig::new(addrs())
+        .server()
+        .with_shards(Some(1));
+    let server = Endpoint::bind(config).unwrap();
+    // the new thread names itself as it starts
+    let mut driver = Vec::new();
+    for _ in 0..100 {
+        driver = (threads_named("ri2n-driver-0").into_iter())
+            .filter(|t| !before.contains(t))
+            .collect();
+        if !driver.is_empty() {
+            break;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    let [driver] = driver[..] else {
+        panic!("the server's driver thread: {driver:?}");
+    };
+    let client = Endpoint::client(&addrs()).unwrap();
+    let to = server.local_addrs();
+    let (switches_tx, switches_rx) = mpsc::channel();
+    let echo = thread::spawn(move || {
+        let conn = server.accept().unwrap();
+        let mut poll = Poll::new().unwrap();
+        let fd = conn.read_readiness_fd().unwrap().as_raw_fd();
+        poll.registry()
+            .register(&mut SourceFd(&fd), Token(0), Interest::READABLE)
+            .unwrap();
+        let mut events = Events::with_capacity(8);
+        let mut echoed = 0;
+        let mut start = None;
+        while echoed < ROUNDS {
+            loop {
+                match conn.try_recv_datagram() {
+                    Ok(Some(d)) => {
+                        conn.send_datagram(&d).unwrap();
+                        echoed += 1;
+                        // counted from the first round on: the handshake's wake-ups aside
+                        start.get_or_insert_with(|| switches(driver));
+                    }
+                    Ok(None) => panic!("the client closed"),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            // SAFETY: `poll`'s descriptor, open for the whole call
+            let set = unsafe { BorrowedFd::borrow_raw(poll.as_raw_fd()) };
+            server.wait_receiving(0, set, Some(Duration::from_millis(100)));
+            poll.poll(&mut events, Some(Duration::ZERO)).unwrap();
+        }
+        switches_tx
+            .send(switches(driver) - start.unwrap_or(0))
+            .unwrap();
+        // keep the connection until the client has its last reply
+        thread::sleep(Duration::from_millis(200));
+    });
+    let conn = client.connect(&to, ConnectionConfig::default()).unwrap();
+    for i in 0..ROUNDS {
+        let msg = [i as u8; 64];
+        conn.send_datagram(&msg).unwrap();
+        let reply = conn
+            .recv_datagram_timeout(Some(Duration::from_secs(5)))
+            .unwrap()
+            .expect("a reply");
+        assert_eq!(reply, msg, "reply {i}");
+    }
+    let woken = switches_rx.recv().unwrap();
+    echo.join().unwrap();
+    eprintln!("the server's driver thread: {woken} switches in {ROUNDS} round trips");
+}
+
+/// `wait_receiving` returns when the caller's own descriptor becomes readable (here a waker
+/// of its epoll set, woken from another thread), and by its timeout when nothing happens.
+#[test]
+fn wait_receiving_returns_for_the_callers_descriptor_and_at_its_timeout() {
+    use std::os::fd::{AsRawFd, BorrowedFd};
+    use std::time::Instant;
+
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let endpoint = Endpoint::server(&addrs()).unwrap();
+    let poll = mio::Poll::new().unwrap();
+    let waker = std::sync::Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
+    // SAFETY: `poll`'s descriptor, open for the whole test
+    let set = unsafe { BorrowedFd::borrow_raw(poll.as_raw_fd()) };
+
+    let start = Instant::now();
+    endpoint.wait_receiving(0, set, Some(Duration::from_millis(100)));
+    let idle = start.elapsed();
+    assert!(
+        idle >= Duration::from_millis(90) && idle < Duration::from_secs(5),
+        "with nothing to wait for it returned after {idle:?}"
+    );
+
+    let w = waker.clone();
+    let wake = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(50));
+        w.wake().unwrap();
+    });
+    let start = Instant::now();
+    endpoint.wait_receiving(0, set, Some(Duration::from_secs(20)));
+    let woken = start.elapsed();
+    wake.join().unwrap();
+    assert!(
+        woken < Duration::from_secs(10),
+        "a waker woken after 50 ms ended the wait only after {woken:?}"
+    );
 }

@@ -70,8 +70,10 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
         .collect();
     let carry = args.carry;
     let endpoint_config = move |addrs: Vec<SocketAddr>| {
+        // one shard: the peer loop receives on its sockets itself (`peer_loop`)
         EndpointConfig::new(addrs)
             .server()
+            .with_shards(Some(1))
             .with_key(Some(key.clone()))
             .with_server_connection(connection_config(carry))
     };

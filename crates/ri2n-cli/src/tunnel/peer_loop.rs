@@ -5,12 +5,14 @@
 //! [`ri2n::Endpoint::start_connect`], each retried after a pause while its host is away),
 //! accepts the hosts listed before, and waits on the readiness descriptors of the endpoint and
 //! of every connection in one `epoll` set (mio). A peer costs its connection and a slot here,
-//! not a thread. Sending does not pass through here: the route thread hands each packet read
-//! from the interface to its peer's connection.
+//! not a thread. While it waits, this thread receives on the endpoint's sockets itself
+//! ([`ri2n::Endpoint::wait_receiving`]): an arriving packet wakes it alone, and it writes the
+//! packet to the interface. Sending does not pass through here: the route thread hands each
+//! packet read from the interface to its peer's connection.
 
 use std::collections::VecDeque;
 use std::io::ErrorKind;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -129,12 +131,20 @@ impl Loop {
                 .chain([next_housekeeping])
                 .min()
                 .unwrap_or(next_housekeeping);
-            let timeout = if self.ready.is_empty() {
-                wake_at.saturating_duration_since(Instant::now())
-            } else {
-                Duration::ZERO
-            };
-            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+            if self.ready.is_empty() {
+                let timeout = wake_at.saturating_duration_since(Instant::now());
+                // this thread receives what arrives itself, and returns when the arrival (or
+                // anything else) made a descriptor of the set ready: no other thread wakes
+                match &self.endpoint {
+                    Some((_, endpoint)) => {
+                        // SAFETY: the descriptor of `self.poll`, which outlives the call
+                        let set = unsafe { BorrowedFd::borrow_raw(self.poll.as_raw_fd()) };
+                        endpoint.wait_receiving(0, set, Some(timeout));
+                    }
+                    None => std::thread::sleep(timeout.min(HOUSEKEEPING)),
+                }
+            }
+            if let Err(e) = self.poll.poll(&mut events, Some(Duration::ZERO)) {
                 if e.kind() != ErrorKind::Interrupted {
                     eprintln!("ri2n tunnel: waiting on the connections failed: {e}");
                     std::process::exit(i32::from(crate::error::GENERIC));
