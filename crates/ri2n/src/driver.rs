@@ -16,7 +16,8 @@
 //!
 //! Which thread turns the pump: application calls send what their writes produce from their
 //! own thread and, while blocked, watch the sockets and receive for themselves, so neither
-//! direction waits for a thread hop. The communication thread (RI2N's "RI2N thread") runs
+//! direction waits for a thread hop; so does an application's event loop that waits through
+//! [`Shared::wait_receiving`] on its own epoll set. The communication thread (RI2N's "RI2N thread") runs
 //! timers, retransmissions and probes without the application calling in, and keeps a
 //! connected socket per path in use ([`Shared::update_path_sockets`]). Three devices keep
 //! threads from waking for nothing, each with a test that fails without it:
