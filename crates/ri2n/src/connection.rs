@@ -190,6 +190,16 @@ impl Connection {
         }
     }
 
+    /// Waits until the handshake ended; why it failed, if it did (see
+    /// [`Endpoint::connect`](crate::Endpoint::connect)).
+    pub(crate) fn wait_handshake(&self) -> Result<(), ConnectionError> {
+        match &self.inner {
+            Inner::Udp(c) => c.wait_handshake(),
+            // a TCP-transport connection is handed out established
+            Inner::Tcp(_) => Ok(()),
+        }
+    }
+
     /// [`recv_datagrams_into`](Self::recv_datagrams_into) without waiting: an error of kind
     /// [`io::ErrorKind::WouldBlock`] when no datagram is waiting (`bufs` then holds none).
     /// Clears the read readiness before it looks, as the other non-blocking calls do.

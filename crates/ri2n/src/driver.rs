@@ -548,22 +548,7 @@ impl Shared {
         // an error (EINTR) just means: look again
         let _ = poll.poll(events, timeout);
         self.caller_polling.store(false, Ordering::Release);
-        let mut received = false;
-        let mut turned_away = false;
-        for ev in events.iter() {
-            // a full batch: more may wait, and they are taken now rather than at the next wait
-            if ev.token().0 < self.receive_wanted.len() {
-                self.socket_event(ev.token().0, ev);
-                loop {
-                    let r = self.receive(ev.token().0, true);
-                    received |= !matches!(r, Received::Nothing | Received::TurnedAway);
-                    turned_away |= r == Received::TurnedAway;
-                    if r != Received::MoreMayWait {
-                        break;
-                    }
-                }
-            }
-        }
+        let (received, turned_away) = self.receive_reported(events);
         let mut st = self.lock();
         st.turn.watching = None;
         // Turned away, this call's next wait is on its condition variable: its
@@ -629,11 +614,26 @@ impl Shared {
         // an error (EINTR) just means: look again
         let _ = poll.poll(events, timeout);
         self.caller_polling.store(false, Ordering::Release);
-        let mut received = false;
-        let mut turned_away = false;
+        let (received, turned_away) = self.receive_reported(events);
+        drop(cp);
+        let mut st = self.lock();
+        // the level-triggered instance would report the socket at once again until the
+        // thread holding the receive buffers has emptied it (see `wait_connection`)
+        st.turn.receiving_yields = turned_away;
+        if received {
+            self.arm_driver(&mut st);
+        }
+    }
+
+    /// Receives, for a call that watched the sockets, from each socket its `events` report:
+    /// whether anything was received, and whether another thread held the receive buffers.
+    fn receive_reported(&self, events: &Events) -> (bool, bool) {
+        let (mut received, mut turned_away) = (false, false);
         for ev in events.iter() {
             if ev.token().0 < self.receive_wanted.len() {
                 self.socket_event(ev.token().0, ev);
+                // a full batch: more may wait, and they are taken now rather than at the
+                // next wait
                 loop {
                     let r = self.receive(ev.token().0, true);
                     received |= !matches!(r, Received::Nothing | Received::TurnedAway);
@@ -644,14 +644,7 @@ impl Shared {
                 }
             }
         }
-        drop(cp);
-        let mut st = self.lock();
-        // the level-triggered instance would report the socket at once again until the
-        // thread holding the receive buffers has emptied it (see `wait_connection`)
-        st.turn.receiving_yields = turned_away;
-        if received {
-            self.arm_driver(&mut st);
-        }
+        (received, turned_away)
     }
 
     /// A call is about to block without watching the sockets: the driver thread watches them

@@ -382,30 +382,9 @@ impl Endpoint {
         remotes: &[SocketAddr],
         config: ConnectionConfig,
     ) -> Result<Connection, Error> {
-        let shards = match &self.inner {
-            Transports::Udp(s) => s,
-            Transports::Tcp(t) => return Ok(Connection::tcp(t.endpoint.connect(remotes, config)?)),
-        };
-        let driver = shards.for_connect();
-        let shared = driver.shared();
-        let (h, mut st) = start_udp(shared, remotes, config)?;
-        let conn = Connection::udp(UdpConnection::new(driver.clone(), h));
-        loop {
-            let c = st.engine().connection(h).expect("connection just made");
-            match c.state() {
-                ConnectionState::Connecting => st = shared.wait_connection(st, h, None),
-                ConnectionState::Closed => {
-                    let e = c
-                        .close_reason()
-                        .cloned()
-                        .unwrap_or(ConnectionError::Refused);
-                    // release the lock before `conn` is dropped: its drop takes the lock
-                    drop(st);
-                    return Err(Error::Connection(e));
-                }
-                _ => return Ok(conn),
-            }
-        }
+        let conn = self.start_connect(remotes, config)?;
+        conn.wait_handshake().map_err(Error::Connection)?;
+        Ok(conn)
     }
 
     /// Starts connecting to a peer and returns at once, with the handshake under way: the
@@ -429,8 +408,11 @@ impl Endpoint {
             Transports::Tcp(t) => return Ok(Connection::tcp(t.endpoint.connect(remotes, config)?)),
         };
         let driver = shards.for_connect();
-        let (h, st) = start_udp(driver.shared(), remotes, config)?;
-        drop(st);
+        let shared = driver.shared();
+        let mut st = shared.lock();
+        let h = st.engine_mut().connect(Instant::now(), remotes, config)?;
+        // sends the first handshake packet
+        drop(shared.after_app_call(st));
         Ok(Connection::udp(UdpConnection::new(driver.clone(), h)))
     }
 
@@ -486,22 +468,4 @@ impl Endpoint {
             shards.wait_accept(deadline);
         }
     }
-}
-
-/// Opens a connection in `shared`'s engine and lets its driver send the first handshake
-/// packet; the lock comes back for a caller that waits on the handshake.
-fn start_udp<'a>(
-    shared: &'a driver::Shared,
-    remotes: &[SocketAddr],
-    config: ConnectionConfig,
-) -> Result<
-    (
-        ri2n_proto::ConnectionHandle,
-        std::sync::MutexGuard<'a, driver::State>,
-    ),
-    Error,
-> {
-    let mut st = shared.lock();
-    let h = st.engine_mut().connect(Instant::now(), remotes, config)?;
-    Ok((h, shared.after_app_call(st)))
 }

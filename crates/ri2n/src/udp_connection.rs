@@ -290,6 +290,27 @@ impl UdpConnection {
         r.map_err(read_error)
     }
 
+    /// Waits until the handshake ended; why it failed, if it did.
+    pub(crate) fn wait_handshake(&self) -> Result<(), ConnectionError> {
+        let shared = self.driver.shared();
+        let mut st = shared.lock();
+        loop {
+            let c = look(&st, self.handle);
+            match c.state() {
+                ConnectionState::Connecting => {
+                    st = shared.wait_connection(st, self.handle, None);
+                }
+                ConnectionState::Closed => {
+                    return Err(c
+                        .close_reason()
+                        .cloned()
+                        .unwrap_or(ConnectionError::Refused));
+                }
+                _ => return Ok(()),
+            }
+        }
+    }
+
     pub(crate) fn try_recv_datagrams_into(
         &self,
         bufs: &mut Vec<Vec<u8>>,

@@ -37,6 +37,24 @@ fn keyed_pair(server_key: Option<Key>, client_key: Option<Key>) -> (Endpoint, En
 }
 
 /// Deterministic, incompressible test data.
+/// Waits (at most 10 s) until every link of `conn` is up: the second link's TCP connection
+/// joins a moment after the handshake, and a test that sends at once could put everything
+/// on the first (on a busy host, it did).
+fn wait_for_links(conn: &ri2n::Connection, n: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let links = conn.stats().links;
+        if links.len() == n && links.iter().all(|l| l.state == LinkState::Up) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "links not up within 10 s: {links:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 fn data(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
     (0..len)
@@ -224,6 +242,7 @@ fn whole_messages_and_the_byte_stream_share_a_connection() {
         assert!(bytes == st, "stream bytes differ at the server");
     });
     let conn = client.connect(&[to], ConnectionConfig::default()).unwrap();
+    wait_for_links(&conn, 2);
     let mut pieces = stream.chunks(stream.len() / messages.len() + 1);
     for msg in &messages {
         (&conn).write_all(pieces.next().unwrap()).unwrap();

@@ -41,6 +41,9 @@ fn a_call_waiting_on_an_idle_connection_is_not_woken_by_a_busy_one() {
     let server = Endpoint::server(&addrs()).unwrap();
     let client = Endpoint::client(&addrs()).unwrap();
     let to = server.local_addrs();
+    // the server keeps its connections until the waiter's switches are counted: the end of
+    // the idle one's stream ends the waiter's thread
+    let (counted_tx, counted_rx) = mpsc::channel::<()>();
     let echo = thread::spawn(move || {
         let (mut busy, _idle) = (server.accept().unwrap(), server.accept().unwrap());
         let mut buf = [0u8; 64];
@@ -48,6 +51,7 @@ fn a_call_waiting_on_an_idle_connection_is_not_woken_by_a_busy_one() {
             busy.read_exact(&mut buf).unwrap();
             busy.write_all(&buf).unwrap();
         }
+        let _ = counted_rx.recv();
     });
     let mut busy = client.connect(&to, ConnectionConfig::default()).unwrap();
     busy.write_all(&[0u8; 64]).unwrap();
@@ -74,6 +78,7 @@ fn a_call_waiting_on_an_idle_connection_is_not_woken_by_a_busy_one() {
         assert_eq!(reply, msg, "reply {i}");
     }
     let woken = switches(tid) - before;
+    counted_tx.send(()).unwrap();
     echo.join().unwrap();
     assert!(
         woken < ROUNDS as u64 / 20,
