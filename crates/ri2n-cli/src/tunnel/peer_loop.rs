@@ -107,7 +107,8 @@ struct Loop {
     slots: Vec<Option<Slot>>,
     /// Peers to connect to, each from when.
     retries: Vec<(Instant, Arc<Peer>)>,
-    /// Connections left with datagrams waiting after their turn.
+    /// Slots to serve: those whose descriptor reported, and those left with datagrams
+    /// after their turn.
     ready: VecDeque<usize>,
     /// The endpoint whose descriptor is registered, with its generation.
     endpoint: Option<(u64, Endpoint)>,
@@ -141,7 +142,9 @@ impl Loop {
                         let set = unsafe { BorrowedFd::borrow_raw(self.poll.as_raw_fd()) };
                         endpoint.wait_receiving(0, set, Some(timeout));
                     }
-                    None => std::thread::sleep(timeout.min(HOUSEKEEPING)),
+                    // the endpoint is being made again: connections wait for it (their
+                    // retries may be due already)
+                    None => std::thread::sleep(RETRY_PAUSE),
                 }
             }
             if let Err(e) = self.poll.poll(&mut events, Some(Duration::ZERO)) {
