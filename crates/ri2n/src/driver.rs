@@ -17,9 +17,9 @@
 //! Which thread turns the pump: application calls send what their writes produce from their
 //! own thread and, while blocked, watch the sockets and receive for themselves, so neither
 //! direction waits for a thread hop; so does an application's event loop that waits through
-//! [`Shared::wait_receiving`] on its own epoll set. The communication thread (RI2N's "RI2N thread") runs
-//! timers, retransmissions and probes without the application calling in, and keeps a
-//! connected socket per path in use ([`Shared::update_path_sockets`]). Three devices keep
+//! [`Shared::wait_receiving`] on its own epoll set. The communication thread (RI2N's "RI2N
+//! thread") runs timers, retransmissions and probes without the application calling in, and
+//! keeps a connected socket per path in use ([`Shared::update_path_sockets`]). Three devices keep
 //! threads from waking for nothing, each with a test that fails without it:
 //! - the poller turn ([`PollerTurn`]; `tests/wakeups.rs`): a call woken only for another
 //!   connection's call leaves the sockets to that one;
@@ -1565,15 +1565,6 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
     }
 }
 
-/// Puts the calling thread (the driver thread) under Linux's `SCHED_BATCH` policy: woken by
-/// an arrival or a timer, it still runs at once on an idle CPU and keeps its fair share of a
-/// busy one, but it no longer preempts the thread running there; it waits until that thread
-/// sleeps or its time slice ends (a scheduler tick). On a busy machine the application's
-/// threads do the driver's work themselves (a write sends, a blocked read receives), and the
-/// driver thread preempting them on every wake-up only took turns with them, each waiting
-/// for the engine's lock while a CPU idled; this policy gave more goodput for less CPU per
-/// byte (item 13 of "What looked wrong" in docs/BENCHMARKS.md at commit 085a7a3). The cost:
-/// under full load a timer may fire up to a tick late, against failure detection that takes tens of milliseconds.
 /// Waits until `fd` is readable or `timeout` passes (`None`: as long as it takes).
 pub(crate) fn poll_readable(fd: RawFd, timeout: Option<Duration>) {
     let mut p = libc::pollfd {
@@ -1589,6 +1580,15 @@ pub(crate) fn poll_readable(fd: RawFd, timeout: Option<Duration>) {
     unsafe { libc::poll(&mut p, 1, ms) };
 }
 
+/// Puts the calling thread (the driver thread) under Linux's `SCHED_BATCH` policy: woken by
+/// an arrival or a timer, it still runs at once on an idle CPU and keeps its fair share of a
+/// busy one, but it no longer preempts the thread running there; it waits until that thread
+/// sleeps or its time slice ends (a scheduler tick). On a busy machine the application's
+/// threads do the driver's work themselves (a write sends, a blocked read receives), and the
+/// driver thread preempting them on every wake-up only took turns with them, each waiting
+/// for the engine's lock while a CPU idled; this policy gave more goodput for less CPU per
+/// byte (item 13 of "What looked wrong" in docs/BENCHMARKS.md at commit 085a7a3). The cost:
+/// under full load a timer may fire up to a tick late, against failure detection that takes tens of milliseconds.
 fn yield_to_busy_threads() {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: `param` is a valid `sched_param` for the call's duration; pid 0 is this thread.

@@ -268,8 +268,8 @@ impl Endpoint {
     /// event loop that waits on many connections' readiness descriptors: pass its own epoll
     /// descriptor as `ready`, and an arrival wakes no thread but this one, which receives it,
     /// signals the descriptor of the connection concerned and returns. It may return early
-    /// (after handling arrivals, or for events of the driver thread): look at your set, then
-    /// wait again. While another call watches the shard's sockets, it waits on `ready` alone;
+    /// (after handling arrivals that concern no descriptor of the set): look at your set,
+    /// then wait again. While another call watches the shard's sockets, it waits on `ready` alone;
     /// so does it on the TCP transport and for a shard the endpoint does not have. `ready`
     /// stays registered with the shard between calls (no system call to add it each time):
     /// pass the same open descriptor every time, such as an event loop's own.

@@ -248,11 +248,15 @@ fn keyed_transfer_arrives_exact_and_is_opened_ahead_of_the_engine() {
 }
 
 /// Waits (at most `limit`) until `done` holds for link 1's statistics; panics naming `what`
-/// otherwise.
+/// and showing every link's statistics otherwise.
 fn until_link_1(conn: &Connection, limit: Duration, what: &str, done: impl Fn(&LinkStats) -> bool) {
     let deadline = Instant::now() + limit;
     while !conn.stats().links.get(1).is_some_and(&done) {
-        assert!(Instant::now() < deadline, "{what} within {limit:?}");
+        assert!(
+            Instant::now() < deadline,
+            "{what} within {limit:?}; the links: {:?}",
+            conn.stats().links
+        );
         thread::sleep(Duration::from_millis(1));
     }
 }
