@@ -100,25 +100,32 @@ fn start_daemons(env: &Env, lab: &Lab, dir: &Path, config: &Path) -> Vec<Proc> {
             spawn_daemon(env, lab, h, metrics, config, dir, &format!("tunnel-{h}"))
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    for d in &mut daemons {
+    wait_connected(&mut daemons, HOSTS.len() - 1, Duration::from_secs(20));
+    daemons
+}
+
+/// Waits (at most `limit`) until every daemon's log says it connected to `peers` peers;
+/// panics naming the first that did not, or that exited.
+fn wait_connected(daemons: &mut [Proc], peers: usize, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    for d in daemons {
         loop {
             if let Some(s) = d.poll() {
                 panic!("{} exited ({s}): {}", d.name, d.stderr_text());
             }
-            if connected_peers(&d.stderr_text()) >= 2 {
+            if connected_peers(&d.stderr_text()) >= peers {
                 break;
             }
             assert!(
                 Instant::now() < deadline,
-                "{} did not connect to both peers: {}",
+                "{} connected to {} of {peers} peers within {limit:?}: {}",
                 d.name,
+                connected_peers(&d.stderr_text()),
                 d.stderr_text()
             );
             thread::sleep(Duration::from_millis(50));
         }
     }
-    daemons
 }
 
 /// `ri2n tunnel status --json` in namespace `ns`, as it is now.
@@ -1097,25 +1104,7 @@ fn a_32_host_cluster_comes_up_and_every_host_reaches_every_other() {
         .collect();
 
     let peers = CLUSTER_HOSTS - 1;
-    let deadline = Instant::now() + Duration::from_secs(90);
-    for d in &mut daemons {
-        loop {
-            if let Some(s) = d.poll() {
-                panic!("{} exited ({s}): {}", d.name, d.stderr_text());
-            }
-            if connected_peers(&d.stderr_text()) >= peers {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} connected to {} of {peers} peers within 90 s: {}",
-                d.name,
-                connected_peers(&d.stderr_text()),
-                d.stderr_text()
-            );
-            thread::sleep(Duration::from_millis(100));
-        }
-    }
+    wait_connected(&mut daemons, peers, Duration::from_secs(90));
     let up_after = started.elapsed();
 
     // every host pings every other through the tunnel, the hosts in parallel
