@@ -1273,8 +1273,28 @@ impl Shared {
                 c.abort(0, "the peer's endpoint was closed");
             }
         }
-        drop(self.after_app_call(st));
+        let st = self.after_app_call(st);
+        drop(self.wait_until_sent(st));
         undelivered
+    }
+
+    /// Waits until the thread sending the queue, if another one is, has sent everything:
+    /// what a close queued behind it (the CLOSE of a connection aborted a moment ago) would
+    /// otherwise be lost when the process ends right after, and the peer would keep waiting
+    /// for a host that is gone. Sending never blocks (the sockets are non-blocking) and
+    /// nothing new is written to closed connections, so the wait is short.
+    fn wait_until_sent<'a>(&'a self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        const RECHECK: Duration = Duration::from_micros(200);
+        while st.out.sending || !st.out.queue.is_empty() {
+            if !st.out.sending {
+                st = self.transmit(st, None);
+                continue;
+            }
+            drop(st);
+            std::thread::sleep(RECHECK);
+            st = self.lock();
+        }
+        st
     }
 }
 
@@ -1627,6 +1647,10 @@ mod tests {
 
     use crate::{ConnectionConfig, Endpoint};
 
+    fn shared(e: &Endpoint) -> &super::Shared {
+        e.udp().expect("a UDP endpoint").drivers[0].shared()
+    }
+
     fn taken_alone(e: &Endpoint) -> u64 {
         (e.udp().expect("a UDP endpoint").drivers.iter())
             .map(|d| d.shared().receiving.lock().unwrap().taken_alone)
@@ -1666,6 +1690,64 @@ mod tests {
             alone > ROUNDS,
             "{alone} of the {} arrivals were taken alone",
             2 * ROUNDS
+        );
+    }
+
+    /// `Endpoint::close` returns only once the CLOSE of each connection it aborted was sent,
+    /// also when another thread was sending at that moment and so sends it: a process that
+    /// ends right after the close (the tunnel daemon on SIGTERM) must not take it along.
+    #[test]
+    fn close_returns_after_the_close_queued_behind_another_sender_is_sent() {
+        use std::time::{Duration, Instant};
+
+        use crate::{ConnectionError, EndpointConfig};
+
+        const OTHER_SENDS_FOR: Duration = Duration::from_millis(300);
+        let addrs: Vec<SocketAddr> = vec!["127.0.0.1:0".parse().unwrap()];
+        let server = Endpoint::server(&addrs).unwrap();
+        // one shard, so the connection is on the driver this test holds up
+        let client = Endpoint::bind(EndpointConfig::new(addrs).with_shards(Some(1))).unwrap();
+        let conn = client
+            .connect(&server.local_addrs(), ConnectionConfig::default())
+            .unwrap();
+        let accepted = server.accept().unwrap();
+        // another thread takes the sending role and keeps it for a while, as a sending
+        // streak of the driver thread or of a writer does
+        shared(&client).lock().out.sending = true;
+        let driver = std::sync::Arc::clone(&client.udp().unwrap().drivers[0]);
+        let other = std::thread::spawn(move || {
+            std::thread::sleep(OTHER_SENDS_FOR);
+            let mut st = driver.shared().lock();
+            st.out.sending = false;
+            drop(driver.shared().transmit(st, None));
+        });
+        let started = Instant::now();
+        conn.abort(7, "going away");
+        // the abort's CLOSE waits in the queue for the sending thread
+        assert!(!shared(&client).lock().out.queue.is_empty());
+        // (it reports the aborted connection as not delivered: not what this test is about)
+        let _ = client.close(Some(Duration::from_millis(10)));
+        let waited = started.elapsed();
+        {
+            let st = shared(&client).lock();
+            assert!(st.out.queue.is_empty() && !st.out.sending);
+        }
+        assert!(
+            waited >= OTHER_SENDS_FOR,
+            "close returned after {waited:?}, before the other thread sent"
+        );
+        other.join().unwrap();
+        // and the peer learned of the abort from it
+        let mut buf = [0u8; 16];
+        let read = std::io::Read::read(&mut &accepted, &mut buf);
+        assert!(!matches!(read, Ok(n) if n > 0), "{read:?}");
+        assert!(
+            matches!(
+                accepted.close_reason(),
+                Some(ConnectionError::PeerAborted { code: 7, .. })
+            ),
+            "{:?}",
+            accepted.close_reason()
         );
     }
 }
