@@ -1038,7 +1038,12 @@ fn an_mpi_job_through_the_tunnel_completes_through_a_dead_switch_and_a_partition
                 job.stderr_text()
             );
         }
-        assert!(Instant::now() < deadline, "the MPI job did not start");
+        assert!(
+            Instant::now() < deadline,
+            "the MPI job did not start: {}{}",
+            job.stdout_text(),
+            job.stderr_text()
+        );
         thread::sleep(Duration::from_millis(50));
     }
     let one_second_in = Instant::now();
