@@ -9,7 +9,7 @@ mod common;
 
 use std::io::{BufRead, Read, Write};
 use std::net::UdpSocket;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::Mutex;
 use std::thread;
@@ -347,12 +347,6 @@ fn link_events_are_reported_as_they_happen() {
     );
 }
 
-fn partial(output: &TempFile) -> PathBuf {
-    let mut p = output.path().as_os_str().to_owned();
-    p.push(".partial");
-    PathBuf::from(p)
-}
-
 /// Issue 9, finding 2: the sender is killed mid-transfer. The receiver must say so within
 /// 2 s, exit non-zero, and leave only a file marked partial, with the byte count.
 #[test]
@@ -365,7 +359,6 @@ fn a_killed_sender_is_reported_by_recv_within_2_s() {
     let took = killed.elapsed();
     drop(send);
     let err = stderr_of(&ro);
-    let _partial = TempFile(partial(&output));
     println!("recv after {took:?}: {err}");
     assert_eq!(r.code(), Some(4), "{err}");
     assert!(took < Duration::from_secs(2), "took {took:?}");
@@ -374,7 +367,7 @@ fn a_killed_sender_is_reported_by_recv_within_2_s() {
         "{err}"
     );
     assert!(!output.path().exists(), "no complete-looking output file");
-    let kept = std::fs::metadata(partial(&output)).unwrap().len();
+    let kept = std::fs::metadata(output.partial()).unwrap().len();
     assert!(
         kept > 0 && kept < 64 << 20,
         "partial file holds {kept} bytes"
@@ -399,7 +392,6 @@ fn interrupt_sender_and_check(send: Proc, recv: Proc, output: &TempFile) {
     unsafe { libc::kill(pid, libc::SIGINT) };
     let (s, so) = send.wait(Duration::from_secs(10));
     let (r, ro) = recv.wait(Duration::from_secs(10));
-    let _partial = TempFile(partial(output));
     let (serr, rerr) = (stderr_of(&so), stderr_of(&ro));
     assert_eq!(s.code(), Some(130), "{serr}");
     assert!(serr.contains("interrupted by SIGINT"), "{serr}");
@@ -442,7 +434,6 @@ fn an_unreadable_input_is_reported_on_both_ends() {
     );
     let (r, ro) = recv.wait(Duration::from_secs(20));
     let (serr, rerr) = (stderr_of(&so), stderr_of(&ro));
-    let _partial = TempFile(partial(&output));
     assert_eq!(s.code(), Some(1), "{serr}");
     assert!(
         serr.contains("cannot read") && serr.contains("Is a directory"),
@@ -810,7 +801,6 @@ fn keys_must_match() {
     );
     // a keyed sender, a receiver without a key; killed at the end, it leaves its partial
     // file, removed after it (locals drop in reverse order)
-    let _partial = TempFile(partial(&output));
     let (_recv, a2) = spawn_recv(free_port(), output.path(), &[]);
     let (s, o) = ri2n(
         [

@@ -147,13 +147,7 @@ fn bench_to_recv_is_refused_and_recv_saves_nothing() {
         "recv logs the refusal: {log}"
     );
     assert!(!output.path().exists(), "no output file");
-    assert!(!partial_of(output.path()).exists(), "no .partial left");
-}
-
-fn partial_of(p: &Path) -> PathBuf {
-    let mut s = p.as_os_str().to_owned();
-    s.push(".partial");
-    PathBuf::from(s)
+    assert!(!output.partial().exists(), "no .partial left");
 }
 
 /// A second `--to` where nothing listens: the file goes over the link that works, both
@@ -291,7 +285,7 @@ fn tcp_transport_a_killed_receiver_is_reported_by_the_sender() {
     let chunk = vec![0x5a_u8; 1 << 20];
     stdin.write_all(&chunk).unwrap();
     std::thread::sleep(Duration::from_millis(500));
-    let grew = std::fs::metadata(partial_of(output.path())).map_or(0, |m| m.len());
+    let grew = std::fs::metadata(output.partial()).map_or(0, |m| m.len());
     assert!(grew > 0, "nothing arrived before the kill");
     let pid = recv.child.as_ref().unwrap().id();
     // SAFETY: kill(2) of the child this test started and has not reaped

@@ -137,11 +137,20 @@ impl TempFile {
     pub fn path(&self) -> &Path {
         &self.0
     }
+
+    /// Where `ri2n recv --output` writes this file until it is complete.
+    pub fn partial(&self) -> PathBuf {
+        let mut p = self.0.as_os_str().to_owned();
+        p.push(".partial");
+        PathBuf::from(p)
+    }
 }
 
+/// Removes the file, and what a receiver that did not finish left under its partial name.
 impl Drop for TempFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
+        let _ = std::fs::remove_file(self.partial());
     }
 }
 
