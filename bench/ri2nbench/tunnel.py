@@ -435,7 +435,7 @@ def report_tunnel(res):
         L.append("**An MPI job through faults** (Open MPI, `tests/mpi/check.c`: allreduce, "
                  "broadcast, ring exchange and all-to-all with every result checked, one rank "
                  "per host, %d s of its own clock); switch 1 dead from 6 s to 12 s, every switch "
-                 "dead from 16 s to 36 s. A run that has not ended %d s after its start is "
+                 "dead from 16 s to 36 s. A run that has not ended %d s after its clock started is "
                  "killed and counted as hung; median (min–max) of the runs that ended:"
                  % (MPI_SECONDS, MPI_SECONDS + 120))
         L.append("")
