@@ -800,7 +800,7 @@ fn keys_must_match() {
         "one line per refused sender: {recv_err}"
     );
     // a keyed sender, a receiver without a key; killed at the end, it leaves its partial
-    // file, removed after it (locals drop in reverse order)
+    // file, which `output` removes after it (locals drop in reverse order)
     let (_recv, a2) = spawn_recv(free_port(), output.path(), &[]);
     let (s, o) = ri2n(
         [
