@@ -445,7 +445,6 @@ def report_tunnel(res):
                            ("plain networks, Open MPI on both (eth1, eth2)", mp)):
             if not runs:
                 continue
-            runs = runs if isinstance(runs, list) else [runs]
             ended = [r for r in runs if r["rc"] is not None]
 
             def rate(r):

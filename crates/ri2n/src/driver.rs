@@ -1647,10 +1647,6 @@ mod tests {
 
     use crate::{ConnectionConfig, Endpoint};
 
-    fn shared(e: &Endpoint) -> &super::Shared {
-        e.udp().expect("a UDP endpoint").drivers[0].shared()
-    }
-
     fn taken_alone(e: &Endpoint) -> u64 {
         (e.udp().expect("a UDP endpoint").drivers.iter())
             .map(|d| d.shared().receiving.lock().unwrap().taken_alone)
@@ -1713,23 +1709,25 @@ mod tests {
         let accepted = server.accept().unwrap();
         // another thread takes the sending role and keeps it for a while, as a sending
         // streak of the driver thread or of a writer does
-        shared(&client).lock().out.sending = true;
         let driver = std::sync::Arc::clone(&client.udp().unwrap().drivers[0]);
+        driver.shared().lock().out.sending = true;
+        let other_sender = std::sync::Arc::clone(&driver);
         let other = std::thread::spawn(move || {
             std::thread::sleep(OTHER_SENDS_FOR);
-            let mut st = driver.shared().lock();
+            let shared = other_sender.shared();
+            let mut st = shared.lock();
             st.out.sending = false;
-            drop(driver.shared().transmit(st, None));
+            drop(shared.transmit(st, None));
         });
         let started = Instant::now();
         conn.abort(7, "going away");
         // the abort's CLOSE waits in the queue for the sending thread
-        assert!(!shared(&client).lock().out.queue.is_empty());
+        assert!(!driver.shared().lock().out.queue.is_empty());
         // (it reports the aborted connection as not delivered: not what this test is about)
         let _ = client.close(Some(Duration::from_millis(10)));
         let waited = started.elapsed();
         {
-            let st = shared(&client).lock();
+            let st = driver.shared().lock();
             assert!(st.out.queue.is_empty() && !st.out.sending);
         }
         assert!(
