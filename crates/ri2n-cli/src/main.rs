@@ -119,7 +119,8 @@ every peer and link: state, round trip, rate and loss over the last second.
 
 Exit codes:
   0  stopped by SIGINT or SIGTERM, --check found the file good, or status printed
-  1  the interface cannot be created or read; status: no daemon answers
+  1  the interface cannot be created, or no longer read (the connections are closed
+     first); status: no daemon answers
   2  the configuration or the key is bad (the message names the file and line)
   5  cannot bind a link address (in use, or none of them an address of this host) or the
      --metrics address";

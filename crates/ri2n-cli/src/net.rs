@@ -90,8 +90,8 @@ impl Application {
         match self {
             Application::File => "ri2n file transfer",
             Application::Bench => "ri2n bench",
-            Application::Tunnel => "ri2n tunnel",
-            Application::TunnelMessages => "ri2n tunnel, messages",
+            Application::Tunnel => ri2n_tunnel::Carry::Datagrams.application(),
+            Application::TunnelMessages => ri2n_tunnel::Carry::Messages.application(),
         }
     }
 

@@ -65,17 +65,6 @@ pub fn fmt_rtt_us(us: Option<u64>) -> String {
     fmt_rtt(us.map(Duration::from_micros))
 }
 
-/// A link's smoothed round-trip time, if it means something now: not for a link that is
-/// down (its last estimate is stale) nor before the first sample.
-pub fn current_rtt(l: &LinkStats) -> Option<Duration> {
-    (l.state != LinkState::Down && !l.min_rtt.is_zero()).then_some(l.srtt)
-}
-
-/// A link's smallest round-trip time, once it has one.
-pub fn min_rtt(l: &LinkStats) -> Option<Duration> {
-    (!l.min_rtt.is_zero()).then_some(l.min_rtt)
-}
-
 fn micros(d: Option<Duration>) -> Option<u64> {
     d.map(|d| d.as_micros() as u64)
 }
@@ -159,7 +148,7 @@ impl LinkMeter {
                     delivered_bps: bps(delivered, dt),
                     sent_bps: bps(sent, dt),
                     recv_bps: bps(recv, dt),
-                    srtt_us: micros(current_rtt(l)),
+                    srtt_us: micros(l.current_rtt()),
                 }
             })
             .collect();
@@ -224,8 +213,8 @@ impl LinkSummary {
                 packets_sent: l.packets_sent,
                 packets_received: l.packets_received,
                 packets_lost: l.packets_lost,
-                srtt_us: micros(current_rtt(l)),
-                min_rtt_us: micros(min_rtt(l)),
+                srtt_us: micros(l.current_rtt()),
+                min_rtt_us: micros(l.measured_min_rtt()),
                 max_datagram: l.max_datagram,
                 share: if total > 0 {
                     part(l) as f64 / total as f64

@@ -129,6 +129,17 @@ impl LinkStats {
             refusals: 0,
         }
     }
+
+    /// The smoothed round-trip time, if it means something now: not for a link that is down
+    /// (its last estimate is stale) nor before the first sample.
+    pub fn current_rtt(&self) -> Option<Duration> {
+        (self.state != LinkState::Down && !self.min_rtt.is_zero()).then_some(self.srtt)
+    }
+
+    /// The smallest round-trip time, once there is one.
+    pub fn measured_min_rtt(&self) -> Option<Duration> {
+        (!self.min_rtt.is_zero()).then_some(self.min_rtt)
+    }
 }
 
 /// What a packet that arrived on a link carried, for its bookkeeping.

@@ -1,12 +1,12 @@
 //! What a running tunnel tells: every peer and every link with its state, rate, round trip
 //! and losses. The daemon samples its connections every second and serves the snapshot as
-//! JSON on a Unix socket (`ri2n tunnel status`) and, with `--metrics`, as Prometheus text
-//! over HTTP.
+//! JSON on a Unix socket (`ri2n tunnel status`) and, with `--metrics`, as Prometheus metrics
+//! over HTTP (`prometheus-client` writes them, `tiny_http` serves them).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener};
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -15,11 +15,15 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use prometheus_client::encoding::{text, EncodeLabelSet};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::{Registry, Unit};
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::AtomicU64;
 
-use crate::report::current_rtt;
-
-use super::Peers;
+use crate::peers::Peers;
 
 /// Directory of the daemons' status sockets.
 const SOCKET_DIR: &str = "/run/ri2n";
@@ -141,7 +145,7 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>) {
                     local: l.local.ip().to_string(),
                     remote: l.remote.ip().to_string(),
                     state: l.state.to_string(),
-                    rtt_us: current_rtt(l).map(|d| d.as_micros() as u64),
+                    rtt_us: l.current_rtt().map(|d| d.as_micros() as u64),
                     send_mbit: per_second(l.bytes_sent, prev.sent),
                     receive_mbit: per_second(l.bytes_received, prev.received),
                     loss: if lost > 0 {
@@ -216,133 +220,177 @@ pub fn serve_socket(path: &Path, latest: Arc<Mutex<Status>>) -> io::Result<()> {
     Ok(())
 }
 
-/// Serves the latest snapshot as Prometheus text on `addr` (any path).
+/// Serves the latest snapshot as Prometheus metrics (the OpenMetrics text format) over HTTP
+/// on `addr`, to a `GET` of any path.
 pub fn serve_metrics(addr: SocketAddr, latest: Arc<Mutex<Status>>) -> io::Result<()> {
-    let listener = TcpListener::bind(addr)?;
+    let server = tiny_http::Server::http(addr).map_err(io::Error::other)?;
     thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-            // the request line and headers are read and ignored: every path gets the metrics
-            let mut reader = BufReader::new(&mut stream);
-            let mut line = String::new();
-            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
-                line.clear();
-            }
-            let body = prometheus(&latest.lock().unwrap_or_else(|e| e.into_inner()));
-            let _ = write!(
-                stream,
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
-                 Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
+        for request in server.incoming_requests() {
+            let response = if *request.method() == tiny_http::Method::Get {
+                let body = prometheus(&latest.lock().unwrap_or_else(|e| e.into_inner()));
+                let kind = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+                let header =
+                    tiny_http::Header::from_bytes("Content-Type", kind).expect("a valid header");
+                tiny_http::Response::from_string(body).with_header(header)
+            } else {
+                tiny_http::Response::from_string("only GET is served\n").with_status_code(405)
+            };
+            let _ = request.respond(response);
         }
     });
     Ok(())
 }
 
-/// The snapshot in the Prometheus text exposition format.
-pub fn prometheus(s: &Status) -> String {
-    let mut out = String::new();
-    let mut family = |name: &str, kind: &str, help: &str, rows: Vec<(String, f64)>| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (labels, value) in rows {
-            let _ = writeln!(out, "{name}{{{labels}}} {value}");
-        }
-    };
-    let peer = |p: &PeerStatus| format!("host=\"{}\",peer=\"{}\"", esc(&s.host), esc(&p.name));
-    let link = |p: &PeerStatus, l: &LinkStatus| {
-        format!("{},local=\"{}\",remote=\"{}\"", peer(p), l.local, l.remote)
-    };
-    let links = || {
-        s.peers
-            .iter()
-            .flat_map(|p| p.links.iter().map(move |l| (p, l)))
-    };
-    family(
-        "ri2n_tunnel_peer_connected",
-        "gauge",
-        "Whether a connection to the peer is established.",
-        s.peers
-            .iter()
-            .map(|p| (peer(p), f64::from(u8::from(p.state == "connected"))))
-            .collect(),
-    );
-    family(
-        "ri2n_tunnel_packets_sent_total",
-        "counter",
-        "IP packets sent to the peer.",
-        s.peers
-            .iter()
-            .map(|p| (peer(p), p.packets_sent as f64))
-            .collect(),
-    );
-    family(
-        "ri2n_tunnel_packets_received_total",
-        "counter",
-        "IP packets received from the peer.",
-        s.peers
-            .iter()
-            .map(|p| (peer(p), p.packets_received as f64))
-            .collect(),
-    );
-    family(
-        "ri2n_tunnel_packets_dropped_total",
-        "counter",
-        "IP packets dropped: send queue full or too old, or not written in time.",
-        s.peers
-            .iter()
-            .map(|p| (peer(p), p.packets_dropped as f64))
-            .collect(),
-    );
-    family(
-        "ri2n_tunnel_link_up",
-        "gauge",
-        "Whether the link is up (carries data).",
-        links()
-            .map(|(p, l)| (link(p, l), f64::from(u8::from(l.state == "up"))))
-            .collect(),
-    );
-    family(
-        "ri2n_tunnel_link_rtt_seconds",
-        "gauge",
-        "Smoothed round-trip time of the link (absent while it validates or is down).",
-        links()
-            .filter_map(|(p, l)| Some((link(p, l), l.rtt_us? as f64 / 1e6)))
-            .collect(),
-    );
-    family(
-        "ri2n_tunnel_link_sent_bytes_total",
-        "counter",
-        "Bytes sent on the link (datagrams).",
-        links()
-            .map(|(p, l)| (link(p, l), l.bytes_sent as f64))
-            .collect(),
-    );
-    family(
-        "ri2n_tunnel_link_received_bytes_total",
-        "counter",
-        "Bytes received on the link (datagrams).",
-        links()
-            .map(|(p, l)| (link(p, l), l.bytes_received as f64))
-            .collect(),
-    );
-    family(
-        "ri2n_tunnel_link_lost_packets_total",
-        "counter",
-        "Packets the link's loss detection declared lost.",
-        links()
-            .map(|(p, l)| (link(p, l), l.packets_lost as f64))
-            .collect(),
-    );
-    out
+/// The labels of a peer's metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PeerLabels {
+    host: String,
+    peer: String,
 }
 
-/// A label value with `\`, `"` and newlines escaped.
-fn esc(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+/// The labels of a link's metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LinkLabels {
+    host: String,
+    peer: String,
+    local: String,
+    remote: String,
+}
+
+/// A counter of the snapshot: its name (without `_total`), help, unit, and its value in a
+/// peer's or a link's status.
+struct CounterOf<T> {
+    name: &'static str,
+    help: &'static str,
+    unit: Option<Unit>,
+    value: fn(&T) -> u64,
+}
+
+/// Registers each of `counters` with a row per peer or link.
+fn register_counters<L, T>(registry: &mut Registry, rows: &[(L, &T)], counters: &[CounterOf<T>])
+where
+    L: EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static,
+{
+    for c in counters {
+        let family = Family::<L, Counter>::default();
+        for (labels, row) in rows {
+            family.get_or_create(labels).inc_by((c.value)(row));
+        }
+        match c.unit.clone() {
+            Some(unit) => registry.register_with_unit(c.name, c.help, unit, family),
+            None => registry.register(c.name, c.help, family),
+        }
+    }
+}
+
+/// The snapshot as metrics: a registry made for each scrape, its values the snapshot's.
+pub fn prometheus(s: &Status) -> String {
+    let mut registry = Registry::default();
+    let peer_rows: Vec<_> = (s.peers.iter())
+        .map(|p| {
+            let labels = PeerLabels {
+                host: s.host.clone(),
+                peer: p.name.clone(),
+            };
+            (labels, p)
+        })
+        .collect();
+    let link_rows: Vec<_> = (peer_rows.iter())
+        .flat_map(|(peer, p)| {
+            p.links.iter().map(move |l| {
+                let labels = LinkLabels {
+                    host: peer.host.clone(),
+                    peer: peer.peer.clone(),
+                    local: l.local.clone(),
+                    remote: l.remote.clone(),
+                };
+                (labels, l)
+            })
+        })
+        .collect();
+
+    let connected = Family::<PeerLabels, Gauge>::default();
+    for (labels, p) in &peer_rows {
+        connected
+            .get_or_create(labels)
+            .set(i64::from(p.state == "connected"));
+    }
+    registry.register(
+        "ri2n_tunnel_peer_connected",
+        "Whether a connection to the peer is established.",
+        connected,
+    );
+    register_counters(
+        &mut registry,
+        &peer_rows,
+        &[
+            CounterOf {
+                name: "ri2n_tunnel_packets_sent",
+                help: "IP packets sent to the peer.",
+                unit: None,
+                value: |p: &PeerStatus| p.packets_sent,
+            },
+            CounterOf {
+                name: "ri2n_tunnel_packets_received",
+                help: "IP packets received from the peer.",
+                unit: None,
+                value: |p| p.packets_received,
+            },
+            CounterOf {
+                name: "ri2n_tunnel_packets_dropped",
+                help: "IP packets dropped: send queue full or too old, or not written in time.",
+                unit: None,
+                value: |p| p.packets_dropped,
+            },
+        ],
+    );
+    let up = Family::<LinkLabels, Gauge>::default();
+    let rtt = Family::<LinkLabels, Gauge<f64, AtomicU64>>::default();
+    for (labels, l) in &link_rows {
+        up.get_or_create(labels).set(i64::from(l.state == "up"));
+        if let Some(us) = l.rtt_us {
+            rtt.get_or_create(labels).set(us as f64 / 1e6);
+        }
+    }
+    registry.register(
+        "ri2n_tunnel_link_up",
+        "Whether the link is up (carries data).",
+        up,
+    );
+    registry.register_with_unit(
+        "ri2n_tunnel_link_rtt",
+        "Smoothed round-trip time of the link (absent while it validates or is down).",
+        Unit::Seconds,
+        rtt,
+    );
+    register_counters(
+        &mut registry,
+        &link_rows,
+        &[
+            CounterOf {
+                name: "ri2n_tunnel_link_sent",
+                help: "Bytes sent on the link (datagrams).",
+                unit: Some(Unit::Bytes),
+                value: |l: &LinkStatus| l.bytes_sent,
+            },
+            CounterOf {
+                name: "ri2n_tunnel_link_received",
+                help: "Bytes received on the link (datagrams).",
+                unit: Some(Unit::Bytes),
+                value: |l| l.bytes_received,
+            },
+            CounterOf {
+                name: "ri2n_tunnel_link_lost_packets",
+                help: "Packets the link's loss detection declared lost.",
+                unit: None,
+                value: |l| l.packets_lost,
+            },
+        ],
+    );
+    let mut out = String::new();
+    // writing into a String cannot fail
+    let _ = text::encode(&mut out, &registry);
+    out
 }
 
 /// Reads the snapshot of the daemon of host `name`.
@@ -394,4 +442,68 @@ pub fn table(s: &Status) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot() -> Status {
+        let link = |state: &str, rtt_us: Option<u64>| LinkStatus {
+            local: "10.0.1.1:7400".into(),
+            remote: format!("10.0.{}.2:7400", if rtt_us.is_some() { 1 } else { 2 }),
+            state: state.into(),
+            rtt_us,
+            send_mbit: 0.0,
+            receive_mbit: 0.0,
+            loss: 0.0,
+            bytes_sent: 1500,
+            bytes_received: 3000,
+            packets_lost: 2,
+        };
+        Status {
+            host: "a".into(),
+            address: "10.99.0.1".into(),
+            interface: "ri2n0".into(),
+            peers: vec![PeerStatus {
+                // a name the exposition must escape
+                name: "b \"east\"".into(),
+                address: "10.99.0.2".into(),
+                state: "connected".into(),
+                waiting_for: None,
+                packets_sent: 7,
+                packets_received: 9,
+                packets_dropped: 0,
+                links: vec![link("up", Some(250)), link("down", None)],
+            }],
+        }
+    }
+
+    #[test]
+    fn the_metrics_are_the_snapshot_in_the_openmetrics_text_format() {
+        let text = prometheus(&snapshot());
+        let peer = r#"host="a",peer="b \"east\"""#;
+        let up = format!(r#"{peer},local="10.0.1.1:7400",remote="10.0.1.2:7400""#);
+        let down = format!(r#"{peer},local="10.0.1.1:7400",remote="10.0.2.2:7400""#);
+        for line in [
+            "# TYPE ri2n_tunnel_peer_connected gauge".to_owned(),
+            format!("ri2n_tunnel_peer_connected{{{peer}}} 1"),
+            "# TYPE ri2n_tunnel_packets_sent counter".to_owned(),
+            format!("ri2n_tunnel_packets_sent_total{{{peer}}} 7"),
+            format!("ri2n_tunnel_packets_received_total{{{peer}}} 9"),
+            format!("ri2n_tunnel_packets_dropped_total{{{peer}}} 0"),
+            format!("ri2n_tunnel_link_up{{{up}}} 1"),
+            format!("ri2n_tunnel_link_up{{{down}}} 0"),
+            "# UNIT ri2n_tunnel_link_rtt_seconds seconds".to_owned(),
+            format!("ri2n_tunnel_link_rtt_seconds{{{up}}} 0.00025"),
+            format!("ri2n_tunnel_link_sent_bytes_total{{{up}}} 1500"),
+            format!("ri2n_tunnel_link_received_bytes_total{{{down}}} 3000"),
+            format!("ri2n_tunnel_link_lost_packets_total{{{up}}} 2"),
+            "# EOF".to_owned(),
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        // a link that is down has no round trip, not a stale or made-up one
+        assert!(!text.contains(&format!("ri2n_tunnel_link_rtt_seconds{{{down}}}")));
+    }
 }

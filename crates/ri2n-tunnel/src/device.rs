@@ -17,7 +17,7 @@ use std::os::unix::fs::OpenOptionsExt;
 
 use smallvec::SmallVec;
 
-use super::offload::{VnetHeader, PLAIN_HEADER, VNET_HDR_LEN};
+use crate::offload::{VnetHeader, PLAIN_HEADER, VNET_HDR_LEN};
 
 /// Packets the interface queues for the daemon to read (the kernel's default for TUN is
 /// 500: a few milliseconds of full-size packets at gigabit rates, less than the daemon may

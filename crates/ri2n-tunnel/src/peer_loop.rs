@@ -22,11 +22,11 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use ri2n::{Connection, ConnectionState, Endpoint};
 use smallvec::SmallVec;
 
-use super::device::Tun;
-use super::offload;
-use super::peers::{Peer, Peers};
-use super::{connection_config, summary, BATCH};
-use crate::Carry;
+use crate::device::Tun;
+use crate::offload;
+use crate::peers::{Peer, Peers};
+use crate::route::BATCH;
+use crate::{connection_config, summary, Carry, Stop};
 
 /// Pause between a lost or refused connection and the next attempt.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
@@ -66,7 +66,12 @@ struct Slot {
 }
 
 /// Starts the loop on a thread of its own; the returned handle feeds it.
-pub fn start(peers: Arc<Peers>, tun: Tun) -> std::io::Result<Arc<Handle>> {
+pub fn start(
+    peers: Arc<Peers>,
+    tun: Tun,
+    describe_refusal: fn(&ri2n::RefusedHandshake) -> String,
+    stop: Arc<Stop>,
+) -> std::io::Result<Arc<Handle>> {
     let poll = Poll::new()?;
     let handle = Arc::new(Handle {
         added: Mutex::new(Vec::new()),
@@ -82,6 +87,8 @@ pub fn start(peers: Arc<Peers>, tun: Tun) -> std::io::Result<Arc<Handle>> {
         ready: VecDeque::new(),
         endpoint: None,
         out: Delivery::default(),
+        describe_refusal,
+        stop,
     };
     let table = l.peers.table();
     let now = Instant::now();
@@ -113,6 +120,9 @@ struct Loop {
     /// The endpoint whose descriptor is registered, with its generation.
     endpoint: Option<(u64, Endpoint)>,
     out: Delivery,
+    describe_refusal: fn(&ri2n::RefusedHandshake) -> String,
+    /// Stops the daemon when waiting fails.
+    stop: Arc<Stop>,
 }
 
 impl Loop {
@@ -149,8 +159,9 @@ impl Loop {
             }
             if let Err(e) = self.poll.poll(&mut events, Some(Duration::ZERO)) {
                 if e.kind() != ErrorKind::Interrupted {
-                    eprintln!("ri2n tunnel: waiting on the connections failed: {e}");
-                    std::process::exit(i32::from(crate::error::GENERIC));
+                    return self
+                        .stop
+                        .fail(format!("waiting on the connections failed: {e}"));
                 }
             }
             for ev in events.iter() {
@@ -220,7 +231,7 @@ impl Loop {
         }
         if let Some((generation, endpoint)) = &self.endpoint {
             for r in endpoint.refused_handshakes() {
-                eprintln!("ri2n tunnel: {}", crate::net::describe_refusal(&r));
+                eprintln!("ri2n tunnel: {}", (self.describe_refusal)(&r));
             }
             let generation = *generation;
             if self.accept_all() && self.peers.endpoint.closed_for_good(generation) {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use ri2n::{Endpoint, EndpointConfig};
 
-use crate::error::Failure;
+use crate::Error;
 
 /// How often the missing addresses are looked for.
 const LOOK_AGAIN: Duration = Duration::from_secs(1);
@@ -66,7 +66,7 @@ impl Current {
 pub fn bind_present(
     locals: &[SocketAddr],
     config: &dyn Fn(Vec<SocketAddr>) -> EndpointConfig,
-) -> Result<(Endpoint, Vec<SocketAddr>), Failure> {
+) -> Result<(Endpoint, Vec<SocketAddr>), Error> {
     let mut present = locals.to_vec();
     let mut missing = Vec::new();
     loop {
@@ -83,7 +83,7 @@ pub fn bind_present(
                 present.retain(|&a| a != addr);
                 missing.push(addr);
             }
-            Err(e) => return Err(Failure::endpoint(e, &[], Duration::ZERO)),
+            Err(e) => return Err(Error::Endpoint(e)),
         }
     }
 }

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use ri2n::Connection;
 
-use super::config::{Cluster, Host};
-use super::links;
+use crate::config::{Cluster, Host};
+use crate::links;
 use crate::Carry;
 
 /// One other host of the cluster.
@@ -230,7 +230,7 @@ mod tests {
     use super::*;
 
     fn cluster(extra: &str) -> Cluster {
-        let text = format!("{}{extra}", super::super::config::tests::GOOD);
+        let text = format!("{}{extra}", crate::config::tests::GOOD);
         Cluster::parse(Path::new("/etc/ri2n/cluster.toml"), &text).unwrap()
     }
 

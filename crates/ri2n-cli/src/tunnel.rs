@@ -1,0 +1,82 @@
+//! `ri2n tunnel`: the command's front of the `ri2n-tunnel` daemon. Here are what a command
+//! owns: the options, the key file (read as every command reads it), the words for the other
+//! commands a refused peer speaks, and the exit codes.
+
+use std::path::Path;
+use std::time::Duration;
+
+use ri2n_tunnel::{Cluster, Error, Options};
+
+use crate::error::{Failure, BIND, GENERIC, USAGE};
+use crate::{Carry, TunnelArgs, TunnelStatusArgs};
+
+/// `ri2n tunnel --config FILE [--name HOST]`: runs until SIGINT or SIGTERM; SIGHUP reads the
+/// cluster file again.
+pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
+    let (cluster, me) = load(&args.config, args.name.as_deref())?;
+    let key = load_key(&cluster)?;
+    let options = Options {
+        config: args.config.clone(),
+        carry: match args.carry {
+            Carry::Datagrams => ri2n_tunnel::Carry::Datagrams,
+            Carry::Messages => ri2n_tunnel::Carry::Messages,
+        },
+        metrics: args.metrics,
+        describe_refusal: crate::net::describe_refusal,
+    };
+    ri2n_tunnel::run(&options, cluster, me, key).map_err(failure)
+}
+
+/// `ri2n tunnel status`: the running daemon's view of every peer and link.
+pub fn status(args: &TunnelStatusArgs) -> Result<(), Failure> {
+    let (cluster, me) = load(&args.config, args.name.as_deref())?;
+    let s =
+        ri2n_tunnel::query_status(&cluster.hosts[me].name).map_err(|e| Failure::new(GENERIC, e))?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string(&s).map_err(|e| Failure::new(GENERIC, e.to_string()))?
+        );
+    } else {
+        print!("{}", ri2n_tunnel::status_table(&s));
+    }
+    Ok(())
+}
+
+/// Checks a cluster file and prints what this host would be (used by `--check`).
+pub fn describe(path: &Path, name: Option<&str>) -> Result<String, Failure> {
+    let (cluster, me) = load(path, name)?;
+    // the daemon would fail on it at once: the key file is part of the configuration
+    load_key(&cluster)?;
+    let h = &cluster.hosts[me];
+    Ok(format!(
+        "{}: {} hosts; this host is {} ({}/{} on {})",
+        path.display(),
+        cluster.hosts.len(),
+        h.name,
+        h.address,
+        cluster.prefix,
+        cluster.interface
+    ))
+}
+
+/// The cluster file at `path` and this host's position in it; errors exit 2.
+fn load(path: &Path, name: Option<&str>) -> Result<(Cluster, usize), Failure> {
+    ri2n_tunnel::load(path, name).map_err(failure)
+}
+
+/// The key the cluster file names, read as `--key` reads one.
+fn load_key(cluster: &Cluster) -> Result<ri2n::Key, Failure> {
+    let opts = crate::ChannelOpts::with_key(Some(cluster.key.clone()));
+    Ok(crate::key::load(&opts)?.expect("a key path was given"))
+}
+
+/// The exit code of each way the daemon fails.
+fn failure(e: Error) -> Failure {
+    match e {
+        Error::Config(message) => Failure::new(USAGE, message),
+        Error::Endpoint(e) => Failure::endpoint(e, &[], Duration::ZERO),
+        e @ Error::Metrics { .. } => Failure::new(BIND, e.to_string()),
+        e @ (Error::Io { .. } | Error::Failed(_)) => Failure::new(GENERIC, e.to_string()),
+    }
+}

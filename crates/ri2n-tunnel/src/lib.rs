@@ -1,0 +1,347 @@
+//! `ri2n tunnel` as a library: every IP application of a cluster gets ri2n's links,
+//! unchanged. The `ri2n` command is its front (options, key file, exit codes); this crate is
+//! the daemon.
+//!
+//! Each host runs one daemon with the same cluster file (`config`): a TUN interface holding
+//! the host's tunnel address (`device`), one ri2n endpoint on the host's address on every
+//! network (`links`: an address missing at start is taken up later), and one connection to
+//! every other host (`peers`; the one listed first connects, again and again while the other
+//! is away). Each IP packet read from the interface travels to the host owning its
+//! destination as one unreliable datagram (docs/PROTOCOL.md §5.9): inner TCP keeps the only
+//! recovery loop for congestion loss, and sees a link failure or an outage as delay, not
+//! loss. Threads, however many peers: one reads the interface and routes (`route`); one
+//! connects to the peers, accepts them and writes what every connection receives to the
+//! interface (`peer_loop`), both with the interface's TCP offloads (`offload`); one samples
+//! the status that a Unix socket and Prometheus serve (`status`).
+//!
+//! Written here rather than taken from a crate: the TUN set-up (`device`: a few ioctls for
+//! the virtio-net header and the TSO flags) and the offload arithmetic (`offload`). This
+//! daemon carries a large TCP segment whole, as one datagram, and writes it whole on the
+//! other side; `tun-rs`'s offload reads split each one into MTU-sized packets and coalesce
+//! them again on write (the wireguard-go scheme), which is the per-packet work carrying it
+//! whole avoids.
+
+mod config;
+mod device;
+mod links;
+mod offload;
+mod peer_loop;
+mod peers;
+mod route;
+mod status;
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use ri2n::{ConnectionConfig, Endpoint, EndpointConfig, Key, RefusedHandshake};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+
+pub use config::{Cluster, ConfigError, Host, DEFAULT_INTERFACE, DEFAULT_PORT, DEFAULT_PREFIX};
+pub use status::{query as query_status, table as status_table, LinkStatus, PeerStatus, Status};
+
+use device::Tun;
+use peers::Peers;
+
+/// How long a connecting host waits for a peer's answer before trying again.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Received packets a connection keeps for the interface (the engine's default, 1 MiB, is
+/// 4 ms of two 1 Gbit/s links: a writer that misses a few milliseconds of CPU would drop).
+const RECEIVE_BUFFER: usize = 4 << 20;
+
+/// How IP packets ride between the hosts; every host of a cluster must use the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Carry {
+    /// Each packet as one unreliable datagram: inner TCP recovers what is lost.
+    Datagrams,
+    /// Each packet as one reliable message (a large segment cut to the MTU first).
+    Messages,
+}
+
+impl Carry {
+    /// The application name in the handshake: the carry is part of it, so two hosts that
+    /// disagree are refused in the handshake and both say why, instead of connecting and
+    /// losing every packet.
+    pub const fn application(self) -> &'static str {
+        match self {
+            Carry::Datagrams => "ri2n tunnel",
+            Carry::Messages => "ri2n tunnel, messages",
+        }
+    }
+}
+
+/// What the daemon is told besides the cluster file.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The cluster file, read again on SIGHUP.
+    pub config: PathBuf,
+    pub carry: Carry,
+    /// Also serve the status as Prometheus metrics over HTTP on this address.
+    pub metrics: Option<SocketAddr>,
+    /// How a refused handshake is put in the log (the front knows the other side's commands
+    /// by their application names).
+    pub describe_refusal: fn(&RefusedHandshake) -> String,
+}
+
+/// Why the daemon could not start, or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The cluster file cannot be used, or does not name this host.
+    #[error("{0}")]
+    Config(String),
+    /// The endpoint could not be made on this host's link addresses.
+    #[error(transparent)]
+    Endpoint(ri2n::Error),
+    /// The metrics address could not be bound.
+    #[error("cannot serve metrics on {addr}: {source}")]
+    Metrics { addr: SocketAddr, source: io::Error },
+    /// A resource the daemon needs: the interface, the status socket, a thread.
+    #[error("{context}: {source}")]
+    Io { context: String, source: io::Error },
+    /// The interface or the connections could no longer be served; the daemon stopped.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl Error {
+    fn io(context: impl Into<String>, source: io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+/// The cluster file at `path` and this host's position in it (named `name`, else found by
+/// its link addresses).
+pub fn load(path: &Path, name: Option<&str>) -> Result<(Cluster, usize), Error> {
+    let cluster = Cluster::load(path).map_err(|e| Error::Config(e.to_string()))?;
+    let me = cluster
+        .find_self(name)
+        .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+    Ok((cluster, me))
+}
+
+/// Every connection of the tunnel, named by its carry in the handshake: no deadline on an
+/// outage (a host away for minutes is taken back when it returns, and packets wait for a
+/// link meanwhile).
+fn connection_config(carry: Carry) -> ConnectionConfig {
+    ConnectionConfig::default()
+        .with_application(carry.application())
+        .with_accept_messages(true)
+        .with_accept_datagrams(true)
+        .with_handshake_timeout(CONNECT_TIMEOUT)
+        .with_datagram_receive_buffer(RECEIVE_BUFFER)
+}
+
+/// How a thread of the daemon that can no longer work stops it: the signal wait returns,
+/// and the daemon shuts down as on SIGTERM, then reports why.
+pub(crate) struct Stop {
+    signals: signal_hook::iterator::Handle,
+    why: Mutex<Option<String>>,
+}
+
+impl Stop {
+    pub(crate) fn fail(&self, why: String) {
+        eprintln!("ri2n tunnel: {why}");
+        self.why
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(why);
+        self.signals.close();
+    }
+}
+
+/// Runs the daemon of host `me` of `cluster` with `key` (the cluster's, loaded by the
+/// front) until SIGINT or SIGTERM; SIGHUP reads the cluster file again. Returns once the
+/// connections are closed; the interface goes with the process.
+pub fn run(options: &Options, cluster: Cluster, me: usize, key: Key) -> Result<(), Error> {
+    let host = cluster.hosts[me].clone();
+    let port = cluster.port;
+    let locals: Vec<SocketAddr> = host
+        .links
+        .iter()
+        .map(|&ip| SocketAddr::new(ip, port))
+        .collect();
+    let carry = options.carry;
+    let endpoint_config = move |addrs: Vec<SocketAddr>| {
+        // one shard: the peer loop receives on its sockets itself (`peer_loop`)
+        EndpointConfig::new(addrs)
+            .server()
+            .with_shards(Some(1))
+            .with_key(Some(key.clone()))
+            .with_server_connection(connection_config(carry))
+    };
+    let (endpoint, missing) = links::bind_present(&locals, &endpoint_config)?;
+    let present: Vec<String> = (locals.iter())
+        .filter(|a| !missing.contains(a))
+        .map(ToString::to_string)
+        .collect();
+
+    // the interface's MTU is what one packet carries on every link: an inner packet that is
+    // not a large TCP segment goes unsplit (and is lost alone)
+    let ipv6 = cluster
+        .hosts
+        .iter()
+        .flat_map(|h| &h.links)
+        .any(IpAddr::is_ipv6);
+    let base = ConnectionConfig::default().max_datagram_size - if ipv6 { 20 } else { 0 };
+    let mtu = ri2n::datagram_capacity(base, true);
+    let tun = Tun::create(&cluster.interface, host.address, cluster.prefix, mtu)
+        .map_err(Error::Failed)?;
+    eprintln!(
+        "ri2n tunnel: {} is {}/{} on {} (MTU {mtu}); links {}; {} peers",
+        host.name,
+        host.address,
+        cluster.prefix,
+        cluster.interface,
+        present.join(", "),
+        cluster.hosts.len() - 1
+    );
+
+    let interface = cluster.interface.clone();
+    let peers = Arc::new(Peers::new(cluster, me, carry, endpoint));
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
+        .map_err(|e| Error::io("cannot watch SIGINT, SIGTERM and SIGHUP", e))?;
+    let stop = Arc::new(Stop {
+        signals: signals.handle(),
+        why: Mutex::new(None),
+    });
+
+    let latest = Arc::new(Mutex::new(status::Status {
+        host: host.name.clone(),
+        address: host.address.to_string(),
+        interface: interface.clone(),
+        peers: Vec::new(),
+    }));
+    {
+        let (peers, latest) = (peers.clone(), latest.clone());
+        thread::spawn(move || status::sample_loop(peers, latest));
+    }
+    let socket = status::socket_path(&host.name);
+    status::serve_socket(&socket, latest.clone()).map_err(|e| {
+        Error::io(
+            format!("cannot serve the status on {}", socket.display()),
+            e,
+        )
+    })?;
+    if let Some(addr) = options.metrics {
+        status::serve_metrics(addr, latest).map_err(|source| Error::Metrics { addr, source })?;
+    }
+
+    let peer_loop = peer_loop::start(
+        peers.clone(),
+        tun_handle(&tun)?,
+        options.describe_refusal,
+        stop.clone(),
+    )
+    .map_err(|e| Error::io("cannot start the peer loop", e))?;
+    if !missing.is_empty() {
+        let peers = peers.clone();
+        thread::spawn(move || {
+            let end_connections = |_: &Endpoint| {
+                for c in peers.table().peers.iter().filter_map(|p| p.conn()) {
+                    c.abort(0, "the peer's link addresses changed: connecting again");
+                }
+            };
+            links::bind_late(
+                &peers.endpoint,
+                &locals,
+                missing,
+                &endpoint_config,
+                &end_connections,
+            );
+        });
+    }
+    {
+        let (peers, tun, stop) = (peers.clone(), tun_handle(&tun)?, stop.clone());
+        thread::spawn(move || route::route_loop(&peers, &tun, &stop));
+    }
+
+    // none: a thread failed (`Stop::fail` closed the wait)
+    let signal = loop {
+        match signals.forever().next() {
+            Some(SIGHUP) => reload(&peers, &options.config, &peer_loop),
+            other => break other,
+        }
+    };
+    eprintln!(
+        "ri2n tunnel: {}: closing the connections and removing {interface}",
+        match signal {
+            Some(SIGINT) => "SIGINT",
+            Some(_) => "SIGTERM",
+            None => "stopping",
+        },
+    );
+    for peer in &peers.table().peers {
+        if let Some(c) = peer.conn() {
+            eprintln!("ri2n tunnel: {}: {}", peer.name(), summary(&c.stats()));
+            c.abort(0, "the tunnel on the peer stopped");
+        }
+    }
+    let _ = std::fs::remove_file(&socket);
+    if let Some((_, endpoint)) = peers.endpoint.get() {
+        let _ = endpoint.close(Some(Duration::from_millis(500)));
+    }
+    // returning ends the process, which closes the interface: the kernel removes it
+    let failed = stop.why.lock().unwrap_or_else(|e| e.into_inner()).take();
+    failed.map_or(Ok(()), |why| Err(Error::Failed(why)))
+}
+
+/// SIGHUP: reads the cluster file again and puts it in use (see [`Peers::reload`]); a file
+/// that cannot be used is logged and the one in use kept.
+fn reload(peers: &Arc<Peers>, config: &Path, peer_loop: &peer_loop::Handle) {
+    let me = peers.table().me().name.clone();
+    let loaded = load(config, Some(&me))
+        .map_err(|e| e.to_string())
+        .and_then(|(cluster, me)| peers.reload(cluster, me));
+    match loaded {
+        Ok(added) => {
+            eprintln!("ri2n tunnel: SIGHUP: {} read again", config.display());
+            for peer in added.into_iter().filter(|p| p.connects) {
+                peer_loop.connect_to(peer);
+            }
+        }
+        Err(e) => eprintln!("ri2n tunnel: SIGHUP: the cluster file in use is kept: {e}"),
+    }
+}
+
+fn tun_handle(tun: &Tun) -> Result<Tun, Error> {
+    tun.try_clone()
+        .map_err(|e| Error::io("cannot duplicate the TUN descriptor", e))
+}
+
+/// What a connection to a peer carried, on one line.
+fn summary(s: &ri2n::ConnectionStats) -> String {
+    let links: Vec<String> = s
+        .links
+        .iter()
+        .map(|l| {
+            format!(
+                "{}->{} {} {:.1} MB sent, {} lost, srtt {} us",
+                l.local.ip(),
+                l.remote.ip(),
+                l.state,
+                l.bytes_sent as f64 / 1e6,
+                l.packets_lost,
+                l.current_rtt()
+                    .map_or("-".to_owned(), |d| d.as_micros().to_string())
+            )
+        })
+        .collect();
+    format!(
+        "datagrams sent {} (again after a link failure {}, dropped unsent {}), received {} \
+         (dropped {}, duplicate {}; pieces held for their order {}); links: {}",
+        s.datagrams_sent,
+        s.datagrams_resent,
+        s.datagrams_send_dropped,
+        s.datagrams_received,
+        s.datagrams_receive_dropped,
+        s.datagrams_duplicate,
+        s.datagrams_reordered,
+        links.join("; ")
+    )
+}
