@@ -15,11 +15,11 @@
 //! the status that a Unix socket and Prometheus serve (`status`).
 //!
 //! Written here rather than taken from a crate: the TUN set-up (`device`: a few ioctls for
-//! the virtio-net header and the TSO flags) and the offload arithmetic (`offload`). This
-//! daemon carries a large TCP segment whole, as one datagram, and writes it whole on the
-//! other side; `tun-rs`'s offload reads split each one into MTU-sized packets and coalesce
-//! them again on write (the wireguard-go scheme), which is the per-packet work carrying it
-//! whole avoids.
+//! the virtio-net header and the TSO flags) and the offloads (`offload`, whose header
+//! parsing is `etherparse`'s). This daemon carries a large TCP segment whole, as one
+//! datagram, and writes it whole on the other side; `tun-rs`'s offload reads split each one
+//! into MTU-sized packets and coalesce them again on write (the wireguard-go scheme), which
+//! is the per-packet work carrying it whole avoids.
 
 mod config;
 mod device;

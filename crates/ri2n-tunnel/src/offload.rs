@@ -7,15 +7,22 @@
 //! or [`split`] cuts it as Linux's `tcp_gso_segment` does. On writes (GRO), consecutive
 //! segments of one flow go to the interface as one ([`runs`], [`merged_header`]), so the
 //! kernel runs its IP and TCP receive path, inside each `write`, once per run.
+//!
+//! Headers are read through `etherparse`'s checked views; they are rewritten (lengths, IDs,
+//! sequence numbers, flags) and their checksums summed here, in place on the packet's bytes,
+//! where `etherparse` would write whole headers from decoded structs.
 
 use std::ops::Range;
+
+use etherparse::{IpNumber, Ipv4HeaderSlice, TcpHeaderSlice};
 
 /// Largest IP packet a coalesced write may describe.
 const MAX_TOTAL: usize = 65_535;
 /// Most segments merged into one write.
 const MAX_SEGMENTS: usize = 64;
 
-const TCP: u8 = 6;
+/// The IP protocol number of TCP, as the pseudo-header sums take it.
+const TCP: u8 = IpNumber::TCP.0;
 const ACK: u8 = 0x10;
 const PSH: u8 = 0x08;
 
@@ -111,20 +118,21 @@ pub fn split(header: &VnetHeader, packet: &[u8], out: &mut Packets) -> usize {
         return 1;
     }
     let mss = usize::from(header.gso_size);
-    if gso != VIRTIO_NET_HDR_GSO_TCPV4 || mss == 0 || packet.len() < 40 || packet[0] >> 4 != 4 {
+    if gso != VIRTIO_NET_HDR_GSO_TCPV4 || mss == 0 {
         return 0;
     }
-    let ip_len = usize::from(packet[0] & 0x0f) * 4;
-    if ip_len < 20 || packet.len() < ip_len + 20 || packet[9] != TCP {
+    let Ok(ip) = Ipv4HeaderSlice::from_slice(packet) else {
+        return 0;
+    };
+    if ip.protocol() != IpNumber::TCP {
         return 0;
     }
-    let header_len = ip_len + usize::from(packet[ip_len + 12] >> 4) * 4;
-    if header_len < ip_len + 20 || header_len > packet.len() {
+    let ip_len = ip.slice().len();
+    let Ok(tcp) = TcpHeaderSlice::from_slice(&packet[ip_len..]) else {
         return 0;
-    }
-    let id = u16::from_be_bytes([packet[4], packet[5]]);
-    let seq = u32::from_be_bytes(packet[ip_len + 4..ip_len + 8].try_into().expect("4 bytes"));
-    let flags = packet[ip_len + 13];
+    };
+    let header_len = ip_len + tcp.slice().len();
+    let (id, seq, flags) = (ip.identification(), tcp.sequence_number(), tcp.slice()[13]);
     let payload = &packet[header_len..];
     let count = payload.len().div_ceil(mss);
     for (i, chunk) in payload.chunks(mss).enumerate() {
@@ -258,24 +266,23 @@ struct TcpView<'a> {
 
 impl<'a> TcpView<'a> {
     fn parse(packet: &'a [u8]) -> Option<Self> {
-        if packet.len() < 40 || packet[0] != 0x45 || packet[9] != TCP {
-            return None; // not IPv4 without options, or not TCP
-        }
-        let total = usize::from(u16::from_be_bytes([packet[2], packet[3]]));
-        // no fragments (MF or an offset; DF is fine)
-        if total != packet.len() || u16::from_be_bytes([packet[6], packet[7]]) & 0x3fff != 0 {
+        let ip = Ipv4HeaderSlice::from_slice(packet).ok()?;
+        // IPv4 without options (the coalescer compares headers at fixed offsets), TCP, the
+        // whole packet, no fragment (MF or an offset; DF is fine)
+        if ip.ihl() != 5
+            || ip.protocol() != IpNumber::TCP
+            || usize::from(ip.total_len()) != packet.len()
+            || ip.is_fragmenting_payload()
+        {
             return None;
         }
-        let tcp_len = usize::from(packet[32] >> 4) * 4;
-        let header_len = 20 + tcp_len;
-        if tcp_len < 20 || header_len > packet.len() {
-            return None;
-        }
+        let tcp = TcpHeaderSlice::from_slice(&packet[20..]).ok()?;
         Some(Self {
             packet,
-            header_len,
-            seq: u32::from_be_bytes([packet[24], packet[25], packet[26], packet[27]]),
-            flags: packet[33],
+            header_len: 20 + tcp.slice().len(),
+            seq: tcp.sequence_number(),
+            // the flags byte whole (CWR to FIN), compared as such
+            flags: tcp.slice()[13],
         })
     }
 
@@ -627,3 +634,4 @@ mod tests {
         assert_eq!(r[1], 47..60);
     }
 }
+

@@ -17,6 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use etherparse::Ipv4HeaderSlice;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use ri2n::{Connection, ConnectionState, Endpoint};
@@ -530,7 +531,7 @@ fn write_plain(
     header: &mut Vec<u8>,
     source: &[u8; 4],
 ) {
-    packets.retain(|p| p.len() >= 20 && p[0] >> 4 == 4 && p[12..16] == *source);
+    packets.retain(|p| Ipv4HeaderSlice::from_slice(p).is_ok_and(|ip| ip.source() == *source));
     offload::runs(packets, runs);
     for run in runs.drain(..) {
         let run = &packets[run];

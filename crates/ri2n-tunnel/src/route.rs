@@ -1,8 +1,9 @@
 //! The route loop: reads the interface and hands each IPv4 packet to the connection of the
 //! host that owns its destination.
 
-use std::net::Ipv4Addr;
 use std::sync::atomic::Ordering;
+
+use etherparse::Ipv4HeaderSlice;
 
 use crate::device::Tun;
 use crate::peers::{self, Peers};
@@ -95,10 +96,6 @@ pub(crate) fn route_loop(peers: &Peers, tun: &Tun, stop: &Stop) {
 /// The peer owning an IPv4 packet's destination; None for anything else (IPv6, an address
 /// no host owns): dropped, as a router without a route would.
 fn destination(table: &peers::Table, packet: &[u8]) -> Option<usize> {
-    if packet.len() < 20 || packet[0] >> 4 != 4 {
-        return None;
-    }
-    table.by_tunnel_address(Ipv4Addr::new(
-        packet[16], packet[17], packet[18], packet[19],
-    ))
+    let ip = Ipv4HeaderSlice::from_slice(packet).ok()?;
+    table.by_tunnel_address(ip.destination_addr())
 }
