@@ -634,4 +634,3 @@ mod tests {
         assert_eq!(r[1], 47..60);
     }
 }
-

@@ -6,9 +6,10 @@
 //! accepts the hosts listed before, and waits on the readiness descriptors of the endpoint and
 //! of every connection in one `epoll` set (mio). A peer costs its connection and a slot here,
 //! not a thread. While it waits, this thread receives on the endpoint's sockets itself
-//! ([`ri2n::Endpoint::wait_receiving`]): an arriving packet wakes it alone, and it writes the
-//! packet to the interface. Sending does not pass through here: the route thread hands each
-//! packet read from the interface to its peer's connection.
+//! ([`ri2n::Endpoint::wait_receiving`]): an arriving packet wakes it alone, the call names
+//! the connections it made readable (each connection's token is its slot), and the thread
+//! writes the packets to the interface. Sending does not pass through here: the route
+//! thread hands each packet read from the interface to its peer's connection.
 
 use std::collections::VecDeque;
 use std::io::ErrorKind;
@@ -129,6 +130,8 @@ struct Loop {
 impl Loop {
     fn run(mut self) {
         let mut events = Events::with_capacity(256);
+        // slots whose connection the endpoint reported readable (their token is the slot)
+        let mut readable = Vec::new();
         let mut next_housekeeping = Instant::now();
         loop {
             let now = Instant::now();
@@ -143,27 +146,39 @@ impl Loop {
                 .chain([next_housekeeping])
                 .min()
                 .unwrap_or(next_housekeeping);
+            let mut look_at_set = true;
             if self.ready.is_empty() {
                 let timeout = wake_at.saturating_duration_since(Instant::now());
-                // this thread receives what arrives itself, and returns when the arrival (or
-                // anything else) made a descriptor of the set ready: no other thread wakes
+                // this thread receives what arrives itself and returns with the connections
+                // the arrival made readable (or when a descriptor of the set is ready): no
+                // other thread wakes, and no descriptor is signalled and read
                 match &self.endpoint {
                     Some((_, endpoint)) => {
                         // SAFETY: the descriptor of `self.poll`, which outlives the call
                         let set = unsafe { BorrowedFd::borrow_raw(self.poll.as_raw_fd()) };
-                        endpoint.wait_receiving(0, set, Some(timeout));
+                        look_at_set = endpoint.wait_receiving(0, set, Some(timeout), &mut readable);
                     }
                     // the endpoint is being made again: connections wait for it (their
                     // retries may be due already)
                     None => std::thread::sleep(RETRY_PAUSE),
                 }
             }
-            if let Err(e) = self.poll.poll(&mut events, Some(Duration::ZERO)) {
-                if e.kind() != ErrorKind::Interrupted {
-                    return self
-                        .stop
-                        .fail(format!("waiting on the connections failed: {e}"));
+            for k in readable.drain(..) {
+                let k = usize::try_from(k).unwrap_or(usize::MAX);
+                if self.slots.get(k).is_some_and(Option::is_some) && !self.ready.contains(&k) {
+                    self.ready.push_back(k);
                 }
+            }
+            if look_at_set {
+                if let Err(e) = self.poll.poll(&mut events, Some(Duration::ZERO)) {
+                    if e.kind() != ErrorKind::Interrupted {
+                        return self
+                            .stop
+                            .fail(format!("waiting on the connections failed: {e}"));
+                    }
+                }
+            } else {
+                events.clear();
             }
             for ev in events.iter() {
                 match ev.token() {
@@ -327,6 +342,8 @@ impl Loop {
             let fd = fd.as_raw_fd();
             (self.poll.registry()).register(&mut SourceFd(&fd), Token(k), Interest::READABLE)
         });
+        // what this thread receives for it is reported by slot, not through the descriptor
+        conn.set_loop_token(Some(k as u64));
         if let Err(e) = registered {
             eprintln!(
                 "ri2n tunnel: cannot wait on the connection to {}: {e}",

@@ -27,9 +27,13 @@ pub(crate) fn route_loop(peers: &Peers, tun: &Tun, stop: &Stop) {
     let mut packets = offload::Packets::default();
     let mut dests: Vec<usize> = Vec::new();
     let mut batch_peers: Vec<usize> = Vec::new();
+    // the last batch ended at the interface's empty queue: wait before reading again
+    let mut drained = true;
     loop {
-        if let Err(e) = tun.wait_readable() {
-            return stop.fail(format!("waiting for the interface failed: {e}"));
+        if drained {
+            if let Err(e) = tun.wait_readable() {
+                return stop.fail(format!("waiting for the interface failed: {e}"));
+            }
         }
         packets.clear();
         dests.clear();
@@ -38,7 +42,12 @@ pub(crate) fn route_loop(peers: &Peers, tun: &Tun, stop: &Stop) {
         // about BATCH packets or BATCH_BYTES: a batch of 64 large segments would be 4 MB,
         // more than a connection queues (it would drop the oldest)
         let mut bytes = 0;
-        while packets.len() < BATCH && bytes < BATCH_BYTES {
+        // The first packet after a wait goes at once, before the read that would find the
+        // queue empty: a lone packet (a request, a reply) pays no system call on its way
+        // out but its read and its send. What came behind it is read in batches from then on.
+        let lone = drained;
+        drained = false;
+        while packets.len() < BATCH && bytes < BATCH_BYTES && !(lone && packets.len() > 0) {
             match tun.read(&mut buf) {
                 Ok((header, len)) => {
                     let dest = destination(&table, &buf[..len]).unwrap_or(usize::MAX);
@@ -51,7 +60,10 @@ pub(crate) fn route_loop(peers: &Peers, tun: &Tun, stop: &Stop) {
                     dests.extend(std::iter::repeat_n(dest, added));
                     bytes += len;
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    drained = true;
+                    break;
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return stop.fail(format!("reading the interface failed: {e}")),
             }

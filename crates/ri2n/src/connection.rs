@@ -326,6 +326,18 @@ impl Connection {
         }
     }
 
+    /// Has [`Endpoint::wait_receiving`](crate::Endpoint::wait_receiving) report the
+    /// connection by `token` when data that call received makes it readable, instead of
+    /// signalling its readiness descriptors (`None`: signal them again; `u64::MAX` counts as
+    /// none). The event loop then learns of an arrival without a system call. Everything
+    /// else still signals the descriptors: data another thread received, writability, state
+    /// changes. On the TCP transport it changes nothing.
+    pub fn set_loop_token(&self, token: Option<u64>) {
+        if let Inner::Udp(c) = &self.inner {
+            c.set_loop_token(token);
+        }
+    }
+
     /// A readiness descriptor for writing alone: readable when a retry of
     /// [`try_write`](Self::try_write) or [`try_send_message`](Self::try_send_message) may
     /// succeed (buffer space was freed, or the connection changed state), and cleared only by

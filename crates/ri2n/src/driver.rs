@@ -504,7 +504,7 @@ impl Shared {
     /// while sending, and held again when this returns.
     pub fn after_app_call<'a>(&'a self, st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
         let mut st = self.transmit(st, None);
-        self.dispatch(&mut st).notify();
+        self.dispatch(&mut st, None).notify();
         self.arm_driver(&mut st);
         st
     }
@@ -548,7 +548,7 @@ impl Shared {
         // an error (EINTR) just means: look again
         let _ = poll.poll(events, timeout);
         self.caller_polling.store(false, Ordering::Release);
-        let (received, turned_away) = self.receive_reported(events);
+        let (received, turned_away) = self.receive_reported(events, None);
         let mut st = self.lock();
         st.turn.watching = None;
         // Turned away, this call's next wait is on its condition variable: its
@@ -573,11 +573,19 @@ impl Shared {
     /// Waits until descriptor `ready` is readable or `deadline` passes, watching the sockets
     /// meanwhile as a blocked call does (see [`Self::wait_connection`]): what arrives is
     /// received and handled on this thread, which signals the readiness descriptors of the
-    /// connections concerned. An event loop that waits on those descriptors in its own
-    /// epoll set passes that set as `ready`: an arrival then reaches it with no other
-    /// thread woken. Returns early after handling arrivals (the caller looks at its set and
-    /// waits again). While another call watches the sockets, it waits on `ready` alone.
-    pub fn wait_receiving(&self, ready: RawFd, deadline: Option<Instant>) {
+    /// connections concerned, or, for those with a loop token, appends the token to
+    /// `readable` instead. An event loop that waits on those descriptors in its own epoll set
+    /// passes that set as `ready`: an arrival then reaches it with no other thread woken, and
+    /// with tokens with no system call besides the receive. Returns early after handling
+    /// arrivals (the caller serves `readable`, looks at its set if told so, and waits again),
+    /// telling whether `ready` may be readable. While another call watches the sockets, it
+    /// waits on `ready` alone.
+    pub fn wait_receiving(
+        &self,
+        ready: RawFd,
+        deadline: Option<Instant>,
+        readable: &mut Vec<u64>,
+    ) -> bool {
         let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         let yields = std::mem::take(&mut self.lock().turn.receiving_yields);
         let cp = if yields {
@@ -588,13 +596,14 @@ impl Shared {
         let Some(mut cp) = cp else {
             self.take_sockets_back(&mut self.lock());
             poll_readable(ready, timeout);
-            return;
+            return true;
         };
         let CallerPoll {
             poll,
             events,
             ready: registered,
         } = &mut *cp;
+        let mut readable_now = false;
         if *registered != Some(ready) {
             if let Some(old) = registered.take() {
                 // gone already if the caller closed it
@@ -606,15 +615,18 @@ impl Shared {
                 tracing::error!(error = %e, "epoll_ctl failed");
                 drop(cp);
                 poll_readable(ready, timeout);
-                return;
+                return true;
             }
             *registered = Some(ready);
+            // registered edge-triggered: what was pending before is not reported
+            readable_now = true;
         }
         self.caller_polling.store(true, Ordering::Release);
         // an error (EINTR) just means: look again
         let _ = poll.poll(events, timeout);
         self.caller_polling.store(false, Ordering::Release);
-        let (received, turned_away) = self.receive_reported(events);
+        let (received, turned_away) = self.receive_reported(events, Some(readable));
+        readable_now |= events.iter().any(|e| e.token() == READY_TOKEN);
         drop(cp);
         let mut st = self.lock();
         // the level-triggered instance would report the socket at once again until the
@@ -623,11 +635,17 @@ impl Shared {
         if received {
             self.arm_driver(&mut st);
         }
+        readable_now
     }
 
     /// Receives, for a call that watched the sockets, from each socket its `events` report:
     /// whether anything was received, and whether another thread held the receive buffers.
-    fn receive_reported(&self, events: &Events) -> (bool, bool) {
+    /// `readable`: see [`Self::dispatch`].
+    fn receive_reported(
+        &self,
+        events: &Events,
+        mut readable: Option<&mut Vec<u64>>,
+    ) -> (bool, bool) {
         let (mut received, mut turned_away) = (false, false);
         for ev in events.iter() {
             if ev.token().0 < self.receive_wanted.len() {
@@ -635,7 +653,7 @@ impl Shared {
                 // a full batch: more may wait, and they are taken now rather than at the
                 // next wait
                 loop {
-                    let r = self.receive(ev.token().0, true);
+                    let r = self.receive(ev.token().0, true, readable.as_deref_mut());
                     received |= !matches!(r, Received::Nothing | Received::TurnedAway);
                     turned_away |= r == Received::TurnedAway;
                     if r != Received::MoreMayWait {
@@ -663,12 +681,12 @@ impl Shared {
     /// One turn of the pump from source `i`: receives (without the engine's lock), hands
     /// what came to the engine, sends what the engine has to send, and wakes the calls it
     /// concerns. See [`Self::take_in`] for what it returns.
-    fn receive(&self, i: usize, waiting_call: bool) -> Received {
+    fn receive(&self, i: usize, waiting_call: bool, readable: Option<&mut Vec<u64>>) -> Received {
         let (received, taken) = self.take_in(i, waiting_call);
         if taken {
             let st = self.lock();
             let mut st = self.transmit(st, None);
-            let wakeups = self.dispatch(&mut st);
+            let wakeups = self.dispatch(&mut st, readable);
             drop(st);
             wakeups.notify();
         }
@@ -1049,7 +1067,7 @@ impl Shared {
             st = self.lock();
             if taken {
                 // what came may concern a waiting call: wake it now, not after the streak
-                let wakeups = self.dispatch(&mut st);
+                let wakeups = self.dispatch(&mut st, None);
                 drop(st);
                 wakeups.notify();
                 st = self.lock();
@@ -1076,8 +1094,11 @@ impl Shared {
     }
 
     /// Moves engine events to the per-connection queues; returns whom to wake (the caller
-    /// does so, preferably after releasing the lock).
-    fn dispatch(&self, st: &mut State) -> Wakeups<'_> {
+    /// does so, preferably after releasing the lock). With `readable` (a thread that will
+    /// return to its event loop at once, [`Self::wait_receiving`]), data readiness of a
+    /// connection with a loop token is told by appending the token there, not by signalling
+    /// its readiness descriptors.
+    fn dispatch(&self, st: &mut State, mut readable: Option<&mut Vec<u64>>) -> Wakeups<'_> {
         let mut wake = Wakeups {
             connections: SmallVec::new(),
             caller_poll: None,
@@ -1097,7 +1118,15 @@ impl Shared {
                 wake.driver = Some(&self.waker);
             }
             if let Some(w) = st.readiness.get(&h) {
-                w.signal(&e);
+                let token = w.loop_token().filter(|_| e == Event::Readable);
+                match (token, readable.as_deref_mut()) {
+                    (Some(t), Some(r)) => {
+                        if !r.contains(&t) {
+                            r.push(t);
+                        }
+                    }
+                    _ => w.signal(&e),
+                }
             }
             // Data readiness is a level the application reads with its calls (and the
             // readiness descriptor), not an event to keep: queued, it would crowd out the
@@ -1474,7 +1503,7 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
         // receive everything waiting (mio is edge-triggered: drain until empty)
         for (i, r) in readable.iter_mut().enumerate() {
             while *r {
-                *r = shared.receive(i, false) == Received::MoreMayWait;
+                *r = shared.receive(i, false, None) == Received::MoreMayWait;
             }
         }
         let (timeout, wakeups, confirm, watch, passed_on) = {
@@ -1495,7 +1524,7 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
                 None
             };
             let mut st = shared.transmit(st, Some(now));
-            let wakeups = shared.dispatch(&mut st);
+            let wakeups = shared.dispatch(&mut st, None);
             // While timers are near (data in flight, acknowledgements owed), wake at least every
             // TICK: then a timer an application call sets at least a tick ahead (the next
             // probe timeout, a delayed acknowledgement) needs no wake-up of this thread. A

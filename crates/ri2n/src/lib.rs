@@ -267,27 +267,33 @@ impl Endpoint {
     /// (see [`Connection::shard`]), as a blocked call of one of its connections does. For an
     /// event loop that waits on many connections' readiness descriptors: pass its own epoll
     /// descriptor as `ready`, and an arrival wakes no thread but this one, which receives it,
-    /// signals the descriptor of the connection concerned and returns. It may return early
-    /// (after handling arrivals that concern no descriptor of the set): look at your set,
-    /// then wait again. While another call watches the shard's sockets, it waits on `ready` alone;
-    /// so does it on the TCP transport and for a shard the endpoint does not have. `ready`
-    /// stays registered with the shard between calls (no system call to add it each time):
-    /// pass the same open descriptor every time, such as an event loop's own.
+    /// signals the descriptor of the connection concerned and returns. A connection given a
+    /// token with [`Connection::set_loop_token`] is not signalled for what this call received
+    /// for it: its token is appended to `readable` instead, and the loop serves it (read until
+    /// `WouldBlock`) with no system call to learn of it. Returns whether `ready` may be
+    /// readable: only then need the loop look at its set. It may return early (after
+    /// handling arrivals): serve `readable`, look at your set if told, then wait again. While
+    /// another call watches the shard's sockets, it waits on `ready` alone (and returns
+    /// true); so does it on the TCP transport and for a shard the endpoint does not have.
+    /// `ready` stays registered with the shard between calls (no system call to add it each
+    /// time): pass the same open descriptor every time, such as an event loop's own.
     pub fn wait_receiving(
         &self,
         shard: usize,
         ready: std::os::fd::BorrowedFd<'_>,
         timeout: Option<Duration>,
-    ) {
+        readable: &mut Vec<u64>,
+    ) -> bool {
         use std::os::fd::AsRawFd;
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         match &self.inner {
-            Transports::Udp(s) if shard < s.drivers.len() => {
-                s.drivers[shard]
-                    .shared()
-                    .wait_receiving(ready.as_raw_fd(), deadline);
+            Transports::Udp(s) if shard < s.drivers.len() => s.drivers[shard]
+                .shared()
+                .wait_receiving(ready.as_raw_fd(), deadline, readable),
+            _ => {
+                driver::poll_readable(ready.as_raw_fd(), timeout);
+                true
             }
-            _ => driver::poll_readable(ready.as_raw_fd(), timeout),
         }
     }
 

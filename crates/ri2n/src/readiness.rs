@@ -11,7 +11,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use ri2n_proto::Event;
@@ -87,14 +87,41 @@ pub(crate) enum Interest {
 /// A connection's readiness descriptors, each made on first request. A reader and a writer
 /// waiting apart (tokio's split halves) need one each: with a shared one, the reader's call
 /// would clear a signal meant for the writer before the writer's event loop saw it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Watchers {
     any: OnceLock<Readiness>,
     read: OnceLock<Readiness>,
     write: OnceLock<Readiness>,
+    /// The event loop's token for the connection ([`NO_TOKEN`]: none), see
+    /// `Connection::set_loop_token`.
+    loop_token: AtomicU64,
+}
+
+/// [`Watchers::loop_token`] unset.
+const NO_TOKEN: u64 = u64::MAX;
+
+impl Default for Watchers {
+    fn default() -> Self {
+        Self {
+            any: OnceLock::new(),
+            read: OnceLock::new(),
+            write: OnceLock::new(),
+            loop_token: AtomicU64::new(NO_TOKEN),
+        }
+    }
 }
 
 impl Watchers {
+    /// The token under which `Endpoint::wait_receiving` reports the connection readable.
+    pub fn loop_token(&self) -> Option<u64> {
+        Some(self.loop_token.load(Ordering::Relaxed)).filter(|&t| t != NO_TOKEN)
+    }
+
+    /// Sets it (`None`: unset; `u64::MAX` is taken as unset too).
+    pub fn set_loop_token(&self, token: Option<u64>) {
+        (self.loop_token).store(token.unwrap_or(NO_TOKEN), Ordering::Relaxed);
+    }
+
     fn slot(&self, interest: Interest) -> &OnceLock<Readiness> {
         match interest {
             Interest::Any => &self.any,

@@ -431,6 +431,15 @@ impl UdpConnection {
         self.readiness_fd_for(Interest::Any)
     }
 
+    /// See [`crate::Connection::set_loop_token`].
+    pub(crate) fn set_loop_token(&self, token: Option<u64>) {
+        let mut st = self.driver.shared().lock();
+        if !self.watched.swap(true, Ordering::Relaxed) {
+            st.watch(self.handle, self.watchers.clone());
+        }
+        self.watchers.set_loop_token(token);
+    }
+
     /// A readiness descriptor for reading alone: readable when a retry of
     /// [`try_read`](Self::try_read), [`try_recv_message`](Self::try_recv_message) or
     /// [`try_recv_datagram`](Self::try_recv_datagram) may succeed, and cleared only by them.

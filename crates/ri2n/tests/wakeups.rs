@@ -102,9 +102,11 @@ fn threads_named(name: &str) -> Vec<i32> {
 }
 
 /// An event loop that waits through `Endpoint::wait_receiving` alone serves its connection:
-/// every datagram of 2000 round trips is echoed intact. How often the driver thread was
-/// switched to meanwhile is printed: the loop receives arrivals itself, but a reply that sets
-/// an earlier timer still wakes the driver thread (docs/BENCHMARKS.md has the round trips).
+/// every datagram of 2000 round trips is echoed intact, and the call names the connection by
+/// its loop token for most of them (what the loop's own call received needs no descriptor).
+/// How often the driver thread was switched to meanwhile is printed: the loop receives
+/// arrivals itself, but a reply that sets an earlier timer still wakes the driver thread
+/// (docs/BENCHMARKS.md has the round trips).
 #[test]
 fn an_event_loop_waiting_with_wait_receiving_serves_its_connections() {
     use std::os::fd::{AsRawFd, BorrowedFd};
@@ -138,6 +140,7 @@ fn an_event_loop_waiting_with_wait_receiving_serves_its_connections() {
     let (switches_tx, switches_rx) = mpsc::channel();
     let echo = thread::spawn(move || {
         let conn = server.accept().unwrap();
+        conn.set_loop_token(Some(7));
         let mut poll = Poll::new().unwrap();
         let fd = conn.read_readiness_fd().unwrap().as_raw_fd();
         poll.registry()
@@ -145,6 +148,7 @@ fn an_event_loop_waiting_with_wait_receiving_serves_its_connections() {
             .unwrap();
         let mut events = Events::with_capacity(8);
         let mut echoed = 0;
+        let (mut readable, mut by_token) = (Vec::new(), 0);
         let mut start = None;
         while echoed < ROUNDS {
             loop {
@@ -162,11 +166,17 @@ fn an_event_loop_waiting_with_wait_receiving_serves_its_connections() {
             }
             // SAFETY: `poll`'s descriptor, open for the whole call
             let set = unsafe { BorrowedFd::borrow_raw(poll.as_raw_fd()) };
-            server.wait_receiving(0, set, Some(Duration::from_millis(100)));
-            poll.poll(&mut events, Some(Duration::ZERO)).unwrap();
+            let look =
+                server.wait_receiving(0, set, Some(Duration::from_millis(100)), &mut readable);
+            by_token += readable.iter().filter(|&&t| t == 7).count();
+            assert!(readable.iter().all(|&t| t == 7), "{readable:?}");
+            readable.clear();
+            if look {
+                poll.poll(&mut events, Some(Duration::ZERO)).unwrap();
+            }
         }
         switches_tx
-            .send(switches(driver) - start.unwrap_or(0))
+            .send((switches(driver) - start.unwrap_or(0), by_token))
             .unwrap();
         // keep the connection until the client has its last reply
         thread::sleep(Duration::from_millis(200));
@@ -181,9 +191,16 @@ fn an_event_loop_waiting_with_wait_receiving_serves_its_connections() {
             .expect("a reply");
         assert_eq!(reply, msg, "reply {i}");
     }
-    let woken = switches_rx.recv().unwrap();
+    let (woken, by_token) = switches_rx.recv().unwrap();
     echo.join().unwrap();
-    eprintln!("the server's driver thread: {woken} switches in {ROUNDS} round trips");
+    eprintln!(
+        "the server's driver thread: {woken} switches in {ROUNDS} round trips; the connection \
+         reported by its token {by_token} times"
+    );
+    assert!(
+        by_token >= ROUNDS / 2,
+        "the loop learned of {by_token} of {ROUNDS} arrivals by the connection's token"
+    );
 }
 
 /// `wait_receiving` returns when the caller's own descriptor becomes readable (here a waker
@@ -201,7 +218,8 @@ fn wait_receiving_returns_for_the_callers_descriptor_and_at_its_timeout() {
     let set = unsafe { BorrowedFd::borrow_raw(poll.as_raw_fd()) };
 
     let start = Instant::now();
-    endpoint.wait_receiving(0, set, Some(Duration::from_millis(100)));
+    let mut readable = Vec::new();
+    endpoint.wait_receiving(0, set, Some(Duration::from_millis(100)), &mut readable);
     let idle = start.elapsed();
     assert!(
         idle >= Duration::from_millis(90) && idle < Duration::from_secs(5),
@@ -214,9 +232,11 @@ fn wait_receiving_returns_for_the_callers_descriptor_and_at_its_timeout() {
         w.wake().unwrap();
     });
     let start = Instant::now();
-    endpoint.wait_receiving(0, set, Some(Duration::from_secs(20)));
+    let told = endpoint.wait_receiving(0, set, Some(Duration::from_secs(20)), &mut readable);
     let woken = start.elapsed();
     wake.join().unwrap();
+    assert!(told, "the call did not say that the set was ready");
+    assert!(readable.is_empty(), "{readable:?}");
     assert!(
         woken < Duration::from_secs(10),
         "a waker woken after 50 ms ended the wait only after {woken:?}"
