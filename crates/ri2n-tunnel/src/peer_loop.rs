@@ -342,8 +342,6 @@ impl Loop {
             let fd = fd.as_raw_fd();
             (self.poll.registry()).register(&mut SourceFd(&fd), Token(k), Interest::READABLE)
         });
-        // what this thread receives for it is reported by slot, not through the descriptor
-        conn.set_loop_token(Some(k as u64));
         if let Err(e) = registered {
             eprintln!(
                 "ri2n tunnel: cannot wait on the connection to {}: {e}",
@@ -355,6 +353,8 @@ impl Loop {
             }
             return;
         }
+        // what this thread receives for it is reported by slot, not through the descriptor
+        conn.set_loop_token(Some(k as u64));
         let accepted = !handshaking;
         self.slots[k] = Some(Slot {
             peer,
