@@ -1,6 +1,6 @@
 /* An MPI job that checks every result it computes, for the tunnel's lab test and benchmark.
  *
- * usage: check SECONDS
+ * usage: check SECONDS [DIVISOR [polite]]
  *
  * Every iteration runs collectives and point-to-point transfers whose results follow from
  * the rank and the iteration number, and checks them exactly: an allreduce of 64 Ki doubles
@@ -12,19 +12,43 @@
  * per rank: "rank R: iterations N, checked MB M, longest iteration S s, at T s", where the
  * longest iteration is how long the job stood still (a stall shows there) and T when it
  * began (seconds since the start). The last line is "result: ok".
+ *
+ * DIVISOR (default 1) divides every message size, for jobs of many ranks on few CPUs. With
+ * "polite", every operation is non-blocking and each rank waits for it by testing it and
+ * sleeping in between, instead of spinning in MPI's progress loop: 32 ranks on 2 CPUs then
+ * leave the CPUs to the network (here, the tunnel daemons) while they wait.
  */
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-#define REDUCE_COUNT (64 * 1024)
-#define BCAST_BYTES (256 * 1024)
-#define RING_BYTES (1024 * 1024)
-#define A2A_BLOCK 4096
+static long REDUCE_COUNT = 64 * 1024, BCAST_BYTES = 256 * 1024, RING_BYTES = 1024 * 1024,
+            A2A_BLOCK = 4096;
 
-static int rank, size;
+static int rank, size, polite;
+
+/* waits for `n` requests: MPI_Waitall, or, polite, tests with sleeps in between that grow
+ * from 50 us to 2 ms (a quick operation is seen at once, a long wait costs few tests) */
+static void wait_all(int n, MPI_Request *reqs) {
+    if (!polite) {
+        MPI_Waitall(n, reqs, MPI_STATUSES_IGNORE);
+        return;
+    }
+    long pause_ns = 50 * 1000;
+    for (;;) {
+        int done = 0;
+        MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
+        if (done)
+            return;
+        struct timespec pause = {0, pause_ns};
+        nanosleep(&pause, NULL);
+        if (pause_ns < 2000 * 1000)
+            pause_ns *= 2;
+    }
+}
 
 static void fail(const char *what, long iteration, long index) {
     fprintf(stderr, "rank %d: wrong %s in iteration %ld at %ld\n", rank, what, iteration,
@@ -45,6 +69,17 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     double seconds = argc > 1 ? atof(argv[1]) : 30.0;
+    long divisor = argc > 2 ? atol(argv[2]) : 1;
+    polite = argc > 3 && strcmp(argv[3], "polite") == 0;
+    if (divisor < 1 || divisor > 1024) {
+        fprintf(stderr, "rank %d: DIVISOR must be 1 to 1024\n", rank);
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    REDUCE_COUNT /= divisor;
+    BCAST_BYTES /= divisor;
+    RING_BYTES /= divisor;
+    A2A_BLOCK /= divisor;
+    MPI_Request reqs[2];
 
     double *values = malloc(REDUCE_COUNT * sizeof(double));
     double *sums = malloc(REDUCE_COUNT * sizeof(double));
@@ -67,7 +102,8 @@ int main(int argc, char **argv) {
         /* allreduce: element i of rank r is (it + r + i) % 1000; the sum is known */
         for (long i = 0; i < REDUCE_COUNT; i++)
             values[i] = (double)((it + rank + i) % 1000);
-        MPI_Allreduce(values, sums, REDUCE_COUNT, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        MPI_Iallreduce(values, sums, REDUCE_COUNT, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, reqs);
+        wait_all(1, reqs);
         for (long i = 0; i < REDUCE_COUNT; i++) {
             double want = 0;
             for (int r = 0; r < size; r++)
@@ -83,7 +119,8 @@ int main(int argc, char **argv) {
                 bcast[i] = pattern(it, root, -1, i);
         else
             memset(bcast, 0, BCAST_BYTES);
-        MPI_Bcast(bcast, BCAST_BYTES, MPI_BYTE, root, MPI_COMM_WORLD);
+        MPI_Ibcast(bcast, BCAST_BYTES, MPI_BYTE, root, MPI_COMM_WORLD, reqs);
+        wait_all(1, reqs);
         for (long i = 0; i < BCAST_BYTES; i++)
             if (bcast[i] != pattern(it, root, -1, i))
                 fail("broadcast byte", it, i);
@@ -92,8 +129,9 @@ int main(int argc, char **argv) {
         int right = (rank + 1) % size, left = (rank + size - 1) % size;
         for (long i = 0; i < RING_BYTES; i++)
             out[i] = pattern(it, rank, right, i);
-        MPI_Sendrecv(out, RING_BYTES, MPI_BYTE, right, 7, in, RING_BYTES, MPI_BYTE, left, 7,
-                     MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        MPI_Irecv(in, RING_BYTES, MPI_BYTE, left, 7, MPI_COMM_WORLD, &reqs[0]);
+        MPI_Isend(out, RING_BYTES, MPI_BYTE, right, 7, MPI_COMM_WORLD, &reqs[1]);
+        wait_all(2, reqs);
         for (long i = 0; i < RING_BYTES; i++)
             if (in[i] != pattern(it, left, rank, i))
                 fail("ring byte", it, i);
@@ -102,8 +140,9 @@ int main(int argc, char **argv) {
         for (int j = 0; j < size; j++)
             for (long i = 0; i < A2A_BLOCK; i++)
                 a2a_out[(size_t)j * A2A_BLOCK + i] = pattern(it, rank, j, i);
-        MPI_Alltoall(a2a_out, A2A_BLOCK, MPI_BYTE, a2a_in, A2A_BLOCK, MPI_BYTE,
-                     MPI_COMM_WORLD);
+        MPI_Ialltoall(a2a_out, A2A_BLOCK, MPI_BYTE, a2a_in, A2A_BLOCK, MPI_BYTE,
+                      MPI_COMM_WORLD, reqs);
+        wait_all(1, reqs);
         for (int j = 0; j < size; j++)
             for (long i = 0; i < A2A_BLOCK; i++)
                 if (a2a_in[(size_t)j * A2A_BLOCK + i] != pattern(it, j, rank, i))
@@ -126,7 +165,8 @@ int main(int argc, char **argv) {
                 next_report = (double)(long)(now - start) + 1.0;
             }
         }
-        MPI_Bcast(&go, 1, MPI_INT, 0, MPI_COMM_WORLD);
+        MPI_Ibcast(&go, 1, MPI_INT, 0, MPI_COMM_WORLD, reqs);
+        wait_all(1, reqs);
     }
 
     /* every rank's summary, printed by rank 0 in rank order */
