@@ -1262,9 +1262,10 @@ const CLUSTER_SWITCH_DEAD: (u64, u64) = (8, 14);
 
 /// An MPI job with one rank on each of the 32 hosts, through the tunnel, completes with every
 /// result checked while switch 1 is dead for 6 s of it (how long it stood still goes to the
-/// report). The ranks wait for each operation politely (`check`'s `polite` mode: tested every 200 us,
-/// asleep in between) with messages an eighth of the 3-host job's: 32 ranks spinning on a CI
-/// machine's few CPUs would starve the daemons that carry their traffic.
+/// report). The ranks wait for each operation politely (`check`'s `polite` mode: tested, and
+/// asleep in between for 50 us growing to 2 ms) with messages an eighth of the 3-host job's:
+/// 32 ranks spinning on a CI machine's few CPUs would starve the daemons that carry their
+/// traffic.
 #[test]
 fn an_mpi_job_on_32_hosts_completes_through_a_dead_switch() {
     let _serial = serial();
