@@ -1737,9 +1737,18 @@ mod tests {
             .unwrap();
         let accepted = server.accept().unwrap();
         // another thread takes the sending role and keeps it for a while, as a sending
-        // streak of the driver thread or of a writer does
+        // streak of the driver thread or of a writer does (taken once free: a round of the
+        // driver thread still under way would send the CLOSE itself)
         let driver = std::sync::Arc::clone(&client.udp().unwrap().drivers[0]);
-        driver.shared().lock().out.sending = true;
+        loop {
+            let mut st = driver.shared().lock();
+            if !st.out.sending {
+                st.out.sending = true;
+                break;
+            }
+            drop(st);
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let other_sender = std::sync::Arc::clone(&driver);
         let other = std::thread::spawn(move || {
             std::thread::sleep(OTHER_SENDS_FOR);
