@@ -962,6 +962,11 @@ fn connected_lines(log: &str, name: &str) -> usize {
 /// How long the MPI job runs, seconds (of its own clock, which starts after MPI_Init).
 const MPI_JOB_SECONDS: u64 = 42;
 
+/// Whether Open MPI's `mpirun` and `mpicc` are there (see `require_tool`).
+fn mpi_tools() -> bool {
+    require_tool("mpirun", "openmpi-bin") && require_tool("mpicc", "libopenmpi-dev")
+}
+
 /// `tests/mpi/check.c` built with `mpicc` into `dir`.
 fn build_mpi_check(dir: &Path) -> PathBuf {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mpi/check.c");
@@ -1032,7 +1037,7 @@ fn start_mpi_job(env: &Env, lab: &Lab, dir: &Path, job: &MpiJob) -> Proc {
 fn an_mpi_job_through_the_tunnel_completes_through_a_dead_switch_and_a_partition() {
     let _serial = serial();
     let Some(env) = env() else { return };
-    if !require_tool("mpirun", "openmpi-bin") || !require_tool("mpicc", "libopenmpi-dev") {
+    if !mpi_tools() {
         return;
     }
     let _timer = TestTimer::start("tunnel-mpi");
@@ -1132,6 +1137,15 @@ fn job_progress(out: &str) -> Vec<(f64, u64)> {
 /// Hosts of the cluster test.
 const CLUSTER_HOSTS: usize = 32;
 
+/// A key, a cluster file of `hosts` and a daemon on each of them (logs named `tag-HOST`).
+fn start_cluster(env: &Env, lab: &Lab, dir: &Path, hosts: &[&str], tag: &str) -> Vec<Proc> {
+    support::keygen(env, dir);
+    let config = write_cluster_file(dir, hosts);
+    (hosts.iter())
+        .map(|h| spawn_daemon(env, lab, h, &[], &config, dir, &format!("{tag}-{h}")))
+        .collect()
+}
+
 /// The number of threads of process `pid`.
 fn threads(pid: u32) -> usize {
     fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
@@ -1149,12 +1163,8 @@ fn a_32_host_cluster_comes_up_and_every_host_reaches_every_other() {
     let lab = Lab::up_hosts(env, "clu", 2, CLUSTER_HOSTS as u8);
     let names = lab_hosts(CLUSTER_HOSTS);
     let hosts: Vec<&str> = names.iter().map(String::as_str).collect();
-    support::keygen(env, &dir.0);
-    let config = write_cluster_file(&dir.0, &hosts);
     let started = Instant::now();
-    let mut daemons: Vec<Proc> = (hosts.iter())
-        .map(|h| spawn_daemon(env, &lab, h, &[], &config, &dir.0, &format!("cluster-{h}")))
-        .collect();
+    let mut daemons = start_cluster(env, &lab, &dir.0, &hosts, "cluster");
 
     let peers = CLUSTER_HOSTS - 1;
     wait_connected(&mut daemons, peers, Duration::from_secs(90));
@@ -1270,7 +1280,7 @@ const CLUSTER_SWITCH_DEAD: (u64, u64) = (8, 14);
 fn an_mpi_job_on_32_hosts_completes_through_a_dead_switch() {
     let _serial = serial();
     let Some(env) = env() else { return };
-    if !require_tool("mpirun", "openmpi-bin") || !require_tool("mpicc", "libopenmpi-dev") {
+    if !mpi_tools() {
         return;
     }
     let _timer = TestTimer::start("tunnel-cluster-mpi");
@@ -1279,11 +1289,7 @@ fn an_mpi_job_on_32_hosts_completes_through_a_dead_switch() {
     let lab = Lab::up_hosts(env, "cmpi", 2, CLUSTER_HOSTS as u8);
     let names = lab_hosts(CLUSTER_HOSTS);
     let hosts: Vec<&str> = names.iter().map(String::as_str).collect();
-    support::keygen(env, &dir.0);
-    let config = write_cluster_file(&dir.0, &hosts);
-    let mut daemons: Vec<Proc> = (hosts.iter())
-        .map(|h| spawn_daemon(env, &lab, h, &[], &config, &dir.0, &format!("cmpi-{h}")))
-        .collect();
+    let mut daemons = start_cluster(env, &lab, &dir.0, &hosts, "cmpi");
     wait_connected(&mut daemons, CLUSTER_HOSTS - 1, Duration::from_secs(90));
 
     let seconds = CLUSTER_MPI_SECONDS.to_string();
