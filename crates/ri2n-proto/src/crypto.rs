@@ -4,8 +4,7 @@
 //! `Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s` (through the `snow` crate) inside its INITIAL and
 //! ACCEPT: the pre-shared key authenticates both sides, the ephemeral Diffie-Hellman gives each
 //! connection fresh keys with forward secrecy. Every short packet is then sealed with an AEAD
-//! (`aws-lc-rs`: AES-256-GCM when both hosts have AES instructions, ChaCha20-Poly1305
-//! otherwise),
+//! (`ring`: AES-256-GCM when both hosts have AES instructions, ChaCha20-Poly1305 otherwise),
 //! the packet header as associated data and the link ID and packet number as nonce, so no
 //! nonce repeats within a key. Each direction moves to a new key (Noise's one-way `REKEY`)
 //! long before the AEAD's limits; old keys are wiped.
@@ -16,9 +15,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use aws_lc_rs::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use blake2::digest::consts::U16;
 use blake2::digest::{Mac, Update};
+use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use thiserror::Error;
 use zeroize::{Zeroize, Zeroizing};
 
@@ -77,7 +76,8 @@ impl Key {
     /// A new random key from the operating system's random source.
     pub fn generate() -> Result<Key, KeyError> {
         let mut bytes = Zeroizing::new([0u8; KEY_LEN]);
-        aws_lc_rs::rand::fill(&mut bytes[..]).map_err(|_| KeyError::Random)?;
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes[..])
+            .map_err(|_| KeyError::Random)?;
         Ok(Key(bytes))
     }
 
@@ -500,20 +500,43 @@ impl ServerHandshake {
 // ---------------------------------------------------------------------------------------------
 // Packet protection
 
-/// One AEAD key, ready to seal or open. aws-lc-rs keeps the key schedule it derives in memory
-/// of its own, which its allocator overwrites with zeros when the key is dropped. Shared
-/// (`Arc`) with the [`Seal`]s and [`Opened`] proofs that use it outside the engine: it is
-/// wiped when the last of them is gone.
-pub(crate) struct PacketKey(LessSafeKey);
+/// An AEAD key, ready to seal or open, whose memory is overwritten when it is dropped: `ring`
+/// keeps the key schedule it derives inside the key value and does not wipe it. Boxed, as
+/// [`NoiseState`] is, so that moving the owner leaves no copies behind.
+pub(crate) struct AeadKey(Box<MaybeUninit<LessSafeKey>>);
+
+impl AeadKey {
+    pub(crate) fn new(algorithm: &'static aead::Algorithm, secret: &[u8; KEY_LEN]) -> AeadKey {
+        let key = UnboundKey::new(algorithm, secret).expect("32-byte key");
+        AeadKey(Box::new(MaybeUninit::new(LessSafeKey::new(key))))
+    }
+
+    pub(crate) fn get(&self) -> &LessSafeKey {
+        // SAFETY: initialised in `new`, dropped only in `drop`.
+        unsafe { self.0.assume_init_ref() }
+    }
+}
+
+impl Drop for AeadKey {
+    fn drop(&mut self) {
+        // SAFETY: the key is initialised and dropped here once; then its now unused bytes,
+        // which `MaybeUninit` lets hold anything, are overwritten before the box frees them.
+        unsafe { self.0.assume_init_drop() };
+        self.0.zeroize();
+    }
+}
+
+/// One packet key. Shared (`Arc`) with the [`Seal`]s and [`Opened`] proofs that use it
+/// outside the engine: it is wiped when the last of them is gone.
+pub(crate) struct PacketKey(AeadKey);
 
 impl PacketKey {
     fn new(cipher: Cipher, secret: &[u8; KEY_LEN]) -> Arc<PacketKey> {
-        let key = UnboundKey::new(cipher.algorithm(), secret).expect("32-byte key");
-        Arc::new(PacketKey(LessSafeKey::new(key)))
+        Arc::new(PacketKey(AeadKey::new(cipher.algorithm(), secret)))
     }
 
     fn key(&self) -> &LessSafeKey {
-        &self.0
+        self.0.get()
     }
 }
 
@@ -665,14 +688,14 @@ fn nonce(link: LinkId, pn: u64) -> Nonce {
 /// Noise's `REKEY`: the first 32 bytes of ChaCha20-Poly1305 encrypting 32 zeros under the
 /// nonce 2^64 − 1. One-way: an old key cannot be computed from a new one.
 fn next_secret(secret: &[u8; KEY_LEN]) -> Zeroizing<[u8; KEY_LEN]> {
-    let key =
-        LessSafeKey::new(UnboundKey::new(&aead::CHACHA20_POLY1305, secret).expect("32-byte key"));
+    let key = AeadKey::new(&aead::CHACHA20_POLY1305, secret);
     // Noise's ChaChaPoly nonce: 32 zero bits, then the 64-bit counter little-endian
     let mut n = [0u8; aead::NONCE_LEN];
     n[4..].copy_from_slice(&u64::MAX.to_le_bytes());
     let mut out = Zeroizing::new([0u8; KEY_LEN]);
     // the tag is not part of the new key
     let _tag = key
+        .get()
         .seal_in_place_separate_tag(Nonce::assume_unique_for_key(n), Aad::empty(), &mut out[..])
         .expect("sealing 32 bytes");
     drop(key); // wiped

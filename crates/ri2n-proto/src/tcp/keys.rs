@@ -6,9 +6,9 @@
 //! frame's number on that TCP connection in that direction, so none repeats within a key; a
 //! replaced TCP connection handshakes again and gets fresh keys.
 
-use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey};
+use ring::aead::{Aad, Nonce};
 
-use crate::crypto::{ClientHandshake, ServerHandshake, SessionSecrets, TAG_LEN};
+use crate::crypto::{AeadKey, ClientHandshake, ServerHandshake, SessionSecrets, TAG_LEN};
 use crate::{Cipher, Key};
 
 /// Bytes a frame adds to its records: the length and the tag.
@@ -84,7 +84,7 @@ pub fn server_handshake(
 
 /// One direction's key and frame counter.
 pub struct FrameKey {
-    key: LessSafeKey,
+    key: AeadKey,
     frames: u64,
 }
 
@@ -96,9 +96,8 @@ impl std::fmt::Debug for FrameKey {
 
 impl FrameKey {
     fn new(cipher: Cipher, secret: &[u8; 32]) -> Self {
-        let key = UnboundKey::new(cipher.algorithm(), secret).expect("32-byte key");
         Self {
-            key: LessSafeKey::new(key),
+            key: AeadKey::new(cipher.algorithm(), secret),
             frames: 0,
         }
     }
@@ -124,6 +123,7 @@ impl FrameKey {
         let (head, body) = frame.split_at_mut(4);
         let tag = self
             .key
+            .get()
             .seal_in_place_separate_tag(nonce, Aad::from(&*head), body)
             .expect("a frame within the AEAD's limits");
         frame.extend_from_slice(tag.as_ref());
@@ -135,6 +135,7 @@ impl FrameKey {
         let nonce = self.nonce();
         let plain = self
             .key
+            .get()
             .open_in_place(nonce, Aad::from(&len), body)
             .map_err(|_| OpenFailed)?;
         Ok(plain.len())
