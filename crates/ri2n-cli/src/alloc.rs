@@ -6,12 +6,43 @@
 //! bytes past a page run far slower than into one on a page. glibc hands out large blocks 16
 //! bytes past a page (its block header), the slow case, which held back the input reads of
 //! `ri2n send` (docs/BENCHMARKS.md, "Misses", 2026-11-24 05:30–06:40).
+//!
+//! glibc maps a block above its mmap threshold from the kernel and unmaps it when freed, so
+//! the next one is faulted in and zeroed page by page. It raises that threshold to the size
+//! of each such block freed, which ends this for a program that keeps allocating blocks of
+//! one size; but an aligned block asks for its size plus the alignment, always above the
+//! threshold so raised, and every large buffer was mapped afresh (the TCP transport's, which
+//! pass between threads). Before the first large block, the thresholds are therefore fixed
+//! where glibc's raising would stop ([`keep_large_blocks`]).
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::Once;
 
 /// Blocks of at least this size are page-aligned.
 const LARGE: usize = 64 * 1024;
 const PAGE: usize = 4096;
+/// Blocks up to this size come from the heap (glibc's largest dynamic mmap threshold).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const MMAP_THRESHOLD: libc::c_int = 32 << 20;
+/// Free memory at the top of a heap kept rather than given back (twice the mmap threshold,
+/// as glibc's dynamic rule keeps it).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const TRIM_THRESHOLD: libc::c_int = 2 * MMAP_THRESHOLD;
+
+static KEEP_LARGE_BLOCKS: Once = Once::new();
+
+/// Fixes glibc's mmap and trim thresholds (see the module doc); once per process.
+fn keep_large_blocks() {
+    KEEP_LARGE_BLOCKS.call_once(|| {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: mallopt only changes the allocator's parameters; it takes glibc's own
+        // locks, none of which an allocation in progress holds here
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD);
+        }
+    });
+}
 
 pub struct PageAlignedLarge;
 
@@ -33,10 +64,16 @@ fn system_layout(layout: Layout) -> Layout {
 // class itself).
 unsafe impl GlobalAlloc for PageAlignedLarge {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if layout.size() >= LARGE {
+            keep_large_blocks();
+        }
         System.alloc(system_layout(layout))
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if layout.size() >= LARGE {
+            keep_large_blocks();
+        }
         System.alloc_zeroed(system_layout(layout))
     }
 
@@ -78,5 +115,45 @@ mod tests {
         v.truncate(10);
         v.shrink_to_fit();
         assert_eq!(v, (0..10u8).collect::<Vec<_>>());
+    }
+
+    /// A large block freed and allocated again reuses the memory of the one before: the
+    /// pages are not faulted in again each time.
+    #[test]
+    fn large_blocks_are_reused_not_mapped_afresh() {
+        const BLOCK: usize = 1 << 20;
+        const ROUNDS: usize = 50;
+        let faults = || {
+            let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+            // SAFETY: getrusage writes the struct it is given
+            unsafe {
+                libc::getrusage(libc::RUSAGE_THREAD, usage.as_mut_ptr());
+                usage.assume_init().ru_minflt
+            }
+        };
+        let layout = Layout::from_size_align(BLOCK, 8).unwrap();
+        let round = || {
+            // SAFETY: a block of a non-zero size, every page of it written, then freed with
+            // the layout it was allocated with
+            unsafe {
+                let p = PageAlignedLarge.alloc(layout);
+                assert!(!p.is_null());
+                for page in (0..BLOCK).step_by(PAGE) {
+                    p.add(page).write_volatile(1);
+                }
+                PageAlignedLarge.dealloc(p, layout);
+            }
+        };
+        round();
+        let before = faults();
+        for _ in 0..ROUNDS {
+            round();
+        }
+        let per_round = (faults() - before) as usize / ROUNDS;
+        // mapped afresh, each round faults in all its pages
+        assert!(
+            per_round < BLOCK / PAGE / 10,
+            "{per_round} page faults per round of a {BLOCK}-byte block"
+        );
     }
 }
