@@ -471,8 +471,9 @@ fn ping_through(lab: &Lab, from: &str, to: &str) {
         .expect("running ping");
     assert!(
         out.status.success(),
-        "ping {from} -> {to} through the tunnel: {}",
-        String::from_utf8_lossy(&out.stdout)
+        "ping {from} -> {to} through the tunnel: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 
@@ -620,6 +621,7 @@ fn the_systemd_unit_runs_the_daemon_under_its_sandbox() {
         ("setpriv", "util-linux"),
         ("unshare", "util-linux"),
         ("nsenter", "util-linux"),
+        ("ping", "iputils-ping"),
     ] {
         if !require_tool(tool, package) {
             return;
@@ -797,6 +799,9 @@ fn the_systemd_unit_runs_the_daemon_under_its_sandbox() {
 fn a_host_missing_a_link_address_starts_without_it_and_takes_it_up_later() {
     let _serial = serial();
     let Some(env) = env() else { return };
+    if !require_tool("ping", "iputils-ping") {
+        return;
+    }
     let _timer = TestTimer::start("tunnel-late-link");
     let dir = TestDir::new(env, "tunnel-late-link");
     let lab = Lab::up_hosts(env, "late", 2, 3);
@@ -900,6 +905,9 @@ fn wait_for_peers(env: &Env, lab: &Lab, d: &Proc, host: &str, config: &Path, n: 
 fn a_host_joins_and_leaves_on_sighup_without_restarting_the_others() {
     let _serial = serial();
     let Some(env) = env() else { return };
+    if !require_tool("ping", "iputils-ping") {
+        return;
+    }
     let _timer = TestTimer::start("tunnel-reload");
     let dir = TestDir::new(env, "tunnel-reload");
     let lab = Lab::up_hosts(env, "reload", 2, 3);
@@ -1158,6 +1166,9 @@ fn threads(pid: u32) -> usize {
 fn a_32_host_cluster_comes_up_and_every_host_reaches_every_other() {
     let _serial = serial();
     let Some(env) = env() else { return };
+    if !require_tool("ping", "iputils-ping") {
+        return;
+    }
     let _timer = TestTimer::start("tunnel-cluster");
     let dir = TestDir::new(env, "tunnel-cluster");
     let lab = Lab::up_hosts(env, "clu", 2, CLUSTER_HOSTS as u8);
