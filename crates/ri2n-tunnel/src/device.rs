@@ -24,6 +24,8 @@ use crate::offload::{VnetHeader, PLAIN_HEADER, VNET_HDR_LEN};
 /// wait for a CPU on a busy host, and every packet that overflows it is a loss for the inner
 /// flow).
 const TX_QUEUE_LEN: i32 = 2000;
+/// Most bytes one read returns: a packet may be a large TCP segment (TSO) of up to 64 KB.
+const MAX_READ: usize = 1 << 16;
 
 /// An open TUN interface: one IP packet per `read`, one packet or one coalesced run of TCP
 /// segments per write.
@@ -127,31 +129,44 @@ impl Tun {
         }
     }
 
-    /// Reads one packet into `buf` (64 KB: it may be a large TCP segment); returns its
-    /// virtio-net header and length, or an error of kind `WouldBlock` when none is waiting.
-    pub fn read(&self, buf: &mut [u8]) -> io::Result<(VnetHeader, usize)> {
+    /// Reads one packet into `buf`, behind `headroom` bytes of room (zeros): afterwards `buf`
+    /// holds the room and the packet. Returns the packet's virtio-net header, or an error of
+    /// kind `WouldBlock` when none is waiting. The packet goes straight into the buffer's
+    /// spare memory, which is not cleared first: `buf` may be handed on whole (a large
+    /// segment leaves in the buffer it was read into), and a fresh buffer costs no zeroing.
+    pub fn read_into(&self, buf: &mut Vec<u8>, headroom: usize) -> io::Result<VnetHeader> {
+        buf.clear();
+        if buf.capacity() < headroom + MAX_READ {
+            // not `reserve`: it would copy the old buffer's bytes along, unused as they are
+            *buf = Vec::with_capacity(headroom + MAX_READ);
+        }
+        buf.resize(headroom, 0);
         let mut header = [0u8; VNET_HDR_LEN];
+        let spare = buf.spare_capacity_mut();
         let iov = [
             libc::iovec {
                 iov_base: header.as_mut_ptr().cast(),
                 iov_len: header.len(),
             },
             libc::iovec {
-                iov_base: buf.as_mut_ptr().cast(),
-                iov_len: buf.len(),
+                iov_base: spare.as_mut_ptr().cast(),
+                iov_len: MAX_READ,
             },
         ];
-        // SAFETY: both iovecs point into buffers we hold mutably for the call.
+        // SAFETY: both iovecs point into memory we hold mutably for the call (the second into
+        // the vector's spare capacity, at least MAX_READ bytes).
         let n = unsafe { libc::readv(self.file.as_raw_fd(), iov.as_ptr(), iov.len() as c_int) };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
-        if (n as usize) < VNET_HDR_LEN {
+        let Some(len) = (n as usize).checked_sub(VNET_HDR_LEN) else {
             return Err(io::Error::other(
-                "a read from the TUN interface without its header",
+                "a read from the interface without its header",
             ));
-        }
-        Ok((VnetHeader::parse(&header), n as usize - VNET_HDR_LEN))
+        };
+        // SAFETY: the read initialised `len` bytes of the spare capacity (at most MAX_READ).
+        unsafe { buf.set_len(headroom + len) };
+        Ok(VnetHeader::parse(&header))
     }
 
     /// Writes one IP packet to the interface.

@@ -86,6 +86,15 @@ impl Packets {
         &mut self.bufs[..self.len]
     }
 
+    /// Adds the packet in `buf` itself, without a copy; `buf` gets the slot's old buffer.
+    fn push_owned(&mut self, buf: &mut Vec<u8>) {
+        if self.len == self.bufs.len() {
+            self.bufs.push(Vec::new());
+        }
+        std::mem::swap(buf, &mut self.bufs[self.len]);
+        self.len += 1;
+    }
+
     /// A new packet made of `parts`, to be finished in place.
     fn push(&mut self, parts: &[&[u8]]) -> &mut Vec<u8> {
         if self.len == self.bufs.len() {
@@ -164,20 +173,27 @@ pub fn split(header: &VnetHeader, packet: &[u8], out: &mut Packets) -> usize {
 /// First byte of a large TCP segment carried whole (an IP packet starts with its version).
 const SEGMENT_MARK: u8 = 0;
 /// Bytes in front of a large TCP segment carried whole: the mark, the virtio-net GSO type
-/// (ECN bit included) and the segment size, big-endian.
-const SEGMENT_PREFIX: usize = 4;
+/// (ECN bit included) and the segment size, big-endian. Reads from the interface leave this
+/// much room in front of the packet ([`crate::device::Tun::read_into`]), so a segment goes
+/// out in the buffer it was read into.
+pub const SEGMENT_PREFIX: usize = 4;
 
-/// Adds what one read returned (`header`, `packet`) to `out` for the peer: a large TCP segment
-/// whole, behind a 4-byte prefix saying how it is cut (the connection carries it in pieces
-/// that fill its packets, and [`segment_for_write`] hands it to the peer's interface as it
-/// is), anything else as [`split`] does. Returns how many it added.
+/// Adds what one read returned to `out` for the peer: `header`, and in `read` the packet
+/// behind [`SEGMENT_PREFIX`] bytes of room. A large TCP segment goes whole, its prefix
+/// written into that room saying how it is cut (the connection carries it in pieces that fill
+/// its packets, and [`segment_for_write`] hands it to the peer's interface as it is): the
+/// buffer itself joins `out`, and `read` gets an empty one in exchange. Anything else goes as
+/// [`split`] does. Returns how many packets it added.
 ///
 /// Inner TCP's 52 bytes of headers then go once per 64 KB instead of once per 1.4 KB, and
 /// the peer's kernel takes the segment as it took one from a local socket. Losing any piece
 /// loses the whole segment (up to 47 of inner TCP's segments, which its SACK recovery repairs
 /// at once); what a failing link had in flight goes again on another, so only congestion
 /// loses pieces.
-pub fn carry_whole(header: &VnetHeader, packet: &[u8], out: &mut Packets) -> usize {
+pub fn carry_whole(header: &VnetHeader, read: &mut Vec<u8>, out: &mut Packets) -> usize {
+    let Some(packet) = read.get(SEGMENT_PREFIX..) else {
+        return 0;
+    };
     let gso = header.gso_type & !VIRTIO_NET_HDR_GSO_ECN;
     let whole = gso == VIRTIO_NET_HDR_GSO_TCPV4
         && header.gso_size > 0
@@ -186,7 +202,8 @@ pub fn carry_whole(header: &VnetHeader, packet: &[u8], out: &mut Packets) -> usi
         return split(header, packet, out);
     }
     let size = header.gso_size.to_be_bytes();
-    out.push(&[&[SEGMENT_MARK, header.gso_type, size[0], size[1]], packet]);
+    read[..SEGMENT_PREFIX].copy_from_slice(&[SEGMENT_MARK, header.gso_type, size[0], size[1]]);
+    out.push_owned(read);
     1
 }
 
@@ -571,6 +588,11 @@ mod tests {
         assert_eq!(out.get(0), &good[..]);
     }
 
+    /// `packet` as a read from the interface leaves it: behind the prefix's room.
+    fn as_read(packet: &[u8]) -> Vec<u8> {
+        [&[0xee; SEGMENT_PREFIX][..], packet].concat()
+    }
+
     #[test]
     fn a_large_segment_carried_whole_is_written_as_one_with_how_to_cut_it() {
         let payload: Vec<u8> = (0..3000u32).map(|i| i as u8).collect();
@@ -584,7 +606,9 @@ mod tests {
             csum_offset: 16,
         };
         let mut out = Packets::default();
-        assert_eq!(carry_whole(&h, &big, &mut out), 1);
+        let mut read = as_read(&big);
+        assert_eq!(carry_whole(&h, &mut read, &mut out), 1);
+        assert!(read.is_empty(), "the read buffer itself went out");
         let mut message = out.get(0).to_vec();
         assert_eq!(message.len(), SEGMENT_PREFIX + big.len());
         let (vnet, start) = segment_for_write(&mut message).expect("a segment");
@@ -614,8 +638,10 @@ mod tests {
             gso_size: 1374,
             ..h
         };
-        assert_eq!(carry_whole(&one, &small, &mut out), 1);
-        assert_eq!(out.get(0)[0], 0x45);
+        let mut read = as_read(&small);
+        assert_eq!(carry_whole(&one, &mut read, &mut out), 1);
+        assert_eq!(out.get(0), &small[..]);
+        assert_eq!(read, as_read(&small), "a copy went out");
         // a broken segment is dropped, not written
         let mut broken = message.clone();
         broken[SEGMENT_PREFIX + 9] = 17; // UDP

@@ -22,8 +22,9 @@ pub(crate) const BATCH_BYTES: usize = 128 * 1024;
 /// and the peer writes it to its interface as it came. (Carried as messages, a segment is
 /// cut to the MTU.)
 pub(crate) fn route_loop(peers: &Peers, tun: &Tun, stop: &Stop) {
-    // a read may return a TCP segment of up to 64 KB (TSO)
-    let mut buf = vec![0u8; 1 << 16];
+    // what the interface returns, behind room for a segment's prefix (a large TCP segment
+    // leaves in this buffer, and the next read gets another)
+    let mut read = Vec::new();
     let mut packets = offload::Packets::default();
     let mut dests: Vec<usize> = Vec::new();
     let mut batch_peers: Vec<usize> = Vec::new();
@@ -48,17 +49,17 @@ pub(crate) fn route_loop(peers: &Peers, tun: &Tun, stop: &Stop) {
         let lone = drained;
         drained = false;
         while packets.len() < BATCH && bytes < BATCH_BYTES && !(lone && packets.len() > 0) {
-            match tun.read(&mut buf) {
-                Ok((header, len)) => {
-                    let dest = destination(&table, &buf[..len]).unwrap_or(usize::MAX);
-                    let packet = &buf[..len];
+            match tun.read_into(&mut read, offload::SEGMENT_PREFIX) {
+                Ok(header) => {
+                    let packet = &read[offload::SEGMENT_PREFIX..];
+                    let dest = destination(&table, packet).unwrap_or(usize::MAX);
+                    bytes += packet.len();
                     let added = match peers.carry {
                         // large TCP segments whole: their headers once per 64 KB
-                        Carry::Datagrams => offload::carry_whole(&header, packet, &mut packets),
+                        Carry::Datagrams => offload::carry_whole(&header, &mut read, &mut packets),
                         Carry::Messages => offload::split(&header, packet, &mut packets),
                     };
                     dests.extend(std::iter::repeat_n(dest, added));
-                    bytes += len;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     drained = true;
