@@ -148,6 +148,11 @@ impl TimerIndex {
         self.by_time.first().map(|&(t, _)| t)
     }
 
+    /// The earliest deadline and its connection.
+    pub fn first_entry(&self) -> Option<(Instant, ConnectionHandle)> {
+        self.by_time.first().copied()
+    }
+
     /// The earliest deadline of a connection `skip` does not pick.
     pub fn first_but(&self, skip: impl Fn(ConnectionHandle) -> bool) -> Option<Instant> {
         self.by_time

@@ -1058,6 +1058,20 @@ impl Endpoint {
         next
     }
 
+    /// Whether the deadline [`poll_timeout`](Self::poll_timeout) returns is a timer that
+    /// traffic arms (loss detection, a probe timeout, a delayed acknowledgement, pacing), which
+    /// an application call that sends or reads may set earlier still; false for one that only
+    /// the clock moves (a keepalive, a probe of a link that is down) and when none is armed.
+    /// A driver can keep its wake-ups near while traffic flows, and sleep until the deadline
+    /// while its connections only keep their links alive.
+    pub fn timeout_follows_traffic(&mut self) -> bool {
+        self.refresh_timers();
+        self.timers
+            .first_entry()
+            .and_then(|(_, h)| self.connections.get(&h))
+            .is_some_and(Connection::next_timer_follows_traffic)
+    }
+
     /// The engine's next deadline, as [`poll_timeout`](Self::poll_timeout) would return it,
     /// if it is earlier than `limit` (`None`: than never). Unlike `poll_timeout` it leaves
     /// the timer index as it is while few connections had something happen to them since it

@@ -66,7 +66,8 @@ const READY_TOKEN: Token = Token(usize::MAX - 2);
 const MAX_DATAGRAM: usize = ri2n_proto::wire::MAX_DATAGRAM_SIZE;
 /// Most bytes one GSO send carries: below the 65 507-byte limit of one UDP send over IPv4.
 const BATCH_BYTES: usize = 60 * 1024;
-/// Longest the driver thread sleeps while a timer is due within [`BUSY_HORIZON`].
+/// Longest the driver thread sleeps while a timer that traffic arms is due within
+/// [`BUSY_HORIZON`].
 const TICK: Duration = Duration::from_millis(1);
 const BUSY_HORIZON: Duration = Duration::from_millis(50);
 /// How long the driver thread leaves the sockets to the application after a call waited on
@@ -1525,13 +1526,17 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
             };
             let mut st = shared.transmit(st, Some(now));
             let wakeups = shared.dispatch(&mut st, None);
-            // While timers are near (data in flight, acknowledgements owed), wake at least every
-            // TICK: then a timer an application call sets at least a tick ahead (the next
-            // probe timeout, a delayed acknowledgement) needs no wake-up of this thread. A
-            // request-response exchange would otherwise wake it on every message.
+            // While traffic's timers are near (data in flight, acknowledgements owed), wake at
+            // least every TICK: then a timer an application call sets at least a tick ahead
+            // (the next probe timeout, a delayed acknowledgement) needs no wake-up of this
+            // thread. A request-response exchange would otherwise wake it on every message.
+            // Timers that only the clock moves (keepalives) are slept until: with many links,
+            // one is always near, and ticking for them woke an idle endpoint a thousand times
+            // a second.
             let now = Instant::now();
+            let traffic = st.endpoint.timeout_follows_traffic();
             let next = st.endpoint.poll_timeout().map(|t| {
-                if t.saturating_duration_since(now) < BUSY_HORIZON {
+                if traffic && t.saturating_duration_since(now) < BUSY_HORIZON {
                     t.min(now + TICK)
                 } else {
                     t

@@ -242,3 +242,75 @@ fn wait_receiving_returns_for_the_callers_descriptor_and_at_its_timeout() {
         "a waker woken after 50 ms ended the wait only after {woken:?}"
     );
 }
+
+/// Packets sent and received so far over every link of `conns`.
+fn packets(conns: &[ri2n::Connection]) -> u64 {
+    conns
+        .iter()
+        .flat_map(|c| c.stats().links)
+        .map(|l| l.packets_sent + l.packets_received)
+        .sum()
+}
+
+/// Connections that only keep their links alive wake the driver threads for their keepalives
+/// and the answers, not on a clock: with 8 idle connections of 2 links each, opened apart, a
+/// keepalive is due every few tens of milliseconds, and the driver used to tick every
+/// millisecond while any timer was that near. A keepalive takes at most four wake-ups (its
+/// timer, the PING's arrival, the delayed acknowledgement, the ACK's arrival) for two
+/// datagrams, each counted at both ends (one wake-up per count): over one idle second the
+/// drivers of both endpoints may be switched to at most twice as often as packets are
+/// counted.
+#[test]
+fn idle_connections_wake_the_drivers_for_their_keepalives_only() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    const CONNECTIONS: usize = 8;
+    let server = Endpoint::server(&addrs()).unwrap();
+    let client = Endpoint::client(&addrs()).unwrap();
+    let to = server.local_addrs();
+    // opened a keepalive interval's eighth apart, so that their keepalives fall apart and one
+    // is always near
+    let spacing = ConnectionConfig::default().keepalive_interval / CONNECTIONS as u32;
+    let mut conns: Vec<ri2n::Connection> = (0..CONNECTIONS)
+        .map(|_| {
+            thread::sleep(spacing);
+            client.connect(&to, ConnectionConfig::default()).unwrap()
+        })
+        .collect();
+    conns.extend((0..CONNECTIONS).map(|_| server.accept().unwrap()));
+    // every link of every connection up, and the set-up's packets acknowledged
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !conns.iter().all(|c| {
+        let links = c.stats().links;
+        links.len() == 2 && links.iter().all(|l| l.state == ri2n::LinkState::Up)
+    }) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "every link up within 10 s"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    thread::sleep(Duration::from_millis(500));
+    let drivers: Vec<i32> = ["ri2n-driver-0", "ri2n-driver-1"]
+        .iter()
+        .flat_map(|name| threads_named(name))
+        .collect();
+    assert!(!drivers.is_empty(), "driver threads found");
+    let count = || -> u64 { drivers.iter().map(|&t| switches(t)).sum() };
+    let (woken_before, packets_before) = (count(), packets(&conns));
+    thread::sleep(Duration::from_secs(1));
+    let woken = count() - woken_before;
+    let passed = packets(&conns) - packets_before;
+    println!(
+        "{} driver threads switched to {woken} times in an idle second; {passed} packets passed",
+        drivers.len()
+    );
+    // the premise: the links were kept alive meanwhile
+    assert!(
+        passed >= 2 * CONNECTIONS as u64,
+        "{passed} keepalive packets"
+    );
+    assert!(
+        woken <= 2 * passed,
+        "the drivers were switched to {woken} times while {passed} packets passed"
+    );
+}

@@ -60,7 +60,40 @@ pub(super) enum LinkTimer {
     Keepalive,
 }
 
+impl Timer {
+    /// Whether traffic arms this timer, so that an application call that sends or reads may
+    /// set it earlier than it was: loss detection, the probe timeout, a delayed
+    /// acknowledgement, pacing, a held datagram, a CLOSE to send. The others move with the
+    /// clock alone (keepalives, probes of links that are not up, the periodic health checks,
+    /// the handshake's and the connection's limits).
+    fn follows_traffic(self) -> bool {
+        matches!(
+            self,
+            Timer::CloseSend
+                | Timer::Pacing
+                | Timer::DatagramRelease
+                | Timer::Link(_, LinkTimer::Loss | LinkTimer::Pto | LinkTimer::Ack)
+        )
+    }
+}
+
 impl Connection {
+    /// Whether a timer due at [`poll_timeout`](Self::poll_timeout) follows traffic
+    /// ([`Timer::follows_traffic`]).
+    pub(crate) fn next_timer_follows_traffic(&self) -> bool {
+        let mut next: Option<(Instant, bool)> = None;
+        self.for_each_timer(|timer, at| {
+            let traffic = timer.follows_traffic();
+            next = match next {
+                Some((t, _)) if at < t => Some((at, traffic)),
+                Some((t, any)) if at == t => Some((t, any || traffic)),
+                None => Some((at, traffic)),
+                keep => keep,
+            };
+        });
+        next.is_some_and(|(_, traffic)| traffic)
+    }
+
     /// Calls `f` with every armed timer and its deadline.
     fn for_each_timer(&self, mut f: impl FnMut(Timer, Instant)) {
         let mut arm = |timer, at: Option<Instant>| {
