@@ -114,12 +114,34 @@ impl Attention {
 }
 
 /// Every connection's next deadline, ordered, so that the endpoint's next deadline and the
-/// connections due at an instant are found without asking each connection. Each connection
-/// keeps the deadline it is indexed under (`Connection::indexed_deadline`), which finds its
-/// entry.
+/// connections due at an instant are found without asking each connection; and apart, every
+/// connection's next timer that traffic arms. Each connection keeps the deadlines it is
+/// indexed under (`Connection::indexed_deadline`, `indexed_traffic_deadline`), which find its
+/// entries.
 #[derive(Debug, Default)]
 pub(crate) struct TimerIndex {
     by_time: BTreeSet<(Instant, ConnectionHandle)>,
+    traffic: BTreeSet<(Instant, ConnectionHandle)>,
+}
+
+/// Records `deadline` as connection `h`'s in `set` (`None`: it has none); `indexed` is the
+/// deadline the connection is indexed under there, updated.
+fn reindex(
+    set: &mut BTreeSet<(Instant, ConnectionHandle)>,
+    h: ConnectionHandle,
+    indexed: &mut Option<Instant>,
+    deadline: Option<Instant>,
+) {
+    if *indexed == deadline {
+        return;
+    }
+    if let Some(t) = indexed.take() {
+        set.remove(&(t, h));
+    }
+    if let Some(t) = deadline {
+        set.insert((t, h));
+    }
+    *indexed = deadline;
 }
 
 impl TimerIndex {
@@ -131,16 +153,18 @@ impl TimerIndex {
         indexed: &mut Option<Instant>,
         deadline: Option<Instant>,
     ) {
-        if *indexed == deadline {
-            return;
-        }
-        if let Some(t) = indexed.take() {
-            self.by_time.remove(&(t, h));
-        }
-        if let Some(t) = deadline {
-            self.by_time.insert((t, h));
-        }
-        *indexed = deadline;
+        reindex(&mut self.by_time, h, indexed, deadline);
+    }
+
+    /// Records `deadline` as connection `h`'s next timer that traffic arms, as [`Self::set`]
+    /// does.
+    pub fn set_traffic(
+        &mut self,
+        h: ConnectionHandle,
+        indexed: &mut Option<Instant>,
+        deadline: Option<Instant>,
+    ) {
+        reindex(&mut self.traffic, h, indexed, deadline);
     }
 
     /// The earliest deadline.
@@ -148,9 +172,9 @@ impl TimerIndex {
         self.by_time.first().map(|&(t, _)| t)
     }
 
-    /// The earliest deadline and its connection.
-    pub fn first_entry(&self) -> Option<(Instant, ConnectionHandle)> {
-        self.by_time.first().copied()
+    /// The earliest timer that traffic arms.
+    pub fn first_traffic(&self) -> Option<Instant> {
+        self.traffic.first().map(|&(t, _)| t)
     }
 
     /// The earliest deadline of a connection `skip` does not pick.

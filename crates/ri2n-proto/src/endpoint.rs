@@ -318,6 +318,8 @@ impl Endpoint {
             counts.release();
         }
         self.timers.set(h, &mut c.indexed_deadline, None);
+        self.timers
+            .set_traffic(h, &mut c.indexed_traffic_deadline, None);
         self.attention.forget(h);
         self.by_cid.remove(&c.local_cid());
         if let Some(hs) = self.by_peer_cid.get_mut(&c.peer_cid()) {
@@ -1058,18 +1060,24 @@ impl Endpoint {
         next
     }
 
-    /// Whether the deadline [`poll_timeout`](Self::poll_timeout) returns is a timer that
-    /// traffic arms (loss detection, a probe timeout, a delayed acknowledgement, pacing), which
-    /// an application call that sends or reads may set earlier still; false for one that only
-    /// the clock moves (a keepalive, a probe of a link that is down) and when none is armed.
-    /// A driver can keep its wake-ups near while traffic flows, and sleep until the deadline
+    /// The earliest timer that traffic arms, of any connection: loss detection, a probe
+    /// timeout, a delayed acknowledgement, pacing, a held datagram, a CLOSE to send. An
+    /// application call that sends or reads may set such a timer earlier still; the others
+    /// (keepalives, probes of links that are not up, limits) move with the clock alone. A
+    /// driver can keep its wake-ups near while these are, and sleep until the next deadline
     /// while its connections only keep their links alive.
-    pub fn timeout_follows_traffic(&mut self) -> bool {
+    pub fn traffic_timeout(&mut self) -> Option<Instant> {
         self.refresh_timers();
-        self.timers
-            .first_entry()
-            .and_then(|(_, h)| self.connections.get(&h))
-            .is_some_and(Connection::next_timer_follows_traffic)
+        let next = self.timers.first_traffic();
+        debug_assert_eq!(
+            next,
+            self.connections
+                .values()
+                .filter_map(|c| c.poll_timeouts().1)
+                .min(),
+            "the traffic timer index missed a connection's change"
+        );
+        next
     }
 
     /// The engine's next deadline, as [`poll_timeout`](Self::poll_timeout) would return it,
@@ -1124,8 +1132,10 @@ impl Endpoint {
         for h in marked.drain(..) {
             // a connection gone was taken out of the index as it went
             if let Some(c) = self.connections.get_mut(&h) {
-                let deadline = c.poll_timeout();
+                let (deadline, traffic) = c.poll_timeouts();
                 self.timers.set(h, &mut c.indexed_deadline, deadline);
+                self.timers
+                    .set_traffic(h, &mut c.indexed_traffic_deadline, traffic);
             }
         }
         self.attention.timers.restore(marked);

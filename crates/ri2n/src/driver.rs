@@ -1534,14 +1534,10 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
             // one is always near, and ticking for them woke an idle endpoint a thousand times
             // a second.
             let now = Instant::now();
-            let traffic = st.endpoint.timeout_follows_traffic();
-            let next = st.endpoint.poll_timeout().map(|t| {
-                if traffic && t.saturating_duration_since(now) < BUSY_HORIZON {
-                    t.min(now + TICK)
-                } else {
-                    t
-                }
-            });
+            let traffic = st.endpoint.traffic_timeout();
+            let near = traffic.is_some_and(|t| t.saturating_duration_since(now) < BUSY_HORIZON);
+            let next = st.endpoint.poll_timeout();
+            let next = next.map(|t| if near { t.min(now + TICK) } else { t });
             st.driver_deadline = next;
             let mut timeout = next.map(|t| t.saturating_duration_since(now));
             if confirming {

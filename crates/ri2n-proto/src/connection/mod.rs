@@ -158,6 +158,8 @@ pub struct Connection {
     /// The deadline under which the endpoint's timer index holds this connection, if any:
     /// kept here, so that updating the index looks nothing up.
     pub(crate) indexed_deadline: Option<Instant>,
+    /// The same for its next timer that traffic arms.
+    pub(crate) indexed_traffic_deadline: Option<Instant>,
     cfg: ConnectionConfig,
     state: ConnectionState,
     handshake: Handshake,
@@ -500,6 +502,7 @@ impl Connection {
             last_rx: now,
             pings_owed: 0,
             indexed_deadline: None,
+            indexed_traffic_deadline: None,
             next_share_check: now + cfg.share_check_interval,
             scratch: AckOutcome::default(),
             cfg,

@@ -78,22 +78,6 @@ impl Timer {
 }
 
 impl Connection {
-    /// Whether a timer due at [`poll_timeout`](Self::poll_timeout) follows traffic
-    /// ([`Timer::follows_traffic`]).
-    pub(crate) fn next_timer_follows_traffic(&self) -> bool {
-        let mut next: Option<(Instant, bool)> = None;
-        self.for_each_timer(|timer, at| {
-            let traffic = timer.follows_traffic();
-            next = match next {
-                Some((t, _)) if at < t => Some((at, traffic)),
-                Some((t, any)) if at == t => Some((t, any || traffic)),
-                None => Some((at, traffic)),
-                keep => keep,
-            };
-        });
-        next.is_some_and(|(_, traffic)| traffic)
-    }
-
     /// Calls `f` with every armed timer and its deadline.
     fn for_each_timer(&self, mut f: impl FnMut(Timer, Instant)) {
         let mut arm = |timer, at: Option<Instant>| {
@@ -186,9 +170,21 @@ impl Connection {
 
     /// When [`handle_timeout`](Self::handle_timeout) must run next.
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        let mut next: Option<Instant> = None;
-        self.for_each_timer(|_, at| next = Some(next.map_or(at, |n| n.min(at))));
-        next
+        self.poll_timeouts().0
+    }
+
+    /// [`poll_timeout`](Self::poll_timeout), and the earliest of the timers that follow
+    /// traffic ([`Timer::follows_traffic`]).
+    pub(crate) fn poll_timeouts(&self) -> (Option<Instant>, Option<Instant>) {
+        let earliest = |next: Option<Instant>, at: Instant| Some(next.map_or(at, |n| n.min(at)));
+        let (mut next, mut traffic) = (None, None);
+        self.for_each_timer(|timer, at| {
+            next = earliest(next, at);
+            if timer.follows_traffic() {
+                traffic = earliest(traffic, at);
+            }
+        });
+        (next, traffic)
     }
 
     /// Runs every timer that is due, in the order of the table.
