@@ -11,9 +11,9 @@
 //! the next one is faulted in and zeroed page by page. It raises that threshold to the size
 //! of each such block freed, which ends this for a program that keeps allocating blocks of
 //! one size; but an aligned block asks for its size plus the alignment, always above the
-//! threshold so raised, and every large buffer was mapped afresh (the TCP transport's, which
-//! pass between threads). Before the first large block, the thresholds are therefore fixed
-//! where glibc's raising would stop ([`keep_large_blocks`]).
+//! threshold so raised, and every large buffer freed and allocated again was mapped afresh
+//! (the TCP transport's, which come and go with the data). Before the first large block, the
+//! thresholds are therefore fixed where glibc's raising would stop ([`keep_large_blocks`]).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Once;

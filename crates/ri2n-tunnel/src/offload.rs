@@ -182,8 +182,8 @@ pub const SEGMENT_PREFIX: usize = 4;
 /// behind [`SEGMENT_PREFIX`] bytes of room. A large TCP segment goes whole, its prefix
 /// written into that room saying how it is cut (the connection carries it in pieces that fill
 /// its packets, and [`segment_for_write`] hands it to the peer's interface as it is): the
-/// buffer itself joins `out`, and `read` gets an empty one in exchange. Anything else goes as
-/// [`split`] does. Returns how many packets it added.
+/// buffer itself joins `out`, and `read` gets the batch slot's old one in exchange (the next
+/// read empties it). Anything else goes as [`split`] does. Returns how many packets it added.
 ///
 /// Inner TCP's 52 bytes of headers then go once per 64 KB instead of once per 1.4 KB, and
 /// the peer's kernel takes the segment as it took one from a local socket. Losing any piece
