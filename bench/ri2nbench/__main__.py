@@ -90,6 +90,8 @@ def cleanup():
             os.remove(f)
         except OSError:
             pass
+    for d in list(common.TEMP_DIRS):
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def parser():

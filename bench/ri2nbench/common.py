@@ -323,6 +323,19 @@ def fast_file(nbytes):
 FAST_FILES = set()
 
 
+def key_file():
+    """A new cluster key (`ri2n keygen`) in a directory of its own, removed when the driver
+    exits (with the files of `fast_file`)."""
+    keydir = tempfile.mkdtemp(prefix="ri2nbench-key-")
+    TEMP_DIRS.add(keydir)
+    path = os.path.join(keydir, "cluster.key")
+    run([RI2N, "keygen", "--output", path])
+    return path
+
+
+TEMP_DIRS = set()
+
+
 def sh(cmd):
     try:
         return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=20).stdout.strip()

@@ -1,7 +1,5 @@
 """Part 5: the cost of a key (goodput and CPU per GB with and without one; handshakes)."""
 import json
-import os
-import tempfile
 
 from . import common
 from .common import fast_file, log, mfacts, run, spread, wait_quiet
@@ -14,8 +12,7 @@ def part_keyed(o):
     veth links (MTU 1500): goodput and the machine's CPU per GB; and the handshakes per second
     of the server's CPU, from the engine alone (examples/handshake_rate.rs)."""
     res = {"part": "keyed", "bytes": o.fast_bytes, "configs": []}
-    keyfile = os.path.join(tempfile.mkdtemp(prefix="ri2nbench-key-"), "cluster.key")
-    run([common.RI2N, "keygen", "--output", keyfile])
+    keyfile = common.key_file()
     res["commands"] = {
         "key": "ri2n keygen --output FILE; ri2n recv … --key FILE; ri2n send … --key FILE",
         "lab": "lab/ri2n-lab up 2 --rate 1000, and lab/ri2n-lab up 2 --mtu 1500 (unlimited)",

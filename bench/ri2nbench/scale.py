@@ -2,7 +2,6 @@
 and the unlimited-rate 2- and 4-link lab against one TCP connection and MPTCP."""
 import json
 import os
-import shutil
 import tempfile
 import time
 
@@ -180,8 +179,6 @@ def part_scale(o):
     print("host: %s" % host_line(res["host"]), flush=True)
     print("tools: %s" % ", ".join("%s %s" % (t, p or "(none)")
                                   for t, p in res["host"]["tools"].items()), flush=True)
-    keydir = tempfile.mkdtemp(prefix="ri2nbench-key-")
-    keyfile = os.path.join(keydir, "cluster.key")
     res["commands"] = {
         "key": "ri2n keygen --output FILE; --key FILE on both ends (keyed)",
         "serve": "ri2n serve -q --listen 127.0.0.1:PORT … --listen 127.0.0.L:PORT [--key FILE] "
@@ -197,14 +194,11 @@ def part_scale(o):
         "mptcp": "mptcpize run iperf3 … -F FILE (a subflow per link)",
         "cpu": "lab: machine busy time from /proc/stat during the transfer, per GB moved",
     }
-    try:
-        run([common.RI2N, "keygen", "--output", keyfile])
-        log("scale: loopback, one ri2n serve, %s clients at once, %d s each" % (
-            "/".join(map(str, CLIENTS)), o.time))
-        measure_loopback(o, res, keyfile)
-        measure_lab(o, res, keyfile)
-    finally:
-        shutil.rmtree(keydir, ignore_errors=True)
+    keyfile = common.key_file()
+    log("scale: loopback, one ri2n serve, %s clients at once, %d s each" % (
+        "/".join(map(str, CLIENTS)), o.time))
+    measure_loopback(o, res, keyfile)
+    measure_lab(o, res, keyfile)
     print("\n".join(tables(res, brief=True)), flush=True)
     return res
 

@@ -4,7 +4,6 @@ import json
 import os
 import random
 import shutil
-import tempfile
 
 from . import common
 from .common import PROCS, fast_file, log, mfacts, run, spread, timed_client, wait_quiet, wait_ready
@@ -63,8 +62,7 @@ def part_tcp(o):
                     "the next message (MuniSocket's effective bandwidth)",
     }
     msgbw = msgbw_binary()
-    keyfile = os.path.join(tempfile.mkdtemp(prefix="ri2nbench-key-"), "cluster.key")
-    run([common.RI2N, "keygen", "--output", keyfile])
+    keyfile = common.key_file()
     src = fast_file(o.fast_bytes)
     lab = new_lab(o.prefix)
     for name, rates in (("2 × 1 Gbit/s (tbf)", [1000, 1000]), ("2 links, unlimited, MTU 1500", None)):
