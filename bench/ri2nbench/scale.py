@@ -7,7 +7,7 @@ import time
 
 from . import common
 from .common import (
-    PROCS, busy_line, fast_file, free_port, log, med, mfacts, proc_cpu, run, spread, sys_busy,
+    PROCS, busy_line, fast_file, free_port, log, med, mfacts, proc_cpu, spread, sys_busy,
     thread_cpu, wait_quiet, wait_ready)
 from .fast import iperf_transfer, ri2n_transfer, warm_up
 from .labctl import new_lab
