@@ -1081,18 +1081,25 @@ fn an_mpi_job_through_the_tunnel_completes_through_a_dead_switch_and_a_partition
         (36, &|| lab.heal_all()),
     ];
     at_job_times(&mut job, &faults);
-    let status = job.wait_exit(Duration::from_secs(MPI_JOB_SECONDS + 60));
-    let out = job.stdout_text();
-    assert!(
-        status.is_some_and(|s| s.success()) && out.contains("result: ok"),
-        "the MPI job failed ({status:?}): {out}{}",
-        job.stderr_text()
-    );
+    let out = expect_checked_result(&mut job, MPI_JOB_SECONDS + 60, "the MPI job");
     for line in out.lines().filter(|l| l.starts_with("rank ")) {
         report(&format!(
             "MPI through the tunnel, switch 1 dead 6-12 s, every link down 16-36 s: {line}"
         ));
     }
+}
+
+/// Waits at most `seconds` for the MPI job to end; panics naming `what` unless it exited 0
+/// and printed that its results checked out (`result: ok`). Returns what it printed.
+fn expect_checked_result(job: &mut Proc, seconds: u64, what: &str) -> String {
+    let status = job.wait_exit(Duration::from_secs(seconds));
+    let out = job.stdout_text();
+    assert!(
+        status.is_some_and(|s| s.success()) && out.contains("result: ok"),
+        "{what} failed ({status:?}): {out}{}",
+        job.stderr_text()
+    );
+    out
 }
 
 /// Waits until the MPI job's clock runs (it prints a progress line, with the time on its
@@ -1328,13 +1335,7 @@ fn an_mpi_job_on_32_hosts_completes_through_a_dead_switch() {
             }),
         ],
     );
-    let status = job.wait_exit(Duration::from_secs(CLUSTER_MPI_SECONDS + 90));
-    let out = job.stdout_text();
-    assert!(
-        status.is_some_and(|s| s.success()) && out.contains("result: ok"),
-        "the 32-rank MPI job failed ({status:?}): {out}{}",
-        job.stderr_text()
-    );
+    let out = expect_checked_result(&mut job, CLUSTER_MPI_SECONDS + 90, "the 32-rank MPI job");
     // the premise: the switch died and healed while the job ran (iterations ended before
     // the one and after the other, by the job's clock)
     let progress = job_progress(&out);

@@ -170,7 +170,10 @@ impl Connection {
 
     /// When [`handle_timeout`](Self::handle_timeout) must run next.
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        self.poll_timeouts().0
+        // its own pass, not `poll_timeouts`: application calls ask this one after every message
+        let mut next: Option<Instant> = None;
+        self.for_each_timer(|_, at| next = Some(next.map_or(at, |n| n.min(at))));
+        next
     }
 
     /// [`poll_timeout`](Self::poll_timeout), and the earliest of the timers that follow
