@@ -16,7 +16,7 @@
 //! [`chunk`]: ri2n_proto::tcp::chunk
 
 use std::collections::VecDeque;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -165,6 +165,15 @@ impl Pipe {
         self.segments.push_back((done, done + delay, bytes));
     }
 
+    /// Bytes that have not arrived yet, on the wire or not: what the sender's TCP connection
+    /// holds (a real one holds them a little longer, until their acknowledgement is back).
+    fn held(&self, now: Duration) -> usize {
+        (self.segments.iter())
+            .filter(|s| s.1 > now)
+            .map(|s| s.2.len())
+            .sum()
+    }
+
     /// Bytes not yet on the wire.
     fn unsent(&self, now: Duration) -> usize {
         (self.segments.iter())
@@ -277,6 +286,8 @@ pub fn run_tcp(s: &TcpScenario) -> Result<TcpReport, String> {
     let (mut pushed_items, mut actions) = (0, s.actions.iter().peekable());
     let (mut resent, mut max_holes, mut read_credit) = (0u64, 0, 0f64);
     let mut now = Duration::ZERO;
+    // the striper counts time in instants: the run's start stands for its time zero
+    let start = Instant::now();
     let mut fin_sent = false;
     // the window end last told to the sender: told again on every link once reading moved it
     // by a quarter of the window (an ACK otherwise goes only with data)
@@ -373,6 +384,7 @@ pub fn run_tcp(s: &TcpScenario) -> Result<TcpReport, String> {
                 if striper.in_flight(l) == 0 {
                     link.last_progress = now;
                 }
+                striper.note_held(l, start + now, link.forward.held(now) as u64);
                 let Some(work) = striper.next(l) else { break };
                 let mut out = Vec::new();
                 match work {

@@ -14,12 +14,22 @@
 //! the idle one with the lowest round-trip time; one of at most two runs (a message) is cut
 //! into one piece per usable link, as MuniSocket cuts a message among its channels.
 //!
+//! Where two links share a partition, they should also finish it together: bytes a link's TCP
+//! connection already holds (sent and not yet acknowledged by the peer's kernel, or not sent
+//! yet) must drain before the link's next run arrives, and behind a switch's queue that can be
+//! milliseconds, more on one link than on the other. The driver tells the striper what each
+//! connection holds before each claim ([`Striper::note_held`]); from it the striper learns how
+//! fast each connection drains, and a link whose connection holds more than its share of the
+//! partition's time stops taking from it, leaving the rest to the other link, which finishes
+//! the partition alone. Without those notes (the simulator, the unit tests) links take until
+//! they meet.
+//!
 //! Every run stays *in flight* on its link until the receiver acknowledges the link's bytes
 //! up to its end. When a link dies, its in-flight runs become repairs, which the surviving
 //! links send first, each with its offset (the receiver discards bytes it already has).
 
 use std::collections::VecDeque;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::ranges::RangeSet;
 
@@ -83,6 +93,10 @@ pub enum Work {
     },
 }
 
+/// The shortest stretch over which a link's drain rate is measured: the kernel sends a TCP
+/// connection's bytes in bursts, and a shorter window would see the bursts.
+const RATE_WINDOW: Duration = Duration::from_millis(2);
+
 #[derive(Debug, Clone, Copy)]
 struct Partition {
     /// Unclaimed bytes: `lo..hi`.
@@ -92,6 +106,9 @@ struct Partition {
     back: Option<usize>,
     /// Too small to split: one taker only.
     whole: bool,
+    /// One of its two takers stepped away so that the other finishes it alone: no link joins
+    /// it while that one holds it.
+    solo: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -99,6 +116,28 @@ struct InFlight {
     /// The link's byte count once this run arrived.
     end: u64,
     range: (u64, u64),
+}
+
+/// What a link's TCP connection holds, as the driver last saw it (see [`Striper::note_held`]).
+#[derive(Debug, Default, Clone, Copy)]
+struct Held {
+    /// When the driver last looked, and the bytes the connection held then, the run claimed
+    /// right after included.
+    at: Option<Instant>,
+    bytes: u64,
+    /// Bytes per second the connection drains, once measured.
+    rate: Option<f64>,
+    /// Where the current measurement began: when, the link's `sent` and the bytes held then.
+    window: Option<(Instant, u64, u64)>,
+}
+
+impl Held {
+    /// Seconds the connection needs to send what it held at the last look, counted from
+    /// `now`; `None` before its rate is known.
+    fn drain_time(&self, now: Instant) -> Option<f64> {
+        let since = now.saturating_duration_since(self.at?).as_secs_f64();
+        Some((self.bytes as f64 / self.rate? - since).max(0.0))
+    }
 }
 
 #[derive(Debug, Default)]
@@ -116,6 +155,7 @@ struct LinkTx {
     fin_in_flight: bool,
     /// A slow link set aside: it takes no new runs (see [`Striper::hedge`]).
     paused: bool,
+    held: Held,
 }
 
 /// The sending side of one connection's stream (see the module documentation).
@@ -281,6 +321,33 @@ impl Striper {
         self.links.get(link).map_or(0, |l| l.sent - l.acked)
     }
 
+    /// Link `link`'s TCP connection holds `bytes` (not yet acknowledged by the peer's kernel,
+    /// sent or not) at `now`: the driver says so just before it asks [`next`](Self::next) for
+    /// the link's work, so that links sharing a partition finish it together.
+    pub fn note_held(&mut self, link: usize, now: Instant, bytes: u64) {
+        let Some(l) = self.links.get_mut(link) else {
+            return;
+        };
+        let h = &mut l.held;
+        match h.window {
+            // a connection that emptied may have stood idle: its drain says nothing of its rate
+            Some((start, sent, held)) if bytes > 0 => {
+                let span = now.saturating_duration_since(start);
+                let drained = (l.sent - sent + held).saturating_sub(bytes);
+                // nothing drained: a stalled or failing link, which the failure detection
+                // handles; its rate is what it was
+                if span >= RATE_WINDOW && drained > 0 {
+                    let sample = drained as f64 / span.as_secs_f64();
+                    h.rate = Some(h.rate.map_or(sample, |r| r + (sample - r) / 8.0));
+                    h.window = Some((now, l.sent, bytes));
+                }
+            }
+            _ => h.window = Some((now, l.sent, bytes)),
+        }
+        h.at = Some(now);
+        h.bytes = bytes;
+    }
+
     /// An acknowledgement arrived on `link`. Returns whether it released anything (bytes
     /// delivered, window opened, FIN acknowledged).
     pub fn on_ack(
@@ -354,6 +421,7 @@ impl Striper {
         match work {
             Some(Work::Run { offset, len, .. }) | Some(Work::Repair { offset, len }) => {
                 l.sent += len;
+                l.held.bytes += len;
                 l.in_flight.push_back(InFlight {
                     end: l.sent,
                     range: (offset, offset + len),
@@ -375,16 +443,16 @@ impl Striper {
                 len: r.end - r.start,
             });
         }
-        // the partition this link works on, if it has bytes left
+        // the partition this link works on, if it has bytes left and the link its share
         if let Some(i) = self.parts.iter().position(|p| p.front == Some(link)) {
-            if self.parts[i].lo < self.parts[i].hi {
-                return Some(self.claim(i, false, None));
+            if let Some(w) = self.continue_on(i, link, false) {
+                return Some(w);
             }
             self.parts[i].front = None;
         }
         if let Some(i) = self.parts.iter().position(|p| p.back == Some(link)) {
-            if self.parts[i].lo < self.parts[i].hi {
-                return Some(self.claim(i, true, None));
+            if let Some(w) = self.continue_on(i, link, true) {
+                return Some(w);
             }
             self.parts[i].back = None;
         }
@@ -398,9 +466,51 @@ impl Striper {
         self.fin_due().then_some(Work::Fin { end: self.frontier })
     }
 
+    /// The next run of partition `i` for `link`, which holds its front (or its back when
+    /// `backward`); `None` when nothing is left, or when the link leaves the rest to the
+    /// partition's other taker (marking it `solo`).
+    fn continue_on(&mut self, i: usize, link: usize, backward: bool) -> Option<Work> {
+        let left = self.parts[i].hi - self.parts[i].lo;
+        if left == 0 {
+            return None;
+        }
+        let share = self.share(i, link);
+        if share < left.min(self.cfg.min_run) {
+            self.parts[i].solo = true;
+            return None;
+        }
+        Some(self.claim(i, backward, None, share))
+    }
+
+    /// The bytes of shared partition `i` that `link` may still take so that it and the other
+    /// taker finish at the same time, each after draining what its TCP connection holds;
+    /// unbounded for a partition with one taker, and until both takers' drain rates are known.
+    fn share(&self, i: usize, link: usize) -> u64 {
+        let p = &self.parts[i];
+        let other = if p.front == Some(link) {
+            p.back
+        } else {
+            p.front
+        };
+        let (Some(other), false) = (other, p.whole) else {
+            return u64::MAX;
+        };
+        let (me, them) = (&self.links[link].held, &self.links[other].held);
+        let (Some(now), Some(r_me), Some(r_them)) = (me.at, me.rate, them.rate) else {
+            return u64::MAX;
+        };
+        let (Some(t_me), Some(t_them)) = (me.drain_time(now), them.drain_time(now)) else {
+            return u64::MAX;
+        };
+        // this link takes x and the other the rest: t_me + x / r_me = t_them + (left - x) / r_them
+        let left = (p.hi - p.lo) as f64;
+        let x = (t_them - t_me + left / r_them) / (1.0 / r_me + 1.0 / r_them);
+        x.max(0.0) as u64
+    }
+
     /// Claims the next run of partition `i` from its front or back, for a link that starts
-    /// there (`round`) or continues.
-    fn claim(&mut self, i: usize, backward: bool, round: Option<Round>) -> Work {
+    /// there (`round`) or continues, taking at most `share` bytes.
+    fn claim(&mut self, i: usize, backward: bool, round: Option<Round>, share: u64) -> Work {
         let p = &mut self.parts[i];
         let left = p.hi - p.lo;
         let len = if p.whole || (p.front.is_none() || p.back.is_none()) && left <= self.cfg.max_run
@@ -410,6 +520,7 @@ impl Striper {
             (left / 4)
                 .clamp(self.cfg.min_run, self.cfg.max_run)
                 .min(left)
+                .min(share)
         };
         let offset = if backward {
             p.hi -= len;
@@ -425,10 +536,10 @@ impl Striper {
     /// link), one large enough to be taken from its back too, or the largest one, split.
     fn help(&mut self, link: usize) -> Option<Work> {
         let t = self.cfg.stripe_threshold;
-        if let Some(i) = self
-            .parts
-            .iter()
-            .position(|p| p.front.is_none() && p.lo < p.hi)
+        // a partition left `solo` is joined only once its last taker is gone too (a dead link)
+        let open_to_help = |p: &Partition| !p.solo || p.front.is_none() && p.back.is_none();
+        if let Some(i) =
+            (self.parts.iter()).position(|p| p.front.is_none() && p.lo < p.hi && open_to_help(p))
         {
             let p = &mut self.parts[i];
             p.front = Some(link);
@@ -436,10 +547,10 @@ impl Striper {
                 pos: p.lo,
                 backward: false,
             };
-            return Some(self.claim(i, false, Some(round)));
+            return Some(self.claim(i, false, Some(round), u64::MAX));
         }
-        if let Some(i) =
-            (self.parts.iter()).position(|p| !p.whole && p.back.is_none() && p.hi - p.lo >= t)
+        if let Some(i) = (self.parts.iter())
+            .position(|p| !p.whole && !p.solo && p.back.is_none() && p.hi - p.lo >= t)
         {
             let p = &mut self.parts[i];
             p.back = Some(link);
@@ -447,10 +558,10 @@ impl Striper {
                 pos: p.hi,
                 backward: true,
             };
-            return Some(self.claim(i, true, Some(round)));
+            return Some(self.claim(i, true, Some(round), u64::MAX));
         }
         let (i, p) = (self.parts.iter().enumerate())
-            .filter(|(_, p)| !p.whole && p.hi - p.lo >= 2 * t)
+            .filter(|(_, p)| !p.whole && !p.solo && p.hi - p.lo >= 2 * t)
             .max_by_key(|(_, p)| p.hi - p.lo)?;
         // the back half keeps its back taker and waits for a front one; this link takes the
         // front half from its new end
@@ -461,6 +572,7 @@ impl Striper {
             front: None,
             back: p.back,
             whole: false,
+            solo: false,
         };
         let p = &mut self.parts[i];
         p.hi = mid;
@@ -470,7 +582,7 @@ impl Striper {
             pos: mid,
             backward: true,
         };
-        Some(self.claim(i, true, Some(round)))
+        Some(self.claim(i, true, Some(round), u64::MAX))
     }
 
     /// Opens a partition of new data, taken from its front by this link. A small one goes
@@ -509,13 +621,14 @@ impl Striper {
                 front: (k == 0).then_some(link),
                 back: None,
                 whole: whole || pieces > 1,
+                solo: false,
             });
         }
         let round = Round {
             pos: lo,
             backward: false,
         };
-        Some(self.claim(i, false, Some(round)))
+        Some(self.claim(i, false, Some(round), u64::MAX))
     }
 }
 
@@ -579,6 +692,51 @@ mod tests {
             panic!("a run")
         };
         assert_eq!(len, 64 << 10);
+    }
+
+    /// Two links of the same rate take an 8 MiB message, each claiming while its TCP
+    /// connection holds less than its cap (link 0's window grew over a deep switch queue,
+    /// link 1's did not); returns when each finishes sending its share, in seconds, after
+    /// checking that the receiver got every byte once.
+    fn finish_times(note_held: bool) -> [f64; 2] {
+        const RATE: f64 = 125e6;
+        const STEP: Duration = Duration::from_micros(100);
+        let caps = [900u64 << 10, 200 << 10];
+        let mut s = striper(2);
+        let mut r = Reassembly::new(64 << 20);
+        s.push(8 << 20);
+        let (start, mut held, mut finish) = (Instant::now(), [0u64; 2], [0f64; 2]);
+        for step in 0..2000u32 {
+            let now = start + STEP * step;
+            for l in 0..2 {
+                held[l] = held[l].saturating_sub((RATE * STEP.as_secs_f64()) as u64);
+                while held[l] < caps[l] {
+                    if note_held {
+                        s.note_held(l, now, held[l]);
+                    }
+                    let Some(w) = s.next(l) else { break };
+                    let Work::Run { len, .. } = w else {
+                        panic!("{w:?}")
+                    };
+                    held[l] += len;
+                    finish[l] = (STEP * step).as_secs_f64() + held[l] as f64 / RATE;
+                    deliver(&mut r, l, w);
+                }
+            }
+        }
+        assert_eq!(r.contiguous(), 8 << 20, "every byte arrived");
+        finish
+    }
+
+    #[test]
+    fn links_holding_different_backlogs_finish_a_shared_partition_together() {
+        let [a, b] = finish_times(false);
+        assert!(
+            a - b > 3e-3,
+            "premise: meeting in the middle, link 0 ends {a} s, link 1 {b} s"
+        );
+        let [a, b] = finish_times(true);
+        assert!((a - b).abs() < 0.5e-3, "link 0 ends {a} s, link 1 {b} s");
     }
 
     #[test]

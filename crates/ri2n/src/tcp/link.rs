@@ -203,8 +203,14 @@ enum Compose {
 }
 
 /// Encodes what link `l` sends next into `head` (records) and `payload` (the run's bytes,
-/// after the last record), claiming its run.
-fn compose(st: &mut State, l: usize, head: &mut Vec<u8>, payload: &mut Vec<Bytes>) -> Compose {
+/// after the last record), claiming its run; `held`: the bytes its TCP connection holds.
+fn compose(
+    st: &mut State,
+    l: usize,
+    held: u64,
+    head: &mut Vec<u8>,
+    payload: &mut Vec<Bytes>,
+) -> Compose {
     head.clear();
     payload.clear();
     let mut closing = false;
@@ -239,6 +245,7 @@ fn compose(st: &mut State, l: usize, head: &mut Vec<u8>, payload: &mut Vec<Bytes
             st.links[l].last_ack_progress = Instant::now();
         }
         st.seal_tail();
+        st.striper.note_held(l, Instant::now(), held);
         match st.striper.next(l) {
             Some(Work::Run { round, offset, len }) => {
                 if let Some(r) = round {
@@ -293,15 +300,16 @@ enum Batch<'a> {
 
 /// Composes and writes one batch on link `l` for the holder of its `tx`.
 fn send_batch<'a>(conn: &'a TcpConnection, l: usize, tx: &mut Tx) -> Batch<'a> {
-    let mut st = conn.lock();
-    let link = &st.links[l];
     let Some(s) = tx.stream.clone() else {
         return Batch::Over;
     };
+    let held = sys::held(&s);
+    let mut st = conn.lock();
+    let link = &st.links[l];
     if link.incarnation != tx.incarnation || !link.connected() {
         return Batch::Over;
     }
-    let closing = match compose(&mut st, l, &mut tx.head, &mut tx.payload) {
+    let closing = match compose(&mut st, l, held, &mut tx.head, &mut tx.payload) {
         Compose::Send(closing) => closing,
         Compose::Idle => return Batch::Idle(st),
         Compose::Stop => return Batch::Over,

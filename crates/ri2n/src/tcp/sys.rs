@@ -86,6 +86,19 @@ pub(crate) fn rtt_and_cwnd(s: &TcpStream) -> Option<(Duration, u64)> {
     })
 }
 
+/// Bytes a TCP connection holds that the peer's kernel has not acknowledged, sent or not
+/// (`SIOCOUTQ`); 0 when the kernel cannot tell.
+pub(crate) fn held(s: &TcpStream) -> u64 {
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ writes one c_int into `n`, which lives through the call.
+    let rc = unsafe { libc::ioctl(s.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+    if rc == 0 {
+        u64::try_from(n).unwrap_or(0)
+    } else {
+        0
+    }
+}
+
 /// Opens a TCP connection from `local` (port 0: any) to `remote`, giving up after `timeout`.
 pub(crate) fn connect_from(
     local: SocketAddr,
