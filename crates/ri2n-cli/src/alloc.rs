@@ -7,13 +7,20 @@
 //! bytes past a page (its block header), the slow case, which held back the input reads of
 //! `ri2n send` (docs/BENCHMARKS.md, "Misses", 2026-11-24 05:30–06:40).
 //!
+//! A large block is therefore taken from `malloc` one page larger than asked and handed out
+//! from its first page boundary past the pointer `malloc` returned, which is kept in the
+//! bytes just before. glibc's own aligned allocation (`posix_memalign`) asks its heap for the
+//! size plus the alignment plus a header, so a block freed could never serve the next
+//! request of the same size alone: every large buffer of the TCP transport, which come and go
+//! with the data, took fresh memory, and a sender's heap grew far past its buffers before free
+//! neighbours merged, each new page faulted in and zeroed by the kernel. A block of the same
+//! size freed and allocated again is now the same memory.
+//!
 //! glibc maps a block above its mmap threshold from the kernel and unmaps it when freed, so
 //! the next one is faulted in and zeroed page by page. It raises that threshold to the size
 //! of each such block freed, which ends this for a program that keeps allocating blocks of
-//! one size; but an aligned block asks for its size plus the alignment, always above the
-//! threshold so raised, and every large buffer freed and allocated again was mapped afresh
-//! (the TCP transport's, which come and go with the data). Before the first large block, the
-//! thresholds are therefore fixed where glibc's raising would stop ([`keep_large_blocks`]).
+//! one size; before the first large block the thresholds are fixed where glibc's raising
+//! would stop ([`keep_large_blocks`]), so that no block size is mapped afresh meanwhile.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Once;
@@ -46,48 +53,73 @@ fn keep_large_blocks() {
 
 pub struct PageAlignedLarge;
 
-/// The layout the system allocator is asked for: the same for every call about one block,
-/// since it depends on the size and alignment alone.
-fn system_layout(layout: Layout) -> Layout {
-    if layout.size() >= LARGE && layout.align() < PAGE {
-        // fails only for sizes within a page of isize::MAX: such a block keeps its own
-        // layout, the same at every call about it
-        Layout::from_size_align(layout.size(), PAGE).unwrap_or(layout)
-    } else {
-        layout
-    }
+/// Whether a block of `layout` is placed on a page boundary by this allocator (decided by the
+/// size and alignment alone, so the same at every call about one block). Blocks asking for a
+/// page or more of alignment get it from the system allocator itself.
+fn page_aligned_here(layout: Layout) -> bool {
+    layout.size() >= LARGE && layout.align() < PAGE
 }
 
-// SAFETY: every call forwards to the system allocator with `system_layout` of the caller's
-// layout, which for one block is the same at allocation, reallocation and deallocation (it
-// depends on the size and alignment alone, and `realloc` moves a block whose layout changes
-// class itself).
+/// A block of `size` bytes on a page boundary, inside a `malloc` block one page larger whose
+/// address is kept in the word before it; null if there is no memory.
+unsafe fn alloc_large(size: usize) -> *mut u8 {
+    keep_large_blocks();
+    let Some(total) = size.checked_add(PAGE) else {
+        return std::ptr::null_mut();
+    };
+    let base = libc::malloc(total).cast::<u8>();
+    if base.is_null() {
+        return base;
+    }
+    // malloc's blocks are 16-byte aligned: the first page boundary at least a word past
+    // `base` is at most a page past it, so the block ends within the allocation
+    let addr = base as usize;
+    let block = base.add((addr + std::mem::size_of::<usize>()).next_multiple_of(PAGE) - addr);
+    block.cast::<*mut u8>().sub(1).write(base);
+    block
+}
+
+/// Frees a block of [`alloc_large`].
+unsafe fn dealloc_large(block: *mut u8) {
+    libc::free(block.cast::<*mut u8>().sub(1).read().cast());
+}
+
+// SAFETY: a block is page-aligned here or by the system allocator according to
+// `page_aligned_here` of its layout, the same at allocation, reallocation and deallocation
+// (`realloc` moves a block whose class changes itself); blocks of `alloc_large` are freed by
+// `dealloc_large` only.
 unsafe impl GlobalAlloc for PageAlignedLarge {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if layout.size() >= LARGE {
-            keep_large_blocks();
+        if page_aligned_here(layout) {
+            return alloc_large(layout.size());
         }
-        System.alloc(system_layout(layout))
+        System.alloc(layout)
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if layout.size() >= LARGE {
-            keep_large_blocks();
+        if page_aligned_here(layout) {
+            let block = alloc_large(layout.size());
+            if !block.is_null() {
+                std::ptr::write_bytes(block, 0, layout.size());
+            }
+            return block;
         }
-        System.alloc_zeroed(system_layout(layout))
+        System.alloc_zeroed(layout)
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, system_layout(layout))
+        if page_aligned_here(layout) {
+            return dealloc_large(ptr);
+        }
+        System.dealloc(ptr, layout)
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let new_layout = Layout::from_size_align_unchecked(new_size, layout.align());
-        let (old_sys, new_sys) = (system_layout(layout), system_layout(new_layout));
-        if old_sys.align() == new_sys.align() {
-            return System.realloc(ptr, old_sys, new_size);
+        if !page_aligned_here(layout) && !page_aligned_here(new_layout) {
+            return System.realloc(ptr, layout, new_size);
         }
-        // the block changes class (crosses LARGE): a new one, the bytes, the old one freed
+        // a large block, or one crossing LARGE: a new one, the bytes, the old one freed
         let new = self.alloc(new_layout);
         if !new.is_null() {
             std::ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));

@@ -295,3 +295,34 @@ pub fn send_file(to: &str, input: &Path, extra: &[&str]) -> (ExitStatus, Output)
     args.extend_from_slice(extra);
     ri2n(args, Duration::from_secs(20))
 }
+
+/// Waits for `p` at most `limit` (kills it and panics after); returns its exit status and
+/// its peak resident memory in KiB (`ru_maxrss` of `wait4`).
+pub fn wait_peak_rss(p: &mut Proc, limit: Duration) -> (ExitStatus, u64) {
+    use std::os::unix::process::ExitStatusExt;
+    let child = p.child.as_mut().expect("not waited for yet");
+    let pid = child.id() as libc::pid_t;
+    let deadline = Instant::now() + limit;
+    loop {
+        let mut status = 0;
+        let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+        // SAFETY: wait4 on a child of this process, not reaped yet; it writes the status and
+        // the usage it is given
+        let reaped = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, usage.as_mut_ptr()) };
+        if reaped == pid {
+            // reaped: its pid may be reused, so it is never signalled again
+            p.child = None;
+            // SAFETY: wait4 filled the usage when it reaped the child
+            let kib = unsafe { usage.assume_init() }.ru_maxrss;
+            return (ExitStatus::from_raw(status), kib as u64);
+        }
+        assert_eq!(reaped, 0, "wait4: {}", std::io::Error::last_os_error());
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            p.child = None;
+            panic!("{} did not finish within {limit:?}", p.name);
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
