@@ -186,10 +186,91 @@ pub(crate) struct Tx {
     frame: Vec<u8>,
 }
 
+impl Tx {
+    /// Writes the composed records (`head`) and the run's bytes (`payload`) on `s`, sealed as
+    /// one frame on a keyed link.
+    fn write(&mut self, s: &TcpStream) -> io::Result<()> {
+        let res = match &mut self.seal {
+            None => {
+                let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(1 + self.payload.len());
+                slices.push(IoSlice::new(&self.head));
+                slices.extend(self.payload.iter().map(|b| IoSlice::new(b)));
+                write_all(s, &mut slices)
+            }
+            // keyed: the records and the run's bytes sealed as one frame, in place
+            Some(key) => {
+                let frame = &mut self.frame;
+                frame.clear();
+                frame.extend_from_slice(&[0; 4]);
+                frame.extend_from_slice(&self.head);
+                self.payload.iter().for_each(|b| frame.extend_from_slice(b));
+                key.seal(frame);
+                let res = write_all(s, &mut [IoSlice::new(frame)]);
+                // a key that sealed its share: a new TCP connection brings fresh keys
+                res.and_then(|()| match key.worn_out() {
+                    true => Err(io::ErrorKind::Other.into()),
+                    false => Ok(()),
+                })
+            }
+        };
+        // the run's slices go now: while they live, the send buffer's memory they point into
+        // cannot be reused once acknowledged
+        self.payload.clear();
+        res
+    }
+}
+
 impl std::fmt::Debug for Tx {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Tx {{ incarnation: {} }}", self.incarnation)
     }
+}
+
+/// The ACK link `l` sends: what arrived on it, and of the whole sequence.
+fn ack_record(st: &State, l: usize) -> Record {
+    Record::Ack {
+        link_bytes: st.reasm.link_bytes(l),
+        delivered: st.reasm.contiguous(),
+        window_end: st.reasm.window_end(),
+        eof: st.reasm.complete(),
+    }
+}
+
+/// Sends link `l`'s due ACK from the calling reader thread, when no one else is writing on
+/// the link and its TCP connection takes a few bytes at once: on a link that mostly
+/// receives, an ACK is nearly all its writer sends, and waking that thread for each one
+/// cost more than the write. Returns `false` when the writer must send it instead (a reader
+/// never waits to write: its peer may be waiting for it to read).
+pub(crate) fn ack_now(conn: &TcpConnection, l: usize) -> bool {
+    let Ok(mut tx) = conn.tx[l].try_lock() else {
+        return false;
+    };
+    let Some(s) = tx.stream.clone() else {
+        return false;
+    };
+    if !matches!(sys::wait_writable(&s, Duration::ZERO), Ok(true)) {
+        return false;
+    }
+    let mut st = conn.lock();
+    let link = &mut st.links[l];
+    if link.incarnation != tx.incarnation || !link.connected() || link.close_due {
+        return false;
+    }
+    if !std::mem::take(&mut link.ack_due) {
+        return true;
+    }
+    link.rx_unacked = 0;
+    link.last_tx = Instant::now();
+    tx.head.clear();
+    tx.payload.clear();
+    ack_record(&st, l).encode(&mut tx.head);
+    st.links[l].bytes_sent += tx.head.len() as u64;
+    drop(st);
+    if let Err(e) = tx.write(&s) {
+        let mut st = conn.lock();
+        fail(conn, &mut st, l, tx.incarnation, closed_by_peer(e.kind()));
+    }
+    true
 }
 
 /// What one look at the connection gave a link's sender.
@@ -221,13 +302,7 @@ fn compose(
     let close_due = link.close_due;
     if ack_due || close_due {
         link.rx_unacked = 0;
-        Record::Ack {
-            link_bytes: st.reasm.link_bytes(l),
-            delivered: st.reasm.contiguous(),
-            window_end: st.reasm.window_end(),
-            eof: st.reasm.complete(),
-        }
-        .encode(head);
+        ack_record(st, l).encode(head);
     }
     if close_due {
         let (code, reason) = &st.close_record;
@@ -315,32 +390,7 @@ fn send_batch<'a>(conn: &'a TcpConnection, l: usize, tx: &mut Tx) -> Batch<'a> {
         Compose::Stop => return Batch::Over,
     };
     drop(st);
-    let res = match &mut tx.seal {
-        None => {
-            let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(1 + tx.payload.len());
-            slices.push(IoSlice::new(&tx.head));
-            slices.extend(tx.payload.iter().map(|b| IoSlice::new(b)));
-            write_all(&s, &mut slices)
-        }
-        // keyed: the records and the run's bytes sealed as one frame, in place
-        Some(key) => {
-            let frame = &mut tx.frame;
-            frame.clear();
-            frame.extend_from_slice(&[0; 4]);
-            frame.extend_from_slice(&tx.head);
-            tx.payload.iter().for_each(|b| frame.extend_from_slice(b));
-            key.seal(frame);
-            let res = write_all(&s, &mut [IoSlice::new(frame)]);
-            // a key that sealed its share: a new TCP connection brings fresh keys
-            res.and_then(|()| match key.worn_out() {
-                true => Err(io::ErrorKind::Other.into()),
-                false => Ok(()),
-            })
-        }
-    };
-    // the run's slices go now: while they live, the send buffer's memory they point into
-    // cannot be reused once acknowledged
-    tx.payload.clear();
+    let res = tx.write(&s);
     if closing {
         let _ = s.shutdown(Shutdown::Write);
         conn.lock().links[l].close_due = false;
@@ -631,7 +681,7 @@ fn read_records(
                 link.ack_due |= ack;
                 let readable = st.reasm.contiguous() > contiguous;
                 drop(st);
-                if ack {
+                if ack && !ack_now(conn, l) {
                     conn.wake_writer(l);
                 }
                 if readable {
