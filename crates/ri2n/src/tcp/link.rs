@@ -28,9 +28,13 @@ use ri2n_proto::{ConnectionError, LinkState};
 use super::conn::{Role, State, TcpConnection};
 use super::sys;
 
-/// Bytes a reader asks the kernel for at once when it reads records (a run's payload goes
-/// straight into its own buffer, however long).
+/// Bytes a reader asks the kernel for at once when it reads sealed frames (a whole frame is
+/// opened at once).
 const READ_CHUNK: usize = 64 << 10;
+/// Bytes a reader of plain records asks the kernel for at once: a few records, or a run's
+/// header and the first of its bytes, which are copied into the run's buffer; the rest of a
+/// run goes straight into that buffer, however long.
+const RECORD_READ: usize = 4 << 10;
 /// How often the watch thread looks at the links (and sends the ACKs still owed).
 const WATCH_TICK: Duration = Duration::from_millis(2);
 /// Run bytes a link receives before it owes an ACK at once: one ACK per run would wake both
@@ -488,9 +492,9 @@ impl RecordReader<'_> {
     fn fill(&mut self) -> io::Result<usize> {
         let Some(key) = &mut self.open else {
             if self.buf.capacity() - self.buf.len() < 512 {
-                self.buf.reserve(READ_CHUNK);
+                self.buf.reserve(RECORD_READ);
             }
-            return match sys::read_into(self.s, &mut self.buf, READ_CHUNK)? {
+            return match sys::read_into(self.s, &mut self.buf, RECORD_READ)? {
                 0 => Err(io::ErrorKind::UnexpectedEof.into()),
                 n => Ok(n),
             };
