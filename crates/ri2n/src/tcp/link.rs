@@ -4,7 +4,8 @@
 //!   under the lock, then writes it without the lock; its TCP connection's back-pressure
 //!   decides how much the link takes;
 //! - a **reader** per link: parses records, reads each run straight into a buffer of its
-//!   own and hands it to the reassembly, which places it by the link's order;
+//!   own and hands it to the reassembly, which places it by the link's order; it writes the
+//!   ACKs it owes itself while no one else writes on the link ([`ack_now`]);
 //! - a **watch** thread per connection: declares a link dead when it has received nothing
 //!   for a few round trips (both ends PING idle links), asks for PINGs, samples TCP_INFO,
 //!   and on the client starts a **dialer** for each dead link, which opens a new TCP
