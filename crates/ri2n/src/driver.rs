@@ -24,7 +24,8 @@
 //! - the poller turn ([`PollerTurn`]; `tests/wakeups.rs`): a call woken only for another
 //!   connection's call leaves the sockets to that one;
 //! - the step-back in a process confined to one CPU ([`STEP_BACK`],
-//!   [`yield_to_busy_threads`]; `tests/one_cpu.rs`);
+//!   [`yield_to_busy_threads`]; `tests/one_cpu.rs`), and after an event loop's wait on any
+//!   number of CPUs (`tests/wakeups.rs`);
 //! - single takes ([`Receiver::take_for`]; `tests` below): one datagram at a time is taken
 //!   with one `recvmsg`.
 //!
@@ -80,6 +81,12 @@ const BUSY_HORIZON: Duration = Duration::from_millis(50);
 /// An arrival that no call takes waits at most this long, as it could already wait for a
 /// driver thread under `SCHED_BATCH` behind a busy application thread on that CPU (up to a
 /// scheduler tick). A call that blocks without watching the sockets gives them back at once.
+///
+/// After an event loop's wait ([`Shared::wait_receiving`]) it steps back on any number of
+/// CPUs: the loop handles every arrival itself (a tunnel writes it to its device), so a batch
+/// the driver thread took in while the loop was busy only reached the loop through a wake-up,
+/// one more thread and one more hand-over of the engine's lock per batch, and the loop is
+/// back at the sockets as soon as it is done (`tests/wakeups.rs`).
 const STEP_BACK: Duration = TICK;
 /// How many receives of a waiting call take one datagram alone from a source whose last
 /// batch receive found exactly one, before a batch receive looks again (see
@@ -633,6 +640,8 @@ impl Shared {
         // the level-triggered instance would report the socket at once again until the
         // thread holding the receive buffers has emptied it (see `wait_connection`)
         st.turn.receiving_yields = turned_away;
+        // the loop is back at the sockets as soon as it has served what it received
+        st.callers_watch_until = Some(Instant::now() + STEP_BACK);
         if received {
             self.arm_driver(&mut st);
         }

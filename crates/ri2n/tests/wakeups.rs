@@ -317,3 +317,121 @@ fn idle_connections_wake_the_drivers_for_their_keepalives_only() {
         "the drivers were switched to {woken} times while {passed} packets passed"
     );
 }
+
+/// An event loop that waits through `Endpoint::wait_receiving` keeps the sockets while a
+/// stream of datagrams comes in (a tunnel's peer loop): it receives every batch itself, and
+/// the driver thread, which could only take a batch in while the loop is busy and then hand
+/// it over with a wake-up, steps back (`STEP_BACK` in the driver) and wakes for its timer
+/// ticks (at most one per millisecond), not for the arrivals. Without the step-back it took
+/// in a share of the batches, switched to for most of them.
+#[test]
+fn an_event_loop_receiving_a_stream_leaves_the_driver_thread_asleep() {
+    use std::os::fd::{AsRawFd, BorrowedFd};
+    use std::time::Instant;
+
+    use mio::unix::SourceFd;
+    use mio::{Events, Interest, Poll, Token};
+
+    const DATAGRAMS: usize = 20_000;
+    const SIZE: usize = 1200;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let before: Vec<i32> = threads_named("ri2n-driver-0");
+    let config = ri2n::EndpointConfig::new(addrs())
+        .server()
+        .with_shards(Some(1));
+    let server = Endpoint::bind(config).unwrap();
+    let mut driver = Vec::new();
+    for _ in 0..100 {
+        driver = (threads_named("ri2n-driver-0").into_iter())
+            .filter(|t| !before.contains(t))
+            .collect();
+        if !driver.is_empty() {
+            break;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    let [driver] = driver[..] else {
+        panic!("the server's driver thread: {driver:?}");
+    };
+    let client = Endpoint::client(&addrs()).unwrap();
+    let to = server.local_addrs();
+    let (done_tx, done_rx) = mpsc::channel();
+    let sink = thread::spawn(move || {
+        let conn = server.accept().unwrap();
+        conn.set_loop_token(Some(1));
+        let mut poll = Poll::new().unwrap();
+        let fd = conn.read_readiness_fd().unwrap().as_raw_fd();
+        poll.registry()
+            .register(&mut SourceFd(&fd), Token(0), Interest::READABLE)
+            .unwrap();
+        let mut events = Events::with_capacity(8);
+        let (mut readable, mut got, mut sum) = (Vec::new(), 0usize, 0u64);
+        let mut start = None;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        // the last datagram says the stream ended; some before it may have been dropped
+        'stream: while Instant::now() < deadline {
+            loop {
+                match conn.try_recv_datagram() {
+                    Ok(Some(d)) => {
+                        assert_eq!(d.len(), SIZE);
+                        start.get_or_insert_with(|| (switches(driver), Instant::now()));
+                        got += 1;
+                        // the loop's own work per datagram (a device write), so that more
+                        // arrive while it is busy
+                        sum = d
+                            .iter()
+                            .fold(sum, |s, &b| s.wrapping_mul(31) + u64::from(b));
+                        if d[0] == 1 {
+                            break 'stream;
+                        }
+                    }
+                    Ok(None) => panic!("the client closed"),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            // SAFETY: `poll`'s descriptor, open for the whole call
+            let set = unsafe { BorrowedFd::borrow_raw(poll.as_raw_fd()) };
+            let look =
+                server.wait_receiving(0, set, Some(Duration::from_millis(100)), &mut readable);
+            readable.clear();
+            if look {
+                poll.poll(&mut events, Some(Duration::ZERO)).unwrap();
+            }
+        }
+        let (first, started) = start.expect("datagrams arrived");
+        std::hint::black_box(sum);
+        done_tx
+            .send((got, switches(driver) - first, started.elapsed()))
+            .unwrap();
+    });
+    let conn = client.connect(&to, ConnectionConfig::default()).unwrap();
+    for i in 0..DATAGRAMS {
+        let mut d = [0u8; SIZE];
+        d[0] = u8::from(i == DATAGRAMS - 1);
+        d[1..9].copy_from_slice(&(i as u64).to_le_bytes());
+        conn.send_datagram(&d).unwrap();
+        // in bursts, as a device hands them over: a stream the receiver keeps up with
+        if i % 32 == 31 {
+            thread::sleep(Duration::from_micros(100));
+        }
+    }
+    let (got, woken, elapsed) = done_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the stream's last datagram arrived");
+    sink.join().unwrap();
+    let ticks = elapsed.as_millis() as u64 + 1;
+    eprintln!(
+        "the server's driver thread: {woken} switches while {got} datagrams arrived in \
+         {elapsed:?} ({ticks} timer ticks at most)"
+    );
+    assert!(
+        got >= DATAGRAMS / 2,
+        "{got} of {DATAGRAMS} datagrams arrived"
+    );
+    assert!(
+        woken < ticks + got as u64 / 50,
+        "the driver thread was switched to {woken} times while {got} datagrams arrived in \
+         {elapsed:?}"
+    );
+}
