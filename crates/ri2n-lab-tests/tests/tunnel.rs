@@ -11,7 +11,8 @@
 //! results through a dead switch and a 20 s partition, and one with a rank on each host of a
 //! 32-host cluster through a dead switch; the systemd unit's daemon serves its
 //! status and carries traffic under the unit's sandbox; what the daemons log and show of dead
-//! links and of a peer back with another key is true. Rates are reported, not asserted
+//! links and of a peer back with another key is true; a small packet wakes one daemon thread
+//! on each side. Rates are reported, not asserted
 //! (docs/BENCHMARKS.md has the measurements).
 //!
 //! Needs root, iproute2, nftables, iperf3, util-linux (`unshare`, `setpriv`, `nsenter`) and
@@ -1351,5 +1352,106 @@ fn an_mpi_job_on_32_hosts_completes_through_a_dead_switch() {
              {line}"
         ));
     }
+    stop_daemons(&mut daemons);
+}
+
+/// Voluntary context switches so far of each thread of process `pid`: (thread ID, name,
+/// count).
+fn voluntary_switches(pid: u32) -> Vec<(String, String, u64)> {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    (tasks.flatten())
+        .filter_map(|t| {
+            let comm = fs::read_to_string(t.path().join("comm")).ok()?;
+            let status = fs::read_to_string(t.path().join("status")).ok()?;
+            let n = status
+                .lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))?;
+            let tid = t.file_name().to_string_lossy().into_owned();
+            Some((tid, comm.trim().to_owned(), n.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// A small packet crosses the tunnel with one wake-up per side: over back-to-back pings from
+/// host a to host b through the tunnel (`ping -f`: the next request as soon as the reply is
+/// in, so that each packet carries the acknowledgement of the one before and none travels
+/// alone), each daemon's threads other than the driver threads (whose timer ticks follow the
+/// clock, not the packets) go to sleep twice per round trip, once for the request and once
+/// for the reply (the thread reading the interface, the peer loop receiving from the links).
+/// A hand-over between threads on the way (a driver thread taking an arrival in and waking
+/// the peer loop) would add a wake-up per crossing.
+#[test]
+fn a_packet_crossing_the_tunnel_wakes_one_thread_per_side() {
+    let _serial = serial();
+    let Some(env) = env() else { return };
+    if !require_tool("ping", "iputils-ping") {
+        return;
+    }
+    let dir = TestDir::new(env, "tunnel-wakeups");
+    let lab = Lab::up_hosts(env, "twk", 2, 2);
+    support::keygen(env, &dir.0);
+    let config = write_cluster_file(&dir.0, &["a", "b"]);
+    let mut daemons: Vec<Proc> = ["a", "b"]
+        .iter()
+        .map(|h| spawn_daemon(env, &lab, h, &[], &config, &dir.0, &format!("tunnel-{h}")))
+        .collect();
+    wait_connected(&mut daemons, 1, Duration::from_secs(20));
+    ping_through(&lab, "a", "b");
+
+    const PINGS: u64 = 2000;
+    let before: Vec<_> = daemons
+        .iter()
+        .map(|d| voluntary_switches(d.pid()))
+        .collect();
+    let out = Command::new("ip")
+        .args(["netns", "exec", &lab.ns_of("a"), "ping", "-q", "-f", "-c"])
+        .arg(PINGS.to_string())
+        .args(["-W", "2"])
+        .arg(tunnel_address("b"))
+        .output()
+        .expect("running ping");
+    let after: Vec<_> = daemons
+        .iter()
+        .map(|d| voluntary_switches(d.pid()))
+        .collect();
+    let text = String::from_utf8_lossy(&out.stdout);
+    // the premise: the round trips happened ("2000 packets transmitted, 2000 received")
+    let received: u64 = text
+        .split(',')
+        .find_map(|part| part.trim().strip_suffix(" received")?.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        received >= PINGS * 9 / 10,
+        "{received} of {PINGS} pings answered through the tunnel: {text}"
+    );
+    let mut lines = Vec::new();
+    for (d, (b, a)) in daemons.iter().zip(before.iter().zip(&after)) {
+        let per_thread: Vec<(String, u64)> = (a.iter())
+            .map(|(tid, name, n)| {
+                let was = (b.iter())
+                    .find(|(t, _, _)| t == tid)
+                    .map_or(0, |(_, _, v)| *v);
+                (name.clone(), n - was)
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        let carrying: u64 = (per_thread.iter())
+            .filter(|(name, _)| !name.starts_with("ri2n-driver"))
+            .map(|(_, n)| n)
+            .sum();
+        lines.push(format!("{}: {per_thread:?}", d.name));
+        assert!(
+            carrying <= received * 5 / 2,
+            "{}'s threads went to sleep {carrying} times in {received} round trips through \
+             the tunnel (two expected per round trip): {per_thread:?}",
+            d.name
+        );
+    }
+    report(&format!(
+        "tunnel wake-ups over {received} pings: {}",
+        lines.join("; ")
+    ));
     stop_daemons(&mut daemons);
 }
