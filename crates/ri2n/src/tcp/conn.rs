@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::net::{SocketAddr, TcpStream};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -24,6 +24,7 @@ use ri2n_proto::{
     LinkId, LinkState, LinkStats, MAX_LINKS,
 };
 
+use super::signal::Signal;
 use crate::connection::TimedEvent;
 use crate::readiness::{Interest, Watchers};
 
@@ -502,12 +503,12 @@ impl State {
 pub(crate) struct TcpConnection {
     pub state: Mutex<State>,
     /// The application waits here (data, room, acknowledgements, the end).
-    pub app: Condvar,
+    pub app: Signal,
     /// ... or on these descriptors, signalled at the same moments.
     pub watchers: Watchers,
     /// Each link's writer waits on its own condition variable for something to send, so
     /// that waking one (an ACK due on its link) does not wake them all.
-    pub writers: [Condvar; MAX_LINKS],
+    pub writers: [Signal; MAX_LINKS],
     /// Each link's sending side, held while a batch is written on its TCP connection (lock
     /// order: a `tx`, then `state`).
     pub tx: [Mutex<super::link::Tx>; MAX_LINKS],
@@ -554,9 +555,9 @@ impl TcpConnection {
         };
         Arc::new(Self {
             state: Mutex::new(st),
-            app: Condvar::new(),
+            app: Signal::default(),
             watchers: Watchers::default(),
-            writers: std::array::from_fn(|_| Condvar::new()),
+            writers: std::array::from_fn(|_| Signal::default()),
             tx: std::array::from_fn(|_| Mutex::default()),
             settings,
             role,
@@ -576,7 +577,7 @@ impl TcpConnection {
     /// Wakes every link's writer (new data, an opened window, a link that went down).
     pub fn wake_writers(&self) {
         // all on each: a writer of the link's previous TCP connection may still wait there
-        self.writers.iter().for_each(Condvar::notify_all);
+        self.writers.iter().for_each(Signal::notify_all);
     }
 
     /// After the application wrote: when little is buffered (a message, a request), sends at
@@ -637,16 +638,8 @@ impl TcpConnection {
         st: MutexGuard<'a, State>,
         deadline: Option<Instant>,
     ) -> MutexGuard<'a, State> {
-        match deadline {
-            None => self.app.wait(st).unwrap_or_else(|e| e.into_inner()),
-            Some(d) => {
-                let left = d.saturating_duration_since(Instant::now());
-                self.app
-                    .wait_timeout(st, left)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0
-            }
-        }
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        self.app.wait(st, left)
     }
 
     /// Waits until the send buffer has room for `need` bytes (any room when `need` is 0);

@@ -464,11 +464,7 @@ fn writer(conn: &Arc<TcpConnection>, l: usize, incarnation: u64, s: &TcpStream) 
                 // let an application thread send meanwhile; wait under the same lock, so no
                 // wake-up falls between the look and the wait
                 drop(tx);
-                drop(
-                    conn.writers[l]
-                        .wait_timeout(st, conn.settings.keepalive)
-                        .unwrap_or_else(|e| e.into_inner()),
-                );
+                drop(conn.writers[l].wait(st, Some(conn.settings.keepalive)));
             }
         }
     }

@@ -16,6 +16,7 @@
 pub(crate) mod conn;
 pub(crate) mod endpoint;
 pub(crate) mod link;
+mod signal;
 mod sys;
 
 pub(crate) use conn::TcpConnection;
