@@ -61,9 +61,11 @@ def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, ke
     return r
 
 
-def iperf_transfer(lab, nbytes, mptcp, pipe_in=None, pipe_out=None, src=None, timeout=120):
-    """iperf3 of `nbytes` A→B over one TCP connection (link 1) or MPTCP (every link); the
-    sender reads file `src` if given (as `ri2n send -i` does), else sends from memory."""
+def iperf_transfer(lab, nbytes, mptcp, pipe_in=None, pipe_out=None, src=None, timeout=120,
+                   to="10.77.1.2"):
+    """iperf3 of `nbytes` A→B over one TCP connection (to B's address `to`: link 1, or its
+    tunnel address) or MPTCP (every link); the sender reads file `src` if given (as `ri2n send
+    -i` does), else sends from memory."""
     port = 5301 + random.randrange(500)
     wrap = ["mptcpize", "run"] if mptcp else []
     scmd = wrap + ["iperf3", "-s", "-1", "-p", port]
@@ -73,12 +75,12 @@ def iperf_transfer(lab, nbytes, mptcp, pipe_in=None, pipe_out=None, src=None, ti
             " ".join(wrap), port, pipe_out)]
     srv = PROCS.start(lab.ex("b", *scmd))
     wait_ready(srv, "iperf3 -s", 0.3)
-    ccmd = wrap + ["iperf3", "-c", "10.77.1.2", "-p", port, "-n", nbytes, "--json"]
+    ccmd = wrap + ["iperf3", "-c", to, "-p", port, "-n", nbytes, "--json"]
     if src:
         ccmd += ["-F", src]
     if pipe_in:
-        ccmd = ["sh", "-c", "%s | %s iperf3 -c 10.77.1.2 -p %d -n %d -F /dev/stdin --json" % (
-            pipe_in, " ".join(wrap), port, nbytes)]
+        ccmd = ["sh", "-c", "%s | %s iperf3 -c %s -p %d -n %d -F /dev/stdin --json" % (
+            pipe_in, " ".join(wrap), to, port, nbytes)]
     rc, ccpu, machine, wall, text = timed_client(lab.ex("a", *ccmd), timeout)
     src, scpu = PROCS.wait_rusage(srv, 30)
     r = {"rc": rc, "cpu_send": ccpu, "cpu_recv": scpu, "cpu_machine": machine, "wall_send": wall}

@@ -1,5 +1,6 @@
 """Part 8: how ri2n scales with the host's cores: many clients of one `ri2n serve` on loopback,
-and the unlimited-rate 2- and 4-link lab against one TCP connection and MPTCP."""
+and the unlimited-rate 2- and 4-link lab against one TCP connection and MPTCP, `ri2n send` and
+iperf3 through `ri2n tunnel` alike."""
 import json
 import os
 import tempfile
@@ -11,13 +12,14 @@ from .common import (
     thread_cpu, wait_quiet, wait_ready)
 from .fast import iperf_transfer, ri2n_transfer, warm_up
 from .labctl import new_lab
+from .tunnel import tunnel_up
 
 CLIENTS = (1, 2, 4, 8)
 LOOP_LINKS = (2, 4)
 LAB_LINKS = (2, 4)
-LAB_TOOLS = ("ri2n", "ri2n_keyed", "tcp", "mptcp")
+LAB_TOOLS = ("ri2n", "ri2n_keyed", "tcp", "mptcp", "tunnel")
 LAB_NAMES = {"ri2n": "ri2n", "ri2n_keyed": "ri2n, keyed", "tcp": "1 TCP connection",
-             "mptcp": "MPTCP"}
+             "mptcp": "MPTCP", "tunnel": "iperf3 through `ri2n tunnel`"}
 
 
 def cpu_list(cpus):
@@ -149,13 +151,16 @@ def measure_lab(o, res, keyfile):
             if k.startswith("ri2n"):
                 return ri2n_transfer(lab, src, o.scale_bytes,
                                      key=keyfile if k == "ri2n_keyed" else None)
+            if k == "tunnel":
+                return tunnel_transfer(lab, n, src, o.scale_bytes)
             return iperf_transfer(lab, o.scale_bytes, mptcp=(k == "mptcp"), src=src)
 
         # as in part fast: one discarded transfer of each tool on the fresh lab
         c["warmup"] = warm_up(LAB_TOOLS, transfer)
         for rep in range(o.reps):
             row = {"rep": rep}
-            for k in LAB_TOOLS[rep % 4:] + LAB_TOOLS[:rep % 4]:
+            turn = rep % len(LAB_TOOLS)
+            for k in LAB_TOOLS[turn:] + LAB_TOOLS[:turn]:
                 row["busy_before_" + k] = wait_quiet()
                 m0 = lab.mptcp_counters("a") if k == "mptcp" else None
                 row[k] = transfer(k)
@@ -170,6 +175,19 @@ def measure_lab(o, res, keyfile):
             c["runs"].append(row)
         res["lab"].append(c)
     lab.down()
+
+
+def tunnel_transfer(lab, links, src, nbytes):
+    """iperf3 from A to B's tunnel address through `ri2n tunnel` daemons on both hosts (keyed,
+    over the lab's `links` links), started for this transfer and stopped after it: their
+    CPU is in the machine's."""
+    tmp = tempfile.mkdtemp(prefix="ri2nbench-tunnel-")
+    daemons, _ = tunnel_up(lab, tmp, hosts="ab", links=links)
+    try:
+        return iperf_transfer(lab, nbytes, mptcp=False, src=src, to="10.99.0.2")
+    finally:
+        for d in daemons.values():
+            PROCS.stop(d)
 
 
 def part_scale(o):
@@ -192,6 +210,8 @@ def part_scale(o):
                 "10.77.1.2:PORT --local 10.77.I.1 … -i FILE [--key FILE on both]",
         "tcp": "iperf3 -s -1; iperf3 -c 10.77.1.2 -n BYTES -F FILE (one connection, link 1)",
         "mptcp": "mptcpize run iperf3 … -F FILE (a subflow per link)",
+        "tunnel": "ri2n tunnel --config FILE on A and B (one keyed cluster file, every lab "
+                  "link); iperf3 -c 10.99.0.2 -n BYTES -F FILE through it",
         "cpu": "lab: machine busy time from /proc/stat during the transfer, per GB moved",
     }
     keyfile = common.key_file()
@@ -263,25 +283,30 @@ def tables(res, brief):
                              and r["clients"] == CLIENTS[-1]))
                          for links in LOOP_LINKS for keyed in (False, True))))
     labs = res["lab"]
+    # the tools every run measured (results from before the tunnel joined the part lack it)
+    tools = [k for k in LAB_TOOLS if all(k in r for c in labs for r in c["runs"])]
     if labs:
         L.append("")
         L.append("Unlimited-rate lab, MTU 1500, %.2f GB A→B per transfer: goodput (Gbit/s), the "
                  "machine's CPU-s per GB; %d run(s), the tools in turn:" % (
                      res["bytes"] / 1e9, len(labs[0]["runs"])))
         L.append("")
-        L.append("| links | %s | ri2n ÷ MPTCP | keyed ÷ unkeyed |" % " | ".join(
-            LAB_NAMES[k] for k in LAB_TOOLS))
-        L.append("| --- |%s --- | --- |" % (" --- |" * len(LAB_TOOLS)))
+        tunnel = "tunnel" in tools
+        L.append("| links | %s | ri2n ÷ MPTCP | keyed ÷ unkeyed |%s" % (" | ".join(
+            LAB_NAMES[k] for k in tools), " tunnel ÷ MPTCP |" if tunnel else ""))
+        L.append("| --- |%s --- | --- |%s" % (" --- |" * len(tools), " --- |" if tunnel else ""))
         for c in labs:
             runs = c["runs"]
             cells = ["%s, %s" % (cell([r[k].get("bps") for r in runs], "%.2f", 1e-9),
                                  cell([cpu_per_gb(r[k]) for r in runs], "%.2f"))
-                     for k in LAB_TOOLS]
-            L.append("| %d | %s | **%s** | %s |" % (
+                     for k in tools]
+            L.append("| %d | %s | **%s** | %s |%s" % (
                 c["links"], " | ".join(cells),
                 cell([ratio(r["ri2n"].get("bps"), r["mptcp"].get("bps")) for r in runs], "%.2f×"),
                 cell([ratio(r["ri2n_keyed"].get("bps"), r["ri2n"].get("bps")) for r in runs],
-                     "%.2f×")))
+                     "%.2f×"),
+                " **%s** |" % cell([ratio(r["tunnel"].get("bps"), r["mptcp"].get("bps"))
+                                    for r in runs], "%.2f×") if tunnel else ""))
         L.append("")
         L.append("MPTCP subflows joined per transfer (A's MPJoinSynAckRx; iperf3 opens a control "
                  "and a data connection, so 2 × (links − 1) when every link is used): %s." % "; ".join(
@@ -294,10 +319,10 @@ def tables(res, brief):
             L.append("")
             L.append("4 ÷ 2 links (ratio of the medians, separate labs): %s." % ", ".join(
                 "%s %s×" % (LAB_NAMES[k], "n/a" if ratio(m(by[4], k), m(by[2], k)) is None
-                            else "%.2f" % ratio(m(by[4], k), m(by[2], k))) for k in LAB_TOOLS))
+                            else "%.2f" % ratio(m(by[4], k), m(by[2], k))) for k in tools))
         cores = []
         for c in labs:
-            for k in LAB_TOOLS:
+            for k in tools:
                 xs = [r[k]["cpu_machine"] / r[k]["wall_send"] for r in c["runs"]
                       if r[k].get("wall_send") and r[k].get("cpu_machine") is not None]
                 cores.append("%d links %s %s" % (c["links"], LAB_NAMES[k], cell(xs, "%.1f")))
@@ -318,7 +343,7 @@ def report_scale(res):
         for r in res["loopback"] if r["bps"] is None]
     bad += ["lab %d links run %d %s: rc %s/%s" % (c["links"], r["rep"], k, r[k].get("rc"),
                                                   r[k].get("recv_rc"))
-            for c in res["lab"] for r in c["runs"] for k in LAB_TOOLS
+            for c in res["lab"] for r in c["runs"] for k in LAB_TOOLS if k in r
             if r[k].get("rc") != 0 or r[k].get("recv_rc") not in (None, 0)]
     L.append("")
     L.append(busy_line(res["loopback"]))

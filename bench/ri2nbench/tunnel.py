@@ -19,16 +19,16 @@ from .fault import tcp_flow_run
 TUNNEL_HOSTS = "abc"
 
 
-def tunnel_up(lab, tmpdir, carry="datagrams", hosts=TUNNEL_HOSTS, timeout=30):
+def tunnel_up(lab, tmpdir, carry="datagrams", hosts=TUNNEL_HOSTS, timeout=30, links=2):
     """Key, cluster file and a daemon per host of `hosts` (the lab's host names, in its order,
-    host i being 10.77.LINK.i) with `--carry CARRY`; waits until every daemon has all its
-    peers."""
+    host i being 10.77.LINK.i) on the lab's first `links` links, with `--carry CARRY`; waits
+    until every daemon has all its peers."""
     key = os.path.join(tmpdir, "cluster.key")
     run([common.RI2N, "keygen", "--output", key, "--force"])
     text = 'key = "%s"\n' % key
     for i, h in enumerate(hosts, 1):
-        text += '\n[[host]]\nname = "%s"\naddress = "10.99.0.%d"\nlinks = ["10.77.1.%d", "10.77.2.%d"]\n' % (
-            h, i, i, i)
+        addrs = ", ".join('"10.77.%d.%d"' % (link, i) for link in range(1, links + 1))
+        text += '\n[[host]]\nname = "%s"\naddress = "10.99.0.%d"\nlinks = [%s]\n' % (h, i, addrs)
     cfg = os.path.join(tmpdir, "cluster.toml")
     with open(cfg, "w") as f:
         f.write(text)
