@@ -34,6 +34,26 @@ const MAX_SPARE_CAPACITY: usize = wire::MAX_DATAGRAM_SIZE;
 /// a packet with less room left carries no piece of it (each piece costs a frame header).
 const MIN_PIECE: usize = 64;
 
+/// A frame's bytes on their way to the application: still in the packet when the frame
+/// arrived in order, a copy when it was held for an earlier one.
+enum Payload<'a> {
+    Arrived(&'a [u8]),
+    Held(Vec<u8>),
+}
+
+impl Payload<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Payload::Arrived(d) => d,
+            Payload::Held(d) => d,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.bytes().len()
+    }
+}
+
 /// Datagram buffers kept for reuse (up to [`SPARES`]). A new buffer gets room for the largest
 /// datagram seen so far (up to [`MAX_SPARE_CAPACITY`]): a buffer sized for a small datagram
 /// (a TCP acknowledgement in a tunnel) would otherwise be reallocated when it is reused for a
@@ -616,15 +636,15 @@ impl IncomingDatagrams {
             self.held_since.push_back((now, seq));
             return self.ready.len() > before;
         }
-        let copy = self.copy_of(data);
         if seq < self.next {
             // a whole one that arrived after it was given up on: late, but delivered
             // (dropping it would not make it any less late)
             self.received += 1;
+            let copy = self.copy_of(data);
             self.ready.push_back(copy);
         } else {
             self.skip_to(seq);
-            self.deliver(seq, part, copy);
+            self.deliver(seq, part, Payload::Arrived(data));
             self.next = seq + 1;
             self.release_in_order();
         }
@@ -632,18 +652,33 @@ impl IncomingDatagrams {
     }
 
     /// Hands frame `seq`, the next in order, to the application: a whole datagram at once, a
-    /// piece to the datagram being joined.
-    fn deliver(&mut self, seq: u64, part: DatagramPart, data: Vec<u8>) {
+    /// piece to the datagram being joined (copied there straight from the packet when it
+    /// arrived in order).
+    fn deliver(&mut self, seq: u64, part: DatagramPart, data: Payload<'_>) {
         if matches!(part, DatagramPart::Whole | DatagramPart::First) {
             self.received += 1;
             self.drop_joining();
             self.orphaned = false;
             if part == DatagramPart::Whole {
+                let data = match data {
+                    Payload::Held(d) => d,
+                    Payload::Arrived(d) => self.copy_of(d),
+                };
                 self.ready.push_back(data);
             } else {
                 // room for the whole, as large as the largest joined so far
-                let mut data = data;
-                data.reserve(self.largest_joined.saturating_sub(data.len()));
+                let room = self.largest_joined.max(data.len());
+                let data = match data {
+                    Payload::Held(mut d) => {
+                        d.reserve(room - d.len());
+                        d
+                    }
+                    Payload::Arrived(d) => {
+                        let mut joined = Vec::with_capacity(room);
+                        joined.extend_from_slice(d);
+                        joined
+                    }
+                };
                 self.joining = Some((seq, data));
             }
             return;
@@ -662,13 +697,17 @@ impl IncomingDatagrams {
             }
             self.orphaned = part == DatagramPart::Middle;
             self.bytes -= data.len();
-            self.recycle(data);
+            if let Payload::Held(d) = data {
+                self.recycle(d);
+            }
             return;
         }
         let (last, joined) = self.joining.as_mut().expect("a datagram being joined");
         *last = seq;
-        joined.extend_from_slice(&data);
-        self.recycle(data);
+        joined.extend_from_slice(data.bytes());
+        if let Payload::Held(d) = data {
+            self.recycle(d);
+        }
         if part == DatagramPart::Last {
             let (_, joined) = self.joining.take().expect("a datagram being joined");
             self.largest_joined = self.largest_joined.max(joined.len());
@@ -754,7 +793,7 @@ impl IncomingDatagrams {
 
     fn release_in_order(&mut self) {
         while let Some((part, d)) = self.held.remove(&self.next) {
-            self.deliver(self.next, part, d);
+            self.deliver(self.next, part, Payload::Held(d));
             self.next += 1;
         }
         // held datagrams leave only here, as `next` passes them
