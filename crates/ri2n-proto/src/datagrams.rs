@@ -10,6 +10,8 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+
 use crate::wire::{self, DatagramPart};
 
 /// The largest datagram one packet of `datagram_size` UDP payload bytes carries: less the
@@ -26,8 +28,8 @@ pub fn datagram_capacity(datagram_size: usize, keyed: bool) -> usize {
 const SPARES: usize = 256;
 
 /// Largest buffer kept for reuse: what one packet carries at most. The buffer of a datagram
-/// larger than a packet is let go: kept, it would come back to hold a piece of 1.4 KB in a
-/// sent packet's record, and a window of such records would hold 64 KiB each.
+/// larger than a packet is let go: kept, it would come back to hold a copy of a small
+/// datagram, and a window of those in flight would hold 64 KiB each.
 const MAX_SPARE_CAPACITY: usize = wire::MAX_DATAGRAM_SIZE;
 
 /// Smallest piece a datagram too large for one packet is cut into, unless less of it is left:
@@ -103,12 +105,13 @@ impl Spares {
 
 /// What one DATAGRAM or DATAGRAM_PART frame carries: a whole datagram or a piece of one, with
 /// its number. A sent packet keeps it until the packet is acknowledged, so that it can go
-/// again, unchanged, if the packet's link fails.
+/// again, unchanged, if the packet's link fails. A piece shares its datagram's buffer (no
+/// copy), which is freed when the last packet holding a piece of it lets go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Piece {
     pub seq: u64,
     pub part: DatagramPart,
-    pub data: Vec<u8>,
+    pub data: Bytes,
 }
 
 /// A datagram waiting to be sent.
@@ -124,7 +127,7 @@ struct Waiting {
     kept: bool,
     /// Of a datagram sent in pieces: the bytes already sent.
     sent_bytes: usize,
-    data: Vec<u8>,
+    data: Bytes,
 }
 
 /// Datagrams waiting to be sent.
@@ -179,7 +182,7 @@ impl OutgoingDatagrams {
     /// bound. The caller checked that `data` is at most [`wire::MAX_DATAGRAM_LEN`] bytes.
     pub fn push(&mut self, now: Instant, data: &[u8]) {
         let buf = self.spares.copy_of(data);
-        self.enqueue(now, buf);
+        self.enqueue(now, Bytes::from(buf));
     }
 
     /// Queues the datagram in `buf` itself, without a copy, and leaves an empty buffer in its
@@ -187,10 +190,10 @@ impl OutgoingDatagrams {
     pub fn push_owned(&mut self, now: Instant, buf: &mut Vec<u8>) {
         let next = self.spares.take(buf.len());
         let data = std::mem::replace(buf, next);
-        self.enqueue(now, data);
+        self.enqueue(now, Bytes::from(data));
     }
 
-    fn enqueue(&mut self, now: Instant, buf: Vec<u8>) {
+    fn enqueue(&mut self, now: Instant, buf: Bytes) {
         self.make_room(buf.len());
         self.bytes += buf.len();
         self.queue.push_back(Waiting {
@@ -357,10 +360,10 @@ impl OutgoingDatagrams {
                     DatagramPart::Middle
                 };
                 let from = w.sent_bytes;
-                let data = self.spares.copy_of(&w.data[from..from + n]);
+                let data = w.data.slice(from..from + n);
                 if part == DatagramPart::Last {
-                    let w = self.pop_front();
-                    self.spares.recycle(w.data);
+                    // its memory goes when the last packet holding a piece of it lets go
+                    self.pop_front();
                 } else {
                     let w = self.queue.front_mut().expect("the front datagram");
                     w.sent_bytes += n;
@@ -398,8 +401,11 @@ impl OutgoingDatagrams {
         w
     }
 
-    pub fn recycle(&mut self, buf: Vec<u8>) {
-        self.spares.recycle(buf);
+    /// Keeps the memory of a datagram (or piece) done with, if nothing else holds it.
+    pub fn recycle(&mut self, data: Bytes) {
+        if let Ok(buf) = data.try_into_mut() {
+            self.spares.recycle(buf.into());
+        }
     }
 
     fn drop_front(&mut self, reason: &'static str) {
@@ -843,7 +849,7 @@ mod tests {
     fn next(q: &mut OutgoingDatagrams, now: Instant) -> Option<(u64, Vec<u8>)> {
         let piece = q.pop(now, 1437, BOUNDS)?;
         assert_eq!(piece.part, DatagramPart::Whole);
-        Some((piece.seq, piece.data))
+        Some((piece.seq, piece.data.to_vec()))
     }
 
     /// What a failed link had in flight: the given frames as whole datagrams.
@@ -852,7 +858,7 @@ mod tests {
             .map(|(seq, data)| Piece {
                 seq: *seq,
                 part: DatagramPart::Whole,
-                data: data.clone(),
+                data: Bytes::from(data.clone()),
             })
             .collect()
     }
@@ -1296,8 +1302,12 @@ mod tests {
             buf.is_empty() && buf.capacity() >= 1000,
             "an empty buffer with room back"
         );
-        let (seq, sent) = next(&mut q, now).unwrap();
-        assert_eq!((seq, sent.as_ptr(), sent.len()), (0, memory, 1000));
+        let sent = q.pop(now, 1437, BOUNDS).unwrap();
+        assert_eq!(
+            (sent.seq, sent.data.as_ptr(), sent.data.len()),
+            (0, memory, 1000)
+        );
+        let sent = sent.data;
         // acknowledged: that memory is the next buffer handed back
         q.recycle(sent);
         let mut again = vec![6u8; 10];
