@@ -401,10 +401,14 @@ impl OutgoingDatagrams {
         w
     }
 
-    /// Keeps the memory of a datagram (or piece) done with, if nothing else holds it.
+    /// Keeps the memory of a datagram (or piece) done with, if nothing else holds it and it
+    /// is small enough to keep: the last piece of a large datagram is let go as it is (made a
+    /// `Vec`, its bytes would first move to the start of the datagram's buffer).
     pub fn recycle(&mut self, data: Bytes) {
         if let Ok(buf) = data.try_into_mut() {
-            self.spares.recycle(buf.into());
+            if buf.capacity() <= MAX_SPARE_CAPACITY {
+                self.spares.recycle(buf.into());
+            }
         }
     }
 
