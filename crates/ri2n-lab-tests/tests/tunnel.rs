@@ -439,6 +439,18 @@ fn spawn_daemon(
     Proc::spawn_in(&lab.ns_of(h), &env.ri2n, &all, dir, name)
 }
 
+/// A key and a cluster file of hosts a and b in `dir`, and a daemon on each (not waited for);
+/// returns the file and the daemons.
+fn start_a_and_b(env: &Env, lab: &Lab, dir: &Path) -> (PathBuf, Vec<Proc>) {
+    support::keygen(env, dir);
+    let config = write_cluster_file(dir, &["a", "b"]);
+    let daemons = ["a", "b"]
+        .iter()
+        .map(|h| spawn_daemon(env, lab, h, &[], &config, dir, &format!("tunnel-{h}")))
+        .collect();
+    (config, daemons)
+}
+
 /// SIGTERM to every daemon: each must exit 0.
 fn stop_daemons(daemons: &mut [Proc]) {
     for d in daemons {
@@ -912,12 +924,7 @@ fn a_host_joins_and_leaves_on_sighup_without_restarting_the_others() {
     let _timer = TestTimer::start("tunnel-reload");
     let dir = TestDir::new(env, "tunnel-reload");
     let lab = Lab::up_hosts(env, "reload", 2, 3);
-    support::keygen(env, &dir.0);
-    let config = write_cluster_file(&dir.0, &["a", "b"]);
-    let mut daemons: Vec<Proc> = ["a", "b"]
-        .iter()
-        .map(|h| spawn_daemon(env, &lab, h, &[], &config, &dir.0, &format!("tunnel-{h}")))
-        .collect();
+    let (config, mut daemons) = start_a_and_b(env, &lab, &dir.0);
     wait_for_peers(env, &lab, &daemons[0], "a", &config, 1);
 
     // c joins
@@ -1389,14 +1396,10 @@ fn a_packet_crossing_the_tunnel_wakes_one_thread_per_side() {
     if !require_tool("ping", "iputils-ping") {
         return;
     }
+    let _timer = TestTimer::start("tunnel-wakeups");
     let dir = TestDir::new(env, "tunnel-wakeups");
     let lab = Lab::up_hosts(env, "twk", 2, 2);
-    support::keygen(env, &dir.0);
-    let config = write_cluster_file(&dir.0, &["a", "b"]);
-    let mut daemons: Vec<Proc> = ["a", "b"]
-        .iter()
-        .map(|h| spawn_daemon(env, &lab, h, &[], &config, &dir.0, &format!("tunnel-{h}")))
-        .collect();
+    let (_config, mut daemons) = start_a_and_b(env, &lab, &dir.0);
     wait_connected(&mut daemons, 1, Duration::from_secs(20));
     ping_through(&lab, "a", "b");
 

@@ -106,21 +106,9 @@ fn threads_where(pick: impl Fn(&str) -> bool) -> Vec<i32> {
         .collect()
 }
 
-/// An event loop that waits through `Endpoint::wait_receiving` alone serves its connection:
-/// every datagram of 2000 round trips is echoed intact, and the call names the connection by
-/// its loop token for most of them (what the loop's own call received needs no descriptor).
-/// How often the driver thread was switched to meanwhile is printed: the loop receives
-/// arrivals itself, but a reply that sets an earlier timer still wakes the driver thread
-/// (docs/BENCHMARKS.md has the round trips).
-#[test]
-fn an_event_loop_waiting_with_wait_receiving_serves_its_connections() {
-    use std::os::fd::{AsRawFd, BorrowedFd};
-
-    use mio::unix::SourceFd;
-    use mio::{Events, Interest, Poll, Token};
-
-    const ROUNDS: usize = 2000;
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+/// A server endpoint of one shard, and the thread ID of its driver thread (the caller holds
+/// `SERIAL`, so no other test starts one meanwhile).
+fn server_with_one_driver() -> (Endpoint, i32) {
     let before: Vec<i32> = threads_named("ri2n-driver-0");
     let config = ri2n::EndpointConfig::new(addrs())
         .server()
@@ -140,18 +128,46 @@ fn an_event_loop_waiting_with_wait_receiving_serves_its_connections() {
     let [driver] = driver[..] else {
         panic!("the server's driver thread: {driver:?}");
     };
+    (server, driver)
+}
+
+/// An event loop's set holding `conn`'s read readiness descriptor, `conn` given loop token
+/// `token` (what `Endpoint::wait_receiving` receives for it is reported by the token).
+fn event_loop_of(conn: &ri2n::Connection, token: u64) -> (mio::Poll, mio::Events) {
+    use std::os::fd::AsRawFd;
+
+    conn.set_loop_token(Some(token));
+    let poll = mio::Poll::new().unwrap();
+    let fd = conn.read_readiness_fd().unwrap().as_raw_fd();
+    poll.registry()
+        .register(
+            &mut mio::unix::SourceFd(&fd),
+            mio::Token(0),
+            mio::Interest::READABLE,
+        )
+        .unwrap();
+    (poll, mio::Events::with_capacity(8))
+}
+
+/// An event loop that waits through `Endpoint::wait_receiving` alone serves its connection:
+/// every datagram of 2000 round trips is echoed intact, and the call names the connection by
+/// its loop token for most of them (what the loop's own call received needs no descriptor).
+/// How often the driver thread was switched to meanwhile is printed: the loop receives
+/// arrivals itself, but a reply that sets an earlier timer still wakes the driver thread
+/// (docs/BENCHMARKS.md has the round trips).
+#[test]
+fn an_event_loop_waiting_with_wait_receiving_serves_its_connections() {
+    use std::os::fd::{AsRawFd, BorrowedFd};
+
+    const ROUNDS: usize = 2000;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (server, driver) = server_with_one_driver();
     let client = Endpoint::client(&addrs()).unwrap();
     let to = server.local_addrs();
     let (switches_tx, switches_rx) = mpsc::channel();
     let echo = thread::spawn(move || {
         let conn = server.accept().unwrap();
-        conn.set_loop_token(Some(7));
-        let mut poll = Poll::new().unwrap();
-        let fd = conn.read_readiness_fd().unwrap().as_raw_fd();
-        poll.registry()
-            .register(&mut SourceFd(&fd), Token(0), Interest::READABLE)
-            .unwrap();
-        let mut events = Events::with_capacity(8);
+        let (mut poll, mut events) = event_loop_of(&conn, 7);
         let mut echoed = 0;
         let (mut readable, mut by_token) = (Vec::new(), 0);
         let mut start = None;
@@ -329,42 +345,16 @@ fn an_event_loop_receiving_a_stream_leaves_the_driver_thread_asleep() {
     use std::os::fd::{AsRawFd, BorrowedFd};
     use std::time::Instant;
 
-    use mio::unix::SourceFd;
-    use mio::{Events, Interest, Poll, Token};
-
     const DATAGRAMS: usize = 20_000;
     const SIZE: usize = 1200;
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let before: Vec<i32> = threads_named("ri2n-driver-0");
-    let config = ri2n::EndpointConfig::new(addrs())
-        .server()
-        .with_shards(Some(1));
-    let server = Endpoint::bind(config).unwrap();
-    let mut driver = Vec::new();
-    for _ in 0..100 {
-        driver = (threads_named("ri2n-driver-0").into_iter())
-            .filter(|t| !before.contains(t))
-            .collect();
-        if !driver.is_empty() {
-            break;
-        }
-        thread::sleep(Duration::from_millis(10));
-    }
-    let [driver] = driver[..] else {
-        panic!("the server's driver thread: {driver:?}");
-    };
+    let (server, driver) = server_with_one_driver();
     let client = Endpoint::client(&addrs()).unwrap();
     let to = server.local_addrs();
     let (done_tx, done_rx) = mpsc::channel();
     let sink = thread::spawn(move || {
         let conn = server.accept().unwrap();
-        conn.set_loop_token(Some(1));
-        let mut poll = Poll::new().unwrap();
-        let fd = conn.read_readiness_fd().unwrap().as_raw_fd();
-        poll.registry()
-            .register(&mut SourceFd(&fd), Token(0), Interest::READABLE)
-            .unwrap();
-        let mut events = Events::with_capacity(8);
+        let (mut poll, mut events) = event_loop_of(&conn, 1);
         let (mut readable, mut got, mut sum) = (Vec::new(), 0usize, 0u64);
         let mut start = None;
         let deadline = Instant::now() + Duration::from_secs(30);
