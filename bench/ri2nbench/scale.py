@@ -181,13 +181,14 @@ def tunnel_transfer(lab, links, src, nbytes):
     """iperf3 from A to B's tunnel address through `ri2n tunnel` daemons on both hosts (keyed,
     over the lab's `links` links), started for this transfer and stopped after it: their
     CPU is in the machine's."""
-    tmp = tempfile.mkdtemp(prefix="ri2nbench-tunnel-")
-    daemons, _ = tunnel_up(lab, tmp, hosts="ab", links=links)
-    try:
-        return iperf_transfer(lab, nbytes, mptcp=False, src=src, to="10.99.0.2")
-    finally:
-        for d in daemons.values():
-            PROCS.stop(d)
+    # the key and the daemons' logs go with the transfer
+    with tempfile.TemporaryDirectory(prefix="ri2nbench-tunnel-") as tmp:
+        daemons, _ = tunnel_up(lab, tmp, hosts="ab", links=links)
+        try:
+            return iperf_transfer(lab, nbytes, mptcp=False, src=src, to="10.99.0.2")
+        finally:
+            for d in daemons.values():
+                PROCS.stop(d)
 
 
 def part_scale(o):
