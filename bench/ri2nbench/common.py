@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 
@@ -139,6 +140,50 @@ def thread_cpu(pid):
         except OSError:
             pass  # the thread ended meanwhile
     return out
+
+
+class ThreadSampler:
+    """The busiest threads of processes that may exit before anyone asks: samples each watched
+    process's per-thread CPU every `period` s in a background thread while running (between
+    start() and stop()). A thread's figure is its CPU seconds between its first and last sample
+    over that span, in cores; a thread at 1.0 is a bottleneck however many cores are idle."""
+
+    def __init__(self, period=0.1):
+        self.period, self.pids, self.seen = period, {}, {}
+        self.done, self.thread = threading.Event(), None
+
+    def watch(self, name, pid):
+        self.pids[name] = pid
+
+    def start(self):
+        self.done.clear()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.done.set()
+        if self.thread:
+            self.thread.join()
+
+    def _run(self):
+        while True:
+            now = time.monotonic()
+            for name, pid in list(self.pids.items()):
+                try:
+                    threads = thread_cpu(pid)
+                except OSError:
+                    continue  # exited (or not yet exec'd into its namespace)
+                for t, cpu in threads.items():
+                    first, _ = self.seen.get((name, t), ((now, cpu), None))
+                    self.seen[(name, t)] = (first, (now, cpu))
+            if self.done.wait(self.period):
+                return
+
+    def top(self, name, n=3, min_span=0.3):
+        """The `n` busiest threads of `name`, in cores, busiest first."""
+        xs = [(c1 - c0) / (t1 - t0) for (k, _), ((t0, c0), (t1, c1)) in self.seen.items()
+              if k == name and t1 - t0 >= min_span]
+        return [round(x, 3) for x in sorted(xs, reverse=True)[:n]]
 
 
 def proc_comm(pid):
@@ -294,13 +339,21 @@ def sys_busy():
     return (v[0] + v[1] + v[2] + v[5] + v[6]) / CLK_TCK
 
 
-def timed_client(cmd, timeout):
+def timed_client(cmd, timeout, sampler=None):
     """Runs the sending side of a transfer; returns its exit code, its CPU seconds, the
-    machine's busy CPU seconds meanwhile, the seconds it ran and what it printed."""
+    machine's busy CPU seconds meanwhile, the seconds it ran and what it printed. A
+    ThreadSampler given watches the client (as "send") and its other processes while it runs."""
     with tempfile.TemporaryFile("w+") as out:
         busy0, w0 = sys_busy(), time.monotonic()
         p = PROCS.start(cmd, stdout=out)
-        rc, cpu = PROCS.wait_rusage(p, timeout)
+        if sampler:
+            sampler.watch("send", p.pid)
+            sampler.start()
+        try:
+            rc, cpu = PROCS.wait_rusage(p, timeout)
+        finally:
+            if sampler:
+                sampler.stop()
         busy1, wall = sys_busy(), time.monotonic() - w0
         out.seek(0)
         return rc, cpu, busy1 - busy0, wall, out.read()

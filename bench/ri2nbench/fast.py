@@ -8,8 +8,8 @@ import tempfile
 
 from . import common
 from .common import (
-    PROCS, fast_file, log, mfacts, run, spread, tcp_limit, timed_client, udp_limit, wait_quiet,
-    wait_ready)
+    PROCS, ThreadSampler, fast_file, log, mfacts, run, spread, tcp_limit, timed_client,
+    udp_limit, wait_quiet, wait_ready)
 from .labctl import new_lab
 
 
@@ -18,10 +18,11 @@ FAST_CONFIGS = [("2 links, MTU 1500", 2, 1500), ("2 links, MTU 9000", 2, 9000),
 
 
 def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, key=None,
-                  transport=None):
+                  transport=None, threads=False):
     """`ri2n recv` on B, `ri2n send` on A of `src` (a file, or `pipe_in` feeding its stdin),
     both with `--key key` and `--transport transport` if given; returns goodput, CPU of both
-    processes and of the machine, and the sender's summary."""
+    processes and of the machine, and the sender's summary; with `threads`, also the busiest
+    threads of each (ThreadSampler)."""
     port = 7300 + random.randrange(500)
     listen = sum((["--listen", "%s:%d" % (a, port)] for a in lab.b_addrs()), [])
     local = sum((["--local", a] for a in lab.a_addrs()), [])
@@ -44,7 +45,10 @@ def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, ke
             pipe_in, common.RI2N, lab.b_addrs()[0], port, " ".join(local))]
     else:
         in_cmd += ["-i", src]
-    rc, scpu, machine, wall, text = timed_client(lab.ex("a", *in_cmd), timeout)
+    sampler = ThreadSampler() if threads else None
+    if sampler:
+        sampler.watch("recv", recv.pid)
+    rc, scpu, machine, wall, text = timed_client(lab.ex("a", *in_cmd), timeout, sampler)
     rrc, rcpu = PROCS.wait_rusage(recv, 30)
     try:
         doc = json.loads(text)
@@ -52,6 +56,8 @@ def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, ke
         doc = None
     r = {"rc": rc, "recv_rc": rrc, "cpu_send": scpu, "cpu_recv": rcpu, "cpu_machine": machine,
          "wall_send": wall}
+    if sampler:
+        r["threads"] = {"send": sampler.top("send"), "recv": sampler.top("recv")}
     if doc:
         r.update(bytes=doc["bytes"], seconds=doc["seconds"], bps=doc["goodput_bps"],
                  encryption=doc.get("encryption"),
@@ -62,10 +68,10 @@ def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, ke
 
 
 def iperf_transfer(lab, nbytes, mptcp, pipe_in=None, pipe_out=None, src=None, timeout=120,
-                   to="10.77.1.2"):
+                   to="10.77.1.2", sampler=None):
     """iperf3 of `nbytes` A→B over one TCP connection (to B's address `to`: link 1, or its
     tunnel address) or MPTCP (every link); the sender reads file `src` if given (as `ri2n send
-    -i` does), else sends from memory."""
+    -i` does), else sends from memory. A ThreadSampler given runs while the client does."""
     port = 5301 + random.randrange(500)
     wrap = ["mptcpize", "run"] if mptcp else []
     scmd = wrap + ["iperf3", "-s", "-1", "-p", port]
@@ -81,7 +87,7 @@ def iperf_transfer(lab, nbytes, mptcp, pipe_in=None, pipe_out=None, src=None, ti
     if pipe_in:
         ccmd = ["sh", "-c", "%s | %s iperf3 -c %s -p %d -n %d -F /dev/stdin --json" % (
             pipe_in, " ".join(wrap), to, port, nbytes)]
-    rc, ccpu, machine, wall, text = timed_client(lab.ex("a", *ccmd), timeout)
+    rc, ccpu, machine, wall, text = timed_client(lab.ex("a", *ccmd), timeout, sampler)
     src, scpu = PROCS.wait_rusage(srv, 30)
     r = {"rc": rc, "cpu_send": ccpu, "cpu_recv": scpu, "cpu_machine": machine, "wall_send": wall}
     try:

@@ -8,8 +8,8 @@ import time
 
 from . import common
 from .common import (
-    PROCS, busy_line, fast_file, free_port, log, med, mfacts, proc_cpu, spread, sys_busy,
-    thread_cpu, wait_quiet, wait_ready)
+    PROCS, ThreadSampler, busy_line, fast_file, free_port, log, med, mfacts, proc_cpu, spread,
+    sys_busy, thread_cpu, wait_quiet, wait_ready)
 from .fast import iperf_transfer, ri2n_transfer, warm_up
 from .labctl import new_lab
 from .tunnel import tunnel_up
@@ -17,9 +17,13 @@ from .tunnel import tunnel_up
 CLIENTS = (1, 2, 4, 8)
 LOOP_LINKS = (2, 4)
 LAB_LINKS = (2, 4)
-LAB_TOOLS = ("ri2n", "ri2n_keyed", "tcp", "mptcp", "tunnel")
-LAB_NAMES = {"ri2n": "ri2n", "ri2n_keyed": "ri2n, keyed", "tcp": "1 TCP connection",
-             "mptcp": "MPTCP", "tunnel": "iperf3 through `ri2n tunnel`"}
+LAB_TOOLS = ("ri2n", "ri2n_keyed", "ri2n_tcp", "tcp", "mptcp", "tunnel")
+LAB_NAMES = {"ri2n": "ri2n", "ri2n_keyed": "ri2n, keyed", "ri2n_tcp": "ri2n `--transport tcp`",
+             "tcp": "1 TCP connection", "mptcp": "MPTCP",
+             "tunnel": "iperf3 through `ri2n tunnel`"}
+# whose busiest threads the lab part records, per tool
+SAMPLED = {"ri2n": ("send", "recv"), "ri2n_keyed": ("send", "recv"),
+           "ri2n_tcp": ("send", "recv"), "tunnel": ("a", "b")}
 
 
 def cpu_list(cpus):
@@ -142,6 +146,14 @@ def measure_loopback(o, res, keyfile):
 def measure_lab(o, res, keyfile):
     src = fast_file(o.scale_bytes)
     lab = new_lab(o.prefix)
+    try:
+        lab_runs(o, res, keyfile, src, lab)
+    finally:
+        lab.down()
+
+
+def lab_runs(o, res, keyfile, src, lab):
+    """Each link count of LAB_LINKS in turn on `lab`: the warm-up, then the runs."""
     for n in LAB_LINKS:
         log("scale: lab, %d unlimited links, MTU 1500" % n)
         lab.up([0] * n, mtu=1500)
@@ -149,8 +161,9 @@ def measure_lab(o, res, keyfile):
 
         def transfer(k):
             if k.startswith("ri2n"):
-                return ri2n_transfer(lab, src, o.scale_bytes,
-                                     key=keyfile if k == "ri2n_keyed" else None)
+                return ri2n_transfer(lab, src, o.scale_bytes, threads=True,
+                                     key=keyfile if k == "ri2n_keyed" else None,
+                                     transport="tcp" if k == "ri2n_tcp" else None)
             if k == "tunnel":
                 return tunnel_transfer(lab, n, src, o.scale_bytes)
             return iperf_transfer(lab, o.scale_bytes, mptcp=(k == "mptcp"), src=src)
@@ -174,18 +187,23 @@ def measure_lab(o, res, keyfile):
                                                   cpu_per_gb(row[k]) or 0) for k in LAB_TOOLS)))
             c["runs"].append(row)
         res["lab"].append(c)
-    lab.down()
 
 
 def tunnel_transfer(lab, links, src, nbytes):
     """iperf3 from A to B's tunnel address through `ri2n tunnel` daemons on both hosts (keyed,
     over the lab's `links` links), started for this transfer and stopped after it: their
-    CPU is in the machine's."""
+    CPU is in the machine's, their busiest threads while iperf3 sent in "threads"."""
     # the key and the daemons' logs go with the transfer
     with tempfile.TemporaryDirectory(prefix="ri2nbench-tunnel-") as tmp:
         daemons, _ = tunnel_up(lab, tmp, hosts="ab", links=links)
+        sampler = ThreadSampler()
+        for h, d in daemons.items():
+            sampler.watch(h, d.pid)
         try:
-            return iperf_transfer(lab, nbytes, mptcp=False, src=src, to="10.99.0.2")
+            r = iperf_transfer(lab, nbytes, mptcp=False, src=src, to="10.99.0.2",
+                               sampler=sampler)
+            r["threads"] = {h: sampler.top(h) for h in daemons}
+            return r
         finally:
             for d in daemons.values():
                 PROCS.stop(d)
@@ -210,16 +228,25 @@ def part_scale(o):
         "ri2n": "ri2n recv --listen 10.77.I.2:PORT … -o /dev/null; ri2n send --to "
                 "10.77.1.2:PORT --local 10.77.I.1 … -i FILE [--key FILE on both]",
         "tcp": "iperf3 -s -1; iperf3 -c 10.77.1.2 -n BYTES -F FILE (one connection, link 1)",
+        "ri2n_tcp": "the same ri2n recv/send with --transport tcp on both (issue 45's transport: "
+                    "a TCP connection per link)",
         "mptcp": "mptcpize run iperf3 … -F FILE (a subflow per link)",
         "tunnel": "ri2n tunnel --config FILE on A and B (one keyed cluster file, every lab "
                   "link); iperf3 -c 10.99.0.2 -n BYTES -F FILE through it",
         "cpu": "lab: machine busy time from /proc/stat during the transfer, per GB moved",
+        "threads": "lab: each thread's utime+stime (/proc/PID/task/TID/stat) sampled every "
+                   "0.1 s while the sender ran, over the span it was seen, in cores; the 3 "
+                   "busiest of ri2n send and recv, or of each tunnel daemon",
     }
     keyfile = common.key_file()
     log("scale: loopback, one ri2n serve, %s clients at once, %d s each" % (
         "/".join(map(str, CLIENTS)), o.time))
     measure_loopback(o, res, keyfile)
-    measure_lab(o, res, keyfile)
+    try:
+        measure_lab(o, res, keyfile)
+    except Exception as e:  # a host without namespaces or MPTCP: keep the loopback figures
+        res["lab_error"] = "%s: %s" % (type(e).__name__, e)
+        log("scale: the lab part failed: %s" % res["lab_error"])
     print("\n".join(tables(res, brief=True)), flush=True)
     return res
 
@@ -292,22 +319,24 @@ def tables(res, brief):
                  "machine's CPU-s per GB; %d run(s), the tools in turn:" % (
                      res["bytes"] / 1e9, len(labs[0]["runs"])))
         L.append("")
-        tunnel = "tunnel" in tools
-        L.append("| links | %s | ri2n ÷ MPTCP | keyed ÷ unkeyed |%s" % (" | ".join(
-            LAB_NAMES[k] for k in tools), " tunnel ÷ MPTCP |" if tunnel else ""))
-        L.append("| --- |%s --- | --- |%s" % (" --- |" * len(tools), " --- |" if tunnel else ""))
+        # (heading, numerator, denominator, bold): within each run, for the tools measured
+        ratios = [(h, a, b, bold) for h, a, b, bold in (
+            ("ri2n ÷ MPTCP", "ri2n", "mptcp", True),
+            ("keyed ÷ unkeyed", "ri2n_keyed", "ri2n", False),
+            ("TCP transport ÷ MPTCP", "ri2n_tcp", "mptcp", True),
+            ("tunnel ÷ MPTCP", "tunnel", "mptcp", True)) if a in tools and b in tools]
+        L.append("| links | %s | %s |" % (" | ".join(LAB_NAMES[k] for k in tools),
+                                         " | ".join(h for h, _, _, _ in ratios)))
+        L.append("| --- |%s" % (" --- |" * (len(tools) + len(ratios))))
         for c in labs:
             runs = c["runs"]
             cells = ["%s, %s" % (cell([r[k].get("bps") for r in runs], "%.2f", 1e-9),
                                  cell([cpu_per_gb(r[k]) for r in runs], "%.2f"))
                      for k in tools]
-            L.append("| %d | %s | **%s** | %s |%s" % (
-                c["links"], " | ".join(cells),
-                cell([ratio(r["ri2n"].get("bps"), r["mptcp"].get("bps")) for r in runs], "%.2f×"),
-                cell([ratio(r["ri2n_keyed"].get("bps"), r["ri2n"].get("bps")) for r in runs],
-                     "%.2f×"),
-                " **%s** |" % cell([ratio(r["tunnel"].get("bps"), r["mptcp"].get("bps"))
-                                    for r in runs], "%.2f×") if tunnel else ""))
+            for _, a, b, bold in ratios:
+                x = cell([ratio(r[a].get("bps"), r[b].get("bps")) for r in runs], "%.2f×")
+                cells.append("**%s**" % x if bold else x)
+            L.append("| %d | %s |" % (c["links"], " | ".join(cells)))
         L.append("")
         L.append("MPTCP subflows joined per transfer (A's MPJoinSynAckRx; iperf3 opens a control "
                  "and a data connection, so 2 × (links − 1) when every link is used): %s." % "; ".join(
@@ -327,6 +356,21 @@ def tables(res, brief):
                 xs = [r[k]["cpu_machine"] / r[k]["wall_send"] for r in c["runs"]
                       if r[k].get("wall_send") and r[k].get("cpu_machine") is not None]
                 cores.append("%d links %s %s" % (c["links"], LAB_NAMES[k], cell(xs, "%.1f")))
+        sampled = []
+        for c in labs:
+            for k in tools:
+                for who in SAMPLED.get(k, ()):
+                    tops = [r[k]["threads"][who] for r in c["runs"]
+                            if r[k].get("threads", {}).get(who)]
+                    if tops:
+                        sampled.append("%d links %s %s %s" % (
+                            c["links"], LAB_NAMES[k], who, "/".join(
+                                "%.2f" % med([t[i] for t in tops if len(t) > i])
+                                for i in range(max(map(len, tops))))))
+        if sampled:
+            L.append("")
+            L.append("The busiest threads while the sender ran (cores, medians of the runs by "
+                     "rank; a thread near 1.0 is what bounds the rate): %s." % "; ".join(sampled))
         L.append("")
         L.append("The machine's busy cores while the sender ran (its busy CPU-s over the "
                  "sender's wall time, connection set-up and close included): %s." % "; ".join(cores))
@@ -346,6 +390,9 @@ def report_scale(res):
                                                   r[k].get("recv_rc"))
             for c in res["lab"] for r in c["runs"] for k in LAB_TOOLS if k in r
             if r[k].get("rc") != 0 or r[k].get("recv_rc") not in (None, 0)]
+    if res.get("lab_error"):
+        L.append("")
+        L.append("The lab was not measured on this host: %s." % res["lab_error"])
     L.append("")
     L.append(busy_line(res["loopback"]))
     if bad:
