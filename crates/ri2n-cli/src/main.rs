@@ -205,6 +205,13 @@ pub struct TunnelArgs {
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<SocketAddr>,
 
+    /// Queues of the interface, each read by a thread of its own, so that flows read from it
+    /// are sent on several cores: each TCP or UDP flow stays on one queue (its packets in
+    /// order), the flows are spread over them. Default: one per 4 CPUs this process may use
+    /// (at least 1, at most 8): a queue's thread pays only where it has a core of its own.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub queues: Option<u16>,
+
     /// How IP packets ride on the connections; every host must use the same.
     /// `datagrams`: each packet is one unreliable datagram, and a 64 KB TCP segment one
     /// datagram in pieces that fill ri2n's packets (inner TCP keeps the only retransmission

@@ -22,6 +22,9 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
             Carry::Messages => ri2n_tunnel::Carry::Messages,
         },
         metrics: args.metrics,
+        queues: args
+            .queues
+            .map_or_else(ri2n_tunnel::default_queues, usize::from),
         describe_refusal: crate::net::describe_refusal,
     };
     ri2n_tunnel::run(&options, cluster, me, key).map_err(failure)

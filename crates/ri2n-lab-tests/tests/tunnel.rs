@@ -12,7 +12,8 @@
 //! 32-host cluster through a dead switch; the systemd unit's daemon serves its
 //! status and carries traffic under the unit's sandbox; what the daemons log and show of dead
 //! links and of a peer back with another key is true; a small packet wakes one daemon thread
-//! on each side. Rates are reported, not asserted
+//! on each side; flows spread over the interface's queues, each flow on one. Rates are
+//! reported, not asserted
 //! (docs/BENCHMARKS.md has the measurements).
 //!
 //! Needs root, iproute2, nftables, iperf3, util-linux (`unshare`, `setpriv`, `nsenter`) and
@@ -1454,6 +1455,86 @@ fn a_packet_crossing_the_tunnel_wakes_one_thread_per_side() {
     }
     report(&format!(
         "tunnel wake-ups over {received} pings: {}",
+        lines.join("; ")
+    ));
+    stop_daemons(&mut daemons);
+}
+
+/// Packets each queue of host `ns`'s interface has read, from a status sample taken after
+/// `since` (the daemon samples every second).
+fn queue_reads_after(env: &Env, ns: &str, config: &Path, since: Instant) -> Vec<u64> {
+    thread::sleep((since + Duration::from_millis(1200)).saturating_duration_since(Instant::now()));
+    let status = status_json(env, ns, config);
+    (status["queue_packets_read"]
+        .as_array()
+        .into_iter()
+        .flatten())
+    .map(|n| n.as_u64().unwrap_or(0))
+    .collect()
+}
+
+#[test]
+fn flows_spread_over_the_interface_queues_and_each_stays_on_one() {
+    let _serial = serial();
+    let Some(env) = env() else { return };
+    let _timer = TestTimer::start("tunnel-queues");
+    let dir = TestDir::new(env, "tunnel-queues");
+    let lab = Lab::up_hosts(env, "tmq", 2, 2);
+    support::keygen(env, &dir.0);
+    let config = write_cluster_file(&dir.0, &["a", "b"]);
+    let mut daemons: Vec<Proc> = ["a", "b"]
+        .iter()
+        .map(|h| {
+            let name = format!("tunnel-{h}");
+            spawn_daemon(env, &lab, h, &["--queues", "2"], &config, &dir.0, &name)
+        })
+        .collect();
+    wait_connected(&mut daemons, 1, Duration::from_secs(20));
+    let reads = |since| ["a", "b"].map(|h| queue_reads_after(env, &lab.ns_of(h), &config, since));
+    let mut lines = Vec::new();
+    // (iperf3 flows, what each queue read meanwhile on a and on b)
+    for flows in [1, 16] {
+        let before = reads(Instant::now());
+        let report = iperf(
+            &lab,
+            &dir.0,
+            "a",
+            "b",
+            &["-t", "2", "-P", &flows.to_string()],
+            &[],
+        );
+        let after = reads(Instant::now());
+        for (h, (b, a)) in ["a", "b"].iter().zip(before.iter().zip(&after)) {
+            assert_eq!(a.len(), 2, "host {h}'s status names 2 queues: {a:?}");
+            let read: Vec<u64> = a.iter().zip(b).map(|(a, b)| a - b).collect();
+            let total: u64 = read.iter().sum();
+            // the premise: the flows crossed the interface (data on a, ACKs on b)
+            assert!(
+                total >= 1000,
+                "host {h} read {read:?} packets for {flows} flow(s)"
+            );
+            let busiest = *read.iter().max().unwrap_or(&0);
+            if flows == 1 {
+                // one flow (and iperf3's control connection): on one queue, so in order
+                assert!(
+                    busiest * 100 >= total * 95,
+                    "one flow's packets on host {h} were read from both queues: {read:?}"
+                );
+            } else {
+                assert!(
+                    read.iter().all(|&n| n * 100 >= total * 2),
+                    "{flows} flows left a queue of host {h} (nearly) idle: {read:?}"
+                );
+            }
+            lines.push(format!("{flows} flow(s), host {h}: {read:?}"));
+        }
+        lines.push(format!(
+            "{flows} flow(s): {:.0} Mbit/s",
+            received_mbit(&report)
+        ));
+    }
+    report(&format!(
+        "tunnel queues, packets read per queue: {}",
         lines.join("; ")
     ));
     stop_daemons(&mut daemons);

@@ -6,6 +6,12 @@
 //! Every packet read or written is preceded by a virtio-net header (`IFF_VNET_HDR`): a read
 //! may return a TCP segment of up to 64 KB to cut, and a write may hand the kernel many inner
 //! TCP segments as one (see `offload`).
+//!
+//! The interface has one queue per route loop (`IFF_MULTI_QUEUE`, [`Queues`]), so flows read
+//! from it are served on several cores. The kernel picks the queue of a packet it sends
+//! through the interface by the queue on which its flow last came in (its automatic flow
+//! steering), so what a host receives for a flow is written to the queue of that flow
+//! ([`Queues::for_packet`]): each flow stays on one queue both ways, its packets in order.
 
 use std::ffi::c_int;
 use std::fs::{File, OpenOptions};
@@ -15,6 +21,7 @@ use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 
+use etherparse::{IpNumber, Ipv4HeaderSlice};
 use smallvec::SmallVec;
 
 use crate::offload::{VnetHeader, PLAIN_HEADER, VNET_HDR_LEN};
@@ -35,8 +42,25 @@ pub struct Tun {
 }
 
 impl Tun {
-    /// Creates TUN interface `name` with `address`/`prefix` and `mtu`, and brings it up.
-    pub fn create(name: &str, address: Ipv4Addr, prefix: u8, mtu: usize) -> Result<Self, String> {
+    /// Creates TUN interface `name` with `queues` queues, gives it `address`/`prefix` and
+    /// `mtu`, and brings it up; returns the queues, ready for reads and writes.
+    pub fn create(
+        name: &str,
+        address: Ipv4Addr,
+        prefix: u8,
+        mtu: usize,
+        queues: usize,
+    ) -> Result<Queues, String> {
+        let tuns = (0..queues.max(1))
+            .map(|_| Self::attach(name, queues > 1))
+            .collect::<Result<Vec<_>, _>>()?;
+        configure(name, address, prefix, mtu)
+            .map_err(|e| format!("cannot configure the interface {name}: {e}"))?;
+        Ok(Queues(tuns))
+    }
+
+    /// Opens one queue of interface `name` (the first one creates it).
+    fn attach(name: &str, multi_queue: bool) -> Result<Self, String> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -53,8 +77,13 @@ impl Tun {
                 _ => format!("cannot open /dev/net/tun: {e}"),
             })?;
         let mut req = ifreq(name);
+        let multi = if multi_queue {
+            libc::IFF_MULTI_QUEUE
+        } else {
+            0
+        };
         req.ifr_ifru.ifru_flags =
-            (libc::IFF_TUN | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as libc::c_short;
+            (libc::IFF_TUN | libc::IFF_NO_PI | libc::IFF_VNET_HDR | multi) as libc::c_short;
         // SAFETY: TUNSETIFF reads and writes the ifreq it is given, which lives on our stack.
         if unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF, &mut req) } < 0 {
             let e = io::Error::last_os_error();
@@ -66,6 +95,11 @@ impl Tun {
                 Some(libc::EBUSY) => format!(
                     "cannot create the interface {name}: it exists and is in use (another \
                      ri2n tunnel?)"
+                ),
+                Some(libc::EINVAL) if multi_queue => format!(
+                    "cannot create the interface {name} with several queues: an interface of \
+                     another kind has that name, or this kernel has no multi-queue TUN (try \
+                     --queues 1)"
                 ),
                 Some(libc::EINVAL) => format!(
                     "cannot create the interface {name}: an interface of another kind has \
@@ -86,8 +120,6 @@ impl Tun {
                 offloads as libc::c_ulong,
             )
         };
-        configure(name, address, prefix, mtu)
-            .map_err(|e| format!("cannot configure the interface {name}: {e}"))?;
         // reads return at once when nothing waits, so the packets waiting are read as a batch
         // (see `wait_readable`); writes to a TUN interface never wait anyway
         // SAFETY: fcntl on a descriptor we own.
@@ -216,6 +248,79 @@ impl Tun {
     }
 }
 
+/// The interface's queues, each read by a route loop of its own; any of them takes writes.
+#[derive(Debug)]
+pub struct Queues(Vec<Tun>);
+
+impl Queues {
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The queue that serves the flow of IPv4 `packet`, whichever way it goes: written to it,
+    /// a flow's packets steer the kernel's for the same flow to that queue too.
+    pub fn for_packet(&self, packet: &[u8]) -> &Tun {
+        &self.0[flow_queue(packet, self.0.len())]
+    }
+
+    /// Other handles on the same queues.
+    pub fn try_clone(&self) -> io::Result<Self> {
+        self.0
+            .iter()
+            .map(Tun::try_clone)
+            .collect::<io::Result<_>>()
+            .map(Queues)
+    }
+
+    /// Each queue on its own, in order.
+    pub fn into_vec(self) -> Vec<Tun> {
+        self.0
+    }
+}
+
+/// Which of `queues` queues serves the flow of IPv4 `packet`: both directions of a TCP or
+/// UDP flow (addresses and ports, each pair in the same order whichever way the packet goes)
+/// land on the same one; other protocols and fragments by their addresses alone; anything
+/// that is not IPv4 on the first.
+pub(crate) fn flow_queue(packet: &[u8], queues: usize) -> usize {
+    if queues <= 1 {
+        return 0;
+    }
+    let Ok(ip) = Ipv4HeaderSlice::from_slice(packet) else {
+        return 0;
+    };
+    let (a, b) = (
+        u32::from(ip.source_addr()),
+        u32::from(ip.destination_addr()),
+    );
+    let proto = ip.protocol();
+    let ports = (proto == IpNumber::TCP || proto == IpNumber::UDP)
+        .then(|| ip.slice().len())
+        .filter(|_| !ip.is_fragmenting_payload())
+        .and_then(|at| packet.get(at..at + 4))
+        .map_or((0, 0), |p| {
+            (
+                u16::from_be_bytes([p[0], p[1]]),
+                u16::from_be_bytes([p[2], p[3]]),
+            )
+        });
+    let (lo, hi) = if (a, ports.0) <= (b, ports.1) {
+        ((a, ports.0), (b, ports.1))
+    } else {
+        ((b, ports.1), (a, ports.0))
+    };
+    let addresses = u64::from(lo.0) << 32 | u64::from(hi.0);
+    let rest = u64::from(lo.1) << 24 | u64::from(hi.1) << 8 | u64::from(proto.0);
+    (mix(addresses ^ mix(rest)) % queues as u64) as usize
+}
+
+/// splitmix64's finaliser: every bit of the flow's key moves every bit of the queue's pick.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 impl AsRawFd for Tun {
     fn as_raw_fd(&self) -> RawFd {
         self.file.as_raw_fd()
@@ -284,4 +389,79 @@ fn configure(name: &str, address: Ipv4Addr, prefix: u8, mtu: usize) -> io::Resul
     let flags = unsafe { req.ifr_ifru.ifru_flags };
     req.ifr_ifru.ifru_flags = flags | (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
     ioctl(&sock, libc::SIOCSIFFLAGS, &mut req)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::flow_queue;
+
+    /// An unfragmented IPv4 packet of protocol `proto` from `src`:`sport` to `dst`:`dport`
+    /// (the ports where TCP and UDP have theirs).
+    fn packet(proto: u8, src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16) -> Vec<u8> {
+        fragment(proto, src, sport, dst, dport, 0)
+    }
+
+    /// The same with `flags_offset` as its flags and fragment offset.
+    fn fragment(
+        proto: u8,
+        src: [u8; 4],
+        sport: u16,
+        dst: [u8; 4],
+        dport: u16,
+        flags_offset: u16,
+    ) -> Vec<u8> {
+        let mut p = vec![0x45, 0, 0, 44, 0, 1];
+        p.extend_from_slice(&flags_offset.to_be_bytes());
+        p.extend_from_slice(&[64, proto, 0, 0]);
+        p.extend_from_slice(&src);
+        p.extend_from_slice(&dst);
+        p.extend_from_slice(&sport.to_be_bytes());
+        p.extend_from_slice(&dport.to_be_bytes());
+        p.resize(44, 0);
+        p
+    }
+
+    const A: [u8; 4] = [10, 99, 0, 1];
+    const B: [u8; 4] = [10, 99, 0, 2];
+
+    #[test]
+    fn both_directions_of_a_flow_share_a_queue() {
+        for proto in [6, 17] {
+            for port in 40000..40064 {
+                let out = packet(proto, A, port, B, 5201);
+                let back = packet(proto, B, 5201, A, port);
+                assert_eq!(flow_queue(&out, 4), flow_queue(&back, 4), "port {port}");
+            }
+        }
+    }
+
+    #[test]
+    fn flows_spread_over_every_queue() {
+        let mut per_queue = [0; 4];
+        for port in 40000..40064 {
+            per_queue[flow_queue(&packet(6, A, port, B, 5201), 4)] += 1;
+        }
+        // 64 flows: each queue far from empty (16 each if even)
+        assert!(per_queue.iter().all(|&n| n >= 6), "{per_queue:?}");
+    }
+
+    #[test]
+    fn fragments_and_other_protocols_go_by_their_addresses() {
+        // a fragment after the first has no ports: all of a datagram's fragments together
+        let first = fragment(17, A, 4000, B, 5000, 0x2000);
+        let later = fragment(17, A, 1234, B, 5678, 0x0010);
+        assert_eq!(flow_queue(&first, 8), flow_queue(&later, 8));
+        let icmp = packet(1, A, 1, B, 2);
+        let icmp_back = packet(1, B, 3, A, 4);
+        assert_eq!(flow_queue(&icmp, 8), flow_queue(&icmp_back, 8));
+    }
+
+    #[test]
+    fn anything_but_ipv4_and_one_queue_take_the_first() {
+        let mut v6 = packet(6, A, 1, B, 2);
+        v6[0] = 0x60;
+        assert_eq!(flow_queue(&v6, 4), 0);
+        assert_eq!(flow_queue(&[0x45, 0, 0], 4), 0);
+        assert_eq!(flow_queue(&packet(6, A, 1, B, 2), 1), 0);
+    }
 }

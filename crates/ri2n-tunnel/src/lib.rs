@@ -9,10 +9,11 @@
 //! is away). Each IP packet read from the interface travels to the host owning its
 //! destination as one unreliable datagram (docs/PROTOCOL.md §5.9): inner TCP keeps the only
 //! recovery loop for congestion loss, and sees a link failure or an outage as delay, not
-//! loss. Threads, however many peers: one reads the interface and routes (`route`); one
-//! connects to the peers, accepts them and writes what every connection receives to the
-//! interface (`peer_loop`), both with the interface's TCP offloads (`offload`); one samples
-//! the status that a Unix socket and Prometheus serve (`status`).
+//! loss. Threads, however many peers: one per queue of the interface reads it and routes
+//! (`route`; the flows are spread over the queues, see `device`); one connects to the peers,
+//! accepts them and writes what every connection receives to the interface (`peer_loop`),
+//! all with the interface's TCP offloads (`offload`); one samples the status that a Unix
+//! socket and Prometheus serve (`status`).
 //!
 //! Written here rather than taken from a crate: the TUN set-up (`device`: a few ioctls for
 //! the virtio-net header and the TSO flags) and the offloads (`offload`, whose header
@@ -74,6 +75,22 @@ impl Carry {
     }
 }
 
+/// The interface's queues when none are asked for: one per `CPUS_PER_QUEUE` CPUs this process
+/// may use, at least 1 and at most `MAX_DEFAULT_QUEUES`. A queue's thread gains only with a
+/// core of its own: beside it run the peer loop, the endpoint's driver, inner TCP and the
+/// applications, and on a host whose CPUs those keep busy a second route loop costs more
+/// than it gives (docs/BENCHMARKS.md §6).
+pub fn default_queues() -> usize {
+    thread::available_parallelism().map_or(1, |n| {
+        (n.get() / CPUS_PER_QUEUE).clamp(1, MAX_DEFAULT_QUEUES)
+    })
+}
+
+const CPUS_PER_QUEUE: usize = 4;
+/// Beyond this many, the connections the route loops hand their packets to are the limit
+/// before the queues are.
+const MAX_DEFAULT_QUEUES: usize = 8;
+
 /// What the daemon is told besides the cluster file.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -82,6 +99,9 @@ pub struct Options {
     pub carry: Carry,
     /// Also serve the status as Prometheus metrics over HTTP on this address.
     pub metrics: Option<SocketAddr>,
+    /// The interface's queues, each read by a thread of its own (see `device`): flows are
+    /// spread over them, a flow's packets staying on one.
+    pub queues: usize,
     /// How a refused handshake is put in the log (the front knows the other side's commands
     /// by their application names).
     pub describe_refusal: fn(&RefusedHandshake) -> String,
@@ -191,20 +211,28 @@ pub fn run(options: &Options, cluster: Cluster, me: usize, key: Key) -> Result<(
         .any(IpAddr::is_ipv6);
     let base = ConnectionConfig::default().max_datagram_size - if ipv6 { 20 } else { 0 };
     let mtu = ri2n::datagram_capacity(base, true);
-    let tun = Tun::create(&cluster.interface, host.address, cluster.prefix, mtu)
-        .map_err(Error::Failed)?;
+    let queues = Tun::create(
+        &cluster.interface,
+        host.address,
+        cluster.prefix,
+        mtu,
+        options.queues,
+    )
+    .map_err(Error::Failed)?;
     eprintln!(
-        "ri2n tunnel: {} is {}/{} on {} (MTU {mtu}); links {}; {} peers",
+        "ri2n tunnel: {} is {}/{} on {} (MTU {mtu}, {} queue{}); links {}; {} peers",
         host.name,
         host.address,
         cluster.prefix,
         cluster.interface,
+        queues.len(),
+        if queues.len() == 1 { "" } else { "s" },
         present.join(", "),
         cluster.hosts.len() - 1
     );
 
     let interface = cluster.interface.clone();
-    let peers = Arc::new(Peers::new(cluster, me, carry, endpoint));
+    let peers = Arc::new(Peers::new(cluster, me, carry, endpoint, queues.len()));
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
         .map_err(|e| Error::io("cannot watch SIGINT, SIGTERM and SIGHUP", e))?;
     let stop = Arc::new(Stop {
@@ -216,6 +244,7 @@ pub fn run(options: &Options, cluster: Cluster, me: usize, key: Key) -> Result<(
         host: host.name.clone(),
         address: host.address.to_string(),
         interface: interface.clone(),
+        queue_packets_read: Vec::new(),
         peers: Vec::new(),
     }));
     {
@@ -235,7 +264,9 @@ pub fn run(options: &Options, cluster: Cluster, me: usize, key: Key) -> Result<(
 
     let peer_loop = peer_loop::start(
         peers.clone(),
-        tun_handle(&tun)?,
+        queues
+            .try_clone()
+            .map_err(|e| Error::io("cannot duplicate the TUN descriptors", e))?,
         options.describe_refusal,
         stop.clone(),
     )
@@ -257,9 +288,13 @@ pub fn run(options: &Options, cluster: Cluster, me: usize, key: Key) -> Result<(
             );
         });
     }
-    {
-        let (peers, tun, stop) = (peers.clone(), tun_handle(&tun)?, stop.clone());
-        thread::spawn(move || route::route_loop(&peers, &tun, &stop));
+    // the route loops hold the interface's queues: it goes when the process does
+    for (queue, tun) in queues.into_vec().into_iter().enumerate() {
+        let (peers, stop) = (peers.clone(), stop.clone());
+        thread::Builder::new()
+            .name(format!("ri2n-route-{queue}"))
+            .spawn(move || route::route_loop(&peers, &tun, queue, &stop))
+            .map_err(|e| Error::io("cannot start a route loop", e))?;
     }
 
     // none: a thread failed (`Stop::fail` closed the wait)
@@ -308,11 +343,6 @@ fn reload(peers: &Arc<Peers>, config: &Path, peer_loop: &peer_loop::Handle) {
         }
         Err(e) => eprintln!("ri2n tunnel: SIGHUP: the cluster file in use is kept: {e}"),
     }
-}
-
-fn tun_handle(tun: &Tun) -> Result<Tun, Error> {
-    tun.try_clone()
-        .map_err(|e| Error::io("cannot duplicate the TUN descriptor", e))
 }
 
 /// What a connection to a peer carried, on one line.

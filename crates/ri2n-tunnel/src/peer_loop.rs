@@ -24,7 +24,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use ri2n::{Connection, ConnectionState, Endpoint};
 use smallvec::SmallVec;
 
-use crate::device::Tun;
+use crate::device::Queues;
 use crate::offload;
 use crate::peers::{Peer, Peers};
 use crate::route::BATCH;
@@ -70,7 +70,7 @@ struct Slot {
 /// Starts the loop on a thread of its own; the returned handle feeds it.
 pub fn start(
     peers: Arc<Peers>,
-    tun: Tun,
+    queues: Queues,
     describe_refusal: fn(&ri2n::RefusedHandshake) -> String,
     stop: Arc<Stop>,
 ) -> std::io::Result<Arc<Handle>> {
@@ -82,7 +82,7 @@ pub fn start(
     let mut l = Loop {
         poll,
         peers,
-        tun,
+        queues,
         handle: handle.clone(),
         slots: Vec::new(),
         retries: Vec::new(),
@@ -110,7 +110,8 @@ pub fn start(
 struct Loop {
     poll: Poll,
     peers: Arc<Peers>,
-    tun: Tun,
+    /// Written to by flow (see `device`).
+    queues: Queues,
     handle: Arc<Handle>,
     /// By token; `None`: free.
     slots: Vec<Option<Slot>>,
@@ -430,7 +431,7 @@ impl Loop {
                 }
                 Ok(n) => {
                     peer.received.fetch_add(n as u64, Ordering::Relaxed);
-                    self.out.write(&self.tun, &peer.host.address.octets());
+                    self.out.write(&self.queues, &peer.host.address.octets());
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return false,
                 Err(e) => {
@@ -515,7 +516,7 @@ impl Delivery {
     /// in coalesced runs, large segments whole as they are; a full or vanished interface
     /// drops the packet, as a NIC would. Only packets from the peer's own tunnel address
     /// (`source`) go: a host of the cluster cannot speak for another.
-    fn write(&mut self, tun: &Tun, source: &[u8; 4]) {
+    fn write(&mut self, queues: &Queues, source: &[u8; 4]) {
         let Delivery {
             packets,
             header,
@@ -530,19 +531,20 @@ impl Delivery {
                 plain.push(p);
                 continue;
             };
-            write_plain(tun, &mut plain, runs, header, source);
+            write_plain(queues, &mut plain, runs, header, source);
             if p[start + 12..start + 16] == *source {
-                let _ = tun.write_merged(vnet, std::iter::once(&p[*start..]));
+                let packet = &p[*start..];
+                let _ = (queues.for_packet(packet)).write_merged(vnet, std::iter::once(packet));
             }
         }
-        write_plain(tun, &mut plain, runs, header, source);
+        write_plain(queues, &mut plain, runs, header, source);
     }
 }
 
 /// Writes plain packets to the interface, consecutive TCP segments of one flow coalesced
 /// into one write, and empties `packets`.
 fn write_plain(
-    tun: &Tun,
+    queues: &Queues,
     packets: &mut SmallVec<[&[u8]; BATCH]>,
     runs: &mut Vec<std::ops::Range<usize>>,
     header: &mut Vec<u8>,
@@ -552,11 +554,13 @@ fn write_plain(
     offload::runs(packets, runs);
     for run in runs.drain(..) {
         let run = &packets[run];
+        // a run is one flow's
+        let queue = queues.for_packet(run[0]);
         if let [packet] = run {
-            let _ = tun.write(packet);
+            let _ = queue.write(packet);
         } else {
             let skip = offload::merged_header(run, header);
-            let _ = tun.write_merged(header, run.iter().map(|p| &p[skip..]));
+            let _ = queue.write_merged(header, run.iter().map(|p| &p[skip..]));
         }
     }
     packets.clear();

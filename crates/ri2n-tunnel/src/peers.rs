@@ -169,14 +169,23 @@ pub struct Peers {
     pub carry: Carry,
     /// This host's endpoint (made again when a missing link address appears).
     pub endpoint: links::Current,
+    /// Packets read from each of the interface's queues (how evenly the flows spread).
+    pub queue_reads: Box<[AtomicU64]>,
 }
 
 impl Peers {
-    pub fn new(cluster: Cluster, me: usize, carry: Carry, endpoint: ri2n::Endpoint) -> Peers {
+    pub fn new(
+        cluster: Cluster,
+        me: usize,
+        carry: Carry,
+        endpoint: ri2n::Endpoint,
+        queues: usize,
+    ) -> Peers {
         Peers {
             table: RwLock::new(Arc::new(Table::new(cluster, me, None))),
             carry,
             endpoint: links::Current::new(endpoint),
+            queue_reads: (0..queues).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
@@ -266,7 +275,7 @@ mod tests {
     #[test]
     fn a_reload_keeps_the_unchanged_hosts_and_refuses_a_change_of_this_one() {
         let endpoint = ri2n::Endpoint::server(&["127.0.0.1:0".parse().unwrap()]).unwrap();
-        let peers = Peers::new(cluster(NODE3), 0, Carry::Datagrams, endpoint);
+        let peers = Peers::new(cluster(NODE3), 0, Carry::Datagrams, endpoint, 1);
         let before = peers.table();
         let (node2, node3) = (before.peers[0].clone(), before.peers[1].clone());
         assert_eq!((node2.name(), node2.connects), ("node2", true));

@@ -1,5 +1,5 @@
-//! The route loop: reads the interface and hands each IPv4 packet to the connection of the
-//! host that owns its destination.
+//! The route loops, one per queue of the interface: each reads its queue and hands each IPv4
+//! packet to the connection of the host that owns its destination.
 
 use std::sync::atomic::Ordering;
 
@@ -14,14 +14,15 @@ pub(crate) const BATCH: usize = 64;
 /// Bytes read from the interface in one go, at most (and one more read).
 pub(crate) const BATCH_BYTES: usize = 128 * 1024;
 
-/// Reads the interface and sends each IPv4 packet to the host owning its destination. The
-/// packets waiting are read in a batch and handed to each peer's connection in one call, so
-/// the connection's lock is taken and its packets are sent once per batch, not per packet.
+/// Reads queue `queue` of the interface and sends each IPv4 packet to the host owning its
+/// destination. The packets waiting are read in a batch and handed to each peer's connection
+/// in one call, so the connection's lock is taken and its packets are sent once per batch,
+/// not per packet.
 /// A large TCP segment goes as one datagram, which the connection carries in pieces that
 /// fill its packets: inner TCP's headers then cost 52 bytes per 64 KB instead of per 1.4 KB,
 /// and the peer writes it to its interface as it came. (Carried as messages, a segment is
 /// cut to the MTU.)
-pub(crate) fn route_loop(peers: &Peers, tun: &Tun, stop: &Stop) {
+pub(crate) fn route_loop(peers: &Peers, tun: &Tun, queue: usize, stop: &Stop) {
     // what the interface returns, behind room for a segment's prefix (a large TCP segment
     // leaves in this buffer, and the next read gets another)
     let mut read = Vec::new();
@@ -42,7 +43,7 @@ pub(crate) fn route_loop(peers: &Peers, tun: &Tun, stop: &Stop) {
         let table = peers.table();
         // about BATCH packets or BATCH_BYTES: a batch of 64 large segments would be 4 MB,
         // more than a connection queues (it would drop the oldest)
-        let mut bytes = 0;
+        let (mut bytes, mut reads) = (0, 0);
         // The first packet after a wait goes at once, before the read that would find the
         // queue empty: a lone packet (a request, a reply) pays no system call on its way
         // out but its read and its send. What came behind it is read in batches from then on.
@@ -51,6 +52,7 @@ pub(crate) fn route_loop(peers: &Peers, tun: &Tun, stop: &Stop) {
         while packets.len() < BATCH && bytes < BATCH_BYTES && !(lone && packets.len() > 0) {
             match tun.read_into(&mut read, offload::SEGMENT_PREFIX) {
                 Ok(header) => {
+                    reads += 1;
                     let packet = &read[offload::SEGMENT_PREFIX..];
                     let dest = destination(&table, packet).unwrap_or(usize::MAX);
                     bytes += packet.len();
@@ -69,6 +71,7 @@ pub(crate) fn route_loop(peers: &Peers, tun: &Tun, stop: &Stop) {
                 Err(e) => return stop.fail(format!("reading the interface failed: {e}")),
             }
         }
+        peers.queue_reads[queue].fetch_add(reads, Ordering::Relaxed);
         // the peers this batch goes to, each once (not every host of the cluster in turn)
         batch_peers.clear();
         batch_peers.extend(dests.iter().copied().filter(|&d| d != usize::MAX));

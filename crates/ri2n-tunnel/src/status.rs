@@ -41,6 +41,9 @@ pub struct Status {
     pub host: String,
     pub address: String,
     pub interface: String,
+    /// Packets read from each of the interface's queues (how the flows spread over them).
+    #[serde(default)]
+    pub queue_packets_read: Vec<u64>,
     pub peers: Vec<PeerStatus>,
 }
 
@@ -103,6 +106,9 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>) {
             host: me.name.clone(),
             address: me.address.to_string(),
             interface: table.cluster.interface.clone(),
+            queue_packets_read: (peers.queue_reads.iter())
+                .map(|n| n.load(Ordering::Relaxed))
+                .collect(),
             peers: Vec::new(),
         };
         previous.retain(|name, _| table.peers.iter().any(|p| p.name() == name));
@@ -248,6 +254,13 @@ struct PeerLabels {
     peer: String,
 }
 
+/// The labels of a queue's metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabels {
+    host: String,
+    queue: String,
+}
+
 /// The labels of a link's metrics.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LinkLabels {
@@ -344,6 +357,19 @@ pub fn prometheus(s: &Status) -> String {
             },
         ],
     );
+    let reads = Family::<QueueLabels, Counter>::default();
+    for (i, n) in s.queue_packets_read.iter().enumerate() {
+        let labels = QueueLabels {
+            host: s.host.clone(),
+            queue: i.to_string(),
+        };
+        reads.get_or_create(&labels).inc_by(*n);
+    }
+    registry.register(
+        "ri2n_tunnel_queue_packets_read",
+        "IP packets read from the interface's queue (each flow is read from one queue).",
+        reads,
+    );
     let up = Family::<LinkLabels, Gauge>::default();
     let rtt = Family::<LinkLabels, Gauge<f64, AtomicU64>>::default();
     for (labels, l) in &link_rows {
@@ -412,7 +438,16 @@ pub fn query(name: &str) -> Result<Status, String> {
 
 /// The snapshot as a table for a terminal.
 pub fn table(s: &Status) -> String {
-    let mut out = format!("{} {} on {}\n", s.host, s.address, s.interface);
+    let reads: Vec<String> = s.queue_packets_read.iter().map(u64::to_string).collect();
+    let mut out = format!(
+        "{} {} on {}, {} queue{} (packets read {})\n",
+        s.host,
+        s.address,
+        s.interface,
+        reads.len(),
+        if reads.len() == 1 { "" } else { "s" },
+        reads.join(" / ")
+    );
     for p in &s.peers {
         let _ = writeln!(
             out,
@@ -465,6 +500,7 @@ mod tests {
             host: "a".into(),
             address: "10.99.0.1".into(),
             interface: "ri2n0".into(),
+            queue_packets_read: vec![11, 13],
             peers: vec![PeerStatus {
                 // a name the exposition must escape
                 name: "b \"east\"".into(),
@@ -499,6 +535,8 @@ mod tests {
             format!("ri2n_tunnel_link_sent_bytes_total{{{up}}} 1500"),
             format!("ri2n_tunnel_link_received_bytes_total{{{down}}} 3000"),
             format!("ri2n_tunnel_link_lost_packets_total{{{up}}} 2"),
+            r#"ri2n_tunnel_queue_packets_read_total{host="a",queue="0"} 11"#.to_owned(),
+            r#"ri2n_tunnel_queue_packets_read_total{host="a",queue="1"} 13"#.to_owned(),
             "# EOF".to_owned(),
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
