@@ -296,12 +296,32 @@ impl Striper {
         }
     }
 
-    /// The link holding the stream's first undelivered byte in flight, if one does: the
-    /// link the receiver waits for.
+    /// The link the receiver waits for: the one holding the stream's first undelivered byte
+    /// in flight or, when no link sent it yet, the one its partition waits for (a link left
+    /// to finish a partition alone claims its next run only once its TCP connection takes
+    /// it, which a link gone slow does late).
     pub fn head_link(&self) -> Option<usize> {
         let d = self.delivered;
         (self.links.iter())
             .position(|l| l.up && l.in_flight.iter().any(|f| f.range.0 <= d && d < f.range.1))
+            .or_else(|| {
+                (self.parts.iter())
+                    .find(|p| p.lo <= d && d < p.hi)
+                    .and_then(|p| p.front.or(p.back))
+                    .filter(|&l| self.is_up(l))
+            })
+    }
+
+    /// Whether link `link`, holding the stream's first undelivered byte, must first deliver
+    /// runs the receiver already has (sent again on another link after a [`hedge`]
+    /// (Self::hedge)): its acknowledgements then show progress, but not the stream's.
+    pub fn head_behind_duplicates(&self, link: usize) -> bool {
+        let d = self.delivered;
+        self.links.get(link).is_some_and(|l| {
+            (l.in_flight.iter())
+                .take_while(|f| !(f.range.0 <= d && d < f.range.1))
+                .any(|f| f.range.1 <= d)
+        })
     }
 
     /// Whether link `link` is up.
@@ -952,6 +972,66 @@ mod tests {
         s.resume(0);
         s.push(1000);
         assert!(s.next(0).is_some(), "taken back");
+    }
+
+    #[test]
+    fn the_head_link_is_the_one_to_send_the_next_bytes_when_none_sent_them_yet() {
+        let mut s = striper(2);
+        s.push(4 << 20);
+        let mut r = Reassembly::new(64 << 20);
+        let front = s.next(0).unwrap();
+        let back = s.next(1).unwrap();
+        assert_eq!(s.head_link(), Some(0), "in flight on link 0");
+        deliver(&mut r, 0, front);
+        deliver(&mut r, 1, back);
+        s.on_ack(0, u64::MAX, r.contiguous(), r.window_end(), false);
+        s.on_ack(1, u64::MAX, r.contiguous(), r.window_end(), false);
+        // the next bytes are in no run yet: link 0, the partition's front, is to send them
+        assert!(s.delivered() > 0 && s.in_flight(0) == 0 && s.in_flight(1) == 0);
+        assert_eq!(s.head_link(), Some(0));
+        // set aside, it leaves the partition to link 1, which comes to the next bytes too
+        s.hedge(0);
+        assert_eq!(s.head_link(), Some(1));
+        let d = s.delivered();
+        let sends_them =
+            |w: Work| matches!(w, Work::Run { offset, len, .. } if offset <= d && d < offset + len);
+        assert!(std::iter::from_fn(|| s.next(1)).any(sends_them));
+        assert_eq!(s.head_link(), Some(1));
+    }
+
+    #[test]
+    fn a_link_taken_back_behind_its_duplicates_is_seen_to_hold_up_the_stream() {
+        let mut s = striper(2);
+        s.push(1 << 20);
+        let mut r = Reassembly::new(64 << 20);
+        let a = s.next(0).unwrap();
+        let b = s.next(1).unwrap();
+        deliver(&mut r, 1, b);
+        s.on_ack(1, u64::MAX, r.contiguous(), r.window_end(), false);
+        assert_eq!(s.head_link(), Some(0));
+        assert!(
+            !s.head_behind_duplicates(0),
+            "link 0 is late with new bytes"
+        );
+        let Work::Run { len, .. } = a else {
+            unreachable!()
+        };
+        s.hedge(0);
+        while let Some(w) = s.next(1) {
+            deliver(&mut r, 1, w);
+        }
+        s.on_ack(1, u64::MAX, r.contiguous(), r.window_end(), false);
+        assert_eq!(s.delivered(), 1 << 20, "link 1 delivered it all");
+        // taken back, link 0 holds the next bytes behind its first run, which still crawls
+        s.resume(0);
+        s.push(1000);
+        assert!(matches!(s.next(0), Some(Work::Run { offset, .. }) if offset == 1 << 20));
+        assert_eq!(s.head_link(), Some(0));
+        assert!(s.head_behind_duplicates(0));
+        // the old run through at last: only new bytes ahead
+        s.on_ack(0, len, r.contiguous(), r.window_end(), false);
+        assert_eq!(s.head_link(), Some(0));
+        assert!(!s.head_behind_duplicates(0));
     }
 
     #[test]

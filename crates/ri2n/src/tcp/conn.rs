@@ -218,6 +218,9 @@ pub(crate) struct State {
     pub end: Option<Option<ConnectionError>>,
     pub ended_at: Option<Instant>,
     pub all_down_since: Option<Instant>,
+    /// Since when the stream's first undelivered byte (at this position) has waited on this
+    /// link, as the watch thread saw it (see `link::soft_failure`).
+    pub head_wait: Option<(u64, usize, Instant)>,
     /// The code and reason a CLOSE record carries (code 0: a clean close).
     pub close_record: (u64, String),
     /// The AEAD of the latest keyed link (`None`: no key).
@@ -548,6 +551,7 @@ impl TcpConnection {
             end: None,
             ended_at: None,
             all_down_since: None,
+            head_wait: None,
             close_record: (0, String::new()),
             cipher: None,
             spare_send: Spares::new(settings.send_buffer),

@@ -880,12 +880,18 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
     }
 }
 
-/// Sets aside a link gone slow (a soft failure): the receiver waits for the stream's next
-/// bytes, in flight on that link, which has delivered nothing for [`SOFT_STALL`] (or 8 of
-/// another link's round trips, if longer) while another link delivered. What it has in
-/// flight goes again on the others and it takes no new runs for a while (state `Degraded`):
-/// half a second, twice as long each time it is slow again within 10 s of coming back, at
-/// most 8 s. Its TCP connection stays open; it then takes runs again.
+/// Sets aside a link gone slow (a soft failure): the receiver has waited [`SOFT_STALL`] (or 8
+/// of another link's round trips, if longer) for the stream's next bytes, in flight on that
+/// link, while another link could deliver (it did meanwhile, or has nothing left in flight:
+/// the receive window, full behind the missing bytes, holds it back). What the slow link has
+/// in flight goes again on the others and it takes no new runs for a while (state
+/// `Degraded`): half a second, twice as long each time it is slow again within 10 s of coming
+/// back, at most 8 s. Its TCP connection stays open; it then takes runs again.
+///
+/// The wait counts from when the watch first saw the stream wait on that byte, not from the
+/// link's last acknowledgement: a link taken back after a pause still delivers, slowly, what
+/// its connection held from before (bytes the others already delivered), and the stream's
+/// next bytes wait behind them.
 fn soft_failure(conn: &TcpConnection, st: &mut State, now: Instant) {
     for l in 0..st.links.len() {
         if st.links[l].paused_until.is_some_and(|t| now >= t) {
@@ -900,7 +906,16 @@ fn soft_failure(conn: &TcpConnection, st: &mut State, now: Instant) {
         }
     }
     let Some(h) = st.striper.head_link() else {
+        st.head_wait = None;
         return;
+    };
+    let next = st.striper.delivered();
+    let since = match st.head_wait {
+        Some((at, link, since)) if at == next && link == h => since,
+        _ => {
+            st.head_wait = Some((next, h, now));
+            now
+        }
     };
     let others = (st.links.iter().enumerate())
         .filter(|&(j, l)| j != h && l.state == LinkState::Up && l.paused_until.is_none());
@@ -908,13 +923,15 @@ fn soft_failure(conn: &TcpConnection, st: &mut State, now: Instant) {
     let Some(stall) = fastest.map(|rtt| (rtt * 8).max(SOFT_STALL)) else {
         return;
     };
-    let head = &st.links[h];
-    let delivering = others
+    let could_deliver = others
         .clone()
-        .any(|(_, l)| now - l.last_ack_progress < stall);
-    if head.state != LinkState::Up || now - head.last_ack_progress < stall || !delivering {
+        .any(|(j, l)| now - l.last_ack_progress < stall || st.striper.in_flight(j) == 0);
+    let head = &st.links[h];
+    let silent = now - head.last_ack_progress >= stall || st.striper.head_behind_duplicates(h);
+    if head.state != LinkState::Up || now - since < stall || !silent || !could_deliver {
         return;
     }
+    st.head_wait = None;
     let (last, ended) = head.last_pause;
     let pause = if now - ended < Duration::from_secs(10) && !last.is_zero() {
         (last * 2).min(Duration::from_secs(8))
