@@ -68,10 +68,11 @@ def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, ke
 
 
 def iperf_transfer(lab, nbytes, mptcp, pipe_in=None, pipe_out=None, src=None, timeout=120,
-                   to="10.77.1.2", sampler=None):
+                   to="10.77.1.2", sampler=None, parallel=1):
     """iperf3 of `nbytes` A→B over one TCP connection (to B's address `to`: link 1, or its
-    tunnel address) or MPTCP (every link); the sender reads file `src` if given (as `ri2n send
-    -i` does), else sends from memory. A ThreadSampler given runs while the client does."""
+    tunnel address), `parallel` of them (the bytes in all), or MPTCP (every link); the sender
+    reads file `src` if given (as `ri2n send -i` does), else sends from memory. A
+    ThreadSampler given runs while the client does."""
     port = 5301 + random.randrange(500)
     wrap = ["mptcpize", "run"] if mptcp else []
     scmd = wrap + ["iperf3", "-s", "-1", "-p", port]
@@ -84,6 +85,8 @@ def iperf_transfer(lab, nbytes, mptcp, pipe_in=None, pipe_out=None, src=None, ti
     ccmd = wrap + ["iperf3", "-c", to, "-p", port, "-n", nbytes, "--json"]
     if src:
         ccmd += ["-F", src]
+    if parallel > 1:
+        ccmd += ["-P", parallel]
     if pipe_in:
         ccmd = ["sh", "-c", "%s | %s iperf3 -c %s -p %d -n %d -F /dev/stdin --json" % (
             pipe_in, " ".join(wrap), to, port, nbytes)]

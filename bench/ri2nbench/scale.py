@@ -3,6 +3,7 @@ and the unlimited-rate 2- and 4-link lab against one TCP connection and MPTCP, `
 iperf3 through `ri2n tunnel` alike."""
 import json
 import os
+import re
 import tempfile
 import time
 
@@ -17,13 +18,14 @@ from .tunnel import tunnel_up
 CLIENTS = (1, 2, 4, 8)
 LOOP_LINKS = (2, 4)
 LAB_LINKS = (2, 4)
-LAB_TOOLS = ("ri2n", "ri2n_keyed", "ri2n_tcp", "tcp", "mptcp", "tunnel")
+LAB_TOOLS = ("ri2n", "ri2n_keyed", "ri2n_tcp", "tcp", "mptcp", "tunnel", "tunnel_4")
 LAB_NAMES = {"ri2n": "ri2n", "ri2n_keyed": "ri2n, keyed", "ri2n_tcp": "ri2n `--transport tcp`",
              "tcp": "1 TCP connection", "mptcp": "MPTCP",
-             "tunnel": "iperf3 through `ri2n tunnel`"}
+             "tunnel": "iperf3 through `ri2n tunnel`",
+             "tunnel_4": "iperf3 -P 4 through `ri2n tunnel`"}
 # whose busiest threads the lab part records, per tool
 SAMPLED = {"ri2n": ("send", "recv"), "ri2n_keyed": ("send", "recv"),
-           "ri2n_tcp": ("send", "recv"), "tunnel": ("a", "b")}
+           "ri2n_tcp": ("send", "recv"), "tunnel": ("a", "b"), "tunnel_4": ("a", "b")}
 
 
 def cpu_list(cpus):
@@ -166,6 +168,9 @@ def lab_runs(o, res, keyfile, src, lab):
                                      transport="tcp" if k == "ri2n_tcp" else None)
             if k == "tunnel":
                 return tunnel_transfer(lab, n, src, o.scale_bytes)
+            if k == "tunnel_4":
+                # 4 flows, which the daemons' route loops share out by queue
+                return tunnel_transfer(lab, n, None, o.scale_bytes, parallel=4)
             return iperf_transfer(lab, o.scale_bytes, mptcp=(k == "mptcp"), src=src)
 
         # as in part fast: one discarded transfer of each tool on the fresh lab
@@ -189,20 +194,24 @@ def lab_runs(o, res, keyfile, src, lab):
         res["lab"].append(c)
 
 
-def tunnel_transfer(lab, links, src, nbytes):
-    """iperf3 from A to B's tunnel address through `ri2n tunnel` daemons on both hosts (keyed,
-    over the lab's `links` links), started for this transfer and stopped after it: their
-    CPU is in the machine's, their busiest threads while iperf3 sent in "threads"."""
+def tunnel_transfer(lab, links, src, nbytes, parallel=1):
+    """iperf3 (`parallel` flows) from A to B's tunnel address through `ri2n tunnel` daemons on
+    both hosts (keyed, over the lab's `links` links, as many interface queues as they choose
+    on this host), started for this transfer and stopped after it: their CPU is in the
+    machine's, their busiest threads while iperf3 sent in "threads", A's queues in
+    "queues"."""
     # the key and the daemons' logs go with the transfer
     with tempfile.TemporaryDirectory(prefix="ri2nbench-tunnel-") as tmp:
-        daemons, _ = tunnel_up(lab, tmp, hosts="ab", links=links)
+        daemons, logs = tunnel_up(lab, tmp, hosts="ab", links=links)
+        queues = re.search(r", (\d+) queues?\)", open(logs["a"]).read())
         sampler = ThreadSampler()
         for h, d in daemons.items():
             sampler.watch(h, d.pid)
         try:
             r = iperf_transfer(lab, nbytes, mptcp=False, src=src, to="10.99.0.2",
-                               sampler=sampler)
+                               sampler=sampler, parallel=parallel)
             r["threads"] = {h: sampler.top(h) for h in daemons}
+            r["queues"] = int(queues.group(1)) if queues else None
             return r
         finally:
             for d in daemons.values():
@@ -233,6 +242,8 @@ def part_scale(o):
         "mptcp": "mptcpize run iperf3 … -F FILE (a subflow per link)",
         "tunnel": "ri2n tunnel --config FILE on A and B (one keyed cluster file, every lab "
                   "link); iperf3 -c 10.99.0.2 -n BYTES -F FILE through it",
+        "tunnel_4": "the same daemons (their default number of interface queues); iperf3 -c "
+                    "10.99.0.2 -n BYTES -P 4 (4 flows, from memory) through them",
         "cpu": "lab: machine busy time from /proc/stat during the transfer, per GB moved",
         "threads": "lab: each thread's utime+stime (/proc/PID/task/TID/stat) sampled every "
                    "0.1 s while the sender ran, over the span it was seen, in cores; the 3 "
@@ -324,7 +335,8 @@ def tables(res, brief):
             ("ri2n ÷ MPTCP", "ri2n", "mptcp", True),
             ("keyed ÷ unkeyed", "ri2n_keyed", "ri2n", False),
             ("TCP transport ÷ MPTCP", "ri2n_tcp", "mptcp", True),
-            ("tunnel ÷ MPTCP", "tunnel", "mptcp", True)) if a in tools and b in tools]
+            ("tunnel ÷ MPTCP", "tunnel", "mptcp", True),
+            ("tunnel, 4 flows ÷ 1", "tunnel_4", "tunnel", False)) if a in tools and b in tools]
         L.append("| links | %s | %s |" % (" | ".join(LAB_NAMES[k] for k in tools),
                                          " | ".join(h for h, _, _, _ in ratios)))
         L.append("| --- |%s" % (" --- |" * (len(tools) + len(ratios))))
@@ -356,6 +368,12 @@ def tables(res, brief):
                 xs = [r[k]["cpu_machine"] / r[k]["wall_send"] for r in c["runs"]
                       if r[k].get("wall_send") and r[k].get("cpu_machine") is not None]
                 cores.append("%d links %s %s" % (c["links"], LAB_NAMES[k], cell(xs, "%.1f")))
+        queues = sorted({r[k].get("queues") for c in labs for r in c["runs"]
+                         for k in ("tunnel", "tunnel_4") if k in r} - {None})
+        if queues:
+            L.append("")
+            L.append("Interface queues of each tunnel daemon (its default on this host, one per "
+                     "4 CPUs): %s." % "/".join(map(str, queues)))
         sampled = []
         for c in labs:
             for k in tools:
