@@ -940,20 +940,23 @@ mod tests {
         assert!(s.all_acknowledged());
     }
 
-    #[test]
-    fn a_slow_link_holding_the_next_bytes_is_hedged_and_set_aside() {
+    /// 1 MiB striped over two links, link 1's first run arrived and acknowledged, link 0's
+    /// (the stream's first bytes, returned with the striper and the receiver) not yet.
+    fn link_0_late() -> (Striper, Reassembly, Work) {
         let mut s = striper(2);
         s.push(1 << 20);
         let mut r = Reassembly::new(64 << 20);
         let a = s.next(0).unwrap();
         let b = s.next(1).unwrap();
-        // link 1's run arrived; link 0's (the stream's first bytes) did not
         deliver(&mut r, 1, b);
-        let Work::Run { len: b_len, .. } = b else {
-            unreachable!()
-        };
-        s.on_ack(1, b_len, r.contiguous(), r.window_end(), false);
+        s.on_ack(1, u64::MAX, r.contiguous(), r.window_end(), false);
         assert_eq!(s.head_link(), Some(0));
+        (s, r, a)
+    }
+
+    #[test]
+    fn a_slow_link_holding_the_next_bytes_is_hedged_and_set_aside() {
+        let (mut s, mut r, a) = link_0_late();
         let Work::Run { offset, len, .. } = a else {
             unreachable!()
         };
@@ -1001,14 +1004,7 @@ mod tests {
 
     #[test]
     fn a_link_taken_back_behind_its_duplicates_is_seen_to_hold_up_the_stream() {
-        let mut s = striper(2);
-        s.push(1 << 20);
-        let mut r = Reassembly::new(64 << 20);
-        let a = s.next(0).unwrap();
-        let b = s.next(1).unwrap();
-        deliver(&mut r, 1, b);
-        s.on_ack(1, u64::MAX, r.contiguous(), r.window_end(), false);
-        assert_eq!(s.head_link(), Some(0));
+        let (mut s, mut r, a) = link_0_late();
         assert!(
             !s.head_behind_duplicates(0),
             "link 0 is late with new bytes"
