@@ -313,8 +313,8 @@ impl Striper {
     }
 
     /// Whether link `link`, holding the stream's first undelivered byte, must first deliver
-    /// runs the receiver already has (sent again on another link after a [`hedge`]
-    /// (Self::hedge)): its acknowledgements then show progress, but not the stream's.
+    /// runs the receiver already has (sent again on another link by
+    /// [`hedge`](Self::hedge)): its acknowledgements then show progress, but not the stream's.
     pub fn head_behind_duplicates(&self, link: usize) -> bool {
         let d = self.delivered;
         self.links.get(link).is_some_and(|l| {
