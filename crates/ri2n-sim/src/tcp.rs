@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use ri2n_proto::tcp::chunk::{self, Demux, Kind, Piece};
-use ri2n_proto::tcp::{Reassembly, Record, StripeConfig, Striper, Work};
+use ri2n_proto::tcp::{LinkView, Reassembly, Record, SlowLinkWatch, StripeConfig, Striper, Work};
 
 /// One simulation step.
 const STEP: Duration = Duration::from_micros(50);
@@ -31,9 +31,8 @@ const LOWAT: usize = 64 << 10;
 /// within [`ACK_DELAY`]).
 const ACK_EVERY: u64 = 256 << 10;
 const ACK_DELAY: Duration = Duration::from_millis(2);
-/// How long the receiver may wait for the link holding the next bytes while another
-/// delivers, and how long a slow link is then set aside.
-const SOFT_STALL: Duration = Duration::from_millis(50);
+/// How long a slow link is set aside (`ri2n_proto::tcp::soft` says when it is slow; the
+/// transport sets it aside longer each time it is slow again, which no scenario here needs).
 const SET_ASIDE: Duration = Duration::from_millis(500);
 
 /// What happens to a link at a given time.
@@ -259,6 +258,7 @@ pub fn run_tcp(s: &TcpScenario) -> Result<TcpReport, String> {
     }
 
     let mut striper = Striper::new(StripeConfig::default(), s.window);
+    let mut slow_links = SlowLinkWatch::default();
     let mut reasm = Reassembly::new(s.window);
     let mut demux = Demux::new(Some(s.window));
     let mut links: Vec<LinkModel> = (s.links.iter())
@@ -364,16 +364,16 @@ pub fn run_tcp(s: &TcpScenario) -> Result<TcpReport, String> {
                 striper.resume(l);
             }
         }
-        if let Some(h) = striper.head_link() {
-            let others = links
-                .iter()
-                .enumerate()
-                .any(|(j, o)| j != h && o.connected && now - o.last_progress < SOFT_STALL);
-            let link = &mut links[h];
-            if link.paused_until.is_none() && now - link.last_progress >= SOFT_STALL && others {
-                resent += striper.hedge(h);
-                link.paused_until = Some(now + SET_ASIDE);
-            }
+        let views: Vec<LinkView> = (links.iter())
+            .map(|l| LinkView {
+                usable: l.connected && l.paused_until.is_none(),
+                srtt: l.delay * 2,
+                since_progress: now.saturating_sub(l.last_progress),
+            })
+            .collect();
+        if let Some(h) = slow_links.check(&striper, &views, now) {
+            resent += striper.hedge(h);
+            links[h].paused_until = Some(now + SET_ASIDE);
         }
         // the sender's writers
         for (l, link) in links.iter_mut().enumerate() {

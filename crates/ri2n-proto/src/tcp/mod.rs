@@ -11,6 +11,7 @@
 //!   runs.
 //! - [`reassembly`]: the receiving side, which places each run by its link's order alone and
 //!   discards bytes that arrived twice.
+//! - [`soft`]: when a link gone slow is set aside.
 //!
 //! The I/O (sockets, threads, link watching, reconnecting) lives in `ri2n::tcp`.
 
@@ -18,9 +19,11 @@ pub mod chunk;
 pub mod frame;
 pub mod keys;
 pub mod reassembly;
+pub mod soft;
 pub mod stripe;
 
 pub use chunk::{ChunkError, Demux, Kind, Piece};
 pub use frame::{FrameError, Hello, HelloReply, HelloStatus, Record};
 pub use reassembly::{PlacementError, Reassembly};
+pub use soft::{LinkView, SlowLinkWatch};
 pub use stripe::{Round, StripeConfig, Striper, Work};

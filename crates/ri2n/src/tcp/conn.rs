@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use ri2n_proto::tcp::chunk::{self, ChunkError, Demux, Kind, Piece};
-use ri2n_proto::tcp::{Reassembly, StripeConfig, Striper};
+use ri2n_proto::tcp::{Reassembly, SlowLinkWatch, StripeConfig, Striper};
 use ri2n_proto::{
     Cipher, ConnectionConfig, ConnectionError, ConnectionState, ConnectionStats, Event, Key,
     LinkId, LinkState, LinkStats, MAX_LINKS,
@@ -218,9 +218,8 @@ pub(crate) struct State {
     pub end: Option<Option<ConnectionError>>,
     pub ended_at: Option<Instant>,
     pub all_down_since: Option<Instant>,
-    /// Since when the stream's first undelivered byte (at this position) has waited on this
-    /// link, as the watch thread saw it (see `link::soft_failure`).
-    pub head_wait: Option<(u64, usize, Instant)>,
+    /// Which link the stream waits on, since when (see `link::soft_failure`).
+    pub slow_links: SlowLinkWatch,
     /// The code and reason a CLOSE record carries (code 0: a clean close).
     pub close_record: (u64, String),
     /// The AEAD of the latest keyed link (`None`: no key).
@@ -551,7 +550,7 @@ impl TcpConnection {
             end: None,
             ended_at: None,
             all_down_since: None,
-            head_wait: None,
+            slow_links: SlowLinkWatch::default(),
             close_record: (0, String::new()),
             cipher: None,
             spare_send: Spares::new(settings.send_buffer),

@@ -22,9 +22,10 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use ri2n_proto::tcp::frame::MAX_REASON;
 use ri2n_proto::tcp::keys::{ClientLinkHandshake, FrameKey, FrameKeys, MAX_FRAME};
-use ri2n_proto::tcp::{Hello, HelloReply, HelloStatus, Record, Work};
+use ri2n_proto::tcp::{Hello, HelloReply, HelloStatus, LinkView, Record, Work};
 use ri2n_proto::Key;
 use ri2n_proto::{ConnectionError, LinkState};
+use smallvec::SmallVec;
 
 use super::conn::{Role, State, TcpConnection};
 use super::sys;
@@ -43,9 +44,6 @@ const WATCH_TICK: Duration = Duration::from_millis(2);
 const ACK_EVERY: u64 = 256 << 10;
 /// How often it samples each link's round trip from TCP_INFO.
 const RTT_SAMPLE: Duration = Duration::from_millis(20);
-/// How long the receiver may wait for a link holding the stream's next bytes while another
-/// link delivers, before that link is set aside as slow (see [`soft_failure`]).
-const SOFT_STALL: Duration = Duration::from_millis(50);
 /// How long the peer's host must have refused every link before the peer counts as gone.
 const PEER_GONE: Duration = Duration::from_millis(500);
 /// How long a dialer waits for one connection attempt before starting a fresh one: a SYN
@@ -764,7 +762,8 @@ fn read_records(
 /// The connection's watch thread (see the module documentation). Returns once the
 /// connection ended and its links were closed.
 pub(crate) fn watch(conn: &Arc<TcpConnection>) {
-    let (mut last_sample, mut last_confirm) = (Instant::now(), Instant::now());
+    let origin = Instant::now();
+    let (mut last_sample, mut last_confirm) = (origin, origin);
     loop {
         std::thread::sleep(WATCH_TICK);
         let now = Instant::now();
@@ -836,7 +835,7 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
                 conn.wake_writer(i);
             }
         }
-        soft_failure(conn, &mut st, now);
+        soft_failure(conn, &mut st, now, origin);
         // every link the peer ever had was closed or refused by its host for a while: its
         // process is gone (a network outage only silences links)
         let opened = st
@@ -880,19 +879,12 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
     }
 }
 
-/// Sets aside a link gone slow (a soft failure): the receiver has waited [`SOFT_STALL`] (or 8
-/// of another link's round trips, if longer) for the stream's next bytes, in flight on that
-/// link, while another link could deliver (it did meanwhile, or has nothing left in flight:
-/// the receive window, full behind the missing bytes, holds it back). What the slow link has
-/// in flight goes again on the others and it takes no new runs for a while (state
-/// `Degraded`): half a second, twice as long each time it is slow again within 10 s of coming
-/// back, at most 8 s. Its TCP connection stays open; it then takes runs again.
-///
-/// The wait counts from when the watch first saw the stream wait on that byte, not from the
-/// link's last acknowledgement: a link taken back after a pause still delivers, slowly, what
-/// its connection held from before (bytes the others already delivered), and the stream's
-/// next bytes wait behind them.
-fn soft_failure(conn: &TcpConnection, st: &mut State, now: Instant) {
+/// Sets aside a link gone slow (a soft failure, by the rule of
+/// `ri2n_proto::tcp::soft`): what it has in flight goes again on the others and it takes no
+/// new runs for a while (state `Degraded`): half a second, twice as long each time it is slow
+/// again within 10 s of coming back, at most 8 s. Its TCP connection stays open; it then
+/// takes runs again. `origin`: the watch thread's start, which the rule counts time from.
+fn soft_failure(conn: &TcpConnection, st: &mut State, now: Instant, origin: Instant) {
     for l in 0..st.links.len() {
         if st.links[l].paused_until.is_some_and(|t| now >= t) {
             st.links[l].paused_until = None;
@@ -905,33 +897,17 @@ fn soft_failure(conn: &TcpConnection, st: &mut State, now: Instant) {
             conn.wake_writers();
         }
     }
-    let Some(h) = st.striper.head_link() else {
-        st.head_wait = None;
+    let views: SmallVec<[LinkView; 4]> = (st.links.iter())
+        .map(|l| LinkView {
+            usable: l.state == LinkState::Up && l.paused_until.is_none(),
+            srtt: l.srtt,
+            since_progress: now - l.last_ack_progress,
+        })
+        .collect();
+    let Some(h) = (st.slow_links).check(&st.striper, &views, now - origin) else {
         return;
     };
-    let next = st.striper.delivered();
-    let since = match st.head_wait {
-        Some((at, link, since)) if at == next && link == h => since,
-        _ => {
-            st.head_wait = Some((next, h, now));
-            now
-        }
-    };
-    let others = (st.links.iter().enumerate())
-        .filter(|&(j, l)| j != h && l.state == LinkState::Up && l.paused_until.is_none());
-    let fastest = others.clone().map(|(_, l)| l.srtt).min();
-    let Some(stall) = fastest.map(|rtt| (rtt * 8).max(SOFT_STALL)) else {
-        return;
-    };
-    let could_deliver = others
-        .clone()
-        .any(|(j, l)| now - l.last_ack_progress < stall || st.striper.in_flight(j) == 0);
     let head = &st.links[h];
-    let silent = now - head.last_ack_progress >= stall || st.striper.head_behind_duplicates(h);
-    if head.state != LinkState::Up || now - since < stall || !silent || !could_deliver {
-        return;
-    }
-    st.head_wait = None;
     let (last, ended) = head.last_pause;
     let pause = if now - ended < Duration::from_secs(10) && !last.is_zero() {
         (last * 2).min(Duration::from_secs(8))
