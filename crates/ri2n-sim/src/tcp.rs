@@ -3,8 +3,9 @@
 //! chunks of [`chunk`], over links modelled as TCP connections would look to them: each
 //! direction a byte pipe in order, at a rate and with a delay, whose unsent queue a writer
 //! keeps below a low-water mark. A link that dies loses what its pipes held (a TCP
-//! connection's buffers go with it); both ends learn it `detect` later, and a healed link
-//! comes back as a new TCP connection after `reconnect`. A link gone slow is set aside as the
+//! connection's buffers go with it) and its connection carries nothing more, even if the
+//! network heals before the ends notice; both ends learn it `detect` later, and a healed
+//! link comes back as a new TCP connection after `reconnect`. A link gone slow is set aside as the
 //! real transport does (its in-flight runs hedged on the others, no new runs for a while).
 //!
 //! What it checks is what the core must guarantee whatever the faults: every stream byte
@@ -212,6 +213,10 @@ struct LinkModel {
     alive: bool,
     /// The ends' view: its TCP connection works (until `detect` after a death).
     connected: bool,
+    /// Its TCP connection lost what its pipes held in an outage: it carries nothing more
+    /// until the ends replace it (a TCP connection delivers its bytes in order or not at
+    /// all: it never skips lost ones, even if the network heals first).
+    broken: bool,
     /// When the ends change their view (declared dead, or reconnected).
     change_at: Option<Duration>,
     forward: Pipe,
@@ -267,6 +272,7 @@ pub fn run_tcp(s: &TcpScenario) -> Result<TcpReport, String> {
             delay,
             alive: true,
             connected: true,
+            broken: false,
             change_at: None,
             forward: Pipe::default(),
             back: Pipe::default(),
@@ -324,6 +330,7 @@ pub fn run_tcp(s: &TcpScenario) -> Result<TcpReport, String> {
                 TcpAction::Down(l) if links[l].alive => {
                     let link = &mut links[l];
                     link.alive = false;
+                    link.broken = true;
                     link.forward = Pipe::default();
                     link.back = Pipe::default();
                     link.change_at = link.connected.then_some(now + s.detect);
@@ -346,6 +353,7 @@ pub fn run_tcp(s: &TcpScenario) -> Result<TcpReport, String> {
                 }
                 if link.alive {
                     link.connected = true;
+                    link.broken = false;
                     link.forward = Pipe::default();
                     link.back = Pipe::default();
                     link.rx_unacked = 0;
@@ -409,7 +417,7 @@ pub fn run_tcp(s: &TcpScenario) -> Result<TcpReport, String> {
                     }
                     Work::Fin { end } => Record::Fin { end }.encode(&mut out),
                 }
-                if link.alive {
+                if link.alive && !link.broken {
                     link.forward.push(now, link.rate, link.delay, out);
                 }
             }
@@ -511,7 +519,7 @@ pub fn run_tcp(s: &TcpScenario) -> Result<TcpReport, String> {
                     eof: reasm.complete(),
                 })
                 .encode(&mut out);
-                if link.alive {
+                if link.alive && !link.broken {
                     link.back.push(now, link.rate, link.delay, out);
                 }
             }
