@@ -118,6 +118,13 @@ struct InFlight {
     range: (u64, u64),
 }
 
+impl InFlight {
+    /// Whether stream byte `at` is in this run.
+    fn holds(&self, at: u64) -> bool {
+        self.range.0 <= at && at < self.range.1
+    }
+}
+
 /// What a link's TCP connection holds, as the driver last saw it (see [`Striper::note_held`]).
 #[derive(Debug, Default, Clone, Copy)]
 struct Held {
@@ -303,7 +310,7 @@ impl Striper {
     pub fn head_link(&self) -> Option<usize> {
         let d = self.delivered;
         (self.links.iter())
-            .position(|l| l.up && l.in_flight.iter().any(|f| f.range.0 <= d && d < f.range.1))
+            .position(|l| l.up && l.in_flight.iter().any(|f| f.holds(d)))
             .or_else(|| {
                 (self.parts.iter())
                     .find(|p| p.lo <= d && d < p.hi)
@@ -319,7 +326,7 @@ impl Striper {
         let d = self.delivered;
         self.links.get(link).is_some_and(|l| {
             (l.in_flight.iter())
-                .take_while(|f| !(f.range.0 <= d && d < f.range.1))
+                .take_while(|f| !f.holds(d))
                 .any(|f| f.range.1 <= d)
         })
     }
