@@ -51,6 +51,7 @@ use smallvec::SmallVec;
 use crate::connection::TimedEvent;
 use crate::open_ahead::OpenAhead;
 use crate::readiness::Watchers;
+use crate::sched::yield_to_busy_threads;
 use crate::shards::{AcceptQueue, Forwarded, ForwardedKind, Router};
 
 use crate::socket::{LinkSocket, Received, RecvBatch, SendOutcome, Take};
@@ -1637,24 +1638,6 @@ pub(crate) fn poll_readable(fd: RawFd, timeout: Option<Duration>) {
     });
     // SAFETY: one valid pollfd for the call's duration; an error (EINTR) means: look again
     unsafe { libc::poll(&mut p, 1, ms) };
-}
-
-/// Puts the calling thread (the driver thread) under Linux's `SCHED_BATCH` policy: woken by
-/// an arrival or a timer, it still runs at once on an idle CPU and keeps its fair share of a
-/// busy one, but it no longer preempts the thread running there; it waits until that thread
-/// sleeps or its time slice ends (a scheduler tick). On a busy machine the application's
-/// threads do the driver's work themselves (a write sends, a blocked read receives), and the
-/// driver thread preempting them on every wake-up only took turns with them, each waiting
-/// for the engine's lock while a CPU idled; this policy gave more goodput for less CPU per
-/// byte (item 13 of "What looked wrong" in docs/BENCHMARKS.md at commit 085a7a3). The cost:
-/// under full load a timer may fire up to a tick late, against failure detection that takes tens of milliseconds.
-fn yield_to_busy_threads() {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: `param` is a valid `sched_param` for the call's duration; pid 0 is this thread.
-    if unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } != 0 {
-        let e = std::io::Error::last_os_error();
-        tracing::debug!(error = %e, "driver thread keeps the default scheduling policy");
-    }
 }
 
 /// The calling thread may run on one CPU only (`taskset -c 0`, an MPI rank bound to a core):

@@ -34,6 +34,7 @@ mod impair;
 mod open_ahead;
 mod pages;
 mod readiness;
+mod sched;
 mod shards;
 mod socket;
 mod tcp;

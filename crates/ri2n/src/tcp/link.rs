@@ -12,7 +12,9 @@
 //!   connection at the probe pace until the path works again.
 //!
 //! A link's threads belong to one TCP connection (its *incarnation*): when the link dies or
-//! is replaced they find a newer incarnation and stop.
+//! is replaced they find a newer incarnation and stop. Readers and writers run under
+//! `SCHED_BATCH` ([`yield_to_busy_threads`]): woken for each batch, they wait for the thread
+//! running on their CPU to finish its call instead of preempting it.
 
 use std::io::{self, IoSlice, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -29,6 +31,7 @@ use smallvec::SmallVec;
 
 use super::conn::{Role, State, TcpConnection};
 use super::sys;
+use crate::sched::yield_to_busy_threads;
 
 /// Bytes a reader asks the kernel for at once when it reads sealed frames (a whole frame is
 /// opened at once).
@@ -114,11 +117,17 @@ pub(crate) fn attach(
     let (c, s) = (conn.clone(), stream.clone());
     std::thread::Builder::new()
         .name(format!("ri2n-tcp-w{l}"))
-        .spawn(move || writer(&c, l, incarnation, &s))?;
+        .spawn(move || {
+            yield_to_busy_threads();
+            writer(&c, l, incarnation, &s)
+        })?;
     let c = conn.clone();
     std::thread::Builder::new()
         .name(format!("ri2n-tcp-r{l}"))
-        .spawn(move || reader(&c, l, incarnation, &stream, leftover, open))?;
+        .spawn(move || {
+            yield_to_busy_threads();
+            reader(&c, l, incarnation, &stream, leftover, open)
+        })?;
     Ok(())
 }
 
