@@ -1,8 +1,8 @@
 //! How the TCP transport's threads are scheduled (alone in this test binary, so that no other
-//! test's threads are counted): the links' readers and writers run under `SCHED_BATCH`, so
-//! the wake-up of each batch waits for the thread running on that CPU to finish its call
-//! instead of preempting it (docs/BENCHMARKS.md §10); the watch thread, which declares links
-//! dead, keeps the default policy and its timing.
+//! test's threads are counted): the links' readers run under `SCHED_BATCH`, so the wake-up
+//! for each arrival waits for the thread running on that CPU to finish its call instead of
+//! preempting it (docs/BENCHMARKS.md §10); the writers, which keep their links busy, and the
+//! watch thread, which declares links dead, keep the default policy.
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -40,7 +40,7 @@ fn thread_policies() -> Vec<(String, i32)> {
 }
 
 #[test]
-fn link_threads_yield_to_busy_threads_and_the_watch_keeps_the_default_policy() {
+fn link_readers_yield_to_busy_threads_and_writers_and_the_watch_do_not() {
     let server = endpoint(true);
     let client = endpoint(false);
     let mut conn = client
@@ -57,33 +57,33 @@ fn link_threads_yield_to_busy_threads_and_the_watch_keeps_the_default_policy() {
     assert_eq!(got, data);
 
     // both ends live in this process: 2 links, each with a reader and a writer, per end; a
-    // thread just started may not have set its policy yet, so look again for a while
+    // reader just started may not have set its policy yet, so look again for a while
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let threads = thread_policies();
-        // named ri2n-tcp-rN and ri2n-tcp-wN (ri2n-tcp-watch is not one of them)
-        let link_thread = |n: &str| {
-            let kind = n
-                .strip_prefix("ri2n-tcp-r")
-                .or(n.strip_prefix("ri2n-tcp-w"));
-            kind.is_some_and(|k| k.parse::<usize>().is_ok())
+        // ri2n-tcp-rN and ri2n-tcp-wN (ri2n-tcp-watch is neither)
+        let of_kind = |kind: &str| -> Vec<i32> {
+            (threads.iter())
+                .filter(|(n, _)| {
+                    let link = n.strip_prefix(kind);
+                    link.is_some_and(|k| k.parse::<usize>().is_ok())
+                })
+                .map(|(_, p)| *p)
+                .collect()
         };
-        let link: Vec<_> = threads.iter().filter(|(n, _)| link_thread(n)).collect();
-        let watch: Vec<_> = (threads.iter())
+        let (readers, writers) = (of_kind("ri2n-tcp-r"), of_kind("ri2n-tcp-w"));
+        let watch: Vec<i32> = (threads.iter())
             .filter(|(n, _)| n == "ri2n-tcp-watch")
+            .map(|(_, p)| *p)
             .collect();
-        let batch = link.iter().all(|(_, p)| *p == libc::SCHED_BATCH);
-        if link.len() >= 8 && batch {
-            assert_eq!(watch.len(), 2, "{threads:?}");
-            assert!(
-                watch.iter().all(|(_, p)| *p == libc::SCHED_OTHER),
-                "{threads:?}"
-            );
+        if readers.len() == 4 && readers.iter().all(|&p| p == libc::SCHED_BATCH) {
+            assert_eq!(writers, [libc::SCHED_OTHER; 4], "{threads:?}");
+            assert_eq!(watch, [libc::SCHED_OTHER; 2], "{threads:?}");
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "the links' threads are not all under SCHED_BATCH: {threads:?}"
+            "the links' readers are not all under SCHED_BATCH: {threads:?}"
         );
         std::thread::sleep(Duration::from_millis(10));
     }

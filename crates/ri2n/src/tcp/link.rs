@@ -12,9 +12,14 @@
 //!   connection at the probe pace until the path works again.
 //!
 //! A link's threads belong to one TCP connection (its *incarnation*): when the link dies or
-//! is replaced they find a newer incarnation and stop. Readers and writers run under
-//! `SCHED_BATCH` ([`yield_to_busy_threads`]): woken for each batch, they wait for the thread
-//! running on their CPU to finish its call instead of preempting it.
+//! is replaced they find a newer incarnation and stop.
+//!
+//! Readers run under `SCHED_BATCH` ([`yield_to_busy_threads`]): woken for what arrived, a
+//! reader waits for the thread running on its CPU to finish its call instead of preempting
+//! it, and then finds more to read at once; what waits meanwhile waits in the TCP
+//! connection's receive buffer. Writers keep the default policy: the kernel holds little
+//! unsent data for them (`TCP_NOTSENT_LOWAT`), so a writer that waited behind a busy thread
+//! would leave its link idle.
 
 use std::io::{self, IoSlice, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -117,10 +122,7 @@ pub(crate) fn attach(
     let (c, s) = (conn.clone(), stream.clone());
     std::thread::Builder::new()
         .name(format!("ri2n-tcp-w{l}"))
-        .spawn(move || {
-            yield_to_busy_threads();
-            writer(&c, l, incarnation, &s)
-        })?;
+        .spawn(move || writer(&c, l, incarnation, &s))?;
     let c = conn.clone();
     std::thread::Builder::new()
         .name(format!("ri2n-tcp-r{l}"))
