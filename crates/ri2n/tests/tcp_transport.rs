@@ -98,6 +98,7 @@ fn transfer_over_two_links(key: Option<Key>) -> ri2n::ConnectionStats {
         (got, conn.stats())
     });
     let conn = client.connect(&[to], ConnectionConfig::default()).unwrap();
+    wait_for_links(&conn, 2);
     for chunk in sent.chunks(1 << 20) {
         conn.write_buf(&mut chunk.to_vec()).unwrap();
     }

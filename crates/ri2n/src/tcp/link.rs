@@ -254,10 +254,12 @@ fn ack_record(st: &State, l: usize) -> Record {
 /// the link and its TCP connection takes a few bytes at once: on a link that mostly
 /// receives, an ACK is nearly all its writer sends, and waking that thread for each one
 /// cost more than the write. Returns `false` when the writer must send it instead (a reader
-/// never waits to write: its peer may be waiting for it to read).
+/// never waits to write: its peer may be waiting for it to read). Whoever holds the link's
+/// sending side composes again once it let go of it (the writer's loop, [`send_now`]), so
+/// the ACK then goes with it: waking the writer as well cost a wake-up per message.
 pub(crate) fn ack_now(conn: &TcpConnection, l: usize) -> bool {
     let Ok(mut tx) = conn.tx[l].try_lock() else {
-        return false;
+        return true;
     };
     let Some(s) = tx.stream.clone() else {
         return false;
@@ -425,15 +427,23 @@ fn send_batch<'a>(conn: &'a TcpConnection, l: usize, tx: &mut Tx) -> Batch<'a> {
 /// is left for the writers.
 pub(crate) fn send_now(conn: &TcpConnection, links: usize) -> bool {
     for (l, tx) in conn.tx.iter().enumerate().take(links) {
-        let Ok(mut tx) = tx.try_lock() else {
-            continue;
-        };
-        let writable = tx
-            .stream
-            .as_deref()
-            .map(|s| sys::wait_writable(s, Duration::ZERO));
-        if matches!(writable, Some(Ok(true))) {
-            let _ = send_batch(conn, l, &mut tx);
+        // again when an ACK fell due while this thread held the link (see [`ack_now`])
+        loop {
+            let Ok(mut tx) = tx.try_lock() else {
+                break;
+            };
+            let writable = tx
+                .stream
+                .as_deref()
+                .map(|s| sys::wait_writable(s, Duration::ZERO));
+            if !matches!(writable, Some(Ok(true))) {
+                break;
+            }
+            let sent = matches!(send_batch(conn, l, &mut tx), Batch::Sent);
+            drop(tx);
+            if !sent || !conn.lock().links[l].ack_due {
+                break;
+            }
         }
     }
     let st = conn.lock();
@@ -691,11 +701,13 @@ fn read_records(
                 link.ack_due |= ack;
                 let readable = st.reasm.contiguous() > contiguous;
                 drop(st);
-                if ack && !ack_now(conn, l) {
-                    conn.wake_writer(l);
-                }
+                // the application first: the ACK's system calls are not on the path of a
+                // message to the thread waiting for it
                 if readable {
                     conn.notify_app();
+                }
+                if ack && !ack_now(conn, l) {
+                    conn.wake_writer(l);
                 }
             }
             Record::Round { pos, backward } => {
@@ -723,15 +735,27 @@ fn read_records(
                     }
                     link.acked_link_bytes = link.acked_link_bytes.max(link_bytes);
                     link.stream_bytes_acked += gained;
-                    if st.striper.delivered() > before {
+                    let freed = st.striper.delivered() > before;
+                    if freed {
                         st.release();
                     }
-                    if st.done() {
+                    let done = st.done();
+                    if done {
                         // both streams complete: say so, then end (the peer does too)
                         st.ack_all();
                     }
+                    // only who has a reason to look: an ACK in a message exchange would
+                    // otherwise wake the application waiting for the answer, and every
+                    // idle writer, for nothing
+                    let work = st.striper.has_work() || done;
+                    let settled = freed || done || st.striper.all_acknowledged();
                     drop(st);
-                    conn.wake();
+                    if work {
+                        conn.wake_writers();
+                    }
+                    if settled {
+                        conn.notify_app();
+                    }
                 }
             }
             Record::Fin { end } => {
@@ -823,7 +847,10 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
             if !link.connected() {
                 continue;
             }
-            if link.rx_unacked > 0 && !link.ack_due {
+            // an ACK owed: due now, and the writer woken again if nothing went out on the link
+            // for a tick (the thread that held the link when it fell due did not see it, see
+            // `ack_now`)
+            if link.rx_unacked > 0 && (!link.ack_due || now - link.last_tx >= WATCH_TICK) {
                 link.ack_due = true;
                 conn.wake_writer(i);
             }
