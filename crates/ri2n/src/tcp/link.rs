@@ -744,10 +744,13 @@ fn read_records(
                         // both streams complete: say so, then end (the peer does too)
                         st.ack_all();
                     }
-                    // only who has a reason to look: an ACK in a message exchange would
-                    // otherwise wake the application waiting for the answer, and every
-                    // idle writer, for nothing
-                    let work = st.striper.has_work() || done;
+                    // only who has a reason to look: the ACK of a message's last bytes would
+                    // otherwise wake the application waiting for the answer, and every idle
+                    // writer, for nothing. The writers look while bytes are in flight: what
+                    // their TCP connections hold then is how the next partition is shared
+                    // (`Striper::note_held` measures their drain rates).
+                    let in_flight = (0..st.links.len()).any(|i| st.striper.in_flight(i) > 0);
+                    let work = st.striper.has_work() || in_flight || done;
                     let settled = freed || done || st.striper.all_acknowledged();
                     drop(st);
                     if work {
