@@ -11,10 +11,10 @@ use std::net::SocketAddr;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use ri2n::{Connection, ConnectionConfig, Endpoint, EndpointConfig, LinkState, Transport};
+
 /// The tests of this file one at a time: each looks at the threads of its own connections.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-use ri2n::{Connection, ConnectionConfig, Endpoint, EndpointConfig, LinkState, Transport};
 
 fn endpoint(server: bool) -> Endpoint {
     let addrs: Vec<SocketAddr> = ["127.0.0.1:0", "127.0.0.2:0"]
