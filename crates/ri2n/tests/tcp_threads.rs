@@ -47,24 +47,31 @@ fn connection() -> ((Endpoint, Endpoint), Connection, Connection) {
     ((client, server), conn, peer)
 }
 
-/// The name and scheduling policy of each thread of this process.
-fn thread_policies() -> Vec<(String, i32)> {
+/// The ID, name and `/proc` folder of each thread of this process (a thread that ends while
+/// it is read is left out).
+fn threads() -> Vec<(libc::pid_t, String, std::path::PathBuf)> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir("/proc/self/task").unwrap() {
         let entry = entry.unwrap();
         let Ok(tid) = entry.file_name().to_string_lossy().parse::<libc::pid_t>() else {
             continue;
         };
-        let Ok(name) = std::fs::read_to_string(entry.path().join("comm")) else {
-            continue; // the thread ended meanwhile
-        };
-        // SAFETY: sched_getscheduler reads no memory of ours; a thread that ended returns -1
-        let policy = unsafe { libc::sched_getscheduler(tid) };
-        if policy >= 0 {
-            out.push((name.trim().to_string(), policy));
+        if let Ok(name) = std::fs::read_to_string(entry.path().join("comm")) {
+            out.push((tid, name.trim().to_string(), entry.path()));
         }
     }
     out
+}
+
+/// The name and scheduling policy of each thread of this process.
+fn thread_policies() -> Vec<(String, i32)> {
+    (threads().into_iter())
+        .filter_map(|(tid, name, _)| {
+            // SAFETY: sched_getscheduler reads no memory of ours; a thread that ended returns -1
+            let policy = unsafe { libc::sched_getscheduler(tid) };
+            (policy >= 0).then_some((name, policy))
+        })
+        .collect()
 }
 
 #[test]
@@ -118,24 +125,17 @@ fn link_readers_yield_to_busy_threads_and_writers_and_the_watch_do_not() {
 /// How often the threads of this process whose name `pick` accepts went to sleep so far
 /// (their voluntary context switches: each was woken after; preemptions are not counted).
 fn switches_of(pick: impl Fn(&str) -> bool) -> u64 {
-    let mut total = 0;
-    for entry in std::fs::read_dir("/proc/self/task").unwrap() {
-        let path = entry.unwrap().path();
-        let (Ok(name), Ok(status)) = (
-            std::fs::read_to_string(path.join("comm")),
-            std::fs::read_to_string(path.join("status")),
-        ) else {
-            continue; // the thread ended meanwhile
-        };
-        if !pick(name.trim()) {
-            continue;
-        }
-        total += (status.lines())
-            .filter_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
-            .map(|n| n.trim().parse::<u64>().unwrap())
-            .sum::<u64>();
-    }
-    total
+    (threads().into_iter())
+        .filter(|(_, name, _)| pick(name))
+        // a thread that ended meanwhile counts nothing
+        .filter_map(|(_, _, path)| std::fs::read_to_string(path.join("status")).ok())
+        .flat_map(|status| {
+            (status.lines())
+                .filter_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                .map(|n| n.trim().parse::<u64>().unwrap())
+                .collect::<Vec<_>>()
+        })
+        .sum()
 }
 
 #[test]

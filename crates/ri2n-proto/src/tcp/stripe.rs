@@ -348,6 +348,11 @@ impl Striper {
         self.links.get(link).map_or(0, |l| l.sent - l.acked)
     }
 
+    /// Whether some link has payload bytes in flight.
+    pub fn any_in_flight(&self) -> bool {
+        self.links.iter().any(|l| l.sent > l.acked)
+    }
+
     /// Link `link`'s TCP connection holds `bytes` (not yet acknowledged by the peer's kernel,
     /// sent or not) at `now`: the driver says so just before it asks [`next`](Self::next) for
     /// the link's work, so that links sharing a partition finish it together.

@@ -749,8 +749,7 @@ fn read_records(
                     // writer, for nothing. The writers look while bytes are in flight: what
                     // their TCP connections hold then is how the next partition is shared
                     // (`Striper::note_held` measures their drain rates).
-                    let in_flight = (0..st.links.len()).any(|i| st.striper.in_flight(i) > 0);
-                    let work = st.striper.has_work() || in_flight || done;
+                    let work = st.striper.has_work() || st.striper.any_in_flight() || done;
                     let settled = freed || done || st.striper.all_acknowledged();
                     drop(st);
                     if work {
