@@ -17,6 +17,19 @@ const ACKS_PER_DELAY: u32 = 4;
 /// The most ack-eliciting packets one ACK waits for (about one receive batch).
 const MAX_ACK_THRESHOLD: u32 = 32;
 
+/// What an accepted packet asks of the acknowledgements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Eliciting {
+    /// Nothing (ACK frames, padding, CLOSE): recorded, never acknowledged by itself.
+    No,
+    /// A PING and nothing else that asks for an ACK: a keepalive or a probe. Acknowledged at
+    /// once: the peer is timing the round trip or watching the link, and nothing more of
+    /// it is coming to share the ACK with.
+    PingOnly,
+    /// Data or control frames: acknowledged after the delay or the threshold.
+    Yes,
+}
+
 /// The acknowledgement state of one link.
 #[derive(Debug, Default)]
 pub(crate) struct AckState {
@@ -61,7 +74,7 @@ impl AckState {
         &mut self,
         now: Instant,
         pn: u64,
-        ack_eliciting: bool,
+        eliciting: Eliciting,
         cfg: &ConnectionConfig,
     ) -> bool {
         if !self.is_new(pn) {
@@ -79,11 +92,12 @@ impl AckState {
         if newest {
             self.largest = Some((pn, now));
         }
-        if ack_eliciting {
+        if eliciting != Eliciting::No {
             self.pending = true;
             self.eliciting_since_ack += 1;
             self.count_arrival(now, cfg.max_ack_delay);
-            if !in_order || self.eliciting_since_ack >= self.threshold(cfg) {
+            let ping = eliciting == Eliciting::PingOnly;
+            if !in_order || ping || self.eliciting_since_ack >= self.threshold(cfg) {
                 self.immediate = true;
             }
             if self.deadline.is_none() {
@@ -162,23 +176,40 @@ mod tests {
         let cfg = ConnectionConfig::default();
         let now = Instant::now();
         let mut a = AckState::default();
-        assert!(a.on_received(now, 0, true, &cfg));
+        assert!(a.on_received(now, 0, Eliciting::Yes, &cfg));
         assert!(!a.is_due(now), "one packet waits for the delay");
         assert_eq!(a.timer(), Some(now + cfg.max_ack_delay));
-        assert!(a.on_received(now, 1, true, &cfg));
+        assert!(a.on_received(now, 1, Eliciting::Yes, &cfg));
         assert!(a.is_due(now), "the second is the ack frequency");
-        assert!(!a.on_received(now, 1, true, &cfg), "duplicate");
-        assert!(!a.on_received(now, 2 + MAX_PN_JUMP, true, &cfg), "jump");
+        assert!(!a.on_received(now, 1, Eliciting::Yes, &cfg), "duplicate");
+        assert!(
+            !a.on_received(now, 2 + MAX_PN_JUMP, Eliciting::Yes, &cfg),
+            "jump"
+        );
         a.on_sent();
         assert!(!a.is_pending());
-        assert!(a.on_received(now, 5, true, &cfg));
+        assert!(a.on_received(now, 5, Eliciting::Yes, &cfg));
         assert!(a.is_due(now), "a gap is acknowledged at once");
         assert_eq!(a.ranges().collect::<Vec<_>>(), [(5, 5), (0, 1)]);
         // not ack-eliciting: recorded, no acknowledgement owed
         a.on_sent();
-        assert!(a.on_received(now, 6, false, &cfg));
+        assert!(a.on_received(now, 6, Eliciting::No, &cfg));
         assert!(!a.is_pending());
         assert_eq!(a.ranges().next(), Some((5, 6)));
+    }
+
+    #[test]
+    fn a_bare_ping_is_acknowledged_at_once() {
+        let cfg = ConnectionConfig::default();
+        let now = Instant::now();
+        let mut a = AckState::default();
+        a.on_received(now, 0, Eliciting::Yes, &cfg);
+        a.on_sent();
+        assert!(a.on_received(now, 1, Eliciting::PingOnly, &cfg));
+        assert!(
+            a.is_due(now),
+            "a keepalive's answer does not wait for the delay"
+        );
     }
 
     #[test]
@@ -188,7 +219,7 @@ mod tests {
         let mut a = AckState::default();
         // every other number: one range each, more than the window keeps
         for pn in (0..2 * (MAX_RECEIVED_RANGES as u64 + 10)).step_by(2) {
-            assert!(a.on_received(now, pn, true, &cfg));
+            assert!(a.on_received(now, pn, Eliciting::Yes, &cfg));
         }
         assert!(!a.is_new(0), "forgotten, so possibly a replay");
         assert!(
@@ -198,12 +229,12 @@ mod tests {
         // the gaps fill in: fewer ranges than the window, and still no replay of the old ones
         let top = 2 * (MAX_RECEIVED_RANGES as u64 + 10);
         for pn in (21..top).step_by(2) {
-            a.on_received(now, pn, true, &cfg);
+            a.on_received(now, pn, Eliciting::Yes, &cfg);
         }
         assert!(a.received.range_count() < MAX_RECEIVED_RANGES);
         for pn in 0..20 {
             assert!(
-                !a.on_received(now, pn, true, &cfg),
+                !a.on_received(now, pn, Eliciting::Yes, &cfg),
                 "replay of {pn} accepted"
             );
         }
@@ -217,7 +248,12 @@ mod tests {
         // 1 packet per 100 µs (10 per ms): below the scaling, an ACK every 2 packets
         let mut acks = 0;
         for pn in 0..100u64 {
-            a.on_received(start + Duration::from_micros(100 * pn), pn, true, &cfg);
+            a.on_received(
+                start + Duration::from_micros(100 * pn),
+                pn,
+                Eliciting::Yes,
+                &cfg,
+            );
             if a.is_due(start) {
                 acks += 1;
                 a.on_sent();
@@ -230,7 +266,12 @@ mod tests {
         let (mut acks, mut since) = (0, 0);
         for i in 0..4000u64 {
             let pn = 100 + i;
-            a.on_received(t0 + Duration::from_nanos(2500 * i), pn, true, &cfg);
+            a.on_received(
+                t0 + Duration::from_nanos(2500 * i),
+                pn,
+                Eliciting::Yes,
+                &cfg,
+            );
             since += 1;
             if a.is_due(t0) {
                 assert!(since <= 32);
@@ -246,7 +287,7 @@ mod tests {
             "{acks} ACKs for the last 3000 packets"
         );
         // reordering still makes one due at once
-        a.on_received(t0 + Duration::from_millis(11), 4200, true, &cfg);
+        a.on_received(t0 + Duration::from_millis(11), 4200, Eliciting::Yes, &cfg);
         assert!(a.is_due(t0));
     }
 }

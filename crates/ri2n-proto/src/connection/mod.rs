@@ -333,6 +333,9 @@ struct Datagrams {
     /// When the peer was heard again after such an outage (any packet): holds of datagrams
     /// held before then restart from here (see [`HoldRule`]).
     arrivals_resumed: Option<Instant>,
+    /// When the peer was heard again after a hold ran out while it was silent (the
+    /// [`HoldOver::Asked`] case): datagrams held before then wait one base hold more.
+    answered: Option<Instant>,
 }
 
 impl Datagrams {
@@ -341,8 +344,14 @@ impl Datagrams {
     fn peer_heard(&mut self, now: Instant) {
         match self.hold_over {
             HoldOver::No => {}
-            // it can reach us: what is held goes at once (the hold ran out)
-            HoldOver::Asked(_) => self.hold_over = HoldOver::No,
+            // It can reach us: what is held goes after one base hold. Not at once: the packet
+            // that ended the silence may have left the peer just before the repairs of what
+            // was stranded on a failed link, which come right behind it; released at its
+            // arrival, they were delivered after their successors.
+            HoldOver::Asked(_) => {
+                self.hold_over = HoldOver::No;
+                self.answered = Some(now);
+            }
             HoldOver::Outage => {
                 // heard again after an outage (an acknowledgement of our probes will do)
                 self.hold_over = HoldOver::No;
@@ -495,6 +504,7 @@ impl Connection {
                 ),
                 hold_over: HoldOver::No,
                 arrivals_resumed: None,
+                answered: None,
             },
             write_wants: None,
             all_acknowledged: false,
@@ -719,6 +729,14 @@ impl Connection {
                 self.cfg.probe_interval * self.cfg.recovery_probes + repair,
             )
         });
+        let answered = self
+            .datagrams
+            .answered
+            .map(|at| (at, self.cfg.datagram_reorder_hold));
+        let resumed = resumed
+            .into_iter()
+            .chain(answered)
+            .max_by_key(|&(at, wait)| at + wait);
         HoldRule {
             base: self.cfg.datagram_reorder_hold,
             failure_waits,
@@ -1364,6 +1382,24 @@ impl Connection {
         }
     }
 
+    /// A bare PING arrived on link `i` (the peer's keepalive or probe; acknowledged at once,
+    /// PROTOCOL.md §5.2): if this side's own keepalive on the link falls due within half an
+    /// interval, it goes now, with that acknowledgement (§6.3). The two sides' keepalives then
+    /// take three packets (PING; ACK and PING; ACK) and wake each side twice, instead of four
+    /// packets and a delayed-ACK timer each. The peer's answer to ours is a bare ACK: its
+    /// keepalive was just sent, so this never turns into a PING exchange.
+    fn answer_ping(&mut self, now: Instant, i: usize) {
+        let link = &self.links[i];
+        let soon = now + self.cfg.keepalive_interval / 2;
+        if link.is_up()
+            && link
+                .keepalive_deadline(&self.cfg)
+                .is_some_and(|d| d <= soon)
+        {
+            self.pings_owed |= 1 << i;
+        }
+    }
+
     /// When the peer counts as gone, if its host answered "port unreachable" since it was
     /// last heard: once the PINGs that answer asked for had time to be acknowledged (two
     /// PTOs) and the peer has been silent for [`PEER_GONE_SILENCE`]. A peer that still
@@ -1574,6 +1610,9 @@ impl Connection {
         if !self.links[i].on_received(now, pn, arrival, &self.cfg) {
             return Err(DropReason::Duplicate);
         }
+        if ack_eliciting && !sending {
+            self.answer_ping(now, i);
+        }
         if self.is_unconfirmed_server() {
             self.handshake.stage = HandshakeStage::Done;
             self.handshake.confirmed_now = true;
@@ -1743,8 +1782,11 @@ impl Connection {
             .incoming
             .release_deadline(&rule)
             .unwrap_or(now);
-        // heard since the hold ran out (the answer to our PINGs, say): no need to ask
-        let heard_since = self.last_rx >= ran_out;
+        // heard since the hold ran out (the answer to our PINGs, say): no need to ask; nor
+        // when the hold ending now is the base hold after such an answer
+        let after_answer = (self.datagrams.answered)
+            .is_some_and(|at| at + self.cfg.datagram_reorder_hold >= ran_out);
+        let heard_since = self.last_rx >= ran_out || after_answer;
         let silent_for = now.saturating_duration_since(self.last_rx);
         let round_trip = self
             .links
@@ -1793,7 +1835,7 @@ impl Connection {
         self.links
             .iter()
             .filter(|l| !any_up || l.is_up())
-            .map(|l| l.pto(&self.cfg))
+            .map(|l| l.rtt.srtt)
             .max()
             .unwrap_or_default()
     }

@@ -11,7 +11,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use crate::ack::AckState;
+use crate::ack::{AckState, Eliciting};
 use crate::congestion::{Congestion, Pacer};
 use crate::pmtu::PathMtu;
 use crate::{ConnectionConfig, LinkId};
@@ -674,7 +674,12 @@ impl Link {
         arrival: Arrival,
         cfg: &ConnectionConfig,
     ) -> bool {
-        if !self.ack.on_received(now, pn, arrival.ack_eliciting, cfg) {
+        let eliciting = match (arrival.ack_eliciting, arrival.sending) {
+            (false, _) => Eliciting::No,
+            (true, false) => Eliciting::PingOnly,
+            (true, true) => Eliciting::Yes,
+        };
+        if !self.ack.on_received(now, pn, eliciting, cfg) {
             return false;
         }
         self.counters.packets_received += 1;
