@@ -470,8 +470,9 @@ pub(crate) struct HoldRule {
     pub base: Duration,
     /// Per link: how long its failure takes to repair.
     pub failure_waits: smallvec::SmallVec<[Duration; crate::MAX_LINKS]>,
-    /// When the peer was heard again after an outage of every link, and how long datagrams
-    /// held before then still wait.
+    /// When the peer was heard again after an outage of every link, or answered the PINGs
+    /// of a hold that ran out while it was silent, and how long datagrams held before then
+    /// still wait.
     pub resumed: Option<(Instant, Duration)>,
 }
 
