@@ -578,11 +578,9 @@ fn an_idle_connection_sets_no_timers_but_its_keepalives() {
     );
 }
 
-/// Keepalives run on their timer (which owes the link a PING) rather than on a check of every
-/// outgoing datagram: an idle connection still sends one per link about every interval, on
-/// both sides, and its links stay up.
-#[test]
-fn idle_links_send_a_keepalive_every_interval_and_stay_up() {
+/// A pair with two links up and keepalives every 200 ms, nothing sent yet; returns the
+/// server's handle too.
+fn idle_pair_on_two_links() -> (Testbed, ConnectionHandle) {
     let interval = Duration::from_millis(200);
     let config = ConnectionConfig::default().with_keepalive_interval(interval);
     let mut tb = connected_pair_with(
@@ -590,8 +588,17 @@ fn idle_links_send_a_keepalive_every_interval_and_stay_up() {
         &[addr("10.0.0.2:6000"), addr("10.1.0.2:6000")],
         config,
     );
-    let ch = tb.ch;
     let sh = until_two_links_up(&mut tb);
+    (tb, sh)
+}
+
+/// Keepalives run on their timer (which owes the link a PING) rather than on a check of every
+/// outgoing datagram: an idle connection still sends one per link about every interval, on
+/// both sides, and its links stay up.
+#[test]
+fn idle_links_send_a_keepalive_every_interval_and_stay_up() {
+    let (mut tb, sh) = idle_pair_on_two_links();
+    let ch = tb.ch;
     // let the acknowledgements and path MTU discovery settle
     tb.events_within(Duration::from_secs(1));
     let sent = |e: &Endpoint, h| -> Vec<(LinkState, u64)> {
@@ -1020,15 +1027,8 @@ fn datagrams_stranded_on_a_fast_link_come_again_over_a_slow_one_in_order() {
 /// delayed, the same 10 s took 599 events (timers and deliveries), 6 per link and interval.
 #[test]
 fn idle_keepalives_are_answered_at_once_and_coalesced() {
-    let interval = Duration::from_millis(200);
-    let config = ConnectionConfig::default().with_keepalive_interval(interval);
-    let mut tb = connected_pair_with(
-        &[addr("10.0.0.1:5000"), addr("10.1.0.1:5000")],
-        &[addr("10.0.0.2:6000"), addr("10.1.0.2:6000")],
-        config,
-    );
+    let (mut tb, sh) = idle_pair_on_two_links();
     let ch = tb.ch;
-    let sh = until_two_links_up(&mut tb);
     tb.events_within(Duration::from_secs(2));
     let sent = |e: &Endpoint, h| -> u64 {
         let stats = e.connection(h).unwrap().stats();
