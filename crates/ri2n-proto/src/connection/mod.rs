@@ -1835,7 +1835,7 @@ impl Connection {
         self.links
             .iter()
             .filter(|l| !any_up || l.is_up())
-            .map(|l| l.rtt.srtt)
+            .map(|l| l.pto(&self.cfg))
             .max()
             .unwrap_or_default()
     }
