@@ -54,6 +54,25 @@ def test_stats_and_events(pair) -> None:
     assert "established" in repr(pair.conn)
 
 
+def wait_stopped(pid: int, timeout: float = 5.0) -> None:
+    """Waits until every thread of process ``pid`` has stopped. A stop signal takes effect
+    later than ``kill`` returns: until the scheduler has run each thread into the stop, a
+    thread that is awake (the endpoint's driver) still receives and acknowledges."""
+    deadline = time.monotonic() + timeout
+    tasks = f"/proc/{pid}/task"
+    while True:
+        states = set()
+        for t in os.listdir(tasks):
+            with open(f"{tasks}/{t}/stat") as f:
+                # the state is the field after the command name, which is in parentheses
+                states.add(f.read().rsplit(")", 1)[1].split()[0])
+        if states == {"T"}:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} did not stop: thread states {states}")
+        time.sleep(0.001)
+
+
 def test_endpoint_close_reports_what_was_not_delivered() -> None:
     """The server's process stops (SIGSTOP: no acknowledgement, no "port unreachable"):
     what the client writes then is never acknowledged, and close() says so."""
@@ -63,6 +82,7 @@ def test_endpoint_close_reports_what_was_not_delivered() -> None:
         assert conn.recv(2, timeout=10) == b"hi"
         os.kill(proc.pid, signal.SIGSTOP)
         try:
+            wait_stopped(proc.pid)
             conn.sendall(bytes(10_000))
             conn.close()
             start = time.monotonic()
