@@ -44,7 +44,7 @@ pub use endpoint::{ConnectionCounts, Endpoint, RefusalReason, RefusedHandshake};
 pub use error::{ConnectError, ConnectionError, KeyMismatch, ReadError, WriteError};
 pub use link::{LinkState, LinkStats};
 pub use open_ahead::Openers;
-pub use transmit::{Transmit, TransmitBuffer, PAYLOAD_BY_REFERENCE};
+pub use transmit::{Transmit, TransmitBuffer};
 pub use wire::MAX_DATAGRAM_LEN;
 
 /// Most links one connection carries.

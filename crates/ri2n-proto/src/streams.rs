@@ -7,8 +7,6 @@
 
 use std::collections::VecDeque;
 
-use bytes::{Bytes, BytesMut};
-
 use crate::ranges::RangeSet;
 
 /// Size of the pieces small writes are gathered in (and of the receive side's blocks).
@@ -20,22 +18,16 @@ const MIN_TAKEN: usize = 16 * 1024;
 ///
 /// The bytes wait in the pieces the application handed over: [`write_buf`] takes a whole
 /// buffer without copying it (and gives back a spare one), [`write`] copies small writes into
-/// a block of [`BLOCK`] bytes. The pieces are shared buffers: a driver that gathers a packet's
-/// payload from where it lies ([`take_parts`]) holds a part of one until the datagram has
-/// left, so the only copy of the payload is then the kernel's.
+/// a piece of [`BLOCK`] bytes. The only copy of the payload in user space is then the one into
+/// the outgoing datagram.
 ///
 /// [`write_buf`]: Self::write_buf
 /// [`write`]: Self::write
-/// [`take_parts`]: Self::take_parts
 #[derive(Debug)]
 pub(crate) struct SendStream {
     /// The bytes from `base` (or a little below: the front piece is freed once all of it is
-    /// acknowledged) up to those in `tail`, each piece with its stream offset.
-    pieces: VecDeque<(u64, Bytes)>,
-    /// The last bytes written, up to `written`, when small writes brought them: they fill a
-    /// block in place (never reallocated) and join the pieces when it is full, when a large
-    /// buffer follows, or when a packet takes them by reference.
-    tail: BytesMut,
+    /// acknowledged) to `written`, each piece with its stream offset.
+    pieces: VecDeque<(u64, Vec<u8>)>,
     /// Freed pieces kept for the next exchanges or small writes, as long as they and the
     /// buffered bytes fit the send buffer's capacity: a writer that filled the buffer and saw
     /// it acknowledged in one go gets its memory back for the next fill instead of the
@@ -65,15 +57,6 @@ pub(crate) struct SendStream {
     fin_acked: bool,
 }
 
-/// `vec`'s memory as a buffer to fill in place (`BytesMut` has no `From<Vec<u8>>`; a `Bytes`
-/// that owns its memory alone becomes one without a copy).
-fn fill_in_place(vec: Vec<u8>) -> BytesMut {
-    match Bytes::from(vec).try_into_mut() {
-        Ok(memory) => memory,
-        Err(_) => unreachable!("a buffer just made has no other owner"),
-    }
-}
-
 /// A piece of stream to put in a packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Chunk {
@@ -86,7 +69,6 @@ impl SendStream {
     pub fn new(capacity: u64, max_data: u64) -> Self {
         Self {
             pieces: VecDeque::new(),
-            tail: BytesMut::new(),
             spares: Vec::new(),
             spare_bytes: 0,
             base: 0,
@@ -129,15 +111,19 @@ impl SendStream {
         let n = (self.room() as usize).min(data.len());
         let mut rest = &data[..n];
         while !rest.is_empty() {
-            if self.tail.len() == self.tail.capacity() {
-                // full (or none yet): a new block takes the next bytes
-                self.freeze_tail();
-                let mut block = self.take_spare();
-                block.reserve_exact(BLOCK);
-                self.tail = fill_in_place(block);
-            }
-            let take = rest.len().min(self.tail.capacity() - self.tail.len());
-            self.tail.extend_from_slice(&rest[..take]);
+            // fill the last piece's spare capacity (never reallocating it: its bytes may be
+            // in flight), else start a new piece
+            let last = match self.pieces.back_mut() {
+                Some((_, p)) if p.len() < p.capacity() => p,
+                _ => {
+                    let mut piece = self.take_spare();
+                    piece.reserve_exact(BLOCK);
+                    self.pieces.push_back((self.written, piece));
+                    &mut self.pieces.back_mut().expect("just pushed").1
+                }
+            };
+            let take = rest.len().min(last.capacity() - last.len());
+            last.extend_from_slice(&rest[..take]);
             rest = &rest[take..];
             self.written += take as u64;
         }
@@ -160,27 +146,11 @@ impl SendStream {
         if (n as u64) > self.room() && self.buffered() > 0 {
             return 0;
         }
-        // the pieces stay in stream order
-        self.freeze_tail();
         let spare = self.take_spare();
         let piece = std::mem::replace(buf, spare);
-        self.pieces.push_back((self.written, Bytes::from(piece)));
+        self.pieces.push_back((self.written, piece));
         self.written += n as u64;
         n
-    }
-
-    /// Stream offset of the tail's first byte.
-    fn tail_start(&self) -> u64 {
-        self.written - self.tail.len() as u64
-    }
-
-    /// Makes the bytes in the tail a piece. The rest of the tail's block stays the tail, for
-    /// the next small writes (the two share the block's memory).
-    fn freeze_tail(&mut self) {
-        if !self.tail.is_empty() {
-            let start = self.tail_start();
-            self.pieces.push_back((start, self.tail.split().freeze()));
-        }
     }
 
     /// An empty buffer: a spare one if there is one.
@@ -192,26 +162,17 @@ impl SendStream {
     }
 
     /// Frees the pieces wholly below `base`, keeping for reuse those the send buffer's
-    /// capacity has room for (see `spares`) and that nothing else holds (a datagram still on
-    /// its way out may hold a part of one; a piece cut from a block shares it with the rest).
+    /// capacity has room for (see `spares`).
     fn free_acknowledged(&mut self) {
         while let Some((start, piece)) = self.pieces.front() {
             if start + piece.len() as u64 > self.base {
                 break;
             }
             let (_, piece) = self.pieces.pop_front().expect("front exists");
-            let Ok(mut memory) = piece.try_into_mut() else {
-                continue;
-            };
-            memory.clear();
-            let memory = Vec::from(memory);
-            if memory.capacity() == 0 {
-                continue;
-            }
-            let kept = self.buffered() as usize + self.spare_bytes + memory.capacity();
+            let kept = self.buffered() as usize + self.spare_bytes + piece.capacity();
             if kept <= self.capacity as usize {
-                self.spare_bytes += memory.capacity();
-                self.spares.push(memory);
+                self.spare_bytes += piece.capacity();
+                self.spares.push(piece);
             }
         }
     }
@@ -303,57 +264,24 @@ impl SendStream {
             // a bare FIN: there may be no piece at all
             return;
         }
-        let tail_start = self.tail_start();
-        let mut done = 0;
-        if offset < tail_start {
-            let (mut i, mut at) = self.piece_at(offset);
-            while done < out.len() && i < self.pieces.len() {
-                let piece = &self.pieces[i].1;
-                let n = (piece.len() - at).min(out.len() - done);
-                out[done..done + n].copy_from_slice(&piece[at..at + n]);
-                done += n;
-                i += 1;
-                at = 0;
-            }
-        }
-        if done < out.len() {
-            let at = (offset + done as u64 - tail_start) as usize;
-            let rest = out.len() - done;
-            out[done..].copy_from_slice(&self.tail[at..at + rest]);
-        }
-    }
-
-    /// The `len` bytes from `offset` on (written and not yet acknowledged) by reference: `f`
-    /// gets each part that lies in one piece, in order, with its position from `offset`.
-    pub fn take_parts(&mut self, offset: u64, len: usize, mut f: impl FnMut(usize, Bytes)) {
-        if len == 0 {
-            return;
-        }
-        if offset + len as u64 > self.tail_start() {
-            self.freeze_tail();
-        }
-        let (mut i, mut at) = self.piece_at(offset);
-        let mut done = 0;
-        while done < len {
-            let piece = &self.pieces[i].1;
-            let n = (piece.len() - at).min(len - done);
-            f(done, piece.slice(at..at + n));
-            done += n;
-            i += 1;
-            at = 0;
-        }
-    }
-
-    /// The piece holding `offset` (below the tail), and where in it: the last one starting at
-    /// or below it (new data, the usual case, is in the last piece, so look there first).
-    fn piece_at(&self, offset: u64) -> (usize, usize) {
+        // the piece holding `offset`: the last one starting at or below it (new data, the
+        // usual case, is in the last piece, so look there before searching)
         let last = self.pieces.len() - 1;
-        let i = if self.pieces[last].0 <= offset {
+        let mut i = if self.pieces[last].0 <= offset {
             last
         } else {
             self.pieces.partition_point(|(start, _)| *start <= offset) - 1
         };
-        (i, (offset - self.pieces[i].0) as usize)
+        let mut at = (offset - self.pieces[i].0) as usize;
+        let mut done = 0;
+        while done < out.len() {
+            let piece = &self.pieces[i].1;
+            let n = (piece.len() - at).min(out.len() - done);
+            out[done..done + n].copy_from_slice(&piece[at..at + n]);
+            done += n;
+            i += 1;
+            at = 0;
+        }
     }
 
     pub fn on_ack(&mut self, chunk: Chunk) {
@@ -930,41 +858,6 @@ mod tests {
         assert_eq!(&out[..10], b"abcdefghij");
         assert!(r.is_finished());
         assert!(r.on_data(0, &[0; 2000], false).is_err());
-    }
-
-    #[test]
-    fn parts_taken_by_reference_are_the_bytes_written_and_outlive_their_acknowledgement() {
-        let data: Vec<u8> = (0..200_000u32).map(|i| (i * 13 % 251) as u8).collect();
-        let mut s = SendStream::new(1 << 20, u64::MAX);
-        // small writes (the tail), a large buffer, small writes again
-        assert_eq!(s.write(&data[..3000]), 3000);
-        assert_eq!(s.write_buf(&mut data[3000..103_000].to_vec()), 100_000);
-        assert_eq!(s.write(&data[103_000..]), 97_000);
-        let mut held = Vec::new();
-        while let Some(c) = s.next_chunk(1400) {
-            let mut out = Vec::new();
-            s.take_parts(c.offset, c.len, |at, part| {
-                assert_eq!(at, out.len(), "parts in order, no gap");
-                out.extend_from_slice(&part);
-                held.push(part);
-            });
-            let at = c.offset as usize;
-            assert_eq!(out, &data[at..at + c.len]);
-            s.on_ack(c);
-        }
-        assert_eq!(s.buffered(), 0);
-        // the large buffer's memory is still held by the parts: not a spare yet
-        let mut big = vec![1u8; 50_000];
-        assert_eq!(s.write_buf(&mut big), 50_000);
-        assert_eq!(big.capacity(), 0, "no spare while the parts hold it");
-        let concat: Vec<u8> = held.iter().flat_map(|p| p.to_vec()).collect();
-        assert_eq!(concat, data);
-        // written after the parts were taken, the tail's next bytes leave them as they were
-        assert_eq!(s.write(&[7u8; 100]), 100);
-        assert_eq!(
-            held.iter().flat_map(|p| p.to_vec()).collect::<Vec<_>>(),
-            data
-        );
     }
 
     #[test]

@@ -4,8 +4,6 @@
 
 use std::net::SocketAddr;
 
-use bytes::Bytes;
-
 use crate::crypto::Seal;
 
 /// A datagram the driver must send: `len` bytes of the buffer given to `poll_transmit`.
@@ -53,33 +51,7 @@ pub trait TransmitBuffer {
         let _ = seal;
         unreachable!("a buffer that seals later must take the seals");
     }
-
-    /// Whether the driver puts the data of stream and datagram frames into the datagrams
-    /// itself (default: no). The engine then leaves the room of each payload of at least
-    /// [`PAYLOAD_BY_REFERENCE`] bytes unwritten and hands its bytes over by reference
-    /// ([`defer_payload`](Self::defer_payload)): the driver can have the kernel gather them
-    /// from where the application left them, so that the payload is copied once, by the
-    /// kernel, instead of twice. A driver that takes payloads must also seal later (or serve
-    /// connections without a key): the payload has to be in place before the sealing.
-    fn takes_payload(&self) -> bool {
-        false
-    }
-
-    /// The bytes that belong at `at` (counted from the start of the datagram being built, the
-    /// next one committed), where the engine left room for them. Called only where
-    /// [`takes_payload`](Self::takes_payload) says so, before [`commit`](Self::commit), in
-    /// increasing `at`; the datagram must not leave before they are in place.
-    fn defer_payload(&mut self, at: usize, data: Bytes) {
-        let _ = (at, data);
-        unreachable!("a buffer that takes payloads must take them");
-    }
 }
-
-/// The smallest payload the engine hands over by reference
-/// ([`TransmitBuffer::takes_payload`]): a smaller one is copied into the datagram, which costs
-/// less than a reference (a count on its buffer, one more part of the datagram to gather) and
-/// leaves a small message's datagram whole.
-pub const PAYLOAD_BY_REFERENCE: usize = 512;
 
 /// One buffer for every path, for one datagram, written to its start.
 pub(crate) struct SliceBuffer<'a> {

@@ -169,11 +169,6 @@ impl<'a> Writer<'a> {
         self.pos += n;
         &mut self.buf[start..self.pos]
     }
-    /// Leaves the next `n` bytes as they are, for the caller to fill before the packet leaves.
-    pub fn skip(&mut self, n: usize) {
-        assert!(n <= self.remaining(), "skipping past the end of the buffer");
-        self.pos += n;
-    }
     /// Writes `n` zero bytes (PADDING frames).
     pub fn zeros(&mut self, n: usize) {
         self.buf[self.pos..self.pos + n].fill(0);
@@ -1163,19 +1158,6 @@ pub fn datagram_frame_len_to_end(seq: u64, len: usize) -> usize {
 /// the room), or, with `to_end`, a DATAGRAM_PART frame without a length that runs to the end
 /// of the packet ([`datagram_frame_len_to_end`] bytes; the caller fills the packet with it).
 pub fn write_datagram(w: &mut Writer<'_>, seq: u64, part: DatagramPart, data: &[u8], to_end: bool) {
-    write_datagram_header(w, seq, part, data.len(), to_end);
-    w.bytes(data);
-}
-
-/// Writes the fields of a DATAGRAM or DATAGRAM_PART frame that come before its `len` bytes
-/// of data (see [`write_datagram`]).
-pub fn write_datagram_header(
-    w: &mut Writer<'_>,
-    seq: u64,
-    part: DatagramPart,
-    len: usize,
-    to_end: bool,
-) {
     if part == DatagramPart::Whole {
         debug_assert!(
             !to_end,
@@ -1193,8 +1175,9 @@ pub fn write_datagram_header(
         w.varint(seq);
     }
     if part == DatagramPart::Whole || !to_end {
-        w.varint(len as u64);
+        w.varint(data.len() as u64);
     }
+    w.bytes(data);
 }
 
 /// Writes a LINK_STATUS frame (3 bytes).

@@ -378,11 +378,9 @@ impl Connection {
     /// Writes all of `buf` to the stream, waiting for room, without copying a large buffer
     /// (16 KiB or more): the connection keeps it until the peer acknowledged it and leaves
     /// `buf` empty, with the memory of a buffer it no longer needs when it has one: fill it
-    /// with the next data and write it again, and nothing is allocated per write. The data
-    /// then reaches the datagrams without the engine's lock held: on a connection without a
-    /// key the kernel gathers it from the buffer itself as it sends them (the only copy),
-    /// with a key it is copied into them before they are sealed. Smaller buffers are
-    /// copied, as by `write`.
+    /// with the next data and write it again, and nothing is allocated per write. So
+    /// the data is copied once in user space, into the datagrams (as they are built, under
+    /// the engine's lock). Smaller buffers are copied, as by `write`.
     pub fn write_buf(&self, buf: &mut Vec<u8>) -> io::Result<()> {
         match &self.inner {
             Inner::Udp(c) => c.write_buf(buf),

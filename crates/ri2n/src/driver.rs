@@ -4,10 +4,7 @@
 //! All of a shard's engine state sits behind one mutex, held for bookkeeping only: no system
 //! call is made under it, packets are sealed after it is released (the engine hands out each
 //! datagram's [`Seal`]) and opened before it is taken (`open_ahead.rs`), so application and
-//! communication threads work on different cores at once. Large payloads are not copied under
-//! it either: the engine hands them over by reference ([`TransmitBuffer::takes_payload`]), and
-//! the kernel gathers them from the application's buffers when it sends the batch (keyed
-//! batches have them copied into place first, then sealed). The library reaches that state
+//! communication threads work on different cores at once. The library reaches that state
 //! through methods of [`Shared`] and [`State`] only.
 //!
 //! Data moves one way, a turn of the pump at a time, whichever thread turns it
@@ -36,7 +33,6 @@
 //! docs/PROTOCOL.md §6.7–§6.9.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -44,7 +40,6 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use ri2n_proto::{
@@ -214,10 +209,6 @@ struct Batch {
     /// The datagrams still to seal before the batch leaves (start, length, sealing): the
     /// sending thread seals them without the lock ([`TransmitBuffer::seals_later`]).
     seals: Vec<(usize, usize, Seal)>,
-    /// Payloads whose room in `buf` the engine left unwritten (start, bytes), in order
-    /// ([`TransmitBuffer::takes_payload`]): gathered by the kernel, or copied in before the
-    /// sealing.
-    payloads: Vec<(usize, Bytes)>,
 }
 
 impl Batch {
@@ -228,63 +219,14 @@ impl Batch {
             buf: vec![0u8; BATCH_BYTES + MAX_DATAGRAM].into_boxed_slice(),
             len: 0,
             seals: Vec::new(),
-            payloads: Vec::new(),
         }
     }
 
-    /// Sends the batch on `sock`. A GSO batch whose datagrams need no sealing leaves with its
-    /// payloads gathered by the kernel from where they lie (one copy of them, the kernel's);
-    /// otherwise they are copied into place first, and the datagrams sealed.
-    fn send(&mut self, sock: &LinkSocket) -> SendOutcome {
-        let segment = Some(self.segment).filter(|&s| s < self.len);
-        if let Some(segment) = segment.filter(|_| self.seals.is_empty()) {
-            if !self.payloads.is_empty() {
-                if let Some(outcome) = sock.send_gathered(self.dest, &self.parts(), segment) {
-                    return outcome;
-                }
-            }
-        }
-        self.fill();
-        self.seal();
-        sock.send(self.dest, &self.buf[..self.len], segment)
-    }
-
-    /// The batch's bytes in order: `buf` with each payload where its room is.
-    fn parts(&self) -> Vec<IoSlice<'_>> {
-        let mut parts = Vec::with_capacity(2 * self.payloads.len() + 1);
-        let mut at = 0;
-        for (start, data) in &self.payloads {
-            if *start > at {
-                parts.push(IoSlice::new(&self.buf[at..*start]));
-            }
-            parts.push(IoSlice::new(data));
-            at = start + data.len();
-        }
-        if self.len > at {
-            parts.push(IoSlice::new(&self.buf[at..self.len]));
-        }
-        parts
-    }
-
-    /// Copies the payloads into their room.
-    fn fill(&mut self) {
-        for (start, data) in self.payloads.drain(..) {
-            self.buf[start..start + data.len()].copy_from_slice(&data);
-        }
-    }
-
-    /// Seals the datagrams whose sealing was left to the sender (their payloads in place).
+    /// Seals the datagrams whose sealing was left to the sender.
     fn seal(&mut self) {
         for (start, len, seal) in self.seals.drain(..) {
             seal.apply(&mut self.buf[start..start + len]);
         }
-    }
-
-    /// Empties the batch for reuse, letting go of its payloads.
-    fn clear(&mut self) {
-        self.len = 0;
-        self.payloads.clear();
-        self.seals.clear();
     }
 
     fn is_empty(&self) -> bool {
@@ -326,8 +268,6 @@ struct Outgoing {
     pending: Option<(usize, usize)>,
     /// The sealing the datagram in that room still needs.
     pending_seal: Option<Seal>,
-    /// The payloads it still needs (start within the datagram, bytes).
-    pending_payloads: Vec<(usize, Bytes)>,
     /// Room for a datagram from an address that has no socket (it is dropped).
     discard: Vec<u8>,
 }
@@ -344,7 +284,6 @@ impl Outgoing {
             sending: false,
             pending: None,
             pending_seal: None,
-            pending_payloads: Vec::new(),
             discard: vec![0u8; MAX_DATAGRAM],
         }
     }
@@ -383,7 +322,6 @@ impl TransmitBuffer for Outgoing {
     fn commit(&mut self, t: &Transmit) {
         let seal = self.pending_seal.take();
         let Some((i, start)) = self.pending.take() else {
-            self.pending_payloads.clear();
             return;
         };
         let batch = &mut self.open[i];
@@ -399,17 +337,11 @@ impl TransmitBuffer for Outgoing {
             own.segment = t.len;
             own.len = t.len;
             own.seals.extend(seal.map(|s| (0, t.len, s)));
-            own.payloads.append(&mut self.pending_payloads);
             let previous = std::mem::replace(batch, own);
             self.queue.push_back((i, previous));
             return;
         }
         batch.seals.extend(seal.map(|s| (start, t.len, s)));
-        (batch.payloads).extend(
-            self.pending_payloads
-                .drain(..)
-                .map(|(at, d)| (start + at, d)),
-        );
         batch.len = start + t.len;
         if t.len < batch.segment {
             self.close(i); // a shorter datagram can only end a batch
@@ -426,14 +358,6 @@ impl TransmitBuffer for Outgoing {
 
     fn defer_seal(&mut self, seal: Seal) {
         self.pending_seal = Some(seal);
-    }
-
-    fn takes_payload(&self) -> bool {
-        true
-    }
-
-    fn defer_payload(&mut self, at: usize, data: Bytes) {
-        self.pending_payloads.push((at, data));
     }
 }
 
@@ -1125,12 +1049,13 @@ impl Shared {
             drop(st);
             let mut sent_bytes = 0;
             for (i, b) in &mut batches {
-                if b.send(&self.sockets[*i]) == SendOutcome::Unreachable {
+                b.seal();
+                let sock = &self.sockets[*i];
+                let segment = Some(b.segment).filter(|&s| s < b.len);
+                if sock.send(b.dest, &b.buf[..b.len], segment) == SendOutcome::Unreachable {
                     unreachable.push((*i, b.dest));
                 }
                 sent_bytes += b.len;
-                // the application's buffers held for it are let go before the lock is taken
-                b.payloads.clear();
             }
             // Take in what arrived meanwhile before building more: while the application
             // writes and this thread sends, nobody else may be receiving, and acknowledgements
@@ -1168,7 +1093,7 @@ impl Shared {
             // rare, and woken at once: the forwarding shard holds no lock of the other's
             self.router.wake(self.hand_over_refusals(&mut st, None));
             st.out.spare.extend(batches.drain(..).map(|(_, mut b)| {
-                b.clear();
+                b.len = 0;
                 b
             }));
             st.out.taken_queue = batches;
@@ -1742,39 +1667,12 @@ mod tests {
     use std::io::{Read, Write};
     use std::net::SocketAddr;
 
-    use bytes::Bytes;
-
-    use super::Batch;
     use crate::{ConnectionConfig, Endpoint};
 
     fn taken_alone(e: &Endpoint) -> u64 {
         (e.udp().expect("a UDP endpoint").drivers.iter())
             .map(|d| d.shared().receiving.lock().unwrap().taken_alone)
             .sum()
-    }
-
-    /// What a batch's parts gather is what copying its payloads into place makes.
-    #[test]
-    fn a_batch_gathers_the_bytes_it_would_copy() {
-        let mut b = Batch::new();
-        b.len = 100;
-        for (k, x) in b.buf[..100].iter_mut().enumerate() {
-            *x = k as u8;
-        }
-        // rooms at the start, in the middle and at the end
-        b.payloads.push((0, Bytes::from(vec![200u8; 10])));
-        b.payloads.push((40, Bytes::from(vec![201u8; 20])));
-        b.payloads.push((60, Bytes::from(vec![202u8; 5])));
-        b.payloads.push((90, Bytes::from(vec![203u8; 10])));
-        let gathered: Vec<u8> = b.parts().iter().flat_map(|p| p.to_vec()).collect();
-        b.fill();
-        assert!(b.payloads.is_empty());
-        assert_eq!(gathered, &b.buf[..100]);
-        assert_eq!(&gathered[38..42], &[38, 39, 201, 201]);
-        assert_eq!(
-            &gathered[58..67],
-            &[201, 201, 202, 202, 202, 202, 202, 65, 66]
-        );
     }
 
     /// A call that waits for one message at a time takes each arrival alone, with a plain

@@ -13,7 +13,7 @@
 //! what that peer sends to the connected socket, what any other address sends to the link
 //! socket.
 
-use std::io::{self, IoSlice, IoSliceMut};
+use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -329,47 +329,6 @@ impl LinkSocket {
             return outcome;
         }
         self.send_raw(remote, data, segment)
-    }
-
-    /// Sends the datagrams whose bytes are `parts` in turn, each `segment` bytes long but
-    /// perhaps the last, in one system call (GSO, as [`send`](Self::send) does from one
-    /// buffer), the kernel gathering the parts from where they lie. `None` where nothing was
-    /// sent for another reason than a full buffer: an impaired socket (judged datagram by
-    /// datagram), more parts than one call takes, or an error; the caller then sends the
-    /// bytes from one buffer through `send`, which deals with errors.
-    pub fn send_gathered(
-        &self,
-        remote: SocketAddr,
-        parts: &[IoSlice<'_>],
-        segment: usize,
-    ) -> Option<SendOutcome> {
-        if !self.carrier.load(Ordering::Relaxed) {
-            // as in `send`
-            return Some(SendOutcome::Unreachable);
-        }
-        if self.impairment.is_impaired() || parts.len() > libc::UIO_MAXIOV as usize {
-            return None;
-        }
-        let control = SegmentControl::new(u16::try_from(segment).ok()?);
-        let addr = socket2::SockAddr::from(remote);
-        let msg = socket2::MsgHdr::new()
-            .with_addr(&addr)
-            .with_buffers(parts)
-            .with_control(control.bytes());
-        loop {
-            match socket2::SockRef::from(&self.io).sendmsg(&msg, 0) {
-                Ok(_) => return Some(SendOutcome::Sent),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    return Some(classify_send_error(&e))
-                }
-                Err(_) => {
-                    // perhaps an ICMP error about an earlier datagram: see `send_raw`
-                    self.take_errors();
-                    return None;
-                }
-            }
-        }
     }
 
     fn send_raw(&self, remote: SocketAddr, data: &[u8], segment: Option<usize>) -> SendOutcome {
@@ -769,42 +728,6 @@ impl RecvBatch {
     }
 }
 
-/// The control message of a GSO send: the size of its datagrams (`UDP_SEGMENT`).
-#[repr(C, align(8))]
-struct SegmentControl {
-    buf: [u8; 32],
-    len: usize,
-}
-
-impl SegmentControl {
-    fn new(segment: u16) -> Self {
-        let mut c = Self {
-            buf: [0; 32],
-            len: 0,
-        };
-        // SAFETY: the header only describes `c.buf` (aligned for a `cmsghdr` by the struct's
-        // alignment, and larger than CMSG_SPACE(2) = 24 bytes on every Linux target), so
-        // CMSG_FIRSTHDR returns its start and the header and the 2 data bytes written through
-        // it lie within it; the data is written unaligned.
-        unsafe {
-            let mut hdr: libc::msghdr = std::mem::zeroed();
-            hdr.msg_control = c.buf.as_mut_ptr().cast();
-            hdr.msg_controllen = c.buf.len() as _;
-            let cmsg = libc::CMSG_FIRSTHDR(&hdr);
-            (*cmsg).cmsg_level = libc::SOL_UDP;
-            (*cmsg).cmsg_type = libc::UDP_SEGMENT;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(2) as _;
-            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<u16>(), segment);
-            c.len = libc::CMSG_SPACE(2) as usize;
-        }
-        c
-    }
-
-    fn bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
-    }
-}
-
 fn classify_send_error(e: &io::Error) -> SendOutcome {
     const UNREACHABLE: [i32; 5] = [
         libc::ENETUNREACH,
@@ -1068,36 +991,6 @@ mod tests {
             }
         }
         got
-    }
-
-    /// A GSO send gathered from parts (cut anywhere, across datagram boundaries) leaves as
-    /// the datagrams the parts make together, each of the segment size but the last.
-    #[test]
-    fn a_gathered_send_leaves_as_the_datagrams_its_parts_make() {
-        let sock = LinkSocket::bind("127.0.0.1:0".parse().unwrap()).unwrap();
-        let peer = LinkSocket::bind("127.0.0.1:0".parse().unwrap()).unwrap();
-        let want: Vec<Vec<u8>> = [b'a', b'b', b'c']
-            .iter()
-            .zip([300, 300, 120])
-            .map(|(&c, len)| datagram(&vec![c; len - 2]))
-            .collect();
-        let whole = want.concat();
-        let cuts = [0, 7, 299, 301, 650, whole.len()];
-        let parts: Vec<IoSlice<'_>> = cuts
-            .windows(2)
-            .map(|w| IoSlice::new(&whole[w[0]..w[1]]))
-            .collect();
-        assert_eq!(
-            peer.send_gathered(sock.local, &parts, 300),
-            Some(SendOutcome::Sent)
-        );
-        let got: Vec<Vec<u8>> = (take_one_at_a_time(&sock, 3).into_iter())
-            .map(|(from, d)| {
-                assert_eq!(from, peer.local);
-                d
-            })
-            .collect();
-        assert_eq!(got, want);
     }
 
     /// A single take (`recvmsg`) reports the sender, and splits what the kernel coalesced

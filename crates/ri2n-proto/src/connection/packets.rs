@@ -6,13 +6,12 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use bytes::Bytes;
 use smallvec::SmallVec;
 
 use crate::crypto::{self, PacketProtection};
 use crate::link::{SentFrame, SentPacket};
 use crate::streams::SendStream;
-use crate::transmit::{Transmit, TransmitBuffer, PAYLOAD_BY_REFERENCE};
+use crate::transmit::{Transmit, TransmitBuffer};
 use crate::wire::{self, DatagramPart, Header, Writer};
 use crate::{LinkId, LinkState};
 
@@ -297,12 +296,6 @@ impl Connection {
         let link_id = self.links[i].id;
         let tag = self.tag_len();
         let seals_later = out.seals_later();
-        // payloads the driver puts in place itself (TransmitBuffer::takes_payload); with a
-        // key only where it seals too, so that they are in place before the sealing
-        let by_reference =
-            out.takes_payload() && (self.handshake.protection.is_none() || seals_later);
-        // those left to it: where in the datagram, and the bytes
-        let mut deferred: SmallVec<[(usize, Bytes); 4]> = SmallVec::new();
         let phase = match &mut self.handshake.protection {
             Some(p) => {
                 p.update_if_due(now);
@@ -400,19 +393,7 @@ impl Connection {
                 let to_end = piece.part != DatagramPart::Whole
                     && wire::datagram_frame_len_to_end(piece.seq, piece.data.len())
                         == end - w.len();
-                if by_reference && piece.data.len() >= PAYLOAD_BY_REFERENCE {
-                    wire::write_datagram_header(
-                        &mut w,
-                        piece.seq,
-                        piece.part,
-                        piece.data.len(),
-                        to_end,
-                    );
-                    deferred.push((w.len(), piece.data.clone()));
-                    w.skip(piece.data.len());
-                } else {
-                    wire::write_datagram(&mut w, piece.seq, piece.part, &piece.data, to_end);
-                }
+                wire::write_datagram(&mut w, piece.seq, piece.part, &piece.data, to_end);
                 frames.push(SentFrame::Datagram(piece));
                 ack_eliciting = true;
             }
@@ -429,15 +410,7 @@ impl Connection {
                     continue;
                 };
                 wire::write_stream_header(&mut w, s as u8, chunk.offset, chunk.fin, chunk.len);
-                if by_reference && chunk.len >= PAYLOAD_BY_REFERENCE {
-                    let at = w.len();
-                    (self.send[s]).take_parts(chunk.offset, chunk.len, |k, part| {
-                        deferred.push((at + k, part))
-                    });
-                    w.skip(chunk.len);
-                } else {
-                    self.send[s].copy_out(chunk.offset, w.slot(chunk.len));
-                }
+                self.send[s].copy_out(chunk.offset, w.slot(chunk.len));
                 frames.push(SentFrame::Stream {
                     stream: s as u8,
                     chunk,
@@ -463,9 +436,6 @@ impl Connection {
             _ => {
                 self.seal(link_id, pn, header_len, &mut buf[..len]);
             }
-        }
-        for (at, data) in deferred {
-            out.defer_payload(at, data);
         }
         let link = &mut self.links[i];
         let pkt = SentPacket {
