@@ -19,10 +19,10 @@ from .fault import tcp_flow_run
 TUNNEL_HOSTS = "abc"
 
 
-def tunnel_up(lab, tmpdir, carry="datagrams", hosts=TUNNEL_HOSTS, timeout=30, links=2):
+def tunnel_up(lab, tmpdir, carry="datagrams", hosts=TUNNEL_HOSTS, timeout=30, links=2, extra=()):
     """Key, cluster file and a daemon per host of `hosts` (the lab's host names, in its order,
-    host i being 10.77.LINK.i) on the lab's first `links` links, with `--carry CARRY`; waits
-    until every daemon has all its peers."""
+    host i being 10.77.LINK.i) on the lab's first `links` links, with `--carry CARRY` and the
+    options `extra`; waits until every daemon has all its peers."""
     key = os.path.join(tmpdir, "cluster.key")
     run([common.RI2N, "keygen", "--output", key, "--force"])
     text = 'key = "%s"\n' % key
@@ -35,7 +35,8 @@ def tunnel_up(lab, tmpdir, carry="datagrams", hosts=TUNNEL_HOSTS, timeout=30, li
     logs, daemons = {}, {}
     for h in hosts:
         logs[h] = os.path.join(tmpdir, "tunnel-%s.log" % h)
-        daemons[h] = PROCS.start(lab.ex(h, common.RI2N, "tunnel", "--config", cfg, "--carry", carry),
+        daemons[h] = PROCS.start(lab.ex(h, common.RI2N, "tunnel", "--config", cfg, "--carry", carry,
+                                        *extra),
                                  stderr=open(logs[h], "w"))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -224,6 +225,25 @@ def end_mpi_leftovers(lab):
 # it; the tunnel's own encapsulation (ri2n's 39 bytes per packet, inner TCP's headers once per
 # 64 KB segment) counts against it
 TUNNEL_LINK_CAP = 1e9 * 1448 / 1514
+# the busy-poll window of the latency runs that use one (µs): longer than the round trip
+BUSY_POLL_US = 200
+
+
+def latency_runs(lab, daemons, o):
+    """o.reps 64-byte UDP ping-pongs from host a to b through the tunnel and directly on link
+    1, with the CPU the daemons of a and b used during the one through the tunnel per round
+    trip sockperf counted (µs; its warm-up's round trips are not counted)."""
+    rows = []
+    for rep in range(o.reps):
+        wait_quiet()
+        c0 = sum(proc_cpu(daemons[h].pid) for h in "ab")
+        row = {"tunnel": sockperf_pp(lab.ex("a"), "10.99.0.2", 11111, 64, o.sockperf_time)}
+        cpu = sum(proc_cpu(daemons[h].pid) for h in "ab") - c0
+        if row["tunnel"].get("count"):
+            row["daemon_cpu_us"] = cpu / row["tunnel"]["count"] * 1e6
+        row["link"] = sockperf_pp(lab.ex("a"), "10.77.1.2", 11111, 64, o.sockperf_time)
+        rows.append(row)
+    return rows
 # a switch dies and heals under a TCP flow through the tunnel
 TUNNEL_FAILOVER = (8, [(3.0, "fault", 1, "switch"), (5.0, "heal", 1)])
 
@@ -269,11 +289,7 @@ def part_tunnel(o):
             for e in r["analysis"]["events"])))
         res["failover"].append(r)
     # round trip through the tunnel and directly on link 1 (64-byte UDP ping-pong)
-    for rep in range(o.reps):
-        wait_quiet()
-        row = {"tunnel": sockperf_pp(lab.ex("a"), "10.99.0.2", 11111, 64, o.sockperf_time),
-               "link": sockperf_pp(lab.ex("a"), "10.77.1.2", 11111, 64, o.sockperf_time)}
-        res["latency"].append(row)
+    res["latency"] = latency_runs(lab, daemons, o)
     # every link down under an idle and a moving connection
     outage = 10 if o.quick else 60
     res["partition"] = []
@@ -313,6 +329,12 @@ def part_tunnel(o):
                 carry, rep, (row["rate"]["bps"] or 0) / 1e6, row["outage"]["resume_s"]))
             rows.append(row)
         res["carry"][carry] = rows
+    # the round trip again with the daemons busy polling (`--busy-poll`)
+    for p in daemons.values():
+        PROCS.stop(p)
+    daemons, logs = tunnel_up(lab, tmpdir, extra=["--busy-poll", str(BUSY_POLL_US)])
+    res["latency_busy_poll"] = {"busy_poll_us": BUSY_POLL_US,
+                                "runs": latency_runs(lab, daemons, o)}
     for p in srv.values():
         PROCS.stop(p)
     for p in daemons.values():
@@ -329,7 +351,8 @@ def part_tunnel(o):
         "tcp": "iperf3 -c 10.77.1.2 -t %d (network 1 only)" % o.time,
         "failover": "bench/mptcp_flow.py send --tcp --to 10.99.0.2:5310 --time 8 (receiver: "
                     "recv --tcp, 10 ms bins); switch 1 dies at 3 s, heals at 5 s",
-        "latency": "sockperf ping-pong -m 64 --full-rtt -t %d to 10.99.0.2 and to 10.77.1.2" % o.sockperf_time,
+        "latency": "sockperf ping-pong -m 64 --full-rtt -t %d to 10.99.0.2 and to 10.77.1.2; "
+                   "again with ri2n tunnel --busy-poll %d" % (o.sockperf_time, BUSY_POLL_US),
         "partition": "iperf3 -c 10.99.0.2 -t %d -i 0.2 and an idle TCP connection (echoed once "
                      "before, timed once after); every switch dead from 5 s to %d s" % (
                          5 + outage + 10, 5 + outage),
@@ -343,6 +366,12 @@ def part_tunnel(o):
     lab.down()
     shutil.rmtree(tmpdir, ignore_errors=True)
     return res
+
+
+def daemon_cpu(rows):
+    """The daemons' CPU per round trip, for latency rows that measured it."""
+    cpu = [r["daemon_cpu_us"] for r in rows if r.get("daemon_cpu_us") is not None]
+    return "; the daemons' CPU per round trip %s µs" % spread(cpu, "%.0f") if cpu else ""
 
 
 def report_tunnel(res):
@@ -410,9 +439,21 @@ def report_tunnel(res):
     if lat:
         L.append("")
         L.append("**64-byte UDP round trip** (sockperf `--full-rtt`), µs: through the tunnel %s, "
-                 "directly on network 1 %s (median of each run's median)." % (
+                 "directly on network 1 %s (median of each run's median)%s." % (
                      spread([r["tunnel"]["median_us"] or 0 for r in lat]),
-                     spread([r["link"]["median_us"] or 0 for r in lat])))
+                     spread([r["link"]["median_us"] or 0 for r in lat]),
+                     daemon_cpu(lat)))
+        busy = res.get("latency_busy_poll")
+        if busy and busy["runs"]:
+            runs = busy["runs"]
+            L.append("With the daemons busy polling (`--busy-poll %d`): through the tunnel %s, "
+                     "directly %s, tunnel minus direct per run **%s**%s." % (
+                         busy["busy_poll_us"],
+                         spread([r["tunnel"]["median_us"] or 0 for r in runs]),
+                         spread([r["link"]["median_us"] or 0 for r in runs]),
+                         spread([(r["tunnel"]["median_us"] or 0) - (r["link"]["median_us"] or 0)
+                                 for r in runs]),
+                         daemon_cpu(runs)))
     part = res.get("partition") or []
     if part:
         L.append("")

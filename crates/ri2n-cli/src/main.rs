@@ -212,6 +212,18 @@ pub struct TunnelArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
     pub queues: Option<u16>,
 
+    /// After its last packet, each thread that moves packets (one per queue, one for the
+    /// links) keeps looking for the next one for USEC microseconds before it sleeps, so that
+    /// a packet arriving meanwhile crosses without a thread wake-up: on hosts where waking a
+    /// thread is dear (virtual machines) a small packet's round trip through the tunnel then
+    /// comes close to the plain link's. Costs CPU: each such thread spins for up to USEC
+    /// after every burst of traffic (yielding to any thread waiting for its CPU), a whole
+    /// core while packets come more often; nothing at rest. 0 (the default): sleep at once.
+    /// Try 50-200 for latency-bound work such as MPI.
+    #[arg(long, value_name = "USEC", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    pub busy_poll: u32,
+
     /// How IP packets ride on the connections; every host must use the same.
     /// `datagrams`: each packet is one unreliable datagram, and a 64 KB TCP segment one
     /// datagram in pieces that fill ri2n's packets (inner TCP keeps the only retransmission

@@ -1383,11 +1383,87 @@ fn voluntary_switches(pid: u32) -> Vec<(String, String, u64)> {
         .collect()
 }
 
-/// A small packet crosses the tunnel with one wake-up per side: over back-to-back pings from
-/// host a to host b through the tunnel (`ping -f`: the next request as soon as the reply is
-/// in, so that each packet carries the acknowledgement of the one before and none travels
-/// alone), each daemon's threads other than the driver threads (whose timer ticks follow the
-/// clock, not the packets) go to sleep twice per round trip, once for the request and once
+/// How often each daemon's packet threads went to sleep over back-to-back pings from host a
+/// to host b through the tunnel (`ping -f`: the next request as soon as the reply is in, so
+/// that each packet carries the acknowledgement of the one before and none travels alone).
+struct FloodPing {
+    /// Round trips answered.
+    received: u64,
+    sleeps: Vec<DaemonSleeps>,
+}
+
+/// One daemon's sleeps (voluntary context switches) over the pings.
+struct DaemonSleeps {
+    name: String,
+    /// Those of its threads other than the driver threads (whose timer ticks follow the
+    /// clock, not the packets).
+    carrying: u64,
+    /// Every thread's (that slept), by name.
+    threads: Vec<(String, u64)>,
+}
+
+impl FloodPing {
+    /// The pings through daemons on hosts a and b started with `args`, which the call stops
+    /// (each must exit 0); with `after`, called with the daemons' process IDs once the pings
+    /// are done and before they stop.
+    fn run(env: &Env, lab: &Lab, dir: &Path, args: &[&str], after: impl FnOnce(&[u32])) -> Self {
+        const PINGS: u64 = 2000;
+        support::keygen(env, dir);
+        let config = write_cluster_file(dir, &["a", "b"]);
+        let mut daemons: Vec<Proc> = ["a", "b"]
+            .iter()
+            .map(|h| spawn_daemon(env, lab, h, args, &config, dir, &format!("tunnel-{h}")))
+            .collect();
+        wait_connected(&mut daemons, 1, Duration::from_secs(20));
+        ping_through(lab, "a", "b");
+        let before: Vec<_> = (daemons.iter())
+            .map(|d| voluntary_switches(d.pid()))
+            .collect();
+        let (received, text) = pings_answered(lab, "a", "b", PINGS, &["-f"]);
+        let after_pings: Vec<_> = (daemons.iter())
+            .map(|d| voluntary_switches(d.pid()))
+            .collect();
+        // the premise: the round trips happened
+        assert!(
+            received >= PINGS * 9 / 10,
+            "{received} of {PINGS} pings answered through the tunnel: {text}"
+        );
+        let mut sleeps = Vec::new();
+        for (d, (b, a)) in daemons.iter().zip(before.iter().zip(&after_pings)) {
+            let per_thread: Vec<(String, u64)> = (a.iter())
+                .map(|(tid, name, n)| {
+                    let was = (b.iter())
+                        .find(|(t, _, _)| t == tid)
+                        .map_or(0, |(_, _, v)| *v);
+                    (name.clone(), n - was)
+                })
+                .filter(|(_, n)| *n > 0)
+                .collect();
+            let carrying: u64 = (per_thread.iter())
+                .filter(|(name, _)| !name.starts_with("ri2n-driver"))
+                .map(|(_, n)| n)
+                .sum();
+            sleeps.push(DaemonSleeps {
+                name: d.name.clone(),
+                carrying,
+                threads: per_thread,
+            });
+        }
+        after(&daemons.iter().map(Proc::pid).collect::<Vec<_>>());
+        stop_daemons(&mut daemons);
+        FloodPing { received, sleeps }
+    }
+
+    fn describe(&self) -> String {
+        let per_daemon: Vec<String> = (self.sleeps.iter())
+            .map(|d| format!("{}: {:?}", d.name, d.threads))
+            .collect();
+        format!("over {} pings: {}", self.received, per_daemon.join("; "))
+    }
+}
+
+/// A small packet crosses the tunnel with one wake-up per side: over back-to-back pings, each
+/// daemon's packet threads go to sleep twice per round trip, once for the request and once
 /// for the reply (the thread reading the interface, the peer loop receiving from the links).
 /// A hand-over between threads on the way (a driver thread taking an arrival in and waking
 /// the peer loop) would add a wake-up per crossing.
@@ -1401,53 +1477,67 @@ fn a_packet_crossing_the_tunnel_wakes_one_thread_per_side() {
     let _timer = TestTimer::start("tunnel-wakeups");
     let dir = TestDir::new(env, "tunnel-wakeups");
     let lab = Lab::up_hosts(env, "twk", 2, 2);
-    let (_config, mut daemons) = start_a_and_b(env, &lab, &dir.0);
-    wait_connected(&mut daemons, 1, Duration::from_secs(20));
-    ping_through(&lab, "a", "b");
-
-    const PINGS: u64 = 2000;
-    let before: Vec<_> = daemons
-        .iter()
-        .map(|d| voluntary_switches(d.pid()))
-        .collect();
-    let (received, text) = pings_answered(&lab, "a", "b", PINGS, &["-f"]);
-    let after: Vec<_> = daemons
-        .iter()
-        .map(|d| voluntary_switches(d.pid()))
-        .collect();
-    // the premise: the round trips happened
-    assert!(
-        received >= PINGS * 9 / 10,
-        "{received} of {PINGS} pings answered through the tunnel: {text}"
-    );
-    let mut lines = Vec::new();
-    for (d, (b, a)) in daemons.iter().zip(before.iter().zip(&after)) {
-        let per_thread: Vec<(String, u64)> = (a.iter())
-            .map(|(tid, name, n)| {
-                let was = (b.iter())
-                    .find(|(t, _, _)| t == tid)
-                    .map_or(0, |(_, _, v)| *v);
-                (name.clone(), n - was)
-            })
-            .filter(|(_, n)| *n > 0)
-            .collect();
-        let carrying: u64 = (per_thread.iter())
-            .filter(|(name, _)| !name.starts_with("ri2n-driver"))
-            .map(|(_, n)| n)
-            .sum();
-        lines.push(format!("{}: {per_thread:?}", d.name));
+    let flood = FloodPing::run(env, &lab, &dir.0, &[], |_| {});
+    for d in &flood.sleeps {
         assert!(
-            carrying <= received * 5 / 2,
-            "{}'s threads went to sleep {carrying} times in {received} round trips through \
-             the tunnel (two expected per round trip): {per_thread:?}",
-            d.name
+            d.carrying <= flood.received * 5 / 2,
+            "{}'s threads went to sleep {} times in {} round trips through the tunnel (two \
+             expected per round trip): {:?}",
+            d.name,
+            d.carrying,
+            flood.received,
+            d.threads
+        );
+    }
+    report(&format!("tunnel wake-ups {}", flood.describe()));
+}
+
+/// With `--busy-poll`, a thread that handled a packet keeps looking for the next one before
+/// it sleeps: back-to-back pings then cross the tunnel with the packet threads mostly awake,
+/// and once the traffic stops the daemons spin no longer than the window (at rest they use
+/// no CPU, as without the option).
+#[test]
+fn with_busy_polling_back_to_back_packets_cross_the_tunnel_without_sleeps() {
+    let _serial = serial();
+    let Some(env) = env() else { return };
+    if !require_tool("ping", "iputils-ping") {
+        return;
+    }
+    let _timer = TestTimer::start("tunnel-busy-poll");
+    let dir = TestDir::new(env, "tunnel-busy-poll");
+    let lab = Lab::up_hosts(env, "tbp", 2, 2);
+    let mut at_rest = Vec::new();
+    let flood = FloodPing::run(env, &lab, &dir.0, &["--busy-poll", "1000"], |pids| {
+        // the window (1 ms) closes right after the last ping; then a second at rest
+        thread::sleep(Duration::from_millis(100));
+        let before: Vec<u64> = pids.iter().map(|&p| cpu_ticks(p)).collect();
+        thread::sleep(Duration::from_secs(1));
+        at_rest = (pids.iter().zip(before))
+            .map(|(&p, b)| cpu_ticks(p) - b)
+            .collect();
+    });
+    for d in &flood.sleeps {
+        assert!(
+            d.carrying <= flood.received / 4,
+            "{}'s threads went to sleep {} times in {} round trips through the tunnel while \
+             busy polling (two per round trip without it): {:?}",
+            d.name,
+            d.carrying,
+            flood.received,
+            d.threads
+        );
+    }
+    // in clock ticks (100 a second): what a daemon's timers cost at rest, not a spinning thread
+    for (d, ticks) in at_rest.iter().enumerate() {
+        assert!(
+            *ticks <= 5,
+            "daemon {d} used {ticks} clock ticks of CPU in a second at rest with --busy-poll"
         );
     }
     report(&format!(
-        "tunnel wake-ups over {received} pings: {}",
-        lines.join("; ")
+        "tunnel sleeps with --busy-poll 1000 {}; CPU ticks in a second at rest {at_rest:?}",
+        flood.describe()
     ));
-    stop_daemons(&mut daemons);
 }
 
 /// `count` pings from host `from` to host `to`'s tunnel address, `pace` their pace (`-f`: each

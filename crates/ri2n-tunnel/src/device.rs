@@ -144,19 +144,35 @@ impl Tun {
 
     /// Waits until a packet can be read.
     pub fn wait_readable(&self) -> io::Result<()> {
+        loop {
+            if self.poll(-1)? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Whether a packet can be read now, without waiting.
+    pub fn is_readable(&self) -> io::Result<bool> {
+        self.poll(0)
+    }
+
+    /// `poll` on the queue for reading, `timeout_ms` as poll(2) takes it: whether it is
+    /// readable (false when interrupted).
+    fn poll(&self, timeout_ms: libc::c_int) -> io::Result<bool> {
         let mut fd = libc::pollfd {
             fd: self.file.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         };
-        loop {
-            // SAFETY: one pollfd on our stack.
-            if unsafe { libc::poll(&mut fd, 1, -1) } >= 0 {
-                return Ok(());
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
+        // SAFETY: one pollfd on our stack.
+        match unsafe { libc::poll(&mut fd, 1, timeout_ms) } {
+            n if n >= 0 => Ok(n > 0),
+            _ => {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::Interrupted => Ok(false),
+                    _ => Err(e),
+                }
             }
         }
     }

@@ -23,6 +23,7 @@
 //! is the per-packet work carrying it whole avoids, and its offload switch also turns on
 //! IPv6 TSO and UDP segmentation, whose segments this daemon does not cut.
 
+mod busy_poll;
 mod config;
 mod device;
 mod links;
@@ -102,6 +103,9 @@ pub struct Options {
     /// The interface's queues, each read by a thread of its own (see `device`): flows are
     /// spread over them, a flow's packets staying on one.
     pub queues: usize,
+    /// How long the packet threads keep looking for more after their last packet before they
+    /// sleep (`busy_poll`); zero: they sleep at once.
+    pub busy_poll: Duration,
     /// How a refused handshake is put in the log (the front knows the other side's commands
     /// by their application names).
     pub describe_refusal: fn(&RefusedHandshake) -> String,
@@ -219,8 +223,12 @@ pub fn run(options: &Options, cluster: Cluster, me: usize, key: Key) -> Result<(
         options.queues,
     )
     .map_err(Error::Failed)?;
+    let busy_poll = match options.busy_poll.as_micros() {
+        0 => String::new(),
+        us => format!(", busy-poll {us} µs"),
+    };
     eprintln!(
-        "ri2n tunnel: {} is {}/{} on {} (MTU {mtu}, {} queue{}); links {}; {} peers",
+        "ri2n tunnel: {} is {}/{} on {} (MTU {mtu}, {} queue{}{busy_poll}); links {}; {} peers",
         host.name,
         host.address,
         cluster.prefix,
@@ -269,6 +277,7 @@ pub fn run(options: &Options, cluster: Cluster, me: usize, key: Key) -> Result<(
             .map_err(|e| Error::io("cannot duplicate the TUN descriptors", e))?,
         options.describe_refusal,
         stop.clone(),
+        options.busy_poll,
     )
     .map_err(|e| Error::io("cannot start the peer loop", e))?;
     if !missing.is_empty() {
@@ -290,10 +299,10 @@ pub fn run(options: &Options, cluster: Cluster, me: usize, key: Key) -> Result<(
     }
     // the route loops hold the interface's queues: it goes when the process does
     for (queue, tun) in queues.into_vec().into_iter().enumerate() {
-        let (peers, stop) = (peers.clone(), stop.clone());
+        let (peers, stop, busy) = (peers.clone(), stop.clone(), options.busy_poll);
         thread::Builder::new()
             .name(format!("ri2n-route-{queue}"))
-            .spawn(move || route::route_loop(&peers, &tun, queue, &stop))
+            .spawn(move || route::route_loop(&peers, &tun, queue, &stop, busy))
             .map_err(|e| Error::io("cannot start a route loop", e))?;
     }
 

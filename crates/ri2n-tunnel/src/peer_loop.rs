@@ -24,6 +24,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use ri2n::{Connection, ConnectionState, Endpoint};
 use smallvec::SmallVec;
 
+use crate::busy_poll::BusyPoll;
 use crate::device::Queues;
 use crate::offload;
 use crate::peers::{Peer, Peers};
@@ -73,6 +74,7 @@ pub fn start(
     queues: Queues,
     describe_refusal: fn(&ri2n::RefusedHandshake) -> String,
     stop: Arc<Stop>,
+    busy_poll: Duration,
 ) -> std::io::Result<Arc<Handle>> {
     let poll = Poll::new()?;
     let handle = Arc::new(Handle {
@@ -91,6 +93,7 @@ pub fn start(
         out: Delivery::default(),
         describe_refusal,
         stop,
+        busy: BusyPoll::new(busy_poll),
     };
     let table = l.peers.table();
     let now = Instant::now();
@@ -126,6 +129,8 @@ struct Loop {
     describe_refusal: fn(&ri2n::RefusedHandshake) -> String,
     /// Stops the daemon when waiting fails.
     stop: Arc<Stop>,
+    /// Looks again and again for a while after the last arrival before it waits.
+    busy: BusyPoll,
 }
 
 impl Loop {
@@ -157,7 +162,19 @@ impl Loop {
                     Some((_, endpoint)) => {
                         // SAFETY: the descriptor of `self.poll`, which outlives the call
                         let set = unsafe { BorrowedFd::borrow_raw(self.poll.as_raw_fd()) };
-                        look_at_set = endpoint.wait_receiving(0, set, Some(timeout), &mut readable);
+                        let found = self.busy.spin(|| {
+                            look_at_set = endpoint.wait_receiving(
+                                0,
+                                set,
+                                Some(Duration::ZERO),
+                                &mut readable,
+                            );
+                            look_at_set || !readable.is_empty()
+                        });
+                        if !found {
+                            look_at_set =
+                                endpoint.wait_receiving(0, set, Some(timeout), &mut readable);
+                        }
                     }
                     // the endpoint is being made again: connections wait for it (their
                     // retries may be due already)
@@ -431,6 +448,7 @@ impl Loop {
                 }
                 Ok(n) => {
                     peer.received.fetch_add(n as u64, Ordering::Relaxed);
+                    self.busy.handled();
                     self.out.write(&self.queues, &peer.host.address.octets());
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return false,

@@ -2,9 +2,11 @@
 //! packet to the connection of the host that owns its destination.
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use etherparse::Ipv4HeaderSlice;
 
+use crate::busy_poll::BusyPoll;
 use crate::device::Tun;
 use crate::peers::{self, Peers};
 use crate::{offload, Carry, Stop};
@@ -22,7 +24,10 @@ pub(crate) const BATCH_BYTES: usize = 128 * 1024;
 /// fill its packets: inner TCP's headers then cost 52 bytes per 64 KB instead of per 1.4 KB,
 /// and the peer writes it to its interface as it came. (Carried as messages, a segment is
 /// cut to the MTU.)
-pub(crate) fn route_loop(peers: &Peers, tun: &Tun, queue: usize, stop: &Stop) {
+/// With a busy-poll window the loop looks at the queue again and again for that long after
+/// its last packet before it waits ([`BusyPoll`]).
+pub(crate) fn route_loop(peers: &Peers, tun: &Tun, queue: usize, stop: &Stop, busy: Duration) {
+    let mut busy = BusyPoll::new(busy);
     // what the interface returns, behind room for a segment's prefix (a large TCP segment
     // leaves in this buffer, and the next read gets another)
     let mut read = Vec::new();
@@ -33,7 +38,21 @@ pub(crate) fn route_loop(peers: &Peers, tun: &Tun, queue: usize, stop: &Stop) {
     let mut drained = true;
     loop {
         if drained {
-            if let Err(e) = tun.wait_readable() {
+            let mut failed = None;
+            // an error ends the spin, and the loop
+            let found = busy.spin(|| match tun.is_readable() {
+                Ok(readable) => readable,
+                Err(e) => {
+                    failed = Some(e);
+                    true
+                }
+            });
+            let waited = match failed {
+                Some(e) => Err(e),
+                None if found => Ok(()),
+                None => tun.wait_readable(),
+            };
+            if let Err(e) = waited {
                 return stop.fail(format!("waiting for the interface failed: {e}"));
             }
         }
@@ -72,6 +91,9 @@ pub(crate) fn route_loop(peers: &Peers, tun: &Tun, queue: usize, stop: &Stop) {
             }
         }
         peers.queue_reads[queue].fetch_add(reads, Ordering::Relaxed);
+        if reads > 0 {
+            busy.handled();
+        }
         // the peers this batch goes to, each once (not every host of the cluster in turn)
         batch_peers.clear();
         batch_peers.extend(dests.iter().copied().filter(|&d| d != usize::MAX));
