@@ -219,7 +219,8 @@ pub struct TunnelArgs {
     /// comes close to the plain link's. Costs CPU: each such thread spins for up to USEC
     /// after every burst of traffic (yielding to any thread waiting for its CPU), a whole
     /// core while packets come more often; nothing at rest. 0 (the default): sleep at once.
-    /// Try 50-200 for latency-bound work such as MPI.
+    /// For latency-bound work such as MPI try 200: a window shorter than the round trip
+    /// through the tunnel saves less (docs/BENCHMARKS.md §6).
     #[arg(long, value_name = "USEC", default_value_t = 0,
           value_parser = clap::value_parser!(u32).range(0..=100_000))]
     pub busy_poll: u32,

@@ -26,6 +26,7 @@ mod support;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::MutexGuard;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -1383,6 +1384,35 @@ fn voluntary_switches(pid: u32) -> Vec<(String, String, u64)> {
         .collect()
 }
 
+/// Hosts a and b on two links, for a test that pings between their tunnel addresses, with
+/// what such a test holds for its length (dropped in this order): the lab, its folder, its
+/// timer and the lock that runs lab tests one at a time. None where the lab cannot run here
+/// (the reason printed).
+struct PingLab {
+    env: &'static Env,
+    lab: Lab,
+    dir: TestDir,
+    _timer: TestTimer,
+    _serial: MutexGuard<'static, ()>,
+}
+
+impl PingLab {
+    fn up(name: &'static str, prefix: &str) -> Option<Self> {
+        let serial = serial();
+        let env = env()?;
+        if !require_tool("ping", "iputils-ping") {
+            return None;
+        }
+        Some(PingLab {
+            env,
+            _timer: TestTimer::start(name),
+            dir: TestDir::new(env, name),
+            lab: Lab::up_hosts(env, prefix, 2, 2),
+            _serial: serial,
+        })
+    }
+}
+
 /// How often each daemon's packet threads went to sleep over back-to-back pings from host a
 /// to host b through the tunnel (`ping -f`: the next request as soon as the reply is in, so
 /// that each packet carries the acknowledgement of the one before and none travels alone).
@@ -1469,15 +1499,11 @@ impl FloodPing {
 /// the peer loop) would add a wake-up per crossing.
 #[test]
 fn a_packet_crossing_the_tunnel_wakes_one_thread_per_side() {
-    let _serial = serial();
-    let Some(env) = env() else { return };
-    if !require_tool("ping", "iputils-ping") {
+    let Some(test) = PingLab::up("tunnel-wakeups", "twk") else {
         return;
-    }
-    let _timer = TestTimer::start("tunnel-wakeups");
-    let dir = TestDir::new(env, "tunnel-wakeups");
-    let lab = Lab::up_hosts(env, "twk", 2, 2);
-    let flood = FloodPing::run(env, &lab, &dir.0, &[], |_| {});
+    };
+    let (env, lab, dir) = (test.env, &test.lab, &test.dir);
+    let flood = FloodPing::run(env, lab, &dir.0, &[], |_| {});
     for d in &flood.sleeps {
         assert!(
             d.carrying <= flood.received * 5 / 2,
@@ -1498,16 +1524,12 @@ fn a_packet_crossing_the_tunnel_wakes_one_thread_per_side() {
 /// no CPU, as without the option).
 #[test]
 fn with_busy_polling_back_to_back_packets_cross_the_tunnel_without_sleeps() {
-    let _serial = serial();
-    let Some(env) = env() else { return };
-    if !require_tool("ping", "iputils-ping") {
+    let Some(test) = PingLab::up("tunnel-busy-poll", "tbp") else {
         return;
-    }
-    let _timer = TestTimer::start("tunnel-busy-poll");
-    let dir = TestDir::new(env, "tunnel-busy-poll");
-    let lab = Lab::up_hosts(env, "tbp", 2, 2);
+    };
+    let (env, lab, dir) = (test.env, &test.lab, &test.dir);
     let mut at_rest = Vec::new();
-    let flood = FloodPing::run(env, &lab, &dir.0, &["--busy-poll", "1000"], |pids| {
+    let flood = FloodPing::run(env, lab, &dir.0, &["--busy-poll", "1000"], |pids| {
         // the window (1 ms) closes right after the last ping; then a second at rest
         thread::sleep(Duration::from_millis(100));
         let before: Vec<u64> = pids.iter().map(|&p| cpu_ticks(p)).collect();
@@ -1566,14 +1588,10 @@ fn pings_answered(lab: &Lab, from: &str, to: &str, count: u64, pace: &[&str]) ->
 /// from a to b (nothing else crosses the tunnel meanwhile).
 #[test]
 fn the_status_counts_the_packets_each_carry_moves() {
-    let _serial = serial();
-    let Some(env) = env() else { return };
-    if !require_tool("ping", "iputils-ping") {
+    let Some(test) = PingLab::up("tunnel-counts", "tct") else {
         return;
-    }
-    let _timer = TestTimer::start("tunnel-counts");
-    let dir = TestDir::new(env, "tunnel-counts");
-    let lab = Lab::up_hosts(env, "tct", 2, 2);
+    };
+    let (env, lab, dir) = (test.env, &test.lab, &test.dir);
     const PINGS: u64 = 20;
     support::keygen(env, &dir.0);
     let config = write_cluster_file(&dir.0, &["a", "b"]);
@@ -1582,12 +1600,12 @@ fn the_status_counts_the_packets_each_carry_moves() {
             .iter()
             .map(|h| {
                 let name = format!("tunnel-{h}-{carry}");
-                spawn_daemon(env, &lab, h, &["--carry", carry], &config, &dir.0, &name)
+                spawn_daemon(env, lab, h, &["--carry", carry], &config, &dir.0, &name)
             })
             .collect();
         wait_connected(&mut daemons, 1, Duration::from_secs(20));
         // the premise: the pings crossed both ways
-        let (answered, text) = pings_answered(&lab, "a", "b", PINGS, &["-i", "0.01"]);
+        let (answered, text) = pings_answered(lab, "a", "b", PINGS, &["-i", "0.01"]);
         assert_eq!(answered, PINGS, "carrying {carry}: {text}");
         // what a sent to b and received from it, and b the other way round, as the next
         // samples show them (every second)
