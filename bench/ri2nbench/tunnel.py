@@ -225,6 +225,8 @@ def end_mpi_leftovers(lab):
 # it; the tunnel's own encapsulation (ri2n's 39 bytes per packet, inner TCP's headers once per
 # 64 KB segment) counts against it
 TUNNEL_LINK_CAP = 1e9 * 1448 / 1514
+# a switch dies and heals under a TCP flow through the tunnel
+TUNNEL_FAILOVER = (8, [(3.0, "fault", 1, "switch"), (5.0, "heal", 1)])
 # the busy-poll window of the latency runs that use one (µs): longer than the round trip
 BUSY_POLL_US = 200
 
@@ -244,8 +246,6 @@ def latency_runs(lab, daemons, o):
         row["link"] = sockperf_pp(lab.ex("a"), "10.77.1.2", 11111, 64, o.sockperf_time)
         rows.append(row)
     return rows
-# a switch dies and heals under a TCP flow through the tunnel
-TUNNEL_FAILOVER = (8, [(3.0, "fault", 1, "switch"), (5.0, "heal", 1)])
 
 
 def part_tunnel(o):
