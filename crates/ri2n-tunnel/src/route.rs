@@ -37,22 +37,9 @@ pub(crate) fn route_loop(peers: &Peers, tun: &Tun, queue: usize, stop: &Stop, bu
     // the last batch ended at the interface's empty queue: wait before reading again
     let mut drained = true;
     loop {
-        if drained {
-            let mut failed = None;
-            // an error ends the spin, and the loop
-            let found = busy.spin(|| match tun.is_readable() {
-                Ok(readable) => readable,
-                Err(e) => {
-                    failed = Some(e);
-                    true
-                }
-            });
-            let waited = match failed {
-                Some(e) => Err(e),
-                None if found => Ok(()),
-                None => tun.wait_readable(),
-            };
-            if let Err(e) = waited {
+        // an error ends the spin: the read below reports it
+        if drained && !busy.spin(|| tun.is_readable().unwrap_or(true)) {
+            if let Err(e) = tun.wait_readable() {
                 return stop.fail(format!("waiting for the interface failed: {e}"));
             }
         }
