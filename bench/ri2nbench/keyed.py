@@ -9,14 +9,16 @@ from .fast import rate_cpu_cell, ri2n_transfer
 
 def part_keyed(o):
     """ri2n without and with a key, in turn, on 2 x 1 Gbit/s (tbf) and on unlimited 2-link
-    veth links (MTU 1500): goodput and the machine's CPU per GB; and the handshakes per second
-    of the server's CPU, from the engine alone (examples/handshake_rate.rs)."""
+    veth links (MTU 1500): goodput and the machine's CPU per GB; the handshakes per second
+    of the server's CPU, from the engine alone (examples/handshake_rate.rs); and the candidate
+    AEADs' speed on one thread (examples/aead_speed.rs)."""
     res = {"part": "keyed", "bytes": o.fast_bytes, "configs": []}
     keyfile = common.key_file()
     res["commands"] = {
         "key": "ri2n keygen --output FILE; ri2n recv … --key FILE; ri2n send … --key FILE",
         "lab": "lab/ri2n-lab up 2 --rate 1000, and lab/ri2n-lab up 2 --mtu 1500 (unlimited)",
         "handshakes": "cargo run --release -p ri2n-proto --example handshake_rate 1000",
+        "aead": "cargo run --release -p ri2n-proto --example aead_speed",
     }
     src = fast_file(o.fast_bytes)
     lab = new_lab(o.prefix)
@@ -42,6 +44,11 @@ def part_keyed(o):
     out = run(["cargo", "run", "--release", "-q", "-p", "ri2n-proto", "--example",
                "handshake_rate", "1000"], timeout=900)
     res["handshakes"] = json.loads(out.strip().splitlines()[-1])
+    log("keyed: AEAD speed")
+    wait_quiet()
+    out = run(["cargo", "run", "--release", "-q", "-p", "ri2n-proto", "--example",
+               "aead_speed"], timeout=900)
+    res["aead"] = json.loads(out.strip().splitlines()[-1])
     return res
 
 
@@ -78,6 +85,24 @@ def report_keyed(res):
             L.append("| %s | %.1f µs | %.0f | %.0f /s |" % (
                 name, x["server_us_per_handshake"], x["server_handshakes_per_s"],
                 x["both_sides_handshakes_per_s"]))
+    aead = res.get("aead")
+    if aead:
+        ciphers = list(dict.fromkeys(x["cipher"] for x in aead))
+        sizes = list(dict.fromkeys(x["bytes"] for x in aead))
+        at = {(x["cipher"], x["bytes"]): x for x in aead}
+        L.append("")
+        L.append("Each AEAD sealing a packet (or frame) in place and opening it again, one thread "
+                 "(`%s`, median of 5 runs): nanoseconds per seal and open, and GB/s of data "
+                 "sealed and opened; the cipher ri2n now uses in bold:\n" % res["commands"]["aead"])
+        L.append("| bytes | %s |" % " | ".join(ciphers))
+        L.append("|%s" % " --- |" * (len(ciphers) + 1))
+        for size in sizes:
+            cells = []
+            for c in ciphers:
+                x = at[(c, size)]
+                cell = "%.0f ns, %.2f GB/s" % (x["ns_per_seal_and_open"], x["gb_per_s_sealed_and_opened"])
+                cells.append("**%s**" % cell if c.startswith("AEGIS-256X4") else cell)
+            L.append("| %d | %s |" % (size, " | ".join(cells)))
     bad = [(c["name"], r["rep"], k, r[k].get("rc")) for c in res["configs"] for r in c["runs"]
            for k in ("plain", "keyed") if r[k].get("rc") != 0]
     if bad:

@@ -263,7 +263,8 @@ pub struct TransferSummary {
     pub goodput_bps: f64,
     /// The tool's 64-bit checksum of the bytes (equal on both sides of a good transfer).
     pub checksum: String,
-    /// The AEAD that sealed the connection's packets (`AES-256-GCM`, `ChaCha20-Poly1305`), or
+    /// The AEAD that sealed the connection's packets (`AEGIS-256X4`, `AES-256-GCM`,
+    /// `ChaCha20-Poly1305`), or
     /// `none`: no key, nothing authenticated or encrypted.
     pub encryption: &'static str,
     pub links: Vec<LinkSummary>,
@@ -288,8 +289,7 @@ pub fn dropped(counts: &ri2n::DropCounts) -> BTreeMap<String, u64> {
 pub fn encryption(stats: &ri2n::ConnectionStats) -> &'static str {
     match stats.cipher {
         None => "none",
-        Some(ri2n::Cipher::Aes256Gcm) => "AES-256-GCM",
-        Some(ri2n::Cipher::ChaCha20Poly1305) => "ChaCha20-Poly1305",
+        Some(cipher) => cipher.name(),
     }
 }
 

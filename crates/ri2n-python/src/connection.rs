@@ -587,11 +587,9 @@ fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
 
-fn cipher_name(c: Cipher) -> &'static str {
-    match c {
-        Cipher::Aes256Gcm => "aes-256-gcm",
-        Cipher::ChaCha20Poly1305 => "chacha20-poly1305",
-    }
+/// The cipher's name in lower case, as Python's stats give it.
+fn cipher_name(c: Cipher) -> String {
+    c.name().to_ascii_lowercase()
 }
 
 fn stats_dict<'py>(py: Python<'py>, s: &ConnectionStats) -> PyResult<Bound<'py, PyDict>> {

@@ -6,8 +6,6 @@
 //! frame's number on that TCP connection in that direction, so none repeats within a key; a
 //! replaced TCP connection handshakes again and gets fresh keys.
 
-use ring::aead::{Aad, Nonce};
-
 use crate::crypto::{AeadKey, ClientHandshake, ServerHandshake, SessionSecrets, TAG_LEN};
 use crate::{Cipher, Key};
 
@@ -97,16 +95,16 @@ impl std::fmt::Debug for FrameKey {
 impl FrameKey {
     fn new(cipher: Cipher, secret: &[u8; 32]) -> Self {
         Self {
-            key: AeadKey::new(cipher.algorithm(), secret),
+            key: AeadKey::new(cipher, secret),
             frames: 0,
         }
     }
 
-    fn nonce(&mut self) -> Nonce {
+    fn nonce(&mut self) -> [u8; 12] {
         let mut n = [0u8; 12];
         n[4..].copy_from_slice(&self.frames.to_be_bytes());
         self.frames += 1;
-        Nonce::assume_unique_for_key(n)
+        n
     }
 
     /// Whether this key sealed or opened as many frames as it may.
@@ -114,30 +112,24 @@ impl FrameKey {
         self.frames >= MAX_FRAMES_PER_KEY
     }
 
-    /// Seals `frame` in place: it holds 4 bytes of room for the length, then the records;
-    /// the length is written and the tag appended.
-    pub fn seal(&mut self, frame: &mut Vec<u8>) {
-        let len = (frame.len() - 4 + TAG_LEN) as u32;
-        frame[..4].copy_from_slice(&len.to_be_bytes());
+    /// Seals the records (the concatenation of `records`) as one frame, written over `frame`:
+    /// the length, the records encrypted, the tag.
+    pub fn seal(&mut self, records: &[&[u8]], frame: &mut Vec<u8>) {
+        let n: usize = records.iter().map(|r| r.len()).sum();
+        // a frame as long as the last one is overwritten without being filled first
+        frame.resize(4 + n + TAG_LEN, 0);
+        frame[..4].copy_from_slice(&((n + TAG_LEN) as u32).to_be_bytes());
         let nonce = self.nonce();
-        let (head, body) = frame.split_at_mut(4);
-        let tag = self
-            .key
-            .get()
-            .seal_in_place_separate_tag(nonce, Aad::from(&*head), body)
-            .expect("a frame within the AEAD's limits");
-        frame.extend_from_slice(tag.as_ref());
+        let (head, rest) = frame.split_at_mut(4);
+        let (body, tag) = rest.split_at_mut(n);
+        tag.copy_from_slice(&self.key.seal_gathered(nonce, head, records, body));
     }
 
     /// Opens the body of a frame whose length field was `len` (ciphertext and tag, in
     /// place); returns the records' length (the plaintext is the start of `body`).
     pub fn open(&mut self, len: [u8; 4], body: &mut [u8]) -> Result<usize, OpenFailed> {
         let nonce = self.nonce();
-        let plain = self
-            .key
-            .get()
-            .open_in_place(nonce, Aad::from(&len), body)
-            .map_err(|_| OpenFailed)?;
+        let plain = self.key.open(nonce, &len, body).map_err(|_| OpenFailed)?;
         Ok(plain.len())
     }
 }
@@ -182,10 +174,9 @@ mod tests {
     fn frames_sealed_by_one_side_open_at_the_other_and_hide_their_records() {
         let key = Key::generate().unwrap();
         let (mut c, mut s) = keys(&key, &key).unwrap();
-        for records in [&b"\x06"[..], &[0x5a; 70_000][..]] {
-            let mut frame = vec![0; 4];
-            frame.extend_from_slice(records);
-            c.seal.seal(&mut frame);
+        let mut frame = Vec::new();
+        for records in [&b"\x06"[..], &[0x5a; 70_000][..], &b"\x06\x07"[..]] {
+            c.seal.seal(&[&records[..1], &records[1..]], &mut frame);
             assert_eq!(frame.len(), records.len() + FRAME_OVERHEAD);
             assert!(!frame
                 .windows(16)
@@ -195,8 +186,7 @@ mod tests {
             assert_eq!(&frame[4..4 + n], records);
         }
         // a flipped bit, or a frame replayed (its number is past), does not open
-        let mut frame = vec![0, 0, 0, 0, 7, 7];
-        s.seal.seal(&mut frame);
+        s.seal.seal(&[&[7, 7]], &mut frame);
         let mut copy = frame.clone();
         copy[5] ^= 1;
         let len = [frame[0], frame[1], frame[2], frame[3]];

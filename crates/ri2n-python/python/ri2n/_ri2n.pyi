@@ -47,7 +47,7 @@ class _ConnectionStats(TypedDict):
     recv_fragments: int
     bytes_acknowledged: int
     bytes_received: int
-    cipher: Optional[str]  # "aes-256-gcm", "chacha20-poly1305"; None without a key
+    cipher: Optional[str]  # "aegis-256x4", "aes-256-gcm", "chacha20-poly1305"; None without a key
     key_updates: Tuple[int, int]
     packets_opened_ahead: int
     datagrams_sent: int

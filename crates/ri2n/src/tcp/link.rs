@@ -213,13 +213,11 @@ impl Tx {
             }
             // keyed: the records and the run's bytes sealed as one frame, in place
             Some(key) => {
-                let frame = &mut self.frame;
-                frame.clear();
-                frame.extend_from_slice(&[0; 4]);
-                frame.extend_from_slice(&self.head);
-                self.payload.iter().for_each(|b| frame.extend_from_slice(b));
-                key.seal(frame);
-                let res = write_all(s, &mut [IoSlice::new(frame)]);
+                let mut records: Vec<&[u8]> = Vec::with_capacity(1 + self.payload.len());
+                records.push(&self.head);
+                records.extend(self.payload.iter().map(|b| &b[..]));
+                key.seal(&records, &mut self.frame);
+                let res = write_all(s, &mut [IoSlice::new(&self.frame)]);
                 // a key that sealed its share: a new TCP connection brings fresh keys
                 res.and_then(|()| match key.worn_out() {
                     true => Err(io::ErrorKind::Other.into()),

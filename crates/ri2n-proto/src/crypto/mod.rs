@@ -4,7 +4,7 @@
 //! `Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s` (through the `snow` crate) inside its INITIAL and
 //! ACCEPT: the pre-shared key authenticates both sides, the ephemeral Diffie-Hellman gives each
 //! connection fresh keys with forward secrecy. Every short packet is then sealed with an AEAD
-//! (`ring`: AES-256-GCM when both hosts have AES instructions, ChaCha20-Poly1305 otherwise),
+//! ([`aead`]: AEGIS-256X4 when both hosts have AES instructions, ChaCha20-Poly1305 otherwise),
 //! the packet header as associated data and the link ID and packet number as nonce, so no
 //! nonce repeats within a key. Each direction moves to a new key (Noise's one-way `REKEY`)
 //! long before the AEAD's limits; old keys are wiped.
@@ -17,11 +17,16 @@ use std::time::{Duration, Instant};
 
 use blake2::digest::consts::U16;
 use blake2::digest::{Mac, Update};
-use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use thiserror::Error;
 use zeroize::{Zeroize, Zeroizing};
 
 use crate::{wire, LinkId, MAX_LINKS};
+
+mod aead;
+
+pub(crate) use aead::AeadKey;
+pub use aead::Cipher;
+use aead::NONCE_LEN;
 
 /// Bytes of a key.
 pub const KEY_LEN: usize = 32;
@@ -159,76 +164,6 @@ impl Key {
 
 // ---------------------------------------------------------------------------------------------
 // The handshake
-
-/// The AEAD that seals short packets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cipher {
-    /// AES-256-GCM: used when both hosts have AES and carry-less multiply instructions.
-    Aes256Gcm,
-    /// ChaCha20-Poly1305: fast in software, used otherwise.
-    ChaCha20Poly1305,
-}
-
-impl Cipher {
-    /// What this host seals fastest.
-    pub fn preferred() -> Cipher {
-        if hardware_aes() {
-            Cipher::Aes256Gcm
-        } else {
-            Cipher::ChaCha20Poly1305
-        }
-    }
-
-    /// The cipher of a connection: AES-GCM only if both sides prefer it.
-    pub(crate) fn agree(client: Cipher, server: Cipher) -> Cipher {
-        if client == Cipher::Aes256Gcm && server == Cipher::Aes256Gcm {
-            Cipher::Aes256Gcm
-        } else {
-            Cipher::ChaCha20Poly1305
-        }
-    }
-
-    /// Its code in the handshake.
-    pub(crate) fn code(self) -> u8 {
-        match self {
-            Cipher::Aes256Gcm => 1,
-            Cipher::ChaCha20Poly1305 => 2,
-        }
-    }
-
-    /// The cipher of a code; unknown codes mean ChaCha20-Poly1305 (always available).
-    pub(crate) fn from_code(code: u8) -> Cipher {
-        if code == 1 {
-            Cipher::Aes256Gcm
-        } else {
-            Cipher::ChaCha20Poly1305
-        }
-    }
-
-    pub(crate) fn algorithm(self) -> &'static aead::Algorithm {
-        match self {
-            Cipher::Aes256Gcm => &aead::AES_256_GCM,
-            Cipher::ChaCha20Poly1305 => &aead::CHACHA20_POLY1305,
-        }
-    }
-}
-
-fn hardware_aes() -> bool {
-    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    {
-        std::arch::is_x86_feature_detected!("aes")
-            && std::arch::is_x86_feature_detected!("pclmulqdq")
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        std::arch::is_aarch64_feature_detected!("aes")
-            && std::arch::is_aarch64_feature_detected!("pmull")
-    }
-    #[cfg(not(any(target_arch = "x86", target_arch = "x86_64", target_arch = "aarch64")))]
-    {
-        false
-    }
-}
 
 /// The two secrets a handshake ends with, one per direction.
 pub(crate) struct SessionSecrets {
@@ -500,43 +435,13 @@ impl ServerHandshake {
 // ---------------------------------------------------------------------------------------------
 // Packet protection
 
-/// An AEAD key, ready to seal or open, whose memory is overwritten when it is dropped: `ring`
-/// keeps the key schedule it derives inside the key value and does not wipe it. Boxed, as
-/// [`NoiseState`] is, so that moving the owner leaves no copies behind.
-pub(crate) struct AeadKey(Box<MaybeUninit<LessSafeKey>>);
-
-impl AeadKey {
-    pub(crate) fn new(algorithm: &'static aead::Algorithm, secret: &[u8; KEY_LEN]) -> AeadKey {
-        let key = UnboundKey::new(algorithm, secret).expect("32-byte key");
-        AeadKey(Box::new(MaybeUninit::new(LessSafeKey::new(key))))
-    }
-
-    pub(crate) fn get(&self) -> &LessSafeKey {
-        // SAFETY: initialised in `new`, dropped only in `drop`.
-        unsafe { self.0.assume_init_ref() }
-    }
-}
-
-impl Drop for AeadKey {
-    fn drop(&mut self) {
-        // SAFETY: the key is initialised and dropped here once; then its now unused bytes,
-        // which `MaybeUninit` lets hold anything, are overwritten before the box frees them.
-        unsafe { self.0.assume_init_drop() };
-        self.0.zeroize();
-    }
-}
-
 /// One packet key. Shared (`Arc`) with the [`Seal`]s and [`Opened`] proofs that use it
 /// outside the engine: it is wiped when the last of them is gone.
 pub(crate) struct PacketKey(AeadKey);
 
 impl PacketKey {
     fn new(cipher: Cipher, secret: &[u8; KEY_LEN]) -> Arc<PacketKey> {
-        Arc::new(PacketKey(AeadKey::new(cipher.algorithm(), secret)))
-    }
-
-    fn key(&self) -> &LessSafeKey {
-        self.0.get()
+        Arc::new(PacketKey(AeadKey::new(cipher, secret)))
     }
 }
 
@@ -678,26 +583,23 @@ impl fmt::Debug for Opened {
 
 /// The nonce of packet `pn` on link `link`: unique for the life of a key, since packet numbers
 /// never repeat on a link in one direction.
-fn nonce(link: LinkId, pn: u64) -> Nonce {
-    let mut n = [0u8; aead::NONCE_LEN];
+fn nonce(link: LinkId, pn: u64) -> [u8; NONCE_LEN] {
+    let mut n = [0u8; NONCE_LEN];
     n[3] = link.0;
     n[4..].copy_from_slice(&pn.to_be_bytes());
-    Nonce::assume_unique_for_key(n)
+    n
 }
 
 /// Noise's `REKEY`: the first 32 bytes of ChaCha20-Poly1305 encrypting 32 zeros under the
 /// nonce 2^64 − 1. One-way: an old key cannot be computed from a new one.
 fn next_secret(secret: &[u8; KEY_LEN]) -> Zeroizing<[u8; KEY_LEN]> {
-    let key = AeadKey::new(&aead::CHACHA20_POLY1305, secret);
+    let key = AeadKey::new(Cipher::ChaCha20Poly1305, secret);
     // Noise's ChaChaPoly nonce: 32 zero bits, then the 64-bit counter little-endian
-    let mut n = [0u8; aead::NONCE_LEN];
+    let mut n = [0u8; NONCE_LEN];
     n[4..].copy_from_slice(&u64::MAX.to_le_bytes());
     let mut out = Zeroizing::new([0u8; KEY_LEN]);
     // the tag is not part of the new key
-    let _tag = key
-        .get()
-        .seal_in_place_separate_tag(Nonce::assume_unique_for_key(n), Aad::empty(), &mut out[..])
-        .expect("sealing 32 bytes");
+    let _tag = key.seal(n, &[], &mut out[..]);
     drop(key); // wiped
     out
 }
@@ -927,11 +829,8 @@ impl PacketProtection {
 fn seal_with(key: &PacketKey, link: LinkId, pn: u64, header_len: usize, packet: &mut [u8]) {
     let (header, rest) = packet.split_at_mut(header_len);
     let (payload, tag_room) = rest.split_at_mut(rest.len() - TAG_LEN);
-    let tag = key
-        .key()
-        .seal_in_place_separate_tag(nonce(link, pn), Aad::from(&*header), payload)
-        .expect("packet within the AEAD's size limit");
-    tag_room.copy_from_slice(tag.as_ref());
+    let tag = key.0.seal(nonce(link, pn), header, payload);
+    tag_room.copy_from_slice(&tag);
 }
 
 fn open_with(
@@ -941,8 +840,8 @@ fn open_with(
     header: &[u8],
     body: &mut [u8],
 ) -> Result<usize, OpenFailed> {
-    key.key()
-        .open_in_place(nonce(link, pn), Aad::from(header), body)
+    key.0
+        .open(nonce(link, pn), header, body)
         .map(|plain| plain.len())
         .map_err(|_| OpenFailed)
 }
@@ -1006,6 +905,10 @@ mod tests {
         // a SHORT packet (DCID 0x0123456789abcdef, link 1, packet number 5) carrying PING and
         // three PADDING bytes, sealed with traffic secret 0x20..0x3f
         for (cipher, sealed) in [
+            (
+                Cipher::Aegis256X4,
+                "04010123456789abcdef01051668212b08b671c6e108cefc5a8564888a64cea8",
+            ),
             (
                 Cipher::Aes256Gcm,
                 "04010123456789abcdef01055b99c956cc38ed9bf5a265ef4f11b40abb10c4af",
@@ -1078,8 +981,8 @@ mod tests {
         let (payload, c_secrets) = hs.finish(&msg2).ok()?;
         assert_eq!(payload, b"server params");
         Some((
-            PacketProtection::new(Cipher::Aes256Gcm, c_secrets, true, now),
-            PacketProtection::new(Cipher::Aes256Gcm, s_secrets, false, now),
+            PacketProtection::new(Cipher::Aegis256X4, c_secrets, true, now),
+            PacketProtection::new(Cipher::Aegis256X4, s_secrets, false, now),
         ))
     }
 
