@@ -95,7 +95,7 @@ def report_keyed(res):
                  "(`%s`, median of 5 runs): nanoseconds per seal and open, and GB/s of data "
                  "sealed and opened; the cipher ri2n now uses in bold:\n" % res["commands"]["aead"])
         L.append("| bytes | %s |" % " | ".join(ciphers))
-        L.append("|%s" % " --- |" * (len(ciphers) + 1))
+        L.append("|" + " --- |" * (len(ciphers) + 1))
         for size in sizes:
             cells = []
             for c in ciphers:
