@@ -269,6 +269,13 @@ fn a_three_host_tunnel_carries_tcp_through_a_dead_switch_and_a_partition() {
             .collect();
         assert_eq!(peer["state"], "connected", "{status}");
         assert_eq!(links, ["up", "up"], "{status}");
+        // the cluster has a key: the peer's packets are sealed with what this host prefers
+        // (and so does the peer, the same build on the same machine)
+        assert_eq!(
+            peer["encryption"],
+            ri2n_proto::Cipher::preferred().name(),
+            "{status}"
+        );
     }
     // and the same as Prometheus text
     let metrics = Command::new("ip")

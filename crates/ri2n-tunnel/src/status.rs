@@ -56,6 +56,10 @@ pub struct PeerStatus {
     /// While waiting: why (the last attempt's failure, on the connecting side).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_for: Option<String>,
+    /// While connected: the AEAD that seals the connection's packets (`AEGIS-256X4`,
+    /// `AES-256-GCM`, `ChaCha20-Poly1305`), or `none` in a cluster without a key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<String>,
     /// IP packets handed to the peer's connections, and received from them.
     pub packets_sent: u64,
     pub packets_received: u64,
@@ -119,6 +123,7 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>) {
                 address: host.address.to_string(),
                 state: "waiting".into(),
                 waiting_for: None,
+                encryption: None,
                 packets_sent: peer.sent.load(Ordering::Relaxed),
                 packets_received: peer.received.load(Ordering::Relaxed),
                 packets_dropped: 0,
@@ -134,6 +139,7 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>) {
             let s = conn.stats();
             log_link_changes(&host.name, &conn, &s);
             p.state = "connected".into();
+            p.encryption = Some(s.cipher.map_or("none", |c| c.name()).into());
             p.packets_dropped = s.datagrams_send_dropped + s.datagrams_receive_dropped;
             previous.resize(s.links.len(), Previous::default());
             for (l, prev) in s.links.iter().zip(previous.iter_mut()) {
@@ -451,13 +457,16 @@ pub fn table(s: &Status) -> String {
     for p in &s.peers {
         let _ = writeln!(
             out,
-            "  {} {} {}{}: packets sent {}, received {}, dropped {}",
+            "  {} {} {}{}{}: packets sent {}, received {}, dropped {}",
             p.name,
             p.address,
             p.state,
             p.waiting_for
                 .as_ref()
                 .map_or(String::new(), |r| format!(" ({r})")),
+            p.encryption
+                .as_ref()
+                .map_or(String::new(), |e| format!(", sealed with {e}")),
             p.packets_sent,
             p.packets_received,
             p.packets_dropped
@@ -507,6 +516,7 @@ mod tests {
                 address: "10.99.0.2".into(),
                 state: "connected".into(),
                 waiting_for: None,
+                encryption: Some("AEGIS-256X4".into()),
                 packets_sent: 7,
                 packets_received: 9,
                 packets_dropped: 0,
@@ -543,5 +553,25 @@ mod tests {
         }
         // a link that is down has no round trip, not a stale or made-up one
         assert!(!text.contains(&format!("ri2n_tunnel_link_rtt_seconds{{{down}}}")));
+    }
+
+    #[test]
+    fn the_table_names_each_peer_s_cipher_and_each_link() {
+        let text = table(&snapshot());
+        let mut lines = text.lines();
+        assert_eq!(
+            lines.next(),
+            Some("a 10.99.0.1 on ri2n0, 2 queues (packets read 11 / 13)")
+        );
+        assert_eq!(
+            lines.next(),
+            Some(
+                "  b \"east\" 10.99.0.2 connected, sealed with AEGIS-256X4: packets sent 7, \
+                 received 9, dropped 0"
+            )
+        );
+        assert!(lines.next().unwrap().contains("up         rtt    250 us"));
+        assert!(lines.next().unwrap().contains("down       rtt      - us"));
+        assert_eq!(lines.next(), None);
     }
 }

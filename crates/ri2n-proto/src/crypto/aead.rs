@@ -3,7 +3,8 @@
 //!
 //! - AEGIS-256X4 (draft-irtf-cfrg-aegis-aead, through the `aegis` crate's libaegis, which picks
 //!   AES-NI, VAES or AVX-512 at run time): the fastest on hosts with AES instructions, because
-//!   it needs one AES round per 16 bytes per lane and no multiplication in a field.
+//!   it takes 6 AES rounds per 16 bytes where AES-256-GCM takes 14 and a carry-less
+//!   multiplication, and its four lanes fill the wide AES units.
 //! - AES-256-GCM (`ring`): what two hosts with AES instructions agree on when one of them does
 //!   not offer AEGIS (an older build).
 //! - ChaCha20-Poly1305 (`ring`): fast without AES instructions.
@@ -113,7 +114,7 @@ enum Keyed {
     /// `ring` keeps the key schedule it derives inside the key value and does not wipe it.
     Ring(LessSafeKey),
     /// libaegis derives its state from the key for each message, on the calling thread's
-    /// stack.
+    /// stack, where later calls overwrite it (it is not wiped as this value is).
     Aegis([u8; KEY_LEN]),
 }
 
@@ -262,8 +263,7 @@ mod tests {
         let key: [u8; 32] = std::array::from_fn(|i| i as u8);
         let nonce: [u8; 32] = std::array::from_fn(|i| 0x10 + i as u8);
         let ad = unhex("0102030401020304");
-        let msg = unhex("04050607").repeat(30);
-        let mut data = msg.clone();
+        let mut data = unhex("04050607").repeat(30);
         let tag = Aegis256X4::<16>::new(&key, &nonce).encrypt_in_place(&mut data, &ad);
         assert_eq!(
             hex(&data),

@@ -4,7 +4,7 @@
 //! `Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s` (through the `snow` crate) inside its INITIAL and
 //! ACCEPT: the pre-shared key authenticates both sides, the ephemeral Diffie-Hellman gives each
 //! connection fresh keys with forward secrecy. Every short packet is then sealed with an AEAD
-//! ([`aead`]: AEGIS-256X4 when both hosts have AES instructions, ChaCha20-Poly1305 otherwise),
+//! (`aead`: AEGIS-256X4 when both hosts have AES instructions, ChaCha20-Poly1305 otherwise),
 //! the packet header as associated data and the link ID and packet number as nonce, so no
 //! nonce repeats within a key. Each direction moves to a new key (Noise's one-way `REKEY`)
 //! long before the AEAD's limits; old keys are wiped.
@@ -52,7 +52,7 @@ pub const REKEY_AFTER_PACKETS: u64 = 1 << 22;
 /// … or after this long, as WireGuard does, so a long connection does not keep one key.
 pub const REKEY_AFTER_TIME: Duration = Duration::from_secs(120);
 /// Packets that fail authentication on one connection before it gives up: ChaCha20-Poly1305's
-/// integrity limit (RFC 9001 §6.6), the lower of the two ciphers'.
+/// integrity limit (RFC 9001 §6.6), the lowest of the ciphers'.
 pub const MAX_AUTH_FAILURES: u64 = 1 << 36;
 
 /// The key a cluster shares. Its bytes are wiped from memory when it is dropped.
