@@ -264,8 +264,7 @@ pub struct TransferSummary {
     /// The tool's 64-bit checksum of the bytes (equal on both sides of a good transfer).
     pub checksum: String,
     /// The AEAD that sealed the connection's packets (`AEGIS-256X4`, `AES-256-GCM`,
-    /// `ChaCha20-Poly1305`), or
-    /// `none`: no key, nothing authenticated or encrypted.
+    /// `ChaCha20-Poly1305`), or `none`: no key, nothing authenticated or encrypted.
     pub encryption: &'static str,
     pub links: Vec<LinkSummary>,
     /// Every link state change during the transfer, oldest first.
