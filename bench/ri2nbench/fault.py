@@ -1,4 +1,5 @@
-"""Part 3: the fault timeline (RI2N/UDP Figure 4) and all-links outages, ri2n against MPTCP."""
+"""Part 3: the fault timeline (RI2N/UDP Figure 4) and all-links outages, ri2n (UDP and TCP
+transports) against MPTCP."""
 import json
 import os
 import re
@@ -29,6 +30,18 @@ SCENARIOS = {
     "cable_a": (8, [(1, "fault", 1, "cable a"), (4, "heal", 1)]),
     "cable_b": (8, [(1, "fault", 1, "cable b"), (4, "heal", 1)]),
 }
+# the tools timed, in the order a run takes them: ri2n A->B, B->A, the TCP transport A->B, MPTCP
+TOOLS = ["ri2n", "ri2n-rev", "ri2n-tcp", "mptcp"]
+TOOL_NAMES = {"ri2n": "ri2n A→B", "ri2n-rev": "ri2n B→A", "ri2n-tcp": "ri2n TCP transport A→B",
+              "mptcp": "MPTCP"}
+
+
+def link_cap(res, tool):
+    """The payload limit of one link for `tool`: TCP's for MPTCP and the TCP transport."""
+    caps = res["per_link_cap"]
+    return caps.get(tool, caps["mptcp" if tool == "mptcp" else "ri2n"])
+
+
 # what each scenario's recovery is: (event index of the heal, how it is named)
 RECOVERY_EVENTS = [
     ("main", 2, "Fig. 4, t=6 s: link 1 heals after 2 s with no link (target: 1 link)"),
@@ -42,13 +55,17 @@ RECOVERY_EVENTS = [
 ]
 
 
-def ri2n_fault_run(lab, scenario, srv_pid, reverse=False):
+def ri2n_fault_run(lab, scenario, reverse=False, tcp=False):
     """One ri2n bench run of `scenario`: A sends (timeline of acknowledged bytes) or, with
-    `reverse`, B sends and A's timeline counts the bytes it read (a receiver-side meter)."""
+    `reverse`, B sends and A's timeline counts the bytes it read (a receiver-side meter);
+    `tcp`: A sends over the TCP transport (to the server on port 7001)."""
     seconds, events = SCENARIOS[scenario]
     lines = []
-    cmd = ri2n_lab_client(lab, "--time", seconds, "--interval", BIN, "--json",
-                          *(["--reverse"] if reverse else []))
+    extra = ["--reverse"] if reverse else []
+    if tcp:
+        extra += ["--transport", "tcp"]
+    cmd = ri2n_lab_client(lab, "--time", seconds, "--interval", BIN, "--json", *extra,
+                          to="10.77.1.2:%d" % (7001 if tcp else 7000))
     with tempfile.TemporaryFile("w+") as out:
         m_launch = time.monotonic()
         p = PROCS.start(cmd, stdout=out, stderr=subprocess.PIPE, text=True, bufsize=1)
@@ -102,7 +119,8 @@ def ri2n_fault_run(lab, scenario, srv_pid, reverse=False):
     elif reverse:
         meter = "receiver"
     series = uniform_series(rows, total)
-    return {"tool": "ri2n-rev" if reverse else "ri2n", "scenario": scenario, "rc": rc,
+    return {"tool": "ri2n-tcp" if tcp else "ri2n-rev" if reverse else "ri2n",
+            "scenario": scenario, "rc": rc,
             "meter": meter,
             "cpu_client": cpu,
             "align_s": t0 - t0_live, "events": ev_log, "series_bps": series,
@@ -262,11 +280,17 @@ def iperf3_fault_run(lab, scenario):
 
 def part_fault(o):
     res = {"part": "fault", "runs": [], "scenarios": {k: v for k, v in SCENARIOS.items()},
-           "per_link_cap": {"ri2n": udp_limit(1000), "mptcp": tcp_limit(1000)}}
+           "per_link_cap": {"ri2n": udp_limit(1000), "ri2n-tcp": tcp_limit(1000),
+                            "mptcp": tcp_limit(1000)}}
+    tools = o.fault_tools.split(",") if o.fault_tools else TOOLS
+    unknown = [t for t in tools if t not in TOOLS]
+    if unknown:
+        raise SystemExit("fault: unknown tool(s) %s (of %s)" % (", ".join(unknown), ", ".join(TOOLS)))
     lab = new_lab(o.prefix)
     lab.up([1000, 1000])
     res["mptcp"] = lab.mptcp_setup()
-    srv = start_lab_servers(lab, iperf=False, mptcp_iperf=False)
+    srv = start_lab_servers(lab, ri2n="ri2n" in tools or "ri2n-rev" in tools, iperf=False,
+                            mptcp_iperf=False, ri2n_tcp="ri2n-tcp" in tools)
     scenarios = ["main", "outage1", "outage10", "outage60", "cable_a", "cable_b"]
     if o.long_outage:
         scenarios.append("outage300")
@@ -274,11 +298,10 @@ def part_fault(o):
         scenarios = o.scenarios.split(",")
     res["scenario_order"] = scenarios
     for scenario in scenarios:
-        tools = ["ri2n", "ri2n-rev", "mptcp"]
         # the 5-minute outage once per tool; the Figure-4 scenario is ri2n's take-back soak
         reps = 1 if scenario == "outage300" else o.reps
         runs_of = {t: reps for t in tools}
-        if scenario == "main":
+        if scenario == "main" and "ri2n" in tools:
             runs_of["ri2n"] = max(reps, o.soak)
         order = []
         for rep in range(max(runs_of.values())):
@@ -289,14 +312,15 @@ def part_fault(o):
             busy = wait_quiet()
             log("fault: %s %s rep %d" % (scenario, tool, rep))
             if tool.startswith("ri2n"):
-                r = ri2n_fault_run(lab, scenario, srv["ri2n"].pid, reverse=tool == "ri2n-rev")
+                r = ri2n_fault_run(lab, scenario, reverse=tool == "ri2n-rev",
+                                   tcp=tool == "ri2n-tcp")
             else:
                 r = mptcp_fault_run(lab, scenario)
             lab.heal("all")
             time.sleep(1.0)
             r["rep"] = rep
             r["busy_before"] = busy
-            cap = res["per_link_cap"]["mptcp" if tool == "mptcp" else "ri2n"]
+            cap = link_cap(res, tool)
             r["analysis"] = analyse(r["series_bps"], r["events"], SCENARIOS[scenario][0], cap)
             log("   " + "; ".join("%s%d@%.2f: %s" % (
                 m["action"], m["link"], m["t_bench"],
@@ -304,7 +328,7 @@ def part_fault(o):
                     "never" if m["time_to_90"] is None else "%.0f ms" % (m["time_to_90"] * 1000)))
                 for m in r["analysis"]["events"]))
             res["runs"].append(r)
-        if scenario == "main" and not o.no_iperf_check:
+        if scenario == "main" and not o.no_iperf_check and "mptcp" in tools:
             log("fault: main, iperf3 over MPTCP at 0.1 s")
             r = iperf3_fault_run(lab, "main")
             lab.heal("all")
@@ -318,6 +342,40 @@ def part_fault(o):
 
 def mb_per_link(tx):
     return " / ".join("%s %.1f" % (d, tx[d] / 1e6) for d in sorted(tx))
+
+
+def link_events(L, runs, transport):
+    """Lines on when `transport` ("ri2n": the UDP transport, both directions, or "ri2n-tcp")
+    declared link 1 down and took it back, from its own `events`."""
+    det, back = [], []
+    for r in runs:
+        if r["tool"] not in (transport, transport + "-rev") or not r.get("events_ri2n"):
+            continue
+        evs = r["events_ri2n"]
+        f = [e for e in r["events"] if e["action"] == "fault" and e["link"] == 1][0]
+        d = [x["t"] for x in evs if x["link"] == 0 and x["t"] >= f["t_bench"] - 0.01
+             and ("-> down" in x["event"] or "-> degraded" in x["event"])]
+        if d and r["scenario"] == "main":
+            det.append(d[0] - f["t_bench"])
+        h = [e for e in r["events"] if e["action"] == "heal" and e["link"] == 1][0]
+        u = [x["t"] for x in evs if x["link"] == 0 and x["t"] >= h["t_bench"] - 0.01 and x["event"].endswith("-> up")]
+        if u:
+            back.append((r["scenario"], u[0] - h["t_bench"]))
+    who = "ri2n" if transport == "ri2n" else "The TCP transport"
+    if det:
+        L.append("- %s declared link 1 degraded/down %s ms after its switch died (its own "
+                 "`events`, main scenario)." % (who, spread(det, "%.0f", 1000)))
+    took = []
+    for sc, name in (("main", "after 2 s with no link (main, t=6 s)"), ("outage1", "after 1 s"),
+                     ("outage10", "after 10 s"), ("outage60", "after 60 s"),
+                     ("outage300", "after 5 minutes"), ("cable_a", "its cable back in host A"),
+                     ("cable_b", "in host B")):
+        v = [b for s_, b in back if s_ == sc]
+        if v:
+            took.append("%s %s" % (name, spread(v, "%.0f", 1000)))
+    if took:
+        L.append("- %s took link 1 back up (its own `events`) this many ms after it healed: %s."
+                 % (who, "; ".join(took)))
 
 
 def report_fault(res):
@@ -347,36 +405,43 @@ def report_fault(res):
     meters = sorted({r.get("meter", "sender") for r in runs if r.get("tool") == "ri2n"})
     a2b = ("B, the server, counts the bytes it read per interval (a receiver-side meter)"
            if meters == ["receiver"] else "its timeline counts acknowledged bytes")
+    tcp_note = ("; ri2n TCP transport A→B: `bench --transport tcp` against `serve --transport "
+                "tcp`, B counts the bytes it read (a receiver-side meter), its target TCP's "
+                "payload limit, as MPTCP's" if any(r["tool"] == "ri2n-tcp" for r in runs) else "")
     L.append("Recovery (\"time to 90 %%\" after the heal) and failover. ri2n A→B: A sends, %s; "
-             "ri2n B→A: `bench --reverse`, A counts the bytes it read (a receiver-side meter); "
-             "MPTCP: receiver-side meter.\n" % a2b)
-    L.append("| scenario, event | ri2n A→B | ri2n B→A | MPTCP | ri2n A→B: longest stall | MPTCP: longest stall |")
-    L.append("| --- | --- | --- | --- | --- | --- |")
+             "ri2n B→A: `bench --reverse`, A counts the bytes it read (a receiver-side meter)%s; "
+             "MPTCP: receiver-side meter.\n" % (a2b, tcp_note))
+    tools = [t for t in TOOLS if any(r["tool"] == t for r in runs)]
+    stalls = [t for t in tools if t != "ri2n-rev"]
+    L.append("| scenario, event | %s | %s |" % (
+        " | ".join(TOOL_NAMES[t] for t in tools),
+        " | ".join("%s: longest stall" % TOOL_NAMES[t] for t in stalls)))
+    L.append("|" + " --- |" * (1 + len(tools) + len(stalls)))
     rows = [("main", 0, "Fig. 4, t=2 s: link 1's switch dies (failover gap, target: link 2)")]
     rows += RECOVERY_EVENTS
-    worst = []
+    worst = {"ri2n": [], "ri2n-tcp": []}
     for scen, idx, name in rows:
         if not any(r["scenario"] == scen for r in runs):
             continue
-        L.append("| %s | %s | %s | %s | %s | %s |" % (
-            name, cell(metric("ri2n", scen, idx, "time_to_90")),
-            cell(metric("ri2n-rev", scen, idx, "time_to_90")),
-            cell(metric("mptcp", scen, idx, "time_to_90")),
-            cell(metric("ri2n", scen, idx, "stall")), cell(metric("mptcp", scen, idx, "stall"))))
+        L.append("| %s | %s | %s |" % (
+            name, " | ".join(cell(metric(t, scen, idx, "time_to_90")) for t in tools),
+            " | ".join(cell(metric(t, scen, idx, "stall")) for t in stalls)))
         if idx > 0 or scen != "main":
-            worst += [v for t in ("ri2n", "ri2n-rev") for v in metric(t, scen, idx, "time_to_90")]
+            worst["ri2n"] += [v for t in ("ri2n", "ri2n-rev") for v in metric(t, scen, idx, "time_to_90")]
+            worst["ri2n-tcp"] += metric("ri2n-tcp", scen, idx, "time_to_90")
     L.append("")
-    if worst:
-        slow = [v for v in worst if v is None or v > 0.2]
-        L.append("- ri2n recovery, every run of every scenario above (both directions): %d runs, "
-                 "slowest %s; %d above 200 ms or never." % (
-                     len(worst), "never" if None in worst else "%.0f ms" % (max(worst) * 1000),
-                     len(slow)))
+    for key, what in (("ri2n", "ri2n recovery, every run of every scenario above (both directions)"),
+                      ("ri2n-tcp", "The TCP transport's recovery, every run of every scenario above")):
+        w = worst[key]
+        if w:
+            slow = [v for v in w if v is None or v > 0.2]
+            L.append("- %s: %d runs, slowest %s; %d above 200 ms or never." % (
+                what, len(w), "never" if None in w else "%.0f ms" % (max(w) * 1000), len(slow)))
     # after a total outage: how soon data flows again at all (first 10 ms bin above 10 % of one
     # link), besides the 90 % rule, which also waits for the link's window to open up
     def first_data(r, idx):
         e = r["events"][idx]
-        cap = res["per_link_cap"]["mptcp" if r["tool"] == "mptcp" else "ri2n"]
+        cap = link_cap(res, r["tool"])
         s = r["series_bps"]
         k0 = int(e["t_bench"] / BIN)
         for k in range(k0, len(s)):
@@ -389,13 +454,13 @@ def report_fault(res):
         if scen.startswith("outage") and any(r["scenario"] == scen for r in runs):
             fd_rows.append("| %s | %s |" % (name, " | ".join(
                 cell([first_data(r, idx) for r in runs if r["tool"] == t and r["scenario"] == scen])
-                for t in ("ri2n", "ri2n-rev", "mptcp"))))
+                for t in tools)))
     if fd_rows:
         L.append("")
         L.append("Data flowing again after a total outage (first 10 ms bin above 10 % of one "
                  "link's capacity), ms:\n")
-        L.append("| scenario | ri2n A→B | ri2n B→A | MPTCP |")
-        L.append("| --- | --- | --- | --- |")
+        L.append("| scenario | %s |" % " | ".join(TOOL_NAMES[t] for t in tools))
+        L.append("|" + " --- |" * (1 + len(tools)))
         L += fd_rows
         L.append("")
     soak = [r for r in runs if r["tool"] == "ri2n" and r["scenario"] == "main"]
@@ -410,42 +475,17 @@ def report_fault(res):
     L.append("- Lowest 10 ms goodput in the 200 ms after link 1's switch died (t=2 s, main): "
              "ri2n %s Mbit/s, MPTCP %s Mbit/s." % (spread(dips["ri2n"], "%.0f", 1e-6),
                                                    spread(dips["mptcp"], "%.0f", 1e-6)))
-    det, back = [], []
-    for r in runs:
-        if not r["tool"].startswith("ri2n") or not r.get("events_ri2n"):
-            continue
-        evs = r["events_ri2n"]
-        f = [e for e in r["events"] if e["action"] == "fault" and e["link"] == 1][0]
-        d = [x["t"] for x in evs if x["link"] == 0 and x["t"] >= f["t_bench"] - 0.01
-             and ("-> down" in x["event"] or "-> degraded" in x["event"])]
-        if d and r["scenario"] == "main":
-            det.append(d[0] - f["t_bench"])
-        h = [e for e in r["events"] if e["action"] == "heal" and e["link"] == 1][0]
-        u = [x["t"] for x in evs if x["link"] == 0 and x["t"] >= h["t_bench"] - 0.01 and x["event"].endswith("-> up")]
-        if u:
-            back.append((r["scenario"], u[0] - h["t_bench"]))
-    if det:
-        L.append("- ri2n declared link 1 degraded/down %s ms after its switch died (its own "
-                 "`events`, main scenario)." % spread(det, "%.0f", 1000))
-    took = []
-    for sc, name in (("main", "after 2 s with no link (main, t=6 s)"), ("outage1", "after 1 s"),
-                     ("outage10", "after 10 s"), ("outage60", "after 60 s"),
-                     ("outage300", "after 5 minutes"), ("cable_a", "its cable back in host A"),
-                     ("cable_b", "in host B")):
-        v = [b for s_, b in back if s_ == sc]
-        if v:
-            took.append("%s %s" % (name, spread(v, "%.0f", 1000)))
-    if took:
-        L.append("- ri2n took link 1 back up (its own `events`) this many ms after it healed: %s."
-                 % "; ".join(took))
-    for tool in ("ri2n", "mptcp"):
+    for transport in ("ri2n", "ri2n-tcp"):
+        link_events(L, runs, transport)
+    for tool in ("ri2n", "ri2n-tcp", "mptcp"):
         ss = [r["analysis"]["steady_bps"] for r in runs if r["tool"] == tool and r["scenario"] == "main"]
         tg = [r["analysis"]["events"][3].get("target_bps") for r in runs
               if r["tool"] == tool and r["scenario"] == "main"]
-        L.append("- %s: two-link goodput before the first fault %s Mbit/s (capacity %.0f); the "
-                 "two-link recovery target was %s Mbit/s." % (
-                     tool, spread(ss, "%.0f", 1e-6), 2 * res["per_link_cap"][tool] / 1e6,
-                     spread(tg, "%.0f", 1e-6)))
+        if ss:
+            L.append("- %s: two-link goodput before the first fault %s Mbit/s (capacity %.0f); "
+                     "the two-link recovery target was %s Mbit/s." % (
+                         TOOL_NAMES[tool].replace(" A→B", ""), spread(ss, "%.0f", 1e-6),
+                         2 * link_cap(res, tool) / 1e6, spread(tg, "%.0f", 1e-6)))
     mp = [r for r in runs if r["tool"] == "mptcp"]
     if mp:
         L.append("- MPTCP really ran (TCP_IS_MPTCP on both ends: %s); `subflows:` (joined subflows "

@@ -108,15 +108,19 @@ def new_lab(prefix):
     return lab
 
 
-def start_lab_servers(lab, ri2n=True, iperf=True, mptcp_iperf=True):
+def start_lab_servers(lab, ri2n=True, iperf=True, mptcp_iperf=True, ri2n_tcp=False):
+    """Servers in B: `ri2n serve` on port 7000 of each link (`ri2n`), `ri2n serve --transport
+    tcp` on port 7001 (`ri2n-tcp`), iperf3 on 5201 and iperf3 over MPTCP on 5202."""
     s = {}
-    if ri2n:
-        # the fault part's outages last up to 5 minutes: the server must not give its client
-        # up meanwhile (its default is 60 s of every link down)
-        cmd = [common.RI2N, "serve", "-q", "--all-links-down-timeout", "900"]
+    # the fault part's outages last up to 5 minutes: the server must not give its client
+    # up meanwhile (its default is 60 s of every link down)
+    for key, port, extra in (("ri2n", 7000, []), ("ri2n-tcp", 7001, ["--transport", "tcp"])):
+        if not (ri2n if key == "ri2n" else ri2n_tcp):
+            continue
+        cmd = [common.RI2N, "serve", "-q", "--all-links-down-timeout", "900"] + extra
         for a in lab.b_addrs():
-            cmd += ["--listen", a + ":7000"]
-        s["ri2n"] = PROCS.start(lab.ex("b", *cmd))
+            cmd += ["--listen", "%s:%d" % (a, port)]
+        s[key] = PROCS.start(lab.ex("b", *cmd))
     if iperf:
         s["iperf3"] = PROCS.start(lab.ex("b", "iperf3", "-s", "-p", 5201))
     if mptcp_iperf:
@@ -127,8 +131,8 @@ def start_lab_servers(lab, ri2n=True, iperf=True, mptcp_iperf=True):
     return s
 
 
-def ri2n_lab_client(lab, *extra):
-    cmd = [common.RI2N, "bench", "--to", "10.77.1.2:7000"]
+def ri2n_lab_client(lab, *extra, to="10.77.1.2:7000"):
+    cmd = [common.RI2N, "bench", "--to", to]
     for a in lab.a_addrs():
         cmd += ["--local", a]
     return lab.ex("a", *(cmd + [str(e) for e in extra]))
