@@ -445,7 +445,7 @@ pub struct BenchArgs {
 
     /// Parallel connections, as iperf3's -P: N connections to the server at once (from the
     /// same local sockets), each a throughput test of its own with its own links, timeline
-    /// rows and summary, marked [  1], [  2], ..., and their sum, marked [SUM].
+    /// rows and summary, marked `[  1]`, `[  2]`, ..., and their sum, marked `[SUM]`.
     #[arg(long, short = 'P', value_name = "N", default_value = "1", value_parser = clap::value_parser!(u32).range(1..=128), conflicts_with = "latency")]
     pub parallel: u32,
 
