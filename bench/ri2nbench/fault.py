@@ -532,12 +532,13 @@ def report_fault(res):
 
 
 def plot(res):
-    """docs/fault-timeline.png: the main scenario and the 10 s outage, ri2n and MPTCP."""
+    """docs/fault-timeline.png: the main scenario and the 10 s outage, ri2n (UDP and TCP
+    transports, A→B) and MPTCP."""
     d = os.path.join(common.RESULTS, "plot")
     os.makedirs(d, exist_ok=True)
     files = {}
     for scen in ("main", "outage10"):
-        for tool in ("ri2n", "mptcp"):
+        for tool in ("ri2n", "ri2n-tcp", "mptcp"):
             rs = [r for r in res["runs"] if r["tool"] == tool and r["scenario"] == scen]
             if not rs:
                 continue
@@ -564,8 +565,15 @@ def plot(res):
             f.write("set title '%s'\n" % title)
             f.write("set xrange [0:%d]\n" % SCENARIOS[scen][0])
             pl = []
+            # first, underneath: its receiver counts a striped stretch once all of it is in,
+            # so its 10 ms bins swing around the rate
+            if (scen, "ri2n-tcp") in files:
+                pl.append("'%s' using 1:2 with steps lw 1 lc rgb '#ffbb78' title 'ri2n bench --transport tcp (receiver)'" % files[(scen, "ri2n-tcp")][0])
             if (scen, "ri2n") in files:
-                pl.append("'%s' using 1:2 with steps lw 1.5 lc rgb '#1f77b4' title 'ri2n bench (sender, acknowledged)'" % files[(scen, "ri2n")][0])
+                meter = files[(scen, "ri2n")][1].get("meter", "sender")
+                pl.append("'%s' using 1:2 with steps lw 1.5 lc rgb '#1f77b4' title 'ri2n bench (%s)'" % (
+                    files[(scen, "ri2n")][0],
+                    "receiver" if meter == "receiver" else "sender, acknowledged"))
             if (scen, "mptcp") in files:
                 pl.append("'%s' using 1:2 with steps lw 1.5 lc rgb '#d62728' title 'MPTCP, 2 subflows (receiver)'" % files[(scen, "mptcp")][0])
             pl.append("%.1f with lines dt 3 lc rgb '#2ca02c' title '2 links, UDP payload limit'" % (2 * udp_limit(1000) / 1e6))
