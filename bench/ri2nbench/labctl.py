@@ -114,9 +114,9 @@ def start_lab_servers(lab, ri2n=True, iperf=True, mptcp_iperf=True, ri2n_tcp=Fal
     s = {}
     # the fault part's outages last up to 5 minutes: the server must not give its client
     # up meanwhile (its default is 60 s of every link down)
-    for key, port, extra in (("ri2n", 7000, []), ("ri2n-tcp", 7001, ["--transport", "tcp"])):
-        if not (ri2n if key == "ri2n" else ri2n_tcp):
-            continue
+    ri2n_servers = ([("ri2n", 7000, [])] if ri2n else []) + (
+        [("ri2n-tcp", 7001, ["--transport", "tcp"])] if ri2n_tcp else [])
+    for key, port, extra in ri2n_servers:
         cmd = [common.RI2N, "serve", "-q", "--all-links-down-timeout", "900"] + extra
         for a in lab.b_addrs():
             cmd += ["--listen", "%s:%d" % (a, port)]
