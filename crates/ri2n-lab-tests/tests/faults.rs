@@ -22,6 +22,7 @@
 mod support;
 
 use std::path::Path;
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -415,6 +416,162 @@ fn tcp_transport_through_a_dead_switch_and_a_partition() {
         &[1, 2],
         true,
     );
+}
+
+/// The TCP transport over two long paths (every packet A sends waits in a queue kept full):
+/// its second link must come up while they are long. A dialer that gave each attempt
+/// a LAN's 50 ms never saw the answer to its SYN, and the link stayed down until the paths
+/// were short again.
+#[test]
+fn tcp_transport_opens_every_link_of_long_paths() {
+    let Some(env) = env() else { return };
+    if !support::require_tool("iperf3", "iperf3") {
+        return;
+    }
+    let _serial = serial();
+    let _timer = TestTimer::start("tcp-long");
+    let name = "tcplong";
+    let dir = TestDir::new(env, name);
+    let lab = Lab::up(env, name, 2);
+    // the paths made long: A's egress on each link a 5 Mbit/s queue, kept full by a UDP
+    // flood of 15 Mbit/s to B on that link (bounded: FLOOD_S seconds)
+    const FLOOD_S: u64 = 12;
+    let mut floods = Vec::new();
+    for l in 1..=2u8 {
+        let dev = format!("eth{l}");
+        let ok = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &lab.ns(Host::A),
+                "tc",
+                "qdisc",
+                "replace",
+                "dev",
+                &dev,
+            ])
+            .args([
+                "root", "tbf", "rate", "5mbit", "burst", "3000", "latency", "300ms",
+            ])
+            .status()
+            .expect("running tc")
+            .success();
+        assert!(ok, "tc could not replace {dev}'s qdisc");
+        let port = (5300 + l as u16).to_string();
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        floods.push(Proc::spawn(
+            &lab,
+            Host::B,
+            Path::new("iperf3"),
+            &args(&["-s", "-p", &port]),
+            &dir.0,
+            &format!("iperf3-s{l}"),
+        ));
+        std::thread::sleep(ms(200));
+        let to = lab.addr(Host::B, l).to_string();
+        let t = FLOOD_S.to_string();
+        floods.push(Proc::spawn(
+            &lab,
+            Host::A,
+            Path::new("iperf3"),
+            &args(&["-c", &to, "-p", &port, "-u", "-b", "15M", "-t", &t]),
+            &dir.0,
+            &format!("iperf3-c{l}"),
+        ));
+    }
+    let flood_started = Instant::now();
+    std::thread::sleep(ms(1500));
+    // the premise: a round trip on link 2 now takes far longer than 50 ms
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &lab.ns(Host::A),
+            "ping",
+            "-c",
+            "5",
+            "-i",
+            "0.2",
+            "-q",
+        ])
+        .arg(lab.addr(Host::B, 2).to_string())
+        .output()
+        .expect("running ping");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let avg_ms: f64 = text
+        .lines()
+        .find(|l| l.contains("min/avg/max"))
+        .and_then(|l| l.split('=').nth(1))
+        .and_then(|v| v.trim().split('/').nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no round trip in ping's output: {text}"));
+    report(&format!(
+        "    tcp-long: link 2's round trip under the flood {avg_ms:.0} ms"
+    ));
+    assert!(avg_ms > 80.0, "the path is not long: {avg_ms:.1} ms");
+
+    // little data: what the floods leave of the links carries it in a second or so
+    let data = dir.0.join("input");
+    let bytes: Vec<u8> = (0..64u32 << 10)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    std::fs::write(&data, bytes).expect("writing the input");
+    let output = dir.0.join("output");
+    let tcp = |mut a: Vec<String>| {
+        a.extend(["--transport".to_owned(), "tcp".to_owned()]);
+        a
+    };
+    let mut recv = Proc::spawn(
+        &lab,
+        Host::B,
+        &env.ri2n,
+        &tcp(support::recv_args(&lab, Host::B, &output)),
+        &dir.0,
+        "recv",
+    );
+    recv.wait_listening(2, ms(5000));
+    let sent_at = Instant::now();
+    let mut send = Proc::spawn(
+        &lab,
+        Host::A,
+        &env.ri2n,
+        &tcp(support::send_args(&lab, Host::A, &data, true)),
+        &dir.0,
+        "send",
+    );
+    let status = send.wait_exit(TEST_TIMEOUT).expect("the sender exited");
+    assert!(status.success(), "send failed: {}", send.stderr_text());
+    let rstatus = recv.wait_exit(ms(10_000)).expect("the receiver exited");
+    assert!(rstatus.success(), "recv failed: {}", recv.stderr_text());
+    assert_eq!(
+        support::sha256_file(&output),
+        support::sha256_file(&data),
+        "bytes differ"
+    );
+    // when link 2 (connection link 1) came up, from the sender's events, against when the
+    // flood ended: the paths were long until then
+    let flood_left =
+        (flood_started + Duration::from_secs(FLOOD_S)).saturating_duration_since(sent_at);
+    let up = send.stdout_json()["link_events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["link"].as_u64() == Some(1) && e["to"].as_str() == Some("up"))
+        .filter_map(|e| e["at_s"].as_f64())
+        .next();
+    report(&format!(
+        "    tcp-long: link 2 {}; the flood ended {:.1} s into the transfer",
+        up.map_or("never came up".to_owned(), |t| format!(
+            "came up {t:.3} s into the transfer"
+        )),
+        flood_left.as_secs_f64()
+    ));
+    let up = up.expect("link 2 never came up");
+    assert!(
+        up < flood_left.as_secs_f64(),
+        "link 2 came up only after the paths were short again ({up:.3} s)"
+    );
+    drop(floods);
 }
 
 /// The receiver is killed (SIGKILL) mid-transfer and restarted on the same addresses, at once
