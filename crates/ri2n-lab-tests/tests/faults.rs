@@ -22,7 +22,6 @@
 mod support;
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -439,20 +438,12 @@ fn tcp_transport_opens_every_link_of_long_paths() {
     let mut floods = Vec::new();
     for l in 1..=2u8 {
         let dev = format!("eth{l}");
-        let ok = Command::new("ip")
+        let ok = lab
+            .command(Host::A, "tc")
             .args([
-                "netns",
-                "exec",
-                &lab.ns(Host::A),
-                "tc",
-                "qdisc",
-                "replace",
-                "dev",
-                &dev,
+                "qdisc", "replace", "dev", &dev, "root", "tbf", "rate", "5mbit",
             ])
-            .args([
-                "root", "tbf", "rate", "5mbit", "burst", "3000", "latency", "300ms",
-            ])
+            .args(["burst", "3000", "latency", "300ms"])
             .status()
             .expect("running tc")
             .success();
@@ -482,18 +473,9 @@ fn tcp_transport_opens_every_link_of_long_paths() {
     let flood_started = Instant::now();
     std::thread::sleep(ms(1500));
     // the premise: a round trip on link 2 now takes far longer than 50 ms
-    let out = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &lab.ns(Host::A),
-            "ping",
-            "-c",
-            "5",
-            "-i",
-            "0.2",
-            "-q",
-        ])
+    let out = lab
+        .command(Host::A, "ping")
+        .args(["-c", "5", "-i", "0.2", "-q"])
         .arg(lab.addr(Host::B, 2).to_string())
         .output()
         .expect("running ping");

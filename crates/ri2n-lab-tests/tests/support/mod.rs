@@ -350,6 +350,13 @@ impl Lab {
     pub fn ns_of(&self, letter: &str) -> String {
         format!("{}-{letter}", self.prefix)
     }
+
+    /// `program` run inside host `host` (`ip netns exec`), its arguments still to add.
+    pub fn command(&self, host: Host, program: &str) -> Command {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &self.ns(host), program]);
+        command
+    }
 }
 
 impl Drop for Lab {
