@@ -436,6 +436,7 @@ fn tcp_transport_opens_every_link_of_long_paths() {
     // flood of 15 Mbit/s to B on that link (bounded: FLOOD_S seconds)
     const FLOOD_S: u64 = 12;
     let mut floods = Vec::new();
+    let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     for l in 1..=2u8 {
         let dev = format!("eth{l}");
         let ok = lab
@@ -449,7 +450,6 @@ fn tcp_transport_opens_every_link_of_long_paths() {
             .success();
         assert!(ok, "tc could not replace {dev}'s qdisc");
         let port = (5300 + l as u16).to_string();
-        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         floods.push(Proc::spawn(
             &lab,
             Host::B,
@@ -499,15 +499,11 @@ fn tcp_transport_opens_every_link_of_long_paths() {
         .collect();
     std::fs::write(&data, bytes).expect("writing the input");
     let output = dir.0.join("output");
-    let tcp = |mut a: Vec<String>| {
-        a.extend(["--transport".to_owned(), "tcp".to_owned()]);
-        a
-    };
     let mut recv = Proc::spawn(
         &lab,
         Host::B,
         &env.ri2n,
-        &tcp(support::recv_args(&lab, Host::B, &output)),
+        &support::with_transport(support::recv_args(&lab, Host::B, &output), true),
         &dir.0,
         "recv",
     );
@@ -517,7 +513,7 @@ fn tcp_transport_opens_every_link_of_long_paths() {
         &lab,
         Host::A,
         &env.ri2n,
-        &tcp(support::send_args(&lab, Host::A, &data, true)),
+        &support::with_transport(support::send_args(&lab, Host::A, &data, true), true),
         &dir.0,
         "send",
     );

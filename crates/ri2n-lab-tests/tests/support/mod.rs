@@ -973,7 +973,7 @@ pub fn send_args(lab: &Lab, host: Host, input: &Path, discover: bool) -> Vec<Str
 }
 
 /// `args` with `--transport tcp` when `tcp`.
-fn with_transport(mut args: Vec<String>, tcp: bool) -> Vec<String> {
+pub fn with_transport(mut args: Vec<String>, tcp: bool) -> Vec<String> {
     if tcp {
         args.extend(["--transport".to_owned(), "tcp".to_owned()]);
     }
