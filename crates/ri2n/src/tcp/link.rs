@@ -8,8 +8,8 @@
 //!   ACKs it owes itself while no one else writes on the link ([`ack_now`]);
 //! - a **watch** thread per connection: declares a link dead when it has received nothing
 //!   for a few round trips (both ends PING idle links), asks for PINGs, samples TCP_INFO,
-//!   and on the client starts a **dialer** for each dead link, which opens a new TCP
-//!   connection at the probe pace until the path works again.
+//!   and on the client starts a **dialer** for each dead link (`super::dial`), which opens a
+//!   new TCP connection as soon as the path works again.
 //!
 //! A link's threads belong to one TCP connection (its *incarnation*): when the link dies or
 //! is replaced they find a newer incarnation and stop.
@@ -22,7 +22,7 @@
 //! would leave its link idle.
 
 use std::io::{self, IoSlice, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -54,13 +54,6 @@ const ACK_EVERY: u64 = 256 << 10;
 const RTT_SAMPLE: Duration = Duration::from_millis(20);
 /// How long the peer's host must have refused every link before the peer counts as gone.
 const PEER_GONE: Duration = Duration::from_millis(500);
-/// How long a dialer waits for one connection attempt before starting a fresh one, at the
-/// least: a SYN lost during an outage is not retried by the kernel soon enough (its back-off
-/// doubles). See [`dial_timeouts`].
-const DIAL_ATTEMPT: Duration = Duration::from_millis(50);
-/// Round trips of the path that one attempt, and then its hello exchange, may take (see
-/// [`dial_timeouts`]).
-const DIAL_ROUND_TRIPS: u32 = 4;
 /// How long the threads of an ended connection keep going, to let a CLOSE record out.
 const CLOSE_LINGER: Duration = Duration::from_millis(200);
 /// How often the next hop of each link is confirmed (see [`sys::confirm_next_hop`]).
@@ -166,7 +159,7 @@ pub(crate) fn fail(
 
 /// Whether an I/O error says the peer's side of the TCP connection is gone (closed or reset)
 /// rather than silent.
-fn closed_by_peer(kind: io::ErrorKind) -> bool {
+pub(super) fn closed_by_peer(kind: io::ErrorKind) -> bool {
     matches!(
         kind,
         io::ErrorKind::UnexpectedEof
@@ -911,7 +904,7 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
                     let c = conn.clone();
                     let spawned = std::thread::Builder::new()
                         .name(format!("ri2n-tcp-d{i}"))
-                        .spawn(move || dial(&c, i, local, remote));
+                        .spawn(move || super::dial::dial(&c, i, local, remote));
                     if spawned.is_err() {
                         st.links[i].dialing = false;
                     }
@@ -961,73 +954,6 @@ fn soft_failure(conn: &TcpConnection, st: &mut State, now: Instant, origin: Inst
     st.links[h].last_pause = (pause, now);
     st.set_link_state(h, LinkState::Degraded);
     conn.wake();
-}
-
-/// Opens the TCP connection of a client's link `l` and says hello on it; the first link of
-/// a connection uses [`hello`] directly.
-fn dial(conn: &Arc<TcpConnection>, l: usize, local: SocketAddr, remote: SocketAddr) {
-    let hello = Hello {
-        connection_id: conn.settings.connection_id,
-        link: l as u8,
-        new_connection: false,
-        keyed: conn.settings.key.is_some(),
-        takes_messages: conn.settings.takes_messages,
-        window: conn.settings.window,
-        application: conn.settings.application.clone(),
-    };
-    // the path's own round trip if it was ever up, else the longest of the others': the
-    // smallest seen, which a queue building up under load does not stretch
-    let path_rtt = {
-        let st = conn.lock();
-        match st.links[l].min_rtt {
-            own if !own.is_zero() => own,
-            _ => st
-                .links
-                .iter()
-                .map(|link| link.min_rtt)
-                .max()
-                .unwrap_or_default(),
-        }
-    };
-    let (connect, exchange) = dial_timeouts(path_rtt, conn.settings.probe_interval);
-    let started = Instant::now();
-    let res = sys::connect_from(local, remote, connect)
-        .and_then(|s| hello_exchange(s, &hello, exchange, conn.settings.key.as_ref()));
-    let mut st = conn.lock();
-    st.links[l].dialing = false;
-    st.links[l].next_dial = started + conn.settings.probe_interval;
-    if let Err(e) = &res {
-        let link = &mut st.links[l];
-        link.refused_since = match closed_by_peer(e.kind()) {
-            true => link.refused_since.or(Some(started)),
-            false => None,
-        };
-    }
-    match res {
-        Ok(x) if x.reply.status == HelloStatus::Accepted => {
-            drop(st);
-            let _ = attach(conn, l, x.stream, x.leftover, x.keys);
-        }
-        Ok(x) if x.reply.status == HelloStatus::UnknownConnection => {
-            st.end(Some(ConnectionError::PeerRestarted));
-            drop(st);
-            conn.wake();
-        }
-        _ => {}
-    }
-}
-
-/// How long a dialer waits for its TCP connection to open, and then for the hello exchange on
-/// it, given the path's round trip as far as the connection knows it. Short on a LAN, so that
-/// a SYN lost in an outage is replaced at once by a fresh attempt; a few round trips on a long
-/// path, whose answers would otherwise always come too late: a link there could never be
-/// opened (nor reopened after a failure).
-fn dial_timeouts(path_rtt: Duration, probe_interval: Duration) -> (Duration, Duration) {
-    let round_trips = path_rtt * DIAL_ROUND_TRIPS;
-    (
-        DIAL_ATTEMPT.max(round_trips),
-        DIAL_ATTEMPT.max(probe_interval * 5).max(round_trips),
-    )
 }
 
 /// A TCP connection the server answered.
@@ -1106,25 +1032,4 @@ pub(crate) fn hello_exchange(
         leftover: buf,
         keys,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_dial_waits_several_round_trips_of_a_long_path_and_little_on_a_lan() {
-        let ms = Duration::from_millis;
-        // a LAN (or a path of unknown round trip): short attempts, so that a SYN lost in an
-        // outage is replaced soon; the hello exchange as long as five probes
-        assert_eq!(dial_timeouts(Duration::ZERO, ms(20)), (ms(50), ms(100)));
-        assert_eq!(
-            dial_timeouts(Duration::from_micros(150), ms(20)),
-            (ms(50), ms(100))
-        );
-        // an 80 ms path: a SYN's answer arrives after 80 ms, past the LAN attempt's 50
-        assert_eq!(dial_timeouts(ms(80), ms(20)), (ms(320), ms(320)));
-        // a slower probe pace lengthens the hello exchange only
-        assert_eq!(dial_timeouts(ms(1), ms(100)), (ms(50), ms(500)));
-    }
 }

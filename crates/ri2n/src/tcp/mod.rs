@@ -6,14 +6,17 @@
 //!
 //! - [`endpoint`]: listening sockets, the hello exchange, connecting.
 //! - [`conn`]: one connection's state under one lock, and the application's calls on it.
-//! - [`link`]: each link's writer and reader threads, the watch thread that declares links
-//!   dead, and the dialer that replaces a dead link's TCP connection.
+//! - [`link`]: each link's writer and reader threads, and the watch thread that declares
+//!   links dead and starts dialers.
+//! - [`dial`]: the dialer that opens a client's further links and replaces a dead link's TCP
+//!   connection, by racing connection attempts.
 //!
 //! Threads, not an event loop: a link's writer blocks in `write` while its TCP connection's
 //! buffer is full, which is exactly MuniSocket's load balancing (a slower link takes fewer
 //! runs), and a connection has few links.
 
 pub(crate) mod conn;
+mod dial;
 pub(crate) mod endpoint;
 pub(crate) mod link;
 mod signal;

@@ -1,5 +1,6 @@
 //! The few socket calls std does not offer: TCP_INFO, TCP_NOTSENT_LOWAT, reads into spare
-//! capacity, a connect from a chosen address with a deadline, and next-hop confirmation.
+//! capacity, connects from a chosen address (with a deadline, or several raced), and next-hop
+//! confirmation.
 
 use std::io;
 use std::net::{SocketAddr, TcpStream, UdpSocket};
@@ -112,6 +113,58 @@ pub(crate) fn connect_from(
     )?;
     s.bind(&SockAddr::from(SocketAddr::new(local.ip(), 0)))?;
     s.connect_timeout(&SockAddr::from(remote), timeout)?;
+    let s: TcpStream = s.into();
+    tune(&s)?;
+    Ok(s)
+}
+
+/// Starts a connection from `local`'s address (any port) to `remote` without waiting for it:
+/// the SYN goes out now, and [`finish_connect`] tells how it ended once [`wait_connects`]
+/// names the socket.
+pub(crate) fn start_connect(local: SocketAddr, remote: SocketAddr) -> io::Result<Socket> {
+    let s = Socket::new(
+        Domain::for_address(remote),
+        Type::STREAM.nonblocking(),
+        Some(Protocol::TCP),
+    )?;
+    s.bind(&SockAddr::from(SocketAddr::new(local.ip(), 0)))?;
+    match s.connect(&SockAddr::from(remote)) {
+        Err(e) if e.raw_os_error() != Some(libc::EINPROGRESS) => Err(e),
+        _ => Ok(s),
+    }
+}
+
+/// Waits at most `timeout` for one of the connections started by [`start_connect`] to open
+/// or fail; returns the index of one that did, if any.
+pub(crate) fn wait_connects(socks: &[&Socket], timeout: Duration) -> io::Result<Option<usize>> {
+    let mut pfds: Vec<libc::pollfd> = (socks.iter())
+        .map(|s| libc::pollfd {
+            fd: s.as_raw_fd(),
+            events: libc::POLLOUT,
+            revents: 0,
+        })
+        .collect();
+    // rounded up: a wait cut short of its deadline would only spin
+    let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: poll(2) on `pfds.len()` live pollfds.
+    let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return match e.kind() {
+            io::ErrorKind::Interrupted => Ok(None),
+            _ => Err(e),
+        };
+    }
+    Ok(pfds.iter().position(|p| p.revents != 0))
+}
+
+/// How a connection that [`wait_connects`] named ended: open (made blocking and tuned), or
+/// the reason it failed (refused, unreachable).
+pub(crate) fn finish_connect(s: Socket) -> io::Result<TcpStream> {
+    if let Some(e) = s.take_error()? {
+        return Err(e);
+    }
+    s.set_nonblocking(false)?;
     let s: TcpStream = s.into();
     tune(&s)?;
     Ok(s)

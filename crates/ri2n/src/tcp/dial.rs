@@ -1,0 +1,234 @@
+//! The dialer: opens a client's links after the first and replaces a dead link's TCP
+//! connection (docs/PROTOCOL.md §12.4), by racing connection attempts.
+//!
+//! A new attempt starts every probe interval and each is kept for a while, all at once: a
+//! SYN lost during an outage is made up for by the next attempt (the kernel would retry it
+//! only after a second), and a path whose round trip is longer than the interval still gets
+//! its answer in. How long each attempt is kept follows a ladder ([`patience`]), so that a
+//! handful are open at a time and a path of any round trip R opens within about 2R of when
+//! it works, with no guess of R: a link never opened has no round trip of its own, and the
+//! other links' say nothing of its path.
+
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ri2n_proto::tcp::{Hello, HelloStatus};
+use ri2n_proto::ConnectionError;
+use socket2::Socket;
+
+use super::conn::TcpConnection;
+use super::link::{attach, closed_by_peer, hello_exchange};
+use super::sys;
+
+/// The longest an attempt is kept: the kernel sends its SYN again after a second, so an
+/// attempt kept longer would be a second one in disguise.
+const LONGEST_ATTEMPT: Duration = Duration::from_secs(1);
+/// The least the hello exchange on a new TCP connection may take.
+const HELLO_AT_LEAST: Duration = Duration::from_millis(50);
+/// Round trips of the path (the new TCP connection's own measure) that the hello exchange
+/// may take.
+const HELLO_ROUND_TRIPS: u32 = 4;
+
+/// Opens the TCP connection of a client's link `l` and says hello on it, retrying until the
+/// connection ends; the first link of a connection uses [`hello_exchange`] directly.
+pub(super) fn dial(conn: &Arc<TcpConnection>, l: usize, local: SocketAddr, remote: SocketAddr) {
+    let hello = Hello {
+        connection_id: conn.settings.connection_id,
+        link: l as u8,
+        new_connection: false,
+        keyed: conn.settings.key.is_some(),
+        takes_messages: conn.settings.takes_messages,
+        window: conn.settings.window,
+        application: conn.settings.application.clone(),
+    };
+    let Some((stream, started)) = race(conn, l, local, remote) else {
+        conn.lock().links[l].dialing = false;
+        return;
+    };
+    let rtt = sys::rtt_and_cwnd(&stream).map_or(Duration::ZERO, |r| r.0);
+    let res = hello_exchange(
+        stream,
+        &hello,
+        hello_timeout(rtt, conn.settings.probe_interval),
+        conn.settings.key.as_ref(),
+    );
+    let mut st = conn.lock();
+    st.links[l].dialing = false;
+    st.links[l].next_dial = Instant::now() + conn.settings.probe_interval;
+    match res {
+        Ok(x) if x.reply.status == HelloStatus::Accepted => {
+            st.links[l].refused_since = None;
+            drop(st);
+            let _ = attach(conn, l, x.stream, x.leftover, x.keys);
+        }
+        Ok(x) if x.reply.status == HelloStatus::UnknownConnection => {
+            st.end(Some(ConnectionError::PeerRestarted));
+            drop(st);
+            conn.wake();
+        }
+        Ok(_) => {}
+        Err(e) => note_failure(&mut st.links[l], &e, started),
+    }
+}
+
+/// One connection attempt in a race.
+struct Attempt {
+    socket: Socket,
+    started: Instant,
+    /// When it is given up if still unanswered.
+    until: Instant,
+}
+
+/// Races connection attempts from `local` to `remote` (see the module doc) until one opens,
+/// returning it and when it started; `None` once the connection has ended. Each attempt
+/// refused, failed or given up is noted on link `l` (see `Link::refused_since`).
+fn race(
+    conn: &TcpConnection,
+    l: usize,
+    local: SocketAddr,
+    remote: SocketAddr,
+) -> Option<(TcpStream, Instant)> {
+    let pace = conn.settings.probe_interval;
+    let mut attempts: Vec<Attempt> = Vec::new();
+    let mut next_start = Instant::now();
+    // attempts started (or due) so far: the next one's place on the ladder
+    let mut k = 0u32;
+    loop {
+        let now = Instant::now();
+        let mut st = conn.lock();
+        if st.end.is_some() {
+            return None;
+        }
+        if now >= next_start {
+            next_start = now + pace;
+            match sys::start_connect(local, remote) {
+                Ok(socket) => attempts.push(Attempt {
+                    socket,
+                    started: now,
+                    until: now + patience(k, pace),
+                }),
+                Err(e) => note_failure(&mut st.links[l], &e, now),
+            }
+            k = k.wrapping_add(1);
+        }
+        let before = attempts.len();
+        attempts.retain(|a| a.until > now);
+        if attempts.len() < before {
+            // unanswered: the path is silent, not refusing
+            st.links[l].refused_since = None;
+        }
+        drop(st);
+        let wake = (attempts.iter().map(|a| a.until)).fold(next_start, Instant::min);
+        let sockets: Vec<&Socket> = attempts.iter().map(|a| &a.socket).collect();
+        let ended = match sys::wait_connects(&sockets, wake.saturating_duration_since(now)) {
+            Ok(Some(i)) => attempts.swap_remove(i),
+            Ok(None) => continue,
+            Err(_) => return None,
+        };
+        match sys::finish_connect(ended.socket) {
+            Ok(stream) => return Some((stream, ended.started)),
+            Err(e) => note_failure(&mut conn.lock().links[l], &e, ended.started),
+        }
+    }
+}
+
+/// How long attempt `k` of a race (from 0) is kept, with a new attempt every `pace`: the
+/// first as long as any ([`LONGEST_ATTEMPT`]), then every second one 2 paces, every fourth
+/// 4, every eighth 8, and so on up to that longest. After a heal, an attempt kept at least
+/// as long as the path's round trip starts within that round trip, and about one attempt
+/// of each length is open at a time.
+fn patience(k: u32, pace: Duration) -> Duration {
+    let doublings = k.trailing_zeros().saturating_add(1).min(16);
+    (pace * (1 << doublings)).min(LONGEST_ATTEMPT)
+}
+
+/// How long the hello exchange on a new TCP connection may take, given the round trip that
+/// connection measured while it opened: five probe intervals on a LAN, a few round trips on
+/// a long path.
+fn hello_timeout(rtt: Duration, probe_interval: Duration) -> Duration {
+    (HELLO_AT_LEAST.max(probe_interval * 5)).max(rtt * HELLO_ROUND_TRIPS)
+}
+
+/// Notes on `link` how an attempt started at `started` failed: the peer's host refusing (or
+/// closing the new connection) starts or continues its `refused_since`; anything else (no
+/// route, no local address) says the path is out, not the peer.
+fn note_failure(link: &mut super::conn::Link, e: &io::Error, started: Instant) {
+    link.refused_since = match closed_by_peer(e.kind()) {
+        true => link.refused_since.or(Some(started)),
+        false => None,
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn attempts_are_kept_on_a_ladder_of_doubling_lengths() {
+        let kept: Vec<Duration> = (0..9).map(|k| patience(k, ms(20))).collect();
+        assert_eq!(
+            kept,
+            [1000, 40, 80, 40, 160, 40, 80, 40, 320].map(ms),
+            "the first longest, then 2, 4, 2, 8, ... paces"
+        );
+        assert_eq!(patience(64, ms(20)), LONGEST_ATTEMPT);
+        assert_eq!(patience(1 << 31, ms(20)), LONGEST_ATTEMPT);
+        assert_eq!(patience(0, ms(2000)), LONGEST_ATTEMPT);
+    }
+
+    /// A path of round trip `rtt` that works from `heal` on: the time from the heal until an
+    /// attempt started after it is answered while still kept.
+    fn opened_after(rtt: Duration, heal: Duration, pace: Duration) -> Option<Duration> {
+        (0u32..10_000)
+            .map(|k| (pace * k, patience(k, pace)))
+            .filter(|&(start, kept)| start >= heal && kept >= rtt)
+            .map(|(start, _)| start + rtt - heal)
+            .next()
+    }
+
+    #[test]
+    fn a_path_of_any_round_trip_opens_within_about_two_of_them() {
+        let pace = ms(20);
+        for rtt_ms in [1, 15, 30, 70, 110, 250, 600, 1000] {
+            let rtt = ms(rtt_ms);
+            for heal_ms in (0..3000).step_by(7) {
+                let took = opened_after(rtt, ms(heal_ms), pace)
+                    .unwrap_or_else(|| panic!("a {rtt_ms} ms path never opened"));
+                assert!(
+                    took <= (rtt * 2).max(rtt + pace),
+                    "a {rtt_ms} ms path healed at {heal_ms} ms opened {took:?} later"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn few_attempts_are_open_at_once() {
+        let pace = ms(20);
+        let most = (0..5000u32)
+            .map(|t| {
+                let now = pace * t;
+                (0..=t)
+                    .filter(|&k| pace * k + patience(k, pace) > now)
+                    .count()
+            })
+            .max()
+            .unwrap();
+        assert_eq!(most, 7, "attempts open at once at most");
+    }
+
+    #[test]
+    fn the_hello_waits_several_round_trips_of_a_long_path_and_little_on_a_lan() {
+        assert_eq!(hello_timeout(Duration::ZERO, ms(20)), ms(100));
+        assert_eq!(hello_timeout(Duration::from_micros(150), ms(20)), ms(100));
+        assert_eq!(hello_timeout(ms(80), ms(20)), ms(320));
+        assert_eq!(hello_timeout(ms(1), ms(100)), ms(500));
+        assert_eq!(hello_timeout(ms(1), ms(1)), HELLO_AT_LEAST);
+    }
+}
