@@ -136,7 +136,8 @@ def parser():
                     help="fault: ri2n runs of the Figure-4 scenario (missed take-backs are counted)")
     ap.add_argument("--scenarios", help="fault: only these scenarios, comma-separated (of %s)"
                     % ", ".join(fault.SCENARIOS))
-    ap.add_argument("--fault-tools", help="fault: only these tools, comma-separated (of %s)"
+    ap.add_argument("--fault-tools", help="fault: only these tools, comma-separated (of %s); "
+                    "the stored runs of the others are kept, and the report says from when"
                     % ", ".join(fault.TOOLS))
     ap.add_argument("--long-outage", action="store_true",
                     help="fault: also a 5-minute total outage (one run per tool, ~16 min)")

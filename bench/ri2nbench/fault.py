@@ -337,7 +337,32 @@ def part_fault(o):
     for p in srv.values():
         PROCS.stop(p)
     lab.down()
+    if o.fault_tools:
+        keep_earlier_runs(res, common.load("fault"), tools)
     return res
+
+
+def keep_earlier_runs(res, earlier, tools):
+    """A run of some tools only (`--fault-tools`) replaces their runs in the stored results and
+    keeps the other tools' runs from `earlier`, with where and when those were measured
+    (`earlier_runs`: each tool kept and the block header of the run it comes from)."""
+    if not earlier:
+        return
+    kept = [r for r in earlier["runs"] if r["tool"] not in tools]
+    if not kept:
+        return
+    from_before = {}
+    for e in earlier.get("earlier_runs", []):
+        for t in e["tools"]:
+            from_before[t] = e["facts"]
+    facts = common.mfacts(earlier)
+    by_facts = {}
+    for t in sorted({r["tool"] for r in kept}):
+        by_facts.setdefault(from_before.get(t, facts), []).append(t)
+    res["earlier_runs"] = [{"tools": ts, "facts": f} for f, ts in by_facts.items()]
+    res["runs"] = kept + res["runs"]
+    if "iperf3_check" in earlier and "mptcp" not in tools:
+        res["iperf3_check"] = earlier["iperf3_check"]
 
 
 def mb_per_link(tx):
@@ -380,6 +405,9 @@ def link_events(L, runs, transport):
 
 def report_fault(res):
     L = [mfacts(res), ""]
+    for e in res.get("earlier_runs", []):
+        L += ["The runs of %s are kept from an earlier run of this part: %s" % (
+            ", ".join(TOOL_NAMES.get(t, t) for t in e["tools"]), e["facts"]), ""]
     runs = res["runs"]
 
     def metric(tool, scen, idx, key):
