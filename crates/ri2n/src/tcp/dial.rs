@@ -1,5 +1,6 @@
 //! The dialer: opens a client's links after the first and replaces a dead link's TCP
-//! connection (docs/PROTOCOL.md §12.4), by racing connection attempts.
+//! connection (docs/PROTOCOL.md §12.4), by racing connection attempts ([`Race`], which opens
+//! a connection's first link too).
 //!
 //! A new attempt starts every probe interval and each is kept for a while, all at once: a
 //! SYN lost during an outage is made up for by the next attempt (the kernel would retry it
@@ -81,9 +82,86 @@ struct Attempt {
     until: Instant,
 }
 
-/// Races connection attempts from `local` to `remote` (see the module doc) until one opens,
-/// returning it and when it started; `None` once the connection has ended. Each attempt
-/// refused, failed or given up is noted on link `l` (see `Link::refused_since`).
+/// Connection attempts from one local address to one remote, raced (see the module doc).
+pub(super) struct Race {
+    local: SocketAddr,
+    remote: SocketAddr,
+    pace: Duration,
+    attempts: Vec<Attempt>,
+    next_start: Instant,
+    /// Attempts started (or due) so far: the next one's place on the ladder.
+    started: u32,
+}
+
+/// What one [`Race::step`] saw.
+pub(super) enum Step {
+    /// An attempt started at that time opened: the race is won.
+    Open(TcpStream, Instant),
+    /// An attempt started at that time failed (refused, no route), or could not start.
+    Failed(io::Error, Instant),
+    /// An attempt was given up unanswered: the path is silent.
+    Unanswered,
+    /// Nothing ended before the step's deadline.
+    Waiting,
+}
+
+impl Race {
+    /// A race whose first attempt starts at the first step; a new one every `pace`.
+    pub fn new(local: SocketAddr, remote: SocketAddr, pace: Duration) -> Self {
+        Self {
+            local,
+            remote,
+            pace,
+            attempts: Vec::new(),
+            next_start: Instant::now(),
+            started: 0,
+        }
+    }
+
+    /// Starts the attempt that is due, if one is, and then waits, at most until `until` or
+    /// the next start, for an attempt to end.
+    pub fn step(&mut self, until: Instant) -> Step {
+        let now = Instant::now();
+        if now >= self.next_start {
+            self.next_start = now + self.pace;
+            let k = self.started;
+            self.started = self.started.wrapping_add(1);
+            match sys::start_connect(self.local, self.remote) {
+                Ok(socket) => self.attempts.push(Attempt {
+                    socket,
+                    started: now,
+                    until: now + patience(k, self.pace),
+                }),
+                Err(e) => return Step::Failed(e, now),
+            }
+        }
+        let before = self.attempts.len();
+        self.attempts.retain(|a| a.until > now);
+        if self.attempts.len() < before {
+            return Step::Unanswered;
+        }
+        let wake =
+            (self.attempts.iter().map(|a| a.until)).fold(self.next_start.min(until), Instant::min);
+        let sockets: Vec<&Socket> = self.attempts.iter().map(|a| &a.socket).collect();
+        let ended = match sys::wait_connects(&sockets, wake.saturating_duration_since(now)) {
+            Ok(Some(i)) => self.attempts.swap_remove(i),
+            Ok(None) => return Step::Waiting,
+            Err(e) => {
+                // not a spin if poll keeps failing
+                std::thread::sleep(wake.saturating_duration_since(now));
+                return Step::Failed(e, now);
+            }
+        };
+        match sys::finish_connect(ended.socket) {
+            Ok(stream) => Step::Open(stream, ended.started),
+            Err(e) => Step::Failed(e, ended.started),
+        }
+    }
+}
+
+/// Races connection attempts for link `l` until one opens, returning it and when it
+/// started; `None` once the connection has ended. Each attempt refused, failed or given up
+/// is noted on the link (see `Link::refused_since`).
 fn race(
     conn: &TcpConnection,
     l: usize,
@@ -91,45 +169,17 @@ fn race(
     remote: SocketAddr,
 ) -> Option<(TcpStream, Instant)> {
     let pace = conn.settings.probe_interval;
-    let mut attempts: Vec<Attempt> = Vec::new();
-    let mut next_start = Instant::now();
-    // attempts started (or due) so far: the next one's place on the ladder
-    let mut k = 0u32;
+    let mut race = Race::new(local, remote, pace);
     loop {
-        let now = Instant::now();
-        let mut st = conn.lock();
-        if st.end.is_some() {
+        if conn.lock().end.is_some() {
             return None;
         }
-        if now >= next_start {
-            next_start = now + pace;
-            match sys::start_connect(local, remote) {
-                Ok(socket) => attempts.push(Attempt {
-                    socket,
-                    started: now,
-                    until: now + patience(k, pace),
-                }),
-                Err(e) => note_failure(&mut st.links[l], &e, now),
-            }
-            k = k.wrapping_add(1);
-        }
-        let before = attempts.len();
-        attempts.retain(|a| a.until > now);
-        if attempts.len() < before {
-            // unanswered: the path is silent, not refusing
-            st.links[l].refused_since = None;
-        }
-        drop(st);
-        let wake = (attempts.iter().map(|a| a.until)).fold(next_start, Instant::min);
-        let sockets: Vec<&Socket> = attempts.iter().map(|a| &a.socket).collect();
-        let ended = match sys::wait_connects(&sockets, wake.saturating_duration_since(now)) {
-            Ok(Some(i)) => attempts.swap_remove(i),
-            Ok(None) => continue,
-            Err(_) => return None,
-        };
-        match sys::finish_connect(ended.socket) {
-            Ok(stream) => return Some((stream, ended.started)),
-            Err(e) => note_failure(&mut conn.lock().links[l], &e, ended.started),
+        match race.step(Instant::now() + pace) {
+            Step::Open(stream, started) => return Some((stream, started)),
+            Step::Failed(e, started) => note_failure(&mut conn.lock().links[l], &e, started),
+            // the path is silent, not refusing
+            Step::Unanswered => conn.lock().links[l].refused_since = None,
+            Step::Waiting => {}
         }
     }
 }

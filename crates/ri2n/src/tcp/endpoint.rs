@@ -20,6 +20,7 @@ use ri2n_proto::tcp::{Hello, HelloReply, HelloStatus};
 use ri2n_proto::{ConnectionConfig, ConnectionError, EndpointConfig, KeyMismatch};
 
 use super::conn::{Link, Role, Settings, TcpConnection};
+use super::dial::{Race, Step};
 use super::link;
 use super::sys;
 use crate::readiness::Readiness;
@@ -123,23 +124,33 @@ impl TcpEndpoint {
             application: config.application.clone(),
         };
         let timeout = config.handshake_timeout;
-        let stream =
-            sys::connect_from(local, first_remote, timeout).map_err(|e| match e.kind() {
-                io::ErrorKind::ConnectionRefused => Error::Connection(ConnectionError::Refused),
-                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => {
-                    Error::Connection(ConnectionError::TimedOut(timeout))
-                }
-                _ => Error::Io(e),
-            })?;
-        let x = link::hello_exchange(stream, &hello, timeout, key.as_ref()).map_err(|e| match e
-            .kind()
-        {
-            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-                Error::Connection(ConnectionError::TimedOut(timeout))
+        let deadline = Instant::now() + timeout;
+        let timed_out = || Error::Connection(ConnectionError::TimedOut(timeout));
+        // raced attempts, as the dialer's: a lost SYN is made up for at once, not in a second
+        let mut race = Race::new(local, first_remote, config.probe_interval);
+        let stream = loop {
+            if Instant::now() >= deadline {
+                return Err(timed_out());
             }
-            _ => Error::Connection(ConnectionError::ProtocolViolation(
-                "the peer did not answer as a ri2n TCP server",
-            )),
+            match race.step(deadline) {
+                Step::Open(stream, _) => break stream,
+                Step::Failed(e, _) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                    return Err(Error::Connection(ConnectionError::Refused))
+                }
+                Step::Failed(e, _) => return Err(Error::Io(e)),
+                Step::Unanswered | Step::Waiting => {}
+            }
+        };
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        let x = link::hello_exchange(stream, &hello, left, key.as_ref()).map_err(|e| {
+            match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => timed_out(),
+                _ => Error::Connection(ConnectionError::ProtocolViolation(
+                    "the peer did not answer as a ri2n TCP server",
+                )),
+            }
         })?;
         let (stream, reply, leftover, keys) = (x.stream, x.reply, x.leftover, x.keys);
         let mismatch = |m| Err(Error::Connection(ConnectionError::KeyMismatch(m)));

@@ -1,5 +1,5 @@
 //! The few socket calls std does not offer: TCP_INFO, TCP_NOTSENT_LOWAT, reads into spare
-//! capacity, connects from a chosen address (with a deadline, or several raced), and next-hop
+//! capacity, connection attempts from a chosen address (raced by `super::dial`), and next-hop
 //! confirmation.
 
 use std::io;
@@ -98,24 +98,6 @@ pub(crate) fn held(s: &TcpStream) -> u64 {
     } else {
         0
     }
-}
-
-/// Opens a TCP connection from `local` (port 0: any) to `remote`, giving up after `timeout`.
-pub(crate) fn connect_from(
-    local: SocketAddr,
-    remote: SocketAddr,
-    timeout: Duration,
-) -> io::Result<TcpStream> {
-    let s = Socket::new(
-        Domain::for_address(remote),
-        Type::STREAM,
-        Some(Protocol::TCP),
-    )?;
-    s.bind(&SockAddr::from(SocketAddr::new(local.ip(), 0)))?;
-    s.connect_timeout(&SockAddr::from(remote), timeout)?;
-    let s: TcpStream = s.into();
-    tune(&s)?;
-    Ok(s)
 }
 
 /// Starts a connection from `local`'s address (any port) to `remote` without waiting for it:
