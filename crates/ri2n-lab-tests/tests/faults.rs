@@ -758,7 +758,8 @@ fn killed_sender_is_reported_by_the_receiver() {
 
 /// IPv6 links with a 1500-byte MTU carry 1452-byte datagrams, not the 1472 of IPv4: an A→B
 /// transfer over two IPv6 links, with link 1's switch dead from [`FAULT_AT`] to [`HEAL_AT`],
-/// arrives intact. (Before datagram sizes followed the interface, no data ever arrived.)
+/// arrives intact. (Before datagram sizes followed the interface, no data ever arrived.) The
+/// TCP transport does the same over the same links.
 #[test]
 fn ipv6_links_carry_a_transfer_through_a_dead_switch() {
     let Some(env) = env() else { return };
@@ -768,22 +769,24 @@ fn ipv6_links_carry_a_transfer_through_a_dead_switch() {
     let dir = TestDir::new(env, name);
     let lab = Lab::up_ipv6(env, name, 2);
     let data = DataFile::create(dir.0.join("input"), data_mib(), 12);
-    let out = Transfer {
-        sender: Host::A,
-        input: &data,
-        actions: vec![
-            (FAULT_AT, Action::Fault(1, vec!["switch".into()])),
-            (HEAL_AT, Action::Heal(1)),
-        ],
-        discover: true,
-        deadline: Instant::now() + TEST_TIMEOUT,
-        name: "ipv6-a2b".into(),
-        key: None,
-        tcp: false,
+    for (tcp, label) in [(false, "ipv6-a2b"), (true, "ipv6-tcp-a2b")] {
+        let out = Transfer {
+            sender: Host::A,
+            input: &data,
+            actions: vec![
+                (FAULT_AT, Action::Fault(1, vec!["switch".into()])),
+                (HEAL_AT, Action::Heal(1)),
+            ],
+            discover: true,
+            deadline: Instant::now() + TEST_TIMEOUT,
+            name: label.into(),
+            key: None,
+            tcp,
+        }
+        .run(env, &lab, &dir.0);
+        out.report(Some(1));
+        assert_fault_seen(&out, 1, Shows::Down);
     }
-    .run(env, &lab, &dir.0);
-    out.report(Some(1));
-    assert_fault_seen(&out, 1, Shows::Down);
 }
 
 /// Starts an A→B transfer, kills the receiver at [`FAULT_AT`], starts a new one after `gap`,

@@ -32,8 +32,9 @@ const HELLO_AT_LEAST: Duration = Duration::from_millis(50);
 /// may take.
 const HELLO_ROUND_TRIPS: u32 = 4;
 
-/// Opens the TCP connection of a client's link `l` and says hello on it, retrying until the
-/// connection ends; the first link of a connection uses [`hello_exchange`] directly.
+/// Opens the TCP connection of a client's link `l` (racing attempts until one opens or the
+/// connection ends) and says hello on it; the watch thread starts another dialer if the
+/// hello fails. A connection's first link is opened by `TcpEndpoint::connect`.
 pub(super) fn dial(conn: &Arc<TcpConnection>, l: usize, local: SocketAddr, remote: SocketAddr) {
     let hello = Hello {
         connection_id: conn.settings.connection_id,
