@@ -227,8 +227,7 @@ def end_mpi_leftovers(lab):
 TUNNEL_LINK_CAP = 1e9 * 1448 / 1514
 # a switch dies and heals under a TCP flow through the tunnel
 TUNNEL_FAILOVER = (8, [(3.0, "fault", 1, "switch"), (5.0, "heal", 1)])
-# the daemons' longest busy-poll window (µs): `ri2n tunnel`'s default, longer than the round
-# trip; the latency is measured with it and again with none (`--busy-poll 0`)
+# the busy-poll window of the latency runs that use one (µs): longer than the round trip
 BUSY_POLL_US = 200
 
 
@@ -330,12 +329,12 @@ def part_tunnel(o):
                 carry, rep, (row["rate"]["bps"] or 0) / 1e6, row["outage"]["resume_s"]))
             rows.append(row)
         res["carry"][carry] = rows
-    # the round trip again with daemons that sleep at once (`--busy-poll 0`)
+    # the round trip again with the daemons busy polling (`--busy-poll`)
     for p in daemons.values():
         PROCS.stop(p)
-    daemons, logs = tunnel_up(lab, tmpdir, extra=["--busy-poll", "0"])
-    res["busy_poll_us"] = BUSY_POLL_US
-    res["latency_no_busy_poll"] = {"runs": latency_runs(lab, daemons, o)}
+    daemons, logs = tunnel_up(lab, tmpdir, extra=["--busy-poll", str(BUSY_POLL_US)])
+    res["latency_busy_poll"] = {"busy_poll_us": BUSY_POLL_US,
+                                "runs": latency_runs(lab, daemons, o)}
     for p in srv.values():
         PROCS.stop(p)
     for p in daemons.values():
@@ -353,7 +352,7 @@ def part_tunnel(o):
         "failover": "bench/mptcp_flow.py send --tcp --to 10.99.0.2:5310 --time 8 (receiver: "
                     "recv --tcp, 10 ms bins); switch 1 dies at 3 s, heals at 5 s",
         "latency": "sockperf ping-pong -m 64 --full-rtt -t %d to 10.99.0.2 and to 10.77.1.2; "
-                   "again with ri2n tunnel --busy-poll 0" % o.sockperf_time,
+                   "again with ri2n tunnel --busy-poll %d" % (o.sockperf_time, BUSY_POLL_US),
         "partition": "iperf3 -c 10.99.0.2 -t %d -i 0.2 and an idle TCP connection (echoed once "
                      "before, timed once after); every switch dead from 5 s to %d s" % (
                          5 + outage + 10, 5 + outage),
@@ -437,29 +436,7 @@ def report_tunnel(res):
                      sum(1 for x in fails if x is not None and x <= 0.1), len(fails),
                      sum(1 for x in heals if x is not None and x <= 0.2), len(heals)))
     lat = res["latency"]
-    minus = lambda runs: spread([(r["tunnel"]["median_us"] or 0) - (r["link"]["median_us"] or 0)
-                                 for r in runs])
-    if lat and "busy_poll_us" in res:
-        # the daemons as they start by default (busy polling adapts up to BUSY_POLL_US), then
-        # with none
-        L.append("")
-        L.append("**64-byte UDP round trip** (sockperf `--full-rtt`), µs, the daemons as they "
-                 "start (busy polling up to %d µs, adapting): through the tunnel %s, directly on "
-                 "network 1 %s (median of each run's median), tunnel minus direct per run "
-                 "**%s**%s." % (
-                     res["busy_poll_us"],
-                     spread([r["tunnel"]["median_us"] or 0 for r in lat]),
-                     spread([r["link"]["median_us"] or 0 for r in lat]), minus(lat),
-                     daemon_cpu(lat)))
-        off = (res.get("latency_no_busy_poll") or {}).get("runs")
-        if off:
-            L.append("With daemons that sleep at once (`--busy-poll 0`): through the tunnel %s, "
-                     "directly %s, tunnel minus direct per run %s%s." % (
-                         spread([r["tunnel"]["median_us"] or 0 for r in off]),
-                         spread([r["link"]["median_us"] or 0 for r in off]), minus(off),
-                         daemon_cpu(off)))
-    elif lat:
-        # results from before busy polling was the default
+    if lat:
         L.append("")
         L.append("**64-byte UDP round trip** (sockperf `--full-rtt`), µs: through the tunnel %s, "
                  "directly on network 1 %s (median of each run's median)%s." % (

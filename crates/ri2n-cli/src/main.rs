@@ -213,16 +213,15 @@ pub struct TunnelArgs {
     pub queues: Option<u16>,
 
     /// After its last packet, each thread that moves packets (one per queue, one for the
-    /// links) keeps looking for the next one for up to USEC microseconds before it sleeps, so
-    /// that a packet arriving meanwhile crosses without a thread wake-up: on hosts where waking
-    /// a thread is dear (virtual machines) a small packet's round trip through the tunnel then
-    /// comes close to the plain link's. The window adapts: it grows while packets come within
-    /// USEC of each other (a request and its answer) and closes when they come further apart,
-    /// so steady traffic at a low rate, and rest (keepalives), cost no spinning. A thread
-    /// yields to any thread waiting for its CPU between looks. 0: sleep at once, always. A
-    /// window shorter than the round trip through the tunnel saves less (docs/BENCHMARKS.md
-    /// §6).
-    #[arg(long, value_name = "USEC", default_value_t = 200,
+    /// links) keeps looking for the next one for USEC microseconds before it sleeps, so that
+    /// a packet arriving meanwhile crosses without a thread wake-up: on hosts where waking a
+    /// thread is dear (virtual machines) a small packet's round trip through the tunnel then
+    /// comes close to the plain link's. Costs CPU: each such thread spins for up to USEC
+    /// after every burst of traffic (yielding to any thread waiting for its CPU), a whole
+    /// core while packets come more often; nothing at rest. 0 (the default): sleep at once.
+    /// For latency-bound work such as MPI try 200: a window shorter than the round trip
+    /// through the tunnel saves less (docs/BENCHMARKS.md §6).
+    #[arg(long, value_name = "USEC", default_value_t = 0,
           value_parser = clap::value_parser!(u32).range(0..=100_000))]
     pub busy_poll: u32,
 

@@ -5,40 +5,32 @@
 //! (virtual machines: docs/BENCHMARKS.md §6); a request-response exchange whose round trip is
 //! shorter than the window then crosses the tunnel without any.
 //!
-//! The price is CPU, so the window adapts, as the kernel's guest halt-polling does: it grows
-//! (up to the `--busy-poll` setting) each time the thread was woken soon after its last packet,
-//! where a longer spin would have caught the packet, and shrinks to nothing when the next
-//! packet came later than the longest spin would have waited, where spinning was waste. A
-//! thread yields between looks, so that an application thread waiting for that CPU (the one
-//! about to answer) runs first, and it never spins at rest: the window counts from the last
-//! packet handled, not from the start of a wait, and the keepalives that wake it at rest
-//! are not packets it handled.
+//! The price is CPU: a thread spins for up to the window after each burst of traffic. It
+//! yields between looks, so that an application thread waiting for that CPU (the one about
+//! to answer) runs first, and it never spins at rest: the window counts from the last packet
+//! handled, not from the start of a wait.
 
 use std::time::{Duration, Instant};
 
 /// One packet thread's window.
 #[derive(Debug)]
 pub(crate) struct BusyPoll {
-    /// The longest window (`--busy-poll`); zero: the thread sleeps at once, always.
-    max: Duration,
-    /// How long after the last packet the thread keeps looking now (see the module doc).
+    /// How long after the last packet the thread keeps looking; zero: it sleeps at once.
     window: Duration,
     last_packet: Instant,
 }
 
 impl BusyPoll {
-    /// A thread's window, starting at its longest.
-    pub(crate) fn new(max: Duration) -> Self {
+    pub(crate) fn new(window: Duration) -> Self {
         Self {
-            max,
-            window: max,
+            window,
             last_packet: Instant::now(),
         }
     }
 
     /// The thread handled packets just now: the window opens again.
     pub(crate) fn handled(&mut self) {
-        if !self.max.is_zero() {
+        if !self.window.is_zero() {
             self.last_packet = Instant::now();
         }
     }
@@ -57,22 +49,6 @@ impl BusyPoll {
             std::thread::yield_now();
         }
         false
-    }
-
-    /// The thread was woken from a wait (after its spin found nothing): the window adapts to
-    /// how long after the last packet that was.
-    pub(crate) fn woke(&mut self) {
-        self.adapt(self.last_packet.elapsed());
-    }
-
-    /// Grows the window (doubling, from an eighth of the longest) if `since_packet` is within
-    /// the longest window, else closes it.
-    fn adapt(&mut self, since_packet: Duration) {
-        self.window = if since_packet <= self.max {
-            (self.window * 2).max(self.max / 8).min(self.max)
-        } else {
-            Duration::ZERO
-        };
     }
 }
 
@@ -130,29 +106,5 @@ mod tests {
             true
         }));
         assert_eq!(looks, 1);
-    }
-
-    #[test]
-    fn the_window_grows_while_packets_come_soon_and_closes_when_they_come_late() {
-        let max = Duration::from_micros(200);
-        let mut poll = BusyPoll::new(max);
-        assert_eq!(poll.window, max, "it starts at its longest");
-        // the next packet came 300 µs after the last: a spin of 200 would not have caught it
-        poll.adapt(Duration::from_micros(300));
-        assert_eq!(poll.window, Duration::ZERO);
-        assert!(!poll.spin(|| panic!("looked with a closed window")));
-        // packets 60 µs apart: the window grows back, doubling from an eighth of the longest
-        let mut grown = Vec::new();
-        for _ in 0..4 {
-            poll.adapt(Duration::from_micros(60));
-            grown.push(poll.window.as_micros());
-        }
-        assert_eq!(grown, [25, 50, 100, 200]);
-        // at most the longest, and never with `--busy-poll 0`
-        poll.adapt(Duration::ZERO);
-        assert_eq!(poll.window, max);
-        let mut off = BusyPoll::new(Duration::ZERO);
-        off.adapt(Duration::ZERO);
-        assert_eq!(off.window, Duration::ZERO);
     }
 }

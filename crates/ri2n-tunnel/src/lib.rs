@@ -13,9 +13,9 @@
 //! (`route`; the flows are spread over the queues, see `device`); one connects to the peers,
 //! accepts them and writes what every connection receives to the interface (`peer_loop`),
 //! all with the interface's TCP offloads (`offload`); one samples the status that a Unix
-//! socket and Prometheus serve (`status`). The route loops and the peer loop look for the
-//! next packet a while before they sleep, for as long as packets have been coming soon after
-//! each other (`busy_poll`): latency for CPU.
+//! socket and Prometheus serve (`status`). With a busy-poll window the route loops and the
+//! peer loop look for the next packet a while before they sleep (`busy_poll`): latency for
+//! CPU.
 //!
 //! Written here rather than taken from a crate: the TUN set-up (`device`: a few ioctls for
 //! the virtio-net header and the TSO flags) and the offloads (`offload`, whose header
@@ -105,8 +105,8 @@ pub struct Options {
     /// The interface's queues, each read by a thread of its own (see `device`): flows are
     /// spread over them, a flow's packets staying on one.
     pub queues: usize,
-    /// The longest the packet threads keep looking for more after their last packet before
-    /// they sleep (`busy_poll`, whose window adapts up to this); zero: they sleep at once.
+    /// How long the packet threads keep looking for more after their last packet before they
+    /// sleep (`busy_poll`); zero: they sleep at once.
     pub busy_poll: Duration,
     /// How a refused handshake is put in the log (the front knows the other side's commands
     /// by their application names).
@@ -227,7 +227,7 @@ pub fn run(options: &Options, cluster: Cluster, me: usize, key: Key) -> Result<(
     .map_err(Error::Failed)?;
     let busy_poll = match options.busy_poll.as_micros() {
         0 => String::new(),
-        us => format!(", busy-poll up to {us} µs"),
+        us => format!(", busy-poll {us} µs"),
     };
     eprintln!(
         "ri2n tunnel: {} is {}/{} on {} (MTU {mtu}, {} queue{}{busy_poll}); links {}; {} peers",

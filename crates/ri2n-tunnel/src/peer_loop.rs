@@ -174,7 +174,6 @@ impl Loop {
                         if !found {
                             look_at_set =
                                 endpoint.wait_receiving(0, set, Some(timeout), &mut readable);
-                            self.busy.woke();
                         }
                     }
                     // the endpoint is being made again: connections wait for it (their

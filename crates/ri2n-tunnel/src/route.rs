@@ -24,8 +24,8 @@ pub(crate) const BATCH_BYTES: usize = 128 * 1024;
 /// fill its packets: inner TCP's headers then cost 52 bytes per 64 KB instead of per 1.4 KB,
 /// and the peer writes it to its interface as it came. (Carried as messages, a segment is
 /// cut to the MTU.)
-/// With a busy-poll window the loop looks at the queue again and again for a while after its
-/// last packet before it waits ([`BusyPoll`]).
+/// With a busy-poll window the loop looks at the queue again and again for that long after
+/// its last packet before it waits ([`BusyPoll`]).
 pub(crate) fn route_loop(peers: &Peers, tun: &Tun, queue: usize, stop: &Stop, busy: Duration) {
     let mut busy = BusyPoll::new(busy);
     // what the interface returns, behind room for a segment's prefix (a large TCP segment
@@ -42,7 +42,6 @@ pub(crate) fn route_loop(peers: &Peers, tun: &Tun, queue: usize, stop: &Stop, bu
             if let Err(e) = tun.wait_readable() {
                 return stop.fail(format!("waiting for the interface failed: {e}"));
             }
-            busy.woke();
         }
         packets.clear();
         dests.clear();
