@@ -417,6 +417,42 @@ fn tcp_transport_through_a_dead_switch_and_a_partition() {
     );
 }
 
+/// `ri2n recv` in B writing to `output` (over the TCP transport with `tcp`), once it listens on
+/// both links.
+fn listening_receiver(
+    env: &support::Env,
+    lab: &Lab,
+    dir: &Path,
+    output: &Path,
+    tcp: bool,
+    name: &str,
+) -> Proc {
+    let args = support::with_transport(support::recv_args(lab, Host::B, output), tcp);
+    let mut recv = Proc::spawn(lab, Host::B, &env.ri2n, &args, dir, name);
+    recv.wait_listening(2, ms(5000));
+    recv
+}
+
+/// `ri2n send` of `input` from A to the receiver of [`listening_receiver`].
+fn sender(env: &support::Env, lab: &Lab, dir: &Path, input: &Path, tcp: bool, name: &str) -> Proc {
+    let args = support::with_transport(support::send_args(lab, Host::A, input, true), tcp);
+    Proc::spawn(lab, Host::A, &env.ri2n, &args, dir, name)
+}
+
+/// Waits for both ends of a transfer to exit, and checks that they exited 0 and that the
+/// receiver's output holds the sender's input.
+fn both_ended_intact(send: &mut Proc, recv: &mut Proc, input: &Path, output: &Path) {
+    let status = send.wait_exit(TEST_TIMEOUT).expect("the sender exited");
+    assert!(status.success(), "send failed: {}", send.stderr_text());
+    let status = recv.wait_exit(ms(10_000)).expect("the receiver exited");
+    assert!(status.success(), "recv failed: {}", recv.stderr_text());
+    assert_eq!(
+        support::sha256_file(output),
+        support::sha256_file(input),
+        "bytes differ"
+    );
+}
+
 /// The TCP transport over a long path beside a short one (every packet A sends on link 2
 /// waits in a queue kept full): its second link must come up while that path is long. A
 /// dialer that gave each attempt a few round trips of the links already open (the short
@@ -501,33 +537,10 @@ fn tcp_transport_opens_a_long_path_beside_a_short_one() {
         .collect();
     std::fs::write(&data, bytes).expect("writing the input");
     let output = dir.0.join("output");
-    let mut recv = Proc::spawn(
-        &lab,
-        Host::B,
-        &env.ri2n,
-        &support::with_transport(support::recv_args(&lab, Host::B, &output), true),
-        &dir.0,
-        "recv",
-    );
-    recv.wait_listening(2, ms(5000));
+    let mut recv = listening_receiver(env, &lab, &dir.0, &output, true, "recv");
     let sent_at = Instant::now();
-    let mut send = Proc::spawn(
-        &lab,
-        Host::A,
-        &env.ri2n,
-        &support::with_transport(support::send_args(&lab, Host::A, &data, true), true),
-        &dir.0,
-        "send",
-    );
-    let status = send.wait_exit(TEST_TIMEOUT).expect("the sender exited");
-    assert!(status.success(), "send failed: {}", send.stderr_text());
-    let rstatus = recv.wait_exit(ms(10_000)).expect("the receiver exited");
-    assert!(rstatus.success(), "recv failed: {}", recv.stderr_text());
-    assert_eq!(
-        support::sha256_file(&output),
-        support::sha256_file(&data),
-        "bytes differ"
-    );
+    let mut send = sender(env, &lab, &dir.0, &data, true, "send");
+    both_ended_intact(&mut send, &mut recv, &data, &output);
     // when link 2 (connection link 1) came up, from the sender's events, against when the
     // flood ended: its path was long until then
     let flood_left =
@@ -572,15 +585,14 @@ fn a_connection_comes_up_as_soon_as_the_path_works() {
     for tcp in [false, true] {
         let transport = if tcp { "tcp" } else { "udp" };
         let output = dir.0.join(format!("output-{transport}"));
-        let mut recv = Proc::spawn(
+        let mut recv = listening_receiver(
+            env,
             &lab,
-            Host::B,
-            &env.ri2n,
-            &support::with_transport(support::recv_args(&lab, Host::B, &output), tcp),
             &dir.0,
+            &output,
+            tcp,
             &format!("recv-{transport}"),
         );
-        recv.wait_listening(2, ms(5000));
         // B's address on link 1 resolved beforehand: the first packets wait for no ARP
         // (whose own retry comes a second later, whatever the transport does)
         let pinged = lab
@@ -593,14 +605,7 @@ fn a_connection_comes_up_as_soon_as_the_path_works() {
         assert!(pinged, "B does not answer on link 1");
         // the sender's first packets go to link 1, whose switch is dead
         lab.fault(1, &["switch"]);
-        let mut send = Proc::spawn(
-            &lab,
-            Host::A,
-            &env.ri2n,
-            &support::with_transport(support::send_args(&lab, Host::A, &data, true), tcp),
-            &dir.0,
-            &format!("send-{transport}"),
-        );
+        let mut send = sender(env, &lab, &dir.0, &data, tcp, &format!("send-{transport}"));
         std::thread::sleep(ms(150));
         // the premise: it is still waiting for link 1 when the switch heals
         assert!(
@@ -610,16 +615,9 @@ fn a_connection_comes_up_as_soon_as_the_path_works() {
         );
         lab.heal(1);
         let healed = Instant::now();
-        let status = send.wait_exit(TEST_TIMEOUT).expect("the sender exited");
+        send.wait_exit(TEST_TIMEOUT);
         let took = healed.elapsed();
-        assert!(status.success(), "send failed: {}", send.stderr_text());
-        let rstatus = recv.wait_exit(ms(10_000)).expect("the receiver exited");
-        assert!(rstatus.success(), "recv failed: {}", recv.stderr_text());
-        assert_eq!(
-            support::sha256_file(&output),
-            support::sha256_file(&data),
-            "bytes differ"
-        );
+        both_ended_intact(&mut send, &mut recv, &data, &output);
         report(&format!(
             "    connect-{transport}: the sender was done {:.0} ms after the heal",
             took.as_secs_f64() * 1000.0
