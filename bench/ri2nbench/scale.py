@@ -18,13 +18,20 @@ from .tunnel import tunnel_up
 CLIENTS = (1, 2, 4, 8)
 LOOP_LINKS = (2, 4)
 LAB_LINKS = (2, 4)
-LAB_TOOLS = ("ri2n", "ri2n_keyed", "ri2n_tcp", "tcp", "mptcp", "tunnel", "tunnel_4")
+LAB_TOOLS = ("ri2n", "ri2n_keyed", "ri2n_flip", "ri2n_keyed_flip", "ri2n_tcp", "tcp", "mptcp",
+             "tunnel", "tunnel_4")
+# ri2n's default gives each link a sending thread (a lane) where the process may use this many
+# CPUs (`--send-threads auto`); the "flip" tools run the other setting, for the comparison
+LANES_FROM_CPUS = 8
 LAB_NAMES = {"ri2n": "ri2n", "ri2n_keyed": "ri2n, keyed", "ri2n_tcp": "ri2n `--transport tcp`",
+             "ri2n_flip": "ri2n, `--send-threads` flipped",
+             "ri2n_keyed_flip": "ri2n, keyed, `--send-threads` flipped",
              "tcp": "1 TCP connection", "mptcp": "MPTCP",
              "tunnel": "iperf3 through `ri2n tunnel`",
              "tunnel_4": "iperf3 -P 4 through `ri2n tunnel`"}
 # whose busiest threads the lab part records, per tool
 SAMPLED = {"ri2n": ("send", "recv"), "ri2n_keyed": ("send", "recv"),
+           "ri2n_flip": ("send", "recv"), "ri2n_keyed_flip": ("send", "recv"),
            "ri2n_tcp": ("send", "recv"), "tunnel": ("a", "b"), "tunnel_4": ("a", "b")}
 
 
@@ -41,6 +48,11 @@ def cpu_list(cpus):
     return ",".join(out)
 
 
+def lanes_by_default():
+    """Whether ri2n's `--send-threads auto` gives each link a sending thread on this host."""
+    return len(os.sched_getaffinity(0)) >= LANES_FROM_CPUS
+
+
 def host_facts():
     """What the figures depend on: the cores this run may use and their model, the kernel, when,
     from which commit, and which tools (their resolved paths: packed ones or the host's)."""
@@ -49,6 +61,7 @@ def host_facts():
     return {"cpu_count": os.cpu_count(), "affinity": len(aff), "affinity_cpus": cpu_list(aff),
             "cpu": m["cpu"], "kernel": m["uname_r"], "date_utc": m["date_utc"],
             "commit": m.get("commit"), "dirty": m.get("dirty"), "ri2n": common.RI2N_SOURCE,
+            "lanes_by_default": lanes_by_default(),
             "tools": common.tool_paths(), "mptcp_enabled": m["mptcp_enabled"]}
 
 
@@ -163,9 +176,13 @@ def lab_runs(o, res, keyfile, src, lab):
 
         def transfer(k):
             if k.startswith("ri2n"):
+                flip = None
+                if k.endswith("_flip"):
+                    flip = "off" if lanes_by_default() else "on"
                 return ri2n_transfer(lab, src, o.scale_bytes, threads=True,
-                                     key=keyfile if k == "ri2n_keyed" else None,
-                                     transport="tcp" if k == "ri2n_tcp" else None)
+                                     key=keyfile if k.startswith("ri2n_keyed") else None,
+                                     transport="tcp" if k == "ri2n_tcp" else None,
+                                     send_threads=flip)
             if k == "tunnel":
                 return tunnel_transfer(lab, n, src, o.scale_bytes)
             if k == "tunnel_4":
@@ -237,6 +254,9 @@ def part_scale(o):
         "ri2n": "ri2n recv --listen 10.77.I.2:PORT … -o /dev/null; ri2n send --to "
                 "10.77.1.2:PORT --local 10.77.I.1 … -i FILE [--key FILE on both]",
         "tcp": "iperf3 -s -1; iperf3 -c 10.77.1.2 -n BYTES -F FILE (one connection, link 1)",
+        "ri2n_flip": "the same ri2n recv/send with --send-threads on both: off where ri2n's "
+                     "default gives each link a sending thread (%d or more CPUs), else on"
+                     % LANES_FROM_CPUS,
         "ri2n_tcp": "the same ri2n recv/send with --transport tcp on both (issue 45's transport: "
                     "a TCP connection per link)",
         "mptcp": "mptcpize run iperf3 … -F FILE (a subflow per link)",
@@ -322,6 +342,12 @@ def tables(res, brief):
                              and r["clients"] == CLIENTS[-1]))
                          for links in LOOP_LINKS for keyed in (False, True))))
     labs = res["lab"]
+    names = dict(LAB_NAMES)
+    lanes = res["host"].get("lanes_by_default")
+    for k in ("ri2n_flip", "ri2n_keyed_flip"):
+        names[k] = "%s `--send-threads %s`" % (names[k].split(" `")[0], "off" if lanes else "on")
+    # which ri2n tools ran with a sending thread per link, and which without
+    on, off = ("ri2n", "ri2n_flip") if lanes else ("ri2n_flip", "ri2n")
     # the tools every run measured (results from before the tunnel joined the part lack it)
     tools = [k for k in LAB_TOOLS if all(k in r for c in labs for r in c["runs"])]
     if labs:
@@ -334,10 +360,13 @@ def tables(res, brief):
         ratios = [(h, a, b, bold) for h, a, b, bold in (
             ("ri2n ÷ MPTCP", "ri2n", "mptcp", True),
             ("keyed ÷ unkeyed", "ri2n_keyed", "ri2n", False),
+            ("send threads on ÷ off", on, off, False),
+            ("same, keyed", on.replace("ri2n", "ri2n_keyed"), off.replace("ri2n", "ri2n_keyed"),
+             False),
             ("TCP transport ÷ MPTCP", "ri2n_tcp", "mptcp", True),
             ("tunnel ÷ MPTCP", "tunnel", "mptcp", True),
             ("tunnel, 4 flows ÷ 1", "tunnel_4", "tunnel", False)) if a in tools and b in tools]
-        L.append("| links | %s | %s |" % (" | ".join(LAB_NAMES[k] for k in tools),
+        L.append("| links | %s | %s |" % (" | ".join(names[k] for k in tools),
                                          " | ".join(h for h, _, _, _ in ratios)))
         L.append("| --- |%s" % (" --- |" * (len(tools) + len(ratios))))
         for c in labs:
@@ -360,14 +389,14 @@ def tables(res, brief):
                 return med([r[k].get("bps") for r in c["runs"]])
             L.append("")
             L.append("4 ÷ 2 links (ratio of the medians, separate labs): %s." % ", ".join(
-                "%s %s×" % (LAB_NAMES[k], "n/a" if ratio(m(by[4], k), m(by[2], k)) is None
+                "%s %s×" % (names[k], "n/a" if ratio(m(by[4], k), m(by[2], k)) is None
                             else "%.2f" % ratio(m(by[4], k), m(by[2], k))) for k in tools))
         cores = []
         for c in labs:
             for k in tools:
                 xs = [r[k]["cpu_machine"] / r[k]["wall_send"] for r in c["runs"]
                       if r[k].get("wall_send") and r[k].get("cpu_machine") is not None]
-                cores.append("%d links %s %s" % (c["links"], LAB_NAMES[k], cell(xs, "%.1f")))
+                cores.append("%d links %s %s" % (c["links"], names[k], cell(xs, "%.1f")))
         queues = sorted({r[k].get("queues") for c in labs for r in c["runs"]
                          for k in ("tunnel", "tunnel_4") if k in r} - {None})
         if queues:
@@ -382,7 +411,7 @@ def tables(res, brief):
                             if r[k].get("threads", {}).get(who)]
                     if tops:
                         sampled.append("%d links %s %s %s" % (
-                            c["links"], LAB_NAMES[k], who, "/".join(
+                            c["links"], names[k], who, "/".join(
                                 "%.2f" % med([t[i] for t in tops if len(t) > i])
                                 for i in range(max(map(len, tops))))))
         if sampled:

@@ -142,6 +142,39 @@ pub struct ChannelOpts {
     /// for non-loopback addresses).
     #[arg(long, value_name = "FILE", env = "RI2N_KEY_FILE")]
     pub key: Option<PathBuf>,
+    #[command(flatten)]
+    pub send_threads: SendThreadsOpt,
+}
+
+/// `--send-threads`, for every command that makes an endpoint.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct SendThreadsOpt {
+    /// UDP transport: whether each link gets a thread of its own that seals and sends what
+    /// the connection built, so that one connection filling its links keeps a core per link
+    /// busy besides the thread that builds its packets. `auto`: where this process may use 8
+    /// CPUs or more; on fewer the hand-over costs more than it gives (docs/BENCHMARKS.md §8).
+    /// A short message is sent by the thread that built it either way.
+    #[arg(long, value_enum, value_name = "WHEN", default_value_t = SendThreadsArg::Auto)]
+    pub send_threads: SendThreadsArg,
+}
+
+/// `--send-threads`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendThreadsArg {
+    Auto,
+    On,
+    Off,
+}
+
+impl SendThreadsOpt {
+    /// The library's setting.
+    pub fn get(self) -> ri2n::SendThreads {
+        match self.send_threads {
+            SendThreadsArg::Auto => ri2n::SendThreads::Auto,
+            SendThreadsArg::On => ri2n::SendThreads::On,
+            SendThreadsArg::Off => ri2n::SendThreads::Off,
+        }
+    }
 }
 
 /// `--transport`.
@@ -157,6 +190,9 @@ impl ChannelOpts {
         Self {
             transport: TransportArg::Udp,
             key,
+            send_threads: SendThreadsOpt {
+                send_threads: SendThreadsArg::Auto,
+            },
         }
     }
 
@@ -233,6 +269,9 @@ pub struct TunnelArgs {
     /// (docs/BENCHMARKS.md §6).
     #[arg(long, value_enum, default_value = "datagrams")]
     pub carry: Carry,
+
+    #[command(flatten)]
+    pub send_threads: SendThreadsOpt,
 }
 
 /// How `ri2n tunnel` carries IP packets (see `--carry`).

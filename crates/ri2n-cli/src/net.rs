@@ -161,7 +161,8 @@ pub fn client_endpoint(
     } else {
         opts.local.clone()
     };
-    let cfg = EndpointConfig::new(locals).with_key(key);
+    let cfg =
+        (EndpointConfig::new(locals).with_key(key)).with_send_threads(channel.send_threads.get());
     Endpoint::bind(cfg.with_transport(channel.transport()))
         .map_err(|e| Failure::endpoint(e, &opts.to, opts.connect_timeout))
 }
@@ -185,12 +186,13 @@ pub fn server_endpoint_with(
     app: Application,
     configure: impl FnOnce(EndpointConfig) -> EndpointConfig,
 ) -> Result<Endpoint, Failure> {
-    let transport = key.transport();
+    let (transport, send_threads) = (key.transport(), key.send_threads.get());
     let key = crate::key::load(key)?;
     crate::key::warn_if_unprotected(&key, listen);
     let mut cfg = (EndpointConfig::new(listen.to_vec()).server())
         .with_key(key)
-        .with_transport(transport);
+        .with_transport(transport)
+        .with_send_threads(send_threads);
     cfg.server_connection = app.configure(cfg.server_connection);
     cfg.server_connection.all_links_down_timeout = all_links_down_timeout;
     Endpoint::bind(configure(cfg)).map_err(|e| Failure::endpoint(e, &[], Duration::ZERO))

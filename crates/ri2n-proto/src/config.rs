@@ -208,6 +208,7 @@ setters!(EndpointConfig {
     max_keyed_handshakes_per_second => with_max_keyed_handshakes_per_second: Option<u32>,
     key => with_key: Option<crate::Key>,
     shards => with_shards: Option<usize>,
+    send_threads => with_send_threads: SendThreads,
     shard => with_shard: Shard,
 });
 
@@ -347,6 +348,10 @@ pub struct EndpointConfig {
     /// (`None`, the default: a server one per CPU the process may run on, at most
     /// [`MAX_SHARDS`]; a client one).
     pub shards: Option<usize>,
+    /// Drivers: whether each link socket gets a thread of its own that seals and sends what
+    /// the engine built, so that one connection that fills its links uses a core per link
+    /// besides the one that builds (default [`SendThreads::Auto`]).
+    pub send_threads: SendThreads,
     /// Which share of connection IDs this engine picks its own from ([`Shard`]); a driver
     /// that runs several engines on the same sockets sets it, one share each.
     pub shard: Shard,
@@ -354,6 +359,21 @@ pub struct EndpointConfig {
     /// driver that runs several, so that the limits above hold for all): `None` counts this
     /// engine's own.
     pub connection_counts: Option<std::sync::Arc<crate::ConnectionCounts>>,
+}
+
+/// Whether a driver gives each link socket a thread that seals and sends
+/// ([`EndpointConfig::send_threads`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SendThreads {
+    /// Where the process may use many CPUs (8 or more): on few, the other threads keep the
+    /// CPUs busy already, and handing the datagrams to another thread costs more than it
+    /// gives.
+    #[default]
+    Auto,
+    /// Always.
+    On,
+    /// Never: the thread that built the datagrams sends them.
+    Off,
 }
 
 /// Most shards a driver runs for one endpoint by default.
@@ -425,6 +445,7 @@ impl EndpointConfig {
             max_keyed_handshakes_per_second: Some(5000),
             key: None,
             shards: None,
+            send_threads: SendThreads::Auto,
             shard: Shard::ONLY,
             connection_counts: None,
         }

@@ -35,7 +35,9 @@ pub mod tcp;
 mod transmit;
 pub mod wire;
 
-pub use config::{ConnectionConfig, EndpointConfig, Shard, Striping, Transport, MAX_SHARDS};
+pub use config::{
+    ConnectionConfig, EndpointConfig, SendThreads, Shard, Striping, Transport, MAX_SHARDS,
+};
 pub use connection::{Connection, ConnectionState, ConnectionStats};
 pub use crypto::{Cipher, Key, KeyError, Opened, Opener, Seal};
 pub use datagrams::datagram_capacity;

@@ -13,7 +13,8 @@
 //! (`route`; the flows are spread over the queues, see `device`); one connects to the peers,
 //! accepts them and writes what every connection receives to the interface (`peer_loop`),
 //! all with the interface's TCP offloads (`offload`); one samples the status that a Unix
-//! socket and Prometheus serve (`status`). With a busy-poll window the route loops and the
+//! socket and Prometheus serve (`status`); on 8 CPUs or more, the endpoint's one per link that
+//! seals and sends (`--send-threads`). With a busy-poll window the route loops and the
 //! peer loop look for the next packet a while before they sleep (`busy_poll`): latency for
 //! CPU.
 //!
@@ -42,7 +43,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use ri2n::{ConnectionConfig, Endpoint, EndpointConfig, Key, RefusedHandshake};
+use ri2n::{ConnectionConfig, Endpoint, EndpointConfig, Key, RefusedHandshake, SendThreads};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
 pub use config::{Cluster, ConfigError, Host, DEFAULT_INTERFACE, DEFAULT_PORT, DEFAULT_PREFIX};
@@ -108,6 +109,8 @@ pub struct Options {
     /// How long the packet threads keep looking for more after their last packet before they
     /// sleep (`busy_poll`); zero: they sleep at once.
     pub busy_poll: Duration,
+    /// Whether each link gets a thread that seals and sends ([`ri2n::SendThreads`]).
+    pub send_threads: SendThreads,
     /// How a refused handshake is put in the log (the front knows the other side's commands
     /// by their application names).
     pub describe_refusal: fn(&RefusedHandshake) -> String,
@@ -193,12 +196,13 @@ pub fn run(options: &Options, cluster: Cluster, me: usize, key: Key) -> Result<(
         .iter()
         .map(|&ip| SocketAddr::new(ip, port))
         .collect();
-    let carry = options.carry;
+    let (carry, send_threads) = (options.carry, options.send_threads);
     let endpoint_config = move |addrs: Vec<SocketAddr>| {
         // one shard: the peer loop receives on its sockets itself (`peer_loop`)
         EndpointConfig::new(addrs)
             .server()
             .with_shards(Some(1))
+            .with_send_threads(send_threads)
             .with_key(Some(key.clone()))
             .with_server_connection(connection_config(carry))
     };

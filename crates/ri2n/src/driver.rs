@@ -43,13 +43,14 @@ use std::time::{Duration, Instant};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use ri2n_proto::{
-    wire, ConnectionHandle, ConnectionState, Endpoint as ProtoEndpoint, Event, LinkState, Seal,
-    Transmit, TransmitBuffer,
+    wire, ConnectionHandle, ConnectionState, Endpoint as ProtoEndpoint, Event, LinkState,
+    TransmitBuffer,
 };
 use smallvec::SmallVec;
 
 use crate::connection::TimedEvent;
 use crate::open_ahead::OpenAhead;
+use crate::outgoing::{lanes_wanted, Backlog, Batch, Lane, Outgoing, BATCH_BYTES};
 use crate::readiness::Watchers;
 use crate::sched::yield_to_busy_threads;
 use crate::shards::{AcceptQueue, Forwarded, ForwardedKind, Router};
@@ -64,10 +65,6 @@ const WAKE_TOKEN: Token = Token(usize::MAX);
 const CARRIER_TOKEN: Token = Token(usize::MAX - 1);
 /// The descriptor a call of [`Shared::wait_receiving`] waits on besides the sockets.
 const READY_TOKEN: Token = Token(usize::MAX - 2);
-/// Room for one datagram: the largest the engine builds.
-const MAX_DATAGRAM: usize = ri2n_proto::wire::MAX_DATAGRAM_SIZE;
-/// Most bytes one GSO send carries: below the 65 507-byte limit of one UDP send over IPv4.
-const BATCH_BYTES: usize = 60 * 1024;
 /// Longest the driver thread sleeps while a timer that traffic arms is due within
 /// [`BUSY_HORIZON`].
 const TICK: Duration = Duration::from_millis(1);
@@ -97,9 +94,6 @@ const SINGLE_TAKES: u8 = 16;
 /// Most path sockets open at once (one bit each in [`Shared::open_paths`]); the paths beyond
 /// use their link socket, as all did before path sockets.
 const MAX_PATH_SOCKETS: usize = 64;
-/// Batches built ahead of the sender before the engine is asked for no more: bounds the
-/// memory of a round and the time datagrams wait between being built and sent.
-const MAX_QUEUED_BATCHES: usize = 64;
 /// How often the next hops of the paths in use are confirmed to the OS (see
 /// [`LinkSocket::confirm_next_hop`]): well within Linux's 5 s before an unconfirmed neighbour
 /// entry is probed.
@@ -195,170 +189,6 @@ struct PollerTurn {
     /// A call of [`Shared::wait_receiving`] found the receive buffers taken: the next one
     /// waits on its descriptor alone.
     receiving_yields: bool,
-}
-
-/// Datagrams for one socket that leave together in one GSO send: all to `dest`, all
-/// `segment` bytes long except perhaps the last. The buffer has a fixed size, so handing out
-/// room for the next datagram never zero-fills or reallocates.
-#[derive(Debug)]
-struct Batch {
-    dest: SocketAddr,
-    segment: usize,
-    buf: Box<[u8]>,
-    len: usize,
-    /// The datagrams still to seal before the batch leaves (start, length, sealing): the
-    /// sending thread seals them without the lock ([`TransmitBuffer::seals_later`]).
-    seals: Vec<(usize, usize, Seal)>,
-}
-
-impl Batch {
-    fn new() -> Self {
-        Self {
-            dest: SocketAddr::from(([0, 0, 0, 0], 0)),
-            segment: 0,
-            buf: vec![0u8; BATCH_BYTES + MAX_DATAGRAM].into_boxed_slice(),
-            len: 0,
-            seals: Vec::new(),
-        }
-    }
-
-    /// Seals the datagrams whose sealing was left to the sender.
-    fn seal(&mut self) {
-        for (start, len, seal) in self.seals.drain(..) {
-            seal.apply(&mut self.buf[start..start + len]);
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Whether the next datagram, to `dest`, may be built at the end of this batch. (It joins
-    /// only if it is no larger than the segment size, so the batch stays within
-    /// [`BATCH_BYTES`]; a larger one is moved to a batch of its own.)
-    fn takes(&self, dest: SocketAddr, max_segments: usize) -> bool {
-        self.is_empty()
-            || (self.dest == dest
-                && self.len % self.segment == 0
-                && self.len / self.segment < max_segments
-                && self.len + self.segment <= BATCH_BYTES)
-    }
-}
-
-/// Datagrams on their way out. The engine builds each one in place at the end of its
-/// socket's open batch ([`TransmitBuffer`]); a batch is queued when the next datagram cannot
-/// join it (another destination, a larger size, a full batch). One thread at a time sends
-/// the queue, in order, so the datagrams of a link leave in the order they were numbered.
-#[derive(Debug)]
-struct Outgoing {
-    locals: Vec<SocketAddr>,
-    max_segments: Vec<usize>,
-    /// The batch being filled, per socket.
-    open: Vec<Batch>,
-    /// Batches ready to send, with their socket, oldest first.
-    queue: VecDeque<(usize, Batch)>,
-    /// The memory of the queue the sending thread took last (one thread sends at a time): it
-    /// becomes the next queue, so a round of sending allocates nothing.
-    taken_queue: VecDeque<(usize, Batch)>,
-    /// Empty batches for reuse.
-    spare: Vec<Batch>,
-    /// A thread is sending the queue (without the lock).
-    sending: bool,
-    /// Room was handed out in this socket's open batch at this position.
-    pending: Option<(usize, usize)>,
-    /// The sealing the datagram in that room still needs.
-    pending_seal: Option<Seal>,
-    /// Room for a datagram from an address that has no socket (it is dropped).
-    discard: Vec<u8>,
-}
-
-impl Outgoing {
-    fn new(sockets: &[LinkSocket]) -> Self {
-        Self {
-            locals: sockets.iter().map(|s| s.local).collect(),
-            max_segments: sockets.iter().map(LinkSocket::max_segments).collect(),
-            open: sockets.iter().map(|_| Batch::new()).collect(),
-            queue: VecDeque::new(),
-            taken_queue: VecDeque::new(),
-            spare: Vec::new(),
-            sending: false,
-            pending: None,
-            pending_seal: None,
-            discard: vec![0u8; MAX_DATAGRAM],
-        }
-    }
-
-    /// Queues socket `i`'s open batch, if it holds anything.
-    fn close(&mut self, i: usize) {
-        if !self.open[i].is_empty() {
-            let fresh = self.spare.pop().unwrap_or_else(Batch::new);
-            let full = std::mem::replace(&mut self.open[i], fresh);
-            self.queue.push_back((i, full));
-        }
-    }
-
-    fn close_all(&mut self) {
-        for i in 0..self.open.len() {
-            self.close(i);
-        }
-    }
-}
-
-impl TransmitBuffer for Outgoing {
-    fn buffer(&mut self, local: SocketAddr, remote: SocketAddr) -> &mut [u8] {
-        let Some(i) = self.locals.iter().position(|&a| a == local) else {
-            self.pending = None;
-            return &mut self.discard;
-        };
-        if !self.open[i].takes(remote, self.max_segments[i]) {
-            self.close(i);
-        }
-        let batch = &mut self.open[i];
-        self.pending = Some((i, batch.len));
-        &mut batch.buf[batch.len..]
-    }
-
-    /// Records the datagram the engine just built in the room last handed out.
-    fn commit(&mut self, t: &Transmit) {
-        let seal = self.pending_seal.take();
-        let Some((i, start)) = self.pending.take() else {
-            return;
-        };
-        let batch = &mut self.open[i];
-        if start == 0 {
-            batch.dest = t.remote;
-            batch.segment = t.len;
-        } else if t.len > batch.segment {
-            // GSO segments cannot grow: the datagram starts a batch of its own (rare: data
-            // after a smaller packet to the same address ends a batch anyway)
-            let mut own = self.spare.pop().unwrap_or_else(Batch::new);
-            own.buf[..t.len].copy_from_slice(&batch.buf[start..start + t.len]);
-            own.dest = t.remote;
-            own.segment = t.len;
-            own.len = t.len;
-            own.seals.extend(seal.map(|s| (0, t.len, s)));
-            let previous = std::mem::replace(batch, own);
-            self.queue.push_back((i, previous));
-            return;
-        }
-        batch.seals.extend(seal.map(|s| (start, t.len, s)));
-        batch.len = start + t.len;
-        if t.len < batch.segment {
-            self.close(i); // a shorter datagram can only end a batch
-        }
-    }
-
-    fn wants_more(&self) -> bool {
-        self.queue.len() < MAX_QUEUED_BATCHES
-    }
-
-    fn seals_later(&self) -> bool {
-        true
-    }
-
-    fn defer_seal(&mut self, seal: Seal) {
-        self.pending_seal = Some(seal);
-    }
 }
 
 /// The receive buffers, and what the last receives from each source found.
@@ -460,6 +290,10 @@ pub(crate) struct Shared {
     caller_waker: Waker,
     /// The process may run on one CPU only: the driver thread steps back ([`STEP_BACK`]).
     one_cpu: bool,
+    /// Per link socket, its lane (see `outgoing`); none: the thread that builds sends.
+    lanes: Vec<Lane>,
+    /// What the lanes, or threads sending a short transmission themselves, have not sent.
+    backlog: Arc<Backlog>,
 }
 
 impl Shared {
@@ -1020,8 +854,93 @@ impl Shared {
         if endpoint.may_transmit() {
             let now = now.unwrap_or_else(Instant::now);
             while out.wants_more() && endpoint.poll_transmit_into(now, out) > 0 {}
+            if !out.wants_more() {
+                out.backlog.throttle();
+            }
         }
         out.close_all();
+    }
+
+    /// Seals batch `b` of socket `i` and sends it.
+    fn send_batch(&self, i: usize, b: &mut Batch) -> SendOutcome {
+        b.seal();
+        let segment = Some(b.segment).filter(|&s| s < b.len);
+        self.sockets[i].send(b.dest, &b.buf[..b.len], segment)
+    }
+
+    /// [`Self::transmit`] with lanes (see `outgoing`): hands each socket's new batches to
+    /// its lane, except a short transmission to an idle lane, which this thread sends itself
+    /// at once, without the lock.
+    fn hand_to_lanes<'a>(&'a self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        if st.out.queue.is_empty() {
+            return st;
+        }
+        let mut own: SmallVec<[(usize, Batch); 2]> = SmallVec::new();
+        let mut wake: SmallVec<[usize; 4]> = SmallVec::new();
+        let Outgoing {
+            queue,
+            spare,
+            backlog,
+            by_lane,
+            ..
+        } = &mut st.out;
+        for (i, b) in queue.drain(..) {
+            by_lane[i].push(b);
+        }
+        for (i, lane) in self.lanes.iter().enumerate() {
+            let batches = &mut by_lane[i];
+            if batches.is_empty() {
+                continue;
+            }
+            let short = batches.len() == 1 && batches[0].len < BATCH_BYTES;
+            backlog.left_queue(batches.len());
+            let mut woken = false;
+            match lane.hand_over(batches, short, spare, &mut woken) {
+                Some(b) => own.push((i, b)),
+                None if woken => wake.push(i),
+                None => {}
+            }
+        }
+        if own.is_empty() && wake.is_empty() {
+            return st;
+        }
+        drop(st);
+        for &i in &wake {
+            self.lanes[i].wake();
+        }
+        let mut unreachable: SmallVec<[(usize, SocketAddr); 2]> = SmallVec::new();
+        for (i, b) in &mut own {
+            if self.send_batch(*i, b) == SendOutcome::Unreachable {
+                unreachable.push((*i, b.dest));
+            }
+            self.backlog.sent();
+            #[cfg(test)]
+            self.lanes[*i]
+                .sent_by_caller
+                .fetch_add(1, Ordering::Relaxed);
+            if self.lanes[*i].release() {
+                self.lanes[*i].wake();
+            }
+        }
+        let mut st = self.lock();
+        self.handle_unreachable(&mut st, &unreachable);
+        st.out.spare.extend(own.into_iter().map(|(_, mut b)| {
+            b.len = 0;
+            b
+        }));
+        st
+    }
+
+    /// Tells the engine of the sends that found their destination unreachable.
+    fn handle_unreachable(&self, st: &mut State, unreachable: &[(usize, SocketAddr)]) {
+        if unreachable.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        for &(i, dest) in unreachable {
+            st.endpoint
+                .handle_unreachable(now, self.sockets[i].local, dest);
+        }
     }
 
     /// Builds what the engine has ready and sends it; `now` is the instant the caller read
@@ -1034,6 +953,9 @@ impl Shared {
         now: Option<Instant>,
     ) -> MutexGuard<'a, State> {
         Self::build(&mut st, now);
+        if !self.lanes.is_empty() {
+            return self.hand_to_lanes(st);
+        }
         if st.out.sending {
             return st;
         }
@@ -1049,10 +971,7 @@ impl Shared {
             drop(st);
             let mut sent_bytes = 0;
             for (i, b) in &mut batches {
-                b.seal();
-                let sock = &self.sockets[*i];
-                let segment = Some(b.segment).filter(|&s| s < b.len);
-                if sock.send(b.dest, &b.buf[..b.len], segment) == SendOutcome::Unreachable {
+                if self.send_batch(*i, b) == SendOutcome::Unreachable {
                     unreachable.push((*i, b.dest));
                 }
                 sent_bytes += b.len;
@@ -1083,13 +1002,8 @@ impl Shared {
                 wakeups.notify();
                 st = self.lock();
             }
-            if !unreachable.is_empty() {
-                let now = Instant::now();
-                for (i, dest) in unreachable.drain(..) {
-                    st.endpoint
-                        .handle_unreachable(now, self.sockets[i].local, dest);
-                }
-            }
+            self.handle_unreachable(&mut st, &unreachable);
+            unreachable.clear();
             // rare, and woken at once: the forwarding shard holds no lock of the other's
             self.router.wake(self.hand_over_refusals(&mut st, None));
             st.out.spare.extend(batches.drain(..).map(|(_, mut b)| {
@@ -1318,15 +1232,16 @@ impl Shared {
         undelivered
     }
 
-    /// Waits until the thread sending the queue, if another one is, has sent everything:
+    /// Waits until the thread sending the queue, if another one is, and the lanes have sent
+    /// everything:
     /// what a close queued behind it (the CLOSE of a connection aborted a moment ago) would
     /// otherwise be lost when the process ends right after, and the peer would keep waiting
     /// for a host that is gone. Sending never blocks (the sockets are non-blocking) and
     /// nothing new is written to closed connections, so the wait is short.
     fn wait_until_sent<'a>(&'a self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
         const RECHECK: Duration = Duration::from_micros(200);
-        while st.out.sending || !st.out.queue.is_empty() {
-            if !st.out.sending {
+        while st.out.sending || !st.out.queue.is_empty() || self.backlog.any_unsent() {
+            if !st.out.sending && !st.out.queue.is_empty() {
                 st = self.transmit(st, None);
                 continue;
             }
@@ -1343,6 +1258,8 @@ impl Shared {
 pub(crate) struct Driver {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The lanes' threads.
+    lane_threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 /// Watches socket `fd` for arrivals with `EPOLLEXCLUSIVE`: of the epoll instances watching
@@ -1391,6 +1308,12 @@ impl Driver {
         accepts: Arc<AcceptQueue>,
     ) -> std::io::Result<Arc<Self>> {
         let keyed = endpoint.config().key.is_some();
+        let lanes: Vec<Lane> = if lanes_wanted(endpoint.config().send_threads) {
+            sockets.iter().map(|_| Lane::default()).collect()
+        } else {
+            Vec::new()
+        };
+        let backlog = Arc::new(Backlog::default());
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKE_TOKEN)?);
         router.set_waker(shard, waker.clone());
@@ -1432,7 +1355,7 @@ impl Driver {
                 callers_watch_until: None,
                 turn: PollerTurn::default(),
                 paths_changed: false,
-                out: Outgoing::new(&sockets),
+                out: Outgoing::new(&sockets, !lanes.is_empty(), backlog.clone()),
             }),
             shard,
             router,
@@ -1463,7 +1386,18 @@ impl Driver {
             caller_polling: AtomicBool::new(false),
             caller_waker,
             one_cpu: confined_to_one_cpu(),
+            lanes,
+            backlog,
         });
+        let mut lane_threads = Vec::new();
+        for i in 0..shared.lanes.len() {
+            let lane_shared = shared.clone();
+            lane_threads.push(
+                std::thread::Builder::new()
+                    .name(format!("ri2n-send-{shard}.{i}"))
+                    .spawn(move || lane(&lane_shared, i))?,
+            );
+        }
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("ri2n-driver-{shard}"))
@@ -1471,6 +1405,7 @@ impl Driver {
         Ok(Arc::new(Self {
             shared,
             thread: Mutex::new(Some(thread)),
+            lane_threads: Mutex::new(lane_threads),
         }))
     }
 }
@@ -1495,7 +1430,41 @@ impl Drop for Driver {
         if let Some(t) = self.thread.lock().unwrap().take() {
             let _ = t.join();
         }
+        for lane in &self.shared.lanes {
+            lane.stop();
+        }
+        for t in self.lane_threads.lock().unwrap().drain(..) {
+            let _ = t.join();
+        }
         self.shared.router.close(self.shared.shard);
+    }
+}
+
+/// Lane `i`'s thread (see `outgoing`): seals and sends the batches handed to it, in order.
+/// After a round it tells the engine of unreachable destinations, and has it build more if
+/// the lanes' backlog had stopped it.
+fn lane(shared: &Shared, i: usize) {
+    let lane = &shared.lanes[i];
+    let (mut next, mut spent) = (VecDeque::new(), Vec::new());
+    let mut round = false;
+    while lane.next(round, &mut next, &mut spent) {
+        round = true;
+        let mut unreachable: SmallVec<[(usize, SocketAddr); 2]> = SmallVec::new();
+        for mut b in next.drain(..) {
+            if shared.send_batch(i, &mut b) == SendOutcome::Unreachable {
+                unreachable.push((i, b.dest));
+            }
+            b.len = 0;
+            spent.push(b);
+            shared.backlog.sent();
+            #[cfg(test)]
+            lane.sent_by_thread.fetch_add(1, Ordering::Relaxed);
+        }
+        if shared.backlog.take_throttled() || !unreachable.is_empty() {
+            let mut st = shared.lock();
+            shared.handle_unreachable(&mut st, &unreachable);
+            drop(shared.after_app_call(st));
+        }
     }
 }
 
@@ -1718,13 +1687,19 @@ mod tests {
     fn close_returns_after_the_close_queued_behind_another_sender_is_sent() {
         use std::time::{Duration, Instant};
 
-        use crate::{ConnectionError, EndpointConfig};
+        use crate::{ConnectionError, EndpointConfig, SendThreads};
 
         const OTHER_SENDS_FOR: Duration = Duration::from_millis(300);
         let addrs: Vec<SocketAddr> = vec!["127.0.0.1:0".parse().unwrap()];
         let server = Endpoint::server(&addrs).unwrap();
-        // one shard, so the connection is on the driver this test holds up
-        let client = Endpoint::bind(EndpointConfig::new(addrs).with_shards(Some(1))).unwrap();
+        // one shard, so the connection is on the driver this test holds up; no lanes: the
+        // thread that finds the queue free sends it (lanes: the next test)
+        let client = Endpoint::bind(
+            EndpointConfig::new(addrs)
+                .with_shards(Some(1))
+                .with_send_threads(SendThreads::Off),
+        )
+        .unwrap();
         let conn = client
             .connect(&server.local_addrs(), ConnectionConfig::default())
             .unwrap();
@@ -1778,5 +1753,171 @@ mod tests {
             "{:?}",
             accepted.close_reason()
         );
+    }
+    /// The same with lanes: the CLOSE of an aborted connection waits in a lane whose socket
+    /// another thread holds, and `Endpoint::close` returns only once the lane sent it.
+    #[test]
+    fn close_returns_after_a_held_up_lane_has_sent_the_close() {
+        use std::time::{Duration, Instant};
+
+        use crate::{ConnectionError, EndpointConfig, SendThreads};
+
+        const HELD_FOR: Duration = Duration::from_millis(300);
+        let addrs: Vec<SocketAddr> = vec!["127.0.0.1:0".parse().unwrap()];
+        let server = Endpoint::server(&addrs).unwrap();
+        let client = Endpoint::bind(
+            EndpointConfig::new(addrs)
+                .with_shards(Some(1))
+                .with_send_threads(SendThreads::On),
+        )
+        .unwrap();
+        let conn = client
+            .connect(&server.local_addrs(), ConnectionConfig::default())
+            .unwrap();
+        let accepted = server.accept().unwrap();
+        let driver = std::sync::Arc::clone(&client.udp().unwrap().drivers[0]);
+        // held once free (a send under way finishes first)
+        while !driver.shared().lanes[0].hold() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let holder = std::sync::Arc::clone(&driver);
+        let other = std::thread::spawn(move || {
+            std::thread::sleep(HELD_FOR);
+            let lane = &holder.shared().lanes[0];
+            lane.release();
+            lane.wake();
+        });
+        let started = Instant::now();
+        conn.abort(7, "going away");
+        // the abort's CLOSE waits in the lane
+        assert!(driver.shared().backlog.any_unsent());
+        let _ = client.close(Some(Duration::from_millis(10)));
+        let waited = started.elapsed();
+        assert!(!driver.shared().backlog.any_unsent());
+        assert!(
+            waited >= HELD_FOR,
+            "close returned after {waited:?}, before the lane sent"
+        );
+        other.join().unwrap();
+        let mut buf = [0u8; 16];
+        let read = std::io::Read::read(&mut &accepted, &mut buf);
+        assert!(!matches!(read, Ok(n) if n > 0), "{read:?}");
+        assert!(
+            matches!(
+                accepted.close_reason(),
+                Some(ConnectionError::PeerAborted { code: 7, .. })
+            ),
+            "{:?}",
+            accepted.close_reason()
+        );
+    }
+
+    /// Batches each lane's thread sent and threads that built them sent themselves, summed
+    /// over an endpoint's shards, per link socket.
+    fn lane_sends(e: &Endpoint) -> Vec<(usize, usize)> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut per = Vec::new();
+        for d in &e.udp().expect("a UDP endpoint").drivers {
+            for (i, l) in d.shared().lanes.iter().enumerate() {
+                if per.len() <= i {
+                    per.push((0, 0));
+                }
+                per[i].0 += l.sent_by_thread.load(Relaxed);
+                per[i].1 += l.sent_by_caller.load(Relaxed);
+            }
+        }
+        per
+    }
+
+    fn lane_endpoints(addrs: &[SocketAddr]) -> (Endpoint, Endpoint) {
+        use crate::{EndpointConfig, SendThreads};
+        let server = Endpoint::bind(
+            EndpointConfig::new(addrs.to_vec())
+                .server()
+                .with_send_threads(SendThreads::On),
+        )
+        .unwrap();
+        let client =
+            Endpoint::bind(EndpointConfig::new(addrs.to_vec()).with_send_threads(SendThreads::On))
+                .unwrap();
+        (server, client)
+    }
+
+    /// With lanes a stream over two links arrives intact, and the lanes' threads, not the
+    /// writing thread, sent most of it on each link.
+    #[test]
+    fn lanes_carry_a_stream_intact_and_their_threads_send_most_of_it() {
+        const BYTES: usize = 32 << 20;
+        let addrs: Vec<SocketAddr> = vec![
+            "127.0.0.1:0".parse().unwrap(),
+            "127.0.0.2:0".parse().unwrap(),
+        ];
+        let (server, client) = lane_endpoints(&addrs);
+        // bytes that differ from position to position, so that a piece out of place shows
+        let data: Vec<u8> = (0..BYTES as u64)
+            .map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
+            .collect();
+        let to = server.local_addrs();
+        let reader = std::thread::spawn(move || {
+            let mut conn = server.accept().unwrap();
+            let mut got = Vec::with_capacity(BYTES);
+            conn.read_to_end(&mut got).unwrap();
+            got
+        });
+        let mut conn = client.connect(&to, ConnectionConfig::default()).unwrap();
+        conn.write_all(&data).unwrap();
+        conn.finish().unwrap();
+        conn.wait_acknowledged(None).unwrap();
+        let got = reader.join().unwrap();
+        assert!(
+            got == data,
+            "{} of {BYTES} bytes arrived, or others",
+            got.len()
+        );
+        let sends = lane_sends(&client);
+        assert_eq!(sends.len(), 2, "a lane per link socket");
+        let by_thread: usize = sends.iter().map(|s| s.0).sum();
+        let by_caller: usize = sends.iter().map(|s| s.1).sum();
+        assert!(
+            sends.iter().all(|s| s.0 > 0) && by_thread > by_caller,
+            "batches sent by each lane's thread and by the builders: {sends:?}"
+        );
+    }
+
+    /// A message of a request-response exchange leaves from the thread that wrote it: the
+    /// lanes' threads, woken for it, would add a wake-up to every round trip.
+    #[test]
+    fn a_short_message_to_an_idle_lane_leaves_from_the_calling_thread() {
+        const ROUNDS: usize = 500;
+        let addrs: Vec<SocketAddr> = vec!["127.0.0.1:0".parse().unwrap()];
+        let (server, client) = lane_endpoints(&addrs);
+        let to = server.local_addrs();
+        let echo = std::thread::spawn(move || {
+            let mut conn = server.accept().unwrap();
+            let mut buf = [0u8; 64];
+            for _ in 0..ROUNDS {
+                conn.read_exact(&mut buf).unwrap();
+                conn.write_all(&buf).unwrap();
+            }
+            lane_sends(&server)
+        });
+        let mut conn = client.connect(&to, ConnectionConfig::default()).unwrap();
+        let mut reply = [0u8; 64];
+        for i in 0..ROUNDS {
+            let msg = [i as u8; 64];
+            conn.write_all(&msg).unwrap();
+            conn.read_exact(&mut reply).unwrap();
+            assert_eq!(reply, msg);
+        }
+        for (side, sends) in [
+            ("client", lane_sends(&client)),
+            ("server", echo.join().unwrap()),
+        ] {
+            let (by_thread, by_caller) = sends[0];
+            assert!(
+                by_caller >= ROUNDS && by_thread <= ROUNDS / 20,
+                "{side}: {by_thread} batches sent by the lane's thread, {by_caller} by callers"
+            );
+        }
     }
 }

@@ -32,6 +32,7 @@ mod connection;
 mod driver;
 mod impair;
 mod open_ahead;
+mod outgoing;
 mod pages;
 mod readiness;
 mod sched;
@@ -51,8 +52,8 @@ pub use impair::Impairment;
 pub use ri2n_proto::{
     datagram_capacity, Cipher, ConnectError, ConnectionConfig, ConnectionError, ConnectionState,
     ConnectionStats, DropCounts, DropReason, EndpointConfig, Event, Key, KeyError, KeyMismatch,
-    LinkId, LinkState, LinkStats, ReadError, RefusalReason, RefusedHandshake, Shard, Striping,
-    Transport, WriteError, MAX_DATAGRAM_LEN, MAX_LINKS, MAX_SHARDS,
+    LinkId, LinkState, LinkStats, ReadError, RefusalReason, RefusedHandshake, SendThreads, Shard,
+    Striping, Transport, WriteError, MAX_DATAGRAM_LEN, MAX_LINKS, MAX_SHARDS,
 };
 
 use shards::Shards;
