@@ -50,7 +50,7 @@ use smallvec::SmallVec;
 
 use crate::connection::TimedEvent;
 use crate::open_ahead::OpenAhead;
-use crate::outgoing::{lanes_wanted, Backlog, Batch, Lane, Outgoing, BATCH_BYTES};
+use crate::outgoing::{lanes_wanted, Backlog, Batch, Lane, Outgoing, BATCH_BYTES, SHORT_BATCH};
 use crate::readiness::Watchers;
 use crate::sched::yield_to_busy_threads;
 use crate::shards::{AcceptQueue, Forwarded, ForwardedKind, Router};
@@ -892,7 +892,7 @@ impl Shared {
             if batches.is_empty() {
                 continue;
             }
-            let short = batches.len() == 1 && batches[0].len < BATCH_BYTES;
+            let short = batches.len() == 1 && batches[0].len <= SHORT_BATCH;
             backlog.left_queue(batches.len());
             let mut woken = false;
             match lane.hand_over(batches, short, spare, &mut woken) {

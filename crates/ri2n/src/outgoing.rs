@@ -9,8 +9,8 @@
 //! per link busy beside the one that builds: sealing, the copy into the kernel and the
 //! kernel's UDP and IP path leave the building thread, which a single application thread
 //! otherwise runs alone. A short transmission (a message of a request-response exchange, an
-//! acknowledgement) is still sent by the thread that built it when its lane is idle: a hop
-//! to another thread would add a wake-up to its latency. On few CPUs the lanes only move the
+//! acknowledgement: [`SHORT_BATCH`]) is still sent by the thread that built it when its lane
+//! is idle: a hop to another thread would add a wake-up to its latency. On few CPUs the lanes only move the
 //! batches between cores for nothing: the other threads keep those CPUs busy already
 //! (docs/BENCHMARKS.md §8).
 
@@ -27,6 +27,10 @@ use crate::socket::LinkSocket;
 const MAX_DATAGRAM: usize = ri2n_proto::wire::MAX_DATAGRAM_SIZE;
 /// Most bytes one GSO send carries: below the 65 507-byte limit of one UDP send over IPv4.
 pub(crate) const BATCH_BYTES: usize = 60 * 1024;
+/// A batch of at most this many bytes, alone for its socket, is a short transmission (a
+/// message of a request-response exchange, acknowledgements): its builder sends it itself
+/// when the lane is idle. Larger ones, the batches of a stream, go to the lane's thread.
+pub(crate) const SHORT_BATCH: usize = BATCH_BYTES / 4;
 /// Batches built ahead of the sender before the engine is asked for no more: bounds the
 /// memory of a round and the time datagrams wait between being built and sent.
 const MAX_QUEUED_BATCHES: usize = 64;
@@ -299,7 +303,7 @@ impl Lane {
     }
 
     /// Hands this socket's new `batches` (in order) to the lane, and the lane's sent batches
-    /// back to `spare`. If `short` (one batch that is not full) and the lane is idle with
+    /// back to `spare`. If `short` (one batch of at most [`SHORT_BATCH`]) and the lane is idle with
     /// nothing waiting, it claims the lane for the calling thread instead and returns the
     /// batch, for it to send ([`Self::release`] after). Otherwise returns `None`, and in
     /// `wake` whether the lane's thread sleeps and must be woken ([`Self::wake`]).
