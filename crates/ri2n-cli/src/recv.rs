@@ -250,6 +250,7 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
         goodput_bps: bps(got, seconds),
         checksum: sum.hex(),
         encryption: crate::report::encryption(&conn.stats()),
+        send_threads: endpoint.send_threads(),
         links: LinkSummary::all(&conn.stats().links, true),
         link_events: events.events,
         dropped: crate::report::dropped(&endpoint.dropped_datagrams()),

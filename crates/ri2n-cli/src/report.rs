@@ -266,6 +266,8 @@ pub struct TransferSummary {
     /// The AEAD that sealed the connection's packets (`AEGIS-256X4`, `AES-256-GCM`,
     /// `ChaCha20-Poly1305`), or `none`: no key, nothing authenticated or encrypted.
     pub encryption: &'static str,
+    /// Whether each link had a thread of its own that sent (`--send-threads`).
+    pub send_threads: bool,
     pub links: Vec<LinkSummary>,
     /// Every link state change during the transfer, oldest first.
     pub link_events: Vec<LinkEvent>,

@@ -75,6 +75,7 @@ fn forged_icmp_errors_do_not_end_a_keyed_transfer() {
         name: name.to_owned(),
         key: Some(Path::new(&key)),
         tcp: false,
+        args: &[],
     }
     .run(env, &lab, &dir.0);
     let ended = Instant::now();

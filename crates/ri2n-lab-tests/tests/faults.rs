@@ -99,7 +99,8 @@ fn assert_fault_seen(out: &support::Outcome, link: u8, shows: Shows) {
 /// sender was given; link 2 is discovered in the handshake), B→A with the fault on link 2
 /// (both addresses given, no discovery). `kind_b2a` is the fault for the second transfer.
 /// `rejoin_bound`: how soon after the heal the faulted link must carry more than 50 Mbit/s
-/// again, a few times what was measured.
+/// again, a few times what was measured. `lanes`: both ends send with a thread per link
+/// (`--send-threads on`, the default from 8 CPUs), else as their host's default.
 fn fault_both_ways(
     name: &'static str,
     seed: u64,
@@ -107,6 +108,7 @@ fn fault_both_ways(
     kind_b2a: &[&str],
     shows: Shows,
     rejoin_bound: Duration,
+    lanes: bool,
 ) {
     let Some(env) = env() else { return };
     let _serial = serial();
@@ -132,9 +134,24 @@ fn fault_both_ways(
             name: format!("{name}-{}2{}", sender.letter(), sender.other().letter()),
             key: None,
             tcp: false,
+            args: if lanes {
+                &["--send-threads", "on"]
+            } else {
+                &[]
+            },
         }
         .run(env, &lab, &dir.0);
         out.report(Some(link));
+        if lanes {
+            for (who, doc) in [("sender", &out.send_json), ("receiver", &out.recv_json)] {
+                assert_eq!(
+                    doc["send_threads"],
+                    serde_json::json!(true),
+                    "{}: the {who} sent without lanes",
+                    out.name
+                );
+            }
+        }
         assert_fault_seen(&out, link, shows);
         let heal = out.applied[1].0;
         let rejoined = out.rejoin_after(heal, link, 50.0).unwrap_or_else(|| {
@@ -174,6 +191,7 @@ fn cable_pulled_then_plugged_back() {
         &["cable", "b"],
         Shows::Down,
         ms(1500),
+        false,
     );
 }
 
@@ -181,7 +199,30 @@ fn cable_pulled_then_plugged_back() {
 fn switch_dead_then_back() {
     // the bridge stops forwarding; both hosts keep carrier and see nothing wrong locally
     // measured 34 and 127 ms (A→B), 19 and 42 ms (B→A), 2-core host, 2026-11-27
-    fault_both_ways("switch", 2, &["switch"], &["switch"], Shows::Down, ms(600));
+    fault_both_ways(
+        "switch",
+        2,
+        &["switch"],
+        &["switch"],
+        Shows::Down,
+        ms(600),
+        false,
+    );
+}
+
+#[test]
+fn switch_dead_then_back_with_a_sending_thread_per_link() {
+    // the same with lanes (`--send-threads on`), the default on hosts of 8 CPUs or more: what
+    // a dead link had in flight may also wait in its lane, and must be sent again elsewhere
+    fault_both_ways(
+        "switch-lanes",
+        7,
+        &["switch"],
+        &["switch"],
+        Shows::Down,
+        ms(600),
+        true,
+    );
 }
 
 #[test]
@@ -195,6 +236,7 @@ fn switch_trickles_then_recovers() {
         &["soft"],
         Shows::DownOrDegraded,
         ms(300),
+        false,
     );
 }
 
@@ -209,6 +251,7 @@ fn loss_20_percent_data_direction() {
         Shows::Losses,
         // measured 16 and 607 ms (A→B), 41 and 643 ms (B→A), 2-core host, 2026-11-27
         ms(2500),
+        false,
     );
 }
 
@@ -223,6 +266,7 @@ fn loss_10_percent_both_directions() {
         // measured 8 and 468 ms (A→B), 59 ms (B→A), 2-core host, 2026-11-27: under loss the
         // link may be degraded at the heal, and then takes its probes to come back
         ms(2500),
+        false,
     );
 }
 
@@ -274,6 +318,7 @@ fn every_link_down_then_healed(
         name: name.to_owned(),
         key: None,
         tcp,
+        args: &[],
     }
     .run(env, lab, dir);
     out.report(Some(heal[0]));
@@ -343,6 +388,7 @@ fn tcp_transport_through_a_dead_switch_and_a_partition() {
         name: format!("{name}-switch"),
         key: None,
         tcp: true,
+        args: &[],
     }
     .run(env, &lab, &dir.0);
     out.report(Some(1));
@@ -391,6 +437,7 @@ fn tcp_transport_through_a_dead_switch_and_a_partition() {
         name: format!("{name}-soft"),
         key: None,
         tcp: true,
+        args: &[],
     }
     .run(env, &lab, &dir.0);
     out.report(Some(1));
@@ -785,6 +832,7 @@ fn ipv6_links_carry_a_transfer_through_a_dead_switch() {
             name: label.into(),
             key: None,
             tcp,
+            args: &[],
         }
         .run(env, &lab, &dir.0);
         out.report(Some(1));
@@ -936,6 +984,7 @@ fn garbage_flood_at_the_receiver() {
         name: format!("{name}-a2b"),
         key: None,
         tcp: false,
+        args: &[],
     }
     .run(env, &lab, &dir.0);
     let stats = flooder.join().expect("the flood thread panicked");
@@ -990,6 +1039,7 @@ fn tapped_transfer(
         name: label.to_owned(),
         key,
         tcp,
+        args: &[],
     }
     .run(env, lab, dir);
     stop.store(true, Ordering::Relaxed);

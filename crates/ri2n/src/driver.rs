@@ -306,6 +306,11 @@ impl Shared {
         self.shard
     }
 
+    /// Whether each link socket has a lane (see `outgoing`).
+    pub fn has_lanes(&self) -> bool {
+        !self.lanes.is_empty()
+    }
+
     /// The link sockets' local addresses.
     pub fn local_addrs(&self) -> impl Iterator<Item = SocketAddr> + '_ {
         self.sockets.iter().map(|s| s.local)

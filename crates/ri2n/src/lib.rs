@@ -341,6 +341,16 @@ impl Endpoint {
         }
     }
 
+    /// Whether each link has a thread of its own that sends ([`EndpointConfig::send_threads`]
+    /// as it turned out on this host): the UDP transport's lanes, or the TCP transport's
+    /// writers (always).
+    pub fn send_threads(&self) -> bool {
+        match &self.inner {
+            Transports::Udp(s) => first(s).has_lanes(),
+            Transports::Tcp(_) => true,
+        }
+    }
+
     /// The UDP shards; `None` on the TCP transport.
     fn udp(&self) -> Option<&Shards> {
         match &self.inner {

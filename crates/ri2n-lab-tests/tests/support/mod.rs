@@ -820,6 +820,8 @@ pub struct Transfer<'a> {
     pub key: Option<&'a Path>,
     /// Both sides use the TCP transport (`--transport tcp`).
     pub tcp: bool,
+    /// Further arguments for both commands.
+    pub args: &'a [&'a str],
 }
 
 /// How long a transfer keeps being fed after its last action: time for the recovery the test
@@ -980,6 +982,12 @@ pub fn with_transport(mut args: Vec<String>, tcp: bool) -> Vec<String> {
     args
 }
 
+/// `args` followed by `more`.
+fn with_args(mut args: Vec<String>, more: &[&str]) -> Vec<String> {
+    args.extend(more.iter().map(|a| (*a).to_owned()));
+    args
+}
+
 /// `args` with `--key FILE` when there is a key.
 fn with_key(mut args: Vec<String>, key: Option<&Path>) -> Vec<String> {
     if let Some(k) = key {
@@ -1011,9 +1019,12 @@ impl Transfer<'_> {
             lab,
             receiver,
             &env.ri2n,
-            &with_transport(
-                with_key(recv_args(lab, receiver, &output), self.key),
-                self.tcp,
+            &with_args(
+                with_transport(
+                    with_key(recv_args(lab, receiver, &output), self.key),
+                    self.tcp,
+                ),
+                self.args,
             ),
             dir,
             &format!("{}-recv", self.name),
@@ -1024,12 +1035,15 @@ impl Transfer<'_> {
             env,
             lab,
             self.sender,
-            &with_transport(
-                with_key(
-                    send_args(lab, self.sender, Path::new("-"), self.discover),
-                    self.key,
+            &with_args(
+                with_transport(
+                    with_key(
+                        send_args(lab, self.sender, Path::new("-"), self.discover),
+                        self.key,
+                    ),
+                    self.tcp,
                 ),
-                self.tcp,
+                self.args,
             ),
             self.input,
             dir,
