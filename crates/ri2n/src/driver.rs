@@ -8,8 +8,9 @@
 //! through methods of [`Shared`] and [`State`] only.
 //!
 //! Data moves one way, a turn of the pump at a time, whichever thread turns it
-//! ([`Shared::receive`]): receive, hand to the engine, send what the engine then has to send,
-//! wake the calls concerned. An application call's turn starts at the engine
+//! ([`Shared::receive`]): receive, hand to the engine, send what the engine then has to send
+//! (or, with lanes, hand it to the link sockets' own sending threads: `outgoing.rs`), wake the
+//! calls concerned. An application call's turn starts at the engine
 //! ([`Shared::after_app_call`]). A long sending streak takes in what arrived between its
 //! rounds ([`Shared::take_in`]) and wakes whom it concerns, without starting a turn of its
 //! own inside it.
@@ -1685,6 +1686,43 @@ mod tests {
         );
     }
 
+    /// A client endpoint of one shard (so its connection is on the driver a test holds up),
+    /// with `send_threads`, connected to a server: (server, client, the client's connection,
+    /// the server's).
+    fn one_shard_pair(
+        send_threads: crate::SendThreads,
+    ) -> (Endpoint, Endpoint, crate::Connection, crate::Connection) {
+        use crate::EndpointConfig;
+        let addrs: Vec<SocketAddr> = vec!["127.0.0.1:0".parse().unwrap()];
+        let server = Endpoint::server(&addrs).unwrap();
+        let client = Endpoint::bind(
+            EndpointConfig::new(addrs)
+                .with_shards(Some(1))
+                .with_send_threads(send_threads),
+        )
+        .unwrap();
+        let conn = client
+            .connect(&server.local_addrs(), ConnectionConfig::default())
+            .unwrap();
+        let accepted = server.accept().unwrap();
+        (server, client, conn, accepted)
+    }
+
+    /// The peer learned of the abort (code 7) and reads nothing more.
+    fn assert_aborted_by_peer(accepted: &crate::Connection) {
+        let mut buf = [0u8; 16];
+        let read = std::io::Read::read(&mut &*accepted, &mut buf);
+        assert!(!matches!(read, Ok(n) if n > 0), "{read:?}");
+        assert!(
+            matches!(
+                accepted.close_reason(),
+                Some(crate::ConnectionError::PeerAborted { code: 7, .. })
+            ),
+            "{:?}",
+            accepted.close_reason()
+        );
+    }
+
     /// `Endpoint::close` returns only once the CLOSE of each connection it aborted was sent,
     /// also when another thread was sending at that moment and so sends it: a process that
     /// ends right after the close (the tunnel daemon on SIGTERM) must not take it along.
@@ -1692,23 +1730,9 @@ mod tests {
     fn close_returns_after_the_close_queued_behind_another_sender_is_sent() {
         use std::time::{Duration, Instant};
 
-        use crate::{ConnectionError, EndpointConfig, SendThreads};
-
         const OTHER_SENDS_FOR: Duration = Duration::from_millis(300);
-        let addrs: Vec<SocketAddr> = vec!["127.0.0.1:0".parse().unwrap()];
-        let server = Endpoint::server(&addrs).unwrap();
-        // one shard, so the connection is on the driver this test holds up; no lanes: the
-        // thread that finds the queue free sends it (lanes: the next test)
-        let client = Endpoint::bind(
-            EndpointConfig::new(addrs)
-                .with_shards(Some(1))
-                .with_send_threads(SendThreads::Off),
-        )
-        .unwrap();
-        let conn = client
-            .connect(&server.local_addrs(), ConnectionConfig::default())
-            .unwrap();
-        let accepted = server.accept().unwrap();
+        // no lanes: the thread that finds the queue free sends it (lanes: the next test)
+        let (_server, client, conn, accepted) = one_shard_pair(crate::SendThreads::Off);
         // another thread takes the sending role and keeps it for a while, as a sending
         // streak of the driver thread or of a writer does (taken once free: a round of the
         // driver thread still under way would send the CLOSE itself)
@@ -1747,39 +1771,17 @@ mod tests {
         );
         other.join().unwrap();
         // and the peer learned of the abort from it
-        let mut buf = [0u8; 16];
-        let read = std::io::Read::read(&mut &accepted, &mut buf);
-        assert!(!matches!(read, Ok(n) if n > 0), "{read:?}");
-        assert!(
-            matches!(
-                accepted.close_reason(),
-                Some(ConnectionError::PeerAborted { code: 7, .. })
-            ),
-            "{:?}",
-            accepted.close_reason()
-        );
+        assert_aborted_by_peer(&accepted);
     }
+
     /// The same with lanes: the CLOSE of an aborted connection waits in a lane whose socket
     /// another thread holds, and `Endpoint::close` returns only once the lane sent it.
     #[test]
     fn close_returns_after_a_held_up_lane_has_sent_the_close() {
         use std::time::{Duration, Instant};
 
-        use crate::{ConnectionError, EndpointConfig, SendThreads};
-
         const HELD_FOR: Duration = Duration::from_millis(300);
-        let addrs: Vec<SocketAddr> = vec!["127.0.0.1:0".parse().unwrap()];
-        let server = Endpoint::server(&addrs).unwrap();
-        let client = Endpoint::bind(
-            EndpointConfig::new(addrs)
-                .with_shards(Some(1))
-                .with_send_threads(SendThreads::On),
-        )
-        .unwrap();
-        let conn = client
-            .connect(&server.local_addrs(), ConnectionConfig::default())
-            .unwrap();
-        let accepted = server.accept().unwrap();
+        let (_server, client, conn, accepted) = one_shard_pair(crate::SendThreads::On);
         let driver = std::sync::Arc::clone(&client.udp().unwrap().drivers[0]);
         // held once free (a send under way finishes first)
         while !driver.shared().lanes[0].hold() {
@@ -1804,17 +1806,7 @@ mod tests {
             "close returned after {waited:?}, before the lane sent"
         );
         other.join().unwrap();
-        let mut buf = [0u8; 16];
-        let read = std::io::Read::read(&mut &accepted, &mut buf);
-        assert!(!matches!(read, Ok(n) if n > 0), "{read:?}");
-        assert!(
-            matches!(
-                accepted.close_reason(),
-                Some(ConnectionError::PeerAborted { code: 7, .. })
-            ),
-            "{:?}",
-            accepted.close_reason()
-        );
+        assert_aborted_by_peer(&accepted);
     }
 
     /// Batches each lane's thread sent and threads that built them sent themselves, summed
