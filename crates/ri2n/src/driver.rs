@@ -1650,6 +1650,35 @@ mod tests {
             .sum()
     }
 
+    /// `rounds` 64-byte messages from `client`, each echoed by `server` (on a thread of its
+    /// own) before the next, every echo checked; then `measure` of the server, taken there.
+    fn echo_exchange<T: Send + 'static>(
+        server: Endpoint,
+        client: &Endpoint,
+        rounds: usize,
+        measure: fn(&Endpoint) -> T,
+    ) -> T {
+        let to = server.local_addrs();
+        let echo = std::thread::spawn(move || {
+            let mut conn = server.accept().unwrap();
+            let mut buf = [0u8; 64];
+            for _ in 0..rounds {
+                conn.read_exact(&mut buf).unwrap();
+                conn.write_all(&buf).unwrap();
+            }
+            measure(&server)
+        });
+        let mut conn = client.connect(&to, ConnectionConfig::default()).unwrap();
+        let mut reply = [0u8; 64];
+        for i in 0..rounds {
+            let msg = [i as u8; 64];
+            conn.write_all(&msg).unwrap();
+            conn.read_exact(&mut reply).unwrap();
+            assert_eq!(reply, msg);
+        }
+        echo.join().unwrap()
+    }
+
     /// A call that waits for one message at a time takes each arrival alone, with a plain
     /// `recvmsg` ([`SINGLE_TAKES`](super::SINGLE_TAKES)), not with a `recvmmsg` that then
     /// looks for more in vain.
@@ -1659,25 +1688,8 @@ mod tests {
         let addrs: Vec<SocketAddr> = vec!["127.0.0.1:0".parse().unwrap()];
         let server = Endpoint::server(&addrs).unwrap();
         let client = Endpoint::client(&addrs).unwrap();
-        let to = server.local_addrs();
-        let echo = std::thread::spawn(move || {
-            let mut conn = server.accept().unwrap();
-            let mut buf = [0u8; 64];
-            for _ in 0..ROUNDS {
-                conn.read_exact(&mut buf).unwrap();
-                conn.write_all(&buf).unwrap();
-            }
-            taken_alone(&server)
-        });
-        let mut conn = client.connect(&to, ConnectionConfig::default()).unwrap();
-        let mut reply = [0u8; 64];
-        for i in 0..ROUNDS {
-            let msg = [i as u8; 64];
-            conn.write_all(&msg).unwrap();
-            conn.read_exact(&mut reply).unwrap();
-            assert_eq!(reply, msg);
-        }
-        let alone = taken_alone(&client) + echo.join().unwrap();
+        let at_server = echo_exchange(server, &client, ROUNDS as usize, taken_alone);
+        let alone = taken_alone(&client) + at_server;
         // two arrivals per round trip, one at each end
         assert!(
             alone > ROUNDS,
@@ -1888,28 +1900,8 @@ mod tests {
         const ROUNDS: usize = 500;
         let addrs: Vec<SocketAddr> = vec!["127.0.0.1:0".parse().unwrap()];
         let (server, client) = lane_endpoints(&addrs);
-        let to = server.local_addrs();
-        let echo = std::thread::spawn(move || {
-            let mut conn = server.accept().unwrap();
-            let mut buf = [0u8; 64];
-            for _ in 0..ROUNDS {
-                conn.read_exact(&mut buf).unwrap();
-                conn.write_all(&buf).unwrap();
-            }
-            lane_sends(&server)
-        });
-        let mut conn = client.connect(&to, ConnectionConfig::default()).unwrap();
-        let mut reply = [0u8; 64];
-        for i in 0..ROUNDS {
-            let msg = [i as u8; 64];
-            conn.write_all(&msg).unwrap();
-            conn.read_exact(&mut reply).unwrap();
-            assert_eq!(reply, msg);
-        }
-        for (side, sends) in [
-            ("client", lane_sends(&client)),
-            ("server", echo.join().unwrap()),
-        ] {
+        let at_server = echo_exchange(server, &client, ROUNDS, lane_sends);
+        for (side, sends) in [("client", lane_sends(&client)), ("server", at_server)] {
             let (by_thread, by_caller) = sends[0];
             assert!(
                 by_caller >= ROUNDS && by_thread <= ROUNDS / 20,
