@@ -197,9 +197,11 @@ impl Drop for TcpHandle {
 }
 
 /// Finishes every connection of a TCP endpoint and waits until `deadline` for each to be
-/// acknowledged; returns (connections, bytes) never acknowledged.
+/// acknowledged; returns (connections, bytes) never acknowledged. The endpoint listens on
+/// meanwhile, for the links of those connections only: a link that fails during the wait is
+/// opened again, as the UDP transport's sockets stay open until its close is done.
 fn tcp_close(ep: &tcp::TcpEndpoint, deadline: Option<Instant>) -> (usize, u64) {
-    ep.shut();
+    ep.stop_accepting();
     let mut lost = (0, 0);
     for c in ep.connections() {
         let _ = c.finish();
@@ -211,6 +213,7 @@ fn tcp_close(ep: &tcp::TcpEndpoint, deadline: Option<Instant>) -> (usize, u64) {
         }
         c.close(Duration::from_millis(200));
     }
+    ep.shut();
     lost
 }
 
