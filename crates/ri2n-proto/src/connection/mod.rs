@@ -1623,6 +1623,14 @@ impl Connection {
                 from: LinkState::Validating,
                 to: LinkState::Up,
             });
+            // links the client opened before this packet confirmed the connection (this one
+            // may have come on one of them) were added while no event was kept
+            let opened: SmallVec<[LinkId; 4]> = (self.links.iter().map(|l| l.id))
+                .filter(|&id| id != LinkId(0))
+                .collect();
+            for link in opened {
+                self.event(Event::LinkAdded { link });
+            }
         }
         self.last_rx = now;
         self.closing.refused_at = None;
