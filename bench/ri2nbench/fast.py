@@ -18,10 +18,10 @@ FAST_CONFIGS = [("2 links, MTU 1500", 2, 1500), ("2 links, MTU 9000", 2, 9000),
 
 
 def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, key=None,
-                  transport=None, threads=False, send_threads=None):
+                  transport=None, threads=False, send_threads=None, recv_threads=None):
     """`ri2n recv` on B, `ri2n send` on A of `src` (a file, or `pipe_in` feeding its stdin),
-    both with `--key key`, `--transport transport` and `--send-threads send_threads` if
-    given; returns goodput, CPU of both
+    both with `--key key`, `--transport transport`, `--send-threads send_threads` and
+    `--recv-threads recv_threads` if given; returns goodput, CPU of both
     processes and of the machine, and the sender's summary; with `threads`, also the busiest
     threads of each (ThreadSampler)."""
     port = 7300 + random.randrange(500)
@@ -34,9 +34,10 @@ def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, ke
     if transport:
         listen += ["--transport", transport]
         local += ["--transport", transport]
-    if send_threads:
-        listen += ["--send-threads", send_threads]
-        local += ["--send-threads", send_threads]
+    for flag, value in (("--send-threads", send_threads), ("--recv-threads", recv_threads)):
+        if value:
+            listen += [flag, value]
+            local += [flag, value]
     out_cmd = [common.RI2N, "recv", "-q", "--json", "-o", "/dev/null"] + listen
     if pipe_out:
         # the receiving application is another process: recv writes to a pipe into it

@@ -20,12 +20,14 @@ LOOP_LINKS = (2, 4)
 LAB_LINKS = (2, 4)
 LAB_TOOLS = ("ri2n", "ri2n_keyed", "ri2n_flip", "ri2n_keyed_flip", "ri2n_tcp", "tcp", "mptcp",
              "tunnel", "tunnel_4")
-# ri2n's default gives each link a sending thread (a lane) where the process may use this many
-# CPUs (`--send-threads auto`); the "flip" tools run the other setting, for the comparison
+# ri2n's default gives each link a sending and a receiving thread (lanes) where the process may
+# use this many CPUs (`--send-threads auto`, `--recv-threads auto`); the "flip" tools run the
+# other setting of both, for the comparison
 LANES_FROM_CPUS = 8
+FLIP_FLAGS = ("--send-threads", "--recv-threads")
 LAB_NAMES = {"ri2n": "ri2n", "ri2n_keyed": "ri2n, keyed", "ri2n_tcp": "ri2n `--transport tcp`",
-             "ri2n_flip": "ri2n, `--send-threads` flipped",
-             "ri2n_keyed_flip": "ri2n, keyed, `--send-threads` flipped",
+             "ri2n_flip": "ri2n, lanes flipped",
+             "ri2n_keyed_flip": "ri2n, keyed, lanes flipped",
              "tcp": "1 TCP connection", "mptcp": "MPTCP",
              "tunnel": "iperf3 through `ri2n tunnel`",
              "tunnel_4": "iperf3 -P 4 through `ri2n tunnel`"}
@@ -49,7 +51,8 @@ def cpu_list(cpus):
 
 
 def lanes_by_default():
-    """Whether ri2n's `--send-threads auto` gives each link a sending thread on this host."""
+    """Whether ri2n's `--send-threads auto` and `--recv-threads auto` give each link a sending
+    and a receiving thread on this host."""
     return len(os.sched_getaffinity(0)) >= LANES_FROM_CPUS
 
 
@@ -62,6 +65,7 @@ def host_facts():
             "cpu": m["cpu"], "kernel": m["uname_r"], "date_utc": m["date_utc"],
             "commit": m.get("commit"), "dirty": m.get("dirty"), "ri2n": common.RI2N_SOURCE,
             "lanes_by_default": lanes_by_default(),
+            "flip_flags": list(FLIP_FLAGS),
             "tools": common.tool_paths(), "mptcp_enabled": m["mptcp_enabled"]}
 
 
@@ -182,7 +186,7 @@ def lab_runs(o, res, keyfile, src, lab):
                 return ri2n_transfer(lab, src, o.scale_bytes, threads=True,
                                      key=keyfile if k.startswith("ri2n_keyed") else None,
                                      transport="tcp" if k == "ri2n_tcp" else None,
-                                     send_threads=flip)
+                                     send_threads=flip, recv_threads=flip)
             if k == "tunnel":
                 return tunnel_transfer(lab, n, src, o.scale_bytes)
             if k == "tunnel_4":
@@ -254,9 +258,9 @@ def part_scale(o):
         "ri2n": "ri2n recv --listen 10.77.I.2:PORT … -o /dev/null; ri2n send --to "
                 "10.77.1.2:PORT --local 10.77.I.1 … -i FILE [--key FILE on both]",
         "tcp": "iperf3 -s -1; iperf3 -c 10.77.1.2 -n BYTES -F FILE (one connection, link 1)",
-        "ri2n_flip": "the same ri2n recv/send with --send-threads on both: off where ri2n's "
-                     "default gives each link a sending thread (%d or more CPUs), else on"
-                     % LANES_FROM_CPUS,
+        "ri2n_flip": "the same ri2n recv/send with --send-threads and --recv-threads on both: "
+                     "off where ri2n's default gives each link a sending and a receiving thread "
+                     "(%d or more CPUs), else on" % LANES_FROM_CPUS,
         "ri2n_tcp": "the same ri2n recv/send with --transport tcp on both (issue 45's transport: "
                     "a TCP connection per link)",
         "mptcp": "mptcpize run iperf3 … -F FILE (a subflow per link)",
@@ -344,9 +348,12 @@ def tables(res, brief):
     labs = res["lab"]
     names = dict(LAB_NAMES)
     lanes = res["host"].get("lanes_by_default")
+    # runs before receiving lanes flipped the sending ones alone
+    flags = res["host"].get("flip_flags", ["--send-threads"])
     for k in ("ri2n_flip", "ri2n_keyed_flip"):
-        names[k] = "%s `--send-threads %s`" % (names[k].split(" `")[0], "off" if lanes else "on")
-    # which ri2n tools ran with a sending thread per link, and which without
+        names[k] = "%s %s" % (names[k].split(",")[0] + (", keyed," if "keyed" in k else ","),
+                              " ".join("`%s %s`" % (f, "off" if lanes else "on") for f in flags))
+    # which ri2n tools ran with a thread per link, and which without
     on, off = ("ri2n", "ri2n_flip") if lanes else ("ri2n_flip", "ri2n")
     # the tools every run measured (results from before the tunnel joined the part lack it)
     tools = [k for k in LAB_TOOLS if all(k in r for c in labs for r in c["runs"])]
@@ -360,7 +367,7 @@ def tables(res, brief):
         ratios = [(h, a, b, bold) for h, a, b, bold in (
             ("ri2n ÷ MPTCP", "ri2n", "mptcp", True),
             ("keyed ÷ unkeyed", "ri2n_keyed", "ri2n", False),
-            ("send threads on ÷ off", on, off, False),
+            ("lanes on ÷ off" if len(flags) > 1 else "send threads on ÷ off", on, off, False),
             ("same, keyed", on.replace("ri2n", "ri2n_keyed"), off.replace("ri2n", "ri2n_keyed"),
              False),
             ("TCP transport ÷ MPTCP", "ri2n_tcp", "mptcp", True),

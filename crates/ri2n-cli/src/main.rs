@@ -143,37 +143,53 @@ pub struct ChannelOpts {
     #[arg(long, value_name = "FILE", env = "RI2N_KEY_FILE")]
     pub key: Option<PathBuf>,
     #[command(flatten)]
-    pub send_threads: SendThreadsOpt,
+    pub threads: LinkThreadsOpt,
 }
 
-/// `--send-threads`, for every command that makes an endpoint.
+/// `--send-threads` and `--recv-threads`, for every command that makes an endpoint.
 #[derive(Args, Debug, Clone, Copy)]
-pub struct SendThreadsOpt {
+pub struct LinkThreadsOpt {
     /// UDP transport: whether each link gets a thread of its own that seals and sends what
     /// the connection built, so that one connection filling its links keeps a core per link
     /// busy besides the thread that builds its packets. `auto`: where this process may use 8
     /// CPUs or more; on fewer the hand-over costs more than it gives (docs/BENCHMARKS.md §8).
     /// A short message is sent by the thread that built it either way.
-    #[arg(long, value_enum, value_name = "WHEN", default_value_t = SendThreadsArg::Auto)]
-    pub send_threads: SendThreadsArg,
+    #[arg(long, value_enum, value_name = "WHEN", default_value_t = LinkThreadsArg::Auto)]
+    pub send_threads: LinkThreadsArg,
+    /// UDP transport: whether each link gets a thread of its own that receives, opens (with a
+    /// key) and hands to the connection what arrives on it, so that one connection's links
+    /// are received on a core each. `auto`: where this process may use 8 CPUs or more, as
+    /// `--send-threads` (and for `tunnel`, not with `--busy-poll`: the polling thread receives
+    /// itself). A thread waiting for data receives what arrives meanwhile itself either way.
+    #[arg(long, value_enum, value_name = "WHEN", default_value_t = LinkThreadsArg::Auto)]
+    pub recv_threads: LinkThreadsArg,
 }
 
-/// `--send-threads`.
+/// `--send-threads`, `--recv-threads`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SendThreadsArg {
+pub enum LinkThreadsArg {
     Auto,
     On,
     Off,
 }
 
-impl SendThreadsOpt {
+impl LinkThreadsArg {
     /// The library's setting.
-    pub fn get(self) -> ri2n::SendThreads {
-        match self.send_threads {
-            SendThreadsArg::Auto => ri2n::SendThreads::Auto,
-            SendThreadsArg::On => ri2n::SendThreads::On,
-            SendThreadsArg::Off => ri2n::SendThreads::Off,
+    pub fn get(self) -> ri2n::LinkThreads {
+        match self {
+            LinkThreadsArg::Auto => ri2n::LinkThreads::Auto,
+            LinkThreadsArg::On => ri2n::LinkThreads::On,
+            LinkThreadsArg::Off => ri2n::LinkThreads::Off,
         }
+    }
+}
+
+impl LinkThreadsOpt {
+    /// `config` with these settings.
+    pub fn apply(self, config: ri2n::EndpointConfig) -> ri2n::EndpointConfig {
+        config
+            .with_send_threads(self.send_threads.get())
+            .with_recv_threads(self.recv_threads.get())
     }
 }
 
@@ -190,8 +206,9 @@ impl ChannelOpts {
         Self {
             transport: TransportArg::Udp,
             key,
-            send_threads: SendThreadsOpt {
-                send_threads: SendThreadsArg::Auto,
+            threads: LinkThreadsOpt {
+                send_threads: LinkThreadsArg::Auto,
+                recv_threads: LinkThreadsArg::Auto,
             },
         }
     }
@@ -271,7 +288,7 @@ pub struct TunnelArgs {
     pub carry: Carry,
 
     #[command(flatten)]
-    pub send_threads: SendThreadsOpt,
+    pub threads: LinkThreadsOpt,
 }
 
 /// How `ri2n tunnel` carries IP packets (see `--carry`).

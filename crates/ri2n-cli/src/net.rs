@@ -161,8 +161,9 @@ pub fn client_endpoint(
     } else {
         opts.local.clone()
     };
-    let cfg =
-        (EndpointConfig::new(locals).with_key(key)).with_send_threads(channel.send_threads.get());
+    let cfg = channel
+        .threads
+        .apply(EndpointConfig::new(locals).with_key(key));
     Endpoint::bind(cfg.with_transport(channel.transport()))
         .map_err(|e| Failure::endpoint(e, &opts.to, opts.connect_timeout))
 }
@@ -186,13 +187,14 @@ pub fn server_endpoint_with(
     app: Application,
     configure: impl FnOnce(EndpointConfig) -> EndpointConfig,
 ) -> Result<Endpoint, Failure> {
-    let (transport, send_threads) = (key.transport(), key.send_threads.get());
+    let (transport, threads) = (key.transport(), key.threads);
     let key = crate::key::load(key)?;
     crate::key::warn_if_unprotected(&key, listen);
-    let mut cfg = (EndpointConfig::new(listen.to_vec()).server())
-        .with_key(key)
-        .with_transport(transport)
-        .with_send_threads(send_threads);
+    let mut cfg = threads.apply(
+        (EndpointConfig::new(listen.to_vec()).server())
+            .with_key(key)
+            .with_transport(transport),
+    );
     cfg.server_connection = app.configure(cfg.server_connection);
     cfg.server_connection.all_links_down_timeout = all_links_down_timeout;
     Endpoint::bind(configure(cfg)).map_err(|e| Failure::endpoint(e, &[], Duration::ZERO))

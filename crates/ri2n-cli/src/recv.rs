@@ -251,6 +251,7 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
         checksum: sum.hex(),
         encryption: crate::report::encryption(&conn.stats()),
         send_threads: endpoint.send_threads(),
+        recv_threads: endpoint.recv_threads(),
         links: LinkSummary::all(&conn.stats().links, true),
         link_events: events.events,
         dropped: crate::report::dropped(&endpoint.dropped_datagrams()),

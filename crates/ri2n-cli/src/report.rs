@@ -268,6 +268,8 @@ pub struct TransferSummary {
     pub encryption: &'static str,
     /// Whether each link had a thread of its own that sent (`--send-threads`).
     pub send_threads: bool,
+    /// Whether each link had a thread of its own that received (`--recv-threads`).
+    pub recv_threads: bool,
     pub links: Vec<LinkSummary>,
     /// Every link state change during the transfer, oldest first.
     pub link_events: Vec<LinkEvent>,

@@ -170,6 +170,7 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
         checksum: sum.hex(),
         encryption: crate::report::encryption(&conn.stats()),
         send_threads: endpoint.send_threads(),
+        recv_threads: endpoint.recv_threads(),
         links: LinkSummary::all(&conn.stats().links, false),
         link_events: events.events,
         dropped: crate::report::dropped(&endpoint.dropped_datagrams()),

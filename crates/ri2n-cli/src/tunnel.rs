@@ -26,7 +26,8 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
             .queues
             .map_or_else(ri2n_tunnel::default_queues, usize::from),
         busy_poll: Duration::from_micros(args.busy_poll.into()),
-        send_threads: args.send_threads.get(),
+        send_threads: args.threads.send_threads.get(),
+        recv_threads: args.threads.recv_threads.get(),
         describe_refusal: crate::net::describe_refusal,
     };
     ri2n_tunnel::run(&options, cluster, me, key).map_err(failure)

@@ -99,8 +99,9 @@ fn assert_fault_seen(out: &support::Outcome, link: u8, shows: Shows) {
 /// sender was given; link 2 is discovered in the handshake), B→A with the fault on link 2
 /// (both addresses given, no discovery). `kind_b2a` is the fault for the second transfer.
 /// `rejoin_bound`: how soon after the heal the faulted link must carry more than 50 Mbit/s
-/// again, a few times what was measured. `lanes`: both ends send with a thread per link
-/// (`--send-threads on`, the default from 8 CPUs), else as their host's default.
+/// again, a few times what was measured. `lanes`: both ends send and receive with a thread
+/// per link (`--send-threads on --recv-threads on`, the default from 8 CPUs), else as their
+/// host's default.
 fn fault_both_ways(
     name: &'static str,
     seed: u64,
@@ -135,7 +136,7 @@ fn fault_both_ways(
             key: None,
             tcp: false,
             args: if lanes {
-                &["--send-threads", "on"]
+                &["--send-threads", "on", "--recv-threads", "on"]
             } else {
                 &[]
             },
@@ -144,12 +145,14 @@ fn fault_both_ways(
         out.report(Some(link));
         if lanes {
             for (who, doc) in [("sender", &out.send_json), ("receiver", &out.recv_json)] {
-                assert_eq!(
-                    doc["send_threads"],
-                    serde_json::json!(true),
-                    "{}: the {who} sent without lanes",
-                    out.name
-                );
+                for threads in ["send_threads", "recv_threads"] {
+                    assert_eq!(
+                        doc[threads],
+                        serde_json::json!(true),
+                        "{}: the {who} ran without {threads}",
+                        out.name
+                    );
+                }
             }
         }
         assert_fault_seen(&out, link, shows);
@@ -211,9 +214,10 @@ fn switch_dead_then_back() {
 }
 
 #[test]
-fn switch_dead_then_back_with_a_sending_thread_per_link() {
-    // the same with lanes (`--send-threads on`), the default on hosts of 8 CPUs or more: what
-    // a dead link had in flight may also wait in its lane, and must be sent again elsewhere
+fn switch_dead_then_back_with_a_sending_and_a_receiving_thread_per_link() {
+    // the same with lanes (`--send-threads on --recv-threads on`), the default on hosts of 8
+    // CPUs or more: what a dead link had in flight may also wait in its lane, and must be
+    // sent again elsewhere; what the healed link brings is received by its own thread
     fault_both_ways(
         "switch-lanes",
         7,

@@ -208,7 +208,8 @@ setters!(EndpointConfig {
     max_keyed_handshakes_per_second => with_max_keyed_handshakes_per_second: Option<u32>,
     key => with_key: Option<crate::Key>,
     shards => with_shards: Option<usize>,
-    send_threads => with_send_threads: SendThreads,
+    send_threads => with_send_threads: LinkThreads,
+    recv_threads => with_recv_threads: LinkThreads,
     shard => with_shard: Shard,
 });
 
@@ -350,8 +351,13 @@ pub struct EndpointConfig {
     pub shards: Option<usize>,
     /// Drivers: whether each link socket gets a thread of its own that seals and sends what
     /// the engine built, so that one connection that fills its links uses a core per link
-    /// besides the one that builds (default [`SendThreads::Auto`]).
-    pub send_threads: SendThreads,
+    /// besides the one that builds (default [`LinkThreads::Auto`]).
+    pub send_threads: LinkThreads,
+    /// Drivers: whether each link socket gets a thread of its own that receives and opens
+    /// what arrives on it and hands it to the engine, so that one connection's links are
+    /// received on a core each (default [`LinkThreads::Auto`]). A blocked application call
+    /// still receives for itself what arrives while it waits.
+    pub recv_threads: LinkThreads,
     /// Which share of connection IDs this engine picks its own from ([`Shard`]); a driver
     /// that runs several engines on the same sockets sets it, one share each.
     pub shard: Shard,
@@ -361,10 +367,11 @@ pub struct EndpointConfig {
     pub connection_counts: Option<std::sync::Arc<crate::ConnectionCounts>>,
 }
 
-/// Whether a driver gives each link socket a thread that seals and sends
-/// ([`EndpointConfig::send_threads`]).
+/// Whether a driver gives each link socket a thread of its own: one that seals and sends
+/// ([`EndpointConfig::send_threads`]), one that receives and opens
+/// ([`EndpointConfig::recv_threads`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SendThreads {
+pub enum LinkThreads {
     /// Where the process may use many CPUs (8 or more): on few, the other threads keep the
     /// CPUs busy already, and handing the datagrams to another thread costs more than it
     /// gives.
@@ -372,9 +379,13 @@ pub enum SendThreads {
     Auto,
     /// Always.
     On,
-    /// Never: the thread that built the datagrams sends them.
+    /// Never: the thread that built the datagrams sends them; the thread that watches the
+    /// sockets receives.
     Off,
 }
+
+/// The name [`LinkThreads`] had when it chose the sending threads alone.
+pub type SendThreads = LinkThreads;
 
 /// Most shards a driver runs for one endpoint by default.
 pub const MAX_SHARDS: usize = 16;
@@ -445,7 +456,8 @@ impl EndpointConfig {
             max_keyed_handshakes_per_second: Some(5000),
             key: None,
             shards: None,
-            send_threads: SendThreads::Auto,
+            send_threads: LinkThreads::Auto,
+            recv_threads: LinkThreads::Auto,
             shard: Shard::ONLY,
             connection_counts: None,
         }

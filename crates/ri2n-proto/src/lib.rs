@@ -36,7 +36,8 @@ mod transmit;
 pub mod wire;
 
 pub use config::{
-    ConnectionConfig, EndpointConfig, SendThreads, Shard, Striping, Transport, MAX_SHARDS,
+    ConnectionConfig, EndpointConfig, LinkThreads, SendThreads, Shard, Striping, Transport,
+    MAX_SHARDS,
 };
 pub use connection::{Connection, ConnectionState, ConnectionStats};
 pub use crypto::{Cipher, Key, KeyError, Opened, Opener, Seal};

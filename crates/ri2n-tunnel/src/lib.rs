@@ -43,7 +43,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use ri2n::{ConnectionConfig, Endpoint, EndpointConfig, Key, RefusedHandshake, SendThreads};
+use ri2n::{ConnectionConfig, Endpoint, EndpointConfig, Key, LinkThreads, RefusedHandshake};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
 pub use config::{Cluster, ConfigError, Host, DEFAULT_INTERFACE, DEFAULT_PORT, DEFAULT_PREFIX};
@@ -109,8 +109,11 @@ pub struct Options {
     /// How long the packet threads keep looking for more after their last packet before they
     /// sleep (`busy_poll`); zero: they sleep at once.
     pub busy_poll: Duration,
-    /// Whether each link gets a thread that seals and sends ([`ri2n::SendThreads`]).
-    pub send_threads: SendThreads,
+    /// Whether each link gets a thread that seals and sends ([`ri2n::LinkThreads`]).
+    pub send_threads: LinkThreads,
+    /// Whether each link gets a thread that receives and opens ([`ri2n::LinkThreads`]);
+    /// `Auto` means off with `busy_poll`.
+    pub recv_threads: LinkThreads,
     /// How a refused handshake is put in the log (the front knows the other side's commands
     /// by their application names).
     pub describe_refusal: fn(&RefusedHandshake) -> String,
@@ -197,12 +200,19 @@ pub fn run(options: &Options, cluster: Cluster, me: usize, key: Key) -> Result<(
         .map(|&ip| SocketAddr::new(ip, port))
         .collect();
     let (carry, send_threads) = (options.carry, options.send_threads);
+    // A busy-polling peer loop takes each packet from the sockets itself, awake; a receiving
+    // thread per link would sleep and be woken for every packet it got to first.
+    let recv_threads = match options.recv_threads {
+        LinkThreads::Auto if !options.busy_poll.is_zero() => LinkThreads::Off,
+        chosen => chosen,
+    };
     let endpoint_config = move |addrs: Vec<SocketAddr>| {
         // one shard: the peer loop receives on its sockets itself (`peer_loop`)
         EndpointConfig::new(addrs)
             .server()
             .with_shards(Some(1))
             .with_send_threads(send_threads)
+            .with_recv_threads(recv_threads)
             .with_key(Some(key.clone()))
             .with_server_connection(connection_config(carry))
     };

@@ -30,6 +30,13 @@
 //! - single takes ([`Receiver::take_for`]; `tests` below): one datagram at a time is taken
 //!   with one `recvmsg`.
 //!
+//! Where the process may use many CPUs ([`LinkThreads`](ri2n_proto::LinkThreads)), each link
+//! socket also has a thread that receives ([`RecvLane`]): it watches that socket and the
+//! link's path sockets in an epoll instance of its own and turns the pump for what arrives
+//! there, into receive buffers of that link's own, so that one connection's links are
+//! received and opened on a core each. A blocked application call still receives for itself:
+//! its instance is woken first.
+//!
 //! What a driver owes the protocol (unreachable paths, MTU ceilings, next-hop confirmation):
 //! docs/PROTOCOL.md §6.7–§6.9.
 
@@ -235,6 +242,22 @@ impl Receiver {
     }
 }
 
+/// A link socket's receiving thread ([`ri2n_proto::LinkThreads`]): it waits in an epoll
+/// instance of its own that watches the link socket and the link's path sockets
+/// (edge-triggered, after the callers' instance), and receives what arrives there into the
+/// link's own receive buffers.
+#[derive(Debug)]
+struct RecvLane {
+    /// Its epoll instance (the thread's `Poll` owns it), where the driver thread registers
+    /// the link's path sockets.
+    epoll: RawFd,
+    /// Wakes the thread to stop.
+    waker: Waker,
+    /// Batches its thread received.
+    #[cfg(test)]
+    received_by_thread: AtomicUsize,
+}
+
 /// The sockets' second watcher, for the blocked application call that receives for itself.
 #[derive(Debug)]
 struct CallerPoll {
@@ -257,15 +280,17 @@ pub(crate) struct Shared {
     router: Arc<Router>,
     /// Where this shard's engine hands the connections it accepted.
     accepts: Arc<AcceptQueue>,
-    /// The receive buffers, for one thread at a time and every socket: holding them from
-    /// `recvmmsg` until the engine has the datagrams keeps each socket's arrivals in order
-    /// (two threads receiving from one socket at once could hand the engine a later batch
-    /// first, which looks like loss). One receiving thread for all sockets, because what it
-    /// receives is handed to the engine under its one lock anyway: two threads receiving from
-    /// two links at once only waited on that lock in turn, with the engine's and the stream's
-    /// memory moving between their cores (item 12 of "What looked wrong" in docs/BENCHMARKS.md
-    /// at commit 085a7a3).
-    receiving: Mutex<Receiver>,
+    /// The receive buffers, each for one thread at a time: holding them from `recvmmsg` until
+    /// the engine has the datagrams keeps each socket's arrivals in order (two threads
+    /// receiving from one socket at once could hand the engine a later batch first, which
+    /// looks like loss). Without receiving lanes, one for every socket: what is received is
+    /// handed to the engine under its one lock anyway, and on few CPUs two threads receiving
+    /// from two links at once only waited on that lock in turn, with the engine's and the
+    /// stream's memory moving between their cores (item 12 of "What looked wrong" in
+    /// docs/BENCHMARKS.md at commit 085a7a3). With them, one per link socket, for the link's
+    /// sources ([`Shared::receiver_of`]): receiving and opening then run on a core per link,
+    /// and only the hand-over to the engine takes turns.
+    receivers: Vec<Mutex<Receiver>>,
     /// Per receive source (the link sockets, then the path-socket slots: see
     /// [`Shared::sources`]): a thread wanted to receive from it while another held the buffers.
     receive_wanted: Vec<AtomicBool>,
@@ -293,6 +318,9 @@ pub(crate) struct Shared {
     one_cpu: bool,
     /// Per link socket, its lane (see `outgoing`); none: the thread that builds sends.
     lanes: Vec<Lane>,
+    /// Per link socket, its receiving thread's; none: the threads that watch all sockets
+    /// receive.
+    recv_lanes: Vec<RecvLane>,
     /// What the lanes, or threads sending a short transmission themselves, have not sent.
     backlog: Arc<Backlog>,
 }
@@ -310,6 +338,30 @@ impl Shared {
     /// Whether each link socket has a lane (see `outgoing`).
     pub fn has_lanes(&self) -> bool {
         !self.lanes.is_empty()
+    }
+
+    /// Whether each link socket has a receiving thread ([`RecvLane`]).
+    pub fn has_recv_lanes(&self) -> bool {
+        !self.recv_lanes.is_empty()
+    }
+
+    /// The receive buffers ([`Self::receivers`]) that source `i` is received into: its link
+    /// socket's with receiving lanes, else the only ones (also for an empty path slot, which
+    /// receives nothing).
+    fn receiver_of(&self, i: usize) -> usize {
+        if self.receivers.len() == 1 {
+            return 0;
+        }
+        let n = self.sockets.len();
+        if i < n {
+            return i;
+        }
+        let link = self.path_links[i - n].load(Ordering::Acquire);
+        if link < n {
+            link
+        } else {
+            0
+        }
     }
 
     /// The link sockets' local addresses.
@@ -517,8 +569,12 @@ impl Shared {
     }
 
     /// A call is about to block without watching the sockets: the driver thread watches them
-    /// again now, not at the end of its [`STEP_BACK`].
+    /// again now, not at the end of its [`STEP_BACK`] (with receiving lanes it never does:
+    /// they watch).
     fn take_sockets_back(&self, st: &mut State) {
+        if self.has_recv_lanes() {
+            return;
+        }
         // past its time the driver thread is taking them back by itself
         if st
             .callers_watch_until
@@ -554,10 +610,16 @@ impl Shared {
     fn take_in(&self, i: usize, waiting_call: bool) -> (Received, bool) {
         let mut received = Received::TurnedAway;
         let mut taken = false;
+        let group = self.receiver_of(i);
+        // the other sources received into the same buffers
+        let others = || {
+            self.sources()
+                .filter(move |&j| j != i && self.receiver_of(j) == group)
+        };
         loop {
             // announce first, then try: a holder that lets go after a failed try sees it
             self.receive_wanted[i].store(true, Ordering::SeqCst);
-            let Ok(mut rx) = self.receiving.try_lock() else {
+            let Ok(mut rx) = self.receivers[group].try_lock() else {
                 return (received, taken);
             };
             self.receive_wanted[i].store(false, Ordering::SeqCst);
@@ -573,7 +635,7 @@ impl Shared {
                 received = r;
             }
             // the sources other threads were turned away from, drained
-            for j in self.sources().filter(|&j| j != i) {
+            for j in others() {
                 if self.receive_wanted[j].swap(false, Ordering::SeqCst) {
                     loop {
                         let r = self.take_in_batch(j, &mut rx, Take::Batch);
@@ -586,7 +648,7 @@ impl Shared {
             }
             drop(rx);
             let wanted = |j: usize| self.receive_wanted[j].load(Ordering::SeqCst);
-            let others_wanted = self.sources().any(|j| j != i && wanted(j));
+            let others_wanted = others().any(wanted);
             if !others_wanted && (received == Received::MoreMayWait || !wanted(i)) {
                 return (received, taken);
             }
@@ -770,17 +832,19 @@ impl Shared {
     /// Gives each path in `heard` (the paths open connections heard their peer on lately,
     /// sorted) a path socket, while slots are free, and closes those of paths no longer
     /// heard. Driver thread only; `poll` is its epoll instance, which watches the sockets
-    /// when `watching`.
+    /// when `watching` (never with receiving lanes: the link's lane watches its path sockets).
     fn update_path_sockets(&self, heard: &[(SocketAddr, SocketAddr)], poll: &Poll, watching: bool) {
         let n = self.sockets.len();
-        for sock in &self.sockets {
+        for (link, sock) in self.sockets.iter().enumerate() {
             // Datagrams that peer sends from now on go to the link socket; the few queued in
             // the path socket, if any, are lost with it (the path was not heard for minutes).
             sock.close_paths(
                 |remote| heard.binary_search(&(sock.local, remote)).is_ok(),
                 |slot, fd| {
                     let _ = deregister(self.caller_epoll, fd);
-                    if watching {
+                    if let Some(lane) = self.recv_lanes.get(link) {
+                        let _ = deregister(lane.epoll, fd);
+                    } else if watching {
                         let _ = deregister(poll.as_raw_fd(), fd);
                     }
                     self.forget_slot(slot);
@@ -816,7 +880,9 @@ impl Shared {
             let token = Token(n + slot);
             let registered =
                 register_exclusive(self.caller_epoll, fd, token, false).and_then(|()| {
-                    if watching {
+                    if let Some(lane) = self.recv_lanes.get(link) {
+                        register_exclusive(lane.epoll, fd, token, true)
+                    } else if watching {
                         register_exclusive(poll.as_raw_fd(), fd, token, true)
                     } else {
                         Ok(())
@@ -832,6 +898,9 @@ impl Shared {
                         |r| r != remote,
                         |_, fd| {
                             let _ = deregister(self.caller_epoll, fd);
+                            if let Some(lane) = self.recv_lanes.get(link) {
+                                let _ = deregister(lane.epoll, fd);
+                            }
                         },
                     );
                     self.forget_slot(slot);
@@ -987,9 +1056,9 @@ impl Shared {
             // left waiting through a long sending streak expire probe timeouts (links were
             // declared down under load). Not after a round shorter than one full batch: that
             // took microseconds, and a message of a request-response exchange would pay an
-            // empty receive call per socket.
+            // empty receive call per socket. Nor with receiving lanes: they are receiving.
             let mut taken = false;
-            if sent_bytes >= BATCH_BYTES {
+            if sent_bytes >= BATCH_BYTES && self.recv_lanes.is_empty() {
                 for i in self.sources() {
                     loop {
                         let (r, t) = self.take_in(i, false);
@@ -1264,7 +1333,7 @@ impl Shared {
 pub(crate) struct Driver {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
-    /// The lanes' threads.
+    /// The lanes' threads, sending and receiving.
     lane_threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -1319,6 +1388,25 @@ impl Driver {
         } else {
             Vec::new()
         };
+        // a receiving lane's epoll instance, to be moved to its thread
+        let recv_polls: Vec<Poll> = if lanes_wanted(endpoint.config().recv_threads) {
+            sockets
+                .iter()
+                .map(|_| Poll::new())
+                .collect::<Result<_, _>>()?
+        } else {
+            Vec::new()
+        };
+        let recv_lanes: Vec<RecvLane> = (recv_polls.iter())
+            .map(|p| {
+                Ok(RecvLane {
+                    epoll: p.as_raw_fd(),
+                    waker: Waker::new(p.registry(), WAKE_TOKEN)?,
+                    #[cfg(test)]
+                    received_by_thread: AtomicUsize::new(0),
+                })
+            })
+            .collect::<std::io::Result<_>>()?;
         let backlog = Arc::new(Backlog::default());
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKE_TOKEN)?);
@@ -1331,7 +1419,8 @@ impl Driver {
             // has a thread waiting, so a blocked application call receives for itself and the
             // driver thread sleeps on (on one CPU that saves two context switches per datagram)
             register_exclusive(caller_poll.as_raw_fd(), fd, Token(i), false)?;
-            register_exclusive(poll.as_raw_fd(), fd, Token(i), true)?;
+            let watcher = recv_polls.get(i).unwrap_or(&poll);
+            register_exclusive(watcher.as_raw_fd(), fd, Token(i), true)?;
         }
         // best effort: without notifications a pulled cable is found by the engine's own
         // failure detection, and the link may take up to a second longer to come back
@@ -1366,13 +1455,17 @@ impl Driver {
             shard,
             router,
             accepts,
-            receiving: Mutex::new(Receiver {
-                batch: RecvBatch::for_sockets(&sockets)?,
-                single_takes: vec![0; sockets.len() + MAX_PATH_SOCKETS],
-                open_ahead: keyed.then(OpenAhead::default),
-                #[cfg(test)]
-                taken_alone: 0,
-            }),
+            receivers: (0..recv_lanes.len().max(1))
+                .map(|_| {
+                    Ok(Mutex::new(Receiver {
+                        batch: RecvBatch::for_sockets(&sockets)?,
+                        single_takes: vec![0; sockets.len() + MAX_PATH_SOCKETS],
+                        open_ahead: keyed.then(OpenAhead::default),
+                        #[cfg(test)]
+                        taken_alone: 0,
+                    }))
+                })
+                .collect::<std::io::Result<_>>()?,
             receive_wanted: (0..sockets.len() + MAX_PATH_SOCKETS)
                 .map(|_| AtomicBool::new(false))
                 .collect(),
@@ -1393,6 +1486,7 @@ impl Driver {
             caller_waker,
             one_cpu: confined_to_one_cpu(),
             lanes,
+            recv_lanes,
             backlog,
         });
         let mut lane_threads = Vec::new();
@@ -1402,6 +1496,14 @@ impl Driver {
                 std::thread::Builder::new()
                     .name(format!("ri2n-send-{shard}.{i}"))
                     .spawn(move || lane(&lane_shared, i))?,
+            );
+        }
+        for (i, recv_poll) in recv_polls.into_iter().enumerate() {
+            let lane_shared = shared.clone();
+            lane_threads.push(
+                std::thread::Builder::new()
+                    .name(format!("ri2n-recv-{shard}.{i}"))
+                    .spawn(move || recv_lane(&lane_shared, i, recv_poll))?,
             );
         }
         let thread_shared = shared.clone();
@@ -1439,6 +1541,9 @@ impl Drop for Driver {
         for lane in &self.shared.lanes {
             lane.stop();
         }
+        for lane in &self.shared.recv_lanes {
+            let _ = lane.waker.wake();
+        }
         for t in self.lane_threads.lock().unwrap().drain(..) {
             let _ = t.join();
         }
@@ -1474,17 +1579,59 @@ fn lane(shared: &Shared, i: usize) {
     }
 }
 
+/// Receiving lane `i`'s thread ([`RecvLane`]): turns the pump for what arrives on link socket
+/// `i` and its path sockets, which `poll` watches edge-triggered.
+fn recv_lane(shared: &Shared, i: usize, mut poll: Poll) {
+    let mut events = Events::with_capacity(64);
+    // what arrived before the thread started
+    let mut readable = vec![i];
+    while !shared.shutdown.load(Ordering::Acquire) {
+        let mut received = false;
+        for &source in &readable {
+            loop {
+                let r = shared.receive(source, false, None);
+                if !matches!(r, Received::Nothing | Received::TurnedAway) {
+                    received = true;
+                    #[cfg(test)]
+                    (shared.recv_lanes[i].received_by_thread).fetch_add(1, Ordering::Relaxed);
+                }
+                if r != Received::MoreMayWait {
+                    break;
+                }
+            }
+        }
+        readable.clear();
+        // what was received is answered already (`receive` sends and dispatches); the timers
+        // it set (an acknowledgement held back, a probe timeout) are the driver thread's
+        if received {
+            shared.arm_driver(&mut shared.lock());
+        }
+        if let Err(e) = poll.poll(&mut events, None) {
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                tracing::error!(error = %e, "poll failed");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        for ev in events.iter().filter(|e| e.token() != WAKE_TOKEN) {
+            shared.socket_event(ev.token().0, ev);
+            readable.push(ev.token().0);
+        }
+    }
+}
+
 /// The driver thread.
 fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier::LinkChanges>) {
     yield_to_busy_threads();
     let mut events = Events::with_capacity(64);
-    let mut readable = vec![true; shared.receive_wanted.len()];
+    // with receiving lanes, the sockets are theirs to watch
+    let lanes_receive = shared.has_recv_lanes();
+    let mut readable = vec![!lanes_receive; shared.receive_wanted.len()];
     let mut next_confirm = Instant::now();
     let mut forwarded = Vec::new();
     // the last confirmation round found paths to confirm: wake up for the next one
     let mut confirming = false;
     // the sockets are registered with `poll` (not while application calls watch them)
-    let mut watching = true;
+    let mut watching = !lanes_receive;
     while !shared.shutdown.load(Ordering::Acquire) {
         // receive everything waiting (mio is edge-triggered: drain until empty)
         for (i, r) in readable.iter_mut().enumerate() {
@@ -1529,7 +1676,7 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
                 let until_confirm = next_confirm.saturating_duration_since(now);
                 timeout = Some(timeout.map_or(until_confirm, |t| t.min(until_confirm)));
             }
-            let callers_watch = st.callers_watch_until.filter(|&t| t > now);
+            let callers_watch = (st.callers_watch_until).filter(|&t| t > now && !lanes_receive);
             if let Some(until) = callers_watch {
                 let left = until - now;
                 timeout = Some(timeout.map_or(left, |t| t.min(left)));
@@ -1542,7 +1689,7 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
                 passed_on,
             )
         };
-        if watch != watching {
+        if watch != watching && !lanes_receive {
             // What arrived meanwhile is reported at once when the sockets are registered
             // again; registered again, this instance comes after the callers' one in each
             // socket's wait queue, as before.
@@ -1646,7 +1793,8 @@ mod tests {
 
     fn taken_alone(e: &Endpoint) -> u64 {
         (e.udp().expect("a UDP endpoint").drivers.iter())
-            .map(|d| d.shared().receiving.lock().unwrap().taken_alone)
+            .flat_map(|d| d.shared().receivers.iter())
+            .map(|r| r.lock().unwrap().taken_alone)
             .sum()
     }
 
@@ -1838,18 +1986,64 @@ mod tests {
         per
     }
 
-    fn lane_endpoints(addrs: &[SocketAddr]) -> (Endpoint, Endpoint) {
-        use crate::{EndpointConfig, SendThreads};
-        let server = Endpoint::bind(
+    /// A server and a client on `addrs`, each with a sending lane per link socket, and with
+    /// a receiving one if `receiving`.
+    fn lane_endpoints(addrs: &[SocketAddr], receiving: bool) -> (Endpoint, Endpoint) {
+        use crate::{EndpointConfig, LinkThreads};
+        let recv = if receiving {
+            LinkThreads::On
+        } else {
+            LinkThreads::Off
+        };
+        let config = || {
             EndpointConfig::new(addrs.to_vec())
-                .server()
-                .with_send_threads(SendThreads::On),
-        )
-        .unwrap();
-        let client =
-            Endpoint::bind(EndpointConfig::new(addrs.to_vec()).with_send_threads(SendThreads::On))
-                .unwrap();
+                .with_send_threads(LinkThreads::On)
+                .with_recv_threads(recv)
+        };
+        let server = Endpoint::bind(config().server()).unwrap();
+        let client = Endpoint::bind(config()).unwrap();
         (server, client)
+    }
+
+    /// Batches each receiving lane's thread received, summed over an endpoint's shards, per
+    /// link socket.
+    fn lane_receives(e: &Endpoint) -> Vec<usize> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut per = Vec::new();
+        for d in &e.udp().expect("a UDP endpoint").drivers {
+            for (i, l) in d.shared().recv_lanes.iter().enumerate() {
+                if per.len() <= i {
+                    per.push(0);
+                }
+                per[i] += l.received_by_thread.load(Relaxed);
+            }
+        }
+        per
+    }
+
+    /// `bytes` that differ from position to position, so that a piece out of place shows.
+    fn patterned(bytes: usize) -> Vec<u8> {
+        (0..bytes as u64)
+            .map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
+            .collect()
+    }
+
+    /// Streams `data` from `client` to `server`; returns what the server read, and the
+    /// server.
+    fn stream_through(server: Endpoint, client: &Endpoint, data: &[u8]) -> (Vec<u8>, Endpoint) {
+        let to = server.local_addrs();
+        let reader = std::thread::spawn(move || {
+            let mut conn = server.accept().unwrap();
+            let mut got = Vec::new();
+            conn.read_to_end(&mut got).unwrap();
+            drop(conn);
+            (got, server)
+        });
+        let mut conn = client.connect(&to, ConnectionConfig::default()).unwrap();
+        conn.write_all(data).unwrap();
+        conn.finish().unwrap();
+        conn.wait_acknowledged(None).unwrap();
+        reader.join().unwrap()
     }
 
     /// With lanes a stream over two links arrives intact, and the lanes' threads, not the
@@ -1861,23 +2055,9 @@ mod tests {
             "127.0.0.1:0".parse().unwrap(),
             "127.0.0.2:0".parse().unwrap(),
         ];
-        let (server, client) = lane_endpoints(&addrs);
-        // bytes that differ from position to position, so that a piece out of place shows
-        let data: Vec<u8> = (0..BYTES as u64)
-            .map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
-            .collect();
-        let to = server.local_addrs();
-        let reader = std::thread::spawn(move || {
-            let mut conn = server.accept().unwrap();
-            let mut got = Vec::with_capacity(BYTES);
-            conn.read_to_end(&mut got).unwrap();
-            got
-        });
-        let mut conn = client.connect(&to, ConnectionConfig::default()).unwrap();
-        conn.write_all(&data).unwrap();
-        conn.finish().unwrap();
-        conn.wait_acknowledged(None).unwrap();
-        let got = reader.join().unwrap();
+        let (server, client) = lane_endpoints(&addrs, false);
+        let data = patterned(BYTES);
+        let (got, _) = stream_through(server, &client, &data);
         assert!(
             got == data,
             "{} of {BYTES} bytes arrived, or others",
@@ -1899,7 +2079,7 @@ mod tests {
     fn a_short_message_to_an_idle_lane_leaves_from_the_calling_thread() {
         const ROUNDS: usize = 500;
         let addrs: Vec<SocketAddr> = vec!["127.0.0.1:0".parse().unwrap()];
-        let (server, client) = lane_endpoints(&addrs);
+        let (server, client) = lane_endpoints(&addrs, false);
         let at_server = echo_exchange(server, &client, ROUNDS, lane_sends);
         for (side, sends) in [("client", lane_sends(&client)), ("server", at_server)] {
             let (by_thread, by_caller) = sends[0];
@@ -1908,5 +2088,54 @@ mod tests {
                 "{side}: {by_thread} batches sent by the lane's thread, {by_caller} by callers"
             );
         }
+    }
+
+    /// With receiving lanes a stream over two links arrives intact, and each link's lane
+    /// received some of it on its own thread (the reading thread receives for itself only
+    /// while it waits).
+    #[test]
+    fn receiving_lanes_carry_a_stream_intact_and_each_receives_on_its_link() {
+        const BYTES: usize = 32 << 20;
+        let addrs: Vec<SocketAddr> = vec![
+            "127.0.0.1:0".parse().unwrap(),
+            "127.0.0.2:0".parse().unwrap(),
+        ];
+        let (server, client) = lane_endpoints(&addrs, true);
+        assert!(server.recv_threads() && client.recv_threads());
+        let data = patterned(BYTES);
+        let (got, server) = stream_through(server, &client, &data);
+        assert!(
+            got == data,
+            "{} of {BYTES} bytes arrived, or others",
+            got.len()
+        );
+        let received = lane_receives(&server);
+        assert_eq!(received.len(), 2, "a receiving lane per link socket");
+        assert!(
+            received.iter().all(|&n| n > 0),
+            "batches each receiving lane's thread received: {received:?}"
+        );
+    }
+
+    /// With receiving lanes, a request-response exchange is still received by the calls that
+    /// wait for it (their epoll instance is woken first, and they take one datagram alone): a
+    /// lane's thread receiving it would add a wake-up to every round trip.
+    #[test]
+    fn a_waiting_call_receives_its_reply_before_a_receiving_lane() {
+        const ROUNDS: u64 = 2000;
+        let addrs: Vec<SocketAddr> = vec!["127.0.0.1:0".parse().unwrap()];
+        let (server, client) = lane_endpoints(&addrs, true);
+        let (at_server, by_lane) = echo_exchange(server, &client, ROUNDS as usize, |e| {
+            (taken_alone(e), lane_receives(e))
+        });
+        let alone = taken_alone(&client) + at_server;
+        // two arrivals per round trip, one at each end
+        assert!(
+            alone > ROUNDS,
+            "{alone} of the {} arrivals were taken alone by waiting calls (batches received by \
+             the lanes' threads: client {:?}, server {by_lane:?})",
+            2 * ROUNDS,
+            lane_receives(&client)
+        );
     }
 }

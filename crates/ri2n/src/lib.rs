@@ -52,8 +52,8 @@ pub use impair::Impairment;
 pub use ri2n_proto::{
     datagram_capacity, Cipher, ConnectError, ConnectionConfig, ConnectionError, ConnectionState,
     ConnectionStats, DropCounts, DropReason, EndpointConfig, Event, Key, KeyError, KeyMismatch,
-    LinkId, LinkState, LinkStats, ReadError, RefusalReason, RefusedHandshake, SendThreads, Shard,
-    Striping, Transport, WriteError, MAX_DATAGRAM_LEN, MAX_LINKS, MAX_SHARDS,
+    LinkId, LinkState, LinkStats, LinkThreads, ReadError, RefusalReason, RefusedHandshake,
+    SendThreads, Shard, Striping, Transport, WriteError, MAX_DATAGRAM_LEN, MAX_LINKS, MAX_SHARDS,
 };
 
 use shards::Shards;
@@ -350,6 +350,16 @@ impl Endpoint {
     pub fn send_threads(&self) -> bool {
         match &self.inner {
             Transports::Udp(s) => first(s).has_lanes(),
+            Transports::Tcp(_) => true,
+        }
+    }
+
+    /// Whether each link has a thread of its own that receives ([`EndpointConfig::recv_threads`]
+    /// as it turned out on this host): the UDP transport's receiving lanes, or the TCP
+    /// transport's readers (always).
+    pub fn recv_threads(&self) -> bool {
+        match &self.inner {
+            Transports::Udp(s) => first(s).has_recv_lanes(),
             Transports::Tcp(_) => true,
         }
     }

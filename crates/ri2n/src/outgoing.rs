@@ -3,7 +3,7 @@
 //! queue that one thread at a time sends, so the datagrams of a link leave in the order they
 //! were numbered.
 //!
-//! Where the process may use many CPUs ([`SendThreads`]), each link socket also has a *lane*:
+//! Where the process may use many CPUs ([`LinkThreads`]), each link socket also has a *lane*:
 //! a thread of its own that seals and sends that socket's batches, while the thread that
 //! built them goes back to the engine. Then one connection that fills its links keeps a core
 //! per link busy beside the one that builds: sealing, the copy into the kernel and the
@@ -19,7 +19,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use ri2n_proto::{Seal, SendThreads, Transmit, TransmitBuffer};
+use ri2n_proto::{LinkThreads, Seal, Transmit, TransmitBuffer};
 
 use crate::socket::LinkSocket;
 
@@ -39,15 +39,16 @@ const MAX_QUEUED_BATCHES: usize = 64;
 /// probe timeouts send data again that was only waiting), and a lane that falls behind has
 /// the engine build more as it catches up ([`Backlog::take_throttled`]).
 const LANE_BATCHES: usize = 4;
-/// Where [`SendThreads::Auto`] gives each link socket a lane: the CPUs the process may use.
+/// Where [`LinkThreads::Auto`] gives each link socket a lane (and a receiving thread, see
+/// `driver.rs`): the CPUs the process may use.
 const LANES_FROM_CPUS: usize = 8;
 
-/// Whether an endpoint's sockets get lanes, as `setting` asks.
-pub(crate) fn lanes_wanted(setting: SendThreads) -> bool {
+/// Whether an endpoint's sockets get lanes (or receiving threads), as `setting` asks.
+pub(crate) fn lanes_wanted(setting: LinkThreads) -> bool {
     match setting {
-        SendThreads::On => true,
-        SendThreads::Off => false,
-        SendThreads::Auto => {
+        LinkThreads::On => true,
+        LinkThreads::Off => false,
+        LinkThreads::Auto => {
             std::thread::available_parallelism().map_or(1, usize::from) >= LANES_FROM_CPUS
         }
     }
