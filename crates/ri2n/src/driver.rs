@@ -1987,8 +1987,12 @@ mod tests {
     }
 
     /// A server and a client on `addrs`, each with a sending lane per link socket, and with
-    /// a receiving one if `receiving`.
-    fn lane_endpoints(addrs: &[SocketAddr], receiving: bool) -> (Endpoint, Endpoint) {
+    /// a receiving one if `receiving`; both hold `key`, if any.
+    fn lane_endpoints(
+        addrs: &[SocketAddr],
+        receiving: bool,
+        key: Option<crate::Key>,
+    ) -> (Endpoint, Endpoint) {
         use crate::{EndpointConfig, LinkThreads};
         let recv = if receiving {
             LinkThreads::On
@@ -1999,6 +2003,7 @@ mod tests {
             EndpointConfig::new(addrs.to_vec())
                 .with_send_threads(LinkThreads::On)
                 .with_recv_threads(recv)
+                .with_key(key.clone())
         };
         let server = Endpoint::bind(config().server()).unwrap();
         let client = Endpoint::bind(config()).unwrap();
@@ -2055,7 +2060,7 @@ mod tests {
             "127.0.0.1:0".parse().unwrap(),
             "127.0.0.2:0".parse().unwrap(),
         ];
-        let (server, client) = lane_endpoints(&addrs, false);
+        let (server, client) = lane_endpoints(&addrs, false, None);
         let data = patterned(BYTES);
         let (got, _) = stream_through(server, &client, &data);
         assert!(
@@ -2079,7 +2084,7 @@ mod tests {
     fn a_short_message_to_an_idle_lane_leaves_from_the_calling_thread() {
         const ROUNDS: usize = 500;
         let addrs: Vec<SocketAddr> = vec!["127.0.0.1:0".parse().unwrap()];
-        let (server, client) = lane_endpoints(&addrs, false);
+        let (server, client) = lane_endpoints(&addrs, false, None);
         let at_server = echo_exchange(server, &client, ROUNDS, lane_sends);
         for (side, sends) in [("client", lane_sends(&client)), ("server", at_server)] {
             let (by_thread, by_caller) = sends[0];
@@ -2090,9 +2095,9 @@ mod tests {
         }
     }
 
-    /// With receiving lanes a stream over two links arrives intact, and each link's lane
-    /// received some of it on its own thread (the reading thread receives for itself only
-    /// while it waits).
+    /// With receiving lanes a stream over two links arrives intact, without a key and with
+    /// one (each lane opens what it receives), and each link's lane received some of it on its
+    /// own thread (the reading thread receives for itself only while it waits).
     #[test]
     fn receiving_lanes_carry_a_stream_intact_and_each_receives_on_its_link() {
         const BYTES: usize = 32 << 20;
@@ -2100,21 +2105,24 @@ mod tests {
             "127.0.0.1:0".parse().unwrap(),
             "127.0.0.2:0".parse().unwrap(),
         ];
-        let (server, client) = lane_endpoints(&addrs, true);
-        assert!(server.recv_threads() && client.recv_threads());
-        let data = patterned(BYTES);
-        let (got, server) = stream_through(server, &client, &data);
-        assert!(
-            got == data,
-            "{} of {BYTES} bytes arrived, or others",
-            got.len()
-        );
-        let received = lane_receives(&server);
-        assert_eq!(received.len(), 2, "a receiving lane per link socket");
-        assert!(
-            received.iter().all(|&n| n > 0),
-            "batches each receiving lane's thread received: {received:?}"
-        );
+        for key in [None, Some(crate::Key::from_bytes([9; 32]))] {
+            let keyed = key.is_some();
+            let (server, client) = lane_endpoints(&addrs, true, key);
+            assert!(server.recv_threads() && client.recv_threads());
+            let data = patterned(BYTES);
+            let (got, server) = stream_through(server, &client, &data);
+            assert!(
+                got == data,
+                "keyed {keyed}: {} of {BYTES} bytes arrived, or others",
+                got.len()
+            );
+            let received = lane_receives(&server);
+            assert_eq!(received.len(), 2, "a receiving lane per link socket");
+            assert!(
+                received.iter().all(|&n| n > 0),
+                "keyed {keyed}: batches each receiving lane's thread received: {received:?}"
+            );
+        }
     }
 
     /// With receiving lanes, a request-response exchange is still received by the calls that
@@ -2124,7 +2132,7 @@ mod tests {
     fn a_waiting_call_receives_its_reply_before_a_receiving_lane() {
         const ROUNDS: u64 = 2000;
         let addrs: Vec<SocketAddr> = vec!["127.0.0.1:0".parse().unwrap()];
-        let (server, client) = lane_endpoints(&addrs, true);
+        let (server, client) = lane_endpoints(&addrs, true, None);
         let (at_server, by_lane) = echo_exchange(server, &client, ROUNDS as usize, |e| {
             (taken_alone(e), lane_receives(e))
         });
