@@ -11,9 +11,11 @@ use std::time::{Duration, Instant};
 use ri2n_proto::wire::{self, packet_type, Writer};
 use ri2n_proto::{
     ConnectionError, ConnectionState, DropReason, Endpoint, EndpointConfig, Event, Key, LinkId,
-    LinkState, Transmit,
+    LinkState,
 };
-use ri2n_sim::testbed::{initial_packet as initial, Capture, Testbed, TestbedConfig, Transfer};
+use ri2n_sim::testbed::{
+    drain, initial_packet as initial, Capture, Testbed, TestbedConfig, Transfer,
+};
 use ri2n_sim::Dir;
 
 fn key() -> Key {
@@ -33,16 +35,6 @@ fn keyed_sim() -> Testbed {
             .with_keys(Some(key()), Some(key()))
             .with_capture(Dir::AToB, Capture::first(20_000)),
     )
-}
-
-/// Every datagram `ep` wants to send now.
-fn drain(ep: &mut Endpoint, now: Instant) -> Vec<(Transmit, Vec<u8>)> {
-    let mut buf = vec![0u8; 2048];
-    let mut out = Vec::new();
-    while let Some(t) = ep.poll_transmit(now, &mut buf) {
-        out.push((t, buf[..t.len].to_vec()));
-    }
-    out
 }
 
 /// Four rounds of what `client` and `server` send each other at instant `now`, the client's

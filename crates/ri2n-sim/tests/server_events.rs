@@ -7,19 +7,10 @@ use std::time::Instant;
 
 use ri2n_proto::wire::packet_type;
 use ri2n_proto::{ConnectionConfig, Endpoint, EndpointConfig, Event, LinkId, Transmit};
+use ri2n_sim::testbed::drain;
 
 fn addr(s: &str) -> SocketAddr {
     s.parse().unwrap()
-}
-
-/// Every datagram `ep` wants to send now.
-fn drain(ep: &mut Endpoint, now: Instant) -> Vec<(Transmit, Vec<u8>)> {
-    let mut buf = vec![0u8; 2048];
-    let mut out = Vec::new();
-    while let Some(t) = ep.poll_transmit(now, &mut buf) {
-        out.push((t, buf[..t.len].to_vec()));
-    }
-    out
 }
 
 /// The client's packets on its second link reach the server before any on the first, so

@@ -2026,6 +2026,14 @@ mod tests {
         per
     }
 
+    /// The two loopback links of the stream tests.
+    fn two_links() -> Vec<SocketAddr> {
+        vec![
+            "127.0.0.1:0".parse().unwrap(),
+            "127.0.0.2:0".parse().unwrap(),
+        ]
+    }
+
     /// `bytes` that differ from position to position, so that a piece out of place shows.
     fn patterned(bytes: usize) -> Vec<u8> {
         (0..bytes as u64)
@@ -2055,18 +2063,14 @@ mod tests {
     /// writing thread, sent most of it on each link.
     #[test]
     fn lanes_carry_a_stream_intact_and_their_threads_send_most_of_it() {
-        const BYTES: usize = 32 << 20;
-        let addrs: Vec<SocketAddr> = vec![
-            "127.0.0.1:0".parse().unwrap(),
-            "127.0.0.2:0".parse().unwrap(),
-        ];
-        let (server, client) = lane_endpoints(&addrs, false, None);
-        let data = patterned(BYTES);
+        let (server, client) = lane_endpoints(&two_links(), false, None);
+        let data = patterned(32 << 20);
         let (got, _) = stream_through(server, &client, &data);
         assert!(
             got == data,
-            "{} of {BYTES} bytes arrived, or others",
-            got.len()
+            "{} of {} bytes arrived, or others",
+            got.len(),
+            data.len()
         );
         let sends = lane_sends(&client);
         assert_eq!(sends.len(), 2, "a lane per link socket");
@@ -2100,20 +2104,15 @@ mod tests {
     /// own thread (the reading thread receives for itself only while it waits).
     #[test]
     fn receiving_lanes_carry_a_stream_intact_and_each_receives_on_its_link() {
-        const BYTES: usize = 32 << 20;
-        let addrs: Vec<SocketAddr> = vec![
-            "127.0.0.1:0".parse().unwrap(),
-            "127.0.0.2:0".parse().unwrap(),
-        ];
+        let data = patterned(32 << 20);
         for key in [None, Some(crate::Key::from_bytes([9; 32]))] {
             let keyed = key.is_some();
-            let (server, client) = lane_endpoints(&addrs, true, key);
+            let (server, client) = lane_endpoints(&two_links(), true, key);
             assert!(server.recv_threads() && client.recv_threads());
-            let data = patterned(BYTES);
             let (got, server) = stream_through(server, &client, &data);
             assert!(
                 got == data,
-                "keyed {keyed}: {} of {BYTES} bytes arrived, or others",
+                "keyed {keyed}: {} bytes arrived, or others",
                 got.len()
             );
             let received = lane_receives(&server);

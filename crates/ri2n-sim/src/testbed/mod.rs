@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use ri2n_proto::wire::{self, packet_type, VERSION};
 use ri2n_proto::{
     Connection, ConnectionConfig, ConnectionHandle, ConnectionState, Endpoint, EndpointConfig, Key,
-    Openers,
+    Openers, Transmit,
 };
 
 use crate::derive_seed;
@@ -738,6 +738,17 @@ impl Testbed {
             assert!(st.links.len() <= ri2n_proto::MAX_LINKS);
         }
     }
+}
+
+/// Every datagram `ep` wants to send at `now`, each with its path: for tests that hand
+/// datagrams between endpoints themselves (in another order, or some withheld).
+pub fn drain(ep: &mut Endpoint, now: Instant) -> Vec<(Transmit, Vec<u8>)> {
+    let mut buf = vec![0u8; wire::MAX_DATAGRAM_SIZE];
+    let mut out = Vec::new();
+    while let Some(t) = ep.poll_transmit(now, &mut buf) {
+        out.push((t, buf[..t.len].to_vec()));
+    }
+    out
 }
 
 /// Rewrites `data` into a short packet for the server connection `cid`: version, type and
