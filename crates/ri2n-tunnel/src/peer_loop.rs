@@ -8,8 +8,10 @@
 //! not a thread. While it waits, this thread receives on the endpoint's sockets itself
 //! ([`ri2n::Endpoint::wait_receiving`]): an arriving packet wakes it alone, the call names
 //! the connections it made readable (each connection's token is its slot), and the thread
-//! writes the packets to the interface. Sending does not pass through here: the route
-//! thread hands each packet read from the interface to its peer's connection.
+//! writes the packets to the interface. Where each link has a receiving thread of its own
+//! (`Options::recv_threads`), those receive and open what arrives while this thread writes,
+//! and wake it through the connections' readiness descriptors. Sending does not pass through
+//! here: the route thread hands each packet read from the interface to its peer's connection.
 
 use std::collections::VecDeque;
 use std::io::ErrorKind;
