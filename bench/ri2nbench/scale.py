@@ -18,22 +18,26 @@ from .tunnel import tunnel_up
 CLIENTS = (1, 2, 4, 8)
 LOOP_LINKS = (2, 4)
 LAB_LINKS = (2, 4)
-LAB_TOOLS = ("ri2n", "ri2n_keyed", "ri2n_flip", "ri2n_keyed_flip", "ri2n_tcp", "tcp", "mptcp",
+LAB_TOOLS = ("ri2n", "ri2n_keyed", "ri2n_flip", "ri2n_keyed_flip", "ri2n_rflip", "ri2n_tcp", "tcp",
+             "mptcp",
              "tunnel", "tunnel_4")
 # ri2n's default gives each link a sending and a receiving thread (lanes) where the process may
 # use this many CPUs (`--send-threads auto`, `--recv-threads auto`); the "flip" tools run the
-# other setting of both, for the comparison
+# other setting of both, for the comparison, and "rflip" that of `--recv-threads` alone (which
+# kind of lane gives what)
 LANES_FROM_CPUS = 8
 FLIP_FLAGS = ("--send-threads", "--recv-threads")
 LAB_NAMES = {"ri2n": "ri2n", "ri2n_keyed": "ri2n, keyed", "ri2n_tcp": "ri2n `--transport tcp`",
              "ri2n_flip": "ri2n, lanes flipped",
              "ri2n_keyed_flip": "ri2n, keyed, lanes flipped",
+             "ri2n_rflip": "ri2n, receiving lanes flipped",
              "tcp": "1 TCP connection", "mptcp": "MPTCP",
              "tunnel": "iperf3 through `ri2n tunnel`",
              "tunnel_4": "iperf3 -P 4 through `ri2n tunnel`"}
 # whose busiest threads the lab part records, per tool
 SAMPLED = {"ri2n": ("send", "recv"), "ri2n_keyed": ("send", "recv"),
            "ri2n_flip": ("send", "recv"), "ri2n_keyed_flip": ("send", "recv"),
+           "ri2n_rflip": ("send", "recv"),
            "ri2n_tcp": ("send", "recv"), "tunnel": ("a", "b"), "tunnel_4": ("a", "b")}
 
 
@@ -180,13 +184,14 @@ def lab_runs(o, res, keyfile, src, lab):
 
         def transfer(k):
             if k.startswith("ri2n"):
-                flip = None
-                if k.endswith("_flip"):
-                    flip = "off" if lanes_by_default() else "on"
+                flip = rflip = None
+                if k.endswith("flip"):
+                    rflip = "off" if lanes_by_default() else "on"
+                    flip = rflip if k.endswith("_flip") else None
                 return ri2n_transfer(lab, src, o.scale_bytes, threads=True,
                                      key=keyfile if k.startswith("ri2n_keyed") else None,
                                      transport="tcp" if k == "ri2n_tcp" else None,
-                                     send_threads=flip, recv_threads=flip)
+                                     send_threads=flip, recv_threads=rflip)
             if k == "tunnel":
                 return tunnel_transfer(lab, n, src, o.scale_bytes)
             if k == "tunnel_4":
@@ -261,6 +266,7 @@ def part_scale(o):
         "ri2n_flip": "the same ri2n recv/send with --send-threads and --recv-threads on both: "
                      "off where ri2n's default gives each link a sending and a receiving thread "
                      "(%d or more CPUs), else on" % LANES_FROM_CPUS,
+        "ri2n_rflip": "the same with --recv-threads alone flipped",
         "ri2n_tcp": "the same ri2n recv/send with --transport tcp on both (issue 45's transport: "
                     "a TCP connection per link)",
         "mptcp": "mptcpize run iperf3 … -F FILE (a subflow per link)",
@@ -353,8 +359,11 @@ def tables(res, brief):
     for k in ("ri2n_flip", "ri2n_keyed_flip"):
         names[k] = "%s %s" % (names[k].split(",")[0] + (", keyed," if "keyed" in k else ","),
                               " ".join("`%s %s`" % (f, "off" if lanes else "on") for f in flags))
+    names["ri2n_rflip"] = "ri2n, `--recv-threads %s`" % ("off" if lanes else "on")
     # which ri2n tools ran with a thread per link, and which without
     on, off = ("ri2n", "ri2n_flip") if lanes else ("ri2n_flip", "ri2n")
+    # and with receiving lanes, and without (sending lanes as by default)
+    r_on, r_off = ("ri2n", "ri2n_rflip") if lanes else ("ri2n_rflip", "ri2n")
     # the tools every run measured (results from before the tunnel joined the part lack it)
     tools = [k for k in LAB_TOOLS if all(k in r for c in labs for r in c["runs"])]
     if labs:
@@ -370,6 +379,7 @@ def tables(res, brief):
             ("lanes on ÷ off" if len(flags) > 1 else "send threads on ÷ off", on, off, False),
             ("same, keyed", on.replace("ri2n", "ri2n_keyed"), off.replace("ri2n", "ri2n_keyed"),
              False),
+            ("receiving lanes on ÷ off", r_on, r_off, False),
             ("TCP transport ÷ MPTCP", "ri2n_tcp", "mptcp", True),
             ("tunnel ÷ MPTCP", "tunnel", "mptcp", True),
             ("tunnel, 4 flows ÷ 1", "tunnel_4", "tunnel", False)) if a in tools and b in tools]
