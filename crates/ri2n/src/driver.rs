@@ -556,7 +556,7 @@ impl Shared {
                 // a full batch: more may wait, and they are taken now rather than at the
                 // next wait
                 loop {
-                    let r = self.receive(ev.token().0, true, readable.as_deref_mut());
+                    let r = self.receive(ev.token().0, true, readable.as_deref_mut(), false);
                     received |= !matches!(r, Received::Nothing | Received::TurnedAway);
                     turned_away |= r == Received::TurnedAway;
                     if r != Received::MoreMayWait {
@@ -587,13 +587,24 @@ impl Shared {
 
     /// One turn of the pump from source `i`: receives (without the engine's lock), hands
     /// what came to the engine, sends what the engine has to send, and wakes the calls it
-    /// concerns. See [`Self::take_in`] for what it returns.
-    fn receive(&self, i: usize, waiting_call: bool, readable: Option<&mut Vec<u64>>) -> Received {
+    /// concerns; with `arm`, also the driver thread for the timers that set (a receiving lane
+    /// does: the driver thread's are its own, and a waiting call arms it once it is done).
+    /// See [`Self::take_in`] for what it returns.
+    fn receive(
+        &self,
+        i: usize,
+        waiting_call: bool,
+        readable: Option<&mut Vec<u64>>,
+        arm: bool,
+    ) -> Received {
         let (received, taken) = self.take_in(i, waiting_call);
         if taken {
             let st = self.lock();
             let mut st = self.transmit(st, None);
             let wakeups = self.dispatch(&mut st, readable);
+            if arm {
+                self.arm_driver(&mut st);
+            }
             drop(st);
             wakeups.notify();
         }
@@ -1586,13 +1597,14 @@ fn recv_lane(shared: &Shared, i: usize, mut poll: Poll) {
     // what arrived before the thread started
     let mut readable = vec![i];
     while !shared.shutdown.load(Ordering::Acquire) {
-        let mut received = false;
         for &source in &readable {
             loop {
-                let r = shared.receive(source, false, None);
+                // what is received is answered at once (`receive` sends and dispatches); the
+                // timers it sets (an acknowledgement held back, a probe timeout) are the
+                // driver thread's
+                let r = shared.receive(source, false, None, true);
+                #[cfg(test)]
                 if !matches!(r, Received::Nothing | Received::TurnedAway) {
-                    received = true;
-                    #[cfg(test)]
                     (shared.recv_lanes[i].received_by_thread).fetch_add(1, Ordering::Relaxed);
                 }
                 if r != Received::MoreMayWait {
@@ -1601,11 +1613,6 @@ fn recv_lane(shared: &Shared, i: usize, mut poll: Poll) {
             }
         }
         readable.clear();
-        // what was received is answered already (`receive` sends and dispatches); the timers
-        // it set (an acknowledgement held back, a probe timeout) are the driver thread's
-        if received {
-            shared.arm_driver(&mut shared.lock());
-        }
         if let Err(e) = poll.poll(&mut events, None) {
             if e.kind() != std::io::ErrorKind::Interrupted {
                 tracing::error!(error = %e, "poll failed");
@@ -1636,7 +1643,7 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
         // receive everything waiting (mio is edge-triggered: drain until empty)
         for (i, r) in readable.iter_mut().enumerate() {
             while *r {
-                *r = shared.receive(i, false, None) == Received::MoreMayWait;
+                *r = shared.receive(i, false, None, false) == Received::MoreMayWait;
             }
         }
         let (timeout, wakeups, confirm, watch, passed_on) = {
@@ -1833,7 +1840,7 @@ mod tests {
     #[test]
     fn a_request_response_exchange_is_received_one_datagram_at_a_time() {
         const ROUNDS: u64 = 2000;
-        let addrs: Vec<SocketAddr> = vec!["127.0.0.1:0".parse().unwrap()];
+        let addrs = one_link();
         let server = Endpoint::server(&addrs).unwrap();
         let client = Endpoint::client(&addrs).unwrap();
         let at_server = echo_exchange(server, &client, ROUNDS as usize, taken_alone);
@@ -1853,7 +1860,7 @@ mod tests {
         send_threads: crate::SendThreads,
     ) -> (Endpoint, Endpoint, crate::Connection, crate::Connection) {
         use crate::EndpointConfig;
-        let addrs: Vec<SocketAddr> = vec!["127.0.0.1:0".parse().unwrap()];
+        let addrs = one_link();
         let server = Endpoint::server(&addrs).unwrap();
         let client = Endpoint::bind(
             EndpointConfig::new(addrs)
@@ -2026,6 +2033,11 @@ mod tests {
         per
     }
 
+    /// One loopback link, for the request-response tests.
+    fn one_link() -> Vec<SocketAddr> {
+        vec!["127.0.0.1:0".parse().unwrap()]
+    }
+
     /// The two loopback links of the stream tests.
     fn two_links() -> Vec<SocketAddr> {
         vec![
@@ -2087,7 +2099,7 @@ mod tests {
     #[test]
     fn a_short_message_to_an_idle_lane_leaves_from_the_calling_thread() {
         const ROUNDS: usize = 500;
-        let addrs: Vec<SocketAddr> = vec!["127.0.0.1:0".parse().unwrap()];
+        let addrs = one_link();
         let (server, client) = lane_endpoints(&addrs, false, None);
         let at_server = echo_exchange(server, &client, ROUNDS, lane_sends);
         for (side, sends) in [("client", lane_sends(&client)), ("server", at_server)] {
@@ -2130,7 +2142,7 @@ mod tests {
     #[test]
     fn a_waiting_call_receives_its_reply_before_a_receiving_lane() {
         const ROUNDS: u64 = 2000;
-        let addrs: Vec<SocketAddr> = vec!["127.0.0.1:0".parse().unwrap()];
+        let addrs = one_link();
         let (server, client) = lane_endpoints(&addrs, true, None);
         let (at_server, by_lane) = echo_exchange(server, &client, ROUNDS as usize, |e| {
             (taken_alone(e), lane_receives(e))
