@@ -1,0 +1,366 @@
+//! The driver's own tests: single takes, receiving lanes, and who receives a reply.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+
+use crate::{ConnectionConfig, Endpoint};
+
+fn taken_alone(e: &Endpoint) -> u64 {
+    (e.udp().expect("a UDP endpoint").drivers.iter())
+        .flat_map(|d| d.shared().receivers.iter())
+        .map(|r| r.lock().unwrap().taken_alone)
+        .sum()
+}
+
+/// `rounds` 64-byte messages from `client`, each echoed by `server` (on a thread of its
+/// own) before the next, every echo checked; then `measure` of the server, taken there.
+fn echo_exchange<T: Send + 'static>(
+    server: Endpoint,
+    client: &Endpoint,
+    rounds: usize,
+    measure: fn(&Endpoint) -> T,
+) -> T {
+    let to = server.local_addrs();
+    let echo = std::thread::spawn(move || {
+        let mut conn = server.accept().unwrap();
+        let mut buf = [0u8; 64];
+        for _ in 0..rounds {
+            conn.read_exact(&mut buf).unwrap();
+            conn.write_all(&buf).unwrap();
+        }
+        measure(&server)
+    });
+    let mut conn = client.connect(&to, ConnectionConfig::default()).unwrap();
+    let mut reply = [0u8; 64];
+    for i in 0..rounds {
+        let msg = [i as u8; 64];
+        conn.write_all(&msg).unwrap();
+        conn.read_exact(&mut reply).unwrap();
+        assert_eq!(reply, msg);
+    }
+    echo.join().unwrap()
+}
+
+/// A call that waits for one message at a time takes each arrival alone, with a plain
+/// `recvmsg` ([`SINGLE_TAKES`](super::SINGLE_TAKES)), not with a `recvmmsg` that then
+/// looks for more in vain.
+#[test]
+fn a_request_response_exchange_is_received_one_datagram_at_a_time() {
+    const ROUNDS: u64 = 2000;
+    let addrs = one_link();
+    let server = Endpoint::server(&addrs).unwrap();
+    let client = Endpoint::client(&addrs).unwrap();
+    let at_server = echo_exchange(server, &client, ROUNDS as usize, taken_alone);
+    let alone = taken_alone(&client) + at_server;
+    // two arrivals per round trip, one at each end
+    assert!(
+        alone > ROUNDS,
+        "{alone} of the {} arrivals were taken alone",
+        2 * ROUNDS
+    );
+}
+
+/// A client endpoint of one shard (so its connection is on the driver a test holds up),
+/// with `send_threads`, connected to a server: (server, client, the client's connection,
+/// the server's).
+fn one_shard_pair(
+    send_threads: crate::SendThreads,
+) -> (Endpoint, Endpoint, crate::Connection, crate::Connection) {
+    use crate::EndpointConfig;
+    let addrs = one_link();
+    let server = Endpoint::server(&addrs).unwrap();
+    let client = Endpoint::bind(
+        EndpointConfig::new(addrs)
+            .with_shards(Some(1))
+            .with_send_threads(send_threads),
+    )
+    .unwrap();
+    let conn = client
+        .connect(&server.local_addrs(), ConnectionConfig::default())
+        .unwrap();
+    let accepted = server.accept().unwrap();
+    (server, client, conn, accepted)
+}
+
+/// The peer learned of the abort (code 7) and reads nothing more.
+fn assert_aborted_by_peer(accepted: &crate::Connection) {
+    let mut buf = [0u8; 16];
+    let read = std::io::Read::read(&mut &*accepted, &mut buf);
+    assert!(!matches!(read, Ok(n) if n > 0), "{read:?}");
+    assert!(
+        matches!(
+            accepted.close_reason(),
+            Some(crate::ConnectionError::PeerAborted { code: 7, .. })
+        ),
+        "{:?}",
+        accepted.close_reason()
+    );
+}
+
+/// `Endpoint::close` returns only once the CLOSE of each connection it aborted was sent,
+/// also when another thread was sending at that moment and so sends it: a process that
+/// ends right after the close (the tunnel daemon on SIGTERM) must not take it along.
+#[test]
+fn close_returns_after_the_close_queued_behind_another_sender_is_sent() {
+    use std::time::{Duration, Instant};
+
+    const OTHER_SENDS_FOR: Duration = Duration::from_millis(300);
+    // no lanes: the thread that finds the queue free sends it (lanes: the next test)
+    let (_server, client, conn, accepted) = one_shard_pair(crate::SendThreads::Off);
+    // another thread takes the sending role and keeps it for a while, as a sending
+    // streak of the driver thread or of a writer does (taken once free: a round of the
+    // driver thread still under way would send the CLOSE itself)
+    let driver = std::sync::Arc::clone(&client.udp().unwrap().drivers[0]);
+    loop {
+        let mut st = driver.shared().lock();
+        if !st.out.sending {
+            st.out.sending = true;
+            break;
+        }
+        drop(st);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let other_sender = std::sync::Arc::clone(&driver);
+    let other = std::thread::spawn(move || {
+        std::thread::sleep(OTHER_SENDS_FOR);
+        let shared = other_sender.shared();
+        let mut st = shared.lock();
+        st.out.sending = false;
+        drop(shared.transmit(st, None));
+    });
+    let started = Instant::now();
+    conn.abort(7, "going away");
+    // the abort's CLOSE waits in the queue for the sending thread
+    assert!(!driver.shared().lock().out.queue.is_empty());
+    // (it reports the aborted connection as not delivered: not what this test is about)
+    let _ = client.close(Some(Duration::from_millis(10)));
+    let waited = started.elapsed();
+    {
+        let st = driver.shared().lock();
+        assert!(st.out.queue.is_empty() && !st.out.sending);
+    }
+    assert!(
+        waited >= OTHER_SENDS_FOR,
+        "close returned after {waited:?}, before the other thread sent"
+    );
+    other.join().unwrap();
+    // and the peer learned of the abort from it
+    assert_aborted_by_peer(&accepted);
+}
+
+/// The same with lanes: the CLOSE of an aborted connection waits in a lane whose socket
+/// another thread holds, and `Endpoint::close` returns only once the lane sent it.
+#[test]
+fn close_returns_after_a_held_up_lane_has_sent_the_close() {
+    use std::time::{Duration, Instant};
+
+    const HELD_FOR: Duration = Duration::from_millis(300);
+    let (_server, client, conn, accepted) = one_shard_pair(crate::SendThreads::On);
+    let driver = std::sync::Arc::clone(&client.udp().unwrap().drivers[0]);
+    // held once free (a send under way finishes first)
+    while !driver.shared().lanes[0].hold() {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let holder = std::sync::Arc::clone(&driver);
+    let other = std::thread::spawn(move || {
+        std::thread::sleep(HELD_FOR);
+        let lane = &holder.shared().lanes[0];
+        lane.release();
+        lane.wake();
+    });
+    let started = Instant::now();
+    conn.abort(7, "going away");
+    // the abort's CLOSE waits in the lane
+    assert!(driver.shared().backlog.any_unsent());
+    let _ = client.close(Some(Duration::from_millis(10)));
+    let waited = started.elapsed();
+    assert!(!driver.shared().backlog.any_unsent());
+    assert!(
+        waited >= HELD_FOR,
+        "close returned after {waited:?}, before the lane sent"
+    );
+    other.join().unwrap();
+    assert_aborted_by_peer(&accepted);
+}
+
+/// Batches each lane's thread sent and threads that built them sent themselves, summed
+/// over an endpoint's shards, per link socket.
+fn lane_sends(e: &Endpoint) -> Vec<(usize, usize)> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut per = Vec::new();
+    for d in &e.udp().expect("a UDP endpoint").drivers {
+        for (i, l) in d.shared().lanes.iter().enumerate() {
+            if per.len() <= i {
+                per.push((0, 0));
+            }
+            per[i].0 += l.sent_by_thread.load(Relaxed);
+            per[i].1 += l.sent_by_caller.load(Relaxed);
+        }
+    }
+    per
+}
+
+/// A server and a client on `addrs`, each with a sending lane per link socket, and with
+/// a receiving one if `receiving`; both hold `key`, if any.
+fn lane_endpoints(
+    addrs: &[SocketAddr],
+    receiving: bool,
+    key: Option<crate::Key>,
+) -> (Endpoint, Endpoint) {
+    use crate::{EndpointConfig, LinkThreads};
+    let recv = if receiving {
+        LinkThreads::On
+    } else {
+        LinkThreads::Off
+    };
+    let config = || {
+        EndpointConfig::new(addrs.to_vec())
+            .with_send_threads(LinkThreads::On)
+            .with_recv_threads(recv)
+            .with_key(key.clone())
+    };
+    let server = Endpoint::bind(config().server()).unwrap();
+    let client = Endpoint::bind(config()).unwrap();
+    (server, client)
+}
+
+/// Batches each receiving lane's thread received, summed over an endpoint's shards, per
+/// link socket.
+fn lane_receives(e: &Endpoint) -> Vec<usize> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut per = Vec::new();
+    for d in &e.udp().expect("a UDP endpoint").drivers {
+        for (i, l) in d.shared().recv_lanes.iter().enumerate() {
+            if per.len() <= i {
+                per.push(0);
+            }
+            per[i] += l.received_by_thread.load(Relaxed);
+        }
+    }
+    per
+}
+
+/// One loopback link, for the request-response tests.
+fn one_link() -> Vec<SocketAddr> {
+    vec!["127.0.0.1:0".parse().unwrap()]
+}
+
+/// The two loopback links of the stream tests.
+fn two_links() -> Vec<SocketAddr> {
+    vec![
+        "127.0.0.1:0".parse().unwrap(),
+        "127.0.0.2:0".parse().unwrap(),
+    ]
+}
+
+/// `bytes` that differ from position to position, so that a piece out of place shows.
+fn patterned(bytes: usize) -> Vec<u8> {
+    (0..bytes as u64)
+        .map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
+        .collect()
+}
+
+/// Streams `data` from `client` to `server`; returns what the server read, and the
+/// server.
+fn stream_through(server: Endpoint, client: &Endpoint, data: &[u8]) -> (Vec<u8>, Endpoint) {
+    let to = server.local_addrs();
+    let reader = std::thread::spawn(move || {
+        let mut conn = server.accept().unwrap();
+        let mut got = Vec::new();
+        conn.read_to_end(&mut got).unwrap();
+        drop(conn);
+        (got, server)
+    });
+    let mut conn = client.connect(&to, ConnectionConfig::default()).unwrap();
+    conn.write_all(data).unwrap();
+    conn.finish().unwrap();
+    conn.wait_acknowledged(None).unwrap();
+    reader.join().unwrap()
+}
+
+/// With lanes a stream over two links arrives intact, and the lanes' threads, not the
+/// writing thread, sent most of it on each link.
+#[test]
+fn lanes_carry_a_stream_intact_and_their_threads_send_most_of_it() {
+    let (server, client) = lane_endpoints(&two_links(), false, None);
+    let data = patterned(32 << 20);
+    let (got, _) = stream_through(server, &client, &data);
+    assert!(
+        got == data,
+        "{} of {} bytes arrived, or others",
+        got.len(),
+        data.len()
+    );
+    let sends = lane_sends(&client);
+    assert_eq!(sends.len(), 2, "a lane per link socket");
+    let by_thread: usize = sends.iter().map(|s| s.0).sum();
+    let by_caller: usize = sends.iter().map(|s| s.1).sum();
+    assert!(
+        sends.iter().all(|s| s.0 > 0) && by_thread > by_caller,
+        "batches sent by each lane's thread and by the builders: {sends:?}"
+    );
+}
+
+/// A message of a request-response exchange leaves from the thread that wrote it: the
+/// lanes' threads, woken for it, would add a wake-up to every round trip.
+#[test]
+fn a_short_message_to_an_idle_lane_leaves_from_the_calling_thread() {
+    const ROUNDS: usize = 500;
+    let addrs = one_link();
+    let (server, client) = lane_endpoints(&addrs, false, None);
+    let at_server = echo_exchange(server, &client, ROUNDS, lane_sends);
+    for (side, sends) in [("client", lane_sends(&client)), ("server", at_server)] {
+        let (by_thread, by_caller) = sends[0];
+        assert!(
+            by_caller >= ROUNDS && by_thread <= ROUNDS / 20,
+            "{side}: {by_thread} batches sent by the lane's thread, {by_caller} by callers"
+        );
+    }
+}
+
+/// With receiving lanes a stream over two links arrives intact, without a key and with
+/// one (each lane opens what it receives), and each link's lane received some of it on its
+/// own thread (the reading thread receives for itself only while it waits).
+#[test]
+fn receiving_lanes_carry_a_stream_intact_and_each_receives_on_its_link() {
+    let data = patterned(32 << 20);
+    for key in [None, Some(crate::Key::from_bytes([9; 32]))] {
+        let keyed = key.is_some();
+        let (server, client) = lane_endpoints(&two_links(), true, key);
+        assert!(server.recv_threads() && client.recv_threads());
+        let (got, server) = stream_through(server, &client, &data);
+        assert!(
+            got == data,
+            "keyed {keyed}: {} bytes arrived, or others",
+            got.len()
+        );
+        let received = lane_receives(&server);
+        assert_eq!(received.len(), 2, "a receiving lane per link socket");
+        assert!(
+            received.iter().all(|&n| n > 0),
+            "keyed {keyed}: batches each receiving lane's thread received: {received:?}"
+        );
+    }
+}
+
+/// With receiving lanes, a request-response exchange is still received by the calls that
+/// wait for it (their epoll instance is woken first, and they take one datagram alone): a
+/// lane's thread receiving it would add a wake-up to every round trip.
+#[test]
+fn a_waiting_call_receives_its_reply_before_a_receiving_lane() {
+    const ROUNDS: u64 = 2000;
+    let addrs = one_link();
+    let (server, client) = lane_endpoints(&addrs, true, None);
+    let (at_server, by_lane) = echo_exchange(server, &client, ROUNDS as usize, |e| {
+        (taken_alone(e), lane_receives(e))
+    });
+    let alone = taken_alone(&client) + at_server;
+    // two arrivals per round trip, one at each end
+    assert!(
+        alone > ROUNDS,
+        "{alone} of the {} arrivals were taken alone by waiting calls (batches received by \
+         the lanes' threads: client {:?}, server {by_lane:?})",
+        2 * ROUNDS,
+        lane_receives(&client)
+    );
+}

@@ -1,0 +1,221 @@
+//! The pump's second stage: the engine builds what it has to send into the per-socket batches,
+//! which are sealed and sent without the engine's lock ([`Shared::transmit`]), by the thread
+//! that built them or by the link sockets' sending lanes (`outgoing.rs`).
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+#[cfg(test)]
+use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
+use std::time::Instant;
+
+use ri2n_proto::TransmitBuffer;
+use smallvec::SmallVec;
+
+use crate::outgoing::{Batch, Outgoing, BATCH_BYTES, SHORT_BATCH};
+use crate::socket::{Received, SendOutcome};
+
+use super::{Shared, State};
+
+impl Shared {
+    /// Has the engine build every datagram it has ready, in place in the per-socket batches.
+    /// The clock is read (`now` is `None`) only when the engine may have something to build:
+    /// most builds of a request-response exchange find nothing, and a clock read is a good
+    /// part of their cost.
+    fn build(st: &mut State, now: Option<Instant>) {
+        let State { endpoint, out, .. } = st;
+        if endpoint.may_transmit() {
+            let now = now.unwrap_or_else(Instant::now);
+            while out.wants_more() && endpoint.poll_transmit_into(now, out) > 0 {}
+            if !out.wants_more() {
+                out.backlog.throttle();
+            }
+        }
+        out.close_all();
+    }
+
+    /// Seals batch `b` of socket `i` and sends it.
+    pub(super) fn send_batch(&self, i: usize, b: &mut Batch) -> SendOutcome {
+        b.seal();
+        let segment = Some(b.segment).filter(|&s| s < b.len);
+        self.sockets[i].send(b.dest, &b.buf[..b.len], segment)
+    }
+
+    /// [`Self::transmit`] with lanes (see `outgoing`): hands each socket's new batches to
+    /// its lane, except a short transmission to an idle lane, which this thread sends itself
+    /// at once, without the lock.
+    fn hand_to_lanes<'a>(&'a self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        if st.out.queue.is_empty() {
+            return st;
+        }
+        let mut own: SmallVec<[(usize, Batch); 2]> = SmallVec::new();
+        let mut wake: SmallVec<[usize; 4]> = SmallVec::new();
+        let Outgoing {
+            queue,
+            spare,
+            backlog,
+            by_lane,
+            ..
+        } = &mut st.out;
+        for (i, b) in queue.drain(..) {
+            by_lane[i].push(b);
+        }
+        for (i, lane) in self.lanes.iter().enumerate() {
+            let batches = &mut by_lane[i];
+            if batches.is_empty() {
+                continue;
+            }
+            let short = batches.len() == 1 && batches[0].len <= SHORT_BATCH;
+            backlog.left_queue(batches.len());
+            let mut woken = false;
+            match lane.hand_over(batches, short, spare, &mut woken) {
+                Some(b) => own.push((i, b)),
+                None if woken => wake.push(i),
+                None => {}
+            }
+        }
+        if own.is_empty() && wake.is_empty() {
+            return st;
+        }
+        drop(st);
+        for &i in &wake {
+            self.lanes[i].wake();
+        }
+        let mut unreachable: SmallVec<[(usize, SocketAddr); 2]> = SmallVec::new();
+        for (i, b) in &mut own {
+            if self.send_batch(*i, b) == SendOutcome::Unreachable {
+                unreachable.push((*i, b.dest));
+            }
+            self.backlog.sent();
+            #[cfg(test)]
+            self.lanes[*i]
+                .sent_by_caller
+                .fetch_add(1, Ordering::Relaxed);
+            if self.lanes[*i].release() {
+                self.lanes[*i].wake();
+            }
+        }
+        let mut st = self.lock();
+        self.handle_unreachable(&mut st, &unreachable);
+        st.out.spare.extend(own.into_iter().map(|(_, mut b)| {
+            b.len = 0;
+            b
+        }));
+        st
+    }
+
+    /// Tells the engine of the sends that found their destination unreachable.
+    pub(super) fn handle_unreachable(&self, st: &mut State, unreachable: &[(usize, SocketAddr)]) {
+        if unreachable.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        for &(i, dest) in unreachable {
+            st.endpoint
+                .handle_unreachable(now, self.sockets[i].local, dest);
+        }
+    }
+
+    /// Builds what the engine has ready and sends it; `now` is the instant the caller read
+    /// last, if it just did (see [`Self::build`]). Sending happens without the lock; a
+    /// thread that finds another one sending leaves its batches in the queue for that one,
+    /// which sends until the queue is empty (so each socket's datagrams keep their order).
+    pub(super) fn transmit<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        now: Option<Instant>,
+    ) -> MutexGuard<'a, State> {
+        Self::build(&mut st, now);
+        if !self.lanes.is_empty() {
+            return self.hand_to_lanes(st);
+        }
+        if st.out.sending {
+            return st;
+        }
+        st.out.sending = true;
+        let mut unreachable: Vec<(usize, SocketAddr)> = Vec::new();
+        loop {
+            let next_queue = std::mem::take(&mut st.out.taken_queue);
+            let mut batches = std::mem::replace(&mut st.out.queue, next_queue);
+            if batches.is_empty() {
+                st.out.taken_queue = batches;
+                break;
+            }
+            drop(st);
+            let mut sent_bytes = 0;
+            for (i, b) in &mut batches {
+                if self.send_batch(*i, b) == SendOutcome::Unreachable {
+                    unreachable.push((*i, b.dest));
+                }
+                sent_bytes += b.len;
+            }
+            // Take in what arrived meanwhile before building more: while the application
+            // writes and this thread sends, nobody else may be receiving, and acknowledgements
+            // left waiting through a long sending streak expire probe timeouts (links were
+            // declared down under load). Not after a round shorter than one full batch: that
+            // took microseconds, and a message of a request-response exchange would pay an
+            // empty receive call per socket. Nor with receiving lanes: they are receiving.
+            let mut taken = false;
+            if sent_bytes >= BATCH_BYTES && self.recv_lanes.is_empty() {
+                for i in self.sources() {
+                    loop {
+                        let (r, t) = self.take_in(i, false);
+                        taken |= t;
+                        if r != Received::MoreMayWait {
+                            break;
+                        }
+                    }
+                }
+            }
+            st = self.lock();
+            if taken {
+                // what came may concern a waiting call: wake it now, not after the streak
+                let wakeups = self.dispatch(&mut st, None);
+                drop(st);
+                wakeups.notify();
+                st = self.lock();
+            }
+            self.handle_unreachable(&mut st, &unreachable);
+            unreachable.clear();
+            // rare, and woken at once: the forwarding shard holds no lock of the other's
+            self.router.wake(self.hand_over_refusals(&mut st, None));
+            st.out.spare.extend(batches.drain(..).map(|(_, mut b)| {
+                b.len = 0;
+                b
+            }));
+            st.out.taken_queue = batches;
+            // acknowledgements that arrived meanwhile may have opened windows
+            Self::build(&mut st, None);
+        }
+        st.out.sending = false;
+        st
+    }
+}
+
+/// Lane `i`'s thread (see `outgoing`): seals and sends the batches handed to it, in order.
+/// After a round it tells the engine of unreachable destinations, and has it build more if
+/// the lanes' backlog had stopped it.
+pub(super) fn lane(shared: &Shared, i: usize) {
+    let lane = &shared.lanes[i];
+    let (mut next, mut spent) = (VecDeque::new(), Vec::new());
+    let mut round = false;
+    while lane.next(round, &mut next, &mut spent) {
+        round = true;
+        let mut unreachable: SmallVec<[(usize, SocketAddr); 2]> = SmallVec::new();
+        for mut b in next.drain(..) {
+            if shared.send_batch(i, &mut b) == SendOutcome::Unreachable {
+                unreachable.push((i, b.dest));
+            }
+            b.len = 0;
+            spent.push(b);
+            shared.backlog.sent();
+            #[cfg(test)]
+            lane.sent_by_thread.fetch_add(1, Ordering::Relaxed);
+        }
+        if shared.backlog.take_throttled() || !unreachable.is_empty() {
+            let mut st = shared.lock();
+            shared.handle_unreachable(&mut st, &unreachable);
+            drop(shared.after_app_call(st));
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! Application calls that wait: on a connection's condition variable, or watching the sockets
+//! themselves and receiving what arrives ([`Shared::wait_connection`],
+//! [`Shared::wait_receiving`]), one call at a time ([`PollerTurn`]).
+
+use std::os::fd::RawFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, MutexGuard};
+use std::time::Instant;
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll};
+use ri2n_proto::ConnectionHandle;
+
+use crate::socket::Received;
+
+use super::{poll_readable, Shared, State, READY_TOKEN, STEP_BACK};
+
+/// The condition variable of one connection's waiting calls, and how many wait on it (only
+/// then is it worth a wake-up).
+#[derive(Debug, Default)]
+pub(super) struct Signal {
+    pub(super) condvar: Arc<Condvar>,
+    pub(super) waiting: usize,
+}
+
+/// Which blocked application call watches the sockets. One call at a time does (the first to
+/// wait); an arrival for another connection it then receives and hands over, waking that
+/// connection's call: two thread wake-ups per arrival instead of one. So a call that was woken
+/// only for others leaves the sockets to them on its next wait, and the call it woke takes
+/// them over when it waits again (the driver thread watches meanwhile). A daemon with a thread
+/// per peer (`ri2n tunnel`) keeps the call of the busy peer watching, not an idle one.
+#[derive(Debug, Default)]
+pub(super) struct PollerTurn {
+    /// The connection whose call watches now.
+    pub(super) watching: Option<ConnectionHandle>,
+    /// Since it started watching: an event for its own connection came.
+    pub(super) served: bool,
+    /// Since it started watching: it woke a call waiting on another connection.
+    pub(super) woke_others: bool,
+    /// A connection whose call watched for others only, or found the receive buffers taken:
+    /// its next wait is on its condition variable.
+    yielding: Option<ConnectionHandle>,
+    /// A call of [`Shared::wait_receiving`] found the receive buffers taken: the next one
+    /// waits on its descriptor alone.
+    receiving_yields: bool,
+}
+
+/// The sockets' second watcher, for the blocked application call that receives for itself.
+#[derive(Debug)]
+pub(super) struct CallerPoll {
+    poll: Poll,
+    events: Events,
+    /// The descriptor [`Shared::wait_receiving`] last waited on, still registered: a loop
+    /// that waits on the same one again and again costs no `epoll_ctl` per wait.
+    ready: Option<RawFd>,
+}
+
+impl CallerPoll {
+    pub(super) fn new(poll: Poll) -> Self {
+        Self {
+            poll,
+            events: Events::with_capacity(64),
+            ready: None,
+        }
+    }
+}
+
+impl Shared {
+    /// Waits until something may have changed for connection `h` (or `deadline`); the caller
+    /// re-checks. The first waiting thread watches the sockets itself and processes what
+    /// arrives; others wait for the connection's condition variable (see [`PollerTurn`]).
+    pub fn wait_connection<'a>(
+        &'a self,
+        mut guard: MutexGuard<'a, State>,
+        h: ConnectionHandle,
+        deadline: Option<Instant>,
+    ) -> MutexGuard<'a, State> {
+        if guard.turn.yielding == Some(h) {
+            guard.turn.yielding = None;
+            self.take_sockets_back(&mut guard);
+            return wait_signal(guard, h, deadline);
+        }
+        let Ok(mut cp) = self.caller_poll.try_lock() else {
+            self.take_sockets_back(&mut guard);
+            return wait_signal(guard, h, deadline);
+        };
+        self.caller_polling.store(true, Ordering::Release);
+        guard.turn.watching = Some(h);
+        guard.turn.served = false;
+        guard.turn.woke_others = false;
+        drop(guard);
+        let CallerPoll { poll, events, .. } = &mut *cp;
+        let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        // an error (EINTR) just means: look again
+        let _ = poll.poll(events, timeout);
+        self.caller_polling.store(false, Ordering::Release);
+        let (received, turned_away) = self.receive_reported(events, None);
+        let mut st = self.lock();
+        st.turn.watching = None;
+        // Turned away, this call's next wait is on its condition variable: its
+        // level-triggered instance would report the socket at once again until the thread
+        // that holds the receive buffers has emptied it.
+        if turned_away || (st.turn.woke_others && !st.turn.served) {
+            st.turn.yielding = Some(h);
+        }
+        // this call is likely to wait here again soon; a call of another connection waiting
+        // on its condition variable is not (it relies on a thread watching)
+        if self.one_cpu && st.signal_waiters == 0 {
+            st.callers_watch_until = Some(Instant::now() + STEP_BACK);
+        }
+        // what was received is answered already (`receive` sends and dispatches); the
+        // timers it set are the driver thread's to run
+        if received {
+            self.arm_driver(&mut st);
+        }
+        st
+    }
+
+    /// Waits until descriptor `ready` is readable or `deadline` passes, watching the sockets
+    /// meanwhile as a blocked call does (see [`Self::wait_connection`]): what arrives is
+    /// received and handled on this thread, which signals the readiness descriptors of the
+    /// connections concerned, or, for those with a loop token, appends the token to
+    /// `readable` instead. An event loop that waits on those descriptors in its own epoll set
+    /// passes that set as `ready`: an arrival then reaches it with no other thread woken, and
+    /// with tokens with no system call besides the receive. Returns early after handling
+    /// arrivals (the caller serves `readable`, looks at its set if told so, and waits again),
+    /// telling whether `ready` may be readable. While another call watches the sockets, it
+    /// waits on `ready` alone.
+    pub fn wait_receiving(
+        &self,
+        ready: RawFd,
+        deadline: Option<Instant>,
+        readable: &mut Vec<u64>,
+    ) -> bool {
+        let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let yields = std::mem::take(&mut self.lock().turn.receiving_yields);
+        let cp = if yields {
+            None
+        } else {
+            self.caller_poll.try_lock().ok()
+        };
+        let Some(mut cp) = cp else {
+            self.take_sockets_back(&mut self.lock());
+            poll_readable(ready, timeout);
+            return true;
+        };
+        let CallerPoll {
+            poll,
+            events,
+            ready: registered,
+        } = &mut *cp;
+        let mut readable_now = false;
+        if *registered != Some(ready) {
+            if let Some(old) = registered.take() {
+                // gone already if the caller closed it
+                let _ = poll.registry().deregister(&mut SourceFd(&old));
+            }
+            let added =
+                (poll.registry()).register(&mut SourceFd(&ready), READY_TOKEN, Interest::READABLE);
+            if let Err(e) = added {
+                tracing::error!(error = %e, "epoll_ctl failed");
+                drop(cp);
+                poll_readable(ready, timeout);
+                return true;
+            }
+            *registered = Some(ready);
+            // registered edge-triggered: what was pending before is not reported
+            readable_now = true;
+        }
+        self.caller_polling.store(true, Ordering::Release);
+        // an error (EINTR) just means: look again
+        let _ = poll.poll(events, timeout);
+        self.caller_polling.store(false, Ordering::Release);
+        let (received, turned_away) = self.receive_reported(events, Some(readable));
+        readable_now |= events.iter().any(|e| e.token() == READY_TOKEN);
+        drop(cp);
+        let mut st = self.lock();
+        // the level-triggered instance would report the socket at once again until the
+        // thread holding the receive buffers has emptied it (see `wait_connection`)
+        st.turn.receiving_yields = turned_away;
+        // the loop is back at the sockets as soon as it has served what it received
+        st.callers_watch_until = Some(Instant::now() + STEP_BACK);
+        if received {
+            self.arm_driver(&mut st);
+        }
+        readable_now
+    }
+
+    /// Receives, for a call that watched the sockets, from each socket its `events` report:
+    /// whether anything was received, and whether another thread held the receive buffers.
+    /// `readable`: see [`Self::dispatch`].
+    fn receive_reported(
+        &self,
+        events: &Events,
+        mut readable: Option<&mut Vec<u64>>,
+    ) -> (bool, bool) {
+        let (mut received, mut turned_away) = (false, false);
+        for ev in events.iter() {
+            if ev.token().0 < self.receive_wanted.len() {
+                self.socket_event(ev.token().0, ev);
+                // a full batch: more may wait, and they are taken now rather than at the
+                // next wait
+                loop {
+                    let r = self.receive(ev.token().0, true, readable.as_deref_mut(), false);
+                    received |= !matches!(r, Received::Nothing | Received::TurnedAway);
+                    turned_away |= r == Received::TurnedAway;
+                    if r != Received::MoreMayWait {
+                        break;
+                    }
+                }
+            }
+        }
+        (received, turned_away)
+    }
+
+    /// A call is about to block without watching the sockets: the driver thread watches them
+    /// again now, not at the end of its [`STEP_BACK`] (with receiving lanes it never does:
+    /// they watch).
+    fn take_sockets_back(&self, st: &mut State) {
+        if self.has_recv_lanes() {
+            return;
+        }
+        // past its time the driver thread is taking them back by itself
+        if st
+            .callers_watch_until
+            .take()
+            .is_some_and(|t| t > Instant::now())
+        {
+            let _ = self.waker.wake();
+        }
+    }
+
+    /// A call (`accept`) is about to block without watching this shard's sockets.
+    pub fn before_blocking(&self) {
+        self.take_sockets_back(&mut self.lock());
+    }
+}
+
+/// Waits on connection `h`'s condition variable, counted as waiting meanwhile.
+fn wait_signal<'a>(
+    mut guard: MutexGuard<'a, State>,
+    h: ConnectionHandle,
+    deadline: Option<Instant>,
+) -> MutexGuard<'a, State> {
+    let signal = guard.signals.entry(h).or_default();
+    signal.waiting += 1;
+    let condvar = signal.condvar.clone();
+    guard.signal_waiters += 1;
+    let mut guard = wait_on(&condvar, guard, deadline);
+    guard.signal_waiters -= 1;
+    if let Some(signal) = guard.signals.get_mut(&h) {
+        signal.waiting -= 1;
+    }
+    guard
+}
+
+fn wait_on<'a>(
+    signal: &Condvar,
+    guard: MutexGuard<'a, State>,
+    deadline: Option<Instant>,
+) -> MutexGuard<'a, State> {
+    match deadline {
+        None => signal.wait(guard).unwrap_or_else(|e| e.into_inner()),
+        Some(d) => {
+            let timeout = d.saturating_duration_since(Instant::now());
+            signal
+                .wait_timeout(guard, timeout)
+                .unwrap_or_else(|e| e.into_inner())
+                .0
+        }
+    }
+}
