@@ -1,4 +1,4 @@
-//! Datagrams on their way out of a shard (see `driver.rs`). The engine builds each one in
+//! Datagrams on their way out of a shard (see `driver/transmit.rs`). The engine builds each one in
 //! place at the end of its socket's open batch, one GSO send each; full batches wait in a
 //! queue that one thread at a time sends, so the datagrams of a link leave in the order they
 //! were numbered.
@@ -40,7 +40,7 @@ const MAX_QUEUED_BATCHES: usize = 64;
 /// the engine build more as it catches up ([`Backlog::take_throttled`]).
 const LANE_BATCHES: usize = 4;
 /// Where [`LinkThreads::Auto`] gives each link socket a lane (and a receiving thread, see
-/// `driver.rs`): the CPUs the process may use.
+/// `driver/receive.rs`): the CPUs the process may use.
 const LANES_FROM_CPUS: usize = 8;
 
 /// Whether an endpoint's sockets get lanes (or receiving threads), as `setting` asks.

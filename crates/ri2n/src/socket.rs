@@ -91,7 +91,7 @@ pub(crate) struct LinkSocket {
 /// datagrams to that peer leave through it without a route lookup each, and what that peer
 /// sends arrives on it (Linux prefers a connected socket to an unconnected one of the same
 /// port). The driver opens one for each path in use and closes it when the path is no longer
-/// heard (see `driver.rs`).
+/// heard (see `driver/receive.rs`).
 #[derive(Debug)]
 pub(crate) struct PathSocket {
     /// Its number among the driver's path sockets (its epoll token follows from it).
