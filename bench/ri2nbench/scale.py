@@ -431,10 +431,22 @@ def tables(res, brief):
                             c["links"], names[k], who, "/".join(
                                 "%.2f" % med([t[i] for t in tops if len(t) > i])
                                 for i in range(max(map(len, tops))))))
+        # where ri2n's bytes went: whether each link's threads had work
+        shares = []
+        for c in labs:
+            for k in tools:
+                per_run = [r[k]["shares"] for r in c["runs"]
+                           if r[k].get("shares") and None not in r[k]["shares"]]
+                if per_run:
+                    shares.append("%d links %s %s" % (c["links"], names[k], "/".join(
+                        "%.2f" % med([s[i] for s in per_run if len(s) > i])
+                        for i in range(max(map(len, per_run))))))
         if sampled:
             L.append("")
             L.append("The busiest threads while the sender ran (cores, medians of the runs by "
-                     "rank; a thread near 1.0 is what bounds the rate): %s." % "; ".join(sampled))
+                     "rank; a thread near 1.0 is what bounds the rate): %s." % "; ".join(sampled)
+                     + (" Each link's share of the bytes ri2n sent (the sender's `--json`, "
+                        "medians of the runs by link): %s." % "; ".join(shares) if shares else ""))
         L.append("")
         L.append("The machine's busy cores while the sender ran (its busy CPU-s over the "
                  "sender's wall time, connection set-up and close included): %s." % "; ".join(cores))
