@@ -533,9 +533,10 @@ impl UdpConnection {
     /// State changes since the last call (connected, link added, link state changes, all
     /// acknowledged, closed), oldest first, each with when the engine reported it: an
     /// application that polls rarely, e.g. because its writes block while every link is
-    /// down, still learns when a link went down. Data readiness ([`Event::Readable`](crate::Event::Readable),
-    /// [`Event::Writable`](crate::Event::Writable)) is not queued here: it is a level, seen through the calls
-    /// themselves and [`readiness_fd`](Self::readiness_fd).
+    /// down, still learns when a link went down. Data readiness
+    /// ([`Event::Readable`](crate::Event::Readable),
+    /// [`Event::Writable`](crate::Event::Writable)) is not queued here: it is a level, seen
+    /// through the calls themselves and [`readiness_fd`](Self::readiness_fd).
     pub(crate) fn poll_events(&self) -> Vec<TimedEvent> {
         self.driver.shared().lock().take_events(self.handle)
     }
