@@ -1,7 +1,7 @@
-//! Datagrams on their way out of a shard (see `driver/transmit.rs`). The engine builds each one in
-//! place at the end of its socket's open batch, one GSO send each; full batches wait in a
-//! queue that one thread at a time sends, so the datagrams of a link leave in the order they
-//! were numbered.
+//! Datagrams on their way out of a shard (see `driver/transmit.rs`). The engine builds each
+//! one in place at the end of its socket's open batch, one GSO send each; full batches wait in
+//! a queue that one thread at a time sends, so the datagrams of a link leave in the order
+//! they were numbered.
 //!
 //! Where the process may use many CPUs ([`LinkThreads`]), each link socket also has a *lane*:
 //! a thread of its own that seals and sends that socket's batches, while the thread that
