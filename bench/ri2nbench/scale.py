@@ -41,6 +41,13 @@ SAMPLED = {"ri2n": ("send", "recv"), "ri2n_keyed": ("send", "recv"),
            "ri2n_tcp": ("send", "recv"), "tunnel": ("a", "b"), "tunnel_4": ("a", "b")}
 
 
+def medians_by_place(rows):
+    """'a/b/c': the median over `rows` (one list per run) of each place, the first, the
+    second, ... (a row shorter than another counts only for its places)."""
+    return "/".join("%.2f" % med([r[i] for r in rows if len(r) > i])
+                    for i in range(max(map(len, rows))))
+
+
 def cpu_list(cpus):
     """[0, 1, 2, 5] -> '0-2,5'"""
     out, run_start, prev = [], None, None
@@ -428,9 +435,7 @@ def tables(res, brief):
                             if r[k].get("threads", {}).get(who)]
                     if tops:
                         sampled.append("%d links %s %s %s" % (
-                            c["links"], names[k], who, "/".join(
-                                "%.2f" % med([t[i] for t in tops if len(t) > i])
-                                for i in range(max(map(len, tops))))))
+                            c["links"], names[k], who, medians_by_place(tops)))
         # where ri2n's bytes went: whether each link's threads had work
         shares = []
         for c in labs:
@@ -438,9 +443,8 @@ def tables(res, brief):
                 per_run = [r[k]["shares"] for r in c["runs"]
                            if r[k].get("shares") and None not in r[k]["shares"]]
                 if per_run:
-                    shares.append("%d links %s %s" % (c["links"], names[k], "/".join(
-                        "%.2f" % med([s[i] for s in per_run if len(s) > i])
-                        for i in range(max(map(len, per_run))))))
+                    shares.append("%d links %s %s" % (c["links"], names[k],
+                                                      medians_by_place(per_run)))
         if sampled:
             L.append("")
             L.append("The busiest threads while the sender ran (cores, medians of the runs by "
