@@ -1,6 +1,7 @@
 //! The TCP transport on loopback: a transfer over two links arrives intact with both links
-//! carrying it, both directions at once, whole messages beside the byte stream, keyed, keys
-//! that do not match, and the calls it does not carry fail clearly.
+//! carrying it, a large write taken in pieces, both directions at once, whole messages beside
+//! the byte stream, keyed, keys that do not match, and the calls it does not carry fail
+//! clearly.
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -130,6 +131,36 @@ fn transfer_over_two_links(key: Option<Key>) -> ri2n::ConnectionStats {
     assert_eq!(rx_stats.bytes_received, sequence);
     assert_eq!(rx_stats.cipher, stats.cipher);
     stats
+}
+
+/// One large `write` is taken whole (the send buffer has room) yet copied and handed to the
+/// links a piece of 256 KiB at a time, each its own chunk, so that the links carry its start
+/// while the rest is still being copied; the bytes arrive intact.
+#[test]
+fn a_large_write_is_taken_in_pieces_and_arrives_intact() {
+    let (server, client) = pair();
+    let to = server.local_addrs()[0];
+    let sent = data(4 << 20, 5);
+    let expect = sent.clone();
+    let rx = std::thread::spawn(move || {
+        let conn = server.accept().unwrap();
+        let mut got = Vec::new();
+        (&conn).read_to_end(&mut got).unwrap();
+        got
+    });
+    let conn = client.connect(&[to], ConnectionConfig::default()).unwrap();
+    wait_for_links(&conn, 2);
+    assert_eq!((&conn).write(&sent).unwrap(), sent.len());
+    conn.finish().unwrap();
+    conn.wait_acknowledged(Some(Duration::from_secs(30)))
+        .unwrap();
+    let got = rx.join().unwrap();
+    assert!(
+        got == expect,
+        "the received bytes differ from the sent ones"
+    );
+    // 16 chunks, each with a 5-byte header
+    assert_eq!(conn.stats().bytes_acknowledged, (4 << 20) + 16 * 5);
 }
 
 #[test]
@@ -347,8 +378,8 @@ fn closing_the_client_endpoint_waits_for_delivery_and_says_when_it_failed() {
     let peer = server.accept().unwrap();
     assert_eq!(
         peer.stats().bytes_received,
-        (6 << 20) + 5,
-        "delivered (with its chunk header) before close returned"
+        (6 << 20) + 24 * 5,
+        "delivered (with a chunk header per 256 KiB piece) before close returned"
     );
     let mut got = Vec::new();
     (&peer).read_to_end(&mut got).unwrap();

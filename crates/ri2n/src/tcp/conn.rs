@@ -31,6 +31,8 @@ use crate::readiness::{Interest, Watchers};
 /// Writes smaller than this are copied into the send buffer's open tail; larger buffers
 /// handed over with `write_buf` are kept whole (no copy).
 const WHOLE_BUFFER: usize = 16 << 10;
+/// The most a write copies before the links are told of it (see `TcpConnection::write`).
+const WRITE_PIECE: usize = 256 << 10;
 /// The application thread sends for itself (see `TcpConnection::send_or_wake`) while no
 /// more than this is buffered: a message of up to two runs, as `StripeConfig` cuts them.
 const DIRECT_SEND_MAX: u64 = 512 << 10;
@@ -674,13 +676,36 @@ impl TcpConnection {
         }
     }
 
+    /// Takes as much of `data` as the send buffer has room for, copying it into the open
+    /// tail a piece of at most `WRITE_PIECE` bytes at a time: each piece is sealed and the
+    /// links woken before the next is copied, so that a large write is on the wire while
+    /// the rest of it is still being copied.
     pub fn write(&self, data: &[u8], block: bool) -> io::Result<usize> {
         if data.is_empty() {
             return Ok(0);
         }
-        let (mut st, room) = self.room(self.lock_for(Interest::Write, block), 0, block)?;
-        let n = data.len().min(room as usize);
-        st.append_stream(&data[..n]);
+        let (mut st, _) = self.room(self.lock_for(Interest::Write, block), 0, block)?;
+        let mut n = 0;
+        loop {
+            let room = self.settings.send_buffer.saturating_sub(st.buffered());
+            let piece = (data.len() - n).min(room as usize).min(WRITE_PIECE);
+            if piece == 0 {
+                // the buffer filled (on the first round `room` saw to it that it had not)
+                break;
+            }
+            st.append_stream(&data[n..n + piece]);
+            n += piece;
+            if n == data.len() {
+                break;
+            }
+            st.seal_tail();
+            self.send_or_wake(st);
+            st = self.lock();
+            if st.end.is_some() || st.striper.finished() {
+                // what was taken stands; the next call reports why no more is
+                return Ok(n);
+            }
+        }
         self.send_or_wake(st);
         Ok(n)
     }
