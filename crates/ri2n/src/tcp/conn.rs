@@ -360,9 +360,13 @@ impl State {
         self.send_buf.push_back(b);
     }
 
-    /// Appends `data` to the open stream chunk (opening one if needed).
+    /// Appends `data` (at most `WRITE_PIECE` bytes) to the open stream chunk, opening one if
+    /// needed: a chunk holds at most `WRITE_PIECE` bytes, so that the tail never grows by
+    /// reallocating (a copy of what it holds, into memory faulted in afresh) and links learn
+    /// of the bytes of consecutive writes a piece at a time.
     fn append_stream(&mut self, data: &[u8]) {
-        if self.tail.len() + data.len() > chunk::HEADER_LEN + chunk::MAX_CHUNK {
+        debug_assert!(data.len() <= WRITE_PIECE);
+        if self.tail.len() + data.len() > chunk::HEADER_LEN + WRITE_PIECE {
             self.seal_tail();
         }
         if self.tail.is_empty() {
@@ -996,6 +1000,42 @@ mod tests {
         let v = spares.take();
         assert!(v.is_empty() && v.capacity() == WHOLE_BUFFER);
         assert_eq!(spares.bytes, 2 * WHOLE_BUFFER);
+    }
+
+    /// The payload length of each chunk the connection has sequenced so far, the open one
+    /// sealed first.
+    fn chunk_lengths(conn: &TcpConnection) -> Vec<usize> {
+        let mut st = conn.lock();
+        st.seal_tail();
+        (st.send_buf.iter())
+            .map(|b| b.len() - chunk::HEADER_LEN)
+            .collect()
+    }
+
+    #[test]
+    fn writes_are_sequenced_in_chunks_of_at_most_a_piece() {
+        let settings = Settings::new(&ConnectionConfig::default(), 1, None);
+        // no links: what is written stays in the sequence
+        let conn = TcpConnection::new(settings.clone(), Role::Server, Vec::new());
+        assert_eq!(
+            conn.write(&vec![1; 4 * WRITE_PIECE + 10], false).unwrap(),
+            4 * WRITE_PIECE + 10
+        );
+        assert_eq!(
+            chunk_lengths(&conn),
+            [WRITE_PIECE, WRITE_PIECE, WRITE_PIECE, WRITE_PIECE, 10]
+        );
+
+        // consecutive writes fill a chunk up to a piece, then start the next: the open chunk
+        // never grows beyond one
+        let conn = TcpConnection::new(settings, Role::Server, Vec::new());
+        for _ in 0..10 {
+            conn.write(&[2; 100 << 10], false).unwrap();
+        }
+        assert_eq!(
+            chunk_lengths(&conn),
+            [200 << 10, 200 << 10, 200 << 10, 200 << 10, 200 << 10]
+        );
     }
 
     #[test]
