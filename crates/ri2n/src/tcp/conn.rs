@@ -31,7 +31,8 @@ use crate::readiness::{Interest, Watchers};
 /// Writes smaller than this are copied into the send buffer's open tail; larger buffers
 /// handed over with `write_buf` are kept whole (no copy).
 const WHOLE_BUFFER: usize = 16 << 10;
-/// The most a write copies before the links are told of it (see `TcpConnection::write`).
+/// The most a write copies before the links are told of it (see `TcpConnection::write`),
+/// and the most an open stream chunk holds (see `State::append_stream`).
 const WRITE_PIECE: usize = 256 << 10;
 /// The application thread sends for itself (see `TcpConnection::send_or_wake`) while no
 /// more than this is buffered: a message of up to two runs, as `StripeConfig` cuts them.
