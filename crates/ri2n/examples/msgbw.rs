@@ -6,9 +6,10 @@
 //!
 //! ```text
 //! msgbw server (ri2n-tcp|ri2n-udp|tcp) LISTEN...
-//! msgbw client (ri2n-tcp|ri2n-udp|tcp) TO LOCAL... -- SIZE COUNT
+//! msgbw client (ri2n-tcp|ri2n-udp|tcp) TO LOCAL... -- SIZE COUNT [PIECE]
 //! ```
-//! The client prints one JSON line: `{"size":…,"count":…,"seconds":…,"bps":…}`. Both ends run
+//! With PIECE the client writes each message in writes of PIECE bytes, as an application
+//! that fills a buffer of that size at a time would; without, in one write. The client prints one JSON line: `{"size":…,"count":…,"seconds":…,"bps":…}`. Both ends run
 //! until the client's last message; a server serves one client.
 
 use std::io::{Read, Write};
@@ -42,17 +43,19 @@ fn serve(mut s: impl Read + Write) -> Res<()> {
     Ok(())
 }
 
-/// Sends `count` messages of `size` bytes, each answered before the next; returns seconds.
-fn exchange(mut s: impl Read + Write, size: usize, count: usize) -> Res<f64> {
+/// Sends `count` messages of `size` bytes, each in writes of `piece` bytes and answered
+/// before the next; returns seconds.
+fn exchange(mut s: impl Read + Write, size: usize, count: usize, piece: usize) -> Res<f64> {
     s.write_all(&(size as u64).to_be_bytes())?;
     let msg = vec![0x5a_u8; size];
     let mut ack = [0u8; 1];
+    let send = |s: &mut dyn Write| msg.chunks(piece).try_for_each(|p| s.write_all(p));
     // one message first, outside the timing (connections warm up, links open)
-    s.write_all(&msg)?;
+    send(&mut s)?;
     s.read_exact(&mut ack)?;
     let t = Instant::now();
     for _ in 0..count {
-        s.write_all(&msg)?;
+        send(&mut s)?;
         s.read_exact(&mut ack)?;
     }
     Ok(t.elapsed().as_secs_f64())
@@ -82,15 +85,22 @@ fn main() -> Res<()> {
         Some("client") => {
             let size: usize = args.get(split + 1).ok_or("SIZE missing")?.parse()?;
             let count: usize = args.get(split + 2).ok_or("COUNT missing")?.parse()?;
+            let piece: usize = match args.get(split + 3) {
+                Some(p) => p.parse()?,
+                None => size,
+            };
+            if piece == 0 {
+                return Err("PIECE must be at least 1".into());
+            }
             let (to, locals) = (addrs[0], addrs[1..].to_vec());
             // stream bytes each link carried, and link state changes (ri2n only)
             let (mut links, mut changes): (Vec<u64>, usize) = (Vec::new(), 0);
             let secs = match kind {
-                None => exchange(TcpStream::connect(to)?.tap_nodelay()?, size, count)?,
+                None => exchange(TcpStream::connect(to)?.tap_nodelay()?, size, count, piece)?,
                 Some(t) => {
                     let ep = Endpoint::bind(EndpointConfig::new(locals).with_transport(t))?;
                     let conn = ep.connect(&[to], ConnectionConfig::default())?;
-                    let secs = exchange(&conn, size, count)?;
+                    let secs = exchange(&conn, size, count, piece)?;
                     conn.finish()?;
                     // the server's end of stream: it has read everything
                     std::io::copy(&mut &conn, &mut std::io::sink())?;
@@ -109,7 +119,7 @@ fn main() -> Res<()> {
             };
             let bps = (size * count) as f64 * 8.0 / secs;
             println!(
-                "{{\"size\":{size},\"count\":{count},\"seconds\":{secs:.6},\"bps\":{bps:.0},\
+                "{{\"size\":{size},\"piece\":{piece},\"count\":{count},\"seconds\":{secs:.6},\"bps\":{bps:.0},\
                  \"link_bytes\":{links:?},\"link_changes\":{changes}}}"
             );
             Ok(())
