@@ -34,6 +34,13 @@ pub(crate) use rtt::Rtt;
 use rtt::GRANULARITY;
 pub(crate) use sent::{SentFrame, SentPacket};
 
+/// A round trip longer than twice the path's base by this much, with at least
+/// [`QUEUE_BYTES`] in flight, shows a standing queue at the path's bottleneck: the link
+/// delivers all it can (see [`Link::on_ack`]).
+const QUEUE_MARGIN: Duration = Duration::from_millis(1);
+/// See [`QUEUE_MARGIN`]: a lone packet behind another flow's queue says nothing of the rate.
+const QUEUE_BYTES: u64 = 64 << 10;
+
 /// Least time a measured delivery rate is trusted without a new sample, for a link that
 /// holds none of our data (see [`Link::delivery_rate`]).
 const RATE_TRUST: Duration = Duration::from_millis(20);
@@ -393,8 +400,16 @@ impl Link {
         // that would have grown the window (a server's link carried a trickle of its 1 MiB
         // replies for a whole ping-pong).
         let app_limited = acked.in_flight_before < self.cc.window() / 2 || self.cc.in_slow_start();
+        // Unless a standing queue shows the bottleneck busy (see `DeliveryRate::sample`): the
+        // link then delivers what it can, however little of its window it uses. A loss-based
+        // window grows to fill a deep queue (a token-bucket shaper's) far beyond what a
+        // message puts in flight; judged by the window alone, such a link was never measured,
+        // and its window's rate, a multiple of the real one, split each message unevenly
+        // between the links.
+        let queued = self.rtt.latest > self.base_rtt() * 2 + QUEUE_MARGIN
+            && acked.in_flight_before >= QUEUE_BYTES;
         self.rate
-            .sample(now, self.rtt.srtt.max(GRANULARITY), app_limited);
+            .sample(now, self.rtt.srtt.max(GRANULARITY), app_limited, queued);
         self.detect_lost(now, out);
     }
 
