@@ -12,12 +12,27 @@ from .labctl import new_lab
 
 TOOLS = ["ri2n-tcp", "ri2n-tcp-keyed", "ri2n-udp", "tcp", "mptcp"]
 MESSAGE_SIZES = [8 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20, 8 << 20]
+# (size, bytes per write): messages also written in pieces, as an application that fills a
+# smaller buffer at a time sends them
+MESSAGE_PIECES = [(2 << 20, 64 << 10)]
 MESSAGE_TOOLS = ["ri2n-tcp", "ri2n-udp", "tcp"]
 
 
 def message_ratio(m, k):
     """Run by run, tool `k`'s message bandwidth over one TCP connection's."""
     return [a / b for a, b in zip(m.get(k, []), m["tcp"]) if a and b]
+
+
+def size_label(size):
+    return "%d KiB" % (size >> 10) if size < 1 << 20 else "%d MiB" % (size >> 20)
+
+
+def message_label(m):
+    """A row's message: its size, and the size of its writes when it was written in pieces."""
+    piece = m.get("piece", m["size"])
+    if piece == m["size"]:
+        return size_label(m["size"])
+    return "%s in %s writes" % (size_label(m["size"]), size_label(piece))
 
 
 def msgbw_binary():
@@ -29,9 +44,9 @@ def msgbw_binary():
     return path
 
 
-def message_run(lab, msgbw, kind, size, count):
+def message_run(lab, msgbw, kind, size, count, piece):
     """One client of `msgbw` A→B (`kind`: ri2n-tcp or ri2n-udp over both links, tcp over
-    link 1)."""
+    link 1), each message in writes of `piece` bytes."""
     port = 7600 + random.randrange(300)
     if kind == "tcp":
         listen, to, locals_ = ["10.77.1.2:%d" % port], "10.77.1.2:%d" % port, []
@@ -41,7 +56,7 @@ def message_run(lab, msgbw, kind, size, count):
     srv = PROCS.start(lab.ex("b", msgbw, "server", kind, *listen), stderr=None)
     wait_ready(srv, "msgbw server", 0.3)
     rc, _, _, _, text = timed_client(
-        lab.ex("a", msgbw, "client", kind, to, *locals_, "--", size, count), 120)
+        lab.ex("a", msgbw, "client", kind, to, *locals_, "--", size, count, piece), 120)
     PROCS.wait_rusage(srv, 30)
     try:
         return json.loads(text.strip().splitlines()[-1])["bps"] if rc == 0 else None
@@ -58,8 +73,9 @@ def part_tcp(o):
                 "ri2n send --transport tcp|udp --to 10.77.1.2:PORT --local 10.77.I.1 … -i FILE",
         "tcp": "iperf3 -c 10.77.1.2 -n BYTES -F FILE (one connection, link 1)",
         "mptcp": "mptcpize run iperf3 … -F FILE (a subflow per link)",
-        "messages": "examples/msgbw server|client ri2n-tcp|ri2n-udp|tcp …: one message, a 1-byte answer, "
-                    "the next message (MuniSocket's effective bandwidth)",
+        "messages": "examples/msgbw server|client ri2n-tcp|ri2n-udp|tcp … -- SIZE COUNT [PIECE]: one "
+                    "message (in one write, or in writes of PIECE bytes), a 1-byte answer, the next "
+                    "message (MuniSocket's effective bandwidth)",
     }
     msgbw = msgbw_binary()
     keyfile = common.key_file()
@@ -91,15 +107,15 @@ def part_tcp(o):
         res["configs"].append(c)
     log("tcp: messages on 2 x 1 Gbit/s")
     lab.up([1000, 1000])
-    for size in MESSAGE_SIZES:
+    for size, piece in [(s, s) for s in MESSAGE_SIZES] + MESSAGE_PIECES:
         # about 0.5 s of one link per run, at least 20 messages
         count = max(20, int(60e6 / size))
-        m = {"size": size, "count": count, **{k: [] for k in MESSAGE_TOOLS}}
+        m = {"size": size, "piece": piece, "count": count, **{k: [] for k in MESSAGE_TOOLS}}
         for rep in range(o.reps):
             for k in MESSAGE_TOOLS[rep % 3:] + MESSAGE_TOOLS[:rep % 3]:
                 wait_quiet()
-                m[k].append(message_run(lab, msgbw, k, size, count))
-        log("  %d KiB: %s Mbit/s; ratios to tcp %s" % (size >> 10, ", ".join(
+                m[k].append(message_run(lab, msgbw, k, size, count, piece))
+        log("  %s: %s Mbit/s; ratios to tcp %s" % (message_label(m), ", ".join(
             "%s %s" % (k, spread([x / 1e6 for x in m[k] if x], "%.0f")) for k in MESSAGE_TOOLS),
             ", ".join(spread(message_ratio(m, k), "%.2f") for k in MESSAGE_TOOLS[:2])))
         res["messages"].append(m)
@@ -135,8 +151,7 @@ def report_tcp(res):
                  "one TCP connection, 1 link | TCP transport / TCP | UDP transport / TCP |")
         L.append("| --- | --- | --- | --- | --- | --- |")
         for m in res["messages"]:
-            size = m["size"]
-            label = "%d KiB" % (size >> 10) if size < 1 << 20 else "%d MiB" % (size >> 20)
+            label = message_label(m)
             cells = [spread([x / 1e6 for x in m.get(k, []) if x], "%.0f") for k in MESSAGE_TOOLS]
             L.append("| %s | %s | %s | %s | **%s** | %s |" % (
                 label, *cells, spread(message_ratio(m, "ri2n-tcp"), "%.2f"),
