@@ -23,7 +23,8 @@ pub(crate) struct DeliveryRate {
     /// A sample was taken while the link used its window: the rate says what the link can
     /// deliver, not just what it was given.
     measured_busy: bool,
-    /// When a sample last set `rate`.
+    /// When a sample last set `rate` (or found it standing on samples taken through a queue:
+    /// then it is as recent).
     sampled_at: Option<Instant>,
     /// When a sample taken through a standing queue last set `rate`.
     queue_sampled_at: Option<Instant>,
