@@ -470,8 +470,11 @@ fn interrupt_sender_and_check(send: Proc, recv: Proc, output: &TempFile) {
 #[test]
 fn a_sender_interrupted_while_stdin_is_idle_exits() {
     let output = TempFile::new("idle-out");
-    let (recv, a) = spawn_recv(free_port(), output.path(), &["-q"]);
-    thread::sleep(Duration::from_millis(200));
+    let port = free_port();
+    let (recv, a) = spawn_recv(port, output.path(), &["-q"]);
+    // a sender finding the port closed exits at once ("nothing listens"): on a loaded host
+    // the receiver may take longer than any fixed pause to bind it
+    wait_udp_bound(port, Duration::from_secs(10));
     let send = Proc::spawn(
         "ri2n send",
         Command::new(bin())

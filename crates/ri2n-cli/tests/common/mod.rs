@@ -231,6 +231,28 @@ pub fn spawn_recv(port: u16, output: &Path, extra: &[&str]) -> (Proc, String) {
     (recv, a)
 }
 
+/// Waits until some socket is bound to UDP port `port` on 127.0.0.1 (a receiver just
+/// spawned is ready), looking at `/proc/net/udp` rather than binding the port itself, which
+/// could take it from the receiver. Panics after `limit`.
+pub fn wait_udp_bound(port: u16, limit: Duration) {
+    let local = format!("0100007F:{port:04X}");
+    let deadline = Instant::now() + limit;
+    loop {
+        let table = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
+        if table
+            .lines()
+            .any(|l| l.split_whitespace().nth(1) == Some(local.as_str()))
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nothing bound 127.0.0.1:{port} within {limit:?}"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// `ri2n recv` on both loopback addresses and `ri2n send` to the first one, `len` random
 /// bytes, with `sender_args` added to the sender; checks exit codes and sha256.
 pub fn transfer(len: u64, sender_args: &[&str]) -> Duration {
