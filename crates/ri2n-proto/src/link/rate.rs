@@ -60,11 +60,7 @@ impl DeliveryRate {
             return;
         }
         let elapsed = now.saturating_duration_since(start);
-        let least = if start_queued {
-            srtt.min(QUEUE_SAMPLE)
-        } else {
-            srtt
-        };
+        let least = if start_queued { QUEUE_SAMPLE } else { srtt };
         if elapsed < least {
             return;
         }
