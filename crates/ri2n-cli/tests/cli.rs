@@ -79,8 +79,10 @@ fn memory_stays_bounded_through_a_long_transfer() {
                 .stdout(Stdio::null())
                 .stderr(std::fs::File::create(send_log.path()).unwrap()),
         );
-        let (s, send_kib) = wait_peak_rss(&mut send, Duration::from_secs(120));
-        let (r, recv_kib) = wait_peak_rss(&mut recv, Duration::from_secs(20));
+        let ended = wait_peak_rss(&mut [&mut send, &mut recv], Duration::from_secs(120));
+        let [(s, send_kib), (r, recv_kib)] = ended[..] else {
+            unreachable!("one result per process")
+        };
         let logs = || {
             let read = |f: &TempFile| std::fs::read_to_string(f.path()).unwrap_or_default();
             format!("send: {}\nrecv: {}", read(&send_log), read(&recv_log))
@@ -93,6 +95,30 @@ fn memory_stays_bounded_through_a_long_transfer() {
              {BOUND_KIB} KiB)"
         );
     }
+}
+
+/// The premise of the test above: a child's peak memory is its own, not that of this test
+/// process, which held 256 MiB when it spawned the child (`ru_maxrss` read 256 MiB and more
+/// for a shell that sleeps).
+#[test]
+fn a_childs_peak_memory_is_its_own() {
+    let held = vec![1u8; 256 << 20];
+    // touched, so that it is resident
+    assert_eq!(
+        held.iter()
+            .step_by(4096)
+            .map(|&b| u64::from(b))
+            .sum::<u64>(),
+        65536
+    );
+    let mut child = Proc::spawn("sleep", Command::new("sleep").arg("0.3"));
+    let ended = wait_peak_rss(&mut [&mut child], Duration::from_secs(10));
+    let [(status, kib)] = ended[..] else {
+        unreachable!("one result per process")
+    };
+    assert!(status.success());
+    assert!(kib > 0 && kib < 16 << 10, "peak RSS of sleep: {kib} KiB");
+    drop(held);
 }
 
 /// `ri2n send --fault` cuts link 1 at 1 s and restores it at 2 s while the test still feeds

@@ -318,33 +318,52 @@ pub fn send_file(to: &str, input: &Path, extra: &[&str]) -> (ExitStatus, Output)
     ri2n(args, Duration::from_secs(20))
 }
 
-/// Waits for `p` at most `limit` (kills it and panics after); returns its exit status and
-/// its peak resident memory in KiB (`ru_maxrss` of `wait4`).
-pub fn wait_peak_rss(p: &mut Proc, limit: Duration) -> (ExitStatus, u64) {
-    use std::os::unix::process::ExitStatusExt;
-    let child = p.child.as_mut().expect("not waited for yet");
-    let pid = child.id() as libc::pid_t;
+/// Waits for every process of `procs`, at most `limit` in all (kills them and panics after);
+/// returns each one's exit status and peak resident memory in KiB, its `VmHWM` read while it
+/// runs. Not `ru_maxrss`: the kernel carries the peak of the address space a process had
+/// before `exec` into it, so a child's would count this test process's own memory at the
+/// moment it spawned the child, whatever other tests had it hold.
+pub fn wait_peak_rss(procs: &mut [&mut Proc], limit: Duration) -> Vec<(ExitStatus, u64)> {
     let deadline = Instant::now() + limit;
-    loop {
-        let mut status = 0;
-        let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-        // SAFETY: wait4 on a child of this process, not reaped yet; it writes the status and
-        // the usage it is given
-        let reaped = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, usage.as_mut_ptr()) };
-        if reaped == pid {
-            // reaped: its pid may be reused, so it is never signalled again
-            p.child = None;
-            // SAFETY: wait4 filled the usage when it reaped the child
-            let kib = unsafe { usage.assume_init() }.ru_maxrss;
-            return (ExitStatus::from_raw(status), kib as u64);
+    let mut peak: Vec<Option<u64>> = vec![None; procs.len()];
+    let mut ended: Vec<Option<ExitStatus>> = vec![None; procs.len()];
+    while ended.iter().any(Option::is_none) {
+        for (i, p) in procs.iter_mut().enumerate() {
+            let Some(child) = p.child.as_mut() else {
+                continue;
+            };
+            // read before reaping: a process that has exited has no memory left to read
+            peak[i] = peak[i].max(vm_hwm_kib(child.id()));
+            if let Some(status) = child.try_wait().expect("waitpid") {
+                // reaped: its pid may be reused, so it is never signalled again
+                p.child = None;
+                ended[i] = Some(status);
+            }
         }
-        assert_eq!(reaped, 0, "wait4: {}", std::io::Error::last_os_error());
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            p.child = None;
-            panic!("{} did not finish within {limit:?}", p.name);
+        if ended.iter().any(Option::is_none) && Instant::now() >= deadline {
+            let late: Vec<&str> = procs
+                .iter_mut()
+                .filter_map(|p| {
+                    let mut child = p.child.take()?;
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    Some(p.name)
+                })
+                .collect();
+            panic!("{late:?} did not finish within {limit:?}");
         }
         thread::sleep(Duration::from_millis(10));
     }
+    let read = |(i, p): (usize, &mut &mut Proc)| {
+        let kib = peak[i].unwrap_or_else(|| panic!("{} ended before its memory was read", p.name));
+        (ended[i].expect("every process ended"), kib)
+    };
+    procs.iter_mut().enumerate().map(read).collect()
+}
+
+/// The peak resident memory (`VmHWM`) of a running process, KiB.
+fn vm_hwm_kib(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = text.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
