@@ -111,17 +111,21 @@ The cluster file (TOML, the same on every host):
 
 Runs in the foreground until SIGINT or SIGTERM, which close the connections and remove the
 interface. SIGHUP reads the cluster file again: hosts added, removed or changed are taken up,
-the connections to the others stay. A link address this host lacks at start is looked for
-every second and taken up once there. Needs root (or CAP_NET_ADMIN) and /dev/net/tun.
+the connections to the others stay (`ri2n tunnel reload` sends it and reports what changed).
+A link address this host lacks at start is looked for every second and taken up once there.
+Needs root (or CAP_NET_ADMIN) and /dev/net/tun.
 
 `ri2n tunnel status` asks the daemon of this host (over /run/ri2n/tunnel-HOST.sock) for
 every peer and link: state, round trip, rate and loss over the last second.
 
 Exit codes:
-  0  stopped by SIGINT or SIGTERM, --check found the file good, or status printed
+  0  stopped by SIGINT or SIGTERM, --check found the file good, status printed, or reload
+     taken up
   1  the interface cannot be created, or no longer read (the connections are closed
-     first); status: no daemon answers
-  2  the configuration or the key is bad (the message names the file and line)
+     first); status, reload: no daemon answers (reload: or it cannot be signalled, or it
+     did not read the file within 5 s)
+  2  the configuration or the key is bad (the message names the file and line); reload:
+     or the daemon kept the file in use (the message says why)
   5  cannot bind a link address (in use, or none of them an address of this host) or the
      --metrics address";
 
@@ -303,6 +307,23 @@ pub enum TunnelCommand {
     /// Show every peer and link of the tunnel running on this host: state, rate, round trip
     /// and loss (sampled every second by the daemon).
     Status(TunnelStatusArgs),
+    /// Check the cluster file, have the tunnel running on this host read it again (as SIGHUP
+    /// does) and say what changed: hosts added, removed or changed are taken up, the
+    /// connections to the others stay. Exits 2, naming the reason, when the file is bad or
+    /// the daemon keeps the one in use (a change of this host's own entry, the port, the
+    /// interface, the prefix or the key takes a restart).
+    Reload(TunnelReloadArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct TunnelReloadArgs {
+    /// The cluster file: the one the daemon reads.
+    #[arg(long, value_name = "FILE", default_value = "/etc/ri2n/cluster.toml")]
+    pub config: PathBuf,
+
+    /// This host's name in the cluster file (default: as the daemon finds it).
+    #[arg(long, value_name = "HOST")]
+    pub name: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -677,6 +698,10 @@ fn main() -> ExitCode {
             command: Some(TunnelCommand::Status(s)),
             ..
         }) => tunnel::status(&s),
+        Command::Tunnel(TunnelArgs {
+            command: Some(TunnelCommand::Reload(r)),
+            ..
+        }) => tunnel::reload(&r),
         Command::Tunnel(a) if a.check => {
             tunnel::describe(&a.config, a.name.as_deref()).map(|d| println!("{d}"))
         }

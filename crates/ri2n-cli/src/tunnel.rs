@@ -5,10 +5,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use ri2n_tunnel::{Cluster, Error, Options};
+use ri2n_tunnel::{Cluster, Error, Options, ReloadError};
 
 use crate::error::{Failure, BIND, GENERIC, USAGE};
-use crate::{Carry, TunnelArgs, TunnelStatusArgs};
+use crate::{Carry, TunnelArgs, TunnelReloadArgs, TunnelStatusArgs};
 
 /// `ri2n tunnel --config FILE [--name HOST]`: runs until SIGINT or SIGTERM; SIGHUP reads the
 /// cluster file again.
@@ -46,6 +46,52 @@ pub fn status(args: &TunnelStatusArgs) -> Result<(), Failure> {
     } else {
         print!("{}", ri2n_tunnel::status_table(&s));
     }
+    Ok(())
+}
+
+/// How long `ri2n tunnel reload` waits for the daemon's status to show the outcome (it is
+/// sampled every second).
+const RELOAD_WAIT: Duration = Duration::from_secs(5);
+
+/// `ri2n tunnel reload`: checks the cluster file as `--check` does, has the daemon of this
+/// host read it again (SIGHUP) and prints which peers it added and removed.
+pub fn reload(args: &TunnelReloadArgs) -> Result<(), Failure> {
+    let (cluster, me) = load(&args.config, args.name.as_deref())?;
+    load_key(&cluster)?;
+    let name = &cluster.hosts[me].name;
+    let running = ri2n_tunnel::query_status(name).map_err(|e| Failure::new(GENERIC, e))?;
+    // the daemon reads the file it was started with: checking another says nothing of it
+    let theirs = Path::new(&running.config);
+    if theirs.is_absolute() && theirs.canonicalize().ok() != args.config.canonicalize().ok() {
+        return Err(Failure::new(
+            USAGE,
+            format!(
+                "the tunnel of host {name} reads {}, not {}: give --config {0}",
+                theirs.display(),
+                args.config.display()
+            ),
+        ));
+    }
+    let changes = ri2n_tunnel::request_reload(name, RELOAD_WAIT).map_err(|e| match e {
+        ReloadError::Unreached(m) => Failure::new(GENERIC, m),
+        ReloadError::Refused(m) => Failure::new(
+            USAGE,
+            format!("the tunnel of host {name} keeps the cluster file in use: {m}"),
+        ),
+    })?;
+    let list = |names: &[String]| {
+        if names.is_empty() {
+            "none".to_owned()
+        } else {
+            names.join(", ")
+        }
+    };
+    println!(
+        "{name}: {} read again; added {}; removed {}",
+        args.config.display(),
+        list(&changes.added),
+        list(&changes.removed)
+    );
     Ok(())
 }
 

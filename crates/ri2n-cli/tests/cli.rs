@@ -1029,6 +1029,16 @@ fn tunnel_check_finds_this_host_and_names_the_line_of_an_error() {
     let (status, _, err) = tunnel(&["status", "--name", "me"], config.path());
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(err.contains("no tunnel daemon of host me answers"), "{err}");
+
+    // reload checks the file first, as --check does: exit 2
+    let (status, _, err) = tunnel(&["reload", "--name", "me"], config.path());
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("cannot read the key file"), "{err}");
+    // a good file, and no running daemon to read it: exit 1
+    std::fs::write(config.path(), cluster_text(key.path(), "10.99.0.2")).unwrap();
+    let (status, _, err) = tunnel(&["reload", "--name", "me"], config.path());
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("no tunnel daemon of host me answers"), "{err}");
 }
 
 /// `--check` finds what the daemon would fail on or what would silently misroute: a key file

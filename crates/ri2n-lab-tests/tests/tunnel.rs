@@ -902,6 +902,21 @@ fn sighup(d: &Proc) {
     assert!(status.success(), "kill -HUP {}", d.name);
 }
 
+/// `ri2n tunnel reload --config CONFIG` in host `host`: its exit status and stdout and
+/// stderr, together.
+fn reload(env: &Env, lab: &Lab, host: &str, config: &Path) -> (std::process::ExitStatus, String) {
+    let out = Command::new("ip")
+        .args(["netns", "exec", &lab.ns_of(host)])
+        .arg(&env.ri2n)
+        .args(["tunnel", "reload", "--config"])
+        .arg(config)
+        .output()
+        .expect("running ri2n tunnel reload");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status, text)
+}
+
 /// Waits at most 10 s until daemon `d` has `n` peers connected and its log holds `line`.
 fn wait_for_peers(env: &Env, lab: &Lab, d: &Proc, host: &str, config: &Path, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -922,8 +937,10 @@ fn wait_for_peers(env: &Env, lab: &Lab, d: &Proc, host: &str, config: &Path, n: 
 }
 
 /// A host joins and leaves a running cluster: its line is added to (and removed from) the
-/// cluster file and the daemons get SIGHUP; the connection between the hosts already there
-/// is never made again.
+/// cluster file and the daemons are told, one by SIGHUP, the other by `ri2n tunnel reload`,
+/// which reports what changed; a file the daemon cannot take up is refused with the reason
+/// (exit 2) and the one in use kept. The connection between the hosts already there is never
+/// made again.
 #[test]
 fn a_host_joins_and_leaves_on_sighup_without_restarting_the_others() {
     let _serial = serial();
@@ -939,9 +956,10 @@ fn a_host_joins_and_leaves_on_sighup_without_restarting_the_others() {
 
     // c joins
     write_cluster_file(&dir.0, &HOSTS);
-    for d in &daemons {
-        sighup(d);
-    }
+    let (status, text) = reload(env, &lab, "a", &config);
+    assert!(status.success(), "ri2n tunnel reload: {status}: {text}");
+    assert!(text.contains("added c; removed none"), "{text}");
+    sighup(&daemons[1]);
     daemons.push(spawn_daemon(
         env,
         &lab,
@@ -959,11 +977,23 @@ fn a_host_joins_and_leaves_on_sighup_without_restarting_the_others() {
     let a_log = daemons[0].stderr_text();
     assert!(a_log.contains("c added to the cluster file"), "{a_log}");
 
+    // a change that takes a restart is refused, and the file in use kept
+    let in_use = fs::read_to_string(&config).expect("reading the cluster file");
+    fs::write(&config, format!("port = 7401\n{in_use}")).expect("writing the cluster file");
+    let (status, text) = reload(env, &lab, "a", &config);
+    assert_eq!(status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("keeps the cluster file in use") && text.contains("restart the daemon"),
+        "{text}"
+    );
+    ping_through(&lab, "a", "c");
+
     // c leaves
     write_cluster_file(&dir.0, &["a", "b"]);
-    for d in &daemons[..2] {
-        sighup(d);
-    }
+    let (status, text) = reload(env, &lab, "a", &config);
+    assert!(status.success(), "ri2n tunnel reload: {status}: {text}");
+    assert!(text.contains("added none; removed c"), "{text}");
+    sighup(&daemons[1]);
     for (d, h) in daemons[..2].iter().zip(HOSTS) {
         wait_for_peers(env, &lab, d, h, &config, 1);
     }

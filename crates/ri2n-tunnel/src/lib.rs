@@ -47,7 +47,11 @@ use ri2n::{ConnectionConfig, Endpoint, EndpointConfig, Key, LinkThreads, Refused
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
 pub use config::{Cluster, ConfigError, Host, DEFAULT_INTERFACE, DEFAULT_PORT, DEFAULT_PREFIX};
-pub use status::{query as query_status, table as status_table, LinkStatus, PeerStatus, Status};
+pub use peers::Reload;
+pub use status::{
+    query as query_status, request_reload, table as status_table, LinkStatus, PeerStatus,
+    ReloadError, Status,
+};
 
 use device::Tun;
 use peers::Peers;
@@ -269,11 +273,15 @@ pub fn run(options: &Options, cluster: Cluster, me: usize, key: Key) -> Result<(
         address: host.address.to_string(),
         interface: interface.clone(),
         queue_packets_read: Vec::new(),
+        config: options.config.display().to_string(),
+        reloads: 0,
+        last_reload: None,
         peers: Vec::new(),
     }));
     {
         let (peers, latest) = (peers.clone(), latest.clone());
-        thread::spawn(move || status::sample_loop(peers, latest));
+        let config = options.config.display().to_string();
+        thread::spawn(move || status::sample_loop(peers, latest, config));
     }
     let socket = status::socket_path(&host.name);
     status::serve_socket(&socket, latest.clone()).map_err(|e| {
@@ -353,20 +361,33 @@ pub fn run(options: &Options, cluster: Cluster, me: usize, key: Key) -> Result<(
 }
 
 /// SIGHUP: reads the cluster file again and puts it in use (see [`Peers::reload`]); a file
-/// that cannot be used is logged and the one in use kept.
+/// that cannot be used is logged and the one in use kept. The status tells how it went
+/// (`ri2n tunnel reload` waits for that).
 fn reload(peers: &Arc<Peers>, config: &Path, peer_loop: &peer_loop::Handle) {
     let me = peers.table().me().name.clone();
     let loaded = load(config, Some(&me))
         .map_err(|e| e.to_string())
         .and_then(|(cluster, me)| peers.reload(cluster, me));
     match loaded {
-        Ok(added) => {
+        Ok((added, removed)) => {
             eprintln!("ri2n tunnel: SIGHUP: {} read again", config.display());
+            let added_names = added.iter().map(|p| p.name().to_owned()).collect();
             for peer in added.into_iter().filter(|p| p.connects) {
                 peer_loop.connect_to(peer);
             }
+            peers.reloaded(Reload {
+                added: added_names,
+                removed,
+                error: None,
+            });
         }
-        Err(e) => eprintln!("ri2n tunnel: SIGHUP: the cluster file in use is kept: {e}"),
+        Err(e) => {
+            eprintln!("ri2n tunnel: SIGHUP: the cluster file in use is kept: {e}");
+            peers.reloaded(Reload {
+                error: Some(e),
+                ..Reload::default()
+            });
+        }
     }
 }
 

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use ri2n::Connection;
+use serde::{Deserialize, Serialize};
 
 use crate::config::{Cluster, Host};
 use crate::links;
@@ -171,6 +172,19 @@ pub struct Peers {
     pub endpoint: links::Current,
     /// Packets read from each of the interface's queues (how evenly the flows spread).
     pub queue_reads: Box<[AtomicU64]>,
+    /// The readings of the cluster file after the start: how many, and what the last did.
+    reloads: Mutex<(u64, Option<Reload>)>,
+}
+
+/// What a reading of the cluster file after the start (SIGHUP, `ri2n tunnel reload`) did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reload {
+    /// The hosts it added and removed, by name (a changed host is both).
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    /// Why it was refused (the file in use was kept); none if it was taken up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 impl Peers {
@@ -186,7 +200,23 @@ impl Peers {
             carry,
             endpoint: links::Current::new(endpoint),
             queue_reads: (0..queues).map(|_| AtomicU64::new(0)).collect(),
+            reloads: Mutex::default(),
         }
+    }
+
+    /// Records what a reading of the cluster file did, once it was put in use (or refused).
+    pub fn reloaded(&self, what: Reload) {
+        let mut r = self.reloads.lock().unwrap_or_else(|e| e.into_inner());
+        *r = (r.0 + 1, Some(what));
+    }
+
+    /// How many readings of the cluster file there were, and what the last did. Read before
+    /// [`Self::table`], a count that includes a reading comes with the table it put in use.
+    pub fn reloads(&self) -> (u64, Option<Reload>) {
+        self.reloads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The table in use.
@@ -197,8 +227,12 @@ impl Peers {
     /// Puts the cluster file read again in use, host `me` of it. Refused (with the reason)
     /// where it changes what this host is or what its endpoint and interface are: that takes
     /// a restart. Returns the peers that are new (this host is to connect to those that
-    /// `connects`), and says in the log what changed.
-    pub fn reload(&self, cluster: Cluster, me: usize) -> Result<Vec<Arc<Peer>>, String> {
+    /// `connects`) and the names of those removed, and says in the log what changed.
+    pub fn reload(
+        &self,
+        cluster: Cluster,
+        me: usize,
+    ) -> Result<(Vec<Arc<Peer>>, Vec<String>), String> {
         let mut table = self.table.write().unwrap_or_else(|e| e.into_inner());
         let (old, new) = (&table.cluster, &cluster);
         if new.hosts[me] != old.hosts[table.me] {
@@ -213,12 +247,14 @@ impl Peers {
         }
         let next = Table::new(cluster, me, Some(&table));
         let kept = |p: &Arc<Peer>, t: &Table| t.peers.iter().any(|q| Arc::ptr_eq(p, q));
+        let mut removed = Vec::new();
         for p in table.peers.iter().filter(|p| !kept(p, &next)) {
             eprintln!(
                 "ri2n tunnel: {} removed or changed in the cluster file",
                 p.name()
             );
             p.remove();
+            removed.push(p.name().to_owned());
         }
         let added: Vec<Arc<Peer>> = (next.peers.iter())
             .filter(|p| !kept(p, &table))
@@ -228,7 +264,7 @@ impl Peers {
             eprintln!("ri2n tunnel: {} added to the cluster file", p.name());
         }
         *table = Arc::new(next);
-        Ok(added)
+        Ok((added, removed))
     }
 }
 
@@ -283,7 +319,8 @@ mod tests {
         // node3 moves to another address, node4 joins
         let changed = NODE3.replace("10.0.2.3", "10.0.2.33")
             + "\n[[host]]\nname = \"node4\"\naddress = \"10.99.0.4\"\nlinks = [\"10.0.1.4\"]\n";
-        let added = peers.reload(cluster(&changed), 0).unwrap();
+        let (added, removed) = peers.reload(cluster(&changed), 0).unwrap();
+        assert_eq!(removed, ["node3"]);
         let after = peers.table();
         assert!(Arc::ptr_eq(&after.peers[0], &node2), "node2 is kept");
         assert!(node3.is_removed() && !node2.is_removed());

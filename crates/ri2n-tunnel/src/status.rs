@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -23,7 +24,7 @@ use prometheus_client::registry::{Registry, Unit};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::AtomicU64;
 
-use crate::peers::Peers;
+use crate::peers::{Peers, Reload};
 
 /// Directory of the daemons' status sockets.
 const SOCKET_DIR: &str = "/run/ri2n";
@@ -44,6 +45,16 @@ pub struct Status {
     /// Packets read from each of the interface's queues (how the flows spread over them).
     #[serde(default)]
     pub queue_packets_read: Vec<u64>,
+    /// The cluster file the daemon reads (as given to it).
+    #[serde(default)]
+    pub config: String,
+    /// Times the cluster file was read again since the start (SIGHUP, `ri2n tunnel reload`),
+    /// taken up or refused.
+    #[serde(default)]
+    pub reloads: u64,
+    /// What the last of them did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_reload: Option<Reload>,
     pub peers: Vec<PeerStatus>,
 }
 
@@ -99,11 +110,13 @@ struct Previous {
 }
 
 /// Samples every peer's connection each [`SAMPLE_PERIOD`] into `latest`, forever.
-pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>) {
+pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String) {
     // by peer name: the cluster file may be read again meanwhile
     let mut previous: HashMap<String, Vec<Previous>> = HashMap::new();
     loop {
         let now = Instant::now();
+        // before the table: a reading counted here has put its table in use
+        let reloads = peers.reloads();
         let table = peers.table();
         let me = table.me();
         let mut status = Status {
@@ -113,6 +126,9 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>) {
             queue_packets_read: (peers.queue_reads.iter())
                 .map(|n| n.load(Ordering::Relaxed))
                 .collect(),
+            config: config.clone(),
+            reloads: reloads.0,
+            last_reload: reloads.1,
             peers: Vec::new(),
         };
         previous.retain(|name, _| table.peers.iter().any(|p| p.name() == name));
@@ -427,6 +443,12 @@ pub fn prometheus(s: &Status) -> String {
 
 /// Reads the snapshot of the daemon of host `name`.
 pub fn query(name: &str) -> Result<Status, String> {
+    query_daemon(name).map(|(status, _)| status)
+}
+
+/// Reads the snapshot of the daemon of host `name`, and that daemon's process ID (the
+/// credentials of the socket's listener; none where its process is not visible from here).
+fn query_daemon(name: &str) -> Result<(Status, Option<u32>), String> {
     let path = socket_path(name);
     let mut stream = UnixStream::connect(&path).map_err(|e| {
         format!(
@@ -434,12 +456,84 @@ pub fn query(name: &str) -> Result<Status, String> {
             path.display()
         )
     })?;
+    let pid = listener_pid(&stream);
     let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
     let mut text = String::new();
     stream
         .read_to_string(&mut text)
         .map_err(|e| format!("reading {}: {e}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("{}: not a status: {e}", path.display()))
+    let status = serde_json::from_str(&text)
+        .map_err(|e| format!("{}: not a status: {e}", path.display()))?;
+    Ok((status, pid))
+}
+
+/// The process ID of the process that listens on the other end of `stream` (`SO_PEERCRED`).
+fn listener_pid(stream: &UnixStream) -> Option<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: the descriptor of a connected socket, and a ucred with its length
+    let r = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    // 0: the listener is in a PID namespace this process does not see
+    (r == 0 && cred.pid > 0).then_some(cred.pid as u32)
+}
+
+/// How asking a daemon to read its cluster file again can fail.
+#[derive(Debug)]
+pub enum ReloadError {
+    /// No daemon answered, it could not be signalled, or it did not read the file in time.
+    Unreached(String),
+    /// The daemon read the file and kept the one in use: the reason.
+    Refused(String),
+}
+
+/// Has the daemon of host `name` read its cluster file again (SIGHUP) and waits, at most
+/// `limit`, until its status shows the outcome: what it changed.
+pub fn request_reload(name: &str, limit: Duration) -> Result<Reload, ReloadError> {
+    let (before, pid) = query_daemon(name).map_err(ReloadError::Unreached)?;
+    let pid = pid.ok_or_else(|| {
+        ReloadError::Unreached(format!(
+            "the daemon of host {name} runs where this process cannot see it (another PID \
+             namespace): send it SIGHUP there"
+        ))
+    })?;
+    // SAFETY: kill(2) with a process ID and a signal number
+    if unsafe { libc::kill(pid as libc::pid_t, libc::SIGHUP) } != 0 {
+        let e = io::Error::last_os_error();
+        return Err(ReloadError::Unreached(format!(
+            "cannot signal the daemon of host {name} (process {pid}): {e}"
+        )));
+    }
+    let deadline = Instant::now() + limit;
+    loop {
+        // the daemon samples its status every SAMPLE_PERIOD
+        thread::sleep(Duration::from_millis(100));
+        let after = query(name).map_err(ReloadError::Unreached)?;
+        if after.reloads > before.reloads {
+            let last = after.last_reload.unwrap_or_default();
+            return match last.error {
+                Some(why) => Err(ReloadError::Refused(why)),
+                None => Ok(last),
+            };
+        }
+        if Instant::now() >= deadline {
+            return Err(ReloadError::Unreached(format!(
+                "the daemon of host {name} (process {pid}) did not read its cluster file \
+                 within {limit:?}"
+            )));
+        }
+    }
 }
 
 /// The snapshot as a table for a terminal.
@@ -510,6 +604,9 @@ mod tests {
             address: "10.99.0.1".into(),
             interface: "ri2n0".into(),
             queue_packets_read: vec![11, 13],
+            config: "/etc/ri2n/cluster.toml".into(),
+            reloads: 0,
+            last_reload: None,
             peers: vec![PeerStatus {
                 // a name the exposition must escape
                 name: "b \"east\"".into(),
