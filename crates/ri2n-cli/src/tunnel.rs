@@ -49,8 +49,7 @@ pub fn status(args: &TunnelStatusArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// How long `ri2n tunnel reload` waits for the daemon's status to show the outcome (it is
-/// sampled every second).
+/// How long `ri2n tunnel reload` waits for the daemon to have read the file.
 const RELOAD_WAIT: Duration = Duration::from_secs(5);
 
 /// `ri2n tunnel reload`: checks the cluster file as `--check` does, has the daemon of this

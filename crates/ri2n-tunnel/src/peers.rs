@@ -210,8 +210,7 @@ impl Peers {
         *r = (r.0 + 1, Some(what));
     }
 
-    /// How many readings of the cluster file there were, and what the last did. Read before
-    /// [`Self::table`], a count that includes a reading comes with the table it put in use.
+    /// How many readings of the cluster file there were, and what the last did.
     pub fn reloads(&self) -> (u64, Option<Reload>) {
         self.reloads
             .lock()

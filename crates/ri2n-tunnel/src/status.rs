@@ -115,8 +115,6 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
     let mut previous: HashMap<String, Vec<Previous>> = HashMap::new();
     loop {
         let now = Instant::now();
-        // before the table: a reading counted here has put its table in use
-        let reloads = peers.reloads();
         let table = peers.table();
         let me = table.me();
         let mut status = Status {
@@ -127,8 +125,9 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
                 .map(|n| n.load(Ordering::Relaxed))
                 .collect(),
             config: config.clone(),
-            reloads: reloads.0,
-            last_reload: reloads.1,
+            // filled as the status is served, without a sampling period's delay
+            reloads: 0,
+            last_reload: None,
             peers: Vec::new(),
         };
         previous.retain(|name, _| table.peers.iter().any(|p| p.name() == name));
@@ -220,8 +219,9 @@ fn log_link_changes(name: &str, conn: &ri2n::Connection, stats: &ri2n::Connectio
     }
 }
 
-/// Serves the latest snapshot as JSON to everyone who connects to `path`.
-pub fn serve_socket(path: &Path, latest: Arc<Mutex<Status>>) -> io::Result<()> {
+/// Serves the latest snapshot as JSON to everyone who connects to `path`, with the readings
+/// of the cluster file as they are at that moment (`ri2n tunnel reload` waits for its own).
+pub fn serve_socket(path: &Path, latest: Arc<Mutex<Status>>, peers: Arc<Peers>) -> io::Result<()> {
     std::fs::create_dir_all(SOCKET_DIR)?;
     // a socket left by a daemon that was killed; a live daemon of the same host answers
     if path.exists() {
@@ -239,7 +239,8 @@ pub fn serve_socket(path: &Path, latest: Arc<Mutex<Status>>) -> io::Result<()> {
     thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
-            let snapshot = latest.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let mut snapshot = latest.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            (snapshot.reloads, snapshot.last_reload) = peers.reloads();
             if let Ok(text) = serde_json::to_string(&snapshot) {
                 let _ = stream.write_all(text.as_bytes());
             }
@@ -517,8 +518,7 @@ pub fn request_reload(name: &str, limit: Duration) -> Result<Reload, ReloadError
     }
     let deadline = Instant::now() + limit;
     loop {
-        // the daemon samples its status every SAMPLE_PERIOD
-        thread::sleep(Duration::from_millis(100));
+        thread::sleep(Duration::from_millis(20));
         let after = query(name).map_err(ReloadError::Unreached)?;
         if after.reloads > before.reloads {
             let last = after.last_reload.unwrap_or_default();
