@@ -169,10 +169,13 @@ pub(super) fn closed_by_peer(kind: io::ErrorKind) -> bool {
     )
 }
 
-/// Writes all of `bufs`.
-fn write_all(mut s: &TcpStream, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+/// Writes all of `bufs`, with `MSG_NOSIGNAL`: a peer that closed the connection is an error
+/// here, never a SIGPIPE that ends the process (`writev`, which `TcpStream::write_vectored`
+/// makes, raises one, and a C program, unlike a Rust or Python one, does not ignore it).
+fn write_all(s: &TcpStream, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    let s = socket2::SockRef::from(s);
     while !bufs.is_empty() {
-        match s.write_vectored(bufs) {
+        match s.send_vectored_with_flags(bufs, libc::MSG_NOSIGNAL) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => IoSlice::advance_slices(&mut bufs, n),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -1032,4 +1035,52 @@ pub(crate) fn hello_exchange(
         leftover: buf,
         keys,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+    use std::process::Command;
+
+    use super::*;
+
+    /// A write to a connection the peer closed returns an error instead of ending the process
+    /// with SIGPIPE. It runs in a child process of this test binary that gives SIGPIPE its
+    /// default action back, as a C program has it (Rust's runtime ignores SIGPIPE).
+    #[test]
+    fn a_write_to_a_closed_connection_raises_no_sigpipe() {
+        const CHILD: &str = "RI2N_TEST_SIGPIPE_CHILD";
+        const NAME: &str = "tcp::link::tests::a_write_to_a_closed_connection_raises_no_sigpipe";
+        if std::env::var_os(CHILD).is_none() {
+            let exe = std::env::current_exe().expect("the test binary");
+            let out = Command::new(exe)
+                .args(["--exact", NAME, "--nocapture", "--test-threads", "1"])
+                .env(CHILD, "1")
+                .output()
+                .expect("running the child");
+            assert!(
+                out.status.success(),
+                "the child ended with {}:\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout)
+            );
+            return;
+        }
+        // SAFETY: sets the default action of SIGPIPE in this (child) process
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (peer, _) = listener.accept().unwrap();
+        // the peer closes: what is written next makes it answer with a reset, and the write
+        // after that fails with EPIPE, which is what raises SIGPIPE
+        drop(peer);
+        let data = [0u8; 4096];
+        for _ in 0..100 {
+            if write_all(&s, &mut [IoSlice::new(&data)]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("writes to a closed connection kept succeeding");
+    }
 }
