@@ -302,7 +302,8 @@ fn lanes_carry_a_stream_intact_and_their_threads_send_most_of_it() {
 }
 
 /// A message of a request-response exchange leaves from the thread that wrote it: the
-/// lanes' threads, woken for it, would add a wake-up to every round trip.
+/// lanes' threads, woken for it, would add a wake-up to every round trip. (A message that
+/// finds its lane still sending the one before goes with the lane: a few of the rounds may.)
 #[test]
 fn a_short_message_to_an_idle_lane_leaves_from_the_calling_thread() {
     const ROUNDS: usize = 500;
@@ -312,7 +313,7 @@ fn a_short_message_to_an_idle_lane_leaves_from_the_calling_thread() {
     for (side, sends) in [("client", lane_sends(&client)), ("server", at_server)] {
         let (by_thread, by_caller) = sends[0];
         assert!(
-            by_caller >= ROUNDS && by_thread <= ROUNDS / 20,
+            by_caller >= ROUNDS - ROUNDS / 20 && by_thread <= ROUNDS / 20,
             "{side}: {by_thread} batches sent by the lane's thread, {by_caller} by callers"
         );
     }
