@@ -58,24 +58,19 @@ pub fn reload(args: &TunnelReloadArgs) -> Result<(), Failure> {
     let (cluster, me) = load(&args.config, args.name.as_deref())?;
     load_key(&cluster)?;
     let name = &cluster.hosts[me].name;
-    let running = ri2n_tunnel::query_status(name).map_err(|e| Failure::new(GENERIC, e))?;
-    // the daemon reads the file it was started with: checking another says nothing of it
-    let theirs = Path::new(&running.config);
-    if theirs.is_absolute() && theirs.canonicalize().ok() != args.config.canonicalize().ok() {
-        return Err(Failure::new(
-            USAGE,
-            format!(
-                "the tunnel of host {name} reads {}, not {}: give --config {0}",
-                theirs.display(),
-                args.config.display()
-            ),
-        ));
-    }
-    let changes = ri2n_tunnel::request_reload(name, RELOAD_WAIT).map_err(|e| match e {
+    let reload = ri2n_tunnel::request_reload(name, &args.config, RELOAD_WAIT);
+    let changes = reload.map_err(|e| match e {
         ReloadError::Unreached(m) => Failure::new(GENERIC, m),
         ReloadError::Refused(m) => Failure::new(
             USAGE,
             format!("the tunnel of host {name} keeps the cluster file in use: {m}"),
+        ),
+        ReloadError::OtherFile(theirs) => Failure::new(
+            USAGE,
+            format!(
+                "the tunnel of host {name} reads {theirs}, not {}: give --config {theirs}",
+                args.config.display()
+            ),
         ),
     })?;
     let list = |names: &[String]| {

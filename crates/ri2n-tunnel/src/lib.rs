@@ -268,19 +268,19 @@ pub fn run(options: &Options, cluster: Cluster, me: usize, key: Key) -> Result<(
         why: Mutex::new(None),
     });
 
+    let config = options.config.display().to_string();
     let latest = Arc::new(Mutex::new(status::Status {
         host: host.name.clone(),
         address: host.address.to_string(),
         interface: interface.clone(),
         queue_packets_read: Vec::new(),
-        config: options.config.display().to_string(),
+        config: config.clone(),
         reloads: 0,
         last_reload: None,
         peers: Vec::new(),
     }));
     {
         let (peers, latest) = (peers.clone(), latest.clone());
-        let config = options.config.display().to_string();
         thread::spawn(move || status::sample_loop(peers, latest, config));
     }
     let socket = status::socket_path(&host.name);

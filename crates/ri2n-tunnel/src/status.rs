@@ -497,12 +497,19 @@ pub enum ReloadError {
     Unreached(String),
     /// The daemon read the file and kept the one in use: the reason.
     Refused(String),
+    /// The daemon reads another cluster file than the one checked: that one.
+    OtherFile(String),
 }
 
-/// Has the daemon of host `name` read its cluster file again (SIGHUP) and waits, at most
-/// `limit`, until its status shows the outcome: what it changed.
-pub fn request_reload(name: &str, limit: Duration) -> Result<Reload, ReloadError> {
+/// Has the daemon of host `name`, which is to read cluster file `config`, read it again
+/// (SIGHUP) and waits, at most `limit`, until its status shows the outcome: what it changed.
+/// A daemon that reads another file is left alone: checking `config` said nothing of it.
+pub fn request_reload(name: &str, config: &Path, limit: Duration) -> Result<Reload, ReloadError> {
     let (before, pid) = query_daemon(name).map_err(ReloadError::Unreached)?;
+    let theirs = Path::new(&before.config);
+    if theirs.is_absolute() && theirs.canonicalize().ok() != config.canonicalize().ok() {
+        return Err(ReloadError::OtherFile(before.config));
+    }
     let pid = pid.ok_or_else(|| {
         ReloadError::Unreached(format!(
             "the daemon of host {name} runs where this process cannot see it (another PID \
