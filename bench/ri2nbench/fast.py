@@ -18,10 +18,12 @@ FAST_CONFIGS = [("2 links, MTU 1500", 2, 1500), ("2 links, MTU 9000", 2, 9000),
 
 
 def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, key=None,
-                  transport=None, threads=False, send_threads=None, recv_threads=None):
+                  transport=None, threads=False, send_threads=None, recv_threads=None,
+                  checksum=True):
     """`ri2n recv` on B, `ri2n send` on A of `src` (a file, or `pipe_in` feeding its stdin),
     both with `--key key`, `--transport transport`, `--send-threads send_threads` and
-    `--recv-threads recv_threads` if given; returns goodput, CPU of both
+    `--recv-threads recv_threads` if given, and `--no-checksum` unless `checksum`;
+    returns goodput, CPU of both
     processes and of the machine, and the sender's summary; with `threads`, also the busiest
     threads of each (ThreadSampler)."""
     port = 7300 + random.randrange(500)
@@ -34,6 +36,9 @@ def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, ke
     if transport:
         listen += ["--transport", transport]
         local += ["--transport", transport]
+    if not checksum:
+        listen.append("--no-checksum")
+        local.append("--no-checksum")
     for flag, value in (("--send-threads", send_threads), ("--recv-threads", recv_threads)):
         if value:
             listen += [flag, value]

@@ -195,7 +195,7 @@ def lab_runs(o, res, keyfile, src, lab):
                 if k.endswith("flip"):
                     rflip = "off" if lanes_by_default() else "on"
                     flip = rflip if k.endswith("_flip") else None
-                return ri2n_transfer(lab, src, o.scale_bytes, threads=True,
+                return ri2n_transfer(lab, src, o.scale_bytes, threads=True, checksum=False,
                                      key=keyfile if k.startswith("ri2n_keyed") else None,
                                      transport="tcp" if k == "ri2n_tcp" else None,
                                      send_threads=flip, recv_threads=rflip)
@@ -267,8 +267,9 @@ def part_scale(o):
         "server_cpu": "utime+stime of the serve process (/proc/PID/stat) over the clients' "
                       "wall time",
         "lab": "lab/ri2n-lab up L --mtu 1500 (no --rate: unlimited veth links), L = 2 and 4",
-        "ri2n": "ri2n recv --listen 10.77.I.2:PORT … -o /dev/null; ri2n send --to "
-                "10.77.1.2:PORT --local 10.77.I.1 … -i FILE [--key FILE on both]",
+        "ri2n": "ri2n recv --no-checksum --listen 10.77.I.2:PORT … -o /dev/null; ri2n send "
+                "--no-checksum --to 10.77.1.2:PORT --local 10.77.I.1 … -i FILE [--key FILE on "
+                "both] (no checksum, as iperf3 verifies nothing; part tcp measures its cost)",
         "tcp": "iperf3 -s -1; iperf3 -c 10.77.1.2 -n BYTES -F FILE (one connection, link 1)",
         "ri2n_flip": "the same ri2n recv/send with --send-threads and --recv-threads on both: "
                      "off where ri2n's default gives each link a sending and a receiving thread "

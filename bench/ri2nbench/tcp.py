@@ -10,7 +10,9 @@ from .common import PROCS, fast_file, log, mfacts, run, spread, timed_client, wa
 from .fast import iperf_transfer, rate_cpu_cell, ri2n_transfer, warm_up
 from .labctl import new_lab
 
-TOOLS = ["ri2n-tcp", "ri2n-tcp-keyed", "ri2n-udp", "tcp", "mptcp"]
+# ri2n runs with --no-checksum, as iperf3 verifies nothing; "ri2n-tcp-sum" keeps the CLI's
+# checksum, to show what it costs
+TOOLS = ["ri2n-tcp", "ri2n-tcp-sum", "ri2n-tcp-keyed", "ri2n-udp", "tcp", "mptcp"]
 MESSAGE_SIZES = [8 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20, 8 << 20]
 # (size, bytes per write): messages also written in pieces, as an application that fills a
 # smaller buffer at a time sends them
@@ -69,8 +71,9 @@ def part_tcp(o):
     bandwidth for 8 KiB to 8 MiB messages on 2 x 1 Gbit/s."""
     res = {"part": "tcp", "bytes": o.fast_bytes, "configs": [], "messages": []}
     res["commands"] = {
-        "ri2n": "ri2n recv --transport tcp|udp --listen 10.77.I.2:PORT … -o /dev/null; "
-                "ri2n send --transport tcp|udp --to 10.77.1.2:PORT --local 10.77.I.1 … -i FILE",
+        "ri2n": "ri2n recv --no-checksum --transport tcp|udp --listen 10.77.I.2:PORT … "
+                "-o /dev/null; ri2n send --no-checksum --transport tcp|udp --to 10.77.1.2:PORT "
+                "--local 10.77.I.1 … -i FILE (\"checksummed\": without --no-checksum)",
         "tcp": "iperf3 -c 10.77.1.2 -n BYTES -F FILE (one connection, link 1)",
         "mptcp": "mptcpize run iperf3 … -F FILE (a subflow per link)",
         "messages": "examples/msgbw server|client ri2n-tcp|ri2n-udp|tcp … -- SIZE COUNT [PIECE]: one "
@@ -88,9 +91,11 @@ def part_tcp(o):
 
         def transfer(k):
             if k == "ri2n-tcp-keyed":
-                return ri2n_transfer(lab, src, o.fast_bytes, transport="tcp", key=keyfile)
+                return ri2n_transfer(lab, src, o.fast_bytes, transport="tcp", key=keyfile,
+                                     checksum=False)
             if k.startswith("ri2n"):
-                return ri2n_transfer(lab, src, o.fast_bytes, transport=k[5:])
+                return ri2n_transfer(lab, src, o.fast_bytes, transport=k.split("-")[1],
+                                     checksum=k.endswith("-sum"))
             return iperf_transfer(lab, o.fast_bytes, mptcp=(k == "mptcp"), src=src)
 
         c["warmup"] = warm_up(TOOLS, transfer)
@@ -128,21 +133,31 @@ def report_tcp(res):
     gb = res["bytes"] / 1e9
     n = len(res["configs"][0]["runs"]) if res["configs"] else 0
     L.append("%.2f GB A→B per run, each tool in turn, median (min–max) of %d runs; CPU: the "
-             "whole machine's busy time during the transfer per GB.\n" % (gb, n))
-    L.append("| links | ri2n, TCP transport | same, keyed | ri2n, UDP transport | one TCP connection | MPTCP | TCP transport / MPTCP | its CPU per GB / TCP's | keyed / not |")
-    L.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+             "whole machine's busy time during the transfer per GB. ri2n with `--no-checksum` "
+             "(iperf3 verifies nothing), except \"checksummed\".\n" % (gb, n))
+    L.append("| links | ri2n, TCP transport | same, checksummed | same, keyed | ri2n, UDP transport | one TCP connection | MPTCP | TCP transport / MPTCP | its CPU per GB / TCP's (checksummed) | keyed / not |")
+    L.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for c in res["configs"]:
         runs = c["runs"]
         ratio = [r["ri2n-tcp"]["bps"] / r["mptcp"]["bps"] for r in runs
                  if r["ri2n-tcp"].get("bps") and r["mptcp"].get("bps")]
-        cpu = [(r["ri2n-tcp"]["cpu_machine"] / r["ri2n-tcp"]["bytes"]) /
-               (r["tcp"]["cpu_machine"] / r["tcp"]["bytes"]) for r in runs
-               if r["ri2n-tcp"].get("bytes") and r["tcp"].get("bytes")]
+        def cpu(k):
+            return [(r[k]["cpu_machine"] / r[k]["bytes"]) /
+                    (r["tcp"]["cpu_machine"] / r["tcp"]["bytes"]) for r in runs
+                    if r.get(k, {}).get("bytes") and r["tcp"].get("bytes")]
         keyed = [r["ri2n-tcp-keyed"]["bps"] / r["ri2n-tcp"]["bps"] for r in runs
                  if r.get("ri2n-tcp-keyed", {}).get("bps") and r["ri2n-tcp"].get("bps")]
-        L.append("| %s | %s | %s | %s | %s | %s | **%s** | %s | **%s** |" % (
+        L.append("| %s | %s | %s | %s | %s | %s | %s | **%s** | **%s** (%s) | **%s** |" % (
             c["name"], *(rate_cpu_cell(runs, k, "Mbit/s") for k in TOOLS),
-            spread(ratio, "%.2f"), spread(cpu, "%.2f"), spread(keyed, "%.2f")))
+            spread(ratio, "%.2f"), spread(cpu("ri2n-tcp"), "%.2f"),
+            spread(cpu("ri2n-tcp-sum"), "%.2f"), spread(keyed, "%.2f")))
+    L.append("")
+    L.append("CPU per GB ÷ one TCP connection's, per run, UDP transport: %s." % "; ".join(
+        "%s %s" % (c["name"], spread([
+            (r["ri2n-udp"]["cpu_machine"] / r["ri2n-udp"]["bytes"]) /
+            (r["tcp"]["cpu_machine"] / r["tcp"]["bytes"]) for r in c["runs"]
+            if r["ri2n-udp"].get("bytes") and r["tcp"].get("bytes")], "%.2f"))
+        for c in res["configs"]))
     if res.get("messages"):
         L.append("")
         L.append("Message bandwidth on 2 × 1 Gbit/s (`%s`), Mbit/s, median (min–max):\n"

@@ -403,10 +403,16 @@ pub struct SendArgs {
     pub link: LinkOpts,
 
     /// Print a JSON summary on stdout: bytes, seconds, goodput, checksum (XXH3-64 of the bytes,
-    /// hex; `recv` prints the same for the same data), per-link counters. A failure prints
-    /// `{"command": ..., "error": ..., "exit_code": ...}` instead.
+    /// hex; `recv` prints the same for the same data; null with --no-checksum), per-link
+    /// counters. A failure prints `{"command": ..., "error": ..., "exit_code": ...}` instead.
     #[arg(long, short = 'J')]
     pub json: bool,
+
+    /// Compute no checksum: the summary says `checksum off` (JSON: null). Saves one pass over
+    /// every byte at this end, for when something else verifies the data or the CPU is what
+    /// limits the rate.
+    #[arg(long)]
+    pub no_checksum: bool,
 
     /// No progress display and no summary line on stderr (errors are still reported).
     #[arg(long, short)]
@@ -443,6 +449,10 @@ pub struct RecvArgs {
     /// `send --json` does; the checksum is XXH3-64 of the bytes received.
     #[arg(long, short = 'J', requires = "output")]
     pub json: bool,
+
+    /// Compute no checksum, as `send --no-checksum` (each end decides for itself).
+    #[arg(long)]
+    pub no_checksum: bool,
 
     /// No progress display and no summary line on stderr (errors are still reported).
     #[arg(long, short)]

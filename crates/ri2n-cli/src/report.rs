@@ -261,8 +261,9 @@ pub struct TransferSummary {
     /// From the connection's start to the last byte acknowledged (send) or read (recv).
     pub seconds: f64,
     pub goodput_bps: f64,
-    /// The tool's 64-bit checksum of the bytes (equal on both sides of a good transfer).
-    pub checksum: String,
+    /// The tool's 64-bit checksum of the bytes (equal on both sides of a good transfer);
+    /// `None` with `--no-checksum`.
+    pub checksum: Option<String>,
     /// The AEAD that sealed the connection's packets (`AEGIS-256X4`, `AES-256-GCM`,
     /// `ChaCha20-Poly1305`), or `none`: no key, nothing authenticated or encrypted.
     pub encryption: &'static str,
@@ -391,7 +392,7 @@ impl TransferSummary {
             self.bytes,
             self.seconds,
             fmt_rate(self.goodput_bps),
-            self.checksum
+            self.checksum.as_deref().unwrap_or("off")
         )
     }
 }

@@ -27,10 +27,14 @@ const CHUNK: usize = 1024 * 1024;
 const READ_STEP: usize = 256 * 1024;
 
 /// Replaces the contents of `buf` with up to [`CHUNK`] bytes of `fd`, read [`READ_STEP`] at
-/// a time and added to `sum` as they come. Stops early after a short read: a pipe's writer
+/// a time and added to `sum` (if any) as they come. Stops early after a short read: a pipe's writer
 /// has no more ready, and what came is sent rather than held back waiting for the rest.
 /// Returns the bytes read (0 at the end of the input).
-fn read_chunk(fd: BorrowedFd<'_>, buf: &mut Vec<u8>, sum: &mut Checksum) -> io::Result<usize> {
+fn read_chunk(
+    fd: BorrowedFd<'_>,
+    buf: &mut Vec<u8>,
+    mut sum: Option<&mut Checksum>,
+) -> io::Result<usize> {
     buf.clear();
     buf.reserve(CHUNK);
     while buf.len() < CHUNK {
@@ -38,7 +42,9 @@ fn read_chunk(fd: BorrowedFd<'_>, buf: &mut Vec<u8>, sum: &mut Checksum) -> io::
         match read_into(fd, buf, READ_STEP.min(CHUNK - start)) {
             Ok(0) => break,
             Ok(n) => {
-                sum.update(&buf[start..]);
+                if let Some(sum) = sum.as_deref_mut() {
+                    sum.update(&buf[start..]);
+                }
                 if n < READ_STEP {
                     break;
                 }
@@ -118,11 +124,11 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
     // into datagrams: reading here, the copy finds them in this core's cache, for less CPU
     // per byte and no less goodput (item 15 of "What looked wrong" in docs/BENCHMARKS.md at
     // commit 085a7a3).
-    let mut sum = Checksum::default();
+    let mut sum = (!args.no_checksum).then(Checksum::default);
     let mut buf = Vec::new();
     let mut written = 0u64;
     loop {
-        let n = match read_chunk(input.as_fd(), &mut buf, &mut sum) {
+        let n = match read_chunk(input.as_fd(), &mut buf, sum.as_mut()) {
             Ok(0) => break,
             Ok(n) => n as u64,
             Err(e) => {
@@ -167,7 +173,7 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
         bytes: written,
         seconds,
         goodput_bps: bps(written, seconds),
-        checksum: sum.hex(),
+        checksum: sum.map(|s| s.hex()),
         encryption: crate::report::encryption(&conn.stats()),
         send_threads: endpoint.send_threads(),
         recv_threads: endpoint.recv_threads(),

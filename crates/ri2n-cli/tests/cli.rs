@@ -438,6 +438,46 @@ fn link_events_are_reported_as_they_happen() {
     );
 }
 
+/// `--no-checksum` leaves out the sum at its own end only: the data arrive intact, that end's
+/// summary says `checksum off` (JSON: null), and the other end's sum is the one it computes
+/// with the flag left out on both sides (sender and receiver each checked, the same data).
+#[test]
+fn no_checksum_leaves_out_the_sum_at_its_own_end_only() {
+    let _heavy = heavy();
+    let input = TempFile::new("nosum-in");
+    let sent_hash = write_random(input.path(), 8 << 20, 12);
+    // (sender flags, receiver flags) → each end's checksum, `None` where it printed null
+    let run = |send_extra: &[&str], recv_extra: &[&str]| {
+        let output = TempFile::new("nosum-out");
+        let mut recv_args = vec!["--json"];
+        recv_args.extend_from_slice(recv_extra);
+        let (recv, a) = spawn_recv(free_port(), output.path(), &recv_args);
+        let mut send_args = vec!["--json"];
+        send_args.extend_from_slice(send_extra);
+        let (s, so) = send_file(&a, input.path(), &send_args);
+        let (r, ro) = recv.wait(Duration::from_secs(20));
+        assert!(s.success(), "send: {s}: {}", stderr_of(&so));
+        assert!(r.success(), "recv: {r}: {}", stderr_of(&ro));
+        assert_eq!(sha256_file(output.path()), (sent_hash, 8 << 20), "output");
+        let sum = |o: &std::process::Output, flagged: bool| {
+            let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            let line = stderr_of(o);
+            assert_eq!(line.contains("checksum off"), flagged, "{line}");
+            assert_eq!(doc["checksum"].is_null(), flagged, "{doc}");
+            doc["checksum"].as_str().map(str::to_owned)
+        };
+        (
+            sum(&so, send_extra.contains(&"--no-checksum")),
+            sum(&ro, recv_extra.contains(&"--no-checksum")),
+        )
+    };
+    let (sent, received) = run(&[], &[]);
+    assert_eq!(sent, received);
+    assert_eq!(sent.as_ref().map(String::len), Some(16), "{sent:?}");
+    assert_eq!(run(&["--no-checksum"], &[]), (None, sent.clone()));
+    assert_eq!(run(&[], &["--no-checksum"]), (sent, None));
+}
+
 /// Issue 9, finding 2: the sender is killed mid-transfer. The receiver must say so within
 /// 2 s, exit non-zero, and leave only a file marked partial, with the byte count.
 #[test]
