@@ -193,11 +193,12 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
     )?;
 
     let mut sum = (!args.no_checksum).then(Checksum::default);
-    // the connection's receive blocks come over whole (no copy) in exchange for this one
-    let mut buf = Vec::new();
+    // the connection's receive blocks come over as they are (no copy), and this one's memory
+    // goes back for later ones
+    let mut buf = ri2n::Bytes::new();
     let mut got = 0u64;
     loop {
-        let n = match conn.read_buf(&mut buf) {
+        let n = match conn.read_chunk(&mut buf) {
             Ok(0) => break,
             Ok(n) => n,
             Err(e) => {

@@ -43,7 +43,19 @@ fn memory_stays_bounded_through_a_long_transfer() {
         .unwrap()
         .set_len(GIB)
         .unwrap();
-    for transport in ["udp", "tcp"] {
+    let key = TempFile::new("memory-key");
+    let (s, o) = ri2n(
+        ["keygen", "--output", key.path().to_str().unwrap()],
+        Duration::from_secs(10),
+    );
+    assert!(s.success(), "{}", stderr_of(&o));
+    // a keyed TCP link opens each frame in memory of its own, handed back by the receiver
+    let keyed = ["--key", key.path().to_str().unwrap()];
+    for (transport, extra) in [("udp", &[][..]), ("tcp", &[][..]), ("tcp", &keyed[..])] {
+        let transport_label = format!(
+            "{transport}{}",
+            if extra.is_empty() { "" } else { " keyed" }
+        );
         let port = free_port();
         let (a, b) = (format!("127.0.0.1:{port}"), format!("127.0.0.2:{port}"));
         let log = |who: &str| TempFile::new(&format!("{transport}-{who}-stderr"));
@@ -53,6 +65,7 @@ fn memory_stays_bounded_through_a_long_transfer() {
             Command::new(bin())
                 .args(["recv", "-q", "--transport", transport, "--listen", &a])
                 .args(["--listen", &b, "--output", "/dev/null"])
+                .args(extra)
                 .stdout(Stdio::null())
                 .stderr(std::fs::File::create(recv_log.path()).unwrap()),
         );
@@ -75,6 +88,7 @@ fn memory_stays_bounded_through_a_long_transfer() {
                     "--input",
                 ])
                 .arg(zeros.path())
+                .args(extra)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(std::fs::File::create(send_log.path()).unwrap()),
@@ -88,10 +102,10 @@ fn memory_stays_bounded_through_a_long_transfer() {
             format!("send: {}\nrecv: {}", read(&send_log), read(&recv_log))
         };
         assert!(s.success() && r.success(), "send {s}, recv {r}\n{}", logs());
-        println!("{transport}: peak RSS sender {send_kib} KiB, receiver {recv_kib} KiB");
+        println!("{transport_label}: peak RSS sender {send_kib} KiB, receiver {recv_kib} KiB");
         assert!(
             send_kib < BOUND_KIB && recv_kib < BOUND_KIB,
-            "{transport}: peak RSS sender {send_kib} KiB, receiver {recv_kib} KiB (bound \
+            "{transport_label}: peak RSS sender {send_kib} KiB, receiver {recv_kib} KiB (bound \
              {BOUND_KIB} KiB)"
         );
     }

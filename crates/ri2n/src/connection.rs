@@ -7,6 +7,7 @@ use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use ri2n_proto::{ConnectionError, ConnectionState, ConnectionStats, Event};
 
 use crate::readiness::Interest;
@@ -399,6 +400,24 @@ impl Connection {
         }
     }
 
+    /// Replaces `chunk` with the next bytes of the stream, waiting until some are there;
+    /// returns how many (0: the peer finished). Nothing is copied: the chunk is the memory
+    /// the bytes were received (or, with a key, opened) into, which on the TCP transport need
+    /// not start a buffer of its own, so [`read_buf`](Self::read_buf) would have to copy it.
+    /// The memory of the chunk replaced is kept for later ones once nothing else holds it:
+    /// reuse the same `chunk` for every call.
+    pub fn read_chunk(&self, chunk: &mut Bytes) -> io::Result<usize> {
+        match &self.inner {
+            Inner::Udp(c) => {
+                let mut buf = reclaim(std::mem::take(chunk));
+                let n = c.read_buf(&mut buf)?;
+                *chunk = Bytes::from(buf);
+                Ok(n)
+            }
+            Inner::Tcp(TcpHandle(c)) => c.read_chunk(chunk),
+        }
+    }
+
     /// Aborts the connection at once; the peer sees `PeerAborted` with `code` and `reason`.
     pub fn abort(&self, code: u64, reason: &str) {
         match &self.inner {
@@ -484,5 +503,46 @@ impl io::Write for Connection {
 
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+/// The memory of `b`, emptied, if nothing else holds it (else none): a buffer handed out
+/// whole can be filled again without a new allocation, and emptying it first means nothing
+/// is moved to the start of its memory.
+pub(crate) fn reclaim(b: Bytes) -> Vec<u8> {
+    // (emptied as a `BytesMut`: emptying a `Bytes` that holds a whole `Vec` lets go of it)
+    b.try_into_mut()
+        .map(|mut m| {
+            m.clear();
+            Vec::from(m)
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A chunk handed back whole gives its memory for the next one, at its start, whatever
+    /// part of it the chunk was; a chunk something else still holds gives none.
+    #[test]
+    fn a_chunk_nothing_else_holds_gives_back_its_memory() {
+        for len in [64 << 10, 100_000] {
+            // a `Vec` with room to spare, and one without (held differently by `Bytes`)
+            let mut roomy = vec![7u8; len];
+            roomy.reserve_exact(len / 2);
+            for b in [Bytes::from(roomy), Bytes::from(vec![7u8; len])] {
+                let memory = b.as_ptr();
+                let back = reclaim(b);
+                assert!(back.is_empty());
+                assert!(back.capacity() >= len, "{} < {len}", back.capacity());
+                assert_eq!(back.as_ptr(), memory);
+            }
+        }
+        let mut b = Bytes::from(vec![1u8; 1000]);
+        let tail = b.split_off(10);
+        assert_eq!(reclaim(b).capacity(), 0, "shared with `tail`");
+        let back = reclaim(tail);
+        assert!(back.capacity() >= 990, "{}", back.capacity());
     }
 }

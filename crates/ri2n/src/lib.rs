@@ -47,6 +47,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The chunks [`Connection::read_chunk`] hands over.
+pub use bytes::Bytes;
 pub use connection::{Connection, TimedEvent};
 pub use impair::Impairment;
 pub use ri2n_proto::{

@@ -70,28 +70,50 @@ fn data(len: usize, seed: u64) -> Vec<u8> {
 
 #[test]
 fn a_transfer_over_two_tcp_links_arrives_intact_on_both() {
-    transfer_over_two_links(None);
+    transfer_over_two_links(None, Reads::Chunk);
 }
 
 #[test]
 fn a_keyed_transfer_over_two_tcp_links_arrives_intact() {
-    let stats = transfer_over_two_links(Some(Key::generate().unwrap()));
+    let stats = transfer_over_two_links(Some(Key::generate().unwrap()), Reads::Chunk);
     assert!(stats.cipher.is_some(), "the connection says it is sealed");
 }
 
-/// 64 MiB from client to server over two links, read as `ri2n recv` reads; returns the
-/// client's statistics.
-fn transfer_over_two_links(key: Option<Key>) -> ri2n::ConnectionStats {
+/// `read_buf` hands over the same bytes as `read_chunk`, copied where a piece does not start
+/// a buffer of its own (always on a keyed link: the pieces are parts of opened frames).
+#[test]
+fn a_transfer_read_into_vecs_arrives_intact_keyed_or_not() {
+    transfer_over_two_links(None, Reads::Buf);
+    transfer_over_two_links(Some(Key::generate().unwrap()), Reads::Buf);
+}
+
+/// How the receiver reads the stream.
+#[derive(Clone, Copy)]
+enum Reads {
+    /// `read_buf`: each call replaces a `Vec`'s contents.
+    Buf,
+    /// `read_chunk`, as `ri2n recv` reads: each call replaces the chunk, no copy.
+    Chunk,
+}
+
+/// 64 MiB from client to server over two links, read as `read` says; returns the client's
+/// statistics.
+fn transfer_over_two_links(key: Option<Key>, read: Reads) -> ri2n::ConnectionStats {
     let (server, client) = keyed_pair(key.clone(), key);
     let to = server.local_addrs()[0];
     let sent = data(64 << 20, 7);
     let expect = sent.clone();
     let rx = std::thread::spawn(move || {
         let conn = server.accept().unwrap();
-        // as `ri2n recv` reads: each call replaces the buffer's contents
-        let (mut got, mut buf) = (Vec::new(), Vec::new());
-        while conn.read_buf(&mut buf).unwrap() > 0 {
-            got.extend_from_slice(&buf);
+        let (mut got, mut buf, mut chunk) = (Vec::new(), Vec::new(), ri2n::Bytes::new());
+        loop {
+            match read {
+                Reads::Buf if conn.read_buf(&mut buf).unwrap() > 0 => got.extend_from_slice(&buf),
+                Reads::Chunk if conn.read_chunk(&mut chunk).unwrap() > 0 => {
+                    got.extend_from_slice(&chunk)
+                }
+                _ => break,
+            }
         }
         conn.finish().unwrap();
         conn.wait_acknowledged(Some(Duration::from_secs(10)))

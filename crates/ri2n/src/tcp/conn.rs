@@ -267,7 +267,11 @@ impl Spares {
         waiting.push(done);
         for b in waiting {
             match b.try_into_mut() {
-                Ok(free) => self.keep(Vec::from(free), in_use),
+                // emptied first: nothing to move to the start of its memory
+                Ok(mut free) => {
+                    free.clear();
+                    self.keep(Vec::from(free), in_use)
+                }
                 Err(still) => self.shared.push(still),
             }
         }
@@ -854,6 +858,23 @@ impl TcpConnection {
         let n = piece.len();
         *buf = Vec::from(piece);
         Ok(n)
+    }
+
+    /// Replaces `chunk` with the next received piece, as it is (no copy); its old memory
+    /// goes to the link readers' spares if nothing else holds it. (Not when something does:
+    /// the other holder is often a piece of the same buffer still to be read, and two pieces
+    /// of one buffer waiting in the spares for each other would keep it forever.) Returns
+    /// its length (0: the end of the stream).
+    pub fn read_chunk(&self, chunk: &mut Bytes) -> io::Result<usize> {
+        let Some(mut st) = self.readable(self.lock(), Incoming::Stream, true, None)? else {
+            *chunk = Bytes::new();
+            return Ok(0);
+        };
+        let piece = self.take_piece(&mut st, usize::MAX);
+        let unread = st.reasm.contiguous() - st.reasm.consumed();
+        let done = std::mem::replace(chunk, piece);
+        st.spare_recv.keep(crate::connection::reclaim(done), unread);
+        Ok(chunk.len())
     }
 
     /// The next whole message; `Ok(None)` at the end of the peer's streams. Waits until

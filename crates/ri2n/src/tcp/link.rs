@@ -38,12 +38,10 @@ use super::conn::{Role, State, TcpConnection};
 use super::sys;
 use crate::sched::yield_to_busy_threads;
 
-/// Bytes a reader asks the kernel for at once when it reads sealed frames (a whole frame is
-/// opened at once).
-const READ_CHUNK: usize = 64 << 10;
-/// Bytes a reader of plain records asks the kernel for at once: a few records, or a run's
-/// header and the first of its bytes, which are copied into the run's buffer; the rest of a
-/// run goes straight into that buffer, however long.
+/// Bytes a reader asks the kernel for at once: a few records, or a run's header and the first
+/// of its bytes, which are copied into the run's buffer; the rest of a run goes straight into
+/// that buffer, however long. The same for sealed frames: a few short ones, or the start of a
+/// long one (a run's), whose rest goes straight into the memory it is opened in.
 const RECORD_READ: usize = 4 << 10;
 /// How often the watch thread looks at the links (and sends the ACKs still owed).
 const WATCH_TICK: Duration = Duration::from_millis(2);
@@ -492,6 +490,8 @@ fn writer(conn: &Arc<TcpConnection>, l: usize, incarnation: u64, s: &TcpStream) 
 /// and `buf` its opened records.
 struct RecordReader<'a> {
     s: &'a TcpStream,
+    /// Whose spare receive buffers a long frame is opened in.
+    conn: &'a TcpConnection,
     buf: BytesMut,
     open: Option<FrameKey>,
     raw: BytesMut,
@@ -514,27 +514,45 @@ impl RecordReader<'_> {
             };
         };
         let mut got = 0;
-        let mut need = 4;
-        loop {
-            if self.raw.len() >= 4 {
-                let len = u32::from_be_bytes([self.raw[0], self.raw[1], self.raw[2], self.raw[3]]);
-                if len as usize > MAX_FRAME || (len as usize) < ri2n_proto::crypto::TAG_LEN {
-                    return Err(io::Error::new(io::ErrorKind::InvalidData, "frame length"));
-                }
-                need = 4 + len as usize;
-                if self.raw.len() >= need {
-                    break;
-                }
-            }
-            let want = (need - self.raw.len()).max(READ_CHUNK.min(need));
-            match sys::read_into(self.s, &mut self.raw, want)? {
+        // a little at first: the length, and whole any short frames after it (ACKs); the
+        // rest of a long one goes straight into its own memory
+        while self.raw.len() < 4 {
+            match sys::read_into(self.s, &mut self.raw, RECORD_READ)? {
                 0 => return Err(io::ErrorKind::UnexpectedEof.into()),
                 n => got += n,
             }
         }
-        let mut frame = self.raw.split_to(need);
-        let len = [frame[0], frame[1], frame[2], frame[3]];
-        let _ = frame.split_to(4);
+        let len = [self.raw[0], self.raw[1], self.raw[2], self.raw[3]];
+        let body = u32::from_be_bytes(len) as usize;
+        if !(ri2n_proto::crypto::TAG_LEN..=MAX_FRAME).contains(&body) {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "frame length"));
+        }
+        let mut frame = if self.raw.len() >= 4 + body {
+            let mut frame = self.raw.split_to(4 + body);
+            let _ = frame.split_to(4);
+            frame
+        } else {
+            // A frame longer than what came with its length (a run's) is opened in memory of
+            // its own, the rest of it read straight into it: the chunks of it the application
+            // holds then pin no buffer later frames are read into, and that memory comes back
+            // to the spares once the application lets go.
+            let spare = self.conn.lock().spare_recv.take();
+            // a spare too small is dropped, not grown: growing copies its old capacity
+            let mut v = match spare.capacity() >= body {
+                true => spare,
+                false => Vec::with_capacity(body),
+            };
+            v.extend_from_slice(&self.raw[4..]);
+            self.raw.clear();
+            while v.len() < body {
+                let want = body - v.len();
+                match sys::read_into_vec(self.s, &mut v, want)? {
+                    0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                    n => got += n,
+                }
+            }
+            BytesMut::from(Bytes::from(v))
+        };
         let n = key
             .open(len, &mut frame)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
@@ -598,12 +616,13 @@ fn reader(
     };
     let mut r = RecordReader {
         s,
+        conn,
         buf,
         open,
         raw,
         failed: None,
     };
-    r.buf.reserve(READ_CHUNK);
+    r.buf.reserve(RECORD_READ);
     let res = read_records(conn, l, incarnation, &mut r);
     let mut st = conn.lock();
     if let Err(e) = res {
