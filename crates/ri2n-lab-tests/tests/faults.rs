@@ -367,7 +367,8 @@ fn tcp_outage() -> Duration {
 /// The TCP transport (`--transport tcp`) through a dead switch, a switch that trickles, then
 /// a partition of every network: the transfer goes on over the other link, takes the healed one
 /// back (a new TCP connection), sets the slow one aside, waits out the partition and resumes;
-/// bytes intact, both ends exit 0.
+/// bytes intact, both ends exit 0. The dead switch with a key: a sealed frame cut off half-way
+/// ends its link, and the new TCP connection's frames open with fresh keys.
 #[test]
 fn tcp_transport_through_a_dead_switch_and_a_partition() {
     let Some(env) = env() else { return };
@@ -379,6 +380,7 @@ fn tcp_transport_through_a_dead_switch_and_a_partition() {
     let dir = TestDir::new(env, name);
     let lab = Lab::up(env, name, 2);
     let data = DataFile::create(dir.0.join("input"), data_mib(), 12);
+    let key = keygen(env, &dir.0);
     let sw = || vec!["switch".to_owned()];
     let out = Transfer {
         sender: Host::A,
@@ -390,7 +392,7 @@ fn tcp_transport_through_a_dead_switch_and_a_partition() {
         discover: true,
         deadline,
         name: format!("{name}-switch"),
-        key: None,
+        key: Some(&key),
         tcp: true,
         args: &[],
     }
