@@ -195,10 +195,10 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
     let mut sum = (!args.no_checksum).then(Checksum::default);
     // the connection's receive blocks come over as they are (no copy), and this one's memory
     // goes back for later ones
-    let mut buf = ri2n::Bytes::new();
+    let mut chunk = ri2n::Bytes::new();
     let mut got = 0u64;
     loop {
-        let n = match conn.read_chunk(&mut buf) {
+        let n = match conn.read_chunk(&mut chunk) {
             Ok(0) => break,
             Ok(n) => n,
             Err(e) => {
@@ -216,7 +216,7 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
                 ));
             }
         };
-        if let Err(e) = output.writer().write_all(&buf) {
+        if let Err(e) = output.writer().write_all(&chunk) {
             // the sender has more acknowledged than this: say what is really in the output
             let holds = output.holds(got);
             conn.abort(
@@ -231,7 +231,7 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
             ));
         }
         if let Some(sum) = &mut sum {
-            sum.update(&buf);
+            sum.update(&chunk);
         }
         got += n as u64;
         monitor.set(got);

@@ -27,9 +27,9 @@ const CHUNK: usize = 1024 * 1024;
 const READ_STEP: usize = 256 * 1024;
 
 /// Replaces the contents of `buf` with up to [`CHUNK`] bytes of `fd`, read [`READ_STEP`] at
-/// a time and added to `sum` (if any) as they come. Stops early after a short read: a pipe's writer
-/// has no more ready, and what came is sent rather than held back waiting for the rest.
-/// Returns the bytes read (0 at the end of the input).
+/// a time and added to `sum` (if any) as they come. Stops early after a short read: a pipe's
+/// writer has no more ready, and what came is sent rather than held back waiting for the
+/// rest. Returns the bytes read (0 at the end of the input).
 fn read_chunk(
     fd: BorrowedFd<'_>,
     buf: &mut Vec<u8>,

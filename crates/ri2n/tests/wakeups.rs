@@ -374,7 +374,6 @@ fn receive_a_stream_in_an_event_loop() -> (usize, u64, Duration) {
     use std::os::fd::{AsRawFd, BorrowedFd};
     use std::time::Instant;
 
-    const DATAGRAMS: usize = STREAM_DATAGRAMS;
     const SIZE: usize = 1200;
     let (server, driver) = server_with_one_driver();
     let client = Endpoint::client(&addrs()).unwrap();
@@ -424,9 +423,9 @@ fn receive_a_stream_in_an_event_loop() -> (usize, u64, Duration) {
             .unwrap();
     });
     let conn = client.connect(&to, ConnectionConfig::default()).unwrap();
-    for i in 0..DATAGRAMS {
+    for i in 0..STREAM_DATAGRAMS {
         let mut d = [0u8; SIZE];
-        d[0] = u8::from(i == DATAGRAMS - 1);
+        d[0] = u8::from(i == STREAM_DATAGRAMS - 1);
         d[1..9].copy_from_slice(&(i as u64).to_le_bytes());
         conn.send_datagram(&d).unwrap();
         // in bursts, as a device hands them over: a stream the receiver keeps up with
