@@ -404,7 +404,7 @@ impl Connection {
     /// returns how many (0: the peer finished). Nothing is copied: the chunk is the memory
     /// the bytes were received (or, with a key, opened) into, which on the TCP transport need
     /// not start a buffer of its own, so [`read_buf`](Self::read_buf) would have to copy it.
-    /// The memory of the chunk replaced is kept for later ones once nothing else holds it:
+    /// The memory of the chunk replaced is kept for later ones if nothing else holds it:
     /// reuse the same `chunk` for every call.
     pub fn read_chunk(&self, chunk: &mut Bytes) -> io::Result<usize> {
         match &self.inner {
