@@ -128,6 +128,12 @@ def part_tcp(o):
     return res
 
 
+def cpu_ratios(runs, k):
+    """Per run, tool k's machine CPU per GB over one TCP connection's."""
+    return [(r[k]["cpu_machine"] / r[k]["bytes"]) / (r["tcp"]["cpu_machine"] / r["tcp"]["bytes"])
+            for r in runs if r.get(k, {}).get("bytes") and r["tcp"].get("bytes")]
+
+
 def report_tcp(res):
     L = [mfacts(res), ""]
     gb = res["bytes"] / 1e9
@@ -141,22 +147,15 @@ def report_tcp(res):
         runs = c["runs"]
         ratio = [r["ri2n-tcp"]["bps"] / r["mptcp"]["bps"] for r in runs
                  if r["ri2n-tcp"].get("bps") and r["mptcp"].get("bps")]
-        def cpu(k):
-            return [(r[k]["cpu_machine"] / r[k]["bytes"]) /
-                    (r["tcp"]["cpu_machine"] / r["tcp"]["bytes"]) for r in runs
-                    if r.get(k, {}).get("bytes") and r["tcp"].get("bytes")]
         keyed = [r["ri2n-tcp-keyed"]["bps"] / r["ri2n-tcp"]["bps"] for r in runs
                  if r.get("ri2n-tcp-keyed", {}).get("bps") and r["ri2n-tcp"].get("bps")]
         L.append("| %s | %s | %s | %s | %s | %s | %s | **%s** | **%s** (%s) | **%s** |" % (
             c["name"], *(rate_cpu_cell(runs, k, "Mbit/s") for k in TOOLS),
-            spread(ratio, "%.2f"), spread(cpu("ri2n-tcp"), "%.2f"),
-            spread(cpu("ri2n-tcp-sum"), "%.2f"), spread(keyed, "%.2f")))
+            spread(ratio, "%.2f"), spread(cpu_ratios(runs, "ri2n-tcp"), "%.2f"),
+            spread(cpu_ratios(runs, "ri2n-tcp-sum"), "%.2f"), spread(keyed, "%.2f")))
     L.append("")
     L.append("CPU per GB ÷ one TCP connection's, per run, UDP transport: %s." % "; ".join(
-        "%s %s" % (c["name"], spread([
-            (r["ri2n-udp"]["cpu_machine"] / r["ri2n-udp"]["bytes"]) /
-            (r["tcp"]["cpu_machine"] / r["tcp"]["bytes"]) for r in c["runs"]
-            if r["ri2n-udp"].get("bytes") and r["tcp"].get("bytes")], "%.2f"))
+        "%s %s" % (c["name"], spread(cpu_ratios(c["runs"], "ri2n-udp"), "%.2f"))
         for c in res["configs"]))
     if res.get("messages"):
         L.append("")

@@ -409,7 +409,7 @@ impl Connection {
     pub fn read_chunk(&self, chunk: &mut Bytes) -> io::Result<usize> {
         match &self.inner {
             Inner::Udp(c) => {
-                let mut buf = reclaim(std::mem::take(chunk));
+                let mut buf = reclaim(std::mem::take(chunk)).unwrap_or_default();
                 let n = c.read_buf(&mut buf)?;
                 *chunk = Bytes::from(buf);
                 Ok(n)
@@ -506,17 +506,15 @@ impl io::Write for Connection {
     }
 }
 
-/// The memory of `b`, emptied, if nothing else holds it (else none): a buffer handed out
-/// whole can be filled again without a new allocation, and emptying it first means nothing
-/// is moved to the start of its memory.
-pub(crate) fn reclaim(b: Bytes) -> Vec<u8> {
+/// The memory of `b`, emptied, if nothing else holds it (else `b` back): a buffer handed
+/// out whole can be filled again without a new allocation, and emptying it first means
+/// nothing is moved to the start of its memory.
+pub(crate) fn reclaim(b: Bytes) -> Result<Vec<u8>, Bytes> {
     // (emptied as a `BytesMut`: emptying a `Bytes` that holds a whole `Vec` lets go of it)
-    b.try_into_mut()
-        .map(|mut m| {
-            m.clear();
-            Vec::from(m)
-        })
-        .unwrap_or_default()
+    b.try_into_mut().map(|mut m| {
+        m.clear();
+        Vec::from(m)
+    })
 }
 
 #[cfg(test)]
@@ -533,7 +531,7 @@ mod tests {
             roomy.reserve_exact(len / 2);
             for b in [Bytes::from(roomy), Bytes::from(vec![7u8; len])] {
                 let memory = b.as_ptr();
-                let back = reclaim(b);
+                let back = reclaim(b).expect("nothing else holds it");
                 assert!(back.is_empty());
                 assert!(back.capacity() >= len, "{} < {len}", back.capacity());
                 assert_eq!(back.as_ptr(), memory);
@@ -541,8 +539,8 @@ mod tests {
         }
         let mut b = Bytes::from(vec![1u8; 1000]);
         let tail = b.split_off(10);
-        assert_eq!(reclaim(b).capacity(), 0, "shared with `tail`");
-        let back = reclaim(tail);
+        assert!(reclaim(b).is_err(), "shared with `tail`");
+        let back = reclaim(tail).expect("`tail` alone now");
         assert!(back.capacity() >= 990, "{}", back.capacity());
     }
 }

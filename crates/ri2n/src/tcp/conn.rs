@@ -25,7 +25,7 @@ use ri2n_proto::{
 };
 
 use super::signal::Signal;
-use crate::connection::TimedEvent;
+use crate::connection::{reclaim, TimedEvent};
 use crate::readiness::{Interest, Watchers};
 
 /// Writes smaller than this are copied into the send buffer's open tail; larger buffers
@@ -266,12 +266,8 @@ impl Spares {
         let mut waiting = std::mem::take(&mut self.shared);
         waiting.push(done);
         for b in waiting {
-            match b.try_into_mut() {
-                // emptied first: nothing to move to the start of its memory
-                Ok(mut free) => {
-                    free.clear();
-                    self.keep(Vec::from(free), in_use)
-                }
+            match reclaim(b) {
+                Ok(free) => self.keep(free, in_use),
                 Err(still) => self.shared.push(still),
             }
         }
@@ -873,7 +869,8 @@ impl TcpConnection {
         let piece = self.take_piece(&mut st, usize::MAX);
         let unread = st.reasm.contiguous() - st.reasm.consumed();
         let done = std::mem::replace(chunk, piece);
-        st.spare_recv.keep(crate::connection::reclaim(done), unread);
+        st.spare_recv
+            .keep(reclaim(done).unwrap_or_default(), unread);
         Ok(chunk.len())
     }
 
