@@ -409,7 +409,7 @@ impl Connection {
     pub fn read_chunk(&self, chunk: &mut Bytes) -> io::Result<usize> {
         match &self.inner {
             Inner::Udp(c) => {
-                let mut buf = reclaim(std::mem::take(chunk)).unwrap_or_default();
+                let mut buf = reclaim_filled(std::mem::take(chunk));
                 let n = c.read_buf(&mut buf)?;
                 *chunk = Bytes::from(buf);
                 Ok(n)
@@ -517,9 +517,46 @@ pub(crate) fn reclaim(b: Bytes) -> Result<Vec<u8>, Bytes> {
     })
 }
 
+/// The memory of `b` for the UDP transport's receive stream: with its bytes still in it where
+/// they run to the end of that memory (a whole block handed out, the usual chunk), else
+/// emptied as [`reclaim`] gives it, or none if something else holds it. The stream reuses a
+/// block-sized buffer as it is, but must zero an emptied one to a block's length before
+/// reuse: a pass over the memory for every block received.
+fn reclaim_filled(b: Bytes) -> Vec<u8> {
+    match b.try_into_mut() {
+        // (at the start of the memory too unless the application advanced the chunk, and
+        // then moved there by the conversion)
+        Ok(m) if m.len() == m.capacity() => Vec::from(m),
+        Ok(m) => reclaim(m.freeze()).unwrap_or_default(),
+        Err(_) => Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A whole block goes back with its bytes and at the start of its memory, ready to be
+    /// reused without zeroing; a part of one goes back emptied, one still shared not at all.
+    #[test]
+    fn a_whole_chunk_gives_back_its_memory_still_filled() {
+        let len = 64 << 10;
+        let b = Bytes::from(vec![7u8; len]);
+        let memory = b.as_ptr();
+        let back = reclaim_filled(b);
+        assert_eq!((back.len(), back.as_ptr()), (len, memory));
+        assert!(back.iter().all(|&x| x == 7));
+
+        let mut roomy = vec![7u8; 1000];
+        roomy.reserve_exact(500);
+        let back = reclaim_filled(Bytes::from(roomy));
+        assert!(back.is_empty() && back.capacity() >= 1000);
+
+        let b = Bytes::from(vec![7u8; len]);
+        let other = b.clone();
+        assert_eq!(reclaim_filled(b).capacity(), 0);
+        assert_eq!(reclaim_filled(other).len(), len, "alone now");
+    }
 
     /// A chunk handed back whole gives its memory for the next one, at its start, whatever
     /// part of it the chunk was; a chunk something else still holds gives none.
