@@ -112,17 +112,23 @@ impl FrameKey {
         self.frames >= MAX_FRAMES_PER_KEY
     }
 
-    /// Seals the records (the concatenation of `records`) as one frame, written over `frame`:
-    /// the length, the records encrypted, the tag.
-    pub fn seal(&mut self, records: &[&[u8]], frame: &mut Vec<u8>) {
+    /// Seals the records (the concatenation of `records`) as one frame at the start of
+    /// `frame`: the length, the records encrypted, the tag; returns that frame. `frame` keeps
+    /// the length of the longest frame sealed in it: grown only then, a frame longer than the
+    /// one before is written over as it is, not zeroed first.
+    pub fn seal<'f>(&mut self, records: &[&[u8]], frame: &'f mut Vec<u8>) -> &'f [u8] {
         let n: usize = records.iter().map(|r| r.len()).sum();
-        // a frame as long as the last one is overwritten without being filled first
-        frame.resize(4 + n + TAG_LEN, 0);
+        let len = 4 + n + TAG_LEN;
+        if frame.len() < len {
+            frame.resize(len, 0);
+        }
+        let frame = &mut frame[..len];
         frame[..4].copy_from_slice(&((n + TAG_LEN) as u32).to_be_bytes());
         let nonce = self.nonce();
         let (head, rest) = frame.split_at_mut(4);
         let (body, tag) = rest.split_at_mut(n);
         tag.copy_from_slice(&self.key.seal_gathered(nonce, head, records, body));
+        frame
     }
 
     /// Opens the body of a frame whose length field was `len` (ciphertext and tag, in
@@ -176,18 +182,22 @@ mod tests {
         let (mut c, mut s) = keys(&key, &key).unwrap();
         let mut frame = Vec::new();
         for records in [&b"\x06"[..], &[0x5a; 70_000][..], &b"\x06\x07"[..]] {
-            c.seal.seal(&[&records[..1], &records[1..]], &mut frame);
-            assert_eq!(frame.len(), records.len() + FRAME_OVERHEAD);
-            assert!(!frame
+            // (after the long one, a short one is sealed at the start of the same memory)
+            let mut sealed = c
+                .seal
+                .seal(&[&records[..1], &records[1..]], &mut frame)
+                .to_vec();
+            assert_eq!(sealed.len(), records.len() + FRAME_OVERHEAD);
+            assert!(!sealed
                 .windows(16)
                 .any(|w| records.len() >= 16 && w == &records[..16]));
-            let len = [frame[0], frame[1], frame[2], frame[3]];
-            let n = s.open.open(len, &mut frame[4..]).unwrap();
-            assert_eq!(&frame[4..4 + n], records);
+            let len = [sealed[0], sealed[1], sealed[2], sealed[3]];
+            let n = s.open.open(len, &mut sealed[4..]).unwrap();
+            assert_eq!(&sealed[4..4 + n], records);
         }
         // a flipped bit, or a frame replayed (its number is past), does not open
-        s.seal.seal(&[&[7, 7]], &mut frame);
-        let mut copy = frame.clone();
+        let frame = s.seal.seal(&[&[7, 7]], &mut frame);
+        let mut copy = frame.to_vec();
         copy[5] ^= 1;
         let len = [frame[0], frame[1], frame[2], frame[3]];
         assert_eq!(c.open.open(len, &mut copy[4..]), Err(OpenFailed));

@@ -214,8 +214,8 @@ impl Tx {
                 let mut records: Vec<&[u8]> = Vec::with_capacity(1 + self.payload.len());
                 records.push(&self.head);
                 records.extend(self.payload.iter().map(|b| &b[..]));
-                key.seal(&records, &mut self.frame);
-                let res = write_all(s, &mut [IoSlice::new(&self.frame)]);
+                let frame = key.seal(&records, &mut self.frame);
+                let res = write_all(s, &mut [IoSlice::new(frame)]);
                 // a key that sealed its share: a new TCP connection brings fresh keys
                 res.and_then(|()| match key.worn_out() {
                     true => Err(io::ErrorKind::Other.into()),
