@@ -4,16 +4,25 @@
 //! virtual clock advances 20 µs per round so that RTT, pacing and timers behave as on a fast
 //! link. Prints JSON: nanoseconds per datagram and CPU seconds per GB for each side.
 //!
-//! `cargo run --release -p ri2n-proto --example engine_throughput [MIB] [--key] [--links N]`
+//! `cargo run --release -p ri2n-proto --example engine_throughput [MIB] [--key] [--links N]
+//! [--by-reference]`
+//!
+//! `--by-reference`: the client's datagrams take their stream bytes by reference, as the
+//! driver's batches do ([`TransmitBuffer::takes_payload`]); the harness copies them in (and
+//! seals, with `--key`) outside the timed engine calls, where the driver does it without the
+//! engine's lock.
 //!
 //! Under `valgrind --tool=callgrind` the instruction counts are repeatable, which makes small
 //! changes to the per-packet path measurable on a noisy machine.
 
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use ri2n_proto::{
-    ConnectionConfig, ConnectionState, Endpoint, EndpointConfig, Key, Transmit, TransmitBuffer,
+    ConnectionConfig, ConnectionState, Endpoint, EndpointConfig, Key, Seal, Transmit,
+    TransmitBuffer,
 };
 
 const ROUND: Duration = Duration::from_micros(20);
@@ -25,9 +34,11 @@ fn main() {
     let mut mib: u64 = 256;
     let mut key = None;
     let mut links: u8 = 2;
+    let mut by_reference = false;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--key" => key = Some(Key::from_bytes([7; 32])),
+            "--by-reference" => by_reference = true,
             "--links" => {
                 links = args
                     .next()
@@ -35,7 +46,11 @@ fn main() {
                     .filter(|&n| n >= 1)
                     .expect("--links takes a number of links, at least 1")
             }
-            n => mib = n.parse().expect("a size in MiB, --key or --links N"),
+            n => {
+                mib = n
+                    .parse()
+                    .expect("a size in MiB, --key, --links N or --by-reference")
+            }
         }
     }
     let total = mib << 20;
@@ -58,7 +73,10 @@ fn main() {
 
     let source: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 251) as u8).collect();
     let mut sink = vec![0u8; 1 << 20];
-    let mut to_server = InFlight::default();
+    let mut to_server = InFlight {
+        by_reference,
+        ..InFlight::default()
+    };
     let mut to_client = InFlight::default();
     let mut rounds = 0u32;
     let (mut written, mut read) = (0u64, 0u64);
@@ -89,6 +107,7 @@ fn main() {
         }
         while client.poll_transmit_into(now, &mut to_server) > 0 {}
         client_time += t0.elapsed();
+        to_server.complete();
         // server: the engine receives, the application reads
         datagrams += to_server.meta.len() as u64;
         let t0 = Instant::now();
@@ -128,8 +147,9 @@ fn main() {
     let lost: u64 = stats.links.iter().map(|l| l.packets_lost).sum();
     println!(
         "{{\"bytes\": {total}, \"links\": {links}, \"keyed\": {}, \"datagrams\": {datagrams}, \"acks\": {acks}, \
-         \"lost\": {lost}, \"client_ns_per_datagram\": {:.0}, \"server_ns_per_datagram\": {:.0}, \
-         \"client_cpu_s_per_gb\": {:.3}, \"server_cpu_s_per_gb\": {:.3}, \"virtual_s\": {:.3}}}",
+         \"lost\": {lost}, \"by_reference\": {by_reference}, \"client_ns_per_datagram\": {:.0}, \
+         \"server_ns_per_datagram\": {:.0}, \"client_cpu_s_per_gb\": {:.3}, \
+         \"server_cpu_s_per_gb\": {:.3}, \"virtual_s\": {:.3}}}",
         key.is_some(),
         client_time.as_nanos() as f64 / datagrams as f64,
         server_time.as_nanos() as f64 / datagrams as f64,
@@ -147,6 +167,12 @@ struct InFlight {
     used: usize,
     /// (to, from, start, length) per datagram
     meta: Vec<(SocketAddr, SocketAddr, usize, usize)>,
+    /// Take stream bytes by reference: `holes` (place in `bytes`, piece, range) and `seals`
+    /// (start, length, sealing) until [`InFlight::complete`].
+    by_reference: bool,
+    holes: Vec<(usize, Bytes, Range<usize>)>,
+    seals: Vec<(usize, usize, Seal)>,
+    pending_seal: Option<Seal>,
 }
 
 /// The engine builds each datagram at the end of the buffer, as into the driver's batches.
@@ -161,6 +187,9 @@ impl TransmitBuffer for InFlight {
     }
 
     fn commit(&mut self, t: &Transmit) {
+        if let Some(seal) = self.pending_seal.take() {
+            self.seals.push((self.used, t.len, seal));
+        }
         self.meta.push((t.remote, t.local, self.used, t.len));
         self.used += t.len;
     }
@@ -168,9 +197,38 @@ impl TransmitBuffer for InFlight {
     fn wants_more(&self) -> bool {
         true
     }
+
+    fn seals_later(&self) -> bool {
+        self.by_reference
+    }
+
+    fn defer_seal(&mut self, seal: Seal) {
+        self.pending_seal = Some(seal);
+    }
+
+    fn takes_payload(&self) -> bool {
+        self.by_reference
+    }
+
+    fn defer_payload(&mut self, at: usize, piece: &Bytes, range: Range<usize>) {
+        // (a clone per datagram: the driver's batches keep one per piece, and this copy is
+        // not timed)
+        self.holes.push((self.used + at, piece.clone(), range));
+    }
 }
 
 impl InFlight {
+    /// Puts in the stream bytes taken by reference, then seals: what the driver does
+    /// without the engine's lock.
+    fn complete(&mut self) {
+        for (at, piece, range) in self.holes.drain(..) {
+            self.bytes[at..at + range.len()].copy_from_slice(&piece[range]);
+        }
+        for (start, len, seal) in self.seals.drain(..) {
+            seal.apply(&mut self.bytes[start..start + len]);
+        }
+    }
+
     /// The datagrams' places in `bytes`, which stay valid until the next `send`.
     fn take(&mut self) -> Vec<(SocketAddr, SocketAddr, usize, usize)> {
         self.used = 0;

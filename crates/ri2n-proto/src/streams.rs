@@ -6,6 +6,9 @@
 //! ranges, on whichever link is healthy, so the streams know nothing of links.
 
 use std::collections::VecDeque;
+use std::ops::Range;
+
+use bytes::{Bytes, BytesMut};
 
 use crate::ranges::RangeSet;
 
@@ -14,20 +17,38 @@ pub const BLOCK: usize = 64 * 1024;
 /// Smallest buffer [`SendStream::write_buf`] takes over whole instead of copying.
 const MIN_TAKEN: usize = 16 * 1024;
 
+/// The memory of `b`, emptied, if nothing else holds it (else `b` back): a buffer handed
+/// out whole can be filled again without a new allocation, and emptying it first means
+/// nothing is moved to the start of its memory.
+pub fn reclaim(b: Bytes) -> Result<Vec<u8>, Bytes> {
+    // (emptied as a `BytesMut`: emptying a `Bytes` that holds a whole `Vec` lets go of it)
+    b.try_into_mut().map(|mut m| {
+        m.clear();
+        Vec::from(m)
+    })
+}
+
 /// Send side of one stream.
 ///
 /// The bytes wait in the pieces the application handed over: [`write_buf`] takes a whole
 /// buffer without copying it (and gives back a spare one), [`write`] copies small writes into
-/// a piece of [`BLOCK`] bytes. The only copy of the payload in user space is then the one into
-/// the outgoing datagram.
+/// a piece of [`BLOCK`] bytes. A piece does not change once bytes of it are sent, so the
+/// outgoing datagrams can refer to it ([`payload`]) instead of holding a copy: the only copy
+/// of the payload in user space is then the kernel's, or none at all.
 ///
 /// [`write_buf`]: Self::write_buf
 /// [`write`]: Self::write
+/// [`payload`]: Self::payload
 #[derive(Debug)]
 pub(crate) struct SendStream {
     /// The bytes from `base` (or a little below: the front piece is freed once all of it is
-    /// acknowledged) to `written`, each piece with its stream offset.
-    pieces: VecDeque<(u64, Vec<u8>)>,
+    /// acknowledged) to `open_start`, each piece with its stream offset.
+    pieces: VecDeque<(u64, Bytes)>,
+    /// The bytes from `open_start` to `written`: small writes, in memory with room for more.
+    /// They join `pieces` (staying where they are) once a chunk takes some of them, or before
+    /// a buffer taken whole.
+    open: BytesMut,
+    open_start: u64,
     /// Freed pieces kept for the next exchanges or small writes, as long as they and the
     /// buffered bytes fit the send buffer's capacity: a writer that filled the buffer and saw
     /// it acknowledged in one go gets its memory back for the next fill instead of the
@@ -69,6 +90,8 @@ impl SendStream {
     pub fn new(capacity: u64, max_data: u64) -> Self {
         Self {
             pieces: VecDeque::new(),
+            open: BytesMut::new(),
+            open_start: 0,
             spares: Vec::new(),
             spare_bytes: 0,
             base: 0,
@@ -111,23 +134,30 @@ impl SendStream {
         let n = (self.room() as usize).min(data.len());
         let mut rest = &data[..n];
         while !rest.is_empty() {
-            // fill the last piece's spare capacity (never reallocating it: its bytes may be
-            // in flight), else start a new piece
-            let last = match self.pieces.back_mut() {
-                Some((_, p)) if p.len() < p.capacity() => p,
-                _ => {
-                    let mut piece = self.take_spare();
-                    piece.reserve_exact(BLOCK);
-                    self.pieces.push_back((self.written, piece));
-                    &mut self.pieces.back_mut().expect("just pushed").1
-                }
-            };
-            let take = rest.len().min(last.capacity() - last.len());
-            last.extend_from_slice(&rest[..take]);
+            // fill the open piece's spare capacity (never growing it: the start of its memory
+            // may be sent already), else start a new one
+            if self.open.len() == self.open.capacity() {
+                self.close_open();
+                let mut memory = self.take_spare();
+                memory.reserve_exact(BLOCK);
+                self.open = BytesMut::from(Bytes::from(memory));
+            }
+            let take = rest.len().min(self.open.capacity() - self.open.len());
+            self.open.extend_from_slice(&rest[..take]);
             rest = &rest[take..];
             self.written += take as u64;
         }
         n
+    }
+
+    /// Makes the open piece's bytes a piece like the others, which no write changes again;
+    /// the open piece keeps the rest of their memory.
+    fn close_open(&mut self) {
+        if !self.open.is_empty() {
+            let bytes = self.open.split().freeze();
+            self.pieces.push_back((self.open_start, bytes));
+            self.open_start = self.written;
+        }
     }
 
     /// Takes the bytes of `buf`: a buffer of at least [`MIN_TAKEN`] bytes is kept whole, with
@@ -146,10 +176,12 @@ impl SendStream {
         if (n as u64) > self.room() && self.buffered() > 0 {
             return 0;
         }
+        self.close_open();
         let spare = self.take_spare();
         let piece = std::mem::replace(buf, spare);
-        self.pieces.push_back((self.written, piece));
+        self.pieces.push_back((self.written, Bytes::from(piece)));
         self.written += n as u64;
+        self.open_start = self.written;
         n
     }
 
@@ -169,6 +201,10 @@ impl SendStream {
                 break;
             }
             let (_, piece) = self.pieces.pop_front().expect("front exists");
+            // (a datagram on its way may still refer to it: its memory goes when that does)
+            let Ok(piece) = reclaim(piece) else {
+                continue;
+            };
             let kept = self.buffered() as usize + self.spare_bytes + piece.capacity();
             if kept <= self.capacity as usize {
                 self.spare_bytes += piece.capacity();
@@ -241,6 +277,9 @@ impl SendStream {
             let len = (limit.saturating_sub(self.next_new)).min(max_len as u64);
             let offset = self.next_new;
             self.next_new += len;
+            if self.next_new > self.open_start {
+                self.close_open();
+            }
             let fin = self.fin_pending && self.next_new == self.written;
             if fin {
                 self.fin_pending = false;
@@ -257,10 +296,20 @@ impl SendStream {
         None
     }
 
-    /// Copies the bytes from `offset` on into `out` (they were written and not yet
-    /// acknowledged).
+    /// Copies the bytes of a chunk ([`next_chunk`](Self::next_chunk)) from `offset` on into
+    /// `out` (they were written and not yet acknowledged).
     pub fn copy_out(&self, offset: u64, out: &mut [u8]) {
-        if out.is_empty() {
+        self.payload(offset, out.len(), |at, piece, r| {
+            out[at..at + r.len()].copy_from_slice(&piece[r]);
+        });
+    }
+
+    /// Where the `len` bytes of a chunk from `offset` on are, without copying them: calls
+    /// `f(at, piece, range)` for each piece they span, in order, with `at` the position in the
+    /// chunk of `piece[range]`. A piece never changes, so a datagram can hold on to it (a
+    /// clone of the `Bytes`) until it has left.
+    pub fn payload(&self, offset: u64, len: usize, mut f: impl FnMut(usize, &Bytes, Range<usize>)) {
+        if len == 0 {
             // a bare FIN: there may be no piece at all
             return;
         }
@@ -274,10 +323,10 @@ impl SendStream {
         };
         let mut at = (offset - self.pieces[i].0) as usize;
         let mut done = 0;
-        while done < out.len() {
+        while done < len {
             let piece = &self.pieces[i].1;
-            let n = (piece.len() - at).min(out.len() - done);
-            out[done..done + n].copy_from_slice(&piece[at..at + n]);
+            let n = (piece.len() - at).min(len - done);
+            f(done, piece, at..at + n);
             done += n;
             i += 1;
             at = 0;

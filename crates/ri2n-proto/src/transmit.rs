@@ -3,6 +3,9 @@
 //! endpoint and its connections build into it, so it stands apart from either.
 
 use std::net::SocketAddr;
+use std::ops::Range;
+
+use bytes::Bytes;
 
 use crate::crypto::Seal;
 
@@ -50,6 +53,26 @@ pub trait TransmitBuffer {
     fn defer_seal(&mut self, seal: Seal) {
         let _ = seal;
         unreachable!("a buffer that seals later must take the seals");
+    }
+
+    /// Whether the driver takes the stream bytes of the datagrams by reference (default:
+    /// no). The engine then leaves their room in each datagram unwritten and names them with
+    /// [`defer_payload`](Self::defer_payload), and the driver puts them in before the datagram
+    /// is sealed, or hands them to the system call that sends it: the bytes are not copied
+    /// into the datagram under the lock the driver keeps around the engine, or not at all. A
+    /// buffer that takes payloads must also [`seal later`](Self::seals_later): sealing covers
+    /// the bytes the engine did not write.
+    fn takes_payload(&self) -> bool {
+        false
+    }
+
+    /// `piece[range]` belongs at position `at` of the datagram being built (the next one
+    /// committed). Called only where [`takes_payload`](Self::takes_payload) says so, before
+    /// [`commit`](Self::commit). `piece` does not change
+    /// while it lives: a clone keeps the bytes until the datagram has left.
+    fn defer_payload(&mut self, at: usize, piece: &Bytes, range: Range<usize>) {
+        let _ = (at, piece, range);
+        unreachable!("a buffer that takes payloads must take them");
     }
 }
 

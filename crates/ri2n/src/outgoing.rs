@@ -15,10 +15,13 @@
 //! (docs/BENCHMARKS.md §8).
 
 use std::collections::VecDeque;
+use std::io::IoSlice;
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+use bytes::Bytes;
 use ri2n_proto::{LinkThreads, Seal, Transmit, TransmitBuffer};
 
 use crate::socket::LinkSocket;
@@ -66,6 +69,22 @@ pub(crate) struct Batch {
     /// The datagrams still to seal before the batch leaves (start, length, sealing): the
     /// sending thread seals them without the lock ([`TransmitBuffer::seals_later`]).
     seals: Vec<(usize, usize, Seal)>,
+    /// The stream bytes the engine left out of `buf` ([`TransmitBuffer::takes_payload`]), in
+    /// the order of their places: they go straight from the send buffer into the system call
+    /// ([`Batch::parts`]), or are copied in first where the batch is sealed or sent another
+    /// way ([`Batch::fill_holes`]).
+    holes: Vec<Hole>,
+    /// The memory the holes' bytes are in, each piece once (consecutive datagrams take their
+    /// bytes from the same piece): it lives until the batch has left.
+    pieces: Vec<Bytes>,
+}
+
+/// Stream bytes that belong at `buf[at..]`: `range` of piece number `piece`.
+#[derive(Debug)]
+struct Hole {
+    at: usize,
+    piece: usize,
+    range: Range<usize>,
 }
 
 impl Batch {
@@ -76,11 +95,62 @@ impl Batch {
             buf: vec![0u8; BATCH_BYTES + MAX_DATAGRAM].into_boxed_slice(),
             len: 0,
             seals: Vec::new(),
+            holes: Vec::new(),
+            pieces: Vec::new(),
         }
     }
 
-    /// Seals the datagrams whose sealing was left to the sender.
+    /// Whether stream bytes are still to be put in ([`Batch::parts`], [`Batch::fill_holes`]).
+    pub(crate) fn has_holes(&self) -> bool {
+        !self.holes.is_empty()
+    }
+
+    /// The batch's bytes as the slices to gather them from: its own buffer up to each hole,
+    /// the hole's bytes where they are.
+    pub(crate) fn parts(&self) -> Vec<IoSlice<'_>> {
+        let mut parts = Vec::with_capacity(2 * self.holes.len() + 1);
+        let mut pos = 0;
+        for h in &self.holes {
+            if h.at > pos {
+                parts.push(IoSlice::new(&self.buf[pos..h.at]));
+            }
+            parts.push(IoSlice::new(&self.pieces[h.piece][h.range.clone()]));
+            pos = h.at + h.range.len();
+        }
+        if self.len > pos {
+            parts.push(IoSlice::new(&self.buf[pos..self.len]));
+        }
+        parts
+    }
+
+    /// Copies the bytes of the holes from number `first` on into the buffer.
+    fn fill_holes_from(&mut self, first: usize) {
+        for h in self.holes.drain(first..) {
+            let bytes = &self.pieces[h.piece][h.range];
+            self.buf[h.at..h.at + bytes.len()].copy_from_slice(bytes);
+        }
+        if self.holes.is_empty() {
+            self.pieces.clear();
+        }
+    }
+
+    /// Copies every hole's bytes into the buffer, which then holds the whole batch.
+    pub(crate) fn fill_holes(&mut self) {
+        self.fill_holes_from(0);
+    }
+
+    /// Lets go of the memory the holes refer to, once the batch has left.
+    pub(crate) fn clear_holes(&mut self) {
+        self.holes.clear();
+        self.pieces.clear();
+    }
+
+    /// Seals the datagrams whose sealing was left to the sender (their bytes copied in
+    /// first: sealing covers them).
     pub(crate) fn seal(&mut self) {
+        if !self.seals.is_empty() {
+            self.fill_holes();
+        }
         for (start, len, seal) in self.seals.drain(..) {
             seal.apply(&mut self.buf[start..start + len]);
         }
@@ -122,8 +192,9 @@ pub(crate) struct Outgoing {
     pub(crate) spare: Vec<Batch>,
     /// A thread is sending the queue (without the lock).
     pub(crate) sending: bool,
-    /// Room was handed out in this socket's open batch at this position.
-    pending: Option<(usize, usize)>,
+    /// Room was handed out in this socket's open batch at this position, and the batch had
+    /// this many holes then.
+    pending: Option<(usize, usize, usize)>,
     /// The sealing the datagram in that room still needs.
     pending_seal: Option<Seal>,
     /// Room for a datagram from an address that has no socket (it is dropped).
@@ -178,22 +249,25 @@ impl Outgoing {
 
 impl TransmitBuffer for Outgoing {
     fn buffer(&mut self, local: SocketAddr, remote: SocketAddr) -> &mut [u8] {
+        // the holes of room handed out and never committed (a datagram not built after all)
+        if let Some((i, _, holes)) = self.pending.take() {
+            self.open[i].holes.truncate(holes);
+        }
         let Some(i) = self.locals.iter().position(|&a| a == local) else {
-            self.pending = None;
             return &mut self.discard;
         };
         if !self.open[i].takes(remote, self.max_segments[i]) {
             self.close(i);
         }
         let batch = &mut self.open[i];
-        self.pending = Some((i, batch.len));
+        self.pending = Some((i, batch.len, batch.holes.len()));
         &mut batch.buf[batch.len..]
     }
 
     /// Records the datagram the engine just built in the room last handed out.
     fn commit(&mut self, t: &Transmit) {
         let seal = self.pending_seal.take();
-        let Some((i, start)) = self.pending.take() else {
+        let Some((i, start, holes)) = self.pending.take() else {
             return;
         };
         let batch = &mut self.open[i];
@@ -202,7 +276,8 @@ impl TransmitBuffer for Outgoing {
             batch.segment = t.len;
         } else if t.len > batch.segment {
             // GSO segments cannot grow: the datagram starts a batch of its own (rare: data
-            // after a smaller packet to the same address ends a batch anyway)
+            // after a smaller packet to the same address ends a batch anyway), whole
+            batch.fill_holes_from(holes);
             let mut own = self.spare.pop().unwrap_or_else(Batch::new);
             own.buf[..t.len].copy_from_slice(&batch.buf[start..start + t.len]);
             own.dest = t.remote;
@@ -230,6 +305,26 @@ impl TransmitBuffer for Outgoing {
 
     fn defer_seal(&mut self, seal: Seal) {
         self.pending_seal = Some(seal);
+    }
+
+    fn takes_payload(&self) -> bool {
+        true
+    }
+
+    fn defer_payload(&mut self, at: usize, piece: &Bytes, range: Range<usize>) {
+        let Some((i, start, _)) = self.pending else {
+            return; // room from the discard buffer: the datagram is dropped
+        };
+        let batch = &mut self.open[i];
+        let same = |p: &Bytes| p.as_ptr() == piece.as_ptr() && p.len() == piece.len();
+        if !batch.pieces.last().is_some_and(same) {
+            batch.pieces.push(piece.clone());
+        }
+        batch.holes.push(Hole {
+            at: start + at,
+            piece: batch.pieces.len() - 1,
+            range,
+        });
     }
 }
 
@@ -380,5 +475,38 @@ impl Lane {
     pub(crate) fn stop(&self) {
         self.state().stop = true;
         self.wake.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch's bytes are the same gathered from its parts as copied into its buffer: its
+    /// own bytes up to each hole, then the hole's.
+    #[test]
+    fn a_batch_gathered_is_the_batch_filled() {
+        let piece = Bytes::from_static(b"abcdefgh");
+        let mut b = Batch::new();
+        b.buf[..4].copy_from_slice(b"HHHH");
+        b.buf[9..12].copy_from_slice(b"TTT");
+        b.len = 15;
+        b.pieces.push(piece.clone());
+        b.holes.push(Hole {
+            at: 4,
+            piece: 0,
+            range: 2..7,
+        });
+        b.holes.push(Hole {
+            at: 12,
+            piece: 0,
+            range: 0..3,
+        });
+        let expected = b"HHHHcdefgTTTabc";
+        let gathered: Vec<u8> = b.parts().iter().flat_map(|p| p.iter().copied()).collect();
+        assert_eq!(gathered, expected);
+        b.fill_holes();
+        assert!(!b.has_holes() && b.pieces.is_empty());
+        assert_eq!(&b.buf[..b.len], expected);
     }
 }

@@ -13,7 +13,7 @@
 //! what that peer sends to the connected socket, what any other address sends to the link
 //! socket.
 
-use std::io::{self, IoSliceMut};
+use std::io::{self, IoSlice, IoSliceMut};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -329,6 +329,33 @@ impl LinkSocket {
             return outcome;
         }
         self.send_raw(remote, data, segment)
+    }
+
+    /// Sends the bytes of `parts`, back to back, to `remote` as datagrams of `segment` bytes
+    /// (the last may be shorter) in one GSO system call that gathers them where they are.
+    /// `None` where it did not send them (impairment set, or an error other than a full
+    /// buffer): [`send`](Self::send) of the same bytes in one buffer then does what it does
+    /// for those.
+    pub fn send_gathered(
+        &self,
+        remote: SocketAddr,
+        parts: &[IoSlice<'_>],
+        segment: usize,
+    ) -> Option<SendOutcome> {
+        if !self.carrier.load(Ordering::Relaxed) || self.impairment.is_impaired() {
+            return None;
+        }
+        let segment = u16::try_from(segment).ok()?;
+        loop {
+            match sendmsg_gso(self.io.as_raw_fd(), remote, parts, segment) {
+                Ok(_) => return Some(SendOutcome::Sent),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    return Some(classify_send_error(&e))
+                }
+                Err(_) => return None,
+            }
+        }
     }
 
     fn send_raw(&self, remote: SocketAddr, data: &[u8], segment: Option<usize>) -> SendOutcome {
@@ -804,6 +831,42 @@ fn read_queued_error(fd: std::os::fd::RawFd) -> io::Result<Option<QueuedError>> 
         },
         port_unreachable: port_unreachable && dest.is_some(),
     }))
+}
+
+/// One `sendmsg(2)` on `fd` of the bytes of `parts`, back to back, to `remote`, which the
+/// kernel sends as datagrams of `segment` bytes, the last perhaps shorter (UDP GSO: a
+/// `UDP_SEGMENT` control message). quinn-udp's GSO sends take the bytes from one buffer.
+fn sendmsg_gso(
+    fd: RawFd,
+    remote: SocketAddr,
+    parts: &[IoSlice<'_>],
+    segment: u16,
+) -> io::Result<usize> {
+    let name = socket2::SockAddr::from(remote);
+    let mut control = [0u64; 4];
+    // Safety: sendmsg(2) only reads the address, the buffers (an `IoSlice` is an `iovec` on
+    // Unix) and the control buffer, all alive for the call and sized as the header says; the
+    // one control message is written through the CMSG_* macros, which keep it within
+    // `msg_controllen` (CMSG_SPACE(2) <= 32 bytes).
+    unsafe {
+        let mut hdr: libc::msghdr = std::mem::zeroed();
+        hdr.msg_name = name.as_ptr() as *mut libc::c_void;
+        hdr.msg_namelen = name.len();
+        hdr.msg_iov = parts.as_ptr() as *mut libc::iovec;
+        hdr.msg_iovlen = parts.len() as _;
+        hdr.msg_control = control.as_mut_ptr().cast();
+        hdr.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<u16>() as u32) as _;
+        let cmsg = libc::CMSG_FIRSTHDR(&hdr);
+        (*cmsg).cmsg_level = libc::SOL_UDP;
+        (*cmsg).cmsg_type = libc::UDP_SEGMENT;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<u16>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<u16>(), segment);
+        let n = libc::sendmsg(fd, &hdr, 0);
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
 }
 
 /// One `recvmsg(2)` on `fd` into `buf`, with room for the sender's address and `control` for

@@ -296,6 +296,14 @@ impl Connection {
         let link_id = self.links[i].id;
         let tag = self.tag_len();
         let seals_later = out.seals_later();
+        // stream bytes left for the driver to put in (see `TransmitBuffer::takes_payload`):
+        // (position in the datagram, stream, offset, length)
+        let by_reference = out.takes_payload();
+        debug_assert!(
+            !by_reference || seals_later,
+            "payloads go in before the sealing"
+        );
+        let mut deferred: SmallVec<[(usize, usize, u64, usize); 2]> = SmallVec::new();
         let phase = match &mut self.handshake.protection {
             Some(p) => {
                 p.update_if_due(now);
@@ -410,7 +418,12 @@ impl Connection {
                     continue;
                 };
                 wire::write_stream_header(&mut w, s as u8, chunk.offset, chunk.fin, chunk.len);
-                self.send[s].copy_out(chunk.offset, w.slot(chunk.len));
+                if by_reference {
+                    deferred.push((w.len(), s, chunk.offset, chunk.len));
+                    let _ = w.slot(chunk.len);
+                } else {
+                    self.send[s].copy_out(chunk.offset, w.slot(chunk.len));
+                }
                 frames.push(SentFrame::Stream {
                     stream: s as u8,
                     chunk,
@@ -436,6 +449,11 @@ impl Connection {
             _ => {
                 self.seal(link_id, pn, header_len, &mut buf[..len]);
             }
+        }
+        for &(at, s, offset, n) in &deferred {
+            self.send[s].payload(offset, n, |pos, piece, r| {
+                out.defer_payload(at + pos, piece, r)
+            });
         }
         let link = &mut self.links[i];
         let pkt = SentPacket {

@@ -232,6 +232,11 @@ pub(crate) struct Shared {
     recv_lanes: Vec<RecvLane>,
     /// What the lanes, or threads sending a short transmission themselves, have not sent.
     backlog: Arc<Backlog>,
+    /// Batches of several datagrams sent gathered from the send buffer, and from one buffer.
+    #[cfg(test)]
+    pub(crate) sent_gathered: AtomicUsize,
+    #[cfg(test)]
+    pub(crate) sent_whole: AtomicUsize,
 }
 
 impl Shared {
@@ -554,6 +559,10 @@ impl Driver {
             lanes,
             recv_lanes,
             backlog,
+            #[cfg(test)]
+            sent_gathered: AtomicUsize::new(0),
+            #[cfg(test)]
+            sent_whole: AtomicUsize::new(0),
         });
         let mut lane_threads = Vec::new();
         for i in 0..shared.lanes.len() {

@@ -34,11 +34,31 @@ impl Shared {
         out.close_all();
     }
 
-    /// Seals batch `b` of socket `i` and sends it.
+    /// Seals batch `b` of socket `i` and sends it: a batch of several datagrams gathered from
+    /// its buffer and the send buffer's pieces where it can, else from its buffer alone.
     pub(super) fn send_batch(&self, i: usize, b: &mut Batch) -> SendOutcome {
         b.seal();
         let segment = Some(b.segment).filter(|&s| s < b.len);
-        self.sockets[i].send(b.dest, &b.buf[..b.len], segment)
+        let gathered = match segment {
+            Some(segment) if b.has_holes() => {
+                self.sockets[i].send_gathered(b.dest, &b.parts(), segment)
+            }
+            _ => None,
+        };
+        #[cfg(test)]
+        if segment.is_some() {
+            let counter = match gathered {
+                Some(_) => &self.sent_gathered,
+                None => &self.sent_whole,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        let outcome = gathered.unwrap_or_else(|| {
+            b.fill_holes();
+            self.sockets[i].send(b.dest, &b.buf[..b.len], segment)
+        });
+        b.clear_holes();
+        outcome
     }
 
     /// [`Self::transmit`] with lanes (see `outgoing`): hands each socket's new batches to
