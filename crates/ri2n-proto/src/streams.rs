@@ -714,6 +714,29 @@ impl RecvStream {
 mod tests {
     use super::*;
 
+    /// A chunk handed back whole gives its memory for the next one, at its start, whatever
+    /// part of it the chunk was; a chunk something else still holds gives none.
+    #[test]
+    fn a_chunk_nothing_else_holds_gives_back_its_memory() {
+        for len in [64 << 10, 100_000] {
+            // a `Vec` with room to spare, and one without (held differently by `Bytes`)
+            let mut roomy = vec![7u8; len];
+            roomy.reserve_exact(len / 2);
+            for b in [Bytes::from(roomy), Bytes::from(vec![7u8; len])] {
+                let memory = b.as_ptr();
+                let back = reclaim(b).expect("nothing else holds it");
+                assert!(back.is_empty());
+                assert!(back.capacity() >= len, "{} < {len}", back.capacity());
+                assert_eq!(back.as_ptr(), memory);
+            }
+        }
+        let mut b = Bytes::from(vec![1u8; 1000]);
+        let tail = b.split_off(10);
+        assert!(reclaim(b).is_err(), "shared with `tail`");
+        let back = reclaim(tail).expect("`tail` alone now");
+        assert!(back.capacity() >= 990, "{}", back.capacity());
+    }
+
     #[test]
     fn send_stream_retransmits_lost_ranges_and_frees_acked_prefix() {
         let mut s = SendStream::new(100, 1000);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ri2n_proto::{ConnectionError, ConnectionState, ConnectionStats, Event};
+use ri2n_proto::{reclaim, ConnectionError, ConnectionState, ConnectionStats, Event};
 
 use crate::readiness::Interest;
 use crate::tcp::TcpConnection;
@@ -506,17 +506,6 @@ impl io::Write for Connection {
     }
 }
 
-/// The memory of `b`, emptied, if nothing else holds it (else `b` back): a buffer handed
-/// out whole can be filled again without a new allocation, and emptying it first means
-/// nothing is moved to the start of its memory.
-pub(crate) fn reclaim(b: Bytes) -> Result<Vec<u8>, Bytes> {
-    // (emptied as a `BytesMut`: emptying a `Bytes` that holds a whole `Vec` lets go of it)
-    b.try_into_mut().map(|mut m| {
-        m.clear();
-        Vec::from(m)
-    })
-}
-
 /// The memory of `b` for the UDP transport's receive stream: with its bytes still in it where
 /// they run to the end of that memory (a whole block handed out, the usual chunk), else
 /// emptied as [`reclaim`] gives it, or none if something else holds it. The stream reuses a
@@ -556,28 +545,5 @@ mod tests {
         let other = b.clone();
         assert_eq!(reclaim_filled(b).capacity(), 0);
         assert_eq!(reclaim_filled(other).len(), len, "alone now");
-    }
-
-    /// A chunk handed back whole gives its memory for the next one, at its start, whatever
-    /// part of it the chunk was; a chunk something else still holds gives none.
-    #[test]
-    fn a_chunk_nothing_else_holds_gives_back_its_memory() {
-        for len in [64 << 10, 100_000] {
-            // a `Vec` with room to spare, and one without (held differently by `Bytes`)
-            let mut roomy = vec![7u8; len];
-            roomy.reserve_exact(len / 2);
-            for b in [Bytes::from(roomy), Bytes::from(vec![7u8; len])] {
-                let memory = b.as_ptr();
-                let back = reclaim(b).expect("nothing else holds it");
-                assert!(back.is_empty());
-                assert!(back.capacity() >= len, "{} < {len}", back.capacity());
-                assert_eq!(back.as_ptr(), memory);
-            }
-        }
-        let mut b = Bytes::from(vec![1u8; 1000]);
-        let tail = b.split_off(10);
-        assert!(reclaim(b).is_err(), "shared with `tail`");
-        let back = reclaim(tail).expect("`tail` alone now");
-        assert!(back.capacity() >= 990, "{}", back.capacity());
     }
 }

@@ -20,12 +20,12 @@ use bytes::{Buf, Bytes, BytesMut};
 use ri2n_proto::tcp::chunk::{self, ChunkError, Demux, Kind, Piece};
 use ri2n_proto::tcp::{Reassembly, SlowLinkWatch, StripeConfig, Striper};
 use ri2n_proto::{
-    Cipher, ConnectionConfig, ConnectionError, ConnectionState, ConnectionStats, Event, Key,
-    LinkId, LinkState, LinkStats, MAX_LINKS,
+    reclaim, Cipher, ConnectionConfig, ConnectionError, ConnectionState, ConnectionStats, Event,
+    Key, LinkId, LinkState, LinkStats, MAX_LINKS,
 };
 
 use super::signal::Signal;
-use crate::connection::{reclaim, TimedEvent};
+use crate::connection::TimedEvent;
 use crate::readiness::{Interest, Watchers};
 
 /// Writes smaller than this are copied into the send buffer's open tail; larger buffers
