@@ -6,9 +6,10 @@
 //! Where the process may use many CPUs ([`LinkThreads`]), each link socket also has a *lane*:
 //! a thread of its own that seals and sends that socket's batches, while the thread that
 //! built them goes back to the engine. Then one connection that fills its links keeps a core
-//! per link busy beside the one that builds: sealing, the copy into the kernel and the
-//! kernel's UDP and IP path leave the building thread, which a single application thread
-//! otherwise runs alone. A short transmission (a message of a request-response exchange, an
+//! per link busy beside the one that builds: sealing, the copies and the kernel's UDP and IP
+//! path leave the building thread, which a single application thread otherwise runs alone.
+//! The engine then leaves the stream's bytes out of the datagrams ([`Batch::holes`]), and a
+//! lane's system call gathers them from the send buffer (or the lane copies them in, to seal). A short transmission (a message of a request-response exchange, an
 //! acknowledgement: [`SHORT_BATCH`]) is still sent by the thread that built it when its lane
 //! is idle: a hop to another thread would add a wake-up to its latency. On few CPUs the lanes only move the
 //! batches between cores for nothing: the other threads keep those CPUs busy already
@@ -205,6 +206,11 @@ pub(crate) struct Outgoing {
     pub(crate) by_lane: Vec<Vec<Batch>>,
     /// Batches queued or unsent beyond which the engine builds no more.
     max_batches: usize,
+    /// The engine leaves the stream bytes out of the datagrams ([`Batch::holes`]): with
+    /// lanes, whose threads then take them from the send buffer themselves. Without, the
+    /// thread that builds also sends, and copying the bytes in as it builds costs it least:
+    /// later, the batch and the bytes are no longer in its cache (docs/BENCHMARKS.md §2b).
+    by_reference: bool,
 }
 
 impl Outgoing {
@@ -228,6 +234,7 @@ impl Outgoing {
             } else {
                 MAX_QUEUED_BATCHES
             },
+            by_reference: lanes,
         }
     }
 
@@ -308,7 +315,7 @@ impl TransmitBuffer for Outgoing {
     }
 
     fn takes_payload(&self) -> bool {
-        true
+        self.by_reference
     }
 
     fn defer_payload(&mut self, at: usize, piece: &Bytes, range: Range<usize>) {
