@@ -68,8 +68,8 @@ pub trait TransmitBuffer {
 
     /// `piece[range]` belongs at position `at` of the datagram being built (the next one
     /// committed). Called only where [`takes_payload`](Self::takes_payload) says so, before
-    /// [`commit`](Self::commit). `piece` does not change
-    /// while it lives: a clone keeps the bytes until the datagram has left.
+    /// [`commit`](Self::commit). `piece` does not change while it lives: a clone keeps the
+    /// bytes until the datagram has left.
     fn defer_payload(&mut self, at: usize, piece: &Bytes, range: Range<usize>) {
         let _ = (at, piece, range);
         unreachable!("a buffer that takes payloads must take them");

@@ -9,11 +9,12 @@
 //! per link busy beside the one that builds: sealing, the copies and the kernel's UDP and IP
 //! path leave the building thread, which a single application thread otherwise runs alone.
 //! The engine then leaves the stream's bytes out of the datagrams ([`Batch::holes`]), and a
-//! lane's system call gathers them from the send buffer (or the lane copies them in, to seal). A short transmission (a message of a request-response exchange, an
+//! lane's system call gathers them from the send buffer (or the lane copies them in, to
+//! seal). A short transmission (a message of a request-response exchange, an
 //! acknowledgement: [`SHORT_BATCH`]) is still sent by the thread that built it when its lane
-//! is idle: a hop to another thread would add a wake-up to its latency. On few CPUs the lanes only move the
-//! batches between cores for nothing: the other threads keep those CPUs busy already
-//! (docs/BENCHMARKS.md §8).
+//! is idle: a hop to another thread would add a wake-up to its latency. On few CPUs the lanes
+//! only move the batches between cores for nothing: the other threads keep those CPUs busy
+//! already (docs/BENCHMARKS.md §8).
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
