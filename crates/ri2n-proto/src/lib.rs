@@ -46,7 +46,7 @@ pub use dropped::{DropCounts, DropReason};
 pub use endpoint::{ConnectionCounts, Endpoint, RefusalReason, RefusedHandshake};
 pub use error::{ConnectError, ConnectionError, KeyMismatch, ReadError, WriteError};
 pub use link::{LinkState, LinkStats};
-pub use open_ahead::Openers;
+pub use open_ahead::{HeldKeys, Openers};
 pub use streams::reclaim;
 pub use transmit::{Transmit, TransmitBuffer};
 pub use wire::MAX_DATAGRAM_LEN;

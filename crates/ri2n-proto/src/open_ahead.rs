@@ -8,10 +8,17 @@
 //! did not open goes the engine's own way, and then the engine is asked again
 //! ([`Openers::learn`]): that is how a key update of the peer's, a new connection or a
 //! connection's end reaches the cache.
+//!
+//! An opener does not keep its key alive, so it must take hold of it to open a packet. Taking
+//! hold changes a count that every receiving thread shares; [`Openers::hold`] takes hold once
+//! per connection for a whole received batch instead of once per packet.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use crate::crypto::{Opened, Opener};
+use smallvec::SmallVec;
+
+use crate::crypto::{Opened, Opener, PacketKey};
 use crate::wire::{self, Steering};
 use crate::Endpoint;
 
@@ -27,11 +34,17 @@ pub struct Openers {
 
 impl Openers {
     /// Opens `datagram` in place if it is a short packet of a connection whose opener is
-    /// known (see [`Opener::open`]).
+    /// known (see [`Opener::open`]). For a batch of datagrams, [`Self::hold`] costs less.
     pub fn open(&self, datagram: &mut [u8]) -> Option<Opened> {
-        match wire::steering(datagram) {
-            Some(Steering::Shard(cid)) => self.by_cid.get(&cid)?.open(datagram),
-            _ => None,
+        self.hold().open(datagram)
+    }
+
+    /// Opens datagrams as [`Self::open`] does, each connection's key held from its first
+    /// datagram until the [`HeldKeys`] is dropped: use one for a received batch.
+    pub fn hold(&self) -> HeldKeys<'_> {
+        HeldKeys {
+            openers: self,
+            held: SmallVec::new(),
         }
     }
 
@@ -56,5 +69,48 @@ impl Openers {
                 self.by_cid.remove(&cid);
             }
         }
+    }
+}
+
+/// [`Openers`] with the keys of the connections seen so far held (see [`Openers::hold`]).
+pub struct HeldKeys<'a> {
+    openers: &'a Openers,
+    /// Per connection seen: a batch holds a few connections' packets, most often one's.
+    held: SmallVec<[Held<'a>; 2]>,
+}
+
+/// A connection's opener, and its key if the engine still kept it when first asked.
+struct Held<'a> {
+    cid: u64,
+    opener: &'a Opener,
+    key: Option<Arc<PacketKey>>,
+}
+
+impl HeldKeys<'_> {
+    /// Opens `datagram` in place if it is a short packet of a connection whose opener is
+    /// known (see [`Opener::open`]).
+    pub fn open(&mut self, datagram: &mut [u8]) -> Option<Opened> {
+        let Some(Steering::Shard(cid)) = wire::steering(datagram) else {
+            return None;
+        };
+        let at = match self.held.iter().position(|h| h.cid == cid) {
+            Some(at) => at,
+            None => {
+                let opener = self.openers.by_cid.get(&cid)?;
+                let key = opener.key_now();
+                self.held.push(Held { cid, opener, key });
+                self.held.len() - 1
+            }
+        };
+        let h = &self.held[at];
+        h.opener.open_with(h.key.as_deref()?, datagram)
+    }
+}
+
+impl std::fmt::Debug for HeldKeys<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldKeys")
+            .field("connections", &self.held.len())
+            .finish_non_exhaustive()
     }
 }

@@ -431,6 +431,39 @@ fn a_proof_of_opening_counts_for_its_own_packet_only() {
     assert_eq!(c, first, "left unchanged");
 }
 
+/// A receiving thread holds each connection's key for a whole batch (`Openers::hold`), and
+/// no longer: a key the engine dropped meanwhile still opens the rest of that batch, and
+/// nothing after it.
+#[test]
+fn a_key_is_held_for_one_batch_only() {
+    let mut sim = Testbed::new(
+        TestbedConfig::new(1)
+            .with_keys(Some(key(1)), Some(key(1)))
+            .with_capture(Dir::AToB, Capture::first(1_000)),
+    );
+    sim.establish();
+    sim.advance(Duration::from_secs(30), |_| {});
+    let old = client_short_packets(&sim)[0].bytes.clone();
+    let mut openers = ri2n_proto::Openers::default();
+    openers.learn(&sim.server, &old);
+    let mut held = openers.hold();
+    assert!(held.open(&mut old.clone()).is_some(), "opens under the key");
+    // two key updates of the client's while the batch is being opened: the server drops the
+    // key `held` holds
+    for _ in 0..2 {
+        sim.advance(Duration::from_secs(125), |_| {});
+    }
+    assert_eq!(sim.server_conn().stats().key_updates.1, 2);
+    assert!(held.open(&mut old.clone()).is_some(), "held for the batch");
+    drop(held);
+    let mut c = old.clone();
+    assert!(
+        openers.hold().open(&mut c).is_none(),
+        "let go with the batch"
+    );
+    assert_eq!(c, old, "left unchanged");
+}
+
 /// An off-path attacker sending from spoofed addresses (INITIALs without a cookie, with a
 /// made-up one, with a keyed or plain hello; short packets with made-up connection IDs; a real
 /// client's INITIAL replayed from other addresses) gets back at most three times what each

@@ -20,7 +20,8 @@ impl OpenAhead {
     pub fn open(&mut self, batch: &mut RecvBatch) {
         let Self { openers, opened } = self;
         opened.clear();
-        batch.for_each_datagram(&mut |_, _, d| opened.push(openers.open(d)));
+        let mut keys = openers.hold();
+        batch.for_each_datagram(&mut |_, _, d| opened.push(keys.open(d)));
     }
 
     /// The proof that datagram `n` of the batch was opened, if it was.

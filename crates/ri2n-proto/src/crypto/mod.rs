@@ -12,6 +12,7 @@
 use std::fmt;
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -435,13 +436,23 @@ impl ServerHandshake {
 // ---------------------------------------------------------------------------------------------
 // Packet protection
 
-/// One packet key. Shared (`Arc`) with the [`Seal`]s and [`Opened`] proofs that use it
-/// outside the engine: it is wiped when the last of them is gone.
-pub(crate) struct PacketKey(AeadKey);
+/// One packet key. Shared (`Arc`) with the [`Seal`]s and [`Opener`]s that use it outside the
+/// engine: it is wiped when the last of them is gone.
+pub(crate) struct PacketKey {
+    aead: AeadKey,
+    /// Unique among the keys of this process, never reused: an [`Opened`] proof names its
+    /// key by it rather than by holding the key, because a count that every receiving
+    /// thread changed per packet would move its cache line between their cores each time.
+    id: u64,
+}
 
 impl PacketKey {
     fn new(cipher: Cipher, secret: &[u8; KEY_LEN]) -> Arc<PacketKey> {
-        Arc::new(PacketKey(AeadKey::new(cipher, secret)))
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+        Arc::new(PacketKey {
+            aead: AeadKey::new(cipher, secret),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        })
     }
 }
 
@@ -504,7 +515,18 @@ impl Opener {
     /// dropped), or it failed to open: then its payload is damaged, and the engine rejects it
     /// as it would any packet that fails to open.
     pub fn open(&self, datagram: &mut [u8]) -> Option<Opened> {
-        let (phase, key) = self.key.as_ref()?;
+        self.open_with(self.key_now()?.as_ref(), datagram)
+    }
+
+    /// The key, while the engine still keeps it. Holding it keeps it alive: hold it for a
+    /// batch of packets, not longer.
+    pub(crate) fn key_now(&self) -> Option<Arc<PacketKey>> {
+        self.key.as_ref()?.1.upgrade()
+    }
+
+    /// [`Self::open`] with the key [`Self::key_now`] gave.
+    pub(crate) fn open_with(&self, key: &PacketKey, datagram: &mut [u8]) -> Option<Opened> {
+        let (phase, _) = self.key.as_ref()?;
         let Ok((
             wire::Header::Short {
                 dcid,
@@ -521,15 +543,14 @@ impl Opener {
             return None;
         }
         let header_len = datagram.len() - rest.len();
-        let key = key.upgrade()?;
         let (header, body) = datagram.split_at_mut(header_len);
-        let len = open_with(&key, link, pn, header, body).ok()?;
+        let len = open_with(key, link, pn, header, body).ok()?;
         Some(Opened {
             dcid,
             link,
             pn,
             len,
-            key,
+            key: key.id,
         })
     }
 }
@@ -551,7 +572,8 @@ pub struct Opened {
     link: LinkId,
     pn: u64,
     len: usize,
-    key: Arc<PacketKey>,
+    /// The [`PacketKey::id`] of the key that opened it.
+    key: u64,
 }
 
 impl Opened {
@@ -565,9 +587,9 @@ impl Opened {
         self.len
     }
 
-    /// The key that opened it.
-    pub(crate) fn key(&self) -> &Arc<PacketKey> {
-        &self.key
+    /// The key that opened it ([`PacketKey::id`]).
+    pub(crate) fn key(&self) -> u64 {
+        self.key
     }
 }
 
@@ -748,12 +770,12 @@ impl PacketProtection {
     /// side would have opened it with that very key (the current key for the current phase,
     /// the previous one for the other; only the engine moves to the next key, so a packet
     /// under that one is never opened outside).
-    pub fn accept_opened(&mut self, phase: u8, key: &Arc<PacketKey>) -> bool {
+    pub fn accept_opened(&mut self, phase: u8, key: u64) -> bool {
         let r = &self.recv;
         let accepted = if phase == (r.generation & 1) as u8 {
-            Arc::ptr_eq(&r.current, key)
+            r.current.id == key
         } else {
-            r.previous.as_ref().is_some_and(|p| Arc::ptr_eq(p, key))
+            r.previous.as_ref().is_some_and(|p| p.id == key)
         };
         self.opened_ahead += u64::from(accepted);
         accepted
@@ -829,7 +851,7 @@ impl PacketProtection {
 fn seal_with(key: &PacketKey, link: LinkId, pn: u64, header_len: usize, packet: &mut [u8]) {
     let (header, rest) = packet.split_at_mut(header_len);
     let (payload, tag_room) = rest.split_at_mut(rest.len() - TAG_LEN);
-    let tag = key.0.seal(nonce(link, pn), header, payload);
+    let tag = key.aead.seal(nonce(link, pn), header, payload);
     tag_room.copy_from_slice(&tag);
 }
 
@@ -840,7 +862,7 @@ fn open_with(
     header: &[u8],
     body: &mut [u8],
 ) -> Result<usize, OpenFailed> {
-    key.0
+    key.aead
         .open(nonce(link, pn), header, body)
         .map(|plain| plain.len())
         .map_err(|_| OpenFailed)
@@ -1052,6 +1074,47 @@ mod tests {
         let (_, mut s2) = handshake(&key(1), &key(1)).unwrap();
         let p = sealed(&mut c1, 0, 0, b"first connection");
         assert_eq!(opened(&mut s2, 0, 0, 0, &p), None);
+    }
+
+    /// An [`Opened`] proof names its key by [`PacketKey::id`]: the key an opener held is
+    /// taken for its own phase while the receiver keeps it, and no longer once the receiver
+    /// dropped it, although the opener's hold kept it alive.
+    #[test]
+    fn a_proof_counts_only_while_the_receiver_keeps_its_key() {
+        let now = Instant::now();
+        let (mut c, mut s) = handshake(&key(1), &key(1)).unwrap();
+        let (phase, weak) = s.opening_key();
+        let held = weak.upgrade().unwrap();
+        assert_eq!(phase, 0);
+        assert!(s.accept_opened(0, held.id));
+        assert!(!s.accept_opened(1, held.id), "the other phase");
+        // the client moves to generation 1, and the server follows: the held key is the
+        // previous one
+        sealed(&mut c, 0, 1, b"generation 0");
+        c.on_acked(LinkId(0), 1);
+        c.force_update(now);
+        let p = sealed(&mut c, 0, 2, b"generation 1");
+        assert!(opened(&mut s, 1, 0, 2, &p).is_some());
+        assert!(
+            s.accept_opened(0, held.id),
+            "a late packet of the generation before"
+        );
+        // generation 2: generation 0's key is dropped, and its proofs refused
+        c.on_acked(LinkId(0), 2);
+        c.force_update(now);
+        let p = sealed(&mut c, 0, 3, b"generation 2");
+        assert!(opened(&mut s, 0, 0, 3, &p).is_some());
+        assert_eq!(s.generations().1, 2);
+        assert!(
+            !s.accept_opened(0, held.id),
+            "a dropped key, though still alive"
+        );
+        assert!(!s.accept_opened(1, held.id));
+        let (_, current) = s.opening_key();
+        assert!(s.accept_opened(0, current.upgrade().unwrap().id));
+        assert_eq!(s.opened_ahead, 3);
+        drop(held);
+        assert!(weak.upgrade().is_none(), "nothing else kept it");
     }
 
     #[test]
