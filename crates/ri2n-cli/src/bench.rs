@@ -13,14 +13,14 @@
 //! while data moves, the main thread before and after), whole: the fault thread hands its
 //! notices over instead of printing them between the pieces of a row.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ri2n::{Connection, ConnectionStats, Event};
+use ri2n::{Bytes, Connection, ConnectionStats, Event};
 use serde::Serialize;
 
 use crate::checksum::RandomBytes;
@@ -567,13 +567,12 @@ fn cut_note(requested: f64, granted: f64, cut: bool) -> String {
 /// `counter` meanwhile.
 fn send_until(
     conn: &Connection,
-    data: &[u8],
+    data: &Bytes,
     end: Instant,
     pacer: Option<Pacer>,
     counter: &AtomicU64,
 ) -> Result<u64, Failure> {
     let size = pacer.map_or(CHUNK, |p| p.write_size(CHUNK));
-    let mut writer = conn;
     let mut written = 0u64;
     let mut off = 0;
     while Instant::now() < end {
@@ -584,14 +583,25 @@ fn send_until(
                 continue;
             }
         }
-        // count every accepted part, not whole chunks: the timeline subtracts what is
-        // still buffered, which includes a chunk's accepted part while the rest waits
-        let mut chunk = &data[off..off + size];
-        while !chunk.is_empty() {
-            let n = writer.write(chunk).map_err(|e| Failure::lost(&e))?;
-            written += n as u64;
+        let chunk = data.slice(off..off + size);
+        if pacer.is_none() {
+            // as fast as it goes: the same memory again and again, shared with the connection
+            // rather than copied into it, as iperf3 sends its one buffer. A chunk this large
+            // is taken whole, so the count below stays exact.
+            conn.write_bytes(chunk).map_err(|e| Failure::lost(&e))?;
+            written += size as u64;
             counter.store(written, Ordering::Relaxed);
-            chunk = &chunk[n..];
+        } else {
+            // paced chunks may be small, and are copied: count every accepted part, not
+            // whole chunks, since the timeline subtracts what is still buffered, which
+            // includes a chunk's accepted part while the rest waits
+            let mut rest = &chunk[..];
+            while !rest.is_empty() {
+                let n = (&*conn).write(rest).map_err(|e| Failure::lost(&e))?;
+                written += n as u64;
+                counter.store(written, Ordering::Relaxed);
+                rest = &rest[n..];
+            }
         }
         off += size;
         if off + size > data.len() {
@@ -605,11 +615,11 @@ fn send_until(
 
 /// Reads `conn` to its end; returns the bytes read, keeping the count in `counter`.
 fn receive_all(conn: &Connection, counter: &AtomicU64) -> Result<u64, Failure> {
-    let mut reader = conn;
-    let mut buf = vec![0u8; 256 * 1024];
+    // as received, without a copy (iperf3 reads into its one buffer: the kernel's copy)
+    let mut chunk = Bytes::new();
     let mut got = 0u64;
     loop {
-        match reader.read(&mut buf) {
+        match conn.read_chunk(&mut chunk) {
             Ok(0) => return Ok(got),
             Ok(n) => got += n as u64,
             Err(e) => return Err(Failure::lost(&e)),
@@ -670,6 +680,7 @@ fn throughput(
     ));
     let mut data = vec![0u8; 16 * CHUNK];
     RandomBytes::new(1).fill(&mut data);
+    let data = Bytes::from(data);
     let mut tl = Timeline::new(start, args.interval, n, reverse, say);
     let counters: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
     // bytes done: what the server acknowledged (sending) or what was read

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use ri2n::tokio::AsyncConnection;
 use ri2n::{Connection, ConnectionState, Endpoint};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 use crate::checksum::RandomBytes;
 use crate::control::{Grant, Request, ServerLink, ServerReport, Test, VERSION};
@@ -135,6 +135,9 @@ async fn serve_client(mut conn: AsyncConnection, max_time: Duration) -> Result<S
             let mut buf = vec![0u8; 64 * 1024];
             RandomBytes::new(0x5EED).fill(&mut buf);
             let size = pacer.map_or(buf.len(), |p| p.write_size(buf.len()));
+            // the same memory again and again, shared with the connection rather than
+            // copied into it (small paced writes are copied)
+            let buf = ri2n::Bytes::from(buf);
             let mut sent = 0u64;
             while Instant::now() < end {
                 if let Some(p) = pacer {
@@ -144,7 +147,7 @@ async fn serve_client(mut conn: AsyncConnection, max_time: Duration) -> Result<S
                         continue;
                     }
                 }
-                conn.write_all(&buf[..size]).await.map_err(lost)?;
+                conn.write_bytes(buf.slice(..size)).await.map_err(lost)?;
                 sent += size as u64;
             }
             let secs = start.elapsed().as_secs_f64();
@@ -271,9 +274,10 @@ async fn read_all(
             }
         })
     });
-    let mut buf = vec![0u8; 256 * 1024];
+    // as received, without a copy (iperf3 reads into its one buffer: the kernel's copy)
+    let mut chunk = ri2n::Bytes::new();
     let result = loop {
-        match conn.read(&mut buf).await {
+        match conn.read_chunk(&mut chunk).await {
             Ok(0) => break Ok(()),
             Ok(n) => got.fetch_add(n as u64, Ordering::Relaxed),
             Err(e) => break Err(Failure::lost(&e)),

@@ -31,12 +31,13 @@ pub fn reclaim(b: Bytes) -> Result<Vec<u8>, Bytes> {
 /// Send side of one stream.
 ///
 /// The bytes wait in the pieces the application handed over: [`write_buf`] takes a whole
-/// buffer without copying it (and gives back a spare one), [`write`] copies small writes into
-/// a piece of [`BLOCK`] bytes. The only copy of the payload in user space is then the one into
-/// the outgoing datagram. A piece does not change once bytes of it are sent, so a driver whose
+/// buffer without copying it (and gives back a spare one), [`write_bytes`] shares one, and
+/// [`write`] copies small writes into a piece of [`BLOCK`] bytes. The only copy of the payload
+/// in user space is then the one into the outgoing datagram. A piece does not change once bytes of it are sent, so a driver whose
 /// other threads send can take the datagrams' bytes from it instead ([`payload`]).
 ///
 /// [`write_buf`]: Self::write_buf
+/// [`write_bytes`]: Self::write_bytes
 /// [`write`]: Self::write
 /// [`payload`]: Self::payload
 #[derive(Debug)]
@@ -173,16 +174,44 @@ impl SendStream {
             return n;
         }
         let n = buf.len();
-        if (n as u64) > self.room() && self.buffered() > 0 {
+        if !self.takes_whole(n) {
             return 0;
         }
-        self.close_open();
         let spare = self.take_spare();
-        let piece = std::mem::replace(buf, spare);
-        self.pieces.push_back((self.written, Bytes::from(piece)));
-        self.written += n as u64;
-        self.open_start = self.written;
+        self.push_piece(Bytes::from(std::mem::replace(buf, spare)));
         n
+    }
+
+    /// Takes the bytes of `data` as [`Self::write_buf`] takes a buffer's, a large one (at
+    /// least [`MIN_TAKEN`] bytes) shared rather than copied: a `Bytes` never changes, so the
+    /// datagrams read it where it is until the peer acknowledged it. A caller sending the same
+    /// memory over and over (a benchmark) or holding its data as `Bytes` already copies
+    /// nothing.
+    pub fn write_bytes(&mut self, data: &Bytes) -> usize {
+        if data.len() < MIN_TAKEN {
+            return self.write(data);
+        }
+        if !self.takes_whole(data.len()) {
+            return 0;
+        }
+        self.push_piece(data.clone());
+        data.len()
+    }
+
+    /// Whether a large buffer of `n` bytes is taken now: whole, so only when there is room for
+    /// all of it, except into an empty send buffer (so that one larger than the capacity goes
+    /// too).
+    fn takes_whole(&self, n: usize) -> bool {
+        n as u64 <= self.room() || self.buffered() == 0
+    }
+
+    /// Appends `piece` as it is, after the bytes written so far.
+    fn push_piece(&mut self, piece: Bytes) {
+        self.close_open();
+        let n = piece.len() as u64;
+        self.pieces.push_back((self.written, piece));
+        self.written += n;
+        self.open_start = self.written;
     }
 
     /// An empty buffer: a spare one if there is one.
@@ -1010,6 +1039,45 @@ mod tests {
         let c = s.next_chunk(80_000).unwrap();
         s.on_ack(c);
         assert_eq!(s.write_buf(&mut more), 20_000);
+    }
+
+    /// `write_bytes` shares a large `Bytes` (the datagrams read the caller's memory), copies
+    /// a small one, waits for room as `write_buf` does, and lets go of the caller's memory
+    /// once it is acknowledged.
+    #[test]
+    fn large_bytes_are_shared_until_acknowledged_and_small_ones_copied() {
+        let mut s = SendStream::new(100_000, u64::MAX);
+        let data = Bytes::from((0..80_000u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+        let small = Bytes::from_static(b"small write");
+        assert_eq!(s.write_bytes(&data), 80_000);
+        assert_eq!(s.write_bytes(&small), small.len());
+        assert_eq!(
+            s.write_bytes(&data.slice(..30_000)),
+            0,
+            "no room: not taken"
+        );
+        // what the datagrams read: the caller's memory for the large write, a copy of the
+        // small one
+        let mut chunks = Vec::new();
+        while let Some(c) = s.next_chunk(64 * 1024) {
+            chunks.push(c);
+        }
+        let mut out = Vec::new();
+        for c in &chunks {
+            s.payload(c.offset, c.len, |pos, piece, range| {
+                let at = c.offset + pos as u64;
+                let shared = data.as_ptr_range().contains(&piece[range.clone()].as_ptr());
+                assert_eq!(shared, at < 80_000, "stream bytes from {at}");
+                out.extend_from_slice(&piece[range]);
+            });
+        }
+        assert_eq!(out, [&data[..], &small[..]].concat());
+        assert!(!data.is_unique(), "held until acknowledged");
+        for c in chunks {
+            s.on_ack(c);
+        }
+        assert!(data.is_unique(), "let go once acknowledged");
+        assert_eq!(s.write_bytes(&data.slice(..30_000)), 30_000);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use ri2n_proto::{reclaim, ConnectionError, ConnectionState, ConnectionStats, Event};
 
 use crate::readiness::Interest;
@@ -389,6 +389,34 @@ impl Connection {
         }
     }
 
+    /// Writes all of `data` to the byte stream, waiting for room, as
+    /// [`write_buf`](Self::write_buf) writes a buffer, but a large `data` (16 KiB or more) is
+    /// shared rather than taken: the connection keeps a clone of it (no copy) until the peer
+    /// acknowledged it. An application that holds its data as [`Bytes`] already, or sends the
+    /// same memory again and again (a benchmark), copies nothing in user space but into the
+    /// datagrams. Smaller `data` is copied, as by `write`.
+    pub fn write_bytes(&self, mut data: Bytes) -> io::Result<()> {
+        while !data.is_empty() {
+            let n = match &self.inner {
+                Inner::Udp(c) => c.write_bytes(&data)?,
+                Inner::Tcp(TcpHandle(c)) => c.write_bytes(&data, true)?,
+            };
+            data.advance(n);
+        }
+        Ok(())
+    }
+
+    /// [`write_bytes`](Self::write_bytes) without waiting: takes a large `data` whole, a
+    /// small one as far as there is room, and returns how many bytes it took; an error of
+    /// kind [`io::ErrorKind::WouldBlock`] when the send buffer has no room for it. Never
+    /// blocks.
+    pub fn try_write_bytes(&self, data: &Bytes) -> io::Result<usize> {
+        match &self.inner {
+            Inner::Udp(c) => c.try_write_bytes(data),
+            Inner::Tcp(TcpHandle(c)) => c.write_bytes(data, false),
+        }
+    }
+
     /// Reads the next bytes of the stream into `buf`, replacing its contents and waiting until
     /// some are there; returns how many (0: the peer finished). When a whole 64 KiB block of
     /// the receive buffer is ready it is handed over as `buf` without copying, and the memory
@@ -407,14 +435,29 @@ impl Connection {
     /// The memory of the chunk replaced is kept for later ones if nothing else holds it:
     /// reuse the same `chunk` for every call.
     pub fn read_chunk(&self, chunk: &mut Bytes) -> io::Result<usize> {
+        self.read_chunk_now(chunk, true)
+    }
+
+    /// [`read_chunk`](Self::read_chunk) without waiting: an error of kind
+    /// [`io::ErrorKind::WouldBlock`] when nothing is waiting. Never blocks. (What `chunk`
+    /// held counts as read either way: do not look at it after the call.)
+    pub fn try_read_chunk(&self, chunk: &mut Bytes) -> io::Result<usize> {
+        self.read_chunk_now(chunk, false)
+    }
+
+    fn read_chunk_now(&self, chunk: &mut Bytes, block: bool) -> io::Result<usize> {
         match &self.inner {
             Inner::Udp(c) => {
                 let mut buf = reclaim_filled(std::mem::take(chunk));
-                let n = c.read_buf(&mut buf)?;
+                let read = if block {
+                    c.read_buf(&mut buf)
+                } else {
+                    c.try_read_buf(&mut buf)
+                };
                 *chunk = Bytes::from(buf);
-                Ok(n)
+                read
             }
-            Inner::Tcp(TcpHandle(c)) => c.read_chunk(chunk),
+            Inner::Tcp(TcpHandle(c)) => c.read_chunk(chunk, block),
         }
     }
 

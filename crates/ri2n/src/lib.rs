@@ -47,7 +47,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The chunks [`Connection::read_chunk`] hands over.
+/// The chunks [`Connection::read_chunk`] hands over, and the shared memory
+/// [`Connection::write_bytes`] takes.
 pub use bytes::Bytes;
 pub use connection::{Connection, TimedEvent};
 pub use impair::Impairment;

@@ -90,6 +90,27 @@ impl AsyncConnection {
             .await
     }
 
+    /// Replaces `chunk` with the next bytes of the stream, without copying them (see
+    /// [`Connection::read_chunk`]); returns how many (0: the peer finished).
+    pub async fn read_chunk(&self, chunk: &mut bytes::Bytes) -> io::Result<usize> {
+        std::future::poll_fn(|cx| self.poll_op(&self.read_ready, cx, |c| c.try_read_chunk(chunk)))
+            .await
+    }
+
+    /// Writes all of `data` without copying a large one (see [`Connection::write_bytes`]),
+    /// waiting for buffer space.
+    pub async fn write_bytes(&self, data: bytes::Bytes) -> io::Result<()> {
+        let mut rest = data;
+        while !rest.is_empty() {
+            let n = std::future::poll_fn(|cx| {
+                self.poll_op(&self.write_ready, cx, |c| c.try_write_bytes(&rest))
+            })
+            .await?;
+            bytes::Buf::advance(&mut rest, n);
+        }
+        Ok(())
+    }
+
     /// Sends one whole message, waiting for buffer space.
     pub async fn send_message(&self, msg: &[u8]) -> io::Result<()> {
         std::future::poll_fn(|cx| self.poll_op(&self.write_ready, cx, |c| c.try_send_message(msg)))

@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+
 use ri2n_proto::{
     Connection as ProtoConnection, ConnectionError, ConnectionHandle, ConnectionState,
     ConnectionStats, ReadError, WriteError,
@@ -408,6 +410,16 @@ impl UdpConnection {
         }
     }
 
+    /// [`Self::read_buf`] without waiting: an error of kind [`io::ErrorKind::WouldBlock`]
+    /// when nothing is waiting.
+    pub(crate) fn try_read_buf(&self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        match self.try_with(Interest::Read, |c| c.read_buf(buf)) {
+            Ok(n) => Ok(n),
+            Err(ReadError::Blocked) => Err(io::ErrorKind::WouldBlock.into()),
+            Err(e) => Err(read_error(e)),
+        }
+    }
+
     /// Writes as much of `buf` to the byte stream as the send buffer takes now; an error of
     /// kind [`io::ErrorKind::WouldBlock`] when it is full. Never blocks.
     pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
@@ -505,6 +517,25 @@ impl UdpConnection {
             }
         }
         Ok(())
+    }
+
+    /// Takes `data` as [`Self::write_buf`] takes a buffer, a large one shared rather than
+    /// copied (whole); returns how many bytes were taken, waiting for room.
+    pub(crate) fn write_bytes(&self, data: &Bytes) -> io::Result<usize> {
+        match self.blocking(None, |c| c.write_bytes(data), |e| *e == WriteError::Blocked)? {
+            Ok(n) => Ok(n),
+            Err(e) => Err(write_error(e)),
+        }
+    }
+
+    /// [`Self::write_bytes`] without waiting: an error of kind
+    /// [`io::ErrorKind::WouldBlock`] when the send buffer has no room for it.
+    pub(crate) fn try_write_bytes(&self, data: &Bytes) -> io::Result<usize> {
+        match self.try_with(Interest::Write, |c| c.write_bytes(data)) {
+            Ok(n) => Ok(n),
+            Err(WriteError::Blocked) => Err(io::ErrorKind::WouldBlock.into()),
+            Err(e) => Err(write_error(e)),
+        }
     }
 
     /// Reads the next bytes of the stream into `buf`, replacing its contents and waiting until

@@ -86,6 +86,9 @@ enum Api {
     /// `write_buf` and `read_buf`: buffers exchanged with the connection, of sizes below and
     /// above the one it takes whole.
     Exchange,
+    /// `write_bytes` and `read_chunk`: slices of shared blocks, of sizes below and above the
+    /// one the connection shares rather than copies, and chunks as received.
+    Share,
 }
 
 /// Sends seeded random bytes client → server, at least `len` and for as long as `during` runs
@@ -108,6 +111,7 @@ fn transfer_with(
         let mut conn = server.accept().unwrap();
         let mut expected = Stream::new(7);
         let (mut got, mut buf) = (0usize, vec![0u8; 1 << 16]);
+        let mut chunk = ri2n::Bytes::new();
         loop {
             let n = match api {
                 Api::Copy => conn.read(&mut buf).unwrap(),
@@ -116,11 +120,21 @@ fn transfer_with(
                     assert_eq!(n, buf.len());
                     n
                 }
+                Api::Share => {
+                    let n = conn.read_chunk(&mut chunk).unwrap();
+                    assert_eq!(n, chunk.len());
+                    n
+                }
             };
             if n == 0 {
                 break;
             }
-            expected.check(&buf[..n], got);
+            let read = if api == Api::Share {
+                &chunk[..]
+            } else {
+                &buf[..n]
+            };
+            expected.check(read, got);
             got += n;
         }
         got
@@ -148,6 +162,7 @@ fn transfer_with(
         let mut buf = Vec::new();
         let sizes = [1 << 16, 1000, 200_000, 16 << 10, 5];
         let mut pending: Vec<u8> = Vec::new();
+        let mut shared = Vec::new();
         let mut writer = &conn;
         loop {
             let last = sent >= len && !running.load(Ordering::Acquire);
@@ -156,6 +171,19 @@ fn transfer_with(
             match api {
                 Api::Copy => writer.write_all(&chunk[..n]).unwrap(),
                 Api::Exchange => pending.extend_from_slice(&chunk[..n]),
+                Api::Share => {
+                    let block = ri2n::Bytes::copy_from_slice(&chunk[..n]);
+                    let mut at = 0;
+                    while at < n {
+                        let want = sizes[(sent + at) % sizes.len()].min(n - at);
+                        conn.write_bytes(block.slice(at..at + want)).unwrap();
+                        at += want;
+                    }
+                    if n > 0 {
+                        // kept, to see that the connection lets go of it
+                        shared.push(block);
+                    }
+                }
             }
             sent += n;
             // hand the bytes over in buffers of varied sizes
@@ -177,6 +205,16 @@ fn transfer_with(
         conn.finish().unwrap();
         conn.wait_acknowledged(Some(Duration::from_secs(120)))
             .unwrap();
+        // (a sending thread lets go of a batch's pieces just after it sent them, which may
+        // be a moment after the peer acknowledged them)
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !shared.iter().all(ri2n::Bytes::is_unique) {
+            assert!(
+                Instant::now() < deadline,
+                "everything acknowledged: the connection holds none of the shared blocks"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
         sent
     });
     let elapsed = start.elapsed();
@@ -212,6 +250,14 @@ fn buffers_exchanged_with_the_connection_arrive_exact_through_loss() {
     let lossy = p.client.local_addrs()[1];
     p.client.impairment(lossy).unwrap().set_loss(0.1);
     transfer_with(&p, 24 << 20, Api::Exchange, |_, _| {});
+}
+
+#[test]
+fn shared_bytes_arrive_exact_through_loss_and_are_let_go() {
+    let p = pair();
+    let lossy = p.client.local_addrs()[1];
+    p.client.impairment(lossy).unwrap().set_loss(0.1);
+    transfer_with(&p, 24 << 20, Api::Share, |_, _| {});
 }
 
 /// With a key, the receiving thread opens what it received before it hands it to the engine

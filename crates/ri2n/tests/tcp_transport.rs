@@ -87,6 +87,24 @@ fn a_transfer_read_into_vecs_arrives_intact_keyed_or_not() {
     transfer_over_two_links(Some(Key::generate().unwrap()), Reads::Buf);
 }
 
+/// `write_bytes` hands the connection slices of the sender's memory (no copy): they arrive
+/// intact, and the connection lets go of that memory once it is acknowledged.
+#[test]
+fn a_transfer_written_as_shared_bytes_arrives_intact_and_is_let_go() {
+    for key in [None, Some(Key::generate().unwrap())] {
+        transfer_over_two_links_as(key, Reads::Chunk, Writes::Bytes);
+    }
+}
+
+/// How the sender hands the stream over.
+#[derive(Clone, Copy, PartialEq)]
+enum Writes {
+    /// `write_buf`: each call hands over a `Vec`.
+    Buf,
+    /// `write_bytes`: each call shares a slice of one `Bytes`.
+    Bytes,
+}
+
 /// How the receiver reads the stream.
 #[derive(Clone, Copy)]
 enum Reads {
@@ -99,6 +117,15 @@ enum Reads {
 /// 64 MiB from client to server over two links, read as `read` says; returns the client's
 /// statistics.
 fn transfer_over_two_links(key: Option<Key>, read: Reads) -> ri2n::ConnectionStats {
+    transfer_over_two_links_as(key, read, Writes::Buf)
+}
+
+/// [`transfer_over_two_links`], written as `write` says.
+fn transfer_over_two_links_as(
+    key: Option<Key>,
+    read: Reads,
+    write: Writes,
+) -> ri2n::ConnectionStats {
     let (server, client) = keyed_pair(key.clone(), key);
     let to = server.local_addrs()[0];
     let sent = data(64 << 20, 7);
@@ -122,12 +149,27 @@ fn transfer_over_two_links(key: Option<Key>, read: Reads) -> ri2n::ConnectionSta
     });
     let conn = client.connect(&[to], ConnectionConfig::default()).unwrap();
     wait_for_links(&conn, 2);
-    for chunk in sent.chunks(1 << 20) {
-        conn.write_buf(&mut chunk.to_vec()).unwrap();
+    let shared = ri2n::Bytes::copy_from_slice(&sent);
+    for at in (0..sent.len()).step_by(1 << 20) {
+        match write {
+            Writes::Buf => conn.write_buf(&mut sent[at..at + (1 << 20)].to_vec()),
+            Writes::Bytes => conn.write_bytes(shared.slice(at..at + (1 << 20))),
+        }
+        .unwrap();
     }
     conn.finish().unwrap();
     conn.wait_acknowledged(Some(Duration::from_secs(60)))
         .unwrap();
+    // (a link's writer drops its slices just after its last write, which may be a moment
+    // after the peer acknowledged it)
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !shared.is_unique() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the connection let go of the shared memory once it was acknowledged"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let stats = conn.stats();
     let (got, rx_stats) = rx.join().unwrap();
     assert_eq!(got.len(), expect.len());

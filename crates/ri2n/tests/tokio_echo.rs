@@ -152,7 +152,60 @@ async fn read_fast(server: &Endpoint, len: usize) {
     drop(reader.await.unwrap());
 }
 
-/// Byte `i` of the reader test's stream (which repeats every 64 MiB).
+/// `AsyncConnection::write_bytes` and `read_chunk` on either transport: slices of one shared
+/// buffer, large (shared) and small (copied), both ways, arrive exact in chunks as received.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_tasks_share_their_bytes_without_copies_both_ways() {
+    for transport in [Transport::Udp, Transport::Tcp] {
+        let locals = [loopback("127.0.0.1"), loopback("127.0.0.2")];
+        let config = EndpointConfig::new(locals.to_vec()).with_transport(transport);
+        let server = Endpoint::bind(config.clone().server()).unwrap();
+        let to = server.local_addrs()[0];
+        let data = ri2n::Bytes::from((0..16 << 20).map(pattern).collect::<Vec<u8>>());
+        let sizes = [1 << 20, 100, 64 << 10, 7, 300_000];
+        // the server reads everything with `read_chunk`, then sends it back with
+        // `write_bytes` of the chunks it read
+        let server_task = tokio::spawn(async move {
+            let conn = ri2n::tokio::accept(&server).await.unwrap();
+            let (mut chunk, mut got) = (ri2n::Bytes::new(), Vec::new());
+            while conn.read_chunk(&mut chunk).await.unwrap() > 0 {
+                got.push(chunk.clone());
+            }
+            for c in got {
+                conn.write_bytes(c).await.unwrap();
+            }
+            conn.get_ref().finish().unwrap();
+            conn
+        });
+        // (the endpoint outlives the blocking task that connects)
+        let client = Endpoint::bind(config).unwrap();
+        let connecting = client.clone();
+        let conn = tokio::task::spawn_blocking(move || {
+            connecting
+                .connect(&[to], ConnectionConfig::default())
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        let conn = ri2n::tokio::AsyncConnection::new(conn).unwrap();
+        let (mut at, mut k) = (0, 0);
+        while at < data.len() {
+            let n = sizes[k % sizes.len()].min(data.len() - at);
+            conn.write_bytes(data.slice(at..at + n)).await.unwrap();
+            (at, k) = (at + n, k + 1);
+        }
+        conn.get_ref().finish().unwrap();
+        let (mut chunk, mut back) = (ri2n::Bytes::new(), Vec::new());
+        while conn.read_chunk(&mut chunk).await.unwrap() > 0 {
+            back.extend_from_slice(&chunk);
+        }
+        assert_eq!(back.len(), data.len(), "{transport:?}");
+        assert!(back == data, "{transport:?}: the bytes came back changed");
+        drop(server_task.await.unwrap());
+    }
+}
+
+/// Byte `i` of the reader test's stream (which repeats every 64 MiB)./// Byte `i` of the reader test's stream (which repeats every 64 MiB).
 fn pattern(i: usize) -> u8 {
     let i = i % (64 << 20);
     (i ^ (i >> 9) ^ (i >> 17)) as u8

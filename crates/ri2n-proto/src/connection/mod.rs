@@ -22,6 +22,7 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use smallvec::SmallVec;
 
 use crate::crypto::{Cipher, ClientHandshake, Key, Opened, PacketProtection, MAX_AUTH_FAILURES};
@@ -578,6 +579,23 @@ impl Connection {
             // a large buffer goes only whole: wake the writer once it fits (an empty send
             // buffer takes any size)
             let want = (buf.len() as u64).min(stream.capacity()).max(1);
+            self.write_wants = Some((BYTE_STREAM, want));
+            return Err(WriteError::Blocked);
+        }
+        Ok(n)
+    }
+
+    /// Writes `data` to the byte stream as [`write_buf`](Self::write_buf) writes a buffer, a
+    /// large one (16 KiB or more) shared rather than copied, whole or not at all: the
+    /// connection keeps a clone of it until the peer acknowledged it. Returns how many bytes
+    /// were taken.
+    pub fn write_bytes(&mut self, data: &Bytes) -> Result<usize, WriteError> {
+        self.write_check()?;
+        let stream = &mut self.send[BYTE_STREAM];
+        let n = stream.write_bytes(data);
+        if n == 0 && !data.is_empty() {
+            // as for write_buf: a large buffer goes only whole
+            let want = (data.len() as u64).min(stream.capacity()).max(1);
             self.write_wants = Some((BYTE_STREAM, want));
             return Err(WriteError::Blocked);
         }

@@ -188,13 +188,29 @@ impl Link {
     }
 }
 
+/// A piece of the send sequence, and whether its memory is the connection's: kept for reuse
+/// once acknowledged. Memory the application shares ([`TcpConnection::write_bytes`]) is not:
+/// the application may hold it for as long as it likes, and the connection lets go of it as
+/// soon as it is acknowledged.
+#[derive(Debug)]
+pub(crate) struct Sequenced {
+    pub bytes: Bytes,
+    pub ours: bool,
+}
+
+impl Sequenced {
+    fn ours(bytes: Bytes) -> Self {
+        Self { bytes, ours: true }
+    }
+}
+
 /// Everything the connection's threads share.
 #[derive(Debug)]
 pub(crate) struct State {
     pub striper: Striper,
     pub reasm: Reassembly,
     /// Sequence bytes not yet acknowledged, from `send_base` on.
-    pub send_buf: VecDeque<Bytes>,
+    pub send_buf: VecDeque<Sequenced>,
     pub send_base: u64,
     /// The open stream chunk: a header to fill in, then stream bytes written since the last
     /// chunk was sealed (empty when there are none). Not in the sequence yet.
@@ -332,7 +348,7 @@ impl State {
     pub fn send_slices(&self, offset: u64, len: u64, out: &mut Vec<Bytes>) {
         let mut at = self.send_base;
         let (mut from, end) = (offset, offset + len);
-        for b in &self.send_buf {
+        for Sequenced { bytes: b, .. } in &self.send_buf {
             let b_end = at + b.len() as u64;
             if b_end > from && at < end {
                 let s = (from - at) as usize;
@@ -358,7 +374,7 @@ impl State {
         self.tail[..chunk::HEADER_LEN].copy_from_slice(&chunk::header(Kind::Stream, len));
         let b = self.tail.split().freeze();
         self.striper.push(b.len() as u64);
-        self.send_buf.push_back(b);
+        self.send_buf.push_back(Sequenced::ours(b));
     }
 
     /// Appends `data` (at most `WRITE_PIECE` bytes) to the open stream chunk, opening one if
@@ -378,11 +394,13 @@ impl State {
 
     /// Appends a whole chunk (its header, then `payload`) to the sequence, after the open
     /// stream chunk.
-    fn append_chunk(&mut self, kind: Kind, payload: Bytes) {
+    fn append_chunk(&mut self, kind: Kind, payload: Sequenced) {
         self.seal_tail();
-        let header = chunk::header(kind, payload.len());
-        self.send_buf.push_back(Bytes::copy_from_slice(&header));
-        self.striper.push((header.len() + payload.len()) as u64);
+        let header = chunk::header(kind, payload.bytes.len());
+        let header = Sequenced::ours(Bytes::copy_from_slice(&header));
+        self.striper
+            .push((header.bytes.len() + payload.bytes.len()) as u64);
+        self.send_buf.push_back(header);
         self.send_buf.push_back(payload);
     }
 
@@ -463,18 +481,20 @@ impl State {
     pub fn release(&mut self) {
         let delivered = self.striper.delivered();
         while let Some(front) = self.send_buf.front_mut() {
-            let drop = (delivered - self.send_base).min(front.len() as u64);
+            let drop = (delivered - self.send_base).min(front.bytes.len() as u64);
             if drop == 0 {
                 break;
             }
-            front.advance(drop as usize);
+            front.bytes.advance(drop as usize);
             self.send_base += drop;
-            if !front.is_empty() {
+            if !front.bytes.is_empty() {
                 break;
             }
             if let Some(done) = self.send_buf.pop_front() {
-                let in_use = self.buffered();
-                self.spare_send.keep_bytes(done, in_use);
+                if done.ours {
+                    let in_use = self.buffered();
+                    self.spare_send.keep_bytes(done.bytes, in_use);
+                }
             }
         }
     }
@@ -729,9 +749,26 @@ impl TcpConnection {
         let (mut st, _) = self.room(self.lock(), 0, true)?;
         let spare = st.spare_send.take();
         let data = Bytes::from(std::mem::replace(buf, spare));
-        st.append_chunk(Kind::Stream, data);
+        st.append_chunk(Kind::Stream, Sequenced::ours(data));
         self.send_or_wake(st);
         Ok(())
+    }
+
+    /// Takes `data` as [`Self::write_buf`] takes a buffer, a large one shared rather than
+    /// copied (whole); a small or very large one is copied as by [`Self::write`]. Returns how
+    /// many bytes were taken; waits for room when `block`, else says `WouldBlock`.
+    pub fn write_bytes(&self, data: &Bytes, block: bool) -> io::Result<usize> {
+        if data.len() < WHOLE_BUFFER || data.len() > chunk::MAX_CHUNK {
+            return self.write(data, block);
+        }
+        let (mut st, _) = self.room(self.lock_for(Interest::Write, block), 0, block)?;
+        let shared = Sequenced {
+            bytes: data.clone(),
+            ours: false,
+        };
+        st.append_chunk(Kind::Stream, shared);
+        self.send_or_wake(st);
+        Ok(data.len())
     }
 
     /// Sends `msg` as one chunk, waiting for room for all of it unless `block` is false.
@@ -755,7 +792,7 @@ impl TcpConnection {
         }
         let need = (chunk::HEADER_LEN + msg.len()) as u64;
         let (mut st, _) = self.room(self.lock_for(Interest::Write, block), need, block)?;
-        st.append_chunk(Kind::Message, Bytes::copy_from_slice(msg));
+        st.append_chunk(Kind::Message, Sequenced::ours(Bytes::copy_from_slice(msg)));
         self.send_or_wake(st);
         Ok(())
     }
@@ -860,9 +897,10 @@ impl TcpConnection {
     /// goes to the link readers' spares if nothing else holds it. (Not when something does:
     /// the other holder is often a piece of the same buffer still to be read, and two pieces
     /// of one buffer waiting in the spares for each other would keep it forever.) Returns
-    /// its length (0: the end of the stream).
-    pub fn read_chunk(&self, chunk: &mut Bytes) -> io::Result<usize> {
-        let Some(mut st) = self.readable(self.lock(), Incoming::Stream, true, None)? else {
+    /// its length (0: the end of the stream). Waits for it when `block`, else says `WouldBlock` when there is none yet.
+    pub fn read_chunk(&self, chunk: &mut Bytes, block: bool) -> io::Result<usize> {
+        let st = self.lock_for(Interest::Read, block);
+        let Some(mut st) = self.readable(st, Incoming::Stream, block, None)? else {
             *chunk = Bytes::new();
             return Ok(0);
         };
@@ -1027,7 +1065,7 @@ mod tests {
         let mut st = conn.lock();
         st.seal_tail();
         (st.send_buf.iter())
-            .map(|b| b.len() - chunk::HEADER_LEN)
+            .map(|b| b.bytes.len() - chunk::HEADER_LEN)
             .collect()
     }
 
