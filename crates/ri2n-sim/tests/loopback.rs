@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 use ri2n_proto::wire::{self, frame_type, Header, Writer};
 use ri2n_proto::{
     Connection, ConnectionConfig, ConnectionError, ConnectionHandle, ConnectionState, Endpoint,
-    EndpointConfig, LinkState, ReadError,
+    EndpointConfig, Event, LinkState, ReadError,
 };
-use ri2n_sim::testbed::{Capture, Testbed, TestbedConfig, DEFAULT_DELAY};
-use ri2n_sim::{Action, Dir, DirectionConfig, LinkStatus};
+use ri2n_sim::testbed::{Capture, Testbed, TestbedConfig, Transfer, DEFAULT_DELAY};
+use ri2n_sim::{Action, Dir, DirectionConfig, HostId, LinkConfig, LinkStatus};
 
 fn addr(s: &str) -> SocketAddr {
     s.parse().unwrap()
@@ -1045,4 +1045,61 @@ fn idle_keepalives_are_answered_at_once_and_coalesced() {
         "{packets} packets in 10 idle seconds"
     );
     assert!(events <= 560, "{events} events in 10 idle seconds");
+}
+
+/// Two links of 10 Gbit/s and a few microseconds (as on loopback), and a receiver that stops
+/// running for 3 ms every 40 ms (as on a busy host: nothing it receives is taken in, and it
+/// neither sends nor runs its timers). The stalls are shorter than what takes a link down or
+/// finds it slow: no link leaves `up`, and the bytes arrive exact.
+#[test]
+fn a_receiver_that_stalls_now_and_then_keeps_every_link_up() {
+    let fast = DirectionConfig {
+        rate_bps: 10_000_000_000,
+        ..DirectionConfig::ideal(Duration::from_micros(5))
+    };
+    let mut tb = Testbed::new(
+        TestbedConfig::new(2)
+            .with_links(LinkConfig::symmetric(fast))
+            .with_buffers(8 << 20, 8 << 20),
+    );
+    tb.establish();
+    let received = |tb: &Testbed| -> u64 {
+        let links = tb.server_conn().stats().links;
+        links.iter().map(|l| l.packets_received).sum()
+    };
+    let mut t = Transfer::new(1 << 30, 0, 0, true);
+    let mut changes = Vec::new();
+    let start = tb.now();
+    let mut stalls = 0;
+    while tb.now() < start + Duration::from_millis(400) {
+        tb.advance(Duration::from_millis(37), |s| t.pump(s));
+        let before = received(&tb);
+        tb.stall(HostId::B, tb.now() + Duration::from_millis(3));
+        tb.advance(Duration::from_micros(2900), |s| t.pump(s));
+        assert_eq!(received(&tb), before, "nothing taken in while stalled");
+        tb.advance(Duration::from_micros(100), |s| t.pump(s));
+        assert!(
+            received(&tb) > before,
+            "what waited is taken in after the stall"
+        );
+        stalls += 1;
+        while let Some((_, e)) = tb.client.poll_event() {
+            match e {
+                Event::LinkStateChanged { link, to, .. } if to != LinkState::Up => {
+                    changes.push((tb.now(), link, to))
+                }
+                _ => {}
+            }
+        }
+    }
+    let delivered = t.got_s;
+    println!(
+        "{stalls} stalls of the receiver: {} MiB delivered, link changes {changes:?}",
+        delivered >> 20
+    );
+    assert!(
+        delivered > 128 << 20,
+        "the transfer moved: {delivered} bytes"
+    );
+    assert!(changes.is_empty(), "{changes:?}");
 }

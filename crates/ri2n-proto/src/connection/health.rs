@@ -15,6 +15,12 @@ use super::Connection;
 
 /// A link whose in-flight data needs this many scheduling budgets to drain is degraded.
 const SLOW_LINK_FACTOR: f64 = 4.0;
+/// ... and at least this long (seconds). On paths of a few microseconds the budget itself can
+/// shrink to microseconds for a moment: one delivery-rate sample taken across a stall of the
+/// receiver, or the window's rate of a link with nothing in flight (its window over a round
+/// trip of microseconds), and a link then looks slow whose data drains in a millisecond.
+/// Data that drains that soon holds nothing up; a link gone soft holds its data for far longer.
+const MIN_SLOW_ETA: f64 = 0.010;
 
 impl Connection {
     /// Whether the health checks have anything to look at: arrivals in the current period,
@@ -52,7 +58,7 @@ impl Connection {
             return;
         }
         let (fastest, budget) = self.eta_budget(now);
-        let limit = budget * SLOW_LINK_FACTOR;
+        let limit = (budget * SLOW_LINK_FACTOR).max(MIN_SLOW_ETA);
         for i in 0..self.links.len() {
             let eta = self.links[i].eta(now);
             // only a measured link can be judged: before its first samples the ETA rests on

@@ -24,7 +24,7 @@ use ri2n_proto::{
 
 use crate::derive_seed;
 use crate::events::EventQueue;
-use crate::net::{host_addr, Dir, HostId, LinkConfig, NetEvent, Network, MAX_DATAGRAM};
+use crate::net::{host_addr, Arrival, Dir, HostId, LinkConfig, NetEvent, Network, MAX_DATAGRAM};
 use crate::outgoing::Outgoing;
 use crate::scenario::Action;
 
@@ -258,6 +258,9 @@ pub struct Testbed {
     /// The client's and the server's openers (with `opens_outside`).
     openers: [Openers; 2],
     opened_outside: u64,
+    /// Per host (client, server): until when it does not run (see [`Testbed::stall`]), and
+    /// the datagrams that arrived for it meanwhile.
+    stalls: [Option<(Duration, Vec<Arrival>)>; 2],
 }
 
 impl Testbed {
@@ -297,6 +300,7 @@ impl Testbed {
             buf: vec![0; wire::MAX_DATAGRAM_SIZE],
             openers: Default::default(),
             opened_outside: 0,
+            stalls: [None, None],
             cfg,
         }
     }
@@ -410,8 +414,11 @@ impl Testbed {
     /// Puts everything both endpoints want to send on the network, client first, and accepts
     /// the server's connection if it has come.
     pub fn flush(&mut self) {
-        self.transmit(HostId::A);
-        self.transmit(HostId::B);
+        for host in [HostId::A, HostId::B] {
+            if !self.is_stalled(host) {
+                self.transmit(host);
+            }
+        }
         if self.sh.is_none() {
             self.sh = self.server.accept();
         }
@@ -522,13 +529,33 @@ impl Testbed {
     /// nothing is left to happen.
     pub fn next_event(&mut self) -> Option<Duration> {
         let base = self.base;
-        let timer = [self.client.poll_timeout(), self.server.poll_timeout()]
-            .into_iter()
-            .flatten()
-            .min()
-            .map(|t| t.saturating_duration_since(base));
+        // a stalled host's timers wait for its stall's end
+        let timer = |ep: &mut Endpoint, stall: &Option<(Duration, Vec<Arrival>)>| match stall {
+            Some((until, _)) => Some(*until),
+            None => ep.poll_timeout().map(|t| t.saturating_duration_since(base)),
+        };
+        let timers = [
+            timer(&mut self.client, &self.stalls[0]),
+            timer(&mut self.server, &self.stalls[1]),
+        ];
         let net = self.queue.peek().map(|(at, _)| at);
-        [timer, net].into_iter().flatten().min()
+        timers.into_iter().chain([net]).flatten().min()
+    }
+
+    /// Host `host` does not run until `until` (as on a busy machine): what arrives for it
+    /// meanwhile waits, in order, and it neither runs its timers nor sends; at `until` it
+    /// takes in what waited, then goes on.
+    pub fn stall(&mut self, host: HostId, until: Duration) {
+        let i = host_index(host);
+        let held = self.stalls[i]
+            .take()
+            .map(|(_, held)| held)
+            .unwrap_or_default();
+        self.stalls[i] = Some((until.max(self.now), held));
+    }
+
+    fn is_stalled(&self, host: HostId) -> bool {
+        self.stalls[host_index(host)].is_some()
     }
 
     /// Moves the clock to `t` (if later), hands the endpoints the datagrams that arrive by
@@ -536,11 +563,32 @@ impl Testbed {
     pub fn advance_to(&mut self, t: Duration) {
         self.now = self.now.max(t);
         let now = self.instant();
-        while let Some(ev) = self.queue.pop_due(self.now) {
-            let queue = &mut self.queue;
-            let Some(mut a) = self.net.handle(ev, &mut |at, e| queue.schedule(at, e)) else {
-                continue;
+        // stalls that are over: what waited arrives now, before anything later
+        let mut waited = Vec::new();
+        for stall in &mut self.stalls {
+            if stall.as_ref().is_some_and(|(until, _)| *until <= self.now) {
+                waited.extend(stall.take().expect("checked").1);
+            }
+        }
+        let mut arrivals = waited.into_iter();
+        loop {
+            let mut a = match arrivals.next() {
+                Some(a) => a,
+                None => {
+                    let Some(ev) = self.queue.pop_due(self.now) else {
+                        break;
+                    };
+                    let queue = &mut self.queue;
+                    let Some(a) = self.net.handle(ev, &mut |at, e| queue.schedule(at, e)) else {
+                        continue;
+                    };
+                    a
+                }
             };
+            if let Some((_, held)) = &mut self.stalls[host_index(a.dir.receiver())] {
+                held.push(a);
+                continue;
+            }
             let (ep, openers) = match a.dir.receiver() {
                 HostId::A => (&mut self.client, &mut self.openers[0]),
                 HostId::B => (&mut self.server, &mut self.openers[1]),
@@ -555,8 +603,12 @@ impl Testbed {
                 openers.learn(ep, &a.data);
             }
         }
-        self.client.handle_timeout(now);
-        self.server.handle_timeout(now);
+        if !self.is_stalled(HostId::A) {
+            self.client.handle_timeout(now);
+        }
+        if !self.is_stalled(HostId::B) {
+            self.server.handle_timeout(now);
+        }
     }
 
     /// Flushes, then moves to the next event (at most to `limit`) and flushes again. Returns
@@ -776,6 +828,14 @@ pub fn initial_packet(scid: u64, token: &[u8], mode: u8, hello: &[u8]) -> Vec<u8
         mode,
         hello,
     })
+}
+
+/// The index of `host` in per-host arrays: the client (A) first.
+fn host_index(host: HostId) -> usize {
+    match host {
+        HostId::A => 0,
+        HostId::B => 1,
+    }
 }
 
 #[cfg(test)]
