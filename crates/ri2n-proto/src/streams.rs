@@ -33,8 +33,9 @@ pub fn reclaim(b: Bytes) -> Result<Vec<u8>, Bytes> {
 /// The bytes wait in the pieces the application handed over: [`write_buf`] takes a whole
 /// buffer without copying it (and gives back a spare one), [`write_bytes`] shares one, and
 /// [`write`] copies small writes into a piece of [`BLOCK`] bytes. The only copy of the payload
-/// in user space is then the one into the outgoing datagram. A piece does not change once bytes of it are sent, so a driver whose
-/// other threads send can take the datagrams' bytes from it instead ([`payload`]).
+/// in user space is then the one into the outgoing datagram. A piece does not change once
+/// bytes of it are sent, so a driver whose other threads send can take the datagrams' bytes
+/// from it instead ([`payload`]).
 ///
 /// [`write_buf`]: Self::write_buf
 /// [`write_bytes`]: Self::write_bytes

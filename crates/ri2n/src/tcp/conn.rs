@@ -897,7 +897,8 @@ impl TcpConnection {
     /// goes to the link readers' spares if nothing else holds it. (Not when something does:
     /// the other holder is often a piece of the same buffer still to be read, and two pieces
     /// of one buffer waiting in the spares for each other would keep it forever.) Returns
-    /// its length (0: the end of the stream). Waits for it when `block`, else says `WouldBlock` when there is none yet.
+    /// its length (0: the end of the stream). Waits for it when `block`, else says
+    /// `WouldBlock` when there is none yet.
     pub fn read_chunk(&self, chunk: &mut Bytes, block: bool) -> io::Result<usize> {
         let st = self.lock_for(Interest::Read, block);
         let Some(mut st) = self.readable(st, Incoming::Stream, block, None)? else {
