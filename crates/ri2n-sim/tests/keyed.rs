@@ -392,18 +392,24 @@ fn packets_sealed_and_opened_outside_the_engine_survive_key_updates() {
     }
 }
 
-/// An opened datagram is accepted only with its own proof, and an opener holds its key only
-/// while the connection does.
-#[test]
-fn a_proof_of_opening_counts_for_its_own_packet_only() {
+/// A keyed pair on one link after 30 s of keepalives and their acknowledgements (short
+/// packets), the client's first 1 000 datagrams captured.
+fn keyed_keepalives() -> Testbed {
     let mut sim = Testbed::new(
         TestbedConfig::new(1)
             .with_keys(Some(key(1)), Some(key(1)))
             .with_capture(Dir::AToB, Capture::first(1_000)),
     );
     sim.establish();
-    // keepalives and their acknowledgements: short packets
     sim.advance(Duration::from_secs(30), |_| {});
+    sim
+}
+
+/// An opened datagram is accepted only with its own proof, and an opener holds its key only
+/// while the connection does.
+#[test]
+fn a_proof_of_opening_counts_for_its_own_packet_only() {
+    let mut sim = keyed_keepalives();
     let mut packets = client_short_packets(&sim).into_iter().map(|c| c.bytes);
     let (first, second) = (packets.next().unwrap(), packets.next().unwrap());
     let mut openers = ri2n_proto::Openers::default();
@@ -436,13 +442,7 @@ fn a_proof_of_opening_counts_for_its_own_packet_only() {
 /// nothing after it.
 #[test]
 fn a_key_is_held_for_one_batch_only() {
-    let mut sim = Testbed::new(
-        TestbedConfig::new(1)
-            .with_keys(Some(key(1)), Some(key(1)))
-            .with_capture(Dir::AToB, Capture::first(1_000)),
-    );
-    sim.establish();
-    sim.advance(Duration::from_secs(30), |_| {});
+    let mut sim = keyed_keepalives();
     let old = client_short_packets(&sim)[0].bytes.clone();
     let mut openers = ri2n_proto::Openers::default();
     openers.learn(&sim.server, &old);

@@ -573,16 +573,8 @@ impl Connection {
     /// copied and drained. Returns how many bytes were taken.
     pub fn write_buf(&mut self, buf: &mut Vec<u8>) -> Result<usize, WriteError> {
         self.write_check()?;
-        let stream = &mut self.send[BYTE_STREAM];
-        let n = stream.write_buf(buf);
-        if n == 0 && !buf.is_empty() {
-            // a large buffer goes only whole: wake the writer once it fits (an empty send
-            // buffer takes any size)
-            let want = (buf.len() as u64).min(stream.capacity()).max(1);
-            self.write_wants = Some((BYTE_STREAM, want));
-            return Err(WriteError::Blocked);
-        }
-        Ok(n)
+        let n = self.send[BYTE_STREAM].write_buf(buf);
+        self.taken_or_blocked(n, buf.len())
     }
 
     /// Writes `data` to the byte stream as [`write_buf`](Self::write_buf) writes a buffer, a
@@ -591,11 +583,16 @@ impl Connection {
     /// were taken.
     pub fn write_bytes(&mut self, data: &Bytes) -> Result<usize, WriteError> {
         self.write_check()?;
-        let stream = &mut self.send[BYTE_STREAM];
-        let n = stream.write_bytes(data);
-        if n == 0 && !data.is_empty() {
-            // as for write_buf: a large buffer goes only whole
-            let want = (data.len() as u64).min(stream.capacity()).max(1);
+        let n = self.send[BYTE_STREAM].write_bytes(data);
+        self.taken_or_blocked(n, data.len())
+    }
+
+    /// What a write of `len` bytes that takes a large buffer only whole returns, `n` bytes
+    /// taken: when none were, the writer is woken once they fit (an empty send buffer takes
+    /// any size).
+    fn taken_or_blocked(&mut self, n: usize, len: usize) -> Result<usize, WriteError> {
+        if n == 0 && len > 0 {
+            let want = (len as u64).min(self.send[BYTE_STREAM].capacity()).max(1);
             self.write_wants = Some((BYTE_STREAM, want));
             return Err(WriteError::Blocked);
         }
