@@ -595,9 +595,9 @@ fn send_until(
             // paced chunks may be small, and are copied: count every accepted part, not
             // whole chunks, since the timeline subtracts what is still buffered, which
             // includes a chunk's accepted part while the rest waits
-            let mut rest = &chunk[..];
+            let (mut writer, mut rest) = (conn, &chunk[..]);
             while !rest.is_empty() {
-                let n = (&*conn).write(rest).map_err(|e| Failure::lost(&e))?;
+                let n = writer.write(rest).map_err(|e| Failure::lost(&e))?;
                 written += n as u64;
                 counter.store(written, Ordering::Relaxed);
                 rest = &rest[n..];

@@ -246,18 +246,20 @@ fn transfer_with_one_link_losing_20_percent() {
 
 #[test]
 fn buffers_exchanged_with_the_connection_arrive_exact_through_loss() {
-    let p = pair();
-    let lossy = p.client.local_addrs()[1];
-    p.client.impairment(lossy).unwrap().set_loss(0.1);
-    transfer_with(&p, 24 << 20, Api::Exchange, |_, _| {});
+    through_10_percent_loss(Api::Exchange);
 }
 
 #[test]
 fn shared_bytes_arrive_exact_through_loss_and_are_let_go() {
+    through_10_percent_loss(Api::Share);
+}
+
+/// 24 MiB handed over as `api` says, one of the two links losing 10 % of its datagrams.
+fn through_10_percent_loss(api: Api) {
     let p = pair();
     let lossy = p.client.local_addrs()[1];
     p.client.impairment(lossy).unwrap().set_loss(0.1);
-    transfer_with(&p, 24 << 20, Api::Share, |_, _| {});
+    transfer_with(&p, 24 << 20, api, |_, _| {});
 }
 
 /// With a key, the receiving thread opens what it received before it hands it to the engine
