@@ -73,18 +73,10 @@ pub fn reload(args: &TunnelReloadArgs) -> Result<(), Failure> {
             ),
         ),
     })?;
-    let list = |names: &[String]| {
-        if names.is_empty() {
-            "none".to_owned()
-        } else {
-            names.join(", ")
-        }
-    };
     println!(
-        "{name}: {} read again; added {}; removed {}",
+        "{name}: {} read again; {}",
         args.config.display(),
-        list(&changes.added),
-        list(&changes.removed)
+        changes.changes()
     );
     Ok(())
 }

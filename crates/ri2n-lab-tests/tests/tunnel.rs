@@ -902,16 +902,22 @@ fn sighup(d: &Proc) {
     assert!(status.success(), "kill -HUP {}", d.name);
 }
 
-/// `ri2n tunnel reload --config CONFIG` in host `host`: its exit status and stdout and
-/// stderr, together.
-fn reload(env: &Env, lab: &Lab, host: &str, config: &Path) -> (std::process::ExitStatus, String) {
+/// `ri2n tunnel VERB --config CONFIG` (`reload`, `status`) in host `host`: its exit status
+/// and stdout and stderr, together.
+fn tunnel_verb(
+    env: &Env,
+    lab: &Lab,
+    host: &str,
+    verb: &str,
+    config: &Path,
+) -> (std::process::ExitStatus, String) {
     let out = Command::new("ip")
         .args(["netns", "exec", &lab.ns_of(host)])
         .arg(&env.ri2n)
-        .args(["tunnel", "reload", "--config"])
+        .args(["tunnel", verb, "--config"])
         .arg(config)
         .output()
-        .expect("running ri2n tunnel reload");
+        .expect("running ri2n tunnel");
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     (out.status, text)
@@ -956,7 +962,7 @@ fn a_host_joins_and_leaves_on_sighup_without_restarting_the_others() {
 
     // c joins
     write_cluster_file(&dir.0, &HOSTS);
-    let (status, text) = reload(env, &lab, "a", &config);
+    let (status, text) = tunnel_verb(env, &lab, "a", "reload", &config);
     assert!(status.success(), "ri2n tunnel reload: {status}: {text}");
     assert!(text.contains("added c; removed none"), "{text}");
     sighup(&daemons[1]);
@@ -980,17 +986,24 @@ fn a_host_joins_and_leaves_on_sighup_without_restarting_the_others() {
     // a change that takes a restart is refused, and the file in use kept
     let in_use = fs::read_to_string(&config).expect("reading the cluster file");
     fs::write(&config, format!("port = 7401\n{in_use}")).expect("writing the cluster file");
-    let (status, text) = reload(env, &lab, "a", &config);
+    let (status, text) = tunnel_verb(env, &lab, "a", "reload", &config);
     assert_eq!(status.code(), Some(2), "{text}");
     assert!(
         text.contains("keeps the cluster file in use") && text.contains("restart the daemon"),
         "{text}"
     );
     ping_through(&lab, "a", "c");
+    // the operator who did not run the reload learns it from the status
+    let (status, text) = tunnel_verb(env, &lab, "a", "status", &config);
+    assert!(status.success(), "ri2n tunnel status: {status}: {text}");
+    assert!(
+        text.contains("read again 2 times since the start; last: refused:"),
+        "{text}"
+    );
 
     // c leaves
     write_cluster_file(&dir.0, &["a", "b"]);
-    let (status, text) = reload(env, &lab, "a", &config);
+    let (status, text) = tunnel_verb(env, &lab, "a", "reload", &config);
     assert!(status.success(), "ri2n tunnel reload: {status}: {text}");
     assert!(text.contains("added none; removed c"), "{text}");
     sighup(&daemons[1]);

@@ -187,6 +187,28 @@ pub struct Reload {
     pub error: Option<String>,
 }
 
+impl Reload {
+    /// What it did, in the words `ri2n tunnel reload` and `ri2n tunnel status` print:
+    /// `added c, d; removed none`, or `refused: REASON`.
+    pub fn changes(&self) -> String {
+        if let Some(e) = &self.error {
+            return format!("refused: {e}");
+        }
+        let list = |names: &[String]| {
+            if names.is_empty() {
+                "none".to_owned()
+            } else {
+                names.join(", ")
+            }
+        };
+        format!(
+            "added {}; removed {}",
+            list(&self.added),
+            list(&self.removed)
+        )
+    }
+}
+
 impl Peers {
     pub fn new(
         cluster: Cluster,

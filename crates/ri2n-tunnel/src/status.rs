@@ -555,6 +555,22 @@ pub fn table(s: &Status) -> String {
         if reads.len() == 1 { "" } else { "s" },
         reads.join(" / ")
     );
+    // which file a reload must edit, and whether the last one was taken up
+    let _ = match &s.last_reload {
+        Some(last) => writeln!(
+            out,
+            "  cluster file {}, read again {} time{} since the start; last: {}",
+            s.config,
+            s.reloads,
+            if s.reloads == 1 { "" } else { "s" },
+            last.changes()
+        ),
+        None => writeln!(
+            out,
+            "  cluster file {}, not read again since the start",
+            s.config
+        ),
+    };
     for p in &s.peers {
         let _ = writeln!(
             out,
@@ -669,6 +685,10 @@ mod tests {
         );
         assert_eq!(
             lines.next(),
+            Some("  cluster file /etc/ri2n/cluster.toml, not read again since the start")
+        );
+        assert_eq!(
+            lines.next(),
             Some(
                 "  b \"east\" 10.99.0.2 connected, sealed with AEGIS-256X4: packets sent 7, \
                  received 9, dropped 0"
@@ -677,5 +697,35 @@ mod tests {
         assert!(lines.next().unwrap().contains("up         rtt    250 us"));
         assert!(lines.next().unwrap().contains("down       rtt      - us"));
         assert_eq!(lines.next(), None);
+    }
+
+    #[test]
+    fn the_table_says_what_the_last_reload_did() {
+        let mut s = snapshot();
+        s.reloads = 1;
+        s.last_reload = Some(Reload {
+            added: vec!["c".into(), "d".into()],
+            removed: vec![],
+            error: None,
+        });
+        assert_eq!(
+            table(&s).lines().nth(1),
+            Some(
+                "  cluster file /etc/ri2n/cluster.toml, read again 1 time since the start; \
+                 last: added c, d; removed none"
+            )
+        );
+        s.reloads = 2;
+        s.last_reload = Some(Reload {
+            error: Some("the port changed (7400 to 7401)".into()),
+            ..Reload::default()
+        });
+        assert_eq!(
+            table(&s).lines().nth(1),
+            Some(
+                "  cluster file /etc/ri2n/cluster.toml, read again 2 times since the start; \
+                 last: refused: the port changed (7400 to 7401)"
+            )
+        );
     }
 }
