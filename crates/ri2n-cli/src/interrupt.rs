@@ -7,13 +7,15 @@
 //! exits; once a connection is registered it aborts it, and the command's blocked read or
 //! write returns, sees [`caught`] and reports. A command blocked outside the connection
 //! (reading an idle stdin) is not woken by the abort: the process ends one second later.
+//! `serve` holds many connections: an interrupt aborts them all
+//! ([`abort_endpoint_on_interrupt`]).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ri2n::Connection;
+use ri2n::{Connection, Endpoint};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -74,6 +76,26 @@ pub fn install() {
                     }
                     Target::Nothing => exit_now(signal, ""),
                 }
+            }
+        })
+        .ok();
+}
+
+/// Starts watching SIGINT and SIGTERM for `serve`: every connection of `endpoint` is aborted
+/// with the signal's number as the code and "the server was interrupted by SIG…" as the
+/// reason, so that each client reports why its test ended, then the process exits 128 + the
+/// signal number.
+pub fn abort_endpoint_on_interrupt(endpoint: Endpoint) {
+    let Ok(mut signals) = Signals::new([SIGINT, SIGTERM]) else {
+        return; // the default action stays: the process just ends
+    };
+    std::thread::Builder::new()
+        .name("ri2n-signals".into())
+        .spawn(move || {
+            if let Some(signal) = signals.forever().next() {
+                let reason = format!("the server was interrupted by {}", name(signal));
+                endpoint.abort(signal as u64, &reason);
+                exit_now(signal, "; its clients were told");
             }
         })
         .ok();

@@ -270,3 +270,75 @@ fn a_zero_length_test_is_a_usage_error() {
         assert_eq!(s.code(), Some(2), "{args:?}: {}", stderr_of(&o));
     }
 }
+
+/// SIGTERM to `ri2n serve` in the middle of a test, on either transport: the server aborts
+/// every client's connection with the reason before it exits 143, so the client reports why
+/// its test ended (exit 4) instead of finding the server gone.
+#[test]
+fn a_client_learns_that_the_server_was_interrupted() {
+    let _g = heavy();
+    for transport in ["udp", "tcp"] {
+        let port = free_port();
+        let to = format!("127.0.0.1:{port}");
+        let server = Proc::spawn(
+            "ri2n serve",
+            Command::new(bin())
+                .args(["serve", "--transport", transport, "--listen", &to])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped()),
+        );
+        // a TCP client is refused until the server listens (a UDP one retries)
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while transport == "tcp" && std::net::TcpStream::connect(&to).is_err() {
+            assert!(
+                std::time::Instant::now() < until,
+                "ri2n serve never listened"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let client = Proc::spawn(
+            "ri2n bench",
+            Command::new(bin())
+                .args(["bench", "--transport", transport, "--to", &to])
+                .args(["--time", "30", "--interval", "0.2", "--json"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped()),
+        );
+        std::thread::sleep(Duration::from_secs(2));
+        let pid = server.child.as_ref().unwrap().id() as libc::pid_t;
+        // SAFETY: a signal to our own child, still running (it is reaped only by `wait` below)
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let (s, so) = server.wait(Duration::from_secs(10));
+        let (c, co) = client.wait(Duration::from_secs(10));
+        let (server_err, text) = (stderr_of(&so), stderr_of(&co));
+        assert_eq!(s.code(), Some(143), "{transport}: {server_err}");
+        assert!(
+            server_err.contains("interrupted by SIGTERM; its clients were told"),
+            "{transport}: {server_err}"
+        );
+        // the premise: the test was moving data when the server was stopped
+        let moved = text.lines().any(|l| {
+            let mut words = l.split_whitespace();
+            let row = words
+                .next()
+                .is_some_and(|w| w.contains('-') && w.starts_with(char::is_numeric));
+            row && words
+                .next()
+                .and_then(|g| g.parse::<f64>().ok())
+                .is_some_and(|g| g > 0.0)
+        });
+        assert!(
+            moved,
+            "{transport}: no data moved before the signal: {text}"
+        );
+        assert_eq!(c.code(), Some(4), "{transport}: {text}");
+        let doc: serde_json::Value = serde_json::from_slice(&co.stdout).unwrap_or_default();
+        let error = doc["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains("the peer aborted the connection (code 15)")
+                && error.contains("the server was interrupted by SIGTERM"),
+            "{transport}: {doc} {text}"
+        );
+    }
+}

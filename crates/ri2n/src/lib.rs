@@ -199,6 +199,10 @@ impl Drop for TcpHandle {
     }
 }
 
+/// How long closing a TCP-transport connection waits for its links' writers to send the
+/// CLOSE record.
+const TCP_CLOSE_WRITE: Duration = Duration::from_millis(200);
+
 /// Finishes every connection of a TCP endpoint and waits until `deadline` for each to be
 /// acknowledged; returns (connections, bytes) never acknowledged. The endpoint listens on
 /// meanwhile, for the links of those connections only: a link that fails during the wait is
@@ -214,7 +218,7 @@ fn tcp_close(ep: &tcp::TcpEndpoint, deadline: Option<Instant>) -> (usize, u64) {
             lost.1 += c.unacknowledged();
             c.abort(1, "the endpoint closed");
         }
-        c.close(Duration::from_millis(200));
+        c.close(TCP_CLOSE_WRITE);
     }
     ep.shut();
     lost
@@ -336,6 +340,26 @@ impl Endpoint {
             Ok(())
         } else {
             Err(Error::NotDelivered { connections, bytes })
+        }
+    }
+
+    /// Aborts every connection of the endpoint now, as [`Connection::abort`] aborts one:
+    /// each peer is told `code` and `reason` (its calls fail with
+    /// [`ConnectionError::PeerAborted`]), nothing more is sent or delivered, and what was
+    /// written but not acknowledged is dropped. Returns once the CLOSE packets (or records)
+    /// have left, so a process may exit right after: the clients of a server that is stopped
+    /// (`ri2n serve` on SIGTERM) learn why at once instead of finding it gone. Connections
+    /// accepted afterwards are not affected.
+    pub fn abort(&self, code: u64, reason: &str) {
+        match &self.inner {
+            Transports::Udp(s) => s.abort_all(code, reason),
+            Transports::Tcp(t) => {
+                for c in t.endpoint.connections() {
+                    c.abort(code, reason);
+                    // waits until each link's writer has sent the CLOSE record
+                    c.close(TCP_CLOSE_WRITE);
+                }
+            }
         }
     }
 

@@ -419,6 +419,13 @@ impl Shards {
         self.accepts.wait(deadline);
     }
 
+    /// Aborts every shard's connections (see `Shared::abort_all`).
+    pub fn abort_all(&self, code: u64, reason: &str) {
+        for d in &self.drivers {
+            d.shared().abort_all(code, reason);
+        }
+    }
+
     /// Closes every shard's connections at once (see `Shared::close_all`).
     pub fn close_all(&self, deadline: Option<Instant>) -> Undelivered {
         if let [only] = &self.drivers[..] {

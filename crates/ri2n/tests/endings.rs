@@ -1,11 +1,12 @@
 //! How connections end, as an application sees it: nothing written is lost when handles are
 //! dropped, a peer that is gone is told from a network that is down, and a closed port is
-//! refused at once, and so is a connection beyond a server's limit.
+//! refused at once, and so is a connection beyond a server's limit; a server that aborts
+//! all its connections at once tells every client why.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
-use ri2n::{ConnectionConfig, ConnectionError, Endpoint, EndpointConfig, Error};
+use ri2n::{ConnectionConfig, ConnectionError, Endpoint, EndpointConfig, Error, Transport};
 
 fn loopback(ip: &str) -> SocketAddr {
     format!("{ip}:0").parse().unwrap()
@@ -166,6 +167,71 @@ fn a_server_at_its_connection_limit_refuses_at_once() {
                 std::thread::sleep(Duration::from_millis(50));
             }
             Err(e) => panic!("reconnecting after one connection ended: {e}"),
+        }
+    }
+}
+
+/// `Endpoint::abort` (what `ri2n serve` does on SIGTERM): every connection of the server, on
+/// each of its shards or over the TCP transport, ends at once, and each client's blocked read
+/// fails with the code and reason the server gave.
+#[test]
+fn an_endpoint_aborted_tells_every_peer_why() {
+    use std::io::{Read, Write};
+    for transport in [Transport::Udp, Transport::Tcp] {
+        let server = Endpoint::bind(
+            EndpointConfig::new(vec![loopback("127.0.0.1")])
+                .with_transport(transport)
+                .with_shards(Some(2))
+                .server(),
+        )
+        .unwrap();
+        let client = Endpoint::bind(
+            EndpointConfig::new(vec![loopback("127.0.0.1")]).with_transport(transport),
+        )
+        .unwrap();
+        let readers: Vec<_> = (0..3)
+            .map(|i| {
+                let mut conn = client
+                    .connect(&server.local_addrs(), ConnectionConfig::default())
+                    .unwrap();
+                let accepted = server.accept().unwrap();
+                // the premise: each connection carries data both ways before the abort
+                conn.write_all(&[i; 1000]).unwrap();
+                let mut got = [0u8; 1000];
+                (&accepted).read_exact(&mut got).unwrap();
+                assert_eq!(got, [i; 1000]);
+                (&accepted).write_all(&[i; 10]).unwrap();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 100];
+                    let mut echoed = 0;
+                    let failed = loop {
+                        match (&conn).read(&mut buf) {
+                            Ok(0) => break None,
+                            Ok(n) => echoed += n,
+                            Err(e) => break Some(e),
+                        }
+                    };
+                    (echoed, failed, conn.close_reason(), accepted)
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        server.abort(7, "down for maintenance");
+        for r in readers {
+            let (echoed, failed, reason, _accepted) = r.join().unwrap();
+            assert_eq!(echoed, 10, "{transport:?}");
+            assert!(
+                failed.is_some(),
+                "{transport:?}: the read ended without an error"
+            );
+            assert_eq!(
+                reason,
+                Some(ConnectionError::PeerAborted {
+                    code: 7,
+                    reason: "down for maintenance".into()
+                }),
+                "{transport:?}"
+            );
         }
     }
 }

@@ -397,6 +397,22 @@ impl Shared {
         undelivered
     }
 
+    /// Aborts every connection of this shard that is still open, telling each peer `code`
+    /// and `reason`, and returns once their CLOSE packets have left.
+    pub fn abort_all(&self, code: u64, reason: &str) {
+        let mut st = self.lock();
+        let handles: Vec<ConnectionHandle> = st.endpoint.connection_handles().collect();
+        for h in handles {
+            if let Some(c) = st.endpoint.connection_mut(h) {
+                if c.state() != ConnectionState::Closed {
+                    c.abort(code, reason);
+                }
+            }
+        }
+        let st = self.after_app_call(st);
+        drop(self.wait_until_sent(st));
+    }
+
     /// Waits until the thread sending the queue, if another one is, and the lanes have sent
     /// everything:
     /// what a close queued behind it (the CLOSE of a connection aborted a moment ago) would
