@@ -334,6 +334,33 @@ pub unsafe extern "C" fn ri2n_endpoint_close(ep: *mut ri2n_endpoint, timeout_ms:
     })
 }
 
+/// Aborts every connection of the endpoint at once, as [`ri2n_abort`](crate::ri2n_abort)
+/// aborts one: each peer's calls fail with `ECONNRESET` and see `code` and `reason` (may be
+/// NULL) in their error text; what was written but not acknowledged is dropped. Returns once
+/// the aborts have been sent, so the process may exit right after (a server that is stopped
+/// tells its clients why): 0, or a negative errno. The endpoint must still be freed.
+///
+/// # Safety
+/// `ep` is a live endpoint; `reason` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn ri2n_endpoint_abort(
+    ep: *mut ri2n_endpoint,
+    code: u64,
+    reason: *const c_char,
+) -> c_int {
+    guard_int(|| {
+        // SAFETY: passed on from the caller
+        let ep = unsafe { endpoint(ep) }?;
+        let reason = match reason.is_null() {
+            true => "",
+            // SAFETY: non-NULL; the caller promises a NUL-terminated string
+            false => unsafe { text(reason, "reason") }?,
+        };
+        ep.endpoint.abort(code, reason);
+        Ok(())
+    })
+}
+
 /// Frees the endpoint. Like dropping the Rust endpoint's last handle: when no connection
 /// handle is left either, what was written is delivered first (waiting up to 10 s). NULL is
 /// ignored.

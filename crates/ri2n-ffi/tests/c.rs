@@ -167,6 +167,10 @@ fn every_failure_gives_the_promised_errno_through_the_shared_library() {
         Linkage::Shared,
     );
     let out = run_ok(&program, &[&dir], Duration::from_secs(120));
+    assert!(
+        out.contains("endpoint aborted: ECONNRESET with its reason"),
+        "{out}"
+    );
     assert!(out.ends_with("ok\n"), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }

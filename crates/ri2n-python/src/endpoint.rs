@@ -272,6 +272,18 @@ impl PyEndpoint {
         closed.map_err(|e| endpoint_error(py, e, None))
     }
 
+    /// Aborts every connection of the endpoint at once, as ``Connection.abort`` aborts one:
+    /// each peer's calls raise ``PeerGone`` naming ``code`` and ``reason``, and what was not
+    /// delivered is dropped. Returns once the aborts have been sent, so the process may exit
+    /// right after (a server that is stopped tells its clients why). The endpoint stays
+    /// open until ``close()``.
+    #[pyo3(signature = (code = 0, reason = ""))]
+    fn abort(&self, py: Python<'_>, code: u64, reason: &str) -> PyResult<()> {
+        let endpoint = self.get()?;
+        py.detach(|| endpoint.abort(code, reason));
+        Ok(())
+    }
+
     /// Whether ``close()`` was called.
     #[getter]
     fn closed(&self) -> bool {

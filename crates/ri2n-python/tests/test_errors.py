@@ -103,6 +103,17 @@ def test_a_peer_that_aborts_is_gone(pair: Pair) -> None:
         pair.conn.sendall(b"x")
 
 
+def test_a_server_endpoint_aborted_tells_its_client(pair_on_each_transport: Pair) -> None:
+    pair = pair_on_each_transport
+    # the premise: the connection carries data before the abort
+    pair.conn.sendall(b"ping")
+    assert pair.peer.recv(4, timeout=5) == b"ping"
+    pair.server.abort(9, "server stopped")
+    with pytest.raises(ri2n.PeerGone, match="server stopped") as e:
+        pair.conn.recv(100, timeout=5)
+    assert "code 9" in str(e.value)
+
+
 def test_a_peer_whose_process_is_gone(endpoints) -> None:
     """The server's process is killed: its host answers "port unreachable" to the client's
     keepalives, and the client's waiting read raises PeerGone within a few seconds."""

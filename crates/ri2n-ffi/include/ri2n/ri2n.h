@@ -376,6 +376,16 @@ ssize_t ri2n_endpoint_local_addr(const struct ri2n_endpoint *ep, size_t i, char 
 // `ep` is a live endpoint.
 int ri2n_endpoint_close(struct ri2n_endpoint *ep, int timeout_ms);
 
+// Aborts every connection of the endpoint at once, as [`ri2n_abort`](crate::ri2n_abort)
+// aborts one: each peer's calls fail with `ECONNRESET` and see `code` and `reason` (may be
+// NULL) in their error text; what was written but not acknowledged is dropped. Returns once
+// the aborts have been sent, so the process may exit right after (a server that is stopped
+// tells its clients why): 0, or a negative errno. The endpoint must still be freed.
+//
+// # Safety
+// `ep` is a live endpoint; `reason` is NULL or a NUL-terminated string.
+int ri2n_endpoint_abort(struct ri2n_endpoint *ep, uint64_t code, const char *reason);
+
 // Frees the endpoint. Like dropping the Rust endpoint's last handle: when no connection
 // handle is left either, what was written is delivered first (waiting up to 10 s). NULL is
 // ignored.

@@ -1,7 +1,7 @@
 /* Every failure the header promises, with its errno: bad arguments, nothing listening, not a
- * server, no answer, another key or none, a peer that aborted, writes after the end, messages
- * too large for the buffer, non-blocking calls with nothing to do; and datagrams, messages
- * and events working.
+ * server, no answer, another key or none, a peer that aborted (one connection or its whole
+ * endpoint), writes after the end, messages too large for the buffer, non-blocking calls
+ * with nothing to do; and datagrams, messages and events working.
  *
  * usage: errors DIR   (a directory for key files) */
 #include <arpa/inet.h>
@@ -191,6 +191,19 @@ int main(int argc, char **argv) {
     ri2n_endpoint_free(cl);
     ri2n_endpoint_free(server);
     printf("peer aborted: ECONNRESET; write after finish: EPIPE\n");
+
+    /* a server endpoint aborted as a whole: its client's read fails with its code and reason */
+    pair(NULL, NULL, &server, &cl, &c, &peer);
+    CHECK(c != NULL);
+    CHECK(ri2n_endpoint_abort(server, 9, "server stopped") == 0);
+    CHECK_FAILS_WITH(ri2n_read(c, buf, sizeof buf), ECONNRESET);
+    CHECK(strstr(ri2n_last_error(), "server stopped") != NULL);
+    CHECK(strstr(ri2n_last_error(), "code 9") != NULL);
+    ri2n_conn_free(c);
+    ri2n_conn_free(peer);
+    ri2n_endpoint_free(cl);
+    ri2n_endpoint_free(server);
+    printf("endpoint aborted: ECONNRESET with its reason\n");
 
     ri2n_endpoint_free(client);
     printf("ok\n");

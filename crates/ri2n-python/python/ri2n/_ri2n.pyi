@@ -124,6 +124,8 @@ class Endpoint:
         """The bound addresses, ports resolved."""
     def refused_handshakes(self) -> List[Tuple[str, str]]:
         """``(client address, reason)`` of handshakes refused since the last call."""
+    def abort(self, code: int = 0, reason: str = "") -> None:
+        """Aborts every connection at once; each peer sees ``PeerGone``."""
     def close(self, timeout: Optional[float] = None) -> None:
         """Closes every connection gracefully; ``NotDelivered`` if data was not acknowledged."""
     @property
