@@ -102,9 +102,19 @@ fn wait_bounded(mut child: Child, limit: Duration) -> Output {
     child.wait_with_output().expect("the C program's output")
 }
 
+/// A command running the C program `program`, without `LD_LIBRARY_PATH`: `cargo test` puts
+/// `<profile>/` in it before `<profile>/deps`, and a `libri2n_ffi.so` that an earlier `cargo
+/// build` left there (without the newest functions) would win over the program's run path to
+/// the library of this test run.
+fn c_program(program: &Path) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.env_remove("LD_LIBRARY_PATH");
+    cmd
+}
+
 /// Runs a compiled program with `args`, at most `limit`; fails the test unless it exits 0.
 fn run_ok(program: &Path, args: &[&Path], limit: Duration) -> String {
-    let child = Command::new(program)
+    let child = c_program(program)
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -183,7 +193,7 @@ fn the_epoll_echo_example_echoes_every_byte_of_several_clients() {
     let example = crate_dir().join("../../examples/c/echo_epoll.c");
     compile(&[example], &program, Linkage::Static);
     let clients = 3;
-    let mut server = Command::new(&program)
+    let mut server = c_program(&program)
         .args([
             "--connections",
             &clients.to_string(),
