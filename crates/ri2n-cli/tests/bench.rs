@@ -306,9 +306,7 @@ fn a_client_learns_that_the_server_was_interrupted() {
                 .stderr(Stdio::piped()),
         );
         std::thread::sleep(Duration::from_secs(2));
-        let pid = server.child.as_ref().unwrap().id() as libc::pid_t;
-        // SAFETY: a signal to our own child, still running (it is reaped only by `wait` below)
-        unsafe { libc::kill(pid, libc::SIGTERM) };
+        server.signal(libc::SIGTERM);
         let (s, so) = server.wait(Duration::from_secs(10));
         let (c, co) = client.wait(Duration::from_secs(10));
         let (server_err, text) = (stderr_of(&so), stderr_of(&co));

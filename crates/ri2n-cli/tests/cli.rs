@@ -532,9 +532,7 @@ fn an_interrupted_sender_tells_the_receiver() {
 /// Sends SIGINT to a running `ri2n send`: it must exit 130 saying so within 10 s, and its
 /// receiver exit 4 naming the interruption, with no complete-looking output file.
 fn interrupt_sender_and_check(send: Proc, recv: Proc, output: &TempFile) {
-    let pid = send.child.as_ref().unwrap().id() as libc::pid_t;
-    // SAFETY: a signal to our own child, still running (it is reaped only by `wait` below)
-    unsafe { libc::kill(pid, libc::SIGINT) };
+    send.signal(libc::SIGINT);
     let (s, so) = send.wait(Duration::from_secs(10));
     let (r, ro) = recv.wait(Duration::from_secs(10));
     let (serr, rerr) = (stderr_of(&so), stderr_of(&ro));

@@ -114,9 +114,7 @@ fn send_to_serve_is_refused_at_once_on_both_sides() {
     assert!(took < Duration::from_secs(3), "refused after {took:?}");
     assert!(err.contains("is `ri2n serve`"), "says what it found: {err}");
     std::thread::sleep(Duration::from_millis(300));
-    let pid = serve.child.as_ref().unwrap().id();
-    // SAFETY: kill(2) of the child this test started and has not reaped
-    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    serve.signal(libc::SIGTERM);
     let (_, so) = serve.wait(Duration::from_secs(10));
     let log = stderr_of(&so);
     assert!(
@@ -287,9 +285,7 @@ fn tcp_transport_a_killed_receiver_is_reported_by_the_sender() {
     std::thread::sleep(Duration::from_millis(500));
     let grew = std::fs::metadata(output.partial()).map_or(0, |m| m.len());
     assert!(grew > 0, "nothing arrived before the kill");
-    let pid = recv.child.as_ref().unwrap().id();
-    // SAFETY: kill(2) of the child this test started and has not reaped
-    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    recv.signal(libc::SIGKILL);
     let _ = recv.child.as_mut().unwrap().wait();
     let killed = Instant::now();
     // the sender learns it at its next write at the latest

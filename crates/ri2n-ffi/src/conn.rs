@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use ri2n::{Connection, TimedEvent};
 
 use crate::endpoint::timeout;
-use crate::error::{guard, guard_int, guard_len, text, Failure};
+use crate::error::{guard, guard_int, guard_len, text_or_empty, Failure};
 
 /// One ri2n connection.
 pub struct ri2n_conn {
@@ -419,11 +419,8 @@ pub unsafe extern "C" fn ri2n_abort(c: *mut ri2n_conn, code: u64, reason: *const
     guard_int(|| {
         // SAFETY: passed on from the caller
         let c = unsafe { conn(c) }?;
-        let reason = match reason.is_null() {
-            true => "",
-            // SAFETY: non-NULL; the caller promises a NUL-terminated string
-            false => unsafe { text(reason, "reason") }?,
-        };
+        // SAFETY: passed on from the caller
+        let reason = unsafe { text_or_empty(reason, "reason") }?;
         c.conn.abort(code, reason);
         Ok(())
     })

@@ -13,7 +13,7 @@ use std::time::Duration;
 use ri2n::{ConnectionConfig, Endpoint, EndpointConfig, Key, Transport};
 
 use crate::conn::ri2n_conn;
-use crate::error::{guard, guard_int, guard_len, guard_ptr, text, Failure};
+use crate::error::{guard, guard_int, guard_len, guard_ptr, text, text_or_empty, Failure};
 
 /// A host's ri2n endpoint: its local addresses (one per link), its threads and connections.
 pub struct ri2n_endpoint {
@@ -351,11 +351,8 @@ pub unsafe extern "C" fn ri2n_endpoint_abort(
     guard_int(|| {
         // SAFETY: passed on from the caller
         let ep = unsafe { endpoint(ep) }?;
-        let reason = match reason.is_null() {
-            true => "",
-            // SAFETY: non-NULL; the caller promises a NUL-terminated string
-            false => unsafe { text(reason, "reason") }?,
-        };
+        // SAFETY: passed on from the caller
+        let reason = unsafe { text_or_empty(reason, "reason") }?;
         ep.endpoint.abort(code, reason);
         Ok(())
     })

@@ -209,3 +209,15 @@ pub(crate) unsafe fn text<'a>(s: *const c_char, what: &str) -> Result<&'a str, F
         .to_str()
         .map_err(|_| Failure::invalid(format!("{what} is not UTF-8")))
 }
+
+/// As [`text`], but NULL is the empty string (an optional reason).
+///
+/// # Safety
+/// As for [`text`].
+pub(crate) unsafe fn text_or_empty<'a>(s: *const c_char, what: &str) -> Result<&'a str, Failure> {
+    if s.is_null() {
+        return Ok("");
+    }
+    // SAFETY: passed on from the caller
+    unsafe { text(s, what) }
+}

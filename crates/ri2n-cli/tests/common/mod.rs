@@ -62,6 +62,14 @@ impl Proc {
         }
     }
 
+    /// Sends `signal` to the process, which must not have been waited for yet (its pid is
+    /// then still its own).
+    pub fn signal(&self, signal: libc::c_int) {
+        let pid = self.child.as_ref().expect("a process not waited for").id();
+        // SAFETY: kill(2) of a child this test started and has not reaped
+        unsafe { libc::kill(pid as libc::pid_t, signal) };
+    }
+
     /// Waits for the exit and the output, at most `limit`; kills the process and panics after.
     pub fn wait(mut self, limit: Duration) -> (ExitStatus, Output) {
         let mut child = self.child.take().unwrap();
