@@ -354,10 +354,15 @@ impl Endpoint {
         match &self.inner {
             Transports::Udp(s) => s.abort_all(code, reason),
             Transports::Tcp(t) => {
-                for c in t.endpoint.connections() {
+                let connections = t.endpoint.connections();
+                for c in &connections {
                     c.abort(code, reason);
-                    // waits until each link's writer has sent the CLOSE record
-                    c.close(TCP_CLOSE_WRITE);
+                }
+                // every link's writer sends its CLOSE record meanwhile: one wait for them all,
+                // however many peers are too slow to take it
+                let deadline = Instant::now() + TCP_CLOSE_WRITE;
+                for c in &connections {
+                    c.close(deadline.saturating_duration_since(Instant::now()));
                 }
             }
         }
