@@ -555,22 +555,25 @@ pub fn table(s: &Status) -> String {
         if reads.len() == 1 { "" } else { "s" },
         reads.join(" / ")
     );
-    // which file a reload must edit, and whether the last one was taken up
-    let _ = match &s.last_reload {
-        Some(last) => writeln!(
-            out,
-            "  cluster file {}, read again {} time{} since the start; last: {}",
-            s.config,
-            s.reloads,
-            if s.reloads == 1 { "" } else { "s" },
-            last.changes()
-        ),
-        None => writeln!(
-            out,
-            "  cluster file {}, not read again since the start",
-            s.config
-        ),
-    };
+    // which file a reload must edit, and whether the last one was taken up (a daemon older
+    // than the `config` field names no file)
+    if !s.config.is_empty() {
+        let _ = match &s.last_reload {
+            Some(last) => writeln!(
+                out,
+                "  cluster file {}, read again {} time{} since the start; last: {}",
+                s.config,
+                s.reloads,
+                if s.reloads == 1 { "" } else { "s" },
+                last.changes()
+            ),
+            None => writeln!(
+                out,
+                "  cluster file {}, not read again since the start",
+                s.config
+            ),
+        };
+    }
     for p in &s.peers {
         let _ = writeln!(
             out,
@@ -726,6 +729,13 @@ mod tests {
                 "  cluster file /etc/ri2n/cluster.toml, read again 2 times since the start; \
                  last: refused: the port changed (7400 to 7401)"
             )
+        );
+        // a daemon older than the `config` field names no file: no such line
+        s.config = String::new();
+        let text = table(&s);
+        assert!(
+            text.lines().nth(1).unwrap().starts_with("  b \"east\""),
+            "{text}"
         );
     }
 }
