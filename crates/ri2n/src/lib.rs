@@ -199,9 +199,19 @@ impl Drop for TcpHandle {
     }
 }
 
-/// How long closing a TCP-transport connection waits for its links' writers to send the
-/// CLOSE record.
+/// How long closing TCP-transport connections waits for their links' writers to send the
+/// CLOSE records.
 const TCP_CLOSE_WRITE: Duration = Duration::from_millis(200);
+
+/// Waits until each of `connections`, ended already (closed or aborted: their writers are
+/// sending the CLOSE records), has written its records, at most [`TCP_CLOSE_WRITE`] for them
+/// all: peers too slow to take theirs hold up the rest no longer than that.
+fn tcp_closes_written(connections: &[Arc<tcp::TcpConnection>]) {
+    let deadline = Instant::now() + TCP_CLOSE_WRITE;
+    for c in connections {
+        c.close(deadline.saturating_duration_since(Instant::now()));
+    }
+}
 
 /// Finishes every connection of a TCP endpoint and waits until `deadline` for each to be
 /// acknowledged; returns (connections, bytes) never acknowledged. The endpoint listens on
@@ -210,7 +220,8 @@ const TCP_CLOSE_WRITE: Duration = Duration::from_millis(200);
 fn tcp_close(ep: &tcp::TcpEndpoint, deadline: Option<Instant>) -> (usize, u64) {
     ep.stop_accepting();
     let mut lost = (0, 0);
-    for c in ep.connections() {
+    let connections = ep.connections();
+    for c in &connections {
         let _ = c.finish();
         let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         if c.wait_acknowledged(left).is_err() {
@@ -218,8 +229,10 @@ fn tcp_close(ep: &tcp::TcpEndpoint, deadline: Option<Instant>) -> (usize, u64) {
             lost.1 += c.unacknowledged();
             c.abort(1, "the endpoint closed");
         }
-        c.close(TCP_CLOSE_WRITE);
+        // its CLOSE goes now; the writes are waited for below, all together
+        c.close(Duration::ZERO);
     }
+    tcp_closes_written(&connections);
     ep.shut();
     lost
 }
@@ -358,12 +371,7 @@ impl Endpoint {
                 for c in &connections {
                     c.abort(code, reason);
                 }
-                // every link's writer sends its CLOSE record meanwhile: one wait for them all,
-                // however many peers are too slow to take it
-                let deadline = Instant::now() + TCP_CLOSE_WRITE;
-                for c in &connections {
-                    c.close(deadline.saturating_duration_since(Instant::now()));
-                }
+                tcp_closes_written(&connections);
             }
         }
     }
