@@ -287,14 +287,8 @@ fn a_client_learns_that_the_server_was_interrupted() {
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped()),
         );
-        // a TCP client is refused until the server listens (a UDP one retries)
-        let until = std::time::Instant::now() + Duration::from_secs(10);
-        while transport == "tcp" && std::net::TcpStream::connect(&to).is_err() {
-            assert!(
-                std::time::Instant::now() < until,
-                "ri2n serve never listened"
-            );
-            std::thread::sleep(Duration::from_millis(20));
+        if transport == "tcp" {
+            wait_tcp_listening(&to, Duration::from_secs(10));
         }
         let client = Proc::spawn(
             "ri2n bench",

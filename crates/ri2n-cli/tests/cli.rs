@@ -69,11 +69,8 @@ fn memory_stays_bounded_through_a_long_transfer() {
                 .stdout(Stdio::null())
                 .stderr(std::fs::File::create(recv_log.path()).unwrap()),
         );
-        // a TCP client is refused until the receiver listens (a UDP one retries)
-        let until = Instant::now() + Duration::from_secs(10);
-        while transport == "tcp" && std::net::TcpStream::connect(&a).is_err() {
-            assert!(Instant::now() < until, "ri2n recv never listened");
-            thread::sleep(Duration::from_millis(20));
+        if transport == "tcp" {
+            wait_tcp_listening(&a, Duration::from_secs(10));
         }
         let mut send = Proc::spawn(
             "ri2n send",
@@ -760,15 +757,7 @@ fn bench_against_serve() {
 fn bench_against_serve_over_tcp() {
     let _g = heavy();
     let (_server, to) = serve_with(&["--transport", "tcp"]);
-    // a TCP client is refused until the server listens (a UDP one retries its handshake)
-    let until = std::time::Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(&to).is_err() {
-        assert!(
-            std::time::Instant::now() < until,
-            "ri2n serve never listened"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_tcp_listening(&to, Duration::from_secs(10));
     let tcp = ["--transport", "tcp"];
     let doc = bench_json(&to, &[&tcp[..], &["--time", "1"]].concat());
     let bytes = doc["summary"]["bytes"].as_u64().expect("summary.bytes");

@@ -261,6 +261,20 @@ pub fn wait_udp_bound(port: u16, limit: Duration) {
     }
 }
 
+/// Waits until something accepts TCP connections on `addr` (a TCP-transport receiver or
+/// server just spawned is ready: before, a TCP client is refused, where a UDP one retries its
+/// handshake). Panics after `limit`.
+pub fn wait_tcp_listening(addr: &str, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "nothing listened on {addr} within {limit:?}"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// `ri2n recv` on both loopback addresses and `ri2n send` to the first one, `len` random
 /// bytes, with `sender_args` added to the sender; checks exit codes and sha256.
 pub fn transfer(len: u64, sender_args: &[&str]) -> Duration {

@@ -380,7 +380,7 @@ impl Shared {
         }
         let mut undelivered = Undelivered::default();
         for &h in &handles {
-            let Some(c) = st.endpoint.connection_mut(h) else {
+            let Some(c) = st.endpoint.connection(h) else {
                 continue;
             };
             let clean = c.state() == ConnectionState::Closed && c.close_reason().is_none();
@@ -388,12 +388,10 @@ impl Shared {
                 undelivered.connections += 1;
                 undelivered.bytes += c.stats().send_buffered;
             }
-            if c.state() != ConnectionState::Closed {
-                c.abort(0, "the peer's endpoint was closed");
-            }
         }
-        let st = self.after_app_call(st);
-        drop(self.wait_until_sent(st));
+        drop(st);
+        // the rest are still open: their peers are not left waiting
+        self.abort_all(0, "the peer's endpoint was closed");
         undelivered
     }
 
