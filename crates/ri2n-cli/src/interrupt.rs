@@ -93,6 +93,7 @@ pub fn abort_endpoint_on_interrupt(endpoint: Endpoint) {
         .name("ri2n-signals".into())
         .spawn(move || {
             if let Some(signal) = signals.forever().next() {
+                CAUGHT.store(signal, Ordering::SeqCst);
                 let reason = format!("the server was interrupted by {}", name(signal));
                 endpoint.abort(signal as u64, &reason);
                 exit_now(signal, "; its clients were told");

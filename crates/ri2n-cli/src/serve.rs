@@ -78,6 +78,8 @@ async fn serve(endpoint: Endpoint, quiet: bool, max_time: Duration) -> Result<()
             match serve_client(conn, max_time).await {
                 Ok(line) if !quiet => eprintln!("ri2n serve: {peer}: {line}"),
                 Ok(_) => {}
+                // the interrupt aborted this client's connection, and serve says so once
+                Err(_) if crate::interrupt::caught().is_some() => {}
                 Err(f) => eprintln!("ri2n serve: {peer}: {}", f.message),
             }
         });
