@@ -816,8 +816,10 @@ fn the_systemd_unit_runs_the_daemon_under_its_sandbox() {
 }
 
 /// A host whose address on one network is missing at start (a NIC dead or late at boot)
-/// starts on its other link, carries traffic, and takes the link up once the address is
-/// there, without a restart.
+/// starts on its other link and carries traffic. When the missing address appears just as
+/// the other goes (a NIC swapped for another), the daemon goes on with the one it can bind
+/// and waits for the other; once both are there, it has links up on both networks. No
+/// restart.
 #[test]
 fn a_host_missing_a_link_address_starts_without_it_and_takes_it_up_later() {
     let _serial = serial();
@@ -829,17 +831,12 @@ fn a_host_missing_a_link_address_starts_without_it_and_takes_it_up_later() {
     let dir = TestDir::new(env, "tunnel-late-link");
     let lab = Lab::up_hosts(env, "late", 2, 3);
     let config = cluster_file(env, &dir.0);
-    let ip_b = |verb: &str| {
+    // `ip addr VERB` of b's address on network `net`
+    let ip_b = |verb: &str, net: u8| {
         let out = Command::new("ip")
-            .args([
-                "-n",
-                &lab.ns_of("b"),
-                "addr",
-                verb,
-                "10.77.2.2/24",
-                "dev",
-                "eth2",
-            ])
+            .args(["-n", &lab.ns_of("b"), "addr", verb])
+            .arg(format!("10.77.{net}.2/24"))
+            .args(["dev", &format!("eth{net}")])
             .output()
             .expect("running ip");
         assert!(
@@ -848,7 +845,7 @@ fn a_host_missing_a_link_address_starts_without_it_and_takes_it_up_later() {
             String::from_utf8_lossy(&out.stderr)
         );
     };
-    ip_b("del");
+    ip_b("del", 2);
     let mut daemons = start_daemons(env, &lab, &dir.0, &config);
     let log_b = daemons[1].stderr_text();
     assert!(
@@ -858,36 +855,46 @@ fn a_host_missing_a_link_address_starts_without_it_and_takes_it_up_later() {
     ping_through(&lab, "a", "b");
     ping_through(&lab, "b", "c");
 
-    ip_b("add");
-    // both peers of b connected again, with a link on the second network up
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let status = status_json(env, &lab.ns_of("b"), &config);
-        let peers = status["peers"].as_array().cloned().unwrap_or_default();
-        let on_both = peers.len() == 2
-            && peers.iter().all(|p| {
-                p["links"].as_array().is_some_and(|l| {
-                    l.iter()
-                        .any(|l| l["local"] == "10.77.2.2" && l["state"] == "up")
-                })
-            });
-        if on_both {
-            break;
+    // b's peers both connected, each with a link up from every address of `locals`
+    let wait_links_from = |locals: &[&str], what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let status = status_json(env, &lab.ns_of("b"), &config);
+            let peers = status["peers"].as_array().cloned().unwrap_or_default();
+            let up = peers.len() == 2
+                && peers.iter().all(|p| {
+                    p["links"].as_array().is_some_and(|l| {
+                        locals
+                            .iter()
+                            .all(|&a| l.iter().any(|l| l["local"] == a && l["state"] == "up"))
+                    })
+                });
+            if up {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: b's links from {locals:?} not up within 15 s: {status}\n{}",
+                daemons[1].stderr_text()
+            );
+            thread::sleep(Duration::from_millis(200));
         }
-        assert!(
-            Instant::now() < deadline,
-            "b's links on network 2 not up within 15 s of its address: {status}\n{}",
-            daemons[1].stderr_text()
-        );
-        thread::sleep(Duration::from_millis(200));
-    }
+    };
+    // the swap: network 1's address goes as network 2's comes
+    ip_b("del", 1);
+    ip_b("add", 2);
+    wait_links_from(&["10.77.2.2"], "after the swap");
+    let log_b = daemons[1].stderr_text();
     assert!(
-        daemons[1]
-            .stderr_text()
-            .contains("10.77.2.2:7400 is an address of this host now"),
-        "{}",
-        daemons[1].stderr_text()
+        log_b.contains("10.77.2.2:7400 is an address of this host now")
+            && log_b.contains("10.77.1.2:7400 is no longer an address of this host"),
+        "{log_b}"
     );
+    ping_through(&lab, "a", "b");
+    ping_through(&lab, "b", "c");
+
+    ip_b("add", 1);
+    wait_links_from(&["10.77.1.2", "10.77.2.2"], "with both addresses");
     ping_through(&lab, "a", "b");
     ping_through(&lab, "b", "c");
     stop_daemons(&mut daemons);

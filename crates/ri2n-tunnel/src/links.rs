@@ -38,6 +38,12 @@ impl Current {
         inner.1.clone().map(|e| (inner.0, e))
     }
 
+    /// The generation of the endpoint in use; none while it is being made again.
+    pub fn generation(&self) -> Option<u64> {
+        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        inner.1.as_ref().map(|_| inner.0)
+    }
+
     /// Whether the endpoint of `generation`, found closed, was closed for good (the daemon
     /// stops), not to be made again.
     pub fn closed_for_good(&self, generation: u64) -> bool {
@@ -61,12 +67,29 @@ impl Current {
 }
 
 /// Binds an endpoint (`config` of the addresses) on every address of `locals` this host has;
-/// returns it and the addresses it lacks. Fails on any other error (an address in use) and
-/// when none of them can be bound.
+/// returns it and the addresses it lacks, each said on stderr. Fails on any other error (an
+/// address in use) and when none of them can be bound.
 pub fn bind_present(
     locals: &[SocketAddr],
     config: &dyn Fn(Vec<SocketAddr>) -> EndpointConfig,
 ) -> Result<(Endpoint, Vec<SocketAddr>), Error> {
+    let (endpoint, missing) = bind_available(locals, config).map_err(Error::Endpoint)?;
+    for addr in &missing {
+        eprintln!(
+            "ri2n tunnel: cannot bind {addr} (it is not an address of this host): starting \
+             without it, and looking for it every {} s",
+            LOOK_AGAIN.as_secs()
+        );
+    }
+    Ok((endpoint, missing))
+}
+
+/// [`bind_present`] without a word: the endpoint on the addresses of `locals` this host has
+/// now, and those it lacks.
+fn bind_available(
+    locals: &[SocketAddr],
+    config: &dyn Fn(Vec<SocketAddr>) -> EndpointConfig,
+) -> Result<(Endpoint, Vec<SocketAddr>), ri2n::Error> {
     let mut present = locals.to_vec();
     let mut missing = Vec::new();
     loop {
@@ -75,15 +98,10 @@ pub fn bind_present(
             Err(ri2n::Error::Bind { addr, source })
                 if source.kind() == io::ErrorKind::AddrNotAvailable && present.len() > 1 =>
             {
-                eprintln!(
-                    "ri2n tunnel: cannot bind {addr} ({source}): starting without it, and \
-                     looking for it every {} s",
-                    LOOK_AGAIN.as_secs()
-                );
                 present.retain(|&a| a != addr);
                 missing.push(addr);
             }
-            Err(e) => return Err(Error::Endpoint(e)),
+            Err(e) => return Err(e),
         }
     }
 }
@@ -94,9 +112,12 @@ fn is_present(addr: SocketAddr) -> bool {
 }
 
 /// Looks for the `missing` addresses of `locals` every second; when one appears, makes the
-/// endpoint again with every address present and puts it in `current`. `before_replacing`
+/// endpoint again with every address present then and puts it in `current`. An address of
+/// the endpoint that went away meanwhile is left out and looked for in turn, so the daemon
+/// keeps whatever links the host can bind (a NIC swapped for another). `before_replacing`
 /// is called with the old endpoint, closed, before the new one is bound (to end the
-/// connections still held). Returns once none is missing.
+/// connections still held). While no endpoint can be made (no address left), it tries again
+/// every second. Returns once the endpoint has every address.
 pub fn bind_late(
     current: &Current,
     locals: &[SocketAddr],
@@ -104,19 +125,20 @@ pub fn bind_late(
     config: &dyn Fn(Vec<SocketAddr>) -> EndpointConfig,
     before_replacing: &dyn Fn(&Endpoint),
 ) {
+    // the last attempt failed: `current` is empty, and every look is an attempt
+    let mut failing = false;
     while !missing.is_empty() {
         thread::sleep(LOOK_AGAIN);
         let appeared: Vec<SocketAddr> =
             missing.iter().copied().filter(|&a| is_present(a)).collect();
-        if appeared.is_empty() {
+        if appeared.is_empty() && !failing {
             continue;
         }
-        for a in &appeared {
-            eprintln!("ri2n tunnel: {a} is an address of this host now: its links start");
+        if !failing {
+            for a in &appeared {
+                eprintln!("ri2n tunnel: {a} is an address of this host now: its links start");
+            }
         }
-        let present: Vec<SocketAddr> = (locals.iter().copied())
-            .filter(|a| !missing.contains(a) || appeared.contains(a))
-            .collect();
         if let Some(old) = current.take() {
             let _ = old.close(Some(Duration::from_millis(100)));
             before_replacing(&old);
@@ -124,20 +146,37 @@ pub fn bind_late(
         // the old endpoint's sockets go with its last handle, held a moment longer by the
         // threads that used it
         let deadline = Instant::now() + REBIND_WAIT;
-        let endpoint = loop {
-            match Endpoint::bind(config(present.clone())) {
-                Ok(e) => break Some(e),
-                Err(_) if Instant::now() < deadline => thread::sleep(Duration::from_millis(50)),
-                Err(e) => {
-                    eprintln!("ri2n tunnel: cannot bind the link addresses again: {e}");
-                    break None;
+        let made = loop {
+            match bind_available(locals, config) {
+                Ok(made) => break Ok(made),
+                Err(_) if !failing && Instant::now() < deadline => {
+                    thread::sleep(Duration::from_millis(50))
                 }
+                Err(e) => break Err(e),
             }
         };
-        let Some(endpoint) = endpoint else {
-            continue;
-        };
-        current.put(endpoint);
-        missing.retain(|a| !appeared.contains(a));
+        match made {
+            Ok((endpoint, now_missing)) => {
+                for a in now_missing.iter().filter(|a| !missing.contains(a)) {
+                    eprintln!(
+                        "ri2n tunnel: {a} is no longer an address of this host: its links \
+                         wait for it"
+                    );
+                }
+                current.put(endpoint);
+                missing = now_missing;
+                failing = false;
+            }
+            Err(e) => {
+                if !failing {
+                    eprintln!(
+                        "ri2n tunnel: cannot bind the link addresses again ({e}): trying \
+                         every {} s",
+                        LOOK_AGAIN.as_secs()
+                    );
+                }
+                failing = true;
+            }
+        }
     }
 }

@@ -142,6 +142,11 @@ impl Loop {
         let mut readable = Vec::new();
         let mut next_housekeeping = Instant::now();
         loop {
+            // an endpoint made again is followed at once: a connection made or accepted on
+            // the old one would keep its sockets, and the new one could not bind
+            if self.peers.endpoint.generation() != self.endpoint.as_ref().map(|e| e.0) {
+                self.follow_endpoint();
+            }
             let now = Instant::now();
             if now >= next_housekeeping {
                 if !self.housekeeping() {
@@ -231,10 +236,31 @@ impl Loop {
         }
     }
 
-    /// Follows the endpoint in use (its descriptor registered, the old one's handle dropped
-    /// so that its sockets can go), logs refused handshakes, and drops the connections of
+    /// Follows the endpoint in use, logs refused handshakes, and drops the connections of
     /// peers removed from the cluster file. False once the endpoint closed for good.
     fn housekeeping(&mut self) -> bool {
+        self.follow_endpoint();
+        if let Some((generation, endpoint)) = &self.endpoint {
+            for r in endpoint.refused_handshakes() {
+                eprintln!("ri2n tunnel: {}", (self.describe_refusal)(&r));
+            }
+            let generation = *generation;
+            if self.accept_all() && self.peers.endpoint.closed_for_good(generation) {
+                return false;
+            }
+        }
+        for k in 0..self.slots.len() {
+            if self.slots[k].as_ref().is_some_and(|s| s.peer.is_removed()) {
+                self.end(k, "removed from the cluster file");
+            }
+        }
+        self.retries.retain(|(_, p)| !p.is_removed());
+        true
+    }
+
+    /// Takes the endpoint in use, if it changed: its descriptor registered, the old one's
+    /// handle dropped so that its sockets can go.
+    fn follow_endpoint(&mut self) {
         let current = self.peers.endpoint.get();
         let mine = self.endpoint.as_ref().map(|e| e.0);
         if current.as_ref().map(|c| c.0) != mine {
@@ -265,22 +291,6 @@ impl Loop {
                 self.accept_all();
             }
         }
-        if let Some((generation, endpoint)) = &self.endpoint {
-            for r in endpoint.refused_handshakes() {
-                eprintln!("ri2n tunnel: {}", (self.describe_refusal)(&r));
-            }
-            let generation = *generation;
-            if self.accept_all() && self.peers.endpoint.closed_for_good(generation) {
-                return false;
-            }
-        }
-        for k in 0..self.slots.len() {
-            if self.slots[k].as_ref().is_some_and(|s| s.peer.is_removed()) {
-                self.end(k, "removed from the cluster file");
-            }
-        }
-        self.retries.retain(|(_, p)| !p.is_removed());
-        true
     }
 
     /// Starts the handshakes whose time came.
@@ -297,14 +307,12 @@ impl Loop {
                 continue;
             }
             let (_, peer) = self.retries.swap_remove(i);
-            let remotes: Vec<_> = (peer.host.links.iter())
-                .map(|&ip| std::net::SocketAddr::new(ip, port))
-                .collect();
-            match endpoint.start_connect(&remotes, config.clone()) {
+            match endpoint.start_connect(&peer.remotes(port), config.clone()) {
                 Ok(conn) => {
                     self.add(peer, Arc::new(conn), generation, true);
                 }
                 Err(e) => {
+                    peer.handshake_failed();
                     note_waiting(&peer, e.to_string());
                     self.retries.push((now + RETRY_PAUSE, peer));
                 }
@@ -396,7 +404,7 @@ impl Loop {
         };
         slot.handshaking = false;
         let (peer, conn, generation) = (slot.peer.clone(), slot.conn.clone(), slot.generation);
-        if self.endpoint.as_ref().is_none_or(|(g, _)| *g != generation) {
+        if self.peers.endpoint.generation() != Some(generation) {
             // made on an endpoint taken out meanwhile: it would keep the old sockets alive
             self.end(k, "the peer's link addresses changed: connecting again");
             return;
@@ -431,6 +439,7 @@ impl Loop {
                     ConnectionState::Closed => {
                         let reason = (conn.close_reason())
                             .map_or_else(|| "closed".to_owned(), |r| r.to_string());
+                        peer.handshake_failed();
                         note_waiting(&peer, reason);
                         self.end(k, "");
                         return false;

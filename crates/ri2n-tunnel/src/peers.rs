@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use ri2n::Connection;
@@ -30,6 +30,9 @@ pub struct Peer {
     removed: AtomicBool,
     /// Why the last attempt to connect to it failed (connecting side), for the status.
     waiting_for: Mutex<Option<String>>,
+    /// Which of its link addresses the next handshake goes to (connecting side; see
+    /// [`Peer::remotes`]).
+    first_remote: AtomicUsize,
 }
 
 impl Peer {
@@ -42,6 +45,7 @@ impl Peer {
             received: AtomicU64::new(0),
             removed: AtomicBool::new(false),
             waiting_for: Mutex::new(None),
+            first_remote: AtomicUsize::new(0),
         }
     }
 
@@ -55,7 +59,6 @@ impl Peer {
         }
     }
 
-    /// The last attempt to connect to it failed for `reason` (`None`: it succeeded).
     /// Why the last attempt to connect failed, if it did.
     pub fn waiting_reason(&self) -> Option<String> {
         self.waiting_for
@@ -64,12 +67,30 @@ impl Peer {
             .clone()
     }
 
+    /// The last attempt to connect to it failed for `reason` (`None`: it succeeded).
     pub fn set_waiting_for(&self, reason: Option<String>) {
         *self.waiting_for.lock().unwrap_or_else(|e| e.into_inner()) = reason;
     }
 
     pub fn name(&self) -> &str {
         &self.host.name
+    }
+
+    /// Its link addresses on `port`, for a handshake, which goes to the first of them (the
+    /// others become links once it is done). After a handshake that failed the next address
+    /// comes first: a host whose first network is down, or that has no address on it, is
+    /// reached on another.
+    pub fn remotes(&self, port: u16) -> Vec<SocketAddr> {
+        let links = &self.host.links;
+        let first = self.first_remote.load(Ordering::Relaxed) % links.len().max(1);
+        (links[first..].iter().chain(&links[..first]))
+            .map(|&ip| SocketAddr::new(ip, port))
+            .collect()
+    }
+
+    /// A handshake with it failed: the next one goes to its next link address.
+    pub fn handshake_failed(&self) {
+        self.first_remote.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Its connection, if one is up.
