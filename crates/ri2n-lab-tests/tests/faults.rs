@@ -1139,3 +1139,77 @@ fn tcp_keyed_transfer_is_private() {
         keyed.bytes
     );
 }
+
+/// `ri2n serve` over the TCP transport, interrupted while it sends into links slower than it
+/// writes (100 Mbit/s): its CLOSE waits in each TCP connection behind what the link held, and
+/// the client must still learn why the test ended. The server exited once the CLOSE was
+/// written, before it reached the client, and its host reset the connections (the client's
+/// acknowledgements kept arriving): the client reported the server gone instead, in most runs.
+#[test]
+fn tcp_transport_server_interrupted_while_sending_tells_its_client() {
+    let Some(env) = env() else { return };
+    let _serial = serial();
+    let _timer = TestTimer::start("tcp-interrupted");
+    let name = "tcpint";
+    let dir = TestDir::new(env, name);
+    let lab = Lab::up(env, name, 2);
+    for dev in ["eth1", "eth2"] {
+        let ok = lab
+            .command(Host::B, "tc")
+            .args([
+                "qdisc", "replace", "dev", dev, "root", "tbf", "rate", "100mbit",
+            ])
+            .args(["burst", "30000", "latency", "20ms"])
+            .status()
+            .expect("running tc")
+            .success();
+        assert!(ok, "tc could not replace {dev}'s qdisc");
+    }
+    let to = format!("{}:{PORT}", lab.addr(Host::B, 1));
+    for run in 0..3 {
+        let listen = [1, 2].map(|l| format!("{}:{PORT}", lab.addr(Host::B, l)));
+        let args = ["serve", "--transport", "tcp", "--listen", &listen[0]]
+            .into_iter()
+            .chain(["--listen", &listen[1], "-q"])
+            .map(String::from)
+            .collect::<Vec<_>>();
+        let mut server = Proc::spawn(&lab, Host::B, &env.ri2n, &args, &dir.0, "serve");
+        server.wait_listening(2, ms(5000));
+        let local = [1, 2].map(|l| lab.addr(Host::A, l).to_string());
+        let args = ["bench", "--transport", "tcp", "--to", &to, "-R"]
+            .into_iter()
+            .chain(["--local", &local[0], "--local", &local[1]])
+            .chain(["--time", "30", "--interval", "0.5", "--json"])
+            .map(String::from)
+            .collect::<Vec<_>>();
+        let mut client = Proc::spawn(&lab, Host::A, &env.ri2n, &args, &dir.0, "bench");
+        std::thread::sleep(ms(2500));
+        let status = server.terminate(ms(5000));
+        assert_eq!(
+            status.and_then(|s| s.code()),
+            Some(143),
+            "run {run}: serve after SIGTERM: {}",
+            server.stderr_text()
+        );
+        let status = client.wait_exit(ms(10_000));
+        let (doc, text) = (client.stdout_json(), client.stderr_text());
+        // the premise: the server was sending, faster than one link carries (an interval row
+        // of the timeline: "0.00-0.50   190.12 Mbit/s ...")
+        let moved = text.lines().any(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            words.len() > 2
+                && words[0].contains('-')
+                && words[0].starts_with(char::is_numeric)
+                && words[2] == "Mbit/s"
+                && words[1].parse::<f64>().is_ok_and(|m| m > 120.0)
+        });
+        assert!(moved, "run {run}: the server sent too little: {text}");
+        assert_eq!(status.and_then(|s| s.code()), Some(4), "run {run}: {text}");
+        let error = doc["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains("the peer aborted the connection (code 15)")
+                && error.contains("the server was interrupted by SIGTERM"),
+            "run {run}: {error}: {text}"
+        );
+    }
+}

@@ -200,12 +200,13 @@ impl Drop for TcpHandle {
 }
 
 /// How long closing TCP-transport connections waits for their links' writers to send the
-/// CLOSE records.
+/// CLOSE records, and for the peers to acknowledge them.
 const TCP_CLOSE_WRITE: Duration = Duration::from_millis(200);
 
 /// Waits until each of `connections`, ended already (closed or aborted: their writers are
-/// sending the CLOSE records), has written its records, at most [`TCP_CLOSE_WRITE`] for them
-/// all: peers too slow to take theirs hold up the rest no longer than that.
+/// sending the CLOSE records), has written its records and its peer acknowledged one, at most
+/// [`TCP_CLOSE_WRITE`] for them all: peers too slow to take theirs hold up the rest no longer
+/// than that.
 fn tcp_closes_written(connections: &[Arc<tcp::TcpConnection>]) {
     let deadline = Instant::now() + TCP_CLOSE_WRITE;
     for c in connections {

@@ -120,6 +120,9 @@ pub(crate) struct Link {
     pub ping_due: bool,
     /// A CLOSE record is still to go out on this link.
     pub close_due: bool,
+    /// A CLOSE record went into this link's TCP connection (it may still wait there behind
+    /// what the link held).
+    pub close_written: bool,
     pub last_rx: Instant,
     pub last_tx: Instant,
     /// A dialer is trying to replace the TCP connection.
@@ -167,6 +170,7 @@ impl Link {
             rx_unacked: 0,
             ping_due: false,
             close_due: false,
+            close_written: false,
             last_rx: now,
             last_tx: now,
             dialing: false,
@@ -502,6 +506,19 @@ impl State {
     /// Written bytes (in the sequence or the open chunk) not acknowledged yet.
     fn buffered(&self) -> u64 {
         self.striper.written() - self.striper.delivered() + self.tail.len() as u64
+    }
+
+    /// Whether the CLOSE waits no longer: on some link its TCP connection holds nothing the
+    /// peer has not acknowledged, CLOSE and all, or no link that took one still has its
+    /// TCP connection (or none took one).
+    fn close_delivered(&self) -> bool {
+        let mut waiting = self
+            .links
+            .iter()
+            .filter(|l| l.close_written)
+            .filter_map(|l| l.stream.as_deref())
+            .peekable();
+        waiting.peek().is_none() || waiting.any(|s| super::sys::held(s) == 0)
     }
 
     /// Both streams are complete: everything this side wrote was acknowledged, and the
@@ -979,7 +996,9 @@ impl TcpConnection {
 
     /// Ends the connection as its endpoint closes: the peer gets a CLOSE (code 0: it reads a
     /// clean close if everything both ways was delivered, `ClosedEarly` otherwise). Waits at
-    /// most `max` for the CLOSE to be written.
+    /// most `max` for the CLOSE to be written and for one link's peer to acknowledge it: it
+    /// waits in the TCP connection behind what the link held, and a process that exited
+    /// before would lose it (its host resets a connection on which data still arrives).
     pub fn close(&self, max: Duration) {
         let deadline = Instant::now() + max;
         let mut st = self.lock();
@@ -994,6 +1013,13 @@ impl TcpConnection {
             st = self.wait(
                 st,
                 Some(deadline.min(Instant::now() + Duration::from_millis(5))),
+            );
+        }
+        // the peer's acknowledgements are not signalled: looked at every millisecond
+        while !st.close_delivered() && Instant::now() < deadline {
+            st = self.wait(
+                st,
+                Some(deadline.min(Instant::now() + Duration::from_millis(1))),
             );
         }
     }

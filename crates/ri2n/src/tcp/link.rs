@@ -405,7 +405,10 @@ fn send_batch<'a>(conn: &'a TcpConnection, l: usize, tx: &mut Tx) -> Batch<'a> {
     let res = tx.write(&s);
     if closing {
         let _ = s.shutdown(Shutdown::Write);
-        conn.lock().links[l].close_due = false;
+        let mut st = conn.lock();
+        st.links[l].close_due = false;
+        st.links[l].close_written = res.is_ok();
+        drop(st);
         conn.notify_app();
         return Batch::Over;
     }
@@ -457,7 +460,10 @@ fn writer(conn: &Arc<TcpConnection>, l: usize, incarnation: u64, s: &TcpStream) 
             Ok(false) => {
                 let st = conn.lock();
                 let link = &st.links[l];
-                if link.incarnation != incarnation || !link.connected() || st.end.is_some() {
+                // an ended connection's CLOSE still waits for room behind what the link
+                // holds (until the watch shuts the link, `CLOSE_LINGER` after the end)
+                let ended = st.end.is_some() && !link.close_due;
+                if link.incarnation != incarnation || !link.connected() || ended {
                     return;
                 }
                 continue;
