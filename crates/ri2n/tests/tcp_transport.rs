@@ -1,7 +1,7 @@
 //! The TCP transport on loopback: a transfer over two links arrives intact with both links
 //! carrying it, a large write taken in pieces, both directions at once, whole messages beside
-//! the byte stream, keyed, keys that do not match, and the calls it does not carry fail
-//! clearly.
+//! the byte stream, keyed, keys that do not match, the calls it does not carry fail
+//! clearly, and a client that breaks the framing is refused or told why.
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -471,4 +471,100 @@ fn closing_the_client_endpoint_waits_for_delivery_and_says_when_it_failed() {
         matches!(e, ri2n::Error::NotDelivered { connections: 1, bytes } if bytes > 0),
         "{e}"
     );
+}
+
+/// A client that breaks the framing of the TCP transport is refused or told why, and the
+/// server goes on. A hello naming a link beyond the 8 a connection has closes the TCP
+/// connection (the server's hello thread indexed its links by it and panicked); a record of
+/// an unknown type after a good hello ends the connection with a CLOSE that says why (it
+/// ended without one, and the client could only guess).
+#[test]
+fn a_client_that_breaks_the_framing_is_refused_or_told_why() {
+    use ri2n_proto::tcp::frame::{Hello, HelloReply, HelloStatus, Record};
+    use std::net::TcpStream;
+    let server = Endpoint::bind(
+        EndpointConfig::new(addrs(&["127.0.0.1:0"]))
+            .with_transport(Transport::Tcp)
+            .server(),
+    )
+    .unwrap();
+    let to = server.local_addrs()[0];
+    let say_hello = |link: u8| {
+        let mut s = TcpStream::connect(to).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut b = Vec::new();
+        Hello {
+            connection_id: 0x5eed + u64::from(link),
+            link,
+            new_connection: true,
+            keyed: false,
+            takes_messages: false,
+            window: 1 << 20,
+            application: None,
+        }
+        .encode(&mut b);
+        s.write_all(&b).unwrap();
+        s
+    };
+
+    let mut beyond = say_hello(8);
+    let mut answer = Vec::new();
+    let end = beyond.read_to_end(&mut answer);
+    assert!(
+        answer.is_empty(),
+        "an answer to link 8: {answer:?} ({end:?})"
+    );
+
+    let mut s = say_hello(0);
+    let mut buf = Vec::new();
+    let (reply, n) = loop {
+        if let Some(r) = HelloReply::parse(&buf).unwrap() {
+            break r;
+        }
+        let mut chunk = [0u8; 512];
+        let got = s.read(&mut chunk).unwrap();
+        assert!(got > 0, "no reply to a good hello");
+        buf.extend_from_slice(&chunk[..got]);
+    };
+    assert_eq!(reply.status, HelloStatus::Accepted);
+    let accepted = server.accept().unwrap();
+    s.write_all(&[0xee; 16]).unwrap();
+    // what the server sends until it closes: acknowledgements, then the CLOSE
+    let _ = s.read_to_end(&mut buf);
+    let mut rest = &buf[n..];
+    let close = loop {
+        let Ok(Some((record, len))) = Record::parse(rest) else {
+            panic!("no CLOSE record in {:?}", &buf[n..]);
+        };
+        rest = &rest[len..];
+        if let Record::Close { code, reason_len } = record {
+            let reason = &rest[..usize::from(reason_len).min(rest.len())];
+            break (code, String::from_utf8_lossy(reason).into_owned());
+        }
+    };
+    assert!(
+        close.0 != 0 && close.1.contains("malformed record"),
+        "{close:?}"
+    );
+    assert!(
+        matches!(
+            accepted.close_reason(),
+            Some(ConnectionError::ProtocolViolation(_))
+        ),
+        "{:?}",
+        accepted.close_reason()
+    );
+
+    // the server goes on
+    let client =
+        Endpoint::bind(EndpointConfig::new(addrs(&["127.0.0.1:0"])).with_transport(Transport::Tcp))
+            .unwrap();
+    let mut conn = client
+        .connect(&server.local_addrs(), ConnectionConfig::default())
+        .unwrap();
+    let mut peer = server.accept().unwrap();
+    conn.write_all(b"still here").unwrap();
+    let mut got = [0u8; 10];
+    peer.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"still here");
 }

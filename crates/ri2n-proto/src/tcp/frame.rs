@@ -350,6 +350,10 @@ impl Hello {
         if b[9] > 7 {
             return Err(FrameError::Malformed("hello flags"));
         }
+        // link IDs are 0-7 (docs/PROTOCOL.md §12.2): a connection has no room for more
+        if usize::from(b[8]) >= crate::MAX_LINKS {
+            return Err(FrameError::Malformed("hello link number"));
+        }
         let (new_connection, keyed) = (b[9] & 1 != 0, b[9] & 2 != 0);
         let takes_messages = b[9] & 4 != 0;
         let Some((application, n)) = parse_name(&buf[27..])? else {
@@ -593,6 +597,22 @@ mod tests {
         assert_eq!(Hello::parse(b"GET / HTTP/1.1"), Err(FrameError::NotRi2n));
         assert_eq!(Hello::parse(b"ri2n"), Ok(None));
         assert_eq!(Hello::parse(b"ri2n-tcp\x01"), Err(FrameError::Version(1)));
+        // a link number beyond the 8 a connection has (a server indexed its links by it)
+        let mut b = Vec::new();
+        let h = Hello {
+            connection_id: 1,
+            link: 8,
+            new_connection: true,
+            keyed: false,
+            takes_messages: false,
+            window: 1 << 20,
+            application: None,
+        };
+        h.encode(&mut b);
+        assert_eq!(
+            Hello::parse(&b),
+            Err(FrameError::Malformed("hello link number"))
+        );
         assert_eq!(HelloReply::parse(b"SSH-2.0"), Err(FrameError::NotRi2n));
     }
 }

@@ -101,7 +101,10 @@ impl Reassembly {
     /// Stream bytes `offset..offset + len` arrived on `link`. Returns the parts that are new
     /// (the caller keeps those bytes and drops the rest).
     pub fn accept(&mut self, link: usize, offset: u64, len: u64) -> Result<Gaps, PlacementError> {
-        let r = offset..offset + len;
+        // the offset is the peer's word (a REPAIR record's): it may point past the last byte
+        let end =
+            (offset.checked_add(len)).ok_or(PlacementError::OutsideWindow(offset..u64::MAX))?;
+        let r = offset..end;
         if r.end > self.window_end() {
             return Err(PlacementError::OutsideWindow(r));
         }
@@ -222,6 +225,12 @@ mod tests {
         r.consume(600);
         assert_eq!(r.window_end(), 1600);
         assert!(r.accept(0, 1000, 600).is_ok());
+        // an offset whose bytes would end past the last one a stream can have
+        let past = r.accept(0, u64::MAX - 10, 100);
+        assert_eq!(
+            past,
+            Err(PlacementError::OutsideWindow(u64::MAX - 10..u64::MAX))
+        );
     }
 
     #[test]

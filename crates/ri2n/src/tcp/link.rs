@@ -631,13 +631,25 @@ fn reader(
     r.buf.reserve(RECORD_READ);
     let res = read_records(conn, l, incarnation, &mut r);
     let mut st = conn.lock();
-    if let Err(e) = res {
-        if let Some(why) = e {
+    match res {
+        Ok(()) => {}
+        // the peer broke the protocol: it is told why, on every link (this one too: the
+        // watch shuts them once the CLOSE records are out), as for a violation found in its
+        // streams (`State::pump_or_end`)
+        Err(Some(why)) => {
+            if st.end.is_none() {
+                st.close_record = (1, why.to_string());
+                for l in &mut st.links {
+                    l.close_due = l.connected();
+                }
+            }
             st.end(Some(why));
             conn.wake();
         }
-        let refused = r.failed.is_some_and(closed_by_peer);
-        fail(conn, &mut st, l, incarnation, refused);
+        Err(None) => {
+            let refused = r.failed.is_some_and(closed_by_peer);
+            fail(conn, &mut st, l, incarnation, refused);
+        }
     }
 }
 
