@@ -222,8 +222,12 @@ fn tcp_close(ep: &tcp::TcpEndpoint, deadline: Option<Instant>) -> (usize, u64) {
     ep.stop_accepting();
     let mut lost = (0, 0);
     let connections = ep.connections();
+    // every stream ends now: a peer that stops reading then holds up its own connection's
+    // wait, not the ends of those after it
     for c in &connections {
         let _ = c.finish();
+    }
+    for c in &connections {
         let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         if c.wait_acknowledged(left).is_err() {
             lost.0 += 1;

@@ -1,7 +1,8 @@
 //! How connections end, as an application sees it: nothing written is lost when handles are
 //! dropped, a peer that is gone is told from a network that is down, and a closed port is
 //! refused at once, and so is a connection beyond a server's limit; a server that aborts
-//! all its connections at once tells every client why.
+//! all its connections at once tells every client why, and one that closes waits for them
+//! all together.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
@@ -234,4 +235,66 @@ fn an_endpoint_aborted_tells_every_peer_why() {
             );
         }
     }
+}
+
+/// Closing a TCP-transport server ends every connection's stream at once and waits for them
+/// together: a client that stops reading costs the timeout for its own connection only, and
+/// the clients that read get all their data and a clean end (they were finished one after
+/// the other, each after the previous one's wait, and those behind the stalled one were
+/// aborted with nothing left to deliver).
+#[test]
+fn closing_a_tcp_server_waits_for_its_connections_together() {
+    use std::io::{Read, Write};
+    let server = Endpoint::bind(
+        EndpointConfig::new(vec![loopback("127.0.0.1")])
+            .with_transport(Transport::Tcp)
+            .server(),
+    )
+    .unwrap();
+    let client = Endpoint::bind(
+        EndpointConfig::new(vec![loopback("127.0.0.1")]).with_transport(Transport::Tcp),
+    )
+    .unwrap();
+    // connection 0 never reads, and its window is small: what the server writes beyond it
+    // is never acknowledged
+    let mut stalled_config = ConnectionConfig::default();
+    stalled_config.stream_receive_window = 256 << 10;
+    let stalled = client
+        .connect(&server.local_addrs(), stalled_config)
+        .unwrap();
+    let to_stalled = server.accept().unwrap();
+    let mut queued = 0;
+    while let Ok(n) = to_stalled.try_write(&[9u8; 64 << 10]) {
+        queued += n;
+    }
+    assert!(queued > 256 << 10, "the server queued only {queued} bytes");
+    const EACH: usize = 1 << 20;
+    let readers: Vec<_> = (0..3u8)
+        .map(|i| {
+            let conn = client
+                .connect(&server.local_addrs(), ConnectionConfig::default())
+                .unwrap();
+            let accepted = server.accept().unwrap();
+            let reader = std::thread::spawn(move || {
+                let mut got = Vec::new();
+                let end = (&conn).read_to_end(&mut got).map(drop);
+                (got, end, conn.close_reason())
+            });
+            (&accepted).write_all(&vec![i; EACH]).unwrap();
+            (reader, accepted)
+        })
+        .collect();
+    let r = server.close(Some(Duration::from_millis(1500)));
+    assert!(
+        matches!(r, Err(Error::NotDelivered { connections: 1, .. })),
+        "{r:?}"
+    );
+    for (i, (reader, _accepted)) in readers.into_iter().enumerate() {
+        let (got, end, reason) = reader.join().unwrap();
+        assert!(end.is_ok(), "reader {i}: {end:?} ({reason:?})");
+        assert_eq!(got.len(), EACH, "reader {i}");
+        assert!(got.iter().all(|&b| b == i as u8), "reader {i}");
+        assert_eq!(reason, None, "reader {i}");
+    }
+    drop(stalled);
 }
