@@ -17,6 +17,9 @@ pub const DEFAULT_PORT: u16 = 7400;
 pub const DEFAULT_INTERFACE: &str = "ri2n0";
 /// Default prefix length of the tunnel addresses.
 pub const DEFAULT_PREFIX: u8 = 24;
+/// Longest host name: it goes into the status socket's path, which a Unix socket address
+/// holds in 108 bytes.
+const MAX_NAME: usize = 64;
 
 /// A checked cluster description.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,6 +39,13 @@ pub struct Host {
     pub address: Ipv4Addr,
     /// Its address on each network, one per link.
     pub links: Vec<IpAddr>,
+}
+
+impl Host {
+    /// Whether it and `other` each have a link address of one family (IPv4 or IPv6).
+    fn shares_a_family(&self, other: &Host) -> bool {
+        (self.links.iter()).any(|a| other.links.iter().any(|b| a.is_ipv4() == b.is_ipv4()))
+    }
 }
 
 /// What is wrong with a cluster file: `FILE:LINE: message`, or `FILE: message`.
@@ -117,16 +127,20 @@ impl Cluster {
         let interface = match raw.interface {
             Some(i) => {
                 let name = i.get_ref();
-                // IFNAMSIZ is 16 with the terminating NUL; the kernel refuses '/' and blanks
+                // IFNAMSIZ is 16 with the terminating NUL; the kernel refuses '/', blanks, "."
+                // and "..", and makes "%d" the first free number (another name than the one
+                // the daemon would then configure)
                 if name.is_empty()
                     || name.len() > 15
-                    || name.contains(|c: char| c == '/' || c.is_whitespace() || c == ':')
+                    || name == "."
+                    || name == ".."
+                    || name.contains(|c: char| "/:%".contains(c) || c.is_whitespace())
                 {
                     return Err(at(
                         Some(i.span()),
                         format!(
                             "interface: \"{name}\" is not a valid interface name (1 to 15 \
-                             characters, no '/', ':' or blanks)"
+                             characters, no '/', ':', '%' or blanks, not \".\" or \"..\")"
                         ),
                     ));
                 }
@@ -161,10 +175,19 @@ impl Cluster {
             let h = h.get_ref();
             let line_of_span = |s: Range<usize>| line_of(text, s.start);
             let name = h.name.get_ref();
-            if name.is_empty() || name.contains(char::is_whitespace) {
+            // it names the daemon's status socket, a file: `status::socket_path`
+            let name_char = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
+            if name.is_empty()
+                || name.len() > MAX_NAME
+                || name.starts_with('.')
+                || !name.chars().all(name_char)
+            {
                 return Err(at(
                     Some(h.name.span()),
-                    format!("name: \"{name}\" must be non-empty, without blanks"),
+                    format!(
+                        "name: \"{name}\" must be 1 to {MAX_NAME} letters, digits, '-', '_' \
+                         or '.', not starting with '.'"
+                    ),
                 ));
             }
             if let Some(&first) = names.get(name.as_str()) {
@@ -253,11 +276,23 @@ impl Cluster {
                 }
                 link_addresses.insert(ip, line_of_span(l.span()));
             }
-            hosts.push(Host {
+            let host = Host {
                 name: name.clone(),
                 address,
                 links: links.iter().map(|l| *l.get_ref()).collect(),
-            });
+            };
+            // a link joins addresses of one family: two hosts without one cannot connect
+            if let Some(other) = hosts.iter().find(|o: &&Host| !o.shares_a_family(&host)) {
+                return Err(at(
+                    Some(h.links.span()),
+                    format!(
+                        "links: hosts \"{}\" and \"{name}\" have no link addresses of the same \
+                         family (IPv4 or IPv6): they could not reach each other",
+                        other.name
+                    ),
+                ));
+            }
+            hosts.push(host);
         }
         Ok(Self {
             key,
@@ -384,8 +419,26 @@ links = ["10.0.1.2", "10.0.2.2"]
         assert!(error(&GOOD.replace("port = 7500", "prot = 7500"))
             .starts_with("/etc/ri2n/cluster.toml:3: "));
         assert!(error(&GOOD.replace("10.99.0.2", "10.98.0.2")).contains("not in the /24 network"));
-        assert!(error(&GOOD.replace("port = 7500", "interface = \"a/b\""))
-            .contains("not a valid interface name"));
+        for bad in ["a/b", "ri2n%d", ".", "..", ""] {
+            let e = error(&GOOD.replace("port = 7500", &format!("interface = \"{bad}\"")));
+            assert!(e.contains("not a valid interface name"), "{bad}: {e}");
+        }
+        // a host's name names its status socket, a file
+        for bad in ["a/b", "../x", ".hidden", "node 2", &"n".repeat(65)] {
+            let e = error(&GOOD.replace("\"node2\"", &format!("\"{bad}\"")));
+            assert!(
+                e.starts_with("/etc/ri2n/cluster.toml:11: name: "),
+                "{bad}: {e}"
+            );
+        }
+        assert!(parse(&GOOD.replace("\"node2\"", "\"rack-1.node_2\"")).is_ok());
+        // two hosts that share no address family could not connect
+        assert_eq!(
+            error(&GOOD.replace("[\"10.0.1.2\", \"10.0.2.2\"]", "[\"fd00::2\"]")),
+            "/etc/ri2n/cluster.toml:13: links: hosts \"node1\" and \"node2\" have no link \
+             addresses of the same family (IPv4 or IPv6): they could not reach each other"
+        );
+        assert!(parse(&GOOD.replace("\"10.0.2.2\"]", "\"fd00::2\"]")).is_ok());
         assert!(error(&GOOD.replace("key = \"cluster.key\"", "")).contains("key"));
         let one_host = &GOOD[..GOOD.find("[[host]]\nname = \"node2\"").unwrap()];
         assert!(error(one_host).contains("at least 2 hosts"));
