@@ -1642,7 +1642,8 @@ fn pings_answered(lab: &Lab, from: &str, to: &str, count: u64, pace: &[&str]) ->
 /// Issue 43, finding 7: with `--carry messages`, `ri2n tunnel status` showed "packets sent 0,
 /// received 0" while pings crossed. Each way of carrying counts, per peer, the IP packets it
 /// handed to that peer and received from it: here the echo requests and replies of a ping
-/// from a to b (nothing else crosses the tunnel meanwhile).
+/// from a to b (nothing else crosses the tunnel meanwhile). Once b's daemon is gone, what a's
+/// interface takes for b is dropped, and counted so (it was counted nowhere).
 #[test]
 fn the_status_counts_the_packets_each_carry_moves() {
     let Some(test) = PingLab::up("tunnel-counts", "tct") else {
@@ -1698,7 +1699,37 @@ fn the_status_counts_the_packets_each_carry_moves() {
             "tunnel packet counts carrying {carry}: a sent {}, received {}; b sent {}, received {}",
             a.0, a.1, b.0, b.1
         ));
-        stop_daemons(&mut daemons);
+
+        let status = daemons[1].terminate(Duration::from_secs(10));
+        assert!(status.is_some_and(|s| s.success()), "b after SIGTERM");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while status_json(env, &lab.ns_of("a"), &config)["peers"][0]["state"] != "waiting" {
+            assert!(Instant::now() < deadline, "a still connected to b");
+            thread::sleep(Duration::from_millis(100));
+        }
+        let (answered, text) = pings_answered(lab, "a", "b", PINGS, &["-i", "0.01"]);
+        assert_eq!(answered, 0, "carrying {carry}, b gone: {text}");
+        let dropped = || {
+            let status = status_json(env, &lab.ns_of("a"), &config);
+            let peer = &status["peers"][0];
+            let n = |k: &str| peer[k].as_u64().unwrap_or(0);
+            (n("packets_dropped"), n("packets_sent"))
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let (gone, sent) = loop {
+            let (gone, sent) = dropped();
+            if gone >= PINGS || Instant::now() > deadline {
+                break (gone, sent);
+            }
+            thread::sleep(Duration::from_millis(200));
+        };
+        assert!(
+            near(gone) && sent == a.0,
+            "carrying {carry}, {PINGS} pings to b gone: a dropped {gone} and sent {sent} (before: \
+             {})",
+            a.0
+        );
+        stop_daemons(&mut daemons[..1]);
     }
 }
 

@@ -26,6 +26,10 @@ pub struct Peer {
     /// (datagrams or messages).
     pub sent: AtomicU64,
     pub received: AtomicU64,
+    /// IP packets for it that no connection took (none was up, its send queue was full),
+    /// and those its ended connections dropped: with the current connection's own, the
+    /// count the status shows, which does not start again at each reconnection.
+    dropped: AtomicU64,
     /// No longer in the cluster file as it was: its loop stops, its connection ends.
     removed: AtomicBool,
     /// Why the last attempt to connect to it failed (connecting side), for the status.
@@ -43,6 +47,7 @@ impl Peer {
             conn: RwLock::new(None),
             sent: AtomicU64::new(0),
             received: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
             removed: AtomicBool::new(false),
             waiting_for: Mutex::new(None),
             first_remote: AtomicUsize::new(0),
@@ -100,7 +105,14 @@ impl Peer {
 
     /// Makes `conn` the way to it (a newer connection replaces an older one).
     pub fn set(&self, conn: Arc<Connection>) {
-        *self.conn.write().unwrap_or_else(|e| e.into_inner()) = Some(conn);
+        let old = self
+            .conn
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(conn);
+        if let Some(old) = old {
+            self.dropped_by(&old);
+        }
     }
 
     /// `conn` ended: forgotten, unless a newer one replaced it meanwhile.
@@ -108,7 +120,29 @@ impl Peer {
         let mut slot = self.conn.write().unwrap_or_else(|e| e.into_inner());
         if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
             *slot = None;
+            drop(slot);
+            self.dropped_by(conn);
         }
+    }
+
+    /// `n` IP packets for it were dropped before a connection took them.
+    pub fn drop_packets(&self, n: u64) {
+        self.dropped.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// IP packets for it dropped so far: by the tunnel, by its ended connections and by
+    /// `current` (its connection now, if any).
+    pub fn packets_dropped(&self, current: Option<&ri2n::ConnectionStats>) -> u64 {
+        let now = current.map_or(0, |s| {
+            s.datagrams_send_dropped + s.datagrams_receive_dropped
+        });
+        self.dropped.load(Ordering::Relaxed) + now
+    }
+
+    /// What `conn`, no longer its connection, dropped counts on as the peer's.
+    fn dropped_by(&self, conn: &Connection) {
+        let s = conn.stats();
+        self.drop_packets(s.datagrams_send_dropped + s.datagrams_receive_dropped);
     }
 
     pub fn is_removed(&self) -> bool {

@@ -88,32 +88,34 @@ pub(crate) fn route_loop(peers: &Peers, tun: &Tun, queue: usize, stop: &Stop, bu
         batch_peers.dedup();
         for &k in &batch_peers {
             let peer = &table.peers[k];
-            if let Some(conn) = peer.conn() {
-                // a connection just lost, or (messages) a full send buffer: the packets are
-                // dropped, as on a dead cable or a full NIC queue
-                match peers.carry {
-                    Carry::Datagrams => {
-                        // the buffers themselves: the connection sends them without a copy
-                        // and leaves spare ones for the next reads
-                        let batch = packets
-                            .bufs_mut()
-                            .iter_mut()
-                            .zip(&dests)
-                            .filter(|(_, &d)| d == k)
-                            .map(|(b, _)| b);
-                        let mut n = 0;
-                        let _ = conn.send_datagram_bufs(batch.inspect(|_| n += 1));
-                        peer.sent.fetch_add(n, Ordering::Relaxed);
-                    }
-                    Carry::Messages => {
-                        for j in (0..packets.len()).filter(|&j| dests[j] == k) {
-                            if conn.try_send_message(packets.get(j)).is_ok() {
-                                peer.sent.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
+            let mine = dests.iter().filter(|&&d| d == k).count() as u64;
+            // no connection, a connection just lost, or (messages) a full send buffer: the
+            // packets are dropped (and counted), as on a dead cable or a full NIC queue
+            let sent = match (peer.conn(), peers.carry) {
+                (None, _) => 0,
+                (Some(conn), Carry::Datagrams) => {
+                    // the buffers themselves: the connection sends them without a copy and
+                    // leaves spare ones for the next reads
+                    let batch = packets
+                        .bufs_mut()
+                        .iter_mut()
+                        .zip(&dests)
+                        .filter(|(_, &d)| d == k)
+                        .map(|(b, _)| b);
+                    // it stops at the first that fails: the last one it took
+                    let mut taken = 0u64;
+                    match conn.send_datagram_bufs(batch.inspect(|_| taken += 1)) {
+                        Ok(()) => taken,
+                        Err(_) => taken.saturating_sub(1),
                     }
                 }
-            }
+                (Some(conn), Carry::Messages) => (0..packets.len())
+                    .filter(|&j| dests[j] == k)
+                    .filter(|&j| conn.try_send_message(packets.get(j)).is_ok())
+                    .count() as u64,
+            };
+            peer.sent.fetch_add(sent, Ordering::Relaxed);
+            peer.drop_packets(mine - sent);
         }
     }
 }

@@ -74,7 +74,8 @@ pub struct PeerStatus {
     /// IP packets handed to the peer's connections, and received from them.
     pub packets_sent: u64,
     pub packets_received: u64,
-    /// Dropped unsent (queue full or too old) and dropped on arrival (not read in time).
+    /// Dropped unsent (no connection up, queue full or too old) and dropped on arrival (not
+    /// read in time), over every connection to the peer.
     pub packets_dropped: u64,
     pub links: Vec<LinkStatus>,
 }
@@ -147,6 +148,7 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
             let previous = previous.entry(host.name.clone()).or_default();
             let Some(conn) = peer.conn() else {
                 previous.clear();
+                p.packets_dropped = peer.packets_dropped(None);
                 p.waiting_for = Some(peer.waiting_for());
                 status.peers.push(p);
                 continue;
@@ -155,7 +157,7 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
             log_link_changes(&host.name, &conn, &s);
             p.state = "connected".into();
             p.encryption = Some(s.cipher.map_or("none", |c| c.name()).into());
-            p.packets_dropped = s.datagrams_send_dropped + s.datagrams_receive_dropped;
+            p.packets_dropped = peer.packets_dropped(Some(&s));
             previous.resize(s.links.len(), Previous::default());
             for (l, prev) in s.links.iter().zip(previous.iter_mut()) {
                 let secs = prev.at.map_or(0.0, |t| now.duration_since(t).as_secs_f64());
@@ -374,7 +376,8 @@ pub fn prometheus(s: &Status) -> String {
             },
             CounterOf {
                 name: "ri2n_tunnel_packets_dropped",
-                help: "IP packets dropped: send queue full or too old, or not written in time.",
+                help: "IP packets dropped: no connection up, send queue full or too old, or not \
+                       written in time.",
                 unit: None,
                 value: |p| p.packets_dropped,
             },
