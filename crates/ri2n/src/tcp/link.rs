@@ -26,7 +26,7 @@ use std::net::{Shutdown, TcpStream};
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use ri2n_proto::tcp::frame::MAX_REASON;
 use ri2n_proto::tcp::keys::{ClientLinkHandshake, FrameKey, FrameKeys, MAX_FRAME};
 use ri2n_proto::tcp::{Hello, HelloReply, HelloStatus, LinkView, Record, Work};
@@ -586,6 +586,14 @@ impl RecordReader<'_> {
             }
         }
         if self.buf.len() >= len {
+            if len < RECORD_READ {
+                // a short payload is copied out: a slice would keep the memory of the whole
+                // read (or frame) alive while its bytes wait to be read, and a peer sending
+                // tiny pieces, a read each, would hold far more memory than its window
+                let piece = Bytes::copy_from_slice(&self.buf[..len]);
+                self.buf.advance(len);
+                return Ok(piece);
+            }
             return Ok(self.buf.split_to(len).freeze());
         }
         // a spare too small is dropped, not grown: growing copies its old capacity
@@ -1119,5 +1127,38 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         panic!("writes to a closed connection kept succeeding");
+    }
+
+    /// A short payload does not keep the memory it was read into: its bytes may wait long in
+    /// the receive buffer (behind a hole), and a peer that sends a tiny piece per read would
+    /// otherwise hold a read buffer per piece, far more memory than its window allows.
+    #[test]
+    fn a_short_payload_is_not_a_slice_of_the_read_buffer() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut peer, _) = listener.accept().unwrap();
+        let settings =
+            super::super::conn::Settings::new(&ri2n_proto::ConnectionConfig::default(), 1, None);
+        let conn = TcpConnection::new(settings, Role::Server, Vec::new());
+        let mut r = RecordReader {
+            s: &s,
+            conn: &conn,
+            buf: BytesMut::new(),
+            open: None,
+            raw: BytesMut::new(),
+            failed: None,
+        };
+        std::io::Write::write_all(&mut peer, &[7u8; 16 << 10]).unwrap();
+        for len in [1, 100, RECORD_READ - 1, RECORD_READ] {
+            while r.buf.len() < len {
+                r.fill().unwrap();
+            }
+            let start = r.buf.as_ptr() as usize;
+            let read = start..start + r.buf.len();
+            let piece = r.payload(len, Vec::new(), |_| {}).unwrap();
+            assert_eq!(&piece[..], &vec![7u8; len][..]);
+            let shares = read.contains(&(piece.as_ptr() as usize));
+            assert_eq!(shares, len >= RECORD_READ, "a payload of {len} bytes");
+        }
     }
 }
