@@ -641,9 +641,9 @@ fn reader(
     let mut st = conn.lock();
     match res {
         Ok(()) => {}
-        // the peer broke the protocol: it is told why, on every link (this one too: the
-        // watch shuts them once the CLOSE records are out), as for a violation found in its
-        // streams (`State::pump_or_end`)
+        // the peer broke the protocol: it is told why, on every link (this one too: it is
+        // not failed here, the watch shuts the links `CLOSE_LINGER` after the end), as for a
+        // violation found in its streams (`State::pump_or_end`)
         Err(Some(why)) => {
             if st.end.is_none() {
                 st.close_record = (1, why.to_string());
