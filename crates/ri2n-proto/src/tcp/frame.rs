@@ -350,7 +350,7 @@ impl Hello {
         if b[9] > 7 {
             return Err(FrameError::Malformed("hello flags"));
         }
-        // link IDs are 0-7 (docs/PROTOCOL.md §12.2): a connection has no room for more
+        // link IDs are 0-7 (docs/PROTOCOL.md §12.1): a connection has no room for more
         if usize::from(b[8]) >= crate::MAX_LINKS {
             return Err(FrameError::Malformed("hello link number"));
         }
