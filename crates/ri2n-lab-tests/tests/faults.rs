@@ -522,21 +522,11 @@ fn tcp_transport_opens_a_long_path_beside_a_short_one() {
     let name = "tcplong";
     let dir = TestDir::new(env, name);
     let lab = Lab::up(env, name, 2);
-    let tbf = |dev: &str, rate: &str, latency: &str| {
-        let ok = lab
-            .command(Host::A, "tc")
-            .args(["qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate])
-            .args(["burst", "30000", "latency", latency])
-            .status()
-            .expect("running tc")
-            .success();
-        assert!(ok, "tc could not replace {dev}'s qdisc");
-    };
     // link 1 short but 100 Mbit/s, so that the transfer lasts a few seconds; link 2 long:
     // A's egress a 5 Mbit/s queue kept full by a UDP flood of 15 Mbit/s to B on that link
     // (bounded: FLOOD_S seconds)
-    tbf("eth1", "100mbit", "20ms");
-    tbf("eth2", "5mbit", "300ms");
+    lab.tbf(Host::A, "eth1", "100mbit", "20ms");
+    lab.tbf(Host::A, "eth2", "5mbit", "300ms");
     const FLOOD_S: u64 = 15;
     let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let mut floods = vec![Proc::spawn(
@@ -1154,16 +1144,7 @@ fn tcp_transport_server_interrupted_while_sending_tells_its_client() {
     let dir = TestDir::new(env, name);
     let lab = Lab::up(env, name, 2);
     for dev in ["eth1", "eth2"] {
-        let ok = lab
-            .command(Host::B, "tc")
-            .args([
-                "qdisc", "replace", "dev", dev, "root", "tbf", "rate", "100mbit",
-            ])
-            .args(["burst", "30000", "latency", "20ms"])
-            .status()
-            .expect("running tc")
-            .success();
-        assert!(ok, "tc could not replace {dev}'s qdisc");
+        lab.tbf(Host::B, dev, "100mbit", "20ms");
     }
     let to = format!("{}:{PORT}", lab.addr(Host::B, 1));
     for run in 0..3 {

@@ -351,6 +351,19 @@ impl Lab {
         format!("{}-{letter}", self.prefix)
     }
 
+    /// Replaces the root qdisc of `host`'s interface `dev` with a token bucket: `rate` (in
+    /// tc's units), a 30 000-byte burst, at most `latency` of queue.
+    pub fn tbf(&self, host: Host, dev: &str, rate: &str, latency: &str) {
+        let ok = self
+            .command(host, "tc")
+            .args(["qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate])
+            .args(["burst", "30000", "latency", latency])
+            .status()
+            .expect("running tc")
+            .success();
+        assert!(ok, "tc could not replace {dev}'s qdisc");
+    }
+
     /// `program` run inside host `host` (`ip netns exec`), its arguments still to add.
     pub fn command(&self, host: Host, program: &str) -> Command {
         let mut command = Command::new("ip");
