@@ -1733,6 +1733,138 @@ fn the_status_counts_the_packets_each_carry_moves() {
     }
 }
 
+/// Runs `args` in host `host`'s namespace; panics unless it succeeds. Returns its stdout.
+fn in_host(lab: &Lab, host: &str, args: &[&str]) -> String {
+    let out = Command::new("ip")
+        .args(["netns", "exec", &lab.ns_of(host)])
+        .args(args)
+        .output()
+        .expect("running a command in a lab host");
+    assert!(
+        out.status.success(),
+        "{args:?} in {host}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A host of the cluster speaks only for its own tunnel address: host b sends a's tunnel
+/// address pings from an address of its interface that is not its own (a host that routes
+/// others' traffic into the tunnel, or one speaking for another host). Host a writes none of
+/// them to its interface, counts them as dropped, not received, and says why once in its log.
+/// (They were filtered before, but counted as received and told nowhere.)
+#[test]
+fn a_host_that_sends_from_another_address_is_refused_and_told_so() {
+    let Some(test) = PingLab::up("tunnel-source", "tsr") else {
+        return;
+    };
+    let (env, lab, dir) = (test.env, &test.lab, &test.dir);
+    const PINGS: u64 = 20;
+    const STRANGER: &str = "10.99.0.77";
+    let (config, mut daemons) = start_a_and_b(env, lab, &dir.0);
+    wait_connected(&mut daemons, 1, Duration::from_secs(20));
+    let counts = |h: &str| {
+        let status = status_json(env, &lab.ns_of(h), &config);
+        let peer = &status["peers"][0];
+        let n = |k: &str| peer[k].as_u64().unwrap_or(0);
+        (
+            n("packets_sent"),
+            n("packets_received"),
+            n("packets_dropped"),
+        )
+    };
+    let rx_packets = || {
+        let text = in_host(
+            lab,
+            "a",
+            &["cat", "/sys/class/net/ri2n0/statistics/rx_packets"],
+        );
+        text.trim().parse::<u64>().expect("a's interface counter")
+    };
+    // b's own address works: the filter lets through what is the peer's to send
+    let (answered, text) = pings_answered(lab, "b", "a", PINGS, &["-i", "0.01"]);
+    assert_eq!(answered, PINGS, "b's own pings: {text}");
+    thread::sleep(Duration::from_millis(1200)); // the next status sample
+    let (a_before, b_before, rx_before) = (counts("a"), counts("b"), rx_packets());
+
+    in_host(
+        lab,
+        "b",
+        &[
+            "ip",
+            "addr",
+            "add",
+            &format!("{STRANGER}/32"),
+            "dev",
+            "ri2n0",
+        ],
+    );
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &lab.ns_of("b"),
+            "ping",
+            "-q",
+            "-i",
+            "0.01",
+            "-W",
+            "1",
+        ])
+        .args([
+            "-c",
+            &PINGS.to_string(),
+            "-I",
+            STRANGER,
+            &tunnel_address("a"),
+        ])
+        .output()
+        .expect("running ping");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.contains(" 0 received"),
+        "pings from {STRANGER} answered: {text}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (a, b) = loop {
+        let (a, b) = (counts("a"), counts("b"));
+        if (b.0 >= b_before.0 + PINGS && a.2 >= a_before.2 + PINGS) || Instant::now() > deadline {
+            break (a, b);
+        }
+        thread::sleep(Duration::from_millis(200));
+    };
+    let rx = rx_packets() - rx_before;
+    report(&format!(
+        "{PINGS} pings from b's {STRANGER}: b sent {}, a received {}, dropped {}, a's interface \
+         took {rx}",
+        b.0 - b_before.0,
+        a.1 - a_before.1,
+        a.2 - a_before.2
+    ));
+    // the premise: b's daemon carried them to a
+    assert!(
+        b.0 >= b_before.0 + PINGS,
+        "b sent {} packets to a",
+        b.0 - b_before.0
+    );
+    assert!(
+        rx <= 2,
+        "a wrote {rx} packets to its interface (from {STRANGER}?)"
+    );
+    assert!(
+        a.1 - a_before.1 <= 2 && (PINGS..=PINGS + 2).contains(&(a.2 - a_before.2)),
+        "{PINGS} refused: a received {} and dropped {}",
+        a.1 - a_before.1,
+        a.2 - a_before.2
+    );
+    let log = daemons[0].stderr_text();
+    let lines = (log.lines())
+        .filter(|l| l.contains(&format!("dropped IP packets from {STRANGER}")))
+        .count();
+    assert_eq!(lines, 1, "a's log:\n{log}");
+    stop_daemons(&mut daemons);
+}
+
 /// Packets each queue of host `ns`'s interface has read, from a status sample taken after
 /// `since` (the daemon samples every second).
 fn queue_reads_after(env: &Env, ns: &str, config: &Path, since: Instant) -> Vec<u64> {

@@ -15,6 +15,7 @@
 
 use std::collections::VecDeque;
 use std::io::ErrorKind;
+use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -458,9 +459,13 @@ impl Loop {
                     return false;
                 }
                 Ok(n) => {
-                    peer.received.fetch_add(n as u64, Ordering::Relaxed);
                     self.busy.handled();
-                    self.out.write(&self.queues, &peer.host.address.octets());
+                    let refused = self.out.write(&self.queues, &peer.host.address.octets());
+                    peer.received
+                        .fetch_add((n - refused.count) as u64, Ordering::Relaxed);
+                    if refused.count > 0 {
+                        peer.refuse_packets(refused.count as u64, refused.first_source);
+                    }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return false,
                 Err(e) => {
@@ -544,8 +549,8 @@ impl Delivery {
     /// Writes the packets received to the interface, in the order they came: plain packets
     /// in coalesced runs, large segments whole as they are; a full or vanished interface
     /// drops the packet, as a NIC would. Only packets from the peer's own tunnel address
-    /// (`source`) go: a host of the cluster cannot speak for another.
-    fn write(&mut self, queues: &Queues, source: &[u8; 4]) {
+    /// (`source`) go: a host of the cluster cannot speak for another. Returns the others.
+    fn write(&mut self, queues: &Queues, source: &[u8; 4]) -> Refused {
         let Delivery {
             packets,
             header,
@@ -554,20 +559,39 @@ impl Delivery {
         } = self;
         segments.clear();
         segments.extend(packets.iter_mut().map(|p| offload::segment_for_write(p)));
+        let mut refused = Refused::default();
         let mut plain: SmallVec<[&[u8]; BATCH]> = SmallVec::new();
         for (p, segment) in packets.iter().zip(segments.iter()) {
+            let from = match segment {
+                Some((_, start)) => Ipv4HeaderSlice::from_slice(&p[*start..]),
+                None => Ipv4HeaderSlice::from_slice(p),
+            };
+            let from = from.map(|ip| ip.source()).ok();
+            if from != Some(*source) {
+                refused.count += 1;
+                refused.first_source = refused.first_source.or(from.map(Ipv4Addr::from));
+                continue;
+            }
             let Some((vnet, start)) = segment else {
                 plain.push(p);
                 continue;
             };
-            write_plain(queues, &mut plain, runs, header, source);
-            if p[start + 12..start + 16] == *source {
-                let packet = &p[*start..];
-                let _ = (queues.for_packet(packet)).write_merged(vnet, std::iter::once(packet));
-            }
+            write_plain(queues, &mut plain, runs, header);
+            let packet = &p[*start..];
+            let _ = (queues.for_packet(packet)).write_merged(vnet, std::iter::once(packet));
         }
-        write_plain(queues, &mut plain, runs, header, source);
+        write_plain(queues, &mut plain, runs, header);
+        refused
     }
+}
+
+/// The packets of a delivery that were not the peer's to send: their source was not its
+/// tunnel address (or they were not IPv4 at all).
+#[derive(Default)]
+struct Refused {
+    count: usize,
+    /// The source of the first of them that had one.
+    first_source: Option<Ipv4Addr>,
 }
 
 /// Writes plain packets to the interface, consecutive TCP segments of one flow coalesced
@@ -577,9 +601,7 @@ fn write_plain(
     packets: &mut SmallVec<[&[u8]; BATCH]>,
     runs: &mut Vec<std::ops::Range<usize>>,
     header: &mut Vec<u8>,
-    source: &[u8; 4],
 ) {
-    packets.retain(|p| Ipv4HeaderSlice::from_slice(p).is_ok_and(|ip| ip.source() == *source));
     offload::runs(packets, runs);
     for run in runs.drain(..) {
         let run = &packets[run];

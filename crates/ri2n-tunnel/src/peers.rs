@@ -30,6 +30,9 @@ pub struct Peer {
     /// and those its ended connections dropped: with the current connection's own, the
     /// count the status shows, which does not start again at each reconnection.
     dropped: AtomicU64,
+    /// Packets from it with another host's source address were refused and logged: the
+    /// log says so once.
+    refusal_logged: AtomicBool,
     /// No longer in the cluster file as it was: its loop stops, its connection ends.
     removed: AtomicBool,
     /// Why the last attempt to connect to it failed (connecting side), for the status.
@@ -48,6 +51,7 @@ impl Peer {
             sent: AtomicU64::new(0),
             received: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
+            refusal_logged: AtomicBool::new(false),
             removed: AtomicBool::new(false),
             waiting_for: Mutex::new(None),
             first_remote: AtomicUsize::new(0),
@@ -128,6 +132,22 @@ impl Peer {
     /// `n` IP packets for it were dropped before a connection took them.
     pub fn drop_packets(&self, n: u64) {
         self.dropped.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// `n` IP packets from it were not written to the interface: their source was not its
+    /// tunnel address (`first_source` is one of them), and a host of the cluster speaks only
+    /// for itself. They count as dropped, and the first refusal is logged.
+    pub fn refuse_packets(&self, n: u64, first_source: Option<Ipv4Addr>) {
+        self.drop_packets(n);
+        if !self.refusal_logged.swap(true, Ordering::Relaxed) {
+            let from = first_source.map_or_else(|| "not IPv4".to_owned(), |a| format!("from {a}"));
+            eprintln!(
+                "ri2n tunnel: {}: dropped IP packets {from}: a host sends only from its own \
+                 tunnel address ({}); counted in its dropped packets, said once",
+                self.name(),
+                self.host.address
+            );
+        }
     }
 
     /// IP packets for it dropped so far: by the tunnel, by its ended connections and by

@@ -71,11 +71,13 @@ pub struct PeerStatus {
     /// `AES-256-GCM`, `ChaCha20-Poly1305`), or `none` in a cluster without a key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption: Option<String>,
-    /// IP packets handed to the peer's connections, and received from them.
+    /// IP packets handed to the peer's connections, and received from them and written to
+    /// the interface.
     pub packets_sent: u64,
     pub packets_received: u64,
     /// Dropped unsent (no connection up, queue full or too old) and dropped on arrival (not
-    /// read in time), over every connection to the peer.
+    /// read in time, or not from the peer's own tunnel address), over every connection to
+    /// the peer.
     pub packets_dropped: u64,
     pub links: Vec<LinkStatus>,
 }
@@ -370,14 +372,15 @@ pub fn prometheus(s: &Status) -> String {
             },
             CounterOf {
                 name: "ri2n_tunnel_packets_received",
-                help: "IP packets received from the peer.",
+                help: "IP packets received from the peer and written to the interface.",
                 unit: None,
                 value: |p| p.packets_received,
             },
             CounterOf {
                 name: "ri2n_tunnel_packets_dropped",
-                help: "IP packets dropped: no connection up, send queue full or too old, or not \
-                       written in time.",
+                help: "IP packets dropped: no connection up, send queue full or too old, not \
+                       written in time, or received from another source than the peer's tunnel \
+                       address.",
                 unit: None,
                 value: |p| p.packets_dropped,
             },
