@@ -909,6 +909,63 @@ fn sighup(d: &Proc) {
     assert!(status.success(), "kill -HUP {}", d.name);
 }
 
+/// A SIGHUP that comes while the daemon starts (`systemctl reload` just after a start, here
+/// while it waits to read its key file, a FIFO) is a reload once it runs, not its end:
+/// SIGHUP's default action ended the process until the daemon watched it, once it had set
+/// everything up.
+#[test]
+fn a_sighup_while_the_daemon_starts_is_a_reload_not_its_end() {
+    let _serial = serial();
+    let Some(env) = env() else { return };
+    let _timer = TestTimer::start("tunnel-early-sighup");
+    let dir = TestDir::new(env, "tunnel-early-sighup");
+    let lab = Lab::up_hosts(env, "tes", 2, 2);
+    let key_file = support::keygen(env, &dir.0);
+    let config = write_cluster_file(&dir.0, &["a", "b"]);
+    let key = fs::read(&key_file).expect("reading the key");
+    fs::remove_file(&key_file).expect("removing the key file");
+    let made = Command::new("mkfifo").arg(&key_file).status();
+    assert!(
+        made.is_ok_and(|s| s.success()),
+        "mkfifo {}",
+        key_file.display()
+    );
+    let mut d = spawn_daemon(env, &lab, "a", &[], &config, &dir.0, "tunnel-a");
+    // the premise: the daemon is starting, held in opening its key file
+    let wchan = format!("/proc/{}/wchan", d.pid());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fs::read_to_string(&wchan).unwrap_or_default() != "wait_for_partner" {
+        assert!(
+            d.poll().is_none() && Instant::now() < deadline,
+            "the daemon did not wait for its key file: {}",
+            d.stderr_text()
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    sighup(&d);
+    thread::sleep(Duration::from_millis(300));
+    if let Some(status) = d.poll() {
+        panic!("a SIGHUP while the daemon started ended it: {status}");
+    }
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        // non-blocking: a FIFO without a reader fails at once instead of waiting for ever
+        let mut fifo = fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&key_file)
+            .expect("opening the key FIFO (the daemon reading it)");
+        fifo.write_all(&key).expect("writing the key");
+    }
+    let line = format!("SIGHUP: {} read again", config.display());
+    wait_for_log_lines("the daemon started", &[(&d, &line)]);
+    let status = status_json(env, &lab.ns_of("a"), &config);
+    assert_eq!(status["reloads"], 1, "a's status: {status}");
+    assert!(d.poll().is_none(), "the daemon ended: {}", d.stderr_text());
+    stop_daemons(std::slice::from_mut(&mut d));
+}
+
 /// `ri2n tunnel VERB --config CONFIG` (`reload`, `status`) in host `host`: its exit status
 /// and stdout and stderr, together.
 fn tunnel_verb(

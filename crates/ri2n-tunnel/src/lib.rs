@@ -123,6 +123,23 @@ pub struct Options {
     pub describe_refusal: fn(&RefusedHandshake) -> String,
 }
 
+/// SIGHUP, caught from before the cluster file is first read: one that comes while the
+/// daemon starts (`systemctl reload` right after a start, a slow key file) would otherwise
+/// end the process, as SIGHUP does by default. It waits, and the daemon reads the file again
+/// once it runs. SIGINT and SIGTERM are watched from there on too; until then they end the
+/// process as usual (the interface goes with it).
+pub struct Hangups(signal_hook::iterator::Signals);
+
+impl Hangups {
+    /// Catches SIGHUP from now on: call it before reading the cluster file, then hand it to
+    /// [`run`].
+    pub fn watch() -> Result<Hangups, Error> {
+        signal_hook::iterator::Signals::new([SIGHUP])
+            .map(Hangups)
+            .map_err(|e| Error::io("cannot watch SIGHUP", e))
+    }
+}
+
 /// Why the daemon could not start, or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -193,9 +210,16 @@ impl Stop {
 }
 
 /// Runs the daemon of host `me` of `cluster` with `key` (the cluster's, loaded by the
-/// front) until SIGINT or SIGTERM; SIGHUP reads the cluster file again. Returns once the
-/// connections are closed; the interface goes with the process.
-pub fn run(options: &Options, cluster: Cluster, me: usize, key: Key) -> Result<(), Error> {
+/// front) until SIGINT or SIGTERM; SIGHUP (caught since `hangups` was made) reads the
+/// cluster file again. Returns once the connections are closed; the interface goes with the
+/// process.
+pub fn run(
+    options: &Options,
+    hangups: Hangups,
+    cluster: Cluster,
+    me: usize,
+    key: Key,
+) -> Result<(), Error> {
     let host = cluster.hosts[me].clone();
     let port = cluster.port;
     let locals: Vec<SocketAddr> = host
@@ -261,8 +285,11 @@ pub fn run(options: &Options, cluster: Cluster, me: usize, key: Key) -> Result<(
 
     let interface = cluster.interface.clone();
     let peers = Arc::new(Peers::new(cluster, me, carry, endpoint, queues.len()));
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
-        .map_err(|e| Error::io("cannot watch SIGINT, SIGTERM and SIGHUP", e))?;
+    let Hangups(mut signals) = hangups;
+    for signal in [SIGINT, SIGTERM] {
+        (signals.add_signal(signal))
+            .map_err(|e| Error::io("cannot watch SIGINT and SIGTERM", e))?;
+    }
     let stop = Arc::new(Stop {
         signals: signals.handle(),
         why: Mutex::new(None),
