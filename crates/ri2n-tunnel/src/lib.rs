@@ -179,6 +179,20 @@ pub fn load(path: &Path, name: Option<&str>) -> Result<(Cluster, usize), Error> 
     Ok((cluster, me))
 }
 
+/// The MTU of the interface of `host`: what one packet carries on each of its links, so that
+/// an inner packet that is not a large TCP segment goes unsplit (and is lost alone). Its own
+/// links decide: every path it has starts at one of them (a host of IPv4 links only sends
+/// over IPv4 to every peer), and a reload cannot change them, so the MTU set at the start
+/// holds for every cluster file it takes up.
+fn interface_mtu(host: &Host) -> usize {
+    let ipv6 = host.links.iter().any(IpAddr::is_ipv6);
+    let ip_header_growth = if ipv6 { 20 } else { 0 };
+    ri2n::datagram_capacity(
+        ConnectionConfig::default().max_datagram_size - ip_header_growth,
+        true,
+    )
+}
+
 /// Every connection of the tunnel, named by its carry in the handshake: no deadline on an
 /// outage (a host away for minutes is taken back when it returns, and packets wait for a
 /// link meanwhile).
@@ -250,15 +264,7 @@ pub fn run(
         .map(ToString::to_string)
         .collect();
 
-    // the interface's MTU is what one packet carries on every link: an inner packet that is
-    // not a large TCP segment goes unsplit (and is lost alone)
-    let ipv6 = cluster
-        .hosts
-        .iter()
-        .flat_map(|h| &h.links)
-        .any(IpAddr::is_ipv6);
-    let base = ConnectionConfig::default().max_datagram_size - if ipv6 { 20 } else { 0 };
-    let mtu = ri2n::datagram_capacity(base, true);
+    let mtu = interface_mtu(&host);
     let queues = Tun::create(
         &cluster.interface,
         host.address,
@@ -448,4 +454,27 @@ fn summary(s: &ri2n::ConnectionStats) -> String {
         s.datagrams_reordered,
         links.join("; ")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(links: &[&str]) -> Host {
+        Host {
+            name: "node1".into(),
+            address: "10.99.0.1".parse().unwrap(),
+            links: links.iter().map(|a| a.parse().unwrap()).collect(),
+        }
+    }
+
+    /// A host's own links set its MTU: 1426 bytes (a keyed datagram in a 1472-byte UDP
+    /// payload) over IPv4, 20 less where one of its links is IPv6, whatever the other hosts
+    /// of the cluster have (they may come and go on a reload; its own links cannot).
+    #[test]
+    fn the_interface_mtu_follows_the_hosts_own_links() {
+        assert_eq!(interface_mtu(&host(&["10.0.1.1", "10.0.2.1"])), 1426);
+        assert_eq!(interface_mtu(&host(&["10.0.1.1", "fd00:2::1"])), 1406);
+        assert_eq!(interface_mtu(&host(&["fd00:1::1"])), 1406);
+    }
 }
