@@ -445,8 +445,9 @@ pub struct RecvArgs {
     #[command(flatten)]
     pub link: LinkOpts,
 
-    /// Print a JSON summary on stdout (needs --output, since stdout would carry the data), as
-    /// `send --json` does; the checksum is XXH3-64 of the bytes received.
+    /// Print a JSON summary on stdout (needs --output naming a file, device or FIFO, not `-`:
+    /// stdout would carry the data), as `send --json` does; the checksum is XXH3-64 of the
+    /// bytes received.
     #[arg(long, short = 'J', requires = "output")]
     pub json: bool,
 

@@ -141,56 +141,41 @@ impl Output {
 }
 
 pub fn run(args: &RecvArgs) -> Result<(), Failure> {
-    interrupt::install();
-    let mut output = Output::open(args.output.as_ref())?;
-    if let Output::File { partial, .. } = &output {
-        interrupt::remove_on_interrupt(partial.clone());
+    let writes_stdout = args.output.as_ref().is_none_or(|p| p.as_os_str() == "-");
+    if args.json && writes_stdout {
+        return Err(Failure::usage(
+            "--json prints its summary on stdout, which carries the data with --output -: \
+             write the data to a file (--output FILE) or leave --json out",
+        ));
     }
-
-    let endpoint = match net::server_endpoint(
+    interrupt::install();
+    // everything that can fail before a sender comes is done before the output is touched:
+    // a FILE.partial that an earlier run left (what arrived before it failed) stays as it
+    // was when this one cannot start (a wrong key, a port in use: another recv on it)
+    let endpoint = net::server_endpoint(
         &args.listen,
         &args.key,
         args.link.all_links_down_timeout,
         net::Application::File,
-    ) {
-        Ok(e) => e,
-        Err(f) => {
-            output.discard_empty();
-            return Err(f);
-        }
-    };
+    )?;
     let faults = FaultPlan::new(&endpoint, &args.link.fault)?;
+    let mut output = Output::open(args.output.as_ref())?;
+    if let Output::File { partial, .. } = &output {
+        interrupt::remove_on_interrupt(partial.clone());
+    }
     if !args.quiet && crate::progress::stderr_is_terminal() {
         eprintln!(
             "ri2n: listening on {}",
             error::list(&endpoint.local_addrs())
         );
     }
-    let conn = match net::accept_logging_refusals(&endpoint, args.accept_timeout, "ri2n recv")? {
-        Some(c) => Arc::new(c),
-        None => {
+    let (conn, monitor, start) = match accept(args, &endpoint, faults) {
+        Ok(started) => started,
+        Err(f) => {
             output.discard_empty();
-            return Err(Failure::new(
-                error::CONNECT,
-                format!(
-                    "no sender connected within {:.1} s",
-                    args.accept_timeout.unwrap_or_default().as_secs_f64()
-                ),
-            ));
+            return Err(f);
         }
     };
-    interrupt::abort_on_interrupt(conn.clone());
-    let start = Instant::now();
-    faults.start(start, !args.quiet);
-    // nothing to send back: ending our side now lets the close complete as soon as the
-    // sender is done
-    conn.finish().map_err(|e| Failure::lost(&e))?;
-    let monitor = Monitor::start(
-        conn.clone(),
-        Direction::Receiving,
-        Progress::new(!args.quiet, "received", None),
-        EventLog::new(start, !args.quiet),
-    )?;
 
     let mut sum = (!args.no_checksum).then(Checksum::default);
     // the connection's receive blocks come over as they are (no copy), and this one's memory
@@ -260,4 +245,37 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
         dropped: crate::report::dropped(&endpoint.dropped_datagrams()),
     };
     summary.emit(args.quiet, args.json)
+}
+
+/// Waits for the sender (at most `--accept-timeout`) and starts receiving from it: its
+/// connection, the monitor of its progress and events, and when it began.
+fn accept(
+    args: &RecvArgs,
+    endpoint: &ri2n::Endpoint,
+    faults: FaultPlan,
+) -> Result<(Arc<ri2n::Connection>, Monitor, Instant), Failure> {
+    let Some(conn) = net::accept_logging_refusals(endpoint, args.accept_timeout, "ri2n recv")?
+    else {
+        return Err(Failure::new(
+            error::CONNECT,
+            format!(
+                "no sender connected within {:.1} s",
+                args.accept_timeout.unwrap_or_default().as_secs_f64()
+            ),
+        ));
+    };
+    let conn = Arc::new(conn);
+    interrupt::abort_on_interrupt(conn.clone());
+    let start = Instant::now();
+    faults.start(start, !args.quiet);
+    // nothing to send back: ending our side now lets the close complete as soon as the
+    // sender is done
+    conn.finish().map_err(|e| Failure::lost(&e))?;
+    let monitor = Monitor::start(
+        conn.clone(),
+        Direction::Receiving,
+        Progress::new(!args.quiet, "received", None),
+        EventLog::new(start, !args.quiet),
+    )?;
+    Ok((conn, monitor, start))
 }

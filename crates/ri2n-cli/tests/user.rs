@@ -301,3 +301,62 @@ fn tcp_transport_a_killed_receiver_is_reported_by_the_sender() {
         killed.elapsed()
     );
 }
+
+/// What an earlier `recv` left in `FILE.partial` (what arrived before it failed) stays there
+/// when a later `recv` to the same file cannot start: a key file that cannot be read, a port
+/// that another `recv` (writing that very file) holds, a fault that names no link. The later
+/// one emptied the file, then removed it (or, beside a running one, had it write on into
+/// an emptied file).
+#[test]
+fn a_recv_that_cannot_start_leaves_an_earlier_partial_file_alone() {
+    let output = TempFile::new("earlier-partial");
+    let earlier = b"what arrived before the earlier receiver failed";
+    std::fs::write(output.partial(), earlier).unwrap();
+    let holder = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let busy = holder.local_addr().unwrap().to_string();
+    let free = format!("127.0.0.1:{}", free_port());
+    let out = output.path().to_str().unwrap();
+    let cases: [(&str, Vec<&str>); 3] = [
+        (
+            "a missing key file",
+            vec!["--listen", &free, "--key", "/nonexistent/ri2n.key"],
+        ),
+        ("a port in use", vec!["--listen", &busy]),
+        (
+            "a fault on no link",
+            vec!["--listen", &free, "--fault", "1:10.9.9.9:down"],
+        ),
+    ];
+    for (what, args) in cases {
+        let (s, o) = ri2n(
+            ["recv", "--output", out].into_iter().chain(args),
+            Duration::from_secs(10),
+        );
+        assert!(!s.success(), "{what}: recv exits non-zero");
+        let kept = std::fs::read(output.partial()).unwrap_or_default();
+        assert_eq!(
+            kept,
+            earlier,
+            "{what}: the earlier partial file after recv failed ({})",
+            stderr_of(&o).trim()
+        );
+    }
+    drop(holder);
+}
+
+/// `recv --json --output -`: stdout carries the data, so the summary would end up in it; it
+/// is refused as a usage error (2) before anything is received.
+#[test]
+fn recv_json_with_the_data_on_stdout_is_refused() {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let (s, o) = ri2n(
+        ["recv", "--listen", &listen, "--output", "-", "--json"],
+        Duration::from_secs(10),
+    );
+    assert_eq!(s.code(), Some(2), "{}", stderr_of(&o));
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).expect("a JSON failure");
+    assert!(
+        doc["error"].as_str().is_some_and(|e| e.contains("--json")),
+        "{doc}"
+    );
+}
