@@ -49,6 +49,10 @@ const STALL_LIMIT: Duration = Duration::from_secs(10);
 const EVENT_TICK: Duration = Duration::from_millis(20);
 
 pub fn run(args: &BenchArgs) -> Result<(), Failure> {
+    // its output is a report: a reader that went away (`| head`) ends the test, as it ends
+    // ping or iperf3; Rust ignores SIGPIPE, and the next line printed would panic
+    // SAFETY: signal(2) with the default action; no handler of this process is replaced.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let say = Say { json: args.json };
     let endpoint = net::client_endpoint(&args.connect, &args.key, false)?;
     let faults = FaultPlan::new(&endpoint, &args.link.fault)?;

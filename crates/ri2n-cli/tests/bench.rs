@@ -339,3 +339,34 @@ fn a_client_learns_that_the_server_was_interrupted() {
         );
     }
 }
+
+/// `ri2n bench | head -n 3`: once the reader has gone, the test ends at the next line, as
+/// ping or iperf3 would (SIGPIPE), instead of running out its time and then panicking on the
+/// closed stdout (exit 101).
+#[test]
+fn a_reader_that_goes_away_ends_the_test() {
+    let (server, to) = serve(&[]);
+    let started = std::time::Instant::now();
+    let script = format!(
+        "{} bench --to {to} --time 30 --interval 0.1 | head -n 3; echo \"bench: ${{PIPESTATUS[0]}}\" >&2",
+        bin()
+    );
+    let (s, o) = Proc::spawn(
+        "ri2n bench | head",
+        Command::new("bash")
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .wait(Duration::from_secs(40));
+    let (took, err) = (started.elapsed(), stderr_of(&o));
+    assert!(s.success(), "{err}");
+    // the premise: head read the first lines of the report
+    assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 3, "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    // 128 + SIGPIPE: ended by the signal, as the shell reports it
+    assert!(err.contains("bench: 141"), "{err}");
+    assert!(took < Duration::from_secs(20), "bench ran on for {took:?}: {err}");
+    drop(server);
+}
