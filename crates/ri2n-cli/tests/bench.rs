@@ -363,10 +363,17 @@ fn a_reader_that_goes_away_ends_the_test() {
     let (took, err) = (started.elapsed(), stderr_of(&o));
     assert!(s.success(), "{err}");
     // the premise: head read the first lines of the report
-    assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 3, "{err}");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).lines().count(),
+        3,
+        "{err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
     // 128 + SIGPIPE: ended by the signal, as the shell reports it
     assert!(err.contains("bench: 141"), "{err}");
-    assert!(took < Duration::from_secs(20), "bench ran on for {took:?}: {err}");
+    assert!(
+        took < Duration::from_secs(20),
+        "bench ran on for {took:?}: {err}"
+    );
     drop(server);
 }

@@ -226,6 +226,9 @@ fn an_event_loop_waiting_with_wait_receiving_serves_its_connections() {
 
 /// `wait_receiving` returns when the caller's own descriptor becomes readable (here a waker
 /// of its epoll set, woken from another thread), and by its timeout when nothing happens.
+/// The first call with a descriptor registers it, edge-triggered, so what it held before is
+/// not reported: that call returns at once, telling that the set may be readable (it used
+/// to wait out its timeout, for ever without one, with the set readable).
 #[test]
 fn wait_receiving_returns_for_the_callers_descriptor_and_at_its_timeout() {
     use std::os::fd::{AsRawFd, BorrowedFd};
@@ -238,8 +241,15 @@ fn wait_receiving_returns_for_the_callers_descriptor_and_at_its_timeout() {
     // SAFETY: `poll`'s descriptor, open for the whole test
     let set = unsafe { BorrowedFd::borrow_raw(poll.as_raw_fd()) };
 
-    let start = Instant::now();
     let mut readable = Vec::new();
+    let start = Instant::now();
+    let told = endpoint.wait_receiving(0, set, Some(Duration::from_secs(20)), &mut readable);
+    let first = start.elapsed();
+    assert!(
+        told && first < Duration::from_secs(10),
+        "the first call, registering the set, told {told} after {first:?}"
+    );
+    let start = Instant::now();
     endpoint.wait_receiving(0, set, Some(Duration::from_millis(100)), &mut readable);
     let idle = start.elapsed();
     assert!(
@@ -438,4 +448,56 @@ fn receive_a_stream_in_an_event_loop() -> (usize, u64, Duration) {
         .expect("the stream's last datagram arrived");
     sink.join().unwrap();
     (got, woken, elapsed)
+}
+
+/// The readiness of the caller's descriptor is not lost to a blocked call of a connection of
+/// the same shard: that call watches the shard's sockets on the same epoll instance, where
+/// the descriptor stays registered (edge-triggered) between `wait_receiving` calls, and it
+/// used to take the descriptor's event and drop it. The next `wait_receiving` then slept
+/// until its timeout with the descriptor readable all along.
+#[test]
+fn a_blocked_read_does_not_take_the_wait_receiving_callers_readiness() {
+    use std::os::fd::{AsRawFd, BorrowedFd};
+    use std::time::Instant;
+
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = Endpoint::server(&addrs()).unwrap();
+    let client = Endpoint::client(&addrs()).unwrap();
+    let mut sender = client
+        .connect(&server.local_addrs(), ConnectionConfig::default())
+        .unwrap();
+    sender.write_all(b"hello").unwrap();
+    let mut conn = server.accept().unwrap();
+    let shard = conn.shard();
+    let mut buf = [0u8; 5];
+    conn.read_exact(&mut buf).unwrap();
+
+    let poll = mio::Poll::new().unwrap();
+    let waker = mio::Waker::new(poll.registry(), mio::Token(0)).unwrap();
+    // SAFETY: `poll`'s descriptor, open for the whole test
+    let set = unsafe { BorrowedFd::borrow_raw(poll.as_raw_fd()) };
+    let mut readable = Vec::new();
+    // registers the set with the shard
+    server.wait_receiving(shard, set, Some(Duration::from_millis(10)), &mut readable);
+
+    // a read blocks, watching the shard's sockets, while the set becomes readable; then the
+    // data it waits for comes
+    let reader = thread::spawn(move || {
+        let mut byte = [0u8; 1];
+        conn.read_exact(&mut byte).unwrap();
+        conn
+    });
+    thread::sleep(Duration::from_millis(300));
+    waker.wake().unwrap();
+    thread::sleep(Duration::from_millis(300));
+    sender.write_all(b"!").unwrap();
+    let _conn = reader.join().unwrap();
+
+    let start = Instant::now();
+    let told = server.wait_receiving(shard, set, Some(Duration::from_secs(5)), &mut readable);
+    let took = start.elapsed();
+    assert!(
+        told && took < Duration::from_secs(2),
+        "the set, readable since before the call, was reported {told} after {took:?}"
+    );
 }

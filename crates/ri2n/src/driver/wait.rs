@@ -5,7 +5,7 @@
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll};
@@ -53,6 +53,9 @@ pub(super) struct CallerPoll {
     /// The descriptor [`Shared::wait_receiving`] last waited on, still registered: a loop
     /// that waits on the same one again and again costs no `epoll_ctl` per wait.
     ready: Option<RawFd>,
+    /// A [`Shared::wait_connection`] watching here took that descriptor's readiness: it is
+    /// registered edge-triggered, so the next `wait_receiving` would not hear of it again.
+    ready_seen: bool,
 }
 
 impl CallerPoll {
@@ -61,6 +64,7 @@ impl CallerPoll {
             poll,
             events: Events::with_capacity(64),
             ready: None,
+            ready_seen: false,
         }
     }
 }
@@ -89,11 +93,17 @@ impl Shared {
         guard.turn.served = false;
         guard.turn.woke_others = false;
         drop(guard);
-        let CallerPoll { poll, events, .. } = &mut *cp;
+        let CallerPoll {
+            poll,
+            events,
+            ready_seen,
+            ..
+        } = &mut *cp;
         let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         // an error (EINTR) just means: look again
         let _ = poll.poll(events, timeout);
         self.caller_polling.store(false, Ordering::Release);
+        *ready_seen |= events.iter().any(|e| e.token() == READY_TOKEN);
         let (received, turned_away) = self.receive_reported(events, None);
         let mut st = self.lock();
         st.turn.watching = None;
@@ -148,8 +158,9 @@ impl Shared {
             poll,
             events,
             ready: registered,
+            ready_seen,
         } = &mut *cp;
-        let mut readable_now = false;
+        let mut readable_now = std::mem::take(ready_seen);
         if *registered != Some(ready) {
             if let Some(old) = registered.take() {
                 // gone already if the caller closed it
@@ -167,6 +178,12 @@ impl Shared {
             // registered edge-triggered: what was pending before is not reported
             readable_now = true;
         }
+        // already known to be readable: only what the sockets hold now is taken first
+        let timeout = if readable_now {
+            Some(Duration::ZERO)
+        } else {
+            timeout
+        };
         self.caller_polling.store(true, Ordering::Release);
         // an error (EINTR) just means: look again
         let _ = poll.poll(events, timeout);
