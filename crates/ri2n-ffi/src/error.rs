@@ -96,7 +96,13 @@ pub(crate) fn errno_of_connection(e: &ConnectionError) -> i32 {
         | ConnectionError::ServerFull
         | ConnectionError::WrongApplication { .. } => libc::ECONNREFUSED,
         ConnectionError::KeyMismatch(_) => libc::EACCES,
-        ConnectionError::PeerRestarted | ConnectionError::PeerAborted { .. } => libc::ECONNRESET,
+        // the peer's end, whatever it was: gone, restarted, aborted, its error, or closed
+        // before it took everything
+        ConnectionError::PeerRestarted
+        | ConnectionError::PeerAborted { .. }
+        | ConnectionError::PeerGone
+        | ConnectionError::PeerError { .. }
+        | ConnectionError::ClosedEarly => libc::ECONNRESET,
         ConnectionError::LocallyAborted => libc::ECONNABORTED,
         ConnectionError::ProtocolViolation(_) => libc::EPROTO,
         _ => libc::EIO,

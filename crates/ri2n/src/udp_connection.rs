@@ -29,16 +29,22 @@ pub(crate) struct UdpConnection {
     watched: AtomicBool,
 }
 
-/// The error an application sees when the connection ended, as an `io::Error` of a fitting kind.
+/// The error an application sees when the connection ended, as an `io::Error` of a fitting
+/// kind: the peer's end is `ConnectionReset` (gone, restarted, or closed before it took
+/// everything: what the C library reports as `ECONNRESET` and Python as `PeerGone`), its
+/// abort or error `ConnectionAborted`.
 pub(crate) fn lost(e: ConnectionError) -> io::Error {
     let kind = match e {
-        ConnectionError::PeerRestarted => io::ErrorKind::ConnectionReset,
+        ConnectionError::PeerRestarted
+        | ConnectionError::PeerGone
+        | ConnectionError::ClosedEarly => io::ErrorKind::ConnectionReset,
         ConnectionError::AllLinksDown
         | ConnectionError::IdleTimeout
         | ConnectionError::TimedOut(_) => io::ErrorKind::TimedOut,
-        ConnectionError::PeerAborted { .. } | ConnectionError::LocallyAborted => {
-            io::ErrorKind::ConnectionAborted
-        }
+        ConnectionError::PeerAborted { .. }
+        | ConnectionError::PeerError { .. }
+        | ConnectionError::LocallyAborted => io::ErrorKind::ConnectionAborted,
+        ConnectionError::ProtocolViolation(_) => io::ErrorKind::InvalidData,
         ConnectionError::Refused
         | ConnectionError::ServerFull
         | ConnectionError::NotAccepting
@@ -674,4 +680,46 @@ fn take_datagrams(
         c.recycle_datagram_buffer(spare);
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kinds an application matches on: each way the peer ended the connection is a
+    /// reset or an abort (as the C library's `ECONNRESET` and Python's `PeerGone`), never
+    /// `Other`.
+    #[test]
+    fn each_end_of_a_connection_has_its_error_kind() {
+        use io::ErrorKind::*;
+        let aborted = || ConnectionError::PeerAborted {
+            code: 1,
+            reason: "x".into(),
+        };
+        let failed = || ConnectionError::PeerError {
+            code: 1,
+            reason: "x".into(),
+        };
+        let cases = [
+            (ConnectionError::PeerGone, ConnectionReset),
+            (ConnectionError::PeerRestarted, ConnectionReset),
+            (ConnectionError::ClosedEarly, ConnectionReset),
+            (aborted(), ConnectionAborted),
+            (failed(), ConnectionAborted),
+            (ConnectionError::LocallyAborted, ConnectionAborted),
+            (ConnectionError::AllLinksDown, TimedOut),
+            (ConnectionError::IdleTimeout, TimedOut),
+            (ConnectionError::Refused, ConnectionRefused),
+            (ConnectionError::NotAccepting, ConnectionRefused),
+            (ConnectionError::ServerFull, ConnectionRefused),
+            (ConnectionError::ProtocolViolation("x"), InvalidData),
+        ];
+        for (e, kind) in cases {
+            let text = e.to_string();
+            let err = lost(e);
+            assert_eq!(err.kind(), kind, "{text}");
+            // the reason stays readable behind the kind
+            assert_eq!(err.to_string(), text);
+        }
+    }
 }

@@ -1,12 +1,14 @@
 /* Every failure the header promises, with its errno: bad arguments, nothing listening, not a
  * server, no answer, another key or none, a peer that aborted (one connection or its whole
- * endpoint), writes after the end, messages too large for the buffer, non-blocking calls
- * with nothing to do; and datagrams, messages and events working.
+ * endpoint) or whose process is gone, writes after the end, messages too large for the
+ * buffer, non-blocking calls with nothing to do; and datagrams, messages and events working.
  *
  * usage: errors DIR   (a directory for key files) */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -25,6 +27,48 @@ static int udp_port(int *fd_out) {
 }
 
 static const char *local1[] = {"127.0.0.1:0"};
+
+/* A server in a child process, killed while its client reads: the client's read fails with
+ * ECONNRESET (the peer is gone), as the header promises. Run first, before this process has
+ * any thread of the library: the child forks from a single-threaded parent. */
+static void peer_gone(void) {
+    int fds[2];
+    CHECK(pipe(fds) == 0);
+    pid_t child = fork();
+    CHECK(child >= 0);
+    if (child == 0) {
+        close(fds[0]);
+        const char *listen[] = {"127.0.0.1:0"};
+        ri2n_endpoint *server = ri2n_endpoint_server(listen, 1, NULL);
+        CHECK(server != NULL);
+        char addr[RI2N_ADDR_LEN];
+        CHECK(ri2n_endpoint_local_addr(server, 0, addr, sizeof addr) > 0);
+        CHECK(write(fds[1], addr, sizeof addr) == (ssize_t)sizeof addr);
+        ri2n_conn *c = ri2n_accept(server, 10000);
+        CHECK(c != NULL);
+        CHECK(ri2n_write(c, "hi", 2) == 2);
+        for (;;) pause(); /* until killed */
+    }
+    close(fds[1]);
+    char addr[RI2N_ADDR_LEN];
+    CHECK(read(fds[0], addr, sizeof addr) == (ssize_t)sizeof addr);
+    close(fds[0]);
+    ri2n_endpoint *client = ri2n_endpoint_client(local1, 1, NULL);
+    CHECK(client != NULL);
+    const char *remote[] = {addr};
+    ri2n_conn *c = ri2n_connect(client, remote, 1, 10000);
+    CHECK(c != NULL);
+    CHECK(ri2n_write(c, "x", 1) == 1); /* confirms the connection: the child accepts it */
+    char buf[16];
+    CHECK(ri2n_read(c, buf, 2) == 2 && memcmp(buf, "hi", 2) == 0);
+    CHECK(kill(child, SIGKILL) == 0);
+    CHECK(waitpid(child, NULL, 0) == child);
+    CHECK_FAILS_WITH(ri2n_read(c, buf, sizeof buf), ECONNRESET);
+    CHECK(strstr(ri2n_last_error(), "gone") != NULL);
+    ri2n_conn_free(c);
+    ri2n_endpoint_free(client);
+    printf("peer's process gone: ECONNRESET\n");
+}
 
 /* A connected pair on loopback, with these key files (NULL: none). */
 static void pair(const char *server_key, const char *client_key, ri2n_endpoint **server,
@@ -49,6 +93,7 @@ static void pair(const char *server_key, const char *client_key, ri2n_endpoint *
 
 int main(int argc, char **argv) {
     CHECK(argc == 2);
+    peer_gone();
     char key[4096], other_key[4096], junk_key[4096], missing_key[4096];
     snprintf(key, sizeof key, "%s/k1", argv[1]);
     snprintf(other_key, sizeof other_key, "%s/k2", argv[1]);
