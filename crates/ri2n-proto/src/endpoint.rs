@@ -1159,6 +1159,14 @@ impl Endpoint {
         None
     }
 
+    /// The application takes no more connections (its server endpoint is gone): a new
+    /// handshake is refused as by an endpoint that is not a server (`NotAccepting`), at once.
+    /// Connections already set up still come out of [`accept`](Self::accept), for the driver
+    /// to end.
+    pub fn stop_accepting(&mut self) {
+        self.cfg.accept_incoming = false;
+    }
+
     /// The next accepted incoming connection: one whose client has confirmed the handshake
     /// (its first short packet arrived), so never one a replayed INITIAL started.
     pub fn accept(&mut self) -> Option<ConnectionHandle> {

@@ -311,6 +311,15 @@ impl AcceptQueue {
         q.pop_front()
     }
 
+    /// Takes every connection waiting to be accepted.
+    fn drain(&self) -> Vec<(usize, ConnectionHandle)> {
+        let mut q = self.lock();
+        if let Some(r) = self.readiness.get() {
+            r.clear();
+        }
+        q.drain(..).collect()
+    }
+
     /// Waits until a connection is queued or `deadline` passes; the caller looks again.
     fn wait(&self, deadline: Option<Instant>) {
         let q = self.lock();
@@ -447,9 +456,16 @@ impl Shards {
 }
 
 impl Drop for Shards {
-    /// The shards whose last handle this was close in parallel, each lingering for its own
+    /// No connection can be accepted from now on: each shard refuses new ones and aborts
+    /// those waiting (a connection the application holds keeps its shard running). The
+    /// shards whose last handle this was close in parallel, each lingering for its own
     /// connections, not one after the other.
     fn drop(&mut self) {
+        let unaccepted = self.accepts.drain();
+        for (i, d) in self.drivers.iter().enumerate() {
+            let mine = unaccepted.iter().filter(|&&(s, _)| s == i).map(|&(_, h)| h);
+            d.shared().stop_accepting(mine);
+        }
         let drivers = std::mem::take(&mut self.drivers);
         if drivers.len() > 1 && !std::thread::panicking() {
             std::thread::scope(|s| {

@@ -301,3 +301,54 @@ fn closing_a_tcp_server_waits_for_its_connections_together() {
     }
     drop(stalled);
 }
+
+/// A server endpoint dropped while a connection it handed out lives on (keeping its shard
+/// running) accepts nothing more: a new client is refused at once (`NotAccepting`), and a
+/// client that connected but was never accepted learns that its connection was aborted. Its
+/// data used to be acknowledged, new clients' too, and the connections later closed as if
+/// delivered, with nothing ever read.
+#[test]
+fn a_dropped_server_endpoint_accepts_nothing_more() {
+    use std::io::{Read, Write};
+
+    let server = Endpoint::server(&[loopback("127.0.0.1")]).unwrap();
+    let to = server.local_addrs();
+    let client = Endpoint::client(&[loopback("127.0.0.1")]).unwrap();
+    let mut kept = client.connect(&to, ConnectionConfig::default()).unwrap();
+    kept.write_all(b"a").unwrap();
+    let mut held = server.accept().unwrap();
+    let mut waiting = client.connect(&to, ConnectionConfig::default()).unwrap();
+    waiting.write_all(b"never read").unwrap();
+    // the premise: the server's engine took its data, so it waits to be accepted
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while waiting.stats().bytes_acknowledged < 10 {
+        assert!(Instant::now() < deadline, "{:?}", waiting.stats());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(server);
+
+    let refused = client.connect(&to, ConnectionConfig::default());
+    assert!(
+        matches!(
+            refused,
+            Err(Error::Connection(ConnectionError::NotAccepting))
+        ),
+        "a client after the drop: {:?}",
+        refused.map(|c| c.state())
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while waiting.close_reason().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    match waiting.close_reason() {
+        Some(ConnectionError::PeerAborted { reason, .. }) => {
+            assert!(reason.contains("stopped accepting"), "{reason}")
+        }
+        other => panic!("the unaccepted client's connection ended with {other:?}"),
+    }
+    // the connection the application holds goes on
+    kept.write_all(b"b").unwrap();
+    let mut got = [0u8; 2];
+    held.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"ab");
+}

@@ -147,9 +147,24 @@ pub(crate) struct State {
     paths_changed: bool,
     /// Datagrams built and not yet sent.
     out: Outgoing,
+    /// The endpoint lives, so its application may still accept the connections the engine
+    /// hands over; once it is gone they are aborted ([`Shared::stop_accepting`]).
+    accepting: bool,
 }
 
 impl State {
+    /// Ends connection `h`, which the application will never accept, and lets go of it once
+    /// closed.
+    fn abort_unaccepted(&mut self, h: ConnectionHandle) {
+        if let Some(c) = self.endpoint.connection_mut(h) {
+            c.abort(
+                0,
+                "the server stopped accepting before it took this connection",
+            );
+        }
+        self.dropped.insert(h);
+    }
+
     /// The engine, to look at.
     pub fn engine(&self) -> &ProtoEndpoint {
         &self.endpoint
@@ -395,6 +410,24 @@ impl Shared {
         undelivered
     }
 
+    /// The endpoint's last handle is gone, though connections of this shard may live on:
+    /// new handshakes are refused, and each connection that nobody can accept any more
+    /// (`unaccepted`, taken from the accept queue, and those the engine hands over from now
+    /// on) is aborted, so that its client learns that nothing read what it sent. (Closed
+    /// gracefully with the rest, their clients took the end for a delivery.)
+    pub fn stop_accepting(&self, unaccepted: impl Iterator<Item = ConnectionHandle>) {
+        let mut st = self.lock();
+        st.accepting = false;
+        st.endpoint.stop_accepting();
+        let pending: Vec<ConnectionHandle> = std::iter::from_fn(|| st.endpoint.accept())
+            .chain(unaccepted)
+            .collect();
+        for h in pending {
+            st.abort_unaccepted(h);
+        }
+        drop(self.after_app_call(st));
+    }
+
     /// Aborts every connection of this shard that is still open, telling each peer `code`
     /// and `reason`, and returns once their CLOSE packets have left.
     pub fn abort_all(&self, code: u64, reason: &str) {
@@ -548,6 +581,7 @@ impl Driver {
                 turn: PollerTurn::default(),
                 paths_changed: false,
                 out: Outgoing::new(&sockets, !lanes.is_empty(), backlog.clone()),
+                accepting: true,
             }),
             shard,
             router,

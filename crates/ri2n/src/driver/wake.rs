@@ -90,7 +90,11 @@ impl Shared {
             }
         }
         while let Some(h) = st.endpoint.accept() {
-            self.accepts.push(self.shard, h);
+            if st.accepting {
+                self.accepts.push(self.shard, h);
+            } else {
+                st.abort_unaccepted(h);
+            }
         }
         let State {
             endpoint,
