@@ -435,7 +435,6 @@ struct ThroughputDoc {
     /// One connection: its timeline; several: the timeline of their sum (rows without links).
     intervals: Vec<IntervalRow>,
     events: Vec<EventRecord>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     faults: Vec<FaultRecord>,
     /// One connection: its summary; several: their sum (no links).
     summary: ThroughputSummary,
@@ -1067,7 +1066,6 @@ struct LatencyDoc {
     #[serde(skip_serializing_if = "Option::is_none")]
     fit: Option<Fit>,
     events: Vec<EventRecord>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     faults: Vec<FaultRecord>,
 }
 

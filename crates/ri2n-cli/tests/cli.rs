@@ -742,10 +742,13 @@ fn bench_against_serve() {
 
     let doc = bench_json(&to, &["--time", "1", "--reverse"]);
     assert!(doc["summary"]["bytes"].as_u64().unwrap() > 0, "{doc}");
+    // no --fault: an empty list, not a missing field (the help names it)
+    assert_eq!(doc["faults"], serde_json::json!([]), "{doc}");
 
     let doc = bench_json(&to, &["--latency", "--count", "200"]);
     let median = doc["median_us"].as_f64().expect("median_us");
     assert!(median > 0.0, "{doc}");
+    assert_eq!(doc["faults"], serde_json::json!([]), "{doc}");
     assert_eq!(doc["results"][0]["count"].as_u64(), Some(200));
     println!("latency: median {median:.1} µs, p99 {} µs", doc["p99_us"]);
 }
