@@ -1213,12 +1213,13 @@ impl Watchdog {
                 let now = origin.elapsed().as_millis() as u64;
                 if now.saturating_sub(since) > limit.as_millis() as u64 {
                     crate::progress::clear_line();
-                    eprintln!(
-                        "ri2n: error: no echo of a {}-byte message within {} s: the connection \
-                         stalled",
+                    let message = format!(
+                        "no echo of a {}-byte message within {} s: the connection stalled",
                         s.1.load(Ordering::Relaxed),
                         limit.as_secs()
                     );
+                    eprintln!("ri2n: error: {message}");
+                    crate::error::print_json_failure(&message, crate::error::LOST);
                     std::process::exit(crate::error::LOST.into());
                 }
             });

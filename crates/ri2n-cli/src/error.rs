@@ -168,3 +168,25 @@ pub fn list(addrs: &[SocketAddr]) -> String {
         .collect::<Vec<_>>()
         .join(", ")
 }
+
+/// The command whose failures are also printed as JSON on stdout (`--json`), once known.
+static JSON_FAILURES: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// From now on a failure of `command` is also printed as one JSON object on stdout
+/// (`{"command", "error", "exit_code"}`), whichever way the process ends: for a script that
+/// asked for `--json`.
+pub fn failures_as_json(command: &'static str) {
+    let _ = JSON_FAILURES.set(command);
+}
+
+/// Prints the failure as JSON on stdout, if the command asked for it.
+pub fn print_json_failure(message: &str, code: u8) {
+    if let Some(command) = JSON_FAILURES.get() {
+        let doc = serde_json::json!({
+            "command": command,
+            "error": message,
+            "exit_code": code,
+        });
+        println!("{doc}");
+    }
+}

@@ -104,7 +104,9 @@ pub fn abort_endpoint_on_interrupt(endpoint: Endpoint) {
 
 fn exit_now(signal: i32, detail: &str) -> ! {
     crate::progress::clear_line();
-    eprintln!("ri2n: interrupted by {}{detail}", name(signal));
+    let message = format!("interrupted by {}{detail}", name(signal));
+    eprintln!("ri2n: {message}");
+    crate::error::print_json_failure(&message, (128 + signal) as u8);
     std::process::exit(128 + signal);
 }
 

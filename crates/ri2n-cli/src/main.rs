@@ -689,15 +689,26 @@ fn parse_demo_secs(s: &str) -> Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::try_parse().unwrap_or_else(|e| {
+        // a script that asked for JSON reads a usage error as JSON too
+        if e.use_stderr() {
+            if let Some(command) = json_command_of_args() {
+                error::failures_as_json(command);
+                let text = e.render().to_string();
+                let first = text.lines().next().unwrap_or_default();
+                error::print_json_failure(first.trim_start_matches("error: "), error::USAGE);
+            }
+        }
+        e.exit()
+    });
     init_logging();
     // a script that asked for JSON reads a failure as JSON too
-    let json_command = match &cli.command {
-        Command::Send(a) if a.json => Some("send"),
-        Command::Recv(a) if a.json => Some("recv"),
-        Command::Bench(a) if a.json => Some("bench"),
-        _ => None,
-    };
+    match &cli.command {
+        Command::Send(a) if a.json => error::failures_as_json("send"),
+        Command::Recv(a) if a.json => error::failures_as_json("recv"),
+        Command::Bench(a) if a.json => error::failures_as_json("bench"),
+        _ => {}
+    }
     let result = match cli.command {
         Command::Send(a) => send::run(&a),
         Command::Recv(a) => recv::run(&a),
@@ -723,17 +734,26 @@ fn main() -> ExitCode {
         Err(f) => {
             progress::clear_line();
             eprintln!("ri2n: error: {}", f.message);
-            if let Some(command) = json_command {
-                let doc = serde_json::json!({
-                    "command": command,
-                    "error": f.message,
-                    "exit_code": f.code,
-                });
-                println!("{doc}");
-            }
+            error::print_json_failure(&f.message, f.code);
             ExitCode::from(f.code)
         }
     }
+}
+
+/// The command of a command line that clap refused, if it is one that prints JSON and the
+/// line asks for it (`--json`, or `-J` alone or among other short flags).
+fn json_command_of_args() -> Option<&'static str> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let command = match args.iter().find(|a| !a.starts_with('-'))?.as_str() {
+        "send" => "send",
+        "recv" => "recv",
+        "bench" => "bench",
+        _ => return None,
+    };
+    let json = |a: &String| {
+        a == "--json" || (a.starts_with('-') && !a.starts_with("--") && a.contains('J'))
+    };
+    args.iter().any(json).then_some(command)
 }
 
 /// `RI2N_LOG` (a tracing filter such as `debug` or `ri2n_proto=debug`) turns on the engine's

@@ -235,6 +235,62 @@ fn a_failed_send_with_json_prints_a_json_error() {
     assert!(json["error"].as_str().unwrap().contains("nothing listens"));
 }
 
+/// The JSON failure of `--json` comes whichever way the command fails: a value the option
+/// parser refuses (exit 2, `-J` among other short flags too) and a SIGINT while `recv`
+/// waits for a sender (130). Both printed nothing on stdout.
+#[test]
+fn usage_errors_and_interrupts_with_json_print_a_json_error() {
+    let json_of = |o: &std::process::Output| -> serde_json::Value {
+        serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", stderr_of(o)))
+    };
+    let to = format!("127.0.0.1:{}", free_port());
+    for (command, args) in [
+        (
+            "send",
+            vec!["send", "--to", &to, "--json", "--connect-timeout", "0"],
+        ),
+        (
+            "bench",
+            vec!["bench", "--to", &to, "-qJ", "--latency", "--time", "3"],
+        ),
+    ] {
+        let (s, o) = ri2n(args, Duration::from_secs(10));
+        assert_eq!(s.code(), Some(2), "{command}: {}", stderr_of(&o));
+        let json = json_of(&o);
+        assert_eq!(json["command"], command, "{json}");
+        assert_eq!(json["exit_code"], 2, "{json}");
+        assert!(
+            json["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{json}"
+        );
+    }
+    // without --json, stdout stays empty
+    let (s, o) = ri2n(
+        ["send", "--to", &to, "--connect-timeout", "0"],
+        Duration::from_secs(10),
+    );
+    assert_eq!(
+        (s.code(), o.stdout.len()),
+        (Some(2), 0),
+        "{}",
+        stderr_of(&o)
+    );
+
+    let output = TempFile::new("interrupted-json");
+    let (recv, _) = spawn_recv(free_port(), output.path(), &["--json"]);
+    std::thread::sleep(Duration::from_millis(500));
+    recv.signal(libc::SIGINT);
+    let (s, o) = recv.wait(Duration::from_secs(10));
+    assert_eq!(s.code(), Some(130), "{}", stderr_of(&o));
+    let json = json_of(&o);
+    assert_eq!(
+        (&json["command"], &json["exit_code"]),
+        (&"recv".into(), &130.into())
+    );
+    assert!(!output.partial().exists(), "a .partial left");
+}
+
 /// Each command's help lists the exit codes it can have; send and recv name the checksum.
 #[test]
 fn help_lists_each_commands_own_exit_codes_and_names_the_checksum() {
