@@ -54,8 +54,8 @@ pub enum ConnectionError {
     #[error("no answer to the handshake within {0:?}")]
     TimedOut(std::time::Duration),
     /// Something listens at the peer's address but takes no connections: a ri2n endpoint that
-    /// is not a server.
-    #[error("the peer takes no connections (its endpoint is not a server)")]
+    /// is not a server, or a server whose application let go of its endpoint.
+    #[error("the peer takes no connections (its endpoint is not a server, or no longer accepts)")]
     NotAccepting,
     /// The server serves another application than the one this side speaks.
     #[error("the peer serves {theirs:?}, not {ours:?}")]

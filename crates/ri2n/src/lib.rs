@@ -454,7 +454,8 @@ impl Endpoint {
     /// completes or fails: [`ConnectionError::TimedOut`] without an answer within the
     /// configuration's `handshake_timeout` (10 s by default), [`ConnectionError::Refused`]
     /// when nothing listens there, [`ConnectionError::NotAccepting`] from an endpoint that is
-    /// not a server, [`ConnectionError::WrongApplication`], [`ConnectionError::KeyMismatch`],
+    /// not a server (or no longer is: its `Endpoint` was dropped),
+    /// [`ConnectionError::WrongApplication`], [`ConnectionError::KeyMismatch`],
     /// [`ConnectionError::ServerFull`].
     pub fn connect(
         &self,

@@ -311,13 +311,22 @@ impl AcceptQueue {
         q.pop_front()
     }
 
-    /// Takes every connection waiting to be accepted.
-    fn drain(&self) -> Vec<(usize, ConnectionHandle)> {
+    /// Takes the connections of shard `shard` waiting to be accepted.
+    pub fn take_shard(&self, shard: usize) -> Vec<ConnectionHandle> {
         let mut q = self.lock();
-        if let Some(r) = self.readiness.get() {
-            r.clear();
+        let mut taken = Vec::new();
+        q.retain(|&(s, h)| {
+            if s == shard {
+                taken.push(h);
+            }
+            s != shard
+        });
+        if q.is_empty() {
+            if let Some(r) = self.readiness.get() {
+                r.clear();
+            }
         }
-        q.drain(..).collect()
+        taken
     }
 
     /// Waits until a connection is queued or `deadline` passes; the caller looks again.
@@ -461,10 +470,8 @@ impl Drop for Shards {
     /// shards whose last handle this was close in parallel, each lingering for its own
     /// connections, not one after the other.
     fn drop(&mut self) {
-        let unaccepted = self.accepts.drain();
-        for (i, d) in self.drivers.iter().enumerate() {
-            let mine = unaccepted.iter().filter(|&&(s, _)| s == i).map(|&(_, h)| h);
-            d.shared().stop_accepting(mine);
+        for d in &self.drivers {
+            d.shared().stop_accepting();
         }
         let drivers = std::mem::take(&mut self.drivers);
         if drivers.len() > 1 && !std::thread::panicking() {

@@ -411,16 +411,18 @@ impl Shared {
     }
 
     /// The endpoint's last handle is gone, though connections of this shard may live on:
-    /// new handshakes are refused, and each connection that nobody can accept any more
-    /// (`unaccepted`, taken from the accept queue, and those the engine hands over from now
-    /// on) is aborted, so that its client learns that nothing read what it sent. (Closed
-    /// gracefully with the rest, their clients took the end for a delivery.)
-    pub fn stop_accepting(&self, unaccepted: impl Iterator<Item = ConnectionHandle>) {
+    /// new handshakes are refused, and each connection that nobody can accept any more (in
+    /// the accept queue, and those the engine hands over from now on) is aborted, so that its
+    /// client learns that nothing read what it sent. (Closed gracefully with the rest, their
+    /// clients took the end for a delivery.) The queue is emptied under the engine's lock,
+    /// which the driver holds when it fills it: none slips in after.
+    pub fn stop_accepting(&self) {
         let mut st = self.lock();
         st.accepting = false;
         st.endpoint.stop_accepting();
+        let queued = self.accepts.take_shard(self.shard);
         let pending: Vec<ConnectionHandle> = std::iter::from_fn(|| st.endpoint.accept())
-            .chain(unaccepted)
+            .chain(queued)
             .collect();
         for h in pending {
             st.abort_unaccepted(h);
