@@ -37,6 +37,7 @@ static void peer_gone(void) {
     pid_t child = fork();
     CHECK(child >= 0);
     if (child == 0) {
+        alarm(60); /* gone by itself if the parent fails before it kills it */
         close(fds[0]);
         const char *listen[] = {"127.0.0.1:0"};
         ri2n_endpoint *server = ri2n_endpoint_server(listen, 1, NULL);
