@@ -705,7 +705,8 @@ fn main() -> ExitCode {
     // a script that asked for JSON reads a failure as JSON too
     match &cli.command {
         Command::Send(a) if a.json => error::failures_as_json("send"),
-        Command::Recv(a) if a.json => error::failures_as_json("recv"),
+        // not where stdout carries the data (a usage error: see `recv`)
+        Command::Recv(a) if a.json && !recv::writes_stdout(a) => error::failures_as_json("recv"),
         Command::Bench(a) if a.json => error::failures_as_json("bench"),
         _ => {}
     }
@@ -741,19 +742,17 @@ fn main() -> ExitCode {
 }
 
 /// The command of a command line that clap refused, if it is one that prints JSON and the
-/// line asks for it (`--json`, or `-J` alone or among other short flags).
+/// line asks for it: parsed again, errors ignored, so that `--json` is told from a value
+/// such as `-oJSON.out`.
 fn json_command_of_args() -> Option<&'static str> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let command = match args.iter().find(|a| !a.starts_with('-'))?.as_str() {
-        "send" => "send",
-        "recv" => "recv",
-        "bench" => "bench",
-        _ => return None,
-    };
-    let json = |a: &String| {
-        a == "--json" || (a.starts_with('-') && !a.starts_with("--") && a.contains('J'))
-    };
-    args.iter().any(json).then_some(command)
+    let matches = <Cli as clap::CommandFactory>::command()
+        .ignore_errors(true)
+        .try_get_matches()
+        .ok()?;
+    let (name, sub) = matches.subcommand()?;
+    let command = ["send", "recv", "bench"].into_iter().find(|&c| c == name)?;
+    let json = sub.try_get_one::<bool>("json").ok().flatten();
+    json.copied().unwrap_or(false).then_some(command)
 }
 
 /// `RI2N_LOG` (a tracing filter such as `debug` or `ri2n_proto=debug`) turns on the engine's

@@ -140,12 +140,28 @@ impl Output {
     }
 }
 
+/// Whether the data goes to stdout: `--output -` (or none), or a name for the very file
+/// stdout is (`/dev/stdout`, `/dev/fd/1`, the file stdout was redirected to).
+pub fn writes_stdout(args: &RecvArgs) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Some(path) = args.output.as_ref().filter(|p| p.as_os_str() != "-") else {
+        return true;
+    };
+    let id = |m: std::fs::Metadata| (m.dev(), m.ino());
+    // SAFETY: fd 1 is borrowed only for this call
+    let stdout = unsafe { std::os::fd::BorrowedFd::borrow_raw(1) };
+    let out = stdout.try_clone_to_owned().map(File::from);
+    match (std::fs::metadata(path), out.and_then(|f| f.metadata())) {
+        (Ok(a), Ok(b)) => id(a) == id(b),
+        _ => false,
+    }
+}
+
 pub fn run(args: &RecvArgs) -> Result<(), Failure> {
-    let writes_stdout = args.output.as_ref().is_none_or(|p| p.as_os_str() == "-");
-    if args.json && writes_stdout {
+    if args.json && writes_stdout(args) {
         return Err(Failure::usage(
-            "--json prints its summary on stdout, which carries the data with --output -: \
-             write the data to a file (--output FILE) or leave --json out",
+            "--json prints its summary on stdout, which would carry the data: write the data \
+             to a file (--output FILE) or leave --json out",
         ));
     }
     interrupt::install();

@@ -252,7 +252,7 @@ fn usage_errors_and_interrupts_with_json_print_a_json_error() {
         ),
         (
             "bench",
-            vec!["bench", "--to", &to, "-qJ", "--latency", "--time", "3"],
+            vec!["bench", "--to", &to, "-RJ", "--latency", "--time", "3"],
         ),
     ] {
         let (s, o) = ri2n(args, Duration::from_secs(10));
@@ -265,21 +265,25 @@ fn usage_errors_and_interrupts_with_json_print_a_json_error() {
             "{json}"
         );
     }
-    // without --json, stdout stays empty
-    let (s, o) = ri2n(
-        ["send", "--to", &to, "--connect-timeout", "0"],
-        Duration::from_secs(10),
-    );
-    assert_eq!(
-        (s.code(), o.stdout.len()),
-        (Some(2), 0),
-        "{}",
-        stderr_of(&o)
-    );
+    // without --json (a value that looks like -J is no flag), stdout stays empty
+    for args in [
+        vec!["send", "--to", &to, "--connect-timeout", "0"],
+        vec!["send", "-iJSON.in", "--to", &to, "--connect-timeout", "0"],
+    ] {
+        let (s, o) = ri2n(args, Duration::from_secs(10));
+        assert_eq!(
+            (s.code(), o.stdout.len()),
+            (Some(2), 0),
+            "{}",
+            stderr_of(&o)
+        );
+    }
 
     let output = TempFile::new("interrupted-json");
-    let (recv, _) = spawn_recv(free_port(), output.path(), &["--json"]);
-    std::thread::sleep(Duration::from_millis(500));
+    let port = free_port();
+    let (recv, _) = spawn_recv(port, output.path(), &["--json"]);
+    // bound only once its signal handler is in place
+    wait_udp_bound(port, Duration::from_secs(10));
     recv.signal(libc::SIGINT);
     let (s, o) = recv.wait(Duration::from_secs(10));
     assert_eq!(s.code(), Some(130), "{}", stderr_of(&o));
@@ -400,19 +404,20 @@ fn a_recv_that_cannot_start_leaves_an_earlier_partial_file_alone() {
     drop(holder);
 }
 
-/// `recv --json --output -`: stdout carries the data, so the summary would end up in it; it
-/// is refused as a usage error (2) before anything is received.
+/// `recv --json` with the data on stdout (`--output -`, `/dev/stdout`): the summary would end
+/// up in the data; it is refused as a usage error (2) before anything is received, and
+/// stdout, meant for the data, stays empty.
 #[test]
 fn recv_json_with_the_data_on_stdout_is_refused() {
     let listen = format!("127.0.0.1:{}", free_port());
-    let (s, o) = ri2n(
-        ["recv", "--listen", &listen, "--output", "-", "--json"],
-        Duration::from_secs(10),
-    );
-    assert_eq!(s.code(), Some(2), "{}", stderr_of(&o));
-    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).expect("a JSON failure");
-    assert!(
-        doc["error"].as_str().is_some_and(|e| e.contains("--json")),
-        "{doc}"
-    );
+    for output in ["-", "/dev/stdout"] {
+        let (s, o) = ri2n(
+            ["recv", "--listen", &listen, "--output", output, "--json"],
+            Duration::from_secs(10),
+        );
+        let err = stderr_of(&o);
+        assert_eq!(s.code(), Some(2), "{output}: {err}");
+        assert!(err.contains("--json"), "{output}: {err}");
+        assert!(o.stdout.is_empty(), "{output}: {:?}", o.stdout);
+    }
 }
