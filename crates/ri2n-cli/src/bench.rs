@@ -55,6 +55,8 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let say = Say { json: args.json };
     let endpoint = net::client_endpoint(&args.connect, &args.key, false)?;
+    // interrupted, the test's connections are aborted so the server learns why it ended
+    crate::interrupt::abort_endpoint_on_interrupt(endpoint.clone(), crate::interrupt::End::Client);
     let faults = FaultPlan::new(&endpoint, &args.link.fault)?;
     let config = net::connection_config(&args.connect, &args.link, net::Application::Bench);
     let count = if args.latency {

@@ -81,11 +81,18 @@ pub fn install() {
         .ok();
 }
 
-/// Starts watching SIGINT and SIGTERM for `serve`: every connection of `endpoint` is aborted
-/// with the signal's number as the code and "the server was interrupted by SIG…" as the
-/// reason, so that each client reports why its test ended, then the process exits 128 + the
-/// signal number.
-pub fn abort_endpoint_on_interrupt(endpoint: Endpoint) {
+/// Which end of a test `serve` or `bench` is, for what an interrupt tells the other.
+#[derive(Clone, Copy)]
+pub enum End {
+    Server,
+    Client,
+}
+
+/// Starts watching SIGINT and SIGTERM for `serve` and `bench`: every connection of
+/// `endpoint` is aborted with the signal's number as the code and "the server (client) was
+/// interrupted by SIG…" as the reason, so that each peer reports why its test ended, then
+/// the process exits 128 + the signal number.
+pub fn abort_endpoint_on_interrupt(endpoint: Endpoint, end: End) {
     let Ok(mut signals) = Signals::new([SIGINT, SIGTERM]) else {
         return; // the default action stays: the process just ends
     };
@@ -94,9 +101,13 @@ pub fn abort_endpoint_on_interrupt(endpoint: Endpoint) {
         .spawn(move || {
             if let Some(signal) = signals.forever().next() {
                 CAUGHT.store(signal, Ordering::SeqCst);
-                let reason = format!("the server was interrupted by {}", name(signal));
+                let (who, told) = match end {
+                    End::Server => ("server", "; its clients were told"),
+                    End::Client => ("client", "; the server was told"),
+                };
+                let reason = format!("the {who} was interrupted by {}", name(signal));
                 endpoint.abort(signal as u64, &reason);
-                exit_now(signal, "; its clients were told");
+                exit_now(signal, told);
             }
         })
         .ok();

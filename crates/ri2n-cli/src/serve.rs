@@ -47,7 +47,7 @@ pub fn run(args: &ServeArgs) -> Result<(), Failure> {
             if endpoint.shards() == 1 { "" } else { "s" }
         );
     }
-    crate::interrupt::abort_endpoint_on_interrupt(endpoint.clone());
+    crate::interrupt::abort_endpoint_on_interrupt(endpoint.clone(), crate::interrupt::End::Server);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()))
         .thread_name("ri2n-serve")

@@ -377,3 +377,44 @@ fn a_reader_that_goes_away_ends_the_test() {
     );
     drop(server);
 }
+
+/// SIGINT to `ri2n bench` in the middle of a test: it aborts its connection with the reason
+/// before it exits 130, so the server reports why the test ended (it used to die by the
+/// signal, and the server found its client gone).
+#[test]
+fn the_server_learns_that_the_client_was_interrupted() {
+    let _g = heavy();
+    let to = format!("127.0.0.1:{}", free_port());
+    let server = Proc::spawn(
+        "ri2n serve",
+        Command::new(bin())
+            .args(["serve", "--listen", &to])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    let client = Proc::spawn(
+        "ri2n bench",
+        Command::new(bin())
+            .args(["bench", "--to", &to, "--time", "30", "--json"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    client.signal(libc::SIGINT);
+    let (c, co) = client.wait(Duration::from_secs(10));
+    let text = stderr_of(&co);
+    assert_eq!(c.code(), Some(130), "{text}");
+    assert!(text.contains("the server was told"), "{text}");
+    let doc: serde_json::Value = serde_json::from_slice(&co.stdout).expect("a JSON failure");
+    assert_eq!(doc["exit_code"], 130, "{doc}");
+    // the server logs the client's reason (its line comes as the connection ends)
+    std::thread::sleep(Duration::from_millis(500));
+    server.signal(libc::SIGTERM);
+    let (_, so) = server.wait(Duration::from_secs(10));
+    let log = stderr_of(&so);
+    assert!(
+        log.contains("the client was interrupted by SIGINT"),
+        "{log}"
+    );
+}
