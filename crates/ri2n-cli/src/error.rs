@@ -31,8 +31,8 @@ Exit codes:
   4  connection lost (peer gone, restarted or aborted, all links down past
      --all-links-down-timeout); send also when the receiver did not acknowledge every byte
   5  cannot bind a local address (address in use, address not on this host)
-  130, 143  interrupted by SIGINT, SIGTERM (send and recv abort the connection first, serve
-     every client's: the peer is told and reports it)
+  130, 143  interrupted by SIGINT, SIGTERM (send, recv and bench abort their connections
+     first, serve every client's: the peer is told and reports it)
 
 Environment:
   RI2N_KEY_FILE  the key file when --key is not given
