@@ -18,7 +18,10 @@ use crate::udp_connection::UdpConnection;
 /// (unless the configuration sets an all-links-down deadline). Dropping the handle finishes
 /// the outgoing streams and lets the connection complete in the background while the
 /// endpoint lives; dropping the endpoint's last handle waits (up to its `close_linger`) for
-/// what was written to be delivered (see [`Endpoint::close`](crate::Endpoint::close)).
+/// what was written to be delivered (see [`Endpoint::close`](crate::Endpoint::close)). What
+/// the peer had sent unread, or sends after the drop, nobody reads: once what was written is
+/// delivered, the connection is aborted (UDP transport), so the peer's writes fail instead
+/// of blocking on a full window, as TCP resets a connection closed with data unread.
 ///
 /// On the TCP transport ([`Transport::Tcp`](crate::Transport::Tcp)) a connection carries the
 /// byte stream and whole messages, in one striped sequence: a message waits behind stream

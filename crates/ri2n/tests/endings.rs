@@ -352,3 +352,46 @@ fn a_dropped_server_endpoint_accepts_nothing_more() {
     held.read_exact(&mut got).unwrap();
     assert_eq!(&got, b"ab");
 }
+
+/// A server that accepts a connection and drops it at once, its client still writing: once
+/// what the server wrote (nothing) is delivered, the client is told that nobody reads, as TCP
+/// resets a connection closed with data unread. Its writes used to be acknowledged until the
+/// window was full, then block for ever (keepalives kept the connection up).
+#[test]
+fn a_client_writing_to_a_dropped_connection_is_told_nobody_reads() {
+    use std::io::Write;
+
+    let server = Endpoint::server(&[loopback("127.0.0.1")]).unwrap();
+    let client = Endpoint::client(&[loopback("127.0.0.1")]).unwrap();
+    let mut conn = client
+        .connect(&server.local_addrs(), ConnectionConfig::default())
+        .unwrap();
+    conn.write_all(b"hello").unwrap();
+    drop(server.accept().unwrap());
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let chunk = vec![7u8; 1 << 20];
+        let mut written = 0u64;
+        let end = loop {
+            match conn.write_all(&chunk) {
+                Ok(()) => written += chunk.len() as u64,
+                Err(e) => break e,
+            }
+            if written >= 1 << 30 {
+                break std::io::Error::other("1 GiB written and taken");
+            }
+        };
+        let _ = done.send((end, written, conn.close_reason()));
+    });
+    let (e, written, reason) = result
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the client's writes still block 20 s after the server dropped it");
+    match reason {
+        Some(ConnectionError::PeerAborted { reason, .. }) => {
+            assert!(reason.contains("without reading"), "{reason}")
+        }
+        other => panic!("after {written} bytes: {e}, with {other:?}"),
+    }
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionAborted, "{e}");
+    drop(server);
+}

@@ -906,6 +906,11 @@ impl Connection {
         self.recv.iter().all(RecvStream::is_all_received)
     }
 
+    /// Bytes received on the streams and not read yet.
+    pub fn unread_bytes(&self) -> u64 {
+        self.recv.iter().map(RecvStream::buffered).sum()
+    }
+
     /// Whether everything written, and the end of both streams, was acknowledged by the peer.
     pub fn is_send_complete(&self) -> bool {
         self.send.iter().all(SendStream::is_complete)
@@ -927,7 +932,7 @@ impl Connection {
         ConnectionStats {
             links: self.links.iter().map(Link::stats).collect(),
             send_buffered: self.send.iter().map(SendStream::buffered).sum(),
-            recv_buffered: self.recv.iter().map(RecvStream::buffered).sum(),
+            recv_buffered: self.unread_bytes(),
             recv_fragments: self.recv.iter().map(RecvStream::fragments).sum(),
             bytes_acknowledged: self.send.iter().map(SendStream::acknowledged).sum(),
             bytes_received: self.recv.iter().map(RecvStream::received).sum(),

@@ -7,12 +7,15 @@ use std::sync::{Arc, Condvar};
 use std::time::Instant;
 
 use mio::Waker;
-use ri2n_proto::{Event, LinkState};
+use ri2n_proto::{ConnectionState, Event, LinkState};
 use smallvec::SmallVec;
 
 use crate::connection::TimedEvent;
 
 use super::{Shared, State, MAX_QUEUED_EVENTS};
+
+/// Why a connection whose application let go of it with data unread is aborted.
+const UNREAD: &str = "the peer's application closed the connection without reading all it was sent";
 
 impl Shared {
     /// Moves engine events to the per-connection queues; returns whom to wake (the caller
@@ -105,6 +108,16 @@ impl Shared {
             ..
         } = st;
         dropped.retain(|&h| {
+            // what the peer sent and sends now, nobody will read: once what this side wrote
+            // is delivered, the peer is told so, as TCP resets a connection closed with data
+            // unread, rather than acknowledged until its window is full and left waiting
+            let unread = endpoint.connection(h).is_some_and(|c| {
+                c.state() != ConnectionState::Closed && c.is_send_complete() && c.unread_bytes() > 0
+            });
+            if let Some(c) = endpoint.connection_mut(h).filter(|_| unread) {
+                c.abort(0, UNREAD);
+                return true; // released at a later round: its CLOSE leaves first
+            }
             if endpoint.release(h) {
                 events.remove(&h);
                 signals.remove(&h);
