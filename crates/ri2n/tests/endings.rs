@@ -395,3 +395,25 @@ fn a_client_writing_to_a_dropped_connection_is_told_nobody_reads() {
     assert_eq!(e.kind(), std::io::ErrorKind::ConnectionAborted, "{e}");
     drop(server);
 }
+
+/// Closing an endpoint while one of its connections is still in its handshake, with nothing
+/// written (another thread's connect to a peer that never answers): nothing was left
+/// undelivered, and `close` says so. It reported `NotDelivered` with 1 connection and 0 bytes.
+#[test]
+fn closing_during_a_handshake_with_nothing_written_delivers_everything() {
+    let silent = UdpSocket::bind("127.0.0.1:0").unwrap(); // bound, never read: no ICMP
+    let to = silent.local_addr().unwrap();
+    let client = Endpoint::client(&[loopback("127.0.0.1")]).unwrap();
+    let connecting = client.clone();
+    let attempt = std::thread::spawn(move || {
+        let config = ConnectionConfig::default().with_handshake_timeout(Duration::from_secs(2));
+        connecting.connect(&[to], config).map(|_| ())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    // shorter than the handshake's timeout: it is still going on when `close` gives up
+    let closed = client.close(Some(Duration::from_millis(200)));
+    assert!(closed.is_ok(), "{closed:?}");
+    // the premise: the handshake got no answer (the close ended it)
+    let r = attempt.join().unwrap();
+    assert!(r.is_err(), "{r:?}");
+}

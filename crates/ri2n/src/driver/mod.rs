@@ -55,7 +55,7 @@ use std::time::{Duration, Instant};
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
-use ri2n_proto::{ConnectionHandle, ConnectionState, Endpoint as ProtoEndpoint};
+use ri2n_proto::{ConnectionError, ConnectionHandle, ConnectionState, Endpoint as ProtoEndpoint};
 
 use crate::connection::TimedEvent;
 use crate::outgoing::{lanes_wanted, Backlog, Lane, Outgoing};
@@ -399,9 +399,25 @@ impl Shared {
                 continue;
             };
             let clean = c.state() == ConnectionState::Closed && c.close_reason().is_none();
-            if !clean && !c.is_send_complete() {
+            let buffered = c.stats().send_buffered;
+            // a connection never set up (its handshake going on, or failed), with nothing
+            // written, had nothing to deliver
+            let never_set_up = c.state() == ConnectionState::Connecting
+                || matches!(
+                    c.close_reason(),
+                    Some(
+                        ConnectionError::TimedOut(_)
+                            | ConnectionError::Refused
+                            | ConnectionError::NotAccepting
+                            | ConnectionError::ServerFull
+                            | ConnectionError::WrongApplication { .. }
+                            | ConnectionError::KeyMismatch(_)
+                    )
+                );
+            let nothing_to_deliver = never_set_up && buffered == 0;
+            if !(clean || c.is_send_complete() || nothing_to_deliver) {
                 undelivered.connections += 1;
-                undelivered.bytes += c.stats().send_buffered;
+                undelivered.bytes += buffered;
             }
         }
         drop(st);
