@@ -99,18 +99,21 @@ fn retry_until<T: Send>(
 }
 
 /// Runs the library's timed receive `call` in slices of at most [`SIGNAL_CHECK`] until
-/// `deadline` (`TimeoutError` then), letting Python handle signals between slices.
+/// `deadline` (`TimeoutError` then), letting Python handle signals between slices. The first
+/// slice runs even when the deadline has passed (a timeout of 0: what is there is taken).
 fn timed_slices<T: Send>(
     py: Python<'_>,
     deadline: Instant,
     mut call: impl FnMut(Duration) -> io::Result<T> + Send,
 ) -> PyResult<T> {
+    let mut tried = false;
     loop {
         let now = Instant::now();
-        if now >= deadline {
+        if tried && now >= deadline {
             return Err(PyTimeoutError::new_err("timed out"));
         }
-        let slice = (deadline - now).min(SIGNAL_CHECK);
+        tried = true;
+        let slice = deadline.saturating_duration_since(now).min(SIGNAL_CHECK);
         match py.detach(|| call(slice)) {
             // the slice ran out; a connection that timed out carries its ConnectionError
             Err(e) if e.kind() == io::ErrorKind::TimedOut && !ends_connection(&e) => {

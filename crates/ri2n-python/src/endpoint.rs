@@ -177,7 +177,12 @@ impl PyEndpoint {
             let config = ConnectionConfig::default().with_handshake_timeout(attempt);
             match py.detach(|| endpoint.connect(&remotes, config)) {
                 Ok(conn) => return Ok(PyConnection::new(conn)),
-                Err(ri2n::Error::Connection(ConnectionError::TimedOut(_))) => py.check_signals()?,
+                Err(ri2n::Error::Connection(ConnectionError::TimedOut(_))) => {
+                    py.check_signals()?;
+                    // closed by another thread meanwhile (an asyncio task given up, whose
+                    // thread would otherwise try for ever): stop, as `accept` does
+                    self.get()?;
+                }
                 Err(e) => return Err(endpoint_error(py, e, self.key_file.as_deref())),
             }
         }

@@ -2,6 +2,7 @@
 calls on what was closed."""
 
 import socket
+import threading
 import time
 
 import pytest
@@ -168,3 +169,30 @@ def test_closing_an_endpoint_ends_a_waiting_accept(endpoints) -> None:
     server.close(timeout=1)
     waiter.join(timeout=5)
     assert not waiter.is_alive() and raised and "closed" in str(raised[0])
+
+
+def test_closing_an_endpoint_stops_its_connect_on_another_thread(endpoints) -> None:
+    """A connect without a timeout to a peer that never answers, on another thread (as
+    ``ri2n.aio.open_connection`` runs it): closing the endpoint ends it with ``ValueError``
+    within an attempt (a second) instead of leaving the thread trying for ever, which held
+    up interpreter exit."""
+    _, client = endpoints
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    silent.bind(("127.0.0.1", 0))  # bound and never read: no "port unreachable"
+    outcome: list = []
+
+    def connect() -> None:
+        try:
+            client.connect(f"127.0.0.1:{silent.getsockname()[1]}")
+            outcome.append("connected")
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            outcome.append(e)
+
+    t = threading.Thread(target=connect, daemon=True)
+    t.start()
+    time.sleep(0.5)
+    client.close()
+    t.join(timeout=10)
+    silent.close()
+    assert not t.is_alive(), "connect still running 10 s after the endpoint was closed"
+    assert len(outcome) == 1 and isinstance(outcome[0], ValueError), outcome

@@ -1,5 +1,6 @@
 """Whole messages and unreliable datagrams."""
 
+import contextlib
 import time
 from typing import List, Union
 
@@ -88,3 +89,23 @@ def test_datagrams_end_with_a_clean_close(pair: Pair) -> None:
     # both sides finished and delivered: the connection closes cleanly, and then the
     # datagram call says so with None
     assert pair.peer.recv_datagram(timeout=5) is None
+
+
+def test_a_zero_timeout_takes_what_is_there(pair: Pair) -> None:
+    """``timeout=0`` returns a message or datagram already waiting, as ``recv`` does, and
+    raises ``TimeoutError`` only when nothing is there (it raised it always)."""
+    pair.conn.send_message(b"m")
+    pair.conn.send_datagram(b"d")
+    deadline = time.monotonic() + 5
+    got = {}
+    while len(got) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        for name, recv in (("m", pair.peer.recv_message), ("d", pair.peer.recv_datagram)):
+            if name not in got:
+                with contextlib.suppress(TimeoutError):
+                    got[name] = recv(timeout=0)
+    assert got == {"m": b"m", "d": b"d"}
+    with pytest.raises(TimeoutError):
+        pair.peer.recv_message(timeout=0)
+    with pytest.raises(TimeoutError):
+        pair.peer.recv_datagram(timeout=0)
