@@ -179,7 +179,8 @@ fn every_failure_gives_the_promised_errno_through_the_shared_library() {
     let out = run_ok(&program, &[&dir], Duration::from_secs(120));
     assert!(
         out.contains("endpoint aborted: ECONNRESET with its reason")
-            && out.contains("peer's process gone: ECONNRESET"),
+            && out.contains("peer's process gone: ECONNRESET")
+            && out.contains("write after a clean close EPIPE"),
         "{out}"
     );
     assert!(out.ends_with("ok\n"), "{out}");

@@ -92,6 +92,53 @@ static void pair(const char *server_key, const char *client_key, ri2n_endpoint *
     CHECK(ri2n_read(*peer, &x, 1) == 1 && x == 'x');
 }
 
+/* The TCP transport gives the errno values the header promises as the UDP transport does:
+ * EMSGSIZE for a message above ri2n_max_message_size, EPIPE for a write after the end of
+ * the stream, also once the connection closed cleanly (it gave EINVAL and EIO). */
+static void tcp_transport(void) {
+    const char *listen[] = {"127.0.0.1:0"};
+    ri2n_endpoint *server = ri2n_endpoint_server_tcp(listen, 1, NULL);
+    CHECK(server != NULL);
+    char addr[RI2N_ADDR_LEN];
+    CHECK(ri2n_endpoint_local_addr(server, 0, addr, sizeof addr) > 0);
+    ri2n_endpoint *client = ri2n_endpoint_client_tcp(local1, 1, NULL);
+    CHECK(client != NULL);
+    const char *remote[] = {addr};
+    ri2n_conn *c = ri2n_connect(client, remote, 1, 10000);
+    CHECK(c != NULL);
+    CHECK(ri2n_write(c, "x", 1) == 1);
+    ri2n_conn *peer = ri2n_accept(server, 10000);
+    CHECK(peer != NULL);
+    char buf[16];
+    CHECK(ri2n_read(peer, buf, 1) == 1);
+
+    ssize_t max = ri2n_max_message_size(c);
+    CHECK(max > 0);
+    char *big = calloc(1, (size_t)max + 1);
+    CHECK(big != NULL);
+    CHECK_FAILS_WITH(ri2n_send_message(c, big, (size_t)max + 1), EMSGSIZE);
+    free(big);
+
+    /* a clean close of both sides, then a write */
+    CHECK(ri2n_finish(c) == 0 && ri2n_finish(peer) == 0);
+    CHECK(ri2n_read(peer, buf, sizeof buf) == 0 && ri2n_read(c, buf, sizeof buf) == 0);
+    CHECK(ri2n_wait_acknowledged(c, 5000) == 0 && ri2n_wait_acknowledged(peer, 5000) == 0);
+    int closed = 0;
+    for (int i = 0; i < 500 && !closed; i++) {
+        ri2n_event events[16];
+        ssize_t n = ri2n_conn_events(c, events, 16);
+        for (ssize_t k = 0; k < n; k++) closed |= events[k].kind == RI2N_EVENT_CLOSED;
+        if (!closed) usleep(10000);
+    }
+    CHECK(closed);
+    CHECK_FAILS_WITH(ri2n_write(c, "x", 1), EPIPE);
+    ri2n_conn_free(c);
+    ri2n_conn_free(peer);
+    ri2n_endpoint_free(client);
+    ri2n_endpoint_free(server);
+    printf("TCP transport: message too large EMSGSIZE, write after a clean close EPIPE\n");
+}
+
 int main(int argc, char **argv) {
     CHECK(argc == 2);
     peer_gone();
@@ -251,6 +298,7 @@ int main(int argc, char **argv) {
     ri2n_endpoint_free(server);
     printf("endpoint aborted: ECONNRESET with its reason\n");
 
+    tcp_transport();
     ri2n_endpoint_free(client);
     printf("ok\n");
     return 0;

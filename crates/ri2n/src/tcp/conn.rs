@@ -698,14 +698,19 @@ impl TcpConnection {
         block: bool,
     ) -> io::Result<(MutexGuard<'a, State>, u64)> {
         loop {
-            if st.end.is_some() {
+            // a connection lost says why; one closed cleanly was finished here first: a write
+            // after it is one after the end of the stream (EPIPE), as on the UDP transport
+            if matches!(st.end, Some(Some(_))) {
                 return Err(st.error());
             }
             if st.striper.finished() {
                 return Err(io::Error::new(
                     io::ErrorKind::BrokenPipe,
-                    "the stream was finished",
+                    ri2n_proto::WriteError::Finished,
                 ));
+            }
+            if st.end.is_some() {
+                return Err(st.error());
             }
             let room = self.settings.send_buffer.saturating_sub(st.buffered());
             if room > 0 && room >= need {
@@ -800,11 +805,10 @@ impl TcpConnection {
         if msg.len() as u64 > max {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!(
-                    "a message of {} bytes is longer than the largest this connection carries \
-                     ({max} bytes): send it on the byte stream",
-                    msg.len()
-                ),
+                ri2n_proto::WriteError::MessageTooLarge {
+                    size: msg.len(),
+                    limit: usize::try_from(max).unwrap_or(usize::MAX),
+                },
             ));
         }
         let need = (chunk::HEADER_LEN + msg.len()) as u64;
