@@ -168,3 +168,19 @@ def test_a_write_larger_than_the_send_buffer_drains_with_no_thread() -> None:
                 await w.wait_closed()
 
     asyncio.run(main())
+
+
+def test_asyncio_accept_ends_when_the_endpoint_is_closed() -> None:
+    """A task waiting in ``ri2n.aio.accept`` while another closes the endpoint gets
+    ``ValueError``, as the blocking ``accept`` does (it waited for ever)."""
+
+    async def main() -> None:
+        server = ri2n.Endpoint.server(LINKS)
+        waiting = asyncio.ensure_future(ri2n.aio.accept(server))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        server.close(timeout=5)
+        with pytest.raises(ValueError, match="closed"):
+            await asyncio.wait_for(waiting, 5)
+
+    asyncio.run(main())

@@ -466,12 +466,18 @@ impl Shards {
 
 impl Drop for Shards {
     /// No connection can be accepted from now on: each shard refuses new ones and aborts
-    /// those waiting (a connection the application holds keeps its shard running). The
-    /// shards whose last handle this was close in parallel, each lingering for its own
-    /// connections, not one after the other.
+    /// those waiting (a connection the application holds keeps its shard running), and a
+    /// watcher of `accept`'s readiness descriptor is woken. The shards whose last handle
+    /// this was close in parallel, each lingering for its own connections, not one after the
+    /// other.
     fn drop(&mut self) {
         for d in &self.drivers {
             d.shared().stop_accepting();
+        }
+        // an event loop waiting on `accept`'s readiness descriptor wakes, and finds no
+        // endpoint to accept from any more
+        if let Some(r) = self.accepts.readiness.get() {
+            r.signal();
         }
         let drivers = std::mem::take(&mut self.drivers);
         if drivers.len() > 1 && !std::thread::panicking() {
