@@ -67,13 +67,19 @@ impl AsyncConnection {
     }
 
     /// Retries the non-blocking `op` until it does not say `WouldBlock`, waiting on `ready`
-    /// in between.
+    /// in between. It looks before it waits: a descriptor can be clear with data waiting (a
+    /// connection wrapped again, or read with its own calls before), and a new registration
+    /// starts without readiness.
     fn poll_op<T>(
         &self,
         ready: &AsyncFd<OwnedFd>,
         cx: &mut Context<'_>,
         mut op: impl FnMut(&Connection) -> io::Result<T>,
     ) -> Poll<io::Result<T>> {
+        match op(&self.conn) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            r => return Poll::Ready(r),
+        }
         loop {
             let mut guard = ready!(ready.poll_read_ready(cx))?;
             match op(&self.conn) {
@@ -84,17 +90,37 @@ impl AsyncConnection {
         }
     }
 
+    /// [`Self::poll_op`] for the calls that take `&self`, which several tasks may make at
+    /// once on one connection: each waits with a waker of its own (`poll_read_ready` keeps
+    /// only the last caller's, and the others would never be woken).
+    async fn op<T>(
+        &self,
+        ready: &AsyncFd<OwnedFd>,
+        mut op: impl FnMut(&Connection) -> io::Result<T>,
+    ) -> io::Result<T> {
+        match op(&self.conn) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            r => return r,
+        }
+        loop {
+            let mut guard = ready.readable().await?;
+            match op(&self.conn) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
+                r => return r,
+            }
+        }
+    }
+
     /// Receives one whole message; `Ok(None)` once the peer finished its message stream.
     pub async fn recv_message(&self) -> io::Result<Option<Vec<u8>>> {
-        std::future::poll_fn(|cx| self.poll_op(&self.read_ready, cx, Connection::try_recv_message))
+        self.op(&self.read_ready, Connection::try_recv_message)
             .await
     }
 
     /// Replaces `chunk` with the next bytes of the stream, without copying them (see
     /// [`Connection::read_chunk`]); returns how many (0: the peer finished).
     pub async fn read_chunk(&self, chunk: &mut bytes::Bytes) -> io::Result<usize> {
-        std::future::poll_fn(|cx| self.poll_op(&self.read_ready, cx, |c| c.try_read_chunk(chunk)))
-            .await
+        self.op(&self.read_ready, |c| c.try_read_chunk(chunk)).await
     }
 
     /// Writes all of `data` without copying a large one (see [`Connection::write_bytes`]),
@@ -102,10 +128,9 @@ impl AsyncConnection {
     pub async fn write_bytes(&self, data: bytes::Bytes) -> io::Result<()> {
         let mut rest = data;
         while !rest.is_empty() {
-            let n = std::future::poll_fn(|cx| {
-                self.poll_op(&self.write_ready, cx, |c| c.try_write_bytes(&rest))
-            })
-            .await?;
+            let n = self
+                .op(&self.write_ready, |c| c.try_write_bytes(&rest))
+                .await?;
             bytes::Buf::advance(&mut rest, n);
         }
         Ok(())
@@ -113,7 +138,7 @@ impl AsyncConnection {
 
     /// Sends one whole message, waiting for buffer space.
     pub async fn send_message(&self, msg: &[u8]) -> io::Result<()> {
-        std::future::poll_fn(|cx| self.poll_op(&self.write_ready, cx, |c| c.try_send_message(msg)))
+        self.op(&self.write_ready, |c| c.try_send_message(msg))
             .await
     }
 }

@@ -210,3 +210,76 @@ fn pattern(i: usize) -> u8 {
     let i = i % (64 << 20);
     (i ^ (i >> 9) ^ (i >> 17)) as u8
 }
+
+/// A connection read with its own calls, then wrapped (again): what waits is read at once.
+/// The readiness descriptor was clear with data waiting, a new registration starts without
+/// readiness, and the first read waited for a signal that never came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_wrapped_again_reads_what_waits() {
+    let addrs = [loopback("127.0.0.1"), loopback("127.0.0.2")];
+    let server = Endpoint::server(&addrs).unwrap();
+    let client = Endpoint::client(&addrs).unwrap();
+    let to = server.local_addrs();
+    let conn = tokio::task::spawn_blocking(move || {
+        let c = client.connect(&to, ConnectionConfig::default()).unwrap();
+        std::io::Write::write_all(&mut &c, &[5u8; 100]).unwrap();
+        (client, c)
+    })
+    .await
+    .unwrap();
+    let accepted = ri2n::tokio::accept(&server).await.unwrap().into_inner();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut ten = [0u8; 10];
+    assert_eq!(accepted.try_read(&mut ten).unwrap(), 10);
+    let mut again = ri2n::tokio::AsyncConnection::new(accepted).unwrap();
+    let mut rest = [0u8; 90];
+    tokio::time::timeout(Duration::from_secs(5), again.read_exact(&mut rest))
+        .await
+        .expect("the 90 bytes waiting were not read within 5 s")
+        .unwrap();
+    assert_eq!(rest, [5u8; 90]);
+    drop(conn);
+}
+
+/// Two tasks wait for a message on one connection at once: both get one. Each waits with a
+/// waker of its own; the second used to replace the first's, which was never woken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tasks_waiting_on_one_connection_are_both_woken() {
+    let addrs = [loopback("127.0.0.1"), loopback("127.0.0.2")];
+    let server = Endpoint::server(&addrs).unwrap();
+    let client = Endpoint::client(&addrs).unwrap();
+    let to = server.local_addrs();
+    let (client, sender) = tokio::task::spawn_blocking(move || {
+        let c = client.connect(&to, ConnectionConfig::default()).unwrap();
+        c.send_message(b"hello").unwrap();
+        (client, c)
+    })
+    .await
+    .unwrap();
+    let conn = std::sync::Arc::new(ri2n::tokio::accept(&server).await.unwrap());
+    assert_eq!(conn.recv_message().await.unwrap().unwrap(), b"hello");
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let conn = conn.clone();
+            tokio::spawn(async move { conn.recv_message().await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for m in [b"one", b"two"] {
+        sender.send_message(m).unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut got = Vec::new();
+    for w in waiters {
+        let m = tokio::time::timeout(Duration::from_secs(5), w)
+            .await
+            .expect("a waiting task was never woken")
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        got.push(m);
+    }
+    got.sort();
+    assert_eq!(got, vec![b"one".to_vec(), b"two".to_vec()]);
+    drop((client, sender));
+}
