@@ -24,6 +24,8 @@ use crate::ServeArgs;
 
 /// Finest timeline a client may ask for (as `ri2n bench --interval`).
 const MIN_INTERVAL: Duration = Duration::from_millis(10);
+/// The pause after a client that could not be taken, before the next accept.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 /// How often handshakes refused for their key are looked for, to be logged.
 const REFUSAL_LOG_PERIOD: Duration = Duration::from_millis(200);
 
@@ -68,9 +70,16 @@ async fn serve(endpoint: Endpoint, quiet: bool, max_time: Duration) -> Result<()
         }
     });
     loop {
-        let conn = ri2n::tokio::accept(&endpoint)
-            .await
-            .map_err(|e| Failure::io("accepting a client", &e))?;
+        let conn = match ri2n::tokio::accept(&endpoint).await {
+            Ok(conn) => conn,
+            // one client that cannot be taken (no descriptor left: EMFILE) is told so and
+            // refused; the others go on, and so does the server once some have left
+            Err(e) => {
+                eprintln!("ri2n serve: cannot take a client: {e}");
+                tokio::time::sleep(ACCEPT_RETRY).await;
+                continue;
+            }
+        };
         tokio::spawn(async move {
             let peer = net::peer_addr(conn.get_ref())
                 .map(|a| a.to_string())

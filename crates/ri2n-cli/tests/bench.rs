@@ -418,3 +418,74 @@ fn the_server_learns_that_the_client_was_interrupted() {
         "{log}"
     );
 }
+
+/// A server out of file descriptors (its limit lowered to a few more than it holds) cannot
+/// take every client of a burst: those it cannot take are refused with the reason, and it
+/// keeps serving; once they are gone it takes the next. It used to exit at the first one
+/// ("accepting a client: Too many open files"), ending the tests of every client.
+#[test]
+fn a_server_out_of_descriptors_refuses_clients_and_goes_on() {
+    let _g = heavy();
+    let to = format!("127.0.0.1:{}", free_port());
+    let mut server = Proc::spawn(
+        "ri2n serve",
+        Command::new(bin())
+            .args(["serve", "--listen", &to])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = server.child.as_ref().unwrap().id();
+    let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
+    let limit = (open + 12).to_string();
+    let lowered = Command::new("prlimit")
+        .args([
+            "--pid",
+            &pid.to_string(),
+            &format!("--nofile={limit}:{limit}"),
+        ])
+        .status()
+        .unwrap();
+    assert!(lowered.success(), "prlimit");
+    let burst: Vec<Proc> = (0..8)
+        .map(|_| {
+            Proc::spawn(
+                "ri2n bench",
+                Command::new(bin())
+                    .args(["bench", "--to", &to, "--time", "2", "--json"])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped()),
+            )
+        })
+        .collect();
+    let ended: Vec<_> = burst
+        .into_iter()
+        .map(|b| b.wait(Duration::from_secs(30)))
+        .collect();
+    let refused = ended.iter().filter(|(s, _)| !s.success()).count();
+    assert!(
+        server.child.as_mut().unwrap().try_wait().unwrap().is_none(),
+        "serve exited"
+    );
+    let (s, o) = Proc::spawn(
+        "ri2n bench",
+        Command::new(bin())
+            .args(["bench", "--to", &to, "--time", "1"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .wait(Duration::from_secs(30));
+    assert!(s.success(), "a client after the burst: {}", stderr_of(&o));
+    server.signal(libc::SIGTERM);
+    let (_, so) = server.wait(Duration::from_secs(10));
+    let log = stderr_of(&so);
+    // the premise: the limit was reached during the burst
+    assert!(
+        refused > 0 && log.contains("cannot take a client"),
+        "{refused} of 8 refused; serve: {log}"
+    );
+}

@@ -45,13 +45,23 @@ pub struct AsyncConnection {
 }
 
 impl AsyncConnection {
-    /// Wraps a connection; must be called within a tokio runtime.
+    /// Wraps a connection; must be called within a tokio runtime. If it cannot (no
+    /// descriptor left for its readiness), the connection is aborted with the error as the
+    /// reason, so its peer learns why, and the error returned.
     pub fn new(conn: Connection) -> io::Result<Self> {
-        Ok(Self {
-            read_ready: watch(conn.read_readiness_fd()?)?,
-            write_ready: watch(conn.write_readiness_fd()?)?,
-            conn,
-        })
+        let watched = (conn.read_readiness_fd().and_then(watch))
+            .and_then(|r| Ok((r, conn.write_readiness_fd().and_then(watch)?)));
+        match watched {
+            Ok((read_ready, write_ready)) => Ok(Self {
+                read_ready,
+                write_ready,
+                conn,
+            }),
+            Err(e) => {
+                conn.abort(0, &format!("the peer could not take the connection: {e}"));
+                Err(e)
+            }
+        }
     }
 
     /// The connection, for statistics, events, messages and the other calls.
