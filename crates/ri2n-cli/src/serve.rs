@@ -24,6 +24,8 @@ use crate::ServeArgs;
 
 /// Finest timeline a client may ask for (as `ri2n bench --interval`).
 const MIN_INTERVAL: Duration = Duration::from_millis(10);
+/// How long a client may take to name its test after connecting (`ri2n bench` does at once).
+const REQUEST_WAIT: Duration = Duration::from_secs(10);
 /// The pause after a client that could not be taken, before the next accept.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 /// How often handshakes refused for their key are looked for, to be logged.
@@ -98,7 +100,16 @@ async fn serve(endpoint: Endpoint, quiet: bool, max_time: Duration) -> Result<()
 /// Runs one client's test; returns the line to log.
 async fn serve_client(mut conn: AsyncConnection, max_time: Duration) -> Result<String, Failure> {
     let lost = |e: std::io::Error| Failure::lost(&e);
-    let Some(first) = conn.recv_message().await.map_err(lost)? else {
+    let Ok(first) = tokio::time::timeout(REQUEST_WAIT, conn.recv_message()).await else {
+        // a client that names no test would hold its task and a client slot for ever
+        let why = format!(
+            "no test request within {} s: this is `ri2n serve`, a benchmark server",
+            REQUEST_WAIT.as_secs()
+        );
+        conn.get_ref().abort(2, &why);
+        return Err(Failure::usage(format!("{why}; the client was told")));
+    };
+    let Some(first) = first.map_err(lost)? else {
         // e.g. `ri2n send` pointed at a bench server: tell it its data went nowhere
         conn.get_ref().abort(
             2,

@@ -489,3 +489,37 @@ fn a_server_out_of_descriptors_refuses_clients_and_goes_on() {
         "{refused} of 8 refused; serve: {log}"
     );
 }
+
+/// A client that connects as `ri2n bench` would and then names no test is aborted with the
+/// reason after 10 s; it used to hold its task and a client slot for as long as it stayed.
+#[test]
+fn a_client_that_names_no_test_is_let_go() {
+    let to = format!("127.0.0.1:{}", free_port());
+    let server = Proc::spawn(
+        "ri2n serve",
+        Command::new(bin())
+            .args(["serve", "--listen", &to])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let client = ri2n::Endpoint::client(&["127.0.0.1:0".parse().unwrap()]).unwrap();
+    let config = ri2n::ConnectionConfig::default().with_application("ri2n bench");
+    let conn = client.connect(&[to.parse().unwrap()], config).unwrap();
+    let start = std::time::Instant::now();
+    while conn.close_reason().is_none() && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let waited = start.elapsed();
+    match conn.close_reason() {
+        Some(ri2n::ConnectionError::PeerAborted { reason, .. }) => {
+            assert!(reason.contains("no test request within 10 s"), "{reason}")
+        }
+        other => panic!("after {waited:?}: {other:?}"),
+    }
+    assert!(waited >= Duration::from_secs(9), "let go after {waited:?}");
+    server.signal(libc::SIGTERM);
+    let (_, so) = server.wait(Duration::from_secs(10));
+    let log = stderr_of(&so);
+    assert!(log.contains("no test request"), "{log}");
+}
