@@ -49,6 +49,18 @@ const STALL_LIMIT: Duration = Duration::from_secs(10);
 const EVENT_TICK: Duration = Duration::from_millis(20);
 
 pub fn run(args: &BenchArgs) -> Result<(), Failure> {
+    let result = test(args);
+    match crate::interrupt::caught() {
+        // the connections ended because the interrupt aborted them: say so, not "lost"
+        Some(signal) if result.is_err() => {
+            Err(crate::interrupt::failure(signal, "during the test"))
+        }
+        _ => result,
+    }
+}
+
+/// The test itself (see [`run`]).
+fn test(args: &BenchArgs) -> Result<(), Failure> {
     // its output is a report: a reader that went away (`| head`) ends the test, as it ends
     // ping or iperf3; Rust ignores SIGPIPE, and the next line printed would panic
     // SAFETY: signal(2) with the default action; no handler of this process is replaced.

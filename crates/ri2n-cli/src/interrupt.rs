@@ -107,6 +107,14 @@ pub fn abort_endpoint_on_interrupt(endpoint: Endpoint, end: End) {
                 };
                 let reason = format!("the {who} was interrupted by {}", name(signal));
                 endpoint.abort(signal as u64, &reason);
+                // bench's own threads see their connections end and report the interruption
+                // (`failure`); this one ends the process only if they do not come to it
+                if let End::Client = end {
+                    std::thread::sleep(REPORT_GRACE);
+                    if REPORTING.load(Ordering::SeqCst) {
+                        return;
+                    }
+                }
                 exit_now(signal, told);
             }
         })

@@ -405,7 +405,10 @@ fn the_server_learns_that_the_client_was_interrupted() {
     let (c, co) = client.wait(Duration::from_secs(10));
     let text = stderr_of(&co);
     assert_eq!(c.code(), Some(130), "{text}");
-    assert!(text.contains("the server was told"), "{text}");
+    assert!(
+        text.contains("interrupted by SIGINT") && text.contains("was told"),
+        "{text}"
+    );
     let doc: serde_json::Value = serde_json::from_slice(&co.stdout).expect("a JSON failure");
     assert_eq!(doc["exit_code"], 130, "{doc}");
     // the server logs the client's reason (its line comes as the connection ends)
