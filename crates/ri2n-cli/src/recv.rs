@@ -143,14 +143,13 @@ impl Output {
 /// Whether the data goes to stdout: `--output -` (or none), or a name for the very file
 /// stdout is (`/dev/stdout`, `/dev/fd/1`, the file stdout was redirected to).
 pub fn writes_stdout(args: &RecvArgs) -> bool {
+    use std::os::fd::AsFd;
     use std::os::unix::fs::MetadataExt;
     let Some(path) = args.output.as_ref().filter(|p| p.as_os_str() != "-") else {
         return true;
     };
     let id = |m: std::fs::Metadata| (m.dev(), m.ino());
-    // SAFETY: fd 1 is borrowed only for this call
-    let stdout = unsafe { std::os::fd::BorrowedFd::borrow_raw(1) };
-    let out = stdout.try_clone_to_owned().map(File::from);
+    let out = io::stdout().as_fd().try_clone_to_owned().map(File::from);
     match (std::fs::metadata(path), out.and_then(|f| f.metadata())) {
         (Ok(a), Ok(b)) => id(a) == id(b),
         _ => false,

@@ -40,6 +40,40 @@ fn f64_of(v: &serde_json::Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
 
+/// `ri2n serve` on a free port of 127.0.0.1 with its log kept (see [`stop_serve`]); returns
+/// it and its address.
+fn logged_serve() -> (Proc, String) {
+    let to = format!("127.0.0.1:{}", free_port());
+    let server = Proc::spawn(
+        "ri2n serve",
+        Command::new(bin())
+            .args(["serve", "--listen", &to])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    (server, to)
+}
+
+/// SIGTERM to a [`logged_serve`]; its log.
+fn stop_serve(server: Proc) -> String {
+    server.signal(libc::SIGTERM);
+    let (_, so) = server.wait(Duration::from_secs(10));
+    stderr_of(&so)
+}
+
+/// `ri2n bench --to TO ARGS`, started, its output kept.
+fn start_bench(to: &str, args: &[&str]) -> Proc {
+    Proc::spawn(
+        "ri2n bench",
+        Command::new(bin())
+            .args(["bench", "--to", to])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+}
+
 /// `serve --max-time 1` cuts a 3 s test in either direction: the client sends (or receives)
 /// for 1 s only, and the text and the document say the test was cut.
 #[test]
@@ -384,22 +418,8 @@ fn a_reader_that_goes_away_ends_the_test() {
 #[test]
 fn the_server_learns_that_the_client_was_interrupted() {
     let _g = heavy();
-    let to = format!("127.0.0.1:{}", free_port());
-    let server = Proc::spawn(
-        "ri2n serve",
-        Command::new(bin())
-            .args(["serve", "--listen", &to])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped()),
-    );
-    let client = Proc::spawn(
-        "ri2n bench",
-        Command::new(bin())
-            .args(["bench", "--to", &to, "--time", "30", "--json"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    );
+    let (server, to) = logged_serve();
+    let client = start_bench(&to, &["--time", "30", "--json"]);
     std::thread::sleep(Duration::from_millis(1500));
     client.signal(libc::SIGINT);
     let (c, co) = client.wait(Duration::from_secs(10));
@@ -413,9 +433,7 @@ fn the_server_learns_that_the_client_was_interrupted() {
     assert_eq!(doc["exit_code"], 130, "{doc}");
     // the server logs the client's reason (its line comes as the connection ends)
     std::thread::sleep(Duration::from_millis(500));
-    server.signal(libc::SIGTERM);
-    let (_, so) = server.wait(Duration::from_secs(10));
-    let log = stderr_of(&so);
+    let log = stop_serve(server);
     assert!(
         log.contains("the client was interrupted by SIGINT"),
         "{log}"
@@ -429,14 +447,7 @@ fn the_server_learns_that_the_client_was_interrupted() {
 #[test]
 fn a_server_out_of_descriptors_refuses_clients_and_goes_on() {
     let _g = heavy();
-    let to = format!("127.0.0.1:{}", free_port());
-    let mut server = Proc::spawn(
-        "ri2n serve",
-        Command::new(bin())
-            .args(["serve", "--listen", &to])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped()),
-    );
+    let (mut server, to) = logged_serve();
     std::thread::sleep(Duration::from_millis(500));
     let pid = server.child.as_ref().unwrap().id();
     let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -453,16 +464,7 @@ fn a_server_out_of_descriptors_refuses_clients_and_goes_on() {
         .unwrap();
     assert!(lowered.success(), "prlimit");
     let burst: Vec<Proc> = (0..8)
-        .map(|_| {
-            Proc::spawn(
-                "ri2n bench",
-                Command::new(bin())
-                    .args(["bench", "--to", &to, "--time", "2", "--json"])
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped()),
-            )
-        })
+        .map(|_| start_bench(&to, &["--time", "2", "--json"]))
         .collect();
     let ended: Vec<_> = burst
         .into_iter()
@@ -473,19 +475,9 @@ fn a_server_out_of_descriptors_refuses_clients_and_goes_on() {
         server.child.as_mut().unwrap().try_wait().unwrap().is_none(),
         "serve exited"
     );
-    let (s, o) = Proc::spawn(
-        "ri2n bench",
-        Command::new(bin())
-            .args(["bench", "--to", &to, "--time", "1"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    )
-    .wait(Duration::from_secs(30));
+    let (s, o) = start_bench(&to, &["--time", "1"]).wait(Duration::from_secs(30));
     assert!(s.success(), "a client after the burst: {}", stderr_of(&o));
-    server.signal(libc::SIGTERM);
-    let (_, so) = server.wait(Duration::from_secs(10));
-    let log = stderr_of(&so);
+    let log = stop_serve(server);
     // the premise: the limit was reached during the burst
     assert!(
         refused > 0 && log.contains("cannot take a client"),
@@ -497,14 +489,7 @@ fn a_server_out_of_descriptors_refuses_clients_and_goes_on() {
 /// reason after 10 s; it used to hold its task and a client slot for as long as it stayed.
 #[test]
 fn a_client_that_names_no_test_is_let_go() {
-    let to = format!("127.0.0.1:{}", free_port());
-    let server = Proc::spawn(
-        "ri2n serve",
-        Command::new(bin())
-            .args(["serve", "--listen", &to])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped()),
-    );
+    let (server, to) = logged_serve();
     std::thread::sleep(Duration::from_millis(300));
     let client = ri2n::Endpoint::client(&["127.0.0.1:0".parse().unwrap()]).unwrap();
     let config = ri2n::ConnectionConfig::default().with_application("ri2n bench");
@@ -521,8 +506,6 @@ fn a_client_that_names_no_test_is_let_go() {
         other => panic!("after {waited:?}: {other:?}"),
     }
     assert!(waited >= Duration::from_secs(9), "let go after {waited:?}");
-    server.signal(libc::SIGTERM);
-    let (_, so) = server.wait(Duration::from_secs(10));
-    let log = stderr_of(&so);
+    let log = stop_serve(server);
     assert!(log.contains("no test request"), "{log}");
 }

@@ -211,22 +211,31 @@ fn pattern(i: usize) -> u8 {
     (i ^ (i >> 9) ^ (i >> 17)) as u8
 }
 
+/// A server on both loopback links, and a client endpoint with its connection to it, on
+/// which `first` was done (blocking calls, on a thread of the runtime's pool).
+async fn connected(
+    first: impl FnOnce(&ri2n::Connection) -> std::io::Result<()> + Send + 'static,
+) -> (Endpoint, (Endpoint, ri2n::Connection)) {
+    let addrs = [loopback("127.0.0.1"), loopback("127.0.0.2")];
+    let server = Endpoint::server(&addrs).unwrap();
+    let client = Endpoint::client(&addrs).unwrap();
+    let to = server.local_addrs();
+    let pair = tokio::task::spawn_blocking(move || {
+        let c = client.connect(&to, ConnectionConfig::default()).unwrap();
+        first(&c).unwrap();
+        (client, c)
+    })
+    .await
+    .unwrap();
+    (server, pair)
+}
+
 /// A connection read with its own calls, then wrapped (again): what waits is read at once.
 /// The readiness descriptor was clear with data waiting, a new registration starts without
 /// readiness, and the first read waited for a signal that never came.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_wrapped_again_reads_what_waits() {
-    let addrs = [loopback("127.0.0.1"), loopback("127.0.0.2")];
-    let server = Endpoint::server(&addrs).unwrap();
-    let client = Endpoint::client(&addrs).unwrap();
-    let to = server.local_addrs();
-    let conn = tokio::task::spawn_blocking(move || {
-        let c = client.connect(&to, ConnectionConfig::default()).unwrap();
-        std::io::Write::write_all(&mut &c, &[5u8; 100]).unwrap();
-        (client, c)
-    })
-    .await
-    .unwrap();
+    let (server, conn) = connected(|mut c| std::io::Write::write_all(&mut c, &[5u8; 100])).await;
     let accepted = ri2n::tokio::accept(&server).await.unwrap().into_inner();
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut ten = [0u8; 10];
@@ -245,17 +254,7 @@ async fn a_connection_wrapped_again_reads_what_waits() {
 /// waker of its own; the second used to replace the first's, which was never woken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_tasks_waiting_on_one_connection_are_both_woken() {
-    let addrs = [loopback("127.0.0.1"), loopback("127.0.0.2")];
-    let server = Endpoint::server(&addrs).unwrap();
-    let client = Endpoint::client(&addrs).unwrap();
-    let to = server.local_addrs();
-    let (client, sender) = tokio::task::spawn_blocking(move || {
-        let c = client.connect(&to, ConnectionConfig::default()).unwrap();
-        c.send_message(b"hello").unwrap();
-        (client, c)
-    })
-    .await
-    .unwrap();
+    let (server, (client, sender)) = connected(|c| c.send_message(b"hello")).await;
     let conn = std::sync::Arc::new(ri2n::tokio::accept(&server).await.unwrap());
     assert_eq!(conn.recv_message().await.unwrap().unwrap(), b"hello");
     let waiters: Vec<_> = (0..2)
