@@ -80,8 +80,9 @@ mod tests {
     #[test]
     fn the_window_counts_from_the_last_packet_handled() {
         let window = Duration::from_millis(20);
-        let mut poll = BusyPoll::new(window);
+        // taken before the window opens (at `new`): the spin ends a window after that
         let start = Instant::now();
+        let mut poll = BusyPoll::new(window);
         assert!(!poll.spin(|| false));
         // it spun the window out, once: the next wait finds it closed and does not spin
         let spun = start.elapsed();
