@@ -233,6 +233,8 @@ pub struct KeygenArgs {
     pub output: Option<PathBuf>,
 
     /// Replace FILE if it exists (every host holding the old key must then get the new one).
+    /// The new key is written beside it first and takes its place in one step: if writing
+    /// fails, FILE still holds the old key.
     #[arg(long, requires = "output")]
     pub force: bool,
 }

@@ -197,6 +197,46 @@ fn keygen_creates_a_missing_directory_privately() {
     std::fs::remove_dir_all(dir.path()).unwrap();
 }
 
+/// `ri2n keygen --force` that cannot write the new key (here a file size limit of 10
+/// bytes, as a full disk would) fails and leaves the old key whole, and no other file.
+#[test]
+fn a_failed_keygen_force_keeps_the_old_key() {
+    let dir = TempFile::new("keyforce");
+    std::fs::create_dir(dir.path()).unwrap();
+    let path = dir.path().join("cluster.key");
+    let (s, o) = ri2n(
+        ["keygen", "--output", path.to_str().unwrap()],
+        Duration::from_secs(10),
+    );
+    assert!(s.success(), "keygen: {}", stderr_of(&o));
+    let old = std::fs::read_to_string(&path).unwrap();
+    // SIGXFSZ ignored (inherited through exec): the write fails with EFBIG instead
+    let o = Command::new("sh")
+        .args([
+            "-c",
+            r#"trap "" XFSZ; exec prlimit --fsize=10 -- "$@""#,
+            "sh",
+        ])
+        .arg(bin())
+        .args(["keygen", "--force", "--output"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "keygen: {}", stderr_of(&o));
+    assert!(
+        stderr_of(&o).contains("File too large"),
+        "the premise: the write failed ({})",
+        stderr_of(&o)
+    );
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), old);
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["cluster.key"]);
+    std::fs::remove_dir_all(dir.path()).unwrap();
+}
+
 /// A receiver whose output cannot take the data says how much it holds, and the sender's
 /// error carries that figure (not only what the receiver acknowledged).
 #[test]
