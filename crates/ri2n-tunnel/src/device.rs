@@ -292,6 +292,12 @@ impl Queues {
     pub fn into_vec(self) -> Vec<Tun> {
         self.0
     }
+
+    /// Queues on files that stand in for the interface (tests of what is written).
+    #[cfg(test)]
+    pub(crate) fn of_files(files: Vec<File>) -> Self {
+        Queues(files.into_iter().map(|file| Tun { file }).collect())
+    }
 }
 
 /// Which of `queues` queues serves the flow of IPv4 `packet`: both directions of a TCP or

@@ -460,11 +460,14 @@ impl Loop {
                 }
                 Ok(n) => {
                     self.busy.handled();
-                    let refused = self.out.write(&self.queues, &peer.host.address.octets());
+                    let lost = self.out.write(&self.queues, &peer.host.address.octets());
                     peer.received
-                        .fetch_add((n - refused.count) as u64, Ordering::Relaxed);
-                    if refused.count > 0 {
-                        peer.refuse_packets(refused.count as u64, refused.first_source);
+                        .fetch_add((n - lost.refused - lost.failed) as u64, Ordering::Relaxed);
+                    if lost.refused > 0 {
+                        peer.refuse_packets(lost.refused as u64, lost.first_source);
+                    }
+                    if let Some(e) = &lost.failure {
+                        peer.fail_writes(lost.failed as u64, e);
                     }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return false,
@@ -549,8 +552,9 @@ impl Delivery {
     /// Writes the packets received to the interface, in the order they came: plain packets
     /// in coalesced runs, large segments whole as they are; a full or vanished interface
     /// drops the packet, as a NIC would. Only packets from the peer's own tunnel address
-    /// (`source`) go: a host of the cluster cannot speak for another. Returns the others.
-    fn write(&mut self, queues: &Queues, source: &[u8; 4]) -> Refused {
+    /// (`source`) go: a host of the cluster cannot speak for another. Returns what was not
+    /// written.
+    fn write(&mut self, queues: &Queues, source: &[u8; 4]) -> NotWritten {
         let Delivery {
             packets,
             header,
@@ -559,7 +563,7 @@ impl Delivery {
         } = self;
         segments.clear();
         segments.extend(packets.iter_mut().map(|p| offload::segment_for_write(p)));
-        let mut refused = Refused::default();
+        let mut lost = NotWritten::default();
         let mut plain: SmallVec<[&[u8]; BATCH]> = SmallVec::new();
         for (p, segment) in packets.iter().zip(segments.iter()) {
             let from = match segment {
@@ -568,30 +572,48 @@ impl Delivery {
             };
             let from = from.map(|ip| ip.source()).ok();
             if from != Some(*source) {
-                refused.count += 1;
-                refused.first_source = refused.first_source.or(from.map(Ipv4Addr::from));
+                lost.refused += 1;
+                lost.first_source = lost.first_source.or(from.map(Ipv4Addr::from));
                 continue;
             }
             let Some((vnet, start)) = segment else {
                 plain.push(p);
                 continue;
             };
-            write_plain(queues, &mut plain, runs, header);
+            write_plain(queues, &mut plain, runs, header, &mut lost);
             let packet = &p[*start..];
-            let _ = (queues.for_packet(packet)).write_merged(vnet, std::iter::once(packet));
+            let written = queues
+                .for_packet(packet)
+                .write_merged(vnet, std::iter::once(packet));
+            lost.failed_write(written, 1);
         }
-        write_plain(queues, &mut plain, runs, header);
-        refused
+        write_plain(queues, &mut plain, runs, header, &mut lost);
+        lost
     }
 }
 
-/// The packets of a delivery that were not the peer's to send: their source was not its
-/// tunnel address (or they were not IPv4 at all).
-#[derive(Default)]
-struct Refused {
-    count: usize,
-    /// The source of the first of them that had one.
+/// The packets of a delivery that did not reach the interface.
+#[derive(Debug, Default)]
+struct NotWritten {
+    /// Not the peer's to send: their source was not its tunnel address (or they were not
+    /// IPv4 at all).
+    refused: usize,
+    /// The source of the first refused packet that had one.
     first_source: Option<Ipv4Addr>,
+    /// Packets whose write the interface refused (down, gone, a segment it would not take).
+    failed: usize,
+    /// Why the first of those writes failed.
+    failure: Option<std::io::Error>,
+}
+
+impl NotWritten {
+    /// Counts the `packets` of a write that failed.
+    fn failed_write(&mut self, written: std::io::Result<()>, packets: usize) {
+        if let Err(e) = written {
+            self.failed += packets;
+            self.failure.get_or_insert(e);
+        }
+    }
 }
 
 /// Writes plain packets to the interface, consecutive TCP segments of one flow coalesced
@@ -601,18 +623,57 @@ fn write_plain(
     packets: &mut SmallVec<[&[u8]; BATCH]>,
     runs: &mut Vec<std::ops::Range<usize>>,
     header: &mut Vec<u8>,
+    lost: &mut NotWritten,
 ) {
     offload::runs(packets, runs);
     for run in runs.drain(..) {
         let run = &packets[run];
         // a run is one flow's
         let queue = queues.for_packet(run[0]);
-        if let [packet] = run {
-            let _ = queue.write(packet);
+        let written = if let [packet] = run {
+            queue.write(packet)
         } else {
             let skip = offload::merged_header(run, header);
-            let _ = queue.write_merged(header, run.iter().map(|p| &p[skip..]));
-        }
+            queue.write_merged(header, run.iter().map(|p| &p[skip..]))
+        };
+        lost.failed_write(written, run.len());
     }
     packets.clear();
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs::{File, OpenOptions};
+
+    use super::*;
+
+    /// A UDP packet from 10.99.0.2 to 10.99.0.1.
+    fn udp_packet() -> Vec<u8> {
+        let mut p = vec![
+            0x45, 0, 0, 28, 0, 1, 0x40, 0, 64, 17, 0, 0, 10, 99, 0, 2, 10, 99, 0, 1,
+        ];
+        p.extend_from_slice(&[0x13, 0x88, 0x13, 0x89, 0, 8, 0, 0]);
+        p
+    }
+
+    /// A packet the interface refuses is not counted as written: the caller counts it as
+    /// dropped, with the reason.
+    #[test]
+    fn a_packet_the_interface_refuses_is_not_counted_as_written() {
+        let source = [10, 99, 0, 2];
+        let mut delivery = Delivery::default();
+        let writable = OpenOptions::new().write(true).open("/dev/null").unwrap();
+        delivery.packets = vec![udp_packet(), udp_packet()];
+        let lost = delivery.write(&Queues::of_files(vec![writable]), &source);
+        assert_eq!((lost.refused, lost.failed), (0, 0), "{lost:?}");
+        // read-only: every write fails (EBADF), as on an interface that is down (EIO)
+        let read_only = File::open("/dev/null").unwrap();
+        delivery.packets = vec![udp_packet(), udp_packet()];
+        let lost = delivery.write(&Queues::of_files(vec![read_only]), &source);
+        assert_eq!((lost.refused, lost.failed), (0, 2), "{lost:?}");
+        assert_eq!(
+            lost.failure.map(|e| e.raw_os_error()),
+            Some(Some(libc::EBADF))
+        );
+    }
 }

@@ -33,6 +33,8 @@ pub struct Peer {
     /// Packets from it with another host's source address were refused and logged: the
     /// log says so once.
     refusal_logged: AtomicBool,
+    /// A failed write to the interface of a packet from it was logged.
+    write_failure_logged: AtomicBool,
     /// No longer in the cluster file as it was: its loop stops, its connection ends.
     removed: AtomicBool,
     /// Why the last attempt to connect to it failed (connecting side), for the status.
@@ -52,6 +54,7 @@ impl Peer {
             received: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             refusal_logged: AtomicBool::new(false),
+            write_failure_logged: AtomicBool::new(false),
             removed: AtomicBool::new(false),
             waiting_for: Mutex::new(None),
             first_remote: AtomicUsize::new(0),
@@ -146,6 +149,20 @@ impl Peer {
                  tunnel address ({}); counted in its dropped packets, said once",
                 self.name(),
                 self.host.address
+            );
+        }
+    }
+
+    /// `n` IP packets from it were not written: the interface refused the writes (it is
+    /// down or gone, or would not take a segment; `e` says why for the first). They count as
+    /// dropped, and the first failure is logged.
+    pub fn fail_writes(&self, n: u64, e: &std::io::Error) {
+        self.drop_packets(n);
+        if !self.write_failure_logged.swap(true, Ordering::Relaxed) {
+            eprintln!(
+                "ri2n tunnel: {}: dropped IP packets from it: writing them to the interface \
+                 failed ({e}); counted in its dropped packets, said once",
+                self.name()
             );
         }
     }

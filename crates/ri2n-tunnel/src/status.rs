@@ -76,8 +76,8 @@ pub struct PeerStatus {
     pub packets_sent: u64,
     pub packets_received: u64,
     /// Dropped unsent (no connection up, queue full or too old) and dropped on arrival (not
-    /// read in time, or not from the peer's own tunnel address), over every connection to
-    /// the peer.
+    /// read in time, not from the peer's own tunnel address, or refused by the interface),
+    /// over every connection to the peer.
     pub packets_dropped: u64,
     pub links: Vec<LinkStatus>,
 }
@@ -379,8 +379,8 @@ pub fn prometheus(s: &Status) -> String {
             CounterOf {
                 name: "ri2n_tunnel_packets_dropped",
                 help: "IP packets dropped: no connection up, send queue full or too old, not \
-                       written in time, or received from another source than the peer's tunnel \
-                       address.",
+                       written in time, received from another source than the peer's tunnel \
+                       address, or refused by the interface.",
                 unit: None,
                 value: |p| p.packets_dropped,
             },
