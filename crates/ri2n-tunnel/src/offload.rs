@@ -25,6 +25,8 @@ const MAX_SEGMENTS: usize = 64;
 const TCP: u8 = IpNumber::TCP.0;
 const ACK: u8 = 0x10;
 const PSH: u8 = 0x08;
+/// IPv4's Don't Fragment bit, in the header's byte 6.
+const DF: u8 = 0x40;
 
 /// virtio-net header fields (`include/uapi/linux/virtio_net.h`), in the host's byte order
 /// (the legacy header a TUN device uses unless told otherwise).
@@ -170,6 +172,10 @@ pub fn split(header: &VnetHeader, packet: &[u8], out: &mut Packets) -> usize {
     count
 }
 
+/// The smallest segment size a peer's large TCP segment may ask to be cut to: Linux's least
+/// TCP MSS (`net.ipv4.tcp_min_snd_mss`'s default), below which no kernel sends.
+const MIN_SEGMENT_SIZE: u16 = 48;
+
 /// First byte of a large TCP segment carried whole (an IP packet starts with its version).
 const SEGMENT_MARK: u8 = 0;
 /// Bytes in front of a large TCP segment carried whole: the mark, the virtio-net GSO type
@@ -219,7 +225,9 @@ pub fn segment_for_write(message: &mut [u8]) -> Option<([u8; VNET_HDR_LEN], usiz
     let (gso_type, size) = (message[1], u16::from_be_bytes([message[2], message[3]]));
     let packet = &mut message[SEGMENT_PREFIX..];
     let view = TcpView::parse(packet)?;
-    if gso_type & !VIRTIO_NET_HDR_GSO_ECN != VIRTIO_NET_HDR_GSO_TCPV4 || size == 0 {
+    // a size no kernel would cut to (below its smallest MSS) would have the interface, or
+    // a router behind it, cut the segment into up to 64 thousand packets
+    if gso_type & !VIRTIO_NET_HDR_GSO_ECN != VIRTIO_NET_HDR_GSO_TCPV4 || size < MIN_SEGMENT_SIZE {
         return None;
     }
     let header_len = view.header_len;
@@ -246,8 +254,11 @@ fn finish_checksum(packet: &mut [u8], start: usize, offset: usize) {
     if at + 2 > packet.len() {
         return;
     }
-    let sum = fold(sum32(&packet[start..], 0));
-    packet[at..at + 2].copy_from_slice(&(!sum).to_be_bytes());
+    let sum = !fold(sum32(&packet[start..], 0));
+    // as Linux does (`skb_checksum_help`): a UDP checksum of 0 would mean "none", and for
+    // TCP 0xffff is the same value in one's complement
+    let sum = if sum == 0 { 0xffff } else { sum };
+    packet[at..at + 2].copy_from_slice(&sum.to_be_bytes());
 }
 
 /// The 16-bit one's complement sum of `data` (RFC 1071) plus `initial`, not yet folded:
@@ -318,12 +329,14 @@ impl<'a> TcpView<'a> {
             && next.payload_len() <= size
             && self.header_len == next.header_len
             && next.seq == self.seq.wrapping_add(size as u32)
-            // TOS, then TTL and protocol, addresses and ports
+            // TOS, DF, then TTL and protocol, addresses and ports
             && a[1] == b[1]
+            && a[6] & DF == b[6] & DF
             && a[8..10] == b[8..10]
             && a[12..24] == b[12..24]
-            // ACK number, then window (flags compared above), then options
-            && a[28..32] == b[28..32]
+            // ACK number, the header length's byte (with AccECN's AE bit), then window (flags
+            // compared above), then options
+            && a[28..33] == b[28..33]
             && a[34..36] == b[34..36]
             && a[40..self.header_len] == b[40..next.header_len]
     }
@@ -333,7 +346,7 @@ impl<'a> TcpView<'a> {
 /// are written as they are), into `out` (cleared first).
 ///
 /// The rules follow Linux's own GRO for TCP (`tcp_gro_receive`): IPv4 without options or
-/// fragments, same addresses, ports, TTL and TOS, the same ACK number, window, flags (ACK,
+/// fragments, same addresses, ports, TTL, TOS and DF, the same ACK number, window, flags (ACK,
 /// with PSH allowed on the last segment) and TCP options (timestamps included), sequence
 /// numbers that continue each other, every segment but the last of the first one's size, and
 /// at most 64 KB in all.
@@ -588,6 +601,50 @@ mod tests {
         assert_eq!(out.get(0), &good[..]);
     }
 
+    /// Two segments that differ only where Linux's GRO keeps them apart too: the AE bit
+    /// (AccECN's counter) or DF, which a merged packet would carry for both.
+    #[test]
+    fn segments_that_differ_in_the_ae_bit_or_df_are_not_merged() {
+        let a = segment(1000, 100, ACK, &[1; 100]);
+        assert_eq!(
+            runs_of(&views(&[a.clone(), segment(1000, 200, ACK, &[2; 100])])),
+            [Range { start: 0, end: 2 }],
+            "the premise: they merge otherwise"
+        );
+        let mut ae = segment(1000, 200, ACK, &[2; 100]);
+        ae[32] |= 0x01;
+        assert_eq!(runs_of(&views(&[a.clone(), ae])), [0..1, 1..2]);
+        let mut may_fragment = segment(1000, 200, ACK, &[2; 100]);
+        may_fragment[6] &= !DF;
+        assert_eq!(runs_of(&views(&[a, may_fragment])), [0..1, 1..2]);
+    }
+
+    /// A UDP datagram whose checksum, finished here, comes to 0 goes with 0xffff: 0 would
+    /// say it has none.
+    #[test]
+    fn a_udp_checksum_that_comes_to_zero_is_sent_as_ffff() {
+        let mut p = vec![
+            0x45, 0, 0, 30, 0, 1, 0x40, 0, 64, 17, 0, 0, 10, 99, 0, 1, 10, 99, 0, 2,
+        ];
+        p.extend_from_slice(&[0x13, 0x88, 0x13, 0x89, 0, 10, 0, 0, 0, 0]);
+        // the pseudo-header sum in the field, as the kernel leaves it, and two data bytes
+        // chosen so that the whole sums to 0xffff
+        let pseudo = fold(sum32(&p[12..20], 17 + 10));
+        p[26..28].copy_from_slice(&pseudo.to_be_bytes());
+        let fill = 0xffff - fold(sum32(&p[20..], 0));
+        p[28..30].copy_from_slice(&fill.to_be_bytes());
+        assert_eq!(fold(sum32(&p[20..], 0)), 0xffff, "the premise");
+        let h = VnetHeader {
+            flags: VIRTIO_NET_HDR_F_NEEDS_CSUM,
+            csum_start: 20,
+            csum_offset: 6,
+            ..VnetHeader::default()
+        };
+        let mut out = Packets::default();
+        assert_eq!(split(&h, &p, &mut out), 1);
+        assert_eq!(out.get(0)[26..28], [0xff, 0xff]);
+    }
+
     /// `packet` as a read from the interface leaves it: behind the prefix's room.
     fn as_read(packet: &[u8]) -> Vec<u8> {
         [&[0xee; SEGMENT_PREFIX][..], packet].concat()
@@ -648,6 +705,12 @@ mod tests {
         assert!(segment_for_write(&mut broken).is_none());
         let mut cut = message[..60].to_vec();
         assert!(segment_for_write(&mut cut).is_none());
+        // a size no kernel cuts to is refused: the interface would cut 3000 one-byte pieces
+        let mut tiny = message.clone();
+        tiny[2..4].copy_from_slice(&1u16.to_be_bytes());
+        assert!(segment_for_write(&mut tiny).is_none());
+        tiny[2..4].copy_from_slice(&MIN_SEGMENT_SIZE.to_be_bytes());
+        assert!(segment_for_write(&mut tiny).is_some());
     }
 
     #[test]
