@@ -541,6 +541,13 @@ impl Endpoint {
                     );
                     if conn.take_confirmed() {
                         self.on_confirmed(h);
+                    } else if conn.state() == ConnectionState::Closed
+                        && conn.is_unconfirmed_server()
+                    {
+                        // ended before the client confirmed it (a frame it may not send): the
+                        // application never had it, and a closed connection's handshake never
+                        // expires, so nothing else would free it
+                        self.remove(h);
                     }
                     r
                 }

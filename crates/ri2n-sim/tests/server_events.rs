@@ -5,8 +5,13 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use ri2n_proto::wire::packet_type;
-use ri2n_proto::{ConnectionConfig, Endpoint, EndpointConfig, Event, LinkId, Transmit};
+use std::time::Duration;
+
+use ri2n_proto::wire::{self, frame_type, packet_type, Header, Writer};
+use ri2n_proto::{
+    ConnectionConfig, ConnectionState, DropReason, Endpoint, EndpointConfig, Event, LinkId,
+    Transmit,
+};
 use ri2n_sim::testbed::drain;
 
 fn addr(s: &str) -> SocketAddr {
@@ -76,5 +81,82 @@ fn a_link_opened_before_the_connection_was_confirmed_is_announced() {
     assert!(
         matches!(events.first(), Some(Event::Connected)),
         "{events:?}"
+    );
+}
+
+/// A client whose first short packet carries a frame the server refuses (a datagram to a
+/// server that takes none) ends its connection before confirming it. The server frees it at
+/// once: nobody could accept or release it, and held it would count against the server's
+/// limit for ever. The client's next packet is answered with a RESET, which ends its side.
+#[test]
+fn a_connection_ended_before_it_was_confirmed_is_freed() {
+    let client_addr = addr("10.0.0.1:7000");
+    let server_addr = addr("10.0.0.2:7400");
+    let now = Instant::now();
+    let mut client = Endpoint::new(EndpointConfig::new(vec![client_addr]), 1, now);
+    let mut cfg = EndpointConfig::new(vec![server_addr]).server();
+    cfg.server_connection = ConnectionConfig::default().with_accept_datagrams(false);
+    let mut server = Endpoint::new(cfg, 2, now);
+    let ch = client
+        .connect(now, &[server_addr], ConnectionConfig::default())
+        .unwrap();
+    // the handshake, without the client's short packets: the server stays unconfirmed
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        for (t, mut d) in drain(&mut client, now) {
+            if d[1] == packet_type::SHORT {
+                held.push((t, d));
+            } else {
+                server.handle_datagram(now, t.remote, t.local, &mut d);
+            }
+        }
+        for (t, mut d) in drain(&mut server, now) {
+            client.handle_datagram(now, t.remote, t.local, &mut d);
+        }
+    }
+    assert_eq!(
+        server.connection_count(),
+        1,
+        "the unconfirmed connection is held"
+    );
+    let Ok((Header::Short { dcid, .. }, _)) = wire::decode_packet(&held[0].1) else {
+        panic!("a short packet of the client");
+    };
+    // a DATAGRAM frame (sequence 0, one byte) as the client's first short packet
+    let mut d = vec![0u8; 1472];
+    let mut w = Writer::new(&mut d);
+    wire::write_short_header(&mut w, dcid, LinkId(0), 1000, 0);
+    w.u8(frame_type::DATAGRAM);
+    w.varint(0);
+    w.varint(1);
+    w.u8(7);
+    let len = w.finish();
+    d.truncate(len);
+    server.handle_datagram(now, server_addr, client_addr, &mut d);
+    let dropped = |server: &Endpoint| {
+        [DropReason::Undecodable, DropReason::UnknownConnection].map(|r| server.dropped().get(r))
+    };
+    assert_eq!(dropped(&server), [0, 0], "the premise: the frame was read");
+    assert_eq!(server.connection_count(), 0, "the ended connection is held");
+    server.handle_timeout(now + Duration::from_secs(3600));
+    assert_eq!(server.connection_count(), 0);
+    assert!(server.accept().is_none());
+    // the client's packets now find nothing, and the RESET for one as large as a full
+    // data packet ends its side
+    drop(held);
+    client
+        .connection_mut(ch)
+        .unwrap()
+        .write(&[5; 1200])
+        .unwrap();
+    for (t, mut d) in drain(&mut client, now) {
+        server.handle_datagram(now, t.remote, t.local, &mut d);
+    }
+    for (t, mut d) in drain(&mut server, now) {
+        client.handle_datagram(now, t.remote, t.local, &mut d);
+    }
+    assert_eq!(
+        client.connection(ch).unwrap().state(),
+        ConnectionState::Closed
     );
 }
