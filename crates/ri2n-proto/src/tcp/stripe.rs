@@ -404,8 +404,10 @@ impl Striper {
                 l.fin_in_flight = false;
             }
         }
-        // `delivered` is the receiver's: never beyond what was written
-        let delivered = delivered.min(self.written);
+        // `delivered` is the receiver's: never beyond the first byte not yet sent (the rest
+        // of a partition is claimed from its lowest unsent byte on, which the buffer must
+        // still hold)
+        let delivered = delivered.min(self.written).min(self.first_unsent());
         if delivered > self.delivered {
             self.delivered = delivered;
             self.repairs.remove_below(delivered);
@@ -617,6 +619,14 @@ impl Striper {
         Some(self.claim(i, true, Some(round), u64::MAX))
     }
 
+    /// The first stream byte no link has been given yet.
+    fn first_unsent(&self) -> u64 {
+        (self.parts.iter().filter(|p| p.lo < p.hi))
+            .map(|p| p.lo)
+            .min()
+            .unwrap_or(self.frontier)
+    }
+
     /// Opens a partition of new data, taken from its front by this link. A small one goes
     /// only to the idle link with the lowest round-trip time. One of at most two runs (a
     /// message) is cut into equal pieces, one per usable link, as MuniSocket cuts a message:
@@ -632,7 +642,7 @@ impl Striper {
         if whole {
             let me = self.links[link].srtt;
             let better = (self.links.iter().enumerate())
-                .any(|(j, l)| j != link && l.up && l.idle && l.srtt < me);
+                .any(|(j, l)| j != link && l.up && !l.paused && l.idle && l.srtt < me);
             if better {
                 return None;
             }
@@ -694,6 +704,43 @@ mod tests {
             }
             Work::Fin { end } => r.fin(end).unwrap(),
         }
+    }
+
+    /// A small write while the link with the lowest round trip is set aside (hedged) goes
+    /// on another: the one set aside takes nothing, and must not stop the others taking it.
+    #[test]
+    fn a_small_write_goes_on_another_link_while_the_fastest_is_set_aside() {
+        let mut s = striper(2); // link 0's round trip 1 ms, link 1's 2 ms
+        s.hedge(0);
+        assert_eq!(s.next(0), None, "the premise: link 0 takes nothing");
+        s.push(1000);
+        assert!(matches!(s.next(1), Some(Work::Run { len: 1000, .. })));
+    }
+
+    /// An acknowledgement that claims delivery beyond what was sent (a faulty or hostile
+    /// peer) moves the delivered mark no further than the first byte not yet sent: the
+    /// next run still starts at or above it, so the buffer still holds its bytes.
+    #[test]
+    fn a_delivery_claimed_beyond_what_was_sent_is_cut_to_it() {
+        let mut s = striper(1);
+        s.push(1 << 20);
+        let Some(Work::Run { offset: 0, len, .. }) = s.next(0) else {
+            panic!("a first run");
+        };
+        assert!(
+            len < 300 << 10,
+            "the premise: the claim goes beyond the run"
+        );
+        s.on_ack(0, 0, 300 << 10, 64 << 20, false);
+        assert_eq!(s.delivered(), len);
+        let Some(Work::Run { offset, .. }) = s.next(0) else {
+            panic!("a second run");
+        };
+        assert!(
+            offset >= s.delivered(),
+            "run at {offset}, delivered {}",
+            s.delivered()
+        );
     }
 
     #[test]
