@@ -7,11 +7,12 @@
 //! bytes, the receiver restores the sending order ([`HoldRule`]) and delivers each datagram
 //! at most once. docs/PROTOCOL.md §5.9 gives the rules and why each is needed.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use crate::ranges::RangeSet;
 use crate::wire::{self, DatagramPart};
 
 /// The largest datagram one packet of `datagram_size` UDP payload bytes carries: less the
@@ -489,9 +490,11 @@ struct LinkDeliveries {
     last_resent: Option<(u64, Instant)>,
 }
 
-/// How many given-up datagram numbers the receiver remembers, so that one arriving late (sent
-/// again after a link failure) is still delivered once and a second copy is not.
-const SKIPPED_MEMORY: usize = 16_384;
+/// How many runs of given-up datagram numbers the receiver remembers, so that one arriving
+/// late (sent again after a link failure) is still delivered once and a second copy is not.
+/// A run costs the same however many numbers it holds: a peer's jump of the numbers costs
+/// one, and so does each late arrival inside a run.
+const SKIPPED_RUNS: usize = 4096;
 
 /// Datagrams received and not yet read, and those held until the ones before them arrive.
 ///
@@ -520,9 +523,9 @@ pub(crate) struct IncomingDatagrams {
     held_since: VecDeque<(Instant, u64)>,
     /// Per link, what it delivered: where the missing ones may still be in flight.
     links: smallvec::SmallVec<[LinkDeliveries; crate::MAX_LINKS]>,
-    /// Numbers below `next` given up on and not arrived since (the newest `SKIPPED_MEMORY`):
-    /// the only ones below `next` still delivered.
-    skipped: BTreeSet<u64>,
+    /// Numbers below `next` given up on and not arrived since (the newest `SKIPPED_RUNS`
+    /// runs of them): the only ones below `next` still delivered.
+    skipped: RangeSet,
     /// Bytes in `ready`, `held` and `joining`.
     bytes: usize,
     limit: usize,
@@ -553,7 +556,7 @@ impl IncomingDatagrams {
             largest_joined: 0,
             held_since: VecDeque::new(),
             links: smallvec::SmallVec::new(),
-            skipped: BTreeSet::new(),
+            skipped: RangeSet::new(),
             bytes: 0,
             limit,
             next: 0,
@@ -605,8 +608,9 @@ impl IncomingDatagrams {
         l.largest = l.largest.max(Some(seq));
         l.last = Some(now);
         let new = if seq < self.next {
-            let late = self.skipped.remove(&seq);
+            let late = self.skipped.contains(seq);
             if late {
+                self.skipped.remove(seq..seq + 1);
                 tracing::debug!(seq, next = self.next, "datagram given up on arrived late");
             }
             late
@@ -625,6 +629,14 @@ impl IncomingDatagrams {
         if self.bytes + data.len() > self.limit {
             // make room by giving up on the missing ones the held datagrams wait for
             while self.bytes + data.len() > self.limit && self.release_first_held() {}
+            if seq < self.next {
+                // given up on by that, with the held ones before which it was missing: it
+                // arrived late, once (a piece of it now belongs to a datagram already lost)
+                self.skipped.remove(seq..seq + 1);
+                if part != DatagramPart::Whole {
+                    return self.ready.len() > before;
+                }
+            }
             if self.bytes + data.len() > self.limit {
                 if part == DatagramPart::Whole {
                     self.received += 1;
@@ -794,10 +806,9 @@ impl IncomingDatagrams {
 
     /// Gives up on the datagrams from `next` to before `seq`, remembering their numbers.
     fn skip_to(&mut self, seq: u64) {
-        let from = self.next.max(seq.saturating_sub(SKIPPED_MEMORY as u64));
-        self.skipped.extend(from..seq);
-        while self.skipped.len() > SKIPPED_MEMORY {
-            self.skipped.pop_first();
+        if seq > self.next {
+            self.skipped.insert(self.next..seq);
+            self.skipped.keep_highest(SKIPPED_RUNS);
         }
         self.next = seq;
     }
@@ -1504,6 +1515,57 @@ mod tests {
             assert_eq!(got, [0, 3, 2, 1], "hold {hold:?}");
             assert_eq!(q.duplicates, 4);
         }
+    }
+
+    /// A datagram whose arrival finds the receive buffer full makes room by giving up on
+    /// what the held pieces after it wait for: it is then delivered once (a second copy is
+    /// a duplicate), and a first piece arriving so becomes no datagram of its own.
+    #[test]
+    fn a_frame_that_makes_room_by_giving_up_on_held_pieces_is_delivered_once_and_whole() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // pieces 2 and 3 of a datagram whose first piece (1) is missing wait for it
+        let mut q = IncomingDatagrams::new(250, ms(5));
+        q.push_piece(t0, 1, 2, DatagramPart::Middle, &[2; 100]);
+        q.push_piece(t0, 1, 3, DatagramPart::Last, &[3; 100]);
+        assert!(q.push(t0, 0, 0, &[9; 100]));
+        assert_eq!(q.pop().as_deref(), Some(&[9; 100][..]));
+        assert_eq!(q.pop(), None);
+        assert!(
+            !q.push(t0 + ms(20), 1, 0, &[9; 100]),
+            "a second copy delivered"
+        );
+        assert_eq!(q.pop(), None);
+        // the same with a datagram in pieces: its first piece arrives last
+        let mut q = IncomingDatagrams::new(250, ms(5));
+        q.push_piece(t0, 1, 1, DatagramPart::Middle, &[2; 100]);
+        q.push_piece(t0, 1, 2, DatagramPart::Last, &[3; 100]);
+        q.push_piece(t0, 0, 0, DatagramPart::First, &[1; 100]);
+        assert_eq!(q.pop(), None, "a piece handed over as a datagram");
+        assert_eq!((q.received, q.dropped), (1, 1));
+    }
+
+    /// Numbers that jump far ahead (a faulty peer's, or a long run lost) are remembered as
+    /// one run, however many they skip: the datagrams below still arrive late, once.
+    #[test]
+    fn a_jump_of_the_numbers_is_remembered_as_one_run() {
+        let t0 = Instant::now();
+        let mut q = IncomingDatagrams::new(1 << 20, Duration::ZERO);
+        for k in 1..=240u64 {
+            q.push(t0, 0, k << 14, &[]);
+        }
+        assert!(q.push(t0, 0, 1 << 62, &[1]));
+        assert!(
+            q.skipped.range_count() <= 241,
+            "{}",
+            q.skipped.range_count()
+        );
+        assert!(
+            q.push(t0, 0, 5, &[5]),
+            "a datagram below the jump was black-holed"
+        );
+        assert!(!q.push(t0, 0, 5, &[5]));
+        assert_eq!(q.duplicates, 1);
     }
 
     #[test]
