@@ -493,11 +493,15 @@ fn writer(conn: &Arc<TcpConnection>, l: usize, incarnation: u64, s: &TcpStream) 
 
 /// Reads records from a link, buffering what arrives beyond the current record. On a keyed
 /// link the socket's bytes are sealed frames: `raw` holds them until a whole one arrived,
-/// and `buf` its opened records.
+/// and `buf` its opened records. Every read marks the link heard from, as its bytes come:
+/// a long frame on a slow link takes longer than the silence that declares a link dead.
 struct RecordReader<'a> {
     s: &'a TcpStream,
-    /// Whose spare receive buffers a long frame is opened in.
+    /// Whose link this is, and whose spare receive buffers a long frame is opened in.
     conn: &'a TcpConnection,
+    link: usize,
+    /// The link's TCP connection this reader reads.
+    incarnation: u64,
     buf: BytesMut,
     open: Option<FrameKey>,
     raw: BytesMut,
@@ -506,26 +510,32 @@ struct RecordReader<'a> {
 }
 
 impl RecordReader<'_> {
-    /// Reads more into the buffer (on a keyed link: one whole frame, opened); returns the
-    /// bytes read from the socket. `Err` at the peer's close, and for a frame that does not
-    /// open.
-    fn fill(&mut self) -> io::Result<usize> {
+    /// Marks the link heard from, `n` bytes just read; `false` if it runs on another TCP
+    /// connection now (this reader's threads should stop).
+    fn heard(&self, n: usize) -> bool {
+        heard(&mut self.conn.lock(), self.link, self.incarnation, n)
+    }
+
+    /// Reads more into the buffer (on a keyed link: one whole frame, opened); returns
+    /// whether the link still runs on this reader's TCP connection. `Err` at the peer's
+    /// close, and for a frame that does not open.
+    fn fill(&mut self) -> io::Result<bool> {
         let Some(key) = &mut self.open else {
             if self.buf.capacity() - self.buf.len() < 512 {
                 self.buf.reserve(RECORD_READ);
             }
             return match sys::read_into(self.s, &mut self.buf, RECORD_READ)? {
                 0 => Err(io::ErrorKind::UnexpectedEof.into()),
-                n => Ok(n),
+                n => Ok(self.heard(n)),
             };
         };
-        let mut got = 0;
+        let mut current = true;
         // a little at first: the length, and whole any short frames after it (ACKs); the
         // rest of a long one goes straight into its own memory
         while self.raw.len() < 4 {
             match sys::read_into(self.s, &mut self.raw, RECORD_READ)? {
                 0 => return Err(io::ErrorKind::UnexpectedEof.into()),
-                n => got += n,
+                n => current = heard(&mut self.conn.lock(), self.link, self.incarnation, n),
             }
         }
         let len = [self.raw[0], self.raw[1], self.raw[2], self.raw[3]];
@@ -554,7 +564,7 @@ impl RecordReader<'_> {
                 let want = body - v.len();
                 match sys::read_into_vec(self.s, &mut v, want)? {
                     0 => return Err(io::ErrorKind::UnexpectedEof.into()),
-                    n => got += n,
+                    n => current = heard(&mut self.conn.lock(), self.link, self.incarnation, n),
                 }
             }
             BytesMut::from(Bytes::from(v))
@@ -568,21 +578,15 @@ impl RecordReader<'_> {
         } else {
             self.buf.extend_from_slice(&frame);
         }
-        Ok(got)
+        Ok(current)
     }
 
     /// The next `len` bytes, whole: what is buffered, then straight from the socket into
     /// `spare`'s memory (on a keyed link, from the opened frames).
-    fn payload(
-        &mut self,
-        len: usize,
-        spare: Vec<u8>,
-        mut on_read: impl FnMut(usize),
-    ) -> io::Result<Bytes> {
+    fn payload(&mut self, len: usize, spare: Vec<u8>) -> io::Result<Bytes> {
         if self.open.is_some() {
             while self.buf.len() < len {
-                let n = self.fill()?;
-                on_read(n);
+                self.fill()?;
             }
         }
         if self.buf.len() >= len {
@@ -608,7 +612,9 @@ impl RecordReader<'_> {
             let want = len - out.len();
             match sys::read_into_vec(self.s, &mut out, want)? {
                 0 => return Err(io::ErrorKind::UnexpectedEof.into()),
-                n => on_read(n),
+                n => {
+                    self.heard(n);
+                }
             }
         }
         Ok(Bytes::from(out))
@@ -631,6 +637,8 @@ fn reader(
     let mut r = RecordReader {
         s,
         conn,
+        link: l,
+        incarnation,
         buf,
         open,
         raw,
@@ -663,7 +671,9 @@ fn reader(
 
 /// Marks link `l` as heard from now; `false` if its threads should stop.
 fn heard(st: &mut State, l: usize, incarnation: u64, bytes: usize) -> bool {
-    let link = &mut st.links[l];
+    let Some(link) = st.links.get_mut(l) else {
+        return false;
+    };
     link.last_rx = Instant::now();
     link.bytes_received += bytes as u64;
     link.incarnation == incarnation
@@ -692,11 +702,11 @@ fn read_records(
             match Record::parse(&r.buf) {
                 Ok(Some(x)) => break x,
                 Ok(None) => {
-                    let n = r.fill().map_err(|e| {
+                    let current = r.fill().map_err(|e| {
                         r.failed = Some(e.kind());
                         None
                     })?;
-                    if !heard(&mut conn.lock(), l, incarnation, n) {
+                    if !current {
                         return Ok(());
                     }
                 }
@@ -717,14 +727,10 @@ fn read_records(
                 };
                 let spare = st.spare_recv.take();
                 drop(st);
-                let data = r
-                    .payload(len as usize, spare, |n| {
-                        let _ = heard(&mut conn.lock(), l, incarnation, n);
-                    })
-                    .map_err(|e| {
-                        r.failed = Some(e.kind());
-                        None
-                    })?;
+                let data = r.payload(len as usize, spare).map_err(|e| {
+                    r.failed = Some(e.kind());
+                    None
+                })?;
                 let Some(mut st) = current(conn, l, incarnation) else {
                     return Ok(());
                 };
@@ -814,8 +820,7 @@ fn read_records(
             }
             Record::Ping => {}
             Record::Close { code, reason_len } => {
-                let reason =
-                    (r.payload(usize::from(reason_len), Vec::new(), |_| {})).unwrap_or_default();
+                let reason = (r.payload(usize::from(reason_len), Vec::new())).unwrap_or_default();
                 let reason = String::from_utf8_lossy(&reason[..reason.len().min(MAX_REASON)]);
                 let st = conn.lock();
                 let why = if code != 0 {
@@ -1143,6 +1148,8 @@ mod tests {
         let mut r = RecordReader {
             s: &s,
             conn: &conn,
+            link: 0,
+            incarnation: 0,
             buf: BytesMut::new(),
             open: None,
             raw: BytesMut::new(),
@@ -1155,10 +1162,74 @@ mod tests {
             }
             let start = r.buf.as_ptr() as usize;
             let read = start..start + r.buf.len();
-            let piece = r.payload(len, Vec::new(), |_| {}).unwrap();
+            let piece = r.payload(len, Vec::new()).unwrap();
             assert_eq!(&piece[..], &vec![7u8; len][..]);
             let shares = read.contains(&(piece.as_ptr() as usize));
             assert_eq!(shares, len >= RECORD_READ, "a payload of {len} bytes");
         }
+    }
+
+    /// A keyed link is heard from as a frame's bytes arrive, not only once the frame is
+    /// whole: a long frame trickling in over a slow link (here a run of 256 KiB over about a
+    /// second, against 100 ms of silence that declares a link dead) keeps its link up, and
+    /// its bytes are read.
+    #[test]
+    fn a_keyed_link_is_heard_from_while_a_long_frame_trickles_in() {
+        use ri2n_proto::tcp::chunk::{header, Kind};
+        use ri2n_proto::tcp::keys::server_handshake;
+        use ri2n_proto::ConnectionConfig;
+        use std::net::TcpListener;
+
+        let key = Key::from_bytes([3; 32]);
+        let (client, first) = ClientLinkHandshake::start(&key, 1, 0);
+        let (answer, server_keys) = server_handshake(&key, 1, 0, &first).unwrap();
+        let mut client_keys = client.finish(&answer).unwrap();
+        let cfg = ConnectionConfig::default().with_probe_interval(Duration::from_millis(100));
+        let settings = super::super::conn::Settings::new(&cfg, 1, Some(key));
+        let conn = TcpConnection::new(settings, Role::Server, Vec::new());
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (s, _) = listener.accept().unwrap();
+        attach(&conn, 0, s, BytesMut::new(), Some(server_keys)).unwrap();
+        let watching = conn.clone();
+        std::thread::spawn(move || watch(&watching));
+        // one frame: a round, a run of 256 KiB, and the run's bytes (one stream chunk)
+        const RUN: usize = 256 << 10;
+        let mut records = Vec::new();
+        Record::Round {
+            pos: 0,
+            backward: false,
+        }
+        .encode(&mut records);
+        Record::Run { len: RUN as u32 }.encode(&mut records);
+        let mut run = header(Kind::Stream, RUN - 5).to_vec();
+        run.resize(RUN, 7);
+        let mut frame = Vec::new();
+        let frame = client_keys
+            .seal
+            .seal(&[&records, &run], &mut frame)
+            .to_vec();
+        let up = || conn.lock().links[0].connected();
+        for piece in frame.chunks(frame.len() / 100 + 1) {
+            assert!(up(), "the link was declared dead while its frame came");
+            peer.write_all(piece).unwrap();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut got = vec![0u8; RUN];
+        let mut n = 0;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while n < RUN - 5 && Instant::now() < deadline {
+            match conn.read(&mut got[n..], false) {
+                Ok(k) => n += k,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                Err(e) => panic!("reading: {e}"),
+            }
+        }
+        assert_eq!(n, RUN - 5, "the run's bytes were read");
+        assert!(got[..n].iter().all(|&b| b == 7));
+        assert!(up());
+        conn.lock().end(None);
     }
 }
