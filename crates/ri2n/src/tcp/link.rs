@@ -669,6 +669,18 @@ fn reader(
     }
 }
 
+/// The new bytes `range` of a run's `data`, to keep until they are read: a slice of it, or
+/// a copy when they are less than half of it. A slice keeps the whole run's memory alive,
+/// and a peer repairing long runs that each bring one new byte would otherwise make the
+/// receiver hold a run's memory per byte of its window.
+fn kept(data: &Bytes, range: std::ops::Range<usize>) -> Bytes {
+    if range.len() * 2 < data.len() {
+        Bytes::copy_from_slice(&data[range])
+    } else {
+        data.slice(range)
+    }
+}
+
 /// Marks link `l` as heard from now; `false` if its threads should stop.
 fn heard(st: &mut State, l: usize, incarnation: u64, bytes: usize) -> bool {
     let Some(link) = st.links.get_mut(l) else {
@@ -739,7 +751,7 @@ fn read_records(
                     .map_err(|_| violation("stream bytes outside the receive window"))?;
                 for g in new {
                     let (s, e) = ((g.start - offset) as usize, (g.end - offset) as usize);
-                    st.recv.insert(g.start, data.slice(s..e));
+                    st.recv.insert(g.start, kept(&data, s..e));
                 }
                 // an ACK when everything so far arrived (a message's or a burst's end), else
                 // every ACK_EVERY bytes; the watch thread sends what is left within a tick
@@ -1167,6 +1179,19 @@ mod tests {
             let shares = read.contains(&(piece.as_ptr() as usize));
             assert_eq!(shares, len >= RECORD_READ, "a payload of {len} bytes");
         }
+    }
+
+    /// What is kept of a run pins the run's memory only when it is most of it.
+    #[test]
+    fn a_few_new_bytes_of_a_long_run_are_kept_in_memory_of_their_own() {
+        let data = Bytes::from(vec![5u8; 4 << 20]);
+        let run = data.as_ptr() as usize..data.as_ptr() as usize + data.len();
+        let one = kept(&data, 1000..1001);
+        assert_eq!(&one[..], &[5]);
+        assert!(!run.contains(&(one.as_ptr() as usize)), "a byte pins 4 MiB");
+        let most = kept(&data, 0..3 << 20);
+        assert_eq!(most.len(), 3 << 20);
+        assert_eq!(most.as_ptr(), data.as_ptr(), "most of the run is copied");
     }
 
     /// A keyed link is heard from as a frame's bytes arrive, not only once the frame is
