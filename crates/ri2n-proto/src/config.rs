@@ -48,8 +48,9 @@ pub struct ConnectionConfig {
     /// queue counts as still when none left it for half this age: paths slower than one
     /// datagram per half age (about 1.2 Mbit/s at the default) want a longer one.
     pub datagram_max_age: Duration,
-    /// Bytes of received datagrams not yet read that are kept (default 1 MiB); datagrams
-    /// arriving beyond it are dropped.
+    /// Memory received datagrams not yet read may hold (default 1 MiB): their buffers and a
+    /// little for each (so that many empty ones count too); datagrams arriving beyond it
+    /// are dropped.
     pub datagram_receive_buffer: usize,
     /// Longest a received datagram is held for an earlier one still missing, to deliver them
     /// in sending order (default 5 ms; zero: deliver as they arrive). A missing datagram is

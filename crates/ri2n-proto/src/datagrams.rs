@@ -490,6 +490,17 @@ struct LinkDeliveries {
     last_resent: Option<(u64, Instant)>,
 }
 
+/// What a received datagram costs beyond its buffer's capacity, as the receive limit counts
+/// it: its place in a queue and the allocator's bookkeeping. Empty datagrams cost memory
+/// too: counted by their bytes alone, a peer sending them could grow the queue without end.
+const DATAGRAM_OVERHEAD: usize = 64;
+
+/// The memory datagram buffer `d` holds, as the receive limit counts it: its capacity (a
+/// copy may get a larger buffer than its bytes, for reuse), and [`DATAGRAM_OVERHEAD`].
+fn charge(d: &Vec<u8>) -> usize {
+    d.capacity() + DATAGRAM_OVERHEAD
+}
+
 /// How many runs of given-up datagram numbers the receiver remembers, so that one arriving
 /// late (sent again after a link failure) is still delivered once and a second copy is not.
 /// A run costs the same however many numbers it holds: a peer's jump of the numbers costs
@@ -526,7 +537,8 @@ pub(crate) struct IncomingDatagrams {
     /// Numbers below `next` given up on and not arrived since (the newest `SKIPPED_RUNS`
     /// runs of them): the only ones below `next` still delivered.
     skipped: RangeSet,
-    /// Bytes in `ready`, `held` and `joining`.
+    /// Memory `ready`, `held` and `joining` hold: each buffer's capacity and
+    /// [`DATAGRAM_OVERHEAD`] (see [`charge`]). What `limit` bounds.
     bytes: usize,
     limit: usize,
     /// The number of the next datagram to deliver.
@@ -626,9 +638,11 @@ impl IncomingDatagrams {
             return false;
         }
         let before = self.ready.len();
-        if self.bytes + data.len() > self.limit {
+        // what it will cost at least (its copy may get a larger buffer)
+        let cost = data.len() + DATAGRAM_OVERHEAD;
+        if self.bytes + cost > self.limit {
             // make room by giving up on the missing ones the held datagrams wait for
-            while self.bytes + data.len() > self.limit && self.release_first_held() {}
+            while self.bytes + cost > self.limit && self.release_first_held() {}
             if seq < self.next {
                 // given up on by that, with the held ones before which it was missing: it
                 // arrived late, once (a piece of it now belongs to a datagram already lost)
@@ -637,7 +651,7 @@ impl IncomingDatagrams {
                     return self.ready.len() > before;
                 }
             }
-            if self.bytes + data.len() > self.limit {
+            if self.bytes + cost > self.limit {
                 if part == DatagramPart::Whole {
                     self.received += 1;
                     self.dropped += 1;
@@ -651,10 +665,10 @@ impl IncomingDatagrams {
                 return self.ready.len() > before;
             }
         }
-        self.bytes += data.len();
         if seq > self.next && !self.hold.is_zero() {
             self.reordered += 1;
             let copy = self.copy_of(data);
+            self.bytes += charge(&copy);
             self.held.insert(seq, (part, copy));
             self.held_since.push_back((now, seq));
             return self.ready.len() > before;
@@ -664,6 +678,7 @@ impl IncomingDatagrams {
             // (dropping it would not make it any less late)
             self.received += 1;
             let copy = self.copy_of(data);
+            self.bytes += charge(&copy);
             self.ready.push_back(copy);
         } else {
             self.skip_to(seq);
@@ -685,7 +700,11 @@ impl IncomingDatagrams {
             if part == DatagramPart::Whole {
                 let data = match data {
                     Payload::Held(d) => d,
-                    Payload::Arrived(d) => self.copy_of(d),
+                    Payload::Arrived(d) => {
+                        let copy = self.copy_of(d);
+                        self.bytes += charge(&copy);
+                        copy
+                    }
                 };
                 self.ready.push_back(data);
             } else {
@@ -693,12 +712,15 @@ impl IncomingDatagrams {
                 let room = self.largest_joined.max(data.len());
                 let data = match data {
                     Payload::Held(mut d) => {
+                        self.bytes -= charge(&d);
                         d.reserve(room - d.len());
+                        self.bytes += charge(&d);
                         d
                     }
                     Payload::Arrived(d) => {
                         let mut joined = Vec::with_capacity(room);
                         joined.extend_from_slice(d);
+                        self.bytes += charge(&joined);
                         joined
                     }
                 };
@@ -719,16 +741,19 @@ impl IncomingDatagrams {
                 self.dropped += 1;
             }
             self.orphaned = part == DatagramPart::Middle;
-            self.bytes -= data.len();
             if let Payload::Held(d) = data {
+                self.bytes -= charge(&d);
                 self.recycle(d);
             }
             return;
         }
         let (last, joined) = self.joining.as_mut().expect("a datagram being joined");
         *last = seq;
+        let before = charge(joined);
         joined.extend_from_slice(data.bytes());
+        self.bytes += charge(joined) - before;
         if let Payload::Held(d) = data {
+            self.bytes -= charge(&d);
             self.recycle(d);
         }
         if part == DatagramPart::Last {
@@ -742,7 +767,7 @@ impl IncomingDatagrams {
     fn drop_joining(&mut self) {
         if let Some((last, joined)) = self.joining.take() {
             tracing::debug!(last, len = joined.len(), "incomplete datagram dropped");
-            self.bytes -= joined.len();
+            self.bytes -= charge(&joined);
             self.dropped += 1;
             self.recycle(joined);
         }
@@ -835,7 +860,7 @@ impl IncomingDatagrams {
 
     pub fn pop(&mut self) -> Option<Vec<u8>> {
         let d = self.ready.pop_front()?;
-        self.bytes -= d.len();
+        self.bytes -= charge(&d);
         Some(d)
     }
 
@@ -1360,10 +1385,45 @@ mod tests {
         }
     }
 
+    /// The receive limit counts the memory received datagrams hold, not only their bytes:
+    /// empty ones fill it too, and so do small ones copied into buffers sized for the
+    /// larger ones seen before.
+    #[test]
+    fn the_receive_limit_counts_memory_not_only_bytes() {
+        let now = Instant::now();
+        let limit = 64 << 10;
+        let mut q = IncomingDatagrams::new(limit, Duration::ZERO);
+        for seq in 0..100_000u64 {
+            q.push(now, 0, seq, &[]);
+        }
+        assert_eq!(q.waiting().1, limit / DATAGRAM_OVERHEAD);
+        assert_eq!(q.dropped, 100_000 - (limit / DATAGRAM_OVERHEAD) as u64);
+        let mut q = IncomingDatagrams::new(limit, Duration::ZERO);
+        q.push(now, 0, 0, &[0; 1400]);
+        q.pop();
+        for seq in 1..10_000u64 {
+            q.push(now, 0, seq, &[1]);
+        }
+        let held: usize = std::iter::from_fn(|| q.pop())
+            .map(|d| d.capacity() + DATAGRAM_OVERHEAD)
+            .sum();
+        // (the last one taken may pass the limit by its buffer: what a copy costs is known
+        // once it is made)
+        assert!(
+            held <= limit + 1400 + DATAGRAM_OVERHEAD,
+            "{held} bytes held"
+        );
+        assert!(
+            held > limit / 2,
+            "the premise: the limit was reached ({held})"
+        );
+    }
+
     #[test]
     fn the_receive_queue_drops_what_does_not_fit() {
         let now = Instant::now();
-        let mut q = IncomingDatagrams::new(150, Duration::from_millis(5));
+        // a 100-byte datagram costs 164 bytes (its buffer and the overhead)
+        let mut q = IncomingDatagrams::new(300, Duration::from_millis(5));
         assert!(q.push(now, 0, 0, &[1; 100]));
         assert!(!q.push(now, 0, 1, &[2; 100]));
         assert_eq!((q.received, q.dropped), (2, 1));
@@ -1524,8 +1584,9 @@ mod tests {
     fn a_frame_that_makes_room_by_giving_up_on_held_pieces_is_delivered_once_and_whole() {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
-        // pieces 2 and 3 of a datagram whose first piece (1) is missing wait for it
-        let mut q = IncomingDatagrams::new(250, ms(5));
+        // pieces 2 and 3 of a datagram whose first piece (1) is missing wait for it; each
+        // 100-byte frame costs 164 bytes of the 400
+        let mut q = IncomingDatagrams::new(400, ms(5));
         q.push_piece(t0, 1, 2, DatagramPart::Middle, &[2; 100]);
         q.push_piece(t0, 1, 3, DatagramPart::Last, &[3; 100]);
         assert!(q.push(t0, 0, 0, &[9; 100]));
@@ -1537,7 +1598,7 @@ mod tests {
         );
         assert_eq!(q.pop(), None);
         // the same with a datagram in pieces: its first piece arrives last
-        let mut q = IncomingDatagrams::new(250, ms(5));
+        let mut q = IncomingDatagrams::new(400, ms(5));
         q.push_piece(t0, 1, 1, DatagramPart::Middle, &[2; 100]);
         q.push_piece(t0, 1, 2, DatagramPart::Last, &[3; 100]);
         q.push_piece(t0, 0, 0, DatagramPart::First, &[1; 100]);
