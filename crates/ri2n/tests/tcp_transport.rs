@@ -568,3 +568,79 @@ fn a_client_that_breaks_the_framing_is_refused_or_told_why() {
     peer.read_exact(&mut got).unwrap();
     assert_eq!(&got, b"still here");
 }
+
+/// Strangers that connect to a TCP-transport server and trickle bytes that never make a
+/// hello are let go once the hello's time is up, counted from their connection (a byte now
+/// and then no longer holds a thread and a descriptor for hours), and past 64 waiting at
+/// once, one more is closed at once. A real client still connects meanwhile.
+#[test]
+fn strangers_that_say_no_hello_are_let_go_in_time() {
+    use std::net::TcpStream;
+    use std::time::Instant;
+    let server = Endpoint::bind(
+        EndpointConfig::new(addrs(&["127.0.0.1:0"]))
+            .with_transport(Transport::Tcp)
+            .server(),
+    )
+    .unwrap();
+    let to = server.local_addrs()[0];
+    let start = Instant::now();
+    let mut trickler = TcpStream::connect(to).unwrap();
+    let waiting: Vec<TcpStream> = (0..63).map(|_| TcpStream::connect(to).unwrap()).collect();
+    // one too many: closed at once, without a byte
+    std::thread::sleep(Duration::from_millis(200));
+    let mut extra = TcpStream::connect(to).unwrap();
+    extra
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    assert_eq!(
+        extra.read(&mut byte).unwrap(),
+        0,
+        "a 65th stranger was taken"
+    );
+    // the trickler sends a good hello a byte a second; it is let go within the hello's
+    // 5 s all told, not 5 s after its last byte
+    let mut hello = Vec::new();
+    ri2n_proto::tcp::frame::Hello {
+        connection_id: 0x7e57,
+        link: 0,
+        new_connection: true,
+        keyed: false,
+        takes_messages: false,
+        window: 1 << 20,
+        application: None,
+    }
+    .encode(&mut hello);
+    assert!(hello.len() > 12, "the premise: the hello outlasts its time");
+    let mut next = hello.iter();
+    trickler.set_nonblocking(true).unwrap();
+    let closed = loop {
+        match trickler.read(&mut byte) {
+            Ok(0) => break start.elapsed(),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            other => panic!("the stranger read {other:?}"),
+        }
+        if start.elapsed() > Duration::from_secs(12) {
+            panic!("a trickling stranger was still held after 12 s");
+        }
+        // a write fails once the server closed it: that counts as let go too
+        let b = *next.next().expect("the hello was read whole");
+        if trickler.write_all(&[b]).is_err() {
+            break start.elapsed();
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    assert!(closed < Duration::from_secs(8), "let go after {closed:?}");
+    drop(waiting);
+    // the server goes on: a client connects and is accepted
+    let client =
+        Endpoint::bind(EndpointConfig::new(addrs(&["127.0.0.1:0"])).with_transport(Transport::Tcp))
+            .unwrap();
+    let mut c = client.connect(&[to], ConnectionConfig::default()).unwrap();
+    let mut s = server.accept().unwrap();
+    c.write_all(b"hello").unwrap();
+    let mut got = [0u8; 5];
+    s.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"hello");
+}

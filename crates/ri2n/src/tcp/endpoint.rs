@@ -10,7 +10,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -26,8 +26,13 @@ use super::sys;
 use crate::readiness::Readiness;
 use crate::Error;
 
-/// How long a server waits for a new TCP connection's hello.
+/// How long a server waits for a new TCP connection's hello, all of it (with a key, the
+/// handshake message too).
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// New TCP connections a listening address reads hellos from at once, each on a thread; one
+/// more is closed at once. Strangers connecting and saying nothing cost at most this many
+/// threads and descriptors, for [`HELLO_TIMEOUT`] each.
+const MAX_HELLOS: usize = 64;
 
 /// A TCP-transport endpoint.
 #[derive(Debug)]
@@ -374,8 +379,10 @@ fn spawn_watch(conn: &Arc<TcpConnection>) -> Result<(), Error> {
         .map_err(Error::Io)
 }
 
-/// Accepts TCP connections until the endpoint closes; each says hello on its own thread.
+/// Accepts TCP connections until the endpoint closes; each says hello on its own thread
+/// (at most [`MAX_HELLOS`] at once).
 fn listen(ep: &Weak<TcpEndpoint>, l: &TcpListener) {
+    let hellos = Arc::new(AtomicUsize::new(0));
     loop {
         let Ok((stream, _)) = l.accept() else {
             match ep.upgrade() {
@@ -386,23 +393,43 @@ fn listen(ep: &Weak<TcpEndpoint>, l: &TcpListener) {
                 _ => return,
             }
         };
-        let ep = ep.clone();
-        let _ = std::thread::Builder::new()
+        if hellos.fetch_add(1, Ordering::SeqCst) >= MAX_HELLOS {
+            hellos.fetch_sub(1, Ordering::SeqCst);
+            let _ = stream.shutdown(Shutdown::Both);
+            continue;
+        }
+        let (ep, count) = (ep.clone(), hellos.clone());
+        let spawned = std::thread::Builder::new()
             .name("ri2n-tcp-hello".into())
             .spawn(move || {
-                if let Some((hello, handshake, leftover)) = read_hello(&stream) {
+                let read = read_hello(&stream);
+                count.fetch_sub(1, Ordering::SeqCst);
+                if let Some((hello, handshake, leftover)) = read {
                     if let Some(ep) = ep.upgrade() {
                         ep.on_hello(&hello, handshake, stream, leftover);
                     }
                 }
             });
+        if spawned.is_err() {
+            hellos.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 
 /// The client's hello, its handshake message (a keyed hello) and what followed them; `None`
-/// (the TCP connection closed) for anything else within [`HELLO_TIMEOUT`].
+/// (the TCP connection closed) for anything else, or for what is not whole within
+/// [`HELLO_TIMEOUT`] (counted from the connection, not from its last byte: a stranger
+/// sending a byte now and then would otherwise hold its thread for hours).
 fn read_hello(s: &TcpStream) -> Option<(Hello, Option<Vec<u8>>, BytesMut)> {
-    s.set_read_timeout(Some(HELLO_TIMEOUT)).ok()?;
+    let deadline = Instant::now() + HELLO_TIMEOUT;
+    let read = |buf: &mut BytesMut| -> Option<usize> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        s.set_read_timeout(Some(left)).ok()?;
+        sys::read_into(s, buf, 512).ok().filter(|&n| n > 0)
+    };
     let mut buf = BytesMut::with_capacity(512);
     let hello = loop {
         match Hello::parse(&buf) {
@@ -410,10 +437,9 @@ fn read_hello(s: &TcpStream) -> Option<(Hello, Option<Vec<u8>>, BytesMut)> {
                 let _ = buf.split_to(n);
                 break h;
             }
-            Ok(None) if buf.len() < 1024 => match sys::read_into(s, &mut buf, 512) {
-                Ok(n) if n > 0 => {}
-                _ => return None,
-            },
+            Ok(None) if buf.len() < 1024 => {
+                read(&mut buf)?;
+            }
             _ => {
                 let _ = s.shutdown(Shutdown::Both);
                 return None;
@@ -425,9 +451,9 @@ fn read_hello(s: &TcpStream) -> Option<(Hello, Option<Vec<u8>>, BytesMut)> {
             if let Some(m) = link::take_handshake(&mut buf) {
                 break Some(m);
             }
-            match sys::read_into(s, &mut buf, 512) {
-                Ok(n) if n > 0 && buf.len() < 4096 => {}
-                _ => return None,
+            read(&mut buf)?;
+            if buf.len() >= 4096 {
+                return None;
             }
         }
     } else {
