@@ -20,8 +20,8 @@ use crate::udp_connection::UdpConnection;
 /// endpoint lives; dropping the endpoint's last handle waits (up to its `close_linger`) for
 /// what was written to be delivered (see [`Endpoint::close`](crate::Endpoint::close)). What
 /// the peer had sent unread, or sends after the drop, nobody reads: once what was written is
-/// delivered, the connection is aborted (UDP transport), so the peer's writes fail instead
-/// of blocking on a full window, as TCP resets a connection closed with data unread.
+/// delivered, the connection is aborted (on either transport), so the peer's writes fail
+/// instead of blocking on a full window, as TCP resets a connection closed with data unread.
 ///
 /// On the TCP transport ([`Transport::Tcp`](crate::Transport::Tcp)) a connection carries the
 /// byte stream and whole messages, in one striped sequence: a message waits behind stream
@@ -40,13 +40,19 @@ enum Inner {
     Tcp(TcpHandle),
 }
 
-/// The application's handle on a TCP-transport connection: dropping it finishes the stream.
+/// Why a connection whose application let go of it with data unread is aborted, on either
+/// transport (as TCP resets a connection closed with data unread).
+pub(crate) const UNREAD: &str =
+    "the peer's application closed the connection without reading all it was sent";
+
+/// The application's handle on a TCP-transport connection: dropping it finishes the stream
+/// (and, should the peer's data then go unread, aborts it: see `link::watch`).
 #[derive(Debug)]
 struct TcpHandle(Arc<TcpConnection>);
 
 impl Drop for TcpHandle {
     fn drop(&mut self) {
-        let _ = self.0.finish();
+        self.0.release();
     }
 }
 

@@ -644,3 +644,42 @@ fn strangers_that_say_no_hello_are_let_go_in_time() {
     s.read_exact(&mut got).unwrap();
     assert_eq!(&got, b"hello");
 }
+
+/// A server that accepts a connection and drops it unread, its client still writing: once
+/// what the server wrote (nothing) is delivered, the client is told that nobody reads, as on
+/// the UDP transport. Its writes used to be taken until the window was full, then block for
+/// ever, the connection's threads held on both sides.
+#[test]
+fn a_client_writing_to_a_dropped_connection_is_told_nobody_reads() {
+    let (server, client) = pair();
+    let mut conn = client
+        .connect(&server.local_addrs(), ConnectionConfig::default())
+        .unwrap();
+    conn.write_all(b"hello").unwrap();
+    drop(server.accept().unwrap());
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let chunk = vec![7u8; 1 << 20];
+        let mut written = 0u64;
+        let end = loop {
+            match conn.write_all(&chunk) {
+                Ok(()) => written += chunk.len() as u64,
+                Err(e) => break e,
+            }
+            if written >= 1 << 30 {
+                break std::io::Error::other("1 GiB written and taken");
+            }
+        };
+        let _ = done.send((end, written, conn.close_reason()));
+    });
+    let (e, written, reason) = result
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the client's writes still block 20 s after the server dropped it");
+    match reason {
+        Some(ConnectionError::PeerAborted { reason, .. }) => {
+            assert!(reason.contains("without reading"), "{reason}")
+        }
+        other => panic!("after {written} bytes: {e}, with {other:?}"),
+    }
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionAborted, "{e}");
+}

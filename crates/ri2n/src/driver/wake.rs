@@ -10,12 +10,9 @@ use mio::Waker;
 use ri2n_proto::{ConnectionState, Event, LinkState};
 use smallvec::SmallVec;
 
-use crate::connection::TimedEvent;
+use crate::connection::{TimedEvent, UNREAD};
 
 use super::{Shared, State, MAX_QUEUED_EVENTS};
-
-/// Why a connection whose application let go of it with data unread is aborted.
-const UNREAD: &str = "the peer's application closed the connection without reading all it was sent";
 
 impl Shared {
     /// Moves engine events to the per-connection queues; returns whom to wake (the caller

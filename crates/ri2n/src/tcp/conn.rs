@@ -252,6 +252,8 @@ pub(crate) struct State {
     /// memory is not faulted in and zeroed by the kernel again for every buffer.
     pub spare_send: Spares,
     pub spare_recv: Spares,
+    /// The application let go of its handle: nothing here reads any more.
+    pub released: bool,
 }
 
 /// Most buffers [`Spares`] waits for others to let go of.
@@ -521,6 +523,26 @@ impl State {
         waiting.peek().is_none() || waiting.any(|s| super::sys::held(s) == 0)
     }
 
+    /// Sequence bytes that arrived and were not read (or not yet split into the streams).
+    pub fn holds_unread(&self) -> bool {
+        !(self.recv.is_empty()
+            && self.stream_in.is_empty()
+            && self.messages.is_empty()
+            && self.message_part.is_empty())
+    }
+
+    /// Ends the connection now, the links telling the peer `reason` (code at least 1: a
+    /// CLOSE with code 0 reads as a clean close).
+    pub fn abort(&mut self, code: u64, reason: &str) {
+        if self.end.is_none() {
+            self.close_record = (code.max(1), reason.to_owned());
+            for l in &mut self.links {
+                l.close_due = l.connected();
+            }
+            self.end(Some(ConnectionError::LocallyAborted));
+        }
+    }
+
     /// Both streams are complete: everything this side wrote was acknowledged, and the
     /// peer's whole stream arrived.
     pub fn done(&self) -> bool {
@@ -599,6 +621,7 @@ impl TcpConnection {
             cipher: None,
             spare_send: Spares::new(settings.send_buffer),
             spare_recv: Spares::new(settings.window),
+            released: false,
         };
         Arc::new(Self {
             state: Mutex::new(st),
@@ -985,17 +1008,17 @@ impl TcpConnection {
 
     /// Ends the connection now, telling the peer why.
     pub fn abort(&self, code: u64, reason: &str) {
-        let mut st = self.lock();
-        if st.end.is_none() {
-            // a CLOSE with code 0 reads as a clean close
-            st.close_record = (code.max(1), reason.to_owned());
-            for l in &mut st.links {
-                l.close_due = l.connected();
-            }
-            st.end(Some(ConnectionError::LocallyAborted));
-        }
-        drop(st);
+        self.lock().abort(code, reason);
         self.wake();
+    }
+
+    /// The application let go of its handle: the stream is finished, and the watch aborts
+    /// the connection once what this side wrote is delivered if the peer's data then goes
+    /// unread, as the UDP transport does (its writes would otherwise be taken until the
+    /// window is full, then wait for ever).
+    pub fn release(&self) {
+        self.lock().released = true;
+        let _ = self.finish();
     }
 
     /// Ends the connection as its endpoint closes: the peer gets a CLOSE (code 0: it reads a

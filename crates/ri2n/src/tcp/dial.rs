@@ -66,9 +66,17 @@ pub(super) fn dial(conn: &Arc<TcpConnection>, l: usize, local: SocketAddr, remot
             let _ = attach(conn, l, x.stream, x.leftover, x.keys);
         }
         Ok(x) if x.reply.status == HelloStatus::UnknownConnection => {
-            st.end(Some(ConnectionError::PeerRestarted));
-            drop(st);
-            conn.wake();
+            // the server no longer knows the connection: it restarted, or it ended the
+            // connection a moment ago and a link still up carries the CLOSE that says why
+            // (its reader ends the connection with that); a restarted host resets those
+            // links too, and the next dial finds none up
+            if st.links.iter().any(|l| l.connected()) {
+                st.links[l].refused_since.get_or_insert_with(Instant::now);
+            } else {
+                st.end(Some(ConnectionError::PeerRestarted));
+                drop(st);
+                conn.wake();
+            }
         }
         Ok(_) => {}
         Err(e) => note_failure(&mut st.links[l], &e, started),

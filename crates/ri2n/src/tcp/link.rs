@@ -886,6 +886,14 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
             }
             continue;
         }
+        // let go of by its application with the peer's data unread, once all it wrote is
+        // delivered (the reader still acknowledges what arrives)
+        if st.released && st.striper.all_acknowledged() && st.holds_unread() {
+            st.abort(0, crate::connection::UNREAD);
+            drop(st);
+            conn.wake();
+            continue;
+        }
         // both streams complete and acknowledged: one CLOSE, on the first up link
         if st.done() && !st.links.iter().any(|l| l.ack_due) {
             if let Some(i) = st.links.iter().position(|l| l.connected()) {
