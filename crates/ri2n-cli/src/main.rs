@@ -124,10 +124,11 @@ Exit codes:
   1  the interface cannot be created, or no longer read (the connections are closed
      first); status, reload: no daemon answers (reload: or it cannot be signalled, or it
      did not read the file within 5 s)
-  2  the configuration or the key is bad (the message names the file and line); reload:
-     or the daemon kept the file in use (the message says why)
-  5  cannot bind a link address (in use, or none of them an address of this host) or the
-     --metrics address";
+  2  the configuration or the key is bad (the message names the file and line), or
+     without --name no host of the file has a link address of this machine; reload: or the
+     daemon kept the file in use (the message says why)
+  5  cannot bind a link address (in use, or with --name none of the host's addresses is
+     one of this machine) or the --metrics address";
 
 /// The cluster key and the transport (send, recv, serve, bench).
 #[derive(Args, Debug, Clone)]
