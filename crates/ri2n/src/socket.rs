@@ -522,8 +522,14 @@ impl LinkSocket {
         let failed = result
             .as_ref()
             .is_err_and(|e| e.kind() != io::ErrorKind::WouldBlock);
-        if failed && self.take_errors_of(io.as_raw_fd()) > 0 {
-            // the error was an ICMP message's, queued for us: the datagrams still wait
+        if failed {
+            // the socket's pending error, an ICMP message's: the call returned it instead of
+            // the datagrams, which still wait. Its entry in the error queue, if any (none
+            // when the receive queue is full: the error queue is charged to the same
+            // buffer), tells whom it was about. The failed call took the error: try again
+            // whatever the queue held, or a full socket watched edge-triggered is never
+            // read again (datagrams dropped on a full queue wake nobody)
+            self.take_errors_of(io.as_raw_fd());
             result = batch.receive(io, state, take);
         }
         batch.count = match result {
@@ -1074,6 +1080,41 @@ mod tests {
         assert_eq!(peer.send(sock.local, &data, Some(100)), SendOutcome::Sent);
         let expected: Vec<_> = data.chunks(100).map(|c| (peer.local, c.to_vec())).collect();
         assert_eq!(take_one_at_a_time(&sock, 3), expected);
+    }
+
+    /// An ICMP error that arrives while the socket's receive queue is full leaves no entry
+    /// in its error queue (that is charged to the same buffer), only the socket's pending
+    /// error, which the next receive returns: the datagrams waiting behind it are still
+    /// received, at once, not left until some other arrival.
+    #[test]
+    fn datagrams_behind_a_pending_error_are_still_received() {
+        let sock = LinkSocket::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        socket2::SockRef::from(&sock.io)
+            .set_recv_buffer_size(0)
+            .unwrap();
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+        for i in 0..64u8 {
+            peer.send_to(&datagram(&[i; 1000]), sock.local).unwrap();
+        }
+        // a port nobody listens on answers "port unreachable"
+        let gone = UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        assert_eq!(sock.send(gone, &datagram(b"x"), None), SendOutcome::Sent);
+        std::thread::sleep(Duration::from_millis(50));
+        let mut batch = RecvBatch::for_sockets(std::slice::from_ref(&sock)).unwrap();
+        let got = sock.recv(&mut batch, Take::Batch);
+        assert!(
+            matches!(got, Ok(Received::Drained | Received::MoreMayWait)),
+            "{got:?}"
+        );
+        let mut n = 0;
+        sock.deliver(&mut batch, &mut |_, from, _| {
+            assert_eq!(from, peer.local_addr().unwrap());
+            n += 1;
+        });
+        assert!(n > 0);
     }
 
     #[test]
