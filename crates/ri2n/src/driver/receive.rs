@@ -66,6 +66,12 @@ impl Receiver {
         }
     }
 
+    /// Puts source `i` in single takes (as a batch receive that found one datagram does).
+    #[cfg(test)]
+    pub(super) fn take_singly(&mut self, i: usize) {
+        self.single_takes[i] = SINGLE_TAKES;
+    }
+
     /// Notes what a receive from source `i` found.
     fn note(&mut self, i: usize, take: Take, r: Received) {
         if take == Take::Batch && r != Received::Nothing {
@@ -153,14 +159,20 @@ impl Shared {
             self.sources()
                 .filter(move |&j| j != i && self.receiver_of(j) == group)
         };
+        // another thread was turned away from `i` (its edge-triggered wake-up spent): it
+        // counts on this one to drain the source, not to take one datagram alone
+        let mut drain = false;
         loop {
             // announce first, then try: a holder that lets go after a failed try sees it
-            self.receive_wanted[i].store(true, Ordering::SeqCst);
+            drain |= self.receive_wanted[i].swap(true, Ordering::SeqCst);
             let Ok(mut rx) = self.receivers[group].try_lock() else {
                 return (received, taken);
             };
             self.receive_wanted[i].store(false, Ordering::SeqCst);
-            let take = rx.take_for(i, waiting_call);
+            let take = match drain {
+                true => Take::Batch,
+                false => rx.take_for(i, waiting_call),
+            };
             let r = self.take_in_batch(i, &mut rx, take);
             rx.note(i, take, r);
             #[cfg(test)]

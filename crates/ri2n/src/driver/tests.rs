@@ -60,6 +60,53 @@ fn a_request_response_exchange_is_received_one_datagram_at_a_time() {
     );
 }
 
+/// A waiting call that takes one datagram alone (single takes) while the driver thread was
+/// turned away from the same socket drains the socket instead: the driver thread's
+/// edge-triggered wake-up is spent, and what the call left would wait for the next arrival.
+#[test]
+fn a_waiting_call_drains_a_socket_the_driver_thread_was_turned_away_from() {
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+
+    // no connection: nothing else arrives meanwhile
+    let endpoint =
+        Endpoint::bind(crate::EndpointConfig::new(one_link()).with_shards(Some(1))).unwrap();
+    let udp = endpoint.udp().expect("a UDP endpoint");
+    let shared = udp.drivers[0].shared();
+    let to = endpoint.local_addrs()[0];
+    let rx = shared.receivers[0].lock().unwrap();
+    let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    for i in 0..3u8 {
+        let d = [
+            ri2n_proto::wire::VERSION,
+            ri2n_proto::wire::packet_type::SHORT,
+            i,
+        ];
+        peer.send_to(&[&d[..], &[0; 40]].concat(), to).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !shared.receive_wanted[0].load(Ordering::SeqCst) {
+        assert!(Instant::now() < deadline, "the driver thread never tried");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut rx = rx;
+    rx.take_singly(0);
+    drop(rx);
+    shared.take_in(0, true);
+    let mut queued: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int into `queued`, which lives through the call.
+    let rc = unsafe {
+        libc::ioctl(
+            shared.sockets[0].io.as_raw_fd(),
+            libc::FIONREAD,
+            &mut queued,
+        )
+    };
+    assert_eq!(rc, 0);
+    assert_eq!(queued, 0, "datagrams left in the socket");
+}
+
 /// A client endpoint of one shard (so its connection is on the driver a test holds up),
 /// with `send_threads`, connected to a server: (server, client, the client's connection,
 /// the server's).
