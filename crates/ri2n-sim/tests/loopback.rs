@@ -1103,3 +1103,71 @@ fn a_receiver_that_stalls_now_and_then_keeps_every_link_up() {
     );
     assert!(changes.is_empty(), "{changes:?}");
 }
+
+/// A receiver's window update goes on a link in use, never on an acknowledgement sent over
+/// one that is not: there it is lost for as long as the link is dead, and nothing sends it
+/// again (an ack-only packet is not in flight, and only that link's acknowledgements could
+/// show it lost), which stalls the sender for good. Here the server's return path on link 0
+/// dies and link 1 dies both ways while the client is held up by the window; the client's
+/// probes keep arriving on link 0 and are acknowledged there. Link 1 heals, link 0's return
+/// path never does; the transfer completes over link 1. (The fault times are some at which
+/// the server had an update in flight when it failed: each stalled before.)
+#[test]
+fn a_window_update_is_not_left_on_a_link_that_is_down() {
+    let ms = Duration::from_millis;
+    for start in [20_548, 23_562, 30_549, 41_509, 52_606] {
+        let mut tb = Testbed::new(
+            TestbedConfig::new(2)
+                .with_buffers(64 << 10, 64 << 10)
+                .with_capture(Dir::BToA, Capture::first(1_000_000)),
+        );
+        tb.establish();
+        let total = 8 << 20;
+        let mut t = Transfer::new(total, 0, 0, true);
+        tb.advance(Duration::from_micros(start), |s| t.pump(s));
+        let fault = tb.now();
+        tb.apply(Action::SetStatus {
+            link: 0,
+            dir: Some(Dir::BToA),
+            status: LinkStatus::Blackhole,
+        });
+        tb.apply(Action::blackhole(1));
+        tb.advance(ms(3000), |s| t.pump(s));
+        let sh = tb.sh.expect("accepted");
+        let link0 = tb.server.connection(sh).unwrap().stats().links[0].state;
+        assert_ne!(
+            link0,
+            LinkState::Up,
+            "the premise: the server's link 0 is down"
+        );
+        let acks_on_link0 = (tb.captured(Dir::BToA).iter())
+            .filter(|c| c.at > fault + ms(1000))
+            .filter_map(|c| match wire::decode_packet(&c.bytes) {
+                Ok((Header::Short { link, .. }, payload)) if link.0 == 0 => Some(payload),
+                _ => None,
+            })
+            .flat_map(|p| wire::Frames::new(p).flatten())
+            .filter(|f| matches!(f, wire::Frame::Ack { .. }))
+            .count();
+        assert!(
+            acks_on_link0 > 0,
+            "the premise: the client's probes were acknowledged"
+        );
+        let before_heal = t.got_s;
+        assert!(
+            before_heal < total,
+            "the premise: the transfer was under way"
+        );
+        tb.apply(Action::up(1));
+        let limit = tb.now() + Duration::from_secs(30);
+        while !t.complete(&tb) {
+            assert!(
+                tb.now() < limit,
+                "fault at {start} us: stalled at {} of {total} bytes read ({before_heal} before \
+                 the heal)",
+                t.got_s
+            );
+            tb.advance(ms(10), |s| t.pump(s));
+        }
+    }
+}

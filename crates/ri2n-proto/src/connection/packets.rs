@@ -374,16 +374,24 @@ impl Connection {
                 l.ack.on_sent();
             }
         }
-        // control frames
+        // Control frames go only on a link in use (up, or degraded and still acknowledged).
+        // An acknowledgement sent over any other (the last arrival link while none is up) is
+        // lost for as long as that link is dead, and nothing declares it lost: it is not in
+        // flight, and only that link's acknowledgements could show the gap. A window update
+        // on it would stall the peer for good; they wait for a link in use instead.
+        let control_end = match self.links[i].state {
+            LinkState::Up | LinkState::Degraded => end_of_frames,
+            _ => w.len(),
+        };
         for s in 0..2 {
-            if self.max_data_pending[s] && end_of_frames - w.len() >= 11 {
+            if self.max_data_pending[s] && control_end - w.len() >= 11 {
                 self.max_data_pending[s] = false;
                 wire::write_max_stream_data(&mut w, s as u8, self.recv[s].max_data_sent);
                 frames.push(SentFrame::MaxStreamData { stream: s as u8 });
                 ack_eliciting = true;
             }
         }
-        while end_of_frames - w.len() >= 3 {
+        while control_end - w.len() >= 3 {
             let Some((link, status)) = self.link_status_pending.pop() else {
                 break;
             };
