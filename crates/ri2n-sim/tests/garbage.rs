@@ -627,7 +627,9 @@ fn unknown_connection_flood_is_answered_at_a_bounded_rate() {
 fn scattered_one_byte_frames_keep_reassembly_bookkeeping_bounded() {
     let mut sim = Testbed::new(TestbedConfig::new(1).with_buffers(8 << 20, 8 << 20));
     sim.establish();
-    let mut t = Transfer::new(2_000_000, 0, 0, true);
+    // long enough to outlast the flood: once the client's streams end, the forged data past
+    // the message stream's end ends the connection, and the rest of the flood is not read
+    let mut t = Transfer::new(20_000_000, 0, 0, true);
     sim.advance(Duration::from_millis(2), |s| t.pump(s));
     let cid = sim.server_cid().unwrap();
     let (local, remote) = sim.pairs()[0];

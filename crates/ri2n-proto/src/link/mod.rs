@@ -348,13 +348,15 @@ impl Link {
         let Some(acked) = self.recovery.on_ack(now, ranges, largest, out) else {
             return;
         };
-        let mut in_flight = acked.in_flight_before;
         for pkt in &out.acked[acked_from..] {
             let size = u64::from(pkt.size);
             if pkt.in_flight {
                 self.rate.on_delivered(size);
-                self.cc.on_ack(size, pkt.time, in_flight);
-                in_flight -= size;
+                // whether the window was in use is judged once for the frame, by what was in
+                // flight when it came (PROTOCOL.md §7.1): counted down packet by packet, the
+                // later packets of a frame acknowledging most of the window would not let it
+                // grow, and slow start would not double it
+                self.cc.on_ack(size, pkt.time, acked.in_flight_before);
             }
             if pkt.probe && usize::from(pkt.size) >= self.pmtu.base() {
                 self.probing.on_full_probe_acked();
@@ -915,6 +917,29 @@ mod tests {
         assert!(!link.is_measured());
         let window_rate = link.cc.window() as f64 / link.rtt.srtt.as_secs_f64();
         assert!(link.delivery_rate(late) >= window_rate);
+    }
+
+    /// One acknowledgement of a whole window in slow start doubles it: every packet it
+    /// acknowledges is judged by what was in flight when it came (PROTOCOL.md §7.1), not by
+    /// what is left as the frame's packets are counted off one by one.
+    #[test]
+    fn a_window_acknowledged_in_one_frame_doubles_in_slow_start() {
+        let (mut link, t0) = up_link(1472);
+        link.seed_rtt(Duration::from_micros(200));
+        let before = link.cc.window();
+        let pns: Vec<u64> = (0..before / 1472)
+            .map(|_| link.on_sent(t0, 1472, data_packet(t0, 1472)))
+            .collect();
+        let last = *pns.last().unwrap();
+        link.on_ack(
+            t0 + Duration::from_micros(200),
+            [(pns[0], last)].into_iter(),
+            last,
+            Duration::ZERO,
+            &mut AckOutcome::default(),
+        );
+        assert!(link.cc.in_slow_start());
+        assert_eq!(link.cc.window(), 2 * before);
     }
 
     #[test]
