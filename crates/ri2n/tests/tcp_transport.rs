@@ -683,3 +683,38 @@ fn a_client_writing_to_a_dropped_connection_is_told_nobody_reads() {
     }
     assert_eq!(e.kind(), std::io::ErrorKind::ConnectionAborted, "{e}");
 }
+
+/// The TCP transport checks a connection's configuration as the UDP transport does (a
+/// window of zero is refused, not waited on for ever), and a handshake timeout beyond the
+/// clock's range means no limit: it panicked adding it to the clock.
+#[test]
+fn connect_checks_its_configuration_as_on_udp() {
+    let (server, client) = pair();
+    let to = server.local_addrs();
+    let bad = ConnectionConfig::default().with_stream_receive_window(0);
+    for (transport, result) in [
+        ("tcp", client.connect(&to, bad.clone()).map(drop)),
+        (
+            "udp",
+            Endpoint::client(&addrs(&["127.0.0.1:0"]))
+                .unwrap()
+                .connect(&to, bad.clone())
+                .map(drop),
+        ),
+    ] {
+        assert!(
+            matches!(
+                result,
+                Err(ri2n::Error::Connect(ri2n::ConnectError::InvalidConfig(_)))
+            ),
+            "{transport}: {result:?}"
+        );
+    }
+    let unlimited = ConnectionConfig::default().with_handshake_timeout(Duration::MAX);
+    let mut c = client.connect(&to, unlimited).unwrap();
+    let mut s = server.accept().unwrap();
+    c.write_all(b"on").unwrap();
+    let mut got = [0u8; 2];
+    s.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"on");
+}

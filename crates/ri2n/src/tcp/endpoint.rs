@@ -26,6 +26,8 @@ use super::sys;
 use crate::readiness::Readiness;
 use crate::Error;
 
+/// What a timeout beyond the clock's range waits for: as good as for ever.
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// How long a server waits for a new TCP connection's hello, all of it (with a key, the
 /// handshake message too).
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -131,8 +133,13 @@ impl TcpEndpoint {
             window: config.stream_receive_window,
             application: config.application.clone(),
         };
+        // the checks the UDP transport's engine makes (a zero window or buffer would wait
+        // for ever)
+        config.validate().map_err(Error::Connect)?;
         let timeout = config.handshake_timeout;
-        let deadline = Instant::now() + timeout;
+        // a timeout beyond the clock's range (`Duration::MAX`) waits as long as it takes
+        let now = Instant::now();
+        let deadline = (now.checked_add(timeout)).unwrap_or(now + FOREVER);
         let timed_out = || Error::Connection(ConnectionError::TimedOut(timeout));
         // raced attempts, as the dialer's: a lost SYN is made up for at once, not in a second
         let mut race = Race::new(local, first_remote, config.probe_interval);
