@@ -417,3 +417,46 @@ fn closing_during_a_handshake_with_nothing_written_delivers_everything() {
     let r = attempt.join().unwrap();
     assert!(r.is_err(), "{r:?}");
 }
+
+/// A server whose connection the client aborted, with nothing written on either side, had
+/// nothing to deliver when it closes: `close` says so, on either transport. It reported
+/// `NotDelivered` with 1 connection and 0 bytes (the end of the server's stream, which the
+/// aborted peer never acknowledges).
+#[test]
+fn closing_after_the_peer_aborted_with_nothing_written_delivers_everything() {
+    for transport in [Transport::Udp, Transport::Tcp] {
+        let config = |server: bool| {
+            let c = EndpointConfig::new(vec![loopback("127.0.0.1")]).with_transport(transport);
+            if server {
+                c.server()
+            } else {
+                c
+            }
+        };
+        let server = Endpoint::bind(config(true)).unwrap();
+        let client = Endpoint::bind(config(false)).unwrap();
+        let conn = client
+            .connect(&server.local_addrs(), ConnectionConfig::default())
+            .unwrap();
+        let accepted = server.accept().unwrap();
+        conn.abort(7, "done");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while accepted.close_reason().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "{transport:?}: the abort never arrived"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(
+            matches!(
+                accepted.close_reason(),
+                Some(ConnectionError::PeerAborted { code: 7, .. })
+            ),
+            "{transport:?}: the premise: {:?}",
+            accepted.close_reason()
+        );
+        let closed = server.close(Some(Duration::from_secs(1)));
+        assert!(closed.is_ok(), "{transport:?}: {closed:?}");
+    }
+}

@@ -55,7 +55,7 @@ use std::time::{Duration, Instant};
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
-use ri2n_proto::{ConnectionError, ConnectionHandle, ConnectionState, Endpoint as ProtoEndpoint};
+use ri2n_proto::{ConnectionHandle, ConnectionState, Endpoint as ProtoEndpoint};
 
 use crate::connection::TimedEvent;
 use crate::outgoing::{lanes_wanted, Backlog, Lane, Outgoing};
@@ -400,21 +400,14 @@ impl Shared {
             };
             let clean = c.state() == ConnectionState::Closed && c.close_reason().is_none();
             let buffered = c.stats().send_buffered;
-            // a connection never set up (its handshake going on, or failed), with nothing
-            // written, had nothing to deliver
-            let never_set_up = c.state() == ConnectionState::Connecting
-                || matches!(
-                    c.close_reason(),
-                    Some(
-                        ConnectionError::TimedOut(_)
-                            | ConnectionError::Refused
-                            | ConnectionError::NotAccepting
-                            | ConnectionError::ServerFull
-                            | ConnectionError::WrongApplication { .. }
-                            | ConnectionError::KeyMismatch(_)
-                    )
-                );
-            let nothing_to_deliver = never_set_up && buffered == 0;
+            // a connection never set up (its handshake going on, or failed), or one that
+            // ended (the peer aborted it), with nothing written unacknowledged, had nothing
+            // to deliver: only the end of its stream, which no peer is waiting for
+            let settled = matches!(
+                c.state(),
+                ConnectionState::Connecting | ConnectionState::Closed
+            );
+            let nothing_to_deliver = settled && buffered == 0;
             if !(clean || c.is_send_complete() || nothing_to_deliver) {
                 undelivered.connections += 1;
                 undelivered.bytes += buffered;
