@@ -98,7 +98,10 @@ impl Connection {
     /// Largest message [`send_message`](Self::send_message) accepts, in bytes: the smaller of
     /// this side's send buffer and the peer's receive window, less 8 bytes of framing (just
     /// under 8 MiB with the default configuration). A larger message fails with an error of
-    /// kind [`io::ErrorKind::InvalidInput`]; larger data belongs on the byte stream.
+    /// kind [`io::ErrorKind::InvalidInput`]; larger data belongs on the byte stream. While the
+    /// handshake of [`Endpoint::start_connect`](crate::Endpoint::start_connect) is under way
+    /// the peer's window is not known: this is 0, and a message sent meanwhile waits for the
+    /// handshake's end (`WouldBlock` from the non-blocking calls).
     pub fn max_message_size(&self) -> usize {
         match &self.inner {
             Inner::Udp(c) => c.max_message_size(),

@@ -1072,3 +1072,48 @@ fn paths_in_use_get_connected_sockets_that_close_with_their_connection() {
         "path sockets still open after their connection closed"
     );
 }
+
+/// A message sent while the handshake is still under way (`start_connect`) waits for it:
+/// a non-blocking send says `WouldBlock`, a blocking one returns once the connection is up,
+/// and the message arrives. Both said the message was too large (limit 0) while the peer's
+/// window was not known yet.
+#[test]
+fn a_message_sent_during_the_handshake_waits_for_it() {
+    let p = pair();
+    // the client's packets vanish until the test lets them through: the handshake waits
+    let switches: Vec<_> = (p.client.local_addrs().iter())
+        .map(|&a| p.client.impairment(a).unwrap())
+        .collect();
+    for s in &switches {
+        s.set_down(true);
+    }
+    let conn = p
+        .client
+        .start_connect(&p.server.local_addrs(), ConnectionConfig::default())
+        .unwrap();
+    assert_eq!(
+        conn.state(),
+        ri2n::ConnectionState::Connecting,
+        "the premise"
+    );
+    let early = conn.try_send_message(b"early");
+    assert!(
+        early
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
+        "{early:?}"
+    );
+    let sender = thread::spawn(move || {
+        conn.send_message(b"hello").unwrap();
+        conn
+    });
+    thread::sleep(Duration::from_millis(100));
+    assert!(!sender.is_finished(), "sent before the handshake");
+    for s in &switches {
+        s.set_down(false);
+    }
+    let conn = sender.join().unwrap();
+    let peer = p.server.accept().unwrap();
+    assert_eq!(peer.recv_message().unwrap().as_deref(), Some(&b"hello"[..]));
+    assert!(conn.max_message_size() > 0);
+}

@@ -599,7 +599,8 @@ impl Connection {
         Ok(n)
     }
 
-    /// Largest message [`send_message`](Self::send_message) accepts.
+    /// Largest message [`send_message`](Self::send_message) accepts: 0 until the handshake
+    /// has told the peer's receive window (a message sent meanwhile waits for it).
     pub fn max_message_size(&self) -> usize {
         let limit = self
             .cfg
@@ -622,6 +623,18 @@ impl Connection {
         if self.handshake.peer_accepts & wire::accepts::MESSAGES == 0 {
             return Err(WriteError::MessagesRefused);
         }
+        let mut header = [0u8; 8];
+        let hlen = {
+            let mut w = Writer::new(&mut header);
+            w.varint(msg.len() as u64);
+            w.len()
+        };
+        if self.state == ConnectionState::Connecting {
+            // the largest message is known once the peer's window is: wait for it (the
+            // handshake's end makes the message stream writable)
+            self.write_wants = Some((MESSAGE_STREAM, (hlen + msg.len()) as u64));
+            return Err(WriteError::Blocked);
+        }
         let limit = self.max_message_size();
         if msg.len() > limit {
             return Err(WriteError::MessageTooLarge {
@@ -629,12 +642,6 @@ impl Connection {
                 limit,
             });
         }
-        let mut header = [0u8; 8];
-        let hlen = {
-            let mut w = Writer::new(&mut header);
-            w.varint(msg.len() as u64);
-            w.len()
-        };
         let stream = &mut self.send[MESSAGE_STREAM];
         if stream.room() < (hlen + msg.len()) as u64 {
             self.write_wants = Some((MESSAGE_STREAM, (hlen + msg.len()) as u64));
@@ -1224,6 +1231,11 @@ impl Connection {
             from: LinkState::Validating,
             to: LinkState::Up,
         });
+        // a message sent during the handshake waited for the peer's window
+        if self.write_wants.is_some_and(|(s, _)| s == MESSAGE_STREAM) {
+            self.write_wants = None;
+            self.event(Event::Writable);
+        }
         // confirm at once, so the server may start sending
         self.ping_pending = Some(0);
         let given = remotes.len() > 1;
