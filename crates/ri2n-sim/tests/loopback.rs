@@ -1173,3 +1173,56 @@ fn a_window_update_is_not_left_on_a_link_that_is_down() {
         }
     }
 }
+
+/// A writer blocked on the message stream is woken when that stream has room, also after
+/// another writer blocked on the byte stream (whose reader reads nothing): each stream keeps
+/// its own wait. The byte stream's blocked write erased the message stream's, and the
+/// message sender was never woken.
+#[test]
+fn writers_blocked_on_both_streams_are_each_woken() {
+    let ms = Duration::from_millis;
+    let mut tb = Testbed::new(TestbedConfig::new(1).with_buffers(64 << 10, 64 << 10));
+    tb.establish();
+    let ch = tb.ch;
+    let sh = tb.sh.expect("accepted");
+    let chunk = vec![1u8; 16 << 10];
+    let msg = vec![2u8; 24 << 10];
+    // the byte stream fills: the server does not read it
+    let mut blocked = (false, false);
+    for _ in 0..200 {
+        let c = tb.client.connection_mut(ch).unwrap();
+        while c.write(&chunk).is_ok_and(|n| n > 0) {}
+        while c.send_message(&msg).is_ok() {}
+        tb.advance(ms(5), |_| {});
+        let c = tb.client.connection_mut(ch).unwrap();
+        blocked = (
+            c.write(&chunk) == Err(ri2n_proto::WriteError::Blocked),
+            c.send_message(&msg) == Err(ri2n_proto::WriteError::Blocked),
+        );
+        if blocked == (true, true) {
+            break;
+        }
+    }
+    assert_eq!(blocked, (true, true), "the premise: both streams are full");
+    // the message stream blocked first, then the byte stream
+    let c = tb.client.connection_mut(ch).unwrap();
+    assert_eq!(c.send_message(&msg), Err(ri2n_proto::WriteError::Blocked));
+    assert_eq!(c.write(&chunk), Err(ri2n_proto::WriteError::Blocked));
+    while tb.client.poll_event().is_some() {}
+    // the server reads its messages (not the byte stream): the message stream drains
+    let mut writable = false;
+    for _ in 0..100 {
+        let s = tb.server.connection_mut(sh).unwrap();
+        while let Ok(Some(_)) = s.recv_message() {}
+        tb.advance(ms(5), |_| {});
+        while let Some((h, e)) = tb.client.poll_event() {
+            writable |= h == ch && e == Event::Writable;
+        }
+        if writable {
+            break;
+        }
+    }
+    assert!(writable, "the message writer was never woken");
+    let c = tb.client.connection_mut(ch).unwrap();
+    assert_eq!(c.send_message(&msg), Ok(()));
+}

@@ -179,8 +179,9 @@ pub struct Connection {
     events: VecDeque<Event>,
     readable_signalled: bool,
     datagrams: Datagrams,
-    /// A blocked writer: the stream it writes and the room it waits for.
-    write_wants: Option<(usize, u64)>,
+    /// Blocked writers, per stream: the room each waits for. One per stream, so that a
+    /// writer blocked on one stream does not erase the wake-up of another's.
+    write_wants: [Option<u64>; 2],
     /// [`Event::AllAcknowledged`] was emitted.
     all_acknowledged: bool,
     scheduling: Scheduling,
@@ -507,7 +508,7 @@ impl Connection {
                 arrivals_resumed: None,
                 answered: None,
             },
-            write_wants: None,
+            write_wants: [None; 2],
             all_acknowledged: false,
             scheduling: Scheduling::default(),
             last_rx: now,
@@ -559,7 +560,7 @@ impl Connection {
             // wake the writer only once a quarter of the buffer is free: waking it for every
             // acknowledged packet costs a context switch per few kilobytes
             let want = (stream.capacity() / 4).clamp(1, data.len() as u64);
-            self.write_wants = Some((BYTE_STREAM, want));
+            self.write_wants[BYTE_STREAM] = Some(want);
             return Err(WriteError::Blocked);
         }
         Ok(n)
@@ -593,7 +594,7 @@ impl Connection {
     fn taken_or_blocked(&mut self, n: usize, len: usize) -> Result<usize, WriteError> {
         if n == 0 && len > 0 {
             let want = (len as u64).min(self.send[BYTE_STREAM].capacity()).max(1);
-            self.write_wants = Some((BYTE_STREAM, want));
+            self.write_wants[BYTE_STREAM] = Some(want);
             return Err(WriteError::Blocked);
         }
         Ok(n)
@@ -632,7 +633,7 @@ impl Connection {
         if self.state == ConnectionState::Connecting {
             // the largest message is known once the peer's window is: wait for it (the
             // handshake's end makes the message stream writable)
-            self.write_wants = Some((MESSAGE_STREAM, (hlen + msg.len()) as u64));
+            self.write_wants[MESSAGE_STREAM] = Some((hlen + msg.len()) as u64);
             return Err(WriteError::Blocked);
         }
         let limit = self.max_message_size();
@@ -644,7 +645,7 @@ impl Connection {
         }
         let stream = &mut self.send[MESSAGE_STREAM];
         if stream.room() < (hlen + msg.len()) as u64 {
-            self.write_wants = Some((MESSAGE_STREAM, (hlen + msg.len()) as u64));
+            self.write_wants[MESSAGE_STREAM] = Some((hlen + msg.len()) as u64);
             return Err(WriteError::Blocked);
         }
         stream.write(&header[..hlen]);
@@ -1116,11 +1117,15 @@ impl Connection {
             self.datagrams.outgoing.requeue(now, &mut out.stranded);
         }
         out.probes_acked = 0;
-        if let Some((stream, want)) = self.write_wants {
-            if self.send[stream].room() >= want {
-                self.write_wants = None;
-                self.event(Event::Writable);
+        let mut writable = false;
+        for (want, stream) in self.write_wants.iter_mut().zip(&self.send) {
+            if want.is_some_and(|w| stream.room() >= w) {
+                *want = None;
+                writable = true;
             }
+        }
+        if writable {
+            self.event(Event::Writable);
         }
         if !self.all_acknowledged && self.is_send_complete() {
             self.all_acknowledged = true;
@@ -1232,8 +1237,7 @@ impl Connection {
             to: LinkState::Up,
         });
         // a message sent during the handshake waited for the peer's window
-        if self.write_wants.is_some_and(|(s, _)| s == MESSAGE_STREAM) {
-            self.write_wants = None;
+        if self.write_wants[MESSAGE_STREAM].take().is_some() {
             self.event(Event::Writable);
         }
         // confirm at once, so the server may start sending
