@@ -40,6 +40,11 @@ enum Inner {
     Tcp(TcpHandle),
 }
 
+/// State-change events kept per connection for the application, on either transport (oldest
+/// dropped beyond: a link flapping for hours while nobody polls must not grow memory without
+/// bound).
+pub(crate) const MAX_QUEUED_EVENTS: usize = 4096;
+
 /// Why a connection whose application let go of it with data unread is aborted, on either
 /// transport (as TCP resets a connection closed with data unread).
 pub(crate) const UNREAD: &str =

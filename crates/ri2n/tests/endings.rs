@@ -460,3 +460,51 @@ fn closing_after_the_peer_aborted_with_nothing_written_delivers_everything() {
         assert!(closed.is_ok(), "{transport:?}: {closed:?}");
     }
 }
+
+/// Both transports tell the same events: the second link added (to client and server) and,
+/// once everything written and the stream's end are acknowledged, `AllAcknowledged`. The TCP
+/// transport told neither.
+#[test]
+fn both_transports_tell_the_link_added_and_all_acknowledged() {
+    use ri2n::Event;
+    for transport in [Transport::Udp, Transport::Tcp] {
+        let addrs = vec![loopback("127.0.0.1"), loopback("127.0.0.2")];
+        let server = Endpoint::bind(
+            EndpointConfig::new(addrs.clone())
+                .with_transport(transport)
+                .server(),
+        )
+        .unwrap();
+        let client = Endpoint::bind(EndpointConfig::new(addrs).with_transport(transport)).unwrap();
+        let mut conn = client
+            .connect(&server.local_addrs(), ConnectionConfig::default())
+            .unwrap();
+        let accepted = server.accept().unwrap();
+        std::io::Write::write_all(&mut conn, b"x").unwrap();
+        conn.finish().unwrap();
+        conn.wait_acknowledged(Some(Duration::from_secs(5)))
+            .unwrap();
+        let (mut client_events, mut server_events) = (Vec::new(), Vec::new());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let added = |events: &[Event]| {
+            (events.iter()).any(|e| matches!(e, Event::LinkAdded { link } if link.0 == 1))
+        };
+        while !(added(&client_events) && added(&server_events)) && Instant::now() < deadline {
+            client_events.extend(conn.poll_events().into_iter().map(|e| e.event));
+            server_events.extend(accepted.poll_events().into_iter().map(|e| e.event));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(
+            added(&client_events),
+            "{transport:?}, client: {client_events:?}"
+        );
+        assert!(
+            added(&server_events),
+            "{transport:?}, server: {server_events:?}"
+        );
+        assert!(
+            client_events.contains(&Event::AllAcknowledged),
+            "{transport:?}: {client_events:?}"
+        );
+    }
+}

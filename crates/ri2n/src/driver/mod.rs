@@ -73,9 +73,6 @@ use receive::{recv_lane, Receiver, RecvLane};
 use transmit::lane;
 use wait::{CallerPoll, PollerTurn, Signal};
 
-/// State-change events kept per connection for the application (oldest dropped beyond: a
-/// link flapping for hours while nobody polls must not grow memory without bound).
-const MAX_QUEUED_EVENTS: usize = 4096;
 const WAKE_TOKEN: Token = Token(usize::MAX);
 /// The kernel's link-change notifications (see `carrier.rs`).
 const CARRIER_TOKEN: Token = Token(usize::MAX - 1);

@@ -10,9 +10,9 @@ use mio::Waker;
 use ri2n_proto::{ConnectionState, Event, LinkState};
 use smallvec::SmallVec;
 
-use crate::connection::{TimedEvent, UNREAD};
+use crate::connection::{TimedEvent, MAX_QUEUED_EVENTS, UNREAD};
 
-use super::{Shared, State, MAX_QUEUED_EVENTS};
+use super::{Shared, State};
 
 impl Shared {
     /// Moves engine events to the per-connection queues; returns whom to wake (the caller

@@ -236,7 +236,9 @@ pub(crate) struct State {
     /// Reading opened the window: the link writers have ACKs to send.
     pub acks_queued: bool,
     pub links: Vec<Link>,
-    pub events: Vec<TimedEvent>,
+    pub events: VecDeque<TimedEvent>,
+    /// [`Event::AllAcknowledged`] was told.
+    pub all_acknowledged_told: bool,
     /// `Some` once ended: `None` inside for a clean close.
     pub end: Option<Option<ConnectionError>>,
     pub ended_at: Option<Instant>,
@@ -323,10 +325,22 @@ impl Spares {
 
 impl State {
     pub fn event(&mut self, event: Event) {
-        self.events.push(TimedEvent {
+        if self.events.len() >= crate::connection::MAX_QUEUED_EVENTS {
+            self.events.pop_front();
+        }
+        self.events.push_back(TimedEvent {
             at: Instant::now(),
             event,
         });
+    }
+
+    /// Tells [`Event::AllAcknowledged`] once everything written, and the end of the stream,
+    /// is acknowledged (as the UDP transport does).
+    pub fn tell_if_all_acknowledged(&mut self) {
+        if !self.all_acknowledged_told && self.striper.all_acknowledged() {
+            self.all_acknowledged_told = true;
+            self.event(Event::AllAcknowledged);
+        }
     }
 
     pub fn set_link_state(&mut self, l: usize, to: LinkState) {
@@ -593,6 +607,7 @@ enum Incoming {
 
 impl TcpConnection {
     pub fn new(settings: Settings, role: Role, links: Vec<Link>) -> Arc<Self> {
+        let added = links.len().saturating_sub(1);
         let st = State {
             striper: Striper::new(settings.stripe, settings.peer_window),
             reasm: Reassembly::new(settings.window),
@@ -609,10 +624,18 @@ impl TcpConnection {
             ack_step: settings.window / 4,
             acks_queued: false,
             links,
-            events: vec![TimedEvent {
-                at: Instant::now(),
-                event: Event::Connected,
-            }],
+            // the links besides the first are added with the connection (the UDP transport
+            // adds the peer's other addresses once connected)
+            events: std::iter::once(Event::Connected)
+                .chain((1..=added).map(|i| Event::LinkAdded {
+                    link: LinkId(i as u8),
+                }))
+                .map(|event| TimedEvent {
+                    at: Instant::now(),
+                    event,
+                })
+                .collect(),
+            all_acknowledged_told: false,
             end: None,
             ended_at: None,
             all_down_since: None,
@@ -1064,7 +1087,7 @@ impl TcpConnection {
     }
 
     pub fn poll_events(&self) -> Vec<TimedEvent> {
-        std::mem::take(&mut self.lock().events)
+        std::mem::take(&mut self.lock().events).into()
     }
 
     pub fn stats(&self) -> ConnectionStats {

@@ -31,7 +31,7 @@ use ri2n_proto::tcp::frame::MAX_REASON;
 use ri2n_proto::tcp::keys::{ClientLinkHandshake, FrameKey, FrameKeys, MAX_FRAME};
 use ri2n_proto::tcp::{Hello, HelloReply, HelloStatus, LinkView, Record, Work};
 use ri2n_proto::Key;
-use ri2n_proto::{ConnectionError, LinkState};
+use ri2n_proto::{ConnectionError, Event, LinkId, LinkState};
 use smallvec::SmallVec;
 
 use super::conn::{Role, State, TcpConnection};
@@ -81,6 +81,12 @@ pub(crate) fn attach(
         // a link number the server had not seen: a placeholder until it opens
         st.links
             .push(super::conn::Link::new(local, remote, Instant::now()));
+        let added = st.links.len() - 1;
+        if added > 0 {
+            st.event(Event::LinkAdded {
+                link: LinkId(added as u8),
+            });
+        }
     }
     let now = Instant::now();
     let link = &mut st.links[l];
@@ -800,6 +806,7 @@ fn read_records(
                     if freed {
                         st.release();
                     }
+                    st.tell_if_all_acknowledged();
                     let done = st.done();
                     if done {
                         // both streams complete: say so, then end (the peer does too)
