@@ -238,7 +238,11 @@ impl Connection {
     }
 
     /// [`recv_datagram`](Self::recv_datagram), waiting at most `timeout` (`None`: as long as
-    /// it takes): an error of kind [`io::ErrorKind::TimedOut`] when none arrived in time.
+    /// it takes): an error of kind [`io::ErrorKind::TimedOut`] when none arrived in time. A
+    /// connection that ended on a timeout of its own (all links down too long, idle) fails
+    /// every call with that kind too, at once: its error carries the [`ConnectionError`]
+    /// (`e.get_ref()`), and [`close_reason`](Self::close_reason) tells the two apart, so a
+    /// loop that retries on `TimedOut` should look there.
     pub fn recv_datagram_timeout(&self, timeout: Option<Duration>) -> io::Result<Option<Vec<u8>>> {
         match &self.inner {
             Inner::Udp(c) => c.recv_datagram_timeout(timeout),
@@ -265,7 +269,9 @@ impl Connection {
 
     /// [`recv_message`](Self::recv_message), waiting at most `timeout` (`None`: as long as it
     /// takes): an error of kind [`io::ErrorKind::TimedOut`] when no whole message arrived in
-    /// time.
+    /// time, or at once when the connection ended on a timeout of its own (see
+    /// [`recv_datagram_timeout`](Self::recv_datagram_timeout)): retry only while
+    /// [`close_reason`](Self::close_reason) is `None`.
     pub fn recv_message_timeout(&self, timeout: Option<Duration>) -> io::Result<Option<Vec<u8>>> {
         match &self.inner {
             Inner::Udp(c) => c.recv_message_timeout(timeout),
