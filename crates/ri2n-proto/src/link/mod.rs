@@ -373,10 +373,16 @@ impl Link {
             self.counters.stream_bytes_acked += stream_bytes(frames);
         }
         let regular_sample = matches!(acked.newest, Some((pn, _, true)) if pn == acked.largest);
-        if let (false, Some((_, sent))) = (regular_sample, acked.newest_late) {
-            // the round trip grew beyond what the estimate allowed for: learn it
-            self.rtt
-                .update(now.saturating_duration_since(sent), ack_delay);
+        match (regular_sample, acked.newest_late) {
+            // the round trip grew beyond what the estimate allowed for: learn it. Only from
+            // the frame's largest: a late packet below it may have been acknowledged long
+            // after it arrived (after an outage, the first ACK lists again what the outage
+            // had us write off, and its age is the outage's)
+            (false, Some((pn, sent))) if pn == acked.largest => {
+                self.rtt
+                    .update(now.saturating_duration_since(sent), ack_delay);
+            }
+            _ => {}
         }
         let Some((_, sent_time, _)) = acked.newest else {
             return;
@@ -837,6 +843,54 @@ mod tests {
             link.delivery_rate(now)
         );
         assert!(!link.is_measured());
+    }
+
+    /// After an outage, the first acknowledgement may list again packets that the outage
+    /// had us write off, below a newer largest that cannot be timed (an acknowledgement-only
+    /// packet): their send time is the outage's start, no round trip. Only a late packet that
+    /// is the frame's largest gives a sample, as a newly acknowledged one does.
+    #[test]
+    fn packets_written_off_in_an_outage_and_acknowledged_after_it_give_no_sample() {
+        let ms = Duration::from_millis;
+        let (mut link, t0) = up_link(1472);
+        link.seed_rtt(ms(1));
+        for i in 0..10u64 {
+            let mut pkt = data_packet(t0, 1000);
+            pkt.frames.push(SentFrame::Stream {
+                stream: 0,
+                chunk: Chunk {
+                    offset: i * 960,
+                    len: 960,
+                    fin: false,
+                },
+            });
+            link.on_sent(t0, 1000, pkt);
+        }
+        link.demote(t0 + ms(20), LinkState::Down, &ConnectionConfig::default());
+        link.drain_in_flight(&mut AckOutcome::default());
+        let healed = t0 + Duration::from_secs(5);
+        let mut probe = data_packet(healed, 1200);
+        probe.in_flight = false;
+        probe.probe = true;
+        let pn = link.on_sent(healed, 1200, probe);
+        let mut ack_only = data_packet(healed, 60);
+        (ack_only.in_flight, ack_only.ack_eliciting) = (false, false);
+        let largest = link.on_sent(healed, 60, ack_only);
+        assert_eq!((pn, largest), (10, 11));
+        let mut out = AckOutcome::default();
+        link.on_ack(
+            healed + ms(1),
+            [(10, 11), (0, 9)].into_iter(),
+            largest,
+            Duration::ZERO,
+            &mut out,
+        );
+        assert_eq!(
+            out.acked_late.len(),
+            10,
+            "the premise: the written-off data came"
+        );
+        assert!(link.rtt.srtt < ms(10), "srtt {:?}", link.rtt.srtt);
     }
 
     #[test]
