@@ -141,17 +141,20 @@ impl Output {
 }
 
 /// Whether the data goes to stdout: `--output -` (or none), or a name for the very file
-/// stdout is (`/dev/stdout`, `/dev/fd/1`, the file stdout was redirected to).
+/// stdout is (`/dev/stdout`, `/dev/fd/1`, the file stdout was redirected to). Not when that
+/// file is `/dev/null`: data thrown away cannot mix with the summary (`--output /dev/null`
+/// from a script whose own stdout goes there too, as the benchmarks run it).
 pub fn writes_stdout(args: &RecvArgs) -> bool {
     use std::os::fd::AsFd;
     use std::os::unix::fs::MetadataExt;
     let Some(path) = args.output.as_ref().filter(|p| p.as_os_str() != "-") else {
         return true;
     };
-    let id = |m: std::fs::Metadata| (m.dev(), m.ino());
+    let id = |m: &std::fs::Metadata| (m.dev(), m.ino());
     let out = io::stdout().as_fd().try_clone_to_owned().map(File::from);
+    let null = std::fs::metadata("/dev/null").ok().map(|m| id(&m));
     match (std::fs::metadata(path), out.and_then(|f| f.metadata())) {
-        (Ok(a), Ok(b)) => id(a) == id(b),
+        (Ok(a), Ok(b)) => id(&a) == id(&b) && Some(id(&a)) != null,
         _ => false,
     }
 }

@@ -460,4 +460,27 @@ fn recv_json_with_the_data_on_stdout_is_refused() {
         assert!(err.contains("--json"), "{output}: {err}");
         assert!(o.stdout.is_empty(), "{output}: {:?}", o.stdout);
     }
+    // data thrown away, stdout thrown away too (a script's, the benchmarks'): nothing mixes
+    let listen = format!("127.0.0.1:{}", free_port());
+    let recv = Proc::spawn(
+        "ri2n recv",
+        Command::new(bin())
+            .args([
+                "recv",
+                "--listen",
+                &listen,
+                "--output",
+                "/dev/null",
+                "--json",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let input = TempFile::new("to-null");
+    write_random(input.path(), 1 << 20, 5);
+    let (s, o) = send_file(&listen, input.path(), &[]);
+    assert!(s.success(), "send: {}", stderr_of(&o));
+    let (s, o) = recv.wait(Duration::from_secs(10));
+    assert_eq!(s.code(), Some(0), "recv: {}", stderr_of(&o));
 }
