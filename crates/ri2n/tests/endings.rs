@@ -355,14 +355,22 @@ fn a_dropped_server_endpoint_accepts_nothing_more() {
 
 /// A server that accepts a connection and drops it at once, its client still writing: once
 /// what the server wrote (nothing) is delivered, the client is told that nobody reads, as TCP
-/// resets a connection closed with data unread. Its writes used to be acknowledged until the
-/// window was full, then block for ever (keepalives kept the connection up).
+/// resets a connection closed with data unread, on either transport. Its writes used to be
+/// acknowledged until the window was full, then block for ever (keepalives kept the
+/// connection up), the connection's threads held on both sides of the TCP transport.
 #[test]
 fn a_client_writing_to_a_dropped_connection_is_told_nobody_reads() {
+    for transport in [Transport::Udp, Transport::Tcp] {
+        a_client_writing_to_a_dropped_connection_is_told_nobody_reads_on(transport);
+    }
+}
+
+fn a_client_writing_to_a_dropped_connection_is_told_nobody_reads_on(transport: Transport) {
     use std::io::Write;
 
-    let server = Endpoint::server(&[loopback("127.0.0.1")]).unwrap();
-    let client = Endpoint::client(&[loopback("127.0.0.1")]).unwrap();
+    let config = EndpointConfig::new(vec![loopback("127.0.0.1")]).with_transport(transport);
+    let server = Endpoint::bind(config.clone().server()).unwrap();
+    let client = Endpoint::bind(config).unwrap();
     let mut conn = client
         .connect(&server.local_addrs(), ConnectionConfig::default())
         .unwrap();
@@ -385,14 +393,21 @@ fn a_client_writing_to_a_dropped_connection_is_told_nobody_reads() {
     });
     let (e, written, reason) = result
         .recv_timeout(Duration::from_secs(20))
-        .expect("the client's writes still block 20 s after the server dropped it");
+        .unwrap_or_else(|_| panic!("{transport:?}: the client's writes still block 20 s after"));
     match reason {
         Some(ConnectionError::PeerAborted { reason, .. }) => {
-            assert!(reason.contains("without reading"), "{reason}")
+            assert!(
+                reason.contains("without reading"),
+                "{transport:?}: {reason}"
+            )
         }
-        other => panic!("after {written} bytes: {e}, with {other:?}"),
+        other => panic!("{transport:?}: after {written} bytes: {e}, with {other:?}"),
     }
-    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionAborted, "{e}");
+    assert_eq!(
+        e.kind(),
+        std::io::ErrorKind::ConnectionAborted,
+        "{transport:?}: {e}"
+    );
     drop(server);
 }
 
