@@ -16,6 +16,12 @@ fn addrs(list: &[&str]) -> Vec<SocketAddr> {
     list.iter().map(|a| a.parse().unwrap()).collect()
 }
 
+/// A TCP-transport endpoint on one loopback address (any port), a server if `server`.
+fn on_one_address(server: bool) -> Endpoint {
+    let config = EndpointConfig::new(addrs(&["127.0.0.1:0"])).with_transport(Transport::Tcp);
+    Endpoint::bind(if server { config.server() } else { config }).unwrap()
+}
+
 fn pair() -> (Endpoint, Endpoint) {
     keyed_pair(None, None)
 }
@@ -415,9 +421,7 @@ fn messages_too_long_or_unwanted_are_refused() {
 fn a_tcp_client_of_a_udp_server_is_refused() {
     let server = Endpoint::server(&addrs(&["127.0.0.1:0"])).unwrap();
     let to = server.local_addrs()[0];
-    let client =
-        Endpoint::bind(EndpointConfig::new(addrs(&["127.0.0.1:0"])).with_transport(Transport::Tcp))
-            .unwrap();
+    let client = on_one_address(false);
     let e = client
         .connect(&[to], ConnectionConfig::default())
         .unwrap_err();
@@ -458,9 +462,7 @@ fn closing_the_client_endpoint_waits_for_delivery_and_says_when_it_failed() {
             .server(),
     )
     .unwrap();
-    let client =
-        Endpoint::bind(EndpointConfig::new(addrs(&["127.0.0.1:0"])).with_transport(Transport::Tcp))
-            .unwrap();
+    let client = on_one_address(false);
     let conn = client
         .connect(&server.local_addrs(), ConnectionConfig::default())
         .unwrap();
@@ -482,12 +484,7 @@ fn closing_the_client_endpoint_waits_for_delivery_and_says_when_it_failed() {
 fn a_client_that_breaks_the_framing_is_refused_or_told_why() {
     use ri2n_proto::tcp::frame::{Hello, HelloReply, HelloStatus, Record};
     use std::net::TcpStream;
-    let server = Endpoint::bind(
-        EndpointConfig::new(addrs(&["127.0.0.1:0"]))
-            .with_transport(Transport::Tcp)
-            .server(),
-    )
-    .unwrap();
+    let server = on_one_address(true);
     let to = server.local_addrs()[0];
     let say_hello = |link: u8| {
         let mut s = TcpStream::connect(to).unwrap();
@@ -561,9 +558,7 @@ fn a_client_that_breaks_the_framing_is_refused_or_told_why() {
 
 /// A new client of `server` (with `config`) connects, and what it writes is read.
 fn assert_serves_a_new_client(server: &Endpoint, config: ConnectionConfig) {
-    let client =
-        Endpoint::bind(EndpointConfig::new(addrs(&["127.0.0.1:0"])).with_transport(Transport::Tcp))
-            .unwrap();
+    let client = on_one_address(false);
     let mut conn = client.connect(&server.local_addrs(), config).unwrap();
     let mut peer = server.accept().unwrap();
     conn.write_all(b"still here").unwrap();
@@ -580,12 +575,7 @@ fn assert_serves_a_new_client(server: &Endpoint, config: ConnectionConfig) {
 fn strangers_that_say_no_hello_are_let_go_in_time() {
     use std::net::TcpStream;
     use std::time::Instant;
-    let server = Endpoint::bind(
-        EndpointConfig::new(addrs(&["127.0.0.1:0"]))
-            .with_transport(Transport::Tcp)
-            .server(),
-    )
-    .unwrap();
+    let server = on_one_address(true);
     let to = server.local_addrs()[0];
     let start = Instant::now();
     let mut trickler = TcpStream::connect(to).unwrap();
