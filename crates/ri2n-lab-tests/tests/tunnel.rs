@@ -2001,3 +2001,55 @@ fn flows_spread_over_the_interface_queues_and_each_stays_on_one() {
     ));
     stop_daemons(&mut daemons);
 }
+
+/// The switch of network 1, the first network of every host in the cluster file, is dead
+/// when the daemons start: each connects to its peers over network 2 (its handshakes take the
+/// peers' addresses in turn) and carries traffic; once the switch heals, every connection
+/// has a link up on network 1 as well. Before, every handshake went to the first address
+/// only, and no peer connected while network 1 was down.
+#[test]
+fn daemons_started_while_the_first_network_is_down_connect_over_the_second() {
+    let _serial = serial();
+    let Some(env) = env() else { return };
+    if !require_tool("ping", "iputils-ping") {
+        return;
+    }
+    let _timer = TestTimer::start("tunnel-first-network-down");
+    let dir = TestDir::new(env, "tunnel-first-network-down");
+    let lab = Lab::up_hosts(env, "first", 2, 3);
+    let config = cluster_file(env, &dir.0);
+    lab.fault(1, &["switch"]);
+    // every peer connected within 20 s, or this panics
+    let mut daemons = start_daemons(env, &lab, &dir.0, &config);
+    ping_through(&lab, "a", "b");
+    ping_through(&lab, "b", "c");
+
+    lab.heal(1);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for (h, d) in HOSTS.iter().zip(&daemons) {
+        let n = host_number(h);
+        let on_net1 = format!("10.77.1.{n}");
+        loop {
+            let status = status_json(env, &lab.ns_of(h), &config);
+            let peers = status["peers"].as_array().cloned().unwrap_or_default();
+            let up = peers.len() == HOSTS.len() - 1
+                && peers.iter().all(|p| {
+                    p["links"].as_array().is_some_and(|l| {
+                        l.iter()
+                            .any(|l| l["local"] == on_net1.as_str() && l["state"] == "up")
+                    })
+                });
+            if up {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{h}'s links on network 1 not up within 15 s of the heal: {status}\n{}",
+                d.stderr_text()
+            );
+            thread::sleep(Duration::from_millis(200));
+        }
+    }
+    ping_through(&lab, "c", "a");
+    stop_daemons(&mut daemons);
+}

@@ -399,13 +399,23 @@ impl Endpoint {
             .find(|a| a.is_ipv4() == first.is_ipv4())
             .ok_or(ConnectError::NoLocalAddress(first))?;
         let local = pick_local(&self.cfg.local_addrs, first, fallback).unwrap_or(fallback);
+        // the pairs the handshake may take: each given address with the local address a
+        // link to it would have (docs/PROTOCOL.md §4.5)
+        let mut paths = vec![(local, first)];
+        for &remote in &remotes[1..] {
+            if let Some(l) = pick_local(&self.cfg.local_addrs, remote, local) {
+                if !paths.contains(&(l, remote)) {
+                    paths.push((l, remote));
+                }
+            }
+        }
         let cid = self.new_cid();
         let conn = Connection::new_client(
             config,
             now,
             cid,
             self.instance,
-            local,
+            &paths,
             remotes.to_vec(),
             self.cfg.local_max_datagram.clone(),
             self.cfg.key.as_ref(),
@@ -581,9 +591,9 @@ impl Endpoint {
                 hello,
             } => self.handle_initial(now, local, remote, scid, token, mode, hello),
             Header::Retry { dcid, token } => {
-                self.client_conn(dcid, remote)
+                self.client_conn(dcid, remote, true)
                     .ok_or(DropReason::UnexpectedHandshake)?
-                    .handle_retry(now, token);
+                    .handle_retry(now, remote, token);
                 Ok(())
             }
             Header::Accept { dcid, mode, hello } => {
@@ -593,7 +603,7 @@ impl Endpoint {
                     .get(&dcid)
                     .ok_or(DropReason::UnexpectedHandshake)?;
                 let conn = self
-                    .client_conn(dcid, remote)
+                    .client_conn(dcid, remote, false)
                     .ok_or(DropReason::UnexpectedHandshake)?;
                 conn.handle_accept(now, mode, hello, &locals)?;
                 let peer_cid = conn.peer_cid();
@@ -606,7 +616,7 @@ impl Endpoint {
                 detail,
             } => {
                 let conn = self
-                    .client_conn(dcid, remote)
+                    .client_conn(dcid, remote, true)
                     .ok_or(DropReason::UnexpectedHandshake)?;
                 let e = match reason {
                     refuse_reason::WRONG_KEY => ConnectionError::KeyMismatch(KeyMismatch::WrongKey),
@@ -735,15 +745,18 @@ impl Endpoint {
                     Some((h, i))
                 })
             }
-            Some(Quoted::Initial { scid }) => self
-                .by_cid
-                .get(&scid)
-                .copied()
-                .filter(|h| {
-                    let c = &self.connections[h];
-                    c.is_connecting_as(scid) && c.handshake_path() == (local, remote)
-                })
-                .map(|h| (h, 0)),
+            Some(Quoted::Initial { scid }) => {
+                let h = self.by_cid.get(&scid).copied();
+                let refused = h.and_then(|h| {
+                    let c = self.connections.get_mut(&h)?;
+                    (c.is_connecting_as(scid) && c.initial_refused(local, remote)).then_some(h)
+                });
+                if let Some(h) = refused {
+                    self.attention.touch(h);
+                    return true;
+                }
+                None
+            }
             None => None,
         };
         let Some((h, i)) = found else {
@@ -759,13 +772,23 @@ impl Endpoint {
         true
     }
 
-    /// A connecting client connection, if `remote` is where its handshake went.
-    fn client_conn(&mut self, cid: u64, remote: SocketAddr) -> Option<&mut Connection> {
+    /// A connecting client connection, if `remote` is where its handshake went: link 0's
+    /// address, or for an answer any INITIAL may draw (`any_initial`: a RETRY, a REFUSE),
+    /// any address its INITIALs went to while it holds no cookie.
+    fn client_conn(
+        &mut self,
+        cid: u64,
+        remote: SocketAddr,
+        any_initial: bool,
+    ) -> Option<&mut Connection> {
         let h = *self.by_cid.get(&cid)?;
-        let conn = self
-            .connections
-            .get_mut(&h)
-            .filter(|c| c.state() == ConnectionState::Connecting && c.has_remote(remote))?;
+        let conn = self.connections.get_mut(&h).filter(|c| {
+            c.state() == ConnectionState::Connecting
+                && match any_initial {
+                    true => c.answers_initial_from(remote),
+                    false => c.has_remote(remote),
+                }
+        })?;
         self.attention.touch(h);
         Some(conn)
     }

@@ -9,7 +9,7 @@ use ri2n_proto::{
     Connection, ConnectionConfig, ConnectionError, ConnectionHandle, ConnectionState, Endpoint,
     EndpointConfig, Event, LinkState, ReadError,
 };
-use ri2n_sim::testbed::{Capture, Testbed, TestbedConfig, Transfer, DEFAULT_DELAY};
+use ri2n_sim::testbed::{drain, Capture, Testbed, TestbedConfig, Transfer, DEFAULT_DELAY};
 use ri2n_sim::{Action, Dir, DirectionConfig, HostId, LinkConfig, LinkStatus};
 
 fn addr(s: &str) -> SocketAddr {
@@ -1225,4 +1225,125 @@ fn writers_blocked_on_both_streams_are_each_woken() {
     assert!(writable, "the message writer was never woken");
     let c = tb.client.connection_mut(ch).unwrap();
     assert_eq!(c.send_message(&msg), Ok(()));
+}
+
+/// A client given every server address (`--to` repeated) connects while the first is down
+/// from the start: its INITIALs take the given paths in turn, the connection comes up over
+/// the second, a stream arrives whole, and the first becomes a link once it heals.
+#[test]
+fn a_client_connects_over_its_second_address_while_the_first_is_down() {
+    // the cookie, and with a key the Noise message bound to it, belong to the second path
+    for key in [None, Some(ri2n_proto::Key::from_bytes([7; 32]))] {
+        let mut tb = Testbed::new(
+            TestbedConfig::new(2)
+                .with_all_remotes_given()
+                .with_keys(key.clone(), key)
+                .with_capture(Dir::AToB, Capture::first(64)),
+        );
+        let (a, b) = (tb.client_addrs(), tb.server_addrs());
+        tb.apply(Action::blackhole(0));
+        let ch = tb.ch;
+        let established =
+            |s: &Testbed| s.client.connection(ch).unwrap().state() == ConnectionState::Established;
+        tb.run_until(Duration::from_secs(9), |s| s.sh.is_some() && established(s));
+        assert!(established(&tb), "not connected after {:?}", tb.now());
+        // one retransmission interval (200 ms) and the second path's round trips
+        assert!(
+            tb.now() < Duration::from_millis(300),
+            "connected at {:?}",
+            tb.now()
+        );
+        let initials: Vec<SocketAddr> = (tb.captured(Dir::AToB).iter())
+            .filter(|c| {
+                matches!(
+                    wire::decode_packet(&c.bytes),
+                    Ok((Header::Initial { .. }, _))
+                )
+            })
+            .map(|c| c.local)
+            .collect();
+        assert_eq!(
+            initials[0], b[0],
+            "the premise: the first INITIAL went to the first address"
+        );
+        assert!(initials.contains(&b[1]), "INITIALs: {initials:?}");
+        let links = tb.client_conn().stats().links;
+        assert_eq!(
+            (links[0].id.0, links[0].local, links[0].remote),
+            (0, a[1], b[1])
+        );
+
+        let total = 2 << 20;
+        let mut t = Transfer::new(total, 0, 0, true);
+        tb.complete_transfer(&mut t);
+        assert_eq!(t.got_s, total);
+
+        tb.apply(Action::up(0));
+        let first_path_up = |s: &Testbed| {
+            (s.client_conn().stats().links.iter())
+                .any(|l| (l.local, l.remote, l.state) == (a[0], b[0], LinkState::Up))
+        };
+        let limit = tb.now() + Duration::from_secs(5);
+        tb.run_until(limit, |s| first_path_up(s));
+        assert!(
+            first_path_up(&tb),
+            "links: {:?}",
+            tb.client_conn().stats().links
+        );
+    }
+}
+
+/// Nothing listens at the first of two given addresses (its host answers every INITIAL with
+/// "port unreachable"): the client gives that path up after three refusals and keeps trying
+/// the second; only once the second refuses too is the connection refused.
+#[test]
+fn a_refused_address_leaves_the_handshake_to_the_others() {
+    let base = Instant::now();
+    let locals = vec![addr("10.0.0.1:5000"), addr("10.1.0.1:5000")];
+    let remotes = [addr("10.0.0.2:6000"), addr("10.1.0.2:6000")];
+    let mut client = Endpoint::new(EndpointConfig::new(locals), 1, base);
+    let ch = client
+        .connect(base, &remotes, ConnectionConfig::default())
+        .unwrap();
+    // `refusing[i]`: remote i's host answers every INITIAL with "port unreachable"
+    let drive = |client: &mut Endpoint, refusing: [bool; 2], span: Duration, from: Duration| {
+        let mut now = base + from;
+        let mut sent_to = [0usize; 2];
+        while now < base + from + span {
+            client.handle_timeout(now);
+            for (tx, d) in drain(client, now) {
+                let i = remotes.iter().position(|&r| r == tx.remote).unwrap();
+                sent_to[i] += 1;
+                if refusing[i] {
+                    client.handle_port_unreachable(now, tx.local, tx.remote, &d[..24]);
+                }
+            }
+            now += Duration::from_millis(1);
+        }
+        sent_to
+    };
+    let sent_to = drive(
+        &mut client,
+        [true, false],
+        Duration::from_secs(1),
+        Duration::ZERO,
+    );
+    let state = client.connection(ch).unwrap().state();
+    assert_eq!(
+        state,
+        ConnectionState::Connecting,
+        "{:?}",
+        client.connection(ch).unwrap().close_reason()
+    );
+    assert_eq!(sent_to[0], 3, "the refused address is tried three times");
+    assert!(sent_to[1] > 20, "the other is tried on: {sent_to:?}");
+    drive(
+        &mut client,
+        [true, true],
+        Duration::from_secs(1),
+        Duration::from_secs(1),
+    );
+    let c = client.connection(ch).unwrap();
+    assert_eq!(c.state(), ConnectionState::Closed);
+    assert_eq!(c.close_reason(), Some(&ConnectionError::Refused));
 }

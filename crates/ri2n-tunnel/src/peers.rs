@@ -88,10 +88,11 @@ impl Peer {
         &self.host.name
     }
 
-    /// Its link addresses on `port`, for a handshake, which goes to the first of them (the
-    /// others become links once it is done). After a handshake that failed the next address
-    /// comes first: a host whose first network is down, or that has no address on it, is
-    /// reached on another.
+    /// Its link addresses on `port`, for a handshake, which goes to the first of them first
+    /// and, while that one does not answer, to the others in turn (the rest become links once
+    /// it is done: docs/PROTOCOL.md §4.1). After a handshake that failed the next address
+    /// comes first: one the connect call itself cannot start with (no local address of its
+    /// family) costs one attempt, not every one.
     pub fn remotes(&self, port: u16) -> Vec<SocketAddr> {
         let links = &self.host.links;
         let first = self.first_remote.load(Ordering::Relaxed) % links.len().max(1);

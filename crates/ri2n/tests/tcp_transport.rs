@@ -659,3 +659,43 @@ fn connect_checks_its_configuration_as_on_udp() {
     let unlimited = ConnectionConfig::default().with_handshake_timeout(Duration::MAX);
     assert_serves_a_new_client(&server, unlimited);
 }
+
+/// Nothing listens at the first address a client is given: it connects over the second (on
+/// both transports), and what it writes arrives. Before, the TCP transport dialled the first
+/// alone and gave up at once (`Refused`); a first address down at the start held either
+/// transport up until its handshake timeout.
+#[test]
+fn a_client_connects_over_its_second_address_when_the_first_refuses() {
+    for transport in [Transport::Tcp, Transport::Udp] {
+        let server = Endpoint::bind(
+            EndpointConfig::new(addrs(&["127.0.0.2:0"]))
+                .with_transport(transport)
+                .server(),
+        )
+        .unwrap();
+        let to = server.local_addrs()[0];
+        let nobody = SocketAddr::new("127.0.0.1".parse().unwrap(), to.port());
+        let client = Endpoint::bind(
+            EndpointConfig::new(addrs(&["127.0.0.1:0", "127.0.0.2:0"])).with_transport(transport),
+        )
+        .unwrap();
+        let sent = data(100_000, 7);
+        let receiver = std::thread::spawn(move || {
+            let conn = server.accept().unwrap();
+            let mut got = Vec::new();
+            (&conn).read_to_end(&mut got).unwrap();
+            got
+        });
+        let conn = client
+            .connect(&[nobody, to], ConnectionConfig::default())
+            .unwrap_or_else(|e| panic!("{transport:?}: {e}"));
+        let links = conn.stats().links;
+        assert_eq!(links[0].remote, to, "{transport:?}: {links:?}");
+        (&conn).write_all(&sent).unwrap();
+        conn.finish().unwrap();
+        assert!(
+            receiver.join().unwrap() == sent,
+            "{transport:?}: the data differs"
+        );
+    }
+}

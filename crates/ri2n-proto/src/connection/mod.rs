@@ -252,8 +252,16 @@ impl Handshake {
 #[derive(Debug)]
 enum HandshakeStage {
     Client {
-        /// Addresses the application gave (the first is where the handshake goes).
+        /// Addresses the application gave (the first is where the handshake goes first).
         remotes: Vec<SocketAddr>,
+        /// The address pairs the INITIALs may take: one per given address that has a local
+        /// address to pair with (docs/PROTOCOL.md §4.1), the first link 0's at the start.
+        /// Until a RETRY arrives the retransmissions take them in turn, so that a first
+        /// path that is down at the start does not keep the connection from the others; the
+        /// pair the RETRY came back on becomes link 0's (its cookie is bound to it).
+        paths: Vec<HandshakePath>,
+        /// The path the next INITIAL without a cookie takes.
+        next_path: usize,
         token: Vec<u8>,
         next_initial: Instant,
         backoff: Duration,
@@ -287,6 +295,21 @@ enum HandshakeStage {
         created: Instant,
     },
     Done,
+}
+
+/// One address pair a client's INITIALs may take, and how often the peer's host answered one
+/// with "port unreachable" (nothing listens there).
+#[derive(Debug, Clone, Copy)]
+struct HandshakePath {
+    local: SocketAddr,
+    remote: SocketAddr,
+    refusals: u32,
+}
+
+impl HandshakePath {
+    fn refused(&self) -> bool {
+        self.refusals >= REFUSALS_TO_GIVE_UP
+    }
 }
 
 /// How the connection ends: why it ended, the CLOSE it still owes the peer, and the
@@ -395,21 +418,32 @@ struct Scheduling {
 }
 
 impl Connection {
-    /// A client connection, about to send its first INITIAL to `remotes[0]` from `local`;
-    /// with a key, the INITIAL that echoes the server's cookie starts a Noise handshake.
+    /// A client connection, about to send its first INITIAL over `paths[0]` (local, remote),
+    /// and its retransmissions over each of `paths` in turn until a RETRY arrives; with a key,
+    /// the INITIAL that echoes the server's cookie starts a Noise handshake. `remotes`: the
+    /// addresses the application gave.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new_client(
         cfg: ConnectionConfig,
         now: Instant,
         local_cid: u64,
         local_instance: u64,
-        local: SocketAddr,
+        paths: &[(SocketAddr, SocketAddr)],
         remotes: Vec<SocketAddr>,
         local_mtus: Vec<(SocketAddr, usize)>,
         key: Option<&Key>,
     ) -> Self {
-        let mut link = Link::open(&cfg, &local_mtus, LinkId(0), local, remotes[0]);
+        let (local, remote) = paths[0];
+        let mut link = Link::open(&cfg, &local_mtus, LinkId(0), local, remote);
         link.probing.next = None;
+        let paths = paths
+            .iter()
+            .map(|&(local, remote)| HandshakePath {
+                local,
+                remote,
+                refusals: 0,
+            })
+            .collect();
         let params = wire::ClientParams {
             instance: local_instance,
             window: cfg.stream_receive_window,
@@ -424,6 +458,8 @@ impl Connection {
         };
         let stage = HandshakeStage::Client {
             remotes,
+            paths,
+            next_path: 0,
             token: Vec::new(),
             next_initial: now,
             backoff: INITIAL_RETRY,
@@ -1136,10 +1172,12 @@ impl Connection {
     // ------------------------------------------------------------------------------------
     // Incoming packets (called by the endpoint)
 
-    /// RETRY: send the INITIAL again with the cookie, and now the hello: with a key, the
-    /// first Noise message, bound to the cookie (so it is worth nothing under another).
-    pub(crate) fn handle_retry(&mut self, now: Instant, token: &[u8]) {
+    /// RETRY from `remote`: send the INITIAL again with the cookie, and now the hello: with
+    /// a key, the first Noise message, bound to the cookie (so it is worth nothing under
+    /// another). The cookie is bound to the address pair it answered, which becomes link 0's.
+    pub(crate) fn handle_retry(&mut self, now: Instant, remote: SocketAddr, token: &[u8]) {
         if let HandshakeStage::Client {
+            paths,
             token: t,
             next_initial,
             first_sent,
@@ -1151,6 +1189,15 @@ impl Connection {
         } = &mut self.handshake.stage
         {
             if t.is_empty() && !token.is_empty() && token.len() <= 64 {
+                let Some(path) = paths.iter().find(|p| p.remote == remote && !p.refused()) else {
+                    return;
+                };
+                if (path.local, path.remote) != (self.links[0].local, self.links[0].remote) {
+                    let mut link =
+                        Link::open(&self.cfg, &self.local_mtus, LinkId(0), path.local, remote);
+                    link.probing.next = None;
+                    self.links[0] = link;
+                }
                 *t = token.to_vec();
                 *next_initial = now;
                 *first_sent = None;
@@ -1399,11 +1446,8 @@ impl Connection {
             "port unreachable"
         );
         match self.state {
-            ConnectionState::Connecting => {
-                if self.links[i].port_unreachable >= REFUSALS_TO_GIVE_UP {
-                    self.set_closed(Some(ConnectionError::Refused));
-                }
-            }
+            // a client's INITIALs are counted by path ([`Self::initial_refused`])
+            ConnectionState::Connecting => {}
             ConnectionState::Established | ConnectionState::Draining => {
                 if self.closing.refused_at.is_none() {
                     self.closing.refused_at = Some(now);
@@ -1454,6 +1498,50 @@ impl Connection {
         match self.state {
             ConnectionState::Draining => self.set_closed(None),
             _ => self.set_closed(Some(ConnectionError::PeerGone)),
+        }
+    }
+
+    /// The host at the end of the handshake path `local` → `remote` answered an INITIAL of
+    /// this connecting client with "port unreachable" (the endpoint checked that the ICMP
+    /// quotes it). After [`REFUSALS_TO_GIVE_UP`] such answers the path is tried no more (a
+    /// server starting on the port is briefly away), and the handshake ends with
+    /// [`ConnectionError::Refused`] once no path is left: none, or with a cookie held, link
+    /// 0's. Returns whether the path is one of this connection's.
+    pub(crate) fn initial_refused(&mut self, local: SocketAddr, remote: SocketAddr) -> bool {
+        let HandshakeStage::Client { paths, token, .. } = &mut self.handshake.stage else {
+            return false;
+        };
+        let Some(path) = paths
+            .iter_mut()
+            .find(|p| p.local == local && p.remote == remote)
+        else {
+            return false;
+        };
+        path.refusals += 1;
+        tracing::debug!(%local, %remote, count = path.refusals, "INITIAL refused");
+        let link0 = (self.links[0].local, self.links[0].remote);
+        let gone = if token.is_empty() {
+            paths.iter().all(HandshakePath::refused)
+        } else {
+            paths
+                .iter()
+                .any(|p| (p.local, p.remote) == link0 && p.refused())
+        };
+        if gone && self.state == ConnectionState::Connecting {
+            self.set_closed(Some(ConnectionError::Refused));
+        }
+        true
+    }
+
+    /// Whether an answer to an INITIAL from `remote` (a RETRY or a REFUSE) may be for this
+    /// connecting client: it comes from where its INITIALs went, which is link 0's address
+    /// alone once it holds a cookie (bound to that pair).
+    pub(crate) fn answers_initial_from(&self, remote: SocketAddr) -> bool {
+        match &self.handshake.stage {
+            HandshakeStage::Client { paths, token, .. } if token.is_empty() => {
+                paths.iter().any(|p| p.remote == remote && !p.refused())
+            }
+            _ => self.links[0].remote == remote,
         }
     }
 

@@ -183,6 +183,8 @@ impl Connection {
         let (local, remote) = (link.local, link.remote);
         match &mut self.handshake.stage {
             HandshakeStage::Client {
+                paths,
+                next_path,
                 token,
                 next_initial,
                 backoff,
@@ -196,6 +198,19 @@ impl Connection {
                 *next_initial = now + *backoff;
                 *backoff = self.cfg.probe_interval;
                 first_sent.get_or_insert(now);
+                // without a cookie yet, each INITIAL takes the next path that was not refused
+                // (the first takes link 0's): one path down at the start holds up the
+                // handshake by one retransmission interval, not for as long as it is down
+                let (local, remote) = if token.is_empty() {
+                    let n = paths.len();
+                    let k = (0..n)
+                        .map(|j| (*next_path + j) % n)
+                        .find(|&k| !paths[k].refused())?;
+                    *next_path = (k + 1) % n;
+                    (paths[k].local, paths[k].remote)
+                } else {
+                    (local, remote)
+                };
                 let header = Header::Initial {
                     scid: self.handshake.local_cid,
                     token,

@@ -116,6 +116,9 @@ pub struct TestbedConfig {
     /// each datagram of a burst is handed out and applied after it was built, and received
     /// datagrams are opened by [`Openers`] before the engine gets them (with `bursts`).
     pub opens_outside: bool,
+    /// The client connects with every server address given, as `--to` repeated does, not
+    /// with the first alone (the others then learned from the server).
+    pub all_remotes_given: bool,
 }
 
 impl TestbedConfig {
@@ -142,6 +145,7 @@ impl TestbedConfig {
             bursts: false,
             max_datagram: MAX_DATAGRAM,
             opens_outside: false,
+            all_remotes_given: false,
         }
     }
 
@@ -197,6 +201,13 @@ impl TestbedConfig {
     pub fn with_opening_outside(mut self) -> Self {
         self.bursts = true;
         self.opens_outside = true;
+        self
+    }
+
+    /// The same with the client given every server address (see
+    /// [`TestbedConfig::all_remotes_given`]).
+    pub fn with_all_remotes_given(mut self) -> Self {
+        self.all_remotes_given = true;
         self
     }
 
@@ -277,8 +288,12 @@ impl Testbed {
         let net = Network::with_addrs(&cfg.links, &cfg.addrs, derive_seed(cfg.seed, 0x7E57));
         let mut client = Endpoint::new(cfg.client_config(), cfg.seed, base);
         let server = Endpoint::new(cfg.server_config(), cfg.seed.wrapping_add(1), base);
+        let remotes: Vec<SocketAddr> = match cfg.all_remotes_given {
+            true => cfg.addrs.iter().map(|a| a.1).collect(),
+            false => vec![cfg.addrs[0].1],
+        };
         let ch = client
-            .connect(base, &[cfg.addrs[0].1], cfg.connection.clone())
+            .connect(base, &remotes, cfg.connection.clone())
             .expect("the client connects");
         Self {
             base,

@@ -28,6 +28,11 @@ use crate::Error;
 
 /// What a timeout beyond the clock's range waits for: as good as for ever.
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+/// A link's addresses: (local, remote).
+type Pair = (SocketAddr, SocketAddr);
+/// When a connect tries the other given addresses' pairs too, if the first has not opened
+/// (the UDP transport's first INITIAL retransmission).
+const OTHER_PAIRS_AFTER: Duration = Duration::from_millis(200);
 /// How long a server waits for a new TCP connection's hello, all of it (with a key, the
 /// handshake message too).
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -141,21 +146,12 @@ impl TcpEndpoint {
         let now = Instant::now();
         let deadline = (now.checked_add(timeout)).unwrap_or(now + FOREVER);
         let timed_out = || Error::Connection(ConnectionError::TimedOut(timeout));
-        // raced attempts, as the dialer's: a lost SYN is made up for at once, not in a second
-        let mut race = Race::new(local, first_remote, config.probe_interval);
-        let stream = loop {
-            if Instant::now() >= deadline {
-                return Err(timed_out());
-            }
-            match race.step(deadline) {
-                Step::Open(stream, _) => break stream,
-                Step::Failed(e, _) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                    return Err(Error::Connection(ConnectionError::Refused))
-                }
-                Step::Failed(e, _) => return Err(Error::Io(e)),
-                Step::Unanswered | Step::Waiting => {}
-            }
-        };
+        let (stream, (local, first_remote)) = dial_first(
+            pair_links(local, first_remote, &self.locals, remotes, crate::MAX_LINKS),
+            config.probe_interval,
+            deadline,
+        )?
+        .ok_or_else(timed_out)?;
         let left = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1));
@@ -476,6 +472,62 @@ fn common_prefix(a: IpAddr, b: IpAddr) -> u32 {
         (IpAddr::V4(a), IpAddr::V4(b)) => (u32::from(a) ^ u32::from(b)).leading_zeros(),
         (IpAddr::V6(a), IpAddr::V6(b)) => (u128::from(a) ^ u128::from(b)).leading_zeros(),
         _ => 0,
+    }
+}
+
+/// The attempts to open a connection's first link: raced attempts on the first of `pairs`
+/// (as the dialer's: a lost SYN is made up for at once, not in a second), and from
+/// [`OTHER_PAIRS_AFTER`] on the others too, so that a first path down at the start does not
+/// keep the connection from the others (as the UDP transport's handshake, docs/PROTOCOL.md
+/// §4.1). The first stream to open wins, with its pair; `None` at `deadline`. A pair refused
+/// (nothing listens there), or failing otherwise (no route) while another is still tried, is
+/// tried no more; with none left, its error ends the connect.
+fn dial_first(
+    pairs: Vec<Pair>,
+    pace: Duration,
+    deadline: Instant,
+) -> Result<Option<(TcpStream, Pair)>, Error> {
+    /// How long one race waits per turn while several take turns.
+    const TURN: Duration = Duration::from_millis(2);
+    let others_at = Instant::now() + OTHER_PAIRS_AFTER;
+    let mut races = vec![(pairs[0], Race::new(pairs[0].0, pairs[0].1, pace))];
+    let mut started = 1;
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(None);
+        }
+        // the others start early when the first pair failed already
+        if started < pairs.len() && (now >= others_at || races.is_empty()) {
+            races.extend(
+                pairs[started..]
+                    .iter()
+                    .map(|&p| (p, Race::new(p.0, p.1, pace))),
+            );
+            started = pairs.len();
+        }
+        let until = match races.len() > 1 || started < pairs.len() {
+            true => deadline.min(now + TURN),
+            false => deadline,
+        };
+        let mut j = 0;
+        while j < races.len() {
+            match races[j].1.step(until) {
+                Step::Open(stream, _) => return Ok(Some((stream, races[j].0))),
+                Step::Failed(e, _) => {
+                    races.remove(j);
+                    if races.is_empty() && started == pairs.len() {
+                        return Err(match e.kind() {
+                            io::ErrorKind::ConnectionRefused => {
+                                Error::Connection(ConnectionError::Refused)
+                            }
+                            _ => Error::Io(e),
+                        });
+                    }
+                }
+                Step::Unanswered | Step::Waiting => j += 1,
+            }
+        }
     }
 }
 
