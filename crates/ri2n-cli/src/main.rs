@@ -348,7 +348,9 @@ pub struct TunnelStatusArgs {
 #[derive(Args, Debug, Clone)]
 pub struct ConnectOpts {
     /// Peer address (`ri2n recv` or `ri2n serve`). Repeat to name several: each --to is then
-    /// a link. With a single --to the peer's other addresses are learned in the handshake and
+    /// a link, and the handshake goes to the first and, while that one does not answer, to
+    /// the others in turn, so a peer whose first network is down at the start is reached on
+    /// another. With a single --to the peer's other addresses are learned in the handshake and
     /// a link is opened to each (unless --no-discover).
     #[arg(long = "to", value_name = "ADDR:PORT", required = true, value_parser = parse_remote)]
     pub to: Vec<SocketAddr>,
