@@ -378,8 +378,9 @@ impl Endpoint {
     }
 
     /// Starts a connection to a peer given one or more of its addresses. The handshake goes
-    /// to the first; with more than one, a link is opened to each, else (unless discovery is
-    /// off) to each address the server announces.
+    /// to the first and, while that one does not answer, to the others in turn
+    /// (docs/PROTOCOL.md §4.1); with more than one, a link is opened to each, else (unless
+    /// discovery is off) to each address the server announces.
     pub fn connect(
         &mut self,
         now: Instant,

@@ -239,6 +239,15 @@ impl Outgoing {
         }
     }
 
+    /// Takes again how many datagrams each socket's GSO sends may carry: one, from the
+    /// first batch the kernel would not segment on. An open batch already larger goes as
+    /// it is (its send falls back to single datagrams).
+    pub(crate) fn refresh_max_segments(&mut self, sockets: &[LinkSocket]) {
+        for (max, s) in self.max_segments.iter_mut().zip(sockets) {
+            *max = s.max_segments();
+        }
+    }
+
     /// Queues socket `i`'s open batch, if it holds anything.
     fn close(&mut self, i: usize) {
         if !self.open[i].is_empty() {

@@ -371,6 +371,21 @@ impl LinkSocket {
                 self.take_errors();
                 match self.send_once(remote, data, segment) {
                     Ok(()) => SendOutcome::Sent,
+                    // The kernel would not segment the batch (`EIO`, `EINVAL`: a device or
+                    // path without the offload), and quinn-udp halted GSO on the socket: the
+                    // datagrams leave one by one, and the next batches are single datagrams
+                    // (`max_segments`).
+                    Err(_)
+                        if segment.is_some_and(|s| s < data.len()) && self.max_segments() == 1 =>
+                    {
+                        let mut outcome = SendOutcome::Sent;
+                        for d in data.chunks(segment.unwrap_or(data.len()).max(1)) {
+                            if let Err(e) = self.send_once(remote, d, None) {
+                                outcome = classify_send_error(&e);
+                            }
+                        }
+                        outcome
+                    }
                     Err(e) => classify_send_error(&e),
                 }
             }
@@ -1080,6 +1095,33 @@ mod tests {
         assert_eq!(peer.send(sock.local, &data, Some(100)), SendOutcome::Sent);
         let expected: Vec<_> = data.chunks(100).map(|c| (peer.local, c.to_vec())).collect();
         assert_eq!(take_one_at_a_time(&sock, 3), expected);
+    }
+
+    /// A GSO send the kernel refuses with `EINVAL` or `EIO` (a device or path that cannot
+    /// segment: quinn-udp then halts segmentation offload on the socket) still delivers
+    /// every datagram of the batch, one by one, and the socket says it takes single
+    /// datagrams from then on. Provoked here with more segments than one send may carry.
+    #[test]
+    fn a_batch_the_kernel_will_not_segment_still_leaves() {
+        let sock = LinkSocket::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        assert!(sock.max_segments() > 1, "the premise: GSO is on");
+        // beyond UDP_MAX_SEGMENTS (64, 128 since Linux 6.11) of one send
+        let count = 150;
+        let data: Vec<u8> = (0..count).flat_map(|i| [i as u8; 40]).collect();
+        assert_eq!(
+            sock.send(rx.local_addr().unwrap(), &data, Some(40)),
+            SendOutcome::Sent
+        );
+        assert_eq!(sock.max_segments(), 1, "GSO halted on the socket");
+        let mut buf = [0u8; 100];
+        for i in 0..count {
+            let n = rx
+                .recv(&mut buf)
+                .unwrap_or_else(|e| panic!("datagram {i}: {e}"));
+            assert_eq!(&buf[..n], &[i as u8; 40], "datagram {i}");
+        }
     }
 
     /// An ICMP error that arrives while the socket's receive queue is full leaves no entry

@@ -465,3 +465,32 @@ fn with_lanes_a_stream_leaves_gathered_from_its_send_buffer_and_sealed_batches_w
         }
     }
 }
+
+/// A socket on which the kernel stopped taking GSO batches (`EIO` from a device or path that
+/// cannot segment; provoked here with more segments than one send may carry) gets single
+/// datagrams from then on: the stream arrives intact and no further batch is built for GSO.
+#[test]
+fn a_socket_that_stopped_taking_gso_batches_gets_single_datagrams() {
+    let config = || {
+        crate::EndpointConfig::new(one_link())
+            .with_send_threads(crate::LinkThreads::Off)
+            .with_recv_threads(crate::LinkThreads::Off)
+    };
+    let server = Endpoint::bind(config().server()).unwrap();
+    let client = Endpoint::bind(config()).unwrap();
+    let socket = &client.udp().unwrap().drivers[0].shared().sockets[0];
+    let sink = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let refused: Vec<u8> = vec![0; 150 * 40];
+    socket.send(sink.local_addr().unwrap(), &refused, Some(40));
+    assert_eq!(socket.max_segments(), 1, "the premise: GSO halted");
+    let data = patterned(4 << 20);
+    let (got, _) = stream_through(server, &client, &data);
+    assert!(
+        got == data,
+        "{} of {} bytes, or others",
+        got.len(),
+        data.len()
+    );
+    let (gathered, whole) = gathered_sends(&client);
+    assert_eq!((gathered, whole), (0, 0), "GSO batches sent");
+}

@@ -22,9 +22,11 @@ impl Shared {
     /// The clock is read (`now` is `None`) only when the engine may have something to build:
     /// most builds of a request-response exchange find nothing, and a clock read is a good
     /// part of their cost.
-    fn build(st: &mut State, now: Option<Instant>) {
+    fn build(&self, st: &mut State, now: Option<Instant>) {
         let State { endpoint, out, .. } = st;
         if endpoint.may_transmit() {
+            // a socket may have stopped taking GSO batches since (see `LinkSocket::send_raw`)
+            out.refresh_max_segments(&self.sockets);
             let now = now.unwrap_or_else(Instant::now);
             while out.wants_more() && endpoint.poll_transmit_into(now, out) > 0 {}
             if !out.wants_more() {
@@ -145,7 +147,7 @@ impl Shared {
         mut st: MutexGuard<'a, State>,
         now: Option<Instant>,
     ) -> MutexGuard<'a, State> {
-        Self::build(&mut st, now);
+        self.build(&mut st, now);
         if !self.lanes.is_empty() {
             return self.hand_to_lanes(st);
         }
@@ -205,7 +207,7 @@ impl Shared {
             }));
             st.out.taken_queue = batches;
             // acknowledgements that arrived meanwhile may have opened windows
-            Self::build(&mut st, None);
+            self.build(&mut st, None);
         }
         st.out.sending = false;
         st
