@@ -146,12 +146,16 @@ impl TcpEndpoint {
         let now = Instant::now();
         let deadline = (now.checked_add(timeout)).unwrap_or(now + FOREVER);
         let timed_out = || Error::Connection(ConnectionError::TimedOut(timeout));
-        let (stream, (local, first_remote)) = dial_first(
-            pair_links(local, first_remote, &self.locals, remotes, crate::MAX_LINKS),
-            config.probe_interval,
-            deadline,
-        )?
-        .ok_or_else(timed_out)?;
+        // the pairs the connection's links would have, and from the first local address to
+        // each given address they leave out (a client with fewer addresses than the server)
+        let mut pairs = pair_links(local, first_remote, &self.locals, remotes, crate::MAX_LINKS);
+        for &r in remotes {
+            if r.is_ipv4() == local.is_ipv4() && !pairs.iter().any(|p| p.1 == r) {
+                pairs.push((local, r));
+            }
+        }
+        let (stream, (local, first_remote)) =
+            dial_first(pairs, config.probe_interval, deadline)?.ok_or_else(timed_out)?;
         let left = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1));
