@@ -1229,13 +1229,20 @@ fn writers_blocked_on_both_streams_are_each_woken() {
 
 /// A client given every server address (`--to` repeated) connects while the first is down
 /// from the start: its INITIALs take the given paths in turn, the connection comes up over
-/// the second, a stream arrives whole, and the first becomes a link once it heals.
+/// the second, a stream arrives whole, and the first becomes a link once it heals, from the
+/// local address its path had (the first pair shares no subnet: paired by the fallback, it
+/// would get the second path's local address, from which it leads nowhere).
 #[test]
 fn a_client_connects_over_its_second_address_while_the_first_is_down() {
+    let addrs = vec![
+        (addr("192.168.1.10:5000"), addr("203.0.113.5:6000")),
+        (addr("10.0.0.10:5000"), addr("10.0.0.20:6000")),
+    ];
     // the cookie, and with a key the Noise message bound to it, belong to the second path
     for key in [None, Some(ri2n_proto::Key::from_bytes([7; 32]))] {
         let mut tb = Testbed::new(
             TestbedConfig::new(2)
+                .with_addrs(addrs.clone())
                 .with_all_remotes_given()
                 .with_keys(key.clone(), key)
                 .with_capture(Dir::AToB, Capture::first(64)),

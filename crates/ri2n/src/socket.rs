@@ -378,13 +378,15 @@ impl LinkSocket {
                     Err(_)
                         if segment.is_some_and(|s| s < data.len()) && self.max_segments() == 1 =>
                     {
-                        let mut outcome = SendOutcome::Sent;
-                        for d in data.chunks(segment.unwrap_or(data.len()).max(1)) {
-                            if let Err(e) = self.send_once(remote, d, None) {
-                                outcome = classify_send_error(&e);
-                            }
-                        }
-                        outcome
+                        // each a send of its own (a pending ICMP error fails only one of
+                        // them, once); the batch's outcome is its first failure
+                        let seg = segment.unwrap_or(data.len()).max(1);
+                        (data.chunks(seg))
+                            .map(|d| self.send_raw(remote, d, None))
+                            .fold(SendOutcome::Sent, |first, o| match first {
+                                SendOutcome::Sent => o,
+                                failed => failed,
+                            })
                     }
                     Err(e) => classify_send_error(&e),
                 }

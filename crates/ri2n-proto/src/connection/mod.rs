@@ -1225,6 +1225,7 @@ impl Connection {
     ) -> Result<(), DropReason> {
         let HandshakeStage::Client {
             remotes,
+            paths,
             first_sent,
             mode: our_mode,
             noise,
@@ -1263,6 +1264,7 @@ impl Connection {
         self.handshake.peer_accepts = accepts;
         self.handshake.protection = protection;
         let remotes = std::mem::take(remotes);
+        let paths = std::mem::take(paths);
         let rtt_sample = first_sent.map(|t| now - t);
         self.handshake.stage = HandshakeStage::Done;
         self.handshake.peer_cid = scid;
@@ -1307,7 +1309,13 @@ impl Connection {
             if self.links.len() >= self.cfg.max_links.min(crate::MAX_LINKS) {
                 break;
             }
-            let Some(local) = pick_local(local_addrs, remote, self.links[0].local) else {
+            // a given address keeps the local address its handshake path had: paired with
+            // link 0's as the fallback, it would be another pair when the handshake went
+            // over another path than the first
+            let path_local = paths.iter().find(|p| p.remote == remote).map(|p| p.local);
+            let Some(local) =
+                path_local.or_else(|| pick_local(local_addrs, remote, self.links[0].local))
+            else {
                 continue;
             };
             if self
