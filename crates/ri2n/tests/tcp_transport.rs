@@ -707,3 +707,32 @@ fn a_client_connects_over_its_second_address_when_the_first_refuses() {
         );
     }
 }
+
+/// Nothing listens at any of the addresses a client is given: it is told `Refused` (not
+/// `TimedOut` at the end of its handshake timeout), on both transports.
+#[test]
+fn a_client_refused_at_every_address_is_told_refused() {
+    // a port nothing listens on (bound for UDP on one address, then closed)
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let nobody = [
+        SocketAddr::new("127.0.0.1".parse().unwrap(), port),
+        SocketAddr::new("127.0.0.2".parse().unwrap(), port),
+    ];
+    for transport in [Transport::Tcp, Transport::Udp] {
+        let client = Endpoint::bind(
+            EndpointConfig::new(addrs(&["127.0.0.1:0", "127.0.0.2:0"])).with_transport(transport),
+        )
+        .unwrap();
+        let e = client
+            .connect(&nobody, ConnectionConfig::default())
+            .unwrap_err();
+        assert!(
+            matches!(e, ri2n::Error::Connection(ConnectionError::Refused)),
+            "{transport:?}: {e}"
+        );
+    }
+}
