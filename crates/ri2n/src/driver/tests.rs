@@ -424,6 +424,17 @@ fn gathered_sends(e: &Endpoint) -> (usize, usize) {
     (sum(|s| &s.sent_gathered), sum(|s| &s.sent_whole))
 }
 
+/// A server and a client endpoint on `links`, without sending or receiving lanes.
+fn lane_free_endpoints(links: &[SocketAddr]) -> (Endpoint, Endpoint) {
+    let config = || {
+        crate::EndpointConfig::new(links.to_vec())
+            .with_send_threads(crate::LinkThreads::Off)
+            .with_recv_threads(crate::LinkThreads::Off)
+    };
+    let server = Endpoint::bind(config().server()).unwrap();
+    (server, Endpoint::bind(config()).unwrap())
+}
+
 /// With lanes, a stream's batches leave gathered from its send buffer (the building thread
 /// copies nothing into them) and arrive intact; with a key the lanes copy the bytes in
 /// before sealing, and they arrive intact (authenticated) too. Without lanes the building
@@ -439,13 +450,7 @@ fn with_lanes_a_stream_leaves_gathered_from_its_send_buffer_and_sealed_batches_w
         let (server, client) = if lanes {
             lane_endpoints(&two_links(), false, key)
         } else {
-            let config = || {
-                crate::EndpointConfig::new(two_links())
-                    .with_send_threads(crate::LinkThreads::Off)
-                    .with_recv_threads(crate::LinkThreads::Off)
-            };
-            let server = Endpoint::bind(config().server()).unwrap();
-            (server, Endpoint::bind(config()).unwrap())
+            lane_free_endpoints(&two_links())
         };
         let data = patterned(16 << 20);
         let (got, _) = stream_through(server, &client, &data);
@@ -471,13 +476,7 @@ fn with_lanes_a_stream_leaves_gathered_from_its_send_buffer_and_sealed_batches_w
 /// datagrams from then on: the stream arrives intact and no further batch is built for GSO.
 #[test]
 fn a_socket_that_stopped_taking_gso_batches_gets_single_datagrams() {
-    let config = || {
-        crate::EndpointConfig::new(one_link())
-            .with_send_threads(crate::LinkThreads::Off)
-            .with_recv_threads(crate::LinkThreads::Off)
-    };
-    let server = Endpoint::bind(config().server()).unwrap();
-    let client = Endpoint::bind(config()).unwrap();
+    let (server, client) = lane_free_endpoints(&one_link());
     let socket = &client.udp().unwrap().drivers[0].shared().sockets[0];
     let sink = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let refused: Vec<u8> = vec![0; 150 * 40];
