@@ -145,6 +145,41 @@ fn status_json(env: &Env, ns: &str, config: &Path) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
 }
 
+/// Waits up to 15 s until the daemon of `host` (`daemon`) has `peers` peers, each with an up
+/// link from every address of `locals`; panics otherwise, naming `what`.
+fn wait_links_up_from(
+    env: &Env,
+    lab: &Lab,
+    config: &Path,
+    (host, daemon): (&str, &Proc),
+    peers: usize,
+    locals: &[&str],
+    what: &str,
+) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let status = status_json(env, &lab.ns_of(host), config);
+        let listed = status["peers"].as_array().cloned().unwrap_or_default();
+        let up = listed.len() == peers
+            && listed.iter().all(|p| {
+                p["links"].as_array().is_some_and(|l| {
+                    locals
+                        .iter()
+                        .all(|&a| l.iter().any(|l| l["local"] == a && l["state"] == "up"))
+                })
+            });
+        if up {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {host}'s links from {locals:?} not up within 15 s: {status}\n{}",
+            daemon.stderr_text()
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// `ri2n tunnel status --json` in namespace `ns`, once the daemon's first sample shows both
 /// peers connected over both links (it samples every second).
 fn wait_for_status(env: &Env, ns: &str, config: &Path) -> serde_json::Value {
@@ -857,28 +892,7 @@ fn a_host_missing_a_link_address_starts_without_it_and_takes_it_up_later() {
 
     // b's peers both connected, each with a link up from every address of `locals`
     let wait_links_from = |locals: &[&str], what: &str| {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            let status = status_json(env, &lab.ns_of("b"), &config);
-            let peers = status["peers"].as_array().cloned().unwrap_or_default();
-            let up = peers.len() == 2
-                && peers.iter().all(|p| {
-                    p["links"].as_array().is_some_and(|l| {
-                        locals
-                            .iter()
-                            .all(|&a| l.iter().any(|l| l["local"] == a && l["state"] == "up"))
-                    })
-                });
-            if up {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{what}: b's links from {locals:?} not up within 15 s: {status}\n{}",
-                daemons[1].stderr_text()
-            );
-            thread::sleep(Duration::from_millis(200));
-        }
+        wait_links_up_from(env, &lab, &config, ("b", &daemons[1]), 2, locals, what)
     };
     // the swap: network 1's address goes as network 2's comes
     ip_b("del", 1);
@@ -2025,30 +2039,18 @@ fn daemons_started_while_the_first_network_is_down_connect_over_the_second() {
     ping_through(&lab, "b", "c");
 
     lab.heal(1);
-    let deadline = Instant::now() + Duration::from_secs(15);
     for (h, d) in HOSTS.iter().zip(&daemons) {
-        let n = host_number(h);
-        let on_net1 = format!("10.77.1.{n}");
-        loop {
-            let status = status_json(env, &lab.ns_of(h), &config);
-            let peers = status["peers"].as_array().cloned().unwrap_or_default();
-            let up = peers.len() == HOSTS.len() - 1
-                && peers.iter().all(|p| {
-                    p["links"].as_array().is_some_and(|l| {
-                        l.iter()
-                            .any(|l| l["local"] == on_net1.as_str() && l["state"] == "up")
-                    })
-                });
-            if up {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{h}'s links on network 1 not up within 15 s of the heal: {status}\n{}",
-                d.stderr_text()
-            );
-            thread::sleep(Duration::from_millis(200));
-        }
+        let on_net1 = format!("10.77.1.{}", host_number(h));
+        let peers = HOSTS.len() - 1;
+        wait_links_up_from(
+            env,
+            &lab,
+            &config,
+            (h, d),
+            peers,
+            &[&on_net1],
+            "after the heal",
+        );
     }
     ping_through(&lab, "c", "a");
     stop_daemons(&mut daemons);
