@@ -632,7 +632,7 @@ impl Endpoint {
                     },
                     _ => return Err(DropReason::Undecodable),
                 };
-                conn.refused_by_server(e);
+                conn.refused_by_server(remote, e);
                 Ok(())
             }
             Header::Reset { dcid, token } => self.handle_reset(local, remote, dcid, token),
@@ -673,7 +673,7 @@ impl Endpoint {
         }
         self.attention.touch(h);
         if conn.state() == ConnectionState::Connecting {
-            conn.refused_by_server(ConnectionError::ServerFull);
+            conn.refused_by_server(remote, ConnectionError::ServerFull);
         } else {
             conn.peer_restarted();
         }

@@ -1354,3 +1354,62 @@ fn a_refused_address_leaves_the_handshake_to_the_others() {
     assert_eq!(c.state(), ConnectionState::Closed);
     assert_eq!(c.close_reason(), Some(&ConnectionError::Refused));
 }
+
+/// The first of two given addresses leads to an endpoint that takes no connections (another
+/// host's client, a server whose application stopped accepting): its REFUSE takes that
+/// address out of the handshake, which goes on over the second, to the server there. Only
+/// once every address refused does the connection end, with the reason given.
+#[test]
+fn an_address_whose_endpoint_takes_no_connections_leaves_the_handshake_to_the_others() {
+    let base = Instant::now();
+    let locals = vec![addr("10.0.0.1:5000"), addr("10.1.0.1:5000")];
+    let remotes = [addr("10.0.0.2:6000"), addr("10.1.0.2:6000")];
+    for second_accepts in [true, false] {
+        let mut client = Endpoint::new(EndpointConfig::new(locals.clone()), 1, base);
+        let not_accepting = Endpoint::new(EndpointConfig::new(vec![remotes[0]]), 2, base);
+        let mut second = EndpointConfig::new(vec![remotes[1]]);
+        if second_accepts {
+            second = second.server();
+        }
+        let mut peers = [not_accepting, Endpoint::new(second, 3, base)];
+        let ch = client
+            .connect(base, &remotes, ConnectionConfig::default())
+            .unwrap();
+        let (mut now, mut refuses_sent) = (base, 0);
+        while now < base + Duration::from_secs(2)
+            && client.connection(ch).unwrap().state() == ConnectionState::Connecting
+        {
+            client.handle_timeout(now);
+            for (tx, mut d) in drain(&mut client, now) {
+                let i = remotes.iter().position(|&r| r == tx.remote).unwrap();
+                peers[i].handle_datagram(now, tx.remote, tx.local, &mut d);
+            }
+            for (i, peer) in peers.iter_mut().enumerate() {
+                peer.handle_timeout(now);
+                for (tx, mut d) in drain(peer, now) {
+                    let refuse = matches!(wire::decode_packet(&d), Ok((Header::Refuse { .. }, _)));
+                    refuses_sent += usize::from(refuse && i == 0);
+                    client.handle_datagram(now, tx.remote, tx.local, &mut d);
+                }
+            }
+            now += Duration::from_millis(1);
+        }
+        assert!(refuses_sent > 0, "the premise: the first address refused");
+        let c = client.connection(ch).unwrap();
+        if second_accepts {
+            assert_eq!(
+                c.state(),
+                ConnectionState::Established,
+                "{:?}",
+                c.close_reason()
+            );
+            // the endpoint that refused is not the server: no link leads there
+            let links = c.stats().links;
+            assert_eq!((links[0].local, links[0].remote), (locals[1], remotes[1]));
+            assert_eq!(links.len(), 1, "{links:?}");
+        } else {
+            assert_eq!(c.state(), ConnectionState::Closed);
+            assert_eq!(c.close_reason(), Some(&ConnectionError::NotAccepting));
+        }
+    }
+}

@@ -458,11 +458,13 @@ impl Endpoint {
     /// Connects to a peer given one or more of its addresses, waiting until the handshake
     /// completes or fails. The handshake goes to the first address and, while that one does
     /// not answer, to the others in turn (each becomes a link once it is done), so a peer
-    /// whose first address is down or refuses is reached on another. It fails with
+    /// whose first address is down or refuses is reached on another; an address where an
+    /// endpoint that is not a server answers (or a service that is no ri2n server, on the
+    /// TCP transport) is left out, also of the links. It fails with
     /// [`ConnectionError::TimedOut`] without an answer within the configuration's
     /// `handshake_timeout` (10 s by default), [`ConnectionError::Refused`] when nothing
-    /// listens at any of them, [`ConnectionError::NotAccepting`] from an endpoint that is
-    /// not a server (or no longer is: its `Endpoint` was dropped),
+    /// listens at any of them, [`ConnectionError::NotAccepting`] when the endpoints there are
+    /// not servers (or no longer are: their `Endpoint` was dropped),
     /// [`ConnectionError::WrongApplication`], [`ConnectionError::KeyMismatch`],
     /// [`ConnectionError::ServerFull`].
     pub fn connect(

@@ -708,6 +708,68 @@ fn a_client_connects_over_its_second_address_when_the_first_refuses() {
     }
 }
 
+/// The first address a client is given leads to something that is no ri2n server: on UDP a
+/// ri2n endpoint that takes no connections (it answers `NotAccepting`), on TCP a service
+/// that speaks another protocol. The connection is made at the second address, and what the
+/// client writes arrives; before, that first answer ended the connect.
+#[test]
+fn a_client_connects_over_its_second_address_when_the_first_is_no_server() {
+    for transport in [Transport::Udp, Transport::Tcp] {
+        let server = Endpoint::bind(
+            EndpointConfig::new(addrs(&["127.0.0.2:0"]))
+                .with_transport(transport)
+                .server(),
+        )
+        .unwrap();
+        let to = server.local_addrs()[0];
+        // held until the end of the round: what answers at the first address
+        let (no_server, _other_endpoint, _other_service) = match transport {
+            Transport::Udp => {
+                let ep = Endpoint::bind(EndpointConfig::new(addrs(&["127.0.0.1:0"]))).unwrap();
+                (ep.local_addrs()[0], Some(ep), None)
+            }
+            _ => {
+                let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                let at = l.local_addr().unwrap();
+                let service = std::thread::spawn(move || {
+                    // answers the first connection in its own protocol, and closes it
+                    let (mut s, _) = l.accept().unwrap();
+                    let _ = s.write_all(b"220 another service here\r\n");
+                });
+                (at, None, Some(service))
+            }
+        };
+        // on two addresses: one would pair with the address that is no server's
+        let client = Endpoint::bind(
+            EndpointConfig::new(addrs(&["127.0.0.1:0", "127.0.0.2:0"])).with_transport(transport),
+        )
+        .unwrap();
+        let sent = data(100_000, 9);
+        let receiver = std::thread::spawn(move || {
+            let conn = server.accept().unwrap();
+            let mut got = Vec::new();
+            (&conn).read_to_end(&mut got).unwrap();
+            got
+        });
+        let conn = client
+            .connect(&[no_server, to], ConnectionConfig::default())
+            .unwrap_or_else(|e| panic!("{transport:?}: {e}"));
+        // and the address that is no server's is no link of the connection
+        let links = conn.stats().links;
+        assert_eq!(links[0].remote, to, "{transport:?}");
+        assert!(
+            links.iter().all(|l| l.remote != no_server),
+            "{transport:?}: {links:?}"
+        );
+        (&conn).write_all(&sent).unwrap();
+        conn.finish().unwrap();
+        assert!(
+            receiver.join().unwrap() == sent,
+            "{transport:?}: the data differs"
+        );
+    }
+}
+
 /// Nothing listens at any of the addresses a client is given: it is told `Refused` (not
 /// `TimedOut` at the end of its handshake timeout), on both transports.
 #[test]

@@ -297,19 +297,29 @@ enum HandshakeStage {
     Done,
 }
 
-/// One address pair a client's INITIALs may take, and how often the peer's host answered one
-/// with "port unreachable" (nothing listens there).
-#[derive(Debug, Clone, Copy)]
+/// One address pair a client's INITIALs may take, how often the peer's host answered one
+/// with "port unreachable" (nothing listens there), and the REFUSE an endpoint there sent
+/// (one that takes no connections: a given address need not be the server's).
+#[derive(Debug, Clone)]
 struct HandshakePath {
     local: SocketAddr,
     remote: SocketAddr,
     refusals: u32,
+    refused_with: Option<ConnectionError>,
 }
 
 impl HandshakePath {
     fn refused(&self) -> bool {
-        self.refusals >= REFUSALS_TO_GIVE_UP
+        self.refusals >= REFUSALS_TO_GIVE_UP || self.refused_with.is_some()
     }
+}
+
+/// Why a handshake none of whose `paths` is left ends: what an endpoint at one of them said,
+/// else that nothing listens at any.
+fn handshake_refusal(paths: &[HandshakePath]) -> ConnectionError {
+    (paths.iter())
+        .find_map(|p| p.refused_with.clone())
+        .unwrap_or(ConnectionError::Refused)
 }
 
 /// How the connection ends: why it ended, the CLOSE it still owes the peer, and the
@@ -442,6 +452,7 @@ impl Connection {
                 local,
                 remote,
                 refusals: 0,
+                refused_with: None,
             })
             .collect();
         let params = wire::ClientParams {
@@ -1309,6 +1320,10 @@ impl Connection {
             if self.links.len() >= self.cfg.max_links.min(crate::MAX_LINKS) {
                 break;
             }
+            // the endpoint there refused the handshake: it is not this server
+            if (paths.iter()).any(|p| p.remote == remote && p.refused_with.is_some()) {
+                continue;
+            }
             // a given address keeps the local address its handshake path had: paired with
             // link 0's as the fallback, it would be another pair when the handshake went
             // over another path than the first
@@ -1536,7 +1551,8 @@ impl Connection {
                 .any(|p| (p.local, p.remote) == link0 && p.refused())
         };
         if gone && self.state == ConnectionState::Connecting {
-            self.set_closed(Some(ConnectionError::Refused));
+            let e = handshake_refusal(paths);
+            self.set_closed(Some(e));
         }
         true
     }
@@ -1568,12 +1584,28 @@ impl Connection {
         self.state == ConnectionState::Connecting && cid != 0 && self.handshake.local_cid == cid
     }
 
-    /// The server refused this client's connection (its connection limit:
-    /// [`ConnectionError::ServerFull`]).
-    pub(crate) fn refused_by_server(&mut self, e: ConnectionError) {
-        if self.state == ConnectionState::Connecting {
-            self.set_closed(Some(e));
+    /// An endpoint at `remote` refused this connecting client (a REFUSE saying why, or a RESET
+    /// for the server's connection limit: [`ConnectionError::ServerFull`]). Before a cookie
+    /// is held any handshake path's host may answer, and it need not be the server (an
+    /// endpoint that takes no connections): that path is tried no more, and the handshake
+    /// ends with `e` once no path is left. With a cookie only link 0's server answers, and
+    /// the handshake ends.
+    pub(crate) fn refused_by_server(&mut self, remote: SocketAddr, e: ConnectionError) {
+        if self.state != ConnectionState::Connecting {
+            return;
         }
+        if let HandshakeStage::Client { paths, token, .. } = &mut self.handshake.stage {
+            if token.is_empty() {
+                tracing::debug!(%remote, error = %e, "handshake refused at one address");
+                for p in paths.iter_mut().filter(|p| p.remote == remote) {
+                    p.refused_with = Some(e.clone());
+                }
+                if !paths.iter().all(HandshakePath::refused) {
+                    return;
+                }
+            }
+        }
+        self.set_closed(Some(e));
     }
 
     /// The application this side speaks, as its handshake names it.

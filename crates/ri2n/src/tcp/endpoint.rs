@@ -154,19 +154,38 @@ impl TcpEndpoint {
                 pairs.push((local, r));
             }
         }
-        let (stream, (local, first_remote)) =
-            dial_first(pairs, config.probe_interval, deadline)?.ok_or_else(timed_out)?;
-        let left = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(1));
-        let x = link::hello_exchange(stream, &hello, left, key.as_ref()).map_err(|e| {
-            match e.kind() {
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => timed_out(),
-                _ => Error::Connection(ConnectionError::ProtocolViolation(
-                    "the peer did not answer as a ri2n TCP server",
-                )),
+        // a given address need not be the server's: an endpoint there that takes no
+        // connections, or no ri2n server at all, leaves the connection to the other addresses
+        // (as the UDP transport's handshake, docs/PROTOCOL.md §4.1); its answer is the error
+        // once none is left
+        let (mut turned_away, mut not_the_server) = (None, Vec::new());
+        let (x, (local, first_remote)) = loop {
+            let (stream, pair) = match dial_first(pairs.clone(), config.probe_interval, deadline) {
+                Ok(Some(won)) => won,
+                Ok(None) => return Err(timed_out()),
+                Err(e) => return Err(turned_away.unwrap_or(e)),
+            };
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1));
+            let error = match link::hello_exchange(stream, &hello, left, key.as_ref()) {
+                Ok(x) if x.reply.status != HelloStatus::NotAccepting => break (x, pair),
+                Ok(_) => ConnectionError::NotAccepting.into(),
+                Err(e) => match e.kind() {
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => return Err(timed_out()),
+                    _ => Error::Connection(ConnectionError::ProtocolViolation(
+                        "the peer did not answer as a ri2n TCP server",
+                    )),
+                },
+            };
+            tracing::debug!(remote = %pair.1, %error, "handshake turned away at one address");
+            pairs.retain(|p| p.1 != pair.1);
+            if pairs.is_empty() {
+                return Err(error);
             }
-        })?;
+            turned_away = Some(error);
+            not_the_server.push(pair.1);
+        };
         let (stream, reply, leftover, keys) = (x.stream, x.reply, x.leftover, x.keys);
         let mismatch = |m| Err(Error::Connection(ConnectionError::KeyMismatch(m)));
         match reply.status {
@@ -186,7 +205,10 @@ impl TcpEndpoint {
             }
         }
         // the addresses given, then (unless discovery is off) those the server announced
-        let mut candidates: Vec<SocketAddr> = remotes.to_vec();
+        let mut candidates: Vec<SocketAddr> = (remotes.iter())
+            .filter(|r| !not_the_server.contains(r))
+            .copied()
+            .collect();
         if config.discover {
             candidates.extend(reply.addrs.iter().filter(|a| !remotes.contains(a)));
         }
@@ -658,6 +680,36 @@ mod tests {
             })
             .count();
         assert!(downs >= 2, "the client saw {downs} links go down");
+    }
+
+    /// The first address a client is given leads to a server that takes no more connections
+    /// (it is closing): the connection is made at the second, a server that does. With no
+    /// such server left, the client is told `NotAccepting`.
+    #[test]
+    fn an_address_whose_server_takes_no_connections_leaves_the_connect_to_the_others() {
+        use ri2n_proto::Transport;
+        let on = |ip: &str, server: bool| {
+            let c = EndpointConfig::new(vec![SocketAddr::new(ip.parse().unwrap(), 0)])
+                .with_transport(Transport::Tcp);
+            TcpEndpoint::bind(if server { c.server() } else { c }).unwrap()
+        };
+        let closing = on("127.0.0.1", true);
+        closing.stop_accepting();
+        let open = on("127.0.0.2", true);
+        let to = [closing.local_addrs()[0], open.local_addrs()[0]];
+        let client = on("127.0.0.1", false);
+        let conn = client.connect(&to, ConnectionConfig::default()).unwrap();
+        assert_eq!(conn.lock().links[0].remote, to[1]);
+        assert!(open.accept_timeout(Some(Duration::from_secs(5))).is_some());
+
+        open.stop_accepting();
+        let e = client
+            .connect(&to, ConnectionConfig::default())
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::Connection(ConnectionError::NotAccepting)),
+            "{e:?}"
+        );
     }
 
     #[test]
