@@ -214,12 +214,20 @@ fn tcp_closes_written(connections: &[Arc<tcp::TcpConnection>]) {
     }
 }
 
-/// Finishes every connection of a TCP endpoint and waits until `deadline` for each to be
-/// acknowledged; returns (connections, bytes) never acknowledged. The endpoint listens on
-/// meanwhile, for the links of those connections only: a link that fails during the wait is
+/// Ends a TCP endpoint whose application let it go: it refuses new connections, closes
+/// those it has ([`tcp_close_connections`]) and stops listening. It listens on during the
+/// close, for the links of those connections only: a link that fails during the wait is
 /// opened again, as the UDP transport's sockets stay open until its close is done.
 fn tcp_close(ep: &tcp::TcpEndpoint, deadline: Option<Instant>) -> (usize, u64) {
     ep.stop_accepting();
+    let lost = tcp_close_connections(ep, deadline);
+    ep.shut();
+    lost
+}
+
+/// Finishes every connection of a TCP endpoint and waits until `deadline` for each to be
+/// acknowledged; returns (connections, bytes) never acknowledged.
+fn tcp_close_connections(ep: &tcp::TcpEndpoint, deadline: Option<Instant>) -> (usize, u64) {
     let mut lost = (0, 0);
     let connections = ep.connections();
     // every stream ends now: a peer that stops reading then holds up its own connection's
@@ -243,7 +251,6 @@ fn tcp_close(ep: &tcp::TcpEndpoint, deadline: Option<Instant>) -> (usize, u64) {
         c.close(Duration::ZERO);
     }
     tcp_closes_written(&connections);
-    ep.shut();
     lost
 }
 
@@ -349,10 +356,13 @@ impl Endpoint {
     /// aborted once our side is delivered, so the peer is not left waiting. Returns
     /// [`Error::NotDelivered`] if some data was never acknowledged.
     ///
+    /// The endpoint itself stays open: a server goes on accepting connections (those that
+    /// come in meanwhile are not closed), and it may connect again.
+    ///
     /// Dropping the last handle of an endpoint (the endpoint and all its connections) does the
     /// same with `EndpointConfig::close_linger` (default 10 s) as the timeout, so returning
-    /// from `main` right after writing does not lose the data; call `close` to choose the
-    /// time and learn the outcome.
+    /// from `main` right after writing does not lose the data, and then ends the endpoint;
+    /// call `close` to choose the time and learn the outcome.
     pub fn close(&self, timeout: Option<Duration>) -> Result<(), Error> {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let (connections, bytes) = match &self.inner {
@@ -360,7 +370,7 @@ impl Endpoint {
                 let lost = s.close_all(deadline);
                 (lost.connections, lost.bytes)
             }
-            Transports::Tcp(t) => tcp_close(&t.endpoint, deadline),
+            Transports::Tcp(t) => tcp_close_connections(&t.endpoint, deadline),
         };
         if connections == 0 {
             Ok(())

@@ -302,6 +302,42 @@ fn closing_a_tcp_server_waits_for_its_connections_together() {
     drop(stalled);
 }
 
+/// `Endpoint::close` closes the endpoint's connections, not the endpoint: on both transports
+/// a server goes on accepting, and a client connecting after the close is served (the TCP
+/// transport stopped listening, so that `accept` waited for ever).
+#[test]
+fn a_server_accepts_again_after_closing_its_connections() {
+    use std::io::{Read, Write};
+    for transport in [Transport::Udp, Transport::Tcp] {
+        let server = Endpoint::bind(
+            EndpointConfig::new(vec![loopback("127.0.0.1")])
+                .with_transport(transport)
+                .server(),
+        )
+        .unwrap();
+        let client = Endpoint::bind(
+            EndpointConfig::new(vec![loopback("127.0.0.1")]).with_transport(transport),
+        )
+        .unwrap();
+        let mut got = Vec::new();
+        for round in 0..2u8 {
+            let conn = client
+                .connect(&server.local_addrs(), ConnectionConfig::default())
+                .unwrap_or_else(|e| panic!("{transport:?}, round {round}: {e}"));
+            let accepted = server
+                .accept_timeout(Some(Duration::from_secs(5)))
+                .unwrap()
+                .unwrap_or_else(|| panic!("{transport:?}, round {round}: nothing accepted"));
+            (&accepted).write_all(&[round; 1000]).unwrap();
+            let r = server.close(Some(Duration::from_secs(5)));
+            assert!(r.is_ok(), "{transport:?}, round {round}: {r:?}");
+            got.clear();
+            (&conn).read_to_end(&mut got).unwrap();
+            assert_eq!(got, [round; 1000], "{transport:?}, round {round}");
+        }
+    }
+}
+
 /// A server endpoint dropped while a connection it handed out lives on (keeping its shard
 /// running) accepts nothing more: a new client is refused at once (`NotAccepting`), and a
 /// client that connected but was never accepted learns that its connection was aborted. Its

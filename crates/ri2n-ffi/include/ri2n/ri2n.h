@@ -369,8 +369,8 @@ ssize_t ri2n_endpoint_local_addr(const struct ri2n_endpoint *ep, size_t i, char 
 // Closes every connection of the endpoint gracefully: finishes their streams and waits at
 // most `timeout_ms` (negative: as long as it takes) until each peer has acknowledged
 // everything written to it. 0, or `-ETIMEDOUT` when some data was never acknowledged
-// ([`ri2n_last_error`](crate::ri2n_last_error) says how much). The endpoint must still be
-// freed.
+// ([`ri2n_last_error`](crate::ri2n_last_error) says how much). The endpoint stays open (a
+// server goes on accepting) until it is freed, which it must still be.
 //
 // # Safety
 // `ep` is a live endpoint.
