@@ -32,6 +32,10 @@ use crate::udp_connection::UdpConnection;
 #[derive(Debug)]
 pub struct Connection {
     inner: Inner,
+    /// A TCP-transport connection keeps its endpoint open, as a UDP one keeps its shard
+    /// running; the endpoint closes once its last handle and connection are gone. Declared
+    /// after `inner`, so it is dropped after the connection was released.
+    _endpoint: Option<Arc<crate::TcpLife>>,
 }
 
 #[derive(Debug)]
@@ -49,6 +53,10 @@ pub(crate) const MAX_QUEUED_EVENTS: usize = 4096;
 /// transport (as TCP resets a connection closed with data unread).
 pub(crate) const UNREAD: &str =
     "the peer's application closed the connection without reading all it was sent";
+
+/// Why a connection that a server's application can no longer accept (its endpoint was
+/// dropped) is aborted, on either transport.
+pub(crate) const UNACCEPTED: &str = "the server stopped accepting before it took this connection";
 
 /// The application's handle on a TCP-transport connection: dropping it finishes the stream
 /// (and, should the peer's data then go unread, aborts it: see `link::watch`).
@@ -82,12 +90,14 @@ impl Connection {
     pub(crate) fn udp(c: UdpConnection) -> Self {
         Self {
             inner: Inner::Udp(c),
+            _endpoint: None,
         }
     }
 
-    pub(crate) fn tcp(c: Arc<TcpConnection>) -> Self {
+    pub(crate) fn tcp(c: Arc<TcpConnection>, endpoint: Arc<crate::TcpLife>) -> Self {
         Self {
             inner: Inner::Tcp(TcpHandle(c)),
+            _endpoint: Some(endpoint),
         }
     }
 

@@ -184,15 +184,41 @@ enum Transports {
     Tcp(Arc<TcpHandle>),
 }
 
-/// The application's handle on a TCP-transport endpoint: dropping the last one closes it
-/// like a UDP endpoint's (waiting up to `close_linger` for delivery).
+/// The application's handle on a TCP-transport endpoint. When the last one goes nothing can
+/// accept a connection any more: the endpoint refuses new ones and aborts those waiting, as a
+/// UDP endpoint's shards do. The connections the application holds live on.
 #[derive(Debug)]
 struct TcpHandle {
+    life: Arc<TcpLife>,
+}
+
+impl TcpHandle {
+    fn endpoint(&self) -> &tcp::TcpEndpoint {
+        &self.life.endpoint
+    }
+
+    /// A connection for the application, which keeps the endpoint alive while it lives.
+    fn connection(&self, c: Arc<tcp::TcpConnection>) -> Connection {
+        Connection::tcp(c, self.life.clone())
+    }
+}
+
+impl Drop for TcpHandle {
+    fn drop(&mut self) {
+        self.life.endpoint.stop_accepting();
+    }
+}
+
+/// A TCP-transport endpoint, held by the application's handles on it and on its
+/// connections: dropping the last closes it like a UDP endpoint's driver (waiting up to
+/// `close_linger` for delivery), so returning from `main` right after writing loses nothing.
+#[derive(Debug)]
+pub(crate) struct TcpLife {
     endpoint: Arc<tcp::TcpEndpoint>,
     linger: Duration,
 }
 
-impl Drop for TcpHandle {
+impl Drop for TcpLife {
     fn drop(&mut self) {
         let deadline = Instant::now().checked_add(self.linger);
         let _ = tcp_close(&self.endpoint, deadline);
@@ -267,8 +293,10 @@ impl Endpoint {
             let linger = config.close_linger;
             return Ok(Self {
                 inner: Transports::Tcp(Arc::new(TcpHandle {
-                    endpoint: tcp::TcpEndpoint::bind(config)?,
-                    linger,
+                    life: Arc::new(TcpLife {
+                        endpoint: tcp::TcpEndpoint::bind(config)?,
+                        linger,
+                    }),
                 })),
             });
         }
@@ -370,7 +398,7 @@ impl Endpoint {
                 let lost = s.close_all(deadline);
                 (lost.connections, lost.bytes)
             }
-            Transports::Tcp(t) => tcp_close_connections(&t.endpoint, deadline),
+            Transports::Tcp(t) => tcp_close_connections(t.endpoint(), deadline),
         };
         if connections == 0 {
             Ok(())
@@ -390,7 +418,7 @@ impl Endpoint {
         match &self.inner {
             Transports::Udp(s) => s.abort_all(code, reason),
             Transports::Tcp(t) => {
-                let connections = t.endpoint.connections();
+                let connections = t.endpoint().connections();
                 for c in &connections {
                     c.abort(code, reason);
                 }
@@ -403,7 +431,7 @@ impl Endpoint {
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
         match &self.inner {
             Transports::Udp(s) => first(s).local_addrs().collect(),
-            Transports::Tcp(t) => t.endpoint.local_addrs(),
+            Transports::Tcp(t) => t.endpoint().local_addrs(),
         }
     }
 
@@ -505,7 +533,7 @@ impl Endpoint {
     ) -> Result<Connection, Error> {
         let shards = match &self.inner {
             Transports::Udp(s) => s,
-            Transports::Tcp(t) => return Ok(Connection::tcp(t.endpoint.connect(remotes, config)?)),
+            Transports::Tcp(t) => return Ok(t.connection(t.endpoint().connect(remotes, config)?)),
         };
         let driver = shards.for_connect();
         let shared = driver.shared();
@@ -524,7 +552,7 @@ impl Endpoint {
             Transports::Udp(s) => {
                 (s.pop_accepted()).map(|(driver, h)| Connection::udp(UdpConnection::new(driver, h)))
             }
-            Transports::Tcp(t) => t.endpoint.try_accept().map(Connection::tcp),
+            Transports::Tcp(t) => t.endpoint().try_accept().map(|c| t.connection(c)),
         };
         accepted.ok_or_else(|| Error::Io(std::io::ErrorKind::WouldBlock.into()))
     }
@@ -537,7 +565,7 @@ impl Endpoint {
         use std::os::fd::AsFd;
         match &self.inner {
             Transports::Udp(s) => Ok(s.accepts.readiness()?.as_fd()),
-            Transports::Tcp(t) => Ok(t.endpoint.readiness()?.as_fd()),
+            Transports::Tcp(t) => Ok(t.endpoint().readiness()?.as_fd()),
         }
     }
 
@@ -554,7 +582,10 @@ impl Endpoint {
         let shards = match &self.inner {
             Transports::Udp(s) => s,
             Transports::Tcp(t) => {
-                return Ok(t.endpoint.accept_timeout(timeout).map(Connection::tcp))
+                return Ok(t
+                    .endpoint()
+                    .accept_timeout(timeout)
+                    .map(|c| t.connection(c)))
             }
         };
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));

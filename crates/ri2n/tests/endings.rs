@@ -342,14 +342,25 @@ fn a_server_accepts_again_after_closing_its_connections() {
 /// running) accepts nothing more: a new client is refused at once (`NotAccepting`), and a
 /// client that connected but was never accepted learns that its connection was aborted. Its
 /// data used to be acknowledged, new clients' too, and the connections later closed as if
-/// delivered, with nothing ever read.
+/// delivered, with nothing ever read. The connection the application holds goes on, on
+/// either transport (the TCP transport's drop used to finish and close it).
 #[test]
 fn a_dropped_server_endpoint_accepts_nothing_more() {
+    for transport in [Transport::Udp, Transport::Tcp] {
+        a_dropped_server_endpoint_accepts_nothing_more_on(transport);
+    }
+}
+
+fn a_dropped_server_endpoint_accepts_nothing_more_on(transport: Transport) {
     use std::io::{Read, Write};
 
-    let server = Endpoint::server(&[loopback("127.0.0.1")]).unwrap();
+    let config = |server: bool| {
+        let c = EndpointConfig::new(vec![loopback("127.0.0.1")]).with_transport(transport);
+        Endpoint::bind(if server { c.server() } else { c }).unwrap()
+    };
+    let server = config(true);
     let to = server.local_addrs();
-    let client = Endpoint::client(&[loopback("127.0.0.1")]).unwrap();
+    let client = config(false);
     let mut kept = client.connect(&to, ConnectionConfig::default()).unwrap();
     kept.write_all(b"a").unwrap();
     let mut held = server.accept().unwrap();
@@ -358,7 +369,11 @@ fn a_dropped_server_endpoint_accepts_nothing_more() {
     // the premise: the server's engine took its data, so it waits to be accepted
     let deadline = Instant::now() + Duration::from_secs(5);
     while waiting.stats().bytes_acknowledged < 10 {
-        assert!(Instant::now() < deadline, "{:?}", waiting.stats());
+        assert!(
+            Instant::now() < deadline,
+            "{transport:?}: {:?}",
+            waiting.stats()
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     drop(server);
@@ -369,7 +384,7 @@ fn a_dropped_server_endpoint_accepts_nothing_more() {
             refused,
             Err(Error::Connection(ConnectionError::NotAccepting))
         ),
-        "a client after the drop: {:?}",
+        "{transport:?}: a client after the drop: {:?}",
         refused.map(|c| c.state())
     );
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -378,15 +393,65 @@ fn a_dropped_server_endpoint_accepts_nothing_more() {
     }
     match waiting.close_reason() {
         Some(ConnectionError::PeerAborted { reason, .. }) => {
-            assert!(reason.contains("stopped accepting"), "{reason}")
+            assert!(
+                reason.contains("stopped accepting"),
+                "{transport:?}: {reason}"
+            )
         }
-        other => panic!("the unaccepted client's connection ended with {other:?}"),
+        other => panic!("{transport:?}: the unaccepted client's connection ended with {other:?}"),
     }
-    // the connection the application holds goes on
+    // the connection the application holds goes on, both ways
     kept.write_all(b"b").unwrap();
     let mut got = [0u8; 2];
     held.read_exact(&mut got).unwrap();
-    assert_eq!(&got, b"ab");
+    assert_eq!(&got, b"ab", "{transport:?}");
+    held.write_all(b"c").unwrap();
+    let mut back = [0u8; 1];
+    kept.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"c", "{transport:?}");
+}
+
+/// A client endpoint dropped right after connecting (a helper that returns the connection
+/// alone) leaves the connection working on either transport, until it is dropped too. The
+/// TCP transport's drop used to finish and close it at once.
+#[test]
+fn a_connection_outlives_its_dropped_client_endpoint() {
+    use std::io::{Read, Write};
+    for transport in [Transport::Udp, Transport::Tcp] {
+        let server = Endpoint::bind(
+            EndpointConfig::new(vec![loopback("127.0.0.1")])
+                .with_transport(transport)
+                .server(),
+        )
+        .unwrap();
+        let connect = || {
+            let client = Endpoint::bind(
+                EndpointConfig::new(vec![loopback("127.0.0.1")]).with_transport(transport),
+            )
+            .unwrap();
+            client
+                .connect(&server.local_addrs(), ConnectionConfig::default())
+                .unwrap()
+        };
+        let mut conn = connect();
+        let mut accepted = server.accept().unwrap();
+        let sent = vec![5u8; 300_000];
+        conn.write_all(&sent).unwrap();
+        let mut got = vec![0u8; sent.len()];
+        accepted.read_exact(&mut got).unwrap();
+        assert!(got == sent, "{transport:?}: the data differs");
+        accepted.write_all(b"answer").unwrap();
+        let mut answer = [0u8; 6];
+        conn.read_exact(&mut answer).unwrap();
+        assert_eq!(&answer, b"answer", "{transport:?}");
+        assert_eq!(conn.close_reason(), None, "{transport:?}");
+        // dropped now, it still delivers what it wrote last
+        conn.write_all(b"last").unwrap();
+        drop(conn);
+        let mut rest = Vec::new();
+        accepted.read_to_end(&mut rest).unwrap();
+        assert_eq!(rest, b"last", "{transport:?}");
+    }
 }
 
 /// A server that accepts a connection and drops it at once, its client still writing: once

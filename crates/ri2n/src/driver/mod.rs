@@ -154,10 +154,7 @@ impl State {
     /// closed.
     fn abort_unaccepted(&mut self, h: ConnectionHandle) {
         if let Some(c) = self.endpoint.connection_mut(h) {
-            c.abort(
-                0,
-                "the server stopped accepting before it took this connection",
-            );
+            c.abort(0, crate::connection::UNACCEPTED);
         }
         self.dropped.insert(h);
     }

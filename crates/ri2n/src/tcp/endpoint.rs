@@ -282,10 +282,26 @@ impl TcpEndpoint {
         conns.values().filter_map(Weak::upgrade).collect()
     }
 
-    /// Refuses new connections from now on (NotAccepting). Their listening sockets stay open:
-    /// a link of a connection still delivering that fails meanwhile is opened again.
+    /// Refuses new connections from now on (NotAccepting), and aborts those waiting to be
+    /// accepted: nobody will take them, and closed gracefully with the rest their clients
+    /// would take the end for a delivery. The listening sockets stay open: a link of a
+    /// connection still delivering that fails meanwhile is opened again. The queue is emptied
+    /// under its lock, under which a hello looks at the flag before it queues: none slips in
+    /// after.
     pub fn stop_accepting(&self) {
+        let mut q = self.accepted.lock().unwrap_or_else(|e| e.into_inner());
         self.closing.store(true, Ordering::SeqCst);
+        let waiting: Vec<Arc<TcpConnection>> = q.drain(..).collect();
+        drop(q);
+        for c in waiting {
+            c.abort(0, crate::connection::UNACCEPTED);
+        }
+        // an event loop waiting on `accept`'s readiness descriptor wakes, and finds nothing
+        // to accept any more
+        self.accept_cv.notify_all();
+        if let Some(r) = self.accept_ready.get() {
+            r.signal();
+        }
     }
 
     /// Stops listening.
@@ -390,6 +406,11 @@ impl TcpEndpoint {
         }
         if hello.new_connection && spawn_watch(&conn).is_ok() {
             let mut q = self.accepted.lock().unwrap_or_else(|e| e.into_inner());
+            if self.closing.load(Ordering::SeqCst) {
+                drop(q);
+                conn.abort(0, crate::connection::UNACCEPTED);
+                return;
+            }
             q.push_back(conn);
             self.accept_cv.notify_all();
             if let Some(r) = self.accept_ready.get() {
