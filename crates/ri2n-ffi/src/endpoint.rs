@@ -321,7 +321,8 @@ pub(crate) unsafe fn write_text(s: &str, buf: *mut c_char, len: usize) -> Result
 /// most `timeout_ms` (negative: as long as it takes) until each peer has acknowledged
 /// everything written to it. 0, or `-ETIMEDOUT` when some data was never acknowledged
 /// ([`ri2n_last_error`](crate::ri2n_last_error) says how much). The endpoint stays open (a
-/// server goes on accepting) until it is freed, which it must still be.
+/// server accepts the connections that come in after the close) until it is freed, which it
+/// must still be.
 ///
 /// # Safety
 /// `ep` is a live endpoint.

@@ -27,7 +27,8 @@ pub enum DropReason {
     /// One of its frames is malformed: the packet is dropped whole.
     MalformedFrame,
     /// Its link ID and address pair match no link (links never migrate), or it would open a
-    /// link beyond the limit.
+    /// link beyond the limit; or a RESET from an address the peer was never heard from (an
+    /// endpoint there that is not the peer, PROTOCOL.md §8.4).
     UnknownLink,
     /// Its packet number arrived before, is too old to tell, or jumps too far ahead.
     Duplicate,

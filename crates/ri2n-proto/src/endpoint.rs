@@ -671,12 +671,16 @@ impl Endpoint {
                 return Err(DropReason::Unauthenticated);
             }
         }
-        self.attention.touch(h);
         if conn.state() == ConnectionState::Connecting {
             conn.refused_by_server(remote, ConnectionError::ServerFull);
-        } else {
+        } else if conn.heard_from(remote) {
             conn.peer_restarted();
+        } else {
+            // an address the peer never answered from: another endpoint's (a given address
+            // that is not the peer's), which knows nothing of the connection
+            return Err(DropReason::UnknownLink);
         }
+        self.attention.touch(h);
         if conn.is_unconfirmed_server() {
             self.remove(h);
         }

@@ -1355,61 +1355,166 @@ fn a_refused_address_leaves_the_handshake_to_the_others() {
     assert_eq!(c.close_reason(), Some(&ConnectionError::Refused));
 }
 
+/// What answers at the second of two given addresses in
+/// [`an_address_whose_endpoint_takes_no_connections_leaves_the_handshake_to_the_others`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Second {
+    Server,
+    NotAccepting,
+    Silent,
+    /// A server that answers the first INITIAL with a RETRY, then is gone: its host answers
+    /// "port unreachable".
+    GoneAfterRetry,
+}
+
 /// The first of two given addresses leads to an endpoint that takes no connections (another
 /// host's client, a server whose application stopped accepting): its REFUSE takes that
-/// address out of the handshake, which goes on over the second, to the server there. Only
-/// once every address refused does the connection end, with the reason given.
+/// address out of the handshake, which goes on over the second, to the server there, and the
+/// address becomes no link. Only once every address refused does the connection end, with
+/// the reason given; one whose other address stays silent ends with that reason at the
+/// handshake timeout; one whose server went away after its RETRY is `Refused`.
 #[test]
 fn an_address_whose_endpoint_takes_no_connections_leaves_the_handshake_to_the_others() {
     let base = Instant::now();
     let locals = vec![addr("10.0.0.1:5000"), addr("10.1.0.1:5000")];
     let remotes = [addr("10.0.0.2:6000"), addr("10.1.0.2:6000")];
-    for second_accepts in [true, false] {
+    let cases = [
+        (Second::Server, None),
+        (Second::NotAccepting, Some(ConnectionError::NotAccepting)),
+        (Second::Silent, Some(ConnectionError::NotAccepting)),
+        (Second::GoneAfterRetry, Some(ConnectionError::Refused)),
+    ];
+    for (second, ending) in cases {
         let mut client = Endpoint::new(EndpointConfig::new(locals.clone()), 1, base);
         let not_accepting = Endpoint::new(EndpointConfig::new(vec![remotes[0]]), 2, base);
-        let mut second = EndpointConfig::new(vec![remotes[1]]);
-        if second_accepts {
-            second = second.server();
+        let mut config = EndpointConfig::new(vec![remotes[1]]);
+        if second != Second::NotAccepting {
+            config = config.server();
         }
-        let mut peers = [not_accepting, Endpoint::new(second, 3, base)];
+        let mut peers = [not_accepting, Endpoint::new(config, 3, base)];
+        let handshake_timeout = Duration::from_secs(2);
         let ch = client
-            .connect(base, &remotes, ConnectionConfig::default())
+            .connect(
+                base,
+                &remotes,
+                ConnectionConfig::default().with_handshake_timeout(handshake_timeout),
+            )
             .unwrap();
-        let (mut now, mut refuses_sent) = (base, 0);
-        while now < base + Duration::from_secs(2)
+        let (mut now, mut refuses_sent, mut retries_sent) = (base, 0, 0);
+        while now < base + handshake_timeout + Duration::from_millis(100)
             && client.connection(ch).unwrap().state() == ConnectionState::Connecting
         {
             client.handle_timeout(now);
             for (tx, mut d) in drain(&mut client, now) {
                 let i = remotes.iter().position(|&r| r == tx.remote).unwrap();
-                peers[i].handle_datagram(now, tx.remote, tx.local, &mut d);
+                match (i, second) {
+                    (1, Second::Silent) => {}
+                    (1, Second::GoneAfterRetry) if retries_sent > 0 => {
+                        client.handle_port_unreachable(now, tx.local, tx.remote, &d[..24]);
+                    }
+                    _ => peers[i].handle_datagram(now, tx.remote, tx.local, &mut d),
+                }
             }
             for (i, peer) in peers.iter_mut().enumerate() {
                 peer.handle_timeout(now);
                 for (tx, mut d) in drain(peer, now) {
-                    let refuse = matches!(wire::decode_packet(&d), Ok((Header::Refuse { .. }, _)));
-                    refuses_sent += usize::from(refuse && i == 0);
+                    match wire::decode_packet(&d) {
+                        Ok((Header::Refuse { .. }, _)) => refuses_sent += usize::from(i == 0),
+                        Ok((Header::Retry { .. }, _)) => retries_sent += usize::from(i == 1),
+                        _ => {}
+                    }
                     client.handle_datagram(now, tx.remote, tx.local, &mut d);
                 }
             }
             now += Duration::from_millis(1);
         }
-        assert!(refuses_sent > 0, "the premise: the first address refused");
+        assert!(
+            refuses_sent > 0,
+            "{second:?}: the premise: the first refused"
+        );
         let c = client.connection(ch).unwrap();
-        if second_accepts {
-            assert_eq!(
+        match &ending {
+            None => assert_eq!(
                 c.state(),
                 ConnectionState::Established,
-                "{:?}",
+                "{second:?}: {:?}",
                 c.close_reason()
-            );
+            ),
+            Some(e) => {
+                assert_eq!(c.state(), ConnectionState::Closed, "{second:?}");
+                assert_eq!(c.close_reason(), Some(e), "{second:?}");
+            }
+        }
+        if second == Second::Server {
             // the endpoint that refused is not the server: no link leads there
             let links = c.stats().links;
             assert_eq!((links[0].local, links[0].remote), (locals[1], remotes[1]));
             assert_eq!(links.len(), 1, "{links:?}");
-        } else {
-            assert_eq!(c.state(), ConnectionState::Closed);
-            assert_eq!(c.close_reason(), Some(&ConnectionError::NotAccepting));
         }
     }
+}
+
+/// The server is at the first of two given addresses and answers before the second is tried;
+/// at the second is an endpoint that is not the server. The link there draws RESETs (that
+/// endpoint knows no such connection), which say nothing about the peer, never heard from that
+/// address: the connection lives on and carries a stream whole. Before, the first RESET ended
+/// it as a peer restart.
+#[test]
+fn a_reset_from_an_address_the_peer_never_answered_from_is_ignored() {
+    let base = Instant::now();
+    let locals = vec![addr("10.0.0.1:5000"), addr("10.1.0.1:5000")];
+    let remotes = [addr("10.0.0.2:6000"), addr("10.1.0.2:6000")];
+    let mut client = Endpoint::new(EndpointConfig::new(locals), 1, base);
+    let server = Endpoint::new(EndpointConfig::new(vec![remotes[0]]).server(), 2, base);
+    let stranger = Endpoint::new(EndpointConfig::new(vec![remotes[1]]), 3, base);
+    let mut peers = [server, stranger];
+    let ch = client
+        .connect(base, &remotes, ConnectionConfig::default())
+        .unwrap();
+    let (mut sh, mut resets, mut sent, mut got) = (None, 0, 0u64, 0u64);
+    let total = 1u64 << 20;
+    let mut buf = vec![0u8; 65536];
+    let mut now = base;
+    while now < base + Duration::from_secs(5) && got < total {
+        client.handle_timeout(now);
+        for (tx, mut d) in drain(&mut client, now) {
+            let i = remotes.iter().position(|&r| r == tx.remote).unwrap();
+            peers[i].handle_datagram(now, tx.remote, tx.local, &mut d);
+        }
+        for (i, peer) in peers.iter_mut().enumerate() {
+            peer.handle_timeout(now);
+            for (tx, mut d) in drain(peer, now) {
+                let reset = matches!(wire::decode_packet(&d), Ok((Header::Reset { .. }, _)));
+                resets += usize::from(reset && i == 1);
+                client.handle_datagram(now, tx.remote, tx.local, &mut d);
+            }
+        }
+        if let Some(c) = client.connection_mut(ch) {
+            if c.state() == ConnectionState::Established {
+                write_pattern(c, &mut sent, total, pattern);
+            }
+        }
+        if sh.is_none() {
+            sh = peers[0].accept();
+        }
+        if let Some(c) = sh.and_then(|h| peers[0].connection_mut(h)) {
+            while let Ok(n @ 1..) = c.read(&mut buf) {
+                assert!(
+                    (0..n).all(|k| buf[k] == pattern(got + k as u64)),
+                    "the bytes differ"
+                );
+                got += n as u64;
+            }
+        }
+        now += Duration::from_millis(1);
+    }
+    assert!(resets > 0, "the premise: the stranger answered with RESETs");
+    let c = client.connection(ch).unwrap();
+    assert_eq!(
+        c.state(),
+        ConnectionState::Established,
+        "{:?}",
+        c.close_reason()
+    );
+    assert_eq!(got, total, "the stream arrived whole");
 }

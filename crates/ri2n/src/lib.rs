@@ -220,8 +220,12 @@ pub(crate) struct TcpLife {
 
 impl Drop for TcpLife {
     fn drop(&mut self) {
-        let deadline = Instant::now().checked_add(self.linger);
-        let _ = tcp_close(&self.endpoint, deadline);
+        // a thread unwinding does not linger (as the UDP driver's drop)
+        let linger = match std::thread::panicking() {
+            true => Duration::ZERO,
+            false => self.linger,
+        };
+        let _ = tcp_close(&self.endpoint, Instant::now().checked_add(linger));
     }
 }
 
@@ -384,8 +388,8 @@ impl Endpoint {
     /// aborted once our side is delivered, so the peer is not left waiting. Returns
     /// [`Error::NotDelivered`] if some data was never acknowledged.
     ///
-    /// The endpoint itself stays open: a server goes on accepting connections (those that
-    /// come in meanwhile are not closed), and it may connect again.
+    /// The endpoint itself stays open: a server accepts the connections that come in after
+    /// `close` returned, and it may connect again.
     ///
     /// Dropping the last handle of an endpoint (the endpoint and all its connections) does the
     /// same with `EndpointConfig::close_linger` (default 10 s) as the timeout, so returning
@@ -498,11 +502,13 @@ impl Endpoint {
     /// not answer, to the others in turn (each becomes a link once it is done), so a peer
     /// whose first address is down or refuses is reached on another; an address where an
     /// endpoint that is not a server answers (or a service that is no ri2n server, on the
-    /// TCP transport) is left out, also of the links. It fails with
+    /// TCP transport) is left out, and what it answers later does not end the connection. It
+    /// fails with
     /// [`ConnectionError::TimedOut`] without an answer within the configuration's
     /// `handshake_timeout` (10 s by default), [`ConnectionError::Refused`] when nothing
     /// listens at any of them, [`ConnectionError::NotAccepting`] when the endpoints there are
-    /// not servers (or no longer are: their `Endpoint` was dropped),
+    /// not servers (or no longer are: their `Endpoint` was dropped; also at the timeout when
+    /// the others stay silent),
     /// [`ConnectionError::WrongApplication`], [`ConnectionError::KeyMismatch`],
     /// [`ConnectionError::ServerFull`].
     pub fn connect(

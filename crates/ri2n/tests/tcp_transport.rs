@@ -723,7 +723,7 @@ fn a_client_connects_over_its_second_address_when_the_first_is_no_server() {
         .unwrap();
         let to = server.local_addrs()[0];
         // held until the end of the round: what answers at the first address
-        let (no_server, _other_endpoint, _other_service) = match transport {
+        let (no_server, _other_endpoint, other_service) = match transport {
             Transport::Udp => {
                 let ep = Endpoint::bind(EndpointConfig::new(addrs(&["127.0.0.1:0"]))).unwrap();
                 (ep.local_addrs()[0], Some(ep), None)
@@ -731,12 +731,14 @@ fn a_client_connects_over_its_second_address_when_the_first_is_no_server() {
             _ => {
                 let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
                 let at = l.local_addr().unwrap();
-                let service = std::thread::spawn(move || {
+                let (dialled, was_dialled) = std::sync::mpsc::channel();
+                std::thread::spawn(move || {
                     // answers the first connection in its own protocol, and closes it
                     let (mut s, _) = l.accept().unwrap();
                     let _ = s.write_all(b"220 another service here\r\n");
+                    let _ = dialled.send(());
                 });
-                (at, None, Some(service))
+                (at, None, Some(was_dialled))
             }
         };
         // on two addresses: one would pair with the address that is no server's
@@ -761,6 +763,11 @@ fn a_client_connects_over_its_second_address_when_the_first_is_no_server() {
             links.iter().all(|l| l.remote != no_server),
             "{transport:?}: {links:?}"
         );
+        // the premise, on TCP: the service was dialled and answered
+        if let Some(was_dialled) = other_service {
+            let dialled = was_dialled.recv_timeout(Duration::from_secs(5));
+            assert!(dialled.is_ok(), "the other service was never dialled");
+        }
         (&conn).write_all(&sent).unwrap();
         conn.finish().unwrap();
         assert!(

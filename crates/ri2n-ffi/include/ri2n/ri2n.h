@@ -370,7 +370,8 @@ ssize_t ri2n_endpoint_local_addr(const struct ri2n_endpoint *ep, size_t i, char 
 // most `timeout_ms` (negative: as long as it takes) until each peer has acknowledged
 // everything written to it. 0, or `-ETIMEDOUT` when some data was never acknowledged
 // ([`ri2n_last_error`](crate::ri2n_last_error) says how much). The endpoint stays open (a
-// server goes on accepting) until it is freed, which it must still be.
+// server accepts the connections that come in after the close) until it is freed, which it
+// must still be.
 //
 // # Safety
 // `ep` is a live endpoint.

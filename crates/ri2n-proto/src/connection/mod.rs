@@ -1551,7 +1551,11 @@ impl Connection {
                 .any(|p| (p.local, p.remote) == link0 && p.refused())
         };
         if gone && self.state == ConnectionState::Connecting {
-            let e = handshake_refusal(paths);
+            // with a cookie it is link 0's path that nothing listens at any more
+            let e = match token.is_empty() {
+                true => handshake_refusal(paths),
+                false => ConnectionError::Refused,
+            };
             self.set_closed(Some(e));
         }
         true
@@ -1567,6 +1571,13 @@ impl Connection {
             }
             _ => self.links[0].remote == remote,
         }
+    }
+
+    /// Whether the peer has been heard from `remote`: link 0's address (the handshake's), or
+    /// one a packet of this connection arrived from.
+    pub(crate) fn heard_from(&self, remote: SocketAddr) -> bool {
+        (self.links.iter().enumerate())
+            .any(|(i, l)| l.remote == remote && (i == 0 || l.counters.packets_received > 0))
     }
 
     /// Whether any of this connection's links leads to `remote`.
@@ -1614,9 +1625,18 @@ impl Connection {
     }
 
     /// A client's handshake went unanswered (a server's: never confirmed) for the handshake
-    /// timeout.
+    /// timeout. A client one of whose addresses refused it ends with that refusal.
     pub(super) fn handshake_timed_out(&mut self) {
-        self.set_closed(Some(ConnectionError::TimedOut(self.cfg.handshake_timeout)));
+        // an endpoint at one of the addresses said why it would not connect: that is the
+        // answer there was
+        let refused = match &self.handshake.stage {
+            HandshakeStage::Client { paths, .. } => {
+                paths.iter().find_map(|p| p.refused_with.clone())
+            }
+            _ => None,
+        };
+        let e = refused.unwrap_or(ConnectionError::TimedOut(self.cfg.handshake_timeout));
+        self.set_closed(Some(e));
     }
 
     /// Whether a RESET is authentic for this connection: with a key, it must carry the token

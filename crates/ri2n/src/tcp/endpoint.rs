@@ -155,36 +155,48 @@ impl TcpEndpoint {
             }
         }
         // a given address need not be the server's: an endpoint there that takes no
-        // connections, or no ri2n server at all, leaves the connection to the other addresses
-        // (as the UDP transport's handshake, docs/PROTOCOL.md §4.1); its answer is the error
-        // once none is left
+        // connections, or a service that is no ri2n server, leaves the connection to the other
+        // addresses and becomes no link (as the UDP transport's handshake, docs/PROTOCOL.md
+        // §4.1, §12.1); a hello that fails otherwise (the TCP connection closed) leaves it to
+        // the other pairs. The answer is the error once none is left, or at the deadline.
         let (mut turned_away, mut not_the_server) = (None, Vec::new());
         let (x, (local, first_remote)) = loop {
             let (stream, pair) = match dial_first(pairs.clone(), config.probe_interval, deadline) {
                 Ok(Some(won)) => won,
-                Ok(None) => return Err(timed_out()),
+                Ok(None) => return Err(turned_away.unwrap_or_else(timed_out)),
                 Err(e) => return Err(turned_away.unwrap_or(e)),
             };
             let left = deadline
                 .saturating_duration_since(Instant::now())
                 .max(Duration::from_millis(1));
-            let error = match link::hello_exchange(stream, &hello, left, key.as_ref()) {
+            let (error, no_server) = match link::hello_exchange(stream, &hello, left, key.as_ref())
+            {
                 Ok(x) if x.reply.status != HelloStatus::NotAccepting => break (x, pair),
-                Ok(_) => ConnectionError::NotAccepting.into(),
+                Ok(_) => (ConnectionError::NotAccepting.into(), true),
                 Err(e) => match e.kind() {
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => return Err(timed_out()),
-                    _ => Error::Connection(ConnectionError::ProtocolViolation(
-                        "the peer did not answer as a ri2n TCP server",
-                    )),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                        return Err(turned_away.unwrap_or_else(timed_out))
+                    }
+                    kind => (
+                        Error::Connection(ConnectionError::ProtocolViolation(
+                            "the peer did not answer as a ri2n TCP server",
+                        )),
+                        kind == io::ErrorKind::InvalidData,
+                    ),
                 },
             };
             tracing::debug!(remote = %pair.1, %error, "handshake turned away at one address");
-            pairs.retain(|p| p.1 != pair.1);
+            match no_server {
+                true => {
+                    pairs.retain(|p| p.1 != pair.1);
+                    not_the_server.push(pair.1);
+                }
+                false => pairs.retain(|&p| p != pair),
+            }
             if pairs.is_empty() {
                 return Err(error);
             }
             turned_away = Some(error);
-            not_the_server.push(pair.1);
         };
         let (stream, reply, leftover, keys) = (x.stream, x.reply, x.leftover, x.keys);
         let mismatch = |m| Err(Error::Connection(ConnectionError::KeyMismatch(m)));
