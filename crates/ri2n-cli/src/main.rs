@@ -436,10 +436,11 @@ pub struct RecvArgs {
     #[arg(long = "listen", value_name = "ADDR:PORT", required = true, value_parser = parse_remote)]
     pub listen: Vec<SocketAddr>,
 
-    /// File to write. It is written as FILE.partial and renamed to FILE (replacing it), synced
-    /// to disk, only when the whole stream arrived; after a failure or an interrupt
-    /// FILE.partial holds what arrived and the error says how much. A device or FIFO is
-    /// written directly. Default (or `-`): stdout.
+    /// File to write. It is written as FILE.partial and renamed to FILE (replacing it; for a
+    /// symbolic link, the file it points to), synced to disk, only when the whole stream
+    /// arrived; after a failure or an interrupt FILE.partial holds what arrived and the error
+    /// says how much. A device or FIFO is written directly. Default (or `-`, or a name for the
+    /// file stdout is, such as /dev/stdout): stdout.
     #[arg(long, short, value_name = "FILE")]
     pub output: Option<PathBuf>,
 

@@ -8,7 +8,7 @@
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,7 +39,9 @@ enum Output {
 }
 
 impl Output {
-    fn open(path: Option<&PathBuf>) -> Result<Self, Failure> {
+    /// Opens `path` (`to_stdout`: it names stdout, see [`writes_stdout`]).
+    fn open(path: Option<&PathBuf>, to_stdout: bool) -> Result<Self, Failure> {
+        let path = path.filter(|_| !to_stdout);
         let Some(path) = path.filter(|p| p.as_os_str() != "-") else {
             net::enlarge_pipe(1);
             return Ok(Output::Stdout(BufWriter::with_capacity(
@@ -61,6 +63,13 @@ impl Output {
                 path.clone(),
             ));
         }
+        // a link to a file: the file it points to is replaced, not the link (written beside
+        // that file, in its directory)
+        let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.is_symlink());
+        let path = match std::fs::canonicalize(path) {
+            Ok(target) if is_link => target,
+            _ => path.clone(),
+        };
         let mut partial = path.clone().into_os_string();
         partial.push(".partial");
         let partial = PathBuf::from(partial);
@@ -68,7 +77,7 @@ impl Output {
         Ok(Output::File {
             w: BufWriter::with_capacity(OUT_BUFFER, f),
             partial,
-            path: path.clone(),
+            path,
         })
     }
 
@@ -126,13 +135,16 @@ impl Output {
         }
     }
 
-    /// Flushes, syncs a regular file to disk and gives it its final name.
+    /// Flushes, syncs a regular file to disk and gives it its final name (that synced too).
     fn complete(self) -> io::Result<()> {
         match self {
             Output::File { w, partial, path } => {
                 let f = w.into_inner().map_err(|e| e.into_error())?;
                 f.sync_all()?;
-                std::fs::rename(&partial, &path)
+                std::fs::rename(&partial, &path)?;
+                // the new name is on disk only once its directory is
+                let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+                File::open(dir.unwrap_or(Path::new("."))).and_then(|d| d.sync_all())
             }
             Output::Device(w, _) => w.into_inner().map(drop).map_err(|e| e.into_error()),
             Output::Stdout(mut w) => w.flush(),
@@ -160,7 +172,8 @@ pub fn writes_stdout(args: &RecvArgs) -> bool {
 }
 
 pub fn run(args: &RecvArgs) -> Result<(), Failure> {
-    if args.json && writes_stdout(args) {
+    let to_stdout = writes_stdout(args);
+    if args.json && to_stdout {
         return Err(Failure::usage(
             "--json prints its summary on stdout, which would carry the data: write the data \
              to a file (--output FILE) or leave --json out",
@@ -177,7 +190,7 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
         net::Application::File,
     )?;
     let faults = FaultPlan::new(&endpoint, &args.link.fault)?;
-    let mut output = Output::open(args.output.as_ref())?;
+    let mut output = Output::open(args.output.as_ref(), to_stdout)?;
     if let Output::File { partial, .. } = &output {
         interrupt::remove_on_interrupt(partial.clone());
     }

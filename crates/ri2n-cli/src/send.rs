@@ -81,7 +81,13 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
         Some(p) if p.as_os_str() != "-" => {
             let f = File::open(p)
                 .map_err(|e| Failure::io(format!("cannot open {}", p.display()), &e))?;
-            let size = f.metadata().ok().filter(|m| m.is_file()).map(|m| m.len());
+            let meta = f.metadata().ok();
+            // said before connecting: a directory opens, and only its first read fails
+            if meta.as_ref().is_some_and(|m| m.is_dir()) {
+                let e = io::Error::from(io::ErrorKind::IsADirectory);
+                return Err(Failure::io(format!("cannot read {}", p.display()), &e));
+            }
+            let size = meta.filter(|m| m.is_file()).map(|m| m.len());
             (Box::new(f), size, p.display().to_string())
         }
         _ => {

@@ -444,6 +444,84 @@ fn a_recv_that_cannot_start_leaves_an_earlier_partial_file_alone() {
     drop(holder);
 }
 
+/// `recv --output` naming stdout's file by another name (`/dev/stdout` with stdout redirected
+/// to a file), or a symbolic link to a file: the data lands in that file and the link stays a
+/// link. Before, the first wrote `/dev/stdout.partial` and renamed it over `/dev/stdout` (as
+/// root; the file stdout went to stayed empty, exit 0), the second replaced the link.
+#[test]
+fn recv_writes_through_dev_stdout_and_links() {
+    let input = TempFile::new("through-in");
+    let sum = write_random(input.path(), 3 << 20, 11);
+    // stdout redirected to a file, `--output /dev/stdout`
+    let redirected = TempFile::new("through-stdout");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let recv = Proc::spawn(
+        "ri2n recv",
+        Command::new(bin())
+            .args(["recv", "--listen", &listen, "--output", "/dev/stdout"])
+            .stdout(std::fs::File::create(redirected.path()).unwrap())
+            .stderr(Stdio::piped()),
+    );
+    wait_udp_bound(port, Duration::from_secs(10));
+    let (s, o) = send_file(&listen, input.path(), &[]);
+    assert!(s.success(), "send: {}", stderr_of(&o));
+    let (s, o) = recv.wait(Duration::from_secs(20));
+    assert_eq!(s.code(), Some(0), "recv: {}", stderr_of(&o));
+    assert_eq!(sha256_file(redirected.path()), (sum, 3 << 20));
+    let dev_stdout = std::fs::symlink_metadata("/dev/stdout").unwrap();
+    assert!(dev_stdout.is_symlink(), "/dev/stdout was replaced");
+    assert!(std::fs::metadata("/dev/stdout.partial").is_err());
+
+    // a link to a file: the file is replaced, the link stays
+    let target = TempFile::new("through-target");
+    std::fs::write(target.path(), b"old").unwrap();
+    let link = TempFile::new("through-link");
+    std::os::unix::fs::symlink(target.path(), link.path()).unwrap();
+    let port = free_port();
+    let (recv, to) = spawn_recv(port, link.path(), &[]);
+    wait_udp_bound(port, Duration::from_secs(10));
+    let (s, o) = send_file(&to, input.path(), &[]);
+    assert!(s.success(), "send: {}", stderr_of(&o));
+    let (s, o) = recv.wait(Duration::from_secs(20));
+    assert_eq!(s.code(), Some(0), "recv: {}", stderr_of(&o));
+    assert!(std::fs::symlink_metadata(link.path()).unwrap().is_symlink());
+    assert_eq!(sha256_file(target.path()), (sum, 3 << 20));
+}
+
+/// Mistakes found before a byte moves: `recv --output ""` (an unset variable) is a usage error
+/// (2) at once, not a failed rename after the whole transfer; `send --input DIR` fails (1)
+/// before it connects (it failed at its first read, the receiver left holding an empty
+/// partial file).
+#[test]
+fn an_empty_output_or_a_directory_as_input_is_refused_at_once() {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let (s, o) = ri2n(
+        ["recv", "--listen", &listen, "--output", ""],
+        Duration::from_secs(10),
+    );
+    assert_eq!(s.code(), Some(2), "{}", stderr_of(&o));
+    assert!(stderr_of(&o).contains("--output"), "{}", stderr_of(&o));
+    // nothing listens at `listen`: a sender that tried to connect would wait, then exit 3
+    let dir = std::env::temp_dir();
+    let start = std::time::Instant::now();
+    let (s, o) = ri2n(
+        ["send", "--to", &listen, "--input", dir.to_str().unwrap()],
+        Duration::from_secs(10),
+    );
+    assert_eq!(s.code(), Some(1), "{}", stderr_of(&o));
+    assert!(
+        stderr_of(&o).contains("directory"),
+        "{}",
+        stderr_of(&o).trim()
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
 /// `recv --json` with the data on stdout (`--output -`, `/dev/stdout`): the summary would end
 /// up in the data; it is refused as a usage error (2) before anything is received, and
 /// stdout, meant for the data, stays empty.
