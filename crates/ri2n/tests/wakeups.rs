@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ri2n::{ConnectionConfig, Endpoint};
 
@@ -45,7 +45,21 @@ fn a_call_waiting_on_an_idle_connection_is_not_woken_by_a_busy_one() {
     // the idle one's stream ends the waiter's thread
     let (counted_tx, counted_rx) = mpsc::channel::<()>();
     let echo = thread::spawn(move || {
-        let (mut busy, _idle) = (server.accept().unwrap(), server.accept().unwrap());
+        // a server's shards hand over connections in the order they took them in, which a
+        // starved shard thread can swap: the busy one is the one its client wrote on
+        let (a, b) = (server.accept().unwrap(), server.accept().unwrap());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while a.stats().bytes_received == 0 && b.stats().bytes_received == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the busy connection's first message"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+        let (mut busy, _idle) = match a.stats().bytes_received > 0 {
+            true => (a, b),
+            false => (b, a),
+        };
         let mut buf = [0u8; 64];
         for _ in 0..ROUNDS {
             busy.read_exact(&mut buf).unwrap();
