@@ -563,23 +563,23 @@ fn a_sender_interrupted_while_stdin_is_idle_exits() {
     interrupt_sender_and_check(send, recv, &output);
 }
 
-/// An input that opens but cannot be read (a directory: `read` fails with EISDIR) ends the
-/// transfer with a clear error on both ends instead of a hang or a "successful" empty
-/// transfer.
+/// An input that opens but cannot be read (`/proc/self/mem`: reading at offset 0, which no
+/// process maps, fails with EIO) ends the transfer with a clear error on both ends instead
+/// of a hang or a "successful" empty transfer. (A directory, the example until `send` refused
+/// one before connecting, is in user.rs.)
 #[test]
 fn an_unreadable_input_is_reported_on_both_ends() {
     let output = TempFile::new("out");
     let (recv, a) = spawn_recv(free_port(), output.path(), &[]);
-    let dir = std::env::temp_dir();
     let (s, so) = ri2n(
-        ["send", "--to", &a, "-i", dir.to_str().unwrap()],
+        ["send", "--to", &a, "-i", "/proc/self/mem"],
         Duration::from_secs(20),
     );
     let (r, ro) = recv.wait(Duration::from_secs(20));
     let (serr, rerr) = (stderr_of(&so), stderr_of(&ro));
     assert_eq!(s.code(), Some(1), "{serr}");
     assert!(
-        serr.contains("cannot read") && serr.contains("Is a directory"),
+        serr.contains("cannot read") && serr.contains("Input/output error"),
         "{serr}"
     );
     assert_eq!(r.code(), Some(4), "{rerr}");
