@@ -13,6 +13,12 @@ fn loopback(ip: &str) -> SocketAddr {
     format!("{ip}:0").parse().unwrap()
 }
 
+/// An endpoint of `transport` on 127.0.0.1 (a free port), a server or a client.
+fn bind_on(transport: Transport, server: bool) -> Endpoint {
+    let c = EndpointConfig::new(vec![loopback("127.0.0.1")]).with_transport(transport);
+    Endpoint::bind(if server { c.server() } else { c }).unwrap()
+}
+
 /// A loopback port nothing listens on (bound, noted, released).
 fn closed_port() -> SocketAddr {
     let s = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -309,16 +315,8 @@ fn closing_a_tcp_server_waits_for_its_connections_together() {
 fn a_server_accepts_again_after_closing_its_connections() {
     use std::io::{Read, Write};
     for transport in [Transport::Udp, Transport::Tcp] {
-        let server = Endpoint::bind(
-            EndpointConfig::new(vec![loopback("127.0.0.1")])
-                .with_transport(transport)
-                .server(),
-        )
-        .unwrap();
-        let client = Endpoint::bind(
-            EndpointConfig::new(vec![loopback("127.0.0.1")]).with_transport(transport),
-        )
-        .unwrap();
+        let server = bind_on(transport, true);
+        let client = bind_on(transport, false);
         let mut got = Vec::new();
         for round in 0..2u8 {
             let conn = client
@@ -354,13 +352,9 @@ fn a_dropped_server_endpoint_accepts_nothing_more() {
 fn a_dropped_server_endpoint_accepts_nothing_more_on(transport: Transport) {
     use std::io::{Read, Write};
 
-    let config = |server: bool| {
-        let c = EndpointConfig::new(vec![loopback("127.0.0.1")]).with_transport(transport);
-        Endpoint::bind(if server { c.server() } else { c }).unwrap()
-    };
-    let server = config(true);
+    let server = bind_on(transport, true);
     let to = server.local_addrs();
-    let client = config(false);
+    let client = bind_on(transport, false);
     let mut kept = client.connect(&to, ConnectionConfig::default()).unwrap();
     kept.write_all(b"a").unwrap();
     let mut held = server.accept().unwrap();
@@ -418,17 +412,9 @@ fn a_dropped_server_endpoint_accepts_nothing_more_on(transport: Transport) {
 fn a_connection_outlives_its_dropped_client_endpoint() {
     use std::io::{Read, Write};
     for transport in [Transport::Udp, Transport::Tcp] {
-        let server = Endpoint::bind(
-            EndpointConfig::new(vec![loopback("127.0.0.1")])
-                .with_transport(transport)
-                .server(),
-        )
-        .unwrap();
+        let server = bind_on(transport, true);
         let connect = || {
-            let client = Endpoint::bind(
-                EndpointConfig::new(vec![loopback("127.0.0.1")]).with_transport(transport),
-            )
-            .unwrap();
+            let client = bind_on(transport, false);
             client
                 .connect(&server.local_addrs(), ConnectionConfig::default())
                 .unwrap()

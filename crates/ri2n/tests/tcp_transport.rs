@@ -660,6 +660,16 @@ fn connect_checks_its_configuration_as_on_udp() {
     assert_serves_a_new_client(&server, unlimited);
 }
 
+/// A thread that reads the first connection `server` accepts to its end.
+fn read_first_accepted(server: Endpoint) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let conn = server.accept().unwrap();
+        let mut got = Vec::new();
+        (&conn).read_to_end(&mut got).unwrap();
+        got
+    })
+}
+
 /// Nothing listens at the first address a client is given: it connects over the second (on
 /// both transports), and what it writes arrives. Before, the TCP transport dialled the first
 /// alone and gave up at once (`Refused`); a first address down at the start held either
@@ -685,12 +695,7 @@ fn a_client_connects_over_its_second_address_when_the_first_refuses() {
         let client =
             Endpoint::bind(EndpointConfig::new(addrs(locals)).with_transport(transport)).unwrap();
         let sent = data(100_000, 7);
-        let receiver = std::thread::spawn(move || {
-            let conn = server.accept().unwrap();
-            let mut got = Vec::new();
-            (&conn).read_to_end(&mut got).unwrap();
-            got
-        });
+        let receiver = read_first_accepted(server);
         let conn = client
             .connect(&[nobody, to], ConnectionConfig::default())
             .unwrap_or_else(|e| panic!("{transport:?} from {locals:?}: {e}"));
@@ -747,12 +752,7 @@ fn a_client_connects_over_its_second_address_when_the_first_is_no_server() {
         )
         .unwrap();
         let sent = data(100_000, 9);
-        let receiver = std::thread::spawn(move || {
-            let conn = server.accept().unwrap();
-            let mut got = Vec::new();
-            (&conn).read_to_end(&mut got).unwrap();
-            got
-        });
+        let receiver = read_first_accepted(server);
         let conn = client
             .connect(&[no_server, to], ConnectionConfig::default())
             .unwrap_or_else(|e| panic!("{transport:?}: {e}"));
