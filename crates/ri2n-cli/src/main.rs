@@ -54,7 +54,7 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Send a file or stdin to `ri2n recv`; exit 0 once the receiver acknowledged every byte.
+    /// Send a file or stdin to `ri2n recv`; exit 0 once the receiver wrote out every byte.
     #[command(after_help = EXIT_CODES_HELP)]
     Send(SendArgs),
     /// Accept one connection and write what it sends to a file or stdout.

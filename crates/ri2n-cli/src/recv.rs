@@ -258,6 +258,12 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
         monitor.finish();
         return Err(Failure::io(format!("cannot write to {name}"), &e));
     }
+    // our side ends only now, with the output complete: the sender waits for this before it
+    // reports success, so a failure of the output until here reached it as an abort
+    if let Err(e) = conn.finish() {
+        monitor.finish();
+        return Err(Failure::lost(&e));
+    }
     net::linger(&conn, net::LINGER);
     let events = monitor.finish();
 
@@ -299,9 +305,6 @@ fn accept(
     interrupt::abort_on_interrupt(conn.clone());
     let start = Instant::now();
     faults.start(start, !args.quiet);
-    // nothing to send back: ending our side now lets the close complete as soon as the
-    // sender is done
-    conn.finish().map_err(|e| Failure::lost(&e))?;
     let monitor = Monitor::start(
         conn.clone(),
         Direction::Receiving,

@@ -2,7 +2,7 @@
 //! acknowledged every byte; only then exit 0.
 
 use std::fs::File;
-use std::io;
+use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::Instant;
@@ -159,6 +159,18 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
         return Err(lost(&e, written, monitor));
     }
     let seconds = start.elapsed().as_secs_f64();
+    // The receiver ends its side of the connection once what arrived is written out (and
+    // synced): until then its output can still fail (a full disk, a pipe whose reader died)
+    // with data the transport acknowledged, and that must not end in an exit 0 here.
+    let mut nothing = [0u8; 1];
+    loop {
+        match (&*conn).read(&mut nothing) {
+            Ok(0) => break,
+            // nothing is expected back; what comes is let go
+            Ok(_) => continue,
+            Err(e) => return Err(lost(&e, written, monitor)),
+        }
+    }
     net::linger(&conn, net::LINGER);
     let events = monitor.finish();
     // every byte was acknowledged, but a receiver that then aborts (e.g. `ri2n serve`, which

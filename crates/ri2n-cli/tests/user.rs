@@ -87,9 +87,12 @@ fn the_readme_library_example_runs_against_recv_and_send() {
         "readme recv",
         Command::new(&example).args(["recv", &listen]),
     );
+    // its stdout read meanwhile: `ri2n send` ends once the receiver is done with what it got,
+    // and the example is done once it wrote it all out
+    let receiver = std::thread::spawn(move || receiver.wait(Duration::from_secs(20)));
     let (s, so) = send_file(&listen, input.path(), &[]);
     assert!(s.success(), "ri2n send: {s}: {}", stderr_of(&so));
-    let (r, ro) = receiver.wait(Duration::from_secs(20));
+    let (r, ro) = receiver.join().unwrap();
     assert!(r.success(), "example recv: {r}: {}", stderr_of(&ro));
     let got = std::fs::read(input.path()).unwrap();
     assert_eq!(ro.stdout.len(), got.len(), "bytes on the example's stdout");
@@ -487,6 +490,44 @@ fn recv_writes_through_dev_stdout_and_links() {
     assert_eq!(s.code(), Some(0), "recv: {}", stderr_of(&o));
     assert!(std::fs::symlink_metadata(link.path()).unwrap().is_symlink());
     assert_eq!(sha256_file(target.path()), (sum, 3 << 20));
+}
+
+/// The receiver's output fails after the transport acknowledged everything: `recv` writes to
+/// a pipe whose reader takes nothing and then goes away, with all 4 MiB within the receive
+/// window. The sender waits for the receiver to end its side, which it does only with its
+/// output complete, and so learns of the failure (exit 4, the receiver's reason) instead of
+/// exiting 0 with the data lost.
+#[test]
+fn a_sender_learns_that_the_receiver_could_not_write_what_it_acknowledged() {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut recv = Proc::spawn(
+        "ri2n recv",
+        Command::new(bin())
+            .args(["recv", "--listen", &listen])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    // never read: the pipe fills, and the receiver blocks writing into it
+    let reader = recv.child.as_mut().unwrap().stdout.take();
+    wait_udp_bound(port, Duration::from_secs(10));
+    let input = TempFile::new("unwritten");
+    write_random(input.path(), 4 << 20, 3);
+    let mut send = Command::new(bin());
+    send.args(["send", "--to", &listen, "--input"])
+        .arg(input.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let sender = Proc::spawn("ri2n send", &mut send);
+    // time for all of it to arrive and be acknowledged; then the reader goes away
+    std::thread::sleep(Duration::from_secs(2));
+    drop(reader);
+    let (s, o) = sender.wait(Duration::from_secs(20));
+    let (r, ro) = recv.wait(Duration::from_secs(20));
+    let (serr, rerr) = (stderr_of(&o), stderr_of(&ro));
+    assert_eq!(r.code(), Some(1), "recv: {rerr}");
+    assert_eq!(s.code(), Some(4), "send: {serr}");
+    assert!(serr.contains("could not write its output"), "{serr}");
 }
 
 /// Mistakes found before a byte moves: `recv --output ""` (an unset variable) is a usage error
