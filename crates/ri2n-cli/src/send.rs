@@ -1,5 +1,5 @@
 //! `ri2n send`: stream a file or stdin to `ri2n recv`, then wait until the receiver has
-//! acknowledged every byte; only then exit 0.
+//! acknowledged every byte and ended its side (its output complete); only then exit 0.
 
 use std::fs::File;
 use std::io::{self, Read};
