@@ -660,6 +660,25 @@ fn connect_checks_its_configuration_as_on_udp() {
     assert_serves_a_new_client(&server, unlimited);
 }
 
+/// A server endpoint of `transport` on 127.0.0.2 (a free port).
+fn server_on_127_0_0_2(transport: Transport) -> Endpoint {
+    let config = EndpointConfig::new(addrs(&["127.0.0.2:0"])).with_transport(transport);
+    Endpoint::bind(config.server()).unwrap()
+}
+
+/// Writes 100 000 bytes on `conn` and ends its stream; `receiver` (see
+/// [`read_first_accepted`]) must have read exactly them.
+fn assert_delivered(
+    conn: &ri2n::Connection,
+    receiver: std::thread::JoinHandle<Vec<u8>>,
+    what: &str,
+) {
+    let sent = data(100_000, 7);
+    (&*conn).write_all(&sent).unwrap();
+    conn.finish().unwrap();
+    assert!(receiver.join().unwrap() == sent, "{what}: the data differs");
+}
+
 /// A thread that reads the first connection `server` accepts to its end.
 fn read_first_accepted(server: Endpoint) -> std::thread::JoinHandle<Vec<u8>> {
     std::thread::spawn(move || {
@@ -684,17 +703,11 @@ fn a_client_connects_over_its_second_address_when_the_first_refuses() {
         (Transport::Udp, &["127.0.0.1:0"][..]),
     ];
     for (transport, locals) in cases {
-        let server = Endpoint::bind(
-            EndpointConfig::new(addrs(&["127.0.0.2:0"]))
-                .with_transport(transport)
-                .server(),
-        )
-        .unwrap();
+        let server = server_on_127_0_0_2(transport);
         let to = server.local_addrs()[0];
         let nobody = SocketAddr::new("127.0.0.1".parse().unwrap(), to.port());
         let client =
             Endpoint::bind(EndpointConfig::new(addrs(locals)).with_transport(transport)).unwrap();
-        let sent = data(100_000, 7);
         let receiver = read_first_accepted(server);
         let conn = client
             .connect(&[nobody, to], ConnectionConfig::default())
@@ -704,12 +717,7 @@ fn a_client_connects_over_its_second_address_when_the_first_refuses() {
             links[0].remote, to,
             "{transport:?} from {locals:?}: {links:?}"
         );
-        (&conn).write_all(&sent).unwrap();
-        conn.finish().unwrap();
-        assert!(
-            receiver.join().unwrap() == sent,
-            "{transport:?}: the data differs"
-        );
+        assert_delivered(&conn, receiver, &format!("{transport:?}"));
     }
 }
 
@@ -720,12 +728,7 @@ fn a_client_connects_over_its_second_address_when_the_first_refuses() {
 #[test]
 fn a_client_connects_over_its_second_address_when_the_first_is_no_server() {
     for transport in [Transport::Udp, Transport::Tcp] {
-        let server = Endpoint::bind(
-            EndpointConfig::new(addrs(&["127.0.0.2:0"]))
-                .with_transport(transport)
-                .server(),
-        )
-        .unwrap();
+        let server = server_on_127_0_0_2(transport);
         let to = server.local_addrs()[0];
         // held until the end of the round: what answers at the first address
         let (no_server, _other_endpoint, other_service) = match transport {
@@ -751,7 +754,6 @@ fn a_client_connects_over_its_second_address_when_the_first_is_no_server() {
             EndpointConfig::new(addrs(&["127.0.0.1:0", "127.0.0.2:0"])).with_transport(transport),
         )
         .unwrap();
-        let sent = data(100_000, 9);
         let receiver = read_first_accepted(server);
         let conn = client
             .connect(&[no_server, to], ConnectionConfig::default())
@@ -768,12 +770,7 @@ fn a_client_connects_over_its_second_address_when_the_first_is_no_server() {
             let dialled = was_dialled.recv_timeout(Duration::from_secs(5));
             assert!(dialled.is_ok(), "the other service was never dialled");
         }
-        (&conn).write_all(&sent).unwrap();
-        conn.finish().unwrap();
-        assert!(
-            receiver.join().unwrap() == sent,
-            "{transport:?}: the data differs"
-        );
+        assert_delivered(&conn, receiver, &format!("{transport:?}"));
     }
 }
 
