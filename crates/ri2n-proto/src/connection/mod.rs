@@ -314,12 +314,15 @@ impl HandshakePath {
     }
 }
 
+/// What an endpoint at one of `paths` said when it refused the handshake, if one did.
+fn first_refusal(paths: &[HandshakePath]) -> Option<ConnectionError> {
+    paths.iter().find_map(|p| p.refused_with.clone())
+}
+
 /// Why a handshake none of whose `paths` is left ends: what an endpoint at one of them said,
 /// else that nothing listens at any.
 fn handshake_refusal(paths: &[HandshakePath]) -> ConnectionError {
-    (paths.iter())
-        .find_map(|p| p.refused_with.clone())
-        .unwrap_or(ConnectionError::Refused)
+    first_refusal(paths).unwrap_or(ConnectionError::Refused)
 }
 
 /// How the connection ends: why it ended, the CLOSE it still owes the peer, and the
@@ -1630,9 +1633,7 @@ impl Connection {
         // an endpoint at one of the addresses said why it would not connect: that is the
         // answer there was
         let refused = match &self.handshake.stage {
-            HandshakeStage::Client { paths, .. } => {
-                paths.iter().find_map(|p| p.refused_with.clone())
-            }
+            HandshakeStage::Client { paths, .. } => first_refusal(paths),
             _ => None,
         };
         let e = refused.unwrap_or(ConnectionError::TimedOut(self.cfg.handshake_timeout));
