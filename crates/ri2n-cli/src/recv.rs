@@ -49,9 +49,6 @@ impl Output {
                 io::stdout().lock(),
             )));
         };
-        let create = |p: &PathBuf| {
-            File::create(p).map_err(|e| Failure::io(format!("cannot create {}", p.display()), &e))
-        };
         let is_special = std::fs::metadata(path).is_ok_and(|m| !m.is_file());
         if is_special {
             let f = File::options()
@@ -73,7 +70,7 @@ impl Output {
         let mut partial = path.clone().into_os_string();
         partial.push(".partial");
         let partial = PathBuf::from(partial);
-        let f = create(&partial)?;
+        let f = create_partial(&partial)?;
         Ok(Output::File {
             w: BufWriter::with_capacity(OUT_BUFFER, f),
             partial,
@@ -115,10 +112,13 @@ impl Output {
     /// got a sender leaves no file behind.
     fn discard_empty(self) {
         if let Output::File { w, partial, .. } = self {
-            drop(w);
-            if std::fs::metadata(&partial).is_ok_and(|m| m.len() == 0) {
+            // removed while still locked: a receiver that opens the name meanwhile is
+            // refused, not left writing a file that no longer has a name
+            let empty = w.get_ref().metadata().is_ok_and(|m| m.len() == 0);
+            if empty && w.buffer().is_empty() {
                 let _ = std::fs::remove_file(&partial);
             }
+            drop(w);
         }
     }
 
@@ -150,6 +150,37 @@ impl Output {
             Output::Stdout(mut w) => w.flush(),
         }
     }
+}
+
+/// Creates `partial` for writing, or empties a file left there by an earlier run, only while
+/// no other process writes it: two receivers given the same `--output` (on other ports) would
+/// otherwise write into one file, each finishing with the other's bytes mixed in. The lock
+/// (`flock`) goes with the open file, so it ends with the process however that ends, and a
+/// file an interrupted run left is taken over.
+fn create_partial(partial: &Path) -> Result<File, Failure> {
+    let context = || format!("cannot create {}", partial.display());
+    let f = File::options()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(partial)
+        .map_err(|e| Failure::io(context(), &e))?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor this function owns; no memory is passed
+    let locked = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+    // a file system without locks (ENOLCK, EOPNOTSUPP) is written as before locks were taken
+    if !locked && io::Error::last_os_error().kind() == io::ErrorKind::WouldBlock {
+        return Err(Failure::new(
+            error::GENERIC,
+            format!(
+                "{} is being written by another process (another ri2n recv with this \
+                 --output?): give this one another --output",
+                partial.display()
+            ),
+        ));
+    }
+    f.set_len(0).map_err(|e| Failure::io(context(), &e))?;
+    Ok(f)
 }
 
 /// Whether the data goes to stdout: `--output -` (or none), or a name for the very file

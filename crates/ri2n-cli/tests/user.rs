@@ -447,6 +447,47 @@ fn a_recv_that_cannot_start_leaves_an_earlier_partial_file_alone() {
     drop(holder);
 }
 
+/// Two receivers given the same `--output` (on other ports): the second is refused at once
+/// (exit 1, naming the file), and the first's file arrives whole. Before, the second emptied
+/// `FILE.partial` and wrote into it too, so whichever finished first renamed a file holding
+/// both streams' bytes and exited 0.
+#[test]
+fn a_second_recv_to_the_same_file_is_refused() {
+    let input = TempFile::new("same-output-in");
+    let output = TempFile::new("same-output");
+    let sent = write_random(input.path(), 3 << 20, 11);
+    let port = free_port();
+    let (first, to) = spawn_recv(port, output.path(), &[]);
+    wait_udp_bound(port, Duration::from_secs(10));
+    // it binds, then opens its output
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !output.partial().exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the first recv made no FILE.partial"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (s, o) = spawn_recv(free_port(), output.path(), &[])
+        .0
+        .wait(Duration::from_secs(10));
+    let err = stderr_of(&o);
+    assert_eq!(s.code(), Some(1), "the second recv's exit code: {err}");
+    assert!(
+        err.contains("being written by another process") && err.contains(".partial"),
+        "says why: {err}"
+    );
+    let (s, o) = send_file(&to, input.path(), &[]);
+    assert!(s.success(), "send: {}", stderr_of(&o));
+    let (r, ro) = first.wait(Duration::from_secs(10));
+    assert!(r.success(), "the first recv: {}", stderr_of(&ro));
+    assert_eq!(
+        sha256_file(output.path()),
+        (sent, 3 << 20),
+        "the file arrived whole"
+    );
+}
+
 /// `recv --output` naming stdout's file by another name (`/dev/stdout` with stdout redirected
 /// to a file), or a symbolic link to a file: the data lands in that file and the link stays a
 /// link. Before, the first wrote `/dev/stdout.partial` and renamed it over `/dev/stdout` (as
