@@ -1833,9 +1833,12 @@ impl Connection {
                     ranges,
                 } => {
                     if let Some(l) = self.link_index(link) {
-                        self.on_ack_frame(now, l, largest, delay_us, ranges);
-                        if let Some(p) = &mut self.handshake.protection {
-                            p.on_acked(link, largest);
+                        let newest = self.on_ack_frame(now, l, largest, delay_us, ranges);
+                        // only a packet the link sent and the peer acknowledged proves that
+                        // the peer holds its key: not a frame's `largest`, which an
+                        // authenticated but faulty peer may set beyond what was sent
+                        if let (Some(p), Some(pn)) = (&mut self.handshake.protection, newest) {
+                            p.on_acked(link, pn);
                         }
                     }
                 }
@@ -1927,6 +1930,8 @@ impl Connection {
                 .is_some_and(|t| now.saturating_duration_since(t) > self.cfg.share_check_interval)
     }
 
+    /// Takes an ACK frame for link `l`; returns the highest number it acknowledged among the
+    /// packets the link sent.
     fn on_ack_frame(
         &mut self,
         now: Instant,
@@ -1934,7 +1939,7 @@ impl Connection {
         largest: u64,
         delay_us: u64,
         ranges: wire::AckRanges<'_>,
-    ) {
+    ) -> Option<u64> {
         // An acknowledgement of numbers never sent (the peer took a forged packet numbered far
         // ahead as its largest) still acknowledges what it lists below them: the link clamps it
         // (a whole ignored frame would leave the link without acknowledgements for good).
@@ -1942,11 +1947,13 @@ impl Connection {
         let delay = Duration::from_micros(delay_us).min(self.cfg.max_ack_delay * 4);
         self.links[l].on_ack(now, ranges, largest, delay, &mut out);
         let probes = out.probes_acked;
+        let newest = out.newest_acked.take();
         self.apply_outcome(now, &mut out);
         self.scratch = out;
         if probes > 0 && self.links[l].on_probes_acked(now, probes) {
             self.set_link_state(l, now, LinkState::Up);
         }
+        newest
     }
 
     /// Everything sent was acknowledged and everything the peer sent arrived: linger a little

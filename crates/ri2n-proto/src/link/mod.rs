@@ -796,6 +796,36 @@ mod tests {
         assert_eq!(out.acked.len(), 1);
     }
 
+    /// What an ACK frame proves the peer opened (the key update's confirmation) is the newest
+    /// packet the link sent that the frame covers, not the frame's largest number, which a
+    /// faulty peer may set beyond anything sent.
+    #[test]
+    fn an_ack_proves_receipt_of_sent_packets_only() {
+        let (mut link, t0) = up_link(1500);
+        let sent: Vec<u64> = (0..5)
+            .map(|_| link.on_sent(t0, 1200, data_packet(t0, 1200)))
+            .collect();
+        let last = *sent.last().unwrap();
+        let ack = |link: &mut Link, ranges: &[(u64, u64)]| {
+            let mut out = AckOutcome::default();
+            let later = t0 + Duration::from_millis(1);
+            link.on_ack(
+                later,
+                ranges.iter().copied(),
+                1000,
+                Duration::ZERO,
+                &mut out,
+            );
+            out.newest_acked
+        };
+        assert_eq!(
+            ack(&mut link, &[(last + 100, 1000)]),
+            None,
+            "numbers never sent"
+        );
+        assert_eq!(ack(&mut link, &[(sent[1], 1000)]), Some(last));
+    }
+
     #[test]
     fn a_ping_followed_by_acknowledgements_only_is_timed() {
         // A link that mostly carries acknowledgements of the peer's data: a PING, then two

@@ -33,6 +33,9 @@ pub(crate) struct AckOutcome {
     /// Datagrams (number, bytes) that were in flight on a link that failed, in sending order:
     /// to be sent again on another.
     pub stranded: Vec<Piece>,
+    /// The highest number the last ACK frame acknowledged among packets the link sent and
+    /// still remembered (in flight or declared lost), if any: proof that the peer opened it.
+    pub newest_acked: Option<u64>,
 }
 
 /// How long a link must have been silent to be declared down while no other link shows that
@@ -177,6 +180,10 @@ impl Recovery {
                 out.acked.push(pkt);
             }
         }
+        out.newest_acked = acked
+            .newest
+            .map(|(pn, ..)| pn)
+            .max(acked.newest_late.map(|l| l.0));
         if let Some((pn, sent, _)) = acked.newest {
             acked.newest_is_new = self.largest_acked.is_none_or(|l| pn > l);
             self.largest_acked = Some(
