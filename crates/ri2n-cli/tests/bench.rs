@@ -414,12 +414,15 @@ fn a_reader_that_goes_away_ends_the_test() {
 
 /// SIGINT to `ri2n bench` in the middle of a test: it aborts its connection with the reason
 /// before it exits 130, so the server reports why the test ended (it used to die by the
-/// signal, and the server found its client gone).
+/// signal, and the server found its client gone). The client sends at a rate the server takes
+/// in with room to spare: the CLOSE goes once on each link (PROTOCOL.md §8), and unpaced, the
+/// client keeps the server's socket queues full up to the abort, so now and then both copies
+/// met full queues and the server learned only that its client was gone.
 #[test]
 fn the_server_learns_that_the_client_was_interrupted() {
     let _g = heavy();
     let (server, to) = logged_serve();
-    let client = start_bench(&to, &["--time", "30", "--json"]);
+    let client = start_bench(&to, &["--time", "30", "--bitrate", "2G", "--json"]);
     std::thread::sleep(Duration::from_millis(1500));
     client.signal(libc::SIGINT);
     let (c, co) = client.wait(Duration::from_secs(10));
