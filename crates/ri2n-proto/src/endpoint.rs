@@ -1242,13 +1242,20 @@ impl Endpoint {
         self.connections.get(&h)
     }
 
+    /// Whether some connection still has a CLOSE to send, now or in its second round
+    /// (PROTOCOL.md §8.3): a process that exits after aborting its connections waits for it.
+    pub fn closes_pending(&self) -> bool {
+        self.connections.values().any(Connection::close_pending)
+    }
+
     /// Forgets a closed connection (the application has collected what it needed). Later
-    /// packets for it are answered with a RESET. Returns false if it is still open.
+    /// packets for it are answered with a RESET. Returns false if it is still open, or still
+    /// has a CLOSE to send.
     pub fn release(&mut self, h: ConnectionHandle) -> bool {
         if self
             .connections
             .get(&h)
-            .is_some_and(|c| c.state() == ConnectionState::Closed)
+            .is_some_and(|c| c.state() == ConnectionState::Closed && !c.close_pending())
         {
             self.remove(h);
             true

@@ -407,6 +407,43 @@ fn a_closed_peer_confirms_a_clean_end_whose_acknowledgements_were_lost() {
     assert!(c.is_send_complete());
 }
 
+/// An abort's CLOSE goes on every link, and once more a few milliseconds later: copies that
+/// met full queues (here every path towards the server drops what it carries while the first
+/// round goes) do not keep the peer from learning why (PROTOCOL.md §8.3). Before, the server
+/// never heard of it and went on waiting for its client.
+#[test]
+fn an_abort_whose_first_close_was_lost_still_reaches_the_peer() {
+    let mut tb = connected_pair(
+        &[addr("10.0.0.1:5000"), addr("10.0.1.1:5000")],
+        &[addr("10.0.0.2:6000"), addr("10.0.1.2:6000")],
+    );
+    let (ch, sh) = (tb.ch, until_two_links_up(&mut tb));
+    cut(&mut tb, Dir::AToB, true);
+    tb.client
+        .connection_mut(ch)
+        .unwrap()
+        .abort(7, "stopped by its user");
+    tb.advance(Duration::from_millis(2), |_| {});
+    // the premise: the first round is lost, and the server still takes the connection as open
+    let server_state = |tb: &Testbed| tb.server.connection(sh).unwrap().state();
+    assert_eq!(server_state(&tb), ConnectionState::Established);
+    assert!(
+        tb.client.closes_pending(),
+        "the second round is still to go"
+    );
+    cut(&mut tb, Dir::AToB, false);
+    let limit = tb.now() + Duration::from_millis(200);
+    tb.run_until(limit, |tb| server_state(tb) == ConnectionState::Closed);
+    assert_eq!(
+        tb.server.connection(sh).unwrap().close_reason(),
+        Some(&ConnectionError::PeerAborted {
+            code: 7,
+            reason: "stopped by its user".into()
+        })
+    );
+    assert!(!tb.client.closes_pending(), "nothing more to send");
+}
+
 /// While the client's data is still in flight, a CLOSE of code 0 arrives that acknowledges
 /// nothing (a broken or hostile peer), and the server falls silent: the client must not take
 /// it for a clean end.

@@ -141,6 +141,12 @@ const CLOSE_ERROR: u64 = 1;
 /// Application abort codes travel as `code + CLOSE_APP_BASE`, so that no application code
 /// can be mistaken for a clean close or an engine error.
 const CLOSE_APP_BASE: u64 = 16;
+/// Our own CLOSE (an abort, a failure) goes once more this long after its first copies, at
+/// least (the links' largest smoothed round trip when longer, up to [`CLOSE_REPEAT_MAX`]): a
+/// queue that was full when the first copies came, on the way or at the peer (a sender that
+/// was sending flat out up to its abort fills the peer's socket queues), has drained by then.
+const CLOSE_REPEAT_MIN: Duration = Duration::from_millis(5);
+const CLOSE_REPEAT_MAX: Duration = Duration::from_millis(100);
 /// Most application events kept when the application does not collect them.
 const MAX_EVENTS: usize = 1024;
 /// Least time a connection keeps repairing after the peer confirmed a clean end that its
@@ -337,6 +343,8 @@ struct Closing {
     frame: Option<(u64, String)>,
     /// Links on which a CLOSE frame must still be sent once.
     sends: Vec<usize>,
+    /// Our own CLOSE's second round (PROTOCOL.md §8.3).
+    repeat: CloseRepeat,
     /// The end of the linger after a clean end ([`ConnectionState::Draining`]).
     draining_until: Option<Instant>,
     /// The peer confirmed a clean end (CLOSE code 0) before acknowledging everything we sent:
@@ -351,10 +359,28 @@ struct Closing {
     all_down_since: Option<Instant>,
 }
 
+/// Whether our own CLOSE is still to go a second time, on every link (see
+/// [`CLOSE_REPEAT_MIN`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum CloseRepeat {
+    /// Not (a clean end's answers, §8.2, or done).
+    #[default]
+    No,
+    /// Once the first copies have left.
+    Owed,
+    /// At this time.
+    At(Instant),
+}
+
 impl Closing {
-    /// The peer is to get a CLOSE with `code` and `reason`, once on each of `links`.
+    /// The peer is to get a CLOSE with `code` and `reason`, once on each of `links`, and once
+    /// more on each a little later.
     fn tell_peer(&mut self, code: u64, reason: String, links: Vec<usize>) {
         self.frame = Some((code, reason));
+        self.repeat = match links.is_empty() {
+            true => CloseRepeat::No,
+            false => CloseRepeat::Owed,
+        };
         self.sends = links;
     }
 }
@@ -1077,6 +1103,19 @@ impl Connection {
         let targets = self.close_targets();
         self.closing.tell_peer(CLOSE_ERROR, e.to_string(), targets);
         self.set_closed(Some(e));
+    }
+
+    /// How long after our CLOSE's first copies it goes again (see [`CLOSE_REPEAT_MIN`]).
+    fn close_repeat_delay(&self) -> Duration {
+        let srtt = self.links.iter().map(|l| l.rtt.srtt).max();
+        srtt.unwrap_or_default()
+            .clamp(CLOSE_REPEAT_MIN, CLOSE_REPEAT_MAX)
+    }
+
+    /// Whether a CLOSE of ours is still to be sent (now or in its second round): the
+    /// connection is released only after.
+    pub(crate) fn close_pending(&self) -> bool {
+        !self.closing.sends.is_empty() || self.closing.repeat != CloseRepeat::No
     }
 
     /// Links to send a CLOSE on: all of them, unless short packets may not be sent yet

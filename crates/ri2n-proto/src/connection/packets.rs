@@ -16,7 +16,7 @@ use crate::wire::{self, DatagramPart, Header, Writer};
 use crate::{LinkId, LinkState};
 
 use super::scheduler::Schedule;
-use super::{Connection, ConnectionState, HandshakeStage, CLOSE_DONE};
+use super::{CloseRepeat, Connection, ConnectionState, HandshakeStage, CLOSE_DONE};
 
 /// Room a CLOSE of code 0 with an empty reason needs after the acknowledgements before it.
 const CLOSE_DONE_ROOM: usize = 3;
@@ -99,6 +99,9 @@ impl Connection {
             let (code, reason) = self.closing.frame.clone().unwrap_or_default();
             let len = self.build_close(i, code, &reason, out);
             let (local, remote) = (self.links[i].local, self.links[i].remote);
+            if self.closing.sends.is_empty() && self.closing.repeat == CloseRepeat::Owed {
+                self.closing.repeat = CloseRepeat::At(now + self.close_repeat_delay());
+            }
             return Some(Transmit { local, remote, len });
         }
         if let Some(t) = self.poll_handshake(now, out) {

@@ -14,13 +14,15 @@ use smallvec::SmallVec;
 
 use crate::{ConnectionError, LinkState};
 
-use super::{Connection, ConnectionState, HandshakeStage, HoldOver};
+use super::{CloseRepeat, Connection, ConnectionState, HandshakeStage, HoldOver};
 
 /// A timer of a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Timer {
     /// A CLOSE is still to be sent on some link (due at once).
     CloseSend,
+    /// Our own CLOSE goes a second time, on every link.
+    CloseRepeat,
     /// Client: the INITIAL is due again (sent by `poll_transmit`).
     HandshakeRetry,
     /// Client: the handshake is given up; server: a client that never confirmed is forgotten.
@@ -70,6 +72,7 @@ impl Timer {
         matches!(
             self,
             Timer::CloseSend
+                | Timer::CloseRepeat
                 | Timer::Pacing
                 | Timer::DatagramRelease
                 | Timer::Link(_, LinkTimer::Loss | LinkTimer::Pto | LinkTimer::Ack)
@@ -90,6 +93,9 @@ impl Connection {
                 Timer::CloseSend,
                 (!self.closing.sends.is_empty()).then_some(self.last_rx),
             );
+            if let CloseRepeat::At(at) = self.closing.repeat {
+                arm(Timer::CloseRepeat, Some(at));
+            }
             return;
         }
         match &self.handshake.stage {
@@ -199,6 +205,10 @@ impl Connection {
             }
         });
         for timer in due {
+            if timer == Timer::CloseRepeat {
+                self.closing.repeat = CloseRepeat::No;
+                self.closing.sends = (0..self.links.len()).collect();
+            }
             if self.state == ConnectionState::Closed {
                 return;
             }
@@ -210,6 +220,7 @@ impl Connection {
         match timer {
             // poll_transmit sends what these call for
             Timer::CloseSend
+            | Timer::CloseRepeat
             | Timer::HandshakeRetry
             | Timer::Link(_, LinkTimer::Probe | LinkTimer::Ack) => {}
             Timer::Link(i, LinkTimer::Keepalive) => self.pings_owed |= 1 << i,

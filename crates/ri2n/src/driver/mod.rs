@@ -104,6 +104,10 @@ const STEP_BACK: Duration = TICK;
 /// [`Receiver::take_for`]): traffic that turns busy is received in batches again within this
 /// many receives.
 const SINGLE_TAKES: u8 = 16;
+/// Longest [`Shared::abort_all`] waits for the second round of the CLOSEs (the engine sends it
+/// at most 100 ms after the first): a driver thread that never comes to it cannot hold a
+/// process that is exiting.
+const CLOSE_REPEAT_WAIT: Duration = Duration::from_millis(250);
 /// Most path sockets open at once (one bit each in [`Shared::open_paths`]); the paths beyond
 /// use their link socket, as all did before path sockets.
 const MAX_PATH_SOCKETS: usize = 64;
@@ -434,7 +438,8 @@ impl Shared {
     }
 
     /// Aborts every connection of this shard that is still open, telling each peer `code`
-    /// and `reason`, and returns once their CLOSE packets have left.
+    /// and `reason`, and returns once their CLOSE packets have left, the second round's too
+    /// (PROTOCOL.md §8.3: the driver thread sends it a few milliseconds later).
     pub fn abort_all(&self, code: u64, reason: &str) {
         let mut st = self.lock();
         let handles: Vec<ConnectionHandle> = st.endpoint.connection_handles().collect();
@@ -445,7 +450,13 @@ impl Shared {
                 }
             }
         }
-        let st = self.after_app_call(st);
+        let mut st = self.wait_until_sent(self.after_app_call(st));
+        let until = Instant::now() + CLOSE_REPEAT_WAIT;
+        while st.endpoint.closes_pending() && Instant::now() < until {
+            drop(st);
+            std::thread::sleep(Duration::from_millis(1));
+            st = self.lock();
+        }
         drop(self.wait_until_sent(st));
     }
 
