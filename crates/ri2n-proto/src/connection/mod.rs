@@ -1105,11 +1105,12 @@ impl Connection {
         self.set_closed(Some(e));
     }
 
-    /// How long after our CLOSE's first copies it goes again (see [`CLOSE_REPEAT_MIN`]).
+    /// How long after our CLOSE's first copies it goes again (see [`CLOSE_REPEAT_MIN`]): the
+    /// round trips measured, not the initial guess of a link that never had one.
     fn close_repeat_delay(&self) -> Duration {
-        let srtt = self.links.iter().map(|l| l.rtt.srtt).max();
-        srtt.unwrap_or_default()
-            .clamp(CLOSE_REPEAT_MIN, CLOSE_REPEAT_MAX)
+        let measured = self.links.iter().filter(|l| l.rtt.has_sample());
+        let srtt = measured.map(|l| l.rtt.srtt).max().unwrap_or_default();
+        srtt.clamp(CLOSE_REPEAT_MIN, CLOSE_REPEAT_MAX)
     }
 
     /// Whether a CLOSE of ours is still to be sent (now or in its second round): the
