@@ -8,6 +8,7 @@
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -165,7 +166,6 @@ fn create_partial(partial: &Path) -> Result<File, Failure> {
         .truncate(false)
         .open(partial)
         .map_err(|e| Failure::io(context(), &e))?;
-    use std::os::fd::AsRawFd;
     // SAFETY: flock on a descriptor this function owns; no memory is passed
     let locked = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
     // a file system without locks (ENOLCK, EOPNOTSUPP) is written as before locks were taken

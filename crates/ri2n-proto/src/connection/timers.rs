@@ -206,6 +206,7 @@ impl Connection {
         });
         for timer in due {
             if timer == Timer::CloseRepeat {
+                // on every link, as the first round (`close_targets` says none once Closed)
                 self.closing.repeat = CloseRepeat::No;
                 self.closing.sends = (0..self.links.len()).collect();
             }
