@@ -802,3 +802,143 @@ fn a_client_refused_at_every_address_is_told_refused() {
         );
     }
 }
+
+/// A TCP relay on loopback between a client and `to` whose client-to-server direction can be
+/// held to a trickle: the client's TCP connection then fills as one on a congested path does,
+/// while the trickle keeps the link heard from. It announces a small MSS and a small receive
+/// buffer, so that the client's socket fills as on a real network, not loopback's megabytes.
+struct Relay {
+    addr: SocketAddr,
+    held: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Bytes passed from the client to the server.
+    forwarded: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Relay {
+    fn to(to: SocketAddr) -> Relay {
+        use std::sync::atomic::Ordering::Relaxed;
+        let listener =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        listener.set_tcp_mss(1400).unwrap();
+        listener.set_recv_buffer_size(16 << 10).unwrap();
+        let local: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        listener.bind(&local.into()).unwrap();
+        listener.listen(8).unwrap();
+        let listener = std::net::TcpListener::from(listener);
+        let relay = Relay {
+            addr: listener.local_addr().unwrap(),
+            held: Default::default(),
+            forwarded: Default::default(),
+        };
+        let (held, forwarded) = (relay.held.clone(), relay.forwarded.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let server = std::net::TcpStream::connect(to).unwrap();
+                let (mut c_in, mut s_out) =
+                    (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let (held, forwarded) = (held.clone(), forwarded.clone());
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 << 10];
+                    loop {
+                        while held.load(Relaxed) {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        match c_in.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                if s_out.write_all(&buf[..n]).is_err() {
+                                    break;
+                                }
+                                forwarded.fetch_add(n as u64, Relaxed);
+                            }
+                        }
+                    }
+                    let _ = s_out.shutdown(std::net::Shutdown::Write);
+                });
+                let (mut s_in, mut c_out) = (server, client);
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut s_in, &mut c_out);
+                    let _ = c_out.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        });
+        relay
+    }
+
+    fn hold(&self, held: bool) {
+        self.held.store(held, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// `try_write` never blocks, also while its link's TCP connection is full: what the socket
+/// does not take at once is left to the link's writer thread. Before, the calling thread
+/// wrote a run on the blocking socket whenever it was writable at all, and waited there for
+/// the path to drain (a tokio task's `poll_write` held its runtime thread as long).
+#[test]
+fn try_write_does_not_wait_for_a_full_link() {
+    use std::sync::atomic::Ordering::Relaxed;
+    // links declared dead only after 10 s of silence: the held one stays up
+    let patient = ConnectionConfig::default().with_probe_interval(Duration::from_secs(10));
+    let bind = |config: EndpointConfig| {
+        let config = config.with_transport(Transport::Tcp);
+        Endpoint::bind(config.with_server_connection(patient.clone())).unwrap()
+    };
+    let server = bind(EndpointConfig::new(addrs(&["127.0.0.1:0"])).server());
+    let relay = Relay::to(server.local_addrs()[0]);
+    let client = bind(EndpointConfig::new(addrs(&["127.0.0.1:0"])));
+    let conn = client.connect(&[relay.addr], patient.clone()).unwrap();
+    let accepted = server.accept().unwrap();
+    wait_for_links(&conn, 1);
+    relay.hold(true);
+    // a call that waits for the path is freed when the relay lets go, 5 s on: the test then
+    // fails instead of hanging
+    let released = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watchdog = {
+        let (held, released) = (relay.held.clone(), released.clone());
+        std::thread::spawn(move || {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while held.load(Relaxed) && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            released.store(held.swap(false, Relaxed), Relaxed);
+        })
+    };
+    // messages of a size the application thread sends itself, a pause after each for the
+    // socket to look writable again
+    let sent = data(4 << 20, 11);
+    let mut taken = 0;
+    for size in [40 << 10, 200 << 10, 200 << 10, 256 << 10, 256 << 10] {
+        match conn.try_write(&sent[taken..taken + size]) {
+            Ok(n) => taken += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("try_write failed: {e}"),
+        }
+        assert!(
+            !released.load(Relaxed),
+            "try_write waited for the held path (after {taken} bytes)"
+        );
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    // the premise: the link had more for its TCP connection than the held path passed
+    let (forwarded, on_link) = (
+        relay.forwarded.load(Relaxed),
+        conn.stats().links[0].stream_bytes_sent,
+    );
+    assert!(
+        on_link > forwarded + (64 << 10),
+        "the link was never full: {on_link} bytes on it, {forwarded} passed"
+    );
+    relay.hold(false);
+    let rest = sent[taken..].to_vec();
+    let writer = std::thread::spawn(move || {
+        (&conn).write_all(&rest).unwrap();
+        conn.finish().unwrap();
+        conn
+    });
+    let mut got = Vec::new();
+    (&accepted).read_to_end(&mut got).unwrap();
+    assert!(got == sent, "the received bytes differ from the sent ones");
+    drop(writer.join().unwrap());
+    watchdog.join().unwrap();
+}

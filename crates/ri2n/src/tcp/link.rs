@@ -173,20 +173,33 @@ pub(super) fn closed_by_peer(kind: io::ErrorKind) -> bool {
     )
 }
 
-/// Writes all of `bufs`, with `MSG_NOSIGNAL`: a peer that closed the connection is an error
-/// here, never a SIGPIPE that ends the process (`writev`, which `TcpStream::write_vectored`
-/// makes, raises one, and a C program, unlike a Rust or Python one, does not ignore it).
-fn write_all(s: &TcpStream, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+/// Writes `bufs` from byte `written` on, with `MSG_NOSIGNAL`: a peer that closed the
+/// connection is an error here, never a SIGPIPE that ends the process (`writev`, which
+/// `TcpStream::write_vectored` makes, raises one, and a C program, unlike a Rust or Python
+/// one, does not ignore it). Unless `wait`, it writes only what the socket takes at once, and
+/// returns how far it got when the socket is full. Returns the bytes written in all.
+fn write_from(
+    s: &TcpStream,
+    mut bufs: &mut [IoSlice<'_>],
+    mut written: usize,
+    wait: bool,
+) -> io::Result<usize> {
     let s = socket2::SockRef::from(s);
+    let flags = libc::MSG_NOSIGNAL | if wait { 0 } else { libc::MSG_DONTWAIT };
+    IoSlice::advance_slices(&mut bufs, written);
     while !bufs.is_empty() {
-        match s.send_vectored_with_flags(bufs, libc::MSG_NOSIGNAL) {
+        match s.send_vectored_with_flags(bufs, flags) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Ok(n) => {
+                IoSlice::advance_slices(&mut bufs, n);
+                written += n;
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && !wait => return Ok(written),
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    Ok(written)
 }
 
 /// A link's sending side, held by whoever writes on its TCP connection: the link's writer
@@ -201,38 +214,64 @@ pub(crate) struct Tx {
     seal: Option<FrameKey>,
     head: Vec<u8>,
     payload: Vec<Bytes>,
+    /// The batch sealed as one frame, its first `sealed` bytes (keyed links).
     frame: Vec<u8>,
+    sealed: usize,
+    /// The batch ends with the CLOSE.
+    closing: bool,
+    /// How much of the batch a write that did not wait left behind it: whoever holds the
+    /// link's sending side next writes the rest before anything else.
+    unsent: Option<usize>,
 }
 
 impl Tx {
     /// Writes the composed records (`head`) and the run's bytes (`payload`) on `s`, sealed as
-    /// one frame on a keyed link.
-    fn write(&mut self, s: &TcpStream) -> io::Result<()> {
-        let res = match &mut self.seal {
+    /// one frame on a keyed link; or the rest of them, after a write that did not wait.
+    /// Unless `wait`, only what the socket takes at once: `Ok(false)` when some is left
+    /// ([`Tx::unsent`]).
+    fn write(&mut self, s: &TcpStream, wait: bool) -> io::Result<bool> {
+        let written = match self.unsent.take() {
+            Some(written) => written,
+            None => {
+                // keyed: the records and the run's bytes sealed as one frame, in place
+                if let Some(key) = &mut self.seal {
+                    let mut records: Vec<&[u8]> = Vec::with_capacity(1 + self.payload.len());
+                    records.push(&self.head);
+                    records.extend(self.payload.iter().map(|b| &b[..]));
+                    self.sealed = key.seal(&records, &mut self.frame).len();
+                }
+                0
+            }
+        };
+        let res = match &self.seal {
             None => {
                 let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(1 + self.payload.len());
                 slices.push(IoSlice::new(&self.head));
                 slices.extend(self.payload.iter().map(|b| IoSlice::new(b)));
-                write_all(s, &mut slices)
+                let total = slices.iter().map(|b| b.len()).sum::<usize>();
+                write_from(s, &mut slices, written, wait).map(|n| (n, total))
             }
-            // keyed: the records and the run's bytes sealed as one frame, in place
-            Some(key) => {
-                let mut records: Vec<&[u8]> = Vec::with_capacity(1 + self.payload.len());
-                records.push(&self.head);
-                records.extend(self.payload.iter().map(|b| &b[..]));
-                let frame = key.seal(&records, &mut self.frame);
-                let res = write_all(s, &mut [IoSlice::new(frame)]);
-                // a key that sealed its share: a new TCP connection brings fresh keys
-                res.and_then(|()| match key.worn_out() {
-                    true => Err(io::ErrorKind::Other.into()),
-                    false => Ok(()),
-                })
+            Some(_) => {
+                let frame = &self.frame[..self.sealed];
+                write_from(s, &mut [IoSlice::new(frame)], written, wait).map(|n| (n, frame.len()))
             }
         };
+        match res {
+            Ok((n, total)) if n < total => {
+                self.unsent = Some(n);
+                return Ok(false);
+            }
+            _ => {}
+        }
         // the run's slices go now: while they live, the send buffer's memory they point into
         // cannot be reused once acknowledged
         self.payload.clear();
-        res
+        res?;
+        // a key that sealed its share: a new TCP connection brings fresh keys
+        match self.seal.as_ref().is_some_and(FrameKey::worn_out) {
+            true => Err(io::ErrorKind::Other.into()),
+            false => Ok(true),
+        }
     }
 }
 
@@ -266,7 +305,8 @@ pub(crate) fn ack_now(conn: &TcpConnection, l: usize) -> bool {
     let Some(s) = tx.stream.clone() else {
         return false;
     };
-    if !matches!(sys::wait_writable(&s, Duration::ZERO), Ok(true)) {
+    // a batch partly written goes on first, whole
+    if tx.unsent.is_some() || !matches!(sys::wait_writable(&s, Duration::ZERO), Ok(true)) {
         return false;
     }
     let mut st = conn.lock();
@@ -284,11 +324,15 @@ pub(crate) fn ack_now(conn: &TcpConnection, l: usize) -> bool {
     ack_record(&st, l).encode(&mut tx.head);
     st.links[l].bytes_sent += tx.head.len() as u64;
     drop(st);
-    if let Err(e) = tx.write(&s) {
-        let mut st = conn.lock();
-        fail(conn, &mut st, l, tx.incarnation, closed_by_peer(e.kind()));
+    tx.closing = false;
+    match tx.write(&s, false) {
+        Ok(all) => all, // else the writer writes the rest
+        Err(e) => {
+            let mut st = conn.lock();
+            fail(conn, &mut st, l, tx.incarnation, closed_by_peer(e.kind()));
+            true
+        }
     }
-    true
 }
 
 /// What one look at the connection gave a link's sender.
@@ -384,6 +428,9 @@ fn compose(
 enum Batch<'a> {
     /// Written.
     Sent,
+    /// Written in part: the socket was full, and the caller did not wait. The rest waits in
+    /// the link's `Tx` for the writer thread.
+    Partly,
     /// Nothing was due: the state, still locked, to wait on.
     Idle(MutexGuard<'a, State>),
     /// The link's sending is over: its TCP connection failed or was replaced, or the
@@ -391,25 +438,30 @@ enum Batch<'a> {
     Over,
 }
 
-/// Composes and writes one batch on link `l` for the holder of its `tx`.
-fn send_batch<'a>(conn: &'a TcpConnection, l: usize, tx: &mut Tx) -> Batch<'a> {
+/// Composes and writes one batch on link `l` for the holder of its `tx`, or the rest of the
+/// one a write left partly unwritten; waits for room in the socket if `wait`.
+fn send_batch<'a>(conn: &'a TcpConnection, l: usize, tx: &mut Tx, wait: bool) -> Batch<'a> {
     let Some(s) = tx.stream.clone() else {
         return Batch::Over;
     };
-    let held = sys::held(&s);
-    let mut st = conn.lock();
-    let link = &st.links[l];
-    if link.incarnation != tx.incarnation || !link.connected() {
-        return Batch::Over;
+    if tx.unsent.is_none() {
+        let held = sys::held(&s);
+        let mut st = conn.lock();
+        let link = &st.links[l];
+        if link.incarnation != tx.incarnation || !link.connected() {
+            return Batch::Over;
+        }
+        tx.closing = match compose(&mut st, l, held, &mut tx.head, &mut tx.payload) {
+            Compose::Send(closing) => closing,
+            Compose::Idle => return Batch::Idle(st),
+            Compose::Stop => return Batch::Over,
+        };
     }
-    let closing = match compose(&mut st, l, held, &mut tx.head, &mut tx.payload) {
-        Compose::Send(closing) => closing,
-        Compose::Idle => return Batch::Idle(st),
-        Compose::Stop => return Batch::Over,
-    };
-    drop(st);
-    let res = tx.write(&s);
-    if closing {
+    let res = tx.write(&s, wait);
+    if matches!(res, Ok(false)) {
+        return Batch::Partly;
+    }
+    if tx.closing {
         let _ = s.shutdown(Shutdown::Write);
         let mut st = conn.lock();
         st.links[l].close_due = false;
@@ -428,9 +480,11 @@ fn send_batch<'a>(conn: &'a TcpConnection, l: usize, tx: &mut Tx) -> Batch<'a> {
 
 /// Sends what is due on every link whose TCP connection takes data at once and whose writer
 /// is not sending, from the calling (application) thread: a message goes out without
-/// waking a writer thread first. `links`: how many the connection has. Returns whether work
-/// is left for the writers.
+/// waking a writer thread first. It never waits for room in a socket: what a full one does
+/// not take is left to the link's writer. `links`: how many the connection has. Returns
+/// whether work is left for the writers.
 pub(crate) fn send_now(conn: &TcpConnection, links: usize) -> bool {
+    let mut partly = false;
     for (l, tx) in conn.tx.iter().enumerate().take(links) {
         // again when an ACK fell due while this thread held the link (see [`ack_now`])
         loop {
@@ -444,15 +498,22 @@ pub(crate) fn send_now(conn: &TcpConnection, links: usize) -> bool {
             if !matches!(writable, Some(Ok(true))) {
                 break;
             }
-            let sent = matches!(send_batch(conn, l, &mut tx), Batch::Sent);
+            // never waiting for room: this is the application's thread, perhaps an async
+            // runtime's, and the writer thread takes over what the socket leaves
+            let batch = send_batch(conn, l, &mut tx, false);
             drop(tx);
-            if !sent || !conn.lock().links[l].ack_due {
-                break;
+            match batch {
+                Batch::Partly => {
+                    partly = true;
+                    break;
+                }
+                Batch::Sent if conn.lock().links[l].ack_due => {}
+                _ => break,
             }
         }
     }
     let st = conn.lock();
-    st.striper.has_work() || !st.tail.is_empty()
+    partly || st.striper.has_work() || !st.tail.is_empty()
 }
 
 /// Link `l`'s writer thread, for its TCP connection `incarnation`.
@@ -484,8 +545,8 @@ fn writer(conn: &Arc<TcpConnection>, l: usize, incarnation: u64, s: &TcpStream) 
         if tx.incarnation != incarnation {
             return;
         }
-        match send_batch(conn, l, &mut tx) {
-            Batch::Sent => {}
+        match send_batch(conn, l, &mut tx, true) {
+            Batch::Sent | Batch::Partly => {}
             Batch::Over => return,
             Batch::Idle(st) => {
                 // let an application thread send meanwhile; wait under the same lock, so no
@@ -1153,7 +1214,7 @@ mod tests {
         drop(peer);
         let data = [0u8; 4096];
         for _ in 0..100 {
-            if write_all(&s, &mut [IoSlice::new(&data)]).is_err() {
+            if write_from(&s, &mut [IoSlice::new(&data)], 0, true).is_err() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(10));
