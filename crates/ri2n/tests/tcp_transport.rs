@@ -874,14 +874,21 @@ impl Relay {
 /// `try_write` never blocks, also while its link's TCP connection is full: what the socket
 /// does not take at once is left to the link's writer thread. Before, the calling thread
 /// wrote a run on the blocking socket whenever it was writable at all, and waited there for
-/// the path to drain (a tokio task's `poll_write` held its runtime thread as long).
+/// the path to drain (a tokio task's `poll_write` held its runtime thread as long). Keyed
+/// too: the rest of a sealed frame goes on after the part written.
 #[test]
 fn try_write_does_not_wait_for_a_full_link() {
+    for key in [None, Some(Key::generate().unwrap())] {
+        try_write_on_a_held_path(key);
+    }
+}
+
+fn try_write_on_a_held_path(key: Option<Key>) {
     use std::sync::atomic::Ordering::Relaxed;
     // links declared dead only after 10 s of silence: the held one stays up
     let patient = ConnectionConfig::default().with_probe_interval(Duration::from_secs(10));
     let bind = |config: EndpointConfig| {
-        let config = config.with_transport(Transport::Tcp);
+        let config = config.with_transport(Transport::Tcp).with_key(key.clone());
         Endpoint::bind(config.with_server_connection(patient.clone())).unwrap()
     };
     let server = bind(EndpointConfig::new(addrs(&["127.0.0.1:0"])).server());
@@ -916,7 +923,8 @@ fn try_write_does_not_wait_for_a_full_link() {
         }
         assert!(
             !released.load(Relaxed),
-            "try_write waited for the held path (after {taken} bytes)"
+            "try_write waited for the held path (after {taken} bytes; keyed: {})",
+            key.is_some()
         );
         std::thread::sleep(Duration::from_millis(30));
     }
