@@ -235,7 +235,8 @@ pub unsafe extern "C" fn ri2n_accept(ep: *mut ri2n_endpoint, timeout_ms: c_int) 
 }
 
 /// The next incoming connection if one is waiting; NULL with `EAGAIN` otherwise. Never
-/// blocks; wait for [`ri2n_endpoint_fd`] between tries.
+/// blocks; wait for [`ri2n_endpoint_fd`] between tries (with edge-triggered `epoll`, try
+/// until `EAGAIN` after each wake-up).
 ///
 /// # Safety
 /// `ep` is a live endpoint.
@@ -248,8 +249,9 @@ pub unsafe extern "C" fn ri2n_try_accept(ep: *mut ri2n_endpoint) -> *mut ri2n_co
     })
 }
 
-/// A descriptor that becomes readable when [`ri2n_try_accept`] may find a connection: register
-/// it with `poll`/`epoll` for reading and never read or close it. Valid while `ep` lives.
+/// A descriptor that becomes readable when [`ri2n_try_accept`] may find a connection, and
+/// stays readable while connections wait: register it with `poll`/`epoll` for reading and
+/// never read or close it. Valid while `ep` lives.
 ///
 /// # Safety
 /// `ep` is a live endpoint.

@@ -552,7 +552,7 @@ impl Endpoint {
 
     /// The next incoming connection if one is waiting; an [`Error::Io`] of kind
     /// [`std::io::ErrorKind::WouldBlock`] otherwise. Never blocks; clears
-    /// [`readiness_fd`](Self::readiness_fd) before it looks.
+    /// [`readiness_fd`](Self::readiness_fd) once no connection is left waiting.
     pub fn try_accept(&self) -> Result<Connection, Error> {
         let accepted = match &self.inner {
             Transports::Udp(s) => {
@@ -565,8 +565,9 @@ impl Endpoint {
 
     /// A file descriptor that becomes readable when a connection may be waiting for
     /// [`try_accept`](Self::try_accept), for `poll`/`epoll`/mio/tokio (register it for
-    /// reading, never read it yourself; call `try_accept` until `WouldBlock` after each
-    /// wake-up).
+    /// reading, never read it yourself). It stays readable while connections wait, so a
+    /// level-triggered loop may accept one per wake-up; with edge-triggered readiness call
+    /// `try_accept` until `WouldBlock` after each wake-up.
     pub fn readiness_fd(&self) -> std::io::Result<std::os::fd::BorrowedFd<'_>> {
         use std::os::fd::AsFd;
         match &self.inner {

@@ -302,13 +302,17 @@ impl AcceptQueue {
         self.arrived.notify_all();
     }
 
-    /// The oldest accepted connection, if any; clears the readiness descriptor first.
+    /// The oldest accepted connection, if any. The readiness descriptor stays readable while
+    /// more wait: an event loop that accepts one connection per wake-up still gets them all.
     fn pop(&self) -> Option<(usize, ConnectionHandle)> {
         let mut q = self.lock();
-        if let Some(r) = self.readiness.get() {
-            r.clear();
+        let next = q.pop_front();
+        if q.is_empty() {
+            if let Some(r) = self.readiness.get() {
+                r.clear();
+            }
         }
-        q.pop_front()
+        next
     }
 
     /// Takes the connections of shard `shard` waiting to be accepted.

@@ -350,3 +350,54 @@ fn one_thread_connects_to_many_peers_and_reads_their_datagrams() {
         s.join().unwrap();
     }
 }
+
+/// Whether `fd` is readable now.
+fn readable(fd: std::os::fd::RawFd) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: poll(2) on one live pollfd, without waiting.
+    unsafe { libc::poll(&mut pfd, 1, 0) == 1 }
+}
+
+/// The endpoint's descriptor stays readable while connections wait for `try_accept`, so a
+/// level-triggered loop that accepts one per wake-up gets every one; it clears once none is
+/// left. Before, each `try_accept` cleared it, and a second waiting connection stayed
+/// unaccepted until a third client came. Both transports.
+#[test]
+fn the_accept_descriptor_stays_readable_while_connections_wait() {
+    for transport in [ri2n::Transport::Udp, ri2n::Transport::Tcp] {
+        let config =
+            ri2n::EndpointConfig::new(vec![loopback("127.0.0.1")]).with_transport(transport);
+        let server = Endpoint::bind(config.clone().server()).unwrap();
+        let fd = server.readiness_fd().unwrap().as_raw_fd();
+        let to = server.local_addrs()[0];
+        // two clients, each confirmed by a byte the server acknowledged
+        let clients: Vec<_> = (0..2)
+            .map(|_| {
+                let client = Endpoint::bind(config.clone()).unwrap();
+                let conn = client.connect(&[to], ConnectionConfig::default()).unwrap();
+                (&conn).write_all(b"x").unwrap();
+                conn.finish().unwrap();
+                conn.wait_acknowledged(Some(Duration::from_secs(10)))
+                    .unwrap();
+                (client, conn)
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(readable(fd), "{transport:?}: not readable with two waiting");
+        let first = server.try_accept().unwrap();
+        assert!(
+            readable(fd),
+            "{transport:?}: cleared with one still waiting"
+        );
+        let second = server.try_accept().unwrap();
+        assert!(!readable(fd), "{transport:?}: readable with none waiting");
+        assert!(
+            matches!(server.try_accept(), Err(ri2n::Error::Io(e)) if e.kind() == ErrorKind::WouldBlock)
+        );
+        drop((first, second, clients));
+    }
+}

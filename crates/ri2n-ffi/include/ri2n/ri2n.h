@@ -344,14 +344,16 @@ struct ri2n_conn *ri2n_connect(struct ri2n_endpoint *ep,
 struct ri2n_conn *ri2n_accept(struct ri2n_endpoint *ep, int timeout_ms);
 
 // The next incoming connection if one is waiting; NULL with `EAGAIN` otherwise. Never
-// blocks; wait for [`ri2n_endpoint_fd`] between tries.
+// blocks; wait for [`ri2n_endpoint_fd`] between tries (with edge-triggered `epoll`, try
+// until `EAGAIN` after each wake-up).
 //
 // # Safety
 // `ep` is a live endpoint.
 struct ri2n_conn *ri2n_try_accept(struct ri2n_endpoint *ep);
 
-// A descriptor that becomes readable when [`ri2n_try_accept`] may find a connection: register
-// it with `poll`/`epoll` for reading and never read or close it. Valid while `ep` lives.
+// A descriptor that becomes readable when [`ri2n_try_accept`] may find a connection, and
+// stays readable while connections wait: register it with `poll`/`epoll` for reading and
+// never read or close it. Valid while `ep` lives.
 //
 // # Safety
 // `ep` is a live endpoint.

@@ -266,13 +266,17 @@ impl TcpEndpoint {
         }
     }
 
-    /// The next incoming connection if one waits; clears the readiness descriptor first.
+    /// The next incoming connection if one waits. The readiness descriptor stays readable
+    /// while more wait (as on UDP).
     pub fn try_accept(&self) -> Option<Arc<TcpConnection>> {
         let mut q = self.accepted.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(r) = self.accept_ready.get() {
-            r.clear();
+        let next = q.pop_front();
+        if q.is_empty() {
+            if let Some(r) = self.accept_ready.get() {
+                r.clear();
+            }
         }
-        q.pop_front()
+        next
     }
 
     /// The descriptor readable while a connection may wait for `try_accept`.
