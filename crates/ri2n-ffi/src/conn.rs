@@ -19,10 +19,10 @@ use crate::error::{guard, guard_int, guard_len, text_or_empty, Failure};
 /// One ri2n connection.
 pub struct ri2n_conn {
     conn: Connection,
-    /// A message that did not fit the last receiving call's buffer.
-    held_message: Mutex<Option<Vec<u8>>>,
-    /// A datagram that did not fit the last receiving call's buffer.
-    held_datagram: Mutex<Option<Vec<u8>>>,
+    /// Messages that did not fit the buffer of the call that took them.
+    held_message: Held,
+    /// Datagrams that did not fit the buffer of the call that took them.
+    held_datagram: Held,
     /// Events taken from the library that the caller's array had no room for.
     pub(crate) events: Mutex<VecDeque<TimedEvent>>,
 }
@@ -31,8 +31,8 @@ impl ri2n_conn {
     pub(crate) fn new(conn: Connection) -> Self {
         Self {
             conn,
-            held_message: Mutex::default(),
-            held_datagram: Mutex::default(),
+            held_message: Held::default(),
+            held_datagram: Held::default(),
             events: Mutex::default(),
         }
     }
@@ -77,12 +77,36 @@ unsafe fn bytes_mut<'a>(buf: *mut c_void, len: usize) -> Result<&'a mut [u8], Fa
     }
 }
 
-/// Hands `item` (a message or datagram) over in `out`, or keeps it in `held` when it does not
-/// fit.
+/// Messages (or datagrams) taken from the connection that did not fit the buffer of the call
+/// that took them, oldest first; each receiving call looks here before it waits. More than one
+/// is held only where threads receive at once: the item a second thread could not take then
+/// waits behind the first's, not over it.
+#[derive(Default)]
+struct Held(Mutex<VecDeque<Vec<u8>>>);
+
+impl Held {
+    /// The oldest item held, and that it was held; else `None`.
+    fn take(&self) -> Option<(Vec<u8>, bool)> {
+        lock(&self.0).pop_front().map(|item| (item, true))
+    }
+
+    /// Keeps `item` for a later call: first again if it was taken from here (it is still the
+    /// oldest), else behind those held.
+    fn keep(&self, item: Vec<u8>, was_held: bool) {
+        let mut q = lock(&self.0);
+        match was_held {
+            true => q.push_front(item),
+            false => q.push_back(item),
+        }
+    }
+}
+
+/// Hands `item` (a message or datagram; `was_held`: taken from `held`) over in `out`, or keeps
+/// it in `held` when it does not fit.
 fn deliver(
-    item: Vec<u8>,
+    (item, was_held): (Vec<u8>, bool),
     out: &mut [u8],
-    held: &Mutex<Option<Vec<u8>>>,
+    held: &Held,
     what: &str,
 ) -> Result<usize, Failure> {
     if item.len() > out.len() {
@@ -95,7 +119,7 @@ fn deliver(
                 out.len()
             ),
         );
-        *lock(held) = Some(item);
+        held.keep(item, was_held);
         return Err(failure);
     }
     out[..item.len()].copy_from_slice(&item);
@@ -107,8 +131,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// A message for `ri2n_recv_message`: an empty one cannot be told from the end of the stream.
-fn message(msg: Vec<u8>, out: &mut [u8], c: &ri2n_conn) -> Result<usize, Failure> {
-    if msg.is_empty() {
+fn message(msg: (Vec<u8>, bool), out: &mut [u8], c: &ri2n_conn) -> Result<usize, Failure> {
+    if msg.0.is_empty() {
         return Err(Failure::new(
             libc::EBADMSG,
             "the peer sent an empty message, which ri2n_recv_message cannot return apart from \
@@ -248,7 +272,8 @@ pub unsafe extern "C" fn ri2n_try_send_message(
 
 /// Receives the next whole message into `buf`, waiting for it; returns its length, 0 at the
 /// end of the peer's stream. `-EMSGSIZE` when it is longer than `len`: it is kept for the
-/// next call (with a buffer of [`ri2n_max_message_size`] bytes every message fits).
+/// next call (with a buffer of [`ri2n_max_message_size`] bytes every message fits; where
+/// threads receive at once, each message kept waits behind those kept before it).
 /// `-EBADMSG` for an empty message from a peer in another language, which is skipped.
 ///
 /// # Safety
@@ -263,10 +288,9 @@ pub unsafe extern "C" fn ri2n_recv_message(
         // SAFETY: passed on from the caller
         let (c, out) = unsafe { (conn(c)?, bytes_mut(buf, len)?) };
         // taken before the call: the lock is not held while it waits
-        let held = lock(&c.held_message).take();
-        let next = match held {
-            Some(msg) => Some(msg),
-            None => c.conn.recv_message()?,
+        let next = match c.held_message.take() {
+            Some(held) => Some(held),
+            None => c.conn.recv_message()?.map(|msg| (msg, false)),
         };
         match next {
             Some(msg) => message(msg, out, c),
@@ -289,10 +313,9 @@ pub unsafe extern "C" fn ri2n_try_recv_message(
         // SAFETY: passed on from the caller
         let (c, out) = unsafe { (conn(c)?, bytes_mut(buf, len)?) };
         // taken before the call: the lock is not held while it waits
-        let held = lock(&c.held_message).take();
-        let next = match held {
-            Some(msg) => Some(msg),
-            None => c.conn.try_recv_message()?,
+        let next = match c.held_message.take() {
+            Some(held) => Some(held),
+            None => c.conn.try_recv_message()?.map(|msg| (msg, false)),
         };
         match next {
             Some(msg) => message(msg, out, c),
@@ -349,11 +372,10 @@ pub unsafe extern "C" fn ri2n_recv_datagram(
     guard_len(|| {
         // SAFETY: passed on from the caller
         let (c, out) = unsafe { (conn(c)?, bytes_mut(buf, len)?) };
-        let held = lock(&c.held_datagram).take();
-        let received = match held {
-            Some(d) => Some(d),
-            None if timeout_ms == 0 => c.conn.try_recv_datagram()?,
-            None => c.conn.recv_datagram_timeout(timeout(timeout_ms))?,
+        let received = match c.held_datagram.take() {
+            Some(held) => Some(held),
+            None if timeout_ms == 0 => c.conn.try_recv_datagram()?.map(|d| (d, false)),
+            None => (c.conn.recv_datagram_timeout(timeout(timeout_ms))?).map(|d| (d, false)),
         };
         match received {
             Some(d) => deliver(d, out, &c.held_datagram, "datagram"),

@@ -179,7 +179,8 @@ ssize_t ri2n_try_send_message(struct ri2n_conn *c, const void *buf, size_t len);
 
 // Receives the next whole message into `buf`, waiting for it; returns its length, 0 at the
 // end of the peer's stream. `-EMSGSIZE` when it is longer than `len`: it is kept for the
-// next call (with a buffer of [`ri2n_max_message_size`] bytes every message fits).
+// next call (with a buffer of [`ri2n_max_message_size`] bytes every message fits; where
+// threads receive at once, each message kept waits behind those kept before it).
 // `-EBADMSG` for an empty message from a peer in another language, which is skipped.
 //
 // # Safety

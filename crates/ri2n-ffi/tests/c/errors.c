@@ -6,6 +6,7 @@
  * usage: errors DIR   (a directory for key files) */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -90,6 +91,59 @@ static void pair(const char *server_key, const char *client_key, ri2n_endpoint *
     CHECK(*peer != NULL);
     char x;
     CHECK(ri2n_read(*peer, &x, 1) == 1 && x == 'x');
+}
+
+/* A thread waiting in ri2n_recv_message with a buffer too small for any message of the test. */
+struct small_receiver {
+    ri2n_conn *conn;
+    ssize_t rc;
+    int err;
+    char why[256];
+};
+
+static void *receive_into_small_buffer(void *arg) {
+    struct small_receiver *r = arg;
+    char buf[100];
+    r->rc = ri2n_recv_message(r->conn, buf, sizeof buf);
+    r->err = errno;
+    snprintf(r->why, sizeof r->why, "%s", ri2n_last_error());
+    return NULL;
+}
+
+/* Two threads wait for messages with buffers too small: each gets EMSGSIZE for its own
+ * message, and both messages are kept for later calls, in order. (The second was kept over
+ * the first, which was lost.) */
+static void messages_two_waiting_threads_could_not_take_are_both_kept(void) {
+    ri2n_endpoint *server, *client;
+    ri2n_conn *c, *peer;
+    pair(NULL, NULL, &server, &client, &c, &peer);
+    CHECK(c != NULL);
+    struct small_receiver r[2] = {{.conn = peer}, {.conn = peer}};
+    pthread_t threads[2];
+    for (int i = 0; i < 2; i++)
+        CHECK(pthread_create(&threads[i], NULL, receive_into_small_buffer, &r[i]) == 0);
+    usleep(200000); /* both wait before anything arrives */
+    char first[200], second[300], buf[1000];
+    memset(first, 'a', sizeof first);
+    memset(second, 'b', sizeof second);
+    CHECK(ri2n_send_message(c, first, sizeof first) == sizeof first);
+    usleep(200000); /* one of them took the first */
+    CHECK(ri2n_send_message(c, second, sizeof second) == sizeof second);
+    for (int i = 0; i < 2; i++) CHECK(pthread_join(threads[i], NULL) == 0);
+    /* the premise: each thread took a message of its own from the connection */
+    for (int i = 0; i < 2; i++) CHECK(r[i].rc == -EMSGSIZE && r[i].err == EMSGSIZE);
+    CHECK((strstr(r[0].why, "has 200 bytes") && strstr(r[1].why, "has 300 bytes")) ||
+          (strstr(r[0].why, "has 300 bytes") && strstr(r[1].why, "has 200 bytes")));
+    CHECK(ri2n_try_recv_message(peer, buf, sizeof buf) == sizeof first);
+    CHECK(memcmp(buf, first, sizeof first) == 0);
+    CHECK(ri2n_try_recv_message(peer, buf, sizeof buf) == sizeof second);
+    CHECK(memcmp(buf, second, sizeof second) == 0);
+    CHECK_FAILS_WITH(ri2n_try_recv_message(peer, buf, sizeof buf), EAGAIN);
+    ri2n_conn_free(c);
+    ri2n_conn_free(peer);
+    ri2n_endpoint_free(client);
+    ri2n_endpoint_free(server);
+    printf("messages too large for two waiting threads: both kept, in order\n");
 }
 
 /* The TCP transport gives the errno values the header promises as the UDP transport does:
@@ -299,6 +353,7 @@ int main(int argc, char **argv) {
     printf("endpoint aborted: ECONNRESET with its reason\n");
 
     tcp_transport();
+    messages_two_waiting_threads_could_not_take_are_both_kept();
     ri2n_endpoint_free(client);
     printf("ok\n");
     return 0;
