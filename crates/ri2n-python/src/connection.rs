@@ -21,7 +21,7 @@ use ri2n::{Cipher, Connection, ConnectionState, ConnectionStats, Event, TimedEve
 
 use crate::buffer::Held;
 use crate::errors::{connection_error, io_error};
-use crate::{drop_detached, poll_readable, timeout_arg, SIGNAL_CHECK};
+use crate::{drop_detached, poll_readable, timeout_arg, Shared, SIGNAL_CHECK};
 
 /// One ri2n connection. Reads and writes block (with the GIL released) until they can
 /// proceed; while every link is down they simply wait. The ``try_*`` calls never block: they
@@ -43,11 +43,11 @@ impl PyConnection {
     }
 
     /// The connection, or `ValueError` once closed.
-    fn get(&self) -> PyResult<Arc<Connection>> {
+    fn get(&self) -> PyResult<Shared<Connection>> {
         // a poisoned lock still holds a valid Option
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        inner
-            .clone()
+        (inner.clone())
+            .map(Shared::new)
             .ok_or_else(|| PyValueError::new_err("the connection is closed"))
     }
 

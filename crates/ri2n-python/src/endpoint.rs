@@ -3,7 +3,7 @@
 
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{PyTimeoutError, PyValueError};
@@ -14,7 +14,7 @@ use ri2n::{ConnectionConfig, ConnectionError, Endpoint, EndpointConfig, Transpor
 use crate::connection::PyConnection;
 use crate::errors::endpoint_error;
 use crate::key::PyKey;
-use crate::{drop_detached, timeout_arg, Addrs, SIGNAL_CHECK};
+use crate::{drop_detached, timeout_arg, Addrs, Shared, SIGNAL_CHECK};
 
 /// The longest handshake attempt `connect` makes before it lets Python handle signals and
 /// starts a new one (see `connect`).
@@ -31,7 +31,7 @@ const EXIT_LINGER: Duration = Duration::from_secs(10);
 #[pyclass(name = "Endpoint", module = "ri2n", frozen, weakref)]
 pub struct PyEndpoint {
     /// `None` once closed.
-    inner: Mutex<Option<Endpoint>>,
+    inner: Mutex<Option<Arc<Endpoint>>>,
     /// The file the key came from, named by `KeyMismatch`.
     key_file: Option<PathBuf>,
     server: bool,
@@ -77,7 +77,7 @@ impl PyEndpoint {
             .detach(|| Endpoint::bind(config))
             .map_err(|e| endpoint_error(py, e, None))?;
         Ok(Self {
-            inner: Mutex::new(Some(endpoint)),
+            inner: Mutex::new(Some(Arc::new(endpoint))),
             key_file,
             server,
         })
@@ -85,7 +85,7 @@ impl PyEndpoint {
 
     /// The endpoint, for `accept`: `ValueError` for a client, which never has a connection
     /// to accept (the library would wait for ever).
-    fn get_server(&self) -> PyResult<Endpoint> {
+    fn get_server(&self) -> PyResult<Shared<Endpoint>> {
         if !self.server {
             return Err(PyValueError::new_err(
                 "a client endpoint accepts no connections (make it with Endpoint.server)",
@@ -94,16 +94,16 @@ impl PyEndpoint {
         self.get()
     }
 
-    /// The endpoint (a handle that shares it), or `ValueError` once closed.
-    fn get(&self) -> PyResult<Endpoint> {
+    /// The endpoint, or `ValueError` once closed.
+    fn get(&self) -> PyResult<Shared<Endpoint>> {
         // a poisoned lock still holds a valid Option
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        inner
-            .clone()
+        (inner.clone())
+            .map(Shared::new)
             .ok_or_else(|| PyValueError::new_err("the endpoint is closed"))
     }
 
-    fn take(&self) -> Option<Endpoint> {
+    fn take(&self) -> Option<Arc<Endpoint>> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 }

@@ -20,6 +20,7 @@ mod key;
 
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
+use std::sync::Arc;
 use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
@@ -88,6 +89,34 @@ pub(crate) fn poll_readable(fd: RawFd, wait: Duration) -> bool {
 /// delivered, and other Python threads must not stall meanwhile.
 pub(crate) fn drop_detached<T: Send>(value: T) {
     Python::attach(|py| py.detach(move || drop(value)));
+}
+
+/// What a call holds of a connection while it runs. Where the connection was closed
+/// meanwhile (from another thread), the call's handle is the last one, and it lets go as
+/// `close()` does: with the GIL released ([`drop_detached`]).
+pub(crate) struct Shared<T: Send + Sync>(Option<Arc<T>>);
+
+impl<T: Send + Sync> Shared<T> {
+    pub(crate) fn new(value: Arc<T>) -> Self {
+        Self(Some(value))
+    }
+}
+
+impl<T: Send + Sync> std::ops::Deref for Shared<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        self.0.as_deref().expect("held until dropped")
+    }
+}
+
+impl<T: Send + Sync> Drop for Shared<T> {
+    fn drop(&mut self) {
+        // only the last of the handles dropping at once gets the value
+        if let Some(last) = self.0.take().and_then(Arc::into_inner) {
+            drop_detached(last);
+        }
+    }
 }
 
 /// The extension module: `ri2n/__init__.py` re-exports what it defines.

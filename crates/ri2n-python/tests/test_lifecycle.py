@@ -2,6 +2,7 @@
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -93,6 +94,57 @@ def test_endpoint_close_reports_what_was_not_delivered() -> None:
             assert client.closed
         finally:
             os.kill(proc.pid, signal.SIGCONT)
+
+
+def test_a_calls_last_handle_lets_go_without_the_gil() -> None:
+    """A call holds its own handle of the connection: where another thread closed the
+    connection meanwhile, the call's handle is the last, and letting it go waits up to the
+    endpoint's close_linger (10 s) for delivery, here never coming (the server is stopped).
+    Other Python threads run meanwhile; before, they stood still for the whole linger."""
+    with server_process() as (proc, addr):
+
+        def dial() -> ri2n.Connection:
+            # the endpoint's handle goes at once: the connection's last handle closes it
+            return ri2n.Endpoint.client(LINKS).connect(addr, timeout=10)
+
+        conn = dial()
+        assert conn.recv(2, timeout=10) == b"hi"
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            wait_stopped(proc.pid)
+            ticks = [time.monotonic()]
+            stop = threading.Event()
+
+            def tick() -> None:
+                while not stop.is_set():
+                    ticks.append(time.monotonic())
+                    time.sleep(0.01)
+
+            ticker = threading.Thread(target=tick)
+            ticker.start()
+            span = []
+
+            def wait_in_recv() -> None:
+                start = time.monotonic()
+                with pytest.raises(TimeoutError):
+                    conn.recv(1, timeout=1.0)
+                span.extend([start, time.monotonic()])
+
+            waiter = threading.Thread(target=wait_in_recv)
+            waiter.start()
+            time.sleep(0.2)
+            conn.sendall(bytes(10_000))  # never acknowledged
+            conn.close()  # the waiting call's handle is the last now
+            waiter.join(30)
+            stop.set()
+            ticker.join()
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        assert len(span) == 2, "the waiting call did not end"
+        # the premise: letting go of the last handle waited for the linger
+        assert span[1] - span[0] > 5, span[1] - span[0]
+        gaps = [b - a for a, b in zip(ticks, ticks[1:]) if span[0] <= b <= span[1]]
+        assert gaps and max(gaps) < 2, max(gaps or [0])
 
 
 def test_stubs_match_the_module() -> None:
