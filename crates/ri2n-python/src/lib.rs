@@ -91,7 +91,7 @@ pub(crate) fn drop_detached<T: Send>(value: T) {
     Python::attach(|py| py.detach(move || drop(value)));
 }
 
-/// What a call holds of a connection while it runs. Where the connection was closed
+/// What a call holds of a connection (or an endpoint) while it runs. Where it was closed
 /// meanwhile (from another thread), the call's handle is the last one, and it lets go as
 /// `close()` does: with the GIL released ([`drop_detached`]).
 pub(crate) struct Shared<T: Send + Sync>(Option<Arc<T>>);

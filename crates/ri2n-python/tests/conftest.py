@@ -5,8 +5,10 @@ loopback on Linux), each with a free port, as the Rust tests in crates/ri2n/test
 """
 
 import contextlib
+import os
 import subprocess
 import sys
+import time
 from typing import Any, Iterator, List, Optional, Tuple
 
 import pytest
@@ -69,8 +71,6 @@ def endpoints() -> Iterator[Tuple[ri2n.Endpoint, ri2n.Endpoint]]:
 def wait_links_up(conn: ri2n.Connection, n: int, timeout: float = 5.0) -> List[Any]:
     """The connection's links once ``n`` are up (a server learns of the client's second link
     shortly after the handshake)."""
-    import time
-
     deadline = time.monotonic() + timeout
     while True:
         links = conn.stats()["links"]
@@ -102,3 +102,22 @@ def server_process() -> Iterator[Tuple[subprocess.Popen, str]]:
     finally:
         proc.kill()
         proc.wait()
+
+
+def wait_stopped(pid: int, timeout: float = 5.0) -> None:
+    """Waits until every thread of process ``pid`` has stopped. A stop signal takes effect
+    later than ``kill`` returns: until the scheduler has run each thread into the stop, a
+    thread that is awake (the endpoint's driver) still receives and acknowledges."""
+    deadline = time.monotonic() + timeout
+    tasks = f"/proc/{pid}/task"
+    while True:
+        states = set()
+        for t in os.listdir(tasks):
+            with open(f"{tasks}/{t}/stat") as f:
+                # the state is the field after the command name, which is in parentheses
+                states.add(f.read().rsplit(")", 1)[1].split()[0])
+        if states == {"T"}:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} did not stop: thread states {states}")
+        time.sleep(0.001)

@@ -3,13 +3,15 @@
 import asyncio
 import contextlib
 import hashlib
+import os
 import random
+import signal
 from typing import AsyncIterator, Tuple
 
 import pytest
 
 import ri2n
-from conftest import LINKS
+from conftest import LINKS, server_process, wait_stopped
 
 
 @contextlib.asynccontextmanager
@@ -184,3 +186,35 @@ def test_asyncio_accept_ends_when_the_endpoint_is_closed() -> None:
             await asyncio.wait_for(waiting, 5)
 
     asyncio.run(main())
+
+
+def test_closing_a_writer_does_not_hold_the_loop() -> None:
+    """Closing the writer closes its connection, and where that is the last handle (the
+    endpoint's own went) the close waits up to the endpoint's close_linger (10 s) for
+    delivery, here never coming (the server is stopped). It waits off the loop's thread: the
+    loop runs on meanwhile. Before, it stood still for the whole linger."""
+    with server_process() as (proc, addr):
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            # the endpoint's handle goes once the connection is made
+            reader, writer = await ri2n.aio.open_connection(
+                ri2n.Endpoint.client(LINKS), addr, timeout=10
+            )
+            assert await reader.readexactly(2) == b"hi"
+            os.kill(proc.pid, signal.SIGSTOP)
+            try:
+                wait_stopped(proc.pid)
+                writer.write(bytes(10_000))  # never acknowledged
+                await asyncio.sleep(0.1)
+                ticks = [loop.time()]
+                writer.close()
+                while loop.time() - ticks[0] < 2:
+                    await asyncio.sleep(0.01)
+                    ticks.append(loop.time())
+            finally:
+                os.kill(proc.pid, signal.SIGCONT)
+            gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+            assert max(gaps) < 1, max(gaps)
+
+        asyncio.run(main())

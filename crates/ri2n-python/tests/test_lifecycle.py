@@ -8,7 +8,7 @@ import time
 import pytest
 
 import ri2n
-from conftest import LINKS, server_process, wait_links_up
+from conftest import LINKS, server_process, wait_links_up, wait_stopped
 
 
 def test_context_managers_close_and_deliver() -> None:
@@ -53,25 +53,6 @@ def test_stats_and_events(pair) -> None:
     assert pair.conn.events() == [], "each event is reported once"
     assert pair.conn.state() == "established" and pair.conn.is_acknowledged()
     assert "established" in repr(pair.conn)
-
-
-def wait_stopped(pid: int, timeout: float = 5.0) -> None:
-    """Waits until every thread of process ``pid`` has stopped. A stop signal takes effect
-    later than ``kill`` returns: until the scheduler has run each thread into the stop, a
-    thread that is awake (the endpoint's driver) still receives and acknowledges."""
-    deadline = time.monotonic() + timeout
-    tasks = f"/proc/{pid}/task"
-    while True:
-        states = set()
-        for t in os.listdir(tasks):
-            with open(f"{tasks}/{t}/stat") as f:
-                # the state is the field after the command name, which is in parentheses
-                states.add(f.read().rsplit(")", 1)[1].split()[0])
-        if states == {"T"}:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"process {pid} did not stop: thread states {states}")
-        time.sleep(0.001)
 
 
 def test_endpoint_close_reports_what_was_not_delivered() -> None:

@@ -277,7 +277,12 @@ class Transport(asyncio.Transport):
         self._closed = True
         self._update_watch()
         self._watch_writes(False)
-        self._conn.close()
+        # Where this is the connection's last handle (its endpoint's went), closing waits up
+        # to the endpoint's close_linger for delivery: not on the loop's thread.
+        try:
+            self._loop.run_in_executor(None, self._conn.close)
+        except RuntimeError:  # the loop's executor is shut down: the loop is ending anyway
+            self._conn.close()
         self._protocol.connection_lost(exc)
 
     def __repr__(self) -> str:
