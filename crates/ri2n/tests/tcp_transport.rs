@@ -804,9 +804,9 @@ fn a_client_refused_at_every_address_is_told_refused() {
 }
 
 /// A TCP relay on loopback between a client and `to` whose client-to-server direction can be
-/// held to a trickle: the client's TCP connection then fills as one on a congested path does,
-/// while the trickle keeps the link heard from. It announces a small MSS and a small receive
-/// buffer, so that the client's socket fills as on a real network, not loopback's megabytes.
+/// held: the client's TCP connection then fills as one on a stalled path does. It announces a
+/// small MSS and a small receive buffer, so that the client's socket fills as on a real
+/// network, not loopback's megabytes.
 struct Relay {
     addr: SocketAddr,
     held: std::sync::Arc<std::sync::atomic::AtomicBool>,
