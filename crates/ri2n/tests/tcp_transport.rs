@@ -950,3 +950,48 @@ fn try_write_on_a_held_path(key: Option<Key>) {
     drop(writer.join().unwrap());
     watchdog.join().unwrap();
 }
+
+/// Small messages queued while the peer's window was full leave, once it opens, in runs of
+/// more than a thousand pieces (a message is two: its header and its bytes). A system call
+/// takes at most 1024 slices (`UIO_MAXIOV`), so a run goes in several. Before, the call
+/// failed with EMSGSIZE, the link was declared failed, and the repair of its run failed the
+/// link again: the messages never arrived.
+#[test]
+fn a_run_of_many_small_messages_arrives_whole() {
+    let window = ConnectionConfig::default().with_stream_receive_window(256 << 10);
+    let bind = |config: EndpointConfig| {
+        let config = config.with_transport(Transport::Tcp);
+        Endpoint::bind(config.with_server_connection(window.clone())).unwrap()
+    };
+    let server = bind(EndpointConfig::new(addrs(&["127.0.0.1:0"])).server());
+    let client = bind(EndpointConfig::new(addrs(&["127.0.0.1:0"])));
+    let to = server.local_addrs()[0];
+    // two large messages, more than the window, then many small ones behind them
+    let mut messages: Vec<Vec<u8>> = (0..2).map(|i| data(200 << 10, 300 + i)).collect();
+    messages.extend((0..4000).map(|i| data(64, 400 + i)));
+    let sent = messages.clone();
+    let conn = client.connect(&[to], ConnectionConfig::default()).unwrap();
+    let sender = std::thread::spawn(move || {
+        for msg in &sent {
+            conn.send_message(msg).unwrap();
+        }
+        conn.finish().unwrap();
+        conn
+    });
+    let peer = server.accept().unwrap();
+    // nothing read until the small ones wait behind the full window
+    std::thread::sleep(Duration::from_millis(300));
+    let mut got = Vec::new();
+    while let Some(msg) = peer
+        .recv_message_timeout(Some(Duration::from_secs(10)))
+        .unwrap_or_else(|e| panic!("after {} messages: {e}", got.len()))
+    {
+        got.push(msg);
+    }
+    assert_eq!(got.len(), messages.len());
+    assert!(
+        got == messages,
+        "the received messages differ from the sent ones"
+    );
+    drop(sender.join().unwrap());
+}

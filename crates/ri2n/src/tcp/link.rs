@@ -173,6 +173,9 @@ pub(super) fn closed_by_peer(kind: io::ErrorKind) -> bool {
     )
 }
 
+/// The most slices one `sendmsg` takes.
+const MAX_SLICES: usize = libc::UIO_MAXIOV as usize;
+
 /// Writes `bufs` from byte `written` on, with `MSG_NOSIGNAL`: a peer that closed the
 /// connection is an error here, never a SIGPIPE that ends the process (`writev`, which
 /// `TcpStream::write_vectored` makes, raises one, and a C program, unlike a Rust or Python
@@ -188,7 +191,9 @@ fn write_from(
     let flags = libc::MSG_NOSIGNAL | if wait { 0 } else { libc::MSG_DONTWAIT };
     IoSlice::advance_slices(&mut bufs, written);
     while !bufs.is_empty() {
-        match s.send_vectored_with_flags(bufs, flags) {
+        // a run of small messages has more slices than one call takes (EMSGSIZE beyond)
+        let some = bufs.len().min(MAX_SLICES);
+        match s.send_vectored_with_flags(&bufs[..some], flags) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => {
                 IoSlice::advance_slices(&mut bufs, n);
