@@ -11,7 +11,7 @@ use bytes::Bytes;
 
 use ri2n_proto::{
     Connection as ProtoConnection, ConnectionError, ConnectionHandle, ConnectionState,
-    ConnectionStats, ReadError, WriteError,
+    ConnectionStats, Event, ReadError, WriteError,
 };
 
 use crate::connection::TimedEvent;
@@ -82,12 +82,18 @@ impl UdpConnection {
 
     /// A non-blocking call of kind `interest`: clears its readiness descriptors, then runs `f`
     /// on the engine's connection (both under the lock, so an event after `f` looked signals
-    /// them again).
+    /// them again). What is still there to read keeps the readers' descriptors signalled: the
+    /// call looked at one kind only (a datagram, say, with stream bytes waiting), or wrote and
+    /// cleared the descriptor that stands for both, and the engine signals an arrival once.
     fn try_with<T>(&self, interest: Interest, f: impl FnOnce(&mut ProtoConnection) -> T) -> T {
         let shared = self.driver.shared();
         let mut st = shared.lock();
         self.watchers.clear(interest);
-        let out = f(conn(&mut st, self.handle));
+        let c = conn(&mut st, self.handle);
+        let out = f(c);
+        if c.has_readable() {
+            self.watchers.signal(&Event::Readable);
+        }
         drop(shared.after_app_call(st));
         out
     }

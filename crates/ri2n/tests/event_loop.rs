@@ -401,3 +401,62 @@ fn the_accept_descriptor_stays_readable_while_connections_wait() {
         drop((first, second, clients));
     }
 }
+
+/// A non-blocking call that finds nothing of its own kind leaves the descriptors readable
+/// while something of another kind waits: an event loop that looks for a datagram (or
+/// writes a reply) after stream bytes arrived must still be woken for them. The engine
+/// signals an arrival once; before, `try_recv_datagram` cleared the read descriptor and
+/// `try_write` the combined one, and the loop slept with the bytes unread.
+#[test]
+fn a_call_of_another_kind_does_not_hide_what_waits_to_be_read() {
+    let server =
+        Endpoint::bind(ri2n::EndpointConfig::new(vec![loopback("127.0.0.1")]).server()).unwrap();
+    let to = server.local_addrs()[0];
+    let client = Endpoint::bind(ri2n::EndpointConfig::new(vec![loopback("127.0.0.1")])).unwrap();
+    let conn = client.connect(&[to], ConnectionConfig::default()).unwrap();
+    (&conn).write_all(b"x").unwrap();
+    let peer = server.accept().unwrap();
+    let read_fd = peer.read_readiness_fd().unwrap().as_raw_fd();
+    let any_fd = peer.readiness_fd().unwrap().as_raw_fd();
+    let mut buf = [0u8; 64];
+    let wait = |fd| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !readable(fd) {
+            assert!(Instant::now() < deadline, "no arrival signalled");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    let drain = |buf: &mut [u8]| loop {
+        match peer.try_read(buf) {
+            Ok(n) => assert!(n > 0),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) => panic!("read: {e}"),
+        }
+    };
+    for (round, other) in ["a datagram looked for", "a reply written"]
+        .iter()
+        .enumerate()
+    {
+        drain(&mut buf);
+        (&conn).write_all(b"yz").unwrap();
+        wait(read_fd);
+        wait(any_fd);
+        if round == 0 {
+            let e = peer.try_recv_datagram().unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::WouldBlock);
+        } else {
+            assert_eq!(peer.try_write(b"r").unwrap(), 1);
+        }
+        assert!(
+            readable(any_fd),
+            "{other}: the combined descriptor was cleared"
+        );
+        if round == 0 {
+            assert!(
+                readable(read_fd),
+                "{other}: the read descriptor was cleared"
+            );
+        }
+        assert_eq!(peer.try_read(&mut buf).unwrap(), 2, "{other}");
+    }
+}

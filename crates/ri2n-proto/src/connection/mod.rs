@@ -930,6 +930,21 @@ impl Connection {
         }
     }
 
+    /// Whether a read of some kind would return data now: bytes of the byte stream, a whole
+    /// message or a datagram. (A driver keeps a reader's descriptor signalled while it is so:
+    /// a call that looked for one kind and found nothing must not hide another.)
+    pub fn has_readable(&self) -> bool {
+        if self.recv[BYTE_STREAM].readable() > 0 || self.datagrams.incoming.waiting().1 > 0 {
+            return true;
+        }
+        let stream = &self.recv[MESSAGE_STREAM];
+        let mut header = [0u8; 8];
+        let got = stream.peek(&mut header);
+        let mut r = wire::Reader::new(&header[..got]);
+        r.varint()
+            .is_ok_and(|len| stream.readable() >= (got - r.remaining()) as u64 + len)
+    }
+
     /// Whether a window update waits to be sent: a read freed enough of a stream's receive
     /// window to tell the peer. The only thing a read that returned data can leave to send
     /// (a read that failed the connection returns an error): after such a read without it, a
