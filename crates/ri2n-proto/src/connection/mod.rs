@@ -937,12 +937,17 @@ impl Connection {
         if self.recv[BYTE_STREAM].readable() > 0 || self.datagrams.incoming.waiting().1 > 0 {
             return true;
         }
-        let stream = &self.recv[MESSAGE_STREAM];
+        self.next_message_header()
+            .is_some_and(|(hlen, len)| self.recv[MESSAGE_STREAM].readable() >= hlen as u64 + len)
+    }
+
+    /// The next message's header length and length, once its header has arrived.
+    fn next_message_header(&self) -> Option<(usize, u64)> {
         let mut header = [0u8; 8];
-        let got = stream.peek(&mut header);
+        let got = self.recv[MESSAGE_STREAM].peek(&mut header);
         let mut r = wire::Reader::new(&header[..got]);
-        r.varint()
-            .is_ok_and(|len| stream.readable() >= (got - r.remaining()) as u64 + len)
+        let len = r.varint().ok()?;
+        Some((got - r.remaining(), len))
     }
 
     /// Whether a window update waits to be sent: a read freed enough of a stream's receive
@@ -962,21 +967,17 @@ impl Connection {
     /// Receives one whole message. `Ok(None)` is the end of the message stream;
     /// [`ReadError::Blocked`] means wait for [`Event::Readable`].
     pub fn recv_message(&mut self) -> Result<Option<Vec<u8>>, ReadError> {
+        let header = self.next_message_header();
         let stream = &mut self.recv[MESSAGE_STREAM];
-        let mut header = [0u8; 8];
-        let got = stream.peek(&mut header);
-        let mut r = wire::Reader::new(&header[..got]);
-        if let Ok(len) = r.varint() {
-            let hlen_now = got - r.remaining();
-            if hlen_now as u64 + len > self.cfg.stream_receive_window {
+        if let Some((hlen, len)) = header {
+            if hlen as u64 + len > self.cfg.stream_receive_window {
                 self.fail(ConnectionError::ProtocolViolation(
                     "message larger than the receive window",
                 ));
                 return self.read_blocked();
             }
-            let hlen = got - r.remaining();
             if stream.readable() >= hlen as u64 + len {
-                stream.read(&mut header[..hlen]);
+                stream.read(&mut [0u8; 8][..hlen]);
                 let mut msg = vec![0u8; len as usize];
                 stream.read(&mut msg);
                 self.after_read(MESSAGE_STREAM);

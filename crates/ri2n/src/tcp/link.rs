@@ -261,12 +261,11 @@ impl Tx {
                 write_from(s, &mut [IoSlice::new(frame)], written, wait).map(|n| (n, frame.len()))
             }
         };
-        match res {
-            Ok((n, total)) if n < total => {
+        if let Ok((n, total)) = res {
+            if n < total {
                 self.unsent = Some(n);
                 return Ok(false);
             }
-            _ => {}
         }
         // the run's slices go now: while they live, the send buffer's memory they point into
         // cannot be reused once acknowledged
