@@ -7,7 +7,8 @@
 //! lock; whoever changes the connection signals it after the change: the UDP driver under
 //! that lock whenever the engine reports anything, the TCP transport's link threads just
 //! after they release it. So after a call returned `WouldBlock`, the descriptor becomes
-//! readable as soon as retrying may succeed.
+//! readable as soon as retrying may succeed. A call signals its descriptors again for what
+//! waits for callers of another kind (`Watchers::signal_waiting`).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -175,4 +176,29 @@ impl Watchers {
             }
         }
     }
+
+    /// A non-blocking call of kind `interest` cleared its descriptors: signals them again for
+    /// what `waiting` says waits for callers of another kind. The connection signals an
+    /// arrival, or room for a blocked writer, once; a call that looked for one thing must
+    /// not hide another (a datagram looked for with stream bytes waiting, a reply written
+    /// with a message waiting, a read while a writer may retry). Signalling, not merely
+    /// leaving the descriptor set, gives an edge-triggered loop its edge.
+    pub fn signal_waiting(&self, interest: Interest, waiting: Waiting) {
+        if waiting.readable {
+            self.signal(&Event::Readable);
+        }
+        if waiting.writer_may_retry && interest != Interest::Write {
+            self.signal(&Event::Writable);
+        }
+    }
+}
+
+/// What a connection holds for callers other than the one that just looked (see
+/// [`Watchers::signal_waiting`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Waiting {
+    /// Data a read (of another kind, where the transport can tell) would return now.
+    pub readable: bool,
+    /// A writer that found the send buffer full was told it may retry and has not since.
+    pub writer_may_retry: bool,
 }

@@ -11,12 +11,12 @@ use bytes::Bytes;
 
 use ri2n_proto::{
     Connection as ProtoConnection, ConnectionError, ConnectionHandle, ConnectionState,
-    ConnectionStats, Event, ReadError, WriteError,
+    ConnectionStats, ReadError, WriteError,
 };
 
 use crate::connection::TimedEvent;
 use crate::driver::{Driver, State};
-use crate::readiness::{Interest, Watchers};
+use crate::readiness::{Interest, Waiting, Watchers};
 
 /// A connection of the UDP transport: its shard's driver and its handle in that engine.
 #[derive(Debug)]
@@ -82,18 +82,19 @@ impl UdpConnection {
 
     /// A non-blocking call of kind `interest`: clears its readiness descriptors, then runs `f`
     /// on the engine's connection (both under the lock, so an event after `f` looked signals
-    /// them again). What is still there to read keeps the readers' descriptors signalled: the
-    /// call looked at one kind only (a datagram, say, with stream bytes waiting), or wrote and
-    /// cleared the descriptor that stands for both, and the engine signals an arrival once.
+    /// them again). What is still there to read, and room a blocked writer was told of, keep
+    /// the descriptors of their callers signalled (`Watchers::signal_waiting`).
     fn try_with<T>(&self, interest: Interest, f: impl FnOnce(&mut ProtoConnection) -> T) -> T {
         let shared = self.driver.shared();
         let mut st = shared.lock();
         self.watchers.clear(interest);
         let c = conn(&mut st, self.handle);
         let out = f(c);
-        if c.has_readable() {
-            self.watchers.signal(&Event::Readable);
-        }
+        let waiting = Waiting {
+            readable: c.has_readable(),
+            writer_may_retry: c.writer_may_retry(),
+        };
+        self.watchers.signal_waiting(interest, waiting);
         drop(shared.after_app_call(st));
         out
     }

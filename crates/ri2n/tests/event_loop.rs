@@ -402,61 +402,131 @@ fn the_accept_descriptor_stays_readable_while_connections_wait() {
     }
 }
 
+/// Waits (at most 10 s) until `fd` is readable.
+fn wait_readable(fd: std::os::fd::RawFd, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !readable(fd) {
+        assert!(Instant::now() < deadline, "{what}: never signalled");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A client and the server's end of its connection, on one loopback link.
+fn pair(transport: ri2n::Transport, config: ConnectionConfig) -> (Endpoint, Endpoint, Connection) {
+    let endpoint = ri2n::EndpointConfig::new(vec![loopback("127.0.0.1")]).with_transport(transport);
+    let server = Endpoint::bind(endpoint.clone().server()).unwrap();
+    let to = server.local_addrs()[0];
+    let client = Endpoint::bind(endpoint).unwrap();
+    let conn = client.connect(&[to], config).unwrap();
+    (server, client, conn)
+}
+
 /// A non-blocking call that finds nothing of its own kind leaves the descriptors readable
-/// while something of another kind waits: an event loop that looks for a datagram (or
-/// writes a reply) after stream bytes arrived must still be woken for them. The engine
-/// signals an arrival once; before, `try_recv_datagram` cleared the read descriptor and
-/// `try_write` the combined one, and the loop slept with the bytes unread.
+/// while something of another kind waits: an event loop that looks for a message or a
+/// datagram (or writes a reply) after stream bytes arrived must still be woken for them.
+/// A connection signals an arrival once; before, `try_recv_datagram` cleared the read
+/// descriptor and `try_write` the combined one, and the loop slept with the bytes unread
+/// (on the TCP transport `try_recv_message` and `try_write` did). Both transports.
 #[test]
 fn a_call_of_another_kind_does_not_hide_what_waits_to_be_read() {
-    let server =
-        Endpoint::bind(ri2n::EndpointConfig::new(vec![loopback("127.0.0.1")]).server()).unwrap();
-    let to = server.local_addrs()[0];
-    let client = Endpoint::bind(ri2n::EndpointConfig::new(vec![loopback("127.0.0.1")])).unwrap();
-    let conn = client.connect(&[to], ConnectionConfig::default()).unwrap();
-    (&conn).write_all(b"x").unwrap();
-    let peer = server.accept().unwrap();
-    let read_fd = peer.read_readiness_fd().unwrap().as_raw_fd();
-    let any_fd = peer.readiness_fd().unwrap().as_raw_fd();
-    let mut buf = [0u8; 64];
-    let wait = |fd| {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !readable(fd) {
-            assert!(Instant::now() < deadline, "no arrival signalled");
-            std::thread::sleep(Duration::from_millis(1));
+    for transport in [ri2n::Transport::Udp, ri2n::Transport::Tcp] {
+        let (server, _client, conn) = pair(transport, ConnectionConfig::default());
+        (&conn).write_all(b"x").unwrap();
+        let peer = server.accept().unwrap();
+        let read_fd = peer.read_readiness_fd().unwrap().as_raw_fd();
+        let any_fd = peer.readiness_fd().unwrap().as_raw_fd();
+        let mut buf = [0u8; 64];
+        (&peer).read_exact(&mut buf[..1]).unwrap();
+        let mut others = vec!["a message looked for", "a reply written"];
+        if transport == ri2n::Transport::Udp {
+            others.push("a datagram looked for");
         }
-    };
-    let drain = |buf: &mut [u8]| loop {
-        match peer.try_read(buf) {
-            Ok(n) => assert!(n > 0),
-            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-            Err(e) => panic!("read: {e}"),
-        }
-    };
-    for (round, other) in ["a datagram looked for", "a reply written"]
-        .iter()
-        .enumerate()
-    {
-        drain(&mut buf);
-        (&conn).write_all(b"yz").unwrap();
-        wait(read_fd);
-        wait(any_fd);
-        if round == 0 {
-            let e = peer.try_recv_datagram().unwrap_err();
-            assert_eq!(e.kind(), ErrorKind::WouldBlock);
-        } else {
-            assert_eq!(peer.try_write(b"r").unwrap(), 1);
-        }
-        assert!(
-            readable(any_fd),
-            "{other}: the combined descriptor was cleared"
-        );
-        if round == 0 {
+        for other in others {
+            let what = format!("{transport:?}, {other}");
+            // nothing waits: this clears both descriptors, so what follows signals them
+            let e = peer.try_read(&mut buf).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::WouldBlock, "{what}");
+            assert!(!readable(any_fd), "{what}: readable with nothing waiting");
+            (&conn).write_all(b"yz").unwrap();
+            wait_readable(read_fd, &what);
+            wait_readable(any_fd, &what);
+            let reading = other != "a reply written";
+            match other {
+                "a message looked for" => {
+                    let e = peer.try_recv_message().unwrap_err();
+                    assert_eq!(e.kind(), ErrorKind::WouldBlock, "{what}");
+                }
+                "a datagram looked for" => {
+                    let e = peer.try_recv_datagram().unwrap_err();
+                    assert_eq!(e.kind(), ErrorKind::WouldBlock, "{what}");
+                }
+                _ => assert_eq!(peer.try_write(b"r").unwrap(), 1, "{what}"),
+            }
             assert!(
-                readable(read_fd),
-                "{other}: the read descriptor was cleared"
+                readable(any_fd),
+                "{what}: the combined descriptor was cleared"
+            );
+            if reading {
+                assert!(readable(read_fd), "{what}: the read descriptor was cleared");
+            }
+            assert_eq!(peer.try_read(&mut buf).unwrap(), 2, "{what}");
+        }
+    }
+}
+
+/// A writer that found the send buffer full and was told it may retry stays told through
+/// a reader's call: the combined descriptor stays readable until the writer retries. An
+/// event loop that wrote until `WouldBlock`, then read until `WouldBlock`, and slept, must
+/// be woken to write again once room came back in between. Before, the read cleared the
+/// descriptor and the loop slept with room to write. Both transports.
+#[test]
+fn a_reader_does_not_hide_room_from_a_blocked_writer() {
+    for transport in [ri2n::Transport::Udp, ri2n::Transport::Tcp] {
+        let config = ConnectionConfig::default().with_send_buffer(64 << 10);
+        let (server, _client, conn) = pair(transport, config);
+        let any_fd = conn.readiness_fd().unwrap().as_raw_fd();
+        // fill the send buffer while the server reads nothing
+        let chunk = [7u8; 16 << 10];
+        let mut written = 0;
+        loop {
+            match conn.try_write(&chunk) {
+                Ok(n) => written += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => panic!("{transport:?}: write: {e}"),
+            }
+            assert!(
+                written < 1 << 20,
+                "{transport:?}: the send buffer never filled"
             );
         }
-        assert_eq!(peer.try_read(&mut buf).unwrap(), 2, "{other}");
+        // the server reads it all, so all of it is acknowledged: room is back
+        let peer = server.accept().unwrap();
+        let mut buf = vec![0u8; 64 << 10];
+        let mut got = 0;
+        while got < written {
+            got += (&peer).read(&mut buf).unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while conn.stats().send_buffered > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{transport:?}: never acknowledged"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        wait_readable(any_fd, &format!("{transport:?}, room back"));
+        let e = conn.try_read(&mut buf).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::WouldBlock, "{transport:?}");
+        assert!(
+            readable(any_fd),
+            "{transport:?}: a read cleared the combined descriptor with room for the writer"
+        );
+        assert!(conn.try_write(&chunk).unwrap() > 0, "{transport:?}");
+        // the writer's retry took the signal: nothing is left to wake for
+        assert!(matches!(conn.try_read(&mut buf), Err(e) if e.kind() == ErrorKind::WouldBlock));
+        assert!(
+            !readable(any_fd),
+            "{transport:?}: still readable with nothing new"
+        );
     }
 }

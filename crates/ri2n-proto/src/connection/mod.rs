@@ -188,6 +188,9 @@ pub struct Connection {
     /// Blocked writers, per stream: the room each waits for. One per stream, so that a
     /// writer blocked on one stream does not erase the wake-up of another's.
     write_wants: [Option<u64>; 2],
+    /// [`Event::Writable`] was reported and no write came since: the writer it woke has yet
+    /// to retry.
+    writer_told: bool,
     /// [`Event::AllAcknowledged`] was emitted.
     all_acknowledged: bool,
     scheduling: Scheduling,
@@ -585,6 +588,7 @@ impl Connection {
                 answered: None,
             },
             write_wants: [None; 2],
+            writer_told: false,
             all_acknowledged: false,
             scheduling: Scheduling::default(),
             last_rx: now,
@@ -615,7 +619,8 @@ impl Connection {
         &self.cfg
     }
 
-    fn write_check(&self) -> Result<(), WriteError> {
+    fn write_check(&mut self) -> Result<(), WriteError> {
+        self.writer_told = false;
         if let Some(e) = &self.closing.reason {
             return Err(WriteError::ConnectionLost(e.clone()));
         }
@@ -941,6 +946,13 @@ impl Connection {
             .is_some_and(|(hlen, len)| self.recv[MESSAGE_STREAM].readable() >= hlen as u64 + len)
     }
 
+    /// Whether a writer that found the send buffer full was told it may retry
+    /// ([`Event::Writable`]) and has not written since. (A driver keeps a combined reading
+    /// and writing descriptor signalled while it is so: a reader's call must not hide it.)
+    pub fn writer_may_retry(&self) -> bool {
+        self.writer_told
+    }
+
     /// The next message's header length and length, once its header has arrived.
     fn next_message_header(&self) -> Option<(usize, u64)> {
         let mut header = [0u8; 8];
@@ -1096,6 +1108,7 @@ impl Connection {
         if self.events.len() >= MAX_EVENTS {
             self.events.pop_front();
         }
+        self.writer_told |= e == Event::Writable;
         self.events.push_back(e);
     }
 

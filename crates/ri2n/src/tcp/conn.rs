@@ -26,7 +26,7 @@ use ri2n_proto::{
 
 use super::signal::Signal;
 use crate::connection::TimedEvent;
-use crate::readiness::{Interest, Watchers};
+use crate::readiness::{Interest, Waiting, Watchers};
 
 /// Writes smaller than this are copied into the send buffer's open tail; larger buffers
 /// handed over with `write_buf` are kept whole (no copy).
@@ -229,6 +229,9 @@ pub(crate) struct State {
     /// Whole messages that arrived and were not read yet; the message arriving.
     pub messages: VecDeque<Vec<u8>>,
     pub message_part: Vec<u8>,
+    /// A non-blocking write found no room for this many bytes (at least 1) and was not
+    /// retried since: once there is, a reader's call keeps the combined descriptor signalled.
+    writer_blocked: Option<u64>,
     /// The window end last sent to the peer; a new one is sent when reading moved it by
     /// `ack_step`.
     pub advertised: u64,
@@ -605,6 +608,13 @@ enum Incoming {
     Messages,
 }
 
+/// What a call looks for: room in the send buffer, or something of the peer's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Looks {
+    Room,
+    Incoming(Incoming),
+}
+
 impl TcpConnection {
     pub fn new(settings: Settings, role: Role, links: Vec<Link>) -> Arc<Self> {
         let added = links.len().saturating_sub(1);
@@ -619,6 +629,7 @@ impl TcpConnection {
             demux: Demux::new(settings.takes_messages.then_some(settings.window)),
             stream_in: VecDeque::new(),
             messages: VecDeque::new(),
+            writer_blocked: None,
             message_part: Vec::new(),
             advertised: settings.window,
             ack_step: settings.window / 4,
@@ -709,13 +720,33 @@ impl TcpConnection {
         self.watchers.fd(interest)
     }
 
-    /// Locks the state for a call; a non-blocking one clears its readiness descriptor
-    /// first.
-    fn lock_for(&self, interest: Interest, block: bool) -> MutexGuard<'_, State> {
-        let st = self.lock();
-        if !block {
-            self.watchers.clear(interest);
+    /// Locks the state for a call that `looks` for something. A non-blocking one clears its
+    /// readiness descriptors first, and signals them again for what waits for callers of
+    /// another kind (`Watchers::signal_waiting`).
+    fn lock_for(&self, looks: Looks, block: bool) -> MutexGuard<'_, State> {
+        let mut st = self.lock();
+        if looks == Looks::Room {
+            st.writer_blocked = None;
         }
+        if block {
+            return st;
+        }
+        let interest = match looks {
+            Looks::Room => Interest::Write,
+            Looks::Incoming(_) => Interest::Read,
+        };
+        self.watchers.clear(interest);
+        // split what arrived into the streams, to see what waits there
+        st.pump_or_end();
+        self.send_queued_acks(&mut st);
+        let other = |kind| looks != Looks::Incoming(kind);
+        let room = self.settings.send_buffer.saturating_sub(st.buffered());
+        let waiting = Waiting {
+            readable: (other(Incoming::Stream) && !st.stream_in.is_empty())
+                || (other(Incoming::Messages) && !st.messages.is_empty()),
+            writer_may_retry: st.writer_blocked.is_some_and(|need| room >= need),
+        };
+        self.watchers.signal_waiting(interest, waiting);
         st
     }
 
@@ -763,6 +794,7 @@ impl TcpConnection {
                 return Ok((st, room));
             }
             if !block {
+                st.writer_blocked = Some(need.max(1));
                 return Err(io::ErrorKind::WouldBlock.into());
             }
             st = self.wait(st, None);
@@ -777,7 +809,7 @@ impl TcpConnection {
         if data.is_empty() {
             return Ok(0);
         }
-        let (mut st, _) = self.room(self.lock_for(Interest::Write, block), 0, block)?;
+        let (mut st, _) = self.room(self.lock_for(Looks::Room, block), 0, block)?;
         let mut n = 0;
         loop {
             let room = self.settings.send_buffer.saturating_sub(st.buffered());
@@ -829,7 +861,7 @@ impl TcpConnection {
         if data.len() < WHOLE_BUFFER || data.len() > chunk::MAX_CHUNK {
             return self.write(data, block);
         }
-        let (mut st, _) = self.room(self.lock_for(Interest::Write, block), 0, block)?;
+        let (mut st, _) = self.room(self.lock_for(Looks::Room, block), 0, block)?;
         let shared = Sequenced {
             bytes: data.clone(),
             ours: false,
@@ -858,7 +890,7 @@ impl TcpConnection {
             ));
         }
         let need = (chunk::HEADER_LEN + msg.len()) as u64;
-        let (mut st, _) = self.room(self.lock_for(Interest::Write, block), need, block)?;
+        let (mut st, _) = self.room(self.lock_for(Looks::Room, block), need, block)?;
         st.append_chunk(Kind::Message, Sequenced::ours(Bytes::copy_from_slice(msg)));
         self.send_or_wake(st);
         Ok(())
@@ -932,7 +964,7 @@ impl TcpConnection {
         if buf.is_empty() {
             return Ok(0);
         }
-        let st = self.lock_for(Interest::Read, block);
+        let st = self.lock_for(Looks::Incoming(Incoming::Stream), block);
         let Some(mut st) = self.readable(st, Incoming::Stream, block, None)? else {
             return Ok(0);
         };
@@ -967,7 +999,7 @@ impl TcpConnection {
     /// its length (0: the end of the stream). Waits for it when `block`, else says
     /// `WouldBlock` when there is none yet.
     pub fn read_chunk(&self, chunk: &mut Bytes, block: bool) -> io::Result<usize> {
-        let st = self.lock_for(Interest::Read, block);
+        let st = self.lock_for(Looks::Incoming(Incoming::Stream), block);
         let Some(mut st) = self.readable(st, Incoming::Stream, block, None)? else {
             *chunk = Bytes::new();
             return Ok(0);
@@ -994,7 +1026,7 @@ impl TcpConnection {
                 "this connection takes no messages (its configuration says so)",
             ));
         }
-        let st = self.lock_for(Interest::Read, block);
+        let st = self.lock_for(Looks::Incoming(Incoming::Messages), block);
         let Some(mut st) = self.readable(st, Incoming::Messages, block, deadline)? else {
             return Ok(None);
         };
