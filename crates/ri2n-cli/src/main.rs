@@ -351,7 +351,8 @@ pub struct ConnectOpts {
     /// a link, and the handshake goes to the first and, while that one does not answer, to
     /// the others in turn, so a peer whose first network is down at the start is reached on
     /// another. With a single --to the peer's other addresses are learned in the handshake and
-    /// a link is opened to each (unless --no-discover).
+    /// a link is opened to each (unless --no-discover). An IPv6 link-local address names the
+    /// interface to reach it on: `[fe80::1%eth0]:PORT`.
     #[arg(long = "to", value_name = "ADDR:PORT", required = true, value_parser = parse_remote)]
     pub to: Vec<SocketAddr>,
 
@@ -360,7 +361,8 @@ pub struct ConnectOpts {
     /// loopback (127.0.0.0/8), 127.0.0.1, 127.0.0.2 and each --to IP; otherwise, for each
     /// --to, the address the OS routes it from. Links to addresses the peer announces use the
     /// local address sharing the longest prefix with them, so with several interfaces give one
-    /// --local per interface (a warning says when only one local address results).
+    /// --local per interface (a warning says when only one local address results). An IPv6
+    /// link-local address names its interface: `fe80::1%eth0`.
     #[arg(long = "local", value_name = "ADDR", value_parser = parse_local)]
     pub local: Vec<SocketAddr>,
 
@@ -432,7 +434,8 @@ pub struct RecvArgs {
     /// Local address to listen on; repeat for each link (one UDP socket each). The sender is
     /// told about all of them, so `ri2n send` needs only one of them as --to. A wildcard
     /// (`0.0.0.0:PORT` or `[::]:PORT`) listens on every address the host's interfaces have at
-    /// start, one socket each (loopback included; IPv6 link-local addresses left out).
+    /// start, one socket each (loopback included; IPv6 link-local addresses left out). An IPv6
+    /// link-local address names its interface: `[fe80::1%eth0]:PORT`.
     #[arg(long = "listen", value_name = "ADDR:PORT", required = true, value_parser = parse_remote)]
     pub listen: Vec<SocketAddr>,
 
@@ -474,7 +477,8 @@ pub struct ServeArgs {
 
     /// Local address to listen on; repeat for each link. Clients are told about all of them.
     /// A wildcard (`0.0.0.0:PORT` or `[::]:PORT`) listens on every address of the host's
-    /// interfaces at start, one socket each.
+    /// interfaces at start, one socket each. An IPv6 link-local address names its interface:
+    /// `[fe80::1%eth0]:PORT`.
     #[arg(long = "listen", value_name = "ADDR:PORT", required = true, value_parser = parse_remote)]
     pub listen: Vec<SocketAddr>,
 
@@ -629,10 +633,14 @@ pub struct DemoArgs {
     pub link_rate: f64,
 }
 
-/// A peer or listen address: IP:PORT, or HOST:PORT resolved to its first address.
+/// A peer or listen address: IP:PORT (`[IP%INTERFACE]:PORT` for an IPv6 link-local one), or
+/// HOST:PORT resolved to its first address.
 fn parse_remote(s: &str) -> Result<SocketAddr, String> {
     if let Ok(a) = s.parse() {
         return Ok(a);
+    }
+    if let Some(zoned) = net::parse_zoned(s, None) {
+        return zoned;
     }
     match s.to_socket_addrs() {
         Ok(mut it) => it
@@ -642,10 +650,14 @@ fn parse_remote(s: &str) -> Result<SocketAddr, String> {
     }
 }
 
-/// A local address: IP (port 0) or IP:PORT.
+/// A local address: IP (port 0) or IP:PORT; an IPv6 link-local one with its interface,
+/// `IP%INTERFACE` or `[IP%INTERFACE]:PORT`.
 fn parse_local(s: &str) -> Result<SocketAddr, String> {
     if let Ok(ip) = s.parse::<IpAddr>() {
         return Ok(SocketAddr::new(ip, 0));
+    }
+    if let Some(zoned) = net::parse_zoned(s, (!s.starts_with('[')).then_some(0)) {
+        return zoned;
     }
     s.parse()
         .map_err(|_| format!("`{s}` is neither an IP address nor IP:PORT"))

@@ -1,8 +1,8 @@
-//! Setting up endpoints and connections for the commands: default local addresses, the
-//! connect timeout, waiting for acknowledgements while still reporting progress, and a clean
-//! close.
+//! Setting up endpoints and connections for the commands: addresses with an interface's
+//! name as their IPv6 zone, default local addresses, the connect timeout, waiting for
+//! acknowledgements while still reporting progress, and a clean close.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6, UdpSocket};
 use std::time::{Duration, Instant};
 
 use ri2n::{Connection, ConnectionConfig, ConnectionState, Endpoint, EndpointConfig};
@@ -14,49 +14,87 @@ use crate::{ChannelOpts, ConnectOpts, LinkOpts};
 /// of stream, the engine's short draining period) before the command exits anyway.
 pub const LINGER: Duration = Duration::from_secs(3);
 
+/// An IPv6 address with its zone, `[IP%ZONE]:PORT` (or `IP%ZONE` when `port` is given):
+/// the zone is the interface's name or index. A link-local address (`fe80::/10`) means
+/// something on one interface only, and every interface has one. `None` when `s` has no
+/// zone, to be parsed as a plain address.
+pub fn parse_zoned(s: &str, port: Option<u16>) -> Option<Result<SocketAddr, String>> {
+    let (host, port) = match (s.strip_prefix('['), port) {
+        (Some(rest), _) => {
+            let (host, port) = rest.split_once("]:")?;
+            let port = match port.parse::<u16>() {
+                Ok(p) => p,
+                Err(_) => return Some(Err(format!("`{s}`: `{port}` is not a port"))),
+            };
+            (host, port)
+        }
+        (None, Some(port)) => (s, port),
+        (None, None) => return None,
+    };
+    let (ip, zone) = host.split_once('%')?;
+    let Ok(ip) = ip.parse::<Ipv6Addr>() else {
+        return Some(Err(format!("`{s}`: `{ip}` is not an IPv6 address")));
+    };
+    let scope = match zone.parse::<u32>() {
+        Ok(index) => index,
+        Err(_) => match interface_index(zone) {
+            Some(index) => index,
+            None => return Some(Err(format!("`{s}`: this host has no interface `{zone}`"))),
+        },
+    };
+    Some(Ok(SocketAddr::V6(SocketAddrV6::new(ip, port, 0, scope))))
+}
+
+/// The index of the interface named `name`, if there is one.
+fn interface_index(name: &str) -> Option<u32> {
+    let name = std::ffi::CString::new(name).ok()?;
+    // SAFETY: if_nametoindex(3) reads a NUL-terminated name; 0 means no such interface
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    (index != 0).then_some(index)
+}
+
 /// The local addresses used when `--local` is not given (see `--help`), and whether a
 /// warning that only one local address serves every link is in order.
 pub fn default_locals(targets: &[SocketAddr]) -> (Vec<SocketAddr>, bool) {
-    let mut ips: Vec<IpAddr> = Vec::new();
-    let mut push = |ip: IpAddr| {
-        if !ips.contains(&ip) {
-            ips.push(ip);
+    let mut locals: Vec<SocketAddr> = Vec::new();
+    let mut push = |a: SocketAddr| {
+        if !locals.contains(&a) {
+            locals.push(a);
         }
     };
+    let any_port = |ip| SocketAddr::new(ip, 0);
     if targets.iter().all(|t| t.ip().is_loopback()) {
         if targets.iter().any(|t| t.is_ipv4()) {
-            push(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)));
-            push(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
+            push(any_port(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1))));
+            push(any_port(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2))));
         }
         for t in targets {
-            push(t.ip());
+            push(any_port(t.ip()));
         }
-        let locals = ips.into_iter().map(|ip| SocketAddr::new(ip, 0)).collect();
         return (locals, false);
     }
     for t in targets {
         push(route_source(*t));
     }
-    let single = ips.len() == 1;
-    (
-        ips.into_iter().map(|ip| SocketAddr::new(ip, 0)).collect(),
-        single,
-    )
+    let single = locals.len() == 1;
+    (locals, single)
 }
 
 /// The source address the OS would use to reach `target` (a connected UDP socket sends
-/// nothing); the wildcard address if there is no route.
-fn route_source(target: SocketAddr) -> IpAddr {
+/// nothing), port 0, with its IPv6 scope (a link-local one binds only with it); the
+/// wildcard address if there is no route.
+fn route_source(target: SocketAddr) -> SocketAddr {
     let any: SocketAddr = if target.is_ipv4() {
         (Ipv4Addr::UNSPECIFIED, 0).into()
     } else {
         (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
     };
-    UdpSocket::bind(any)
+    let mut source = UdpSocket::bind(any)
         .and_then(|s| s.connect(target).map(|()| s))
         .and_then(|s| s.local_addr())
-        .map(|a| a.ip())
-        .unwrap_or(any.ip())
+        .unwrap_or(any);
+    source.set_port(0);
+    source
 }
 
 /// What a command speaks. It is named in the handshake, with what the command reads besides
@@ -305,6 +343,26 @@ pub fn enlarge_pipe(fd: std::os::fd::RawFd) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ipv6_zone_names_the_interface_by_name_or_index() {
+        let lo = interface_index("lo").expect("an interface `lo`");
+        let on_lo = SocketAddr::V6(SocketAddrV6::new("fe80::1".parse().unwrap(), 7000, 0, lo));
+        assert_eq!(parse_zoned("[fe80::1%lo]:7000", None), Some(Ok(on_lo)));
+        assert_eq!(
+            parse_zoned(&format!("[fe80::1%{lo}]:7000"), None),
+            Some(Ok(on_lo))
+        );
+        let local = SocketAddr::V6(SocketAddrV6::new("fe80::1".parse().unwrap(), 0, 0, lo));
+        assert_eq!(parse_zoned("fe80::1%lo", Some(0)), Some(Ok(local)));
+        // no zone: a plain address, parsed elsewhere
+        assert_eq!(parse_zoned("[fe80::1]:7000", None), None);
+        assert_eq!(parse_zoned("127.0.0.1:7000", None), None);
+        let err = |s: &str| parse_zoned(s, None).unwrap().unwrap_err();
+        assert!(err("[fe80::1%nosuchif0]:7000").contains("no interface `nosuchif0`"));
+        assert!(err("[fe80::1%lo]:port").contains("not a port"));
+        assert!(err("[10.0.0.1%lo]:7000").contains("not an IPv6 address"));
+    }
 
     #[test]
     fn loopback_targets_get_both_loopback_addresses() {

@@ -347,6 +347,26 @@ fn a_remote_peers_loopback_address_is_not_discovered() {
     assert_eq!(links[0].remote, b[0]);
 }
 
+/// A server on an IPv6 link-local address announces it without the interface (the
+/// handshake carries none); the client, which reached it on one, must see the address it
+/// already has a link to, not open a second link to an unscoped address that no interface
+/// routes (it never came up, and `send` warned of it).
+#[test]
+fn a_link_local_address_the_peer_announces_is_on_the_interface_that_reached_it() {
+    let a = [addr("[fe80::1%2]:5000")];
+    let b = [addr("[fe80::2%2]:6000")];
+    let mut tb = connected_pair(&a, &b);
+    let ch = tb.ch;
+    run(&mut tb, Duration::from_secs(5), |c, _, accepted| {
+        accepted.is_some() && c.connection(ch).unwrap().state() == ConnectionState::Established
+    });
+    // time for any link to addresses the server announced
+    tb.advance(Duration::from_millis(200), |_| {});
+    let links = tb.client.connection(ch).unwrap().stats().links;
+    assert_eq!(links.len(), 1, "only the handshake's link: {links:?}");
+    assert_eq!(links[0].remote, b[0]);
+}
+
 /// The server finishes its side at once; the client sends 200 kB and finishes. Once the
 /// server has received everything, every datagram from it is lost until it has closed: the client never saw its last acknowledgements and retransmits. The closed server's
 /// clean-end confirmation (CLOSE code 0 with its acknowledgements) must let the client

@@ -13,7 +13,7 @@
 //! needed); the carrier itself is read from `/sys/class/net/IF/carrier`.
 
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// Link-change notifications of the kernel (`RTMGRP_LINK` on a `NETLINK_ROUTE` socket).
@@ -93,9 +93,17 @@ impl AsRawFd for LinkChanges {
     }
 }
 
-/// The name of the interface that holds `ip`, else of one whose subnet holds it (127.0.0.2
-/// is on `lo`); `None` for a wildcard or unknown address.
-pub(crate) fn interface_of(ip: IpAddr) -> Option<String> {
+/// The name of the interface of local address `addr`: the one its IPv6 scope names (every
+/// NIC has a link-local `fe80::/64` address, and two may hold the same one), else the one
+/// that holds its IP, else one whose subnet holds it (127.0.0.2 is on `lo`); `None` for a
+/// wildcard or unknown address.
+pub(crate) fn interface_of(addr: SocketAddr) -> Option<String> {
+    if let SocketAddr::V6(a) = addr {
+        if a.scope_id() != 0 {
+            return interface_name(a.scope_id());
+        }
+    }
+    let ip = addr.ip();
     if ip.is_unspecified() {
         return None;
     }
@@ -116,6 +124,20 @@ pub(crate) fn interface_of(ip: IpAddr) -> Option<String> {
         .map(|i| i.name.clone())
 }
 
+/// The name of the interface with index `index`, if there is one.
+fn interface_name(index: u32) -> Option<String> {
+    let mut name = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: if_indextoname(3) writes at most IF_NAMESIZE bytes, NUL included, into `name`,
+    // and returns it, or NULL when no interface has the index.
+    let found = unsafe { libc::if_indextoname(index, name.as_mut_ptr()) };
+    if found.is_null() {
+        return None;
+    }
+    // SAFETY: on success `name` holds a NUL-terminated string
+    let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) };
+    Some(name.to_string_lossy().into_owned())
+}
+
 /// Whether interface `name` has carrier. An interface whose state cannot be read (gone, or
 /// a system without sysfs) counts as having it: the engine's own failure detection decides.
 pub(crate) fn has_carrier(name: &str) -> bool {
@@ -124,5 +146,28 @@ pub(crate) fn has_carrier(name: &str) -> bool {
         // reading `carrier` of an interface that is administratively down fails with EINVAL
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => false,
         Err(_) => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CString;
+
+    /// A scoped IPv6 address is on the interface its scope names, even where another
+    /// interface's subnet holds the same address (every NIC's link-local `fe80::/64`): its
+    /// carrier and MTU are that interface's.
+    #[test]
+    fn a_scoped_address_is_on_the_interface_its_scope_names() {
+        let lo = CString::new("lo").unwrap();
+        // SAFETY: if_nametoindex(3) on a NUL-terminated name
+        let index = unsafe { libc::if_nametoindex(lo.as_ptr()) };
+        assert_ne!(index, 0, "no interface `lo`");
+        let scoped: SocketAddr = format!("[fe80::1%{index}]:7000").parse().unwrap();
+        assert_eq!(interface_of(scoped).as_deref(), Some("lo"));
+        let unknown: SocketAddr = "[fe80::1%999999]:7000".parse().unwrap();
+        assert_eq!(interface_of(unknown), None);
+        let plain: SocketAddr = "127.0.0.2:7000".parse().unwrap();
+        assert_eq!(interface_of(plain).as_deref(), Some("lo"));
     }
 }

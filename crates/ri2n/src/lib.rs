@@ -146,10 +146,12 @@ fn expand_wildcards(addrs: &[SocketAddr]) -> Result<Vec<SocketAddr>, Error> {
     Ok(out)
 }
 
-/// The largest UDP payload the interface holding `ip` can send (its MTU less the IP and UDP
-/// headers), if the system tells: the ceiling of path MTU discovery on links from `ip`.
-fn interface_max_datagram(ip: std::net::IpAddr) -> Option<usize> {
-    let name = carrier::interface_of(ip)?;
+/// The largest UDP payload the interface of local address `local` can send (its MTU less
+/// the IP and UDP headers), if the system tells: the ceiling of path MTU discovery on links
+/// from `local`.
+fn interface_max_datagram(local: SocketAddr) -> Option<usize> {
+    let ip = local.ip();
+    let name = carrier::interface_of(local)?;
     let mtu: usize = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
         .ok()?
         .trim()
@@ -310,7 +312,7 @@ impl Endpoint {
         config.local_max_datagram = config
             .local_addrs
             .iter()
-            .filter_map(|&a| Some((a, interface_max_datagram(a.ip())?)))
+            .filter_map(|&a| Some((a, interface_max_datagram(a)?)))
             .collect();
         Ok(Self {
             inner: Transports::Udp(Arc::new(Shards::start(config, sockets, os_seed())?)),

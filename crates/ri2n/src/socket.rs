@@ -135,7 +135,7 @@ impl LinkSocket {
         std.set_nonblocking(true)?;
         let state = set_up(&std)?;
         let local = std.local_addr()?;
-        let interface = crate::carrier::interface_of(local.ip());
+        let interface = crate::carrier::interface_of(local);
         let carrier = interface.as_deref().is_none_or(crate::carrier::has_carrier);
         Ok(Self {
             local,

@@ -1405,6 +1405,7 @@ impl Connection {
             else {
                 continue;
             };
+            let remote = scoped_like(remote, local);
             if self
                 .links
                 .iter()
@@ -2107,6 +2108,21 @@ impl Connection {
             .map(|l| l.pto(&self.cfg))
             .max()
             .unwrap_or_default()
+    }
+}
+
+/// `remote` with the IPv6 scope of `local` when it is a link-local address without one: an
+/// address the peer announced names no interface (the handshake carries none), and a
+/// link-local one is reached on the interface of the local address picked for it.
+fn scoped_like(remote: SocketAddr, local: SocketAddr) -> SocketAddr {
+    match (remote, local) {
+        (SocketAddr::V6(mut r), SocketAddr::V6(l))
+            if r.scope_id() == 0 && r.ip().is_unicast_link_local() =>
+        {
+            r.set_scope_id(l.scope_id());
+            SocketAddr::V6(r)
+        }
+        _ => remote,
     }
 }
 
