@@ -177,17 +177,17 @@ impl Watchers {
         }
     }
 
-    /// A non-blocking call of kind `interest` cleared its descriptors: signals them again for
-    /// what `waiting` says waits for callers of another kind. The connection signals an
-    /// arrival, or room for a blocked writer, once; a call that looked for one thing must
-    /// not hide another (a datagram looked for with stream bytes waiting, a reply written
-    /// with a message waiting, a read while a writer may retry). Signalling, not merely
-    /// leaving the descriptor set, gives an edge-triggered loop its edge.
-    pub fn signal_waiting(&self, interest: Interest, waiting: Waiting) {
+    /// A non-blocking call cleared its descriptors: signals them again for what `waiting`
+    /// says waits for callers of another kind. The connection signals an arrival, or room
+    /// for a blocked writer, once; a call that looked for one thing must not hide another (a
+    /// datagram looked for with stream bytes waiting, a reply written with a message
+    /// waiting, a read or a message sent while the stream's writer may retry). Signalling,
+    /// not merely leaving the descriptor set, gives an edge-triggered loop its edge.
+    pub fn signal_waiting(&self, waiting: Waiting) {
         if waiting.readable {
             self.signal(&Event::Readable);
         }
-        if waiting.writer_may_retry && interest != Interest::Write {
+        if waiting.writer_may_retry {
             self.signal(&Event::Writable);
         }
     }
@@ -199,6 +199,7 @@ impl Watchers {
 pub(crate) struct Waiting {
     /// Data a read (of another kind, where the transport can tell) would return now.
     pub readable: bool,
-    /// A writer that found the send buffer full was told it may retry and has not since.
+    /// A writer (of another kind than the call, which retried for its own) that found the
+    /// send buffer full may retry now, and has not.
     pub writer_may_retry: bool,
 }

@@ -94,7 +94,7 @@ impl UdpConnection {
             readable: c.has_readable(),
             writer_may_retry: c.writer_may_retry(),
         };
-        self.watchers.signal_waiting(interest, waiting);
+        self.watchers.signal_waiting(waiting);
         drop(shared.after_app_call(st));
         out
     }

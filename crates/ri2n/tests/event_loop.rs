@@ -474,59 +474,116 @@ fn a_call_of_another_kind_does_not_hide_what_waits_to_be_read() {
     }
 }
 
+/// Fills `conn`'s send buffer with non-blocking writes while nobody reads, then has the
+/// server read all of it and waits until all of it was acknowledged: room is back for the
+/// blocked writer. Returns the server's end.
+fn block_a_writer_then_make_room(
+    transport: ri2n::Transport,
+    server: &Endpoint,
+    conn: &Connection,
+) -> Connection {
+    let chunk = [7u8; 16 << 10];
+    let mut written = 0;
+    loop {
+        match conn.try_write(&chunk) {
+            Ok(n) => written += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{transport:?}: write: {e}"),
+        }
+        assert!(
+            written < 1 << 20,
+            "{transport:?}: the send buffer never filled"
+        );
+    }
+    let peer = server.accept().unwrap();
+    let mut buf = vec![0u8; 64 << 10];
+    let mut got = 0;
+    while got < written {
+        got += (&peer).read(&mut buf).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while conn.stats().send_buffered > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{transport:?}: never acknowledged"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    peer
+}
+
+/// Whether a `try_read` that finds nothing leaves `fd` clear, in one of three tries (a
+/// keepalive's acknowledgement may signal it between the call and the look).
+fn a_read_leaves_it_clear(conn: &Connection, fd: std::os::fd::RawFd) -> bool {
+    let mut buf = [0u8; 64];
+    (0..3).any(|_| {
+        let e = conn.try_read(&mut buf).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::WouldBlock);
+        !readable(fd)
+    })
+}
+
 /// A writer that found the send buffer full and was told it may retry stays told through
-/// a reader's call: the combined descriptor stays readable until the writer retries. An
-/// event loop that wrote until `WouldBlock`, then read until `WouldBlock`, and slept, must
-/// be woken to write again once room came back in between. Before, the read cleared the
-/// descriptor and the loop slept with room to write. Both transports.
+/// other calls: the combined descriptor stays readable until that writer retries. An event
+/// loop that wrote until `WouldBlock`, sent a message, read until `WouldBlock` and slept
+/// must be woken to write again once room came back in between. Before, the read (or the
+/// message sent) cleared the descriptor and the loop slept with room to write. Both
+/// transports.
 #[test]
 fn a_reader_does_not_hide_room_from_a_blocked_writer() {
     for transport in [ri2n::Transport::Udp, ri2n::Transport::Tcp] {
         let config = ConnectionConfig::default().with_send_buffer(64 << 10);
         let (server, _client, conn) = pair(transport, config);
         let any_fd = conn.readiness_fd().unwrap().as_raw_fd();
-        // fill the send buffer while the server reads nothing
-        let chunk = [7u8; 16 << 10];
-        let mut written = 0;
-        loop {
-            match conn.try_write(&chunk) {
-                Ok(n) => written += n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) => panic!("{transport:?}: write: {e}"),
-            }
-            assert!(
-                written < 1 << 20,
-                "{transport:?}: the send buffer never filled"
-            );
-        }
-        // the server reads it all, so all of it is acknowledged: room is back
-        let peer = server.accept().unwrap();
-        let mut buf = vec![0u8; 64 << 10];
-        let mut got = 0;
-        while got < written {
-            got += (&peer).read(&mut buf).unwrap();
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while conn.stats().send_buffered > 0 {
-            assert!(
-                Instant::now() < deadline,
-                "{transport:?}: never acknowledged"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let _peer = block_a_writer_then_make_room(transport, &server, &conn);
         wait_readable(any_fd, &format!("{transport:?}, room back"));
-        let e = conn.try_read(&mut buf).unwrap_err();
+        conn.try_send_message(b"m").unwrap();
+        let e = conn.try_read(&mut [0u8; 64]).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::WouldBlock, "{transport:?}");
         assert!(
             readable(any_fd),
-            "{transport:?}: a read cleared the combined descriptor with room for the writer"
+            "{transport:?}: a message sent and a read cleared the combined descriptor with \
+             room for the stream's writer"
         );
-        assert!(conn.try_write(&chunk).unwrap() > 0, "{transport:?}");
+        assert!(conn.try_write(&[7u8; 1024]).unwrap() > 0, "{transport:?}");
         // the writer's retry took the signal: nothing is left to wake for
-        assert!(matches!(conn.try_read(&mut buf), Err(e) if e.kind() == ErrorKind::WouldBlock));
         assert!(
-            !readable(any_fd),
+            a_read_leaves_it_clear(&conn, any_fd),
             "{transport:?}: still readable with nothing new"
         );
+    }
+}
+
+/// A blocked writer that gives up retrying (it finishes the stream, or writes with a
+/// blocking call) leaves no room to be told of: a read must not signal the combined
+/// descriptor again for it, or a level-triggered loop waiting for the peer's answer spins.
+/// Both transports.
+#[test]
+fn a_writer_that_stopped_trying_is_not_told_of_room_again() {
+    for transport in [ri2n::Transport::Udp, ri2n::Transport::Tcp] {
+        for instead in ["finished", "wrote a large buffer with write_buf"] {
+            let what = format!("{transport:?}, {instead}");
+            let config = ConnectionConfig::default().with_send_buffer(64 << 10);
+            let (server, _client, conn) = pair(transport, config);
+            let any_fd = conn.readiness_fd().unwrap().as_raw_fd();
+            let peer = block_a_writer_then_make_room(transport, &server, &conn);
+            wait_readable(any_fd, &format!("{what}: room back"));
+            if instead == "finished" {
+                conn.finish().unwrap();
+            } else {
+                conn.write_buf(&mut vec![7u8; 32 << 10]).unwrap();
+                let mut buf = vec![0u8; 32 << 10];
+                (&peer).read_exact(&mut buf).unwrap();
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while conn.stats().send_buffered > 0 {
+                assert!(Instant::now() < deadline, "{what}: never acknowledged");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert!(
+                a_read_leaves_it_clear(&conn, any_fd),
+                "{what}: every read signals the combined descriptor again"
+            );
+        }
     }
 }

@@ -188,9 +188,9 @@ pub struct Connection {
     /// Blocked writers, per stream: the room each waits for. One per stream, so that a
     /// writer blocked on one stream does not erase the wake-up of another's.
     write_wants: [Option<u64>; 2],
-    /// [`Event::Writable`] was reported and no write came since: the writer it woke has yet
-    /// to retry.
-    writer_told: bool,
+    /// Per stream: [`Event::Writable`] was reported for its blocked writer, and no write to
+    /// the stream came since (the writer has yet to retry).
+    writer_told: [bool; 2],
     /// [`Event::AllAcknowledged`] was emitted.
     all_acknowledged: bool,
     scheduling: Scheduling,
@@ -588,7 +588,7 @@ impl Connection {
                 answered: None,
             },
             write_wants: [None; 2],
-            writer_told: false,
+            writer_told: [false; 2],
             all_acknowledged: false,
             scheduling: Scheduling::default(),
             last_rx: now,
@@ -619,8 +619,9 @@ impl Connection {
         &self.cfg
     }
 
-    fn write_check(&mut self) -> Result<(), WriteError> {
-        self.writer_told = false;
+    /// Whether `stream` may be written; the call retries for a writer that was told of room.
+    fn write_check(&mut self, stream: usize) -> Result<(), WriteError> {
+        self.writer_told[stream] = false;
         if let Some(e) = &self.closing.reason {
             return Err(WriteError::ConnectionLost(e.clone()));
         }
@@ -634,7 +635,7 @@ impl Connection {
     /// buffer has room again: [`Event::Writable`]). Writing before the handshake completes
     /// buffers the data.
     pub fn write(&mut self, data: &[u8]) -> Result<usize, WriteError> {
-        self.write_check()?;
+        self.write_check(BYTE_STREAM)?;
         let stream = &mut self.send[BYTE_STREAM];
         let n = stream.write(data);
         if n == 0 && !data.is_empty() {
@@ -654,7 +655,7 @@ impl Connection {
     /// send buffer has no room for it, not at all ([`WriteError::Blocked`]); a small one is
     /// copied and drained. Returns how many bytes were taken.
     pub fn write_buf(&mut self, buf: &mut Vec<u8>) -> Result<usize, WriteError> {
-        self.write_check()?;
+        self.write_check(BYTE_STREAM)?;
         let n = self.send[BYTE_STREAM].write_buf(buf);
         self.taken_or_blocked(n, buf.len())
     }
@@ -664,7 +665,7 @@ impl Connection {
     /// connection keeps a clone of it until the peer acknowledged it. Returns how many bytes
     /// were taken.
     pub fn write_bytes(&mut self, data: &Bytes) -> Result<usize, WriteError> {
-        self.write_check()?;
+        self.write_check(BYTE_STREAM)?;
         let n = self.send[BYTE_STREAM].write_bytes(data);
         self.taken_or_blocked(n, data.len())
     }
@@ -701,7 +702,7 @@ impl Connection {
     /// [`recv_message`](Self::recv_message). Messages are delivered reliably and in order,
     /// independently of the byte stream.
     pub fn send_message(&mut self, msg: &[u8]) -> Result<(), WriteError> {
-        self.write_check()?;
+        self.write_check(MESSAGE_STREAM)?;
         if self.handshake.peer_accepts & wire::accepts::MESSAGES == 0 {
             return Err(WriteError::MessagesRefused);
         }
@@ -892,6 +893,8 @@ impl Connection {
         for s in &mut self.send {
             s.finish();
         }
+        // no writer retries after the end: none is left to tell
+        self.writer_told = [false; 2];
     }
 
     /// Reads from the byte stream. `Ok(0)` (with a non-empty `buf`) is the end of the stream;
@@ -946,11 +949,11 @@ impl Connection {
             .is_some_and(|(hlen, len)| self.recv[MESSAGE_STREAM].readable() >= hlen as u64 + len)
     }
 
-    /// Whether a writer that found the send buffer full was told it may retry
-    /// ([`Event::Writable`]) and has not written since. (A driver keeps a combined reading
+    /// Whether a writer that found a stream's send buffer full was told it may retry
+    /// ([`Event::Writable`]) and has not written to that stream since. (A driver keeps a combined reading
     /// and writing descriptor signalled while it is so: a reader's call must not hide it.)
     pub fn writer_may_retry(&self) -> bool {
-        self.writer_told
+        self.writer_told.iter().any(|&t| t)
     }
 
     /// The next message's header length and length, once its header has arrived.
@@ -1108,7 +1111,6 @@ impl Connection {
         if self.events.len() >= MAX_EVENTS {
             self.events.pop_front();
         }
-        self.writer_told |= e == Event::Writable;
         self.events.push_back(e);
     }
 
@@ -1237,9 +1239,11 @@ impl Connection {
         }
         out.probes_acked = 0;
         let mut writable = false;
-        for (want, stream) in self.write_wants.iter_mut().zip(&self.send) {
+        let wants = self.write_wants.iter_mut().zip(&self.send);
+        for ((want, stream), told) in wants.zip(&mut self.writer_told) {
             if want.is_some_and(|w| stream.room() >= w) {
                 *want = None;
+                *told = true;
                 writable = true;
             }
         }
@@ -1370,6 +1374,7 @@ impl Connection {
         });
         // a message sent during the handshake waited for the peer's window
         if self.write_wants[MESSAGE_STREAM].take().is_some() {
+            self.writer_told[MESSAGE_STREAM] = true;
             self.event(Event::Writable);
         }
         // confirm at once, so the server may start sending

@@ -229,9 +229,10 @@ pub(crate) struct State {
     /// Whole messages that arrived and were not read yet; the message arriving.
     pub messages: VecDeque<Vec<u8>>,
     pub message_part: Vec<u8>,
-    /// A non-blocking write found no room for this many bytes (at least 1) and was not
-    /// retried since: once there is, a reader's call keeps the combined descriptor signalled.
-    writer_blocked: Option<u64>,
+    /// Per kind of write (stream bytes, messages; [`kind_slot`]): a non-blocking one found no
+    /// room for this many bytes (at least 1), and no write of that kind came since. Once
+    /// there is room, other calls keep the combined descriptor signalled for it.
+    writers_blocked: [Option<u64>; 2],
     /// The window end last sent to the peer; a new one is sent when reading moved it by
     /// `ack_step`.
     pub advertised: u64,
@@ -608,11 +609,20 @@ enum Incoming {
     Messages,
 }
 
-/// What a call looks for: room in the send buffer, or something of the peer's.
+/// What a call looks for: room in the send buffer for a kind of write, or something of the
+/// peer's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Looks {
-    Room,
+    Room(Kind),
     Incoming(Incoming),
+}
+
+/// The slot of a kind of write in `State::writers_blocked`.
+fn kind_slot(kind: Kind) -> usize {
+    match kind {
+        Kind::Stream => 0,
+        Kind::Message => 1,
+    }
 }
 
 impl TcpConnection {
@@ -629,7 +639,7 @@ impl TcpConnection {
             demux: Demux::new(settings.takes_messages.then_some(settings.window)),
             stream_in: VecDeque::new(),
             messages: VecDeque::new(),
-            writer_blocked: None,
+            writers_blocked: [None; 2],
             message_part: Vec::new(),
             advertised: settings.window,
             ack_step: settings.window / 4,
@@ -725,14 +735,14 @@ impl TcpConnection {
     /// another kind (`Watchers::signal_waiting`).
     fn lock_for(&self, looks: Looks, block: bool) -> MutexGuard<'_, State> {
         let mut st = self.lock();
-        if looks == Looks::Room {
-            st.writer_blocked = None;
+        if let Looks::Room(kind) = looks {
+            st.writers_blocked[kind_slot(kind)] = None;
         }
         if block {
             return st;
         }
         let interest = match looks {
-            Looks::Room => Interest::Write,
+            Looks::Room(_) => Interest::Write,
             Looks::Incoming(_) => Interest::Read,
         };
         self.watchers.clear(interest);
@@ -744,9 +754,10 @@ impl TcpConnection {
         let waiting = Waiting {
             readable: (other(Incoming::Stream) && !st.stream_in.is_empty())
                 || (other(Incoming::Messages) && !st.messages.is_empty()),
-            writer_may_retry: st.writer_blocked.is_some_and(|need| room >= need),
+            writer_may_retry: (st.writers_blocked.iter())
+                .any(|b| b.is_some_and(|need| room >= need)),
         };
-        self.watchers.signal_waiting(interest, waiting);
+        self.watchers.signal_waiting(waiting);
         st
     }
 
@@ -766,14 +777,11 @@ impl TcpConnection {
         self.app.wait(st, left)
     }
 
-    /// Waits until the send buffer has room for `need` bytes (any room when `need` is 0);
-    /// `Ok(room)` or the error that ended the connection.
-    fn room<'a>(
-        &self,
-        mut st: MutexGuard<'a, State>,
-        need: u64,
-        block: bool,
-    ) -> io::Result<(MutexGuard<'a, State>, u64)> {
+    /// Locks the state for a write of `kind` and waits (when `block`) until the send buffer
+    /// has room for `need` bytes (any room when `need` is 0); the error that ended the
+    /// connection, or `WouldBlock` when not blocking.
+    fn room_for(&self, kind: Kind, need: u64, block: bool) -> io::Result<MutexGuard<'_, State>> {
+        let mut st = self.lock_for(Looks::Room(kind), block);
         loop {
             // a connection lost says why; one closed cleanly was finished here first: a write
             // after it is one after the end of the stream (EPIPE), as on the UDP transport
@@ -791,10 +799,10 @@ impl TcpConnection {
             }
             let room = self.settings.send_buffer.saturating_sub(st.buffered());
             if room > 0 && room >= need {
-                return Ok((st, room));
+                return Ok(st);
             }
             if !block {
-                st.writer_blocked = Some(need.max(1));
+                st.writers_blocked[kind_slot(kind)] = Some(need.max(1));
                 return Err(io::ErrorKind::WouldBlock.into());
             }
             st = self.wait(st, None);
@@ -809,7 +817,7 @@ impl TcpConnection {
         if data.is_empty() {
             return Ok(0);
         }
-        let (mut st, _) = self.room(self.lock_for(Looks::Room, block), 0, block)?;
+        let mut st = self.room_for(Kind::Stream, 0, block)?;
         let mut n = 0;
         loop {
             let room = self.settings.send_buffer.saturating_sub(st.buffered());
@@ -846,7 +854,7 @@ impl TcpConnection {
             buf.clear();
             return Ok(());
         }
-        let (mut st, _) = self.room(self.lock(), 0, true)?;
+        let mut st = self.room_for(Kind::Stream, 0, true)?;
         let spare = st.spare_send.take();
         let data = Bytes::from(std::mem::replace(buf, spare));
         st.append_chunk(Kind::Stream, Sequenced::ours(data));
@@ -861,7 +869,7 @@ impl TcpConnection {
         if data.len() < WHOLE_BUFFER || data.len() > chunk::MAX_CHUNK {
             return self.write(data, block);
         }
-        let (mut st, _) = self.room(self.lock_for(Looks::Room, block), 0, block)?;
+        let mut st = self.room_for(Kind::Stream, 0, block)?;
         let shared = Sequenced {
             bytes: data.clone(),
             ours: false,
@@ -890,7 +898,7 @@ impl TcpConnection {
             ));
         }
         let need = (chunk::HEADER_LEN + msg.len()) as u64;
-        let (mut st, _) = self.room(self.lock_for(Looks::Room, block), need, block)?;
+        let mut st = self.room_for(Kind::Message, need, block)?;
         st.append_chunk(Kind::Message, Sequenced::ours(Bytes::copy_from_slice(msg)));
         self.send_or_wake(st);
         Ok(())
@@ -903,6 +911,8 @@ impl TcpConnection {
         }
         st.seal_tail();
         st.striper.finish();
+        // no writer retries after the end: none is left to tell
+        st.writers_blocked = [None; 2];
         drop(st);
         self.wake_writers();
         Ok(())
