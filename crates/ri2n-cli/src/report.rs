@@ -222,16 +222,22 @@ impl LinkSummary {
                     0.0
                 },
                 refusals: l.refusals,
-                came_up: l.packets_received > 0,
+                came_up: heard_on(l),
             })
             .collect()
     }
 }
 
+/// Whether the peer was ever heard on link `l`: a packet on the UDP transport, a record's
+/// bytes on the TCP transport (which counts no packets).
+fn heard_on(l: &LinkStats) -> bool {
+    l.packets_received > 0 || l.bytes_received > 0
+}
+
 /// Warns, unless `quiet`, of each link on which nothing ever came back: the data went over
 /// the others, so the command still succeeds, but the user asked for that link.
 pub fn warn_links_never_up(links: &[LinkStats], quiet: bool) {
-    for l in links.iter().filter(|l| l.packets_received == 0) {
+    for l in links.iter().filter(|l| !heard_on(l)) {
         if quiet {
             return;
         }

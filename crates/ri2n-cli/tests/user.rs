@@ -183,6 +183,29 @@ fn a_link_that_never_came_up_is_a_warning_not_a_failure() {
     assert_eq!(sha256_file(output.path()), (sent, 20 << 20));
 }
 
+/// Over the TCP transport, the links that carried a transfer came up: neither command warns
+/// that one never did, and the JSON says `came_up`. (The TCP transport counts no packets,
+/// and the warning looked at packets only: every link was reported dead.)
+#[test]
+fn over_tcp_the_links_that_carried_a_transfer_came_up() {
+    let input = TempFile::new("tcp-links-in");
+    let output = TempFile::new("tcp-links-out");
+    let sent = write_random(input.path(), 4 << 20, 9);
+    let out = output.path().to_str().unwrap();
+    let (recv, a) = ri2n_listening(&["recv", "--transport", "tcp", "--output", out]);
+    let (s, o) = send_file(&a, input.path(), &["--transport", "tcp", "--json"]);
+    let err = stderr_of(&o);
+    assert_eq!(s.code(), Some(0), "send exit code; stderr: {err}");
+    assert!(!err.contains("never came up"), "send: {err}");
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(json["links"][0]["came_up"], true, "{json}");
+    let (r, ro) = recv.wait(Duration::from_secs(10));
+    let log = stderr_of(&ro);
+    assert_eq!(r.code(), Some(0), "recv: {log}");
+    assert!(!log.contains("never came up"), "recv: {log}");
+    assert_eq!(sha256_file(output.path()), (sent, 4 << 20));
+}
+
 /// `ri2n keygen --output DIR/cluster.key` on a host without DIR makes it, private.
 #[test]
 fn keygen_creates_a_missing_directory_privately() {
