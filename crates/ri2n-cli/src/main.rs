@@ -637,7 +637,7 @@ pub struct DemoArgs {
 /// HOST:PORT resolved to its first address.
 fn parse_remote(s: &str) -> Result<SocketAddr, String> {
     if let Ok(a) = s.parse() {
-        return Ok(a);
+        return Ok(net::unzoned_unless_link_local(a));
     }
     if let Some(zoned) = net::parse_zoned(s, None) {
         return zoned;
@@ -660,6 +660,7 @@ fn parse_local(s: &str) -> Result<SocketAddr, String> {
         return zoned;
     }
     s.parse()
+        .map(net::unzoned_unless_link_local)
         .map_err(|_| format!("`{s}` is neither an IP address nor IP:PORT"))
 }
 

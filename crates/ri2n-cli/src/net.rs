@@ -42,7 +42,22 @@ pub fn parse_zoned(s: &str, port: Option<u16>) -> Option<Result<SocketAddr, Stri
             None => return Some(Err(format!("`{s}`: this host has no interface `{zone}`"))),
         },
     };
-    Some(Ok(SocketAddr::V6(SocketAddrV6::new(ip, port, 0, scope))))
+    Some(Ok(unzoned_unless_link_local(SocketAddr::V6(
+        SocketAddrV6::new(ip, port, 0, scope),
+    ))))
+}
+
+/// `a` without its IPv6 zone unless it is link-local: only there does the zone choose an
+/// interface, and the system reports other addresses without one, so a zoned copy would
+/// never equal the address packets come from.
+pub fn unzoned_unless_link_local(a: SocketAddr) -> SocketAddr {
+    match a {
+        SocketAddr::V6(mut v6) if !v6.ip().is_unicast_link_local() => {
+            v6.set_scope_id(0);
+            SocketAddr::V6(v6)
+        }
+        _ => a,
+    }
 }
 
 /// The index of the interface named `name`, if there is one.
@@ -362,6 +377,11 @@ mod tests {
         assert!(err("[fe80::1%nosuchif0]:7000").contains("no interface `nosuchif0`"));
         assert!(err("[fe80::1%lo]:port").contains("not a port"));
         assert!(err("[10.0.0.1%lo]:7000").contains("not an IPv6 address"));
+        // a zone means nothing beyond link-local addresses: dropped
+        let global = SocketAddr::V6(SocketAddrV6::new("fd00::1".parse().unwrap(), 7000, 0, 0));
+        assert_eq!(parse_zoned("[fd00::1%lo]:7000", None), Some(Ok(global)));
+        let numeric: SocketAddr = format!("[fd00::1%{lo}]:7000").parse().unwrap();
+        assert_eq!(unzoned_unless_link_local(numeric), global);
     }
 
     #[test]

@@ -22,8 +22,8 @@ use rand_chacha::ChaCha8Rng;
 use siphasher::sip::SipHasher13;
 use smallvec::SmallVec;
 
+use crate::addr::pick_local;
 use crate::attention::{Attention, TimerIndex};
-use crate::connection::pick_local;
 use crate::crypto::{Cipher, Opened, Opener, PacketProtection, ServerHandshake};
 use crate::dropped::{DropCounts, DropReason};
 use crate::transmit::SliceBuffer;

@@ -17,6 +17,7 @@
 #![warn(missing_docs)]
 
 mod ack;
+pub mod addr;
 mod attention;
 mod config;
 mod congestion;

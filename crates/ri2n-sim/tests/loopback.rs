@@ -347,24 +347,36 @@ fn a_remote_peers_loopback_address_is_not_discovered() {
     assert_eq!(links[0].remote, b[0]);
 }
 
-/// A server on an IPv6 link-local address announces it without the interface (the
-/// handshake carries none); the client, which reached it on one, must see the address it
-/// already has a link to, not open a second link to an unscoped address that no interface
-/// routes (it never came up, and `send` warned of it).
+/// A server on IPv6 link-local addresses announces them without their interfaces (the
+/// handshake carries none). The client must see an address it already reaches as that
+/// address, not open a second link to a copy no interface routes (it never came up, and
+/// `send` warned of it), and each link must leave from the interface of its remote: with
+/// two interfaces, eth1's address shares more bits with the address on eth0.
 #[test]
-fn a_link_local_address_the_peer_announces_is_on_the_interface_that_reached_it() {
-    let a = [addr("[fe80::1%2]:5000")];
-    let b = [addr("[fe80::2%2]:6000")];
-    let mut tb = connected_pair(&a, &b);
-    let ch = tb.ch;
-    run(&mut tb, Duration::from_secs(5), |c, _, accepted| {
-        accepted.is_some() && c.connection(ch).unwrap().state() == ConnectionState::Established
-    });
-    // time for any link to addresses the server announced
-    tb.advance(Duration::from_millis(200), |_| {});
-    let links = tb.client.connection(ch).unwrap().stats().links;
-    assert_eq!(links.len(), 1, "only the handshake's link: {links:?}");
-    assert_eq!(links[0].remote, b[0]);
+fn link_local_addresses_are_reached_on_their_interfaces() {
+    let one = ([addr("[fe80::1%2]:5000")], [addr("[fe80::2%2]:6000")]);
+    let two = (
+        [addr("[fe80::a%2]:5000"), addr("[fe80::2:1%3]:5000")],
+        [addr("[fe80::2:5%2]:6000"), addr("[fe80::2:9%3]:6000")],
+    );
+    for (a, b) in [(&one.0[..], &one.1[..]), (&two.0[..], &two.1[..])] {
+        let mut tb = connected_pair(a, b);
+        let ch = tb.ch;
+        run(&mut tb, Duration::from_secs(5), |c, _, accepted| {
+            let links = c.connection(ch).unwrap().stats().links;
+            accepted.is_some()
+                && links.len() == a.len()
+                && links.iter().all(|l| l.state == LinkState::Up)
+        });
+        // time for any link to addresses the server announced
+        tb.advance(Duration::from_millis(500), |_| {});
+        let links = tb.client.connection(ch).unwrap().stats().links;
+        let pairs: Vec<_> = links.iter().map(|l| (l.local, l.remote, l.state)).collect();
+        let expected: Vec<_> = (a.iter().zip(b))
+            .map(|(&l, &r)| (l, r, LinkState::Up))
+            .collect();
+        assert_eq!(pairs, expected, "{links:?}");
+    }
 }
 
 /// The server finishes its side at once; the client sends 200 kB and finishes. Once the

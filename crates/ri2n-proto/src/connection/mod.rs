@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use smallvec::SmallVec;
 
+use crate::addr;
 use crate::crypto::{Cipher, ClientHandshake, Key, Opened, PacketProtection, MAX_AUTH_FAILURES};
 use crate::datagrams::{Bounds, HoldRule, IncomingDatagrams, OutgoingDatagrams};
 use crate::link::{AckOutcome, Arrival, Link, SentFrame};
@@ -1397,6 +1398,8 @@ impl Connection {
             if self.links.len() >= self.cfg.max_links.min(crate::MAX_LINKS) {
                 break;
             }
+            let known = (self.links.iter().map(|l| l.remote)).chain(paths.iter().map(|p| p.remote));
+            let remote = addr::as_known(remote, known);
             // the endpoint there refused the handshake: it is not this server
             if (paths.iter()).any(|p| p.remote == remote && p.refused_with.is_some()) {
                 continue;
@@ -1406,11 +1409,11 @@ impl Connection {
             // over another path than the first
             let path_local = paths.iter().find(|p| p.remote == remote).map(|p| p.local);
             let Some(local) =
-                path_local.or_else(|| pick_local(local_addrs, remote, self.links[0].local))
+                path_local.or_else(|| addr::pick_local(local_addrs, remote, self.links[0].local))
             else {
                 continue;
             };
-            let remote = scoped_like(remote, local);
+            let remote = addr::scoped_like(remote, local);
             if self
                 .links
                 .iter()
@@ -2114,51 +2117,4 @@ impl Connection {
             .max()
             .unwrap_or_default()
     }
-}
-
-/// `remote` with the IPv6 scope of `local` when it is a link-local address without one: an
-/// address the peer announced names no interface (the handshake carries none), and a
-/// link-local one is reached on the interface of the local address picked for it.
-fn scoped_like(remote: SocketAddr, local: SocketAddr) -> SocketAddr {
-    match (remote, local) {
-        (SocketAddr::V6(mut r), SocketAddr::V6(l))
-            if r.scope_id() == 0 && r.ip().is_unicast_link_local() =>
-        {
-            r.set_scope_id(l.scope_id());
-            SocketAddr::V6(r)
-        }
-        _ => remote,
-    }
-}
-
-/// The local address to reach `remote` from: one in the same subnet (the longest common
-/// address prefix of at least /24 for IPv4 or /64 for IPv6), else `fallback` when it is of the
-/// same family, else any local address of that family.
-pub(crate) fn pick_local(
-    locals: &[SocketAddr],
-    remote: SocketAddr,
-    fallback: SocketAddr,
-) -> Option<SocketAddr> {
-    fn common_prefix(a: SocketAddr, b: SocketAddr) -> u32 {
-        match (a.ip(), b.ip()) {
-            (std::net::IpAddr::V4(x), std::net::IpAddr::V4(y)) => {
-                (u32::from(x) ^ u32::from(y)).leading_zeros()
-            }
-            (std::net::IpAddr::V6(x), std::net::IpAddr::V6(y)) => {
-                (u128::from(x) ^ u128::from(y)).leading_zeros()
-            }
-            _ => 0,
-        }
-    }
-    let same_family = |a: &SocketAddr| a.is_ipv4() == remote.is_ipv4();
-    let min_prefix = if remote.is_ipv4() { 24 } else { 64 };
-    locals
-        .iter()
-        .filter(|a| same_family(a))
-        .map(|&a| (common_prefix(a, remote), a))
-        .filter(|&(p, _)| p >= min_prefix)
-        .max_by_key(|&(p, _)| p)
-        .map(|(_, a)| a)
-        .or_else(|| same_family(&fallback).then_some(fallback))
-        .or_else(|| locals.iter().copied().find(same_family))
 }

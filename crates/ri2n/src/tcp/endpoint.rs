@@ -8,13 +8,14 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
+use ri2n_proto::addr;
 use ri2n_proto::tcp::keys::server_handshake;
 use ri2n_proto::tcp::{Hello, HelloReply, HelloStatus};
 use ri2n_proto::{ConnectionConfig, ConnectionError, EndpointConfig, KeyMismatch};
@@ -70,11 +71,11 @@ impl TcpEndpoint {
                 locals.push(a);
                 continue;
             }
-            let want = if a.port() == 0 && port != 0 {
-                SocketAddr::new(a.ip(), port)
-            } else {
-                a
-            };
+            // the port of the first listener where none is given (its scope kept)
+            let mut want = a;
+            if a.port() == 0 && port != 0 {
+                want.set_port(port);
+            }
             let l = TcpListener::bind(want)
                 .or_else(|_| TcpListener::bind(a))
                 .map_err(|source| Error::Bind { addr: a, source })?;
@@ -120,12 +121,10 @@ impl TcpEndpoint {
             .first()
             .zip(self.locals.first())
             .ok_or(Error::Connect(ri2n_proto::ConnectError::NoRemoteAddress))?;
-        let local = self
-            .locals
-            .iter()
-            .copied()
-            .find(|l| l.is_ipv4() == first_remote.is_ipv4())
-            .unwrap_or(first_local);
+        // as the UDP transport's engine picks it: of the local addresses that reach the
+        // first remote, the one in its subnet
+        let local =
+            addr::pick_local(&self.locals, first_remote, first_local).unwrap_or(first_local);
         let id = rand::random::<u64>();
         let key = self.config.key.clone();
         let mut settings = Settings::new(&config, id, key.clone());
@@ -150,7 +149,7 @@ impl TcpEndpoint {
         // each given address they leave out (a client with fewer addresses than the server)
         let mut pairs = pair_links(local, first_remote, &self.locals, remotes, crate::MAX_LINKS);
         for &r in remotes {
-            if r.is_ipv4() == local.is_ipv4() && !pairs.iter().any(|p| p.1 == r) {
+            if addr::reaches(local, r) && !pairs.iter().any(|p| p.1 == r) {
                 pairs.push((local, r));
             }
         }
@@ -222,7 +221,9 @@ impl TcpEndpoint {
             .copied()
             .collect();
         if config.discover {
-            candidates.extend(reply.addrs.iter().filter(|a| !remotes.contains(a)));
+            let announced =
+                (reply.addrs.iter()).map(|&a| addr::as_known(a, remotes.iter().copied()));
+            candidates.extend(announced.filter(|a| !remotes.contains(a)));
         }
         let pairs = pair_links(
             local,
@@ -529,15 +530,6 @@ fn read_hello(s: &TcpStream) -> Option<(Hello, Option<Vec<u8>>, BytesMut)> {
     Some((hello, handshake, buf))
 }
 
-/// Leading bits two addresses share (0 across families).
-fn common_prefix(a: IpAddr, b: IpAddr) -> u32 {
-    match (a, b) {
-        (IpAddr::V4(a), IpAddr::V4(b)) => (u32::from(a) ^ u32::from(b)).leading_zeros(),
-        (IpAddr::V6(a), IpAddr::V6(b)) => (u128::from(a) ^ u128::from(b)).leading_zeros(),
-        _ => 0,
-    }
-}
-
 /// The attempts to open a connection's first link: raced attempts on the first of `pairs`
 /// (as the dialer's: a lost SYN is made up for at once, not in a second), and from
 /// [`OTHER_PAIRS_AFTER`] on the others too, so that a first path down at the start does not
@@ -595,7 +587,8 @@ fn dial_first(
 }
 
 /// The links of a connection: the first pair as connected, then each further local address
-/// with the unused server address most like it.
+/// with the unused server address most like it (among those it reaches; an announced
+/// link-local one on its interface).
 fn pair_links(
     first_local: SocketAddr,
     first_remote: SocketAddr,
@@ -610,11 +603,11 @@ fn pair_links(
             break;
         }
         let best = (remotes.iter())
-            .filter(|r| !used.contains(r) && r.is_ipv4() == l.is_ipv4())
-            .max_by_key(|r| common_prefix(l.ip(), r.ip()));
+            .filter(|&&r| !used.contains(&r) && addr::reaches(l, r))
+            .max_by_key(|r| addr::common_prefix(l.ip(), r.ip()));
         if let Some(&r) = best {
             used.push(r);
-            pairs.push((l, r));
+            pairs.push((l, addr::scoped_like(r, l)));
         }
     }
     pairs

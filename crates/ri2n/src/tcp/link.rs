@@ -980,7 +980,9 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
             let link = &mut st.links[i];
             if confirm && now - link.last_rx < CONFIRM_FOR {
                 if link.confirmer.is_none() {
-                    link.confirmer = std::net::UdpSocket::bind((link.local.ip(), 0)).ok();
+                    let mut from = link.local;
+                    from.set_port(0);
+                    link.confirmer = std::net::UdpSocket::bind(from).ok();
                 }
                 if let Some(via) = &link.confirmer {
                     sys::confirm_next_hop(via, link.remote);

@@ -109,7 +109,10 @@ pub(crate) fn start_connect(local: SocketAddr, remote: SocketAddr) -> io::Result
         Type::STREAM.nonblocking(),
         Some(Protocol::TCP),
     )?;
-    s.bind(&SockAddr::from(SocketAddr::new(local.ip(), 0)))?;
+    // any port, the address with its scope (a link-local one binds only with it)
+    let mut from = local;
+    from.set_port(0);
+    s.bind(&SockAddr::from(from))?;
     match s.connect(&SockAddr::from(remote)) {
         Err(e) if e.raw_os_error() != Some(libc::EINPROGRESS) => Err(e),
         _ => Ok(s),
