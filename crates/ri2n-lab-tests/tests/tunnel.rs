@@ -1078,6 +1078,22 @@ fn a_host_joins_and_leaves_on_sighup_without_restarting_the_others() {
         text.contains("read again 2 times since the start; last: refused:"),
         "{text}"
     );
+    // so is a new key in the same key file (the daemon cannot take it up; before, the reload
+    // said "added none; removed none" and kept the old key, and restarted hosts with the new
+    // one were refused)
+    fs::write(&config, &in_use).expect("writing the cluster file");
+    let key = dir.0.join("cluster.key");
+    let old_key = fs::read(&key).expect("reading the key file");
+    let new_key = support::keygen(env, &dir.0.join("new-key"));
+    fs::copy(&new_key, &key).expect("replacing the key");
+    let (status, text) = tunnel_verb(env, &lab, "a", "reload", &config);
+    assert_eq!(status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("key") && text.contains("changed: restart the daemon"),
+        "{text}"
+    );
+    fs::write(&key, old_key).expect("restoring the key file");
+    ping_through(&lab, "a", "c");
 
     // c leaves
     write_cluster_file(&dir.0, &["a", "b"]);
@@ -1097,6 +1113,61 @@ fn a_host_joins_and_leaves_on_sighup_without_restarting_the_others() {
     // a and b stayed connected throughout: one connection, never lost
     assert_eq!(connected_lines(&a_log, "b"), 1, "{a_log}");
     assert!(!a_log.contains("b lost"), "{a_log}");
+    stop_daemons(&mut daemons);
+}
+
+/// A host whose cluster file lists a host that the others' files do not yet (the operator
+/// edits the files and reloads the hosts in turn) has its connections refused by them right
+/// after each handshake. It tries again at a slowing pace, not ten times a second with a
+/// "connected", a "lost" and a "refused" line each time, and its status says why it waits.
+#[test]
+fn a_host_refused_by_its_peers_tries_again_at_a_slowing_pace() {
+    let _serial = serial();
+    let Some(env) = env() else { return };
+    let _timer = TestTimer::start("tunnel-refused");
+    let dir = TestDir::new(env, "tunnel-refused");
+    let lab = Lab::up_hosts(env, "refused", 2, 3);
+    let (config, mut daemons) = start_a_and_b(env, &lab, &dir.0);
+    wait_for_peers(env, &lab, &daemons[0], "a", &config, 1);
+    // c's file lists c first: c connects to a and b, whose file has no c
+    let c_dir = dir.0.join("c");
+    fs::create_dir_all(&c_dir).expect("making c's directory");
+    fs::copy(dir.0.join("cluster.key"), c_dir.join("cluster.key")).expect("copying the key");
+    let c_config = write_cluster_file(&c_dir, &["c", "a", "b"]);
+    daemons.push(spawn_daemon(
+        env,
+        &lab,
+        "c",
+        &[],
+        &c_config,
+        &dir.0,
+        "tunnel-c",
+    ));
+    const WATCHED: Duration = Duration::from_secs(6);
+    thread::sleep(WATCHED);
+    let refusals = daemons[0]
+        .stderr_text()
+        .lines()
+        .filter(|l| l.contains("refused a connection from 10.77."))
+        .count();
+    let (status, text) = tunnel_verb(env, &lab, "c", "status", &c_config);
+    assert!(status.success(), "ri2n tunnel status: {status}: {text}");
+    let c_log = daemons[2].stderr_text();
+    report(&format!(
+        "tunnel refused: a refused c {refusals} times in {WATCHED:?}"
+    ));
+    // at 100 ms a try: about 50 in 6 s; doubling from 200 ms: 5
+    assert!(
+        (2..=10).contains(&refusals),
+        "a refused c {refusals} times in {WATCHED:?}:\n{c_log}"
+    );
+    assert!(
+        text.contains("its last connection was lost"),
+        "c's status: {text}"
+    );
+    // a and b were not disturbed
+    let a_log = daemons[0].stderr_text();
+    assert_eq!(connected_lines(&a_log, "b"), 1, "{a_log}");
     stop_daemons(&mut daemons);
 }
 

@@ -242,6 +242,7 @@ pub fn run(
         .map(|&ip| SocketAddr::new(ip, port))
         .collect();
     let (carry, send_threads) = (options.carry, options.send_threads);
+    let key_in_use = key.clone();
     // A busy-polling peer loop takes each packet from the sockets itself, awake; a receiving
     // thread per link would sleep and be woken for every packet it got to first.
     let recv_threads = match options.recv_threads {
@@ -366,7 +367,7 @@ pub fn run(
     // none: a thread failed (`Stop::fail` closed the wait)
     let signal = loop {
         match signals.forever().next() {
-            Some(SIGHUP) => reload(&peers, &options.config, &peer_loop),
+            Some(SIGHUP) => reload(&peers, &options.config, &peer_loop, &key_in_use),
             other => break other,
         }
     };
@@ -396,11 +397,14 @@ pub fn run(
 /// SIGHUP: reads the cluster file again and puts it in use (see [`Peers::reload`]); a file
 /// that cannot be used is logged and the one in use kept. The status tells how it went
 /// (`ri2n tunnel reload` waits for that).
-fn reload(peers: &Arc<Peers>, config: &Path, peer_loop: &peer_loop::Handle) {
+fn reload(peers: &Arc<Peers>, config: &Path, peer_loop: &peer_loop::Handle, key: &Key) {
     let me = peers.table().me().name.clone();
     let loaded = load(config, Some(&me))
         .map_err(|e| e.to_string())
-        .and_then(|(cluster, me)| peers.reload(cluster, me));
+        .and_then(|(cluster, me)| {
+            same_key(&cluster.key, key)?;
+            peers.reload(cluster, me)
+        });
     match loaded {
         Ok((added, removed)) => {
             eprintln!("ri2n tunnel: SIGHUP: {} read again", config.display());
@@ -422,6 +426,28 @@ fn reload(peers: &Arc<Peers>, config: &Path, peer_loop: &peer_loop::Handle) {
             });
         }
     }
+}
+
+/// Whether the key file at `path` still holds `in_use`: a new key in the same file is a
+/// change of key, which takes a restart (the endpoint and every connection use the key).
+/// A key that is no regular file (a FIFO its writer fed once) cannot be read again: the
+/// one in use stays, unchecked.
+fn same_key(path: &Path, in_use: &Key) -> Result<(), String> {
+    let meta = std::fs::metadata(path)
+        .map_err(|e| format!("cannot read the key file {}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read the key file {}: {e}", path.display()))?;
+    let key = Key::from_text(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    if key != *in_use {
+        return Err(format!(
+            "the key in {} changed: restart the daemon for that",
+            path.display()
+        ));
+    }
+    Ok(())
 }
 
 /// What a connection to a peer carried, on one line.

@@ -13,7 +13,7 @@
 //! and wake it through the connections' readiness descriptors. Sending does not pass through
 //! here: the route thread hands each packet read from the interface to its peer's connection.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io::ErrorKind;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -36,6 +36,13 @@ use crate::{connection_config, summary, Carry, Stop};
 
 /// Pause between a lost or refused connection and the next attempt.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
+/// How long a connection must have been up for its loss to be taken as one, not as a refusal
+/// (the peer's daemon ends at once connections its cluster file does not expect yet, while
+/// the operator reloads the hosts in turn).
+const STABLE: Duration = Duration::from_secs(5);
+/// Longest pause after connections that ended soon after they came up, each pause twice the
+/// last: each costs a handshake and a log line on both hosts.
+const MAX_RETRY_PAUSE: Duration = Duration::from_secs(5);
 /// Longest the loop sleeps before it looks at the endpoint in use (made again when a link
 /// address appears), the refused handshakes to log and the peers removed from the file.
 const HOUSEKEEPING: Duration = Duration::from_millis(200);
@@ -69,6 +76,8 @@ struct Slot {
     generation: u64,
     /// Its handshake is still under way (a connection this host started).
     handshaking: bool,
+    /// When it came up (`None` while handshaking).
+    up_since: Option<Instant>,
 }
 
 /// Starts the loop on a thread of its own; the returned handle feeds it.
@@ -91,6 +100,7 @@ pub fn start(
         handle: handle.clone(),
         slots: Vec::new(),
         retries: Vec::new(),
+        short_lived: HashMap::new(),
         ready: VecDeque::new(),
         endpoint: None,
         out: Delivery::default(),
@@ -123,6 +133,8 @@ struct Loop {
     slots: Vec<Option<Slot>>,
     /// Peers to connect to, each from when.
     retries: Vec<(Instant, Arc<Peer>)>,
+    /// By peer name: how many connections in a row ended within [`STABLE`] of coming up.
+    short_lived: HashMap<String, u32>,
     /// Slots to serve: those whose descriptor reported, and those left with datagrams
     /// after their turn.
     ready: VecDeque<usize>,
@@ -390,6 +402,7 @@ impl Loop {
             conn,
             generation,
             handshaking,
+            up_since: None,
         });
         if accepted {
             self.established(k);
@@ -416,6 +429,9 @@ impl Loop {
                 "the peer's cluster file no longer lists this host as it was",
             );
             return;
+        }
+        if let Some(slot) = self.slots[k].as_mut() {
+            slot.up_since = Some(Instant::now());
         }
         peer.set_waiting_for(None);
         peer.set(conn);
@@ -480,7 +496,7 @@ impl Loop {
         true
     }
 
-    /// The established connection in slot `k` ended.
+    /// The established connection in slot `k` ended; the status says why until the next one.
     fn lost(&mut self, k: usize, reason: String) {
         if let Some(slot) = self.slots[k].as_ref() {
             eprintln!(
@@ -488,6 +504,8 @@ impl Loop {
                 slot.peer.name(),
                 summary(&slot.conn.stats())
             );
+            slot.peer
+                .set_waiting_for(Some(format!("its last connection was lost: {reason}")));
         }
         self.end(k, "");
     }
@@ -511,8 +529,32 @@ impl Loop {
         slot.peer.clear(&slot.conn);
         self.ready.retain(|&r| r != k);
         if slot.peer.connects && !slot.peer.is_removed() {
-            self.retries.push((Instant::now() + RETRY_PAUSE, slot.peer));
+            let pause = self.retry_pause(&slot);
+            self.retries.push((Instant::now() + pause, slot.peer));
         }
+    }
+
+    /// How long to wait before connecting again to the peer of `slot`, which ended: after
+    /// connections that ended soon after they came up, or that the peer's daemon aborted
+    /// before (it refuses them), twice as long each time up to [`MAX_RETRY_PAUSE`], until
+    /// one stays up for [`STABLE`].
+    fn retry_pause(&mut self, slot: &Slot) -> Duration {
+        let name = slot.peer.name();
+        let refused = matches!(
+            slot.conn.close_reason(),
+            Some(ri2n::ConnectionError::PeerAborted { .. })
+        );
+        match slot.up_since {
+            Some(t) if t.elapsed() >= STABLE => {
+                self.short_lived.remove(name);
+            }
+            Some(_) => *self.short_lived.entry(name.to_owned()).or_default() += 1,
+            None if refused => *self.short_lived.entry(name.to_owned()).or_default() += 1,
+            // a handshake that found nobody keeps the pace it was at
+            None => {}
+        }
+        let doublings = self.short_lived.get(name).copied().unwrap_or(0).min(16);
+        (RETRY_PAUSE * 2u32.pow(doublings)).min(MAX_RETRY_PAUSE)
     }
 }
 

@@ -223,6 +223,9 @@ fn log_link_changes(name: &str, conn: &ri2n::Connection, stats: &ri2n::Connectio
     }
 }
 
+/// Longest a caller of the status socket may take to read the snapshot.
+const STATUS_WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Serves the latest snapshot as JSON to everyone who connects to `path`, with the readings
 /// of the cluster file as they are at that moment (`ri2n tunnel reload` waits for its own).
 pub fn serve_socket(path: &Path, latest: Arc<Mutex<Status>>, peers: Arc<Peers>) -> io::Result<()> {
@@ -243,6 +246,9 @@ pub fn serve_socket(path: &Path, latest: Arc<Mutex<Status>>, peers: Arc<Peers>) 
     thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
+            // one thread serves every caller (the socket is open to every local user): one
+            // that does not read must not hold the others off
+            let _ = stream.set_write_timeout(Some(STATUS_WRITE_TIMEOUT));
             let mut snapshot = latest.lock().unwrap_or_else(|e| e.into_inner()).clone();
             (snapshot.reloads, snapshot.last_reload) = peers.reloads();
             if let Ok(text) = serde_json::to_string(&snapshot) {
