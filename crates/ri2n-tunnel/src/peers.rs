@@ -111,14 +111,22 @@ impl Peer {
         self.conn.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Its connection now, if one is up, with the connection's statistics, and the IP
+    /// packets dropped for it so far (that connection's included), read together: a
+    /// connection replaced or ended meanwhile hands its drops over under the same lock
+    /// ([`Self::set`], [`Self::clear`]), so they are counted once and the count never goes
+    /// back.
+    pub fn sample(&self) -> (Option<(Arc<Connection>, ri2n::ConnectionStats)>, u64) {
+        let slot = self.conn.read().unwrap_or_else(|e| e.into_inner());
+        let current = slot.as_ref().map(|c| (c.clone(), c.stats()));
+        let dropped = self.packets_dropped(current.as_ref().map(|(_, s)| s));
+        (current, dropped)
+    }
+
     /// Makes `conn` the way to it (a newer connection replaces an older one).
     pub fn set(&self, conn: Arc<Connection>) {
-        let old = self
-            .conn
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .replace(conn);
-        if let Some(old) = old {
+        let mut slot = self.conn.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = slot.replace(conn) {
             self.dropped_by(&old);
         }
     }
@@ -128,7 +136,6 @@ impl Peer {
         let mut slot = self.conn.write().unwrap_or_else(|e| e.into_inner());
         if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
             *slot = None;
-            drop(slot);
             self.dropped_by(conn);
         }
     }
@@ -170,7 +177,7 @@ impl Peer {
 
     /// IP packets for it dropped so far: by the tunnel, by its ended connections and by
     /// `current` (its connection now, if any).
-    pub fn packets_dropped(&self, current: Option<&ri2n::ConnectionStats>) -> u64 {
+    fn packets_dropped(&self, current: Option<&ri2n::ConnectionStats>) -> u64 {
         let now = current.map_or(0, |s| {
             s.datagrams_send_dropped + s.datagrams_receive_dropped
         });

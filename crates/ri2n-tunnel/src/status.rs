@@ -148,18 +148,17 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
                 links: Vec::new(),
             };
             let previous = previous.entry(host.name.clone()).or_default();
-            let Some(conn) = peer.conn() else {
+            let (current, dropped) = peer.sample();
+            p.packets_dropped = dropped;
+            let Some((conn, s)) = current else {
                 previous.clear();
-                p.packets_dropped = peer.packets_dropped(None);
                 p.waiting_for = Some(peer.waiting_for());
                 status.peers.push(p);
                 continue;
             };
-            let s = conn.stats();
             log_link_changes(&host.name, &conn, &s);
             p.state = "connected".into();
             p.encryption = Some(s.cipher.map_or("none", |c| c.name()).into());
-            p.packets_dropped = peer.packets_dropped(Some(&s));
             previous.resize(s.links.len(), Previous::default());
             for (l, prev) in s.links.iter().zip(previous.iter_mut()) {
                 let secs = prev.at.map_or(0.0, |t| now.duration_since(t).as_secs_f64());
