@@ -21,16 +21,28 @@ fn unscoped_link_local(a: SocketAddr) -> bool {
     matches!(a, SocketAddr::V6(v6) if v6.scope_id() == 0 && v6.ip().is_unicast_link_local())
 }
 
-/// Whether a socket bound to `local` can send to `remote`: the same family, and for a scoped
-/// remote, the same scope.
-pub fn reaches(local: SocketAddr, remote: SocketAddr) -> bool {
+/// Whether `local` is on the interface a scoped `remote` names (any of the family for an
+/// unscoped one).
+fn same_scope(local: SocketAddr, remote: SocketAddr) -> bool {
     local.is_ipv4() == remote.is_ipv4() && (scope(remote) == 0 || scope(local) == scope(remote))
 }
 
-/// The local address to reach `remote` from: of those that [`reach`](reaches) it, one in the
-/// same subnet (the longest common address prefix of at least /24 for IPv4 or /64 for IPv6),
-/// else `fallback` when it reaches it, else any that does; where none does, as if `remote`
-/// had no scope.
+/// Whether a socket bound to `local` can send to `remote`: the same family, and for a scoped
+/// remote, a local address of its interface or one not tied to an interface (a global
+/// address, or the wildcard).
+pub fn reaches(local: SocketAddr, remote: SocketAddr) -> bool {
+    same_scope(local, remote) || (local.is_ipv6() && remote.is_ipv6() && !scoped_kind(local))
+}
+
+/// Whether `a` is an address tied to one interface: a link-local one, or one with a scope.
+fn scoped_kind(a: SocketAddr) -> bool {
+    matches!(a, SocketAddr::V6(v6) if v6.scope_id() != 0 || v6.ip().is_unicast_link_local())
+}
+
+/// The local address to reach `remote` from: of those on its interface (any of the family
+/// for an unscoped remote), one in the same subnet (the longest common address prefix of at
+/// least /24 for IPv4 or /64 for IPv6), else `fallback` when it is one of them, else any of
+/// them; where there are none, as if `remote` had no scope.
 pub fn pick_local(
     locals: &[SocketAddr],
     remote: SocketAddr,
@@ -49,7 +61,7 @@ pub fn pick_local(
             .or_else(|| ok(fallback).then_some(fallback))
             .or_else(|| locals.iter().copied().find(|&a| ok(a)))
     };
-    pick(&|a| reaches(a, remote)).or_else(|| pick(&|a| a.is_ipv4() == remote.is_ipv4()))
+    pick(&|a| same_scope(a, remote)).or_else(|| pick(&|a| a.is_ipv4() == remote.is_ipv4()))
 }
 
 /// How many leading bits `a` and `b` share (0 across families).
@@ -110,6 +122,20 @@ mod tests {
         assert_eq!(pick_local(&v4, a("192.168.0.1:1"), v4[0]), Some(v4[0]));
         assert_eq!(pick_local(&v4, a("192.168.0.1:1"), v4[2]), Some(v4[0]));
         assert_eq!(pick_local(&v4[..2], a("[fd00::9]:1"), v4[0]), None);
+    }
+
+    #[test]
+    fn a_scoped_remote_is_reached_from_its_interface_or_an_untied_address() {
+        let remote = a("[fe80::2%2]:7000");
+        assert!(reaches(a("[fe80::1%2]:0"), remote));
+        assert!(!reaches(a("[fe80::1%3]:0"), remote));
+        assert!(!reaches(a("[fe80::1]:0"), remote));
+        assert!(reaches(a("[fd00::1]:0"), remote));
+        assert!(reaches(a("[::]:0"), remote));
+        assert!(!reaches(a("10.0.0.1:0"), remote));
+        // unscoped: any of the family
+        assert!(reaches(a("[fe80::1%3]:0"), a("[fe80::2]:7000")));
+        assert!(reaches(a("10.0.0.1:0"), a("10.0.0.2:7000")));
     }
 
     #[test]

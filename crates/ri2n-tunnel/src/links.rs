@@ -106,10 +106,9 @@ fn bind_available(
     }
 }
 
-/// Whether `addr`'s IP is one of this host's now (on its interface, for a scoped one).
-fn is_present(mut addr: SocketAddr) -> bool {
-    addr.set_port(0);
-    UdpSocket::bind(addr).is_ok()
+/// Whether `addr`'s IP is one of this host's now.
+fn is_present(addr: SocketAddr) -> bool {
+    UdpSocket::bind(SocketAddr::new(addr.ip(), 0)).is_ok()
 }
 
 /// Looks for the `missing` addresses of `locals` every second; when one appears, makes the

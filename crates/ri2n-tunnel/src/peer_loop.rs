@@ -34,14 +34,14 @@ use crate::peers::{Peer, Peers};
 use crate::route::BATCH;
 use crate::{connection_config, summary, Carry, Stop};
 
-/// Pause between a lost or refused connection and the next attempt.
+/// Pause between a lost or failed connection and the next attempt; the first after a refusal.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
-/// How long a connection must have been up for its loss to be taken as one, not as a refusal
-/// (the peer's daemon ends at once connections its cluster file does not expect yet, while
-/// the operator reloads the hosts in turn).
+/// How long a connection the peer aborted must have been up for its end to be taken as a
+/// loss, not as a refusal (the peer's daemon aborts at once connections its cluster file
+/// does not expect yet, while the operator reloads the hosts in turn).
 const STABLE: Duration = Duration::from_secs(5);
-/// Longest pause after connections that ended soon after they came up, each pause twice the
-/// last: each costs a handshake and a log line on both hosts.
+/// Longest pause after refusals in a row, each pause twice the last: each refusal costs a
+/// handshake and a log line on both hosts.
 const MAX_RETRY_PAUSE: Duration = Duration::from_secs(5);
 /// Longest the loop sleeps before it looks at the endpoint in use (made again when a link
 /// address appears), the refused handshakes to log and the peers removed from the file.
@@ -100,7 +100,7 @@ pub fn start(
         handle: handle.clone(),
         slots: Vec::new(),
         retries: Vec::new(),
-        short_lived: HashMap::new(),
+        refusals: HashMap::new(),
         ready: VecDeque::new(),
         endpoint: None,
         out: Delivery::default(),
@@ -133,8 +133,8 @@ struct Loop {
     slots: Vec<Option<Slot>>,
     /// Peers to connect to, each from when.
     retries: Vec<(Instant, Arc<Peer>)>,
-    /// By peer name: how many connections in a row ended within [`STABLE`] of coming up.
-    short_lived: HashMap<String, u32>,
+    /// By peer name: how many connections in a row it refused (see [`Loop::retry_pause`]).
+    refusals: HashMap<String, u32>,
     /// Slots to serve: those whose descriptor reported, and those left with datagrams
     /// after their turn.
     ready: VecDeque<usize>,
@@ -531,30 +531,30 @@ impl Loop {
         if slot.peer.connects && !slot.peer.is_removed() {
             let pause = self.retry_pause(&slot);
             self.retries.push((Instant::now() + pause, slot.peer));
+        } else {
+            self.refusals.remove(slot.peer.name());
         }
     }
 
     /// How long to wait before connecting again to the peer of `slot`, which ended: after
-    /// connections that ended soon after they came up, or that the peer's daemon aborted
-    /// before (it refuses them), twice as long each time up to [`MAX_RETRY_PAUSE`], until
-    /// one stays up for [`STABLE`].
+    /// refusals in a row (the peer's daemon aborted the connection in its handshake or within
+    /// [`STABLE`] of it), twice as long each time up to [`MAX_RETRY_PAUSE`]; after anything
+    /// else (a connection lost or aborted here, a handshake that found nobody)
+    /// [`RETRY_PAUSE`].
     fn retry_pause(&mut self, slot: &Slot) -> Duration {
         let name = slot.peer.name();
-        let refused = matches!(
+        let aborted = matches!(
             slot.conn.close_reason(),
             Some(ri2n::ConnectionError::PeerAborted { .. })
         );
-        match slot.up_since {
-            Some(t) if t.elapsed() >= STABLE => {
-                self.short_lived.remove(name);
-            }
-            Some(_) => *self.short_lived.entry(name.to_owned()).or_default() += 1,
-            None if refused => *self.short_lived.entry(name.to_owned()).or_default() += 1,
-            // a handshake that found nobody keeps the pace it was at
-            None => {}
+        let young = slot.up_since.is_none_or(|t| t.elapsed() < STABLE);
+        if !(aborted && young) {
+            self.refusals.remove(name);
+            return RETRY_PAUSE;
         }
-        let doublings = self.short_lived.get(name).copied().unwrap_or(0).min(16);
-        (RETRY_PAUSE * 2u32.pow(doublings)).min(MAX_RETRY_PAUSE)
+        let n = self.refusals.entry(name.to_owned()).or_default();
+        *n = n.saturating_add(1);
+        (RETRY_PAUSE * 2u32.pow((*n - 1).min(16))).min(MAX_RETRY_PAUSE)
     }
 }
 

@@ -37,7 +37,8 @@ pub struct Peer {
     write_failure_logged: AtomicBool,
     /// No longer in the cluster file as it was: its loop stops, its connection ends.
     removed: AtomicBool,
-    /// Why the last attempt to connect to it failed (connecting side), for the status.
+    /// Why it is not connected: the last attempt to connect failed (connecting side), or its
+    /// last connection was lost; for the status.
     waiting_for: Mutex<Option<String>>,
     /// Which of its link addresses the next handshake goes to (connecting side; see
     /// [`Peer::remotes`]).
@@ -71,7 +72,7 @@ impl Peer {
         }
     }
 
-    /// Why the last attempt to connect failed, if it did.
+    /// Why it is not connected, if known.
     pub fn waiting_reason(&self) -> Option<String> {
         self.waiting_for
             .lock()
@@ -79,7 +80,7 @@ impl Peer {
             .clone()
     }
 
-    /// The last attempt to connect to it failed for `reason` (`None`: it succeeded).
+    /// It is not connected, for `reason` (`None`: it is).
     pub fn set_waiting_for(&self, reason: Option<String>) {
         *self.waiting_for.lock().unwrap_or_else(|e| e.into_inner()) = reason;
     }

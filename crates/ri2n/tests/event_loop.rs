@@ -474,20 +474,15 @@ fn a_call_of_another_kind_does_not_hide_what_waits_to_be_read() {
     }
 }
 
-/// Fills `conn`'s send buffer with non-blocking writes while nobody reads, then has the
-/// server read all of it and waits until all of it was acknowledged: room is back for the
-/// blocked writer. Returns the server's end.
-fn block_a_writer_then_make_room(
-    transport: ri2n::Transport,
-    server: &Endpoint,
-    conn: &Connection,
-) -> Connection {
+/// Fills `conn`'s send buffer with non-blocking writes while nobody reads: its writer is
+/// blocked. Returns how many bytes it wrote.
+fn block_a_writer(transport: ri2n::Transport, conn: &Connection) -> usize {
     let chunk = [7u8; 16 << 10];
     let mut written = 0;
     loop {
         match conn.try_write(&chunk) {
             Ok(n) => written += n,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return written,
             Err(e) => panic!("{transport:?}: write: {e}"),
         }
         assert!(
@@ -495,6 +490,26 @@ fn block_a_writer_then_make_room(
             "{transport:?}: the send buffer never filled"
         );
     }
+}
+
+/// [`block_a_writer`], then [`make_room`]. Returns the server's end.
+fn block_a_writer_then_make_room(
+    transport: ri2n::Transport,
+    server: &Endpoint,
+    conn: &Connection,
+) -> Connection {
+    let written = block_a_writer(transport, conn);
+    make_room(transport, server, conn, written)
+}
+
+/// Has the server read the `written` bytes `conn` wrote, and waits until all of them were
+/// acknowledged: room is back for a blocked writer. Returns the server's end.
+fn make_room(
+    transport: ri2n::Transport,
+    server: &Endpoint,
+    conn: &Connection,
+    written: usize,
+) -> Connection {
     let peer = server.accept().unwrap();
     let mut buf = vec![0u8; 64 << 10];
     let mut got = 0;
@@ -554,23 +569,32 @@ fn a_reader_does_not_hide_room_from_a_blocked_writer() {
     }
 }
 
-/// A blocked writer that gives up retrying (it finishes the stream, or writes with a
-/// blocking call) leaves no room to be told of: a read must not signal the combined
-/// descriptor again for it, or a level-triggered loop waiting for the peer's answer spins.
-/// Both transports.
+/// A blocked writer that gives up retrying (it finishes the stream, before or after room
+/// came back, or writes with a blocking call) leaves no room to be told of: a read must not
+/// signal the combined descriptor again for it, or a level-triggered loop waiting for the
+/// peer's answer spins. Both transports.
 #[test]
 fn a_writer_that_stopped_trying_is_not_told_of_room_again() {
     for transport in [ri2n::Transport::Udp, ri2n::Transport::Tcp] {
-        for instead in ["finished", "wrote a large buffer with write_buf"] {
+        let ways = [
+            "finished",
+            "finished before room came back",
+            "wrote a large buffer with write_buf",
+        ];
+        for instead in ways {
             let what = format!("{transport:?}, {instead}");
             let config = ConnectionConfig::default().with_send_buffer(64 << 10);
             let (server, _client, conn) = pair(transport, config);
             let any_fd = conn.readiness_fd().unwrap().as_raw_fd();
-            let peer = block_a_writer_then_make_room(transport, &server, &conn);
+            let written = block_a_writer(transport, &conn);
+            if instead == "finished before room came back" {
+                conn.finish().unwrap();
+            }
+            let peer = make_room(transport, &server, &conn, written);
             wait_readable(any_fd, &format!("{what}: room back"));
             if instead == "finished" {
                 conn.finish().unwrap();
-            } else {
+            } else if instead.starts_with("wrote") {
                 conn.write_buf(&mut vec![7u8; 32 << 10]).unwrap();
                 let mut buf = vec![0u8; 32 << 10];
                 (&peer).read_exact(&mut buf).unwrap();

@@ -894,7 +894,8 @@ impl Connection {
         for s in &mut self.send {
             s.finish();
         }
-        // no writer retries after the end: none is left to tell
+        // no writer retries after the end: none is left to wait for room, or to tell
+        self.write_wants = [None; 2];
         self.writer_told = [false; 2];
     }
 
