@@ -286,8 +286,14 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
     let seconds = start.elapsed().as_secs_f64();
     let name = output.name();
     if let Err(e) = output.complete() {
+        // the sender waits for our end of the stream: it must learn that none comes, and why
+        conn.abort(
+            1,
+            &format!("the receiver could not complete its output {name} ({e})"),
+        );
         monitor.finish();
-        return Err(Failure::io(format!("cannot write to {name}"), &e));
+        net::linger(&conn, Duration::from_millis(200));
+        return Err(Failure::io(format!("cannot complete {name}"), &e));
     }
     // our side ends only now, with the output complete: the sender waits for this before it
     // reports success, so a failure of the output until here reached it as an abort

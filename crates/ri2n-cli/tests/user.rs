@@ -428,6 +428,48 @@ fn tcp_transport_a_killed_receiver_is_reported_by_the_sender() {
     );
 }
 
+/// A receiver that cannot complete its output once everything arrived (here: its name was
+/// taken by a directory meanwhile, so the rename fails) tells the sender why: the sender,
+/// which waits for the receiver's end of the stream, exits 4 naming the cause, instead of
+/// learning only that the peer went away (or, where its host answers nothing, waiting on).
+#[test]
+fn a_receiver_that_cannot_complete_its_output_tells_the_sender_why() {
+    use std::io::Write;
+    let output = TempFile::new("cannot-complete");
+    let (recv, to) = spawn_recv(free_port(), output.path(), &[]);
+    let mut send = Proc::spawn(
+        "ri2n send",
+        Command::new(bin())
+            .args(["send", "--to", &to, "--input", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    let mut stdin = send.child.as_mut().unwrap().stdin.take().unwrap();
+    stdin.write_all(&vec![0x5a_u8; 1 << 20]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::metadata(output.partial()).map_or(0, |m| m.len()) == 0 {
+        assert!(Instant::now() < deadline, "nothing arrived");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // the premise: FILE's name is taken, so the rename of FILE.partial to it fails
+    std::fs::create_dir(output.path()).unwrap();
+    std::fs::write(output.path().join("taken"), b"x").unwrap();
+    drop(stdin);
+    let (s, o) = send.wait(Duration::from_secs(20));
+    let err = stderr_of(&o);
+    let (r, ro) = recv.wait(Duration::from_secs(10));
+    let log = stderr_of(&ro);
+    assert_eq!(s.code(), Some(4), "send exit code; stderr: {err}");
+    assert!(
+        err.contains("could not complete its output"),
+        "send names the cause: {err}"
+    );
+    assert_ne!(r.code(), Some(0), "recv: {log}");
+    assert!(log.contains("cannot complete"), "recv says why: {log}");
+    std::fs::remove_dir_all(output.path()).unwrap();
+}
+
 /// What an earlier `recv` left in `FILE.partial` (what arrived before it failed) stays there
 /// when a later `recv` to the same file cannot start: a key file that cannot be read, a port
 /// that another `recv` (writing that very file) holds, a fault that names no link. The later
