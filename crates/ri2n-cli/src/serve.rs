@@ -24,6 +24,8 @@ use crate::ServeArgs;
 
 /// Finest timeline a client may ask for (as `ri2n bench --interval`).
 const MIN_INTERVAL: Duration = Duration::from_millis(10);
+/// Longest a reverse test's report waits for what the server wrote to be acknowledged.
+const ACKNOWLEDGED_WAIT: Duration = Duration::from_secs(10);
 /// How long a client may take to name its test after connecting (`ri2n bench` does at once).
 const REQUEST_WAIT: Duration = Duration::from_secs(10);
 /// The pause after a client that could not be taken, before the next accept.
@@ -174,6 +176,9 @@ async fn serve_client(mut conn: AsyncConnection, max_time: Duration) -> Result<S
                 sent += size as u64;
             }
             let secs = start.elapsed().as_secs_f64();
+            // the links' counters are final only once what the send buffer held is
+            // acknowledged: what each delivered, what was sent again, what was lost
+            acknowledged(&conn).await;
             report(&conn, sent, secs, Vec::new()).await?;
             format!(
                 "reverse: sent {} in {secs:.2} s, {}{cut}",
@@ -342,6 +347,19 @@ async fn grant(
 }
 
 /// Sends the server's report of a throughput test.
+/// Waits, at most [`ACKNOWLEDGED_WAIT`], until everything written on `conn` was acknowledged
+/// (or the connection ended).
+async fn acknowledged(conn: &AsyncConnection) {
+    let deadline = Instant::now() + ACKNOWLEDGED_WAIT;
+    let c = conn.get_ref();
+    while c.stats().send_buffered > 0
+        && c.state() != ConnectionState::Closed
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 async fn report(
     conn: &AsyncConnection,
     bytes: u64,
