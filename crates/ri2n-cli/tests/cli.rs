@@ -141,15 +141,8 @@ fn a_link_cut_and_restored_mid_transfer_loses_nothing() {
     let _g = heavy();
     let output = TempFile::new("cut-out");
     let (recv, to) = spawn_recv(free_port(), output.path(), &[]);
-    let mut send = Proc::spawn(
-        "ri2n send",
-        Command::new(bin())
-            .args(["send", "--to", &to, "--input", "-"])
-            .args(["--fault", "1:127.0.0.2:down", "--fault", "2:127.0.0.2:up"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    );
+    let faults = ["--fault", "1:127.0.0.2:down", "--fault", "2:127.0.0.2:up"];
+    let mut send = spawn_piped_send(&to, &[&["--input", "-"][..], &faults].concat());
     let child = send.child.as_mut().unwrap();
     let mut stdin = child.stdin.take().unwrap();
     // the sender's log, line by line: which link events it reported so far
@@ -550,15 +543,8 @@ fn a_sender_interrupted_while_stdin_is_idle_exits() {
     // a sender finding the port closed exits at once ("nothing listens"): on a loaded host
     // the receiver may take longer than any fixed pause to bind it
     wait_udp_bound(port, Duration::from_secs(10));
-    let send = Proc::spawn(
-        "ri2n send",
-        Command::new(bin())
-            .args(["send", "-q", "--to", &a])
-            // kept open and never written: the sender's read waits
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    );
+    // its stdin kept open and never written: the sender's read waits
+    let send = spawn_piped_send(&a, &["-q"]);
     thread::sleep(Duration::from_millis(800));
     interrupt_sender_and_check(send, recv, &output);
 }

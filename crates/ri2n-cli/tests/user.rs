@@ -397,14 +397,7 @@ fn tcp_transport_a_killed_receiver_is_reported_by_the_sender() {
     let output = TempFile::new("tcp-killed");
     let (mut recv, to) = spawn_recv(free_port(), output.path(), &["--transport", "tcp"]);
     std::thread::sleep(Duration::from_millis(300));
-    let mut send = Proc::spawn(
-        "ri2n send",
-        Command::new(bin())
-            .args(["send", "--transport", "tcp", "--to", &to, "--input", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    );
+    let mut send = spawn_piped_send(&to, &["--transport", "tcp", "--input", "-"]);
     let mut stdin = send.child.as_mut().unwrap().stdin.take().unwrap();
     let chunk = vec![0x5a_u8; 1 << 20];
     stdin.write_all(&chunk).unwrap();
@@ -437,14 +430,7 @@ fn a_receiver_that_cannot_complete_its_output_tells_the_sender_why() {
     use std::io::Write;
     let output = TempFile::new("cannot-complete");
     let (recv, to) = spawn_recv(free_port(), output.path(), &[]);
-    let mut send = Proc::spawn(
-        "ri2n send",
-        Command::new(bin())
-            .args(["send", "--to", &to, "--input", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    );
+    let mut send = spawn_piped_send(&to, &["--input", "-"]);
     let mut stdin = send.child.as_mut().unwrap().stdin.take().unwrap();
     stdin.write_all(&vec![0x5a_u8; 1 << 20]).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -239,6 +239,20 @@ pub fn spawn_recv(port: u16, output: &Path, extra: &[&str]) -> (Proc, String) {
     (recv, a)
 }
 
+/// Starts `ri2n send --to TO` with `extra` options, its stdin, stdout and stderr piped: the
+/// test feeds its input (or holds it open) and reads what it says.
+pub fn spawn_piped_send(to: &str, extra: &[&str]) -> Proc {
+    Proc::spawn(
+        "ri2n send",
+        Command::new(bin())
+            .args(["send", "--to", to])
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+}
+
 /// Waits until some socket is bound to UDP port `port` on 127.0.0.1 (a receiver just
 /// spawned is ready), looking at `/proc/net/udp` rather than binding the port itself, which
 /// could take it from the receiver. Panics after `limit`.
