@@ -443,7 +443,8 @@ pub struct RecvArgs {
     /// symbolic link, the file it points to), synced to disk, only when the whole stream
     /// arrived; after a failure or an interrupt FILE.partial holds what arrived and the error
     /// says how much. While one recv writes FILE.partial, another given the same FILE is
-    /// refused (exit 1). A device or FIFO is written directly. Default (or `-`, or a name for the
+    /// refused (exit 1), and so is a FILE.partial that is a symbolic link or has other hard
+    /// links (it is never written through). A device or FIFO is written directly. Default (or `-`, or a name for the
     /// file stdout is, such as /dev/stdout): stdout.
     #[arg(long, short, value_name = "FILE")]
     pub output: Option<PathBuf>,

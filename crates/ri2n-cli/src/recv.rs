@@ -62,12 +62,9 @@ impl Output {
             ));
         }
         // a link to a file: the file it points to is replaced, not the link (written beside
-        // that file, in its directory)
-        let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.is_symlink());
-        let path = match std::fs::canonicalize(path) {
-            Ok(target) if is_link => target,
-            _ => path.clone(),
-        };
+        // that file, in its directory); created there when the link dangles, as `cp` does
+        let path = link_target(path)
+            .map_err(|e| Failure::io(format!("cannot follow {}", path.display()), &e))?;
         let mut partial = path.clone().into_os_string();
         partial.push(".partial");
         let partial = PathBuf::from(partial);
@@ -153,19 +150,70 @@ impl Output {
     }
 }
 
+/// The name `path`'s chain of symbolic links ends at, whether a file has that name or not
+/// (`path` itself when it is no link). Relative targets are taken from the link's directory.
+fn link_target(path: &Path) -> io::Result<PathBuf> {
+    // the kernel's own limit on links followed in one lookup
+    const MAX_HOPS: usize = 40;
+    let mut at = path.to_path_buf();
+    for _ in 0..MAX_HOPS {
+        let is_link = std::fs::symlink_metadata(&at).is_ok_and(|m| m.is_symlink());
+        if !is_link {
+            return Ok(at);
+        }
+        let target = std::fs::read_link(&at)?;
+        at = match at.parent() {
+            Some(dir) if target.is_relative() => dir.join(target),
+            _ => target,
+        };
+    }
+    Err(io::Error::from_raw_os_error(libc::ELOOP))
+}
+
 /// Creates `partial` for writing, or empties a file left there by an earlier run, only while
 /// no other process writes it: two receivers given the same `--output` (on other ports) would
 /// otherwise write into one file, each finishing with the other's bytes mixed in. The lock
 /// (`flock`) goes with the open file, so it ends with the process however that ends, and a
 /// file an interrupted run left is taken over.
+///
+/// A `partial` that is a symbolic link, or a file with other names, is refused rather than
+/// emptied: in a directory others can write (`/tmp`), either would let them point a receiver,
+/// root's too, at a file of their choice, which it would empty and fill.
 fn create_partial(partial: &Path) -> Result<File, Failure> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let context = || format!("cannot create {}", partial.display());
-    let f = File::options()
+    let opened = File::options()
         .write(true)
         .create(true)
         .truncate(false)
-        .open(partial)
-        .map_err(|e| Failure::io(context(), &e))?;
+        // a FIFO left under the name must not hold the receiver in its open
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(partial);
+    let not_ours = |what: &str| {
+        Failure::new(
+            error::GENERIC,
+            format!(
+                "{} {what}: not writing through it; remove it, or give another --output",
+                partial.display()
+            ),
+        )
+    };
+    let f = match opened {
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(not_ours("is a symbolic link"))
+        }
+        r => r.map_err(|e| Failure::io(context(), &e))?,
+    };
+    let meta = f.metadata().map_err(|e| Failure::io(context(), &e))?;
+    if !meta.is_file() {
+        return Err(not_ours("is not a regular file"));
+    }
+    if meta.nlink() > 1 {
+        return Err(not_ours("has other names (hard links)"));
+    }
+    // writes block as usual from here
+    // SAFETY: fcntl on a descriptor this function owns; no memory is passed
+    unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFL, 0) };
     // SAFETY: flock on a descriptor this function owns; no memory is passed
     let locked = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
     // a file system without locks (ENOLCK, EOPNOTSUPP) is written as before locks were taken

@@ -584,6 +584,64 @@ fn recv_writes_through_dev_stdout_and_links() {
     assert_eq!(sha256_file(target.path()), (sum, 3 << 20));
 }
 
+/// `recv --output LINK` where LINK dangles: the file is created where the link points
+/// (relative to the link's directory) and the link stays. Before, the link itself was
+/// replaced by the file.
+#[test]
+fn recv_through_a_dangling_link_creates_its_target() {
+    let input = TempFile::new("dangling-in");
+    let sum = write_random(input.path(), 1 << 20, 5);
+    let target = TempFile::new("dangling-target");
+    let link = TempFile::new("dangling-link");
+    let relative = target.path().file_name().unwrap();
+    std::os::unix::fs::symlink(relative, link.path()).unwrap();
+    assert!(!target.path().exists(), "the premise: the link dangles");
+    let port = free_port();
+    let (recv, to) = spawn_recv(port, link.path(), &[]);
+    wait_udp_bound(port, Duration::from_secs(10));
+    let (s, o) = send_file(&to, input.path(), &[]);
+    assert!(s.success(), "send: {}", stderr_of(&o));
+    let (s, o) = recv.wait(Duration::from_secs(20));
+    assert_eq!(s.code(), Some(0), "recv: {}", stderr_of(&o));
+    assert!(std::fs::symlink_metadata(link.path()).unwrap().is_symlink());
+    assert_eq!(sha256_file(target.path()), (sum, 1 << 20));
+}
+
+/// A `FILE.partial` that someone else made a symbolic link, or a second name of another file,
+/// is refused before the receiver listens (exit 1, saying why), and the file it leads to is
+/// left as it was. Before, `recv` emptied that file and wrote the transfer into it: in `/tmp`,
+/// any local user could have a root receiver empty a file of their choice.
+#[test]
+fn recv_does_not_write_through_a_partial_name_it_does_not_own() {
+    for (how, expected) in [
+        ("symlink", "is a symbolic link"),
+        ("hard link", "has other names"),
+    ] {
+        let victim = TempFile::new("partial-victim");
+        std::fs::write(victim.path(), b"not the receiver's").unwrap();
+        let output = TempFile::new("partial-taken");
+        if how == "symlink" {
+            std::os::unix::fs::symlink(victim.path(), output.partial()).unwrap();
+        } else {
+            std::fs::hard_link(victim.path(), output.partial()).unwrap();
+        }
+        let listen = format!("127.0.0.1:{}", free_port());
+        let out = output.path().to_str().unwrap();
+        let (s, o) = ri2n(
+            ["recv", "--listen", &listen, "--output", out],
+            Duration::from_secs(10),
+        );
+        let err = stderr_of(&o);
+        assert_eq!(s.code(), Some(1), "{how}: exit code; stderr: {err}");
+        assert!(err.contains(expected), "{how}: says why: {err}");
+        assert_eq!(
+            std::fs::read(victim.path()).unwrap(),
+            b"not the receiver's",
+            "{how}: the file behind FILE.partial"
+        );
+    }
+}
+
 /// The receiver's output fails after the transport acknowledged everything: `recv` writes to
 /// a pipe whose reader takes nothing and then goes away, with all 4 MiB within the receive
 /// window. The sender waits for the receiver to end its side, which it does only with its
