@@ -782,6 +782,11 @@ fn throughput(
             server,
         });
     }
+    // an interrupt while the reports were awaited left them missing: no report of a test
+    // that looks whole (exit 0, `server: null`)
+    if let Some(signal) = crate::interrupt::caught() {
+        return Err(crate::interrupt::failure(signal, "during the test"));
+    }
     let bytes = connections.iter().map(|c| c.summary.bytes).sum();
     // the connections ran side by side: their sum took as long as the longest
     let seconds = connections

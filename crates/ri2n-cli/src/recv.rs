@@ -91,6 +91,14 @@ impl Output {
         }
     }
 
+    /// The name the output has once complete.
+    fn final_name(&self) -> String {
+        match self {
+            Output::File { path, .. } | Output::Device(_, path) => path.display().to_string(),
+            Output::Stdout(_) => "stdout".into(),
+        }
+    }
+
     /// Where the bytes received so far are, for a failure message.
     fn kept(&mut self, bytes: u64) -> String {
         let _ = self.writer().flush();
@@ -333,6 +341,7 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
     }
     let seconds = start.elapsed().as_secs_f64();
     let name = output.name();
+    let complete = format!("with all {got} bytes written to {}", output.final_name());
     if let Err(e) = output.complete() {
         // the sender waits for our end of the stream: it must learn that none comes, and why
         conn.abort(
@@ -345,12 +354,18 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
     }
     // our side ends only now, with the output complete: the sender waits for this before it
     // reports success, so a failure of the output until here reached it as an abort
+    // an interrupt in the last steps (a long sync) aborts the connection: exit as
+    // interrupted, with the output complete, not as a lost connection or a success
+    let interrupted = |signal| interrupt::failure(signal, &complete);
     if let Err(e) = conn.finish() {
         monitor.finish();
-        return Err(Failure::lost(&e));
+        return Err(interrupt::caught().map_or_else(|| Failure::lost(&e), interrupted));
     }
     net::linger(&conn, net::LINGER);
     let events = monitor.finish();
+    if let Some(signal) = interrupt::caught() {
+        return Err(interrupted(signal));
+    }
 
     crate::report::warn_links_never_up(&conn.stats().links, args.quiet);
     let summary = TransferSummary {

@@ -173,6 +173,14 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
     }
     net::linger(&conn, net::LINGER);
     let events = monitor.finish();
+    // an interrupt in the last steps aborted the connection: exit as interrupted, not with
+    // the abort blamed on the receiver
+    if let Some(signal) = interrupt::caught() {
+        return Err(interrupt::failure(
+            signal,
+            &format!("after all {written} bytes were delivered"),
+        ));
+    }
     // every byte was acknowledged, but a receiver that then aborts (e.g. `ri2n serve`, which
     // takes only benchmark clients) or vanishes did not take the data
     if let Some(reason) = conn.close_reason() {

@@ -512,3 +512,64 @@ fn a_client_that_names_no_test_is_let_go() {
     let log = stop_serve(server);
     assert!(log.contains("no test request"), "{log}");
 }
+
+/// A client interrupted while it waits for the server's report after a throughput test exits
+/// 130 saying so. Before, it printed the test as if whole (exit 0, `server: null`). The server
+/// here is the library speaking `ri2n serve`'s requests: it grants the test, reads it to the
+/// end, and never reports, so the client is sure to be waiting when the signal comes.
+#[test]
+fn a_client_interrupted_while_awaiting_the_report_says_so() {
+    let listen: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let mut config = ri2n::EndpointConfig::new(vec![listen]).server();
+    config.server_connection = config
+        .server_connection
+        .with_application("ri2n bench")
+        .with_accept_messages(true);
+    let endpoint = ri2n::Endpoint::bind(config).unwrap();
+    let (read_all, got_all) = std::sync::mpsc::channel();
+    let server = std::thread::spawn(move || {
+        let conn = endpoint.accept().unwrap();
+        let request = conn.recv_message().unwrap().expect("a request");
+        let request: serde_json::Value = serde_json::from_slice(&request).unwrap();
+        assert_eq!(request["test"], "throughput", "{request}");
+        let grant = serde_json::json!({ "seconds": request["seconds"], "cut": false });
+        conn.send_message(&serde_json::to_vec(&grant).unwrap())
+            .unwrap();
+        let mut read = 0u64;
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            match std::io::Read::read(&mut &conn, &mut buf) {
+                Ok(0) => break,
+                Ok(n) => read += n as u64,
+                Err(e) => panic!("the server's read: {e}"),
+            }
+        }
+        read_all.send(read).unwrap();
+        // no report: the connection stays until the client ends it
+        while conn.close_reason().is_none() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        conn.close_reason()
+    });
+    let to = listen.to_string();
+    let client = start_bench(&to, &["--time", "0.5", "--json"]);
+    let read = got_all
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the test's end of stream");
+    assert!(read > 0, "the premise: data moved");
+    // the client's wait for the acknowledgement of its end of stream is over well before this
+    std::thread::sleep(Duration::from_millis(500));
+    client.signal(libc::SIGINT);
+    let (c, co) = client.wait(Duration::from_secs(10));
+    let text = stderr_of(&co);
+    assert_eq!(c.code(), Some(130), "{text}");
+    assert!(text.contains("interrupted by SIGINT"), "{text}");
+    let doc: serde_json::Value = serde_json::from_slice(&co.stdout).expect("a JSON failure");
+    assert_eq!(doc["exit_code"], 130, "{doc}");
+    match server.join().unwrap() {
+        Some(ri2n::ConnectionError::PeerAborted { reason, .. }) => {
+            assert!(reason.contains("interrupted by SIGINT"), "{reason}")
+        }
+        other => panic!("the server saw its client end with {other:?}"),
+    }
+}
