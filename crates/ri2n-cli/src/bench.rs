@@ -486,7 +486,8 @@ struct ThroughputSummary {
     /// link still holding them: late, not lost, so not counted in `packets_lost`).
     retransmitted_bytes: Option<u64>,
     /// Packets the sending side declared lost (no acknowledgement in time, or in flight on a
-    /// link that failed); their data was sent again.
+    /// link that failed); their data was sent again. Null on the TCP transport (which counts
+    /// no packets) and, reverse, without the server's report.
     packets_lost: Option<u64>,
     links: Vec<BenchLink>,
 }
@@ -821,7 +822,7 @@ fn throughput(
         );
     }
     if tagged {
-        print_sum(say, tcp, &sum, reverse, cut_note(requested, granted, cut));
+        print_sum(say, &sum, reverse, cut_note(requested, granted, cut));
     }
     let (intervals, summary, server) = if tagged {
         let summary = ThroughputSummary {
@@ -867,6 +868,8 @@ fn summarise(
     server: Option<&ServerReport>,
     reverse: bool,
 ) -> ThroughputSummary {
+    // the TCP transport counts no packets, at either end
+    let counted = stats.links.iter().all(|l| l.counts_packets);
     let (retransmitted_bytes, packets_lost) = if reverse {
         match server {
             Some(r) => (
@@ -877,7 +880,7 @@ fn summarise(
                         .sum::<u64>()
                         .saturating_sub(r.bytes),
                 ),
-                Some(r.links.iter().map(|l| l.packets_lost).sum()),
+                counted.then(|| r.links.iter().map(|l| l.packets_lost).sum()),
             ),
             None => (None, None),
         }
@@ -885,7 +888,7 @@ fn summarise(
         let stream_sent: u64 = stats.links.iter().map(|l| l.stream_bytes_sent).sum();
         (
             Some(stream_sent.saturating_sub(bytes)),
-            Some(stats.links.iter().map(|l| l.packets_lost).sum()),
+            counted.then(|| stats.links.iter().map(|l| l.packets_lost).sum()),
         )
     };
     // what each link delivered: acknowledged to us, or (reverse) to the server, by link id
@@ -934,14 +937,15 @@ fn summarise(
 }
 
 /// The line that says what "sent again" counts, so that many bytes sent again beside no
-/// packet lost does not read as a contradiction.
-fn resent_line(tcp: bool, bytes: u64, resent: u64, lost: u64, reverse: bool) -> String {
+/// packet lost does not read as a contradiction; `lost`: packets declared lost, none on the
+/// TCP transport.
+fn resent_line(bytes: u64, resent: u64, lost: Option<u64>, reverse: bool) -> String {
     let share = if bytes > 0 {
         resent as f64 * 100.0 / bytes as f64
     } else {
         0.0
     };
-    if tcp {
+    let Some(lost) = lost else {
         // TCP repairs its own losses; ri2n sends again only what a failed or stalled link held
         return format!(
             "{} sent again ({share:.2} % of the data{}): what a link that died or stalled had \
@@ -949,7 +953,7 @@ fn resent_line(tcp: bool, bytes: u64, resent: u64, lost: u64, reverse: bool) -> 
             fmt_bytes(resent),
             if reverse { ", the server's count" } else { "" }
         );
-    }
+    };
     format!(
         "{} sent again ({share:.2} % of the data): repairs of the {lost} packets declared \
          lost{}, and early copies of the oldest unacknowledged bytes, sent when the window \
@@ -992,19 +996,16 @@ fn print_summary(
         } else {
             format!("{} of stream bytes sent", fmt_bytes(t.stream_bytes_sent))
         };
-        // the sending side's losses: ours, or the server's on the same link
-        let lost = if reverse {
-            server
+        // the sending side's losses: ours, or the server's on the same link; none on TCP,
+        // which counts no packets of its own
+        let lost = match t.packets_lost {
+            None => String::new(),
+            Some(_) if reverse => server
                 .and_then(|r| r.links.iter().find(|s| s.id == t.id))
-                .map_or("?".to_owned(), |s| s.packets_lost.to_string())
-        } else {
-            t.packets_lost.to_string()
-        };
-        // TCP counts no packets of its own
-        let lost = if tcp {
-            String::new()
-        } else {
-            format!(", {lost} packets lost")
+                .map_or(", ? packets lost".to_owned(), |s| {
+                    format!(", {} packets lost", s.packets_lost)
+                }),
+            Some(ours) => format!(", {ours} packets lost"),
         };
         say.line(format!(
             "{tag}  L{} {} -> {}: {}, {delivered}, {other}{lost}, rtt {} (min {})",
@@ -1016,10 +1017,10 @@ fn print_summary(
             fmt_rtt_us(t.min_rtt_us),
         ));
     }
-    if let (Some(r), Some(p)) = (s.retransmitted_bytes, s.packets_lost) {
+    if let Some(r) = s.retransmitted_bytes {
         say.line(format!(
             "{tag}  {}",
-            resent_line(tcp, s.bytes, r, p, reverse)
+            resent_line(s.bytes, r, s.packets_lost, reverse)
         ));
     }
     if let Some(r) = server {
@@ -1033,7 +1034,7 @@ fn print_summary(
     }
 }
 
-fn print_sum(say: Say, tcp: bool, s: &Sum, reverse: bool, cut: String) {
+fn print_sum(say: Say, s: &Sum, reverse: bool, cut: String) {
     say.line(format!(
         "[SUM] summary: {} {} in {:.2} s: {} goodput{cut}",
         if reverse { "received" } else { "sent" },
@@ -1041,10 +1042,10 @@ fn print_sum(say: Say, tcp: bool, s: &Sum, reverse: bool, cut: String) {
         s.seconds,
         fmt_rate(s.goodput_bps)
     ));
-    if let (Some(r), Some(p)) = (s.retransmitted_bytes, s.packets_lost) {
+    if let Some(r) = s.retransmitted_bytes {
         say.line(format!(
             "[SUM]   {}",
-            resent_line(tcp, s.bytes, r, p, reverse)
+            resent_line(s.bytes, r, s.packets_lost, reverse)
         ));
     }
 }

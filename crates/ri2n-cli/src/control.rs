@@ -94,7 +94,8 @@ impl From<&LinkSummary> for ServerLink {
             stream_bytes_sent: l.stream_bytes_sent,
             stream_bytes_acked: l.stream_bytes_acked,
             bytes_received: l.bytes_received,
-            packets_lost: l.packets_lost,
+            // 0 where they are not counted (TCP): the client knows its transport
+            packets_lost: l.packets_lost.unwrap_or(0),
             srtt_us: l.srtt_us.unwrap_or(0),
         }
     }

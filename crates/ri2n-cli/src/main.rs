@@ -599,7 +599,7 @@ pub struct BenchArgs {
     /// delivered twice (see below) counts on both links. `summary.retransmitted_bytes` (the
     /// text's "sent again") counts stream bytes sent more than once: repairs of the
     /// `packets_lost` (packets declared lost: unacknowledged in time, or on a link that
-    /// failed), and early copies of the oldest unacknowledged bytes, sent when the window
+    /// failed; null over TCP, which counts no packets), and early copies of the oldest unacknowledged bytes, sent when the window
     /// filled up behind them (late, not lost: many of these beside no packet lost is no
     /// contradiction). When sending, `server.timeline` is the server's own meter: `[seconds
     /// since the request, bytes read so far]` at the end of every interval. `requested_s` is

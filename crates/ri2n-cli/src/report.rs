@@ -100,7 +100,8 @@ pub struct LinkDelta {
     pub stream_bytes_sent: u64,
     /// Stream bytes this link delivered (acknowledged) in the interval.
     pub stream_bytes_acked: u64,
-    pub packets_lost: u64,
+    /// Packets declared lost in the interval (null on the TCP transport, which counts none).
+    pub packets_lost: Option<u64>,
     /// Stream bits per second sent in the interval (the link's share of the payload).
     pub stream_bps: f64,
     /// Stream bits per second delivered in the interval (what arrived of `stream_bps`).
@@ -143,7 +144,7 @@ impl LinkMeter {
                     bytes_received: recv,
                     stream_bytes_sent: stream,
                     stream_bytes_acked: delivered,
-                    packets_lost: d(|s| s.packets_lost),
+                    packets_lost: l.counts_packets.then(|| d(|s| s.packets_lost)),
                     stream_bps: bps(stream, dt),
                     delivered_bps: bps(delivered, dt),
                     sent_bps: bps(sent, dt),
@@ -170,20 +171,24 @@ pub struct LinkSummary {
     pub stream_bytes_sent: u64,
     /// Stream bytes this link delivered (acknowledged by the peer).
     pub stream_bytes_acked: u64,
-    pub packets_sent: u64,
-    pub packets_received: u64,
-    pub packets_lost: u64,
+    /// Packet counts: null on the TCP transport, which counts no packets (the kernel's TCP
+    /// packs the bytes).
+    pub packets_sent: Option<u64>,
+    pub packets_received: Option<u64>,
+    pub packets_lost: Option<u64>,
     /// Smoothed round-trip time at the end (null if the link is down or never had a sample).
     pub srtt_us: Option<u64>,
     /// Smallest round-trip time seen (null if the link never had a sample).
     pub min_rtt_us: Option<u64>,
-    /// Size of the link's full data packets at the end (UDP payload bytes: path MTU discovery).
-    pub max_datagram: usize,
+    /// Size of the link's full data packets at the end (UDP payload bytes: path MTU discovery;
+    /// null on the TCP transport).
+    pub max_datagram: Option<usize>,
     /// This link's part of all stream bytes sent (of all bytes received, on a receiver), 0 to 1.
     pub share: f64,
     /// ICMP "port unreachable" answers to this link's packets that the connection checked
-    /// with its peer (forged ones change nothing while the peer answers).
-    pub refusals: u32,
+    /// with its peer (forged ones change nothing while the peer answers; null on the TCP
+    /// transport).
+    pub refusals: Option<u32>,
     /// Whether the peer was ever heard on this link (false: it never came up).
     pub came_up: bool,
 }
@@ -210,18 +215,18 @@ impl LinkSummary {
                 bytes_received: l.bytes_received,
                 stream_bytes_sent: l.stream_bytes_sent,
                 stream_bytes_acked: l.stream_bytes_acked,
-                packets_sent: l.packets_sent,
-                packets_received: l.packets_received,
-                packets_lost: l.packets_lost,
+                packets_sent: l.counts_packets.then_some(l.packets_sent),
+                packets_received: l.counts_packets.then_some(l.packets_received),
+                packets_lost: l.counts_packets.then_some(l.packets_lost),
                 srtt_us: micros(l.current_rtt()),
                 min_rtt_us: micros(l.measured_min_rtt()),
-                max_datagram: l.max_datagram,
+                max_datagram: l.counts_packets.then_some(l.max_datagram),
                 share: if total > 0 {
                     part(l) as f64 / total as f64
                 } else {
                     0.0
                 },
-                refusals: l.refusals,
+                refusals: l.counts_packets.then_some(l.refusals),
                 came_up: heard_on(l),
             })
             .collect()
@@ -379,14 +384,16 @@ impl TransferSummary {
             .links
             .iter()
             .map(|l| {
+                let lost = l
+                    .packets_lost
+                    .map_or(String::new(), |n| format!(" lost {n}"));
                 format!(
-                    "L{} {}→{} {} {:.0}% lost {}",
+                    "L{} {}→{} {} {:.0}%{lost}",
                     l.id,
                     l.local,
                     l.remote,
                     l.state,
                     l.share * 100.0,
-                    l.packets_lost
                 )
             })
             .collect::<Vec<_>>()

@@ -185,7 +185,8 @@ fn a_link_that_never_came_up_is_a_warning_not_a_failure() {
 
 /// Over the TCP transport, the links that carried a transfer came up: neither command warns
 /// that one never did, and the JSON says `came_up`. (The TCP transport counts no packets,
-/// and the warning looked at packets only: every link was reported dead.)
+/// and the warning looked at packets only: every link was reported dead.) What it does not
+/// count is shown as unknown, not as none: null in the JSON, no "lost 0" in the summary.
 #[test]
 fn over_tcp_the_links_that_carried_a_transfer_came_up() {
     let input = TempFile::new("tcp-links-in");
@@ -199,10 +200,21 @@ fn over_tcp_the_links_that_carried_a_transfer_came_up() {
     assert!(!err.contains("never came up"), "send: {err}");
     let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(json["links"][0]["came_up"], true, "{json}");
+    for field in [
+        "packets_sent",
+        "packets_received",
+        "packets_lost",
+        "max_datagram",
+        "refusals",
+    ] {
+        assert!(json["links"][0][field].is_null(), "{field}: {json}");
+    }
     let (r, ro) = recv.wait(Duration::from_secs(10));
     let log = stderr_of(&ro);
     assert_eq!(r.code(), Some(0), "recv: {log}");
     assert!(!log.contains("never came up"), "recv: {log}");
+    assert!(log.contains("received 4.00 MiB"), "recv's summary: {log}");
+    assert!(!log.contains(" lost "), "recv's summary: {log}");
     assert_eq!(sha256_file(output.path()), (sent, 4 << 20));
 }
 

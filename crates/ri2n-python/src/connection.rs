@@ -460,7 +460,8 @@ impl PyConnection {
     /// and ``remote`` (``"ip:port"``), ``srtt`` and ``min_rtt`` (seconds), ``cwnd``,
     /// ``bytes_in_flight``, ``bytes_sent``/``bytes_received``, ``packets_sent``/
     /// ``packets_received``/``packets_lost``, ``stream_bytes_sent``/``stream_bytes_acked``,
-    /// ``max_datagram``, ``refusals``.
+    /// ``max_datagram``, ``refusals``, and ``counts_packets``: false on the TCP transport,
+    /// where the packet counts, ``max_datagram`` and ``refusals`` are not kept (they read 0).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let stats = self.get()?.stats();
         stats_dict(py, &stats)
@@ -616,6 +617,7 @@ fn stats_dict<'py>(py: Python<'py>, s: &ConnectionStats) -> PyResult<Bound<'py, 
         d.set_item("stream_bytes_acked", l.stream_bytes_acked)?;
         d.set_item("max_datagram", l.max_datagram)?;
         d.set_item("refusals", l.refusals)?;
+        d.set_item("counts_packets", l.counts_packets)?;
         links.append(d)?;
     }
     let d = PyDict::new(py);

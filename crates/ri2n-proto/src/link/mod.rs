@@ -110,6 +110,10 @@ pub struct LinkStats {
     /// ICMP "port unreachable" answers to this link's packets (ones that quoted a packet the
     /// link sent): each made the connection ask whether the peer is still there.
     pub refusals: u32,
+    /// Whether the packet counts, `max_datagram` and `refusals` are kept. False on a transport
+    /// outside this engine (the TCP transport: the kernel's TCP packs the bytes), where they
+    /// stay 0 and a report should show them as unknown rather than as none.
+    pub counts_packets: bool,
 }
 
 impl LinkStats {
@@ -134,6 +138,7 @@ impl LinkStats {
             stream_bytes_acked: 0,
             max_datagram: 0,
             refusals: 0,
+            counts_packets: false,
         }
     }
 
@@ -738,6 +743,7 @@ impl Link {
             stream_bytes_acked: c.stream_bytes_acked,
             max_datagram: self.mss(),
             refusals: self.port_unreachable,
+            counts_packets: true,
         }
     }
 }

@@ -39,6 +39,7 @@ class _LinkStats(TypedDict):
     stream_bytes_acked: int
     max_datagram: int
     refusals: int
+    counts_packets: bool  # False on the TCP transport: the packet counts read 0
 
 class _ConnectionStats(TypedDict):
     links: List[_LinkStats]
