@@ -2126,3 +2126,43 @@ fn daemons_started_while_the_first_network_is_down_connect_over_the_second() {
     ping_through(&lab, "c", "a");
     stop_daemons(&mut daemons);
 }
+
+/// A host whose daemon dies without a word (SIGKILL) and comes back: its peer takes the new
+/// connection, and the old one's end, found later, is told as the end of a replaced
+/// connection, not as the loss of the peer: the log says nothing is lost, and the status
+/// stays connected, not "waiting (its last connection was lost)" over a working tunnel.
+#[test]
+fn a_host_that_dies_and_comes_back_is_not_reported_lost_by_its_peer() {
+    let _serial = serial();
+    let Some(env) = env() else { return };
+    let _timer = TestTimer::start("tunnel-comes-back");
+    let dir = TestDir::new(env, "tunnel-comes-back");
+    let lab = Lab::up_hosts(env, "comes-back", 2, 2);
+    let (config, mut daemons) = start_a_and_b(env, &lab, &dir.0);
+    wait_for_peers(env, &lab, &daemons[1], "b", &config, 1);
+    // a connects to b (b takes connections from the hosts listed before it)
+    daemons[0].kill();
+    daemons[0] = spawn_daemon(env, &lab, "a", &[], &config, &dir.0, "tunnel-a-again");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while connected_lines(&daemons[1].stderr_text(), "a") < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "b took no new connection from a: {}",
+            daemons[1].stderr_text()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    // the premise: the old connection's end is found (a's new daemon does not know it)
+    let ended = "a: its replaced connection ended";
+    wait_for_log_lines("a's restart", &[(&daemons[1], ended)]);
+    let log = daemons[1].stderr_text();
+    assert!(!log.contains("a lost"), "b's log: {log}");
+    let status = status_json(env, &lab.ns_of("b"), &config);
+    let a = (status["peers"].as_array().into_iter().flatten()).find(|p| p["name"] == "a");
+    assert!(
+        a.is_some_and(|a| a["state"] == "connected" && a["waiting_for"].is_null()),
+        "b's status of a: {status}"
+    );
+    ping_through(&lab, "a", "b");
+    stop_daemons(&mut daemons);
+}

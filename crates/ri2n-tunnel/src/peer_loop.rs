@@ -497,15 +497,25 @@ impl Loop {
     }
 
     /// The established connection in slot `k` ended; the status says why until the next one.
+    /// One that a newer connection had replaced (the peer restarted without a word, and
+    /// connected again before this one's end was found) lost nothing: the peer is connected.
     fn lost(&mut self, k: usize, reason: String) {
         if let Some(slot) = self.slots[k].as_ref() {
-            eprintln!(
-                "ri2n tunnel: {} lost ({reason}); {}",
-                slot.peer.name(),
-                summary(&slot.conn.stats())
-            );
-            slot.peer
-                .set_waiting_for(Some(format!("its last connection was lost: {reason}")));
+            let replaced = (slot.peer.conn()).is_some_and(|c| !Arc::ptr_eq(&c, &slot.conn));
+            if replaced {
+                eprintln!(
+                    "ri2n tunnel: {}: its replaced connection ended ({reason}); the new one                      carries the traffic",
+                    slot.peer.name()
+                );
+            } else {
+                eprintln!(
+                    "ri2n tunnel: {} lost ({reason}); {}",
+                    slot.peer.name(),
+                    summary(&slot.conn.stats())
+                );
+                slot.peer
+                    .set_waiting_for(Some(format!("its last connection was lost: {reason}")));
+            }
         }
         self.end(k, "");
     }
