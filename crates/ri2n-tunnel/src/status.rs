@@ -91,31 +91,94 @@ pub struct LinkStatus {
     /// Smoothed round-trip time; none before the link's first measurement or while it is
     /// down (the last one is stale).
     pub rtt_us: Option<u64>,
-    /// Over the last sampling period.
-    pub send_mbit: f64,
-    pub receive_mbit: f64,
+    /// Over the last sampling period; null in a connection's first sample, which has no
+    /// period behind it yet.
+    pub send_mbit: Option<f64>,
+    pub receive_mbit: Option<f64>,
     /// Packets declared lost over the last period, per packet sent in it (at most 1: with
-    /// every link down, what was sent before the period is declared lost in it).
-    pub loss: f64,
+    /// every link down, what was sent before the period is declared lost in it); null in a
+    /// connection's first sample.
+    pub loss: Option<f64>,
     pub bytes_sent: u64,
     pub bytes_received: u64,
     pub packets_lost: u64,
 }
 
 /// Counters of one link at the previous sample.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 struct Previous {
-    at: Option<Instant>,
+    at: Instant,
     sent: u64,
     received: u64,
     packets_sent: u64,
     lost: u64,
 }
 
+/// A peer's connection at the previous sample (its address, as a key only) and each of its
+/// links' counters then: a connection that replaced it starts its counters from zero.
+#[derive(Default)]
+struct PreviousConnection {
+    conn: usize,
+    links: Vec<Option<Previous>>,
+}
+
+impl PreviousConnection {
+    /// The status of connection `conn`'s `links` at `now`, with rates and loss over the period
+    /// since the previous sample of the same connection (none in its first).
+    fn sample(&mut self, conn: usize, links: &[ri2n::LinkStats], now: Instant) -> Vec<LinkStatus> {
+        if self.conn != conn {
+            *self = PreviousConnection {
+                conn,
+                links: Vec::new(),
+            };
+        }
+        self.links.resize(links.len(), None);
+        let mut out = Vec::with_capacity(links.len());
+        for (l, prev) in links.iter().zip(self.links.iter_mut()) {
+            let since = prev.filter(|p| now > p.at);
+            let per_second = |count: u64, then: fn(&Previous) -> u64| {
+                since.map(|p| {
+                    let secs = now.duration_since(p.at).as_secs_f64();
+                    count.saturating_sub(then(&p)) as f64 * 8.0 / secs / 1e6
+                })
+            };
+            let loss = since.map(|p| {
+                let sent = l.packets_sent.saturating_sub(p.packets_sent);
+                let lost = l.packets_lost.saturating_sub(p.lost);
+                if lost > 0 {
+                    lost as f64 / sent.max(lost) as f64
+                } else {
+                    0.0
+                }
+            });
+            out.push(LinkStatus {
+                local: l.local.ip().to_string(),
+                remote: l.remote.ip().to_string(),
+                state: l.state.to_string(),
+                rtt_us: l.current_rtt().map(|d| d.as_micros() as u64),
+                send_mbit: per_second(l.bytes_sent, |p| p.sent),
+                receive_mbit: per_second(l.bytes_received, |p| p.received),
+                loss,
+                bytes_sent: l.bytes_sent,
+                bytes_received: l.bytes_received,
+                packets_lost: l.packets_lost,
+            });
+            *prev = Some(Previous {
+                at: now,
+                sent: l.bytes_sent,
+                received: l.bytes_received,
+                packets_sent: l.packets_sent,
+                lost: l.packets_lost,
+            });
+        }
+        out
+    }
+}
+
 /// Samples every peer's connection each [`SAMPLE_PERIOD`] into `latest`, forever.
 pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String) {
     // by peer name: the cluster file may be read again meanwhile
-    let mut previous: HashMap<String, Vec<Previous>> = HashMap::new();
+    let mut previous: HashMap<String, PreviousConnection> = HashMap::new();
     loop {
         let now = Instant::now();
         let table = peers.table();
@@ -151,7 +214,7 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
             let (current, dropped) = peer.sample();
             p.packets_dropped = dropped;
             let Some((conn, s)) = current else {
-                previous.clear();
+                *previous = PreviousConnection::default();
                 p.waiting_for = Some(peer.waiting_for());
                 status.peers.push(p);
                 continue;
@@ -159,42 +222,7 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
             log_link_changes(&host.name, &conn, &s);
             p.state = "connected".into();
             p.encryption = Some(s.cipher.map_or("none", |c| c.name()).into());
-            previous.resize(s.links.len(), Previous::default());
-            for (l, prev) in s.links.iter().zip(previous.iter_mut()) {
-                let secs = prev.at.map_or(0.0, |t| now.duration_since(t).as_secs_f64());
-                let per_second = |now: u64, then: u64| {
-                    if secs > 0.0 {
-                        now.saturating_sub(then) as f64 * 8.0 / secs / 1e6
-                    } else {
-                        0.0
-                    }
-                };
-                let sent = l.packets_sent.saturating_sub(prev.packets_sent);
-                let lost = l.packets_lost.saturating_sub(prev.lost);
-                p.links.push(LinkStatus {
-                    local: l.local.ip().to_string(),
-                    remote: l.remote.ip().to_string(),
-                    state: l.state.to_string(),
-                    rtt_us: l.current_rtt().map(|d| d.as_micros() as u64),
-                    send_mbit: per_second(l.bytes_sent, prev.sent),
-                    receive_mbit: per_second(l.bytes_received, prev.received),
-                    loss: if lost > 0 {
-                        lost as f64 / sent.max(lost) as f64
-                    } else {
-                        0.0
-                    },
-                    bytes_sent: l.bytes_sent,
-                    bytes_received: l.bytes_received,
-                    packets_lost: l.packets_lost,
-                });
-                *prev = Previous {
-                    at: Some(now),
-                    sent: l.bytes_sent,
-                    received: l.bytes_received,
-                    packets_sent: l.packets_sent,
-                    lost: l.packets_lost,
-                };
-            }
+            p.links = previous.sample(Arc::as_ptr(&conn) as usize, &s.links, now);
             status.peers.push(p);
         }
         *latest.lock().unwrap_or_else(|e| e.into_inner()) = status;
@@ -605,18 +633,23 @@ pub fn table(s: &Status) -> String {
         for l in &p.links {
             let _ = writeln!(
                 out,
-                "    {} -> {} {:<10} rtt {:>6} us  send {:>7.1} Mbit/s  receive {:>7.1} Mbit/s  loss {:.2} %",
+                "    {} -> {} {:<10} rtt {:>6} us  send {:>7} Mbit/s  receive {:>7} Mbit/s  loss {} %",
                 l.local,
                 l.remote,
                 l.state,
                 l.rtt_us.map_or("-".to_owned(), |r| r.to_string()),
-                l.send_mbit,
-                l.receive_mbit,
-                l.loss * 100.0
+                fixed(l.send_mbit, 1),
+                fixed(l.receive_mbit, 1),
+                fixed(l.loss.map(|f| f * 100.0), 2),
             );
         }
     }
     out
+}
+
+/// `x` with `decimals` digits after the point; `-` for none (not measured yet).
+fn fixed(x: Option<f64>, decimals: usize) -> String {
+    x.map_or("-".to_owned(), |x| format!("{x:.decimals$}"))
 }
 
 #[cfg(test)]
@@ -629,9 +662,9 @@ mod tests {
             remote: format!("10.0.{}.2:7400", if rtt_us.is_some() { 1 } else { 2 }),
             state: state.into(),
             rtt_us,
-            send_mbit: 0.0,
-            receive_mbit: 0.0,
-            loss: 0.0,
+            send_mbit: rtt_us.map(|_| 12.5),
+            receive_mbit: rtt_us.map(|_| 0.0),
+            loss: rtt_us.map(|_| 0.0),
             bytes_sent: 1500,
             bytes_received: 3000,
             packets_lost: 2,
@@ -708,9 +741,51 @@ mod tests {
                  received 9, dropped 0"
             )
         );
-        assert!(lines.next().unwrap().contains("up         rtt    250 us"));
-        assert!(lines.next().unwrap().contains("down       rtt      - us"));
+        let up = lines.next().unwrap();
+        assert!(up.contains("up         rtt    250 us"), "{up}");
+        assert!(
+            up.contains("send    12.5 Mbit/s") && up.contains("loss 0.00 %"),
+            "{up}"
+        );
+        // not measured yet: no figure, rather than a 0 that reads as one
+        let down = lines.next().unwrap();
+        assert!(down.contains("down       rtt      - us"), "{down}");
+        assert!(
+            down.contains("send       - Mbit/s") && down.contains("loss - %"),
+            "{down}"
+        );
         assert_eq!(lines.next(), None);
+    }
+
+    /// A link's counters at one sample.
+    fn counted(bytes_sent: u64, packets_sent: u64, packets_lost: u64) -> ri2n::LinkStats {
+        let addr = "10.0.1.1:7400".parse().unwrap();
+        let mut l = ri2n::LinkStats::new(ri2n::LinkId(0), addr, addr, ri2n::LinkState::Up);
+        (l.bytes_sent, l.packets_sent, l.packets_lost) = (bytes_sent, packets_sent, packets_lost);
+        l
+    }
+
+    #[test]
+    fn rates_and_loss_cover_one_period_of_one_connection() {
+        let mut previous = PreviousConnection::default();
+        let t0 = Instant::now();
+        // the first sample has no period behind it: nothing measured, whatever came before
+        let first = previous.sample(1, &[counted(1_000_000, 1000, 400)], t0);
+        assert_eq!(first[0].send_mbit, None);
+        assert_eq!(first[0].loss, None);
+        let t1 = t0 + Duration::from_secs(1);
+        let second = previous.sample(1, &[counted(2_250_000, 2000, 410)], t1);
+        assert_eq!(second[0].send_mbit, Some(10.0));
+        assert_eq!(second[0].loss, Some(0.01));
+        // a connection that replaced it (its counters from zero) starts over
+        let t2 = t1 + Duration::from_secs(1);
+        let replaced = previous.sample(2, &[counted(50_000, 40, 0)], t2);
+        assert_eq!(replaced[0].send_mbit, None);
+        assert_eq!(replaced[0].loss, None);
+        let t3 = t2 + Duration::from_secs(1);
+        let next = previous.sample(2, &[counted(175_000, 140, 0)], t3);
+        assert_eq!(next[0].send_mbit, Some(1.0));
+        assert_eq!(next[0].loss, Some(0.0));
     }
 
     #[test]
