@@ -610,3 +610,56 @@ fn both_transports_tell_the_link_added_and_all_acknowledged() {
         );
     }
 }
+
+/// A connection that comes in while a server closes its connections is not one of them: it
+/// is served after the close returns. The close used to abort every connection still open at
+/// its end, so a client that connected during a close that waited on another (here one whose
+/// links are cut) lost its connection a moment after the server accepted it.
+#[test]
+fn a_connection_that_comes_in_during_a_close_is_not_closed_by_it() {
+    use std::io::{Read, Write};
+    // one shard: each shard closes its own connections, and one without any is done at once
+    let config = EndpointConfig::new(vec![loopback("127.0.0.1")]).with_shards(Some(1));
+    let server = Endpoint::bind(config.server()).unwrap();
+    let cut = bind_on(Transport::Udp, false);
+    let _stalled = cut
+        .connect(&server.local_addrs(), ConnectionConfig::default())
+        .unwrap();
+    let held = server.accept().unwrap();
+    for s in cut.local_addrs() {
+        cut.impairment(s).unwrap().set_down(true);
+    }
+    (&held).write_all(&[1u8; 100_000]).unwrap();
+    let closing = {
+        let server = server.clone();
+        std::thread::spawn(move || server.close(Some(Duration::from_millis(1500))))
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let client = bind_on(Transport::Udp, false);
+    let late = client
+        .connect(&server.local_addrs(), ConnectionConfig::default())
+        .unwrap();
+    let served = server.accept().unwrap();
+    (&late).write_all(b"hello").unwrap();
+    late.finish().unwrap();
+    let mut got = Vec::new();
+    (&served).read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"hello");
+    let r = closing.join().unwrap();
+    // the premise: the close waited on the cut connection while the late one came in
+    assert!(
+        matches!(r, Err(Error::NotDelivered { connections: 1, .. })),
+        "{r:?}"
+    );
+    let answered = (&served).write_all(b"world").and_then(|()| served.finish());
+    assert!(
+        answered.is_ok(),
+        "the late connection after the close: {answered:?}"
+    );
+    got.clear();
+    let read = (&late).read_to_end(&mut got);
+    assert!(read.is_ok(), "the late client's read: {read:?}");
+    assert_eq!(got, b"world");
+    // (dropped, the cut client would wait its linger for the end of its stream)
+    cut.abort(0, "the test is over");
+}

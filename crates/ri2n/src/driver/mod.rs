@@ -411,9 +411,9 @@ impl Shared {
                 undelivered.bytes += buffered;
             }
         }
-        drop(st);
-        // the rest are still open: their peers are not left waiting
-        self.abort_all(0, "the peer's endpoint was closed");
+        // the rest are still open: their peers are not left waiting (connections that came
+        // in meanwhile are not this close's: a server goes on accepting)
+        self.abort_each(st, &handles, 0, "the peer's endpoint was closed");
         undelivered
     }
 
@@ -441,9 +441,20 @@ impl Shared {
     /// and `reason`, and returns once their CLOSE packets have left, the second round's too
     /// (PROTOCOL.md §8.3: the driver thread sends it a few milliseconds later).
     pub fn abort_all(&self, code: u64, reason: &str) {
-        let mut st = self.lock();
+        let st = self.lock();
         let handles: Vec<ConnectionHandle> = st.endpoint.connection_handles().collect();
-        for h in handles {
+        self.abort_each(st, &handles, code, reason);
+    }
+
+    /// [`Self::abort_all`] of the connections `handles` only.
+    fn abort_each(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        handles: &[ConnectionHandle],
+        code: u64,
+        reason: &str,
+    ) {
+        for &h in handles {
             if let Some(c) = st.endpoint.connection_mut(h) {
                 if c.state() != ConnectionState::Closed {
                     c.abort(code, reason);
