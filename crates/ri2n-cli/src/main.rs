@@ -444,8 +444,8 @@ pub struct RecvArgs {
     /// arrived; after a failure or an interrupt FILE.partial holds what arrived and the error
     /// says how much. While one recv writes FILE.partial, another given the same FILE is
     /// refused (exit 1), and so is a FILE.partial that is a symbolic link or has other hard
-    /// links (it is never written through). A device or FIFO is written directly. Default (or `-`, or a name for the
-    /// file stdout is, such as /dev/stdout): stdout.
+    /// links (it is never written through). A device or FIFO is written directly. Default (or
+    /// `-`, or a name for the file stdout is, such as /dev/stdout): stdout.
     #[arg(long, short, value_name = "FILE")]
     pub output: Option<PathBuf>,
 
@@ -490,7 +490,9 @@ pub struct ServeArgs {
 
     /// Longest throughput test a client may ask for, in seconds (either direction): a longer
     /// one is cut to it. The client is told before any data moves, sends (or receives) only
-    /// that long, and says the test was cut.
+    /// that long, and says the test was cut. A sending client that has not ended its test
+    /// once its granted time, --all-links-down-timeout and 10 s more are over is cut off and
+    /// told why.
     #[arg(long, value_name = "SECS", default_value = "3600", value_parser = parse_secs)]
     pub max_time: Duration,
 
@@ -599,9 +601,9 @@ pub struct BenchArgs {
     /// delivered twice (see below) counts on both links. `summary.retransmitted_bytes` (the
     /// text's "sent again") counts stream bytes sent more than once: repairs of the
     /// `packets_lost` (packets declared lost: unacknowledged in time, or on a link that
-    /// failed; null over TCP, which counts no packets), and early copies of the oldest unacknowledged bytes, sent when the window
-    /// filled up behind them (late, not lost: many of these beside no packet lost is no
-    /// contradiction). When sending, `server.timeline` is the server's own meter: `[seconds
+    /// failed; null over TCP, which counts no packets), and early copies of the oldest
+    /// unacknowledged bytes, sent when the window filled up behind them (late, not lost: many
+    /// of these beside no packet lost is no contradiction). When sending, `server.timeline` is the server's own meter: `[seconds
     /// since the request, bytes read so far]` at the end of every interval. `requested_s` is
     /// the --time asked, `granted_s` the time the server granted, `cut_by_server` whether
     /// its --max-time cut it; `parallel` is -P, `target_bps` -b (null: none); `faults` lists

@@ -28,6 +28,20 @@ const MIN_INTERVAL: Duration = Duration::from_millis(10);
 const ACKNOWLEDGED_WAIT: Duration = Duration::from_secs(10);
 /// How long a client may take to name its test after connecting (`ri2n bench` does at once).
 const REQUEST_WAIT: Duration = Duration::from_secs(10);
+/// How long after its granted time a throughput test's client has to end its stream (what
+/// its send buffer held is still arriving), beyond the time its links may all be down,
+/// before it is cut off.
+const OVERRUN: Duration = Duration::from_secs(10);
+
+/// What each client's test may take.
+#[derive(Clone, Copy)]
+struct Limits {
+    /// Longest throughput test granted (--max-time).
+    max_time: Duration,
+    /// How long past its grant a throughput test's client may go on before it is cut off:
+    /// [`OVERRUN`], and the time every link may be down without the connection ending.
+    overrun: Duration,
+}
 /// The pause after a client that could not be taken, before the next accept.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 /// How often handshakes refused for their key are looked for, to be logged.
@@ -60,10 +74,14 @@ pub fn run(args: &ServeArgs) -> Result<(), Failure> {
         .enable_all()
         .build()
         .map_err(|e| Failure::io("starting the runtime", &e))?;
-    runtime.block_on(serve(endpoint, args.quiet, args.max_time))
+    let limits = Limits {
+        max_time: args.max_time,
+        overrun: OVERRUN.saturating_add(args.all_links_down_timeout),
+    };
+    runtime.block_on(serve(endpoint, args.quiet, limits))
 }
 
-async fn serve(endpoint: Endpoint, quiet: bool, max_time: Duration) -> Result<(), Failure> {
+async fn serve(endpoint: Endpoint, quiet: bool, limits: Limits) -> Result<(), Failure> {
     let logger = endpoint.clone();
     tokio::spawn(async move {
         loop {
@@ -88,7 +106,7 @@ async fn serve(endpoint: Endpoint, quiet: bool, max_time: Duration) -> Result<()
             let peer = net::peer_addr(conn.get_ref())
                 .map(|a| a.to_string())
                 .unwrap_or_else(|| "?".into());
-            match serve_client(conn, max_time).await {
+            match serve_client(conn, limits).await {
                 Ok(line) if !quiet => eprintln!("ri2n serve: {peer}: {line}"),
                 Ok(_) => {}
                 // the interrupt aborted this client's connection, and serve says so once
@@ -100,7 +118,7 @@ async fn serve(endpoint: Endpoint, quiet: bool, max_time: Duration) -> Result<()
 }
 
 /// Runs one client's test; returns the line to log.
-async fn serve_client(mut conn: AsyncConnection, max_time: Duration) -> Result<String, Failure> {
+async fn serve_client(mut conn: AsyncConnection, limits: Limits) -> Result<String, Failure> {
     let lost = |e: std::io::Error| Failure::lost(&e);
     let Ok(first) = tokio::time::timeout(REQUEST_WAIT, conn.recv_message()).await else {
         // a client that names no test would hold its task and a client slot for ever
@@ -140,11 +158,12 @@ async fn serve_client(mut conn: AsyncConnection, max_time: Duration) -> Result<S
     let start = Instant::now();
     let line = match req.test {
         Test::Throughput => {
-            let (_, cut) = grant(&conn, &req, max_time).await?;
+            let (time, cut) = grant(&conn, &req, limits.max_time).await?;
             let interval = Duration::try_from_secs_f64(req.interval)
                 .ok()
                 .filter(|i| *i >= MIN_INTERVAL);
-            let (got, timeline) = read_all(&mut conn, start, interval).await?;
+            let until = start + time.saturating_add(limits.overrun);
+            let (got, timeline) = read_all(&mut conn, start, interval, until).await?;
             let secs = start.elapsed().as_secs_f64();
             report(&conn, got, secs, timeline).await?;
             format!(
@@ -154,7 +173,7 @@ async fn serve_client(mut conn: AsyncConnection, max_time: Duration) -> Result<S
             )
         }
         Test::Reverse => {
-            let (time, cut) = grant(&conn, &req, max_time).await?;
+            let (time, cut) = grant(&conn, &req, limits.max_time).await?;
             let end = start + time;
             let pacer = Pacer::new(start, req.rate_bps);
             let mut buf = vec![0u8; 64 * 1024];
@@ -287,6 +306,7 @@ async fn read_all(
     conn: &mut AsyncConnection,
     start: Instant,
     interval: Option<Duration>,
+    deadline: Instant,
 ) -> Result<(u64, Vec<(f64, u64)>), Failure> {
     let got = Arc::new(AtomicU64::new(0));
     let timeline = Arc::new(Mutex::new(Vec::new()));
@@ -305,10 +325,19 @@ async fn read_all(
     // as received, without a copy (iperf3 reads into its one buffer: the kernel's copy)
     let mut chunk = ri2n::Bytes::new();
     let result = loop {
-        match conn.read_chunk(&mut chunk).await {
-            Ok(0) => break Ok(()),
-            Ok(n) => got.fetch_add(n as u64, Ordering::Relaxed),
-            Err(e) => break Err(Failure::lost(&e)),
+        match tokio::time::timeout_at(deadline.into(), conn.read_chunk(&mut chunk)).await {
+            Ok(Ok(0)) => break Ok(()),
+            Ok(Ok(n)) => got.fetch_add(n as u64, Ordering::Relaxed),
+            Ok(Err(e)) => break Err(Failure::lost(&e)),
+            Err(_) => {
+                let why = format!(
+                    "the test had not ended {:.1} s after it began: more than its grant and \
+                     the time its links may all be down",
+                    deadline.duration_since(start).as_secs_f64()
+                );
+                conn.get_ref().abort(2, &why);
+                break Err(Failure::usage(format!("{why}; the client was told")));
+            }
         };
     };
     if let Some(s) = sampler {

@@ -573,3 +573,58 @@ fn a_client_interrupted_while_awaiting_the_report_says_so() {
         other => panic!("the server saw its client end with {other:?}"),
     }
 }
+
+/// A throughput client that goes on writing past its grant is cut off by the server once the
+/// grant, the time its links may all be down (`--all-links-down-timeout`) and 10 s more are
+/// over, and told why; before, it held its task and a client slot for as long as it wrote,
+/// and `--max-time` capped only the clients that kept to it.
+#[test]
+fn a_client_that_writes_past_its_grant_is_cut_off() {
+    let to = format!("127.0.0.1:{}", free_port());
+    let server = Proc::spawn(
+        "ri2n serve",
+        Command::new(bin())
+            .args(["serve", "--listen", &to, "--max-time", "1"])
+            .args(["--all-links-down-timeout", "1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let client = ri2n::Endpoint::client(&["127.0.0.1:0".parse().unwrap()]).unwrap();
+    let config = ri2n::ConnectionConfig::default()
+        .with_application("ri2n bench")
+        .with_accept_messages(true);
+    let conn = client.connect(&[to.parse().unwrap()], config).unwrap();
+    let request = serde_json::json!({ "version": 2, "test": "throughput", "seconds": 30.0 });
+    conn.send_message(&serde_json::to_vec(&request).unwrap())
+        .unwrap();
+    let grant: serde_json::Value =
+        serde_json::from_slice(&conn.recv_message().unwrap().expect("a grant")).unwrap();
+    assert_eq!(grant["seconds"], 1.0, "{grant}");
+    let start = std::time::Instant::now();
+    let chunk = vec![0u8; 16 << 10];
+    let ended = loop {
+        if let Err(e) = std::io::Write::write_all(&mut &conn, &chunk) {
+            break e;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "still writing after 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let took = start.elapsed();
+    // the grant (1 s), the links' allowance (1 s) and 10 s
+    assert!(
+        took > Duration::from_secs(11) && took < Duration::from_secs(15),
+        "cut off after {took:?}"
+    );
+    match conn.close_reason() {
+        Some(ri2n::ConnectionError::PeerAborted { reason, .. }) => {
+            assert!(reason.contains("had not ended"), "{reason}: {ended}")
+        }
+        other => panic!("the client's connection ended with {other:?}: {ended}"),
+    }
+    let log = stop_serve(server);
+    assert!(log.contains("had not ended"), "{log}");
+}
