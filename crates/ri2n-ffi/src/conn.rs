@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use ri2n::{Connection, TimedEvent};
 
 use crate::endpoint::timeout;
-use crate::error::{guard, guard_int, guard_len, text_or_empty, Failure};
+use crate::error::{errno_of_connection, guard, guard_int, guard_len, text_or_empty, Failure};
 
 /// One ri2n connection.
 pub struct ri2n_conn {
@@ -358,7 +358,9 @@ pub unsafe extern "C" fn ri2n_send_datagram(
 /// Receives one datagram into `buf`, waiting at most `timeout_ms` (negative: as long as it
 /// takes; 0: only looks); returns its length (an empty datagram gives 0). `-ETIMEDOUT` (or
 /// `-EAGAIN` with 0) when none came, `-ENOTCONN` once the connection closed cleanly and every
-/// datagram was read, `-EMSGSIZE` when it is longer than `len` (kept for the next call).
+/// datagram was read, `-EMSGSIZE` when it is longer than `len` (kept for the next call). A
+/// connection that itself timed out gives `-ETIMEDOUT` at once, every time: a loop that
+/// retries on `-ETIMEDOUT` asks [`ri2n_conn_error`] whether the connection still lives.
 ///
 /// # Safety
 /// `c` is a live connection; `buf` points to `len` writable bytes.
@@ -410,7 +412,8 @@ pub unsafe extern "C" fn ri2n_finish(c: *mut ri2n_conn) -> c_int {
 
 /// Waits at most `timeout_ms` (negative: as long as it takes) until the peer acknowledged
 /// everything written and the end of the streams (call [`ri2n_finish`] first). 0, or
-/// `-ETIMEDOUT`, or the errno of the connection's end.
+/// `-ETIMEDOUT`, or the errno of the connection's end (`-ETIMEDOUT` too for a connection that
+/// timed out: [`ri2n_conn_error`] tells them apart).
 ///
 /// # Safety
 /// `c` is a live connection.
@@ -428,6 +431,32 @@ pub unsafe extern "C" fn ri2n_wait_acknowledged(c: *mut ri2n_conn, timeout_ms: c
                 ),
                 _ => Failure::from(e),
             })
+    })
+}
+
+/// Whether the connection has ended, and how, as `SO_ERROR` tells of a socket: 0 while it has
+/// not (connecting, carrying data, or with every link down but not given up), `-ENOTCONN`
+/// once it closed cleanly, else the negative errno its calls now fail with (`-ETIMEDOUT`: it
+/// timed out, every link down too long or idle; `-ECONNRESET`: the peer ended it;
+/// `-ECONNABORTED`: this side aborted it), with `ri2n_last_error()` naming the reason. A
+/// timed call's `-ETIMEDOUT` says either that nothing came in time or that the connection
+/// itself timed out: this tells which.
+///
+/// # Safety
+/// `c` is a live connection.
+#[no_mangle]
+pub unsafe extern "C" fn ri2n_conn_error(c: *const ri2n_conn) -> c_int {
+    guard_int(|| {
+        // SAFETY: passed on from the caller
+        let c = unsafe { conn(c) }?;
+        let conn = c.connection();
+        if conn.state() != ri2n::ConnectionState::Closed {
+            return Ok(());
+        }
+        Err(match conn.close_reason() {
+            Some(reason) => Failure::new(errno_of_connection(&reason), reason.to_string()),
+            None => Failure::new(libc::ENOTCONN, "the connection closed cleanly"),
+        })
     })
 }
 
@@ -453,7 +482,9 @@ pub unsafe extern "C" fn ri2n_abort(c: *mut ri2n_conn, code: u64, reason: *const
 /// state, the connection ended). Register it with `poll`/`epoll` for reading; never read or
 /// close it. The `ri2n_try_*` calls clear it before they look, so after one returned
 /// `-EAGAIN` it becomes readable as soon as retrying may succeed: call them until `-EAGAIN`
-/// after each wake-up (it is edge-like). Valid while `c` lives.
+/// after each wake-up (it is edge-like). Valid while `c` lives; remove it from `epoll` (or
+/// `poll`) before [`ri2n_conn_free`]: it stays open, and may still signal, until the
+/// connection's end, after the free.
 ///
 /// # Safety
 /// `c` is a live connection.
@@ -500,7 +531,9 @@ pub unsafe extern "C" fn ri2n_conn_write_fd(c: *const ri2n_conn) -> c_int {
 
 /// Frees the connection. Like dropping a Rust connection: the streams are finished and what
 /// was written is still delivered in the background while the endpoint lives (freeing the
-/// endpoint waits for it). NULL is ignored.
+/// endpoint waits for it). Freed after its endpoint, the last connection of the endpoint
+/// waits here instead, at most the endpoint's linger (10 s), for what it holds to be
+/// delivered. NULL is ignored.
 ///
 /// # Safety
 /// `c` is NULL or a live connection, not used again.

@@ -402,7 +402,12 @@ pub unsafe extern "C" fn ri2n_key_generate(path: *const c_char) -> c_int {
             .map_err(|e| Failure::from(e).context(format_args!("cannot create {path}")))?;
         file.write_all(line.as_bytes())
             .and_then(|()| file.sync_all())
-            .map_err(|e| Failure::from(e).context(format_args!("writing {path}")))
+            .map_err(|e| {
+                // a file holding part of a key (a full disk) would refuse the next try
+                // (EEXIST) and every endpoint given it (EINVAL): it goes
+                let _ = fs::remove_file(path);
+                Failure::from(e).context(format_args!("writing {path}"))
+            })
     })
 }
 

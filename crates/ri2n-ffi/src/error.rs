@@ -50,7 +50,9 @@ impl Failure {
     fn record(self) -> i32 {
         let text = CString::new(self.message.replace('\0', " "))
             .unwrap_or_else(|_| CString::from(c"(unprintable error)"));
-        LAST_ERROR.with(|last| *last.borrow_mut() = text);
+        // (not once this thread's locals are gone: at its exit, or in an `atexit` handler of
+        // the main thread; a panic here would cross into C and abort)
+        let _ = LAST_ERROR.try_with(|last| *last.borrow_mut() = text);
         // SAFETY: `__errno_location` returns this thread's errno, valid for the thread's life.
         unsafe { *libc::__errno_location() = self.errno };
         self.errno
@@ -137,6 +139,7 @@ fn errno_of_io(e: &io::Error) -> i32 {
         io::ErrorKind::ConnectionRefused => libc::ECONNREFUSED,
         io::ErrorKind::ConnectionReset => libc::ECONNRESET,
         io::ErrorKind::ConnectionAborted => libc::ECONNABORTED,
+        io::ErrorKind::NotConnected => libc::ENOTCONN,
         io::ErrorKind::BrokenPipe => libc::EPIPE,
         io::ErrorKind::InvalidInput | io::ErrorKind::InvalidData => libc::EINVAL,
         io::ErrorKind::NotFound => libc::ENOENT,
@@ -157,7 +160,9 @@ thread_local! {
 /// valid until this thread's next failing ri2n call; successful calls leave it alone.
 #[no_mangle]
 pub extern "C" fn ri2n_last_error() -> *const c_char {
-    LAST_ERROR.with(|last| last.borrow().as_ptr())
+    LAST_ERROR
+        .try_with(|last| last.borrow().as_ptr())
+        .unwrap_or(c"(not kept: this thread is ending)".as_ptr())
 }
 
 /// Runs an exported function's body: its failure, or a panic, is recorded and turned into

@@ -270,8 +270,13 @@ fn event_record(event: &Event, at_us: u64) -> Option<ri2n_event> {
     Some(out)
 }
 
+/// Events kept for a caller of [`ri2n_conn_events`] that takes fewer than come, as many as the
+/// library keeps for one that never asks.
+const MAX_KEPT_EVENTS: usize = 4096;
+
 /// Moves the connection's events since the last call into `events[0..max]`, oldest first;
-/// returns how many it wrote. Events that do not fit wait for the next call. An application
+/// returns how many it wrote. Events that do not fit wait for the next call (the newest 4096
+/// of them: older ones are dropped). An application
 /// that calls this rarely (its writes blocked while every link was down, say) still learns
 /// what happened meanwhile, with when.
 ///
@@ -291,6 +296,10 @@ pub unsafe extern "C" fn ri2n_conn_events(
         }
         let mut queue = c.events.lock().unwrap_or_else(|p| p.into_inner());
         queue.extend(c.connection().poll_events());
+        // the oldest go beyond the library's own bound: a caller that takes fewer than come
+        // (a link flapping, `max` 0) must not grow memory without end
+        let excess = queue.len().saturating_sub(MAX_KEPT_EVENTS);
+        queue.drain(..excess);
         let (now_us, now) = monotonic_now();
         let mut written = 0;
         while written < max {

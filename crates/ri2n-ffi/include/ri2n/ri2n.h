@@ -211,7 +211,9 @@ ssize_t ri2n_send_datagram(struct ri2n_conn *c, const void *buf, size_t len);
 // Receives one datagram into `buf`, waiting at most `timeout_ms` (negative: as long as it
 // takes; 0: only looks); returns its length (an empty datagram gives 0). `-ETIMEDOUT` (or
 // `-EAGAIN` with 0) when none came, `-ENOTCONN` once the connection closed cleanly and every
-// datagram was read, `-EMSGSIZE` when it is longer than `len` (kept for the next call).
+// datagram was read, `-EMSGSIZE` when it is longer than `len` (kept for the next call). A
+// connection that itself timed out gives `-ETIMEDOUT` at once, every time: a loop that
+// retries on `-ETIMEDOUT` asks [`ri2n_conn_error`] whether the connection still lives.
 //
 // # Safety
 // `c` is a live connection; `buf` points to `len` writable bytes.
@@ -232,11 +234,24 @@ int ri2n_finish(struct ri2n_conn *c);
 
 // Waits at most `timeout_ms` (negative: as long as it takes) until the peer acknowledged
 // everything written and the end of the streams (call [`ri2n_finish`] first). 0, or
-// `-ETIMEDOUT`, or the errno of the connection's end.
+// `-ETIMEDOUT`, or the errno of the connection's end (`-ETIMEDOUT` too for a connection that
+// timed out: [`ri2n_conn_error`] tells them apart).
 //
 // # Safety
 // `c` is a live connection.
 int ri2n_wait_acknowledged(struct ri2n_conn *c, int timeout_ms);
+
+// Whether the connection has ended, and how, as `SO_ERROR` tells of a socket: 0 while it has
+// not (connecting, carrying data, or with every link down but not given up), `-ENOTCONN`
+// once it closed cleanly, else the negative errno its calls now fail with (`-ETIMEDOUT`: it
+// timed out, every link down too long or idle; `-ECONNRESET`: the peer ended it;
+// `-ECONNABORTED`: this side aborted it), with `ri2n_last_error()` naming the reason. A
+// timed call's `-ETIMEDOUT` says either that nothing came in time or that the connection
+// itself timed out: this tells which.
+//
+// # Safety
+// `c` is a live connection.
+int ri2n_conn_error(const struct ri2n_conn *c);
 
 // Aborts the connection at once; the peer's calls fail with `ECONNRESET` and see `code` and
 // `reason` (may be NULL) in their error text. Returns 0 (or a negative errno).
@@ -250,7 +265,9 @@ int ri2n_abort(struct ri2n_conn *c, uint64_t code, const char *reason);
 // state, the connection ended). Register it with `poll`/`epoll` for reading; never read or
 // close it. The `ri2n_try_*` calls clear it before they look, so after one returned
 // `-EAGAIN` it becomes readable as soon as retrying may succeed: call them until `-EAGAIN`
-// after each wake-up (it is edge-like). Valid while `c` lives.
+// after each wake-up (it is edge-like). Valid while `c` lives; remove it from `epoll` (or
+// `poll`) before [`ri2n_conn_free`]: it stays open, and may still signal, until the
+// connection's end, after the free.
 //
 // # Safety
 // `c` is a live connection.
@@ -276,7 +293,9 @@ int ri2n_conn_write_fd(const struct ri2n_conn *c);
 
 // Frees the connection. Like dropping a Rust connection: the streams are finished and what
 // was written is still delivered in the background while the endpoint lives (freeing the
-// endpoint waits for it). NULL is ignored.
+// endpoint waits for it). Freed after its endpoint, the last connection of the endpoint
+// waits here instead, at most the endpoint's linger (10 s), for what it holds to be
+// delivered. NULL is ignored.
 //
 // # Safety
 // `c` is NULL or a live connection, not used again.
@@ -425,7 +444,8 @@ ssize_t ri2n_conn_stats(const struct ri2n_conn *c,
                         size_t max_links);
 
 // Moves the connection's events since the last call into `events[0..max]`, oldest first;
-// returns how many it wrote. Events that do not fit wait for the next call. An application
+// returns how many it wrote. Events that do not fit wait for the next call (the newest 4096
+// of them: older ones are dropped). An application
 // that calls this rarely (its writes blocked while every link was down, say) still learns
 // what happened meanwhile, with when.
 //

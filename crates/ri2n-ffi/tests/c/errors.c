@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -63,9 +64,13 @@ static void peer_gone(void) {
     CHECK(ri2n_write(c, "x", 1) == 1); /* confirms the connection: the child accepts it */
     char buf[16];
     CHECK(ri2n_read(c, buf, 2) == 2 && memcmp(buf, "hi", 2) == 0);
+    CHECK(ri2n_conn_error(c) == 0);
     CHECK(kill(child, SIGKILL) == 0);
     CHECK(waitpid(child, NULL, 0) == child);
     CHECK_FAILS_WITH(ri2n_read(c, buf, sizeof buf), ECONNRESET);
+    CHECK(strstr(ri2n_last_error(), "gone") != NULL);
+    /* the connection's end, asked for rather than met in a call */
+    CHECK_FAILS_WITH(ri2n_conn_error(c), ECONNRESET);
     CHECK(strstr(ri2n_last_error(), "gone") != NULL);
     ri2n_conn_free(c);
     ri2n_endpoint_free(client);
@@ -186,11 +191,53 @@ static void tcp_transport(void) {
     }
     CHECK(closed);
     CHECK_FAILS_WITH(ri2n_write(c, "x", 1), EPIPE);
+    CHECK_FAILS_WITH(ri2n_conn_error(c), ENOTCONN);
+    ri2n_conn_free(c);
+    ri2n_conn_free(peer);
+
+    /* the server closes its connections while a client's stream goes on: a read of the
+     * connection it closed says so (it gave EIO, the errno of a bug in ri2n) */
+    c = ri2n_connect(client, remote, 1, 10000);
+    CHECK(c != NULL);
+    CHECK(ri2n_write(c, "y", 1) == 1);
+    peer = ri2n_accept(server, 10000);
+    CHECK(peer != NULL);
+    CHECK(ri2n_read(peer, buf, 1) == 1);
+    CHECK(ri2n_endpoint_close(server, 5000) == 0);
+    CHECK_FAILS_WITH(ri2n_read(peer, buf, sizeof buf), ENOTCONN);
     ri2n_conn_free(c);
     ri2n_conn_free(peer);
     ri2n_endpoint_free(client);
     ri2n_endpoint_free(server);
-    printf("TCP transport: message too large EMSGSIZE, write after a clean close EPIPE\n");
+    printf("TCP transport: message too large EMSGSIZE, write after a clean close EPIPE, "
+           "read after the server's close ENOTCONN\n");
+}
+
+/* A failing call in an `atexit` handler, after the thread's locals were destroyed (glibc
+ * destroys them first): it fails as promised (it used to abort the process). */
+static void fail_after_exit(void) {
+    CHECK_FAILS_WITH(ri2n_write(NULL, "x", 1), EINVAL);
+    printf("a failing call after exit: EINVAL\n");
+}
+
+/* A key that cannot be written whole (here a file size limit, as a full disk would) fails
+ * and leaves no file: one holding part of a key made the next try EEXIST and every endpoint
+ * given it EINVAL. */
+static void key_not_written_whole(const char *path) {
+    struct rlimit old, small;
+    CHECK(getrlimit(RLIMIT_FSIZE, &old) == 0);
+    small = old;
+    small.rlim_cur = 10;
+    signal(SIGXFSZ, SIG_IGN);
+    CHECK(setrlimit(RLIMIT_FSIZE, &small) == 0);
+    int rc = ri2n_key_generate(path);
+    int e = errno;
+    CHECK(setrlimit(RLIMIT_FSIZE, &old) == 0);
+    errno = e;
+    CHECK_FAILS_WITH(rc, EFBIG);
+    CHECK(access(path, F_OK) != 0 && errno == ENOENT);
+    CHECK(ri2n_key_generate(path) == 0);
+    printf("a key not written whole: EFBIG, and no file left\n");
 }
 
 int main(int argc, char **argv) {
@@ -203,6 +250,9 @@ int main(int argc, char **argv) {
     snprintf(missing_key, sizeof missing_key, "%s/missing", argv[1]);
     CHECK(ri2n_key_generate(key) == 0);
     CHECK(ri2n_key_generate(other_key) == 0);
+    char cut_key[4096];
+    snprintf(cut_key, sizeof cut_key, "%s/cut", argv[1]);
+    key_not_written_whole(cut_key);
     FILE *junk = fopen(junk_key, "w");
     CHECK(junk != NULL);
     fputs("junk\n", junk);
@@ -355,6 +405,7 @@ int main(int argc, char **argv) {
     tcp_transport();
     messages_two_waiting_threads_could_not_take_are_both_kept();
     ri2n_endpoint_free(client);
+    CHECK(atexit(fail_after_exit) == 0);
     printf("ok\n");
     return 0;
 }
