@@ -215,7 +215,11 @@ pub unsafe extern "C" fn ri2n_connect(
 
 /// Waits at most `timeout_ms` (negative: as long as it takes; 0: only looks) for the next
 /// incoming connection. NULL with `ETIMEDOUT` when none came. A client that holds another
-/// key is refused without ever reaching `ri2n_accept`.
+/// key is refused without ever reaching `ri2n_accept`. Only a connection ends the wait
+/// (closing or aborting the endpoint's connections does not; on a client endpoint none ever
+/// comes): a server that must stop waits with a timeout, or polls [`ri2n_endpoint_fd`]
+/// beside a descriptor of its own and calls [`ri2n_try_accept`]. Never free the endpoint
+/// while another thread waits here.
 ///
 /// # Safety
 /// `ep` is a live endpoint.
