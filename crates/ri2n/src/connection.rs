@@ -221,10 +221,21 @@ impl Connection {
     /// Waits until the handshake ended; why it failed, if it did (see
     /// [`Endpoint::connect`](crate::Endpoint::connect)).
     pub(crate) fn wait_handshake(&self) -> Result<(), ConnectionError> {
+        self.wait_connected(None).map(drop)
+    }
+
+    /// Waits at most `timeout` (`None`: as long as it takes) for the handshake of a
+    /// connection from [`Endpoint::start_connect`](crate::Endpoint::start_connect) to end:
+    /// `Ok(true)` once the connection is established, `Ok(false)` while the handshake still
+    /// goes on after `timeout`, and why it failed if it did (the error
+    /// [`Endpoint::connect`](crate::Endpoint::connect) would return). A program that must
+    /// stay responsive while a handshake lasts (a signal to handle, a cancellation) waits in
+    /// slices; the handshake itself runs on, for its own `handshake_timeout`.
+    pub fn wait_connected(&self, timeout: Option<Duration>) -> Result<bool, ConnectionError> {
         match &self.inner {
-            Inner::Udp(c) => c.wait_handshake(),
+            Inner::Udp(c) => c.wait_handshake(timeout.and_then(|t| Instant::now().checked_add(t))),
             // a TCP-transport connection is handed out established
-            Inner::Tcp(_) => Ok(()),
+            Inner::Tcp(_) => Ok(true),
         }
     }
 

@@ -306,14 +306,23 @@ impl UdpConnection {
     }
 
     /// Waits until the handshake ended; why it failed, if it did.
-    pub(crate) fn wait_handshake(&self) -> Result<(), ConnectionError> {
+    /// Waits until the handshake ended or `deadline` (`None`: no deadline) passed: `Ok(true)`
+    /// when the connection is established, `Ok(false)` when it is still connecting at the
+    /// deadline, and why it failed otherwise.
+    pub(crate) fn wait_handshake(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Result<bool, ConnectionError> {
         let shared = self.driver.shared();
         let mut st = shared.lock();
         loop {
             let c = look(&st, self.handle);
             match c.state() {
                 ConnectionState::Connecting => {
-                    st = shared.wait_connection(st, self.handle, None);
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Ok(false);
+                    }
+                    st = shared.wait_connection(st, self.handle, deadline);
                 }
                 ConnectionState::Closed => {
                     return Err(c
@@ -321,7 +330,7 @@ impl UdpConnection {
                         .cloned()
                         .unwrap_or(ConnectionError::Refused));
                 }
-                _ => return Ok(()),
+                _ => return Ok(true),
             }
         }
     }

@@ -122,3 +122,35 @@ fn messages_to_a_side_that_reads_none_fail_at_the_sender() {
         .unwrap();
     assert_eq!(reader.join().unwrap(), b"hello");
 }
+
+/// A handshake started with `start_connect` is waited for in slices with `wait_connected`:
+/// still under way after a slice (`Ok(false)`), then the failure `connect` would give; and
+/// established (`Ok(true)`) with a server.
+#[test]
+fn a_started_handshake_is_waited_for_in_slices() {
+    let silent = UdpSocket::bind(any_port()).unwrap();
+    let client = Endpoint::client(&[any_port()]).unwrap();
+    let timeout = Duration::from_millis(600);
+    let config = ConnectionConfig::default().with_handshake_timeout(timeout);
+    let conn = client
+        .start_connect(&[silent.local_addr().unwrap()], config)
+        .unwrap();
+    let slice = Duration::from_millis(100);
+    let start = Instant::now();
+    let mut slices = 0;
+    let end = loop {
+        match conn.wait_connected(Some(slice)) {
+            Ok(false) => slices += 1,
+            other => break other,
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "never ended");
+    };
+    assert_eq!(end, Err(ConnectionError::TimedOut(timeout)));
+    assert!((3..=8).contains(&slices), "{slices} slices of {slice:?}");
+
+    let server = Endpoint::server(&[any_port()]).unwrap();
+    let conn = client
+        .start_connect(&server.local_addrs(), ConnectionConfig::default())
+        .unwrap();
+    assert_eq!(conn.wait_connected(Some(Duration::from_secs(5))), Ok(true));
+}
