@@ -1,15 +1,15 @@
 //! `ri2n.Connection`: a reliable byte stream, whole messages and unreliable datagrams over
 //! every link of one connection, with the calls of a Python socket where they fit.
 //!
-//! Blocking calls without a timeout are the library's own blocking calls, run with the GIL
-//! released. A message or datagram received with a timeout is the library's timed call, in
-//! slices of [`SIGNAL_CHECK`] so that Ctrl-C gets through between them. A stream read with a
-//! timeout (the library has no timed read) retries the non-blocking read and waits on the
+//! Every wait runs with the GIL released. Reads and waits come back to Python every
+//! [`SIGNAL_CHECK`] so that Ctrl-C gets through, with a timeout or without (then the deadline
+//! is [`never`]): a message or datagram is received by the library's timed call, in slices; a
+//! stream read (the library has no timed read) retries the non-blocking read and waits on the
 //! connection's reading descriptor in between, which `try_read` clears before it looks and
-//! the driver signals when retrying may succeed, so no wake-up is lost; it too comes back to
-//! Python every [`SIGNAL_CHECK`].
+//! the driver signals when retrying may succeed, so no wake-up is lost. Writes are the
+//! library's blocking calls: Python handles a signal once they return.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -124,18 +124,15 @@ fn timed_slices<T: Send>(
     }
 }
 
-/// A whole message or datagram from `recv` (the library's call, given how long it may wait:
-/// `None`, as long as it takes), waiting at most `timeout` seconds.
+/// A whole message or datagram from `recv` (the library's call, given how long it may wait),
+/// waiting at most `timeout` seconds (`None`: as long as it takes).
 fn receive_whole<'py>(
     py: Python<'py>,
     timeout: Option<f64>,
     recv: impl Fn(Option<Duration>) -> io::Result<Option<Vec<u8>>> + Sync,
 ) -> PyResult<Option<Bound<'py, PyBytes>>> {
-    let got = match deadline(timeout)? {
-        None => py.detach(|| recv(None)),
-        Some(d) => Ok(timed_slices(py, d, |slice| recv(Some(slice)))?),
-    };
-    whole(py, got)
+    let got = timed_slices(py, deadline(timeout)?, |slice| recv(Some(slice)))?;
+    Ok(got.map(|m| PyBytes::new(py, &m)))
 }
 
 /// A received message or datagram as Python sees it: `bytes`, `None` at the end.
@@ -174,9 +171,16 @@ fn write_all(conn: &Connection, data: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
-/// The deadline of a timeout argument: `None` for none (wait for ever).
-fn deadline(timeout: Option<f64>) -> PyResult<Option<Instant>> {
-    Ok(timeout_arg(timeout)?.and_then(|t| Instant::now().checked_add(t)))
+/// The deadline of a timeout argument; [`never`] for none (wait for ever).
+fn deadline(timeout: Option<f64>) -> PyResult<Instant> {
+    Ok((timeout_arg(timeout)?.and_then(|t| Instant::now().checked_add(t))).unwrap_or_else(never))
+}
+
+/// A deadline that never comes: the waits are sliced all the same, for Ctrl-C.
+fn never() -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    let now = Instant::now();
+    now.checked_add(CENTURY).unwrap_or(now)
 }
 
 #[pymethods]
@@ -224,12 +228,7 @@ impl PyConnection {
             return Ok(PyBytes::new(py, b""));
         }
         let mut buf = vec![0u8; n.min(MAX_RECV)];
-        let got = match deadline {
-            None => py
-                .detach(|| (&*conn).read(&mut buf))
-                .map_err(|e| io_error(py, e))?,
-            Some(d) => retry_until(py, &conn, d, |c| c.try_read(&mut buf))?,
-        };
+        let got = retry_until(py, &conn, deadline, |c| c.try_read(&mut buf))?;
         Ok(PyBytes::new(py, &buf[..got]))
     }
 
@@ -251,12 +250,7 @@ impl PyConnection {
         if into.is_empty() {
             return Ok(0);
         }
-        match deadline {
-            None => py
-                .detach(|| (&*conn).read(into))
-                .map_err(|e| io_error(py, e)),
-            Some(d) => retry_until(py, &conn, d, |c| c.try_read(into)),
-        }
+        retry_until(py, &conn, deadline, |c| c.try_read(into))
     }
 
     /// Reads at most ``n`` bytes that have arrived; ``b""`` at the end of the stream,
@@ -389,9 +383,9 @@ impl PyConnection {
     #[pyo3(signature = (timeout = None))]
     fn wait_acknowledged(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
         let conn = self.get()?;
-        let timeout = timeout_arg(timeout)?;
-        py.detach(|| conn.wait_acknowledged(timeout))
-            .map_err(|e| io_error(py, e))
+        timed_slices(py, deadline(timeout)?, |slice| {
+            conn.wait_acknowledged(Some(slice))
+        })
     }
 
     /// Whether the peer acknowledged everything written and the end of both streams.
@@ -442,14 +436,16 @@ impl PyConnection {
 
     /// The connection's state: ``"connecting"``, ``"established"``, ``"draining"`` (both
     /// sides done, lingering briefly) or ``"closed"``.
-    fn state(&self) -> PyResult<&'static str> {
-        Ok(state_name(self.get()?.state()))
+    fn state(&self, py: Python<'_>) -> PyResult<&'static str> {
+        let conn = self.get()?;
+        Ok(state_name(py.detach(|| conn.state())))
     }
 
     /// Why the connection ended, as the exception its calls raise (not raised: returned), or
     /// ``None`` while it runs or after a clean end.
     fn close_reason(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
-        let reason = self.get()?.close_reason();
+        let conn = self.get()?;
+        let reason = py.detach(|| conn.close_reason());
         Ok(reason.map(|e| connection_error(py, &e, None).into_value(py).into_any()))
     }
 
@@ -463,7 +459,8 @@ impl PyConnection {
     /// ``max_datagram``, ``refusals``, and ``counts_packets``: false on the TCP transport,
     /// where the packet counts, ``max_datagram`` and ``refusals`` are not kept (they read 0).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let stats = self.get()?.stats();
+        let conn = self.get()?;
+        let stats = py.detach(|| conn.stats());
         stats_dict(py, &stats)
     }
 
@@ -473,7 +470,8 @@ impl PyConnection {
     /// ``"link_state_changed"``), ``reason`` (why a ``"closed"`` connection ended, ``None``
     /// for a clean close) and ``at`` (when, in ``time.monotonic()`` seconds).
     fn events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let events = self.get()?.poll_events();
+        let conn = self.get()?;
+        let events = py.detach(|| conn.poll_events());
         let list = PyList::empty(py);
         let (now, mono) = (Instant::now(), monotonic());
         for e in &events {
@@ -495,9 +493,13 @@ impl PyConnection {
     /// Lets go of the connection: finishes its streams (unless aborted) and lets it deliver
     /// what was written in the background while its endpoint lives (``wait_acknowledged``
     /// first to know it did; ``Endpoint.close`` waits for every connection). Later calls
-    /// raise ``ValueError``; ``fileno()`` gives -1. Closing twice does nothing.
-    fn close(&self) {
+    /// raise ``ValueError``; ``fileno()`` gives -1. Closing twice does nothing. A call another
+    /// thread is in goes on (the peer's end of the stream comes to a ``recv`` as usual).
+    fn close(&self, py: Python<'_>) {
         if let Some(conn) = self.take() {
+            // the streams end now, not when the last call still running lets go of it
+            // (an error: already finished, aborted or ended, which is what close wants)
+            let _ = py.detach(|| conn.finish());
             drop_detached(conn);
         }
     }
@@ -519,11 +521,12 @@ impl PyConnection {
     #[pyo3(signature = (_exc_type = None, _exc_value = None, _traceback = None))]
     fn __exit__(
         &self,
+        py: Python<'_>,
         _exc_type: Option<Bound<'_, PyType>>,
         _exc_value: Option<Bound<'_, PyAny>>,
         _traceback: Option<Bound<'_, PyAny>>,
     ) -> bool {
-        self.close();
+        self.close(py);
         false
     }
 

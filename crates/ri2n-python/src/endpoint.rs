@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pyo3::exceptions::{PyTimeoutError, PyValueError};
+use pyo3::exceptions::{PyInterruptedError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 use ri2n::{ConnectionConfig, ConnectionError, Endpoint, EndpointConfig, Transport};
@@ -15,10 +15,6 @@ use crate::connection::PyConnection;
 use crate::errors::endpoint_error;
 use crate::key::PyKey;
 use crate::{drop_detached, timeout_arg, Addrs, Shared, SIGNAL_CHECK};
-
-/// The longest handshake attempt `connect` makes before it lets Python handle signals and
-/// starts a new one (see `connect`).
-const CONNECT_ATTEMPT: Duration = Duration::from_secs(1);
 
 /// How long leaving a `with` block waits for the peers to acknowledge what was written: the
 /// library's own `close_linger`, what dropping the endpoint would wait.
@@ -147,13 +143,17 @@ impl PyEndpoint {
     /// ``Connection`` once the handshake completed. Raises ``TimeoutError`` when nobody
     /// answered within ``timeout`` seconds (``None``: keeps trying for ever),
     /// ``ConnectionRefusedError`` when nothing listens there (or an endpoint that is not a
-    /// server, or a full server), ``KeyMismatch`` when the keys differ.
-    #[pyo3(signature = (addrs, timeout = None))]
+    /// server, or a full server), ``KeyMismatch`` when the keys differ. ``cancel``: an object
+    /// with ``is_set()`` (a ``threading.Event``) that another thread may set to give the
+    /// connect up (``InterruptedError``, within a fifth of a second); Ctrl-C and closing the
+    /// endpoint give it up too.
+    #[pyo3(signature = (addrs, timeout = None, *, cancel = None))]
     fn connect(
         &self,
         py: Python<'_>,
         addrs: Addrs,
         timeout: Option<f64>,
+        cancel: Option<Bound<'_, PyAny>>,
     ) -> PyResult<PyConnection> {
         let remotes = addrs.parse()?;
         let timeout = timeout_arg(timeout)?;
@@ -162,28 +162,51 @@ impl PyEndpoint {
         }
         let endpoint = self.get()?;
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
-        // The handshake runs in attempts of at most a second, so that Ctrl-C is handled
-        // between them: a handshake cannot be interrupted, and `None` would otherwise never
-        // come back to Python. Starting anew after an attempt without an answer is what
-        // the retransmissions of one attempt would have done.
+        // One handshake for the whole timeout (with `None`, one after another for as long as
+        // it takes), waited for in slices so that Ctrl-C is handled meanwhile, and an endpoint
+        // closed by another thread (an asyncio task given up) stops it, as `accept` does.
         loop {
-            let attempt = deadline.map_or(CONNECT_ATTEMPT, |d| {
-                d.saturating_duration_since(Instant::now())
-                    .min(CONNECT_ATTEMPT)
-            });
-            if attempt.is_zero() {
-                return Err(no_answer(&remotes, timeout));
-            }
-            let config = ConnectionConfig::default().with_handshake_timeout(attempt);
-            match py.detach(|| endpoint.connect(&remotes, config)) {
-                Ok(conn) => return Ok(PyConnection::new(conn)),
-                Err(ri2n::Error::Connection(ConnectionError::TimedOut(_))) => {
-                    py.check_signals()?;
-                    // closed by another thread meanwhile (an asyncio task given up, whose
-                    // thread would otherwise try for ever): stop, as `accept` does
-                    self.get()?;
+            let mut config = ConnectionConfig::default();
+            if let Some(d) = deadline {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(no_answer(&remotes, timeout));
                 }
-                Err(e) => return Err(endpoint_error(py, e, self.key_file.as_deref())),
+                config = config.with_handshake_timeout(left);
+            }
+            let conn = py
+                .detach(|| endpoint.start_connect(&remotes, config))
+                .map_err(|e| endpoint_error(py, e, self.key_file.as_deref()))?;
+            let given_up = |why: &str| conn.abort(0, why);
+            loop {
+                match py.detach(|| conn.wait_connected(Some(SIGNAL_CHECK))) {
+                    Ok(true) => return Ok(PyConnection::new(conn)),
+                    Ok(false) => {
+                        if let Err(e) = py.check_signals() {
+                            given_up("the client gave up its connect");
+                            return Err(e);
+                        }
+                        if let Err(e) = self.get() {
+                            given_up("the client's endpoint was closed");
+                            return Err(e);
+                        }
+                        if let Some(cancel) = &cancel {
+                            if cancel.call_method0("is_set")?.is_truthy()? {
+                                given_up("the client gave up its connect");
+                                return Err(PyInterruptedError::new_err(
+                                    "the connect was cancelled",
+                                ));
+                            }
+                        }
+                    }
+                    // nobody answered: the next handshake, unless the time is up
+                    Err(ConnectionError::TimedOut(_)) if deadline.is_none() => break,
+                    Err(ConnectionError::TimedOut(_)) => return Err(no_answer(&remotes, timeout)),
+                    Err(e) => {
+                        let e = ri2n::Error::Connection(e);
+                        return Err(endpoint_error(py, e, self.key_file.as_deref()));
+                    }
+                }
             }
         }
     }

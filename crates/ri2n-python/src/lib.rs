@@ -27,7 +27,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 /// How long a wait runs with the GIL released before it comes back to let Python handle
-/// signals (Ctrl-C): waits with a timeout, and `accept`, wake this often.
+/// signals (Ctrl-C): reads, `connect`, `accept` and `wait_acknowledged` wake this often,
+/// with a timeout or without.
 pub(crate) const SIGNAL_CHECK: Duration = Duration::from_millis(200);
 
 /// Addresses as Python passes them: one `"ip:port"` string or a sequence of them.

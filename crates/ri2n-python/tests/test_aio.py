@@ -218,3 +218,58 @@ def test_closing_a_writer_does_not_hold_the_loop() -> None:
             assert max(gaps) < 1, max(gaps)
 
         asyncio.run(main())
+
+
+def test_asyncio_accept_with_no_time_takes_a_waiting_connection() -> None:
+    """``accept(server, timeout=0)`` takes a connection that is waiting, as the blocking
+    ``accept(timeout=0)`` does; it used to raise ``TimeoutError`` before it looked."""
+
+    async def main() -> None:
+        async with endpoints() as (server, client):
+            with pytest.raises(TimeoutError):
+                await ri2n.aio.accept(server, timeout=0)
+            _, writer = await ri2n.aio.open_connection(client, server.local_addrs())
+            writer.write(b"x")  # confirms the handshake: the server hands it over
+            await writer.drain()
+            deadline = asyncio.get_running_loop().time() + 5
+            while True:
+                try:
+                    _, accepted = await ri2n.aio.accept(server, timeout=0)
+                    break
+                except TimeoutError:
+                    assert asyncio.get_running_loop().time() < deadline, "never accepted"
+                    await asyncio.sleep(0.05)
+            for w in (writer, accepted):
+                w.close()
+                await w.wait_closed()
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_open_connection_lets_its_thread_go() -> None:
+    """``open_connection`` to a peer that never answers, given up by ``wait_for``: the
+    executor's thread stops trying too (here the pool's only thread runs the next job). It
+    used to try for ever, holding the thread and then the interpreter's exit."""
+    import concurrent.futures
+    import socket
+
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    silent.bind(("127.0.0.1", 0))  # bound and never read: no "port unreachable"
+    to = f"127.0.0.1:{silent.getsockname()[1]}"
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(pool)
+        async with endpoints() as (_, client):
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(ri2n.aio.open_connection(client, to), 0.5)
+            # the pool's one thread is free again within a slice of the connect's wait
+            ran = await asyncio.wait_for(loop.run_in_executor(None, lambda: 42), 3)
+            assert ran == 42
+
+    try:
+        asyncio.run(main())
+    finally:
+        pool.shutdown(wait=False)
+        silent.close()

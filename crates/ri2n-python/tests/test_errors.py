@@ -4,11 +4,12 @@ calls on what was closed."""
 import socket
 import threading
 import time
+from typing import Optional
 
 import pytest
 
 import ri2n
-from conftest import LINKS, Pair, server_process
+from conftest import LINKS, Pair, close_quietly, server_process
 
 
 def test_accept_times_out(endpoints) -> None:
@@ -196,3 +197,119 @@ def test_closing_an_endpoint_stops_its_connect_on_another_thread(endpoints) -> N
     silent.close()
     assert not t.is_alive(), "connect still running 10 s after the endpoint was closed"
     assert len(outcome) == 1 and isinstance(outcome[0], ValueError), outcome
+
+
+def _interrupt_main_thread_in(seconds: float) -> threading.Timer:
+    """SIGINT to this (the main) thread after ``seconds``, as Ctrl-C would send it."""
+    import signal
+
+    main = threading.main_thread().ident
+    assert main == threading.get_ident(), "run from the main thread"
+    timer = threading.Timer(seconds, lambda: signal.pthread_kill(main, signal.SIGINT))
+    timer.start()
+    return timer
+
+
+@pytest.mark.parametrize("call", ["recv", "recv_into", "recv_message", "wait_acknowledged"])
+def test_ctrl_c_interrupts_a_wait_without_a_timeout(pair: Pair, call: str) -> None:
+    """Ctrl-C reaches a read that waits for ever on an idle peer, as it reaches Python's own
+    ``socket.recv``; it used to wait on until data came."""
+    waits = {
+        "recv": lambda: pair.conn.recv(10),
+        "recv_into": lambda: pair.conn.recv_into(bytearray(10)),
+        "recv_message": lambda: pair.conn.recv_message(),
+        # without finish(): the end of the streams, which it waits for, never comes
+        "wait_acknowledged": lambda: pair.conn.wait_acknowledged(),
+    }
+    start = time.monotonic()
+    timer = _interrupt_main_thread_in(0.3)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            waits[call]()
+    finally:
+        timer.cancel()
+    assert time.monotonic() - start < 2.0
+
+
+def test_closing_a_connection_another_thread_reads_ends_its_streams(pair: Pair) -> None:
+    """``close()`` finishes the streams even while another thread waits in a call on the
+    connection: the peer reads the end at once. It used to do nothing until that call
+    returned, and a peer that answers at the end never answered."""
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(pair.conn.recv(10)), daemon=True)
+    reader.start()
+    time.sleep(0.2)
+    pair.conn.sendall(b"request")
+    pair.conn.close()
+    assert pair.peer.recv(100, timeout=5) == b"request"
+    assert pair.peer.recv(100, timeout=5) == b"", "the end of the closed side's stream"
+    # the reader still waits, on the peer's stream, which now ends too
+    pair.peer.sendall(b"answer")
+    pair.peer.finish()
+    reader.join(timeout=5)
+    assert got == [b"answer"]
+
+
+class _SlowPath:
+    """A UDP relay that holds every packet ``delay`` seconds each way, between one client and
+    ``server``: a path of a long round trip (a satellite hop)."""
+
+    def __init__(self, server: str, delay: float) -> None:
+        host, port = server.rsplit(":", 1)
+        self.server = (host, int(port))
+        self.delay = delay
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.1)
+        self.client: Optional[tuple] = None
+        self.running = True
+        self.thread = threading.Thread(target=self._relay, daemon=True)
+        self.thread.start()
+
+    @property
+    def addr(self) -> str:
+        return "127.0.0.1:%d" % self.sock.getsockname()[1]
+
+    def _relay(self) -> None:
+        while self.running:
+            try:
+                data, src = self.sock.recvfrom(65536)
+            except socket.timeout:
+                continue
+            if src == self.server:
+                to = self.client
+            else:
+                self.client, to = src, self.server
+            if to is not None:
+                timer = threading.Timer(self.delay, self._send, (data, to))
+                timer.daemon = True
+                timer.start()
+
+    def _send(self, data: bytes, to: tuple) -> None:
+        if self.running:
+            self.sock.sendto(data, to)
+
+    def close(self) -> None:
+        self.running = False
+        self.thread.join(timeout=2)
+        self.sock.close()
+
+
+def test_connect_over_a_path_of_a_long_round_trip(endpoints) -> None:
+    """A handshake over a path whose round trip (1.2 s here) is longer than a second
+    completes within the timeout. ``connect`` used to start a new handshake every second (to
+    let Ctrl-C through), each one dropping what the last had reached: it never completed."""
+    server, _ = endpoints
+    path = _SlowPath(server.local_addrs()[0], delay=0.6)
+    client = ri2n.Endpoint.client(["127.0.0.1:0"])
+    try:
+        start = time.monotonic()
+        conn = client.connect(path.addr, timeout=15)
+        took = time.monotonic() - start
+        assert took >= 1.2, f"a handshake of {took:.2f} s over a 1.2 s round trip"
+        conn.abort()
+        conn.close()
+    finally:
+        client.abort()
+        close_quietly(client)
+        path.close()

@@ -3,7 +3,7 @@
 import os
 import sys
 from types import TracebackType
-from typing import List, Optional, Sequence, Tuple, Type, TypedDict, Union
+from typing import ClassVar, List, Optional, Protocol, Sequence, Tuple, Type, TypedDict, Union
 
 if sys.version_info >= (3, 12):
     from collections.abc import Buffer
@@ -13,6 +13,11 @@ else:
 from typing_extensions import Self
 
 _Addrs = Union[str, Sequence[str]]
+
+class _Cancel(Protocol):
+    """What ``Endpoint.connect`` looks at to give up: a ``threading.Event``, say."""
+
+    def is_set(self) -> bool: ...
 _Path = Union[str, "os.PathLike[str]"]
 
 MAX_LINKS: int
@@ -92,6 +97,8 @@ class Key:
     def path(self) -> Optional[os.PathLike[str]]:
         """The file the key was read from, if it was (a ``pathlib.Path``)."""
     def __eq__(self, other: object) -> bool: ...
+    # compared by value, not hashable
+    __hash__: ClassVar[None]  # type: ignore[assignment]
 
 class Endpoint:
     """A host's ri2n endpoint: one UDP socket (one link) per local address."""
@@ -113,8 +120,11 @@ class Endpoint:
         transport: str = "udp",
     ) -> Endpoint:
         """An endpoint that only connects, from ``addrs`` (port 0: any)."""
-    def connect(self, addrs: _Addrs, timeout: Optional[float] = None) -> Connection:
-        """Connects to a server; ``TimeoutError``, ``ConnectionRefusedError``, ``KeyMismatch``."""
+    def connect(
+        self, addrs: _Addrs, timeout: Optional[float] = None, *, cancel: Optional[_Cancel] = None
+    ) -> Connection:
+        """Connects to a server; ``TimeoutError``, ``ConnectionRefusedError``, ``KeyMismatch``;
+        ``InterruptedError`` once ``cancel.is_set()``."""
     def accept(self, timeout: Optional[float] = None) -> Connection:
         """The next incoming connection; ``TimeoutError`` if none came in time."""
     def try_accept(self) -> Connection:

@@ -26,6 +26,7 @@ connection delivers it in the background (``Connection.close``).
 import asyncio
 import functools
 import os
+import threading
 import weakref
 from typing import Any, Optional, Sequence, Tuple, Union
 
@@ -312,11 +313,19 @@ async def open_connection(
 ) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """Connects ``endpoint`` to a server (``Endpoint.connect``: ``TimeoutError``,
     ``ConnectionRefusedError``, ``KeyMismatch``...) and returns streams over the connection.
-    The handshake runs in the loop's default executor."""
+    The handshake runs in the loop's default executor; cancelled (``asyncio.wait_for`` that
+    ran out, say), the task gives the handshake up and that thread returns."""
     loop = asyncio.get_running_loop()
-    conn = await loop.run_in_executor(
-        None, functools.partial(endpoint.connect, addrs, timeout=timeout)
-    )
+    cancel = threading.Event()
+    try:
+        conn = await loop.run_in_executor(
+            None, functools.partial(endpoint.connect, addrs, timeout=timeout, cancel=cancel)
+        )
+    except asyncio.CancelledError:
+        # the executor's thread goes on until it looks at `cancel`: without it, one that
+        # nobody answers would try for ever (`timeout=None`), holding a thread of the pool
+        cancel.set()
+        raise
     return wrap(conn, limit=limit)
 
 
@@ -370,7 +379,14 @@ async def accept(
     ``timeout`` seconds (``None``: for ever; the built-in ``TimeoutError`` then), without
     blocking a thread, and returns streams over it."""
     try:
-        conn = await asyncio.wait_for(_accept_connection(endpoint), timeout)
+        if timeout is not None and timeout <= 0:
+            # only a look: `wait_for` would cancel the wait before it looked once
+            try:
+                conn = endpoint.try_accept()
+            except BlockingIOError:
+                raise asyncio.TimeoutError() from None
+        else:
+            conn = await asyncio.wait_for(_accept_connection(endpoint), timeout)
     except asyncio.TimeoutError:
         # before Python 3.11 asyncio's TimeoutError is not the built-in one
         raise TimeoutError("no connection arrived in time") from None
