@@ -12,7 +12,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 use ri2n_proto::Event;
@@ -96,10 +96,42 @@ pub(crate) struct Watchers {
     /// The event loop's token for the connection ([`NO_TOKEN`]: none), see
     /// `Connection::set_loop_token`.
     loop_token: AtomicU64,
+    /// The kinds of call ([`Caller`], a bit each) that may signal the descriptors again for
+    /// what waits for callers of another kind: all, after each signal of the connection's
+    /// own; a kind's bit is lowered when such a call does ([`Watchers::signal_waiting`]).
+    may_resignal: AtomicU8,
 }
 
 /// [`Watchers::loop_token`] unset.
 const NO_TOKEN: u64 = u64::MAX;
+
+/// Which non-blocking call looks: each kind signals the descriptors again for others at most
+/// once per signal of the connection's own (see [`Watchers::signal_waiting`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Caller {
+    ReadStream,
+    ReadMessage,
+    ReadDatagram,
+    WriteStream,
+    WriteMessage,
+}
+
+impl Caller {
+    /// The descriptors it clears (with the combined one).
+    pub fn interest(self) -> Interest {
+        match self {
+            Caller::ReadStream | Caller::ReadMessage | Caller::ReadDatagram => Interest::Read,
+            Caller::WriteStream | Caller::WriteMessage => Interest::Write,
+        }
+    }
+
+    fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
+/// Every [`Caller`]'s bit.
+const ALL_CALLERS: u8 = (1 << 5) - 1;
 
 impl Default for Watchers {
     fn default() -> Self {
@@ -108,6 +140,7 @@ impl Default for Watchers {
             read: OnceLock::new(),
             write: OnceLock::new(),
             loop_token: AtomicU64::new(NO_TOKEN),
+            may_resignal: AtomicU8::new(0),
         }
     }
 }
@@ -145,26 +178,37 @@ impl Watchers {
 
     /// The engine reported `event` for the connection.
     pub fn signal(&self, event: &Event) {
-        let (read, write) = match event {
+        let (read, write) = self.reported(event);
+        self.raise(read, write);
+    }
+
+    /// The engine reported `event` for the connection, and the caller tells of it another
+    /// way (`Endpoint::wait_receiving`'s tokens): later calls may still signal the
+    /// descriptors for it once ([`Self::signal_waiting`]). Returns whom it concerns: readers,
+    /// writers.
+    pub fn reported(&self, event: &Event) -> (bool, bool) {
+        self.may_resignal.store(ALL_CALLERS, Ordering::Release);
+        match event {
             Event::Readable => (true, false),
             Event::Writable => (false, true),
             _ => (true, true),
-        };
-        let slots = [(&self.any, true), (&self.read, read), (&self.write, write)];
-        for (slot, wanted) in slots {
-            if let Some(r) = slot.get().filter(|_| wanted) {
-                r.signal();
-            }
         }
     }
 
     /// Something changed for readers and writers alike.
     pub fn signal_all(&self) {
-        for r in [&self.any, &self.read, &self.write]
-            .into_iter()
-            .filter_map(OnceLock::get)
-        {
-            r.signal();
+        self.may_resignal.store(ALL_CALLERS, Ordering::Release);
+        self.raise(true, true);
+    }
+
+    /// Makes the descriptors of readers (`read`) and of writers (`write`) readable, and the
+    /// combined one.
+    fn raise(&self, read: bool, write: bool) {
+        let slots = [(&self.any, true), (&self.read, read), (&self.write, write)];
+        for (slot, wanted) in slots {
+            if let Some(r) = slot.get().filter(|_| wanted) {
+                r.signal();
+            }
         }
     }
 
@@ -183,12 +227,19 @@ impl Watchers {
     /// datagram looked for with stream bytes waiting, a reply written with a message
     /// waiting, a read or a message sent while the stream's writer may retry). Signalling,
     /// not merely leaving the descriptor set, gives an edge-triggered loop its edge.
-    pub fn signal_waiting(&self, waiting: Waiting) {
-        if waiting.readable {
-            self.signal(&Event::Readable);
+    ///
+    /// Each kind of call does so once per signal of the connection's own: a loop that waits
+    /// for messages while stream bytes stay unread (nobody reads them, or not yet) is woken
+    /// for them once, not again by each of its own looks, which would spin it until they are
+    /// read; and a loop that makes calls of several kinds before it sleeps still finds the
+    /// descriptor signalled by the last of them.
+    pub fn signal_waiting(&self, caller: Caller, waiting: Waiting) {
+        if !(waiting.readable || waiting.writer_may_retry) {
+            return;
         }
-        if waiting.writer_may_retry {
-            self.signal(&Event::Writable);
+        let bits = self.may_resignal.fetch_and(!caller.bit(), Ordering::AcqRel);
+        if bits & caller.bit() != 0 {
+            self.raise(waiting.readable, waiting.writer_may_retry);
         }
     }
 }

@@ -16,7 +16,7 @@ use ri2n_proto::{
 
 use crate::connection::TimedEvent;
 use crate::driver::{Driver, State};
-use crate::readiness::{Interest, Waiting, Watchers};
+use crate::readiness::{Caller, Interest, Waiting, Watchers};
 
 /// A connection of the UDP transport: its shard's driver and its handle in that engine.
 #[derive(Debug)]
@@ -84,17 +84,17 @@ impl UdpConnection {
     /// on the engine's connection (both under the lock, so an event after `f` looked signals
     /// them again). What is still there to read, and room a blocked writer was told of, keep
     /// the descriptors of their callers signalled (`Watchers::signal_waiting`).
-    fn try_with<T>(&self, interest: Interest, f: impl FnOnce(&mut ProtoConnection) -> T) -> T {
+    fn try_with<T>(&self, caller: Caller, f: impl FnOnce(&mut ProtoConnection) -> T) -> T {
         let shared = self.driver.shared();
         let mut st = shared.lock();
-        self.watchers.clear(interest);
+        self.watchers.clear(caller.interest());
         let c = conn(&mut st, self.handle);
         let out = f(c);
         let waiting = Waiting {
             readable: c.has_readable(),
             writer_may_retry: c.writer_may_retry(),
         };
-        self.watchers.signal_waiting(waiting);
+        self.watchers.signal_waiting(caller, waiting);
         drop(shared.after_app_call(st));
         out
     }
@@ -340,7 +340,7 @@ impl UdpConnection {
         bufs: &mut Vec<Vec<u8>>,
         max: usize,
     ) -> io::Result<()> {
-        match self.try_with(Interest::Read, |c| take_datagrams(c, bufs, max)) {
+        match self.try_with(Caller::ReadDatagram, |c| take_datagrams(c, bufs, max)) {
             Ok(()) => Ok(()),
             Err(ReadError::Blocked) => Err(io::ErrorKind::WouldBlock.into()),
             Err(e) => Err(read_error(e)),
@@ -376,7 +376,7 @@ impl UdpConnection {
     /// Receives one datagram if one is waiting; an error of kind
     /// [`io::ErrorKind::WouldBlock`] otherwise. Never blocks.
     pub(crate) fn try_recv_datagram(&self) -> io::Result<Option<Vec<u8>>> {
-        match self.try_with(Interest::Read, |c| c.recv_datagram()) {
+        match self.try_with(Caller::ReadDatagram, |c| c.recv_datagram()) {
             Ok(d) => Ok(d),
             Err(ReadError::Blocked) => Err(io::ErrorKind::WouldBlock.into()),
             Err(e) => Err(read_error(e)),
@@ -403,7 +403,7 @@ impl UdpConnection {
     /// its message stream; an error of kind [`io::ErrorKind::WouldBlock`] when no whole
     /// message is waiting. Never blocks.
     pub(crate) fn try_recv_message(&self) -> io::Result<Option<Vec<u8>>> {
-        match self.try_with(Interest::Read, |c| c.recv_message()) {
+        match self.try_with(Caller::ReadMessage, |c| c.recv_message()) {
             Ok(m) => Ok(m),
             Err(ReadError::Blocked) => Err(io::ErrorKind::WouldBlock.into()),
             Err(e) => Err(read_error(e)),
@@ -414,7 +414,7 @@ impl UdpConnection {
     /// [`io::ErrorKind::WouldBlock`] otherwise (the readiness descriptor is signalled when
     /// there is room). Never blocks.
     pub(crate) fn try_send_message(&self, msg: &[u8]) -> io::Result<()> {
-        match self.try_with(Interest::Write, |c| c.send_message(msg)) {
+        match self.try_with(Caller::WriteMessage, |c| c.send_message(msg)) {
             Ok(()) => Ok(()),
             Err(WriteError::Blocked) => Err(io::ErrorKind::WouldBlock.into()),
             Err(e) => Err(write_error(e)),
@@ -425,7 +425,7 @@ impl UdpConnection {
     /// `buf`), an error of kind [`io::ErrorKind::WouldBlock`] when nothing is waiting. Never
     /// blocks.
     pub(crate) fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        match self.try_with(Interest::Read, |c| c.read(buf)) {
+        match self.try_with(Caller::ReadStream, |c| c.read(buf)) {
             Ok(n) => Ok(n),
             Err(ReadError::Blocked) => Err(io::ErrorKind::WouldBlock.into()),
             Err(e) => Err(read_error(e)),
@@ -435,7 +435,7 @@ impl UdpConnection {
     /// [`Self::read_buf`] without waiting: an error of kind [`io::ErrorKind::WouldBlock`]
     /// when nothing is waiting.
     pub(crate) fn try_read_buf(&self, buf: &mut Vec<u8>) -> io::Result<usize> {
-        match self.try_with(Interest::Read, |c| c.read_buf(buf)) {
+        match self.try_with(Caller::ReadStream, |c| c.read_buf(buf)) {
             Ok(n) => Ok(n),
             Err(ReadError::Blocked) => Err(io::ErrorKind::WouldBlock.into()),
             Err(e) => Err(read_error(e)),
@@ -445,7 +445,7 @@ impl UdpConnection {
     /// Writes as much of `buf` to the byte stream as the send buffer takes now; an error of
     /// kind [`io::ErrorKind::WouldBlock`] when it is full. Never blocks.
     pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
-        match self.try_with(Interest::Write, |c| c.write(buf)) {
+        match self.try_with(Caller::WriteStream, |c| c.write(buf)) {
             Ok(n) => Ok(n),
             Err(WriteError::Blocked) => Err(io::ErrorKind::WouldBlock.into()),
             Err(e) => Err(write_error(e)),
@@ -553,7 +553,7 @@ impl UdpConnection {
     /// [`Self::write_bytes`] without waiting: an error of kind
     /// [`io::ErrorKind::WouldBlock`] when the send buffer has no room for it.
     pub(crate) fn try_write_bytes(&self, data: &Bytes) -> io::Result<usize> {
-        match self.try_with(Interest::Write, |c| c.write_bytes(data)) {
+        match self.try_with(Caller::WriteStream, |c| c.write_bytes(data)) {
             Ok(n) => Ok(n),
             Err(WriteError::Blocked) => Err(io::ErrorKind::WouldBlock.into()),
             Err(e) => Err(write_error(e)),

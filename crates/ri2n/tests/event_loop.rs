@@ -474,6 +474,47 @@ fn a_call_of_another_kind_does_not_hide_what_waits_to_be_read() {
     }
 }
 
+/// A loop that looks for one kind while another waits unread (a task waiting for a message
+/// with stream bytes nobody reads yet) is woken for them once, not by each of its own looks:
+/// the first look signals the descriptors again, the next ones leave them clear until
+/// something new comes. Before, every look signalled them again and such a loop (tokio's
+/// `recv_message`, woken by each edge) spun at full speed. Both transports.
+#[test]
+fn a_reader_of_one_kind_is_not_woken_for_ever_by_another_kind_unread() {
+    for transport in [ri2n::Transport::Udp, ri2n::Transport::Tcp] {
+        let (server, _client, conn) = pair(transport, ConnectionConfig::default());
+        (&conn).write_all(b"x").unwrap();
+        let peer = server.accept().unwrap();
+        let read_fd = peer.read_readiness_fd().unwrap().as_raw_fd();
+        let any_fd = peer.readiness_fd().unwrap().as_raw_fd();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while peer.stats().recv_buffered == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{transport:?}: the byte never came"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        const LOOKS: usize = 20;
+        let mut woken = 0;
+        for _ in 0..LOOKS {
+            let e = peer.try_recv_message().unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::WouldBlock, "{transport:?}");
+            if readable(read_fd) || readable(any_fd) {
+                woken += 1;
+            }
+        }
+        // once, and maybe once more for a keepalive's acknowledgement meanwhile
+        assert!(
+            woken <= 2,
+            "{transport:?}: woken after {woken} of {LOOKS} looks for a message"
+        );
+        // the premise: the byte was there to read all along
+        let mut buf = [0u8; 8];
+        assert_eq!(peer.try_read(&mut buf).unwrap(), 1, "{transport:?}");
+    }
+}
+
 /// Fills `conn`'s send buffer with non-blocking writes while nobody reads: its writer is
 /// blocked. Returns how many bytes it wrote.
 fn block_a_writer(transport: ri2n::Transport, conn: &Connection) -> usize {

@@ -47,6 +47,7 @@ impl Shared {
                 let token = w.loop_token().filter(|_| e == Event::Readable);
                 match (token, readable.as_deref_mut()) {
                     (Some(t), Some(r)) => {
+                        w.reported(&e);
                         if !r.contains(&t) {
                             r.push(t);
                         }

@@ -26,7 +26,7 @@ use ri2n_proto::{
 
 use super::signal::Signal;
 use crate::connection::TimedEvent;
-use crate::readiness::{Interest, Waiting, Watchers};
+use crate::readiness::{Caller, Interest, Waiting, Watchers};
 
 /// Writes smaller than this are copied into the send buffer's open tail; larger buffers
 /// handed over with `write_buf` are kept whole (no copy).
@@ -757,7 +757,13 @@ impl TcpConnection {
             writer_may_retry: (st.writers_blocked.iter())
                 .any(|b| b.is_some_and(|need| room >= need)),
         };
-        self.watchers.signal_waiting(waiting);
+        let caller = match looks {
+            Looks::Room(Kind::Stream) => Caller::WriteStream,
+            Looks::Room(Kind::Message) => Caller::WriteMessage,
+            Looks::Incoming(Incoming::Stream) => Caller::ReadStream,
+            Looks::Incoming(Incoming::Messages) => Caller::ReadMessage,
+        };
+        self.watchers.signal_waiting(caller, waiting);
         st
     }
 
