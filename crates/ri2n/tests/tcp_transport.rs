@@ -3,9 +3,9 @@
 //! the byte stream, keyed, keys that do not match, the calls it does not carry fail
 //! clearly, and a client that breaks the framing is refused or told why.
 
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ri2n::{
     ConnectionConfig, ConnectionError, Endpoint, EndpointConfig, Key, KeyMismatch, LinkState,
@@ -994,4 +994,80 @@ fn a_run_of_many_small_messages_arrives_whole() {
         "the received messages differ from the sent ones"
     );
     drop(sender.join().unwrap());
+}
+
+/// A peer that sends empty messages without end to an application that reads only the byte
+/// stream is held back by the window: the messages waiting unread stay bounded, and the
+/// sender's `try_send_message` says `WouldBlock`. Before, each message's header was taken
+/// from the window as soon as it arrived, so the queue of unread messages grew without bound
+/// in the receiver's memory and the sender was never held back.
+#[test]
+fn unread_empty_messages_hold_the_sender_back() {
+    let window = 64 << 10;
+    let server = Endpoint::bind(
+        EndpointConfig::new(addrs(&["127.0.0.1:0"]))
+            .with_transport(Transport::Tcp)
+            .with_server_connection(
+                ConnectionConfig::default()
+                    .with_accept_messages(true)
+                    .with_stream_receive_window(window),
+            )
+            .server(),
+    )
+    .unwrap();
+    let client = on_one_address(false);
+    // a send buffer of 64 KiB too: what the window holds back shows in a few thousand
+    let sending = ConnectionConfig::default().with_send_buffer(64 << 10);
+    let conn = client.connect(&server.local_addrs(), sending).unwrap();
+    (&conn).write_all(b"x").unwrap();
+    let peer = server.accept().unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // the receiver's application reads the stream only (and so splits what arrives)
+    let reader = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 64];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match peer.try_read(&mut buf) {
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_micros(200))
+                    }
+                    r => assert!(r.is_ok(), "{r:?}"),
+                }
+            }
+            peer
+        })
+    };
+    const LIMIT: usize = 500_000;
+    let start = Instant::now();
+    let mut sent = 0;
+    let mut held_back = 0;
+    // held back for a whole second in a row: the window is shut
+    while sent < LIMIT && held_back < 1000 {
+        match conn.try_send_message(&[]) {
+            Ok(()) => {
+                sent += 1;
+                held_back = 0;
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                held_back += 1;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("after {sent} messages: {e}"),
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "{sent} sent");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peer = reader.join().unwrap();
+    assert!(
+        sent < LIMIT,
+        "{sent} empty messages taken with nobody reading messages"
+    );
+    // every one of them is there to read
+    let mut read = 0;
+    while let Ok(m) = peer.try_recv_message() {
+        assert_eq!(m, Some(Vec::new()));
+        read += 1;
+    }
+    assert!(read > 0 && read <= sent, "{read} of {sent} read");
 }

@@ -428,9 +428,13 @@ impl State {
         self.send_buf.push_back(payload);
     }
 
-    /// Splits the in-order received sequence into stream bytes and whole messages.
+    /// Splits the in-order received sequence into stream bytes and whole messages, until
+    /// [`Self::max_queued_messages`] wait unread: a message's chunk header is taken from the
+    /// window when it is split out, so unread messages of few or no bytes would otherwise
+    /// pile up in memory without holding the sender back.
     fn pump(&mut self) -> Result<(), ChunkError> {
-        while self.demux.position() < self.reasm.contiguous() {
+        let most = self.max_queued_messages();
+        while self.demux.position() < self.reasm.contiguous() && self.messages.len() < most {
             let at = self.demux.position();
             let mut piece = (self.recv.remove(&at)).expect("the contiguous data starts a piece");
             while !piece.is_empty() {
@@ -483,6 +487,15 @@ impl State {
                 "malformed chunk in the peer's streams",
             )));
         }
+    }
+
+    /// The most whole messages [`Self::pump`] splits out for the application to read: as many
+    /// as the receive window holds of 256-byte messages, and never fewer than 4096.
+    fn max_queued_messages(&self) -> usize {
+        let window = self.reasm.window_end() - self.reasm.consumed();
+        usize::try_from(window / 256)
+            .unwrap_or(usize::MAX)
+            .max(4096)
     }
 
     /// The application took `n` bytes of the sequence (stream bytes, a message, a header):
