@@ -1071,3 +1071,60 @@ fn unread_empty_messages_hold_the_sender_back() {
     }
     assert!(read > 0 && read <= sent, "{read} of {sent} read");
 }
+
+/// The first hello of a live connection, sent again (a replay, as anyone on the path can
+/// send one; a client draws a new ID for each connection): not answered, and nothing new is
+/// handed to `accept`. Before, it was taken as a new connection that took the live one's
+/// place, so the live one's later links joined the impostor.
+#[test]
+fn a_replayed_first_hello_does_not_take_a_live_connection_s_place() {
+    use ri2n_proto::tcp::frame::{Hello, HelloReply, HelloStatus};
+    use std::net::TcpStream;
+    let server = on_one_address(true);
+    let to = server.local_addrs()[0];
+    let hello = || {
+        let mut s = TcpStream::connect(to).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut b = Vec::new();
+        Hello {
+            connection_id: 0xfeed,
+            link: 0,
+            new_connection: true,
+            keyed: false,
+            takes_messages: false,
+            window: 1 << 20,
+            application: None,
+        }
+        .encode(&mut b);
+        s.write_all(&b).unwrap();
+        s
+    };
+    let mut first = hello();
+    let mut buf = Vec::new();
+    let reply = loop {
+        if let Some((r, _)) = HelloReply::parse(&buf).unwrap() {
+            break r;
+        }
+        let mut chunk = [0u8; 512];
+        let got = first.read(&mut chunk).unwrap();
+        assert!(got > 0, "no reply to the first hello");
+        buf.extend_from_slice(&chunk[..got]);
+    };
+    assert_eq!(reply.status, HelloStatus::Accepted);
+    let live = server.accept().unwrap();
+
+    let mut replay = hello();
+    let mut answer = Vec::new();
+    let end = replay.read_to_end(&mut answer);
+    assert!(
+        answer.is_empty(),
+        "an answer to the replay: {answer:?} ({end:?})"
+    );
+    let handed = server
+        .accept_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    assert!(handed.is_none(), "the replay was handed to accept");
+    assert!(live.close_reason().is_none(), "{:?}", live.close_reason());
+    // (dropped, the server would wait its linger for a peer that acknowledges nothing)
+    server.abort(0, "the test is over");
+}

@@ -378,6 +378,16 @@ impl TcpEndpoint {
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
         conns.retain(|_, w| w.strong_count() > 0);
         let conn = if hello.new_connection {
+            let live = (conns.get(&hello.connection_id).and_then(Weak::upgrade))
+                .is_some_and(|c| c.lock().end.is_none());
+            if live {
+                // a client draws a new ID for each connection: this is a replay of a live
+                // connection's first hello, which must not take its place (its later links
+                // would join the impostor), and it is not answered
+                drop(conns);
+                let _ = stream.shutdown(Shutdown::Both);
+                return;
+            }
             if conns.len() >= self.config.max_connections {
                 drop(conns);
                 return refuse(HelloStatus::ServerFull, None);
