@@ -34,7 +34,7 @@ use ri2n_proto::Key;
 use ri2n_proto::{ConnectionError, Event, LinkId, LinkState};
 use smallvec::SmallVec;
 
-use super::conn::{Role, State, TcpConnection};
+use super::conn::{Link, Role, State, TcpConnection};
 use super::sys;
 use crate::sched::yield_to_busy_threads;
 
@@ -1068,7 +1068,7 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
 /// takes runs again. `origin`: the watch thread's start, which the rule counts time from.
 fn soft_failure(conn: &TcpConnection, st: &mut State, now: Instant, origin: Instant) {
     for l in 0..st.links.len() {
-        if st.links[l].paused_until.is_some_and(|t| now >= t) {
+        if pause_ends(&st.links, l, now) {
             st.links[l].paused_until = None;
             st.links[l].last_pause.1 = now;
             st.links[l].last_ack_progress = now;
@@ -1101,6 +1101,18 @@ fn soft_failure(conn: &TcpConnection, st: &mut State, now: Instant, origin: Inst
     st.links[h].last_pause = (pause, now);
     st.set_link_state(h, LinkState::Degraded);
     conn.wake();
+}
+
+/// Whether link `l`, set aside as slow, takes runs again at `now`: once its pause is over, or
+/// at once when no other link takes any (they died meanwhile: a slow link is better than
+/// none, and its pause may have seconds to go).
+fn pause_ends(links: &[Link], l: usize, now: Instant) -> bool {
+    let Some(until) = links[l].paused_until else {
+        return false;
+    };
+    let others_take_runs = (links.iter().enumerate())
+        .any(|(o, k)| o != l && k.state == LinkState::Up && k.paused_until.is_none());
+    now >= until || (links[l].state == LinkState::Degraded && !others_take_runs)
 }
 
 /// A TCP connection the server answered.
@@ -1187,6 +1199,36 @@ mod tests {
     use std::process::Command;
 
     use super::*;
+
+    /// A link set aside as slow waits out its pause while another link takes the runs, and
+    /// takes them again at once when none does: before, a transfer whose other links died
+    /// stood still for the rest of the pause (up to 8 s) beside a working TCP connection.
+    #[test]
+    fn a_link_set_aside_takes_runs_again_once_no_other_does() {
+        let now = Instant::now();
+        let a: std::net::SocketAddr = "127.0.0.1:7000".parse().unwrap();
+        let mut links = vec![Link::new(a, a, now), Link::new(a, a, now)];
+        links[0].state = LinkState::Degraded;
+        links[0].paused_until = Some(now + Duration::from_secs(8));
+        links[1].state = LinkState::Up;
+        assert!(!pause_ends(&links, 0, now), "the other link takes the runs");
+        assert!(
+            pause_ends(&links, 0, now + Duration::from_secs(8)),
+            "the pause is over"
+        );
+        assert!(!pause_ends(&links, 1, now), "not set aside");
+        for other in [LinkState::Down, LinkState::Validating] {
+            links[1].state = other;
+            assert!(pause_ends(&links, 0, now), "the other link is {other:?}");
+        }
+        // the other set aside too: one of them goes back to work, then the other waits
+        links[1].state = LinkState::Degraded;
+        links[1].paused_until = Some(now + Duration::from_secs(4));
+        assert!(pause_ends(&links, 0, now));
+        links[0].state = LinkState::Up;
+        links[0].paused_until = None;
+        assert!(!pause_ends(&links, 1, now));
+    }
 
     /// A write to a connection the peer closed returns an error instead of ending the process
     /// with SIGPIPE. It runs in a child process of this test binary that gives SIGPIPE its
