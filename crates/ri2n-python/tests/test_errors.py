@@ -175,8 +175,8 @@ def test_closing_an_endpoint_ends_a_waiting_accept(endpoints) -> None:
 def test_closing_an_endpoint_stops_its_connect_on_another_thread(endpoints) -> None:
     """A connect without a timeout to a peer that never answers, on another thread (as
     ``ri2n.aio.open_connection`` runs it): closing the endpoint ends it with ``ValueError``
-    within an attempt (a second) instead of leaving the thread trying for ever, which held
-    up interpreter exit."""
+    within a slice of its wait instead of leaving the thread trying for ever, which held up
+    interpreter exit."""
     _, client = endpoints
     silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     silent.bind(("127.0.0.1", 0))  # bound and never read: no "port unreachable"

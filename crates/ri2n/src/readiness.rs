@@ -8,7 +8,8 @@
 //! that lock whenever the engine reports anything, the TCP transport's link threads just
 //! after they release it. So after a call returned `WouldBlock`, the descriptor becomes
 //! readable as soon as retrying may succeed. A call signals its descriptors again for what
-//! waits for callers of another kind (`Watchers::signal_waiting`).
+//! waits for callers of another kind, once per kind of call and signal of the connection's
+//! own (`Watchers::signal_waiting`).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
