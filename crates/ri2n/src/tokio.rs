@@ -2,6 +2,12 @@
 //! `AsyncWrite` and [`accept`] awaits the next incoming connection, both built on the
 //! readiness descriptors (`AsyncFd`) and the non-blocking calls, so no thread blocks.
 //!
+//! Two things still block, as in any code: the calls of [`AsyncConnection::get_ref`]'s
+//! [`Connection`] other than its `try_` calls, and dropping the last handle of an endpoint
+//! (its last connection included), which waits up to `EndpointConfig::close_linger` for
+//! what was written to be delivered. Drop the last one in `tokio::task::spawn_blocking`, or
+//! call [`Endpoint::close`] there first, when the peer may be unreachable.
+//!
 //! ```no_run
 //! # async fn f(server: ri2n::Endpoint) -> std::io::Result<()> {
 //! use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -64,7 +70,8 @@ impl AsyncConnection {
         }
     }
 
-    /// The connection, for statistics, events, messages and the other calls.
+    /// The connection, for statistics, events, messages and the other calls (those that
+    /// wait block the thread: from a task, use their `try_` forms).
     pub fn get_ref(&self) -> &Connection {
         &self.conn
     }
