@@ -1128,3 +1128,29 @@ fn a_replayed_first_hello_does_not_take_a_live_connection_s_place() {
     // (dropped, the server would wait its linger for a peer that acknowledges nothing)
     server.abort(0, "the test is over");
 }
+
+/// Strangers that open TCP connections to a server and say nothing, all from one host, take
+/// at most a few of the server's hello slots: a client from another address still connects,
+/// and its transfer arrives. Before, 64 of them took every slot for 5 s each, and every
+/// client's connect failed ("did not answer as a ri2n TCP server").
+#[test]
+fn silent_strangers_from_one_host_do_not_shut_out_a_client() {
+    use std::net::TcpStream;
+    let server = on_one_address(true);
+    let to = server.local_addrs()[0];
+    // 127.0.0.1 to 127.0.0.1: the strangers' source
+    let strangers: Vec<TcpStream> = (0..70).map(|_| TcpStream::connect(to).unwrap()).collect();
+    let client =
+        Endpoint::bind(EndpointConfig::new(addrs(&["127.0.0.2:0"])).with_transport(Transport::Tcp))
+            .unwrap();
+    let conn = client
+        .connect(&[to], ConnectionConfig::default())
+        .unwrap_or_else(|e| panic!("with {} silent strangers: {e}", strangers.len()));
+    (&conn).write_all(b"through").unwrap();
+    conn.finish().unwrap();
+    let peer = server.accept().unwrap();
+    let mut got = Vec::new();
+    (&peer).read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"through");
+    drop(strangers);
+}

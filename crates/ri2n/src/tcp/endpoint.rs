@@ -8,9 +8,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -41,6 +41,10 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// more is closed at once. Strangers connecting and saying nothing cost at most this many
 /// threads and descriptors, for [`HELLO_TIMEOUT`] each.
 const MAX_HELLOS: usize = 64;
+/// Of those, the most from one source address: a stranger that connects and says nothing,
+/// from one host, cannot take them all and shut out every client (a client's hellos take
+/// a round trip each, a few of them at once).
+const MAX_HELLOS_PER_SOURCE: usize = 8;
 
 /// A TCP-transport endpoint.
 #[derive(Debug)]
@@ -459,9 +463,9 @@ fn spawn_watch(conn: &Arc<TcpConnection>) -> Result<(), Error> {
 /// Accepts TCP connections until the endpoint closes; each says hello on its own thread
 /// (at most [`MAX_HELLOS`] at once).
 fn listen(ep: &Weak<TcpEndpoint>, l: &TcpListener) {
-    let hellos = Arc::new(AtomicUsize::new(0));
+    let hellos = Arc::new(Hellos::default());
     loop {
-        let Ok((stream, _)) = l.accept() else {
+        let Ok((stream, from)) = l.accept() else {
             match ep.upgrade() {
                 Some(e) if !e.closed.load(Ordering::SeqCst) => {
                     std::thread::sleep(Duration::from_millis(10));
@@ -470,8 +474,8 @@ fn listen(ep: &Weak<TcpEndpoint>, l: &TcpListener) {
                 _ => return,
             }
         };
-        if hellos.fetch_add(1, Ordering::SeqCst) >= MAX_HELLOS {
-            hellos.fetch_sub(1, Ordering::SeqCst);
+        let source = from.ip();
+        if !hellos.take(source) {
             let _ = stream.shutdown(Shutdown::Both);
             continue;
         }
@@ -480,7 +484,7 @@ fn listen(ep: &Weak<TcpEndpoint>, l: &TcpListener) {
             .name("ri2n-tcp-hello".into())
             .spawn(move || {
                 let read = read_hello(&stream);
-                count.fetch_sub(1, Ordering::SeqCst);
+                count.give_back(source);
                 if let Some((hello, handshake, leftover)) = read {
                     if let Some(ep) = ep.upgrade() {
                         ep.on_hello(&hello, handshake, stream, leftover);
@@ -488,7 +492,36 @@ fn listen(ep: &Weak<TcpEndpoint>, l: &TcpListener) {
                 }
             });
         if spawned.is_err() {
-            hellos.fetch_sub(1, Ordering::SeqCst);
+            hellos.give_back(source);
+        }
+    }
+}
+
+/// The hellos a listening address reads at once, by source address.
+#[derive(Default)]
+struct Hellos(Mutex<HashMap<IpAddr, usize>>);
+
+impl Hellos {
+    /// A slot for a hello from `source`, if one is free: at most [`MAX_HELLOS`] in all and
+    /// [`MAX_HELLOS_PER_SOURCE`] from one address.
+    fn take(&self, source: IpAddr) -> bool {
+        let mut by_source = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let total: usize = by_source.values().sum();
+        let from = by_source.get(&source).copied().unwrap_or(0);
+        if total >= MAX_HELLOS || from >= MAX_HELLOS_PER_SOURCE {
+            return false;
+        }
+        *by_source.entry(source).or_default() += 1;
+        true
+    }
+
+    fn give_back(&self, source: IpAddr) {
+        let mut by_source = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = by_source.get_mut(&source) {
+            *n -= 1;
+            if *n == 0 {
+                by_source.remove(&source);
+            }
         }
     }
 }
