@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
@@ -37,14 +37,11 @@ const OTHER_PAIRS_AFTER: Duration = Duration::from_millis(200);
 /// How long a server waits for a new TCP connection's hello, all of it (with a key, the
 /// handshake message too).
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
-/// New TCP connections a listening address reads hellos from at once, each on a thread; one
-/// more is closed at once. Strangers connecting and saying nothing cost at most this many
-/// threads and descriptors, for [`HELLO_TIMEOUT`] each.
+/// New TCP connections a listening address reads hellos from at once, each on a thread. One
+/// more lets the oldest go: a client's hello takes a round trip, so the oldest are strangers
+/// that connected and say nothing, who cost at most this many threads and descriptors, and
+/// shut no client out unless they come faster than this many per round trip.
 const MAX_HELLOS: usize = 64;
-/// Of those, the most from one source address: a stranger that connects and says nothing,
-/// from one host, cannot take them all and shut out every client (a client's hellos take
-/// a round trip each, a few of them at once).
-const MAX_HELLOS_PER_SOURCE: usize = 8;
 
 /// A TCP-transport endpoint.
 #[derive(Debug)]
@@ -465,7 +462,7 @@ fn spawn_watch(conn: &Arc<TcpConnection>) -> Result<(), Error> {
 fn listen(ep: &Weak<TcpEndpoint>, l: &TcpListener) {
     let hellos = Arc::new(Hellos::default());
     loop {
-        let Ok((stream, from)) = l.accept() else {
+        let Ok((stream, _)) = l.accept() else {
             match ep.upgrade() {
                 Some(e) if !e.closed.load(Ordering::SeqCst) => {
                     std::thread::sleep(Duration::from_millis(10));
@@ -474,17 +471,16 @@ fn listen(ep: &Weak<TcpEndpoint>, l: &TcpListener) {
                 _ => return,
             }
         };
-        let source = from.ip();
-        if !hellos.take(source) {
+        let Some(id) = hellos.take(&stream) else {
             let _ = stream.shutdown(Shutdown::Both);
             continue;
-        }
+        };
         let (ep, count) = (ep.clone(), hellos.clone());
         let spawned = std::thread::Builder::new()
             .name("ri2n-tcp-hello".into())
             .spawn(move || {
                 let read = read_hello(&stream);
-                count.give_back(source);
+                count.give_back(id);
                 if let Some((hello, handshake, leftover)) = read {
                     if let Some(ep) = ep.upgrade() {
                         ep.on_hello(&hello, handshake, stream, leftover);
@@ -492,37 +488,36 @@ fn listen(ep: &Weak<TcpEndpoint>, l: &TcpListener) {
                 }
             });
         if spawned.is_err() {
-            hellos.give_back(source);
+            hellos.give_back(id);
         }
     }
 }
 
-/// The hellos a listening address reads at once, by source address.
+/// The hellos a listening address is reading, oldest first.
 #[derive(Default)]
-struct Hellos(Mutex<HashMap<IpAddr, usize>>);
+struct Hellos(Mutex<(u64, VecDeque<(u64, TcpStream)>)>);
 
 impl Hellos {
-    /// A slot for a hello from `source`, if one is free: at most [`MAX_HELLOS`] in all and
-    /// [`MAX_HELLOS_PER_SOURCE`] from one address.
-    fn take(&self, source: IpAddr) -> bool {
-        let mut by_source = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let total: usize = by_source.values().sum();
-        let from = by_source.get(&source).copied().unwrap_or(0);
-        if total >= MAX_HELLOS || from >= MAX_HELLOS_PER_SOURCE {
-            return false;
-        }
-        *by_source.entry(source).or_default() += 1;
-        true
-    }
-
-    fn give_back(&self, source: IpAddr) {
-        let mut by_source = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = by_source.get_mut(&source) {
-            *n -= 1;
-            if *n == 0 {
-                by_source.remove(&source);
+    /// A slot for the hello of `stream`, under a number for [`Self::give_back`]: with
+    /// [`MAX_HELLOS`] taken, the oldest's connection is shut (its reader then gives it back);
+    /// `None` if the stream cannot be watched so.
+    fn take(&self, stream: &TcpStream) -> Option<u64> {
+        let watched = stream.try_clone().ok()?;
+        let mut inner = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let (next, reading) = &mut *inner;
+        if reading.len() >= MAX_HELLOS {
+            if let Some((_, oldest)) = reading.pop_front() {
+                let _ = oldest.shutdown(Shutdown::Both);
             }
         }
+        *next += 1;
+        reading.push_back((*next, watched));
+        Some(*next)
+    }
+
+    fn give_back(&self, id: u64) {
+        let mut inner = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        inner.1.retain(|(i, _)| *i != id);
     }
 }
 
