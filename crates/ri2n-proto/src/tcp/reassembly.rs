@@ -23,6 +23,9 @@ pub enum PlacementError {
     /// The stream's end moved, or lies below bytes that arrived.
     #[error("the end of the stream at {0} contradicts the bytes received")]
     BadFin(u64),
+    /// Bytes that would open one more hole than [`Reassembly::max_holes`].
+    #[error("stream bytes in more than {0} pieces ahead of the missing ones")]
+    TooScattered(usize),
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -111,6 +114,12 @@ impl Reassembly {
         if let Some(f) = self.fin.filter(|&f| r.end > f) {
             return Err(PlacementError::BadFin(f));
         }
+        // each piece held costs memory beyond its bytes: a peer that sends bytes here and there
+        // and never the missing ones would otherwise hold far more than the window
+        let most = self.max_holes();
+        if self.holes() >= most && self.received.would_add_range(r.clone()) {
+            return Err(PlacementError::TooScattered(most));
+        }
         self.link(link).bytes += len;
         let new = self.received.gaps_in(r.start.max(self.contiguous)..r.end);
         if !new.is_empty() {
@@ -169,6 +178,15 @@ impl Reassembly {
         self.links.get(link).map_or(0, |l| l.bytes)
     }
 
+    /// The most out-of-order ranges held at once: one per 128 bytes of the window (each
+    /// costs about that in bookkeeping), and never fewer than 4096. A sender's runs and
+    /// repairs, in rounds over a few links, leave far fewer.
+    pub fn max_holes(&self) -> usize {
+        usize::try_from(self.window / 128)
+            .unwrap_or(usize::MAX)
+            .max(4096)
+    }
+
     /// Out-of-order ranges held beyond the contiguous prefix.
     pub fn holes(&self) -> usize {
         self.received
@@ -180,6 +198,31 @@ impl Reassembly {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bytes here and there ahead of missing ones are held up to `max_holes` pieces: one more
+    /// is refused (the link ends it), while bytes that extend a held piece, or fill the start,
+    /// are still taken.
+    #[test]
+    fn pieces_ahead_of_missing_bytes_are_bounded() {
+        let mut r = Reassembly::new(1 << 20);
+        let most = r.max_holes();
+        assert_eq!(most, 8192);
+        for k in 0..most as u64 {
+            r.accept(0, 2 * k + 1, 1).unwrap();
+        }
+        assert_eq!(r.holes(), most);
+        let beyond = 2 * most as u64 + 1;
+        assert_eq!(
+            r.accept(0, beyond, 1),
+            Err(PlacementError::TooScattered(most))
+        );
+        // touching a held piece opens no hole
+        assert!(r.accept(0, 2, 1).is_ok());
+        assert_eq!(r.holes(), most - 1);
+        r.accept(0, 0, 1).unwrap();
+        assert_eq!(r.contiguous(), 4);
+        assert_eq!(Reassembly::new(64 << 10).max_holes(), 4096);
+    }
 
     #[test]
     fn runs_are_placed_by_their_links_order_alone() {

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, Bytes, BytesMut};
 use ri2n_proto::tcp::frame::MAX_REASON;
 use ri2n_proto::tcp::keys::{ClientLinkHandshake, FrameKey, FrameKeys, MAX_FRAME};
-use ri2n_proto::tcp::{Hello, HelloReply, HelloStatus, LinkView, Record, Work};
+use ri2n_proto::tcp::{Hello, HelloReply, HelloStatus, LinkView, PlacementError, Record, Work};
 use ri2n_proto::Key;
 use ri2n_proto::{ConnectionError, Event, LinkId, LinkState};
 use smallvec::SmallVec;
@@ -818,8 +818,12 @@ fn read_records(
                     return Ok(());
                 };
                 let contiguous = st.reasm.contiguous();
-                let new = (st.reasm.accept(l, offset, len))
-                    .map_err(|_| violation("stream bytes outside the receive window"))?;
+                let new = (st.reasm.accept(l, offset, len)).map_err(|e| {
+                    violation(match e {
+                        PlacementError::TooScattered(_) => "stream bytes in too many pieces",
+                        _ => "stream bytes outside the receive window",
+                    })
+                })?;
                 for g in new {
                     let (s, e) = ((g.start - offset) as usize, (g.end - offset) as usize);
                     st.recv.insert(g.start, kept(&data, s..e));
