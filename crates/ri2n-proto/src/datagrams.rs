@@ -622,7 +622,7 @@ impl IncomingDatagrams {
         let new = if seq < self.next {
             let late = self.skipped.contains(seq);
             if late {
-                self.skipped.remove(seq..seq + 1);
+                self.forget_skipped(seq);
                 tracing::debug!(seq, next = self.next, "datagram given up on arrived late");
             }
             late
@@ -646,7 +646,7 @@ impl IncomingDatagrams {
             if seq < self.next {
                 // given up on by that, with the held ones before which it was missing: it
                 // arrived late, once (a piece of it now belongs to a datagram already lost)
-                self.skipped.remove(seq..seq + 1);
+                self.forget_skipped(seq);
                 if part != DatagramPart::Whole {
                     return self.ready.len() > before;
                 }
@@ -827,6 +827,14 @@ impl IncomingDatagrams {
         self.skip_to(seq);
         self.release_in_order();
         true
+    }
+
+    /// Datagram `seq`, given up on, arrived late: it is no longer awaited. Taking it out of
+    /// a run splits the run in two, so the bound on the runs remembered holds here too: a
+    /// peer that sends the odd numbers below a jump would otherwise add a run with each.
+    fn forget_skipped(&mut self, seq: u64) {
+        self.skipped.remove(seq..seq + 1);
+        self.skipped.keep_highest(SKIPPED_RUNS);
     }
 
     /// Gives up on the datagrams from `next` to before `seq`, remembering their numbers.
@@ -1604,6 +1612,30 @@ mod tests {
         q.push_piece(t0, 0, 0, DatagramPart::First, &[1; 100]);
         assert_eq!(q.pop(), None, "a piece handed over as a datagram");
         assert_eq!((q.received, q.dropped), (1, 1));
+    }
+
+    /// Late datagrams taken out of one long run given up on, every other number (a faulty or
+    /// hostile peer's), leave at most `SKIPPED_RUNS` runs remembered: before, each split the
+    /// run and added one, for the connection's life.
+    #[test]
+    fn late_datagrams_below_a_jump_do_not_grow_what_is_remembered() {
+        let t0 = Instant::now();
+        let mut q = IncomingDatagrams::new(1 << 20, Duration::ZERO);
+        assert!(q.push(t0, 0, 1 << 30, &[]));
+        assert_eq!(
+            q.skipped.range_count(),
+            1,
+            "the premise: one run below the jump"
+        );
+        for k in 0..3 * SKIPPED_RUNS as u64 {
+            assert!(q.push(t0, 0, 2 * k + 1, &[]), "late datagram {}", 2 * k + 1);
+            assert!(q.pop().is_some());
+        }
+        assert!(
+            q.skipped.range_count() <= SKIPPED_RUNS,
+            "{} runs remembered",
+            q.skipped.range_count()
+        );
     }
 
     /// Numbers that jump far ahead (a faulty peer's, or a long run lost) are remembered as
