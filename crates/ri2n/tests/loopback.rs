@@ -93,9 +93,13 @@ enum Api {
 
 /// Sends seeded random bytes client → server, at least `len` and for as long as `during` runs
 /// against the client endpoint and connection (so a fault it applies always meets data on the
-/// move, however fast the code is); returns the elapsed time after checking the bytes arrived
-/// exactly.
-fn transfer(p: &Pair, len: usize, during: impl FnOnce(&Endpoint, &Connection) + Send) -> Duration {
+/// move, however fast the code is); returns the elapsed time and the sender's statistics
+/// after checking the bytes arrived exactly.
+fn transfer(
+    p: &Pair,
+    len: usize,
+    during: impl FnOnce(&Endpoint, &Connection) + Send,
+) -> (Duration, ri2n::ConnectionStats) {
     transfer_with(p, len, Api::Copy, during)
 }
 
@@ -104,7 +108,7 @@ fn transfer_with(
     len: usize,
     api: Api,
     during: impl FnOnce(&Endpoint, &Connection) + Send,
-) -> Duration {
+) -> (Duration, ri2n::ConnectionStats) {
     let server_addr = p.server.local_addrs()[0];
     let server = p.server.clone();
     let receiver = thread::spawn(move || {
@@ -221,14 +225,24 @@ fn transfer_with(
     assert_eq!(receiver.join().unwrap(), sent);
     let stats = conn.stats();
     assert_eq!(stats.links.len(), 2, "both links in use: {stats:?}");
-    elapsed
+    (elapsed, stats)
+}
+
+/// The premise of a transfer through a lossy link: the link lost packets while it carried
+/// part of the data (an impairment that did nothing, or a link left unused, would pass).
+fn assert_lost_while_carrying(stats: &ri2n::ConnectionStats, lossy: std::net::SocketAddr) {
+    let link = stats.links.iter().find(|l| l.local == lossy);
+    assert!(
+        link.is_some_and(|l| l.packets_lost > 0 && l.stream_bytes_acked > 0),
+        "the lossy link {lossy}: {link:?}"
+    );
 }
 
 #[test]
 fn transfer_over_two_loopback_links() {
     let p = pair();
     let len = 64 << 20;
-    let t = transfer(&p, len, |_, _| {});
+    let (t, _) = transfer(&p, len, |_, _| {});
     println!(
         "{} MiB in {t:?}: {:.0} Mbit/s",
         len >> 20,
@@ -241,7 +255,8 @@ fn transfer_with_one_link_losing_20_percent() {
     let p = pair();
     let lossy = p.client.local_addrs()[1];
     p.client.impairment(lossy).unwrap().set_loss(0.2);
-    transfer(&p, 16 << 20, |_, _| {});
+    let (_, stats) = transfer(&p, 16 << 20, |_, _| {});
+    assert_lost_while_carrying(&stats, lossy);
 }
 
 #[test]
@@ -259,7 +274,8 @@ fn through_10_percent_loss(api: Api) {
     let p = pair();
     let lossy = p.client.local_addrs()[1];
     p.client.impairment(lossy).unwrap().set_loss(0.1);
-    transfer_with(&p, 24 << 20, api, |_, _| {});
+    let (_, stats) = transfer_with(&p, 24 << 20, api, |_, _| {});
+    assert_lost_while_carrying(&stats, lossy);
 }
 
 /// With a key, the receiving thread opens what it received before it hands it to the engine
@@ -276,7 +292,7 @@ fn keyed_transfer_arrives_exact_and_is_opened_ahead_of_the_engine() {
     };
     let lossy = p.client.local_addrs()[1];
     p.client.impairment(lossy).unwrap().set_loss(0.05);
-    transfer(&p, 32 << 20, |_, conn| {
+    let (_, stats) = transfer(&p, 32 << 20, |_, conn| {
         let deadline = Instant::now() + Duration::from_secs(60);
         while conn.stats().bytes_acknowledged < 16 << 20 {
             assert!(Instant::now() < deadline, "16 MiB acknowledged within 60 s");
@@ -293,6 +309,7 @@ fn keyed_transfer_arrives_exact_and_is_opened_ahead_of_the_engine() {
             stats.packets_opened_ahead
         );
     });
+    assert_lost_while_carrying(&stats, lossy);
 }
 
 /// Waits (at most `limit`) until `done` holds for link 1's statistics; panics naming `what`

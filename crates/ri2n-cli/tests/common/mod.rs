@@ -154,10 +154,13 @@ impl TempFile {
     }
 }
 
-/// Removes the file, and what a receiver that did not finish left under its partial name.
+/// Removes the file (or the directory a test made under its name, with what it holds), and
+/// what a receiver that did not finish left under its partial name.
 impl Drop for TempFile {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        if std::fs::remove_file(&self.0).is_err() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
         let _ = std::fs::remove_file(self.partial());
     }
 }
