@@ -194,6 +194,8 @@ fn over_tcp_the_links_that_carried_a_transfer_came_up() {
     let sent = write_random(input.path(), 4 << 20, 9);
     let out = output.path().to_str().unwrap();
     let (recv, a) = ri2n_listening(&["recv", "--transport", "tcp", "--output", out]);
+    // a TCP-transport client is refused at once by a port nobody listens on yet
+    wait_tcp_listening(&a, Duration::from_secs(10));
     let (s, o) = send_file(&a, input.path(), &["--transport", "tcp", "--json"]);
     let err = stderr_of(&o);
     assert_eq!(s.code(), Some(0), "send exit code; stderr: {err}");
@@ -408,7 +410,7 @@ fn tcp_transport_a_killed_receiver_is_reported_by_the_sender() {
     use std::io::Write;
     let output = TempFile::new("tcp-killed");
     let (mut recv, to) = spawn_recv(free_port(), output.path(), &["--transport", "tcp"]);
-    std::thread::sleep(Duration::from_millis(300));
+    wait_tcp_listening(&to, Duration::from_secs(10));
     let mut send = spawn_piped_send(&to, &["--transport", "tcp", "--input", "-"]);
     let mut stdin = send.child.as_mut().unwrap().stdin.take().unwrap();
     let chunk = vec![0x5a_u8; 1 << 20];

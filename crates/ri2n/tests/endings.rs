@@ -499,25 +499,25 @@ fn a_client_writing_to_a_dropped_connection_is_told_nobody_reads_on(transport: T
 }
 
 /// Closing an endpoint while one of its connections is still in its handshake, with nothing
-/// written (another thread's connect to a peer that never answers): nothing was left
-/// undelivered, and `close` says so. It reported `NotDelivered` with 1 connection and 0 bytes.
+/// written (a connect to a peer that never answers): nothing was left undelivered, and
+/// `close` says so. It reported `NotDelivered` with 1 connection and 0 bytes.
 #[test]
 fn closing_during_a_handshake_with_nothing_written_delivers_everything() {
     let silent = UdpSocket::bind("127.0.0.1:0").unwrap(); // bound, never read: no ICMP
     let to = silent.local_addr().unwrap();
     let client = Endpoint::client(&[loopback("127.0.0.1")]).unwrap();
-    let connecting = client.clone();
-    let attempt = std::thread::spawn(move || {
-        let config = ConnectionConfig::default().with_handshake_timeout(Duration::from_secs(2));
-        connecting.connect(&[to], config).map(|_| ())
-    });
-    std::thread::sleep(Duration::from_millis(300));
-    // shorter than the handshake's timeout: it is still going on when `close` gives up
+    let config = ConnectionConfig::default().with_handshake_timeout(Duration::from_secs(20));
+    let conn = client.start_connect(&[to], config).unwrap();
+    // the premise: the handshake is under way when the close comes, and outlasts its wait
+    assert_eq!(conn.state(), ri2n::ConnectionState::Connecting);
     let closed = client.close(Some(Duration::from_millis(200)));
     assert!(closed.is_ok(), "{closed:?}");
-    // the premise: the handshake got no answer (the close ended it)
-    let r = attempt.join().unwrap();
-    assert!(r.is_err(), "{r:?}");
+    // the close ended the handshake (it did not time out on its own)
+    let ended = conn.wait_connected(Some(Duration::from_secs(5)));
+    assert!(
+        matches!(ended, Err(ref e) if !matches!(e, ConnectionError::TimedOut(_))),
+        "{ended:?}"
+    );
 }
 
 /// A server whose connection the client aborted, with nothing written on either side, had

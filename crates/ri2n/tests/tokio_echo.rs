@@ -237,7 +237,15 @@ async fn connected(
 async fn a_connection_wrapped_again_reads_what_waits() {
     let (server, conn) = connected(|mut c| std::io::Write::write_all(&mut c, &[5u8; 100])).await;
     let accepted = ri2n::tokio::accept(&server).await.unwrap().into_inner();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // the premise: all 100 bytes wait before the first wrapping is undone
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while accepted.stats().recv_buffered < 100 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the 100 bytes never came"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     let mut ten = [0u8; 10];
     assert_eq!(accepted.try_read(&mut ten).unwrap(), 10);
     let mut again = ri2n::tokio::AsyncConnection::new(accepted).unwrap();

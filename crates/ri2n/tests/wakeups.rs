@@ -92,6 +92,12 @@ fn a_call_waiting_on_an_idle_connection_is_not_woken_by_a_busy_one() {
         assert_eq!(reply, msg, "reply {i}");
     }
     let woken = switches(tid) - before;
+    // the premise: the idle connection's call was waiting all along (a read that returned
+    // early would be switched to no more)
+    assert!(
+        !waiter.is_finished(),
+        "the idle connection's read returned early"
+    );
     counted_tx.send(()).unwrap();
     echo.join().unwrap();
     assert!(
