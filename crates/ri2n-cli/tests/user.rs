@@ -554,8 +554,8 @@ fn a_second_recv_to_the_same_file_is_refused() {
 }
 
 /// `recv --output` naming stdout's file by another name (`/dev/stdout` with stdout redirected
-/// to a file), or a symbolic link to a file: the data lands in that file and the link stays a
-/// link. Before, the first wrote `/dev/stdout.partial` and renamed it over `/dev/stdout` (as
+/// to a file), or a symbolic link to a file (dangling too): the data lands in that file and the
+/// link stays a link. Before, the first wrote `/dev/stdout.partial` and renamed it over `/dev/stdout` (as
 /// root; the file stdout went to stayed empty, exit 0), the second replaced the link.
 #[test]
 fn recv_writes_through_dev_stdout_and_links() {
@@ -582,43 +582,30 @@ fn recv_writes_through_dev_stdout_and_links() {
     assert!(dev_stdout.is_symlink(), "/dev/stdout was replaced");
     assert!(std::fs::metadata("/dev/stdout.partial").is_err());
 
-    // a link to a file: the file is replaced, the link stays
+    // through a link: the file it points to is written, and the link stays
+    let through = |link: &Path, target: &Path| {
+        let port = free_port();
+        let (recv, to) = spawn_recv(port, link, &[]);
+        wait_udp_bound(port, Duration::from_secs(10));
+        let (s, o) = send_file(&to, input.path(), &[]);
+        assert!(s.success(), "send: {}", stderr_of(&o));
+        let (s, o) = recv.wait(Duration::from_secs(20));
+        assert_eq!(s.code(), Some(0), "recv: {}", stderr_of(&o));
+        assert!(std::fs::symlink_metadata(link).unwrap().is_symlink());
+        assert_eq!(sha256_file(target), (sum, 3 << 20));
+    };
     let target = TempFile::new("through-target");
     std::fs::write(target.path(), b"old").unwrap();
     let link = TempFile::new("through-link");
     std::os::unix::fs::symlink(target.path(), link.path()).unwrap();
-    let port = free_port();
-    let (recv, to) = spawn_recv(port, link.path(), &[]);
-    wait_udp_bound(port, Duration::from_secs(10));
-    let (s, o) = send_file(&to, input.path(), &[]);
-    assert!(s.success(), "send: {}", stderr_of(&o));
-    let (s, o) = recv.wait(Duration::from_secs(20));
-    assert_eq!(s.code(), Some(0), "recv: {}", stderr_of(&o));
-    assert!(std::fs::symlink_metadata(link.path()).unwrap().is_symlink());
-    assert_eq!(sha256_file(target.path()), (sum, 3 << 20));
-}
-
-/// `recv --output LINK` where LINK dangles: the file is created where the link points
-/// (relative to the link's directory) and the link stays. Before, the link itself was
-/// replaced by the file.
-#[test]
-fn recv_through_a_dangling_link_creates_its_target() {
-    let input = TempFile::new("dangling-in");
-    let sum = write_random(input.path(), 1 << 20, 5);
+    through(link.path(), target.path());
+    // a dangling link, relative to its directory: the file is made where it points (before,
+    // the link itself was replaced by the file)
     let target = TempFile::new("dangling-target");
     let link = TempFile::new("dangling-link");
-    let relative = target.path().file_name().unwrap();
-    std::os::unix::fs::symlink(relative, link.path()).unwrap();
+    std::os::unix::fs::symlink(target.path().file_name().unwrap(), link.path()).unwrap();
     assert!(!target.path().exists(), "the premise: the link dangles");
-    let port = free_port();
-    let (recv, to) = spawn_recv(port, link.path(), &[]);
-    wait_udp_bound(port, Duration::from_secs(10));
-    let (s, o) = send_file(&to, input.path(), &[]);
-    assert!(s.success(), "send: {}", stderr_of(&o));
-    let (s, o) = recv.wait(Duration::from_secs(20));
-    assert_eq!(s.code(), Some(0), "recv: {}", stderr_of(&o));
-    assert!(std::fs::symlink_metadata(link.path()).unwrap().is_symlink());
-    assert_eq!(sha256_file(target.path()), (sum, 1 << 20));
+    through(link.path(), target.path());
 }
 
 /// A `FILE.partial` that someone else made a symbolic link, or a second name of another file,

@@ -475,6 +475,41 @@ fn closing_the_client_endpoint_waits_for_delivery_and_says_when_it_failed() {
     );
 }
 
+/// A raw TCP connection to `to` that has said the hello of link `link` of connection `id`
+/// (a new one, without a key), as a client of the TCP transport would.
+fn say_hello(to: SocketAddr, id: u64, link: u8) -> std::net::TcpStream {
+    let mut s = std::net::TcpStream::connect(to).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut b = Vec::new();
+    ri2n_proto::tcp::frame::Hello {
+        connection_id: id,
+        link,
+        new_connection: true,
+        keyed: false,
+        takes_messages: false,
+        window: 1 << 20,
+        application: None,
+    }
+    .encode(&mut b);
+    s.write_all(&b).unwrap();
+    s
+}
+
+/// Reads the server's reply to a hello from `s`: the reply, what was read (the reply and
+/// whatever followed it), and the reply's length.
+fn read_reply(s: &mut std::net::TcpStream) -> (ri2n_proto::tcp::frame::HelloReply, Vec<u8>, usize) {
+    let mut buf = Vec::new();
+    loop {
+        if let Some((r, n)) = ri2n_proto::tcp::frame::HelloReply::parse(&buf).unwrap() {
+            return (r, buf, n);
+        }
+        let mut chunk = [0u8; 512];
+        let got = s.read(&mut chunk).unwrap();
+        assert!(got > 0, "no reply to the hello");
+        buf.extend_from_slice(&chunk[..got]);
+    }
+}
+
 /// A client that breaks the framing of the TCP transport is refused or told why, and the
 /// server goes on. A hello naming a link beyond the 8 a connection has closes the TCP
 /// connection (the server's hello thread indexed its links by it and panicked); a record of
@@ -482,29 +517,11 @@ fn closing_the_client_endpoint_waits_for_delivery_and_says_when_it_failed() {
 /// ended without one, and the client could only guess).
 #[test]
 fn a_client_that_breaks_the_framing_is_refused_or_told_why() {
-    use ri2n_proto::tcp::frame::{Hello, HelloReply, HelloStatus, Record};
-    use std::net::TcpStream;
+    use ri2n_proto::tcp::frame::{HelloStatus, Record};
     let server = on_one_address(true);
     let to = server.local_addrs()[0];
-    let say_hello = |link: u8| {
-        let mut s = TcpStream::connect(to).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let mut b = Vec::new();
-        Hello {
-            connection_id: 0x5eed + u64::from(link),
-            link,
-            new_connection: true,
-            keyed: false,
-            takes_messages: false,
-            window: 1 << 20,
-            application: None,
-        }
-        .encode(&mut b);
-        s.write_all(&b).unwrap();
-        s
-    };
 
-    let mut beyond = say_hello(8);
+    let mut beyond = say_hello(to, 0x5eed + 8, 8);
     let mut answer = Vec::new();
     let end = beyond.read_to_end(&mut answer);
     assert!(
@@ -512,17 +529,8 @@ fn a_client_that_breaks_the_framing_is_refused_or_told_why() {
         "an answer to link 8: {answer:?} ({end:?})"
     );
 
-    let mut s = say_hello(0);
-    let mut buf = Vec::new();
-    let (reply, n) = loop {
-        if let Some(r) = HelloReply::parse(&buf).unwrap() {
-            break r;
-        }
-        let mut chunk = [0u8; 512];
-        let got = s.read(&mut chunk).unwrap();
-        assert!(got > 0, "no reply to a good hello");
-        buf.extend_from_slice(&chunk[..got]);
-    };
+    let mut s = say_hello(to, 0x5eed, 0);
+    let (reply, mut buf, n) = read_reply(&mut s);
     assert_eq!(reply.status, HelloStatus::Accepted);
     let accepted = server.accept().unwrap();
     s.write_all(&[0xee; 16]).unwrap();
@@ -1090,42 +1098,14 @@ fn unread_empty_messages_hold_the_sender_back() {
 /// place, so the live one's later links joined the impostor.
 #[test]
 fn a_replayed_first_hello_does_not_take_a_live_connection_s_place() {
-    use ri2n_proto::tcp::frame::{Hello, HelloReply, HelloStatus};
-    use std::net::TcpStream;
     let server = on_one_address(true);
     let to = server.local_addrs()[0];
-    let hello = || {
-        let mut s = TcpStream::connect(to).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let mut b = Vec::new();
-        Hello {
-            connection_id: 0xfeed,
-            link: 0,
-            new_connection: true,
-            keyed: false,
-            takes_messages: false,
-            window: 1 << 20,
-            application: None,
-        }
-        .encode(&mut b);
-        s.write_all(&b).unwrap();
-        s
-    };
-    let mut first = hello();
-    let mut buf = Vec::new();
-    let reply = loop {
-        if let Some((r, _)) = HelloReply::parse(&buf).unwrap() {
-            break r;
-        }
-        let mut chunk = [0u8; 512];
-        let got = first.read(&mut chunk).unwrap();
-        assert!(got > 0, "no reply to the first hello");
-        buf.extend_from_slice(&chunk[..got]);
-    };
-    assert_eq!(reply.status, HelloStatus::Accepted);
+    let mut first = say_hello(to, 0xfeed, 0);
+    let (reply, _, _) = read_reply(&mut first);
+    assert_eq!(reply.status, ri2n_proto::tcp::frame::HelloStatus::Accepted);
     let live = server.accept().unwrap();
 
-    let mut replay = hello();
+    let mut replay = say_hello(to, 0xfeed, 0);
     let mut answer = Vec::new();
     let end = replay.read_to_end(&mut answer);
     assert!(
@@ -1173,40 +1153,17 @@ fn silent_strangers_from_one_host_do_not_shut_out_a_client() {
 /// some 450 MB for one connection's 8 MiB window, from any client of a server without a key.
 #[test]
 fn a_client_that_scatters_bytes_ahead_of_a_hole_is_cut_off() {
-    use ri2n_proto::tcp::frame::{Hello, HelloReply, HelloStatus, Record};
-    use std::net::TcpStream;
+    use ri2n_proto::tcp::frame::{HelloStatus, Record};
     let server = on_one_address(true);
     let to = server.local_addrs()[0];
-    let mut s = TcpStream::connect(to).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut out = Vec::new();
-    Hello {
-        connection_id: 0x5ca7,
-        link: 0,
-        new_connection: true,
-        keyed: false,
-        takes_messages: false,
-        window: 1 << 20,
-        application: None,
-    }
-    .encode(&mut out);
-    s.write_all(&out).unwrap();
-    let mut buf = Vec::new();
-    let n = loop {
-        if let Some((r, n)) = HelloReply::parse(&buf).unwrap() {
-            assert_eq!(r.status, HelloStatus::Accepted);
-            break n;
-        }
-        let mut chunk = [0u8; 512];
-        let got = s.read(&mut chunk).unwrap();
-        assert!(got > 0, "no reply to the hello");
-        buf.extend_from_slice(&chunk[..got]);
-    };
+    let mut s = say_hello(to, 0x5ca7, 0);
+    let (reply, mut buf, n) = read_reply(&mut s);
+    assert_eq!(reply.status, HelloStatus::Accepted);
     let accepted = server.accept().unwrap();
+    let mut out = Vec::new();
     // one byte at every other offset, never the first: past the bound (65 536 pieces with
     // the server's 8 MiB window)
     const PIECES: u64 = 70_000;
-    out.clear();
     for k in 0..PIECES {
         Record::Repair {
             offset: 2 * k + 1,
