@@ -510,6 +510,43 @@ fn read_reply(s: &mut std::net::TcpStream) -> (ri2n_proto::tcp::frame::HelloRepl
     }
 }
 
+/// Reads what the server sends on `s` until it closes, after the `n` bytes of its reply in
+/// `buf`; returns the code and reason of the CLOSE record among it, after checking that the
+/// server's end of `accepted` was a protocol violation.
+fn server_closed_for_a_violation(
+    s: &mut std::net::TcpStream,
+    mut buf: Vec<u8>,
+    n: usize,
+    accepted: &ri2n::Connection,
+) -> (u64, String) {
+    use ri2n_proto::tcp::frame::Record;
+    let _ = s.read_to_end(&mut buf);
+    let mut rest = &buf[n..];
+    let close = loop {
+        let parsed = Record::parse(rest);
+        let Ok(Some((record, len))) = parsed else {
+            panic!(
+                "no CLOSE record: {parsed:?} at {:?}",
+                &rest[..rest.len().min(40)]
+            );
+        };
+        rest = &rest[len..];
+        if let Record::Close { code, reason_len } = record {
+            let reason = &rest[..usize::from(reason_len).min(rest.len())];
+            break (code, String::from_utf8_lossy(reason).into_owned());
+        }
+    };
+    assert!(
+        matches!(
+            accepted.close_reason(),
+            Some(ConnectionError::ProtocolViolation(_))
+        ),
+        "{:?}",
+        accepted.close_reason()
+    );
+    close
+}
+
 /// A client that breaks the framing of the TCP transport is refused or told why, and the
 /// server goes on. A hello naming a link beyond the 8 a connection has closes the TCP
 /// connection (the server's hello thread indexed its links by it and panicked); a record of
@@ -517,7 +554,7 @@ fn read_reply(s: &mut std::net::TcpStream) -> (ri2n_proto::tcp::frame::HelloRepl
 /// ended without one, and the client could only guess).
 #[test]
 fn a_client_that_breaks_the_framing_is_refused_or_told_why() {
-    use ri2n_proto::tcp::frame::{HelloStatus, Record};
+    use ri2n_proto::tcp::frame::HelloStatus;
     let server = on_one_address(true);
     let to = server.local_addrs()[0];
 
@@ -530,34 +567,15 @@ fn a_client_that_breaks_the_framing_is_refused_or_told_why() {
     );
 
     let mut s = say_hello(to, 0x5eed, 0);
-    let (reply, mut buf, n) = read_reply(&mut s);
+    let (reply, buf, n) = read_reply(&mut s);
     assert_eq!(reply.status, HelloStatus::Accepted);
     let accepted = server.accept().unwrap();
     s.write_all(&[0xee; 16]).unwrap();
     // what the server sends until it closes: acknowledgements, then the CLOSE
-    let _ = s.read_to_end(&mut buf);
-    let mut rest = &buf[n..];
-    let close = loop {
-        let Ok(Some((record, len))) = Record::parse(rest) else {
-            panic!("no CLOSE record in {:?}", &buf[n..]);
-        };
-        rest = &rest[len..];
-        if let Record::Close { code, reason_len } = record {
-            let reason = &rest[..usize::from(reason_len).min(rest.len())];
-            break (code, String::from_utf8_lossy(reason).into_owned());
-        }
-    };
+    let close = server_closed_for_a_violation(&mut s, buf, n, &accepted);
     assert!(
         close.0 != 0 && close.1.contains("malformed record"),
         "{close:?}"
-    );
-    assert!(
-        matches!(
-            accepted.close_reason(),
-            Some(ConnectionError::ProtocolViolation(_))
-        ),
-        "{:?}",
-        accepted.close_reason()
     );
 
     // the server goes on
@@ -1157,7 +1175,7 @@ fn a_client_that_scatters_bytes_ahead_of_a_hole_is_cut_off() {
     let server = on_one_address(true);
     let to = server.local_addrs()[0];
     let mut s = say_hello(to, 0x5ca7, 0);
-    let (reply, mut buf, n) = read_reply(&mut s);
+    let (reply, buf, n) = read_reply(&mut s);
     assert_eq!(reply.status, HelloStatus::Accepted);
     let accepted = server.accept().unwrap();
     let mut out = Vec::new();
@@ -1174,30 +1192,7 @@ fn a_client_that_scatters_bytes_ahead_of_a_hole_is_cut_off() {
     }
     // the server may close before it read all: a failed write is part of being cut off
     let _ = s.write_all(&out);
-    let _ = s.read_to_end(&mut buf);
-    let mut rest = &buf[n..];
-    let close = loop {
-        let parsed = Record::parse(rest);
-        let Ok(Some((record, len))) = parsed else {
-            panic!(
-                "no CLOSE from the server: {parsed:?} at {:?}",
-                &rest[..rest.len().min(40)]
-            );
-        };
-        rest = &rest[len..];
-        if let Record::Close { reason_len, .. } = record {
-            let reason = &rest[..usize::from(reason_len).min(rest.len())];
-            break String::from_utf8_lossy(reason).into_owned();
-        }
-    };
-    assert!(close.contains("too many pieces"), "{close}");
-    assert!(
-        matches!(
-            accepted.close_reason(),
-            Some(ConnectionError::ProtocolViolation(_))
-        ),
-        "{:?}",
-        accepted.close_reason()
-    );
+    let (_, reason) = server_closed_for_a_violation(&mut s, buf, n, &accepted);
+    assert!(reason.contains("too many pieces"), "{reason}");
     assert_serves_a_new_client(&server, ConnectionConfig::default());
 }
