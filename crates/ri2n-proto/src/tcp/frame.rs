@@ -21,8 +21,18 @@ pub const MAX_ADDRS: usize = 16;
 /// Longest run or repair payload a record announces (the receiver refuses longer ones, so a
 /// corrupt length cannot make it allocate gigabytes).
 pub const MAX_RUN: u32 = 4 << 20;
-/// Longest close reason.
+/// Longest close reason, in bytes.
 pub const MAX_REASON: usize = 1024;
+
+/// `reason` cut to at most [`MAX_REASON`] bytes on a character's boundary, so that what a
+/// CLOSE carries stays UTF-8.
+pub fn close_reason(reason: &str) -> &str {
+    let mut end = reason.len().min(MAX_REASON);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    &reason[..end]
+}
 
 const T_ROUND: u8 = 1;
 const T_RUN: u8 = 2;
@@ -537,6 +547,16 @@ mod tests {
             .len(),
             11
         );
+    }
+
+    #[test]
+    fn a_long_close_reason_is_cut_between_characters() {
+        assert_eq!(close_reason("peer gone"), "peer gone");
+        let long = "é".repeat(MAX_REASON);
+        let cut = close_reason(&long);
+        // two bytes per character: the 1024th byte would split one
+        assert_eq!(cut.len(), MAX_REASON);
+        assert_eq!(close_reason(&format!("x{long}")).len(), MAX_REASON - 1);
     }
 
     #[test]

@@ -27,7 +27,7 @@ use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
-use ri2n_proto::tcp::frame::MAX_REASON;
+use ri2n_proto::tcp::frame::{close_reason, MAX_REASON};
 use ri2n_proto::tcp::keys::{ClientLinkHandshake, FrameKey, FrameKeys, MAX_FRAME};
 use ri2n_proto::tcp::{Hello, HelloReply, HelloStatus, LinkView, PlacementError, Record, Work};
 use ri2n_proto::Key;
@@ -372,7 +372,7 @@ fn compose(
     }
     if close_due {
         let (code, reason) = &st.close_record;
-        let reason = &reason.as_bytes()[..reason.len().min(MAX_REASON)];
+        let reason = close_reason(reason).as_bytes();
         Record::Close {
             code: *code,
             reason_len: reason.len() as u16,
