@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::io::{BufRead, Read, Write};
+use std::io::{BufRead, Write};
 use std::net::UdpSocket;
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
@@ -27,7 +27,21 @@ fn one_gib_over_two_links() {
 #[test]
 fn one_gib_with_a_link_losing_20_percent() {
     let _g = heavy();
-    transfer(GIB, &["--fault", "0:127.0.0.2:loss=0.2"]);
+    let out = transfer(GIB, &["--json", "--fault", "0:127.0.0.2:loss=0.2"]);
+    // the premise: the lossy link carried packets and lost some of them (the scheduler
+    // leaves it little, so what it lost had to be sent again while data moved)
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let lossy = &doc["links"][1];
+    assert_eq!(
+        lossy["remote"]
+            .as_str()
+            .map(|r| r.starts_with("127.0.0.2:")),
+        Some(true)
+    );
+    assert!(
+        lossy["packets_lost"].as_u64() > Some(0),
+        "the lossy link lost nothing: {lossy}"
+    );
 }
 
 /// A transfer's memory stays within its buffers however long it runs: through 1 GiB from a
@@ -305,20 +319,16 @@ fn the_connect_timeout_is_kept() {
     assert!(err.contains("no answer") && err.contains("1.5 s"), "{err}");
 }
 
-/// `ri2n serve --max-clients-per-address 1` serving one bench refuses a second one at once:
+/// `ri2n serve --max-clients-per-address 1` holding one client refuses a second one at once:
 /// exit 3, saying the server is full.
 #[test]
 fn a_full_server_refuses_a_client_at_once() {
     let (_server, a) = serve_with(&["--max-clients-per-address", "1"]);
-    let _first = Proc::spawn(
-        "ri2n bench",
-        Command::new(bin())
-            .args(["bench", "--to", &a, "--latency", "--count", "100000"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null()),
-    );
-    // the first client holds its connection (a long latency test) before the second comes
-    std::thread::sleep(Duration::from_millis(500));
+    // the first client, from 127.0.0.1 as the second: connected when `connect` returns, and
+    // it holds its place for 10 s before it must name a test
+    let client = ri2n::Endpoint::client(&["127.0.0.1:0".parse().unwrap()]).unwrap();
+    let config = ri2n::ConnectionConfig::default().with_discover(false);
+    let _first = client.connect(&[a.parse().unwrap()], config).unwrap();
     let start = Instant::now();
     let (s, o) = ri2n(
         ["bench", "--to", &a, "--time", "1"],
@@ -368,27 +378,29 @@ fn link_events_are_reported_as_they_happen() {
     let (recv, a) = spawn_recv(free_port(), Path::new("/dev/null"), &[]);
     thread::sleep(Duration::from_millis(200));
     // 2 × 100 Mbit/s: about 2 s of transfer after the link comes back at 1.2 s
-    let mut send = Command::new(bin())
-        .args(["send", "--json", "--to", &a, "--input"])
-        .arg(input.path())
-        .args([
-            "--fault",
-            "0:127.0.0.1:rate=100M",
-            "--fault",
-            "0:127.0.0.2:rate=100M",
-        ])
-        .args([
-            "--fault",
-            "0.5:127.0.0.2:down",
-            "--fault",
-            "1.2:127.0.0.2:up",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = send.stderr.take().unwrap();
+    let mut send = Proc::spawn(
+        "send",
+        Command::new(bin())
+            .args(["send", "--json", "--to", &a, "--input"])
+            .arg(input.path())
+            .args([
+                "--fault",
+                "0:127.0.0.1:rate=100M",
+                "--fault",
+                "0:127.0.0.2:rate=100M",
+            ])
+            .args([
+                "--fault",
+                "0.5:127.0.0.2:down",
+                "--fault",
+                "1.2:127.0.0.2:up",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    // stderr is read here, each line stamped as it comes; the output (JSON) by `wait`
+    let stderr = send.child.as_mut().unwrap().stderr.take().unwrap();
     let lines = thread::spawn(move || {
         use std::io::BufRead;
         std::io::BufReader::new(stderr)
@@ -397,11 +409,9 @@ fn link_events_are_reported_as_they_happen() {
             .map(|l| (Instant::now(), l))
             .collect::<Vec<_>>()
     });
-    let mut stdout = send.stdout.take().unwrap();
-    let mut json = Vec::new();
-    stdout.read_to_end(&mut json).unwrap();
-    let status = send.wait().unwrap();
+    let (status, out) = send.wait(Duration::from_secs(60));
     let exited = Instant::now();
+    let json = out.stdout;
     let lines = lines.join().unwrap();
     let (r, ro) = recv.wait(Duration::from_secs(20));
     let text: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();

@@ -670,7 +670,8 @@ fn a_sender_learns_that_the_receiver_could_not_write_what_it_acknowledged() {
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     let sender = Proc::spawn("ri2n send", &mut send);
-    // time for all of it to arrive and be acknowledged; then the reader goes away
+    // time for all of it to arrive and be acknowledged (nothing outside the sender shows
+    // when; its message below proves it was); then the reader goes away
     std::thread::sleep(Duration::from_secs(2));
     drop(reader);
     let (s, o) = sender.wait(Duration::from_secs(20));
@@ -679,6 +680,11 @@ fn a_sender_learns_that_the_receiver_could_not_write_what_it_acknowledged() {
     assert_eq!(r.code(), Some(1), "recv: {rerr}");
     assert_eq!(s.code(), Some(4), "send: {serr}");
     assert!(serr.contains("could not write its output"), "{serr}");
+    // the premise: the receiver had acknowledged every byte before it failed
+    assert!(
+        serr.contains(&format!("{0} bytes written, {0} acknowledged", 4 << 20)),
+        "not everything was acknowledged before the reader went: {serr}"
+    );
 }
 
 /// Mistakes found before a byte moves: `recv --output ""` (an unset variable) is a usage error

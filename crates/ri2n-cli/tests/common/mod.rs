@@ -293,8 +293,9 @@ pub fn wait_tcp_listening(addr: &str, limit: Duration) {
 }
 
 /// `ri2n recv` on both loopback addresses and `ri2n send` to the first one, `len` random
-/// bytes, with `sender_args` added to the sender; checks exit codes and sha256.
-pub fn transfer(len: u64, sender_args: &[&str]) -> Duration {
+/// bytes, with `sender_args` added to the sender; checks exit codes and sha256. Returns the
+/// sender's output.
+pub fn transfer(len: u64, sender_args: &[&str]) -> Output {
     let input = TempFile::new("in");
     let output = TempFile::new("out");
     let t = Instant::now();
@@ -330,7 +331,7 @@ pub fn transfer(len: u64, sender_args: &[&str]) -> Duration {
         len >> 20,
         len as f64 * 8.0 / elapsed.as_secs_f64() / 1e6
     );
-    elapsed
+    so
 }
 
 /// Starts `ri2n serve` on both loopback addresses with `extra` options; returns it and its
