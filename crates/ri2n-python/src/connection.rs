@@ -6,10 +6,10 @@
 //! is [`never`]): a message or datagram is received by the library's timed call, in slices; a
 //! stream read (the library has no timed read) retries the non-blocking read and waits on the
 //! connection's reading descriptor in between, which `try_read` clears before it looks and
-//! the driver signals when retrying may succeed, so no wake-up is lost. Writes are the
-//! library's blocking calls: Python handles a signal once they return.
+//! the driver signals when retrying may succeed, so no wake-up is lost. Stream writes and
+//! messages wait the same way, on the writing descriptor.
 
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -64,18 +64,28 @@ enum Waited<T> {
     Slice,
 }
 
+/// What a call waits for: its readiness descriptor.
+#[derive(Clone, Copy)]
+enum Wait {
+    Read,
+    Write,
+}
+
 /// Retries the non-blocking `attempt` until it does not say `WouldBlock`, waiting on the
-/// readiness descriptor in between, until `deadline`: `TimeoutError` then.
+/// readiness descriptor for `wait` in between, until `deadline`: `TimeoutError` then.
 fn retry_until<T: Send>(
     py: Python<'_>,
     conn: &Connection,
+    wait: Wait,
     deadline: Instant,
     mut attempt: impl FnMut(&Connection) -> io::Result<T> + Send,
 ) -> PyResult<T> {
-    let fd = conn
-        .read_readiness_fd()
-        .map_err(|e| io_error(py, e))?
-        .as_raw_fd();
+    let fd = match wait {
+        Wait::Read => conn.read_readiness_fd(),
+        Wait::Write => conn.write_readiness_fd(),
+    }
+    .map_err(|e| io_error(py, e))?
+    .as_raw_fd();
     loop {
         let waited = py.detach(|| loop {
             match attempt(conn) {
@@ -150,23 +160,29 @@ fn ends_connection(e: &io::Error) -> bool {
         .is_some_and(|inner| inner.downcast_ref::<ri2n::ConnectionError>().is_some())
 }
 
-/// Bytes handed to the library per `write_buf` call by [`write_all`], as `ri2n send` does.
+/// Bytes handed to the library whole by [`write_all`], as `ri2n send` hands them.
 const SEND_CHUNK: usize = 1 << 20;
 
-/// Writes all of `data`. A large buffer goes in chunks copied into a buffer of our own and
-/// handed over whole (`Connection::write_buf`): the copy is then made before the engine's lock
-/// is taken, not under it as `write` makes it, so the library's threads never wait for it.
-fn write_all(conn: &Connection, data: &[u8]) -> io::Result<()> {
-    if data.len() < SEND_CHUNK {
-        return (&*conn).write_all(data);
-    }
-    // `write_buf` leaves the buffer empty with the memory of one already acknowledged, so
-    // the chunks after the first few allocate nothing
-    let mut buf = Vec::with_capacity(SEND_CHUNK);
-    for chunk in data.chunks(SEND_CHUNK) {
-        buf.clear();
-        buf.extend_from_slice(chunk);
-        conn.write_buf(&mut buf)?;
+/// Writes all of `data`, waiting for room as `retry_until` waits (so Ctrl-C gets through). A
+/// large buffer goes in chunks copied into a buffer of our own and handed over whole
+/// (`Connection::try_write_buf`): the copy is then made before the engine's lock is taken,
+/// not under it as `try_write` makes it, so the library's threads never wait for it.
+fn write_all(py: Python<'_>, conn: &Connection, data: &[u8]) -> PyResult<()> {
+    let mut rest = data;
+    // handed over whole, the buffer comes back with the memory of one already acknowledged,
+    // so the chunks after the first few allocate nothing
+    let mut buf = Vec::new();
+    while !rest.is_empty() {
+        let taken = if rest.len() < SEND_CHUNK {
+            retry_until(py, conn, Wait::Write, never(), |c| c.try_write(rest))?
+        } else {
+            buf.clear();
+            buf.extend_from_slice(&rest[..SEND_CHUNK]);
+            retry_until(py, conn, Wait::Write, never(), |c| {
+                c.try_write_buf(&mut buf)
+            })?
+        };
+        rest = &rest[taken..];
     }
     Ok(())
 }
@@ -190,8 +206,11 @@ impl PyConnection {
     fn send(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<usize> {
         let conn = self.get()?;
         let held = Held::readable(data)?;
-        py.detach(|| (&*conn).write(held.bytes()))
-            .map_err(|e| io_error(py, e))
+        let bytes = held.bytes();
+        if bytes.is_empty() {
+            return Ok(0);
+        }
+        retry_until(py, &conn, Wait::Write, never(), |c| c.try_write(bytes))
     }
 
     /// Writes all of ``data`` (any bytes-like object, read where it lies), waiting for room
@@ -199,8 +218,7 @@ impl PyConnection {
     fn sendall(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
         let conn = self.get()?;
         let held = Held::readable(data)?;
-        py.detach(|| write_all(&conn, held.bytes()))
-            .map_err(|e| io_error(py, e))
+        write_all(py, &conn, held.bytes())
     }
 
     /// Writes as much of ``data`` as the send buffer takes now; ``BlockingIOError`` when it
@@ -228,7 +246,7 @@ impl PyConnection {
             return Ok(PyBytes::new(py, b""));
         }
         let mut buf = vec![0u8; n.min(MAX_RECV)];
-        let got = retry_until(py, &conn, deadline, |c| c.try_read(&mut buf))?;
+        let got = retry_until(py, &conn, Wait::Read, deadline, |c| c.try_read(&mut buf))?;
         Ok(PyBytes::new(py, &buf[..got]))
     }
 
@@ -250,7 +268,7 @@ impl PyConnection {
         if into.is_empty() {
             return Ok(0);
         }
-        retry_until(py, &conn, deadline, |c| c.try_read(into))
+        retry_until(py, &conn, Wait::Read, deadline, |c| c.try_read(into))
     }
 
     /// Reads at most ``n`` bytes that have arrived; ``b""`` at the end of the stream,
@@ -291,8 +309,10 @@ impl PyConnection {
     fn send_message(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
         let conn = self.get()?;
         let held = Held::readable(data)?;
-        py.detach(|| conn.send_message(held.bytes()))
-            .map_err(|e| io_error(py, e))
+        let bytes = held.bytes();
+        retry_until(py, &conn, Wait::Write, never(), |c| {
+            c.try_send_message(bytes)
+        })
     }
 
     /// ``send_message`` if the buffer has room now; ``BlockingIOError`` otherwise.

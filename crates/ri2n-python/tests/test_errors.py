@@ -231,6 +231,59 @@ def test_ctrl_c_interrupts_a_wait_without_a_timeout(pair: Pair, call: str) -> No
     assert time.monotonic() - start < 2.0
 
 
+def _fill(conn: ri2n.Connection, messages: bool) -> int:
+    """Writes to ``conn``'s stream (or sends messages) until its peer, reading nothing, takes
+    no more for 0.5 s: its window and the send buffer are full (the UDP transport gives each
+    stream its own). Returns the bytes written."""
+    chunk = bytes(min(64 << 10, conn.max_message_size()) if messages else 1 << 20)
+    written, last, start = 0, time.monotonic(), time.monotonic()
+    while time.monotonic() - last < 0.5:
+        assert time.monotonic() - start < 20, "the send buffer never filled"
+        try:
+            if messages:
+                conn.try_send_message(chunk)
+                written += len(chunk)
+            else:
+                written += conn.try_send(chunk)
+            last = time.monotonic()
+        except BlockingIOError:
+            time.sleep(0.02)
+    return written
+
+
+@pytest.mark.parametrize("call", ["send", "sendall", "sendall_large", "send_message"])
+def test_ctrl_c_interrupts_a_write_to_a_peer_that_reads_nothing(
+    pair_on_each_transport: Pair, call: str
+) -> None:
+    """Ctrl-C reaches a write that waits for room a peer never makes, as it reaches Python's
+    own ``socket.sendall``; it used to wait on until the peer read."""
+    pair = pair_on_each_transport
+    assert _fill(pair.conn, messages=call == "send_message") > 0
+    writes = {
+        "send": lambda: pair.conn.send(b"x"),
+        "sendall": lambda: pair.conn.sendall(b"x" * 1000),
+        # handed over in whole chunks, not copied as it fits
+        "sendall_large": lambda: pair.conn.sendall(bytes(4 << 20)),
+        # as large as those that no longer fitted
+        "send_message": lambda: pair.conn.send_message(
+            bytes(min(64 << 10, pair.conn.max_message_size()))
+        ),
+    }
+    start = time.monotonic()
+    timer = _interrupt_main_thread_in(0.3)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            writes[call]()
+    finally:
+        timer.cancel()
+    assert time.monotonic() - start < 2.0
+    # the connection still works: the peer takes what was written before
+    if call == "send_message":
+        assert pair.peer.recv_message(timeout=5)
+    else:
+        assert pair.peer.recv(10, timeout=5)
+
+
 def test_closing_a_connection_another_thread_reads_ends_its_streams(pair: Pair) -> None:
     """``close()`` finishes the streams even while another thread waits in a call on the
     connection: the peer reads the end at once. It used to do nothing until that call

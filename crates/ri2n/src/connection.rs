@@ -435,6 +435,18 @@ impl Connection {
         }
     }
 
+    /// [`write_buf`](Self::write_buf) without waiting: takes a large `buf` (16 KiB or more)
+    /// whole, leaving it empty as `write_buf` does, and a small one as far as there is room
+    /// (the bytes taken leave its front); returns how many bytes it took, an error of kind
+    /// [`io::ErrorKind::WouldBlock`] when the send buffer has no room for it (the readiness
+    /// descriptors are then signalled when there is). Never blocks.
+    pub fn try_write_buf(&self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        match &self.inner {
+            Inner::Udp(c) => c.try_write_buf(buf),
+            Inner::Tcp(TcpHandle(c)) => c.take_buf(buf, false),
+        }
+    }
+
     /// Writes all of `data` to the byte stream, waiting for room, as
     /// [`write_buf`](Self::write_buf) writes a buffer, but a large `data` (16 KiB or more) is
     /// shared rather than taken: the connection keeps a clone of it (no copy) until the peer

@@ -541,6 +541,17 @@ impl UdpConnection {
         Ok(())
     }
 
+    /// [`Self::write_buf`] without waiting: takes a large `buf` whole (leaving it empty) and a
+    /// small one as far as there is room (the bytes taken leave its front); returns how many
+    /// bytes, an error of kind [`io::ErrorKind::WouldBlock`] when it took none.
+    pub(crate) fn try_write_buf(&self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        match self.try_with(Caller::WriteStream, |c| c.write_buf(buf)) {
+            Ok(n) => Ok(n),
+            Err(WriteError::Blocked) => Err(io::ErrorKind::WouldBlock.into()),
+            Err(e) => Err(write_error(e)),
+        }
+    }
+
     /// Takes `data` as [`Self::write_buf`] takes a buffer, a large one shared rather than
     /// copied (whole); returns how many bytes were taken, waiting for room.
     pub(crate) fn write_bytes(&self, data: &Bytes) -> io::Result<usize> {

@@ -652,3 +652,43 @@ fn a_writer_that_stopped_trying_is_not_told_of_room_again() {
         }
     }
 }
+
+/// `try_write_buf` takes a large buffer whole or not at all: with the send buffer full it
+/// says `WouldBlock` and leaves the buffer as it was, the writing descriptor becomes readable
+/// once room is back, and the retry takes it all, leaving it empty; a small buffer is taken as
+/// far as there is room. The peer reads exactly what was taken. Both transports.
+#[test]
+fn try_write_buf_takes_a_large_buffer_whole_once_there_is_room() {
+    for transport in [ri2n::Transport::Udp, ri2n::Transport::Tcp] {
+        let config = ConnectionConfig::default().with_send_buffer(64 << 10);
+        let (server, _client, conn) = pair(transport, config);
+        let write_fd = conn.write_readiness_fd().unwrap().as_raw_fd();
+        let written = block_a_writer(transport, &conn);
+        let mut large = vec![9u8; 32 << 10];
+        let e = conn.try_write_buf(&mut large).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::WouldBlock, "{transport:?}");
+        assert_eq!(
+            large,
+            vec![9u8; 32 << 10],
+            "{transport:?}: a refused buffer changed"
+        );
+        let peer = make_room(transport, &server, &conn, written);
+        wait_readable(write_fd, &format!("{transport:?}: room back"));
+        assert_eq!(
+            conn.try_write_buf(&mut large).unwrap(),
+            32 << 10,
+            "{transport:?}"
+        );
+        assert!(
+            large.is_empty(),
+            "{transport:?}: a buffer taken whole is left empty"
+        );
+        let mut small = b"tail".to_vec();
+        assert_eq!(conn.try_write_buf(&mut small).unwrap(), 4, "{transport:?}");
+        assert!(small.is_empty(), "{transport:?}");
+        let mut got = vec![0u8; (32 << 10) + 4];
+        (&peer).read_exact(&mut got).unwrap();
+        assert!(got[..32 << 10].iter().all(|&b| b == 9), "{transport:?}");
+        assert_eq!(&got[32 << 10..], b"tail", "{transport:?}");
+    }
+}

@@ -865,20 +865,29 @@ impl TcpConnection {
     /// Takes `buf` whole when it is large (no copy), leaving it empty (with the memory of a
     /// buffer already acknowledged, when there is one).
     pub fn write_buf(&self, buf: &mut Vec<u8>) -> io::Result<()> {
-        if buf.len() < WHOLE_BUFFER || buf.len() > chunk::MAX_CHUNK {
-            let mut at = 0;
-            while at < buf.len() {
-                at += self.write(&buf[at..], true)?;
-            }
-            buf.clear();
-            return Ok(());
+        while !buf.is_empty() {
+            self.take_buf(buf, true)?;
         }
-        let mut st = self.room_for(Kind::Stream, 0, true)?;
+        Ok(())
+    }
+
+    /// What [`Self::write_buf`] takes of `buf` in one go: a large one whole (leaving it empty,
+    /// with the memory of a buffer already acknowledged when there is one), a small one as far
+    /// as there is room (the bytes taken leave its front). Returns how many bytes; waits for
+    /// room when `block`, else says `WouldBlock`.
+    pub fn take_buf(&self, buf: &mut Vec<u8>, block: bool) -> io::Result<usize> {
+        if buf.len() < WHOLE_BUFFER || buf.len() > chunk::MAX_CHUNK {
+            let n = self.write(buf, block)?;
+            buf.drain(..n);
+            return Ok(n);
+        }
+        let mut st = self.room_for(Kind::Stream, 0, block)?;
         let spare = st.spare_send.take();
         let data = Bytes::from(std::mem::replace(buf, spare));
+        let n = data.len();
         st.append_chunk(Kind::Stream, Sequenced::ours(data));
         self.send_or_wake(st);
-        Ok(())
+        Ok(n)
     }
 
     /// Takes `data` as [`Self::write_buf`] takes a buffer, a large one shared rather than
