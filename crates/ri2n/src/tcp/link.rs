@@ -970,9 +970,9 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
             conn.wake();
             continue;
         }
-        // both streams complete and acknowledged: one CLOSE, on the first up link
+        // both streams complete and acknowledged: one CLOSE
         if st.done() && !st.links.iter().any(|l| l.ack_due) {
-            if let Some(i) = st.links.iter().position(|l| l.connected()) {
+            if let Some(i) = close_link(&st.links) {
                 st.links[i].close_due = true;
             }
             st.end(None);
@@ -1119,6 +1119,15 @@ fn pause_ends(links: &[Link], l: usize, now: Instant) -> bool {
     now >= until || (links[l].state == LinkState::Degraded && !others_take_runs)
 }
 
+/// The link to send the one clean CLOSE on: a connected link not set aside as slow if there
+/// is one, the one heard from last among them (the likeliest to carry it at once).
+fn close_link(links: &[Link]) -> Option<usize> {
+    (links.iter().enumerate())
+        .filter(|(_, l)| l.connected())
+        .max_by_key(|(_, l)| (l.state == LinkState::Up, l.last_rx))
+        .map(|(i, _)| i)
+}
+
 /// A TCP connection the server answered.
 pub(crate) struct Exchanged {
     pub stream: TcpStream,
@@ -1232,6 +1241,27 @@ mod tests {
         links[0].state = LinkState::Up;
         links[0].paused_until = None;
         assert!(!pause_ends(&links, 1, now));
+    }
+
+    #[test]
+    fn the_close_goes_on_a_link_up_and_heard_last() {
+        let now = Instant::now();
+        let a: std::net::SocketAddr = "127.0.0.1:7000".parse().unwrap();
+        let mut links = vec![
+            Link::new(a, a, now),
+            Link::new(a, a, now),
+            Link::new(a, a, now),
+        ];
+        assert_eq!(close_link(&links), None, "none connected");
+        links[0].state = LinkState::Degraded;
+        links[0].last_rx = now + Duration::from_millis(3);
+        assert_eq!(close_link(&links), Some(0), "set aside, but the only one");
+        links[1].state = LinkState::Up;
+        links[2].state = LinkState::Up;
+        links[2].last_rx = now + Duration::from_millis(1);
+        assert_eq!(close_link(&links), Some(2), "up, and heard after link 1");
+        links[2].state = LinkState::Down;
+        assert_eq!(close_link(&links), Some(1));
     }
 
     /// A write to a connection the peer closed returns an error instead of ending the process
