@@ -129,19 +129,40 @@ impl AsyncConnection {
     }
 
     /// Receives one whole message; `Ok(None)` once the peer finished its message stream.
+    /// Cancel-safe: dropped before it completes, it took no message.
     pub async fn recv_message(&self) -> io::Result<Option<Vec<u8>>> {
         self.op(&self.read_ready, Connection::try_recv_message)
             .await
     }
 
+    /// Receives one unreliable datagram (see [`Connection::recv_datagram`]); `Ok(None)` once
+    /// the connection closed cleanly and every datagram that arrived was read. Cancel-safe:
+    /// dropped before it completes, it took no datagram. Sending one never waits: call
+    /// [`Connection::send_datagram`] through [`get_ref`](Self::get_ref).
+    pub async fn recv_datagram(&self) -> io::Result<Option<Vec<u8>>> {
+        self.op(&self.read_ready, Connection::try_recv_datagram)
+            .await
+    }
+
+    /// [`recv_datagram`](Self::recv_datagram) for every datagram waiting, at most `max` (at
+    /// least one: waits for it), into `bufs` as [`Connection::recv_datagrams_into`] does:
+    /// afterwards `bufs` holds exactly the datagrams received, none once the connection
+    /// closed cleanly and every datagram that arrived was read. Cancel-safe.
+    pub async fn recv_datagrams_into(&self, bufs: &mut Vec<Vec<u8>>, max: usize) -> io::Result<()> {
+        self.op(&self.read_ready, |c| c.try_recv_datagrams_into(bufs, max))
+            .await
+    }
+
     /// Replaces `chunk` with the next bytes of the stream, without copying them (see
-    /// [`Connection::read_chunk`]); returns how many (0: the peer finished).
+    /// [`Connection::read_chunk`]); returns how many (0: the peer finished). Cancel-safe.
     pub async fn read_chunk(&self, chunk: &mut bytes::Bytes) -> io::Result<usize> {
         self.op(&self.read_ready, |c| c.try_read_chunk(chunk)).await
     }
 
     /// Writes all of `data` without copying a large one (see [`Connection::write_bytes`]),
-    /// waiting for buffer space.
+    /// waiting for buffer space. Not cancel-safe: dropped while it waits, the part of `data`
+    /// taken before is written and the rest is not, and the caller cannot tell how much
+    /// (`AsyncWriteExt::write` says how much each call took).
     pub async fn write_bytes(&self, data: bytes::Bytes) -> io::Result<()> {
         let mut rest = data;
         while !rest.is_empty() {
@@ -153,7 +174,8 @@ impl AsyncConnection {
         Ok(())
     }
 
-    /// Sends one whole message, waiting for buffer space.
+    /// Sends one whole message, waiting for buffer space. Cancel-safe: dropped before it
+    /// completes, it sent nothing.
     pub async fn send_message(&self, msg: &[u8]) -> io::Result<()> {
         self.op(&self.write_ready, |c| c.try_send_message(msg))
             .await

@@ -290,3 +290,63 @@ async fn two_tasks_waiting_on_one_connection_are_both_woken() {
     assert_eq!(got, vec![b"one".to_vec(), b"two".to_vec()]);
     drop((client, sender));
 }
+
+/// Datagrams in async code: a task echoes what `recv_datagram` gives it, and a client task
+/// gets every one of its datagrams back exactly, waiting with `recv_datagram` and
+/// `recv_datagrams_into` too. A wait
+/// given up (a timeout dropping the future while nothing came) takes nothing: the datagram
+/// sent after it is the next one received.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokio_tasks_exchange_datagrams() {
+    let locals = [loopback("127.0.0.1"), loopback("127.0.0.2")];
+    let config = EndpointConfig::new(locals.to_vec());
+    let server = Endpoint::bind(config.clone().server()).unwrap();
+    let to = server.local_addrs()[0];
+    const SENT: usize = 200 + 16;
+    let echo = tokio::spawn(async move {
+        let conn = ri2n::tokio::accept(&server).await.unwrap();
+        for _ in 0..SENT {
+            let d = conn.recv_datagram().await.unwrap().expect("a datagram");
+            conn.get_ref().send_datagram(&d).unwrap();
+        }
+        (conn, server)
+    });
+    let client = Endpoint::bind(config).unwrap();
+    let conn = ri2n::tokio::connect(&client, &[to], ConnectionConfig::default())
+        .await
+        .unwrap();
+    let idle = tokio::time::timeout(Duration::from_millis(50), conn.recv_datagram()).await;
+    assert!(idle.is_err(), "a datagram out of nowhere: {idle:?}");
+    // one at a time, each awaited: nothing is dropped for want of room
+    for i in 0..200u32 {
+        let sent: Vec<u8> = (0..i % 1000 + 1).map(|j| (j ^ i) as u8).collect();
+        conn.get_ref().send_datagram(&sent).unwrap();
+        let back = tokio::time::timeout(Duration::from_secs(10), conn.recv_datagram())
+            .await
+            .unwrap_or_else(|_| panic!("datagram {i} never came back"))
+            .unwrap();
+        assert_eq!(back.as_deref(), Some(&sent[..]), "datagram {i}");
+    }
+    // a batch, received with one call or a few
+    for i in 0..16u32 {
+        conn.get_ref().send_datagram(&i.to_be_bytes()).unwrap();
+    }
+    let (mut bufs, mut got) = (Vec::new(), Vec::new());
+    while got.len() < 16 {
+        let recv = conn.recv_datagrams_into(&mut bufs, 64);
+        tokio::time::timeout(Duration::from_secs(10), recv)
+            .await
+            .expect("the batch came back")
+            .unwrap();
+        got.extend(
+            bufs.iter()
+                .map(|b| u32::from_be_bytes(b[..].try_into().unwrap())),
+        );
+    }
+    got.sort();
+    assert_eq!(got, (0..16).collect::<Vec<_>>());
+    tokio::time::timeout(Duration::from_secs(20), echo)
+        .await
+        .expect("the echo task ends")
+        .unwrap();
+}
