@@ -30,6 +30,7 @@ mod busy_poll;
 mod config;
 mod device;
 mod links;
+mod metrics;
 mod offload;
 mod peer_loop;
 mod peers;
@@ -325,7 +326,7 @@ pub fn run(
         )
     })?;
     if let Some(addr) = options.metrics {
-        status::serve_metrics(addr, latest).map_err(|source| Error::Metrics { addr, source })?;
+        metrics::serve(addr, latest).map_err(|source| Error::Metrics { addr, source })?;
     }
 
     let peer_loop = peer_loop::start(

@@ -1,12 +1,11 @@
 //! What a running tunnel tells: every peer and every link with its state, rate, round trip
 //! and losses. The daemon samples its connections every second and serves the snapshot as
 //! JSON on a Unix socket (`ri2n tunnel status`) and, with `--metrics`, as Prometheus metrics
-//! over HTTP (`prometheus-client` writes them, `tiny_http` serves them).
+//! over HTTP (`prometheus-client` writes them, [`crate::metrics`] serves them).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::{self, Read, Write};
-use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -281,49 +280,6 @@ pub fn serve_socket(path: &Path, latest: Arc<Mutex<Status>>, peers: Arc<Peers>) 
             if let Ok(text) = serde_json::to_string(&snapshot) {
                 let _ = stream.write_all(text.as_bytes());
             }
-        }
-    });
-    Ok(())
-}
-
-/// How long a metrics client may take to send its request and to take each part of the
-/// answer: one thread answers every scrape, so a client that stops reading would otherwise
-/// hold it, and every later scrape, for ever (an idle one would hold a reading thread).
-const METRICS_CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Serves the latest snapshot as Prometheus metrics (the OpenMetrics text format) over HTTP
-/// on `addr`, to a `GET` of any path.
-pub fn serve_metrics(addr: SocketAddr, latest: Arc<Mutex<Status>>) -> io::Result<()> {
-    serve_metrics_on(
-        std::net::TcpListener::bind(addr)?,
-        latest,
-        METRICS_CLIENT_TIMEOUT,
-    )
-}
-
-/// [`serve_metrics`] on `listener`, each client given `timeout` to send and to take.
-fn serve_metrics_on(
-    listener: std::net::TcpListener,
-    latest: Arc<Mutex<Status>>,
-    timeout: Duration,
-) -> io::Result<()> {
-    // tiny_http sets no timeouts of its own; the connections it accepts inherit these
-    let socket = socket2::SockRef::from(&listener);
-    socket.set_write_timeout(Some(timeout))?;
-    socket.set_read_timeout(Some(timeout))?;
-    let server = tiny_http::Server::from_listener(listener, None).map_err(io::Error::other)?;
-    thread::spawn(move || {
-        for request in server.incoming_requests() {
-            let response = if *request.method() == tiny_http::Method::Get {
-                let body = prometheus(&latest.lock().unwrap_or_else(|e| e.into_inner()));
-                let kind = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-                let header =
-                    tiny_http::Header::from_bytes("Content-Type", kind).expect("a valid header");
-                tiny_http::Response::from_string(body).with_header(header)
-            } else {
-                tiny_http::Response::from_string("only GET is served\n").with_status_code(405)
-            };
-            let _ = request.respond(response);
         }
     });
     Ok(())
@@ -675,10 +631,11 @@ fn fixed(x: Option<f64>, decimals: usize) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn snapshot() -> Status {
+    /// A status of one peer with two links, one up and one down.
+    pub(crate) fn snapshot() -> Status {
         let link = |state: &str, rtt_us: Option<u64>| LinkStatus {
             local: "10.0.1.1:7400".into(),
             remote: format!("10.0.{}.2:7400", if rtt_us.is_some() { 1 } else { 2 }),
@@ -845,56 +802,5 @@ mod tests {
             text.lines().nth(1).unwrap().starts_with("  b \"east\""),
             "{text}"
         );
-    }
-
-    /// A TCP connection to `addr` whose receive buffer is as small as the kernel allows: what
-    /// a server writes to it fills the server's buffers after a few kilobytes.
-    fn narrow_client(addr: SocketAddr) -> std::net::TcpStream {
-        use socket2::{Domain, Socket, Type};
-        let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
-        socket.set_recv_buffer_size(1).unwrap();
-        socket.connect(&addr.into()).unwrap();
-        socket.into()
-    }
-
-    /// A scraper that asks and then reads nothing holds the metrics server a few client
-    /// timeouts at most: the next scraper is answered after it. It used to wait for ever.
-    #[test]
-    fn a_scraper_that_stops_reading_does_not_hold_the_metrics_for_ever() {
-        // metrics far larger than the sockets' buffers take while nobody reads
-        let mut many = snapshot();
-        let peer = many.peers[0].clone();
-        many.peers = (0..5000)
-            .map(|i| PeerStatus {
-                name: format!("peer{i}"),
-                ..peer.clone()
-            })
-            .collect();
-        let size = prometheus(&many).len();
-        assert!(size > 5 << 20, "{size} bytes");
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let timeout = Duration::from_secs(2);
-        serve_metrics_on(listener, Arc::new(Mutex::new(many)), timeout).unwrap();
-        let request = b"GET /metrics HTTP/1.0\r\n\r\n";
-        let mut stalled = narrow_client(addr);
-        stalled.write_all(request).unwrap();
-        // the server is now writing to `stalled`, which takes nothing more
-        thread::sleep(Duration::from_millis(200));
-        let start = Instant::now();
-        let mut next = std::net::TcpStream::connect(addr).unwrap();
-        next.set_read_timeout(Some(Duration::from_secs(30)))
-            .unwrap();
-        next.write_all(request).unwrap();
-        let mut answer = Vec::new();
-        let read = next.read_to_end(&mut answer);
-        let took = start.elapsed();
-        assert!(read.is_ok(), "no answer after {took:?}: {read:?}");
-        let answer = String::from_utf8_lossy(&answer);
-        assert!(answer.starts_with("HTTP/1.0 200"), "{}", &answer[..100]);
-        assert!(answer.trim_end().ends_with("# EOF"), "the whole answer");
-        // the stalled answer's last writes and its buffer's flush each wait out the timeout
-        assert!(took < timeout * 8, "answered after {took:?}");
-        drop(stalled);
     }
 }

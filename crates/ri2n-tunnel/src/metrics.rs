@@ -1,0 +1,349 @@
+//! The `--metrics` endpoint: answers an HTTP `GET` of any path with the latest status in the
+//! OpenMetrics text format ([`status::prometheus`](crate::status::prometheus)).
+//!
+//! A scrape is one request on one connection, so this is the small part of HTTP/1.1 it needs,
+//! on std's sockets, with `httparse` reading the request head. Each client gets a thread of
+//! its own (at most [`MAX_CLIENTS`] at once; one more is closed at once) and a deadline for
+//! the whole exchange, so no client can hold the metrics for longer. tiny_http, used before,
+//! set no timeouts (a client that stopped reading held every later scrape for ever), ended its
+//! accept loop for good at the first failed accept, and read the body a dropped request
+//! announced into an allocation of the announced size (a large `Content-Length` aborted the
+//! daemon).
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::status::{prometheus, Status};
+
+/// How long a client may take for the whole exchange: its request and our answer.
+const CLIENT_DEADLINE: Duration = Duration::from_secs(10);
+/// Clients served at once.
+const MAX_CLIENTS: usize = 16;
+/// The longest request head taken (a scrape's is a few hundred bytes).
+const MAX_HEAD: usize = 8 << 10;
+/// The exposition's media type.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Serves the latest snapshot as metrics over HTTP on `addr`, from threads of its own.
+pub fn serve(addr: SocketAddr, latest: Arc<Mutex<Status>>) -> io::Result<()> {
+    serve_on(TcpListener::bind(addr)?, latest, CLIENT_DEADLINE)
+}
+
+/// [`serve`] on `listener`, each client given `deadline` for its exchange.
+fn serve_on(
+    listener: TcpListener,
+    latest: Arc<Mutex<Status>>,
+    deadline: Duration,
+) -> io::Result<()> {
+    thread::Builder::new()
+        .name("ri2n-metrics".into())
+        .spawn(move || accept_loop(&listener, &latest, deadline))?;
+    Ok(())
+}
+
+/// A place among the [`MAX_CLIENTS`], given back when dropped (also when its thread could not
+/// be started).
+struct Place(Arc<AtomicUsize>);
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn accept_loop(listener: &TcpListener, latest: &Arc<Mutex<Status>>, deadline: Duration) {
+    let busy = Arc::new(AtomicUsize::new(0));
+    loop {
+        let stream = match listener.accept() {
+            Ok((stream, _)) => stream,
+            // A client gone before it was taken, a signal, or no descriptor or memory left
+            // for a moment: a failed accept never ends the service. The pause keeps a lasting
+            // shortage from spinning; the clients waiting stay queued meanwhile.
+            Err(_) => {
+                thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        if busy.fetch_add(1, Ordering::Relaxed) >= MAX_CLIENTS {
+            busy.fetch_sub(1, Ordering::Relaxed);
+            continue; // closed: a scraper tries again at its next interval
+        }
+        let place = Place(busy.clone());
+        let latest = latest.clone();
+        let _ = thread::Builder::new()
+            .name("ri2n-metrics-client".into())
+            .spawn(move || {
+                let _place = place;
+                let _ = answer(stream, &latest, Instant::now() + deadline);
+            });
+    }
+}
+
+/// Reads one request by `deadline` and answers it: the metrics to a `GET`, 405 to another
+/// method, 400 to what is no HTTP request, 431 to a head longer than [`MAX_HEAD`]. Then
+/// closes the connection.
+fn answer(mut stream: TcpStream, latest: &Mutex<Status>, deadline: Instant) -> io::Result<()> {
+    let mut head = Vec::with_capacity(1024);
+    let mut buf = [0u8; 1024];
+    let get = loop {
+        stream.set_read_timeout(Some(left(deadline)?))?;
+        let n = match stream.read(&mut buf) {
+            Ok(0) => return Ok(()), // gone before it asked
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        head.extend_from_slice(&buf[..n]);
+        let mut headers = [httparse::EMPTY_HEADER; 64];
+        let mut request = httparse::Request::new(&mut headers);
+        match request.parse(&head) {
+            // a body the request may announce is never read: a scrape has none
+            Ok(httparse::Status::Complete(_)) => break request.method == Some("GET"),
+            Ok(httparse::Status::Partial) if head.len() < MAX_HEAD => {}
+            Ok(httparse::Status::Partial) => {
+                let status = "431 Request Header Fields Too Large";
+                return respond(&mut stream, deadline, status, b"request head too long\n");
+            }
+            Err(_) => {
+                let status = "400 Bad Request";
+                return respond(&mut stream, deadline, status, b"not an HTTP request\n");
+            }
+        }
+    };
+    if !get {
+        let status = "405 Method Not Allowed";
+        return respond(&mut stream, deadline, status, b"only GET is served\n");
+    }
+    let body = prometheus(&latest.lock().unwrap_or_else(|e| e.into_inner()));
+    respond(&mut stream, deadline, "200 OK", body.as_bytes())
+}
+
+/// Sends the response `status` with `body` (the metrics for a 200, plain text otherwise) by
+/// `deadline`, then ends the connection.
+fn respond(stream: &mut TcpStream, deadline: Instant, status: &str, body: &[u8]) -> io::Result<()> {
+    let kind = if status.starts_with("200") {
+        OPENMETRICS
+    } else {
+        "text/plain; charset=utf-8"
+    };
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n",
+        body.len()
+    );
+    write_by(stream, deadline, head.as_bytes())?;
+    write_by(stream, deadline, body)?;
+    stream.shutdown(Shutdown::Write)?;
+    // Read until the client closes (or the deadline): closing with bytes of its unread
+    // would reset the connection, and the client could lose the end of the answer.
+    let mut rest = [0u8; 1024];
+    loop {
+        stream.set_read_timeout(Some(left(deadline)?))?;
+        match stream.read(&mut rest) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Writes all of `data`, each write given what is left of `deadline`.
+fn write_by(stream: &mut TcpStream, deadline: Instant, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        stream.set_write_timeout(Some(left(deadline)?))?;
+        match stream.write(data) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => data = &data[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// What is left of `deadline`; `TimedOut` once it has passed.
+fn left(deadline: Instant) -> io::Result<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(io::ErrorKind::TimedOut.into());
+    }
+    Ok(left)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::tests::snapshot;
+    use crate::status::PeerStatus;
+
+    /// A server of `status` on a free loopback port, each client given `deadline`.
+    fn server(status: Status, deadline: Duration) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        serve_on(listener, Arc::new(Mutex::new(status)), deadline).unwrap();
+        addr
+    }
+
+    /// Sends `request` and reads the answer to its end, within 30 s.
+    fn ask(addr: SocketAddr, request: &[u8]) -> io::Result<String> {
+        let mut stream = TcpStream::connect(addr)?;
+        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        stream.write_all(request)?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer)?;
+        Ok(String::from_utf8_lossy(&answer).into_owned())
+    }
+
+    const SCRAPE: &[u8] = b"GET /metrics HTTP/1.1\r\nHost: a\r\nAccept: */*\r\n\r\n";
+
+    /// The status and body of an answer, its `Content-Length` checked.
+    fn parts(answer: &str) -> (&str, &str) {
+        let (head, body) = answer.split_once("\r\n\r\n").expect("a head and a body");
+        let length = (head.lines())
+            .find_map(|l| l.strip_prefix("Content-Length: "))
+            .expect("a length");
+        let length: usize = length.parse().unwrap();
+        assert_eq!(length, body.len(), "{head}");
+        (head.lines().next().unwrap(), body)
+    }
+
+    #[test]
+    fn a_get_is_answered_with_the_metrics_and_anything_else_is_refused() {
+        let addr = server(snapshot(), Duration::from_secs(10));
+        let answer = ask(addr, SCRAPE).unwrap();
+        let (status, body) = parts(&answer);
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        assert!(answer.contains(&format!("Content-Type: {OPENMETRICS}")));
+        // the same lines (the exposition's families come in no set order)
+        let lines = |text: &str| {
+            let mut l: Vec<String> = text.lines().map(str::to_owned).collect();
+            l.sort();
+            l
+        };
+        assert_eq!(lines(body), lines(&prometheus(&snapshot())));
+        // an HTTP/1.0 client and one that sends its request in pieces
+        let mut slow = TcpStream::connect(addr).unwrap();
+        slow.write_all(b"GET / HTTP/1.0\r\n").unwrap();
+        thread::sleep(Duration::from_millis(50));
+        slow.write_all(b"\r\n").unwrap();
+        let mut answer = String::new();
+        slow.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+        for (request, status) in [
+            (&b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n"[..], "405"),
+            (&b"\x16\x03\x01 a TLS hello\r\n\r\n"[..], "400"),
+            // no end of the head in sight
+            (&[b'a'; MAX_HEAD + 100][..], "431"),
+        ] {
+            let answer = ask(addr, request).unwrap();
+            assert!(
+                parts(&answer).0.starts_with(&format!("HTTP/1.1 {status} ")),
+                "{answer}"
+            );
+        }
+        let long = format!("GET / HTTP/1.1\r\nX: {}\r\n\r\n", "b".repeat(MAX_HEAD));
+        let answer = ask(addr, long.as_bytes()).unwrap();
+        assert!(parts(&answer).0.starts_with("HTTP/1.1 431 "), "{answer}");
+    }
+
+    /// A TCP connection to `addr` whose receive buffer is as small as the kernel allows: what
+    /// a server writes to it fills the server's buffers after a few kilobytes.
+    fn narrow_client(addr: SocketAddr) -> TcpStream {
+        use socket2::{Domain, Socket, Type};
+        let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        socket.set_recv_buffer_size(1).unwrap();
+        socket.connect(&addr.into()).unwrap();
+        socket.into()
+    }
+
+    /// Clients that stall the server in every way a client can: one that asks and then reads
+    /// nothing of a large answer, one that sends half a request, one that says nothing, and
+    /// one that announces a body of a terabyte and sends none. Each is let go by its
+    /// deadline, and a scrape among them is answered at once. With tiny_http the first held
+    /// every later scrape for ever, and the last made it allocate a terabyte.
+    #[test]
+    fn clients_that_stall_are_let_go_and_hold_up_no_one() {
+        // metrics far larger than the sockets' buffers take while nobody reads
+        let mut many = snapshot();
+        let peer = many.peers[0].clone();
+        many.peers = (0..5000)
+            .map(|i| PeerStatus {
+                name: format!("peer{i}"),
+                ..peer.clone()
+            })
+            .collect();
+        let size = prometheus(&many).len();
+        assert!(size > 5 << 20, "{size} bytes");
+        let deadline = Duration::from_secs(2);
+        let addr = server(many, deadline);
+        let start = Instant::now();
+        let mut stalled = narrow_client(addr);
+        stalled.write_all(SCRAPE).unwrap();
+        let mut half = TcpStream::connect(addr).unwrap();
+        half.write_all(b"GET / HTTP/1.1\r\nHost:").unwrap();
+        let mut silent = TcpStream::connect(addr).unwrap();
+        // the terabyte's announcer gets its answer without its body ever being read
+        let huge = thread::spawn(move || {
+            let huge = b"GET / HTTP/1.1\r\nContent-Length: 1000000000000\r\n\r\n";
+            ask(addr, huge)
+        });
+        let answer = ask(addr, SCRAPE).unwrap();
+        let scraped = start.elapsed();
+        assert_eq!(parts(&answer).1.len(), size, "the whole answer");
+        assert!(scraped < deadline, "answered after {scraped:?}");
+        // each stalling client is closed by its deadline (a reset for one with unread bytes)
+        for (what, client) in [("half", &mut half), ("silent", &mut silent)] {
+            client.set_read_timeout(Some(deadline * 5)).unwrap();
+            let mut buf = [0u8; 64];
+            assert!(
+                matches!(client.read(&mut buf), Ok(0) | Err(_)),
+                "{what}: still open"
+            );
+            assert!(start.elapsed() < deadline * 4, "{what}: let go late");
+        }
+        assert_eq!(parts(&huge.join().unwrap().unwrap()).1.len(), size);
+        drop(stalled);
+        // and the server still serves
+        assert!(ask(addr, SCRAPE).unwrap().starts_with("HTTP/1.1 200 OK"));
+    }
+
+    /// The server serves on after a quiet spell longer than a client's deadline (no timeout
+    /// applies to the wait for the next client), and after more clients at once than it
+    /// serves (those beyond are closed at once).
+    #[test]
+    fn the_server_serves_on_after_quiet_and_after_a_crowd() {
+        let deadline = Duration::from_millis(300);
+        let addr = server(snapshot(), deadline);
+        thread::sleep(deadline * 3);
+        assert!(ask(addr, SCRAPE).unwrap().starts_with("HTTP/1.1 200 OK"));
+        let crowd: Vec<TcpStream> = (0..MAX_CLIENTS * 2)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        // a third of the deadline on, those served still wait for their request; the others
+        // were closed at once
+        thread::sleep(deadline / 3);
+        let closed = (crowd.iter())
+            .filter(|c| {
+                c.set_nonblocking(true).unwrap();
+                let read = (&mut &**c).read(&mut [0u8; 16]);
+                !matches!(read, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+            })
+            .count();
+        assert!(
+            closed > 0,
+            "no client beyond {MAX_CLIENTS} was closed at once"
+        );
+        assert!(
+            crowd.len() - closed <= MAX_CLIENTS,
+            "{} served at once",
+            crowd.len() - closed
+        );
+        thread::sleep(deadline);
+        assert!(ask(addr, SCRAPE).unwrap().starts_with("HTTP/1.1 200 OK"));
+    }
+}
