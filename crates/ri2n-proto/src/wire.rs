@@ -1180,6 +1180,21 @@ pub fn write_datagram(w: &mut Writer<'_>, seq: u64, part: DatagramPart, data: &[
     w.bytes(data);
 }
 
+/// The most reason bytes a CLOSE frame with `code` carries within `max_len` bytes.
+pub fn close_reason_room(code: u64, max_len: usize) -> usize {
+    max_len.saturating_sub(1 + varint_len(code) + 2).min(1000)
+}
+
+/// The longest start of `s` of at most `max` bytes that ends between characters (a reason cut
+/// to fit stays UTF-8).
+pub fn utf8_prefix(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 /// Writes a LINK_STATUS frame (3 bytes).
 pub fn write_link_status(w: &mut Writer<'_>, link: LinkId, status: u8) {
     w.u8(frame_type::LINK_STATUS);
@@ -1187,10 +1202,10 @@ pub fn write_link_status(w: &mut Writer<'_>, link: LinkId, status: u8) {
     w.u8(status);
 }
 
-/// Writes a CLOSE frame; the reason is cut to fit `max_len`.
+/// Writes a CLOSE frame; the reason is cut to fit `max_len` (to
+/// [`close_reason_room`] bytes).
 pub fn write_close(w: &mut Writer<'_>, code: u64, reason: &[u8], max_len: usize) {
-    let room = max_len.saturating_sub(1 + varint_len(code) + 2);
-    let reason = &reason[..reason.len().min(room).min(1000)];
+    let reason = &reason[..reason.len().min(close_reason_room(code, max_len))];
     w.u8(frame_type::CLOSE);
     w.varint(code);
     w.varint(reason.len() as u64);

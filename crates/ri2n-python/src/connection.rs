@@ -72,7 +72,9 @@ enum Wait {
 }
 
 /// Retries the non-blocking `attempt` until it does not say `WouldBlock`, waiting on the
-/// readiness descriptor for `wait` in between, until `deadline`: `TimeoutError` then.
+/// readiness descriptor for `wait` in between, until `deadline`: `TimeoutError` then. Every
+/// [`SIGNAL_CHECK`] Python handles signals, also when the descriptor keeps waking the loop
+/// (other kinds of progress signal it too) and no wait runs out.
 fn retry_until<T: Send>(
     py: Python<'_>,
     conn: &Connection,
@@ -87,17 +89,21 @@ fn retry_until<T: Send>(
     .map_err(|e| io_error(py, e))?
     .as_raw_fd();
     loop {
-        let waited = py.detach(|| loop {
-            match attempt(conn) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                r => return Waited::Done(r),
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Waited::TimedOut;
-            }
-            if !poll_readable(fd, (deadline - now).min(SIGNAL_CHECK)) {
-                return Waited::Slice;
+        let waited = py.detach(|| {
+            let slice_end = Instant::now() + SIGNAL_CHECK;
+            loop {
+                match attempt(conn) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    r => return Waited::Done(r),
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    return Waited::TimedOut;
+                }
+                if now >= slice_end {
+                    return Waited::Slice;
+                }
+                poll_readable(fd, deadline.min(slice_end) - now);
             }
         });
         match waited {
@@ -160,29 +166,36 @@ fn ends_connection(e: &io::Error) -> bool {
         .is_some_and(|inner| inner.downcast_ref::<ri2n::ConnectionError>().is_some())
 }
 
-/// Bytes handed to the library whole by [`write_all`], as `ri2n send` hands them.
+/// Bytes handed to the library whole by [`write_all`], at most, as `ri2n send` hands them.
 const SEND_CHUNK: usize = 1 << 20;
+/// The smallest buffer the library takes whole (`Connection::try_write_buf`).
+const WHOLE_BUFFER: usize = 16 << 10;
 
-/// Writes all of `data`, waiting for room as `retry_until` waits (so Ctrl-C gets through). A
-/// large buffer goes in chunks copied into a buffer of our own and handed over whole
+/// Writes all of `data`, waiting for room as `retry_until` waits, and letting Python handle
+/// signals between pieces (as its own `sendall` does). Pieces of 16 KiB or more are copied
+/// into a buffer of our own, without the GIL, and handed over whole
 /// (`Connection::try_write_buf`): the copy is then made before the engine's lock is taken,
 /// not under it as `try_write` makes it, so the library's threads never wait for it.
 fn write_all(py: Python<'_>, conn: &Connection, data: &[u8]) -> PyResult<()> {
     let mut rest = data;
     // handed over whole, the buffer comes back with the memory of one already acknowledged,
-    // so the chunks after the first few allocate nothing
+    // so the pieces after the first few allocate nothing
     let mut buf = Vec::new();
     while !rest.is_empty() {
-        let taken = if rest.len() < SEND_CHUNK {
-            retry_until(py, conn, Wait::Write, never(), |c| c.try_write(rest))?
+        let piece = &rest[..rest.len().min(SEND_CHUNK)];
+        let taken = if piece.len() < WHOLE_BUFFER {
+            retry_until(py, conn, Wait::Write, never(), |c| c.try_write(piece))?
         } else {
             buf.clear();
-            buf.extend_from_slice(&rest[..SEND_CHUNK]);
             retry_until(py, conn, Wait::Write, never(), |c| {
+                if buf.is_empty() {
+                    buf.extend_from_slice(piece);
+                }
                 c.try_write_buf(&mut buf)
             })?
         };
         rest = &rest[taken..];
+        py.check_signals()?;
     }
     Ok(())
 }
@@ -207,9 +220,6 @@ impl PyConnection {
         let conn = self.get()?;
         let held = Held::readable(data)?;
         let bytes = held.bytes();
-        if bytes.is_empty() {
-            return Ok(0);
-        }
         retry_until(py, &conn, Wait::Write, never(), |c| c.try_write(bytes))
     }
 
@@ -419,7 +429,9 @@ impl PyConnection {
     /// asyncio readiness only: register it for reading and never read it yourself. Each
     /// ``try_*`` call clears it before it looks, so after a wake-up call them until
     /// ``BlockingIOError`` (it is edge-like). One descriptor serves reads and writes: one event
-    /// loop per connection. ``-1`` once closed, like a closed socket.
+    /// loop per connection. The waiting calls (``recv``, ``sendall``, ...) clear it too, so a
+    /// loop that shares the connection with a thread making them waits on ``read_fileno()``
+    /// or ``write_fileno()`` instead. ``-1`` once closed, like a closed socket.
     fn fileno(&self, py: Python<'_>) -> PyResult<i32> {
         let Ok(conn) = self.get() else {
             return Ok(-1);

@@ -436,10 +436,13 @@ impl Connection {
     }
 
     /// [`write_buf`](Self::write_buf) without waiting: takes a large `buf` (16 KiB or more)
-    /// whole, leaving it empty as `write_buf` does, and a small one as far as there is room
-    /// (the bytes taken leave its front); returns how many bytes it took, an error of kind
-    /// [`io::ErrorKind::WouldBlock`] when the send buffer has no room for it (the readiness
-    /// descriptors are then signalled when there is). Never blocks.
+    /// whole or not at all, leaving it empty as `write_buf` does, and a small one as far as
+    /// there is room (the bytes taken leave its front); returns how many bytes it took, an
+    /// error of kind [`io::ErrorKind::WouldBlock`] when it took none (the readiness
+    /// descriptors are then signalled when there is room). A large buffer is taken, as by
+    /// `write_buf`, once the send buffer has room for all of it or is empty on the UDP
+    /// transport, and once it has any room on the TCP transport (which may then hold more
+    /// than its size). Never blocks.
     pub fn try_write_buf(&self, buf: &mut Vec<u8>) -> io::Result<usize> {
         match &self.inner {
             Inner::Udp(c) => c.try_write_buf(buf),

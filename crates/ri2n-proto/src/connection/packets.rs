@@ -287,6 +287,7 @@ impl Connection {
             }
         }
         let room = w.remaining();
+        let reason = wire::utf8_prefix(reason, wire::close_reason_room(code, room));
         wire::write_close(&mut w, code, reason.as_bytes(), room);
         let len = w.finish();
         let len = self.seal(id, pn, header_len, &mut buf[..len + tag]);

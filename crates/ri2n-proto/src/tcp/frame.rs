@@ -27,11 +27,7 @@ pub const MAX_REASON: usize = 1024;
 /// `reason` cut to at most [`MAX_REASON`] bytes on a character's boundary, so that what a
 /// CLOSE carries stays UTF-8.
 pub fn close_reason(reason: &str) -> &str {
-    let mut end = reason.len().min(MAX_REASON);
-    while !reason.is_char_boundary(end) {
-        end -= 1;
-    }
-    &reason[..end]
+    crate::wire::utf8_prefix(reason, MAX_REASON)
 }
 
 const T_ROUND: u8 = 1;

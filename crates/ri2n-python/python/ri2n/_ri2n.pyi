@@ -191,7 +191,9 @@ class Connection:
         """Waits until the peer acknowledged everything and the end (after ``finish``)."""
     def is_acknowledged(self) -> bool: ...
     def fileno(self) -> int:
-        """Readiness descriptor for the ``try_*`` calls (never read it); -1 once closed."""
+        """Readiness descriptor for the ``try_*`` calls (never read it); -1 once closed. The
+        waiting calls clear it too: beside a thread making them, use ``read_fileno()`` or
+        ``write_fileno()``."""
     def read_fileno(self) -> int:
         """Readiness descriptor of the reading calls alone (``-1`` once closed)."""
     def write_fileno(self) -> int:

@@ -876,7 +876,7 @@ impl TcpConnection {
     /// as there is room (the bytes taken leave its front). Returns how many bytes; waits for
     /// room when `block`, else says `WouldBlock`.
     pub fn take_buf(&self, buf: &mut Vec<u8>, block: bool) -> io::Result<usize> {
-        if buf.len() < WHOLE_BUFFER || buf.len() > chunk::MAX_CHUNK {
+        if buf.len() < WHOLE_BUFFER {
             let n = self.write(buf, block)?;
             buf.drain(..n);
             return Ok(n);
@@ -884,10 +884,15 @@ impl TcpConnection {
         let mut st = self.room_for(Kind::Stream, 0, block)?;
         let spare = st.spare_send.take();
         let data = Bytes::from(std::mem::replace(buf, spare));
-        let n = data.len();
-        st.append_chunk(Kind::Stream, Sequenced::ours(data));
+        // a chunk's length has 32 bits: a larger buffer goes as several, none copied
+        let mut at = 0;
+        while at < data.len() {
+            let end = data.len().min(at + chunk::MAX_CHUNK);
+            st.append_chunk(Kind::Stream, Sequenced::ours(data.slice(at..end)));
+            at = end;
+        }
         self.send_or_wake(st);
-        Ok(n)
+        Ok(data.len())
     }
 
     /// Takes `data` as [`Self::write_buf`] takes a buffer, a large one shared rather than
