@@ -5,7 +5,11 @@
  * Every call that fails returns NULL or a negative errno value and sets errno;
  * ri2n_last_error() then says what went wrong, in words. Every function is safe
  * to call from any thread; one ri2n_conn may be read by one thread while another
- * writes to it. */
+ * writes to it. The calls that wait go on waiting through signals, as read(2) does
+ * under SA_RESTART: a program that must act on a signal (Ctrl-C) waits with poll(2)
+ * on the readiness descriptors (ri2n_conn_read_fd, ri2n_conn_write_fd,
+ * ri2n_endpoint_fd) and calls the ri2n_try_* functions, or gives the waiting
+ * calls that take one a timeout. */
 
 #ifndef RI2N_H
 #define RI2N_H
