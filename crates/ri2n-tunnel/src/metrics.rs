@@ -3,8 +3,8 @@
 //!
 //! A scrape is one request on one connection, so this is the small part of HTTP/1.1 it needs,
 //! on std's sockets, with `httparse` reading the request head. Each client gets a thread of
-//! its own (at most [`MAX_CLIENTS`] at once; one more is closed at once) and a deadline for
-//! the whole exchange, so no client can hold the metrics for longer. tiny_http, used before,
+//! its own (at most [`MAX_CLIENTS`] at once; one more is closed at once), a deadline for its
+//! request and one for the whole exchange, so no client can hold a place for longer. tiny_http, used before,
 //! set no timeouts (a client that stopped reading held every later scrape for ever), ended its
 //! accept loop for good at the first failed accept, and read the body a dropped request
 //! announced into an allocation of the announced size (a large `Content-Length` aborted the
@@ -21,6 +21,9 @@ use crate::status::{prometheus, Status};
 
 /// How long a client may take for the whole exchange: its request and our answer.
 const CLIENT_DEADLINE: Duration = Duration::from_secs(10);
+/// How long a client may take to send its request (a scraper sends it at once): clients
+/// that say nothing hold the places for no longer.
+const HEAD_DEADLINE: Duration = Duration::from_secs(2);
 /// Clients served at once.
 const MAX_CLIENTS: usize = 16;
 /// The longest request head taken (a scrape's is a few hundred bytes).
@@ -78,20 +81,39 @@ fn accept_loop(listener: &TcpListener, latest: &Arc<Mutex<Status>>, deadline: Du
             .name("ri2n-metrics-client".into())
             .spawn(move || {
                 let _place = place;
-                let _ = answer(stream, &latest, Instant::now() + deadline);
+                let now = Instant::now();
+                let head_deadline = now + deadline.min(HEAD_DEADLINE);
+                let _ = answer(stream, &latest, head_deadline, now + deadline);
             });
     }
 }
 
-/// Reads one request by `deadline` and answers it: the metrics to a `GET`, 405 to another
-/// method, 400 to what is no HTTP request, 431 to a head longer than [`MAX_HEAD`]. Then
-/// closes the connection.
-fn answer(mut stream: TcpStream, latest: &Mutex<Status>, deadline: Instant) -> io::Result<()> {
+/// What a request asked for.
+enum Asked {
+    /// The metrics (`GET`), or only their head (`HEAD`).
+    Metrics { body: bool },
+    /// Something this server does not do, and the answer's status and text.
+    Refused(&'static str, &'static [u8]),
+}
+
+/// Reads one request (its head by `head_deadline`) and answers it by `deadline`: the metrics
+/// to a `GET` (their head to a `HEAD`), 405 to another method, 400 to what is no HTTP
+/// request, 431 to a head longer than [`MAX_HEAD`]. Then closes the connection.
+fn answer(
+    mut stream: TcpStream,
+    latest: &Mutex<Status>,
+    head_deadline: Instant,
+    deadline: Instant,
+) -> io::Result<()> {
+    // the head goes out in one write, and a small answer with it: no wait for an ACK
+    stream.set_nodelay(true)?;
     let mut head = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
-    let get = loop {
-        stream.set_read_timeout(Some(left(deadline)?))?;
-        let n = match stream.read(&mut buf) {
+    let asked = loop {
+        stream.set_read_timeout(Some(left(head_deadline)?))?;
+        // never more than MAX_HEAD bytes: a head that long and unfinished is refused
+        let room = buf.len().min(MAX_HEAD - head.len());
+        let n = match stream.read(&mut buf[..room]) {
             Ok(0) => return Ok(()), // gone before it asked
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -100,43 +122,43 @@ fn answer(mut stream: TcpStream, latest: &Mutex<Status>, deadline: Instant) -> i
         head.extend_from_slice(&buf[..n]);
         let mut headers = [httparse::EMPTY_HEADER; 64];
         let mut request = httparse::Request::new(&mut headers);
+        let too_long = Asked::Refused(
+            "431 Request Header Fields Too Large",
+            b"request head too long\n",
+        );
         match request.parse(&head) {
             // a body the request may announce is never read: a scrape has none
-            Ok(httparse::Status::Complete(_)) => break request.method == Some("GET"),
+            Ok(httparse::Status::Complete(_)) => {
+                break match request.method {
+                    Some("GET") => Asked::Metrics { body: true },
+                    Some("HEAD") => Asked::Metrics { body: false },
+                    _ => {
+                        Asked::Refused("405 Method Not Allowed", b"only GET and HEAD are served\n")
+                    }
+                };
+            }
             Ok(httparse::Status::Partial) if head.len() < MAX_HEAD => {}
-            Ok(httparse::Status::Partial) => {
-                let status = "431 Request Header Fields Too Large";
-                return respond(&mut stream, deadline, status, b"request head too long\n");
-            }
-            Err(_) => {
-                let status = "400 Bad Request";
-                return respond(&mut stream, deadline, status, b"not an HTTP request\n");
-            }
+            Ok(httparse::Status::Partial) | Err(httparse::Error::TooManyHeaders) => break too_long,
+            Err(_) => break Asked::Refused("400 Bad Request", b"not an HTTP request\n"),
         }
     };
-    if !get {
-        let status = "405 Method Not Allowed";
-        return respond(&mut stream, deadline, status, b"only GET is served\n");
+    let mut answer = Vec::new();
+    match asked {
+        Asked::Metrics { body } => {
+            // formatted outside the lock, which the sampler takes every second
+            let status = latest.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let metrics = prometheus(&status);
+            answer_head(&mut answer, "200 OK", OPENMETRICS, metrics.len());
+            if body {
+                answer.extend_from_slice(metrics.as_bytes());
+            }
+        }
+        Asked::Refused(status, text) => {
+            answer_head(&mut answer, status, "text/plain; charset=utf-8", text.len());
+            answer.extend_from_slice(text);
+        }
     }
-    let body = prometheus(&latest.lock().unwrap_or_else(|e| e.into_inner()));
-    respond(&mut stream, deadline, "200 OK", body.as_bytes())
-}
-
-/// Sends the response `status` with `body` (the metrics for a 200, plain text otherwise) by
-/// `deadline`, then ends the connection.
-fn respond(stream: &mut TcpStream, deadline: Instant, status: &str, body: &[u8]) -> io::Result<()> {
-    let kind = if status.starts_with("200") {
-        OPENMETRICS
-    } else {
-        "text/plain; charset=utf-8"
-    };
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\n\
-         Connection: close\r\n\r\n",
-        body.len()
-    );
-    write_by(stream, deadline, head.as_bytes())?;
-    write_by(stream, deadline, body)?;
+    write_by(&mut stream, deadline, &answer)?;
     stream.shutdown(Shutdown::Write)?;
     // Read until the client closes (or the deadline): closing with bytes of its unread
     // would reset the connection, and the client could lose the end of the answer.
@@ -150,6 +172,16 @@ fn respond(stream: &mut TcpStream, deadline: Instant, status: &str, body: &[u8])
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Appends the head of an answer with `status`, a body of `kind` and `len` bytes.
+fn answer_head(out: &mut Vec<u8>, status: &str, kind: &str, len: usize) {
+    // what a 405 must name (RFC 9110, 15.5.6), said on every answer
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len}\r\n\
+         Allow: GET, HEAD\r\nConnection: close\r\n\r\n"
+    );
+    out.extend_from_slice(head.as_bytes());
 }
 
 /// Writes all of `data`, each write given what is left of `deadline`.
@@ -228,14 +260,28 @@ mod tests {
         assert_eq!(lines(body), lines(&prometheus(&snapshot())));
         // an HTTP/1.0 client and one that sends its request in pieces
         let mut slow = TcpStream::connect(addr).unwrap();
+        slow.set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
         slow.write_all(b"GET / HTTP/1.0\r\n").unwrap();
         thread::sleep(Duration::from_millis(50));
         slow.write_all(b"\r\n").unwrap();
         let mut answer = String::new();
         slow.read_to_string(&mut answer).unwrap();
         assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+        // HEAD: the head alone, saying how long the metrics are
+        let answer = ask(addr, b"HEAD / HTTP/1.1\r\n\r\n").unwrap();
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+        let metrics_len = prometheus(&snapshot()).len();
+        assert!(
+            head.contains(&format!("Content-Length: {metrics_len}\r\n")),
+            "{head}"
+        );
+        assert_eq!(body, "");
+        let many_headers = format!("GET / HTTP/1.1\r\n{}\r\n", "X: y\r\n".repeat(70));
         for (request, status) in [
             (&b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n"[..], "405"),
+            (many_headers.as_bytes(), "431"),
             (&b"\x16\x03\x01 a TLS hello\r\n\r\n"[..], "400"),
             // no end of the head in sight
             (&[b'a'; MAX_HEAD + 100][..], "431"),
@@ -246,8 +292,14 @@ mod tests {
                 "{answer}"
             );
         }
-        let long = format!("GET / HTTP/1.1\r\nX: {}\r\n\r\n", "b".repeat(MAX_HEAD));
-        let answer = ask(addr, long.as_bytes()).unwrap();
+        // a head of MAX_HEAD bytes is served, one byte more is refused
+        let with_x = |len: usize| {
+            let x = "b".repeat(len - "GET / HTTP/1.1\r\nX: \r\n\r\n".len());
+            format!("GET / HTTP/1.1\r\nX: {x}\r\n\r\n")
+        };
+        let answer = ask(addr, with_x(MAX_HEAD).as_bytes()).unwrap();
+        assert!(parts(&answer).0.starts_with("HTTP/1.1 200 "), "{answer}");
+        let answer = ask(addr, with_x(MAX_HEAD + 1).as_bytes()).unwrap();
         assert!(parts(&answer).0.starts_with("HTTP/1.1 431 "), "{answer}");
     }
 
@@ -279,7 +331,8 @@ mod tests {
             .collect();
         let size = prometheus(&many).len();
         assert!(size > 5 << 20, "{size} bytes");
-        let deadline = Duration::from_secs(2);
+        // longer than the request's deadline: the stalled answer is let go after the others
+        let deadline = Duration::from_secs(5);
         let addr = server(many, deadline);
         let start = Instant::now();
         let mut stalled = narrow_client(addr);
@@ -296,7 +349,7 @@ mod tests {
         let scraped = start.elapsed();
         assert_eq!(parts(&answer).1.len(), size, "the whole answer");
         assert!(scraped < deadline, "answered after {scraped:?}");
-        // each stalling client is closed by its deadline (a reset for one with unread bytes)
+        // each client that does not finish its request is closed by the request's deadline
         for (what, client) in [("half", &mut half), ("silent", &mut silent)] {
             client.set_read_timeout(Some(deadline * 5)).unwrap();
             let mut buf = [0u8; 64];
@@ -304,7 +357,11 @@ mod tests {
                 matches!(client.read(&mut buf), Ok(0) | Err(_)),
                 "{what}: still open"
             );
-            assert!(start.elapsed() < deadline * 4, "{what}: let go late");
+            let at = start.elapsed();
+            assert!(
+                at >= HEAD_DEADLINE / 2 && at < deadline,
+                "{what}: let go after {at:?}"
+            );
         }
         assert_eq!(parts(&huge.join().unwrap().unwrap()).1.len(), size);
         drop(stalled);
@@ -321,29 +378,43 @@ mod tests {
         let addr = server(snapshot(), deadline);
         thread::sleep(deadline * 3);
         assert!(ask(addr, SCRAPE).unwrap().starts_with("HTTP/1.1 200 OK"));
+        let deadline = Duration::from_secs(2);
+        let addr = server(snapshot(), deadline);
+        let start = Instant::now();
         let crowd: Vec<TcpStream> = (0..MAX_CLIENTS * 2)
             .map(|_| TcpStream::connect(addr).unwrap())
             .collect();
-        // a third of the deadline on, those served still wait for their request; the others
-        // were closed at once
-        thread::sleep(deadline / 3);
-        let closed = (crowd.iter())
-            .filter(|c| {
-                c.set_nonblocking(true).unwrap();
-                let read = (&mut &**c).read(&mut [0u8; 16]);
-                !matches!(read, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-            })
-            .count();
-        assert!(
-            closed > 0,
-            "no client beyond {MAX_CLIENTS} was closed at once"
-        );
-        assert!(
-            crowd.len() - closed <= MAX_CLIENTS,
-            "{} served at once",
-            crowd.len() - closed
-        );
-        thread::sleep(deadline);
-        assert!(ask(addr, SCRAPE).unwrap().starts_with("HTTP/1.1 200 OK"));
+        // those served wait for their requests until their deadline; the others are closed
+        // at once
+        for c in &crowd {
+            c.set_nonblocking(true).unwrap();
+        }
+        let closed = || {
+            (crowd.iter())
+                .filter(|c| {
+                    let read = (&mut &**c).read(&mut [0u8; 16]);
+                    !matches!(read, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+                })
+                .count()
+        };
+        while closed() < MAX_CLIENTS {
+            assert!(
+                start.elapsed() < deadline * 3 / 4,
+                "{} of {} closed at once",
+                closed(),
+                crowd.len()
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+        // the crowd leaves: its places are free again
+        drop(crowd);
+        let served = (0..50).any(|_| {
+            let answer = ask(addr, SCRAPE).unwrap_or_default();
+            answer.starts_with("HTTP/1.1 200 OK") || {
+                thread::sleep(Duration::from_millis(100));
+                false
+            }
+        });
+        assert!(served, "not served after the crowd left");
     }
 }
