@@ -146,10 +146,14 @@ def test_calls_on_closed_things(pair: Pair) -> None:
     pair.client.close()
 
 
-def test_writing_after_finish_is_a_broken_pipe(pair: Pair) -> None:
+def test_writing_after_finish_is_a_broken_pipe(pair_on_each_transport: Pair) -> None:
+    """Also an empty write, as Python's own ``socket.send(b"")`` after ``shutdown``."""
+    pair = pair_on_each_transport
     pair.conn.finish()
     with pytest.raises(BrokenPipeError):
         pair.conn.sendall(b"x")
+    with pytest.raises(BrokenPipeError):
+        pair.conn.send(b"")
 
 
 def test_closing_an_endpoint_ends_a_waiting_accept(endpoints) -> None:

@@ -802,20 +802,7 @@ impl TcpConnection {
     fn room_for(&self, kind: Kind, need: u64, block: bool) -> io::Result<MutexGuard<'_, State>> {
         let mut st = self.lock_for(Looks::Room(kind), block);
         loop {
-            // a connection lost says why; one closed cleanly was finished here first: a write
-            // after it is one after the end of the stream (EPIPE), as on the UDP transport
-            if matches!(st.end, Some(Some(_))) {
-                return Err(st.error());
-            }
-            if st.striper.finished() {
-                return Err(io::Error::new(
-                    io::ErrorKind::BrokenPipe,
-                    ri2n_proto::WriteError::Finished,
-                ));
-            }
-            if st.end.is_some() {
-                return Err(st.error());
-            }
+            writable(&st)?;
             let room = self.settings.send_buffer.saturating_sub(st.buffered());
             if room > 0 && room >= need {
                 return Ok(st);
@@ -834,7 +821,8 @@ impl TcpConnection {
     /// the rest of it is still being copied.
     pub fn write(&self, data: &[u8], block: bool) -> io::Result<usize> {
         if data.is_empty() {
-            return Ok(0);
+            // nothing to take, but a write after the end fails, as on the UDP transport
+            return writable(&self.lock()).map(|()| 0);
         }
         let mut st = self.room_for(Kind::Stream, 0, block)?;
         let mut n = 0;
@@ -884,15 +872,27 @@ impl TcpConnection {
         let mut st = self.room_for(Kind::Stream, 0, block)?;
         let spare = st.spare_send.take();
         let data = Bytes::from(std::mem::replace(buf, spare));
-        // a chunk's length has 32 bits: a larger buffer goes as several, none copied
-        let mut at = 0;
-        while at < data.len() {
-            let end = data.len().min(at + chunk::MAX_CHUNK);
-            st.append_chunk(Kind::Stream, Sequenced::ours(data.slice(at..end)));
-            at = end;
+        let n = data.len();
+        if n <= chunk::MAX_CHUNK {
+            st.append_chunk(Kind::Stream, Sequenced::ours(data));
+        } else {
+            // A chunk's length has 32 bits: a larger buffer goes as several sharing its
+            // memory, none copied. Their memory goes back to the allocator once the last is
+            // acknowledged (no single piece could be reclaimed as a spare while the others
+            // hold it, and none so large would be kept).
+            let mut at = 0;
+            while at < data.len() {
+                let end = data.len().min(at + chunk::MAX_CHUNK);
+                let piece = Sequenced {
+                    bytes: data.slice(at..end),
+                    ours: false,
+                };
+                st.append_chunk(Kind::Stream, piece);
+                at = end;
+            }
         }
         self.send_or_wake(st);
-        Ok(data.len())
+        Ok(n)
     }
 
     /// Takes `data` as [`Self::write_buf`] takes a buffer, a large one shared rather than
@@ -1189,6 +1189,25 @@ impl TcpConnection {
         s.cipher = st.cipher;
         s
     }
+}
+
+/// Whether the streams still take writes: the error that ended the connection (a connection
+/// lost says why; one closed cleanly was finished here first: a write after it is one after
+/// the end of the stream, EPIPE, as on the UDP transport).
+fn writable(st: &State) -> io::Result<()> {
+    if matches!(st.end, Some(Some(_))) {
+        return Err(st.error());
+    }
+    if st.striper.finished() {
+        return Err(io::Error::new(
+            io::ErrorKind::BrokenPipe,
+            ri2n_proto::WriteError::Finished,
+        ));
+    }
+    if st.end.is_some() {
+        return Err(st.error());
+    }
+    Ok(())
 }
 
 #[cfg(test)]
