@@ -260,8 +260,9 @@ pub struct TunnelArgs {
     #[arg(long)]
     pub check: bool,
 
-    /// Also serve the status as Prometheus metrics over HTTP on ADDR:PORT (any path), e.g.
-    /// 127.0.0.1:9474.
+    /// Also serve the status as Prometheus metrics over HTTP on ADDR:PORT (a GET of any
+    /// path), e.g. 127.0.0.1:9474. Anyone who reaches the address may read them: bind it to
+    /// loopback or to an address only the monitoring reaches.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<SocketAddr>,
 
