@@ -441,11 +441,18 @@ impl Shards {
         self.accepts.wait(deadline);
     }
 
-    /// Aborts every shard's connections (see `Shared::abort_all`).
+    /// Aborts every shard's connections at once (see `Shared::abort_all`): each waits for its
+    /// CLOSEs to be repeated, so one after another the last shard's peers would learn of the
+    /// abort a wait per shard later.
     pub fn abort_all(&self, code: u64, reason: &str) {
-        for d in &self.drivers {
-            d.shared().abort_all(code, reason);
+        if let [only] = &self.drivers[..] {
+            return only.shared().abort_all(code, reason);
         }
+        std::thread::scope(|s| {
+            for d in &self.drivers {
+                s.spawn(move || d.shared().abort_all(code, reason));
+            }
+        });
     }
 
     /// Closes every shard's connections at once (see `Shared::close_all`).
@@ -505,10 +512,12 @@ fn default_shards(config: &EndpointConfig) -> usize {
         .min(ri2n_proto::MAX_SHARDS)
 }
 
-/// Shard `index` of `count`'s engine configuration: its share of connection IDs, and its
-/// share of the endpoint's rate of keyed handshakes (spread evenly, as the IDs that choose
-/// the shards are random). The limits on connections hold for the endpoint through the
-/// counts the shards share.
+/// Shard `index` of `count`'s engine configuration: its share of connection IDs, and an even
+/// share of the endpoint's rate of keyed handshakes. (A handshake is read on the shard that
+/// placement chooses, the least loaded: new ones spread evenly over shards of even load, but
+/// while one shard holds far fewer connections than the others it takes them all, at its
+/// share of the rate.) The limits on connections hold for the endpoint through the counts
+/// the shards share.
 fn shard_config(config: &EndpointConfig, index: usize, count: usize) -> EndpointConfig {
     let mut c = config.clone();
     c.shard = Shard {
