@@ -509,8 +509,8 @@ pub struct ServeArgs {
 
     /// Engines the server runs side by side, each with a thread and sockets of its own on
     /// the --listen addresses; clients are spread over them, each served by one. Default:
-    /// one per CPU this process may run on, at most 16.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
+    /// one per CPU this process may run on, at most 16. At most 64.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
     pub shards: Option<u32>,
 
     /// Do not log one line per client on stderr.

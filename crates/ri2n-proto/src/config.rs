@@ -348,7 +348,7 @@ pub struct EndpointConfig {
     /// Drivers: how many engines (shards) the endpoint runs side by side, each with a thread
     /// and sockets of its own on the same addresses, its connections spread over them
     /// (`None`, the default: a server one per CPU the process may run on, at most
-    /// [`MAX_SHARDS`]; a client one).
+    /// [`MAX_SHARDS`]; a client one). At most [`SHARDS_LIMIT`].
     pub shards: Option<usize>,
     /// Drivers: whether each link socket gets a thread of its own that seals and sends what
     /// the engine built, so that one connection that fills its links uses a core per link
@@ -390,6 +390,10 @@ pub type SendThreads = LinkThreads;
 
 /// Most shards a driver runs for one endpoint by default.
 pub const MAX_SHARDS: usize = 16;
+
+/// Most shards an endpoint may be given (`shards`): a driver tells the shards it forwarded
+/// datagrams to with one bit each of a 64-bit word.
+pub const SHARDS_LIMIT: usize = 64;
 
 /// An engine's share of connection IDs, when a driver runs several engines ("shards") on the
 /// same addresses: every ID it picks for itself satisfies [`Shard::owns`], so a datagram can
@@ -473,6 +477,9 @@ impl EndpointConfig {
             return Err(crate::ConnectError::InvalidConfig(
                 "shards must be at least 1",
             ));
+        }
+        if self.shards.is_some_and(|n| n > SHARDS_LIMIT) {
+            return Err(crate::ConnectError::InvalidConfig("at most 64 shards"));
         }
         if self.shard.count == 0 || self.shard.index >= self.shard.count {
             return Err(crate::ConnectError::InvalidConfig(

@@ -38,7 +38,7 @@ pub mod wire;
 
 pub use config::{
     ConnectionConfig, EndpointConfig, LinkThreads, SendThreads, Shard, Striping, Transport,
-    MAX_SHARDS,
+    MAX_SHARDS, SHARDS_LIMIT,
 };
 pub use connection::{Connection, ConnectionState, ConnectionStats};
 pub use crypto::{Cipher, Key, KeyError, Opened, Opener, Seal};

@@ -57,6 +57,7 @@ pub use ri2n_proto::{
     ConnectionStats, DropCounts, DropReason, EndpointConfig, Event, Key, KeyError, KeyMismatch,
     LinkId, LinkState, LinkStats, LinkThreads, ReadError, RefusalReason, RefusedHandshake,
     SendThreads, Shard, Striping, Transport, WriteError, MAX_DATAGRAM_LEN, MAX_LINKS, MAX_SHARDS,
+    SHARDS_LIMIT,
 };
 
 use shards::Shards;

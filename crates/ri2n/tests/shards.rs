@@ -121,6 +121,27 @@ fn connections_spread_evenly_over_the_shards_and_each_gets_its_own_bytes() {
     assert_eq!(server.dropped_datagrams().total(), 0);
 }
 
+/// An endpoint runs up to `SHARDS_LIMIT` shards and serves from them; one more is refused
+/// as a configuration error (beyond 64, shards were woken for one another's forwarded
+/// datagrams, and a debug build panicked).
+#[test]
+fn an_endpoint_runs_up_to_the_shard_limit_and_refuses_more() {
+    let config = EndpointConfig::new(addrs(&["127.0.0.1"], 0)).server();
+    let too_many = Endpoint::bind(config.clone().with_shards(Some(ri2n::SHARDS_LIMIT + 1)));
+    assert!(
+        matches!(too_many, Err(ri2n::Error::Connect(ref e)) if e.to_string().contains("64")),
+        "{too_many:?}"
+    );
+    let server = endpoint(config, ri2n::SHARDS_LIMIT);
+    let client = Endpoint::client(&addrs(&["127.0.0.1"], 0)).unwrap();
+    let conn = client
+        .connect(&server.local_addrs(), ConnectionConfig::default())
+        .unwrap();
+    let peer = server.accept().unwrap();
+    conn.send_message(b"ping").unwrap();
+    assert_eq!(peer.recv_message().unwrap().unwrap(), b"ping");
+}
+
 #[test]
 fn connections_of_two_shards_sharing_their_paths_lose_nothing() {
     let server = two_shard_server();
