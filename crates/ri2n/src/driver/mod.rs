@@ -639,32 +639,39 @@ impl Driver {
             #[cfg(test)]
             sent_whole: AtomicUsize::new(0),
         });
-        let mut lane_threads = Vec::new();
-        for i in 0..shared.lanes.len() {
-            let lane_shared = shared.clone();
-            lane_threads.push(
-                std::thread::Builder::new()
-                    .name(format!("ri2n-send-{shard}.{i}"))
-                    .spawn(move || lane(&lane_shared, i))?,
-            );
+        // Held from here on: a thread that cannot be started (no thread left to the process)
+        // drops it, and the drop stops and joins what was started, so no thread keeps the
+        // sockets bound after the error.
+        let driver = Arc::new(Self {
+            shared,
+            thread: Mutex::new(None),
+            lane_threads: Mutex::new(Vec::new()),
+        });
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+            let t = std::thread::Builder::new().name(name).spawn(f)?;
+            driver.lane_threads.lock().unwrap().push(t);
+            std::io::Result::Ok(())
+        };
+        for i in 0..driver.shared.lanes.len() {
+            let lane_shared = driver.shared.clone();
+            spawn(
+                format!("ri2n-send-{shard}.{i}"),
+                Box::new(move || lane(&lane_shared, i)),
+            )?;
         }
         for (i, recv_poll) in recv_polls.into_iter().enumerate() {
-            let lane_shared = shared.clone();
-            lane_threads.push(
-                std::thread::Builder::new()
-                    .name(format!("ri2n-recv-{shard}.{i}"))
-                    .spawn(move || recv_lane(&lane_shared, i, recv_poll))?,
-            );
+            let lane_shared = driver.shared.clone();
+            spawn(
+                format!("ri2n-recv-{shard}.{i}"),
+                Box::new(move || recv_lane(&lane_shared, i, recv_poll)),
+            )?;
         }
-        let thread_shared = shared.clone();
+        let thread_shared = driver.shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("ri2n-driver-{shard}"))
             .spawn(move || run(thread_shared, poll, link_changes))?;
-        Ok(Arc::new(Self {
-            shared,
-            thread: Mutex::new(Some(thread)),
-            lane_threads: Mutex::new(lane_threads),
-        }))
+        *driver.thread.lock().unwrap() = Some(thread);
+        Ok(driver)
     }
 }
 
