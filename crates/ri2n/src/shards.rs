@@ -52,9 +52,10 @@ pub(crate) enum ForwardedKind {
     Refusal,
 }
 
-/// Most datagrams waiting in one shard's inbox: beyond, more are dropped, as a full socket
-/// buffer drops them (their senders' loss recovery repairs it).
+/// Most datagrams waiting in one shard's inbox, and most bytes: beyond, more are dropped, as
+/// a full socket buffer drops them (their senders' loss recovery repairs it).
 const MAX_FORWARDED: usize = 4096;
+const MAX_FORWARDED_BYTES: usize = 4 << 20;
 
 /// How long a client's INITIAL is sent on to the shard chosen for its first one: longer than
 /// a client keeps retransmitting it (its `handshake_timeout`, 10 s by default).
@@ -65,7 +66,7 @@ const MAX_PLACEMENTS: usize = 1 << 16;
 /// What one shard forwarded to another and that one has not taken yet.
 #[derive(Debug, Default)]
 struct Inbox {
-    items: Mutex<Vec<Forwarded>>,
+    items: Mutex<Waiting>,
     /// `items` may hold something: spares its lock on every round of the driver thread.
     pending: AtomicBool,
     /// The shard stopped (its last handle was dropped while others live on): what would be
@@ -79,6 +80,14 @@ struct Inbox {
     placed: AtomicUsize,
     /// Wakes the shard's driver thread (set once it runs).
     waker: OnceLock<Arc<Waker>>,
+}
+
+/// What waits in an inbox.
+#[derive(Debug, Default)]
+struct Waiting {
+    items: Vec<Forwarded>,
+    /// The bytes of `items`' datagrams.
+    bytes: usize,
 }
 
 /// How the shards of an endpoint hand each other what arrived on the wrong one, and which
@@ -235,24 +244,29 @@ impl Router {
     }
 
     /// Queues `item` for shard `to`; its driver thread is woken by [`wake`](Self::wake).
-    /// Dropped when that shard has stopped or has [`MAX_FORWARDED`] waiting.
+    /// Dropped when that shard has stopped or has [`MAX_FORWARDED`] datagrams or
+    /// [`MAX_FORWARDED_BYTES`] waiting.
     pub fn forward(&self, to: usize, item: Forwarded) {
         let inbox = &self.inboxes[to];
-        let mut items = inbox.items.lock().unwrap_or_else(|e| e.into_inner());
-        if inbox.closed.load(Ordering::Acquire) || items.len() >= MAX_FORWARDED {
+        let mut waiting = inbox.items.lock().unwrap_or_else(|e| e.into_inner());
+        if inbox.closed.load(Ordering::Acquire)
+            || waiting.items.len() >= MAX_FORWARDED
+            || waiting.bytes + item.bytes.len() > MAX_FORWARDED_BYTES
+        {
             tracing::trace!(shard = to, remote = %item.remote, "forwarded datagram dropped");
             return;
         }
-        items.push(item);
+        waiting.bytes += item.bytes.len();
+        waiting.items.push(item);
         inbox.pending.store(true, Ordering::Release);
     }
 
     /// Shard `shard` stopped: nothing is forwarded to it any more.
     pub fn close(&self, shard: usize) {
         let inbox = &self.inboxes[shard];
-        let mut items = inbox.items.lock().unwrap_or_else(|e| e.into_inner());
+        let mut waiting = inbox.items.lock().unwrap_or_else(|e| e.into_inner());
         inbox.closed.store(true, Ordering::Release);
-        items.clear();
+        *waiting = Waiting::default();
     }
 
     /// Wakes the driver threads of the shards in `mask` (bit `i`: shard `i`), after
@@ -271,7 +285,9 @@ impl Router {
     pub fn take(&self, shard: usize, into: &mut Vec<Forwarded>) {
         let inbox = &self.inboxes[shard];
         if inbox.pending.load(Ordering::Acquire) && inbox.pending.swap(false, Ordering::AcqRel) {
-            into.append(&mut inbox.items.lock().unwrap_or_else(|e| e.into_inner()));
+            let mut waiting = inbox.items.lock().unwrap_or_else(|e| e.into_inner());
+            into.append(&mut waiting.items);
+            waiting.bytes = 0;
         }
     }
 }
@@ -582,6 +598,33 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         assert_eq!(received, cids.len(), "every datagram arrived");
+    }
+
+    /// An inbox holds at most `MAX_FORWARDED_BYTES` of datagrams: large ones forwarded
+    /// faster than their shard takes them are dropped beyond (as a full socket buffer drops
+    /// them), and room comes back once the shard took what waited.
+    #[test]
+    fn an_inbox_holds_a_bounded_number_of_bytes() {
+        let router = Router::new(2);
+        let addr: SocketAddr = "127.0.0.1:7000".parse().unwrap();
+        let big = |n: u8| Forwarded {
+            local: addr,
+            remote: addr,
+            kind: ForwardedKind::Datagram,
+            asks_left: 0,
+            bytes: vec![n; 64 << 10],
+        };
+        for n in 0..100 {
+            router.forward(1, big(n));
+        }
+        let mut taken = Vec::new();
+        router.take(1, &mut taken);
+        assert_eq!(taken.len(), MAX_FORWARDED_BYTES / (64 << 10));
+        assert!(taken.iter().enumerate().all(|(i, f)| f.bytes[0] == i as u8));
+        router.forward(1, big(200));
+        taken.clear();
+        router.take(1, &mut taken);
+        assert_eq!(taken.len(), 1, "room again once taken");
     }
 
     #[test]
