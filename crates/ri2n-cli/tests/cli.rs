@@ -349,23 +349,30 @@ fn slow_transfer() -> (Proc, Proc, TempFile, TempFile) {
     let output = TempFile::new("out");
     let (recv, a) = spawn_recv(free_port(), output.path(), &["-q"]);
     thread::sleep(Duration::from_millis(200));
-    let send = Proc::spawn(
+    let send = slowed_send(&a, input.path(), &["-q"]);
+    thread::sleep(Duration::from_millis(800));
+    (recv, send, input, output)
+}
+
+/// `ri2n send` of `input` to `to` with both loopback links slowed to 100 Mbit/s and `extra`
+/// options, its output and errors piped.
+fn slowed_send(to: &str, input: &Path, extra: &[&str]) -> Proc {
+    Proc::spawn(
         "ri2n send",
         Command::new(bin())
-            .args(["send", "-q", "--to", &a, "--input"])
-            .arg(input.path())
+            .args(["send", "--to", to, "--input"])
+            .arg(input)
             .args([
                 "--fault",
                 "0:127.0.0.1:rate=100M",
                 "--fault",
                 "0:127.0.0.2:rate=100M",
             ])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped()),
-    );
-    thread::sleep(Duration::from_millis(800));
-    (recv, send, input, output)
+    )
 }
 
 /// Issue 9, finding 5: without a terminal (no progress line), a link going down and back is
@@ -378,27 +385,13 @@ fn link_events_are_reported_as_they_happen() {
     let (recv, a) = spawn_recv(free_port(), Path::new("/dev/null"), &[]);
     thread::sleep(Duration::from_millis(200));
     // 2 × 100 Mbit/s: about 2 s of transfer after the link comes back at 1.2 s
-    let mut send = Proc::spawn(
-        "send",
-        Command::new(bin())
-            .args(["send", "--json", "--to", &a, "--input"])
-            .arg(input.path())
-            .args([
-                "--fault",
-                "0:127.0.0.1:rate=100M",
-                "--fault",
-                "0:127.0.0.2:rate=100M",
-            ])
-            .args([
-                "--fault",
-                "0.5:127.0.0.2:down",
-                "--fault",
-                "1.2:127.0.0.2:up",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    );
+    let link_1_away = [
+        "--fault",
+        "0.5:127.0.0.2:down",
+        "--fault",
+        "1.2:127.0.0.2:up",
+    ];
+    let mut send = slowed_send(&a, input.path(), &[&["--json"][..], &link_1_away].concat());
     // stderr is read here, each line stamped as it comes; the output (JSON) by `wait`
     let stderr = send.child.as_mut().unwrap().stderr.take().unwrap();
     let lines = thread::spawn(move || {
