@@ -478,17 +478,16 @@ impl RecvStream {
         self.ahead.range_count()
     }
 
-    /// Whether a STREAM frame's `len` bytes at `offset` may be stored: they do not add a
-    /// fragment beyond [`MAX_FRAGMENTS`]. The packet of a frame that may not is dropped
-    /// unacknowledged, so the sender sends it again; data at the head of the stream is always
-    /// taken, so the gaps fill and the stream goes on.
-    pub fn has_room_for(&self, offset: u64, len: u64) -> bool {
+    /// Whether a STREAM frame's `len` bytes at `offset`, stored, would add an out-of-order
+    /// fragment: new bytes that neither continue the in-order data nor touch a fragment held.
+    /// A packet whose frames would take a stream past [`MAX_FRAGMENTS`] is dropped
+    /// unacknowledged, so the sender sends it again; a packet that adds none is always taken
+    /// (the data at the head of the stream among them), so the gaps fill and the stream goes
+    /// on.
+    pub fn adds_fragment(&self, offset: u64, len: u64) -> bool {
         let start = offset.max(self.contiguous);
         let end = offset.saturating_add(len);
-        start >= end
-            || start == self.contiguous
-            || self.ahead.range_count() < MAX_FRAGMENTS
-            || !self.ahead.would_add_range(start..end)
+        start < end && start != self.contiguous && self.ahead.would_add_range(start..end)
     }
 
     /// Bytes of memory the reassembly blocks hold.
@@ -560,6 +559,7 @@ impl RecvStream {
         if end > self.max_data_sent {
             return Err(StreamViolation("flow control limit exceeded"));
         }
+        let new_fin = fin && self.fin.is_none();
         if let Some(f) = self.fin {
             if end > f || (fin && end != f) {
                 return Err(StreamViolation("final size changed"));
@@ -573,7 +573,11 @@ impl RecvStream {
         }
         let start = offset.max(self.contiguous);
         if start >= end {
-            return Ok(fin && self.is_finished());
+            // Nothing to store. A FIN that completes the stream is news all the same: a
+            // reader learns of the end (on the message stream, maybe inside a message), and
+            // the memory goes back if everything was read already.
+            self.release_if_finished();
+            return Ok(new_fin && self.is_all_received());
         }
         self.reserve_to(end);
         if self.ahead.is_empty() {
@@ -1112,5 +1116,40 @@ mod tests {
         assert_eq!(whole, 2, "blocks 1 and 2 went over whole");
         assert!(r.is_finished());
         assert_eq!(r.memory(), 0);
+    }
+
+    /// The peer's FIN alone, after everything was read, gives the memory back and is news
+    /// (a reader learns of the end); a repeat of it is not. Before, the blocks stayed until
+    /// the connection was dropped, and nothing was told.
+    #[test]
+    fn a_bare_fin_after_everything_was_read_ends_the_stream_and_frees_it() {
+        let mut r = RecvStream::new(1 << 20);
+        let data = vec![5u8; 3 * BLOCK];
+        assert_eq!(r.on_data(0, &data, false), Ok(true));
+        let mut out = vec![0u8; data.len()];
+        assert_eq!(r.read(&mut out), data.len());
+        assert!(r.memory() > 0, "blocks kept for the next data");
+        assert_eq!(r.on_data(data.len() as u64, &[], true), Ok(true));
+        assert!(r.is_finished());
+        assert_eq!(r.memory(), 0);
+        assert_eq!(
+            r.on_data(data.len() as u64, &[], true),
+            Ok(false),
+            "a repeat"
+        );
+    }
+
+    /// A bare FIN after bytes that arrived but cannot be read yet (a message's start) is news
+    /// too: the reader looks, and finds the stream ended inside the message.
+    #[test]
+    fn a_bare_fin_behind_unread_bytes_is_news() {
+        let mut r = RecvStream::new(1 << 20);
+        assert_eq!(r.on_data(0, &[9; 50], false), Ok(true));
+        assert_eq!(r.on_data(50, &[], true), Ok(true));
+        assert!(r.is_all_received() && !r.is_finished());
+        // a FIN that arrives before the data it ends is no news until the data comes
+        let mut r = RecvStream::new(1 << 20);
+        assert_eq!(r.on_data(50, &[], true), Ok(false));
+        assert_eq!(r.on_data(0, &[9; 50], false), Ok(true));
     }
 }

@@ -625,6 +625,20 @@ fn unknown_connection_flood_is_answered_at_a_bounded_rate() {
 /// most 4096 per stream, drops the rest unacknowledged, and the real transfer completes.
 #[test]
 fn scattered_one_byte_frames_keep_reassembly_bookkeeping_bounded() {
+    scattered_one_byte_frames(1);
+}
+
+/// The same with 100 frames in each packet: a packet is judged by all its frames together,
+/// so the frames of one packet cannot all pass the bound at once (each was judged alone
+/// before, and one packet took a stream 99 fragments past it).
+#[test]
+fn scattered_frames_packed_in_one_packet_keep_the_same_bound() {
+    scattered_one_byte_frames(100);
+}
+
+/// Injects 50 000 one-byte STREAM frames at scattered offsets, `per_packet` in each packet,
+/// beside a real transfer; checks the bound on fragments and that the transfer completes.
+fn scattered_one_byte_frames(per_packet: u64) {
     let mut sim = Testbed::new(TestbedConfig::new(1).with_buffers(8 << 20, 8 << 20));
     sim.establish();
     // long enough to outlast the flood: once the client's streams end, the forged data past
@@ -635,21 +649,24 @@ fn scattered_one_byte_frames_keep_reassembly_bookkeeping_bounded() {
     let (local, remote) = sim.pairs()[0];
     let link = sim.link_id(local, remote).unwrap();
     let mut most = 0;
-    for k in 0..50_000u64 {
+    for k in 0..50_000 / per_packet {
         // numbers the real packets will not reach (the jump window allows 2^20): a forged
         // packet that took a real one's number would have that one dropped as a duplicate
         let pn = (1 << 19) + k;
-        // far enough ahead of the real data not to be overwritten by it soon, inside the window
-        let offset = 4_000_000 + 2 * k;
         let b = short_packet(cid, link, pn, |w, _| {
-            // on the message stream, which this transfer does not use: its end of the byte
-            // stream must not fall below the forged data (a protocol violation)
-            wire::write_stream_header(w, 1, offset, false, 1);
-            w.u8(b'x');
+            for j in 0..per_packet {
+                // far enough ahead of the real data not to be overwritten by it soon, inside
+                // the window
+                let offset = 4_000_000 + 2 * (k * per_packet + j);
+                // on the message stream, which this transfer does not use: its end of the
+                // byte stream must not fall below the forged data (a protocol violation)
+                wire::write_stream_header(w, 1, offset, false, 1);
+                w.u8(b'x');
+            }
         });
         sim.inject(local, remote, &b);
         most = most.max(sim.server_conn().stats().recv_fragments);
-        if k % 64 == 0 {
+        if k % (64 / per_packet).max(1) == 0 {
             sim.advance(Duration::from_micros(100), |s| t.pump(s));
         }
     }
@@ -661,7 +678,8 @@ fn scattered_one_byte_frames_keep_reassembly_bookkeeping_bounded() {
     }
     let dropped = sim.server.dropped().get(DropReason::TooFragmented);
     println!(
-        "50 000 scattered 1-byte frames: at most {most} fragments held, {dropped} packets dropped"
+        "50 000 scattered 1-byte frames, {per_packet} a packet: at most {most} fragments held, \
+         {dropped} packets dropped"
     );
     assert!(most <= 4096, "{most} fragments held");
     assert!(

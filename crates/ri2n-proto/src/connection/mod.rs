@@ -29,7 +29,7 @@ use crate::addr;
 use crate::crypto::{Cipher, ClientHandshake, Key, Opened, PacketProtection, MAX_AUTH_FAILURES};
 use crate::datagrams::{Bounds, HoldRule, IncomingDatagrams, OutgoingDatagrams};
 use crate::link::{AckOutcome, Arrival, Link, SentFrame};
-use crate::streams::{RecvStream, SendStream};
+use crate::streams::{RecvStream, SendStream, MAX_FRAGMENTS};
 use crate::wire::{self, Frame, Frames, Writer};
 use crate::{
     ConnectionConfig, ConnectionError, DropReason, Event, LinkId, LinkState, LinkStats, ReadError,
@@ -1839,6 +1839,9 @@ impl Connection {
         // would never be read, so the connection ends rather than drop it without a word.
         let mut fragmenting = false;
         let mut refused = None;
+        // fragments each stream's frames of this packet would add (counted apart, so that
+        // many frames in one packet cannot all pass the bound at once)
+        let mut added = [0usize; 2];
         for f in frames.iter() {
             match *f {
                 Frame::Stream {
@@ -1851,7 +1854,10 @@ impl Connection {
                     if s == MESSAGE_STREAM && !data.is_empty() && !self.cfg.accept_messages {
                         refused = Some("a message to a side that takes no messages");
                     }
-                    fragmenting |= !self.recv[s].has_room_for(offset, data.len() as u64);
+                    if self.recv[s].adds_fragment(offset, data.len() as u64) {
+                        added[s] += 1;
+                        fragmenting |= self.recv[s].fragments() + added[s] > MAX_FRAGMENTS;
+                    }
                 }
                 Frame::Datagram { .. } if !self.cfg.accept_datagrams => {
                     refused = Some("a datagram to a side that takes no datagrams");
