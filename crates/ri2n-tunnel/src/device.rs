@@ -109,8 +109,9 @@ impl Tun {
             });
         }
         // TSO and checksum offload: the kernel hands over large TCP segments and leaves
-        // checksums to finish (`offload::split` does both). Without them (an old kernel),
-        // reads are one finished packet each, which works as well, only slower.
+        // checksums to finish (`offload::carry_whole` sends a segment whole for the peer's
+        // kernel to cut and finish; `offload::split` does both here). Without them (an old
+        // kernel), reads are one finished packet each, which works as well, only slower.
         let offloads = libc::TUN_F_CSUM | libc::TUN_F_TSO4;
         // SAFETY: TUNSETOFFLOAD takes its argument by value.
         unsafe {

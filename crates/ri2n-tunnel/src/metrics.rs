@@ -4,11 +4,11 @@
 //! A scrape is one request on one connection, so this is the small part of HTTP/1.1 it needs,
 //! on std's sockets, with `httparse` reading the request head. Each client gets a thread of
 //! its own (at most [`MAX_CLIENTS`] at once; one more is closed at once), a deadline for its
-//! request and one for the whole exchange, so no client can hold a place for longer. tiny_http, used before,
-//! set no timeouts (a client that stopped reading held every later scrape for ever), ended its
-//! accept loop for good at the first failed accept, and read the body a dropped request
-//! announced into an allocation of the announced size (a large `Content-Length` aborted the
-//! daemon).
+//! request and one for the whole exchange, so no client can hold a place for longer.
+//! tiny_http, used before, set no timeouts (a client that stopped reading held every later
+//! scrape for ever), ended its accept loop for good at the first failed accept, and read the
+//! body a dropped request announced into an allocation of the announced size (a large
+//! `Content-Length` aborted the daemon).
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};

@@ -172,12 +172,25 @@ pub fn split(header: &VnetHeader, packet: &[u8], out: &mut Packets) -> usize {
     count
 }
 
-/// The smallest segment size a peer's large TCP segment may ask to be cut to: Linux's least
-/// TCP MSS (`net.ipv4.tcp_min_snd_mss`'s default), below which no kernel sends.
+/// The smallest segment size of a large TCP segment carried whole and taken whole: Linux's
+/// least TCP MSS (`net.ipv4.tcp_min_snd_mss`'s default and least value). Below it a peer would
+/// have the interface, or a router behind it, cut a segment into up to 64 thousand packets. A
+/// kernel can still cut smaller (its MSS clamped to this, less the TCP options: an interface
+/// MTU of about 100 bytes): such segments are cut into packets before they leave.
 const MIN_SEGMENT_SIZE: u16 = 48;
+
+/// A segment size the kernel reads as "cut by fragments", not a size (`GSO_BY_FRAGS`): it
+/// refuses it on a write from user space.
+const GSO_BY_FRAGS: u16 = u16::MAX;
 
 /// First byte of a large TCP segment carried whole (an IP packet starts with its version).
 const SEGMENT_MARK: u8 = 0;
+
+/// Whether `message` from a peer is a large TCP segment carried whole ([`carry_whole`]),
+/// whether or not this host can take it ([`segment_for_write`]).
+pub fn is_segment(message: &[u8]) -> bool {
+    message.first() == Some(&SEGMENT_MARK)
+}
 /// Bytes in front of a large TCP segment carried whole: the mark, the virtio-net GSO type
 /// (ECN bit included) and the segment size, big-endian. Reads from the interface leave this
 /// much room in front of the packet ([`crate::device::Tun::read_into`]), so a segment goes
@@ -202,7 +215,8 @@ pub fn carry_whole(header: &VnetHeader, read: &mut Vec<u8>, out: &mut Packets) -
     };
     let gso = header.gso_type & !VIRTIO_NET_HDR_GSO_ECN;
     let whole = gso == VIRTIO_NET_HDR_GSO_TCPV4
-        && header.gso_size > 0
+        && header.gso_size >= MIN_SEGMENT_SIZE
+        && header.gso_size != GSO_BY_FRAGS
         && TcpView::parse(packet).is_some_and(|t| t.payload_len() > usize::from(header.gso_size));
     if !whole {
         return split(header, packet, out);
@@ -225,9 +239,10 @@ pub fn segment_for_write(message: &mut [u8]) -> Option<([u8; VNET_HDR_LEN], usiz
     let (gso_type, size) = (message[1], u16::from_be_bytes([message[2], message[3]]));
     let packet = &mut message[SEGMENT_PREFIX..];
     let view = TcpView::parse(packet)?;
-    // a size no kernel would cut to (below its smallest MSS) would have the interface, or
-    // a router behind it, cut the segment into up to 64 thousand packets
-    if gso_type & !VIRTIO_NET_HDR_GSO_ECN != VIRTIO_NET_HDR_GSO_TCPV4 || size < MIN_SEGMENT_SIZE {
+    if gso_type & !VIRTIO_NET_HDR_GSO_ECN != VIRTIO_NET_HDR_GSO_TCPV4
+        || size < MIN_SEGMENT_SIZE
+        || size == GSO_BY_FRAGS
+    {
         return None;
     }
     let header_len = view.header_len;
@@ -383,8 +398,11 @@ pub fn runs(packets: &[&[u8]], out: &mut Vec<Range<usize>>) {
 /// returned value).
 ///
 /// The merged segment's TCP checksum is left for the kernel to finish, as for a packet a
-/// local socket sends (`NEEDS_CSUM`, the field holding the pseudo-header sum); a socket on
-/// this host takes such a packet as checked, and ri2n's AEAD did check every segment.
+/// local socket sends (`NEEDS_CSUM`, the field holding the pseudo-header sum), and a socket
+/// on this host takes it as checked. So the segments' own checksums are not verified: ri2n's
+/// AEAD checked that their bytes are what the peer's daemon sent, not that the peer's
+/// kernel summed them right (a segment written alone is verified by the kernel). Verifying
+/// them would cost a pass over every byte, on the path that limits the tunnel's rate.
 pub fn merged_header(segments: &[&[u8]], out: &mut Vec<u8>) -> usize {
     let first = TcpView::parse(segments[0]).expect("a run from `runs`");
     let last = TcpView::parse(segments[segments.len() - 1]).expect("a run from `runs`");
@@ -711,6 +729,32 @@ mod tests {
         assert!(segment_for_write(&mut tiny).is_none());
         tiny[2..4].copy_from_slice(&MIN_SEGMENT_SIZE.to_be_bytes());
         assert!(segment_for_write(&mut tiny).is_some());
+        // nor the size that means "by fragments" to the kernel, which refuses it
+        tiny[2..4].copy_from_slice(&u16::MAX.to_be_bytes());
+        assert!(segment_for_write(&mut tiny).is_none());
+    }
+
+    /// A segment the local kernel cut smaller than the peer takes (an MSS clamped to the
+    /// least, less TCP options) is cut into packets here instead of going whole: before, it
+    /// went whole and the peer dropped it.
+    #[test]
+    fn a_segment_cut_smaller_than_a_peer_takes_goes_as_packets() {
+        let payload = [7u8; 360];
+        let big = segment(1000, 5000, ACK, &payload);
+        let h = VnetHeader {
+            flags: VIRTIO_NET_HDR_F_NEEDS_CSUM,
+            gso_type: VIRTIO_NET_HDR_GSO_TCPV4,
+            gso_size: 36,
+            csum_start: 20,
+            csum_offset: 16,
+        };
+        let mut out = Packets::default();
+        let mut read = as_read(&big);
+        assert_eq!(carry_whole(&h, &mut read, &mut out), 10);
+        for i in 0..10 {
+            assert!(!is_segment(out.get(i)), "packet {i} is plain");
+            assert_eq!(out.get(i).len(), big.len() - payload.len() + 36);
+        }
     }
 
     #[test]

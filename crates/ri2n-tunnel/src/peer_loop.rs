@@ -476,11 +476,14 @@ impl Loop {
                 }
                 Ok(n) => {
                     self.busy.handled();
-                    let lost = self.out.write(&self.queues, &peer.host.address.octets());
+                    let me = self.peers.table().me().address.octets();
+                    let lost = self
+                        .out
+                        .write(&self.queues, &peer.host.address.octets(), &me);
                     peer.received
                         .fetch_add((n - lost.refused - lost.failed) as u64, Ordering::Relaxed);
-                    if lost.refused > 0 {
-                        peer.refuse_packets(lost.refused as u64, lost.first_source);
+                    if let Some(why) = lost.first_refusal {
+                        peer.refuse_packets(lost.refused as u64, why);
                     }
                     if let Some(e) = &lost.failure {
                         peer.fail_writes(lost.failed as u64, e);
@@ -504,7 +507,8 @@ impl Loop {
             let replaced = (slot.peer.conn()).is_some_and(|c| !Arc::ptr_eq(&c, &slot.conn));
             if replaced {
                 eprintln!(
-                    "ri2n tunnel: {}: its replaced connection ended ({reason}); the new one                      carries the traffic",
+                    "ri2n tunnel: {}: its replaced connection ended ({reason}); the new one \
+                     carries the traffic",
                     slot.peer.name()
                 );
             } else {
@@ -604,9 +608,10 @@ impl Delivery {
     /// Writes the packets received to the interface, in the order they came: plain packets
     /// in coalesced runs, large segments whole as they are; a full or vanished interface
     /// drops the packet, as a NIC would. Only packets from the peer's own tunnel address
-    /// (`source`) go: a host of the cluster cannot speak for another. Returns what was not
-    /// written.
-    fn write(&mut self, queues: &Queues, source: &[u8; 4]) -> NotWritten {
+    /// (`source`) to this host's (`me`) go: a host of the cluster cannot speak for another,
+    /// nor reach through this one addresses it would not route to the tunnel (this host's
+    /// other addresses, a broadcast, networks it forwards to). Returns what was not written.
+    fn write(&mut self, queues: &Queues, source: &[u8; 4], me: &[u8; 4]) -> NotWritten {
         let Delivery {
             packets,
             header,
@@ -618,14 +623,22 @@ impl Delivery {
         let mut lost = NotWritten::default();
         let mut plain: SmallVec<[&[u8]; BATCH]> = SmallVec::new();
         for (p, segment) in packets.iter().zip(segments.iter()) {
-            let from = match segment {
-                Some((_, start)) => Ipv4HeaderSlice::from_slice(&p[*start..]),
-                None => Ipv4HeaderSlice::from_slice(p),
+            let ip = match segment {
+                Some((_, start)) => Ipv4HeaderSlice::from_slice(&p[*start..]).ok(),
+                None if offload::is_segment(p) => {
+                    lost.refuse(Refusal::Segment);
+                    continue;
+                }
+                None => Ipv4HeaderSlice::from_slice(p).ok(),
             };
-            let from = from.map(|ip| ip.source()).ok();
-            if from != Some(*source) {
-                lost.refused += 1;
-                lost.first_source = lost.first_source.or(from.map(Ipv4Addr::from));
+            let refusal = match ip {
+                None => Some(Refusal::NotIpv4),
+                Some(ip) if ip.source() != *source => Some(Refusal::From(ip.source_addr())),
+                Some(ip) if ip.destination() != *me => Some(Refusal::To(ip.destination_addr())),
+                Some(_) => None,
+            };
+            if let Some(why) = refusal {
+                lost.refuse(why);
                 continue;
             }
             let Some((vnet, start)) = segment else {
@@ -644,14 +657,37 @@ impl Delivery {
     }
 }
 
+/// Why a packet from a peer was not written to the interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// From another source than the peer's tunnel address.
+    From(Ipv4Addr),
+    /// To another destination than this host's tunnel address.
+    To(Ipv4Addr),
+    /// Not an IPv4 packet.
+    NotIpv4,
+    /// A large TCP segment this host does not take (of another kind, or cut too small).
+    Segment,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::From(a) => write!(f, "from {a}"),
+            Refusal::To(a) => write!(f, "to {a}"),
+            Refusal::NotIpv4 => write!(f, "not IPv4"),
+            Refusal::Segment => write!(f, "large TCP segments of a kind this host does not take"),
+        }
+    }
+}
+
 /// The packets of a delivery that did not reach the interface.
 #[derive(Debug, Default)]
 struct NotWritten {
-    /// Not the peer's to send: their source was not its tunnel address (or they were not
-    /// IPv4 at all).
+    /// Not the peer's to send ([`Refusal`]).
     refused: usize,
-    /// The source of the first refused packet that had one.
-    first_source: Option<Ipv4Addr>,
+    /// Why the first of those was refused.
+    first_refusal: Option<Refusal>,
     /// Packets whose write the interface refused (down, gone, a segment it would not take).
     failed: usize,
     /// Why the first of those writes failed.
@@ -659,6 +695,12 @@ struct NotWritten {
 }
 
 impl NotWritten {
+    /// Counts a packet refused, and why if it is the first.
+    fn refuse(&mut self, why: Refusal) {
+        self.refused += 1;
+        self.first_refusal.get_or_insert(why);
+    }
+
     /// Counts the `packets` of a write that failed.
     fn failed_write(&mut self, written: std::io::Result<()>, packets: usize) {
         if let Err(e) = written {
@@ -699,6 +741,46 @@ mod tests {
 
     use super::*;
 
+    /// This host's tunnel address.
+    const ME: [u8; 4] = [10, 99, 0, 1];
+
+    /// Only the peer's own packets to this host are written: not one from another source,
+    /// nor one to another of this host's addresses (or to an address behind it), nor what is
+    /// not IPv4, nor a large segment this host does not take; each counted as refused, the
+    /// first with its reason. Before, a packet from the peer to any destination was written.
+    #[test]
+    fn only_the_peer_s_own_packets_to_this_host_are_written() {
+        let source = [10, 99, 0, 2];
+        let with = |at: usize, bytes: [u8; 4]| {
+            let mut p = udp_packet();
+            p[at..at + 4].copy_from_slice(&bytes);
+            p
+        };
+        // a segment carried whole but cut smaller than any kernel's least MSS
+        let mut tiny_segment = vec![0, 1, 0, 1];
+        tiny_segment.extend_from_slice(&udp_packet());
+        for (packet, why) in [
+            (with(16, [10, 0, 1, 1]), Refusal::To([10, 0, 1, 1].into())),
+            (
+                with(16, [10, 99, 0, 255]),
+                Refusal::To([10, 99, 0, 255].into()),
+            ),
+            (
+                with(12, [10, 99, 0, 7]),
+                Refusal::From([10, 99, 0, 7].into()),
+            ),
+            (vec![0x60; 40], Refusal::NotIpv4),
+            (tiny_segment, Refusal::Segment),
+        ] {
+            let mut delivery = Delivery::default();
+            let writable = OpenOptions::new().write(true).open("/dev/null").unwrap();
+            delivery.packets = vec![udp_packet(), packet, udp_packet()];
+            let lost = delivery.write(&Queues::of_files(vec![writable]), &source, &ME);
+            assert_eq!((lost.refused, lost.failed), (1, 0), "{why}: {lost:?}");
+            assert_eq!(lost.first_refusal, Some(why));
+        }
+    }
+
     /// A UDP packet from 10.99.0.2 to 10.99.0.1.
     fn udp_packet() -> Vec<u8> {
         let mut p = vec![
@@ -716,12 +798,12 @@ mod tests {
         let mut delivery = Delivery::default();
         let writable = OpenOptions::new().write(true).open("/dev/null").unwrap();
         delivery.packets = vec![udp_packet(), udp_packet()];
-        let lost = delivery.write(&Queues::of_files(vec![writable]), &source);
+        let lost = delivery.write(&Queues::of_files(vec![writable]), &source, &ME);
         assert_eq!((lost.refused, lost.failed), (0, 0), "{lost:?}");
         // read-only: every write fails (EBADF), as on an interface that is down (EIO)
         let read_only = File::open("/dev/null").unwrap();
         delivery.packets = vec![udp_packet(), udp_packet()];
-        let lost = delivery.write(&Queues::of_files(vec![read_only]), &source);
+        let lost = delivery.write(&Queues::of_files(vec![read_only]), &source, &ME);
         assert_eq!((lost.refused, lost.failed), (0, 2), "{lost:?}");
         assert_eq!(
             lost.failure.map(|e| e.raw_os_error()),

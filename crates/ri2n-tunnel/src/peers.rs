@@ -146,16 +146,15 @@ impl Peer {
         self.dropped.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// `n` IP packets from it were not written to the interface: their source was not its
-    /// tunnel address (`first_source` is one of them), and a host of the cluster speaks only
-    /// for itself. They count as dropped, and the first refusal is logged.
-    pub fn refuse_packets(&self, n: u64, first_source: Option<Ipv4Addr>) {
+    /// `n` IP packets from it were not written to the interface (`first` says why for one of
+    /// them): a host of the cluster sends only its own packets (from its tunnel address) to
+    /// this host's tunnel address. They count as dropped, and the first refusal is logged.
+    pub fn refuse_packets(&self, n: u64, first: crate::peer_loop::Refusal) {
         self.drop_packets(n);
         if !self.refusal_logged.swap(true, Ordering::Relaxed) {
-            let from = first_source.map_or_else(|| "not IPv4".to_owned(), |a| format!("from {a}"));
             eprintln!(
-                "ri2n tunnel: {}: dropped IP packets {from}: a host sends only from its own \
-                 tunnel address ({}); counted in its dropped packets, said once",
+                "ri2n tunnel: {}: dropped IP packets {first}: a host sends only from its own \
+                 tunnel address ({}) to this host's; counted in its dropped packets, said once",
                 self.name(),
                 self.host.address
             );
