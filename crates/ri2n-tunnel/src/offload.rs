@@ -216,7 +216,6 @@ pub fn carry_whole(header: &VnetHeader, read: &mut Vec<u8>, out: &mut Packets) -
     let gso = header.gso_type & !VIRTIO_NET_HDR_GSO_ECN;
     let whole = gso == VIRTIO_NET_HDR_GSO_TCPV4
         && header.gso_size >= MIN_SEGMENT_SIZE
-        && header.gso_size != GSO_BY_FRAGS
         && TcpView::parse(packet).is_some_and(|t| t.payload_len() > usize::from(header.gso_size));
     if !whole {
         return split(header, packet, out);

@@ -756,9 +756,10 @@ mod tests {
             p[at..at + 4].copy_from_slice(&bytes);
             p
         };
-        // a segment carried whole but cut smaller than any kernel's least MSS
-        let mut tiny_segment = vec![0, 1, 0, 1];
-        tiny_segment.extend_from_slice(&udp_packet());
+        // marked as a segment carried whole, but no TCP segment inside (offload.rs tests the
+        // other segments refused: sizes below any kernel's least MSS, GSO_BY_FRAGS)
+        let mut not_a_segment = vec![0, 1, 5, 0x5c];
+        not_a_segment.extend_from_slice(&udp_packet());
         for (packet, why) in [
             (with(16, [10, 0, 1, 1]), Refusal::To([10, 0, 1, 1].into())),
             (
@@ -770,7 +771,7 @@ mod tests {
                 Refusal::From([10, 99, 0, 7].into()),
             ),
             (vec![0x60; 40], Refusal::NotIpv4),
-            (tiny_segment, Refusal::Segment),
+            (not_a_segment, Refusal::Segment),
         ] {
             let mut delivery = Delivery::default();
             let writable = OpenOptions::new().write(true).open("/dev/null").unwrap();

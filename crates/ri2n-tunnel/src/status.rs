@@ -75,8 +75,9 @@ pub struct PeerStatus {
     pub packets_sent: u64,
     pub packets_received: u64,
     /// Dropped unsent (no connection up, queue full or too old) and dropped on arrival (not
-    /// read in time, not from the peer's own tunnel address, or refused by the interface),
-    /// over every connection to the peer.
+    /// read in time, not from the peer's own tunnel address or not to this host's, a large
+    /// segment this host does not take, or refused by the interface), over every connection
+    /// to the peer.
     pub packets_dropped: u64,
     pub links: Vec<LinkStatus>,
 }
@@ -391,7 +392,8 @@ pub fn prometheus(s: &Status) -> String {
                 name: "ri2n_tunnel_packets_dropped",
                 help: "IP packets dropped: no connection up, send queue full or too old, not \
                        written in time, received from another source than the peer's tunnel \
-                       address, or refused by the interface.",
+                       address or for another destination than this host's, or refused by \
+                       the interface.",
                 unit: None,
                 value: |p| p.packets_dropped,
             },
