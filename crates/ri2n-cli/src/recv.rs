@@ -357,11 +357,12 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
     // an interrupt in the last steps (a long sync) aborts the connection: exit as
     // interrupted, with the output complete, not as a lost connection or a success
     let interrupted = |signal| interrupt::failure(signal, &complete);
-    if let Err(e) = conn.finish() {
-        monitor.finish();
-        return Err(interrupt::caught().map_or_else(|| Failure::lost(&e), interrupted));
+    // a finish that fails loses nothing: everything arrived, up to the sender's end of
+    // stream, and the output is complete; the sender ended the connection since (one that
+    // does not wait for this end, as `ri2n send` does), or an interrupt did (told below)
+    if conn.finish().is_ok() {
+        net::linger(&conn, net::LINGER);
     }
-    net::linger(&conn, net::LINGER);
     let events = monitor.finish();
     if let Some(signal) = interrupt::caught() {
         return Err(interrupted(signal));

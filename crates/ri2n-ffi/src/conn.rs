@@ -400,7 +400,8 @@ pub unsafe extern "C" fn ri2n_max_datagram_size(c: *const ri2n_conn) -> libc::ss
 }
 
 /// Ends this side's streams: no more writes or messages; the peer reads 0 after the last
-/// byte. Returns 0 (or a negative errno).
+/// byte. Returns 0, or the negative errno of the connection's end once it ended on an error
+/// (nothing will carry this end then).
 ///
 /// # Safety
 /// `c` is a live connection.

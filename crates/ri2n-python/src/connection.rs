@@ -401,7 +401,7 @@ impl PyConnection {
 
     /// Ends both outgoing streams (bytes and messages): the peer reads ``b""`` from ``recv``
     /// (and ``None`` from ``recv_message``) after what was written. Data keeps arriving from
-    /// the peer until it finishes too.
+    /// the peer until it finishes too. Raises the connection's error once it ended on one.
     fn finish(&self, py: Python<'_>) -> PyResult<()> {
         let conn = self.get()?;
         py.detach(|| conn.finish()).map_err(|e| io_error(py, e))

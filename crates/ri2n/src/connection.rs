@@ -396,7 +396,9 @@ impl Connection {
         }
     }
 
-    /// Ends both outgoing streams: the peer reads end-of-stream after what was written.
+    /// Ends both outgoing streams: the peer reads end-of-stream after what was written. Fails
+    /// with the connection's error (as a read would) once it ended on one: nothing will
+    /// carry the end then.
     pub fn finish(&self) -> io::Result<()> {
         match &self.inner {
             Inner::Udp(c) => c.finish(),

@@ -493,10 +493,16 @@ impl UdpConnection {
         self.readiness_fd_for(Interest::Write)
     }
 
-    /// Ends both outgoing streams: the peer reads end-of-stream after what was written.
+    /// Ends both outgoing streams: the peer reads end-of-stream after what was written. Fails
+    /// with the connection's error once it ended on one: nothing will carry the end.
     pub(crate) fn finish(&self) -> io::Result<()> {
-        self.with(|c| c.finish());
-        Ok(())
+        self.with(|c| match c.close_reason() {
+            Some(e) => Err(lost(e.clone())),
+            None => {
+                c.finish();
+                Ok(())
+            }
+        })
     }
 
     /// Waits until the peer has acknowledged everything written and the end of both streams

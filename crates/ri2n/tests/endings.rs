@@ -180,7 +180,8 @@ fn a_server_at_its_connection_limit_refuses_at_once() {
 
 /// `Endpoint::abort` (what `ri2n serve` does on SIGTERM): every connection of the server, on
 /// each of its shards or over the TCP transport, ends at once, and each client's blocked read
-/// fails with the code and reason the server gave.
+/// fails with the code and reason the server gave; so does `finish` after it, which must not
+/// tell a writer that its end is on its way.
 #[test]
 fn an_endpoint_aborted_tells_every_peer_why() {
     use std::io::{Read, Write};
@@ -218,18 +219,23 @@ fn an_endpoint_aborted_tells_every_peer_why() {
                             Err(e) => break Some(e),
                         }
                     };
-                    (echoed, failed, conn.close_reason(), accepted)
+                    (echoed, failed, conn.close_reason(), conn.finish(), accepted)
                 })
             })
             .collect();
         std::thread::sleep(Duration::from_millis(200));
         server.abort(7, "down for maintenance");
         for r in readers {
-            let (echoed, failed, reason, _accepted) = r.join().unwrap();
+            let (echoed, failed, reason, finished, _accepted) = r.join().unwrap();
             assert_eq!(echoed, 10, "{transport:?}");
             assert!(
                 failed.is_some(),
                 "{transport:?}: the read ended without an error"
+            );
+            assert_eq!(
+                finished.map_err(|e| e.kind()),
+                Err(std::io::ErrorKind::ConnectionAborted),
+                "{transport:?}: finish after the end"
             );
             assert_eq!(
                 reason,

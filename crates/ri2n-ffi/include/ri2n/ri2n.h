@@ -230,7 +230,8 @@ ssize_t ri2n_recv_datagram(struct ri2n_conn *c, void *buf, size_t len, int timeo
 ssize_t ri2n_max_datagram_size(const struct ri2n_conn *c);
 
 // Ends this side's streams: no more writes or messages; the peer reads 0 after the last
-// byte. Returns 0 (or a negative errno).
+// byte. Returns 0, or the negative errno of the connection's end once it ended on an error
+// (nothing will carry this end then).
 //
 // # Safety
 // `c` is a live connection.

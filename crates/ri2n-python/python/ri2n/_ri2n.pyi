@@ -186,7 +186,8 @@ class Connection:
     def max_datagram_size(self) -> int: ...
     def unsplit_datagram_size(self) -> int: ...
     def finish(self) -> None:
-        """Ends the outgoing streams: the peer reads the end after what was written."""
+        """Ends the outgoing streams: the peer reads the end after what was written. Raises
+        the connection's error once it ended on one."""
     def wait_acknowledged(self, timeout: Optional[float] = None) -> None:
         """Waits until the peer acknowledged everything and the end (after ``finish``)."""
     def is_acknowledged(self) -> bool: ...
