@@ -408,15 +408,16 @@ impl SendStream {
 ///
 /// Data is copied once, from the datagram straight to its place in a block of [`BLOCK`]
 /// bytes: block `i` holds the offsets from `first() + i * BLOCK` on, where `first()` is the
-/// read offset rounded down to a block. Blocks are allocated only as far as the peer sends
-/// ahead of the reader (flow control bounds that by the window), so memory is bounded however
-/// the peer fragments its data and nothing is allocated per frame. A reader using
+/// read offset rounded down to a block. A block's memory is taken when the first bytes for it
+/// arrive, so the blocks that hold memory are at most those the window spans (flow control
+/// keeps the peer within it) however the peer fragments its data, nothing is allocated per
+/// frame, and a few bytes far ahead of the reader cost a block each, not every block between. A reader using
 /// [`read_buf`](Self::read_buf) takes whole blocks, without copying them, and gives a spare
 /// buffer back.
 #[derive(Debug)]
 pub(crate) struct RecvStream {
-    /// Blocks from `first()` on, each [`BLOCK`] bytes long. Positions of offsets not received
-    /// yet hold stale bytes.
+    /// Blocks from `first()` on, each [`BLOCK`] bytes long, or empty (no memory) while no
+    /// byte of it has arrived. Positions of offsets not received yet hold stale bytes.
     blocks: VecDeque<Vec<u8>>,
     /// Block-sized buffers kept for the next blocks, as long as blocks and spares together
     /// stay within what the window can fill (see [`Self::window_blocks`]): blocks the reader
@@ -493,7 +494,8 @@ impl RecvStream {
     /// Bytes of memory the reassembly blocks hold.
     #[cfg(test)]
     pub fn memory(&self) -> usize {
-        (self.blocks.len() + self.spares.len()) * BLOCK
+        let held = self.blocks.iter().filter(|b| !b.is_empty()).count();
+        (held + self.spares.len()) * BLOCK
     }
 
     /// Stream offset of the first block's first byte.
@@ -502,19 +504,23 @@ impl RecvStream {
     }
 
     /// Makes the blocks cover the offsets below `end` (flow control keeps `end - read` within
-    /// the window).
+    /// the window), those not reached before without memory yet.
     fn reserve_to(&mut self, end: u64) {
         let needed = (end - self.first()).div_ceil(BLOCK as u64) as usize;
-        while self.blocks.len() < needed {
-            let block = self.spares.pop().unwrap_or_else(|| {
-                #[cfg(test)]
-                {
-                    self.allocated += 1;
-                }
-                vec![0u8; BLOCK]
-            });
-            self.blocks.push_back(block);
+        if self.blocks.len() < needed {
+            self.blocks.resize_with(needed, Vec::new);
         }
+    }
+
+    /// Memory for a block bytes arrived for: a spare, or a new one.
+    fn new_block(&mut self) -> Vec<u8> {
+        self.spares.pop().unwrap_or_else(|| {
+            #[cfg(test)]
+            {
+                self.allocated += 1;
+            }
+            vec![0u8; BLOCK]
+        })
     }
 
     /// Copies the bytes from offset `offset` on into `out`.
@@ -537,6 +543,9 @@ impl RecvStream {
         let mut done = 0;
         while done < data.len() {
             let n = (BLOCK - at).min(data.len() - done);
+            if self.blocks[i].is_empty() {
+                self.blocks[i] = self.new_block();
+            }
             self.blocks[i][at..at + n].copy_from_slice(&data[done..done + n]);
             done += n;
             (i, at) = (i + 1, 0);
@@ -940,6 +949,35 @@ mod tests {
             allocated.iter().all(|&a| a <= r.window_blocks() + 1),
             "blocks allocated after each window: {allocated:?}"
         );
+    }
+
+    /// A byte far ahead of the reader costs the block it lands in, not every block up to it:
+    /// before, two one-byte frames at the far end of both streams' windows held the memory
+    /// of both windows.
+    #[test]
+    fn a_byte_far_ahead_holds_one_block() {
+        let window = 8 << 20;
+        let mut r = RecvStream::new(window);
+        r.on_data(window - 1, &[9], false).unwrap();
+        assert_eq!(r.memory(), BLOCK);
+        r.on_data(window / 2, &[8], false).unwrap();
+        assert_eq!(r.memory(), 2 * BLOCK);
+        // the bytes between arrive: every block is there and the two bytes are in place
+        let data: Vec<u8> = (0..window).map(|i| (i % 251) as u8).collect();
+        r.on_data(0, &data[..window as usize / 2], false).unwrap();
+        r.on_data(
+            window / 2 + 1,
+            &data[window as usize / 2 + 1..window as usize - 1],
+            false,
+        )
+        .unwrap();
+        assert_eq!(r.readable(), window);
+        let mut got = vec![0u8; window as usize];
+        assert_eq!(r.read(&mut got), window as usize);
+        let mut sent = data;
+        sent[window as usize / 2] = 8;
+        sent[window as usize - 1] = 9;
+        assert!(got == sent);
     }
 
     #[test]
