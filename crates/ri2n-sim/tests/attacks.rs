@@ -528,3 +528,67 @@ fn resets_cost_the_same_whatever_the_connections_held() {
         "{many:?} with 4096 connections against {one:?} with one"
     );
 }
+
+/// An ACCEPT in clear, forged with the connection ID a keyed client's first INITIAL shows on
+/// the path, before the server's RETRY: no ACCEPT can be authentic before the client's Noise
+/// message went out, so it is dropped. Before, the client took the parameters in clear and
+/// came up without protection, its data then leaving unsealed.
+#[test]
+fn an_accept_forged_before_the_retry_is_dropped() {
+    let now = Instant::now();
+    let (client_addr, server_addr) = (addr("10.0.0.1:5000"), addr("10.0.0.2:6000"));
+    let keyed = |local| {
+        let mut cfg = EndpointConfig::new(vec![local]);
+        cfg.key = Some(key());
+        cfg
+    };
+    let mut client = Endpoint::new(keyed(client_addr), 1, now);
+    let mut server = Endpoint::new(keyed(server_addr).server(), 2, now);
+    let h = client
+        .connect(now, &[server_addr], Default::default())
+        .unwrap();
+    let first = drain(&mut client, now);
+    let scid = first
+        .iter()
+        .find_map(|(_, d)| match wire::decode_packet(d) {
+            Ok((wire::Header::Initial { scid, .. }, _)) => Some(scid),
+            _ => None,
+        })
+        .expect("the client's INITIAL");
+    let params = wire::ServerParams {
+        scid: 99,
+        instance: 1,
+        window: 1 << 20,
+        cipher: 0,
+        accepts: 0,
+        addrs: vec![],
+    }
+    .encode();
+    for mode in [
+        wire::handshake_mode::NOISE_NNPSK0,
+        wire::handshake_mode::PLAIN,
+    ] {
+        let mut forged = vec![0u8; 1500];
+        let accept = wire::Header::Accept {
+            dcid: scid,
+            mode,
+            hello: &params,
+        };
+        let n = wire::encode_control_packet(&accept, &mut forged);
+        forged.truncate(n);
+        client.handle_datagram(now, client_addr, server_addr, &mut forged);
+        let state = client.connection(h).unwrap().state();
+        assert_eq!(state, ConnectionState::Connecting, "mode {mode}");
+    }
+    // the real handshake still completes, keyed
+    for (t, mut d) in first {
+        server.handle_datagram(now, t.remote, t.local, &mut d);
+    }
+    for (t, mut d) in drain(&mut server, now) {
+        client.handle_datagram(now, t.remote, t.local, &mut d);
+    }
+    exchange(&mut client, &mut server, now, true);
+    let conn = client.connection(h).unwrap();
+    assert_eq!(conn.state(), ConnectionState::Established);
+    assert!(conn.stats().cipher.is_some(), "a keyed connection unsealed");
+}

@@ -1318,6 +1318,7 @@ impl Connection {
             first_sent,
             mode: our_mode,
             noise,
+            key,
             ..
         } = &mut self.handshake.stage
         else {
@@ -1327,6 +1328,9 @@ impl Connection {
             return Err(DropReason::Unauthenticated);
         }
         let (params, protection) = match noise {
+            // keyed, before the RETRY: the Noise message is not out yet, so no ACCEPT can
+            // answer it (one taken in clear would bring the connection up unsealed)
+            None if key.is_some() => return Err(DropReason::Unauthenticated),
             Some(noise) => {
                 let (payload, secrets) = noise
                     .finish(hello)
