@@ -241,10 +241,21 @@ impl TokenBucket {
 }
 
 impl Endpoint {
-    /// A new endpoint; `seed` feeds its random numbers (connection IDs, instance, cookie key).
-    /// A real driver passes a seed from the operating system's random source.
+    /// A new endpoint whose random numbers (connection IDs, instance, cookie key) come from
+    /// a 64-bit `seed`: runs repeat exactly (the simulator, tests). A real driver uses
+    /// [`from_seed`](Self::from_seed).
     pub fn new(cfg: EndpointConfig, seed: u64, now: Instant) -> Self {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        Self::with_rng(cfg, ChaCha8Rng::seed_from_u64(seed), now)
+    }
+
+    /// A new endpoint whose random numbers come from 32 bytes of the operating system's
+    /// random source: its cookie key (§4.2) is then as hard to guess as its 128 bits, which
+    /// a 64-bit seed would not make it.
+    pub fn from_seed(cfg: EndpointConfig, seed: [u8; 32], now: Instant) -> Self {
+        Self::with_rng(cfg, ChaCha8Rng::from_seed(seed), now)
+    }
+
+    fn with_rng(cfg: EndpointConfig, mut rng: ChaCha8Rng, now: Instant) -> Self {
         // The shards of one endpoint share its instance and cookie key (peers and clients
         // holding a cookie see one endpoint): drawn first, from the common seed. Their other
         // random numbers come from a stream of each shard's own.

@@ -167,9 +167,11 @@ fn is_ipv6_link_local(ip: &std::net::IpAddr) -> bool {
 }
 
 /// Seeds an endpoint's engine from the operating system's random source.
-fn os_seed() -> u64 {
+fn os_seed() -> [u8; 32] {
     use rand::RngCore;
-    rand::rngs::OsRng.next_u64()
+    let mut seed = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut seed);
+    seed
 }
 
 /// A host's ri2n endpoint: its sockets, its driver threads and its connections. A server's

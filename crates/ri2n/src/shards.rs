@@ -393,7 +393,7 @@ impl Shards {
     pub fn start(
         config: EndpointConfig,
         first: Vec<LinkSocket>,
-        seed: u64,
+        seed: [u8; 32],
     ) -> std::io::Result<Self> {
         let wanted = config.shards.unwrap_or_else(|| default_shards(&config));
         let mut sockets = vec![first];
@@ -426,7 +426,7 @@ impl Shards {
             .into_iter()
             .enumerate()
             .map(|(i, sockets)| {
-                let engine = ProtoEndpoint::new(shard_config(&config, i, count), seed, now);
+                let engine = ProtoEndpoint::from_seed(shard_config(&config, i, count), seed, now);
                 Driver::start(engine, sockets, i, router.clone(), accepts.clone())
             })
             .collect::<std::io::Result<Vec<_>>>()?;
