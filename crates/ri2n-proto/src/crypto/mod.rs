@@ -929,15 +929,15 @@ mod tests {
         for (cipher, sealed) in [
             (
                 Cipher::Aegis256X4,
-                "04010123456789abcdef01051668212b08b671c6e108cefc5a8564888a64cea8",
+                "05010123456789abcdef01051668212b7735036cce022186970fa31bb9876094",
             ),
             (
                 Cipher::Aes256Gcm,
-                "04010123456789abcdef01055b99c956cc38ed9bf5a265ef4f11b40abb10c4af",
+                "05010123456789abcdef01055b99c95677f2b364db64f67d0eae797f369d0371",
             ),
             (
                 Cipher::ChaCha20Poly1305,
-                "04010123456789abcdef010584fd83e38487200aee28b90b4eb2899c25a4911e",
+                "05010123456789abcdef010584fd83e341347222fa1fbed9582378ea4b3c33b7",
             ),
         ] {
             let secrets = SessionSecrets {
@@ -945,7 +945,7 @@ mod tests {
                 server_to_client: Zeroizing::new(secret),
             };
             let mut p = PacketProtection::new(cipher, secrets, true, Instant::now());
-            let mut packet = b"\x04\x01\x01\x23\x45\x67\x89\xab\xcd\xef\x01\x05".to_vec();
+            let mut packet = b"\x05\x01\x01\x23\x45\x67\x89\xab\xcd\xef\x01\x05".to_vec();
             packet.extend_from_slice(&[1, 0, 0, 0]);
             packet.extend_from_slice(&[0; TAG_LEN]);
             p.seal(LinkId(1), 5, 12, &mut packet);
