@@ -115,6 +115,22 @@ pub(crate) struct Piece {
     pub data: Bytes,
 }
 
+impl Piece {
+    /// Writes its frame into `w`, which has `room` bytes left for frames, as
+    /// [`OutgoingDatagrams::pop`] made sure it fits: with its length if that fits, else (a
+    /// piece) running to the packet's end, behind padding when it is shorter than the room
+    /// (a piece sent again may have been cut for a packet with less room).
+    pub fn write(&self, w: &mut wire::Writer<'_>, room: usize) {
+        let len = self.data.len();
+        let to_end =
+            self.part != DatagramPart::Whole && wire::datagram_frame_len(self.seq, len) > room;
+        if to_end {
+            w.zeros(room - wire::datagram_frame_len_to_end(self.seq, len));
+        }
+        wire::write_datagram(w, self.seq, self.part, &self.data, to_end);
+    }
+}
+
 /// A datagram waiting to be sent.
 #[derive(Debug)]
 struct Waiting {
@@ -278,7 +294,8 @@ impl OutgoingDatagrams {
     pub fn front_frame_len(&self, bounds: Bounds) -> Option<usize> {
         let w = self.queue.front()?;
         Some(match w.again {
-            Some((seq, _)) => wire::datagram_frame_len(seq, w.data.len()),
+            Some((seq, DatagramPart::Whole)) => wire::datagram_frame_len(seq, w.data.len()),
+            Some((seq, _)) => wire::datagram_frame_len_to_end(seq, w.data.len()),
             None if w.sent_bytes == 0 && w.data.len() <= bounds.unsplit => {
                 wire::datagram_frame_len(self.next_seq, w.data.len())
             }
@@ -300,15 +317,24 @@ impl OutgoingDatagrams {
         let piece = match w.again {
             Some((seq, part)) => {
                 let len = w.data.len();
-                let to_end = wire::datagram_frame_len_to_end(seq, len);
                 let whole = part == DatagramPart::Whole;
-                if !whole && to_end > bounds.piece_room {
-                    // cut for packet numbers of 4 bytes, it no longer fits one of 8 (a link
-                    // passed 2^30 packets meanwhile): its datagram is lost
+                // what an empty packet of the smallest link must take: a whole datagram with
+                // its length, a piece running to the packet's end (behind padding if it is
+                // shorter than the room)
+                let least = if whole {
+                    wire::datagram_frame_len(seq, len)
+                } else {
+                    wire::datagram_frame_len_to_end(seq, len)
+                };
+                if least > bounds.piece_room {
+                    // made for packets that no longer come: a piece cut for packet numbers of
+                    // 4 bytes (a link passed 2^30 packets meanwhile), a datagram sent whole
+                    // before a link with smaller packets joined. Its datagram is lost; kept,
+                    // it would stand at the head of the queue for ever.
                     self.drop_front("sent again, no longer fits a packet");
                     return self.pop(now, room, bounds);
                 }
-                if wire::datagram_frame_len(seq, len) > room && (whole || to_end != room) {
+                if least > room {
                     return None;
                 }
                 let w = self.pop_front();
@@ -332,23 +358,20 @@ impl OutgoingDatagrams {
                 }
             }
             None => {
-                // a piece fills the packet if it can, in a frame without a length
                 let left = w.data.len() - w.sent_bytes;
+                // a first piece leaves some for a last one: one that took all would leave its
+                // datagram at the head of the queue with nothing left to send, and the
+                // receiver waiting for a last piece that never comes
+                let most = if w.sent_bytes == 0 { left - 1 } else { left };
                 let header = wire::datagram_frame_len_to_end(self.next_seq, 0);
-                let most = left.min(bounds.piece_room.saturating_sub(header));
+                let most = most.min(bounds.piece_room.saturating_sub(header));
+                // a piece fills the packet if it can, in a frame without a length; else it
+                // goes with its length
                 let to_end = room.saturating_sub(header);
                 let n = if to_end <= most {
                     to_end
                 } else {
                     most.min(room.saturating_sub(piece_header_len(self.next_seq)))
-                };
-                // a first piece leaves some for a last one: one that took all would leave its
-                // datagram at the head of the queue with nothing left to send, and the
-                // receiver waiting for a last piece that never comes
-                let n = if w.sent_bytes == 0 {
-                    n.min(left - 1)
-                } else {
-                    n
                 };
                 if n < left.min(MIN_PIECE) || n == 0 {
                     return None;
@@ -1187,6 +1210,111 @@ mod tests {
             proptest::prop_assert_eq!(got, sent);
             proptest::prop_assert_eq!(rx.dropped, 0);
         }
+    }
+
+    /// The frame `piece` makes in a packet with `room` bytes left, and what that packet's
+    /// frames read as (each piece is written as the last frame of its packet here, as it is
+    /// when it fills the packet).
+    fn written(piece: &Piece, room: usize) -> Vec<(u64, DatagramPart, Vec<u8>)> {
+        let mut buf = vec![0xEEu8; room];
+        let mut w = wire::Writer::new(&mut buf);
+        piece.write(&mut w, room);
+        let n = w.len();
+        wire::Frames::new(&buf[..n])
+            .map(|f| match f.expect("a well-formed frame") {
+                wire::Frame::Datagram { seq, part, data } => (seq, part, data.to_vec()),
+                wire::Frame::Padding => (u64::MAX, DatagramPart::Whole, vec![]),
+                other => panic!("unexpected frame {other:?}"),
+            })
+            .filter(|f| f.0 != u64::MAX)
+            .collect()
+    }
+
+    /// Every piece a datagram is cut into is written within the room it was cut for, at any
+    /// room and with numbers of 1 and 4 bytes. Before, a first piece that would have filled
+    /// the room exactly was cut a byte short for the last piece, and then written with its
+    /// length, a byte past the room: the writer panicked (a keyed 1472-byte packet, numbers
+    /// past 16 383, a datagram of 1436 bytes).
+    #[test]
+    fn every_piece_is_written_within_the_room_it_was_cut_for() {
+        let now = Instant::now();
+        let sizes = (BOUNDS.unsplit + 1..BOUNDS.unsplit + 16).chain([2000, 2872, 2873, 5000]);
+        for size in sizes {
+            for first_seq in [0, 20_000] {
+                for room in 8..=BOUNDS.piece_room {
+                    let mut q = OutgoingDatagrams::new(1 << 20, Duration::from_millis(20));
+                    q.next_seq = first_seq;
+                    let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+                    q.push(now, &data);
+                    let mut got = Vec::new();
+                    // the first piece in `room`, the others in empty packets
+                    let mut r = room;
+                    while let Some(piece) = q.pop(now, r, BOUNDS) {
+                        let frames = written(&piece, r);
+                        assert_eq!(
+                            frames,
+                            [(piece.seq, piece.part, piece.data.to_vec())],
+                            "size {size}, room {r}"
+                        );
+                        got.extend_from_slice(&piece.data);
+                        r = BOUNDS.piece_room;
+                    }
+                    if !got.is_empty() {
+                        assert_eq!(got, data, "size {size}, first room {room}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// A piece cut to fill a packet of one link, stranded when that link failed, goes again
+    /// in an empty packet with a byte more room (behind one byte of padding). Before, it fit
+    /// no packet at all: too long to carry its length, too short to run to the end. It stood
+    /// at the head of the queue, and every data packet left without a datagram.
+    #[test]
+    fn a_piece_cut_for_a_smaller_packet_goes_again_in_a_larger_one() {
+        let now = Instant::now();
+        let mut q = OutgoingDatagrams::new(1 << 20, Duration::from_millis(20));
+        q.push(now, &[1; 3000]);
+        let first = q.pop(now, BOUNDS.piece_room - 1, BOUNDS).unwrap();
+        assert_eq!(
+            wire::datagram_frame_len_to_end(first.seq, first.data.len()),
+            BOUNDS.piece_room - 1,
+            "the premise: it filled its packet"
+        );
+        q.requeue(now, &mut vec![first.clone()]);
+        let again = q
+            .pop(now, BOUNDS.piece_room, BOUNDS)
+            .expect("it goes again");
+        assert_eq!(again, first);
+        assert_eq!(
+            written(&again, BOUNDS.piece_room),
+            [(first.seq, first.part, first.data.to_vec())]
+        );
+    }
+
+    /// A datagram sent whole, stranded, that no longer fits a packet (a link with smaller
+    /// packets joined meanwhile) is dropped, and the next one goes. Before, it stood at the
+    /// head of the queue for good.
+    #[test]
+    fn a_datagram_stranded_too_large_for_the_packets_now_is_dropped() {
+        let now = Instant::now();
+        let mut q = OutgoingDatagrams::new(1 << 20, Duration::from_millis(20));
+        q.push(now, &[1; 1400]);
+        q.push(now, b"next");
+        let big = q.pop(now, BOUNDS.piece_room, BOUNDS).unwrap();
+        assert_eq!(big.part, DatagramPart::Whole);
+        q.requeue(now, &mut vec![big]);
+        let smaller = Bounds {
+            unsplit: 1300,
+            piece_room: 1311,
+        };
+        let next = q
+            .pop(now, smaller.piece_room, smaller)
+            .expect("the next one goes");
+        assert_eq!(&next.data[..], b"next");
+        assert_eq!(q.dropped, 1);
+        assert!(q.is_empty());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::crypto::{self, PacketProtection};
 use crate::link::{SentFrame, SentPacket};
 use crate::streams::SendStream;
 use crate::transmit::{Transmit, TransmitBuffer};
-use crate::wire::{self, DatagramPart, Header, Writer};
+use crate::wire::{self, Header, Writer};
 use crate::{LinkId, LinkState};
 
 use super::scheduler::Schedule;
@@ -424,11 +424,8 @@ impl Connection {
             while let Some(piece) =
                 bounds.and_then(|b| self.datagrams.outgoing.pop(now, end - w.len(), b))
             {
-                // a piece that fills the packet needs no length
-                let to_end = piece.part != DatagramPart::Whole
-                    && wire::datagram_frame_len_to_end(piece.seq, piece.data.len())
-                        == end - w.len();
-                wire::write_datagram(&mut w, piece.seq, piece.part, &piece.data, to_end);
+                let room = end - w.len();
+                piece.write(&mut w, room);
                 frames.push(SentFrame::Datagram(piece));
                 ack_eliciting = true;
             }
