@@ -678,8 +678,10 @@ impl IncomingDatagrams {
                 if part == DatagramPart::Whole {
                     self.received += 1;
                     self.dropped += 1;
+                } else if seq == self.next {
+                    self.lose_piece(part);
                 }
-                // (a piece's datagram is counted when it turns out incomplete)
+                // (a piece held ahead is counted when its datagram turns out incomplete)
                 if seq == self.next {
                     // it came: nothing is missing here
                     self.next += 1;
@@ -755,15 +757,8 @@ impl IncomingDatagrams {
             *last + 1 == seq && joined.len() + data.len() <= wire::MAX_DATAGRAM_LEN
         });
         if !continues {
-            // its datagram's first piece, or one between, is lost: the datagram counts as
-            // dropped once, with the part joined so far or with its first orphaned piece
-            let joined_some = self.joining.is_some();
-            self.drop_joining();
-            if !joined_some && !self.orphaned {
-                self.received += 1;
-                self.dropped += 1;
-            }
-            self.orphaned = part == DatagramPart::Middle;
+            // its datagram's first piece, or one between, is lost
+            self.lose_piece(part);
             if let Payload::Held(d) = data {
                 self.bytes -= charge(&d);
                 self.recycle(d);
@@ -780,10 +775,32 @@ impl IncomingDatagrams {
             self.recycle(d);
         }
         if part == DatagramPart::Last {
-            let (_, joined) = self.joining.take().expect("a datagram being joined");
+            let (_, mut joined) = self.joining.take().expect("a datagram being joined");
             self.largest_joined = self.largest_joined.max(joined.len());
+            if joined.capacity() > 2 * joined.len() {
+                // joined in room for the largest datagram so far, it gives back what it does
+                // not use: else each small one waiting for the reader would cost, against
+                // the limit, as much as the largest
+                let before = charge(&joined);
+                joined.shrink_to_fit();
+                self.bytes -= before - charge(&joined);
+            }
             self.ready.push_back(joined);
         }
+    }
+
+    /// Piece `part` of a datagram, next in order, cannot join it (dropped for the limit, or
+    /// an earlier piece is lost): the datagram counts as dropped once, with the part joined
+    /// so far, or with its first piece that arrives orphaned; its later pieces are then
+    /// orphans counted already.
+    fn lose_piece(&mut self, part: DatagramPart) {
+        let joined_some = self.joining.is_some();
+        self.drop_joining();
+        if part == DatagramPart::First || (!joined_some && !self.orphaned) {
+            self.received += 1;
+            self.dropped += 1;
+        }
+        self.orphaned = part != DatagramPart::Last;
     }
 
     /// Drops the datagram being joined: a piece of it is lost.
@@ -1315,6 +1332,60 @@ mod tests {
         assert_eq!(&next.data[..], b"next");
         assert_eq!(q.dropped, 1);
         assert!(q.is_empty());
+    }
+
+    /// Pushes `data` as pieces of 1400 bytes numbered from `seq` on; returns the next number.
+    fn push_in_pieces(rx: &mut IncomingDatagrams, now: Instant, seq: u64, data: &[u8]) -> u64 {
+        let chunks: Vec<&[u8]> = data.chunks(1400).collect();
+        for (i, c) in chunks.iter().enumerate() {
+            let part = match i {
+                0 => DatagramPart::First,
+                i if i + 1 == chunks.len() => DatagramPart::Last,
+                _ => DatagramPart::Middle,
+            };
+            rx.push_piece(now, 0, seq + i as u64, part, c);
+        }
+        seq + chunks.len() as u64
+    }
+
+    /// Small datagrams in pieces, waiting for the reader after a large one, cost what they
+    /// hold against the limit. Before, each was joined in room for the largest so far and
+    /// charged for all of it: after one of 60 000 bytes, a 1 MiB limit held 17 datagrams of
+    /// 1500 bytes and dropped the rest.
+    #[test]
+    fn small_datagrams_joined_after_a_large_one_cost_their_size() {
+        let now = Instant::now();
+        let mut rx = IncomingDatagrams::new(1 << 20, Duration::ZERO);
+        let large: Vec<u8> = (0..60_000u32).map(|i| (i % 251) as u8).collect();
+        let mut seq = push_in_pieces(&mut rx, now, 0, &large);
+        assert_eq!(rx.pop(), Some(large));
+        let small: Vec<Vec<u8>> = (0..100u8).map(|i| vec![i; 1500]).collect();
+        for d in &small {
+            seq = push_in_pieces(&mut rx, now, seq, d);
+        }
+        let got: Vec<Vec<u8>> = std::iter::from_fn(|| rx.pop()).collect();
+        assert_eq!(got.len(), small.len(), "{} dropped", rx.dropped);
+        assert!(got == small);
+        assert_eq!(rx.bytes, 0, "everything read, nothing charged");
+    }
+
+    /// Datagrams in pieces dropped on arrival for the limit (the reader behind) count as
+    /// dropped, once each. Before, one whose every piece was dropped counted nowhere.
+    #[test]
+    fn datagrams_dropped_in_pieces_for_the_limit_are_counted() {
+        let now = Instant::now();
+        let mut rx = IncomingDatagrams::new(8 << 10, Duration::ZERO);
+        let mut seq = 0;
+        for i in 0..20u8 {
+            seq = push_in_pieces(&mut rx, now, seq, &[i; 1500]);
+            seq = push_in_pieces(&mut rx, now, seq, &[i; 3000]);
+        }
+        let got = std::iter::from_fn(|| rx.pop()).count() as u64;
+        assert!(
+            got > 0 && rx.dropped > 0,
+            "the premise: some fit, some did not"
+        );
+        assert_eq!((rx.received, got + rx.dropped), (40, 40));
     }
 
     #[test]
