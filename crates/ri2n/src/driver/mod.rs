@@ -725,7 +725,7 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
         // receive everything waiting (mio is edge-triggered: drain until empty)
         for (i, r) in readable.iter_mut().enumerate() {
             while *r {
-                *r = shared.receive(i, false, None, false) == Received::MoreMayWait;
+                *r = shared.receive(i, false, None, false).0 == Received::MoreMayWait;
             }
         }
         let (timeout, wakeups, confirm, watch, passed_on) = {

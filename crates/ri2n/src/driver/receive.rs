@@ -128,7 +128,7 @@ impl Shared {
         waiting_call: bool,
         readable: Option<&mut Vec<u64>>,
         arm: bool,
-    ) -> Received {
+    ) -> (Received, bool) {
         let (received, taken) = self.take_in(i, waiting_call);
         if taken {
             let st = self.lock();
@@ -140,7 +140,7 @@ impl Shared {
             drop(st);
             wakeups.notify();
         }
-        received
+        (received, taken)
     }
 
     /// Receives from source `i` (without the engine's lock) and hands what came to the
@@ -488,7 +488,7 @@ pub(super) fn recv_lane(shared: &Shared, i: usize, mut poll: Poll) {
                 // what is received is answered at once (`receive` sends and dispatches); the
                 // timers it sets (an acknowledgement held back, a probe timeout) are the
                 // driver thread's
-                let r = shared.receive(source, false, None, true);
+                let (r, _) = shared.receive(source, false, None, true);
                 #[cfg(test)]
                 if !matches!(r, Received::Nothing | Received::TurnedAway) {
                     (shared.recv_lanes[i].received_by_thread).fetch_add(1, Ordering::Relaxed);

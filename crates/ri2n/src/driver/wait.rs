@@ -204,7 +204,9 @@ impl Shared {
     }
 
     /// Receives, for a call that watched the sockets, from each socket its `events` report:
-    /// whether anything was received, and whether another thread held the receive buffers.
+    /// whether anything was handed to the engine (from those sockets, or from others another
+    /// thread was turned away from: either may have set timers the driver thread must be
+    /// armed for), and whether another thread held the receive buffers.
     /// `readable`: see [`Self::dispatch`].
     fn receive_reported(
         &self,
@@ -218,8 +220,9 @@ impl Shared {
                 // a full batch: more may wait, and they are taken now rather than at the
                 // next wait
                 loop {
-                    let r = self.receive(ev.token().0, true, readable.as_deref_mut(), false);
-                    received |= !matches!(r, Received::Nothing | Received::TurnedAway);
+                    let (r, taken) =
+                        self.receive(ev.token().0, true, readable.as_deref_mut(), false);
+                    received |= taken;
                     turned_away |= r == Received::TurnedAway;
                     if r != Received::MoreMayWait {
                         break;
