@@ -457,6 +457,11 @@ impl LinkSocket {
         }
     }
 
+    /// Takes the interface as having carrier from now on (its changes cannot be followed).
+    pub fn assume_carrier(&self) {
+        self.carrier.store(true, Ordering::Relaxed);
+    }
+
     /// "Port unreachable" answers received since the last call.
     pub fn take_refused(&self) -> Vec<Refusal> {
         // a load first: the swap would write the flag's cache line on every received batch

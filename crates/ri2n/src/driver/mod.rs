@@ -595,6 +595,17 @@ impl Driver {
                 None
             }
         };
+        for s in &sockets {
+            if link_changes.is_some() {
+                // read again now that changes are heard: one since the socket was bound
+                // would otherwise be missed until the next change
+                s.refresh_carrier();
+            } else {
+                // nothing would read it again: a link without carrier at start would never
+                // send, so the engine's failure detection judges every link instead
+                s.assume_carrier();
+            }
+        }
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 endpoint,
