@@ -48,6 +48,12 @@ def reachable_pairs(lab, hosts):
     failed = []
     for h, p in pingers:
         out, _ = p.communicate(timeout=300)
+        if p.returncode != 0:
+            # the pinger itself failed (its host unreachable to the lab): none of its pairs
+            # was shown to answer
+            failed += ["%s -> 10.99.0.%d" % (h, j) for j in range(1, len(hosts) + 1)
+                       if j != hosts.index(h) + 1]
+            continue
         failed += ["%s -> %s" % (h, ip) for ip in out.split()]
     return len(hosts) * (len(hosts) - 1) - len(failed), failed
 

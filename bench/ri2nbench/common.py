@@ -310,6 +310,18 @@ def sockperf_pp(prefix_cmd, ip, port, size, seconds, tcp=False):
     return r
 
 
+def tool_json(text):
+    """A tool's --json output, or None when it failed: no JSON, or the error document that
+    ri2n (`{"command", "error", "exit_code"}`) and iperf3 (`"error"`, with an empty `"end"`)
+    print instead of results. Taken as results, its missing fields would end the part and
+    keep the failure out of the report's list of failed runs."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    return None if isinstance(doc, dict) and "error" in doc else doc
+
+
 def run_json(cmd, timeout, server_pid=None):
     """Runs a client with --json; returns (doc, rc, client CPU s, server CPU s, wall s, stderr)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
@@ -323,11 +335,7 @@ def run_json(cmd, timeout, server_pid=None):
         out.seek(0)
         err.seek(0)
         text, etext = out.read(), err.read()
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        doc = None
-    return doc, rc, cpu, (s1 - s0 if s0 is not None else None), wall, etext
+    return tool_json(text), rc, cpu, (s1 - s0 if s0 is not None else None), wall, etext
 
 
 def sys_busy():

@@ -1,5 +1,4 @@
 """Part 2b: unlimited-rate links, where CPU per byte decides; the piped 2 x 1 Gbit/s case."""
-import json
 import os
 import random
 import re
@@ -9,7 +8,7 @@ import tempfile
 from . import common
 from .common import (
     PROCS, ThreadSampler, fast_file, log, mfacts, run, spread, tcp_limit, timed_client,
-    udp_limit, wait_quiet, wait_ready)
+    tool_json, udp_limit, wait_quiet, wait_ready)
 from .labctl import new_lab
 
 
@@ -60,10 +59,7 @@ def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, ke
         sampler.watch("recv", recv.pid)
     rc, scpu, machine, wall, text = timed_client(lab.ex("a", *in_cmd), timeout, sampler)
     rrc, rcpu = PROCS.wait_rusage(recv, 30)
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        doc = None
+    doc = tool_json(text)
     r = {"rc": rc, "recv_rc": rrc, "cpu_send": scpu, "cpu_recv": rcpu, "cpu_machine": machine,
          "wall_send": wall}
     if sampler:
@@ -104,7 +100,7 @@ def iperf_transfer(lab, nbytes, mptcp, pipe_in=None, pipe_out=None, src=None, ti
     src, scpu = PROCS.wait_rusage(srv, 30)
     r = {"rc": rc, "cpu_send": ccpu, "cpu_recv": scpu, "cpu_machine": machine, "wall_send": wall}
     try:
-        doc = json.loads(text)
+        doc = tool_json(text)
         e = doc["end"]["sum_received"]
         r.update(bytes=e["bytes"], seconds=e["seconds"], bps=e["bits_per_second"],
                  retransmits=doc["end"]["sum_sent"].get("retransmits"))

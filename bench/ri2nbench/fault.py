@@ -12,8 +12,8 @@ import time
 
 from . import common
 from .common import (
-    FLOW, PLOT, PROCS, busy_line, fmt_ms, log, mfacts, run, spread, tcp_limit, udp_limit,
-    wait_quiet, wait_ready)
+    FLOW, PLOT, PROCS, busy_line, fmt_ms, log, mfacts, run, spread, tcp_limit, tool_json,
+    udp_limit, wait_quiet, wait_ready)
 from .labctl import (
     do_events, new_lab, place_events, ri2n_lab_client, ss_snapshot, start_lab_servers)
 from .analysis import BIN, analyse, flow_series, uniform_series
@@ -94,7 +94,7 @@ def ri2n_fault_run(lab, scenario, reverse=False, tcp=False):
         rt.join(5)
         out.seek(0)
         text = out.read()
-    doc = json.loads(text) if text.strip() else None
+    doc = tool_json(text)
     rows = doc["intervals"] if doc else []
     # exact offset: the k-th timeline line was printed right after the k-th interval closed
     tl_lines = [m for m, l in lines if pat.match(l)]
@@ -261,7 +261,7 @@ def iperf3_fault_run(lab, scenario):
         out.seek(0)
         text = out.read()
     PROCS.stop(srv)
-    doc = json.loads(text) if text.strip() else None
+    doc = tool_json(text)
     place_events(ev_log, t0)
     sj = (doc or {}).get("server_output_json") or {}
     src = "server (receiver)" if sj.get("intervals") else "client (sender)"
@@ -458,12 +458,15 @@ def report_fault(res):
             worst["ri2n"] += [v for t in ("ri2n", "ri2n-rev") for v in metric(t, scen, idx, "time_to_90")]
             worst["ri2n-tcp"] += metric("ri2n-tcp", scen, idx, "time_to_90")
     L.append("")
-    for key, what in (("ri2n", "ri2n recovery, every run of every scenario above (both directions)"),
-                      ("ri2n-tcp", "The TCP transport's recovery, every run of every scenario above")):
+    for key, what in (("ri2n", "ri2n recovery, every heal of every run of every scenario above "
+                               "(both directions)"),
+                      ("ri2n-tcp", "The TCP transport's recovery, every heal of every run of "
+                                   "every scenario above")):
         w = worst[key]
         if w:
             slow = [v for v in w if v is None or v > 0.2]
-            L.append("- %s: %d runs, slowest %s; %d above 200 ms or never." % (
+            # a run of the main scenario heals twice: these are heals, not runs
+            L.append("- %s: %d heals, slowest %s; %d above 200 ms or never." % (
                 what, len(w), "never" if None in w else "%.0f ms" % (max(w) * 1000), len(slow)))
     # after a total outage: how soon data flows again at all (first 10 ms bin above 10 % of one
     # link), besides the 90 % rule, which also waits for the link's window to open up

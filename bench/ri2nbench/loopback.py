@@ -168,7 +168,7 @@ def report_loopback(res):
     L.append("**(a) 64-byte ping-pong, round-trip time (RTT) in µs** — every figure is a full round "
              "trip (sockperf with `--full-rtt`; its default would print RTT/2), median of the "
              "runs' medians (min–max over %d runs of %s round trips each for ri2n, %d s each "
-             "for sockperf), all three measured in turn in each run:\n" % (
+             "for sockperf), all four measured in turn in each run:\n" % (
                  len(lat), res["commands"]["ri2n_latency"].split("--count ")[1].split()[0],
                  int(res["commands"]["sockperf_pp"].split("-t ")[1].split()[0])))
     L.append("| transport | median RTT | p99 RTT | min RTT |")

@@ -1,7 +1,6 @@
 """Part 8: how ri2n scales with the host's cores: many clients of one `ri2n serve` on loopback,
 and the unlimited-rate 2- and 4-link lab against one TCP connection and MPTCP, `ri2n send` and
 iperf3 through `ri2n tunnel` alike."""
-import json
 import os
 import re
 import tempfile
@@ -10,7 +9,7 @@ import time
 from . import common
 from .common import (
     PROCS, ThreadSampler, busy_line, fast_file, free_port, log, med, mfacts, proc_cpu, spread,
-    sys_busy, thread_cpu, wait_quiet, wait_ready)
+    sys_busy, thread_cpu, tool_json, wait_quiet, wait_ready)
 from .fast import iperf_transfer, ri2n_transfer, warm_up
 from .labctl import new_lab
 from .tunnel import tunnel_up
@@ -110,10 +109,7 @@ def loop_clients(server, port, links, n, seconds, key):
         for o, e in outs:
             o.seek(0)
             e.seek(0)
-            try:
-                docs.append(json.loads(o.read()))
-            except ValueError:
-                docs.append(None)
+            docs.append(tool_json(o.read()))
             errs.append(e.read()[-300:])
     finally:
         for o, e in outs:

@@ -97,7 +97,8 @@ def report_sweep(res):
             a.append(al)
             inv.append(8 / be if be > 0 else None)  # bytes/µs → Mbit/s
             nh.append(nhf)
-            h0.append(pts[0][1] if pts else None)
+            # the smallest size's own figure: none if that one failed
+            h0.append(pts[0][1] if pts and pts[0][0] == sizes[0] else None)
         L.append("| %s | %s | %s | %s | %s |" % (name, spread(a, "%.1f"), spread(inv, "%.0f"),
                                                 spread(nh, "%.0f"), spread(h0, "%.1f")))
     own = [r["ri2n"]["fit"] for r in runs if r["ri2n"].get("fit")]

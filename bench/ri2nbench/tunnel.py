@@ -185,7 +185,8 @@ def mpi_job(lab, tmpdir, btl, oob):
     t0 = time.monotonic() - 1.0  # the first progress line comes a second into the job
     ev_log, stop = [], threading.Event()
     do_events(lab, t0, MPI_EVENTS, ev_log, stop)
-    rc, _ = PROCS.wait_rusage(p, MPI_SECONDS + 120)
+    # the limit counts from the job's start, as the report says, not from the last event
+    rc, _ = PROCS.wait_rusage(p, max(0.0, t0 + MPI_SECONDS + 120 - time.monotonic()))
     wall = time.monotonic() - t0
     if rc is None:
         end_mpi_leftovers(lab)
@@ -386,15 +387,17 @@ def report_tunnel(res):
     for k, name in (("tunnel", "iperf3 through the tunnel (both networks)"),
                     ("mptcp", "iperf3 over kernel MPTCP (`mptcpize`, both networks)"),
                     ("tcp", "iperf3 over TCP on network 1 only")):
-        bps = [r[k]["bps"] or 0 for r in runs]
-        retr = [r[k]["retransmits"] or 0 for r in runs]
+        # a failed run is left out (spread counts n), never taken as 0
+        bps = [r[k]["bps"] for r in runs]
+        retr = [r[k]["retransmits"] for r in runs]
         cpu = ""
         if k == "tunnel":
-            cpu = spread([sum(r[k]["cpu_daemons"].values()) / max(r[k]["bytes"] or 1, 1) * 1e9
-                          for r in runs], "%.2f")
+            cpu = spread([sum(r[k]["cpu_daemons"].values()) / r[k]["bytes"] * 1e9
+                          if r[k]["bytes"] else None for r in runs], "%.2f")
         L.append("| %s | %s | %s | %s |" % (name, spread(bps, "%.0f", 1e-6), spread(retr, "%.0f"), cpu))
-    ratio = [(r["tunnel"]["bps"] or 0) / (r["mptcp"]["bps"] or 1) for r in runs]
-    share = [(r["tunnel"]["bps"] or 0) / cap for r in runs]
+    ratio = [r["tunnel"]["bps"] / r["mptcp"]["bps"]
+             if r["tunnel"]["bps"] and r["mptcp"]["bps"] else None for r in runs]
+    share = [r["tunnel"]["bps"] / cap if r["tunnel"]["bps"] else None for r in runs]
     L.append("")
     L.append("Tunnel / MPTCP per run: **%s** (target ≥ 1). Tunnel / payload capacity of the two "
              "links for TCP (1448 bytes per 1514-byte frame, %.0f Mbit/s): **%s** (target ≥ 90 %%)."
@@ -440,8 +443,8 @@ def report_tunnel(res):
         L.append("")
         L.append("**64-byte UDP round trip** (sockperf `--full-rtt`), µs: through the tunnel %s, "
                  "directly on network 1 %s (median of each run's median)%s." % (
-                     spread([r["tunnel"]["median_us"] or 0 for r in lat]),
-                     spread([r["link"]["median_us"] or 0 for r in lat]),
+                     spread([r["tunnel"]["median_us"] for r in lat]),
+                     spread([r["link"]["median_us"] for r in lat]),
                      daemon_cpu(lat)))
         busy = res.get("latency_busy_poll")
         if busy and busy["runs"]:
@@ -449,10 +452,11 @@ def report_tunnel(res):
             L.append("With the daemons busy polling (`--busy-poll %d`): through the tunnel %s, "
                      "directly %s, tunnel minus direct per run **%s**%s." % (
                          busy["busy_poll_us"],
-                         spread([r["tunnel"]["median_us"] or 0 for r in runs]),
-                         spread([r["link"]["median_us"] or 0 for r in runs]),
-                         spread([(r["tunnel"]["median_us"] or 0) - (r["link"]["median_us"] or 0)
-                                 for r in runs]),
+                         spread([r["tunnel"]["median_us"] for r in runs]),
+                         spread([r["link"]["median_us"] for r in runs]),
+                         spread([r["tunnel"]["median_us"] - r["link"]["median_us"]
+                                 if r["tunnel"]["median_us"] and r["link"]["median_us"]
+                                 else None for r in runs]),
                          daemon_cpu(runs)))
     part = res.get("partition") or []
     if part:
@@ -513,22 +517,28 @@ def report_tunnel(res):
         L.append("")
         L.append("| carry | goodput, Mbit/s | inner TCP retransmissions | switch 1 dead 3–5 s: mean Mbit/s | back ≥ 816 after the fault | its inner TCP retransmissions | every switch dead 3–6 s: data again after the heal | its inner TCP retransmissions |")
         L.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        # a run whose iperf3 failed (no intervals) is left out (spread counts n); 99 s is a
+        # run that measured and never recovered
         for name, rows in carry.items():
             def during(r):
                 xs = [x[1] for x in r["failover"].get("intervals") or [] if 3.0 <= x[0] < 5.0]
-                return sum(xs) / len(xs) if xs else 0
+                return sum(xs) / len(xs) if xs else None
 
             def back(r):
-                for x in r["failover"].get("intervals") or []:
+                if not r["failover"].get("intervals"):
+                    return None
+                for x in r["failover"]["intervals"]:
                     if x[0] >= 3.0 and x[1] >= 816e6:
                         return x[0] + 0.1 - 3.0
                 return 99.0
-            resume = [r["outage"]["resume_s"] if r["outage"]["resume_s"] is not None else 99.0
+            resume = [None if not r["outage"].get("intervals") else
+                      r["outage"]["resume_s"] if r["outage"]["resume_s"] is not None else 99.0
                       for r in rows]
+
             def retransmits(k):
-                return spread([r[k]["retransmits"] or 0 for r in rows], "%.0f")
+                return spread([r[k]["retransmits"] for r in rows], "%.0f")
             L.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
-                name, spread([r["rate"]["bps"] or 0 for r in rows], "%.0f", 1e-6),
+                name, spread([r["rate"]["bps"] for r in rows], "%.0f", 1e-6),
                 retransmits("rate"), spread([during(r) for r in rows], "%.0f", 1e-6),
                 spread([back(r) for r in rows], "%.1f s"), retransmits("failover"),
                 spread(resume, "%.1f s"), retransmits("outage")))
