@@ -252,6 +252,17 @@ impl Cluster {
                         format!("links: {ip} cannot be a host's address"),
                     ));
                 }
+                if matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80) {
+                    // such an address means something only with its interface, which the
+                    // file cannot give: it could be neither bound nor reached
+                    return Err(at(
+                        Some(l.span()),
+                        format!(
+                            "links: {ip} is an IPv6 link-local address, which needs an \
+                             interface; give the host a global or unique-local address"
+                        ),
+                    ));
+                }
                 if let Some(&first) = link_addresses.get(&ip) {
                     return Err(at(
                         Some(l.span()),
@@ -414,6 +425,11 @@ links = ["10.0.1.2", "10.0.2.2"]
         );
         assert!(error(&GOOD.replace("10.99.0.2", "10.99.0.300"))
             .starts_with("/etc/ri2n/cluster.toml:12: "));
+        assert_eq!(
+            error(&GOOD.replace("\"10.0.2.2\"]", "\"fe80::2\"]")),
+            "/etc/ri2n/cluster.toml:13: links: fe80::2 is an IPv6 link-local address, which \
+             needs an interface; give the host a global or unique-local address"
+        );
         assert!(error(&GOOD.replace("port = 7500", "port = 0"))
             .starts_with("/etc/ri2n/cluster.toml:3: port"));
         assert!(error(&GOOD.replace("port = 7500", "prot = 7500"))
