@@ -332,11 +332,13 @@ pub struct TunnelReloadArgs {
 
 #[derive(Args, Debug)]
 pub struct TunnelStatusArgs {
-    /// The cluster file.
+    /// The cluster file (read only to find this host's name, without --name).
     #[arg(long, value_name = "FILE", default_value = "/etc/ri2n/cluster.toml")]
     pub config: PathBuf,
 
-    /// This host's name in the cluster file (default: as the daemon finds it).
+    /// This host's name in the cluster file (default: as the daemon finds it). With it the
+    /// daemon is asked without reading the file, so its status shows even while the file
+    /// holds an edit it refused.
     #[arg(long, value_name = "HOST")]
     pub name: Option<String>,
 

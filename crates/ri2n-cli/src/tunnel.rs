@@ -37,9 +37,22 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
 
 /// `ri2n tunnel status`: the running daemon's view of every peer and link.
 pub fn status(args: &TunnelStatusArgs) -> Result<(), Failure> {
-    let (cluster, me) = load(&args.config, args.name.as_deref())?;
-    let s =
-        ri2n_tunnel::query_status(&cluster.hosts[me].name).map_err(|e| Failure::new(GENERIC, e))?;
+    // the daemon's socket is named after its host: with --name the file is not needed, and
+    // the status of a daemon that refused a broken edit of it still shows
+    let name = match &args.name {
+        Some(name) => name.clone(),
+        None => {
+            let (cluster, me) = load(&args.config, None).map_err(|f| Failure {
+                message: format!(
+                    "{} (--name HOST asks its daemon without the file)",
+                    f.message
+                ),
+                ..f
+            })?;
+            cluster.hosts[me].name.clone()
+        }
+    };
+    let s = ri2n_tunnel::query_status(&name).map_err(|e| Failure::new(GENERIC, e))?;
     if args.json {
         println!(
             "{}",

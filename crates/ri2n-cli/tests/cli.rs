@@ -1062,6 +1062,17 @@ fn tunnel_check_finds_this_host_and_names_the_line_of_an_error() {
     let (status, _, err) = tunnel(&["status", "--name", "me"], config.path());
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(err.contains("no tunnel daemon of host me answers"), "{err}");
+    // ... even while the file holds an edit a daemon would refuse: with --name the daemon is
+    // asked without the file (before, the file's error, exit 2); without, the error says so
+    let broken = format!("port = 0\n{}", cluster_text(key.path(), "10.99.0.2"));
+    std::fs::write(config.path(), broken).unwrap();
+    let (status, _, err) = tunnel(&["status", "--name", "me"], config.path());
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("no tunnel daemon of host me answers"), "{err}");
+    let (status, _, err) = tunnel(&["status"], config.path());
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("--name HOST asks its daemon"), "{err}");
+    std::fs::write(config.path(), cluster_text(&missing, "10.99.0.2")).unwrap();
 
     // reload checks the file first, as --check does: exit 2
     let (status, _, err) = tunnel(&["reload", "--name", "me"], config.path());
