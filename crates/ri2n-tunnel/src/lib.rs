@@ -303,7 +303,11 @@ pub fn run(
         why: Mutex::new(None),
     });
 
-    let config = options.config.display().to_string();
+    // absolute, so that `tunnel reload --config FILE` can tell whether FILE is this one
+    let config = std::path::absolute(&options.config)
+        .unwrap_or_else(|_| options.config.clone())
+        .display()
+        .to_string();
     let latest = Arc::new(Mutex::new(status::Status {
         host: host.name.clone(),
         address: host.address.to_string(),
@@ -325,6 +329,9 @@ pub fn run(
             e,
         )
     })?;
+    // removed however `run` returns: a start that fails after this (the metrics address
+    // taken) must not leave a socket that nothing answers
+    let socket_file = RemoveOnDrop(socket);
     if let Some(addr) = options.metrics {
         metrics::serve(addr, latest).map_err(|source| Error::Metrics { addr, source })?;
     }
@@ -386,7 +393,7 @@ pub fn run(
             c.abort(0, "the tunnel on the peer stopped");
         }
     }
-    let _ = std::fs::remove_file(&socket);
+    drop(socket_file);
     if let Some((_, endpoint)) = peers.endpoint.get() {
         let _ = endpoint.close(Some(Duration::from_millis(500)));
     }
@@ -481,6 +488,15 @@ fn summary(s: &ri2n::ConnectionStats) -> String {
         s.datagrams_reordered,
         links.join("; ")
     )
+}
+
+/// A file removed when this is dropped.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 #[cfg(test)]

@@ -114,18 +114,41 @@ struct Previous {
     lost: u64,
 }
 
-/// A peer's connection at the previous sample (its address, as a key only) and each of its
-/// links' counters then: a connection that replaced it starts its counters from zero.
+/// Which connection a sample is of. It holds the connection's allocation (a `Weak`), not the
+/// connection: a connection made after the last one ended cannot get its address while the
+/// status remembers the old one, and be taken for it (its counters compared with the old).
+struct Identity<T = ri2n::Connection>(std::sync::Weak<T>);
+
+impl<T> Identity<T> {
+    fn of(conn: &Arc<T>) -> Self {
+        Self(Arc::downgrade(conn))
+    }
+}
+
+impl<T> Default for Identity<T> {
+    fn default() -> Self {
+        Self(std::sync::Weak::new())
+    }
+}
+
+impl<T> PartialEq for Identity<T> {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Weak::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// A peer's connection at the previous sample and each of its links' counters then: a
+/// connection that replaced it starts its counters from zero.
 #[derive(Default)]
-struct PreviousConnection {
-    conn: usize,
+struct PreviousConnection<K = Identity> {
+    conn: K,
     links: Vec<Option<Previous>>,
 }
 
-impl PreviousConnection {
+impl<K: PartialEq> PreviousConnection<K> {
     /// The status of connection `conn`'s `links` at `now`, with rates and loss over the period
     /// since the previous sample of the same connection (none in its first).
-    fn sample(&mut self, conn: usize, links: &[ri2n::LinkStats], now: Instant) -> Vec<LinkStatus> {
+    fn sample(&mut self, conn: K, links: &[ri2n::LinkStats], now: Instant) -> Vec<LinkStatus> {
         if self.conn != conn {
             *self = PreviousConnection {
                 conn,
@@ -222,7 +245,7 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
             log_link_changes(&host.name, &conn, &s);
             p.state = "connected".into();
             p.encryption = Some(s.cipher.map_or("none", |c| c.name()).into());
-            p.links = previous.sample(Arc::as_ptr(&conn) as usize, &s.links, now);
+            p.links = previous.sample(Identity::of(&conn), &s.links, now);
             status.peers.push(p);
         }
         *latest.lock().unwrap_or_else(|e| e.into_inner()) = status;
@@ -746,9 +769,29 @@ pub(crate) mod tests {
         l
     }
 
+    /// A connection made after the one sampled last ended is never taken for it. Before, the
+    /// key was the connection's address, which the allocator may give the next connection
+    /// of the same size: its first rates were then taken against the old one's counters
+    /// (0.0 Mbit/s, loss 0 %), instead of none.
+    #[test]
+    fn a_connection_that_replaced_another_is_never_taken_for_it() {
+        let old = Arc::new([1u64; 16]);
+        let remembered = Identity::of(&old);
+        assert!(remembered == Identity::of(&old));
+        let address = Arc::as_ptr(&old) as usize;
+        drop(old);
+        let new = Arc::new([2u64; 16]);
+        assert!(remembered != Identity::of(&new));
+        assert_ne!(
+            Arc::as_ptr(&new) as usize,
+            address,
+            "the old allocation is held"
+        );
+    }
+
     #[test]
     fn rates_and_loss_cover_one_period_of_one_connection() {
-        let mut previous = PreviousConnection::default();
+        let mut previous = PreviousConnection::<u32>::default();
         let t0 = Instant::now();
         // the first sample has no period behind it: nothing measured, whatever came before
         let first = previous.sample(1, &[counted(1_000_000, 1000, 400)], t0);
