@@ -832,6 +832,30 @@ mod tests {
         assert_eq!(ack(&mut link, &[(sent[1], 1000)]), Some(last));
     }
 
+    /// A peer that received a forged packet numbered far ahead lists it in its ACK frames
+    /// besides the real ranges. The largest number acknowledged is the largest of the real
+    /// ones: before, it was taken as the last packet sent, so each such ACK declared lost
+    /// every packet sent three or more before the last, none of which was.
+    #[test]
+    fn a_number_never_sent_among_the_ranges_declares_nothing_lost() {
+        let (mut link, t0) = up_link(1500);
+        let sent: Vec<u64> = (0..10)
+            .map(|_| link.on_sent(t0, 1200, data_packet(t0, 1200)))
+            .collect();
+        let mut out = AckOutcome::default();
+        let later = t0 + Duration::from_millis(1);
+        let ranges = [(1_000_000, 1_000_000), (sent[0], sent[0])];
+        link.on_ack(
+            later,
+            ranges.into_iter(),
+            1_000_000,
+            Duration::ZERO,
+            &mut out,
+        );
+        assert_eq!(out.acked.len(), 1);
+        assert!(out.lost.is_empty(), "{} declared lost", out.lost.len());
+    }
+
     #[test]
     fn a_ping_followed_by_acknowledgements_only_is_timed() {
         // A link that mostly carries acknowledgements of the peer's data: a PING, then two

@@ -152,7 +152,9 @@ impl Recovery {
     ) -> Option<NewlyAcked> {
         // Numbers this link never sent cannot be acknowledged: a peer that received a forged
         // packet numbered far ahead acknowledges it, and taken as the largest acknowledged it
-        // would have every packet sent since declared lost at once, for good.
+        // would have every packet sent since declared lost at once, for good. The largest is
+        // that of the ranges that remain: neither the frame's own, nor the last packet sent,
+        // which a range of numbers never sent does not prove received either.
         let last_sent = self.next_pn.checked_sub(1)?;
         let mut acked = NewlyAcked {
             in_flight_before: self.bytes_in_flight,
@@ -161,8 +163,10 @@ impl Recovery {
             newest_is_new: false,
             newest_late: None,
         };
+        let mut largest_real = None;
         for (lo, hi) in ranges.filter(|&(lo, _)| lo <= last_sent) {
             let hi = hi.min(last_sent);
+            largest_real = largest_real.max(Some(hi));
             if let Some(late) = self.take_acked_late(lo..=hi, out) {
                 acked.newest_late = acked.newest_late.max(Some(late));
             }
@@ -179,6 +183,9 @@ impl Recovery {
                 out.probes_acked += u32::from(pkt.probe);
                 out.acked.push(pkt);
             }
+        }
+        if let Some(real) = largest_real {
+            acked.largest = real;
         }
         out.newest_acked = acked
             .newest
