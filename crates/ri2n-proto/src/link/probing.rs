@@ -66,8 +66,12 @@ impl Probing {
         let flapping = self
             .last_promotion
             .is_some_and(|p| now.saturating_duration_since(p) < FLAP_WINDOW);
+        // twice the last count (a new link's was one answer), but never fewer than any
+        // recovery needs, nor cut to the cap below it
         self.needed = if flapping {
-            (self.needed * 2).min(MAX_PROBES_NEEDED)
+            (self.needed * 2)
+                .max(cfg.recovery_probes)
+                .min(MAX_PROBES_NEEDED.max(cfg.recovery_probes))
         } else {
             cfg.recovery_probes
         };
@@ -123,5 +127,42 @@ impl Probing {
         self.successes += n;
         self.failures = 0;
         self.successes >= self.needed && self.full_acked
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A link that fails again within a second of coming up needs at least as many answered
+    /// probes as a recovery does, twice as many with each flap in a row, up to the cap, whatever
+    /// `recovery_probes` is. Before, a new link (one answer) that flapped needed 2 with
+    /// `recovery_probes` 5, and a flap cut a `recovery_probes` above 32 down to 32.
+    #[test]
+    fn a_flapping_link_never_needs_fewer_answers_than_a_recovery() {
+        for probes in [1, 2, 5, 20, 40] {
+            let cfg = ConnectionConfig::default().with_recovery_probes(probes);
+            let cap = MAX_PROBES_NEEDED.max(probes);
+            let t0 = Instant::now();
+            let mut p = Probing::default();
+            let mut t = t0;
+            let mut last = 1;
+            for flap in 0..6 {
+                p.on_promoted(t);
+                t += Duration::from_millis(100);
+                p.on_demoted(t, &cfg);
+                assert!(
+                    p.needed >= probes && p.needed <= cap,
+                    "recovery_probes {probes}, flap {flap}: {} needed",
+                    p.needed
+                );
+                assert!(p.needed >= (2 * last).min(cap), "flap {flap}: {}", p.needed);
+                last = p.needed;
+            }
+            // a failure long after the last promotion is a recovery again
+            p.on_promoted(t);
+            p.on_demoted(t + FLAP_WINDOW * 2, &cfg);
+            assert_eq!(p.needed, probes);
+        }
     }
 }
