@@ -55,6 +55,11 @@ impl Connection {
     /// works when too few packets arrive for shares to mean anything.
     pub(super) fn check_slow_links(&mut self, now: Instant) {
         if self.links.iter().filter(|l| l.is_up()).count() < 2 {
+            // nothing to judge against: a slowness being counted starts over (its checks
+            // must be consecutive), and an idle connection has nothing left to check
+            for l in &mut self.links {
+                l.slow_check.judge(false);
+            }
             return;
         }
         let (fastest, budget) = self.eta_budget(now);

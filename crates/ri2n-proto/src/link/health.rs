@@ -50,6 +50,9 @@ impl ShareDetector {
     pub fn end_period(&mut self, total: u64, collapse_ratio: f64) -> bool {
         let arrivals = std::mem::take(&mut self.arrivals);
         if total < MIN_PERIOD_ARRIVALS {
+            // too quiet to judge: a collapse counts consecutive periods, so it starts over
+            // (and an idle connection has nothing left to check)
+            self.collapsed = 0;
             return false;
         }
         let share = arrivals as f64 / total as f64;
@@ -100,5 +103,41 @@ impl SlowLinkCheck {
             return true;
         }
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One period in which this link had `arrivals` of all links' `total`; whether the
+    /// collapse is reported.
+    fn period(d: &mut ShareDetector, arrivals: u64, total: u64) -> bool {
+        for _ in 0..arrivals {
+            d.on_arrival();
+        }
+        d.end_period(total, 0.25)
+    }
+
+    /// A collapse is reported after consecutive collapsed periods only, and one begun before
+    /// the traffic stopped leaves nothing to check while the connection idles. Before, a
+    /// quiet period kept the count: the connection's health check stayed armed (a wake-up
+    /// every period for as long as it idled), and a collapsed period long after counted as
+    /// the second in a row.
+    #[test]
+    fn a_quiet_period_ends_a_collapse_being_counted() {
+        let mut d = ShareDetector::default();
+        for _ in 0..SHARE_WARMUP_PERIODS {
+            assert!(!period(&mut d, 50, 100));
+        }
+        assert!(
+            !period(&mut d, 1, 100),
+            "one collapsed period is not enough"
+        );
+        assert!(d.is_pending(), "the premise: a collapse is being counted");
+        assert!(!period(&mut d, 0, 0));
+        assert!(!d.is_pending(), "an idle connection has nothing to check");
+        assert!(!period(&mut d, 1, 100), "not two in a row");
+        assert!(period(&mut d, 1, 100), "two in a row");
     }
 }
