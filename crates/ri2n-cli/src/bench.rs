@@ -117,7 +117,7 @@ struct Say {
 impl Say {
     fn line(&self, s: impl AsRef<str>) {
         if self.json {
-            eprintln!("{}", s.as_ref());
+            say!("{}", s.as_ref());
         } else {
             println!("{}", s.as_ref());
         }
@@ -1238,7 +1238,7 @@ impl Watchdog {
                         s.1.load(Ordering::Relaxed),
                         limit.as_secs()
                     );
-                    eprintln!("ri2n: error: {message}");
+                    say!("ri2n: error: {message}");
                     crate::error::print_json_failure(&message, crate::error::LOST);
                     std::process::exit(crate::error::LOST.into());
                 }

@@ -33,7 +33,7 @@ struct Screen {
 
 impl Screen {
     fn say(&self, s: impl AsRef<str>) {
-        eprintln!("{}", s.as_ref());
+        say!("{}", s.as_ref());
     }
 
     /// A timestamped line.
@@ -163,7 +163,7 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
         .spawn(move || {
             thread::sleep(limit);
             crate::progress::clear_line();
-            eprintln!(
+            say!(
                 "ri2n: error: the demo did not finish within {} s",
                 limit.as_secs()
             );

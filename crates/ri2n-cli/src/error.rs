@@ -188,6 +188,8 @@ pub fn print_json_failure(message: &str, code: u8) {
             "error": message,
             "exit_code": code,
         });
-        println!("{doc}");
+        // already failing: output that cannot be written is not another failure
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), "{doc}");
     }
 }

@@ -163,7 +163,7 @@ impl FaultPlan {
         self.start_with(start, move |t, addr, what| {
             if log {
                 crate::progress::clear_line();
-                eprintln!("ri2n: fault at {t:.2} s: {addr} {what}");
+                say!("ri2n: fault at {t:.2} s: {addr} {what}");
             }
         });
     }
@@ -195,7 +195,7 @@ impl FaultPlan {
                 }
             });
         if let Err(e) = spawned {
-            eprintln!("ri2n: warning: cannot start the fault thread: {e}");
+            say!("ri2n: warning: cannot start the fault thread: {e}");
         }
     }
 }

@@ -22,7 +22,8 @@ use signal_hook::iterator::Signals;
 /// What an interrupt acts on.
 enum Target {
     Nothing,
-    /// An output file that holds nothing yet: removed.
+    /// An output file that holds nothing of this transfer yet: removed if it is empty (else
+    /// it is what an earlier receiver kept).
     File(PathBuf),
     /// The transfer's connection: aborted; the command reports.
     Connection(Arc<Connection>),
@@ -71,7 +72,9 @@ pub fn install() {
                         }
                     }
                     Target::File(path) => {
-                        let _ = std::fs::remove_file(path);
+                        if std::fs::metadata(&path).is_ok_and(|m| m.len() == 0) {
+                            let _ = std::fs::remove_file(path);
+                        }
                         exit_now(signal, "");
                     }
                     Target::Nothing => exit_now(signal, ""),
@@ -124,12 +127,13 @@ pub fn abort_endpoint_on_interrupt(endpoint: Endpoint, end: End) {
 fn exit_now(signal: i32, detail: &str) -> ! {
     crate::progress::clear_line();
     let message = format!("interrupted by {}{detail}", name(signal));
-    eprintln!("ri2n: {message}");
+    say!("ri2n: {message}");
     crate::error::print_json_failure(&message, (128 + signal) as u8);
     std::process::exit(128 + signal);
 }
 
-/// An interrupt before the connection exists removes `path` (an output file still empty).
+/// An interrupt before the connection exists removes `path` if it is empty (an output file
+/// nothing was written to).
 pub fn remove_on_interrupt(path: PathBuf) {
     *TARGET.lock().unwrap_or_else(|e| e.into_inner()) = Target::File(path);
 }

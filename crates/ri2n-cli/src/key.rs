@@ -124,7 +124,7 @@ fn read(path: &Path) -> Result<Key, Failure> {
     if let Ok(meta) = fs::metadata(path) {
         let mode = meta.permissions().mode() & 0o777;
         if mode & 0o077 != 0 {
-            eprintln!(
+            say!(
                 "ri2n: warning: the key file {} can be read by other users (mode {mode:04o}); \
                  `chmod 600` it",
                 path.display()
@@ -145,7 +145,7 @@ pub fn warn_if_unprotected(key: &Option<Key>, addrs: &[SocketAddr]) {
     }
     if let Some(a) = exposed {
         WARNED.store(true, Ordering::Relaxed);
-        eprintln!(
+        say!(
             "ri2n: warning: no key (--key FILE or RI2N_KEY_FILE): the channel over {} is \
              neither authenticated nor encrypted; `ri2n keygen` makes a key for every host",
             a.ip()

@@ -2,6 +2,17 @@
 //! the transport at work. This file only declares the options and maps results to exit codes;
 //! each subcommand lives in its own module.
 
+/// Writes a line to stderr, as `eprintln!` does, but a line that cannot be written (stderr a
+/// closed pipe: `2>&1 | head -1`; a full disk) is lost instead of panicking: `eprintln!` made
+/// a finished transfer exit 101 and, in the signal thread, left a process that no longer
+/// answered Ctrl-C.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod alloc;
 mod bench;
 mod checksum;
@@ -445,7 +456,8 @@ pub struct RecvArgs {
     /// File to write. It is written as FILE.partial and renamed to FILE (replacing it; for a
     /// symbolic link, the file it points to), synced to disk, only when the whole stream
     /// arrived; after a failure or an interrupt FILE.partial holds what arrived and the error
-    /// says how much. While one recv writes FILE.partial, another given the same FILE is
+    /// says how much (a later recv empties it only once its sender connects). While one recv
+    /// writes FILE.partial, another given the same FILE is
     /// refused (exit 1), and so is a FILE.partial that is a symbolic link or has other hard
     /// links (it is never written through). A device or FIFO is written directly. Default (or
     /// `-`, or a name for the file stdout is, such as /dev/stdout): stdout.
@@ -761,7 +773,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
             progress::clear_line();
-            eprintln!("ri2n: error: {}", f.message);
+            say!("ri2n: error: {}", f.message);
             error::print_json_failure(&f.message, f.code);
             ExitCode::from(f.code)
         }
@@ -794,6 +806,6 @@ fn init_logging() {
             .with_writer(std::io::stderr)
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .init(),
-        Err(e) => eprintln!("ri2n: warning: RI2N_LOG={filter:?} ignored: {e}"),
+        Err(e) => say!("ri2n: warning: RI2N_LOG={filter:?} ignored: {e}"),
     }
 }

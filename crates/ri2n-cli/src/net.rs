@@ -204,7 +204,7 @@ pub fn client_endpoint(
     let locals = if opts.local.is_empty() {
         let (locals, single) = default_locals(&opts.to);
         if single && !opts.no_discover && !quiet {
-            eprintln!(
+            say!(
                 "ri2n: warning: sending from one local address ({}); links to the peer's \
                  other addresses share it. Give --local ADDR once per interface to use several.",
                 locals[0].ip()
@@ -270,7 +270,7 @@ pub fn accept_logging_refusals(
             .accept_timeout(Some(slice))
             .map_err(|e| Failure::endpoint(e, &[], Duration::ZERO))?;
         for r in endpoint.refused_handshakes() {
-            eprintln!("{who}: {}", describe_refusal(&r));
+            say!("{who}: {}", describe_refusal(&r));
         }
         if accepted.is_some() || deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(accepted);

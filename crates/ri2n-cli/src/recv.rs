@@ -114,6 +114,16 @@ impl Output {
         }
     }
 
+    /// A sender came: a `FILE.partial` that an earlier receiver left is emptied for this
+    /// transfer.
+    fn begin(&mut self) -> Result<(), Failure> {
+        if let Output::File { w, partial, .. } = self {
+            (w.get_ref().set_len(0))
+                .map_err(|e| Failure::io(format!("cannot empty {}", partial.display()), &e))?;
+        }
+        Ok(())
+    }
+
     /// Removes a regular file's `FILE.partial` while it holds nothing: a receiver that never
     /// got a sender leaves no file behind.
     fn discard_empty(self) {
@@ -235,7 +245,8 @@ fn create_partial(partial: &Path) -> Result<File, Failure> {
             ),
         ));
     }
-    f.set_len(0).map_err(|e| Failure::io(context(), &e))?;
+    // emptied only once a sender comes (`Output::begin`): a receiver that gets none leaves
+    // what an earlier one kept
     Ok(f)
 }
 
@@ -282,7 +293,7 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
         interrupt::remove_on_interrupt(partial.clone());
     }
     if !args.quiet && crate::progress::stderr_is_terminal() {
-        eprintln!(
+        say!(
             "ri2n: listening on {}",
             error::list(&endpoint.local_addrs())
         );
@@ -294,6 +305,11 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
             return Err(f);
         }
     };
+    if let Err(f) = output.begin() {
+        conn.abort(1, "the receiver could not empty its output");
+        monitor.finish();
+        return Err(f);
+    }
 
     let mut sum = (!args.no_checksum).then(Checksum::default);
     // the connection's receive blocks come over as they are (no copy), and this one's memory

@@ -255,10 +255,12 @@ pub fn warn_links_never_up(links: &[LinkStats], quiet: bool) {
             format!("no answer from {}", l.remote)
         };
         crate::progress::clear_line();
-        eprintln!(
+        say!(
             "ri2n: warning: link {} ({} → {}) never came up ({why}); the others carried \
              everything",
-            l.id, l.local, l.remote
+            l.id,
+            l.local,
+            l.remote
         );
     }
 }
@@ -342,7 +344,7 @@ impl EventLog {
                 let at_s = e.at.saturating_duration_since(self.start).as_secs_f64();
                 if self.print {
                     crate::progress::clear_line();
-                    eprintln!("ri2n: {at_s:8.3} s  link {link} {from} -> {to}");
+                    say!("ri2n: {at_s:8.3} s  link {link} {from} -> {to}");
                 }
                 self.events.push(LinkEvent {
                     at_s,
@@ -361,7 +363,7 @@ impl TransferSummary {
     pub fn emit(&self, quiet: bool, json: bool) -> Result<(), crate::error::Failure> {
         use std::io::Write;
         if !quiet {
-            eprintln!("ri2n: {}", self.line());
+            say!("ri2n: {}", self.line());
         }
         if json {
             let mut out = std::io::stdout().lock();

@@ -60,7 +60,7 @@ pub fn run(args: &ServeArgs) -> Result<(), Failure> {
         },
     )?;
     if !args.quiet {
-        eprintln!(
+        say!(
             "ri2n serve: listening on {} ({} shard{})",
             error::list(&endpoint.local_addrs()),
             endpoint.shards(),
@@ -87,7 +87,7 @@ async fn serve(endpoint: Endpoint, quiet: bool, limits: Limits) -> Result<(), Fa
         loop {
             tokio::time::sleep(REFUSAL_LOG_PERIOD).await;
             for r in logger.refused_handshakes() {
-                eprintln!("ri2n serve: {}", net::describe_refusal(&r));
+                say!("ri2n serve: {}", net::describe_refusal(&r));
             }
         }
     });
@@ -97,7 +97,7 @@ async fn serve(endpoint: Endpoint, quiet: bool, limits: Limits) -> Result<(), Fa
             // one client that cannot be taken (no descriptor left: EMFILE) is told so and
             // refused; the others go on, and so does the server once some have left
             Err(e) => {
-                eprintln!("ri2n serve: cannot take a client: {e}");
+                say!("ri2n serve: cannot take a client: {e}");
                 tokio::time::sleep(ACCEPT_RETRY).await;
                 continue;
             }
@@ -107,11 +107,11 @@ async fn serve(endpoint: Endpoint, quiet: bool, limits: Limits) -> Result<(), Fa
                 .map(|a| a.to_string())
                 .unwrap_or_else(|| "?".into());
             match serve_client(conn, limits).await {
-                Ok(line) if !quiet => eprintln!("ri2n serve: {peer}: {line}"),
+                Ok(line) if !quiet => say!("ri2n serve: {peer}: {line}"),
                 Ok(_) => {}
                 // the interrupt aborted this client's connection, and serve says so once
                 Err(_) if crate::interrupt::caught().is_some() => {}
-                Err(f) => eprintln!("ri2n serve: {peer}: {}", f.message),
+                Err(f) => say!("ri2n serve: {peer}: {}", f.message),
             }
         });
     }

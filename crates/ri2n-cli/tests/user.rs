@@ -472,9 +472,9 @@ fn a_receiver_that_cannot_complete_its_output_tells_the_sender_why() {
 
 /// What an earlier `recv` left in `FILE.partial` (what arrived before it failed) stays there
 /// when a later `recv` to the same file cannot start: a key file that cannot be read, a port
-/// that another `recv` (writing that very file) holds, a fault that names no link. The later
-/// one emptied the file, then removed it (or, beside a running one, had it write on into
-/// an emptied file).
+/// that another `recv` (writing that very file) holds, a fault that names no link, or no
+/// sender before `--accept-timeout`. The later one emptied the file, then removed it (or,
+/// beside a running one, had it write on into an emptied file).
 #[test]
 fn a_recv_that_cannot_start_leaves_an_earlier_partial_file_alone() {
     let output = TempFile::new("earlier-partial");
@@ -484,7 +484,7 @@ fn a_recv_that_cannot_start_leaves_an_earlier_partial_file_alone() {
     let busy = holder.local_addr().unwrap().to_string();
     let free = format!("127.0.0.1:{}", free_port());
     let out = output.path().to_str().unwrap();
-    let cases: [(&str, Vec<&str>); 3] = [
+    let cases: [(&str, Vec<&str>); 4] = [
         (
             "a missing key file",
             vec!["--listen", &free, "--key", "/nonexistent/ri2n.key"],
@@ -493,6 +493,12 @@ fn a_recv_that_cannot_start_leaves_an_earlier_partial_file_alone() {
         (
             "a fault on no link",
             vec!["--listen", &free, "--fault", "1:10.9.9.9:down"],
+        ),
+        // started, but no sender came: before, the file was emptied as the receiver
+        // started, and removed as it gave up
+        (
+            "no sender",
+            vec!["--listen", &free, "--accept-timeout", "0.5"],
         ),
     ];
     for (what, args) in cases {
@@ -759,4 +765,28 @@ fn recv_json_with_the_data_on_stdout_is_refused() {
     assert!(s.success(), "send: {}", stderr_of(&o));
     let (s, o) = recv.wait(Duration::from_secs(10));
     assert_eq!(s.code(), Some(0), "recv: {}", stderr_of(&o));
+}
+
+/// A failure reported while stdout and stderr cannot be written (a full disk, a pipe closed
+/// early) still ends with its documented exit code: 3, nothing listens. Before, writing the
+/// failure's message or its JSON panicked: exit 101.
+#[test]
+fn a_failure_with_unwritable_output_keeps_its_exit_code() {
+    let full = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("/dev/full")
+    };
+    // a port nothing listens on: each INITIAL draws "port unreachable"
+    let to = format!("127.0.0.1:{}", free_port());
+    let (s, _) = Proc::spawn(
+        "send to nobody",
+        Command::new(bin())
+            .args(["send", "--json", "--to", &to, "--input", "/dev/null"])
+            .stdout(full())
+            .stderr(full()),
+    )
+    .wait(Duration::from_secs(20));
+    assert_eq!(s.code(), Some(3), "{s}");
 }
