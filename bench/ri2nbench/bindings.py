@@ -161,7 +161,9 @@ def report_bindings(res):
         for k, name in (("cli", "`ri2n send`"), ("python", "Python `sendall`")):
             L.append("| %s | %s Gbit/s | %s |" % (
                 name, spread([r[k]["bps"] for r in g if r[k]["bps"]], "%.2f", 1e-9),
-                spread([r[k]["sender_cpu"] / gb for r in g], "%.2f")))
+                # the runs that moved the data only, as for the goodput
+                spread([r[k]["sender_cpu"] / gb for r in g
+                        if r[k]["bps"] and r[k]["sender_cpu"] is not None], "%.2f")))
         L.append("| Python / `ri2n send` per run | **%s** | |" % spread(gratio, "%.3f"))
         bad = [(r["rep"], k, r[k]["rc"], r[k]["recv_rc"]) for r in g for k in ("cli", "python")
                if r[k]["bps"] is None]

@@ -471,7 +471,10 @@ def report_scale(res):
         L.append("")
         L.append("The lab was not measured on this host: %s." % res["lab_error"])
     L.append("")
-    L.append(busy_line(res["loopback"]))
+    # the loopback cells' and the lab transfers' (each lab row holds one per tool)
+    lab_busy = [{"busy_before": r.get("busy_before_" + k)}
+                for c in res["lab"] for r in c["runs"] for k in LAB_TOOLS]
+    L.append(busy_line(res["loopback"] + lab_busy))
     if bad:
         L.append("")
         L.append("Runs that failed: %s." % "; ".join(bad))
