@@ -188,11 +188,13 @@ fn link_target(path: &Path) -> io::Result<PathBuf> {
     Err(io::Error::from_raw_os_error(libc::ELOOP))
 }
 
-/// Creates `partial` for writing, or empties a file left there by an earlier run, only while
-/// no other process writes it: two receivers given the same `--output` (on other ports) would
-/// otherwise write into one file, each finishing with the other's bytes mixed in. The lock
-/// (`flock`) goes with the open file, so it ends with the process however that ends, and a
-/// file an interrupted run left is taken over.
+/// Creates `partial` for writing, or takes a file left there by an earlier run (emptied once
+/// a sender comes), only while no other process writes it: two receivers given the same
+/// `--output` (on other ports) would otherwise write into one file, each finishing with the
+/// other's bytes mixed in. The lock (`flock`) goes with the open file, so it ends with the
+/// process however that ends, and a file an interrupted run left is taken over. The file
+/// locked must still be the one the name holds: a receiver that finished meanwhile renamed
+/// its file to FILE, and writing on into it would spoil that complete file.
 ///
 /// A `partial` that is a symbolic link, or a file with other names, is refused rather than
 /// emptied: in a directory others can write (`/tmp`), either would let them point a receiver,
@@ -241,6 +243,17 @@ fn create_partial(partial: &Path) -> Result<File, Failure> {
             format!(
                 "{} is being written by another process (another ri2n recv with this \
                  --output?): give this one another --output",
+                partial.display()
+            ),
+        ));
+    }
+    let named = std::fs::symlink_metadata(partial).ok();
+    if named.is_none_or(|n| (n.dev(), n.ino()) != (meta.dev(), meta.ino())) {
+        return Err(Failure::new(
+            error::GENERIC,
+            format!(
+                "{} was renamed or replaced while this recv opened it (another recv with \
+                 this --output finishing?): try again",
                 partial.display()
             ),
         ));
