@@ -1094,6 +1094,30 @@ fn a_host_joins_and_leaves_on_sighup_without_restarting_the_others() {
     );
     fs::write(&key, old_key).expect("restoring the key file");
     ping_through(&lab, "a", "c");
+    // a new host listing an address every machine owns (loopback here, a management network
+    // elsewhere): daemons found by their addresses (no --name) would fail to start on that
+    // file, so a SIGHUP refuses it too (before, it added the host)
+    let with_d = format!(
+        "{in_use}\n[[host]]\nname = \"d\"\naddress = \"10.99.0.4\"\nlinks = [\"127.0.0.1\"]\n"
+    );
+    fs::write(&config, with_d).expect("writing the cluster file");
+    sighup(&daemons[0]);
+    let (refused, added) = (
+        "d also list(s) link addresses of this machine",
+        "d added to the cluster file",
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let a_log = loop {
+        let log = daemons[0].stderr_text();
+        if log.contains(refused) || log.contains(added) {
+            break log;
+        }
+        assert!(Instant::now() < deadline, "{log}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(a_log.contains(refused) && !a_log.contains(added), "{a_log}");
+    fs::write(&config, &in_use).expect("writing the cluster file");
+    ping_through(&lab, "a", "c");
 
     // c leaves
     write_cluster_file(&dir.0, &["a", "b"]);

@@ -316,6 +316,18 @@ impl Cluster {
 
     /// This host's position in `hosts`: the one named `name`, else the one that owns one of
     /// its link addresses (an address a socket can bind here).
+    /// The hosts that list a link address of this machine (one it can bind).
+    pub fn hosts_here(&self) -> Vec<usize> {
+        (0..self.hosts.len())
+            .filter(|&i| {
+                self.hosts[i]
+                    .links
+                    .iter()
+                    .any(|&ip| UdpSocket::bind((ip, 0)).is_ok())
+            })
+            .collect()
+    }
+
     pub fn find_self(&self, name: Option<&str>) -> Result<usize, String> {
         if let Some(name) = name {
             return self
@@ -324,14 +336,7 @@ impl Cluster {
                 .position(|h| h.name == name)
                 .ok_or_else(|| format!("no host is named \"{name}\" in the configuration"));
         }
-        let mine: Vec<usize> = (0..self.hosts.len())
-            .filter(|&i| {
-                self.hosts[i]
-                    .links
-                    .iter()
-                    .any(|&ip| UdpSocket::bind((ip, 0)).is_ok())
-            })
-            .collect();
+        let mine = self.hosts_here();
         match mine.as_slice() {
             [i] => Ok(*i),
             [] => Err("none of the hosts' link addresses is an address of this machine: add it \

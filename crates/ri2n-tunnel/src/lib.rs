@@ -236,6 +236,9 @@ pub fn run(
     key: Key,
 ) -> Result<(), Error> {
     let host = cluster.hosts[me].clone();
+    // found by its link addresses alone (no --name): a reload must keep it so, or the next
+    // start would fail (or take this machine for another host)
+    let found_by_addresses = cluster.hosts_here() == [me];
     let port = cluster.port;
     let locals: Vec<SocketAddr> = host
         .links
@@ -375,7 +378,13 @@ pub fn run(
     // none: a thread failed (`Stop::fail` closed the wait)
     let signal = loop {
         match signals.forever().next() {
-            Some(SIGHUP) => reload(&peers, &options.config, &peer_loop, &key_in_use),
+            Some(SIGHUP) => reload(
+                &peers,
+                &options.config,
+                &peer_loop,
+                &key_in_use,
+                found_by_addresses,
+            ),
             other => break other,
         }
     };
@@ -405,11 +414,32 @@ pub fn run(
 /// SIGHUP: reads the cluster file again and puts it in use (see [`Peers::reload`]); a file
 /// that cannot be used is logged and the one in use kept. The status tells how it went
 /// (`ri2n tunnel reload` waits for that).
-fn reload(peers: &Arc<Peers>, config: &Path, peer_loop: &peer_loop::Handle, key: &Key) {
+/// With `by_addresses` (this host was found by its link addresses), a file in which other
+/// hosts list addresses of this machine is refused too: a start without `--name` would fail
+/// on it.
+fn reload(
+    peers: &Arc<Peers>,
+    config: &Path,
+    peer_loop: &peer_loop::Handle,
+    key: &Key,
+    by_addresses: bool,
+) {
     let me = peers.table().me().name.clone();
     let loaded = load(config, Some(&me))
         .map_err(|e| e.to_string())
         .and_then(|(cluster, me)| {
+            let others: Vec<&str> = (cluster.hosts_here().into_iter())
+                .filter(|&i| by_addresses && i != me)
+                .map(|i| cluster.hosts[i].name.as_str())
+                .collect();
+            if !others.is_empty() {
+                return Err(format!(
+                    "{}: {} also list(s) link addresses of this machine: a start without \
+                     --name could not tell which host it is",
+                    config.display(),
+                    others.join(", ")
+                ));
+            }
             same_key(&cluster.key, key)?;
             peers.reload(cluster, me)
         });
