@@ -457,10 +457,10 @@ pub struct RecvArgs {
     /// symbolic link, the file it points to), synced to disk, only when the whole stream
     /// arrived; after a failure or an interrupt FILE.partial holds what arrived and the error
     /// says how much (a later recv empties it only once its sender connects). While one recv
-    /// writes FILE.partial, another given the same FILE is
-    /// refused (exit 1), and so is a FILE.partial that is a symbolic link or has other hard
-    /// links (it is never written through). A device or FIFO is written directly. Default (or
-    /// `-`, or a name for the file stdout is, such as /dev/stdout): stdout.
+    /// writes FILE.partial, another given the same FILE is refused (exit 1), and so is a
+    /// FILE.partial that is a symbolic link or has other hard links (it is never written
+    /// through). A device or FIFO is written directly. Default (or `-`, or a name for the file
+    /// stdout is, such as /dev/stdout): stdout.
     #[arg(long, short, value_name = "FILE")]
     pub output: Option<PathBuf>,
 
