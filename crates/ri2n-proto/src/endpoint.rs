@@ -1314,3 +1314,86 @@ impl Endpoint {
         (from_address >= per_address).then_some(PER_ADDRESS)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every datagram `ep` has to send at `now`.
+    fn drain(ep: &mut Endpoint, now: Instant) -> Vec<(Transmit, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 2048];
+        while let Some(t) = ep.poll_transmit(now, &mut buf) {
+            out.push((t, buf[..t.len].to_vec()));
+        }
+        out
+    }
+
+    /// An ACCEPT made with the key whose server parameters do not decode ends the client's
+    /// connection at once, as a protocol violation: its handshake has read the server's
+    /// message and can read no repeat of it. Before, the client dropped it and waited, until
+    /// the handshake timed out (10 s), for an answer it could no longer take.
+    #[test]
+    fn an_authenticated_accept_that_does_not_decode_ends_the_connection() {
+        let now = Instant::now();
+        let key = crate::Key::from_bytes([3; 32]);
+        let (client_addr, server_addr): (SocketAddr, SocketAddr) = (
+            "10.0.0.1:5000".parse().unwrap(),
+            "10.0.0.2:6000".parse().unwrap(),
+        );
+        let keyed = |local| {
+            let mut cfg = EndpointConfig::new(vec![local]);
+            cfg.key = Some(key.clone());
+            cfg
+        };
+        let mut client = Endpoint::new(keyed(client_addr), 1, now);
+        let mut server = Endpoint::new(keyed(server_addr).server(), 2, now);
+        let h = client
+            .connect(now, &[server_addr], Default::default())
+            .unwrap();
+        // the first INITIAL draws the cookie; the second carries the Noise message
+        for (t, mut d) in drain(&mut client, now) {
+            server.handle_datagram(now, t.remote, t.local, &mut d);
+        }
+        for (t, mut d) in drain(&mut server, now) {
+            client.handle_datagram(now, t.remote, t.local, &mut d);
+        }
+        let initial = drain(&mut client, now)
+            .into_iter()
+            .find_map(|(_, d)| match wire::decode_packet(&d) {
+                Ok((
+                    Header::Initial {
+                        scid, token, hello, ..
+                    },
+                    _,
+                )) if !token.is_empty() => Some((scid, token.to_vec(), hello.to_vec())),
+                _ => None,
+            })
+            .expect("an INITIAL with the cookie");
+        let (scid, cookie, msg) = initial;
+        let (server_hs, _) =
+            ServerHandshake::read(&key, scid, &cookie, &msg).expect("the client's message");
+        let (answer, _) = server_hs.answer(b"not server parameters");
+        let mut accept = vec![0u8; 1500];
+        let n = wire::encode_control_packet(
+            &Header::Accept {
+                dcid: scid,
+                mode: wire::handshake_mode::NOISE_NNPSK0,
+                hello: &answer,
+            },
+            &mut accept,
+        );
+        accept.truncate(n);
+        client.handle_datagram(now, client_addr, server_addr, &mut accept);
+        let conn = client.connection(h).unwrap();
+        assert_eq!(conn.state(), ConnectionState::Closed);
+        assert!(
+            matches!(
+                conn.close_reason(),
+                Some(ConnectionError::ProtocolViolation(_))
+            ),
+            "{:?}",
+            conn.close_reason()
+        );
+    }
+}

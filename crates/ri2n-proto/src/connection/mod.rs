@@ -1335,8 +1335,14 @@ impl Connection {
                 let (payload, secrets) = noise
                     .finish(hello)
                     .map_err(|_| DropReason::Unauthenticated)?;
-                let params =
-                    wire::ServerParams::decode(&payload).map_err(|_| DropReason::Undecodable)?;
+                let Ok(params) = wire::ServerParams::decode(&payload) else {
+                    // authenticated, so the server's own: the handshake has read its message
+                    // and can read no repeat of it, so waiting would last until the timeout
+                    self.fail(ConnectionError::ProtocolViolation(
+                        "the server's parameters do not decode",
+                    ));
+                    return Err(DropReason::Undecodable);
+                };
                 let cipher = Cipher::from_code(params.cipher);
                 let protection = PacketProtection::new(cipher, secrets, true, now);
                 (params, Some(protection))
