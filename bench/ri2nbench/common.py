@@ -310,6 +310,17 @@ def sockperf_pp(prefix_cmd, ip, port, size, seconds, tcp=False):
     return r
 
 
+def failed(run):
+    """Whether a transfer's run failed: its sender, or its receiver where it has one
+    (`recv_rc`), exited other than 0."""
+    return run.get("rc") != 0 or run.get("recv_rc") not in (None, 0)
+
+
+def exits(run):
+    """A failed run's exit codes for the report: the sender's, then the receiver's if known."""
+    return run.get("rc") if run.get("recv_rc") is None else "%s/%s" % (run.get("rc"), run.get("recv_rc"))
+
+
 def tool_json(text):
     """A tool's --json output, or None when it failed: no JSON, or the error document that
     ri2n (`{"command", "error", "exit_code"}`) and iperf3 (`"error"`, with an empty `"end"`)

@@ -64,7 +64,10 @@ def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, ke
          "wall_send": wall}
     if sampler:
         r["threads"] = {"send": sampler.top("send"), "recv": sampler.top("recv")}
-    if doc:
+    if rrc != 0:
+        # the sender's figures stand only if the receiver, which checks what arrived, agrees
+        r["error"] = "the receiver exited %s" % rrc
+    elif doc:
         r.update(bytes=doc["bytes"], seconds=doc["seconds"], bps=doc["goodput_bps"],
                  encryption=doc.get("encryption"),
                  datagram=[l.get("max_datagram") for l in doc["links"]],
@@ -293,10 +296,10 @@ def report_fast(res):
                  if r["ri2n"].get("bps") and r["mptcp"].get("bps")]
         L.append("")
         L.append("ri2n / MPTCP per run: %s." % ", ".join("%.3f" % x for x in ratio))
-    bad = [(c["name"], r["rep"], k, r[k].get("rc"), r[k].get("error"))
+    bad = [(c["name"], r["rep"], k, common.exits(r[k]), r[k].get("error"))
            for c in res["configs"] + ([res["piped"]] if res.get("piped") else [])
-           for r in c["runs"] for k in ("ri2n", "tcp", "mptcp") if k in r and r[k].get("rc") != 0]
+           for r in c["runs"] for k in ("ri2n", "tcp", "mptcp") if k in r and common.failed(r[k])]
     if bad:
         L.append("")
-        L.append("Runs that failed: %s." % bad)
+        L.append("Runs that failed (configuration, run, tool, exit code: the sender's, then the receiver's where known): %s." % bad)
     return "\n".join(L)

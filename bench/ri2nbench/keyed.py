@@ -103,9 +103,9 @@ def report_keyed(res):
                 cell = "%.0f ns, %.2f GB/s" % (x["ns_per_seal_and_open"], x["gb_per_s_sealed_and_opened"])
                 cells.append("**%s**" % cell if c.startswith("AEGIS-256X4") else cell)
             L.append("| %d | %s |" % (size, " | ".join(cells)))
-    bad = [(c["name"], r["rep"], k, r[k].get("rc")) for c in res["configs"] for r in c["runs"]
-           for k in ("plain", "keyed") if r[k].get("rc") != 0]
+    bad = [(c["name"], r["rep"], k, common.exits(r[k])) for c in res["configs"] for r in c["runs"]
+           for k in ("plain", "keyed") if common.failed(r[k])]
     if bad:
         L.append("")
-        L.append("Runs that failed: %s." % bad)
+        L.append("Runs that failed (configuration, run, tool, exit code: the sender's, then the receiver's where known): %s." % bad)
     return "\n".join(L)

@@ -170,9 +170,9 @@ def report_tcp(res):
             L.append("| %s | %s | %s | %s | **%s** | %s |" % (
                 label, *cells, spread(message_ratio(m, "ri2n-tcp"), "%.2f"),
                 spread(message_ratio(m, "ri2n-udp"), "%.2f")))
-    bad = [(c["name"], r["rep"], k, r[k].get("rc")) for c in res["configs"] for r in c["runs"]
-           for k in TOOLS if k in r and r[k].get("rc") != 0]
+    bad = [(c["name"], r["rep"], k, common.exits(r[k])) for c in res["configs"] for r in c["runs"]
+           for k in TOOLS if k in r and common.failed(r[k])]
     if bad:
         L.append("")
-        L.append("Runs that failed: %s." % bad)
+        L.append("Runs that failed (configuration, run, tool, exit code: the sender's, then the receiver's where known): %s." % bad)
     return "\n".join(L)
