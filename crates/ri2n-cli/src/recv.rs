@@ -36,6 +36,10 @@ enum Output {
     },
     /// A device or pipe named by the user (`/dev/null`, a FIFO): written directly.
     Device(BufWriter<File>, PathBuf),
+    /// A FIFO that no reader had opened yet: opening it for writing would wait for one, so it
+    /// is opened once a sender comes ([`Output::begin`]), and `--accept-timeout` and an
+    /// interrupt still end the wait for a sender.
+    Fifo(PathBuf),
     Stdout(BufWriter<io::StdoutLock<'static>>),
 }
 
@@ -52,14 +56,7 @@ impl Output {
         };
         let is_special = std::fs::metadata(path).is_ok_and(|m| !m.is_file());
         if is_special {
-            let f = File::options()
-                .write(true)
-                .open(path)
-                .map_err(|e| Failure::io(format!("cannot open {}", path.display()), &e))?;
-            return Ok(Output::Device(
-                BufWriter::with_capacity(OUT_BUFFER, f),
-                path.clone(),
-            ));
+            return Output::open_special(path);
         }
         // a link to a file: the file it points to is replaced, not the link (written beside
         // that file, in its directory); created there when the link dangles, as `cp` does
@@ -76,17 +73,54 @@ impl Output {
         })
     }
 
+    /// Opens a device or FIFO without waiting for a FIFO's reader (its permissions are
+    /// checked all the same); a FIFO without one is opened when a sender comes.
+    fn open_special(path: &Path) -> Result<Self, Failure> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let fail = |e: &io::Error| Failure::io(format!("cannot open {}", path.display()), e);
+        let opened = File::options()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path);
+        let f = match opened {
+            // a FIFO that nothing reads yet
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+                return Ok(Output::Fifo(path.to_path_buf()))
+            }
+            r => r.map_err(|e| fail(&e))?,
+        };
+        // writes block as usual from here
+        // SAFETY: fcntl on a descriptor this function owns; no memory is passed
+        if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFL, 0) } != 0 {
+            return Err(fail(&io::Error::last_os_error()));
+        }
+        Ok(Output::Device(
+            BufWriter::with_capacity(OUT_BUFFER, f),
+            path.to_path_buf(),
+        ))
+    }
+
+    /// Where the data goes; only once [`Output::begin`] has succeeded.
     fn writer(&mut self) -> &mut dyn Write {
         match self {
             Output::File { w, .. } | Output::Device(w, _) => w,
             Output::Stdout(w) => w,
+            Output::Fifo(_) => unreachable!("a FIFO is opened when the sender comes (begin)"),
+        }
+    }
+
+    /// Hands buffered bytes to the output, for a report of what it holds; errors are the
+    /// report's to tell.
+    fn flush(&mut self) {
+        if !matches!(self, Output::Fifo(_)) {
+            let _ = self.writer().flush();
         }
     }
 
     fn name(&self) -> String {
         match self {
             Output::File { partial, .. } => partial.display().to_string(),
-            Output::Device(_, p) => p.display().to_string(),
+            Output::Device(_, p) | Output::Fifo(p) => p.display().to_string(),
             Output::Stdout(_) => "stdout".into(),
         }
     }
@@ -94,14 +128,16 @@ impl Output {
     /// The name the output has once complete.
     fn final_name(&self) -> String {
         match self {
-            Output::File { path, .. } | Output::Device(_, path) => path.display().to_string(),
+            Output::File { path, .. } | Output::Device(_, path) | Output::Fifo(path) => {
+                path.display().to_string()
+            }
             Output::Stdout(_) => "stdout".into(),
         }
     }
 
     /// Where the bytes received so far are, for a failure message.
     fn kept(&mut self, bytes: u64) -> String {
-        let _ = self.writer().flush();
+        self.flush();
         match self {
             Output::File { partial, .. } => {
                 format!(
@@ -109,19 +145,29 @@ impl Output {
                     partial.display()
                 )
             }
-            Output::Device(_, p) => format!("{bytes} bytes received, written to {}", p.display()),
+            Output::Device(_, p) | Output::Fifo(p) => {
+                format!("{bytes} bytes received, written to {}", p.display())
+            }
             Output::Stdout(_) => format!("{bytes} bytes received, written to stdout"),
         }
     }
 
     /// A sender came: a `FILE.partial` that an earlier receiver left is emptied for this
-    /// transfer.
+    /// transfer, and a FIFO is opened (waiting for its reader, as a writer of a FIFO does).
     fn begin(&mut self) -> Result<(), Failure> {
-        if let Output::File { w, partial, .. } = self {
-            (w.get_ref().set_len(0))
-                .map_err(|e| Failure::io(format!("cannot empty {}", partial.display()), &e))?;
+        match self {
+            Output::File { w, partial, .. } => (w.get_ref().set_len(0))
+                .map_err(|e| Failure::io(format!("cannot empty {}", partial.display()), &e)),
+            Output::Fifo(path) => {
+                let f = File::options()
+                    .write(true)
+                    .open(&*path)
+                    .map_err(|e| Failure::io(format!("cannot open {}", path.display()), &e))?;
+                *self = Output::Device(BufWriter::with_capacity(OUT_BUFFER, f), path.clone());
+                Ok(())
+            }
+            Output::Device(..) | Output::Stdout(_) => Ok(()),
         }
-        Ok(())
     }
 
     /// Removes a regular file's `FILE.partial` while it holds nothing: a receiver that never
@@ -141,7 +187,7 @@ impl Output {
     /// What the output holds after a failed write, in words: a regular file's size on disk
     /// (what a full disk let through), else how much was handed to it before.
     fn holds(&mut self, handed: u64) -> String {
-        let _ = self.writer().flush();
+        self.flush();
         match self {
             Output::File { partial, .. } => match std::fs::metadata(partial) {
                 Ok(m) => format!("it holds the first {} bytes", m.len()),
@@ -163,6 +209,7 @@ impl Output {
                 File::open(dir.unwrap_or(Path::new("."))).and_then(|d| d.sync_all())
             }
             Output::Device(w, _) => w.into_inner().map(drop).map_err(|e| e.into_error()),
+            Output::Fifo(_) => Ok(()),
             Output::Stdout(mut w) => w.flush(),
         }
     }

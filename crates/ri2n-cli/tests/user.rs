@@ -790,3 +790,53 @@ fn a_failure_with_unwritable_output_keeps_its_exit_code() {
     .wait(Duration::from_secs(20));
     assert_eq!(s.code(), Some(3), "{s}");
 }
+
+/// `recv --output FIFO` waits for a sender as any recv does: with no reader on the FIFO yet,
+/// `--accept-timeout` still ends the wait (exit 3); before, recv waited in the FIFO's open for
+/// a reader and never got to accepting. With a sender, the FIFO is opened once it comes, and
+/// a reader that opens it late gets every byte.
+#[test]
+fn recv_into_a_fifo_nobody_reads_yet_honours_the_accept_timeout() {
+    let fifo = TempFile::new("fifo");
+    let name = std::ffi::CString::new(fifo.path().as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo reads the NUL-terminated name only
+    assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0, "mkfifo");
+
+    let started = Instant::now();
+    let (recv, _) = spawn_recv(free_port(), fifo.path(), &["--accept-timeout", "1"]);
+    let (s, o) = recv.wait(Duration::from_secs(20));
+    let err = stderr_of(&o);
+    assert_eq!(s.code(), Some(3), "no sender within the timeout: {err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "ended by its timeout, not by the test's limit: {:?}",
+        started.elapsed()
+    );
+
+    let input = TempFile::new("fifo-in");
+    let sent = write_random(input.path(), 8 << 20, 5);
+    let port = free_port();
+    let (recv, to) = spawn_recv(port, fifo.path(), &[]);
+    wait_udp_bound(port, Duration::from_secs(10));
+    let sender = Proc::spawn(
+        "ri2n send",
+        Command::new(bin())
+            .args(["send", "--to", &to, "--input"])
+            .arg(input.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    // the reader comes after the sender connected
+    std::thread::sleep(Duration::from_millis(500));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = fifo.path().to_path_buf();
+    std::thread::spawn(move || tx.send(sha256_file(&path)));
+    let (got, len) = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("recv opened the FIFO and wrote it to its end");
+    let (s, o) = sender.wait(Duration::from_secs(30));
+    assert!(s.success(), "send: {}", stderr_of(&o));
+    let (r, ro) = recv.wait(Duration::from_secs(10));
+    assert!(r.success(), "recv: {}", stderr_of(&ro));
+    assert_eq!((got, len), (sent, 8 << 20), "the reader got every byte");
+}
