@@ -1196,3 +1196,70 @@ fn a_client_that_scatters_bytes_ahead_of_a_hole_is_cut_off() {
     assert!(reason.contains("too many pieces"), "{reason}");
     assert_serves_a_new_client(&server, ConnectionConfig::default());
 }
+
+/// Many small messages that all arrived before the application reads any: splitting them
+/// out stops at the limit of messages waiting unread, which may fall inside a chunk, and that
+/// is no early end of the stream. Before, once the whole stream (its end included) had
+/// arrived, stopping there ended the connection as a protocol violation ("malformed chunk").
+#[test]
+fn small_messages_read_after_the_whole_stream_arrived_are_all_read() {
+    let window = 1 << 20;
+    let two = addrs(&["127.0.0.1:0", "127.0.0.2:0"]);
+    let server = Endpoint::bind(
+        EndpointConfig::new(two.clone())
+            .with_transport(Transport::Tcp)
+            .with_server_connection(
+                ConnectionConfig::default()
+                    .with_accept_messages(true)
+                    .with_stream_receive_window(window),
+            )
+            .server(),
+    )
+    .unwrap();
+    let client = Endpoint::bind(EndpointConfig::new(two).with_transport(Transport::Tcp)).unwrap();
+    let conn = client
+        .connect(&server.local_addrs(), ConnectionConfig::default())
+        .unwrap();
+    // stream bytes fill the window; the messages behind them wait in the sender, so that
+    // when the window opens they go out as one stretch, larger than a run, that the links
+    // take runs of, cut at any byte (inside chunks)
+    let fill = vec![7u8; window as usize];
+    (&conn).write_all(&fill).unwrap();
+    // more messages than the unread limit (4096 with this window), few enough bytes for the
+    // window to hold them all
+    const COUNT: u32 = 9000;
+    let message = |i: u32| format!("{i:>100}").into_bytes();
+    for i in 0..COUNT {
+        conn.send_message(&message(i)).unwrap();
+    }
+    conn.finish().unwrap();
+    let peer = server.accept().unwrap();
+    let mut got_fill = vec![0u8; fill.len()];
+    (&peer).read_exact(&mut got_fill).unwrap();
+    assert!(got_fill == fill, "the stream bytes");
+    // read only once the whole stream is here: the sender holds none of it unacknowledged
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while conn.stats().send_buffered > 0 {
+        assert!(Instant::now() < deadline, "the stream never all arrived");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // its end too (it goes with the last run, or right after it)
+    std::thread::sleep(Duration::from_millis(100));
+    let mut got = 0;
+    while let Some(m) = peer
+        .recv_message_timeout(Some(Duration::from_secs(10)))
+        .unwrap_or_else(|e| panic!("after {got} messages: {e}"))
+    {
+        assert_eq!(m, message(got), "message {got}");
+        got += 1;
+    }
+    assert_eq!(got, COUNT);
+    // and nothing took the honest stream for a broken one: the receiver still answers
+    (&peer).write_all(b"all read").unwrap();
+    peer.finish().unwrap();
+    let mut answer = Vec::new();
+    (&conn).read_to_end(&mut answer).unwrap();
+    assert_eq!(answer, b"all read");
+    assert_eq!(peer.close_reason(), None, "the receiver");
+    assert_eq!(conn.close_reason(), None, "the sender");
+}

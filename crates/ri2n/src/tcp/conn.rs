@@ -464,7 +464,9 @@ impl State {
                 }
             }
         }
-        if self.reasm.complete() {
+        // the end is judged once everything before it was split out: a stop at the limit
+        // of unread messages may fall inside a chunk
+        if self.peer_finished() {
             self.demux.check_end()?;
         }
         Ok(())
