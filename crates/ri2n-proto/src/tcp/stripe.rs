@@ -293,6 +293,8 @@ impl Striper {
             return 0;
         };
         l.paused = true;
+        // a FIN it carried is sent again too: behind its crawling runs it may arrive last
+        l.fin_in_flight = false;
         self.hand_off(link)
     }
 
@@ -715,6 +717,37 @@ mod tests {
         assert_eq!(s.next(0), None, "the premise: link 0 takes nothing");
         s.push(1000);
         assert!(matches!(s.next(1), Some(Work::Run { len: 1000, .. })));
+    }
+
+    /// A link set aside with the FIN behind its runs: the other link sends the runs again,
+    /// and the FIN too. Before, the FIN counted as in flight on the slow link, so no other
+    /// link sent it, and the stream's end waited for the slow link to drain.
+    #[test]
+    fn the_fin_on_a_link_set_aside_is_sent_again_on_another() {
+        let mut s = striper(2);
+        s.push(1000);
+        s.finish();
+        let mut r = Reassembly::new(64 << 20);
+        let run = s.next(0).unwrap();
+        assert!(matches!(run, Work::Run { len: 1000, .. }), "{run:?}");
+        assert_eq!(s.next(0), Some(Work::Fin { end: 1000 }), "the premise");
+        assert_eq!(s.next(1), None, "the FIN is in flight on link 0");
+        s.hedge(0);
+        let again: Vec<Work> = std::iter::from_fn(|| s.next(1)).collect();
+        assert_eq!(
+            again,
+            [
+                Work::Repair {
+                    offset: 0,
+                    len: 1000
+                },
+                Work::Fin { end: 1000 }
+            ]
+        );
+        for w in again {
+            deliver(&mut r, 1, w);
+        }
+        assert!(r.complete(), "the stream ended on link 1 alone");
     }
 
     /// An acknowledgement that claims delivery beyond what was sent (a faulty or hostile
