@@ -16,6 +16,12 @@ pub enum Striping {
     Failover,
 }
 
+/// The smallest stream receive window and send buffer: a peer that announces less (the
+/// TCP transport's hello) is refused too.
+pub const MIN_WINDOW: u64 = 16 * 1024;
+/// The largest stream receive window (offsets stay well inside a varint).
+pub const MAX_WINDOW: u64 = crate::wire::VARINT_MAX / 2;
+
 /// Settings of one connection (both client and server side use the same type).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -245,10 +251,10 @@ impl ConnectionConfig {
                 "max_datagram_size must be 1200 to 16384 bytes",
             ));
         }
-        if self.stream_receive_window < 16 * 1024 || self.send_buffer < 16 * 1024 {
+        if self.stream_receive_window < MIN_WINDOW || self.send_buffer < MIN_WINDOW {
             return Err(InvalidConfig("windows and buffers must be at least 16 KiB"));
         }
-        if self.stream_receive_window > crate::wire::VARINT_MAX / 2 {
+        if self.stream_receive_window > MAX_WINDOW {
             return Err(InvalidConfig("stream_receive_window too large"));
         }
         if self.probe_interval.is_zero() || self.share_check_interval.is_zero() {

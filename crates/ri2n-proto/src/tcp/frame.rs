@@ -167,6 +167,16 @@ pub enum Record {
 }
 
 /// A byte that must be 0 or 1.
+/// A receive window announced in a hello or its reply, if within what a config may set: a
+/// window of 0 would let nothing be sent and no message fit.
+fn announced_window(window: u64, what: &'static str) -> Result<u64, FrameError> {
+    use crate::config::{MAX_WINDOW, MIN_WINDOW};
+    match (MIN_WINDOW..=MAX_WINDOW).contains(&window) {
+        true => Ok(window),
+        false => Err(FrameError::Malformed(what)),
+    }
+}
+
 fn flag(v: u8, what: &'static str) -> Result<bool, FrameError> {
     match v {
         0 => Ok(false),
@@ -371,7 +381,7 @@ impl Hello {
             new_connection,
             keyed,
             takes_messages,
-            window: be_u64(&b[10..]),
+            window: announced_window(be_u64(&b[10..]), "hello window")?,
             application,
         };
         Ok(Some((hello, 27 + n)))
@@ -444,6 +454,10 @@ impl HelloReply {
         let status = HelloStatus::from_code(b[0])?;
         let takes_messages = flag(b[1], "hello reply flags")?;
         let window = be_u64(&b[2..]);
+        // a refusal carries no window worth the name
+        if status == HelloStatus::Accepted {
+            announced_window(window, "hello reply window")?;
+        }
         let Some((application, n)) = parse_name(&buf[19..])? else {
             return Ok(None);
         };
@@ -630,5 +644,43 @@ mod tests {
             Err(FrameError::Malformed("hello link number"))
         );
         assert_eq!(HelloReply::parse(b"SSH-2.0"), Err(FrameError::NotRi2n));
+    }
+
+    /// A window below what a config may set (0: nothing could ever be sent, no message fit)
+    /// or above it is malformed, in a hello and in an accepting reply; a refusal's is not
+    /// looked at (the server sends 0).
+    #[test]
+    fn a_window_out_of_range_is_malformed() {
+        for window in [0, (16 << 10) - 1, crate::config::MAX_WINDOW + 1] {
+            let mut b = Vec::new();
+            Hello {
+                connection_id: 1,
+                link: 0,
+                new_connection: true,
+                keyed: false,
+                takes_messages: false,
+                window,
+                application: None,
+            }
+            .encode(&mut b);
+            assert_eq!(Hello::parse(&b), Err(FrameError::Malformed("hello window")));
+            let reply = |status| HelloReply {
+                status,
+                takes_messages: false,
+                window,
+                application: None,
+                addrs: vec![],
+            };
+            let mut b = Vec::new();
+            reply(HelloStatus::Accepted).encode(&mut b);
+            assert_eq!(
+                HelloReply::parse(&b),
+                Err(FrameError::Malformed("hello reply window"))
+            );
+            let mut b = Vec::new();
+            reply(HelloStatus::ServerFull).encode(&mut b);
+            let refusal = reply(HelloStatus::ServerFull);
+            assert_eq!(HelloReply::parse(&b), Ok(Some((refusal, b.len()))));
+        }
     }
 }
