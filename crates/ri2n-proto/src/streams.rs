@@ -7,6 +7,7 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 
@@ -73,11 +74,20 @@ pub(crate) struct SendStream {
     /// Bytes the application may have outstanding.
     capacity: u64,
     finished: bool,
-    /// `base` when the head was last re-sent by [`SendStream::rescue_head`].
-    rescued_base: Option<u64>,
+    /// Opportunistic retransmission's watch on the head (see [`SendStream::rescue_head`]).
+    head: HeadWatch,
     /// The FIN must be (re)sent.
     fin_pending: bool,
     fin_acked: bool,
+}
+
+/// Where the head of a send stream was seen, since when, and whether its bytes were queued
+/// again by opportunistic retransmission.
+#[derive(Debug, Default)]
+struct HeadWatch {
+    base: u64,
+    since: Option<Instant>,
+    rescued: bool,
 }
 
 /// A piece of stream to put in a packet.
@@ -104,7 +114,7 @@ impl SendStream {
             max_data,
             capacity,
             finished: false,
-            rescued_base: None,
+            head: HeadWatch::default(),
             fin_pending: false,
             fin_acked: false,
         }
@@ -262,26 +272,54 @@ impl SendStream {
             || (self.fin_pending && self.next_new == self.written)
     }
 
-    /// Opportunistic retransmission: when no new data can go out because the peer's window
-    /// or our send buffer is used up, both are held by the lowest unacknowledged bytes, which
-    /// are probably stuck behind a slow link. Queue up to `max` of them to be sent again (on
-    /// the best link), once per position of the head. Returns whether anything was queued.
-    pub fn rescue_head(&mut self, max: u64) -> bool {
+    /// Whether no new data can go out because the peer's window or our send buffer is used
+    /// up, and nothing lost waits to be sent again: both limits are held by the lowest
+    /// unacknowledged bytes.
+    fn head_blocks(&self) -> bool {
         let flow_blocked = self.next_new < self.written && self.next_new >= self.max_data;
         let buffer_full = self.next_new == self.written && self.room() == 0;
-        if !(flow_blocked || buffer_full)
-            || !self.retransmit.is_empty()
-            || self.rescued_base == Some(self.base)
-        {
+        (flow_blocked || buffer_full) && self.retransmit.is_empty()
+    }
+
+    /// Opportunistic retransmission: when the head blocks the stream ([`Self::head_blocks`])
+    /// and has not moved for `patience` (the time the quickest link takes to answer), its
+    /// bytes are stuck behind a slow link. Queue up to `max` of them to be sent again (on the
+    /// best link), once per position of the head. Returns whether anything was queued.
+    ///
+    /// A head that keeps moving is not stuck: with a window smaller than the links' bandwidth-
+    /// delay product the stream is blocked most of the time while its bytes are merely in
+    /// transit, and re-sending them at each acknowledgement sent most bytes twice.
+    pub fn rescue_head(&mut self, max: u64, now: Instant, patience: Duration) -> bool {
+        if !self.head_blocks() {
             return false;
         }
-        self.rescued_base = Some(self.base);
+        if self.head.base != self.base || self.head.since.is_none() {
+            self.head = HeadWatch {
+                base: self.base,
+                since: Some(now),
+                rescued: false,
+            };
+        }
+        if self.head.rescued || self.head.since.is_some_and(|t| now < t + patience) {
+            return false;
+        }
+        self.head.rescued = true;
         let end = self.next_new.min(self.base + max);
         let mut any = false;
         for gap in self.acked.gaps_in(self.base..end) {
             any |= self.retransmit.insert(gap);
         }
         any
+    }
+
+    /// When [`Self::rescue_head`] would queue the head, given `patience`: the stream is
+    /// blocked by a head seen at its place and not re-sent yet.
+    pub fn rescue_deadline(&self, patience: Duration) -> Option<Instant> {
+        let watched = self.head.base == self.base && !self.head.rescued;
+        (watched && self.head_blocks())
+            .then_some(self.head.since)
+            .flatten()
+            .map(|t| t + patience)
     }
 
     /// Takes the next piece to send, at most `max_len` bytes: lost data first, then new data.
@@ -802,6 +840,44 @@ mod tests {
         assert!(fin2.fin);
         s.on_ack(fin2);
         assert!(s.is_complete());
+    }
+
+    /// Opportunistic retransmission waits for the head to stay put: a head that moves within
+    /// the patience is in transit, not stuck, and is not sent again; one that stays put that
+    /// long is queued again once, and the deadline says when.
+    #[test]
+    fn only_a_head_that_stays_put_is_sent_again() {
+        let patience = Duration::from_millis(5);
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // the peer's limit (100) blocks the rest of what was written
+        let mut s = SendStream::new(1000, 100);
+        s.write(&[3u8; 200]);
+        let chunks: Vec<Chunk> = (0..10).map(|_| s.next_chunk(10).unwrap()).collect();
+        assert!(
+            s.next_chunk(10).is_none(),
+            "the premise: blocked by the limit"
+        );
+        assert!(!s.rescue_head(64, at(0), patience), "just seen");
+        assert_eq!(s.rescue_deadline(patience), Some(at(5)));
+        // acknowledged in order within the patience: the head keeps moving
+        for (i, c) in chunks.iter().take(5).enumerate() {
+            s.on_ack(*c);
+            assert!(!s.rescue_head(64, at(4 * i as u64 + 4), patience), "moving");
+        }
+        assert_eq!(s.acknowledged(), 50);
+        // then it stays at 50 while later bytes are acknowledged around it
+        s.on_ack(chunks[7]);
+        assert!(!s.rescue_head(64, at(23), patience), "not yet");
+        assert_eq!(s.rescue_deadline(patience), Some(at(25)));
+        assert!(s.rescue_head(64, at(25), patience), "stuck: queued again");
+        assert_eq!(s.rescue_deadline(patience), None, "once per head");
+        let again: Vec<(u64, usize)> = std::iter::from_fn(|| s.next_chunk(100))
+            .map(|c| (c.offset, c.len))
+            .collect();
+        // the unacknowledged parts of the head's bytes sent so far, nothing new
+        assert_eq!(again, [(50, 20), (80, 20)]);
+        assert!(!s.rescue_head(64, at(100), patience), "not twice");
     }
 
     #[test]

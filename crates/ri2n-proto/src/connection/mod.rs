@@ -2121,6 +2121,18 @@ impl Connection {
         }
     }
 
+    /// How long a stream's head may stay put, blocking the stream, before opportunistic
+    /// retransmission sends it again: the smallest probe timeout of the links that are up
+    /// (the quickest link would have answered by then). None with a single link, which has
+    /// no other to send it on.
+    pub(super) fn rescue_patience(&self) -> Option<Duration> {
+        if self.links.len() < 2 {
+            return None;
+        }
+        let up = self.links.iter().filter(|l| l.is_up());
+        Some(up.map(|l| l.pto(&self.cfg)).min().unwrap_or_default())
+    }
+
     /// The largest probe timeout of the links that are up (of all links when none is): what
     /// an answer over a working link may take. A link that never came up (a peer address
     /// where nothing listens) has only its initial, long estimate and carries nothing, so it

@@ -148,9 +148,9 @@ impl Connection {
         // 4. stream data, striped over the up links with window and pacing room
         let control_waiting =
             self.max_data_pending.iter().any(|&p| p) || !self.link_status_pending.is_empty();
-        if self.links.len() > 1 {
+        if let Some(patience) = self.rescue_patience() {
             for s in &mut self.send {
-                s.rescue_head(RESCUE_BYTES);
+                s.rescue_head(RESCUE_BYTES, now, patience);
             }
         }
         self.datagrams.outgoing.drop_stale(now);

@@ -37,6 +37,8 @@ pub(super) enum Timer {
     PeerClosed,
     /// Pacing lets the next data packet out.
     Pacing,
+    /// A stream's head has blocked it long enough to be sent again (by `poll_transmit`).
+    Rescue,
     /// The periodic health checks (arrival shares, slow links).
     HealthCheck,
     /// Received datagrams held for an earlier missing one stop waiting.
@@ -74,6 +76,7 @@ impl Timer {
             Timer::CloseSend
                 | Timer::CloseRepeat
                 | Timer::Pacing
+                | Timer::Rescue
                 | Timer::DatagramRelease
                 | Timer::Link(_, LinkTimer::Loss | LinkTimer::Pto | LinkTimer::Ack)
         )
@@ -122,6 +125,10 @@ impl Connection {
             arm(Timer::PeerClosed, self.closing.peer_closed_until);
             arm(Timer::PeerGone, self.peer_gone_deadline());
             arm(Timer::Pacing, self.scheduling.pacing_wakeup);
+            if let Some(patience) = self.rescue_patience() {
+                let due = self.send.iter().filter_map(|s| s.rescue_deadline(patience));
+                arm(Timer::Rescue, due.min());
+            }
             for (i, l) in self.links.iter().enumerate() {
                 arm(Timer::Link(i, LinkTimer::Loss), l.loss_deadline());
                 arm(Timer::Link(i, LinkTimer::Pto), l.pto_deadline(&self.cfg));
@@ -223,6 +230,7 @@ impl Connection {
             Timer::CloseSend
             | Timer::CloseRepeat
             | Timer::HandshakeRetry
+            | Timer::Rescue
             | Timer::Link(_, LinkTimer::Probe | LinkTimer::Ack) => {}
             Timer::Link(i, LinkTimer::Keepalive) => self.pings_owed |= 1 << i,
             Timer::HandshakeTimeout => self.handshake_timed_out(),
