@@ -9,7 +9,8 @@
 //! §5.1.2 MAX_PROBES). Data then uses the largest confirmed size.
 //!
 //! A black hole (large datagrams stop arriving while small ones still do, say after a route
-//! change to a smaller MTU) shows as a run of lost large packets with none acknowledged: the
+//! change to a smaller MTU) shows as a run of lost large packets with none acknowledged (losses
+//! that an acknowledgement of large packets reveals are congestion, and do not count): the
 //! link falls back to the base size at once, what was lost is re-sent in smaller packets (the
 //! streams do not care how their bytes are cut), and the search starts over. A search that ended
 //! below the ceiling is tried again after [`RAISE_INTERVAL`] (RFC 8899 PMTU_RAISE_TIMER).
@@ -146,11 +147,14 @@ impl PathMtu {
         }
     }
 
-    /// A data packet of `size` bytes was acknowledged.
-    pub fn on_packet_acked(&mut self, size: usize) {
-        if size > self.base {
+    /// A data packet of `size` bytes was acknowledged; returns whether it was a large one
+    /// (above the base size), which ends a run of large losses.
+    pub fn on_packet_acked(&mut self, size: usize) -> bool {
+        let large = size > self.base;
+        if large {
             self.large_losses = 0;
         }
+        large
     }
 
     /// A data packet of `size` bytes was lost. Returns true when that made the link fall

@@ -353,6 +353,7 @@ impl Link {
         let Some(acked) = self.recovery.on_ack(now, ranges, largest, out) else {
             return;
         };
+        let mut large_acked = false;
         for pkt in &out.acked[acked_from..] {
             let size = u64::from(pkt.size);
             if pkt.in_flight {
@@ -370,7 +371,7 @@ impl Link {
                 self.pmtu.on_probe_acked(usize::from(pkt.size), now);
                 self.mss_changed();
             } else if pkt.in_flight {
-                self.pmtu.on_packet_acked(usize::from(pkt.size));
+                large_acked |= self.pmtu.on_packet_acked(usize::from(pkt.size));
             }
             self.counters.stream_bytes_acked += stream_bytes(&pkt.frames);
         }
@@ -423,7 +424,7 @@ impl Link {
             && acked.in_flight_before >= QUEUE_BYTES;
         self.rate
             .sample(now, self.rtt.srtt.max(GRANULARITY), app_limited, queued);
-        self.detect_lost(now, out);
+        self.detect_lost(now, out, large_acked);
     }
 
     /// Delivery rate in bytes per second: measured while the link used its window, else what
@@ -480,8 +481,11 @@ impl Link {
         base / 2.0 + queued.min(3600.0)
     }
 
-    /// Loss detection; applies each loss to the window, the path MTU and the counters.
-    fn detect_lost(&mut self, now: Instant, out: &mut AckOutcome) {
+    /// Loss detection; applies each loss to the window, the path MTU and the counters. Losses
+    /// that an acknowledgement of large packets reveals (`large_acked`) say nothing of the
+    /// path MTU: large packets get through, and a burst of them lost is congestion (a slow
+    /// start overshooting a queue), not a black hole.
+    fn detect_lost(&mut self, now: Instant, out: &mut AckOutcome, large_acked: bool) {
         let from = out.lost.len();
         self.recovery.detect_lost(now, &self.rtt, out);
         if out.lost.len() > from {
@@ -501,7 +505,7 @@ impl Link {
             self.counters.packets_lost += 1;
             if pkt.in_flight {
                 self.cc.on_loss(pkt.time, now);
-                if self.pmtu.on_packet_lost(usize::from(pkt.size)) {
+                if !large_acked && self.pmtu.on_packet_lost(usize::from(pkt.size)) {
                     self.mss_changed();
                 }
             }
@@ -561,7 +565,7 @@ impl Link {
     /// Runs the loss timer. Lost packets are appended to `out`.
     pub fn on_loss_timer(&mut self, now: Instant, out: &mut AckOutcome) {
         if self.loss_deadline().is_some_and(|t| t <= now) {
-            self.detect_lost(now, out);
+            self.detect_lost(now, out, false);
         }
     }
 
@@ -971,6 +975,43 @@ mod tests {
         });
         link.on_sent(t0, 1000, pkt);
         assert!(link.recovery.data_in_flight());
+    }
+
+    /// A burst of large packets lost among large ones acknowledged (a slow start overshooting
+    /// a queue) keeps the discovered size; large packets lost while only small ones get
+    /// through (a black hole) take the link back to the base size. Before, any 8 large
+    /// losses in one acknowledgement did.
+    #[test]
+    fn a_burst_of_congestion_losses_is_no_black_hole() {
+        for black_hole in [false, true] {
+            let (mut link, t0) = up_link(16_384);
+            link.pmtu.on_probe_acked(16_384, t0);
+            link.mss_changed();
+            link.seed_rtt(Duration::from_micros(100));
+            let large: Vec<u64> = (0..20)
+                .map(|_| link.on_sent(t0, 16_384, data_packet(t0, 16_384)))
+                .collect();
+            // the acknowledgement: the last 11 large ones, or 3 small ones sent after them
+            let acked = if black_hole {
+                let small: Vec<u64> = (0..3)
+                    .map(|_| link.on_sent(t0, 1000, data_packet(t0, 1000)))
+                    .collect();
+                (small[0], small[2])
+            } else {
+                (large[9], large[19])
+            };
+            let mut out = AckOutcome::default();
+            link.on_ack(
+                t0 + Duration::from_micros(200),
+                [acked].into_iter(),
+                acked.1,
+                Duration::ZERO,
+                &mut out,
+            );
+            assert!(out.lost.len() >= 8, "the premise: {} lost", out.lost.len());
+            let size = link.pmtu.current();
+            assert_eq!(size == 1472, black_hole, "black hole {black_hole}: {size}");
+        }
     }
 
     #[test]
