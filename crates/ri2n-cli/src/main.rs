@@ -506,9 +506,11 @@ pub struct ServeArgs {
 
     /// Longest throughput test a client may ask for, in seconds (either direction): a longer
     /// one is cut to it. The client is told before any data moves, sends (or receives) only
-    /// that long, and says the test was cut. A sending client that has not ended its test
-    /// once its granted time, --all-links-down-timeout and 10 s more are over is cut off and
-    /// told why.
+    /// that long, and says the test was cut. A sending client that has not ended its test,
+    /// or a receiving (-R) one that has not taken the data, once its granted time,
+    /// --all-links-down-timeout and 10 s more are over is cut off and told why; so is a
+    /// latency client that sends nothing and takes no echo for 60 s and
+    /// --all-links-down-timeout.
     #[arg(long, value_name = "SECS", default_value = "3600", value_parser = parse_secs)]
     pub max_time: Duration,
 

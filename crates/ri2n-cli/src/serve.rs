@@ -4,7 +4,9 @@
 //! most `--max-time`; read and discard, then report), reverse (grant a time, write for it,
 //! at the rate asked if any, then report) or latency (echo every
 //! message; the first [`MAX_LATENCY_THREADS`] latency clients at a time echo on a thread of
-//! their own, see [`LatencyThread`]).
+//! their own, see [`LatencyThread`]). Every wait on a client is bounded ([`REQUEST_WAIT`],
+//! [`OVERRUN`], [`IDLE`]): one that holds its test up is cut off and told why, so no client
+//! keeps a task, a thread or a slot for ever.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,18 +31,25 @@ const ACKNOWLEDGED_WAIT: Duration = Duration::from_secs(10);
 /// How long a client may take to name its test after connecting (`ri2n bench` does at once).
 const REQUEST_WAIT: Duration = Duration::from_secs(10);
 /// How long after its granted time a throughput test's client has to end its stream (what
-/// its send buffer held is still arriving), beyond the time its links may all be down,
-/// before it is cut off.
+/// its send buffer held is still arriving), or a reverse test's client to take what the
+/// server wrote, beyond the time its links may all be down, before it is cut off.
 const OVERRUN: Duration = Duration::from_secs(10);
+/// How long a latency client may send nothing and take none of the echoes, beyond the time
+/// its links may all be down, before it is cut off: it would hold its task (or one of the
+/// [`MAX_LATENCY_THREADS`]) and a client slot for ever.
+const IDLE: Duration = Duration::from_secs(60);
 
 /// What each client's test may take.
 #[derive(Clone, Copy)]
 struct Limits {
     /// Longest throughput test granted (--max-time).
     max_time: Duration,
-    /// How long past its grant a throughput test's client may go on before it is cut off:
-    /// [`OVERRUN`], and the time every link may be down without the connection ending.
+    /// How long past its grant a throughput or reverse test's client may go on before it is
+    /// cut off: [`OVERRUN`], and the time every link may be down without the connection
+    /// ending.
     overrun: Duration,
+    /// How long a latency client may stay idle: [`IDLE`] and that time too.
+    idle: Duration,
 }
 /// The pause after a client that could not be taken, before the next accept.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
@@ -77,6 +86,7 @@ pub fn run(args: &ServeArgs) -> Result<(), Failure> {
     let limits = Limits {
         max_time: args.max_time,
         overrun: OVERRUN.saturating_add(args.all_links_down_timeout),
+        idle: IDLE.saturating_add(args.all_links_down_timeout),
     };
     runtime.block_on(serve(endpoint, args.quiet, limits))
 }
@@ -165,7 +175,7 @@ async fn serve_client(mut conn: AsyncConnection, limits: Limits) -> Result<Strin
             let until = start + time.saturating_add(limits.overrun);
             let (got, timeline) = read_all(&mut conn, start, interval, until).await?;
             let secs = start.elapsed().as_secs_f64();
-            report(&conn, got, secs, timeline).await?;
+            report(&conn, got, secs, timeline, limits.overrun).await?;
             format!(
                 "throughput: received {} in {secs:.2} s, {}{cut}",
                 fmt_bytes(got),
@@ -183,6 +193,9 @@ async fn serve_client(mut conn: AsyncConnection, limits: Limits) -> Result<Strin
             // copied into it (small paced writes are copied)
             let buf = ri2n::Bytes::from(buf);
             let mut sent = 0u64;
+            // a client that stops taking the data would hold its task, its slot and our
+            // send buffer for ever
+            let until = end + limits.overrun;
             while Instant::now() < end {
                 if let Some(p) = pacer {
                     let wait = p.wait(sent, end);
@@ -191,14 +204,18 @@ async fn serve_client(mut conn: AsyncConnection, limits: Limits) -> Result<Strin
                         continue;
                     }
                 }
-                conn.write_bytes(buf.slice(..size)).await.map_err(lost)?;
+                let write = conn.write_bytes(buf.slice(..size));
+                match tokio::time::timeout_at(until.into(), write).await {
+                    Ok(written) => written.map_err(lost)?,
+                    Err(_) => return Err(cut_off(&conn, "took none of the data", start, until)),
+                }
                 sent += size as u64;
             }
             let secs = start.elapsed().as_secs_f64();
             // the links' counters are final only once what the send buffer held is
             // acknowledged: what each delivered, what was sent again, what was lost
             acknowledged(&conn).await;
-            report(&conn, sent, secs, Vec::new()).await?;
+            report(&conn, sent, secs, Vec::new(), limits.overrun).await?;
             format!(
                 "reverse: sent {} in {secs:.2} s, {}{cut}",
                 fmt_bytes(sent),
@@ -209,20 +226,28 @@ async fn serve_client(mut conn: AsyncConnection, limits: Limits) -> Result<Strin
             let n;
             (conn, n) = match LatencyThread::take() {
                 Some(thread) => {
-                    let blocking = conn.into_inner();
-                    let (blocking, n) = tokio::task::spawn_blocking(move || {
+                    let blocking = Arc::new(conn.into_inner());
+                    // the thread's calls block: a task of its own watches for an idle client
+                    let watch = tokio::spawn(cut_off_when_idle(blocking.clone(), limits.idle));
+                    let echo = blocking.clone();
+                    let n = tokio::task::spawn_blocking(move || {
                         let _thread = thread;
-                        let n = echo_blocking(&blocking);
-                        (blocking, n)
+                        echo_blocking(&echo)
                     })
                     .await
                     .map_err(|e| Failure::new(error::GENERIC, format!("echo thread: {e}")))?;
+                    watch.abort();
+                    let idle = watch.await.ok();
+                    let blocking = Arc::into_inner(blocking).expect("the watch has ended");
                     let conn = AsyncConnection::new(blocking)
                         .map_err(|e| Failure::io("watching the connection", &e))?;
-                    (conn, n.map_err(lost)?)
+                    match (n, idle) {
+                        (_, Some(why)) => return Err(why),
+                        (n, None) => (conn, n.map_err(lost)?),
+                    }
                 }
                 None => {
-                    let n = echo_async(&mut conn).await.map_err(lost)?;
+                    let n = echo_async(&mut conn, limits.idle).await?;
                     (conn, n)
                 }
             };
@@ -230,8 +255,49 @@ async fn serve_client(mut conn: AsyncConnection, limits: Limits) -> Result<Strin
         }
     };
     conn.shutdown().await.map_err(lost)?;
-    finish(conn.get_ref()).await?;
+    finish(conn.get_ref(), limits.overrun).await?;
     Ok(line)
+}
+
+/// A client cut off for holding its test up: it is told why; the failure to log.
+fn cut_off(conn: &AsyncConnection, what: &str, start: Instant, at: Instant) -> Failure {
+    let why = format!(
+        "the client {what} for too long ({:.1} s into the test: more than its grant and \
+         the time its links may all be down)",
+        at.duration_since(start).as_secs_f64()
+    );
+    conn.get_ref().abort(2, &why);
+    Failure::usage(format!("{why}; the client was told"))
+}
+
+/// Ends the connection of a latency client echoed on a thread once it has been idle for
+/// `idle`: nothing arrived from it, and it acknowledged nothing of ours. The blocked calls
+/// of the echo thread then return. Runs until aborted, or returns the failure to log.
+async fn cut_off_when_idle(conn: Arc<Connection>, idle: Duration) -> Failure {
+    const LOOK: Duration = Duration::from_secs(1);
+    let progress = |c: &Connection| {
+        let s = c.stats();
+        (s.bytes_received, s.bytes_acknowledged)
+    };
+    let (mut last, mut since) = (progress(&conn), Instant::now());
+    loop {
+        tokio::time::sleep(LOOK).await;
+        let now = progress(&conn);
+        if now != last {
+            (last, since) = (now, Instant::now());
+        } else if since.elapsed() >= idle {
+            let why = idle_reason(idle);
+            conn.abort(2, &why);
+            return Failure::usage(format!("{why}; the client was told"));
+        }
+    }
+}
+
+fn idle_reason(idle: Duration) -> String {
+    format!(
+        "the latency client sent nothing and took no echo for {} s",
+        idle.as_secs()
+    )
 }
 
 /// Latency clients echoed on a thread of their own at most (see [`LatencyThread`]).
@@ -272,23 +338,48 @@ fn echo_blocking(conn: &Connection) -> std::io::Result<u64> {
     Ok(n)
 }
 
-/// [`echo_blocking`] as a task.
-async fn echo_async(conn: &mut AsyncConnection) -> std::io::Result<u64> {
+/// [`echo_blocking`] as a task; a client that sends nothing, or takes no echo, for `idle`
+/// is cut off (and told).
+async fn echo_async(conn: &mut AsyncConnection, idle: Duration) -> Result<u64, Failure> {
+    let lost = |e: std::io::Error| Failure::lost(&e);
+    let cut_off = |conn: &AsyncConnection| {
+        let why = idle_reason(idle);
+        conn.get_ref().abort(2, &why);
+        Failure::usage(format!("{why}; the client was told"))
+    };
     let mut n = 0u64;
-    while let Some(m) = conn.recv_message().await? {
-        conn.send_message(&m).await?;
+    loop {
+        let Ok(m) = tokio::time::timeout(idle, conn.recv_message()).await else {
+            return Err(cut_off(conn));
+        };
+        let Some(m) = m.map_err(lost)? else {
+            return Ok(n);
+        };
+        let Ok(sent) = tokio::time::timeout(idle, conn.send_message(&m)).await else {
+            return Err(cut_off(conn));
+        };
+        sent.map_err(lost)?;
         n += 1;
     }
-    Ok(n)
 }
 
-/// After our end of stream: waits until the client acknowledged everything, then (at most
-/// [`net::LINGER`]) until the connection closed cleanly, looking every few milliseconds.
-async fn finish(conn: &Connection) -> Result<(), Failure> {
+/// After our end of stream: waits until the client acknowledged everything (at most
+/// `limit`, or it is cut off), then (at most [`net::LINGER`]) until the connection closed
+/// cleanly, looking every few milliseconds.
+async fn finish(conn: &Connection, limit: Duration) -> Result<(), Failure> {
     const LOOK: Duration = Duration::from_millis(5);
+    let until = Instant::now() + limit;
     while !conn.is_acknowledged() {
         if let Some(reason) = conn.close_reason() {
             return Err(Failure::lost_because(&reason));
+        }
+        if Instant::now() >= until {
+            let why = format!(
+                "the client did not acknowledge the end of the test within {} s",
+                limit.as_secs()
+            );
+            conn.abort(2, &why);
+            return Err(Failure::usage(format!("{why}; the client was told")));
         }
         tokio::time::sleep(LOOK).await;
     }
@@ -375,7 +466,6 @@ async fn grant(
     Ok((time, note))
 }
 
-/// Sends the server's report of a throughput test.
 /// Waits, at most [`ACKNOWLEDGED_WAIT`], until everything written on `conn` was acknowledged
 /// (or the connection ended).
 async fn acknowledged(conn: &AsyncConnection) {
@@ -389,11 +479,14 @@ async fn acknowledged(conn: &AsyncConnection) {
     }
 }
 
+/// Sends the server's report of a throughput or reverse test; a client that leaves it no
+/// room within `limit` is cut off.
 async fn report(
     conn: &AsyncConnection,
     bytes: u64,
     seconds: f64,
     timeline: Vec<(f64, u64)>,
+    limit: Duration,
 ) -> Result<(), Failure> {
     let links = LinkSummary::all(&conn.get_ref().stats().links, false)
         .iter()
@@ -406,7 +499,18 @@ async fn report(
         timeline,
     })
     .expect("a report serialises");
-    conn.send_message(&msg).await.map_err(|e| Failure::lost(&e))
+    // a reverse test's client that stopped reading leaves no room for it
+    match tokio::time::timeout(limit, conn.send_message(&msg)).await {
+        Ok(sent) => sent.map_err(|e| Failure::lost(&e)),
+        Err(_) => {
+            let why = format!(
+                "the client took no room for the report within {} s",
+                limit.as_secs()
+            );
+            conn.get_ref().abort(2, &why);
+            Err(Failure::usage(format!("{why}; the client was told")))
+        }
+    }
 }
 
 #[cfg(test)]

@@ -628,3 +628,63 @@ fn a_client_that_writes_past_its_grant_is_cut_off() {
     let log = stop_serve(server);
     assert!(log.contains("had not ended"), "{log}");
 }
+
+/// A reverse-test client that never reads what the server writes is cut off once its grant,
+/// --all-links-down-timeout and 10 s are over, and told why; the server logs it. Before, the
+/// server's write waited for room for ever, holding the client's task, its slot and a full
+/// send buffer.
+#[test]
+fn a_reverse_client_that_stops_reading_is_cut_off() {
+    let to = format!("127.0.0.1:{}", free_port());
+    let server = Proc::spawn(
+        "ri2n serve",
+        Command::new(bin())
+            .args(["serve", "--listen", &to, "--all-links-down-timeout", "1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    wait_udp_bound(
+        to.rsplit(':').next().unwrap().parse().unwrap(),
+        Duration::from_secs(10),
+    );
+    let client = ri2n::Endpoint::bind(ri2n::EndpointConfig::new(vec!["127.0.0.1:0"
+        .parse()
+        .unwrap()]))
+    .unwrap();
+    let conn = client
+        .connect(
+            &[to.parse().unwrap()],
+            ri2n::ConnectionConfig::default()
+                .with_application("ri2n bench")
+                .with_accept_messages(true),
+        )
+        .unwrap();
+    conn.send_message(br#"{"version":2,"test":"reverse","seconds":1}"#)
+        .unwrap();
+    let started = std::time::Instant::now();
+    // its grant, then nothing read: the server fills our window and its send buffer
+    let grant = conn
+        .recv_message_timeout(Some(Duration::from_secs(10)))
+        .unwrap()
+        .expect("a grant");
+    assert!(String::from_utf8_lossy(&grant).contains("\"seconds\":1"));
+    let deadline = started + Duration::from_secs(30);
+    while conn.close_reason().is_none() {
+        assert!(std::time::Instant::now() < deadline, "never cut off");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let waited = started.elapsed();
+    let reason = conn.close_reason().unwrap().to_string();
+    assert!(reason.contains("took none of the data"), "{reason}");
+    // 1 s granted, 1 s for all links down, 10 s more
+    assert!(
+        waited >= Duration::from_secs(11),
+        "cut off after {waited:?}"
+    );
+    assert!(
+        conn.stats().recv_buffered > 0,
+        "the premise: the server's data waited unread"
+    );
+    let log = stop_serve(server);
+    assert!(log.contains("took none of the data"), "{log}");
+}
