@@ -35,7 +35,8 @@ pub struct Request {
     pub seconds: f64,
     /// Throughput test: the server samples what it read every this many seconds and sends
     /// that timeline with its report (0: no timeline). A receiver-side meter of the client's
-    /// sending, at the client's timeline resolution.
+    /// sending, at the client's timeline resolution (coarser where a long test would give
+    /// more than 100 000 rows; each row carries its time).
     #[serde(default)]
     pub interval: f64,
     /// Reverse test: the server paces its writes to this many bits per second (none: as fast

@@ -26,6 +26,9 @@ use crate::ServeArgs;
 
 /// Finest timeline a client may ask for (as `ri2n bench --interval`).
 const MIN_INTERVAL: Duration = Duration::from_millis(10);
+/// Most rows of a timeline: with its other fields the report must fit in one message (8 MiB;
+/// a row takes some 30 bytes of JSON), or a long test at a fine interval would get none.
+const MAX_TIMELINE_ROWS: u32 = 100_000;
 /// Longest a reverse test's report waits for what the server wrote to be acknowledged.
 const ACKNOWLEDGED_WAIT: Duration = Duration::from_secs(10);
 /// How long a client may take to name its test after connecting (`ri2n bench` does at once).
@@ -169,10 +172,9 @@ async fn serve_client(mut conn: AsyncConnection, limits: Limits) -> Result<Strin
     let line = match req.test {
         Test::Throughput => {
             let (time, cut) = grant(&conn, &req, limits.max_time).await?;
-            let interval = Duration::try_from_secs_f64(req.interval)
-                .ok()
-                .filter(|i| *i >= MIN_INTERVAL);
-            let until = start + time.saturating_add(limits.overrun);
+            let longest = time.saturating_add(limits.overrun);
+            let interval = timeline_interval(req.interval, longest);
+            let until = start + longest;
             let (got, timeline) = read_all(&mut conn, start, interval, until).await?;
             let secs = start.elapsed().as_secs_f64();
             report(&conn, got, secs, timeline, limits.overrun).await?;
@@ -439,6 +441,16 @@ async fn read_all(
     Ok((got.load(Ordering::Relaxed), timeline))
 }
 
+/// The interval of a throughput test's timeline for a test that may last `longest`: the
+/// `asked` seconds (none below [`MIN_INTERVAL`], or not a number), made coarser where the
+/// test would give more than [`MAX_TIMELINE_ROWS`] rows. Each row carries its own time.
+fn timeline_interval(asked: f64, longest: Duration) -> Option<Duration> {
+    let asked = Duration::try_from_secs_f64(asked)
+        .ok()
+        .filter(|i| *i >= MIN_INTERVAL)?;
+    Some(asked.max(longest / MAX_TIMELINE_ROWS))
+}
+
 /// Tells the client of a throughput test how long it runs: what it asked for, at most
 /// `max_time`. Returns that time and, if it was cut, a note for the log line.
 async fn grant(
@@ -516,6 +528,25 @@ async fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fine interval over a long test is made coarser, so that the report still fits in
+    /// a message: `-t 3600 -i 0.01` (as --max-time allows) gave 360 000 rows, some 11 MB.
+    #[test]
+    fn a_timeline_never_has_more_rows_than_a_report_holds() {
+        let hour = Duration::from_secs(3600);
+        assert_eq!(timeline_interval(0.0, hour), None);
+        assert_eq!(timeline_interval(f64::NAN, hour), None);
+        assert_eq!(timeline_interval(0.001, hour), None, "below the finest");
+        let secs = Duration::from_secs;
+        assert_eq!(timeline_interval(1.0, hour), Some(secs(1)));
+        assert_eq!(timeline_interval(0.01, secs(20)), Some(MIN_INTERVAL));
+        let i = timeline_interval(0.01, hour).unwrap();
+        assert_eq!(i, hour / MAX_TIMELINE_ROWS);
+        // a row as the report writes it, at its widest for an hour's test
+        let row = serde_json::to_string(&(3_599.990_123_456_f64, 4_499_999_999_999_u64)).unwrap();
+        let rows = hour.as_nanos() / i.as_nanos();
+        assert!(rows as usize * (row.len() + 1) < 7 << 20, "{rows} rows");
+    }
 
     #[test]
     fn latency_clients_get_threads_up_to_the_bound_and_tasks_beyond() {
