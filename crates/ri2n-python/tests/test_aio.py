@@ -273,3 +273,57 @@ def test_a_cancelled_open_connection_lets_its_thread_go() -> None:
     finally:
         pool.shutdown(wait=False)
         silent.close()
+
+
+def test_writing_resumes_at_the_low_mark_not_only_when_empty() -> None:
+    """The protocol paused above the high mark is resumed once the buffer falls to the low
+    one, as asyncio's transports do; before, only once the connection had taken all of it
+    (``drain()`` waited longer). A stand-in connection takes what it is told to."""
+
+    class Conn:
+        room = 0
+
+        def __init__(self) -> None:
+            self.fds = os.pipe()
+
+        def read_fileno(self) -> int:
+            return self.fds[0]
+
+        def write_fileno(self) -> int:
+            return self.fds[0]
+
+        def try_recv(self, n: int) -> bytes:
+            raise BlockingIOError
+
+        def try_send(self, data: bytearray) -> int:
+            if self.room == 0:
+                raise BlockingIOError
+            taken = min(self.room, len(data))
+            self.room -= taken
+            return taken
+
+    class Protocol(asyncio.Protocol):
+        paused = resumed = 0
+
+        def pause_writing(self) -> None:
+            self.paused += 1
+
+        def resume_writing(self) -> None:
+            self.resumed += 1
+
+    loop = asyncio.new_event_loop()
+    conn, protocol = Conn(), Protocol()
+    try:
+        transport = ri2n.aio.Transport(loop, conn, protocol)  # type: ignore[arg-type]
+        transport.set_write_buffer_limits(high=100, low=50)
+        transport.write(b"x" * 200)
+        assert protocol.paused == 1 and transport.get_write_buffer_size() == 200
+        conn.room = 160
+        transport._write_ready()
+        assert transport.get_write_buffer_size() == 40, "the premise: some left"
+        assert protocol.resumed == 1
+    finally:
+        loop.remove_reader(conn.fds[0])
+        loop.close()
+        for fd in conn.fds:
+            os.close(fd)

@@ -177,6 +177,8 @@ class Transport(asyncio.Transport):
             try:
                 taken = self._conn.try_send(self._buffer)
             except BlockingIOError:
+                # what is left may already be below the low mark
+                self._maybe_resume_protocol()
                 return
             except Exception as exc:  # the connection ended
                 self._fatal_error(exc)
