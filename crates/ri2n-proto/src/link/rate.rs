@@ -60,7 +60,13 @@ impl DeliveryRate {
             return;
         }
         let elapsed = now.saturating_duration_since(start);
-        let least = if start_queued { QUEUE_SAMPLE } else { srtt };
+        // only an interval that a queue spans end to end is short: one that began with a queue
+        // and ends without is an ordinary sample, over a round trip like the others
+        let least = if start_queued && queued {
+            QUEUE_SAMPLE
+        } else {
+            srtt
+        };
         if elapsed < least {
             return;
         }
@@ -180,6 +186,27 @@ mod tests {
         deliver(&mut r, t, 4 * MS, RATE, 4 * MS, true, true);
         assert!(near(r.measured().unwrap(), RATE), "{:?}", r.measured());
         assert!(r.measured_busy());
+    }
+
+    /// An interval that began with a queue and ends without one is an ordinary sample, taken
+    /// over a round trip: before, it closed after 1 ms, and with queued and unqueued
+    /// acknowledgements taking turns the estimate came from 1 ms bursts of them.
+    #[test]
+    fn only_an_interval_a_queue_spans_is_short() {
+        let mut r = DeliveryRate::default();
+        let start = Instant::now();
+        let srtt = 20 * MS;
+        r.sample(start, srtt, false, true);
+        // a burst acknowledged without a queue, 1.5 ms on
+        r.on_delivered((10.0 * RATE * 0.0015) as u64);
+        r.sample(start + 3 * MS / 2, srtt, false, false);
+        assert_eq!(r.measured(), None, "no sample before a round trip");
+        // a queue to its end: a short interval, as before
+        let mut r = DeliveryRate::default();
+        r.sample(start, srtt, false, true);
+        r.on_delivered((RATE * 0.0015) as u64);
+        r.sample(start + 3 * MS / 2, srtt, false, true);
+        assert!(near(r.measured().unwrap(), RATE), "{:?}", r.measured());
     }
 
     #[test]
