@@ -364,7 +364,7 @@ pub struct Delivery {
     pub at: Duration,
     /// Epoch of the direction when the datagram was put on the wire.
     pub epoch: u32,
-    /// The (possibly corrupted) datagram.
+    /// The datagram as sent (a corrupted one never arrives: see `corrupt`).
     pub data: Vec<u8>,
 }
 

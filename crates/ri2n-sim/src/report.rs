@@ -60,18 +60,16 @@ impl LinkReport {
     /// this link in `dir`.
     pub fn first_stream_delivery(&self, dir: Dir, after: Duration) -> Option<Duration> {
         let tl = &self.stream_timeline[dir.index()];
-        let first = (after.as_nanos() / BUCKET.as_nanos()) as usize;
-        (first..tl.len())
-            .find(|&i| tl[i] > 0)
-            .map(|i| BUCKET * i as u32)
+        let (first, end) = bucket_range(after, Duration::MAX, tl.len());
+        (first..end).find(|&i| tl[i] > 0).map(|i| BUCKET * i as u32)
     }
 
-    /// Stream bytes delivered over this link in `dir` within `[from, to)`.
+    /// Stream bytes delivered over this link in `dir` in the 1 ms buckets starting in
+    /// `[from, to)`.
     pub fn stream_bytes_between(&self, dir: Dir, from: Duration, to: Duration) -> u64 {
         let tl = &self.stream_timeline[dir.index()];
-        let a = (from.as_nanos() / BUCKET.as_nanos()) as usize;
-        let b = ((to.as_nanos() / BUCKET.as_nanos()) as usize).min(tl.len());
-        tl.get(a..b).map_or(0, |s| s.iter().sum())
+        let (a, b) = bucket_range(from, to, tl.len());
+        tl[a..b].iter().sum()
     }
 }
 
@@ -367,6 +365,21 @@ mod tests {
         assert_eq!(r.delivered_before(Dir::AToB, ms(0)), 0);
         assert_eq!(r.delivered_before(Dir::AToB, ms(3)), 3000);
         assert_eq!(r.delivered_before(Dir::AToB, ms(100)), 6000);
+    }
+
+    /// A link's figures count the buckets starting at or after their start, as the
+    /// transfer's do: before, a start inside a bucket counted that bucket, so the first
+    /// delivery "at or after" 5.5 ms could be at 5 ms.
+    #[test]
+    fn a_links_figures_start_at_the_bucket_after_their_start() {
+        let mut l = LinkReport::default();
+        l.stream_timeline[0] = vec![0, 0, 0, 0, 0, 700, 300, 0];
+        let at = |us: u64| Duration::from_micros(us);
+        assert_eq!(l.first_stream_delivery(Dir::AToB, ms(5)), Some(ms(5)));
+        assert_eq!(l.first_stream_delivery(Dir::AToB, at(5500)), Some(ms(6)));
+        assert_eq!(l.first_stream_delivery(Dir::AToB, at(6001)), None);
+        assert_eq!(l.stream_bytes_between(Dir::AToB, ms(5), ms(7)), 1000);
+        assert_eq!(l.stream_bytes_between(Dir::AToB, at(5500), ms(100)), 300);
     }
 
     #[test]

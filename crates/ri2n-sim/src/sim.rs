@@ -135,6 +135,8 @@ struct Host {
     wake_gen: u64,
     /// Engine link index → network link, learnt from `stats()`.
     link_map: Vec<(LinkId, Option<usize>)>,
+    /// The most its streams may hold: a workload uses one stream each way (bytes or
+    /// messages), so the configured buffer and window of one stream.
     send_limit: u64,
     recv_limit: u64,
 }
@@ -164,8 +166,8 @@ impl Host {
             wake_at: None,
             wake_gen: 0,
             link_map: Vec::new(),
-            send_limit: cfg.send_buffer.saturating_mul(2),
-            recv_limit: cfg.stream_receive_window.saturating_mul(2),
+            send_limit: cfg.send_buffer,
+            recv_limit: cfg.stream_receive_window,
         }
     }
 
@@ -384,9 +386,11 @@ impl<'a> Sim<'a> {
         self.drive(HostId::B)
     }
 
-    /// After anything happened to host `h`: send what it has, let its application react to
-    /// events and data until nothing changes, sample its buffers and re-arm its timer.
+    /// After anything happened to host `h`: sample its buffers (what arrived, before the
+    /// application reads it), send what it has, let its application react to events and data
+    /// until nothing changes, sample its buffers again and re-arm its timer.
     fn drive(&mut self, h: HostId) -> Result<(), FailureKind> {
+        self.sample(h)?;
         self.flush(h)?;
         for _ in 0..DRIVE_ROUNDS {
             let events = self.poll_events(h)?;

@@ -76,17 +76,12 @@ fn assert_under_way(r: &Report, total: u64, t: Duration) {
     );
 }
 
-/// Earliest time at or after `from` from which goodput over the next `window` reaches
-/// `threshold` bits/s.
-fn goodput_back_at(
-    r: &Report,
-    from: Duration,
-    window: Duration,
-    threshold: f64,
-) -> Option<Duration> {
-    (0..5000u64)
-        .map(|i| from + ms(i))
-        .find(|&t| r.goodput_bps(t, t + window) >= threshold)
+/// The longest time within 300 ms after `from` in which the A → B application received
+/// nothing: what a fault costs it. (Goodput over a window is no measure of that: the bytes
+/// the healthy link brought meanwhile wait behind the hole the fault left and are read all at
+/// once when it is repaired, so a window that holds that release reads as full speed.)
+fn stall_after(r: &Report, from: Duration) -> Duration {
+    r.max_delivery_gap(Dir::AToB, from, from + ms(300))
 }
 
 /// When `host` first declared `link` degraded or down at or after `after`.
@@ -116,7 +111,7 @@ fn two_gigabit_links_reach_98_percent_of_payload_capacity() {
 }
 
 #[test]
-fn blackholed_link_fails_over_within_13ms() {
+fn blackholed_link_stalls_the_application_at_most_22ms() {
     let total = 250 << 20;
     let fault = ms(500);
     let sc = gigabit_links(2)
@@ -126,19 +121,19 @@ fn blackholed_link_fails_over_within_13ms() {
     assert_while_moving(&r, total, fault, Action::blackhole(1));
     let demoted = demoted_at(&r, HostId::A, 1, fault).expect("A demoted the blackholed link");
     let survivor = payload_capacity(GBIT);
-    let back = goodput_back_at(&r, fault, ms(10), 0.9 * survivor).expect("goodput came back");
-    let steady = (back + ms(50), back + ms(350));
+    let stall = stall_after(&r, fault);
+    let steady = (fault + ms(100), fault + ms(400));
     assert_under_way(&r, total, steady.1);
     let sustained = r.goodput_bps(steady.0, steady.1);
     println!(
-        "failover: link 1 demoted {:?} after the blackhole, goodput >= 90 % of the surviving \
-         link {:?} after it; then {:.2} % of it",
+        "failover: link 1 demoted {:?} after the blackhole; the application received nothing \
+         for {stall:?}; then {:.2} % of the surviving link",
         demoted - fault,
-        back - fault,
         100.0 * sustained / survivor
     );
-    // measured 9 ms (b3f1584)
-    assert!(back - fault <= ms(13), "failover took {:?}", back - fault);
+    // measured 15 ms (1281a19; 9 ms by a window of goodput, which counted the release of what
+    // waited behind the hole)
+    assert!(stall <= ms(22), "the application stalled {stall:?}");
     // measured 98.50 % (b3f1584): the shortfall may grow from 1.5 % to 2 %
     assert!(
         sustained >= 0.98 * survivor,
@@ -359,13 +354,9 @@ fn a_100ms_stall_of_the_only_link_does_not_take_it_down() {
     let again = r.links[0]
         .first_stream_delivery(Dir::AToB, end)
         .expect("the link carried data again");
-    let back =
-        goodput_back_at(&r, end, ms(10), 0.9 * payload_capacity(GBIT)).expect("goodput came back");
     println!(
-        "a 100 ms stall: no delivery for {gap:?}; the link carries data {:?} after it ends, \
-         goodput >= 90 % of the link {:?} after",
+        "a 100 ms stall: no delivery for {gap:?}; the link carries data {:?} after it ends",
         again - end,
-        back - end
     );
     assert!(
         gap >= ms(99),
@@ -377,8 +368,9 @@ fn a_100ms_stall_of_the_only_link_does_not_take_it_down() {
         .filter(|c| c.to == LinkState::Down)
         .collect();
     assert!(downs.is_empty(), "{downs:?}");
-    // measured 5 ms (b3f1584): no recovery, the link goes on where it stopped
-    assert!(back - end <= ms(7), "{:?}", back - end);
+    // no recovery, the link goes on where it stopped: measured 105 ms (1281a19), 5 ms beyond
+    // the stall; 1.5 times that fails
+    assert!(gap <= ms(108), "longest gap {gap:?}");
 }
 
 #[test]
@@ -696,23 +688,21 @@ fn failover_striping_keeps_one_link_active_and_the_other_hot() {
     let before = [0, 1].map(|l| r.links[l].stream_bytes_between(Dir::AToB, ms(100), fault));
     let after = r.links[1].stream_bytes_between(Dir::AToB, fault, r.end_time);
     let left = total - r.delivered_before(Dir::AToB, fault);
-    let back = goodput_back_at(&r, fault, ms(10), 0.9 * payload_capacity(GBIT))
-        .expect("goodput came back");
+    let stall = stall_after(&r, fault);
     println!(
         "failover striping: before the fault link 0 carried {} B, link 1 {} B; link 0 demoted \
-         {:?} after the fault, goodput >= 90 % of link 1 {:?} after; link 1 then carried \
-         {after} B of the {left} B left",
+         {:?} after the fault, the application received nothing for {stall:?}; link 1 then \
+         carried {after} B of the {left} B left",
         before[0],
         before[1],
         demoted - fault,
-        back - fault
     );
     // measured 0 B: the standby carries no data while the active link works (b3f1584)
     assert_eq!(before[1], 0, "the standby stayed idle");
     assert!(before[0] > 0, "the active link carried the data");
     assert!(after >= left, "the standby took over: {after} of {left} B");
-    // measured 77 ms (b3f1584): the standby takes over once the active link is declared down
-    assert!(back - fault <= ms(115), "failover took {:?}", back - fault);
+    // the standby takes over once the active link is declared down: measured 15 ms (1281a19)
+    assert!(stall <= ms(22), "the application stalled {stall:?}");
 }
 
 #[test]
@@ -766,18 +756,16 @@ fn path_mtu_discovery_uses_jumbo_frames_and_survives_a_black_hole() {
         .find(|&i| timeline[i] > 0 && timeline[i - 1] == 0)
         .map(|i| ms(i as u64) - shrink)
         .expect("link 1 carries data again");
-    let target = 0.9 * (capacity(jumbo) + capacity(MAX_DATAGRAM));
-    let back = goodput_back_at(&r, shrink + ms(1), ms(20), target).expect("goodput recovers");
-    assert_under_way(&r, total, back + ms(20));
+    let stall = stall_after(&r, shrink);
+    assert_under_way(&r, total, shrink + ms(300));
     let dropped = r.links[1].dir(Dir::AToB).dropped_too_big;
     println!(
-        "black hole on link 1: it carries data again {resumed:?} after its MTU shrank, goodput \
-         ≥ 90 % of both links' capacity {:?} after; {dropped} oversize datagrams dropped",
-        back - shrink,
+        "black hole on link 1: it carries data again {resumed:?} after its MTU shrank; the \
+         application received nothing for {stall:?}; {dropped} oversize datagrams dropped",
     );
-    // measured 5 ms, 2 ms and 52 datagrams (b3f1584)
+    // measured 5 ms and 52 datagrams (b3f1584), a stall of 5 ms (1281a19)
     assert!(resumed <= ms(7), "{resumed:?}");
-    assert!(back - shrink <= ms(3), "{:?}", back - shrink);
+    assert!(stall <= ms(7), "the application stalled {stall:?}");
     assert!(
         (1..=78).contains(&dropped),
         "{dropped} oversize datagrams dropped"
