@@ -1,8 +1,8 @@
 //! End-to-end fault tests: `ri2n send` and `ri2n recv` in two network namespaces joined by two
 //! 1 Gbit/s links, each through its own switch namespace (`lab/ri2n-lab`), with real faults
 //! injected mid-transfer: a pulled cable, a dead switch, a switch that trickles, random loss,
-//! every link down for 30 s, a receiver restart, a killed sender, a flood of garbage
-//! datagrams, and a dead switch on IPv6 links.
+//! an interface MTU lowered under a link, every link down for 30 s, a receiver restart, a
+//! killed sender, a flood of garbage datagrams, and a dead switch on IPv6 links.
 //!
 //! Every transfer must end with both tools exiting 0 and the received file equal (sha256) to
 //! the sent one. The figures (transfer times, per-link rates around the fault, when the
@@ -192,6 +192,23 @@ fn cable_pulled_then_plugged_back() {
         1,
         &["cable", "b"],
         &["cable", "b"],
+        Shows::Down,
+        ms(1500),
+        false,
+    );
+}
+
+#[test]
+fn an_mtu_lowered_under_a_link_takes_it_down_until_restored() {
+    // the sender's interface on the link takes 1280-byte frames from 1 s to 3 s: no
+    // full-size datagram leaves (EMSGSIZE), while acknowledgements and small packets would.
+    // Before, each refused send counted as a loss on a link still up, and the lost data went
+    // back to it.
+    fault_both_ways(
+        "mtu",
+        7,
+        &["mtu", "1280", "a"],
+        &["mtu", "1280", "b"],
         Shows::Down,
         ms(1500),
         false,

@@ -737,6 +737,26 @@ impl Endpoint {
         }
     }
 
+    /// The operating system refused to send datagrams of `size` bytes from `local` to
+    /// `remote` as larger than the interface takes (`EMSGSIZE`). A size above a link's base is
+    /// the path MTU search's to handle (the datagram counts as lost, PROTOCOL.md §6.8); at or
+    /// below it, no datagram of full size leaves over that pair at all (the interface's MTU
+    /// was lowered under a running link): the link is down until its padded probes get
+    /// through again.
+    pub fn handle_too_big(
+        &mut self,
+        now: Instant,
+        local: SocketAddr,
+        remote: SocketAddr,
+        size: usize,
+    ) {
+        for (&h, c) in self.connections.iter_mut() {
+            if c.has_remote(remote) && c.link_too_big(now, local, remote, size) {
+                self.attention.touch(h);
+            }
+        }
+    }
+
     /// The peer's host answered a datagram from `local` to `remote` with "port unreachable"
     /// (ICMP type 3 code 3, ICMPv6 type 1 code 4): nothing listens there. `quote` is what the
     /// ICMP message quotes of that datagram (the start of the UDP payload). ICMP is not

@@ -62,6 +62,10 @@ pub(crate) enum SendOutcome {
     /// The path is unusable (`ENETUNREACH`, `EHOSTUNREACH`, `EADDRNOTAVAIL`, `ENETDOWN`, …):
     /// the link is down.
     Unreachable,
+    /// The datagrams (of `size` bytes) are larger than the interface takes (`EMSGSIZE`): they
+    /// will never leave at that size, so the engine must hear of it (see
+    /// `ri2n_proto::Endpoint::handle_too_big`) rather than take them for lost.
+    TooBig { size: usize },
 }
 
 /// A bound UDP socket of one local address.
@@ -318,12 +322,16 @@ impl LinkSocket {
             return SendOutcome::Unreachable;
         }
         if self.impairment.is_impaired() {
-            // the impairment layer judges datagram by datagram
+            // the impairment layer judges datagram by datagram; the batch's outcome is its
+            // first failure, as for a batch sent one by one
             let seg = segment.unwrap_or(data.len()).max(1);
             let mut outcome = SendOutcome::Sent;
             for d in data.chunks(seg) {
                 if self.impairment.admit_send(d.len()) {
-                    outcome = self.send_raw(remote, d, None);
+                    let o = self.send_raw(remote, d, None);
+                    if outcome == SendOutcome::Sent {
+                        outcome = o;
+                    }
                 }
             }
             return outcome;
@@ -351,7 +359,7 @@ impl LinkSocket {
                 Ok(_) => return Some(SendOutcome::Sent),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    return Some(classify_send_error(&e))
+                    return Some(classify_send_error(&e, segment.into()))
                 }
                 Err(_) => return None,
             }
@@ -359,9 +367,10 @@ impl LinkSocket {
     }
 
     fn send_raw(&self, remote: SocketAddr, data: &[u8], segment: Option<usize>) -> SendOutcome {
+        let size = segment.unwrap_or(data.len());
         match self.send_once(remote, data, segment) {
             Ok(()) => SendOutcome::Sent,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => classify_send_error(&e),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => classify_send_error(&e, size),
             // An ICMP message about an earlier datagram (to any destination, and perhaps
             // forged: ICMP is not authenticated) leaves an error that fails the socket's next
             // send once, whatever it sends. Only a second failure is this send's own: a
@@ -388,7 +397,7 @@ impl LinkSocket {
                                 failed => failed,
                             })
                     }
-                    Err(e) => classify_send_error(&e),
+                    Err(e) => classify_send_error(&e, size),
                 }
             }
         }
@@ -783,7 +792,8 @@ impl RecvBatch {
     }
 }
 
-fn classify_send_error(e: &io::Error) -> SendOutcome {
+/// What a failed send of datagrams of `size` bytes means for the link.
+fn classify_send_error(e: &io::Error, size: usize) -> SendOutcome {
     const UNREACHABLE: [i32; 5] = [
         libc::ENETUNREACH,
         libc::EHOSTUNREACH,
@@ -793,6 +803,7 @@ fn classify_send_error(e: &io::Error) -> SendOutcome {
     ];
     match e.raw_os_error() {
         Some(code) if UNREACHABLE.contains(&code) => SendOutcome::Unreachable,
+        Some(libc::EMSGSIZE) => SendOutcome::TooBig { size },
         _ if e.kind() == io::ErrorKind::WouldBlock => SendOutcome::Congested,
         Some(libc::ENOBUFS) => SendOutcome::Congested,
         _ => {

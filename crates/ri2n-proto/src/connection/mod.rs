@@ -1546,6 +1546,33 @@ impl Connection {
         }
     }
 
+    /// The operating system refuses to send datagrams of `size` bytes from `local` to
+    /// `remote` (see [`crate::Endpoint::handle_too_big`]): a link there that cannot send even
+    /// its base size is down. Returns whether that changed a link.
+    pub(crate) fn link_too_big(
+        &mut self,
+        now: Instant,
+        local: SocketAddr,
+        remote: SocketAddr,
+        size: usize,
+    ) -> bool {
+        let Some(i) = self.links.iter().position(|l| {
+            l.local == local && l.remote == remote && l.is_up() && size <= l.pmtu.base()
+        }) else {
+            return false;
+        };
+        tracing::warn!(
+            link = i,
+            size,
+            %local,
+            %remote,
+            "the interface takes no datagram of the link's base size (its MTU was lowered?): \
+             link down"
+        );
+        self.set_link_state(i, now, LinkState::Down);
+        true
+    }
+
     /// The peer's host answered a datagram this connection sent on link `i` with "port
     /// unreachable" (the endpoint checked that the ICMP quotes it). ICMP is not
     /// authenticated, so this only raises the question: a handshake ends after

@@ -17,6 +17,29 @@ use crate::socket::{Received, SendOutcome};
 
 use super::{Shared, State};
 
+/// A batch the system refused to send for a reason the engine must hear of: its
+/// destination unreachable, or its datagrams too large for the interface.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Refused {
+    socket: usize,
+    dest: SocketAddr,
+    outcome: SendOutcome,
+}
+
+impl Refused {
+    fn of(socket: usize, dest: SocketAddr, outcome: SendOutcome) -> Option<Self> {
+        let tell = matches!(
+            outcome,
+            SendOutcome::Unreachable | SendOutcome::TooBig { .. }
+        );
+        tell.then_some(Self {
+            socket,
+            dest,
+            outcome,
+        })
+    }
+}
+
 impl Shared {
     /// Has the engine build every datagram it has ready, in place in the per-socket batches.
     /// The clock is read (`now` is `None`) only when the engine may have something to build:
@@ -103,11 +126,9 @@ impl Shared {
         for &i in &wake {
             self.lanes[i].wake();
         }
-        let mut unreachable: SmallVec<[(usize, SocketAddr); 2]> = SmallVec::new();
+        let mut refused: SmallVec<[Refused; 2]> = SmallVec::new();
         for (i, b) in &mut own {
-            if self.send_batch(*i, b) == SendOutcome::Unreachable {
-                unreachable.push((*i, b.dest));
-            }
+            refused.extend(Refused::of(*i, b.dest, self.send_batch(*i, b)));
             self.backlog.sent();
             #[cfg(test)]
             self.lanes[*i]
@@ -118,7 +139,7 @@ impl Shared {
             }
         }
         let mut st = self.lock();
-        self.handle_unreachable(&mut st, &unreachable);
+        self.handle_refused(&mut st, &refused);
         st.out.spare.extend(own.into_iter().map(|(_, mut b)| {
             b.len = 0;
             b
@@ -126,15 +147,20 @@ impl Shared {
         st
     }
 
-    /// Tells the engine of the sends that found their destination unreachable.
-    pub(super) fn handle_unreachable(&self, st: &mut State, unreachable: &[(usize, SocketAddr)]) {
-        if unreachable.is_empty() {
+    /// Tells the engine of the sends the system refused.
+    pub(super) fn handle_refused(&self, st: &mut State, refused: &[Refused]) {
+        if refused.is_empty() {
             return;
         }
         let now = Instant::now();
-        for &(i, dest) in unreachable {
-            st.endpoint
-                .handle_unreachable(now, self.sockets[i].local, dest);
+        for r in refused {
+            let local = self.sockets[r.socket].local;
+            match r.outcome {
+                SendOutcome::TooBig { size } => {
+                    st.endpoint.handle_too_big(now, local, r.dest, size)
+                }
+                _ => st.endpoint.handle_unreachable(now, local, r.dest),
+            }
         }
     }
 
@@ -155,7 +181,7 @@ impl Shared {
             return st;
         }
         st.out.sending = true;
-        let mut unreachable: Vec<(usize, SocketAddr)> = Vec::new();
+        let mut refused: Vec<Refused> = Vec::new();
         loop {
             let next_queue = std::mem::take(&mut st.out.taken_queue);
             let mut batches = std::mem::replace(&mut st.out.queue, next_queue);
@@ -166,9 +192,7 @@ impl Shared {
             drop(st);
             let mut sent_bytes = 0;
             for (i, b) in &mut batches {
-                if self.send_batch(*i, b) == SendOutcome::Unreachable {
-                    unreachable.push((*i, b.dest));
-                }
+                refused.extend(Refused::of(*i, b.dest, self.send_batch(*i, b)));
                 sent_bytes += b.len;
             }
             // Take in what arrived meanwhile before building more: while the application
@@ -197,8 +221,8 @@ impl Shared {
                 wakeups.notify();
                 st = self.lock();
             }
-            self.handle_unreachable(&mut st, &unreachable);
-            unreachable.clear();
+            self.handle_refused(&mut st, &refused);
+            refused.clear();
             // rare, and woken at once: the forwarding shard holds no lock of the other's
             self.router.wake(self.hand_over_refusals(&mut st, None));
             st.out.spare.extend(batches.drain(..).map(|(_, mut b)| {
@@ -223,20 +247,18 @@ pub(super) fn lane(shared: &Shared, i: usize) {
     let mut round = false;
     while lane.next(round, &mut next, &mut spent) {
         round = true;
-        let mut unreachable: SmallVec<[(usize, SocketAddr); 2]> = SmallVec::new();
+        let mut refused: SmallVec<[Refused; 2]> = SmallVec::new();
         for mut b in next.drain(..) {
-            if shared.send_batch(i, &mut b) == SendOutcome::Unreachable {
-                unreachable.push((i, b.dest));
-            }
+            refused.extend(Refused::of(i, b.dest, shared.send_batch(i, &mut b)));
             b.len = 0;
             spent.push(b);
             shared.backlog.sent();
             #[cfg(test)]
             lane.sent_by_thread.fetch_add(1, Ordering::Relaxed);
         }
-        if shared.backlog.take_throttled() || !unreachable.is_empty() {
+        if shared.backlog.take_throttled() || !refused.is_empty() {
             let mut st = shared.lock();
-            shared.handle_unreachable(&mut st, &unreachable);
+            shared.handle_refused(&mut st, &refused);
             drop(shared.after_app_call(st));
         }
     }
