@@ -313,7 +313,9 @@ impl TransmitBuffer for Outgoing {
     }
 
     fn wants_more(&self) -> bool {
-        self.queue.len() + self.backlog.unsent.load(Ordering::Acquire) < self.max_batches
+        // SeqCst, as the mark's store (`Backlog::throttle`): a builder that marks and then
+        // looks, and a lane that sends and then takes the mark, cannot both miss the other
+        self.queue.len() + self.backlog.unsent.load(Ordering::SeqCst) < self.max_batches
     }
 
     fn seals_later(&self) -> bool {
@@ -369,17 +371,17 @@ impl Backlog {
 
     /// One batch was sent.
     pub(crate) fn sent(&self) {
-        self.unsent.fetch_sub(1, Ordering::AcqRel);
+        self.unsent.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// The engine stopped building at [`Outgoing`]'s limit on batches.
     pub(crate) fn throttle(&self) {
-        self.throttled.store(true, Ordering::Release);
+        self.throttled.store(true, Ordering::SeqCst);
     }
 
     /// Whether the engine was stopped since the last call (and is to build again).
     pub(crate) fn take_throttled(&self) -> bool {
-        self.throttled.swap(false, Ordering::AcqRel)
+        self.throttled.swap(false, Ordering::SeqCst)
     }
 }
 

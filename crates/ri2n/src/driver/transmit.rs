@@ -51,9 +51,17 @@ impl Shared {
             // a socket may have stopped taking GSO batches since (see `LinkSocket::send_raw`)
             out.refresh_max_segments(&self.sockets);
             let now = now.unwrap_or_else(Instant::now);
-            while out.wants_more() && endpoint.poll_transmit_into(now, out) > 0 {}
-            if !out.wants_more() {
+            loop {
+                while out.wants_more() && endpoint.poll_transmit_into(now, out) > 0 {}
+                if out.wants_more() {
+                    break; // it built all it had
+                }
                 out.backlog.throttle();
+                // the lanes may have sent the backlog between the look and the mark, and found
+                // no mark to build more for: look again, and build on if they did
+                if !(out.wants_more() && out.backlog.take_throttled()) {
+                    break;
+                }
             }
         }
         out.close_all();
