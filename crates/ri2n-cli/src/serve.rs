@@ -139,8 +139,7 @@ async fn serve_client(mut conn: AsyncConnection, limits: Limits) -> Result<Strin
             "no test request within {} s: this is `ri2n serve`, a benchmark server",
             REQUEST_WAIT.as_secs()
         );
-        conn.get_ref().abort(2, &why);
-        return Err(Failure::usage(format!("{why}; the client was told")));
+        return Err(let_go(conn.get_ref(), why));
     };
     let Some(first) = first.map_err(lost)? else {
         // e.g. `ri2n send` pointed at a bench server: tell it its data went nowhere
@@ -261,15 +260,22 @@ async fn serve_client(mut conn: AsyncConnection, limits: Limits) -> Result<Strin
     Ok(line)
 }
 
-/// A client cut off for holding its test up: it is told why; the failure to log.
+/// Lets a client go that holds its test up: its connection is aborted with `why`, and the
+/// failure to log says so.
+fn let_go(conn: &Connection, why: String) -> Failure {
+    conn.abort(2, &why);
+    Failure::usage(format!("{why}; the client was told"))
+}
+
+/// [`let_go`] for a client that `what` for too long: at `at`, past its grant and the time its
+/// links may all be down.
 fn cut_off(conn: &AsyncConnection, what: &str, start: Instant, at: Instant) -> Failure {
     let why = format!(
         "the client {what} for too long ({:.1} s into the test: more than its grant and \
          the time its links may all be down)",
         at.duration_since(start).as_secs_f64()
     );
-    conn.get_ref().abort(2, &why);
-    Failure::usage(format!("{why}; the client was told"))
+    let_go(conn.get_ref(), why)
 }
 
 /// Ends the connection of a latency client echoed on a thread once it has been idle for
@@ -288,9 +294,7 @@ async fn cut_off_when_idle(conn: Arc<Connection>, idle: Duration) -> Failure {
         if now != last {
             (last, since) = (now, Instant::now());
         } else if since.elapsed() >= idle {
-            let why = idle_reason(idle);
-            conn.abort(2, &why);
-            return Failure::usage(format!("{why}; the client was told"));
+            return let_go(&conn, idle_reason(idle));
         }
     }
 }
@@ -344,11 +348,7 @@ fn echo_blocking(conn: &Connection) -> std::io::Result<u64> {
 /// is cut off (and told).
 async fn echo_async(conn: &mut AsyncConnection, idle: Duration) -> Result<u64, Failure> {
     let lost = |e: std::io::Error| Failure::lost(&e);
-    let cut_off = |conn: &AsyncConnection| {
-        let why = idle_reason(idle);
-        conn.get_ref().abort(2, &why);
-        Failure::usage(format!("{why}; the client was told"))
-    };
+    let cut_off = |conn: &AsyncConnection| let_go(conn.get_ref(), idle_reason(idle));
     let mut n = 0u64;
     loop {
         let Ok(m) = tokio::time::timeout(idle, conn.recv_message()).await else {
@@ -380,8 +380,7 @@ async fn finish(conn: &Connection, limit: Duration) -> Result<(), Failure> {
                 "the client did not acknowledge the end of the test within {} s",
                 limit.as_secs()
             );
-            conn.abort(2, &why);
-            return Err(Failure::usage(format!("{why}; the client was told")));
+            return Err(let_go(conn, why));
         }
         tokio::time::sleep(LOOK).await;
     }
@@ -428,8 +427,7 @@ async fn read_all(
                      the time its links may all be down",
                     deadline.duration_since(start).as_secs_f64()
                 );
-                conn.get_ref().abort(2, &why);
-                break Err(Failure::usage(format!("{why}; the client was told")));
+                break Err(let_go(conn.get_ref(), why));
             }
         };
     };
@@ -519,8 +517,7 @@ async fn report(
                 "the client took no room for the report within {} s",
                 limit.as_secs()
             );
-            conn.get_ref().abort(2, &why);
-            Err(Failure::usage(format!("{why}; the client was told")))
+            Err(let_go(conn.get_ref(), why))
         }
     }
 }

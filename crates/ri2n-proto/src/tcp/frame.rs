@@ -166,7 +166,6 @@ pub enum Record {
     },
 }
 
-/// A byte that must be 0 or 1.
 /// A receive window announced in a hello or its reply, if within what a config may set: a
 /// window of 0 would let nothing be sent and no message fit.
 fn announced_window(window: u64, what: &'static str) -> Result<u64, FrameError> {
@@ -177,6 +176,7 @@ fn announced_window(window: u64, what: &'static str) -> Result<u64, FrameError> 
     }
 }
 
+/// A byte that must be 0 or 1.
 fn flag(v: u8, what: &'static str) -> Result<bool, FrameError> {
     match v {
         0 => Ok(false),
