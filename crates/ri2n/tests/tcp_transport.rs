@@ -22,6 +22,17 @@ fn on_one_address(server: bool) -> Endpoint {
     Endpoint::bind(if server { config.server() } else { config }).unwrap()
 }
 
+/// A TCP-transport server on `local` that reads messages, with a receive window of `window`.
+fn message_server(local: &[&str], window: u64) -> Endpoint {
+    let connection = ConnectionConfig::default()
+        .with_accept_messages(true)
+        .with_stream_receive_window(window);
+    let config = EndpointConfig::new(addrs(local))
+        .with_transport(Transport::Tcp)
+        .with_server_connection(connection);
+    Endpoint::bind(config.server()).unwrap()
+}
+
 fn pair() -> (Endpoint, Endpoint) {
     keyed_pair(None, None)
 }
@@ -1042,17 +1053,7 @@ fn a_run_of_many_small_messages_arrives_whole() {
 #[test]
 fn unread_empty_messages_hold_the_sender_back() {
     let window = 64 << 10;
-    let server = Endpoint::bind(
-        EndpointConfig::new(addrs(&["127.0.0.1:0"]))
-            .with_transport(Transport::Tcp)
-            .with_server_connection(
-                ConnectionConfig::default()
-                    .with_accept_messages(true)
-                    .with_stream_receive_window(window),
-            )
-            .server(),
-    )
-    .unwrap();
+    let server = message_server(&["127.0.0.1:0"], window);
     let client = on_one_address(false);
     // a send buffer of 64 KiB too: what the window holds back shows in a few thousand
     let sending = ConnectionConfig::default().with_send_buffer(64 << 10);
@@ -1204,19 +1205,10 @@ fn a_client_that_scatters_bytes_ahead_of_a_hole_is_cut_off() {
 #[test]
 fn small_messages_read_after_the_whole_stream_arrived_are_all_read() {
     let window = 1 << 20;
-    let two = addrs(&["127.0.0.1:0", "127.0.0.2:0"]);
-    let server = Endpoint::bind(
-        EndpointConfig::new(two.clone())
-            .with_transport(Transport::Tcp)
-            .with_server_connection(
-                ConnectionConfig::default()
-                    .with_accept_messages(true)
-                    .with_stream_receive_window(window),
-            )
-            .server(),
-    )
-    .unwrap();
-    let client = Endpoint::bind(EndpointConfig::new(two).with_transport(Transport::Tcp)).unwrap();
+    let two = ["127.0.0.1:0", "127.0.0.2:0"];
+    let server = message_server(&two, window);
+    let client =
+        Endpoint::bind(EndpointConfig::new(addrs(&two)).with_transport(Transport::Tcp)).unwrap();
     let conn = client
         .connect(&server.local_addrs(), ConnectionConfig::default())
         .unwrap();
