@@ -43,15 +43,36 @@ fn f64_of(v: &serde_json::Value) -> f64 {
 /// `ri2n serve` on a free port of 127.0.0.1 with its log kept (see [`stop_serve`]); returns
 /// it and its address.
 fn logged_serve() -> (Proc, String) {
-    let to = format!("127.0.0.1:{}", free_port());
+    logged_serve_with(&[])
+}
+
+/// [`logged_serve`] with `extra` options; returns once it listens.
+fn logged_serve_with(extra: &[&str]) -> (Proc, String) {
+    let port = free_port();
+    let to = format!("127.0.0.1:{port}");
     let server = Proc::spawn(
         "ri2n serve",
         Command::new(bin())
             .args(["serve", "--listen", &to])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped()),
     );
+    wait_udp_bound(port, Duration::from_secs(10));
     (server, to)
+}
+
+/// A client made by hand, not `ri2n bench`, that connects to the server at `to` and sends
+/// `request` as its test request; the endpoint must outlive the connection.
+fn bench_request(to: &str, request: serde_json::Value) -> (ri2n::Endpoint, ri2n::Connection) {
+    let client = ri2n::Endpoint::client(&["127.0.0.1:0".parse().unwrap()]).unwrap();
+    let config = ri2n::ConnectionConfig::default()
+        .with_application("ri2n bench")
+        .with_accept_messages(true);
+    let conn = client.connect(&[to.parse().unwrap()], config).unwrap();
+    conn.send_message(&serde_json::to_vec(&request).unwrap())
+        .unwrap();
+    (client, conn)
 }
 
 /// SIGTERM to a [`logged_serve`]; its log.
@@ -580,24 +601,9 @@ fn a_client_interrupted_while_awaiting_the_report_says_so() {
 /// and `--max-time` capped only the clients that kept to it.
 #[test]
 fn a_client_that_writes_past_its_grant_is_cut_off() {
-    let to = format!("127.0.0.1:{}", free_port());
-    let server = Proc::spawn(
-        "ri2n serve",
-        Command::new(bin())
-            .args(["serve", "--listen", &to, "--max-time", "1"])
-            .args(["--all-links-down-timeout", "1"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped()),
-    );
-    std::thread::sleep(Duration::from_millis(300));
-    let client = ri2n::Endpoint::client(&["127.0.0.1:0".parse().unwrap()]).unwrap();
-    let config = ri2n::ConnectionConfig::default()
-        .with_application("ri2n bench")
-        .with_accept_messages(true);
-    let conn = client.connect(&[to.parse().unwrap()], config).unwrap();
+    let (server, to) = logged_serve_with(&["--max-time", "1", "--all-links-down-timeout", "1"]);
     let request = serde_json::json!({ "version": 2, "test": "throughput", "seconds": 30.0 });
-    conn.send_message(&serde_json::to_vec(&request).unwrap())
-        .unwrap();
+    let (_client, conn) = bench_request(&to, request);
     let grant: serde_json::Value =
         serde_json::from_slice(&conn.recv_message().unwrap().expect("a grant")).unwrap();
     assert_eq!(grant["seconds"], 1.0, "{grant}");
@@ -635,32 +641,9 @@ fn a_client_that_writes_past_its_grant_is_cut_off() {
 /// send buffer.
 #[test]
 fn a_reverse_client_that_stops_reading_is_cut_off() {
-    let to = format!("127.0.0.1:{}", free_port());
-    let server = Proc::spawn(
-        "ri2n serve",
-        Command::new(bin())
-            .args(["serve", "--listen", &to, "--all-links-down-timeout", "1"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped()),
-    );
-    wait_udp_bound(
-        to.rsplit(':').next().unwrap().parse().unwrap(),
-        Duration::from_secs(10),
-    );
-    let client = ri2n::Endpoint::bind(ri2n::EndpointConfig::new(vec!["127.0.0.1:0"
-        .parse()
-        .unwrap()]))
-    .unwrap();
-    let conn = client
-        .connect(
-            &[to.parse().unwrap()],
-            ri2n::ConnectionConfig::default()
-                .with_application("ri2n bench")
-                .with_accept_messages(true),
-        )
-        .unwrap();
-    conn.send_message(br#"{"version":2,"test":"reverse","seconds":1}"#)
-        .unwrap();
+    let (server, to) = logged_serve_with(&["--all-links-down-timeout", "1"]);
+    let request = serde_json::json!({ "version": 2, "test": "reverse", "seconds": 1 });
+    let (_client, conn) = bench_request(&to, request);
     let started = std::time::Instant::now();
     // its grant, then nothing read: the server fills our window and its send buffer
     let grant = conn
