@@ -1338,9 +1338,11 @@ fn expect_checked_result(job: &mut Proc, seconds: u64, what: &str) -> String {
 
 /// Waits until the MPI job's clock runs (it prints a progress line, with the time on its
 /// clock, at the end of the first iteration past its first second), then runs each of
-/// `events` at its time in seconds on that clock (at once if that time has passed).
+/// `events` at its time in seconds on that clock (at once if that time has passed). The wait
+/// is a guard against a job that never starts, not a measure: 32 hosts' daemons are launched
+/// one after another, and on a busy 2-CPU host that took more than a minute.
 fn at_job_times(job: &mut Proc, events: &[(u64, &dyn Fn())]) {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(180);
     let first = loop {
         if let Some(&(t, _)) = job_progress(&job.stdout_text()).first() {
             break t;
