@@ -5,6 +5,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use ri2n::{
@@ -686,14 +687,25 @@ fn strangers_that_say_no_hello_are_let_go_in_time() {
 fn connect_checks_its_configuration_as_on_udp() {
     let (server, client) = pair();
     let to = server.local_addrs();
-    let bad = ConnectionConfig::default().with_stream_receive_window(0);
+    for bad in [
+        ConnectionConfig::default().with_stream_receive_window(0),
+        ConnectionConfig::default().with_keepalive_interval(Duration::ZERO),
+    ] {
+        refused_on_both_transports(&client, &to, bad);
+    }
+    let unlimited = ConnectionConfig::default().with_handshake_timeout(Duration::MAX);
+    assert_serves_a_new_client(&server, unlimited);
+}
+
+/// A connect with configuration `bad` fails as invalid on both transports.
+fn refused_on_both_transports(client: &Endpoint, to: &[SocketAddr], bad: ConnectionConfig) {
     for (transport, result) in [
-        ("tcp", client.connect(&to, bad.clone()).map(drop)),
+        ("tcp", client.connect(to, bad.clone()).map(drop)),
         (
             "udp",
             Endpoint::client(&addrs(&["127.0.0.1:0"]))
                 .unwrap()
-                .connect(&to, bad.clone())
+                .connect(to, bad.clone())
                 .map(drop),
         ),
     ] {
@@ -705,8 +717,6 @@ fn connect_checks_its_configuration_as_on_udp() {
             "{transport}: {result:?}"
         );
     }
-    let unlimited = ConnectionConfig::default().with_handshake_timeout(Duration::MAX);
-    assert_serves_a_new_client(&server, unlimited);
 }
 
 /// A server endpoint of `transport` on 127.0.0.2 (a free port).
@@ -1254,4 +1264,80 @@ fn small_messages_read_after_the_whole_stream_arrived_are_all_read() {
     assert_eq!(answer, b"all read");
     assert_eq!(peer.close_reason(), None, "the receiver");
     assert_eq!(conn.close_reason(), None, "the sender");
+}
+
+/// What the library logged at warn level and above in this test binary so far (from its own
+/// threads too: the subscriber is the process's).
+fn warnings() -> String {
+    static LOG: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    let log = LOG.get_or_init(|| {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let sink = log.clone();
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || LogSink(sink.clone()))
+            .init();
+        log
+    });
+    String::from_utf8_lossy(&log.lock().unwrap()).into_owned()
+}
+
+struct LogSink(Arc<Mutex<Vec<u8>>>);
+
+impl Write for LogSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A client's further link reaches another server, one that holds a key where the
+/// connection has none: each dial of that link is turned away. The client says so once,
+/// naming why, instead of dialling again every probe interval without a word; the first
+/// link carries the data. Before, nothing was said.
+#[test]
+fn a_further_link_turned_away_is_warned_of_once() {
+    warnings();
+    let server = Endpoint::bind(
+        EndpointConfig::new(addrs(&["127.0.0.1:0"]))
+            .with_transport(Transport::Tcp)
+            .server(),
+    )
+    .unwrap();
+    let first = server.local_addrs()[0];
+    let second = SocketAddr::new("127.0.0.2".parse().unwrap(), first.port());
+    let _other = Endpoint::bind(
+        EndpointConfig::new(vec![second])
+            .with_transport(Transport::Tcp)
+            .with_key(Some(Key::generate().unwrap()))
+            .server(),
+    )
+    .unwrap();
+    let client = Endpoint::bind(
+        EndpointConfig::new(addrs(&["127.0.0.1:0", "127.0.0.2:0"])).with_transport(Transport::Tcp),
+    )
+    .unwrap();
+    let receiver = read_first_accepted(server);
+    let config = ConnectionConfig::default();
+    let conn = client.connect(&[first, second], config.clone()).unwrap();
+    // the premise: the connection has a second link, dialled many times meanwhile
+    std::thread::sleep(config.probe_interval * 15);
+    let links = conn.stats().links;
+    assert!(
+        links.len() == 2 && links[1].remote == second && links[1].state != LinkState::Up,
+        "{links:?}"
+    );
+    let said: Vec<String> = (warnings().lines())
+        .filter(|l| l.contains(&format!("remote={second}")))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        said.len() == 1 && said[0].contains("turned the link away") && said[0].contains("key"),
+        "{said:?}"
+    );
+    assert_delivered(&conn, receiver, "over the first link");
 }

@@ -131,6 +131,9 @@ pub(crate) struct Link {
     /// connection was closed or reset without a CLOSE (its process died), and new ones are
     /// refused. `None` while the link works or only fell silent (a network outage).
     pub refused_since: Option<Instant>,
+    /// Why the server last turned the link's hello away (another server at its address, or
+    /// this one full): warned of once per reason, not at each dial.
+    pub turned_away: Option<String>,
     pub next_dial: Instant,
     pub srtt: Duration,
     pub min_rtt: Duration,
@@ -175,6 +178,7 @@ impl Link {
             last_tx: now,
             dialing: false,
             refused_since: None,
+            turned_away: None,
             next_dial: now,
             srtt: Duration::ZERO,
             min_rtt: Duration::ZERO,

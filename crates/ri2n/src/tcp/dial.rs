@@ -20,6 +20,7 @@ use ri2n_proto::ConnectionError;
 use socket2::Socket;
 
 use super::conn::TcpConnection;
+use super::endpoint::refusal;
 use super::link::{attach, closed_by_peer, hello_exchange};
 use super::sys;
 
@@ -62,6 +63,9 @@ pub(super) fn dial(conn: &Arc<TcpConnection>, l: usize, local: SocketAddr, remot
     match res {
         Ok(x) if x.reply.status == HelloStatus::Accepted => {
             st.links[l].refused_since = None;
+            if st.links[l].turned_away.take().is_some() {
+                tracing::info!(link = l, %remote, "the server takes the link now");
+            }
             drop(st);
             let _ = attach(conn, l, x.stream, x.leftover, x.keys);
         }
@@ -78,7 +82,16 @@ pub(super) fn dial(conn: &Arc<TcpConnection>, l: usize, local: SocketAddr, remot
                 conn.wake();
             }
         }
-        Ok(_) => {}
+        Ok(x) => {
+            // the first link was taken, so this address answers for another server, or for
+            // this one now full: the link is tried again at the next probe interval
+            let why =
+                refusal(&x.reply, conn.settings.application.as_deref()).map(|e| e.to_string());
+            if why.is_some() && st.links[l].turned_away != why {
+                tracing::warn!(link = l, %remote, "the server turned the link away: {}", why.as_deref().unwrap_or_default());
+                st.links[l].turned_away = why;
+            }
+        }
         Err(e) => note_failure(&mut st.links[l], &e, started),
     }
 }

@@ -199,22 +199,8 @@ impl TcpEndpoint {
             turned_away = Some(error);
         };
         let (stream, reply, leftover, keys) = (x.stream, x.reply, x.leftover, x.keys);
-        let mismatch = |m| Err(Error::Connection(ConnectionError::KeyMismatch(m)));
-        match reply.status {
-            HelloStatus::Accepted => {}
-            HelloStatus::KeyRequired => return mismatch(KeyMismatch::KeyRequired),
-            HelloStatus::NoKey => return mismatch(KeyMismatch::NoKey),
-            HelloStatus::WrongKey => return mismatch(KeyMismatch::WrongKey),
-            HelloStatus::ServerFull => return Err(ConnectionError::ServerFull.into()),
-            HelloStatus::NotAccepting => return Err(ConnectionError::NotAccepting.into()),
-            HelloStatus::UnknownConnection => return Err(ConnectionError::Refused.into()),
-            HelloStatus::WrongApplication => {
-                return Err(ConnectionError::WrongApplication {
-                    ours: config.application.clone().unwrap_or_default(),
-                    theirs: reply.application.unwrap_or_default(),
-                }
-                .into())
-            }
+        if let Some(refused) = refusal(&reply, config.application.as_deref()) {
+            return Err(refused.into());
         }
         // the addresses given, then (unless discovery is off) those the server announced
         let mut candidates: Vec<SocketAddr> = (remotes.iter())
@@ -649,6 +635,24 @@ fn pair_links(
         }
     }
     pairs
+}
+
+/// Why a server did not take a hello, as the client's error; `None` when it did. `ours` is
+/// the application the client expects.
+pub(super) fn refusal(reply: &HelloReply, ours: Option<&str>) -> Option<ConnectionError> {
+    Some(match reply.status {
+        HelloStatus::Accepted => return None,
+        HelloStatus::KeyRequired => ConnectionError::KeyMismatch(KeyMismatch::KeyRequired),
+        HelloStatus::NoKey => ConnectionError::KeyMismatch(KeyMismatch::NoKey),
+        HelloStatus::WrongKey => ConnectionError::KeyMismatch(KeyMismatch::WrongKey),
+        HelloStatus::ServerFull => ConnectionError::ServerFull,
+        HelloStatus::NotAccepting => ConnectionError::NotAccepting,
+        HelloStatus::UnknownConnection => ConnectionError::Refused,
+        HelloStatus::WrongApplication => ConnectionError::WrongApplication {
+            ours: ours.unwrap_or_default().to_owned(),
+            theirs: reply.application.clone().unwrap_or_default(),
+        },
+    })
 }
 
 #[cfg(test)]
