@@ -257,9 +257,12 @@ impl ConnectionConfig {
         if self.stream_receive_window > MAX_WINDOW {
             return Err(InvalidConfig("stream_receive_window too large"));
         }
-        if self.probe_interval.is_zero() || self.share_check_interval.is_zero() {
+        if self.probe_interval.is_zero()
+            || self.share_check_interval.is_zero()
+            || self.keepalive_interval.is_zero()
+        {
             return Err(InvalidConfig(
-                "probe and share-check intervals must be positive",
+                "probe, share-check and keepalive intervals must be positive",
             ));
         }
         if self.recovery_probes == 0 || self.failure_ptos == 0 || self.ack_frequency == 0 {

@@ -274,11 +274,12 @@ impl SendStream {
 
     /// Whether no new data can go out because the peer's window or our send buffer is used
     /// up, and nothing lost waits to be sent again: both limits are held by the lowest
-    /// unacknowledged bytes.
+    /// unacknowledged bytes. Not while everything sent is acknowledged (a peer that reads
+    /// slowly holds the window): no byte is stuck then.
     fn head_blocks(&self) -> bool {
         let flow_blocked = self.next_new < self.written && self.next_new >= self.max_data;
         let buffer_full = self.next_new == self.written && self.room() == 0;
-        (flow_blocked || buffer_full) && self.retransmit.is_empty()
+        (flow_blocked || buffer_full) && self.retransmit.is_empty() && self.base < self.next_new
     }
 
     /// Opportunistic retransmission: when the head blocks the stream ([`Self::head_blocks`])
@@ -878,6 +879,38 @@ mod tests {
         // the unacknowledged parts of the head's bytes sent so far, nothing new
         assert_eq!(again, [(50, 20), (80, 20)]);
         assert!(!s.rescue_head(64, at(100), patience), "not twice");
+    }
+
+    /// A stream blocked by a peer that reads slowly, with everything sent acknowledged, has no
+    /// head in transit: none is watched, so the head that leaves once the window opens gets
+    /// its full patience and its one rescue. Before, the watch began with the stall: the
+    /// rescue came and went with nothing to send, and the head after it was never re-sent.
+    #[test]
+    fn a_stall_with_nothing_in_flight_is_not_watched() {
+        let patience = Duration::from_millis(5);
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut s = SendStream::new(1000, 100);
+        s.write(&[3u8; 300]);
+        while let Some(c) = s.next_chunk(10) {
+            s.on_ack(c);
+        }
+        assert_eq!(
+            s.acknowledged(),
+            100,
+            "the premise: all sent is acknowledged"
+        );
+        for ms in [0, 50, 100] {
+            assert!(!s.rescue_head(64, at(ms), patience));
+            assert_eq!(s.rescue_deadline(patience), None, "at {ms} ms");
+        }
+        // the window opens: the head that leaves now is watched from now on
+        s.max_data = 200;
+        let sent = std::iter::from_fn(|| s.next_chunk(10)).count();
+        assert_eq!(sent, 10);
+        assert!(!s.rescue_head(64, at(100), patience), "just seen");
+        assert_eq!(s.rescue_deadline(patience), Some(at(105)));
+        assert!(s.rescue_head(64, at(105), patience), "stuck: queued again");
     }
 
     #[test]

@@ -616,7 +616,13 @@ fn the_handshake_timeout_is_configurable() {
 #[test]
 fn an_idle_connection_sets_no_timers_but_its_keepalives() {
     // keepalives every 10 s: an idle connection should then have nothing to do for seconds
-    let config = ConnectionConfig::default().with_keepalive_interval(Duration::from_secs(10));
+    an_idle_connection_wakes_at_most_4_times_in_2_s(Duration::from_secs(10));
+    // none at all (an interval beyond the clock's range; it used to overflow an Instant)
+    an_idle_connection_wakes_at_most_4_times_in_2_s(Duration::MAX);
+}
+
+fn an_idle_connection_wakes_at_most_4_times_in_2_s(keepalive_interval: Duration) {
+    let config = ConnectionConfig::default().with_keepalive_interval(keepalive_interval);
     let mut tb = connected_pair_with(
         &[addr("10.0.0.1:5000"), addr("10.1.0.1:5000")],
         &[addr("10.0.0.2:6000"), addr("10.1.0.2:6000")],

@@ -1612,11 +1612,11 @@ impl Connection {
     /// keepalive was just sent, so this never turns into a PING exchange.
     fn answer_ping(&mut self, now: Instant, i: usize) {
         let link = &self.links[i];
-        let soon = now + self.cfg.keepalive_interval / 2;
+        let soon = now.checked_add(self.cfg.keepalive_interval / 2);
         if link.is_up()
             && link
                 .keepalive_deadline(&self.cfg)
-                .is_some_and(|d| d <= soon)
+                .is_some_and(|d| soon.is_none_or(|soon| d <= soon))
         {
             self.pings_owed |= 1 << i;
         }
@@ -2150,8 +2150,8 @@ impl Connection {
 
     /// How long a stream's head may stay put, blocking the stream, before opportunistic
     /// retransmission sends it again: the smallest probe timeout of the links that are up
-    /// (the quickest link would have answered by then). None with a single link, which has
-    /// no other to send it on.
+    /// (the quickest link would have answered by then). None with a single link; with more,
+    /// whatever their states (PROTOCOL.md §5.6), so also while one alone is up.
     pub(super) fn rescue_patience(&self) -> Option<Duration> {
         if self.links.len() < 2 {
             return None;

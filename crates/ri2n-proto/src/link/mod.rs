@@ -690,9 +690,10 @@ impl Link {
             // ever measure it (the peer's data and PINGs there only draw acknowledgements).
             return Some(last);
         }
-        let idle = last + cfg.keepalive_interval;
+        // an interval beyond the clock's range (`Duration::MAX`): no keepalives
+        let idle = last.checked_add(cfg.keepalive_interval);
         let silence = self.arrivals.silence_deadline(sent, || self.pto(cfg));
-        Some(silence.map_or(idle, |s| s.min(idle)))
+        silence.into_iter().chain(idle).min()
     }
 
     // --- receiving ---
