@@ -12,6 +12,10 @@
 //! through the interface by the queue on which its flow last came in (its automatic flow
 //! steering), so what a host receives for a flow is written to the queue of that flow
 //! ([`Queues::for_packet`]): each flow stays on one queue both ways, its packets in order.
+//! Until the kernel has such an entry for a flow (before its first packet is written, once
+//! the entry expired after a few seconds without one, or beyond the kernel's table size), it
+//! picks a queue by its own hash: the flow's first packets written can then move it to
+//! another queue while some still wait on the old one, and those may leave out of order.
 
 use std::ffi::c_int;
 use std::fs::{File, OpenOptions};

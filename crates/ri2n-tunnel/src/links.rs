@@ -44,12 +44,6 @@ impl Current {
         inner.1.as_ref().map(|_| inner.0)
     }
 
-    /// Whether the endpoint of `generation`, found closed, was closed for good (the daemon
-    /// stops), not to be made again.
-    pub fn closed_for_good(&self, generation: u64) -> bool {
-        self.get().is_some_and(|(g, _)| g == generation)
-    }
-
     /// Takes the endpoint in use out, to make it again.
     fn take(&self) -> Option<Endpoint> {
         self.inner

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::status::{prometheus, Status};
+use crate::status::{prometheus, Status, FAILED_ACCEPT_PAUSE};
 
 /// How long a client may take for the whole exchange: its request and our answer.
 const CLIENT_DEADLINE: Duration = Duration::from_secs(10);
@@ -63,11 +63,8 @@ fn accept_loop(listener: &TcpListener, latest: &Arc<Mutex<Status>>, deadline: Du
     loop {
         let stream = match listener.accept() {
             Ok((stream, _)) => stream,
-            // A client gone before it was taken, a signal, or no descriptor or memory left
-            // for a moment: a failed accept never ends the service. The pause keeps a lasting
-            // shortage from spinning; the clients waiting stay queued meanwhile.
             Err(_) => {
-                thread::sleep(Duration::from_millis(50));
+                thread::sleep(FAILED_ACCEPT_PAUSE);
                 continue;
             }
         };

@@ -162,9 +162,7 @@ impl Loop {
             }
             let now = Instant::now();
             if now >= next_housekeeping {
-                if !self.housekeeping() {
-                    return;
-                }
+                self.housekeeping();
                 next_housekeeping = now + HOUSEKEEPING;
             }
             self.start_due_connects(now);
@@ -250,25 +248,21 @@ impl Loop {
     }
 
     /// Follows the endpoint in use, logs refused handshakes, and drops the connections of
-    /// peers removed from the cluster file. False once the endpoint closed for good.
-    fn housekeeping(&mut self) -> bool {
+    /// peers removed from the cluster file.
+    fn housekeeping(&mut self) {
         self.follow_endpoint();
-        if let Some((generation, endpoint)) = &self.endpoint {
+        if let Some((_, endpoint)) = &self.endpoint {
             for r in endpoint.refused_handshakes() {
                 eprintln!("ri2n tunnel: {}", (self.describe_refusal)(&r));
             }
-            let generation = *generation;
-            if self.accept_all() && self.peers.endpoint.closed_for_good(generation) {
-                return false;
-            }
         }
+        self.accept_all();
         for k in 0..self.slots.len() {
             if self.slots[k].as_ref().is_some_and(|s| s.peer.is_removed()) {
                 self.end(k, "removed from the cluster file");
             }
         }
         self.retries.retain(|(_, p)| !p.is_removed());
-        true
     }
 
     /// Takes the endpoint in use, if it changed: its descriptor registered, the old one's
@@ -333,17 +327,14 @@ impl Loop {
         }
     }
 
-    /// Takes every connection waiting on the endpoint; true when it was found closed.
-    fn accept_all(&mut self) -> bool {
+    /// Takes every connection waiting on the endpoint.
+    fn accept_all(&mut self) {
         let Some((generation, endpoint)) = self.endpoint.clone() else {
-            return false;
+            return;
         };
-        loop {
-            match endpoint.try_accept() {
-                Ok(conn) => self.accepted(conn, generation),
-                Err(ri2n::Error::Io(e)) if e.kind() == ErrorKind::WouldBlock => return false,
-                Err(_) => return true,
-            }
+        // `try_accept` fails only when none is waiting
+        while let Ok(conn) = endpoint.try_accept() {
+            self.accepted(conn, generation);
         }
     }
 

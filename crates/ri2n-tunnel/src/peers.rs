@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use ri2n::Connection;
 use serde::{Deserialize, Serialize};
@@ -30,6 +30,10 @@ pub struct Peer {
     /// and those its ended connections dropped: with the current connection's own, the
     /// count the status shows, which does not start again at each reconnection.
     dropped: AtomicU64,
+    /// Connections a newer one replaced, still running until their end is found, with what
+    /// each had dropped when replaced (counted then): what they drop later counts at their
+    /// end.
+    replaced: Mutex<Vec<(Weak<Connection>, u64)>>,
     /// Packets from it with another host's source address were refused and logged: the
     /// log says so once.
     refusal_logged: AtomicBool,
@@ -54,6 +58,7 @@ impl Peer {
             sent: AtomicU64::new(0),
             received: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
+            replaced: Mutex::new(Vec::new()),
             refusal_logged: AtomicBool::new(false),
             write_failure_logged: AtomicBool::new(false),
             removed: AtomicBool::new(false),
@@ -128,7 +133,10 @@ impl Peer {
     pub fn set(&self, conn: Arc<Connection>) {
         let mut slot = self.conn.write().unwrap_or_else(|e| e.into_inner());
         if let Some(old) = slot.replace(conn) {
-            self.dropped_by(&old);
+            let so_far = self.dropped_by(&old);
+            let mut replaced = self.replaced.lock().unwrap_or_else(|e| e.into_inner());
+            replaced.retain(|(c, _)| c.strong_count() > 0);
+            replaced.push((Arc::downgrade(&old), so_far));
         }
     }
 
@@ -138,6 +146,17 @@ impl Peer {
         if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
             *slot = None;
             self.dropped_by(conn);
+            return;
+        }
+        let mut replaced = self.replaced.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = replaced
+            .iter()
+            .position(|(c, _)| c.as_ptr() == Arc::as_ptr(conn))
+        {
+            let (_, counted) = replaced.swap_remove(i);
+            let s = conn.stats();
+            let all = s.datagrams_send_dropped + s.datagrams_receive_dropped;
+            self.drop_packets(all.saturating_sub(counted));
         }
     }
 
@@ -184,10 +203,12 @@ impl Peer {
         self.dropped.load(Ordering::Relaxed) + now
     }
 
-    /// What `conn`, no longer its connection, dropped counts on as the peer's.
-    fn dropped_by(&self, conn: &Connection) {
+    /// What `conn`, no longer its connection, dropped counts on as the peer's; returns it.
+    fn dropped_by(&self, conn: &Connection) -> u64 {
         let s = conn.stats();
-        self.drop_packets(s.datagrams_send_dropped + s.datagrams_receive_dropped);
+        let n = s.datagrams_send_dropped + s.datagrams_receive_dropped;
+        self.drop_packets(n);
+        n
     }
 
     pub fn is_removed(&self) -> bool {
@@ -402,6 +423,52 @@ mod tests {
 
     const NODE3: &str = "\n[[host]]\nname = \"node3\"\naddress = \"10.99.0.3\"\n\
                          links = [\"10.0.1.3\", \"10.0.2.3\"]\n";
+
+    /// A connection a newer one replaced still runs until its end is found: the datagrams it
+    /// drops meanwhile count as the peer's at that end, so the count misses none.
+    #[test]
+    fn what_a_replaced_connection_drops_counts_at_its_end() {
+        use ri2n::{ConnectionConfig, Endpoint, EndpointConfig};
+        let local = vec!["127.0.0.1:0".parse().unwrap()];
+        let server = Endpoint::bind(EndpointConfig::new(local.clone()).server()).unwrap();
+        let client = Endpoint::bind(EndpointConfig::new(local)).unwrap();
+        // room for a few datagrams only, and nobody reads them
+        let config = ConnectionConfig::default().with_datagram_receive_buffer(4096);
+        let connect = || {
+            Arc::new(
+                client
+                    .connect(&server.local_addrs(), config.clone())
+                    .unwrap(),
+            )
+        };
+        let (old, new) = (connect(), connect());
+        let (old_far, _new_far) = (server.accept().unwrap(), server.accept().unwrap());
+        let peer = Peer::new(cluster("").hosts[0].clone(), false);
+        peer.set(old.clone());
+        peer.set(new);
+        for _ in 0..64 {
+            old_far.send_datagram(&[7; 1000]).unwrap();
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let dropped = loop {
+            let (s, far) = (old.stats(), old_far.stats());
+            // the premise: what the far side sent has arrived (the count takes in those
+            // dropped) or was dropped there unsent, and the arrivals overflowed
+            if s.datagrams_received + far.datagrams_send_dropped >= 64 {
+                break s.datagrams_receive_dropped;
+            }
+            assert!(std::time::Instant::now() < deadline, "{s:?}\n{far:?}");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        assert!(dropped > 0);
+        assert_eq!(
+            peer.sample().1,
+            0,
+            "nothing dropped before the old one ends"
+        );
+        peer.clear(&old);
+        assert_eq!(peer.sample().1, dropped);
+    }
 
     /// A newly accepted connection replaces a host's current one, so only one from a host
     /// listed before this one, on one of its link addresses and from the cluster's port

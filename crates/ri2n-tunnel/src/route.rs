@@ -17,9 +17,9 @@ pub(crate) const BATCH: usize = 64;
 pub(crate) const BATCH_BYTES: usize = 128 * 1024;
 
 /// Reads queue `queue` of the interface and sends each IPv4 packet to the host owning its
-/// destination. The packets waiting are read in a batch and handed to each peer's connection
-/// in one call, so the connection's lock is taken and its packets are sent once per batch,
-/// not per packet.
+/// destination. The packets waiting are read in a batch; carried as datagrams, they are
+/// handed to each peer's connection in one call, so the connection's lock is taken and its
+/// packets are sent once per batch, not per packet (carried as messages, one call each).
 /// A large TCP segment goes as one datagram, which the connection carries in pieces that
 /// fill its packets: inner TCP's headers then cost 52 bytes per 64 KB instead of per 1.4 KB,
 /// and the peer writes it to its interface as it came. (Carried as messages, a segment is

@@ -25,6 +25,12 @@ use std::sync::atomic::AtomicU64;
 
 use crate::peers::{Peers, Reload};
 
+/// How long a status or metrics listener waits after a failed accept: a client gone before
+/// it was taken, a signal, or no descriptor or memory left for a moment never ends the
+/// service, and the pause keeps a lasting shortage from spinning (the clients waiting stay
+/// queued meanwhile).
+pub(crate) const FAILED_ACCEPT_PAUSE: Duration = Duration::from_millis(50);
+
 /// Directory of the daemons' status sockets.
 const SOCKET_DIR: &str = "/run/ri2n";
 /// How often the daemon samples its connections (the rates are over this period).
@@ -295,7 +301,10 @@ pub fn serve_socket(path: &Path, latest: Arc<Mutex<Status>>, peers: Arc<Peers>) 
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
     thread::spawn(move || {
         for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
+            let Ok(mut stream) = stream else {
+                thread::sleep(FAILED_ACCEPT_PAUSE);
+                continue;
+            };
             // one thread serves every caller (the socket is open to every local user): one
             // that does not read must not hold the others off
             let _ = stream.set_write_timeout(Some(STATUS_WRITE_TIMEOUT));
