@@ -591,6 +591,66 @@ fn unanswered_handshake(timeout: Duration, until: Duration) -> (bool, Option<Con
     )
 }
 
+/// A server that restarts after its RETRY no longer takes the cookie it gave (its cookie key
+/// is new), and answers each INITIAL carrying it with a RETRY of its own. The client takes
+/// that new cookie once it has held its first for a second (a RETRY before then may answer
+/// an INITIAL sent before the first cookie came), and connects, keyed or not. Before, it
+/// ignored every RETRY after the first and waited out its handshake timeout.
+#[test]
+fn a_server_restarted_after_its_retry_is_connected_to_with_its_new_cookie() {
+    for key in [None, Some(ri2n_proto::Key::from_bytes([5; 32]))] {
+        let (client_addr, server_addr) = (addr("10.0.0.1:5000"), addr("10.0.0.2:6000"));
+        let config = |local| {
+            let mut cfg = EndpointConfig::new(vec![local]);
+            cfg.key = key.clone();
+            cfg
+        };
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut client = Endpoint::new(config(client_addr), 1, t0);
+        let mut server = Endpoint::new(config(server_addr).server(), 2, t0);
+        let h = client
+            .connect(t0, &[server_addr], Default::default())
+            .unwrap();
+        // hands everything one side sends at `now` to the other; returns the packet types
+        let pass = |from: &mut Endpoint, to: &mut Endpoint, now| -> Vec<u8> {
+            let sent = drain(from, now);
+            for (t, mut d) in sent.iter().cloned() {
+                to.handle_datagram(now, t.remote, t.local, &mut d);
+            }
+            sent.iter().map(|(_, d)| d[1]).collect()
+        };
+        pass(&mut client, &mut server, at(0));
+        assert_eq!(
+            pass(&mut server, &mut client, at(0)),
+            [wire::packet_type::RETRY]
+        );
+        // the server restarts: the client's INITIAL with the first cookie draws a new RETRY
+        server = Endpoint::new(config(server_addr).server(), 3, at(1));
+        pass(&mut client, &mut server, at(1));
+        assert_eq!(
+            pass(&mut server, &mut client, at(1)),
+            [wire::packet_type::RETRY]
+        );
+        // taken only after a second; the client then connects within the next few
+        let mut ms = 1;
+        while client.connection(h).unwrap().state() == ConnectionState::Connecting {
+            ms += 20;
+            assert!(
+                ms < 1500,
+                "not connected after {ms} ms (key {})",
+                key.is_some()
+            );
+            pass(&mut client, &mut server, at(ms));
+            pass(&mut server, &mut client, at(ms));
+        }
+        let conn = client.connection(h).unwrap();
+        assert_eq!(conn.state(), ConnectionState::Established);
+        assert!(ms > 1000, "a RETRY taken after {ms} ms");
+        assert_eq!(conn.stats().cipher.is_some(), key.is_some());
+    }
+}
+
 /// The handshake timeout is whatever the configuration says, also beyond the default 10 s
 /// (the command's `--connect-timeout` relies on it), and a timeout too large for the clock
 /// means "never" instead of a panic.

@@ -133,8 +133,12 @@ impl ConnectionStats {
 /// Byte stream and message stream numbers.
 const BYTE_STREAM: usize = 0;
 const MESSAGE_STREAM: usize = 1;
-/// First INITIAL retransmission delay (doubles up to one second).
+/// First INITIAL retransmission delay (then every `probe_interval`, PROTOCOL.md §4.1).
 const INITIAL_RETRY: Duration = Duration::from_millis(200);
+/// How long a client holds a cookie before a RETRY with another may replace it: longer than
+/// the round trip of any path it is meant for, so that the RETRYs answering the INITIALs sent
+/// before the first cookie came have all arrived.
+const TOKEN_RENEWAL: Duration = Duration::from_secs(1);
 /// CLOSE code of a connection that ended cleanly: "everything you sent arrived".
 pub(crate) const CLOSE_DONE: u64 = 0;
 /// CLOSE code of an error other than an application abort.
@@ -1264,11 +1268,17 @@ impl Connection {
     /// RETRY from `remote`: send the INITIAL again with the cookie, and now the hello: with
     /// a key, the first Noise message, bound to the cookie (so it is worth nothing under
     /// another). The cookie is bound to the address pair it answered, which becomes link 0's.
+    ///
+    /// A RETRY with another cookie, from link 0's server address, replaces the one held once
+    /// that was held for [`TOKEN_RENEWAL`] (or twice as long as the handshake had taken when
+    /// it came, if longer): the server no longer takes it (it restarted, or the cookie expired
+    /// while the path was down). Before, it may answer an INITIAL sent before the cookie came.
     pub(crate) fn handle_retry(&mut self, now: Instant, remote: SocketAddr, token: &[u8]) {
         if let HandshakeStage::Client {
             paths,
             token: t,
             next_initial,
+            started,
             first_sent,
             hello,
             params,
@@ -1277,7 +1287,14 @@ impl Connection {
             ..
         } = &mut self.handshake.stage
         {
-            if t.is_empty() && !token.is_empty() && token.len() <= 64 {
+            // counted from the first INITIAL that carried it
+            let held_long_enough = first_sent.filter(|_| !t.is_empty()).is_some_and(|since| {
+                let took = since.saturating_duration_since(*started);
+                now >= since + TOKEN_RENEWAL.max(took * 2)
+            });
+            let renewal =
+                held_long_enough && t.as_slice() != token && remote == self.links[0].remote;
+            if (t.is_empty() || renewal) && !token.is_empty() && token.len() <= 64 {
                 let Some(path) = paths.iter().find(|p| p.remote == remote && !p.refused()) else {
                     return;
                 };
@@ -1286,6 +1303,9 @@ impl Connection {
                         Link::open(&self.cfg, &self.local_mtus, LinkId(0), path.local, remote);
                     link.probing.next = None;
                     self.links[0] = link;
+                }
+                if renewal {
+                    tracing::debug!("the server no longer takes our cookie: a new one");
                 }
                 *t = token.to_vec();
                 *next_initial = now;
