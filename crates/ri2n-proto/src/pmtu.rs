@@ -147,14 +147,12 @@ impl PathMtu {
         }
     }
 
-    /// A data packet of `size` bytes was acknowledged; returns whether it was a large one
-    /// (above the base size), which ends a run of large losses.
-    pub fn on_packet_acked(&mut self, size: usize) -> bool {
-        let large = size > self.base;
-        if large {
+    /// A data packet of `size` bytes was acknowledged: one of the current size ends a run of
+    /// large losses (a smaller one says nothing of whether packets of the current size pass).
+    pub fn on_packet_acked(&mut self, size: usize) {
+        if size >= self.current {
             self.large_losses = 0;
         }
-        large
     }
 
     /// A data packet of `size` bytes was lost. Returns true when that made the link fall
@@ -222,6 +220,14 @@ mod tests {
     fn black_hole_falls_back_to_base_and_searches_again() {
         let now = Instant::now();
         let mut m = PathMtu::new(1472, 8972);
+        m.probe_due(now);
+        m.on_probe_sent();
+        m.on_probe_acked(8972, now);
+        for i in 1..BLACK_HOLE_LOSSES {
+            assert!(!m.on_packet_lost(8972), "loss {i}");
+        }
+        m.on_packet_acked(4000); // a smaller one says nothing of the current size
+        assert!(m.on_packet_lost(8972), "the 8th loss in a row");
         m.probe_due(now);
         m.on_probe_sent();
         m.on_probe_acked(8972, now);

@@ -592,3 +592,62 @@ fn an_accept_forged_before_the_retry_is_dropped() {
     assert_eq!(conn.state(), ConnectionState::Established);
     assert!(conn.stats().cipher.is_some(), "a keyed connection unsealed");
 }
+
+/// An attacker on the path replays the first packet of a link the client opens from an
+/// address of its own, ahead of the original: the server's new link is bound to that address
+/// at first, and moves to the client's as soon as the client's next, newer packet on it
+/// arrives (a link no answer validated yet may move). Both ends' links come up. Before, the
+/// link stayed bound to the attacker for good, every real packet on it was dropped, and it
+/// never came up.
+#[test]
+fn a_replay_that_opens_a_link_from_elsewhere_does_not_keep_it() {
+    let t0 = Instant::now();
+    let (c, s) = (
+        [addr("10.0.0.1:5000"), addr("10.1.0.1:5000")],
+        [addr("10.0.0.2:6000"), addr("10.1.0.2:6000")],
+    );
+    let attacker = addr("10.9.9.9:4444");
+    let keyed = |locals: &[SocketAddr]| {
+        let mut cfg = EndpointConfig::new(locals.to_vec());
+        cfg.key = Some(key());
+        cfg
+    };
+    let mut client = Endpoint::new(keyed(&c), 11, t0);
+    let mut server = Endpoint::new(keyed(&s).server(), 12, t0);
+    let ch = client.connect(t0, &[s[0]], Default::default()).unwrap();
+    let mut replayed = false;
+    for step in 0..400 {
+        let now = t0 + Duration::from_millis(5 * step);
+        client.handle_timeout(now);
+        server.handle_timeout(now);
+        for (t, mut d) in drain(&mut client, now) {
+            if t.local == c[1] && !replayed && packet_type_of(&d) == packet_type::SHORT {
+                let mut copy = d.clone();
+                server.handle_datagram(now, t.remote, attacker, &mut copy);
+                replayed = true;
+            }
+            server.handle_datagram(now, t.remote, t.local, &mut d);
+        }
+        for (t, mut d) in drain(&mut server, now) {
+            if t.remote != attacker {
+                client.handle_datagram(now, t.remote, t.local, &mut d);
+            }
+        }
+    }
+    assert!(replayed, "the premise: the client opened link 1");
+    let links = |e: &Endpoint, h| {
+        let stats = e.connection(h).unwrap().stats();
+        (stats.links.iter())
+            .map(|l| (l.remote, l.state))
+            .collect::<Vec<_>>()
+    };
+    let sh = server.accept().expect("accepted");
+    assert_eq!(
+        links(&client, ch),
+        [(s[0], LinkState::Up), (s[1], LinkState::Up)]
+    );
+    assert_eq!(
+        links(&server, sh),
+        [(c[0], LinkState::Up), (c[1], LinkState::Up)]
+    );
+}

@@ -1888,7 +1888,19 @@ impl Connection {
             }
         };
         if self.links[i].local != local || self.links[i].remote != remote {
-            return Err(DropReason::UnknownLink); // links do not migrate
+            // Links do not migrate, except one the peer opened that no answer validated yet:
+            // it may have been opened by someone who replayed the peer's first packet on it
+            // from elsewhere, ahead of the original. This packet is newer than any the link
+            // had (with a key it authenticated: it is the peer's own), so the link moves to
+            // where it came from.
+            let link = &self.links[i];
+            let unvalidated = link.peer_opened && link.state == LinkState::Validating;
+            let taken = (self.links.iter()).any(|l| l.local == local && l.remote == remote);
+            if !unvalidated || taken || !link.ack.is_new(pn) {
+                return Err(DropReason::UnknownLink);
+            }
+            tracing::debug!(link = %link_id, from = %link.remote, to = %remote, "unvalidated link moved");
+            self.links[i].rebind(now, &self.cfg, &self.local_mtus, local, remote);
         }
         // Before the packet counts as received (and is acknowledged), one look at its frames:
         // stream data that would spread the reassembly bookkeeping past its bound waits for

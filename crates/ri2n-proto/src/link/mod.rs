@@ -270,6 +270,25 @@ impl Link {
         }
     }
 
+    /// Moves a link the peer opened, and no answer has validated yet, to another address
+    /// pair (see `Connection::handle_short`): what it measured of the old path goes, and it
+    /// probes the new one at once; its packet numbers and what it received stay (numbers
+    /// are never reused, and packets seen before stay duplicates).
+    pub fn rebind(
+        &mut self,
+        now: Instant,
+        cfg: &ConnectionConfig,
+        local_mtus: &[(SocketAddr, usize)],
+        local: SocketAddr,
+        remote: SocketAddr,
+    ) {
+        let fresh = Link::open(cfg, local_mtus, self.id, local, remote);
+        (self.local, self.remote, self.pmtu) = (local, remote, fresh.pmtu);
+        self.mss_changed();
+        (self.rtt, self.arrivals, self.port_unreachable) = (fresh.rtt, fresh.arrivals, 0);
+        self.probing.next = Some(now);
+    }
+
     /// Path MTU discovery may have changed the datagram size: the congestion controller
     /// counts in full packets of the new size from now on.
     fn mss_changed(&mut self) {
@@ -353,7 +372,7 @@ impl Link {
         let Some(acked) = self.recovery.on_ack(now, ranges, largest, out) else {
             return;
         };
-        let mut large_acked = false;
+        let mut largest_acked = 0;
         for pkt in &out.acked[acked_from..] {
             let size = u64::from(pkt.size);
             if pkt.in_flight {
@@ -371,7 +390,8 @@ impl Link {
                 self.pmtu.on_probe_acked(usize::from(pkt.size), now);
                 self.mss_changed();
             } else if pkt.in_flight {
-                large_acked |= self.pmtu.on_packet_acked(usize::from(pkt.size));
+                self.pmtu.on_packet_acked(usize::from(pkt.size));
+                largest_acked = largest_acked.max(usize::from(pkt.size));
             }
             self.counters.stream_bytes_acked += stream_bytes(&pkt.frames);
         }
@@ -424,7 +444,7 @@ impl Link {
             && acked.in_flight_before >= QUEUE_BYTES;
         self.rate
             .sample(now, self.rtt.srtt.max(GRANULARITY), app_limited, queued);
-        self.detect_lost(now, out, large_acked);
+        self.detect_lost(now, out, largest_acked);
     }
 
     /// Delivery rate in bytes per second: measured while the link used its window, else what
@@ -481,11 +501,11 @@ impl Link {
         base / 2.0 + queued.min(3600.0)
     }
 
-    /// Loss detection; applies each loss to the window, the path MTU and the counters. Losses
-    /// that an acknowledgement of large packets reveals (`large_acked`) say nothing of the
-    /// path MTU: large packets get through, and a burst of them lost is congestion (a slow
-    /// start overshooting a queue), not a black hole.
-    fn detect_lost(&mut self, now: Instant, out: &mut AckOutcome, large_acked: bool) {
+    /// Loss detection; applies each loss to the window, the path MTU and the counters. A loss
+    /// that an acknowledgement of a packet at least as large reveals (`largest_acked`, in
+    /// bytes) says nothing of the path MTU: packets of its size get through, and a burst of
+    /// them lost is congestion (a slow start overshooting a queue), not a black hole.
+    fn detect_lost(&mut self, now: Instant, out: &mut AckOutcome, largest_acked: usize) {
         let from = out.lost.len();
         self.recovery.detect_lost(now, &self.rtt, out);
         if out.lost.len() > from {
@@ -505,7 +525,8 @@ impl Link {
             self.counters.packets_lost += 1;
             if pkt.in_flight {
                 self.cc.on_loss(pkt.time, now);
-                if !large_acked && self.pmtu.on_packet_lost(usize::from(pkt.size)) {
+                let size = usize::from(pkt.size);
+                if size > largest_acked && self.pmtu.on_packet_lost(size) {
                     self.mss_changed();
                 }
             }
@@ -565,7 +586,7 @@ impl Link {
     /// Runs the loss timer. Lost packets are appended to `out`.
     pub fn on_loss_timer(&mut self, now: Instant, out: &mut AckOutcome) {
         if self.loss_deadline().is_some_and(|t| t <= now) {
-            self.detect_lost(now, out, false);
+            self.detect_lost(now, out, 0);
         }
     }
 
@@ -992,10 +1013,11 @@ mod tests {
             let large: Vec<u64> = (0..20)
                 .map(|_| link.on_sent(t0, 16_384, data_packet(t0, 16_384)))
                 .collect();
-            // the acknowledgement: the last 11 large ones, or 3 small ones sent after them
+            // the acknowledgement: the last 11 large ones, or 3 smaller ones sent after them
+            // (mid-size: larger than the base, yet no proof that the current size passes)
             let acked = if black_hole {
                 let small: Vec<u64> = (0..3)
-                    .map(|_| link.on_sent(t0, 1000, data_packet(t0, 1000)))
+                    .map(|_| link.on_sent(t0, 4000, data_packet(t0, 4000)))
                     .collect();
                 (small[0], small[2])
             } else {
