@@ -30,7 +30,8 @@ Exit codes:
      route, authentication failed: the peer holds another key, or one side has none)
   4  connection lost (peer gone, restarted or aborted, all links down past
      --all-links-down-timeout); send also when the receiver did not acknowledge every byte
-     or could not write it out
+     or could not write it out; bench --latency also when a round trip got no echo within
+     10 s
   5  cannot bind a local address (address in use, address not on this host)
   130, 143  interrupted by SIGINT, SIGTERM (send, recv and bench abort their connections
      first, serve every client's: the peer is told and reports it)

@@ -124,7 +124,8 @@ Runs in the foreground until SIGINT or SIGTERM, which close the connections and 
 interface. SIGHUP reads the cluster file again: hosts added, removed or changed are taken up,
 the connections to the others stay (`ri2n tunnel reload` sends it and reports what changed).
 A link address this host lacks at start is looked for every second and taken up once there.
-Needs root (or CAP_NET_ADMIN) and /dev/net/tun.
+Needs root (or CAP_NET_ADMIN and a writable /run/ri2n, for the status socket) and
+/dev/net/tun.
 
 `ri2n tunnel status` asks the daemon of this host (over /run/ri2n/tunnel-HOST.sock) for
 every peer and link: state, round trip, rate and loss over the last second.
@@ -266,8 +267,8 @@ pub struct TunnelArgs {
     #[arg(long, value_name = "HOST")]
     pub name: Option<String>,
 
-    /// Check the cluster file and its key, say which host this is, and exit (no root
-    /// needed).
+    /// Check the cluster file and its key, say which host this is, and exit (needs no
+    /// privilege, only read access to both files: the key is its owner's alone).
     #[arg(long)]
     pub check: bool,
 
@@ -578,7 +579,7 @@ pub struct BenchArgs {
     pub bitrate: Option<u64>,
 
     /// Latency test instead of throughput: ping-pong of whole messages, median and p99 of the
-    /// round-trip time.
+    /// round-trip time. A round trip with no echo within 10 s ends the test (exit 4).
     #[arg(long)]
     pub latency: bool,
 

@@ -353,8 +353,10 @@ impl PyConnection {
         whole(py, py.detach(|| conn.try_recv_message()))
     }
 
-    /// Sends ``data`` as one unreliable datagram: it arrives whole or not at all, is sent
-    /// once and never repaired, and may overtake others. Never blocks (datagrams wait in a
+    /// Sends ``data`` as one unreliable datagram: it arrives whole or not at all, at most
+    /// once, in sending order (after a short wait for a missing one; a late one is still
+    /// delivered); it is sent once, never repaired after a loss (only one a failing link held
+    /// is sent once more on another). Never blocks (datagrams wait in a
     /// bounded queue, the oldest dropped when it is full). At most ``max_datagram_size()``
     /// bytes (``ValueError`` beyond).
     fn send_datagram(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {

@@ -156,8 +156,10 @@ impl Connection {
     }
 
     /// Sends `data` as one unreliable datagram: the peer receives it whole with
-    /// [`recv_datagram`](Self::recv_datagram), or not at all; it is sent once, never
-    /// repaired, and may overtake or be overtaken by others. Never blocks: datagrams wait in
+    /// [`recv_datagram`](Self::recv_datagram), or not at all, at most once, in sending order
+    /// (the receiver waits briefly for a missing one, and still delivers one that comes
+    /// later, PROTOCOL.md §5.9); it is sent once, never repaired after a loss (only one a
+    /// failing link held is sent once more on another). Never blocks: datagrams wait in
     /// a bounded queue (the oldest is dropped when it is full, and one that waited too long
     /// while others were sent is dropped unsent; while none can be sent they wait). A
     /// datagram larger than [`max_datagram_size`](Self::max_datagram_size) fails with an

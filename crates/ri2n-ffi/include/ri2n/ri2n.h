@@ -204,7 +204,9 @@ ssize_t ri2n_try_recv_message(struct ri2n_conn *c, void *buf, size_t len);
 ssize_t ri2n_max_message_size(const struct ri2n_conn *c);
 
 // Sends `len` bytes as one unreliable datagram: the peer receives it whole or not at all,
-// possibly out of order; it is never re-sent. Never blocks (datagrams wait in a bounded
+// at most once, in sending order (after a short wait for a missing one; a late one is still
+// delivered); it is sent once, never repaired after a loss (only one a failing link held is
+// sent once more on another). Never blocks (datagrams wait in a bounded
 // queue, the oldest dropped when it is full). Returns `len`; `-EMSGSIZE` above
 // [`ri2n_max_datagram_size`].
 //

@@ -1,9 +1,11 @@
-"""ri2n: one reliable connection striped over several network links, over plain UDP.
+"""ri2n: one reliable connection striped over several network links, over UDP (or TCP:
+``transport="tcp"`` on both ends).
 
-An ``Endpoint`` binds one UDP socket per local address; each (local, remote) address pair a
-connection uses is a link. Data is striped over every healthy link, a failed or degraded
-link is detected within milliseconds and its data re-sent on the others, and a connection
-survives every link being down: reads and writes just wait until a link works again::
+An ``Endpoint`` binds one UDP socket (with the TCP transport, one listening TCP socket) per
+local address; each (local, remote) address pair a connection uses is a link. Data is
+striped over every healthy link, a failed or degraded link is detected within milliseconds
+and its data re-sent on the others, and a connection survives every link being down: reads
+and writes just wait until a link works again::
 
     import ri2n
     key = ri2n.Key.from_file("/etc/ri2n/cluster.key")     # the same on every host

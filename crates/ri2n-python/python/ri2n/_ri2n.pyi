@@ -101,7 +101,8 @@ class Key:
     __hash__: ClassVar[None]  # type: ignore[assignment]
 
 class Endpoint:
-    """A host's ri2n endpoint: one UDP socket (one link) per local address."""
+    """A host's ri2n endpoint: one UDP socket (with ``transport="tcp"``, one TCP socket)
+    per local address; each address pair a connection uses is a link."""
 
     @staticmethod
     def server(
