@@ -30,6 +30,9 @@ pub(crate) const QUOTE_LEN: usize = 24;
 /// Refusals a socket keeps for the engine between two hand-overs: a flood of ICMP errors
 /// cannot grow memory.
 const MAX_REFUSALS: usize = 256;
+/// Times a failed send is tried again after reading ICMP errors that were queued after it
+/// (one read of the queue takes at most 256).
+const SEND_TRIES: usize = 4;
 
 /// An ICMP "port unreachable" about a datagram this socket sent.
 #[derive(Debug, Clone, Copy)]
@@ -358,7 +361,11 @@ impl LinkSocket {
             match sendmsg_gso(self.io.as_raw_fd(), remote, parts, segment) {
                 Ok(_) => return Some(SendOutcome::Sent),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // a full buffer or interface queue: lost, as a copy would be
+                Err(e)
+                    if e.kind() == io::ErrorKind::WouldBlock
+                        || e.raw_os_error() == Some(libc::ENOBUFS) =>
+                {
                     return Some(classify_send_error(&e, segment.into()))
                 }
                 Err(_) => return None,
@@ -373,33 +380,55 @@ impl LinkSocket {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => classify_send_error(&e, size),
             // An ICMP message about an earlier datagram (to any destination, and perhaps
             // forged: ICMP is not authenticated) leaves an error that fails the socket's next
-            // send once, whatever it sends. Only a second failure is this send's own: a
-            // forged "host unreachable" must not take a link down. (The queue is read first,
-            // for its "port unreachable" reports; another thread may have read it already.)
-            Err(_) => {
-                self.take_errors();
-                match self.send_once(remote, data, segment) {
-                    Ok(()) => SendOutcome::Sent,
-                    // The kernel would not segment the batch (`EIO`, `EINVAL`: a device or
-                    // path without the offload), and quinn-udp halted GSO on the socket: the
-                    // datagrams leave one by one, and the next batches are single datagrams
-                    // (`max_segments`).
-                    Err(_)
-                        if segment.is_some_and(|s| s < data.len()) && self.max_segments() == 1 =>
-                    {
-                        // each a send of its own (a pending ICMP error fails only one of
-                        // them, once); the batch's outcome is its first failure
-                        let seg = segment.unwrap_or(data.len()).max(1);
-                        (data.chunks(seg))
-                            .map(|d| self.send_raw(remote, d, None))
-                            .fold(SendOutcome::Sent, |first, o| match first {
-                                SendOutcome::Sent => o,
-                                failed => failed,
-                            })
+            // send once, whatever it sends. So the send is tried again at once (the queue is
+            // read first, for its "port unreachable" reports; another thread may have read it
+            // already), and a later failure is its own only when no ICMP error waited in the
+            // queue after it: a forged "host unreachable" must not take a link down, however
+            // many are queued.
+            Err(mut failure) => {
+                for attempt in 0..SEND_TRIES {
+                    if self.take_errors() == 0 && attempt > 0 {
+                        return self.own_failure(remote, data, segment, &failure);
                     }
-                    Err(e) => classify_send_error(&e, size),
+                    match self.send_once(remote, data, segment) {
+                        Ok(()) => return SendOutcome::Sent,
+                        Err(e) => failure = e,
+                    }
                 }
+                // ICMP errors keep coming (a flood, perhaps forged): the datagram is lost, and
+                // loss detection judges the link, not an error that may not be its own
+                SendOutcome::Congested
             }
+        }
+    }
+
+    /// The outcome of a send that failed on its own account with `failure`. A batch the
+    /// kernel would not segment (`EIO`, `EINVAL`: a device or path without the offload, after
+    /// which quinn-udp halts GSO on the socket; `EMSGSIZE`: a segment larger than the path
+    /// takes, perhaps a path MTU probe batched with smaller datagrams) leaves one datagram at
+    /// a time, each a send of its own; the batch's outcome is its first failure.
+    fn own_failure(
+        &self,
+        remote: SocketAddr,
+        data: &[u8],
+        segment: Option<usize>,
+        failure: &io::Error,
+    ) -> SendOutcome {
+        const NOT_SEGMENTED: [i32; 3] = [libc::EIO, libc::EINVAL, libc::EMSGSIZE];
+        match segment.filter(|&s| s < data.len()) {
+            Some(seg)
+                if failure
+                    .raw_os_error()
+                    .is_some_and(|e| NOT_SEGMENTED.contains(&e)) =>
+            {
+                (data.chunks(seg.max(1)))
+                    .map(|d| self.send_raw(remote, d, None))
+                    .fold(SendOutcome::Sent, |first, o| match first {
+                        SendOutcome::Sent => o,
+                        failed => failed,
+                    })
+            }
+            _ => classify_send_error(failure, segment.unwrap_or(data.len())),
         }
     }
 
@@ -483,7 +512,8 @@ impl LinkSocket {
     }
 
     /// Reads the socket's error queue (ICMP errors about datagrams sent earlier), keeping the
-    /// destinations reported as "port unreachable"; returns how many entries it read.
+    /// destinations reported as "port unreachable"; returns how many of the entries it read
+    /// came from ICMP (others are the socket's own, such as a local "message too long").
     pub fn take_errors(&self) -> usize {
         let mut n = self.take_errors_of(self.io.as_raw_fd());
         // a connected socket also fails its next send or receive with the error (ECONNREFUSED)
@@ -501,9 +531,10 @@ impl LinkSocket {
             match read_queued_error(fd) {
                 Ok(Some(QueuedError {
                     refusal,
+                    from_icmp,
                     port_unreachable,
                 })) => {
-                    n += 1;
+                    n += usize::from(from_icmp);
                     if port_unreachable {
                         let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
                         if refused.len() < MAX_REFUSALS {
@@ -817,6 +848,8 @@ fn classify_send_error(e: &io::Error, size: usize) -> SendOutcome {
 struct QueuedError {
     /// Where the datagram that caused it was going, and what the error quotes of it.
     refusal: Refusal,
+    /// An ICMP message reported it (not the socket itself).
+    from_icmp: bool,
     /// ICMP "port unreachable" (IPv4 type 3 code 3, IPv6 type 1 code 4).
     port_unreachable: bool,
 }
@@ -831,7 +864,7 @@ fn read_queued_error(fd: std::os::fd::RawFd) -> io::Result<Option<QueuedError>> 
     const ICMPV6_PORT_UNREACH: u8 = 4;
     let mut quote = [0u8; QUOTE_LEN];
     let mut control = [0u64; 64];
-    let mut port_unreachable = false;
+    let (mut from_icmp, mut port_unreachable) = (false, false);
     let received = recvmsg_with_control(
         fd,
         &mut quote,
@@ -846,6 +879,10 @@ fn read_queued_error(fd: std::os::fd::RawFd) -> io::Result<Option<QueuedError>> 
             // SAFETY: the kernel wrote a sock_extended_err here (its length was checked)
             let ee: libc::sock_extended_err =
                 unsafe { std::ptr::read_unaligned(data.as_ptr().cast()) };
+            from_icmp |= matches!(
+                ee.ee_origin,
+                libc::SO_EE_ORIGIN_ICMP | libc::SO_EE_ORIGIN_ICMP6
+            );
             port_unreachable |= (ee.ee_origin == libc::SO_EE_ORIGIN_ICMP
                 && ee.ee_type == ICMP_DEST_UNREACH
                 && ee.ee_code == ICMP_PORT_UNREACH)
@@ -868,6 +905,7 @@ fn read_queued_error(fd: std::os::fd::RawFd) -> io::Result<Option<QueuedError>> 
             quote,
             quote_len: quote_len.min(QUOTE_LEN),
         },
+        from_icmp,
         port_unreachable: port_unreachable && dest.is_some(),
     }))
 }
@@ -1140,6 +1178,50 @@ mod tests {
                 .unwrap_or_else(|e| panic!("datagram {i}: {e}"));
             assert_eq!(&buf[..n], &[i as u8; 40], "datagram {i}");
         }
+    }
+
+    /// ICMP errors about earlier datagrams each fail the socket's next send once, and one
+    /// read of the error queue takes at most 256 of them. With more queued, a send is still
+    /// made: here some hundreds of "port unreachable" answers wait, and a datagram to a live
+    /// peer leaves. Before, its second try failed on the error the rest left, and it was
+    /// given up as lost (had the errors been forged "host unreachable", as taken for its
+    /// own: its link would have gone down).
+    #[test]
+    fn a_send_behind_many_icmp_errors_still_leaves() {
+        // `sock` and a twin draw the same answers, the twin to count them
+        let [sock, twin] =
+            [(); 2].map(|_| LinkSocket::bind("127.0.0.1:0".parse().unwrap()).unwrap());
+        let gone = UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        // straight on the descriptors, so that nothing reads the error queues meanwhile (a
+        // send the last answer failed goes again), and paced: Linux sends at most 1000 ICMP
+        // errors a second
+        let to = socket2::SockAddr::from(gone);
+        for _ in 0..400 {
+            for s in [&sock, &twin] {
+                let raw = socket2::SockRef::from(&s.io);
+                if raw.send_to(b"x", &to).is_err() {
+                    let _ = raw.send_to(b"x", &to);
+                }
+            }
+            std::thread::sleep(Duration::from_micros(2100));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let queued: usize = std::iter::from_fn(|| Some(twin.take_errors()))
+            .take_while(|&n| n > 0)
+            .sum();
+        assert!(queued > 300, "the premise: {queued} answers queued");
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let live = rx.local_addr().unwrap();
+        assert_eq!(sock.send(live, b"live", None), SendOutcome::Sent);
+        let mut buf = [0u8; 16];
+        assert_eq!(
+            rx.recv(&mut buf).map(|n| buf[..n].to_vec()).unwrap(),
+            b"live"
+        );
     }
 
     /// An ICMP error that arrives while the socket's receive queue is full leaves no entry
