@@ -82,6 +82,11 @@ def update_doc(parts, write=True):
 
 
 def cleanup():
+    """Ends what the run started and removes what it made. A second signal (Ctrl-C reaches
+    this driver, and run-all's trap sends it SIGTERM a moment later) must not cut this short:
+    the signals are ignored from here on."""
+    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(s, signal.SIG_IGN)
     common.PROCS.stop_all()
     for lb in labctl.LABS:
         lb.down()

@@ -85,7 +85,7 @@ class Procs:
         for p in reversed(list(self.live)):
             try:
                 self.stop(p)
-            except Exception as e:  # keep tearing down
+            except BaseException as e:  # keep tearing down, whatever stopped this one
                 log("stop %d: %s" % (p.pid, e))
 
     def wait_rusage(self, p, timeout):

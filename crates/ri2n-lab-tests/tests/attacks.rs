@@ -51,6 +51,7 @@ fn forged_icmp_errors_do_not_end_a_keyed_transfer() {
     let key = keygen(env, &dir.0);
     let data = DataFile::create(dir.0.join("input"), 512, 31);
     let stop = Arc::new(AtomicBool::new(false));
+    let _stop_on_failure = support::StopOnDrop(stop.clone());
     let forgers: Vec<_> = [Host::A, Host::B]
         .into_iter()
         .enumerate()

@@ -1036,6 +1036,7 @@ fn tapped_transfer(
     tcp: bool,
 ) -> support::TapStats {
     let stop = Arc::new(AtomicBool::new(false));
+    let _stop_on_failure = support::StopOnDrop(stop.clone());
     let tap = tap(TapPlan {
         ns: lab.ns(Host::A),
         links: lab.links,

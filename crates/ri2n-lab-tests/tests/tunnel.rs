@@ -1314,7 +1314,7 @@ fn an_mpi_job_through_the_tunnel_completes_through_a_dead_switch_and_a_partition
         }),
         (36, &|| lab.heal_all()),
     ];
-    at_job_times(&mut job, &faults);
+    at_job_times(&mut job, &faults, &|| String::new());
     let out = expect_checked_result(&mut job, MPI_JOB_SECONDS + 60, "the MPI job");
     for line in out.lines().filter(|l| l.starts_with("rank ")) {
         report(&format!(
@@ -1341,7 +1341,7 @@ fn expect_checked_result(job: &mut Proc, seconds: u64, what: &str) -> String {
 /// `events` at its time in seconds on that clock (at once if that time has passed). The wait
 /// is a guard against a job that never starts, not a measure: 32 hosts' daemons are launched
 /// one after another, and on a busy 2-CPU host that took more than a minute.
-fn at_job_times(job: &mut Proc, events: &[(u64, &dyn Fn())]) {
+fn at_job_times(job: &mut Proc, events: &[(u64, &dyn Fn())], diagnosis: &dyn Fn() -> String) {
     let deadline = Instant::now() + Duration::from_secs(180);
     let first = loop {
         if let Some(&(t, _)) = job_progress(&job.stdout_text()).first() {
@@ -1356,9 +1356,10 @@ fn at_job_times(job: &mut Proc, events: &[(u64, &dyn Fn())]) {
         }
         assert!(
             Instant::now() < deadline,
-            "the MPI job did not start: {}{}",
+            "the MPI job did not start: {}{}\n{}",
             job.stdout_text(),
-            job.stderr_text()
+            job.stderr_text(),
+            diagnosis()
         );
         thread::sleep(Duration::from_millis(50));
     };
@@ -1570,6 +1571,7 @@ fn an_mpi_job_on_32_hosts_completes_through_a_dead_switch() {
                 lab.heal(1);
             }),
         ],
+        &|| cluster_diagnosis(&lab, &hosts, &daemons),
     );
     let out = expect_checked_result(&mut job, CLUSTER_MPI_SECONDS + 90, "the 32-rank MPI job");
     // the premise: the switch died and healed while the job ran (iterations ended before
@@ -1588,6 +1590,44 @@ fn an_mpi_job_on_32_hosts_completes_through_a_dead_switch() {
         ));
     }
     stop_daemons(&mut daemons);
+}
+
+/// What a stalled job on the cluster leaves to go on: the hosts where no Open MPI daemon
+/// runs, and for each tunnel daemon its distinct connected peers and the last lines of its
+/// log that are not a connection or a link coming up.
+fn cluster_diagnosis(lab: &Lab, hosts: &[&str], daemons: &[Proc]) -> String {
+    let without_orted: Vec<&str> = (hosts.iter().copied())
+        .filter(|h| {
+            let out = Command::new("ip")
+                .args(["netns", "pids", &lab.ns_of(h)])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            !out.split_whitespace().any(|pid| {
+                fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "orted")
+            })
+        })
+        .collect();
+    let mut text = format!("hosts without orted: {without_orted:?}\n");
+    for d in daemons {
+        let log = d.stderr_text();
+        let mut peers: Vec<&str> = (log.lines())
+            .filter_map(|l| l.strip_prefix("ri2n tunnel: ")?.strip_suffix(" connected"))
+            .collect();
+        peers.sort_unstable();
+        peers.dedup();
+        let notable: Vec<&str> = (log.lines())
+            .filter(|l| !l.ends_with(" connected") && !l.contains(": link "))
+            .collect();
+        let tail = &notable[notable.len().saturating_sub(4)..];
+        text += &format!(
+            "{}: {} peers connected; {}\n",
+            d.name,
+            peers.len(),
+            tail.join(" | ")
+        );
+    }
+    text
 }
 
 /// Voluntary context switches so far of each thread of process `pid`: (thread ID, name,

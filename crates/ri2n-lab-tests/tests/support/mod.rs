@@ -183,6 +183,17 @@ pub fn report(line: &str) {
     }
 }
 
+/// Sets its flag when dropped: the threads a test told to stop by that flag (a tap, an
+/// injector, a forger) stop also when the test fails before it sets the flag itself, instead
+/// of running on into the next test until their own time is up.
+pub struct StopOnDrop(pub Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// Reports how long a test took when dropped (also when it failed).
 pub struct TestTimer(pub &'static str, pub Instant);
 
@@ -1010,16 +1021,29 @@ fn with_key(mut args: Vec<String>, key: Option<&Path>) -> Vec<String> {
     args
 }
 
-fn apply(lab: &Lab, action: &Action) {
-    match action {
+/// Applies `action`; returns its time in seconds since `start`. A fault's is when the command
+/// began: ri2n can see it (a lost carrier) before the command ends, and what it saw must not
+/// fall before the fault. A heal's is when it took effect, as the lab stamps it ("at T", Unix
+/// time): the command's checks and other steps, tens of milliseconds on a busy host, would
+/// otherwise count as ri2n's time to take the link back.
+fn apply(lab: &Lab, action: &Action, start: Instant) -> f64 {
+    let before = start.elapsed().as_secs_f64();
+    let out = match action {
         Action::Fault(link, kind) => {
             let kind: Vec<&str> = kind.iter().map(String::as_str).collect();
             lab.fault(*link, &kind);
+            return before;
         }
-        Action::Heal(link) => {
-            lab.heal(*link);
-        }
-    }
+        Action::Heal(link) => lab.heal(*link),
+    };
+    let after = start.elapsed().as_secs_f64();
+    let unix_now = (std::time::SystemTime::now())
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let stamp = (out.lines())
+        .filter_map(|l| l.rsplit_once(" at ")?.1.trim().parse::<f64>().ok())
+        .next_back();
+    stamp.map_or(before, |t| (after - (unix_now - t)).clamp(before, after))
 }
 
 impl Transfer<'_> {
@@ -1081,8 +1105,7 @@ impl Transfer<'_> {
             if let Some((at, _)) = pending.peek() {
                 if start.elapsed() >= *at {
                     let (_, action) = pending.next().unwrap();
-                    let t = start.elapsed().as_secs_f64();
-                    apply(lab, &action);
+                    let t = apply(lab, &action, start);
                     applied.push((t, action));
                     last_action_at = start.elapsed();
                 }
