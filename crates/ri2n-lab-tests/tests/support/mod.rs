@@ -547,18 +547,26 @@ impl Proc {
                     self.stderr_text()
                 );
             }
-            let bound = ["udp", "udp6", "tcp", "tcp6"]
+            // the namespace's sockets on the port that take datagrams or connections: a UDP
+            // socket unconnected (state 07), a TCP one listening (0A); a connection an earlier
+            // receiver accepted on the port may linger (TIME_WAIT), and must not count
+            let bound = [("udp", "07"), ("udp6", "07"), ("tcp", "0A"), ("tcp6", "0A")]
                 .iter()
-                .map(|f| fs::read_to_string(format!("/proc/{}/net/{f}", self.pid())))
-                .filter_map(Result::ok)
-                .collect::<String>()
-                .lines()
-                .filter(|l| {
-                    l.split_whitespace()
-                        .nth(1)
-                        .is_some_and(|a| format!("{a} ").ends_with(&port))
+                .filter_map(|(f, state)| {
+                    let table = fs::read_to_string(format!("/proc/{}/net/{f}", self.pid())).ok()?;
+                    Some((table, *state))
                 })
-                .count();
+                .map(|(table, state)| {
+                    (table.lines())
+                        .filter(|l| {
+                            let fields: Vec<&str> = l.split_whitespace().collect();
+                            fields.len() > 3
+                                && format!("{} ", fields[1]).ends_with(&port)
+                                && fields[3] == state
+                        })
+                        .count()
+                })
+                .sum::<usize>();
             if bound >= count {
                 return;
             }
