@@ -77,6 +77,8 @@ fn bench_request(to: &str, request: serde_json::Value) -> (ri2n::Endpoint, ri2n:
 
 /// SIGTERM to a [`logged_serve`]; its log.
 fn stop_serve(server: Proc) -> String {
+    // a client hears of an abort before the server logs why: the log gets a moment first
+    std::thread::sleep(Duration::from_millis(500));
     server.signal(libc::SIGTERM);
     let (_, so) = server.wait(Duration::from_secs(10));
     stderr_of(&so)
