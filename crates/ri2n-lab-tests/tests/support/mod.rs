@@ -86,6 +86,94 @@ fn missing_prerequisite() -> Option<String> {
     None
 }
 
+/// The lab prefixes (`ri2nlab-PID-NAME`, see [`Lab::up`]) of namespaces in `names` whose test
+/// process is gone, with the namespaces of each. A test run ended by a signal (Ctrl-C, a CI
+/// timeout) runs no destructor, so its labs outlive it.
+fn abandoned_labs(names: &[String], alive: impl Fn(u32) -> bool) -> Vec<(String, Vec<String>)> {
+    let mut labs: Vec<(String, Vec<String>)> = Vec::new();
+    for name in names {
+        let Some(rest) = name.strip_prefix("ri2nlab-") else {
+            continue;
+        };
+        let Some((pid, _)) = rest.split_once('-') else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<u32>() else {
+            continue;
+        };
+        if alive(pid) {
+            continue;
+        }
+        // the lab's prefix is the name less its host or switch (`-a`, `-sw1`); the probe of
+        // `missing_prerequisite` is a prefix alone
+        let prefix = match name.rsplit_once('-') {
+            Some((p, _)) if p.len() > format!("ri2nlab-{pid}").len() => p.to_owned(),
+            _ => name.clone(),
+        };
+        match labs.iter_mut().find(|(p, _)| *p == prefix) {
+            Some((_, members)) => members.push(name.clone()),
+            None => labs.push((prefix, vec![name.clone()])),
+        }
+    }
+    labs
+}
+
+#[test]
+fn the_labs_of_a_gone_test_process_are_found_and_no_others() {
+    let names: Vec<String> = [
+        "ri2nlab-100-cmpi-a",
+        "ri2nlab-100-cmpi-af",
+        "ri2nlab-100-cmpi-sw1",
+        "ri2nlab-100-switch-dies-b",
+        "ri2nlab-100-probe",
+        "ri2nlab-200-faults-a",
+        "ri2nlab-a",
+        "ri2nlab-sw1",
+        "pt-a",
+        "ri2nlab-x1-a",
+    ]
+    .map(String::from)
+    .to_vec();
+    let labs = abandoned_labs(&names, |pid| pid == 200);
+    let got: Vec<(&str, usize)> = labs.iter().map(|(p, m)| (p.as_str(), m.len())).collect();
+    assert_eq!(
+        got,
+        [
+            ("ri2nlab-100-cmpi", 3),
+            ("ri2nlab-100-switch-dies", 1),
+            ("ri2nlab-100-probe", 1)
+        ]
+    );
+}
+
+/// Removes the labs of earlier test runs that ended without removing them (their process is
+/// gone): `ri2n-lab down` ends the processes inside and deletes the namespaces; a namespace
+/// it does not know is deleted alone.
+fn sweep_abandoned_labs(script: &Path) {
+    let names: Vec<String> = fs::read_dir("/run/netns")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let alive = |pid: u32| Path::new(&format!("/proc/{pid}")).exists();
+    for (prefix, members) in abandoned_labs(&names, alive) {
+        let _ = Command::new("bash")
+            .arg(script)
+            .args(["--prefix", &prefix, "down"])
+            .output();
+        for ns in members {
+            if Path::new("/run/netns").join(&ns).exists() {
+                let _ = Command::new("ip").args(["netns", "del", &ns]).status();
+            }
+        }
+        report(&format!(
+            "removed lab {prefix}, left by a test process that is gone"
+        ));
+    }
+}
+
 /// Builds `ri2n` (release) and returns its path, from cargo's own report of the artifact.
 fn build_ri2n() -> PathBuf {
     let out = Command::new(env!("CARGO"))
@@ -127,12 +215,14 @@ pub fn env() -> Option<&'static Env> {
         let tmp = std::env::var_os("RI2N_LAB_TMPDIR")
             .map(PathBuf::from)
             .unwrap_or_else(std::env::temp_dir);
+        let lab_script = workspace().join("lab/ri2n-lab");
+        sweep_abandoned_labs(&lab_script);
         Ok(Env {
             // another build to compare (an earlier commit, say) may be named
             ri2n: std::env::var_os("RI2N_LAB_BIN")
                 .map(PathBuf::from)
                 .unwrap_or_else(build_ri2n),
-            lab_script: workspace().join("lab/ri2n-lab"),
+            lab_script,
             tmp,
         })
     });
