@@ -530,6 +530,10 @@ fn charge(d: &Vec<u8>) -> usize {
 /// one, and so does each late arrival inside a run.
 const SKIPPED_RUNS: usize = 4096;
 
+/// Entries of [`IncomingDatagrams::held_since`] for datagrams delivered already that may
+/// wait behind a held one before they are dropped (besides twice the held ones).
+const HELD_SINCE_SLACK: usize = 64;
+
 /// Datagrams received and not yet read, and those held until the ones before them arrive.
 ///
 /// The pieces of a datagram sent in pieces are joined as they are delivered in order, so a
@@ -553,7 +557,8 @@ pub(crate) struct IncomingDatagrams {
     /// The largest datagram joined so far: the room a new one starts with.
     largest_joined: usize,
     /// When each held datagram arrived, in arrival order, so the one held longest is at the
-    /// front (entries of datagrams delivered since are dropped when they reach the front).
+    /// front (entries of datagrams delivered since are dropped when they reach the front, or
+    /// when they outnumber the held ones; see [`Self::release_in_order`]).
     held_since: VecDeque<(Instant, u64)>,
     /// Per link, what it delivered: where the missing ones may still be in flight.
     links: smallvec::SmallVec<[LinkDeliveries; crate::MAX_LINKS]>,
@@ -899,6 +904,21 @@ impl IncomingDatagrams {
         {
             self.held_since.pop_front();
         }
+        // Those delivered behind one still held stay in the queue until it goes; a peer that
+        // keeps the front one waiting (sending ahead, then pairs in reverse order) would
+        // grow it with every pair. Past twice the held ones, they are dropped at once.
+        if self.held_since.len() > 2 * self.held.len() + HELD_SINCE_SLACK {
+            let next = self.next;
+            self.held_since.retain(|&(_, seq)| seq >= next);
+        }
+    }
+
+    /// Gives up on every missing datagram, delivering all the held ones: the connection
+    /// closed, and nothing missing can arrive any more.
+    pub fn release_all(&mut self) -> bool {
+        let before = self.ready.len();
+        while self.release_first_held() {}
+        self.ready.len() > before
     }
 
     /// Datagrams held for an earlier one, and datagrams ready for the application.
@@ -1760,6 +1780,31 @@ mod tests {
         assert_eq!(q.release_deadline(&only(ms(5))), None);
         let order: Vec<u8> = std::iter::from_fn(|| q.pop()).map(|d| d[0]).collect();
         assert_eq!(order, [0, 1, 2, 3, 5]);
+    }
+
+    #[test]
+    fn pairs_in_reverse_order_behind_one_held_far_ahead_leave_no_trace() {
+        // a peer holds the front back (one datagram far ahead, never its predecessors) and
+        // sends pairs the wrong way round: each pair's first is held and delivered with the
+        // second; what recorded its hold must not stay behind the front one
+        let t0 = Instant::now();
+        let mut q = IncomingDatagrams::new(1 << 20, Duration::from_millis(5));
+        assert!(!q.push(t0, 0, 1_000_000, &[1]));
+        let pairs = 20_000;
+        for i in 0..pairs {
+            let now = t0 + Duration::from_micros(i);
+            assert!(!q.push(now, 0, 2 * i + 1, &[2]));
+            assert!(q.push(now, 0, 2 * i, &[3]));
+            while q.pop().is_some() {}
+        }
+        assert_eq!(q.waiting(), (1, 0), "the one far ahead alone is held");
+        assert_eq!(q.received, 2 * pairs);
+        assert!(
+            q.held_since.len() <= 2 + HELD_SINCE_SLACK,
+            "{} hold records for 1 datagram held",
+            q.held_since.len()
+        );
+        assert_eq!(q.held_since.front().map(|&(_, seq)| seq), Some(1_000_000));
     }
 
     #[test]

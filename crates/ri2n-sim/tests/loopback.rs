@@ -1109,6 +1109,64 @@ fn datagrams_held_for_ones_lost_on_a_link_that_then_fell_quiet_go_once_the_peer_
 }
 
 #[test]
+fn datagrams_held_when_the_peer_aborts_are_still_read() {
+    // Datagrams wait at the server for ones lost on link 1 when the client aborts: nothing
+    // missing can come any more, and no timer of a closed connection would release them, so
+    // they are handed over at the close instead of vanishing unread and uncounted.
+    let ms = Duration::from_millis;
+    let (mut tb, mut flow) = Flow::on_two_links(Duration::from_micros(100));
+    let until = tb.now() + ms(300);
+    flow.drive(&mut tb, until, true);
+    tb.apply(Action::blackhole(1));
+    let until = tb.now() + ms(1);
+    flow.drive(&mut tb, until, true);
+    tb.apply(Action::up(1));
+    let sh = flow.conns.1;
+    let held = |tb: &Testbed| {
+        (tb.server.connection(sh).unwrap().stats())
+            .datagrams_waiting
+            .0
+    };
+    tb.client
+        .connection_mut(flow.conns.0)
+        .unwrap()
+        .abort(0, "done");
+    let mut held_at_close = 0;
+    let read_before = flow.order.len();
+    let closed =
+        |tb: &Testbed| tb.server.connection(sh).unwrap().state() == ConnectionState::Closed;
+    while !closed(&tb) && tb.now() < Duration::from_secs(1) + until {
+        held_at_close = held(&tb);
+        let until = tb.now() + Duration::from_micros(50);
+        flow.drive(&mut tb, until, false);
+    }
+    assert!(closed(&tb), "the server saw the abort");
+    assert!(held_at_close > 0, "datagrams were held when the abort came");
+    assert_eq!(held(&tb), 0, "nothing is left held after the close");
+    // what the close released is read before the connection's error
+    let conn = tb.server.connection_mut(sh).unwrap();
+    loop {
+        match conn.recv_datagram() {
+            Ok(Some(d)) => flow
+                .order
+                .push(u64::from_le_bytes(d[..8].try_into().unwrap()) as usize),
+            Err(ReadError::ConnectionLost(ConnectionError::PeerAborted { .. })) => break,
+            other => panic!("after the held datagrams, the abort: {other:?}"),
+        }
+    }
+    assert!(
+        flow.order.len() - read_before >= held_at_close,
+        "the {held_at_close} held datagrams were read ({} read since the abort)",
+        flow.order.len() - read_before
+    );
+    assert_eq!(
+        flow.order.windows(2).filter(|w| w[1] < w[0]).count(),
+        0,
+        "none read after a later one"
+    );
+}
+
+#[test]
 fn datagrams_stranded_on_a_fast_link_come_again_over_a_slow_one_in_order() {
     // Link 0 has a 1 ms round trip and link 1 a 21 ms one. What was in flight on link 0 when
     // its switch died comes again over link 1 once the sender has declared link 0 down: a

@@ -1129,6 +1129,11 @@ impl Connection {
         }
         self.state = ConnectionState::Closed;
         self.closing.reason = reason.clone();
+        // nothing missing can arrive any more: the datagrams held for it are the
+        // application's now (no timer runs for them after this)
+        if self.datagrams.incoming.release_all() {
+            self.event(Event::Readable);
+        }
         self.event(Event::Closed(reason));
     }
 
