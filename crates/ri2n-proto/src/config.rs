@@ -45,7 +45,8 @@ pub struct ConnectionConfig {
     /// (default 8 MiB). A writer that reaches it is told to wait.
     pub send_buffer: u64,
     /// Bytes of unreliable datagrams ([`crate::Connection::send_datagram`]) that may wait to
-    /// be sent (default 1 MiB); a full queue drops its oldest.
+    /// be sent, and a little for each (so that many empty ones count too) (default 1 MiB); a
+    /// full queue drops its oldest.
     pub datagram_send_buffer: usize,
     /// A datagram that waited this long while the queue moved is dropped unsent (default
     /// 20 ms): it would only add queueing delay. While no datagram leaves the queue (every

@@ -159,6 +159,9 @@ struct Waiting {
 pub(crate) struct OutgoingDatagrams {
     /// Oldest first.
     queue: VecDeque<Waiting>,
+    /// What the queue holds, each datagram (or piece) counted with [`DATAGRAM_OVERHEAD`]:
+    /// counted by their bytes alone, empty datagrams would grow it without bound while the
+    /// links stall. What `limit` bounds.
     bytes: usize,
     limit: usize,
     max_age: Duration,
@@ -211,8 +214,8 @@ impl OutgoingDatagrams {
     }
 
     fn enqueue(&mut self, now: Instant, buf: Bytes) {
-        self.make_room(buf.len());
-        self.bytes += buf.len();
+        self.make_room(buf.len() + DATAGRAM_OVERHEAD);
+        self.bytes += buf.len() + DATAGRAM_OVERHEAD;
         self.queue.push_back(Waiting {
             since: now,
             again: None,
@@ -231,7 +234,7 @@ impl OutgoingDatagrams {
             "datagrams stranded on a failed link queued again"
         );
         for piece in stranded.drain(..).rev() {
-            self.bytes += piece.data.len();
+            self.bytes += piece.data.len() + DATAGRAM_OVERHEAD;
             self.queue.push_front(Waiting {
                 since: now,
                 again: Some((piece.seq, piece.part)),
@@ -421,7 +424,7 @@ impl OutgoingDatagrams {
 
     fn pop_front(&mut self) -> Waiting {
         let w = self.queue.pop_front().expect("a datagram is queued");
-        self.bytes -= w.data.len();
+        self.bytes -= w.data.len() + DATAGRAM_OVERHEAD;
         w
     }
 
@@ -1431,7 +1434,8 @@ mod tests {
     #[test]
     fn a_full_send_queue_drops_the_oldest() {
         let now = Instant::now();
-        let mut q = OutgoingDatagrams::new(250, Duration::from_millis(20));
+        // each 100-byte datagram costs 164 bytes of the 400
+        let mut q = OutgoingDatagrams::new(400, Duration::from_millis(20));
         for i in 0..3u8 {
             q.push(now, &[i; 100]);
         }
@@ -1440,6 +1444,19 @@ mod tests {
         assert_eq!(next(&mut q, now).unwrap(), (0, vec![1; 100]));
         assert_eq!(next(&mut q, now).unwrap(), (1, vec![2; 100]));
         assert!(next(&mut q, now).is_none());
+    }
+
+    #[test]
+    fn empty_datagrams_count_against_the_send_queue_bound() {
+        // the links stall (nothing is sent, so nothing is too old either): the queue stays
+        // within its bound however many empty datagrams the application sends
+        let now = Instant::now();
+        let mut q = OutgoingDatagrams::new(64 * 10, Duration::from_millis(20));
+        for _ in 0..100_000 {
+            q.push(now, &[]);
+        }
+        assert_eq!(q.queue.len(), 10);
+        assert_eq!(q.dropped, 100_000 - 10);
     }
 
     #[test]

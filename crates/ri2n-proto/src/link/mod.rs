@@ -626,8 +626,11 @@ impl Link {
         self.state = to;
         self.probing.on_demoted(now, cfg);
         self.recovery.on_demoted();
-        // the path may change while the link is away: find its size again once it is back
+        // the path may change while the link is away: find its size and its shortest round
+        // trip again once it is back (a stale shortest one makes the link look queued on a
+        // longer route, and look faster than it is to the scheduler)
         self.pmtu.restart();
+        self.rtt.forget_min();
         self.mss_changed();
         self.restart_sending();
     }
@@ -694,7 +697,7 @@ impl Link {
 
     /// Seeds the RTT estimate from the handshake round trip.
     pub fn seed_rtt(&mut self, rtt: Duration) {
-        self.rtt.update(rtt, Duration::ZERO);
+        self.rtt.seed(rtt);
     }
 
     /// When an up link needs a keepalive PING: after `keepalive_interval` without sending
@@ -826,6 +829,21 @@ mod tests {
             &mut out,
         );
         assert_eq!(out.acked.len(), 1);
+    }
+
+    /// A link that comes back over a longer route: its smallest round trip is learned anew,
+    /// not kept from the old one, under which every sample would look like a standing queue.
+    #[test]
+    fn the_shortest_round_trip_is_learned_again_after_the_link_was_down() {
+        let (mut link, t0) = up_link(1500);
+        let ms = Duration::from_millis;
+        send_and_ack(&mut link, t0, 1200, ms(1));
+        assert_eq!(link.base_rtt(), ms(1));
+        let t1 = t0 + ms(100);
+        link.demote(t1, LinkState::Down, &ConnectionConfig::default());
+        link.promote(t1 + ms(10), &mut AckOutcome::default());
+        send_and_ack(&mut link, t1 + ms(20), 1200, ms(8));
+        assert_eq!(link.base_rtt(), ms(8), "the new route's");
     }
 
     /// What an ACK frame proves the peer opened (the key update's confirmation) is the newest

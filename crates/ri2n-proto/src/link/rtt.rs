@@ -14,6 +14,9 @@ pub(crate) struct Rtt {
     pub min: Duration,
     pub latest: Duration,
     has_sample: bool,
+    /// The estimate is a seed ([`Self::seed`]) that may be much too long: the first sample
+    /// replaces it rather than being averaged in.
+    seeded: bool,
     /// `srtt + max(4 × rttvar, granularity)`, the round-trip part of the probe timeout (RFC
     /// 9002 §6.2.1): kept with the estimate, as the timers ask for it several times a packet.
     pto_span: Duration,
@@ -27,6 +30,7 @@ impl Rtt {
             min: Duration::MAX,
             latest: INITIAL_RTT,
             has_sample: false,
+            seeded: false,
             pto_span: INITIAL_RTT + (INITIAL_RTT / 2 * 4).max(GRANULARITY),
         }
     }
@@ -36,7 +40,19 @@ impl Rtt {
         self.has_sample
     }
 
+    /// Takes `rtt`, a round trip at least as long as the path's (the handshake's, which may
+    /// include the wait before an INITIAL was sent again), as the estimate until the first
+    /// sample, which then replaces it: averaged in, a seed of a lost INITIAL's retransmission
+    /// interval would take dozens of samples to wear off, with probe timeouts that long.
+    pub fn seed(&mut self, rtt: Duration) {
+        self.update(rtt, Duration::ZERO);
+        self.seeded = true;
+    }
+
     pub fn update(&mut self, sample: Duration, ack_delay: Duration) {
+        if std::mem::take(&mut self.seeded) {
+            *self = Self::new();
+        }
         self.latest = sample;
         self.min = self.min.min(sample);
         let adjusted = if sample >= self.min + ack_delay {
@@ -54,6 +70,13 @@ impl Rtt {
             self.srtt = (self.srtt * 7 + adjusted) / 8;
         }
         self.pto_span = self.srtt + (self.rttvar * 4).max(GRANULARITY);
+    }
+
+    /// Forgets the smallest round trip seen: the path may have changed (a link that went down
+    /// may come back over a longer route). The next sample, a probe's while the link is not
+    /// up, sets it again; the smoothed estimate stands in until then.
+    pub fn forget_min(&mut self) {
+        self.min = Duration::MAX;
     }
 
     /// `srtt + max(4 × rttvar, granularity)` (RFC 9002 §6.2.1).
@@ -80,6 +103,24 @@ impl Rtt {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A seed from a handshake whose first INITIAL was lost is a retransmission interval too
+    /// long: the first sample replaces it.
+    #[test]
+    fn the_first_sample_replaces_a_seed() {
+        let ms = Duration::from_millis;
+        let mut rtt = Rtt::new();
+        rtt.seed(ms(201));
+        assert_eq!(rtt.srtt, ms(201));
+        assert!(rtt.has_sample());
+        rtt.update(ms(1), Duration::ZERO);
+        assert_eq!(
+            (rtt.srtt, rtt.rttvar, rtt.min),
+            (ms(1), Duration::from_micros(500), ms(1))
+        );
+        rtt.update(ms(9), Duration::ZERO);
+        assert_eq!(rtt.srtt, ms(2), "later samples are averaged in");
+    }
 
     /// The kept probe-timeout span always equals `srtt + max(4 × rttvar, granularity)` of the
     /// current estimate: before any sample, after the first and through later ones.
