@@ -174,8 +174,11 @@ pub(crate) struct OutgoingDatagrams {
     pub sent: u64,
     /// Datagrams and pieces sent again because the link carrying them failed.
     pub resent: u64,
-    /// Dropped unsent: the queue was full, or they waited too long.
+    /// Dropped unsent: the queue was full, or they waited too long; or sent, and dropped
+    /// when they came back from a failed link (once per datagram, not per piece).
     pub dropped: u64,
+    /// The number of the last frame dropped after it came back from a failed link.
+    last_piece_dropped: Option<u64>,
 }
 
 impl OutgoingDatagrams {
@@ -191,6 +194,7 @@ impl OutgoingDatagrams {
             sent: 0,
             resent: 0,
             dropped: 0,
+            last_piece_dropped: None,
         }
     }
 
@@ -451,7 +455,18 @@ impl OutgoingDatagrams {
             queued = self.bytes,
             "datagram dropped unsent"
         );
-        self.dropped += 1;
+        // a datagram counts once, however many of its pieces stranded on a failed link are
+        // dropped: those after the first follow it in the queue, numbered on
+        let continues = match w.again {
+            Some((seq, DatagramPart::Middle | DatagramPart::Last)) => {
+                self.last_piece_dropped == Some(seq.wrapping_sub(1))
+            }
+            _ => false,
+        };
+        self.last_piece_dropped = w.again.map(|(seq, _)| seq);
+        if !continues {
+            self.dropped += 1;
+        }
         self.recycle(w.data);
     }
 }
@@ -1355,6 +1370,27 @@ mod tests {
         assert_eq!(&next.data[..], b"next");
         assert_eq!(q.dropped, 1);
         assert!(q.is_empty());
+    }
+
+    /// A datagram whose pieces all come back from a failed link and are dropped (the queue is
+    /// full) counts as one dropped, not one per piece.
+    #[test]
+    fn a_datagram_dropped_in_pieces_counts_once() {
+        let now = Instant::now();
+        let mut q = OutgoingDatagrams::new(1 << 20, Duration::from_millis(20));
+        let data = vec![5u8; 5000];
+        q.push(now, &data);
+        let mut pieces = Vec::new();
+        while let Some(p) = q.pop(now, BOUNDS.piece_room, BOUNDS) {
+            pieces.push(p);
+        }
+        assert!(pieces.len() >= 4, "{} pieces", pieces.len());
+        assert_eq!(q.sent, 1);
+        q.requeue(now, &mut pieces);
+        // a new datagram as large as the bound pushes every piece out
+        q.push(now, &vec![6u8; (1 << 20) - DATAGRAM_OVERHEAD]);
+        assert_eq!(q.queue.len(), 1, "only the new one is left");
+        assert_eq!(q.dropped, 1);
     }
 
     /// Pushes `data` as pieces of 1400 bytes numbered from `seq` on; returns the next number.

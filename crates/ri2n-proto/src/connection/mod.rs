@@ -86,8 +86,10 @@ pub struct ConnectionStats {
     /// Datagrams, and pieces of datagrams larger than a packet, sent again because the link
     /// carrying them failed.
     pub datagrams_resent: u64,
-    /// Datagrams dropped unsent: the send queue was full, they waited too long, or no link
-    /// could carry them any more.
+    /// Datagrams dropped unsent: the send queue was full, or they waited too long; or sent
+    /// (counted in `datagrams_sent` too), then stranded on a failed link and dropped: the
+    /// queue was full, or no link could carry them any more. Once per datagram, not per
+    /// piece.
     pub datagrams_send_dropped: u64,
     /// Datagrams that arrived, whole or in part.
     pub datagrams_received: u64,
