@@ -56,15 +56,18 @@ impl Readiness {
     /// after the descriptor was drained: a signal racing this call (its change made before
     /// the caller's look) then either finds the flag still up and is seen by that look, or
     /// writes again; lowering it first could leave it up over a drained descriptor, and
-    /// every later signal would be skipped.
+    /// every later signal would be skipped. Nothing to drain means a signal raised the flag
+    /// and has yet to write (the TCP transport signals outside the lock): the flag stays up,
+    /// so that the next call drains that write. Lowered, it would leave the descriptor
+    /// readable for good, each call skipping the read, and a level-triggered loop spinning.
     pub fn clear(&self) {
         if self.signalled.load(Ordering::Acquire) {
             let mut count = 0u64;
             // SAFETY: an 8-byte read into a live u64 from our non-blocking eventfd.
-            unsafe {
-                libc::read(self.fd.as_raw_fd(), (&mut count as *mut u64).cast(), 8);
+            let n = unsafe { libc::read(self.fd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
+            if n == 8 {
+                self.signalled.store(false, Ordering::Release);
             }
-            self.signalled.store(false, Ordering::Release);
         }
     }
 }
@@ -254,4 +257,42 @@ pub(crate) struct Waiting {
     /// A writer (of another kind than the call, which retried for its own) that found the
     /// send buffer full may retry now, and has not.
     pub writer_may_retry: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn readable(r: &Readiness) -> bool {
+        let mut p = libc::pollfd {
+            fd: r.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd, no wait.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
+    /// A signal split by a clear: its flag raised before the clear, its write after. The
+    /// next clear must still drain that write.
+    #[test]
+    fn a_signal_whose_write_lands_after_a_clear_is_drained_by_the_next() {
+        let r = Readiness::new().unwrap();
+        // the signal's first half
+        assert!(!r.signalled.swap(true, Ordering::AcqRel));
+        r.clear();
+        assert!(!readable(&r));
+        // its second half
+        let one = 1u64;
+        // SAFETY: an 8-byte write from a live u64 to the test's eventfd.
+        unsafe { libc::write(r.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        assert!(readable(&r));
+        r.clear();
+        assert!(!readable(&r), "the late write is drained");
+        // and signals go on as before
+        r.signal();
+        assert!(readable(&r));
+        r.clear();
+        assert!(!readable(&r));
+    }
 }
