@@ -443,6 +443,13 @@ impl OutgoingDatagrams {
         }
     }
 
+    /// Drops every datagram queued (counted as dropped unsent).
+    pub fn drop_all(&mut self, reason: &'static str) {
+        while !self.queue.is_empty() {
+            self.drop_front(reason);
+        }
+    }
+
     fn drop_front(&mut self, reason: &'static str) {
         if self.queue.is_empty() {
             return;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use ri2n_proto::wire::{self, frame_type, packet_type, Header, Writer};
 use ri2n_proto::{
     ConnectionConfig, ConnectionState, DropReason, Endpoint, EndpointConfig, Event, LinkId,
-    Transmit,
+    Transmit, WriteError,
 };
 use ri2n_sim::testbed::drain;
 
@@ -158,5 +158,51 @@ fn a_connection_ended_before_it_was_confirmed_is_freed() {
     assert_eq!(
         client.connection(ch).unwrap().state(),
         ConnectionState::Closed
+    );
+}
+
+/// A client may queue datagrams before the handshake tells it whether the server takes any.
+/// A server that takes none ends a connection that sends it one, so the queued ones are
+/// dropped (and counted) when the ACCEPT says so, and the connection goes on.
+#[test]
+fn datagrams_queued_during_the_handshake_to_a_server_that_takes_none_are_dropped() {
+    let client_addr = addr("10.0.0.1:7000");
+    let server_addr = addr("10.0.0.2:7400");
+    let now = Instant::now();
+    let mut client = Endpoint::new(EndpointConfig::new(vec![client_addr]), 1, now);
+    let mut cfg = EndpointConfig::new(vec![server_addr]).server();
+    cfg.server_connection = ConnectionConfig::default().with_accept_datagrams(false);
+    let mut server = Endpoint::new(cfg, 2, now);
+    let ch = client
+        .connect(now, &[server_addr], ConnectionConfig::default())
+        .unwrap();
+    let conn = client.connection_mut(ch).unwrap();
+    conn.send_datagram(now, b"early").unwrap();
+    conn.send_datagram(now, b"early too").unwrap();
+    let mut sh = None;
+    for _ in 0..6 {
+        for (t, mut d) in drain(&mut client, now) {
+            server.handle_datagram(now, t.remote, t.local, &mut d);
+        }
+        sh = sh.or_else(|| server.accept());
+        for (t, mut d) in drain(&mut server, now) {
+            client.handle_datagram(now, t.remote, t.local, &mut d);
+        }
+    }
+    let sh = sh.expect("the server accepted");
+    let c = client.connection_mut(ch).unwrap();
+    assert_eq!(c.state(), ConnectionState::Established);
+    assert_eq!(c.stats().datagrams_send_dropped, 2);
+    assert_eq!(c.stats().datagrams_sent, 0);
+    assert!(matches!(
+        c.send_datagram(now, b"late"),
+        Err(WriteError::DatagramsRefused)
+    ));
+    let s = server.connection(sh).unwrap();
+    assert_eq!(
+        s.state(),
+        ConnectionState::Established,
+        "{:?}",
+        s.close_reason()
     );
 }

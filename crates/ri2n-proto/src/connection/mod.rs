@@ -1388,6 +1388,13 @@ impl Connection {
             ..
         } = params;
         self.handshake.peer_accepts = accepts;
+        if accepts & wire::accepts::DATAGRAMS == 0 {
+            // queued while the client could only assume the server takes them: sent, they
+            // would end the connection (§5.9)
+            self.datagrams
+                .outgoing
+                .drop_all("the peer takes no datagrams");
+        }
         self.handshake.protection = protection;
         let remotes = std::mem::take(remotes);
         let paths = std::mem::take(paths);
