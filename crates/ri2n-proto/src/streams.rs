@@ -275,10 +275,13 @@ impl SendStream {
     /// Whether no new data can go out because the peer's window or our send buffer is used
     /// up, and nothing lost waits to be sent again: both limits are held by the lowest
     /// unacknowledged bytes. Not while everything sent is acknowledged (a peer that reads
-    /// slowly holds the window): no byte is stuck then.
-    fn head_blocks(&self) -> bool {
+    /// slowly holds the window): no byte is stuck then. The buffer is used up when it has no
+    /// room, or less than a waiting writer asked for (`writer_wants`: a message, or a large
+    /// buffer taken only whole).
+    fn head_blocks(&self, writer_wants: Option<u64>) -> bool {
         let flow_blocked = self.next_new < self.written && self.next_new >= self.max_data;
-        let buffer_full = self.next_new == self.written && self.room() == 0;
+        let buffer_full =
+            self.next_new == self.written && self.room() < writer_wants.unwrap_or(1).max(1);
         (flow_blocked || buffer_full) && self.retransmit.is_empty() && self.base < self.next_new
     }
 
@@ -290,8 +293,14 @@ impl SendStream {
     /// A head that keeps moving is not stuck: with a window smaller than the links' bandwidth-
     /// delay product the stream is blocked most of the time while its bytes are merely in
     /// transit, and re-sending them at each acknowledgement sent most bytes twice.
-    pub fn rescue_head(&mut self, max: u64, now: Instant, patience: Duration) -> bool {
-        if !self.head_blocks() {
+    pub fn rescue_head(
+        &mut self,
+        max: u64,
+        now: Instant,
+        patience: Duration,
+        writer_wants: Option<u64>,
+    ) -> bool {
+        if !self.head_blocks(writer_wants) {
             return false;
         }
         if self.head.base != self.base || self.head.since.is_none() {
@@ -315,9 +324,13 @@ impl SendStream {
 
     /// When [`Self::rescue_head`] would queue the head, given `patience`: the stream is
     /// blocked by a head seen at its place and not re-sent yet.
-    pub fn rescue_deadline(&self, patience: Duration) -> Option<Instant> {
+    pub fn rescue_deadline(
+        &self,
+        patience: Duration,
+        writer_wants: Option<u64>,
+    ) -> Option<Instant> {
         let watched = self.head.base == self.base && !self.head.rescued;
-        (watched && self.head_blocks())
+        (watched && self.head_blocks(writer_wants))
             .then_some(self.head.since)
             .flatten()
             .map(|t| t + patience)
@@ -859,26 +872,58 @@ mod tests {
             s.next_chunk(10).is_none(),
             "the premise: blocked by the limit"
         );
-        assert!(!s.rescue_head(64, at(0), patience), "just seen");
-        assert_eq!(s.rescue_deadline(patience), Some(at(5)));
+        assert!(!s.rescue_head(64, at(0), patience, None), "just seen");
+        assert_eq!(s.rescue_deadline(patience, None), Some(at(5)));
         // acknowledged in order within the patience: the head keeps moving
         for (i, c) in chunks.iter().take(5).enumerate() {
             s.on_ack(*c);
-            assert!(!s.rescue_head(64, at(4 * i as u64 + 4), patience), "moving");
+            assert!(
+                !s.rescue_head(64, at(4 * i as u64 + 4), patience, None),
+                "moving"
+            );
         }
         assert_eq!(s.acknowledged(), 50);
         // then it stays at 50 while later bytes are acknowledged around it
         s.on_ack(chunks[7]);
-        assert!(!s.rescue_head(64, at(23), patience), "not yet");
-        assert_eq!(s.rescue_deadline(patience), Some(at(25)));
-        assert!(s.rescue_head(64, at(25), patience), "stuck: queued again");
-        assert_eq!(s.rescue_deadline(patience), None, "once per head");
+        assert!(!s.rescue_head(64, at(23), patience, None), "not yet");
+        assert_eq!(s.rescue_deadline(patience, None), Some(at(25)));
+        assert!(
+            s.rescue_head(64, at(25), patience, None),
+            "stuck: queued again"
+        );
+        assert_eq!(s.rescue_deadline(patience, None), None, "once per head");
         let again: Vec<(u64, usize)> = std::iter::from_fn(|| s.next_chunk(100))
             .map(|c| (c.offset, c.len))
             .collect();
         // the unacknowledged parts of the head's bytes sent so far, nothing new
         assert_eq!(again, [(50, 20), (80, 20)]);
-        assert!(!s.rescue_head(64, at(100), patience), "not twice");
+        assert!(!s.rescue_head(64, at(100), patience, None), "not twice");
+    }
+
+    /// A writer that waits for more room than is free (a message, or a large buffer taken
+    /// only whole) is blocked as surely as by a full buffer: a head that stays put is sent
+    /// again. Before, only a buffer with no room at all counted, and after one rescue freed a
+    /// little room the next stuck head was never re-sent.
+    #[test]
+    fn a_head_that_keeps_a_waiting_writer_out_is_sent_again() {
+        let patience = Duration::from_millis(5);
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut s = SendStream::new(100, 1000);
+        s.write(&[3u8; 100]);
+        let chunks: Vec<Chunk> = (0..10).map(|_| s.next_chunk(10).unwrap()).collect();
+        // the first 10 bytes are acknowledged: 10 bytes of room, a writer waits for 50
+        s.on_ack(chunks[0]);
+        s.on_ack(chunks[5]);
+        assert_eq!(s.room(), 10, "the premise");
+        assert!(!s.rescue_head(64, at(0), patience, None), "nobody waits");
+        assert!(!s.rescue_head(64, at(0), patience, Some(50)), "just seen");
+        assert_eq!(s.rescue_deadline(patience, Some(50)), Some(at(5)));
+        assert!(
+            s.rescue_head(64, at(5), patience, Some(50)),
+            "stuck: queued again"
+        );
+        assert_eq!(s.next_chunk(100).map(|c| (c.offset, c.len)), Some((10, 40)));
     }
 
     /// A stream blocked by a peer that reads slowly, with everything sent acknowledged, has no
@@ -901,16 +946,19 @@ mod tests {
             "the premise: all sent is acknowledged"
         );
         for ms in [0, 50, 100] {
-            assert!(!s.rescue_head(64, at(ms), patience));
-            assert_eq!(s.rescue_deadline(patience), None, "at {ms} ms");
+            assert!(!s.rescue_head(64, at(ms), patience, None));
+            assert_eq!(s.rescue_deadline(patience, None), None, "at {ms} ms");
         }
         // the window opens: the head that leaves now is watched from now on
         s.max_data = 200;
         let sent = std::iter::from_fn(|| s.next_chunk(10)).count();
         assert_eq!(sent, 10);
-        assert!(!s.rescue_head(64, at(100), patience), "just seen");
-        assert_eq!(s.rescue_deadline(patience), Some(at(105)));
-        assert!(s.rescue_head(64, at(105), patience), "stuck: queued again");
+        assert!(!s.rescue_head(64, at(100), patience, None), "just seen");
+        assert_eq!(s.rescue_deadline(patience, None), Some(at(105)));
+        assert!(
+            s.rescue_head(64, at(105), patience, None),
+            "stuck: queued again"
+        );
     }
 
     #[test]

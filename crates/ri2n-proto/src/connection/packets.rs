@@ -149,8 +149,8 @@ impl Connection {
         let control_waiting =
             self.max_data_pending.iter().any(|&p| p) || !self.link_status_pending.is_empty();
         if let Some(patience) = self.rescue_patience() {
-            for s in &mut self.send {
-                s.rescue_head(RESCUE_BYTES, now, patience);
+            for (s, &wants) in self.send.iter_mut().zip(&self.write_wants) {
+                s.rescue_head(RESCUE_BYTES, now, patience, wants);
             }
         }
         self.datagrams.outgoing.drop_stale(now);

@@ -126,7 +126,8 @@ impl Connection {
             arm(Timer::PeerGone, self.peer_gone_deadline());
             arm(Timer::Pacing, self.scheduling.pacing_wakeup);
             if let Some(patience) = self.rescue_patience() {
-                let due = self.send.iter().filter_map(|s| s.rescue_deadline(patience));
+                let due = (self.send.iter().zip(&self.write_wants))
+                    .filter_map(|(s, &wants)| s.rescue_deadline(patience, wants));
                 arm(Timer::Rescue, due.min());
             }
             for (i, l) in self.links.iter().enumerate() {
