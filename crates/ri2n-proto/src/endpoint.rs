@@ -37,6 +37,12 @@ use crate::{
 /// bringing the timer index up to date.
 const ASK_AT_MOST: usize = 8;
 
+/// Connections that may share the connection ID their client chose. A client picks a random
+/// one per connection, so two alike are a rare accident; RESETs and ICMP errors are matched
+/// by it, and without a cap a stranger (at an unkeyed server) opening thousands of
+/// connections under one ID would make each such packet cost a walk over all of them.
+const MAX_SHARING_CLIENT_ID: usize = 4;
+
 /// Stateless answers waiting to be sent; beyond this many, new ones are dropped, so a flood
 /// of junk cannot grow memory.
 const MAX_STATELESS_QUEUE: usize = 64;
@@ -915,7 +921,12 @@ impl Endpoint {
         }
         // (whether this is a new run of a peer we have connections with is decided when the
         // client confirms: until then this may be a replay, see `on_confirmed`)
-        if let Some(limit) = self.connection_limit_reached(remote) {
+        let limit = if self.with_peer_cid(scid).len() >= MAX_SHARING_CLIENT_ID {
+            Some("connections under one client connection ID")
+        } else {
+            self.connection_limit_reached(remote)
+        };
+        if let Some(limit) = limit {
             // the client proved its address (the cookie), so a RESET to it amplifies nothing;
             // it tells the client at once instead of letting it wait out its handshake
             tracing::debug!(%remote, limit, "connection refused");

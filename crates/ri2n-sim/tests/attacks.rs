@@ -651,3 +651,42 @@ fn a_replay_that_opens_a_link_from_elsewhere_does_not_keep_it() {
         [(c[0], LinkState::Up), (c[1], LinkState::Up)]
     );
 }
+
+/// A stranger at an unkeyed server opens connections from many ports, all under one client
+/// connection ID, to make each RESET or ICMP error naming that ID cost a walk over all of
+/// them. Only a few connections may share an ID; the rest are refused as over a limit.
+#[test]
+fn few_connections_may_share_a_client_connection_id() {
+    let now = Instant::now();
+    let server_addr = addr("10.0.0.2:6000");
+    let mut server = Endpoint::new(EndpointConfig::new(vec![server_addr]).server(), 2, now);
+    let scid = 0x5eed_5eed_5eed_5eed;
+    let hello = wire::ClientParams {
+        instance: 9,
+        window: 1 << 20,
+        cipher: 0,
+        accepts: 3,
+        application: Vec::new(),
+    }
+    .encode();
+    let mut refused = 0;
+    for port in 0..20u16 {
+        let from = SocketAddr::new(addr("10.9.0.1:1").ip(), 1000 + port);
+        let mut d = initial(scid, &[], wire::handshake_mode::PLAIN, &[]);
+        server.handle_datagram(now, server_addr, from, &mut d);
+        let cookie = drain(&mut server, now)
+            .into_iter()
+            .find_map(|(_, d)| match wire::decode_packet(&d) {
+                Ok((wire::Header::Retry { token, .. }, _)) => Some(token.to_vec()),
+                _ => None,
+            })
+            .expect("a RETRY with a cookie");
+        let mut d = initial(scid, &cookie, wire::handshake_mode::PLAIN, &hello);
+        let before = server.dropped().get(DropReason::ConnectionLimit);
+        server.handle_datagram(now, server_addr, from, &mut d);
+        refused += server.dropped().get(DropReason::ConnectionLimit) - before;
+        let _ = drain(&mut server, now);
+    }
+    assert_eq!(server.connection_count(), 4);
+    assert_eq!(refused, 16);
+}
