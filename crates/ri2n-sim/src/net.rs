@@ -35,8 +35,10 @@ pub const MAX_DATAGRAM: usize = 1472;
 /// Most links the simulated network has (the engine's limit).
 pub const MAX_LINKS: usize = ri2n_proto::MAX_LINKS;
 
-/// A rate at which serialization takes no time at all: a direction at this rate never queues,
-/// so only its delay and impairments shape its traffic.
+/// A rate at which serialization takes no time at all. A direction at this rate still has its
+/// queue limit: datagrams sent at one instant wait behind each other there, so give it an
+/// unlimited queue too (as [`DirectionConfig::ideal`] does) for delay and impairments alone to
+/// shape its traffic.
 pub const UNLIMITED_RATE: u64 = u64::MAX;
 
 /// One of the two simulated hosts.
@@ -561,6 +563,8 @@ impl Direction {
             self.head_end = None;
             self.tx_gen += 1;
             self.epoch += 1;
+            // what was on the wire is lost: it holds back nothing sent after the link is back
+            self.last_delivery = Duration::ZERO;
         }
         self.status = status;
     }
@@ -954,6 +958,23 @@ mod tests {
             got,
             vec![ser + ms(5), ms(100) + ser + ms(5), ms(200) + ser + ms(5)]
         );
+    }
+
+    /// A slow route's datagram lost in flight when the link went down holds back nothing sent
+    /// after the link came back over a fast one.
+    #[test]
+    fn what_was_lost_on_the_wire_holds_back_nothing_after_the_link_is_back() {
+        let mut d = Direction::new(DirectionConfig::ideal(ms(200)), 1);
+        let before = run(&mut d, packets(1, 100, |_| ms(0)));
+        assert_eq!(before[0].at, ms(200));
+        d.set_status(LinkStatus::Down);
+        assert!(d
+            .set_config(ms(10), DirectionConfig::ideal(ms(1)))
+            .is_none());
+        d.set_status(LinkStatus::Up);
+        let after = run(&mut d, packets(1, 100, |_| ms(20)));
+        assert_eq!(after[0].at, ms(21));
+        assert!(!d.accept_delivery(before[0].epoch, 100), "lost in flight");
     }
 
     #[test]

@@ -75,7 +75,9 @@ impl Capture {
     }
 }
 
-/// A datagram one host sent, as its receiver would see it.
+/// A datagram one host sent, as its receiver would see it, captured as it was sent: the
+/// network may yet drop it (a dead link, loss, a full queue, a too small MTU). Datagrams a
+/// test injects are not captured.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Captured {
     /// The receiver's address it went to.
