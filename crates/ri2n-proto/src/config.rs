@@ -374,7 +374,7 @@ pub struct EndpointConfig {
     pub shard: Shard,
     /// The endpoint's connections, counted with the other shards of the endpoint (set by a
     /// driver that runs several, so that the limits above hold for all): `None` counts this
-    /// engine's own.
+    /// engine's own (the engine then makes a count of its own).
     pub connection_counts: Option<std::sync::Arc<crate::ConnectionCounts>>,
 }
 

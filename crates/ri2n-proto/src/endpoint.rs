@@ -152,8 +152,8 @@ pub struct Endpoint {
     /// Refused handshakes for the application to log, and their rate limit.
     refusals: VecDeque<RefusedHandshake>,
     refusal_budget: TokenBucket,
-    /// With [`EndpointConfig::connection_counts`]: the client address each open server
-    /// connection is counted under there, until it closes or goes.
+    /// The client address each open server connection is counted under in
+    /// [`EndpointConfig::connection_counts`], until it closes or goes.
     counted: HashMap<ConnectionHandle, IpAddr>,
 }
 
@@ -261,7 +261,11 @@ impl Endpoint {
         Self::with_rng(cfg, ChaCha8Rng::from_seed(seed), now)
     }
 
-    fn with_rng(cfg: EndpointConfig, mut rng: ChaCha8Rng, now: Instant) -> Self {
+    fn with_rng(mut cfg: EndpointConfig, mut rng: ChaCha8Rng, now: Instant) -> Self {
+        // counted alone as with other shards: per client address in a map, not by a walk
+        // over every connection at each INITIAL, and under its handshake's address only (the
+        // links a peer opens from other addresses must not count against those)
+        cfg.connection_counts.get_or_insert_with(Default::default);
         // The shards of one endpoint share its instance and cookie key (peers and clients
         // holding a cookie see one endpoint): drawn first, from the common seed. Their other
         // random numbers come from a stream of each shard's own.
@@ -982,10 +986,8 @@ impl Endpoint {
         );
         let h = self.insert(cid, conn);
         self.by_initial.insert((remote, scid), h);
-        if self.cfg.connection_counts.is_some() {
-            // counted by `connection_limit_reached`
-            self.counted.insert(h, remote.ip());
-        }
+        // counted by `connection_limit_reached`
+        self.counted.insert(h, remote.ip());
         Ok(())
     }
 
@@ -1317,8 +1319,8 @@ impl Endpoint {
     /// end); the limit per address counts the open ones, so a client whose connections ended
     /// may connect again.
     ///
-    /// A server connection from `remote` is about to be made if this returns `None`: with
-    /// shared [`ConnectionCounts`], it is counted there already.
+    /// A server connection from `remote` is about to be made if this returns `None`: it is
+    /// counted in [`ConnectionCounts`] already, under its handshake's address.
     fn connection_limit_reached(&self, remote: SocketAddr) -> Option<&'static str> {
         const TOTAL: &str = "max_connections";
         const PER_ADDRESS: &str = "max_connections_per_address";
@@ -1326,23 +1328,15 @@ impl Endpoint {
             self.cfg.max_connections,
             self.cfg.max_connections_per_address,
         );
-        if let Some(counts) = &self.cfg.connection_counts {
-            if !counts.try_hold(total) {
-                return Some(TOTAL);
-            }
-            if !counts.try_open(remote.ip(), per_address) {
-                counts.release();
-                return Some(PER_ADDRESS);
-            }
-            return None;
-        }
-        if self.connections.len() >= total {
+        let counts = (self.cfg.connection_counts.as_ref()).expect("set by Endpoint::new");
+        if !counts.try_hold(total) {
             return Some(TOTAL);
         }
-        let from_address = (self.connections.values())
-            .filter(|c| c.state() != ConnectionState::Closed && c.has_remote_ip(remote.ip()))
-            .count();
-        (from_address >= per_address).then_some(PER_ADDRESS)
+        if !counts.try_open(remote.ip(), per_address) {
+            counts.release();
+            return Some(PER_ADDRESS);
+        }
+        None
     }
 }
 

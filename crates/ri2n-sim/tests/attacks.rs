@@ -690,3 +690,67 @@ fn few_connections_may_share_a_client_connection_id() {
     assert_eq!(server.connection_count(), 4);
     assert_eq!(refused, 16);
 }
+
+/// Connections count against the per-address limit under the address of their handshake only.
+/// Counted under every address their links lead to, the links a peer opens from another
+/// address (a client of two addresses; or a stranger's, from a victim's spoofed one) took
+/// that address's share, and a host there was refused as if it held connections.
+#[test]
+fn links_from_another_address_do_not_count_against_its_limit() {
+    let mut now = Instant::now();
+    let (a, v) = (addr("10.0.0.1:5000"), addr("10.1.0.1:5000"));
+    let servers = [addr("10.0.0.2:6000"), addr("10.1.0.2:6000")];
+    let mut cfg = EndpointConfig::new(servers.to_vec()).server();
+    cfg.max_connections_per_address = 1;
+    let mut server = Endpoint::new(cfg, 2, now);
+    let mut two = Endpoint::new(EndpointConfig::new(vec![a, v]), 1, now);
+    let other_addr = [addr("10.1.0.1:5001")];
+    let mut other = Endpoint::new(EndpointConfig::new(other_addr.to_vec()), 3, now);
+    let ch = two.connect(now, &servers, Default::default()).unwrap();
+    type Client<'a> = (&'a mut Endpoint, &'a [SocketAddr]);
+    let exchange = |now: Instant, server: &mut Endpoint, clients: &mut [Client]| {
+        for (c, _) in clients.iter_mut() {
+            c.handle_timeout(now);
+            for (t, mut d) in drain(c, now) {
+                server.handle_datagram(now, t.remote, t.local, &mut d);
+            }
+        }
+        server.handle_timeout(now);
+        while server.accept().is_some() {}
+        for (t, d) in drain(server, now) {
+            for (c, addrs) in clients.iter_mut() {
+                if addrs.contains(&t.remote) {
+                    c.handle_datagram(now, t.remote, t.local, &mut d.clone());
+                }
+            }
+        }
+    };
+    for _ in 0..500 {
+        now += Duration::from_millis(1);
+        exchange(now, &mut server, &mut [(&mut two, &[a, v])]);
+    }
+    let links = two.connection(ch).unwrap().stats().links;
+    assert!(
+        links.len() == 2 && links.iter().all(|l| l.state == LinkState::Up),
+        "the premise: a link from each address {links:?}"
+    );
+    let oh = other
+        .connect(now, &servers[1..], Default::default())
+        .unwrap();
+    for _ in 0..100 {
+        now += Duration::from_millis(1);
+        exchange(
+            now,
+            &mut server,
+            &mut [(&mut two, &[a, v]), (&mut other, &other_addr)],
+        );
+    }
+    let c = other.connection(oh).unwrap();
+    assert_eq!(
+        c.state(),
+        ConnectionState::Established,
+        "{:?}",
+        c.close_reason()
+    );
+    assert_eq!(server.connection_count(), 2);
+}

@@ -1738,11 +1738,6 @@ impl Connection {
         self.links.iter().any(|l| l.remote == remote)
     }
 
-    /// Whether any of this connection's links leads to the host at `ip`.
-    pub(crate) fn has_remote_ip(&self, ip: std::net::IpAddr) -> bool {
-        self.links.iter().any(|l| l.remote.ip() == ip)
-    }
-
     /// A client still connecting: whether its handshake goes out under connection ID `cid`.
     pub(crate) fn is_connecting_as(&self, cid: u64) -> bool {
         self.state == ConnectionState::Connecting && cid != 0 && self.handshake.local_cid == cid
