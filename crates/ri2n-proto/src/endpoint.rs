@@ -719,20 +719,22 @@ impl Endpoint {
         dcid: u64,
         trigger_len: usize,
     ) {
-        let token = self
-            .cfg
-            .key
-            .as_ref()
-            .map(|k| k.reset_token(dcid, local, remote));
+        // size and budget first: the token costs a keyed hash, which a flood of made-up
+        // connection IDs must not get for nothing
+        let blank = [0u8; crate::crypto::RESET_TOKEN_LEN];
+        let len = wire::control_packet_len(&Header::Reset {
+            dcid,
+            token: self.cfg.key.is_some().then_some(&blank[..]),
+        });
+        if trigger_len < MIN_RESET_TRIGGER.max(len) || !self.reset_budget.take(now) {
+            return;
+        }
+        let token = (self.cfg.key.as_ref()).map(|k| k.reset_token(dcid, local, remote));
         let reset = Header::Reset {
             dcid,
             token: token.as_ref().map(|t| &t[..]),
         };
-        if trigger_len >= MIN_RESET_TRIGGER.max(wire::control_packet_len(&reset))
-            && self.reset_budget.take(now)
-        {
-            self.queue_stateless(local, remote, &reset);
-        }
+        self.queue_stateless(local, remote, &reset);
     }
 
     /// The operating system refused to send from `local` to `remote` (`ENETUNREACH`,
