@@ -2191,14 +2191,17 @@ impl Connection {
 
     /// How long a stream's head may stay put, blocking the stream, before opportunistic
     /// retransmission sends it again: the smallest probe timeout of the links that are up
-    /// (the quickest link would have answered by then). None with a single link; with more,
-    /// whatever their states (PROTOCOL.md §5.6), so also while one alone is up.
+    /// (the quickest link would have answered by then). None with a single link, or while no
+    /// link is up; with more, whatever their states (PROTOCOL.md §5.6), so also while one
+    /// alone is up.
     pub(super) fn rescue_patience(&self) -> Option<Duration> {
         if self.links.len() < 2 {
             return None;
         }
+        // none while no link is up: nothing could carry the head sooner (what was in flight
+        // on them is queued again as lost anyway)
         let up = self.links.iter().filter(|l| l.is_up());
-        Some(up.map(|l| l.pto(&self.cfg)).min().unwrap_or_default())
+        up.map(|l| l.pto(&self.cfg)).min()
     }
 
     /// The largest probe timeout of the links that are up (of all links when none is): what

@@ -131,6 +131,9 @@ impl Recovery {
     pub fn on_sent(&mut self, now: Instant, pkt: SentPacket) -> u64 {
         let pn = self.next_pn;
         self.next_pn += 1;
+        // only kept packets leave bytes in flight again (acknowledged or lost): one in flight
+        // and not kept would hold its bytes for good
+        debug_assert!(!pkt.in_flight || pkt.ack_eliciting, "in flight, not kept");
         if pkt.in_flight {
             self.bytes_in_flight += u64::from(pkt.size);
         }
