@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use ri2n_proto::wire::{self, frame_type, packet_type, Header, Writer};
 use ri2n_proto::{
-    ConnectionConfig, ConnectionState, DropReason, Endpoint, EndpointConfig, Event, LinkId,
-    Transmit, WriteError,
+    ConnectionConfig, ConnectionHandle, ConnectionState, DropReason, Endpoint, EndpointConfig,
+    Event, LinkId, Transmit, WriteError,
 };
 use ri2n_sim::testbed::drain;
 
@@ -84,22 +84,33 @@ fn a_link_opened_before_the_connection_was_confirmed_is_announced() {
     );
 }
 
+/// The client and server addresses of [`connecting_to_a_server_that_takes_no_datagrams`].
+const CLIENT: &str = "10.0.0.1:7000";
+const SERVER: &str = "10.0.0.2:7400";
+
+/// A client endpoint (on [`CLIENT`]) connecting, at `now`, to a server endpoint (on
+/// [`SERVER`]) whose connections take no datagrams; nothing sent yet.
+fn connecting_to_a_server_that_takes_no_datagrams(
+    now: Instant,
+) -> (Endpoint, Endpoint, ConnectionHandle) {
+    let mut client = Endpoint::new(EndpointConfig::new(vec![addr(CLIENT)]), 1, now);
+    let mut cfg = EndpointConfig::new(vec![addr(SERVER)]).server();
+    cfg.server_connection = ConnectionConfig::default().with_accept_datagrams(false);
+    let server = Endpoint::new(cfg, 2, now);
+    let ch = client
+        .connect(now, &[addr(SERVER)], ConnectionConfig::default())
+        .unwrap();
+    (client, server, ch)
+}
+
 /// A client whose first short packet carries a frame the server refuses (a datagram to a
 /// server that takes none) ends its connection before confirming it. The server frees it at
 /// once: nobody could accept or release it, and held it would count against the server's
 /// limit for ever. The client's next packet is answered with a RESET, which ends its side.
 #[test]
 fn a_connection_ended_before_it_was_confirmed_is_freed() {
-    let client_addr = addr("10.0.0.1:7000");
-    let server_addr = addr("10.0.0.2:7400");
     let now = Instant::now();
-    let mut client = Endpoint::new(EndpointConfig::new(vec![client_addr]), 1, now);
-    let mut cfg = EndpointConfig::new(vec![server_addr]).server();
-    cfg.server_connection = ConnectionConfig::default().with_accept_datagrams(false);
-    let mut server = Endpoint::new(cfg, 2, now);
-    let ch = client
-        .connect(now, &[server_addr], ConnectionConfig::default())
-        .unwrap();
+    let (mut client, mut server, ch) = connecting_to_a_server_that_takes_no_datagrams(now);
     // the handshake, without the client's short packets: the server stays unconfirmed
     let mut held = Vec::new();
     for _ in 0..4 {
@@ -132,7 +143,7 @@ fn a_connection_ended_before_it_was_confirmed_is_freed() {
     w.u8(7);
     let len = w.finish();
     d.truncate(len);
-    server.handle_datagram(now, server_addr, client_addr, &mut d);
+    server.handle_datagram(now, addr(SERVER), addr(CLIENT), &mut d);
     let dropped = |server: &Endpoint| {
         [DropReason::Undecodable, DropReason::UnknownConnection].map(|r| server.dropped().get(r))
     };
@@ -166,16 +177,8 @@ fn a_connection_ended_before_it_was_confirmed_is_freed() {
 /// dropped (and counted) when the ACCEPT says so, and the connection goes on.
 #[test]
 fn datagrams_queued_during_the_handshake_to_a_server_that_takes_none_are_dropped() {
-    let client_addr = addr("10.0.0.1:7000");
-    let server_addr = addr("10.0.0.2:7400");
     let now = Instant::now();
-    let mut client = Endpoint::new(EndpointConfig::new(vec![client_addr]), 1, now);
-    let mut cfg = EndpointConfig::new(vec![server_addr]).server();
-    cfg.server_connection = ConnectionConfig::default().with_accept_datagrams(false);
-    let mut server = Endpoint::new(cfg, 2, now);
-    let ch = client
-        .connect(now, &[server_addr], ConnectionConfig::default())
-        .unwrap();
+    let (mut client, mut server, ch) = connecting_to_a_server_that_takes_no_datagrams(now);
     let conn = client.connection_mut(ch).unwrap();
     conn.send_datagram(now, b"early").unwrap();
     conn.send_datagram(now, b"early too").unwrap();
