@@ -14,7 +14,7 @@ use ri2n::{ConnectionConfig, ConnectionError, Endpoint, EndpointConfig, Transpor
 use crate::connection::PyConnection;
 use crate::errors::endpoint_error;
 use crate::key::PyKey;
-use crate::{drop_detached, timeout_arg, Addrs, Shared, SIGNAL_CHECK};
+use crate::{drop_detached, timeout_arg, wait_on_thread, Addrs, Shared, SIGNAL_CHECK};
 
 /// How long leaving a `with` block waits for the peers to acknowledge what was written: the
 /// library's own `close_linger`, what dropping the endpoint would wait.
@@ -162,9 +162,20 @@ impl PyEndpoint {
         }
         let endpoint = self.get()?;
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        // What gives the connect up: Ctrl-C, an endpoint closed by another thread (an
+        // asyncio task given up, as for `accept`), or the cancel.
+        let given_up = |py: Python<'_>| -> PyResult<()> {
+            py.check_signals()?;
+            self.get()?;
+            if let Some(cancel) = &cancel {
+                if cancel.call_method0("is_set")?.is_truthy()? {
+                    return Err(PyInterruptedError::new_err("the connect was cancelled"));
+                }
+            }
+            Ok(())
+        };
         // One handshake for the whole timeout (with `None`, one after another for as long as
-        // it takes), waited for in slices so that Ctrl-C is handled meanwhile, and an endpoint
-        // closed by another thread (an asyncio task given up) stops it, as `accept` does.
+        // it takes), waited for in slices so that `given_up` is looked at meanwhile.
         loop {
             let mut config = ConnectionConfig::default();
             if let Some(d) = deadline {
@@ -174,29 +185,48 @@ impl PyEndpoint {
                 }
                 config = config.with_handshake_timeout(left);
             }
-            let conn = py
-                .detach(|| endpoint.start_connect(&remotes, config))
-                .map_err(|e| endpoint_error(py, e, self.key_file.as_deref()))?;
-            let given_up = |why: &str| conn.abort(0, why);
+            let started = match endpoint.transport() {
+                // the TCP transport makes the whole handshake within the call; the others
+                // return at once, the handshake under way
+                Transport::Tcp => {
+                    let (ep, to) = (endpoint.arc(), remotes.clone());
+                    wait_on_thread(
+                        py,
+                        "ri2n-connect",
+                        move || ep.start_connect(&to, config),
+                        |late| {
+                            if let Ok(conn) = late {
+                                conn.abort(0, "the client gave up its connect");
+                            }
+                        },
+                        given_up,
+                    )?
+                }
+                _ => py.detach(|| endpoint.start_connect(&remotes, config)),
+            };
+            let conn = match started {
+                Ok(conn) => conn,
+                Err(ri2n::Error::Connection(ConnectionError::TimedOut(_)))
+                    if deadline.is_none() =>
+                {
+                    continue;
+                }
+                Err(ri2n::Error::Connection(ConnectionError::TimedOut(_))) => {
+                    return Err(no_answer(&remotes, timeout))
+                }
+                Err(e) => return Err(endpoint_error(py, e, self.key_file.as_deref())),
+            };
             loop {
                 match py.detach(|| conn.wait_connected(Some(SIGNAL_CHECK))) {
                     Ok(true) => return Ok(PyConnection::new(conn)),
                     Ok(false) => {
-                        if let Err(e) = py.check_signals() {
-                            given_up("the client gave up its connect");
+                        if let Err(e) = given_up(py) {
+                            let why = match e.is_instance_of::<PyValueError>(py) {
+                                true => "the client's endpoint was closed",
+                                false => "the client gave up its connect",
+                            };
+                            conn.abort(0, why);
                             return Err(e);
-                        }
-                        if let Err(e) = self.get() {
-                            given_up("the client's endpoint was closed");
-                            return Err(e);
-                        }
-                        if let Some(cancel) = &cancel {
-                            if cancel.call_method0("is_set")?.is_truthy()? {
-                                given_up("the client gave up its connect");
-                                return Err(PyInterruptedError::new_err(
-                                    "the connect was cancelled",
-                                ));
-                            }
                         }
                     }
                     // nobody answered: the next handshake, unless the time is up
@@ -288,14 +318,31 @@ impl PyEndpoint {
     /// everything written to it, then releases the sockets (once no ``Connection`` of the
     /// endpoint is left). Raises ``NotDelivered`` if some data was never acknowledged.
     /// An ``accept`` waiting in another thread then raises ``ValueError``. Closing a closed
-    /// endpoint does nothing.
+    /// endpoint does nothing. Ctrl-C stops the wait: what was not acknowledged by then is
+    /// dropped, each peer told so (as by ``abort()``), and ``KeyboardInterrupt`` raised.
     #[pyo3(signature = (timeout = None))]
     fn close(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
         let timeout = timeout_arg(timeout)?;
         let Some(endpoint) = self.take() else {
             return Ok(());
         };
-        let closed = py.detach(|| endpoint.close(timeout));
+        let closing = Arc::clone(&endpoint);
+        let closed = wait_on_thread(
+            py,
+            "ri2n-close",
+            move || closing.close(timeout),
+            drop,
+            |py| py.check_signals(),
+        );
+        let closed = match closed {
+            Ok(closed) => closed,
+            Err(interrupted) => {
+                // the close on its thread then ends at once
+                py.detach(|| endpoint.abort(0, "the endpoint's close was interrupted"));
+                drop_detached(endpoint);
+                return Err(interrupted);
+            }
+        };
         drop_detached(endpoint);
         closed.map_err(|e| endpoint_error(py, e, None))
     }

@@ -20,10 +20,10 @@ mod key;
 
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 /// How long a wait runs with the GIL released before it comes back to let Python handle
@@ -92,6 +92,53 @@ pub(crate) fn drop_detached<T: Send>(value: T) {
     Python::attach(|py| py.detach(move || drop(value)));
 }
 
+/// Runs `work` on a thread of its own and waits for what it returns with the GIL released,
+/// in slices of [`SIGNAL_CHECK`], calling `check` after each: a library call that cannot
+/// wait in slices itself (the TCP transport's handshake, an endpoint's graceful close) is so
+/// still given up on Ctrl-C, a cancel or a closed endpoint, whichever `check` raises. Given
+/// up, the call runs on to its end on its thread, and what it returns then (or had returned
+/// just before) goes to `abandoned`, which undoes it.
+pub(crate) fn wait_on_thread<T: Send + 'static>(
+    py: Python<'_>,
+    name: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+    abandoned: fn(T),
+    mut check: impl FnMut(Python<'_>) -> PyResult<()>,
+) -> PyResult<T> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            if let Err(mpsc::SendError(late)) = tx.send(work()) {
+                abandoned(late);
+            }
+        })
+        .map_err(|e| errors::io_error(py, e))?;
+    let mut rx = rx;
+    loop {
+        // the receiver goes to the detached wait and back (it may not be shared)
+        let waited;
+        (waited, rx) = py.detach(move || (rx.recv_timeout(SIGNAL_CHECK), rx));
+        match waited {
+            Ok(done) => return Ok(done),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if let Err(e) = check(py) {
+                    // returned between the wait and the check: nobody takes it now
+                    if let Ok(late) = rx.try_recv() {
+                        abandoned(late);
+                    }
+                    return Err(e);
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(PyRuntimeError::new_err(format!(
+                    "{name} ended without an outcome (a panic in the library)"
+                )))
+            }
+        }
+    }
+}
+
 /// What a call holds of a connection (or an endpoint) while it runs. Where it was closed
 /// meanwhile (from another thread), the call's handle is the last one, and it lets go as
 /// `close()` does: with the GIL released ([`drop_detached`]).
@@ -100,6 +147,11 @@ pub(crate) struct Shared<T: Send + Sync>(Option<Arc<T>>);
 impl<T: Send + Sync> Shared<T> {
     pub(crate) fn new(value: Arc<T>) -> Self {
         Self(Some(value))
+    }
+
+    /// Another handle, for a thread that outlives the call ([`wait_on_thread`]).
+    pub(crate) fn arc(&self) -> Arc<T> {
+        Arc::clone(self.0.as_ref().expect("held until dropped"))
     }
 }
 

@@ -235,6 +235,73 @@ def test_ctrl_c_interrupts_a_wait_without_a_timeout(pair: Pair, call: str) -> No
     assert time.monotonic() - start < 2.0
 
 
+class _SilentTcpListener:
+    """A TCP listener that accepts connections and never writes to them: a ri2n TCP
+    handshake with it waits until it times out."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.addr = "%s:%d" % self.sock.getsockname()
+        self.accepted: list = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                self.accepted.append(self.sock.accept()[0])
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.accepted:
+            c.close()
+
+
+def test_ctrl_c_interrupts_a_tcp_connect() -> None:
+    """On the TCP transport the library makes the whole handshake in one call; Ctrl-C still
+    gives it up at once. It used to wait out the handshake timeout (10 s)."""
+    silent = _SilentTcpListener()
+    client = ri2n.Endpoint.client(["127.0.0.1:0"], transport="tcp")
+    try:
+        start = time.monotonic()
+        timer = _interrupt_main_thread_in(0.3)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                client.connect(silent.addr)
+        finally:
+            timer.cancel()
+        assert time.monotonic() - start < 2.0
+        assert silent.accepted, "the handshake never reached the listener"
+    finally:
+        close_quietly(client)
+        silent.close()
+
+
+def test_a_tcp_connect_without_a_timeout_keeps_trying_until_cancelled() -> None:
+    """``timeout=None`` tries handshake after handshake on the TCP transport too (it raised
+    ``TimeoutError`` after the first, 10 s), and ``cancel`` gives it up within a fifth of a
+    second (it was not looked at before that)."""
+    silent = _SilentTcpListener()
+    client = ri2n.Endpoint.client(["127.0.0.1:0"], transport="tcp")
+    cancel = threading.Event()
+    timer = threading.Timer(10.5, cancel.set)
+    try:
+        start = time.monotonic()
+        timer.start()
+        with pytest.raises(InterruptedError):
+            client.connect(silent.addr, timeout=None, cancel=cancel)
+        took = time.monotonic() - start
+        assert 10.5 <= took < 11.5, took
+        assert len(silent.accepted) >= 2, "one handshake only: %d" % len(silent.accepted)
+    finally:
+        timer.cancel()
+        close_quietly(client)
+        silent.close()
+
+
 def _fill(conn: ri2n.Connection, messages: bool) -> int:
     """Writes to ``conn``'s stream (or sends messages) until its peer, reading nothing, takes
     no more for 0.5 s: its window and the send buffer are full (the UDP transport gives each
@@ -289,6 +356,30 @@ def test_ctrl_c_interrupts_a_write_to_a_peer_that_reads_nothing(
         assert pair.peer.recv_message(timeout=5)
     else:
         assert pair.peer.recv(10, timeout=5)
+
+
+def test_ctrl_c_interrupts_the_close_of_an_endpoint_whose_peer_reads_nothing(
+    pair_on_each_transport: Pair,
+) -> None:
+    """``Endpoint.close()`` without a timeout waits for the peer to acknowledge what was
+    written; Ctrl-C stops that wait, and the peer is told (as by ``abort()``). It used to wait
+    for ever, Ctrl-C or not."""
+    pair = pair_on_each_transport
+    assert _fill(pair.conn, messages=False) > 0
+    start = time.monotonic()
+    timer = _interrupt_main_thread_in(0.3)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            pair.client.close()
+    finally:
+        timer.cancel()
+    assert time.monotonic() - start < 2.0
+    assert pair.client.closed
+    # the peer learns that the rest will not come: its reads end with PeerGone
+    with pytest.raises(ri2n.PeerGone, match="interrupted"):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            pair.peer.recv(1 << 20, timeout=deadline - time.monotonic())
 
 
 def test_closing_a_connection_another_thread_reads_ends_its_streams(pair: Pair) -> None:

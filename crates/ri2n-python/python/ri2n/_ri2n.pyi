@@ -139,7 +139,8 @@ class Endpoint:
     def abort(self, code: int = 0, reason: str = "") -> None:
         """Aborts every connection at once; each peer sees ``PeerGone``."""
     def close(self, timeout: Optional[float] = None) -> None:
-        """Closes every connection gracefully; ``NotDelivered`` if data was not acknowledged."""
+        """Closes every connection gracefully; ``NotDelivered`` if data was not acknowledged.
+        Ctrl-C stops the wait and aborts what is left (the peers see ``PeerGone``)."""
     @property
     def closed(self) -> bool: ...
     def __enter__(self) -> Self: ...
