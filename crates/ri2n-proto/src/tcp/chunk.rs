@@ -28,12 +28,14 @@ pub enum Kind {
 
 /// The header of a chunk of `len` payload bytes (at most [`MAX_CHUNK`]).
 pub fn header(kind: Kind, len: usize) -> [u8; HEADER_LEN] {
-    debug_assert!(len <= MAX_CHUNK);
     let k = match kind {
         Kind::Stream => K_STREAM,
         Kind::Message => K_MESSAGE,
     };
-    let l = (len as u32).to_be_bytes();
+    // a longer length cut to 32 bits would misframe everything after it
+    let l = u32::try_from(len)
+        .expect("a chunk of at most MAX_CHUNK bytes")
+        .to_be_bytes();
     [k, l[0], l[1], l[2], l[3]]
 }
 

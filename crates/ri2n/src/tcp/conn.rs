@@ -83,9 +83,10 @@ impl Settings {
     }
 
     /// The longest message: one whole message must fit this side's send buffer and the
-    /// peer's receive window (less room for its header, as the UDP transport leaves).
+    /// peer's receive window (less room for its header, as the UDP transport leaves), and one
+    /// chunk, whose header holds its length in 32 bits.
     pub fn max_message(&self) -> u64 {
-        self.send_buffer.min(self.peer_window).saturating_sub(8)
+        (self.send_buffer.min(self.peer_window).saturating_sub(8)).min(chunk::MAX_CHUNK as u64)
     }
 
     /// How long a link may stay silent before it is declared dead: a few of its round
@@ -1270,6 +1271,20 @@ mod tests {
             chunk_lengths(&conn),
             [200 << 10, 200 << 10, 200 << 10, 200 << 10, 200 << 10]
         );
+    }
+
+    #[test]
+    fn a_message_longer_than_a_chunk_can_hold_is_refused() {
+        // buffers and windows larger than a chunk header can describe
+        let mut big = ConnectionConfig::default();
+        big.send_buffer = 8 << 30;
+        big.stream_receive_window = 8 << 30;
+        let mut settings = Settings::new(&big, 1, None);
+        settings.peer_takes_messages = true;
+        settings.peer_window = 8 << 30;
+        // `send_message` refuses what is longer (a message of 2^32 + 10 bytes had its length
+        // cut to 10 in its chunk's header, and the rest read as more chunks)
+        assert_eq!(settings.max_message(), chunk::MAX_CHUNK as u64);
     }
 
     #[test]
