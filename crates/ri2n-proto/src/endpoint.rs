@@ -355,11 +355,19 @@ impl Endpoint {
         }
     }
 
-    /// Whether a connection of this endpoint goes by connection ID `cid`, its own or its
-    /// peer's: for a driver with several shards, which asks each in turn whom a RESET (or an
-    /// ICMP error quoting a packet to the peer) is for ([`wire::Steering::Ask`]).
-    pub fn knows_connection_id(&self, cid: u64) -> bool {
-        self.by_cid.contains_key(&cid) || self.by_peer_cid.contains_key(&cid)
+    /// Whether a connection of this endpoint that talks to `remote` goes by connection ID
+    /// `cid`: its peer's, or its own while it connects. These are the connections a RESET
+    /// from `remote` (or an ICMP error quoting a packet to it) may be for; a driver with
+    /// several shards asks each in turn ([`wire::Steering::Ask`]). Not the ID alone: a
+    /// stranger may open connections under another client's ID on other shards, and the
+    /// first shard asked would keep what was meant for the next.
+    pub fn has_connection_with(&self, cid: u64, remote: SocketAddr) -> bool {
+        let connecting = (self.by_cid.get(&cid))
+            .filter(|h| self.connections[*h].is_connecting_as(cid))
+            .into_iter();
+        connecting
+            .chain(self.with_peer_cid(cid))
+            .any(|h| self.connections[h].has_remote(remote))
     }
 
     /// Connections whose peer chose connection ID `cid`.

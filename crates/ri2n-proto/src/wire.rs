@@ -618,7 +618,7 @@ pub enum Steering {
     Initial(u64),
     /// The shard whose engine knows this connection ID (a RESET's, which may be the
     /// receiver's own or its peer's; an ICMP error's quote of a packet to the peer):
-    /// [`crate::Endpoint::knows_connection_id`] tells.
+    /// [`crate::Endpoint::has_connection_with`] tells.
     Ask(u64),
 }
 

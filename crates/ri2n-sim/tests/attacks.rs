@@ -691,6 +691,49 @@ fn few_connections_may_share_a_client_connection_id() {
     assert_eq!(refused, 16);
 }
 
+/// A shard keeps a RESET (or an ICMP error) for its own engine only if that engine has a
+/// connection by the quoted ID with the sender. By the ID alone, a stranger who opened a
+/// connection under a victim client's ID on one shard had that shard keep the RESET the
+/// victim's restarted client sent for its connection on another (its engine then found no
+/// match and dropped it, and the next shard was never asked).
+#[test]
+fn a_shard_is_asked_about_a_reset_only_for_a_connection_with_its_sender() {
+    let now = Instant::now();
+    let server_addr = addr("10.0.0.2:6000");
+    let mut server = Endpoint::new(EndpointConfig::new(vec![server_addr]).server(), 2, now);
+    let victims_id = 0x7e57_0001_7e57_0001;
+    let (stranger, victim) = (addr("10.9.0.1:1000"), addr("10.8.0.1:5000"));
+    let hello = wire::ClientParams {
+        instance: 9,
+        window: 1 << 20,
+        cipher: 0,
+        accepts: 3,
+        application: Vec::new(),
+    }
+    .encode();
+    let mut d = initial(victims_id, &[], wire::handshake_mode::PLAIN, &[]);
+    server.handle_datagram(now, server_addr, stranger, &mut d);
+    let cookie = drain(&mut server, now)
+        .into_iter()
+        .find_map(|(_, d)| match wire::decode_packet(&d) {
+            Ok((wire::Header::Retry { token, .. }, _)) => Some(token.to_vec()),
+            _ => None,
+        })
+        .expect("a RETRY with a cookie");
+    let mut d = initial(victims_id, &cookie, wire::handshake_mode::PLAIN, &hello);
+    server.handle_datagram(now, server_addr, stranger, &mut d);
+    assert_eq!(
+        server.connection_count(),
+        1,
+        "the stranger's connection was made"
+    );
+    assert!(server.has_connection_with(victims_id, stranger));
+    assert!(
+        !server.has_connection_with(victims_id, victim),
+        "the victim's RESET would stay on the stranger's shard"
+    );
+}
+
 /// Connections count against the per-address limit under the address of their handshake only.
 /// Counted under every address their links lead to, the links a peer opens from another
 /// address (a client of two addresses; or a stranger's, from a victim's spoofed one) took

@@ -215,8 +215,8 @@ impl Router {
     /// the shard to forward it to and how many more may be asked after that one. A connection
     /// ID of another share goes to its shard; a client's first INITIAL to the shard with the
     /// fewest connections (this one when it has no more than any), and its repeats after it;
-    /// an ID to ask about stays where an engine knows it, and with the last shard asked when
-    /// none does (which counts the drop).
+    /// an ID to ask about stays where an engine has a connection by that ID with `remote`,
+    /// and with the last shard asked when none has (which counts the drop).
     pub fn place(
         &self,
         here: usize,
@@ -238,8 +238,20 @@ impl Router {
                 let owner = Shard::of(cid, n as u32) as usize;
                 (owner != here).then_some((owner, 0))
             }
-            Steering::Ask(cid) => (asks_left > 0 && !engine.knows_connection_id(cid))
-                .then(|| ((here + 1) % n, asks_left - 1)),
+            Steering::Ask(cid) => {
+                if engine.has_connection_with(cid, remote) {
+                    return None;
+                }
+                // the next shard that runs: a stopped one holds no connection to ask about
+                let mut next = here;
+                for left in (0..asks_left).rev() {
+                    next = (next + 1) % n;
+                    if !self.inboxes[next].closed.load(Ordering::Acquire) {
+                        return Some((next, left));
+                    }
+                }
+                None
+            }
         }
     }
 
@@ -625,6 +637,28 @@ mod tests {
         taken.clear();
         router.take(1, &mut taken);
         assert_eq!(taken.len(), 1, "room again once taken");
+    }
+
+    /// A RESET (or an ICMP error) whose connection ID no engine asked so far has a
+    /// connection by passes a stopped shard and reaches the ones after it; it used to be
+    /// forwarded to the stopped one, which drops what it is sent.
+    #[test]
+    fn a_question_about_a_connection_id_passes_a_stopped_shard() {
+        let router = Router::new(3);
+        router.close(1);
+        let config = EndpointConfig::new(vec!["127.0.0.1:0".parse().unwrap()]);
+        let engine = ProtoEndpoint::new(config, 1, Instant::now());
+        let remote: SocketAddr = "127.0.0.1:7000".parse().unwrap();
+        let ask = Some(Steering::Ask(0x1234));
+        assert_eq!(
+            router.place(0, &engine, remote, ask, router.first_asks()),
+            Some((2, 0))
+        );
+        // the last shard asked keeps it (and counts the drop)
+        assert_eq!(router.place(2, &engine, remote, ask, 0), None);
+        // the others stopped too: the receiving shard keeps it
+        router.close(2);
+        assert_eq!(router.place(0, &engine, remote, ask, 2), None);
     }
 
     #[test]
