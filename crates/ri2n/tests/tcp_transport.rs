@@ -1341,3 +1341,144 @@ fn a_further_link_turned_away_is_warned_of_once() {
     );
     assert_delivered(&conn, receiver, "over the first link");
 }
+
+/// Passes one TCP connection from a client on to `to`, both ways, and keeps what the client
+/// sent (a recording, as anyone on the path can make one). Returns the address to connect
+/// to and the recording.
+fn recording_proxy(to: SocketAddr) -> (SocketAddr, Arc<Mutex<Vec<u8>>>) {
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = listener.local_addr().unwrap();
+    let recorded = Arc::new(Mutex::new(Vec::new()));
+    let record = recorded.clone();
+    std::thread::spawn(move || {
+        let (client, _) = listener.accept().unwrap();
+        let server = TcpStream::connect(to).unwrap();
+        let pipe = |mut from: TcpStream, mut to: TcpStream, record: Option<Arc<Mutex<Vec<u8>>>>| {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16 << 10];
+                while let Ok(n @ 1..) = from.read(&mut buf) {
+                    if let Some(r) = &record {
+                        r.lock().unwrap().extend_from_slice(&buf[..n]);
+                    }
+                    if to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = to.shutdown(Shutdown::Both);
+                let _ = from.shutdown(Shutdown::Both);
+            })
+        };
+        pipe(
+            client.try_clone().unwrap(),
+            server.try_clone().unwrap(),
+            Some(record),
+        );
+        pipe(server, client, None);
+    });
+    (at, recorded)
+}
+
+/// A keyed link's hello and handshake message as recorded, replayed on a TCP connection of
+/// the replayer's (with `new_connection` as given), followed by a frame of junk; the
+/// server's reply status.
+fn replay_keyed_hello(
+    to: SocketAddr,
+    recorded: &[u8],
+    new_connection: bool,
+) -> ri2n_proto::tcp::frame::HelloStatus {
+    use ri2n_proto::tcp::frame::Hello;
+    let (mut hello, n) = Hello::parse(recorded).unwrap().expect("a whole hello");
+    let len = usize::from(u16::from_be_bytes([recorded[n], recorded[n + 1]]));
+    let handshake = &recorded[n..n + 2 + len];
+    hello.new_connection = new_connection;
+    let mut out = Vec::new();
+    hello.encode(&mut out);
+    out.extend_from_slice(handshake);
+    let mut s = std::net::TcpStream::connect(to).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(&out).unwrap();
+    let (reply, _, _) = read_reply(&mut s);
+    // the replayer cannot seal a frame with the handshake's keys: it sends junk
+    let mut junk = 32u32.to_be_bytes().to_vec();
+    junk.extend_from_slice(&[0x5a; 32]);
+    let _ = s.write_all(&junk);
+    reply.status
+}
+
+/// A keyed link's hello and handshake message, recorded on the path and replayed on another
+/// TCP connection, pass the handshake (nothing in them is fresh), but take no live link's
+/// place and, once the connection ended, make no connection to accept: the server takes a
+/// TCP connection as a link only after a first frame that only the holder of the
+/// handshake's keys can seal. Before, it took the replaying TCP connection as the link at
+/// once, shutting the client's (its link went down), and handed a replayed first hello to
+/// `accept`.
+#[test]
+fn a_recorded_keyed_hello_replayed_takes_no_link_and_makes_no_connection() {
+    use ri2n_proto::tcp::frame::HelloStatus;
+    let key = Key::generate().unwrap();
+    let bind = |local: &str, server: bool| {
+        let config = EndpointConfig::new(addrs(&[local]))
+            .with_transport(Transport::Tcp)
+            .with_key(Some(key.clone()));
+        Endpoint::bind(if server { config.server() } else { config }).unwrap()
+    };
+    let server = bind("127.0.0.1:0", true);
+    let to = server.local_addrs()[0];
+    let client = bind("127.0.0.2:0", false);
+    let (proxy, recorded) = recording_proxy(to);
+    let no_discovery = ConnectionConfig::default().with_discover(false);
+    let conn = client.connect(&[proxy], no_discovery).unwrap();
+    let peer = server.accept().unwrap();
+    (&conn).write_all(b"before").unwrap();
+    let mut got = [0u8; 6];
+    (&peer).read_exact(&mut got).unwrap();
+    let recording = recorded.lock().unwrap().clone();
+    let _ = conn.poll_events();
+
+    // the live link, by its recorded hello: the server answers as to its client...
+    assert_eq!(
+        replay_keyed_hello(to, &recording, false),
+        HelloStatus::Accepted,
+        "the premise: a replay passes the handshake"
+    );
+    // ...and the client's link stays up, its connection carrying on
+    std::thread::sleep(Duration::from_millis(500));
+    let events = conn.poll_events();
+    assert!(
+        !events.iter().any(|e| matches!(
+            e.event,
+            ri2n::Event::LinkStateChanged {
+                to: LinkState::Down,
+                ..
+            }
+        )),
+        "the replay took the link: {events:?}"
+    );
+    (&conn).write_all(b"after").unwrap();
+    let mut got = [0u8; 5];
+    (&peer).read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"after");
+
+    // the connection's first hello, once it ended: no connection to accept
+    conn.abort(0, "the test replays its hello next");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while peer.close_reason().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the server's connection did not end"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        replay_keyed_hello(to, &recording, true),
+        HelloStatus::Accepted
+    );
+    let handed = server
+        .accept_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    assert!(
+        handed.is_none(),
+        "the replayed first hello was handed to accept"
+    );
+}

@@ -101,10 +101,25 @@ impl FrameKey {
     }
 
     fn nonce(&mut self) -> [u8; 12] {
-        let mut n = [0u8; 12];
-        n[4..].copy_from_slice(&self.frames.to_be_bytes());
+        let n = self.next_nonce();
         self.frames += 1;
         n
+    }
+
+    fn next_nonce(&self) -> [u8; 12] {
+        let mut n = [0u8; 12];
+        n[4..].copy_from_slice(&self.frames.to_be_bytes());
+        n
+    }
+
+    /// Whether the next frame, whose length field was `len` and body (ciphertext and tag)
+    /// `body`, opens; a copy is opened, and the count does not move, so the frame is opened
+    /// again as usual. A server takes a TCP connection as a link only once its first frame
+    /// proves that the client holds this handshake's keys, which one replaying a recorded
+    /// hello does not (docs/PROTOCOL.md §12.6).
+    pub fn would_open(&self, len: [u8; 4], body: &[u8]) -> bool {
+        let mut copy = body.to_vec();
+        self.key.open(self.next_nonce(), &len, &mut copy).is_ok()
     }
 
     /// Whether this key sealed or opened as many frames as it may.

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use ri2n_proto::addr;
-use ri2n_proto::tcp::keys::server_handshake;
+use ri2n_proto::crypto::TAG_LEN;
+use ri2n_proto::tcp::keys::{server_handshake, FrameKey, MAX_FRAME};
 use ri2n_proto::tcp::{Hello, HelloReply, HelloStatus};
 use ri2n_proto::{ConnectionConfig, ConnectionError, EndpointConfig, KeyMismatch};
 
@@ -415,6 +416,20 @@ impl TcpEndpoint {
         if io::Write::write_all(&mut &stream, &out).is_err() || sys::tune(&stream).is_err() {
             return;
         }
+        let mut leftover = leftover;
+        if let Some(k) = &keys {
+            if !confirmed(&stream, &mut leftover, &k.open) {
+                // a replayed hello (or a client gone): it neither replaces the link's TCP
+                // connection nor makes a connection to accept
+                tracing::debug!(
+                    id = hello.connection_id,
+                    link = hello.link,
+                    "link not confirmed"
+                );
+                let _ = stream.shutdown(Shutdown::Both);
+                return;
+            }
+        }
         if link::attach(&conn, usize::from(hello.link), stream, leftover, keys).is_err() {
             return;
         }
@@ -552,6 +567,50 @@ fn read_hello(s: &TcpStream) -> Option<(Hello, Option<Vec<u8>>, BytesMut)> {
     };
     s.set_read_timeout(None).ok()?;
     Some((hello, handshake, buf))
+}
+
+/// Whether the client's first sealed frame on a keyed TCP connection arrives within
+/// [`HELLO_TIMEOUT`] and opens with the handshake's keys (`key`); it stays in `buf` (with
+/// what followed it) for the link's reader. A hello and handshake message replayed from a
+/// recording pass the handshake, as nothing in them is fresh, but its keys are not the
+/// replayer's: without this proof a replay would take a live link's place or make a
+/// connection to accept (docs/PROTOCOL.md §12.6).
+fn confirmed(s: &TcpStream, buf: &mut BytesMut, key: &FrameKey) -> bool {
+    enum First<'a> {
+        Partial,
+        /// Its length field and body.
+        Whole([u8; 4], &'a [u8]),
+        /// A length no frame has.
+        Bad,
+    }
+    fn first_frame(buf: &[u8]) -> First<'_> {
+        let Some(len) = buf.get(..4) else {
+            return First::Partial;
+        };
+        let len: [u8; 4] = len.try_into().expect("4 bytes");
+        let body = u32::from_be_bytes(len) as usize;
+        if !(TAG_LEN..=MAX_FRAME).contains(&body) {
+            return First::Bad;
+        }
+        buf.get(4..4 + body)
+            .map_or(First::Partial, |b| First::Whole(len, b))
+    }
+    let deadline = Instant::now() + HELLO_TIMEOUT;
+    loop {
+        match first_frame(buf) {
+            First::Whole(len, body) => return key.would_open(len, body),
+            First::Bad => return false,
+            First::Partial => {}
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || s.set_read_timeout(Some(left)).is_err() {
+            return false;
+        }
+        let read = sys::read_into(s, buf, 4096);
+        if !matches!(read, Ok(n) if n > 0) || s.set_read_timeout(None).is_err() {
+            return false;
+        }
+    }
 }
 
 /// The attempts to open a connection's first link: raced attempts on the first of `pairs`

@@ -1193,7 +1193,12 @@ pub(crate) fn hello_exchange(
             }
         };
         match h.finish(&answer) {
-            Ok(k) => keys = Some(k),
+            Ok(mut k) => {
+                // the confirmation: a frame of no records, which only the holder of this
+                // handshake's keys can seal; the server takes the link once it opened it
+                (&s).write_all(k.seal.seal(&[], &mut Vec::new()))?;
+                keys = Some(k);
+            }
             Err(_) => reply.status = HelloStatus::WrongKey,
         }
     }
