@@ -1482,3 +1482,77 @@ fn a_recorded_keyed_hello_replayed_takes_no_link_and_makes_no_connection() {
         "the replayed first hello was handed to accept"
     );
 }
+
+/// A peer whose streams end inside a message chunk (its header says 100 bytes, 50 came
+/// before the end) broke the framing even when the application has not read up to there:
+/// the connection ends with a CLOSE that says so once both streams are complete, and the
+/// application's read fails. Before, the connection closed cleanly (CLOSE 0) as soon as
+/// both ends were acknowledged, the violation found at the read was dropped, and the read
+/// returned the end of the messages as if nothing were missing.
+#[test]
+fn streams_that_end_inside_a_chunk_end_the_connection_as_a_violation() {
+    use ri2n_proto::tcp::frame::{HelloStatus, Record};
+    let server = message_server(&["127.0.0.1:0"], 1 << 20);
+    let to = server.local_addrs()[0];
+    let mut s = say_hello(to, 0x7c0d, 0);
+    let (reply, buf, n) = read_reply(&mut s);
+    assert_eq!(reply.status, HelloStatus::Accepted);
+    let accepted = server.accept().unwrap();
+
+    // a message chunk of 100 bytes with 50 of them, and the end of the stream after them
+    let mut payload = vec![1, 0, 0, 0, 100];
+    payload.extend_from_slice(&[0x42; 50]);
+    let mut out = Vec::new();
+    Record::Round {
+        pos: 0,
+        backward: false,
+    }
+    .encode(&mut out);
+    Record::Run {
+        len: payload.len() as u32,
+    }
+    .encode(&mut out);
+    out.extend_from_slice(&payload);
+    Record::Fin {
+        end: payload.len() as u64,
+    }
+    .encode(&mut out);
+    s.write_all(&out).unwrap();
+
+    // the server's stream ends too; its FIN is acknowledged once it came
+    accepted.finish().unwrap();
+    let mut seen = buf.clone();
+    let mut at = n;
+    'fin: loop {
+        while let Ok(Some((record, len))) = Record::parse(&seen[at..]) {
+            at += len;
+            if let Record::Close { .. } = record {
+                panic!("closed before its FIN was acknowledged: {record:?}");
+            }
+            if let Record::Fin { .. } = record {
+                break 'fin;
+            }
+        }
+        let mut chunk = [0u8; 512];
+        let got = s.read(&mut chunk).unwrap();
+        assert!(got > 0, "the server closed before its FIN");
+        seen.extend_from_slice(&chunk[..got]);
+    }
+    let mut ack = Vec::new();
+    Record::Ack {
+        link_bytes: 0,
+        delivered: 0,
+        window_end: 1 << 20,
+        eof: true,
+    }
+    .encode(&mut ack);
+    s.write_all(&ack).unwrap();
+
+    let (code, reason) = server_closed_for_a_violation(&mut s, seen, n, &accepted);
+    assert!(
+        code != 0 && reason.contains("inside a chunk"),
+        "{code} {reason:?}"
+    );
+    let read = accepted.recv_message();
+    assert!(read.is_err(), "the read ended as if all had come: {read:?}");
+}

@@ -479,9 +479,17 @@ impl State {
 
     /// Splits what arrived into the streams (also after the connection ended: what arrived
     /// is still read); a peer that broke the chunk framing ends the connection (and is told
-    /// why).
-    fn pump_or_end(&mut self) {
+    /// why). Found only after a clean end (the streams' end judged once the application read
+    /// up to it), the violation still becomes the connection's end, so that the reads fail
+    /// instead of ending as if all had come.
+    pub(super) fn pump_or_end(&mut self) {
+        const VIOLATION: ConnectionError =
+            ConnectionError::ProtocolViolation("malformed chunk in the peer's streams");
         if let Err(e) = self.pump() {
+            if self.end == Some(None) {
+                tracing::warn!("the connection's end was a violation: {e}");
+                self.end = Some(Some(VIOLATION));
+            }
             if self.end.is_some() {
                 return;
             }
@@ -490,9 +498,7 @@ impl State {
             for l in &mut self.links {
                 l.close_due = l.connected();
             }
-            self.end(Some(ConnectionError::ProtocolViolation(
-                "malformed chunk in the peer's streams",
-            )));
+            self.end(Some(VIOLATION));
         }
     }
 
@@ -978,7 +984,8 @@ impl TcpConnection {
             if ready {
                 return Ok(Some(st));
             }
-            if st.peer_finished() {
+            // the end of the streams, unless it fell inside a chunk (the end is then why)
+            if st.peer_finished() && st.demux.check_end().is_ok() {
                 return Ok(None);
             }
             if st.end.is_some() {

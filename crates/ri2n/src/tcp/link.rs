@@ -970,12 +970,16 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
             conn.wake();
             continue;
         }
-        // both streams complete and acknowledged: one CLOSE
+        // both streams complete and acknowledged: one CLOSE, unless the peer's streams ended
+        // inside a chunk (a violation, told as one: its reader may never look)
         if st.done() && !st.links.iter().any(|l| l.ack_due) {
-            if let Some(i) = close_link(&st.links) {
-                st.links[i].close_due = true;
+            st.pump_or_end();
+            if st.end.is_none() {
+                if let Some(i) = close_link(&st.links) {
+                    st.links[i].close_due = true;
+                }
+                st.end(None);
             }
-            st.end(None);
             drop(st);
             conn.wake();
             continue;
