@@ -370,6 +370,18 @@ impl Endpoint {
             .any(|h| self.connections[h].has_remote(remote))
     }
 
+    /// Whether `datagram`, from `remote`, is a client's INITIAL with a cookie this endpoint
+    /// (or any shard of it: they share the cookie key) issued to that address and still
+    /// honours: one that may make a connection. A driver with several shards places only
+    /// these on a shard of their own (a first INITIAL draws its RETRY, stateless, where it
+    /// landed), so INITIALs nobody answered cannot push real ones out of its record.
+    pub fn initial_with_cookie(&self, now: Instant, remote: SocketAddr, datagram: &[u8]) -> bool {
+        matches!(
+            wire::decode_packet(datagram),
+            Ok((Header::Initial { scid, token, .. }, _)) if self.cookie_valid(now, remote, scid, token)
+        )
+    }
+
     /// Connections whose peer chose connection ID `cid`.
     fn with_peer_cid(&self, cid: u64) -> &[ConnectionHandle] {
         self.by_peer_cid.get(&cid).map_or(&[], |hs| &hs[..])

@@ -4,9 +4,9 @@
 //! A connection lives on one shard from its first packet to its end, and no lock is shared
 //! by the shards on the data path. The engine of shard `i` of `n` picks its connection IDs
 //! from share `i` ([`ri2n_proto::Shard`]), and every ri2n packet but RESET and INITIAL
-//! carries a connection ID that tells its shard. A client's first INITIAL goes to the shard
-//! with the fewest connections (counting those placed there and not made yet), and its
-//! repeats after it: the router remembers where the first went ([`Router::place`]).
+//! carries a connection ID that tells its shard. A client's INITIAL with a valid cookie goes
+//! to the shard with the fewest connections (counting those placed there and not made yet),
+//! and its repeats after it: the router remembers where the first went ([`Router::place`]).
 //!
 //! The kernel steers: the shards' sockets of one address form one `SO_REUSEPORT` group,
 //! socket `i` of it shard `i`'s, and a classic BPF program picks the socket by the packet's
@@ -213,8 +213,9 @@ impl Router {
 
     /// Where what shard `here` received from `remote` goes: `None` to its own engine, else
     /// the shard to forward it to and how many more may be asked after that one. A connection
-    /// ID of another share goes to its shard; a client's first INITIAL to the shard with the
-    /// fewest connections (this one when it has no more than any), and its repeats after it;
+    /// ID of another share goes to its shard; a client's INITIAL with a valid cookie to the
+    /// shard with the fewest connections (this one when it has no more than any), and its
+    /// repeats after it;
     /// an ID to ask about stays where an engine has a connection by that ID with `remote`,
     /// and with the last shard asked when none has (which counts the drop).
     pub fn place(
@@ -222,6 +223,7 @@ impl Router {
         here: usize,
         engine: &ProtoEndpoint,
         remote: SocketAddr,
+        datagram: &[u8],
         steering: Option<Steering>,
         asks_left: usize,
     ) -> Option<(usize, usize)> {
@@ -231,6 +233,13 @@ impl Router {
         }
         match steering? {
             Steering::Initial(scid) => {
+                // only one that may make a connection is placed: one without a valid cookie
+                // draws a RETRY here, and INITIALs made up by the thousand do not push the
+                // real ones out of the record (a repeat sent elsewhere could make a second
+                // connection for one client)
+                if !engine.initial_with_cookie(Instant::now(), remote, datagram) {
+                    return None;
+                }
                 let shard = self.placement(here, remote, scid);
                 (shard != here).then_some((shard, 0))
             }
@@ -651,14 +660,43 @@ mod tests {
         let remote: SocketAddr = "127.0.0.1:7000".parse().unwrap();
         let ask = Some(Steering::Ask(0x1234));
         assert_eq!(
-            router.place(0, &engine, remote, ask, router.first_asks()),
+            router.place(0, &engine, remote, &[], ask, router.first_asks()),
             Some((2, 0))
         );
         // the last shard asked keeps it (and counts the drop)
-        assert_eq!(router.place(2, &engine, remote, ask, 0), None);
+        assert_eq!(router.place(2, &engine, remote, &[], ask, 0), None);
         // the others stopped too: the receiving shard keeps it
         router.close(2);
-        assert_eq!(router.place(0, &engine, remote, ask, 2), None);
+        assert_eq!(router.place(0, &engine, remote, &[], ask, 2), None);
+    }
+
+    /// INITIALs without a valid cookie (first ones, or made up by the thousand) draw their
+    /// RETRY where they landed and leave no placement behind. Before, each took a place in
+    /// the record of at most `MAX_PLACEMENTS`, pushing out a real client's, whose repeated
+    /// INITIAL then went to another shard and made a second connection there.
+    #[test]
+    fn initials_without_a_valid_cookie_are_not_placed() {
+        let router = Router::new(2);
+        let config = EndpointConfig::new(vec!["127.0.0.1:0".parse().unwrap()]).server();
+        let engine = ProtoEndpoint::new(config, 1, Instant::now());
+        let remote: SocketAddr = "127.0.0.1:7000".parse().unwrap();
+        let hello = [0u8; 8];
+        for scid in 1..=1000u64 {
+            for token in [&[][..], &[7u8; 16][..]] {
+                let d = wire::control_packet(&wire::Header::Initial {
+                    scid,
+                    token,
+                    mode: wire::handshake_mode::PLAIN,
+                    hello: &hello,
+                });
+                let steering = wire::steering(&d);
+                assert_eq!(steering, Some(Steering::Initial(scid)));
+                assert_eq!(router.place(0, &engine, remote, &d, steering, 1), None);
+            }
+        }
+        let placements = router.placements.lock().unwrap();
+        assert!(placements.by_initial.is_empty() && placements.order.is_empty());
+        assert_eq!(router.inboxes[1].placed.load(Ordering::Relaxed), 0);
     }
 
     #[test]

@@ -307,7 +307,7 @@ impl Shared {
         let asks = self.router.first_asks();
         let placed = self
             .router
-            .place(self.shard, engine, remote, steering, asks);
+            .place(self.shard, engine, remote, bytes, steering, asks);
         let Some((to, asks_left)) = placed else {
             return true;
         };
@@ -339,10 +339,14 @@ impl Shared {
                 ForwardedKind::Datagram => wire::steering(&f.bytes),
                 ForwardedKind::Refusal => wire::quote_steering(&f.bytes),
             };
-            match self
-                .router
-                .place(self.shard, &st.endpoint, f.remote, steering, f.asks_left)
-            {
+            match self.router.place(
+                self.shard,
+                &st.endpoint,
+                f.remote,
+                &f.bytes,
+                steering,
+                f.asks_left,
+            ) {
                 // a connection ID of this share, or the last shard to ask
                 None => match f.kind {
                     ForwardedKind::Datagram => {
