@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, Bytes};
 use ri2n_proto::{reclaim, ConnectionError, ConnectionState, ConnectionStats, Event};
 
+#[cfg(feature = "tokio")]
+use crate::readiness::Caller;
 use crate::readiness::Interest;
 use crate::tcp::TcpConnection;
 use crate::udp_connection::UdpConnection;
@@ -372,6 +374,17 @@ impl Connection {
         match &self.inner {
             Inner::Udp(c) => c.read_readiness_fd(),
             Inner::Tcp(TcpHandle(c)) => c.readiness_fd(Interest::Read),
+        }
+    }
+
+    /// A readiness descriptor for the reading calls of one kind alone (stream bytes,
+    /// messages or datagrams), cleared only by them: readers of different kinds that wait
+    /// apart (the tokio adapter's tasks) never clear each other's wake-ups.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn read_kind_fd(&self, kind: Caller) -> io::Result<BorrowedFd<'_>> {
+        match &self.inner {
+            Inner::Udp(c) => c.readiness_fd_for(Interest::ReadKind(kind)),
+            Inner::Tcp(TcpHandle(c)) => c.readiness_fd(Interest::ReadKind(kind)),
         }
     }
 

@@ -87,6 +87,10 @@ pub(crate) enum Interest {
     Read,
     /// Writing calls (`try_write`, `try_send_message`).
     Write,
+    /// The reading calls of one kind alone (stream bytes, messages or datagrams): for
+    /// readers of different kinds that wait apart (tasks of the tokio adapter), none of
+    /// which may clear a wake-up meant for another.
+    ReadKind(Caller),
 }
 
 /// A connection's readiness descriptors, each made on first request. A reader and a writer
@@ -97,6 +101,8 @@ pub(crate) struct Watchers {
     any: OnceLock<Readiness>,
     read: OnceLock<Readiness>,
     write: OnceLock<Readiness>,
+    /// [`Interest::ReadKind`]'s, by [`Caller::kind_slot`].
+    read_kinds: [OnceLock<Readiness>; 3],
     /// The event loop's token for the connection ([`NO_TOKEN`]: none), see
     /// `Connection::set_loop_token`.
     loop_token: AtomicU64,
@@ -132,6 +138,16 @@ impl Caller {
     fn bit(self) -> u8 {
         1 << self as u8
     }
+
+    /// Its place among [`Watchers::read_kinds`], for a reading call.
+    fn kind_slot(self) -> Option<usize> {
+        match self {
+            Caller::ReadStream => Some(0),
+            Caller::ReadMessage => Some(1),
+            Caller::ReadDatagram => Some(2),
+            Caller::WriteStream | Caller::WriteMessage => None,
+        }
+    }
 }
 
 /// Every [`Caller`]'s bit.
@@ -143,6 +159,7 @@ impl Default for Watchers {
             any: OnceLock::new(),
             read: OnceLock::new(),
             write: OnceLock::new(),
+            read_kinds: Default::default(),
             loop_token: AtomicU64::new(NO_TOKEN),
             may_resignal: AtomicU8::new(0),
         }
@@ -165,6 +182,10 @@ impl Watchers {
             Interest::Any => &self.any,
             Interest::Read => &self.read,
             Interest::Write => &self.write,
+            Interest::ReadKind(caller) => match caller.kind_slot() {
+                Some(i) => &self.read_kinds[i],
+                None => &self.write,
+            },
         }
     }
 
@@ -205,9 +226,22 @@ impl Watchers {
         self.raise(true, true);
     }
 
-    /// Makes the descriptors of readers (`read`) and of writers (`write`) readable, and the
-    /// combined one.
+    /// Makes the descriptors of readers (`read`: of every kind) and of writers (`write`)
+    /// readable, and the combined one.
     fn raise(&self, read: bool, write: bool) {
+        self.raise_shared(read, write);
+        for r in self
+            .read_kinds
+            .iter()
+            .filter_map(|k| k.get().filter(|_| read))
+        {
+            r.signal();
+        }
+    }
+
+    /// [`Self::raise`] for the descriptors that calls of several kinds clear: the combined
+    /// one, all readers' and all writers'.
+    fn raise_shared(&self, read: bool, write: bool) {
         let slots = [(&self.any, true), (&self.read, read), (&self.write, write)];
         for (slot, wanted) in slots {
             if let Some(r) = slot.get().filter(|_| wanted) {
@@ -216,12 +250,13 @@ impl Watchers {
         }
     }
 
-    /// A non-blocking call of this kind is about to look.
-    pub fn clear(&self, interest: Interest) {
-        for slot in [&self.any, self.slot(interest)] {
-            if let Some(r) = slot.get() {
-                r.clear();
-            }
+    /// A non-blocking call of kind `caller` is about to look: it clears the descriptors it
+    /// answers for (the combined one, its side's, and its own kind's).
+    pub fn clear(&self, caller: Caller) {
+        let own = caller.kind_slot().map(|i| &self.read_kinds[i]);
+        let slots = [Some(&self.any), Some(self.slot(caller.interest())), own];
+        for r in slots.into_iter().flatten().filter_map(OnceLock::get) {
+            r.clear();
         }
     }
 
@@ -242,8 +277,9 @@ impl Watchers {
             return;
         }
         let bits = self.may_resignal.fetch_and(!caller.bit(), Ordering::AcqRel);
+        // a kind's own descriptor is cleared by its own calls alone: nothing to give back
         if bits & caller.bit() != 0 {
-            self.raise(waiting.readable, waiting.writer_may_retry);
+            self.raise_shared(waiting.readable, waiting.writer_may_retry);
         }
     }
 }

@@ -22,11 +22,13 @@
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::pin::Pin;
+use std::sync::OnceLock;
 use std::task::{ready, Context, Poll};
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::readiness::Caller;
 use crate::{Connection, Endpoint, Error};
 
 /// A tokio registration of a readiness descriptor, on a duplicate of it (the `AsyncFd` owns
@@ -42,8 +44,14 @@ fn watch(fd: BorrowedFd<'_>) -> io::Result<AsyncFd<OwnedFd>> {
 /// A connection for async code. Dropping it drops the connection (see [`Connection`]).
 #[derive(Debug)]
 pub struct AsyncConnection {
-    /// Watched by readers (`poll_read`, `recv_message`).
-    read_ready: AsyncFd<OwnedFd>,
+    /// Watched by readers of the stream (`poll_read`, `read_chunk`).
+    stream_ready: AsyncFd<OwnedFd>,
+    /// Watched by readers of messages, and of datagrams, each made on first use. Readers of
+    /// different kinds wait apart, each on a descriptor its own calls alone clear: with one
+    /// for all, a stream reader's look cleared the wake-up of a task waiting for a message
+    /// before the runtime saw it, and that task slept on with the message there.
+    message_ready: OnceLock<AsyncFd<OwnedFd>>,
+    datagram_ready: OnceLock<AsyncFd<OwnedFd>>,
     /// Watched by writers: a reader and a writer of one connection (e.g. after
     /// `tokio::io::split`) wait apart, each on the descriptor its own calls clear.
     write_ready: AsyncFd<OwnedFd>,
@@ -55,11 +63,13 @@ impl AsyncConnection {
     /// descriptor left for its readiness), the connection is aborted with the error as the
     /// reason, so its peer learns why, and the error returned.
     pub fn new(conn: Connection) -> io::Result<Self> {
-        let watched = (conn.read_readiness_fd().and_then(watch))
+        let watched = (conn.read_kind_fd(Caller::ReadStream).and_then(watch))
             .and_then(|r| Ok((r, conn.write_readiness_fd().and_then(watch)?)));
         match watched {
-            Ok((read_ready, write_ready)) => Ok(Self {
-                read_ready,
+            Ok((stream_ready, write_ready)) => Ok(Self {
+                stream_ready,
+                message_ready: OnceLock::new(),
+                datagram_ready: OnceLock::new(),
                 write_ready,
                 conn,
             }),
@@ -128,11 +138,24 @@ impl AsyncConnection {
         }
     }
 
+    /// The descriptor the reading calls of `kind` wait on (`slot`), registered on first use.
+    fn read_ready<'a>(
+        &self,
+        slot: &'a OnceLock<AsyncFd<OwnedFd>>,
+        kind: Caller,
+    ) -> io::Result<&'a AsyncFd<OwnedFd>> {
+        if slot.get().is_none() {
+            // two tasks may make one at once: one is kept, the other dropped
+            let _ = slot.set(watch(self.conn.read_kind_fd(kind)?)?);
+        }
+        Ok(slot.get().expect("set above"))
+    }
+
     /// Receives one whole message; `Ok(None)` once the peer finished its message stream.
     /// Cancel-safe: dropped before it completes, it took no message.
     pub async fn recv_message(&self) -> io::Result<Option<Vec<u8>>> {
-        self.op(&self.read_ready, Connection::try_recv_message)
-            .await
+        let ready = self.read_ready(&self.message_ready, Caller::ReadMessage)?;
+        self.op(ready, Connection::try_recv_message).await
     }
 
     /// Receives one unreliable datagram (see [`Connection::recv_datagram`]); `Ok(None)` once
@@ -140,8 +163,8 @@ impl AsyncConnection {
     /// dropped before it completes, it took no datagram. Sending one never waits: call
     /// [`Connection::send_datagram`] through [`get_ref`](Self::get_ref).
     pub async fn recv_datagram(&self) -> io::Result<Option<Vec<u8>>> {
-        self.op(&self.read_ready, Connection::try_recv_datagram)
-            .await
+        let ready = self.read_ready(&self.datagram_ready, Caller::ReadDatagram)?;
+        self.op(ready, Connection::try_recv_datagram).await
     }
 
     /// [`recv_datagram`](Self::recv_datagram) for every datagram waiting, at most `max` (at
@@ -149,14 +172,16 @@ impl AsyncConnection {
     /// afterwards `bufs` holds exactly the datagrams received, none once the connection
     /// closed cleanly and every datagram that arrived was read. Cancel-safe.
     pub async fn recv_datagrams_into(&self, bufs: &mut Vec<Vec<u8>>, max: usize) -> io::Result<()> {
-        self.op(&self.read_ready, |c| c.try_recv_datagrams_into(bufs, max))
+        let ready = self.read_ready(&self.datagram_ready, Caller::ReadDatagram)?;
+        self.op(ready, |c| c.try_recv_datagrams_into(bufs, max))
             .await
     }
 
     /// Replaces `chunk` with the next bytes of the stream, without copying them (see
     /// [`Connection::read_chunk`]); returns how many (0: the peer finished). Cancel-safe.
     pub async fn read_chunk(&self, chunk: &mut bytes::Bytes) -> io::Result<usize> {
-        self.op(&self.read_ready, |c| c.try_read_chunk(chunk)).await
+        self.op(&self.stream_ready, |c| c.try_read_chunk(chunk))
+            .await
     }
 
     /// Writes all of `data` without copying a large one (see [`Connection::write_bytes`]),
@@ -188,7 +213,7 @@ impl AsyncRead for AsyncConnection {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let n = ready!(self.poll_op(&self.read_ready, cx, |c| {
+        let n = ready!(self.poll_op(&self.stream_ready, cx, |c| {
             c.try_read(buf.initialize_unfilled())
         }))?;
         buf.advance(n);

@@ -87,7 +87,7 @@ impl UdpConnection {
     fn try_with<T>(&self, caller: Caller, f: impl FnOnce(&mut ProtoConnection) -> T) -> T {
         let shared = self.driver.shared();
         let mut st = shared.lock();
-        self.watchers.clear(caller.interest());
+        self.watchers.clear(caller);
         let c = conn(&mut st, self.handle);
         let out = f(c);
         let waiting = Waiting {

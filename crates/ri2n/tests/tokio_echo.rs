@@ -1,6 +1,8 @@
 //! The tokio adapter: an echo server of async tasks serving many concurrent connections over
 //! two loopback links, every echo exact, on either transport.
 
+use std::io::Write;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ri2n::{ConnectionConfig, Endpoint, EndpointConfig, Transport};
@@ -349,4 +351,76 @@ async fn tokio_tasks_exchange_datagrams() {
         .await
         .expect("the echo task ends")
         .unwrap();
+}
+
+/// A task waiting for a message while another task of the same runtime reads the stream of
+/// the same connection: the message that arrives with stream bytes wakes it, however often
+/// the stream reader looks meanwhile, on either transport. Before, both waited on one
+/// descriptor: the stream reader's second look cleared the wake-up meant for the message
+/// task before the (busy) runtime saw it, and the task slept on with the message there.
+#[test]
+fn a_task_waiting_for_a_message_is_woken_while_another_reads_the_stream() {
+    for transport in [Transport::Udp, Transport::Tcp] {
+        let woken = message_waiter_beside_a_stream_reader(transport);
+        assert!(
+            woken,
+            "{transport:?}: the message task slept on with a message there"
+        );
+    }
+}
+
+/// Whether a task in `recv_message` gets the message sent right after stream bytes that
+/// another task reads (`read_chunk` twice: the second finds nothing and waits), while the
+/// runtime's one thread was busy as both arrived.
+fn message_waiter_beside_a_stream_reader(transport: Transport) -> bool {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let locals = [
+            "127.0.0.1:0".parse().unwrap(),
+            "127.0.0.2:0".parse().unwrap(),
+        ];
+        let config = EndpointConfig::new(locals.to_vec()).with_transport(transport);
+        let server = Endpoint::bind(config.clone().server()).unwrap();
+        let client = Endpoint::bind(config).unwrap();
+        let to = server.local_addrs();
+        let (go, went) = std::sync::mpsc::channel();
+        let peer = std::thread::spawn(move || {
+            let c = client
+                .connect(&to[..1], ConnectionConfig::default())
+                .unwrap();
+            c.send_message(b"hello").unwrap();
+            went.recv().unwrap();
+            (&c).write_all(&[7u8; 100]).unwrap();
+            c.send_message(b"ping").unwrap();
+            went.recv().unwrap();
+        });
+        let conn = Arc::new(ri2n::tokio::accept(&server).await.unwrap());
+        assert_eq!(conn.recv_message().await.unwrap().unwrap(), b"hello");
+        let waiter = {
+            let conn = conn.clone();
+            tokio::spawn(async move { conn.recv_message().await })
+        };
+        // the waiter is registered and asleep
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        go.send(()).unwrap();
+        // the runtime's thread busy while the stream bytes and the message arrive
+        std::thread::sleep(Duration::from_millis(300));
+        let mut chunk = ri2n::Bytes::new();
+        assert_eq!(conn.read_chunk(&mut chunk).await.unwrap(), 100);
+        let again = conn.read_chunk(&mut chunk);
+        assert!(tokio::time::timeout(Duration::from_millis(100), again)
+            .await
+            .is_err());
+        let got = tokio::time::timeout(Duration::from_secs(2), waiter).await;
+        let woken = got.is_ok_and(|m| m.unwrap().unwrap().as_deref() == Some(&b"ping"[..]));
+        // the premise: the message was there, whether the task was woken or not
+        let there = woken || conn.get_ref().try_recv_message().unwrap().as_deref() == Some(b"ping");
+        assert!(there, "the message never arrived");
+        go.send(()).unwrap();
+        peer.join().unwrap();
+        woken
+    })
 }

@@ -767,11 +767,13 @@ impl TcpConnection {
         if block {
             return st;
         }
-        let interest = match looks {
-            Looks::Room(_) => Interest::Write,
-            Looks::Incoming(_) => Interest::Read,
+        let caller = match looks {
+            Looks::Room(Kind::Stream) => Caller::WriteStream,
+            Looks::Room(Kind::Message) => Caller::WriteMessage,
+            Looks::Incoming(Incoming::Stream) => Caller::ReadStream,
+            Looks::Incoming(Incoming::Messages) => Caller::ReadMessage,
         };
-        self.watchers.clear(interest);
+        self.watchers.clear(caller);
         // split what arrived into the streams, to see what waits there
         st.pump_or_end();
         self.send_queued_acks(&mut st);
@@ -782,12 +784,6 @@ impl TcpConnection {
                 || (other(Incoming::Messages) && !st.messages.is_empty()),
             writer_may_retry: (st.writers_blocked.iter())
                 .any(|b| b.is_some_and(|need| room >= need)),
-        };
-        let caller = match looks {
-            Looks::Room(Kind::Stream) => Caller::WriteStream,
-            Looks::Room(Kind::Message) => Caller::WriteMessage,
-            Looks::Incoming(Incoming::Stream) => Caller::ReadStream,
-            Looks::Incoming(Incoming::Messages) => Caller::ReadMessage,
         };
         self.watchers.signal_waiting(caller, waiting);
         st
