@@ -914,6 +914,66 @@ fn a_host_missing_a_link_address_starts_without_it_and_takes_it_up_later() {
     stop_daemons(&mut daemons);
 }
 
+/// A host named with `--name` that has none of its link addresses at start (its networks
+/// up late at boot) starts all the same, and takes its links up as the addresses appear.
+/// Before, it exited 5 ("cannot bind"), and a service restarted it until systemd gave up.
+#[test]
+fn a_named_host_without_any_link_address_starts_and_takes_them_up_later() {
+    let _serial = serial();
+    let Some(env) = env() else { return };
+    if !require_tool("ping", "iputils-ping") {
+        return;
+    }
+    let _timer = TestTimer::start("tunnel-no-link");
+    let dir = TestDir::new(env, "tunnel-no-link");
+    let lab = Lab::up_hosts(env, "nolink", 2, 2);
+    support::keygen(env, &dir.0);
+    let config = write_cluster_file(&dir.0, &["a", "b"]);
+    // `ip addr VERB` of b's address on network `net`
+    let ip_b = |verb: &str, net: u8| {
+        let out = Command::new("ip")
+            .args(["-n", &lab.ns_of("b"), "addr", verb])
+            .arg(format!("10.77.{net}.2/24"))
+            .args(["dev", &format!("eth{net}")])
+            .output()
+            .expect("running ip");
+        assert!(
+            out.status.success(),
+            "ip addr {verb}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    ip_b("del", 1);
+    ip_b("del", 2);
+    let mut daemons = vec![
+        spawn_daemon(env, &lab, "a", &[], &config, &dir.0, "tunnel-a"),
+        spawn_daemon(
+            env,
+            &lab,
+            "b",
+            &["--name", "b"],
+            &config,
+            &dir.0,
+            "tunnel-b",
+        ),
+    ];
+    thread::sleep(Duration::from_secs(2));
+    let status = daemons[1].poll();
+    let log_b = daemons[1].stderr_text();
+    assert!(status.is_none(), "b exited ({status:?}): {log_b}");
+    assert!(
+        log_b.contains("cannot bind 10.77.1.2:7400")
+            && log_b.contains("cannot bind 10.77.2.2:7400")
+            && log_b.contains("links none yet"),
+        "{log_b}"
+    );
+    ip_b("add", 1);
+    wait_connected(&mut daemons, 1, Duration::from_secs(20));
+    ping_through(&lab, "a", "b");
+    ping_through(&lab, "b", "a");
+    stop_daemons(&mut daemons);
+}
+
 /// Sends SIGHUP to daemon `d` (it reads its cluster file again).
 fn sighup(d: &Proc) {
     let status = Command::new("kill")

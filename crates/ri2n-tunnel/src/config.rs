@@ -342,7 +342,8 @@ impl Cluster {
             [] => Err("none of the hosts' link addresses is an address of this machine: add it \
                        to the file as a [[host]] (its name, tunnel address and address on each \
                        network), or, if it is listed but its link addresses are not up yet, say \
-                       which host it is with --name"
+                       which host it is with --name (the daemon then starts, and takes each \
+                       address up as it appears)"
                 .into()),
             _ => Err(format!(
                 "this machine owns link addresses of several hosts ({}); name this host with --name",

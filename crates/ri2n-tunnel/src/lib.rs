@@ -264,10 +264,13 @@ pub fn run(
             .with_server_connection(connection_config(carry))
     };
     let (endpoint, missing) = links::bind_present(&locals, &endpoint_config)?;
-    let present: Vec<String> = (locals.iter())
+    let mut present: Vec<String> = (locals.iter())
         .filter(|a| !missing.contains(a))
         .map(ToString::to_string)
         .collect();
+    if present.is_empty() {
+        present.push("none yet".into());
+    }
 
     let mtu = interface_mtu(&host);
     let queues = Tun::create(

@@ -26,9 +26,10 @@ pub struct Current {
 }
 
 impl Current {
-    pub fn new(endpoint: Endpoint) -> Current {
+    /// `endpoint` in use; none while no link address of the host is there yet.
+    pub fn new(endpoint: Option<Endpoint>) -> Current {
         Current {
-            inner: RwLock::new((0, Some(endpoint))),
+            inner: RwLock::new((0, endpoint)),
         }
     }
 
@@ -61,12 +62,12 @@ impl Current {
 }
 
 /// Binds an endpoint (`config` of the addresses) on every address of `locals` this host has;
-/// returns it and the addresses it lacks, each said on stderr. Fails on any other error (an
-/// address in use) and when none of them can be bound.
+/// returns it (none when it has none of them yet) and the addresses it lacks, each said on
+/// stderr. Fails on any other error (an address in use).
 pub fn bind_present(
     locals: &[SocketAddr],
     config: &dyn Fn(Vec<SocketAddr>) -> EndpointConfig,
-) -> Result<(Endpoint, Vec<SocketAddr>), Error> {
+) -> Result<(Option<Endpoint>, Vec<SocketAddr>), Error> {
     let (endpoint, missing) = bind_available(locals, config).map_err(Error::Endpoint)?;
     for addr in &missing {
         eprintln!(
@@ -79,18 +80,18 @@ pub fn bind_present(
 }
 
 /// [`bind_present`] without a word: the endpoint on the addresses of `locals` this host has
-/// now, and those it lacks.
+/// now (none if it has none of them), and those it lacks.
 fn bind_available(
     locals: &[SocketAddr],
     config: &dyn Fn(Vec<SocketAddr>) -> EndpointConfig,
-) -> Result<(Endpoint, Vec<SocketAddr>), ri2n::Error> {
+) -> Result<(Option<Endpoint>, Vec<SocketAddr>), ri2n::Error> {
     let mut present = locals.to_vec();
     let mut missing = Vec::new();
-    loop {
+    while !present.is_empty() {
         match Endpoint::bind(config(present.clone())) {
-            Ok(endpoint) => return Ok((endpoint, missing)),
+            Ok(endpoint) => return Ok((Some(endpoint), missing)),
             Err(ri2n::Error::Bind { addr, source })
-                if source.kind() == io::ErrorKind::AddrNotAvailable && present.len() > 1 =>
+                if source.kind() == io::ErrorKind::AddrNotAvailable =>
             {
                 present.retain(|&a| a != addr);
                 missing.push(addr);
@@ -98,6 +99,7 @@ fn bind_available(
             Err(e) => return Err(e),
         }
     }
+    Ok((None, missing))
 }
 
 /// Whether `addr`'s IP is one of this host's now.
@@ -157,7 +159,10 @@ pub fn bind_late(
                          wait for it"
                     );
                 }
-                current.put(endpoint);
+                // none: what appeared went again before it was bound
+                if let Some(endpoint) = endpoint {
+                    current.put(endpoint);
+                }
                 missing = now_missing;
                 failing = false;
             }

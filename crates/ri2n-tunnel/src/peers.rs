@@ -335,7 +335,7 @@ impl Peers {
         cluster: Cluster,
         me: usize,
         carry: Carry,
-        endpoint: ri2n::Endpoint,
+        endpoint: Option<ri2n::Endpoint>,
         queues: usize,
     ) -> Peers {
         Peers {
@@ -499,7 +499,7 @@ mod tests {
     #[test]
     fn a_reload_keeps_the_unchanged_hosts_and_refuses_a_change_of_this_one() {
         let endpoint = ri2n::Endpoint::server(&["127.0.0.1:0".parse().unwrap()]).unwrap();
-        let peers = Peers::new(cluster(NODE3), 0, Carry::Datagrams, endpoint, 1);
+        let peers = Peers::new(cluster(NODE3), 0, Carry::Datagrams, Some(endpoint), 1);
         let before = peers.table();
         let (node2, node3) = (before.peers[0].clone(), before.peers[1].clone());
         assert_eq!((node2.name(), node2.connects), ("node2", true));
