@@ -541,26 +541,47 @@ impl Loop {
         }
     }
 
-    /// How long to wait before connecting again to the peer of `slot`, which ended: after
-    /// refusals in a row (the peer's daemon aborted the connection in its handshake or within
-    /// [`STABLE`] of it), twice as long each time up to [`MAX_RETRY_PAUSE`]; after anything
-    /// else (a connection lost or aborted here, a handshake that found nobody)
-    /// [`RETRY_PAUSE`].
+    /// How long to wait before connecting again to the peer of `slot`, which ended (see
+    /// [`pause_after`]).
     fn retry_pause(&mut self, slot: &Slot) -> Duration {
         let name = slot.peer.name();
-        let aborted = matches!(
-            slot.conn.close_reason(),
-            Some(ri2n::ConnectionError::PeerAborted { .. })
-        );
         let young = slot.up_since.is_none_or(|t| t.elapsed() < STABLE);
-        if !(aborted && young) {
+        let refusals = self.refusals.entry(name.to_owned()).or_default();
+        let pause = pause_after(slot.conn.close_reason().as_ref(), young, refusals);
+        if *refusals == 0 {
             self.refusals.remove(name);
-            return RETRY_PAUSE;
         }
-        let n = self.refusals.entry(name.to_owned()).or_default();
-        *n = n.saturating_add(1);
-        (RETRY_PAUSE * 2u32.pow((*n - 1).min(16))).min(MAX_RETRY_PAUSE)
+        pause
     }
+}
+
+/// How long to wait before connecting again to a peer whose connection ended for `reason`
+/// (`young`: within [`STABLE`] of its start), given the `refusals` in a row before, which it
+/// counts on. After a refusal (the peer's endpoint refused the handshake: another key,
+/// another carry, no room; or its daemon aborted the connection in its handshake or soon
+/// after) twice as long each time, up to [`MAX_RETRY_PAUSE`]: each costs a handshake and a
+/// log line on both hosts, and a misconfigured host would otherwise be tried ten times a
+/// second for as long as it stays so. After anything else (a connection lost or aborted
+/// here, a handshake that found nobody) [`RETRY_PAUSE`].
+fn pause_after(
+    reason: Option<&ri2n::ConnectionError>,
+    young: bool,
+    refusals: &mut u32,
+) -> Duration {
+    use ri2n::ConnectionError as E;
+    let refused = match reason {
+        Some(E::PeerAborted { .. }) => young,
+        Some(E::KeyMismatch(_) | E::WrongApplication { .. } | E::NotAccepting | E::ServerFull) => {
+            true
+        }
+        _ => false,
+    };
+    if !refused {
+        *refusals = 0;
+        return RETRY_PAUSE;
+    }
+    *refusals = refusals.saturating_add(1);
+    (RETRY_PAUSE * 2u32.pow((*refusals - 1).min(16))).min(MAX_RETRY_PAUSE)
 }
 
 /// Why a connection to `peer` could not be made, logged whenever it changes (a peer that
@@ -731,6 +752,46 @@ mod tests {
     use std::fs::{File, OpenOptions};
 
     use super::*;
+
+    /// A peer that refuses the handshake (another key, another carry, a full or closing
+    /// server) is tried again at a slowing pace, as one whose daemon aborts at once. Before,
+    /// a host with another key was tried every 100 ms for as long as it kept it.
+    #[test]
+    fn a_refused_handshake_is_tried_again_at_a_slowing_pace() {
+        use ri2n::ConnectionError as E;
+        let refusals_in_a_row = |reason: E| {
+            let mut n = 0;
+            let pauses: Vec<Duration> = (0..7)
+                .map(|_| pause_after(Some(&reason), true, &mut n))
+                .collect();
+            (pauses, n)
+        };
+        let ms = Duration::from_millis;
+        let growing = vec![
+            ms(100),
+            ms(200),
+            ms(400),
+            ms(800),
+            ms(1600),
+            ms(3200),
+            ms(5000),
+        ];
+        let key = E::KeyMismatch(ri2n::KeyMismatch::WrongKey);
+        assert_eq!(refusals_in_a_row(key), (growing.clone(), 7));
+        assert_eq!(refusals_in_a_row(E::ServerFull), (growing.clone(), 7));
+        let aborted = E::PeerAborted {
+            code: 0,
+            reason: "not expected".into(),
+        };
+        assert_eq!(refusals_in_a_row(aborted.clone()), (growing, 7));
+        // a connection that ran a while, or was lost: at once again, and the count starts over
+        let mut n = 3;
+        assert_eq!(pause_after(Some(&aborted), false, &mut n), RETRY_PAUSE);
+        assert_eq!(n, 0);
+        let mut n = 3;
+        assert_eq!(pause_after(Some(&E::PeerGone), true, &mut n), RETRY_PAUSE);
+        assert_eq!((pause_after(None, true, &mut n), n), (RETRY_PAUSE, 0));
+    }
 
     /// This host's tunnel address.
     const ME: [u8; 4] = [10, 99, 0, 1];
