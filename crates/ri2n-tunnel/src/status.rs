@@ -401,7 +401,8 @@ pub fn prometheus(s: &Status) -> String {
     }
     registry.register(
         "ri2n_tunnel_peer_connected",
-        "Whether a connection to the peer is established.",
+        "Whether a connection to the peer is established. It stays 1 while every link is \
+         down (the connection is held through outages): alert on ri2n_tunnel_link_up.",
         connected,
     );
     register_counters(
@@ -503,8 +504,20 @@ pub fn query(name: &str) -> Result<Status, String> {
 fn query_daemon(name: &str) -> Result<(Status, Option<u32>), String> {
     let path = socket_path(name);
     let mut stream = UnixStream::connect(&path).map_err(|e| {
+        // a daemon of this machine that runs under another name: this host's entry renamed
+        // in the cluster file since it started
+        let others = answering_daemons();
+        let hint = match others.is_empty() {
+            true => String::new(),
+            false => format!(
+                "; daemons answer here as host {}: if this host's entry was renamed, its \
+                 daemon keeps the name it started with until it is restarted",
+                others.join(", ")
+            ),
+        };
         format!(
-            "no tunnel daemon of host {name} answers on {} ({e}): is `ri2n tunnel` running?",
+            "no tunnel daemon of host {name} answers on {} ({e}): is `ri2n tunnel` \
+             running?{hint}",
             path.display()
         )
     })?;
@@ -517,6 +530,26 @@ fn query_daemon(name: &str) -> Result<(Status, Option<u32>), String> {
     let status = serde_json::from_str(&text)
         .map_err(|e| format!("{}: not a status: {e}", path.display()))?;
     Ok((status, pid))
+}
+
+/// The hosts whose daemons answer on this machine's status sockets (a few at most).
+fn answering_daemons() -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir(SOCKET_DIR) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = (dir.flatten())
+        .filter_map(|e| {
+            let file = e.file_name().into_string().ok()?;
+            let name = file
+                .strip_prefix("tunnel-")?
+                .strip_suffix(".sock")?
+                .to_owned();
+            UnixStream::connect(e.path()).ok().map(|_| name)
+        })
+        .take(4)
+        .collect();
+    names.sort();
+    names
 }
 
 /// The process ID of the process that listens on the other end of `stream` (`SO_PEERCRED`).
