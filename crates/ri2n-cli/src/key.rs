@@ -114,9 +114,20 @@ pub fn load(opts: &ChannelOpts) -> Result<Option<Key>, Failure> {
 
 fn read(path: &Path) -> Result<Key, Failure> {
     let text = fs::read_to_string(path).map_err(|e| {
+        // root without CAP_DAC_OVERRIDE, as under contrib/ri2n-tunnel.service, reads only
+        // what its permissions let it: a key copied in by a user stays theirs
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        let hint = match (e.kind(), root) {
+            (std::io::ErrorKind::PermissionDenied, true) => {
+                " (this process is root without the capability to read others' files, as \
+                 under the systemd unit: `chown root` the file)"
+            }
+            _ => "",
+        };
         Failure::new(
             USAGE,
-            format!("cannot read the key file {}: {e}", path.display()),
+            format!("cannot read the key file {}: {e}{hint}", path.display()),
         )
     })?;
     let key = Key::from_text(&text)

@@ -712,21 +712,24 @@ fn the_systemd_unit_runs_the_daemon_under_its_sandbox() {
         .iter()
         .map(|h| spawn_daemon(env, &lab, h, &[], &config, &dir.0, &format!("tunnel-{h}")))
         .collect();
-    let mut command = Command::new("ip");
-    command
-        .args(["netns", "exec", &lab.ns_of("b"), "unshare", "--mount"])
-        .args([
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            &unit_sandbox(&unit),
-            "sh",
-        ])
-        .arg(&dir.0)
-        .arg("/etc/ri2n/ri2n")
-        .args(&args);
-    let mut b = Proc::spawn_command(command, &dir.0, "tunnel-b-unit");
+    let sandboxed_b = || {
+        let mut command = Command::new("ip");
+        command
+            .args(["netns", "exec", &lab.ns_of("b"), "unshare", "--mount"])
+            .args([
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                &unit_sandbox(&unit),
+                "sh",
+            ])
+            .arg(&dir.0)
+            .arg("/etc/ri2n/ri2n")
+            .args(&args);
+        command
+    };
+    let mut b = Proc::spawn_command(sandboxed_b(), &dir.0, "tunnel-b-unit");
     let deadline = Instant::now() + Duration::from_secs(20);
     while connected_peers(&b.stderr_text()) < 2 {
         if let Some(s) = b.poll() {
@@ -848,6 +851,27 @@ fn the_systemd_unit_runs_the_daemon_under_its_sandbox() {
     for d in &mut daemons {
         d.terminate(Duration::from_secs(10));
     }
+
+    // a key file of another owner, mode 0600 (copied in by a user): the unit's daemon, root
+    // with CAP_NET_ADMIN alone, cannot read it, and its error says what to do
+    let key = dir.0.join("cluster.key");
+    let chown = |owner: &str| {
+        let done = Command::new("chown").arg(owner).arg(&key).status();
+        assert!(done.is_ok_and(|s| s.success()), "chown {owner}");
+    };
+    chown("65534");
+    let out = sandboxed_b()
+        .output()
+        .expect("running the sandboxed daemon");
+    chown("0");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(2)
+            && err.contains("Permission denied")
+            && err.contains("chown root"),
+        "a key file root does not own, under the unit: {:?}: {err}",
+        out.status
+    );
 }
 
 /// A host whose address on one network is missing at start (a NIC dead or late at boot)
