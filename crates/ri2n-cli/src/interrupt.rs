@@ -31,6 +31,8 @@ enum Target {
 
 static TARGET: Mutex<Target> = Mutex::new(Target::Nothing);
 static CAUGHT: AtomicI32 = AtomicI32::new(0);
+/// The signal, stored by the handler itself, before the signal thread wakes (see [`raised`]).
+static RAISED: AtomicI32 = AtomicI32::new(0);
 /// The command is reporting the interruption itself (see [`failure`]).
 static REPORTING: AtomicBool = AtomicBool::new(false);
 /// How long the command has to report an interruption before the signal thread ends the
@@ -38,7 +40,7 @@ static REPORTING: AtomicBool = AtomicBool::new(false);
 const REPORT_GRACE: Duration = Duration::from_secs(1);
 
 /// The signal's name, for messages (the abort code the peer sees is its number).
-fn name(signal: i32) -> &'static str {
+pub fn name(signal: i32) -> &'static str {
     match signal {
         SIGINT => "SIGINT",
         SIGTERM => "SIGTERM",
@@ -51,6 +53,12 @@ pub fn install() {
     let Ok(mut signals) = Signals::new([SIGINT, SIGTERM]) else {
         return; // the default action stays: the process just ends
     };
+    for signal in [SIGINT, SIGTERM] {
+        // SAFETY: the action is an atomic store, which is async-signal-safe.
+        let _ = unsafe {
+            signal_hook::low_level::register(signal, move || RAISED.store(signal, Ordering::SeqCst))
+        };
+    }
     std::thread::Builder::new()
         .name("ri2n-signals".into())
         .spawn(move || {
@@ -151,6 +159,14 @@ pub fn abort_on_interrupt(conn: Arc<Connection>) {
 /// The signal caught, if any: the command then reports an interruption (exit 128 + it).
 pub fn caught() -> Option<i32> {
     Some(CAUGHT.load(Ordering::SeqCst)).filter(|&s| s != 0)
+}
+
+/// The signal that came, as soon as its handler ran, which may be before the signal thread
+/// acted on it ([`caught`]). An end of the input the same signal caused (Ctrl-C to a
+/// pipeline ends the program feeding `send` too) is no end of the data: the command looks
+/// here before it takes an end for one.
+pub fn raised() -> Option<i32> {
+    caught().or(Some(RAISED.load(Ordering::SeqCst)).filter(|&s| s != 0))
 }
 
 /// The failure to report for an interruption, with what the command had done by then.

@@ -114,7 +114,7 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
         monitor.finish();
         let acked = written.saturating_sub(conn.stats().send_buffered);
         let done = format!("after {written} bytes written, {acked} acknowledged by the receiver");
-        if let Some(signal) = interrupt::caught() {
+        if let Some(signal) = interrupt::raised() {
             return interrupt::failure(signal, &done);
         }
         let cause = conn
@@ -135,7 +135,17 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
     let mut written = 0u64;
     loop {
         let n = match read_chunk(input.as_fd(), &mut buf, sum.as_mut()) {
-            Ok(0) => break,
+            // the end of the input, unless a signal to this process came first: the same
+            // signal may have ended the program feeding it, and then the data did not end
+            Ok(0) => match interrupt::raised() {
+                None => break,
+                Some(signal) => {
+                    let why = format!("interrupted by {}", interrupt::name(signal));
+                    conn.abort(signal as u64, &why);
+                    let ended = io::Error::new(io::ErrorKind::Interrupted, why);
+                    return Err(lost(&ended, written, monitor));
+                }
+            },
             Ok(n) => n as u64,
             Err(e) => {
                 conn.abort(1, "the sender could not read its input");

@@ -552,6 +552,51 @@ fn a_sender_interrupted_while_stdin_is_idle_exits() {
     interrupt_sender_and_check(send, recv, &output);
 }
 
+/// A signal to a whole pipeline (Ctrl-C, or a service stop that signals its process group)
+/// ends the program feeding `ri2n send` too, and its stdin ends: that end is no end of the
+/// data, and the receiver never keeps a complete-looking file or exits 0. Before, when the
+/// sender read the end before its signal thread had acted, it finished the stream, and the
+/// receiver kept the truncated file and exited 0 (2 of 12 runs in a loop like this one).
+#[test]
+fn a_signal_to_the_senders_whole_pipeline_is_no_end_of_the_data() {
+    use std::os::unix::process::CommandExt;
+    let _heavy = heavy();
+    for round in 0..10u64 {
+        let output = TempFile::new("pipeline-out");
+        let port = free_port();
+        let (recv, a) = spawn_recv(port, output.path(), &["-q"]);
+        wait_udp_bound(port, Duration::from_secs(10));
+        let feed = format!(
+            "while :; do head -c 65536 /dev/zero; sleep 0.002; done | {} send --to {a} -q",
+            bin()
+        );
+        let mut pipeline = Command::new("sh");
+        pipeline
+            .args(["-c", &feed])
+            .process_group(0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let send = Proc::spawn("pipeline", &mut pipeline);
+        thread::sleep(Duration::from_millis(300 + 50 * round));
+        let group = send.child.as_ref().expect("running").id() as libc::pid_t;
+        // SAFETY: a signal to the process group this test made (its leader's ID).
+        let sent = unsafe { libc::kill(-group, libc::SIGTERM) };
+        assert_eq!(sent, 0, "kill of the pipeline's group");
+        let (s, so) = send.wait(Duration::from_secs(10));
+        let (r, ro) = recv.wait(Duration::from_secs(10));
+        let rerr = stderr_of(&ro);
+        assert!(
+            r.code() == Some(4) && rerr.contains("interrupted by SIGTERM"),
+            "round {round}: the receiver {r:?}: {rerr} (the sender {s:?}: {})",
+            stderr_of(&so)
+        );
+        assert!(
+            !output.path().exists(),
+            "round {round}: a complete-looking file"
+        );
+    }
+}
+
 /// An input that opens but cannot be read (`/proc/self/mem`: reading at offset 0, which no
 /// process maps, fails with EIO) ends the transfer with a clear error on both ends instead
 /// of a hang or a "successful" empty transfer. (A directory, the example until `send` refused
