@@ -349,8 +349,8 @@ pub struct EndpointConfig {
     /// and encrypted with fresh keys (docs/PROTOCOL.md §9); peers must hold the same key. An
     /// endpoint without a key talks only to peers without one, in clear.
     pub key: Option<crate::Key>,
-    /// Server with a key: keyed handshake messages it reads per second at most (default
-    /// 5 000, in bursts of a fiftieth of that), so that a flood of INITIALs (each worth a
+    /// Server with a key: keyed handshake messages it reads per second at most, all its
+    /// shards together (default 5 000, in bursts of a fiftieth of that), so that a flood of INITIALs (each worth a
     /// cookie check and a Noise message, even when it then fails) cannot hold up established
     /// connections; INITIALs beyond it are dropped unread and their clients retransmit.
     /// `None`: no limit.
@@ -372,8 +372,9 @@ pub struct EndpointConfig {
     /// Which share of connection IDs this engine picks its own from ([`Shard`]); a driver
     /// that runs several engines on the same sockets sets it, one share each.
     pub shard: Shard,
-    /// The endpoint's connections, counted with the other shards of the endpoint (set by a
-    /// driver that runs several, so that the limits above hold for all): `None` counts this
+    /// The endpoint's connections, counted with the other shards of the endpoint, and its
+    /// rate limits (RESETs sent, keyed handshake messages read), shared with them (set by a
+    /// driver that runs several, so that the limits hold for all): `None` counts this
     /// engine's own (the engine then makes a count of its own).
     pub connection_counts: Option<std::sync::Arc<crate::ConnectionCounts>>,
 }

@@ -145,10 +145,6 @@ pub struct Endpoint {
     cursor: u64,
     /// Datagrams dropped without effect, by reason.
     dropped: DropCounts,
-    /// Rate limit of RESETs.
-    reset_budget: TokenBucket,
-    /// Rate limit of keyed handshake messages read (`max_keyed_handshakes_per_second`).
-    handshake_budget: Option<TokenBucket>,
     /// Refused handshakes for the application to log, and their rate limit.
     refusals: VecDeque<RefusedHandshake>,
     refusal_budget: TokenBucket,
@@ -163,13 +159,45 @@ pub struct Endpoint {
 /// [`max_connections_per_address`](crate::EndpointConfig::max_connections_per_address)) hold
 /// for the endpoint as a whole: every connection held, and the open server connections per
 /// client IP address (each under the address of its handshake, until it closes).
+///
+/// The rate limits of what a flood can make the endpoint do are kept here too, for the same
+/// reason: RESETs and REFUSEs sent, and keyed handshake messages read. Per shard, a flood
+/// spread over connection IDs (or client addresses) drew on every shard's.
 #[derive(Debug, Default)]
 pub struct ConnectionCounts {
     held: std::sync::atomic::AtomicUsize,
     open_by_address: std::sync::Mutex<HashMap<IpAddr, usize>>,
+    limits: std::sync::Mutex<SharedLimits>,
+}
+
+/// The endpoint-wide rate limits of [`ConnectionCounts`], each made at its first use.
+#[derive(Debug, Default)]
+struct SharedLimits {
+    resets: Option<TokenBucket>,
+    handshakes: Option<TokenBucket>,
 }
 
 impl ConnectionCounts {
+    fn limits(&self) -> std::sync::MutexGuard<'_, SharedLimits> {
+        self.limits.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the endpoint may send one more RESET (or REFUSE) now.
+    fn take_reset(&self, now: Instant) -> bool {
+        (self.limits().resets)
+            .get_or_insert_with(|| TokenBucket::new(RESETS_PER_SECOND, RESET_BURST, now))
+            .take(now)
+    }
+
+    /// Whether the endpoint may read one more keyed handshake message now, at most `rate`
+    /// per second in bursts of a fiftieth of that.
+    fn take_handshake(&self, rate: u32, now: Instant) -> bool {
+        let rate = f64::from(rate.max(1));
+        (self.limits().handshakes)
+            .get_or_insert_with(|| TokenBucket::new(rate, (rate / 50.0).max(1.0), now))
+            .take(now)
+    }
+
     fn by_address(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
         (self.open_by_address.lock()).unwrap_or_else(|e| e.into_inner())
     }
@@ -274,10 +302,6 @@ impl Endpoint {
         if cfg.shard.index > 0 {
             rng.set_stream(u64::from(cfg.shard.index));
         }
-        let handshake_budget = cfg.max_keyed_handshakes_per_second.map(|rate| {
-            let rate = f64::from(rate.max(1));
-            TokenBucket::new(rate, (rate / 50.0).max(1.0), now)
-        });
         Self {
             instance,
             cookie_key,
@@ -290,8 +314,6 @@ impl Endpoint {
             by_initial: HashMap::new(),
             next_handle: 0,
             stateless: VecDeque::new(),
-            reset_budget: TokenBucket::new(RESETS_PER_SECOND, RESET_BURST, now),
-            handshake_budget,
             refusals: VecDeque::new(),
             refusal_budget: TokenBucket::new(REFUSAL_REPORTS_PER_SECOND, REFUSAL_REPORT_BURST, now),
             accept_queue: VecDeque::new(),
@@ -380,6 +402,12 @@ impl Endpoint {
             wire::decode_packet(datagram),
             Ok((Header::Initial { scid, token, .. }, _)) if self.cookie_valid(now, remote, scid, token)
         )
+    }
+
+    /// What this engine shares with the other shards of its endpoint (its own alone
+    /// without shards).
+    fn counts(&self) -> &ConnectionCounts {
+        (self.cfg.connection_counts.as_deref()).expect("set by Endpoint::new")
     }
 
     /// Connections whose peer chose connection ID `cid`.
@@ -746,7 +774,7 @@ impl Endpoint {
             dcid,
             token: self.cfg.key.is_some().then_some(&blank[..]),
         });
-        if trigger_len < MIN_RESET_TRIGGER.max(len) || !self.reset_budget.take(now) {
+        if trigger_len < MIN_RESET_TRIGGER.max(len) || !self.counts().take_reset(now) {
             return;
         }
         let token = (self.cfg.key.as_ref()).map(|k| k.reset_token(dcid, local, remote));
@@ -878,7 +906,7 @@ impl Endpoint {
         if !self.cfg.accept_incoming {
             // said at once, so the client does not wait out its handshake timeout; the
             // REFUSE is far smaller than the INITIAL and within the RESET budget
-            if self.reset_budget.take(now) {
+            if self.counts().take_reset(now) {
                 let refuse = Header::Refuse {
                     dcid: scid,
                     reason: refuse_reason::NOT_ACCEPTING,
@@ -917,7 +945,8 @@ impl Endpoint {
             (None, handshake_mode::PLAIN) => (wire::ClientParams::decode(hello), None),
             (Some(key), handshake_mode::NOISE_NNPSK0) => {
                 // reading it is the costly part of a stranger's INITIAL: within the budget only
-                if !self.handshake_budget.as_mut().is_none_or(|b| b.take(now)) {
+                let rate = self.cfg.max_keyed_handshakes_per_second;
+                if !rate.is_none_or(|r| self.counts().take_handshake(r, now)) {
                     return Err(DropReason::HandshakeBudget);
                 }
                 match ServerHandshake::read(key, scid, token, hello) {
@@ -1062,7 +1091,7 @@ impl Endpoint {
                 DropReason::WrongApplication,
             ),
         };
-        if self.reset_budget.take(now) {
+        if self.counts().take_reset(now) {
             let refuse = Header::Refuse {
                 dcid: scid,
                 reason: code,

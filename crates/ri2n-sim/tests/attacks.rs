@@ -529,6 +529,48 @@ fn resets_cost_the_same_whatever_the_connections_held() {
     );
 }
 
+/// The RESETs an endpoint sends at most (1000 a second, bursts of 100) are its own, however
+/// many engines (shards) it runs: a flood of short packets with made-up connection IDs,
+/// which are steered to every shard, draws on one budget. Before, each shard had one, and
+/// an endpoint of 16 shards sent up to 16 000 a second.
+#[test]
+fn the_shards_of_an_endpoint_share_one_reset_budget() {
+    let now = Instant::now();
+    let local = addr("10.0.0.1:5000");
+    let from = addr("10.0.0.2:6000");
+    let shared = std::sync::Arc::new(ri2n_proto::ConnectionCounts::default());
+    let mut shards: Vec<Endpoint> = (0..2u32)
+        .map(|index| {
+            let mut cfg = EndpointConfig::new(vec![local]).server();
+            cfg.shard = ri2n_proto::Shard { index, count: 2 };
+            cfg.connection_counts = Some(shared.clone());
+            Endpoint::new(cfg, 7, now)
+        })
+        .collect();
+    let mut resets = [0usize; 2];
+    for i in 0..300u64 {
+        for (n, shard) in shards.iter_mut().enumerate() {
+            let mut short = vec![wire::VERSION, packet_type::SHORT];
+            short.extend_from_slice(&(0x5eed_0000 + 2 * i + n as u64).to_be_bytes());
+            short.resize(100, 0);
+            shard.handle_datagram(now, local, from, &mut short);
+            resets[n] += drain(shard, now)
+                .iter()
+                .filter(|(_, d)| {
+                    matches!(wire::decode_packet(d), Ok((wire::Header::Reset { .. }, _)))
+                })
+                .count();
+        }
+    }
+    // the premise: both shards answered some
+    assert!(resets.iter().all(|&r| r > 0), "{resets:?}");
+    assert_eq!(
+        resets.iter().sum::<usize>(),
+        100,
+        "RESETs sent by the shards: {resets:?}"
+    );
+}
+
 /// An ACCEPT in clear, forged with the connection ID a keyed client's first INITIAL shows on
 /// the path, before the server's RETRY: no ACCEPT can be authentic before the client's Noise
 /// message went out, so it is dropped. Before, the client took the parameters in clear and
