@@ -90,6 +90,7 @@ pub(crate) enum Interest {
     /// The reading calls of one kind alone (stream bytes, messages or datagrams): for
     /// readers of different kinds that wait apart (tasks of the tokio adapter), none of
     /// which may clear a wake-up meant for another.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     ReadKind(Caller),
 }
 
