@@ -552,7 +552,11 @@ impl Endpoint {
         let h = st.engine_mut().connect(Instant::now(), remotes, config)?;
         // sends the first handshake packet
         drop(shared.after_app_call(st));
-        Ok(Connection::udp(UdpConnection::new(driver.clone(), h)))
+        Ok(Connection::udp(UdpConnection::new(
+            driver.clone(),
+            shards.drivers.clone(),
+            h,
+        )))
     }
 
     /// The next incoming connection if one is waiting; an [`Error::Io`] of kind
@@ -560,9 +564,9 @@ impl Endpoint {
     /// [`readiness_fd`](Self::readiness_fd) once no connection is left waiting.
     pub fn try_accept(&self) -> Result<Connection, Error> {
         let accepted = match &self.inner {
-            Transports::Udp(s) => {
-                (s.pop_accepted()).map(|(driver, h)| Connection::udp(UdpConnection::new(driver, h)))
-            }
+            Transports::Udp(s) => (s.pop_accepted()).map(|(driver, h)| {
+                Connection::udp(UdpConnection::new(driver, s.drivers.clone(), h))
+            }),
             Transports::Tcp(t) => t.endpoint().try_accept().map(|c| t.connection(c)),
         };
         accepted.ok_or_else(|| Error::Io(std::io::ErrorKind::WouldBlock.into()))
@@ -603,7 +607,8 @@ impl Endpoint {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         loop {
             if let Some((driver, h)) = shards.pop_accepted() {
-                return Ok(Some(Connection::udp(UdpConnection::new(driver, h))));
+                let shared = shards.drivers.clone();
+                return Ok(Some(Connection::udp(UdpConnection::new(driver, shared, h))));
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);

@@ -402,7 +402,7 @@ impl AcceptQueue {
 /// An endpoint's shards.
 #[derive(Debug)]
 pub(crate) struct Shards {
-    pub drivers: Vec<Arc<Driver>>,
+    pub drivers: Arc<Drivers>,
     pub accepts: Arc<AcceptQueue>,
     /// The shard the next outgoing connection is opened on (round robin).
     next: AtomicUsize,
@@ -452,7 +452,7 @@ impl Shards {
             })
             .collect::<std::io::Result<Vec<_>>>()?;
         Ok(Self {
-            drivers,
+            drivers: Arc::new(Drivers(drivers)),
             accepts,
             next: AtomicUsize::new(0),
         })
@@ -472,7 +472,7 @@ impl Shards {
 
     /// Waits until a connection may have been accepted or `deadline` passes.
     pub fn wait_accept(&self, deadline: Option<Instant>) {
-        for d in &self.drivers {
+        for d in self.drivers.iter() {
             d.shared().before_blocking();
         }
         self.accepts.wait(deadline);
@@ -486,7 +486,7 @@ impl Shards {
             return only.shared().abort_all(code, reason);
         }
         std::thread::scope(|s| {
-            for d in &self.drivers {
+            for d in self.drivers.iter() {
                 s.spawn(move || d.shared().abort_all(code, reason));
             }
         });
@@ -514,12 +514,10 @@ impl Shards {
 
 impl Drop for Shards {
     /// No connection can be accepted from now on: each shard refuses new ones and aborts
-    /// those waiting (a connection the application holds keeps its shard running), and a
-    /// watcher of `accept`'s readiness descriptor is woken. The shards whose last handle
-    /// this was close in parallel, each lingering for its own connections, not one after the
-    /// other.
+    /// those waiting (a connection the application holds keeps the shards running, see
+    /// [`Drivers`]), and a watcher of `accept`'s readiness descriptor is woken.
     fn drop(&mut self) {
-        for d in &self.drivers {
+        for d in self.drivers.iter() {
             d.shared().stop_accepting();
         }
         // an event loop waiting on `accept`'s readiness descriptor wakes, and finds no
@@ -527,7 +525,28 @@ impl Drop for Shards {
         if let Some(r) = self.accepts.readiness.get() {
             r.signal();
         }
-        let drivers = std::mem::take(&mut self.drivers);
+    }
+}
+
+/// The shards' drivers, held by the endpoint and by each of its connections. When the last
+/// of them goes, the shards close in parallel, each lingering for its own connections
+/// (`Driver::drop`). Held by each connection for its own shard alone, a shard lingered as
+/// its last connection went, on the thread that dropped it, though the endpoint's other
+/// connections lived on, and one shard after another.
+#[derive(Debug)]
+pub(crate) struct Drivers(Vec<Arc<Driver>>);
+
+impl std::ops::Deref for Drivers {
+    type Target = [Arc<Driver>];
+
+    fn deref(&self) -> &[Arc<Driver>] {
+        &self.0
+    }
+}
+
+impl Drop for Drivers {
+    fn drop(&mut self) {
+        let drivers = std::mem::take(&mut self.0);
         if drivers.len() > 1 && !std::thread::panicking() {
             std::thread::scope(|s| {
                 for d in drivers {

@@ -17,11 +17,15 @@ use ri2n_proto::{
 use crate::connection::TimedEvent;
 use crate::driver::{Driver, State};
 use crate::readiness::{Caller, Interest, Waiting, Watchers};
+use crate::shards::Drivers;
 
 /// A connection of the UDP transport: its shard's driver and its handle in that engine.
 #[derive(Debug)]
 pub(crate) struct UdpConnection {
     driver: Arc<Driver>,
+    /// Every shard of the endpoint: they stay until its last connection goes (dropped after
+    /// `driver`, so that the last of these drops the drivers, see `shards::Drivers`).
+    _shards: Arc<Drivers>,
     handle: ConnectionHandle,
     /// The readiness descriptors, made on first request.
     watchers: Arc<Watchers>,
@@ -56,9 +60,10 @@ pub(crate) fn lost(e: ConnectionError) -> io::Error {
 }
 
 impl UdpConnection {
-    pub(crate) fn new(driver: Arc<Driver>, handle: ConnectionHandle) -> Self {
+    pub(crate) fn new(driver: Arc<Driver>, shards: Arc<Drivers>, handle: ConnectionHandle) -> Self {
         Self {
             driver,
+            _shards: shards,
             handle,
             watchers: Arc::default(),
             watched: AtomicBool::new(false),

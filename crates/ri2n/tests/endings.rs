@@ -696,3 +696,120 @@ fn a_connection_that_comes_in_during_a_close_is_not_closed_by_it() {
     // (dropped, the cut client would wait its linger for the end of its stream)
     cut.abort(0, "the test is over");
 }
+
+/// A connection whose handle was dropped, its data not yet delivered, and which ends while
+/// the endpoint's `close` waits (its peer aborts it): the close reports what it left
+/// undelivered, as TCP's does and as it does for a connection still held. Before, the UDP
+/// transport released the connection as it ended, the close no longer found it, and it
+/// returned `Ok(())` for megabytes never acknowledged.
+#[test]
+fn a_close_counts_what_a_dropped_connection_left_undelivered() {
+    for transport in [Transport::Udp, Transport::Tcp] {
+        let small = ConnectionConfig::default().with_stream_receive_window(256 << 10);
+        let server = Endpoint::bind(
+            EndpointConfig::new(vec![loopback("127.0.0.1")])
+                .with_transport(transport)
+                .with_shards(Some(1))
+                .with_server_connection(small)
+                .server(),
+        )
+        .unwrap();
+        let client = bind_on(transport, false);
+        let conn = (client.connect(&server.local_addrs(), ConnectionConfig::default())).unwrap();
+        let peer = server.accept().unwrap();
+        // more than the server's window: the rest waits, and the server reads nothing
+        std::io::Write::write_all(&mut &conn, &vec![7u8; 2 << 20]).unwrap();
+        drop(conn);
+        let closing = {
+            let client = client.clone();
+            std::thread::spawn(move || client.close(Some(Duration::from_secs(5))))
+        };
+        std::thread::sleep(Duration::from_millis(300));
+        peer.abort(5, "the server gives up");
+        let closed = closing.join().unwrap();
+        assert!(
+            matches!(closed, Err(Error::NotDelivered { connections: 1, bytes }) if bytes > 0),
+            "{transport:?}: {closed:?}"
+        );
+    }
+}
+
+/// A server of two shards whose connections each hold data their unreachable peers never
+/// acknowledge: dropping the endpoint and then its connections waits the linger once, when
+/// the last goes, for all of them together. Before, on the UDP transport, dropping the last
+/// connection of a shard waited that shard's linger on the dropping thread though the other
+/// connection lived on, and the next shard's last connection the linger again.
+#[test]
+fn a_server_of_two_shards_lingers_once_when_its_last_connection_goes() {
+    let linger = Duration::from_secs(1);
+    let server = Endpoint::bind(
+        EndpointConfig::new(vec![loopback("127.0.0.1")])
+            .with_shards(Some(2))
+            .with_close_linger(linger)
+            .server(),
+    )
+    .unwrap();
+    let mut clients = Vec::new();
+    let mut accepted = Vec::new();
+    while accepted.len() < 2 {
+        let c = bind_on(Transport::Udp, false);
+        let conn = c
+            .connect(&server.local_addrs(), ConnectionConfig::default())
+            .unwrap();
+        let peer = server.accept().unwrap();
+        // one connection on each shard
+        if accepted
+            .iter()
+            .all(|a: &ri2n::Connection| a.shard() != peer.shard())
+        {
+            accepted.push(peer);
+        }
+        clients.push((c, conn));
+    }
+    // nothing the server writes is acknowledged any more
+    for (c, _) in &clients {
+        for s in c.local_addrs() {
+            c.impairment(s).unwrap().set_down(true);
+        }
+    }
+    for a in &accepted {
+        std::io::Write::write_all(&mut &*a, &[1u8; 100_000]).unwrap();
+    }
+    drop(server);
+    let mut it = accepted.into_iter();
+    let start = Instant::now();
+    drop(it.next());
+    let first = start.elapsed();
+    drop(it.next());
+    let all = start.elapsed();
+    assert!(
+        first < linger / 2,
+        "dropping one of two connections waited {first:?}"
+    );
+    assert!(
+        all >= linger && all < linger * 3 / 2,
+        "dropping both took {all:?} (linger {linger:?})"
+    );
+}
+
+/// A connection still in its handshake, with nothing written, has nothing to deliver: the
+/// endpoint's last handle going does not wait the linger for it. It waited it whole (the
+/// smaller of the linger and the handshake's timeout, 10 s by default) before.
+#[test]
+fn a_handshake_with_nothing_written_holds_no_linger() {
+    let silent = UdpSocket::bind("127.0.0.1:0").unwrap(); // bound, never read: no ICMP
+    let linger = Duration::from_secs(2);
+    let client =
+        Endpoint::bind(EndpointConfig::new(vec![loopback("127.0.0.1")]).with_close_linger(linger))
+            .unwrap();
+    let conn = client
+        .start_connect(&[silent.local_addr().unwrap()], ConnectionConfig::default())
+        .unwrap();
+    // the premise: the handshake is under way when the handles go
+    assert_eq!(conn.state(), ri2n::ConnectionState::Connecting);
+    let start = Instant::now();
+    drop(conn);
+    drop(client);
+    let took = start.elapsed();
+    assert!(took < linger / 4, "the drop waited {took:?}");
+}

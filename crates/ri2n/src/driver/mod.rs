@@ -151,6 +151,9 @@ pub(crate) struct State {
     /// The endpoint lives, so its application may still accept the connections the engine
     /// hands over; once it is gone they are aborted ([`Shared::stop_accepting`]).
     accepting: bool,
+    /// Closes under way ([`Shared::close_all`]): until they end, dropped connections that
+    /// close are not released, so that each close counts what they left undelivered.
+    closes: usize,
 }
 
 impl State {
@@ -367,6 +370,7 @@ impl Shared {
         // how often the waiting thread looks again (nothing signals "acknowledged")
         const RECHECK: Duration = Duration::from_millis(10);
         let mut st = self.lock();
+        st.closes += 1;
         let handles: Vec<ConnectionHandle> = st.endpoint.connection_handles().collect();
         for &h in &handles {
             if let Some(c) = st.endpoint.connection_mut(h) {
@@ -376,11 +380,13 @@ impl Shared {
         st = self.after_app_call(st);
         loop {
             // still worth waiting for: open, and either our data is not delivered yet or
-            // the peer is done too (then the clean close follows shortly)
+            // the peer is done too (then the clean close follows shortly); not a handshake
+            // with nothing written, which has nothing to deliver
             let waiting = handles.iter().copied().find(|&h| {
-                st.endpoint.connection(h).is_some_and(|c| {
-                    c.state() != ConnectionState::Closed
-                        && (!c.is_send_complete() || c.is_receive_complete())
+                st.endpoint.connection(h).is_some_and(|c| match c.state() {
+                    ConnectionState::Closed => false,
+                    ConnectionState::Connecting => c.stats().send_buffered > 0,
+                    _ => !c.is_send_complete() || c.is_receive_complete(),
                 })
             });
             let Some(h) = waiting else { break };
@@ -411,6 +417,7 @@ impl Shared {
                 undelivered.bytes += buffered;
             }
         }
+        st.closes -= 1;
         // the rest are still open: their peers are not left waiting (connections that came
         // in meanwhile are not this close's: a server goes on accepting)
         self.abort_each(st, &handles, 0, "the peer's endpoint was closed");
@@ -620,6 +627,7 @@ impl Driver {
                 paths_changed: false,
                 out: Outgoing::new(&sockets, !lanes.is_empty(), backlog.clone()),
                 accepting: true,
+                closes: 0,
             }),
             shard,
             router,

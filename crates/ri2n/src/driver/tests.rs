@@ -235,7 +235,7 @@ fn close_returns_after_a_held_up_lane_has_sent_the_close() {
 fn lane_sends(e: &Endpoint) -> Vec<(usize, usize)> {
     use std::sync::atomic::Ordering::Relaxed;
     let mut per = Vec::new();
-    for d in &e.udp().expect("a UDP endpoint").drivers {
+    for d in e.udp().expect("a UDP endpoint").drivers.iter() {
         for (i, l) in d.shared().lanes.iter().enumerate() {
             if per.len() <= i {
                 per.push((0, 0));
@@ -276,7 +276,7 @@ fn lane_endpoints(
 fn lane_receives(e: &Endpoint) -> Vec<usize> {
     use std::sync::atomic::Ordering::Relaxed;
     let mut per = Vec::new();
-    for d in &e.udp().expect("a UDP endpoint").drivers {
+    for d in e.udp().expect("a UDP endpoint").drivers.iter() {
         for (i, l) in d.shared().recv_lanes.iter().enumerate() {
             if per.len() <= i {
                 per.push(0);

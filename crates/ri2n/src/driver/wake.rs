@@ -103,6 +103,7 @@ impl Shared {
             events,
             signals,
             readiness,
+            closes,
             ..
         } = st;
         dropped.retain(|&h| {
@@ -116,7 +117,8 @@ impl Shared {
                 c.abort(0, UNREAD);
                 return true; // released at a later round: its CLOSE leaves first
             }
-            if endpoint.release(h) {
+            // a close under way counts what it left undelivered first
+            if *closes == 0 && endpoint.release(h) {
                 events.remove(&h);
                 signals.remove(&h);
                 readiness.remove(&h);
