@@ -813,3 +813,31 @@ fn a_handshake_with_nothing_written_holds_no_linger() {
     let took = start.elapsed();
     assert!(took < linger / 4, "the drop waited {took:?}");
 }
+
+/// An abort's code reaches the peer as it was given, 0 included, on either transport. The
+/// TCP transport sent code 0 as 1 (its CLOSE with code 0 is the clean close), so the peer
+/// saw `PeerAborted { code: 1 }` and could not tell it from an application's own 1.
+#[test]
+fn an_abort_code_of_zero_reaches_the_peer_as_zero() {
+    for transport in [Transport::Udp, Transport::Tcp] {
+        for code in [0, 1, 7] {
+            let server = bind_on(transport, true);
+            let client = bind_on(transport, false);
+            let conn =
+                (client.connect(&server.local_addrs(), ConnectionConfig::default())).unwrap();
+            let peer = server.accept().unwrap();
+            conn.abort(code, "given up");
+            let mut buf = [0u8; 8];
+            let read = std::io::Read::read(&mut &peer, &mut buf);
+            assert!(read.is_err(), "{transport:?}: {read:?}");
+            assert_eq!(
+                peer.close_reason(),
+                Some(ConnectionError::PeerAborted {
+                    code,
+                    reason: "given up".into()
+                }),
+                "{transport:?}"
+            );
+        }
+    }
+}

@@ -159,12 +159,18 @@ pub enum Record {
     Ping,
     /// The connection ends (`code` 0: a clean close), with a reason for the log.
     Close {
-        /// 0 for a clean close, else the application's abort code.
+        /// 0 for a clean close; below [`CLOSE_APP_BASE`] an error of the sender's (a
+        /// violation); from it on an application's abort code, plus [`CLOSE_APP_BASE`].
         code: u64,
         /// Bytes of UTF-8 reason that follow.
         reason_len: u16,
     },
 }
+
+/// A CLOSE for an application's abort carries its code plus this, as the UDP transport's
+/// does (docs/PROTOCOL.md §12.5): every application code, 0 included, reaches the peer as it
+/// was given, apart from a clean close (0) and the transport's own errors (1 to 15).
+pub const CLOSE_APP_BASE: u64 = 16;
 
 /// A receive window announced in a hello or its reply, if within what a config may set: a
 /// window of 0 would let nothing be sent and no message fit.

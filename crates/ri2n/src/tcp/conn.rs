@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use ri2n_proto::tcp::chunk::{self, ChunkError, Demux, Kind, Piece};
+use ri2n_proto::tcp::frame::CLOSE_APP_BASE;
 use ri2n_proto::tcp::{Reassembly, SlowLinkWatch, StripeConfig, Striper};
 use ri2n_proto::{
     reclaim, Cipher, ConnectionConfig, ConnectionError, ConnectionState, ConnectionStats, Event,
@@ -575,11 +576,13 @@ impl State {
             && self.message_part.is_empty())
     }
 
-    /// Ends the connection now, the links telling the peer `reason` (code at least 1: a
-    /// CLOSE with code 0 reads as a clean close).
+    /// Ends the connection now, the links telling the peer `code` and `reason` (the CLOSE
+    /// carries the code plus `CLOSE_APP_BASE`: 0 reads as a clean close, and the codes
+    /// below the base are the transport's own).
     pub fn abort(&mut self, code: u64, reason: &str) {
         if self.end.is_none() {
-            self.close_record = (code.max(1), reason.to_owned());
+            let sent = code.saturating_add(CLOSE_APP_BASE);
+            self.close_record = (sent, reason.to_owned());
             for l in &mut self.links {
                 l.close_due = l.connected();
             }

@@ -27,7 +27,7 @@ use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
-use ri2n_proto::tcp::frame::{close_reason, MAX_REASON};
+use ri2n_proto::tcp::frame::{close_reason, CLOSE_APP_BASE, MAX_REASON};
 use ri2n_proto::tcp::keys::{ClientLinkHandshake, FrameKey, FrameKeys, MAX_FRAME};
 use ri2n_proto::tcp::{Hello, HelloReply, HelloStatus, LinkView, PlacementError, Record, Work};
 use ri2n_proto::Key;
@@ -911,15 +911,12 @@ fn read_records(
                 let reason = (r.payload(usize::from(reason_len), Vec::new())).unwrap_or_default();
                 let reason = String::from_utf8_lossy(&reason[..reason.len().min(MAX_REASON)]);
                 let st = conn.lock();
-                let why = if code != 0 {
-                    Some(ConnectionError::PeerAborted {
-                        code,
-                        reason: reason.into_owned(),
-                    })
-                } else if st.done() {
-                    None
-                } else {
-                    Some(ConnectionError::ClosedEarly)
+                let reason = reason.into_owned();
+                let why = match code.checked_sub(CLOSE_APP_BASE) {
+                    Some(code) => Some(ConnectionError::PeerAborted { code, reason }),
+                    None if code != 0 => Some(ConnectionError::PeerError { code, reason }),
+                    None if st.done() => None,
+                    None => Some(ConnectionError::ClosedEarly),
                 };
                 drop(st);
                 let mut st = conn.lock();
