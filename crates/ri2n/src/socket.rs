@@ -16,7 +16,7 @@
 use std::io::{self, IoSlice, IoSliceMut};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use quinn_udp::{RecvMeta, Transmit, UdpSocketState, BATCH_SIZE};
@@ -77,6 +77,10 @@ pub(crate) struct LinkSocket {
     pub local: SocketAddr,
     pub io: mio::net::UdpSocket,
     state: UdpSocketState,
+    /// Datagrams one GSO send may carry; 1 once a batch showed that the path or device
+    /// cannot segment ([`LinkSocket::own_failure`]). Ours, not quinn-udp's: that one halts
+    /// for good at any `EINVAL`, which a route (a blackhole) gives as well.
+    gso_segments: AtomicUsize,
     pub impairment: Arc<Impairment>,
     /// "Port unreachable" answers of peers' hosts (from the socket's error queue), not yet
     /// handed to the engine; at most [`MAX_REFUSALS`], further ones are dropped.
@@ -147,6 +151,7 @@ impl LinkSocket {
         Ok(Self {
             local,
             io: mio::net::UdpSocket::from_std(std),
+            gso_segments: AtomicUsize::new(state.max_gso_segments()),
             state,
             impairment,
             refused: Mutex::new(Vec::new()),
@@ -313,7 +318,7 @@ impl LinkSocket {
 
     /// Most datagrams one GSO send may carry on this socket (1 without GSO).
     pub fn max_segments(&self) -> usize {
-        self.state.max_gso_segments().max(1)
+        self.gso_segments.load(Ordering::Relaxed).max(1)
     }
 
     /// Sends `data` to `remote`: one datagram, or with `segment` several of that size (the
@@ -403,10 +408,13 @@ impl LinkSocket {
     }
 
     /// The outcome of a send that failed on its own account with `failure`. A batch the
-    /// kernel would not segment (`EIO`, `EINVAL`: a device or path without the offload, after
-    /// which quinn-udp halts GSO on the socket; `EMSGSIZE`: a segment larger than the path
-    /// takes, perhaps a path MTU probe batched with smaller datagrams) leaves one datagram at
-    /// a time, each a send of its own; the batch's outcome is its first failure.
+    /// kernel would not segment (`EIO`, `EINVAL`: a device or path without the offload;
+    /// `EMSGSIZE`: a segment larger than the path takes, perhaps a path MTU probe batched
+    /// with smaller datagrams) leaves one datagram at a time, each a send of its own; the
+    /// batch's outcome is its first failure. If they leave where the batch could not (`EIO`,
+    /// `EINVAL`), the socket sends no more batches; if they fail too, the batch was not the
+    /// cause (a blackhole route refuses every send with `EINVAL`), and batches go on once
+    /// the route is back.
     fn own_failure(
         &self,
         remote: SocketAddr,
@@ -415,18 +423,21 @@ impl LinkSocket {
         failure: &io::Error,
     ) -> SendOutcome {
         const NOT_SEGMENTED: [i32; 3] = [libc::EIO, libc::EINVAL, libc::EMSGSIZE];
+        let errno = failure.raw_os_error();
         match segment.filter(|&s| s < data.len()) {
-            Some(seg)
-                if failure
-                    .raw_os_error()
-                    .is_some_and(|e| NOT_SEGMENTED.contains(&e)) =>
-            {
-                (data.chunks(seg.max(1)))
+            Some(seg) if errno.is_some_and(|e| NOT_SEGMENTED.contains(&e)) => {
+                let outcome = (data.chunks(seg.max(1)))
                     .map(|d| self.send_raw(remote, d, None))
                     .fold(SendOutcome::Sent, |first, o| match first {
                         SendOutcome::Sent => o,
                         failed => failed,
-                    })
+                    });
+                let offload_refused = outcome == SendOutcome::Sent && errno != Some(libc::EMSGSIZE);
+                if offload_refused && self.gso_segments.swap(1, Ordering::Relaxed) > 1 {
+                    tracing::info!(local = %self.local, error = %failure,
+                        "segmentation offload refused: sending datagrams one at a time");
+                }
+                outcome
             }
             _ => classify_send_error(failure, segment.unwrap_or(data.len())),
         }
@@ -1178,6 +1189,56 @@ mod tests {
                 .unwrap_or_else(|e| panic!("datagram {i}: {e}"));
             assert_eq!(&buf[..n], &[i as u8; 40], "datagram {i}");
         }
+    }
+
+    /// A batch a blackhole route refuses (`EINVAL`, as a device without the offload gives)
+    /// fails, datagram by datagram too, but leaves segmentation on: once the route is gone,
+    /// batches leave whole again. Before, quinn-udp's halt on any `EINVAL` sent every
+    /// datagram of the socket on its own for the rest of its life. Needs root (a network
+    /// namespace of its own, on a thread of its own).
+    #[test]
+    fn a_batch_a_route_refuses_leaves_segmentation_on() {
+        if unsafe { libc::geteuid() } != 0 {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "needs root (a network namespace)"
+            );
+            eprintln!("skipped: needs root (a network namespace)");
+            return;
+        }
+        std::thread::spawn(|| {
+            // SAFETY: moves this thread alone into a new network namespace, where its sockets
+            // and the `ip` it runs (forked from it) live; the thread ends with the test.
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+            let ip = |args: &[&str]| {
+                let done = std::process::Command::new("ip").args(args).status();
+                assert!(done.is_ok_and(|s| s.success()), "ip {args:?}");
+            };
+            ip(&["link", "set", "lo", "up"]);
+            ip(&["route", "add", "blackhole", "10.99.0.0/24"]);
+            let sock = LinkSocket::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            assert!(sock.max_segments() > 1, "the premise: GSO is on");
+            let data = vec![7u8; 3 * 1000];
+            let refused = sock.send("10.99.0.1:9".parse().unwrap(), &data, Some(1000));
+            // the premise: the route refused the batch
+            assert_ne!(refused, SendOutcome::Sent);
+            assert!(sock.max_segments() > 1, "GSO halted by a route's refusal");
+            // the route gone, a batch leaves in one send, and every datagram arrives
+            ip(&["route", "del", "blackhole", "10.99.0.0/24"]);
+            let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+            rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            let sent = sock.send(rx.local_addr().unwrap(), &data, Some(1000));
+            assert_eq!(sent, SendOutcome::Sent);
+            let mut buf = [0u8; 2000];
+            for i in 0..3 {
+                let n = rx
+                    .recv(&mut buf)
+                    .unwrap_or_else(|e| panic!("datagram {i}: {e}"));
+                assert_eq!(n, 1000);
+            }
+        })
+        .join()
+        .unwrap();
     }
 
     /// ICMP errors about earlier datagrams each fail the socket's next send once, and one
