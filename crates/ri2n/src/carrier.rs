@@ -117,11 +117,12 @@ pub(crate) fn interface_of(addr: SocketAddr) -> Option<String> {
         }
         _ => false,
     };
-    interfaces
-        .iter()
+    let found = (interfaces.iter())
         .find(|i| i.ip() == ip)
-        .or_else(|| interfaces.iter().find(in_subnet))
-        .map(|i| i.name.clone())
+        .or_else(|| interfaces.iter().find(in_subnet))?;
+    // by its index: the name getifaddrs(3) gives an IPv4 address is its label (`eth0:1`, a
+    // keepalived or ifupdown alias), which names no interface in /sys/class/net
+    (found.index.and_then(interface_name)).or_else(|| Some(found.name.clone()))
 }
 
 /// The name of the interface with index `index`, if there is one.
@@ -169,5 +170,43 @@ mod tests {
         assert_eq!(interface_of(unknown), None);
         let plain: SocketAddr = "127.0.0.2:7000".parse().unwrap();
         assert_eq!(interface_of(plain).as_deref(), Some("lo"));
+    }
+
+    /// An IPv4 address with a label (`lo:9`, as keepalived and ifupdown aliases have) is on
+    /// the interface itself, whose carrier and MTU are read: getifaddrs(3) names it by its
+    /// label, and `/sys/class/net/lo:9` does not exist (its carrier then read as always up).
+    /// Needs root (a network namespace of its own, on a thread of its own).
+    #[test]
+    fn a_labelled_address_is_on_its_interface() {
+        if unsafe { libc::geteuid() } != 0 {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "needs root (a network namespace)"
+            );
+            eprintln!("skipped: needs root (a network namespace)");
+            return;
+        }
+        std::thread::spawn(|| {
+            // SAFETY: moves this thread alone into a new network namespace, where the `ip`
+            // it runs (forked from it) and its getifaddrs(3) look; it ends with the test.
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+            let ip = |args: &[&str]| {
+                let done = std::process::Command::new("ip").args(args).status();
+                assert!(done.is_ok_and(|s| s.success()), "ip {args:?}");
+            };
+            ip(&["link", "set", "lo", "up"]);
+            ip(&["addr", "add", "10.9.9.9/32", "dev", "lo", "label", "lo:9"]);
+            let labelled: SocketAddr = "10.9.9.9:7000".parse().unwrap();
+            // the premise: getifaddrs names the address by its label
+            let named = if_addrs::get_if_addrs().unwrap();
+            assert!(
+                named.iter().any(|i| i.name == "lo:9"),
+                "{:?}",
+                named.iter().map(|i| &i.name).collect::<Vec<_>>()
+            );
+            assert_eq!(interface_of(labelled).as_deref(), Some("lo"));
+        })
+        .join()
+        .unwrap();
     }
 }
