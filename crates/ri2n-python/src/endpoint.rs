@@ -229,12 +229,21 @@ impl PyEndpoint {
                             return Err(e);
                         }
                     }
-                    // nobody answered: the next handshake, unless the time is up
-                    Err(ConnectionError::TimedOut(_)) if deadline.is_none() => break,
-                    Err(ConnectionError::TimedOut(_)) => return Err(no_answer(&remotes, timeout)),
                     Err(e) => {
-                        let e = ri2n::Error::Connection(e);
-                        return Err(endpoint_error(py, e, self.key_file.as_deref()));
+                        // closed by another thread meanwhile, whose close ended the
+                        // handshake: said as a closed endpoint, as when this loop saw it first
+                        self.get()?;
+                        match e {
+                            // nobody answered: the next handshake, unless the time is up
+                            ConnectionError::TimedOut(_) if deadline.is_none() => break,
+                            ConnectionError::TimedOut(_) => {
+                                return Err(no_answer(&remotes, timeout))
+                            }
+                            e => {
+                                let e = ri2n::Error::Connection(e);
+                                return Err(endpoint_error(py, e, self.key_file.as_deref()));
+                            }
+                        }
                     }
                 }
             }
