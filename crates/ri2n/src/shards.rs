@@ -215,9 +215,8 @@ impl Router {
     /// the shard to forward it to and how many more may be asked after that one. A connection
     /// ID of another share goes to its shard; a client's INITIAL with a valid cookie to the
     /// shard with the fewest connections (this one when it has no more than any), and its
-    /// repeats after it;
-    /// an ID to ask about stays where an engine has a connection by that ID with `remote`,
-    /// and with the last shard asked when none has (which counts the drop).
+    /// repeats after it; an ID to ask about stays where an engine has a connection by that
+    /// ID with `remote`, and with the last shard asked when none has (which counts the drop).
     pub fn place(
         &self,
         here: usize,
