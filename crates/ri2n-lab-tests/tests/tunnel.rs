@@ -874,6 +874,21 @@ fn the_systemd_unit_runs_the_daemon_under_its_sandbox() {
     );
 }
 
+/// `ip addr VERB` (add, del) of host `h`'s address on network `net` of the lab.
+fn ip_addr_of(lab: &Lab, h: &str, verb: &str, net: u8) {
+    let out = Command::new("ip")
+        .args(["-n", &lab.ns_of(h), "addr", verb])
+        .arg(format!("10.77.{net}.{}/24", host_number(h)))
+        .args(["dev", &format!("eth{net}")])
+        .output()
+        .expect("running ip");
+    assert!(
+        out.status.success(),
+        "ip addr {verb} on {h}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A host whose address on one network is missing at start (a NIC dead or late at boot)
 /// starts on its other link and carries traffic. When the missing address appears just as
 /// the other goes (a NIC swapped for another), the daemon goes on with the one it can bind
@@ -890,20 +905,7 @@ fn a_host_missing_a_link_address_starts_without_it_and_takes_it_up_later() {
     let dir = TestDir::new(env, "tunnel-late-link");
     let lab = Lab::up_hosts(env, "late", 2, 3);
     let config = cluster_file(env, &dir.0);
-    // `ip addr VERB` of b's address on network `net`
-    let ip_b = |verb: &str, net: u8| {
-        let out = Command::new("ip")
-            .args(["-n", &lab.ns_of("b"), "addr", verb])
-            .arg(format!("10.77.{net}.2/24"))
-            .args(["dev", &format!("eth{net}")])
-            .output()
-            .expect("running ip");
-        assert!(
-            out.status.success(),
-            "ip addr {verb}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
+    let ip_b = |verb: &str, net: u8| ip_addr_of(&lab, "b", verb, net);
     ip_b("del", 2);
     let mut daemons = start_daemons(env, &lab, &dir.0, &config);
     let log_b = daemons[1].stderr_text();
@@ -953,20 +955,7 @@ fn a_named_host_without_any_link_address_starts_and_takes_them_up_later() {
     let lab = Lab::up_hosts(env, "nolink", 2, 2);
     support::keygen(env, &dir.0);
     let config = write_cluster_file(&dir.0, &["a", "b"]);
-    // `ip addr VERB` of b's address on network `net`
-    let ip_b = |verb: &str, net: u8| {
-        let out = Command::new("ip")
-            .args(["-n", &lab.ns_of("b"), "addr", verb])
-            .arg(format!("10.77.{net}.2/24"))
-            .args(["dev", &format!("eth{net}")])
-            .output()
-            .expect("running ip");
-        assert!(
-            out.status.success(),
-            "ip addr {verb}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
+    let ip_b = |verb: &str, net: u8| ip_addr_of(&lab, "b", verb, net);
     ip_b("del", 1);
     ip_b("del", 2);
     let mut daemons = vec![

@@ -694,6 +694,35 @@ fn a_replay_that_opens_a_link_from_elsewhere_does_not_keep_it() {
     );
 }
 
+/// An unkeyed client's second INITIAL from `from` with client ID `scid`: the cookie of the
+/// RETRY that `server` answers its first with, and its parameters.
+fn plain_initial_with_cookie(
+    server: &mut Endpoint,
+    now: Instant,
+    server_addr: SocketAddr,
+    from: SocketAddr,
+    scid: u64,
+) -> Vec<u8> {
+    let mut d = initial(scid, &[], wire::handshake_mode::PLAIN, &[]);
+    server.handle_datagram(now, server_addr, from, &mut d);
+    let cookie = drain(server, now)
+        .into_iter()
+        .find_map(|(_, d)| match wire::decode_packet(&d) {
+            Ok((wire::Header::Retry { token, .. }, _)) => Some(token.to_vec()),
+            _ => None,
+        })
+        .expect("a RETRY with a cookie");
+    let hello = wire::ClientParams {
+        instance: 9,
+        window: 1 << 20,
+        cipher: 0,
+        accepts: 3,
+        application: Vec::new(),
+    }
+    .encode();
+    initial(scid, &cookie, wire::handshake_mode::PLAIN, &hello)
+}
+
 /// A stranger at an unkeyed server opens connections from many ports, all under one client
 /// connection ID, to make each RESET or ICMP error naming that ID cost a walk over all of
 /// them. Only a few connections may share an ID; the rest are refused as over a limit.
@@ -703,27 +732,10 @@ fn few_connections_may_share_a_client_connection_id() {
     let server_addr = addr("10.0.0.2:6000");
     let mut server = Endpoint::new(EndpointConfig::new(vec![server_addr]).server(), 2, now);
     let scid = 0x5eed_5eed_5eed_5eed;
-    let hello = wire::ClientParams {
-        instance: 9,
-        window: 1 << 20,
-        cipher: 0,
-        accepts: 3,
-        application: Vec::new(),
-    }
-    .encode();
     let mut refused = 0;
     for port in 0..20u16 {
         let from = SocketAddr::new(addr("10.9.0.1:1").ip(), 1000 + port);
-        let mut d = initial(scid, &[], wire::handshake_mode::PLAIN, &[]);
-        server.handle_datagram(now, server_addr, from, &mut d);
-        let cookie = drain(&mut server, now)
-            .into_iter()
-            .find_map(|(_, d)| match wire::decode_packet(&d) {
-                Ok((wire::Header::Retry { token, .. }, _)) => Some(token.to_vec()),
-                _ => None,
-            })
-            .expect("a RETRY with a cookie");
-        let mut d = initial(scid, &cookie, wire::handshake_mode::PLAIN, &hello);
+        let mut d = plain_initial_with_cookie(&mut server, now, server_addr, from, scid);
         let before = server.dropped().get(DropReason::ConnectionLimit);
         server.handle_datagram(now, server_addr, from, &mut d);
         refused += server.dropped().get(DropReason::ConnectionLimit) - before;
@@ -745,24 +757,7 @@ fn a_shard_is_asked_about_a_reset_only_for_a_connection_with_its_sender() {
     let mut server = Endpoint::new(EndpointConfig::new(vec![server_addr]).server(), 2, now);
     let victims_id = 0x7e57_0001_7e57_0001;
     let (stranger, victim) = (addr("10.9.0.1:1000"), addr("10.8.0.1:5000"));
-    let hello = wire::ClientParams {
-        instance: 9,
-        window: 1 << 20,
-        cipher: 0,
-        accepts: 3,
-        application: Vec::new(),
-    }
-    .encode();
-    let mut d = initial(victims_id, &[], wire::handshake_mode::PLAIN, &[]);
-    server.handle_datagram(now, server_addr, stranger, &mut d);
-    let cookie = drain(&mut server, now)
-        .into_iter()
-        .find_map(|(_, d)| match wire::decode_packet(&d) {
-            Ok((wire::Header::Retry { token, .. }, _)) => Some(token.to_vec()),
-            _ => None,
-        })
-        .expect("a RETRY with a cookie");
-    let mut d = initial(victims_id, &cookie, wire::handshake_mode::PLAIN, &hello);
+    let mut d = plain_initial_with_cookie(&mut server, now, server_addr, stranger, victims_id);
     server.handle_datagram(now, server_addr, stranger, &mut d);
     assert_eq!(
         server.connection_count(),

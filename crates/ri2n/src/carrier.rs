@@ -175,26 +175,10 @@ mod tests {
     /// An IPv4 address with a label (`lo:9`, as keepalived and ifupdown aliases have) is on
     /// the interface itself, whose carrier and MTU are read: getifaddrs(3) names it by its
     /// label, and `/sys/class/net/lo:9` does not exist (its carrier then read as always up).
-    /// Needs root (a network namespace of its own, on a thread of its own).
+    /// Needs root.
     #[test]
     fn a_labelled_address_is_on_its_interface() {
-        if unsafe { libc::geteuid() } != 0 {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "needs root (a network namespace)"
-            );
-            eprintln!("skipped: needs root (a network namespace)");
-            return;
-        }
-        std::thread::spawn(|| {
-            // SAFETY: moves this thread alone into a new network namespace, where the `ip`
-            // it runs (forked from it) and its getifaddrs(3) look; it ends with the test.
-            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
-            let ip = |args: &[&str]| {
-                let done = std::process::Command::new("ip").args(args).status();
-                assert!(done.is_ok_and(|s| s.success()), "ip {args:?}");
-            };
-            ip(&["link", "set", "lo", "up"]);
+        crate::netns_test::in_new_netns(|ip| {
             ip(&["addr", "add", "10.9.9.9/32", "dev", "lo", "label", "lo:9"]);
             let labelled: SocketAddr = "10.9.9.9:7000".parse().unwrap();
             // the premise: getifaddrs names the address by its label
@@ -205,8 +189,6 @@ mod tests {
                 named.iter().map(|i| &i.name).collect::<Vec<_>>()
             );
             assert_eq!(interface_of(labelled).as_deref(), Some("lo"));
-        })
-        .join()
-        .unwrap();
+        });
     }
 }

@@ -31,6 +31,8 @@ mod carrier;
 mod connection;
 mod driver;
 mod impair;
+#[cfg(test)]
+mod netns_test;
 mod open_ahead;
 mod outgoing;
 mod pages;

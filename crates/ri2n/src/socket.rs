@@ -1194,27 +1194,10 @@ mod tests {
     /// A batch a blackhole route refuses (`EINVAL`, as a device without the offload gives)
     /// fails, datagram by datagram too, but leaves segmentation on: once the route is gone,
     /// batches leave whole again. Before, quinn-udp's halt on any `EINVAL` sent every
-    /// datagram of the socket on its own for the rest of its life. Needs root (a network
-    /// namespace of its own, on a thread of its own).
+    /// datagram of the socket on its own for the rest of its life. Needs root.
     #[test]
     fn a_batch_a_route_refuses_leaves_segmentation_on() {
-        if unsafe { libc::geteuid() } != 0 {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "needs root (a network namespace)"
-            );
-            eprintln!("skipped: needs root (a network namespace)");
-            return;
-        }
-        std::thread::spawn(|| {
-            // SAFETY: moves this thread alone into a new network namespace, where its sockets
-            // and the `ip` it runs (forked from it) live; the thread ends with the test.
-            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
-            let ip = |args: &[&str]| {
-                let done = std::process::Command::new("ip").args(args).status();
-                assert!(done.is_ok_and(|s| s.success()), "ip {args:?}");
-            };
-            ip(&["link", "set", "lo", "up"]);
+        crate::netns_test::in_new_netns(|ip| {
             ip(&["route", "add", "blackhole", "10.99.0.0/24"]);
             let sock = LinkSocket::bind("127.0.0.1:0".parse().unwrap()).unwrap();
             assert!(sock.max_segments() > 1, "the premise: GSO is on");
@@ -1236,9 +1219,7 @@ mod tests {
                     .unwrap_or_else(|e| panic!("datagram {i}: {e}"));
                 assert_eq!(n, 1000);
             }
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     /// ICMP errors about earlier datagrams each fail the socket's next send once, and one
