@@ -232,7 +232,15 @@ impl Drop for TcpLife {
             true => Duration::ZERO,
             false => self.linger,
         };
-        let _ = tcp_close(&self.endpoint, Instant::now().checked_add(linger));
+        let (connections, bytes) = tcp_close(&self.endpoint, Instant::now().checked_add(linger));
+        if connections > 0 {
+            tracing::warn!(
+                connections,
+                bytes,
+                local = ?self.endpoint.local_addrs(),
+                "endpoint dropped with data its peers never acknowledged"
+            );
+        }
     }
 }
 

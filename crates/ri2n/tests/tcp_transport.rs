@@ -1556,3 +1556,56 @@ fn streams_that_end_inside_a_chunk_end_the_connection_as_a_violation() {
     let read = accepted.recv_message();
     assert!(read.is_err(), "the read ended as if all had come: {read:?}");
 }
+
+/// An endpoint dropped while its peer has not acknowledged what was written to it says so
+/// at warn level, with the connections and bytes left, as the UDP transport's does. Before,
+/// the TCP transport's close dropped the count without a word.
+#[test]
+fn an_endpoint_dropped_with_data_unacknowledged_warns() {
+    warnings();
+    const WINDOW: u64 = 64 << 10;
+    let server = Endpoint::bind(
+        EndpointConfig::new(addrs(&["127.0.0.1:0"]))
+            .with_transport(Transport::Tcp)
+            .with_server_connection(ConnectionConfig::default().with_stream_receive_window(WINDOW))
+            .server(),
+    )
+    .unwrap();
+    let to = server.local_addrs()[0];
+    let client = Endpoint::bind(
+        EndpointConfig::new(addrs(&["127.0.0.1:0"]))
+            .with_transport(Transport::Tcp)
+            .with_close_linger(Duration::from_millis(300)),
+    )
+    .unwrap();
+    let local = client.local_addrs()[0];
+    let conn = client.connect(&[to], ConnectionConfig::default()).unwrap();
+    // four windows: the server's application never reads, so three stay unacknowledged
+    (&conn).write_all(&data(4 * WINDOW as usize, 7)).unwrap();
+    let held = server.accept().unwrap();
+    // (other tests of this binary may warn meanwhile: only this endpoint's warning counts)
+    let ours = |l: &&str| l.contains("never acknowledged") && l.contains(&local.to_string());
+    assert_eq!(warnings().lines().filter(ours).count(), 0);
+    let started = Instant::now();
+    drop((conn, client));
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "it lingered"
+    );
+    let said: Vec<String> = (warnings().lines())
+        .filter(ours)
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        said.len() == 1 && said[0].contains("connections=1"),
+        "{said:?}"
+    );
+    let bytes: u64 = said[0]
+        .split("bytes=")
+        .nth(1)
+        .and_then(|b| b.split_whitespace().next())
+        .and_then(|b| b.parse().ok())
+        .unwrap_or_else(|| panic!("{said:?}"));
+    assert!((2 * WINDOW..=4 * WINDOW).contains(&bytes), "{bytes} bytes");
+    drop(held);
+}

@@ -705,6 +705,7 @@ impl Drop for Driver {
                 tracing::warn!(
                     connections = lost.connections,
                     bytes = lost.bytes,
+                    local = ?self.shared.local_addrs().collect::<Vec<_>>(),
                     "endpoint dropped with data its peers never acknowledged"
                 );
             }
