@@ -307,6 +307,9 @@ def sockperf_pp(prefix_cmd, ip, port, size, seconds, tcp=False):
     r["wall_s"] = round(wall, 2)
     if rc != 0 or r["median_us"] is None:
         r["error"] = text[-800:]
+        # a run that failed (killed at its time limit, say) may still have printed figures:
+        # none of them enters a median or a ratio
+        r.update(dict.fromkeys(("median_us", "p99_us", "min_us", "mean_us", "count")))
     return r
 
 

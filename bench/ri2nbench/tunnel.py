@@ -494,7 +494,8 @@ def report_tunnel(res):
 
             def rate(r):
                 before = [(t, i) for t, i in r["progress"] if t <= 6.0]
-                return before[-1][1] / before[-1][0] if before else 0
+                # none: the run reported no progress before the faults (not a rate of 0)
+                return before[-1][1] / before[-1][0] if before else None
 
             def worst(r):
                 return max(r["ranks"], key=lambda x: x["longest_s"]) if r["ranks"] else None
