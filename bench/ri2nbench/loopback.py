@@ -6,7 +6,7 @@ import time
 
 from . import common
 from .common import (
-    PROCS, busy_line, free_port, log, med, mfacts, odd_summary, proc_comm, run_json,
+    PROCS, busy_line, free_port, log, med, mfacts, odd_summary, proc_comm, proc_cpu, run_json,
     sockperf_pp, spread, thread_cpu, wait_quiet, wait_ready)
 
 
@@ -20,11 +20,11 @@ def multi_clients(server_pid, port, n, reverse):
     cmd += ["-R"] if reverse else []
     outs = [tempfile.TemporaryFile("w+") for _ in range(n)]
     try:
-        t0, w0 = thread_cpu(server_pid), time.monotonic()
+        t0, p0, w0 = thread_cpu(server_pid), proc_cpu(server_pid), time.monotonic()
         ps = [PROCS.start(cmd, stdout=f) for f in outs]
         rcs = [PROCS.wait_rusage(p, MULTI_SECONDS + 60)[0] for p in ps]
         wall = time.monotonic() - w0
-        t1 = thread_cpu(server_pid)
+        t1, p1 = thread_cpu(server_pid), proc_cpu(server_pid)
         rates = []
         for f in outs:
             f.seek(0)
@@ -38,7 +38,8 @@ def multi_clients(server_pid, port, n, reverse):
     cores = {t: (v - t0.get(t, 0.0)) / wall for t, v in t1.items()}
     ok = all(rc == 0 for rc in rcs) and None not in rates
     return {"clients": n, "rcs": rcs, "rates": rates, "bps": sum(rates) if ok else None,
-            "server_cores": sum(cores.values()),
+            # the whole process's: the per-thread figures miss threads that ended meanwhile
+            "server_cores": (p1 - p0) / wall,
             "driver_cores": sum(v for t, v in cores.items() if t.startswith("ri2n-driver")),
             "threads": {t: round(v, 3) for t, v in cores.items() if v >= 0.01}}
 
