@@ -10,7 +10,7 @@
 //! returns starts a fresh resolution, answered within a round trip.
 //!
 //! The notifications come from an rtnetlink socket subscribed to link changes (no privilege
-//! needed); the carrier itself is read from `/sys/class/net/IF/carrier`.
+//! needed); the carrier itself is asked of the kernel with `SIOCGIFFLAGS`.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -139,15 +139,45 @@ fn interface_name(index: u32) -> Option<String> {
     Some(name.to_string_lossy().into_owned())
 }
 
-/// Whether interface `name` has carrier. An interface whose state cannot be read (gone, or
-/// a system without sysfs) counts as having it: the engine's own failure detection decides.
+/// Whether interface `name` has carrier: it is up and running (`IFF_RUNNING`: the kernel
+/// has carrier on it and nothing holds it dormant). Asked of the kernel through a socket
+/// (`SIOCGIFFLAGS`), which answers for this thread's network namespace: `/sys/class/net`
+/// shows the namespace sysfs was mounted in, another one's after `unshare -n`, with
+/// interfaces of the same name or none. An interface whose state cannot be read (gone)
+/// counts as having carrier: the engine's own failure detection decides.
 pub(crate) fn has_carrier(name: &str) -> bool {
-    match std::fs::read_to_string(format!("/sys/class/net/{name}/carrier")) {
-        Ok(s) => s.trim() != "0",
-        // reading `carrier` of an interface that is administratively down fails with EINVAL
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => false,
-        Err(_) => true,
+    let running = libc::IFF_UP | libc::IFF_RUNNING;
+    interface_flags(name).is_none_or(|flags| flags & running == running)
+}
+
+/// The flags of interface `name` (`SIOCGIFFLAGS`), if it exists.
+fn interface_flags(name: &str) -> Option<libc::c_int> {
+    let mut request: libc::ifreq = empty_ifreq();
+    if name.len() >= request.ifr_name.len() {
+        return None;
     }
+    for (to, &from) in request.ifr_name.iter_mut().zip(name.as_bytes()) {
+        *to = from as libc::c_char;
+    }
+    // SAFETY: plain socket(2); the descriptor is owned right after
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` is a fresh descriptor nobody else owns
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: SIOCGIFFLAGS reads the NUL-terminated name of the ifreq we own and writes its
+    // flags into it
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFFLAGS, &mut request) };
+    // SAFETY: on success the kernel filled the union's flags
+    (r == 0).then(|| libc::c_int::from(unsafe { request.ifr_ifru.ifru_flags }) & 0xffff)
+}
+
+/// An all-zero `ifreq`: an empty name and no flags.
+fn empty_ifreq() -> libc::ifreq {
+    // SAFETY: ifreq is plain old data (a byte array and a union of integers and
+    // addresses), for which all-zero bytes are valid
+    unsafe { std::mem::zeroed() }
 }
 
 #[cfg(test)]
@@ -170,6 +200,44 @@ mod tests {
         assert_eq!(interface_of(unknown), None);
         let plain: SocketAddr = "127.0.0.2:7000".parse().unwrap();
         assert_eq!(interface_of(plain).as_deref(), Some("lo"));
+    }
+
+    /// The carrier is this namespace's: after `unshare -n` (as here: sysfs stays the one of
+    /// the namespace it was mounted in), an interface without carrier reads as such, and
+    /// one that gains it as having it. Read from `/sys/class/net`, the new namespace's veth
+    /// was not found there and counted as always having carrier. Needs root.
+    #[test]
+    fn the_carrier_is_read_in_this_thread_s_network_namespace() {
+        crate::netns_test::in_new_netns(|ip| {
+            ip(&[
+                "link", "add", "ri2nc0", "type", "veth", "peer", "name", "ri2nc1",
+            ]);
+            ip(&["link", "set", "ri2nc0", "up"]);
+            // the premise: sysfs is not this namespace's
+            assert!(!std::path::Path::new("/sys/class/net/ri2nc0").exists());
+            // its peer is down: no carrier
+            assert!(!has_carrier("ri2nc0"));
+            ip(&["link", "set", "ri2nc1", "up"]);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while !has_carrier("ri2nc0") {
+                assert!(std::time::Instant::now() < deadline, "no carrier after 5 s");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            ip(&["link", "set", "ri2nc1", "down"]);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while has_carrier("ri2nc0") {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "carrier after 5 s down"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            // administratively down, and gone
+            ip(&["link", "set", "ri2nc0", "down"]);
+            assert!(!has_carrier("ri2nc0"));
+            assert!(has_carrier("ri2nc9"), "an interface that is not there");
+            assert!(has_carrier("lo"));
+        });
     }
 
     /// An IPv4 address with a label (`lo:9`, as keepalived and ifupdown aliases have) is on
