@@ -1762,6 +1762,67 @@ impl PingLab {
     }
 }
 
+/// A packet for a tunnel address no host of the cluster owns is answered as a router without
+/// a route answers: ICMP host unreachable to its sender, so that ping says why at once and a
+/// TCP connect fails with "No route to host" instead of resending its SYN; the daemon counts
+/// such packets in its status. Before, they vanished: ping waited out its timeout with 100 %
+/// loss, and the connect hung.
+#[test]
+fn a_packet_for_an_address_no_host_owns_is_answered_unreachable() {
+    let Some(test) = PingLab::up("tunnel-unreachable", "tur") else {
+        return;
+    };
+    let (env, lab, dir) = (test.env, &test.lab, &test.dir);
+    let (config, mut daemons) = start_a_and_b(env, lab, &dir.0);
+    wait_connected(&mut daemons, 1, Duration::from_secs(15));
+    // the premise: the tunnel carries
+    ping_through(lab, "a", "b");
+    let absent = "10.99.0.77";
+    let in_a = |args: &[&str]| {
+        let started = Instant::now();
+        let out = Command::new("ip")
+            .args(["netns", "exec", &lab.ns_of("a")])
+            .args(args)
+            .output()
+            .expect("running a command in host a");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status, text, started.elapsed())
+    };
+    // a silent drop makes ping wait its 5 s and say nothing but the loss
+    let (status, text, took) = in_a(&["ping", "-c", "1", "-W", "5", absent]);
+    assert!(
+        !status.success() && text.contains("Destination Host Unreachable"),
+        "ping {absent}: {status}: {text}"
+    );
+    assert!(took < Duration::from_secs(4), "ping took {took:?}: {text}");
+    // a connect fails at once (a silent drop: its SYN sent again until the timeout)
+    let (status, text, took) = in_a(&[
+        "timeout",
+        "10",
+        "bash",
+        "-c",
+        &format!("exec 3<>/dev/tcp/{absent}/9"),
+    ]);
+    assert!(
+        !status.success() && text.contains("No route to host"),
+        "connect to {absent}: {status}: {text}"
+    );
+    assert!(
+        took < Duration::from_secs(4),
+        "connect took {took:?}: {text}"
+    );
+    let unrouted = status_json(env, &lab.ns_of("a"), &config)["packets_unrouted"].as_u64();
+    assert!(
+        unrouted.is_some_and(|n| n >= 2),
+        "packets_unrouted {unrouted:?}"
+    );
+    stop_daemons(&mut daemons);
+}
+
 /// How often each daemon's packet threads went to sleep over back-to-back pings from host a
 /// to host b through the tunnel (`ping -f`: the next request as soon as the reply is in, so
 /// that each packet carries the acknowledgement of the one before and none travels alone).

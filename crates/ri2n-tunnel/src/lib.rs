@@ -319,6 +319,7 @@ pub fn run(
         address: host.address.to_string(),
         interface: interface.clone(),
         queue_packets_read: Vec::new(),
+        packets_unrouted: 0,
         config: config.clone(),
         reloads: 0,
         last_reload: None,

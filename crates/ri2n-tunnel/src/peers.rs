@@ -293,6 +293,9 @@ pub struct Peers {
     pub endpoint: links::Current,
     /// Packets read from each of the interface's queues (how evenly the flows spread).
     pub queue_reads: Box<[AtomicU64]>,
+    /// IPv4 packets read from the interface for an address no host of the cluster owns
+    /// (each answered as a router without a route answers: see `route.rs`).
+    pub unrouted: AtomicU64,
     /// The readings of the cluster file after the start: how many, and what the last did.
     reloads: Mutex<(u64, Option<Reload>)>,
 }
@@ -343,6 +346,7 @@ impl Peers {
             carry,
             endpoint: links::Current::new(endpoint),
             queue_reads: (0..queues).map(|_| AtomicU64::new(0)).collect(),
+            unrouted: AtomicU64::new(0),
             reloads: Mutex::default(),
         }
     }

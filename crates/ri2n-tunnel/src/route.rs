@@ -1,10 +1,12 @@
 //! The route loops, one per queue of the interface: each reads its queue and hands each IPv4
 //! packet to the connection of the host that owns its destination.
 
+use std::net::Ipv4Addr;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use etherparse::Ipv4HeaderSlice;
+use etherparse::icmpv4::DestUnreachableHeader;
+use etherparse::{Icmpv4Type, IpNumber, Ipv4HeaderSlice, PacketBuilder};
 
 use crate::busy_poll::BusyPoll;
 use crate::device::Tun;
@@ -34,6 +36,7 @@ pub(crate) fn route_loop(peers: &Peers, tun: &Tun, queue: usize, stop: &Stop, bu
     let mut packets = offload::Packets::default();
     let mut dests: Vec<usize> = Vec::new();
     let mut batch_peers: Vec<usize> = Vec::new();
+    let mut unreachable = Unreachable::default();
     // the last batch ended at the interface's empty queue: wait before reading again
     let mut drained = true;
     loop {
@@ -60,7 +63,15 @@ pub(crate) fn route_loop(peers: &Peers, tun: &Tun, queue: usize, stop: &Stop, bu
                 Ok(header) => {
                     reads += 1;
                     let packet = &read[offload::SEGMENT_PREFIX..];
-                    let dest = destination(&table, packet).unwrap_or(usize::MAX);
+                    let dest = match destination(&table, packet) {
+                        Ok(dest) => dest,
+                        Err(NoHost::Ipv4) => {
+                            peers.unrouted.fetch_add(1, Ordering::Relaxed);
+                            unreachable.answer(tun, &table, packet);
+                            usize::MAX
+                        }
+                        Err(NoHost::NotIpv4) => usize::MAX,
+                    };
                     bytes += packet.len();
                     let added = match peers.carry {
                         // large TCP segments whole: their headers once per 64 KB
@@ -120,9 +131,165 @@ pub(crate) fn route_loop(peers: &Peers, tun: &Tun, queue: usize, stop: &Stop, bu
     }
 }
 
-/// The peer owning an IPv4 packet's destination; None for anything else (IPv6, an address
-/// no host owns): dropped, as a router without a route would.
-fn destination(table: &peers::Table, packet: &[u8]) -> Option<usize> {
-    let ip = Ipv4HeaderSlice::from_slice(packet).ok()?;
-    table.by_tunnel_address(ip.destination_addr())
+/// Why a packet read from the interface goes to no peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NoHost {
+    /// An IPv4 packet for an address no host of the cluster owns.
+    Ipv4,
+    /// Not IPv4 (the tunnel carries IPv4 only; the kernel's IPv6 neighbour and router
+    /// solicitations come this way).
+    NotIpv4,
+}
+
+/// The peer owning an IPv4 packet's destination.
+fn destination(table: &peers::Table, packet: &[u8]) -> Result<usize, NoHost> {
+    let ip = Ipv4HeaderSlice::from_slice(packet).map_err(|_| NoHost::NotIpv4)?;
+    (table.by_tunnel_address(ip.destination_addr())).ok_or(NoHost::Ipv4)
+}
+
+/// Least time between two answers of one route loop: a sender retrying fast learns soon
+/// enough, and a flood of packets for absent hosts draws no flood back.
+const UNREACHABLE_SPACING: Duration = Duration::from_millis(10);
+
+/// Answers a packet for an address no host of the cluster owns as a router without a
+/// route does (RFC 1812 §5.2.7.1): ICMP host unreachable to its sender, so that a connect
+/// fails at once (`EHOSTUNREACH`) and a ping says why, where they would wait in silence. It
+/// comes from the address the packet was for: the kernel drops a packet arriving from one of
+/// its own addresses (a martian source), this host's tunnel address included. Never for an ICMP error, a fragment after the first,
+/// or a packet to a broadcast or multicast address (RFC 1122 §3.2.2).
+#[derive(Debug, Default)]
+struct Unreachable {
+    last: Option<Instant>,
+    packet: Vec<u8>,
+}
+
+impl Unreachable {
+    fn answer(&mut self, tun: &Tun, table: &peers::Table, packet: &[u8]) {
+        let now = Instant::now();
+        let (me, prefix) = (table.me().address, table.cluster.prefix);
+        let subnet_broadcast = Ipv4Addr::from(u32::from(me) | u32::MAX >> prefix);
+        if self.last.is_some_and(|t| now < t + UNREACHABLE_SPACING)
+            || !unreachable_owed(packet, subnet_broadcast)
+        {
+            return;
+        }
+        if host_unreachable(packet, &mut self.packet) {
+            self.last = Some(now);
+            // best effort, as any ICMP error: a refused write is not the packet's sender's
+            let _ = tun.write(&self.packet);
+        }
+    }
+}
+
+/// Writes into `out` the ICMP host unreachable that answers `packet`, from its destination:
+/// its IP header and the first 8 bytes of what it carries, quoted (RFC 792). False if
+/// `packet` is no IPv4 packet.
+fn host_unreachable(packet: &[u8], out: &mut Vec<u8>) -> bool {
+    let Ok(ip) = Ipv4HeaderSlice::from_slice(packet) else {
+        return false;
+    };
+    let quoted = &packet[..packet.len().min(ip.slice().len() + 8)];
+    let builder = PacketBuilder::ipv4(ip.destination(), ip.source(), 64).icmpv4(
+        Icmpv4Type::DestinationUnreachable(DestUnreachableHeader::Host),
+    );
+    out.clear();
+    builder.write(out, quoted).is_ok()
+}
+
+/// Whether a packet for an address no host owns is owed an ICMP error (RFC 1122 §3.2.2):
+/// not when it is one itself, a fragment after the first, or sent to a broadcast or
+/// multicast address (`subnet_broadcast`, the tunnel network's, among them) or from an
+/// address that is no single host's.
+fn unreachable_owed(packet: &[u8], subnet_broadcast: Ipv4Addr) -> bool {
+    let Ok(ip) = Ipv4HeaderSlice::from_slice(packet) else {
+        return false;
+    };
+    let (src, dst) = (ip.source_addr(), ip.destination_addr());
+    let single = |a: Ipv4Addr| !(a.is_broadcast() || a.is_multicast() || a.is_unspecified());
+    if !single(src) || !single(dst) || dst == subnet_broadcast || ip.fragments_offset().value() != 0
+    {
+        return false;
+    }
+    if ip.protocol() == IpNumber::ICMP {
+        let icmp = &packet[ip.slice().len()..];
+        // only queries (echo, timestamp, ...) are answered: types 0, 8, 13, 14 and the like
+        return icmp
+            .first()
+            .is_some_and(|&t| !matches!(t, 3 | 4 | 5 | 11 | 12));
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use etherparse::{NetSlice, SlicedPacket, TransportSlice};
+
+    /// A UDP packet from `src` to `dst` with `payload`, fragment offset `offset` (8-byte units).
+    fn udp(src: [u8; 4], dst: [u8; 4], payload: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        PacketBuilder::ipv4(src, dst, 64)
+            .udp(40000, 7)
+            .write(&mut out, payload)
+            .unwrap();
+        out
+    }
+
+    /// The answer parses as an IPv4 ICMP host unreachable (checksums checked) from the
+    /// address the packet was for to its sender, quoting the packet's header and first 8
+    /// bytes.
+    #[test]
+    fn the_answer_is_a_host_unreachable_quoting_the_packet() {
+        let packet = udp([10, 99, 0, 1], [10, 99, 0, 77], &[7; 100]);
+        let mut out = Vec::new();
+        assert!(host_unreachable(&packet, &mut out));
+        let parsed = SlicedPacket::from_ip(&out).unwrap();
+        let Some(NetSlice::Ipv4(ip)) = &parsed.net else {
+            panic!("not IPv4: {parsed:?}")
+        };
+        assert_eq!(ip.header().source_addr(), Ipv4Addr::new(10, 99, 0, 77));
+        assert_eq!(ip.header().destination_addr(), Ipv4Addr::new(10, 99, 0, 1));
+        assert_eq!(ip.header().protocol(), IpNumber::ICMP);
+        let Some(TransportSlice::Icmpv4(icmp)) = &parsed.transport else {
+            panic!("not ICMP: {parsed:?}")
+        };
+        assert_eq!(
+            icmp.icmp_type(),
+            Icmpv4Type::DestinationUnreachable(DestUnreachableHeader::Host)
+        );
+        assert_eq!(icmp.payload(), &packet[..20 + 8]);
+        let checksum = icmp.header().icmp_type.calc_checksum(icmp.payload());
+        assert_eq!(icmp.checksum(), checksum);
+        let mut none = Vec::new();
+        assert!(!host_unreachable(&[0x60; 40], &mut none));
+    }
+
+    /// Packets owed no ICMP error get none (RFC 1122 §3.2.2); the others do.
+    #[test]
+    fn no_answer_to_errors_broadcasts_multicasts_or_later_fragments() {
+        let bcast = Ipv4Addr::new(10, 99, 0, 255);
+        let (me, absent) = ([10, 99, 0, 1], [10, 99, 0, 77]);
+        assert!(unreachable_owed(&udp(me, absent, b"x"), bcast));
+        assert!(!unreachable_owed(&udp(me, [10, 99, 0, 255], b"x"), bcast));
+        assert!(!unreachable_owed(&udp(me, [255; 4], b"x"), bcast));
+        assert!(!unreachable_owed(&udp(me, [224, 0, 0, 251], b"x"), bcast));
+        assert!(!unreachable_owed(&udp([0; 4], absent, b"x"), bcast));
+        // a fragment after the first: offset 1 (8 bytes), checksum left as it is
+        let mut later = udp(me, absent, b"x");
+        later[7] = 1;
+        assert!(!unreachable_owed(&later, bcast));
+        let icmp = |t: u8| {
+            let mut out = Vec::new();
+            PacketBuilder::ipv4(me, absent, 64)
+                .icmpv4_raw(t, 0, [0; 4])
+                .write(&mut out, b"")
+                .unwrap();
+            out
+        };
+        assert!(unreachable_owed(&icmp(8), bcast), "an echo request");
+        for error in [3, 4, 5, 11, 12] {
+            assert!(!unreachable_owed(&icmp(error), bcast), "ICMP type {error}");
+        }
+        assert!(!unreachable_owed(&[0x60; 40], bcast), "IPv6");
+    }
 }

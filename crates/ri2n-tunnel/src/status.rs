@@ -50,6 +50,10 @@ pub struct Status {
     /// Packets read from each of the interface's queues (how the flows spread over them).
     #[serde(default)]
     pub queue_packets_read: Vec<u64>,
+    /// IPv4 packets read from the interface for an address no host of the cluster owns:
+    /// not carried, and their senders told the host is unreachable.
+    #[serde(default)]
+    pub packets_unrouted: u64,
     /// The cluster file the daemon reads (as given to it).
     #[serde(default)]
     pub config: String,
@@ -219,6 +223,7 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
             queue_packets_read: (peers.queue_reads.iter())
                 .map(|n| n.load(Ordering::Relaxed))
                 .collect(),
+            packets_unrouted: peers.unrouted.load(Ordering::Relaxed),
             config: config.clone(),
             // filled as the status is served, without a sampling period's delay
             reloads: 0,
@@ -323,6 +328,12 @@ pub fn serve_socket(path: &Path, latest: Arc<Mutex<Status>>, peers: Arc<Peers>) 
 struct PeerLabels {
     host: String,
     peer: String,
+}
+
+/// The labels of the host's own metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HostLabels {
+    host: String,
 }
 
 /// The labels of a queue's metrics.
@@ -444,6 +455,17 @@ pub fn prometheus(s: &Status) -> String {
         "ri2n_tunnel_queue_packets_read",
         "IP packets read from the interface's queue (each flow is read from one queue).",
         reads,
+    );
+    let unrouted = Family::<HostLabels, Counter>::default();
+    (unrouted.get_or_create(&HostLabels {
+        host: s.host.clone(),
+    }))
+    .inc_by(s.packets_unrouted);
+    registry.register(
+        "ri2n_tunnel_packets_unrouted",
+        "IPv4 packets read from the interface for an address no host of the cluster owns \
+         (not carried; their senders are told the host is unreachable).",
+        unrouted,
     );
     let up = Family::<LinkLabels, Gauge>::default();
     let rtt = Family::<LinkLabels, Gauge<f64, AtomicU64>>::default();
@@ -631,13 +653,17 @@ pub fn request_reload(name: &str, config: &Path, limit: Duration) -> Result<Relo
 pub fn table(s: &Status) -> String {
     let reads: Vec<String> = s.queue_packets_read.iter().map(u64::to_string).collect();
     let mut out = format!(
-        "{} {} on {}, {} queue{} (packets read {})\n",
+        "{} {} on {}, {} queue{} (packets read {}{})\n",
         s.host,
         s.address,
         s.interface,
         reads.len(),
         if reads.len() == 1 { "" } else { "s" },
-        reads.join(" / ")
+        reads.join(" / "),
+        match s.packets_unrouted {
+            0 => String::new(),
+            n => format!("; {n} for addresses no host owns"),
+        }
     );
     // which file a reload must edit, and whether the last one was taken up (a daemon older
     // than the `config` field names no file)
@@ -720,6 +746,7 @@ pub(crate) mod tests {
             address: "10.99.0.1".into(),
             interface: "ri2n0".into(),
             queue_packets_read: vec![11, 13],
+            packets_unrouted: 3,
             config: "/etc/ri2n/cluster.toml".into(),
             reloads: 0,
             last_reload: None,
@@ -760,6 +787,7 @@ pub(crate) mod tests {
             format!("ri2n_tunnel_link_lost_packets_total{{{up}}} 2"),
             r#"ri2n_tunnel_queue_packets_read_total{host="a",queue="0"} 11"#.to_owned(),
             r#"ri2n_tunnel_queue_packets_read_total{host="a",queue="1"} 13"#.to_owned(),
+            r#"ri2n_tunnel_packets_unrouted_total{host="a"} 3"#.to_owned(),
             "# EOF".to_owned(),
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
@@ -774,7 +802,7 @@ pub(crate) mod tests {
         let mut lines = text.lines();
         assert_eq!(
             lines.next(),
-            Some("a 10.99.0.1 on ri2n0, 2 queues (packets read 11 / 13)")
+            Some("a 10.99.0.1 on ri2n0, 2 queues (packets read 11 / 13; 3 for addresses no host owns)")
         );
         assert_eq!(
             lines.next(),
