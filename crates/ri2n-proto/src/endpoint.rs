@@ -24,7 +24,7 @@ use smallvec::SmallVec;
 
 use crate::addr::pick_local;
 use crate::attention::{Attention, TimerIndex};
-use crate::crypto::{Cipher, Opened, Opener, PacketProtection, ServerHandshake};
+use crate::crypto::{Cipher, Opened, Opener, PacketProtection, ResetKind, ServerHandshake};
 use crate::dropped::{DropCounts, DropReason};
 use crate::transmit::SliceBuffer;
 use crate::wire::{self, handshake_mode, refuse_reason, Header, Quoted};
@@ -632,7 +632,7 @@ impl Endpoint {
                     r
                 }
                 None => {
-                    self.queue_reset(now, local, remote, dcid, data.len());
+                    self.queue_reset(now, local, remote, dcid, ResetKind::Unknown, data.len());
                     Err(DropReason::UnknownConnection)
                 }
             },
@@ -723,20 +723,23 @@ impl Endpoint {
         if dcid == 0 {
             return Err(DropReason::UnknownConnection);
         }
+        // a client's own connection ID: only a refusal of its INITIAL counts (with a key, the
+        // token says which: §9.6); the peer's ID: the peer no longer has the connection
         let connecting = self
             .by_cid
             .get(&dcid)
             .copied()
-            .filter(|h| self.connections[h].is_connecting_as(dcid));
-        let h = connecting
+            .filter(|h| self.connections[h].is_connecting_as(dcid))
+            .map(|h| (h, ResetKind::Refusal));
+        let (h, kind) = connecting
             .into_iter()
-            .chain(self.with_peer_cid(dcid).iter().copied())
-            .find(|h| self.connections[h].has_remote(remote))
+            .chain((self.with_peer_cid(dcid).iter()).map(|&h| (h, ResetKind::Unknown)))
+            .find(|(h, _)| self.connections[h].has_remote(remote))
             .ok_or(DropReason::UnknownConnection)?;
         let conn = self.connections.get_mut(&h).expect("indexed handle");
         if conn.is_keyed() {
             let key = self.cfg.key.as_ref().expect("keyed connections need a key");
-            if !token.is_some_and(|t| key.reset_token_valid(dcid, remote, local, t)) {
+            if !token.is_some_and(|t| key.reset_token_valid(kind, dcid, remote, local, t)) {
                 return Err(DropReason::Unauthenticated);
             }
         }
@@ -765,6 +768,7 @@ impl Endpoint {
         local: SocketAddr,
         remote: SocketAddr,
         dcid: u64,
+        kind: ResetKind,
         trigger_len: usize,
     ) {
         // size and budget first: the token costs a keyed hash, which a flood of made-up
@@ -777,7 +781,7 @@ impl Endpoint {
         if trigger_len < MIN_RESET_TRIGGER.max(len) || !self.counts().take_reset(now) {
             return;
         }
-        let token = (self.cfg.key.as_ref()).map(|k| k.reset_token(dcid, local, remote));
+        let token = (self.cfg.key.as_ref()).map(|k| k.reset_token(kind, dcid, local, remote));
         let reset = Header::Reset {
             dcid,
             token: token.as_ref().map(|t| &t[..]),
@@ -985,7 +989,7 @@ impl Endpoint {
             // the client proved its address (the cookie), so a RESET to it amplifies nothing;
             // it tells the client at once instead of letting it wait out its handshake
             tracing::debug!(%remote, limit, "connection refused");
-            self.queue_reset(now, local, remote, scid, usize::MAX);
+            self.queue_reset(now, local, remote, scid, ResetKind::Refusal, usize::MAX);
             return Err(DropReason::ConnectionLimit);
         }
         let cid = self.new_cid();

@@ -635,6 +635,93 @@ fn an_accept_forged_before_the_retry_is_dropped() {
     assert!(conn.stats().cipher.is_some(), "a keyed connection unsealed");
 }
 
+/// An attacker who reads a client's first INITIAL (its connection ID is in clear) sends the
+/// server, from the client's address, a SHORT packet with that ID: the server has no such
+/// connection and answers with a RESET to the client, with the keyed token of the ID and the
+/// two addresses. That RESET does not refuse the client's handshake, which completes; only
+/// a refusal's token (§9.6) does, as the server at its limits still shows. Before, the
+/// client closed at once with `ServerFull`.
+#[test]
+fn a_reset_drawn_with_a_client_s_own_id_does_not_refuse_its_handshake() {
+    let now = Instant::now();
+    let (client_addr, server_addr) = (addr("10.0.0.1:5000"), addr("10.0.0.2:6000"));
+    let keyed = |local| {
+        let mut cfg = EndpointConfig::new(vec![local]);
+        cfg.key = Some(key());
+        cfg
+    };
+    let mut client = Endpoint::new(keyed(client_addr), 1, now);
+    let mut server = Endpoint::new(keyed(server_addr).server(), 2, now);
+    let h = client
+        .connect(now, &[server_addr], Default::default())
+        .unwrap();
+    let first = drain(&mut client, now);
+    let scid = first
+        .iter()
+        .find_map(|(_, d)| match wire::decode_packet(d) {
+            Ok((wire::Header::Initial { scid, .. }, _)) => Some(scid),
+            _ => None,
+        })
+        .expect("the client's INITIAL");
+    // the spoofed SHORT: the client's ID, from the client's address
+    let mut short = vec![wire::VERSION, packet_type::SHORT];
+    short.extend_from_slice(&scid.to_be_bytes());
+    short.resize(64, 0);
+    server.handle_datagram(now, server_addr, client_addr, &mut short);
+    let resets: Vec<_> = drain(&mut server, now)
+        .into_iter()
+        .filter(|(t, d)| {
+            t.remote == client_addr
+                && matches!(wire::decode_packet(d), Ok((wire::Header::Reset { dcid, token: Some(_) }, _)) if dcid == scid)
+        })
+        .collect();
+    // the premise: the server answered with a keyed RESET for the client's ID
+    assert_eq!(resets.len(), 1, "the server's RESET");
+    for (t, mut d) in resets {
+        client.handle_datagram(now, t.remote, t.local, &mut d);
+    }
+    let conn = client.connection(h).unwrap();
+    assert_eq!(
+        conn.state(),
+        ConnectionState::Connecting,
+        "{:?}",
+        conn.close_reason()
+    );
+    for (t, mut d) in first {
+        server.handle_datagram(now, t.remote, t.local, &mut d);
+    }
+    exchange(&mut client, &mut server, now, true);
+    assert_eq!(
+        client.connection(h).unwrap().state(),
+        ConnectionState::Established
+    );
+
+    // a keyed server at its limit still refuses a keyed client at once
+    let mut cfg = keyed(addr("10.0.0.3:6000")).server();
+    cfg.max_connections = 1;
+    let full_addr = cfg.local_addrs[0];
+    let mut full = Endpoint::new(cfg, 3, now);
+    let mut outcomes = Vec::new();
+    for i in 0..2u16 {
+        let mut c = Endpoint::new(
+            keyed(addr(&format!("10.0.0.4:{}", 5000 + i))),
+            10 + u64::from(i),
+            now,
+        );
+        let ch = c.connect(now, &[full_addr], Default::default()).unwrap();
+        exchange(&mut c, &mut full, now, true);
+        let conn = c.connection(ch).unwrap();
+        outcomes.push((conn.state(), conn.close_reason().cloned()));
+    }
+    assert_eq!(
+        outcomes,
+        [
+            (ConnectionState::Established, None),
+            (ConnectionState::Closed, Some(ConnectionError::ServerFull))
+        ]
+    );
+}
+
 /// An attacker on the path replays the first packet of a link the client opens from an
 /// address of its own, ahead of the original: the server's new link is bound to that address
 /// at first, and moves to the client's as soon as the client's next, newer packet on it

@@ -44,8 +44,22 @@ const KEY_TEXT_PREFIX: &str = "ri2n-key-v1:";
 /// Start of the Noise prologue; the client's connection ID and the server's retry cookie
 /// follow.
 const PROLOGUE_LABEL: &[u8] = b"ri2n/4 handshake";
-/// Label hashed with a connection ID and the RESET's two addresses into its token.
+/// Label hashed with a connection ID and the RESET's two addresses into the token of a
+/// RESET for a connection the sender does not have (a restart).
 const RESET_LABEL: &[u8] = b"ri2n/4 reset token";
+/// Label of the token of a RESET that refuses a client's INITIAL (a server at its limits):
+/// its own, so that the RESET any packet with a client's connection ID draws from the server
+/// before the handshake is done (a SHORT for an ID the server does not have) cannot refuse it.
+const REFUSAL_LABEL: &[u8] = b"ri2n/5 refusal token";
+
+/// What a RESET says, which its token names (docs/PROTOCOL.md §9.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ResetKind {
+    /// The sender has no connection for the ID (it restarted, or forgot it).
+    Unknown,
+    /// The sender refuses the connection a client is opening with the ID (its limits).
+    Refusal,
+}
 
 /// A direction moves to its next key after sealing this many packets: far below AES-GCM's
 /// confidentiality limit of 2^23 full-size packets per key (RFC 9001 §6.6, appendix B).
@@ -122,35 +136,53 @@ impl Key {
         s
     }
 
-    /// The token that authenticates a RESET for connection ID `cid` sent from address `from`
-    /// to address `to`: keyed BLAKE2s-128 over a label, the ID and both addresses. Every
-    /// holder of the key can make it (a restarted host must), nobody else can; and since it
-    /// names the addresses, only an endpoint at `from` answering a packet from `to` makes the
-    /// token a connection between those addresses accepts (docs/PROTOCOL.md §9.6, §11).
+    /// The token that authenticates a RESET of `kind` for connection ID `cid` sent from
+    /// address `from` to address `to`: keyed BLAKE2s-128 over the kind's label, the ID and
+    /// both addresses. Every holder of the key can make it (a restarted host must), nobody
+    /// else can; and since it names the addresses, only an endpoint at `from` answering a
+    /// packet from `to` makes the token a connection between those addresses accepts
+    /// (docs/PROTOCOL.md §9.6, §11).
     pub(crate) fn reset_token(
         &self,
+        kind: ResetKind,
         cid: u64,
         from: SocketAddr,
         to: SocketAddr,
     ) -> [u8; RESET_TOKEN_LEN] {
-        self.reset_mac(cid, from, to).finalize().into_bytes().into()
+        self.reset_mac(kind, cid, from, to)
+            .finalize()
+            .into_bytes()
+            .into()
     }
 
-    /// Whether `token` is the RESET token for `cid` from `from` to `to` (compared in
-    /// constant time).
+    /// Whether `token` is the token of a RESET of `kind` for `cid` from `from` to `to`
+    /// (compared in constant time).
     pub(crate) fn reset_token_valid(
         &self,
+        kind: ResetKind,
         cid: u64,
         from: SocketAddr,
         to: SocketAddr,
         token: &[u8],
     ) -> bool {
-        self.reset_mac(cid, from, to).verify_slice(token).is_ok()
+        self.reset_mac(kind, cid, from, to)
+            .verify_slice(token)
+            .is_ok()
     }
 
-    fn reset_mac(&self, cid: u64, from: SocketAddr, to: SocketAddr) -> blake2::Blake2sMac<U16> {
+    fn reset_mac(
+        &self,
+        kind: ResetKind,
+        cid: u64,
+        from: SocketAddr,
+        to: SocketAddr,
+    ) -> blake2::Blake2sMac<U16> {
         let mut mac = blake2::Blake2sMac::<U16>::new_from_slice(&self.0[..]).expect("32-byte key");
-        Update::update(&mut mac, RESET_LABEL);
+        let label = match kind {
+            ResetKind::Unknown => RESET_LABEL,
+            ResetKind::Refusal => REFUSAL_LABEL,
+        };
+        Update::update(&mut mac, label);
         Update::update(&mut mac, &cid.to_be_bytes());
         for a in [from, to] {
             let mut buf = [0u8; 19];
@@ -911,8 +943,12 @@ mod tests {
             "10.0.1.1:40000".parse().unwrap(),
         );
         assert_eq!(
-            hex(&k.reset_token(0x0123_4567_89ab_cdef, from, to)),
+            hex(&k.reset_token(ResetKind::Unknown, 0x0123_4567_89ab_cdef, from, to)),
             "e24ed4b275228d37113b41a836d85c0f"
+        );
+        assert_eq!(
+            hex(&k.reset_token(ResetKind::Refusal, 0x0123_4567_89ab_cdef, from, to)),
+            "d342b965de8ddcb729f7e1c3b4b3d996"
         );
         let next = next_secret(&[0u8; KEY_LEN]);
         assert_eq!(
@@ -961,14 +997,22 @@ mod tests {
         let a: SocketAddr = "10.0.1.1:40000".parse().unwrap();
         let b: SocketAddr = "10.0.1.2:7000".parse().unwrap();
         let m: SocketAddr = "10.0.9.9:7000".parse().unwrap();
-        let t = k.reset_token(5, b, a);
-        assert!(k.reset_token_valid(5, b, a, &t));
+        let unknown = ResetKind::Unknown;
+        let t = k.reset_token(unknown, 5, b, a);
+        assert!(k.reset_token_valid(unknown, 5, b, a, &t));
         for (cid, from, to) in [(6, b, a), (5, a, b), (5, a, m), (5, m, a), (5, b, m)] {
-            assert!(!k.reset_token_valid(cid, from, to, &t), "{cid} {from} {to}");
+            assert!(
+                !k.reset_token_valid(unknown, cid, from, to, &t),
+                "{cid} {from} {to}"
+            );
         }
         let port: SocketAddr = "10.0.1.2:7001".parse().unwrap();
-        assert!(!k.reset_token_valid(5, port, a, &t));
-        assert!(!key(2).reset_token_valid(5, b, a, &t));
+        assert!(!k.reset_token_valid(unknown, 5, port, a, &t));
+        assert!(!key(2).reset_token_valid(unknown, 5, b, a, &t));
+        // nor is one kind's token the other's
+        assert!(!k.reset_token_valid(ResetKind::Refusal, 5, b, a, &t));
+        let refusal = k.reset_token(ResetKind::Refusal, 5, b, a);
+        assert!(!k.reset_token_valid(unknown, 5, b, a, &refusal));
     }
 
     /// Noise's REKEY, computed by an independent ChaCha20-Poly1305 implementation.
