@@ -255,12 +255,35 @@ fn transfer_over_two_loopback_links() {
     );
 }
 
+/// The bytes arrive exact with one link losing a fifth of what is sent on it, and that link
+/// did carry data and lose some of it while the transfer ran (the writer goes on until it
+/// did): a scheduler that left it idle would prove nothing, and on a fast host the transfer
+/// could end before the second link came up.
 #[test]
 fn transfer_with_one_link_losing_20_percent() {
     let p = pair();
     let lossy = p.client.local_addrs()[1];
     p.client.impairment(lossy).unwrap().set_loss(0.2);
-    transfer(&p, 16 << 20, |_, _| {});
+    let lossy_link =
+        |stats: &ri2n::ConnectionStats| (stats.links.iter()).find(|l| l.local == lossy).cloned();
+    let (_, stats) = transfer(&p, 16 << 20, |_, conn| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !lossy_link(&conn.stats())
+            .is_some_and(|l| l.packets_lost >= 10 && l.stream_bytes_acked > 0)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the lossy link carried no data or lost nothing in 60 s: {:?}",
+                conn.stats().links
+            );
+            thread::sleep(Duration::from_millis(5));
+        }
+    });
+    let link = lossy_link(&stats).expect("the lossy link");
+    println!(
+        "the lossy link: {} of {} packets lost, {} stream bytes acknowledged",
+        link.packets_lost, link.packets_sent, link.stream_bytes_acked
+    );
 }
 
 #[test]
@@ -568,13 +591,29 @@ fn send_numbered_datagrams(conn: &Connection, count: u32, max: usize) {
     }
 }
 
-/// What the receiver counted matches its statistics, and something arrived.
-fn assert_datagrams_counted(received: usize, peer_stats: &ri2n::ConnectionStats) {
+/// What the receiver counted matches its statistics, and of the `count` datagrams sent
+/// nearly all are accounted for: received, or counted as dropped by either end. (Loopback
+/// loses none itself; the 10 % margin is for a busy host's socket buffers, whose losses an
+/// unreliable datagram does not survive and nobody counts.)
+fn assert_datagrams_counted(
+    count: u32,
+    received: usize,
+    stats: &ri2n::ConnectionStats,
+    peer_stats: &ri2n::ConnectionStats,
+) {
     assert_eq!(
         peer_stats.datagrams_received - peer_stats.datagrams_receive_dropped,
         received as u64
     );
-    assert!(received > 0, "no datagram arrived");
+    let accounted =
+        received as u64 + peer_stats.datagrams_receive_dropped + stats.datagrams_send_dropped;
+    assert!(
+        accounted * 10 >= u64::from(count) * 9,
+        "of {count} datagrams {received} arrived, {} were dropped by the receiver and {} by the \
+         sender",
+        peer_stats.datagrams_receive_dropped,
+        stats.datagrams_send_dropped
+    );
 }
 
 #[test]
@@ -615,7 +654,7 @@ fn datagrams_arrive_whole_and_once_and_oversized_ones_are_refused() {
         u64::from(COUNT),
         "every datagram is sent or counted as dropped"
     );
-    assert_datagrams_counted(received, &peer_stats);
+    assert_datagrams_counted(COUNT, received, &stats, &peer_stats);
 }
 
 /// Datagrams larger than a packet (up to the largest allowed) travel in pieces over both
@@ -665,7 +704,7 @@ fn datagrams_larger_than_a_packet_arrive_whole_and_once() {
         largest > 40 * unsplit,
         "the largest that arrived: {largest} bytes"
     );
-    assert_datagrams_counted(received, &peer_stats);
+    assert_datagrams_counted(COUNT, received, &stats, &peer_stats);
 }
 
 /// Receiving into the same buffers batch after batch (`recv_datagrams_into`, the tunnel's
@@ -716,7 +755,7 @@ fn datagrams_sent_from_and_received_into_reused_buffers_arrive_whole_and_once() 
     assert_eq!(big[0].len(), too_large);
     conn.finish().unwrap();
     let (received, peer_stats) = receiver.join().unwrap();
-    assert_datagrams_counted(received, &peer_stats);
+    assert_datagrams_counted(COUNT / 16 * 16, received, &conn.stats(), &peer_stats);
 }
 
 /// A connection over two loopback links with a switch on each (the client's impairment

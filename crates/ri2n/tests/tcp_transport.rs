@@ -573,8 +573,9 @@ fn a_client_that_breaks_the_framing_is_refused_or_told_why() {
     let mut beyond = say_hello(to, 0x5eed + 8, 8);
     let mut answer = Vec::new();
     let end = beyond.read_to_end(&mut answer);
+    // closed by the server (an end of stream, not the read timeout), with no answer
     assert!(
-        answer.is_empty(),
+        answer.is_empty() && end.is_ok(),
         "an answer to link 8: {answer:?} ({end:?})"
     );
 
