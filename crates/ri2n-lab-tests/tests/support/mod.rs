@@ -1488,6 +1488,7 @@ impl Outcome {
 /// What the flood sent.
 #[derive(Debug, Default)]
 pub struct FloodStats {
+    /// Datagrams the system took (the sends that failed are not among them).
     pub sent: u64,
     pub send_errors: u64,
     pub secs: f64,
@@ -1621,10 +1622,10 @@ pub fn flood(plan: FloodPlan) -> JoinHandle<FloodStats> {
                 let d = garbage(&mut rng, &mut history);
                 let s = &sockets[rng.gen_range(0..sockets.len())];
                 let to = targets[rng.gen_range(0..targets.len())];
-                if s.send_to(&d, to).is_err() {
-                    stats.send_errors += 1;
+                match s.send_to(&d, to) {
+                    Ok(_) => stats.sent += 1,
+                    Err(_) => stats.send_errors += 1,
                 }
-                stats.sent += 1;
                 if stats.sent >= max {
                     break 'outer;
                 }
