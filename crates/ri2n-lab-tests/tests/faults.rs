@@ -57,7 +57,8 @@ enum Shows {
     Down,
     /// The sender declares the link down or degraded between the fault and the heal.
     DownOrDegraded,
-    /// The sender counts packets lost on the link.
+    /// The sender counts packets lost on the link, at a rate at least twice the other
+    /// links'.
     Losses,
 }
 
@@ -81,16 +82,29 @@ fn assert_fault_seen(out: &support::Outcome, link: u8, shows: Shows) {
         Shows::Down => declared(&["down"]),
         Shows::DownOrDegraded => declared(&["down", "degraded"]),
         Shows::Losses => {
-            out.send_json["links"][id as usize]["packets_lost"]
-                .as_u64()
-                .unwrap_or(0)
-                > 0
+            // a loss rate well above the other link's: any loaded link loses some packets
+            // to its queue, with no fault at all
+            let rate = |l: &serde_json::Value| {
+                let lost = l["packets_lost"].as_u64().unwrap_or(0) as f64;
+                lost / l["packets_sent"].as_u64().unwrap_or(0).max(1) as f64
+            };
+            let links = out.send_json["links"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let faulted = links.get(id as usize).map_or(0.0, rate);
+            let others = (links.iter().enumerate())
+                .filter(|&(i, _)| i != id as usize)
+                .map(|(_, l)| rate(l))
+                .fold(0.0, f64::max);
+            faulted > 0.0 && faulted >= 2.0 * others
         }
     };
     assert!(
         seen,
-        "{}: the fault on link {link} did not show ({shows:?}); sender's events: {events:?}",
-        out.name
+        "{}: the fault on link {link} did not show ({shows:?}); sender's events: {events:?}; \
+         links: {}",
+        out.name, out.send_json["links"]
     );
 }
 
