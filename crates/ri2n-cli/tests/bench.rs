@@ -201,6 +201,11 @@ fn per_link_figures_add_up_to_the_goodput() {
         (delivered / bytes - 1.0).abs() < 0.05,
         "links delivered {delivered} bytes, the goodput is {bytes}: {summary}"
     );
+    // the premise: the policers dropped datagrams (else there was nothing to leave out)
+    let lost: u64 = (summary["links"].as_array().unwrap().iter())
+        .map(|l| l["packets_lost"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(lost > 0, "no datagram lost to the policers: {summary}");
     assert!(
         text.contains("state, delivered, rtt"),
         "the column names what it shows:\n{text}"

@@ -1387,8 +1387,18 @@ fn an_mpi_job_through_the_tunnel_completes_through_a_dead_switch_and_a_partition
         }),
         (36, &|| lab.heal_all()),
     ];
-    let _ = at_job_times(&mut job, &faults, &|| String::new());
+    let ran = at_job_times(&mut job, &faults, &|| String::new());
     let out = expect_checked_result(&mut job, MPI_JOB_SECONDS + 60, "the MPI job");
+    // the premise: every fault fell while the job ran (iterations ended before the first and
+    // after the last heal, by the job's clock)
+    let (first_fault, last_heal) = (ran[0].0, ran[3].1);
+    let progress = job_progress(&out);
+    assert!(
+        progress.first().is_some_and(|p| p.0 <= first_fault)
+            && progress.last().is_some_and(|p| p.0 > last_heal),
+        "the job did not run through the faults ({first_fault:.1}-{last_heal:.1} s): \
+         {progress:?}"
+    );
     for line in out.lines().filter(|l| l.starts_with("rank ")) {
         report(&format!(
             "MPI through the tunnel, switch 1 dead 6-12 s, every link down 16-36 s: {line}"
