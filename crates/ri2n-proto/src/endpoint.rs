@@ -1169,13 +1169,17 @@ impl Endpoint {
             let built = self
                 .connections
                 .get_mut(&h)
-                .map_or(0, |c| c.poll_transmit(now, out));
+                .map(|c| c.poll_transmit(now, out));
             self.attention.looked_at(h);
             self.cursor = h.0 + 1;
-            if built > 0 {
-                return built;
+            let Some(built) = built.filter(|b| b.datagrams > 0) else {
+                self.attention.send.remove(h);
+                continue;
+            };
+            if !built.more {
+                self.attention.send.remove(h);
             }
-            self.attention.send.remove(h);
+            return built.datagrams;
         }
     }
 
@@ -1407,6 +1411,45 @@ mod tests {
             out.push((t, buf[..t.len].to_vec()));
         }
         out
+    }
+
+    /// A message written and sent in one burst leaves nothing to send at that instant: the
+    /// connection leaves the set the endpoint asks, so the next call (and the driver's look
+    /// for work) costs nothing, where it asked the connection again and found nothing.
+    #[test]
+    fn a_burst_that_sent_everything_leaves_nothing_to_ask() {
+        let now = Instant::now();
+        let (client_addr, server_addr): (SocketAddr, SocketAddr) = (
+            "10.0.0.1:5000".parse().unwrap(),
+            "10.0.0.2:6000".parse().unwrap(),
+        );
+        let mut client = Endpoint::new(EndpointConfig::new(vec![client_addr]), 1, now);
+        let mut server = Endpoint::new(EndpointConfig::new(vec![server_addr]).server(), 2, now);
+        let h = client
+            .connect(now, &[server_addr], Default::default())
+            .unwrap();
+        for _ in 0..4 {
+            for (t, mut d) in drain(&mut client, now) {
+                server.handle_datagram(now, t.remote, t.local, &mut d);
+            }
+            for (t, mut d) in drain(&mut server, now) {
+                client.handle_datagram(now, t.remote, t.local, &mut d);
+            }
+        }
+        assert_eq!(
+            client.connection(h).unwrap().state(),
+            ConnectionState::Established
+        );
+        assert!(
+            !client.may_transmit(),
+            "the handshake left something to send"
+        );
+        client.connection_mut(h).unwrap().write(&[7; 64]).unwrap();
+        assert!(client.may_transmit());
+        let mut buf = vec![0u8; 2048];
+        assert!(client.poll_transmit(now, &mut buf).is_some(), "the message");
+        assert!(!client.may_transmit(), "asked again for nothing");
+        assert!(client.poll_transmit(now, &mut buf).is_none());
     }
 
     /// An ACCEPT made with the key whose server parameters do not decode ends the client's

@@ -43,19 +43,54 @@ enum PacketKind {
     AckOnly,
 }
 
+/// What a call of [`Connection::poll_transmit`] built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Built {
+    /// Datagrams built.
+    pub datagrams: usize,
+    /// Whether another call at the same instant could build more. False after a burst of
+    /// data that ended for want of anything to send: nothing is due then (see
+    /// [`Connection::nothing_due_after_data`]), and the endpoint need not ask again until
+    /// something happens to the connection (a request-response exchange saves a call per
+    /// message that would find nothing).
+    pub more: bool,
+}
+
 impl Connection {
     /// Builds the next datagram into `out` and, if it was data and `out` wants more, the rest
-    /// of a burst of data at this instant. Returns how many datagrams it built.
-    pub(crate) fn poll_transmit(&mut self, now: Instant, out: &mut dyn TransmitBuffer) -> usize {
+    /// of a burst of data at this instant.
+    pub(crate) fn poll_transmit(&mut self, now: Instant, out: &mut dyn TransmitBuffer) -> Built {
         let mut schedule = None;
         let Some(t) = self.next_datagram(now, out, &mut schedule) else {
-            return 0;
+            return Built {
+                datagrams: 0,
+                more: false,
+            };
         };
         out.commit(&t);
         match &mut schedule {
-            Some(schedule) => 1 + self.data_burst(now, schedule, out),
-            None => 1,
+            Some(schedule) => Built {
+                datagrams: 1 + self.data_burst(now, schedule, out),
+                more: !self.nothing_due_after_data(now),
+            },
+            None => Built {
+                datagrams: 1,
+                more: true,
+            },
         }
+    }
+
+    /// After a burst of data at `now`: whether nothing is left to send at that instant. What
+    /// [`Self::next_datagram`] looks at before data was not due, and data does not make it
+    /// due (see [`Self::data_burst`]); what it looks at after data is looked at here: data
+    /// or datagrams still waiting (a window, pacing or a full buffer ended the burst),
+    /// control frames the packets had no room for, acknowledgements due.
+    fn nothing_due_after_data(&self, now: Instant) -> bool {
+        self.datagrams.outgoing.is_empty()
+            && !self.send.iter().any(SendStream::wants_to_send)
+            && !self.max_data_pending.iter().any(|&p| p)
+            && self.link_status_pending.is_empty()
+            && !self.links.iter().any(|l| l.ack.is_due(now))
     }
 
     /// The data packets after the first of a burst at `now`, until `out` wants no more, there
