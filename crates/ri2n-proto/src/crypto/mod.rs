@@ -12,7 +12,7 @@
 use std::fmt;
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -476,6 +476,11 @@ pub(crate) struct PacketKey {
     /// key by it rather than by holding the key, because a count that every receiving
     /// thread changed per packet would move its cache line between their cores each time.
     id: u64,
+    /// Set once the receiving side moved past it (it is kept, as the previous key, for late
+    /// packets): an [`Opener`] holding it leaves packets of its phase to the engine, which
+    /// may have to try the next key on them. Opened ahead with this one, a packet under the
+    /// next key of that phase would fail and be left damaged for the engine's try.
+    retired: AtomicBool,
 }
 
 impl PacketKey {
@@ -484,6 +489,7 @@ impl PacketKey {
         Arc::new(PacketKey {
             aead: AeadKey::new(cipher, secret),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            retired: AtomicBool::new(false),
         })
     }
 }
@@ -571,7 +577,7 @@ impl Opener {
         else {
             return None;
         };
-        if dcid != self.cid || p != *phase {
+        if dcid != self.cid || p != *phase || key.retired.load(Ordering::Relaxed) {
             return None;
         }
         let header_len = datagram.len() - rest.len();
@@ -837,6 +843,7 @@ impl PacketProtection {
                     let following = next_secret(&r.next_secret);
                     let next = PacketKey::new(self.cipher, &following);
                     let current = std::mem::replace(&mut r.next, next);
+                    r.current.retired.store(true, Ordering::Relaxed);
                     r.previous = Some(std::mem::replace(&mut r.current, current));
                     r.next_secret = following;
                     r.generation += 1;
@@ -1159,6 +1166,59 @@ mod tests {
         assert_eq!(s.opened_ahead, 3);
         drop(held);
         assert!(weak.upgrade().is_none(), "nothing else kept it");
+    }
+
+    /// An opener that holds a key the receiver has moved past (a receiving thread that saw
+    /// no packet for a whole key generation) leaves a packet of the next generation of that
+    /// phase alone, unchanged, and the engine opens it. Before, the opener tried the old key,
+    /// failed, and left the packet damaged: the engine's try with the next key failed too,
+    /// and a genuine packet was lost and counted as a forgery.
+    #[test]
+    fn an_opener_with_a_retired_key_leaves_the_packet_to_the_engine() {
+        let now = Instant::now();
+        let (mut c, mut s) = handshake(&key(1), &key(1)).unwrap();
+        const CID: u64 = 0x0123_4567;
+        let opener = Opener::new(CID, Some(s.opening_key()));
+        // a SHORT packet of the client's current generation
+        let short = |c: &mut PacketProtection, pn: u64| {
+            let mut d = vec![0u8; 64];
+            let mut w = crate::wire::Writer::new(&mut d);
+            crate::wire::write_short_header(&mut w, CID, LinkId(0), pn, c.send_phase());
+            let header_len = w.len();
+            d.truncate(header_len + 20 + TAG_LEN);
+            c.seal(LinkId(0), pn, header_len, &mut d);
+            (d, header_len)
+        };
+        // generation 0 opens ahead
+        let (mut d, _) = short(&mut c, 1);
+        assert!(opener.open(&mut d).is_some());
+        // generation 1: the receiver follows; the opener's key is its previous one
+        c.on_acked(LinkId(0), 1);
+        c.force_update(now);
+        let (d, h) = short(&mut c, 2);
+        assert!(opened_at(&mut s, &d, h, 2).is_some());
+        // generation 2, the opener's phase again: left alone, and the engine opens it
+        c.on_acked(LinkId(0), 2);
+        c.force_update(now);
+        let (mut d, h) = short(&mut c, 3);
+        let before = d.clone();
+        assert!(opener.open(&mut d).is_none());
+        assert_eq!(d, before, "the packet left as it came");
+        assert!(opened_at(&mut s, &d, h, 3).is_some(), "the engine opens it");
+        assert_eq!(s.generations().1, 2);
+        assert_eq!(s.auth_failures, 0);
+    }
+
+    /// What the engine's own open gives a SHORT datagram `d` with a header of `h` bytes.
+    fn opened_at(p: &mut PacketProtection, d: &[u8], h: usize, pn: u64) -> Option<Vec<u8>> {
+        let phase = match crate::wire::decode_packet(d) {
+            Ok((crate::wire::Header::Short { phase, .. }, _)) => phase,
+            _ => return None,
+        };
+        let mut d = d.to_vec();
+        let (header, body) = d.split_at_mut(h);
+        let len = p.open(LinkId(0), pn, phase, header, body).ok()?;
+        Some(body[..len].to_vec())
     }
 
     #[test]
