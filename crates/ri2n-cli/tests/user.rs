@@ -11,21 +11,30 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// Starts `command` with its output captured, and gives it a moment to bind its sockets.
-fn listening(name: &'static str, command: &mut Command) -> Proc {
+/// Starts `command` with its output captured and, if `udp_port` is given, waits until it has
+/// bound that UDP port on 127.0.0.1: a UDP sender that comes first is told at once that
+/// nothing listens (a fixed pause was too short on a loaded host).
+fn listening(name: &'static str, command: &mut Command, udp_port: Option<u16>) -> Proc {
     let p = Proc::spawn(name, command.stdout(Stdio::piped()).stderr(Stdio::piped()));
-    std::thread::sleep(Duration::from_millis(300));
+    if let Some(port) = udp_port {
+        wait_udp_bound(port, Duration::from_secs(10));
+    }
     p
 }
 
-/// `ri2n ARGS` listening on 127.0.0.1 only, at a free port; returns it and its address.
+/// `ri2n ARGS` listening on 127.0.0.1 only, at a free port, bound when this returns (on the
+/// TCP transport, `--transport tcp`, the caller waits: see `wait_tcp_listening`); returns it
+/// and its address.
 fn ri2n_listening(args: &[&str]) -> (Proc, String) {
-    let listen = format!("127.0.0.1:{}", free_port());
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let tcp = args.windows(2).any(|w| w == ["--transport", "tcp"]);
     let p = listening(
         "ri2n",
         Command::new(bin())
             .args([args[0], "--listen", &listen])
             .args(&args[1..]),
+        (!tcp).then_some(port),
     );
     (p, listen)
 }
@@ -82,10 +91,12 @@ fn the_readme_library_example_runs_against_recv_and_send() {
 
     let input = TempFile::new("readme-in");
     write_random(input.path(), 3 << 20, 41);
-    let listen = format!("127.0.0.1:{}", free_port());
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
     let receiver = listening(
         "readme recv",
         Command::new(&example).args(["recv", &listen]),
+        Some(port),
     );
     // its stdout read meanwhile: `ri2n send` ends once the receiver is done with what it got,
     // and the example is done once it wrote it all out
@@ -484,29 +495,45 @@ fn a_recv_that_cannot_start_leaves_an_earlier_partial_file_alone() {
     let busy = holder.local_addr().unwrap().to_string();
     let free = format!("127.0.0.1:{}", free_port());
     let out = output.path().to_str().unwrap();
-    let cases: [(&str, Vec<&str>); 4] = [
+    // each case with the exit code and the words of its own failure (not some other one)
+    let cases: [(&str, Vec<&str>, i32, &str); 4] = [
         (
             "a missing key file",
             vec!["--listen", &free, "--key", "/nonexistent/ri2n.key"],
+            2,
+            "cannot read the key file",
         ),
-        ("a port in use", vec!["--listen", &busy]),
+        (
+            "a port in use",
+            vec!["--listen", &busy],
+            5,
+            "Address already in use",
+        ),
         (
             "a fault on no link",
             vec!["--listen", &free, "--fault", "1:10.9.9.9:down"],
+            2,
+            "no local socket has that address",
         ),
         // started, but no sender came: before, the file was emptied as the receiver
         // started, and removed as it gave up
         (
             "no sender",
             vec!["--listen", &free, "--accept-timeout", "0.5"],
+            3,
+            "no sender connected",
         ),
     ];
-    for (what, args) in cases {
+    for (what, args, code, says) in cases {
         let (s, o) = ri2n(
             ["recv", "--output", out].into_iter().chain(args),
             Duration::from_secs(10),
         );
-        assert!(!s.success(), "{what}: recv exits non-zero");
+        assert!(
+            s.code() == Some(code) && stderr_of(&o).contains(says),
+            "{what}: recv exits {code} saying {says:?}: {s}: {}",
+            stderr_of(&o)
+        );
         let kept = std::fs::read(output.partial()).unwrap_or_default();
         assert_eq!(
             kept,

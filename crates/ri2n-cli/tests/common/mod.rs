@@ -334,8 +334,8 @@ pub fn transfer(len: u64, sender_args: &[&str]) -> Output {
     so
 }
 
-/// Starts `ri2n serve` on both loopback addresses with `extra` options; returns it and its
-/// first address.
+/// Starts `ri2n serve` on both loopback addresses with `extra` options; returns it, once it
+/// listens, and its first address.
 pub fn spawn_serve(extra: &[&str]) -> (Proc, String) {
     let port = free_port();
     let a = format!("127.0.0.1:{port}");
@@ -348,6 +348,11 @@ pub fn spawn_serve(extra: &[&str]) -> (Proc, String) {
             .stdout(Stdio::null())
             .stderr(Stdio::null()),
     );
+    if extra.windows(2).any(|w| w == ["--transport", "tcp"]) {
+        wait_tcp_listening(&a, Duration::from_secs(10));
+    } else {
+        wait_udp_bound(port, Duration::from_secs(10));
+    }
     (p, a)
 }
 
