@@ -139,8 +139,9 @@ Exit codes:
   2  the configuration or the key is bad (the message names the file and line), or
      without --name no host of the file has a link address of this machine; reload: or the
      daemon kept the file in use (the message says why)
-  5  cannot bind a link address (in use, or with --name none of the host's addresses is
-     one of this machine) or the --metrics address";
+  5  cannot bind a link address (in use by another program) or the --metrics address
+     (with --name, a link address this machine does not have yet is no error: the daemon
+     starts without it and takes it up as it appears)";
 
 /// The cluster key and the transport (send, recv, serve, bench).
 #[derive(Args, Debug, Clone)]

@@ -223,7 +223,8 @@ pub unsafe extern "C" fn ri2n_try_read(
 /// Sends `len` bytes as one whole message (the peer receives it whole and in order with
 /// [`ri2n_recv_message`]), waiting for buffer space; returns `len`. `-EMSGSIZE` above
 /// [`ri2n_max_message_size`]; `-EINVAL` for an empty message, which a C receiver could not
-/// tell from the end of the stream.
+/// tell from the end of the stream; `-EOPNOTSUPP` when the peer said it takes no messages
+/// (`ri2n recv`, a byte-stream reader, takes none).
 ///
 /// # Safety
 /// `c` is a live connection; `buf` points to `len` readable bytes.
@@ -339,7 +340,7 @@ pub unsafe extern "C" fn ri2n_max_message_size(c: *const ri2n_conn) -> libc::ssi
 /// delivered); it is sent once, never repaired after a loss (only one a failing link held is
 /// sent once more on another). Never blocks (datagrams wait in a bounded
 /// queue, the oldest dropped when it is full). Returns `len`; `-EMSGSIZE` above
-/// [`ri2n_max_datagram_size`].
+/// [`ri2n_max_datagram_size`]; `-EOPNOTSUPP` when the peer said it takes no datagrams.
 ///
 /// # Safety
 /// `c` is a live connection; `buf` points to `len` readable bytes.
@@ -441,7 +442,8 @@ pub unsafe extern "C" fn ri2n_wait_acknowledged(c: *mut ri2n_conn, timeout_ms: c
 /// not (connecting, carrying data, or with every link down but not given up), `-ENOTCONN`
 /// once it closed cleanly, else the negative errno its calls now fail with (`-ETIMEDOUT`: it
 /// timed out, every link down too long or idle; `-ECONNRESET`: the peer ended it;
-/// `-ECONNABORTED`: this side aborted it), with `ri2n_last_error()` naming the reason. A
+/// `-ECONNABORTED`: this side aborted it; `-EPROTO`: a side broke the protocol), with
+/// `ri2n_last_error()` naming the reason. A
 /// timed call's `-ETIMEDOUT` says either that nothing came in time or that the connection
 /// itself timed out: this tells which.
 ///

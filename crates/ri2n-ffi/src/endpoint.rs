@@ -108,7 +108,9 @@ pub(crate) fn timeout(ms: c_int) -> Option<Duration> {
 /// them, so a client given one opens a link to each. `key_file`: a file made by `ri2n keygen`
 /// that every host of the cluster holds (connections are then authenticated and encrypted,
 /// and peers with another key or none are refused), or NULL for no key. NULL on failure:
-/// `EINVAL` (bad address or key file), `EADDRINUSE`, `EADDRNOTAVAIL`, `ENOENT` (no key file).
+/// `EINVAL` (bad address or key file), `EADDRINUSE`, `EADDRNOTAVAIL`, `ENOENT` (no key file),
+/// `EACCES` (a key file this process may not read: keygen makes it readable by its owner
+/// alone).
 ///
 /// # Safety
 /// `listen_addrs` points to `n` NUL-terminated strings; `key_file` is NULL or one.

@@ -169,7 +169,8 @@ ssize_t ri2n_try_read(struct ri2n_conn *c, void *buf, size_t len);
 // Sends `len` bytes as one whole message (the peer receives it whole and in order with
 // [`ri2n_recv_message`]), waiting for buffer space; returns `len`. `-EMSGSIZE` above
 // [`ri2n_max_message_size`]; `-EINVAL` for an empty message, which a C receiver could not
-// tell from the end of the stream.
+// tell from the end of the stream; `-EOPNOTSUPP` when the peer said it takes no messages
+// (`ri2n recv`, a byte-stream reader, takes none).
 //
 // # Safety
 // `c` is a live connection; `buf` points to `len` readable bytes.
@@ -208,7 +209,7 @@ ssize_t ri2n_max_message_size(const struct ri2n_conn *c);
 // delivered); it is sent once, never repaired after a loss (only one a failing link held is
 // sent once more on another). Never blocks (datagrams wait in a bounded
 // queue, the oldest dropped when it is full). Returns `len`; `-EMSGSIZE` above
-// [`ri2n_max_datagram_size`].
+// [`ri2n_max_datagram_size`]; `-EOPNOTSUPP` when the peer said it takes no datagrams.
 //
 // # Safety
 // `c` is a live connection; `buf` points to `len` readable bytes.
@@ -252,7 +253,8 @@ int ri2n_wait_acknowledged(struct ri2n_conn *c, int timeout_ms);
 // not (connecting, carrying data, or with every link down but not given up), `-ENOTCONN`
 // once it closed cleanly, else the negative errno its calls now fail with (`-ETIMEDOUT`: it
 // timed out, every link down too long or idle; `-ECONNRESET`: the peer ended it;
-// `-ECONNABORTED`: this side aborted it), with `ri2n_last_error()` naming the reason. A
+// `-ECONNABORTED`: this side aborted it; `-EPROTO`: a side broke the protocol), with
+// `ri2n_last_error()` naming the reason. A
 // timed call's `-ETIMEDOUT` says either that nothing came in time or that the connection
 // itself timed out: this tells which.
 //
@@ -313,7 +315,9 @@ void ri2n_conn_free(struct ri2n_conn *c);
 // them, so a client given one opens a link to each. `key_file`: a file made by `ri2n keygen`
 // that every host of the cluster holds (connections are then authenticated and encrypted,
 // and peers with another key or none are refused), or NULL for no key. NULL on failure:
-// `EINVAL` (bad address or key file), `EADDRINUSE`, `EADDRNOTAVAIL`, `ENOENT` (no key file).
+// `EINVAL` (bad address or key file), `EADDRINUSE`, `EADDRNOTAVAIL`, `ENOENT` (no key file),
+// `EACCES` (a key file this process may not read: keygen makes it readable by its owner
+// alone).
 //
 // # Safety
 // `listen_addrs` points to `n` NUL-terminated strings; `key_file` is NULL or one.
