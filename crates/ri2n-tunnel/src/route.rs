@@ -155,8 +155,9 @@ const UNREACHABLE_SPACING: Duration = Duration::from_millis(10);
 /// route does (RFC 1812 §5.2.7.1): ICMP host unreachable to its sender, so that a connect
 /// fails at once (`EHOSTUNREACH`) and a ping says why, where they would wait in silence. It
 /// comes from the address the packet was for: the kernel drops a packet arriving from one of
-/// its own addresses (a martian source), this host's tunnel address included. Never for an ICMP error, a fragment after the first,
-/// or a packet to a broadcast or multicast address (RFC 1122 §3.2.2).
+/// its own addresses (a martian source), this host's tunnel address included. Never for an
+/// ICMP error, a fragment after the first, or a packet to a broadcast or multicast address
+/// (RFC 1122 §3.2.2).
 #[derive(Debug, Default)]
 struct Unreachable {
     last: Option<Instant>,
