@@ -7,7 +7,9 @@
 //! the engine the proof with the datagram ([`Endpoint::handle_opened_datagram`]). Whatever it
 //! did not open goes the engine's own way, and then the engine is asked again
 //! ([`Openers::learn`]): that is how a key update of the peer's, a new connection or a
-//! connection's end reaches the cache.
+//! connection's end reaches the cache. A key the receiving side has moved past opens nothing
+//! here (it is kept only for the engine's late packets): a packet of the next key of its
+//! phase would fail under it and be left damaged.
 //!
 //! An opener does not keep its key alive, so it must take hold of it to open a packet. Taking
 //! hold changes a count that every receiving thread shares; [`Openers::hold`] takes hold once

@@ -571,21 +571,32 @@ fn the_shards_of_an_endpoint_share_one_reset_budget() {
     );
 }
 
-/// An ACCEPT in clear, forged with the connection ID a keyed client's first INITIAL shows on
-/// the path, before the server's RETRY: no ACCEPT can be authentic before the client's Noise
-/// message went out, so it is dropped. Before, the client took the parameters in clear and
-/// came up without protection, its data then leaving unsealed.
-#[test]
-fn an_accept_forged_before_the_retry_is_dropped() {
-    let now = Instant::now();
-    let (client_addr, server_addr) = (addr("10.0.0.1:5000"), addr("10.0.0.2:6000"));
-    let keyed = |local| {
-        let mut cfg = EndpointConfig::new(vec![local]);
-        cfg.key = Some(key());
-        cfg
-    };
+/// A keyed client at `client_addr` that has just started to connect to a keyed server at
+/// `server_addr`, its first datagrams not delivered yet.
+struct Connecting {
+    client: Endpoint,
+    server: Endpoint,
+    /// The client's connection.
+    h: ri2n_proto::ConnectionHandle,
+    /// What the client sent first (its INITIAL without a cookie).
+    first: Vec<(ri2n_proto::Transmit, Vec<u8>)>,
+    /// The client's connection ID, in clear in that INITIAL.
+    scid: u64,
+}
+
+fn keyed(local: SocketAddr) -> EndpointConfig {
+    let mut cfg = EndpointConfig::new(vec![local]);
+    cfg.key = Some(key());
+    cfg
+}
+
+fn keyed_client_connecting(
+    now: Instant,
+    client_addr: SocketAddr,
+    server_addr: SocketAddr,
+) -> Connecting {
     let mut client = Endpoint::new(keyed(client_addr), 1, now);
-    let mut server = Endpoint::new(keyed(server_addr).server(), 2, now);
+    let server = Endpoint::new(keyed(server_addr).server(), 2, now);
     let h = client
         .connect(now, &[server_addr], Default::default())
         .unwrap();
@@ -597,6 +608,30 @@ fn an_accept_forged_before_the_retry_is_dropped() {
             _ => None,
         })
         .expect("the client's INITIAL");
+    Connecting {
+        client,
+        server,
+        h,
+        first,
+        scid,
+    }
+}
+
+/// An ACCEPT in clear, forged with the connection ID a keyed client's first INITIAL shows on
+/// the path, before the server's RETRY: no ACCEPT can be authentic before the client's Noise
+/// message went out, so it is dropped. Before, the client took the parameters in clear and
+/// came up without protection, its data then leaving unsealed.
+#[test]
+fn an_accept_forged_before_the_retry_is_dropped() {
+    let now = Instant::now();
+    let (client_addr, server_addr) = (addr("10.0.0.1:5000"), addr("10.0.0.2:6000"));
+    let Connecting {
+        mut client,
+        mut server,
+        h,
+        first,
+        scid,
+    } = keyed_client_connecting(now, client_addr, server_addr);
     let params = wire::ServerParams {
         scid: 99,
         instance: 1,
@@ -645,24 +680,13 @@ fn an_accept_forged_before_the_retry_is_dropped() {
 fn a_reset_drawn_with_a_client_s_own_id_does_not_refuse_its_handshake() {
     let now = Instant::now();
     let (client_addr, server_addr) = (addr("10.0.0.1:5000"), addr("10.0.0.2:6000"));
-    let keyed = |local| {
-        let mut cfg = EndpointConfig::new(vec![local]);
-        cfg.key = Some(key());
-        cfg
-    };
-    let mut client = Endpoint::new(keyed(client_addr), 1, now);
-    let mut server = Endpoint::new(keyed(server_addr).server(), 2, now);
-    let h = client
-        .connect(now, &[server_addr], Default::default())
-        .unwrap();
-    let first = drain(&mut client, now);
-    let scid = first
-        .iter()
-        .find_map(|(_, d)| match wire::decode_packet(d) {
-            Ok((wire::Header::Initial { scid, .. }, _)) => Some(scid),
-            _ => None,
-        })
-        .expect("the client's INITIAL");
+    let Connecting {
+        mut client,
+        mut server,
+        h,
+        first,
+        scid,
+    } = keyed_client_connecting(now, client_addr, server_addr);
     // the spoofed SHORT: the client's ID, from the client's address
     let mut short = vec![wire::VERSION, packet_type::SHORT];
     short.extend_from_slice(&scid.to_be_bytes());
