@@ -45,7 +45,9 @@ def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, ke
     out_cmd = [common.RI2N, "recv", "-q", "--json", "-o", "/dev/null"] + listen
     if pipe_out:
         # the receiving application is another process: recv writes to a pipe into it
-        out_cmd = ["sh", "-c", "%s recv -q %s -o - | %s" % (common.RI2N, " ".join(listen), pipe_out)]
+        # pipefail: the receiver's own failure is the run's, not hidden by the consumer's 0
+        out_cmd = ["bash", "-c", "set -o pipefail; %s recv -q %s -o - | %s" % (
+            common.RI2N, " ".join(listen), pipe_out)]
     recv = PROCS.start(lab.ex("b", *out_cmd))
     wait_ready(recv, "ri2n recv", 0.3)
     in_cmd = [common.RI2N, "send", "-q", "--json", "--to", "%s:%d" % (lab.b_addrs()[0], port)] + local
@@ -87,8 +89,9 @@ def iperf_transfer(lab, nbytes, mptcp, pipe_in=None, pipe_out=None, src=None, ti
     scmd = wrap + ["iperf3", "-s", "-1", "-p", port]
     if pipe_out:
         # the received data goes to fd 3, the pipe; iperf3's own output to /dev/null
-        scmd = ["sh", "-c", "%s iperf3 -s -1 -p %d -F /dev/fd/3 3>&1 1>/dev/null | %s" % (
-            " ".join(wrap), port, pipe_out)]
+        scmd = ["bash", "-c",
+                "set -o pipefail; %s iperf3 -s -1 -p %d -F /dev/fd/3 3>&1 1>/dev/null | %s" % (
+                    " ".join(wrap), port, pipe_out)]
     srv = PROCS.start(lab.ex("b", *scmd))
     wait_ready(srv, "iperf3 -s", 0.3)
     ccmd = wrap + ["iperf3", "-c", to, "-p", port, "-n", nbytes, "--json"]
@@ -100,8 +103,9 @@ def iperf_transfer(lab, nbytes, mptcp, pipe_in=None, pipe_out=None, src=None, ti
         ccmd = ["sh", "-c", "%s | %s iperf3 -c %s -p %d -n %d -F /dev/stdin --json" % (
             pipe_in, " ".join(wrap), to, port, nbytes)]
     rc, ccpu, machine, wall, text = timed_client(lab.ex("a", *ccmd), timeout, sampler)
-    src, scpu = PROCS.wait_rusage(srv, 30)
-    r = {"rc": rc, "cpu_send": ccpu, "cpu_recv": scpu, "cpu_machine": machine, "wall_send": wall}
+    src_rc, scpu = PROCS.wait_rusage(srv, 30)
+    r = {"rc": rc, "recv_rc": src_rc, "cpu_send": ccpu, "cpu_recv": scpu, "cpu_machine": machine,
+         "wall_send": wall}
     try:
         doc = tool_json(text)
         e = doc["end"]["sum_received"]
