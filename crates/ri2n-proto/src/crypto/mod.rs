@@ -125,9 +125,13 @@ impl Key {
         Ok(Key(bytes))
     }
 
-    /// The text form: one line (without the newline), `ri2n-key-v1:` and 64 hex digits.
+    /// The text form: one line (without the newline), `ri2n-key-v1:` and 64 hex digits. It
+    /// has room for the newline a caller writing a key file adds: a string that grew would
+    /// move, and leave the old copy of the key behind unwiped.
     pub fn to_text(&self) -> Zeroizing<String> {
-        let mut s = Zeroizing::new(String::with_capacity(KEY_TEXT_PREFIX.len() + 2 * KEY_LEN));
+        let mut s = Zeroizing::new(String::with_capacity(
+            KEY_TEXT_PREFIX.len() + 2 * KEY_LEN + 1,
+        ));
         s.push_str(KEY_TEXT_PREFIX);
         for b in self.0.iter() {
             s.push(char::from_digit(u32::from(b >> 4), 16).unwrap());
@@ -935,6 +939,14 @@ mod tests {
             assert_eq!(Key::from_text(bad), Err(KeyError::Malformed), "{bad:?}");
         }
         assert_eq!(format!("{k:?}"), "Key(..)");
+        // room for a key file's newline, so adding one leaves no copy behind
+        let mut line = k.to_text();
+        let (at, room) = (line.as_ptr(), line.capacity());
+        line.push('\n');
+        assert!(
+            room > line.len() - 1 && line.as_ptr() == at,
+            "the line moved"
+        );
     }
 
     /// Test vectors of docs/PROTOCOL.md §9.
