@@ -1413,6 +1413,16 @@ mod tests {
         out
     }
 
+    /// One round of what `client` and `server` have to send each other at `now`.
+    fn exchange(client: &mut Endpoint, server: &mut Endpoint, now: Instant) {
+        for (t, mut d) in drain(client, now) {
+            server.handle_datagram(now, t.remote, t.local, &mut d);
+        }
+        for (t, mut d) in drain(server, now) {
+            client.handle_datagram(now, t.remote, t.local, &mut d);
+        }
+    }
+
     /// A message written and sent in one burst leaves nothing to send at that instant: the
     /// connection leaves the set the endpoint asks, so the next call (and the driver's look
     /// for work) costs nothing, where it asked the connection again and found nothing.
@@ -1429,12 +1439,7 @@ mod tests {
             .connect(now, &[server_addr], Default::default())
             .unwrap();
         for _ in 0..4 {
-            for (t, mut d) in drain(&mut client, now) {
-                server.handle_datagram(now, t.remote, t.local, &mut d);
-            }
-            for (t, mut d) in drain(&mut server, now) {
-                client.handle_datagram(now, t.remote, t.local, &mut d);
-            }
+            exchange(&mut client, &mut server, now);
         }
         assert_eq!(
             client.connection(h).unwrap().state(),
@@ -1475,12 +1480,7 @@ mod tests {
             .connect(now, &[server_addr], Default::default())
             .unwrap();
         // the first INITIAL draws the cookie; the second carries the Noise message
-        for (t, mut d) in drain(&mut client, now) {
-            server.handle_datagram(now, t.remote, t.local, &mut d);
-        }
-        for (t, mut d) in drain(&mut server, now) {
-            client.handle_datagram(now, t.remote, t.local, &mut d);
-        }
+        exchange(&mut client, &mut server, now);
         let initial = drain(&mut client, now)
             .into_iter()
             .find_map(|(_, d)| match wire::decode_packet(&d) {

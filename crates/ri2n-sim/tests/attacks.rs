@@ -584,8 +584,9 @@ struct Connecting {
     scid: u64,
 }
 
-fn keyed(local: SocketAddr) -> EndpointConfig {
-    let mut cfg = EndpointConfig::new(vec![local]);
+/// An endpoint's configuration on `locals`, with the cluster key.
+fn keyed(locals: &[SocketAddr]) -> EndpointConfig {
+    let mut cfg = EndpointConfig::new(locals.to_vec());
     cfg.key = Some(key());
     cfg
 }
@@ -595,8 +596,8 @@ fn keyed_client_connecting(
     client_addr: SocketAddr,
     server_addr: SocketAddr,
 ) -> Connecting {
-    let mut client = Endpoint::new(keyed(client_addr), 1, now);
-    let server = Endpoint::new(keyed(server_addr).server(), 2, now);
+    let mut client = Endpoint::new(keyed(&[client_addr]), 1, now);
+    let server = Endpoint::new(keyed(&[server_addr]).server(), 2, now);
     let h = client
         .connect(now, &[server_addr], Default::default())
         .unwrap();
@@ -721,14 +722,14 @@ fn a_reset_drawn_with_a_client_s_own_id_does_not_refuse_its_handshake() {
     );
 
     // a keyed server at its limit still refuses a keyed client at once
-    let mut cfg = keyed(addr("10.0.0.3:6000")).server();
+    let mut cfg = keyed(&[addr("10.0.0.3:6000")]).server();
     cfg.max_connections = 1;
     let full_addr = cfg.local_addrs[0];
     let mut full = Endpoint::new(cfg, 3, now);
     let mut outcomes = Vec::new();
     for i in 0..2u16 {
         let mut c = Endpoint::new(
-            keyed(addr(&format!("10.0.0.4:{}", 5000 + i))),
+            keyed(&[addr(&format!("10.0.0.4:{}", 5000 + i))]),
             10 + u64::from(i),
             now,
         );
@@ -760,11 +761,6 @@ fn a_replay_that_opens_a_link_from_elsewhere_does_not_keep_it() {
         [addr("10.0.0.2:6000"), addr("10.1.0.2:6000")],
     );
     let attacker = addr("10.9.9.9:4444");
-    let keyed = |locals: &[SocketAddr]| {
-        let mut cfg = EndpointConfig::new(locals.to_vec());
-        cfg.key = Some(key());
-        cfg
-    };
     let mut client = Endpoint::new(keyed(&c), 11, t0);
     let mut server = Endpoint::new(keyed(&s).server(), 12, t0);
     let ch = client.connect(t0, &[s[0]], Default::default()).unwrap();

@@ -65,9 +65,9 @@ pub(crate) fn route_loop(peers: &Peers, tun: &Tun, queue: usize, stop: &Stop, bu
                     let packet = &read[offload::SEGMENT_PREFIX..];
                     let dest = match destination(&table, packet) {
                         Ok(dest) => dest,
-                        Err(NoHost::Ipv4) => {
+                        Err(NoHost::Ipv4(ip)) => {
                             peers.unrouted.fetch_add(1, Ordering::Relaxed);
-                            unreachable.answer(tun, &table, packet);
+                            unreachable.answer(tun, &table, &ip, packet);
                             usize::MAX
                         }
                         Err(NoHost::NotIpv4) => usize::MAX,
@@ -132,19 +132,19 @@ pub(crate) fn route_loop(peers: &Peers, tun: &Tun, queue: usize, stop: &Stop, bu
 }
 
 /// Why a packet read from the interface goes to no peer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum NoHost {
-    /// An IPv4 packet for an address no host of the cluster owns.
-    Ipv4,
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum NoHost<'a> {
+    /// An IPv4 packet (this header) for an address no host of the cluster owns.
+    Ipv4(Ipv4HeaderSlice<'a>),
     /// Not IPv4 (the tunnel carries IPv4 only; the kernel's IPv6 neighbour and router
     /// solicitations come this way).
     NotIpv4,
 }
 
 /// The peer owning an IPv4 packet's destination.
-fn destination(table: &peers::Table, packet: &[u8]) -> Result<usize, NoHost> {
+fn destination<'a>(table: &peers::Table, packet: &'a [u8]) -> Result<usize, NoHost<'a>> {
     let ip = Ipv4HeaderSlice::from_slice(packet).map_err(|_| NoHost::NotIpv4)?;
-    (table.by_tunnel_address(ip.destination_addr())).ok_or(NoHost::Ipv4)
+    (table.by_tunnel_address(ip.destination_addr())).ok_or(NoHost::Ipv4(ip))
 }
 
 /// Least time between two answers of one route loop: a sender retrying fast learns soon
@@ -165,16 +165,16 @@ struct Unreachable {
 }
 
 impl Unreachable {
-    fn answer(&mut self, tun: &Tun, table: &peers::Table, packet: &[u8]) {
+    fn answer(&mut self, tun: &Tun, table: &peers::Table, ip: &Ipv4HeaderSlice, packet: &[u8]) {
         let now = Instant::now();
         let (me, prefix) = (table.me().address, table.cluster.prefix);
         let subnet_broadcast = Ipv4Addr::from(u32::from(me) | u32::MAX >> prefix);
         if self.last.is_some_and(|t| now < t + UNREACHABLE_SPACING)
-            || !unreachable_owed(packet, subnet_broadcast)
+            || !unreachable_owed(ip, packet, subnet_broadcast)
         {
             return;
         }
-        if host_unreachable(packet, &mut self.packet) {
+        if host_unreachable(ip, packet, &mut self.packet) {
             self.last = Some(now);
             // best effort, as any ICMP error: a refused write is not the packet's sender's
             let _ = tun.write(&self.packet);
@@ -182,13 +182,10 @@ impl Unreachable {
     }
 }
 
-/// Writes into `out` the ICMP host unreachable that answers `packet`, from its destination:
-/// its IP header and the first 8 bytes of what it carries, quoted (RFC 792). False if
-/// `packet` is no IPv4 packet.
-fn host_unreachable(packet: &[u8], out: &mut Vec<u8>) -> bool {
-    let Ok(ip) = Ipv4HeaderSlice::from_slice(packet) else {
-        return false;
-    };
+/// Writes into `out` the ICMP host unreachable that answers `packet` (whose IP header is
+/// `ip`), from its destination: its IP header and the first 8 bytes of what it carries,
+/// quoted (RFC 792). False if it cannot be written.
+fn host_unreachable(ip: &Ipv4HeaderSlice, packet: &[u8], out: &mut Vec<u8>) -> bool {
     let quoted = &packet[..packet.len().min(ip.slice().len() + 8)];
     let builder = PacketBuilder::ipv4(ip.destination(), ip.source(), 64).icmpv4(
         Icmpv4Type::DestinationUnreachable(DestUnreachableHeader::Host),
@@ -197,14 +194,11 @@ fn host_unreachable(packet: &[u8], out: &mut Vec<u8>) -> bool {
     builder.write(out, quoted).is_ok()
 }
 
-/// Whether a packet for an address no host owns is owed an ICMP error (RFC 1122 §3.2.2):
-/// not when it is one itself, a fragment after the first, or sent to a broadcast or
-/// multicast address (`subnet_broadcast`, the tunnel network's, among them) or from an
-/// address that is no single host's.
-fn unreachable_owed(packet: &[u8], subnet_broadcast: Ipv4Addr) -> bool {
-    let Ok(ip) = Ipv4HeaderSlice::from_slice(packet) else {
-        return false;
-    };
+/// Whether `packet` (whose IP header is `ip`), for an address no host owns, is owed an ICMP
+/// error (RFC 1122 §3.2.2): not when it is one itself, a fragment after the first, or sent to
+/// a broadcast or multicast address (`subnet_broadcast`, the tunnel network's, among them) or
+/// from an address that is no single host's.
+fn unreachable_owed(ip: &Ipv4HeaderSlice, packet: &[u8], subnet_broadcast: Ipv4Addr) -> bool {
     let (src, dst) = (ip.source_addr(), ip.destination_addr());
     let single = |a: Ipv4Addr| !(a.is_broadcast() || a.is_multicast() || a.is_unspecified());
     if !single(src) || !single(dst) || dst == subnet_broadcast || ip.fragments_offset().value() != 0
@@ -226,6 +220,18 @@ mod tests {
     use super::*;
     use etherparse::{NetSlice, SlicedPacket, TransportSlice};
 
+    /// [`host_unreachable`] of `packet`, which the route loop has parsed first (false if
+    /// it is no IPv4 packet: the loop takes it for one of another protocol).
+    fn answer_of(packet: &[u8], out: &mut Vec<u8>) -> bool {
+        Ipv4HeaderSlice::from_slice(packet).is_ok_and(|ip| host_unreachable(&ip, packet, out))
+    }
+
+    /// [`unreachable_owed`] of `packet`, parsed first as [`answer_of`] does.
+    fn owed(packet: &[u8], subnet_broadcast: Ipv4Addr) -> bool {
+        Ipv4HeaderSlice::from_slice(packet)
+            .is_ok_and(|ip| unreachable_owed(&ip, packet, subnet_broadcast))
+    }
+
     /// A UDP packet from `src` to `dst` with `payload`, fragment offset `offset` (8-byte units).
     fn udp(src: [u8; 4], dst: [u8; 4], payload: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
@@ -243,7 +249,7 @@ mod tests {
     fn the_answer_is_a_host_unreachable_quoting_the_packet() {
         let packet = udp([10, 99, 0, 1], [10, 99, 0, 77], &[7; 100]);
         let mut out = Vec::new();
-        assert!(host_unreachable(&packet, &mut out));
+        assert!(answer_of(&packet, &mut out));
         let parsed = SlicedPacket::from_ip(&out).unwrap();
         let Some(NetSlice::Ipv4(ip)) = &parsed.net else {
             panic!("not IPv4: {parsed:?}")
@@ -262,7 +268,7 @@ mod tests {
         let checksum = icmp.header().icmp_type.calc_checksum(icmp.payload());
         assert_eq!(icmp.checksum(), checksum);
         let mut none = Vec::new();
-        assert!(!host_unreachable(&[0x60; 40], &mut none));
+        assert!(!answer_of(&[0x60; 40], &mut none));
     }
 
     /// Packets owed no ICMP error get none (RFC 1122 §3.2.2); the others do.
@@ -270,15 +276,15 @@ mod tests {
     fn no_answer_to_errors_broadcasts_multicasts_or_later_fragments() {
         let bcast = Ipv4Addr::new(10, 99, 0, 255);
         let (me, absent) = ([10, 99, 0, 1], [10, 99, 0, 77]);
-        assert!(unreachable_owed(&udp(me, absent, b"x"), bcast));
-        assert!(!unreachable_owed(&udp(me, [10, 99, 0, 255], b"x"), bcast));
-        assert!(!unreachable_owed(&udp(me, [255; 4], b"x"), bcast));
-        assert!(!unreachable_owed(&udp(me, [224, 0, 0, 251], b"x"), bcast));
-        assert!(!unreachable_owed(&udp([0; 4], absent, b"x"), bcast));
+        assert!(owed(&udp(me, absent, b"x"), bcast));
+        assert!(!owed(&udp(me, [10, 99, 0, 255], b"x"), bcast));
+        assert!(!owed(&udp(me, [255; 4], b"x"), bcast));
+        assert!(!owed(&udp(me, [224, 0, 0, 251], b"x"), bcast));
+        assert!(!owed(&udp([0; 4], absent, b"x"), bcast));
         // a fragment after the first: offset 1 (8 bytes), checksum left as it is
         let mut later = udp(me, absent, b"x");
         later[7] = 1;
-        assert!(!unreachable_owed(&later, bcast));
+        assert!(!owed(&later, bcast));
         let icmp = |t: u8| {
             let mut out = Vec::new();
             PacketBuilder::ipv4(me, absent, 64)
@@ -287,10 +293,10 @@ mod tests {
                 .unwrap();
             out
         };
-        assert!(unreachable_owed(&icmp(8), bcast), "an echo request");
+        assert!(owed(&icmp(8), bcast), "an echo request");
         for error in [3, 4, 5, 11, 12] {
-            assert!(!unreachable_owed(&icmp(error), bcast), "ICMP type {error}");
+            assert!(!owed(&icmp(error), bcast), "ICMP type {error}");
         }
-        assert!(!unreachable_owed(&[0x60; 40], bcast), "IPv6");
+        assert!(!owed(&[0x60; 40], bcast), "IPv6");
     }
 }

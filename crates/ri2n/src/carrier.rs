@@ -152,7 +152,9 @@ pub(crate) fn has_carrier(name: &str) -> bool {
 
 /// The flags of interface `name` (`SIOCGIFFLAGS`), if it exists.
 fn interface_flags(name: &str) -> Option<libc::c_int> {
-    let mut request: libc::ifreq = empty_ifreq();
+    // SAFETY: ifreq is plain old data (a byte array and a union of integers and addresses),
+    // for which all-zero bytes are valid: an empty name and no flags
+    let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
     if name.len() >= request.ifr_name.len() {
         return None;
     }
@@ -171,13 +173,6 @@ fn interface_flags(name: &str) -> Option<libc::c_int> {
     let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFFLAGS, &mut request) };
     // SAFETY: on success the kernel filled the union's flags
     (r == 0).then(|| libc::c_int::from(unsafe { request.ifr_ifru.ifru_flags }) & 0xffff)
-}
-
-/// An all-zero `ifreq`: an empty name and no flags.
-fn empty_ifreq() -> libc::ifreq {
-    // SAFETY: ifreq is plain old data (a byte array and a union of integers and
-    // addresses), for which all-zero bytes are valid
-    unsafe { std::mem::zeroed() }
 }
 
 #[cfg(test)]
@@ -208,7 +203,18 @@ mod tests {
     /// was not found there and counted as always having carrier. Needs root.
     #[test]
     fn the_carrier_is_read_in_this_thread_s_network_namespace() {
-        crate::netns_test::in_new_netns(|ip| {
+        // the kernel updates an interface's operational state a moment after its carrier
+        let becomes = |up: bool| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while has_carrier("ri2nc0") != up {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "carrier {up} after 5 s"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        };
+        crate::netns_test::in_new_netns(move |ip| {
             ip(&[
                 "link", "add", "ri2nc0", "type", "veth", "peer", "name", "ri2nc1",
             ]);
@@ -218,20 +224,9 @@ mod tests {
             // its peer is down: no carrier
             assert!(!has_carrier("ri2nc0"));
             ip(&["link", "set", "ri2nc1", "up"]);
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-            while !has_carrier("ri2nc0") {
-                assert!(std::time::Instant::now() < deadline, "no carrier after 5 s");
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
+            becomes(true);
             ip(&["link", "set", "ri2nc1", "down"]);
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-            while has_carrier("ri2nc0") {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "carrier after 5 s down"
-                );
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
+            becomes(false);
             // administratively down, and gone
             ip(&["link", "set", "ri2nc0", "down"]);
             assert!(!has_carrier("ri2nc0"));

@@ -86,11 +86,22 @@ impl Connection {
     /// or datagrams still waiting (a window, pacing or a full buffer ended the burst),
     /// control frames the packets had no room for, acknowledgements due.
     fn nothing_due_after_data(&self, now: Instant) -> bool {
-        self.datagrams.outgoing.is_empty()
-            && !self.send.iter().any(SendStream::wants_to_send)
-            && !self.max_data_pending.iter().any(|&p| p)
-            && self.link_status_pending.is_empty()
-            && !self.links.iter().any(|l| l.ack.is_due(now))
+        !self.data_waiting() && !self.control_waiting() && !self.ack_due(now)
+    }
+
+    /// Whether datagrams or stream data wait to be sent.
+    fn data_waiting(&self) -> bool {
+        !self.datagrams.outgoing.is_empty() || self.send.iter().any(SendStream::wants_to_send)
+    }
+
+    /// Whether control frames (window updates, link states) wait to be sent.
+    fn control_waiting(&self) -> bool {
+        self.max_data_pending.iter().any(|&p| p) || !self.link_status_pending.is_empty()
+    }
+
+    /// Whether some link owes the peer an acknowledgement now.
+    fn ack_due(&self, now: Instant) -> bool {
+        self.links.iter().any(|l| l.ack.is_due(now))
     }
 
     /// The data packets after the first of a burst at `now`, until `out` wants no more, there
@@ -105,11 +116,7 @@ impl Connection {
         out: &mut dyn TransmitBuffer,
     ) -> usize {
         let mut built = 0;
-        while built + 1 < MAX_BURST
-            && out.wants_more()
-            && (!self.datagrams.outgoing.is_empty()
-                || self.send.iter().any(SendStream::wants_to_send))
-        {
+        while built + 1 < MAX_BURST && out.wants_more() && self.data_waiting() {
             let Some(i) = self.pick_next_data_link(schedule, now) else {
                 break;
             };
@@ -181,15 +188,14 @@ impl Connection {
             return Some(self.transmit(now, i, PacketKind::MtuProbe(size), out));
         }
         // 4. stream data, striped over the up links with window and pacing room
-        let control_waiting =
-            self.max_data_pending.iter().any(|&p| p) || !self.link_status_pending.is_empty();
+        let control_waiting = self.control_waiting();
         if let Some(patience) = self.rescue_patience() {
             for (s, &wants) in self.send.iter_mut().zip(&self.write_wants) {
                 s.rescue_head(RESCUE_BYTES, now, patience, wants);
             }
         }
         self.datagrams.outgoing.drop_stale(now);
-        if !self.datagrams.outgoing.is_empty() || self.send.iter().any(SendStream::wants_to_send) {
+        if self.data_waiting() {
             match self.pick_data_link(now, schedule) {
                 Ok(i) => {
                     let t = self.transmit(now, i, PacketKind::Data, out);
@@ -208,7 +214,7 @@ impl Connection {
             }
         }
         // 5. acknowledgements
-        if self.links.iter().any(|l| l.ack.is_due(now)) {
+        if self.ack_due(now) {
             let i = self.ack_link();
             return Some(self.transmit(now, i, PacketKind::AckOnly, out));
         }
