@@ -8,7 +8,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use ri2n::Key;
+use ri2n::{Key, KeyReadError};
 
 use crate::error::{Failure, GENERIC, USAGE};
 use crate::{ChannelOpts, KeygenArgs};
@@ -113,13 +113,13 @@ pub fn load(opts: &ChannelOpts) -> Result<Option<Key>, Failure> {
 }
 
 fn read(path: &Path) -> Result<Key, Failure> {
-    let text = fs::read_to_string(path).map_err(|e| {
+    let cannot = |e: io::Error| {
         // root without CAP_DAC_OVERRIDE, as under contrib/ri2n-tunnel.service, reads only
         // what its permissions let it: a key copied in by a user stays theirs
         // SAFETY: geteuid has no preconditions.
         let root = unsafe { libc::geteuid() } == 0;
         let hint = match (e.kind(), root) {
-            (std::io::ErrorKind::PermissionDenied, true) => {
+            (io::ErrorKind::PermissionDenied, true) => {
                 " (this process is root without the capability to read others' files, as \
                  under the systemd unit: `chown root` the file)"
             }
@@ -129,10 +129,13 @@ fn read(path: &Path) -> Result<Key, Failure> {
             USAGE,
             format!("cannot read the key file {}: {e}{hint}", path.display()),
         )
+    };
+    let file = fs::File::open(path).map_err(cannot)?;
+    let key = Key::read_from(&file).map_err(|e| match e {
+        KeyReadError::Io(e) => cannot(e),
+        e => Failure::new(USAGE, format!("{}: {e}", path.display())),
     })?;
-    let key = Key::from_text(&text)
-        .map_err(|e| Failure::new(USAGE, format!("{}: {e}", path.display())))?;
-    if let Ok(meta) = fs::metadata(path) {
+    if let Ok(meta) = file.metadata() {
         let mode = meta.permissions().mode() & 0o777;
         if mode & 0o077 != 0 {
             say!(

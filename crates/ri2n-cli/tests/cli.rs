@@ -1153,6 +1153,12 @@ fn tunnel_check_loads_the_key_and_refuses_a_tunnel_network_holding_a_link() {
     assert_eq!(status.code(), Some(2), "{err}");
     assert!(err.contains(&junk.path().display().to_string()), "{err}");
 
+    // a path to an endless file: refused after the most a key file holds, where before
+    // it was read on until memory ran out
+    let (status, _, err) = check(cluster_text(Path::new("/dev/zero"), "10.99.0.2"));
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("/dev/zero: not a ri2n key"), "{err}");
+
     // tunnel addresses in 127.0.0.0/24, where host "me" has its link: line 6
     let overlapping = cluster_text(key.path(), "127.0.0.11").replace("10.99.0.1", "127.0.0.10");
     let (status, _, err) = check(overlapping);

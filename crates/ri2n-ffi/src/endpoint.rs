@@ -10,7 +10,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::time::Duration;
 
-use ri2n::{ConnectionConfig, Endpoint, EndpointConfig, Key, Transport};
+use ri2n::{ConnectionConfig, Endpoint, EndpointConfig, Key, KeyReadError, Transport};
 
 use crate::conn::ri2n_conn;
 use crate::error::{guard, guard_int, guard_len, guard_ptr, text, text_or_empty, Failure};
@@ -59,9 +59,12 @@ unsafe fn addresses(
 
 /// Reads a key file (`ri2n keygen` makes one).
 fn load_key(path: &str) -> Result<Key, Failure> {
-    let content = fs::read_to_string(path)
-        .map_err(|e| Failure::from(e).context(format_args!("cannot read the key file {path}")))?;
-    Key::from_text(&content).map_err(|e| Failure::invalid(format!("the key file {path}: {e}")))
+    let cannot = |e| Failure::from(e).context(format_args!("cannot read the key file {path}"));
+    let file = fs::File::open(path).map_err(cannot)?;
+    Key::read_from(file).map_err(|e| match e {
+        KeyReadError::Io(e) => cannot(e),
+        e => Failure::invalid(format!("the key file {path}: {e}")),
+    })
 }
 
 /// # Safety

@@ -41,7 +41,7 @@ pub use config::{
     MAX_SHARDS, SHARDS_LIMIT,
 };
 pub use connection::{Connection, ConnectionState, ConnectionStats};
-pub use crypto::{Cipher, Key, KeyError, Opened, Opener, Seal};
+pub use crypto::{Cipher, Key, KeyError, KeyReadError, Opened, Opener, Seal, KEY_FILE_MAX};
 pub use datagrams::datagram_capacity;
 pub use dropped::{DropCounts, DropReason};
 pub use endpoint::{ConnectionCounts, Endpoint, RefusalReason, RefusedHandshake};

@@ -24,10 +24,13 @@ pub struct PyKey {
 impl PyKey {
     /// Reads the key file at `path`, as `ri2n --key FILE` does.
     pub(crate) fn read(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
-        let text = fs::read_to_string(&path).map_err(|e| os_error(py, &e, None, Some(&path)))?;
-        let key = ri2n::Key::from_text(&text)
-            .map_err(|e| PyValueError::new_err(format!("{}: {e}", path.display())))?;
-        if let Ok(meta) = fs::metadata(&path) {
+        let cannot = |e: &std::io::Error| os_error(py, e, None, Some(&path));
+        let file = fs::File::open(&path).map_err(|e| cannot(&e))?;
+        let key = ri2n::Key::read_from(&file).map_err(|e| match e {
+            ri2n::KeyReadError::Io(e) => cannot(&e),
+            e => PyValueError::new_err(format!("{}: {e}", path.display())),
+        })?;
+        if let Ok(meta) = file.metadata() {
             let mode = meta.permissions().mode() & 0o777;
             if mode & 0o077 != 0 {
                 let message = format!(

@@ -49,6 +49,11 @@ def test_bad_key_files(tmp_path) -> None:
     os.chmod(bad, 0o600)
     with pytest.raises(ValueError, match="bad.key"):
         ri2n.Key.from_file(bad)
+    # an endless file: refused after the most a key file holds, not read until memory ran out
+    with pytest.raises(ValueError, match="/dev/zero: not a ri2n key"):
+        ri2n.Key.from_file("/dev/zero")
+    with pytest.raises(IsADirectoryError):
+        ri2n.Key.from_file(tmp_path)
     with pytest.raises(ValueError):
         ri2n.Key.from_text("ri2n-key-v1:1234")
     with pytest.raises(FileNotFoundError):

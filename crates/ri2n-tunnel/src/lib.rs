@@ -480,9 +480,15 @@ fn same_key(path: &Path, in_use: &Key) -> Result<(), String> {
     if !meta.is_file() {
         return Ok(());
     }
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read the key file {}: {e}", path.display()))?;
-    let key = Key::from_text(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let key = std::fs::File::open(path)
+        .map_err(ri2n::KeyReadError::Io)
+        .and_then(Key::read_from)
+        .map_err(|e| match e {
+            ri2n::KeyReadError::Io(e) => {
+                format!("cannot read the key file {}: {e}", path.display())
+            }
+            e => format!("{}: {e}", path.display()),
+        })?;
     if key != *in_use {
         return Err(format!(
             "the key in {} changed: restart the daemon for that",

@@ -57,9 +57,9 @@ pub use impair::Impairment;
 pub use ri2n_proto::{
     datagram_capacity, Cipher, ConnectError, ConnectionConfig, ConnectionError, ConnectionState,
     ConnectionStats, DropCounts, DropReason, EndpointConfig, Event, Key, KeyError, KeyMismatch,
-    LinkId, LinkState, LinkStats, LinkThreads, ReadError, RefusalReason, RefusedHandshake,
-    SendThreads, Shard, Striping, Transport, WriteError, MAX_DATAGRAM_LEN, MAX_LINKS, MAX_SHARDS,
-    SHARDS_LIMIT,
+    KeyReadError, LinkId, LinkState, LinkStats, LinkThreads, ReadError, RefusalReason,
+    RefusedHandshake, SendThreads, Shard, Striping, Transport, WriteError, KEY_FILE_MAX,
+    MAX_DATAGRAM_LEN, MAX_LINKS, MAX_SHARDS, SHARDS_LIMIT,
 };
 
 use shards::Shards;

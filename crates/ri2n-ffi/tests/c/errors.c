@@ -282,6 +282,9 @@ int main(int argc, char **argv) {
     CHECK_NULL_WITH(ri2n_endpoint_client(local1, 1, junk_key), EINVAL);
     CHECK(strstr(ri2n_last_error(), junk_key) != NULL);
     CHECK_NULL_WITH(ri2n_endpoint_client(local1, 1, missing_key), ENOENT);
+    /* an endless file: refused after the most a key file holds, not read until memory ran out */
+    CHECK_NULL_WITH(ri2n_endpoint_client(local1, 1, "/dev/zero"), EINVAL);
+    CHECK(strstr(ri2n_last_error(), "/dev/zero") != NULL);
     printf("bad arguments: EINVAL, a missing key file: ENOENT\n");
 
     ri2n_endpoint *client = ri2n_endpoint_client(local1, 1, NULL);

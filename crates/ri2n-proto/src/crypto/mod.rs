@@ -10,6 +10,7 @@
 //! long before the AEAD's limits; old keys are wiped.
 
 use std::fmt;
+use std::io::Read;
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -70,6 +71,10 @@ pub const REKEY_AFTER_TIME: Duration = Duration::from_secs(120);
 /// integrity limit (RFC 9001 §6.6), the lowest of the ciphers'.
 pub const MAX_AUTH_FAILURES: u64 = 1 << 36;
 
+/// The most a key file may hold: its one line, with room for white space around it. A larger
+/// file (a wrong path, `/dev/zero`) is not read to its end.
+pub const KEY_FILE_MAX: usize = 1024;
+
 /// The key a cluster shares. Its bytes are wiped from memory when it is dropped.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Key(Zeroizing<[u8; KEY_LEN]>);
@@ -90,6 +95,18 @@ pub enum KeyError {
     /// The operating system gave no random numbers.
     #[error("the system's random number generator failed")]
     Random,
+}
+
+/// Why a key file could not be read ([`Key::read_from`]).
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum KeyReadError {
+    /// Reading failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// What was read is not a key (or is more than [`KEY_FILE_MAX`] bytes).
+    #[error(transparent)]
+    Key(#[from] KeyError),
 }
 
 impl Key {
@@ -123,6 +140,27 @@ impl Key {
             bytes[i] = (digit(pair[0])? * 16 + digit(pair[1])?) as u8;
         }
         Ok(Key(bytes))
+    }
+
+    /// Reads a key file's content from `reader` into memory that is wiped afterwards, unlike a
+    /// `String` from `read_to_string`, which leaves copies of the key behind as it grows and
+    /// when it is dropped. At most [`KEY_FILE_MAX`] bytes are read: more is no key file.
+    pub fn read_from(mut reader: impl Read) -> Result<Key, KeyReadError> {
+        let mut buf = Zeroizing::new([0u8; KEY_FILE_MAX + 1]);
+        let mut len = 0;
+        loop {
+            if len == buf.len() {
+                return Err(KeyError::Malformed.into());
+            }
+            match reader.read(&mut buf[len..]) {
+                Ok(0) => break,
+                Ok(n) => len += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let text = std::str::from_utf8(&buf[..len]).map_err(|_| KeyError::Malformed)?;
+        Ok(Key::from_text(text)?)
     }
 
     /// The text form: one line (without the newline), `ri2n-key-v1:` and 64 hex digits. It
@@ -946,6 +984,42 @@ mod tests {
         assert!(
             room > line.len() - 1 && line.as_ptr() == at,
             "the line moved"
+        );
+    }
+
+    /// A key file is read whole up to its limit; beyond it, or not text, it is no key, and
+    /// a reader's failure is told apart from a bad key.
+    #[test]
+    fn a_key_file_is_read_within_its_limit() {
+        let k = Key::generate().unwrap();
+        let line = format!("{}\n", *k.to_text());
+        assert_eq!(Key::read_from(line.as_bytes()).unwrap(), k);
+        // white space up to the limit is still a key file
+        let padded = format!("{line}{}", " ".repeat(KEY_FILE_MAX - line.len()));
+        assert_eq!(Key::read_from(padded.as_bytes()).unwrap(), k);
+        let over = format!("{padded} ");
+        let endless = std::io::repeat(0);
+        for bad in [Key::read_from(over.as_bytes()), Key::read_from(endless)] {
+            assert!(
+                matches!(bad, Err(KeyReadError::Key(KeyError::Malformed))),
+                "{bad:?}"
+            );
+        }
+        let not_text = [0xffu8; 80];
+        assert!(matches!(
+            Key::read_from(&not_text[..]),
+            Err(KeyReadError::Key(KeyError::Malformed))
+        ));
+        struct Failing;
+        impl Read for Failing {
+            fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+                Err(std::io::ErrorKind::PermissionDenied.into())
+            }
+        }
+        let failed = Key::read_from(Failing);
+        assert!(
+            matches!(&failed, Err(KeyReadError::Io(e)) if e.kind() == std::io::ErrorKind::PermissionDenied),
+            "{failed:?}"
         );
     }
 
