@@ -327,3 +327,63 @@ def test_writing_resumes_at_the_low_mark_not_only_when_empty() -> None:
         loop.close()
         for fd in conn.fds:
             os.close(fd)
+
+
+def test_a_write_that_finds_the_connection_ended_returns_before_connection_lost() -> None:
+    """A write (or an abort) that ends the connection returns before the protocol's
+    ``connection_lost`` runs, on the loop's next turn, as asyncio's transports do: a protocol
+    that drops its transport there, and writes twice in a row, used to fail on the second
+    write with AttributeError. A stand-in connection whose peer is gone."""
+
+    class Conn:
+        closed = False
+
+        def __init__(self) -> None:
+            self.fds = os.pipe()
+
+        def read_fileno(self) -> int:
+            return self.fds[0]
+
+        def write_fileno(self) -> int:
+            return self.fds[0]
+
+        def try_recv(self, n: int) -> bytes:
+            raise BlockingIOError
+
+        def try_send(self, data: bytearray) -> int:
+            raise ri2n.PeerGone("peer gone")
+
+        def close(self) -> None:
+            self.closed = True
+
+    class Protocol(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.transport = None
+            self.lost: list = []
+
+        def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
+            self.transport = transport
+
+        def connection_lost(self, exc) -> None:  # type: ignore[no-untyped-def]
+            self.lost.append(exc)
+            self.transport = None
+
+        def answer(self) -> None:
+            self.transport.write(b"one")  # type: ignore[union-attr]
+            self.transport.write(b"two")  # type: ignore[union-attr]
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        conn, protocol = Conn(), Protocol()
+        ri2n.aio.Transport(loop, conn, protocol)  # type: ignore[arg-type]
+        try:
+            protocol.answer()
+            assert protocol.lost == [], "connection_lost ran inside write()"
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            assert len(protocol.lost) == 1 and isinstance(protocol.lost[0], ri2n.PeerGone)
+        finally:
+            for fd in conn.fds:
+                os.close(fd)
+
+    asyncio.run(main())

@@ -286,7 +286,12 @@ class Transport(asyncio.Transport):
             self._loop.run_in_executor(None, self._conn.close)
         except RuntimeError:  # the loop's executor is shut down: the loop is ending anyway
             self._conn.close()
-        self._protocol.connection_lost(exc)
+        # on the loop's next turn, as asyncio's own transports do: a protocol's call that
+        # ended the connection (a write, an abort) returns before the protocol hears of it
+        try:
+            self._loop.call_soon(self._protocol.connection_lost, exc)
+        except RuntimeError:  # the loop is closed: nothing else will run on it
+            self._protocol.connection_lost(exc)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "closing" if self._closing else "open"
