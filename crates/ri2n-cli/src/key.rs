@@ -4,7 +4,7 @@
 use std::fs;
 use std::io::{self, Write};
 use std::net::SocketAddr;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -36,40 +36,15 @@ pub fn keygen(args: &KeygenArgs) -> Result<(), Failure> {
                 Failure::io(format!("cannot create the directory {}", dir.display()), &e)
             })?;
     }
-    // a key file that exists is kept unless --force says to replace it
+    // a key file that exists is kept unless --force says to replace it (said before a key
+    // is written beside it)
     if !args.force && fs::symlink_metadata(path).is_ok() {
         return Err(exists(path));
     }
-    // --force on a link to the key replaces the key the link points to, not the link
-    let target = match fs::canonicalize(path) {
-        Ok(real) if args.force => real,
-        _ => path.clone(),
-    };
-    // the key is written in full to a file of its own beside the target, then put in place
-    // in one step: a write that fails (disk full, a file size limit) leaves the old key as it
-    // was, or no file at all, never an empty or half-written key on every later start
-    let temp = write_beside(&target, line.as_bytes())?;
-    let placed = if args.force {
-        fs::rename(&temp, &target)
-    } else {
-        // a hard link is made only where no file is: a file that appeared meanwhile is kept
-        fs::hard_link(&temp, &target)
-    };
-    let _ = fs::remove_file(&temp);
-    placed.map_err(|e| {
-        if e.kind() == io::ErrorKind::AlreadyExists {
-            exists(path)
-        } else {
-            Failure::io(format!("cannot create {}", path.display()), &e)
-        }
-    })?;
-    // the new name is on disk only once its directory is
-    if let Some(dir) = target.parent().filter(|d| !d.as_os_str().is_empty()) {
-        fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| Failure::io(format!("syncing {}", dir.display()), &e))?;
-    }
-    Ok(())
+    ri2n::write_key_file(&key, path, args.force).map_err(|e| match e.kind() {
+        io::ErrorKind::AlreadyExists => exists(path),
+        _ => Failure::io(format!("cannot write the key file {}", path.display()), &e),
+    })
 }
 
 fn exists(path: &Path) -> Failure {
@@ -81,27 +56,6 @@ fn exists(path: &Path) -> Failure {
             path.display()
         ),
     )
-}
-
-/// Writes `data` to a new private file beside `target` (same directory, so that it can be
-/// renamed or linked to `target`) and returns its name; removes it again if the write fails.
-fn write_beside(target: &Path, data: &[u8]) -> Result<std::path::PathBuf, Failure> {
-    let name = target.file_name().unwrap_or_default().to_string_lossy();
-    let temp = target.with_file_name(format!(".{name}.{}.new", std::process::id()));
-    // created with mode 0600 (the umask can only narrow it): never readable by others, not
-    // even for a moment
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&temp)
-        .map_err(|e| Failure::io(format!("cannot create {}", temp.display()), &e))?;
-    let written = file.write_all(data).and_then(|()| file.sync_all());
-    if let Err(e) = written {
-        let _ = fs::remove_file(&temp);
-        return Err(Failure::io(format!("writing {}", target.display()), &e));
-    }
-    Ok(temp)
 }
 
 /// The key `--key` (or `RI2N_KEY_FILE`) names, if any.

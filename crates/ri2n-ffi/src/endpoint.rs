@@ -4,10 +4,8 @@
 
 use std::ffi::{c_char, c_int};
 use std::fs;
-use std::io::Write;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::time::Duration;
 
 use ri2n::{ConnectionConfig, Endpoint, EndpointConfig, Key, KeyReadError, Transport};
@@ -401,22 +399,10 @@ pub unsafe extern "C" fn ri2n_key_generate(path: *const c_char) -> c_int {
         // SAFETY: passed on from the caller
         let path = unsafe { text(path, "path") }?;
         let key = Key::generate().map_err(|e| Failure::new(libc::EIO, e.to_string()))?;
-        let mut line = key.to_text();
-        line.push('\n');
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(|e| Failure::from(e).context(format_args!("cannot create {path}")))?;
-        file.write_all(line.as_bytes())
-            .and_then(|()| file.sync_all())
-            .map_err(|e| {
-                // a file holding part of a key (a full disk) would refuse the next try
-                // (EEXIST) and every endpoint given it (EINVAL): it goes
-                let _ = fs::remove_file(path);
-                Failure::from(e).context(format_args!("writing {path}"))
-            })
+        // written whole or not at all: a file holding part of a key (a full disk) would
+        // refuse the next try (EEXIST) and every endpoint given it (EINVAL)
+        ri2n::write_key_file(&key, std::path::Path::new(path), false)
+            .map_err(|e| Failure::from(e).context(format_args!("cannot write the key file {path}")))
     })
 }
 

@@ -2,9 +2,8 @@
 //! `ri2n-key-v1:` and 64 hex digits) in a file of mode 0600.
 
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
 
 use pyo3::exceptions::{PyOSError, PyUserWarning, PyValueError};
 use pyo3::prelude::*;
@@ -78,10 +77,13 @@ impl PyKey {
 
     /// Writes the key to a new file of mode 0600 in the text form of ``ri2n keygen``. An
     /// existing file is replaced only with ``overwrite=True`` (``FileExistsError`` otherwise):
-    /// every host of a cluster holds that key.
+    /// every host of a cluster holds that key. The key is written whole beside ``path`` and
+    /// then put in place: a write that fails (a full disk) raises ``OSError`` and leaves the
+    /// old key, or no file.
     #[pyo3(signature = (path, *, overwrite = false))]
     fn save(&self, py: Python<'_>, path: PathBuf, overwrite: bool) -> PyResult<()> {
-        write_key(&self.key, &path, overwrite).map_err(|e| os_error(py, &e, None, Some(&path)))
+        py.detach(|| ri2n::write_key_file(&self.key, &path, overwrite))
+            .map_err(|e| os_error(py, &e, None, Some(&path)))
     }
 
     /// The text form: ``ri2n-key-v1:`` and 64 hex digits (the secret itself: keep it so).
@@ -105,23 +107,4 @@ impl PyKey {
             None => "<ri2n.Key>".to_owned(),
         }
     }
-}
-
-/// Writes `key` as `ri2n keygen` does: created with mode 0600 (the umask can only narrow it),
-/// so it is never readable by others, not even for a moment.
-fn write_key(key: &ri2n::Key, path: &Path, overwrite: bool) -> std::io::Result<()> {
-    let mut options = fs::OpenOptions::new();
-    options.write(true).mode(0o600);
-    if overwrite {
-        options.create(true).truncate(true);
-    } else {
-        options.create_new(true);
-    }
-    let mut file = options.open(path)?;
-    // a replaced file keeps its old mode: make sure it is private too
-    file.set_permissions(fs::Permissions::from_mode(0o600))?;
-    let mut line = key.to_text();
-    line.push('\n');
-    file.write_all(line.as_bytes())?;
-    file.sync_all()
 }

@@ -3,6 +3,8 @@
 import os
 import re
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -37,6 +39,30 @@ def test_save_refuses_to_overwrite(tmp_path) -> None:
     second.save(path, overwrite=True)
     assert ri2n.Key.from_file(path) == second
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, "a replaced file is made private"
+
+
+def test_a_save_that_fails_keeps_the_old_key(tmp_path) -> None:
+    """A key that cannot be written whole (a file size limit, as a full disk would) raises
+    and leaves the old key as it was, and no other file; before, ``overwrite=True`` emptied
+    the old key first. In a child process: the limit is the whole process's."""
+    path = tmp_path / "cluster.key"
+    old = ri2n.Key.generate()
+    old.save(path)
+    child = f"""
+import errno, resource, signal, ri2n
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (10, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    ri2n.Key.generate().save({str(path)!r}, overwrite=True)
+except OSError as e:
+    assert e.errno == errno.EFBIG, e
+else:
+    raise SystemExit("the premise: the write did not fail")
+"""
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert ri2n.Key.from_file(path) == old
+    assert os.listdir(tmp_path) == ["cluster.key"]
 
 
 def test_bad_key_files(tmp_path) -> None:

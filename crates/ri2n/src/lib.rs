@@ -31,6 +31,7 @@ mod carrier;
 mod connection;
 mod driver;
 mod impair;
+mod key_file;
 #[cfg(test)]
 mod netns_test;
 mod open_ahead;
@@ -54,6 +55,7 @@ use std::time::{Duration, Instant};
 pub use bytes::Bytes;
 pub use connection::{Connection, TimedEvent};
 pub use impair::Impairment;
+pub use key_file::write_key_file;
 pub use ri2n_proto::{
     datagram_capacity, Cipher, ConnectError, ConnectionConfig, ConnectionError, ConnectionState,
     ConnectionStats, DropCounts, DropReason, EndpointConfig, Event, Key, KeyError, KeyMismatch,
