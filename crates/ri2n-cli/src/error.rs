@@ -156,10 +156,28 @@ impl Failure {
             ri2n::Error::Connection(e) => {
                 Self::new(CONNECT, format!("connecting to {} failed: {e}", list(to)))
             }
+            // the TCP transport's connect: the host has no way to the peer (no route, an
+            // interface down, a firewall's "administratively prohibited"), as a connect that
+            // gets no answer is a failure to connect
+            ri2n::Error::Io(e) if unreachable(&e) => Self::new(
+                CONNECT,
+                format!(
+                    "cannot reach {}: {e} (is the address right, and a network to it up?)",
+                    list(to)
+                ),
+            ),
             ri2n::Error::Io(e) => Self::new(GENERIC, e.to_string()),
             other => Self::new(GENERIC, other.to_string()),
         }
     }
+}
+
+/// Whether a connect failed because this host has no way to the peer.
+fn unreachable(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENETUNREACH | libc::EHOSTUNREACH | libc::ENETDOWN | libc::EHOSTDOWN)
+    )
 }
 
 /// `a, b, c`

@@ -867,3 +867,39 @@ fn recv_into_a_fifo_nobody_reads_yet_honours_the_accept_timeout() {
     assert!(r.success(), "recv: {}", stderr_of(&ro));
     assert_eq!((got, len), (sent, 8 << 20), "the reader got every byte");
 }
+
+/// A TCP-transport connect that finds no route to the peer (in a network namespace of its
+/// own, which has none) fails at once as a connect that gets no answer does: exit 3, naming
+/// the address. Before: exit 1 and the bare "Network is unreachable (os error 101)".
+#[test]
+fn a_tcp_connect_with_no_route_is_a_failure_to_connect() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(std::env::var_os("CI").is_none(), "needs root (unshare -n)");
+        eprintln!("skipped: needs root (unshare -n)");
+        return;
+    }
+    let input = TempFile::new("no-route");
+    std::fs::write(input.path(), b"hello").unwrap();
+    // loopback up: the only network there, with no route to 10.1.1.1
+    let o = Command::new("unshare")
+        .args(["-n", "sh", "-c", r#"ip link set lo up && exec "$@""#, "sh"])
+        .arg(bin())
+        .args([
+            "send",
+            "--transport",
+            "tcp",
+            "--to",
+            "10.1.1.1:7000",
+            "--input",
+        ])
+        .arg(input.path())
+        .output()
+        .unwrap();
+    let err = stderr_of(&o);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("cannot reach 10.1.1.1:7000: Network is unreachable"),
+        "{err}"
+    );
+}
