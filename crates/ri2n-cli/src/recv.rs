@@ -66,6 +66,13 @@ impl Output {
         partial.push(".partial");
         let partial = PathBuf::from(partial);
         let f = create_partial(&partial)?;
+        // a file this one replaces keeps its permissions, as `cp` keeps them, and what
+        // arrives is no more readable meanwhile: a private file comes back private
+        if let Some(old) = std::fs::metadata(&path).ok().filter(|m| m.is_file()) {
+            f.set_permissions(old.permissions()).map_err(|e| {
+                Failure::io(format!("cannot set the mode of {}", partial.display()), &e)
+            })?;
+        }
         Ok(Output::File {
             w: BufWriter::with_capacity(OUT_BUFFER, f),
             partial,
@@ -204,9 +211,15 @@ impl Output {
                 let f = w.into_inner().map_err(|e| e.into_error())?;
                 f.sync_all()?;
                 std::fs::rename(&partial, &path)?;
-                // the new name is on disk only once its directory is
+                // the new name is on disk only once its directory is; one this process may
+                // write but not read (a drop box) cannot be opened to sync, and the file has
+                // its name all the same
                 let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-                File::open(dir.unwrap_or(Path::new("."))).and_then(|d| d.sync_all())
+                match File::open(dir.unwrap_or(Path::new("."))) {
+                    Ok(dir) => dir.sync_all(),
+                    Err(e) if e.kind() == io::ErrorKind::PermissionDenied => Ok(()),
+                    Err(e) => Err(e),
+                }
             }
             Output::Device(w, _) => w.into_inner().map(drop).map_err(|e| e.into_error()),
             Output::Fifo(_) => Ok(()),

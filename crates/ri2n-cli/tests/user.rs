@@ -903,3 +903,79 @@ fn a_tcp_connect_with_no_route_is_a_failure_to_connect() {
         "{err}"
     );
 }
+
+/// A FILE that exists keeps its permissions when a transfer replaces it, as `cp` keeps them,
+/// and `FILE.partial` has them from the start. Before, a private file (0600) came back 0644,
+/// readable by every local user, and so was what arrived meanwhile.
+#[test]
+fn a_replaced_output_keeps_its_permissions() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let output = TempFile::new("kept-mode");
+    std::fs::write(output.path(), b"the old content").unwrap();
+    std::fs::set_permissions(output.path(), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let input = TempFile::new("kept-mode-in");
+    let sent = write_random(input.path(), 1 << 20, 5);
+    let port = free_port();
+    let (recv, to) = spawn_recv(port, output.path(), &[]);
+    wait_udp_bound(port, Duration::from_secs(10));
+    assert_eq!(
+        mode(&output.partial()),
+        0o600,
+        "FILE.partial while it waits"
+    );
+    let (s, o) = send_file(&to, input.path(), &[]);
+    assert!(s.success(), "send: {}", stderr_of(&o));
+    let (s, o) = recv.wait(Duration::from_secs(20));
+    assert!(s.success(), "recv: {}", stderr_of(&o));
+    assert_eq!(sha256_file(output.path()), (sent, 1 << 20));
+    assert_eq!(mode(output.path()), 0o600);
+}
+
+/// An output directory this user may write but not read (a drop box, mode 0300): the file
+/// arrives under its name, and both ends exit 0. Before, syncing the directory after the
+/// rename failed: `recv` exited 1 saying it could not complete `FILE.partial` (already
+/// renamed) and the sender 4, though FILE was whole. As another user than root (which reads
+/// every directory): nobody (65534), through `setpriv`.
+#[test]
+fn a_drop_box_directory_takes_the_file() {
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(std::env::var_os("CI").is_none(), "needs root (setpriv)");
+        eprintln!("skipped: needs root (setpriv to another user)");
+        return;
+    }
+    let dir = TempFile::new("drop-box");
+    std::fs::create_dir(dir.path()).unwrap();
+    let input = TempFile::new("drop-box-in");
+    let sent = write_random(input.path(), 1 << 20, 6);
+    std::fs::set_permissions(input.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let nobody = 65534;
+    std::os::unix::fs::chown(dir.path(), Some(nobody), Some(nobody)).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o300)).unwrap();
+    let file = dir.path().join("file");
+    // a copy nobody may run: the checkout's directories may be root's alone
+    let program = TempFile::new("ri2n-for-nobody");
+    std::fs::copy(bin(), program.path()).unwrap();
+    std::fs::set_permissions(program.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let recv = Proc::spawn(
+        "ri2n recv",
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(program.path())
+            .args(["recv", "--listen", &listen, "--output"])
+            .arg(&file)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    wait_udp_bound(port, Duration::from_secs(10));
+    let (s, o) = send_file(&listen, input.path(), &[]);
+    let (rs, ro) = recv.wait(Duration::from_secs(20));
+    assert!(rs.success(), "recv: {}", stderr_of(&ro));
+    assert!(s.success(), "send: {}", stderr_of(&o));
+    assert_eq!(sha256_file(&file), (sent, 1 << 20));
+    std::fs::remove_dir_all(dir.path()).unwrap();
+}
