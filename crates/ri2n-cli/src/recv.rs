@@ -230,15 +230,22 @@ impl Output {
 
 /// The name `path`'s chain of symbolic links ends at, whether a file has that name or not
 /// (`path` itself when it is no link). Relative targets are taken from the link's directory.
+/// A link is followed only where the kernel's `protected_symlinks` rule lets a lookup follow
+/// it: this walk reads the links itself, and the kernel's check would not run. So a link
+/// another user put in `/tmp` cannot point a receiver, root's too, at a file of their
+/// choice.
 fn link_target(path: &Path) -> io::Result<PathBuf> {
     // the kernel's own limit on links followed in one lookup
     const MAX_HOPS: usize = 40;
     let mut at = path.to_path_buf();
     for _ in 0..MAX_HOPS {
-        let is_link = std::fs::symlink_metadata(&at).is_ok_and(|m| m.is_symlink());
-        if !is_link {
+        let Some(link) = std::fs::symlink_metadata(&at)
+            .ok()
+            .filter(|m| m.is_symlink())
+        else {
             return Ok(at);
-        }
+        };
+        refuse_foreign_link(&at, &link)?;
         let target = std::fs::read_link(&at)?;
         at = match at.parent() {
             Some(dir) if target.is_relative() => dir.join(target),
@@ -246,6 +253,25 @@ fn link_target(path: &Path) -> io::Result<PathBuf> {
         };
     }
     Err(io::Error::from_raw_os_error(libc::ELOOP))
+}
+
+/// The `protected_symlinks` rule (see `proc_sys_fs(5)`): a link in a sticky directory
+/// others can write is followed only by its owner, or when the directory's owner owns it.
+fn refuse_foreign_link(at: &Path, link: &std::fs::Metadata) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = at.parent().filter(|d| !d.as_os_str().is_empty());
+    let dir = std::fs::metadata(dir.unwrap_or(Path::new(".")))?;
+    let shared = dir.mode() & (libc::S_ISVTX | libc::S_IWOTH) == (libc::S_ISVTX | libc::S_IWOTH);
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if shared && link.uid() != me && link.uid() != dir.uid() {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "a symbolic link another user owns, in a directory others can write: not \
+             writing through it; remove it, or give another --output",
+        ));
+    }
+    Ok(())
 }
 
 /// Creates `partial` for writing, or takes a file left there by an earlier run (emptied once

@@ -979,3 +979,52 @@ fn a_drop_box_directory_takes_the_file() {
     assert_eq!(sha256_file(&file), (sent, 1 << 20));
     std::fs::remove_dir_all(dir.path()).unwrap();
 }
+
+/// A FILE that is a symbolic link another user made in a sticky directory others can write
+/// (`/tmp`) is not followed, as the kernel's `protected_symlinks` rule would not let an open
+/// follow it: exit 1, saying why, and the file it points at left as it was. Before, `recv`
+/// (root's too) read the link itself, and wrote the transfer into that file. As root: the
+/// link is given to nobody (65534).
+#[test]
+fn recv_does_not_follow_another_user_s_link_in_a_shared_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(std::env::var_os("CI").is_none(), "needs root (lchown)");
+        eprintln!("skipped: needs root (a link owned by another user)");
+        return;
+    }
+    let shared = TempFile::new("shared-dir");
+    std::fs::create_dir(shared.path()).unwrap();
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let victim = TempFile::new("link-victim");
+    std::fs::write(victim.path(), b"not the receiver's").unwrap();
+    let link = shared.path().join("backup.tar");
+    std::os::unix::fs::symlink(victim.path(), &link).unwrap();
+    std::os::unix::fs::lchown(&link, Some(65534), Some(65534)).unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let (s, o) = ri2n(
+        [
+            "recv",
+            "--listen",
+            &listen,
+            "--output",
+            link.to_str().unwrap(),
+        ],
+        Duration::from_secs(10),
+    );
+    let err = stderr_of(&o);
+    assert_eq!(s.code(), Some(1), "exit code; stderr: {err}");
+    assert!(
+        err.contains("a symbolic link another user owns"),
+        "says why: {err}"
+    );
+    assert_eq!(std::fs::read(victim.path()).unwrap(), b"not the receiver's");
+    let mut partial = victim.path().as_os_str().to_owned();
+    partial.push(".partial");
+    assert!(
+        !Path::new(&partial).exists(),
+        "nothing made beside the victim"
+    );
+    std::fs::remove_dir_all(shared.path()).unwrap();
+}
