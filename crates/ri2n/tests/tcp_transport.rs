@@ -1343,6 +1343,86 @@ fn a_further_link_turned_away_is_warned_of_once() {
     assert_delivered(&conn, receiver, "over the first link");
 }
 
+/// A further link whose hellos a server turns away (it holds a key where the connection has
+/// none) is dialled again after a pause that doubles with each refusal: over 2 s a handful of
+/// dials, each a TCP handshake and a hello, where before one followed every probe interval
+/// (some 50 a second, for as long as the connection lasted). A forwarder in front of that
+/// server counts them; the first link carries the data meanwhile.
+#[test]
+fn a_link_turned_away_is_dialled_at_a_slowing_pace() {
+    let server = Endpoint::bind(
+        EndpointConfig::new(addrs(&["127.0.0.1:0"]))
+            .with_transport(Transport::Tcp)
+            .server(),
+    )
+    .unwrap();
+    let first = server.local_addrs()[0];
+    let other = Endpoint::bind(
+        EndpointConfig::new(addrs(&["127.0.0.2:0"]))
+            .with_transport(Transport::Tcp)
+            .with_key(Some(Key::generate().unwrap()))
+            .server(),
+    )
+    .unwrap();
+    let (second, dials) = counting_forwarder(other.local_addrs()[0], Duration::from_secs(10));
+    let client = Endpoint::bind(
+        EndpointConfig::new(addrs(&["127.0.0.1:0", "127.0.0.2:0"])).with_transport(Transport::Tcp),
+    )
+    .unwrap();
+    let receiver = read_first_accepted(server);
+    let config = ConnectionConfig::default();
+    let conn = client.connect(&[first, second], config.clone()).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let dialled = dials.load(std::sync::atomic::Ordering::Relaxed);
+    let links = conn.stats().links;
+    assert!(
+        links.len() == 2 && links[1].remote == second && links[1].state != LinkState::Up,
+        "{links:?}"
+    );
+    // the premise: it was turned away again and again; the doubling pauses from two probe
+    // intervals on leave room for 7 dials in 2 s
+    assert!((3..=10).contains(&dialled), "{dialled} dials in 2 s");
+    assert_delivered(&conn, receiver, "over the first link");
+}
+
+/// Listens on a new port of 127.0.0.2 and passes each TCP connection on to `to`, both ways,
+/// for `lasting`; returns its address and how many connections it took.
+fn counting_forwarder(
+    to: SocketAddr,
+    lasting: Duration,
+) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.2:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let at = listener.local_addr().unwrap();
+    let taken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = taken.clone();
+    std::thread::spawn(move || {
+        let end = Instant::now() + lasting;
+        while Instant::now() < end {
+            let Ok((client, _)) = listener.accept() else {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            };
+            count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            client.set_nonblocking(false).unwrap();
+            let Ok(server) = TcpStream::connect(to) else {
+                continue;
+            };
+            for (mut from, mut into) in [
+                (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                (server, client),
+            ] {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut into);
+                    let _ = into.shutdown(Shutdown::Both);
+                });
+            }
+        }
+    });
+    (at, taken)
+}
+
 /// Passes one TCP connection from a client on to `to`, both ways, and keeps what the client
 /// sent (a recording, as anyone on the path can make one). Returns the address to connect
 /// to and the recording.

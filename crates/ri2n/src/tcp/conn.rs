@@ -136,6 +136,8 @@ pub(crate) struct Link {
     /// Why the server last turned the link's hello away (another server at its address, or
     /// this one full): warned of once per reason, not at each dial.
     pub turned_away: Option<String>,
+    /// Hellos turned away in a row: the next dial waits the longer (see `dial`).
+    pub turned_away_times: u32,
     pub next_dial: Instant,
     pub srtt: Duration,
     pub min_rtt: Duration,
@@ -181,6 +183,7 @@ impl Link {
             dialing: false,
             refused_since: None,
             turned_away: None,
+            turned_away_times: 0,
             next_dial: now,
             srtt: Duration::ZERO,
             min_rtt: Duration::ZERO,

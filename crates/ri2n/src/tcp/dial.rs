@@ -32,6 +32,8 @@ const HELLO_AT_LEAST: Duration = Duration::from_millis(50);
 /// Round trips of the path (the new TCP connection's own measure) that the hello exchange
 /// may take.
 const HELLO_ROUND_TRIPS: u32 = 4;
+/// The longest pause before dialling again a link whose hellos are turned away.
+const TURNED_AWAY_PAUSE_MAX: Duration = Duration::from_secs(5);
 
 /// Opens the TCP connection of a client's link `l` (racing attempts until one opens or the
 /// connection ends) and says hello on it; the watch thread starts another dialer if the
@@ -63,6 +65,7 @@ pub(super) fn dial(conn: &Arc<TcpConnection>, l: usize, local: SocketAddr, remot
     match res {
         Ok(x) if x.reply.status == HelloStatus::Accepted => {
             st.links[l].refused_since = None;
+            st.links[l].turned_away_times = 0;
             if st.links[l].turned_away.take().is_some() {
                 tracing::info!(link = l, %remote, "the server takes the link now");
             }
@@ -91,6 +94,13 @@ pub(super) fn dial(conn: &Arc<TcpConnection>, l: usize, local: SocketAddr, remot
                 tracing::warn!(link = l, %remote, "the server turned the link away: {}", why.as_deref().unwrap_or_default());
                 st.links[l].turned_away = why;
             }
+            // a server that says no does not say yes a probe interval later: each dial,
+            // a TCP handshake and a hello (and with a key, a key exchange), waits twice as
+            // long as the last
+            let link = &mut st.links[l];
+            link.turned_away_times = link.turned_away_times.saturating_add(1);
+            link.next_dial = Instant::now()
+                + turned_away_pause(link.turned_away_times, conn.settings.probe_interval);
         }
         Err(e) => note_failure(&mut st.links[l], &e, started),
     }
@@ -216,6 +226,12 @@ fn patience(k: u32, pace: Duration) -> Duration {
     (pace * (1 << doublings)).min(LONGEST_ATTEMPT)
 }
 
+/// How long a link whose hello was turned away `times` times in a row waits before its next
+/// dial: two probe intervals, doubling with each refusal, up to [`TURNED_AWAY_PAUSE_MAX`].
+fn turned_away_pause(times: u32, probe_interval: Duration) -> Duration {
+    (probe_interval.saturating_mul(1 << times.min(20))).min(TURNED_AWAY_PAUSE_MAX)
+}
+
 /// How long the hello exchange on a new TCP connection may take, given the round trip that
 /// connection measured while it opened: five probe intervals on a LAN, a few round trips on
 /// a long path.
@@ -239,6 +255,16 @@ mod tests {
 
     const fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_link_turned_away_waits_twice_as_long_each_time() {
+        let waits: Vec<Duration> = (1..=9).map(|k| turned_away_pause(k, ms(20))).collect();
+        assert_eq!(
+            waits,
+            [40, 80, 160, 320, 640, 1280, 2560, 5000, 5000].map(ms)
+        );
+        assert_eq!(turned_away_pause(u32::MAX, ms(20)), TURNED_AWAY_PAUSE_MAX);
     }
 
     #[test]
