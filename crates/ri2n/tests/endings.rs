@@ -171,36 +171,48 @@ fn close_reports_data_never_acknowledged() {
 /// connections are on.
 #[test]
 fn a_server_at_its_connection_limit_refuses_at_once() {
-    let server = Endpoint::bind(
-        EndpointConfig::new(vec![loopback("127.0.0.1")])
-            .server()
-            .with_max_connections_per_address(2)
-            .with_shards(Some(4)),
-    )
-    .unwrap();
-    let to = server.local_addrs()[0];
-    let client = Endpoint::client(&[loopback("127.0.0.1")]).unwrap();
-    let first = client.connect(&[to], ConnectionConfig::default()).unwrap();
-    let _second = client.connect(&[to], ConnectionConfig::default()).unwrap();
-    let start = Instant::now();
-    let third = client.connect(&[to], ConnectionConfig::default());
-    let took = start.elapsed();
-    match third {
-        Err(Error::Connection(ConnectionError::ServerFull)) => {}
-        other => panic!("expected ServerFull, got {other:?}"),
-    }
-    assert!(took < Duration::from_secs(2), "refused after {took:?}");
-    println!("third connection refused after {took:?}");
-    first.abort(0, "done");
-    drop(first);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match client.connect(&[to], ConnectionConfig::default()) {
-            Ok(_) => break,
-            Err(Error::Connection(ConnectionError::ServerFull)) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(50));
+    // over TCP too: before, the TCP transport never looked at the per-address limit
+    for transport in [Transport::Udp, Transport::Tcp] {
+        let server = Endpoint::bind(
+            EndpointConfig::new(vec![loopback("127.0.0.1")])
+                .with_transport(transport)
+                .server()
+                .with_max_connections_per_address(2)
+                .with_shards(Some(4)),
+        )
+        .unwrap();
+        let to = server.local_addrs()[0];
+        let client = Endpoint::bind(
+            EndpointConfig::new(vec![loopback("127.0.0.1")]).with_transport(transport),
+        )
+        .unwrap();
+        let first = client.connect(&[to], ConnectionConfig::default()).unwrap();
+        let _second = client.connect(&[to], ConnectionConfig::default()).unwrap();
+        let start = Instant::now();
+        let third = client.connect(&[to], ConnectionConfig::default());
+        let took = start.elapsed();
+        match third {
+            Err(Error::Connection(ConnectionError::ServerFull)) => {}
+            other => panic!("{transport:?}: expected ServerFull, got {other:?}"),
+        }
+        assert!(
+            took < Duration::from_secs(2),
+            "{transport:?}: refused after {took:?}"
+        );
+        println!("{transport:?}: third connection refused after {took:?}");
+        first.abort(0, "done");
+        drop(first);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match client.connect(&[to], ConnectionConfig::default()) {
+                Ok(_) => break,
+                Err(Error::Connection(ConnectionError::ServerFull))
+                    if Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => panic!("{transport:?}: reconnecting after one connection ended: {e}"),
             }
-            Err(e) => panic!("reconnecting after one connection ended: {e}"),
         }
     }
 }

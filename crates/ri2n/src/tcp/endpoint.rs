@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
@@ -44,6 +44,10 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// shut no client out unless they come faster than this many per round trip.
 const MAX_HELLOS: usize = 64;
 
+/// A connection the endpoint knows of; a server's with the client IP address of its first
+/// hello (`max_connections_per_address`).
+type Known = (Weak<TcpConnection>, Option<IpAddr>);
+
 /// A TCP-transport endpoint.
 #[derive(Debug)]
 pub(crate) struct TcpEndpoint {
@@ -51,7 +55,7 @@ pub(crate) struct TcpEndpoint {
     listeners: Vec<Arc<TcpListener>>,
     config: EndpointConfig,
     /// Connections by ID, for the hellos of their further links.
-    conns: Mutex<HashMap<u64, Weak<TcpConnection>>>,
+    conns: Mutex<HashMap<u64, Known>>,
     accepted: Mutex<VecDeque<Arc<TcpConnection>>>,
     accept_cv: Condvar,
     /// Readable while a connection may be waiting in `accepted` (made on first request).
@@ -228,8 +232,8 @@ impl TcpEndpoint {
         link::attach(&conn, 0, stream, leftover, keys).map_err(Error::Io)?;
         // known to the endpoint, whose closing waits for it to deliver
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        conns.retain(|_, w| w.strong_count() > 0);
-        conns.insert(id, Arc::downgrade(&conn));
+        conns.retain(|_, (w, _)| w.strong_count() > 0);
+        conns.insert(id, (Arc::downgrade(&conn), None));
         drop(conns);
         spawn_watch(&conn)?;
         Ok(conn)
@@ -284,7 +288,7 @@ impl TcpEndpoint {
     /// Every live connection.
     pub fn connections(&self) -> Vec<Arc<TcpConnection>> {
         let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        conns.values().filter_map(Weak::upgrade).collect()
+        conns.values().filter_map(|(w, _)| w.upgrade()).collect()
     }
 
     /// Refuses new connections from now on (NotAccepting), and aborts those waiting to be
@@ -364,10 +368,12 @@ impl TcpEndpoint {
             }
         }
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        conns.retain(|_, w| w.strong_count() > 0);
+        conns.retain(|_, (w, _)| w.strong_count() > 0);
+        let open = |c: &Arc<TcpConnection>| c.lock().end.is_none();
         let conn = if hello.new_connection {
-            let live = (conns.get(&hello.connection_id).and_then(Weak::upgrade))
-                .is_some_and(|c| c.lock().end.is_none());
+            let live = (conns.get(&hello.connection_id))
+                .and_then(|(w, _)| w.upgrade())
+                .is_some_and(|c| open(&c));
             if live {
                 // a client draws a new ID for each connection: this is a replay of a live
                 // connection's first hello, which must not take its place (its later links
@@ -376,7 +382,18 @@ impl TcpEndpoint {
                 let _ = stream.shutdown(Shutdown::Both);
                 return;
             }
-            if conns.len() >= self.config.max_connections {
+            // as the UDP transport counts them: every connection held, and the open ones of
+            // each client address
+            let client = stream.peer_addr().ok().map(|a| a.ip());
+            let from_client = || {
+                (conns.values())
+                    .filter(|(_, ip)| ip.is_some() && *ip == client)
+                    .filter(|(w, _)| w.upgrade().is_some_and(|c| open(&c)))
+                    .count()
+            };
+            if conns.len() >= self.config.max_connections
+                || from_client() >= self.config.max_connections_per_address
+            {
                 drop(conns);
                 return refuse(HelloStatus::ServerFull, None);
             }
@@ -384,10 +401,13 @@ impl TcpEndpoint {
             settings.peer_takes_messages = hello.takes_messages;
             settings.peer_window = hello.window;
             let conn = TcpConnection::new(settings, Role::Server, Vec::new());
-            conns.insert(hello.connection_id, Arc::downgrade(&conn));
+            conns.insert(hello.connection_id, (Arc::downgrade(&conn), client));
             conn
         } else {
-            match conns.get(&hello.connection_id).and_then(Weak::upgrade) {
+            match conns
+                .get(&hello.connection_id)
+                .and_then(|(w, _)| w.upgrade())
+            {
                 Some(c) if c.lock().end.is_none() => c,
                 _ => {
                     drop(conns);
