@@ -1343,6 +1343,52 @@ fn a_further_link_turned_away_is_warned_of_once() {
     assert_delivered(&conn, receiver, "over the first link");
 }
 
+/// A read blocked on the stream while more messages wait unread than the connection splits
+/// out at once (so the stream bytes behind them stay unsplit) returns once another thread's
+/// `recv_message` calls have made room and those bytes are split out. Before, nothing woke
+/// it: it slept until some later arrival or the connection's end.
+#[test]
+fn a_blocked_read_wakes_when_another_thread_s_messages_make_room() {
+    let server = message_server(&["127.0.0.1:0"], 8 << 20);
+    let client = on_one_address(false);
+    let conn = (client.connect(&server.local_addrs(), ConnectionConfig::default())).unwrap();
+    let peer = Arc::new(server.accept().unwrap());
+    // more than the 32 768 the peer splits out at once (its window / 256), then one stream
+    // byte behind them
+    const MESSAGES: u32 = 40_000;
+    for i in 0..MESSAGES {
+        conn.send_message(&i.to_be_bytes()).unwrap();
+    }
+    (&conn).write_all(b"x").unwrap();
+    // everything arrived (each message with its 5-byte chunk header, the byte with its own)
+    let sent = u64::from(MESSAGES) * 9 + 6;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while peer.stats().bytes_received < sent {
+        assert!(
+            Instant::now() < deadline,
+            "{:?} of {sent} arrived",
+            peer.stats().bytes_received
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = peer.clone();
+    std::thread::spawn(move || {
+        let mut byte = [0u8; 1];
+        let _ = tx.send((&*reader).read(&mut byte).map(|n| byte[..n].to_vec()));
+    });
+    // the premise: the read waits, the stream byte not split out yet
+    assert!(
+        rx.recv_timeout(Duration::from_millis(300)).is_err(),
+        "the read returned early"
+    );
+    for i in 0..MESSAGES {
+        assert_eq!(peer.recv_message().unwrap().unwrap(), i.to_be_bytes());
+    }
+    let got = rx.recv_timeout(Duration::from_secs(5));
+    assert_eq!(got.expect("the read was never woken").unwrap(), b"x");
+}
+
 /// A further link whose hellos a server turns away (it holds a key where the connection has
 /// none) is dialled again after a pause that doubles with each refusal: over 2 s a handful of
 /// dials, each a TCP handshake and a hello, where before one followed every probe interval

@@ -976,7 +976,18 @@ impl TcpConnection {
         deadline: Option<Instant>,
     ) -> io::Result<Option<MutexGuard<'a, State>>> {
         loop {
+            let split = (st.stream_in.len(), st.messages.len());
             st.pump_or_end();
+            // what the pump split out for the other kind of read: a call of that kind waiting
+            // on another thread is told (no arrival will wake it: these bytes came before,
+            // held back while the unread messages were at their limit)
+            let for_other = match from {
+                Incoming::Stream => st.messages.len() > split.1,
+                Incoming::Messages => st.stream_in.len() > split.0,
+            };
+            if for_other {
+                self.notify_app();
+            }
             // headers taken may have moved the window
             self.send_queued_acks(&mut st);
             let ready = match from {
