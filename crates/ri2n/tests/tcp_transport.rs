@@ -1389,6 +1389,88 @@ fn a_blocked_read_wakes_when_another_thread_s_messages_make_room() {
     assert_eq!(got.expect("the read was never woken").unwrap(), b"x");
 }
 
+/// `idle_timeout` ends a TCP-transport connection whose peer falls silent (its host gone
+/// without a word, or every path to it): the blocked read fails and the reason is
+/// `IdleTimeout`. Before, the TCP transport never looked at the option: the read waited for
+/// ever. A proxy on the path stops passing anything on.
+#[test]
+fn a_silent_peer_ends_the_connection_at_its_idle_timeout() {
+    let server = on_one_address(true);
+    let (via, silent) = silencing_proxy(server.local_addrs()[0], Duration::from_secs(20));
+    let client = on_one_address(false);
+    let idle = Duration::from_millis(300);
+    let cfg = ConnectionConfig::default().with_idle_timeout(Some(idle));
+    let conn = Arc::new(client.connect(&[via], cfg).unwrap());
+    let _peer = server.accept().unwrap();
+    // the premise: the peer's PINGs keep it open past the idle timeout while it is heard
+    std::thread::sleep(idle * 2);
+    assert_eq!(conn.close_reason(), None);
+    silent.store(true, std::sync::atomic::Ordering::Relaxed);
+    let start = Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = conn.clone();
+    std::thread::spawn(move || {
+        let mut byte = [0u8; 1];
+        let _ = tx.send((&*reader).read(&mut byte).map_err(|e| e.kind()));
+    });
+    let got = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the read still waits");
+    assert!(got.is_err(), "{got:?}");
+    assert_eq!(conn.close_reason(), Some(ConnectionError::IdleTimeout));
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+/// Listens on a new port of 127.0.0.1 and passes each TCP connection on to `to`, both ways,
+/// for `lasting`, until `silent` is set: from then on what either side sends is read and
+/// dropped, as on a path that went dark. Returns its address and that switch.
+fn silencing_proxy(
+    to: SocketAddr,
+    lasting: Duration,
+) -> (SocketAddr, Arc<std::sync::atomic::AtomicBool>) {
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let at = listener.local_addr().unwrap();
+    let silent = Arc::new(AtomicBool::new(false));
+    let switch = silent.clone();
+    std::thread::spawn(move || {
+        let end = Instant::now() + lasting;
+        while Instant::now() < end {
+            let Ok((client, _)) = listener.accept() else {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            };
+            client.set_nonblocking(false).unwrap();
+            let Ok(server) = TcpStream::connect(to) else {
+                continue;
+            };
+            for (mut from, mut into) in [
+                (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                (server, client),
+            ] {
+                let silent = silent.clone();
+                from.set_read_timeout(Some(lasting)).unwrap();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16 << 10];
+                    while let Ok(n @ 1..) = from.read(&mut buf) {
+                        if !silent.load(Relaxed) && into.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = into.shutdown(Shutdown::Both);
+                });
+            }
+        }
+    });
+    (at, switch)
+}
+
 /// A further link whose hellos a server turns away (it holds a key where the connection has
 /// none) is dialled again after a pause that doubles with each refusal: over 2 s a handful of
 /// dials, each a TCP handshake and a hello, where before one followed every probe interval

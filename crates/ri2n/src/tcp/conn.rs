@@ -55,6 +55,8 @@ pub(crate) struct Settings {
     /// Pace of the attempts to replace a dead link's TCP connection.
     pub probe_interval: Duration,
     pub all_links_down_timeout: Option<Duration>,
+    /// Nothing received on any link for this long ends the connection (`IdleTimeout`).
+    pub idle_timeout: Option<Duration>,
     /// The cluster key: every TCP connection of a link handshakes and seals its frames.
     pub key: Option<Key>,
     /// This side reads messages.
@@ -76,6 +78,7 @@ impl Settings {
             min_dead: cfg.probe_interval,
             probe_interval: cfg.probe_interval,
             all_links_down_timeout: cfg.all_links_down_timeout,
+            idle_timeout: cfg.idle_timeout,
             key,
             takes_messages: cfg.accept_messages,
             peer_takes_messages: false,

@@ -1048,6 +1048,18 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
                 continue;
             }
         }
+        // nothing from the peer on any link (its PINGs included) for the idle timeout: its
+        // host is gone without a word, or every path to it
+        let heard = st.links.iter().map(|l| l.last_rx).max().unwrap_or(origin);
+        if conn
+            .settings
+            .idle_timeout
+            .is_some_and(|limit| now - heard > limit)
+        {
+            st.end(Some(ConnectionError::IdleTimeout));
+            conn.wake();
+            continue;
+        }
         if let Role::Client { pairs } = &conn.role {
             for (i, &(local, remote)) in pairs.iter().enumerate() {
                 let link = &mut st.links[i];
