@@ -450,6 +450,12 @@ impl State {
             let at = self.demux.position();
             let mut piece = (self.recv.remove(&at)).expect("the contiguous data starts a piece");
             while !piece.is_empty() {
+                if self.messages.len() >= most {
+                    // the limit falls inside the piece (one run may hold many thousands of
+                    // small messages): the rest waits, from where the split stopped
+                    self.recv.insert(self.demux.position(), piece);
+                    break;
+                }
                 let step = self.demux.step(&piece);
                 let Ok(step) = step else {
                     // kept, so a later look finds the piece where it was
@@ -1308,6 +1314,37 @@ mod tests {
         // `send_message` refuses what is longer (a message of 2^32 + 10 bytes had its length
         // cut to 10 in its chunk's header, and the rest read as more chunks)
         assert_eq!(settings.max_message(), chunk::MAX_CHUNK as u64);
+    }
+
+    /// One run holding far more empty messages than may wait unread is split up to that
+    /// limit only, and the rest as the application reads: before, the whole run was split
+    /// at once (a 4 MiB run of headers is some 840 000 messages in memory).
+    #[test]
+    fn a_run_of_many_messages_is_split_only_up_to_the_limit() {
+        let mut cfg = ConnectionConfig::default();
+        cfg.stream_receive_window = 1 << 20;
+        let conn = TcpConnection::new(Settings::new(&cfg, 1, None), Role::Server, Vec::new());
+        let mut st = conn.lock();
+        let most = st.max_queued_messages();
+        let count = 5 * most;
+        let run: Vec<u8> = (0..count)
+            .flat_map(|_| chunk::header(Kind::Message, 0))
+            .collect();
+        let new = st.reasm.accept(0, 0, run.len() as u64).unwrap();
+        assert_eq!(new.len(), 1, "the premise: one piece, all of it new");
+        st.recv.insert(0, Bytes::from(run));
+        let mut read = 0;
+        while read < count {
+            st.pump().unwrap();
+            assert!(st.messages.len() <= most, "{} split out", st.messages.len());
+            assert!(!st.messages.is_empty(), "stuck after {read}");
+            while let Some(m) = st.messages.pop_front() {
+                assert!(m.is_empty());
+                read += 1;
+            }
+        }
+        st.pump().unwrap();
+        assert_eq!((read, st.messages.len()), (count, 0));
     }
 
     #[test]
