@@ -1471,6 +1471,33 @@ fn silencing_proxy(
     (at, switch)
 }
 
+/// A first address where a host takes the TCP connection but nothing ever answers the hello
+/// (a hung server, a proxy with nothing behind it) holds the connect off for a while only:
+/// the next given address, the server's, is tried, and the connect succeeds there. Before,
+/// the hello at the first address had the whole handshake timeout, and the connect failed
+/// with `TimedOut` after 10 s without trying the other.
+#[test]
+fn a_connect_moves_on_from_an_address_that_never_answers_its_hello() {
+    let server = on_one_address(true);
+    // accepted by the kernel (its backlog), never read
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let client = on_one_address(false);
+    let start = Instant::now();
+    let conn = client.connect(
+        &[hung.local_addr().unwrap(), server.local_addrs()[0]],
+        ConnectionConfig::default(),
+    );
+    let took = start.elapsed();
+    let conn = conn.expect("connected at the second address");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    let peer = server.accept().unwrap();
+    (&conn).write_all(b"hello").unwrap();
+    conn.finish().unwrap();
+    let mut got = Vec::new();
+    (&peer).read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"hello");
+}
+
 /// A further link whose hellos a server turns away (it holds a key where the connection has
 /// none) is dialled again after a pause that doubles with each refusal: over 2 s a handful of
 /// dials, each a TCP handshake and a hello, where before one followed every probe interval

@@ -235,7 +235,7 @@ fn turned_away_pause(times: u32, probe_interval: Duration) -> Duration {
 /// How long the hello exchange on a new TCP connection may take, given the round trip that
 /// connection measured while it opened: five probe intervals on a LAN, a few round trips on
 /// a long path.
-fn hello_timeout(rtt: Duration, probe_interval: Duration) -> Duration {
+pub(super) fn hello_timeout(rtt: Duration, probe_interval: Duration) -> Duration {
     (HELLO_AT_LEAST.max(probe_interval * 5)).max(rtt * HELLO_ROUND_TRIPS)
 }
 

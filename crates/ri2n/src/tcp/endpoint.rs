@@ -22,7 +22,7 @@ use ri2n_proto::tcp::{Hello, HelloReply, HelloStatus};
 use ri2n_proto::{ConnectionConfig, ConnectionError, EndpointConfig, KeyMismatch};
 
 use super::conn::{Link, Role, Settings, TcpConnection};
-use super::dial::{Race, Step};
+use super::dial::{self, Race, Step};
 use super::link;
 use super::sys;
 use crate::readiness::Readiness;
@@ -38,6 +38,9 @@ const OTHER_PAIRS_AFTER: Duration = Duration::from_millis(200);
 /// How long a server waits for a new TCP connection's hello, all of it (with a key, the
 /// handshake message too).
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// The least a connect waits for the answer to its hello at one address while other given
+/// addresses are left to try (at the last, until the handshake's deadline).
+const HELLO_ANSWER_AT_LEAST: Duration = Duration::from_secs(1);
 /// New TCP connections a listening address reads hellos from at once, each on a thread. One
 /// more lets the oldest go: a client's hello takes a round trip, so the oldest are strangers
 /// that connected and say nothing, who cost at most this many threads and descriptors, and
@@ -174,14 +177,27 @@ impl TcpEndpoint {
             let left = deadline
                 .saturating_duration_since(Instant::now())
                 .max(Duration::from_millis(1));
-            let (error, no_server) = match link::hello_exchange(stream, &hello, left, key.as_ref())
+            // a host that took the TCP connection but whose server never answers (hung, or a
+            // proxy with nothing behind it) holds the other addresses off only for a while
+            let others = pairs.iter().any(|&p| p != pair);
+            let wait = match others {
+                true => {
+                    let rtt = sys::rtt_and_cwnd(&stream).map_or(Duration::ZERO, |r| r.0);
+                    (dial::hello_timeout(rtt, config.probe_interval))
+                        .max(HELLO_ANSWER_AT_LEAST)
+                        .min(left)
+                }
+                false => left,
+            };
+            let (error, no_server) = match link::hello_exchange(stream, &hello, wait, key.as_ref())
             {
                 Ok(x) if x.reply.status != HelloStatus::NotAccepting => break (x, pair),
                 Ok(_) => (ConnectionError::NotAccepting.into(), true),
                 Err(e) => match e.kind() {
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut if !others => {
                         return Err(turned_away.unwrap_or_else(timed_out))
                     }
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => (timed_out(), false),
                     kind => (
                         Error::Connection(ConnectionError::ProtocolViolation(
                             "the peer did not answer as a ri2n TCP server",
