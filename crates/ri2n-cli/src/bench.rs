@@ -701,22 +701,21 @@ fn throughput(
     let data = Bytes::from(data);
     let mut tl = Timeline::new(start, args.interval, n, reverse, say);
     let counters: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
-    // bytes done: what the server acknowledged (sending) or what was read
-    let done = |i: usize, stats: &ConnectionStats| {
-        let count = counters[i].load(Ordering::Relaxed);
-        if reverse {
-            count
-        } else {
-            count - stats.send_buffered.min(count)
-        }
-    };
+    // bytes done: what the server acknowledged (sending) or what was read. The count is read
+    // before the statistics: a write that returned between the two would otherwise count as
+    // written and not buffered, as delivered
     let sample = |conns: &[Connection]| -> Vec<(u64, ConnectionStats)> {
         conns
             .iter()
             .enumerate()
             .map(|(i, c)| {
+                let count = counters[i].load(Ordering::Relaxed);
                 let stats = c.stats();
-                (done(i, &stats), stats)
+                let done = match reverse {
+                    true => count,
+                    false => count - stats.send_buffered.min(count),
+                };
+                (done, stats)
             })
             .collect()
     };

@@ -53,8 +53,10 @@ impl Monitor {
                     while !stop.load(Ordering::Acquire) {
                         events.collect(&conn);
                         if progress.due() {
-                            let stats = conn.stats();
+                            // the count first: a write that returned between the two reads
+                            // would otherwise show as delivered
                             let count = counter.load(Ordering::Relaxed);
+                            let stats = conn.stats();
                             let (done, incoming) = match direction {
                                 Direction::Sending => {
                                     (count - stats.send_buffered.min(count), false)
