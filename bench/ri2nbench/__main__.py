@@ -112,8 +112,8 @@ def parser():
                          "by ../shared/lab-tools/pack DIR: ip, tc, iperf3, sockperf, ping, "
                          "mptcpize); default: $RI2N_LAB_TOOLS if set")
     ap.add_argument("--ri2n", metavar="PATH",
-                    help="the ri2n binary (default: $RI2N, else release/ri2n of "
-                         "$CARGO_TARGET_DIR, else target/release/ri2n)")
+                    help="the ri2n binary (default: $RI2N, else dist/ri2n of "
+                         "$CARGO_TARGET_DIR, else target/dist/ri2n)")
     ap.add_argument("--needs", action="store_true",
                     help="print the tools the named parts run, one a line (`required|optional "
                          "COMMAND PACKAGE`), and exit (bench/run-all installs from it)")
@@ -199,9 +199,9 @@ def main():
                                        for t, p in common.tool_paths().items()))
     if o.ri2n:
         common.RI2N = common.RI2N_SOURCE = os.path.abspath(o.ri2n)
-    # a private copy of the binary: other people's builds may replace target/release/ri2n
+    # a private copy of the binary: other people's builds may replace target/dist/ri2n
     if not os.access(common.RI2N, os.X_OK):
-        ap.error("%s missing: cargo build --release -p ri2n-cli (or name one: --ri2n PATH)"
+        ap.error("%s missing: cargo build --profile dist -p ri2n-cli (or name one: --ri2n PATH)"
                  % common.RI2N)
     common.log("ri2n: %s" % common.RI2N)
     tmpdir = tempfile.mkdtemp(prefix="ri2nbench-")

@@ -19,12 +19,12 @@ ROOT = os.path.dirname(HERE)
 
 
 def default_ri2n():
-    """The binary the driver runs unless --ri2n names one: $RI2N, else release/ri2n of
+    """The binary the driver runs unless --ri2n names one: $RI2N, else dist/ri2n of
     $CARGO_TARGET_DIR (relative: to the repository root, where bench/run-all builds), else of
     target/."""
     if os.environ.get("RI2N"):
         return os.path.abspath(os.environ["RI2N"])
-    return os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target", "release", "ri2n")
+    return os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target", "dist", "ri2n")
 
 
 RI2N = default_ri2n()
