@@ -873,10 +873,7 @@ fn recv_into_a_fifo_nobody_reads_yet_honours_the_accept_timeout() {
 /// the address. Before: exit 1 and the bare "Network is unreachable (os error 101)".
 #[test]
 fn a_tcp_connect_with_no_route_is_a_failure_to_connect() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        assert!(std::env::var_os("CI").is_none(), "needs root (unshare -n)");
-        eprintln!("skipped: needs root (unshare -n)");
+    if !root_or_skip("unshare -n") {
         return;
     }
     let input = TempFile::new("no-route");
@@ -940,10 +937,7 @@ fn a_replaced_output_keeps_its_permissions() {
 #[test]
 fn a_drop_box_directory_takes_the_file() {
     use std::os::unix::fs::PermissionsExt;
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        assert!(std::env::var_os("CI").is_none(), "needs root (setpriv)");
-        eprintln!("skipped: needs root (setpriv to another user)");
+    if !root_or_skip("setpriv to another user") {
         return;
     }
     let dir = TempFile::new("drop-box");
@@ -988,10 +982,7 @@ fn a_drop_box_directory_takes_the_file() {
 #[test]
 fn recv_does_not_follow_another_user_s_link_in_a_shared_directory() {
     use std::os::unix::fs::PermissionsExt;
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        assert!(std::env::var_os("CI").is_none(), "needs root (lchown)");
-        eprintln!("skipped: needs root (a link owned by another user)");
+    if !root_or_skip("a link owned by another user") {
         return;
     }
     let shared = TempFile::new("shared-dir");

@@ -275,25 +275,35 @@ def test_a_cancelled_open_connection_lets_its_thread_go() -> None:
         silent.close()
 
 
+class StandIn:
+    """A stand-in connection for the transport's own tests: its descriptors are one end of a
+    pipe nobody writes (never readable), nothing arrives, and a test's subclass says what
+    ``try_send`` does."""
+
+    def __init__(self) -> None:
+        self.fds = os.pipe()
+        self.closed = False
+
+    def read_fileno(self) -> int:
+        return self.fds[0]
+
+    def write_fileno(self) -> int:
+        return self.fds[0]
+
+    def try_recv(self, n: int) -> bytes:
+        raise BlockingIOError
+
+    def close(self) -> None:
+        self.closed = True
+
+
 def test_writing_resumes_at_the_low_mark_not_only_when_empty() -> None:
     """The protocol paused above the high mark is resumed once the buffer falls to the low
     one, as asyncio's transports do; before, only once the connection had taken all of it
     (``drain()`` waited longer). A stand-in connection takes what it is told to."""
 
-    class Conn:
+    class Conn(StandIn):
         room = 0
-
-        def __init__(self) -> None:
-            self.fds = os.pipe()
-
-        def read_fileno(self) -> int:
-            return self.fds[0]
-
-        def write_fileno(self) -> int:
-            return self.fds[0]
-
-        def try_recv(self, n: int) -> bytes:
-            raise BlockingIOError
 
         def try_send(self, data: bytearray) -> int:
             if self.room == 0:
@@ -335,26 +345,9 @@ def test_a_write_that_finds_the_connection_ended_returns_before_connection_lost(
     that drops its transport there, and writes twice in a row, used to fail on the second
     write with AttributeError. A stand-in connection whose peer is gone."""
 
-    class Conn:
-        closed = False
-
-        def __init__(self) -> None:
-            self.fds = os.pipe()
-
-        def read_fileno(self) -> int:
-            return self.fds[0]
-
-        def write_fileno(self) -> int:
-            return self.fds[0]
-
-        def try_recv(self, n: int) -> bytes:
-            raise BlockingIOError
-
+    class Conn(StandIn):
         def try_send(self, data: bytearray) -> int:
             raise ri2n.PeerGone("peer gone")
-
-        def close(self) -> None:
-            self.closed = True
 
     class Protocol(asyncio.Protocol):
         def __init__(self) -> None:

@@ -1392,20 +1392,25 @@ fn a_blocked_read_wakes_when_another_thread_s_messages_make_room() {
 /// `idle_timeout` ends a TCP-transport connection whose peer falls silent (its host gone
 /// without a word, or every path to it): the blocked read fails and the reason is
 /// `IdleTimeout`. Before, the TCP transport never looked at the option: the read waited for
-/// ever. A proxy on the path stops passing anything on.
+/// ever. A relay on the path stops passing anything on.
 #[test]
 fn a_silent_peer_ends_the_connection_at_its_idle_timeout() {
     let server = on_one_address(true);
-    let (via, silent) = silencing_proxy(server.local_addrs()[0], Duration::from_secs(20));
+    let path = forwarder(
+        "127.0.0.1",
+        server.local_addrs()[0],
+        Duration::from_secs(20),
+    );
     let client = on_one_address(false);
     let idle = Duration::from_millis(300);
     let cfg = ConnectionConfig::default().with_idle_timeout(Some(idle));
-    let conn = Arc::new(client.connect(&[via], cfg).unwrap());
+    let conn = Arc::new(client.connect(&[path.at], cfg).unwrap());
     let _peer = server.accept().unwrap();
     // the premise: the peer's PINGs keep it open past the idle timeout while it is heard
     std::thread::sleep(idle * 2);
     assert_eq!(conn.close_reason(), None);
-    silent.store(true, std::sync::atomic::Ordering::Relaxed);
+    path.silent
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     let start = Instant::now();
     let (tx, rx) = std::sync::mpsc::channel();
     let reader = conn.clone();
@@ -1423,52 +1428,8 @@ fn a_silent_peer_ends_the_connection_at_its_idle_timeout() {
         "{:?}",
         start.elapsed()
     );
-}
-
-/// Listens on a new port of 127.0.0.1 and passes each TCP connection on to `to`, both ways,
-/// for `lasting`, until `silent` is set: from then on what either side sends is read and
-/// dropped, as on a path that went dark. Returns its address and that switch.
-fn silencing_proxy(
-    to: SocketAddr,
-    lasting: Duration,
-) -> (SocketAddr, Arc<std::sync::atomic::AtomicBool>) {
-    use std::net::{Shutdown, TcpListener, TcpStream};
-    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let at = listener.local_addr().unwrap();
-    let silent = Arc::new(AtomicBool::new(false));
-    let switch = silent.clone();
-    std::thread::spawn(move || {
-        let end = Instant::now() + lasting;
-        while Instant::now() < end {
-            let Ok((client, _)) = listener.accept() else {
-                std::thread::sleep(Duration::from_millis(1));
-                continue;
-            };
-            client.set_nonblocking(false).unwrap();
-            let Ok(server) = TcpStream::connect(to) else {
-                continue;
-            };
-            for (mut from, mut into) in [
-                (client.try_clone().unwrap(), server.try_clone().unwrap()),
-                (server, client),
-            ] {
-                let silent = silent.clone();
-                from.set_read_timeout(Some(lasting)).unwrap();
-                std::thread::spawn(move || {
-                    let mut buf = [0u8; 16 << 10];
-                    while let Ok(n @ 1..) = from.read(&mut buf) {
-                        if !silent.load(Relaxed) && into.write_all(&buf[..n]).is_err() {
-                            break;
-                        }
-                    }
-                    let _ = into.shutdown(Shutdown::Both);
-                });
-            }
-        }
-    });
-    (at, switch)
+    // the server's side, behind the dark path, would wait out its close linger
+    server.abort(0, "the test is over");
 }
 
 /// A first address where a host takes the TCP connection but nothing ever answers the hello
@@ -1501,7 +1462,7 @@ fn a_connect_moves_on_from_an_address_that_never_answers_its_hello() {
 /// A further link whose hellos a server turns away (it holds a key where the connection has
 /// none) is dialled again after a pause that doubles with each refusal: over 2 s a handful of
 /// dials, each a TCP handshake and a hello, where before one followed every probe interval
-/// (some 50 a second, for as long as the connection lasted). A forwarder in front of that
+/// (some 50 a second, for as long as the connection lasted). A relay in front of that
 /// server counts them; the first link carries the data meanwhile.
 #[test]
 fn a_link_turned_away_is_dialled_at_a_slowing_pace() {
@@ -1519,7 +1480,8 @@ fn a_link_turned_away_is_dialled_at_a_slowing_pace() {
             .server(),
     )
     .unwrap();
-    let (second, dials) = counting_forwarder(other.local_addrs()[0], Duration::from_secs(10));
+    let relay = forwarder("127.0.0.2", other.local_addrs()[0], Duration::from_secs(10));
+    let second = relay.at;
     let client = Endpoint::bind(
         EndpointConfig::new(addrs(&["127.0.0.1:0", "127.0.0.2:0"])).with_transport(Transport::Tcp),
     )
@@ -1528,7 +1490,7 @@ fn a_link_turned_away_is_dialled_at_a_slowing_pace() {
     let config = ConnectionConfig::default();
     let conn = client.connect(&[first, second], config.clone()).unwrap();
     std::thread::sleep(Duration::from_secs(2));
-    let dialled = dials.load(std::sync::atomic::Ordering::Relaxed);
+    let dialled = relay.taken.load(std::sync::atomic::Ordering::Relaxed);
     let links = conn.stats().links;
     assert!(
         links.len() == 2 && links[1].remote == second && links[1].state != LinkState::Up,
@@ -1540,18 +1502,26 @@ fn a_link_turned_away_is_dialled_at_a_slowing_pace() {
     assert_delivered(&conn, receiver, "over the first link");
 }
 
-/// Listens on a new port of 127.0.0.2 and passes each TCP connection on to `to`, both ways,
-/// for `lasting`; returns its address and how many connections it took.
-fn counting_forwarder(
-    to: SocketAddr,
-    lasting: Duration,
-) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+/// A relay on the path: listens on a new port of `ip` and passes each TCP connection on to
+/// `to`, both ways, for `lasting`; counts the connections it took (`taken`), and once `silent`
+/// is set drops what either side sends, as a path that went dark.
+struct Forwarder {
+    at: SocketAddr,
+    taken: Arc<std::sync::atomic::AtomicUsize>,
+    silent: Arc<std::sync::atomic::AtomicBool>,
+}
+
+fn forwarder(ip: &str, to: SocketAddr, lasting: Duration) -> Forwarder {
     use std::net::{Shutdown, TcpListener, TcpStream};
-    let listener = TcpListener::bind("127.0.0.2:0").unwrap();
+    use std::sync::atomic::Ordering::Relaxed;
+    let listener = TcpListener::bind((ip, 0)).unwrap();
     listener.set_nonblocking(true).unwrap();
-    let at = listener.local_addr().unwrap();
-    let taken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let count = taken.clone();
+    let f = Forwarder {
+        at: listener.local_addr().unwrap(),
+        taken: Default::default(),
+        silent: Default::default(),
+    };
+    let (taken, silent) = (f.taken.clone(), f.silent.clone());
     std::thread::spawn(move || {
         let end = Instant::now() + lasting;
         while Instant::now() < end {
@@ -1559,7 +1529,7 @@ fn counting_forwarder(
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             };
-            count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            taken.fetch_add(1, Relaxed);
             client.set_nonblocking(false).unwrap();
             let Ok(server) = TcpStream::connect(to) else {
                 continue;
@@ -1568,14 +1538,21 @@ fn counting_forwarder(
                 (client.try_clone().unwrap(), server.try_clone().unwrap()),
                 (server, client),
             ] {
+                let silent = silent.clone();
+                from.set_read_timeout(Some(lasting)).unwrap();
                 std::thread::spawn(move || {
-                    let _ = std::io::copy(&mut from, &mut into);
+                    let mut buf = [0u8; 16 << 10];
+                    while let Ok(n @ 1..) = from.read(&mut buf) {
+                        if !silent.load(Relaxed) && into.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
                     let _ = into.shutdown(Shutdown::Both);
                 });
             }
         }
     });
-    (at, taken)
+    f
 }
 
 /// Passes one TCP connection from a client on to `to`, both ways, and keeps what the client

@@ -412,3 +412,15 @@ fn vm_hwm_kib(pid: u32) -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
+
+/// Whether this test runs as root; without, it is skipped saying it needs root for `what`,
+/// or fails where `CI` is set (CI runs as root: a skip there would hide the test).
+pub fn root_or_skip(what: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    assert!(std::env::var_os("CI").is_none(), "needs root ({what})");
+    eprintln!("skipped: needs root ({what})");
+    false
+}
