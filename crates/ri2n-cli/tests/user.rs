@@ -916,6 +916,12 @@ fn a_replaced_output_keeps_its_permissions() {
     let port = free_port();
     let (recv, to) = spawn_recv(port, output.path(), &[]);
     wait_udp_bound(port, Duration::from_secs(10));
+    // recv binds first, then makes FILE.partial
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !output.partial().exists() {
+        assert!(Instant::now() < deadline, "no FILE.partial within 10 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     assert_eq!(
         mode(&output.partial()),
         0o600,
