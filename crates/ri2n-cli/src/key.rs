@@ -16,9 +16,9 @@ use crate::{ChannelOpts, KeygenArgs};
 /// `ri2n keygen`: a new random key, on stdout or in a new file of mode 0600.
 pub fn keygen(args: &KeygenArgs) -> Result<(), Failure> {
     let key = Key::generate().map_err(|e| Failure::new(GENERIC, e.to_string()))?;
-    let mut line = key.to_text();
-    line.push('\n');
     let Some(path) = &args.output else {
+        let mut line = key.to_text();
+        line.push('\n');
         return io::stdout()
             .write_all(line.as_bytes())
             .map_err(|e| Failure::io("writing the key to stdout", &e));

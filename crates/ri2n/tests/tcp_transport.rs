@@ -1296,6 +1296,21 @@ impl Write for LogSink {
     }
 }
 
+/// A TCP-transport server at `at` holding a key of its own: it turns away the hellos of a
+/// connection without one.
+fn keyed_server(at: SocketAddr) -> Endpoint {
+    let config = EndpointConfig::new(vec![at])
+        .with_transport(Transport::Tcp)
+        .with_key(Some(Key::generate().unwrap()));
+    Endpoint::bind(config.server()).unwrap()
+}
+
+/// A TCP-transport client on 127.0.0.1 and 127.0.0.2 (any ports), without a key.
+fn two_address_client() -> Endpoint {
+    let config = EndpointConfig::new(addrs(&["127.0.0.1:0", "127.0.0.2:0"]));
+    Endpoint::bind(config.with_transport(Transport::Tcp)).unwrap()
+}
+
 /// A client's further link reaches another server, one that holds a key where the
 /// connection has none: each dial of that link is turned away. The client says so once,
 /// naming why, instead of dialling again every probe interval without a word; the first
@@ -1303,25 +1318,11 @@ impl Write for LogSink {
 #[test]
 fn a_further_link_turned_away_is_warned_of_once() {
     warnings();
-    let server = Endpoint::bind(
-        EndpointConfig::new(addrs(&["127.0.0.1:0"]))
-            .with_transport(Transport::Tcp)
-            .server(),
-    )
-    .unwrap();
+    let server = on_one_address(true);
     let first = server.local_addrs()[0];
     let second = SocketAddr::new("127.0.0.2".parse().unwrap(), first.port());
-    let _other = Endpoint::bind(
-        EndpointConfig::new(vec![second])
-            .with_transport(Transport::Tcp)
-            .with_key(Some(Key::generate().unwrap()))
-            .server(),
-    )
-    .unwrap();
-    let client = Endpoint::bind(
-        EndpointConfig::new(addrs(&["127.0.0.1:0", "127.0.0.2:0"])).with_transport(Transport::Tcp),
-    )
-    .unwrap();
+    let _other = keyed_server(second);
+    let client = two_address_client();
     let receiver = read_first_accepted(server);
     let config = ConnectionConfig::default();
     let conn = client.connect(&[first, second], config.clone()).unwrap();
@@ -1466,26 +1467,12 @@ fn a_connect_moves_on_from_an_address_that_never_answers_its_hello() {
 /// server counts them; the first link carries the data meanwhile.
 #[test]
 fn a_link_turned_away_is_dialled_at_a_slowing_pace() {
-    let server = Endpoint::bind(
-        EndpointConfig::new(addrs(&["127.0.0.1:0"]))
-            .with_transport(Transport::Tcp)
-            .server(),
-    )
-    .unwrap();
+    let server = on_one_address(true);
     let first = server.local_addrs()[0];
-    let other = Endpoint::bind(
-        EndpointConfig::new(addrs(&["127.0.0.2:0"]))
-            .with_transport(Transport::Tcp)
-            .with_key(Some(Key::generate().unwrap()))
-            .server(),
-    )
-    .unwrap();
+    let other = keyed_server("127.0.0.2:0".parse().unwrap());
     let relay = forwarder("127.0.0.2", other.local_addrs()[0], Duration::from_secs(10));
     let second = relay.at;
-    let client = Endpoint::bind(
-        EndpointConfig::new(addrs(&["127.0.0.1:0", "127.0.0.2:0"])).with_transport(Transport::Tcp),
-    )
-    .unwrap();
+    let client = two_address_client();
     let receiver = read_first_accepted(server);
     let config = ConnectionConfig::default();
     let conn = client.connect(&[first, second], config.clone()).unwrap();
