@@ -19,8 +19,22 @@ pub const LOST: u8 = 4;
 /// A local address could not be bound: in use, or not an address of this host.
 pub const BIND: u8 = 5;
 
-/// The exit codes, as `--help` lists them.
-pub const EXIT_CODES_HELP: &str = "\
+/// The environment every command reads, at the end of each `--help`.
+macro_rules! environment_help {
+    () => {
+        "
+
+Environment:
+  RI2N_KEY_FILE  the key file when --key is not given
+  RI2N_LOG       a log filter (`debug`, `ri2n_proto=debug`, ...): the engine's decisions
+                 (link state changes and their causes, probe timeouts, losses) are logged
+                 on stderr"
+    };
+}
+
+/// The exit codes of the commands that open one connection, as `--help` lists them.
+pub const EXIT_CODES_HELP: &str = concat!(
+    "\
 Exit codes:
   0  success
   1  other error (reading or writing a file or stdout, received data differs in `demo`)
@@ -34,13 +48,24 @@ Exit codes:
      10 s
   5  cannot bind a local address (address in use, address not on this host)
   130, 143  interrupted by SIGINT, SIGTERM (send, recv and bench abort their connections
-     first, serve every client's: the peer is told and reports it)
+     first, serve every client's: the peer is told and reports it)",
+    environment_help!()
+);
 
-Environment:
-  RI2N_KEY_FILE  the key file when --key is not given
-  RI2N_LOG       a log filter (`debug`, `ri2n_proto=debug`, ...): the engine's decisions
-                 (link state changes and their causes, probe timeouts, losses) are logged
-                 on stderr";
+/// `serve`'s exit codes: it runs until a signal stops it, and a client that fails is logged,
+/// never the end of the server.
+pub const SERVE_EXIT_CODES_HELP: &str = concat!(
+    "\
+A client that fails (a lost connection, a bad request) is logged on stderr; the server goes on.
+
+Exit codes:
+  1  the server could not start (its runtime's threads)
+  2  usage error (unknown option, bad value, unreadable or malformed key file)
+  5  cannot bind a local address (address in use, address not on this host)
+  130, 143  stopped by SIGINT, SIGTERM (every client's connection is aborted first: the
+     client is told and reports it)",
+    environment_help!()
+);
 
 /// Why a command failed.
 #[derive(Debug)]

@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use error::EXIT_CODES_HELP;
+use error::{EXIT_CODES_HELP, SERVE_EXIT_CODES_HELP};
 
 #[global_allocator]
 static ALLOCATOR: alloc::PageAlignedLarge = alloc::PageAlignedLarge;
@@ -72,7 +72,7 @@ enum Command {
     #[command(after_help = EXIT_CODES_HELP)]
     Recv(RecvArgs),
     /// Long-running benchmark server for `ri2n bench` (several clients at once).
-    #[command(after_help = EXIT_CODES_HELP)]
+    #[command(after_help = SERVE_EXIT_CODES_HELP)]
     Serve(ServeArgs),
     /// Measure throughput (with a per-interval, per-link timeline; several connections at once
     /// with -P, a target rate with -b) or latency against `ri2n serve`.
