@@ -160,16 +160,14 @@ impl Output {
     }
 
     /// A sender came: a `FILE.partial` that an earlier receiver left is emptied for this
-    /// transfer, and a FIFO is opened (waiting for its reader, as a writer of a FIFO does).
-    fn begin(&mut self) -> Result<(), Failure> {
+    /// transfer, and a FIFO is opened once a reader has it open. `gone` says why to stop
+    /// waiting for that reader (the connection ended, an interrupt).
+    fn begin(&mut self, gone: &dyn Fn() -> Option<Failure>) -> Result<(), Failure> {
         match self {
             Output::File { w, partial, .. } => (w.get_ref().set_len(0))
                 .map_err(|e| Failure::io(format!("cannot empty {}", partial.display()), &e)),
             Output::Fifo(path) => {
-                let f = File::options()
-                    .write(true)
-                    .open(&*path)
-                    .map_err(|e| Failure::io(format!("cannot open {}", path.display()), &e))?;
+                let f = open_fifo_for_reader(path, gone)?;
                 *self = Output::Device(BufWriter::with_capacity(OUT_BUFFER, f), path.clone());
                 Ok(())
             }
@@ -404,8 +402,24 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
             return Err(f);
         }
     };
-    if let Err(f) = output.begin() {
-        conn.abort(1, "the receiver could not empty its output");
+    // a FIFO's reader is awaited only while the sender is there and no interrupt came
+    let output_name = output.name();
+    let gone = || {
+        let waited = format!("while {output_name} had no reader (nothing written)");
+        if let Some(signal) = interrupt::caught() {
+            return Some(interrupt::failure(signal, &waited));
+        }
+        let reason = conn.close_reason()?;
+        Some(Failure::new(
+            error::LOST,
+            format!("connection lost: {reason}; {waited}"),
+        ))
+    };
+    if let Err(f) = output.begin(&gone) {
+        conn.abort(
+            1,
+            &format!("the receiver could not ready its output: {}", f.message),
+        );
         monitor.finish();
         return Err(f);
     }
@@ -498,6 +512,41 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
         dropped: crate::report::dropped(&endpoint.dropped_datagrams()),
     };
     summary.emit(args.quiet, args.json)
+}
+
+/// How often a FIFO's open is tried while no reader has it.
+const FIFO_READER_POLL: Duration = Duration::from_millis(20);
+
+/// Opens the FIFO `path` for writing once a reader has it open. A blocking open would wait
+/// inside `open()`, where a sender that gave up could never end the wait: it is tried without
+/// blocking until it succeeds or `gone` names a reason to stop.
+fn open_fifo_for_reader(path: &Path, gone: &dyn Fn() -> Option<Failure>) -> Result<File, Failure> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let fail = |e: &io::Error| Failure::io(format!("cannot open {}", path.display()), e);
+    loop {
+        let opened = File::options()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path);
+        match opened {
+            Ok(f) => {
+                // writes block as usual from here
+                // SAFETY: fcntl on a descriptor this function owns; no memory is passed
+                if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFL, 0) } != 0 {
+                    return Err(fail(&io::Error::last_os_error()));
+                }
+                return Ok(f);
+            }
+            // no reader yet
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+                if let Some(why) = gone() {
+                    return Err(why);
+                }
+                std::thread::sleep(FIFO_READER_POLL);
+            }
+            Err(e) => return Err(fail(&e)),
+        }
+    }
 }
 
 /// Waits for the sender (at most `--accept-timeout`) and starts receiving from it: its

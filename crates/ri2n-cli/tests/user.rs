@@ -386,7 +386,8 @@ fn usage_errors_and_interrupts_with_json_print_a_json_error() {
     assert!(!output.partial().exists(), "a .partial left");
 }
 
-/// Each command's help lists the exit codes it can have; send and recv name the checksum.
+/// Each command's help lists the exit codes it can have, and only those; send and recv name
+/// the checksum.
 #[test]
 fn help_lists_each_commands_own_exit_codes_and_names_the_checksum() {
     let help = |cmd: &str| {
@@ -411,6 +412,13 @@ fn help_lists_each_commands_own_exit_codes_and_names_the_checksum() {
             "{cmd} --help lists exit code 4"
         );
     }
+    // serve runs until a signal: it never exits 3 or 4, and a failed client is not its end
+    let serve = help("serve");
+    assert!(serve.contains("cannot bind"), "serve --help: {serve}");
+    assert!(
+        !serve.contains("  3  ") && !serve.contains("  4  ") && !serve.contains("  0  "),
+        "serve --help: {serve}"
+    );
 }
 
 /// Over `--transport tcp`, a receiver killed mid-transfer is reported by the sender: its host
@@ -866,6 +874,42 @@ fn recv_into_a_fifo_nobody_reads_yet_honours_the_accept_timeout() {
     let (r, ro) = recv.wait(Duration::from_secs(10));
     assert!(r.success(), "recv: {}", stderr_of(&ro));
     assert_eq!((got, len), (sent, 8 << 20), "the reader got every byte");
+}
+
+/// A receiver that waits for its FIFO's reader hears of a sender that gave up meanwhile: it
+/// exits 4 saying no reader came. Before, it waited in the FIFO's `open()` for ever.
+#[test]
+fn recv_into_a_fifo_that_no_one_reads_ends_when_the_sender_gives_up() {
+    let fifo = TempFile::new("fifo-alone");
+    let name = std::ffi::CString::new(fifo.path().as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo reads the NUL-terminated name only
+    assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0, "mkfifo");
+    let input = TempFile::new("fifo-alone-in");
+    write_random(input.path(), 8 << 20, 6);
+    let port = free_port();
+    let (recv, to) = spawn_recv(port, fifo.path(), &[]);
+    wait_udp_bound(port, Duration::from_secs(10));
+    let sender = Proc::spawn(
+        "ri2n send",
+        Command::new(bin())
+            .args(["send", "--to", &to, "--input"])
+            .arg(input.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    // connected, the receive window full, nobody reading the FIFO
+    std::thread::sleep(Duration::from_millis(1000));
+    sender.signal(libc::SIGINT);
+    let (s, o) = sender.wait(Duration::from_secs(10));
+    assert_eq!(s.code(), Some(130), "send: {}", stderr_of(&o));
+    let (r, ro) = recv.wait(Duration::from_secs(10));
+    let err = stderr_of(&ro);
+    // "connection lost": recv had accepted the sender when it gave up
+    assert_eq!(r.code(), Some(4), "recv: {err}");
+    assert!(
+        err.contains("connection lost") && err.contains("had no reader"),
+        "recv: {err}"
+    );
 }
 
 /// A TCP-transport connect that finds no route to the peer (in a network namespace of its
