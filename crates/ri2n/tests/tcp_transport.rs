@@ -1683,6 +1683,79 @@ fn a_recorded_keyed_hello_replayed_takes_no_link_and_makes_no_connection() {
     );
 }
 
+/// The threads of this process named `name`.
+fn threads_named(name: &str) -> usize {
+    (std::fs::read_dir("/proc/self/task").unwrap().flatten())
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == name)
+        })
+        .count()
+}
+
+/// A live link's recorded hello replayed many times, each replayer then silent: the server
+/// waits for each one's first frame, which never comes, with at most 64 of them at once (one
+/// more lets the oldest go), as it reads hellos. Before, a hello's place was given back
+/// before that wait, and each replay held a thread and a descriptor for the whole 5 s.
+#[test]
+fn replayed_hellos_waiting_for_their_first_frame_are_bounded() {
+    use ri2n_proto::tcp::frame::Hello;
+    let key = Key::generate().unwrap();
+    let bind = |local: &str, server: bool| {
+        let config = EndpointConfig::new(addrs(&[local]))
+            .with_transport(Transport::Tcp)
+            .with_key(Some(key.clone()));
+        Endpoint::bind(if server { config.server() } else { config }).unwrap()
+    };
+    let server = bind("127.0.0.1:0", true);
+    let to = server.local_addrs()[0];
+    let client = bind("127.0.0.2:0", false);
+    let (proxy, recorded) = recording_proxy(to);
+    let no_discovery = ConnectionConfig::default().with_discover(false);
+    let conn = client.connect(&[proxy], no_discovery).unwrap();
+    let peer = server.accept().unwrap();
+    (&conn).write_all(b"before").unwrap();
+    let mut got = [0u8; 6];
+    (&peer).read_exact(&mut got).unwrap();
+    let recording = recorded.lock().unwrap().clone();
+
+    let (mut hello, n) = Hello::parse(&recording).unwrap().expect("a whole hello");
+    let len = usize::from(u16::from_be_bytes([recording[n], recording[n + 1]]));
+    hello.new_connection = false;
+    let mut replay = Vec::new();
+    hello.encode(&mut replay);
+    replay.extend_from_slice(&recording[n..n + 2 + len]);
+    const REPLAYS: usize = 150;
+    let mut answered = 0;
+    let mut held = Vec::new();
+    for _ in 0..REPLAYS {
+        let mut s = std::net::TcpStream::connect(to).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(&replay).unwrap();
+        // the reply, or the end when the server let this one go at once
+        let mut first = [0u8; 1];
+        if s.read(&mut first).is_ok_and(|n| n == 1) {
+            answered += 1;
+        }
+        held.push(s);
+    }
+    assert!(
+        answered > 64,
+        "the premise: the replays passed the handshake ({answered} answered)"
+    );
+    let waiting = threads_named("ri2n-tcp-hello");
+    // 64, and a few for other tests of this process that say hello meanwhile
+    assert!(
+        waiting <= 64 + 8,
+        "{waiting} threads wait for the replays' first frames"
+    );
+    // the client's link carries on
+    (&conn).write_all(b"after").unwrap();
+    let mut got = [0u8; 5];
+    (&peer).read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"after");
+    drop(held);
+}
+
 /// A peer whose streams end inside a message chunk (its header says 100 bytes, 50 came
 /// before the end) broke the framing even when the application has not read up to there:
 /// the connection ends with a CLOSE that says so once both streams are complete, and the

@@ -41,10 +41,12 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// The least a connect waits for the answer to its hello at one address while other given
 /// addresses are left to try (at the last, until the handshake's deadline).
 const HELLO_ANSWER_AT_LEAST: Duration = Duration::from_secs(1);
-/// New TCP connections a listening address reads hellos from at once, each on a thread. One
-/// more lets the oldest go: a client's hello takes a round trip, so the oldest are strangers
-/// that connected and say nothing, who cost at most this many threads and descriptors, and
-/// shut no client out unless they come faster than this many per round trip.
+/// New TCP connections a listening address reads hellos from at once, each on a thread (with
+/// a key, until the link's first frame confirms it). One more lets the oldest go: a client's
+/// hello takes a round trip, so the oldest are strangers that connected and say nothing, or
+/// replay a recorded hello and cannot confirm it, who cost at most this many threads and
+/// descriptors, and shut no client out unless they come faster than this many per round
+/// trip.
 const MAX_HELLOS: usize = 64;
 
 /// A connection the endpoint knows of; a server's with the client IP address of its first
@@ -341,12 +343,15 @@ impl TcpEndpoint {
 
     /// A server's answer to a new TCP connection's hello (and its handshake message, on a
     /// keyed link).
+    /// `settled` is called once the TCP connection is the link's (with a key, confirmed):
+    /// its hello no longer counts against [`MAX_HELLOS`].
     fn on_hello(
         &self,
         hello: &Hello,
         handshake: Option<Vec<u8>>,
         stream: TcpStream,
         leftover: BytesMut,
+        settled: &dyn Fn(),
     ) {
         let refuse = |status, application: Option<String>| {
             let mut out = Vec::new();
@@ -466,6 +471,8 @@ impl TcpEndpoint {
                 return;
             }
         }
+        // let go before the link runs: a new hello must never shut a link at work
+        settled();
         if link::attach(&conn, usize::from(hello.link), stream, leftover, keys).is_err() {
             return;
         }
@@ -495,7 +502,7 @@ fn spawn_watch(conn: &Arc<TcpConnection>) -> Result<(), Error> {
 }
 
 /// Accepts TCP connections until the endpoint closes; each says hello on its own thread
-/// (at most [`MAX_HELLOS`] at once).
+/// (at most [`MAX_HELLOS`] at once, a keyed link's until it is confirmed).
 fn listen(ep: &Weak<TcpEndpoint>, l: &TcpListener) {
     let hellos = Arc::new(Hellos::default());
     loop {
@@ -517,12 +524,13 @@ fn listen(ep: &Weak<TcpEndpoint>, l: &TcpListener) {
             .name("ri2n-tcp-hello".into())
             .spawn(move || {
                 let read = read_hello(&stream);
-                count.give_back(id);
                 if let Some((hello, handshake, leftover)) = read {
                     if let Some(ep) = ep.upgrade() {
-                        ep.on_hello(&hello, handshake, stream, leftover);
+                        let settled = || count.give_back(id);
+                        ep.on_hello(&hello, handshake, stream, leftover, &settled);
                     }
                 }
+                count.give_back(id);
             });
         if spawned.is_err() {
             hellos.give_back(id);

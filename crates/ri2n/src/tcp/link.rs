@@ -112,13 +112,21 @@ pub(crate) fn attach(
     st.all_down_since = None;
     drop(st);
     let (seal, open) = keys.map(|k| (k.seal, k.open)).unzip();
-    // after the state's lock: whoever holds a link's `tx` may take the state's lock
-    *conn.tx[l].lock().unwrap_or_else(|e| e.into_inner()) = Tx {
-        incarnation,
-        stream: Some(stream.clone()),
-        seal,
-        ..Tx::default()
-    };
+    {
+        // after the state's lock: whoever holds a link's `tx` may take the state's lock
+        let mut tx = conn.tx[l].lock().unwrap_or_else(|e| e.into_inner());
+        if tx.incarnation > incarnation {
+            // a newer TCP connection of the link was attached between the state's lock and
+            // this one, and it replaced (and shut down) this one: its writer stays
+            return Ok(());
+        }
+        *tx = Tx {
+            incarnation,
+            stream: Some(stream.clone()),
+            seal,
+            ..Tx::default()
+        };
+    }
     conn.wake();
     let (c, s) = (conn.clone(), stream.clone());
     std::thread::Builder::new()
@@ -821,7 +829,10 @@ fn read_records(
                 let new = (st.reasm.accept(l, offset, len)).map_err(|e| {
                     violation(match e {
                         PlacementError::TooScattered(_) => "stream bytes in too many pieces",
-                        _ => "stream bytes outside the receive window",
+                        PlacementError::BadFin(_) => "stream bytes past the end of the stream",
+                        PlacementError::OutsideWindow(_) | PlacementError::NoRound => {
+                            "stream bytes outside the receive window"
+                        }
                     })
                 })?;
                 for g in new {
@@ -901,7 +912,9 @@ fn read_records(
                 let Some(mut st) = current(conn, l, incarnation) else {
                     return Ok(());
                 };
-                (st.reasm.fin(end)).map_err(|_| violation("an end of stream that moved"))?;
+                (st.reasm.fin(end)).map_err(|_| {
+                    violation("an end of stream that moved, or before bytes already received")
+                })?;
                 st.links[l].ack_due = true;
                 drop(st);
                 conn.wake();
@@ -1160,7 +1173,8 @@ pub(crate) fn take_handshake(buf: &mut BytesMut) -> Option<Vec<u8>> {
 }
 
 /// Sends `hello` (and with `key` the first handshake message) on a new TCP connection and
-/// reads the server's reply (and handshake answer), waiting at most `timeout` for it.
+/// reads the server's reply (and handshake answer), waiting at most `timeout` for all of it:
+/// a server that trickles its reply a byte at a time cannot stretch the wait.
 pub(crate) fn hello_exchange(
     s: TcpStream,
     hello: &Hello,
@@ -1176,9 +1190,17 @@ pub(crate) fn hello_exchange(
         h
     });
     (&s).write_all(&out)?;
-    s.set_read_timeout(Some(timeout))?;
+    let deadline = Instant::now() + timeout;
     let mut buf = BytesMut::with_capacity(512);
     let more = |buf: &mut BytesMut| -> io::Result<()> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the server's hello reply did not arrive in time",
+            ));
+        }
+        s.set_read_timeout(Some(left))?;
         match sys::read_into(&s, buf, 512)? {
             0 => Err(io::Error::new(
                 io::ErrorKind::ConnectionAborted,
@@ -1230,6 +1252,59 @@ mod tests {
     use std::process::Command;
 
     use super::*;
+
+    /// A server that trickles its hello reply a byte at a time does not stretch the client's
+    /// wait past its timeout: the read timeout counts from the hello, not from the last
+    /// byte. Before, each byte started the timeout again and the whole reply was taken.
+    #[test]
+    fn a_trickled_hello_reply_times_out() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut reply = Vec::new();
+        HelloReply {
+            status: HelloStatus::ServerFull,
+            takes_messages: false,
+            window: 0,
+            application: None,
+            addrs: Vec::new(),
+        }
+        .encode(&mut reply);
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            // every byte but the last, each within the client's timeout of the one before
+            for b in &reply[..reply.len() - 1] {
+                std::thread::sleep(Duration::from_millis(60));
+                if s.write_all(&[*b]).is_err() {
+                    return reply.len();
+                }
+            }
+            let _ = s.write_all(&reply[reply.len() - 1..]);
+            reply.len()
+        });
+        let hello = Hello {
+            connection_id: 1,
+            link: 0,
+            new_connection: true,
+            keyed: false,
+            takes_messages: false,
+            window: 1 << 20,
+            application: None,
+        };
+        let stream = TcpStream::connect(addr).unwrap();
+        let got = hello_exchange(stream, &hello, Duration::from_millis(300), None);
+        let len = server.join().unwrap();
+        assert!(len > 6, "the reply takes {len} bytes: several reads");
+        match got {
+            Err(e) => assert!(
+                matches!(
+                    e.kind(),
+                    io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+                ),
+                "{e}"
+            ),
+            Ok(x) => panic!("the trickled reply was taken: {:?}", x.reply.status),
+        }
+    }
 
     /// A link set aside as slow waits out its pause while another link takes the runs, and
     /// takes them again at once when none does: before, a transfer whose other links died
