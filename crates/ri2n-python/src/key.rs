@@ -23,14 +23,19 @@ pub struct PyKey {
 impl PyKey {
     /// Reads the key file at `path`, as `ri2n --key FILE` does.
     pub(crate) fn read(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
-        let cannot = |e: &std::io::Error| os_error(py, e, None, Some(&path));
-        let file = fs::File::open(&path).map_err(|e| cannot(&e))?;
-        let key = ri2n::Key::read_from(&file).map_err(|e| match e {
-            ri2n::KeyReadError::Io(e) => cannot(&e),
+        // without the GIL: a FIFO's open waits for its writer, a network file system's read
+        // for the server, and the other Python threads run meanwhile
+        let read = py.detach(|| {
+            let file = fs::File::open(&path).map_err(ri2n::KeyReadError::Io)?;
+            let key = ri2n::Key::read_from(&file)?;
+            let mode = file.metadata().ok().map(|m| m.permissions().mode() & 0o777);
+            Ok::<_, ri2n::KeyReadError>((key, mode))
+        });
+        let (key, mode) = read.map_err(|e| match e {
+            ri2n::KeyReadError::Io(e) => os_error(py, &e, None, Some(&path)),
             e => PyValueError::new_err(format!("{}: {e}", path.display())),
         })?;
-        if let Ok(meta) = file.metadata() {
-            let mode = meta.permissions().mode() & 0o777;
+        if let Some(mode) = mode {
             if mode & 0o077 != 0 {
                 let message = format!(
                     "the key file {} can be read by other users (mode {mode:04o}); `chmod 600` it",

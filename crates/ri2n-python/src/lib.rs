@@ -20,7 +20,7 @@ mod key;
 
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -97,23 +97,35 @@ pub(crate) fn drop_detached<T: Send>(value: T) {
 /// wait in slices itself (the TCP transport's handshake, an endpoint's graceful close) is so
 /// still given up on Ctrl-C, a cancel or a closed endpoint, whichever `check` raises. Given
 /// up, the call runs on to its end on its thread, and what it returns then (or had returned
-/// just before) goes to `abandoned`, which undoes it.
-pub(crate) fn wait_on_thread<T: Send + 'static>(
+/// just before) goes to `abandoned`, which undoes it. Where no thread can be started (the
+/// process is at its limit), the call runs here, with the GIL released, to its end.
+pub(crate) fn wait_on_thread<T: Send + 'static, W: FnOnce() -> T + Send + 'static>(
     py: Python<'_>,
     name: &str,
-    work: impl FnOnce() -> T + Send + 'static,
+    work: W,
     abandoned: fn(T),
     mut check: impl FnMut(Python<'_>) -> PyResult<()>,
 ) -> PyResult<T> {
     let (tx, rx) = mpsc::channel();
-    std::thread::Builder::new()
+    // shared with the thread, so that the work is still at hand when the thread cannot start
+    let slot = Arc::new(Mutex::new(Some(work)));
+    let theirs = Arc::clone(&slot);
+    let started = std::thread::Builder::new()
         .name(name.into())
         .spawn(move || {
-            if let Err(mpsc::SendError(late)) = tx.send(work()) {
-                abandoned(late);
+            let work = theirs.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(work) = work {
+                if let Err(mpsc::SendError(late)) = tx.send(work()) {
+                    abandoned(late);
+                }
             }
-        })
-        .map_err(|e| errors::io_error(py, e))?;
+        });
+    if started.is_err() {
+        let work = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(work) = work {
+            return Ok(py.detach(work));
+        }
+    }
     let mut rx = rx;
     loop {
         // the receiver goes to the detached wait and back (it may not be shared)

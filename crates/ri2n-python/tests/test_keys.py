@@ -65,6 +65,33 @@ else:
     assert os.listdir(tmp_path) == ["cluster.key"]
 
 
+def test_reading_a_key_from_a_fifo_lets_other_threads_run(tmp_path) -> None:
+    """``Key.from_file`` waits for a FIFO's writer without the GIL: another thread of the
+    process writes the key. Before, the reader held the GIL in ``open()`` and the writer never
+    ran. In a child process, which the test can end when it hangs."""
+    fifo = tmp_path / "cluster.key"
+    os.mkfifo(fifo, 0o600)
+    key = ri2n.Key.generate()
+    child = f"""
+import threading, time, ri2n
+got = []
+reader = threading.Thread(target=lambda: got.append(ri2n.Key.from_file({str(fifo)!r})))
+reader.start()
+time.sleep(0.3)  # the reader waits in the FIFO's open
+with open({str(fifo)!r}, "w") as f:
+    f.write({key.to_text()!r} + "\\n")
+reader.join()
+assert got == [ri2n.Key.from_text({key.to_text()!r})], got
+"""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", child], capture_output=True, text=True, timeout=20
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the writer thread never ran while the reader waited")
+    assert done.returncode == 0, done.stderr
+
+
 def test_bad_key_files(tmp_path) -> None:
     missing = tmp_path / "missing.key"
     with pytest.raises(FileNotFoundError) as e:
