@@ -571,9 +571,12 @@ fn the_shards_of_an_endpoint_share_one_reset_budget() {
     );
 }
 
-/// A keyed client at `client_addr` that has just started to connect to a keyed server at
-/// `server_addr`, its first datagrams not delivered yet.
+/// A keyed client at `client_addr` that has just started (at `now`) to connect to a keyed
+/// server at `server_addr`, its first datagrams not delivered yet.
 struct Connecting {
+    now: Instant,
+    client_addr: SocketAddr,
+    server_addr: SocketAddr,
     client: Endpoint,
     server: Endpoint,
     /// The client's connection.
@@ -591,11 +594,9 @@ fn keyed(locals: &[SocketAddr]) -> EndpointConfig {
     cfg
 }
 
-fn keyed_client_connecting(
-    now: Instant,
-    client_addr: SocketAddr,
-    server_addr: SocketAddr,
-) -> Connecting {
+fn keyed_client_connecting() -> Connecting {
+    let now = Instant::now();
+    let (client_addr, server_addr) = (addr("10.0.0.1:5000"), addr("10.0.0.2:6000"));
     let mut client = Endpoint::new(keyed(&[client_addr]), 1, now);
     let server = Endpoint::new(keyed(&[server_addr]).server(), 2, now);
     let h = client
@@ -610,6 +611,9 @@ fn keyed_client_connecting(
         })
         .expect("the client's INITIAL");
     Connecting {
+        now,
+        client_addr,
+        server_addr,
         client,
         server,
         h,
@@ -624,15 +628,7 @@ fn keyed_client_connecting(
 /// came up without protection, its data then leaving unsealed.
 #[test]
 fn an_accept_forged_before_the_retry_is_dropped() {
-    let now = Instant::now();
-    let (client_addr, server_addr) = (addr("10.0.0.1:5000"), addr("10.0.0.2:6000"));
-    let Connecting {
-        mut client,
-        mut server,
-        h,
-        first,
-        scid,
-    } = keyed_client_connecting(now, client_addr, server_addr);
+    let mut c = keyed_client_connecting();
     let params = wire::ServerParams {
         scid: 99,
         instance: 1,
@@ -648,25 +644,26 @@ fn an_accept_forged_before_the_retry_is_dropped() {
     ] {
         let mut forged = vec![0u8; 1500];
         let accept = wire::Header::Accept {
-            dcid: scid,
+            dcid: c.scid,
             mode,
             hello: &params,
         };
         let n = wire::encode_control_packet(&accept, &mut forged);
         forged.truncate(n);
-        client.handle_datagram(now, client_addr, server_addr, &mut forged);
-        let state = client.connection(h).unwrap().state();
+        c.client
+            .handle_datagram(c.now, c.client_addr, c.server_addr, &mut forged);
+        let state = c.client.connection(c.h).unwrap().state();
         assert_eq!(state, ConnectionState::Connecting, "mode {mode}");
     }
     // the real handshake still completes, keyed
-    for (t, mut d) in first {
-        server.handle_datagram(now, t.remote, t.local, &mut d);
+    for (t, mut d) in c.first {
+        c.server.handle_datagram(c.now, t.remote, t.local, &mut d);
     }
-    for (t, mut d) in drain(&mut server, now) {
-        client.handle_datagram(now, t.remote, t.local, &mut d);
+    for (t, mut d) in drain(&mut c.server, c.now) {
+        c.client.handle_datagram(c.now, t.remote, t.local, &mut d);
     }
-    exchange(&mut client, &mut server, now, true);
-    let conn = client.connection(h).unwrap();
+    exchange(&mut c.client, &mut c.server, c.now, true);
+    let conn = c.client.connection(c.h).unwrap();
     assert_eq!(conn.state(), ConnectionState::Established);
     assert!(conn.stats().cipher.is_some(), "a keyed connection unsealed");
 }
@@ -679,45 +676,38 @@ fn an_accept_forged_before_the_retry_is_dropped() {
 /// client closed at once with `ServerFull`.
 #[test]
 fn a_reset_drawn_with_a_client_s_own_id_does_not_refuse_its_handshake() {
-    let now = Instant::now();
-    let (client_addr, server_addr) = (addr("10.0.0.1:5000"), addr("10.0.0.2:6000"));
-    let Connecting {
-        mut client,
-        mut server,
-        h,
-        first,
-        scid,
-    } = keyed_client_connecting(now, client_addr, server_addr);
+    let mut c = keyed_client_connecting();
     // the spoofed SHORT: the client's ID, from the client's address
     let mut short = vec![wire::VERSION, packet_type::SHORT];
-    short.extend_from_slice(&scid.to_be_bytes());
+    short.extend_from_slice(&c.scid.to_be_bytes());
     short.resize(64, 0);
-    server.handle_datagram(now, server_addr, client_addr, &mut short);
-    let resets: Vec<_> = drain(&mut server, now)
+    c.server
+        .handle_datagram(c.now, c.server_addr, c.client_addr, &mut short);
+    let resets: Vec<_> = drain(&mut c.server, c.now)
         .into_iter()
         .filter(|(t, d)| {
-            t.remote == client_addr
-                && matches!(wire::decode_packet(d), Ok((wire::Header::Reset { dcid, token: Some(_) }, _)) if dcid == scid)
+            t.remote == c.client_addr
+                && matches!(wire::decode_packet(d), Ok((wire::Header::Reset { dcid, token: Some(_) }, _)) if dcid == c.scid)
         })
         .collect();
     // the premise: the server answered with a keyed RESET for the client's ID
     assert_eq!(resets.len(), 1, "the server's RESET");
     for (t, mut d) in resets {
-        client.handle_datagram(now, t.remote, t.local, &mut d);
+        c.client.handle_datagram(c.now, t.remote, t.local, &mut d);
     }
-    let conn = client.connection(h).unwrap();
+    let conn = c.client.connection(c.h).unwrap();
     assert_eq!(
         conn.state(),
         ConnectionState::Connecting,
         "{:?}",
         conn.close_reason()
     );
-    for (t, mut d) in first {
-        server.handle_datagram(now, t.remote, t.local, &mut d);
+    for (t, mut d) in c.first {
+        c.server.handle_datagram(c.now, t.remote, t.local, &mut d);
     }
-    exchange(&mut client, &mut server, now, true);
+    exchange(&mut c.client, &mut c.server, c.now, true);
     assert_eq!(
-        client.connection(h).unwrap().state(),
+        c.client.connection(c.h).unwrap().state(),
         ConnectionState::Established
     );
 
@@ -725,17 +715,19 @@ fn a_reset_drawn_with_a_client_s_own_id_does_not_refuse_its_handshake() {
     let mut cfg = keyed(&[addr("10.0.0.3:6000")]).server();
     cfg.max_connections = 1;
     let full_addr = cfg.local_addrs[0];
-    let mut full = Endpoint::new(cfg, 3, now);
+    let mut full = Endpoint::new(cfg, 3, c.now);
     let mut outcomes = Vec::new();
     for i in 0..2u16 {
-        let mut c = Endpoint::new(
+        let mut other = Endpoint::new(
             keyed(&[addr(&format!("10.0.0.4:{}", 5000 + i))]),
             10 + u64::from(i),
-            now,
+            c.now,
         );
-        let ch = c.connect(now, &[full_addr], Default::default()).unwrap();
-        exchange(&mut c, &mut full, now, true);
-        let conn = c.connection(ch).unwrap();
+        let ch = other
+            .connect(c.now, &[full_addr], Default::default())
+            .unwrap();
+        exchange(&mut other, &mut full, c.now, true);
+        let conn = other.connection(ch).unwrap();
         outcomes.push((conn.state(), conn.close_reason().cloned()));
     }
     assert_eq!(
