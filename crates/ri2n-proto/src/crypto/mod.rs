@@ -75,9 +75,12 @@ pub const MAX_AUTH_FAILURES: u64 = 1 << 36;
 /// file (a wrong path, `/dev/zero`) is not read to its end.
 pub const KEY_FILE_MAX: usize = 1024;
 
-/// The key a cluster shares. Its bytes are wiped from memory when it is dropped.
+/// The key a cluster shares. Its bytes are wiped from memory when it is dropped, and they
+/// stay where they were made: a `Key` holds them behind a pointer, so moving a key (or a
+/// configuration or connection that holds one) copies the pointer, never the bytes, which no
+/// drop would wipe.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Key(Zeroizing<[u8; KEY_LEN]>);
+pub struct Key(Box<Zeroizing<[u8; KEY_LEN]>>);
 
 impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -112,15 +115,22 @@ pub enum KeyReadError {
 impl Key {
     /// A new random key from the operating system's random source.
     pub fn generate() -> Result<Key, KeyError> {
-        let mut bytes = Zeroizing::new([0u8; KEY_LEN]);
-        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes[..])
+        let mut key = Key::zeros();
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut key.0[..])
             .map_err(|_| KeyError::Random)?;
-        Ok(Key(bytes))
+        Ok(key)
     }
 
-    /// The key with these bytes.
+    /// The key with these bytes (the caller's copy is the caller's to wipe).
     pub fn from_bytes(bytes: [u8; KEY_LEN]) -> Key {
-        Key(Zeroizing::new(bytes))
+        let mut key = Key::zeros();
+        key.0.copy_from_slice(&bytes);
+        key
+    }
+
+    /// A key of zeros, to fill where it lies.
+    fn zeros() -> Key {
+        Key(Box::new(Zeroizing::new([0u8; KEY_LEN])))
     }
 
     /// Reads a key from its text form (a key file's content; surrounding white space is
@@ -135,11 +145,11 @@ impl Key {
             return Err(KeyError::Malformed);
         }
         let digit = |c: u8| (c as char).to_digit(16).ok_or(KeyError::Malformed);
-        let mut bytes = Zeroizing::new([0u8; KEY_LEN]);
+        let mut key = Key::zeros();
         for (i, pair) in hex.chunks(2).enumerate() {
-            bytes[i] = (digit(pair[0])? * 16 + digit(pair[1])?) as u8;
+            key.0[i] = (digit(pair[0])? * 16 + digit(pair[1])?) as u8;
         }
-        Ok(Key(bytes))
+        Ok(key)
     }
 
     /// Reads a key file's content from `reader` into memory that is wiped afterwards, unlike a
@@ -955,6 +965,19 @@ mod tests {
 
     fn key(b: u8) -> Key {
         Key::from_bytes([b; KEY_LEN])
+    }
+
+    /// A key is a pointer to its bytes: what holds a key can move (a connection into a map,
+    /// a configuration into a thread) without leaving a copy of the bytes behind, which no
+    /// drop would wipe. The bytes stay where they are while the key moves.
+    #[test]
+    fn a_key_moves_without_its_bytes() {
+        assert_eq!(std::mem::size_of::<Key>(), std::mem::size_of::<usize>());
+        let k = key(7);
+        let at = k.0.as_ptr();
+        let moved = [k];
+        assert_eq!(moved[0].0.as_ptr(), at);
+        assert_eq!(moved[0], key(7));
     }
 
     #[test]
