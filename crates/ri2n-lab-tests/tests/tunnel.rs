@@ -2348,6 +2348,60 @@ fn daemons_started_while_the_first_network_is_down_connect_over_the_second() {
     stop_daemons(&mut daemons);
 }
 
+/// A second daemon started on a host by mistake (here with `--name` of another host, whose
+/// link addresses this host lacks, so no bind stops it) is refused the interface, which the
+/// running daemon keeps with its address and traffic. Before, with several queues, the second
+/// daemon joined the live interface as more queues and gave it its own address, which stayed
+/// after it exited.
+#[test]
+fn a_second_daemon_on_a_host_cannot_take_its_interface() {
+    let _serial = serial();
+    let Some(env) = env() else { return };
+    if !require_tool("ping", "iputils-ping") {
+        return;
+    }
+    let _timer = TestTimer::start("tunnel-second-daemon");
+    let dir = TestDir::new(env, "tunnel-second-daemon");
+    let lab = Lab::up_hosts(env, "tsd", 2, 2);
+    support::keygen(env, &dir.0);
+    let config = write_cluster_file(&dir.0, &["a", "b"]);
+    let queues = ["--queues", "2"];
+    let mut daemons: Vec<Proc> = ["a", "b"]
+        .iter()
+        .map(|h| {
+            spawn_daemon(
+                env,
+                &lab,
+                h,
+                &queues,
+                &config,
+                &dir.0,
+                &format!("tunnel-{h}"),
+            )
+        })
+        .collect();
+    wait_connected(&mut daemons, 1, Duration::from_secs(20));
+
+    let args = ["--queues", "2", "--name", "b"];
+    let mut second = spawn_daemon(env, &lab, "a", &args, &config, &dir.0, "tunnel-second");
+    let status = second.wait_exit(Duration::from_secs(10));
+    let err = second.stderr_text();
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{err}");
+    assert!(err.contains("an interface of that name exists"), "{err}");
+    let addrs = in_host(
+        &lab,
+        "a",
+        &["ip", "-o", "-4", "addr", "show", "dev", "ri2n0"],
+    );
+    let own = format!("inet {}/", tunnel_address("a"));
+    assert!(
+        addrs.contains(&own) && !addrs.contains(&format!("inet {}/", tunnel_address("b"))),
+        "a's interface: {addrs}"
+    );
+    ping_through(&lab, "a", "b");
+    stop_daemons(&mut daemons);
+}
+
 /// A host whose daemon dies without a word (SIGKILL) and comes back: its peer takes the new
 /// connection, and the old one's end, found later, is told as the end of a replaced
 /// connection, not as the loss of the peer: the log says nothing is lost, and the status

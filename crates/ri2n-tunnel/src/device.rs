@@ -56,15 +56,17 @@ impl Tun {
         queues: usize,
     ) -> Result<Queues, String> {
         let tuns = (0..queues.max(1))
-            .map(|_| Self::attach(name, queues > 1))
+            .map(|i| Self::attach(name, queues > 1, i == 0))
             .collect::<Result<Vec<_>, _>>()?;
         configure(name, address, prefix, mtu)
             .map_err(|e| format!("cannot configure the interface {name}: {e}"))?;
         Ok(Queues(tuns))
     }
 
-    /// Opens one queue of interface `name` (the first one creates it).
-    fn attach(name: &str, multi_queue: bool) -> Result<Self, String> {
+    /// Opens one queue of interface `name` (the `first` one creates it, and is refused if an
+    /// interface of that name exists: another multi-queue opener would join it as more queues
+    /// and then give it another address).
+    fn attach(name: &str, multi_queue: bool, first: bool) -> Result<Self, String> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -86,8 +88,10 @@ impl Tun {
         } else {
             0
         };
+        let exclusive = if first { libc::IFF_TUN_EXCL } else { 0 };
         req.ifr_ifru.ifru_flags =
-            (libc::IFF_TUN | libc::IFF_NO_PI | libc::IFF_VNET_HDR | multi) as libc::c_short;
+            (libc::IFF_TUN | libc::IFF_NO_PI | libc::IFF_VNET_HDR | multi | exclusive)
+                as libc::c_short;
         // SAFETY: TUNSETIFF reads and writes the ifreq it is given, which lives on our stack.
         if unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF, &mut req) } < 0 {
             let e = io::Error::last_os_error();
@@ -97,8 +101,8 @@ impl Tun {
                      CAP_NET_ADMIN)"
                 ),
                 Some(libc::EBUSY) => format!(
-                    "cannot create the interface {name}: it exists and is in use (another \
-                     ri2n tunnel?)"
+                    "cannot create the interface {name}: an interface of that name exists \
+                     (another ri2n tunnel on this host? see `ip link show {name}`)"
                 ),
                 Some(libc::EINVAL) if multi_queue => format!(
                     "cannot create the interface {name} with several queues: an interface of \
