@@ -940,6 +940,75 @@ fn a_host_missing_a_link_address_starts_without_it_and_takes_it_up_later() {
     stop_daemons(&mut daemons);
 }
 
+/// A missing link address that appears with its port held by another program (a leftover
+/// process, another service) leaves the links that work alone: the daemon says why the new
+/// address waits, and takes it up once the port is free. Before, it closed its endpoint to
+/// make it again with the new address, could not bind that, and was left with no endpoint
+/// and no tunnel until the port came free.
+#[test]
+fn a_late_address_whose_port_is_held_does_not_stop_the_links_that_work() {
+    let _serial = serial();
+    let Some(env) = env() else { return };
+    if !require_tool("ping", "iputils-ping") {
+        return;
+    }
+    let _timer = TestTimer::start("tunnel-late-port-held");
+    let dir = TestDir::new(env, "tunnel-late-port-held");
+    let lab = Lab::up_hosts(env, "lheld", 2, 3);
+    let config = cluster_file(env, &dir.0);
+    ip_addr_of(&lab, "b", "del", 2);
+    let mut daemons = start_daemons(env, &lab, &dir.0, &config);
+    ping_through(&lab, "a", "b");
+
+    // a socket on b's missing address and the cluster's port, bound before the address is
+    // there (IP_FREEBIND)
+    let holder_code = "import socket, sys, time\n\
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+        s.setsockopt(socket.IPPROTO_IP, 15, 1)\n\
+        s.bind(('10.77.2.2', 7400))\n\
+        print('bound', flush=True)\n\
+        time.sleep(60)\n";
+    let args = ["-c".to_owned(), holder_code.to_owned()];
+    let python = Path::new("python3");
+    let mut holder = Proc::spawn_in(&lab.ns_of("b"), python, &args, &dir.0, "port-holder");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !holder.stdout_text().contains("bound") {
+        assert!(
+            holder.poll().is_none() && Instant::now() < deadline,
+            "the port holder: {}",
+            holder.stderr_text()
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    ip_addr_of(&lab, "b", "add", 2);
+    // two looks for the address (one a second) have found it
+    thread::sleep(Duration::from_millis(2500));
+    ping_through(&lab, "a", "b");
+    ping_through(&lab, "b", "c");
+    let log_b = daemons[1].stderr_text();
+    assert!(
+        !log_b.contains("cannot bind the link addresses again")
+            && log_b.contains(
+                "10.77.2.2:7400 is an address of this host now, but another socket holds its \
+                 port"
+            ),
+        "{log_b}"
+    );
+
+    holder.kill();
+    wait_links_up_from(
+        env,
+        &lab,
+        &config,
+        ("b", &daemons[1]),
+        2,
+        &["10.77.1.2", "10.77.2.2"],
+        "once the port was free",
+    );
+    ping_through(&lab, "a", "b");
+    stop_daemons(&mut daemons);
+}
+
 /// A host named with `--name` that has none of its link addresses at start (its networks
 /// up late at boot) starts all the same, and takes its links up as the addresses appear.
 /// Before, it exited 5 ("cannot bind"), and a service restarted it until systemd gave up.

@@ -107,13 +107,20 @@ fn is_present(addr: SocketAddr) -> bool {
     UdpSocket::bind(SocketAddr::new(addr.ip(), 0)).is_ok()
 }
 
+/// Whether `addr` itself, its port too, can be bound now: no other socket holds it.
+fn is_free(addr: SocketAddr) -> bool {
+    UdpSocket::bind(addr).is_ok()
+}
+
 /// Looks for the `missing` addresses of `locals` every second; when one appears, makes the
 /// endpoint again with every address present then and puts it in `current`. An address of
 /// the endpoint that went away meanwhile is left out and looked for in turn, so the daemon
-/// keeps whatever links the host can bind (a NIC swapped for another). `before_replacing`
-/// is called with the old endpoint, closed, before the new one is bound (to end the
-/// connections still held). While no endpoint can be made (no address left), it tries again
-/// every second. Returns once the endpoint has every address.
+/// keeps whatever links the host can bind (a NIC swapped for another). An address that
+/// appears with its port held by another socket waits until the port is free: the endpoint
+/// in use is not given up for an address the new one could not bind. `before_replacing` is
+/// called with the old endpoint, closed, before the new one is bound (to end the connections
+/// still held). While no endpoint can be made (no address left), it tries again every
+/// second. Returns once the endpoint has every address.
 pub fn bind_late(
     current: &Current,
     locals: &[SocketAddr],
@@ -123,10 +130,20 @@ pub fn bind_late(
 ) {
     // the last attempt failed: `current` is empty, and every look is an attempt
     let mut failing = false;
+    // addresses said to be here with their port held, until it is free
+    let mut held = Vec::new();
     while !missing.is_empty() {
         thread::sleep(LOOK_AGAIN);
-        let appeared: Vec<SocketAddr> =
-            missing.iter().copied().filter(|&a| is_present(a)).collect();
+        let (appeared, taken): (Vec<SocketAddr>, Vec<SocketAddr>) = (missing.iter().copied())
+            .filter(|&a| is_present(a))
+            .partition(|&a| is_free(a));
+        for a in taken.iter().filter(|a| !held.contains(*a)) {
+            eprintln!(
+                "ri2n tunnel: {a} is an address of this host now, but another socket holds \
+                 its port: its links wait until the port is free"
+            );
+        }
+        held = taken;
         if appeared.is_empty() && !failing {
             continue;
         }
