@@ -382,7 +382,13 @@ impl LinkSocket {
         let size = segment.unwrap_or(data.len());
         match self.send_once(remote, data, segment) {
             Ok(()) => SendOutcome::Sent,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => classify_send_error(&e, size),
+            // a full socket or device queue is the sender's own: no ICMP error is behind it
+            Err(e)
+                if e.kind() == io::ErrorKind::WouldBlock
+                    || e.raw_os_error() == Some(libc::ENOBUFS) =>
+            {
+                classify_send_error(&e, size)
+            }
             // An ICMP message about an earlier datagram (to any destination, and perhaps
             // forged: ICMP is not authenticated) leaves an error that fails the socket's next
             // send once, whatever it sends. So the send is tried again at once (the queue is

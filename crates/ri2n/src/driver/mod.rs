@@ -115,6 +115,10 @@ const MAX_PATH_SOCKETS: usize = 64;
 /// [`LinkSocket::confirm_next_hop`]): well within Linux's 5 s before an unconfirmed neighbour
 /// entry is probed.
 const CONFIRM_PERIOD: Duration = Duration::from_millis(500);
+/// Batches the driver thread takes from one socket before its other work (the engine's
+/// timers, refusals, path sockets) and then comes back: a socket that stays full (a flood, a
+/// peer faster than this thread) must not hold every timer of the shard back.
+const BATCHES_PER_ROUND: usize = 64;
 /// How long after the peer was last heard on a path its next hop is still confirmed: outages
 /// up to this long end without address resolution. After it the OS resolves the address
 /// again, in case the peer's interface was replaced meanwhile.
@@ -742,12 +746,17 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
     // the sockets are registered with `poll` (not while application calls watch them)
     let mut watching = !lanes_receive;
     while !shared.shutdown.load(Ordering::Acquire) {
-        // receive everything waiting (mio is edge-triggered: drain until empty)
+        // receive what is waiting (mio is edge-triggered: drain until empty, over as many
+        // rounds as it takes; a socket left readable is come back to without sleeping)
         for (i, r) in readable.iter_mut().enumerate() {
-            while *r {
+            for _ in 0..BATCHES_PER_ROUND {
+                if !*r {
+                    break;
+                }
                 *r = shared.receive(i, false, None, false).0 == Received::MoreMayWait;
             }
         }
+        let more_waiting = readable.iter().any(|&r| r);
         let (timeout, wakeups, confirm, watch, passed_on) = {
             shared.router.take(shared.shard, &mut forwarded);
             let mut st = shared.lock();
@@ -832,7 +841,10 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
             shared.update_path_sockets(&heard, &poll, watching);
         }
         // the engine's timers have 1 ms granularity at best; sleeping less only spins
-        let timeout = timeout.map(|t| t.max(Duration::from_micros(50)));
+        let timeout = match more_waiting {
+            true => Some(Duration::ZERO),
+            false => timeout.map(|t| t.max(Duration::from_micros(50))),
+        };
         if let Err(e) = poll.poll(&mut events, timeout) {
             if e.kind() != std::io::ErrorKind::Interrupted {
                 tracing::error!(error = %e, "poll failed");
