@@ -128,7 +128,7 @@ impl Failure {
                         " (no interface of this host has that address)"
                     }
                     io::ErrorKind::PermissionDenied => {
-                        " (permission denied: ports below 1024 need privileges)"
+                        " (permission denied: ports below 1024 need root or CAP_NET_BIND_SERVICE)"
                     }
                     _ => "",
                 };

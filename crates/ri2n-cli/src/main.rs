@@ -124,8 +124,8 @@ Runs in the foreground until SIGINT or SIGTERM, which close the connections and 
 interface. SIGHUP reads the cluster file again: hosts added, removed or changed are taken up,
 the connections to the others stay (`ri2n tunnel reload` sends it and reports what changed).
 A link address this host lacks at start is looked for every second and taken up once there.
-Needs root (or CAP_NET_ADMIN and a writable /run/ri2n, for the status socket) and
-/dev/net/tun.
+Needs root (or CAP_NET_ADMIN, CAP_NET_BIND_SERVICE for a port below 1024, and a writable
+/run/ri2n, for the status socket) and /dev/net/tun.
 
 `ri2n tunnel status` asks the daemon of this host (over /run/ri2n/tunnel-HOST.sock) for
 every peer and link: state, round trip, rate and loss over the last second.
