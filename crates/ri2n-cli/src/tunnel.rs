@@ -19,6 +19,7 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
     let key = load_key(&cluster)?;
     let options = Options {
         config: args.config.clone(),
+        named: args.name.is_some(),
         carry: match args.carry {
             Carry::Datagrams => ri2n_tunnel::Carry::Datagrams,
             Carry::Messages => ri2n_tunnel::Carry::Messages,

@@ -105,6 +105,8 @@ const MAX_DEFAULT_QUEUES: usize = 8;
 pub struct Options {
     /// The cluster file, read again on SIGHUP.
     pub config: PathBuf,
+    /// The host was named (`--name`), not found by its link addresses.
+    pub named: bool,
     pub carry: Carry,
     /// Also serve the status as Prometheus metrics over HTTP on this address.
     pub metrics: Option<SocketAddr>,
@@ -238,7 +240,7 @@ pub fn run(
     let host = cluster.hosts[me].clone();
     // found by its link addresses alone (no --name): a reload must keep it so, or the next
     // start would fail (or take this machine for another host)
-    let found_by_addresses = cluster.hosts_here() == [me];
+    let found_by_addresses = !options.named && cluster.hosts_here() == [me];
     let port = cluster.port;
     let locals: Vec<SocketAddr> = host
         .links
