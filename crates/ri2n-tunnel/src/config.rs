@@ -252,6 +252,18 @@ impl Cluster {
                         format!("links: {ip} cannot be a host's address"),
                     ));
                 }
+                let mapped = match ip {
+                    IpAddr::V6(v6) => v6.to_ipv4_mapped(),
+                    IpAddr::V4(_) => None,
+                };
+                if let Some(v4) = mapped {
+                    // the same address as the IPv4 one: written so, it would slip past the
+                    // checks of duplicates, of the tunnel network and of the families
+                    return Err(at(
+                        Some(l.span()),
+                        format!("links: {ip} is an IPv4 address written as IPv6: write {v4}"),
+                    ));
+                }
                 if matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80) {
                     // such an address means something only with its interface, which the
                     // file cannot give: it could be neither bound nor reached
@@ -435,6 +447,11 @@ links = ["10.0.1.2", "10.0.2.2"]
             error(&GOOD.replace("\"10.0.2.2\"]", "\"fe80::2\"]")),
             "/etc/ri2n/cluster.toml:13: links: fe80::2 is an IPv6 link-local address, which \
              needs an interface; give the host a global or unique-local address"
+        );
+        assert_eq!(
+            error(&GOOD.replace("\"10.0.2.2\"]", "\"::ffff:10.0.1.1\"]")),
+            "/etc/ri2n/cluster.toml:13: links: ::ffff:10.0.1.1 is an IPv4 address written as \
+             IPv6: write 10.0.1.1"
         );
         assert!(error(&GOOD.replace("port = 7500", "port = 0"))
             .starts_with("/etc/ri2n/cluster.toml:3: port"));
