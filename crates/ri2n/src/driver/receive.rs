@@ -4,7 +4,7 @@
 //! forwarded between shards, and the path sockets.
 
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 #[cfg(test)]
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
@@ -89,9 +89,11 @@ impl Receiver {
 /// link's own receive buffers.
 #[derive(Debug)]
 pub(super) struct RecvLane {
-    /// Its epoll instance (the thread's `Poll` owns it), where the driver thread registers
-    /// the link's path sockets.
-    epoll: RawFd,
+    /// Its epoll instance, where the driver thread registers the link's path sockets: a
+    /// descriptor of its own for the instance that the thread's `Poll` holds, so that the
+    /// thread, ending first at the endpoint's close, cannot leave the driver thread this
+    /// number closed, or reused by another epoll instance of the process.
+    epoll: OwnedFd,
     /// Wakes the thread to stop.
     waker: Waker,
     /// Batches its thread received.
@@ -103,7 +105,8 @@ impl RecvLane {
     /// The lane of the thread that will wait in `poll`.
     pub(super) fn new(poll: &Poll) -> std::io::Result<Self> {
         Ok(Self {
-            epoll: poll.as_raw_fd(),
+            // SAFETY: `poll` holds the descriptor open for the call; it is duplicated
+            epoll: unsafe { BorrowedFd::borrow_raw(poll.as_raw_fd()) }.try_clone_to_owned()?,
             waker: Waker::new(poll.registry(), WAKE_TOKEN)?,
             #[cfg(test)]
             received_by_thread: AtomicUsize::new(0),
@@ -407,7 +410,7 @@ impl Shared {
                 |slot, fd| {
                     let _ = deregister(self.caller_epoll, fd);
                     if let Some(lane) = self.recv_lanes.get(link) {
-                        let _ = deregister(lane.epoll, fd);
+                        let _ = deregister(lane.epoll.as_raw_fd(), fd);
                     } else if watching {
                         let _ = deregister(poll.as_raw_fd(), fd);
                     }
@@ -445,7 +448,7 @@ impl Shared {
             let registered =
                 register_exclusive(self.caller_epoll, fd, token, false).and_then(|()| {
                     if let Some(lane) = self.recv_lanes.get(link) {
-                        register_exclusive(lane.epoll, fd, token, true)
+                        register_exclusive(lane.epoll.as_raw_fd(), fd, token, true)
                     } else if watching {
                         register_exclusive(poll.as_raw_fd(), fd, token, true)
                     } else {
@@ -463,7 +466,7 @@ impl Shared {
                         |_, fd| {
                             let _ = deregister(self.caller_epoll, fd);
                             if let Some(lane) = self.recv_lanes.get(link) {
-                                let _ = deregister(lane.epoll, fd);
+                                let _ = deregister(lane.epoll.as_raw_fd(), fd);
                             }
                         },
                     );
