@@ -826,16 +826,34 @@ fn a_failure_with_unwritable_output_keeps_its_exit_code() {
     assert_eq!(s.code(), Some(3), "{s}");
 }
 
+/// A FIFO of mode 0600 at a temporary path.
+fn make_fifo(tag: &str) -> TempFile {
+    let fifo = TempFile::new(tag);
+    let name = std::ffi::CString::new(fifo.path().as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo reads the NUL-terminated name only
+    assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0, "mkfifo");
+    fifo
+}
+
+/// `ri2n send --to TO --input INPUT`, its output piped.
+fn spawn_send_file(to: &str, input: &Path) -> Proc {
+    Proc::spawn(
+        "ri2n send",
+        Command::new(bin())
+            .args(["send", "--to", to, "--input"])
+            .arg(input)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+}
+
 /// `recv --output FIFO` waits for a sender as any recv does: with no reader on the FIFO yet,
 /// `--accept-timeout` still ends the wait (exit 3); before, recv waited in the FIFO's open for
 /// a reader and never got to accepting. With a sender, the FIFO is opened once it comes, and
 /// a reader that opens it late gets every byte.
 #[test]
 fn recv_into_a_fifo_nobody_reads_yet_honours_the_accept_timeout() {
-    let fifo = TempFile::new("fifo");
-    let name = std::ffi::CString::new(fifo.path().as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: mkfifo reads the NUL-terminated name only
-    assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0, "mkfifo");
+    let fifo = make_fifo("fifo");
 
     let started = Instant::now();
     let (recv, _) = spawn_recv(free_port(), fifo.path(), &["--accept-timeout", "1"]);
@@ -853,14 +871,7 @@ fn recv_into_a_fifo_nobody_reads_yet_honours_the_accept_timeout() {
     let port = free_port();
     let (recv, to) = spawn_recv(port, fifo.path(), &[]);
     wait_udp_bound(port, Duration::from_secs(10));
-    let sender = Proc::spawn(
-        "ri2n send",
-        Command::new(bin())
-            .args(["send", "--to", &to, "--input"])
-            .arg(input.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    );
+    let sender = spawn_send_file(&to, input.path());
     // the reader comes after the sender connected
     std::thread::sleep(Duration::from_millis(500));
     let (tx, rx) = std::sync::mpsc::channel();
@@ -880,23 +891,13 @@ fn recv_into_a_fifo_nobody_reads_yet_honours_the_accept_timeout() {
 /// exits 4 saying no reader came. Before, it waited in the FIFO's `open()` for ever.
 #[test]
 fn recv_into_a_fifo_that_no_one_reads_ends_when_the_sender_gives_up() {
-    let fifo = TempFile::new("fifo-alone");
-    let name = std::ffi::CString::new(fifo.path().as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: mkfifo reads the NUL-terminated name only
-    assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0, "mkfifo");
+    let fifo = make_fifo("fifo-alone");
     let input = TempFile::new("fifo-alone-in");
     write_random(input.path(), 8 << 20, 6);
     let port = free_port();
     let (recv, to) = spawn_recv(port, fifo.path(), &[]);
     wait_udp_bound(port, Duration::from_secs(10));
-    let sender = Proc::spawn(
-        "ri2n send",
-        Command::new(bin())
-            .args(["send", "--to", &to, "--input"])
-            .arg(input.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    );
+    let sender = spawn_send_file(&to, input.path());
     // connected, the receive window full, nobody reading the FIFO
     std::thread::sleep(Duration::from_millis(1000));
     sender.signal(libc::SIGINT);

@@ -1579,43 +1579,21 @@ fn recording_proxy(to: SocketAddr) -> (SocketAddr, Arc<Mutex<Vec<u8>>>) {
     (at, recorded)
 }
 
-/// A keyed link's hello and handshake message as recorded, replayed on a TCP connection of
-/// the replayer's (with `new_connection` as given), followed by a frame of junk; the
-/// server's reply status.
-fn replay_keyed_hello(
+/// A keyed server and client whose connection went through a recording proxy and carried
+/// one message, with what the client sent as recorded (its hello and handshake message
+/// first).
+struct Recorded {
+    server: Endpoint,
+    /// The server's address (the proxy's is the client's only way there).
     to: SocketAddr,
-    recorded: &[u8],
-    new_connection: bool,
-) -> ri2n_proto::tcp::frame::HelloStatus {
-    use ri2n_proto::tcp::frame::Hello;
-    let (mut hello, n) = Hello::parse(recorded).unwrap().expect("a whole hello");
-    let len = usize::from(u16::from_be_bytes([recorded[n], recorded[n + 1]]));
-    let handshake = &recorded[n..n + 2 + len];
-    hello.new_connection = new_connection;
-    let mut out = Vec::new();
-    hello.encode(&mut out);
-    out.extend_from_slice(handshake);
-    let mut s = std::net::TcpStream::connect(to).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(&out).unwrap();
-    let (reply, _, _) = read_reply(&mut s);
-    // the replayer cannot seal a frame with the handshake's keys: it sends junk
-    let mut junk = 32u32.to_be_bytes().to_vec();
-    junk.extend_from_slice(&[0x5a; 32]);
-    let _ = s.write_all(&junk);
-    reply.status
+    /// Kept: the connection is the client's.
+    _client: Endpoint,
+    conn: ri2n::Connection,
+    peer: ri2n::Connection,
+    recording: Vec<u8>,
 }
 
-/// A keyed link's hello and handshake message, recorded on the path and replayed on another
-/// TCP connection, pass the handshake (nothing in them is fresh), but take no live link's
-/// place and, once the connection ended, make no connection to accept: the server takes a
-/// TCP connection as a link only after a first frame that only the holder of the
-/// handshake's keys can seal. Before, it took the replaying TCP connection as the link at
-/// once, shutting the client's (its link went down), and handed a replayed first hello to
-/// `accept`.
-#[test]
-fn a_recorded_keyed_hello_replayed_takes_no_link_and_makes_no_connection() {
-    use ri2n_proto::tcp::frame::HelloStatus;
+fn keyed_connection_recorded() -> Recorded {
     let key = Key::generate().unwrap();
     let bind = |local: &str, server: bool| {
         let config = EndpointConfig::new(addrs(&[local]))
@@ -1634,6 +1612,66 @@ fn a_recorded_keyed_hello_replayed_takes_no_link_and_makes_no_connection() {
     let mut got = [0u8; 6];
     (&peer).read_exact(&mut got).unwrap();
     let recording = recorded.lock().unwrap().clone();
+    Recorded {
+        server,
+        to,
+        _client: client,
+        conn,
+        peer,
+        recording,
+    }
+}
+
+/// A keyed link's hello and handshake message as recorded, with `new_connection` as given.
+fn replayed_hello(recorded: &[u8], new_connection: bool) -> Vec<u8> {
+    use ri2n_proto::tcp::frame::Hello;
+    let (mut hello, n) = Hello::parse(recorded).unwrap().expect("a whole hello");
+    let len = usize::from(u16::from_be_bytes([recorded[n], recorded[n + 1]]));
+    hello.new_connection = new_connection;
+    let mut out = Vec::new();
+    hello.encode(&mut out);
+    out.extend_from_slice(&recorded[n..n + 2 + len]);
+    out
+}
+
+/// A keyed link's hello and handshake message as recorded, replayed on a TCP connection of
+/// the replayer's (with `new_connection` as given), followed by a frame of junk; the
+/// server's reply status.
+fn replay_keyed_hello(
+    to: SocketAddr,
+    recorded: &[u8],
+    new_connection: bool,
+) -> ri2n_proto::tcp::frame::HelloStatus {
+    let mut s = std::net::TcpStream::connect(to).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(&replayed_hello(recorded, new_connection))
+        .unwrap();
+    let (reply, _, _) = read_reply(&mut s);
+    // the replayer cannot seal a frame with the handshake's keys: it sends junk
+    let mut junk = 32u32.to_be_bytes().to_vec();
+    junk.extend_from_slice(&[0x5a; 32]);
+    let _ = s.write_all(&junk);
+    reply.status
+}
+
+/// A keyed link's hello and handshake message, recorded on the path and replayed on another
+/// TCP connection, pass the handshake (nothing in them is fresh), but take no live link's
+/// place and, once the connection ended, make no connection to accept: the server takes a
+/// TCP connection as a link only after a first frame that only the holder of the
+/// handshake's keys can seal. Before, it took the replaying TCP connection as the link at
+/// once, shutting the client's (its link went down), and handed a replayed first hello to
+/// `accept`.
+#[test]
+fn a_recorded_keyed_hello_replayed_takes_no_link_and_makes_no_connection() {
+    use ri2n_proto::tcp::frame::HelloStatus;
+    let Recorded {
+        server,
+        to,
+        _client,
+        conn,
+        peer,
+        recording,
+    } = keyed_connection_recorded();
     let _ = conn.poll_events();
 
     // the live link, by its recorded hello: the server answers as to its client...
@@ -1698,32 +1736,17 @@ fn threads_named(name: &str) -> usize {
 /// before that wait, and each replay held a thread and a descriptor for the whole 5 s.
 #[test]
 fn replayed_hellos_waiting_for_their_first_frame_are_bounded() {
-    use ri2n_proto::tcp::frame::Hello;
-    let key = Key::generate().unwrap();
-    let bind = |local: &str, server: bool| {
-        let config = EndpointConfig::new(addrs(&[local]))
-            .with_transport(Transport::Tcp)
-            .with_key(Some(key.clone()));
-        Endpoint::bind(if server { config.server() } else { config }).unwrap()
-    };
-    let server = bind("127.0.0.1:0", true);
-    let to = server.local_addrs()[0];
-    let client = bind("127.0.0.2:0", false);
-    let (proxy, recorded) = recording_proxy(to);
-    let no_discovery = ConnectionConfig::default().with_discover(false);
-    let conn = client.connect(&[proxy], no_discovery).unwrap();
-    let peer = server.accept().unwrap();
-    (&conn).write_all(b"before").unwrap();
-    let mut got = [0u8; 6];
-    (&peer).read_exact(&mut got).unwrap();
-    let recording = recorded.lock().unwrap().clone();
+    // the endpoints kept to the end
+    let Recorded {
+        server: _server,
+        to,
+        _client,
+        conn,
+        peer,
+        recording,
+    } = keyed_connection_recorded();
 
-    let (mut hello, n) = Hello::parse(&recording).unwrap().expect("a whole hello");
-    let len = usize::from(u16::from_be_bytes([recording[n], recording[n + 1]]));
-    hello.new_connection = false;
-    let mut replay = Vec::new();
-    hello.encode(&mut replay);
-    replay.extend_from_slice(&recording[n..n + 2 + len]);
+    let replay = replayed_hello(&recording, false);
     const REPLAYS: usize = 150;
     let mut answered = 0;
     let mut held = Vec::new();
