@@ -268,10 +268,22 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
 /// operator learns of a link going down or coming back from the log, not only from the
 /// status), each with its time: up to one sampling period late.
 fn log_link_changes(name: &str, conn: &ri2n::Connection, stats: &ri2n::ConnectionStats) {
-    for e in conn.poll_events() {
-        let ri2n::Event::LinkStateChanged { link, to, .. } = e.event else {
-            continue;
-        };
+    let changes: Vec<_> = (conn.poll_events().into_iter())
+        .filter_map(|e| match e.event {
+            ri2n::Event::LinkStateChanged { link, to, .. } => Some((link, to, e.at)),
+            _ => None,
+        })
+        .collect();
+    // a link added since `stats` was taken is named by the statistics of now
+    let newer;
+    let known = |s: &ri2n::ConnectionStats, link| s.links.iter().any(|l| l.id == link);
+    let stats = if changes.iter().all(|&(link, ..)| known(stats, link)) {
+        stats
+    } else {
+        newer = conn.stats();
+        &newer
+    };
+    for (link, to, at) in changes {
         let Some(l) = stats.links.iter().find(|l| l.id == link) else {
             continue;
         };
@@ -279,7 +291,7 @@ fn log_link_changes(name: &str, conn: &ri2n::Connection, stats: &ri2n::Connectio
             "ri2n tunnel: {name}: link {} -> {} {to} ({:.1} s ago)",
             l.local.ip(),
             l.remote.ip(),
-            e.at.elapsed().as_secs_f64()
+            at.elapsed().as_secs_f64()
         );
     }
 }
