@@ -16,6 +16,7 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
     // before the file is read: a SIGHUP from now on is a reload once the daemon runs
     let hangups = ri2n_tunnel::Hangups::watch().map_err(failure)?;
     let (cluster, me) = load(&args.config, args.name.as_deref())?;
+    warn_if_named_elsewhere(&cluster, me, args.name.is_some());
     let key = load_key(&cluster)?;
     let options = Options {
         config: args.config.clone(),
@@ -117,6 +118,25 @@ pub fn describe(path: &Path, name: Option<&str>) -> Result<String, Failure> {
 /// The cluster file at `path` and this host's position in it; errors exit 2.
 fn load(path: &Path, name: Option<&str>) -> Result<(Cluster, usize), Failure> {
     ri2n_tunnel::load(path, name).map_err(failure)
+}
+
+/// Warns when this machine has link addresses of other hosts but none of the one `--name`
+/// named: most likely the wrong name, which would make this daemon another host's double.
+fn warn_if_named_elsewhere(cluster: &Cluster, me: usize, named: bool) {
+    let here = cluster.hosts_here();
+    if !named || here.is_empty() || here.contains(&me) {
+        return;
+    }
+    let owners: Vec<&str> = here
+        .iter()
+        .map(|&i| cluster.hosts[i].name.as_str())
+        .collect();
+    eprintln!(
+        "ri2n tunnel: warning: this machine has link addresses of {}, none of {} (--name): \
+         is the name right?",
+        owners.join(", "),
+        cluster.hosts[me].name
+    );
 }
 
 /// The key the cluster file names, read as `--key` reads one.

@@ -2430,8 +2430,8 @@ fn daemons_started_while_the_first_network_is_down_connect_over_the_second() {
 }
 
 /// A second daemon started on a host by mistake (here with `--name` of another host, whose
-/// link addresses this host lacks, so no bind stops it) is refused the interface, which the
-/// running daemon keeps with its address and traffic. Before, with several queues, the second
+/// link addresses this host lacks, so no bind stops it) is warned that the name looks wrong
+/// and refused the interface, which the running daemon keeps with its address and traffic. Before, with several queues, the second
 /// daemon joined the live interface as more queues and gave it its own address, which stayed
 /// after it exited.
 #[test]
@@ -2468,7 +2468,11 @@ fn a_second_daemon_on_a_host_cannot_take_its_interface() {
     let status = second.wait_exit(Duration::from_secs(10));
     let err = second.stderr_text();
     assert_eq!(status.and_then(|s| s.code()), Some(1), "{err}");
-    assert!(err.contains("an interface of that name exists"), "{err}");
+    assert!(
+        err.contains("an interface of that name exists")
+            && err.contains("this machine has link addresses of a, none of b (--name)"),
+        "{err}"
+    );
     let addrs = in_host(
         &lab,
         "a",
