@@ -48,7 +48,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -221,8 +221,10 @@ pub(crate) struct Shared {
     /// and only the hand-over to the engine takes turns.
     receivers: Vec<Mutex<Receiver>>,
     /// Per receive source (the link sockets, then the path-socket slots: see
-    /// [`Shared::sources`]): a thread wanted to receive from it while another held the buffers.
-    receive_wanted: Vec<AtomicBool>,
+    /// [`Shared::sources`]): how many threads announced that they want to receive from it
+    /// since the buffers' holder last looked (a count, not a flag: the holder tells its own
+    /// announcement from one of a thread it turned away).
+    receive_wanted: Vec<AtomicU32>,
     /// Per path-socket slot (see [`crate::socket::PathSocket`]; receive source and epoll
     /// token `sockets.len() + slot`): the link socket that holds it, `usize::MAX` when empty.
     /// Opened and closed by the driver thread only.
@@ -640,7 +642,7 @@ impl Driver {
                 .map(|_| Receiver::new(&sockets, keyed).map(Mutex::new))
                 .collect::<std::io::Result<_>>()?,
             receive_wanted: (0..sockets.len() + MAX_PATH_SOCKETS)
-                .map(|_| AtomicBool::new(false))
+                .map(|_| AtomicU32::new(0))
                 .collect(),
             path_links: (0..MAX_PATH_SOCKETS)
                 .map(|_| AtomicUsize::new(usize::MAX))

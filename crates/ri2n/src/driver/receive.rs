@@ -167,11 +167,13 @@ impl Shared {
         let mut drain = false;
         loop {
             // announce first, then try: a holder that lets go after a failed try sees it
-            drain |= self.receive_wanted[i].swap(true, Ordering::SeqCst);
+            self.receive_wanted[i].fetch_add(1, Ordering::SeqCst);
             let Ok(mut rx) = self.receivers[group].try_lock() else {
                 return (received, taken);
             };
-            self.receive_wanted[i].store(false, Ordering::SeqCst);
+            // more announcements than this thread's own: one was turned away, even between
+            // this thread's announcement and its lock
+            drain |= self.receive_wanted[i].swap(0, Ordering::SeqCst) > 1;
             let take = match drain {
                 true => Take::Batch,
                 false => rx.take_for(i, waiting_call),
@@ -188,7 +190,7 @@ impl Shared {
             }
             // the sources other threads were turned away from, drained
             for j in others() {
-                if self.receive_wanted[j].swap(false, Ordering::SeqCst) {
+                if self.receive_wanted[j].swap(0, Ordering::SeqCst) > 0 {
                     loop {
                         let r = self.take_in_batch(j, &mut rx, Take::Batch);
                         taken |= r != Received::Nothing;
@@ -199,7 +201,7 @@ impl Shared {
                 }
             }
             drop(rx);
-            let wanted = |j: usize| self.receive_wanted[j].load(Ordering::SeqCst);
+            let wanted = |j: usize| self.receive_wanted[j].load(Ordering::SeqCst) > 0;
             let others_wanted = others().any(wanted);
             if !others_wanted && (received == Received::MoreMayWait || !wanted(i)) {
                 return (received, taken);
