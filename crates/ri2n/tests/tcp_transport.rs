@@ -1736,22 +1736,14 @@ fn threads_named(name: &str) -> usize {
 /// before that wait, and each replay held a thread and a descriptor for the whole 5 s.
 #[test]
 fn replayed_hellos_waiting_for_their_first_frame_are_bounded() {
-    // the endpoints kept to the end
-    let Recorded {
-        server: _server,
-        to,
-        _client,
-        conn,
-        peer,
-        recording,
-    } = keyed_connection_recorded();
-
-    let replay = replayed_hello(&recording, false);
+    // the endpoints and connections kept to the end
+    let live = keyed_connection_recorded();
+    let replay = replayed_hello(&live.recording, false);
     const REPLAYS: usize = 150;
     let mut answered = 0;
     let mut held = Vec::new();
     for _ in 0..REPLAYS {
-        let mut s = std::net::TcpStream::connect(to).unwrap();
+        let mut s = std::net::TcpStream::connect(live.to).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         s.write_all(&replay).unwrap();
         // the reply, or the end when the server let this one go at once
@@ -1772,9 +1764,9 @@ fn replayed_hellos_waiting_for_their_first_frame_are_bounded() {
         "{waiting} threads wait for the replays' first frames"
     );
     // the client's link carries on
-    (&conn).write_all(b"after").unwrap();
+    (&live.conn).write_all(b"after").unwrap();
     let mut got = [0u8; 5];
-    (&peer).read_exact(&mut got).unwrap();
+    (&live.peer).read_exact(&mut got).unwrap();
     assert_eq!(&got, b"after");
     drop(held);
 }
