@@ -283,11 +283,13 @@ pub struct TunnelArgs {
     /// are sent on several cores: each TCP or UDP flow stays on one queue (its packets in
     /// order), the flows are spread over them. Default: one per 4 CPUs this process may use
     /// (at least 1, at most 8): a queue's thread pays only where it has a core of its own.
+    /// With one queue on fewer than 4 CPUs, the thread that writes to the interface what the
+    /// links bring reads it too.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
     pub queues: Option<u16>,
 
     /// After its last packet, each thread that moves packets (one per queue, one for the
-    /// links) keeps looking for the next one for USEC microseconds before it sleeps, so that
+    /// links; on fewer than 4 CPUs one for both) keeps looking for the next one for USEC microseconds before it sleeps, so that
     /// a packet arriving meanwhile crosses without a thread wake-up: on hosts where waking a
     /// thread is dear (virtual machines) a small packet's round trip through the tunnel then
     /// comes close to the plain link's. Costs CPU: each such thread spins for up to USEC

@@ -7,8 +7,9 @@
 //! may return a TCP segment of up to 64 KB to cut, and a write may hand the kernel many inner
 //! TCP segments as one (see `offload`).
 //!
-//! The interface has one queue per route loop (`IFF_MULTI_QUEUE`, [`Queues`]), so flows read
-//! from it are served on several cores. The kernel picks the queue of a packet it sends
+//! The interface has one queue per route loop (`IFF_MULTI_QUEUE`, [`Queues`]; with one queue
+//! on a host of few CPUs, the peer loop reads it), so flows read from it are served on
+//! several cores. The kernel picks the queue of a packet it sends
 //! through the interface by the queue on which its flow last came in (its automatic flow
 //! steering), so what a host receives for a flow is written to the queue of that flow
 //! ([`Queues::for_packet`]): each flow stays on one queue both ways, its packets in order.

@@ -12,11 +12,12 @@
 //! loss. Threads, however many peers: one per queue of the interface reads it and routes
 //! (`route`; the flows are spread over the queues, see `device`); one connects to the peers,
 //! accepts them and writes what every connection receives to the interface (`peer_loop`),
-//! all with the interface's TCP offloads (`offload`); one samples the status that a Unix
-//! socket and Prometheus serve (`status`); on 8 CPUs or more, the endpoint's one per link that
-//! seals and sends (`--send-threads`). With a busy-poll window the route loops and the
-//! peer loop look for the next packet a while before they sleep (`busy_poll`): latency for
-//! CPU.
+//! all with the interface's TCP offloads (`offload`); on fewer than 4 CPUs that one also
+//! reads the interface's one queue, in place of a route thread without a core of its own;
+//! one samples the status that a Unix socket and Prometheus serve (`status`); on 8 CPUs or
+//! more, the endpoint's one per link that seals and sends (`--send-threads`). With a
+//! busy-poll window the route loops and the peer loop look for the next packet a while
+//! before they sleep (`busy_poll`): latency for CPU.
 //!
 //! Written here rather than taken from a crate: the TUN set-up (`device`: a few ioctls for
 //! the virtio-net header and the TSO flags) and the offloads (`offload`, whose header
@@ -96,6 +97,16 @@ pub fn default_queues() -> usize {
 }
 
 const CPUS_PER_QUEUE: usize = 4;
+
+/// Whether the peer loop reads the interface's queue itself, between its deliveries, with no
+/// route thread: with one queue on fewer than [`CPUS_PER_QUEUE`] CPUs, where a route thread
+/// would have no core of its own. There, a packet sent wakes the route thread and what comes
+/// back for it (inner TCP's acknowledgement, a reply) the peer loop: two threads taking
+/// turns, and each waking the other's CPU, where one thread does both (docs/BENCHMARKS.md
+/// §6).
+fn peer_loop_routes(queues: usize) -> bool {
+    queues == 1 && thread::available_parallelism().map_or(1, usize::from) < CPUS_PER_QUEUE
+}
 /// Beyond this many, the connections the route loops hand their packets to are the limit
 /// before the queues are.
 const MAX_DEFAULT_QUEUES: usize = 8;
@@ -110,8 +121,9 @@ pub struct Options {
     pub carry: Carry,
     /// Also serve the status as Prometheus metrics over HTTP on this address.
     pub metrics: Option<SocketAddr>,
-    /// The interface's queues, each read by a thread of its own (see `device`): flows are
-    /// spread over them, a flow's packets staying on one.
+    /// The interface's queues, each read by a thread of its own (see `device`; one queue on
+    /// fewer than 4 CPUs by the peer loop): flows are spread over them, a flow's packets
+    /// staying on one.
     pub queues: usize,
     /// How long the packet threads keep looking for more after their last packet before they
     /// sleep (`busy_poll`); zero: they sleep at once.
@@ -345,14 +357,22 @@ pub fn run(
         metrics::serve(addr, latest).map_err(|source| Error::Metrics { addr, source })?;
     }
 
+    // the route loops hold the interface's queues: it goes when the process does
+    let mut route_queues = queues
+        .try_clone()
+        .map_err(|e| Error::io("cannot duplicate the TUN descriptors", e))?
+        .into_vec();
+    let peer_loop_route = match peer_loop_routes(route_queues.len()) {
+        true => route_queues.pop(),
+        false => None,
+    };
     let peer_loop = peer_loop::start(
         peers.clone(),
-        queues
-            .try_clone()
-            .map_err(|e| Error::io("cannot duplicate the TUN descriptors", e))?,
+        queues,
         options.describe_refusal,
         stop.clone(),
         options.busy_poll,
+        peer_loop_route,
     )
     .map_err(|e| Error::io("cannot start the peer loop", e))?;
     if !missing.is_empty() {
@@ -372,8 +392,7 @@ pub fn run(
             );
         });
     }
-    // the route loops hold the interface's queues: it goes when the process does
-    for (queue, tun) in queues.into_vec().into_iter().enumerate() {
+    for (queue, tun) in route_queues.into_iter().enumerate() {
         let (peers, stop, busy) = (peers.clone(), stop.clone(), options.busy_poll);
         thread::Builder::new()
             .name(format!("ri2n-route-{queue}"))

@@ -10,8 +10,14 @@
 //! the connections it made readable (each connection's token is its slot), and the thread
 //! writes the packets to the interface. Where each link has a receiving thread of its own
 //! (`Options::recv_threads`), those receive and open what arrives while this thread writes,
-//! and wake it through the connections' readiness descriptors. Sending does not pass through
-//! here: the route thread hands each packet read from the interface to its peer's connection.
+//! and wake it through the connections' readiness descriptors. Busy (a connection left with
+//! packets, the interface's queue with more), it looks at the sockets without waiting, so
+//! that what arrives meanwhile is still its own to take in, not the driver thread's.
+//!
+//! Sending passes through here only where this loop reads the interface's one queue itself
+//! (few CPUs, see `peer_loop_routes`): its descriptor is in the set, and a batch of what
+//! it holds goes out between the deliveries ([`Router`]). Elsewhere the route threads hand
+//! each packet read from the interface to its peer's connection.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::ErrorKind;
@@ -28,10 +34,10 @@ use ri2n::{Connection, ConnectionState, Endpoint};
 use smallvec::SmallVec;
 
 use crate::busy_poll::BusyPoll;
-use crate::device::Queues;
+use crate::device::{Queues, Tun};
 use crate::offload;
 use crate::peers::{Peer, Peers};
-use crate::route::BATCH;
+use crate::route::{Router, BATCH};
 use crate::{connection_config, summary, Carry, Stop};
 
 /// Pause between a lost or failed connection and the next attempt; the first after a refusal.
@@ -50,6 +56,7 @@ const HOUSEKEEPING: Duration = Duration::from_millis(200);
 const TURN: usize = 4;
 const ENDPOINT: Token = Token(usize::MAX);
 const WAKER: Token = Token(usize::MAX - 1);
+const INTERFACE: Token = Token(usize::MAX - 2);
 
 /// How the rest of the daemon reaches the loop: peers added to the cluster file (SIGHUP).
 pub struct Handle {
@@ -80,15 +87,21 @@ struct Slot {
     up_since: Option<Instant>,
 }
 
-/// Starts the loop on a thread of its own; the returned handle feeds it.
+/// Starts the loop on a thread of its own; the returned handle feeds it. With `route`, it also
+/// reads that queue of the interface and routes its packets, which no route thread then does.
 pub fn start(
     peers: Arc<Peers>,
     queues: Queues,
     describe_refusal: fn(&ri2n::RefusedHandshake) -> String,
     stop: Arc<Stop>,
     busy_poll: Duration,
+    route: Option<Tun>,
 ) -> std::io::Result<Arc<Handle>> {
     let poll = Poll::new()?;
+    if let Some(tun) = &route {
+        let fd = tun.as_raw_fd();
+        (poll.registry()).register(&mut SourceFd(&fd), INTERFACE, Interest::READABLE)?;
+    }
     let handle = Arc::new(Handle {
         added: Mutex::new(Vec::new()),
         waker: Waker::new(poll.registry(), WAKER)?,
@@ -107,6 +120,7 @@ pub fn start(
         describe_refusal,
         stop,
         busy: BusyPoll::new(busy_poll),
+        route: route.map(|tun| (tun, Router::new(0))),
     };
     let table = l.peers.table();
     let now = Instant::now();
@@ -146,6 +160,9 @@ struct Loop {
     stop: Arc<Stop>,
     /// Looks again and again for a while after the last arrival before it waits.
     busy: BusyPoll,
+    /// The interface's queue this loop reads between its deliveries, with what routes its
+    /// packets (`None`: route threads read the queues).
+    route: Option<(Tun, Router)>,
 }
 
 impl Loop {
@@ -170,35 +187,48 @@ impl Loop {
                 .chain([next_housekeeping])
                 .min()
                 .unwrap_or(next_housekeeping);
-            let mut look_at_set = true;
-            if self.ready.is_empty() {
-                let timeout = wake_at.saturating_duration_since(Instant::now());
-                // this thread receives what arrives itself and returns with the connections
+            // busy: connections left with datagrams, or the interface's queue with packets
+            let busy =
+                !self.ready.is_empty() || self.route.as_ref().is_some_and(|(_, r)| !r.drained());
+            let look_at_set = match &self.endpoint {
+                // This thread receives what arrives itself and returns with the connections
                 // the arrival made readable (or when a descriptor of the set is ready): no
-                // other thread wakes, and no descriptor is signalled and read
-                match &self.endpoint {
-                    Some((_, endpoint)) => {
-                        // SAFETY: the descriptor of `self.poll`, which outlives the call
-                        let set = unsafe { BorrowedFd::borrow_raw(self.poll.as_raw_fd()) };
+                // other thread wakes, and no descriptor is signalled and read. Busy, it
+                // looks without waiting: a loop that stayed away from the sockets would
+                // leave them to the endpoint's driver thread, woken for every arrival.
+                Some((_, endpoint)) => {
+                    // SAFETY: the descriptor of `self.poll`, which outlives the calls
+                    let set = unsafe { BorrowedFd::borrow_raw(self.poll.as_raw_fd()) };
+                    // whether the set may be readable, and whether anything was received
+                    let mut look = |timeout| {
+                        let seen = endpoint.wait_receiving(0, set, timeout, &mut readable);
+                        (seen, !readable.is_empty())
+                    };
+                    if busy {
+                        look(Some(Duration::ZERO)).0
+                    } else {
+                        let mut seen = false;
                         let found = self.busy.spin(|| {
-                            look_at_set = endpoint.wait_receiving(
-                                0,
-                                set,
-                                Some(Duration::ZERO),
-                                &mut readable,
-                            );
-                            look_at_set || !readable.is_empty()
+                            let (set_ready, received) = look(Some(Duration::ZERO));
+                            seen = set_ready;
+                            set_ready || received
                         });
-                        if !found {
-                            look_at_set =
-                                endpoint.wait_receiving(0, set, Some(timeout), &mut readable);
+                        if found {
+                            seen
+                        } else {
+                            look(Some(wake_at.saturating_duration_since(Instant::now()))).0
                         }
                     }
-                    // the endpoint is being made again: connections wait for it (their
-                    // retries may be due already)
-                    None => std::thread::sleep(RETRY_PAUSE),
                 }
-            }
+                // the endpoint is being made again: connections wait for it (their retries
+                // may be due already)
+                None => {
+                    if !busy {
+                        std::thread::sleep(RETRY_PAUSE);
+                    }
+                    true
+                }
+            };
             for k in readable.drain(..) {
                 let k = usize::try_from(k).unwrap_or(usize::MAX);
                 if self.slots.get(k).is_some_and(Option::is_some) && !self.ready.contains(&k) {
@@ -216,11 +246,13 @@ impl Loop {
             } else {
                 events.clear();
             }
+            let mut interface_ready = false;
             for ev in events.iter() {
                 match ev.token() {
                     ENDPOINT => {
                         self.accept_all();
                     }
+                    INTERFACE => interface_ready = true,
                     WAKER => {
                         let added = std::mem::take(
                             &mut *self.handle.added.lock().unwrap_or_else(|e| e.into_inner()),
@@ -242,6 +274,17 @@ impl Loop {
                 };
                 if self.serve(k) {
                     self.ready.push_back(k);
+                }
+            }
+            // the interface's queue: packets came (its descriptor reports new ones only), or
+            // the last batch left some
+            if let Some((tun, router)) = &mut self.route {
+                if interface_ready || !router.drained() {
+                    match router.batch(&self.peers, tun) {
+                        Ok(0) => {}
+                        Ok(_) => self.busy.handled(),
+                        Err(why) => return self.stop.fail(why),
+                    }
                 }
             }
         }

@@ -1,5 +1,7 @@
-//! The route loops, one per queue of the interface: each reads its queue and hands each IPv4
-//! packet to the connection of the host that owns its destination.
+//! Routing: each queue of the interface is read in batches, and each IPv4 packet handed to
+//! the connection of the host that owns its destination ([`Router`]). A route loop per queue
+//! does it on a thread of its own, or, on a host of few CPUs with one queue, the peer loop
+//! between its deliveries (`peer_loop`).
 
 use std::net::Ipv4Addr;
 use std::sync::atomic::Ordering;
@@ -30,22 +32,70 @@ pub(crate) const BATCH_BYTES: usize = 128 * 1024;
 /// its last packet before it waits ([`BusyPoll`]).
 pub(crate) fn route_loop(peers: &Peers, tun: &Tun, queue: usize, stop: &Stop, busy: Duration) {
     let mut busy = BusyPoll::new(busy);
-    // what the interface returns, behind room for a segment's prefix (a large TCP segment
-    // leaves in this buffer, and the next read gets another)
-    let mut read = Vec::new();
-    let mut packets = offload::Packets::default();
-    let mut dests: Vec<usize> = Vec::new();
-    let mut batch_peers: Vec<usize> = Vec::new();
-    let mut unreachable = Unreachable::default();
-    // the last batch ended at the interface's empty queue: wait before reading again
-    let mut drained = true;
+    let mut router = Router::new(queue);
     loop {
         // an error ends the spin: the read below reports it
-        if drained && !busy.spin(|| tun.is_readable().unwrap_or(true)) {
+        if router.drained() && !busy.spin(|| tun.is_readable().unwrap_or(true)) {
             if let Err(e) = tun.wait_readable() {
                 return stop.fail(format!("waiting for the interface failed: {e}"));
             }
         }
+        match router.batch(peers, tun) {
+            Ok(0) => {}
+            Ok(_) => busy.handled(),
+            Err(why) => return stop.fail(why),
+        }
+    }
+}
+
+/// One queue's reading and routing, a batch at a time: its buffers, kept from one batch to
+/// the next, and where the last batch ended. The queue's route loop drives it, or, when the
+/// interface has one queue, the peer loop (`peer_loop`) between its deliveries.
+pub(crate) struct Router {
+    queue: usize,
+    /// What the interface returns, behind room for a segment's prefix (a large TCP segment
+    /// leaves in this buffer, and the next read gets another).
+    read: Vec<u8>,
+    packets: offload::Packets,
+    /// By packet of `packets`: the peer it goes to (`usize::MAX`: none).
+    dests: Vec<usize>,
+    batch_peers: Vec<usize>,
+    unreachable: Unreachable,
+    /// The last batch ended at the interface's empty queue: wait before reading again.
+    drained: bool,
+}
+
+impl Router {
+    pub(crate) fn new(queue: usize) -> Self {
+        Self {
+            queue,
+            read: Vec::new(),
+            packets: offload::Packets::default(),
+            dests: Vec::new(),
+            batch_peers: Vec::new(),
+            unreachable: Unreachable::default(),
+            drained: true,
+        }
+    }
+
+    /// Whether the last batch found the queue empty: the next needs a packet to come first.
+    pub(crate) fn drained(&self) -> bool {
+        self.drained
+    }
+
+    /// Reads a batch of the packets waiting on `tun` (about [`BATCH`] packets or
+    /// [`BATCH_BYTES`]) and hands them to their peers' connections; how many reads it made.
+    /// Fails when the interface can no longer be read.
+    pub(crate) fn batch(&mut self, peers: &Peers, tun: &Tun) -> Result<u64, String> {
+        let Router {
+            queue,
+            read,
+            packets,
+            dests,
+            batch_peers,
+            unreachable,
+            drained,
+        } = self;
         packets.clear();
         dests.clear();
         // the peers as the cluster file says now, by position
@@ -56,10 +106,10 @@ pub(crate) fn route_loop(peers: &Peers, tun: &Tun, queue: usize, stop: &Stop, bu
         // The first packet after a wait goes at once, before the read that would find the
         // queue empty: a lone packet (a request, a reply) pays no system call on its way
         // out but its read and its send. What came behind it is read in batches from then on.
-        let lone = drained;
-        drained = false;
+        let lone = *drained;
+        *drained = false;
         while packets.len() < BATCH && bytes < BATCH_BYTES && !(lone && packets.len() > 0) {
-            match tun.read_into(&mut read, offload::SEGMENT_PREFIX) {
+            match tun.read_into(read, offload::SEGMENT_PREFIX) {
                 Ok(header) => {
                     reads += 1;
                     let packet = &read[offload::SEGMENT_PREFIX..];
@@ -75,29 +125,26 @@ pub(crate) fn route_loop(peers: &Peers, tun: &Tun, queue: usize, stop: &Stop, bu
                     bytes += packet.len();
                     let added = match peers.carry {
                         // large TCP segments whole: their headers once per 64 KB
-                        Carry::Datagrams => offload::carry_whole(&header, &mut read, &mut packets),
-                        Carry::Messages => offload::split(&header, packet, &mut packets),
+                        Carry::Datagrams => offload::carry_whole(&header, read, packets),
+                        Carry::Messages => offload::split(&header, packet, packets),
                     };
                     dests.extend(std::iter::repeat_n(dest, added));
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    drained = true;
+                    *drained = true;
                     break;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return stop.fail(format!("reading the interface failed: {e}")),
+                Err(e) => return Err(format!("reading the interface failed: {e}")),
             }
         }
-        peers.queue_reads[queue].fetch_add(reads, Ordering::Relaxed);
-        if reads > 0 {
-            busy.handled();
-        }
+        peers.queue_reads[*queue].fetch_add(reads, Ordering::Relaxed);
         // the peers this batch goes to, each once (not every host of the cluster in turn)
         batch_peers.clear();
         batch_peers.extend(dests.iter().copied().filter(|&d| d != usize::MAX));
         batch_peers.sort_unstable();
         batch_peers.dedup();
-        for &k in &batch_peers {
+        for &k in batch_peers.iter() {
             let peer = &table.peers[k];
             let mine = dests.iter().filter(|&&d| d == k).count() as u64;
             // no connection, a connection just lost, or (messages) a full send buffer: the
@@ -110,7 +157,7 @@ pub(crate) fn route_loop(peers: &Peers, tun: &Tun, queue: usize, stop: &Stop, bu
                     let batch = packets
                         .bufs_mut()
                         .iter_mut()
-                        .zip(&dests)
+                        .zip(dests.iter())
                         .filter(|(_, &d)| d == k)
                         .map(|(b, _)| b);
                     // it stops at the first that fails: the last one it took
@@ -128,6 +175,7 @@ pub(crate) fn route_loop(peers: &Peers, tun: &Tun, queue: usize, stop: &Stop, bu
             peer.sent.fetch_add(sent, Ordering::Relaxed);
             peer.drop_packets(mine - sent);
         }
+        Ok(reads)
     }
 }
 
