@@ -228,8 +228,9 @@ def end_mpi_leftovers(lab):
 TUNNEL_LINK_CAP = 1e9 * 1448 / 1514
 # a switch dies and heals under a TCP flow through the tunnel
 TUNNEL_FAILOVER = (8, [(3.0, "fault", 1, "switch"), (5.0, "heal", 1)])
-# the busy-poll window of the latency runs that use one (µs): longer than the round trip
-BUSY_POLL_US = 200
+# the busy-poll window of the second set of latency runs (µs): none, the daemons' packet
+# threads sleep as soon as they run out of work (the first set has the default window)
+BUSY_POLL_US = 0
 
 
 def latency_runs(lab, daemons, o):
@@ -330,7 +331,7 @@ def part_tunnel(o):
                 carry, rep, (row["rate"]["bps"] or 0) / 1e6, row["outage"]["resume_s"]))
             rows.append(row)
         res["carry"][carry] = rows
-    # the round trip again with the daemons busy polling (`--busy-poll`)
+    # the round trip again with the daemons' other busy-poll window (`--busy-poll`)
     for p in daemons.values():
         PROCS.stop(p)
     daemons, logs = tunnel_up(lab, tmpdir, extra=["--busy-poll", str(BUSY_POLL_US)])
@@ -352,8 +353,9 @@ def part_tunnel(o):
         "tcp": "iperf3 -c 10.77.1.2 -t %d (network 1 only)" % o.time,
         "failover": "bench/mptcp_flow.py send --tcp --to 10.99.0.2:5310 --time 8 (receiver: "
                     "recv --tcp, 10 ms bins); switch 1 dies at 3 s, heals at 5 s",
-        "latency": "sockperf ping-pong -m 64 --full-rtt -t %d to 10.99.0.2 and to 10.77.1.2; "
-                   "again with ri2n tunnel --busy-poll %d" % (o.sockperf_time, BUSY_POLL_US),
+        "latency": "sockperf ping-pong -m 64 --full-rtt -t %d to 10.99.0.2 and to 10.77.1.2 "
+                   "(ri2n tunnel's default busy-poll window); again with ri2n tunnel --busy-poll "
+                   "%d" % (o.sockperf_time, BUSY_POLL_US),
         "partition": "iperf3 -c 10.99.0.2 -t %d -i 0.2 and an idle TCP connection (echoed once "
                      "before, timed once after); every switch dead from 5 s to %d s" % (
                          5 + outage + 10, 5 + outage),
@@ -367,6 +369,12 @@ def part_tunnel(o):
     lab.down()
     shutil.rmtree(tmpdir, ignore_errors=True)
     return res
+
+
+def added_rtt(rows):
+    """Each latency run's round trip through the tunnel minus the direct one (µs)."""
+    return [r["tunnel"]["median_us"] - r["link"]["median_us"]
+            if r["tunnel"]["median_us"] and r["link"]["median_us"] else None for r in rows]
 
 
 def daemon_cpu(rows):
@@ -441,22 +449,24 @@ def report_tunnel(res):
     lat = res["latency"]
     if lat:
         L.append("")
-        L.append("**64-byte UDP round trip** (sockperf `--full-rtt`), µs: through the tunnel %s, "
-                 "directly on network 1 %s (median of each run's median)%s." % (
+        L.append("**64-byte UDP round trip** (sockperf `--full-rtt`), µs, with the daemons' "
+                 "default busy-poll window: through the tunnel %s, directly on network 1 %s "
+                 "(median of each run's median), tunnel minus direct per run **%s**%s." % (
                      spread([r["tunnel"]["median_us"] for r in lat]),
                      spread([r["link"]["median_us"] for r in lat]),
+                     spread(added_rtt(lat)),
                      daemon_cpu(lat)))
         busy = res.get("latency_busy_poll")
         if busy and busy["runs"]:
             runs = busy["runs"]
-            L.append("With the daemons busy polling (`--busy-poll %d`): through the tunnel %s, "
+            how = ("without busy polling" if busy["busy_poll_us"] == 0
+                   else "busy polling for %d µs" % busy["busy_poll_us"])
+            L.append("With the daemons %s (`--busy-poll %d`): through the tunnel %s, "
                      "directly %s, tunnel minus direct per run **%s**%s." % (
-                         busy["busy_poll_us"],
+                         how, busy["busy_poll_us"],
                          spread([r["tunnel"]["median_us"] for r in runs]),
                          spread([r["link"]["median_us"] for r in runs]),
-                         spread([r["tunnel"]["median_us"] - r["link"]["median_us"]
-                                 if r["tunnel"]["median_us"] and r["link"]["median_us"]
-                                 else None for r in runs]),
+                         spread(added_rtt(runs)),
                          daemon_cpu(runs)))
     part = res.get("partition") or []
     if part:

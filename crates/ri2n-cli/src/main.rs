@@ -177,8 +177,9 @@ pub struct LinkThreadsOpt {
     /// UDP transport: whether each link gets a thread of its own that receives, opens (with a
     /// key) and hands to the connection what arrives on it, so that one connection's links
     /// are received on a core each. `auto`: where this process may use 8 CPUs or more, as
-    /// `--send-threads` (and for `tunnel`, not with `--busy-poll`: the polling thread receives
-    /// itself). A thread waiting for data receives what arrives meanwhile itself either way.
+    /// `--send-threads` (and for `tunnel`, not with a `--busy-poll` window given: the polling
+    /// thread receives itself). A thread waiting for data receives what arrives meanwhile
+    /// itself either way.
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = LinkThreadsArg::Auto)]
     pub recv_threads: LinkThreadsArg,
 }
@@ -289,17 +290,20 @@ pub struct TunnelArgs {
     pub queues: Option<u16>,
 
     /// After its last packet, each thread that moves packets (one per queue, one for the
-    /// links; on fewer than 4 CPUs one for both) keeps looking for the next one for USEC microseconds before it sleeps, so that
-    /// a packet arriving meanwhile crosses without a thread wake-up: on hosts where waking a
-    /// thread is dear (virtual machines) a small packet's round trip through the tunnel then
-    /// comes close to the plain link's. Costs CPU: each such thread spins for up to USEC
-    /// after every burst of traffic (yielding to any thread waiting for its CPU), a whole
-    /// core while packets come more often; nothing at rest. 0 (the default): sleep at once.
-    /// For latency-bound work such as MPI try 200: a window shorter than the round trip
-    /// through the tunnel saves less (docs/BENCHMARKS.md §6).
-    #[arg(long, value_name = "USEC", default_value_t = 0,
+    /// links; on fewer than 4 CPUs one for both) keeps looking for the next one for up to USEC
+    /// microseconds before it sleeps, so that a packet arriving meanwhile crosses without a
+    /// thread wake-up: on hosts where waking a thread is dear (virtual machines) a small
+    /// packet's round trip through the tunnel then comes close to the plain link's. Costs
+    /// CPU: a thread spins for up to USEC after every burst of traffic (yielding to any
+    /// thread waiting for its CPU), a whole core while packets come more often. It stops
+    /// spinning by itself while packets come further apart than USEC (twice in a row), so
+    /// sparse traffic and a host at rest cost none. 0: sleep at once. Default: 50 where the
+    /// thread for the links receives on them itself, 0 where each link has a receiving thread
+    /// (`--recv-threads`: 8 CPUs or more); a window given, not 0, turns those threads off
+    /// unless `--recv-threads on` (docs/BENCHMARKS.md §6).
+    #[arg(long, value_name = "USEC",
           value_parser = clap::value_parser!(u32).range(0..=100_000))]
-    pub busy_poll: u32,
+    pub busy_poll: Option<u32>,
 
     /// How IP packets ride on the connections; every host must use the same.
     /// `datagrams`: each packet is one unreliable datagram, and a 64 KB TCP segment one

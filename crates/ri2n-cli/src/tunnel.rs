@@ -29,7 +29,10 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
         queues: args
             .queues
             .map_or_else(ri2n_tunnel::default_queues, usize::from),
-        busy_poll: Duration::from_micros(args.busy_poll.into()),
+        busy_poll: args.busy_poll.map_or_else(
+            || ri2n_tunnel::default_busy_poll(args.threads.recv_threads.get()),
+            |us| Duration::from_micros(us.into()),
+        ),
         send_threads: args.threads.send_threads.get(),
         recv_threads: args.threads.recv_threads.get(),
         describe_refusal: crate::net::describe_refusal,

@@ -23,6 +23,7 @@
 
 mod support;
 
+use std::cell::RefCell;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -1994,17 +1995,17 @@ impl FloodPing {
 }
 
 /// A small packet crosses the tunnel with one wake-up per side: over back-to-back pings, each
-/// daemon's packet threads go to sleep twice per round trip, once for the request and once
-/// for the reply (the thread reading the interface, the peer loop receiving from the links).
-/// A hand-over between threads on the way (a driver thread taking an arrival in and waking
-/// the peer loop) would add a wake-up per crossing.
+/// daemon's packet threads, not busy polling, go to sleep twice per round trip, once for the
+/// request and once for the reply (the thread reading the interface, the peer loop receiving
+/// from the links). A hand-over between threads on the way (a driver thread taking an arrival
+/// in and waking the peer loop) would add a wake-up per crossing.
 #[test]
 fn a_packet_crossing_the_tunnel_wakes_one_thread_per_side() {
     let Some(test) = PingLab::up("tunnel-wakeups", "twk") else {
         return;
     };
     let (env, lab, dir) = (test.env, &test.lab, &test.dir);
-    let flood = FloodPing::run(env, lab, &dir.0, &[], |_| {});
+    let flood = FloodPing::run(env, lab, &dir.0, &["--busy-poll", "0"], |_| {});
     for d in &flood.sleeps {
         assert!(
             d.carrying <= flood.received * 5 / 2,
@@ -2060,6 +2061,73 @@ fn with_busy_polling_back_to_back_packets_cross_the_tunnel_without_sleeps() {
     report(&format!(
         "tunnel sleeps with --busy-poll 1000 {}; CPU ticks in a second at rest {at_rest:?}",
         flood.describe()
+    ));
+}
+
+/// Busy polling stops by itself where it would not pay: one-way packets 10 ms apart, with a
+/// window of 5 ms, would have each daemon spin half of the time (a window after every packet);
+/// after two such idle spells in a row the packet threads sleep at once, and the daemons use
+/// next to no CPU while the packets still cross.
+#[test]
+fn busy_polling_stops_while_packets_come_further_apart_than_its_window() {
+    let Some(test) = PingLab::up("tunnel-busy-poll-sparse", "tbs") else {
+        return;
+    };
+    if !require_tool("iperf3", "iperf3") {
+        return;
+    }
+    let (env, lab, dir) = (test.env, &test.lab, &test.dir.0);
+    support::keygen(env, dir);
+    let config = write_cluster_file(dir, &["a", "b"]);
+    let mut daemons: Vec<Proc> = ["a", "b"]
+        .iter()
+        .map(|h| {
+            let args = ["--busy-poll", "5000"];
+            spawn_daemon(env, lab, h, &args, &config, dir, &format!("tunnel-{h}"))
+        })
+        .collect();
+    wait_connected(&mut daemons, 1, Duration::from_secs(20));
+    let pids: Vec<u32> = daemons.iter().map(Proc::pid).collect();
+    let ticks = || pids.iter().map(|&p| cpu_ticks(p)).collect::<Vec<u64>>();
+    let (start, end) = (RefCell::new(Vec::new()), RefCell::new(Vec::new()));
+    // 100 datagrams of 500 bytes a second from a to b, none back, for 3 s; the daemons' CPU
+    // from 1 s to 2.5 s
+    let udp = iperf(
+        lab,
+        dir,
+        "a",
+        "b",
+        &["-u", "-b", "400k", "-l", "500", "-t", "3"],
+        &[
+            (Duration::from_secs(1), &|| *start.borrow_mut() = ticks()),
+            (Duration::from_millis(2500), &|| *end.borrow_mut() = ticks()),
+        ],
+    );
+    stop_daemons(&mut daemons);
+    // the premise: the packets crossed the tunnel all along
+    let sent = udp["end"]["sum"]["packets"].as_u64().unwrap_or(0);
+    let lost = udp["end"]["sum"]["lost_packets"]
+        .as_u64()
+        .unwrap_or(u64::MAX);
+    assert!(
+        sent >= 250 && lost <= sent / 10,
+        "{lost} of {sent} datagrams lost through the tunnel: {udp}"
+    );
+    // in clock ticks (100 a second): spinning a window after every packet would be 75
+    let used: Vec<u64> = (end.borrow().iter().zip(start.borrow().iter()))
+        .map(|(e, s)| e - s)
+        .collect();
+    assert_eq!(used.len(), 2, "the CPU was not sampled");
+    for (d, ticks) in used.iter().enumerate() {
+        assert!(
+            *ticks <= 15,
+            "daemon {d} used {ticks} clock ticks of CPU in 1.5 s of one packet every 10 ms \
+             with --busy-poll 5000"
+        );
+    }
+    report(&format!(
+        "tunnel with --busy-poll 5000 and a packet every 10 ms: {sent} sent, {lost} lost; \
+         daemons' CPU ticks in 1.5 s {used:?}"
     ));
 }
 

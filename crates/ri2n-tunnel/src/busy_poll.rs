@@ -2,15 +2,26 @@
 //! keeps looking for the next ones for a while before it goes to sleep, so that a packet
 //! arriving meanwhile is taken without a thread wake-up. A wake-up is the largest part of
 //! what the tunnel adds to a small packet's round trip where waking a sleeping CPU is dear
-//! (virtual machines: docs/BENCHMARKS.md §6); a request-response exchange whose round trip is
-//! shorter than the window then crosses the tunnel without any.
+//! (virtual machines: docs/BENCHMARKS.md §6); a request-response exchange whose turns come
+//! quicker than the window then crosses the tunnel without any.
 //!
-//! The price is CPU: a thread spins for up to the window after each burst of traffic. It
-//! yields between looks, so that an application thread waiting for that CPU (the one about
-//! to answer) runs first, and it never spins at rest: the window counts from the last packet
-//! handled, not from the start of a wait.
+//! The price is CPU, kept to where it buys something. The window counts from the last packet
+//! handled, not from the start of a wait, so the thread never spins at rest. And it spins only
+//! while the traffic is such that spinning catches packets: after each idle spell (from the
+//! last packet handled to the next) longer than the window, one that spinning would have
+//! spent in vain, the thread counts a miss, and after [`MISSES`] in a row it sleeps at once
+//! until an idle spell shorter than the window shows that the packets come quickly again
+//! (kernel halt-polling adapts its window to the same evidence). Sparse traffic, a packet now
+//! and then or keepalives, costs no spinning; a ping-pong or a stream whose packets come
+//! quicker than the window, no wake-ups. The thread yields between looks, so that an
+//! application thread waiting for that CPU (the one about to answer) runs first.
 
 use std::time::{Duration, Instant};
+
+/// Idle spells in a row longer than the window after which the thread stops spinning. More
+/// than one: a request-response exchange alternates a short spell (the local application
+/// answering) with a longer one (the round trip), and the short ones are the ones to catch.
+pub(crate) const MISSES: u32 = 2;
 
 /// One packet thread's window.
 #[derive(Debug)]
@@ -18,6 +29,11 @@ pub(crate) struct BusyPoll {
     /// How long after the last packet the thread keeps looking; zero: it sleeps at once.
     window: Duration,
     last_packet: Instant,
+    /// Whether the thread has gone idle since the last packet (`spin` was called): the next
+    /// packet ends an idle spell.
+    idle: bool,
+    /// Idle spells in a row longer than the window.
+    misses: u32,
 }
 
 impl BusyPoll {
@@ -25,21 +41,40 @@ impl BusyPoll {
         Self {
             window,
             last_packet: Instant::now(),
+            idle: false,
+            misses: 0,
         }
     }
 
-    /// The thread handled packets just now: the window opens again.
+    /// The thread handled packets just now: the window opens again, and an idle spell that
+    /// ended with these packets counts as caught or missed.
     pub(crate) fn handled(&mut self) {
-        if !self.window.is_zero() {
-            self.last_packet = Instant::now();
+        if self.window.is_zero() {
+            return;
         }
+        let now = Instant::now();
+        if std::mem::take(&mut self.idle) {
+            if now.duration_since(self.last_packet) <= self.window {
+                self.misses = 0;
+            } else {
+                self.misses = self.misses.saturating_add(1);
+            }
+        }
+        self.last_packet = now;
     }
 
-    /// Calls `look` (a look that does not wait) until it finds something or the window since
-    /// the last packet has closed; whether it found something. False at once without a
-    /// window: the caller then waits as it would anyway.
-    pub(crate) fn spin(&self, mut look: impl FnMut() -> bool) -> bool {
-        if self.window.is_zero() {
+    /// Whether the thread spins when it next runs out of work.
+    pub(crate) fn spinning(&self) -> bool {
+        !self.window.is_zero() && self.misses < MISSES
+    }
+
+    /// The thread has nothing to do: calls `look` (a look that does not wait) until it finds
+    /// something or the window since the last packet has closed; whether it found something.
+    /// False at once where the thread does not spin: the caller then waits as it would
+    /// anyway.
+    pub(crate) fn spin(&mut self, mut look: impl FnMut() -> bool) -> bool {
+        self.idle = true;
+        if !self.spinning() {
             return false;
         }
         while self.last_packet.elapsed() < self.window {
@@ -56,14 +91,24 @@ impl BusyPoll {
 mod tests {
     use super::*;
 
+    /// An idle spell of `spell` for `poll`: the thread runs out of work `spell` after its
+    /// last packet (no spin, to keep the test's time short) and a packet ends the spell.
+    fn spell(poll: &mut BusyPoll, spell: Duration) {
+        poll.idle = true;
+        poll.last_packet = Instant::now() - spell;
+        poll.handled();
+    }
+
     #[test]
     fn without_a_window_nothing_is_looked_at() {
         let mut looks = 0;
-        assert!(!BusyPoll::new(Duration::ZERO).spin(|| {
+        let mut poll = BusyPoll::new(Duration::ZERO);
+        assert!(!poll.spin(|| {
             looks += 1;
             true
         }));
         assert_eq!(looks, 0);
+        assert!(!poll.spinning());
     }
 
     #[test]
@@ -107,5 +152,54 @@ mod tests {
             true
         }));
         assert_eq!(looks, 1);
+    }
+
+    #[test]
+    fn sparse_packets_stop_the_spinning_and_quick_ones_start_it_again() {
+        let window = Duration::from_millis(1);
+        let mut poll = BusyPoll::new(window);
+        assert!(poll.spinning());
+        // packets a second apart: spinning would catch none of them
+        for _ in 0..MISSES {
+            assert!(poll.spinning());
+            spell(&mut poll, Duration::from_secs(1));
+        }
+        assert!(!poll.spinning());
+        let mut looks = 0;
+        let start = Instant::now();
+        assert!(!poll.spin(|| {
+            looks += 1;
+            false
+        }));
+        assert_eq!(looks, 0, "looked for {:?}", start.elapsed());
+        // more sparse packets keep it off; one within the window turns it on
+        spell(&mut poll, Duration::from_secs(1));
+        assert!(!poll.spinning());
+        spell(&mut poll, Duration::from_micros(100));
+        assert!(poll.spinning());
+    }
+
+    #[test]
+    fn a_ping_pong_alternating_short_and_long_spells_keeps_it_spinning() {
+        let mut poll = BusyPoll::new(Duration::from_millis(1));
+        for _ in 0..10 {
+            spell(&mut poll, Duration::from_micros(100));
+            spell(&mut poll, Duration::from_secs(1));
+            assert!(poll.spinning());
+        }
+    }
+
+    #[test]
+    fn packets_of_one_burst_are_not_idle_spells() {
+        let mut poll = BusyPoll::new(Duration::from_millis(1));
+        for _ in 0..MISSES {
+            spell(&mut poll, Duration::from_secs(1));
+        }
+        assert!(!poll.spinning());
+        // packets handled back to back, with no wait between them, leave it off
+        for _ in 0..10 {
+            poll.handled();
+        }
+        assert!(!poll.spinning());
     }
 }

@@ -16,8 +16,9 @@
 //! reads the interface's one queue, in place of a route thread without a core of its own;
 //! one samples the status that a Unix socket and Prometheus serve (`status`); on 8 CPUs or
 //! more, the endpoint's one per link that seals and sends (`--send-threads`). With a
-//! busy-poll window the route loops and the peer loop look for the next packet a while
-//! before they sleep (`busy_poll`): latency for CPU.
+//! busy-poll window (by default where the peer loop receives on the links itself) the route
+//! loops and the peer loop look for the next packet a while before they sleep, as long as
+//! packets come that quickly (`busy_poll`): latency for CPU.
 //!
 //! Written here rather than taken from a crate: the TUN set-up (`device`: a few ioctls for
 //! the virtio-net header and the TSO flags) and the offloads (`offload`, whose header
@@ -107,9 +108,27 @@ const CPUS_PER_QUEUE: usize = 4;
 fn peer_loop_routes(queues: usize) -> bool {
     queues == 1 && thread::available_parallelism().map_or(1, usize::from) < CPUS_PER_QUEUE
 }
+
 /// Beyond this many, the connections the route loops hand their packets to are the limit
 /// before the queues are.
 const MAX_DEFAULT_QUEUES: usize = 8;
+
+/// The busy-poll window when none is asked for: [`AUTO_BUSY_POLL`] where the peer loop
+/// receives on the link sockets itself, none where each link has a receiving thread
+/// (`recv_threads`, as it resolves on this host): such a thread takes each packet first and
+/// wakes the loop anyway, so a loop spinning beside it would burn a core for little.
+pub fn default_busy_poll(recv_threads: LinkThreads) -> Duration {
+    if ri2n::link_threads_wanted(recv_threads) {
+        Duration::ZERO
+    } else {
+        AUTO_BUSY_POLL
+    }
+}
+
+/// The default busy-poll window: long enough for a local application's answer to a request,
+/// and, once the tunnel has no wake-ups left in it, for a whole small round trip in the lab
+/// (docs/BENCHMARKS.md §6). Under sparse traffic the threads stop spinning (`busy_poll`).
+pub const AUTO_BUSY_POLL: Duration = Duration::from_micros(50);
 
 /// What the daemon is told besides the cluster file.
 #[derive(Debug, Clone)]
@@ -126,7 +145,8 @@ pub struct Options {
     /// staying on one.
     pub queues: usize,
     /// How long the packet threads keep looking for more after their last packet before they
-    /// sleep (`busy_poll`); zero: they sleep at once.
+    /// sleep, while packets come that quickly (`busy_poll`); zero: they sleep at once. See
+    /// [`default_busy_poll`].
     pub busy_poll: Duration,
     /// Whether each link gets a thread that seals and sends ([`ri2n::LinkThreads`]).
     pub send_threads: LinkThreads,

@@ -67,6 +67,12 @@ pub use ri2n_proto::{
 use shards::Shards;
 use udp_connection::UdpConnection;
 
+/// Whether `setting` gives each link socket a thread of its own in an endpoint made in this
+/// process: [`LinkThreads::Auto`] decided by the CPUs the process may use.
+pub fn link_threads_wanted(setting: LinkThreads) -> bool {
+    outgoing::lanes_wanted(setting)
+}
+
 /// The first shard, whose sockets resolved the ports (the others share its addresses, ports
 /// and impairment switches).
 fn first(shards: &Shards) -> &driver::Shared {
