@@ -290,17 +290,19 @@ pub struct TunnelArgs {
     pub queues: Option<u16>,
 
     /// After its last packet, each thread that moves packets (one per queue, one for the
-    /// links; on fewer than 4 CPUs one for both) keeps looking for the next one for up to USEC
-    /// microseconds before it sleeps, so that a packet arriving meanwhile crosses without a
-    /// thread wake-up: on hosts where waking a thread is dear (virtual machines) a small
-    /// packet's round trip through the tunnel then comes close to the plain link's. Costs
-    /// CPU: a thread spins for up to USEC after every burst of traffic (yielding to any
-    /// thread waiting for its CPU), a whole core while packets come more often. It stops
-    /// spinning by itself while packets come further apart than USEC (twice in a row), so
-    /// sparse traffic and a host at rest cost none. 0: sleep at once. Default: 50 where the
-    /// thread for the links receives on them itself, 0 where each link has a receiving thread
-    /// (`--recv-threads`: 8 CPUs or more); a window given, not 0, turns those threads off
-    /// unless `--recv-threads on` (docs/BENCHMARKS.md §6).
+    /// links; with one queue on fewer than 4 CPUs one for both) keeps looking for the next
+    /// one for up to USEC microseconds before it sleeps, so that a packet arriving meanwhile
+    /// crosses without a thread wake-up: on hosts where waking a thread is dear (virtual
+    /// machines) a small packet's round trip through the tunnel then comes close to the plain
+    /// link's. Costs CPU: a thread spins for up to USEC after every burst of traffic (yielding
+    /// to any thread waiting for its CPU), a whole core while packets come more often. It
+    /// stops by itself after two packets in a row that came too late to be caught, and starts
+    /// again when one comes within twice USEC: traffic whose packets come further apart, and
+    /// a host at rest, cost nothing; a request answered at once, a window per request. 0:
+    /// sleep at once. Default: 50 where the thread for the links receives on them itself, 0
+    /// where each link has a receiving thread (`--recv-threads`: 8 CPUs or more); a window
+    /// given, not 0, turns those threads off unless `--recv-threads on` (docs/BENCHMARKS.md
+    /// §6).
     #[arg(long, value_name = "USEC",
           value_parser = clap::value_parser!(u32).range(0..=100_000))]
     pub busy_poll: Option<u32>,

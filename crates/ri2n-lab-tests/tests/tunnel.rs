@@ -2065,9 +2065,10 @@ fn with_busy_polling_back_to_back_packets_cross_the_tunnel_without_sleeps() {
 }
 
 /// Busy polling stops by itself where it would not pay: one-way packets 10 ms apart, with a
-/// window of 5 ms, would have each daemon spin half of the time (a window after every packet);
-/// after two such idle spells in a row the packet threads sleep at once, and the daemons use
-/// next to no CPU while the packets still cross.
+/// window of 4 ms, would have each daemon spin 40 % of the time (a window after every
+/// packet); after two such idle spells in a row the packet threads sleep at once, and the
+/// daemons use next to no CPU while the packets still cross. The premise, that the window
+/// spins at all: packets 1 ms apart, within the window, keep the daemons spinning.
 #[test]
 fn busy_polling_stops_while_packets_come_further_apart_than_its_window() {
     let Some(test) = PingLab::up("tunnel-busy-poll-sparse", "tbs") else {
@@ -2082,53 +2083,64 @@ fn busy_polling_stops_while_packets_come_further_apart_than_its_window() {
     let mut daemons: Vec<Proc> = ["a", "b"]
         .iter()
         .map(|h| {
-            let args = ["--busy-poll", "5000"];
+            let args = ["--busy-poll", "4000"];
             spawn_daemon(env, lab, h, &args, &config, dir, &format!("tunnel-{h}"))
         })
         .collect();
     wait_connected(&mut daemons, 1, Duration::from_secs(20));
     let pids: Vec<u32> = daemons.iter().map(Proc::pid).collect();
-    let ticks = || pids.iter().map(|&p| cpu_ticks(p)).collect::<Vec<u64>>();
-    let (start, end) = (RefCell::new(Vec::new()), RefCell::new(Vec::new()));
-    // 100 datagrams of 500 bytes a second from a to b, none back, for 3 s; the daemons' CPU
-    // from 1 s to 2.5 s
-    let udp = iperf(
-        lab,
-        dir,
-        "a",
-        "b",
-        &["-u", "-b", "400k", "-l", "500", "-t", "3"],
-        &[
-            (Duration::from_secs(1), &|| *start.borrow_mut() = ticks()),
-            (Duration::from_millis(2500), &|| *end.borrow_mut() = ticks()),
-        ],
-    );
+    // 500-byte datagrams from a to b at `rate` bit/s, none back, for 3 s: how many were
+    // sent and lost, and each daemon's CPU from 1 s to 2.5 s in clock ticks (100 a second)
+    let one_way = |rate: &str| {
+        let ticks = || pids.iter().map(|&p| cpu_ticks(p)).collect::<Vec<u64>>();
+        let (start, end) = (RefCell::new(Vec::new()), RefCell::new(Vec::new()));
+        let udp = iperf(
+            lab,
+            dir,
+            "a",
+            "b",
+            &["-u", "-b", rate, "-l", "500", "-t", "3"],
+            &[
+                (Duration::from_secs(1), &|| *start.borrow_mut() = ticks()),
+                (Duration::from_millis(2500), &|| *end.borrow_mut() = ticks()),
+            ],
+        );
+        let sent = udp["end"]["sum"]["packets"].as_u64().unwrap_or(0);
+        let lost = udp["end"]["sum"]["lost_packets"]
+            .as_u64()
+            .unwrap_or(u64::MAX);
+        // the premise: the packets crossed the tunnel all along
+        assert!(
+            sent >= 250 && lost <= sent / 10,
+            "{lost} of {sent} datagrams lost through the tunnel at {rate}: {udp}"
+        );
+        let used: Vec<u64> = (end.borrow().iter().zip(start.borrow().iter()))
+            .map(|(e, s)| e - s)
+            .collect();
+        assert_eq!(used.len(), 2, "the CPU was not sampled");
+        (sent, lost, used)
+    };
+    let quick = one_way("4M");
+    let sparse = one_way("400k");
     stop_daemons(&mut daemons);
-    // the premise: the packets crossed the tunnel all along
-    let sent = udp["end"]["sum"]["packets"].as_u64().unwrap_or(0);
-    let lost = udp["end"]["sum"]["lost_packets"]
-        .as_u64()
-        .unwrap_or(u64::MAX);
-    assert!(
-        sent >= 250 && lost <= sent / 10,
-        "{lost} of {sent} datagrams lost through the tunnel: {udp}"
-    );
-    // in clock ticks (100 a second): spinning a window after every packet would be 75
-    let used: Vec<u64> = (end.borrow().iter().zip(start.borrow().iter()))
-        .map(|(e, s)| e - s)
-        .collect();
-    assert_eq!(used.len(), 2, "the CPU was not sampled");
-    for (d, ticks) in used.iter().enumerate() {
+    report(&format!(
+        "tunnel with --busy-poll 4000, (sent, lost, daemons' CPU ticks in 1.5 s): a packet \
+         every ms {quick:?}, every 10 ms {sparse:?}"
+    ));
+    for (d, ticks) in quick.2.iter().enumerate() {
+        assert!(
+            *ticks >= 45,
+            "daemon {d} used only {ticks} clock ticks of CPU in 1.5 s of one packet every ms \
+             with --busy-poll 4000: it did not spin"
+        );
+    }
+    for (d, ticks) in sparse.2.iter().enumerate() {
         assert!(
             *ticks <= 15,
             "daemon {d} used {ticks} clock ticks of CPU in 1.5 s of one packet every 10 ms \
-             with --busy-poll 5000"
+             with --busy-poll 4000: it kept spinning"
         );
     }
-    report(&format!(
-        "tunnel with --busy-poll 5000 and a packet every 10 ms: {sent} sent, {lost} lost; \
-         daemons' CPU ticks in 1.5 s {used:?}"
-    ));
 }
 
 /// `count` pings from host `from` to host `to`'s tunnel address, `pace` their pace (`-f`: each

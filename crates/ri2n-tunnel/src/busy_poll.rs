@@ -7,14 +7,18 @@
 //!
 //! The price is CPU, kept to where it buys something. The window counts from the last packet
 //! handled, not from the start of a wait, so the thread never spins at rest. And it spins only
-//! while the traffic is such that spinning catches packets: after each idle spell (from the
-//! last packet handled to the next) longer than the window, one that spinning would have
-//! spent in vain, the thread counts a miss, and after [`MISSES`] in a row it sleeps at once
-//! until an idle spell shorter than the window shows that the packets come quickly again
-//! (kernel halt-polling adapts its window to the same evidence). Sparse traffic, a packet now
-//! and then or keepalives, costs no spinning; a ping-pong or a stream whose packets come
-//! quicker than the window, no wake-ups. The thread yields between looks, so that an
-//! application thread waiting for that CPU (the one about to answer) runs first.
+//! while the traffic is such that spinning catches packets: each idle spell (from the last
+//! packet handled to the next) longer than the window is a miss, one that spinning spent in
+//! vain, and after [`MISSES`] in a row the thread sleeps at once until a quick spell shows
+//! that the packets come quickly again (kernel halt-polling adapts its window to the same
+//! evidence). A spell the thread sleeps through holds its own wake-up, which spinning would
+//! have saved, so there a spell of up to twice the window counts as quick: a request-response
+//! exchange slowed by its wake-ups finds the spinning again. So the thread spins in vain for
+//! at most [`MISSES`] windows after a packet that came within twice the window, and not at
+//! all once packets come further apart, one-way or both ways; a ping-pong or a stream whose
+//! packets come quicker than the window crosses without wake-ups. The thread yields between
+//! looks, so that an application thread waiting for that CPU (the one about to answer) runs
+//! first.
 
 use std::time::{Duration, Instant};
 
@@ -54,7 +58,14 @@ impl BusyPoll {
         }
         let now = Instant::now();
         if std::mem::take(&mut self.idle) {
-            if now.duration_since(self.last_packet) <= self.window {
+            // while spinning, a spell longer than the window was a spin in vain; while
+            // sleeping at once, the spell holds the wake-up
+            let quick = if self.spinning() {
+                self.window
+            } else {
+                self.window.saturating_mul(2)
+            };
+            if now.duration_since(self.last_packet) <= quick {
                 self.misses = 0;
             } else {
                 self.misses = self.misses.saturating_add(1);
@@ -177,6 +188,26 @@ mod tests {
         assert!(!poll.spinning());
         spell(&mut poll, Duration::from_micros(100));
         assert!(poll.spinning());
+    }
+
+    #[test]
+    fn spells_slept_through_count_their_wake_up() {
+        let window = Duration::from_millis(10);
+        let mut poll = BusyPoll::new(window);
+        // spinning: a spell longer than the window is a miss, however close
+        for _ in 0..MISSES {
+            spell(&mut poll, Duration::from_millis(15));
+        }
+        assert!(!poll.spinning());
+        // sleeping at once: the same spell holds a wake-up, and counts as quick
+        spell(&mut poll, Duration::from_millis(15));
+        assert!(poll.spinning());
+        for _ in 0..MISSES {
+            spell(&mut poll, Duration::from_millis(15));
+        }
+        // past twice the window it stays off
+        spell(&mut poll, Duration::from_millis(25));
+        assert!(!poll.spinning());
     }
 
     #[test]

@@ -127,7 +127,8 @@ pub fn default_busy_poll(recv_threads: LinkThreads) -> Duration {
 
 /// The default busy-poll window: long enough for a local application's answer to a request,
 /// and, once the tunnel has no wake-ups left in it, for a whole small round trip in the lab
-/// (docs/BENCHMARKS.md §6). Under sparse traffic the threads stop spinning (`busy_poll`).
+/// (docs/BENCHMARKS.md §6). Where packets come further apart the threads stop spinning
+/// (`busy_poll`).
 pub const AUTO_BUSY_POLL: Duration = Duration::from_micros(50);
 
 /// What the daemon is told besides the cluster file.

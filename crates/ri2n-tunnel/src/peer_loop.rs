@@ -509,11 +509,12 @@ impl Loop {
                     return false;
                 }
                 Ok(n) => {
-                    self.busy.handled();
                     let me = self.peers.table().me().address.octets();
                     let lost = self
                         .out
                         .write(&self.queues, &peer.host.address.octets(), &me);
+                    // the window opens when the packets are out, as the route loops' does
+                    self.busy.handled();
                     peer.received
                         .fetch_add((n - lost.refused - lost.failed) as u64, Ordering::Relaxed);
                     if let Some(why) = lost.first_refusal {
