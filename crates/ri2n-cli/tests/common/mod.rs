@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};
-use std::net::UdpSocket;
+use std::net::{TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,22 +27,32 @@ pub fn heavy() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A UDP port free on both 127.0.0.1 and 127.0.0.2 right now (never the same one twice in
-/// this process).
+/// A port free for UDP and TCP on both 127.0.0.1 and 127.0.0.2 right now, below the
+/// kernel's ephemeral range (never the same one twice in this process). Below that range so
+/// that no socket bound to port 0 meanwhile (a sender's link, a TCP client of another test)
+/// can take it before the receiver this port is for binds it.
 pub fn free_port() -> u16 {
-    static TAKEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
-    for _ in 0..100 {
-        let a = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let port = a.local_addr().unwrap().port();
-        if UdpSocket::bind(("127.0.0.2", port)).is_ok() {
-            let mut taken = TAKEN.lock().unwrap();
-            if !taken.contains(&port) {
-                taken.push(port);
-                return port;
-            }
+    static NEXT: Mutex<Option<u16>> = Mutex::new(None);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (10_000.min(ephemeral_low / 2), ephemeral_low);
+    let mut next = NEXT.lock().unwrap_or_else(|e| e.into_inner());
+    // each test process starts elsewhere in the range, so that two running at once rarely
+    // try the same ports
+    let mut port = next.unwrap_or(low + (std::process::id() % 997) as u16 * 17 % (high - low));
+    for _ in low..high {
+        port = if port + 1 >= high { low } else { port + 1 };
+        let free = ["127.0.0.1", "127.0.0.2"].iter().all(|ip| {
+            UdpSocket::bind((*ip, port)).is_ok() && TcpListener::bind((*ip, port)).is_ok()
+        });
+        if free {
+            *next = Some(port);
+            return port;
         }
     }
-    panic!("no free port on 127.0.0.1 and 127.0.0.2");
+    panic!("no port below {high} free on 127.0.0.1 and 127.0.0.2");
 }
 
 /// A child process, killed when dropped unless it was waited for.
