@@ -153,11 +153,17 @@ MPI_REPS = 10
 # the lab test's schedule (crates/ri2n-lab-tests/tests/tunnel.rs), in the job's own seconds
 MPI_EVENTS = [(6.0, "fault", 1, "switch"), (12.0, "heal", 1), (16.0, "fault", 1, "switch"),
               (16.0, "fault", 2, "switch"), (36.0, "heal", "all")]
+# when (the job's seconds) each host's inner TCP and daemon are looked at if the job has not
+# moved since the heal: while a backed-off timeout of inner TCP would hold it
+MPI_LOOKS = [38.0, 41.0, 46.0, 56.0]
 
 
-def mpi_job(lab, tmpdir, btl, oob):
+def mpi_job(lab, tmpdir, btl, oob, logs=None):
     """The lab test's MPI job (tests/mpi/check.c, one rank per host, mpirun in host a) with
-    Open MPI's TCP transport on `btl` and its control traffic on `oob`, through MPI_EVENTS."""
+    Open MPI's TCP transport on `btl` and its control traffic on `oob`, through MPI_EVENTS.
+    With `logs` (each tunnel daemon's log file, by host), what each daemon logged during the
+    job goes with its result, and for a job that stood still longer than the partition, what
+    the hosts looked like after the heal (MPI_LOOKS)."""
     program = os.path.join(tmpdir, "check")
     if not os.path.exists(program):
         run(["mpicc", "-O2", "-o", program,
@@ -174,6 +180,7 @@ def mpi_job(lab, tmpdir, btl, oob):
            "--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", btl,
            "--mca", "oob_tcp_if_include", oob, program, MPI_SECONDS]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    log_from = {h: os.path.getsize(f) for h, f in (logs or {}).items()}
     out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
     p = PROCS.start(cmd, stdout=out, stderr=err, env=env)
     deadline = time.monotonic() + 60
@@ -185,6 +192,16 @@ def mpi_job(lab, tmpdir, btl, oob):
     t0 = time.monotonic() - 1.0  # the first progress line comes a second into the job
     ev_log, stop = [], threading.Event()
     do_events(lab, t0, MPI_EVENTS, ev_log, stop)
+    # looked at only while the job stands still after the heal, so as not to disturb the others
+    looks, heal = [], MPI_EVENTS[-1][0]
+    for t in MPI_LOOKS if logs else ():
+        while time.monotonic() < t0 + t and p.poll() is None:
+            time.sleep(0.01)
+        out.seek(0)
+        moved = any(float(m) > heal + 0.5 for m in re.findall(r"progress t=([\d.]+)", out.read()))
+        if p.poll() is not None or moved:
+            break
+        looks.append(look_at_hosts(lab, time.monotonic() - t0))
     # the limit counts from the job's start, as the report says, not from the last event
     rc, _ = PROCS.wait_rusage(p, max(0.0, t0 + MPI_SECONDS + 120 - time.monotonic()))
     wall = time.monotonic() - t0
@@ -196,10 +213,31 @@ def mpi_job(lab, tmpdir, btl, oob):
     ranks = re.findall(r"rank (\d+): iterations (\d+), checked MB (\d+), longest iteration "
                        r"([\d.]+) s, at ([\d.]+) s", text)
     progress = [(float(t), int(i)) for t, i in re.findall(r"progress t=([\d.]+) iterations=(\d+)", text)]
-    return {"rc": rc, "ok": "result: ok" in text, "wall_s": wall, "progress": progress,
-            "ranks": [{"rank": int(r), "iterations": int(i), "mb": int(m), "longest_s": float(l),
-                       "longest_at": float(a)} for r, i, m, l, a in ranks],
-            "stderr": etext[-1500:] if rc != 0 else ""}
+    r = {"rc": rc, "ok": "result: ok" in text, "wall_s": wall, "progress": progress,
+         "ranks": [{"rank": int(r), "iterations": int(i), "mb": int(m), "longest_s": float(l),
+                    "longest_at": float(a)} for r, i, m, l, a in ranks],
+         "stderr": etext[-1500:] if rc != 0 else ""}
+    if logs:
+        r["daemon_logs"] = {}
+        for h, f in logs.items():
+            with open(f) as lf:
+                lf.seek(log_from[h])
+                r["daemon_logs"][h] = lf.read()[-3000:]
+        if looks:
+            r["looks"] = looks
+    return r
+
+
+def look_at_hosts(lab, t):
+    """At `t` s of an MPI job: each host's inner TCP connections through the tunnel (`ss`: their
+    retransmission timer, back-off and losses) and its daemon's status."""
+    look = {"t": round(t, 2)}
+    for h in TUNNEL_HOSTS:
+        look[h] = {
+            "ss": run(lab.ex(h, "ss", "-tinoe", "dst", "10.99.0.0/24"), check=False, timeout=10),
+            "status": run(lab.ex(h, common.RI2N, "tunnel", "status", "--json", "--name", h),
+                          check=False, timeout=10)}
+    return look
 
 
 def end_mpi_leftovers(lab):
@@ -307,7 +345,7 @@ def part_tunnel(o):
         res["mpi_tunnel"] = []
         for rep in range(1 if o.quick else MPI_REPS):
             wait_quiet()
-            r = mpi_job(lab, tmpdir, "ri2n0", "ri2n0")
+            r = mpi_job(lab, tmpdir, "ri2n0", "ri2n0", logs)
             res["mpi_tunnel"].append(r)
             log("  MPI through the tunnel, run %d: exit %s, %s, wall %.0f s" % (
                 rep + 1, r["rc"], "result ok" if r["ok"] else "NO RESULT", r["wall_s"]))
@@ -518,6 +556,14 @@ def report_tunnel(res):
                 spread([worst(r)["longest_s"] for r in done], "%.1f s") if done else "–",
                 spread([worst(r)["longest_at"] for r in done], "%.1f s") if done else "–",
                 spread([r["wall_s"] for r in ended], "%.0f s") if ended else "–"))
+        still = [i for i, r in enumerate(mt or []) if r.get("looks")]
+        if still:
+            L.append("")
+            L.append("Run%s %s through the tunnel had not moved %.1f s after the heal; what each "
+                     "host's inner TCP (`ss -tinoe`) and daemon (`tunnel status`) showed then is "
+                     "kept with %s in `bench/results/tunnel.json` (`mpi_tunnel[N].looks`)." % (
+                         "s" if len(still) > 1 else "", ", ".join(str(i + 1) for i in still),
+                         MPI_LOOKS[0] - MPI_EVENTS[-1][0], "them" if len(still) > 1 else "it"))
     carry = res.get("carry") or {}
     if carry:
         L.append("")
