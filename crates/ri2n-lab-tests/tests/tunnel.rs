@@ -2257,6 +2257,117 @@ fn the_status_counts_the_packets_each_carry_moves() {
     }
 }
 
+/// Receives one TCP connection on `10.99.0.2:5500` and writes what it reads to the file
+/// named by its argument; prints `listening` once it listens.
+const TCP_SINK: &str = "import socket, sys
+s = socket.create_server(('10.99.0.2', 5500))
+print('listening', flush=True)
+c, _ = s.accept()
+with open(sys.argv[1], 'wb') as f:
+    while True:
+        b = c.recv(1 << 20)
+        if not b:
+            break
+        f.write(b)
+";
+
+/// Sends the file named by its argument over one TCP connection to `10.99.0.2:5500`.
+const TCP_SOURCE: &str = "import socket, sys
+c = socket.create_connection(('10.99.0.2', 5500))
+with open(sys.argv[1], 'rb') as f:
+    c.sendfile(f)
+c.close()
+";
+
+/// Inner TCP's bytes cross the tunnel unchanged with either carry, and its large segments
+/// cross whole (as one datagram, or one message, each): a file sent from a to b through the
+/// tunnel arrives with its sha256, while a's status counts far fewer packets handed to b
+/// than the file has MTU-sized segments. Before, `--carry messages` cut every segment to
+/// the MTU and handed each piece over as a message of its own, with a call each.
+#[test]
+fn inner_tcp_crosses_whole_and_unchanged_with_either_carry() {
+    let Some(test) = PingLab::up("tunnel-segments", "tsg") else {
+        return;
+    };
+    if !require_tool("python3", "python3") {
+        return;
+    }
+    let (env, lab, dir) = (test.env, &test.lab, &test.dir);
+    const MIB: u64 = 32;
+    let data = support::DataFile::create(dir.0.join("sent"), MIB, 43);
+    // what one MTU-sized segment of inner TCP carries at most
+    let mss = 1448;
+    support::keygen(env, &dir.0);
+    let config = write_cluster_file(&dir.0, &["a", "b"]);
+    for carry in ["datagrams", "messages"] {
+        let mut daemons: Vec<Proc> = ["a", "b"]
+            .iter()
+            .map(|h| {
+                let name = format!("tunnel-{h}-{carry}-segments");
+                spawn_daemon(env, lab, h, &["--carry", carry], &config, &dir.0, &name)
+            })
+            .collect();
+        wait_connected(&mut daemons, 1, Duration::from_secs(20));
+        let received = dir.0.join(format!("received-{carry}"));
+        let python = Path::new("python3");
+        let arg = |s: &str| vec!["-c".to_owned(), s.to_owned(), "-".to_owned()];
+        let mut sink_args = arg(TCP_SINK);
+        sink_args[2] = received.display().to_string();
+        let mut sink = Proc::spawn_in(
+            &lab.ns_of("b"),
+            python,
+            &sink_args,
+            &dir.0,
+            &format!("sink-{carry}"),
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !sink.stdout_text().contains("listening") {
+            assert!(sink.poll().is_none(), "sink: {}", sink.stderr_text());
+            assert!(Instant::now() < deadline, "the sink never listened");
+            thread::sleep(Duration::from_millis(20));
+        }
+        let mut source_args = arg(TCP_SOURCE);
+        source_args[2] = data.path.display().to_string();
+        let mut source = Proc::spawn_in(
+            &lab.ns_of("a"),
+            python,
+            &source_args,
+            &dir.0,
+            &format!("source-{carry}"),
+        );
+        let sent = source.wait_exit(Duration::from_secs(60));
+        assert!(
+            sent.is_some_and(|s| s.success()),
+            "carrying {carry}, the source: {sent:?} {}",
+            source.stderr_text()
+        );
+        let done = sink.wait_exit(Duration::from_secs(30));
+        assert!(
+            done.is_some_and(|s| s.success()),
+            "carrying {carry}, the sink: {done:?} {}",
+            sink.stderr_text()
+        );
+        let (sha, len) = support::sha256_file(&received);
+        assert_eq!(len, data.len, "carrying {carry}: bytes received");
+        assert!(sha == data.sha256, "carrying {carry}: the bytes differ");
+        // a's status as the next sample shows it (every second)
+        thread::sleep(Duration::from_millis(1100));
+        let status = status_json(env, &lab.ns_of("a"), &config);
+        let handed = status["peers"][0]["packets_sent"].as_u64().unwrap_or(0);
+        let cut = data.len / mss;
+        report(&format!(
+            "tunnel carrying {carry}: {MIB} MiB from a to b in {handed} packets (cut to the \
+             MTU: at least {cut})"
+        ));
+        assert!(
+            handed > 0 && handed < cut / 8,
+            "carrying {carry}: a handed b {handed} packets for {MIB} MiB (cut to the MTU: at \
+             least {cut})"
+        );
+        stop_daemons(&mut daemons);
+    }
+}
+
 /// Runs `args` in host `host`'s namespace; panics unless it succeeds. Returns its stdout.
 fn in_host(lab: &Lab, host: &str, args: &[&str]) -> String {
     let out = Command::new("ip")

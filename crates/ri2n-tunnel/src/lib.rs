@@ -70,7 +70,7 @@ const RECEIVE_BUFFER: usize = 4 << 20;
 pub enum Carry {
     /// Each packet as one unreliable datagram: inner TCP recovers what is lost.
     Datagrams,
-    /// Each packet as one reliable message (a large segment cut to the MTU first).
+    /// Each packet as one reliable message (a large TCP segment whole, as one message).
     Messages,
 }
 

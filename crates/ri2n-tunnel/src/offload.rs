@@ -118,7 +118,7 @@ impl Packets {
 ///
 /// Cut as Linux's `tcp_gso_segment` does: each piece gets the headers with its own length,
 /// IP ID, sequence number and checksums; FIN and PSH stay on the last piece, CWR on the first
-/// (reliable messages, `--carry messages`, go this way).
+/// (a segment [`carry_whole`] does not take goes this way).
 pub fn split(header: &VnetHeader, packet: &[u8], out: &mut Packets) -> usize {
     let gso = header.gso_type & !VIRTIO_NET_HDR_GSO_ECN;
     if gso == VIRTIO_NET_HDR_GSO_NONE {
@@ -205,10 +205,10 @@ pub const SEGMENT_PREFIX: usize = 4;
 /// read empties it). Anything else goes as [`split`] does. Returns how many packets it added.
 ///
 /// Inner TCP's 52 bytes of headers then go once per 64 KB instead of once per 1.4 KB, and
-/// the peer's kernel takes the segment as it took one from a local socket. Losing any piece
-/// loses the whole segment (up to 47 of inner TCP's segments, which its SACK recovery repairs
-/// at once); what a failing link had in flight goes again on another, so only congestion
-/// loses pieces.
+/// the peer's kernel takes the segment as it took one from a local socket. Carried as a
+/// datagram, losing any piece loses the whole segment (up to 47 of inner TCP's segments,
+/// which its SACK recovery repairs at once); what a failing link had in flight goes again on
+/// another, so only congestion loses pieces. Carried as a message, nothing is lost.
 pub fn carry_whole(header: &VnetHeader, read: &mut Vec<u8>, out: &mut Packets) -> usize {
     let Some(packet) = read.get(SEGMENT_PREFIX..) else {
         return 0;

@@ -653,10 +653,9 @@ impl Delivery {
     fn receive(&mut self, conn: &Connection, carry: Carry) -> std::io::Result<usize> {
         match carry {
             Carry::Datagrams => conn.try_recv_datagrams_into(&mut self.packets, BATCH)?,
-            Carry::Messages => {
-                self.packets.clear();
-                self.packets.extend(conn.try_recv_message()?);
-            }
+            // a batch too, so that a flow's consecutive packets are written to the interface
+            // as one
+            Carry::Messages => conn.try_recv_messages_into(&mut self.packets, BATCH)?,
         }
         Ok(self.packets.len())
     }

@@ -23,11 +23,10 @@ pub(crate) const BATCH_BYTES: usize = 128 * 1024;
 /// Reads queue `queue` of the interface and sends each IPv4 packet to the host owning its
 /// destination. The packets waiting are read in a batch; carried as datagrams, they are
 /// handed to each peer's connection in one call, so the connection's lock is taken and its
-/// packets are sent once per batch, not per packet (carried as messages, one call each).
-/// A large TCP segment goes as one datagram, which the connection carries in pieces that
-/// fill its packets: inner TCP's headers then cost 52 bytes per 64 KB instead of per 1.4 KB,
-/// and the peer writes it to its interface as it came. (Carried as messages, a segment is
-/// cut to the MTU.)
+/// packets are sent once per batch, not per packet (carried as messages, likewise, in one
+/// call). A large TCP segment goes as one datagram or message, which the connection carries
+/// in pieces that fill its packets: inner TCP's headers then cost 52 bytes per 64 KB instead
+/// of per 1.4 KB, and the peer writes it to its interface as it came.
 /// With a busy-poll window the loop looks at the queue again and again for that long after
 /// its last packet before it waits ([`BusyPoll`]).
 pub(crate) fn route_loop(peers: &Peers, tun: &Tun, queue: usize, stop: &Stop, busy: Duration) {
@@ -123,11 +122,8 @@ impl Router {
                         Err(NoHost::NotIpv4) => usize::MAX,
                     };
                     bytes += packet.len();
-                    let added = match peers.carry {
-                        // large TCP segments whole: their headers once per 64 KB
-                        Carry::Datagrams => offload::carry_whole(&header, read, packets),
-                        Carry::Messages => offload::split(&header, packet, packets),
-                    };
+                    // large TCP segments whole: their headers once per 64 KB
+                    let added = offload::carry_whole(&header, read, packets);
                     dests.extend(std::iter::repeat_n(dest, added));
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -167,10 +163,13 @@ impl Router {
                         Err(_) => taken.saturating_sub(1),
                     }
                 }
-                (Some(conn), Carry::Messages) => (0..packets.len())
-                    .filter(|&j| dests[j] == k)
-                    .filter(|&j| conn.try_send_message(packets.get(j)).is_ok())
-                    .count() as u64,
+                // copied into the message stream, in one call: their packets leave together
+                (Some(conn), Carry::Messages) => {
+                    let batch = (0..packets.len())
+                        .filter(|&j| dests[j] == k)
+                        .map(|j| packets.get(j));
+                    conn.try_send_messages(batch).map_or(0, |n| n as u64)
+                }
             };
             peer.sent.fetch_add(sent, Ordering::Relaxed);
             peer.drop_packets(mine - sent);

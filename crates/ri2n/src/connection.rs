@@ -316,6 +316,57 @@ impl Connection {
         }
     }
 
+    /// Takes the whole messages that have arrived, oldest first and at most `max` (at least
+    /// one), into `bufs`, without waiting: afterwards `bufs` holds exactly those (none once
+    /// the peer finished its message stream and every message was read), in the memory of
+    /// the buffers it held, so a loop passing the same `bufs` allocates little. An error of
+    /// kind [`io::ErrorKind::WouldBlock`] when no whole message is waiting. Never blocks.
+    pub fn try_recv_messages_into(&self, bufs: &mut Vec<Vec<u8>>, max: usize) -> io::Result<()> {
+        match &self.inner {
+            Inner::Udp(c) => c.try_recv_messages_into(bufs, max),
+            Inner::Tcp(TcpHandle(c)) => {
+                bufs.clear();
+                while bufs.len() < max.max(1) {
+                    match c.recv_message(false, None) {
+                        Ok(Some(m)) => bufs.push(m),
+                        Ok(None) => break,
+                        // what was taken is handed over first; the next call sees the error
+                        Err(_) if !bufs.is_empty() => break,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Sends the messages of `msgs` in order, each whole, while the send buffer has room for
+    /// the next, without waiting: how many it took (the first not taken and those after it
+    /// were not sent). Their packets leave together, as full as they can be, where one
+    /// [`try_send_message`](Self::try_send_message) per message may send each at once. An
+    /// error when not even the first was taken: of kind [`io::ErrorKind::WouldBlock`] when
+    /// the buffer has no room for it now (the readiness descriptor is signalled when there
+    /// is), or what `try_send_message` would have returned. Never blocks.
+    pub fn try_send_messages<'m>(
+        &self,
+        msgs: impl IntoIterator<Item = &'m [u8]>,
+    ) -> io::Result<usize> {
+        match &self.inner {
+            Inner::Udp(c) => c.try_send_messages(msgs),
+            Inner::Tcp(TcpHandle(c)) => {
+                let mut sent = 0;
+                for m in msgs {
+                    match c.send_message(m, false) {
+                        Ok(()) => sent += 1,
+                        Err(_) if sent > 0 => break,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(sent)
+            }
+        }
+    }
+
     /// Sends one whole message if the buffer has room for it now; an error of kind
     /// [`io::ErrorKind::WouldBlock`] otherwise (the readiness descriptor is signalled when
     /// there is room). Never blocks.

@@ -415,6 +415,41 @@ impl UdpConnection {
         }
     }
 
+    /// Takes the whole messages that have arrived, at most `max`, into `bufs` (see
+    /// [`Connection::try_recv_messages_into`](crate::Connection::try_recv_messages_into)).
+    pub(crate) fn try_recv_messages_into(
+        &self,
+        bufs: &mut Vec<Vec<u8>>,
+        max: usize,
+    ) -> io::Result<()> {
+        match self.try_with(Caller::ReadMessage, |c| take_messages(c, bufs, max)) {
+            Ok(()) => Ok(()),
+            Err(ReadError::Blocked) => Err(io::ErrorKind::WouldBlock.into()),
+            Err(e) => Err(read_error(e)),
+        }
+    }
+
+    /// Sends the messages of `msgs` in order while the buffer has room, under one lock, so
+    /// their packets leave together (see
+    /// [`Connection::try_send_messages`](crate::Connection::try_send_messages)).
+    pub(crate) fn try_send_messages<'m>(
+        &self,
+        msgs: impl IntoIterator<Item = &'m [u8]>,
+    ) -> io::Result<usize> {
+        let mut sent = 0;
+        let r = self.try_with(Caller::WriteMessage, |c| {
+            msgs.into_iter()
+                .try_for_each(|m| c.send_message(m).map(|()| sent += 1))
+        });
+        match r {
+            Ok(()) => Ok(sent),
+            // those taken are reported; the next call meets what stopped it
+            Err(_) if sent > 0 => Ok(sent),
+            Err(WriteError::Blocked) => Err(io::ErrorKind::WouldBlock.into()),
+            Err(e) => Err(write_error(e)),
+        }
+    }
+
     /// Sends one whole message if the buffer has room for it now; an error of kind
     /// [`io::ErrorKind::WouldBlock`] otherwise (the readiness descriptor is signalled when
     /// there is room). Never blocks.
@@ -717,6 +752,36 @@ fn take_datagrams(
     for spare in bufs.drain(n..) {
         c.recycle_datagram_buffer(spare);
     }
+    r
+}
+
+/// Moves up to `max` (at least one) whole messages into `bufs`, reusing the memory of the
+/// buffers it held; none left in it at the end of the message stream.
+fn take_messages(
+    c: &mut ProtoConnection,
+    bufs: &mut Vec<Vec<u8>>,
+    max: usize,
+) -> Result<(), ReadError> {
+    let max = max.max(1);
+    let mut n = 0;
+    let r = loop {
+        if n == bufs.len() {
+            bufs.push(Vec::new());
+        }
+        match c.recv_message_into(&mut bufs[n]) {
+            Ok(true) => {
+                n += 1;
+                if n >= max {
+                    break Ok(());
+                }
+            }
+            Ok(false) => break Ok(()),
+            // what was taken is handed over first; the next call sees the error
+            Err(_) if n > 0 => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    bufs.truncate(n);
     r
 }
 

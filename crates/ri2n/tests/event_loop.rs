@@ -708,3 +708,62 @@ fn try_write_buf_takes_a_large_buffer_whole_once_there_is_room() {
         assert_eq!(&got[32 << 10..], b"tail", "{transport:?}");
     }
 }
+
+/// Messages sent in one call arrive whole, in order and unchanged, taken in batches of at
+/// most `max` into the caller's buffers; a batch that does not fit the send buffer is taken
+/// in part, the count saying how far, and the rest sent later; with nothing waiting, both
+/// calls say `WouldBlock`. Both transports.
+#[test]
+fn messages_go_and_come_in_batches() {
+    for transport in [ri2n::Transport::Udp, ri2n::Transport::Tcp] {
+        let config = ConnectionConfig::default().with_send_buffer(256 << 10);
+        let (server, _client, conn) = pair(transport, config);
+        let peer = server.accept().unwrap();
+        let sizes = [
+            1usize, 1400, 65_536, 0, 3000, 40_000, 7, 65_536, 65_536, 65_536,
+        ];
+        let msgs: Vec<Vec<u8>> = (sizes.iter().enumerate())
+            .map(|(i, &n)| payload(n).into_iter().map(|b| b ^ i as u8).collect())
+            .collect();
+        let mut got: Vec<Vec<u8>> = Vec::new();
+        let mut bufs = vec![vec![0xaa; 10]; 2];
+        let e = peer.try_recv_messages_into(&mut bufs, 4).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::WouldBlock, "{transport:?}");
+        let (mut sent, mut calls) = (0, 0);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got.len() < msgs.len() {
+            assert!(
+                Instant::now() < deadline,
+                "{transport:?}: {} of {} came",
+                got.len(),
+                msgs.len()
+            );
+            if sent < msgs.len() {
+                match conn.try_send_messages(msgs[sent..].iter().map(Vec::as_slice)) {
+                    Ok(n) => {
+                        assert!(n >= 1, "{transport:?}: Ok(0) with messages to send");
+                        sent += n;
+                        calls += 1;
+                    }
+                    Err(e) => assert_eq!(e.kind(), ErrorKind::WouldBlock, "{transport:?}"),
+                }
+            }
+            match peer.try_recv_messages_into(&mut bufs, 4) {
+                Ok(()) => {
+                    assert!(
+                        (1..=4).contains(&bufs.len()),
+                        "{transport:?}: {}",
+                        bufs.len()
+                    );
+                    got.extend(bufs.iter().cloned());
+                }
+                Err(e) => assert_eq!(e.kind(), ErrorKind::WouldBlock, "{transport:?}"),
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(got == msgs, "{transport:?}: the messages differ");
+        // the buffer took the batch in parts (the premise of the count)
+        assert!(calls > 1, "{transport:?}: one call took the whole batch");
+        assert_eq!(conn.try_send_messages(std::iter::empty()).unwrap(), 0);
+    }
+}

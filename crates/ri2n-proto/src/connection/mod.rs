@@ -990,6 +990,14 @@ impl Connection {
     /// Receives one whole message. `Ok(None)` is the end of the message stream;
     /// [`ReadError::Blocked`] means wait for [`Event::Readable`].
     pub fn recv_message(&mut self) -> Result<Option<Vec<u8>>, ReadError> {
+        let mut msg = Vec::new();
+        Ok(self.recv_message_into(&mut msg)?.then_some(msg))
+    }
+
+    /// [`recv_message`](Self::recv_message) into `buf`, whose memory it reuses: `Ok(true)`
+    /// with the message in `buf` (nothing else), `Ok(false)` at the end of the message stream
+    /// (`buf` as it was).
+    pub fn recv_message_into(&mut self, buf: &mut Vec<u8>) -> Result<bool, ReadError> {
         let header = self.next_message_header();
         let stream = &mut self.recv[MESSAGE_STREAM];
         if let Some((hlen, len)) = header {
@@ -1001,10 +1009,11 @@ impl Connection {
             }
             if stream.readable() >= hlen as u64 + len {
                 stream.read(&mut [0u8; 8][..hlen]);
-                let mut msg = vec![0u8; len as usize];
-                stream.read(&mut msg);
+                buf.clear();
+                buf.resize(len as usize, 0);
+                stream.read(buf);
                 self.after_read(MESSAGE_STREAM);
-                return Ok(Some(msg));
+                return Ok(true);
             }
             // nothing is read until the whole message is here: make sure it may all arrive
             let end = stream.read_offset() + hlen as u64 + len;
@@ -1013,7 +1022,7 @@ impl Connection {
             }
         }
         if stream.is_finished() {
-            return Ok(None);
+            return Ok(false);
         }
         if stream.is_all_received() {
             self.fail(ConnectionError::ProtocolViolation(
