@@ -310,9 +310,9 @@ pub struct TunnelArgs {
     /// How IP packets ride on the connections; every host must use the same.
     /// `datagrams`: each packet is one unreliable datagram, and a 64 KB TCP segment one
     /// datagram in pieces that fill ri2n's packets (inner TCP keeps the only retransmission
-    /// loop; failures are still hidden). `messages`: each packet is a reliable,
-    /// ordered message, retransmitted by ri2n too; slower for inner TCP, kept for comparison
-    /// (docs/BENCHMARKS.md §6).
+    /// loop; failures are still hidden). `messages`: each packet (a 64 KB segment whole) is
+    /// a reliable, ordered message, retransmitted by ri2n under inner TCP's own loop; as fast,
+    /// kept for comparison (docs/BENCHMARKS.md §6).
     #[arg(long, value_enum, default_value = "datagrams")]
     pub carry: Carry,
 
