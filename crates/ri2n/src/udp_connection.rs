@@ -730,25 +730,7 @@ fn take_datagrams(
     bufs: &mut Vec<Vec<u8>>,
     max: usize,
 ) -> Result<(), ReadError> {
-    let max = max.max(1);
-    let mut n = 0;
-    let r = loop {
-        if n == bufs.len() {
-            bufs.push(Vec::new());
-        }
-        match c.recv_datagram_into(&mut bufs[n]) {
-            Ok(true) => {
-                n += 1;
-                if n >= max {
-                    break Ok(());
-                }
-            }
-            Ok(false) => break Ok(()),
-            // what was taken is handed over first; the next call sees the error
-            Err(_) if n > 0 => break Ok(()),
-            Err(e) => break Err(e),
-        }
-    };
+    let (n, r) = take_into(c, bufs, max, ProtoConnection::recv_datagram_into);
     for spare in bufs.drain(n..) {
         c.recycle_datagram_buffer(spare);
     }
@@ -762,13 +744,28 @@ fn take_messages(
     bufs: &mut Vec<Vec<u8>>,
     max: usize,
 ) -> Result<(), ReadError> {
+    let (n, r) = take_into(c, bufs, max, ProtoConnection::recv_message_into);
+    bufs.truncate(n);
+    r
+}
+
+/// Fills the buffers of `bufs` in turn with `recv_into` (`Ok(true)`: one taken; `Ok(false)`:
+/// no more will come), adding buffers as needed, until `max` (at least one) are taken or
+/// nothing more waits: how many were, and the outcome. What was taken is handed over before
+/// an error, which the next call meets again.
+fn take_into(
+    c: &mut ProtoConnection,
+    bufs: &mut Vec<Vec<u8>>,
+    max: usize,
+    mut recv_into: impl FnMut(&mut ProtoConnection, &mut Vec<u8>) -> Result<bool, ReadError>,
+) -> (usize, Result<(), ReadError>) {
     let max = max.max(1);
     let mut n = 0;
     let r = loop {
         if n == bufs.len() {
             bufs.push(Vec::new());
         }
-        match c.recv_message_into(&mut bufs[n]) {
+        match recv_into(c, &mut bufs[n]) {
             Ok(true) => {
                 n += 1;
                 if n >= max {
@@ -776,13 +773,11 @@ fn take_messages(
                 }
             }
             Ok(false) => break Ok(()),
-            // what was taken is handed over first; the next call sees the error
             Err(_) if n > 0 => break Ok(()),
             Err(e) => break Err(e),
         }
     };
-    bufs.truncate(n);
-    r
+    (n, r)
 }
 
 #[cfg(test)]
