@@ -574,7 +574,7 @@ fn tcp_transport_opens_a_long_path_beside_a_short_one() {
         &dir.0,
         "iperf3-s",
     )];
-    std::thread::sleep(ms(200));
+    floods[0].wait_listening_on(5302, 1, ms(10_000));
     let to = lab.addr(Host::B, 2).to_string();
     let t = FLOOD_S.to_string();
     floods.push(Proc::spawn(

@@ -222,7 +222,8 @@ fn iperf(
         dir,
         &format!("{name}-server"),
     );
-    thread::sleep(Duration::from_millis(300));
+    // iperf3's port: a client started before the server listens is refused
+    srv.wait_listening_on(5201, 1, Duration::from_secs(10));
     let mut cli_args = vec!["-c".to_owned(), tunnel_address(server), "-J".to_owned()];
     cli_args.extend(args.iter().map(|a| a.to_string()));
     let start = Instant::now();
@@ -987,17 +988,14 @@ fn a_late_address_whose_port_is_held_does_not_stop_the_links_that_work() {
         thread::sleep(Duration::from_millis(20));
     }
     ip_addr_of(&lab, "b", "add", 2);
-    // two looks for the address (one a second) have found it
-    thread::sleep(Duration::from_millis(2500));
+    // the daemon's look for the address (one a second) has found it, held
+    let held = "10.77.2.2:7400 is an address of this host now, but another socket holds its port";
+    wait_for_log_lines("adding b's address 2", &[(&daemons[1], held)]);
     ping_through(&lab, "a", "b");
     ping_through(&lab, "b", "c");
     let log_b = daemons[1].stderr_text();
     assert!(
-        !log_b.contains("cannot bind the link addresses again")
-            && log_b.contains(
-                "10.77.2.2:7400 is an address of this host now, but another socket holds its \
-                 port"
-            ),
+        !log_b.contains("cannot bind the link addresses again"),
         "{log_b}"
     );
 

@@ -627,8 +627,14 @@ impl Proc {
     /// Waits until the process has `count` UDP or TCP sockets bound to [`PORT`] in its
     /// namespace (it is listening), or panics after `max`.
     pub fn wait_listening(&mut self, count: usize, max: Duration) {
+        self.wait_listening_on(PORT, count, max)
+    }
+
+    /// Waits until the process has `count` UDP or TCP sockets bound to `port` in its
+    /// namespace (it is listening), or panics after `max`.
+    pub fn wait_listening_on(&mut self, port: u16, count: usize, max: Duration) {
         let deadline = Instant::now() + max;
-        let port = format!(":{PORT:04X} ");
+        let port = format!(":{port:04X} ");
         loop {
             if let Some(s) = self.poll() {
                 panic!(
