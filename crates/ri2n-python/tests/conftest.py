@@ -5,9 +5,11 @@ loopback on Linux), each with a free port, as the Rust tests in crates/ri2n/test
 """
 
 import contextlib
+import linecache
 import os
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Iterator, List, Optional, Tuple
 
@@ -121,3 +123,29 @@ def wait_stopped(pid: int, timeout: float = 5.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"process {pid} did not stop: thread states {states}")
         time.sleep(0.001)
+
+
+def _thread_state(native_id: int) -> str:
+    with open(f"/proc/self/task/{native_id}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def wait_blocked_in(thread: threading.Thread, call: str, timeout: float = 5.0) -> None:
+    """Waits until ``thread`` waits inside the call on the line of its code that holds
+    ``call`` (e.g. ``"server.accept("``): the premise of a test that acts on what another
+    thread is blocked in, which a fixed sleep only hopes for. Seen twice, 20 ms apart, at that
+    line and asleep: a thread asleep there the first time may only have been waiting for the
+    interpreter's lock to enter the call, but it has it in between, while this thread sleeps."""
+    assert thread.ident is not None and thread.native_id is not None, "thread not started"
+    deadline = time.monotonic() + timeout
+    seen = 0
+    while seen < 2:
+        frame = sys._current_frames().get(thread.ident)
+        line = frame and linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+        if line and call in line and _thread_state(thread.native_id) == "S":
+            seen += 1
+        else:
+            seen = 0
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the thread never waited in {call!r}: at {line!r}")
+        time.sleep(0.02)

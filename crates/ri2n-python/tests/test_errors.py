@@ -9,7 +9,7 @@ from typing import Optional
 import pytest
 
 import ri2n
-from conftest import LINKS, Pair, close_quietly, server_process
+from conftest import LINKS, Pair, close_quietly, server_process, wait_blocked_in
 
 
 def test_accept_times_out(endpoints) -> None:
@@ -170,7 +170,7 @@ def test_closing_an_endpoint_ends_a_waiting_accept(endpoints) -> None:
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    time.sleep(0.3)
+    wait_blocked_in(waiter, "server.accept(")
     server.close(timeout=1)
     waiter.join(timeout=5)
     assert not waiter.is_alive() and raised and "closed" in str(raised[0])
@@ -195,7 +195,7 @@ def test_closing_an_endpoint_stops_its_connect_on_another_thread(endpoints) -> N
 
     t = threading.Thread(target=connect, daemon=True)
     t.start()
-    time.sleep(0.5)
+    wait_blocked_in(t, "client.connect(")
     client.close()
     t.join(timeout=10)
     silent.close()
@@ -389,7 +389,7 @@ def test_closing_a_connection_another_thread_reads_ends_its_streams(pair: Pair) 
     got: list = []
     reader = threading.Thread(target=lambda: got.append(pair.conn.recv(10)), daemon=True)
     reader.start()
-    time.sleep(0.2)
+    wait_blocked_in(reader, "pair.conn.recv(10)")
     pair.conn.sendall(b"request")
     pair.conn.close()
     assert pair.peer.recv(100, timeout=5) == b"request"

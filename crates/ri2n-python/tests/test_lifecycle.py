@@ -8,7 +8,7 @@ import time
 import pytest
 
 import ri2n
-from conftest import LINKS, server_process, wait_links_up, wait_stopped
+from conftest import LINKS, server_process, wait_blocked_in, wait_links_up, wait_stopped
 
 
 def test_context_managers_close_and_deliver() -> None:
@@ -113,7 +113,7 @@ def test_a_calls_last_handle_lets_go_without_the_gil() -> None:
 
             waiter = threading.Thread(target=wait_in_recv)
             waiter.start()
-            time.sleep(0.2)
+            wait_blocked_in(waiter, "conn.recv(1, timeout=1.0)")
             conn.sendall(bytes(10_000))  # never acknowledged
             conn.close()  # the waiting call's handle is the last now
             waiter.join(30)
