@@ -477,6 +477,8 @@ def machine():
         "iperf3": sh("iperf3 --version | head -1"),
         "sockperf": sh("sockperf --version 2>&1 | grep -m1 version"),
         "mptcp_enabled": sh("cat /proc/sys/net/mptcp/enabled"),
+        # the lab's namespaces start with it: TCP, MPTCP and inner TCP all run it
+        "tcp_congestion_control": sh("cat /proc/sys/net/ipv4/tcp_congestion_control"),
         "cpu_count": os.cpu_count(),
         "affinity": len(os.sched_getaffinity(0)),
     }
@@ -536,12 +538,14 @@ def mfacts(res):
     m = res["machine"]
     dirty = (" plus %s uncommitted file(s) under crates/" % m["dirty"]
              if m["dirty"] not in ("", "0") else "")
-    return ("**Measured %s on %s CPUs (`nproc`), `%s`, commit `%s`%s** by `%s`. Kernel `%s`, "
+    cc = m.get("tcp_congestion_control")
+    cc = ", TCP congestion control `%s`" % cc if cc else ""
+    return ("**Measured %s on %s CPUs (`nproc`), `%s`, commit `%s`%s** by `%s`. Kernel `%s`%s, "
             "load average at the start %s; %s (binary sha256 %s…, built %s); %s; %s. The part "
             "took %.0f s." % (
                 m["date_utc"], m["nproc"], m["cpu"], m["commit"], dirty, command_line(res),
-                m["uname_r"], m["loadavg"], m["ri2n"], m.get("ri2n_sha256"), m.get("ri2n_built"),
-                m["iperf3"], m["sockperf"], res.get("elapsed_s", 0)))
+                m["uname_r"], cc, m["loadavg"], m["ri2n"], m.get("ri2n_sha256"),
+                m.get("ri2n_built"), m["iperf3"], m["sockperf"], res.get("elapsed_s", 0)))
 
 
 def odd_events(evs):

@@ -76,13 +76,16 @@ def host_facts():
             "commit": m.get("commit"), "dirty": m.get("dirty"), "ri2n": common.RI2N_SOURCE,
             "lanes_by_default": lanes_by_default(),
             "flip_flags": list(FLIP_FLAGS),
-            "tools": common.tool_paths(), "mptcp_enabled": m["mptcp_enabled"]}
+            "tools": common.tool_paths(), "mptcp_enabled": m["mptcp_enabled"],
+            "tcp_congestion_control": m["tcp_congestion_control"]}
 
 
 def host_line(h):
-    return ("%s CPUs (os.cpu_count), %s in this run's affinity mask (%s), `%s`, kernel `%s`, "
+    cc = h.get("tcp_congestion_control")
+    return ("%s CPUs (os.cpu_count), %s in this run's affinity mask (%s), `%s`, kernel `%s`%s, "
             "%s, commit `%s`" % (h["cpu_count"], h["affinity"], h["affinity_cpus"], h["cpu"],
-                                 h["kernel"], h["date_utc"], h["commit"] or "unknown"))
+                                 h["kernel"], ", TCP congestion control `%s`" % cc if cc else "",
+                                 h["date_utc"], h["commit"] or "unknown"))
 
 
 def loop_addrs(links):
