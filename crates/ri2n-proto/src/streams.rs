@@ -714,6 +714,27 @@ impl RecvStream {
         n
     }
 
+    /// Appends the next `len` in-order bytes to `buf`, all of them or none: false when fewer
+    /// are readable. Unlike [`read`](Self::read) into a slice, `buf` need not be filled (with
+    /// zeros) first.
+    pub fn read_append(&mut self, buf: &mut Vec<u8>, len: usize) -> bool {
+        if (self.readable() as usize) < len {
+            return false;
+        }
+        buf.reserve(len);
+        let rel = (self.read - self.first()) as usize;
+        let (mut i, mut at) = (rel / BLOCK, rel % BLOCK);
+        let mut left = len;
+        while left > 0 {
+            let n = (BLOCK - at).min(left);
+            buf.extend_from_slice(&self.blocks[i][at..at + n]);
+            left -= n;
+            (i, at) = (i + 1, 0);
+        }
+        self.consume(len);
+        true
+    }
+
     /// Replaces the contents of `buf` with the next in-order bytes; returns how many (0 when
     /// none are readable). A whole block that arrived is handed over as it is, with no copy,
     /// and a block-sized `buf` is kept in exchange for the next block; otherwise the bytes up
@@ -1278,6 +1299,36 @@ mod tests {
         }
         assert!(data.is_unique(), "let go once acknowledged");
         assert_eq!(s.write_bytes(&data.slice(..30_000)), 30_000);
+    }
+
+    /// `read_append` adds exactly the next bytes, across block boundaries, after what `buf`
+    /// held; it takes nothing when fewer than asked are readable.
+    #[test]
+    fn read_append_adds_the_next_bytes_across_blocks() {
+        let data: Vec<u8> = (0..(2 * BLOCK + 300) as u32)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        let mut r = RecvStream::new(1 << 20);
+        r.on_data(0, &data, true).unwrap();
+        let mut buf = b"kept".to_vec();
+        assert!(
+            !r.read_append(&mut buf, data.len() + 1),
+            "more than is readable"
+        );
+        assert_eq!(
+            (buf.as_slice(), r.readable()),
+            (&b"kept"[..], data.len() as u64)
+        );
+        assert!(r.read_append(&mut buf, BLOCK - 10));
+        assert!(
+            r.read_append(&mut buf, BLOCK + 20),
+            "from inside block 0 into block 2"
+        );
+        assert!(r.read_append(&mut buf, 290));
+        assert_eq!(&buf[..4], b"kept");
+        assert_eq!(&buf[4..], &data[..]);
+        assert!(r.is_finished());
+        assert_eq!(r.memory(), 0);
     }
 
     #[test]

@@ -1010,8 +1010,8 @@ impl Connection {
             if stream.readable() >= hlen as u64 + len {
                 stream.read(&mut [0u8; 8][..hlen]);
                 buf.clear();
-                buf.resize(len as usize, 0);
-                stream.read(buf);
+                let whole = stream.read_append(buf, len as usize);
+                debug_assert!(whole, "the whole message was readable");
                 self.after_read(MESSAGE_STREAM);
                 return Ok(true);
             }
