@@ -830,6 +830,11 @@ impl RecvStream {
 mod tests {
     use super::*;
 
+    /// `len` bytes whose values repeat only every 251 (a prime): a byte out of place shows.
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i % 251) as u8).collect()
+    }
+
     /// A chunk handed back whole gives its memory for the next one, at its start, whatever
     /// part of it the chunk was; a chunk something else still holds gives none.
     #[test]
@@ -1141,7 +1146,7 @@ mod tests {
         r.on_data(window / 2, &[8], false).unwrap();
         assert_eq!(r.memory(), 2 * BLOCK);
         // the bytes between arrive: every block is there and the two bytes are in place
-        let data: Vec<u8> = (0..window).map(|i| (i % 251) as u8).collect();
+        let data = pattern(window as usize);
         r.on_data(0, &data[..window as usize / 2], false).unwrap();
         r.on_data(
             window / 2 + 1,
@@ -1268,7 +1273,7 @@ mod tests {
     #[test]
     fn large_bytes_are_shared_until_acknowledged_and_small_ones_copied() {
         let mut s = SendStream::new(100_000, u64::MAX);
-        let data = Bytes::from((0..80_000u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+        let data = Bytes::from(pattern(80_000));
         let small = Bytes::from_static(b"small write");
         assert_eq!(s.write_bytes(&data), 80_000);
         assert_eq!(s.write_bytes(&small), small.len());
@@ -1305,9 +1310,7 @@ mod tests {
     /// held; it takes nothing when fewer than asked are readable.
     #[test]
     fn read_append_adds_the_next_bytes_across_blocks() {
-        let data: Vec<u8> = (0..(2 * BLOCK + 300) as u32)
-            .map(|i| (i % 251) as u8)
-            .collect();
+        let data = pattern(2 * BLOCK + 300);
         let mut r = RecvStream::new(1 << 20);
         r.on_data(0, &data, true).unwrap();
         let mut buf = b"kept".to_vec();
@@ -1333,9 +1336,7 @@ mod tests {
 
     #[test]
     fn whole_blocks_are_handed_over_and_partial_ones_copied() {
-        let data: Vec<u8> = (0..(3 * BLOCK + 500) as u32)
-            .map(|i| (i % 253) as u8)
-            .collect();
+        let data = pattern(3 * BLOCK + 500);
         let mut r = RecvStream::new(1 << 20);
         // out of order: the second half first
         let half = data.len() / 2;
