@@ -180,11 +180,13 @@ fn data_is_acknowledged_while_the_application_is_away_on_one_cpu() {
         // AWAY whatever happens
         const AWAY: Duration = Duration::from_secs(30);
         let (call_back, away_until) = std::sync::mpsc::channel::<()>();
+        let (gone_away, went_away) = std::sync::mpsc::channel::<()>();
         let away = thread::spawn(move || {
             let mut conn = server.accept().unwrap();
             // a call that waited on the sockets: the driver thread steps back from them...
             let mut hello = [0u8; 5];
             conn.read_exact(&mut hello).unwrap();
+            gone_away.send(()).unwrap();
             // ...and the application is away long after that, calling nothing
             let _ = away_until.recv_timeout(AWAY);
             server_back.store(true, Ordering::SeqCst);
@@ -196,7 +198,8 @@ fn data_is_acknowledged_while_the_application_is_away_on_one_cpu() {
             .connect(&server_addrs, ConnectionConfig::default())
             .unwrap();
         conn.write_all(b"hello").unwrap();
-        thread::sleep(Duration::from_millis(50));
+        // the data goes once the receiving application has its hello and is away
+        went_away.recv().unwrap();
         let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
         conn.write_all(&data).unwrap();
         // the receiver's driver thread takes the sockets back and acknowledges everything

@@ -34,6 +34,35 @@ fn switches(tid: i32) -> u64 {
         .sum()
 }
 
+/// Waits until thread `tid` of this process sleeps in the kernel function `wchan`
+/// (`/proc/self/task/TID/wchan`; `do_epoll_wait`: a call blocked watching the sockets), seen
+/// twice 10 ms apart: the premise a fixed sleep would only hope for. A kernel that does not
+/// name the function (`0`) is taken at the thread's state (asleep). Panics after 10 s.
+fn wait_asleep_in(tid: i32, wchan: &str) {
+    let read = |what: &str| {
+        std::fs::read_to_string(format!("/proc/self/task/{tid}/{what}")).unwrap_or_default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = 0;
+    while seen < 2 {
+        let now = read("wchan");
+        // the state is the field after the command name, which is in parentheses
+        let stat = read("stat");
+        let asleep = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().next())
+            == Some("S");
+        let there = now == wchan || (now == "0" && asleep);
+        seen = if there { seen + 1 } else { 0 };
+        assert!(
+            Instant::now() < deadline,
+            "thread {tid} never slept in {wchan} (last in {now:?})"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[test]
 fn a_call_waiting_on_an_idle_connection_is_not_woken_by_a_busy_one() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -81,7 +110,7 @@ fn a_call_waiting_on_an_idle_connection_is_not_woken_by_a_busy_one() {
         idle.read(&mut byte).unwrap()
     });
     let tid = tid_rx.recv().unwrap();
-    thread::sleep(Duration::from_millis(100));
+    wait_asleep_in(tid, "do_epoll_wait");
     let before = switches(tid);
     let mut reply = [0u8; 64];
     busy.read_exact(&mut reply).unwrap();
@@ -502,14 +531,25 @@ fn a_blocked_read_does_not_take_the_wait_receiving_callers_readiness() {
 
     // a read blocks, watching the shard's sockets, while the set becomes readable; then the
     // data it waits for comes
+    let (tid_tx, tid_rx) = mpsc::channel();
     let reader = thread::spawn(move || {
+        // SAFETY: gettid has no preconditions
+        tid_tx.send(unsafe { libc::gettid() }).unwrap();
         let mut byte = [0u8; 1];
         conn.read_exact(&mut byte).unwrap();
         conn
     });
-    thread::sleep(Duration::from_millis(300));
+    let tid = tid_rx.recv().unwrap();
+    wait_asleep_in(tid, "do_epoll_wait");
+    let before = switches(tid);
     waker.wake().unwrap();
-    thread::sleep(Duration::from_millis(300));
+    // the blocked read woke to the set's event and waits again
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while switches(tid) == before {
+        assert!(Instant::now() < deadline, "the blocked read never woke");
+        thread::sleep(Duration::from_millis(10));
+    }
+    wait_asleep_in(tid, "do_epoll_wait");
     sender.write_all(b"!").unwrap();
     let _conn = reader.join().unwrap();
 
