@@ -63,6 +63,20 @@ fn wait_asleep_in(tid: i32, wchan: &str) {
     }
 }
 
+/// Waits until both links of each of `conns` are up: their validation over, the endpoint's
+/// threads are quiet but for keepalives, and a call that blocks now finds the sockets free to
+/// watch (one that finds another thread receiving waits on its condition variable instead).
+fn wait_links_up(conns: &[&ri2n::Connection]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !conns.iter().all(|c| {
+        let links = c.stats().links;
+        links.len() == 2 && links.iter().all(|l| l.state == ri2n::LinkState::Up)
+    }) {
+        assert!(Instant::now() < deadline, "every link up within 10 s");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[test]
 fn a_call_waiting_on_an_idle_connection_is_not_woken_by_a_busy_one() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -99,6 +113,9 @@ fn a_call_waiting_on_an_idle_connection_is_not_woken_by_a_busy_one() {
     let mut busy = client.connect(&to, ConnectionConfig::default()).unwrap();
     busy.write_all(&[0u8; 64]).unwrap();
     let idle = client.connect(&to, ConnectionConfig::default()).unwrap();
+    let mut reply = [0u8; 64];
+    busy.read_exact(&mut reply).unwrap();
+    wait_links_up(&[&busy, &idle]);
     // the idle connection's call blocks first, so it is the one watching the sockets
     let (tid_tx, tid_rx) = mpsc::channel();
     let waiter = thread::spawn(move || {
@@ -112,8 +129,6 @@ fn a_call_waiting_on_an_idle_connection_is_not_woken_by_a_busy_one() {
     let tid = tid_rx.recv().unwrap();
     wait_asleep_in(tid, "do_epoll_wait");
     let before = switches(tid);
-    let mut reply = [0u8; 64];
-    busy.read_exact(&mut reply).unwrap();
     for i in 1..ROUNDS {
         let msg = [i as u8; 64];
         busy.write_all(&msg).unwrap();
@@ -358,17 +373,7 @@ fn idle_connections_wake_the_drivers_for_their_keepalives_only() {
         .collect();
     conns.extend((0..CONNECTIONS).map(|_| server.accept().unwrap()));
     // every link of every connection up, and the set-up's packets acknowledged
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !conns.iter().all(|c| {
-        let links = c.stats().links;
-        links.len() == 2 && links.iter().all(|l| l.state == ri2n::LinkState::Up)
-    }) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "every link up within 10 s"
-        );
-        thread::sleep(Duration::from_millis(10));
-    }
+    wait_links_up(&conns.iter().collect::<Vec<_>>());
     thread::sleep(Duration::from_millis(500));
     // every shard's driver thread, of both endpoints (a server runs one per CPU)
     let drivers = threads_where(|comm| comm.starts_with("ri2n-driver-"));
@@ -520,6 +525,7 @@ fn a_blocked_read_does_not_take_the_wait_receiving_callers_readiness() {
     let shard = conn.shard();
     let mut buf = [0u8; 5];
     conn.read_exact(&mut buf).unwrap();
+    wait_links_up(&[&sender, &conn]);
 
     let poll = mio::Poll::new().unwrap();
     let waker = mio::Waker::new(poll.registry(), mio::Token(0)).unwrap();
