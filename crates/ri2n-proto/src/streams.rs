@@ -575,16 +575,24 @@ impl RecvStream {
         })
     }
 
+    /// The `len` bytes from offset `offset` on (arrived, within the blocks), a slice per block.
+    fn slices_from(&self, offset: u64, len: usize) -> impl Iterator<Item = &[u8]> {
+        let rel = (offset - self.first()) as usize;
+        let (mut at, mut left) = (rel % BLOCK, len);
+        self.blocks.range(rel / BLOCK..).map_while(move |block| {
+            let n = (BLOCK - at).min(left);
+            let slice = (n > 0).then(|| &block[at..at + n]);
+            (at, left) = (0, left - n);
+            slice
+        })
+    }
+
     /// Copies the bytes from offset `offset` on into `out`.
     fn copy_from_blocks(&self, offset: u64, out: &mut [u8]) {
-        let rel = (offset - self.first()) as usize;
-        let (mut i, mut at) = (rel / BLOCK, rel % BLOCK);
         let mut done = 0;
-        while done < out.len() {
-            let n = (BLOCK - at).min(out.len() - done);
-            out[done..done + n].copy_from_slice(&self.blocks[i][at..at + n]);
-            done += n;
-            (i, at) = (i + 1, 0);
+        for slice in self.slices_from(offset, out.len()) {
+            out[done..done + slice.len()].copy_from_slice(slice);
+            done += slice.len();
         }
     }
 
@@ -722,14 +730,8 @@ impl RecvStream {
             return false;
         }
         buf.reserve(len);
-        let rel = (self.read - self.first()) as usize;
-        let (mut i, mut at) = (rel / BLOCK, rel % BLOCK);
-        let mut left = len;
-        while left > 0 {
-            let n = (BLOCK - at).min(left);
-            buf.extend_from_slice(&self.blocks[i][at..at + n]);
-            left -= n;
-            (i, at) = (i + 1, 0);
+        for slice in self.slices_from(self.read, len) {
+            buf.extend_from_slice(slice);
         }
         self.consume(len);
         true

@@ -106,6 +106,13 @@ def server_process() -> Iterator[Tuple[subprocess.Popen, str]]:
         proc.wait()
 
 
+def _thread_state(task: str) -> str:
+    """The state letter of the thread whose /proc directory is ``task`` (``S``: asleep)."""
+    with open(f"{task}/stat") as f:
+        # the state is the field after the command name, which is in parentheses
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 def wait_stopped(pid: int, timeout: float = 5.0) -> None:
     """Waits until every thread of process ``pid`` has stopped. A stop signal takes effect
     later than ``kill`` returns: until the scheduler has run each thread into the stop, a
@@ -115,9 +122,7 @@ def wait_stopped(pid: int, timeout: float = 5.0) -> None:
     while True:
         states = set()
         for t in os.listdir(tasks):
-            with open(f"{tasks}/{t}/stat") as f:
-                # the state is the field after the command name, which is in parentheses
-                states.add(f.read().rsplit(")", 1)[1].split()[0])
+            states.add(_thread_state(f"{tasks}/{t}"))
         if states == {"T"}:
             return
         if time.monotonic() > deadline:
@@ -125,9 +130,6 @@ def wait_stopped(pid: int, timeout: float = 5.0) -> None:
         time.sleep(0.001)
 
 
-def _thread_state(native_id: int) -> str:
-    with open(f"/proc/self/task/{native_id}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 def wait_blocked_in(thread: threading.Thread, call: str, timeout: float = 5.0) -> None:
@@ -142,7 +144,7 @@ def wait_blocked_in(thread: threading.Thread, call: str, timeout: float = 5.0) -
     while seen < 2:
         frame = sys._current_frames().get(thread.ident)
         line = frame and linecache.getline(frame.f_code.co_filename, frame.f_lineno)
-        if line and call in line and _thread_state(thread.native_id) == "S":
+        if line and call in line and _thread_state(f"/proc/self/task/{thread.native_id}") == "S":
             seen += 1
         else:
             seen = 0
