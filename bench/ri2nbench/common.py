@@ -532,19 +532,23 @@ def command_line(res):
     return " ".join(words)
 
 
+def congestion_words(facts):
+    """', TCP congestion control `bbr`' for the facts of a run that recorded it, else ''."""
+    cc = facts.get("tcp_congestion_control")
+    return ", TCP congestion control `%s`" % cc if cc else ""
+
+
 def mfacts(res):
     """A block's first line: when, where (CPUs and their model), from which commit, by which
     command."""
     m = res["machine"]
     dirty = (" plus %s uncommitted file(s) under crates/" % m["dirty"]
              if m["dirty"] not in ("", "0") else "")
-    cc = m.get("tcp_congestion_control")
-    cc = ", TCP congestion control `%s`" % cc if cc else ""
     return ("**Measured %s on %s CPUs (`nproc`), `%s`, commit `%s`%s** by `%s`. Kernel `%s`%s, "
             "load average at the start %s; %s (binary sha256 %s…, built %s); %s; %s. The part "
             "took %.0f s." % (
                 m["date_utc"], m["nproc"], m["cpu"], m["commit"], dirty, command_line(res),
-                m["uname_r"], cc, m["loadavg"], m["ri2n"], m.get("ri2n_sha256"),
+                m["uname_r"], congestion_words(m), m["loadavg"], m["ri2n"], m.get("ri2n_sha256"),
                 m.get("ri2n_built"), m["iperf3"], m["sockperf"], res.get("elapsed_s", 0)))
 
 

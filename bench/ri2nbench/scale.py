@@ -81,10 +81,9 @@ def host_facts():
 
 
 def host_line(h):
-    cc = h.get("tcp_congestion_control")
     return ("%s CPUs (os.cpu_count), %s in this run's affinity mask (%s), `%s`, kernel `%s`%s, "
             "%s, commit `%s`" % (h["cpu_count"], h["affinity"], h["affinity_cpus"], h["cpu"],
-                                 h["kernel"], ", TCP congestion control `%s`" % cc if cc else "",
+                                 h["kernel"], common.congestion_words(h),
                                  h["date_utc"], h["commit"] or "unknown"))
 
 
