@@ -4,6 +4,7 @@ Two links are two loopback addresses, 127.0.0.1 and 127.0.0.2 (all of 127.0.0.0/
 loopback on Linux), each with a free port, as the Rust tests in crates/ri2n/tests do.
 """
 
+import asyncio
 import contextlib
 import linecache
 import os
@@ -130,8 +131,6 @@ def wait_stopped(pid: int, timeout: float = 5.0) -> None:
         time.sleep(0.001)
 
 
-
-
 def wait_blocked_in(thread: threading.Thread, call: str, timeout: float = 5.0) -> None:
     """Waits until ``thread`` waits inside the call on the line of its code that holds
     ``call`` (e.g. ``"server.accept("``): the premise of a test that acts on what another
@@ -151,3 +150,28 @@ def wait_blocked_in(thread: threading.Thread, call: str, timeout: float = 5.0) -
         if time.monotonic() > deadline:
             raise AssertionError(f"the thread never waited in {call!r}: at {line!r}")
         time.sleep(0.02)
+
+
+def _awaits_in(task: "asyncio.Task[Any]", coroutine: str) -> bool:
+    """Whether ``task`` is suspended in the coroutine function named ``coroutine`` (anywhere
+    in its chain of awaits), itself awaiting a future, not another coroutine: the end of the
+    chain, where the task sleeps until that future is done."""
+    c: Any = task.get_coro()
+    while c is not None:
+        code = getattr(c, "cr_code", None)
+        if code is not None and code.co_name == coroutine:
+            return c.cr_await is not None and not asyncio.iscoroutine(c.cr_await)
+        c = getattr(c, "cr_await", None)
+    return False
+
+
+async def until_suspended_in(
+    task: "asyncio.Task[Any]", coroutine: str, timeout: float = 5.0
+) -> None:
+    """Lets the loop run until ``task`` waits in ``coroutine`` (see ``_awaits_in``): the
+    premise of a test that acts on what a task waits for, which a fixed sleep only hopes for."""
+    deadline = time.monotonic() + timeout
+    while not _awaits_in(task, coroutine):
+        assert not task.done(), f"the task ended instead of waiting in {coroutine}"
+        assert time.monotonic() < deadline, f"the task never came to wait in {coroutine}"
+        await asyncio.sleep(0)

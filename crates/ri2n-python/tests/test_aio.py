@@ -11,7 +11,7 @@ from typing import AsyncIterator, Tuple
 import pytest
 
 import ri2n
-from conftest import LINKS, server_process, wait_stopped
+from conftest import LINKS, server_process, until_suspended_in, wait_stopped
 
 
 @contextlib.asynccontextmanager
@@ -179,8 +179,7 @@ def test_asyncio_accept_ends_when_the_endpoint_is_closed() -> None:
     async def main() -> None:
         server = ri2n.Endpoint.server(LINKS)
         waiting = asyncio.ensure_future(ri2n.aio.accept(server))
-        await asyncio.sleep(0.2)
-        assert not waiting.done()
+        await until_suspended_in(waiting, "_accept_connection")
         server.close(timeout=5)
         with pytest.raises(ValueError, match="closed"):
             await asyncio.wait_for(waiting, 5)

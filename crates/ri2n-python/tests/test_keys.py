@@ -77,7 +77,17 @@ import threading, time, ri2n
 got = []
 reader = threading.Thread(target=lambda: got.append(ri2n.Key.from_file({str(fifo)!r})))
 reader.start()
-time.sleep(0.3)  # the reader waits in the FIFO's open
+# the premise: the reader waits in the FIFO's open (for a writer) before the writer opens it;
+# a kernel that does not name the function (0) is taken at the thread's state (asleep)
+task = f"/proc/self/task/{{reader.native_id}}"
+def waits_in_open():
+    wchan = open(task + "/wchan").read()
+    asleep = open(task + "/stat").read().rsplit(")", 1)[1].split()[0] == "S"
+    return wchan in ("wait_for_partner", "fifo_open") or (wchan == "0" and asleep)
+deadline = time.monotonic() + 10
+while not waits_in_open():
+    assert time.monotonic() < deadline, "the reader never waited in the FIFO's open"
+    time.sleep(0.001)
 with open({str(fifo)!r}, "w") as f:
     f.write({key.to_text()!r} + "\\n")
 reader.join()

@@ -1,9 +1,11 @@
 //! The tokio adapter: an echo server of async tasks serving many concurrent connections over
 //! two loopback links, every echo exact, on either transport.
 
+use std::future::Future;
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ri2n::{ConnectionConfig, Endpoint, EndpointConfig, Transport};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -240,12 +242,9 @@ async fn a_connection_wrapped_again_reads_what_waits() {
     let (server, conn) = connected(|mut c| std::io::Write::write_all(&mut c, &[5u8; 100])).await;
     let accepted = ri2n::tokio::accept(&server).await.unwrap().into_inner();
     // the premise: all 100 bytes wait before the first wrapping is undone
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while accepted.stats().recv_buffered < 100 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the 100 bytes never came"
-        );
+        assert!(Instant::now() < deadline, "the 100 bytes never came");
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let mut ten = [0u8; 10];
@@ -265,18 +264,19 @@ async fn a_connection_wrapped_again_reads_what_waits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_tasks_waiting_on_one_connection_are_both_woken() {
     let (server, (client, sender)) = connected(|c| c.send_message(b"hello")).await;
-    let conn = std::sync::Arc::new(ri2n::tokio::accept(&server).await.unwrap());
+    let conn = Arc::new(ri2n::tokio::accept(&server).await.unwrap());
     assert_eq!(conn.recv_message().await.unwrap().unwrap(), b"hello");
-    let waiters: Vec<_> = (0..2)
-        .map(|_| {
+    let waiting: Vec<_> = (0..2).map(|_| Arc::new(AtomicBool::new(false))).collect();
+    let waiters: Vec<_> = (waiting.iter().cloned())
+        .map(|waiting| {
             let conn = conn.clone();
-            tokio::spawn(async move { conn.recv_message().await })
+            tokio::spawn(async move { noting_pending(conn.recv_message(), waiting).await })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // the premise: both wait, each with its waker registered, before anything is sent
+    until_all_pending(&waiting).await;
     for m in [b"one", b"two"] {
         sender.send_message(m).unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let mut got = Vec::new();
     for w in waiters {
@@ -399,12 +399,13 @@ fn message_waiter_beside_a_stream_reader(transport: Transport) -> bool {
         });
         let conn = Arc::new(ri2n::tokio::accept(&server).await.unwrap());
         assert_eq!(conn.recv_message().await.unwrap().unwrap(), b"hello");
+        let waiting = Arc::new(AtomicBool::new(false));
         let waiter = {
-            let conn = conn.clone();
-            tokio::spawn(async move { conn.recv_message().await })
+            let (conn, waiting) = (conn.clone(), waiting.clone());
+            tokio::spawn(async move { noting_pending(conn.recv_message(), waiting).await })
         };
         // the waiter is registered and asleep
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        until_all_pending(&[waiting]).await;
         go.send(()).unwrap();
         // the runtime's thread busy while the stream bytes and the message arrive
         std::thread::sleep(Duration::from_millis(300));
@@ -423,4 +424,28 @@ fn message_waiter_beside_a_stream_reader(transport: Transport) -> bool {
         peer.join().unwrap();
         woken
     })
+}
+
+/// Polls `fut` and sets `pending` once a poll found nothing: from then on the task's waker is
+/// registered (a future that returns `Pending` has arranged to be woken), the premise of a
+/// test of wake-ups, proven rather than hoped for after a sleep.
+async fn noting_pending<F: Future>(fut: F, pending: Arc<AtomicBool>) -> F::Output {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(|cx| {
+        let poll = fut.as_mut().poll(cx);
+        if poll.is_pending() {
+            pending.store(true, Ordering::SeqCst);
+        }
+        poll
+    })
+    .await
+}
+
+/// Yields to the runtime until every flag of [`noting_pending`] is set (at most 10 s).
+async fn until_all_pending(flags: &[Arc<AtomicBool>]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !flags.iter().all(|f| f.load(Ordering::SeqCst)) {
+        assert!(Instant::now() < deadline, "a task never came to wait");
+        tokio::task::yield_now().await;
+    }
 }
