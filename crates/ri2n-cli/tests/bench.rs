@@ -75,13 +75,12 @@ fn bench_request(to: &str, request: serde_json::Value) -> (ri2n::Endpoint, ri2n:
     (client, conn)
 }
 
-/// SIGTERM to a [`logged_serve`]; its log.
-fn stop_serve(server: Proc) -> String {
-    // a client hears of an abort before the server logs why: the log gets a moment first
-    std::thread::sleep(Duration::from_millis(500));
+/// SIGTERM to a [`logged_serve`] once it has logged `expected` (a client hears of an abort
+/// before the server logs why). Panics with the log if that line does not come.
+fn stop_serve(mut server: Proc, expected: &str) {
+    server.wait_for_stderr(expected, Duration::from_secs(10));
     server.signal(libc::SIGTERM);
-    let (_, so) = server.wait(Duration::from_secs(10));
-    stderr_of(&so)
+    server.wait(Duration::from_secs(10));
 }
 
 /// `ri2n bench --to TO ARGS`, started, its output kept.
@@ -450,8 +449,9 @@ fn a_reader_that_goes_away_ends_the_test() {
 fn the_server_learns_that_the_client_was_interrupted() {
     let _g = heavy();
     let (server, to) = logged_serve();
-    let client = start_bench(&to, &["--time", "30", "--bitrate", "2G", "--json"]);
-    std::thread::sleep(Duration::from_millis(1500));
+    let mut client = start_bench(&to, &["--time", "30", "--bitrate", "2G", "--json"]);
+    // in the middle of the test: its first interval's row is out
+    client.wait_for_stderr("0.00-", Duration::from_secs(10));
     client.signal(libc::SIGINT);
     let (c, co) = client.wait(Duration::from_secs(10));
     let text = stderr_of(&co);
@@ -463,12 +463,7 @@ fn the_server_learns_that_the_client_was_interrupted() {
     let doc: serde_json::Value = serde_json::from_slice(&co.stdout).expect("a JSON failure");
     assert_eq!(doc["exit_code"], 130, "{doc}");
     // the server logs the client's reason (its line comes as the connection ends)
-    std::thread::sleep(Duration::from_millis(500));
-    let log = stop_serve(server);
-    assert!(
-        log.contains("the client was interrupted by SIGINT"),
-        "{log}"
-    );
+    stop_serve(server, "the client was interrupted by SIGINT");
 }
 
 /// A server out of file descriptors (its limit lowered to a few more than it holds) cannot
@@ -508,12 +503,9 @@ fn a_server_out_of_descriptors_refuses_clients_and_goes_on() {
     );
     let (s, o) = start_bench(&to, &["--time", "1"]).wait(Duration::from_secs(30));
     assert!(s.success(), "a client after the burst: {}", stderr_of(&o));
-    let log = stop_serve(server);
     // the premise: the limit was reached during the burst
-    assert!(
-        refused > 0 && log.contains("cannot take a client"),
-        "{refused} of 8 refused; serve: {log}"
-    );
+    stop_serve(server, "cannot take a client");
+    assert!(refused > 0, "{refused} of 8 refused");
 }
 
 /// A client that connects as `ri2n bench` would and then names no test is aborted with the
@@ -521,7 +513,6 @@ fn a_server_out_of_descriptors_refuses_clients_and_goes_on() {
 #[test]
 fn a_client_that_names_no_test_is_let_go() {
     let (server, to) = logged_serve();
-    std::thread::sleep(Duration::from_millis(300));
     let client = ri2n::Endpoint::client(&["127.0.0.1:0".parse().unwrap()]).unwrap();
     let config = ri2n::ConnectionConfig::default().with_application("ri2n bench");
     let conn = client.connect(&[to.parse().unwrap()], config).unwrap();
@@ -537,8 +528,7 @@ fn a_client_that_names_no_test_is_let_go() {
         other => panic!("after {waited:?}: {other:?}"),
     }
     assert!(waited >= Duration::from_secs(9), "let go after {waited:?}");
-    let log = stop_serve(server);
-    assert!(log.contains("no test request"), "{log}");
+    stop_serve(server, "no test request");
 }
 
 /// A client interrupted while it waits for the server's report after a throughput test exits
@@ -638,8 +628,7 @@ fn a_client_that_writes_past_its_grant_is_cut_off() {
         }
         other => panic!("the client's connection ended with {other:?}: {ended}"),
     }
-    let log = stop_serve(server);
-    assert!(log.contains("had not ended"), "{log}");
+    stop_serve(server, "had not ended");
 }
 
 /// A reverse-test client that never reads what the server writes is cut off once its grant,
@@ -675,6 +664,5 @@ fn a_reverse_client_that_stops_reading_is_cut_off() {
         conn.stats().recv_buffered > 0,
         "the premise: the server's data waited unread"
     );
-    let log = stop_serve(server);
-    assert!(log.contains("took none of the data"), "{log}");
+    stop_serve(server, "took none of the data");
 }

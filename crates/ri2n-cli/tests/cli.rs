@@ -348,9 +348,8 @@ fn slow_transfer() -> (Proc, Proc, TempFile, TempFile) {
     write_random(input.path(), 64 << 20, 7);
     let output = TempFile::new("out");
     let (recv, a) = spawn_recv(free_port(), output.path(), &["-q"]);
-    thread::sleep(Duration::from_millis(200));
     let send = slowed_send(&a, input.path(), &["-q"]);
-    thread::sleep(Duration::from_millis(800));
+    wait_file_grows(&output.partial(), Duration::from_secs(10));
     (recv, send, input, output)
 }
 
@@ -383,7 +382,6 @@ fn link_events_are_reported_as_they_happen() {
     let input = TempFile::new("events-in");
     write_random(input.path(), 40 << 20, 11);
     let (recv, a) = spawn_recv(free_port(), Path::new("/dev/null"), &[]);
-    thread::sleep(Duration::from_millis(200));
     // 2 × 100 Mbit/s: about 2 s of transfer after the link comes back at 1.2 s
     let link_1_away = [
         "--fault",
@@ -543,12 +541,10 @@ fn a_sender_interrupted_while_stdin_is_idle_exits() {
     let output = TempFile::new("idle-out");
     let port = free_port();
     let (recv, a) = spawn_recv(port, output.path(), &["-q"]);
-    // a sender finding the port closed exits at once ("nothing listens"): on a loaded host
-    // the receiver may take longer than any fixed pause to bind it
-    wait_udp_bound(port, Duration::from_secs(10));
     // its stdin kept open and never written: the sender's read waits
-    let send = spawn_piped_send(&a, &["-q"]);
-    thread::sleep(Duration::from_millis(800));
+    let mut send = spawn_piped_send(&a, &["-q"]);
+    // connected (it reads its input only then), its read of the empty pipe waits
+    send.wait_thread_in(&["pipe_read", "anon_pipe_read"], Duration::from_secs(10));
     interrupt_sender_and_check(send, recv, &output);
 }
 
@@ -565,7 +561,6 @@ fn a_signal_to_the_senders_whole_pipeline_is_no_end_of_the_data() {
         let output = TempFile::new("pipeline-out");
         let port = free_port();
         let (recv, a) = spawn_recv(port, output.path(), &["-q"]);
-        wait_udp_bound(port, Duration::from_secs(10));
         let feed = format!(
             "while :; do head -c 65536 /dev/zero; sleep 0.002; done | {} send --to {a} -q",
             bin()
@@ -1010,8 +1005,7 @@ fn keys_must_match() {
 #[test]
 fn serve_holds_many_clients_without_a_thread_each() {
     let (server, a) = serve();
-    let pid = server.child.as_ref().unwrap().id();
-    std::thread::sleep(Duration::from_millis(300));
+    let pid = server.pid();
     let client = ri2n::Endpoint::client(&["127.0.0.1:0".parse().unwrap()]).unwrap();
     let config = ri2n::ConnectionConfig::default().with_discover(false);
     let conns: Vec<ri2n::Connection> = (0..200)

@@ -117,7 +117,7 @@ fn the_readme_library_example_runs_against_recv_and_send() {
 /// once naming what it found, and serve logs the refusal naming both commands.
 #[test]
 fn send_to_serve_is_refused_at_once_on_both_sides() {
-    let (serve, listen) = ri2n_listening(&["serve"]);
+    let (mut serve, listen) = ri2n_listening(&["serve"]);
     let input = TempFile::new("to-serve");
     write_random(input.path(), 20 << 20, 3);
     let start = Instant::now();
@@ -127,14 +127,12 @@ fn send_to_serve_is_refused_at_once_on_both_sides() {
     assert_eq!(s.code(), Some(3), "exit code; stderr: {err}");
     assert!(took < Duration::from_secs(3), "refused after {took:?}");
     assert!(err.contains("is `ri2n serve`"), "says what it found: {err}");
-    std::thread::sleep(Duration::from_millis(300));
+    // serve logs the refusal (it looks for refusals to log every 200 ms)
+    serve.wait_for_stderr("refused a connection", Duration::from_secs(10));
     serve.signal(libc::SIGTERM);
     let (_, so) = serve.wait(Duration::from_secs(10));
     let log = stderr_of(&so);
-    assert!(
-        log.contains("refused a connection") && log.contains("`ri2n recv`"),
-        "serve logs the refusal: {log}"
-    );
+    assert!(log.contains("`ri2n recv`"), "names the sender: {log}");
 }
 
 /// `ri2n bench --to` a `ri2n recv` port is refused at once; recv keeps waiting for a real
@@ -143,7 +141,6 @@ fn send_to_serve_is_refused_at_once_on_both_sides() {
 fn bench_to_recv_is_refused_and_recv_saves_nothing() {
     let output = TempFile::new("bench-to-recv");
     let (recv, to) = spawn_recv(free_port(), output.path(), &["--accept-timeout", "3"]);
-    std::thread::sleep(Duration::from_millis(300));
     let (s, o) = ri2n(
         ["bench", "--to", &to, "--time", "2"],
         Duration::from_secs(20),
@@ -372,9 +369,8 @@ fn usage_errors_and_interrupts_with_json_print_a_json_error() {
 
     let output = TempFile::new("interrupted-json");
     let port = free_port();
+    // bound (spawn_recv returns then) only once its signal handler is in place
     let (recv, _) = spawn_recv(port, output.path(), &["--json"]);
-    // bound only once its signal handler is in place
-    wait_udp_bound(port, Duration::from_secs(10));
     recv.signal(libc::SIGINT);
     let (s, o) = recv.wait(Duration::from_secs(10));
     assert_eq!(s.code(), Some(130), "{}", stderr_of(&o));
@@ -429,14 +425,12 @@ fn tcp_transport_a_killed_receiver_is_reported_by_the_sender() {
     use std::io::Write;
     let output = TempFile::new("tcp-killed");
     let (mut recv, to) = spawn_recv(free_port(), output.path(), &["--transport", "tcp"]);
-    wait_tcp_listening(&to, Duration::from_secs(10));
     let mut send = spawn_piped_send(&to, &["--transport", "tcp", "--input", "-"]);
     let mut stdin = send.child.as_mut().unwrap().stdin.take().unwrap();
     let chunk = vec![0x5a_u8; 1 << 20];
     stdin.write_all(&chunk).unwrap();
-    std::thread::sleep(Duration::from_millis(500));
-    let grew = std::fs::metadata(output.partial()).map_or(0, |m| m.len());
-    assert!(grew > 0, "nothing arrived before the kill");
+    // the premise: data arrived before the kill
+    wait_file_grows(&output.partial(), Duration::from_secs(10));
     recv.signal(libc::SIGKILL);
     let _ = recv.child.as_mut().unwrap().wait();
     let killed = Instant::now();
@@ -564,7 +558,6 @@ fn a_second_recv_to_the_same_file_is_refused() {
     let sent = write_random(input.path(), 3 << 20, 11);
     let port = free_port();
     let (first, to) = spawn_recv(port, output.path(), &[]);
-    wait_udp_bound(port, Duration::from_secs(10));
     // it binds, then opens its output
     let deadline = Instant::now() + Duration::from_secs(10);
     while !output.partial().exists() {
@@ -574,7 +567,7 @@ fn a_second_recv_to_the_same_file_is_refused() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    let (s, o) = spawn_recv(free_port(), output.path(), &[])
+    let (s, o) = start_recv(free_port(), output.path(), &[])
         .0
         .wait(Duration::from_secs(10));
     let err = stderr_of(&o);
@@ -627,7 +620,6 @@ fn recv_writes_through_dev_stdout_and_links() {
     let through = |link: &Path, target: &Path| {
         let port = free_port();
         let (recv, to) = spawn_recv(port, link, &[]);
-        wait_udp_bound(port, Duration::from_secs(10));
         let (s, o) = send_file(&to, input.path(), &[]);
         assert!(s.success(), "send: {}", stderr_of(&o));
         let (s, o) = recv.wait(Duration::from_secs(20));
@@ -778,7 +770,8 @@ fn recv_json_with_the_data_on_stdout_is_refused() {
         assert!(o.stdout.is_empty(), "{output}: {:?}", o.stdout);
     }
     // data thrown away, stdout thrown away too (a script's, the benchmarks'): nothing mixes
-    let listen = format!("127.0.0.1:{}", free_port());
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
     let recv = Proc::spawn(
         "ri2n recv",
         Command::new(bin())
@@ -793,7 +786,7 @@ fn recv_json_with_the_data_on_stdout_is_refused() {
             .stdout(Stdio::null())
             .stderr(Stdio::piped()),
     );
-    std::thread::sleep(Duration::from_millis(300));
+    wait_udp_bound(port, Duration::from_secs(10));
     let input = TempFile::new("to-null");
     write_random(input.path(), 1 << 20, 5);
     let (s, o) = send_file(&listen, input.path(), &[]);
@@ -835,6 +828,13 @@ fn make_fifo(tag: &str) -> TempFile {
     fifo
 }
 
+/// Waits until `recv`, writing to a FIFO that no one reads, has accepted its sender and looks
+/// for the FIFO's reader: it tries the open every 20 ms once a sender came (never blocking in
+/// it), and before, none of its threads sleeps that way.
+fn wait_polling_for_a_reader(recv: &mut Proc) {
+    recv.wait_thread_in(&["hrtimer_nanosleep"], Duration::from_secs(10));
+}
+
 /// `ri2n send --to TO --input INPUT`, its output piped.
 fn spawn_send_file(to: &str, input: &Path) -> Proc {
     Proc::spawn(
@@ -869,11 +869,10 @@ fn recv_into_a_fifo_nobody_reads_yet_honours_the_accept_timeout() {
     let input = TempFile::new("fifo-in");
     let sent = write_random(input.path(), 8 << 20, 5);
     let port = free_port();
-    let (recv, to) = spawn_recv(port, fifo.path(), &[]);
-    wait_udp_bound(port, Duration::from_secs(10));
+    let (mut recv, to) = spawn_recv(port, fifo.path(), &[]);
     let sender = spawn_send_file(&to, input.path());
-    // the reader comes after the sender connected
-    std::thread::sleep(Duration::from_millis(500));
+    // the reader comes after the sender connected: recv waits for one
+    wait_polling_for_a_reader(&mut recv);
     let (tx, rx) = std::sync::mpsc::channel();
     let path = fifo.path().to_path_buf();
     std::thread::spawn(move || tx.send(sha256_file(&path)));
@@ -895,11 +894,10 @@ fn recv_into_a_fifo_that_no_one_reads_ends_when_the_sender_gives_up() {
     let input = TempFile::new("fifo-alone-in");
     write_random(input.path(), 8 << 20, 6);
     let port = free_port();
-    let (recv, to) = spawn_recv(port, fifo.path(), &[]);
-    wait_udp_bound(port, Duration::from_secs(10));
+    let (mut recv, to) = spawn_recv(port, fifo.path(), &[]);
     let sender = spawn_send_file(&to, input.path());
-    // connected, the receive window full, nobody reading the FIFO
-    std::thread::sleep(Duration::from_millis(1000));
+    // connected, nobody reading the FIFO: recv waits for a reader
+    wait_polling_for_a_reader(&mut recv);
     sender.signal(libc::SIGINT);
     let (s, o) = sender.wait(Duration::from_secs(10));
     assert_eq!(s.code(), Some(130), "send: {}", stderr_of(&o));
@@ -960,7 +958,6 @@ fn a_replaced_output_keeps_its_permissions() {
     let sent = write_random(input.path(), 1 << 20, 5);
     let port = free_port();
     let (recv, to) = spawn_recv(port, output.path(), &[]);
-    wait_udp_bound(port, Duration::from_secs(10));
     // recv binds first, then makes FILE.partial
     let deadline = Instant::now() + Duration::from_secs(10);
     while !output.partial().exists() {

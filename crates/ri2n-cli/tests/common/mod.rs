@@ -9,7 +9,7 @@ use std::net::{TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -55,10 +55,16 @@ pub fn free_port() -> u16 {
     panic!("no port below {high} free on 127.0.0.1 and 127.0.0.2");
 }
 
+/// What a process wrote to a pipe so far, and the thread reading the pipe into it.
+type PipeSeen = (Arc<Mutex<Vec<u8>>>, thread::JoinHandle<()>);
+
 /// A child process, killed when dropped unless it was waited for.
 pub struct Proc {
     pub name: &'static str,
     pub child: Option<Child>,
+    /// Its stderr as read so far, and the thread reading it, once a test watches it while
+    /// the process runs ([`Proc::wait_for_stderr`]).
+    stderr_seen: Option<PipeSeen>,
 }
 
 impl Proc {
@@ -69,13 +75,103 @@ impl Proc {
         Self {
             name,
             child: Some(child),
+            stderr_seen: None,
+        }
+    }
+
+    /// Its pid (the process must not have been waited for).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("a process not waited for").id()
+    }
+
+    /// Panics, with what it wrote to stderr, if the process has exited.
+    fn assert_running(&mut self, waiting_for: &str) {
+        let child = self.child.as_mut().expect("a process not waited for");
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "{} exited ({status}) before {waiting_for}; stderr:\n{}",
+                self.name,
+                self.stderr_text()
+            );
+        }
+    }
+
+    /// What the process wrote to its (piped) stderr so far; empty before
+    /// [`Proc::wait_for_stderr`] began reading it.
+    pub fn stderr_text(&self) -> String {
+        self.stderr_seen
+            .as_ref()
+            .map_or_else(String::new, |(seen, _)| {
+                String::from_utf8_lossy(&seen.lock().unwrap()).into_owned()
+            })
+    }
+
+    /// Waits until the process has written `needle` to its (piped) stderr: the premise of a
+    /// test that acts once a process has reached a point it reports, which a fixed sleep only
+    /// hopes for. From the first call on its stderr is read as it comes (and `wait` returns
+    /// all of it). Panics after `limit`, or if the process exits first.
+    pub fn wait_for_stderr(&mut self, needle: &str, limit: Duration) {
+        if self.stderr_seen.is_none() {
+            let child = self.child.as_mut().expect("a process not waited for");
+            let mut pipe = child.stderr.take().expect("stderr piped");
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let into = seen.clone();
+            let reader = thread::spawn(move || {
+                let mut chunk = [0u8; 4096];
+                while let Ok(n @ 1..) = pipe.read(&mut chunk) {
+                    into.lock().unwrap().extend_from_slice(&chunk[..n]);
+                }
+            });
+            self.stderr_seen = Some((seen, reader));
+        }
+        let deadline = Instant::now() + limit;
+        while !self.stderr_text().contains(needle) {
+            let what = format!("it wrote {needle:?}");
+            self.assert_running(&what);
+            assert!(
+                Instant::now() < deadline,
+                "{} did not write {needle:?} within {limit:?}; stderr:\n{}",
+                self.name,
+                self.stderr_text()
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Waits until a thread of the process sleeps in one of the kernel functions `wchans`
+    /// (`/proc/PID/task/TID/wchan`: `pipe_read`, or `anon_pipe_read` on newer kernels, for a
+    /// read of an empty pipe; `wait_for_partner` for a FIFO's open waiting for its other end;
+    /// kernels name them differently, so give every name): the premise of a test
+    /// that acts on what a process waits in. Panics after `limit`, or if the process exits.
+    pub fn wait_thread_in(&mut self, wchans: &[&str], limit: Duration) {
+        let tasks = format!("/proc/{}/task", self.pid());
+        let deadline = Instant::now() + limit;
+        loop {
+            let seen: Vec<String> = std::fs::read_dir(&tasks)
+                .map(|d| {
+                    d.filter_map(Result::ok)
+                        .filter_map(|t| std::fs::read_to_string(t.path().join("wchan")).ok())
+                        .collect()
+                })
+                .unwrap_or_default();
+            if seen.iter().any(|w| wchans.contains(&w.as_str())) {
+                return;
+            }
+            let what = format!("a thread waited in {wchans:?}");
+            self.assert_running(&what);
+            assert!(
+                Instant::now() < deadline,
+                "no thread of {} waited in {wchans:?} within {limit:?}: {seen:?}",
+                self.name
+            );
+            thread::sleep(Duration::from_millis(10));
         }
     }
 
     /// Sends `signal` to the process, which must not have been waited for yet (its pid is
     /// then still its own).
     pub fn signal(&self, signal: libc::c_int) {
-        let pid = self.child.as_ref().expect("a process not waited for").id();
+        let pid = self.pid();
         // SAFETY: kill(2) of a child this test started and has not reaped
         unsafe { libc::kill(pid as libc::pid_t, signal) };
     }
@@ -86,6 +182,7 @@ impl Proc {
         // read the pipes in the background so a chatty child never blocks on them
         let mut out = child.stdout.take();
         let mut err = child.stderr.take();
+        let seen = self.stderr_seen.take();
         let out_t = thread::spawn(move || {
             let mut v = Vec::new();
             if let Some(o) = out.as_mut() {
@@ -94,6 +191,11 @@ impl Proc {
             v
         });
         let err_t = thread::spawn(move || {
+            // read from the start, or by the thread that was watching it
+            if let Some((seen, reader)) = seen {
+                let _ = reader.join();
+                return std::mem::take(&mut *seen.lock().unwrap());
+            }
             let mut v = Vec::new();
             if let Some(e) = err.as_mut() {
                 let _ = e.read_to_end(&mut v);
@@ -236,8 +338,21 @@ where
 }
 
 /// Starts `ri2n recv` listening on both loopback addresses at `port` and writing to
-/// `output`, with `extra` options; returns it and the address a sender connects to.
+/// `output`, with `extra` options; returns it, once it listens, and the address a sender
+/// connects to. (A sender that finds the port closed exits at once, "nothing listens": on a
+/// loaded host a receiver may take longer than any fixed pause to bind it.)
 pub fn spawn_recv(port: u16, output: &Path, extra: &[&str]) -> (Proc, String) {
+    let (recv, a) = start_recv(port, output, extra);
+    if extra.windows(2).any(|w| w == ["--transport", "tcp"]) {
+        wait_tcp_listening(&a, Duration::from_secs(10));
+    } else {
+        wait_udp_bound(port, Duration::from_secs(10));
+    }
+    (recv, a)
+}
+
+/// [`spawn_recv`] without waiting for it to listen: for a receiver that is to fail first.
+pub fn start_recv(port: u16, output: &Path, extra: &[&str]) -> (Proc, String) {
     let a = format!("127.0.0.1:{port}");
     let b = format!("127.0.0.2:{port}");
     let recv = Proc::spawn(
@@ -283,6 +398,20 @@ pub fn wait_udp_bound(port: u16, limit: Duration) {
         assert!(
             Instant::now() < deadline,
             "nothing bound 127.0.0.1:{port} within {limit:?}"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits until the file at `path` holds some bytes (a receiver writing `FILE.partial`: the
+/// transfer is under way). Panics after `limit`.
+pub fn wait_file_grows(path: &Path, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while std::fs::metadata(path).map_or(0, |m| m.len()) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "nothing was written to {} within {limit:?}",
+            path.display()
         );
         thread::sleep(Duration::from_millis(10));
     }
