@@ -572,7 +572,9 @@ fn a_signal_to_the_senders_whole_pipeline_is_no_end_of_the_data() {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let send = Proc::spawn("pipeline", &mut pipeline);
-        thread::sleep(Duration::from_millis(300 + 50 * round));
+        // data on the move, then a moment that differs from round to round
+        wait_file_grows(&output.partial(), Duration::from_secs(10));
+        thread::sleep(Duration::from_millis(50 * round));
         let group = send.child.as_ref().expect("running").id() as libc::pid_t;
         // SAFETY: a signal to the process group this test made (its leader's ID).
         let sent = unsafe { libc::kill(-group, libc::SIGTERM) };

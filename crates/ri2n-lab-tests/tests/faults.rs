@@ -685,9 +685,19 @@ fn a_connection_comes_up_as_soon_as_the_path_works() {
         assert!(pinged, "B does not answer on link 1");
         // the sender's first packets go to link 1, whose switch is dead
         lab.fault(1, &["switch"]);
+        let sent_before = lab.tx_bytes(Host::A, 1);
         let mut send = sender(env, &lab, &dir.0, &data, tcp, &format!("send-{transport}"));
+        // the premise: they went into the dead switch, and the sender still waits for link 1
+        // when it heals, 150 ms later (before its first retry)
+        let deadline = Instant::now() + ms(10_000);
+        while lab.tx_bytes(Host::A, 1) == sent_before {
+            assert!(
+                Instant::now() < deadline,
+                "the {transport} sender sent nothing on link 1"
+            );
+            std::thread::sleep(ms(10));
+        }
         std::thread::sleep(ms(150));
-        // the premise: it is still waiting for link 1 when the switch heals
         assert!(
             send.poll().is_none(),
             "the {transport} sender ended while the switch was dead: {}",

@@ -1043,15 +1043,21 @@ fn a_named_host_without_any_link_address_starts_and_takes_them_up_later() {
             "tunnel-b",
         ),
     ];
-    thread::sleep(Duration::from_secs(2));
+    // b says which links it could not take and that it runs without any yet
+    let b = &daemons[1];
+    wait_for_log_lines(
+        "b's start",
+        &[
+            (b, "cannot bind 10.77.1.2:7400"),
+            (b, "cannot bind 10.77.2.2:7400"),
+            (b, "links none yet"),
+        ],
+    );
     let status = daemons[1].poll();
-    let log_b = daemons[1].stderr_text();
-    assert!(status.is_none(), "b exited ({status:?}): {log_b}");
     assert!(
-        log_b.contains("cannot bind 10.77.1.2:7400")
-            && log_b.contains("cannot bind 10.77.2.2:7400")
-            && log_b.contains("links none yet"),
-        "{log_b}"
+        status.is_none(),
+        "b exited ({status:?}): {}",
+        daemons[1].stderr_text()
     );
     ip_b("add", 1);
     wait_connected(&mut daemons, 1, Duration::from_secs(20));

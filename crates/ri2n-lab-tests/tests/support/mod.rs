@@ -442,6 +442,14 @@ impl Lab {
         self.run(&["heal", "all"]);
     }
 
+    /// The bytes `host` has sent on link `link` (its `ethLINK`; a dead switch keeps its ports
+    /// up, so what a host sends into it is counted).
+    pub fn tx_bytes(&self, host: Host, link: u8) -> u64 {
+        let out = (self.command(host, "cat").arg("/proc/net/dev").output())
+            .expect("reading /proc/net/dev");
+        parse_net_dev(&String::from_utf8_lossy(&out.stdout), link).1[usize::from(link) - 1]
+    }
+
     /// The namespace of a host.
     pub fn ns(&self, host: Host) -> String {
         self.ns_of(host.letter())
@@ -801,6 +809,11 @@ pub struct Sample {
 /// `ifname -> (rx_bytes, tx_bytes)` from `/proc/PID/net/dev` (the namespace of PID).
 fn net_dev(pid: u32, links: u8) -> Option<(Vec<u64>, Vec<u64>)> {
     let text = fs::read_to_string(format!("/proc/{pid}/net/dev")).ok()?;
+    Some(parse_net_dev(&text, links))
+}
+
+/// The bytes received and sent on `eth1` to `ethLINKS`, from the text of a `/proc/net/dev`.
+fn parse_net_dev(text: &str, links: u8) -> (Vec<u64>, Vec<u64>) {
     let mut rx = vec![0; links as usize];
     let mut tx = vec![0; links as usize];
     for line in text.lines() {
@@ -826,7 +839,7 @@ fn net_dev(pid: u32, links: u8) -> Option<(Vec<u64>, Vec<u64>)> {
             tx[i - 1] = f[8];
         }
     }
-    Some((rx, tx))
+    (rx, tx)
 }
 
 /// `VmRSS` and `VmHWM` of a process, KiB.
