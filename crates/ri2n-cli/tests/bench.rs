@@ -351,7 +351,7 @@ fn a_client_learns_that_the_server_was_interrupted() {
         if transport == "tcp" {
             wait_tcp_listening(&to, Duration::from_secs(10));
         }
-        let client = Proc::spawn(
+        let mut client = Proc::spawn(
             "ri2n bench",
             Command::new(bin())
                 .args(["bench", "--transport", transport, "--to", &to])
@@ -360,7 +360,8 @@ fn a_client_learns_that_the_server_was_interrupted() {
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped()),
         );
-        std::thread::sleep(Duration::from_secs(2));
+        // the test under way: its second interval's row is out
+        client.wait_for_stderr("0.20-", Duration::from_secs(10));
         server.signal(libc::SIGTERM);
         let (s, so) = server.wait(Duration::from_secs(10));
         let (c, co) = client.wait(Duration::from_secs(10));
@@ -582,13 +583,14 @@ fn a_client_interrupted_while_awaiting_the_report_says_so() {
         conn.close_reason()
     });
     let to = listen.to_string();
-    let client = start_bench(&to, &["--time", "0.5", "--json"]);
+    // an interval longer than the test: its one row is printed when the test closes, after
+    // the wait for the acknowledgement of its end of stream, before the wait for the report
+    let mut client = start_bench(&to, &["--time", "0.5", "--interval", "10", "--json"]);
     let read = got_all
         .recv_timeout(Duration::from_secs(20))
         .expect("the test's end of stream");
     assert!(read > 0, "the premise: data moved");
-    // the client's wait for the acknowledgement of its end of stream is over well before this
-    std::thread::sleep(Duration::from_millis(500));
+    client.wait_for_stderr("0.00-", Duration::from_secs(10));
     client.signal(libc::SIGINT);
     let (c, co) = client.wait(Duration::from_secs(10));
     let text = stderr_of(&co);
