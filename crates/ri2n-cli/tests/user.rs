@@ -369,7 +369,7 @@ fn usage_errors_and_interrupts_with_json_print_a_json_error() {
 
     let output = TempFile::new("interrupted-json");
     let port = free_port();
-    // bound (spawn_recv returns then) only once its signal handler is in place
+    // it binds only once its signal handler is in place, and spawn_recv returns then
     let (recv, _) = spawn_recv(port, output.path(), &["--json"]);
     recv.signal(libc::SIGINT);
     let (s, o) = recv.wait(Duration::from_secs(10));

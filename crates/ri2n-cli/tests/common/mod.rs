@@ -124,9 +124,8 @@ impl Proc {
             });
             self.stderr_seen = Some((seen, reader));
         }
-        let deadline = Instant::now() + limit;
+        let (deadline, what) = (Instant::now() + limit, format!("it wrote {needle:?}"));
         while !self.stderr_text().contains(needle) {
-            let what = format!("it wrote {needle:?}");
             self.assert_running(&what);
             assert!(
                 Instant::now() < deadline,
@@ -145,7 +144,10 @@ impl Proc {
     /// that acts on what a process waits in. Panics after `limit`, or if the process exits.
     pub fn wait_thread_in(&mut self, wchans: &[&str], limit: Duration) {
         let tasks = format!("/proc/{}/task", self.pid());
-        let deadline = Instant::now() + limit;
+        let (deadline, what) = (
+            Instant::now() + limit,
+            format!("a thread waited in {wchans:?}"),
+        );
         loop {
             let seen: Vec<String> = std::fs::read_dir(&tasks)
                 .map(|d| {
@@ -157,7 +159,6 @@ impl Proc {
             if seen.iter().any(|w| wchans.contains(&w.as_str())) {
                 return;
             }
-            let what = format!("a thread waited in {wchans:?}");
             self.assert_running(&what);
             assert!(
                 Instant::now() < deadline,
