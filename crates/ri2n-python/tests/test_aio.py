@@ -205,7 +205,13 @@ def test_closing_a_writer_does_not_hold_the_loop() -> None:
             try:
                 wait_stopped(proc.pid)
                 writer.write(bytes(10_000))  # never acknowledged
-                await asyncio.sleep(0.1)
+                # the premise: the bytes are the connection's, unacknowledged, so that its
+                # close has something to wait for
+                conn = writer.get_extra_info("connection")
+                deadline = loop.time() + 5
+                while conn.stats()["send_buffered"] < 10_000:
+                    assert loop.time() < deadline, "the write never reached the connection"
+                    await asyncio.sleep(0.001)
                 ticks = [loop.time()]
                 writer.close()
                 while loop.time() - ticks[0] < 2:
