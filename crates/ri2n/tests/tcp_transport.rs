@@ -1040,7 +1040,11 @@ fn a_run_of_many_small_messages_arrives_whole() {
     });
     let peer = server.accept().unwrap();
     // nothing read until the small ones wait behind the full window
-    std::thread::sleep(Duration::from_millis(300));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while peer.stats().recv_buffered < 256 << 10 {
+        assert!(Instant::now() < deadline, "the window never filled");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let mut got = Vec::new();
     while let Some(msg) = peer
         .recv_message_timeout(Some(Duration::from_secs(10)))
@@ -1240,14 +1244,9 @@ fn small_messages_read_after_the_whole_stream_arrived_are_all_read() {
     let mut got_fill = vec![0u8; fill.len()];
     (&peer).read_exact(&mut got_fill).unwrap();
     assert!(got_fill == fill, "the stream bytes");
-    // read only once the whole stream is here: the sender holds none of it unacknowledged
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while conn.stats().send_buffered > 0 {
-        assert!(Instant::now() < deadline, "the stream never all arrived");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    // its end too (it goes with the last run, or right after it)
-    std::thread::sleep(Duration::from_millis(100));
+    // read only once the whole stream is here, its end too: the peer acknowledged all of it
+    conn.wait_acknowledged(Some(Duration::from_secs(30)))
+        .expect("the stream and its end all arrived");
     let mut got = 0;
     while let Some(m) = peer
         .recv_message_timeout(Some(Duration::from_secs(10)))
@@ -1320,14 +1319,24 @@ fn a_further_link_turned_away_is_warned_of_once() {
     warnings();
     let server = on_one_address(true);
     let first = server.local_addrs()[0];
-    let second = SocketAddr::new("127.0.0.2".parse().unwrap(), first.port());
-    let _other = keyed_server(second);
+    let other = keyed_server("127.0.0.2:0".parse().unwrap());
+    // a relay in front of the other server counts the dials
+    let relay = forwarder("127.0.0.2", other.local_addrs()[0], Duration::from_secs(30));
+    let second = relay.at;
     let client = two_address_client();
     let receiver = read_first_accepted(server);
-    let config = ConnectionConfig::default();
-    let conn = client.connect(&[first, second], config.clone()).unwrap();
-    // the premise: the connection has a second link, dialled many times meanwhile
-    std::thread::sleep(config.probe_interval * 15);
+    let conn = client
+        .connect(&[first, second], ConnectionConfig::default())
+        .unwrap();
+    // the premise: the connection has a second link, turned away again and again
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while relay.taken.load(std::sync::atomic::Ordering::Relaxed) < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the second link was dialled < 3 times"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let links = conn.stats().links;
     assert!(
         links.len() == 2 && links[1].remote == second && links[1].state != LinkState::Up,

@@ -322,8 +322,11 @@ fn wait_receiving_returns_for_the_callers_descriptor_and_at_its_timeout() {
     );
 
     let w = waker.clone();
+    // SAFETY: gettid(2) has no preconditions
+    let caller = unsafe { libc::gettid() };
     let wake = thread::spawn(move || {
-        thread::sleep(Duration::from_millis(50));
+        // the premise: the call below waits, watching the set, when the waker fires
+        wait_asleep_in(caller, "do_epoll_wait");
         w.wake().unwrap();
     });
     let start = Instant::now();
@@ -334,7 +337,7 @@ fn wait_receiving_returns_for_the_callers_descriptor_and_at_its_timeout() {
     assert!(readable.is_empty(), "{readable:?}");
     assert!(
         woken < Duration::from_secs(10),
-        "a waker woken after 50 ms ended the wait only after {woken:?}"
+        "a waker woken while the call waited ended the wait only after {woken:?}"
     );
 }
 
