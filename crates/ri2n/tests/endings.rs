@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use ri2n::{ConnectionConfig, ConnectionError, Endpoint, EndpointConfig, Error, Transport};
 
-fn loopback(ip: &str) -> SocketAddr {
-    format!("{ip}:0").parse().unwrap()
-}
+mod common;
+
+use common::{gettid, loopback, wait_asleep};
 
 /// An endpoint of `transport` on 127.0.0.1 (a free port), a server or a client.
 fn bind_on(transport: Transport, server: bool) -> Endpoint {
@@ -236,6 +236,7 @@ fn an_endpoint_aborted_tells_every_peer_why() {
             EndpointConfig::new(vec![loopback("127.0.0.1")]).with_transport(transport),
         )
         .unwrap();
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
         let readers: Vec<_> = (0..3)
             .map(|i| {
                 let mut conn = client
@@ -248,9 +249,12 @@ fn an_endpoint_aborted_tells_every_peer_why() {
                 (&accepted).read_exact(&mut got).unwrap();
                 assert_eq!(got, [i; 1000]);
                 (&accepted).write_all(&[i; 10]).unwrap();
+                let tid_tx = tid_tx.clone();
                 std::thread::spawn(move || {
                     let mut buf = [0u8; 100];
-                    let mut echoed = 0;
+                    (&conn).read_exact(&mut buf[..10]).unwrap();
+                    let mut echoed = 10;
+                    tid_tx.send(gettid()).unwrap();
                     let failed = loop {
                         match (&conn).read(&mut buf) {
                             Ok(0) => break None,
@@ -262,7 +266,10 @@ fn an_endpoint_aborted_tells_every_peer_why() {
                 })
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(200));
+        // the premise: each reader has its 10 bytes and waits in its next read
+        for tid in tid_rx.iter().take(3) {
+            wait_asleep(tid, None);
+        }
         server.abort(7, "down for maintenance");
         for r in readers {
             let (echoed, failed, reason, finished, _accepted) = r.join().unwrap();

@@ -13,6 +13,10 @@ use ri2n::{
     Connection, ConnectionConfig, Endpoint, EndpointConfig, Impairment, Key, LinkState, LinkStats,
 };
 
+mod common;
+
+use common::{gettid, wait_asleep};
+
 fn addrs(ips: &[&str]) -> Vec<SocketAddr> {
     ips.iter()
         .map(|ip| format!("{ip}:0").parse().unwrap())
@@ -1161,11 +1165,14 @@ fn a_message_sent_during_the_handshake_waits_for_it() {
             .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
         "{early:?}"
     );
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
     let sender = thread::spawn(move || {
+        tid_tx.send(gettid()).unwrap();
         conn.send_message(b"hello").unwrap();
         conn
     });
-    thread::sleep(Duration::from_millis(100));
+    // the premise: the send waits (asleep in it) while the handshake cannot go on
+    wait_asleep(tid_rx.recv().unwrap(), None);
     assert!(!sender.is_finished(), "sent before the handshake");
     for s in &switches {
         s.set_down(false);

@@ -11,6 +11,10 @@ use std::time::{Duration, Instant};
 
 use ri2n::{ConnectionConfig, Endpoint};
 
+mod common;
+
+use common::{gettid, wait_asleep};
+
 fn addrs() -> Vec<SocketAddr> {
     ["127.0.0.1:0", "127.0.0.2:0"]
         .iter()
@@ -32,35 +36,6 @@ fn switches(tid: i32) -> u64 {
         })
         .map(|n| n.trim().parse::<u64>().unwrap())
         .sum()
-}
-
-/// Waits until thread `tid` of this process sleeps in the kernel function `wchan`
-/// (`/proc/self/task/TID/wchan`; `do_epoll_wait`: a call blocked watching the sockets), seen
-/// twice 10 ms apart: the premise a fixed sleep would only hope for. A kernel that does not
-/// name the function (`0`) is taken at the thread's state (asleep). Panics after 10 s.
-fn wait_asleep_in(tid: i32, wchan: &str) {
-    let read = |what: &str| {
-        std::fs::read_to_string(format!("/proc/self/task/{tid}/{what}")).unwrap_or_default()
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut seen = 0;
-    while seen < 2 {
-        let now = read("wchan");
-        // the state is the field after the command name, which is in parentheses
-        let stat = read("stat");
-        let asleep = stat
-            .rsplit(')')
-            .next()
-            .and_then(|r| r.split_whitespace().next())
-            == Some("S");
-        let there = now == wchan || (now == "0" && asleep);
-        seen = if there { seen + 1 } else { 0 };
-        assert!(
-            Instant::now() < deadline,
-            "thread {tid} never slept in {wchan} (last in {now:?})"
-        );
-        thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// Waits until both links of each of `conns` are up: their validation over, the endpoint's
@@ -119,15 +94,14 @@ fn a_call_waiting_on_an_idle_connection_is_not_woken_by_a_busy_one() {
     // the idle connection's call blocks first, so it is the one watching the sockets
     let (tid_tx, tid_rx) = mpsc::channel();
     let waiter = thread::spawn(move || {
-        // SAFETY: gettid has no preconditions
-        tid_tx.send(unsafe { libc::gettid() }).unwrap();
+        tid_tx.send(gettid()).unwrap();
         let mut idle = idle;
         let mut byte = [0u8; 1];
         // the peer never writes: this returns at the end of its stream
         idle.read(&mut byte).unwrap()
     });
     let tid = tid_rx.recv().unwrap();
-    wait_asleep_in(tid, "do_epoll_wait");
+    wait_asleep(tid, Some("do_epoll_wait"));
     let before = switches(tid);
     for i in 1..ROUNDS {
         let msg = [i as u8; 64];
@@ -322,11 +296,10 @@ fn wait_receiving_returns_for_the_callers_descriptor_and_at_its_timeout() {
     );
 
     let w = waker.clone();
-    // SAFETY: gettid(2) has no preconditions
-    let caller = unsafe { libc::gettid() };
+    let caller = gettid();
     let wake = thread::spawn(move || {
         // the premise: the call below waits, watching the set, when the waker fires
-        wait_asleep_in(caller, "do_epoll_wait");
+        wait_asleep(caller, Some("do_epoll_wait"));
         w.wake().unwrap();
     });
     let start = Instant::now();
@@ -542,14 +515,13 @@ fn a_blocked_read_does_not_take_the_wait_receiving_callers_readiness() {
     // data it waits for comes
     let (tid_tx, tid_rx) = mpsc::channel();
     let reader = thread::spawn(move || {
-        // SAFETY: gettid has no preconditions
-        tid_tx.send(unsafe { libc::gettid() }).unwrap();
+        tid_tx.send(gettid()).unwrap();
         let mut byte = [0u8; 1];
         conn.read_exact(&mut byte).unwrap();
         conn
     });
     let tid = tid_rx.recv().unwrap();
-    wait_asleep_in(tid, "do_epoll_wait");
+    wait_asleep(tid, Some("do_epoll_wait"));
     let before = switches(tid);
     waker.wake().unwrap();
     // the blocked read woke to the set's event and waits again
@@ -558,7 +530,7 @@ fn a_blocked_read_does_not_take_the_wait_receiving_callers_readiness() {
         assert!(Instant::now() < deadline, "the blocked read never woke");
         thread::sleep(Duration::from_millis(10));
     }
-    wait_asleep_in(tid, "do_epoll_wait");
+    wait_asleep(tid, Some("do_epoll_wait"));
     sender.write_all(b"!").unwrap();
     let _conn = reader.join().unwrap();
 

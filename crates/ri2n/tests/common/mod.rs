@@ -1,6 +1,10 @@
-//! Helpers shared by the echo tests.
+//! Helpers shared by the tests: the echo tests' addresses and payloads, and waiting for a
+//! thread to be asleep (the premise of a test that acts on what another thread waits in).
+
+#![allow(dead_code)] // each test binary uses some of them
 
 use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 /// Bytes each echo client sends.
 pub const BYTES_EACH: usize = 100_000;
@@ -15,4 +19,39 @@ pub fn payload(k: usize) -> Vec<u8> {
     (0..BYTES_EACH)
         .map(|i| (i.wrapping_mul(31) ^ k.wrapping_mul(7919)) as u8)
         .collect()
+}
+
+/// The calling thread's id, for [`wait_asleep`] from another thread.
+pub fn gettid() -> i32 {
+    // SAFETY: gettid(2) has no preconditions
+    unsafe { libc::gettid() }
+}
+
+/// Waits until thread `tid` of this process is asleep, seen twice 10 ms apart, and, given
+/// `wchan`, in that kernel function (`/proc/self/task/TID/wchan`; `do_epoll_wait`: a call
+/// blocked watching the sockets; a kernel that does not name it, `0`, is taken at the state
+/// alone): the premise a fixed sleep would only hope for. Panics after 10 s.
+pub fn wait_asleep(tid: i32, wchan: Option<&str>) {
+    let read = |what: &str| {
+        std::fs::read_to_string(format!("/proc/self/task/{tid}/{what}")).unwrap_or_default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = 0;
+    while seen < 2 {
+        let now = read("wchan");
+        // the state is the field after the command name, which is in parentheses
+        let stat = read("stat");
+        let asleep = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().next())
+            == Some("S");
+        let there = asleep && wchan.is_none_or(|w| now == w || now == "0");
+        seen = if there { seen + 1 } else { 0 };
+        assert!(
+            Instant::now() < deadline,
+            "thread {tid} never slept in {wchan:?} (last in {now:?})"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
