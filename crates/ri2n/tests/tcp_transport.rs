@@ -1660,6 +1660,14 @@ fn replay_keyed_hello(
     let mut junk = 32u32.to_be_bytes().to_vec();
     junk.extend_from_slice(&[0x5a; 32]);
     let _ = s.write_all(&junk);
+    // which the server has judged once it lets the TCP connection go (end or reset, not
+    // the read's 5 s timeout)
+    let mut rest = Vec::new();
+    let judged = match s.read_to_end(&mut rest) {
+        Ok(_) => true,
+        Err(e) => !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+    };
+    assert!(judged, "the server kept the replaying TCP connection open");
     reply.status
 }
 
@@ -1689,7 +1697,8 @@ fn a_recorded_keyed_hello_replayed_takes_no_link_and_makes_no_connection() {
         HelloStatus::Accepted,
         "the premise: a replay passes the handshake"
     );
-    // ...and the client's link stays up, its connection carrying on
+    // ...and, watched for 500 ms after the server judged the replay, the client's link
+    // stays up, its connection carrying on
     std::thread::sleep(Duration::from_millis(500));
     let events = conn.poll_events();
     assert!(

@@ -203,6 +203,7 @@ fn an_event_loop_waiting_with_wait_receiving_serves_its_connections() {
     let client = Endpoint::client(&addrs()).unwrap();
     let to = server.local_addrs();
     let (switches_tx, switches_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
     let echo = thread::spawn(move || {
         let conn = server.accept().unwrap();
         let (mut poll, mut events) = event_loop_of(&conn, 7);
@@ -238,7 +239,7 @@ fn an_event_loop_waiting_with_wait_receiving_serves_its_connections() {
             .send((switches(driver) - start.unwrap_or(0), by_token))
             .unwrap();
         // keep the connection until the client has its last reply
-        thread::sleep(Duration::from_millis(200));
+        let _ = done_rx.recv();
     });
     let conn = client.connect(&to, ConnectionConfig::default()).unwrap();
     for i in 0..ROUNDS {
@@ -250,6 +251,7 @@ fn an_event_loop_waiting_with_wait_receiving_serves_its_connections() {
             .expect("a reply");
         assert_eq!(reply, msg, "reply {i}");
     }
+    done_tx.send(()).unwrap();
     let (woken, by_token) = switches_rx.recv().unwrap();
     echo.join().unwrap();
     eprintln!(
