@@ -606,6 +606,10 @@ fn assert_serves_a_new_client(server: &Endpoint, config: ConnectionConfig) {
     assert_eq!(&got, b"still here");
 }
 
+/// The tests that hold a server's 64 hello threads, one at a time: the replay test counts
+/// the hello threads of the whole process.
+static HELLO_FLOOD: Mutex<()> = Mutex::new(());
+
 /// Strangers that connect to a TCP-transport server and say nothing, or trickle bytes that
 /// never make a hello. Past 64 waiting at once, one more lets the oldest go (a client's
 /// hello takes a round trip: the oldest are strangers), and the newest is held. A trickler
@@ -614,6 +618,7 @@ fn assert_serves_a_new_client(server: &Endpoint, config: ConnectionConfig) {
 #[test]
 fn strangers_that_say_no_hello_are_let_go_in_time() {
     use std::net::TcpStream;
+    let _flood = HELLO_FLOOD.lock().unwrap_or_else(|e| e.into_inner());
     let server = on_one_address(true);
     let to = server.local_addrs()[0];
     let mut byte = [0u8; 1];
@@ -1754,6 +1759,7 @@ fn threads_named(name: &str) -> usize {
 /// before that wait, and each replay held a thread and a descriptor for the whole 5 s.
 #[test]
 fn replayed_hellos_waiting_for_their_first_frame_are_bounded() {
+    let _flood = HELLO_FLOOD.lock().unwrap_or_else(|e| e.into_inner());
     // the endpoints and connections kept to the end
     let live = keyed_connection_recorded();
     let replay = replayed_hello(&live.recording, false);
