@@ -11,7 +11,7 @@ use ri2n::{ConnectionConfig, ConnectionError, Endpoint, EndpointConfig, Error, T
 
 mod common;
 
-use common::{gettid, loopback, wait_asleep};
+use common::{gettid, loopback, spawn_with_tid, wait_asleep};
 
 /// An endpoint of `transport` on 127.0.0.1 (a free port), a server or a client.
 fn bind_on(transport: Transport, server: bool) -> Endpoint {
@@ -682,16 +682,12 @@ fn a_connection_that_comes_in_during_a_close_is_not_closed_by_it() {
         cut.impairment(s).unwrap().set_down(true);
     }
     (&held).write_all(&[1u8; 100_000]).unwrap();
-    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
-    let closing = {
+    let (closing, tid) = {
         let server = server.clone();
-        std::thread::spawn(move || {
-            tid_tx.send(gettid()).unwrap();
-            server.close(Some(Duration::from_millis(1500)))
-        })
+        spawn_with_tid(move || server.close(Some(Duration::from_millis(1500))))
     };
     // the premise: the close is under way, waiting on the stalled connection
-    wait_asleep(tid_rx.recv().unwrap(), None);
+    wait_asleep(tid, None);
     let client = bind_on(Transport::Udp, false);
     let late = client
         .connect(&server.local_addrs(), ConnectionConfig::default())
@@ -744,16 +740,12 @@ fn a_close_counts_what_a_dropped_connection_left_undelivered() {
         // more than the server's window: the rest waits, and the server reads nothing
         std::io::Write::write_all(&mut &conn, &vec![7u8; 2 << 20]).unwrap();
         drop(conn);
-        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
-        let closing = {
+        let (closing, tid) = {
             let client = client.clone();
-            std::thread::spawn(move || {
-                tid_tx.send(gettid()).unwrap();
-                client.close(Some(Duration::from_secs(5)))
-            })
+            spawn_with_tid(move || client.close(Some(Duration::from_secs(5))))
         };
         // the premise: the close waits on the dropped connection when its peer aborts it
-        wait_asleep(tid_rx.recv().unwrap(), None);
+        wait_asleep(tid, None);
         peer.abort(5, "the server gives up");
         let closed = closing.join().unwrap();
         assert!(

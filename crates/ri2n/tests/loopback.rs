@@ -15,7 +15,7 @@ use ri2n::{
 
 mod common;
 
-use common::{gettid, wait_asleep};
+use common::{spawn_with_tid, wait_asleep};
 
 fn addrs(ips: &[&str]) -> Vec<SocketAddr> {
     ips.iter()
@@ -1165,14 +1165,12 @@ fn a_message_sent_during_the_handshake_waits_for_it() {
             .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
         "{early:?}"
     );
-    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
-    let sender = thread::spawn(move || {
-        tid_tx.send(gettid()).unwrap();
+    let (sender, tid) = spawn_with_tid(move || {
         conn.send_message(b"hello").unwrap();
         conn
     });
     // the premise: the send waits (asleep in it) while the handshake cannot go on
-    wait_asleep(tid_rx.recv().unwrap(), None);
+    wait_asleep(tid, None);
     assert!(!sender.is_finished(), "sent before the handshake");
     for s in &switches {
         s.set_down(false);

@@ -13,7 +13,7 @@ use ri2n::{ConnectionConfig, Endpoint};
 
 mod common;
 
-use common::{gettid, wait_asleep};
+use common::{gettid, spawn_with_tid, wait_asleep};
 
 fn addrs() -> Vec<SocketAddr> {
     ["127.0.0.1:0", "127.0.0.2:0"]
@@ -92,15 +92,12 @@ fn a_call_waiting_on_an_idle_connection_is_not_woken_by_a_busy_one() {
     busy.read_exact(&mut reply).unwrap();
     wait_links_up(&[&busy, &idle]);
     // the idle connection's call blocks first, so it is the one watching the sockets
-    let (tid_tx, tid_rx) = mpsc::channel();
-    let waiter = thread::spawn(move || {
-        tid_tx.send(gettid()).unwrap();
+    let (waiter, tid) = spawn_with_tid(move || {
         let mut idle = idle;
         let mut byte = [0u8; 1];
         // the peer never writes: this returns at the end of its stream
         idle.read(&mut byte).unwrap()
     });
-    let tid = tid_rx.recv().unwrap();
     wait_asleep(tid, Some("do_epoll_wait"));
     let before = switches(tid);
     for i in 1..ROUNDS {
@@ -515,14 +512,11 @@ fn a_blocked_read_does_not_take_the_wait_receiving_callers_readiness() {
 
     // a read blocks, watching the shard's sockets, while the set becomes readable; then the
     // data it waits for comes
-    let (tid_tx, tid_rx) = mpsc::channel();
-    let reader = thread::spawn(move || {
-        tid_tx.send(gettid()).unwrap();
+    let (reader, tid) = spawn_with_tid(move || {
         let mut byte = [0u8; 1];
         conn.read_exact(&mut byte).unwrap();
         conn
     });
-    let tid = tid_rx.recv().unwrap();
     wait_asleep(tid, Some("do_epoll_wait"));
     let before = switches(tid);
     waker.wake().unwrap();

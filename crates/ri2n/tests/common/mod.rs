@@ -27,6 +27,19 @@ pub fn gettid() -> i32 {
     unsafe { libc::gettid() }
 }
 
+/// Spawns a thread that runs `f`; returns it and its id (known before `f` begins), for
+/// [`wait_asleep`] on the call `f` blocks in.
+pub fn spawn_with_tid<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> (std::thread::JoinHandle<T>, i32) {
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let handle = std::thread::spawn(move || {
+        tid_tx.send(gettid()).unwrap();
+        f()
+    });
+    (handle, tid_rx.recv().unwrap())
+}
+
 /// Waits until thread `tid` of this process is asleep, seen twice 10 ms apart, and, given
 /// `wchan`, in that kernel function (`/proc/self/task/TID/wchan`; `do_epoll_wait`: a call
 /// blocked watching the sockets; a kernel that does not name it, `0`, is taken at the state
