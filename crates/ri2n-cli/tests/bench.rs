@@ -475,20 +475,9 @@ fn the_server_learns_that_the_client_was_interrupted() {
 fn a_server_out_of_descriptors_refuses_clients_and_goes_on() {
     let _g = heavy();
     let (mut server, to) = logged_serve();
-    let pid = server.pid();
     // its descriptors are counted once its runtime holds its own: its threads are there
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .filter_map(Result::ok)
-        .any(|t| std::fs::read_to_string(t.path().join("comm")).unwrap() == "ri2n-serve\n")
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "serve's runtime never started"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    server.wait_thread_named("ri2n-serve", Duration::from_secs(10));
+    let pid = server.pid();
     let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
         .count();

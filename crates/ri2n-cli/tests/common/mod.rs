@@ -143,26 +143,37 @@ impl Proc {
     /// kernels name them differently, so give every name): the premise of a test
     /// that acts on what a process waits in. Panics after `limit`, or if the process exits.
     pub fn wait_thread_in(&mut self, wchans: &[&str], limit: Duration) {
+        self.wait_thread_where("wchan", wchans, limit);
+    }
+
+    /// Waits until the process has a thread named `name` (`/proc/PID/task/TID/comm`), e.g. a
+    /// runtime's worker. Panics after `limit`, or if the process exits.
+    pub fn wait_thread_named(&mut self, name: &str, limit: Duration) {
+        self.wait_thread_where("comm", &[name], limit);
+    }
+
+    /// Waits until the file `file` of some thread of the process (`/proc/PID/task/TID/FILE`,
+    /// its trailing newline aside) reads one of `values`.
+    fn wait_thread_where(&mut self, file: &str, values: &[&str], limit: Duration) {
         let tasks = format!("/proc/{}/task", self.pid());
-        let (deadline, what) = (
-            Instant::now() + limit,
-            format!("a thread waited in {wchans:?}"),
-        );
+        let what = format!("a thread's {file} read one of {values:?}");
+        let deadline = Instant::now() + limit;
         loop {
             let seen: Vec<String> = std::fs::read_dir(&tasks)
                 .map(|d| {
                     d.filter_map(Result::ok)
-                        .filter_map(|t| std::fs::read_to_string(t.path().join("wchan")).ok())
+                        .filter_map(|t| std::fs::read_to_string(t.path().join(file)).ok())
+                        .map(|v| v.trim_end().to_owned())
                         .collect()
                 })
                 .unwrap_or_default();
-            if seen.iter().any(|w| wchans.contains(&w.as_str())) {
+            if seen.iter().any(|v| values.contains(&v.as_str())) {
                 return;
             }
             self.assert_running(&what);
             assert!(
                 Instant::now() < deadline,
-                "no thread of {} waited in {wchans:?} within {limit:?}: {seen:?}",
+                "{}: not {what} within {limit:?}: {seen:?}",
                 self.name
             );
             thread::sleep(Duration::from_millis(10));
