@@ -13,7 +13,7 @@ use ri2n::{ConnectionConfig, Endpoint};
 
 mod common;
 
-use common::{gettid, spawn_with_tid, wait_asleep};
+use common::{asleep_in, gettid, spawn_with_tid, wait_asleep};
 
 fn addrs() -> Vec<SocketAddr> {
     ["127.0.0.1:0", "127.0.0.2:0"]
@@ -511,13 +511,28 @@ fn a_blocked_read_does_not_take_the_wait_receiving_callers_readiness() {
     server.wait_receiving(shard, set, Some(Duration::from_millis(10)), &mut readable);
 
     // a read blocks, watching the shard's sockets, while the set becomes readable; then the
-    // data it waits for comes
-    let (reader, tid) = spawn_with_tid(move || {
-        let mut byte = [0u8; 1];
-        conn.read_exact(&mut byte).unwrap();
-        conn
-    });
-    wait_asleep(tid, Some("do_epoll_wait"));
+    // data it waits for comes. A read that begins while the driver thread is receiving (a
+    // keepalive) waits on its condition variable instead, not on the sockets: it is given
+    // its byte, and another read tried.
+    let mut tries = 0;
+    let (reader, tid) = loop {
+        let (reader, tid) = spawn_with_tid(move || {
+            let mut byte = [0u8; 1];
+            conn.read_exact(&mut byte).unwrap();
+            conn
+        });
+        let wchan = asleep_in(tid);
+        if wchan == "do_epoll_wait" || wchan == "0" {
+            break (reader, tid);
+        }
+        tries += 1;
+        assert!(
+            tries < 5,
+            "the read never watched the sockets (asleep in {wchan})"
+        );
+        sender.write_all(b"?").unwrap();
+        conn = reader.join().unwrap();
+    };
     let before = switches(tid);
     waker.wake().unwrap();
     // the blocked read woke to the set's event and waits again
@@ -526,7 +541,7 @@ fn a_blocked_read_does_not_take_the_wait_receiving_callers_readiness() {
         assert!(Instant::now() < deadline, "the blocked read never woke");
         thread::sleep(Duration::from_millis(10));
     }
-    wait_asleep(tid, Some("do_epoll_wait"));
+    wait_asleep(tid, None);
     sender.write_all(b"!").unwrap();
     let _conn = reader.join().unwrap();
 

@@ -40,25 +40,50 @@ pub fn spawn_with_tid<T: Send + 'static>(
     (handle, tid_rx.recv().unwrap())
 }
 
+/// Waits until thread `tid` of this process is asleep in one kernel function, seen twice
+/// 10 ms apart, and returns that function (`/proc/self/task/TID/wchan`; `0` where the kernel
+/// does not name it). Panics after 10 s.
+pub fn asleep_in(tid: i32) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last = None;
+    loop {
+        let now = (thread_state(tid) == "S").then(|| thread_file(tid, "wchan"));
+        if now.is_some() && now == last {
+            return now.unwrap_or_default();
+        }
+        assert!(Instant::now() < deadline, "thread {tid} never slept");
+        last = now;
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `/proc/self/task/TID/FILE`, empty if it cannot be read.
+fn thread_file(tid: i32, file: &str) -> String {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/{file}")).unwrap_or_default()
+}
+
+/// The state letter of thread `tid` of this process (`S`: asleep): the field after the
+/// command name, which is in parentheses.
+fn thread_state(tid: i32) -> String {
+    let stat = thread_file(tid, "stat");
+    let after = stat.rsplit(')').next().unwrap_or_default();
+    after
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// Waits until thread `tid` of this process is asleep, seen twice 10 ms apart, and, given
 /// `wchan`, in that kernel function (`/proc/self/task/TID/wchan`; `do_epoll_wait`: a call
 /// blocked watching the sockets; a kernel that does not name it, `0`, is taken at the state
 /// alone): the premise a fixed sleep would only hope for. Panics after 10 s.
 pub fn wait_asleep(tid: i32, wchan: Option<&str>) {
-    let read = |what: &str| {
-        std::fs::read_to_string(format!("/proc/self/task/{tid}/{what}")).unwrap_or_default()
-    };
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut seen = 0;
     while seen < 2 {
-        let now = read("wchan");
-        // the state is the field after the command name, which is in parentheses
-        let stat = read("stat");
-        let asleep = stat
-            .rsplit(')')
-            .next()
-            .and_then(|r| r.split_whitespace().next())
-            == Some("S");
+        let now = thread_file(tid, "wchan");
+        let asleep = thread_state(tid) == "S";
         let there = asleep && wchan.is_none_or(|w| now == w || now == "0");
         seen = if there { seen + 1 } else { 0 };
         assert!(
