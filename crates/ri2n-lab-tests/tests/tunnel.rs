@@ -146,6 +146,28 @@ fn status_json(env: &Env, ns: &str, config: &Path) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
 }
 
+/// [`status_json`] from a sample the daemon began after `since` (it samples every second):
+/// waits up to 5 s for one, panics otherwise.
+fn status_sampled_after(env: &Env, ns: &str, config: &Path, since: Instant) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let asked = Instant::now();
+        let status = status_json(env, ns, config);
+        // served no sooner than asked for, `sampled_ms_ago` (whole milliseconds) after the
+        // sample began
+        let age = status["sampled_ms_ago"].as_u64();
+        let began = age.and_then(|ms| asked.checked_sub(Duration::from_millis(ms + 1)));
+        if began.is_some_and(|began| began > since) {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no status of {ns} sampled after the moment asked for: {status}"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Waits up to 15 s until the daemon of `host` (`daemon`) has `peers` peers, each with an up
 /// link from every address of `locals`; panics otherwise, naming `what`.
 fn wait_links_up_from(
@@ -2197,24 +2219,16 @@ fn the_status_counts_the_packets_each_carry_moves() {
         // the premise: the pings crossed both ways
         let (answered, text) = pings_answered(lab, "a", "b", PINGS, &["-i", "0.01"]);
         assert_eq!(answered, PINGS, "carrying {carry}: {text}");
-        // what a sent to b and received from it, and b the other way round, as the next
-        // samples show them (every second)
+        // what a sent to b and received from it, and b the other way round, as samples
+        // taken once the last reply was back show them
+        let pinged = Instant::now();
         let counts = |h: &str| {
-            let status = status_json(env, &lab.ns_of(h), &config);
+            let status = status_sampled_after(env, &lab.ns_of(h), &config, pinged);
             let peer = &status["peers"][0];
             let n = |k: &str| peer[k].as_u64().unwrap_or(0);
             (n("packets_sent"), n("packets_received"))
         };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let (a, b) = loop {
-            let (a, b) = (counts("a"), counts("b"));
-            if (a.0 >= PINGS && a.1 >= PINGS && b.0 >= PINGS && b.1 >= PINGS)
-                || Instant::now() > deadline
-            {
-                break (a, b);
-            }
-            thread::sleep(Duration::from_millis(200));
-        };
+        let (a, b) = (counts("a"), counts("b"));
         // a few more than the pings: the kernel may send a packet of its own through a new
         // interface (none is expected, none of these tests saw one)
         let near = |n: u64| (PINGS..=PINGS + 5).contains(&n);
@@ -2241,20 +2255,9 @@ fn the_status_counts_the_packets_each_carry_moves() {
         }
         let (answered, text) = pings_answered(lab, "a", "b", PINGS, &["-i", "0.01"]);
         assert_eq!(answered, 0, "carrying {carry}, b gone: {text}");
-        let dropped = || {
-            let status = status_json(env, &lab.ns_of("a"), &config);
-            let peer = &status["peers"][0];
-            let n = |k: &str| peer[k].as_u64().unwrap_or(0);
-            (n("packets_dropped"), n("packets_sent"))
-        };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let (gone, sent) = loop {
-            let (gone, sent) = dropped();
-            if gone >= PINGS || Instant::now() > deadline {
-                break (gone, sent);
-            }
-            thread::sleep(Duration::from_millis(200));
-        };
+        let status = status_sampled_after(env, &lab.ns_of("a"), &config, Instant::now());
+        let n = |k: &str| status["peers"][0][k].as_u64().unwrap_or(0);
+        let (gone, sent) = (n("packets_dropped"), n("packets_sent"));
         assert!(
             near(gone) && sent == a.0,
             "carrying {carry}, {PINGS} pings to b gone: a dropped {gone} and sent {sent} (before: \
@@ -2358,9 +2361,7 @@ fn inner_tcp_crosses_whole_and_unchanged_with_either_carry() {
         let (sha, len) = support::sha256_file(&received);
         assert_eq!(len, data.len, "carrying {carry}: bytes received");
         assert!(sha == data.sha256, "carrying {carry}: the bytes differ");
-        // a's status as the next sample shows it (every second)
-        thread::sleep(Duration::from_millis(1100));
-        let status = status_json(env, &lab.ns_of("a"), &config);
+        let status = status_sampled_after(env, &lab.ns_of("a"), &config, Instant::now());
         let handed = status["peers"][0]["packets_sent"].as_u64().unwrap_or(0);
         let cut = data.len / mss;
         report(&format!(
@@ -2406,8 +2407,8 @@ fn a_host_that_sends_from_another_address_is_refused_and_told_so() {
     const STRANGER: &str = "10.99.0.77";
     let (config, mut daemons) = start_a_and_b(env, lab, &dir.0);
     wait_connected(&mut daemons, 1, Duration::from_secs(20));
-    let counts = |h: &str| {
-        let status = status_json(env, &lab.ns_of(h), &config);
+    let counts = |h: &str, since: Instant| {
+        let status = status_sampled_after(env, &lab.ns_of(h), &config, since);
         let peer = &status["peers"][0];
         let n = |k: &str| peer[k].as_u64().unwrap_or(0);
         (
@@ -2427,8 +2428,8 @@ fn a_host_that_sends_from_another_address_is_refused_and_told_so() {
     // b's own address works: the filter lets through what is the peer's to send
     let (answered, text) = pings_answered(lab, "b", "a", PINGS, &["-i", "0.01"]);
     assert_eq!(answered, PINGS, "b's own pings: {text}");
-    thread::sleep(Duration::from_millis(1200)); // the next status sample
-    let (a_before, b_before, rx_before) = (counts("a"), counts("b"), rx_packets());
+    let pinged = Instant::now();
+    let (a_before, b_before, rx_before) = (counts("a", pinged), counts("b", pinged), rx_packets());
 
     in_host(
         lab,
@@ -2468,14 +2469,8 @@ fn a_host_that_sends_from_another_address_is_refused_and_told_so() {
         text.contains(" 0 received"),
         "pings from {STRANGER} answered: {text}"
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let (a, b) = loop {
-        let (a, b) = (counts("a"), counts("b"));
-        if (b.0 >= b_before.0 + PINGS && a.2 >= a_before.2 + PINGS) || Instant::now() > deadline {
-            break (a, b);
-        }
-        thread::sleep(Duration::from_millis(200));
-    };
+    let pinged = Instant::now();
+    let (a, b) = (counts("a", pinged), counts("b", pinged));
     let rx = rx_packets() - rx_before;
     report(&format!(
         "{PINGS} pings from b's {STRANGER}: b sent {}, a received {}, dropped {}, a's interface \
@@ -2511,8 +2506,7 @@ fn a_host_that_sends_from_another_address_is_refused_and_told_so() {
 /// Packets each queue of host `ns`'s interface has read, from a status sample taken after
 /// `since` (the daemon samples every second).
 fn queue_reads_after(env: &Env, ns: &str, config: &Path, since: Instant) -> Vec<u64> {
-    thread::sleep((since + Duration::from_millis(1200)).saturating_duration_since(Instant::now()));
-    let status = status_json(env, ns, config);
+    let status = status_sampled_after(env, ns, config, since);
     (status["queue_packets_read"]
         .as_array()
         .into_iter()

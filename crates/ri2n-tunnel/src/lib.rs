@@ -358,6 +358,8 @@ pub fn run(
         config: config.clone(),
         reloads: 0,
         last_reload: None,
+        sampled_ms_ago: None,
+        sampled_at: None,
         peers: Vec::new(),
     }));
     {

@@ -64,6 +64,14 @@ pub struct Status {
     /// What the last of them did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_reload: Option<Reload>,
+    /// How long before it was served the daemon began this sample (a new one every second):
+    /// a script that needs readings from after some moment waits until a sample is younger.
+    /// Absent before the first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampled_ms_ago: Option<u64>,
+    /// When the sample began, for `sampled_ms_ago`.
+    #[serde(skip)]
+    pub sampled_at: Option<Instant>,
     pub peers: Vec<PeerStatus>,
 }
 
@@ -228,6 +236,8 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
             // filled as the status is served, without a sampling period's delay
             reloads: 0,
             last_reload: None,
+            sampled_ms_ago: None,
+            sampled_at: Some(now),
             peers: Vec::new(),
         };
         previous.retain(|name, _| table.peers.iter().any(|p| p.name() == name));
@@ -327,6 +337,7 @@ pub fn serve_socket(path: &Path, latest: Arc<Mutex<Status>>, peers: Arc<Peers>) 
             let _ = stream.set_write_timeout(Some(STATUS_WRITE_TIMEOUT));
             let mut snapshot = latest.lock().unwrap_or_else(|e| e.into_inner()).clone();
             (snapshot.reloads, snapshot.last_reload) = peers.reloads();
+            snapshot.sampled_ms_ago = (snapshot.sampled_at).map(|t| t.elapsed().as_millis() as u64);
             if let Ok(text) = serde_json::to_string(&snapshot) {
                 let _ = stream.write_all(text.as_bytes());
             }
@@ -762,6 +773,8 @@ pub(crate) mod tests {
             config: "/etc/ri2n/cluster.toml".into(),
             reloads: 0,
             last_reload: None,
+            sampled_ms_ago: Some(400),
+            sampled_at: None,
             peers: vec![PeerStatus {
                 // a name the exposition must escape
                 name: "b \"east\"".into(),
