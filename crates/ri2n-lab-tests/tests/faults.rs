@@ -581,12 +581,26 @@ fn tcp_transport_opens_a_long_path_beside_a_short_one() {
         &lab,
         Host::A,
         Path::new("iperf3"),
-        &args(&["-c", &to, "-p", "5302", "-u", "-b", "15M", "-t", &t]),
+        &args(&[
+            "-c",
+            &to,
+            "-p",
+            "5302",
+            "-u",
+            "-b",
+            "15M",
+            "-t",
+            &t,
+            "--forceflush",
+        ]),
         &dir.0,
         "iperf3-c",
     ));
     let flood_started = Instant::now();
-    std::thread::sleep(ms(1500));
+    // its first interval row ("[  5]   0.00-1.00   sec ..."): a second of flooding, three
+    // times what the queue lets out, has filled it
+    let flooding = floods[1].wait_for_line(ms(10_000), |l| l.contains(" 0.00-1.00 "));
+    assert!(flooding, "no flood: {}", floods[1].stdout_text());
     // the premise: a round trip takes far longer than 50 ms on link 2, and little on link 1
     let ping_ms = |l: u8| -> f64 {
         let out = lab
@@ -1243,7 +1257,21 @@ fn tcp_transport_server_interrupted_while_sending_tells_its_client() {
             .map(String::from)
             .collect::<Vec<_>>();
         let mut client = Proc::spawn(&lab, Host::A, &env.ri2n, &args, &dir.0, "bench");
-        std::thread::sleep(ms(2500));
+        // the premise: the server is sending, faster than one link carries (an interval row
+        // of the timeline: "0.00-0.50   190.12 Mbit/s ...")
+        let moving = client.wait_for_line(ms(15_000), |l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            words.len() > 2
+                && words[0].contains('-')
+                && words[0].starts_with(char::is_numeric)
+                && words[2] == "Mbit/s"
+                && words[1].parse::<f64>().is_ok_and(|m| m > 120.0)
+        });
+        assert!(
+            moving,
+            "run {run}: the server sent too little: {}",
+            client.stderr_text()
+        );
         let status = server.terminate(ms(5000));
         assert_eq!(
             status.and_then(|s| s.code()),
@@ -1253,17 +1281,6 @@ fn tcp_transport_server_interrupted_while_sending_tells_its_client() {
         );
         let status = client.wait_exit(ms(10_000));
         let (doc, text) = (client.stdout_json(), client.stderr_text());
-        // the premise: the server was sending, faster than one link carries (an interval row
-        // of the timeline: "0.00-0.50   190.12 Mbit/s ...")
-        let moved = text.lines().any(|l| {
-            let words: Vec<&str> = l.split_whitespace().collect();
-            words.len() > 2
-                && words[0].contains('-')
-                && words[0].starts_with(char::is_numeric)
-                && words[2] == "Mbit/s"
-                && words[1].parse::<f64>().is_ok_and(|m| m > 120.0)
-        });
-        assert!(moved, "run {run}: the server sent too little: {text}");
         assert_eq!(status.and_then(|s| s.code()), Some(4), "run {run}: {text}");
         let error = doc["error"].as_str().unwrap_or_default();
         assert!(

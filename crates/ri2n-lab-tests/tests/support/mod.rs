@@ -627,6 +627,24 @@ impl Proc {
         fs::read_to_string(&self.stderr).unwrap_or_default()
     }
 
+    /// Waits at most `max` for a line of the process's output (standard output or error) that
+    /// `wanted` accepts; whether one came (false also once the process has exited without one).
+    pub fn wait_for_line(&mut self, max: Duration, wanted: impl Fn(&str) -> bool) -> bool {
+        let deadline = Instant::now() + max;
+        loop {
+            // read after looking at the exit: a line written just before exiting counts
+            let exited = self.poll().is_some();
+            let (out, err) = (self.stdout_text(), self.stderr_text());
+            if out.lines().chain(err.lines()).any(&wanted) {
+                return true;
+            }
+            if exited || Instant::now() >= deadline {
+                return false;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn stdout_json(&self) -> serde_json::Value {
         let text = fs::read_to_string(&self.stdout).unwrap_or_default();
         serde_json::from_str(&text).unwrap_or(serde_json::Value::Null)
