@@ -386,8 +386,7 @@ fn the_accept_descriptor_stays_readable_while_connections_wait() {
                 (client, conn)
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(readable(fd), "{transport:?}: not readable with two waiting");
+        wait_readable(fd, &format!("{transport:?}: two waiting"));
         let first = server.try_accept().unwrap();
         assert!(
             readable(fd),

@@ -624,7 +624,13 @@ fn strangers_that_say_no_hello_are_let_go_in_time() {
     let mut byte = [0u8; 1];
     let mut oldest = TcpStream::connect(to).unwrap();
     let waiting: Vec<TcpStream> = (0..63).map(|_| TcpStream::connect(to).unwrap()).collect();
-    std::thread::sleep(Duration::from_millis(200));
+    // the premise: the server holds all 64, each on a hello thread, before a 65th comes
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while threads_named("ri2n-tcp-hello") < 64 {
+        let held = threads_named("ri2n-tcp-hello");
+        assert!(Instant::now() < deadline, "{held} of 64 strangers held");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let mut newest = TcpStream::connect(to).unwrap();
     oldest
         .set_read_timeout(Some(Duration::from_secs(2)))
