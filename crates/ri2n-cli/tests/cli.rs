@@ -1006,26 +1006,52 @@ fn keys_must_match() {
 /// naming a test yet) leave it with a handful of threads; then a bench still gets served.
 #[test]
 fn serve_holds_many_clients_without_a_thread_each() {
+    const CLIENTS: usize = 200;
     let (server, a) = serve();
     let pid = server.pid();
+    let descriptors = || std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
+    // every thread of serve asleep: its tasks wait
+    let at_rest = || {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten();
+        (tasks.flatten())
+            .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+            .all(|s| {
+                s.rsplit_once(") ")
+                    .is_some_and(|(_, rest)| rest.starts_with('S'))
+            })
+    };
+    let before = descriptors();
     let client = ri2n::Endpoint::client(&["127.0.0.1:0".parse().unwrap()]).unwrap();
     let config = ri2n::ConnectionConfig::default().with_discover(false);
-    let conns: Vec<ri2n::Connection> = (0..200)
+    let conns: Vec<ri2n::Connection> = (0..CLIENTS)
         .map(|_| {
             client
                 .connect(&[a.parse().unwrap()], config.clone())
                 .unwrap()
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(500));
+    // the premise: serve took the clients and rests, holding them: a client's task makes a
+    // few readiness descriptors as it starts, so CLIENTS more stand for more clients than
+    // the threads allowed below
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(descriptors() >= before + CLIENTS && at_rest()) {
+        let more = descriptors().saturating_sub(before);
+        assert!(
+            Instant::now() < deadline,
+            "serve holds {more} descriptors more with {CLIENTS} clients connected"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let threads: u32 = status
         .lines()
         .find_map(|l| l.strip_prefix("Threads:"))
         .and_then(|t| t.trim().parse().ok())
         .unwrap();
-    println!("ri2n serve with 200 clients: {threads} threads");
-    assert!(threads < 20, "{threads} threads for 200 clients");
+    println!("ri2n serve with {CLIENTS} clients: {threads} threads");
+    assert!(threads < 20, "{threads} threads for {CLIENTS} clients");
     let json = bench_json(&a, &["--time", "1"]);
     assert!(json["server"]["bytes"].as_u64().unwrap() > 0, "{json}");
     drop(conns);
