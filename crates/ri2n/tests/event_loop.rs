@@ -524,6 +524,57 @@ fn a_reader_of_one_kind_is_not_woken_for_ever_by_another_kind_unread() {
     }
 }
 
+/// The acknowledgement of a request wakes no reader: an event loop that wrote a request and
+/// waits for the answer on the read descriptor (or on the combined one, no writer blocked)
+/// sleeps until the answer comes. Before, on the TCP transport, every acknowledgement that
+/// freed send buffer signalled every descriptor, and the loop woke once per request for
+/// nothing. Both transports.
+#[test]
+fn the_acknowledgement_of_a_request_wakes_no_reader() {
+    for transport in [ri2n::Transport::Udp, ri2n::Transport::Tcp] {
+        let (server, _client, conn) = pair(transport, ConnectionConfig::default());
+        (&conn).write_all(b"hello").unwrap();
+        let peer = server.accept().unwrap();
+        let mut buf = [0u8; 64];
+        (&peer).read_exact(&mut buf[..5]).unwrap();
+        let read_fd = conn.read_readiness_fd().unwrap().as_raw_fd();
+        let any_fd = conn.readiness_fd().unwrap().as_raw_fd();
+        const ROUNDS: usize = 20;
+        let mut woken = 0;
+        for round in 0..ROUNDS {
+            let what = format!("{transport:?}, round {round}");
+            // nothing waits: this clears both descriptors
+            let e = conn.try_read(&mut buf).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::WouldBlock, "{what}");
+            assert_eq!(conn.try_write(b"request").unwrap(), 7, "{what}");
+            // the premise: the request was acknowledged while the loop waited
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while conn.stats().send_buffered > 0 {
+                assert!(Instant::now() < deadline, "{what}: never acknowledged");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if readable(read_fd) || readable(any_fd) {
+                woken += 1;
+            }
+            (&peer).read_exact(&mut buf[..7]).unwrap();
+            (&peer).write_all(b"answer").unwrap();
+            while conn.stats().recv_buffered < 6 {
+                assert!(Instant::now() < deadline, "{what}: no answer");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            wait_readable(read_fd, &format!("{what}: the answer"));
+            wait_readable(any_fd, &format!("{what}: the answer"));
+            assert_eq!(conn.try_read(&mut buf).unwrap(), 6, "{what}");
+            assert_eq!(&buf[..6], b"answer", "{what}");
+        }
+        // a keepalive's acknowledgement may come meanwhile, once or twice
+        assert!(
+            woken <= 2,
+            "{transport:?}: woken by the acknowledgement in {woken} of {ROUNDS} rounds"
+        );
+    }
+}
+
 /// Fills `conn`'s send buffer with non-blocking writes while nobody reads: its writer is
 /// blocked. Returns how many bytes it wrote.
 fn block_a_writer(transport: ri2n::Transport, conn: &Connection) -> usize {

@@ -148,6 +148,11 @@ async fn read_fast(server: &Endpoint, len: usize) {
         conn.finish().unwrap();
         let count = conn.recv_message().unwrap().unwrap();
         assert_eq!(conn.stats().links.len(), 2);
+        // the reader's end of stream before this side goes: closed first, it would end the
+        // connection before the reader's `shutdown`, which then fails
+        let mut rest = Vec::new();
+        std::io::Read::read_to_end(&mut &conn, &mut rest).unwrap();
+        assert!(rest.is_empty(), "nothing but the count after the stream");
         count
     })
     .await

@@ -351,12 +351,21 @@ impl State {
     }
 
     /// Tells [`Event::AllAcknowledged`] once everything written, and the end of the stream,
-    /// is acknowledged (as the UDP transport does).
-    pub fn tell_if_all_acknowledged(&mut self) {
-        if !self.all_acknowledged_told && self.striper.all_acknowledged() {
+    /// is acknowledged (as the UDP transport does); returns whether it told it now.
+    pub fn tell_if_all_acknowledged(&mut self) -> bool {
+        let tell = !self.all_acknowledged_told && self.striper.all_acknowledged();
+        if tell {
             self.all_acknowledged_told = true;
             self.event(Event::AllAcknowledged);
         }
+        tell
+    }
+
+    /// Whether a non-blocking write that found the send buffer full may retry now, and has
+    /// not: room came back for what it needed.
+    pub fn writer_may_retry(&self, send_buffer: u64) -> bool {
+        let room = send_buffer.saturating_sub(self.buffered());
+        (self.writers_blocked.iter()).any(|b| b.is_some_and(|need| room >= need))
     }
 
     pub fn set_link_state(&mut self, l: usize, to: LinkState) {
@@ -765,6 +774,17 @@ impl TcpConnection {
         self.watchers.signal_all();
     }
 
+    /// [`Self::notify_app`] for a change that concerns only the callers `event` names, as
+    /// the UDP transport's engine reports it: bytes or a message to read
+    /// ([`Event::Readable`]), or room for a writer that found none ([`Event::Writable`]).
+    /// The other side's descriptors stay as they are: an event loop waiting for an answer
+    /// is not woken by the acknowledgement of its request. (The waiting calls share one
+    /// condition variable and look again.)
+    pub fn notify_app_of(&self, event: &Event) {
+        self.app.notify_all();
+        self.watchers.signal(event);
+    }
+
     /// The readiness descriptor for `interest` (made under the lock, so no signal races it).
     pub fn readiness_fd(&self, interest: Interest) -> io::Result<std::os::fd::BorrowedFd<'_>> {
         let _st = self.lock();
@@ -793,12 +813,10 @@ impl TcpConnection {
         st.pump_or_end();
         self.send_queued_acks(&mut st);
         let other = |kind| looks != Looks::Incoming(kind);
-        let room = self.settings.send_buffer.saturating_sub(st.buffered());
         let waiting = Waiting {
             readable: (other(Incoming::Stream) && !st.stream_in.is_empty())
                 || (other(Incoming::Messages) && !st.messages.is_empty()),
-            writer_may_retry: (st.writers_blocked.iter())
-                .any(|b| b.is_some_and(|need| room >= need)),
+            writer_may_retry: st.writer_may_retry(self.settings.send_buffer),
         };
         self.watchers.signal_waiting(caller, waiting);
         st
@@ -995,7 +1013,7 @@ impl TcpConnection {
                 Incoming::Messages => st.stream_in.len() > split.0,
             };
             if for_other {
-                self.notify_app();
+                self.notify_app_of(&Event::Readable);
             }
             // headers taken may have moved the window
             self.send_queued_acks(&mut st);

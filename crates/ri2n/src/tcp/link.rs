@@ -851,7 +851,7 @@ fn read_records(
                 // the application first: the ACK's system calls are not on the path of a
                 // message to the thread waiting for it
                 if readable {
-                    conn.notify_app();
+                    conn.notify_app_of(&Event::Readable);
                 }
                 if ack && !ack_now(conn, l) {
                     conn.wake_writer(l);
@@ -886,7 +886,7 @@ fn read_records(
                     if freed {
                         st.release();
                     }
-                    st.tell_if_all_acknowledged();
+                    let told = st.tell_if_all_acknowledged();
                     let done = st.done();
                     if done {
                         // both streams complete: say so, then end (the peer does too)
@@ -899,12 +899,21 @@ fn read_records(
                     // (`Striper::note_held` measures their drain rates).
                     let work = st.striper.has_work() || st.striper.any_in_flight() || done;
                     let settled = freed || done || st.striper.all_acknowledged();
+                    // the descriptors only for whom it concerns, as the UDP transport's
+                    // events do: an event, the end, or room for a writer that found none
+                    let everyone = told || done;
+                    let writer = freed && st.writer_may_retry(conn.settings.send_buffer);
                     drop(st);
                     if work {
                         conn.wake_writers();
                     }
-                    if settled {
+                    if everyone {
                         conn.notify_app();
+                    } else if writer {
+                        conn.notify_app_of(&Event::Writable);
+                    } else if settled {
+                        // a call blocked for room or for the acknowledgements looks again
+                        conn.app.notify_all();
                     }
                 }
             }
