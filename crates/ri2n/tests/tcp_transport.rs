@@ -383,6 +383,39 @@ fn whole_messages_and_the_byte_stream_share_a_connection() {
     }
 }
 
+/// A message arrives in a buffer of its own length: a receiver that keeps many holds what they
+/// carry, not up to twice that. (The TCP transport used to grow a message as its pieces came,
+/// copying it again at every doubling.) Both transports, over two links.
+#[test]
+fn a_received_message_holds_no_more_memory_than_its_bytes() {
+    for transport in [Transport::Udp, Transport::Tcp] {
+        let local = addrs(&["127.0.0.1:0", "127.0.0.2:0"]);
+        let config = EndpointConfig::new(local).with_transport(transport);
+        let server = Endpoint::bind(config.clone().server()).unwrap();
+        let client = Endpoint::bind(config).unwrap();
+        let conn = (client.connect(&server.local_addrs(), ConnectionConfig::default())).unwrap();
+        let sizes = [(1 << 20) + 1, 300_000, 70_000, 1500, 5];
+        let messages: Vec<Vec<u8>> = (sizes.iter().enumerate())
+            .map(|(i, &n)| data(n, 200 + i as u64))
+            .collect();
+        for m in &messages {
+            conn.send_message(m).unwrap();
+        }
+        let peer = server.accept().unwrap();
+        for (i, sent) in messages.iter().enumerate() {
+            let got = peer.recv_message().unwrap().expect("a message");
+            assert!(got == *sent, "{transport:?}: message {i} differs");
+            // (a vector's smallest allocation is 8 bytes)
+            assert!(
+                got.capacity() <= got.len().max(8),
+                "{transport:?}: message {i} of {} bytes in a buffer of {}",
+                got.len(),
+                got.capacity()
+            );
+        }
+    }
+}
+
 #[test]
 fn messages_too_long_or_unwanted_are_refused() {
     let server = Endpoint::bind(

@@ -118,6 +118,15 @@ impl Demux {
         self.position
     }
 
+    /// The bytes of a message that have yet to come while its payload is being split: its
+    /// whole length right after its header. `None` between chunks and inside stream bytes.
+    pub fn message_left(&self) -> Option<u64> {
+        match self.open {
+            Some((Kind::Message, left)) => Some(left),
+            _ => None,
+        }
+    }
+
     /// Whether the sequence may end here (between chunks).
     pub fn at_boundary(&self) -> bool {
         self.have == 0 && self.open.is_none()
@@ -195,10 +204,12 @@ mod tests {
     use super::*;
 
     /// Steps over `seq` in pieces of at most `cut` bytes; returns the byte stream and the
-    /// messages it carries.
+    /// messages it carries. Checks on the way that what is left of each message is known
+    /// from its header on.
     fn split(seq: &[u8], cut: usize) -> Result<(Vec<u8>, Vec<Vec<u8>>), ChunkError> {
         let mut d = Demux::new(Some(1 << 20));
         let (mut stream, mut msgs, mut msg) = (Vec::new(), Vec::new(), Vec::new());
+        let mut announced = 0;
         for mut part in seq.chunks(cut) {
             while !part.is_empty() {
                 let n = match d.step(part)? {
@@ -206,15 +217,23 @@ mod tests {
                         if empty_message {
                             msgs.push(Vec::new());
                         }
+                        if let Some(left) = d.message_left() {
+                            assert!(msg.is_empty(), "announced before the last one ended");
+                            announced = left;
+                        }
                         n
                     }
                     Piece::Stream(n) => {
+                        assert_eq!(d.message_left(), None, "inside stream bytes");
                         stream.extend_from_slice(&part[..n]);
                         n
                     }
                     Piece::Message { n, last } => {
                         msg.extend_from_slice(&part[..n]);
+                        let left = announced - msg.len() as u64;
+                        assert_eq!(d.message_left(), (!last).then_some(left));
                         if last {
+                            assert_eq!(left, 0, "the message is as long as announced");
                             msgs.push(std::mem::take(&mut msg));
                         }
                         n

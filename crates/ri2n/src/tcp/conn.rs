@@ -478,6 +478,13 @@ impl State {
                         if empty_message {
                             self.messages.push_back(Vec::new());
                         }
+                        // room for the whole message at once: grown piece by piece, a large
+                        // one was copied again at every doubling, and kept up to twice its
+                        // length once read
+                        if let Some(len) = self.demux.message_left() {
+                            let len = usize::try_from(len).expect("at most the window");
+                            self.message_part.reserve_exact(len);
+                        }
                     }
                     Piece::Stream(n) => self.stream_in.push_back(piece.split_to(n)),
                     Piece::Message { n, last } => {
