@@ -318,9 +318,12 @@ impl Connection {
 
     /// Takes the whole messages that have arrived, oldest first and at most `max` (at least
     /// one), into `bufs`, without waiting: afterwards `bufs` holds exactly those (none once
-    /// the peer finished its message stream and every message was read), in the memory of
-    /// the buffers it held, so a loop passing the same `bufs` allocates little. An error of
-    /// kind [`io::ErrorKind::WouldBlock`] when no whole message is waiting. Never blocks.
+    /// the peer finished its message stream and every message was read). On the UDP
+    /// transport they are copied into the memory of the buffers it held, so a loop passing
+    /// the same `bufs` allocates little; the TCP transport hands over the buffers its
+    /// messages were joined in (each of its message's length) instead, and lets go of those
+    /// `bufs` held. An error of kind [`io::ErrorKind::WouldBlock`] when no whole message is
+    /// waiting. Never blocks.
     pub fn try_recv_messages_into(&self, bufs: &mut Vec<Vec<u8>>, max: usize) -> io::Result<()> {
         match &self.inner {
             Inner::Udp(c) => c.try_recv_messages_into(bufs, max),
