@@ -406,9 +406,15 @@ fn the_accept_descriptor_stays_readable_while_connections_wait() {
 
 /// Waits (at most 10 s) until `fd` is readable.
 fn wait_readable(fd: std::os::fd::RawFd, what: &str) {
+    wait_until(&format!("{what}: never signalled"), || readable(fd));
+}
+
+/// Waits (at most 10 s, looking every millisecond) until `done` holds; `what` says what
+/// never came.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !readable(fd) {
-        assert!(Instant::now() < deadline, "{what}: never signalled");
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
         std::thread::sleep(Duration::from_millis(1));
     }
 }
@@ -452,11 +458,9 @@ fn a_call_of_another_kind_does_not_hide_what_waits_to_be_read() {
             (&conn).write_all(b"yz").unwrap();
             // the premise: the bytes are there (a frame without them, an acknowledgement,
             // may signal the descriptors first)
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while peer.stats().recv_buffered < 2 {
-                assert!(Instant::now() < deadline, "{what}: the bytes never came");
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            wait_until(&format!("{what}: the bytes never came"), || {
+                peer.stats().recv_buffered >= 2
+            });
             wait_readable(read_fd, &what);
             wait_readable(any_fd, &what);
             let reading = other != "a reply written";
@@ -496,14 +500,9 @@ fn a_reader_of_one_kind_is_not_woken_for_ever_by_another_kind_unread() {
         let peer = server.accept().unwrap();
         let read_fd = peer.read_readiness_fd().unwrap().as_raw_fd();
         let any_fd = peer.readiness_fd().unwrap().as_raw_fd();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while peer.stats().recv_buffered == 0 {
-            assert!(
-                Instant::now() < deadline,
-                "{transport:?}: the byte never came"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until(&format!("{transport:?}: the byte never came"), || {
+            peer.stats().recv_buffered > 0
+        });
         const LOOKS: usize = 20;
         let mut woken = 0;
         for _ in 0..LOOKS {
@@ -548,20 +547,17 @@ fn the_acknowledgement_of_a_request_wakes_no_reader() {
             assert_eq!(e.kind(), ErrorKind::WouldBlock, "{what}");
             assert_eq!(conn.try_write(b"request").unwrap(), 7, "{what}");
             // the premise: the request was acknowledged while the loop waited
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while conn.stats().send_buffered > 0 {
-                assert!(Instant::now() < deadline, "{what}: never acknowledged");
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            wait_until(&format!("{what}: never acknowledged"), || {
+                conn.stats().send_buffered == 0
+            });
             if readable(read_fd) || readable(any_fd) {
                 woken += 1;
             }
             (&peer).read_exact(&mut buf[..7]).unwrap();
             (&peer).write_all(b"answer").unwrap();
-            while conn.stats().recv_buffered < 6 {
-                assert!(Instant::now() < deadline, "{what}: no answer");
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            wait_until(&format!("{what}: no answer"), || {
+                conn.stats().recv_buffered >= 6
+            });
             wait_readable(read_fd, &format!("{what}: the answer"));
             wait_readable(any_fd, &format!("{what}: the answer"));
             assert_eq!(conn.try_read(&mut buf).unwrap(), 6, "{what}");
@@ -617,14 +613,9 @@ fn make_room(
     while got < written {
         got += (&peer).read(&mut buf).unwrap();
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while conn.stats().send_buffered > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "{transport:?}: never acknowledged"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_until(&format!("{transport:?}: never acknowledged"), || {
+        conn.stats().send_buffered == 0
+    });
     peer
 }
 
@@ -700,11 +691,9 @@ fn a_writer_that_stopped_trying_is_not_told_of_room_again() {
                 let mut buf = vec![0u8; 32 << 10];
                 (&peer).read_exact(&mut buf).unwrap();
             }
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while conn.stats().send_buffered > 0 {
-                assert!(Instant::now() < deadline, "{what}: never acknowledged");
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            wait_until(&format!("{what}: never acknowledged"), || {
+                conn.stats().send_buffered == 0
+            });
             assert!(
                 a_read_leaves_it_clear(&conn, any_fd),
                 "{what}: every read signals the combined descriptor again"
