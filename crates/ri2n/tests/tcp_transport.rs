@@ -385,7 +385,7 @@ fn whole_messages_and_the_byte_stream_share_a_connection() {
 
 /// A message arrives in a buffer of its own length: a receiver that keeps many holds what they
 /// carry, not up to twice that. (The TCP transport used to grow a message as its pieces came,
-/// copying it again at every doubling.) Both transports, over two links.
+/// copying it again at every doubling.) Both transports.
 #[test]
 fn a_received_message_holds_no_more_memory_than_its_bytes() {
     for transport in [Transport::Udp, Transport::Tcp] {
