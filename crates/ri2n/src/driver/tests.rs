@@ -12,28 +12,44 @@ fn taken_alone(e: &Endpoint) -> u64 {
         .sum()
 }
 
-/// `rounds` 64-byte messages from `client`, each echoed by `server` (on a thread of its
-/// own) before the next, every echo checked; then `measure` of the server, taken there.
+/// How long each end of [`echo_exchange`] pauses before it sends: the other end is then
+/// waiting for the message when it arrives, as in a request-response exchange over a real
+/// network, also when the tests' threads outnumber the CPUs and a thread may not have
+/// started to wait by the time its message comes.
+const ECHO_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Round trips of [`echo_exchange`], and how many of an end's arrivals its waiting calls
+/// must take alone: with [`ECHO_PAUSE`] nearly all of them, and at least this many also
+/// beside a thread that keeps a CPU busy. (With the driver's threads woken first, the
+/// client's calls take markedly fewer: a watcher busy when a message comes leaves it to the
+/// next one.)
+const ROUNDS: u64 = 500;
+const MOSTLY_ALONE: u64 = ROUNDS * 3 / 4;
+
+/// [`ROUNDS`] 64-byte messages from `client`, each echoed by `server` (on a thread of its
+/// own) before the next, every echo checked, each end pausing [`ECHO_PAUSE`] before it
+/// sends; then `measure` of the server, taken there.
 fn echo_exchange<T: Send + 'static>(
     server: Endpoint,
     client: &Endpoint,
-    rounds: usize,
     measure: fn(&Endpoint) -> T,
 ) -> T {
     let to = server.local_addrs();
     let echo = std::thread::spawn(move || {
         let mut conn = server.accept().unwrap();
         let mut buf = [0u8; 64];
-        for _ in 0..rounds {
+        for _ in 0..ROUNDS {
             conn.read_exact(&mut buf).unwrap();
+            std::thread::sleep(ECHO_PAUSE);
             conn.write_all(&buf).unwrap();
         }
         measure(&server)
     });
     let mut conn = client.connect(&to, ConnectionConfig::default()).unwrap();
     let mut reply = [0u8; 64];
-    for i in 0..rounds {
+    for i in 0..ROUNDS {
         let msg = [i as u8; 64];
+        std::thread::sleep(ECHO_PAUSE);
         conn.write_all(&msg).unwrap();
         conn.read_exact(&mut reply).unwrap();
         assert_eq!(reply, msg);
@@ -46,17 +62,16 @@ fn echo_exchange<T: Send + 'static>(
 /// looks for more in vain.
 #[test]
 fn a_request_response_exchange_is_received_one_datagram_at_a_time() {
-    const ROUNDS: u64 = 2000;
     let addrs = one_link();
     let server = Endpoint::server(&addrs).unwrap();
     let client = Endpoint::client(&addrs).unwrap();
-    let at_server = echo_exchange(server, &client, ROUNDS as usize, taken_alone);
-    let alone = taken_alone(&client) + at_server;
-    // two arrivals per round trip, one at each end
+    let at_server = echo_exchange(server, &client, taken_alone);
+    let at_client = taken_alone(&client);
+    // one message arrives at each end per round trip
     assert!(
-        alone > ROUNDS,
-        "{alone} of the {} arrivals were taken alone",
-        2 * ROUNDS
+        at_client >= MOSTLY_ALONE && at_server >= MOSTLY_ALONE,
+        "of the {ROUNDS} messages at each end, taken alone: client {at_client}, server \
+         {at_server}"
     );
 }
 
@@ -353,14 +368,13 @@ fn lanes_carry_a_stream_intact_and_their_threads_send_most_of_it() {
 /// finds its lane still sending the one before goes with the lane: a few of the rounds may.)
 #[test]
 fn a_short_message_to_an_idle_lane_leaves_from_the_calling_thread() {
-    const ROUNDS: usize = 500;
     let addrs = one_link();
     let (server, client) = lane_endpoints(&addrs, false, None);
-    let at_server = echo_exchange(server, &client, ROUNDS, lane_sends);
+    let at_server = echo_exchange(server, &client, lane_sends);
     for (side, sends) in [("client", lane_sends(&client)), ("server", at_server)] {
         let (by_thread, by_caller) = sends[0];
         assert!(
-            by_caller >= ROUNDS - ROUNDS / 20 && by_thread <= ROUNDS / 20,
+            by_caller as u64 >= ROUNDS - ROUNDS / 20 && by_thread as u64 <= ROUNDS / 20,
             "{side}: {by_thread} batches sent by the lane's thread, {by_caller} by callers"
         );
     }
@@ -396,19 +410,17 @@ fn receiving_lanes_carry_a_stream_intact_and_each_receives_on_its_link() {
 /// lane's thread receiving it would add a wake-up to every round trip.
 #[test]
 fn a_waiting_call_receives_its_reply_before_a_receiving_lane() {
-    const ROUNDS: u64 = 2000;
     let addrs = one_link();
     let (server, client) = lane_endpoints(&addrs, true, None);
-    let (at_server, by_lane) = echo_exchange(server, &client, ROUNDS as usize, |e| {
-        (taken_alone(e), lane_receives(e))
-    });
-    let alone = taken_alone(&client) + at_server;
-    // two arrivals per round trip, one at each end
+    let (at_server, by_lane) =
+        echo_exchange(server, &client, |e| (taken_alone(e), lane_receives(e)));
+    let at_client = taken_alone(&client);
+    // one message arrives at each end per round trip
     assert!(
-        alone > ROUNDS,
-        "{alone} of the {} arrivals were taken alone by waiting calls (batches received by \
-         the lanes' threads: client {:?}, server {by_lane:?})",
-        2 * ROUNDS,
+        at_client >= MOSTLY_ALONE && at_server >= MOSTLY_ALONE,
+        "of the {ROUNDS} messages at each end, taken alone by waiting calls: client \
+         {at_client}, server {at_server} (batches received by the lanes' threads: client \
+         {:?}, server {by_lane:?})",
         lane_receives(&client)
     );
 }
