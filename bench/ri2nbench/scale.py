@@ -1,6 +1,7 @@
 """Part 8: how ri2n scales with the host's cores: many clients of one `ri2n serve` on loopback,
 and the unlimited-rate 2- and 4-link lab against one TCP connection and MPTCP, `ri2n send` and
 iperf3 through `ri2n tunnel` alike."""
+import json
 import os
 import re
 import tempfile
@@ -19,11 +20,11 @@ LOOP_LINKS = (2, 4)
 LAB_LINKS = (2, 4)
 LAB_TOOLS = ("ri2n", "ri2n_keyed", "ri2n_flip", "ri2n_keyed_flip", "ri2n_rflip", "ri2n_tcp", "tcp",
              "mptcp",
-             "tunnel", "tunnel_4")
+             "tunnel", "tunnel_flip", "tunnel_4")
 # ri2n's default gives each link a sending and a receiving thread (lanes) where the process may
 # use this many CPUs (`--send-threads auto`, `--recv-threads auto`); the "flip" tools run the
 # other setting of both, for the comparison, and "rflip" that of `--recv-threads` alone (which
-# kind of lane gives what)
+# kind of lane gives what); "tunnel_flip" runs the tunnel daemons so
 LANES_FROM_CPUS = 8
 FLIP_FLAGS = ("--send-threads", "--recv-threads")
 LAB_NAMES = {"ri2n": "ri2n", "ri2n_keyed": "ri2n, keyed", "ri2n_tcp": "ri2n `--transport tcp`",
@@ -32,12 +33,14 @@ LAB_NAMES = {"ri2n": "ri2n", "ri2n_keyed": "ri2n, keyed", "ri2n_tcp": "ri2n `--t
              "ri2n_rflip": "ri2n, receiving lanes flipped",
              "tcp": "1 TCP connection", "mptcp": "MPTCP",
              "tunnel": "iperf3 through `ri2n tunnel`",
+             "tunnel_flip": "iperf3 through `ri2n tunnel`, lanes flipped",
              "tunnel_4": "iperf3 -P 4 through `ri2n tunnel`"}
 # whose busiest threads the lab part records, per tool
 SAMPLED = {"ri2n": ("send", "recv"), "ri2n_keyed": ("send", "recv"),
            "ri2n_flip": ("send", "recv"), "ri2n_keyed_flip": ("send", "recv"),
            "ri2n_rflip": ("send", "recv"),
-           "ri2n_tcp": ("send", "recv"), "tunnel": ("a", "b"), "tunnel_4": ("a", "b")}
+           "ri2n_tcp": ("send", "recv"), "tunnel": ("a", "b"), "tunnel_flip": ("a", "b"),
+           "tunnel_4": ("a", "b")}
 
 
 def medians_by_place(rows):
@@ -199,6 +202,10 @@ def lab_runs(o, res, keyfile, src, lab):
                                      send_threads=flip, recv_threads=rflip)
             if k == "tunnel":
                 return tunnel_transfer(lab, n, src, o.scale_bytes)
+            if k == "tunnel_flip":
+                setting = "off" if lanes_by_default() else "on"
+                return tunnel_transfer(lab, n, src, o.scale_bytes,
+                                       extra=[x for f in FLIP_FLAGS for x in (f, setting)])
             if k == "tunnel_4":
                 # 4 flows, which the daemons' route loops share out by queue
                 return tunnel_transfer(lab, n, None, o.scale_bytes, parallel=4)
@@ -225,15 +232,17 @@ def lab_runs(o, res, keyfile, src, lab):
         res["lab"].append(c)
 
 
-def tunnel_transfer(lab, links, src, nbytes, parallel=1):
+def tunnel_transfer(lab, links, src, nbytes, parallel=1, extra=()):
     """iperf3 (`parallel` flows) from A to B's tunnel address through `ri2n tunnel` daemons on
     both hosts (keyed, over the lab's `links` links, as many interface queues as they choose
-    on this host), started for this transfer and stopped after it: their CPU is in the
-    machine's, their busiest threads while iperf3 sent in "threads", A's queues in
-    "queues"."""
+    on this host, with the options `extra`), started for this transfer and stopped after it:
+    their CPU is in the machine's, their busiest threads while iperf3 sent in "threads", A's
+    queues in "queues", the packets each dropped in "dropped" (its status: a datagram the
+    sender's queue had no room for, or one the receiver got incomplete, is a loss inner TCP
+    retransmits)."""
     # the key and the daemons' logs go with the transfer
     with tempfile.TemporaryDirectory(prefix="ri2nbench-tunnel-") as tmp:
-        daemons, logs = tunnel_up(lab, tmp, hosts="ab", links=links)
+        daemons, logs = tunnel_up(lab, tmp, hosts="ab", links=links, extra=extra)
         queues = re.search(r", (\d+) queues?\)", open(logs["a"]).read())
         sampler = ThreadSampler()
         for h, d in daemons.items():
@@ -243,10 +252,22 @@ def tunnel_transfer(lab, links, src, nbytes, parallel=1):
                                sampler=sampler, parallel=parallel)
             r["threads"] = {h: sampler.top(h) for h in daemons}
             r["queues"] = int(queues.group(1)) if queues else None
+            r["dropped"] = {h: tunnel_dropped(lab, h) for h in daemons}
             return r
         finally:
             for d in daemons.values():
                 PROCS.stop(d)
+
+
+def tunnel_dropped(lab, host):
+    """The packets the tunnel daemon on `host` dropped, over all its peers (its status); None
+    if it did not answer."""
+    text = common.run(lab.ex(host, common.RI2N, "tunnel", "status", "--json", "--name", host),
+                      check=False, timeout=10)
+    try:
+        return sum(peer["packets_dropped"] for peer in json.loads(text)["peers"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def part_scale(o):
@@ -278,8 +299,12 @@ def part_scale(o):
         "mptcp": "mptcpize run iperf3 … -F FILE (a subflow per link)",
         "tunnel": "ri2n tunnel --config FILE on A and B (one keyed cluster file, every lab "
                   "link); iperf3 -c 10.99.0.2 -n BYTES -F FILE through it",
+        "tunnel_flip": "the same with --send-threads and --recv-threads both on (off where "
+                       "they are on by default: from %d CPUs)" % LANES_FROM_CPUS,
         "tunnel_4": "the same daemons (their default number of interface queues); iperf3 -c "
                     "10.99.0.2 -n BYTES -P 4 (4 flows, from memory) through them",
+        "dropped": "ri2n tunnel status --json --name HOST on A and B after each transfer: the "
+                   "packets_dropped of its peers",
         "cpu": "lab: machine busy time from /proc/stat during the transfer, per GB moved",
         "threads": "lab: each thread's utime+stime (/proc/PID/task/TID/stat) sampled every "
                    "0.1 s while the sender ran, over the span it was seen, in cores; the 3 "
@@ -366,10 +391,13 @@ def tables(res, brief):
         names[k] = "%s %s" % (names[k].split(",")[0] + (", keyed," if "keyed" in k else ","),
                               " ".join("`%s %s`" % (f, "off" if lanes else "on") for f in flags))
     names["ri2n_rflip"] = "ri2n, `--recv-threads %s`" % ("off" if lanes else "on")
+    names["tunnel_flip"] = "iperf3 through `ri2n tunnel %s`" % " ".join(
+        "%s %s" % (f, "off" if lanes else "on") for f in FLIP_FLAGS)
     # which ri2n tools ran with a thread per link, and which without
     on, off = ("ri2n", "ri2n_flip") if lanes else ("ri2n_flip", "ri2n")
     # and with receiving lanes, and without (sending lanes as by default)
     r_on, r_off = ("ri2n", "ri2n_rflip") if lanes else ("ri2n_rflip", "ri2n")
+    t_on, t_off = ("tunnel", "tunnel_flip") if lanes else ("tunnel_flip", "tunnel")
     # the tools every run measured (results from before the tunnel joined the part lack it)
     tools = [k for k in LAB_TOOLS if all(k in r for c in labs for r in c["runs"])]
     if labs:
@@ -388,6 +416,7 @@ def tables(res, brief):
             ("receiving lanes on ÷ off", r_on, r_off, False),
             ("TCP transport ÷ MPTCP", "ri2n_tcp", "mptcp", True),
             ("tunnel ÷ MPTCP", "tunnel", "mptcp", True),
+            ("tunnel, lanes on ÷ off", t_on, t_off, False),
             ("tunnel, 4 flows ÷ 1", "tunnel_4", "tunnel", False)) if a in tools and b in tools]
         L.append("| links | %s | %s |" % (" | ".join(names[k] for k in tools),
                                          " | ".join(h for h, _, _, _ in ratios)))
@@ -420,8 +449,24 @@ def tables(res, brief):
                 xs = [r[k]["cpu_machine"] / r[k]["wall_send"] for r in c["runs"]
                       if r[k].get("wall_send") and r[k].get("cpu_machine") is not None]
                 cores.append("%d links %s %s" % (c["links"], names[k], cell(xs, "%.1f")))
+        # losses inside the path: inner TCP's retransmissions, and what the daemons dropped
+        lost = []
+        for c in labs:
+            for k in tools:
+                if k.startswith("ri2n"):
+                    continue
+                retr = [r[k].get("retransmits") for r in c["runs"]]
+                drops = ["%s/%s" % (r[k]["dropped"].get("a"), r[k]["dropped"].get("b"))
+                         for r in c["runs"] if r[k].get("dropped")]
+                lost.append("%d links %s %s%s" % (
+                    c["links"], names[k], cell(retr, "%.0f"),
+                    ", dropped (A/B) %s" % ", ".join(drops) if drops else ""))
+        L.append("")
+        L.append("iperf3's retransmissions per transfer, and the packets each tunnel daemon "
+                 "dropped (its status: a datagram its send queue had no room for, or one that "
+                 "arrived incomplete; each run): %s." % "; ".join(lost))
         queues = sorted({r[k].get("queues") for c in labs for r in c["runs"]
-                         for k in ("tunnel", "tunnel_4") if k in r} - {None})
+                         for k in ("tunnel", "tunnel_flip", "tunnel_4") if k in r} - {None})
         if queues:
             L.append("")
             L.append("Interface queues of each tunnel daemon (its default on this host, one per "
