@@ -250,10 +250,18 @@ impl OutgoingDatagrams {
         self.make_room(0);
     }
 
-    /// Drops the oldest datagrams until `extra` more bytes fit the bound.
+    /// Drops the oldest datagrams until `extra` more bytes fit the bound. One partly sent
+    /// stays, and the one behind it goes: dropping its rest would waste the pieces that went
+    /// and leave the receiver a datagram it can never complete. (So the queue may hold the
+    /// rest of that one datagram beyond the bound.)
     fn make_room(&mut self, extra: usize) {
-        while !self.queue.is_empty() && self.bytes + extra > self.limit {
-            self.drop_front("send queue full");
+        while self.bytes + extra > self.limit {
+            let partly_sent = (self.queue.front()).is_some_and(|w| w.sent_bytes > 0);
+            let at = usize::from(partly_sent);
+            if at >= self.queue.len() {
+                break;
+            }
+            self.drop_at(at, "send queue full");
         }
     }
 
@@ -451,10 +459,15 @@ impl OutgoingDatagrams {
     }
 
     fn drop_front(&mut self, reason: &'static str) {
-        if self.queue.is_empty() {
+        self.drop_at(0, reason);
+    }
+
+    /// Drops the datagram (or piece) at place `at` of the queue, if there is one.
+    fn drop_at(&mut self, at: usize, reason: &'static str) {
+        let Some(w) = self.queue.remove(at) else {
             return;
-        }
-        let w = self.pop_front();
+        };
+        self.bytes -= w.data.len() + DATAGRAM_OVERHEAD;
         tracing::trace!(
             reason,
             len = w.data.len(),
@@ -1487,6 +1500,35 @@ mod tests {
         assert_eq!(next(&mut q, now).unwrap(), (0, vec![1; 100]));
         assert_eq!(next(&mut q, now).unwrap(), (1, vec![2; 100]));
         assert!(next(&mut q, now).is_none());
+    }
+
+    /// A full queue whose oldest datagram is partly sent drops the one behind it: the rest
+    /// still goes, and the receiver joins the whole datagram.
+    #[test]
+    fn a_full_send_queue_keeps_a_datagram_partly_sent() {
+        let now = Instant::now();
+        let big: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
+        // room for the large one and one small one (3064 + 164 of 3300)
+        let mut q = OutgoingDatagrams::new(3300, Duration::from_millis(20));
+        let mut rx = IncomingDatagrams::new(1 << 20, Duration::from_millis(5));
+        q.push(now, &big);
+        let first = q.pop(now, 1437, BOUNDS).unwrap();
+        assert_eq!(first.part, DatagramPart::First);
+        q.push(now, &[1; 100]);
+        // no room for this one: the small one behind the partly sent datagram goes
+        q.push(now, &[2; 100]);
+        assert_eq!(q.dropped, 1);
+        let mut frames = vec![first];
+        while let Some(piece) = q.pop(now, 1437, BOUNDS) {
+            frames.push(piece);
+        }
+        for f in &frames {
+            rx.push_piece(now, 0, f.seq, f.part, &f.data);
+        }
+        assert_eq!(rx.pop(), Some(big));
+        assert_eq!(rx.pop(), Some(vec![2; 100]));
+        assert_eq!(rx.pop(), None);
+        assert_eq!((rx.dropped, q.sent), (0, 2));
     }
 
     #[test]
