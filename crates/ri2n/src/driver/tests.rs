@@ -2,6 +2,7 @@
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use crate::{ConnectionConfig, Endpoint};
 
@@ -13,10 +14,12 @@ fn taken_alone(e: &Endpoint) -> u64 {
 }
 
 /// How long each end of [`echo_exchange`] pauses before it sends: the other end is then
-/// waiting for the message when it arrives, as in a request-response exchange over a real
-/// network, also when the tests' threads outnumber the CPUs and a thread may not have
-/// started to wait by the time its message comes.
-const ECHO_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
+/// waiting for the message when it arrives, and its lane is idle, as in a request-response
+/// exchange over a real network, also when the tests' threads outnumber the CPUs and a
+/// thread may not have started to wait by the time its message comes. Shorter than the
+/// longest an acknowledgement waits (`ConnectionConfig::max_ack_delay`), so each goes with
+/// the next message instead of arriving alone just as one does.
+const ECHO_PAUSE: Duration = Duration::from_micros(500);
 
 /// Round trips of [`echo_exchange`], and how many of an end's arrivals its waiting calls
 /// must take alone: with [`ECHO_PAUSE`] nearly all of them, and at least this many also
@@ -82,7 +85,7 @@ fn a_request_response_exchange_is_received_one_datagram_at_a_time() {
 fn a_waiting_call_drains_a_socket_the_driver_thread_was_turned_away_from() {
     use std::os::fd::AsRawFd;
     use std::sync::atomic::Ordering;
-    use std::time::{Duration, Instant};
+    use std::time::Instant;
 
     // no connection: nothing else arrives meanwhile
     let endpoint =
@@ -164,7 +167,7 @@ fn assert_aborted_by_peer(accepted: &crate::Connection) {
 /// ends right after the close (the tunnel daemon on SIGTERM) must not take it along.
 #[test]
 fn close_returns_after_the_close_queued_behind_another_sender_is_sent() {
-    use std::time::{Duration, Instant};
+    use std::time::Instant;
 
     const OTHER_SENDS_FOR: Duration = Duration::from_millis(300);
     // no lanes: the thread that finds the queue free sends it (lanes: the next test)
