@@ -24,7 +24,7 @@ LAB_TOOLS = ("ri2n", "ri2n_keyed", "ri2n_flip", "ri2n_keyed_flip", "ri2n_rflip",
 # ri2n's default gives each link a sending and a receiving thread (lanes) where the process may
 # use this many CPUs (`--send-threads auto`, `--recv-threads auto`); the "flip" tools run the
 # other setting of both, for the comparison, and "rflip" that of `--recv-threads` alone (which
-# kind of lane gives what); "tunnel_flip" runs the tunnel daemons so
+# kind of lane gives what); "tunnel_flip" runs the tunnel daemons with the other setting of both
 LANES_FROM_CPUS = 8
 FLIP_FLAGS = ("--send-threads", "--recv-threads")
 LAB_NAMES = {"ri2n": "ri2n", "ri2n_keyed": "ri2n, keyed", "ri2n_tcp": "ri2n `--transport tcp`",

@@ -24,8 +24,7 @@ const ECHO_PAUSE: Duration = Duration::from_micros(500);
 /// Round trips of [`echo_exchange`], and how many of an end's arrivals its waiting calls
 /// must take alone: with [`ECHO_PAUSE`] nearly all of them, and at least this many also
 /// beside a thread that keeps a CPU busy. (With the driver's threads woken first, the
-/// client's calls take markedly fewer: a watcher busy when a message comes leaves it to the
-/// next one.)
+/// client's calls take far fewer.)
 const ROUNDS: u64 = 500;
 const MOSTLY_ALONE: u64 = ROUNDS * 3 / 4;
 
