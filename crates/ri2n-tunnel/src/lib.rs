@@ -63,7 +63,12 @@ use peers::Peers;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Received packets a connection keeps for the interface (the engine's default, 1 MiB, is
 /// 4 ms of two 1 Gbit/s links: a writer that misses a few milliseconds of CPU would drop).
-const RECEIVE_BUFFER: usize = 4 << 20;
+/// The thread that writes them to the interface also takes them in from the link sockets,
+/// and after a few milliseconds off its CPU it takes in what the sockets gathered
+/// meanwhile before it writes: several inner TCP flows fill that faster than one, and a
+/// smaller bound dropped what they sent in such bursts (BENCHMARKS.md §6). A bound, not an
+/// allocation: a peer that sends little holds little.
+const RECEIVE_BUFFER: usize = 16 << 20;
 
 /// How IP packets ride between the hosts; every host of a cluster must use the same.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
