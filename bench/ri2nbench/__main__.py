@@ -37,10 +37,12 @@ REPORTERS = {"loopback": loopback.report_loopback, "lab": lab.report_lab,
              "sweep": sweep.report_sweep, "keyed": keyed.report_keyed,
              "tunnel": tunnel.report_tunnel, "cluster": cluster.report_cluster,
              "attacks": attacks.report_attacks,
-             "scale": scale.report_scale, "bindings": bindings.report_bindings,
+             "scale": scale.report_scale, "scale-manycore": scale.report_scale,
+             "bindings": bindings.report_bindings,
              "tcp": tcp.report_tcp}
-# parts measured elsewhere, whose blocks `report` writes too (attacks: bench/attacks/attacks.py)
-REPORT_ONLY = ["attacks"]
+# blocks `report` writes too: parts measured elsewhere (attacks: bench/attacks/attacks.py), and
+# part scale's results from a many-core host (it names its results by the host: scale.results_name)
+REPORT_ONLY = ["attacks", "scale-manycore"]
 AFTER_REPORT = {"fault": fault.plot}
 # What each part runs besides ri2n, as "command:Debian package" ("-": no package; bench/run-all
 # says so instead of installing): those it cannot do without, and those whose absence only
@@ -224,7 +226,7 @@ def main():
             common.save(res)
             done.append(p)
             if not o.no_doc:
-                update_doc([p])
+                update_doc([res["part"]])
             common.log("== part %s done in %.0f s" % (p, res["elapsed_s"]))
     finally:
         cleanup()

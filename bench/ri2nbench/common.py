@@ -528,6 +528,9 @@ def command_line(res):
             continue
         if v != OPTION_DEFAULTS[k]:
             flag = "--" + k.replace("_", "-")
+            # a path in the checkout (--tools, --ri2n) as the reader would type it
+            if isinstance(v, str) and v.startswith(ROOT + os.sep):
+                v = os.path.relpath(v, ROOT)
             words += [flag] if v is True else [] if v is False else [flag, str(v)]
     return " ".join(words)
 

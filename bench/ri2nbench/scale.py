@@ -270,8 +270,14 @@ def tunnel_dropped(lab, host):
         return None
 
 
+def results_name():
+    """Where a run's results go: a host with lanes by default (a many-core server) keeps its own
+    file and block, so that its figures and the 2-CPU host's stand side by side."""
+    return "scale-manycore" if lanes_by_default() else "scale"
+
+
 def part_scale(o):
-    res = {"part": "scale", "host": host_facts(), "loopback": [], "lab": [],
+    res = {"part": results_name(), "host": host_facts(), "loopback": [], "lab": [],
            "bytes": o.scale_bytes, "seconds": o.time}
     log("scale: host: %s" % host_line(res["host"]))
     print("host: %s" % host_line(res["host"]), flush=True)
