@@ -202,6 +202,16 @@ impl OutgoingDatagrams {
         self.queue.is_empty()
     }
 
+    /// Whether it holds more than half its bound.
+    pub fn over_half(&self) -> bool {
+        self.bytes > self.limit / 2
+    }
+
+    /// How long a datagram may wait while the queue moves (see [`Self::drop_stale`]).
+    pub fn max_age(&self) -> Duration {
+        self.max_age
+    }
+
     /// Queues a copy of `data`, dropping the oldest datagrams if the queue would exceed its
     /// bound. The caller checked that `data` is at most [`wire::MAX_DATAGRAM_LEN`] bytes.
     pub fn push(&mut self, now: Instant, data: &[u8]) {

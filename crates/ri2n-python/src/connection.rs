@@ -356,8 +356,10 @@ impl PyConnection {
     /// Sends ``data`` as one unreliable datagram: it arrives whole or not at all, at most
     /// once, in sending order (after a short wait for a missing one; a late one is still
     /// delivered); it is sent once, never repaired after a loss (only one a failing link held
-    /// is sent once more on another). Never blocks (datagrams wait in a
-    /// bounded queue, the oldest dropped when it is full). At most ``max_datagram_size()``
+    /// is sent once more on another). Does not wait for the links (datagrams wait in a
+    /// bounded queue, the oldest dropped when it is full); with a sending thread per link
+    /// that falls behind, it waits for those once the queue is half full (at most the
+    /// datagram age limit, 20 ms). At most ``max_datagram_size()``
     /// bytes (``ValueError`` beyond).
     fn send_datagram(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
         let conn = self.get()?;

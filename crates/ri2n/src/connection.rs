@@ -161,9 +161,14 @@ impl Connection {
     /// [`recv_datagram`](Self::recv_datagram), or not at all, at most once, in sending order
     /// (the receiver waits briefly for a missing one, and still delivers one that comes
     /// later, PROTOCOL.md §5.9); it is sent once, never repaired after a loss (only one a
-    /// failing link held is sent once more on another). Never blocks: datagrams wait in
-    /// a bounded queue (the oldest is dropped when it is full, and one that waited too long
-    /// while others were sent is dropped unsent; while none can be sent they wait). A
+    /// failing link held is sent once more on another). Does not wait for the links:
+    /// datagrams wait in a bounded queue (the oldest is dropped when it is full, and one that
+    /// waited too long while others were sent is dropped unsent; while none can be sent they
+    /// wait). Where each link has a sending thread
+    /// ([`EndpointConfig::send_threads`](crate::EndpointConfig::send_threads)) and those
+    /// fall behind, a call that finds the queue half full waits for them to send (at most
+    /// [`ConnectionConfig::datagram_max_age`](crate::ConnectionConfig::datagram_max_age)), as
+    /// a thread sending its own datagrams spends that time sending them. A
     /// datagram larger than [`max_datagram_size`](Self::max_datagram_size) fails with an
     /// error of kind [`io::ErrorKind::InvalidInput`].
     pub fn send_datagram(&self, data: &[u8]) -> io::Result<()> {

@@ -43,7 +43,7 @@ const MAX_QUEUED_BATCHES: usize = 64;
 /// builds it, so what waits in a lane counts as time on the path (its round trip grows, and
 /// probe timeouts send data again that was only waiting), and a lane that falls behind has
 /// the engine build more as it catches up ([`Backlog::take_throttled`]).
-const LANE_BATCHES: usize = 4;
+pub(crate) const LANE_BATCHES: usize = 4;
 /// Where [`LinkThreads::Auto`] gives each link socket a lane (and a receiving thread, see
 /// `driver/receive.rs`): the CPUs the process may use.
 const LANES_FROM_CPUS: usize = 8;
@@ -377,6 +377,11 @@ impl Backlog {
     /// The engine stopped building at [`Outgoing`]'s limit on batches.
     pub(crate) fn throttle(&self) {
         self.throttled.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the engine is stopped at the limit now (no lane has taken the mark since).
+    pub(crate) fn is_throttled(&self) -> bool {
+        self.throttled.load(Ordering::SeqCst)
     }
 
     /// Whether the engine was stopped since the last call (and is to build again).

@@ -85,6 +85,17 @@ impl UdpConnection {
         r
     }
 
+    /// [`with`](Self::with) for a call that queues datagrams: paced behind the lanes
+    /// ([`Shared::pace_datagrams`](crate::driver::Shared::pace_datagrams)).
+    fn with_datagrams<T>(&self, f: impl FnOnce(&mut ProtoConnection) -> T) -> T {
+        let shared = self.driver.shared();
+        let mut st = shared.lock();
+        let r = f(conn(&mut st, self.handle));
+        st = shared.after_app_call(st);
+        drop(shared.pace_datagrams(st, self.handle));
+        r
+    }
+
     /// A non-blocking call of kind `interest`: clears its readiness descriptors, then runs `f`
     /// on the engine's connection (both under the lock, so an event after `f` looked signals
     /// them again). What is still there to read, and room a blocked writer was told of, keep
@@ -223,13 +234,15 @@ impl UdpConnection {
 
     /// Sends `data` as one unreliable datagram: the peer receives it whole with
     /// [`recv_datagram`](Self::recv_datagram), or not at all; it is sent once, never
-    /// repaired, and may overtake or be overtaken by others. Never blocks: datagrams wait in
-    /// a bounded queue (the oldest is dropped when it is full, and one that waited too long
-    /// while others were sent is dropped unsent; while none can be sent they wait). A
+    /// repaired, and may overtake or be overtaken by others. Does not wait for the links:
+    /// datagrams wait in a bounded queue (the oldest is dropped when it is full, and one that
+    /// waited too long while others were sent is dropped unsent; while none can be sent they
+    /// wait). With lanes that fall behind, a call that finds the queue half full waits for
+    /// them (`Shared::pace_datagrams`). A
     /// datagram larger than [`max_datagram_size`](Self::max_datagram_size) fails with an
     /// error of kind [`io::ErrorKind::InvalidInput`].
     pub(crate) fn send_datagram(&self, data: &[u8]) -> io::Result<()> {
-        self.with(|c| c.send_datagram(Instant::now(), data))
+        self.with_datagrams(|c| c.send_datagram(Instant::now(), data))
             .map_err(write_error)
     }
 
@@ -241,7 +254,7 @@ impl UdpConnection {
         datagrams: impl IntoIterator<Item = &'d [u8]>,
     ) -> io::Result<()> {
         let now = Instant::now();
-        self.with(|c| {
+        self.with_datagrams(|c| {
             datagrams
                 .into_iter()
                 .try_for_each(|d| c.send_datagram(now, d))
@@ -259,7 +272,7 @@ impl UdpConnection {
         bufs: impl IntoIterator<Item = &'b mut Vec<u8>>,
     ) -> io::Result<()> {
         let now = Instant::now();
-        self.with(|c| {
+        self.with_datagrams(|c| {
             bufs.into_iter()
                 .try_for_each(|b| c.send_datagram_buf(now, b))
         })

@@ -207,8 +207,10 @@ ssize_t ri2n_max_message_size(const struct ri2n_conn *c);
 // Sends `len` bytes as one unreliable datagram: the peer receives it whole or not at all,
 // at most once, in sending order (after a short wait for a missing one; a late one is still
 // delivered); it is sent once, never repaired after a loss (only one a failing link held is
-// sent once more on another). Never blocks (datagrams wait in a bounded
-// queue, the oldest dropped when it is full). Returns `len`; `-EMSGSIZE` above
+// sent once more on another). Does not wait for the links (datagrams wait in a bounded
+// queue, the oldest dropped when it is full); with a sending thread per link that falls
+// behind, it waits for those once the queue is half full (at most the datagram age limit,
+// 20 ms). Returns `len`; `-EMSGSIZE` above
 // [`ri2n_max_datagram_size`]; `-EOPNOTSUPP` when the peer said it takes no datagrams.
 //
 // # Safety

@@ -797,6 +797,19 @@ impl Connection {
         Ok(())
     }
 
+    /// Whether the datagrams waiting to be sent fill more than half their queue's bound: they
+    /// are queued faster than they leave, and the oldest will soon be dropped to make room.
+    /// A sender whose own threads fall behind may wait on it rather than lose datagrams.
+    pub fn datagrams_piling_up(&self) -> bool {
+        self.datagrams.outgoing.over_half()
+    }
+
+    /// How long a datagram may wait to be sent while others leave
+    /// ([`ConnectionConfig::datagram_max_age`]).
+    pub fn datagram_max_age(&self) -> Duration {
+        self.datagrams.outgoing.max_age()
+    }
+
     /// Whether a datagram of `size` bytes may be sent now.
     fn check_datagram(&self, size: usize) -> Result<(), WriteError> {
         if let Some(e) = &self.closing.reason {

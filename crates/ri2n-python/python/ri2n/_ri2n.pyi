@@ -179,7 +179,7 @@ class Connection:
     def try_recv_message(self) -> Optional[bytes]:
         """``recv_message`` without waiting: ``BlockingIOError`` when none is waiting."""
     def send_datagram(self, data: Buffer) -> None:
-        """Sends one unreliable datagram; never blocks."""
+        """Sends one unreliable datagram; does not wait for the links (see the Rust docs)."""
     def recv_datagram(self, *, timeout: Optional[float] = None) -> Optional[bytes]:
         """One datagram; ``None`` once the connection closed cleanly and all were read."""
     def try_recv_datagram(self) -> Optional[bytes]:

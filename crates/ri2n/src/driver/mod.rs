@@ -49,7 +49,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -158,6 +158,8 @@ pub(crate) struct State {
     /// Closes under way ([`Shared::close_all`]): until they end, dropped connections that
     /// close are not released, so that each close counts what they left undelivered.
     closes: usize,
+    /// Application calls waiting on `lanes_caught_up`.
+    paced: usize,
 }
 
 impl State {
@@ -254,6 +256,9 @@ pub(crate) struct Shared {
     recv_lanes: Vec<RecvLane>,
     /// What the lanes, or threads sending a short transmission themselves, have not sent.
     backlog: Arc<Backlog>,
+    /// Signalled when a lane had the engine build again after the backlog had stopped it:
+    /// what application calls paced behind the lanes wait on ([`Shared::pace_datagrams`]).
+    lanes_caught_up: Condvar,
     /// Batches of several datagrams sent gathered from the send buffer, and from one buffer.
     #[cfg(test)]
     pub(crate) sent_gathered: AtomicUsize,
@@ -634,6 +639,7 @@ impl Driver {
                 out: Outgoing::new(&sockets, !lanes.is_empty(), backlog.clone()),
                 accepting: true,
                 closes: 0,
+                paced: 0,
             }),
             shard,
             router,
@@ -659,6 +665,7 @@ impl Driver {
             lanes,
             recv_lanes,
             backlog,
+            lanes_caught_up: Condvar::new(),
             #[cfg(test)]
             sent_gathered: AtomicUsize::new(0),
             #[cfg(test)]

@@ -226,13 +226,14 @@ fn close_returns_after_a_held_up_lane_has_sent_the_close() {
         std::thread::sleep(Duration::from_millis(1));
     }
     let holder = std::sync::Arc::clone(&driver);
+    // before the thread that lets the lane go starts: it may sleep before this one goes on
+    let started = Instant::now();
     let other = std::thread::spawn(move || {
         std::thread::sleep(HELD_FOR);
         let lane = &holder.shared().lanes[0];
         lane.release();
         lane.wake();
     });
-    let started = Instant::now();
     conn.abort(7, "going away");
     // the abort's CLOSE waits in the lane
     assert!(driver.shared().backlog.any_unsent());
@@ -362,6 +363,145 @@ fn lanes_carry_a_stream_intact_and_their_threads_send_most_of_it() {
     assert!(
         sends.iter().all(|s| s.0 > 0) && by_thread > by_caller,
         "batches sent by each lane's thread and by the builders: {sends:?}"
+    );
+}
+
+/// Datagram `i` of `size` bytes: its number, then bytes that depend on it.
+fn numbered_datagram(i: u64, size: usize) -> Vec<u8> {
+    let mut d = i.to_le_bytes().to_vec();
+    d.extend((0..size - 8).map(|j| (i as usize + j) as u8));
+    d
+}
+
+/// With lanes, an application that queues datagrams faster than the lanes send them waits
+/// for them instead of losing the oldest to the full queue (`Shared::pace_datagrams`). The
+/// sender's one lane is held up while it queues more than the lane and the queue hold
+/// together (without the wait, the excess is dropped); every datagram arrives, in order,
+/// and the sender was seen waiting while the lane was held.
+#[test]
+fn a_datagram_sender_waits_for_a_held_up_lane_instead_of_dropping() {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use crate::outgoing::{BATCH_BYTES, LANE_BATCHES};
+    use crate::{EndpointConfig, LinkThreads};
+
+    const SIZE: usize = 8000;
+    // the sender's datagram queue (its default bound), and what the lane holds
+    let queue = ConnectionConfig::default().datagram_send_buffer;
+    let lane = LANE_BATCHES * BATCH_BYTES;
+    // queued while the lane is held: what the lane and the queue hold, and 40 more
+    let held = ((lane + queue) / SIZE) as u64 + 40;
+    let addrs = one_link();
+    // the receiving application keeps all that may come at once: no loss there
+    let roomy = ConnectionConfig::default().with_datagram_receive_buffer(64 << 20);
+    let server = Endpoint::bind(
+        EndpointConfig::new(addrs.clone())
+            .with_server_connection(roomy)
+            .server(),
+    )
+    .unwrap();
+    let client = Endpoint::bind(
+        EndpointConfig::new(addrs)
+            .with_shards(Some(1))
+            .with_send_threads(LinkThreads::On),
+    )
+    .unwrap();
+    let conn = client
+        .connect(&server.local_addrs(), ConnectionConfig::default())
+        .unwrap();
+    let accepted = server.accept().unwrap();
+    // datagrams the receiver is to get, once known
+    let total = Arc::new(AtomicU64::new(u64::MAX));
+    let arrived = Arc::new(AtomicU64::new(0));
+    let (counted, expected) = (Arc::clone(&arrived), Arc::clone(&total));
+    let receiver = std::thread::spawn(move || {
+        let mut out_of_place = Vec::new();
+        while counted.load(Relaxed) < expected.load(Relaxed) {
+            match accepted.recv_datagram_timeout(Some(Duration::from_secs(5))) {
+                Ok(Some(d)) => {
+                    let i = counted.load(Relaxed);
+                    if d != numbered_datagram(i, SIZE) && out_of_place.len() < 5 {
+                        out_of_place.push((i, d.get(..8).map(|n| n.to_vec())));
+                    }
+                    counted.store(i + 1, Relaxed);
+                }
+                _ => break,
+            }
+        }
+        out_of_place
+    });
+    let wait_for = |n: u64| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while arrived.load(Relaxed) < n && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    };
+    // Bursts the receiver takes in before the next, until the link's congestion window
+    // holds what the lane holds and half the queue more: then the lane, not the window, is
+    // what stops the engine while the sender queues (it waits once half the queue is
+    // full). Each burst fills the window (so that it grows), and fits the lane and the
+    // queue: none waits long or is dropped.
+    let needed = (lane + queue / 2) as u64;
+    let mut sent = 0;
+    for _ in 0..200 {
+        let cwnd = conn.stats().links[0].cwnd;
+        if cwnd >= needed {
+            break;
+        }
+        let burst = (cwnd as usize / SIZE).clamp(1, 9 * (lane + queue) / 10 / SIZE);
+        for _ in 0..burst {
+            conn.send_datagram(&numbered_datagram(sent, SIZE)).unwrap();
+            sent += 1;
+        }
+        wait_for(sent);
+    }
+    let cwnd = conn.stats().links[0].cwnd;
+    assert!(
+        cwnd >= needed,
+        "the congestion window grew to {cwnd} bytes only, after {sent} datagrams"
+    );
+    total.store(sent + held, Relaxed);
+    let total = sent + held;
+    let driver = Arc::clone(&client.udp().unwrap().drivers[0]);
+    while !driver.shared().lanes[0].hold() {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // lets the lane go once the sender waits for it (or after a while, if it never does)
+    let holder = Arc::clone(&driver);
+    let release = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut paced = false;
+        while !paced && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(100));
+            paced = holder.shared().lock().paced > 0;
+        }
+        let lane = &holder.shared().lanes[0];
+        lane.release();
+        lane.wake();
+        paced
+    });
+    for i in sent..total {
+        conn.send_datagram(&numbered_datagram(i, SIZE)).unwrap();
+    }
+    let paced = release.join().unwrap();
+    wait_for(total);
+    let out_of_place = receiver.join().unwrap();
+    let stats = conn.stats();
+    let dropped = stats.datagrams_send_dropped;
+    let cwnd = stats.links[0].cwnd;
+    assert_eq!(
+        (arrived.load(Relaxed), dropped, out_of_place),
+        (total, 0, vec![]),
+        "(datagrams arrived, dropped by the sender, out of place) of {total}; the sender \
+         waited for the lane: {paced}; the link's congestion window {cwnd} bytes, packets \
+         lost {}",
+        stats.links[0].packets_lost
+    );
+    assert!(
+        paced,
+        "the sender never waited for the held lane (congestion window {cwnd} bytes)"
     );
 }
 

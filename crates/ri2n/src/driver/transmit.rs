@@ -267,7 +267,10 @@ pub(super) fn lane(shared: &Shared, i: usize) {
         if shared.backlog.take_throttled() || !refused.is_empty() {
             let mut st = shared.lock();
             shared.handle_refused(&mut st, &refused);
-            drop(shared.after_app_call(st));
+            let st = shared.after_app_call(st);
+            if st.paced > 0 {
+                shared.lanes_caught_up.notify_all();
+            }
         }
     }
 }

@@ -70,6 +70,55 @@ impl CallerPoll {
 }
 
 impl Shared {
+    /// Holds an application call that queued datagrams on connection `h` while the lanes fall
+    /// behind: while the lanes' backlog stops the engine from building and the connection's
+    /// datagram queue is more than half full, the call waits for a lane to send and have the
+    /// engine build again. At most the connection's datagram age limit in all
+    /// ([`ConnectionConfig::datagram_max_age`](crate::ConnectionConfig::datagram_max_age)):
+    /// a lane sends a batch far sooner, and a datagram queued that long is dropped anyway.
+    ///
+    /// Without lanes the thread that queues datagrams builds and sends them, so it queues no
+    /// faster than the links take them. With lanes it only builds, and a caller that reads
+    /// its datagrams faster than the lanes send them (the tunnel, from its interface) fills
+    /// the queue, which then drops the oldest: losses inside the tunnel that its inner TCP
+    /// answers by sending again and slowing down. Held here instead, it reads no faster than
+    /// the lanes send, and what it has not read waits with the sender (inner TCP's own
+    /// queue). Not while the congestion windows or a links' outage hold the queue: the
+    /// backlog is not what stops the engine then, and the call returns as without lanes.
+    pub fn pace_datagrams<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        h: ConnectionHandle,
+    ) -> MutexGuard<'a, State> {
+        let behind = |st: &State| {
+            self.backlog.is_throttled()
+                && st
+                    .endpoint
+                    .connection(h)
+                    .is_some_and(|c| c.datagrams_piling_up())
+        };
+        if self.lanes.is_empty() || !behind(&st) {
+            return st;
+        }
+        let Some(max_age) = (st.endpoint.connection(h)).map(|c| c.datagram_max_age()) else {
+            return st;
+        };
+        let deadline = Instant::now() + max_age;
+        while behind(&st) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                tracing::trace!("the lanes did not catch up: datagrams queued on");
+                break;
+            }
+            st.paced += 1;
+            st = (self.lanes_caught_up.wait_timeout(st, left))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            st.paced -= 1;
+        }
+        st
+    }
+
     /// Waits until something may have changed for connection `h` (or `deadline`); the caller
     /// re-checks. The first waiting thread watches the sockets itself and processes what
     /// arrives; others wait for the connection's condition variable (see [`PollerTurn`]).
