@@ -479,6 +479,12 @@ def machine():
         "mptcp_enabled": sh("cat /proc/sys/net/mptcp/enabled"),
         # the lab's namespaces start with it: TCP, MPTCP and inner TCP all run it
         "tcp_congestion_control": sh("cat /proc/sys/net/ipv4/tcp_congestion_control"),
+        # and these bound one flow's data in flight (its send buffer, its receive window)
+        # and queued below it (TCP small queues): with a tunnel's round trip under load, the
+        # rate one flow can reach
+        "tcp_wmem": sh("cat /proc/sys/net/ipv4/tcp_wmem").split(),
+        "tcp_rmem": sh("cat /proc/sys/net/ipv4/tcp_rmem").split(),
+        "tcp_limit_output_bytes": sh("cat /proc/sys/net/ipv4/tcp_limit_output_bytes"),
         "cpu_count": os.cpu_count(),
         "affinity": len(os.sched_getaffinity(0)),
     }
@@ -536,9 +542,19 @@ def command_line(res):
 
 
 def congestion_words(facts):
-    """', TCP congestion control `bbr`' for the facts of a run that recorded it, else ''."""
+    """', TCP congestion control `bbr`' for the facts of a run that recorded it, else '';
+    then the most one flow's send buffer and receive window may hold, and TCP small queues'
+    bound, where recorded."""
     cc = facts.get("tcp_congestion_control")
-    return ", TCP congestion control `%s`" % cc if cc else ""
+    words = ", TCP congestion control `%s`" % cc if cc else ""
+    try:
+        mb = lambda x: "%g MB" % (int(x) / (1 << 20))  # noqa: E731
+        words += " (send buffer up to %s, receive buffer up to %s, TCP small queues %s)" % (
+            mb(facts["tcp_wmem"][2]), mb(facts["tcp_rmem"][2]),
+            mb(facts["tcp_limit_output_bytes"]))
+    except (KeyError, IndexError, ValueError):
+        pass
+    return words
 
 
 def mfacts(res):

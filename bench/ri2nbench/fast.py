@@ -111,6 +111,15 @@ def iperf_transfer(lab, nbytes, mptcp, pipe_in=None, pipe_out=None, src=None, ti
         e = doc["end"]["sum_received"]
         r.update(bytes=e["bytes"], seconds=e["seconds"], bps=e["bits_per_second"],
                  retransmits=doc["end"]["sum_sent"].get("retransmits"))
+        # what the sending TCP saw (Linux): its round trip, and the largest windows, its own
+        # and the one the receiver offered; a flow whose window over its round trip is its
+        # rate is bound by the window, not by a CPU
+        senders = [s["sender"] for s in doc["end"].get("streams", [])
+                   if "mean_rtt" in s.get("sender", {})]
+        if senders:
+            r.update(rtt_us=sum(s["mean_rtt"] for s in senders) / len(senders),
+                     max_snd_cwnd=max(s.get("max_snd_cwnd", 0) for s in senders),
+                     max_snd_wnd=max(s.get("max_snd_wnd", 0) for s in senders))
     except (ValueError, KeyError, TypeError):
         r["error"] = text[-300:]
     return r

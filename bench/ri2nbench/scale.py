@@ -467,6 +467,21 @@ def tables(res, brief):
                 lost.append("%d links %s %s%s" % (
                     c["links"], names[k], cell(retr, "%.0f"),
                     ", dropped (A/B) %s" % ", ".join(drops) if drops else ""))
+        # whether a TCP flow was bound by its window: window ÷ round trip against its rate
+        windows = []
+        for c in labs:
+            for k in tools:
+                runs = [r[k] for r in c["runs"] if r[k].get("rtt_us")]
+                if runs:
+                    windows.append("%d links %s %s µs, %s MB, %s MB" % (
+                        c["links"], names[k], cell([x["rtt_us"] for x in runs], "%.0f"),
+                        cell([x["max_snd_cwnd"] for x in runs], "%.2f", 1e-6),
+                        cell([x["max_snd_wnd"] for x in runs], "%.2f", 1e-6)))
+        if windows:
+            L.append("")
+            L.append("iperf3's sender (each flow's TCP; with -P 4 the mean round trip and the "
+                     "largest windows of its flows): mean round trip, largest congestion window, "
+                     "largest window the receiver offered: %s." % "; ".join(windows))
         L.append("")
         L.append("iperf3's retransmissions per transfer, and the packets each tunnel daemon "
                  "dropped (its status: a datagram its send queue had no room for, or one that "
