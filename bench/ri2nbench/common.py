@@ -548,7 +548,7 @@ def congestion_words(facts):
     cc = facts.get("tcp_congestion_control")
     words = ", TCP congestion control `%s`" % cc if cc else ""
     try:
-        mb = lambda x: "%g MB" % (int(x) / (1 << 20))  # noqa: E731
+        mb = lambda x: "%g MiB" % (int(x) / (1 << 20))  # noqa: E731
         words += " (send buffer up to %s, receive buffer up to %s, TCP small queues %s)" % (
             mb(facts["tcp_wmem"][2]), mb(facts["tcp_rmem"][2]),
             mb(facts["tcp_limit_output_bytes"]))
