@@ -20,7 +20,7 @@ LOOP_LINKS = (2, 4)
 LAB_LINKS = (2, 4)
 LAB_TOOLS = ("ri2n", "ri2n_keyed", "ri2n_flip", "ri2n_keyed_flip", "ri2n_rflip", "ri2n_tcp", "tcp",
              "mptcp",
-             "tunnel", "tunnel_flip", "tunnel_4")
+             "tunnel", "tunnel_flip", "tunnel_4", "tunnel_wmem")
 # ri2n's default gives each link a sending and a receiving thread (lanes) where the process may
 # use this many CPUs (`--send-threads auto`, `--recv-threads auto`); the "flip" tools run the
 # other setting of both, for the comparison, and "rflip" that of `--recv-threads` alone (which
@@ -34,13 +34,18 @@ LAB_NAMES = {"ri2n": "ri2n", "ri2n_keyed": "ri2n, keyed", "ri2n_tcp": "ri2n `--t
              "tcp": "1 TCP connection", "mptcp": "MPTCP",
              "tunnel": "iperf3 through `ri2n tunnel`",
              "tunnel_flip": "iperf3 through `ri2n tunnel`, lanes flipped",
-             "tunnel_4": "iperf3 -P 4 through `ri2n tunnel`"}
+             "tunnel_4": "iperf3 -P 4 through `ri2n tunnel`",
+             "tunnel_wmem": "iperf3 through `ri2n tunnel`, send buffer up to 32 MiB"}
+# the send buffer iperf3's TCP may grow to in "tunnel_wmem" (A's tcp_wmem maximum, for that
+# transfer): whether one flow through the tunnel is bound by its send buffer over the round
+# trip under load rather than by a CPU
+WIDE_WMEM = 32 << 20
 # whose busiest threads the lab part records, per tool
 SAMPLED = {"ri2n": ("send", "recv"), "ri2n_keyed": ("send", "recv"),
            "ri2n_flip": ("send", "recv"), "ri2n_keyed_flip": ("send", "recv"),
            "ri2n_rflip": ("send", "recv"),
            "ri2n_tcp": ("send", "recv"), "tunnel": ("a", "b"), "tunnel_flip": ("a", "b"),
-           "tunnel_4": ("a", "b")}
+           "tunnel_4": ("a", "b"), "tunnel_wmem": ("a", "b")}
 
 
 def medians_by_place(rows):
@@ -209,6 +214,8 @@ def lab_runs(o, res, keyfile, src, lab):
             if k == "tunnel_4":
                 # 4 flows, which the daemons' route loops share out by queue
                 return tunnel_transfer(lab, n, None, o.scale_bytes, parallel=4)
+            if k == "tunnel_wmem":
+                return tunnel_transfer(lab, n, src, o.scale_bytes, wmem=WIDE_WMEM)
             return iperf_transfer(lab, o.scale_bytes, mptcp=(k == "mptcp"), src=src)
 
         # as in part fast: one discarded transfer of each tool on the fresh lab
@@ -232,14 +239,15 @@ def lab_runs(o, res, keyfile, src, lab):
         res["lab"].append(c)
 
 
-def tunnel_transfer(lab, links, src, nbytes, parallel=1, extra=()):
+def tunnel_transfer(lab, links, src, nbytes, parallel=1, extra=(), wmem=None):
     """iperf3 (`parallel` flows) from A to B's tunnel address through `ri2n tunnel` daemons on
     both hosts (keyed, over the lab's `links` links, as many interface queues as they choose
     on this host, with the options `extra`), started for this transfer and stopped after it:
     their CPU is in the machine's, their busiest threads while iperf3 sent in "threads", A's
     queues in "queues", the packets each dropped in "dropped" (its status: a datagram the
     sender's queue had no room for, or one the receiver got incomplete, is a loss inner TCP
-    retransmits)."""
+    retransmits). With `wmem`, A's TCP send buffers may grow to that many bytes for this
+    transfer (its namespace's tcp_wmem maximum, put back after)."""
     # the key and the daemons' logs go with the transfer
     with tempfile.TemporaryDirectory(prefix="ri2nbench-tunnel-") as tmp:
         daemons, logs = tunnel_up(lab, tmp, hosts="ab", links=links, extra=extra)
@@ -247,16 +255,31 @@ def tunnel_transfer(lab, links, src, nbytes, parallel=1, extra=()):
         sampler = ThreadSampler()
         for h, d in daemons.items():
             sampler.watch(h, d.pid)
+        wmem_was = set_wmem_max(lab, wmem) if wmem else None
         try:
             r = iperf_transfer(lab, nbytes, mptcp=False, src=src, to="10.99.0.2",
                                sampler=sampler, parallel=parallel)
             r["threads"] = {h: sampler.top(h) for h in daemons}
             r["queues"] = int(queues.group(1)) if queues else None
             r["dropped"] = {h: tunnel_dropped(lab, h) for h in daemons}
+            if wmem:
+                r["wmem_max"] = wmem
             return r
         finally:
+            if wmem_was:
+                set_wmem_max(lab, wmem_was)
             for d in daemons.values():
                 PROCS.stop(d)
+
+
+def set_wmem_max(lab, nbytes):
+    """Sets the most a TCP send buffer of host A may grow to (its namespace's tcp_wmem
+    maximum); returns what it was."""
+    path = "/proc/sys/net/ipv4/tcp_wmem"
+    was = common.run(lab.ex("a", "cat", path), timeout=10).split()
+    common.run(lab.ex("a", "sh", "-c", "echo '%s %s %d' > %s" % (was[0], was[1], nbytes, path)),
+               timeout=10)
+    return int(was[2])
 
 
 def tunnel_dropped(lab, host):
@@ -309,6 +332,9 @@ def part_scale(o):
                        "they are on by default: from %d CPUs)" % LANES_FROM_CPUS,
         "tunnel_4": "the same daemons (their default number of interface queues); iperf3 -c "
                     "10.99.0.2 -n BYTES -P 4 (4 flows, from memory) through them",
+        "tunnel_wmem": "the same as tunnel, with A's tcp_wmem maximum at %d bytes for the "
+                       "transfer (echo into /proc/sys/net/ipv4/tcp_wmem in A's namespace)"
+                       % WIDE_WMEM,
         "dropped": "ri2n tunnel status --json --name HOST on A and B after each transfer: the "
                    "packets_dropped of its peers",
         "cpu": "lab: machine busy time from /proc/stat during the transfer, per GB moved",
@@ -423,7 +449,9 @@ def tables(res, brief):
             ("TCP transport ÷ MPTCP", "ri2n_tcp", "mptcp", True),
             ("tunnel ÷ MPTCP", "tunnel", "mptcp", True),
             ("tunnel, lanes on ÷ off", t_on, t_off, False),
-            ("tunnel, 4 flows ÷ 1", "tunnel_4", "tunnel", False)) if a in tools and b in tools]
+            ("tunnel, 4 flows ÷ 1", "tunnel_4", "tunnel", False),
+            ("tunnel, 32 MiB send buffer ÷ default", "tunnel_wmem", "tunnel", False))
+            if a in tools and b in tools]
         L.append("| links | %s | %s |" % (" | ".join(names[k] for k in tools),
                                          " | ".join(h for h, _, _, _ in ratios)))
         L.append("| --- |%s" % (" --- |" * (len(tools) + len(ratios))))
@@ -487,7 +515,8 @@ def tables(res, brief):
                  "dropped (its status: a datagram its send queue had no room for, or one that "
                  "arrived incomplete; each run): %s." % "; ".join(lost))
         queues = sorted({r[k].get("queues") for c in labs for r in c["runs"]
-                         for k in ("tunnel", "tunnel_flip", "tunnel_4") if k in r} - {None})
+                         for k in ("tunnel", "tunnel_flip", "tunnel_4", "tunnel_wmem") if k in r}
+                        - {None})
         if queues:
             L.append("")
             L.append("Interface queues of each tunnel daemon (its default on this host, one per "
