@@ -90,21 +90,23 @@ impl Shared {
         mut st: MutexGuard<'a, State>,
         h: ConnectionHandle,
     ) -> MutexGuard<'a, State> {
+        // while the lanes hold the connection's datagrams up: its age limit (the cheap look
+        // first: most calls find the lanes keeping up)
         let behind = |st: &State| {
-            self.backlog.is_throttled()
-                && st
-                    .endpoint
-                    .connection(h)
-                    .is_some_and(|c| c.datagrams_piling_up())
+            if !self.backlog.is_throttled() {
+                return None;
+            }
+            let c = st.endpoint.connection(h)?;
+            c.datagrams_piling_up().then(|| c.datagram_max_age())
         };
-        if self.lanes.is_empty() || !behind(&st) {
+        if self.lanes.is_empty() {
             return st;
         }
-        let Some(max_age) = (st.endpoint.connection(h)).map(|c| c.datagram_max_age()) else {
+        let Some(max_age) = behind(&st) else {
             return st;
         };
         let deadline = Instant::now() + max_age;
-        while behind(&st) {
+        while behind(&st).is_some() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 tracing::trace!("the lanes did not catch up: datagrams queued on");
