@@ -61,7 +61,8 @@ NEEDS = {
     "tunnel": (LAB_TOOLS + ["ss:iproute2", "iperf3:iperf3", "sockperf:sockperf",
                             "mptcpize:mptcpize"], ["mpirun:openmpi-bin", "mpicc:libopenmpi-dev"]),
     "cluster": (LAB_TOOLS + ["ping:iputils-ping"], []),
-    "scale": (LAB_TOOLS + ["iperf3:iperf3", "mptcpize:mptcpize"], ["sockperf:sockperf"]),
+    "scale": (LAB_TOOLS + ["iperf3:iperf3", "mptcpize:mptcpize"], ["sockperf:sockperf",
+                                                                   "ss:iproute2"]),
     "bindings": (["cargo:-", "cc:gcc", "taskset:util-linux"], []),
     "tcp": (LAB_TOOLS + ["iperf3:iperf3", "mptcpize:mptcpize", "cargo:-"], []),
 }

@@ -186,6 +186,81 @@ class ThreadSampler:
         return [round(x, 3) for x in sorted(xs, reverse=True)[:n]]
 
 
+
+
+class TcpInfoSampler:
+    """What held a transfer's TCP flows back, in their own sender's words: `ss -ti` (Linux's
+    tcp_info) of the connections to `port` on one lab host, every `period` s while the transfer
+    runs (between start() and stop(), at most `seconds`), from one shell loop in its namespace.
+    Its counters run from each connection's start, so the last sample before they close holds
+    nearly the whole transfer: the time each flow had data to send (busy), the part of it that
+    it waited for room in its send buffer or for the receiver's window, its congestion window
+    and its smallest round trip."""
+
+    MARK = "=== ri2nbench sample"
+    FIELDS = {"bytes_acked": r"bytes_acked:(\d+)", "busy_ms": r"busy:(\d+)ms",
+              "rwnd_limited_ms": r"rwnd_limited:(\d+)ms", "sndbuf_limited_ms": r"sndbuf_limited:(\d+)ms",
+              "cwnd": r"\bcwnd:(\d+)", "mss": r"\bmss:(\d+)", "minrtt_ms": r"minrtt:([\d.]+)"}
+
+    def __init__(self, lab, host, port, period=0.5, seconds=120):
+        self.lab, self.host, self.port = lab, host, port
+        self.period, self.count = period, max(1, int(seconds / period))
+        self.out, self.proc = None, None
+
+    def start(self):
+        self.out = tempfile.TemporaryFile("w+")
+        loop = "for i in $(seq %d); do ss -tinH dport = :%d; echo '%s'; sleep %s; done" % (
+            self.count, self.port, self.MARK, self.period)
+        self.proc = PROCS.start(self.lab.ex(self.host, "sh", "-c", loop), stdout=self.out)
+
+    def stop(self):
+        """The summary of the last sample that saw the transfer's flows (those that moved at
+        least 1 MB; iperf3's control connection moves less), or None."""
+        if not self.proc:
+            return None
+        PROCS.stop(self.proc, grace=1.0)
+        self.out.seek(0)
+        text = self.out.read()
+        self.out.close()
+        for sample in reversed(text.split(self.MARK)):
+            flows = [f for f in self.parse(sample) if f.get("bytes_acked", 0) >= 1e6]
+            if flows:
+                return self.summary(flows)
+        return None
+
+    @classmethod
+    def parse(cls, sample):
+        """One `ss -ti` listing: a dict of FIELDS per connection (its info lines are indented)."""
+        conns, cur = [], None
+        for line in sample.splitlines():
+            if not line.strip():
+                continue
+            if not line[0].isspace():
+                cur = []
+                conns.append(cur)
+            elif cur is not None:
+                cur.append(line)
+        out = []
+        for lines in conns:
+            info = " ".join(lines)
+            f = {}
+            for k, pat in cls.FIELDS.items():
+                m = re.search(pat, info)
+                if m:
+                    f[k] = float(m.group(1))
+            out.append(f)
+        return out
+
+    @staticmethod
+    def summary(flows):
+        def total(k):
+            return sum(f.get(k, 0) for f in flows)
+        return {"flows": len(flows), "busy_ms": total("busy_ms"),
+                "sndbuf_limited_ms": total("sndbuf_limited_ms"),
+                "rwnd_limited_ms": total("rwnd_limited_ms"),
+                "cwnd_bytes": max(f.get("cwnd", 0) * f.get("mss", 0) for f in flows),
+                "minrtt_us": min((f["minrtt_ms"] * 1000 for f in flows if "minrtt_ms" in f),
+                                 default=None)}
 def proc_comm(pid):
     try:
         with open("/proc/%d/comm" % pid) as f:
@@ -492,7 +567,7 @@ def machine():
 
 # the outside tools the parts run, whose resolved paths the driver logs and records (a folder
 # of packed tools, --tools, puts its own first)
-TOOLS = ("ip", "tc", "iperf3", "sockperf", "mptcpize", "ping")
+TOOLS = ("ip", "tc", "iperf3", "sockperf", "mptcpize", "ping", "ss")
 
 
 def use_tools(folder):

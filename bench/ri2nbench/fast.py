@@ -7,8 +7,8 @@ import tempfile
 
 from . import common
 from .common import (
-    PROCS, ThreadSampler, fast_file, log, mfacts, run, spread, tcp_limit, timed_client,
-    tool_json, udp_limit, wait_quiet, wait_ready)
+    PROCS, TcpInfoSampler, ThreadSampler, fast_file, log, mfacts, run, spread, tcp_limit,
+    timed_client, tool_json, udp_limit, wait_quiet, wait_ready)
 from .labctl import new_lab
 
 
@@ -79,11 +79,12 @@ def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, ke
 
 
 def iperf_transfer(lab, nbytes, mptcp, pipe_in=None, pipe_out=None, src=None, timeout=120,
-                   to="10.77.1.2", sampler=None, parallel=1):
+                   to="10.77.1.2", sampler=None, parallel=1, tcp_info=False):
     """iperf3 of `nbytes` A→B over one TCP connection (to B's address `to`: link 1, or its
     tunnel address), `parallel` of them (the bytes in all), or MPTCP (every link); the sender
     reads file `src` if given (as `ri2n send -i` does), else sends from memory. A
-    ThreadSampler given runs while the client does."""
+    ThreadSampler given runs while the client does; with `tcp_info`, so does a TcpInfoSampler
+    of A's connections (where `ss` is at hand): "tcp_info" in the result."""
     port = 5301 + random.randrange(500)
     wrap = ["mptcpize", "run"] if mptcp else []
     scmd = wrap + ["iperf3", "-s", "-1", "-p", port]
@@ -102,10 +103,19 @@ def iperf_transfer(lab, nbytes, mptcp, pipe_in=None, pipe_out=None, src=None, ti
     if pipe_in:
         ccmd = ["sh", "-c", "%s | %s iperf3 -c %s -p %d -n %d -F /dev/stdin --json" % (
             pipe_in, " ".join(wrap), to, port, nbytes)]
-    rc, ccpu, machine, wall, text = timed_client(lab.ex("a", *ccmd), timeout, sampler)
+    info = TcpInfoSampler(lab, "a", port, seconds=timeout) if tcp_info and shutil.which("ss") \
+        else None
+    if info:
+        info.start()
+    try:
+        rc, ccpu, machine, wall, text = timed_client(lab.ex("a", *ccmd), timeout, sampler)
+    finally:
+        limits = info.stop() if info else None
     src_rc, scpu = PROCS.wait_rusage(srv, 30)
     r = {"rc": rc, "recv_rc": src_rc, "cpu_send": ccpu, "cpu_recv": scpu, "cpu_machine": machine,
          "wall_send": wall}
+    if limits:
+        r["tcp_info"] = limits
     try:
         doc = tool_json(text)
         e = doc["end"]["sum_received"]

@@ -216,7 +216,8 @@ def lab_runs(o, res, keyfile, src, lab):
                 return tunnel_transfer(lab, n, None, o.scale_bytes, parallel=4)
             if k == "tunnel_wmem":
                 return tunnel_transfer(lab, n, src, o.scale_bytes, wmem=WIDE_WMEM)
-            return iperf_transfer(lab, o.scale_bytes, mptcp=(k == "mptcp"), src=src)
+            return iperf_transfer(lab, o.scale_bytes, mptcp=(k == "mptcp"), src=src,
+                                  tcp_info=True)
 
         # as in part fast: one discarded transfer of each tool on the fresh lab
         c["warmup"] = warm_up(LAB_TOOLS, transfer)
@@ -258,10 +259,12 @@ def tunnel_transfer(lab, links, src, nbytes, parallel=1, extra=(), wmem=None):
         wmem_was = set_wmem_max(lab, wmem) if wmem else None
         try:
             r = iperf_transfer(lab, nbytes, mptcp=False, src=src, to="10.99.0.2",
-                               sampler=sampler, parallel=parallel)
+                               sampler=sampler, parallel=parallel, tcp_info=True)
             r["threads"] = {h: sampler.top(h) for h in daemons}
             r["queues"] = int(queues.group(1)) if queues else None
-            r["dropped"] = {h: tunnel_dropped(lab, h) for h in daemons}
+            counts = {h: tunnel_counts(lab, h) for h in daemons}
+            r["dropped"] = {h: c[0] for h, c in counts.items()}
+            r["links_lost"] = {h: c[1] for h, c in counts.items()}
             if wmem:
                 r["wmem_max"] = wmem
             return r
@@ -282,15 +285,19 @@ def set_wmem_max(lab, nbytes):
     return int(was[2])
 
 
-def tunnel_dropped(lab, host):
-    """The packets the tunnel daemon on `host` dropped, over all its peers (its status); None
-    if it did not answer."""
+def tunnel_counts(lab, host):
+    """From the status of the tunnel daemon on `host`, over all its peers: the packets it
+    dropped, and the ri2n packets its links declared lost (and sent again); None for what it
+    did not answer."""
     text = common.run(lab.ex(host, common.RI2N, "tunnel", "status", "--json", "--name", host),
                       check=False, timeout=10)
     try:
-        return sum(peer["packets_dropped"] for peer in json.loads(text)["peers"])
+        peers = json.loads(text)["peers"]
+        dropped = sum(peer["packets_dropped"] for peer in peers)
     except (ValueError, KeyError, TypeError):
-        return None
+        return None, None
+    lost = [link.get("packets_lost") for peer in peers for link in peer.get("links", [])]
+    return dropped, (None if None in lost else sum(lost))
 
 
 def results_name():
@@ -336,7 +343,13 @@ def part_scale(o):
                        "transfer (echo into /proc/sys/net/ipv4/tcp_wmem in A's namespace)"
                        % WIDE_WMEM,
         "dropped": "ri2n tunnel status --json --name HOST on A and B after each transfer: the "
-                   "packets_dropped of its peers",
+                   "packets_dropped of its peers, and the packets_lost of their links",
+        "tcp_info": "iperf3 transfers, where ss is at hand: ss -tinH dport = :PORT in A's "
+                    "namespace every 0.5 s while the client ran (its CPU counts in the "
+                    "machine's); of the last listing with the "
+                    "transfer's flows (1 MB or more acknowledged), their busy, sndbuf_limited "
+                    "and rwnd_limited times (summed), the largest cwnd × mss and the smallest "
+                    "minrtt",
         "cpu": "lab: machine busy time from /proc/stat during the transfer, per GB moved",
         "threads": "lab: each thread's utime+stime (/proc/PID/task/TID/stat) sampled every "
                    "0.1 s while the sender ran, over the span it was seen, in cores; the 3 "
@@ -492,9 +505,13 @@ def tables(res, brief):
                 retr = [r[k].get("retransmits") for r in c["runs"]]
                 drops = ["%s/%s" % (r[k]["dropped"].get("a"), r[k]["dropped"].get("b"))
                          for r in c["runs"] if r[k].get("dropped")]
-                lost.append("%d links %s %s%s" % (
+                # (results from before the links' losses were read lack them)
+                links_lost = ["%s/%s" % (r[k]["links_lost"].get("a"), r[k]["links_lost"].get("b"))
+                              for r in c["runs"] if r[k].get("links_lost")]
+                lost.append("%d links %s %s%s%s" % (
                     c["links"], names[k], cell(retr, "%.0f"),
-                    ", dropped (A/B) %s" % ", ".join(drops) if drops else ""))
+                    ", dropped (A/B) %s" % ", ".join(drops) if drops else "",
+                    "; its links lost (A/B) %s" % ", ".join(links_lost) if links_lost else ""))
         # whether a TCP flow was bound by its window: window ÷ round trip against its rate
         windows = []
         for c in labs:
@@ -510,10 +527,33 @@ def tables(res, brief):
             L.append("iperf3's sender (each flow's TCP; with -P 4 the mean round trip and the "
                      "largest windows of its flows): mean round trip, largest congestion window, "
                      "largest window the receiver offered: %s." % "; ".join(windows))
+        # what held the TCP flows back, as their sender saw it
+        limits = []
+        for c in labs:
+            for k in tools:
+                runs = [r[k]["tcp_info"] for r in c["runs"]
+                        if (r[k].get("tcp_info") or {}).get("busy_ms")]
+                if runs:
+                    limits.append("%d links %s %s, %s, %s MB, %s µs" % (
+                        c["links"], names[k],
+                        cell([x["sndbuf_limited_ms"] / x["busy_ms"] for x in runs], "%.0f %%", 100),
+                        cell([x["rwnd_limited_ms"] / x["busy_ms"] for x in runs], "%.0f %%", 100),
+                        cell([x["cwnd_bytes"] for x in runs], "%.2f", 1e-6),
+                        cell([x["minrtt_us"] for x in runs], "%.0f")))
+        if limits:
+            L.append("")
+            L.append("What held iperf3's TCP back, in its own account (`ss -ti` on A, the flows' "
+                     "counters at the end of the transfer): the share of the time it had data "
+                     "to send that it waited for room in its send buffer, and for the "
+                     "receiver's window (the rest: its congestion window or pacing); its "
+                     "congestion window; its smallest round trip: %s." % "; ".join(limits))
         L.append("")
+        links_read = any(r[k].get("links_lost") for c in labs for r in c["runs"] for k in tools)
         L.append("iperf3's retransmissions per transfer, and the packets each tunnel daemon "
                  "dropped (its status: a datagram its send queue had no room for, or one that "
-                 "arrived incomplete; each run): %s." % "; ".join(lost))
+                 "arrived incomplete; each run)%s: %s." % (
+                     " and the ri2n packets its links declared lost and sent again"
+                     if links_read else "", "; ".join(lost)))
         queues = sorted({r[k].get("queues") for c in labs for r in c["runs"]
                          for k in ("tunnel", "tunnel_flip", "tunnel_4", "tunnel_wmem") if k in r}
                         - {None})
