@@ -202,6 +202,14 @@ impl OutgoingDatagrams {
         self.queue.is_empty()
     }
 
+    /// Datagrams waiting to be sent (one partly sent counts), and their bytes not sent yet.
+    pub fn queued(&self) -> (usize, u64) {
+        let bytes = (self.queue.iter())
+            .map(|w| (w.data.len() - w.sent_bytes) as u64)
+            .sum();
+        (self.queue.len(), bytes)
+    }
+
     /// Whether it holds more than half its bound.
     pub fn over_half(&self) -> bool {
         self.bytes > self.limit / 2
@@ -1036,11 +1044,17 @@ mod tests {
         let big: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
         q.push(now, &big);
         q.push(now, &[7; 1300]);
+        assert_eq!(q.queued(), (2, 6300));
         // room left after other frames, then empty packets; then a packet of a larger link,
         // which takes no larger piece than the smallest link's packets do
         let mut pieces = Vec::new();
+        let mut sent = 0;
         for room in [500, 1437, 1437, 1437, 1437] {
             let piece = q.pop(now, room, BOUNDS).expect("a piece fits");
+            // what is queued is the rest of the large one and the small one behind it
+            sent += piece.data.len();
+            let left = if sent < big.len() { 2 } else { 1 };
+            assert_eq!(q.queued(), (left, (6300 - sent) as u64));
             assert!(wire::datagram_frame_len_to_end(piece.seq, piece.data.len()) <= 1437);
             if piece.part == DatagramPart::Last {
                 assert!(wire::datagram_frame_len(piece.seq, piece.data.len()) <= room);
@@ -1076,6 +1090,7 @@ mod tests {
         );
         let whole = q.pop(now, 1437, BOUNDS).unwrap();
         assert_eq!((whole.seq, whole.part, whole.data.len()), (5, Whole, 1300));
+        assert_eq!(q.queued(), (0, 0));
         // a packet with room for less than the smallest piece takes none
         q.push(now, &big);
         let short = wire::datagram_frame_len_to_end(6, MIN_PIECE - 1);

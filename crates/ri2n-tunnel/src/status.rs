@@ -97,6 +97,13 @@ pub struct PeerStatus {
     /// segment this host does not take, or refused by the interface), over every connection
     /// to the peer.
     pub packets_dropped: u64,
+    /// While connected: IP packets (datagrams) queued in the connection and not sent yet,
+    /// and their bytes (of one partly sent, what is left): what a packet read from the
+    /// interface now waits behind in this daemon, besides the links' windows.
+    #[serde(default)]
+    pub queued_packets: usize,
+    #[serde(default)]
+    pub queued_bytes: u64,
     pub links: Vec<LinkStatus>,
 }
 
@@ -120,6 +127,12 @@ pub struct LinkStatus {
     pub bytes_sent: u64,
     pub bytes_received: u64,
     pub packets_lost: u64,
+    /// The link's congestion window, and its bytes in flight (sent, neither acknowledged
+    /// nor declared lost), at the sample.
+    #[serde(default)]
+    pub window_bytes: u64,
+    #[serde(default)]
+    pub in_flight_bytes: u64,
 }
 
 /// Counters of one link at the previous sample.
@@ -203,6 +216,8 @@ impl<K: PartialEq> PreviousConnection<K> {
                 bytes_sent: l.bytes_sent,
                 bytes_received: l.bytes_received,
                 packets_lost: l.packets_lost,
+                window_bytes: l.cwnd,
+                in_flight_bytes: l.bytes_in_flight,
             });
             *prev = Some(Previous {
                 at: now,
@@ -252,6 +267,8 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
                 packets_sent: peer.sent.load(Ordering::Relaxed),
                 packets_received: peer.received.load(Ordering::Relaxed),
                 packets_dropped: 0,
+                queued_packets: 0,
+                queued_bytes: 0,
                 links: Vec::new(),
             };
             let previous = previous.entry(host.name.clone()).or_default();
@@ -266,6 +283,7 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
             log_link_changes(&host.name, &conn, &s);
             p.state = "connected".into();
             p.encryption = Some(s.cipher.map_or("none", |c| c.name()).into());
+            (p.queued_packets, p.queued_bytes) = s.datagrams_queued;
             p.links = previous.sample(Identity::of(&conn), &s.links, now);
             status.peers.push(p);
         }
@@ -439,6 +457,19 @@ pub fn prometheus(s: &Status) -> String {
          down (the connection is held through outages): alert on ri2n_tunnel_link_up.",
         connected,
     );
+    let queued = Family::<PeerLabels, Gauge>::default();
+    for (labels, p) in &peer_rows {
+        queued
+            .get_or_create(labels)
+            .set(i64::try_from(p.queued_bytes).unwrap_or(i64::MAX));
+    }
+    registry.register_with_unit(
+        "ri2n_tunnel_queued",
+        "Bytes of IP packets queued for the peer and not sent yet: what a packet read from \
+         the interface now waits behind in this daemon, besides the links' windows.",
+        Unit::Bytes,
+        queued,
+    );
     register_counters(
         &mut registry,
         &peer_rows,
@@ -508,6 +539,27 @@ pub fn prometheus(s: &Status) -> String {
         "Smoothed round-trip time of the link (absent while it validates or is down).",
         Unit::Seconds,
         rtt,
+    );
+    let window = Family::<LinkLabels, Gauge>::default();
+    let in_flight = Family::<LinkLabels, Gauge>::default();
+    for (labels, l) in &link_rows {
+        let gauge = |x: u64| i64::try_from(x).unwrap_or(i64::MAX);
+        window.get_or_create(labels).set(gauge(l.window_bytes));
+        in_flight
+            .get_or_create(labels)
+            .set(gauge(l.in_flight_bytes));
+    }
+    registry.register_with_unit(
+        "ri2n_tunnel_link_window",
+        "Congestion window of the link.",
+        Unit::Bytes,
+        window,
+    );
+    registry.register_with_unit(
+        "ri2n_tunnel_link_in_flight",
+        "Bytes sent on the link, neither acknowledged nor declared lost.",
+        Unit::Bytes,
+        in_flight,
     );
     register_counters(
         &mut registry,
@@ -710,7 +762,7 @@ pub fn table(s: &Status) -> String {
     for p in &s.peers {
         let _ = writeln!(
             out,
-            "  {} {} {}{}{}: packets sent {}, received {}, dropped {}",
+            "  {} {} {}{}{}: packets sent {}, received {}, dropped {}{}",
             p.name,
             p.address,
             p.state,
@@ -722,12 +774,21 @@ pub fn table(s: &Status) -> String {
                 .map_or(String::new(), |e| format!(", sealed with {e}")),
             p.packets_sent,
             p.packets_received,
-            p.packets_dropped
+            p.packets_dropped,
+            if p.state == "connected" {
+                format!(
+                    ", queued {} ({} KiB)",
+                    p.queued_packets,
+                    p.queued_bytes / 1024
+                )
+            } else {
+                String::new()
+            }
         );
         for l in &p.links {
             let _ = writeln!(
                 out,
-                "    {} -> {} {:<10} rtt {:>6} us  send {:>7} Mbit/s  receive {:>7} Mbit/s  loss {} %",
+                "    {} -> {} {:<10} rtt {:>6} us  send {:>7} Mbit/s  receive {:>7} Mbit/s  loss {} %  in flight {}/{} KiB",
                 l.local,
                 l.remote,
                 l.state,
@@ -735,6 +796,8 @@ pub fn table(s: &Status) -> String {
                 fixed(l.send_mbit, 1),
                 fixed(l.receive_mbit, 1),
                 fixed(l.loss.map(|f| f * 100.0), 2),
+                l.in_flight_bytes / 1024,
+                l.window_bytes / 1024,
             );
         }
     }
@@ -763,6 +826,8 @@ pub(crate) mod tests {
             bytes_sent: 1500,
             bytes_received: 3000,
             packets_lost: 2,
+            window_bytes: 30 << 10,
+            in_flight_bytes: if rtt_us.is_some() { 12 << 10 } else { 0 },
         };
         Status {
             host: "a".into(),
@@ -785,6 +850,8 @@ pub(crate) mod tests {
                 packets_sent: 7,
                 packets_received: 9,
                 packets_dropped: 0,
+                queued_packets: 3,
+                queued_bytes: 70_000,
                 links: vec![link("up", Some(250)), link("down", None)],
             }],
         }
@@ -810,6 +877,11 @@ pub(crate) mod tests {
             format!("ri2n_tunnel_link_sent_bytes_total{{{up}}} 1500"),
             format!("ri2n_tunnel_link_received_bytes_total{{{down}}} 3000"),
             format!("ri2n_tunnel_link_lost_packets_total{{{up}}} 2"),
+            "# UNIT ri2n_tunnel_queued_bytes bytes".to_owned(),
+            format!("ri2n_tunnel_queued_bytes{{{peer}}} 70000"),
+            format!("ri2n_tunnel_link_window_bytes{{{up}}} 30720"),
+            format!("ri2n_tunnel_link_in_flight_bytes{{{up}}} 12288"),
+            format!("ri2n_tunnel_link_in_flight_bytes{{{down}}} 0"),
             r#"ri2n_tunnel_queue_packets_read_total{host="a",queue="0"} 11"#.to_owned(),
             r#"ri2n_tunnel_queue_packets_read_total{host="a",queue="1"} 13"#.to_owned(),
             r#"ri2n_tunnel_packets_unrouted_total{host="a"} 3"#.to_owned(),
@@ -837,7 +909,7 @@ pub(crate) mod tests {
             lines.next(),
             Some(
                 "  b \"east\" 10.99.0.2 connected, sealed with AEGIS-256X4: packets sent 7, \
-                 received 9, dropped 0"
+                 received 9, dropped 0, queued 3 (68 KiB)"
             )
         );
         let up = lines.next().unwrap();
@@ -846,6 +918,7 @@ pub(crate) mod tests {
             up.contains("send    12.5 Mbit/s") && up.contains("loss 0.00 %"),
             "{up}"
         );
+        assert!(up.ends_with("in flight 12/30 KiB"), "{up}");
         // not measured yet: no figure, rather than a 0 that reads as one
         let down = lines.next().unwrap();
         assert!(down.contains("down       rtt      - us"), "{down}");

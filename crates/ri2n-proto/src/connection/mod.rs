@@ -104,6 +104,9 @@ pub struct ConnectionStats {
     pub datagrams_duplicate: u64,
     /// Datagrams held now for an earlier one, and datagrams ready for the application.
     pub datagrams_waiting: (usize, usize),
+    /// Datagrams queued to be sent now (one partly sent counts), and their bytes not sent
+    /// yet: what a datagram queued now waits behind, besides the links' windows.
+    pub datagrams_queued: (usize, u64),
 }
 
 impl ConnectionStats {
@@ -128,6 +131,7 @@ impl ConnectionStats {
             datagrams_reordered: 0,
             datagrams_duplicate: 0,
             datagrams_waiting: (0, 0),
+            datagrams_queued: (0, 0),
         }
     }
 }
@@ -1094,6 +1098,7 @@ impl Connection {
             datagrams_reordered: self.datagrams.incoming.reordered,
             datagrams_duplicate: self.datagrams.incoming.duplicates,
             datagrams_waiting: self.datagrams.incoming.waiting(),
+            datagrams_queued: self.datagrams.outgoing.queued(),
             key_updates: self
                 .handshake
                 .protection
