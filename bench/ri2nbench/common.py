@@ -188,41 +188,56 @@ class ThreadSampler:
 
 
 
-class TcpInfoSampler:
-    """What held a transfer's TCP flows back, in their own sender's words: `ss -ti` (Linux's
-    tcp_info) of the connections to `port` on one lab host, every `period` s while the transfer
-    runs (between start() and stop(), at most `seconds`), from one shell loop in its namespace.
-    Its counters run from each connection's start, so the last sample before they close holds
-    nearly the whole transfer: the time each flow had data to send (busy), the part of it that
-    it waited for room in its send buffer or for the receiver's window, its congestion window
-    and its smallest round trip."""
+class LoopSampler:
+    """The output of `command` (a shell command line) run in a lab host's namespace every
+    `period` s, from one shell loop started by start() and ended by samples() (at most
+    `seconds`): one text per run."""
 
     MARK = "=== ri2nbench sample"
-    FIELDS = {"bytes_acked": r"bytes_acked:(\d+)", "busy_ms": r"busy:(\d+)ms",
-              "rwnd_limited_ms": r"rwnd_limited:(\d+)ms", "sndbuf_limited_ms": r"sndbuf_limited:(\d+)ms",
-              "cwnd": r"\bcwnd:(\d+)", "mss": r"\bmss:(\d+)", "minrtt_ms": r"minrtt:([\d.]+)"}
 
-    def __init__(self, lab, host, port, period=0.5, seconds=120):
-        self.lab, self.host, self.port = lab, host, port
+    def __init__(self, lab, host, command, period, seconds):
+        self.lab, self.host, self.command = lab, host, command
         self.period, self.count = period, max(1, int(seconds / period))
         self.out, self.proc = None, None
 
     def start(self):
         self.out = tempfile.TemporaryFile("w+")
-        loop = "for i in $(seq %d); do ss -tinH dport = :%d; echo '%s'; sleep %s; done" % (
-            self.count, self.port, self.MARK, self.period)
+        loop = "for i in $(seq %d); do %s; echo '%s'; sleep %s; done" % (
+            self.count, self.command, self.MARK, self.period)
         self.proc = PROCS.start(self.lab.ex(self.host, "sh", "-c", loop), stdout=self.out)
+
+    def samples(self):
+        """Ends the loop; its texts, oldest first (the last may be cut short). Nothing once
+        it has ended."""
+        if not self.proc:
+            return []
+        PROCS.stop(self.proc, grace=1.0)
+        self.proc = None
+        self.out.seek(0)
+        text = self.out.read()
+        self.out.close()
+        return text.split(self.MARK)
+
+
+class TcpInfoSampler(LoopSampler):
+    """What held a transfer's TCP flows back, in their own sender's words: `ss -ti` (Linux's
+    tcp_info) of the connections to `port` on one lab host, every `period` s while the transfer
+    runs. Its counters run from each connection's start, so the last sample before they close
+    holds nearly the whole transfer: the time each flow had data to send (busy), the part of
+    it that it waited for room in its send buffer or for the receiver's window, its congestion
+    window and its smallest round trip."""
+
+    FIELDS = {"bytes_acked": r"bytes_acked:(\d+)", "busy_ms": r"busy:(\d+)ms",
+              "rwnd_limited_ms": r"rwnd_limited:(\d+)ms", "sndbuf_limited_ms": r"sndbuf_limited:(\d+)ms",
+              "cwnd": r"\bcwnd:(\d+)", "mss": r"\bmss:(\d+)", "minrtt_ms": r"minrtt:([\d.]+)"}
+
+    def __init__(self, lab, host, port, period=0.5, seconds=120):
+        super().__init__(lab, host, "ss -tinH dport = :%d" % port, period, seconds)
 
     def stop(self):
         """The summary of the last sample that saw the transfer's flows (those that moved at
         least 1 MB; iperf3's control connection moves less), or None."""
-        if not self.proc:
-            return None
-        PROCS.stop(self.proc, grace=1.0)
-        self.out.seek(0)
-        text = self.out.read()
-        self.out.close()
-        for sample in reversed(text.split(self.MARK)):
+        for sample in reversed(self.samples()):
             flows = [f for f in self.parse(sample) if f.get("bytes_acked", 0) >= 1e6]
             if flows:
                 return self.summary(flows)
@@ -261,6 +276,8 @@ class TcpInfoSampler:
                 "cwnd_bytes": max(f.get("cwnd", 0) * f.get("mss", 0) for f in flows),
                 "minrtt_us": min((f["minrtt_ms"] * 1000 for f in flows if "minrtt_ms" in f),
                                  default=None)}
+
+
 def proc_comm(pid):
     try:
         with open("/proc/%d/comm" % pid) as f:

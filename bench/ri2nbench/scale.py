@@ -257,9 +257,12 @@ def tunnel_transfer(lab, links, src, nbytes, parallel=1, extra=(), wmem=None):
         for h, d in daemons.items():
             sampler.watch(h, d.pid)
         wmem_was = set_wmem_max(lab, wmem) if wmem else None
+        waits = TunnelStatusSampler(lab, "a")
+        waits.start()
         try:
             r = iperf_transfer(lab, nbytes, mptcp=False, src=src, to="10.99.0.2",
                                sampler=sampler, parallel=parallel, tcp_info=True)
+            r["waits"] = waits.stop()
             r["threads"] = {h: sampler.top(h) for h in daemons}
             r["queues"] = int(queues.group(1)) if queues else None
             counts = {h: tunnel_counts(lab, h) for h in daemons}
@@ -269,10 +272,43 @@ def tunnel_transfer(lab, links, src, nbytes, parallel=1, extra=(), wmem=None):
                 r["wmem_max"] = wmem
             return r
         finally:
+            waits.samples()  # ends its loop if the transfer failed
             if wmem_was:
                 set_wmem_max(lab, wmem_was)
             for d in daemons.values():
                 PROCS.stop(d)
+
+
+class TunnelStatusSampler(common.LoopSampler):
+    """Where inner TCP's packets waited in the sending daemon while a transfer ran: its status
+    (`ri2n tunnel status --json`, sampled by the daemon each second) every half second, of
+    the samples in which its links sent 100 Mbit/s or more: the most queued for the peer, the
+    most in flight on its links together, their windows together and their round trips."""
+
+    def __init__(self, lab, host, seconds=120):
+        super().__init__(lab, host, "%s tunnel status --json --name %s" % (common.RI2N, host),
+                         0.5, seconds)
+
+    def stop(self):
+        rows = []
+        for text in self.samples():
+            try:
+                peers = json.loads(text)["peers"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            links = [l for p in peers for l in p.get("links", [])]
+            if sum(l.get("send_mbit") or 0 for l in links) < 100:
+                continue
+            rows.append({"queued": sum(p.get("queued_bytes", 0) for p in peers),
+                         "in_flight": sum(l.get("in_flight_bytes", 0) for l in links),
+                         "window": sum(l.get("window_bytes", 0) for l in links),
+                         "rtt_us": [l["rtt_us"] for l in links if l.get("rtt_us")]})
+        if not rows:
+            return None
+        return {"samples": len(rows), "queued_max": max(r["queued"] for r in rows),
+                "in_flight_max": max(r["in_flight"] for r in rows),
+                "window": med([r["window"] for r in rows]),
+                "rtt_us": med([x for r in rows for x in r["rtt_us"]])}
 
 
 def set_wmem_max(lab, nbytes):
@@ -344,6 +380,10 @@ def part_scale(o):
                        % WIDE_WMEM,
         "dropped": "ri2n tunnel status --json --name HOST on A and B after each transfer: the "
                    "packets_dropped of its peers, and the packets_lost of their links",
+        "waits": "tunnel transfers: ri2n tunnel status --json --name a every 0.5 s while the "
+                 "client ran; of the samples whose links sent 100 Mbit/s or more, the largest "
+                 "queued_bytes and sum of in_flight_bytes, and the medians of the summed "
+                 "window_bytes and of the links' rtt_us",
         "tcp_info": "iperf3 transfers, where ss is at hand: ss -tinH dport = :PORT in A's "
                     "namespace every 0.5 s while the client ran (its CPU counts in the "
                     "machine's); of the last listing with the "
@@ -540,6 +580,23 @@ def tables(res, brief):
                         cell([x["rwnd_limited_ms"] / x["busy_ms"] for x in runs], "%.0f %%", 100),
                         cell([x["cwnd_bytes"] for x in runs], "%.2f", 1e-6),
                         cell([x["minrtt_us"] for x in runs], "%.0f")))
+        waits = []
+        for c in labs:
+            for k in tools:
+                runs = [r[k]["waits"] for r in c["runs"] if r[k].get("waits")]
+                if runs:
+                    waits.append("%d links %s %s, %s, %s MB, %s µs" % (
+                        c["links"], names[k],
+                        cell([x["queued_max"] for x in runs], "%.2f", 1e-6),
+                        cell([x["in_flight_max"] for x in runs], "%.2f", 1e-6),
+                        cell([x["window"] for x in runs], "%.2f", 1e-6),
+                        cell([x["rtt_us"] for x in runs], "%.0f")))
+        if waits:
+            L.append("")
+            L.append("Where the tunnel's packets waited in the sending daemon (its status every "
+                     "0.5 s while it sent): the most queued for the peer (MB), the most in "
+                     "flight on its links together (MB), their congestion windows together, "
+                     "their round trips: %s." % "; ".join(waits))
         if limits:
             L.append("")
             L.append("What held iperf3's TCP back, in its own account (`ss -ti` on A, the flows' "
