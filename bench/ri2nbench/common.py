@@ -186,8 +186,6 @@ class ThreadSampler:
         return [round(x, 3) for x in sorted(xs, reverse=True)[:n]]
 
 
-
-
 class LoopSampler:
     """The output of `command` (a shell command line) run in a lab host's namespace every
     `period` s, from one shell loop started by start() and ended by samples() (at most

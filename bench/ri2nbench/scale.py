@@ -386,10 +386,9 @@ def part_scale(o):
                  "window_bytes and of the links' rtt_us",
         "tcp_info": "iperf3 transfers, where ss is at hand: ss -tinH dport = :PORT in A's "
                     "namespace every 0.5 s while the client ran (its CPU counts in the "
-                    "machine's); of the last listing with the "
-                    "transfer's flows (1 MB or more acknowledged), their busy, sndbuf_limited "
-                    "and rwnd_limited times (summed), the largest cwnd × mss and the smallest "
-                    "minrtt",
+                    "machine's); of the last listing with the transfer's flows (1 MB or more "
+                    "acknowledged), their busy, sndbuf_limited and rwnd_limited times "
+                    "(summed), the largest cwnd × mss and the smallest minrtt",
         "cpu": "lab: machine busy time from /proc/stat during the transfer, per GB moved",
         "threads": "lab: each thread's utime+stime (/proc/PID/task/TID/stat) sampled every "
                    "0.1 s while the sender ran, over the span it was seen, in cores; the 3 "
