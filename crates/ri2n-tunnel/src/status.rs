@@ -393,9 +393,9 @@ struct LinkLabels {
     remote: String,
 }
 
-/// A counter of the snapshot: its name (without `_total`), help, unit, and its value in a
-/// peer's or a link's status.
-struct CounterOf<T> {
+/// A counter or gauge of the snapshot: its name (a counter's without `_total`), help, unit,
+/// and its value in a peer's or a link's status.
+struct MetricOf<T> {
     name: &'static str,
     help: &'static str,
     unit: Option<Unit>,
@@ -403,7 +403,7 @@ struct CounterOf<T> {
 }
 
 /// Registers each of `counters` with a row per peer or link.
-fn register_counters<L, T>(registry: &mut Registry, rows: &[(L, &T)], counters: &[CounterOf<T>])
+fn register_counters<L, T>(registry: &mut Registry, rows: &[(L, &T)], counters: &[MetricOf<T>])
 where
     L: EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static,
 {
@@ -412,10 +412,34 @@ where
         for (labels, row) in rows {
             family.get_or_create(labels).inc_by((c.value)(row));
         }
-        match c.unit.clone() {
-            Some(unit) => registry.register_with_unit(c.name, c.help, unit, family),
-            None => registry.register(c.name, c.help, family),
+        register(registry, c, family);
+    }
+}
+
+/// Registers each of `gauges` with a row per peer or link.
+fn register_gauges<L, T>(registry: &mut Registry, rows: &[(L, &T)], gauges: &[MetricOf<T>])
+where
+    L: EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static,
+{
+    for g in gauges {
+        let family = Family::<L, Gauge>::default();
+        for (labels, row) in rows {
+            let value = i64::try_from((g.value)(row)).unwrap_or(i64::MAX);
+            family.get_or_create(labels).set(value);
         }
+        register(registry, g, family);
+    }
+}
+
+/// Registers `family` under `m`'s name, help and unit.
+fn register<T, M: prometheus_client::registry::Metric>(
+    registry: &mut Registry,
+    m: &MetricOf<T>,
+    family: M,
+) {
+    match m.unit.clone() {
+        Some(unit) => registry.register_with_unit(m.name, m.help, unit, family),
+        None => registry.register(m.name, m.help, family),
     }
 }
 
@@ -457,36 +481,35 @@ pub fn prometheus(s: &Status) -> String {
          down (the connection is held through outages): alert on ri2n_tunnel_link_up.",
         connected,
     );
-    let queued = Family::<PeerLabels, Gauge>::default();
-    for (labels, p) in &peer_rows {
-        queued
-            .get_or_create(labels)
-            .set(i64::try_from(p.queued_bytes).unwrap_or(i64::MAX));
-    }
-    registry.register_with_unit(
-        "ri2n_tunnel_queued",
-        "Bytes of IP packets queued for the peer and not sent yet: what a packet read from \
-         the interface now waits behind in this daemon, besides the links' windows.",
-        Unit::Bytes,
-        queued,
+    register_gauges(
+        &mut registry,
+        &peer_rows,
+        &[MetricOf {
+            name: "ri2n_tunnel_queued",
+            help: "Bytes of IP packets queued for the peer and not sent yet: what a packet \
+                   read from the interface now waits behind in this daemon, besides the \
+                   links' windows.",
+            unit: Some(Unit::Bytes),
+            value: |p: &PeerStatus| p.queued_bytes,
+        }],
     );
     register_counters(
         &mut registry,
         &peer_rows,
         &[
-            CounterOf {
+            MetricOf {
                 name: "ri2n_tunnel_packets_sent",
                 help: "IP packets sent to the peer.",
                 unit: None,
                 value: |p: &PeerStatus| p.packets_sent,
             },
-            CounterOf {
+            MetricOf {
                 name: "ri2n_tunnel_packets_received",
                 help: "IP packets received from the peer and written to the interface.",
                 unit: None,
                 value: |p| p.packets_received,
             },
-            CounterOf {
+            MetricOf {
                 name: "ri2n_tunnel_packets_dropped",
                 help: "IP packets dropped: no connection up, send queue full or too old, not \
                        written in time, received from another source than the peer's tunnel \
@@ -540,44 +563,41 @@ pub fn prometheus(s: &Status) -> String {
         Unit::Seconds,
         rtt,
     );
-    let window = Family::<LinkLabels, Gauge>::default();
-    let in_flight = Family::<LinkLabels, Gauge>::default();
-    for (labels, l) in &link_rows {
-        let gauge = |x: u64| i64::try_from(x).unwrap_or(i64::MAX);
-        window.get_or_create(labels).set(gauge(l.window_bytes));
-        in_flight
-            .get_or_create(labels)
-            .set(gauge(l.in_flight_bytes));
-    }
-    registry.register_with_unit(
-        "ri2n_tunnel_link_window",
-        "Congestion window of the link.",
-        Unit::Bytes,
-        window,
-    );
-    registry.register_with_unit(
-        "ri2n_tunnel_link_in_flight",
-        "Bytes sent on the link, neither acknowledged nor declared lost.",
-        Unit::Bytes,
-        in_flight,
+    register_gauges(
+        &mut registry,
+        &link_rows,
+        &[
+            MetricOf {
+                name: "ri2n_tunnel_link_window",
+                help: "Congestion window of the link.",
+                unit: Some(Unit::Bytes),
+                value: |l: &LinkStatus| l.window_bytes,
+            },
+            MetricOf {
+                name: "ri2n_tunnel_link_in_flight",
+                help: "Bytes sent on the link, neither acknowledged nor declared lost.",
+                unit: Some(Unit::Bytes),
+                value: |l| l.in_flight_bytes,
+            },
+        ],
     );
     register_counters(
         &mut registry,
         &link_rows,
         &[
-            CounterOf {
+            MetricOf {
                 name: "ri2n_tunnel_link_sent",
                 help: "Bytes sent on the link (datagrams).",
                 unit: Some(Unit::Bytes),
                 value: |l: &LinkStatus| l.bytes_sent,
             },
-            CounterOf {
+            MetricOf {
                 name: "ri2n_tunnel_link_received",
                 help: "Bytes received on the link (datagrams).",
                 unit: Some(Unit::Bytes),
                 value: |l| l.bytes_received,
             },
-            CounterOf {
+            MetricOf {
                 name: "ri2n_tunnel_link_lost_packets",
                 help: "Packets the link's loss detection declared lost.",
                 unit: None,
