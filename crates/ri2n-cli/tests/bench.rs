@@ -332,6 +332,16 @@ fn a_zero_length_test_is_a_usage_error() {
     }
 }
 
+/// The goodput of a row of the timeline (`  0.20-0.40   6.15 Gbit/s ...`), if `line` is one.
+fn interval_row(line: &str) -> Option<f64> {
+    let mut words = line.split_whitespace();
+    let span = words.next()?;
+    if !(span.contains('-') && span.starts_with(char::is_numeric)) {
+        return None;
+    }
+    words.next()?.parse().ok()
+}
+
 /// SIGTERM to `ri2n serve` in the middle of a test, on either transport: the server aborts
 /// every client's connection with the reason before it exits 143, so the client reports why
 /// its test ended (exit 4) instead of finding the server gone.
@@ -360,8 +370,11 @@ fn a_client_learns_that_the_server_was_interrupted() {
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped()),
         );
-        // the test under way: its second interval's row is out
-        client.wait_for_stderr("0.20-", Duration::from_secs(10));
+        // the test under way: its second interval's row is out (a row starts where the last
+        // ended, which a late timer moves: 0.21 as well as 0.20)
+        client.wait_for_stderr_that("a second interval", Duration::from_secs(10), |text| {
+            text.lines().filter(|l| interval_row(l).is_some()).count() >= 2
+        });
         server.signal(libc::SIGTERM);
         let (s, so) = server.wait(Duration::from_secs(10));
         let (c, co) = client.wait(Duration::from_secs(10));
@@ -377,16 +390,9 @@ fn a_client_learns_that_the_server_was_interrupted() {
             "{transport}: {server_err}"
         );
         // the premise: the test was moving data when the server was stopped
-        let moved = text.lines().any(|l| {
-            let mut words = l.split_whitespace();
-            let row = words
-                .next()
-                .is_some_and(|w| w.contains('-') && w.starts_with(char::is_numeric));
-            row && words
-                .next()
-                .and_then(|g| g.parse::<f64>().ok())
-                .is_some_and(|g| g > 0.0)
-        });
+        let moved = text
+            .lines()
+            .any(|l| interval_row(l).is_some_and(|goodput| goodput > 0.0));
         assert!(
             moved,
             "{transport}: no data moved before the signal: {text}"

@@ -111,6 +111,18 @@ impl Proc {
     /// hopes for. From the first call on its stderr is read as it comes (and `wait` returns
     /// all of it). Panics after `limit`, or if the process exits first.
     pub fn wait_for_stderr(&mut self, needle: &str, limit: Duration) {
+        let what = format!("{needle:?}");
+        self.wait_for_stderr_that(&what, limit, |text| text.contains(needle));
+    }
+
+    /// [`wait_for_stderr`](Self::wait_for_stderr) for what `done` finds in the stderr so far,
+    /// described as `what`.
+    pub fn wait_for_stderr_that(
+        &mut self,
+        what: &str,
+        limit: Duration,
+        done: impl Fn(&str) -> bool,
+    ) {
         if self.stderr_seen.is_none() {
             let child = self.child.as_mut().expect("a process not waited for");
             let mut pipe = child.stderr.take().expect("stderr piped");
@@ -124,12 +136,12 @@ impl Proc {
             });
             self.stderr_seen = Some((seen, reader));
         }
-        let (deadline, what) = (Instant::now() + limit, format!("it wrote {needle:?}"));
-        while !self.stderr_text().contains(needle) {
-            self.assert_running(&what);
+        let deadline = Instant::now() + limit;
+        while !done(&self.stderr_text()) {
+            self.assert_running(&format!("it wrote {what}"));
             assert!(
                 Instant::now() < deadline,
-                "{} did not write {needle:?} within {limit:?}; stderr:\n{}",
+                "{} did not write {what} within {limit:?}; stderr:\n{}",
                 self.name,
                 self.stderr_text()
             );
