@@ -74,7 +74,8 @@ def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, ke
                  encryption=doc.get("encryption"),
                  datagram=[l.get("max_datagram") for l in doc["links"]],
                  shares=[l.get("share") for l in doc["links"]],
-                 lost=sum(l.get("packets_lost") or 0 for l in doc["links"]))
+                 lost=sum(l.get("packets_lost") or 0 for l in doc["links"]),
+                 send_limits=doc.get("send_limits"))
     return r
 
 

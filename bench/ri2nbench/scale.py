@@ -603,6 +603,29 @@ def tables(res, brief):
                      "to send that it waited for room in its send buffer, and for the "
                      "receiver's window (the rest: its congestion window or pacing); its "
                      "congestion window; its smallest round trip: %s." % "; ".join(limits))
+        # what held ri2n's own senders back, in their account (`send --json`'s send_limits)
+        def shares_of(runs, *fields):
+            return [sum(x[f] for f in fields) / sum(x.values()) for x in runs]
+
+        held = []
+        for c in labs:
+            for k in tools:
+                runs = [r[k]["send_limits"] for r in c["runs"]
+                        if sum((r[k].get("send_limits") or {}).values()) > 0]
+                if runs:
+                    held.append("%d links %s %s, %s, %s, %s" % (
+                        c["links"], names[k],
+                        cell(shares_of(runs, "sending"), "%.0f %%", 100),
+                        cell(shares_of(runs, "congestion_window", "pacing"), "%.0f %%", 100),
+                        cell(shares_of(runs, "peer_window"), "%.0f %%", 100),
+                        cell(shares_of(runs, "send_buffer"), "%.0f %%", 100)))
+        if held:
+            L.append("")
+            L.append("What held ri2n's sender back, in its own account (`send --json`'s "
+                     "`send_limits`): of the time it was busy, the share it sent at its own "
+                     "pace (its CPU the bound), waited for its links' congestion windows or "
+                     "pacing, for the receiver's window, and for acknowledgements to free its "
+                     "send buffer: %s." % "; ".join(held))
         L.append("")
         links_read = any(r[k].get("links_lost") for c in labs for r in c["runs"] for k in tools)
         L.append("iperf3's retransmissions per transfer, and the packets each tunnel daemon "

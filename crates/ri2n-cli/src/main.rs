@@ -435,7 +435,12 @@ pub struct SendArgs {
 
     /// Print a JSON summary on stdout: bytes, seconds, goodput, checksum (XXH3-64 of the bytes,
     /// hex; `recv` prints the same for the same data; null with --no-checksum), per-link
-    /// counters. A failure prints `{"command": ..., "error": ..., "exit_code": ...}` instead.
+    /// counters, and `send_limits`: of the seconds the sender was busy (something sent and
+    /// not yet acknowledged, or waiting), those it sent at its own pace (`sending`: its CPU
+    /// the bound) and those it waited for the links' `congestion_window` or `pacing`, the
+    /// receiver's window (`peer_window`), acknowledgements to free its `send_buffer`, or a
+    /// link (`no_link`); null on the TCP transport, whose sending the kernel does. A failure
+    /// prints `{"command": ..., "error": ..., "exit_code": ...}` instead.
     #[arg(long, short = 'J')]
     pub json: bool,
 

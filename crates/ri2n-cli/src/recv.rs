@@ -510,6 +510,7 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
         links: LinkSummary::all(&conn.stats().links, true),
         link_events: events.events,
         dropped: crate::report::dropped(&endpoint.dropped_datagrams()),
+        send_limits: None,
     };
     summary.emit(args.quiet, args.json)
 }

@@ -42,6 +42,25 @@ fn one_gib_with_a_link_losing_20_percent() {
         lossy["packets_lost"].as_u64() > Some(0),
         "the lossy link lost nothing: {lossy}"
     );
+    // the sender's account of what held it back covers the transfer, and no more: it was
+    // busy (something unacknowledged) nearly throughout
+    let limits = doc["send_limits"].as_object().expect("send_limits");
+    let busy: f64 = [
+        "sending",
+        "congestion_window",
+        "pacing",
+        "peer_window",
+        "send_buffer",
+        "no_link",
+    ]
+    .iter()
+    .map(|k| limits[*k].as_f64().expect(k))
+    .sum();
+    let seconds = doc["seconds"].as_f64().unwrap();
+    assert!(
+        busy > seconds / 2.0 && busy <= seconds * 1.01,
+        "{busy} s busy of {seconds}: {doc}"
+    );
 }
 
 /// A transfer's memory stays within its buffers however long it runs: through 1 GiB from a

@@ -219,6 +219,7 @@ fn over_tcp_the_links_that_carried_a_transfer_came_up() {
     ] {
         assert!(json["links"][0][field].is_null(), "{field}: {json}");
     }
+    assert!(json["send_limits"].is_null(), "the kernel sends: {json}");
     let (r, ro) = recv.wait(Duration::from_secs(10));
     let log = stderr_of(&ro);
     assert_eq!(r.code(), Some(0), "recv: {log}");

@@ -272,6 +272,12 @@ impl SendStream {
             || (self.fin_pending && self.next_new == self.written)
     }
 
+    /// Whether data written waits for the peer's receive window alone: none of it is lost,
+    /// and the window lets no more of it out.
+    pub fn waits_for_peer_window(&self) -> bool {
+        self.retransmit.is_empty() && self.next_new < self.written && self.next_new >= self.max_data
+    }
+
     /// Whether no new data can go out because the peer's window or our send buffer is used
     /// up, and nothing lost waits to be sent again: both limits are held by the lowest
     /// unacknowledged bytes. Not while everything sent is acknowledged (a peer that reads

@@ -1715,3 +1715,118 @@ fn a_reset_from_an_address_the_peer_never_answered_from_is_ignored() {
     );
     assert_eq!(got, total, "the stream arrived whole");
 }
+
+/// Reads what `conn`'s byte stream holds, checking byte `i` is `pattern(i)`; `got` counts.
+fn read_pattern(conn: &mut Connection, got: &mut u64) {
+    let mut buf = vec![0u8; 65536];
+    loop {
+        match conn.read(&mut buf) {
+            Ok(0) | Err(ReadError::Blocked) => return,
+            Ok(n) => {
+                for (i, &x) in buf[..n].iter().enumerate() {
+                    assert_eq!(x, pattern(*got + i as u64), "byte {}", *got + i as u64);
+                }
+                *got += n as u64;
+            }
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+}
+
+/// A reader that stops reading holds its sender back by its receive window: the sender counts
+/// that wait as the peer's window, not as sending, and the stream arrives whole once read.
+#[test]
+fn a_sender_counts_the_wait_for_a_reader_that_stopped_as_the_peers_window() {
+    const WINDOW: u64 = 64 * 1024;
+    const TOTAL: u64 = 1 << 20;
+    let mut config = ConnectionConfig::default();
+    config.stream_receive_window = WINDOW;
+    let mut tb = connected_pair_with(&[addr("10.0.0.1:5000")], &[addr("10.0.0.2:6000")], config);
+    tb.establish();
+    let (ch, sh) = (tb.ch, tb.sh.expect("accepted"));
+    let mut sent = 0;
+    // the reader does not read for a second
+    tb.advance(Duration::from_secs(1), |tb| {
+        write_pattern(
+            tb.client.connection_mut(ch).unwrap(),
+            &mut sent,
+            TOTAL,
+            pattern,
+        );
+    });
+    let server = tb.server.connection(sh).unwrap();
+    assert_eq!(
+        server.stats().recv_buffered,
+        WINDOW,
+        "the window is full, unread"
+    );
+    let waited = tb.client_conn().stats().send_limits;
+    // then it reads everything
+    let mut got = 0;
+    tb.run_until(tb.now() + Duration::from_secs(5), |tb| {
+        write_pattern(
+            tb.client.connection_mut(ch).unwrap(),
+            &mut sent,
+            TOTAL,
+            pattern,
+        );
+        read_pattern(tb.server.connection_mut(sh).unwrap(), &mut got);
+        got == TOTAL
+    });
+    let after = tb.client_conn().stats().send_limits;
+    assert!(
+        waited.peer_window > Duration::from_millis(990) && waited.peer_window <= waited.total(),
+        "{waited:?}"
+    );
+    assert!(waited.sending < Duration::from_millis(10), "{waited:?}");
+    assert!(
+        after.sending > waited.sending,
+        "the rest was sent: {after:?}"
+    );
+}
+
+/// While every link is down, data written counts as held back by the outage: first by the
+/// windows its lost packets fill, then, once the links are declared down, as no link. The
+/// stream arrives whole after the heal.
+#[test]
+fn a_sender_counts_an_outage_of_every_link_as_no_link() {
+    const TOTAL: u64 = 8 << 20;
+    let b = [addr("10.0.0.2:6000"), addr("10.1.0.2:6000")];
+    let mut tb = connected_pair(&[addr("10.0.0.1:5000"), addr("10.1.0.1:5000")], &b);
+    let sh = until_two_links_up(&mut tb);
+    let ch = tb.ch;
+    let (mut sent, mut got) = (0, 0);
+    let pump = |tb: &mut Testbed, sent: &mut u64, got: &mut u64| {
+        write_pattern(tb.client.connection_mut(ch).unwrap(), sent, TOTAL, pattern);
+        read_pattern(tb.server.connection_mut(sh).unwrap(), got);
+    };
+    let before = tb.client_conn().stats().send_limits;
+    cut(&mut tb, Dir::AToB, true);
+    cut(&mut tb, Dir::BToA, true);
+    // the data is written during the outage
+    tb.advance(Duration::from_secs(2), |tb| pump(tb, &mut sent, &mut got));
+    let links = tb.client_conn().stats().links;
+    assert!(
+        links.iter().all(|l| l.state != LinkState::Up),
+        "the outage was seen: {links:?}"
+    );
+    assert!(sent > got, "data waited through the outage");
+    cut(&mut tb, Dir::AToB, false);
+    cut(&mut tb, Dir::BToA, false);
+    tb.run_until(tb.now() + Duration::from_secs(10), |tb| {
+        pump(tb, &mut sent, &mut got);
+        got == TOTAL
+    });
+    let after = tb.client_conn().stats().send_limits;
+    let no_link = after.no_link - before.no_link;
+    let windows = after.congestion_window - before.congestion_window;
+    // until the links were declared down, then until the heal was seen
+    assert!(
+        windows > Duration::from_millis(100) && windows < Duration::from_millis(250),
+        "{after:?}"
+    );
+    assert!(
+        no_link > Duration::from_millis(1750) && no_link + windows < Duration::from_millis(2100),
+        "{after:?}"
+    );
+}

@@ -60,8 +60,8 @@ pub use ri2n_proto::{
     datagram_capacity, Cipher, ConnectError, ConnectionConfig, ConnectionError, ConnectionState,
     ConnectionStats, DropCounts, DropReason, EndpointConfig, Event, Key, KeyError, KeyMismatch,
     KeyReadError, LinkId, LinkState, LinkStats, LinkThreads, ReadError, RefusalReason,
-    RefusedHandshake, SendThreads, Shard, Striping, Transport, WriteError, KEY_FILE_MAX,
-    MAX_DATAGRAM_LEN, MAX_LINKS, MAX_SHARDS, SHARDS_LIMIT,
+    RefusedHandshake, SendLimits, SendThreads, Shard, Striping, Transport, WriteError,
+    KEY_FILE_MAX, MAX_DATAGRAM_LEN, MAX_LINKS, MAX_SHARDS, SHARDS_LIMIT,
 };
 
 use shards::Shards;

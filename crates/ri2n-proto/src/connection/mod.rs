@@ -16,6 +16,7 @@
 mod health;
 mod packets;
 mod scheduler;
+mod send_limits;
 mod timers;
 
 use std::collections::VecDeque;
@@ -35,6 +36,8 @@ use crate::{
     ConnectionConfig, ConnectionError, DropReason, Event, LinkId, LinkState, LinkStats, ReadError,
     WriteError,
 };
+use send_limits::SendClock;
+pub use send_limits::SendLimits;
 
 /// Where a connection is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,6 +110,10 @@ pub struct ConnectionStats {
     /// Datagrams queued to be sent now (one partly sent counts), and their bytes not sent
     /// yet: what a datagram queued now waits behind, besides the links' windows.
     pub datagrams_queued: (usize, u64),
+    /// Of the time the connection was busy (something to send or awaiting acknowledgement),
+    /// how long it sent and how long it waited, and for what (up to its last send decision;
+    /// zero on the TCP transport, which leaves the sending to the kernel).
+    pub send_limits: SendLimits,
 }
 
 impl ConnectionStats {
@@ -132,6 +139,7 @@ impl ConnectionStats {
             datagrams_duplicate: 0,
             datagrams_waiting: (0, 0),
             datagrams_queued: (0, 0),
+            send_limits: SendLimits::default(),
         }
     }
 }
@@ -205,6 +213,8 @@ pub struct Connection {
     /// [`Event::AllAcknowledged`] was emitted.
     all_acknowledged: bool,
     scheduling: Scheduling,
+    /// What held the sender back, over the connection's life.
+    send_clock: SendClock,
     last_rx: Instant,
     next_share_check: Instant,
     scratch: AckOutcome,
@@ -468,6 +478,10 @@ struct Scheduling {
     last_arrival_link: usize,
     /// Earliest time pacing lets a waiting data packet out.
     pacing_wakeup: Option<Instant>,
+    /// Why the last choice of a link for data in this send decision found none (what
+    /// [`Schedule::pick`](scheduler::Schedule) returned): `None` when it found one, or
+    /// was not made.
+    data_blocked: Option<Option<Instant>>,
 }
 
 impl Connection {
@@ -602,6 +616,7 @@ impl Connection {
             writer_told: [false; 2],
             all_acknowledged: false,
             scheduling: Scheduling::default(),
+            send_clock: SendClock::default(),
             last_rx: now,
             pings_owed: 0,
             indexed_deadline: None,
@@ -1099,6 +1114,7 @@ impl Connection {
             datagrams_duplicate: self.datagrams.incoming.duplicates,
             datagrams_waiting: self.datagrams.incoming.waiting(),
             datagrams_queued: self.datagrams.outgoing.queued(),
+            send_limits: self.send_clock.totals(),
             key_updates: self
                 .handshake
                 .protection

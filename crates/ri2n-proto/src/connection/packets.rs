@@ -16,6 +16,7 @@ use crate::wire::{self, Header, Writer};
 use crate::{LinkId, LinkState};
 
 use super::scheduler::Schedule;
+use super::send_limits::SendState;
 use super::{CloseRepeat, Connection, ConnectionState, HandshakeStage, CLOSE_DONE};
 
 /// Room a CLOSE of code 0 with an empty reason needs after the acknowledgements before it.
@@ -60,6 +61,15 @@ impl Connection {
     /// Builds the next datagram into `out` and, if it was data and `out` wants more, the rest
     /// of a burst of data at this instant.
     pub(crate) fn poll_transmit(&mut self, now: Instant, out: &mut dyn TransmitBuffer) -> Built {
+        self.scheduling.data_blocked = None;
+        let built = self.build_datagrams(now, out);
+        let state = self.send_state();
+        self.send_clock.enter(now, state);
+        built
+    }
+
+    /// [`Self::poll_transmit`]'s packets.
+    fn build_datagrams(&mut self, now: Instant, out: &mut dyn TransmitBuffer) -> Built {
         let mut schedule = None;
         let Some(t) = self.next_datagram(now, out, &mut schedule) else {
             return Built {
@@ -87,6 +97,34 @@ impl Connection {
     /// control frames the packets had no room for, acknowledgements due.
     fn nothing_due_after_data(&self, now: Instant) -> bool {
         !self.data_waiting() && !self.control_waiting() && !self.ack_due(now)
+    }
+
+    /// What held the sender back after a send decision ([`SendState`]). Data still waiting
+    /// went out unless the last choice of a link for it found none (`data_blocked`). With
+    /// nothing held back, the connection is sending (at its own pace: its application's,
+    /// its thread's) while anything it sent awaits acknowledgement, and idle otherwise: as
+    /// Linux counts a TCP connection busy while it has data in flight.
+    fn send_state(&self) -> SendState {
+        if !self.can_send_short() {
+            SendState::Idle
+        } else if self.data_waiting() {
+            match self.scheduling.data_blocked {
+                _ if !self.links.iter().any(|l| l.is_up()) => SendState::NoLink,
+                None => SendState::Sending,
+                Some(Some(_)) => SendState::Pacing,
+                Some(None) => SendState::CongestionWindow,
+            }
+        } else if self.send.iter().any(SendStream::waits_for_peer_window) {
+            SendState::PeerWindow
+        } else if self.write_wants.iter().any(Option::is_some) {
+            SendState::SendBuffer
+        } else if self.send.iter().any(|s| s.buffered() > 0)
+            || self.links.iter().any(|l| l.bytes_in_flight() > 0)
+        {
+            SendState::Sending
+        } else {
+            SendState::Idle
+        }
     }
 
     /// Whether datagrams or stream data wait to be sent.
@@ -117,8 +155,12 @@ impl Connection {
     ) -> usize {
         let mut built = 0;
         while built + 1 < MAX_BURST && out.wants_more() && self.data_waiting() {
-            let Some(i) = self.pick_next_data_link(schedule, now) else {
-                break;
+            let i = match self.pick_next_data_link(schedule, now) {
+                Ok(i) => i,
+                Err(wake) => {
+                    self.scheduling.data_blocked = Some(wake);
+                    break;
+                }
             };
             let t = self.transmit(now, i, PacketKind::Data, out);
             schedule.sent_on(i, &self.links[i], now);
@@ -204,7 +246,10 @@ impl Connection {
                     }
                     return Some(t);
                 }
-                Err(wake) => self.scheduling.pacing_wakeup = wake,
+                Err(wake) => {
+                    self.scheduling.pacing_wakeup = wake;
+                    self.scheduling.data_blocked = Some(wake);
+                }
             }
         }
         // control frames do not wait for congestion windows

@@ -173,8 +173,8 @@ impl Connection {
         &mut self,
         schedule: &mut Schedule,
         now: Instant,
-    ) -> Option<usize> {
-        self.pick_with(schedule, now).ok()
+    ) -> Result<usize, Option<Instant>> {
+        self.pick_with(schedule, now)
     }
 
     /// [`Schedule::pick`], with the link of the last data packet if it was sent at `now` (a
