@@ -263,6 +263,7 @@ def tunnel_transfer(lab, links, src, nbytes, parallel=1, extra=(), wmem=None):
             r = iperf_transfer(lab, nbytes, mptcp=False, src=src, to="10.99.0.2",
                                sampler=sampler, parallel=parallel, tcp_info=True)
             r["waits"] = waits.stop()
+            r["send_limits"] = (r["waits"] or {}).get("send_limits")
             r["threads"] = {h: sampler.top(h) for h in daemons}
             r["queues"] = int(queues.group(1)) if queues else None
             counts = {h: tunnel_counts(lab, h) for h in daemons}
@@ -283,7 +284,9 @@ class TunnelStatusSampler(common.LoopSampler):
     """Where inner TCP's packets waited in the sending daemon while a transfer ran: its status
     (`ri2n tunnel status --json`, sampled by the daemon each second) every half second, of
     the samples in which its links sent 100 Mbit/s or more: the most queued for the peer, the
-    most in flight on its links together, their windows together and their round trips."""
+    most in flight on its links together, their windows together and their round trips; and
+    what held its connections back between the first and the last of those samples (their
+    `send_limits`, seconds, summed over the peers), where the daemon reports it."""
 
     def __init__(self, lab, host, seconds=120):
         super().__init__(lab, host, "%s tunnel status --json --name %s" % (common.RI2N, host),
@@ -302,13 +305,23 @@ class TunnelStatusSampler(common.LoopSampler):
             rows.append({"queued": sum(p.get("queued_bytes", 0) for p in peers),
                          "in_flight": sum(l.get("in_flight_bytes", 0) for l in links),
                          "window": sum(l.get("window_bytes", 0) for l in links),
-                         "rtt_us": [l["rtt_us"] for l in links if l.get("rtt_us")]})
+                         "rtt_us": [l["rtt_us"] for l in links if l.get("rtt_us")],
+                         "held": held_by(peers)})
         if not rows:
             return None
+        first, last = rows[0]["held"], rows[-1]["held"]
         return {"samples": len(rows), "queued_max": max(r["queued"] for r in rows),
                 "in_flight_max": max(r["in_flight"] for r in rows),
                 "window": med([r["window"] for r in rows]),
-                "rtt_us": med([x for r in rows for x in r["rtt_us"]])}
+                "rtt_us": med([x for r in rows for x in r["rtt_us"]]),
+                "send_limits": first and last and {f: last[f] - first[f] for f in last}}
+
+
+def held_by(peers):
+    """The `send_limits` of the connected peers of a tunnel status, summed field by field;
+    None if the daemon reports none (an older build)."""
+    held = [p["send_limits"] for p in peers if p.get("send_limits")]
+    return {f: sum(h[f] for h in held) for f in held[0]} if held else None
 
 
 def set_wmem_max(lab, nbytes):
@@ -622,7 +635,8 @@ def tables(res, brief):
         if held:
             L.append("")
             L.append("What held ri2n's sender back, in its own account (`send --json`'s "
-                     "`send_limits`): of the time it was busy, the share it sent at its own "
+                     "`send_limits`; through the tunnel, the sending daemon's status between "
+                     "its first and last busy sample): of the time it was busy, the share it sent at its own "
                      "pace (its CPU the bound), waited for its links' congestion windows or "
                      "pacing, for the receiver's window, and for acknowledgements to free its "
                      "send buffer: %s." % "; ".join(held))

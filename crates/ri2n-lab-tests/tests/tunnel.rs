@@ -435,6 +435,13 @@ fn a_three_host_tunnel_carries_tcp_through_a_dead_switch_and_a_partition() {
         let loss = l["loss"].as_f64().unwrap_or(f64::NAN);
         assert!((0.0..=1.0).contains(&loss), "loss {loss}: {status}");
     }
+    // and what held the connection to b back: its windows, full of what the dead links
+    // lost, then no link
+    let b = (status["peers"].as_array().into_iter().flatten()).find(|p| p["name"] == "b");
+    let held = &b.expect("peer b")["send_limits"];
+    let outage_s =
+        held["congestion_window"].as_f64().unwrap_or(0.0) + held["no_link"].as_f64().unwrap_or(0.0);
+    assert!(outage_s > 0.1, "{status}");
     let rates = interval_rates(&r);
     let tenth = |d: Duration| (d.as_millis() / 100) as usize;
     // the premise: nothing moved through the second half of the outage (the sender's

@@ -104,7 +104,36 @@ pub struct PeerStatus {
     pub queued_packets: usize,
     #[serde(default)]
     pub queued_bytes: u64,
+    /// While connected: of the seconds the connection to the peer was busy sending, those
+    /// it sent at its own pace and those it waited, and for what (since it was made; see
+    /// [`ri2n::SendLimits`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_limits: Option<SendLimitsStatus>,
     pub links: Vec<LinkStatus>,
+}
+
+/// [`ri2n::SendLimits`] in seconds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SendLimitsStatus {
+    pub sending: f64,
+    pub congestion_window: f64,
+    pub pacing: f64,
+    pub peer_window: f64,
+    pub send_buffer: f64,
+    pub no_link: f64,
+}
+
+impl From<&ri2n::SendLimits> for SendLimitsStatus {
+    fn from(l: &ri2n::SendLimits) -> Self {
+        Self {
+            sending: l.sending.as_secs_f64(),
+            congestion_window: l.congestion_window.as_secs_f64(),
+            pacing: l.pacing.as_secs_f64(),
+            peer_window: l.peer_window.as_secs_f64(),
+            send_buffer: l.send_buffer.as_secs_f64(),
+            no_link: l.no_link.as_secs_f64(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -269,6 +298,7 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
                 packets_dropped: 0,
                 queued_packets: 0,
                 queued_bytes: 0,
+                send_limits: None,
                 links: Vec::new(),
             };
             let previous = previous.entry(host.name.clone()).or_default();
@@ -284,6 +314,7 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
             p.state = "connected".into();
             p.encryption = Some(s.cipher.map_or("none", |c| c.name()).into());
             (p.queued_packets, p.queued_bytes) = s.datagrams_queued;
+            p.send_limits = Some((&s.send_limits).into());
             p.links = previous.sample(Identity::of(&conn), &s.links, now);
             status.peers.push(p);
         }
@@ -872,6 +903,7 @@ pub(crate) mod tests {
                 packets_dropped: 0,
                 queued_packets: 3,
                 queued_bytes: 70_000,
+                send_limits: None,
                 links: vec![link("up", Some(250)), link("down", None)],
             }],
         }
