@@ -636,10 +636,10 @@ def tables(res, brief):
             L.append("")
             L.append("What held ri2n's sender back, in its own account (`send --json`'s "
                      "`send_limits`; through the tunnel, the sending daemon's status between "
-                     "its first and last busy sample): of the time it was busy, the share it sent at its own "
-                     "pace (its CPU the bound), waited for its links' congestion windows or "
-                     "pacing, for the receiver's window, and for acknowledgements to free its "
-                     "send buffer: %s." % "; ".join(held))
+                     "its first and last busy sample): of the time it was busy, the share it "
+                     "sent at its own pace (its CPU the bound), waited for its links' "
+                     "congestion windows or pacing, for the receiver's window, and for "
+                     "acknowledgements to free its send buffer: %s." % "; ".join(held))
         L.append("")
         links_read = any(r[k].get("links_lost") for c in labs for r in c["runs"] for k in tools)
         L.append("iperf3's retransmissions per transfer, and the packets each tunnel daemon "

@@ -292,39 +292,17 @@ pub struct TransferSummary {
     /// out): what strangers and attackers sent.
     pub dropped: BTreeMap<String, u64>,
     /// What held the sender back (`send` over the UDP transport; null otherwise).
-    pub send_limits: Option<SendLimitsSummary>,
+    pub send_limits: Option<ri2n_tunnel::SendLimitsSeconds>,
 }
 
-/// Of the time a sender had data to send, how many seconds it sent and how many it waited,
-/// and for what ([`ri2n::SendLimits`]): a transfer slower than its links with most of its
-/// time `sending` was held back by the sender's own speed (its CPU); one waiting for
-/// `congestion_window` or `pacing` by the links, for `peer_window` by the receiver's reading,
-/// for `send_buffer` by acknowledgements.
-#[derive(Debug, Serialize)]
-pub struct SendLimitsSummary {
-    pub sending: f64,
-    pub congestion_window: f64,
-    pub pacing: f64,
-    pub peer_window: f64,
-    pub send_buffer: f64,
-    pub no_link: f64,
-}
-
-impl SendLimitsSummary {
-    /// The summary of a connection's sender; `None` on the TCP transport, whose sending the
-    /// kernel does (it counts no packets, and no time).
-    pub fn of(stats: &ri2n::ConnectionStats) -> Option<Self> {
-        let l = &stats.send_limits;
-        let udp = stats.links.iter().any(|l| l.counts_packets);
-        udp.then_some(Self {
-            sending: l.sending.as_secs_f64(),
-            congestion_window: l.congestion_window.as_secs_f64(),
-            pacing: l.pacing.as_secs_f64(),
-            peer_window: l.peer_window.as_secs_f64(),
-            send_buffer: l.send_buffer.as_secs_f64(),
-            no_link: l.no_link.as_secs_f64(),
-        })
-    }
+/// What held a connection's sender back ([`ri2n::SendLimits`]), for summaries: a transfer
+/// slower than its links with most of its time `sending` was held back by the sender's own
+/// speed (its CPU); one waiting for `congestion_window` or `pacing` by the links, for
+/// `peer_window` by the receiver's reading, for `send_buffer` by acknowledgements. `None` on
+/// the TCP transport, whose sending the kernel does (it counts no packets, and no time).
+pub fn send_limits(stats: &ri2n::ConnectionStats) -> Option<ri2n_tunnel::SendLimitsSeconds> {
+    let udp = stats.links.iter().any(|l| l.counts_packets);
+    udp.then(|| (&stats.send_limits).into())
 }
 
 /// The endpoint's drop counts by reason, for summaries (reasons with none left out).

@@ -14,7 +14,7 @@ use crate::interrupt;
 use crate::monitor::{Direction, Monitor};
 use crate::net;
 use crate::progress::Progress;
-use crate::report::{bps, EventLog, LinkSummary, SendLimitsSummary, TransferSummary};
+use crate::report::{bps, EventLog, LinkSummary, TransferSummary};
 use crate::SendArgs;
 
 /// Bytes read before they are handed to the connection, whole (no copy): large enough that
@@ -216,7 +216,7 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
         links: LinkSummary::all(&conn.stats().links, false),
         link_events: events.events,
         dropped: crate::report::dropped(&endpoint.dropped_datagrams()),
-        send_limits: SendLimitsSummary::of(&conn.stats()),
+        send_limits: crate::report::send_limits(&conn.stats()),
     };
     summary.emit(args.quiet, args.json)
 }

@@ -42,8 +42,9 @@ fn one_gib_with_a_link_losing_20_percent() {
         lossy["packets_lost"].as_u64() > Some(0),
         "the lossy link lost nothing: {lossy}"
     );
-    // the sender's account of what held it back covers the transfer, and no more: it was
-    // busy (something unacknowledged) nearly throughout
+    // the sender's account of what held it back covers the transfer: it was busy (something
+    // unacknowledged) nearly throughout, and on through the close that follows the last
+    // acknowledgement (where `seconds` ends)
     let limits = doc["send_limits"].as_object().expect("send_limits");
     let busy: f64 = [
         "sending",
@@ -58,7 +59,7 @@ fn one_gib_with_a_link_losing_20_percent() {
     .sum();
     let seconds = doc["seconds"].as_f64().unwrap();
     assert!(
-        busy > seconds / 2.0 && busy <= seconds * 1.01,
+        busy > seconds / 2.0 && busy < seconds + 1.0,
         "{busy} s busy of {seconds}: {doc}"
     );
 }

@@ -53,7 +53,7 @@ pub use config::{Cluster, ConfigError, Host, DEFAULT_INTERFACE, DEFAULT_PORT, DE
 pub use peers::Reload;
 pub use status::{
     query as query_status, request_reload, table as status_table, LinkStatus, PeerStatus,
-    ReloadError, Status,
+    ReloadError, SendLimitsSeconds, Status,
 };
 
 use device::Tun;

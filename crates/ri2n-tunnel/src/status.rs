@@ -108,13 +108,14 @@ pub struct PeerStatus {
     /// it sent at its own pace and those it waited, and for what (since it was made; see
     /// [`ri2n::SendLimits`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub send_limits: Option<SendLimitsStatus>,
+    pub send_limits: Option<SendLimitsSeconds>,
     pub links: Vec<LinkStatus>,
 }
 
-/// [`ri2n::SendLimits`] in seconds.
+/// [`ri2n::SendLimits`] in seconds, as `tunnel status --json` prints them per peer (and
+/// `ri2n send --json` for its connection).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SendLimitsStatus {
+pub struct SendLimitsSeconds {
     pub sending: f64,
     pub congestion_window: f64,
     pub pacing: f64,
@@ -123,7 +124,7 @@ pub struct SendLimitsStatus {
     pub no_link: f64,
 }
 
-impl From<&ri2n::SendLimits> for SendLimitsStatus {
+impl From<&ri2n::SendLimits> for SendLimitsSeconds {
     fn from(l: &ri2n::SendLimits) -> Self {
         Self {
             sending: l.sending.as_secs_f64(),

@@ -1,17 +1,16 @@
 //! What held the sender back: of the time the connection was busy (it had data or datagrams
 //! to send, or sent ones not yet acknowledged), how much it spent sending and how much
-//! waiting, and for what (the links' congestion windows,
-//! pacing, the peer's receive window, acknowledgements to free the send buffer, no link up). The same account Linux keeps for a TCP
-//! connection (`tcp_info`'s busy, receive-window-limited and send-buffer-limited times), so
-//! that a transfer slower than its links can be told apart: a sender that waited for nothing
-//! was held back by its own speed (its CPU, its driver), one that waited for windows by the
-//! path or the peer.
+//! waiting, and for what (the links' congestion windows, pacing, the peer's receive window,
+//! acknowledgements to free the send buffer, no link up). The same account Linux keeps for a
+//! TCP connection (`tcp_info`'s busy, receive-window-limited and send-buffer-limited times),
+//! so that a transfer slower than its links can be told apart: a sender that waited for
+//! nothing was held back by its own speed (its CPU, its driver), one that waited for windows
+//! by the path or the peer.
 //!
-//! The state is decided at each of the connection's send decisions ([`Connection::
-//! poll_transmit`](super::Connection)), and the time since the last decision is put down to
-//! the state that decision found. The totals therefore run up to the last decision: a
-//! connection waiting for a window sends nothing and decides nothing until an
-//! acknowledgement or a timer comes, and that wait is counted then.
+//! The state is decided at each of the connection's send decisions (`poll_transmit`), and the
+//! time since the last decision is put down to the state that decision found. The totals
+//! therefore run up to the last decision: a connection waiting for a window sends nothing and
+//! decides nothing until an acknowledgement or a timer comes, and that wait is counted then.
 
 use std::time::{Duration, Instant};
 
