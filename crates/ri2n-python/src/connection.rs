@@ -494,6 +494,10 @@ impl PyConnection {
     /// ``packets_received``/``packets_lost``, ``stream_bytes_sent``/``stream_bytes_acked``,
     /// ``max_datagram``, ``refusals``, and ``counts_packets``: false on the TCP transport,
     /// where the packet counts, ``max_datagram`` and ``refusals`` are not kept (they read 0).
+    /// ``"send_limits"`` says what held the sender back: of the seconds it was busy, those it
+    /// sent at its own pace (``sending``) and those it waited for the links'
+    /// ``congestion_window`` or ``pacing``, the peer's window (``peer_window``), room in its
+    /// ``send_buffer``, or a link (``no_link``); all 0 on the TCP transport.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let conn = self.get()?;
         let stats = py.detach(|| conn.stats());
@@ -677,6 +681,19 @@ fn stats_dict<'py>(py: Python<'py>, s: &ConnectionStats) -> PyResult<Bound<'py, 
     d.set_item("datagrams_reordered", s.datagrams_reordered)?;
     d.set_item("datagrams_duplicate", s.datagrams_duplicate)?;
     d.set_item("datagrams_waiting", s.datagrams_waiting)?;
+    let held = &s.send_limits;
+    let limits = PyDict::new(py);
+    for (name, t) in [
+        ("sending", held.sending),
+        ("congestion_window", held.congestion_window),
+        ("pacing", held.pacing),
+        ("peer_window", held.peer_window),
+        ("send_buffer", held.send_buffer),
+        ("no_link", held.no_link),
+    ] {
+        limits.set_item(name, t.as_secs_f64())?;
+    }
+    d.set_item("send_limits", limits)?;
     Ok(d)
 }
 

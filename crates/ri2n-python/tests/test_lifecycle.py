@@ -43,6 +43,11 @@ def test_stats_and_events(pair) -> None:
     stats = pair.conn.stats()
     assert stats["bytes_acknowledged"] >= 100_000 and stats["send_buffered"] == 0
     assert stats["cipher"] is None  # no key
+    # what held the sender back: seconds, and some of them busy with the 100 kB
+    held = stats["send_limits"]
+    assert all(isinstance(t, float) and t >= 0 for t in held.values()), held
+    assert set(held) >= {"sending", "congestion_window", "peer_window", "no_link"}, held
+    assert sum(held.values()) > 0, held
     events = pair.conn.events()
     kinds = [e["kind"] for e in events]
     assert kinds[0] == "connected" and "all_acknowledged" in kinds

@@ -46,6 +46,17 @@ class _LinkStats(TypedDict):
     refusals: int
     counts_packets: bool  # False on the TCP transport: the packet counts read 0
 
+class _SendLimits(TypedDict):
+    # seconds of the time the connection was busy (something unacknowledged or waiting to
+    # be sent): sent at its own pace, or waiting for what the name says; all 0 on the TCP
+    # transport, whose sending the kernel does
+    sending: float
+    congestion_window: float
+    pacing: float
+    peer_window: float
+    send_buffer: float
+    no_link: float
+
 class _ConnectionStats(TypedDict):
     links: List[_LinkStats]
     send_buffered: int
@@ -64,6 +75,7 @@ class _ConnectionStats(TypedDict):
     datagrams_reordered: int
     datagrams_duplicate: int
     datagrams_waiting: Tuple[int, int]
+    send_limits: _SendLimits
 
 _Event = TypedDict(
     "_Event",
