@@ -333,10 +333,15 @@ fn closing_a_tcp_server_waits_for_its_connections_together() {
                 .connect(&server.local_addrs(), ConnectionConfig::default())
                 .unwrap();
             let accepted = server.accept().unwrap();
+            // its own stream ends, and the server has read that end before it writes: a
+            // server's close after everything both ways arrived is a clean end
+            // (`ClosedEarly` otherwise). (Finished in the reader's thread, the end could come
+            // after the server's data was acknowledged and the server had closed.)
+            conn.finish().unwrap();
+            let mut nothing = Vec::new();
+            (&accepted).read_to_end(&mut nothing).unwrap();
+            assert!(nothing.is_empty());
             let reader = std::thread::spawn(move || {
-                // its own stream ends: a server's close after everything both ways arrived
-                // is a clean end (`ClosedEarly` otherwise)
-                conn.finish().unwrap();
                 let mut got = Vec::new();
                 let end = (&conn).read_to_end(&mut got).map(drop);
                 (got, end, conn.close_reason())
