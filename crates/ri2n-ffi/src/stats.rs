@@ -1,13 +1,14 @@
-//! What a connection's links are doing: `ri2n_conn_stats` (counters and one record per link)
-//! and `ri2n_conn_events` (links added, up, down, degraded; connected; closed).
+//! What a connection's links are doing: `ri2n_conn_stats` (counters and one record per link),
+//! `ri2n_conn_send_limits` (what held its sender back) and `ri2n_conn_events` (links added,
+//! up, down, degraded; connected; closed).
 
 use std::ffi::c_char;
 use std::time::Instant;
 
-use ri2n::{ConnectionStats, Event, LinkState, LinkStats};
+use ri2n::{ConnectionStats, Event, LinkState, LinkStats, SendLimits};
 
 use crate::conn::{conn, ri2n_conn};
-use crate::error::{errno_of_connection, guard_len, Failure};
+use crate::error::{errno_of_connection, guard_int, guard_len, Failure};
 
 /// Room for any socket address as text, `[IPv6%scope]:port` included, with its NUL.
 pub const RI2N_ADDR_LEN: usize = 64;
@@ -188,6 +189,66 @@ pub unsafe extern "C" fn ri2n_conn_stats(
             }
         }
         Ok(now.links.len())
+    })
+}
+
+/// What held a connection's sender back: of the time it was busy (data written and not yet
+/// sent, or sent and not yet acknowledged), how long it sent at its own pace and how long it
+/// waited, and for what, in microseconds since the connection was made. The same account
+/// Linux keeps for a TCP connection in `tcp_info`: a transfer slower than its links that
+/// waited for nothing was held back by its own speed (the CPU), one that waited for windows
+/// by the path or the peer. A separate record from [`ri2n_stats`], so that programs built
+/// against that one keep working. All 0 on the TCP transport, whose kernel connections keep
+/// their own.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ri2n_send_limits {
+    /// Nothing held the data back: it went out as fast as it was written and packed.
+    pub sending_us: u64,
+    /// Every up link's congestion window was full.
+    pub congestion_window_us: u64,
+    /// Pacing held the next packet back (a window had room).
+    pub pacing_us: u64,
+    /// Data written waited for the peer's receive window, and nothing else waited.
+    pub peer_window_us: u64,
+    /// Everything written was sent, and a writer waited for room in the send buffer.
+    pub send_buffer_us: u64,
+    /// No link was up.
+    pub no_link_us: u64,
+}
+
+impl From<&SendLimits> for ri2n_send_limits {
+    fn from(l: &SendLimits) -> Self {
+        let us = |d: std::time::Duration| d.as_micros() as u64;
+        Self {
+            sending_us: us(l.sending),
+            congestion_window_us: us(l.congestion_window),
+            pacing_us: us(l.pacing),
+            peer_window_us: us(l.peer_window),
+            send_buffer_us: us(l.send_buffer),
+            no_link_us: us(l.no_link),
+        }
+    }
+}
+
+/// Fills `*limits` with what held the connection's sender back so far (see
+/// [`ri2n_send_limits`]); returns 0, or `-EINVAL` for a NULL connection or record.
+///
+/// # Safety
+/// `c` is a live connection; `limits` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn ri2n_conn_send_limits(
+    c: *const ri2n_conn,
+    limits: *mut ri2n_send_limits,
+) -> libc::c_int {
+    guard_int(|| {
+        // SAFETY: passed on from the caller
+        let c = unsafe { conn(c) }?;
+        // SAFETY: the caller promises NULL or a writable record
+        let out = unsafe { limits.as_mut() }
+            .ok_or_else(|| Failure::invalid("the send limits record is NULL"))?;
+        *out = ri2n_send_limits::from(&c.connection().stats().send_limits);
+        Ok(())
     })
 }
 

@@ -117,6 +117,29 @@ typedef struct ri2n_link_stats {
   uint64_t max_datagram;
 } ri2n_link_stats;
 
+// What held a connection's sender back: of the time it was busy (data written and not yet
+// sent, or sent and not yet acknowledged), how long it sent at its own pace and how long it
+// waited, and for what, in microseconds since the connection was made. The same account
+// Linux keeps for a TCP connection in `tcp_info`: a transfer slower than its links that
+// waited for nothing was held back by its own speed (the CPU), one that waited for windows
+// by the path or the peer. A separate record from [`ri2n_stats`], so that programs built
+// against that one keep working. All 0 on the TCP transport, whose kernel connections keep
+// their own.
+typedef struct ri2n_send_limits {
+  // Nothing held the data back: it went out as fast as it was written and packed.
+  uint64_t sending_us;
+  // Every up link's congestion window was full.
+  uint64_t congestion_window_us;
+  // Pacing held the next packet back (a window had room).
+  uint64_t pacing_us;
+  // Data written waited for the peer's receive window, and nothing else waited.
+  uint64_t peer_window_us;
+  // Everything written was sent, and a writer waited for room in the send buffer.
+  uint64_t send_buffer_us;
+  // No link was up.
+  uint64_t no_link_us;
+} ri2n_send_limits;
+
 // One event of a connection.
 typedef struct ri2n_event {
   // What happened.
@@ -459,6 +482,13 @@ ssize_t ri2n_conn_stats(const struct ri2n_conn *c,
                         struct ri2n_stats *stats,
                         struct ri2n_link_stats *links,
                         size_t max_links);
+
+// Fills `*limits` with what held the connection's sender back so far (see
+// [`ri2n_send_limits`]); returns 0, or `-EINVAL` for a NULL connection or record.
+//
+// # Safety
+// `c` is a live connection; `limits` is NULL or writable.
+int ri2n_conn_send_limits(const struct ri2n_conn *c, struct ri2n_send_limits *limits);
 
 // Moves the connection's events since the last call into `events[0..max]`, oldest first;
 // returns how many it wrote. Events that do not fit wait for the next call (the newest 4096

@@ -65,6 +65,8 @@ static void peer_gone(void) {
     char buf[16];
     CHECK(ri2n_read(c, buf, 2) == 2 && memcmp(buf, "hi", 2) == 0);
     CHECK(ri2n_conn_error(c) == 0);
+    CHECK_FAILS_WITH(ri2n_conn_send_limits(c, NULL), EINVAL);
+    CHECK(strstr(ri2n_last_error(), "NULL") != NULL);
     CHECK(kill(child, SIGKILL) == 0);
     CHECK(waitpid(child, NULL, 0) == child);
     CHECK_FAILS_WITH(ri2n_read(c, buf, sizeof buf), ECONNRESET);
@@ -277,6 +279,7 @@ int main(int argc, char **argv) {
     CHECK_FAILS_WITH(ri2n_conn_fd(NULL), EINVAL);
     CHECK_FAILS_WITH(ri2n_endpoint_fd(NULL), EINVAL);
     CHECK_FAILS_WITH(ri2n_conn_stats(NULL, NULL, NULL, 0), EINVAL);
+    CHECK_FAILS_WITH(ri2n_conn_send_limits(NULL, NULL), EINVAL);
     ri2n_conn_free(NULL);
     ri2n_endpoint_free(NULL);
     CHECK_NULL_WITH(ri2n_endpoint_client(local1, 1, junk_key), EINVAL);

@@ -1,5 +1,5 @@
-/* 64 MiB over two loopback links with a cluster key, checked by checksum; then a client with
- * another key is refused with EACCES and a message naming its key file.
+/* 64 MiB over two loopback links with a cluster key, checked by checksum, and what held the
+ * sender back; then a client with another key is refused with EACCES and a message naming its key file.
  *
  * usage: transfer DIR [tcp]   (a directory for the key files; tcp: the TCP transport) */
 #include <pthread.h>
@@ -91,6 +91,25 @@ int main(int argc, char **argv) {
         CHECK(links[i].stream_bytes_acked > 0);
         printf("link %u %s -> %s: %llu stream bytes delivered\n", links[i].id, links[i].local,
                links[i].remote, (unsigned long long)links[i].stream_bytes_acked);
+    }
+
+    /* what held the sender back: a UDP sender was busy, most of it at its own pace, since
+     * loopback has room for everything; the TCP transport's kernel connections keep their own
+     * account and this one reads 0 */
+    ri2n_send_limits held;
+    CHECK(ri2n_conn_send_limits(c, &held) == 0);
+    uint64_t busy = held.sending_us + held.congestion_window_us + held.pacing_us +
+                    held.peer_window_us + held.send_buffer_us + held.no_link_us;
+    if (tcp) {
+        CHECK(busy == 0);
+    } else {
+        CHECK(busy > 0);
+        CHECK(held.no_link_us == 0);
+        printf("sender busy %llu us: sending %llu, windows %llu, pacing %llu, peer %llu, "
+               "send buffer %llu\n",
+               (unsigned long long)busy, (unsigned long long)held.sending_us,
+               (unsigned long long)held.congestion_window_us, (unsigned long long)held.pacing_us,
+               (unsigned long long)held.peer_window_us, (unsigned long long)held.send_buffer_us);
     }
     ri2n_conn_free(c);
     printf("%u bytes intact over %zd links, keyed%s\n", TOTAL, nlinks, tcp ? ", tcp" : "");
