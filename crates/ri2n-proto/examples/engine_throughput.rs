@@ -5,12 +5,17 @@
 //! link. Prints JSON: nanoseconds per datagram and CPU seconds per GB for each side.
 //!
 //! `cargo run --release -p ri2n-proto --example engine_throughput [MIB] [--key] [--links N]
-//! [--by-reference]`
+//! [--by-reference] [--datagrams SIZE [--by-link]]`
 //!
 //! `--by-reference`: the client's datagrams take their stream bytes by reference, as the
 //! driver's batches do ([`TransmitBuffer::takes_payload`]); the harness copies them in (and
 //! seals, with `--key`) outside the timed engine calls, where the driver does it without the
 //! engine's lock.
+//!
+//! `--datagrams SIZE`: unreliable datagrams of SIZE bytes instead of the stream, as `ri2n
+//! tunnel` carries IP packets (a large TCP segment of 64 KiB goes in pieces). `--by-link`: the
+//! server takes in each round's datagrams link by link, as the driver drains one socket after
+//! the other, so pieces striped over the links arrive out of order and wait for those before.
 //!
 //! Under `valgrind --tool=callgrind` the instruction counts are repeatable, which makes small
 //! changes to the per-packet path measurable on a noisy machine.
@@ -35,10 +40,21 @@ fn main() {
     let mut key = None;
     let mut links: u8 = 2;
     let mut by_reference = false;
+    let mut datagram_size = None;
+    let mut by_link = false;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--key" => key = Some(Key::from_bytes([7; 32])),
             "--by-reference" => by_reference = true,
+            "--by-link" => by_link = true,
+            "--datagrams" => {
+                datagram_size = Some(
+                    args.next()
+                        .and_then(|n| n.parse::<usize>().ok())
+                        .filter(|&n| (1..=ri2n_proto::wire::MAX_DATAGRAM_LEN).contains(&n))
+                        .expect("--datagrams takes a size in bytes, 1 to 65 535 + 1 KiB"),
+                )
+            }
             "--links" => {
                 links = args
                     .next()
@@ -46,11 +62,9 @@ fn main() {
                     .filter(|&n| n >= 1)
                     .expect("--links takes a number of links, at least 1")
             }
-            n => {
-                mib = n
-                    .parse()
-                    .expect("a size in MiB, --key, --links N or --by-reference")
-            }
+            n => mib = n.parse().expect(
+                "a size in MiB, --key, --links N, --by-reference, --datagrams SIZE or --by-link",
+            ),
         }
     }
     let total = mib << 20;
@@ -73,6 +87,8 @@ fn main() {
 
     let source: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 251) as u8).collect();
     let mut sink = vec![0u8; 1 << 20];
+    // the datagram being filled (as from the interface) and the one received, both reused
+    let (mut outgoing, mut incoming) = (Vec::new(), Vec::new());
     let mut to_server = InFlight {
         by_reference,
         ..InFlight::default()
@@ -84,7 +100,11 @@ fn main() {
     let (mut datagrams, mut acks) = (0u64, 0u64);
     let mut sh = None;
     let started = Instant::now();
-    while read < total {
+    // datagrams may be dropped (their queue or the receiver full): then the run ends once
+    // every one sent has arrived or was counted as dropped
+    let expected = datagram_size.map(|size| total.div_ceil(size as u64));
+    let mut settled = 0;
+    while read < total && expected.is_none_or(|n| settled < n) {
         assert!(
             started.elapsed() < Duration::from_secs(600),
             "no progress: {read} of {total} bytes"
@@ -96,12 +116,23 @@ fn main() {
         client.handle_timeout(now);
         if client.connection(ch).unwrap().state() == ConnectionState::Established {
             let conn = client.connection_mut(ch).unwrap();
-            while written < total {
-                let at = (written % source.len() as u64) as usize;
-                let end = source.len().min(at + (total - written) as usize);
-                match conn.write(&source[at..end]) {
-                    Ok(n) => written += n as u64,
-                    Err(_) => break,
+            if let Some(size) = datagram_size {
+                // as many as the queue takes without dropping the oldest
+                while written < total && !conn.datagrams_piling_up() {
+                    let len = size.min((total - written) as usize);
+                    outgoing.clear();
+                    outgoing.extend_from_slice(&source[..len]);
+                    conn.send_datagram_buf(now, &mut outgoing).unwrap();
+                    written += len as u64;
+                }
+            } else {
+                while written < total {
+                    let at = (written % source.len() as u64) as usize;
+                    let end = source.len().min(at + (total - written) as usize);
+                    match conn.write(&source[at..end]) {
+                        Ok(n) => written += n as u64,
+                        Err(_) => break,
+                    }
                 }
             }
         }
@@ -115,42 +146,66 @@ fn main() {
         // in receive batches, as the driver does (one `recvmmsg` each), each followed by
         // what the engine sends in answer (acknowledgements) and the application's read
         let mut batches = to_server.take();
-        for batch in batches.chunks(RECV_BATCH) {
-            for &(to, from, start, len) in batch {
-                server.handle_datagram(now, to, from, &mut to_server.bytes[start..start + len]);
-            }
-            if sh.is_none() {
-                sh = server.accept();
-            }
-            if let Some(h) = sh {
-                let conn = server.connection_mut(h).unwrap();
-                while let Ok(n) = conn.read(&mut sink) {
-                    if n == 0 {
-                        break;
-                    }
-                    read += n as u64;
+        let sockets: Vec<&[_]> = if by_link {
+            batches.sort_by_key(|&(to, ..)| to);
+            batches.chunk_by(|a, b| a.0 == b.0).collect()
+        } else {
+            vec![&batches]
+        };
+        for socket in sockets {
+            for batch in socket.chunks(RECV_BATCH) {
+                for &(to, from, start, len) in batch {
+                    server.handle_datagram(now, to, from, &mut to_server.bytes[start..start + len]);
                 }
+                if sh.is_none() {
+                    sh = server.accept();
+                }
+                if let Some(h) = sh {
+                    let conn = server.connection_mut(h).unwrap();
+                    if datagram_size.is_some() {
+                        while let Ok(true) = conn.recv_datagram_into(&mut incoming) {
+                            read += incoming.len() as u64;
+                        }
+                    }
+                    while let Ok(n) = conn.read(&mut sink) {
+                        if n == 0 {
+                            break;
+                        }
+                        read += n as u64;
+                    }
+                }
+                while server.poll_transmit_into(now, &mut to_client) > 0 {}
             }
-            while server.poll_transmit_into(now, &mut to_client) > 0 {}
         }
         batches.clear();
         to_server.meta = batches;
         server_time += t0.elapsed();
+        if let Some(h) = sh {
+            let (sent, received) = (client.connection(ch), server.connection(h));
+            let (sent, received) = (sent.unwrap().stats(), received.unwrap().stats());
+            settled = received.datagrams_received + sent.datagrams_send_dropped;
+        }
         // client: acknowledgements
         acks += to_client.meta.len() as u64;
         let t0 = Instant::now();
         to_client.deliver(|to, from, d| client.handle_datagram(now, to, from, d));
         client_time += t0.elapsed();
     }
-    let gb = total as f64 / 1e9;
+    let gb = read as f64 / 1e9;
     let stats = client.connection(ch).unwrap().stats();
     let lost: u64 = stats.links.iter().map(|l| l.packets_lost).sum();
+    let received = server.connection(sh.unwrap()).unwrap().stats();
     println!(
         "{{\"bytes\": {total}, \"links\": {links}, \"keyed\": {}, \"datagrams\": {datagrams}, \"acks\": {acks}, \
-         \"lost\": {lost}, \"by_reference\": {by_reference}, \"client_ns_per_datagram\": {:.0}, \
+         \"lost\": {lost}, \"by_reference\": {by_reference}, \"datagram_size\": {}, \"by_link\": {by_link}, \
+         \"bytes_delivered\": {read}, \"datagrams_dropped\": {}, \"datagrams_reordered\": {}, \
+         \"client_ns_per_datagram\": {:.0}, \
          \"server_ns_per_datagram\": {:.0}, \"client_cpu_s_per_gb\": {:.3}, \
          \"server_cpu_s_per_gb\": {:.3}, \"virtual_s\": {:.3}}}",
         key.is_some(),
+        datagram_size.map_or("null".into(), |n| n.to_string()),
+        stats.datagrams_send_dropped + received.datagrams_receive_dropped,
+        received.datagrams_reordered,
         client_time.as_nanos() as f64 / datagrams as f64,
         server_time.as_nanos() as f64 / datagrams as f64,
         client_time.as_secs_f64() / gb,
