@@ -1,10 +1,12 @@
 """What goes wrong, as exceptions: timeouts, refusals, bad arguments, a peer that is gone,
 calls on what was closed."""
 
+import contextlib
+import signal
 import socket
 import threading
 import time
-from typing import Optional
+from typing import Iterator, Optional
 
 import pytest
 
@@ -203,15 +205,22 @@ def test_closing_an_endpoint_stops_its_connect_on_another_thread(endpoints) -> N
     assert len(outcome) == 1 and isinstance(outcome[0], ValueError), outcome
 
 
-def _interrupt_main_thread_in(seconds: float) -> threading.Timer:
-    """SIGINT to this (the main) thread after ``seconds``, as Ctrl-C would send it."""
-    import signal
-
+@contextlib.contextmanager
+def _ctrl_c_after(seconds: float) -> Iterator[None]:
+    """SIGINT to this (the main) thread after ``seconds``, as Ctrl-C would send it, with
+    Python's own handler for it meanwhile: a process started as a background job of a
+    non-interactive shell begins with SIGINT ignored, and Python then leaves it so (the
+    signal would be lost and the wait under test would go on for ever)."""
     main = threading.main_thread().ident
     assert main == threading.get_ident(), "run from the main thread"
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(seconds, lambda: signal.pthread_kill(main, signal.SIGINT))
     timer.start()
-    return timer
+    try:
+        yield
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.mark.parametrize("call", ["recv", "recv_into", "recv_message", "wait_acknowledged"])
@@ -226,12 +235,8 @@ def test_ctrl_c_interrupts_a_wait_without_a_timeout(pair: Pair, call: str) -> No
         "wait_acknowledged": lambda: pair.conn.wait_acknowledged(),
     }
     start = time.monotonic()
-    timer = _interrupt_main_thread_in(0.3)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            waits[call]()
-    finally:
-        timer.cancel()
+    with _ctrl_c_after(0.3), pytest.raises(KeyboardInterrupt):
+        waits[call]()
     assert time.monotonic() - start < 2.0
 
 
@@ -267,12 +272,8 @@ def test_ctrl_c_interrupts_a_tcp_connect() -> None:
     client = ri2n.Endpoint.client(["127.0.0.1:0"], transport="tcp")
     try:
         start = time.monotonic()
-        timer = _interrupt_main_thread_in(0.3)
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                client.connect(silent.addr)
-        finally:
-            timer.cancel()
+        with _ctrl_c_after(0.3), pytest.raises(KeyboardInterrupt):
+            client.connect(silent.addr)
         assert time.monotonic() - start < 2.0
         assert silent.accepted, "the handshake never reached the listener"
     finally:
@@ -341,15 +342,11 @@ def test_ctrl_c_interrupts_a_write_to_a_peer_that_reads_nothing(
         ),
     }
     start = time.monotonic()
-    timer = _interrupt_main_thread_in(0.3)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            # again and again: should acknowledgements late under load make room after
-            # all, the next write blocks
-            while True:
-                writes[call]()
-    finally:
-        timer.cancel()
+    with _ctrl_c_after(0.3), pytest.raises(KeyboardInterrupt):
+        # again and again: should acknowledgements late under load make room after
+        # all, the next write blocks
+        while True:
+            writes[call]()
     assert time.monotonic() - start < 2.0
     # the connection still works: the peer takes what was written before
     if call == "send_message":
@@ -367,12 +364,8 @@ def test_ctrl_c_interrupts_the_close_of_an_endpoint_whose_peer_reads_nothing(
     pair = pair_on_each_transport
     assert _fill(pair.conn, messages=False) > 0
     start = time.monotonic()
-    timer = _interrupt_main_thread_in(0.3)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            pair.client.close()
-    finally:
-        timer.cancel()
+    with _ctrl_c_after(0.3), pytest.raises(KeyboardInterrupt):
+        pair.client.close()
     assert time.monotonic() - start < 2.0
     assert pair.client.closed
     # the peer learns that the rest will not come: its reads end with PeerGone
