@@ -844,11 +844,14 @@ impl IncomingDatagrams {
     /// pieces to the datagram being joined (copied there straight from the packet when they
     /// arrived in order; held pieces that start a datagram become its buffer).
     fn deliver(&mut self, span: Span, data: Payload<'_>) {
+        if matches!(span.starts, DatagramPart::Whole | DatagramPart::First) {
+            // a new datagram: one still being joined lost its end
+            self.received += 1;
+            self.drop_joining();
+            self.orphaned = false;
+        }
         match span.starts {
             DatagramPart::Whole => {
-                self.received += 1;
-                self.drop_joining();
-                self.orphaned = false;
                 let data = match data {
                     Payload::Held(d) => d,
                     Payload::Arrived(d) => {
@@ -861,9 +864,6 @@ impl IncomingDatagrams {
                 return;
             }
             DatagramPart::First => {
-                self.received += 1;
-                self.drop_joining();
-                self.orphaned = false;
                 // room for the whole, as large as the largest joined so far
                 let room = self.largest_joined.max(data.len());
                 let data = match data {
@@ -886,23 +886,22 @@ impl IncomingDatagrams {
                 let continues = self.joining.as_ref().is_some_and(|(last, joined)| {
                     *last + 1 == span.first && joined.len() + data.len() <= wire::MAX_DATAGRAM_LEN
                 });
-                if !continues {
+                if continues {
+                    let (last, joined) = self.joining.as_mut().expect("a datagram being joined");
+                    *last = span.last;
+                    let before = charge(joined);
+                    joined.extend_from_slice(data.bytes());
+                    self.bytes += charge(joined) - before;
+                } else {
                     // its datagram's first piece, or one between, is lost
                     self.lose_piece(span);
-                    if let Payload::Held(d) = data {
-                        self.bytes -= charge(&d);
-                        self.recycle(d);
-                    }
-                    return;
                 }
-                let (last, joined) = self.joining.as_mut().expect("a datagram being joined");
-                *last = span.last;
-                let before = charge(joined);
-                joined.extend_from_slice(data.bytes());
-                self.bytes += charge(joined) - before;
                 if let Payload::Held(d) = data {
                     self.bytes -= charge(&d);
                     self.recycle(d);
+                }
+                if !continues {
+                    return;
                 }
             }
         }
