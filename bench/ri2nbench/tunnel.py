@@ -446,7 +446,7 @@ def report_tunnel(res):
     share = [r["tunnel"]["bps"] / cap if r["tunnel"]["bps"] else None for r in runs]
     L.append("")
     L.append("Tunnel / MPTCP per run: **%s** (target ≥ 1). Tunnel / payload capacity of the two "
-             "links for TCP (1448 bytes per 1514-byte frame, %.0f Mbit/s): **%s** (target ≥ 90 %%)."
+             "links for TCP (1448 bytes per 1514-byte frame, %.0f Mbit/s): **%s** (target ≥ 97 %%)."
              % (spread(ratio, "%.3f×"), cap / 1e6, spread(share, "%.1f %%", 100)))
     fo = res["failover"]
     if fo and "analysis" in fo[0]:
