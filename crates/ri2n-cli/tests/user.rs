@@ -588,10 +588,10 @@ fn a_second_recv_to_the_same_file_is_refused() {
     );
 }
 
-/// `recv --output` naming stdout's file by another name (`/dev/stdout` with stdout redirected
-/// to a file), or a symbolic link to a file (dangling too): the data lands in that file and the
-/// link stays a link. Before, the first wrote `/dev/stdout.partial` and renamed it over `/dev/stdout` (as
-/// root; the file stdout went to stayed empty, exit 0), the second replaced the link.
+/// `recv --output` naming stdout's file by another name (`/dev/stdout` with stdout redirected to a
+/// file), or a symbolic link to a file (dangling too): the data lands in that file and the link
+/// stays a link. Before, the first wrote `/dev/stdout.partial` and renamed it over `/dev/stdout`
+/// (as root; the file stdout went to stayed empty, exit 0), the second replaced the link.
 #[test]
 fn recv_writes_through_dev_stdout_and_links() {
     let input = TempFile::new("through-in");

@@ -1024,10 +1024,10 @@ fn restart_during_transfer(
     recv2
 }
 
-/// 20 000 garbage datagrams (random bytes; well-formed-looking SHORT, INITIAL, RETRY, ACCEPT
-/// and RESET packets of the current version with random IDs; bit-flipped copies and exact replays of
-/// those) sent from host A to every receiver port during an A→B transfer: the transfer
-/// completes intact and the receiver's memory stays bounded.
+/// 20 000 garbage datagrams (random bytes; well-formed-looking SHORT, INITIAL, RETRY, ACCEPT and
+/// RESET packets of the current version with random IDs; bit-flipped copies and exact replays of
+/// those) sent from host A to every receiver port during an A→B transfer: the transfer completes
+/// intact and the receiver's memory stays bounded.
 #[test]
 fn garbage_flood_at_the_receiver() {
     let Some(env) = env() else { return };

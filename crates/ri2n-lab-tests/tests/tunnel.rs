@@ -2629,11 +2629,11 @@ fn daemons_started_while_the_first_network_is_down_connect_over_the_second() {
     stop_daemons(&mut daemons);
 }
 
-/// A second daemon started on a host by mistake (here with `--name` of another host, whose
-/// link addresses this host lacks, so no bind stops it) is warned that the name looks wrong
-/// and refused the interface, which the running daemon keeps with its address and traffic. Before, with several queues, the second
-/// daemon joined the live interface as more queues and gave it its own address, which stayed
-/// after it exited.
+/// A second daemon started on a host by mistake (here with `--name` of another host, whose link
+/// addresses this host lacks, so no bind stops it) is warned that the name looks wrong and refused
+/// the interface, which the running daemon keeps with its address and traffic. Before, with several
+/// queues, the second daemon joined the live interface as more queues and gave it its own address,
+/// which stayed after it exited.
 #[test]
 fn a_second_daemon_on_a_host_cannot_take_its_interface() {
     let _serial = serial();

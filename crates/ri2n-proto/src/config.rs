@@ -349,10 +349,10 @@ pub struct EndpointConfig {
     /// and encrypted with fresh keys (docs/PROTOCOL.md §9); peers must hold the same key. An
     /// endpoint without a key talks only to peers without one, in clear.
     pub key: Option<crate::Key>,
-    /// Server with a key: keyed handshake messages it reads per second at most, all its
-    /// shards together (default 5 000, in bursts of a fiftieth of that), so that a flood of INITIALs (each worth a
-    /// cookie check and a Noise message, even when it then fails) cannot hold up established
-    /// connections; INITIALs beyond it are dropped unread and their clients retransmit.
+    /// Server with a key: keyed handshake messages it reads per second at most, all its shards
+    /// together (default 5 000, in bursts of a fiftieth of that), so that a flood of INITIALs (each
+    /// worth a cookie check and a Noise message, even when it then fails) cannot hold up
+    /// established connections; INITIALs beyond it are dropped unread and their clients retransmit.
     /// `None`: no limit.
     pub max_keyed_handshakes_per_second: Option<u32>,
     /// Drivers: how many engines (shards) the endpoint runs side by side, each with a thread

@@ -464,14 +464,14 @@ impl SendStream {
 
 /// Receive side of one stream.
 ///
-/// Data is copied once, from the datagram straight to its place in a block of [`BLOCK`]
-/// bytes: block `i` holds the offsets from `first() + i * BLOCK` on, where `first()` is the
-/// read offset rounded down to a block. A block's memory is taken when the first bytes for it
-/// arrive, so the blocks that hold memory are at most those the window spans (flow control
-/// keeps the peer within it) however the peer fragments its data, nothing is allocated per
-/// frame, and a few bytes far ahead of the reader cost a block each, not every block between. A reader using
-/// [`read_buf`](Self::read_buf) takes whole blocks, without copying them, and gives a spare
-/// buffer back.
+/// Data is copied once, from the datagram straight to its place in a block of [`BLOCK`] bytes:
+/// block `i` holds the offsets from `first() + i * BLOCK` on, where `first()` is the read offset
+/// rounded down to a block. A block's memory is taken when the first bytes for it arrive, so the
+/// blocks that hold memory are at most those the window spans (flow control keeps the peer within
+/// it) however the peer fragments its data, nothing is allocated per frame, and a few bytes far
+/// ahead of the reader cost a block each, not every block between. A reader using
+/// [`read_buf`](Self::read_buf) takes whole blocks, without copying them, and gives a spare buffer
+/// back.
 #[derive(Debug)]
 pub(crate) struct RecvStream {
     /// Blocks from `first()` on, each [`BLOCK`] bytes long, or empty (no memory) while no

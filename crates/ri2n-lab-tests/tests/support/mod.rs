@@ -1614,7 +1614,8 @@ fn garbage(rng: &mut ChaCha8Rng, history: &mut Vec<Vec<u8>>) -> Vec<u8> {
 }
 
 /// A flood: garbage datagrams sent from inside a lab host to the peer's ports, in bursts of 100
-/// every 10 ms (about 10 000 a second). It runs on its own thread: `setns` moves only that thread into the namespace.
+/// every 10 ms (about 10 000 a second). It runs on its own thread: `setns` moves only that thread
+/// into the namespace.
 pub struct FloodPlan {
     /// The namespace to send from.
     pub ns: String,
