@@ -52,6 +52,34 @@ fn wait_links_up(conns: &[&ri2n::Connection]) {
     }
 }
 
+/// Runs `read(state)` on a thread of its own until its call blocks watching the sockets
+/// (asleep in `do_epoll_wait`, seen twice 10 ms apart): the premise of a test of what wakes
+/// it. A read that begins while the driver thread is receiving (a keepalive) waits on its
+/// condition variable instead, and stays there: `nudge` gives it what it waits for, `back`
+/// takes `state` back from what it returned, and another read is tried (5 in all at most).
+fn spawn_watching_read<S, R>(
+    mut state: S,
+    read: fn(S) -> R,
+    mut nudge: impl FnMut(),
+    back: impl Fn(R) -> S,
+) -> (thread::JoinHandle<R>, i32)
+where
+    S: Send + 'static,
+    R: Send + 'static,
+{
+    let mut wchan = String::new();
+    for _ in 0..5 {
+        let (reader, tid) = spawn_with_tid(move || read(state));
+        wchan = asleep_in(tid);
+        if wchan == "do_epoll_wait" || wchan == "0" {
+            return (reader, tid);
+        }
+        nudge();
+        state = back(reader.join().unwrap());
+    }
+    panic!("the read never watched the sockets (asleep in {wchan})");
+}
+
 #[test]
 fn a_call_waiting_on_an_idle_connection_is_not_woken_by_a_busy_one() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -62,6 +90,9 @@ fn a_call_waiting_on_an_idle_connection_is_not_woken_by_a_busy_one() {
     // the server keeps its connections until the waiter's switches are counted: the end of
     // the idle one's stream ends the waiter's thread
     let (counted_tx, counted_rx) = mpsc::channel::<()>();
+    // before the round trips: `true`, write a byte on the idle connection (a waiter that
+    // did not watch the sockets is given it); `false`, start echoing
+    let (nudge_tx, nudge_rx) = mpsc::channel::<bool>();
     let echo = thread::spawn(move || {
         // a server's shards hand over connections in the order they took them in, which a
         // starved shard thread can swap: the busy one is the one its client wrote on
@@ -74,12 +105,17 @@ fn a_call_waiting_on_an_idle_connection_is_not_woken_by_a_busy_one() {
             );
             thread::sleep(Duration::from_millis(1));
         }
-        let (mut busy, _idle) = match a.stats().bytes_received > 0 {
+        let (mut busy, mut idle) = match a.stats().bytes_received > 0 {
             true => (a, b),
             false => (b, a),
         };
         let mut buf = [0u8; 64];
-        for _ in 0..ROUNDS {
+        busy.read_exact(&mut buf).unwrap();
+        busy.write_all(&buf).unwrap();
+        while nudge_rx.recv().unwrap() {
+            idle.write_all(b"?").unwrap();
+        }
+        for _ in 1..ROUNDS {
             busy.read_exact(&mut buf).unwrap();
             busy.write_all(&buf).unwrap();
         }
@@ -91,14 +127,23 @@ fn a_call_waiting_on_an_idle_connection_is_not_woken_by_a_busy_one() {
     let mut reply = [0u8; 64];
     busy.read_exact(&mut reply).unwrap();
     wait_links_up(&[&busy, &idle]);
-    // the idle connection's call blocks first, so it is the one watching the sockets
-    let (waiter, tid) = spawn_with_tid(move || {
-        let mut idle = idle;
-        let mut byte = [0u8; 1];
-        // the peer never writes: this returns at the end of its stream
-        idle.read(&mut byte).unwrap()
-    });
-    wait_asleep(tid, Some("do_epoll_wait"));
+    // the idle connection's call blocks first, so it is the one watching the sockets; the
+    // peer writes to it only to a read that did not watch: otherwise it returns at the end
+    // of its stream
+    let (waiter, tid) = spawn_watching_read(
+        idle,
+        |mut idle| {
+            let mut byte = [0u8; 1];
+            let n = idle.read(&mut byte).unwrap();
+            (idle, n)
+        },
+        || nudge_tx.send(true).unwrap(),
+        |(idle, n)| {
+            assert_eq!(n, 1, "the nudge's byte");
+            idle
+        },
+    );
+    nudge_tx.send(false).unwrap();
     let before = switches(tid);
     for i in 1..ROUNDS {
         let msg = [i as u8; 64];
@@ -121,7 +166,7 @@ fn a_call_waiting_on_an_idle_connection_is_not_woken_by_a_busy_one() {
          of the busy one"
     );
     // the server's connections were dropped with its thread: the idle one's stream ended
-    assert_eq!(waiter.join().unwrap(), 0);
+    assert_eq!(waiter.join().unwrap().1, 0);
 }
 
 /// The threads of this process named `name`.
@@ -511,28 +556,17 @@ fn a_blocked_read_does_not_take_the_wait_receiving_callers_readiness() {
     server.wait_receiving(shard, set, Some(Duration::from_millis(10)), &mut readable);
 
     // a read blocks, watching the shard's sockets, while the set becomes readable; then the
-    // data it waits for comes. A read that begins while the driver thread is receiving (a
-    // keepalive) waits on its condition variable instead, not on the sockets: it is given
-    // its byte, and another read tried.
-    let mut tries = 0;
-    let (reader, tid) = loop {
-        let (reader, tid) = spawn_with_tid(move || {
+    // data it waits for comes
+    let (reader, tid) = spawn_watching_read(
+        conn,
+        |mut conn| {
             let mut byte = [0u8; 1];
             conn.read_exact(&mut byte).unwrap();
             conn
-        });
-        let wchan = asleep_in(tid);
-        if wchan == "do_epoll_wait" || wchan == "0" {
-            break (reader, tid);
-        }
-        tries += 1;
-        assert!(
-            tries < 5,
-            "the read never watched the sockets (asleep in {wchan})"
-        );
-        sender.write_all(b"?").unwrap();
-        conn = reader.join().unwrap();
-    };
+        },
+        || sender.write_all(b"?").unwrap(),
+        |conn| conn,
+    );
     let before = switches(tid);
     waker.wake().unwrap();
     // the blocked read woke to the set's event and waits again
