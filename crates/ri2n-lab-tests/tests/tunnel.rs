@@ -2692,6 +2692,8 @@ fn a_second_daemon_on_a_host_cannot_take_its_interface() {
 /// connection, not as the loss of the peer: the log says nothing is lost, and the status
 /// stays connected, not "waiting (its last connection was lost)" over a working tunnel.
 /// Where the old one's end is found first, it is told as lost because the peer restarted.
+/// The byte counts of b's links to a go on from what the old connection moved (they started
+/// again from zero with each connection).
 #[test]
 fn a_host_that_dies_and_comes_back_is_not_reported_lost_by_its_peer() {
     let _serial = serial();
@@ -2701,6 +2703,22 @@ fn a_host_that_dies_and_comes_back_is_not_reported_lost_by_its_peer() {
     let lab = Lab::up_hosts(env, "comes-back", 2, 2);
     let (config, mut daemons) = start_a_and_b(env, &lab, &dir.0);
     wait_for_peers(env, &lab, &daemons[1], "b", &config, 1);
+    // bytes from a to b on the first connection: 200 pings of 1400 bytes
+    let (answered, out) = pings_answered(&lab, "a", "b", 200, &["-i", "0.005", "-s", "1400"]);
+    assert_eq!(answered, 200, "{out}");
+    let received_from_a = |status: &serde_json::Value| -> u64 {
+        let a = (status["peers"].as_array().into_iter().flatten()).find(|p| p["name"] == "a");
+        (a.and_then(|a| a["links"].as_array()).into_iter().flatten())
+            .filter_map(|l| l["bytes_received"].as_u64())
+            .sum()
+    };
+    let first = received_from_a(&status_sampled_after(
+        env,
+        &lab.ns_of("b"),
+        &config,
+        Instant::now(),
+    ));
+    assert!(first >= 200 * 1400, "b received {first} bytes from a");
     // a connects to b (b takes connections from the hosts listed before it). a's new daemon
     // answers b's next packet on the old connection with a reset, which may reach b before
     // a's new connection is up: then b rightly logs the old one lost because a restarted.
@@ -2758,5 +2776,11 @@ fn a_host_that_dies_and_comes_back_is_not_reported_lost_by_its_peer() {
         "b's status of a: {status}"
     );
     ping_through(&lab, "a", "b");
+    let status = status_sampled_after(env, &lab.ns_of("b"), &config, Instant::now());
+    let total = received_from_a(&status);
+    assert!(
+        total > first,
+        "b's links to a count {total} bytes received after a's restart, {first} before: {status}"
+    );
     stop_daemons(&mut daemons);
 }

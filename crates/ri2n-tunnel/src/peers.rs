@@ -30,10 +30,14 @@ pub struct Peer {
     /// and those its ended connections dropped: with the current connection's own, the
     /// count the status shows, which does not start again at each reconnection.
     dropped: AtomicU64,
+    /// What its ended connections moved on each link, by the link's addresses: with the
+    /// current connection's own, the counts the status shows, which do not start again at
+    /// each reconnection (Prometheus counters go back only when the daemon restarts).
+    ended_links: Mutex<LinkTotals>,
     /// Connections a newer one replaced, still running until their end is found, with what
-    /// each had dropped when replaced (counted then): what they drop later counts at their
-    /// end.
-    replaced: Mutex<Vec<(Weak<Connection>, u64)>>,
+    /// each had dropped and moved when replaced (counted then): what they do later counts at
+    /// their end.
+    replaced: Mutex<Vec<(Weak<Connection>, Counted)>>,
     /// Packets from it with another host's source address were refused and logged: the
     /// log says so once.
     refusal_logged: AtomicBool,
@@ -58,6 +62,7 @@ impl Peer {
             sent: AtomicU64::new(0),
             received: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
+            ended_links: Mutex::new(LinkTotals::new()),
             replaced: Mutex::new(Vec::new()),
             refusal_logged: AtomicBool::new(false),
             write_failure_logged: AtomicBool::new(false),
@@ -117,23 +122,28 @@ impl Peer {
         self.conn.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Its connection now, if one is up, with the connection's statistics, and the IP
-    /// packets dropped for it so far (that connection's included), read together: a
-    /// connection replaced or ended meanwhile hands its drops over under the same lock
-    /// ([`Self::set`], [`Self::clear`]), so they are counted once and the count never goes
-    /// back.
-    pub fn sample(&self) -> (Option<(Arc<Connection>, ri2n::ConnectionStats)>, u64) {
+    /// Its connection now, if one is up, with the connection's statistics, the IP packets
+    /// dropped for it so far (that connection's included) and what its ended connections
+    /// moved on each link, read together: a connection replaced or ended meanwhile hands its
+    /// counts over under the same lock ([`Self::set`], [`Self::clear`]), so they are counted
+    /// once and no count goes back.
+    pub fn sample(&self) -> PeerSample {
         let slot = self.conn.read().unwrap_or_else(|e| e.into_inner());
         let current = slot.as_ref().map(|c| (c.clone(), c.stats()));
         let dropped = self.packets_dropped(current.as_ref().map(|(_, s)| s));
-        (current, dropped)
+        let ended_links = self.ended_links.lock().unwrap_or_else(|e| e.into_inner());
+        PeerSample {
+            current,
+            dropped,
+            ended_links: ended_links.clone(),
+        }
     }
 
     /// Makes `conn` the way to it (a newer connection replaces an older one).
     pub fn set(&self, conn: Arc<Connection>) {
         let mut slot = self.conn.write().unwrap_or_else(|e| e.into_inner());
         if let Some(old) = slot.replace(conn) {
-            let so_far = self.dropped_by(&old);
+            let so_far = self.count_ended(&old, &Counted::default());
             let mut replaced = self.replaced.lock().unwrap_or_else(|e| e.into_inner());
             replaced.retain(|(c, _)| c.strong_count() > 0);
             replaced.push((Arc::downgrade(&old), so_far));
@@ -145,7 +155,7 @@ impl Peer {
         let mut slot = self.conn.write().unwrap_or_else(|e| e.into_inner());
         if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
             *slot = None;
-            self.dropped_by(conn);
+            self.count_ended(conn, &Counted::default());
             return;
         }
         let mut replaced = self.replaced.lock().unwrap_or_else(|e| e.into_inner());
@@ -154,9 +164,7 @@ impl Peer {
             .position(|(c, _)| c.as_ptr() == Arc::as_ptr(conn))
         {
             let (_, counted) = replaced.swap_remove(i);
-            let s = conn.stats();
-            let all = s.datagrams_send_dropped + s.datagrams_receive_dropped;
-            self.drop_packets(all.saturating_sub(counted));
+            self.count_ended(conn, &counted);
         }
     }
 
@@ -203,12 +211,22 @@ impl Peer {
         self.dropped.load(Ordering::Relaxed) + now
     }
 
-    /// What `conn`, no longer its connection, dropped counts on as the peer's; returns it.
-    fn dropped_by(&self, conn: &Connection) -> u64 {
+    /// What `conn`, no longer its connection, dropped and moved beyond what was `counted` of
+    /// it before counts on as the peer's; returns all it dropped and moved so far. Called
+    /// with the connection slot's lock held.
+    fn count_ended(&self, conn: &Connection, counted: &Counted) -> Counted {
         let s = conn.stats();
-        let n = s.datagrams_send_dropped + s.datagrams_receive_dropped;
-        self.drop_packets(n);
-        n
+        let now = Counted {
+            dropped: s.datagrams_send_dropped + s.datagrams_receive_dropped,
+            links: link_totals(&s.links),
+        };
+        self.drop_packets(now.dropped.saturating_sub(counted.dropped));
+        let mut ended = self.ended_links.lock().unwrap_or_else(|e| e.into_inner());
+        for (key, n) in &now.links {
+            let before = counted.links.get(key).copied().unwrap_or_default();
+            ended.entry(*key).or_default().add(&n.since(&before));
+        }
+        now
     }
 
     pub fn is_removed(&self) -> bool {
@@ -224,6 +242,72 @@ impl Peer {
             );
         }
     }
+}
+
+/// A link of a peer, by its local and remote address: what a connection moved on it counts
+/// on in the next connection's link between the same two addresses.
+pub type LinkKey = (IpAddr, IpAddr);
+
+/// The counts of a link that are totals since the daemon started.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct LinkCounts {
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub packets_lost: u64,
+}
+
+impl LinkCounts {
+    pub fn of(l: &ri2n::LinkStats) -> Self {
+        Self {
+            bytes_sent: l.bytes_sent,
+            bytes_received: l.bytes_received,
+            packets_lost: l.packets_lost,
+        }
+    }
+
+    pub fn add(&mut self, other: &LinkCounts) {
+        self.bytes_sent += other.bytes_sent;
+        self.bytes_received += other.bytes_received;
+        self.packets_lost += other.packets_lost;
+    }
+
+    /// What was counted after `before` (a count read earlier of the same links).
+    fn since(&self, before: &LinkCounts) -> LinkCounts {
+        LinkCounts {
+            bytes_sent: self.bytes_sent.saturating_sub(before.bytes_sent),
+            bytes_received: self.bytes_received.saturating_sub(before.bytes_received),
+            packets_lost: self.packets_lost.saturating_sub(before.packets_lost),
+        }
+    }
+}
+
+pub type LinkTotals = HashMap<LinkKey, LinkCounts>;
+
+/// The counts of `links` (one connection's), by link addresses.
+pub fn link_totals(links: &[ri2n::LinkStats]) -> LinkTotals {
+    let mut totals = LinkTotals::new();
+    for l in links {
+        let key = (l.local.ip(), l.remote.ip());
+        totals.entry(key).or_default().add(&LinkCounts::of(l));
+    }
+    totals
+}
+
+/// What was counted of a connection when it stopped being the peer's.
+#[derive(Default)]
+struct Counted {
+    dropped: u64,
+    links: LinkTotals,
+}
+
+/// A peer's connection and counts at one moment ([`Peer::sample`]).
+pub struct PeerSample {
+    /// Its connection, if one is up, with the connection's statistics.
+    pub current: Option<(Arc<Connection>, ri2n::ConnectionStats)>,
+    /// IP packets dropped for it since the daemon started.
+    pub dropped: u64,
+    /// What its ended connections moved on each link.
+    pub ended_links: LinkTotals,
 }
 
 /// The cluster file as read last, with a [`Peer`] for every host but this one.
@@ -429,9 +513,10 @@ mod tests {
                          links = [\"10.0.1.3\", \"10.0.2.3\"]\n";
 
     /// A connection a newer one replaced still runs until its end is found: the datagrams it
-    /// drops meanwhile count as the peer's at that end, so the count misses none.
+    /// drops, and the bytes it receives, meanwhile count as the peer's at that end, so the
+    /// counts miss none.
     #[test]
-    fn what_a_replaced_connection_drops_counts_at_its_end() {
+    fn what_a_replaced_connection_drops_and_moves_counts_at_its_end() {
         use ri2n::{ConnectionConfig, Endpoint, EndpointConfig};
         let local = vec!["127.0.0.1:0".parse().unwrap()];
         // one shard: connections confirmed on two could be accepted in the other order, and
@@ -453,28 +538,43 @@ mod tests {
         let peer = Peer::new(cluster("").hosts[0].clone(), false);
         peer.set(old.clone());
         peer.set(new);
+        let received = |t: &LinkTotals| t.values().map(|n| n.bytes_received).sum::<u64>();
+        let at_replacement = received(&peer.sample().ended_links);
         for _ in 0..64 {
             old_far.send_datagram(&[7; 1000]).unwrap();
         }
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        let dropped = loop {
+        let (dropped, arrived) = loop {
             let (s, far) = (old.stats(), old_far.stats());
             // the premise: what the far side sent has arrived (the count takes in those
             // dropped) or was dropped there unsent, and the arrivals overflowed
             if s.datagrams_received + far.datagrams_send_dropped >= 64 {
-                break s.datagrams_receive_dropped;
+                break (s.datagrams_receive_dropped, s.datagrams_received);
             }
             assert!(std::time::Instant::now() < deadline, "{s:?}\n{far:?}");
             std::thread::sleep(std::time::Duration::from_millis(10));
         };
         assert!(dropped > 0);
         assert_eq!(
-            peer.sample().1,
+            peer.sample().dropped,
             0,
             "nothing dropped before the old one ends"
         );
         peer.clear(&old);
-        assert_eq!(peer.sample().1, dropped);
+        let sample = peer.sample();
+        assert_eq!(sample.dropped, dropped);
+        // what arrived after the replacement counts, and nothing twice: the counts are the
+        // old connection's own (it still runs: its keepalives may add to them later)
+        assert!(
+            received(&sample.ended_links) >= at_replacement + arrived * 1000,
+            "{:?}",
+            sample.ended_links
+        );
+        let own = link_totals(&old.stats().links);
+        for (key, n) in &sample.ended_links {
+            let o = own[key];
+            assert!(n.bytes_sent <= o.bytes_sent && n.bytes_received <= o.bytes_received);
+        }
     }
 
     /// A newly accepted connection replaces a host's current one, so only one from a host

@@ -23,7 +23,7 @@ use prometheus_client::registry::{Registry, Unit};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::AtomicU64;
 
-use crate::peers::{Peers, Reload};
+use crate::peers::{LinkCounts, LinkKey, LinkTotals, Peers, Reload};
 
 /// How long a status or metrics listener waits after a failed accept: a client gone before
 /// it was taken, a signal, or no descriptor or memory left for a moment never ends the
@@ -154,6 +154,8 @@ pub struct LinkStatus {
     /// every link down, what was sent before the period is declared lost in it); null in a
     /// connection's first sample.
     pub loss: Option<f64>,
+    /// Totals since the daemon started: the connection's, and what the peer's connections
+    /// before it moved between the same two addresses.
     pub bytes_sent: u64,
     pub bytes_received: u64,
     pub packets_lost: u64,
@@ -208,8 +210,15 @@ struct PreviousConnection<K = Identity> {
 
 impl<K: PartialEq> PreviousConnection<K> {
     /// The status of connection `conn`'s `links` at `now`, with rates and loss over the period
-    /// since the previous sample of the same connection (none in its first).
-    fn sample(&mut self, conn: K, links: &[ri2n::LinkStats], now: Instant) -> Vec<LinkStatus> {
+    /// since the previous sample of the same connection (none in its first), and counts that
+    /// take in what the peer's `ended` connections moved between the same addresses.
+    fn sample(
+        &mut self,
+        conn: K,
+        links: &[ri2n::LinkStats],
+        ended: &LinkTotals,
+        now: Instant,
+    ) -> Vec<LinkStatus> {
         if self.conn != conn {
             *self = PreviousConnection {
                 conn,
@@ -218,7 +227,16 @@ impl<K: PartialEq> PreviousConnection<K> {
         }
         self.links.resize(links.len(), None);
         let mut out = Vec::with_capacity(links.len());
+        // the ended connections' counts go to one link of their addresses only
+        let mut credited: Vec<LinkKey> = Vec::new();
         for (l, prev) in links.iter().zip(self.links.iter_mut()) {
+            let key = (l.local.ip(), l.remote.ip());
+            let mut total = LinkCounts::default();
+            if !credited.contains(&key) {
+                credited.push(key);
+                total = ended.get(&key).copied().unwrap_or_default();
+            }
+            total.add(&LinkCounts::of(l));
             let since = prev.filter(|p| now > p.at);
             let per_second = |count: u64, then: fn(&Previous) -> u64| {
                 since.map(|p| {
@@ -243,9 +261,9 @@ impl<K: PartialEq> PreviousConnection<K> {
                 send_mbit: per_second(l.bytes_sent, |p| p.sent),
                 receive_mbit: per_second(l.bytes_received, |p| p.received),
                 loss,
-                bytes_sent: l.bytes_sent,
-                bytes_received: l.bytes_received,
-                packets_lost: l.packets_lost,
+                bytes_sent: total.bytes_sent,
+                bytes_received: total.bytes_received,
+                packets_lost: total.packets_lost,
                 window_bytes: l.cwnd,
                 in_flight_bytes: l.bytes_in_flight,
             });
@@ -303,9 +321,9 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
                 links: Vec::new(),
             };
             let previous = previous.entry(host.name.clone()).or_default();
-            let (current, dropped) = peer.sample();
-            p.packets_dropped = dropped;
-            let Some((conn, s)) = current else {
+            let sample = peer.sample();
+            p.packets_dropped = sample.dropped;
+            let Some((conn, s)) = sample.current else {
                 *previous = PreviousConnection::default();
                 p.waiting_for = Some(peer.waiting_for());
                 status.peers.push(p);
@@ -316,7 +334,7 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
             p.encryption = Some(s.cipher.map_or("none", |c| c.name()).into());
             (p.queued_packets, p.queued_bytes) = s.datagrams_queued;
             p.send_limits = Some((&s.send_limits).into());
-            p.links = previous.sample(Identity::of(&conn), &s.links, now);
+            p.links = previous.sample(Identity::of(&conn), &s.links, &sample.ended_links, now);
             status.peers.push(p);
         }
         *latest.lock().unwrap_or_else(|e| e.into_inner()) = status;
@@ -1013,24 +1031,66 @@ pub(crate) mod tests {
     #[test]
     fn rates_and_loss_cover_one_period_of_one_connection() {
         let mut previous = PreviousConnection::<u32>::default();
+        let none = LinkTotals::new();
         let t0 = Instant::now();
         // the first sample has no period behind it: nothing measured, whatever came before
-        let first = previous.sample(1, &[counted(1_000_000, 1000, 400)], t0);
+        let first = previous.sample(1, &[counted(1_000_000, 1000, 400)], &none, t0);
         assert_eq!(first[0].send_mbit, None);
         assert_eq!(first[0].loss, None);
         let t1 = t0 + Duration::from_secs(1);
-        let second = previous.sample(1, &[counted(2_250_000, 2000, 410)], t1);
+        let second = previous.sample(1, &[counted(2_250_000, 2000, 410)], &none, t1);
         assert_eq!(second[0].send_mbit, Some(10.0));
         assert_eq!(second[0].loss, Some(0.01));
         // a connection that replaced it (its counters from zero) starts over
         let t2 = t1 + Duration::from_secs(1);
-        let replaced = previous.sample(2, &[counted(50_000, 40, 0)], t2);
+        let replaced = previous.sample(2, &[counted(50_000, 40, 0)], &none, t2);
         assert_eq!(replaced[0].send_mbit, None);
         assert_eq!(replaced[0].loss, None);
         let t3 = t2 + Duration::from_secs(1);
-        let next = previous.sample(2, &[counted(175_000, 140, 0)], t3);
+        let next = previous.sample(2, &[counted(175_000, 140, 0)], &none, t3);
         assert_eq!(next[0].send_mbit, Some(1.0));
         assert_eq!(next[0].loss, Some(0.0));
+    }
+
+    /// A link's byte and loss counts take in what the peer's ended connections moved between
+    /// the same two addresses, once; its rates and loss stay the connection's own. Before,
+    /// every reconnection started them again from zero.
+    #[test]
+    fn link_counts_go_on_across_connections_and_rates_stay_their_own() {
+        let mut previous = PreviousConnection::<u32>::default();
+        let key: LinkKey = ("10.0.1.1".parse().unwrap(), "10.0.1.1".parse().unwrap());
+        let other: LinkKey = ("10.0.2.1".parse().unwrap(), "10.0.2.2".parse().unwrap());
+        let ended = LinkTotals::from([
+            (
+                key,
+                LinkCounts {
+                    bytes_sent: 5_000_000,
+                    bytes_received: 7_000,
+                    packets_lost: 3,
+                },
+            ),
+            (
+                other,
+                LinkCounts {
+                    bytes_sent: 1,
+                    bytes_received: 1,
+                    packets_lost: 1,
+                },
+            ),
+        ]);
+        let t0 = Instant::now();
+        let first = previous.sample(1, &[counted(1_000, 10, 1)], &ended, t0);
+        assert_eq!(first[0].bytes_sent, 5_001_000);
+        assert_eq!(first[0].packets_lost, 4);
+        assert_eq!(first[0].bytes_received, 7_000);
+        let t1 = t0 + Duration::from_secs(1);
+        // two links between the same addresses: the ended counts go to the first alone
+        let links = [counted(126_000, 110, 1), counted(500, 5, 0)];
+        let second = previous.sample(1, &links, &ended, t1);
+        assert_eq!(second[0].bytes_sent, 5_126_000);
+        assert_eq!(second[1].bytes_sent, 500);
+        assert_eq!(second[0].send_mbit, Some(1.0));
+        assert_eq!(second[0].loss, Some(0.0));
     }
 
     #[test]
