@@ -15,8 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::{
-    env, icmp_forger, keygen, report, serial, DataFile, Host, IcmpPlan, Lab, TestDir, TestTimer,
-    Transfer, PORT,
+    icmp_forger, keygen, report, DataFile, Host, IcmpPlan, Lab, LabTest, Transfer, PORT,
 };
 
 /// The test gives up (killing its processes and removing its lab) after this long.
@@ -42,11 +41,11 @@ fn links_total(json: &serde_json::Value, field: &str) -> u64 {
 /// blind ones dropped) while the data moved.
 #[test]
 fn forged_icmp_errors_do_not_end_a_keyed_transfer() {
-    let Some(env) = env() else { return };
-    let _serial = serial();
-    let _timer = TestTimer::start("icmp");
+    let Some(test) = LabTest::start("icmp", &[]) else {
+        return;
+    };
+    let (env, dir) = (test.env, &test.dir);
     let name = "icmp";
-    let dir = TestDir::new(env, name);
     let lab = Lab::up(env, name, 2);
     let key = keygen(env, &dir.0);
     let data = DataFile::create(dir.0.join("input"), 512, 31);

@@ -27,8 +27,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::{
-    env, flood, keygen, report, serial, tap, Action, DataFile, FloodPlan, Host, Lab, Proc, TapPlan,
-    TestDir, TestTimer, Transfer, PORT,
+    flood, keygen, report, tap, Action, DataFile, FloodPlan, Host, Lab, LabTest, Proc, TapPlan,
+    Transfer, PORT,
 };
 
 /// Each test gives up (killing its processes and removing its lab) after this long.
@@ -125,11 +125,11 @@ fn fault_both_ways(
     rejoin_bound: Duration,
     lanes: bool,
 ) {
-    let Some(env) = env() else { return };
-    let _serial = serial();
-    let _timer = TestTimer::start(name);
+    let Some(test) = LabTest::start(name, &[]) else {
+        return;
+    };
+    let (env, dir) = (test.env, &test.dir);
     let deadline = Instant::now() + TEST_TIMEOUT;
-    let dir = TestDir::new(env, name);
     let lab = Lab::up(env, name, 2);
     let data = DataFile::create(dir.0.join("input"), data_mib(), seed);
     for (sender, link, kind, discover) in [
@@ -312,12 +312,12 @@ fn loss_10_percent_both_directions() {
 /// direction only (A→B), to keep the suite's time down: the outage alone takes 30 s.
 #[test]
 fn all_links_down_30s_then_one_back() {
-    let Some(env) = env() else { return };
-    let _serial = serial();
-    let _timer = TestTimer::start("alldown");
+    let Some(test) = LabTest::start("alldown", &[]) else {
+        return;
+    };
+    let (env, dir) = (test.env, &test.dir);
     let outage = Duration::from_secs(30);
     let name = "alldown";
-    let dir = TestDir::new(env, name);
     let lab = Lab::up(env, name, 2);
     let data = DataFile::create(dir.0.join("input"), data_mib(), 6);
     // the healed link is taken back however long the outage was, not after address-resolution
@@ -408,13 +408,13 @@ fn tcp_outage() -> Duration {
 /// ends its link, and the new TCP connection's frames open with fresh keys.
 #[test]
 fn tcp_transport_through_a_dead_switch_and_a_partition() {
-    let Some(env) = env() else { return };
-    let _serial = serial();
-    let _timer = TestTimer::start("tcp");
+    let Some(test) = LabTest::start("tcp", &[]) else {
+        return;
+    };
+    let (env, dir) = (test.env, &test.dir);
     let outage = tcp_outage();
     let deadline = Instant::now() + TEST_TIMEOUT + outage;
     let name = "tcp";
-    let dir = TestDir::new(env, name);
     let lab = Lab::up(env, name, 2);
     let data = DataFile::create(dir.0.join("input"), data_mib(), 12);
     let key = keygen(env, &dir.0);
@@ -550,14 +550,11 @@ fn both_ended_intact(send: &mut Proc, recv: &mut Proc, input: &Path, output: &Pa
 /// again.
 #[test]
 fn tcp_transport_opens_a_long_path_beside_a_short_one() {
-    let Some(env) = env() else { return };
-    if !support::require_tool("iperf3", "iperf3") {
+    let Some(test) = LabTest::start("tcp-long", &[("iperf3", "iperf3")]) else {
         return;
-    }
-    let _serial = serial();
-    let _timer = TestTimer::start("tcp-long");
+    };
+    let (env, dir) = (test.env, &test.dir);
     let name = "tcplong";
-    let dir = TestDir::new(env, name);
     let lab = Lab::up(env, name, 2);
     // link 1 short but 100 Mbit/s, so that the transfer lasts a few seconds; link 2 long:
     // A's egress a 5 Mbit/s queue kept full by a UDP flood of 15 Mbit/s to B on that link
@@ -667,11 +664,11 @@ fn tcp_transport_opens_a_long_path_beside_a_short_one() {
 /// a second later.
 #[test]
 fn a_connection_comes_up_as_soon_as_the_path_works() {
-    let Some(env) = env() else { return };
-    let _serial = serial();
-    let _timer = TestTimer::start("connect");
+    let Some(test) = LabTest::start("connect", &[]) else {
+        return;
+    };
+    let (env, dir) = (test.env, &test.dir);
     let name = "connect";
-    let dir = TestDir::new(env, name);
     let lab = Lab::up(env, name, 2);
     let data = dir.0.join("input");
     let bytes: Vec<u8> = (0..64u32 << 10).map(|i| (i % 251) as u8).collect();
@@ -741,12 +738,12 @@ fn a_connection_comes_up_as_soon_as_the_path_works() {
 /// message within 10 s, and the restarted receiver must take a new transfer.
 #[test]
 fn receiver_restart_is_reported_to_the_sender() {
-    let Some(env) = env() else { return };
-    let _serial = serial();
-    let _timer = TestTimer::start("restart");
+    let Some(test) = LabTest::start("restart", &[]) else {
+        return;
+    };
+    let (env, dir) = (test.env, &test.dir);
     let deadline = Instant::now() + TEST_TIMEOUT;
     let name = "restart";
-    let dir = TestDir::new(env, name);
     let lab = Lab::up(env, name, 2);
     let data = DataFile::create(dir.0.join("input"), data_mib(), 7);
     for gap in [Duration::ZERO, Duration::from_secs(2)] {
@@ -798,11 +795,11 @@ fn receiver_restart_is_reported_to_the_sender() {
 /// is gone and how many bytes its partial output holds.
 #[test]
 fn killed_sender_is_reported_by_the_receiver() {
-    let Some(env) = env() else { return };
-    let _serial = serial();
-    let _timer = TestTimer::start("killed-sender");
+    let Some(test) = LabTest::start("killed-sender", &[]) else {
+        return;
+    };
+    let (env, dir) = (test.env, &test.dir);
     let name = "killsend";
-    let dir = TestDir::new(env, name);
     let lab = Lab::up(env, name, 2);
     let data = DataFile::create(dir.0.join("input"), data_mib(), 9);
     let output = dir.0.join("output");
@@ -870,11 +867,11 @@ fn killed_sender_is_reported_by_the_receiver() {
 /// TCP transport does the same over the same links.
 #[test]
 fn ipv6_links_carry_a_transfer_through_a_dead_switch() {
-    let Some(env) = env() else { return };
-    let _serial = serial();
+    let Some(test) = LabTest::start("ipv6", &[]) else {
+        return;
+    };
+    let (env, dir) = (test.env, &test.dir);
     let name = "ipv6";
-    let _timer = TestTimer::start(name);
-    let dir = TestDir::new(env, name);
     let lab = Lab::up_ipv6(env, name, 2);
     let data = DataFile::create(dir.0.join("input"), data_mib(), 12);
     for (tcp, label) in [(false, "ipv6-a2b"), (true, "ipv6-tcp-a2b")] {
@@ -1030,12 +1027,12 @@ fn restart_during_transfer(
 /// intact and the receiver's memory stays bounded.
 #[test]
 fn garbage_flood_at_the_receiver() {
-    let Some(env) = env() else { return };
-    let _serial = serial();
-    let _timer = TestTimer::start("flood");
+    let Some(test) = LabTest::start("flood", &[]) else {
+        return;
+    };
+    let (env, dir) = (test.env, &test.dir);
     let deadline = Instant::now() + TEST_TIMEOUT;
     let name = "flood";
-    let dir = TestDir::new(env, name);
     let lab = Lab::up(env, name, 2);
     let data = DataFile::create(dir.0.join("input"), data_mib(), 9);
     let flooder = flood(FloodPlan {
@@ -1155,11 +1152,11 @@ fn tapped_transfer(
 /// tap does see the marker when it is on the wire.
 #[test]
 fn keyed_transfer_is_private_and_ignores_an_on_path_injector() {
-    let Some(env) = env() else { return };
-    let _serial = serial();
-    let _timer = TestTimer::start("keyed");
+    let Some(test) = LabTest::start("keyed", &[]) else {
+        return;
+    };
+    let (env, dir) = (test.env, &test.dir);
     let name = "keyed";
-    let dir = TestDir::new(env, name);
     let lab = Lab::up(env, name, 2);
     let key = keygen(env, &dir.0);
     let small = DataFile::create_marked(dir.0.join("clear"), 8, 21, MARKER);
@@ -1200,11 +1197,11 @@ fn keyed_transfer_is_private_and_ignores_an_on_path_injector() {
 /// a key, and none in a keyed one, which arrives exact.
 #[test]
 fn tcp_keyed_transfer_is_private() {
-    let Some(env) = env() else { return };
-    let _serial = serial();
-    let _timer = TestTimer::start("tcp-keyed");
+    let Some(test) = LabTest::start("tcp-keyed", &[]) else {
+        return;
+    };
+    let (env, dir) = (test.env, &test.dir);
     let name = "tcpkeyed";
-    let dir = TestDir::new(env, name);
     let lab = Lab::up(env, name, 2);
     let key = keygen(env, &dir.0);
     let small = DataFile::create_marked(dir.0.join("clear"), 8, 23, MARKER);
@@ -1230,11 +1227,11 @@ fn tcp_keyed_transfer_is_private() {
 /// acknowledgements kept arriving): the client reported the server gone instead, in most runs.
 #[test]
 fn tcp_transport_server_interrupted_while_sending_tells_its_client() {
-    let Some(env) = env() else { return };
-    let _serial = serial();
-    let _timer = TestTimer::start("tcp-interrupted");
+    let Some(test) = LabTest::start("tcp-interrupted", &[]) else {
+        return;
+    };
+    let (env, dir) = (test.env, &test.dir);
     let name = "tcpint";
-    let dir = TestDir::new(env, name);
     let lab = Lab::up(env, name, 2);
     for dev in ["eth1", "eth2"] {
         lab.tbf(Host::B, dev, "100mbit", "20ms");

@@ -27,11 +27,15 @@ use std::cell::RefCell;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::MutexGuard;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::{env, report, require_tool, serial, Env, Lab, Proc, TestDir, TestTimer};
+use support::{report, Env, Lab, LabTest, Proc, TestDir};
+
+/// Tools the tests run in the lab's hosts, with their packages.
+const PING: (&str, &str) = ("ping", "iputils-ping");
+const IPERF3: (&str, &str) = ("iperf3", "iperf3");
+const PYTHON3: (&str, &str) = ("python3", "python3");
 
 const HOSTS: [&str; 3] = ["a", "b", "c"];
 /// Where host a's daemon serves its metrics (inside host a).
@@ -294,13 +298,10 @@ fn received_mbit(report: &serde_json::Value) -> f64 {
 
 #[test]
 fn a_three_host_tunnel_carries_tcp_through_a_dead_switch_and_a_partition() {
-    let _serial = serial();
-    let Some(env) = env() else { return };
-    if !require_tool("iperf3", "iperf3") {
+    let Some(test) = LabTest::start("tunnel", &[IPERF3]) else {
         return;
-    }
-    let _timer = TestTimer::start("tunnel");
-    let dir = TestDir::new(env, "tunnel");
+    };
+    let (env, dir) = (test.env, &test.dir);
     let lab = Lab::up_hosts(env, "tun", 2, 3);
     let config = cluster_file(env, &dir.0);
     for h in HOSTS {
@@ -706,20 +707,18 @@ impl Drop for EtcRi2n {
 /// unit restarted it every second).
 #[test]
 fn the_systemd_unit_runs_the_daemon_under_its_sandbox() {
-    let _serial = serial();
-    let Some(env) = env() else { return };
-    for (tool, package) in [
-        ("setpriv", "util-linux"),
-        ("unshare", "util-linux"),
-        ("nsenter", "util-linux"),
-        ("ping", "iputils-ping"),
-    ] {
-        if !require_tool(tool, package) {
-            return;
-        }
-    }
-    let _timer = TestTimer::start("tunnel-unit");
-    let dir = TestDir::new(env, "tunnel-unit");
+    let Some(test) = LabTest::start(
+        "tunnel-unit",
+        &[
+            ("setpriv", "util-linux"),
+            ("unshare", "util-linux"),
+            ("nsenter", "util-linux"),
+            PING,
+        ],
+    ) else {
+        return;
+    };
+    let (env, dir) = (test.env, &test.dir);
     let lab = Lab::up_hosts(env, "unit", 2, 3);
     let config = cluster_file(env, &dir.0);
     // a privileged port
@@ -932,13 +931,10 @@ fn ip_addr_of(lab: &Lab, h: &str, verb: &str, net: u8) {
 /// restart.
 #[test]
 fn a_host_missing_a_link_address_starts_without_it_and_takes_it_up_later() {
-    let _serial = serial();
-    let Some(env) = env() else { return };
-    if !require_tool("ping", "iputils-ping") {
+    let Some(test) = LabTest::start("tunnel-late-link", &[PING]) else {
         return;
-    }
-    let _timer = TestTimer::start("tunnel-late-link");
-    let dir = TestDir::new(env, "tunnel-late-link");
+    };
+    let (env, dir) = (test.env, &test.dir);
     let lab = Lab::up_hosts(env, "late", 2, 3);
     let config = cluster_file(env, &dir.0);
     let ip_b = |verb: &str, net: u8| ip_addr_of(&lab, "b", verb, net);
@@ -983,13 +979,10 @@ fn a_host_missing_a_link_address_starts_without_it_and_takes_it_up_later() {
 /// and no tunnel until the port came free.
 #[test]
 fn a_late_address_whose_port_is_held_does_not_stop_the_links_that_work() {
-    let _serial = serial();
-    let Some(env) = env() else { return };
-    if !require_tool("ping", "iputils-ping") {
+    let Some(test) = LabTest::start("tunnel-late-port-held", &[PING]) else {
         return;
-    }
-    let _timer = TestTimer::start("tunnel-late-port-held");
-    let dir = TestDir::new(env, "tunnel-late-port-held");
+    };
+    let (env, dir) = (test.env, &test.dir);
     let lab = Lab::up_hosts(env, "lheld", 2, 3);
     let config = cluster_file(env, &dir.0);
     ip_addr_of(&lab, "b", "del", 2);
@@ -1047,13 +1040,10 @@ fn a_late_address_whose_port_is_held_does_not_stop_the_links_that_work() {
 /// Before, it exited 5 ("cannot bind"), and a service restarted it until systemd gave up.
 #[test]
 fn a_named_host_without_any_link_address_starts_and_takes_them_up_later() {
-    let _serial = serial();
-    let Some(env) = env() else { return };
-    if !require_tool("ping", "iputils-ping") {
+    let Some(test) = LabTest::start("tunnel-no-link", &[PING]) else {
         return;
-    }
-    let _timer = TestTimer::start("tunnel-no-link");
-    let dir = TestDir::new(env, "tunnel-no-link");
+    };
+    let (env, dir) = (test.env, &test.dir);
     let lab = Lab::up_hosts(env, "nolink", 2, 2);
     support::keygen(env, &dir.0);
     let config = write_cluster_file(&dir.0, &["a", "b"]);
@@ -1110,10 +1100,10 @@ fn sighup(d: &Proc) {
 /// everything up.
 #[test]
 fn a_sighup_while_the_daemon_starts_is_a_reload_not_its_end() {
-    let _serial = serial();
-    let Some(env) = env() else { return };
-    let _timer = TestTimer::start("tunnel-early-sighup");
-    let dir = TestDir::new(env, "tunnel-early-sighup");
+    let Some(test) = LabTest::start("tunnel-early-sighup", &[]) else {
+        return;
+    };
+    let (env, dir) = (test.env, &test.dir);
     let lab = Lab::up_hosts(env, "tes", 2, 2);
     let key_file = support::keygen(env, &dir.0);
     let config = write_cluster_file(&dir.0, &["a", "b"]);
@@ -1208,13 +1198,10 @@ fn wait_for_peers(env: &Env, lab: &Lab, d: &Proc, host: &str, config: &Path, n: 
 /// made again.
 #[test]
 fn a_host_joins_and_leaves_on_sighup_without_restarting_the_others() {
-    let _serial = serial();
-    let Some(env) = env() else { return };
-    if !require_tool("ping", "iputils-ping") {
+    let Some(test) = LabTest::start("tunnel-reload", &[PING]) else {
         return;
-    }
-    let _timer = TestTimer::start("tunnel-reload");
-    let dir = TestDir::new(env, "tunnel-reload");
+    };
+    let (env, dir) = (test.env, &test.dir);
     let lab = Lab::up_hosts(env, "reload", 2, 3);
     let (config, mut daemons) = start_a_and_b(env, &lab, &dir.0);
     wait_for_peers(env, &lab, &daemons[0], "a", &config, 1);
@@ -1334,10 +1321,10 @@ fn a_host_joins_and_leaves_on_sighup_without_restarting_the_others() {
 /// "connected", a "lost" and a "refused" line each time, and its status says why it waits.
 #[test]
 fn a_host_refused_by_its_peers_tries_again_at_a_slowing_pace() {
-    let _serial = serial();
-    let Some(env) = env() else { return };
-    let _timer = TestTimer::start("tunnel-refused");
-    let dir = TestDir::new(env, "tunnel-refused");
+    let Some(test) = LabTest::start("tunnel-refused", &[]) else {
+        return;
+    };
+    let (env, dir) = (test.env, &test.dir);
     let lab = Lab::up_hosts(env, "refused", 2, 3);
     let (config, mut daemons) = start_a_and_b(env, &lab, &dir.0);
     wait_for_peers(env, &lab, &daemons[0], "a", &config, 1);
@@ -1396,10 +1383,8 @@ fn connected_lines(log: &str, name: &str) -> usize {
 /// How long the MPI job runs, seconds (of its own clock, which starts after MPI_Init).
 const MPI_JOB_SECONDS: u64 = 42;
 
-/// Whether Open MPI's `mpirun` and `mpicc` are there (see `require_tool`).
-fn mpi_tools() -> bool {
-    require_tool("mpirun", "openmpi-bin") && require_tool("mpicc", "libopenmpi-dev")
-}
+/// Open MPI's `mpirun` and `mpicc`, with their packages.
+const MPI: [(&str, &str); 2] = [("mpirun", "openmpi-bin"), ("mpicc", "libopenmpi-dev")];
 
 /// `tests/mpi/check.c` built with `mpicc` into `dir`.
 fn build_mpi_check(dir: &Path) -> PathBuf {
@@ -1469,13 +1454,10 @@ fn start_mpi_job(env: &Env, lab: &Lab, dir: &Path, job: &MpiJob) -> Proc {
 
 #[test]
 fn an_mpi_job_through_the_tunnel_completes_through_a_dead_switch_and_a_partition() {
-    let _serial = serial();
-    let Some(env) = env() else { return };
-    if !mpi_tools() {
+    let Some(test) = LabTest::start("tunnel-mpi", &MPI) else {
         return;
-    }
-    let _timer = TestTimer::start("tunnel-mpi");
-    let dir = TestDir::new(env, "tunnel-mpi");
+    };
+    let (env, dir) = (test.env, &test.dir);
     let program = build_mpi_check(&dir.0);
     let lab = Lab::up_hosts(env, "tmpi", 2, 3);
     let config = cluster_file(env, &dir.0);
@@ -1620,13 +1602,10 @@ fn threads(pid: u32) -> usize {
 /// peers (the peer loop serves them all); its threads and memory go to the report.
 #[test]
 fn a_32_host_cluster_comes_up_and_every_host_reaches_every_other() {
-    let _serial = serial();
-    let Some(env) = env() else { return };
-    if !require_tool("ping", "iputils-ping") {
+    let Some(test) = LabTest::start("tunnel-cluster", &[PING]) else {
         return;
-    }
-    let _timer = TestTimer::start("tunnel-cluster");
-    let dir = TestDir::new(env, "tunnel-cluster");
+    };
+    let (env, dir) = (test.env, &test.dir);
     let lab = Lab::up_hosts(env, "clu", 2, CLUSTER_HOSTS as u8);
     let names = lab_hosts(CLUSTER_HOSTS);
     let hosts: Vec<&str> = names.iter().map(String::as_str).collect();
@@ -1745,13 +1724,10 @@ const CLUSTER_SWITCH_DEAD: (u64, u64) = (8, 14);
 /// traffic.
 #[test]
 fn an_mpi_job_on_32_hosts_completes_through_a_dead_switch() {
-    let _serial = serial();
-    let Some(env) = env() else { return };
-    if !mpi_tools() {
+    let Some(test) = LabTest::start("tunnel-cluster-mpi", &MPI) else {
         return;
-    }
-    let _timer = TestTimer::start("tunnel-cluster-mpi");
-    let dir = TestDir::new(env, "tunnel-cluster-mpi");
+    };
+    let (env, dir) = (test.env, &test.dir);
     let program = build_mpi_check(&dir.0);
     let lab = Lab::up_hosts(env, "cmpi", 2, CLUSTER_HOSTS as u8);
     let names = lab_hosts(CLUSTER_HOSTS);
@@ -1862,35 +1838,6 @@ fn voluntary_switches(pid: u32) -> Vec<(String, String, u64)> {
         .collect()
 }
 
-/// Hosts a and b on two links, for a test that pings between their tunnel addresses, with
-/// what such a test holds for its length (dropped in this order): the lab, its folder, its
-/// timer and the lock that runs lab tests one at a time. None where the lab cannot run here
-/// (the reason printed).
-struct PingLab {
-    env: &'static Env,
-    lab: Lab,
-    dir: TestDir,
-    _timer: TestTimer,
-    _serial: MutexGuard<'static, ()>,
-}
-
-impl PingLab {
-    fn up(name: &'static str, prefix: &str) -> Option<Self> {
-        let serial = serial();
-        let env = env()?;
-        if !require_tool("ping", "iputils-ping") {
-            return None;
-        }
-        Some(PingLab {
-            env,
-            _timer: TestTimer::start(name),
-            dir: TestDir::new(env, name),
-            lab: Lab::up_hosts(env, prefix, 2, 2),
-            _serial: serial,
-        })
-    }
-}
-
 /// A packet for a tunnel address no host of the cluster owns is answered as a router without
 /// a route answers: ICMP host unreachable to its sender, so that ping says why at once and a
 /// TCP connect fails with "No route to host" instead of resending its SYN; the daemon counts
@@ -1898,10 +1845,11 @@ impl PingLab {
 /// loss, and the connect hung.
 #[test]
 fn a_packet_for_an_address_no_host_owns_is_answered_unreachable() {
-    let Some(test) = PingLab::up("tunnel-unreachable", "tur") else {
+    let Some(test) = LabTest::start("tunnel-unreachable", &[PING]) else {
         return;
     };
-    let (env, lab, dir) = (test.env, &test.lab, &test.dir);
+    let (env, dir) = (test.env, &test.dir);
+    let lab = &Lab::up_hosts(env, "tur", 2, 2);
     let (config, mut daemons) = start_a_and_b(env, lab, &dir.0);
     wait_connected(&mut daemons, 1, Duration::from_secs(15));
     // the premise: the tunnel carries
@@ -2038,10 +1986,11 @@ impl FloodPing {
 /// in and waking the peer loop) would add a wake-up per crossing.
 #[test]
 fn a_packet_crossing_the_tunnel_wakes_one_thread_per_side() {
-    let Some(test) = PingLab::up("tunnel-wakeups", "twk") else {
+    let Some(test) = LabTest::start("tunnel-wakeups", &[PING]) else {
         return;
     };
-    let (env, lab, dir) = (test.env, &test.lab, &test.dir);
+    let (env, dir) = (test.env, &test.dir);
+    let lab = &Lab::up_hosts(env, "twk", 2, 2);
     let flood = FloodPing::run(env, lab, &dir.0, &["--busy-poll", "0"], |_| {});
     for d in &flood.sleeps {
         assert!(
@@ -2063,10 +2012,11 @@ fn a_packet_crossing_the_tunnel_wakes_one_thread_per_side() {
 /// no CPU, as without the option).
 #[test]
 fn with_busy_polling_back_to_back_packets_cross_the_tunnel_without_sleeps() {
-    let Some(test) = PingLab::up("tunnel-busy-poll", "tbp") else {
+    let Some(test) = LabTest::start("tunnel-busy-poll", &[PING]) else {
         return;
     };
-    let (env, lab, dir) = (test.env, &test.lab, &test.dir);
+    let (env, dir) = (test.env, &test.dir);
+    let lab = &Lab::up_hosts(env, "tbp", 2, 2);
     let mut at_rest = Vec::new();
     let flood = FloodPing::run(env, lab, &dir.0, &["--busy-poll", "1000"], |pids| {
         // the window (1 ms) closes right after the last ping; then a second at rest
@@ -2108,13 +2058,11 @@ fn with_busy_polling_back_to_back_packets_cross_the_tunnel_without_sleeps() {
 /// spins at all: packets 1 ms apart, within the window, keep the daemons spinning.
 #[test]
 fn busy_polling_stops_while_packets_come_further_apart_than_its_window() {
-    let Some(test) = PingLab::up("tunnel-busy-poll-sparse", "tbs") else {
+    let Some(test) = LabTest::start("tunnel-busy-poll-sparse", &[PING, IPERF3]) else {
         return;
     };
-    if !require_tool("iperf3", "iperf3") {
-        return;
-    }
-    let (env, lab, dir) = (test.env, &test.lab, &test.dir.0);
+    let (env, dir) = (test.env, &test.dir.0);
+    let lab = &Lab::up_hosts(env, "tbs", 2, 2);
     support::keygen(env, dir);
     let config = write_cluster_file(dir, &["a", "b"]);
     let mut daemons: Vec<Proc> = ["a", "b"]
@@ -2207,10 +2155,11 @@ fn pings_answered(lab: &Lab, from: &str, to: &str, count: u64, pace: &[&str]) ->
 /// interface takes for b is dropped, and counted so (it was counted nowhere).
 #[test]
 fn the_status_counts_the_packets_each_carry_moves() {
-    let Some(test) = PingLab::up("tunnel-counts", "tct") else {
+    let Some(test) = LabTest::start("tunnel-counts", &[PING]) else {
         return;
     };
-    let (env, lab, dir) = (test.env, &test.lab, &test.dir);
+    let (env, dir) = (test.env, &test.dir);
+    let lab = &Lab::up_hosts(env, "tct", 2, 2);
     const PINGS: u64 = 20;
     support::keygen(env, &dir.0);
     let config = write_cluster_file(&dir.0, &["a", "b"]);
@@ -2304,13 +2253,11 @@ c.close()
 /// the MTU and handed each piece over as a message of its own, with a call each.
 #[test]
 fn inner_tcp_crosses_whole_and_unchanged_with_either_carry() {
-    let Some(test) = PingLab::up("tunnel-segments", "tsg") else {
+    let Some(test) = LabTest::start("tunnel-segments", &[PING, PYTHON3]) else {
         return;
     };
-    if !require_tool("python3", "python3") {
-        return;
-    }
-    let (env, lab, dir) = (test.env, &test.lab, &test.dir);
+    let (env, dir) = (test.env, &test.dir);
+    let lab = &Lab::up_hosts(env, "tsg", 2, 2);
     const MIB: u64 = 32;
     let data = support::DataFile::create(dir.0.join("sent"), MIB, 43);
     // what one MTU-sized segment of inner TCP carries at most
@@ -2406,10 +2353,11 @@ fn in_host(lab: &Lab, host: &str, args: &[&str]) -> String {
 /// (They were filtered before, but counted as received and told nowhere.)
 #[test]
 fn a_host_that_sends_from_another_address_is_refused_and_told_so() {
-    let Some(test) = PingLab::up("tunnel-source", "tsr") else {
+    let Some(test) = LabTest::start("tunnel-source", &[PING]) else {
         return;
     };
-    let (env, lab, dir) = (test.env, &test.lab, &test.dir);
+    let (env, dir) = (test.env, &test.dir);
+    let lab = &Lab::up_hosts(env, "tsr", 2, 2);
     const PINGS: u64 = 20;
     const STRANGER: &str = "10.99.0.77";
     let (config, mut daemons) = start_a_and_b(env, lab, &dir.0);
@@ -2524,10 +2472,10 @@ fn queue_reads_after(env: &Env, ns: &str, config: &Path, since: Instant) -> Vec<
 
 #[test]
 fn flows_spread_over_the_interface_queues_and_each_stays_on_one() {
-    let _serial = serial();
-    let Some(env) = env() else { return };
-    let _timer = TestTimer::start("tunnel-queues");
-    let dir = TestDir::new(env, "tunnel-queues");
+    let Some(test) = LabTest::start("tunnel-queues", &[]) else {
+        return;
+    };
+    let (env, dir) = (test.env, &test.dir);
     let lab = Lab::up_hosts(env, "tmq", 2, 2);
     support::keygen(env, &dir.0);
     let config = write_cluster_file(&dir.0, &["a", "b"]);
@@ -2596,13 +2544,10 @@ fn flows_spread_over_the_interface_queues_and_each_stays_on_one() {
 /// only, and no peer connected while network 1 was down.
 #[test]
 fn daemons_started_while_the_first_network_is_down_connect_over_the_second() {
-    let _serial = serial();
-    let Some(env) = env() else { return };
-    if !require_tool("ping", "iputils-ping") {
+    let Some(test) = LabTest::start("tunnel-first-network-down", &[PING]) else {
         return;
-    }
-    let _timer = TestTimer::start("tunnel-first-network-down");
-    let dir = TestDir::new(env, "tunnel-first-network-down");
+    };
+    let (env, dir) = (test.env, &test.dir);
     let lab = Lab::up_hosts(env, "first", 2, 3);
     let config = cluster_file(env, &dir.0);
     lab.fault(1, &["switch"]);
@@ -2636,13 +2581,10 @@ fn daemons_started_while_the_first_network_is_down_connect_over_the_second() {
 /// which stayed after it exited.
 #[test]
 fn a_second_daemon_on_a_host_cannot_take_its_interface() {
-    let _serial = serial();
-    let Some(env) = env() else { return };
-    if !require_tool("ping", "iputils-ping") {
+    let Some(test) = LabTest::start("tunnel-second-daemon", &[PING]) else {
         return;
-    }
-    let _timer = TestTimer::start("tunnel-second-daemon");
-    let dir = TestDir::new(env, "tunnel-second-daemon");
+    };
+    let (env, dir) = (test.env, &test.dir);
     let lab = Lab::up_hosts(env, "tsd", 2, 2);
     support::keygen(env, &dir.0);
     let config = write_cluster_file(&dir.0, &["a", "b"]);
@@ -2696,10 +2638,10 @@ fn a_second_daemon_on_a_host_cannot_take_its_interface() {
 /// again from zero with each connection).
 #[test]
 fn a_host_that_dies_and_comes_back_is_not_reported_lost_by_its_peer() {
-    let _serial = serial();
-    let Some(env) = env() else { return };
-    let _timer = TestTimer::start("tunnel-comes-back");
-    let dir = TestDir::new(env, "tunnel-comes-back");
+    let Some(test) = LabTest::start("tunnel-comes-back", &[]) else {
+        return;
+    };
+    let (env, dir) = (test.env, &test.dir);
     let lab = Lab::up_hosts(env, "comes-back", 2, 2);
     let (config, mut daemons) = start_a_and_b(env, &lab, &dir.0);
     wait_for_peers(env, &lab, &daemons[1], "b", &config, 1);

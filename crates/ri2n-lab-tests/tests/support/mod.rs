@@ -260,6 +260,38 @@ pub fn serial() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// What a lab test holds while it runs, dropped after the test's own lab and processes, in
+/// this order: a folder for its files, the timer that reports its time and the lock that runs
+/// lab tests one at a time.
+pub struct LabTest {
+    pub env: &'static Env,
+    pub dir: TestDir,
+    _timer: TestTimer,
+    _serial: MutexGuard<'static, ()>,
+}
+
+impl LabTest {
+    /// Starts test `name` (its report's and folder's name), or returns None where it cannot
+    /// run here, having said why (a failure when `CI` is set): no lab ([`env`]) or a missing
+    /// tool of `tools` (program, package).
+    pub fn start(name: &'static str, tools: &[(&str, &str)]) -> Option<LabTest> {
+        let env = env()?;
+        if !tools
+            .iter()
+            .all(|&(tool, package)| require_tool(tool, package))
+        {
+            return None;
+        }
+        let serial = serial();
+        Some(LabTest {
+            env,
+            _timer: TestTimer::start(name),
+            dir: TestDir::new(env, name),
+            _serial: serial,
+        })
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Report
 
