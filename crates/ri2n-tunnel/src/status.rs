@@ -447,6 +447,7 @@ struct LinkLabels {
 /// and its value in a peer's or a link's status.
 struct MetricOf<T> {
     name: &'static str,
+    /// Without a final period: the registry adds one.
     help: &'static str,
     unit: Option<Unit>,
     value: fn(&T) -> u64,
@@ -528,7 +529,7 @@ pub fn prometheus(s: &Status) -> String {
     registry.register(
         "ri2n_tunnel_peer_connected",
         "Whether a connection to the peer is established. It stays 1 while every link is \
-         down (the connection is held through outages): alert on ri2n_tunnel_link_up.",
+         down (the connection is held through outages): alert on ri2n_tunnel_link_up",
         connected,
     );
     register_gauges(
@@ -538,7 +539,7 @@ pub fn prometheus(s: &Status) -> String {
             name: "ri2n_tunnel_queued",
             help: "Bytes of IP packets queued for the peer and not sent yet: what a packet \
                    read from the interface now waits behind in this daemon, besides the \
-                   links' windows.",
+                   links' windows",
             unit: Some(Unit::Bytes),
             value: |p: &PeerStatus| p.queued_bytes,
         }],
@@ -549,13 +550,13 @@ pub fn prometheus(s: &Status) -> String {
         &[
             MetricOf {
                 name: "ri2n_tunnel_packets_sent",
-                help: "IP packets sent to the peer.",
+                help: "IP packets sent to the peer",
                 unit: None,
                 value: |p: &PeerStatus| p.packets_sent,
             },
             MetricOf {
                 name: "ri2n_tunnel_packets_received",
-                help: "IP packets received from the peer and written to the interface.",
+                help: "IP packets received from the peer and written to the interface",
                 unit: None,
                 value: |p| p.packets_received,
             },
@@ -564,7 +565,7 @@ pub fn prometheus(s: &Status) -> String {
                 help: "IP packets dropped: no connection up, send queue full or too old, not \
                        written in time, received from another source than the peer's tunnel \
                        address or for another destination than this host's, or refused by \
-                       the interface.",
+                       the interface",
                 unit: None,
                 value: |p| p.packets_dropped,
             },
@@ -580,7 +581,7 @@ pub fn prometheus(s: &Status) -> String {
     }
     registry.register(
         "ri2n_tunnel_queue_packets_read",
-        "IP packets read from the interface's queue (each flow is read from one queue).",
+        "IP packets read from the interface's queue (each flow is read from one queue)",
         reads,
     );
     let unrouted = Family::<HostLabels, Counter>::default();
@@ -591,7 +592,7 @@ pub fn prometheus(s: &Status) -> String {
     registry.register(
         "ri2n_tunnel_packets_unrouted",
         "IPv4 packets read from the interface for an address no host of the cluster owns \
-         (not carried; their senders are told the host is unreachable).",
+         (not carried; their senders are told the host is unreachable)",
         unrouted,
     );
     let up = Family::<LinkLabels, Gauge>::default();
@@ -604,12 +605,12 @@ pub fn prometheus(s: &Status) -> String {
     }
     registry.register(
         "ri2n_tunnel_link_up",
-        "Whether the link is up (carries data).",
+        "Whether the link is up (carries data)",
         up,
     );
     registry.register_with_unit(
         "ri2n_tunnel_link_rtt",
-        "Smoothed round-trip time of the link (absent while it validates or is down).",
+        "Smoothed round-trip time of the link (absent while it validates or is down)",
         Unit::Seconds,
         rtt,
     );
@@ -619,13 +620,13 @@ pub fn prometheus(s: &Status) -> String {
         &[
             MetricOf {
                 name: "ri2n_tunnel_link_window",
-                help: "Congestion window of the link.",
+                help: "Congestion window of the link",
                 unit: Some(Unit::Bytes),
                 value: |l: &LinkStatus| l.window_bytes,
             },
             MetricOf {
                 name: "ri2n_tunnel_link_in_flight",
-                help: "Bytes sent on the link, neither acknowledged nor declared lost.",
+                help: "Bytes sent on the link, neither acknowledged nor declared lost",
                 unit: Some(Unit::Bytes),
                 value: |l| l.in_flight_bytes,
             },
@@ -637,19 +638,20 @@ pub fn prometheus(s: &Status) -> String {
         &[
             MetricOf {
                 name: "ri2n_tunnel_link_sent",
-                help: "Bytes sent on the link (datagrams).",
+                help: "Bytes sent on the link (datagrams), by every connection to the peer",
                 unit: Some(Unit::Bytes),
                 value: |l: &LinkStatus| l.bytes_sent,
             },
             MetricOf {
                 name: "ri2n_tunnel_link_received",
-                help: "Bytes received on the link (datagrams).",
+                help: "Bytes received on the link (datagrams), by every connection to the peer",
                 unit: Some(Unit::Bytes),
                 value: |l| l.bytes_received,
             },
             MetricOf {
                 name: "ri2n_tunnel_link_lost_packets",
-                help: "Packets the link's loss detection declared lost.",
+                help: "Packets the link's loss detection declared lost, in every connection \
+                       to the peer",
                 unit: None,
                 value: |l| l.packets_lost,
             },
@@ -962,6 +964,12 @@ pub(crate) mod tests {
         }
         // a link that is down has no round trip, not a stale or made-up one
         assert!(!text.contains(&format!("ri2n_tunnel_link_rtt_seconds{{{down}}}")));
+        // each help text ends with the one period the registry adds (it showed two)
+        let help: Vec<_> = text.lines().filter(|l| l.starts_with("# HELP")).collect();
+        assert_eq!(help.len(), 14, "{text}");
+        for l in help {
+            assert!(l.ends_with('.') && !l.ends_with(".."), "{l}");
+        }
     }
 
     #[test]
