@@ -528,15 +528,24 @@ fn start_a_and_b(env: &Env, lab: &Lab, dir: &Path) -> (PathBuf, Vec<Proc>) {
     (config, daemons)
 }
 
-/// SIGTERM to every daemon: each must exit 0.
+/// SIGTERM to every daemon: each must exit 0, and log no peer lost while it closes.
 fn stop_daemons(daemons: &mut [Proc]) {
     for d in daemons {
         let status = d.terminate(Duration::from_secs(10));
+        let log = d.stderr_text();
         assert!(
             status.is_some_and(|s| s.success()),
-            "{} after SIGTERM: {status:?}: {}",
+            "{} after SIGTERM: {status:?}: {log}",
             d.name,
-            d.stderr_text()
+        );
+        // the daemon ends its connections itself, with a summary each: none is "lost" then
+        // (each was, with its summary again)
+        let closing = log.find(": closing the connections and removing");
+        let after = closing.map_or("", |at| &log[at..]);
+        assert!(
+            !after.contains(" lost ("),
+            "{} logged a peer lost while it closed: {log}",
+            d.name
         );
     }
 }

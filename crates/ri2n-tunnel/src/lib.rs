@@ -42,6 +42,7 @@ mod status;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
@@ -247,13 +248,25 @@ fn connection_config(carry: Carry) -> ConnectionConfig {
 }
 
 /// How a thread of the daemon that can no longer work stops it: the signal wait returns,
-/// and the daemon shuts down as on SIGTERM, then reports why.
+/// and the daemon shuts down as on SIGTERM, then reports why. Also how the other threads
+/// learn that the daemon is closing its connections.
 pub(crate) struct Stop {
     signals: signal_hook::iterator::Handle,
     why: Mutex<Option<String>>,
+    closing: AtomicBool,
 }
 
 impl Stop {
+    /// The daemon closes its connections now: their ends are its own doing, logged by it,
+    /// and no peer is connected again.
+    fn closing(&self) {
+        self.closing.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
     pub(crate) fn fail(&self, why: String) {
         eprintln!("ri2n tunnel: {why}");
         self.why
@@ -326,7 +339,7 @@ pub fn run(
         us => format!(", busy-poll {us} µs"),
     };
     eprintln!(
-        "ri2n tunnel: {} is {}/{} on {} (MTU {mtu}, {} queue{}{busy_poll}); links {}; {} peers",
+        "ri2n tunnel: {} is {}/{} on {} (MTU {mtu}, {} queue{}{busy_poll}); links {}; {} peer{}",
         host.name,
         host.address,
         cluster.prefix,
@@ -334,7 +347,8 @@ pub fn run(
         queues.len(),
         if queues.len() == 1 { "" } else { "s" },
         present.join(", "),
-        cluster.hosts.len() - 1
+        cluster.hosts.len() - 1,
+        if cluster.hosts.len() == 2 { "" } else { "s" },
     );
 
     let interface = cluster.interface.clone();
@@ -347,6 +361,7 @@ pub fn run(
     let stop = Arc::new(Stop {
         signals: signals.handle(),
         why: Mutex::new(None),
+        closing: AtomicBool::new(false),
     });
 
     // absolute, so that `tunnel reload --config FILE` can tell whether FILE is this one
@@ -449,6 +464,7 @@ pub fn run(
             None => "stopping",
         },
     );
+    stop.closing();
     for peer in &peers.table().peers {
         if let Some(c) = peer.conn() {
             eprintln!("ri2n tunnel: {}: {}", peer.name(), summary(&c.stats()));

@@ -538,7 +538,9 @@ impl Loop {
     /// One that a newer connection had replaced (the peer restarted without a word, and
     /// connected again before this one's end was found) lost nothing: the peer is connected.
     fn lost(&mut self, k: usize, reason: String) {
-        if let Some(slot) = self.slots[k].as_ref() {
+        // closing: the daemon ended it, and logged its summary
+        let closing = self.stop.is_closing();
+        if let Some(slot) = self.slots[k].as_ref().filter(|_| !closing) {
             let replaced = (slot.peer.conn()).is_some_and(|c| !Arc::ptr_eq(&c, &slot.conn));
             if replaced {
                 eprintln!(
@@ -577,7 +579,7 @@ impl Loop {
         // a newer connection to the same peer may have replaced this one meanwhile
         slot.peer.clear(&slot.conn);
         self.ready.retain(|&r| r != k);
-        if slot.peer.connects && !slot.peer.is_removed() {
+        if slot.peer.connects && !slot.peer.is_removed() && !self.stop.is_closing() {
             let pause = self.retry_pause(&slot);
             self.retries.push((Instant::now() + pause, slot.peer));
         } else {
