@@ -23,7 +23,6 @@ use std::collections::{HashMap, VecDeque};
 use std::io::ErrorKind;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -515,8 +514,7 @@ impl Loop {
                         .write(&self.queues, &peer.host.address.octets(), &me);
                     // the window opens when the packets are out, as the route loops' does
                     self.busy.handled();
-                    peer.received
-                        .fetch_add((n - lost.refused - lost.failed) as u64, Ordering::Relaxed);
+                    peer.count_received((n - lost.refused - lost.failed) as u64);
                     if let Some(why) = lost.first_refusal {
                         peer.refuse_packets(lost.refused as u64, why);
                     }

@@ -22,18 +22,8 @@ pub struct Peer {
     /// This host connects to it (it is listed after this host); otherwise it connects here.
     pub connects: bool,
     conn: RwLock<Option<Arc<Connection>>>,
-    /// IP packets handed to its connections, and received from them, whatever carried them
-    /// (datagrams or messages).
-    pub sent: AtomicU64,
-    pub received: AtomicU64,
-    /// IP packets for it that no connection took (none was up, its send queue was full),
-    /// and those its ended connections dropped: with the current connection's own, the
-    /// count the status shows, which does not start again at each reconnection.
-    dropped: AtomicU64,
-    /// What its ended connections moved on each link, by the link's addresses: with the
-    /// current connection's own, the counts the status shows, which do not start again at
-    /// each reconnection (Prometheus counters go back only when the daemon restarts).
-    ended_links: Mutex<LinkTotals>,
+    /// Its counts since the daemon started.
+    counts: Arc<PeerCounts>,
     /// Connections a newer one replaced, still running until their end is found, with what
     /// each had dropped and moved when replaced (counted then): what they do later counts at
     /// their end.
@@ -53,16 +43,31 @@ pub struct Peer {
     first_remote: AtomicUsize,
 }
 
+/// A peer's counts since the daemon started, shared by the [`Peer`]s that reloads made for
+/// the same host name: a changed entry (its link addresses, say) does not start its
+/// counters again, and what its old connection does until its end still counts. The status
+/// shows them, each with the current connection's own added (they do not start again at
+/// each reconnection: Prometheus counters go back only when the daemon restarts).
+#[derive(Default)]
+struct PeerCounts {
+    /// IP packets handed to its connections, and received from them, whatever carried them
+    /// (datagrams or messages).
+    sent: AtomicU64,
+    received: AtomicU64,
+    /// IP packets for it that no connection took (none was up, its send queue was full),
+    /// and those its ended connections dropped.
+    dropped: AtomicU64,
+    /// What its ended connections moved on each link, by the link's addresses.
+    ended_links: Mutex<LinkTotals>,
+}
+
 impl Peer {
-    fn new(host: Host, connects: bool) -> Peer {
+    fn new(host: Host, connects: bool, counts: Arc<PeerCounts>) -> Peer {
         Peer {
             host,
             connects,
             conn: RwLock::new(None),
-            sent: AtomicU64::new(0),
-            received: AtomicU64::new(0),
-            dropped: AtomicU64::new(0),
-            ended_links: Mutex::new(LinkTotals::new()),
+            counts,
             replaced: Mutex::new(Vec::new()),
             refusal_logged: AtomicBool::new(false),
             write_failure_logged: AtomicBool::new(false),
@@ -122,18 +127,20 @@ impl Peer {
         self.conn.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Its connection now, if one is up, with the connection's statistics, the IP packets
-    /// dropped for it so far (that connection's included) and what its ended connections
-    /// moved on each link, read together: a connection replaced or ended meanwhile hands its
+    /// Its connection now, if one is up, with the connection's statistics, its packet
+    /// counts (those dropped take in that connection's) and what its ended connections moved
+    /// on each link, read together: a connection replaced or ended meanwhile hands its
     /// counts over under the same lock ([`Self::set`], [`Self::clear`]), so they are counted
     /// once and no count goes back.
     pub fn sample(&self) -> PeerSample {
         let slot = self.conn.read().unwrap_or_else(|e| e.into_inner());
         let current = slot.as_ref().map(|c| (c.clone(), c.stats()));
         let dropped = self.packets_dropped(current.as_ref().map(|(_, s)| s));
-        let ended_links = self.ended_links.lock().unwrap_or_else(|e| e.into_inner());
+        let ended_links = (self.counts.ended_links.lock()).unwrap_or_else(|e| e.into_inner());
         PeerSample {
             current,
+            sent: self.counts.sent.load(Ordering::Relaxed),
+            received: self.counts.received.load(Ordering::Relaxed),
             dropped,
             ended_links: ended_links.clone(),
         }
@@ -168,9 +175,19 @@ impl Peer {
         }
     }
 
+    /// `n` IP packets were handed to its connection.
+    pub fn count_sent(&self, n: u64) {
+        self.counts.sent.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// `n` IP packets from it were written to the interface.
+    pub fn count_received(&self, n: u64) {
+        self.counts.received.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// `n` IP packets for it were dropped before a connection took them.
     pub fn drop_packets(&self, n: u64) {
-        self.dropped.fetch_add(n, Ordering::Relaxed);
+        self.counts.dropped.fetch_add(n, Ordering::Relaxed);
     }
 
     /// `n` IP packets from it were not written to the interface (`first` says why for one of
@@ -208,7 +225,7 @@ impl Peer {
         let now = current.map_or(0, |s| {
             s.datagrams_send_dropped + s.datagrams_receive_dropped
         });
-        self.dropped.load(Ordering::Relaxed) + now
+        self.counts.dropped.load(Ordering::Relaxed) + now
     }
 
     /// What `conn`, no longer its connection, dropped and moved beyond what was `counted` of
@@ -221,7 +238,7 @@ impl Peer {
             links: link_totals(&s.links),
         };
         self.drop_packets(now.dropped.saturating_sub(counted.dropped));
-        let mut ended = self.ended_links.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ended = (self.counts.ended_links.lock()).unwrap_or_else(|e| e.into_inner());
         for (key, n) in &now.links {
             let before = counted.links.get(key).copied().unwrap_or_default();
             ended.entry(*key).or_default().add(&n.since(&before));
@@ -304,6 +321,10 @@ struct Counted {
 pub struct PeerSample {
     /// Its connection, if one is up, with the connection's statistics.
     pub current: Option<(Arc<Connection>, ri2n::ConnectionStats)>,
+    /// IP packets handed to its connections, and received from them, since the daemon
+    /// started.
+    pub sent: u64,
+    pub received: u64,
     /// IP packets dropped for it since the daemon started.
     pub dropped: u64,
     /// What its ended connections moved on each link.
@@ -332,8 +353,13 @@ impl Table {
                     (t.peers.iter())
                         .find(|p| p.host == *h && p.connects == connects && !p.is_removed())
                 });
-                kept.cloned()
-                    .unwrap_or_else(|| Arc::new(Peer::new(h.clone(), connects)))
+                kept.cloned().unwrap_or_else(|| {
+                    // a changed entry of a host the table had: its counts go on
+                    let counts = (old.into_iter().flat_map(|t| &t.peers))
+                        .find(|p| p.host.name == h.name)
+                        .map_or_else(Arc::default, |p| p.counts.clone());
+                    Arc::new(Peer::new(h.clone(), connects, counts))
+                })
             })
             .collect();
         let by_tunnel_address = (peers.iter().enumerate())
@@ -535,7 +561,7 @@ mod tests {
         };
         let (old, new) = (connect(), connect());
         let (old_far, _new_far) = (server.accept().unwrap(), server.accept().unwrap());
-        let peer = Peer::new(cluster("").hosts[0].clone(), false);
+        let peer = Peer::new(cluster("").hosts[0].clone(), false, Arc::default());
         peer.set(old.clone());
         peer.set(new);
         let received = |t: &LinkTotals| t.values().map(|n| n.bytes_received).sum::<u64>();
@@ -601,8 +627,8 @@ mod tests {
     }
 
     /// Reading the file again keeps each host whose entry and role are unchanged (its peer,
-    /// so its connection and its loop), drops a changed one and adds a new one; it refuses
-    /// a change of this host's own entry.
+    /// so its connection and its loop), drops a changed one and adds a new one, whose counts
+    /// go on from the changed one's; it refuses a change of this host's own entry.
     #[test]
     fn a_reload_keeps_the_unchanged_hosts_and_refuses_a_change_of_this_one() {
         let endpoint = ri2n::Endpoint::server(&["127.0.0.1:0".parse().unwrap()]).unwrap();
@@ -610,6 +636,8 @@ mod tests {
         let before = peers.table();
         let (node2, node3) = (before.peers[0].clone(), before.peers[1].clone());
         assert_eq!((node2.name(), node2.connects), ("node2", true));
+        node3.count_sent(5);
+        node3.drop_packets(2);
 
         // node3 moves to another address, node4 joins
         let changed = NODE3.replace("10.0.2.3", "10.0.2.33")
@@ -625,6 +653,17 @@ mod tests {
             after.by_tunnel_address("10.99.0.4".parse().unwrap()),
             Some(2)
         );
+        // the changed node3's counts go on, also what the old one counts until its end
+        // (before, they started again from zero); the new node4's start from zero
+        let new_node3 = &after.peers[1];
+        assert!(!Arc::ptr_eq(new_node3, &node3));
+        node3.count_received(1);
+        let counts = |p: &Peer| {
+            let s = p.sample();
+            (s.sent, s.received, s.dropped)
+        };
+        assert_eq!(counts(new_node3), (5, 1, 2));
+        assert_eq!(counts(&after.peers[2]), (0, 0, 0));
 
         // this host's own links changed: refused, the table in use stays
         let mine = cluster(&changed).hosts[0].clone();

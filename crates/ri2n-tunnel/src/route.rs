@@ -171,7 +171,7 @@ impl Router {
                     conn.try_send_messages(batch).map_or(0, |n| n as u64)
                 }
             };
-            peer.sent.fetch_add(sent, Ordering::Relaxed);
+            peer.count_sent(sent);
             peer.drop_packets(mine - sent);
         }
         Ok(reads)

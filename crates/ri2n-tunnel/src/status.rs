@@ -312,8 +312,8 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
                 state: "waiting".into(),
                 waiting_for: None,
                 encryption: None,
-                packets_sent: peer.sent.load(Ordering::Relaxed),
-                packets_received: peer.received.load(Ordering::Relaxed),
+                packets_sent: 0,
+                packets_received: 0,
                 packets_dropped: 0,
                 queued_packets: 0,
                 queued_bytes: 0,
@@ -322,6 +322,7 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
             };
             let previous = previous.entry(host.name.clone()).or_default();
             let sample = peer.sample();
+            (p.packets_sent, p.packets_received) = (sample.sent, sample.received);
             p.packets_dropped = sample.dropped;
             let Some((conn, s)) = sample.current else {
                 *previous = PreviousConnection::default();
