@@ -2223,6 +2223,8 @@ fn the_status_counts_the_packets_each_carry_moves() {
         let status = status_sampled_after(env, &lab.ns_of("a"), &config, Instant::now());
         let n = |k: &str| status["peers"][0][k].as_u64().unwrap_or(0);
         let (gone, sent) = (n("packets_dropped"), n("packets_sent"));
+        // dropped on the way out: no connection took them
+        assert_eq!(n("packets_dropped_sending"), gone, "{status}");
         assert!(
             near(gone) && sent == a.0,
             "carrying {carry}, {PINGS} pings to b gone: a dropped {gone} and sent {sent} (before: \

@@ -55,8 +55,11 @@ struct PeerCounts {
     sent: AtomicU64,
     received: AtomicU64,
     /// IP packets for it that no connection took (none was up, its send queue was full),
-    /// and those its ended connections dropped.
-    dropped: AtomicU64,
+    /// and those its ended connections dropped unsent.
+    dropped_sending: AtomicU64,
+    /// IP packets from it dropped on arrival: by its ended connections, or not written to
+    /// the interface.
+    dropped_receiving: AtomicU64,
     /// What its ended connections moved on each link, by the link's addresses.
     ended_links: Mutex<LinkTotals>,
 }
@@ -187,14 +190,21 @@ impl Peer {
 
     /// `n` IP packets for it were dropped before a connection took them.
     pub fn drop_packets(&self, n: u64) {
-        self.counts.dropped.fetch_add(n, Ordering::Relaxed);
+        self.counts.dropped_sending.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// `n` IP packets from it were received and not written to the interface.
+    fn drop_received(&self, n: u64) {
+        self.counts
+            .dropped_receiving
+            .fetch_add(n, Ordering::Relaxed);
     }
 
     /// `n` IP packets from it were not written to the interface (`first` says why for one of
     /// them): a host of the cluster sends only its own packets (from its tunnel address) to
     /// this host's tunnel address. They count as dropped, and the first refusal is logged.
     pub fn refuse_packets(&self, n: u64, first: crate::peer_loop::Refusal) {
-        self.drop_packets(n);
+        self.drop_received(n);
         if !self.refusal_logged.swap(true, Ordering::Relaxed) {
             eprintln!(
                 "ri2n tunnel: {}: dropped IP packets {first}: a host sends only from its own \
@@ -209,7 +219,7 @@ impl Peer {
     /// down or gone, or would not take a segment; `e` says why for the first). They count as
     /// dropped, and the first failure is logged.
     pub fn fail_writes(&self, n: u64, e: &std::io::Error) {
-        self.drop_packets(n);
+        self.drop_received(n);
         if !self.write_failure_logged.swap(true, Ordering::Relaxed) {
             eprintln!(
                 "ri2n tunnel: {}: dropped IP packets from it: writing them to the interface \
@@ -221,11 +231,12 @@ impl Peer {
 
     /// IP packets for it dropped so far: by the tunnel, by its ended connections and by
     /// `current` (its connection now, if any).
-    fn packets_dropped(&self, current: Option<&ri2n::ConnectionStats>) -> u64 {
-        let now = current.map_or(0, |s| {
-            s.datagrams_send_dropped + s.datagrams_receive_dropped
-        });
-        self.counts.dropped.load(Ordering::Relaxed) + now
+    fn packets_dropped(&self, current: Option<&ri2n::ConnectionStats>) -> Dropped {
+        let now = current.map_or_else(Dropped::default, Dropped::by);
+        Dropped {
+            sending: self.counts.dropped_sending.load(Ordering::Relaxed) + now.sending,
+            receiving: self.counts.dropped_receiving.load(Ordering::Relaxed) + now.receiving,
+        }
     }
 
     /// What `conn`, no longer its connection, dropped and moved beyond what was `counted` of
@@ -234,10 +245,15 @@ impl Peer {
     fn count_ended(&self, conn: &Connection, counted: &Counted) -> Counted {
         let s = conn.stats();
         let now = Counted {
-            dropped: s.datagrams_send_dropped + s.datagrams_receive_dropped,
+            dropped: Dropped::by(&s),
             links: link_totals(&s.links),
         };
-        self.drop_packets(now.dropped.saturating_sub(counted.dropped));
+        self.drop_packets(now.dropped.sending.saturating_sub(counted.dropped.sending));
+        self.drop_received(
+            now.dropped
+                .receiving
+                .saturating_sub(counted.dropped.receiving),
+        );
         let mut ended = (self.counts.ended_links.lock()).unwrap_or_else(|e| e.into_inner());
         for (key, n) in &now.links {
             let before = counted.links.get(key).copied().unwrap_or_default();
@@ -310,10 +326,32 @@ pub fn link_totals(links: &[ri2n::LinkStats]) -> LinkTotals {
     totals
 }
 
+/// IP packets of a peer dropped on the way out (unsent) and on the way in (received, not
+/// written to the interface).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Dropped {
+    pub sending: u64,
+    pub receiving: u64,
+}
+
+impl Dropped {
+    /// What connection statistics `s` count.
+    fn by(s: &ri2n::ConnectionStats) -> Self {
+        Dropped {
+            sending: s.datagrams_send_dropped,
+            receiving: s.datagrams_receive_dropped,
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.sending + self.receiving
+    }
+}
+
 /// What was counted of a connection when it stopped being the peer's.
 #[derive(Default)]
 struct Counted {
-    dropped: u64,
+    dropped: Dropped,
     links: LinkTotals,
 }
 
@@ -325,8 +363,8 @@ pub struct PeerSample {
     /// started.
     pub sent: u64,
     pub received: u64,
-    /// IP packets dropped for it since the daemon started.
-    pub dropped: u64,
+    /// IP packets dropped for it, and from it, since the daemon started.
+    pub dropped: Dropped,
     /// What its ended connections moved on each link.
     pub ended_links: LinkTotals,
 }
@@ -582,13 +620,19 @@ mod tests {
         };
         assert!(dropped > 0);
         assert_eq!(
-            peer.sample().dropped,
+            peer.sample().dropped.total(),
             0,
             "nothing dropped before the old one ends"
         );
         peer.clear(&old);
         let sample = peer.sample();
-        assert_eq!(sample.dropped, dropped);
+        assert_eq!(
+            sample.dropped,
+            Dropped {
+                sending: 0,
+                receiving: dropped
+            }
+        );
         // what arrived after the replacement counts, and nothing twice: the counts are the
         // old connection's own (it still runs: its keepalives may add to them later)
         assert!(
@@ -660,7 +704,7 @@ mod tests {
         node3.count_received(1);
         let counts = |p: &Peer| {
             let s = p.sample();
-            (s.sent, s.received, s.dropped)
+            (s.sent, s.received, s.dropped.sending)
         };
         assert_eq!(counts(new_node3), (5, 1, 2));
         assert_eq!(counts(&after.peers[2]), (0, 0, 0));

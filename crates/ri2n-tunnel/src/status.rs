@@ -93,10 +93,14 @@ pub struct PeerStatus {
     pub packets_sent: u64,
     pub packets_received: u64,
     /// Dropped unsent (no connection up, queue full or too old) and dropped on arrival (not
-    /// read in time, not from the peer's own tunnel address or not to this host's, a large
-    /// segment this host does not take, or refused by the interface), over every connection
-    /// to the peer.
+    /// read in time, a piece of a large segment lost, not from the peer's own tunnel address
+    /// or not to this host's, a large segment this host does not take, or refused by the
+    /// interface), over every connection to the peer: their sum, then each.
     pub packets_dropped: u64,
+    #[serde(default)]
+    pub packets_dropped_sending: u64,
+    #[serde(default)]
+    pub packets_dropped_receiving: u64,
     /// While connected: IP packets (datagrams) queued in the connection and not sent yet,
     /// and their bytes (of one partly sent, what is left): what a packet read from the
     /// interface now waits behind in this daemon, besides the links' windows.
@@ -315,6 +319,8 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
                 packets_sent: 0,
                 packets_received: 0,
                 packets_dropped: 0,
+                packets_dropped_sending: 0,
+                packets_dropped_receiving: 0,
                 queued_packets: 0,
                 queued_bytes: 0,
                 send_limits: None,
@@ -323,7 +329,9 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
             let previous = previous.entry(host.name.clone()).or_default();
             let sample = peer.sample();
             (p.packets_sent, p.packets_received) = (sample.sent, sample.received);
-            p.packets_dropped = sample.dropped;
+            p.packets_dropped = sample.dropped.total();
+            p.packets_dropped_sending = sample.dropped.sending;
+            p.packets_dropped_receiving = sample.dropped.receiving;
             let Some((conn, s)) = sample.current else {
                 *previous = PreviousConnection::default();
                 p.waiting_for = Some(peer.waiting_for());
@@ -835,7 +843,7 @@ pub fn table(s: &Status) -> String {
     for p in &s.peers {
         let _ = writeln!(
             out,
-            "  {} {} {}{}{}: packets sent {}, received {}, dropped {}{}",
+            "  {} {} {}{}{}: packets sent {}, received {}, dropped {}{}{}",
             p.name,
             p.address,
             p.state,
@@ -848,6 +856,13 @@ pub fn table(s: &Status) -> String {
             p.packets_sent,
             p.packets_received,
             p.packets_dropped,
+            match p.packets_dropped {
+                0 => String::new(),
+                _ => format!(
+                    " ({} sending, {} receiving)",
+                    p.packets_dropped_sending, p.packets_dropped_receiving
+                ),
+            },
             if p.state == "connected" {
                 format!(
                     ", queued {} ({} KiB)",
@@ -923,6 +938,8 @@ pub(crate) mod tests {
                 packets_sent: 7,
                 packets_received: 9,
                 packets_dropped: 0,
+                packets_dropped_sending: 0,
+                packets_dropped_receiving: 0,
                 queued_packets: 3,
                 queued_bytes: 70_000,
                 send_limits: None,
@@ -1100,6 +1117,24 @@ pub(crate) mod tests {
         assert_eq!(second[1].bytes_sent, 500);
         assert_eq!(second[0].send_mbit, Some(1.0));
         assert_eq!(second[0].loss, Some(0.0));
+    }
+
+    /// Dropped packets are told apart by where they were dropped, on the way out or in, so
+    /// that a flow that stood still can be traced to one side.
+    #[test]
+    fn the_table_says_on_which_way_packets_were_dropped() {
+        let mut s = snapshot();
+        let p = &mut s.peers[0];
+        (
+            p.packets_dropped,
+            p.packets_dropped_sending,
+            p.packets_dropped_receiving,
+        ) = (5, 2, 3);
+        let text = table(&s);
+        assert!(
+            text.contains("dropped 5 (2 sending, 3 receiving), queued 3"),
+            "{text}"
+        );
     }
 
     #[test]
