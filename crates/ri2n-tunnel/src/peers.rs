@@ -281,6 +281,11 @@ impl Peer {
 /// on in the next connection's link between the same two addresses.
 pub type LinkKey = (IpAddr, IpAddr);
 
+/// The key of link `l`.
+pub fn link_key(l: &ri2n::LinkStats) -> LinkKey {
+    (l.local.ip(), l.remote.ip())
+}
+
 /// The counts of a link that are totals since the daemon started.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct LinkCounts {
@@ -320,8 +325,10 @@ pub type LinkTotals = HashMap<LinkKey, LinkCounts>;
 pub fn link_totals(links: &[ri2n::LinkStats]) -> LinkTotals {
     let mut totals = LinkTotals::new();
     for l in links {
-        let key = (l.local.ip(), l.remote.ip());
-        totals.entry(key).or_default().add(&LinkCounts::of(l));
+        totals
+            .entry(link_key(l))
+            .or_default()
+            .add(&LinkCounts::of(l));
     }
     totals
 }

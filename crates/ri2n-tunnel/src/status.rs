@@ -23,7 +23,7 @@ use prometheus_client::registry::{Registry, Unit};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::AtomicU64;
 
-use crate::peers::{LinkCounts, LinkKey, LinkTotals, Peers, Reload};
+use crate::peers::{link_key, LinkCounts, LinkKey, LinkTotals, Peers, Reload};
 
 /// How long a status or metrics listener waits after a failed accept: a client gone before
 /// it was taken, a signal, or no descriptor or memory left for a moment never ends the
@@ -234,7 +234,7 @@ impl<K: PartialEq> PreviousConnection<K> {
         // the ended connections' counts go to one link of their addresses only
         let mut credited: Vec<LinkKey> = Vec::new();
         for (l, prev) in links.iter().zip(self.links.iter_mut()) {
-            let key = (l.local.ip(), l.remote.ip());
+            let key = link_key(l);
             let mut total = LinkCounts::default();
             if !credited.contains(&key) {
                 credited.push(key);
@@ -310,28 +310,24 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
         previous.retain(|name, _| table.peers.iter().any(|p| p.name() == name));
         for peer in &table.peers {
             let host = &peer.host;
+            let sample = peer.sample();
             let mut p = PeerStatus {
                 name: host.name.clone(),
                 address: host.address.to_string(),
                 state: "waiting".into(),
                 waiting_for: None,
                 encryption: None,
-                packets_sent: 0,
-                packets_received: 0,
-                packets_dropped: 0,
-                packets_dropped_sending: 0,
-                packets_dropped_receiving: 0,
+                packets_sent: sample.sent,
+                packets_received: sample.received,
+                packets_dropped: sample.dropped.total(),
+                packets_dropped_sending: sample.dropped.sending,
+                packets_dropped_receiving: sample.dropped.receiving,
                 queued_packets: 0,
                 queued_bytes: 0,
                 send_limits: None,
                 links: Vec::new(),
             };
             let previous = previous.entry(host.name.clone()).or_default();
-            let sample = peer.sample();
-            (p.packets_sent, p.packets_received) = (sample.sent, sample.received);
-            p.packets_dropped = sample.dropped.total();
-            p.packets_dropped_sending = sample.dropped.sending;
-            p.packets_dropped_receiving = sample.dropped.receiving;
             let Some((conn, s)) = sample.current else {
                 *previous = PreviousConnection::default();
                 p.waiting_for = Some(peer.waiting_for());
