@@ -628,26 +628,60 @@ const SKIPPED_RUNS: usize = 4096;
 /// wait behind a held one before they are dropped (besides twice the held ones).
 const HELD_SINCE_SLACK: usize = 64;
 
+/// How long the pieces of a datagram that lost others to a hold that ran out wait for them
+/// (see [`Unfinished`]), on the arrival clock: the sender sends the pieces stranded on a
+/// failed link again once it has declared the failure, `failure_ptos` of that link's probe
+/// timeouts after the loss, which may be longer than the receiver's hold reckoned.
+const UNFINISHED_PATIENCE: Duration = Duration::from_secs(1);
+
+/// The most the arrival clock moves from one arrival to the next. A silence (every link down
+/// until a heal minutes later) ages the unfinished datagrams by this much only: what was
+/// stranded comes first at the heal, and must find the rest of its datagram still there.
+const ARRIVAL_CLOCK_STEP: Duration = Duration::from_millis(100);
+
+/// Pieces of a datagram whose other pieces were given up on when a hold ran out, kept in
+/// case those come after all: pieces in flight on a link that failed come again once the
+/// sender has declared it down, and that can be later than the hold waited (the sender's
+/// probe timeout, or its host, slower than the receiver reckoned), or only at the heal of an
+/// outage. A datagram completed so is delivered late, as a whole one that arrives after it
+/// was given up on is. Else it is let go after [`UNFINISHED_PATIENCE`], or sooner for room.
+#[derive(Debug)]
+struct Unfinished {
+    pieces: Held,
+    /// The arrival clock when a piece last joined them.
+    touched: Duration,
+}
+
 /// Datagrams received and not yet read, and those held until the ones before them arrive.
 ///
 /// The pieces of a datagram sent in pieces are joined as they are delivered in order, so a
-/// datagram is handed over whole or not at all: a piece given up on, or one that arrives
-/// after its successors, loses its datagram. (Without a hold, frames are delivered as they
-/// arrive, and a datagram whose pieces arrive out of order is lost.)
+/// datagram is handed over whole or not at all. One that lost a piece to a hold that ran out
+/// keeps the pieces it has for a while ([`Unfinished`]): the missing one may come late, sent
+/// again after a link failure, and complete it. (Without a hold, frames are delivered as they
+/// arrive, and pieces that come after their successors wait so too.)
 #[derive(Debug)]
 pub(crate) struct IncomingDatagrams {
     /// In order, for the application.
     ready: VecDeque<Vec<u8>>,
     /// Arrived ahead of a missing one: the number of the first frame held together -> them.
     held: BTreeMap<u64, Held>,
-    /// The datagram whose pieces are being joined: the last piece's number, and its bytes so
-    /// far.
-    joining: Option<(u64, Vec<u8>)>,
+    /// The datagram whose pieces are being joined: its pieces so far.
+    joining: Option<Held>,
     /// Pieces are being dropped until the next datagram starts (a first piece or a whole
-    /// datagram): they belong to one already counted as dropped. (After a gap a piece may
-    /// belong to the next datagram instead, whose first piece was lost too; it is not counted
-    /// again.)
+    /// datagram): they belong to one dropped for the limit and already counted. (After a gap
+    /// a piece may belong to the next datagram instead, whose first piece was lost too; it
+    /// is not counted again.)
     orphaned: bool,
+    /// Pieces of datagrams that lost others to a hold, by their first number (see
+    /// [`Unfinished`]).
+    unfinished: BTreeMap<u64, Unfinished>,
+    /// Time that passes while frames arrive (at most [`ARRIVAL_CLOCK_STEP`] from one arrival
+    /// to the next), and the last arrival: what [`Unfinished`] pieces wait in.
+    arrival_clock: Duration,
+    last_arrival: Option<Instant>,
+    /// The last unfinished pieces let go did not end their datagram: the next ones, if they
+    /// do not start one, may be its rest (counted with it).
+    let_go_open: bool,
     /// The largest datagram joined so far: the room a new one starts with.
     largest_joined: usize,
     /// When each held datagram arrived, in arrival order, so the one held longest is at the
@@ -659,7 +693,7 @@ pub(crate) struct IncomingDatagrams {
     /// Numbers below `next` given up on and not arrived since (the newest `SKIPPED_RUNS`
     /// runs of them): the only ones below `next` still delivered.
     skipped: RangeSet,
-    /// Memory `ready`, `held` and `joining` hold: each buffer's capacity and
+    /// Memory `ready`, `held`, `joining` and `unfinished` hold: each buffer's capacity and
     /// [`DATAGRAM_OVERHEAD`] (see [`charge`]). What `limit` bounds.
     bytes: usize,
     limit: usize,
@@ -667,10 +701,11 @@ pub(crate) struct IncomingDatagrams {
     next: u64,
     /// Longest a datagram is held for a missing one (zero: delivered as they arrive).
     hold: Duration,
-    /// Datagrams received, whole or in part (those handed over plus those dropped).
+    /// Datagrams received, whole or in part (those handed over plus those dropped), counted
+    /// once their fate is known: an unfinished one counts when it is completed or let go.
     pub received: u64,
     /// Dropped on arrival (the application had not read enough of the earlier ones), or
-    /// incomplete (a piece of it was lost).
+    /// incomplete (a piece of it was lost, and not sent again in time).
     pub dropped: u64,
     /// Datagrams that arrived ahead of a missing one.
     pub reordered: u64,
@@ -687,6 +722,10 @@ impl IncomingDatagrams {
             held: BTreeMap::new(),
             joining: None,
             orphaned: false,
+            unfinished: BTreeMap::new(),
+            arrival_clock: Duration::ZERO,
+            last_arrival: None,
+            let_go_open: false,
             largest_joined: 0,
             held_since: VecDeque::new(),
             links: smallvec::SmallVec::new(),
@@ -729,6 +768,7 @@ impl IncomingDatagrams {
         part: DatagramPart,
         data: &[u8],
     ) -> bool {
+        self.tick(now);
         if self.links.len() <= link {
             self.links.resize(link + 1, LinkDeliveries::default());
         }
@@ -755,28 +795,23 @@ impl IncomingDatagrams {
             self.duplicates += 1;
             return false;
         }
-        if seq < self.next && part != DatagramPart::Whole {
-            // the rest of its datagram was given up on: it was counted as dropped then
-            return false;
-        }
         let before = self.ready.len();
         // what it will cost at least (its copy may get a larger buffer)
         let cost = data.len() + DATAGRAM_OVERHEAD;
         if self.bytes + cost > self.limit {
-            // make room by giving up on the missing ones the held datagrams wait for
-            while self.bytes + cost > self.limit && self.release_first_held() {}
+            // make room: by letting go of unfinished datagrams, then by giving up on the
+            // missing ones the held datagrams wait for
+            while self.bytes + cost > self.limit
+                && (self.let_go_unfinished() || self.release_first_held())
+            {}
             if seq < self.next {
                 // given up on by that, with the held ones before which it was missing: it
-                // arrived late, once (a piece of it now belongs to a datagram already lost)
+                // arrived late, once
                 self.forget_skipped(seq);
-                if part != DatagramPart::Whole {
-                    return self.ready.len() > before;
-                }
             }
             if self.bytes + cost > self.limit {
                 if part == DatagramPart::Whole {
-                    self.received += 1;
-                    self.dropped += 1;
+                    self.count_dropped();
                 } else if seq == self.next {
                     self.lose_piece(Span::one(seq, part));
                 }
@@ -795,12 +830,16 @@ impl IncomingDatagrams {
             return self.ready.len() > before;
         }
         if seq < self.next {
-            // a whole one that arrived after it was given up on: late, but delivered
-            // (dropping it would not make it any less late)
-            self.received += 1;
+            // arrived after it was given up on: late, but delivered (dropping it would not
+            // make it any less late), or its datagram's unfinished pieces joined by it
             let copy = self.copy_of(data);
             self.bytes += charge(&copy);
-            self.ready.push_back(copy);
+            if part == DatagramPart::Whole {
+                self.received += 1;
+                self.ready.push_back(copy);
+            } else {
+                self.keep_unfinished(Span::one(seq, part), copy);
+            }
         } else {
             self.skip_to(seq);
             self.deliver(Span::one(seq, part), Payload::Arrived(data));
@@ -842,24 +881,18 @@ impl IncomingDatagrams {
 
     /// Hands frames `span`, the next in order, to the application: a whole datagram at once,
     /// pieces to the datagram being joined (copied there straight from the packet when they
-    /// arrived in order; held pieces that start a datagram become its buffer).
+    /// arrived in order; held pieces that start a datagram become its buffer). Pieces that
+    /// cannot join it because one before them was given up on wait as [`Unfinished`].
     fn deliver(&mut self, span: Span, data: Payload<'_>) {
         if matches!(span.starts, DatagramPart::Whole | DatagramPart::First) {
-            // a new datagram: one still being joined lost its end
-            self.received += 1;
-            self.drop_joining();
+            // a new datagram: one still being joined lost its end to a hold
+            self.keep_joining();
             self.orphaned = false;
         }
         match span.starts {
             DatagramPart::Whole => {
-                let data = match data {
-                    Payload::Held(d) => d,
-                    Payload::Arrived(d) => {
-                        let copy = self.copy_of(d);
-                        self.bytes += charge(&copy);
-                        copy
-                    }
-                };
+                let data = self.owned(data);
+                self.received += 1;
                 self.ready.push_back(data);
                 return;
             }
@@ -880,67 +913,189 @@ impl IncomingDatagrams {
                         joined
                     }
                 };
-                self.joining = Some((span.last, data));
+                self.joining = Some(Held { span, data });
             }
             DatagramPart::Middle | DatagramPart::Last => {
-                let continues = self.joining.as_ref().is_some_and(|(last, joined)| {
-                    *last + 1 == span.first && joined.len() + data.len() <= wire::MAX_DATAGRAM_LEN
+                let continues = self.joining.as_ref().is_some_and(|j| {
+                    j.span.continued_by(span.first, span.starts)
+                        && j.data.len() + data.len() <= wire::MAX_DATAGRAM_LEN
                 });
                 if continues {
-                    let (last, joined) = self.joining.as_mut().expect("a datagram being joined");
-                    *last = span.last;
-                    let before = charge(joined);
-                    joined.extend_from_slice(data.bytes());
-                    self.bytes += charge(joined) - before;
+                    let j = self.joining.as_mut().expect("a datagram being joined");
+                    (j.span.last, j.span.ends) = (span.last, span.ends);
+                    let before = charge(&j.data);
+                    j.data.extend_from_slice(data.bytes());
+                    self.bytes += charge(&j.data) - before;
+                    if let Payload::Held(d) = data {
+                        self.bytes -= charge(&d);
+                        self.recycle(d);
+                    }
+                } else if self.orphaned {
+                    // its datagram lost a piece for the limit, and was counted then
+                    self.orphaned = span.ends != DatagramPart::Last;
+                    if let Payload::Held(d) = data {
+                        self.bytes -= charge(&d);
+                        self.recycle(d);
+                    }
+                    return;
                 } else {
-                    // its datagram's first piece, or one between, is lost
-                    self.lose_piece(span);
-                }
-                if let Payload::Held(d) = data {
-                    self.bytes -= charge(&d);
-                    self.recycle(d);
-                }
-                if !continues {
+                    // a piece before them was given up on
+                    self.keep_joining();
+                    let data = self.owned(data);
+                    self.keep_unfinished(span, data);
                     return;
                 }
             }
         }
         if span.ends == DatagramPart::Last {
-            let (_, mut joined) = self.joining.take().expect("a datagram being joined");
-            self.largest_joined = self.largest_joined.max(joined.len());
-            if joined.capacity() > 2 * joined.len() {
-                // joined in room for the largest datagram so far, it gives back what it does
-                // not use: else each small one waiting for the reader would cost, against
-                // the limit, as much as the largest
-                let before = charge(&joined);
-                joined.shrink_to_fit();
-                self.bytes -= before - charge(&joined);
-            }
-            self.ready.push_back(joined);
+            let joined = self.joining.take().expect("a datagram being joined");
+            self.hand_over_joined(joined.data);
         }
     }
 
-    /// Pieces `span` of a datagram, next in order, cannot join it (dropped for the limit, or
-    /// an earlier piece is lost): the datagram counts as dropped once, with the part joined
-    /// so far, or with its first piece that arrives orphaned; its later pieces are then
-    /// orphans counted already.
+    /// A frame's bytes in a buffer of their own, charged.
+    fn owned(&mut self, data: Payload<'_>) -> Vec<u8> {
+        match data {
+            Payload::Held(d) => d,
+            Payload::Arrived(d) => {
+                let copy = self.copy_of(d);
+                self.bytes += charge(&copy);
+                copy
+            }
+        }
+    }
+
+    /// Hands a datagram joined from its pieces to the application.
+    fn hand_over_joined(&mut self, mut joined: Vec<u8>) {
+        self.largest_joined = self.largest_joined.max(joined.len());
+        if joined.capacity() > 2 * joined.len() {
+            // joined in room for the largest datagram so far, it gives back what it does
+            // not use: else each small one waiting for the reader would cost, against
+            // the limit, as much as the largest
+            let before = charge(&joined);
+            joined.shrink_to_fit();
+            self.bytes -= before - charge(&joined);
+        }
+        self.received += 1;
+        self.ready.push_back(joined);
+    }
+
+    fn count_dropped(&mut self) {
+        self.received += 1;
+        self.dropped += 1;
+    }
+
+    /// Pieces `span` of a datagram, next in order, are dropped for the limit: the datagram
+    /// counts as dropped once, with the part joined so far, or with its first piece that
+    /// arrives orphaned; its later pieces are then orphans counted already.
     fn lose_piece(&mut self, span: Span) {
         let joined_some = self.joining.is_some();
         self.drop_joining();
         if span.starts == DatagramPart::First || (!joined_some && !self.orphaned) {
-            self.received += 1;
-            self.dropped += 1;
+            self.count_dropped();
         }
         self.orphaned = span.ends != DatagramPart::Last;
     }
 
-    /// Drops the datagram being joined: a piece of it is lost.
+    /// Drops the datagram being joined: a piece of it was dropped for the limit.
     fn drop_joining(&mut self) {
-        if let Some((last, joined)) = self.joining.take() {
-            tracing::debug!(last, len = joined.len(), "incomplete datagram dropped");
-            self.bytes -= charge(&joined);
-            self.dropped += 1;
-            self.recycle(joined);
+        if let Some(Held { span, data }) = self.joining.take() {
+            tracing::debug!(
+                last = span.last,
+                len = data.len(),
+                "incomplete datagram dropped"
+            );
+            self.bytes -= charge(&data);
+            self.count_dropped();
+            self.recycle(data);
+        }
+    }
+
+    /// The datagram being joined lost its next piece to a hold: what it has waits as
+    /// [`Unfinished`].
+    fn keep_joining(&mut self) {
+        if let Some(Held { span, data }) = self.joining.take() {
+            self.keep_unfinished(span, data);
+        }
+    }
+
+    /// Keeps pieces `span` (`data`, charged already) of a datagram that lost others to a
+    /// hold, joined to the unfinished pieces right before and after them; a datagram they
+    /// complete is handed over.
+    fn keep_unfinished(&mut self, span: Span, data: Vec<u8>) {
+        let mut pieces = Held { span, data };
+        let joins = |a: &Held, b: &Held| {
+            a.span.continued_by(b.span.first, b.span.starts)
+                && a.data.len() + b.data.len() <= wire::MAX_DATAGRAM_LEN
+        };
+        if let Some((&first, u)) = self.unfinished.range(..span.first).next_back() {
+            if joins(&u.pieces, &pieces) {
+                let before = self.unfinished.remove(&first).expect("just seen");
+                pieces = self.join(before.pieces, pieces);
+            }
+        }
+        if let Some(u) = self.unfinished.get(&(pieces.span.last + 1)) {
+            if joins(&pieces, &u.pieces) {
+                let after = self.unfinished.remove(&(pieces.span.last + 1));
+                pieces = self.join(pieces, after.expect("just seen").pieces);
+            }
+        }
+        let Span { first, last, .. } = pieces.span;
+        if pieces.span.starts == DatagramPart::First && pieces.span.ends == DatagramPart::Last {
+            tracing::debug!(first, last, "datagram completed by pieces that came late");
+            self.hand_over_joined(pieces.data);
+            return;
+        }
+        let touched = self.arrival_clock;
+        self.unfinished
+            .insert(first, Unfinished { pieces, touched });
+    }
+
+    /// Pieces `b` appended to pieces `a`, which they continue.
+    fn join(&mut self, mut a: Held, b: Held) -> Held {
+        let before = charge(&a.data) + charge(&b.data);
+        a.data.extend_from_slice(&b.data);
+        self.bytes = self.bytes - before + charge(&a.data);
+        (a.span.last, a.span.ends) = (b.span.last, b.span.ends);
+        self.recycle(b.data);
+        a
+    }
+
+    /// Lets go of the unfinished pieces numbered lowest; false if none wait. Their datagram
+    /// counts as dropped, once: pieces that do not start a datagram, let go right after
+    /// pieces that did not end theirs, are taken for its rest.
+    fn let_go_unfinished(&mut self) -> bool {
+        let Some((_, u)) = self.unfinished.pop_first() else {
+            return false;
+        };
+        let Held { span, data } = u.pieces;
+        tracing::debug!(
+            first = span.first,
+            last = span.last,
+            len = data.len(),
+            "incomplete datagram dropped"
+        );
+        if span.starts == DatagramPart::First || !self.let_go_open {
+            self.count_dropped();
+        }
+        self.let_go_open = span.ends != DatagramPart::Last;
+        self.bytes -= charge(&data);
+        self.recycle(data);
+        true
+    }
+
+    /// Moves the arrival clock to `now`, and lets go of the unfinished pieces that waited
+    /// [`UNFINISHED_PATIENCE`] on it.
+    fn tick(&mut self, now: Instant) {
+        if let Some(last) = self.last_arrival {
+            let step = now.saturating_duration_since(last).min(ARRIVAL_CLOCK_STEP);
+            self.arrival_clock += step;
+        }
+        self.last_arrival = Some(now);
+        while (self.unfinished.first_key_value())
+            .is_some_and(|(_, u)| self.arrival_clock - u.touched >= UNFINISHED_PATIENCE)
+        {
+            self.let_go_unfinished();
         }
     }
 
@@ -1039,11 +1194,12 @@ impl IncomingDatagrams {
         }
     }
 
-    /// Gives up on every missing datagram, delivering all the held ones: the connection
-    /// closed, and nothing missing can arrive any more.
+    /// Gives up on every missing datagram, delivering all the held ones and letting go of
+    /// the unfinished ones: the connection closed, and nothing missing can arrive any more.
     pub fn release_all(&mut self) -> bool {
         let before = self.ready.len();
         while self.release_first_held() {}
+        while self.let_go_unfinished() {}
         self.ready.len() > before
     }
 
@@ -1205,6 +1361,8 @@ mod tests {
 
     #[test]
     fn pieces_are_joined_in_order_and_a_lost_piece_loses_its_datagram_only() {
+        // (a piece given up on that comes late after all completes its datagram: see
+        // `a_datagram_that_lost_pieces_to_a_hold_is_completed_by_them_late`)
         use DatagramPart::*;
         let t0 = Instant::now();
         let ms = Duration::from_millis;
@@ -1222,16 +1380,18 @@ mod tests {
         assert!(q.release_due(t0 + ms(5), &rule));
         assert_eq!(q.pop().unwrap(), b"C", "B is lost, not handed over in part");
         assert!(q.pop().is_none());
-        assert_eq!(q.dropped, 1);
-        // B's middle piece arrives late: it is dropped, and counts as nothing more
-        assert!(!q.push_piece(t0 + ms(6), 0, 4, Middle, b"ee"));
-        assert!(q.pop().is_none());
-        // D loses its first piece: the rest of it is dropped as one datagram
+        // D loses its first piece: the rest of it is dropped as one datagram, B's first
+        // and last pieces as another
         assert!(!q.push_piece(t0 + ms(7), 0, 8, Middle, b"hh"));
         assert!(!q.push_piece(t0 + ms(7), 0, 9, Last, b"ii"));
         assert!(!q.release_due(t0 + ms(12), &rule));
         assert!(q.push_piece(t0 + ms(13), 0, 10, Whole, b"E"));
         assert_eq!(q.pop().unwrap(), b"E");
+        assert_eq!(q.dropped, 0, "not yet: their pieces wait a while");
+        let later = arrivals_for(&mut q, t0 + ms(13), UNFINISHED_PATIENCE / 2);
+        assert_eq!(q.dropped, 0, "not until they waited their patience");
+        arrivals_for(&mut q, later, UNFINISHED_PATIENCE / 2);
+        assert!(q.pop().is_none());
         assert_eq!(q.dropped, 2, "B and D");
         assert_eq!(q.received, 5, "A, B, C, D and E");
         assert_eq!(q.waiting(), (0, 0));
@@ -1297,6 +1457,8 @@ mod tests {
                 q.push_piece(t0, 0, *seq, *part, data);
             }
             q.release_due(t0 + Duration::from_secs(1), &only(Duration::from_millis(5)));
+            // nothing can complete the unfinished ones any more (as at the close)
+            q.release_all();
             let got: Vec<Vec<u8>> = std::iter::from_fn(|| q.pop()).collect();
             let got_len = got.len();
             let expected: Vec<Vec<u8>> = (0..=cuts.len())
@@ -1506,6 +1668,17 @@ mod tests {
         q.push(now, &vec![6u8; (1 << 20) - DATAGRAM_OVERHEAD]);
         assert_eq!(q.queue.len(), 1, "only the new one is left");
         assert_eq!(q.dropped, 1);
+    }
+
+    /// Frames keep arriving from `from` for `span` (as the arrival clock sees them, one every
+    /// 10 ms); returns when they stop.
+    fn arrivals_for(rx: &mut IncomingDatagrams, from: Instant, span: Duration) -> Instant {
+        let mut t = from;
+        while t < from + span {
+            t += Duration::from_millis(10);
+            rx.tick(t);
+        }
+        t
     }
 
     /// Pushes `data` as pieces of 1400 bytes numbered from `seq` on; returns the next number.
@@ -2062,6 +2235,133 @@ mod tests {
             assert_eq!(got, [0, 3, 2, 1], "hold {hold:?}");
             assert_eq!(q.duplicates, 4);
         }
+    }
+
+    /// Pieces in flight on a link that failed come again once the sender has declared the
+    /// failure, which can be after the receiver's hold ran out (the sender's probe timeout
+    /// longer than the receiver reckoned). Before, the datagrams they belonged to were lost
+    /// (a 64 KB inner TCP segment each in a tunnel, whose flow then waited for its timeout);
+    /// now the late pieces complete them, once, and they are handed over late, as a whole
+    /// datagram given up on is when it comes.
+    #[test]
+    fn a_datagram_that_lost_pieces_to_a_hold_is_completed_by_them_late() {
+        use DatagramPart::*;
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut q = IncomingDatagrams::new(1 << 20, ms(5));
+        // A in pieces 0..=5 and B in 6..=8; 2, 4 (A's) and 6 (B's first) were on the link
+        // that failed, and C (9, whole) came after them
+        for (seq, part) in [(0, First), (1, Middle), (3, Middle), (5, Last), (7, Middle)] {
+            q.push_piece(t0, 0, seq, part, &[seq as u8; 100]);
+        }
+        q.push_piece(t0, 0, 8, Last, &[8; 100]);
+        q.push_piece(t0, 0, 9, Whole, b"C");
+        assert!(q.release_due(t0 + ms(5), &only(ms(5))));
+        assert_eq!(q.pop().unwrap(), b"C");
+        assert_eq!(q.pop(), None, "A and B are incomplete");
+        // the sender declares the failure and sends them again, in order
+        assert!(!q.push_piece(t0 + ms(30), 1, 2, Middle, &[2; 100]));
+        assert!(
+            q.push_piece(t0 + ms(30), 1, 4, Middle, &[4; 100]),
+            "A is complete"
+        );
+        let a: Vec<u8> = (0..=5).flat_map(|k| [k as u8; 100]).collect();
+        assert_eq!(q.pop().unwrap(), a);
+        assert!(q.push_piece(t0 + ms(30), 1, 6, First, &[6; 100]), "B too");
+        let b: Vec<u8> = (6..=8).flat_map(|k| [k as u8; 100]).collect();
+        assert_eq!(q.pop().unwrap(), b);
+        // second copies of the late pieces complete nothing again
+        assert!(!q.push_piece(t0 + ms(31), 0, 4, Middle, &[4; 100]));
+        assert!(!q.push_piece(t0 + ms(31), 0, 6, First, &[6; 100]));
+        assert_eq!(q.pop(), None);
+        assert_eq!((q.received, q.dropped, q.duplicates), (3, 0, 2));
+        assert_eq!(q.bytes, 0, "nothing kept");
+    }
+
+    /// Unfinished pieces wait through a silence of any length (what was stranded on the
+    /// links of an outage comes first at the heal), but not past their patience while frames
+    /// go on arriving: then their datagram counts as dropped, once, and their memory is free.
+    #[test]
+    fn unfinished_pieces_wait_through_a_silence_but_not_past_their_patience() {
+        use DatagramPart::*;
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let given_up_on_3 = |q: &mut IncomingDatagrams| {
+            for seq in [0, 1, 2] {
+                let part = [First, Middle, Middle][seq as usize];
+                q.push_piece(t0, 0, seq, part, &[seq as u8; 100]);
+            }
+            q.push_piece(t0, 0, 4, Last, &[4; 100]);
+            q.push_piece(t0, 0, 5, Whole, b"next");
+            assert!(q.release_due(t0 + ms(5), &only(ms(5))));
+            assert_eq!(q.pop().unwrap(), b"next");
+        };
+        // every link down for a minute: the missing piece comes first at the heal
+        let mut q = IncomingDatagrams::new(1 << 20, ms(5));
+        given_up_on_3(&mut q);
+        assert!(q.push_piece(t0 + Duration::from_secs(60), 1, 3, Middle, &[3; 100]));
+        assert_eq!(q.pop().unwrap().len(), 500);
+        // frames arriving all the while: the pieces are let go after their patience
+        let mut q = IncomingDatagrams::new(1 << 20, ms(5));
+        given_up_on_3(&mut q);
+        let mut t = t0 + ms(5);
+        let mut seq = 6;
+        while t < t0 + UNFINISHED_PATIENCE + ms(20) {
+            t += ms(10);
+            assert!(q.push_piece(t, 0, seq, Whole, b"on"));
+            seq += 1;
+        }
+        // "next", those that went on arriving, and the one let go
+        let on = seq - 6;
+        assert_eq!(
+            (q.dropped, q.received),
+            (1, 1 + on + 1),
+            "one datagram let go"
+        );
+        assert!(!q.push_piece(t, 1, 3, Middle, &[3; 100]), "too late");
+        while q.pop().is_some() {}
+        q.release_all();
+        assert_eq!(q.bytes, 0);
+        assert_eq!(
+            q.dropped, 2,
+            "the late piece waited alone, and was let go at the close"
+        );
+    }
+
+    /// Unfinished pieces count against the receive limit, and are let go first when an
+    /// arrival needs room: a stream of datagrams that lose pieces does not push out the
+    /// datagrams that arrive whole.
+    #[test]
+    fn unfinished_pieces_make_room_for_arrivals_first() {
+        use DatagramPart::*;
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let limit = 16 << 10;
+        let mut q = IncomingDatagrams::new(limit, ms(5));
+        let mut seq = 0;
+        let mut whole = 0;
+        for k in 0..200u32 {
+            let t = t0 + ms(k as u64);
+            // a datagram of 4 pieces of 1000 bytes whose third piece is missing, then a
+            // whole one
+            for (i, part) in [First, Middle, Middle, Last].into_iter().enumerate() {
+                if i != 2 {
+                    q.push_piece(t, 0, seq + i as u64, part, &[k as u8; 1000]);
+                }
+            }
+            q.push_piece(t, 0, seq + 4, Whole, &k.to_le_bytes());
+            seq += 5;
+            q.release_due(t + ms(5), &only(ms(5)));
+            while let Some(d) = q.pop() {
+                assert_eq!(d, k.to_le_bytes(), "only the whole ones are handed over");
+                whole += 1;
+            }
+            assert!(q.bytes <= limit, "{} bytes charged", q.bytes);
+        }
+        assert_eq!(whole, 200);
+        assert!(q.dropped > 150, "{} let go for room", q.dropped);
+        q.release_all();
+        assert_eq!((q.received, q.dropped, q.bytes), (400, 200, 0));
     }
 
     /// A datagram whose arrival finds the receive buffer full makes room by giving up on

@@ -98,8 +98,10 @@ pub struct TestbedConfig {
     pub addrs: Vec<(SocketAddr, SocketAddr)>,
     /// Each link's characteristics (one per address pair).
     pub links: Vec<LinkConfig>,
-    /// The connection's configuration, on both sides.
+    /// The connection's configuration, on both sides unless `server_connection` is set.
     pub connection: ConnectionConfig,
+    /// The server's connection configuration, where it differs from the client's.
+    pub server_connection: Option<ConnectionConfig>,
     /// The client's key (none: in clear).
     pub client_key: Option<Key>,
     /// The server's key (none: in clear).
@@ -134,6 +136,7 @@ impl TestbedConfig {
                 .collect(),
             links: vec![LinkConfig::ideal(DEFAULT_DELAY); links],
             connection: ConnectionConfig::default(),
+            server_connection: None,
             client_key: None,
             server_key: None,
             seed: 1,
@@ -169,6 +172,13 @@ impl TestbedConfig {
     /// The same with another connection configuration.
     pub fn with_connection(mut self, connection: ConnectionConfig) -> Self {
         self.connection = connection;
+        self
+    }
+
+    /// The same with another connection configuration on the server alone (the peers of a
+    /// real cluster need not be configured alike).
+    pub fn with_server_connection(mut self, connection: ConnectionConfig) -> Self {
+        self.server_connection = Some(connection);
         self
     }
 
@@ -227,7 +237,9 @@ impl TestbedConfig {
 
     fn server_config(&self) -> EndpointConfig {
         let mut c = EndpointConfig::new(self.addrs.iter().map(|a| a.1).collect()).server();
-        c.server_connection = self.connection.clone();
+        c.server_connection = (self.server_connection.as_ref())
+            .unwrap_or(&self.connection)
+            .clone();
         c.key = self.server_key.clone();
         c
     }
