@@ -2452,5 +2452,12 @@ mod tests {
                 .collect::<Vec<_>>(),
             [2, 0]
         );
+        // a datagram whose pieces come out of order is joined all the same
+        use DatagramPart::*;
+        assert!(!q.push_piece(now, 0, 3, First, b"a"));
+        assert!(!q.push_piece(now, 1, 5, Last, b"c"));
+        assert!(q.push_piece(now, 0, 4, Middle, b"b"));
+        assert_eq!(q.pop().unwrap(), b"abc");
+        assert_eq!((q.received, q.dropped, q.bytes), (3, 0, 0));
     }
 }
