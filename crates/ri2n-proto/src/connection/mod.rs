@@ -94,10 +94,12 @@ pub struct ConnectionStats {
     /// queue was full, or no link could carry them any more. Once per datagram, not per
     /// piece.
     pub datagrams_send_dropped: u64,
-    /// Datagrams that arrived, whole or in part.
+    /// Datagrams that arrived, whole or in part (one that lost a piece counts once it is
+    /// completed by a late one or let go: PROTOCOL.md §5.9).
     pub datagrams_received: u64,
     /// Datagrams that arrived and were dropped: the application had not read the earlier
-    /// ones, or a piece of a datagram larger than a packet was lost.
+    /// ones, or a piece of a datagram larger than a packet was lost (and did not come late
+    /// within the receiver's patience).
     pub datagrams_receive_dropped: u64,
     /// Datagrams (or pieces) that arrived ahead of an earlier one and were held to restore
     /// the order.

@@ -176,7 +176,8 @@ impl TestbedConfig {
     }
 
     /// The same with another connection configuration on the server alone (the peers of a
-    /// real cluster need not be configured alike).
+    /// real cluster need not be configured alike); the methods that change the connection's
+    /// configuration then change the client's alone.
     pub fn with_server_connection(mut self, connection: ConnectionConfig) -> Self {
         self.server_connection = Some(connection);
         self
