@@ -832,8 +832,7 @@ impl IncomingDatagrams {
         if seq < self.next {
             // arrived after it was given up on: late, but delivered (dropping it would not
             // make it any less late), or its datagram's unfinished pieces joined by it
-            let copy = self.copy_of(data);
-            self.bytes += charge(&copy);
+            let copy = self.owned(Payload::Arrived(data));
             if part == DatagramPart::Whole {
                 self.received += 1;
                 self.ready.push_back(copy);
@@ -926,17 +925,11 @@ impl IncomingDatagrams {
                     let before = charge(&j.data);
                     j.data.extend_from_slice(data.bytes());
                     self.bytes += charge(&j.data) - before;
-                    if let Payload::Held(d) = data {
-                        self.bytes -= charge(&d);
-                        self.recycle(d);
-                    }
+                    self.free(data);
                 } else if self.orphaned {
                     // its datagram lost a piece for the limit, and was counted then
                     self.orphaned = span.ends != DatagramPart::Last;
-                    if let Payload::Held(d) = data {
-                        self.bytes -= charge(&d);
-                        self.recycle(d);
-                    }
+                    self.free(data);
                     return;
                 } else {
                     // a piece before them was given up on
@@ -962,6 +955,14 @@ impl IncomingDatagrams {
                 self.bytes += charge(&copy);
                 copy
             }
+        }
+    }
+
+    /// Lets go of a frame's bytes, done with: a held buffer is uncharged and kept for reuse.
+    fn free(&mut self, data: Payload<'_>) {
+        if let Payload::Held(d) = data {
+            self.bytes -= charge(&d);
+            self.recycle(d);
         }
     }
 

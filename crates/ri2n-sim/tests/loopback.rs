@@ -911,11 +911,9 @@ impl Flow {
     fn with_a_burst_lost_on_link_1() -> (Testbed, Flow) {
         let ms = Duration::from_millis;
         let (mut tb, mut flow) = Flow::on_two_links(Duration::from_micros(100));
-        let until = tb.now() + ms(300);
-        flow.drive(&mut tb, until, true);
+        flow.drive_for(&mut tb, ms(300), true);
         tb.apply(Action::blackhole(1));
-        let until = tb.now() + ms(1);
-        flow.drive(&mut tb, until, true);
+        flow.drive_for(&mut tb, ms(1), true);
         tb.apply(Action::up(1));
         (tb, flow)
     }
@@ -939,6 +937,12 @@ impl Flow {
             late.len(),
             late.first(),
         );
+    }
+
+    /// [`Flow::drive`] for `length` from now.
+    fn drive_for(&mut self, tb: &mut Testbed, length: Duration, sending: bool) {
+        let until = tb.now() + length;
+        self.drive(tb, until, sending);
     }
 
     /// Runs the pair until `until`, sending while `sending`, reading everything that arrives.
@@ -1005,8 +1009,7 @@ fn datagrams_queued_while_every_link_is_failing_reach_the_peer_at_the_heal() {
     for (dead, length, sending, all_down) in phases {
         cut(&mut tb, Dir::BToA, dead);
         cut(&mut tb, Dir::AToB, dead);
-        let until = tb.now() + length;
-        flow.drive(&mut tb, until, sending);
+        flow.drive_for(&mut tb, length, sending);
         let links = tb.client.connection(ch).unwrap().stats().links;
         assert!(
             !all_down || links.iter().all(|l| l.state == LinkState::Down),
@@ -1039,14 +1042,11 @@ fn datagrams_in_flight_on_a_link_that_dies_arrive_in_order_with_the_rest() {
     // connection that lost them just before an outage stood still for seconds after the heal.
     let (mut tb, mut flow) = Flow::on_two_links(Duration::from_micros(100));
     let ch = flow.conns.0;
-    let until = tb.now() + Duration::from_millis(300);
-    flow.drive(&mut tb, until, true);
+    flow.drive_for(&mut tb, Duration::from_millis(300), true);
     // link 1's switch dies, and the flow goes on
     tb.apply(Action::blackhole(1));
-    let until = tb.now() + Duration::from_millis(500);
-    flow.drive(&mut tb, until, true);
-    let until = tb.now() + Duration::from_millis(200);
-    flow.drive(&mut tb, until, false);
+    flow.drive_for(&mut tb, Duration::from_millis(500), true);
+    flow.drive_for(&mut tb, Duration::from_millis(200), false);
 
     let links = tb.client.connection(ch).unwrap().stats().links;
     assert_eq!(
@@ -1085,24 +1085,19 @@ fn datagrams_that_lost_pieces_to_a_hold_are_completed_when_those_come_again() {
         )
         .with_server_connection(server.clone());
         let (mut tb, mut flow) = Flow::on(Testbed::new(config), ms(1), 60_000);
-        let until = tb.now() + ms(300);
-        flow.drive(&mut tb, until, true);
+        flow.drive_for(&mut tb, ms(300), true);
         tb.apply(Action::blackhole(1));
         if let Some(after) = partition {
-            let until = tb.now() + after;
-            flow.drive(&mut tb, until, true);
+            flow.drive_for(&mut tb, after, true);
             cut(&mut tb, Dir::AToB, true);
             cut(&mut tb, Dir::BToA, true);
-            let until = tb.now() + ms(3000);
-            flow.drive(&mut tb, until, false);
+            flow.drive_for(&mut tb, ms(3000), false);
             cut(&mut tb, Dir::AToB, false);
             cut(&mut tb, Dir::BToA, false);
         } else {
-            let until = tb.now() + ms(500);
-            flow.drive(&mut tb, until, true);
+            flow.drive_for(&mut tb, ms(500), true);
         }
-        let until = tb.now() + ms(3000);
-        flow.drive(&mut tb, until, false);
+        flow.drive_for(&mut tb, ms(3000), false);
 
         let sent = tb.client.connection(flow.conns.0).unwrap().stats();
         let received = tb.server.connection(flow.conns.1).unwrap().stats();
@@ -1137,22 +1132,17 @@ fn datagrams_stranded_on_a_link_that_dies_before_the_others_arrive_in_order_at_t
     let ms = Duration::from_millis;
     for stagger in [ms(2), ms(3), ms(8), ms(15), ms(25), ms(40)] {
         let (mut tb, mut flow) = Flow::on_two_links(Duration::from_micros(100));
-        let until = tb.now() + ms(300);
-        flow.drive(&mut tb, until, true);
+        flow.drive_for(&mut tb, ms(300), true);
         tb.apply(Action::blackhole(1));
-        let until = tb.now() + stagger;
-        flow.drive(&mut tb, until, true);
+        flow.drive_for(&mut tb, stagger, true);
         cut(&mut tb, Dir::BToA, true);
         cut(&mut tb, Dir::AToB, true);
         // the application stops soon after, as inner TCP does when its window fills
-        let until = tb.now() + ms(5);
-        flow.drive(&mut tb, until, true);
-        let until = tb.now() + ms(3000);
-        flow.drive(&mut tb, until, false);
+        flow.drive_for(&mut tb, ms(5), true);
+        flow.drive_for(&mut tb, ms(3000), false);
         cut(&mut tb, Dir::BToA, false);
         cut(&mut tb, Dir::AToB, false);
-        let until = tb.now() + ms(3000);
-        flow.drive(&mut tb, until, false);
+        flow.drive_for(&mut tb, ms(3000), false);
 
         let stats = tb.client.connection(flow.conns.0).unwrap().stats();
         flow.assert_all_read_in_order(stats.datagrams_resent);
@@ -1174,8 +1164,7 @@ fn datagrams_held_for_ones_lost_on_a_link_that_then_fell_quiet_go_once_the_peer_
     let held = |server: &Endpoint| server.connection(sh).unwrap().stats().datagrams_waiting.0;
     assert!(held(&tb.server) > 0, "datagrams wait for the lost ones");
     while held(&tb.server) > 0 && tb.now() < stopped + ms(1000) {
-        let until = tb.now() + ms(1);
-        flow.drive(&mut tb, until, false);
+        flow.drive_for(&mut tb, ms(1), false);
     }
     let waited = tb.now() - stopped;
     let late = flow.order.windows(2).filter(|w| w[1] < w[0]).count();
@@ -1212,8 +1201,7 @@ fn datagrams_held_when_the_peer_aborts_are_still_read() {
     let give_up = tb.now() + ms(1000);
     while !closed(&tb) && tb.now() < give_up {
         held_at_close = held(&tb);
-        let until = tb.now() + Duration::from_micros(50);
-        flow.drive(&mut tb, until, false);
+        flow.drive_for(&mut tb, Duration::from_micros(50), false);
     }
     assert!(closed(&tb), "the server saw the abort");
     assert!(held_at_close > 0, "datagrams were held when the abort came");
@@ -1257,14 +1245,11 @@ fn datagrams_stranded_on_a_fast_link_come_again_over_a_slow_one_in_order() {
     });
     // (while the slow link delivers its first datagrams, the receiver does not know yet that
     // it must wait for it: the order is checked from the failure on)
-    let until = tb.now() + ms(1000);
-    flow.drive(&mut tb, until, true);
+    flow.drive_for(&mut tb, ms(1000), true);
     let (first, read_before) = (flow.sent as usize, flow.order.len());
     tb.apply(Action::blackhole(0));
-    let until = tb.now() + ms(500);
-    flow.drive(&mut tb, until, true);
-    let until = tb.now() + ms(500);
-    flow.drive(&mut tb, until, false);
+    flow.drive_for(&mut tb, ms(500), true);
+    flow.drive_for(&mut tb, ms(500), false);
 
     let stats = tb.client.connection(flow.conns.0).unwrap().stats();
     assert_eq!(
