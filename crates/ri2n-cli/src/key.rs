@@ -36,6 +36,16 @@ pub fn keygen(args: &KeygenArgs) -> Result<(), Failure> {
                 Failure::io(format!("cannot create the directory {}", dir.display()), &e)
             })?;
     }
+    if path.is_dir() {
+        return Err(Failure::new(
+            GENERIC,
+            format!(
+                "{} is a directory: give the key file's path (such as {})",
+                path.display(),
+                path.join("cluster.key").display()
+            ),
+        ));
+    }
     // a key file that exists is kept unless --force says to replace it (said before a key
     // is written beside it)
     if !args.force && fs::symlink_metadata(path).is_ok() {

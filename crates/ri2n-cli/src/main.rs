@@ -110,7 +110,7 @@ The cluster file (TOML, the same on every host):
   key = \"/etc/ri2n/cluster.key\"      # from `ri2n keygen`; required
   port = 7400                        # UDP port on every link address (default 7400)
   interface = \"ri2n0\"                # TUN device name (default ri2n0)
-  prefix = 24                        # prefix length of the tunnel addresses (default 24)
+  prefix = 24                        # prefix length of the tunnel addresses (8 to 30, default 24)
 
   [[host]]
   name = \"node1\"
@@ -136,9 +136,11 @@ Exit codes:
   1  the interface cannot be created, or no longer read (the connections are closed
      first); status, reload: no daemon answers (reload: or it cannot be signalled, or it
      did not read the file within 5 s)
-  2  the configuration or the key is bad (the message names the file and line), or
-     without --name no host of the file has a link address of this machine; reload: or the
-     daemon kept the file in use (the message says why)
+  2  the configuration or the key is bad (the message names the file and line), the
+     tunnel network holds an address or a route of another interface of this machine, an
+     interface of another kind has the tunnel's interface name, or without --name no host
+     of the file has a link address of this machine; reload: or the daemon kept the file in
+     use (the message says why)
   5  cannot bind a link address (in use by another program) or the --metrics address
      (with --name, a link address this machine does not have yet is no error: the daemon
      starts without it and takes it up as it appears)";
@@ -765,6 +767,10 @@ fn main() -> ExitCode {
         // not where stdout carries the data (a usage error: see `recv`)
         Command::Recv(a) if a.json && !recv::writes_stdout(a) => error::failures_as_json("recv"),
         Command::Bench(a) if a.json => error::failures_as_json("bench"),
+        Command::Tunnel(TunnelArgs {
+            command: Some(TunnelCommand::Status(s)),
+            ..
+        }) if s.json => error::failures_as_json("tunnel status"),
         _ => {}
     }
     let result = match cli.command {
@@ -782,9 +788,7 @@ fn main() -> ExitCode {
             command: Some(TunnelCommand::Reload(r)),
             ..
         }) => tunnel::reload(&r),
-        Command::Tunnel(a) if a.check => {
-            tunnel::describe(&a.config, a.name.as_deref()).map(|d| println!("{d}"))
-        }
+        Command::Tunnel(a) if a.check => tunnel::describe(&a).map(|d| println!("{d}")),
         Command::Tunnel(a) => tunnel::run(&a),
     };
     match result {
@@ -806,8 +810,16 @@ fn json_command_of_args() -> Option<&'static str> {
         .ignore_errors(true)
         .try_get_matches()
         .ok()?;
-    let (name, sub) = matches.subcommand()?;
-    let command = ["send", "recv", "bench"].into_iter().find(|&c| c == name)?;
+    let (command, sub) = match matches.subcommand()? {
+        ("tunnel", tunnel) => match tunnel.subcommand()? {
+            ("status", status) => ("tunnel status", status),
+            _ => return None,
+        },
+        (name, sub) => (
+            ["send", "recv", "bench"].into_iter().find(|&c| c == name)?,
+            sub,
+        ),
+    };
     let json = sub.try_get_one::<bool>("json").ok().flatten();
     json.copied().unwrap_or(false).then_some(command)
 }

@@ -17,7 +17,7 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
     let hangups = ri2n_tunnel::Hangups::watch().map_err(failure)?;
     let (cluster, me) = load(&args.config, args.name.as_deref())?;
     warn_if_named_elsewhere(&cluster, me, args.name.is_some());
-    let key = load_key(&cluster)?;
+    let key = load_key(&cluster, &args.config)?;
     let options = Options {
         config: args.config.clone(),
         named: args.name.is_some(),
@@ -76,7 +76,7 @@ const RELOAD_WAIT: Duration = Duration::from_secs(5);
 /// host read it again (SIGHUP) and prints which peers it added and removed.
 pub fn reload(args: &TunnelReloadArgs) -> Result<(), Failure> {
     let (cluster, me) = load(&args.config, args.name.as_deref())?;
-    load_key(&cluster)?;
+    load_key(&cluster, &args.config)?;
     let name = &cluster.hosts[me].name;
     let reload = ri2n_tunnel::request_reload(name, &args.config, RELOAD_WAIT);
     let changes = reload.map_err(|e| match e {
@@ -101,11 +101,22 @@ pub fn reload(args: &TunnelReloadArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Checks a cluster file and prints what this host would be (used by `--check`).
-pub fn describe(path: &Path, name: Option<&str>) -> Result<String, Failure> {
-    let (cluster, me) = load(path, name)?;
-    // the daemon would fail on it at once: the key file is part of the configuration
-    load_key(&cluster)?;
+/// `--check`: what the daemon checks before it starts, and what this host would be. Warns
+/// and fails as the daemon would, without taking anything: the key file is part of the
+/// configuration, this machine's addresses and routes decide whether the tunnel network
+/// fits, and the metrics address must be free.
+pub fn describe(args: &TunnelArgs) -> Result<String, Failure> {
+    let path = &args.config;
+    let (cluster, me) = load(path, args.name.as_deref())?;
+    warn_if_named_elsewhere(&cluster, me, args.name.is_some());
+    load_key(&cluster, path)?;
+    ri2n_tunnel::check_machine(&cluster)
+        .map_err(|e| Failure::new(USAGE, format!("{}: {e}", path.display())))?;
+    if let Some(addr) = args.metrics {
+        // bound and let go at once: the daemon binds it after the interface is up
+        std::net::TcpListener::bind(addr)
+            .map_err(|e| failure(Error::Metrics { addr, source: e }))?;
+    }
     let h = &cluster.hosts[me];
     Ok(format!(
         "{}: {} hosts; this host is {} ({}/{} on {})",
@@ -142,10 +153,20 @@ fn warn_if_named_elsewhere(cluster: &Cluster, me: usize, named: bool) {
     );
 }
 
-/// The key the cluster file names, read as `--key` reads one.
-fn load_key(cluster: &Cluster) -> Result<ri2n::Key, Failure> {
+/// The key the cluster file at `config` names, read as `--key` reads one; an error names the
+/// line that names it.
+fn load_key(cluster: &Cluster, config: &Path) -> Result<ri2n::Key, Failure> {
     let opts = crate::ChannelOpts::with_key(Some(cluster.key.clone()));
-    Ok(crate::key::load(&opts)?.expect("a key path was given"))
+    let key = crate::key::load(&opts).map_err(|f| Failure {
+        message: format!(
+            "{}:{}: key: {}",
+            config.display(),
+            cluster.key_line,
+            f.message
+        ),
+        ..f
+    })?;
+    Ok(key.expect("a key path was given"))
 }
 
 /// The exit code of each way the daemon fails.

@@ -1204,13 +1204,13 @@ fn tunnel_check_loads_the_key_and_refuses_a_tunnel_network_holding_a_link() {
     assert_eq!(status.code(), Some(2), "{err}");
     assert!(err.contains("/dev/zero: not a ri2n key"), "{err}");
 
-    // tunnel addresses in 127.0.0.0/24, where host "me" has its link: line 6
-    let overlapping = cluster_text(key.path(), "127.0.0.11").replace("10.99.0.1", "127.0.0.10");
+    // tunnel addresses in 192.0.2.0/24, where host "other" has its link: line 11
+    let overlapping = cluster_text(key.path(), "192.0.2.11").replace("10.99.0.1", "192.0.2.10");
     let (status, _, err) = check(overlapping);
     assert_eq!(status.code(), Some(2), "{err}");
     assert!(
         err.contains(&format!(
-            "{}:6: links: 127.0.0.1 is inside the tunnel network 127.0.0.0/24",
+            "{}:11: links: 192.0.2.7 is inside the tunnel network 192.0.2.0/24",
             config.path().display()
         )),
         "{err}"
@@ -1221,4 +1221,101 @@ fn tunnel_check_loads_the_key_and_refuses_a_tunnel_network_holding_a_link() {
     let (status, _, err) = check(elsewhere);
     assert_eq!(status.code(), Some(2), "{err}");
     assert!(err.contains("add it to the file as a [[host]]"), "{err}");
+}
+
+/// `--check` does what the daemon does before it starts, without taking anything: it warns
+/// when `--name` names a host whose link addresses this machine lacks while it has another
+/// host's, refuses an interface name this machine uses for an interface of another kind
+/// (`lo`, on every machine), and tries the metrics address. A key error names the line of
+/// the cluster file that names the key. And a failed `tunnel status --json` still prints
+/// JSON for the script that asked.
+#[test]
+fn tunnel_check_looks_at_this_machine_as_the_daemon_would() {
+    let key = keygen("tunnel-machine.key");
+    let config = TempFile::new("cluster-machine.toml");
+    std::fs::write(config.path(), cluster_text(key.path(), "10.99.0.2")).unwrap();
+
+    let (status, said, err) = tunnel(&["--check", "--name", "other"], config.path());
+    assert!(status.success(), "{err}");
+    assert!(said.contains("this host is other"), "{said}");
+    assert!(
+        err.contains("this machine has link addresses of me, none of other (--name)"),
+        "{err}"
+    );
+    let (status, _, err) = tunnel(&["--check", "--name", "me"], config.path());
+    assert!(status.success() && err.is_empty(), "{err}");
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (status, _, err) = tunnel(&["--check", "--metrics", &addr], config.path());
+    assert_eq!(status.code(), Some(5), "{err}");
+    assert!(
+        err.contains(&format!("cannot serve metrics on {addr}")),
+        "{err}"
+    );
+    drop(taken);
+
+    let on_lo = format!(
+        "interface = \"lo\"\n{}",
+        cluster_text(key.path(), "10.99.0.2")
+    );
+    std::fs::write(config.path(), on_lo).unwrap();
+    let (status, _, err) = tunnel(&["--check"], config.path());
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("an interface named lo exists on this machine and is not a TUN interface"),
+        "{err}"
+    );
+
+    // the key is named on line 2 here
+    let missing = key.path().with_extension("missing");
+    let text = format!("\n{}", cluster_text(&missing, "10.99.0.2"));
+    std::fs::write(config.path(), text).unwrap();
+    let (status, _, err) = tunnel(&["--check"], config.path());
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{}:2: key: cannot read the key file {}",
+            config.path().display(),
+            missing.display()
+        )),
+        "{err}"
+    );
+
+    let (status, said, err) = tunnel(&["status", "--json", "--name", "nowhere"], config.path());
+    assert_eq!(status.code(), Some(1), "{err}");
+    let doc: serde_json::Value = serde_json::from_str(said.trim()).expect("JSON on stdout");
+    assert_eq!(doc["command"], "tunnel status");
+    assert_eq!(doc["exit_code"], 1);
+    assert!(
+        (doc["error"].as_str().unwrap()).contains("no tunnel daemon of host nowhere answers"),
+        "{doc}"
+    );
+}
+
+/// `keygen --output DIR` says that it names a directory, and which file to name instead
+/// (before, "exists: not replaced", and with --force "Is a directory").
+#[test]
+fn keygen_into_a_directory_names_the_file_to_give() {
+    let dir = std::env::temp_dir();
+    for force in [false, true] {
+        let mut args = vec![
+            "keygen".into(),
+            "--output".into(),
+            dir.clone().into_os_string(),
+        ];
+        if force {
+            args.push("--force".into());
+        }
+        let (status, out) = ri2n::<Vec<std::ffi::OsString>, _>(args, Duration::from_secs(10));
+        assert_eq!(status.code(), Some(1), "{}", stderr_of(&out));
+        assert!(
+            stderr_of(&out).contains(&format!(
+                "{} is a directory: give the key file's path",
+                dir.display()
+            )),
+            "{}",
+            stderr_of(&out)
+        );
+    }
 }

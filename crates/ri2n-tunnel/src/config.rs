@@ -26,6 +26,8 @@ const MAX_NAME: usize = 64;
 pub struct Cluster {
     /// The key file (a relative path in the file is relative to the file's directory).
     pub key: PathBuf,
+    /// The line that names it, for the errors of reading it.
+    pub key_line: usize,
     pub port: u16,
     pub interface: String,
     pub prefix: u8,
@@ -83,8 +85,9 @@ struct RawCluster {
 #[serde(deny_unknown_fields)]
 struct RawHost {
     name: Spanned<String>,
-    address: Spanned<Ipv4Addr>,
-    links: Spanned<Vec<Spanned<IpAddr>>>,
+    // read as text and parsed here, so that an error names the field and what it takes
+    address: Spanned<String>,
+    links: Spanned<Vec<Spanned<String>>>,
 }
 
 impl Cluster {
@@ -105,8 +108,10 @@ impl Cluster {
             line: span.map(|s| line_of(text, s.start)),
             message,
         };
-        let raw: RawCluster = toml::from_str(text)
-            .map_err(|e| at(e.span(), e.message().trim().replace('\n', " ")))?;
+        let raw: RawCluster = toml::from_str(text).map_err(|e| {
+            let message = e.message().trim().replace('\n', " ");
+            at(e.span(), explain_toml_error(text, message))
+        })?;
 
         let mut key = raw.key.get_ref().clone();
         if key.as_os_str().is_empty() {
@@ -149,8 +154,10 @@ impl Cluster {
             None => DEFAULT_INTERFACE.to_owned(),
         };
         let prefix = match raw.prefix {
-            Some(p) if !(1..=30).contains(p.get_ref()) => {
-                return Err(at(Some(p.span()), "prefix: must be 1 to 30".into()))
+            // a network shorter than a /8 spans several /8 blocks of the Internet's address
+            // space: a typo (8 for 24, 1 for 31), whose route would take their traffic
+            Some(p) if !(8..=30).contains(p.get_ref()) => {
+                return Err(at(Some(p.span()), "prefix: must be 8 to 30".into()))
             }
             Some(p) => p.into_inner(),
             None => DEFAULT_PREFIX,
@@ -167,7 +174,8 @@ impl Cluster {
 
         let mut names: HashMap<&str, usize> = HashMap::new();
         let mut addresses: HashMap<Ipv4Addr, usize> = HashMap::new();
-        let mut link_addresses: HashMap<IpAddr, usize> = HashMap::new();
+        // each link address: its host and line
+        let mut link_addresses: HashMap<IpAddr, (&str, usize)> = HashMap::new();
         let mask = u32::MAX << (32 - prefix);
         let mut network: Option<u32> = None;
         let mut hosts = Vec::with_capacity(raw.hosts.len());
@@ -177,16 +185,17 @@ impl Cluster {
             let name = h.name.get_ref();
             // it names the daemon's status socket, a file: `status::socket_path`
             let name_char = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
+            // nor with '-', which `--name` would take for an option
             if name.is_empty()
                 || name.len() > MAX_NAME
-                || name.starts_with('.')
+                || name.starts_with(['.', '-'])
                 || !name.chars().all(name_char)
             {
                 return Err(at(
                     Some(h.name.span()),
                     format!(
                         "name: \"{name}\" must be 1 to {MAX_NAME} letters, digits, '-', '_' \
-                         or '.', not starting with '.'"
+                         or '.', not starting with '.' or '-'"
                     ),
                 ));
             }
@@ -198,7 +207,8 @@ impl Cluster {
             }
             names.insert(name, line_of_span(h.name.span()));
 
-            let address = *h.address.get_ref();
+            let address = parse_tunnel_address(h.address.get_ref())
+                .map_err(|m| at(Some(h.address.span()), format!("address: {m}")))?;
             if let Some(&first) = addresses.get(&address) {
                 return Err(at(
                     Some(h.address.span()),
@@ -244,9 +254,22 @@ impl Cluster {
                     ),
                 ));
             }
+            let mut host_links = Vec::with_capacity(links.len());
             for l in links {
-                let ip = *l.get_ref();
-                if ip.is_unspecified() || ip.is_multicast() {
+                let ip: IpAddr = l.get_ref().parse().map_err(|_| {
+                    at(
+                        Some(l.span()),
+                        format!(
+                            "links: \"{}\" is not an IP address (each link is the host's \
+                             IPv4 or IPv6 address on one network)",
+                            l.get_ref()
+                        ),
+                    )
+                })?;
+                // IPv4's reserved block 240/4 holds the broadcast address, which any
+                // machine can bind: every host would take it for its own
+                let reserved = matches!(ip, IpAddr::V4(v4) if v4.octets()[0] >= 240);
+                if ip.is_unspecified() || ip.is_multicast() || reserved {
                     return Err(at(
                         Some(l.span()),
                         format!("links: {ip} cannot be a host's address"),
@@ -275,13 +298,23 @@ impl Cluster {
                         ),
                     ));
                 }
-                if let Some(&first) = link_addresses.get(&ip) {
-                    return Err(at(
-                        Some(l.span()),
-                        format!(
-                            "the link address {ip} is listed twice (the first on line {first})"
-                        ),
-                    ));
+                match link_addresses.get(&ip) {
+                    Some(&(owner, _)) if owner == name => {
+                        return Err(at(
+                            Some(l.span()),
+                            format!("links: host \"{name}\" lists {ip} twice"),
+                        ))
+                    }
+                    Some(&(owner, first)) => {
+                        return Err(at(
+                            Some(l.span()),
+                            format!(
+                                "links: {ip} is listed by host \"{owner}\" (line {first}) and \
+                                 by host \"{name}\": a link address belongs to one host"
+                            ),
+                        ))
+                    }
+                    None => {}
                 }
                 // the interface's route would take the links' own traffic into the tunnel
                 // (or the link network's route the tunnel's traffic past it)
@@ -297,12 +330,13 @@ impl Cluster {
                         ));
                     }
                 }
-                link_addresses.insert(ip, line_of_span(l.span()));
+                link_addresses.insert(ip, (name, line_of_span(l.span())));
+                host_links.push(ip);
             }
             let host = Host {
                 name: name.clone(),
                 address,
-                links: links.iter().map(|l| *l.get_ref()).collect(),
+                links: host_links,
             };
             // a link joins addresses of one family: two hosts without one cannot connect
             if let Some(other) = hosts.iter().find(|o: &&Host| !o.shares_a_family(&host)) {
@@ -319,6 +353,7 @@ impl Cluster {
         }
         Ok(Self {
             key,
+            key_line: line_of(text, raw.key.span().start),
             port,
             interface,
             prefix,
@@ -366,6 +401,51 @@ impl Cluster {
             )),
         }
     }
+}
+
+/// A host's tunnel address, or what is wrong with it: the interface takes a unicast IPv4
+/// address that routes through it (the kernel refuses multicast and the reserved block, a
+/// loopback address never leaves the machine, and 0.0.0.0/8 is "this network").
+fn parse_tunnel_address(text: &str) -> Result<Ipv4Addr, String> {
+    let address: Ipv4Addr = text.parse().map_err(|_| match text.parse::<IpAddr>() {
+        Ok(IpAddr::V6(_)) => format!(
+            "{text} is IPv6: the tunnel carries IPv4, and each host's tunnel address is an \
+             IPv4 address (its links may be IPv6)"
+        ),
+        _ => format!("\"{text}\" is not an IPv4 address (such as 10.99.0.1)"),
+    })?;
+    let what = match address.octets()[0] {
+        0 => Some("in 0.0.0.0/8 (\"this network\")"),
+        127 => Some("a loopback address, which never leaves this machine"),
+        224..=239 => Some("a multicast address"),
+        240..=255 => Some("in the reserved block 240.0.0.0/4"),
+        _ => None,
+    };
+    match what {
+        Some(what) => Err(format!(
+            "{address} is {what}: give the hosts unicast addresses of a private network, \
+             such as 10.99.0.0/24"
+        )),
+        None => Ok(address),
+    }
+}
+
+/// The TOML parser's `message` with a hint where it comes from a common slip: `[host]` for
+/// `[[host]]`, or a key of the whole file written after the first `[[host]]` (which makes it
+/// that host's).
+fn explain_toml_error(text: &str, message: String) -> String {
+    let single_table = text.lines().any(|l| l.trim() == "[host]");
+    if single_table && message.contains("duplicate key") {
+        return format!("{message}: each host is a [[host]] entry (two brackets), not [host]");
+    }
+    let top_level = ["key", "port", "interface", "prefix"];
+    if (top_level.iter()).any(|k| message.starts_with(&format!("unknown field `{k}`"))) {
+        return format!(
+            "{message}: key, port, interface and prefix go at the top of the file, before \
+             the first [[host]] (below it they are that host's)"
+        );
+    }
+    message
 }
 
 /// 1-based line of byte `offset` in `text`.
@@ -435,7 +515,12 @@ links = ["10.0.1.2", "10.0.2.2"]
         );
         assert_eq!(
             error(&GOOD.replace("\"10.0.2.2\"", "\"10.0.1.1\"")),
-            "/etc/ri2n/cluster.toml:13: the link address 10.0.1.1 is listed twice (the first on line 8)"
+            "/etc/ri2n/cluster.toml:13: links: 10.0.1.1 is listed by host \"node1\" (line 8) \
+             and by host \"node2\": a link address belongs to one host"
+        );
+        assert_eq!(
+            error(&GOOD.replace("\"10.0.2.2\"", "\"10.0.1.2\"")),
+            "/etc/ri2n/cluster.toml:13: links: host \"node2\" lists 10.0.1.2 twice"
         );
         assert_eq!(
             error(&GOOD.replace("node2", "node1")),
@@ -463,7 +548,14 @@ links = ["10.0.1.2", "10.0.2.2"]
             assert!(e.contains("not a valid interface name"), "{bad}: {e}");
         }
         // a host's name names its status socket, a file
-        for bad in ["a/b", "../x", ".hidden", "node 2", &"n".repeat(65)] {
+        for bad in [
+            "a/b",
+            "../x",
+            ".hidden",
+            "-node2",
+            "node 2",
+            &"n".repeat(65),
+        ] {
             let e = error(&GOOD.replace("\"node2\"", &format!("\"{bad}\"")));
             assert!(
                 e.starts_with("/etc/ri2n/cluster.toml:11: name: "),
@@ -479,6 +571,7 @@ links = ["10.0.1.2", "10.0.2.2"]
         );
         assert!(parse(&GOOD.replace("\"10.0.2.2\"]", "\"fd00::2\"]")).is_ok());
         assert!(error(&GOOD.replace("key = \"cluster.key\"", "")).contains("key"));
+        assert_eq!(parse(GOOD).unwrap().key_line, 2);
         let one_host = &GOOD[..GOOD.find("[[host]]\nname = \"node2\"").unwrap()];
         assert!(error(one_host).contains("at least 2 hosts"));
         for e in [
@@ -487,5 +580,77 @@ links = ["10.0.1.2", "10.0.2.2"]
         ] {
             assert!(!e.contains('\n'), "one line: {e}");
         }
+    }
+
+    /// A prefix of a typo's length, and tunnel or link addresses that no interface could use,
+    /// are refused where they stand, saying why.
+    #[test]
+    fn addresses_the_tunnel_cannot_use_are_refused() {
+        for p in [0, 1, 7, 31] {
+            let e = error(&GOOD.replace("port = 7500", &format!("prefix = {p}")));
+            assert_eq!(
+                e, "/etc/ri2n/cluster.toml:3: prefix: must be 8 to 30",
+                "{p}"
+            );
+        }
+        assert!(parse(&GOOD.replace("port = 7500", "prefix = 16")).is_ok());
+        // a /8 is taken, and here it holds the links
+        let e = error(&GOOD.replace("port = 7500", "prefix = 8"));
+        assert!(e.contains("inside the tunnel network 10.0.0.0/8"), "{e}");
+        // the first host's address is on line 7
+        for (bad, why) in [
+            ("127.0.0.2", "a loopback address"),
+            ("0.0.0.1", "this network"),
+            ("224.0.0.1", "a multicast address"),
+            ("255.255.255.1", "reserved block"),
+            ("fd99::1", "is IPv6: the tunnel carries IPv4"),
+            ("10.99.0", "is not an IPv4 address"),
+        ] {
+            let text = GOOD
+                .replace("10.99.0.1", bad)
+                .replace("10.99.0.2", &bad.replace(".1", ".2").replace("::1", "::2"));
+            let e = error(&text);
+            assert!(
+                e.starts_with("/etc/ri2n/cluster.toml:7: address: ") && e.contains(why),
+                "{bad}: {e}"
+            );
+        }
+        for bad in ["255.255.255.255", "240.0.0.1", "0.0.0.0", "224.0.0.9", "::"] {
+            let e = error(&GOOD.replace("\"10.0.2.2\"]", &format!("\"{bad}\"]")));
+            assert_eq!(
+                e,
+                format!("/etc/ri2n/cluster.toml:13: links: {bad} cannot be a host's address")
+            );
+        }
+        let e = error(&GOOD.replace("\"10.0.2.2\"]", "\"10.0.2\"]"));
+        assert!(
+            e.starts_with("/etc/ri2n/cluster.toml:13: links: \"10.0.2\" is not an IP address"),
+            "{e}"
+        );
+    }
+
+    /// Two slips TOML itself does not explain: `[host]` for `[[host]]`, and a key of the
+    /// whole file written below a host (which makes it that host's).
+    #[test]
+    fn common_toml_slips_are_explained() {
+        let single = GOOD.replace("[[host]]", "[host]");
+        assert!(
+            error(&single).contains("each host is a [[host]] entry (two brackets), not [host]"),
+            "{}",
+            error(&single)
+        );
+        let late_port = GOOD.replace("port = 7500\n", "") + "port = 7500\n";
+        let e = error(&late_port);
+        assert!(
+            e.contains("unknown field `port`")
+                && e.contains("go at the top of the file, before the first [[host]]"),
+            "{e}"
+        );
+        // an unknown field of a host's own gets no such hint
+        let e = error(&GOOD.replace("address = \"10.99.0.2\"", "adress = \"10.99.0.2\""));
+        assert!(
+            e.contains("unknown field `adress`") && !e.contains("top"),
+            "{e}"
+        );
     }
 }

@@ -31,6 +31,7 @@
 mod busy_poll;
 mod config;
 mod device;
+mod here;
 mod links;
 mod metrics;
 mod offload;
@@ -51,6 +52,7 @@ use ri2n::{ConnectionConfig, Endpoint, EndpointConfig, Key, LinkThreads, Refused
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
 pub use config::{Cluster, ConfigError, Host, DEFAULT_INTERFACE, DEFAULT_PORT, DEFAULT_PREFIX};
+pub use here::check as check_machine;
 pub use peers::Reload;
 pub use status::{
     query as query_status, request_reload, table as status_table, LinkStatus, PeerStatus,
@@ -288,6 +290,8 @@ pub fn run(
     me: usize,
     key: Key,
 ) -> Result<(), Error> {
+    here::check(&cluster)
+        .map_err(|e| Error::Config(format!("{}: {e}", options.config.display())))?;
     let host = cluster.hosts[me].clone();
     // found by its link addresses alone (no --name): a reload must keep it so, or the next
     // start would fail (or take this machine for another host)

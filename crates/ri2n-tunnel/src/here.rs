@@ -1,0 +1,204 @@
+//! What this machine already uses that the tunnel must leave alone, checked before the
+//! daemon starts and by `--check`: an interface of the tunnel's name that is not a TUN
+//! interface, and the addresses and routes of its other interfaces that the tunnel network
+//! would hold. The cluster file alone cannot show these: the same file is right on one
+//! machine and wrong on another (a tunnel network that a container bridge or a management
+//! network of one host already uses, whose traffic would then go into the tunnel, or the
+//! tunnel's past it).
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::Path;
+
+use crate::config::Cluster;
+
+/// An IPv4 network: its first address and prefix length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Net {
+    base: Ipv4Addr,
+    prefix: u8,
+}
+
+impl Net {
+    fn of(address: Ipv4Addr, prefix: u8) -> Self {
+        Self {
+            base: Ipv4Addr::from(u32::from(address) & mask(prefix)),
+            prefix,
+        }
+    }
+
+    fn holds(&self, a: Ipv4Addr) -> bool {
+        u32::from(a) & mask(self.prefix) == u32::from(self.base)
+    }
+}
+
+impl std::fmt::Display for Net {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.base, self.prefix)
+    }
+}
+
+fn mask(prefix: u8) -> u32 {
+    u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0)
+}
+
+/// A route of the main table: where it leads and through which interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Route {
+    to: Net,
+    interface: String,
+}
+
+/// Whether the machine can carry `cluster`'s tunnel: an error that names what is in the
+/// way, and what to change.
+pub fn check(cluster: &Cluster) -> Result<(), String> {
+    let name = &cluster.interface;
+    let sys = Path::new("/sys/class/net").join(name);
+    // a TUN interface of that name is an earlier daemon's (or this one's, at a reload): the
+    // interface's creation says so where it matters
+    if sys.exists() && !sys.join("tun_flags").exists() {
+        return Err(format!(
+            "an interface named {name} exists on this machine and is not a TUN interface \
+             (`ip link show {name}`): name the tunnel's interface otherwise in the cluster \
+             file (interface = \"...\")"
+        ));
+    }
+    let addresses: Vec<(String, Ipv4Addr)> = if_addrs::get_if_addrs()
+        .map_err(|e| format!("cannot list this machine's addresses: {e}"))?
+        .into_iter()
+        .filter_map(|i| match i.ip() {
+            IpAddr::V4(a) => Some((i.name, a)),
+            IpAddr::V6(_) => None,
+        })
+        .collect();
+    // without procfs (a restricted container) the addresses are all there is to see
+    let routes = std::fs::read_to_string("/proc/net/route")
+        .map(|text| parse_routes(&text))
+        .unwrap_or_default();
+    let tunnel = Net::of(cluster.hosts[0].address, cluster.prefix);
+    match in_the_way(tunnel, name, &addresses, &routes) {
+        Some(what) => Err(format!(
+            "the tunnel network {tunnel} {what}: give the tunnel addresses a network this \
+             machine does not use (address and prefix in the cluster file)"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// What of another interface's the tunnel network `tunnel` would take over: an address it
+/// holds, or a route to part or all of it (whose traffic would then go through one
+/// interface or the other, by chance of prefix and metric). A route to a larger network
+/// around it is not in the way: the tunnel's own route is the longer, and takes its part.
+fn in_the_way(
+    tunnel: Net,
+    interface: &str,
+    addresses: &[(String, Ipv4Addr)],
+    routes: &[Route],
+) -> Option<String> {
+    let theirs = |i: &str| i != interface;
+    if let Some((i, a)) = (addresses.iter()).find(|(i, a)| theirs(i) && tunnel.holds(*a)) {
+        return Some(format!("holds {a}, an address of {i} on this machine"));
+    }
+    let inside = |r: &&Route| {
+        theirs(&r.interface)
+            && r.to.prefix > 0
+            && r.to.prefix >= tunnel.prefix
+            && tunnel.holds(r.to.base)
+    };
+    routes.iter().find(inside).map(|r| {
+        format!(
+            "holds {}, which this machine routes through {}",
+            r.to, r.interface
+        )
+    })
+}
+
+/// The routes in `/proc/net/route`'s text: a header line, then per route its interface,
+/// destination, gateway, flags, use counts, metric and mask, the addresses in hexadecimal
+/// as the machine stores them (little-endian on the machines ri2n runs on).
+fn parse_routes(text: &str) -> Vec<Route> {
+    let hex = |s: &str| u32::from_str_radix(s, 16).ok().map(u32::from_be);
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (interface, to, mask) = (f.first()?, hex(f.get(1)?)?, hex(f.get(7)?)?);
+            // a mask is leading ones; anything else is not a route this reads
+            let prefix = u8::try_from(mask.leading_ones()).ok()?;
+            (mask == self::mask(prefix)).then(|| Route {
+                to: Net::of(Ipv4Addr::from(to), prefix),
+                interface: (*interface).to_owned(),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(s: &str) -> Net {
+        let (a, p) = s.split_once('/').unwrap();
+        Net::of(a.parse().unwrap(), p.parse().unwrap())
+    }
+
+    fn route(to: &str, interface: &str) -> Route {
+        Route {
+            to: net(to),
+            interface: interface.into(),
+        }
+    }
+
+    /// A machine's table as `/proc/net/route` shows it (little-endian hexadecimal).
+    const ROUTES: &str = "\
+Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
+eth0\t00000000\t010011AC\t0003\t0\t0\t0\t00000000\t0\t0\t0
+eth0\t000011AC\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0
+ri2n0\t0000630A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
+";
+
+    #[test]
+    fn the_route_table_is_read_as_the_kernel_writes_it() {
+        assert_eq!(
+            parse_routes(ROUTES),
+            [
+                route("0.0.0.0/0", "eth0"),
+                route("172.17.0.0/16", "eth0"),
+                route("10.99.0.0/24", "ri2n0"),
+            ]
+        );
+        assert!(parse_routes("Iface\tDestination\neth0 zz\n").is_empty());
+    }
+
+    #[test]
+    fn what_another_interface_uses_inside_the_tunnel_network_is_in_the_way() {
+        let addrs = |list: &[(&str, &str)]| -> Vec<(String, Ipv4Addr)> {
+            (list.iter())
+                .map(|(i, a)| ((*i).to_owned(), a.parse().unwrap()))
+                .collect()
+        };
+        let here = addrs(&[("lo", "127.0.0.1"), ("eth0", "172.17.0.5")]);
+        let routes = parse_routes(ROUTES);
+        let check = |tunnel: &str, a: &[(String, Ipv4Addr)], r: &[Route]| {
+            in_the_way(net(tunnel), "ri2n0", a, r)
+        };
+        // the usual: a network of its own; its own interface's address and route (a
+        // daemon running, or reloading) are not in the way
+        let mine = addrs(&[("eth0", "172.17.0.5"), ("ri2n0", "10.99.0.1")]);
+        assert_eq!(check("10.99.0.0/24", &mine, &routes), None);
+        // an address of another interface inside it
+        assert_eq!(
+            check("172.17.0.0/24", &here, &[]).as_deref(),
+            Some("holds 172.17.0.5, an address of eth0 on this machine")
+        );
+        // a route of another interface inside it, or the same network
+        assert_eq!(
+            check("172.16.0.0/12", &[], &routes).as_deref(),
+            Some("holds 172.17.0.0/16, which this machine routes through eth0")
+        );
+        assert!(check("172.17.0.0/16", &[], &routes).is_some());
+        // a route around it (the tunnel's route is the longer) and the default route are
+        // not; nor is a network beside them
+        assert_eq!(check("172.17.99.0/24", &[], &routes), None);
+        assert_eq!(check("192.168.7.0/24", &here, &routes), None);
+    }
+}
