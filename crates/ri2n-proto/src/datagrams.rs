@@ -59,9 +59,12 @@ impl Span {
 
     /// Whether piece `part`, numbered `seq`, continues the datagram these frames belong to.
     fn continued_by(&self, seq: u64, part: DatagramPart) -> bool {
-        self.last + 1 == seq
-            && matches!(self.ends, DatagramPart::First | DatagramPart::Middle)
-            && matches!(part, DatagramPart::Middle | DatagramPart::Last)
+        self.continued() == Some(seq) && matches!(part, DatagramPart::Middle | DatagramPart::Last)
+    }
+
+    /// The number of the piece that continues their datagram, if it goes on after them.
+    fn continued(&self) -> Option<u64> {
+        matches!(self.ends, DatagramPart::First | DatagramPart::Middle).then_some(self.last + 1)
     }
 }
 
@@ -667,11 +670,10 @@ pub(crate) struct IncomingDatagrams {
     held: BTreeMap<u64, Held>,
     /// The datagram whose pieces are being joined: its pieces so far.
     joining: Option<Held>,
-    /// Pieces are being dropped until the next datagram starts (a first piece or a whole
-    /// datagram): they belong to one dropped for the limit and already counted. (After a gap
-    /// a piece may belong to the next datagram instead, whose first piece was lost too; it
-    /// is not counted again.)
-    orphaned: bool,
+    /// The number the next piece of a datagram dropped for the limit (and counted then)
+    /// carries: that piece is dropped too when it comes. Only that number: a piece after a
+    /// gap may belong to the next datagram, whose first piece came late or was given up on.
+    orphaned: Option<u64>,
     /// Pieces of datagrams that lost others to a hold, by their first number (see
     /// [`Unfinished`]).
     unfinished: BTreeMap<u64, Unfinished>,
@@ -721,7 +723,7 @@ impl IncomingDatagrams {
             ready: VecDeque::new(),
             held: BTreeMap::new(),
             joining: None,
-            orphaned: false,
+            orphaned: None,
             unfinished: BTreeMap::new(),
             arrival_clock: Duration::ZERO,
             last_arrival: None,
@@ -795,14 +797,37 @@ impl IncomingDatagrams {
             self.duplicates += 1;
             return false;
         }
+        if seq < self.next
+            && self.orphaned == Some(seq)
+            && matches!(part, DatagramPart::Middle | DatagramPart::Last)
+        {
+            // the rest of a datagram dropped for the limit (and counted then), come late
+            self.orphaned = Span::one(seq, part).continued();
+            return false;
+        }
         let before = self.ready.len();
+        // delivered now (in order, or without a hold), a frame that does not continue the
+        // datagram being joined ends it: that one lost its next piece, and waits as
+        // unfinished, which room is made from first (else it took room until a datagram
+        // started with room enough for it)
+        let delivered_now = seq == self.next || (seq > self.next && self.hold.is_zero());
+        if delivered_now && !(self.joining.as_ref()).is_some_and(|j| j.span.continued_by(seq, part))
+        {
+            self.keep_joining();
+        }
         // what it will cost at least (its copy may get a larger buffer)
         let cost = data.len() + DATAGRAM_OVERHEAD;
         if self.bytes + cost > self.limit {
             // make room: by letting go of unfinished datagrams, then by giving up on the
-            // missing ones the held datagrams wait for
+            // missing ones the held datagrams wait for, and last on the rest of the datagram
+            // being joined (which then waits as unfinished, and is let go next)
             while self.bytes + cost > self.limit
-                && (self.let_go_unfinished() || self.release_first_held())
+                && (self.let_go_unfinished()
+                    || self.release_first_held()
+                    || self.joining.is_some() && {
+                        self.keep_joining();
+                        true
+                    })
             {}
             if seq < self.next {
                 // given up on by that, with the held ones before which it was missing: it
@@ -886,7 +911,6 @@ impl IncomingDatagrams {
         if matches!(span.starts, DatagramPart::Whole | DatagramPart::First) {
             // a new datagram: one still being joined lost its end to a hold
             self.keep_joining();
-            self.orphaned = false;
         }
         match span.starts {
             DatagramPart::Whole => {
@@ -926,9 +950,9 @@ impl IncomingDatagrams {
                     j.data.extend_from_slice(data.bytes());
                     self.bytes += charge(&j.data) - before;
                     self.free(data);
-                } else if self.orphaned {
+                } else if self.orphaned == Some(span.first) {
                     // its datagram lost a piece for the limit, and was counted then
-                    self.orphaned = span.ends != DatagramPart::Last;
+                    self.orphaned = span.continued();
                     self.free(data);
                     return;
                 } else {
@@ -992,10 +1016,11 @@ impl IncomingDatagrams {
     fn lose_piece(&mut self, span: Span) {
         let joined_some = self.joining.is_some();
         self.drop_joining();
-        if span.starts == DatagramPart::First || (!joined_some && !self.orphaned) {
+        if span.starts == DatagramPart::First || (!joined_some && self.orphaned != Some(span.first))
+        {
             self.count_dropped();
         }
-        self.orphaned = span.ends != DatagramPart::Last;
+        self.orphaned = span.continued();
     }
 
     /// Drops the datagram being joined: a piece of it was dropped for the limit.
@@ -1200,6 +1225,7 @@ impl IncomingDatagrams {
     pub fn release_all(&mut self) -> bool {
         let before = self.ready.len();
         while self.release_first_held() {}
+        self.keep_joining();
         while self.let_go_unfinished() {}
         self.ready.len() > before
     }
@@ -2277,6 +2303,79 @@ mod tests {
         assert_eq!(q.pop(), None);
         assert_eq!((q.received, q.dropped, q.duplicates), (3, 0, 2));
         assert_eq!(q.bytes, 0, "nothing kept");
+    }
+
+    /// After a piece dropped for the limit, only the piece that continues its datagram is
+    /// dropped with it: the pieces after a gap may be another datagram's, whose earlier
+    /// pieces come late. Before, every piece up to the next datagram's start was dropped, and
+    /// that datagram was lost although each of its pieces arrived.
+    #[test]
+    fn after_a_piece_dropped_for_the_limit_the_next_datagram_s_pieces_are_kept() {
+        use DatagramPart::*;
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        for hold in [ms(5), Duration::ZERO] {
+            // room for two 100-byte frames
+            let mut q = IncomingDatagrams::new(400, hold);
+            assert!(q.push(t0, 0, 0, &[0; 100]));
+            assert!(q.push(t0, 0, 1, &[1; 100]));
+            q.push_piece(t0, 0, 2, First, &[2; 100]);
+            assert_eq!((q.received, q.dropped), (3, 1), "2 dropped for the limit");
+            while q.pop().is_some() {}
+            // 2's datagram is 2..=3; the next one, 4..=5, comes out of order
+            q.push_piece(t0, 1, 5, Last, &[5; 100]);
+            q.release_due(t0 + ms(10), &only(hold));
+            assert!(!q.push_piece(t0 + ms(20), 0, 3, Last, &[3; 100]));
+            assert!(
+                q.push_piece(t0 + ms(20), 0, 4, First, &[4; 100]),
+                "{hold:?}"
+            );
+            assert_eq!(q.pop().unwrap(), [[4u8; 100], [5; 100]].concat());
+            assert_eq!(q.pop(), None);
+            assert_eq!((q.received, q.dropped), (4, 1), "{hold:?}");
+        }
+    }
+
+    /// A datagram being joined that loses its next piece is over once a frame that does not
+    /// continue it is delivered: it waits as unfinished, and room is made from it first.
+    /// Before, it kept its memory until a datagram started, and where that memory and one
+    /// datagram exceeded the bound, every whole datagram after it was dropped; nor was it
+    /// let go at the close.
+    #[test]
+    fn a_datagram_that_lost_its_next_piece_gives_up_its_room() {
+        use DatagramPart::*;
+        let t0 = Instant::now();
+        let mut q = IncomingDatagrams::new(4096, Duration::from_millis(5));
+        q.push_piece(t0, 0, 0, First, &[0; 1400]);
+        q.push_piece(t0, 0, 1, Middle, &[1; 1400]);
+        // 2, its last piece, is lost; whole datagrams follow, each read at once
+        let mut delivered = 0;
+        for seq in 3..50 {
+            q.push_piece(t0, 0, seq, Whole, &[seq as u8; 1400]);
+            while q.pop().is_some() {
+                delivered += 1;
+            }
+        }
+        // the last ones wait for 2 until the hold runs out
+        q.release_due(
+            t0 + Duration::from_millis(5),
+            &only(Duration::from_millis(5)),
+        );
+        while q.pop().is_some() {
+            delivered += 1;
+        }
+        // 5 came while 3 and 4 waited for 2, and the bound holds two of them: it alone is
+        // dropped, with the incomplete one (before, all 47 were)
+        assert_eq!(delivered, 46);
+        assert_eq!((q.received, q.dropped), (48, 2));
+        assert_eq!(q.bytes, 0);
+
+        // at the close, a datagram still being joined is let go and counted
+        let mut q = IncomingDatagrams::new(1 << 20, Duration::from_millis(5));
+        q.push_piece(t0, 0, 0, First, &[0; 1400]);
+        q.push_piece(t0, 0, 1, Middle, &[1; 1400]);
+        assert!(!q.release_all());
+        assert_eq!((q.received, q.dropped, q.bytes), (1, 1, 0));
     }
 
     /// Unfinished pieces wait through a silence of any length (what was stranded on the
