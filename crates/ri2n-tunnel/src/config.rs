@@ -110,7 +110,8 @@ impl Cluster {
         };
         let raw: RawCluster = toml::from_str(text).map_err(|e| {
             let message = e.message().trim().replace('\n', " ");
-            at(e.span(), explain_toml_error(text, message))
+            let line = (e.span()).and_then(|s| text.lines().nth(line_of(text, s.start) - 1));
+            at(e.span(), explain_toml_error(text, line, message))
         })?;
 
         let mut key = raw.key.get_ref().clone();
@@ -386,19 +387,33 @@ impl Cluster {
         let mine = self.hosts_here();
         match mine.as_slice() {
             [i] => Ok(*i),
-            [] => Err("none of the hosts' link addresses is an address of this machine: add it \
+            [] => Err(
+                "none of the hosts' link addresses is an address of this machine: add it \
                        to the file as a [[host]] (its name, tunnel address and address on each \
                        network), or, if it is listed but its link addresses are not up yet, say \
                        which host it is with --name (the daemon then starts, and takes each \
                        address up as it appears)"
-                .into()),
-            _ => Err(format!(
-                "this machine owns link addresses of several hosts ({}); name this host with --name",
-                mine.iter()
-                    .map(|&i| self.hosts[i].name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )),
+                    .into(),
+            ),
+            _ => {
+                let loopback = (mine.iter())
+                    .flat_map(|&i| self.hosts[i].links.iter().map(move |a| (i, a)))
+                    .find(|(_, a)| a.is_loopback());
+                let why = loopback.map_or_else(String::new, |(i, a)| {
+                    format!(
+                        " ({a} of {} is a loopback address, which every machine has)",
+                        self.hosts[i].name
+                    )
+                });
+                Err(format!(
+                    "this machine owns link addresses of several hosts ({}){why}; name this \
+                     host with --name",
+                    mine.iter()
+                        .map(|&i| self.hosts[i].name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            }
         }
     }
 }
@@ -430,10 +445,17 @@ fn parse_tunnel_address(text: &str) -> Result<Ipv4Addr, String> {
     }
 }
 
-/// The TOML parser's `message` with a hint where it comes from a common slip: `[host]` for
-/// `[[host]]`, or a key of the whole file written after the first `[[host]]` (which makes it
-/// that host's).
-fn explain_toml_error(text: &str, message: String) -> String {
+/// The TOML parser's `message` about `line` with a hint where it comes from a common slip:
+/// an address not in quotes, `[host]` for `[[host]]`, or a key of the whole file written
+/// after the first `[[host]]` (which makes it that host's).
+fn explain_toml_error(text: &str, line: Option<&str>, message: String) -> String {
+    let field = line.and_then(|l| l.split('=').next()).map(str::trim);
+    if matches!(field, Some("address" | "links")) && !line.is_some_and(|l| l.contains('"')) {
+        return format!(
+            "{message}: addresses are written in quotes, such as address = \"10.99.0.1\" and \
+             links = [\"10.0.1.1\", \"10.0.2.1\"]"
+        );
+    }
     let single_table = text.lines().any(|l| l.trim() == "[host]");
     if single_table && message.contains("duplicate key") {
         return format!("{message}: each host is a [[host]] entry (two brackets), not [host]");
@@ -582,6 +604,24 @@ links = ["10.0.1.2", "10.0.2.2"]
         }
     }
 
+    /// Two hosts with links on loopback are both this machine's (every machine's): the error
+    /// says why, not only that it cannot tell.
+    #[test]
+    fn hosts_found_here_by_loopback_links_are_named_so() {
+        let c = parse(
+            &GOOD
+                .replace("10.0.1.1", "127.0.0.1")
+                .replace("10.0.1.2", "127.0.0.2"),
+        )
+        .unwrap();
+        assert_eq!(c.hosts_here(), [0, 1]);
+        let e = c.find_self(None).unwrap_err();
+        assert!(
+            e.contains("several hosts (node1, node2) (127.0.0.1 of node1 is a loopback address"),
+            "{e}"
+        );
+    }
+
     /// A prefix of a typo's length, and tunnel or link addresses that no interface could use,
     /// are refused where they stand, saying why.
     #[test]
@@ -652,5 +692,17 @@ links = ["10.0.1.2", "10.0.2.2"]
             e.contains("unknown field `adress`") && !e.contains("top"),
             "{e}"
         );
+        // addresses without quotes
+        for (from, to) in [
+            ("\"10.99.0.2\"", "10.99.0.2"),
+            ("[\"10.0.1.2\", \"10.0.2.2\"]", "[10.0.1.2, 10.0.2.2]"),
+        ] {
+            let e = error(&GOOD.replace(from, to));
+            assert!(
+                e.starts_with("/etc/ri2n/cluster.toml:1")
+                    && e.contains("addresses are written in quotes"),
+                "{e}"
+            );
+        }
     }
 }
