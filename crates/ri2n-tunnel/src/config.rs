@@ -44,9 +44,12 @@ pub struct Host {
 }
 
 impl Host {
-    /// Whether it and `other` each have a link address of one family (IPv4 or IPv6).
-    fn shares_a_family(&self, other: &Host) -> bool {
-        (self.links.iter()).any(|a| other.links.iter().any(|b| a.is_ipv4() == b.is_ipv4()))
+    /// The families of its link addresses: `Some(true)` IPv4 alone, `Some(false)` IPv6
+    /// alone, None both.
+    fn only_family(&self) -> Option<bool> {
+        let v4 = self.links.iter().any(IpAddr::is_ipv4);
+        let v6 = self.links.iter().any(IpAddr::is_ipv6);
+        (v4 != v6).then_some(v4)
     }
 }
 
@@ -103,14 +106,20 @@ impl Cluster {
 
     /// Checks the text of the cluster file `path`.
     pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        // every host's fields are looked up by line: one pass over the text, not one each
+        let newlines: Vec<usize> = (text.bytes().enumerate())
+            .filter(|&(_, b)| b == b'\n')
+            .map(|(i, _)| i)
+            .collect();
+        let line_of = |offset: usize| newlines.partition_point(|&nl| nl < offset) + 1;
         let at = |span: Option<Range<usize>>, message: String| ConfigError {
             file: path.to_owned(),
-            line: span.map(|s| line_of(text, s.start)),
+            line: span.map(|s| line_of(s.start)),
             message,
         };
         let raw: RawCluster = toml::from_str(text).map_err(|e| {
             let message = e.message().trim().replace('\n', " ");
-            let line = (e.span()).and_then(|s| text.lines().nth(line_of(text, s.start) - 1));
+            let line = (e.span()).and_then(|s| text.lines().nth(line_of(s.start) - 1));
             at(e.span(), explain_toml_error(text, line, message))
         })?;
 
@@ -179,10 +188,11 @@ impl Cluster {
         let mut link_addresses: HashMap<IpAddr, (&str, usize)> = HashMap::new();
         let mask = u32::MAX << (32 - prefix);
         let mut network: Option<u32> = None;
-        let mut hosts = Vec::with_capacity(raw.hosts.len());
+        let mut hosts: Vec<Host> = Vec::with_capacity(raw.hosts.len());
+        let mut first_with_only: [Option<usize>; 2] = [None, None];
         for h in &raw.hosts {
             let h = h.get_ref();
-            let line_of_span = |s: Range<usize>| line_of(text, s.start);
+            let line_of_span = |s: Range<usize>| line_of(s.start);
             let name = h.name.get_ref();
             // it names the daemon's status socket, a file: `status::socket_path`
             let name_char = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
@@ -339,8 +349,17 @@ impl Cluster {
                 address,
                 links: host_links,
             };
-            // a link joins addresses of one family: two hosts without one cannot connect
-            if let Some(other) = hosts.iter().find(|o: &&Host| !o.shares_a_family(&host)) {
+            // a link joins addresses of one family: two hosts without one cannot connect,
+            // which takes a host of IPv4 links alone and one of IPv6 links alone (the first
+            // of each is remembered: a file of thousands of hosts is checked at once)
+            // (by index: 0 for IPv4 alone, 1 for IPv6 alone)
+            let index = |v4: bool| usize::from(!v4);
+            let only = host.only_family();
+            let other = only.and_then(|v4| first_with_only[index(!v4)]);
+            if let Some(v4) = only {
+                first_with_only[index(v4)].get_or_insert(hosts.len());
+            }
+            if let Some(other) = other.map(|i| &hosts[i]) {
                 return Err(at(
                     Some(h.links.span()),
                     format!(
@@ -354,7 +373,7 @@ impl Cluster {
         }
         Ok(Self {
             key,
-            key_line: line_of(text, raw.key.span().start),
+            key_line: line_of(raw.key.span().start),
             port,
             interface,
             prefix,
@@ -470,15 +489,6 @@ fn explain_toml_error(text: &str, line: Option<&str>, message: String) -> String
     message
 }
 
-/// 1-based line of byte `offset` in `text`.
-fn line_of(text: &str, offset: usize) -> usize {
-    text.as_bytes()[..offset.min(text.len())]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count()
-        + 1
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -592,6 +602,16 @@ links = ["10.0.1.2", "10.0.2.2"]
              addresses of the same family (IPv4 or IPv6): they could not reach each other"
         );
         assert!(parse(&GOOD.replace("\"10.0.2.2\"]", "\"fd00::2\"]")).is_ok());
+        // a host of both families reaches each; one of each alone does not reach the other
+        let third =
+            "\n[[host]]\nname = \"node3\"\naddress = \"10.99.0.3\"\nlinks = [\"10.0.1.3\"]\n";
+        let mixed = GOOD.replace("\"10.0.1.1\", \"10.0.2.1\"", "\"10.0.1.1\", \"fd00::1\"");
+        let mixed = mixed.replace("[\"10.0.1.2\", \"10.0.2.2\"]", "[\"fd00::2\"]") + third;
+        assert_eq!(
+            error(&mixed),
+            "/etc/ri2n/cluster.toml:18: links: hosts \"node2\" and \"node3\" have no link \
+             addresses of the same family (IPv4 or IPv6): they could not reach each other"
+        );
         assert!(error(&GOOD.replace("key = \"cluster.key\"", "")).contains("key"));
         assert_eq!(parse(GOOD).unwrap().key_line, 2);
         let one_host = &GOOD[..GOOD.find("[[host]]\nname = \"node2\"").unwrap()];
