@@ -458,6 +458,9 @@ impl State {
         while self.demux.position() < self.reasm.contiguous() && self.messages.len() < most {
             let at = self.demux.position();
             let mut piece = (self.recv.remove(&at)).expect("the contiguous data starts a piece");
+            // what the piece's memory holds, near enough (it is a copy, or a slice of at
+            // least half a run: see the link reader's `kept`)
+            let whole = piece.len();
             while !piece.is_empty() {
                 if self.messages.len() >= most {
                     // the limit falls inside the piece (one run may hold many thousands of
@@ -485,6 +488,15 @@ impl State {
                             let len = usize::try_from(len).expect("at most the window");
                             self.message_part.reserve_exact(len);
                         }
+                    }
+                    // a slice keeps the whole piece's memory until it is read: stream
+                    // bytes much shorter than the piece are copied, else a peer sending runs
+                    // of one stream byte among empty chunks would make this side hold a
+                    // run's memory per byte of its window
+                    Piece::Stream(n) if n * 2 < whole => {
+                        self.stream_in
+                            .push_back(Bytes::copy_from_slice(&piece[..n]));
+                        piece.advance(n);
                     }
                     Piece::Stream(n) => self.stream_in.push_back(piece.split_to(n)),
                     Piece::Message { n, last } => {
@@ -541,10 +553,19 @@ impl State {
     }
 
     /// The application took `n` bytes of the sequence (stream bytes, a message, a header):
-    /// the window moves, and the peer hears of it when it moved by `ack_step`.
+    /// the window moves, and the peer hears of it when it moved by `ack_step`, or at once
+    /// when it is stalled: it sent all the window allowed, the application read all there
+    /// is, and a message waits for the rest of its bytes. (A message of more than three
+    /// quarters of the window after a small one read would otherwise wait forever: the room
+    /// the small one gave back stays below the step, and nothing else is read.)
     fn consume(&mut self, n: u64) {
         self.reasm.consume(n);
-        if self.reasm.window_end() - self.advertised >= self.ack_step {
+        let stalled = self.reasm.contiguous() >= self.advertised
+            && self.demux.message_left().is_some()
+            && self.messages.is_empty()
+            && self.stream_in.is_empty();
+        let moved = self.reasm.window_end() - self.advertised;
+        if moved >= self.ack_step || (stalled && moved > 0) {
             self.advertised = self.reasm.window_end();
             self.ack_all();
             self.acks_queued = true;
@@ -1299,6 +1320,36 @@ mod tests {
         (st.send_buf.iter())
             .map(|b| b.bytes.len() - chunk::HEADER_LEN)
             .collect()
+    }
+
+    /// Stream bytes much shorter than the run they came in are read from a copy: unread, a
+    /// slice would keep the whole run's memory for them. (A peer sending 4 MiB runs of one
+    /// stream byte among empty chunks grew the receiver by 4 MiB per byte of its window.)
+    #[test]
+    fn a_few_stream_bytes_do_not_keep_their_run_s_memory() {
+        let settings = Settings::new(&ConnectionConfig::default(), 1, None);
+        let conn = TcpConnection::new(settings, Role::Server, Vec::new());
+        let mut st = conn.lock();
+        let run_of = |stream: usize| {
+            let mut run = chunk::header(Kind::Stream, stream).to_vec();
+            run.extend(std::iter::repeat_n(b'x', stream));
+            while run.len() + chunk::HEADER_LEN <= 64 << 10 {
+                run.extend_from_slice(&chunk::header(Kind::Stream, 0));
+            }
+            Bytes::from(run)
+        };
+        for stream in [1, 60 << 10] {
+            let run = run_of(stream);
+            let at = st.reasm.contiguous();
+            st.reasm.accept(0, at, run.len() as u64).unwrap();
+            st.recv.insert(at, run.clone());
+            st.pump().unwrap();
+            let piece = st.stream_in.pop_back().expect("the stream bytes");
+            assert_eq!(piece.len(), stream);
+            let inside = run.as_ptr_range().contains(&piece.as_ptr());
+            // one byte: a copy; most of the run: a slice, not copied again
+            assert_eq!(inside, stream > 1, "{stream} bytes");
+        }
     }
 
     #[test]

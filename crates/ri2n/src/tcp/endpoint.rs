@@ -860,6 +860,38 @@ mod tests {
     /// The first address a client is given leads to a server that takes no more connections
     /// (it is closing): the connection is made at the second, a server that does. With no
     /// such server left, the client is told `NotAccepting`.
+    /// A message too large for what a small one read before it gave back still comes: the
+    /// sender, stalled at the window's end, hears of the room at once. Before, the room stayed
+    /// below the step at which the window is advertised, and the reader waited forever.
+    #[test]
+    fn a_large_message_after_a_small_one_is_not_stalled_by_the_window() {
+        use ri2n_proto::Transport;
+        let lo = SocketAddr::new("127.0.0.1".parse().unwrap(), 0);
+        let config = EndpointConfig::new(vec![lo]).with_transport(Transport::Tcp);
+        let server = TcpEndpoint::bind(config.clone().server()).unwrap();
+        let client = TcpEndpoint::bind(config).unwrap();
+        let conn = (client.connect(&server.local_addrs(), ConnectionConfig::default())).unwrap();
+        let accepted = server.accept_timeout(Some(Duration::from_secs(5))).unwrap();
+        let big = usize::try_from(conn.settings.max_message()).unwrap();
+        conn.send_message(&[1; 100], true).unwrap();
+        conn.send_message(&vec![2; big], true).unwrap();
+        // what the window allows arrives before the small one is read
+        let until = Instant::now() + Duration::from_secs(5);
+        let stalled = || {
+            let st = accepted.lock();
+            st.reasm.contiguous() >= st.advertised
+        };
+        while !stalled() {
+            assert!(Instant::now() < until, "the window's worth never arrived");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let first = accepted.recv_message(true, None).unwrap().unwrap();
+        assert_eq!(first, [1; 100]);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let second = accepted.recv_message(true, Some(deadline));
+        assert_eq!(second.expect("it arrives").map(|m| m.len()), Some(big));
+    }
+
     #[test]
     fn an_address_whose_server_takes_no_connections_leaves_the_connect_to_the_others() {
         use ri2n_proto::Transport;
