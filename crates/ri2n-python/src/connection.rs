@@ -21,7 +21,7 @@ use ri2n::{Cipher, Connection, ConnectionState, ConnectionStats, Event, TimedEve
 
 use crate::buffer::Held;
 use crate::errors::{connection_error, io_error};
-use crate::{drop_detached, poll_readable, timeout_arg, Shared, SIGNAL_CHECK};
+use crate::{drop_detached, drop_interruptible, poll_readable, timeout_arg, Shared, SIGNAL_CHECK};
 
 /// One ri2n connection. Reads and writes block (with the GIL released) until they can
 /// proceed; while every link is down they simply wait. The ``try_*`` calls never block: they
@@ -247,9 +247,10 @@ impl PyConnection {
     fn recv<'py>(
         &self,
         py: Python<'py>,
-        n: usize,
+        n: i64,
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyBytes>> {
+        let n = size_arg("n", n)?;
         let conn = self.get()?;
         let deadline = deadline(timeout)?;
         if n == 0 {
@@ -268,9 +269,10 @@ impl PyConnection {
         &self,
         py: Python<'_>,
         buffer: &Bound<'_, PyAny>,
-        nbytes: usize,
+        nbytes: i64,
         timeout: Option<f64>,
     ) -> PyResult<usize> {
+        let nbytes = size_arg("nbytes", nbytes)?;
         let conn = self.get()?;
         let deadline = deadline(timeout)?;
         let mut held = Held::writable(buffer)?;
@@ -283,7 +285,8 @@ impl PyConnection {
 
     /// Reads at most ``n`` bytes that have arrived; ``b""`` at the end of the stream,
     /// ``BlockingIOError`` when nothing is waiting. Never blocks.
-    fn try_recv<'py>(&self, py: Python<'py>, n: usize) -> PyResult<Bound<'py, PyBytes>> {
+    fn try_recv<'py>(&self, py: Python<'py>, n: i64) -> PyResult<Bound<'py, PyBytes>> {
+        let n = size_arg("n", n)?;
         let conn = self.get()?;
         if n == 0 {
             return Ok(PyBytes::new(py, b""));
@@ -301,8 +304,9 @@ impl PyConnection {
         &self,
         py: Python<'_>,
         buffer: &Bound<'_, PyAny>,
-        nbytes: usize,
+        nbytes: i64,
     ) -> PyResult<usize> {
+        let nbytes = size_arg("nbytes", nbytes)?;
         let conn = self.get()?;
         let mut held = Held::writable(buffer)?;
         let into = limit(held.bytes_mut(), nbytes)?;
@@ -532,16 +536,21 @@ impl PyConnection {
 
     /// Lets go of the connection: finishes its streams (unless aborted) and lets it deliver
     /// what was written in the background while its endpoint lives (``wait_acknowledged``
-    /// first to know it did; ``Endpoint.close`` waits for every connection). Later calls
+    /// first to know it did; ``Endpoint.close`` waits for every connection). Where the
+    /// ``Endpoint`` object is gone already, the connection holds the endpoint's last handle,
+    /// and letting go of it waits up to the endpoint's ``close_linger`` (10 s) for delivery,
+    /// so that a script that writes, closes and exits loses nothing; Ctrl-C stops that wait
+    /// (``KeyboardInterrupt``; the delivery goes on while the process lives). Later calls
     /// raise ``ValueError``; ``fileno()`` gives -1. Closing twice does nothing. A call another
     /// thread is in goes on (the peer's end of the stream comes to a ``recv`` as usual).
-    fn close(&self, py: Python<'_>) {
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
         if let Some(conn) = self.take() {
             // the streams end now, not when the last call still running lets go of it
             // (an error: already finished, aborted or ended, which is what close wants)
             let _ = py.detach(|| conn.finish());
-            drop_detached(conn);
+            drop_interruptible(py, conn)?;
         }
+        Ok(())
     }
 
     /// Whether ``close()`` was called.
@@ -565,9 +574,9 @@ impl PyConnection {
         _exc_type: Option<Bound<'_, PyType>>,
         _exc_value: Option<Bound<'_, PyAny>>,
         _traceback: Option<Bound<'_, PyAny>>,
-    ) -> bool {
-        self.close(py);
-        false
+    ) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
     }
 
     fn __repr__(&self) -> String {
@@ -598,6 +607,13 @@ impl Drop for PyConnection {
 const MAX_RECV: usize = 64 << 20;
 
 /// The first `nbytes` of `buf` (all of it for 0), as `socket.recv_into` takes them.
+/// A size argument: `ValueError` for a negative one (as `socket.recv` raises), not the
+/// `OverflowError` of an unsigned parameter, which `except ValueError` misses.
+fn size_arg(name: &str, value: i64) -> PyResult<usize> {
+    usize::try_from(value)
+        .map_err(|_| PyValueError::new_err(format!("{name} must be >= 0, not {value}")))
+}
+
 fn limit(buf: &mut [u8], nbytes: usize) -> PyResult<&mut [u8]> {
     match nbytes {
         0 => Ok(buf),

@@ -92,6 +92,19 @@ pub(crate) fn drop_detached<T: Send>(value: T) {
     Python::attach(|py| py.detach(move || drop(value)));
 }
 
+/// [`drop_detached`] where Python can take an exception: the wait for delivery runs on a
+/// thread of its own, and Ctrl-C stops waiting for it (the delivery goes on there while the
+/// process lives).
+pub(crate) fn drop_interruptible<T: Send + 'static>(py: Python<'_>, value: T) -> PyResult<()> {
+    wait_on_thread(
+        py,
+        "ri2n-close",
+        move || drop(value),
+        |()| {},
+        |py| py.check_signals(),
+    )
+}
+
 /// Runs `work` on a thread of its own and waits for what it returns with the GIL released,
 /// in slices of [`SIGNAL_CHECK`], calling `check` after each: a library call that cannot
 /// wait in slices itself (the TCP transport's handshake, an endpoint's graceful close) is so

@@ -2,6 +2,7 @@
 calls on what was closed."""
 
 import contextlib
+import os
 import signal
 import socket
 import threading
@@ -11,7 +12,7 @@ from typing import Iterator, Optional
 import pytest
 
 import ri2n
-from conftest import LINKS, Pair, close_quietly, server_process, wait_blocked_in
+from conftest import LINKS, Pair, close_quietly, server_process, wait_blocked_in, wait_stopped
 
 
 def test_accept_times_out(endpoints) -> None:
@@ -238,6 +239,43 @@ def test_ctrl_c_interrupts_a_wait_without_a_timeout(pair: Pair, call: str) -> No
     with _ctrl_c_after(0.3), pytest.raises(KeyboardInterrupt):
         waits[call]()
     assert time.monotonic() - start < 2.0
+
+
+def test_ctrl_c_interrupts_a_close_waiting_for_delivery() -> None:
+    """A connection whose ``Endpoint`` object is gone holds the endpoint's last handle:
+    ``close()`` waits there up to the endpoint's close_linger (10 s) for delivery, here never
+    coming (the server is stopped). Ctrl-C ends that wait at once; before, it came only when
+    the linger ran out, and ``KeyboardInterrupt`` with it."""
+    with server_process() as (proc, addr):
+        # the endpoint's handle goes at once: the connection's is the last
+        conn = ri2n.Endpoint.client(LINKS).connect(addr, timeout=10)
+        assert conn.recv(2, timeout=10) == b"hi"
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            wait_stopped(proc.pid)
+            conn.sendall(bytes(10_000))  # never acknowledged
+            start = time.monotonic()
+            with _ctrl_c_after(0.3), pytest.raises(KeyboardInterrupt):
+                conn.close()
+            waited = time.monotonic() - start
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        assert conn.closed
+        assert 0.25 < waited < 2.0, "the close did not wait for delivery, or Ctrl-C came late"
+
+
+@pytest.mark.parametrize("call", ["recv", "try_recv", "recv_into", "try_recv_into"])
+def test_a_negative_size_is_a_value_error(pair: Pair, call: str) -> None:
+    """As ``socket.recv(-1)``: a ``ValueError``, which ``except ValueError`` catches (an
+    unsigned parameter raised ``OverflowError``)."""
+    calls = {
+        "recv": lambda: pair.conn.recv(-1, timeout=0),
+        "try_recv": lambda: pair.conn.try_recv(-1),
+        "recv_into": lambda: pair.conn.recv_into(bytearray(8), -1, timeout=0),
+        "try_recv_into": lambda: pair.conn.try_recv_into(bytearray(8), -1),
+    }
+    with pytest.raises(ValueError, match="must be >= 0, not -1"):
+        calls[call]()
 
 
 class _SilentTcpListener:

@@ -224,7 +224,9 @@ class Connection:
     def abort(self, code: int = 0, reason: str = "") -> None:
         """Aborts the connection; the peer sees ``PeerGone``."""
     def close(self) -> None:
-        """Lets go: finishes the streams; the connection delivers in the background."""
+        """Lets go: finishes the streams; the connection delivers in the background. Where
+        the ``Endpoint`` object is gone, waits up to its close_linger (10 s) for delivery;
+        Ctrl-C stops that wait."""
     @property
     def closed(self) -> bool: ...
     def __enter__(self) -> Self: ...
