@@ -365,7 +365,8 @@ pub struct TunnelStatusArgs {
     #[arg(long, value_name = "HOST")]
     pub name: Option<String>,
 
-    /// Print the status as one JSON object.
+    /// Print the status as one JSON object. A failure prints `{"command": "tunnel status",
+    /// "error": ..., "exit_code": ...}` instead.
     #[arg(long)]
     pub json: bool,
 }
