@@ -1851,7 +1851,8 @@ fn voluntary_switches(pid: u32) -> Vec<(String, String, u64)> {
 /// a route answers: ICMP host unreachable to its sender, so that ping says why at once and a
 /// TCP connect fails with "No route to host" instead of resending its SYN; the daemon counts
 /// such packets in its status. Before, they vanished: ping waited out its timeout with 100 %
-/// loss, and the connect hung.
+/// loss, and the connect hung. IPv6 packets, which the tunnel does not carry, are counted
+/// too (before, they went without a trace).
 #[test]
 fn a_packet_for_an_address_no_host_owns_is_answered_unreachable() {
     let Some(test) = LabTest::start("tunnel-unreachable", &[PING]) else {
@@ -1905,6 +1906,33 @@ fn a_packet_for_an_address_no_host_owns_is_answered_unreachable() {
     assert!(
         unrouted.is_some_and(|n| n >= 2),
         "packets_unrouted {unrouted:?}"
+    );
+    // IPv6 through the interface (which the tunnel does not carry) is counted, not lost
+    // without a trace: two pings to an IPv6 address routed there
+    for args in [
+        &["sysctl", "-qw", "net.ipv6.conf.ri2n0.disable_ipv6=0"][..],
+        &[
+            "ip",
+            "-6",
+            "addr",
+            "add",
+            "fd77::1/64",
+            "dev",
+            "ri2n0",
+            "nodad",
+        ],
+    ] {
+        let (status, text, _) = in_a(args);
+        assert!(status.success(), "{args:?}: {text}");
+    }
+    let (status, text, _) = in_a(&["ping", "-6", "-c", "2", "-W", "1", "fd77::2"]);
+    assert!(!status.success(), "an IPv6 ping was answered: {text}");
+    let since = Instant::now();
+    let not_ipv4 =
+        status_sampled_after(env, &lab.ns_of("a"), &config, since)["packets_not_ipv4"].as_u64();
+    assert!(
+        not_ipv4.is_some_and(|n| n >= 2),
+        "packets_not_ipv4 {not_ipv4:?}"
     );
     stop_daemons(&mut daemons);
 }

@@ -379,6 +379,7 @@ pub fn run(
         interface: interface.clone(),
         queue_packets_read: Vec::new(),
         packets_unrouted: 0,
+        packets_not_ipv4: 0,
         config: config.clone(),
         reloads: 0,
         last_reload: None,

@@ -451,6 +451,9 @@ pub struct Peers {
     /// IPv4 packets read from the interface for an address no host of the cluster owns
     /// (each answered as a router without a route answers: see `route.rs`).
     pub unrouted: AtomicU64,
+    /// Packets read from the interface that are not IPv4 (IPv6, which the kernel sends on
+    /// the interface too, or no valid IP packet): the tunnel carries IPv4 only.
+    pub not_ipv4: AtomicU64,
     /// The readings of the cluster file after the start: how many, and what the last did.
     reloads: Mutex<(u64, Option<Reload>)>,
 }
@@ -502,6 +505,7 @@ impl Peers {
             endpoint: links::Current::new(endpoint),
             queue_reads: (0..queues).map(|_| AtomicU64::new(0)).collect(),
             unrouted: AtomicU64::new(0),
+            not_ipv4: AtomicU64::new(0),
             reloads: Mutex::default(),
         }
     }

@@ -119,7 +119,10 @@ impl Router {
                             unreachable.answer(tun, &table, &ip, packet);
                             usize::MAX
                         }
-                        Err(NoHost::NotIpv4) => usize::MAX,
+                        Err(NoHost::NotIpv4) => {
+                            peers.not_ipv4.fetch_add(1, Ordering::Relaxed);
+                            usize::MAX
+                        }
                     };
                     bytes += packet.len();
                     // large TCP segments whole: their headers once per 64 KB
@@ -243,13 +246,14 @@ fn host_unreachable(ip: &Ipv4HeaderSlice, packet: &[u8], out: &mut Vec<u8>) -> b
 
 /// Whether `packet` (whose IP header is `ip`), for an address no host owns, is owed an ICMP
 /// error (RFC 1122 §3.2.2): not when it is one itself, a fragment after the first, or sent to
-/// a broadcast or multicast address (`subnet_broadcast`, the tunnel network's, among them) or
-/// from an address that is no single host's.
+/// or from an address that is no single host's: a broadcast or multicast one
+/// (`subnet_broadcast`, the tunnel network's, among them), or 0.0.0.0.
 fn unreachable_owed(ip: &Ipv4HeaderSlice, packet: &[u8], subnet_broadcast: Ipv4Addr) -> bool {
     let (src, dst) = (ip.source_addr(), ip.destination_addr());
-    let single = |a: Ipv4Addr| !(a.is_broadcast() || a.is_multicast() || a.is_unspecified());
-    if !single(src) || !single(dst) || dst == subnet_broadcast || ip.fragments_offset().value() != 0
-    {
+    let single = |a: Ipv4Addr| {
+        !(a.is_broadcast() || a.is_multicast() || a.is_unspecified() || a == subnet_broadcast)
+    };
+    if !single(src) || !single(dst) || ip.fragments_offset().value() != 0 {
         return false;
     }
     if ip.protocol() == IpNumber::ICMP {
@@ -328,6 +332,8 @@ mod tests {
         assert!(!owed(&udp(me, [255; 4], b"x"), bcast));
         assert!(!owed(&udp(me, [224, 0, 0, 251], b"x"), bcast));
         assert!(!owed(&udp([0; 4], absent, b"x"), bcast));
+        // from the tunnel network's broadcast address: no single host's either
+        assert!(!owed(&udp([10, 99, 0, 255], absent, b"x"), bcast));
         // a fragment after the first: offset 1 (8 bytes), checksum left as it is
         let mut later = udp(me, absent, b"x");
         later[7] = 1;

@@ -54,6 +54,10 @@ pub struct Status {
     /// not carried, and their senders told the host is unreachable.
     #[serde(default)]
     pub packets_unrouted: u64,
+    /// Packets read from the interface that are not IPv4 (IPv6, or no valid IP packet):
+    /// not carried, since the tunnel carries IPv4 only.
+    #[serde(default)]
+    pub packets_not_ipv4: u64,
     /// The cluster file the daemon reads (as given to it).
     #[serde(default)]
     pub config: String,
@@ -299,6 +303,7 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
                 .map(|n| n.load(Ordering::Relaxed))
                 .collect(),
             packets_unrouted: peers.unrouted.load(Ordering::Relaxed),
+            packets_not_ipv4: peers.not_ipv4.load(Ordering::Relaxed),
             config: config.clone(),
             // filled as the status is served, without a sampling period's delay
             reloads: 0,
@@ -600,6 +605,17 @@ pub fn prometheus(s: &Status) -> String {
          (not carried; their senders are told the host is unreachable)",
         unrouted,
     );
+    let not_ipv4 = Family::<HostLabels, Counter>::default();
+    (not_ipv4.get_or_create(&HostLabels {
+        host: s.host.clone(),
+    }))
+    .inc_by(s.packets_not_ipv4);
+    registry.register(
+        "ri2n_tunnel_packets_not_ipv4",
+        "Packets read from the interface that are not IPv4 (IPv6, or no valid IP packet): \
+         not carried, since the tunnel carries IPv4 only",
+        not_ipv4,
+    );
     let up = Family::<LinkLabels, Gauge>::default();
     let rtt = Family::<LinkLabels, Gauge<f64, AtomicU64>>::default();
     for (labels, l) in &link_rows {
@@ -815,6 +831,9 @@ pub fn table(s: &Status) -> String {
         match s.packets_unrouted {
             0 => String::new(),
             n => format!("; {n} for addresses no host owns"),
+        } + &match s.packets_not_ipv4 {
+            0 => String::new(),
+            n => format!("; {n} not IPv4, not carried"),
         }
     );
     // which file a reload must edit, and whether the last one was taken up (a daemon older
@@ -919,6 +938,7 @@ pub(crate) mod tests {
             interface: "ri2n0".into(),
             queue_packets_read: vec![11, 13],
             packets_unrouted: 3,
+            packets_not_ipv4: 2,
             config: "/etc/ri2n/cluster.toml".into(),
             reloads: 0,
             last_reload: None,
@@ -972,6 +992,7 @@ pub(crate) mod tests {
             r#"ri2n_tunnel_queue_packets_read_total{host="a",queue="0"} 11"#.to_owned(),
             r#"ri2n_tunnel_queue_packets_read_total{host="a",queue="1"} 13"#.to_owned(),
             r#"ri2n_tunnel_packets_unrouted_total{host="a"} 3"#.to_owned(),
+            r#"ri2n_tunnel_packets_not_ipv4_total{host="a"} 2"#.to_owned(),
             "# EOF".to_owned(),
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
@@ -980,7 +1001,7 @@ pub(crate) mod tests {
         assert!(!text.contains(&format!("ri2n_tunnel_link_rtt_seconds{{{down}}}")));
         // each help text ends with the one period the registry adds (it showed two)
         let help: Vec<_> = text.lines().filter(|l| l.starts_with("# HELP")).collect();
-        assert_eq!(help.len(), 14, "{text}");
+        assert_eq!(help.len(), 15, "{text}");
         for l in help {
             assert!(l.ends_with('.') && !l.ends_with(".."), "{l}");
         }
@@ -992,7 +1013,10 @@ pub(crate) mod tests {
         let mut lines = text.lines();
         assert_eq!(
             lines.next(),
-            Some("a 10.99.0.1 on ri2n0, 2 queues (packets read 11 / 13; 3 for addresses no host owns)")
+            Some(
+                "a 10.99.0.1 on ri2n0, 2 queues (packets read 11 / 13; 3 for addresses no host \
+                 owns; 2 not IPv4, not carried)"
+            )
         );
         assert_eq!(
             lines.next(),
