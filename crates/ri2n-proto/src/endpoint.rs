@@ -1457,6 +1457,60 @@ mod tests {
         assert!(client.poll_transmit(now, &mut buf).is_none());
     }
 
+    /// Packets to a server connection on a link the peer "opens" from a spoofed address,
+    /// each a PING numbered far past the last (so that its acknowledgement lists many
+    /// ranges), draw no more to that address than three times what came from it: their
+    /// acknowledgements go on the link that is up, and once none is, only within that share.
+    /// Before, each went back to the spoofed address, about 14 times the bytes that came from
+    /// it here.
+    #[test]
+    fn acknowledgements_are_not_sent_to_a_spoofed_link_s_address() {
+        let mut now = Instant::now();
+        let (client_addr, server_addr, victim): (SocketAddr, SocketAddr, SocketAddr) = (
+            "10.0.0.1:5000".parse().unwrap(),
+            "10.0.0.2:6000".parse().unwrap(),
+            "10.9.9.9:4444".parse().unwrap(),
+        );
+        let mut client = Endpoint::new(EndpointConfig::new(vec![client_addr]), 1, now);
+        let mut server = Endpoint::new(EndpointConfig::new(vec![server_addr]).server(), 2, now);
+        let h = (client.connect(now, &[server_addr], Default::default())).unwrap();
+        for _ in 0..4 {
+            exchange(&mut client, &mut server, now);
+        }
+        assert!(server.accept().is_some(), "the handshake completed");
+        let server_cid = client.connection(h).unwrap().peer_cid();
+        let (mut from_victim, mut to_victim, mut acks_to_client) = (0, 0, 0);
+        for k in 0..500u64 {
+            let mut pkt = vec![0u8; 64];
+            let mut w = wire::Writer::new(&mut pkt);
+            wire::write_short_header(&mut w, server_cid, crate::LinkId(1), k * 40_000, 0);
+            w.u8(wire::frame_type::PING);
+            let n = w.finish();
+            pkt.truncate(n);
+            from_victim += n;
+            server.handle_datagram(now, server_addr, victim, &mut pkt);
+            server.handle_timeout(now);
+            for (t, _) in drain(&mut server, now) {
+                if t.remote == victim {
+                    to_victim += t.len;
+                } else if t.remote == client_addr {
+                    acks_to_client += 1;
+                }
+            }
+            now += Duration::from_millis(2);
+        }
+        // the premise: the PINGs were taken and acknowledged (on the client's link, until it
+        // was declared down: the client, which this test does not run, never answers)
+        assert!(
+            acks_to_client >= 100,
+            "{acks_to_client} acknowledgements sent"
+        );
+        assert!(
+            to_victim <= 3 * from_victim,
+            "{to_victim} bytes to the spoofed address for {from_victim} from it"
+        );
+    }
+
     /// An ACCEPT made with the key whose server parameters do not decode ends the client's
     /// connection at once, as a protocol violation: its handshake has read the server's
     /// message and can read no repeat of it. Before, the client dropped it and waited, until

@@ -1893,7 +1893,12 @@ impl Connection {
             // After a clean close, tell a peer still retransmitting that everything it sent
             // arrived (its last acknowledgements were lost), so it can finish cleanly too.
             if let Some(i) = self.link_index(link_id) {
-                if self.closing.reason.is_none() && self.links[i].remote == remote {
+                // (not to an address the peer never answered at: a spoofed one's owner would
+                // get a datagram of acknowledgements for each small packet)
+                if self.closing.reason.is_none()
+                    && self.links[i].remote == remote
+                    && !self.links[i].address_unproven()
+                {
                     // what arrives now is acknowledged with the answer too: it may carry the
                     // peer's repairs of packets it declared lost
                     let arrival = Arrival {

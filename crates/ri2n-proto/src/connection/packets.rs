@@ -260,8 +260,16 @@ impl Connection {
         }
         // 5. acknowledgements
         if self.ack_due(now) {
-            let i = self.ack_link();
-            return Some(self.transmit(now, i, PacketKind::AckOnly, out));
+            match self.ack_link() {
+                Some(i) => return Some(self.transmit(now, i, PacketKind::AckOnly, out)),
+                // only an unproven address could carry them, and it had its share: they are
+                // not sent now (their ranges stay, for the next packet that carries any)
+                None => {
+                    for l in self.links.iter_mut().filter(|l| l.ack.is_due(now)) {
+                        l.ack.on_sent();
+                    }
+                }
+            }
         }
         None
     }

@@ -219,12 +219,19 @@ impl Connection {
     }
 
     /// Acknowledgements go back on the link the data came in on, which just proved to work,
-    /// unless we know that link's return path is down.
-    pub(super) fn ack_link(&self) -> usize {
+    /// unless we know that link's return path is down, or its address is unproven (a link
+    /// the peer opened and has not answered on yet): packets from a spoofed address there,
+    /// each drawing an acknowledgement of many ranges, would make us send its owner far more
+    /// than the spoofer sent. An acknowledgement names the link it acknowledges, so any up
+    /// link carries it. With none up, the arrival link does, an unproven one only within
+    /// three times what came from its address (§4.4); beyond that, none (None).
+    pub(super) fn ack_link(&self) -> Option<usize> {
         let i = self.scheduling.last_arrival_link;
-        if self.links[i].state != LinkState::Down {
-            return i;
+        let l = &self.links[i];
+        if l.state != LinkState::Down && !l.address_unproven() {
+            return Some(i);
         }
-        self.best_up_link().unwrap_or(i)
+        (self.best_up_link())
+            .or((!l.address_unproven() || l.within_amplification_limit()).then_some(i))
     }
 }

@@ -656,8 +656,14 @@ impl Link {
 
     /// Whether this link may send a full datagram under the anti-amplification rule.
     pub fn within_amplification_limit(&self) -> bool {
-        !(self.peer_opened && self.state == LinkState::Validating)
+        !self.address_unproven()
             || self.counters.bytes_sent + self.mss() as u64 <= 3 * self.counters.bytes_received
+    }
+
+    /// Whether the peer opened this link and has not yet shown that it answers at the
+    /// link's address: the address may be another host's, spoofed (§4.4).
+    pub fn address_unproven(&self) -> bool {
+        self.peer_opened && self.state == LinkState::Validating
     }
 
     /// A probe is about to be sent. Probes unanswered for longer than a round trip could take
