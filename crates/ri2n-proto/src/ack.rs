@@ -9,8 +9,15 @@ use crate::ConnectionConfig;
 /// Ranges of received packet numbers remembered per link (older ones are forgotten; a peer
 /// that missed their acknowledgement re-sends the data, which the streams de-duplicate).
 const MAX_RECEIVED_RANGES: usize = 64;
-/// Furthest a packet number may run ahead of the largest received on its link.
+/// Furthest a packet number may run ahead of the largest received on its link, besides what
+/// the peer may have sent since that one arrived ([`MAX_PACKETS_PER_SECOND`]).
 const MAX_PN_JUMP: u64 = 1 << 20;
+/// More packets than a sender puts on one link in a second (100 Gbit/s of full-size packets
+/// is under a tenth of it). A link that was up and died is probed every probe interval for as
+/// long as it is down, each probe with a number of its own: after hours, its first packet
+/// at the heal runs that far ahead, and a fixed bound dropped every one of them, so the link
+/// (and, after an outage of every link, the connection) never came back.
+const MAX_PACKETS_PER_SECOND: u64 = 10_000_000;
 /// At high rates, about this many ACK frames per `max_ack_delay` (PROTOCOL.md §5.2): the
 /// ack-eliciting count that makes an ACK due grows with the arrival rate.
 const ACKS_PER_DELAY: u32 = 4;
@@ -56,12 +63,20 @@ pub(crate) struct AckState {
 }
 
 impl AckState {
-    /// Whether packet number `pn` is new: not received before, not below what this side can
-    /// still tell apart (the anti-replay floor), and not so far ahead of the largest that no
-    /// window could hold it (forged or broken: remembering it would poison every later ACK).
-    pub fn is_new(&self, pn: u64) -> bool {
+    /// Whether packet number `pn`, arriving `now`, is new: not received before, not below
+    /// what this side can still tell apart (the anti-replay floor), and not further ahead of
+    /// the largest than a window holds plus what the peer can have sent since that one came
+    /// (beyond, it is forged or broken: remembering it would poison every later ACK).
+    pub fn is_new(&self, now: Instant, pn: u64) -> bool {
         let largest = self.largest.map(|(l, _)| l);
-        if pn > largest.unwrap_or(0) + MAX_PN_JUMP || pn < self.floor {
+        let since = self
+            .largest
+            .map_or(Duration::ZERO, |(_, at)| now.saturating_duration_since(at));
+        let sent_since = u64::try_from(since.as_micros())
+            .unwrap_or(u64::MAX)
+            .saturating_mul(MAX_PACKETS_PER_SECOND / 1_000_000);
+        let furthest = (largest.unwrap_or(0) + MAX_PN_JUMP).saturating_add(sent_since);
+        if pn > furthest || pn < self.floor {
             return false;
         }
         largest.is_none_or(|l| pn > l) || !self.received.contains(pn)
@@ -77,7 +92,7 @@ impl AckState {
         eliciting: Eliciting,
         cfg: &ConnectionConfig,
     ) -> bool {
-        if !self.is_new(pn) {
+        if !self.is_new(now, pn) {
             return false;
         }
         let largest = self.largest.map(|(l, _)| l);
@@ -171,6 +186,30 @@ impl AckState {
 mod tests {
     use super::*;
 
+    /// A number far ahead of the largest is taken when it comes long enough after it: the
+    /// first probe at the heal of a link down for hours (a probe every 20 ms, each with its
+    /// own number) runs more than 2^20 ahead. A number as far ahead right after is refused.
+    #[test]
+    fn a_jump_is_measured_against_the_time_since_the_largest() {
+        let cfg = ConnectionConfig::default();
+        let t0 = Instant::now();
+        let mut a = AckState::default();
+        assert!(a.on_received(t0, 10, Eliciting::Yes, &cfg));
+        let six_hours = Duration::from_secs(6 * 3600);
+        // the probes sent meanwhile, one per 20 ms
+        let after_outage = 10 + six_hours.as_millis() as u64 / 20;
+        assert!(
+            after_outage > 10 + MAX_PN_JUMP,
+            "the premise: beyond the fixed bound"
+        );
+        assert!(
+            !a.is_new(t0 + Duration::from_millis(1), after_outage),
+            "at once: forged"
+        );
+        assert!(a.on_received(t0 + six_hours, after_outage, Eliciting::PingOnly, &cfg));
+        assert_eq!(a.ranges().next(), Some((after_outage, after_outage)));
+    }
+
     #[test]
     fn duplicates_jumps_and_reordering() {
         let cfg = ConnectionConfig::default();
@@ -221,9 +260,9 @@ mod tests {
         for pn in (0..2 * (MAX_RECEIVED_RANGES as u64 + 10)).step_by(2) {
             assert!(a.on_received(now, pn, Eliciting::Yes, &cfg));
         }
-        assert!(!a.is_new(0), "forgotten, so possibly a replay");
+        assert!(!a.is_new(now, 0), "forgotten, so possibly a replay");
         assert!(
-            !a.is_new(3),
+            !a.is_new(now, 3),
             "a gap below the window cannot be told from a replay"
         );
         // the gaps fill in: fewer ranges than the window, and still no replay of the old ones

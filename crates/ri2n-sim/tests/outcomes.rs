@@ -243,6 +243,42 @@ fn all_links_dead_for_60s_then_one_heals_and_the_transfer_completes() {
     assert!(complete - heal <= ms(280), "{:?}", complete - heal);
 }
 
+/// Every link dead for six hours, then one heals: the connection takes it back, and the
+/// transfer completes. Each side probes a dead link that was up every probe interval, each
+/// probe with a packet number of its own, so the first packets at the heal run more than
+/// 2^20 numbers ahead of the last that arrived; the receiver refused such jumps whatever the
+/// time since, and the connection stood still for good.
+#[test]
+fn all_links_dead_for_six_hours_then_one_heals_and_the_transfer_completes() {
+    let total = 64 << 20;
+    let start = ms(100);
+    let heal = start + Duration::from_secs(6 * 3600);
+    let sc = gigabit_links(2)
+        .with_total_bytes(total)
+        .with_time_limit(heal + Duration::from_secs(60))
+        .at(start, Action::down(0))
+        .at(start, Action::down(1))
+        .at(heal, Action::up(0));
+    let r = run_ok(&sc);
+    assert_while_moving(&r, total, start, Action::down(0));
+    assert_while_moving(&r, total, heal, Action::up(0));
+    let t = r.transfer(Dir::AToB);
+    assert_eq!(t.delivered, total);
+    assert_eq!(t.sent_hash, t.received_hash);
+    let resumed = r.links[0]
+        .first_stream_delivery(Dir::AToB, heal)
+        .expect("the healed link carried data");
+    println!(
+        "all links down 6 h: data flows again {:?} after link 0 heals",
+        resumed - heal
+    );
+    assert!(
+        resumed - heal <= Duration::from_secs(1),
+        "{:?}",
+        resumed - heal
+    );
+}
+
 /// A link that never answers is probed with small datagrams, and slowly: to an address the
 /// peer announced, its probes cost a few dozen bytes each instead of a full datagram (the
 /// first full one waits for an answer), and after ten of them

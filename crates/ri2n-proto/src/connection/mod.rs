@@ -1863,7 +1863,7 @@ impl Connection {
             (Some(protection), opened) => {
                 // a replay is rejected before the cost of opening it
                 if let Some(i) = self.links.iter().position(|l| l.id == link_id) {
-                    if !self.links[i].ack.is_new(pn) {
+                    if !self.links[i].ack.is_new(now, pn) {
                         return Err(DropReason::Duplicate);
                     }
                 }
@@ -1955,7 +1955,7 @@ impl Connection {
             let link = &self.links[i];
             let unvalidated = link.peer_opened && link.state == LinkState::Validating;
             let taken = (self.links.iter()).any(|l| l.local == local && l.remote == remote);
-            if !unvalidated || taken || !link.ack.is_new(pn) {
+            if !unvalidated || taken || !link.ack.is_new(now, pn) {
                 return Err(DropReason::UnknownLink);
             }
             tracing::debug!(link = %link_id, from = %link.remote, to = %remote, "unvalidated link moved");
