@@ -594,28 +594,28 @@ pub fn prometheus(s: &Status) -> String {
         "IP packets read from the interface's queue (each flow is read from one queue)",
         reads,
     );
-    let unrouted = Family::<HostLabels, Counter>::default();
-    (unrouted.get_or_create(&HostLabels {
-        host: s.host.clone(),
-    }))
-    .inc_by(s.packets_unrouted);
-    registry.register(
-        "ri2n_tunnel_packets_unrouted",
-        "IPv4 packets read from the interface for an address no host of the cluster owns \
-         (not carried; their senders are told the host is unreachable)",
-        unrouted,
-    );
-    let not_ipv4 = Family::<HostLabels, Counter>::default();
-    (not_ipv4.get_or_create(&HostLabels {
-        host: s.host.clone(),
-    }))
-    .inc_by(s.packets_not_ipv4);
-    registry.register(
-        "ri2n_tunnel_packets_not_ipv4",
-        "Packets read from the interface that are not IPv4 (IPv6, or no valid IP packet): \
-         not carried, since the tunnel carries IPv4 only",
-        not_ipv4,
-    );
+    // the host's own counters of what it read and did not carry
+    for (name, help, value) in [
+        (
+            "ri2n_tunnel_packets_unrouted",
+            "IPv4 packets read from the interface for an address no host of the cluster owns \
+             (not carried; their senders are told the host is unreachable)",
+            s.packets_unrouted,
+        ),
+        (
+            "ri2n_tunnel_packets_not_ipv4",
+            "Packets read from the interface that are not IPv4 (IPv6, or no valid IP packet): \
+             not carried, since the tunnel carries IPv4 only",
+            s.packets_not_ipv4,
+        ),
+    ] {
+        let family = Family::<HostLabels, Counter>::default();
+        (family.get_or_create(&HostLabels {
+            host: s.host.clone(),
+        }))
+        .inc_by(value);
+        registry.register(name, help, family);
+    }
     let up = Family::<LinkLabels, Gauge>::default();
     let rtt = Family::<LinkLabels, Gauge<f64, AtomicU64>>::default();
     for (labels, l) in &link_rows {
