@@ -372,10 +372,10 @@ impl Endpoint {
     /// handling arrivals): serve `readable`, look at your set if told, then wait again. While
     /// another call watches the shard's sockets, it waits on `ready` alone (and returns
     /// true); so does it on the TCP transport and for a shard the endpoint does not have.
-    /// `ready` stays registered with the shard between calls (no system call to add it each
-    /// time): pass the same open descriptor every time, such as an event loop's own (one
-    /// closed and another made under its number is taken for the same, and never heard
-    /// from). The first call with a descriptor returns at once, telling that it may be
+    /// `ready` stays registered with the shard between calls: a call that looks without
+    /// waiting costs no system call for it, one that is about to sleep one, which also finds
+    /// a descriptor the caller closed and made again under the same number. The first call
+    /// with a descriptor (or with such a new one) returns at once, telling that it may be
     /// readable: what it held before it was registered is not reported.
     pub fn wait_receiving(
         &self,

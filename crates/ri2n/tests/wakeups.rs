@@ -306,6 +306,55 @@ fn an_event_loop_waiting_with_wait_receiving_serves_its_connections() {
     );
 }
 
+/// A caller that closes its set and makes another, which gets the same descriptor number,
+/// is heard from all the same: the call finds the new descriptor before it sleeps (its first
+/// call with it returns at once, as with any new one) and wakes when it becomes readable.
+/// Before, the number was taken for the old descriptor, gone from the shard's epoll set with
+/// it, and the call slept out its timeout, for ever without one.
+#[test]
+fn wait_receiving_hears_from_a_new_descriptor_under_an_old_number() {
+    use std::os::fd::{AsRawFd, BorrowedFd};
+    use std::time::Instant;
+
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let endpoint = Endpoint::server(&addrs()).unwrap();
+    let mut readable = Vec::new();
+    let old = mio::Poll::new().unwrap();
+    // SAFETY: each poll's descriptor, borrowed while that poll lives
+    let set = |p: &mio::Poll| unsafe { BorrowedFd::borrow_raw(p.as_raw_fd()) };
+    endpoint.wait_receiving(0, set(&old), Some(Duration::ZERO), &mut readable);
+    endpoint.wait_receiving(0, set(&old), Some(Duration::ZERO), &mut readable);
+    let number = old.as_raw_fd();
+    drop(old);
+    let new = mio::Poll::new().unwrap();
+    // the premise: the new set has the old one's number
+    assert_eq!(
+        new.as_raw_fd(),
+        number,
+        "the descriptor number was not reused"
+    );
+    let told = endpoint.wait_receiving(0, set(&new), Some(Duration::from_secs(20)), &mut readable);
+    assert!(
+        told,
+        "the first call with the new set did not say it may be readable"
+    );
+    let waker = std::sync::Arc::new(mio::Waker::new(new.registry(), mio::Token(0)).unwrap());
+    let w = waker.clone();
+    let caller = gettid();
+    let wake = thread::spawn(move || {
+        wait_asleep(caller, Some("do_epoll_wait"));
+        w.wake().unwrap();
+    });
+    let start = Instant::now();
+    let told = endpoint.wait_receiving(0, set(&new), Some(Duration::from_secs(20)), &mut readable);
+    let woken = start.elapsed();
+    wake.join().unwrap();
+    assert!(
+        told && woken < Duration::from_secs(10),
+        "the new set's waker ended the wait after {woken:?} (told {told})"
+    );
+}
+
 /// `wait_receiving` returns when the caller's own descriptor becomes readable (here a waker
 /// of its epoll set, woken from another thread), and by its timeout when nothing happens.
 /// The first call with a descriptor registers it, edge-triggered, so what it held before is

@@ -228,6 +228,25 @@ impl Shared {
             *registered = Some(ready);
             // registered edge-triggered: what was pending before is not reported
             readable_now = true;
+        } else if !readable_now && timeout != Some(Duration::ZERO) {
+            // About to sleep on it: is it still the descriptor registered, or one the caller
+            // made under the same number after closing that one (which left the set with
+            // it)? Adding it again tells, one system call per sleep, none per busy look: the
+            // same one is there already (EEXIST); a new one was not, and is now.
+            let added =
+                (poll.registry()).register(&mut SourceFd(&ready), READY_TOKEN, Interest::READABLE);
+            match added {
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                // what it held before is not reported (edge-triggered)
+                Ok(()) => readable_now = true,
+                Err(e) => {
+                    tracing::error!(error = %e, "epoll_ctl failed");
+                    *registered = None;
+                    drop(cp);
+                    poll_readable(ready, timeout);
+                    return true;
+                }
+            }
         }
         // already known to be readable: only what the sockets hold now is taken first
         let timeout = if readable_now {
