@@ -306,6 +306,30 @@ fn an_event_loop_waiting_with_wait_receiving_serves_its_connections() {
     );
 }
 
+/// A `wait_receiving` call on `set` (for up to 20 s) while another thread fires `waker`, a
+/// waker of that set, once the call sleeps: whether it told that the set may be readable,
+/// and how long it waited. (The waker lives on past the call: dropped, it would leave the
+/// set with what it signalled.)
+fn wait_woken_by(
+    endpoint: &Endpoint,
+    set: std::os::fd::BorrowedFd<'_>,
+    waker: &std::sync::Arc<mio::Waker>,
+    readable: &mut Vec<u64>,
+) -> (bool, Duration) {
+    let waker = std::sync::Arc::clone(waker);
+    let caller = gettid();
+    let wake = thread::spawn(move || {
+        // the premise: the call waits, watching the set, when the waker fires
+        wait_asleep(caller, Some("do_epoll_wait"));
+        waker.wake().unwrap();
+    });
+    let start = std::time::Instant::now();
+    let told = endpoint.wait_receiving(0, set, Some(Duration::from_secs(20)), readable);
+    let woken = start.elapsed();
+    wake.join().unwrap();
+    (told, woken)
+}
+
 /// A caller that closes its set and makes another, which gets the same descriptor number,
 /// is heard from all the same: the call finds the new descriptor before it sleeps (its first
 /// call with it returns at once, as with any new one) and wakes when it becomes readable.
@@ -314,7 +338,6 @@ fn an_event_loop_waiting_with_wait_receiving_serves_its_connections() {
 #[test]
 fn wait_receiving_hears_from_a_new_descriptor_under_an_old_number() {
     use std::os::fd::{AsRawFd, BorrowedFd};
-    use std::time::Instant;
 
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let endpoint = Endpoint::server(&addrs()).unwrap();
@@ -339,16 +362,7 @@ fn wait_receiving_hears_from_a_new_descriptor_under_an_old_number() {
         "the first call with the new set did not say it may be readable"
     );
     let waker = std::sync::Arc::new(mio::Waker::new(new.registry(), mio::Token(0)).unwrap());
-    let w = waker.clone();
-    let caller = gettid();
-    let wake = thread::spawn(move || {
-        wait_asleep(caller, Some("do_epoll_wait"));
-        w.wake().unwrap();
-    });
-    let start = Instant::now();
-    let told = endpoint.wait_receiving(0, set(&new), Some(Duration::from_secs(20)), &mut readable);
-    let woken = start.elapsed();
-    wake.join().unwrap();
+    let (told, woken) = wait_woken_by(&endpoint, set(&new), &waker, &mut readable);
     assert!(
         told && woken < Duration::from_secs(10),
         "the new set's waker ended the wait after {woken:?} (told {told})"
@@ -388,17 +402,7 @@ fn wait_receiving_returns_for_the_callers_descriptor_and_at_its_timeout() {
         "with nothing to wait for it returned after {idle:?}"
     );
 
-    let w = waker.clone();
-    let caller = gettid();
-    let wake = thread::spawn(move || {
-        // the premise: the call below waits, watching the set, when the waker fires
-        wait_asleep(caller, Some("do_epoll_wait"));
-        w.wake().unwrap();
-    });
-    let start = Instant::now();
-    let told = endpoint.wait_receiving(0, set, Some(Duration::from_secs(20)), &mut readable);
-    let woken = start.elapsed();
-    wake.join().unwrap();
+    let (told, woken) = wait_woken_by(&endpoint, set, &waker, &mut readable);
     assert!(told, "the call did not say that the set was ready");
     assert!(readable.is_empty(), "{readable:?}");
     assert!(
@@ -597,7 +601,7 @@ fn a_blocked_read_does_not_take_the_wait_receiving_callers_readiness() {
     wait_links_up(&[&sender, &conn]);
 
     let poll = mio::Poll::new().unwrap();
-    let waker = mio::Waker::new(poll.registry(), mio::Token(0)).unwrap();
+    let waker = std::sync::Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
     // SAFETY: `poll`'s descriptor, open for the whole test
     let set = unsafe { BorrowedFd::borrow_raw(poll.as_raw_fd()) };
     let mut readable = Vec::new();
