@@ -411,6 +411,9 @@ impl Link {
             _ => {}
         }
         let Some((_, sent_time, _)) = acked.newest else {
+            if acked.largest_grew {
+                self.detect_lost(now, out, 0);
+            }
             return;
         };
         if regular_sample {
@@ -933,6 +936,34 @@ mod tests {
         // the PING is timed: 400 µs, an upper bound (the peer may have held its answer)
         assert!(link.rtt.has_sample());
         assert_eq!(link.base_rtt(), Duration::from_micros(400));
+    }
+
+    /// A link that mostly acknowledges the peer's data: its one data packet (a window update)
+    /// is lost, and the peer acknowledges the acknowledgement-only packets sent after it.
+    /// Those count for the packet threshold as any packet does: the loss is declared at once,
+    /// not after a probe timeout.
+    #[test]
+    fn acknowledgement_only_packets_acknowledged_reveal_a_loss_before_them() {
+        let (mut link, t0) = up_link(1472);
+        link.seed_rtt(Duration::from_millis(1));
+        let lost = link.on_sent(t0, 60, data_packet(t0, 60));
+        let mut last = lost;
+        for _ in 0..3 {
+            let mut ack_only = data_packet(t0, 50);
+            (ack_only.in_flight, ack_only.ack_eliciting) = (false, false);
+            last = link.on_sent(t0, 50, ack_only);
+        }
+        let mut out = AckOutcome::default();
+        link.on_ack(
+            t0 + Duration::from_micros(1100),
+            [(lost + 1, last)].into_iter(),
+            last,
+            Duration::ZERO,
+            &mut out,
+        );
+        assert!(out.acked.is_empty(), "nothing kept was acknowledged");
+        assert_eq!(out.lost.len(), 1, "the data packet three numbers below");
+        assert_eq!(link.bytes_in_flight(), 0);
     }
 
     #[test]

@@ -68,6 +68,9 @@ pub(crate) struct NewlyAcked {
     pub newest_is_new: bool,
     /// The newest packet it acknowledged after it had been declared lost: number, send time.
     pub newest_late: Option<(u64, Instant)>,
+    /// The largest number acknowledged so far grew: losses may show, even when only
+    /// acknowledgement-only packets (not kept, so never in `newest`) were newly acknowledged.
+    pub largest_grew: bool,
 }
 
 #[derive(Debug, Default)]
@@ -165,6 +168,7 @@ impl Recovery {
             newest: None,
             newest_is_new: false,
             newest_late: None,
+            largest_grew: false,
         };
         let mut largest_real = None;
         for (lo, hi) in ranges.filter(|&(lo, _)| lo <= last_sent) {
@@ -196,6 +200,7 @@ impl Recovery {
             .max(acked.newest_late.map(|l| l.0));
         if let Some((pn, sent, _)) = acked.newest {
             acked.newest_is_new = self.largest_acked.is_none_or(|l| pn > l);
+            acked.largest_grew = self.largest_acked.is_none_or(|l| acked.largest > l);
             self.largest_acked = Some(
                 self.largest_acked
                     .map_or(acked.largest, |l| l.max(acked.largest)),
@@ -204,6 +209,16 @@ impl Recovery {
             self.newest_acked_sent = self.newest_acked_sent.max(Some(sent));
             self.pto_count = 0;
             self.pto_probes_pending = 0;
+        } else if let Some(real) =
+            largest_real.filter(|&r| self.largest_acked.is_none_or(|l| r > l))
+        {
+            // Only acknowledgement-only packets are newly acknowledged: they were sent after
+            // every packet still outstanding below them, so they count for the packet
+            // threshold as any packet does (RFC 9002 §6.1 keeps them for this). On a link that
+            // mostly acknowledges the peer's data, a lost window update would otherwise wait
+            // for the probe timeout.
+            acked.largest_grew = true;
+            self.largest_acked = Some(real);
         }
         Some(acked)
     }
