@@ -21,7 +21,9 @@ use ri2n::{Cipher, Connection, ConnectionState, ConnectionStats, Event, TimedEve
 
 use crate::buffer::Held;
 use crate::errors::{connection_error, io_error};
-use crate::{drop_detached, drop_interruptible, poll_readable, timeout_arg, Shared, SIGNAL_CHECK};
+use crate::{
+    code_arg, drop_detached, drop_interruptible, poll_readable, timeout_arg, Shared, SIGNAL_CHECK,
+};
 
 /// One ri2n connection. Reads and writes block (with the GIL released) until they can
 /// proceed; while every link is down they simply wait. The ``try_*`` calls never block: they
@@ -525,10 +527,11 @@ impl PyConnection {
     }
 
     /// Aborts the connection at once, dropping what was not delivered; the peer's calls
-    /// raise ``PeerGone`` naming ``code`` and ``reason``. The handle stays (for ``stats()``)
-    /// until ``close()``.
+    /// raise ``PeerGone`` naming ``code`` (an int >= 0, else ``ValueError``) and ``reason``.
+    /// The handle stays (for ``stats()``) until ``close()``.
     #[pyo3(signature = (code = 0, reason = ""))]
-    fn abort(&self, py: Python<'_>, code: u64, reason: &str) -> PyResult<()> {
+    fn abort(&self, py: Python<'_>, code: i128, reason: &str) -> PyResult<()> {
+        let code = code_arg(code)?;
         let conn = self.get()?;
         py.detach(|| conn.abort(code, reason));
         Ok(())

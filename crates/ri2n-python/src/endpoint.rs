@@ -14,7 +14,7 @@ use ri2n::{ConnectionConfig, ConnectionError, Endpoint, EndpointConfig, Transpor
 use crate::connection::PyConnection;
 use crate::errors::endpoint_error;
 use crate::key::PyKey;
-use crate::{drop_detached, timeout_arg, wait_on_thread, Addrs, Shared, SIGNAL_CHECK};
+use crate::{code_arg, drop_detached, timeout_arg, wait_on_thread, Addrs, Shared, SIGNAL_CHECK};
 
 /// How long leaving a `with` block waits for the peers to acknowledge what was written: the
 /// library's own `close_linger`, what dropping the endpoint would wait.
@@ -362,7 +362,8 @@ impl PyEndpoint {
     /// right after (a server that is stopped tells its clients why). The endpoint stays
     /// open until ``close()``.
     #[pyo3(signature = (code = 0, reason = ""))]
-    fn abort(&self, py: Python<'_>, code: u64, reason: &str) -> PyResult<()> {
+    fn abort(&self, py: Python<'_>, code: i128, reason: &str) -> PyResult<()> {
+        let code = code_arg(code)?;
         let endpoint = self.get()?;
         py.detach(|| endpoint.abort(code, reason));
         Ok(())

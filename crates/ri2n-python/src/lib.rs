@@ -71,6 +71,19 @@ pub(crate) fn timeout_arg(seconds: Option<f64>) -> PyResult<Option<Duration>> {
     }
 }
 
+/// An abort's code: an int from 0 up (the engine caps what the wire cannot carry, so any
+/// larger one is taken as the largest). `ValueError` for a negative one, as for other
+/// arguments out of range: an unsigned parameter would raise `OverflowError`, which
+/// `except ValueError` misses.
+pub(crate) fn code_arg(code: i128) -> PyResult<u64> {
+    if code < 0 {
+        return Err(PyValueError::new_err(format!(
+            "code must be >= 0, not {code}"
+        )));
+    }
+    Ok(u64::try_from(code).unwrap_or(u64::MAX))
+}
+
 /// Waits at most `wait` for `fd` to become readable; whether it did. An interrupted wait
 /// (EINTR) counts as not: the callers look again and let Python handle the signal.
 pub(crate) fn poll_readable(fd: RawFd, wait: Duration) -> bool {

@@ -108,6 +108,21 @@ def test_a_peer_that_aborts_is_gone(pair: Pair) -> None:
         pair.conn.sendall(b"x")
 
 
+def test_an_abort_code_out_of_range(pair: Pair) -> None:
+    """A negative code is a ValueError (it was an OverflowError, which ``except ValueError``
+    misses), and nothing is aborted; one beyond what the wire carries is capped."""
+    with pytest.raises(ValueError, match="code must be >= 0"):
+        pair.conn.abort(-1)
+    with pytest.raises(ValueError, match="code must be >= 0"):
+        pair.server.abort(-5, "no")
+    pair.conn.sendall(b"still up")
+    assert pair.peer.recv(8, timeout=5) == b"still up"
+    pair.conn.abort(2**70, "large")
+    with pytest.raises(ri2n.PeerGone, match="large") as e:
+        pair.peer.recv(100, timeout=5)
+    assert f"code {2**62 - 1 - 16}" in str(e.value)
+
+
 def test_a_server_endpoint_aborted_tells_its_client(pair_on_each_transport: Pair) -> None:
     pair = pair_on_each_transport
     # the premise: the connection carries data before the abort

@@ -149,7 +149,8 @@ class Endpoint:
     def refused_handshakes(self) -> List[Tuple[str, str]]:
         """``(client address, reason)`` of handshakes refused since the last call."""
     def abort(self, code: int = 0, reason: str = "") -> None:
-        """Aborts every connection at once; each peer sees ``PeerGone``."""
+        """Aborts every connection at once; each peer sees ``PeerGone`` naming ``code``
+        (an int >= 0, else ``ValueError``) and ``reason``."""
     def close(self, timeout: Optional[float] = None) -> None:
         """Closes every connection gracefully; ``NotDelivered`` if data was not acknowledged.
         Ctrl-C stops the wait and aborts what is left (the peers see ``PeerGone``)."""
@@ -222,7 +223,8 @@ class Connection:
     def events(self) -> List[_Event]:
         """State changes since the last call: ``kind``, ``link``, ``from``, ``to``, ``reason``, ``at``."""
     def abort(self, code: int = 0, reason: str = "") -> None:
-        """Aborts the connection; the peer sees ``PeerGone``."""
+        """Aborts the connection; the peer sees ``PeerGone`` naming ``code`` (an int >= 0,
+        else ``ValueError``) and ``reason``."""
     def close(self) -> None:
         """Lets go: finishes the streams; the connection delivers in the background. Where
         the ``Endpoint`` object is gone, waits up to its close_linger (10 s) for delivery;
