@@ -140,6 +140,11 @@ fn errno_of_io(e: &io::Error) -> i32 {
         io::ErrorKind::ConnectionReset => libc::ECONNRESET,
         io::ErrorKind::ConnectionAborted => libc::ECONNABORTED,
         io::ErrorKind::NotConnected => libc::ENOTCONN,
+        // a wildcard listen address that no interface address of its family matches
+        io::ErrorKind::AddrNotAvailable => libc::EADDRNOTAVAIL,
+        io::ErrorKind::AddrInUse => libc::EADDRINUSE,
+        io::ErrorKind::NetworkUnreachable => libc::ENETUNREACH,
+        io::ErrorKind::HostUnreachable => libc::EHOSTUNREACH,
         io::ErrorKind::BrokenPipe => libc::EPIPE,
         io::ErrorKind::InvalidInput | io::ErrorKind::InvalidData => libc::EINVAL,
         io::ErrorKind::NotFound => libc::ENOENT,
