@@ -448,8 +448,9 @@ impl Endpoint {
 
     /// Starts a connection to a peer given one or more of its addresses. The handshake goes
     /// to the first and, while that one does not answer, to the others in turn
-    /// (docs/PROTOCOL.md §4.1); with more than one, a link is opened to each, else (unless
-    /// discovery is off) to each address the server announces.
+    /// (docs/PROTOCOL.md §4.1); with more than one, a link is opened to each (up to the
+    /// connection's `max_links`), else (unless discovery is off) to each address the server
+    /// announces.
     pub fn connect(
         &mut self,
         now: Instant,
@@ -457,10 +458,9 @@ impl Endpoint {
         config: ConnectionConfig,
     ) -> Result<ConnectionHandle, ConnectError> {
         config.validate()?;
+        // any number of addresses: the handshake may take each, and links are opened to
+        // the first `MAX_LINKS` that answer (as to a server's announced ones)
         let first = *remotes.first().ok_or(ConnectError::NoRemoteAddress)?;
-        if remotes.len() > crate::MAX_LINKS {
-            return Err(ConnectError::TooManyLinks(crate::MAX_LINKS));
-        }
         let fallback = self
             .cfg
             .local_addrs

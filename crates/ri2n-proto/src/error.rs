@@ -135,7 +135,9 @@ pub enum ConnectError {
     /// The configuration is unusable.
     #[error("invalid configuration: {0}")]
     InvalidConfig(&'static str),
-    /// More links were asked for than a connection carries.
+    /// More links were asked for than a connection carries. Not returned by
+    /// `Endpoint::connect` any more: it takes any number of addresses and opens links to as
+    /// many as a connection carries.
     #[error("at most {0} links per connection")]
     TooManyLinks(usize),
 }

@@ -403,6 +403,36 @@ fn transfer_survives_a_link_cut_and_restored() {
     });
 }
 
+/// A server with more addresses than a connection has links, all given to `connect`: the
+/// handshake takes the first, links go to as many as a connection carries, and the bytes
+/// arrive. (It was refused: "at most 8 links per connection", though the TCP transport and
+/// a server's announced addresses were taken that way.)
+#[test]
+fn more_server_addresses_than_links_connect_with_the_most_links() {
+    let ips: Vec<String> = (1..=ri2n::MAX_LINKS + 1)
+        .map(|i| format!("127.0.0.{i}"))
+        .collect();
+    let ips: Vec<&str> = ips.iter().map(String::as_str).collect();
+    let server = Endpoint::server(&addrs(&ips)).unwrap();
+    let client = Endpoint::client(&addrs(&["127.0.0.1"])).unwrap();
+    let given = server.local_addrs();
+    assert_eq!(given.len(), ri2n::MAX_LINKS + 1);
+    let server2 = server.clone();
+    let t = thread::spawn(move || {
+        let mut c = server2.accept().unwrap();
+        let mut got = Vec::new();
+        c.read_to_end(&mut got).unwrap();
+        got
+    });
+    let mut conn = client.connect(&given, ConnectionConfig::default()).unwrap();
+    let sent: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    conn.write_all(&sent).unwrap();
+    let links = conn.stats().links;
+    assert_eq!(links.len(), ri2n::MAX_LINKS, "{links:?}");
+    conn.finish().unwrap();
+    assert!(t.join().unwrap() == sent, "the bytes differ");
+}
+
 #[test]
 fn link_state_events_reach_the_application() {
     let p = pair();
