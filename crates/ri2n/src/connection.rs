@@ -459,6 +459,16 @@ impl Connection {
         }
     }
 
+    /// Makes the descriptor of `interest` readable again, if it was made: a caller that may
+    /// have cleared a signal meant for others waiting on the same descriptor gives it back.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn signal_again(&self, interest: Interest) {
+        match &self.inner {
+            Inner::Udp(c) => c.signal_again(interest),
+            Inner::Tcp(TcpHandle(c)) => c.signal_again(interest),
+        }
+    }
+
     /// A readiness descriptor for writing alone: readable when a retry of
     /// [`try_write`](Self::try_write) or [`try_send_message`](Self::try_send_message) may
     /// succeed (buffer space was freed, or the connection changed state), and cleared only by

@@ -251,6 +251,15 @@ impl Watchers {
         }
     }
 
+    /// Makes `interest`'s descriptor readable again, if it was made: for a caller that may
+    /// have cleared a signal meant for others waiting on it (see `tokio::Watched`).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub fn signal_again(&self, interest: Interest) {
+        if let Some(r) = self.slot(interest).get() {
+            r.signal();
+        }
+    }
+
     /// A non-blocking call of kind `caller` is about to look: it clears the descriptors it
     /// answers for (the combined one, its side's, and its own kind's).
     pub fn clear(&self, caller: Caller) {

@@ -22,13 +22,14 @@
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::task::{ready, Context, Poll};
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::readiness::Caller;
+use crate::readiness::{Caller, Interest};
 use crate::{Connection, Endpoint, Error};
 
 /// A tokio registration of a readiness descriptor, on a duplicate of it (the `AsyncFd` owns
@@ -41,20 +42,55 @@ fn watch(fd: BorrowedFd<'_>) -> io::Result<AsyncFd<OwnedFd>> {
         .map_err(io::Error::from)
 }
 
+/// A readiness descriptor of the connection as the adapter waits on it.
+#[derive(Debug)]
+struct Watched {
+    fd: AsyncFd<OwnedFd>,
+    /// Which of the connection's descriptors it is.
+    interest: Interest,
+    /// Calls of [`AsyncConnection::op`] on it under way: several tasks may wait on one.
+    calls: AtomicUsize,
+}
+
+impl Watched {
+    fn new(fd: BorrowedFd<'_>, interest: Interest) -> io::Result<Self> {
+        Ok(Self {
+            fd: watch(fd)?,
+            interest,
+            calls: AtomicUsize::new(0),
+        })
+    }
+
+    /// Counts a call until the returned guard is dropped (also when the call is cancelled).
+    fn count_call(&self) -> CountedCall<'_> {
+        self.calls.fetch_add(1, Ordering::AcqRel);
+        CountedCall(&self.calls)
+    }
+}
+
+/// One call counted in [`Watched::calls`].
+struct CountedCall<'a>(&'a AtomicUsize);
+
+impl Drop for CountedCall<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// A connection for async code. Dropping it drops the connection (see [`Connection`]).
 #[derive(Debug)]
 pub struct AsyncConnection {
     /// Watched by readers of the stream (`poll_read`, `read_chunk`).
-    stream_ready: AsyncFd<OwnedFd>,
+    stream_ready: Watched,
     /// Watched by readers of messages, and of datagrams, each made on first use. Readers of
     /// different kinds wait apart, each on a descriptor its own calls alone clear: with one
     /// for all, a stream reader's look cleared the wake-up of a task waiting for a message
     /// before the runtime saw it, and that task slept on with the message there.
-    message_ready: OnceLock<AsyncFd<OwnedFd>>,
-    datagram_ready: OnceLock<AsyncFd<OwnedFd>>,
+    message_ready: OnceLock<Watched>,
+    datagram_ready: OnceLock<Watched>,
     /// Watched by writers: a reader and a writer of one connection (e.g. after
     /// `tokio::io::split`) wait apart, each on the descriptor its own calls clear.
-    write_ready: AsyncFd<OwnedFd>,
+    write_ready: Watched,
     conn: Connection,
 }
 
@@ -63,8 +99,13 @@ impl AsyncConnection {
     /// descriptor left for its readiness), the connection is aborted with the error as the
     /// reason, so its peer learns why, and the error returned.
     pub fn new(conn: Connection) -> io::Result<Self> {
-        let watched = (conn.read_kind_fd(Caller::ReadStream).and_then(watch))
-            .and_then(|r| Ok((r, conn.write_readiness_fd().and_then(watch)?)));
+        let stream = Interest::ReadKind(Caller::ReadStream);
+        let watched = (conn.read_kind_fd(Caller::ReadStream))
+            .and_then(|fd| Watched::new(fd, stream))
+            .and_then(|r| {
+                let w = conn.write_readiness_fd()?;
+                Ok((r, Watched::new(w, Interest::Write)?))
+            });
         match watched {
             Ok((stream_ready, write_ready)) => Ok(Self {
                 stream_ready,
@@ -99,7 +140,7 @@ impl AsyncConnection {
     /// starts without readiness.
     fn poll_op<T>(
         &self,
-        ready: &AsyncFd<OwnedFd>,
+        ready: &Watched,
         cx: &mut Context<'_>,
         mut op: impl FnMut(&Connection) -> io::Result<T>,
     ) -> Poll<io::Result<T>> {
@@ -108,7 +149,7 @@ impl AsyncConnection {
             r => return Poll::Ready(r),
         }
         loop {
-            let mut guard = ready!(ready.poll_read_ready(cx))?;
+            let mut guard = ready!(ready.fd.poll_read_ready(cx))?;
             match op(&self.conn) {
                 // clears only what this guard saw: a signal since then is kept
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
@@ -120,33 +161,41 @@ impl AsyncConnection {
     /// [`Self::poll_op`] for the calls that take `&self`, which several tasks may make at
     /// once on one connection: each waits with a waker of its own (`poll_read_ready` keeps
     /// only the last caller's, and the others would never be woken).
+    ///
+    /// Each call's look clears the descriptor, and with it a signal that was to wake another
+    /// call waiting on it, if the runtime had not seen it yet (an edge drained is gone): that
+    /// call slept on with room or a message there for it. So a call that ends while others
+    /// are under way gives the signal back; they look again, and those with nothing to do
+    /// wait again. It is counted before it first looks, so that a signal coming after that
+    /// look and cleared by another call is given back too.
     async fn op<T>(
         &self,
-        ready: &AsyncFd<OwnedFd>,
+        ready: &Watched,
         mut op: impl FnMut(&Connection) -> io::Result<T>,
     ) -> io::Result<T> {
-        match op(&self.conn) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            r => return r,
+        let _counted = ready.count_call();
+        let r = match op(&self.conn) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => loop {
+                let mut guard = ready.fd.readable().await?;
+                match op(&self.conn) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
+                    r => break r,
+                }
+            },
+            r => r,
+        };
+        if ready.calls.load(Ordering::Acquire) > 1 {
+            self.conn.signal_again(ready.interest);
         }
-        loop {
-            let mut guard = ready.readable().await?;
-            match op(&self.conn) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
-                r => return r,
-            }
-        }
+        r
     }
 
     /// The descriptor the reading calls of `kind` wait on (`slot`), registered on first use.
-    fn read_ready<'a>(
-        &self,
-        slot: &'a OnceLock<AsyncFd<OwnedFd>>,
-        kind: Caller,
-    ) -> io::Result<&'a AsyncFd<OwnedFd>> {
+    fn read_ready<'a>(&self, slot: &'a OnceLock<Watched>, kind: Caller) -> io::Result<&'a Watched> {
         if slot.get().is_none() {
             // two tasks may make one at once: one is kept, the other dropped
-            let _ = slot.set(watch(self.conn.read_kind_fd(kind)?)?);
+            let fd = self.conn.read_kind_fd(kind)?;
+            let _ = slot.set(Watched::new(fd, Interest::ReadKind(kind))?);
         }
         Ok(slot.get().expect("set above"))
     }

@@ -542,6 +542,12 @@ impl UdpConnection {
     /// [`try_write`](Self::try_write) or [`try_send_message`](Self::try_send_message) may
     /// succeed (buffer space was freed, or the connection changed state), and cleared only by
     /// them. See [`read_readiness_fd`](Self::read_readiness_fd).
+    /// See [`crate::Connection::signal_again`].
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn signal_again(&self, interest: Interest) {
+        self.watchers.signal_again(interest);
+    }
+
     pub(crate) fn write_readiness_fd(&self) -> io::Result<BorrowedFd<'_>> {
         self.readiness_fd_for(Interest::Write)
     }

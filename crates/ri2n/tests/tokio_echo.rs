@@ -454,3 +454,128 @@ async fn until_all_pending(flags: &[Arc<AtomicBool>]) {
         tokio::task::yield_now().await;
     }
 }
+
+/// What another task does on the connection while one waits, in [`waiter_beside`].
+#[derive(Debug, Clone, Copy)]
+enum Beside {
+    /// Two stream writes, while the waiter waits for room for a message.
+    StreamWrites,
+    /// One small message sent, while the waiter waits for room for a large one.
+    MessageSent,
+    /// One message read of two that came, while the waiter waits for a message too.
+    MessageTaken,
+}
+
+/// Tasks sharing a connection wait on one descriptor per kind of call (all writers share
+/// one), and each call's look clears it. A call another task made while a waiter's wake-up
+/// was still unseen by the busy runtime cleared that wake-up, and the waiter slept on with
+/// its room or its message there: nothing later signalled it again.
+#[test]
+fn a_task_waiting_beside_another_making_calls_on_its_descriptor_is_woken() {
+    let all = [
+        Beside::StreamWrites,
+        Beside::MessageSent,
+        Beside::MessageTaken,
+    ];
+    let slept: Vec<Beside> = all.into_iter().filter(|&b| !waiter_beside(b)).collect();
+    assert!(
+        slept.is_empty(),
+        "the waiting task slept on with its room or message there: {slept:?}"
+    );
+}
+
+/// Whether a task waiting in `send_message` (the send buffer full) or in `recv_message`
+/// ([`Beside::MessageTaken`]) is woken within 3 s once what it waits for is there, while
+/// another task of the runtime made the calls `beside` after the runtime's one thread was
+/// busy as it came.
+fn waiter_beside(beside: Beside) -> bool {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let lo = "127.0.0.1:0".parse().unwrap();
+        let quiet = ConnectionConfig::default().with_mtu_discovery(false);
+        let server = Endpoint::bind(
+            EndpointConfig::new(vec![lo])
+                .server()
+                .with_server_connection(quiet.clone().with_stream_receive_window(64 << 10)),
+        )
+        .unwrap();
+        let to = server.local_addrs();
+        let reading = matches!(beside, Beside::MessageTaken);
+        let (go, went) = std::sync::mpsc::channel::<()>();
+        let peer = std::thread::spawn(move || {
+            let c = server.accept().unwrap();
+            went.recv().unwrap();
+            if reading {
+                c.send_message(b"one").unwrap();
+                c.send_message(b"two").unwrap();
+                went.recv().unwrap();
+            } else {
+                let patience = Some(Duration::from_secs(10));
+                while let Ok(Some(_)) = c.recv_message_timeout(patience) {}
+            }
+            (server, c)
+        });
+        let client = Endpoint::client(&[lo]).unwrap();
+        let conn = ri2n::tokio::connect(&client, &to, quiet.with_send_buffer(64 << 10));
+        let conn = Arc::new(conn.await.unwrap());
+        let msg = [1u8; 1024];
+        if !reading {
+            // the peer reads nothing yet: its window, then our send buffer, fill
+            for _ in 0..3 {
+                while conn.get_ref().try_send_message(&msg).is_ok() {}
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        let waiting = Arc::new(AtomicBool::new(false));
+        let mut waiter = {
+            let (conn, waiting) = (conn.clone(), waiting.clone());
+            tokio::spawn(async move {
+                let wait = async {
+                    match reading {
+                        true => conn.recv_message().await.map(drop),
+                        false => conn.send_message(&[2u8; 1024]).await,
+                    }
+                };
+                noting_pending(wait, waiting).await
+            })
+        };
+        until_all_pending(&[waiting]).await;
+        go.send(()).unwrap();
+        // the runtime's thread busy while the room or the messages come
+        std::thread::sleep(Duration::from_millis(300));
+        match beside {
+            Beside::StreamWrites => {
+                for _ in 0..2 {
+                    let x = ri2n::Bytes::from_static(b"x");
+                    conn.write_bytes(x).await.unwrap();
+                }
+            }
+            Beside::MessageSent => conn.send_message(b"small").await.unwrap(),
+            Beside::MessageTaken => {
+                assert_eq!(conn.recv_message().await.unwrap().unwrap(), b"one");
+            }
+        }
+        let wait = Duration::from_secs(3);
+        let woken = tokio::time::timeout(wait, &mut waiter).await.is_ok();
+        // the premise: what the task waited for was there, whether it was woken or not
+        if !woken && reading {
+            let m = conn.get_ref().try_recv_message().unwrap();
+            assert_eq!(m.as_deref(), Some(&b"two"[..]), "no message waited");
+        } else if !woken {
+            let room = conn.get_ref().try_send_message(&msg);
+            assert!(room.is_ok(), "no room came: {room:?}");
+        }
+        if reading {
+            go.send(()).unwrap();
+        }
+        conn.get_ref().finish().unwrap();
+        waiter.abort();
+        drop((conn, client));
+        let ends = tokio::task::spawn_blocking(move || drop(peer.join().unwrap()));
+        ends.await.unwrap();
+        woken
+    })
+}

@@ -814,6 +814,12 @@ impl TcpConnection {
     }
 
     /// The readiness descriptor for `interest` (made under the lock, so no signal races it).
+    /// See [`crate::Connection::signal_again`].
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub fn signal_again(&self, interest: Interest) {
+        self.watchers.signal_again(interest);
+    }
+
     pub fn readiness_fd(&self, interest: Interest) -> io::Result<std::os::fd::BorrowedFd<'_>> {
         let _st = self.lock();
         self.watchers.fd(interest)
