@@ -5,8 +5,9 @@
 //! A thread of its own receives the signals (`signal-hook`); what it does depends on what the
 //! command registered: before a connection exists it removes an unfinished output file and
 //! exits; once a connection is registered it aborts it, and the command's blocked read or
-//! write returns, sees [`caught`] and reports. A command blocked outside the connection
-//! (reading an idle stdin) is not woken by the abort: the process ends one second later.
+//! write returns, sees [`caught`] and reports (`send` waiting for an idle input looks at the
+//! connection as it waits). A command blocked outside the connection (`recv` writing into a
+//! stalled pipe) is not woken by the abort: the process ends one second later.
 //! `serve` holds many connections: an interrupt aborts them all
 //! ([`abort_endpoint_on_interrupt`]).
 
@@ -71,9 +72,9 @@ pub fn install() {
                 match target {
                     Target::Connection(conn) => {
                         conn.abort(signal as u64, &format!("interrupted by {}", name(signal)));
-                        // A command blocked outside the connection (reading an idle stdin,
-                        // writing into a stalled pipe) would not see the abort before that
-                        // call returns: it gets a moment to report, then the process ends.
+                        // A command blocked outside the connection (writing into a stalled
+                        // pipe) would not see the abort before that call returns: it gets a
+                        // moment to report, then the process ends.
                         std::thread::sleep(REPORT_GRACE);
                         if !REPORTING.load(Ordering::SeqCst) {
                             exit_now(signal, "; the peer was told");

@@ -5,7 +5,9 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use ri2n::Connection;
 
 use crate::checksum::Checksum;
 use crate::error::Failure;
@@ -25,20 +27,27 @@ const CHUNK: usize = 1024 * 1024;
 /// in the core's cache (1 MiB of L2 on the hosts measured), the sum costs no second trip to
 /// memory.
 const READ_STEP: usize = 256 * 1024;
+/// How often a sender waiting for an idle input looks whether the connection ended.
+const IDLE_LOOK: Duration = Duration::from_millis(100);
 
 /// Replaces the contents of `buf` with up to [`CHUNK`] bytes of `fd`, read [`READ_STEP`] at
 /// a time and added to `sum` (if any) as they come. Stops early after a short read: a pipe's
 /// writer has no more ready, and what came is sent rather than held back waiting for the
-/// rest. Returns the bytes read (0 at the end of the input).
+/// rest. Returns the bytes read (0 at the end of the input). An input that may stay idle
+/// (`idle`: not a regular file) is waited for while `conn` lives ([`wait_input`]).
 fn read_chunk(
     fd: BorrowedFd<'_>,
     buf: &mut Vec<u8>,
     mut sum: Option<&mut Checksum>,
+    idle: Option<&Connection>,
 ) -> io::Result<usize> {
     buf.clear();
     buf.reserve(CHUNK);
     while buf.len() < CHUNK {
         let start = buf.len();
+        if let Some(conn) = idle {
+            wait_input(fd, conn)?;
+        }
         match read_into(fd, buf, READ_STEP.min(CHUNK - start)) {
             Ok(0) => break,
             Ok(n) => {
@@ -55,6 +64,35 @@ fn read_chunk(
         }
     }
     Ok(buf.len())
+}
+
+/// Waits until `fd` has something to read (or its end, or an error, which the read then
+/// reports), looking every [`IDLE_LOOK`] whether `conn` ended meanwhile: a receiver gone,
+/// aborted, or unreachable past the links' timeout then ends the transfer though the input
+/// stays open and quiet (`tail -f log | ri2n send`). A read would wait until the input next
+/// produced bytes, and nothing would be said meanwhile.
+fn wait_input(fd: BorrowedFd<'_>, conn: &Connection) -> io::Result<()> {
+    loop {
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd for the duration of the call.
+        let n = unsafe { libc::poll(&mut p, 1, IDLE_LOOK.as_millis() as libc::c_int) };
+        if n > 0 {
+            return Ok(());
+        }
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+        if let Some(reason) = conn.close_reason() {
+            return Err(io::Error::other(reason));
+        }
+    }
 }
 
 /// Appends up to `max` bytes from `fd` to `buf`, straight into its memory: a buffer the
@@ -133,8 +171,9 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
     let mut sum = (!args.no_checksum).then(Checksum::default);
     let mut buf = Vec::new();
     let mut written = 0u64;
+    let idle = total.is_none().then_some(&*conn);
     loop {
-        let n = match read_chunk(input.as_fd(), &mut buf, sum.as_mut()) {
+        let n = match read_chunk(input.as_fd(), &mut buf, sum.as_mut(), idle) {
             // the end of the input, unless a signal to this process came first: the same
             // signal may have ended the program feeding it, and then the data did not end
             Ok(0) => match interrupt::raised() {
@@ -147,6 +186,8 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
                 }
             },
             Ok(n) => n as u64,
+            // the connection ended while the input was idle
+            Err(e) if conn.close_reason().is_some() => return Err(lost(&e, written, monitor)),
             Err(e) => {
                 conn.abort(1, "the sender could not read its input");
                 monitor.finish();

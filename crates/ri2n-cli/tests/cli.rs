@@ -563,9 +563,50 @@ fn a_sender_interrupted_while_stdin_is_idle_exits() {
     let (recv, a) = spawn_recv(port, output.path(), &["-q"]);
     // its stdin kept open and never written: the sender's read waits
     let mut send = spawn_piped_send(&a, &["-q"]);
-    // connected (it reads its input only then), its read of the empty pipe waits
-    send.wait_thread_in(&["pipe_read", "anon_pipe_read"], Duration::from_secs(10));
+    // connected (it reads its input only then), it waits for the empty pipe
+    send.wait_thread_in(WAITING_FOR_INPUT, Duration::from_secs(10));
     interrupt_sender_and_check(send, recv, &output);
+}
+
+/// Where `ri2n send` sleeps while it waits for an idle pipe, as kernels name it: in its poll
+/// of the input (it looks at the connection between two), or in a read of it.
+const WAITING_FOR_INPUT: &[&str] = &[
+    "pipe_read",
+    "anon_pipe_read",
+    "poll_schedule_timeout.constprop.0",
+    "poll_schedule_timeout",
+    "do_sys_poll",
+];
+
+/// The receiver is interrupted (it aborts the connection and says the peer was told) while
+/// the sender's stdin is open but idle (`tail -f log | ri2n send`): the sender reports the
+/// lost connection (exit 4), with the bytes it wrote. Before, it ran on, silent, until its
+/// input produced more bytes or ended.
+#[test]
+fn a_sender_with_an_idle_stdin_exits_when_the_receiver_aborts() {
+    let output = TempFile::new("idle-abort-out");
+    let port = free_port();
+    let (recv, a) = spawn_recv(port, output.path(), &["-q"]);
+    let mut send = spawn_piped_send(&a, &["-q"]);
+    let mut stdin = send.child.as_mut().unwrap().stdin.take().unwrap();
+    // more than recv's output buffer: the bytes reach the partial file
+    stdin.write_all(&[7u8; 100 * 1024]).unwrap();
+    wait_file_grows(&output.partial(), Duration::from_secs(10));
+    send.wait_thread_in(WAITING_FOR_INPUT, Duration::from_secs(10));
+    recv.signal(libc::SIGINT);
+    let (r, ro) = recv.wait(Duration::from_secs(10));
+    assert_eq!(r.code(), Some(130), "{}", stderr_of(&ro));
+    // stdin stays open (held here) and idle
+    let (s, so) = send.wait(Duration::from_secs(8));
+    drop(stdin);
+    let serr = stderr_of(&so);
+    assert_eq!(s.code(), Some(4), "{serr}");
+    assert!(
+        serr.contains("the peer aborted the connection")
+            && serr.contains("interrupted by SIGINT")
+            && serr.contains("after 102400 bytes written"),
+        "{serr}"
+    );
 }
 
 /// A signal to a whole pipeline (Ctrl-C, or a service stop that signals its process group)
