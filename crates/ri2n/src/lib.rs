@@ -522,7 +522,8 @@ impl Endpoint {
 
     /// Connects to a peer given one or more of its addresses, waiting until the handshake
     /// completes or fails. The handshake goes to the first address and, while that one does
-    /// not answer, to the others in turn (each becomes a link once it is done), so a peer
+    /// not answer, to the others in turn (each becomes a link once it is done, as many as a
+    /// connection carries; any number may be given), so a peer
     /// whose first address is down or refuses is reached on another; an address where an
     /// endpoint that is not a server answers (or a service that is no ri2n server, on the
     /// TCP transport) is left out, and what it answers later does not end the connection. It
