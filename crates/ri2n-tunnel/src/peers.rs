@@ -153,11 +153,18 @@ impl Peer {
     pub fn set(&self, conn: Arc<Connection>) {
         let mut slot = self.conn.write().unwrap_or_else(|e| e.into_inner());
         if let Some(old) = slot.replace(conn) {
-            let so_far = self.count_ended(&old, &Counted::default());
-            let mut replaced = self.replaced.lock().unwrap_or_else(|e| e.into_inner());
-            replaced.retain(|(c, _)| c.strong_count() > 0);
-            replaced.push((Arc::downgrade(&old), so_far));
+            self.retire(&old);
         }
+    }
+
+    /// `old` is no longer its connection and runs on until its end is found: what it
+    /// dropped and moved so far counts now, the rest at its end ([`Self::clear`]). Call with
+    /// the connection's slot locked for writing.
+    fn retire(&self, old: &Arc<Connection>) {
+        let so_far = self.count_ended(old, &Counted::default());
+        let mut replaced = self.replaced.lock().unwrap_or_else(|e| e.into_inner());
+        replaced.retain(|(c, _)| c.strong_count() > 0);
+        replaced.push((Arc::downgrade(old), so_far));
     }
 
     /// `conn` ended: forgotten, unless a newer one replaced it meanwhile.
@@ -268,7 +275,14 @@ impl Peer {
 
     fn remove(&self) {
         self.removed.store(true, Ordering::Release);
-        if let Some(c) = self.conn() {
+        // A changed entry's new peer shares its counts: what the connection moved so far
+        // counts there now, as for a connection replaced. Left in the slot until the loop
+        // finds its end, it was missing from the new peer's counts meanwhile, and a counter
+        // that goes back reads as a restart to Prometheus.
+        let mut slot = self.conn.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = slot.take() {
+            self.retire(&c);
+            drop(slot);
             c.abort(
                 0,
                 "the peer's cluster file no longer lists this host as it was",
@@ -656,6 +670,55 @@ mod tests {
             let o = own[key];
             assert!(n.bytes_sent <= o.bytes_sent && n.bytes_received <= o.bytes_received);
         }
+    }
+
+    /// A changed host's connection runs on after the reload until its loop finds its end:
+    /// what it moved counts in the new peer's counts from the reload on, once. Before, they
+    /// went back by all it had moved until that end (up to 200 ms later), which Prometheus
+    /// reads as a restart of the daemon.
+    #[test]
+    fn a_changed_hosts_counts_do_not_go_back_while_its_old_connection_ends() {
+        use ri2n::{Endpoint, EndpointConfig};
+        let local = vec!["127.0.0.1:0".parse().unwrap()];
+        let server = Endpoint::bind(EndpointConfig::new(local.clone()).server()).unwrap();
+        let client = Endpoint::bind(EndpointConfig::new(local)).unwrap();
+        let conn = Arc::new(
+            client
+                .connect(&server.local_addrs(), Default::default())
+                .unwrap(),
+        );
+        let far = server.accept().unwrap();
+        let endpoint = ri2n::Endpoint::server(&["127.0.0.1:0".parse().unwrap()]).unwrap();
+        let peers = Peers::new(cluster(NODE3), 0, Carry::Datagrams, Some(endpoint), 1);
+        let node3 = peers.table().peers[1].clone();
+        node3.set(conn.clone());
+        // the premise: the connection moved bytes
+        far.send_message(&[7; 20_000]).unwrap();
+        assert_eq!(conn.recv_message().unwrap().map(|m| m.len()), Some(20_000));
+        let received = |s: &PeerSample| {
+            let ended: u64 = s.ended_links.values().map(|n| n.bytes_received).sum();
+            let current = s.current.as_ref().map_or(0, |(_, st)| {
+                st.links.iter().map(|l| l.bytes_received).sum::<u64>()
+            });
+            ended + current
+        };
+        let before = received(&node3.sample());
+        assert!(before >= 20_000, "{before}");
+
+        let changed = NODE3.replace("10.0.2.3", "10.0.2.33");
+        peers.reload(cluster(&changed), 0).unwrap();
+        let new_node3 = peers.table().peers[1].clone();
+        assert!(!Arc::ptr_eq(&new_node3, &node3));
+        let after_reload = received(&new_node3.sample());
+        assert!(after_reload >= before, "{after_reload} after {before}");
+        // the loop finds the old connection's end: counted once
+        node3.clear(&conn);
+        let at_end = received(&new_node3.sample());
+        let own: u64 = conn.stats().links.iter().map(|l| l.bytes_received).sum();
+        assert!(
+            after_reload <= at_end && at_end <= own,
+            "{after_reload}, then {at_end}; the connection's own {own}"
+        );
     }
 
     /// A newly accepted connection replaces a host's current one, so only one from a host
