@@ -40,7 +40,7 @@ pub use config::{
     ConnectionConfig, EndpointConfig, LinkThreads, SendThreads, Shard, Striping, Transport,
     MAX_SHARDS, SHARDS_LIMIT,
 };
-pub use connection::{Connection, ConnectionState, ConnectionStats, SendLimits};
+pub use connection::{Connection, ConnectionState, ConnectionStats, SendLimits, MAX_ABORT_CODE};
 pub use crypto::{Cipher, Key, KeyError, KeyReadError, Opened, Opener, Seal, KEY_FILE_MAX};
 pub use datagrams::datagram_capacity;
 pub use dropped::{DropCounts, DropReason};

@@ -608,7 +608,8 @@ impl Connection {
         }
     }
 
-    /// Aborts the connection at once; the peer sees `PeerAborted` with `code` and `reason`.
+    /// Aborts the connection at once; the peer sees `PeerAborted` with `code` and `reason`
+    /// (a code above [`MAX_ABORT_CODE`](crate::MAX_ABORT_CODE) as that).
     pub fn abort(&self, code: u64, reason: &str) {
         match &self.inner {
             Inner::Udp(c) => c.abort(code, reason),

@@ -61,7 +61,7 @@ pub use ri2n_proto::{
     ConnectionStats, DropCounts, DropReason, EndpointConfig, Event, Key, KeyError, KeyMismatch,
     KeyReadError, LinkId, LinkState, LinkStats, LinkThreads, ReadError, RefusalReason,
     RefusedHandshake, SendLimits, SendThreads, Shard, Striping, Transport, WriteError,
-    KEY_FILE_MAX, MAX_DATAGRAM_LEN, MAX_LINKS, MAX_SHARDS, SHARDS_LIMIT,
+    KEY_FILE_MAX, MAX_ABORT_CODE, MAX_DATAGRAM_LEN, MAX_LINKS, MAX_SHARDS, SHARDS_LIMIT,
 };
 
 use shards::Shards;

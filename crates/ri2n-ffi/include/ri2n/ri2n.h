@@ -287,8 +287,9 @@ int ri2n_wait_acknowledged(struct ri2n_conn *c, int timeout_ms);
 // `c` is a live connection.
 int ri2n_conn_error(const struct ri2n_conn *c);
 
-// Aborts the connection at once; the peer's calls fail with `ECONNRESET` and see `code` and
-// `reason` (may be NULL) in their error text. Returns 0 (or a negative errno).
+// Aborts the connection at once; the peer's calls fail with `ECONNRESET` and see `code` (up
+// to 2^62 - 17; a larger one as that) and `reason` (may be NULL) in their error text.
+// Returns 0 (or a negative errno).
 //
 // # Safety
 // `c` is a live connection; `reason` is NULL or a NUL-terminated string.

@@ -162,6 +162,9 @@ const CLOSE_ERROR: u64 = 1;
 /// Application abort codes travel as `code + CLOSE_APP_BASE`, so that no application code
 /// can be mistaken for a clean close or an engine error.
 const CLOSE_APP_BASE: u64 = 16;
+/// The largest abort code that reaches the peer as given ([`Connection::abort`]); a larger
+/// one is sent as this one. (It travels with a base added, in a variable-length integer.)
+pub const MAX_ABORT_CODE: u64 = wire::VARINT_MAX - CLOSE_APP_BASE;
 /// Our own CLOSE (an abort, a failure) goes once more this long after its first copies, at
 /// least (the links' largest smoothed round trip when longer, up to [`CLOSE_REPEAT_MAX`]): a
 /// queue that was full when the first copies came, on the way or at the peer (a sender that
@@ -1087,7 +1090,7 @@ impl Connection {
         if self.state == ConnectionState::Closed {
             return;
         }
-        let code = code.min(wire::VARINT_MAX - CLOSE_APP_BASE) + CLOSE_APP_BASE;
+        let code = code.min(MAX_ABORT_CODE) + CLOSE_APP_BASE;
         let targets = self.close_targets();
         self.closing.tell_peer(code, reason.to_owned(), targets);
         self.set_closed(Some(ConnectionError::LocallyAborted));

@@ -627,10 +627,11 @@ impl State {
 
     /// Ends the connection now, the links telling the peer `code` and `reason` (the CLOSE
     /// carries the code plus `CLOSE_APP_BASE`: 0 reads as a clean close, and the codes
-    /// below the base are the transport's own).
+    /// below the base are the transport's own). A code above `MAX_ABORT_CODE` is sent as
+    /// that, as on the UDP transport.
     pub fn abort(&mut self, code: u64, reason: &str) {
         if self.end.is_none() {
-            let sent = code.saturating_add(CLOSE_APP_BASE);
+            let sent = code.min(crate::MAX_ABORT_CODE) + CLOSE_APP_BASE;
             self.close_record = (sent, reason.to_owned());
             for l in &mut self.links {
                 l.close_due = l.connected();
