@@ -7,7 +7,9 @@
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
-use ri2n::{ConnectionConfig, ConnectionError, Endpoint, EndpointConfig, Error, Transport};
+use ri2n::{
+    ConnectionConfig, ConnectionError, ConnectionState, Endpoint, EndpointConfig, Error, Transport,
+};
 
 mod common;
 
@@ -163,6 +165,55 @@ fn close_reports_data_never_acknowledged() {
         "{r:?}"
     );
     assert!(start.elapsed() < Duration::from_secs(2));
+}
+
+/// An exchange complete both ways (each side finished, read the other's end and had its
+/// bytes acknowledged) lingers a moment for the peer's retransmissions. A close of the
+/// endpoint meanwhile, with a timeout shorter than that linger, ends it cleanly on both
+/// sides: the peer is told that everything it sent arrived. Before, it was aborted ("the
+/// peer's endpoint was closed"), and the peer took the complete exchange for a failure.
+#[test]
+fn closing_an_endpoint_whose_exchange_is_complete_ends_it_cleanly() {
+    use std::io::{Read, Write};
+    let server = Endpoint::server(&[loopback("127.0.0.1")]).unwrap();
+    let client = Endpoint::client(&[loopback("127.0.0.1")]).unwrap();
+    let conn = client
+        .connect(&server.local_addrs(), ConnectionConfig::default())
+        .unwrap();
+    let accepted = server.accept().unwrap();
+    (&conn).write_all(b"request").unwrap();
+    conn.finish().unwrap();
+    let mut got = Vec::new();
+    (&accepted).read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"request");
+    (&accepted).write_all(b"reply").unwrap();
+    accepted.finish().unwrap();
+    let patience = Some(Duration::from_secs(5));
+    accepted.wait_acknowledged(patience).unwrap();
+    got.clear();
+    (&conn).read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"reply");
+    conn.wait_acknowledged(patience).unwrap();
+    // the premise: both linger after their clean end
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while (conn.state(), accepted.state()) != (ConnectionState::Draining, ConnectionState::Draining)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{:?} {:?}",
+            conn.state(),
+            accepted.state()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    server.close(Some(Duration::from_millis(10))).unwrap();
+    assert_eq!(accepted.state(), ConnectionState::Closed);
+    assert_eq!(accepted.close_reason(), None, "the server's side");
+    while conn.state() != ConnectionState::Closed {
+        assert!(Instant::now() < deadline, "{:?}", conn.state());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(conn.close_reason(), None, "the client's side");
 }
 
 /// A server holding as many connections as it allows from one address refuses the next one at

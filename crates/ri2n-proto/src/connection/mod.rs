@@ -1085,6 +1085,20 @@ impl Connection {
         self.send.iter().all(SendStream::is_complete)
     }
 
+    /// Ends a connection that lingers after a clean end ([`ConnectionState::Draining`]) now,
+    /// as its endpoint closes: Closed with no error, the peer told that everything it sent
+    /// arrived (CLOSE code 0 with the acknowledgements that prove it, PROTOCOL.md §8.2),
+    /// which a peer that missed our last acknowledgements needs to end cleanly too. Nothing
+    /// in another state.
+    pub fn end_drain(&mut self) {
+        if self.state != ConnectionState::Draining {
+            return;
+        }
+        let targets = self.close_targets();
+        self.closing.tell_peer(CLOSE_DONE, String::new(), targets);
+        self.set_closed(None);
+    }
+
     /// Aborts at once: the peer gets [`ConnectionError::PeerAborted`] with `code` and `reason`.
     pub fn abort(&mut self, code: u64, reason: &str) {
         if self.state == ConnectionState::Closed {

@@ -391,11 +391,12 @@ impl Shared {
         st = self.after_app_call(st);
         loop {
             // still worth waiting for: open, and either our data is not delivered yet or
-            // the peer is done too (then the clean close follows shortly); not a handshake
-            // with nothing written, which has nothing to deliver
+            // the peer is done too (then the clean end follows shortly); not a handshake
+            // with nothing written, which has nothing to deliver, nor a connection that
+            // ended cleanly and lingers for the peer's retransmissions (below)
             let waiting = handles.iter().copied().find(|&h| {
                 st.endpoint.connection(h).is_some_and(|c| match c.state() {
-                    ConnectionState::Closed => false,
+                    ConnectionState::Closed | ConnectionState::Draining => false,
                     ConnectionState::Connecting => c.stats().send_buffered > 0,
                     _ => !c.is_send_complete() || c.is_receive_complete(),
                 })
@@ -429,6 +430,13 @@ impl Shared {
             }
         }
         st.closes -= 1;
+        // Those that ended cleanly end their linger, telling the peer that all it sent
+        // arrived: aborted, their peers took a complete exchange for a failure.
+        for &h in &handles {
+            if let Some(c) = st.endpoint.connection_mut(h) {
+                c.end_drain();
+            }
+        }
         // the rest are still open: their peers are not left waiting (connections that came
         // in meanwhile are not this close's: a server goes on accepting)
         self.abort_each(st, &handles, 0, "the peer's endpoint was closed");
