@@ -411,7 +411,7 @@ impl Link {
             _ => {}
         }
         let Some((_, sent_time, _)) = acked.newest else {
-            if acked.largest_grew {
+            if acked.ack_only_raised_largest {
                 self.detect_lost(now, out, 0);
             }
             return;

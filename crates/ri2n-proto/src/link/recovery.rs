@@ -68,9 +68,9 @@ pub(crate) struct NewlyAcked {
     pub newest_is_new: bool,
     /// The newest packet it acknowledged after it had been declared lost: number, send time.
     pub newest_late: Option<(u64, Instant)>,
-    /// The largest number acknowledged so far grew: losses may show, even when only
-    /// acknowledgement-only packets (not kept, so never in `newest`) were newly acknowledged.
-    pub largest_grew: bool,
+    /// Only acknowledgement-only packets (not kept, so never in `newest`) were newly
+    /// acknowledged, and they raised the largest number acknowledged: losses may show.
+    pub ack_only_raised_largest: bool,
 }
 
 #[derive(Debug, Default)]
@@ -168,7 +168,7 @@ impl Recovery {
             newest: None,
             newest_is_new: false,
             newest_late: None,
-            largest_grew: false,
+            ack_only_raised_largest: false,
         };
         let mut largest_real = None;
         for (lo, hi) in ranges.filter(|&(lo, _)| lo <= last_sent) {
@@ -200,7 +200,6 @@ impl Recovery {
             .max(acked.newest_late.map(|l| l.0));
         if let Some((pn, sent, _)) = acked.newest {
             acked.newest_is_new = self.largest_acked.is_none_or(|l| pn > l);
-            acked.largest_grew = self.largest_acked.is_none_or(|l| acked.largest > l);
             self.largest_acked = Some(
                 self.largest_acked
                     .map_or(acked.largest, |l| l.max(acked.largest)),
@@ -217,7 +216,7 @@ impl Recovery {
             // threshold as any packet does (RFC 9002 §6.1 keeps them for this). On a link that
             // mostly acknowledges the peer's data, a lost window update would otherwise wait
             // for the probe timeout.
-            acked.largest_grew = true;
+            acked.ack_only_raised_largest = true;
             self.largest_acked = Some(real);
         }
         Some(acked)
