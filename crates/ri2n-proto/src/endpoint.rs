@@ -731,18 +731,26 @@ impl Endpoint {
             .copied()
             .filter(|h| self.connections[h].is_connecting_as(dcid))
             .map(|h| (h, ResetKind::Refusal));
-        let (h, kind) = connecting
+        // IDs are the peers' choice and may collide: the RESET is for the first candidate
+        // talking to `remote` whose token it carries, not merely the first one
+        let authentic = |h: &ConnectionHandle, kind: ResetKind| {
+            !self.connections[h].is_keyed() || {
+                let key = self.cfg.key.as_ref().expect("keyed connections need a key");
+                token.is_some_and(|t| key.reset_token_valid(kind, dcid, remote, local, t))
+            }
+        };
+        let mut candidates = connecting
             .into_iter()
             .chain((self.with_peer_cid(dcid).iter()).map(|&h| (h, ResetKind::Unknown)))
-            .find(|(h, _)| self.connections[h].has_remote(remote))
-            .ok_or(DropReason::UnknownConnection)?;
-        let conn = self.connections.get_mut(&h).expect("indexed handle");
-        if conn.is_keyed() {
-            let key = self.cfg.key.as_ref().expect("keyed connections need a key");
-            if !token.is_some_and(|t| key.reset_token_valid(kind, dcid, remote, local, t)) {
-                return Err(DropReason::Unauthenticated);
-            }
+            .filter(|(h, _)| self.connections[h].has_remote(remote))
+            .peekable();
+        if candidates.peek().is_none() {
+            return Err(DropReason::UnknownConnection);
         }
+        let (h, _) = candidates
+            .find(|(h, kind)| authentic(h, *kind))
+            .ok_or(DropReason::Unauthenticated)?;
+        let conn = self.connections.get_mut(&h).expect("indexed handle");
         if conn.state() == ConnectionState::Connecting {
             conn.refused_by_server(remote, ConnectionError::ServerFull);
         } else if conn.heard_from(remote) {
@@ -1515,6 +1523,66 @@ mod tests {
     /// connection at once, as a protocol violation: its handshake has read the server's
     /// message and can read no repeat of it. Before, the client dropped it and waited, until
     /// the handshake timed out (10 s), for an answer it could no longer take.
+    /// Connection IDs are drawn at random by each side, so a client's own ID for a connection
+    /// it is opening may equal the ID its peer chose for another of its connections. A RESET
+    /// for that ID from the peer, saying it no longer knows the established connection, ends
+    /// that connection, and leaves the one still opening alone. Before, only the first
+    /// candidate (the one opening) was tried: its token did not fit a refusal, and the
+    /// RESET was dropped as unauthenticated.
+    #[test]
+    fn a_reset_for_an_id_two_connections_share_reaches_the_one_its_token_names() {
+        let now = Instant::now();
+        let key = crate::Key::from_bytes([5; 32]);
+        let (client_addr, server_addr): (SocketAddr, SocketAddr) = (
+            "10.0.0.1:5000".parse().unwrap(),
+            "10.0.0.2:6000".parse().unwrap(),
+        );
+        let keyed = |local| {
+            let mut cfg = EndpointConfig::new(vec![local]);
+            cfg.key = Some(key.clone());
+            cfg
+        };
+        let mut client = Endpoint::new(keyed(client_addr), 1, now);
+        let mut server = Endpoint::new(keyed(server_addr).server(), 2, now);
+        let established = client
+            .connect(now, &[server_addr], Default::default())
+            .unwrap();
+        for _ in 0..6 {
+            exchange(&mut client, &mut server, now);
+        }
+        assert_eq!(
+            client.connection(established).unwrap().state(),
+            ConnectionState::Established
+        );
+        let opening = client
+            .connect(now, &[server_addr], Default::default())
+            .unwrap();
+        // the collision: the server's ID for the established connection is the one the
+        // client drew for the connection it is opening, as the index holds it then
+        let shared = client.connection(opening).unwrap().local_cid();
+        (client.by_peer_cid.entry(shared).or_default()).push(established);
+
+        let token = key.reset_token(ResetKind::Unknown, shared, server_addr, client_addr);
+        let mut reset = vec![0u8; 64];
+        let n = wire::encode_control_packet(
+            &Header::Reset {
+                dcid: shared,
+                token: Some(&token),
+            },
+            &mut reset,
+        );
+        reset.truncate(n);
+        client.handle_datagram(now, client_addr, server_addr, &mut reset);
+
+        assert_eq!(
+            client.connection(established).unwrap().close_reason(),
+            Some(&ConnectionError::PeerRestarted)
+        );
+        let still = client.connection(opening).unwrap();
+        assert_eq!(still.state(), ConnectionState::Connecting);
+        assert_eq!(still.close_reason(), None);
+    }
+
     #[test]
     fn an_authenticated_accept_that_does_not_decode_ends_the_connection() {
         let now = Instant::now();
