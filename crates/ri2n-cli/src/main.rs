@@ -804,25 +804,65 @@ fn main() -> ExitCode {
 }
 
 /// The command of a command line that clap refused, if it is one that prints JSON and the
-/// line asks for it: parsed again, errors ignored, so that `--json` is told from a value
-/// such as `-oJSON.out`.
+/// line asks for it. Read from the words themselves with clap's model of the options: clap
+/// stops at the first word it refuses, so a `--json` after a bad value or an unknown option
+/// would go unseen; the model still tells `--json` from a value such as `-oJSON.out`.
 fn json_command_of_args() -> Option<&'static str> {
-    let matches = <Cli as clap::CommandFactory>::command()
-        .ignore_errors(true)
-        .try_get_matches()
-        .ok()?;
-    let (command, sub) = match matches.subcommand()? {
-        ("tunnel", tunnel) => match tunnel.subcommand()? {
-            ("status", status) => ("tunnel status", status),
-            _ => return None,
-        },
-        (name, sub) => (
-            ["send", "recv", "bench"].into_iter().find(|&c| c == name)?,
-            sub,
-        ),
+    let args: Vec<String> = (std::env::args_os().skip(1))
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let cli = <Cli as clap::CommandFactory>::command();
+    let (path, json) = json_flag_in(&cli, &args);
+    let command = match path[..] {
+        ["send"] => "send",
+        ["recv"] => "recv",
+        ["bench"] => "bench",
+        ["tunnel", "status"] => "tunnel status",
+        _ => return None,
     };
-    let json = sub.try_get_one::<bool>("json").ok().flatten();
-    json.copied().unwrap_or(false).then_some(command)
+    json.then_some(command)
+}
+
+/// The subcommands `args` name (from `cmd` down) and whether the last of them was given
+/// `--json`: each option looked up in the model, so that the word after one that takes a
+/// value, or the rest of a short cluster, is passed over as that value. An unknown option is
+/// taken for a flag.
+fn json_flag_in<'c>(cmd: &'c clap::Command, args: &[String]) -> (Vec<&'c str>, bool) {
+    let mut cmd = cmd;
+    let mut path = Vec::new();
+    let mut json = false;
+    let mut words = args.iter();
+    while let Some(word) = words.next() {
+        let takes_value = |a: &clap::Arg| a.get_action().takes_values();
+        if word == "--" {
+            break;
+        } else if let Some(long) = word.strip_prefix("--") {
+            if long.contains('=') {
+                continue;
+            }
+            let arg = cmd.get_arguments().find(|a| a.get_long() == Some(long));
+            json |= long == "json" && arg.is_some();
+            if arg.is_some_and(takes_value) {
+                words.next();
+            }
+        } else if let Some(shorts) = word.strip_prefix('-').filter(|s| !s.is_empty()) {
+            for (i, c) in shorts.char_indices() {
+                let arg = cmd.get_arguments().find(|a| a.get_short() == Some(c));
+                json |= arg.is_some_and(|a| a.get_long() == Some("json") && !takes_value(a));
+                if arg.is_some_and(takes_value) {
+                    if i + c.len_utf8() == shorts.len() {
+                        words.next();
+                    }
+                    break;
+                }
+            }
+        } else if let Some(sub) = cmd.find_subcommand(word) {
+            cmd = sub;
+            path.push(sub.get_name());
+            json = false;
+        }
+    }
+    (path, json)
 }
 
 /// `RI2N_LOG` (a tracing filter such as `debug` or `ri2n_proto=debug`) turns on the engine's

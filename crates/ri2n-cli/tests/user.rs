@@ -325,8 +325,9 @@ fn a_failed_send_with_json_prints_a_json_error() {
 }
 
 /// The JSON failure of `--json` comes whichever way the command fails: a value the option
-/// parser refuses (exit 2, `-J` among other short flags too) and a SIGINT while `recv`
-/// waits for a sender (130). Both printed nothing on stdout.
+/// parser refuses (exit 2, `-J` among other short flags too, and `--json` after the refused
+/// word, where the parser stops) and a SIGINT while `recv` waits for a sender (130). Each
+/// printed nothing on stdout.
 #[test]
 fn usage_errors_and_interrupts_with_json_print_a_json_error() {
     let json_of = |o: &std::process::Output| -> serde_json::Value {
@@ -342,6 +343,13 @@ fn usage_errors_and_interrupts_with_json_print_a_json_error() {
         (
             "bench",
             vec!["bench", "--to", &to, "-RJ", "--latency", "--time", "3"],
+        ),
+        ("bench", vec!["bench", "-P", "0", "--json", "--to", &to]),
+        ("bench", vec!["bench", "--bogus", "--json", "--to", &to]),
+        ("send", vec!["send", "--to", "garbage", "--json"]),
+        (
+            "tunnel status",
+            vec!["tunnel", "status", "--bogus", "--json"],
         ),
     ] {
         let (s, o) = ri2n(args, Duration::from_secs(10));
