@@ -17,7 +17,7 @@ use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use ri2n::{Bytes, Connection, ConnectionStats, Event};
@@ -98,6 +98,9 @@ fn test(args: &BenchArgs) -> Result<(), Failure> {
     for conn in &conns {
         net::linger(conn, linger_end.saturating_duration_since(Instant::now()));
     }
+    if let Some(e) = STDOUT_FAILED.get() {
+        return Err(Failure::io("cannot write to stdout", e));
+    }
     if args.json {
         let mut out = io::stdout().lock();
         serde_json::to_writer_pretty(&mut out, &doc)
@@ -118,11 +121,16 @@ impl Say {
     fn line(&self, s: impl AsRef<str>) {
         if self.json {
             say!("{}", s.as_ref());
-        } else {
-            println!("{}", s.as_ref());
+        } else if let Err(e) = writeln!(io::stdout(), "{}", s.as_ref()) {
+            // a reader gone ended the process (SIGPIPE, see `test`); any other failure ends
+            // the test as a failure once it is over (the sampling thread prints too)
+            let _ = STDOUT_FAILED.set(e);
         }
     }
 }
+
+/// The first failure to write the text report to stdout.
+static STDOUT_FAILED: OnceLock<io::Error> = OnceLock::new();
 
 /// A link event, timed from the test's start.
 #[derive(Debug, Clone, Serialize)]

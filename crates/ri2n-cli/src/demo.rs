@@ -6,6 +6,7 @@
 //! failover and recovery times, taken from the connection's link events, are shown. Exit 0
 //! only if the data arrived intact and the link went down and came back.
 
+use std::cell::Cell;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,11 +30,17 @@ const VIEW_PERIOD: Duration = Duration::from_millis(500);
 struct Screen {
     color: bool,
     start: Instant,
+    /// The first line that could not be written: the demo shows nothing, and fails (exit 1)
+    /// once it is over.
+    unwritten: Cell<Option<std::io::Error>>,
 }
 
 impl Screen {
     fn say(&self, s: impl AsRef<str>) {
-        say!("{}", s.as_ref());
+        if let Err(e) = writeln!(std::io::stderr(), "{}", s.as_ref()) {
+            let first = self.unwritten.take().unwrap_or(e);
+            self.unwritten.set(Some(first));
+        }
     }
 
     /// A timestamped line.
@@ -129,6 +136,7 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
     let screen = Screen {
         color: stderr_is_terminal(),
         start: Instant::now(),
+        unwritten: Cell::new(None),
     };
     let loopback: Vec<SocketAddr> = vec![
         "127.0.0.1:0".parse().unwrap(),
@@ -440,7 +448,10 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
             "OK: every byte arrived intact; the link failed over and came back without a restart",
             "1;32",
         ));
-        Ok(())
+        match screen.unwritten.take() {
+            Some(e) => Err(Failure::io("cannot write to the terminal (stderr)", &e)),
+            None => Ok(()),
+        }
     } else if !intact {
         Err(Failure::new(
             error::GENERIC,

@@ -92,6 +92,15 @@ impl Failure {
         Self::new(GENERIC, format!("{context}: {e}"))
     }
 
+    /// Writes `text` to stdout: a failure (a full disk, a reader gone) is one of the
+    /// command's, where `print!` would panic.
+    pub fn print(text: impl std::fmt::Display) -> Result<(), Self> {
+        use std::io::Write as _;
+        let mut out = io::stdout().lock();
+        (write!(out, "{text}").and_then(|()| out.flush()))
+            .map_err(|e| Self::io("cannot write to stdout", &e))
+    }
+
     /// The connection failed while data was moving (an error from read, write or
     /// `wait_acknowledged`).
     pub fn lost(e: &io::Error) -> Self {

@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use error::{EXIT_CODES_HELP, SERVE_EXIT_CODES_HELP};
+use error::{Failure, EXIT_CODES_HELP, SERVE_EXIT_CODES_HELP};
 
 #[global_allocator]
 static ALLOCATOR: alloc::PageAlignedLarge = alloc::PageAlignedLarge;
@@ -789,7 +789,9 @@ fn main() -> ExitCode {
             command: Some(TunnelCommand::Reload(r)),
             ..
         }) => tunnel::reload(&r),
-        Command::Tunnel(a) if a.check => tunnel::describe(&a).map(|d| println!("{d}")),
+        Command::Tunnel(a) if a.check => {
+            tunnel::describe(&a).and_then(|d| Failure::print(format_args!("{d}\n")))
+        }
         Command::Tunnel(a) => tunnel::run(&a),
     };
     match result {

@@ -59,14 +59,11 @@ pub fn status(args: &TunnelStatusArgs) -> Result<(), Failure> {
     };
     let s = ri2n_tunnel::query_status(&name).map_err(|e| Failure::new(GENERIC, e))?;
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string(&s).map_err(|e| Failure::new(GENERIC, e.to_string()))?
-        );
+        let json = serde_json::to_string(&s).map_err(|e| Failure::new(GENERIC, e.to_string()))?;
+        Failure::print(format_args!("{json}\n"))
     } else {
-        print!("{}", ri2n_tunnel::status_table(&s));
+        Failure::print(ri2n_tunnel::status_table(&s))
     }
-    Ok(())
 }
 
 /// How long `ri2n tunnel reload` waits for the daemon to have read the file.
@@ -93,12 +90,11 @@ pub fn reload(args: &TunnelReloadArgs) -> Result<(), Failure> {
             ),
         ),
     })?;
-    println!(
-        "{name}: {} read again; {}",
+    Failure::print(format_args!(
+        "{name}: {} read again; {}\n",
         args.config.display(),
         changes.changes()
-    );
-    Ok(())
+    ))
 }
 
 /// `--check`: what the daemon checks before it starts, and what this host would be. Warns
@@ -145,7 +141,7 @@ fn warn_if_named_elsewhere(cluster: &Cluster, me: usize, named: bool) {
         .iter()
         .map(|&i| cluster.hosts[i].name.as_str())
         .collect();
-    eprintln!(
+    say!(
         "ri2n tunnel: warning: this machine has link addresses of {}, none of {} (--name): \
          is the name right?",
         owners.join(", "),

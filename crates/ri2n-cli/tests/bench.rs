@@ -446,6 +446,35 @@ fn a_reader_that_goes_away_ends_the_test() {
     drop(server);
 }
 
+/// A text report to a stdout that cannot take it (a full disk: `/dev/full`) ends the test
+/// with exit 1 ("writing a file or stdout", --help) and says why, for the latency test and
+/// the throughput test alike. The first line printed used to panic (exit 101).
+#[test]
+fn a_stdout_that_cannot_be_written_is_a_failure() {
+    let (server, to) = serve(&[]);
+    for args in [&["--latency", "--count", "10"][..], &["--time", "1"][..]] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let (s, o) = Proc::spawn(
+            "ri2n bench > /dev/full",
+            Command::new(bin())
+                .args(["bench", "--to", &to])
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(full)
+                .stderr(Stdio::piped()),
+        )
+        .wait(Duration::from_secs(30));
+        let err = stderr_of(&o);
+        assert_eq!(s.code(), Some(1), "{args:?}: {s}: {err}");
+        assert!(err.contains("cannot write to stdout"), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    drop(server);
+}
+
 /// SIGINT to `ri2n bench` in the middle of a test: it aborts its connection with the reason
 /// before it exits 130, so the server reports why the test ended (it used to die by the
 /// signal, and the server found its client gone). The client sends at a rate the server takes

@@ -245,6 +245,28 @@ fn a_link_cut_and_restored_mid_transfer_loses_nothing() {
     );
 }
 
+/// `demo --help`: exit 1 when "the terminal could not be written". With stderr, where the
+/// demo writes everything, on a full disk it exited 0. (demo_succeeds shows the same run
+/// otherwise succeeds.)
+#[test]
+fn a_demo_that_cannot_write_its_terminal_fails() {
+    let _g = heavy();
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let (s, _) = Proc::spawn(
+        "ri2n demo 2> /dev/full",
+        Command::new(bin())
+            .args(["demo", "--seconds", "3"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(full),
+    )
+    .wait(Duration::from_secs(40));
+    assert_eq!(s.code(), Some(1), "{s}");
+}
+
 #[test]
 fn demo_succeeds() {
     let _g = heavy();
@@ -1168,6 +1190,24 @@ fn tunnel_check_finds_this_host_and_names_the_line_of_an_error() {
         said.contains("this host is me (10.99.0.1/24 on ri2n0)"),
         "{said}"
     );
+    // what it found cannot be printed (a full disk): a failure (exit 1), not a panic (101)
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let (status, out) = Proc::spawn(
+        "ri2n tunnel --check > /dev/full",
+        Command::new(bin())
+            .args(["tunnel", "--check", "--config"])
+            .arg(config.path())
+            .stdin(Stdio::null())
+            .stdout(full)
+            .stderr(Stdio::piped()),
+    )
+    .wait(Duration::from_secs(10));
+    let err = stderr_of(&out);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot write to stdout"), "{err}");
 
     // the second host takes the first one's tunnel address: line 10 (of the second host)
     std::fs::write(config.path(), cluster_text(key.path(), "10.99.0.1")).unwrap();
