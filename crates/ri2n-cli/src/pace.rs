@@ -4,9 +4,10 @@
 use std::time::{Duration, Instant};
 
 /// Writes of a paced sender at most this long at its rate, so that a slow target rate is a
-/// stream of small writes rather than a few bursts a transport would see as idle gaps.
+/// stream of small writes rather than a few bursts a transport would see as idle gaps. No
+/// floor in bytes: the first write goes at once, and a floor above what the rate moves in a
+/// test's time would be most of what it sends.
 const BURST: Duration = Duration::from_millis(10);
-const MIN_WRITE: usize = 1024;
 
 /// When the bytes written so far may be followed by more: `start` plus the time they take at
 /// the target rate.
@@ -27,10 +28,10 @@ impl Pacer {
             })
     }
 
-    /// Bytes per write: [`BURST`] at the rate, at least [`MIN_WRITE`], at most `max`.
+    /// Bytes per write: [`BURST`] at the rate, at least one, at most `max`.
     pub fn write_size(&self, max: usize) -> usize {
         let burst = self.bits_per_second / 8.0 * BURST.as_secs_f64();
-        (burst as usize).clamp(MIN_WRITE.min(max), max)
+        (burst as usize).clamp(1.min(max), max)
     }
 
     /// When the next write may go, `sent` bytes having been written; `None` if that is
@@ -59,7 +60,8 @@ mod tests {
         assert_eq!(p.due(0), Some(t0));
         assert_eq!(p.due(1_000_000), Some(t0 + Duration::from_secs(1)));
         assert_eq!(p.write_size(65536), 10_000);
-        assert_eq!(Pacer::new(t0, Some(1.0)).unwrap().write_size(65536), 1024);
+        assert_eq!(Pacer::new(t0, Some(1.0)).unwrap().write_size(65536), 1);
+        assert_eq!(Pacer::new(t0, Some(8e3)).unwrap().write_size(65536), 10);
         assert_eq!(Pacer::new(t0, Some(1e12)).unwrap().write_size(65536), 65536);
         assert!(Pacer::new(t0, Some(0.0)).is_none());
         assert!(Pacer::new(t0, None).is_none());
