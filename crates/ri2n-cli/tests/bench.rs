@@ -324,6 +324,32 @@ fn a_target_rate_is_kept() {
     }
 }
 
+/// `--latency --count` takes up to 2^32 - 1 round trips. Room for all their times was made
+/// before the first: 32 GB for 4e9, and the process aborted at once (SIGABRT, no JSON). It
+/// measures instead, and a SIGINT ends it as any other test (130, the JSON failure).
+#[test]
+fn a_latency_test_of_a_huge_count_measures() {
+    let (_server, to) = serve(&[]);
+    let mut p = Proc::spawn(
+        "ri2n bench --latency --count 4000000000",
+        Command::new(bin())
+            .args(["bench", "--to", &to, "--json", "--latency"])
+            .args(["--count", "4000000000"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    p.wait_for_stderr("median", Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(1));
+    let running = p.child.as_mut().unwrap().try_wait().unwrap();
+    assert_eq!(running, None, "it ended: {}", p.stderr_text());
+    p.signal(libc::SIGINT);
+    let (s, o) = p.wait(Duration::from_secs(10));
+    assert_eq!(s.code(), Some(130), "{}", stderr_of(&o));
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["exit_code"], 130, "{doc}");
+}
+
 #[test]
 fn a_zero_length_test_is_a_usage_error() {
     for args in [
