@@ -519,7 +519,8 @@ struct BenchLink {
     /// Stream bytes this link delivered: acknowledged by the peer (sending), or by this
     /// client as the server counted them (--reverse; null without the server's report).
     /// Repairs count on the link that carried them, so the links add up to the goodput, but
-    /// for bytes that arrived twice (an early copy and a late original), which count on both.
+    /// for bytes that arrived twice (an early copy and a late original), which count on both,
+    /// and the control message and framing of the sending end, which count too.
     delivered_bytes: Option<u64>,
     delivered_bps: Option<f64>,
     /// This link's part of what the links delivered, 0 to 1.
@@ -877,6 +878,8 @@ fn summarise(
 ) -> ThroughputSummary {
     // the TCP transport counts no packets, at either end
     let counted = stats.links.iter().all(|l| l.counts_packets);
+    // sent again: what the links sent less what was acknowledged, each once; both count the
+    // control messages and the framing, which the test's `bytes` leave out
     let (retransmitted_bytes, packets_lost) = if reverse {
         match server {
             Some(r) => (
@@ -885,7 +888,7 @@ fn summarise(
                         .iter()
                         .map(|l| l.stream_bytes_sent)
                         .sum::<u64>()
-                        .saturating_sub(r.bytes),
+                        .saturating_sub(r.bytes_acknowledged.unwrap_or(r.bytes)),
                 ),
                 counted.then(|| r.links.iter().map(|l| l.packets_lost).sum()),
             ),
@@ -894,7 +897,7 @@ fn summarise(
     } else {
         let stream_sent: u64 = stats.links.iter().map(|l| l.stream_bytes_sent).sum();
         (
-            Some(stream_sent.saturating_sub(bytes)),
+            Some(stream_sent.saturating_sub(stats.bytes_acknowledged)),
             counted.then(|| stats.links.iter().map(|l| l.packets_lost).sum()),
         )
     };

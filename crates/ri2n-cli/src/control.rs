@@ -65,6 +65,11 @@ pub struct ServerReport {
     /// The server's view of each link when it reported (sent counters: repairs included).
     #[serde(default)]
     pub links: Vec<ServerLink>,
+    /// What the server wrote that the client acknowledged by then, each byte once: the data,
+    /// its own control messages and the framing the links' sent counters count too, so that
+    /// the difference is what was sent again (absent from servers before it was added).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_acknowledged: Option<u64>,
     /// Throughput test with an `interval`: `[seconds since the request, bytes read so far]`
     /// at the end of every interval, sampled by a thread of its own (so the samples keep
     /// coming while reading blocks).

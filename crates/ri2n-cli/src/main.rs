@@ -634,7 +634,8 @@ pub struct BenchArgs {
     /// `sent_bps` what was sent (datagrams a policer or a failure dropped included). In
     /// `summary.links`, `delivered_bytes`, `delivered_bps` and `delivered_share` are what each
     /// link delivered over the test (with --reverse as the server counted it); a byte
-    /// delivered twice (see below) counts on both links. `summary.retransmitted_bytes` (the
+    /// delivered twice (see below) counts on both links, and the test's own control message
+    /// and the framing count too (a few bytes per message, and over TCP per chunk). `summary.retransmitted_bytes` (the
     /// text's "sent again") counts stream bytes sent more than once: repairs of the
     /// `packets_lost` (packets declared lost: unacknowledged in time, or on a link that
     /// failed; null over TCP, which counts no packets), and early copies of the oldest

@@ -498,7 +498,8 @@ async fn report(
     timeline: Vec<(f64, u64)>,
     limit: Duration,
 ) -> Result<(), Failure> {
-    let links = LinkSummary::all(&conn.get_ref().stats().links, false)
+    let stats = conn.get_ref().stats();
+    let links = LinkSummary::all(&stats.links, false)
         .iter()
         .map(ServerLink::from)
         .collect();
@@ -506,6 +507,7 @@ async fn report(
         bytes,
         seconds,
         links,
+        bytes_acknowledged: Some(stats.bytes_acknowledged),
         timeline,
     })
     .expect("a report serialises");

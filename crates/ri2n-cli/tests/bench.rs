@@ -324,6 +324,34 @@ fn a_target_rate_is_kept() {
     }
 }
 
+/// `retransmitted_bytes` ("sent again") of a test on which nothing was lost or sent early is
+/// 0, in both directions and on both transports: it was what the links sent less the test's
+/// bytes, so the request (or, with --reverse, the server's grant) and the framing counted as
+/// sent again, and over TCP every chunk's header.
+#[test]
+fn a_clean_test_sent_nothing_again() {
+    let _g = heavy();
+    for transport in ["udp", "tcp"] {
+        let (_server, to) = serve(&["--transport", transport]);
+        for extra in [&[][..], &["-R"][..]] {
+            let mut args = vec!["--transport", transport, "--time", "1", "-b", "10M"];
+            args.extend(extra);
+            let (doc, text) = bench(&to, &args);
+            let sum = &doc["summary"];
+            assert!(sum["bytes"].as_u64().unwrap() > 1_000_000, "{text}");
+            // the premise: nothing was lost (TCP counts no packets)
+            assert!(
+                sum["packets_lost"].is_null() || sum["packets_lost"] == 0,
+                "{text}"
+            );
+            assert_eq!(
+                sum["retransmitted_bytes"], 0,
+                "{transport} {extra:?}: {text}"
+            );
+        }
+    }
+}
+
 /// `--latency --count` takes up to 2^32 - 1 round trips. Room for all their times was made
 /// before the first: 32 GB for 4e9, and the process aborted at once (SIGABRT, no JSON). It
 /// measures instead, and a SIGINT ends it as any other test (130, the JSON failure).
