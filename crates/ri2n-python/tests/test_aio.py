@@ -251,6 +251,34 @@ def test_asyncio_accept_with_no_time_takes_a_waiting_connection() -> None:
     asyncio.run(main())
 
 
+def test_bad_arguments_are_refused_before_a_connection_is_taken() -> None:
+    """``accept`` refuses a negative or NaN ``timeout`` with ``ValueError``, as the blocking
+    ``accept`` does (it raised ``TimeoutError``, or took a waiting connection, or with NaN
+    broke the loop on some Pythons), and a ``limit`` below 1 before it takes the connection:
+    the ``StreamReader`` refused the limit after the connection had left the endpoint, and it
+    was lost to every later ``accept``. ``open_connection`` refuses the limit before it
+    connects."""
+
+    async def main() -> None:
+        async with endpoints() as (server, client):
+            with pytest.raises(ValueError):
+                await ri2n.aio.open_connection(client, server.local_addrs(), limit=0)
+            _, writer = await ri2n.aio.open_connection(client, server.local_addrs(), timeout=10)
+            writer.write(b"x")  # confirms the handshake: the server hands it over
+            await writer.drain()
+            for bad in ({"timeout": -1.0}, {"timeout": float("nan")}, {"limit": 0}):
+                with pytest.raises(ValueError):
+                    await asyncio.wait_for(ri2n.aio.accept(server, **bad), 5)
+            # the connection waited through the refusals
+            reader, accepted = await ri2n.aio.accept(server, timeout=10)
+            assert await asyncio.wait_for(reader.readexactly(1), 5) == b"x"
+            for w in (writer, accepted):
+                w.close()
+                await w.wait_closed()
+
+    asyncio.run(main())
+
+
 def test_a_cancelled_open_connection_lets_its_thread_go() -> None:
     """``open_connection`` to a peer that never answers, given up by ``wait_for``: the
     executor's thread stops trying too (here the pool's only thread runs the next job). It

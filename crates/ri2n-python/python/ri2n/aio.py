@@ -25,6 +25,7 @@ connection delivers it in the background (``Connection.close``).
 
 import asyncio
 import functools
+import math
 import os
 import threading
 import weakref
@@ -298,6 +299,23 @@ class Transport(asyncio.Transport):
         return f"<ri2n.aio.Transport {state} {self._conn!r}>"
 
 
+def _check_limit(limit: int) -> None:
+    """``ValueError`` for a limit ``StreamReader`` refuses: checked before a connection is
+    made or taken, which would otherwise be lost with the refusal."""
+    if not limit > 0:
+        raise ValueError(f"limit must be a number of bytes > 0, not {limit}")
+
+
+def _timeout_arg(timeout: Optional[float]) -> Optional[float]:
+    """``timeout`` as ``Endpoint.accept`` takes it: ``ValueError`` for a negative or NaN one
+    (as there), ``None`` (for ever) for an infinite one."""
+    if timeout is None:
+        return None
+    if math.isnan(timeout) or timeout < 0:
+        raise ValueError(f"timeout must be None or a number of seconds >= 0, not {timeout}")
+    return None if math.isinf(timeout) else timeout
+
+
 def wrap(
     conn: Connection, *, limit: int = _DEFAULT_LIMIT
 ) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -322,6 +340,7 @@ async def open_connection(
     ``ConnectionRefusedError``, ``KeyMismatch``...) and returns streams over the connection.
     The handshake runs in the loop's default executor; cancelled (``asyncio.wait_for`` that
     ran out, say), the task gives the handshake up and that thread returns."""
+    _check_limit(limit)
     loop = asyncio.get_running_loop()
     cancel = threading.Event()
     try:
@@ -384,7 +403,10 @@ async def accept(
 ) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """Waits for the next incoming connection of the server ``endpoint``, at most
     ``timeout`` seconds (``None``: for ever; the built-in ``TimeoutError`` then), without
-    blocking a thread, and returns streams over it."""
+    blocking a thread, and returns streams over it. ``ValueError`` for a negative or NaN
+    ``timeout`` or a ``limit`` below 1, before any connection is taken."""
+    _check_limit(limit)
+    timeout = _timeout_arg(timeout)
     try:
         if timeout is not None and timeout <= 0:
             # only a look: `wait_for` would cancel the wait before it looked once
