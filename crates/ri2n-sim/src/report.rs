@@ -214,7 +214,8 @@ impl Report {
     /// to the end of the run.
     pub fn max_delivery_gap(&self, dir: Dir, from: Duration, to: Duration) -> Duration {
         let tl = &self.transfer(dir).timeline;
-        let end = to.min(self.end_time + BUCKET);
+        // the buckets starting at or before the run's end: those it observed
+        let end = to.min(self.end_time + Duration::from_nanos(1));
         let (a, b) = bucket_range(from, end, usize::MAX);
         let (mut best, mut run) = (0u64, 0u64);
         for i in a..b {
@@ -365,6 +366,11 @@ mod tests {
         assert_eq!(r.delivered_before(Dir::AToB, ms(0)), 0);
         assert_eq!(r.delivered_before(Dir::AToB, ms(3)), 3000);
         assert_eq!(r.delivered_before(Dir::AToB, ms(100)), 6000);
+        // A run that ends inside a bucket observed none after it: a bucket after the end
+        // used to count as a gap.
+        r.end_time = Duration::from_micros(10_500);
+        r.transfers[0].timeline = vec![1000; 11];
+        assert_eq!(r.max_delivery_gap(Dir::AToB, ms(0), ms(1000)), ms(0));
     }
 
     /// A link's figures count the buckets starting at or after their start, as the

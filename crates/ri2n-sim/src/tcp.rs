@@ -336,8 +336,15 @@ pub fn run_tcp(s: &TcpScenario) -> Result<TcpReport, String> {
                     link.change_at = link.connected.then_some(now + s.detect);
                 }
                 TcpAction::Up(l) if !links[l].alive => {
-                    links[l].alive = true;
-                    links[l].change_at = Some(now + s.reconnect.max(s.detect));
+                    let link = &mut links[l];
+                    link.alive = true;
+                    // up `reconnect` after the heal; a death the ends have not noticed yet
+                    // is declared first, when it is due
+                    let back = now + s.reconnect;
+                    link.change_at = Some(match link.change_at {
+                        Some(pending) if link.connected => pending.max(back),
+                        _ => back,
+                    });
                 }
                 TcpAction::Rate(l, r) => links[l].rate = r,
                 _ => {}

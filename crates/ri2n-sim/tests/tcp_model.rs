@@ -83,3 +83,32 @@ fn a_message_survives_the_death_of_a_link_that_carried_half_of_it() {
     let ms = r.completed_at.as_secs_f64() * 1e3;
     assert!((42.0..=48.0).contains(&ms), "{r:?}");
 }
+
+/// A link the ends declared dead long before it healed is up again `reconnect` after the
+/// heal, whatever the time its death took to notice: the model waited the longer of the two
+/// after the heal, so a slower detection delayed the end of this transfer by the difference.
+#[test]
+fn a_healed_link_reconnects_its_reconnect_time_after_the_heal() {
+    let ms = Duration::from_millis;
+    let completion = |detect: Duration| {
+        let mut s = TcpScenario::random(1);
+        // one link: the transfer stands still while it is dead and goes on once it is back
+        s.links = vec![(125e6, Duration::from_micros(200))];
+        s.workload = vec![(false, 8 << 20)];
+        s.write_every = Duration::ZERO;
+        s.window = 8 << 20;
+        s.read_rate = 1e10;
+        s.detect = detect;
+        s.reconnect = ms(1);
+        s.actions = vec![(ms(10), TcpAction::Down(0)), (ms(300), TcpAction::Up(0))];
+        let r = run_tcp(&s).unwrap_or_else(|e| panic!("{e}"));
+        // the premise: the transfer was not over when the link died
+        assert!(r.completed_at > ms(300), "{r:?}");
+        r.completed_at
+    };
+    let (fast, slow) = (completion(ms(5)), completion(ms(40)));
+    assert!(
+        slow.abs_diff(fast) < ms(5),
+        "detected in 5 ms: done at {fast:?}; in 40 ms: at {slow:?}"
+    );
+}

@@ -795,17 +795,16 @@ impl Testbed {
             self.server.connection_count()
         );
         assert!(self.client.connection_count() <= 1);
-        let (window, send_buffer) = (
-            self.cfg.connection.stream_receive_window,
-            self.cfg.connection.send_buffer,
-        );
-        for (who, ep, h) in [
-            ("server", &self.server, self.sh),
-            ("client", &self.client, Some(self.ch)),
+        let server_cfg = (self.cfg.server_connection.as_ref()).unwrap_or(&self.cfg.connection);
+        for (who, ep, h, cfg) in [
+            ("server", &self.server, self.sh, server_cfg),
+            ("client", &self.client, Some(self.ch), &self.cfg.connection),
         ] {
             let Some(c) = h.and_then(|h| ep.connection(h)) else {
                 continue;
             };
+            // each against its own configuration
+            let (window, send_buffer) = (cfg.stream_receive_window, cfg.send_buffer);
             let st = c.stats();
             assert!(
                 st.recv_buffered <= 2 * window,
@@ -872,6 +871,36 @@ fn host_index(host: HostId) -> usize {
 mod tests {
     use super::*;
     use crate::net::LinkStatus;
+
+    /// The server's buffers are held to the server's own configuration: against the
+    /// client's, a server within its larger send buffer failed, and one over a smaller own
+    /// bound would have passed.
+    #[test]
+    fn bounds_are_checked_against_each_sides_own_configuration() {
+        let (small, big) = (64 << 10, 4 << 20);
+        let cfg = TestbedConfig::new(1)
+            .with_buffers(1 << 20, small)
+            .with_server_connection(ConnectionConfig::default().with_send_buffer(big));
+        let mut tb = Testbed::new(cfg);
+        tb.establish();
+        let sh = tb.sh.expect("accepted");
+        // the server writes what its own send buffer takes; the client does not read
+        let data = vec![7u8; 64 << 10];
+        while tb
+            .server
+            .connection_mut(sh)
+            .unwrap()
+            .write(&data)
+            .unwrap_or(0)
+            > 0
+        {}
+        let buffered = tb.server_conn().stats().send_buffered;
+        assert!(
+            buffered > 2 * small,
+            "premise: more than twice the client's bound"
+        );
+        tb.check_bounds(1);
+    }
 
     #[test]
     fn a_message_crosses_in_one_delay_and_a_dead_link_carries_nothing() {
