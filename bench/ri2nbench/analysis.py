@@ -1,4 +1,5 @@
 """Goodput timelines on a 10 ms grid, and the failover and recovery rule read off them."""
+import math
 import statistics
 
 
@@ -40,7 +41,10 @@ def recovery(series, t_event, target_bps, t_limit, binw=BIN, window=0.1):
 def longest_stall(series, t_from, t_to, level_bps, binw=BIN):
     """Longest run of consecutive bins below level within [t_from, t_to), in seconds."""
     best = cur = 0
-    for k in range(int(t_from / binw), min(len(series), int(t_to / binw) + 1)):
+    # the bins that start before t_to (rounded first: a time on a bin's edge divides to
+    # just below or above its index)
+    end = math.ceil(round(t_to / binw, 6))
+    for k in range(int(t_from / binw), min(len(series), end)):
         if series[k] < level_bps:
             cur += 1
             best = max(best, cur)
