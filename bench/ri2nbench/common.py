@@ -56,6 +56,12 @@ def log(*a):
     print("[%s]" % time.strftime("%H:%M:%S"), *a, file=sys.stderr, flush=True)
 
 
+# The "exit code" of a process the harness killed because it ran past its time (a hang): a
+# failure wherever a run's codes are checked, and told from a receiver the run has none of
+# (`None`).
+KILLED = "killed"
+
+
 class Procs:
     """Every process this run starts; ended by PID (SIGTERM, then SIGKILL), never by name."""
 
@@ -89,7 +95,8 @@ class Procs:
                 log("stop %d: %s" % (p.pid, e))
 
     def wait_rusage(self, p, timeout):
-        """Waits (bounded) for p; returns (exit code, CPU seconds user+system) via wait4."""
+        """Waits (bounded) for p; returns (exit code, CPU seconds user+system) via wait4, or
+        (KILLED, None) when it ran past `timeout` and was killed."""
         deadline = time.monotonic() + timeout
         while True:
             pid, status, ru = os.wait4(p.pid, os.WNOHANG)
@@ -101,7 +108,7 @@ class Procs:
             if time.monotonic() > deadline:
                 log("timeout: killing pid %d (%s)" % (p.pid, " ".join(p.args[:6])))
                 self.stop(p)
-                return None, None
+                return KILLED, None
             time.sleep(0.01)
 
 
@@ -221,9 +228,10 @@ class TcpInfoSampler(LoopSampler):
     """What held a transfer's TCP flows back, in their own sender's words: `ss -ti` (Linux's
     tcp_info) of the connections to `port` on one lab host, every `period` s while the transfer
     runs. Its counters run from each connection's start, so the last sample before they close
-    holds nearly the whole transfer: the time each flow had data to send (busy), the part of
-    it that it waited for room in its send buffer or for the receiver's window, its congestion
-    window and its smallest round trip."""
+    holds the transfer up to then (`bytes_acked` says how much of it: a transfer of a second
+    or so may end half a period after it): the time each flow had data to send (busy), the
+    part of it that it waited for room in its send buffer or for the receiver's window, its
+    congestion window and its smallest round trip."""
 
     FIELDS = {"bytes_acked": r"bytes_acked:(\d+)", "busy_ms": r"busy:(\d+)ms",
               "rwnd_limited_ms": r"rwnd_limited:(\d+)ms", "sndbuf_limited_ms": r"sndbuf_limited:(\d+)ms",
@@ -268,7 +276,8 @@ class TcpInfoSampler(LoopSampler):
     def summary(flows):
         def total(k):
             return sum(f.get(k, 0) for f in flows)
-        return {"flows": len(flows), "busy_ms": total("busy_ms"),
+        return {"flows": len(flows), "bytes_acked": total("bytes_acked"),
+                "busy_ms": total("busy_ms"),
                 "sndbuf_limited_ms": total("sndbuf_limited_ms"),
                 "rwnd_limited_ms": total("rwnd_limited_ms"),
                 "cwnd_bytes": max(f.get("cwnd", 0) * f.get("mss", 0) for f in flows),
@@ -377,6 +386,9 @@ def parse_sockperf(text):
         "min_us": grab(r"<MIN> observation =\s*([\d.]+)"),
         "mean_us": grab(r"avg-rtt=([\d.]+)"),
         "count": grab(r"Total (\d+) observations"),
+        # every round trip of the run, the warm-up's and those outside the measured span
+        # included: what the hosts' work during the whole run was for
+        "all_count": grab(r"\[Total Run\].*?ReceivedMessages=(\d+)"),
     }
 
 
@@ -405,8 +417,13 @@ def sockperf_pp(prefix_cmd, ip, port, size, seconds, tcp=False):
 
 def failed(run):
     """Whether a transfer's run failed: its sender, or its receiver where it has one
-    (`recv_rc`), exited other than 0."""
+    (`recv_rc`), exited other than 0 or was killed (KILLED)."""
     return run.get("rc") != 0 or run.get("recv_rc") not in (None, 0)
+
+
+def receiver_failure(rc):
+    """What a receiver's exit code `rc` (not 0) says of the run."""
+    return "the receiver hung and was killed" if rc == KILLED else "the receiver exited %s" % rc
 
 
 def exits(run):
@@ -617,8 +634,15 @@ def load(part):
 def command_line(res):
     """The command that produced a results file: `bench/run-all PARTS` and every option that
     differed from its default (the lab prefix aside)."""
-    o = res.get("options") or {}
-    words = ["bench/run-all"] + list(o.get("parts") or [res["part"]])
+    o = res.get("options")
+    if o is None:
+        # not recorded: the part of the results, under the name it is run by
+        parts = [{"scale-manycore": "scale"}.get(res["part"], res["part"])]
+        o = {}
+    else:
+        # none named: `bench/run-all` ran them all
+        parts = o.get("parts") or []
+    words = ["bench/run-all"] + list(parts)
     for k, v in o.items():
         if k in ("parts", "prefix", "no_doc") or k not in OPTION_DEFAULTS:
             continue

@@ -68,7 +68,7 @@ def ri2n_transfer(lab, src, nbytes, pipe_in=None, pipe_out=None, timeout=120, ke
         r["threads"] = {"send": sampler.top("send"), "recv": sampler.top("recv")}
     if rrc != 0:
         # the sender's figures stand only if the receiver, which checks what arrived, agrees
-        r["error"] = "the receiver exited %s" % rrc
+        r["error"] = common.receiver_failure(rrc)
     elif doc:
         r.update(bytes=doc["bytes"], seconds=doc["seconds"], bps=doc["goodput_bps"],
                  encryption=doc.get("encryption"),
@@ -117,6 +117,11 @@ def iperf_transfer(lab, nbytes, mptcp, pipe_in=None, pipe_out=None, src=None, ti
          "wall_send": wall}
     if limits:
         r["tcp_info"] = limits
+    if src_rc != 0:
+        # as for ri2n: the client's figures stand only if the server that received them ended
+        # well (one that hung was killed)
+        r["error"] = common.receiver_failure(src_rc)
+        return r
     try:
         doc = tool_json(text)
         e = doc["end"]["sum_received"]

@@ -555,8 +555,8 @@ def report_fault(res):
                  "`-i 0.01`: \"invalid report interval (min = 0.1, max = 60 seconds)\"), %s intervals, "
                  "one run, exit %s: %s." % (ic["source"], ic["rc"], "; ".join(s)))
     L.append("- " + busy_line(runs))
-    errs = [(r["tool"], r["scenario"], r["rep"], r.get("error") or r.get("rc")) for r in runs
-            if r.get("rc") not in (0,)]
+    errs = [(r["tool"], r["scenario"], r["rep"], r.get("error") or common.exits(r)) for r in runs
+            if common.failed(r)]
     if errs:
         L.append("- Runs that did not exit 0: %s" % errs)
     return "\n".join(L)

@@ -585,13 +585,18 @@ def tables(res, brief):
             for k in tools:
                 runs = [r[k]["tcp_info"] for r in c["runs"]
                         if (r[k].get("tcp_info") or {}).get("busy_ms")]
+                # how much of the transfer the last listing covered (stored since it was kept)
+                covered = [r[k]["tcp_info"]["bytes_acked"] / r[k]["bytes"] for r in c["runs"]
+                           if (r[k].get("tcp_info") or {}).get("bytes_acked") and r[k].get("bytes")]
                 if runs:
-                    limits.append("%d links %s %s, %s, %s MB, %s µs" % (
+                    limits.append("%d links %s %s, %s, %s MB, %s µs%s" % (
                         c["links"], names[k],
                         cell([x["sndbuf_limited_ms"] / x["busy_ms"] for x in runs], "%.0f %%", 100),
                         cell([x["rwnd_limited_ms"] / x["busy_ms"] for x in runs], "%.0f %%", 100),
                         cell([x["cwnd_bytes"] for x in runs], "%.2f", 1e-6),
-                        cell([x["minrtt_us"] for x in runs], "%.0f")))
+                        cell([x["minrtt_us"] for x in runs], "%.0f"),
+                        " (covering %s of the bytes)" % cell(covered, "%.0f %%", 100)
+                        if covered else ""))
         waits = []
         for c in labs:
             for k in tools:
@@ -611,8 +616,9 @@ def tables(res, brief):
                      "their round trips: %s." % "; ".join(waits))
         if limits:
             L.append("")
-            L.append("What held iperf3's TCP back, in its own account (`ss -ti` on A, the flows' "
-                     "counters at the end of the transfer): the share of the time it had data "
+            L.append("What held iperf3's TCP back, in its own account (`ss -ti` on A every 0.5 s, "
+                     "the flows' counters in the last listing taken while they ran: a transfer "
+                     "of a second or so ends up to 0.5 s after it): the share of the time it had data "
                      "to send that it waited for room in its send buffer, and for the "
                      "receiver's window (the rest: its congestion window or pacing); its "
                      "congestion window; its smallest round trip: %s." % "; ".join(limits))

@@ -9,7 +9,7 @@ import time
 
 from . import common
 from .common import (
-    LAB, PROCS, ROOT, fmt_ms, log, mfacts, proc_cpu, run, run_json, sockperf_pp, spread,
+    KILLED, LAB, PROCS, ROOT, fmt_ms, log, mfacts, proc_cpu, run, run_json, sockperf_pp, spread,
     wait_quiet)
 from .labctl import do_events, new_lab
 from .analysis import BIN, analyse
@@ -205,7 +205,7 @@ def mpi_job(lab, tmpdir, btl, oob, logs=None):
     # the limit counts from the job's start, as the report says, not from the last event
     rc, _ = PROCS.wait_rusage(p, max(0.0, t0 + MPI_SECONDS + 120 - time.monotonic()))
     wall = time.monotonic() - t0
-    if rc is None:
+    if rc == KILLED:
         end_mpi_leftovers(lab)
     out.seek(0)
     err.seek(0)
@@ -274,15 +274,16 @@ BUSY_POLL_US = 0
 def latency_runs(lab, daemons, o):
     """o.reps 64-byte UDP ping-pongs from host a to b through the tunnel and directly on link
     1, with the CPU the daemons of a and b used during the one through the tunnel per round
-    trip sockperf counted (µs; its warm-up's round trips are not counted)."""
+    trip of that whole run (µs): the CPU is read around the whole sockperf process, so the
+    round trips are those of its whole run too, warm-up included, not the fewer it measured."""
     rows = []
     for rep in range(o.reps):
         wait_quiet()
         c0 = sum(proc_cpu(daemons[h].pid) for h in "ab")
         row = {"tunnel": sockperf_pp(lab.ex("a"), "10.99.0.2", 11111, 64, o.sockperf_time)}
         cpu = sum(proc_cpu(daemons[h].pid) for h in "ab") - c0
-        if row["tunnel"].get("count"):
-            row["daemon_cpu_us"] = cpu / row["tunnel"]["count"] * 1e6
+        if row["tunnel"].get("all_count"):
+            row["daemon_cpu_us"] = cpu / row["tunnel"]["all_count"] * 1e6
         row["link"] = sockperf_pp(lab.ex("a"), "10.77.1.2", 11111, 64, o.sockperf_time)
         rows.append(row)
     return rows
@@ -538,7 +539,8 @@ def report_tunnel(res):
                            ("plain networks, Open MPI on both (eth1, eth2)", mp)):
             if not runs:
                 continue
-            ended = [r for r in runs if r["rc"] is not None]
+            # None: a hung run of results stored before KILLED named them
+            ended = [r for r in runs if r["rc"] not in (None, KILLED)]
 
             def rate(r):
                 before = [(t, i) for t, i in r["progress"] if t <= 6.0]
