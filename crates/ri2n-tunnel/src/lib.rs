@@ -29,6 +29,7 @@
 //! IPv6 TSO and UDP segmentation, whose segments this daemon does not cut.
 
 mod busy_poll;
+mod clients;
 mod config;
 mod device;
 mod here;

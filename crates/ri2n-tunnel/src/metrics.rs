@@ -4,19 +4,20 @@
 //! A scrape is one request on one connection, so this is the small part of HTTP/1.1 it needs,
 //! on std's sockets, with `httparse` reading the request head. Each client gets a thread of
 //! its own (at most [`MAX_CLIENTS`] at once; one more is closed at once), a deadline for its
-//! request and one for the whole exchange, so no client can hold a place for longer.
+//! request and one for the whole exchange, so no client can hold a place for longer
+//! ([`crate::clients`]).
 //! tiny_http, used before, set no timeouts (a client that stopped reading held every later
 //! scrape for ever), ended its accept loop for good at the first failed accept, and read the
 //! body a dropped request announced into an allocation of the announced size (a large
 //! `Content-Length` aborted the daemon).
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::clients::{left, write_by, Places};
 use crate::status::{prometheus, Status, FAILED_ACCEPT_PAUSE};
 
 /// How long a client may take for the whole exchange: its request and our answer.
@@ -48,18 +49,8 @@ fn serve_on(
     Ok(())
 }
 
-/// A place among the [`MAX_CLIENTS`], given back when dropped (also when its thread could not
-/// be started).
-struct Place(Arc<AtomicUsize>);
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 fn accept_loop(listener: &TcpListener, latest: &Arc<Mutex<Status>>, deadline: Duration) {
-    let busy = Arc::new(AtomicUsize::new(0));
+    let places = Places::new(MAX_CLIENTS);
     loop {
         let stream = match listener.accept() {
             Ok((stream, _)) => stream,
@@ -68,20 +59,13 @@ fn accept_loop(listener: &TcpListener, latest: &Arc<Mutex<Status>>, deadline: Du
                 continue;
             }
         };
-        if busy.fetch_add(1, Ordering::Relaxed) >= MAX_CLIENTS {
-            busy.fetch_sub(1, Ordering::Relaxed);
-            continue; // closed: a scraper tries again at its next interval
-        }
-        let place = Place(busy.clone());
         let latest = latest.clone();
-        let _ = thread::Builder::new()
-            .name("ri2n-metrics-client".into())
-            .spawn(move || {
-                let _place = place;
-                let now = Instant::now();
-                let head_deadline = now + deadline.min(HEAD_DEADLINE);
-                let _ = answer(stream, &latest, head_deadline, now + deadline);
-            });
+        // with every place taken it is closed: a scraper tries again at its next interval
+        places.serve("ri2n-metrics-client", move || {
+            let now = Instant::now();
+            let head_deadline = now + deadline.min(HEAD_DEADLINE);
+            let _ = answer(stream, &latest, head_deadline, now + deadline);
+        });
     }
 }
 
@@ -181,34 +165,12 @@ fn answer_head(out: &mut Vec<u8>, status: &str, kind: &str, len: usize) {
     out.extend_from_slice(head.as_bytes());
 }
 
-/// Writes all of `data`, each write given what is left of `deadline`.
-fn write_by(stream: &mut TcpStream, deadline: Instant, mut data: &[u8]) -> io::Result<()> {
-    while !data.is_empty() {
-        stream.set_write_timeout(Some(left(deadline)?))?;
-        match stream.write(data) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => data = &data[n..],
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-/// What is left of `deadline`; `TimedOut` once it has passed.
-fn left(deadline: Instant) -> io::Result<Duration> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Err(io::ErrorKind::TimedOut.into());
-    }
-    Ok(left)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::status::tests::snapshot;
     use crate::status::PeerStatus;
+    use std::io::Write;
 
     /// A server of `status` on a free loopback port, each client given `deadline`.
     fn server(status: Status, deadline: Duration) -> SocketAddr {

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -23,6 +23,7 @@ use prometheus_client::registry::{Registry, Unit};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::AtomicU64;
 
+use crate::clients::{write_by, Places};
 use crate::peers::{link_key, LinkCounts, LinkKey, LinkTotals, Peers, Reload};
 
 /// How long a status or metrics listener waits after a failed accept: a client gone before
@@ -384,11 +385,16 @@ fn log_link_changes(name: &str, conn: &ri2n::Connection, stats: &ri2n::Connectio
     }
 }
 
-/// Longest a caller of the status socket may take to read the snapshot.
-const STATUS_WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest a caller of the status socket may take to read the whole snapshot.
+const STATUS_DEADLINE: Duration = Duration::from_secs(2);
+/// Callers of the status socket served at once (one more is closed at once).
+const STATUS_CLIENTS: usize = 8;
 
 /// Serves the latest snapshot as JSON to everyone who connects to `path`, with the readings
 /// of the cluster file as they are at that moment (`ri2n tunnel reload` waits for its own).
+/// The socket is open to every local user: each caller is served on a thread of its own,
+/// within [`STATUS_DEADLINE`] ([`crate::clients`]), so one that does not read, or reads
+/// slowly, holds the others off for no time at all.
 pub fn serve_socket(path: &Path, latest: Arc<Mutex<Status>>, peers: Arc<Peers>) -> io::Result<()> {
     std::fs::create_dir_all(SOCKET_DIR)?;
     // a socket left by a daemon that was killed; a live daemon of the same host answers
@@ -404,23 +410,40 @@ pub fn serve_socket(path: &Path, latest: Arc<Mutex<Status>>, peers: Arc<Peers>) 
     let listener = UnixListener::bind(path)?;
     // counters and addresses only: readable by every local user, like `ip -s link`
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
-    thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else {
-                thread::sleep(FAILED_ACCEPT_PAUSE);
-                continue;
-            };
-            // one thread serves every caller (the socket is open to every local user): one
-            // that does not read must not hold the others off
-            let _ = stream.set_write_timeout(Some(STATUS_WRITE_TIMEOUT));
-            let mut snapshot = latest.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            (snapshot.reloads, snapshot.last_reload) = peers.reloads();
-            snapshot.sampled_ms_ago = (snapshot.sampled_at).map(|t| t.elapsed().as_millis() as u64);
-            if let Ok(text) = serde_json::to_string(&snapshot) {
-                let _ = stream.write_all(text.as_bytes());
+    serve_callers(listener, STATUS_DEADLINE, move || {
+        let mut snapshot = latest.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        (snapshot.reloads, snapshot.last_reload) = peers.reloads();
+        snapshot.sampled_ms_ago = (snapshot.sampled_at).map(|t| t.elapsed().as_millis() as u64);
+        serde_json::to_string(&snapshot).ok()
+    })
+}
+
+/// Writes what `answer` makes to every caller of `listener`, each on a thread of its own and
+/// within `deadline`, from a thread of its own.
+fn serve_callers(
+    listener: UnixListener,
+    deadline: Duration,
+    answer: impl Fn() -> Option<String> + Send + Sync + 'static,
+) -> io::Result<()> {
+    let answer = Arc::new(answer);
+    let places = Places::new(STATUS_CLIENTS);
+    thread::Builder::new()
+        .name("ri2n-status".into())
+        .spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else {
+                    thread::sleep(FAILED_ACCEPT_PAUSE);
+                    continue;
+                };
+                let by = Instant::now() + deadline;
+                let answer = answer.clone();
+                places.serve("ri2n-status-client", move || {
+                    if let Some(text) = answer() {
+                        let _ = write_by(&mut stream, by, text.as_bytes());
+                    }
+                });
             }
-        }
-    });
+        })?;
     Ok(())
 }
 
@@ -915,6 +938,42 @@ fn fixed(x: Option<f64>, decimals: usize) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// A caller of the status socket that does not read (or reads slowly) holds nobody off:
+    /// the next one gets the whole snapshot at once. One thread served every caller in turn,
+    /// with a timeout per write, so a snapshot larger than the socket's buffer held the next
+    /// caller for at least that timeout, and one read a little at a time, for ever.
+    #[test]
+    fn a_caller_that_does_not_read_holds_no_other_off() {
+        let dir = std::env::temp_dir().join(format!("ri2n-status-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("s.sock");
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).unwrap();
+        let text = "x".repeat(8 << 20);
+        let answer = text.clone();
+        serve_callers(listener, Duration::from_secs(10), move || {
+            Some(answer.clone())
+        })
+        .unwrap();
+
+        let stalled = UnixStream::connect(&path).unwrap();
+        // the premise: it is being served, and the answer does not fit its socket
+        thread::sleep(Duration::from_millis(200));
+        let started = Instant::now();
+        let mut got = String::new();
+        let mut next = UnixStream::connect(&path).unwrap();
+        next.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        next.read_to_string(&mut got).unwrap();
+        let took = started.elapsed();
+        assert_eq!(got.len(), text.len());
+        assert!(
+            took < Duration::from_secs(5),
+            "the next caller waited {took:?}"
+        );
+        drop(stalled);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     /// A status of one peer with two links, one up and one down.
     pub(crate) fn snapshot() -> Status {
