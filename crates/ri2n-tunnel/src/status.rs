@@ -654,7 +654,7 @@ pub fn prometheus(s: &Status) -> String {
     );
     registry.register_with_unit(
         "ri2n_tunnel_link_rtt",
-        "Smoothed round-trip time of the link (absent while it validates or is down)",
+        "Smoothed round-trip time of the link (absent while it is down, and after, until a probe measured it again)",
         Unit::Seconds,
         rtt,
     );
