@@ -635,13 +635,14 @@ pub struct BenchArgs {
     /// `summary.links`, `delivered_bytes`, `delivered_bps` and `delivered_share` are what each
     /// link delivered over the test (with --reverse as the server counted it); a byte
     /// delivered twice (see below) counts on both links, and the test's own control message
-    /// and the framing count too (a few bytes per message, and over TCP per chunk). `summary.retransmitted_bytes` (the
-    /// text's "sent again") counts stream bytes sent more than once: repairs of the
-    /// `packets_lost` (packets declared lost: unacknowledged in time, or on a link that
-    /// failed; null over TCP, which counts no packets), and early copies of the oldest
-    /// unacknowledged bytes, sent when the window filled up behind them (late, not lost: many
-    /// of these beside no packet lost is no contradiction). When sending, `server.timeline` is the server's own meter: `[seconds
-    /// since the request, bytes read so far]` at the end of every interval. `requested_s` is
+    /// and the framing count too (a few bytes per message, and over TCP per chunk).
+    /// `summary.retransmitted_bytes` (the text's "sent again") counts stream bytes sent more
+    /// than once: repairs of the `packets_lost` (packets declared lost: unacknowledged in
+    /// time, or on a link that failed; null over TCP, which counts no packets), and early
+    /// copies of the oldest unacknowledged bytes, sent when the window filled up behind them
+    /// (late, not lost: many of these beside no packet lost is no contradiction). When
+    /// sending, `server.timeline` is the server's own meter: `[seconds since the request,
+    /// bytes read so far]` at the end of every interval. `requested_s` is
     /// the --time asked, `granted_s` the time the server granted, `cut_by_server` whether
     /// its --max-time cut it; `parallel` is -P, `target_bps` -b (null: none); `faults` lists
     /// the --fault actions applied. `connections` holds each connection's results
