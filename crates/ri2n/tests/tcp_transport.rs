@@ -1965,3 +1965,32 @@ fn an_endpoint_dropped_with_data_unacknowledged_warns() {
     assert!((2 * WINDOW..=4 * WINDOW).contains(&bytes), "{bytes} bytes");
     drop(held);
 }
+
+/// `ConnectionStats::recv_buffered` counts the bytes held out of order too, as its doc says
+/// and the UDP transport does: a client sends 1000 bytes after 100 missing ones. It counted
+/// only the contiguous ones (0 here) while the fragment was held.
+#[test]
+fn bytes_held_out_of_order_count_as_buffered() {
+    use ri2n_proto::tcp::frame::{HelloStatus, Record};
+    let server = on_one_address(true);
+    let mut s = say_hello(server.local_addrs()[0], 0x5747, 0);
+    let (reply, _, _) = read_reply(&mut s);
+    assert_eq!(reply.status, HelloStatus::Accepted);
+    let accepted = server.accept().unwrap();
+    let mut out = Vec::new();
+    Record::Repair {
+        offset: 100,
+        len: 1000,
+    }
+    .encode(&mut out);
+    out.extend_from_slice(&[7u8; 1000]);
+    s.write_all(&out).unwrap();
+    // the premise: the bytes arrived, and wait for the missing ones
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while accepted.stats().recv_fragments == 0 {
+        assert!(Instant::now() < deadline, "the bytes never arrived");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let st = accepted.stats();
+    assert_eq!((st.recv_fragments, st.recv_buffered), (1, 1000));
+}

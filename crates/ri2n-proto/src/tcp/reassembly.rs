@@ -45,6 +45,8 @@ pub struct Reassembly {
     received: RangeSet,
     /// Every byte below this arrived.
     contiguous: u64,
+    /// Bytes that arrived, each once: the contiguous ones and those held beyond them.
+    arrived: u64,
     fin: Option<u64>,
     links: Vec<LinkRx>,
 }
@@ -57,6 +59,7 @@ impl Reassembly {
             consumed: 0,
             received: RangeSet::new(),
             contiguous: 0,
+            arrived: 0,
             fin: None,
             links: Vec::new(),
         }
@@ -122,6 +125,7 @@ impl Reassembly {
         }
         self.link(link).bytes += len;
         let new = self.received.gaps_in(r.start.max(self.contiguous)..r.end);
+        self.arrived += new.iter().map(|g| g.end - g.start).sum::<u64>();
         if !new.is_empty() {
             self.received.insert(r);
             if let Some(first) = self.received.iter().next() {
@@ -156,6 +160,12 @@ impl Reassembly {
     /// What the application read.
     pub fn consumed(&self) -> u64 {
         self.consumed
+    }
+
+    /// Bytes that arrived and the application has not read: the contiguous ones and those
+    /// held out of order beyond them.
+    pub fn buffered(&self) -> u64 {
+        self.arrived - self.consumed
     }
 
     /// The sender may send stream bytes below this.
@@ -243,16 +253,21 @@ mod tests {
         assert_eq!((r.link_bytes(0), r.link_bytes(1)), (200, 800));
     }
 
+    /// And what is buffered counts each byte once, those held out of order included.
     #[test]
     fn bytes_that_arrived_twice_are_reported_old() {
         let mut r = Reassembly::new(1 << 20);
         r.accept(0, 100, 100).unwrap();
+        assert_eq!((r.contiguous(), r.buffered()), (0, 100));
         let new = r.accept(1, 50, 200).unwrap();
         assert_eq!(new.as_slice(), &[50..100, 200..250]);
         assert!(r.accept(1, 60, 10).unwrap().is_empty());
+        assert_eq!(r.buffered(), 200);
         r.accept(0, 0, 50).unwrap();
         assert_eq!(r.contiguous(), 250);
         assert!(r.accept(0, 0, 250).unwrap().is_empty());
+        r.consume(100);
+        assert_eq!(r.buffered(), 150);
     }
 
     #[test]

@@ -1271,7 +1271,7 @@ impl TcpConnection {
             .collect();
         let mut s = ConnectionStats::new(links);
         s.send_buffered = st.buffered();
-        s.recv_buffered = st.reasm.contiguous() - st.reasm.consumed();
+        s.recv_buffered = st.reasm.buffered();
         s.recv_fragments = st.reasm.holes();
         s.bytes_acknowledged = st.striper.delivered();
         s.bytes_received = st.reasm.contiguous();
