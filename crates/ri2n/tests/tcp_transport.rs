@@ -1994,3 +1994,46 @@ fn bytes_held_out_of_order_count_as_buffered() {
     let st = accepted.stats();
     assert_eq!((st.recv_fragments, st.recv_buffered), (1, 1000));
 }
+
+/// What a link delivered (`stream_bytes_acked`) is never more than it sent, whatever a peer's
+/// ACK claims: an ACK of 2^40 bytes for the few sent counted them all.
+#[test]
+fn an_ack_of_more_than_was_sent_counts_what_was_sent() {
+    use ri2n_proto::tcp::frame::{HelloStatus, Record};
+    let server = on_one_address(true);
+    let mut s = say_hello(server.local_addrs()[0], 0x5748, 0);
+    let (reply, mut buf, n) = read_reply(&mut s);
+    assert_eq!(reply.status, HelloStatus::Accepted);
+    let accepted = server.accept().unwrap();
+    (&accepted).write_all(b"hello").unwrap();
+    // the premise: the bytes went on the link (a run of them reached the client)
+    buf.drain(..n);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !buf.windows(5).any(|w| w == b"hello") {
+        assert!(Instant::now() < deadline, "the bytes never came");
+        let mut chunk = [0u8; 512];
+        let got = s.read(&mut chunk).unwrap();
+        buf.extend_from_slice(&chunk[..got]);
+    }
+    let mut out = Vec::new();
+    Record::Ack {
+        link_bytes: 1 << 40,
+        delivered: 5,
+        window_end: 1 << 20,
+        eof: false,
+    }
+    .encode(&mut out);
+    s.write_all(&out).unwrap();
+    let acked = |c: &ri2n::Connection| c.stats().links[0].stream_bytes_acked;
+    while acked(&accepted) == 0 {
+        assert!(Instant::now() < deadline, "the ACK was not taken");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let link = &accepted.stats().links[0];
+    assert!(
+        link.stream_bytes_acked <= link.stream_bytes_sent,
+        "{} bytes delivered of {} sent",
+        link.stream_bytes_acked,
+        link.stream_bytes_sent
+    );
+}

@@ -350,6 +350,12 @@ impl Striper {
         self.links.get(link).map_or(0, |l| l.sent - l.acked)
     }
 
+    /// Payload bytes the link carried since it opened that the peer acknowledged: its ACKs'
+    /// word, but never more than the link sent.
+    pub fn link_acked(&self, link: usize) -> u64 {
+        self.links.get(link).map_or(0, |l| l.acked)
+    }
+
     /// Whether some link has payload bytes in flight.
     pub fn any_in_flight(&self) -> bool {
         self.links.iter().any(|l| l.sent > l.acked)

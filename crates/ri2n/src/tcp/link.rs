@@ -875,6 +875,8 @@ fn read_records(
                 };
                 let before = st.striper.delivered();
                 if st.striper.on_ack(l, link_bytes, delivered, window_end, eof) {
+                    // as the striper took it: no more than the link sent (the peer's word)
+                    let link_bytes = st.striper.link_acked(l);
                     let link = &mut st.links[l];
                     let gained = link_bytes.saturating_sub(link.acked_link_bytes);
                     if gained > 0 {
