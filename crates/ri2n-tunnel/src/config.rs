@@ -278,8 +278,10 @@ impl Cluster {
                     )
                 })?;
                 // IPv4's reserved block 240/4 holds the broadcast address, which any
-                // machine can bind: every host would take it for its own
-                let reserved = matches!(ip, IpAddr::V4(v4) if v4.octets()[0] >= 240);
+                // machine can bind: every host would take it for its own; 0.0.0.0/8 ("this
+                // network") is no destination a datagram can be sent to
+                let reserved =
+                    matches!(ip, IpAddr::V4(v4) if v4.octets()[0] >= 240 || v4.octets()[0] == 0);
                 if ip.is_unspecified() || ip.is_multicast() || reserved {
                     return Err(at(
                         Some(l.span()),
@@ -675,7 +677,14 @@ links = ["10.0.1.2", "10.0.2.2"]
                 "{bad}: {e}"
             );
         }
-        for bad in ["255.255.255.255", "240.0.0.1", "0.0.0.0", "224.0.0.9", "::"] {
+        for bad in [
+            "255.255.255.255",
+            "240.0.0.1",
+            "0.0.0.0",
+            "0.0.0.1",
+            "224.0.0.9",
+            "::",
+        ] {
             let e = error(&GOOD.replace("\"10.0.2.2\"]", &format!("\"{bad}\"]")));
             assert_eq!(
                 e,
