@@ -511,17 +511,13 @@ fn a_reader_that_goes_away_ends_the_test() {
 fn a_stdout_that_cannot_be_written_is_a_failure() {
     let (server, to) = serve(&[]);
     for args in [&["--latency", "--count", "10"][..], &["--time", "1"][..]] {
-        let full = std::fs::OpenOptions::new()
-            .write(true)
-            .open("/dev/full")
-            .unwrap();
         let (s, o) = Proc::spawn(
             "ri2n bench > /dev/full",
             Command::new(bin())
                 .args(["bench", "--to", &to])
                 .args(args)
                 .stdin(Stdio::null())
-                .stdout(full)
+                .stdout(dev_full())
                 .stderr(Stdio::piped()),
         )
         .wait(Duration::from_secs(30));

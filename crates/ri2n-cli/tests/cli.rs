@@ -251,17 +251,13 @@ fn a_link_cut_and_restored_mid_transfer_loses_nothing() {
 #[test]
 fn a_demo_that_cannot_write_its_terminal_fails() {
     let _g = heavy();
-    let full = std::fs::OpenOptions::new()
-        .write(true)
-        .open("/dev/full")
-        .unwrap();
     let (s, _) = Proc::spawn(
         "ri2n demo 2> /dev/full",
         Command::new(bin())
             .args(["demo", "--seconds", "3"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(full),
+            .stderr(dev_full()),
     )
     .wait(Duration::from_secs(40));
     assert_eq!(s.code(), Some(1), "{s}");
@@ -1191,17 +1187,13 @@ fn tunnel_check_finds_this_host_and_names_the_line_of_an_error() {
         "{said}"
     );
     // what it found cannot be printed (a full disk): a failure (exit 1), not a panic (101)
-    let full = std::fs::OpenOptions::new()
-        .write(true)
-        .open("/dev/full")
-        .unwrap();
     let (status, out) = Proc::spawn(
         "ri2n tunnel --check > /dev/full",
         Command::new(bin())
             .args(["tunnel", "--check", "--config"])
             .arg(config.path())
             .stdin(Stdio::null())
-            .stdout(full)
+            .stdout(dev_full())
             .stderr(Stdio::piped()),
     )
     .wait(Duration::from_secs(10));

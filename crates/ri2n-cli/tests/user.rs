@@ -809,20 +809,14 @@ fn recv_json_with_the_data_on_stdout_is_refused() {
 /// failure's message or its JSON panicked: exit 101.
 #[test]
 fn a_failure_with_unwritable_output_keeps_its_exit_code() {
-    let full = || {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open("/dev/full")
-            .expect("/dev/full")
-    };
     // a port nothing listens on: each INITIAL draws "port unreachable"
     let to = format!("127.0.0.1:{}", free_port());
     let (s, _) = Proc::spawn(
         "send to nobody",
         Command::new(bin())
             .args(["send", "--json", "--to", &to, "--input", "/dev/null"])
-            .stdout(full())
-            .stderr(full()),
+            .stdout(dev_full())
+            .stderr(dev_full()),
     )
     .wait(Duration::from_secs(20));
     assert_eq!(s.code(), Some(3), "{s}");

@@ -1421,6 +1421,22 @@ mod tests {
         out
     }
 
+    /// A client and a server endpoint holding `key`, and their addresses.
+    fn keyed_pair(key: &crate::Key, now: Instant) -> (Endpoint, Endpoint, SocketAddr, SocketAddr) {
+        let (client_addr, server_addr): (SocketAddr, SocketAddr) = (
+            "10.0.0.1:5000".parse().unwrap(),
+            "10.0.0.2:6000".parse().unwrap(),
+        );
+        let keyed = |local| {
+            let mut cfg = EndpointConfig::new(vec![local]);
+            cfg.key = Some(key.clone());
+            cfg
+        };
+        let client = Endpoint::new(keyed(client_addr), 1, now);
+        let server = Endpoint::new(keyed(server_addr).server(), 2, now);
+        (client, server, client_addr, server_addr)
+    }
+
     /// One round of what `client` and `server` have to send each other at `now`.
     fn exchange(client: &mut Endpoint, server: &mut Endpoint, now: Instant) {
         for (t, mut d) in drain(client, now) {
@@ -1519,10 +1535,6 @@ mod tests {
         );
     }
 
-    /// An ACCEPT made with the key whose server parameters do not decode ends the client's
-    /// connection at once, as a protocol violation: its handshake has read the server's
-    /// message and can read no repeat of it. Before, the client dropped it and waited, until
-    /// the handshake timed out (10 s), for an answer it could no longer take.
     /// Connection IDs are drawn at random by each side, so a client's own ID for a connection
     /// it is opening may equal the ID its peer chose for another of its connections. A RESET
     /// for that ID from the peer, saying it no longer knows the established connection, ends
@@ -1533,17 +1545,7 @@ mod tests {
     fn a_reset_for_an_id_two_connections_share_reaches_the_one_its_token_names() {
         let now = Instant::now();
         let key = crate::Key::from_bytes([5; 32]);
-        let (client_addr, server_addr): (SocketAddr, SocketAddr) = (
-            "10.0.0.1:5000".parse().unwrap(),
-            "10.0.0.2:6000".parse().unwrap(),
-        );
-        let keyed = |local| {
-            let mut cfg = EndpointConfig::new(vec![local]);
-            cfg.key = Some(key.clone());
-            cfg
-        };
-        let mut client = Endpoint::new(keyed(client_addr), 1, now);
-        let mut server = Endpoint::new(keyed(server_addr).server(), 2, now);
+        let (mut client, mut server, client_addr, server_addr) = keyed_pair(&key, now);
         let established = client
             .connect(now, &[server_addr], Default::default())
             .unwrap();
@@ -1583,21 +1585,15 @@ mod tests {
         assert_eq!(still.close_reason(), None);
     }
 
+    /// An ACCEPT made with the key whose server parameters do not decode ends the client's
+    /// connection at once, as a protocol violation: its handshake has read the server's
+    /// message and can read no repeat of it. Before, the client dropped it and waited, until
+    /// the handshake timed out (10 s), for an answer it could no longer take.
     #[test]
     fn an_authenticated_accept_that_does_not_decode_ends_the_connection() {
         let now = Instant::now();
         let key = crate::Key::from_bytes([3; 32]);
-        let (client_addr, server_addr): (SocketAddr, SocketAddr) = (
-            "10.0.0.1:5000".parse().unwrap(),
-            "10.0.0.2:6000".parse().unwrap(),
-        );
-        let keyed = |local| {
-            let mut cfg = EndpointConfig::new(vec![local]);
-            cfg.key = Some(key.clone());
-            cfg
-        };
-        let mut client = Endpoint::new(keyed(client_addr), 1, now);
-        let mut server = Endpoint::new(keyed(server_addr).server(), 2, now);
+        let (mut client, mut server, client_addr, server_addr) = keyed_pair(&key, now);
         let h = client
             .connect(now, &[server_addr], Default::default())
             .unwrap();

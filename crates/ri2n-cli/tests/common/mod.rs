@@ -21,6 +21,15 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_ri2n")
 }
 
+/// `/dev/full` opened for writing: an output that takes nothing (every write fails with
+/// ENOSPC, as on a full disk).
+pub fn dev_full() -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("/dev/full")
+}
+
 /// Serialises the tests that move a lot of data or time failovers.
 pub fn heavy() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
