@@ -13,6 +13,9 @@ use ri2n::{
     Transport,
 };
 
+mod common;
+use common::{read_reply, say_hello};
+
 fn addrs(list: &[&str]) -> Vec<SocketAddr> {
     list.iter().map(|a| a.parse().unwrap()).collect()
 }
@@ -518,41 +521,6 @@ fn closing_the_client_endpoint_waits_for_delivery_and_says_when_it_failed() {
         matches!(e, ri2n::Error::NotDelivered { connections: 1, bytes } if bytes > 0),
         "{e}"
     );
-}
-
-/// A raw TCP connection to `to` that has said the hello of link `link` of connection `id`
-/// (a new one, without a key), as a client of the TCP transport would.
-fn say_hello(to: SocketAddr, id: u64, link: u8) -> std::net::TcpStream {
-    let mut s = std::net::TcpStream::connect(to).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut b = Vec::new();
-    ri2n_proto::tcp::frame::Hello {
-        connection_id: id,
-        link,
-        new_connection: true,
-        keyed: false,
-        takes_messages: false,
-        window: 1 << 20,
-        application: None,
-    }
-    .encode(&mut b);
-    s.write_all(&b).unwrap();
-    s
-}
-
-/// Reads the server's reply to a hello from `s`: the reply, what was read (the reply and
-/// whatever followed it), and the reply's length.
-fn read_reply(s: &mut std::net::TcpStream) -> (ri2n_proto::tcp::frame::HelloReply, Vec<u8>, usize) {
-    let mut buf = Vec::new();
-    loop {
-        if let Some((r, n)) = ri2n_proto::tcp::frame::HelloReply::parse(&buf).unwrap() {
-            return (r, buf, n);
-        }
-        let mut chunk = [0u8; 512];
-        let got = s.read(&mut chunk).unwrap();
-        assert!(got > 0, "no reply to the hello");
-        buf.extend_from_slice(&chunk[..got]);
-    }
 }
 
 /// Reads what the server sends on `s` until it closes, after the `n` bytes of its reply in

@@ -39,6 +39,29 @@ const WRITE_PIECE: usize = 256 << 10;
 /// more than this is buffered: a message of up to two runs, as `StripeConfig` cuts them.
 const DIRECT_SEND_MAX: u64 = 512 << 10;
 
+/// Received pieces shorter than this are appended to a short piece they continue (see
+/// [`append_short`]).
+const SHORT_PIECE: usize = 4 << 10;
+
+/// Appends `piece` to `kept`, the bytes just before it, when both are shorter than
+/// [`SHORT_PIECE`]: `true` if it did. Received bytes wait to be read as pieces, each a map or
+/// queue entry and an allocation of its own: a peer sending its sequence a byte per run (or
+/// its stream a byte per chunk) would otherwise make this side hold a hundred times its
+/// window while the application does not read.
+fn append_short(kept: &mut Bytes, piece: &[u8]) -> bool {
+    if kept.len() >= SHORT_PIECE || piece.len() >= SHORT_PIECE {
+        return false;
+    }
+    // the piece's own memory when nothing else holds it, so that appends grow it as a vector
+    // grows, not by a copy of all it holds each time
+    let mut joined = std::mem::take(kept)
+        .try_into_mut()
+        .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
+    joined.extend_from_slice(piece);
+    *kept = joined.freeze();
+    true
+}
+
 /// How a connection behaves, from its `ConnectionConfig`.
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
@@ -489,16 +512,22 @@ impl State {
                             self.message_part.reserve_exact(len);
                         }
                     }
-                    // a slice keeps the whole piece's memory until it is read: stream
-                    // bytes much shorter than the piece are copied, else a peer sending runs
-                    // of one stream byte among empty chunks would make this side hold a
-                    // run's memory per byte of its window
-                    Piece::Stream(n) if n * 2 < whole => {
-                        self.stream_in
-                            .push_back(Bytes::copy_from_slice(&piece[..n]));
-                        piece.advance(n);
+                    Piece::Stream(n) => {
+                        let last = self.stream_in.back_mut();
+                        if last.is_some_and(|last| append_short(last, &piece[..n])) {
+                            piece.advance(n);
+                        } else if n * 2 < whole {
+                            // a slice keeps the whole piece's memory until it is read: stream
+                            // bytes much shorter than the piece are copied, else a peer
+                            // sending runs of one stream byte among empty chunks would make
+                            // this side hold a run's memory per byte of its window
+                            self.stream_in
+                                .push_back(Bytes::copy_from_slice(&piece[..n]));
+                            piece.advance(n);
+                        } else {
+                            self.stream_in.push_back(piece.split_to(n));
+                        }
                     }
-                    Piece::Stream(n) => self.stream_in.push_back(piece.split_to(n)),
                     Piece::Message { n, last } => {
                         self.message_part.extend_from_slice(&piece[..n]);
                         piece.advance(n);
@@ -615,6 +644,18 @@ impl State {
             .filter_map(|l| l.stream.as_deref())
             .peekable();
         waiting.peek().is_none() || waiting.any(|s| super::sys::held(s) == 0)
+    }
+
+    /// Keeps `piece`, the received sequence bytes from `at` on, until [`Self::pump`] splits
+    /// them into the streams: appended to the piece before it where that is short and ends at
+    /// `at` ([`append_short`]).
+    pub fn keep_received(&mut self, at: u64, piece: Bytes) {
+        if let Some((&start, before)) = self.recv.range_mut(..at).next_back() {
+            if start + before.len() as u64 == at && append_short(before, &piece) {
+                return;
+            }
+        }
+        self.recv.insert(at, piece);
     }
 
     /// Sequence bytes that arrived and were not read (or not yet split into the streams).
@@ -1038,14 +1079,21 @@ impl TcpConnection {
         deadline: Option<Instant>,
     ) -> io::Result<Option<MutexGuard<'a, State>>> {
         loop {
-            let split = (st.stream_in.len(), st.messages.len());
+            // the pump only adds: new pieces, or bytes appended to the last stream piece
+            let stream_mark = |st: &State| {
+                (
+                    st.stream_in.len(),
+                    st.stream_in.back().map_or(0, Bytes::len),
+                )
+            };
+            let split = (stream_mark(&st), st.messages.len());
             st.pump_or_end();
             // what the pump split out for the other kind of read: a call of that kind waiting
             // on another thread is told (no arrival will wake it: these bytes came before,
             // held back while the unread messages were at their limit)
             let for_other = match from {
                 Incoming::Stream => st.messages.len() > split.1,
-                Incoming::Messages => st.stream_in.len() > split.0,
+                Incoming::Messages => stream_mark(&st) != split.0,
             };
             if for_other {
                 self.notify_app_of(&Event::Readable);

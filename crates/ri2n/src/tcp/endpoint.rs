@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use ri2n_proto::addr;
 use ri2n_proto::crypto::TAG_LEN;
-use ri2n_proto::tcp::keys::{server_handshake, FrameKey, MAX_FRAME};
+use ri2n_proto::tcp::keys::{server_handshake, FrameKey};
 use ri2n_proto::tcp::{Hello, HelloReply, HelloStatus};
 use ri2n_proto::{ConnectionConfig, ConnectionError, EndpointConfig, KeyMismatch};
 
@@ -624,7 +624,7 @@ fn confirmed(s: &TcpStream, buf: &mut BytesMut, key: &FrameKey) -> bool {
         Partial,
         /// Its length field and body.
         Whole([u8; 4], &'a [u8]),
-        /// A length no frame has.
+        /// A length the confirmation does not have.
         Bad,
     }
     fn first_frame(buf: &[u8]) -> First<'_> {
@@ -632,11 +632,12 @@ fn confirmed(s: &TcpStream, buf: &mut BytesMut, key: &FrameKey) -> bool {
             return First::Partial;
         };
         let len: [u8; 4] = len.try_into().expect("4 bytes");
-        let body = u32::from_be_bytes(len) as usize;
-        if !(TAG_LEN..=MAX_FRAME).contains(&body) {
+        // the confirmation holds no records: a replayer announcing a longer first frame
+        // would otherwise have the server buffer up to a whole frame per TCP connection
+        if u32::from_be_bytes(len) as usize != TAG_LEN {
             return First::Bad;
         }
-        buf.get(4..4 + body)
+        buf.get(4..4 + TAG_LEN)
             .map_or(First::Partial, |b| First::Whole(len, b))
     }
     let deadline = Instant::now() + HELLO_TIMEOUT;

@@ -837,7 +837,7 @@ fn read_records(
                 })?;
                 for g in new {
                     let (s, e) = ((g.start - offset) as usize, (g.end - offset) as usize);
-                    st.recv.insert(g.start, kept(&data, s..e));
+                    st.keep_received(g.start, kept(&data, s..e));
                 }
                 // an ACK when everything so far arrived (a message's or a burst's end), else
                 // every ACK_EVERY bytes; the watch thread sends what is left within a tick

@@ -1,10 +1,14 @@
-//! Helpers shared by the tests: the echo tests' addresses and payloads, and waiting for a
-//! thread to be asleep (the premise of a test that acts on what another thread waits in).
+//! Helpers shared by the tests: the echo tests' addresses and payloads, waiting for a thread
+//! to be asleep (the premise of a test that acts on what another thread waits in), and a raw
+//! client's hello on the TCP transport.
 
 #![allow(dead_code)] // each test binary uses some of them
 
-use std::net::SocketAddr;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
+
+use ri2n_proto::tcp::frame::{Hello, HelloReply};
 
 /// Bytes each echo client sends.
 pub const BYTES_EACH: usize = 100_000;
@@ -91,5 +95,50 @@ pub fn wait_asleep(tid: i32, wchan: Option<&str>) {
             "thread {tid} never slept in {wchan:?} (last in {now:?})"
         );
         std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A raw TCP connection to `to` that has said the hello of link `link` of connection `id`
+/// (a new one, without a key), as a client of the TCP transport would.
+pub fn say_hello(to: SocketAddr, id: u64, link: u8) -> TcpStream {
+    say_hello_with(to, id, link, None)
+}
+
+/// [`say_hello`], keyed when `handshake` holds the first message of a link's handshake (it
+/// follows the hello, after its 2-byte length).
+pub fn say_hello_with(to: SocketAddr, id: u64, link: u8, handshake: Option<&[u8]>) -> TcpStream {
+    let mut s = TcpStream::connect(to).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut b = Vec::new();
+    Hello {
+        connection_id: id,
+        link,
+        new_connection: true,
+        keyed: handshake.is_some(),
+        takes_messages: false,
+        window: 1 << 20,
+        application: None,
+    }
+    .encode(&mut b);
+    if let Some(m) = handshake {
+        b.extend_from_slice(&u16::try_from(m.len()).unwrap().to_be_bytes());
+        b.extend_from_slice(m);
+    }
+    s.write_all(&b).unwrap();
+    s
+}
+
+/// Reads the server's reply to a hello from `s`: the reply, what was read (the reply and
+/// whatever followed it), and the reply's length.
+pub fn read_reply(s: &mut TcpStream) -> (HelloReply, Vec<u8>, usize) {
+    let mut buf = Vec::new();
+    loop {
+        if let Some((r, n)) = HelloReply::parse(&buf).unwrap() {
+            return (r, buf, n);
+        }
+        let mut chunk = [0u8; 512];
+        let got = s.read(&mut chunk).unwrap();
+        assert!(got > 0, "no reply to the hello");
+        buf.extend_from_slice(&chunk[..got]);
     }
 }
