@@ -1215,11 +1215,21 @@ fn a_host_joins_and_leaves_on_sighup_without_restarting_the_others() {
     let (config, mut daemons) = start_a_and_b(env, &lab, &dir.0);
     wait_for_peers(env, &lab, &daemons[0], "a", &config, 1);
 
+    // the peers a's status lists: once `reload` returned, those of the file it read (before,
+    // up to a second's sample of the file before it)
+    let peers_of_a = || {
+        let status = status_json(env, &lab.ns_of("a"), &config);
+        let peers = status["peers"].as_array().cloned().unwrap_or_default();
+        let names: Vec<&str> = peers.iter().filter_map(|p| p["name"].as_str()).collect();
+        names.join(" ")
+    };
+
     // c joins
     write_cluster_file(&dir.0, &HOSTS);
     let (status, text) = tunnel_verb(env, &lab, "a", "reload", &config);
     assert!(status.success(), "ri2n tunnel reload: {status}: {text}");
     assert!(text.contains("added c; removed none"), "{text}");
+    assert_eq!(peers_of_a(), "b c");
     sighup(&daemons[1]);
     daemons.push(spawn_daemon(
         env,
@@ -1308,6 +1318,7 @@ fn a_host_joins_and_leaves_on_sighup_without_restarting_the_others() {
     let (status, text) = tunnel_verb(env, &lab, "a", "reload", &config);
     assert!(status.success(), "ri2n tunnel reload: {status}: {text}");
     assert!(text.contains("added none; removed c"), "{text}");
+    assert_eq!(peers_of_a(), "b");
     sighup(&daemons[1]);
     for (d, h) in daemons[..2].iter().zip(HOSTS) {
         wait_for_peers(env, &lab, d, h, &config, 1);

@@ -393,7 +393,7 @@ pub fn run(
         thread::spawn(move || status::sample_loop(peers, latest, config));
     }
     let socket = status::socket_path(&host.name);
-    status::serve_socket(&socket, latest.clone(), peers.clone()).map_err(|e| {
+    status::serve_socket(&socket, latest.clone()).map_err(|e| {
         Error::io(
             format!("cannot serve the status on {}", socket.display()),
             e,

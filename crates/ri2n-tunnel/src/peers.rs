@@ -7,7 +7,8 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
+use std::time::Duration;
 
 use ri2n::Connection;
 use serde::{Deserialize, Serialize};
@@ -468,8 +469,10 @@ pub struct Peers {
     /// Packets read from the interface that are not IPv4 (IPv6, which the kernel sends on
     /// the interface too, or no valid IP packet): the tunnel carries IPv4 only.
     pub not_ipv4: AtomicU64,
-    /// The readings of the cluster file after the start: how many, and what the last did.
+    /// The readings of the cluster file after the start: how many, and what the last did;
+    /// signalled at each (see [`Peers::wait_reload`]).
     reloads: Mutex<(u64, Option<Reload>)>,
+    reloaded: Condvar,
 }
 
 /// What a reading of the cluster file after the start (SIGHUP, `ri2n tunnel reload`) did.
@@ -521,6 +524,7 @@ impl Peers {
             unrouted: AtomicU64::new(0),
             not_ipv4: AtomicU64::new(0),
             reloads: Mutex::default(),
+            reloaded: Condvar::new(),
         }
     }
 
@@ -528,6 +532,16 @@ impl Peers {
     pub fn reloaded(&self, what: Reload) {
         let mut r = self.reloads.lock().unwrap_or_else(|e| e.into_inner());
         *r = (r.0 + 1, Some(what));
+        self.reloaded.notify_all();
+    }
+
+    /// Waits until there were more than `seen` readings of the cluster file, at most `limit`.
+    pub fn wait_reload(&self, seen: u64, limit: Duration) {
+        let r = self.reloads.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = self
+            .reloaded
+            .wait_timeout_while(r, limit, |r| r.0 <= seen)
+            .unwrap_or_else(|e| e.into_inner());
     }
 
     /// How many readings of the cluster file there were, and what the last did.
@@ -632,7 +646,7 @@ mod tests {
         for _ in 0..64 {
             old_far.send_datagram(&[7; 1000]).unwrap();
         }
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
         let (dropped, arrived) = loop {
             let (s, far) = (old.stats(), old_far.stats());
             // the premise: what the far side sent has arrived (the count takes in those

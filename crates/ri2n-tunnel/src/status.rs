@@ -63,7 +63,8 @@ pub struct Status {
     #[serde(default)]
     pub config: String,
     /// Times the cluster file was read again since the start (SIGHUP, `ri2n tunnel reload`),
-    /// taken up or refused.
+    /// taken up or refused, before this sample began: its peers are those of the file then
+    /// in use (a reading starts a new sample at once).
     #[serde(default)]
     pub reloads: u64,
     /// What the last of them did.
@@ -288,12 +289,16 @@ impl<K: PartialEq> PreviousConnection<K> {
     }
 }
 
-/// Samples every peer's connection each [`SAMPLE_PERIOD`] into `latest`, forever.
+/// Samples every peer's connection each [`SAMPLE_PERIOD`], and at once after each reading of
+/// the cluster file, into `latest`, forever.
 pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String) {
     // by peer name: the cluster file may be read again meanwhile
     let mut previous: HashMap<String, PreviousConnection> = HashMap::new();
     loop {
         let now = Instant::now();
+        // before the table: a reading counted here has put its table in use already, so
+        // that a caller who sees the count (`ri2n tunnel reload`, then `status`) sees its peers
+        let (reloads, last_reload) = peers.reloads();
         let table = peers.table();
         let me = table.me();
         let mut status = Status {
@@ -306,9 +311,8 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
             packets_unrouted: peers.unrouted.load(Ordering::Relaxed),
             packets_not_ipv4: peers.not_ipv4.load(Ordering::Relaxed),
             config: config.clone(),
-            // filled as the status is served, without a sampling period's delay
-            reloads: 0,
-            last_reload: None,
+            reloads,
+            last_reload,
             sampled_ms_ago: None,
             sampled_at: Some(now),
             peers: Vec::new(),
@@ -349,7 +353,7 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
             status.peers.push(p);
         }
         *latest.lock().unwrap_or_else(|e| e.into_inner()) = status;
-        thread::sleep(SAMPLE_PERIOD);
+        peers.wait_reload(reloads, SAMPLE_PERIOD);
     }
 }
 
@@ -390,12 +394,11 @@ const STATUS_DEADLINE: Duration = Duration::from_secs(2);
 /// Callers of the status socket served at once (one more is closed at once).
 const STATUS_CLIENTS: usize = 8;
 
-/// Serves the latest snapshot as JSON to everyone who connects to `path`, with the readings
-/// of the cluster file as they are at that moment (`ri2n tunnel reload` waits for its own).
-/// The socket is open to every local user: each caller is served on a thread of its own,
+/// Serves the latest snapshot as JSON to everyone who connects to `path` (`ri2n tunnel
+/// reload` waits for one that counts its reading of the cluster file). The socket is open to every local user: each caller is served on a thread of its own,
 /// within [`STATUS_DEADLINE`] ([`crate::clients`]), so one that does not read, or reads
 /// slowly, holds the others off for no time at all.
-pub fn serve_socket(path: &Path, latest: Arc<Mutex<Status>>, peers: Arc<Peers>) -> io::Result<()> {
+pub fn serve_socket(path: &Path, latest: Arc<Mutex<Status>>) -> io::Result<()> {
     std::fs::create_dir_all(SOCKET_DIR)?;
     // a socket left by a daemon that was killed; a live daemon of the same host answers
     if path.exists() {
@@ -412,7 +415,6 @@ pub fn serve_socket(path: &Path, latest: Arc<Mutex<Status>>, peers: Arc<Peers>) 
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
     serve_callers(listener, STATUS_DEADLINE, move || {
         let mut snapshot = latest.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        (snapshot.reloads, snapshot.last_reload) = peers.reloads();
         snapshot.sampled_ms_ago = (snapshot.sampled_at).map(|t| t.elapsed().as_millis() as u64);
         serde_json::to_string(&snapshot).ok()
     })
