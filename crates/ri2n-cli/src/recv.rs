@@ -23,8 +23,9 @@ use crate::progress::Progress;
 use crate::report::{bps, EventLog, LinkSummary, TransferSummary};
 use crate::RecvArgs;
 
-/// The output's buffer: it gathers small pieces, while the connection's whole 64 KiB blocks,
-/// larger than it, go straight to the output without being copied into it.
+/// The output's buffer: it gathers small pieces, while the connection's whole 64 KiB blocks
+/// (the default receive window's), larger than it, go straight to the output without being
+/// copied into it.
 const OUT_BUFFER: usize = 32 * 1024;
 
 enum Output {

@@ -39,7 +39,9 @@ pub struct ConnectionConfig {
     /// through. A driver that cannot tell the interface MTU leaves links at the base size.
     pub mtu_discovery: bool,
     /// Bytes the peer may send on each stream beyond what the application has read
-    /// (the receive window; default 8 MiB). Also bounds the receiver's reassembly memory.
+    /// (the receive window; default 8 MiB). Also bounds the receiver's reassembly memory: at
+    /// most the window and two blocks, a block being 64 KiB or, for a smaller window, the
+    /// largest power of two within it.
     pub stream_receive_window: u64,
     /// Bytes the application may have written but not yet had acknowledged, per stream
     /// (default 8 MiB). A writer that reaches it is told to wait.

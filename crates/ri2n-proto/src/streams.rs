@@ -462,11 +462,21 @@ impl SendStream {
     }
 }
 
+/// The receive blocks' size for a stream of receive window `window`: [`BLOCK`], or the
+/// largest power of two within a smaller window (at least 4 KiB). Blocks and spares never
+/// exceed what the window can fill plus one block, so a block larger than the window would
+/// make the memory a small window promises to bound several times the window.
+fn block_for(window: u64) -> usize {
+    let window = usize::try_from(window).unwrap_or(usize::MAX);
+    let within = 1 << (usize::BITS - 1 - window.max(1).leading_zeros());
+    within.clamp(4 << 10, BLOCK)
+}
+
 /// Receive side of one stream.
 ///
-/// Data is copied once, from the datagram straight to its place in a block of [`BLOCK`] bytes:
-/// block `i` holds the offsets from `first() + i * BLOCK` on, where `first()` is the read offset
-/// rounded down to a block. A block's memory is taken when the first bytes for it arrive, so the
+/// Data is copied once, from the datagram straight to its place in a block ([`BLOCK`] bytes,
+/// less for a window smaller than that: see [`block_for`]): block `i` holds the offsets from
+/// `first() + i * block` on, where `first()` is the read offset rounded down to a block. A block's memory is taken when the first bytes for it arrive, so the
 /// blocks that hold memory are at most those the window spans (flow control keeps the peer within
 /// it) however the peer fragments its data, nothing is allocated per frame, and a few bytes far
 /// ahead of the reader cost a block each, not every block between. A reader using
@@ -474,7 +484,7 @@ impl SendStream {
 /// back.
 #[derive(Debug)]
 pub(crate) struct RecvStream {
-    /// Blocks from `first()` on, each [`BLOCK`] bytes long, or empty (no memory) while no
+    /// Blocks from `first()` on, each `block` bytes long, or empty (no memory) while no
     /// byte of it has arrived. Positions of offsets not received yet hold stale bytes.
     blocks: VecDeque<Vec<u8>>,
     /// Block-sized buffers kept for the next blocks, as long as blocks and spares together
@@ -483,6 +493,8 @@ pub(crate) struct RecvStream {
     /// zeroed) again. A reader that falls behind by more than a few blocks and catches up
     /// would otherwise have the allocator zero a block for about every third one received.
     spares: Vec<Vec<u8>>,
+    /// The size of a block, a power of two.
+    block: usize,
     /// Blocks taken from the allocator so far (tests check that reading reuses them).
     #[cfg(test)]
     allocated: usize,
@@ -515,6 +527,7 @@ impl RecvStream {
         Self {
             blocks: VecDeque::new(),
             spares: Vec::new(),
+            block: block_for(window),
             #[cfg(test)]
             allocated: 0,
             read: 0,
@@ -553,18 +566,18 @@ impl RecvStream {
     #[cfg(test)]
     pub fn memory(&self) -> usize {
         let held = self.blocks.iter().filter(|b| !b.is_empty()).count();
-        (held + self.spares.len()) * BLOCK
+        (held + self.spares.len()) * self.block
     }
 
     /// Stream offset of the first block's first byte.
     fn first(&self) -> u64 {
-        self.read - self.read % BLOCK as u64
+        self.read - self.read % self.block as u64
     }
 
     /// Makes the blocks cover the offsets below `end` (flow control keeps `end - read` within
     /// the window), those not reached before without memory yet.
     fn reserve_to(&mut self, end: u64) {
-        let needed = (end - self.first()).div_ceil(BLOCK as u64) as usize;
+        let needed = (end - self.first()).div_ceil(self.block as u64) as usize;
         if self.blocks.len() < needed {
             self.blocks.resize_with(needed, Vec::new);
         }
@@ -577,16 +590,17 @@ impl RecvStream {
             {
                 self.allocated += 1;
             }
-            vec![0u8; BLOCK]
+            vec![0u8; self.block]
         })
     }
 
     /// The `len` bytes from offset `offset` on (arrived, within the blocks), a slice per block.
     fn slices_from(&self, offset: u64, len: usize) -> impl Iterator<Item = &[u8]> {
         let rel = (offset - self.first()) as usize;
-        let (mut at, mut left) = (rel % BLOCK, len);
-        self.blocks.range(rel / BLOCK..).map_while(move |block| {
-            let n = (BLOCK - at).min(left);
+        let size = self.block;
+        let (mut at, mut left) = (rel % size, len);
+        self.blocks.range(rel / size..).map_while(move |block| {
+            let n = (size - at).min(left);
             let slice = (n > 0).then(|| &block[at..at + n]);
             (at, left) = (0, left - n);
             slice
@@ -605,10 +619,10 @@ impl RecvStream {
     /// Copies `data` to the place of offset `offset` (within the blocks).
     fn copy_to_blocks(&mut self, offset: u64, data: &[u8]) {
         let rel = (offset - self.first()) as usize;
-        let (mut i, mut at) = (rel / BLOCK, rel % BLOCK);
+        let (mut i, mut at) = (rel / self.block, rel % self.block);
         let mut done = 0;
         while done < data.len() {
-            let n = (BLOCK - at).min(data.len() - done);
+            let n = (self.block - at).min(data.len() - done);
             if self.blocks[i].is_empty() {
                 self.blocks[i] = self.new_block();
             }
@@ -748,9 +762,9 @@ impl RecvStream {
     /// and a block-sized `buf` is kept in exchange for the next block; otherwise the bytes up
     /// to the end of the current block are copied into `buf`.
     pub fn read_buf(&mut self, buf: &mut Vec<u8>) -> usize {
-        let at = (self.read % BLOCK as u64) as usize;
-        let n = (self.readable() as usize).min(BLOCK - at);
-        if n == BLOCK {
+        let at = (self.read % self.block as u64) as usize;
+        let n = (self.readable() as usize).min(self.block - at);
+        if n == self.block {
             // the reader's buffer takes the block's place, and `consume` frees it as it would
             // the block
             std::mem::swap(buf, &mut self.blocks[0]);
@@ -767,13 +781,14 @@ impl RecvStream {
     /// Keeps a freed block for reuse, if it has a block's memory (a reader's buffer may not)
     /// and the window could need it.
     fn keep_spare(&mut self, mut block: Vec<u8>) {
-        if block.capacity() >= BLOCK && self.blocks.len() + self.spares.len() < self.window_blocks()
+        if block.capacity() >= self.block
+            && self.blocks.len() + self.spares.len() < self.window_blocks()
         {
             // a reader's buffer comes back holding its last read, which may have been shorter
             // than a block (`read_buf` copies what is readable up to the block's end): dropping
             // it for that made the allocator map, and the kernel zero, a fresh block every time
             // a short read was followed by a whole block
-            block.resize(BLOCK, 0);
+            block.resize(self.block, 0);
             self.spares.push(block);
         }
     }
@@ -781,7 +796,7 @@ impl RecvStream {
     /// Most blocks the window can fill at once: the peer sends at most `window` bytes past the
     /// read offset, which may sit inside a block. Blocks and spares never exceed it.
     fn window_blocks(&self) -> usize {
-        (self.window as usize).div_ceil(BLOCK) + 1
+        (self.window as usize).div_ceil(self.block) + 1
     }
 
     /// Moves the read offset `n` bytes on, freeing the blocks left behind (some are kept).
@@ -789,7 +804,7 @@ impl RecvStream {
         if n == 0 {
             return;
         }
-        let done_blocks = ((self.read % BLOCK as u64) as usize + n) / BLOCK;
+        let done_blocks = ((self.read % self.block as u64) as usize + n) / self.block;
         self.read += n as u64;
         self.buffered -= n as u64;
         for _ in 0..done_blocks.min(self.blocks.len()) {
@@ -1085,6 +1100,44 @@ mod tests {
             r.window_update();
         }
         assert_eq!(got, data);
+    }
+
+    #[test]
+    fn a_window_under_a_block_bounds_the_memory_with_blocks_of_its_size() {
+        // the smallest window a connection takes (16 KiB) and others around a block: the
+        // unread bytes fill the window across a block boundary, then all are read (the freed
+        // blocks stay as spares). With 64 KiB blocks whatever the window, a 16 KiB window held
+        // 128 KiB, eight times itself.
+        for (window, most) in [
+            (16 << 10, 32 << 10),
+            (20_000, 48 << 10),
+            (40_000, 96 << 10),
+            (BLOCK as u64, 2 * BLOCK),
+            (100_000, 3 * BLOCK),
+        ] {
+            let mut r = RecvStream::new(window);
+            let data = pattern(BLOCK + window as usize);
+            // read up to just before a block boundary (of every block size), in pieces the
+            // window allows
+            let lead = BLOCK - 100;
+            let mut at = 0;
+            while at < lead {
+                let n = (lead - at).min(window as usize / 2);
+                r.on_data(at as u64, &data[at..at + n], false).unwrap();
+                assert_eq!(r.read(&mut vec![0; n]), n);
+                r.window_update();
+                at += n;
+            }
+            let end = r.max_data_sent as usize;
+            r.on_data(lead as u64, &data[lead..end], false).unwrap();
+            // the premise: what the window allows is unread, across the block boundary
+            assert!(end > BLOCK && r.buffered() as usize == end - lead);
+            assert!(r.memory() <= most, "window {window}: {} bytes", r.memory());
+            let mut rest = vec![0; end - lead];
+            assert_eq!(r.read(&mut rest), end - lead);
+            assert_eq!(rest, data[lead..end], "window {window}");
+            assert!(r.memory() <= most, "window {window}: {} bytes", r.memory());
+        }
     }
 
     #[test]

@@ -637,8 +637,8 @@ impl UdpConnection {
     }
 
     /// Reads the next bytes of the stream into `buf`, replacing its contents and waiting until
-    /// some are there; returns how many (0: the peer finished). When a whole 64 KiB block of
-    /// the receive buffer is ready it is handed over as `buf` without copying, and the memory
+    /// some are there; returns how many (0: the peer finished). When a whole block of the
+    /// receive buffer (64 KiB; less for a smaller `stream_receive_window`) is ready it is handed over as `buf` without copying, and the memory
     /// `buf` had is kept for a later block: reuse the same `buf` for every call.
     pub(crate) fn read_buf(&self, buf: &mut Vec<u8>) -> io::Result<usize> {
         self.blocking_read(None, |c| c.read_buf(buf))
