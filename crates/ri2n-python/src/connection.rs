@@ -22,7 +22,7 @@ use ri2n::{Cipher, Connection, ConnectionState, ConnectionStats, Event, TimedEve
 use crate::buffer::Held;
 use crate::errors::{connection_error, io_error};
 use crate::{
-    code_arg, drop_detached, drop_interruptible, poll_readable, timeout_arg, Shared, SIGNAL_CHECK,
+    drop_detached, drop_interruptible, poll_readable, timeout_arg, AbortCode, Shared, SIGNAL_CHECK,
 };
 
 /// One ri2n connection. Reads and writes block (with the GIL released) until they can
@@ -529,9 +529,12 @@ impl PyConnection {
     /// Aborts the connection at once, dropping what was not delivered; the peer's calls
     /// raise ``PeerGone`` naming ``code`` (an int >= 0, else ``ValueError``) and ``reason``.
     /// The handle stays (for ``stats()``) until ``close()``.
-    #[pyo3(signature = (code = 0, reason = ""))]
-    fn abort(&self, py: Python<'_>, code: i128, reason: &str) -> PyResult<()> {
-        let code = code_arg(code)?;
+    #[pyo3(
+        signature = (code = AbortCode(0), reason = ""),
+        text_signature = "($self, code=0, reason=\"\")"
+    )]
+    fn abort(&self, py: Python<'_>, code: AbortCode, reason: &str) -> PyResult<()> {
+        let AbortCode(code) = code;
         let conn = self.get()?;
         py.detach(|| conn.abort(code, reason));
         Ok(())

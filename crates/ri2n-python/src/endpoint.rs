@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pyo3::exceptions::{PyInterruptedError, PyTimeoutError, PyValueError};
+use pyo3::exceptions::{PyException, PyInterruptedError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 use ri2n::{ConnectionConfig, ConnectionError, Endpoint, EndpointConfig, Transport};
@@ -14,7 +14,7 @@ use ri2n::{ConnectionConfig, ConnectionError, Endpoint, EndpointConfig, Transpor
 use crate::connection::PyConnection;
 use crate::errors::endpoint_error;
 use crate::key::PyKey;
-use crate::{code_arg, drop_detached, timeout_arg, wait_on_thread, Addrs, Shared, SIGNAL_CHECK};
+use crate::{drop_detached, timeout_arg, wait_on_thread, AbortCode, Addrs, Shared, SIGNAL_CHECK};
 
 /// How long leaving a `with` block waits for the peers to acknowledge what was written: the
 /// library's own `close_linger`, what dropping the endpoint would wait.
@@ -361,9 +361,12 @@ impl PyEndpoint {
     /// delivered is dropped. Returns once the aborts have been sent, so the process may exit
     /// right after (a server that is stopped tells its clients why). The endpoint stays
     /// open until ``close()``.
-    #[pyo3(signature = (code = 0, reason = ""))]
-    fn abort(&self, py: Python<'_>, code: i128, reason: &str) -> PyResult<()> {
-        let code = code_arg(code)?;
+    #[pyo3(
+        signature = (code = AbortCode(0), reason = ""),
+        text_signature = "($self, code=0, reason=\"\")"
+    )]
+    fn abort(&self, py: Python<'_>, code: AbortCode, reason: &str) -> PyResult<()> {
+        let AbortCode(code) = code;
         let endpoint = self.get()?;
         py.detach(|| endpoint.abort(code, reason));
         Ok(())
@@ -384,7 +387,9 @@ impl PyEndpoint {
 
     /// Closes the endpoint, waiting up to 10 s for the peers to acknowledge what was written
     /// (what dropping it would wait); ``NotDelivered`` is raised only if the block itself
-    /// raised nothing.
+    /// raised nothing. Ctrl-C (``KeyboardInterrupt``), or another exception that is not an
+    /// ``Exception``, during that wait is raised in any case: it must not vanish behind the
+    /// block's own exception.
     #[pyo3(signature = (exc_type = None, _exc_value = None, _traceback = None))]
     fn __exit__(
         &self,
@@ -395,7 +400,7 @@ impl PyEndpoint {
     ) -> PyResult<bool> {
         let closed = self.close(py, Some(EXIT_LINGER.as_secs_f64()));
         match closed {
-            Err(e) if exc_type.is_none() => Err(e),
+            Err(e) if exc_type.is_none() || !e.is_instance_of::<PyException>(py) => Err(e),
             _ => Ok(false),
         }
     }

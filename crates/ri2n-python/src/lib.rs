@@ -71,17 +71,25 @@ pub(crate) fn timeout_arg(seconds: Option<f64>) -> PyResult<Option<Duration>> {
     }
 }
 
-/// An abort's code: an int from 0 up (the engine caps what the wire cannot carry, so any
-/// larger one is taken as the largest). `ValueError` for a negative one, as for other
-/// arguments out of range: an unsigned parameter would raise `OverflowError`, which
-/// `except ValueError` misses.
-pub(crate) fn code_arg(code: i128) -> PyResult<u64> {
-    if code < 0 {
-        return Err(PyValueError::new_err(format!(
-            "code must be >= 0, not {code}"
-        )));
+/// An abort's code argument: an int from 0 up, of any size (the engine caps what the wire
+/// cannot carry, so any larger one is taken as the largest), or what `operator.index` takes.
+/// `ValueError` for a negative one, as for other arguments out of range: an integer of fixed
+/// width would raise `OverflowError` beyond it, which `except ValueError` misses.
+pub(crate) struct AbortCode(pub u64);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for AbortCode {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let index = obj.py().import("operator")?.getattr("index")?;
+        let code = index.call1((obj,))?;
+        if code.lt(0)? {
+            return Err(PyValueError::new_err(format!(
+                "code must be >= 0, not {code}"
+            )));
+        }
+        Ok(AbortCode(code.extract::<u64>().unwrap_or(u64::MAX)))
     }
-    Ok(u64::try_from(code).unwrap_or(u64::MAX))
 }
 
 /// Waits at most `wait` for `fd` to become readable; whether it did. An interrupted wait

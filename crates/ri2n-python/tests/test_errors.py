@@ -111,15 +111,19 @@ def test_a_peer_that_aborts_is_gone(pair: Pair) -> None:
 def test_an_abort_code_out_of_range(pair_on_each_transport: Pair) -> None:
     """A negative code is a ValueError (it was an OverflowError, which ``except ValueError``
     misses), and nothing is aborted; one beyond what the wire carries is capped, the same on
-    either transport."""
+    either transport, however large (from 2**128 on it was an OverflowError too)."""
     pair = pair_on_each_transport
     with pytest.raises(ValueError, match="code must be >= 0"):
         pair.conn.abort(-1)
     with pytest.raises(ValueError, match="code must be >= 0"):
         pair.server.abort(-5, "no")
+    with pytest.raises(ValueError, match="code must be >= 0"):
+        pair.conn.abort(-(2**200))
+    with pytest.raises(TypeError):
+        pair.conn.abort(1.5)  # type: ignore[arg-type]
     pair.conn.sendall(b"still up")
     assert pair.peer.recv(8, timeout=5) == b"still up"
-    pair.conn.abort(2**70, "large")
+    pair.conn.abort(2**200, "large")
     with pytest.raises(ri2n.PeerGone, match="large") as e:
         pair.peer.recv(100, timeout=5)
     assert f"code {2**62 - 1 - 16}" in str(e.value)
@@ -408,6 +412,25 @@ def test_ctrl_c_interrupts_a_write_to_a_peer_that_reads_nothing(
         assert pair.peer.recv_message(timeout=5)
     else:
         assert pair.peer.recv(10, timeout=5)
+
+
+def test_ctrl_c_while_leaving_a_with_block_that_raised_is_not_lost(
+    pair_on_each_transport: Pair,
+) -> None:
+    """Leaving a ``with Endpoint`` block closes it, waiting for delivery; when the block
+    raised, that close's ``NotDelivered`` is not raised over the block's exception, but
+    Ctrl-C during the wait is: it was dropped behind the block's exception, which a retry
+    loop (``except ConnectionError: continue``) would catch, the user's Ctrl-C lost."""
+    pair = pair_on_each_transport
+    assert _fill(pair.conn, messages=False) > 0
+    start = time.monotonic()
+    with _ctrl_c_after(0.3), pytest.raises(KeyboardInterrupt) as raised:
+        with pair.client:
+            raise ConnectionError("the block failed")
+    assert time.monotonic() - start < 2.0
+    assert pair.client.closed
+    # the block's exception is kept, as the interrupt's context
+    assert isinstance(raised.value.__context__, ConnectionError)
 
 
 def test_ctrl_c_interrupts_the_close_of_an_endpoint_whose_peer_reads_nothing(
