@@ -439,6 +439,85 @@ fn a_closed_peer_confirms_a_clean_end_whose_acknowledgements_were_lost() {
     assert!(c.is_send_complete());
 }
 
+/// Both ends of a clean exchange linger (§8.1) when the client's endpoint closes: its
+/// clean-end confirmation (§8.2) goes on the link twice, and the first copy ends the server
+/// cleanly. The second reaches a connection closed cleanly, which answers only packets that
+/// ask for an acknowledgement: before, it answered that CLOSE with one of its own, the
+/// client answered that, and the two went on for as long as both connections were kept.
+#[test]
+fn two_cleanly_closed_connections_fall_silent() {
+    let (a, b) = (addr("10.0.0.1:5000"), addr("10.0.0.2:6000"));
+    let cfg = pair_config(&[a], &[b], ConnectionConfig::default())
+        .with_capture(Dir::AToB, Capture::all())
+        .with_capture(Dir::BToA, Capture::all());
+    let mut tb = Testbed::new(cfg);
+    let ch = tb.ch;
+    let draining = |e: &Endpoint, h| e.connection(h).unwrap().state() == ConnectionState::Draining;
+    // nothing is sent but the ends of the streams
+    tb.client.connection_mut(ch).unwrap().finish();
+    let sh = run(&mut tb, Duration::from_secs(5), |c, s, acc| {
+        let Some(sh) = *acc else { return false };
+        if !s.connection(sh).unwrap().is_send_complete() {
+            s.connection_mut(sh).unwrap().finish();
+        }
+        draining(c, ch) && draining(s, sh)
+    })
+    .expect("the server accepted");
+    tb.client.connection_mut(ch).unwrap().end_drain();
+    let closed_at = tb.now();
+    tb.advance(Duration::from_secs(2), |_| {});
+    for (e, h) in [(&tb.client, ch), (&tb.server, sh)] {
+        let c = e.connection(h).unwrap();
+        assert_eq!(
+            (c.state(), c.close_reason()),
+            (ConnectionState::Closed, None)
+        );
+    }
+    let after = |dir| {
+        (tb.captured(dir).iter())
+            .filter(|p| p.at >= closed_at)
+            .count()
+    };
+    assert_eq!(
+        (after(Dir::AToB), after(Dir::BToA)),
+        (2, 0),
+        "datagrams from the client and from the server after the client's endpoint closed"
+    );
+}
+
+/// A send of the server's ACCEPT fails before the client confirms the connection (the driver
+/// reports the path unreachable, §6.7): link 0 is Down, and the first event the application
+/// gets of it says so, then that it came back. Before, it said Validating → Up while the
+/// link was Down, and then Down → Up.
+#[test]
+fn the_link_state_told_at_confirmation_is_the_links_own() {
+    let (a, b) = (addr("10.0.0.1:5000"), addr("10.0.0.2:6000"));
+    let mut tb = connected_pair(&[a], &[b]);
+    // the server made the connection: the client's confirmation is lost
+    tb.run_until(Duration::from_secs(1), |tb| {
+        tb.server.connection_count() == 1
+    });
+    cut(&mut tb, Dir::AToB, true);
+    let now = tb.instant();
+    tb.server.handle_unreachable(now, b, a);
+    tb.advance(Duration::from_millis(20), |_| {});
+    assert!(tb.sh.is_none(), "not confirmed yet");
+    cut(&mut tb, Dir::AToB, false);
+    let sh = run(&mut tb, Duration::from_secs(5), |_, s, acc| {
+        acc.is_some_and(|h| s.connection(h).unwrap().link_states()[0] == LinkState::Up)
+    })
+    .expect("confirmed");
+    let mut told = Vec::new();
+    while let Some((h, e)) = tb.server.poll_event() {
+        if let (true, Event::LinkStateChanged { link, from, to }) = (h == sh, e) {
+            assert_eq!(link.0, 0);
+            told.push((from, to));
+        }
+    }
+    use LinkState::{Down, Up, Validating};
+    assert_eq!(told, [(Validating, Down), (Down, Up)]);
+}
+
 /// An abort's CLOSE goes on every link, and once more a few milliseconds later: copies that
 /// met full queues (here every path towards the server drops what it carries while the first
 /// round goes) do not keep the peer from learning why (PROTOCOL.md §8.3). Before, the server

@@ -349,6 +349,12 @@ impl HandshakePath {
     }
 }
 
+/// Whether a frame asks for an acknowledgement (is ack-eliciting, PROTOCOL.md §3): all but
+/// ACK, PADDING and CLOSE.
+fn elicits_ack(f: &Frame<'_>) -> bool {
+    !matches!(f, Frame::Ack { .. } | Frame::Padding | Frame::Close { .. })
+}
+
 /// What an endpoint at one of `paths` said when it refused the handshake, if one did.
 fn first_refusal(paths: &[HandshakePath]) -> Option<ConnectionError> {
     paths.iter().find_map(|p| p.refused_with.clone())
@@ -1912,9 +1918,13 @@ impl Connection {
             if let Some(i) = self.link_index(link_id) {
                 // (not to an address the peer never answered at: a spoofed one's owner would
                 // get a datagram of acknowledgements for each small packet)
+                // (nor to a packet that asks for no acknowledgement, a CLOSE among them:
+                // two sides closed cleanly would answer each other's answers for as long as
+                // both are kept)
                 if self.closing.reason.is_none()
                     && self.links[i].remote == remote
                     && !self.links[i].address_unproven()
+                    && Frames::new(payload).any(|f| f.is_ok_and(|f| elicits_ack(&f)))
                 {
                     // what arrives now is acknowledged with the answer too: it may carry the
                     // peer's repairs of packets it declared lost
@@ -1940,7 +1950,7 @@ impl Connection {
         let mut sending = false;
         for f in Frames::new(payload) {
             let f = f.map_err(|_| DropReason::MalformedFrame)?;
-            let eliciting = !matches!(f, Frame::Ack { .. } | Frame::Padding | Frame::Close { .. });
+            let eliciting = elicits_ack(&f);
             ack_eliciting |= eliciting;
             sending |= eliciting && !matches!(f, Frame::Ping);
             frames.push(f);
@@ -2032,11 +2042,12 @@ impl Connection {
             self.handshake.stage = HandshakeStage::Done;
             self.handshake.confirmed_now = true;
             self.event(Event::Connected);
-            // as on the client: the first link is reported up, so both sides' logs name it
+            // as on the client: the first link's state is reported, so both sides' logs
+            // name it (Up, unless a send of an ACCEPT on it failed meanwhile: §6.7)
             self.event(Event::LinkStateChanged {
                 link: LinkId(0),
                 from: LinkState::Validating,
-                to: LinkState::Up,
+                to: self.links[0].state,
             });
             // links the client opened before this packet confirmed the connection (this one
             // may have come on one of them) were added while no event was kept
