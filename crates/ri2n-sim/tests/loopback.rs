@@ -518,6 +518,52 @@ fn the_link_state_told_at_confirmation_is_the_links_own() {
     assert_eq!(told, [(Validating, Down), (Down, Up)]);
 }
 
+/// The client ends the connection on a deadline of its own (every link down for 300 ms; the
+/// server has none; its CLOSEs are lost) and lets go of it; the path comes back. The server,
+/// probing its link, is told by a RESET (§2.7) at its next probe and ends too. Unkeyed, most
+/// of its probes were 13 or 14 bytes, below the 16 that a RESET needs as a trigger: only a
+/// full-size one was answered.
+#[test]
+fn a_peer_that_ended_on_a_deadline_of_its_own_is_found_gone() {
+    let (a, b) = (addr("10.0.0.1:5000"), addr("10.0.0.2:6000"));
+    let client =
+        ConnectionConfig::default().with_all_links_down_timeout(Some(Duration::from_millis(300)));
+    let cfg = pair_config(&[a], &[b], client).with_server_connection(ConnectionConfig::default());
+    let mut tb = Testbed::new(cfg);
+    tb.establish();
+    let (ch, sh) = (tb.ch, tb.sh.expect("established"));
+    cut(&mut tb, Dir::AToB, true);
+    cut(&mut tb, Dir::BToA, true);
+    run(&mut tb, Duration::from_secs(5), |c, _, _| {
+        c.connection(ch).unwrap().state() == ConnectionState::Closed
+    });
+    let client_end = tb.client.connection(ch).unwrap().close_reason().cloned();
+    assert_eq!(client_end, Some(ConnectionError::AllLinksDown));
+    // once its CLOSEs have left (and were lost)
+    let limit = tb.now() + Duration::from_secs(1);
+    tb.run_until(limit, |tb| tb.client.release(ch));
+    cut(&mut tb, Dir::AToB, false);
+    cut(&mut tb, Dir::BToA, false);
+    let released_at = tb.now();
+    let server_state = |tb: &Testbed| tb.server.connection(sh).unwrap().state();
+    assert_eq!(
+        server_state(&tb),
+        ConnectionState::Established,
+        "the premise"
+    );
+    let limit = released_at + Duration::from_secs(10);
+    tb.run_until(limit, |tb| server_state(tb) == ConnectionState::Closed);
+    let server_end = tb.server.connection(sh).unwrap().close_reason().cloned();
+    assert_eq!(server_end, Some(ConnectionError::PeerRestarted));
+    let took = tb.now() - released_at;
+    // at its first probe after the heal; before, only a full-size probe (the next came 470 ms
+    // after the release) was large enough
+    assert!(
+        took < Duration::from_millis(100),
+        "found gone {took:?} after the release"
+    );
+}
+
 /// An abort's CLOSE goes on every link, and once more a few milliseconds later: copies that
 /// met full queues (here every path towards the server drops what it carries while the first
 /// round goes) do not keep the peer from learning why (PROTOCOL.md §8.3). Before, the server

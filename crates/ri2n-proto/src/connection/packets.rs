@@ -560,6 +560,12 @@ impl Connection {
             // full size: the probe also checks that the path carries datagrams of its size
             let pad = end - w.len();
             w.zeros(pad);
+        } else {
+            // large enough to be answered with a RESET by a peer that lost the connection: an
+            // unkeyed PING is smaller, and a side whose peer ended the connection unheard
+            // (on a deadline of its own) would probe it for ever, never told
+            let short = crate::endpoint::MIN_RESET_TRIGGER.saturating_sub(w.len() + tag);
+            w.zeros(short);
         }
         let len = w.finish() + tag;
         match &mut self.handshake.protection {
