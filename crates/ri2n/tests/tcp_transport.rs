@@ -58,6 +58,41 @@ fn keyed_pair(server_key: Option<Key>, client_key: Option<Key>) -> (Endpoint, En
     (server, client)
 }
 
+/// A server whose connections use one link (`max_links` 1) holds them to it, as on the UDP
+/// transport, whether the client discovers its second address or is given it: data crosses
+/// on one link. Before, the server announced both its addresses and took a second link.
+#[test]
+fn a_server_holds_its_connections_to_its_max_links() {
+    let one_link = ConnectionConfig::default().with_max_links(1);
+    let server = Endpoint::bind(
+        EndpointConfig::new(addrs(&["127.0.0.1:0", "127.0.0.2:0"]))
+            .with_transport(Transport::Tcp)
+            .with_server_connection(one_link)
+            .server(),
+    )
+    .unwrap();
+    let (_, client) = keyed_pair(None, None);
+    let sent = data(4 << 20, 3);
+    for given in [1, 2] {
+        let conn =
+            (client.connect(&server.local_addrs()[..given], ConnectionConfig::default())).unwrap();
+        let far = server.accept().unwrap();
+        (&conn).write_all(&sent).unwrap();
+        let mut got = vec![0; sent.len()];
+        (&far).read_exact(&mut got).unwrap();
+        assert!(got == sent, "the bytes arrived as sent");
+        let up = |c: &ri2n::Connection| {
+            let links = c.stats().links;
+            links.iter().filter(|l| l.state == LinkState::Up).count()
+        };
+        assert_eq!(
+            (up(&conn), far.stats().links.len()),
+            (1, 1),
+            "{given} given"
+        );
+    }
+}
+
 /// Deterministic, incompressible test data.
 /// Waits (at most 10 s) until every link of `conn` is up: the second link's TCP connection
 /// joins a moment after the handshake, and a test that sends at once could put everything

@@ -425,6 +425,12 @@ impl TcpEndpoint {
             conns.insert(hello.connection_id, (Arc::downgrade(&conn), client));
             conn
         } else {
+            // a link beyond those this server's connections use (a client given more of its
+            // addresses than that): turned away as by a full server, and tried again later
+            if usize::from(hello.link) >= cfg.max_links {
+                drop(conns);
+                return refuse(HelloStatus::ServerFull, None);
+            }
             match conns
                 .get(&hello.connection_id)
                 .and_then(|(w, _)| w.upgrade())
@@ -443,8 +449,14 @@ impl TcpEndpoint {
             takes_messages: cfg.accept_messages,
             window: cfg.stream_receive_window,
             application: cfg.application.clone(),
+            // as many addresses as links (the client pairs each with a link at most), the
+            // one this hello came to first
             addrs: if hello.new_connection {
-                self.locals.clone()
+                let here = (stream.local_addr().ok()).filter(|a| self.locals.contains(a));
+                let others = self.locals.iter().filter(|&&a| Some(a) != here);
+                (here.into_iter().chain(others.copied()))
+                    .take(cfg.max_links)
+                    .collect()
             } else {
                 Vec::new()
             },
