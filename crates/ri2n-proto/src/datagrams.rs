@@ -815,13 +815,20 @@ impl IncomingDatagrams {
         {
             self.keep_joining();
         }
-        // what it will cost at least (its copy may get a larger buffer)
-        let cost = data.len() + DATAGRAM_OVERHEAD;
-        if self.bytes + cost > self.limit {
+        // what it will cost at least (its copy may get a larger buffer); a piece that
+        // continues the datagram being joined costs only what does not fit the room that
+        // datagram was charged for already
+        let cost = |r: &Self| match &r.joining {
+            Some(j) if delivered_now && j.span.continued_by(seq, part) => {
+                (j.data.len() + data.len()).saturating_sub(j.data.capacity())
+            }
+            _ => data.len() + DATAGRAM_OVERHEAD,
+        };
+        if self.bytes + cost(self) > self.limit {
             // make room: by letting go of unfinished datagrams, then by giving up on the
             // missing ones the held datagrams wait for, and last on the rest of the datagram
             // being joined (which then waits as unfinished, and is let go next)
-            while self.bytes + cost > self.limit
+            while self.bytes + cost(self) > self.limit
                 && (self.let_go_unfinished()
                     || self.release_first_held()
                     || self.joining.is_some() && {
@@ -834,7 +841,7 @@ impl IncomingDatagrams {
                 // arrived late, once
                 self.forget_skipped(seq);
             }
-            if self.bytes + cost > self.limit {
+            if self.bytes + cost(self) > self.limit {
                 if part == DatagramPart::Whole {
                     self.count_dropped();
                 } else if seq == self.next {
@@ -881,7 +888,8 @@ impl IncomingDatagrams {
     /// Holds frame `seq`, arrived `now` ahead of a missing one: with the frames held right
     /// before it when it continues their datagram, else on its own.
     fn hold_frame(&mut self, now: Instant, seq: u64, part: DatagramPart, data: &[u8]) {
-        let room = self.largest_joined;
+        let left = self.limit.saturating_sub(self.bytes);
+        let room = self.largest_joined.min(left);
         if let Some((_, h)) = self.held.range_mut(..seq).next_back() {
             let len = h.data.len() + data.len();
             if h.span.continued_by(seq, part) && len <= wire::MAX_DATAGRAM_LEN {
@@ -920,8 +928,10 @@ impl IncomingDatagrams {
                 return;
             }
             DatagramPart::First => {
-                // room for the whole, as large as the largest joined so far
-                let room = self.largest_joined.max(data.len());
+                // room for the whole, as large as the largest joined so far, as far as the
+                // limit leaves room (the room is charged for at once)
+                let left = self.limit.saturating_sub(self.bytes + DATAGRAM_OVERHEAD);
+                let room = self.largest_joined.min(left).max(data.len());
                 let data = match data {
                     Payload::Held(mut d) => {
                         self.bytes -= charge(&d);
@@ -993,10 +1003,10 @@ impl IncomingDatagrams {
     /// Hands a datagram joined from its pieces to the application.
     fn hand_over_joined(&mut self, mut joined: Vec<u8>) {
         self.largest_joined = self.largest_joined.max(joined.len());
-        if joined.capacity() > 2 * joined.len() {
+        if joined.capacity() > joined.len() {
             // joined in room for the largest datagram so far, it gives back what it does
-            // not use: else each small one waiting for the reader would cost, against
-            // the limit, as much as the largest
+            // not use: else each one waiting for the reader would cost, against the limit,
+            // as much as the largest
             let before = charge(&joined);
             joined.shrink_to_fit();
             self.bytes -= before - charge(&joined);
@@ -1740,6 +1750,28 @@ mod tests {
         let got: Vec<Vec<u8>> = std::iter::from_fn(|| rx.pop()).collect();
         assert_eq!(got.len(), small.len(), "{} dropped", rx.dropped);
         assert!(got == small);
+        assert_eq!(rx.bytes, 0, "everything read, nothing charged");
+    }
+
+    /// Datagrams of more than half the largest so far, waiting for the reader, fit the limit
+    /// as their sizes say: two of 35 000 bytes (70 128 with the overhead charged each) after
+    /// one of 66 559, under a limit of 100 000. Before, each was joined in room for the
+    /// largest and kept it (only room of more than twice its size was given back), that room
+    /// was charged at once and each piece again, and the second datagram was dropped.
+    #[test]
+    fn datagrams_over_half_the_largest_so_far_cost_their_size() {
+        let now = Instant::now();
+        let mut rx = IncomingDatagrams::new(100_000, Duration::ZERO);
+        let large: Vec<u8> = (0..66_559u32).map(|i| (i % 251) as u8).collect();
+        let mut seq = push_in_pieces(&mut rx, now, 0, &large);
+        assert_eq!(rx.pop(), Some(large));
+        let two = [vec![1u8; 35_000], vec![2u8; 35_000]];
+        for d in &two {
+            seq = push_in_pieces(&mut rx, now, seq, d);
+        }
+        let got: Vec<Vec<u8>> = std::iter::from_fn(|| rx.pop()).collect();
+        assert_eq!((got.len(), rx.dropped), (2, 0));
+        assert!(got == two);
         assert_eq!(rx.bytes, 0, "everything read, nothing charged");
     }
 
