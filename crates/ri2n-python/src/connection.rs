@@ -29,7 +29,8 @@ use crate::{
 /// proceed; while every link is down they simply wait. The ``try_*`` calls never block: they
 /// raise ``BlockingIOError`` instead, and ``fileno()`` becomes readable when retrying may
 /// succeed. ``close()`` (or leaving a ``with`` block) finishes the streams and lets the
-/// connection deliver what was written in the background while its endpoint lives.
+/// connection deliver what was written in the background while its endpoint lives and the
+/// peer is heard from.
 #[pyclass(name = "Connection", module = "ri2n", frozen)]
 pub struct PyConnection {
     /// `None` once closed. Shared with the calls running without the GIL, so that closing
@@ -541,7 +542,9 @@ impl PyConnection {
     }
 
     /// Lets go of the connection: finishes its streams (unless aborted) and lets it deliver
-    /// what was written in the background while its endpoint lives (``wait_acknowledged``
+    /// what was written in the background while its endpoint lives and the peer is heard
+    /// from (a peer silent for ``close_linger``, at least a second, ends it;
+    /// ``wait_acknowledged``
     /// first to know it did; ``Endpoint.close`` waits for every connection). Where the
     /// ``Endpoint`` object is gone already, the connection holds the endpoint's last handle,
     /// and letting go of it waits up to the endpoint's ``close_linger`` (10 s) for delivery,

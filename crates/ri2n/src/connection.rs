@@ -19,7 +19,8 @@ use crate::udp_connection::UdpConnection;
 /// One ri2n connection. Reads and writes block: while every link is down they simply wait
 /// (unless the configuration sets an all-links-down deadline). Dropping the handle finishes
 /// the outgoing streams and lets the connection complete in the background while the
-/// endpoint lives; dropping the endpoint's last handle waits (up to its `close_linger`) for
+/// endpoint lives, as long as the peer is heard from: once the peer was silent for the
+/// endpoint's `close_linger` (at least a second), the connection ends; dropping the endpoint's last handle waits (up to its `close_linger`) for
 /// what was written to be delivered (see [`Endpoint::close`](crate::Endpoint::close)). What
 /// the peer had sent unread, or sends after the drop, nobody reads: once what was written is
 /// delivered, the connection is aborted (on either transport), so the peer's writes fail
@@ -55,6 +56,19 @@ pub(crate) const MAX_QUEUED_EVENTS: usize = 4096;
 /// transport (as TCP resets a connection closed with data unread).
 pub(crate) const UNREAD: &str =
     "the peer's application closed the connection without reading all it was sent";
+
+/// How long the peer of a connection whose application let go of it may stay silent before
+/// the connection is ended (`IdleTimeout`), on either transport: the endpoint's
+/// `close_linger`, but never less than a second nor three of the peer's keepalive intervals
+/// (`keepalive`), so that neither a `close_linger` of 0 nor a live peer's quiet spell cuts
+/// off what is still being delivered. Without it, a connection whose peer vanished without a
+/// word would be kept as long as the endpoint lives, when no deadline of its configuration
+/// (the default) gives up on it.
+pub(crate) fn let_go_silence(close_linger: Duration, keepalive: Duration) -> Duration {
+    close_linger
+        .max(Duration::from_secs(1))
+        .max(keepalive.saturating_mul(3))
+}
 
 /// Why a connection that a server's application can no longer accept (its endpoint was
 /// dropped) is aborted, on either transport.

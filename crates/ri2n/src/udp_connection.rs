@@ -731,10 +731,13 @@ impl Drop for UdpConnection {
     fn drop(&mut self) {
         let shared = self.driver.shared();
         let mut st = shared.lock();
+        let linger = st.engine().config().close_linger;
         if let Some(c) = st.engine_mut().connection_mut(self.handle) {
             if c.state() != ConnectionState::Closed {
                 c.finish();
             }
+            let keepalive = c.config().keepalive_interval;
+            c.let_go(crate::connection::let_go_silence(linger, keepalive));
         }
         st.release_when_closed(self.handle);
         drop(shared.after_app_call(st));

@@ -1,5 +1,6 @@
 //! How connections end, as an application sees it: nothing written is lost when handles are
-//! dropped, a peer that is gone is told from a network that is down, and a closed port is
+//! dropped (and one let go of is forgotten once its vanished peer was silent for the close
+//! linger), a peer that is gone is told from a network that is down, and a closed port is
 //! refused at once, and so is a connection beyond a server's limit; a server that aborts
 //! all its connections at once tells every client why, and one that closes waits for them
 //! all together.
@@ -264,6 +265,76 @@ fn a_server_at_its_connection_limit_refuses_at_once() {
                 }
                 Err(e) => panic!("{transport:?}: reconnecting after one connection ended: {e}"),
             }
+        }
+    }
+}
+
+/// A client vanishes without a word (its host gone: nothing more comes from it, not even an
+/// ICMP error) and the server's application lets go of its connection with data undelivered.
+/// The server ends that connection once the client was silent for its `close_linger` (1 s
+/// here), and its place is free again: a server with room for one connection takes the next
+/// client. Before, with no deadline in the configuration (the default), the connection was
+/// kept as long as the endpoint lived, and every later client was refused (`ServerFull`).
+#[test]
+fn a_connection_let_go_of_whose_peer_vanished_is_forgotten() {
+    use std::io::Write;
+    for transport in [Transport::Udp, Transport::Tcp] {
+        let server = Endpoint::bind(
+            EndpointConfig::new(vec![loopback("127.0.0.1")])
+                .with_transport(transport)
+                .server()
+                .with_max_connections(1)
+                .with_close_linger(Duration::from_secs(1)),
+        )
+        .unwrap();
+        let to = server.local_addrs()[0];
+        // the vanishing client: on UDP an endpoint whose cable is pulled, on TCP a raw client
+        // that says its hello and nothing more
+        let udp_client = (transport == Transport::Udp).then(|| bind_on(transport, false));
+        let (_udp_conn, _tcp_client) = match &udp_client {
+            Some(c) => (
+                Some(c.connect(&[to], ConnectionConfig::default()).unwrap()),
+                None,
+            ),
+            None => {
+                let mut s = common::say_hello(to, 0x7a_4155, 0);
+                let (reply, ..) = common::read_reply(&mut s);
+                assert_eq!(reply.status, ri2n_proto::tcp::frame::HelloStatus::Accepted);
+                (None, Some(s))
+            }
+        };
+        let far = server.accept().unwrap();
+        if let Some(c) = &udp_client {
+            c.impairment(c.local_addrs()[0]).unwrap().set_down(true);
+        }
+        (&far).write_all(&[7; 100_000]).unwrap();
+        drop(far);
+        let next = bind_on(transport, false);
+        let connect = || next.connect(&[to], ConnectionConfig::default());
+        // the premise: the server holds the vanished client's connection
+        match connect() {
+            Err(Error::Connection(ConnectionError::ServerFull)) => {}
+            other => panic!("{transport:?}: expected ServerFull, got {other:?}"),
+        }
+        let start = Instant::now();
+        loop {
+            match connect() {
+                Ok(_) => break,
+                Err(Error::Connection(ConnectionError::ServerFull))
+                    if start.elapsed() < Duration::from_secs(10) =>
+                {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => panic!("{transport:?}: {e} after {:?}", start.elapsed()),
+            }
+        }
+        println!(
+            "{transport:?}: the next client taken after {:?}",
+            start.elapsed()
+        );
+        // (not waited for as the endpoint goes: its cable is pulled)
+        if let Some(c) = &udp_client {
+            c.abort(0, "vanished");
         }
     }
 }

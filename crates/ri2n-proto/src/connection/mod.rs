@@ -392,6 +392,9 @@ struct Closing {
     refused_at: Option<Instant>,
     /// Since when no link has been up (`all_links_down_timeout` counts from here).
     all_down_since: Option<Instant>,
+    /// The application let go of the connection: a silence of the peer this long ends it,
+    /// as `idle_timeout` would (see [`Connection::let_go`]).
+    let_go_silence: Option<Duration>,
 }
 
 /// Whether our own CLOSE is still to go a second time, on every link (see
@@ -1089,6 +1092,16 @@ impl Connection {
     /// Whether everything written, and the end of both streams, was acknowledged by the peer.
     pub fn is_send_complete(&self) -> bool {
         self.send.iter().all(SendStream::is_complete)
+    }
+
+    /// The application let go of the connection, which goes on delivering what was written
+    /// and finishing cleanly: from now on, nothing received from the peer for `silence` ends
+    /// it with [`ConnectionError::IdleTimeout`], as an `idle_timeout` would. Nobody could
+    /// otherwise end a connection whose peer vanished without a word while no deadline of the
+    /// configuration (the default) gives up on it: it would be kept, with its memory and its
+    /// place among `max_connections`, as long as the endpoint lives.
+    pub fn let_go(&mut self, silence: Duration) {
+        self.closing.let_go_silence = Some(silence);
     }
 
     /// Ends a connection that lingers after a clean end ([`ConnectionState::Draining`]) now,

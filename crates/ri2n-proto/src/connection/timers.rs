@@ -29,7 +29,8 @@ pub(super) enum Timer {
     HandshakeTimeout,
     /// No link has been up for `all_links_down_timeout`.
     AllLinksDown,
-    /// Nothing was received for `idle_timeout`.
+    /// Nothing was received for `idle_timeout` (or, once the application let go of the
+    /// connection, its driver's `close_linger`).
     Idle,
     /// The linger after a clean end is over.
     Draining,
@@ -163,11 +164,13 @@ impl Connection {
                 .zip(self.cfg.all_links_down_timeout)
                 .and_then(|(since, limit)| since.checked_add(limit)),
         );
+        let silence = match (self.cfg.idle_timeout, self.closing.let_go_silence) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         arm(
             Timer::Idle,
-            self.cfg
-                .idle_timeout
-                .and_then(|t| self.last_rx.checked_add(t)),
+            silence.and_then(|t| self.last_rx.checked_add(t)),
         );
     }
 

@@ -21,8 +21,8 @@ use ri2n_proto::tcp::chunk::{self, ChunkError, Demux, Kind, Piece};
 use ri2n_proto::tcp::frame::CLOSE_APP_BASE;
 use ri2n_proto::tcp::{Reassembly, SlowLinkWatch, StripeConfig, Striper};
 use ri2n_proto::{
-    reclaim, Cipher, ConnectionConfig, ConnectionError, ConnectionState, ConnectionStats, Event,
-    Key, LinkId, LinkState, LinkStats, MAX_LINKS,
+    reclaim, Cipher, ConnectionConfig, ConnectionError, ConnectionState, ConnectionStats,
+    EndpointConfig, Event, Key, LinkId, LinkState, LinkStats, MAX_LINKS,
 };
 
 use super::signal::Signal;
@@ -84,13 +84,16 @@ pub(crate) struct Settings {
     pub key: Option<Key>,
     /// This side reads messages.
     pub takes_messages: bool,
+    /// How long the endpoint waits for delivery as it closes; once the application let go
+    /// of the connection, a silence of the peer this long ends it (`IdleTimeout`).
+    pub close_linger: Duration,
     /// The peer reads messages, and its receive window (both said in the hello exchange).
     pub peer_takes_messages: bool,
     pub peer_window: u64,
 }
 
 impl Settings {
-    pub fn new(cfg: &ConnectionConfig, connection_id: u64, key: Option<Key>) -> Self {
+    pub fn new(cfg: &ConnectionConfig, endpoint: &EndpointConfig, connection_id: u64) -> Self {
         Self {
             connection_id,
             application: cfg.application.clone(),
@@ -102,8 +105,9 @@ impl Settings {
             probe_interval: cfg.probe_interval,
             all_links_down_timeout: cfg.all_links_down_timeout,
             idle_timeout: cfg.idle_timeout,
-            key,
+            key: endpoint.key.clone(),
             takes_messages: cfg.accept_messages,
+            close_linger: endpoint.close_linger,
             peer_takes_messages: false,
             peer_window: 0,
         }
@@ -1382,7 +1386,11 @@ mod tests {
     /// stream byte among empty chunks grew the receiver by 4 MiB per byte of its window.)
     #[test]
     fn a_few_stream_bytes_do_not_keep_their_run_s_memory() {
-        let settings = Settings::new(&ConnectionConfig::default(), 1, None);
+        let settings = Settings::new(
+            &ConnectionConfig::default(),
+            &EndpointConfig::new(Vec::new()),
+            1,
+        );
         let conn = TcpConnection::new(settings, Role::Server, Vec::new());
         let mut st = conn.lock();
         let run_of = |stream: usize| {
@@ -1409,7 +1417,11 @@ mod tests {
 
     #[test]
     fn writes_are_sequenced_in_chunks_of_at_most_a_piece() {
-        let settings = Settings::new(&ConnectionConfig::default(), 1, None);
+        let settings = Settings::new(
+            &ConnectionConfig::default(),
+            &EndpointConfig::new(Vec::new()),
+            1,
+        );
         // no links: what is written stays in the sequence
         let conn = TcpConnection::new(settings.clone(), Role::Server, Vec::new());
         assert_eq!(
@@ -1439,7 +1451,7 @@ mod tests {
         let mut big = ConnectionConfig::default();
         big.send_buffer = 8 << 30;
         big.stream_receive_window = 8 << 30;
-        let mut settings = Settings::new(&big, 1, None);
+        let mut settings = Settings::new(&big, &EndpointConfig::new(Vec::new()), 1);
         settings.peer_takes_messages = true;
         settings.peer_window = 8 << 30;
         // `send_message` refuses what is longer (a message of 2^32 + 10 bytes had its length
@@ -1454,7 +1466,11 @@ mod tests {
     fn a_run_of_many_messages_is_split_only_up_to_the_limit() {
         let mut cfg = ConnectionConfig::default();
         cfg.stream_receive_window = 1 << 20;
-        let conn = TcpConnection::new(Settings::new(&cfg, 1, None), Role::Server, Vec::new());
+        let conn = TcpConnection::new(
+            Settings::new(&cfg, &EndpointConfig::new(Vec::new()), 1),
+            Role::Server,
+            Vec::new(),
+        );
         let mut st = conn.lock();
         let most = st.max_queued_messages();
         let count = 5 * most;

@@ -138,7 +138,7 @@ impl TcpEndpoint {
             addr::pick_local(&self.locals, first_remote, first_local).unwrap_or(first_local);
         let id = rand::random::<u64>();
         let key = self.config.key.clone();
-        let mut settings = Settings::new(&config, id, key.clone());
+        let mut settings = Settings::new(&config, &self.config, id);
         let hello = Hello {
             connection_id: id,
             link: 0,
@@ -418,7 +418,7 @@ impl TcpEndpoint {
                 drop(conns);
                 return refuse(HelloStatus::ServerFull, None);
             }
-            let mut settings = Settings::new(cfg, hello.connection_id, self.config.key.clone());
+            let mut settings = Settings::new(cfg, &self.config, hello.connection_id);
             settings.peer_takes_messages = hello.takes_messages;
             settings.peer_window = hello.window;
             let conn = TcpConnection::new(settings, Role::Server, Vec::new());

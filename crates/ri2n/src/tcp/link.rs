@@ -1073,13 +1073,17 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
             }
         }
         // nothing from the peer on any link (its PINGs included) for the idle timeout: its
-        // host is gone without a word, or every path to it
+        // host is gone without a word, or every path to it (once the application let go of
+        // the connection, for the endpoint's close_linger too: nobody else would end it)
         let heard = st.links.iter().map(|l| l.last_rx).max().unwrap_or(origin);
-        if conn
-            .settings
-            .idle_timeout
-            .is_some_and(|limit| now - heard > limit)
-        {
+        let let_go = (st.released).then(|| {
+            crate::connection::let_go_silence(conn.settings.close_linger, conn.settings.keepalive)
+        });
+        let silence = match (conn.settings.idle_timeout, let_go) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if silence.is_some_and(|limit| now - heard > limit) {
             st.end(Some(ConnectionError::IdleTimeout));
             conn.wake();
             continue;
@@ -1416,8 +1420,11 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let s = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (mut peer, _) = listener.accept().unwrap();
-        let settings =
-            super::super::conn::Settings::new(&ri2n_proto::ConnectionConfig::default(), 1, None);
+        let settings = super::super::conn::Settings::new(
+            &ri2n_proto::ConnectionConfig::default(),
+            &ri2n_proto::EndpointConfig::new(Vec::new()),
+            1,
+        );
         let conn = TcpConnection::new(settings, Role::Server, Vec::new());
         let mut r = RecordReader {
             s: &s,
@@ -1472,7 +1479,11 @@ mod tests {
         let (answer, server_keys) = server_handshake(&key, 1, 0, &first).unwrap();
         let mut client_keys = client.finish(&answer).unwrap();
         let cfg = ConnectionConfig::default().with_probe_interval(Duration::from_millis(100));
-        let settings = super::super::conn::Settings::new(&cfg, 1, Some(key));
+        let settings = super::super::conn::Settings::new(
+            &cfg,
+            &ri2n_proto::EndpointConfig::new(Vec::new()).with_key(Some(key)),
+            1,
+        );
         let conn = TcpConnection::new(settings, Role::Server, Vec::new());
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
