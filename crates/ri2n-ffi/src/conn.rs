@@ -539,7 +539,8 @@ pub unsafe extern "C" fn ri2n_conn_write_fd(c: *const ri2n_conn) -> c_int {
 
 /// Frees the connection. Like dropping a Rust connection: the streams are finished and what
 /// was written is still delivered in the background while the endpoint lives and the peer
-/// is heard from (a peer silent for the endpoint's linger, at least a second, ends it;
+/// is heard from (a peer silent for the endpoint's linger, at least a second and three
+/// keepalive intervals, ends it;
 /// freeing the endpoint waits for it). Freed after its endpoint, the last connection of the endpoint
 /// waits here instead, at most the endpoint's linger (10 s), for what it holds to be
 /// delivered. NULL is ignored.

@@ -336,7 +336,9 @@ pub struct EndpointConfig {
     /// addresses it does not list stay at `max_datagram_size`.
     pub local_max_datagram: Vec<(SocketAddr, usize)>,
     /// Drivers: how long closing the endpoint (dropping its last handle, or an explicit
-    /// close) waits for its connections to deliver what was written to them (default 10 s).
+    /// close) waits for its connections to deliver what was written to them (default 10 s);
+    /// also how long a connection whose handle was dropped waits for a silent peer before it
+    /// ends (at least a second and three keepalive intervals).
     pub close_linger: Duration,
     /// Server: connections it holds at most (default 4096): open ones, ones still waiting for
     /// the client's confirmation, and closed ones the application has not yet released (not

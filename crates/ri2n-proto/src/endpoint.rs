@@ -47,7 +47,8 @@ const MAX_SHARING_CLIENT_ID: usize = 4;
 /// of junk cannot grow memory.
 const MAX_STATELESS_QUEUE: usize = 64;
 /// Smallest short packet answered with a RESET (a RESET is never larger than what triggered it);
-/// every short packet is built at least this large, so that each can trigger one.
+/// every short packet but a CLOSE (which needs no answer) is built at least this large, so that
+/// each can trigger one.
 pub(crate) const MIN_RESET_TRIGGER: usize = 16;
 /// RESETs an endpoint sends per second at most, and in one burst. A peer that lost its
 /// connection (we restarted) needs one, and keeps sending until it gets it; a flood of short

@@ -462,26 +462,57 @@ impl SendStream {
     }
 }
 
-/// The receive blocks' size for a stream of receive window `window`: [`BLOCK`], or the
-/// largest power of two within a smaller window (at least 4 KiB). Blocks and spares never
-/// exceed what the window can fill plus one block, so a block larger than the window would
-/// make the memory a small window promises to bound several times the window.
-fn block_for(window: u64) -> usize {
-    let window = usize::try_from(window).unwrap_or(usize::MAX);
-    let within = 1 << (usize::BITS - 1 - window.max(1).leading_zeros());
-    within.clamp(4 << 10, BLOCK)
+/// The size of a stream's receive blocks, a power of two, so that an offset is split into a
+/// block and a place in it by shifts, not divisions (on the path of every packet).
+#[derive(Debug, Clone, Copy)]
+struct BlockSize {
+    shift: u32,
+}
+
+impl BlockSize {
+    /// For a stream of receive window `window`: [`BLOCK`], or the largest power of two within
+    /// a smaller window (at least 4 KiB). Blocks and spares never exceed what the window can
+    /// fill plus one block, so a block larger than the window would make the memory a small
+    /// window promises to bound several times the window.
+    fn for_window(window: u64) -> Self {
+        let window = usize::try_from(window).unwrap_or(usize::MAX);
+        let within: usize = 1 << (usize::BITS - 1 - window.max(1).leading_zeros());
+        Self {
+            shift: within.clamp(4 << 10, BLOCK).trailing_zeros(),
+        }
+    }
+
+    fn len(self) -> usize {
+        1 << self.shift
+    }
+
+    /// The block holding relative offset `rel`, and the place in it.
+    fn split(self, rel: usize) -> (usize, usize) {
+        (rel >> self.shift, rel & (self.len() - 1))
+    }
+
+    /// The place of stream offset `offset` in its block.
+    fn within(self, offset: u64) -> usize {
+        (offset & (self.len() as u64 - 1)) as usize
+    }
+
+    /// Blocks that `n` bytes fill, the last one in part too.
+    fn count(self, n: u64) -> usize {
+        (n.div_ceil(self.len() as u64)) as usize
+    }
 }
 
 /// Receive side of one stream.
 ///
 /// Data is copied once, from the datagram straight to its place in a block ([`BLOCK`] bytes,
-/// less for a window smaller than that: see [`block_for`]): block `i` holds the offsets from
-/// `first() + i * block` on, where `first()` is the read offset rounded down to a block. A block's memory is taken when the first bytes for it arrive, so the
-/// blocks that hold memory are at most those the window spans (flow control keeps the peer within
-/// it) however the peer fragments its data, nothing is allocated per frame, and a few bytes far
+/// less for a window smaller than that: see [`BlockSize::for_window`]): block `i` holds the
+/// offsets from `first() + i * block` on, where `first()` is the read offset rounded down to a
+/// block. A block's memory is taken when the first bytes for it arrive, so the blocks that
+/// hold memory are at most those the window spans (flow control keeps the peer within it)
+/// however the peer fragments its data, nothing is allocated per frame, and a few bytes far
 /// ahead of the reader cost a block each, not every block between. A reader using
-/// [`read_buf`](Self::read_buf) takes whole blocks, without copying them, and gives a spare buffer
-/// back.
+/// [`read_buf`](Self::read_buf) takes whole blocks, without copying them, and gives a spare
+/// buffer back.
 #[derive(Debug)]
 pub(crate) struct RecvStream {
     /// Blocks from `first()` on, each `block` bytes long, or empty (no memory) while no
@@ -493,8 +524,7 @@ pub(crate) struct RecvStream {
     /// zeroed) again. A reader that falls behind by more than a few blocks and catches up
     /// would otherwise have the allocator zero a block for about every third one received.
     spares: Vec<Vec<u8>>,
-    /// The size of a block, a power of two.
-    block: usize,
+    block: BlockSize,
     /// Blocks taken from the allocator so far (tests check that reading reuses them).
     #[cfg(test)]
     allocated: usize,
@@ -527,7 +557,7 @@ impl RecvStream {
         Self {
             blocks: VecDeque::new(),
             spares: Vec::new(),
-            block: block_for(window),
+            block: BlockSize::for_window(window),
             #[cfg(test)]
             allocated: 0,
             read: 0,
@@ -566,18 +596,18 @@ impl RecvStream {
     #[cfg(test)]
     pub fn memory(&self) -> usize {
         let held = self.blocks.iter().filter(|b| !b.is_empty()).count();
-        (held + self.spares.len()) * self.block
+        (held + self.spares.len()) * self.block.len()
     }
 
     /// Stream offset of the first block's first byte.
     fn first(&self) -> u64 {
-        self.read - self.read % self.block as u64
+        self.read - self.block.within(self.read) as u64
     }
 
     /// Makes the blocks cover the offsets below `end` (flow control keeps `end - read` within
     /// the window), those not reached before without memory yet.
     fn reserve_to(&mut self, end: u64) {
-        let needed = (end - self.first()).div_ceil(self.block as u64) as usize;
+        let needed = self.block.count(end - self.first());
         if self.blocks.len() < needed {
             self.blocks.resize_with(needed, Vec::new);
         }
@@ -590,16 +620,16 @@ impl RecvStream {
             {
                 self.allocated += 1;
             }
-            vec![0u8; self.block]
+            vec![0u8; self.block.len()]
         })
     }
 
     /// The `len` bytes from offset `offset` on (arrived, within the blocks), a slice per block.
     fn slices_from(&self, offset: u64, len: usize) -> impl Iterator<Item = &[u8]> {
         let rel = (offset - self.first()) as usize;
-        let size = self.block;
-        let (mut at, mut left) = (rel % size, len);
-        self.blocks.range(rel / size..).map_while(move |block| {
+        let (size, (first, at)) = (self.block.len(), self.block.split(rel));
+        let (mut at, mut left) = (at, len);
+        self.blocks.range(first..).map_while(move |block| {
             let n = (size - at).min(left);
             let slice = (n > 0).then(|| &block[at..at + n]);
             (at, left) = (0, left - n);
@@ -619,10 +649,10 @@ impl RecvStream {
     /// Copies `data` to the place of offset `offset` (within the blocks).
     fn copy_to_blocks(&mut self, offset: u64, data: &[u8]) {
         let rel = (offset - self.first()) as usize;
-        let (mut i, mut at) = (rel / self.block, rel % self.block);
+        let (mut i, mut at) = self.block.split(rel);
         let mut done = 0;
         while done < data.len() {
-            let n = (self.block - at).min(data.len() - done);
+            let n = (self.block.len() - at).min(data.len() - done);
             if self.blocks[i].is_empty() {
                 self.blocks[i] = self.new_block();
             }
@@ -762,9 +792,9 @@ impl RecvStream {
     /// and a block-sized `buf` is kept in exchange for the next block; otherwise the bytes up
     /// to the end of the current block are copied into `buf`.
     pub fn read_buf(&mut self, buf: &mut Vec<u8>) -> usize {
-        let at = (self.read % self.block as u64) as usize;
-        let n = (self.readable() as usize).min(self.block - at);
-        if n == self.block {
+        let (at, size) = (self.block.within(self.read), self.block.len());
+        let n = (self.readable() as usize).min(size - at);
+        if n == size {
             // the reader's buffer takes the block's place, and `consume` frees it as it would
             // the block
             std::mem::swap(buf, &mut self.blocks[0]);
@@ -781,14 +811,14 @@ impl RecvStream {
     /// Keeps a freed block for reuse, if it has a block's memory (a reader's buffer may not)
     /// and the window could need it.
     fn keep_spare(&mut self, mut block: Vec<u8>) {
-        if block.capacity() >= self.block
+        if block.capacity() >= self.block.len()
             && self.blocks.len() + self.spares.len() < self.window_blocks()
         {
             // a reader's buffer comes back holding its last read, which may have been shorter
             // than a block (`read_buf` copies what is readable up to the block's end): dropping
             // it for that made the allocator map, and the kernel zero, a fresh block every time
             // a short read was followed by a whole block
-            block.resize(self.block, 0);
+            block.resize(self.block.len(), 0);
             self.spares.push(block);
         }
     }
@@ -796,7 +826,7 @@ impl RecvStream {
     /// Most blocks the window can fill at once: the peer sends at most `window` bytes past the
     /// read offset, which may sit inside a block. Blocks and spares never exceed it.
     fn window_blocks(&self) -> usize {
-        (self.window as usize).div_ceil(self.block) + 1
+        self.block.count(self.window) + 1
     }
 
     /// Moves the read offset `n` bytes on, freeing the blocks left behind (some are kept).
@@ -804,7 +834,7 @@ impl RecvStream {
         if n == 0 {
             return;
         }
-        let done_blocks = ((self.read % self.block as u64) as usize + n) / self.block;
+        let done_blocks = self.block.split(self.block.within(self.read) + n).0;
         self.read += n as u64;
         self.buffered -= n as u64;
         for _ in 0..done_blocks.min(self.blocks.len()) {

@@ -543,7 +543,8 @@ impl PyConnection {
 
     /// Lets go of the connection: finishes its streams (unless aborted) and lets it deliver
     /// what was written in the background while its endpoint lives and the peer is heard
-    /// from (a peer silent for ``close_linger``, at least a second, ends it;
+    /// from (a peer silent for ``close_linger``, at least a second and three keepalive
+    /// intervals, ends it;
     /// ``wait_acknowledged``
     /// first to know it did; ``Endpoint.close`` waits for every connection). Where the
     /// ``Endpoint`` object is gone already, the connection holds the endpoint's last handle,

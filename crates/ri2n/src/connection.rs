@@ -20,7 +20,8 @@ use crate::udp_connection::UdpConnection;
 /// (unless the configuration sets an all-links-down deadline). Dropping the handle finishes
 /// the outgoing streams and lets the connection complete in the background while the
 /// endpoint lives, as long as the peer is heard from: once the peer was silent for the
-/// endpoint's `close_linger` (at least a second), the connection ends; dropping the endpoint's last handle waits (up to its `close_linger`) for
+/// endpoint's `close_linger` (at least a second and three keepalive intervals), the
+/// connection ends; dropping the endpoint's last handle waits (up to its `close_linger`) for
 /// what was written to be delivered (see [`Endpoint::close`](crate::Endpoint::close)). What
 /// the peer had sent unread, or sends after the drop, nobody reads: once what was written is
 /// delivered, the connection is aborted (on either transport), so the peer's writes fail
@@ -59,9 +60,10 @@ pub(crate) const UNREAD: &str =
 
 /// How long the peer of a connection whose application let go of it may stay silent before
 /// the connection is ended (`IdleTimeout`), on either transport: the endpoint's
-/// `close_linger`, but never less than a second nor three of the peer's keepalive intervals
-/// (`keepalive`), so that neither a `close_linger` of 0 nor a live peer's quiet spell cuts
-/// off what is still being delivered. Without it, a connection whose peer vanished without a
+/// `close_linger`, but never less than a second nor three keepalive intervals (`keepalive`,
+/// this side's: a live peer with the same setting is heard from that often), so that neither
+/// a `close_linger` of 0 nor a live peer's quiet spell cuts off what is still being
+/// delivered. Without it, a connection whose peer vanished without a
 /// word would be kept as long as the endpoint lives, when no deadline of its configuration
 /// (the default) gives up on it.
 pub(crate) fn let_go_silence(close_linger: Duration, keepalive: Duration) -> Duration {

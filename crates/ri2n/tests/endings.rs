@@ -271,7 +271,7 @@ fn a_server_at_its_connection_limit_refuses_at_once() {
 
 /// A client vanishes without a word (its host gone: nothing more comes from it, not even an
 /// ICMP error) and the server's application lets go of its connection with data undelivered.
-/// The server ends that connection once the client was silent for its `close_linger` (1 s
+/// The server ends that connection once the client was silent for its `close_linger` (2 s
 /// here), and its place is free again: a server with room for one connection takes the next
 /// client. Before, with no deadline in the configuration (the default), the connection was
 /// kept as long as the endpoint lived, and every later client was refused (`ServerFull`).
@@ -284,14 +284,14 @@ fn a_connection_let_go_of_whose_peer_vanished_is_forgotten() {
                 .with_transport(transport)
                 .server()
                 .with_max_connections(1)
-                .with_close_linger(Duration::from_secs(1)),
+                .with_close_linger(Duration::from_secs(2)),
         )
         .unwrap();
         let to = server.local_addrs()[0];
         // the vanishing client: on UDP an endpoint whose cable is pulled, on TCP a raw client
         // that says its hello and nothing more
         let udp_client = (transport == Transport::Udp).then(|| bind_on(transport, false));
-        let (_udp_conn, _tcp_client) = match &udp_client {
+        let (_udp_conn, mut tcp_client) = match &udp_client {
             Some(c) => (
                 Some(c.connect(&[to], ConnectionConfig::default()).unwrap()),
                 None,
@@ -304,10 +304,20 @@ fn a_connection_let_go_of_whose_peer_vanished_is_forgotten() {
             }
         };
         let far = server.accept().unwrap();
+        (&far).write_all(&[7; 100_000]).unwrap();
+        // its last word (the silence counts from here), then it is gone
         if let Some(c) = &udp_client {
             c.impairment(c.local_addrs()[0]).unwrap().set_down(true);
         }
-        (&far).write_all(&[7; 100_000]).unwrap();
+        if let Some(s) = &mut tcp_client {
+            let mut round = Vec::new();
+            let start = ri2n_proto::tcp::frame::Record::Round {
+                pos: 0,
+                backward: false,
+            };
+            start.encode(&mut round);
+            s.write_all(&round).unwrap();
+        }
         drop(far);
         let next = bind_on(transport, false);
         let connect = || next.connect(&[to], ConnectionConfig::default());

@@ -85,6 +85,11 @@ fn a_server_holds_its_connections_to_its_max_links() {
             let links = c.stats().links;
             links.iter().filter(|l| l.state == LinkState::Up).count()
         };
+        // time for the client's second link to be taken, were it to be
+        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        while up(&conn) < 2 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         assert_eq!(
             (up(&conn), far.stats().links.len()),
             (1, 1),

@@ -328,7 +328,8 @@ int ri2n_conn_write_fd(const struct ri2n_conn *c);
 
 // Frees the connection. Like dropping a Rust connection: the streams are finished and what
 // was written is still delivered in the background while the endpoint lives and the peer
-// is heard from (a peer silent for the endpoint's linger, at least a second, ends it;
+// is heard from (a peer silent for the endpoint's linger, at least a second and three
+// keepalive intervals, ends it;
 // freeing the endpoint waits for it). Freed after its endpoint, the last connection of the endpoint
 // waits here instead, at most the endpoint's linger (10 s), for what it holds to be
 // delivered. NULL is ignored.

@@ -164,7 +164,10 @@ impl Connection {
                 .zip(self.cfg.all_links_down_timeout)
                 .and_then(|(since, limit)| since.checked_add(limit)),
         );
-        let silence = match (self.cfg.idle_timeout, self.closing.let_go_silence) {
+        // (not once the exchange is complete: its linger ends it cleanly by itself)
+        let let_go =
+            (self.closing.let_go_silence).filter(|_| self.state != ConnectionState::Draining);
+        let silence = match (self.cfg.idle_timeout, let_go) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };

@@ -46,8 +46,8 @@ const SHORT_PIECE: usize = 4 << 10;
 /// Appends `piece` to `kept`, the bytes just before it, when both are shorter than
 /// [`SHORT_PIECE`]: `true` if it did. Received bytes wait to be read as pieces, each a map or
 /// queue entry and an allocation of its own: a peer sending its sequence a byte per run (or
-/// its stream a byte per chunk) would otherwise make this side hold a hundred times its
-/// window while the application does not read.
+/// its stream a byte per chunk) would otherwise make this side hold many times its window
+/// while the application does not read.
 fn append_short(kept: &mut Bytes, piece: &[u8]) -> bool {
     if kept.len() >= SHORT_PIECE || piece.len() >= SHORT_PIECE {
         return false;

@@ -449,14 +449,10 @@ impl TcpEndpoint {
             takes_messages: cfg.accept_messages,
             window: cfg.stream_receive_window,
             application: cfg.application.clone(),
-            // as many addresses as links (the client pairs each with a link at most), the
-            // one this hello came to first
+            // all of them, as the UDP transport's ACCEPT: the client pairs each of its
+            // addresses with the one most like it (links beyond `max_links` are turned away)
             addrs: if hello.new_connection {
-                let here = (stream.local_addr().ok()).filter(|a| self.locals.contains(a));
-                let others = self.locals.iter().filter(|&&a| Some(a) != here);
-                (here.into_iter().chain(others.copied()))
-                    .take(cfg.max_links)
-                    .collect()
+                self.locals.clone()
             } else {
                 Vec::new()
             },
