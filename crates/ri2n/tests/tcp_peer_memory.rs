@@ -72,6 +72,22 @@ fn memory_for(
     (accepted, s, grown)
 }
 
+/// The records of a link that sends `runs` from the start of the sequence, in order.
+fn runs_from_the_start<'a>(runs: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
+    let mut records = Vec::new();
+    let round = Record::Round {
+        pos: 0,
+        backward: false,
+    };
+    round.encode(&mut records);
+    for run in runs {
+        let len = u32::try_from(run.len()).expect("a run's length");
+        Record::Run { len }.encode(&mut records);
+        records.extend_from_slice(run);
+    }
+    records
+}
+
 /// Stream byte `i` of a test.
 fn byte(i: usize) -> u8 {
     (i % 251) as u8
@@ -95,16 +111,7 @@ fn a_sequence_sent_a_byte_per_run_is_held_in_about_its_window() {
     let stream = WINDOW as usize - header(Kind::Stream, 0).len();
     let mut sequence = header(Kind::Stream, stream).to_vec();
     sequence.extend((0..stream).map(byte));
-    let mut records = Vec::new();
-    let round = Record::Round {
-        pos: 0,
-        backward: false,
-    };
-    round.encode(&mut records);
-    for &b in &sequence {
-        Record::Run { len: 1 }.encode(&mut records);
-        records.push(b);
-    }
+    let records = runs_from_the_start(sequence.chunks(1));
     let (conn, _client, grown) = memory_for(&server, &records, WINDOW, |_| {});
     eprintln!("a byte per run: memory grew by {grown} bytes for a {WINDOW}-byte window");
     assert!(
@@ -131,17 +138,7 @@ fn a_stream_sent_a_byte_per_chunk_is_held_in_about_its_window() {
         sequence.push(byte(chunks));
         chunks += 1;
     }
-    let mut records = Vec::new();
-    let round = Record::Round {
-        pos: 0,
-        backward: false,
-    };
-    round.encode(&mut records);
-    Record::Run {
-        len: sequence.len() as u32,
-    }
-    .encode(&mut records);
-    records.extend_from_slice(&sequence);
+    let records = runs_from_the_start([&sequence[..]]);
     let look_for_messages = |c: &Connection| {
         let e = c.try_recv_message().unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}");
