@@ -421,7 +421,8 @@ fn a_three_host_tunnel_carries_tcp_through_a_dead_switch_and_a_partition() {
         ],
     );
     // what the status says of dead links: down, no round trip (the last one is stale), and
-    // a loss no larger than everything
+    // a loss no larger than everything, or none where they lost nothing in the period (they
+    // send only probes, whose fate is not counted): never a 0 that reads as a healthy link
     let status = during_outage.into_inner().unwrap();
     let links: Vec<&serde_json::Value> = (status["peers"].as_array().into_iter().flatten())
         .flat_map(|p| p["links"].as_array().into_iter().flatten())
@@ -433,8 +434,10 @@ fn a_three_host_tunnel_carries_tcp_through_a_dead_switch_and_a_partition() {
             l["rtt_us"].is_null(),
             "a round trip for a dead link: {status}"
         );
-        let loss = l["loss"].as_f64().unwrap_or(f64::NAN);
-        assert!((0.0..=1.0).contains(&loss), "loss {loss}: {status}");
+        match l["loss"].as_f64() {
+            Some(loss) => assert!(loss > 0.0 && loss <= 1.0, "loss {loss}: {status}"),
+            None => assert!(l["loss"].is_null(), "{status}"),
+        }
     }
     // and what held the connection to b back: its windows, full of what the dead links
     // lost, then no link

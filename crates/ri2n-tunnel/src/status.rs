@@ -162,7 +162,8 @@ pub struct LinkStatus {
     pub receive_mbit: Option<f64>,
     /// Packets declared lost over the last period, per packet sent in it (at most 1: with
     /// every link down, what was sent before the period is declared lost in it); null in a
-    /// connection's first sample.
+    /// connection's first sample, and for a link not up that declared nothing lost in the
+    /// period (it sends only probes, which loss detection does not count).
     pub loss: Option<f64>,
     /// Totals since the daemon started: the connection's, and what the peer's connections
     /// before it moved between the same two addresses.
@@ -254,13 +255,17 @@ impl<K: PartialEq> PreviousConnection<K> {
                     count.saturating_sub(then(&p)) as f64 * 8.0 / secs / 1e6
                 })
             };
-            let loss = since.map(|p| {
+            let loss = since.and_then(|p| {
                 let sent = l.packets_sent.saturating_sub(p.packets_sent);
                 let lost = l.packets_lost.saturating_sub(p.lost);
                 if lost > 0 {
-                    lost as f64 / sent.max(lost) as f64
+                    Some(lost as f64 / sent.max(lost) as f64)
+                } else if l.state == ri2n::LinkState::Up {
+                    Some(0.0)
                 } else {
-                    0.0
+                    // it sends only probes, whose fate loss detection does not count: an
+                    // unanswered one would read as no loss
+                    None
                 }
             });
             out.push(LinkStatus {
@@ -1157,6 +1162,35 @@ pub(crate) mod tests {
         let next = previous.sample(2, &[counted(175_000, 140, 0)], &none, t3);
         assert_eq!(next[0].send_mbit, Some(1.0));
         assert_eq!(next[0].loss, Some(0.0));
+    }
+
+    /// A link that is not up sends only probes, and an unanswered probe is not declared lost:
+    /// its loss is not measured, rather than a 0 that reads as a healthy link. What it
+    /// declared lost in the period (its data in flight when it went down) is still told.
+    /// Before, a link down for seconds showed `loss 0.00 %`.
+    #[test]
+    fn a_link_that_carries_only_probes_has_no_loss_figure() {
+        let mut previous = PreviousConnection::<u32>::default();
+        let none = LinkTotals::new();
+        let t0 = Instant::now();
+        let _ = previous.sample(1, &[counted(1_000_000, 1000, 0)], &none, t0);
+        let mut down = counted(1_100_000, 1100, 40);
+        down.state = ri2n::LinkState::Down;
+        let t1 = t0 + Duration::from_secs(1);
+        let went_down = previous.sample(1, &[down.clone()], &none, t1);
+        assert_eq!(went_down[0].loss, Some(0.4));
+        // a second down: a few probes sent, none answered, none declared lost
+        down.packets_sent += 5;
+        down.bytes_sent += 5 * 50;
+        let t2 = t1 + Duration::from_secs(1);
+        let still_down = previous.sample(1, &[down.clone()], &none, t2);
+        assert_eq!(still_down[0].loss, None);
+        assert_eq!(still_down[0].send_mbit, Some(0.002));
+        for state in [ri2n::LinkState::Validating, ri2n::LinkState::Degraded] {
+            down.state = state;
+            let t = t2 + Duration::from_secs(1);
+            assert_eq!(previous.sample(1, &[down.clone()], &none, t)[0].loss, None);
+        }
     }
 
     /// A link's byte and loss counts take in what the peer's ended connections moved between
