@@ -142,20 +142,23 @@ impl Cluster {
         let interface = match raw.interface {
             Some(i) => {
                 let name = i.get_ref();
-                // IFNAMSIZ is 16 with the terminating NUL; the kernel refuses '/', blanks, "."
-                // and "..", and makes "%d" the first free number (another name than the one
-                // the daemon would then configure)
+                // IFNAMSIZ is 16 with the terminating NUL, where the kernel's copy of a name
+                // with a NUL in it ends; it refuses '/', blanks, ".", "..", and "all" and
+                // "default" (the names of /proc/sys/net/*/conf's settings for every
+                // interface), and makes "%d" the first free number (another name than the
+                // one the daemon would then configure)
                 if name.is_empty()
                     || name.len() > 15
-                    || name == "."
-                    || name == ".."
+                    || [".", "..", "all", "default"].contains(&name.as_str())
                     || name.contains(|c: char| "/:%".contains(c) || c.is_whitespace())
+                    || name.contains(char::is_control)
                 {
                     return Err(at(
                         Some(i.span()),
                         format!(
-                            "interface: \"{name}\" is not a valid interface name (1 to 15 \
-                             characters, no '/', ':', '%' or blanks, not \".\" or \"..\")"
+                            "interface: {name:?} is not a valid interface name (1 to 15 \
+                             characters, no '/', ':', '%', blanks or control characters, not \
+                             \".\", \"..\", \"all\" or \"default\")"
                         ),
                     ));
                 }
@@ -577,7 +580,17 @@ links = ["10.0.1.2", "10.0.2.2"]
         assert!(error(&GOOD.replace("port = 7500", "prot = 7500"))
             .starts_with("/etc/ri2n/cluster.toml:3: "));
         assert!(error(&GOOD.replace("10.99.0.2", "10.98.0.2")).contains("not in the /24 network"));
-        for bad in ["a/b", "ri2n%d", ".", "..", ""] {
+        for bad in [
+            "a/b",
+            "ri2n%d",
+            ".",
+            "..",
+            "",
+            "all",
+            "default",
+            "lo\\u0000",
+            "a\\tb",
+        ] {
             let e = error(&GOOD.replace("port = 7500", &format!("interface = \"{bad}\"")));
             assert!(e.contains("not a valid interface name"), "{bad}: {e}");
         }

@@ -41,6 +41,20 @@ fn mask(prefix: u8) -> u32 {
     u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0)
 }
 
+/// Whether the interface at `sys` (its `/sys/class/net` folder) is a TUN interface. A TAP
+/// interface has `tun_flags` too: the flags tell them apart.
+fn is_tun(sys: &Path) -> bool {
+    std::fs::read_to_string(sys.join("tun_flags")).is_ok_and(|flags| tun_flags_say_tun(&flags))
+}
+
+/// Whether `tun_flags` as the kernel writes it ("0x1002") names a TUN interface, not TAP.
+fn tun_flags_say_tun(flags: &str) -> bool {
+    let flags = flags.trim();
+    let flags = flags.strip_prefix("0x").unwrap_or(flags);
+    let kind = libc::IFF_TUN | libc::IFF_TAP;
+    i32::from_str_radix(flags, 16).is_ok_and(|f| f & kind == libc::IFF_TUN)
+}
+
 /// A route of the main table: where it leads and through which interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Route {
@@ -55,7 +69,7 @@ pub fn check(cluster: &Cluster) -> Result<(), String> {
     let sys = Path::new("/sys/class/net").join(name);
     // a TUN interface of that name is an earlier daemon's (or this one's, at a reload): the
     // interface's creation says so where it matters
-    if sys.exists() && !sys.join("tun_flags").exists() {
+    if sys.exists() && !is_tun(&sys) {
         return Err(format!(
             "an interface named {name} exists on this machine and is not a TUN interface \
              (`ip link show {name}`): name the tunnel's interface otherwise in the cluster \
@@ -155,6 +169,17 @@ eth0\t00000000\t010011AC\t0003\t0\t0\t0\t00000000\t0\t0\t0
 eth0\t000011AC\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0
 ri2n0\t0000630A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
 ";
+
+    /// A TAP interface of the tunnel's name was taken for a TUN one: `--check` passed, and
+    /// the daemon then failed to create its interface (exit 1, blaming another tunnel).
+    #[test]
+    fn a_tap_interface_is_not_taken_for_a_tun_one() {
+        // as a daemon's interface (IFF_TUN, IFF_NO_PI, IFF_VNET_HDR) and `ip tuntap add
+        // mode tap` (IFF_TAP, IFF_NO_PI, IFF_ONE_QUEUE) show them
+        assert!(tun_flags_say_tun("0x5001\n"));
+        assert!(!tun_flags_say_tun("0x1802\n"));
+        assert!(!tun_flags_say_tun("junk"));
+    }
 
     #[test]
     fn the_route_table_is_read_as_the_kernel_writes_it() {
