@@ -26,11 +26,14 @@ def uniform_series(rows, total):
 
 
 def recovery(series, t_event, target_bps, t_limit, binw=BIN, window=0.1):
-    """Time from t_event to the start of the first bin (at or after the bin holding t_event)
+    """Time from t_event to the start of the first bin that starts at or after t_event and
     whose own goodput and the mean goodput of the `window` starting with it are both >= target.
-    None if not reached before t_limit."""
+    None if not reached before t_limit. Not the bin holding t_event: what it counted came
+    mostly before the event, and its window takes in the burst that ends a stall, so a stall
+    right after the event would read as no gap at all."""
     w = max(1, int(round(window / binw)))
-    k = int(t_event / binw)
+    # rounded first: a time on a bin's edge divides to just below or above its index
+    k = math.ceil(round(t_event / binw, 6))
     while k * binw < t_limit and k + w <= len(series):
         if series[k] >= target_bps and sum(series[k:k + w]) / w >= target_bps:
             return max(0.0, k * binw - t_event)

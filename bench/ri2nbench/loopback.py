@@ -243,7 +243,7 @@ def report_loopback(res):
                   if r["%s2" % d]["bps"] and r["%s1" % d]["bps"]]
             L.append("| %s | 2 / 1 | %s× | | | |" % (name, spread(r2, "%.2f")))
         L.append("")
-    L.append(busy_line(lat + thr + multi))
+    L.append(busy_line(lat + pin + thr + multi))
     L.append("")
     L += odd_summary([("latency run %d, 2 links" % r["rep"], r.get("ri2n_events")) for r in lat] +
                      [("latency run %d, 1 link" % r["rep"], r.get("ri2n1_events")) for r in lat] +
