@@ -463,6 +463,9 @@ fn garbage_during_transfer(seed: u64) {
 /// Well-formed forged packets (valid frames, right connection, link and address, fresh packet
 /// numbers). Without authentication the engine cannot tell them from the peer's own, so the
 /// transfer may suffer; but the engine must not panic, spin on a timer or grow its memory.
+/// Forgeries a live connection must end on (a CLOSE, an end of stream below what arrived,
+/// message-stream bytes beyond its window) are left out, and the connection must live to the
+/// end: before, the third forgery ended it, and the rest met a closed connection.
 #[test]
 fn well_formed_forgeries_keep_memory_bounded() {
     let mut sim = Testbed::new(TestbedConfig::new(2).with_buffers(256 << 10, 256 << 10));
@@ -472,6 +475,7 @@ fn well_formed_forgeries_keep_memory_bounded() {
     let mut rng = ChaCha8Rng::seed_from_u64(0x666f_7267);
     let cid = sim.server_cid().unwrap();
     let pairs = sim.pairs();
+    let mut injected = 0;
     for i in 0..5_000 {
         let (local, remote) = pairs[rng.gen_range(0..pairs.len())];
         let link = sim.link_id(local, remote).unwrap();
@@ -485,12 +489,18 @@ fn well_formed_forgeries_keep_memory_bounded() {
         let b = short_packet(cid, link, pn, |w, room| {
             harmful_frames(&mut rng, w, near, room)
         });
-        // everything but CLOSE, which would simply end the test
+        // nothing that would simply end the connection
         let (_, payload) = decode_packet(&b).unwrap();
-        if Frames::new(payload).any(|f| matches!(f, Ok(wire::Frame::Close { .. }))) {
+        let ends = |f: &wire::Frame<'_>| match f {
+            wire::Frame::Close { .. } => true,
+            wire::Frame::Stream { stream, fin, .. } => *stream != 0 || *fin,
+            _ => false,
+        };
+        if Frames::new(payload).any(|f| f.as_ref().map_or(true, ends)) {
             continue;
         }
         sim.inject(local, remote, &b);
+        injected += 1;
         sim.check_bounds(1);
         if i % 8 == 0 {
             sim.advance(Duration::from_micros(100), |s| t.pump(s));
@@ -513,6 +523,13 @@ fn well_formed_forgeries_keep_memory_bounded() {
         sim.server_conn().state(),
         sim.server_conn().close_reason(),
         sim.client.connection(sim.ch).map(|c| c.state()),
+    );
+    assert!(injected > 1_000, "only {injected} forgeries injected");
+    assert_eq!(
+        sim.server_conn().state(),
+        ConnectionState::Established,
+        "the forgeries met a live connection: {:?}",
+        sim.server_conn().close_reason()
     );
 }
 
