@@ -1,13 +1,18 @@
 //! Key files written whole or not at all, private from the first byte: the one way `ri2n
 //! keygen`, the C library and the Python package write a cluster key.
 
+use std::ffi::{OsStr, OsString};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::Key;
+
+/// The longest file name Linux's file systems take, in bytes.
+const NAME_MAX: usize = 255;
 
 /// Writes `key` to `path` as one line (`ri2n-key-v1:` and 64 hexadecimal digits).
 ///
@@ -28,12 +33,18 @@ pub fn write_key_file(key: &Key, path: &Path, replace: bool) -> io::Result<()> {
     let name = target.file_name().ok_or_else(|| {
         io::Error::new(io::ErrorKind::InvalidInput, "a key file needs a file name")
     })?;
-    let temp = target.with_file_name(format!(
-        ".{}.{}.{}.new",
-        name.to_string_lossy(),
+    // hidden, and as short as a file name must be (255 bytes) whatever the key file's own:
+    // its start names the key it holds, the process and count keep it unique
+    let unique = format!(
+        ".{}.{}.new",
         std::process::id(),
         WRITES.fetch_add(1, Ordering::Relaxed)
-    ));
+    );
+    let mut temp_name = OsString::from(".");
+    let kept = name.len().min(NAME_MAX - 1 - unique.len());
+    temp_name.push(OsStr::from_bytes(&name.as_bytes()[..kept]));
+    temp_name.push(unique);
+    let temp = target.with_file_name(temp_name);
     let mut file = OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -98,6 +109,24 @@ mod tests {
         let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         assert_eq!(names(&dir), ["cluster.key", "link.key"]);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A name as long as a file name may be is written too. Before, the file beside took
+    /// the whole name and some more, and the write failed (`File name too long`) for names
+    /// over about 240 bytes.
+    #[test]
+    fn a_key_file_of_the_longest_name_is_written() {
+        let dir = std::env::temp_dir().join(format!("ri2n-key-long-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir(&dir).unwrap();
+        let name = "k".repeat(NAME_MAX);
+        let path = dir.join(&name);
+        let key = Key::generate().unwrap();
+        write_key_file(&key, &path, false).unwrap();
+        write_key_file(&key, &path, true).unwrap();
+        assert_eq!(Key::read_from(File::open(&path).unwrap()).unwrap(), key);
+        assert_eq!(names(&dir), [name]);
         fs::remove_dir_all(&dir).unwrap();
     }
 }
