@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use ri2n::{
-    ConnectionConfig, ConnectionError, Endpoint, EndpointConfig, Key, KeyMismatch, LinkState,
-    Transport,
+    ConnectionConfig, ConnectionError, ConnectionState, Endpoint, EndpointConfig, Key, KeyMismatch,
+    LinkState, Transport,
 };
 
 mod common;
@@ -86,8 +86,8 @@ fn a_server_holds_its_connections_to_its_max_links() {
             links.iter().filter(|l| l.state == LinkState::Up).count()
         };
         // time for the client's second link to be taken, were it to be
-        let deadline = std::time::Instant::now() + Duration::from_secs(1);
-        while up(&conn) < 2 && std::time::Instant::now() < deadline {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while up(&conn) < 2 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
         assert_eq!(
@@ -103,14 +103,14 @@ fn a_server_holds_its_connections_to_its_max_links() {
 /// joins a moment after the handshake, and a test that sends at once could put everything
 /// on the first (on a busy host, it did).
 fn wait_for_links(conn: &ri2n::Connection, n: usize) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let links = conn.stats().links;
         if links.len() == n && links.iter().all(|l| l.state == LinkState::Up) {
             return;
         }
         assert!(
-            std::time::Instant::now() < deadline,
+            Instant::now() < deadline,
             "links not up within 10 s: {links:?}"
         );
         std::thread::sleep(Duration::from_millis(5));
@@ -223,10 +223,10 @@ fn transfer_over_two_links_as(
         .unwrap();
     // (a link's writer drops its slices just after its last write, which may be a moment
     // after the peer acknowledged it)
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(5);
     while !shared.is_unique() {
         assert!(
-            std::time::Instant::now() < deadline,
+            Instant::now() < deadline,
             "the connection let go of the shared memory once it was acknowledged"
         );
         std::thread::sleep(Duration::from_millis(1));
@@ -918,20 +918,53 @@ fn a_client_refused_at_every_address_is_told_refused() {
     }
 }
 
-/// A TCP relay on loopback between a client and `to` whose client-to-server direction can be
-/// held: the client's TCP connection then fills as one on a stalled path does. It announces a
+/// A TCP relay on loopback between a client and `to` each of whose directions can be held:
+/// the sender's TCP connection then fills as one on a stalled path does. It announces a
 /// small MSS and a small receive buffer, so that the client's socket fills as on a real
 /// network, not loopback's megabytes.
 struct Relay {
     addr: SocketAddr,
+    /// Client to server.
     held: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Server to client.
+    held_back: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Bytes passed from the client to the server.
     forwarded: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
+/// Copies `from` to `into` while `held` lets it, counting into `count`; then closes the way
+/// on (the end of its stream goes on, as through a router).
+fn relay_one_way(
+    mut from: std::net::TcpStream,
+    mut into: std::net::TcpStream,
+    held: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    count: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        while held.load(Relaxed) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                // what a read returned after the hold began is held too
+                while held.load(Relaxed) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                if into.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+                count.fetch_add(n as u64, Relaxed);
+            }
+        }
+    }
+    let _ = into.shutdown(std::net::Shutdown::Write);
+}
+
 impl Relay {
     fn to(to: SocketAddr) -> Relay {
-        use std::sync::atomic::Ordering::Relaxed;
         let listener =
             socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
         listener.set_tcp_mss(1400).unwrap();
@@ -943,38 +976,23 @@ impl Relay {
         let relay = Relay {
             addr: listener.local_addr().unwrap(),
             held: Default::default(),
+            held_back: Default::default(),
             forwarded: Default::default(),
         };
-        let (held, forwarded) = (relay.held.clone(), relay.forwarded.clone());
+        let (held, held_back) = (relay.held.clone(), relay.held_back.clone());
+        let forwarded = relay.forwarded.clone();
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { return };
-                let server = std::net::TcpStream::connect(to).unwrap();
-                let (mut c_in, mut s_out) =
-                    (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let Ok(server) = std::net::TcpStream::connect(to) else {
+                    continue;
+                };
+                let (c_in, s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                 let (held, forwarded) = (held.clone(), forwarded.clone());
+                std::thread::spawn(move || relay_one_way(c_in, s_out, held, forwarded));
+                let held_back = held_back.clone();
                 std::thread::spawn(move || {
-                    let mut buf = vec![0u8; 64 << 10];
-                    loop {
-                        while held.load(Relaxed) {
-                            std::thread::sleep(Duration::from_millis(1));
-                        }
-                        match c_in.read(&mut buf) {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => {
-                                if s_out.write_all(&buf[..n]).is_err() {
-                                    break;
-                                }
-                                forwarded.fetch_add(n as u64, Relaxed);
-                            }
-                        }
-                    }
-                    let _ = s_out.shutdown(std::net::Shutdown::Write);
-                });
-                let (mut s_in, mut c_out) = (server, client);
-                std::thread::spawn(move || {
-                    let _ = std::io::copy(&mut s_in, &mut c_out);
-                    let _ = c_out.shutdown(std::net::Shutdown::Write);
+                    relay_one_way(server, client, held_back, <_>::default())
                 });
             }
         });
@@ -983,6 +1001,11 @@ impl Relay {
 
     fn hold(&self, held: bool) {
         self.held.store(held, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn hold_back(&self, held: bool) {
+        self.held_back
+            .store(held, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -1019,8 +1042,8 @@ fn try_write_on_a_held_path(key: Option<Key>) {
     let watchdog = {
         let (held, released) = (relay.held.clone(), released.clone());
         std::thread::spawn(move || {
-            let deadline = std::time::Instant::now() + Duration::from_secs(5);
-            while held.load(Relaxed) && std::time::Instant::now() < deadline {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while held.load(Relaxed) && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(10));
             }
             released.store(held.swap(false, Relaxed), Relaxed);
@@ -1064,6 +1087,95 @@ fn try_write_on_a_held_path(key: Option<Key>) {
     assert!(got == sent, "the received bytes differ from the sent ones");
     drop(writer.join().unwrap());
     watchdog.join().unwrap();
+}
+
+/// The last ACK of a connection lost with every link (docs/PROTOCOL.md §12.5): the side that
+/// ended first lingers, and its ACK and CLOSE go again on a link that comes back, so that
+/// the peer's wait for them ends as it should. Before, a client that ended first dialled no
+/// more and the server waited for ever; a server that ended first answered the client's new
+/// link with "unknown connection", and the client took its delivered stream for lost
+/// (`PeerRestarted`).
+#[test]
+fn a_close_lost_with_every_link_goes_again_on_one_that_comes_back() {
+    for client_ends_first in [true, false] {
+        close_lost_with_every_link(client_ends_first);
+    }
+}
+
+fn close_lost_with_every_link(client_ends_first: bool) {
+    let bind = |c: EndpointConfig| Endpoint::bind(c.with_transport(Transport::Tcp)).unwrap();
+    let server = bind(EndpointConfig::new(addrs(&["127.0.0.1:0"])).server());
+    let relay = Relay::to(server.local_addrs()[0]);
+    let client = bind(EndpointConfig::new(addrs(&["127.0.0.1:0"])));
+    let conn = client
+        .connect(&[relay.addr], ConnectionConfig::default())
+        .unwrap();
+    let accepted = server.accept().unwrap();
+    // the side that ends first, and its peer, which then waits for that side's last ACK
+    let (first, waiting) = match client_ends_first {
+        true => (&conn, &accepted),
+        false => (&accepted, &conn),
+    };
+    let case = if client_ends_first {
+        "client"
+    } else {
+        "server"
+    };
+    // the first side's stream ends, empty, and the peer has all of it
+    first.finish().unwrap();
+    let mut nothing = Vec::new();
+    (&*waiting).read_to_end(&mut nothing).unwrap();
+    first
+        .wait_acknowledged(Some(Duration::from_secs(5)))
+        .unwrap();
+    // from now on nothing the first side sends gets through
+    match client_ends_first {
+        true => relay.hold(true),
+        false => relay.hold_back(true),
+    }
+    let sent = data(100 << 10, 5);
+    (&*waiting).write_all(&sent).unwrap();
+    waiting.finish().unwrap();
+    let mut got = Vec::new();
+    (&*first).read_to_end(&mut got).unwrap();
+    assert!(got == sent, "{case} first: the received bytes differ");
+    // the premise: the first side ended cleanly, and its last ACK has not arrived while
+    // every link of the waiting side died of the silence
+    let ended = Instant::now() + Duration::from_secs(2);
+    while first.state() != ConnectionState::Closed && Instant::now() < ended {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(first.state(), ConnectionState::Closed, "{case} first");
+    assert_eq!(first.close_reason(), None, "{case} first");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !waiting.is_acknowledged() && waiting.state() == ConnectionState::Established,
+        "{case} first: the waiting side had its ACK: {:?}",
+        waiting.state()
+    );
+    let links = waiting.stats().links;
+    assert!(
+        links.iter().all(|l| l.state != LinkState::Up),
+        "{case} first: a link of the waiting side still up: {links:?}"
+    );
+    relay.hold(false);
+    relay.hold_back(false);
+    let acknowledged = waiting.wait_acknowledged(Some(Duration::from_secs(5)));
+    assert!(
+        acknowledged.is_ok(),
+        "{case} first: the delivered stream was not acknowledged: {acknowledged:?}, {:?} {:?}",
+        waiting.state(),
+        waiting.close_reason()
+    );
+    let ended = Instant::now() + Duration::from_secs(5);
+    while waiting.state() != ConnectionState::Closed && Instant::now() < ended {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        (waiting.state(), waiting.close_reason()),
+        (ConnectionState::Closed, None),
+        "{case} first"
+    );
 }
 
 /// Small messages queued while the peer's window was full leave, once it opens, in runs of

@@ -285,6 +285,10 @@ pub(crate) struct State {
     /// `Some` once ended: `None` inside for a clean close.
     pub end: Option<Option<ConnectionError>>,
     pub ended_at: Option<Instant>,
+    /// After a clean end: the peer ended too (its CLOSE came), or the wait for it is over.
+    /// Until then the end's ACK and CLOSE may not have reached the peer, which then waits for
+    /// them: the connection keeps its links (see [`Self::lingering`]).
+    pub close_settled: bool,
     pub all_down_since: Option<Instant>,
     /// Which link the stream waits on, since when (see `link::soft_failure`).
     pub slow_links: SlowLinkWatch,
@@ -685,6 +689,20 @@ impl State {
         }
     }
 
+    /// Ended cleanly, and the peer has not said that it ended too: the last ACK and the
+    /// CLOSE may have been lost with every link, and the peer, whose stream that ACK
+    /// completes, then waits for them. A connection lingering so keeps its links watched, a
+    /// client dials those that die, a server takes their hellos, and each link that comes
+    /// back sends the ACK and the CLOSE again (docs/PROTOCOL.md §12.5).
+    pub fn lingering(&self) -> bool {
+        matches!(self.end, Some(None)) && !self.close_settled
+    }
+
+    /// Whether a link may join the connection: while it is open, and while it lingers.
+    pub fn takes_links(&self) -> bool {
+        self.end.is_none() || self.lingering()
+    }
+
     /// Both streams are complete: everything this side wrote was acknowledged, and the
     /// peer's whole stream arrived.
     pub fn done(&self) -> bool {
@@ -783,6 +801,7 @@ impl TcpConnection {
             all_acknowledged_told: false,
             end: None,
             ended_at: None,
+            close_settled: false,
             all_down_since: None,
             slow_links: SlowLinkWatch::default(),
             close_record: (0, String::new()),

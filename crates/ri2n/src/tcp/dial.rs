@@ -72,6 +72,11 @@ pub(super) fn dial(conn: &Arc<TcpConnection>, l: usize, local: SocketAddr, remot
             drop(st);
             let _ = attach(conn, l, x.stream, x.leftover, x.keys);
         }
+        // lingering after a clean end, the ACK and CLOSE go again on the link (`attach`);
+        // a server that turns it away ended the connection too, or forgot it
+        Ok(x) if x.reply.status != HelloStatus::Accepted && st.end.is_some() => {
+            st.close_settled = true;
+        }
         Ok(x) if x.reply.status == HelloStatus::UnknownConnection => {
             // the server no longer knows the connection: it restarted, or it ended the
             // connection a moment ago and a link still up carries the CLOSE that says why
@@ -192,7 +197,7 @@ impl Race {
 }
 
 /// Races connection attempts for link `l` until one opens, returning it and when it
-/// started; `None` once the connection has ended. Each attempt refused, failed or given up
+/// started; `None` once the connection has ended (and no longer lingers). Each attempt refused, failed or given up
 /// is noted on the link (see `Link::refused_since`).
 fn race(
     conn: &TcpConnection,
@@ -203,7 +208,7 @@ fn race(
     let pace = conn.settings.probe_interval;
     let mut race = Race::new(local, remote, pace);
     loop {
-        if conn.lock().end.is_some() {
+        if !conn.lock().takes_links() {
             return None;
         }
         match race.step(Instant::now() + pace) {

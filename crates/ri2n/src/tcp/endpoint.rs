@@ -435,7 +435,7 @@ impl TcpEndpoint {
                 .get(&hello.connection_id)
                 .and_then(|(w, _)| w.upgrade())
             {
-                Some(c) if c.lock().end.is_none() => c,
+                Some(c) if c.lock().takes_links() => c,
                 _ => {
                     drop(conns);
                     return refuse(HelloStatus::UnknownConnection, None);

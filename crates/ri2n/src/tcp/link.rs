@@ -9,7 +9,8 @@
 //! - a **watch** thread per connection: declares a link dead when it has received nothing
 //!   for a few round trips (both ends PING idle links), asks for PINGs, samples TCP_INFO,
 //!   and on the client starts a **dialer** for each dead link (`super::dial`), which opens a
-//!   new TCP connection as soon as the path works again.
+//!   new TCP connection as soon as the path works again; after a clean end it goes on so
+//!   until the peer's CLOSE says the end arrived (`State::lingering`).
 //!
 //! A link's threads belong to one TCP connection (its *incarnation*): when the link dies or
 //! is replaced they find a newer incarnation and stop.
@@ -73,10 +74,12 @@ pub(crate) fn attach(
     let (local, remote) = (stream.local_addr()?, stream.peer_addr()?);
     let rtt = sys::rtt_and_cwnd(&stream).map_or(Duration::ZERO, |r| r.0);
     let mut st = conn.lock();
-    if st.end.is_some() {
+    if !st.takes_links() {
         let _ = stream.shutdown(Shutdown::Both);
         return Ok(());
     }
+    // a lingering connection's ACK and CLOSE go again on the link that came back
+    let again = st.end.is_some();
     while st.links.len() <= l {
         // a link number the server had not seen: a placeholder until it opens
         st.links
@@ -102,6 +105,7 @@ pub(crate) fn attach(
         link.min_rtt = rtt;
     }
     (link.dialing, link.ack_due, link.acked_link_bytes) = (false, true, 0);
+    link.close_due = again;
     (link.last_ack_progress, link.paused_until) = (now, None);
     link.refused_since = None;
     let incarnation = link.incarnation;
@@ -944,6 +948,12 @@ fn read_records(
                 };
                 drop(st);
                 let mut st = conn.lock();
+                // the peer ended: nothing more to linger for. A clean CLOSE that ends this
+                // side is answered with its own, which tells the peer its end arrived.
+                st.close_settled = true;
+                if st.end.is_none() && why.is_none() {
+                    st.links[l].close_due = true;
+                }
                 st.end(why);
                 drop(st);
                 conn.wake();
@@ -971,21 +981,30 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
         }
         let mut st = conn.lock();
         if let Some(at) = st.ended_at {
-            if now - at >= CLOSE_LINGER || st.links.iter().all(|l| l.stream.is_none()) {
-                for link in &mut st.links {
-                    if let Some(s) = link.stream.take() {
-                        let _ = s.shutdown(Shutdown::Both);
-                    }
-                }
-                drop(st);
-                conn.wake();
-                return;
+            // a clean end the peer did not confirm is waited on for the endpoint's linger
+            if st.lingering() && now - at >= conn.settings.close_linger.max(CLOSE_LINGER) {
+                st.close_settled = true;
             }
-            continue;
+            if !st.lingering() {
+                if now - at >= CLOSE_LINGER || st.links.iter().all(|l| l.stream.is_none()) {
+                    for link in &mut st.links {
+                        if let Some(s) = link.stream.take() {
+                            let _ = s.shutdown(Shutdown::Both);
+                        }
+                    }
+                    drop(st);
+                    conn.wake();
+                    return;
+                }
+                continue;
+            }
         }
+        // past here once ended only while lingering: its links are watched and dialled as an
+        // open connection's, nothing else is done for it
+        let open = st.end.is_none();
         // let go of by its application with the peer's data unread, once all it wrote is
         // delivered (the reader still acknowledges what arrives)
-        if st.released && st.striper.all_acknowledged() && st.holds_unread() {
+        if open && st.released && st.striper.all_acknowledged() && st.holds_unread() {
             st.abort(0, crate::connection::UNREAD);
             drop(st);
             conn.wake();
@@ -993,7 +1012,7 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
         }
         // both streams complete and acknowledged: one CLOSE, unless the peer's streams ended
         // inside a chunk (a violation, told as one: its reader may never look)
-        if st.done() && !st.links.iter().any(|l| l.ack_due) {
+        if open && st.done() && !st.links.iter().any(|l| l.ack_due) {
             st.pump_or_end();
             if st.end.is_none() {
                 if let Some(i) = close_link(&st.links) {
@@ -1046,6 +1065,10 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
                 conn.wake_writer(i);
             }
         }
+        if !open {
+            dial_dead_links(conn, &mut st, now);
+            continue;
+        }
         soft_failure(conn, &mut st, now, origin);
         // every link the peer ever had was closed or refused by its host for a while: its
         // process is gone (a network outage only silences links)
@@ -1088,19 +1111,26 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
             conn.wake();
             continue;
         }
-        if let Role::Client { pairs } = &conn.role {
-            for (i, &(local, remote)) in pairs.iter().enumerate() {
-                let link = &mut st.links[i];
-                if !link.connected() && !link.dialing && now >= link.next_dial {
-                    link.dialing = true;
-                    let c = conn.clone();
-                    let spawned = std::thread::Builder::new()
-                        .name(format!("ri2n-tcp-d{i}"))
-                        .spawn(move || super::dial::dial(&c, i, local, remote));
-                    if spawned.is_err() {
-                        st.links[i].dialing = false;
-                    }
-                }
+        dial_dead_links(conn, &mut st, now);
+    }
+}
+
+/// A client's links that are not connected are dialled again, each at most once at a time
+/// and not before its `next_dial`.
+fn dial_dead_links(conn: &Arc<TcpConnection>, st: &mut State, now: Instant) {
+    let Role::Client { pairs } = &conn.role else {
+        return;
+    };
+    for (i, &(local, remote)) in pairs.iter().enumerate() {
+        let link = &mut st.links[i];
+        if !link.connected() && !link.dialing && now >= link.next_dial {
+            link.dialing = true;
+            let c = conn.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("ri2n-tcp-d{i}"))
+                .spawn(move || super::dial::dial(&c, i, local, remote));
+            if spawned.is_err() {
+                st.links[i].dialing = false;
             }
         }
     }
