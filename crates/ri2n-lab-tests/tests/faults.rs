@@ -308,6 +308,32 @@ fn loss_10_percent_both_directions() {
     );
 }
 
+/// The lab itself: a loss of 100 % drops every frame, and replaces an earlier loss fault of
+/// the link. Before, nft refused the rule (a random number below 10000 compared with 10000),
+/// the fault failed and had removed the earlier one.
+#[test]
+fn the_lab_drops_every_frame_at_a_loss_of_100_percent() {
+    let Some(test) = LabTest::start("loss100", &[("ping", "iputils-ping")]) else {
+        return;
+    };
+    let lab = Lab::up(test.env, "loss100", 1);
+    // whether 3 pings from A reach B's address on link 1
+    let reaches = || {
+        (lab.command(Host::A, "ping"))
+            .args(["-c", "3", "-i", "0.05", "-W", "1", "-q", "10.77.1.2"])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("running ping")
+            .success()
+    };
+    assert!(reaches(), "B unreachable before any fault");
+    lab.fault(1, &["loss", "50", "a2b"]);
+    lab.fault(1, &["loss", "100"]);
+    assert!(!reaches(), "a ping crossed a switch dropping every frame");
+    lab.heal(1);
+    assert!(reaches(), "B unreachable after the heal");
+}
+
 /// Both switches dead for 30 s, then one comes back: the transfer waits and completes. One
 /// direction only (A→B), to keep the suite's time down: the outage alone takes 30 s.
 #[test]
