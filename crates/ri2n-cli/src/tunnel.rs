@@ -13,8 +13,9 @@ use crate::{Carry, TunnelArgs, TunnelReloadArgs, TunnelStatusArgs};
 /// `ri2n tunnel --config FILE [--name HOST]`: runs until SIGINT or SIGTERM; SIGHUP reads the
 /// cluster file again.
 pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
-    // before the file is read: a SIGHUP from now on is a reload once the daemon runs
-    let hangups = ri2n_tunnel::Hangups::watch().map_err(failure)?;
+    // before the file is read: a SIGHUP from now on is a reload once the daemon runs, a
+    // SIGINT or SIGTERM its stop
+    let signals = ri2n_tunnel::StartSignals::watch().map_err(failure)?;
     let (cluster, me) = load(&args.config, args.name.as_deref())?;
     warn_if_named_elsewhere(&cluster, me, args.name.is_some());
     let key = load_key(&cluster, &args.config)?;
@@ -37,7 +38,7 @@ pub fn run(args: &TunnelArgs) -> Result<(), Failure> {
         recv_threads: args.threads.recv_threads.get(),
         describe_refusal: crate::net::describe_refusal,
     };
-    ri2n_tunnel::run(&options, hangups, cluster, me, key).map_err(failure)
+    ri2n_tunnel::run(&options, signals, cluster, me, key).map_err(failure)
 }
 
 /// `ri2n tunnel status`: the running daemon's view of every peer and link.

@@ -1106,19 +1106,11 @@ fn sighup(d: &Proc) {
     assert!(status.success(), "kill -HUP {}", d.name);
 }
 
-/// A SIGHUP that comes while the daemon starts (`systemctl reload` just after a start, here
-/// while it waits to read its key file, a FIFO) is a reload once it runs, not its end:
-/// SIGHUP's default action ended the process until the daemon watched it, once it had set
-/// everything up.
-#[test]
-fn a_sighup_while_the_daemon_starts_is_a_reload_not_its_end() {
-    let Some(test) = LabTest::start("tunnel-early-sighup", &[]) else {
-        return;
-    };
-    let (env, dir) = (test.env, &test.dir);
-    let lab = Lab::up_hosts(env, "tes", 2, 2);
-    let key_file = support::keygen(env, &dir.0);
-    let config = write_cluster_file(&dir.0, &["a", "b"]);
+/// Host a's daemon of a two-host lab, held in its start-up: its key file is a FIFO, which it
+/// waits to read. Returns it, the FIFO's path and the key to write into it.
+fn daemon_held_at_its_key(env: &Env, lab: &Lab, dir: &Path) -> (Proc, PathBuf, PathBuf, Vec<u8>) {
+    let key_file = support::keygen(env, dir);
+    let config = write_cluster_file(dir, &["a", "b"]);
     let key = fs::read(&key_file).expect("reading the key");
     fs::remove_file(&key_file).expect("removing the key file");
     let made = Command::new("mkfifo").arg(&key_file).status();
@@ -1127,7 +1119,7 @@ fn a_sighup_while_the_daemon_starts_is_a_reload_not_its_end() {
         "mkfifo {}",
         key_file.display()
     );
-    let mut d = spawn_daemon(env, &lab, "a", &[], &config, &dir.0, "tunnel-a");
+    let mut d = spawn_daemon(env, lab, "a", &[], &config, dir, "tunnel-a");
     // the premise: the daemon is starting, held in opening its key file
     let wchan = format!("/proc/{}/wchan", d.pid());
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -1139,28 +1131,89 @@ fn a_sighup_while_the_daemon_starts_is_a_reload_not_its_end() {
         );
         thread::sleep(Duration::from_millis(20));
     }
+    (d, config, key_file, key)
+}
+
+/// Writes `key` into the FIFO at `key_file`, which a daemon waits to read.
+fn give_key(key_file: &Path, key: &[u8]) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    // non-blocking: a FIFO without a reader fails at once instead of waiting for ever
+    let mut fifo = fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(key_file)
+        .expect("opening the key FIFO (the daemon reading it)");
+    fifo.write_all(key).expect("writing the key");
+}
+
+/// A SIGHUP that comes while the daemon starts (`systemctl reload` just after a start, here
+/// while it waits to read its key file, a FIFO) is a reload once it runs, not its end:
+/// SIGHUP's default action ended the process until the daemon watched it, once it had set
+/// everything up.
+#[test]
+fn a_sighup_while_the_daemon_starts_is_a_reload_not_its_end() {
+    let Some(test) = LabTest::start("tunnel-early-sighup", &[]) else {
+        return;
+    };
+    let (env, dir) = (test.env, &test.dir);
+    let lab = Lab::up_hosts(env, "tes", 2, 2);
+    let (mut d, config, key_file, key) = daemon_held_at_its_key(env, &lab, &dir.0);
     sighup(&d);
     thread::sleep(Duration::from_millis(300));
     if let Some(status) = d.poll() {
         panic!("a SIGHUP while the daemon started ended it: {status}");
     }
-    {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        // non-blocking: a FIFO without a reader fails at once instead of waiting for ever
-        let mut fifo = fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(&key_file)
-            .expect("opening the key FIFO (the daemon reading it)");
-        fifo.write_all(&key).expect("writing the key");
-    }
+    give_key(&key_file, &key);
     let line = format!("SIGHUP: {} read again", config.display());
     wait_for_log_lines("the daemon started", &[(&d, &line)]);
     let status = status_json(env, &lab.ns_of("a"), &config);
     assert_eq!(status["reloads"], 1, "a's status: {status}");
     assert!(d.poll().is_none(), "the daemon ended: {}", d.stderr_text());
     stop_daemons(std::slice::from_mut(&mut d));
+}
+
+/// A SIGTERM that comes while the daemon starts (`systemctl stop` just after a start) stops
+/// it as at any other time, once it runs: exit 0, its interface removed.
+/// Before, SIGTERM's default action killed the process (a shell saw 143) until the daemon
+/// watched it, once it had set everything up; `--help` promises exit 0.
+#[test]
+fn a_sigterm_while_the_daemon_starts_stops_it_with_exit_0() {
+    let Some(test) = LabTest::start("tunnel-early-sigterm", &[]) else {
+        return;
+    };
+    let (env, dir) = (test.env, &test.dir);
+    let lab = Lab::up_hosts(env, "tet", 2, 2);
+    let (mut d, _config, key_file, key) = daemon_held_at_its_key(env, &lab, &dir.0);
+    let status = Command::new("kill")
+        .args(["-TERM", &d.pid().to_string()])
+        .status()
+        .expect("running kill");
+    assert!(status.success(), "kill -TERM {}", d.name);
+    thread::sleep(Duration::from_millis(300));
+    if let Some(status) = d.poll() {
+        panic!("a SIGTERM while the daemon started killed it: {status}");
+    }
+    give_key(&key_file, &key);
+    let exit = d.wait_exit(Duration::from_secs(10));
+    assert_eq!(
+        exit.and_then(|e| e.code()),
+        Some(0),
+        "{exit:?}: {}",
+        d.stderr_text()
+    );
+    assert!(
+        d.stderr_text().contains("SIGTERM: closing the connections"),
+        "{}",
+        d.stderr_text()
+    );
+    let left = Command::new("ip")
+        .args(["-n", &lab.ns_of("a"), "link", "show", "ri2n0"])
+        .output();
+    assert!(
+        left.is_ok_and(|o| !o.status.success()),
+        "ri2n0 is left in host a"
+    );
 }
 
 /// `ri2n tunnel VERB --config CONFIG` (`reload`, `status`) in host `host`: its exit status

@@ -168,20 +168,20 @@ pub struct Options {
     pub describe_refusal: fn(&RefusedHandshake) -> String,
 }
 
-/// SIGHUP, caught from before the cluster file is first read: one that comes while the
-/// daemon starts (`systemctl reload` right after a start, a slow key file) would otherwise
-/// end the process, as SIGHUP does by default. It waits, and the daemon reads the file again
-/// once it runs. SIGINT and SIGTERM are watched from there on too; until then they end the
-/// process as usual (the interface goes with it).
-pub struct Hangups(signal_hook::iterator::Signals);
+/// SIGHUP, SIGINT and SIGTERM, caught from before the cluster file is first read: one that
+/// comes while the daemon starts (`systemctl reload` or `stop` right after a start, a slow
+/// key file) would otherwise end the process at once, as they do by default (killed by the
+/// signal, not the exit the help promises). It waits: once the daemon runs, a SIGHUP reads
+/// the file again, and a SIGINT or SIGTERM stops it as at any other time.
+pub struct StartSignals(signal_hook::iterator::Signals);
 
-impl Hangups {
-    /// Catches SIGHUP from now on: call it before reading the cluster file, then hand it to
-    /// [`run`].
-    pub fn watch() -> Result<Hangups, Error> {
-        signal_hook::iterator::Signals::new([SIGHUP])
-            .map(Hangups)
-            .map_err(|e| Error::io("cannot watch SIGHUP", e))
+impl StartSignals {
+    /// Catches the daemon's signals from now on: call it before reading the cluster file,
+    /// then hand it to [`run`].
+    pub fn watch() -> Result<StartSignals, Error> {
+        signal_hook::iterator::Signals::new([SIGHUP, SIGINT, SIGTERM])
+            .map(StartSignals)
+            .map_err(|e| Error::io("cannot watch SIGHUP, SIGINT and SIGTERM", e))
     }
 }
 
@@ -281,12 +281,12 @@ impl Stop {
 }
 
 /// Runs the daemon of host `me` of `cluster` with `key` (the cluster's, loaded by the
-/// front) until SIGINT or SIGTERM; SIGHUP (caught since `hangups` was made) reads the
-/// cluster file again. Returns once the connections are closed; the interface goes with the
+/// front) until SIGINT or SIGTERM; SIGHUP reads the cluster file again (each caught since
+/// `signals` was made). Returns once the connections are closed; the interface goes with the
 /// process.
 pub fn run(
     options: &Options,
-    hangups: Hangups,
+    signals: StartSignals,
     cluster: Cluster,
     me: usize,
     key: Key,
@@ -358,11 +358,7 @@ pub fn run(
 
     let interface = cluster.interface.clone();
     let peers = Arc::new(Peers::new(cluster, me, carry, endpoint, queues.len()));
-    let Hangups(mut signals) = hangups;
-    for signal in [SIGINT, SIGTERM] {
-        (signals.add_signal(signal))
-            .map_err(|e| Error::io("cannot watch SIGINT and SIGTERM", e))?;
-    }
+    let StartSignals(mut signals) = signals;
     let stop = Arc::new(Stop {
         signals: signals.handle(),
         why: Mutex::new(None),

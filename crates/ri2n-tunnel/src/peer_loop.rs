@@ -487,10 +487,14 @@ impl Loop {
                 match conn.state() {
                     ConnectionState::Connecting => return false,
                     ConnectionState::Closed => {
-                        let reason = (conn.close_reason())
-                            .map_or_else(|| "closed".to_owned(), |r| r.to_string());
-                        peer.handshake_failed();
-                        note_waiting(&peer, reason);
+                        // closing: the daemon aborted the handshake itself, and waits for
+                        // no one
+                        if !self.stop.is_closing() {
+                            let reason = (conn.close_reason())
+                                .map_or_else(|| "closed".to_owned(), |r| r.to_string());
+                            peer.handshake_failed();
+                            note_waiting(&peer, reason);
+                        }
                         self.end(k, "");
                         return false;
                     }
