@@ -763,12 +763,17 @@ fn all_links_down_past_the_deadline_is_connection_lost() {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped()),
     );
+    let started = std::time::Instant::now();
     let (s, so) = send.wait(Duration::from_secs(20));
+    let took = started.elapsed();
     let (r, ro) = recv.wait(Duration::from_secs(20));
     let (se, re) = (stderr_of(&so), stderr_of(&ro));
     assert_eq!(s.code(), Some(4), "send: {se}");
     assert!(se.contains("connection lost"), "{se}");
+    assert!(se.contains("every link has been down"), "{se}");
     assert_eq!(r.code(), Some(4), "recv: {re}");
+    // the deadline given, not a longer one of its own: a second, and the start-up
+    assert!(took < Duration::from_secs(6), "send ended after {took:?}");
 }
 
 /// Starts `ri2n serve` on both loopback addresses; returns it and its first address.
