@@ -197,8 +197,8 @@ impl Race {
 }
 
 /// Races connection attempts for link `l` until one opens, returning it and when it
-/// started; `None` once the connection has ended (and no longer lingers). Each attempt refused, failed or given up
-/// is noted on the link (see `Link::refused_since`).
+/// started; `None` once the connection has ended (and no longer lingers). Each attempt
+/// refused, failed or given up is noted on the link (see `Link::refused_since`).
 fn race(
     conn: &TcpConnection,
     l: usize,
