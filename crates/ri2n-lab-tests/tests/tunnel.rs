@@ -1098,12 +1098,13 @@ fn a_named_host_without_any_link_address_starts_and_takes_them_up_later() {
 }
 
 /// Sends SIGHUP to daemon `d` (it reads its cluster file again).
-fn sighup(d: &Proc) {
+/// Sends daemon `d` the signal `name` (HUP, TERM).
+fn signal(d: &Proc, name: &str) {
     let status = Command::new("kill")
-        .args(["-HUP", &d.pid().to_string()])
+        .args([&format!("-{name}"), &d.pid().to_string()])
         .status()
         .expect("running kill");
-    assert!(status.success(), "kill -HUP {}", d.name);
+    assert!(status.success(), "kill -{name} {}", d.name);
 }
 
 /// Host a's daemon of a two-host lab, held in its start-up: its key file is a FIFO, which it
@@ -1159,7 +1160,7 @@ fn a_sighup_while_the_daemon_starts_is_a_reload_not_its_end() {
     let (env, dir) = (test.env, &test.dir);
     let lab = Lab::up_hosts(env, "tes", 2, 2);
     let (mut d, config, key_file, key) = daemon_held_at_its_key(env, &lab, &dir.0);
-    sighup(&d);
+    signal(&d, "HUP");
     thread::sleep(Duration::from_millis(300));
     if let Some(status) = d.poll() {
         panic!("a SIGHUP while the daemon started ended it: {status}");
@@ -1185,11 +1186,7 @@ fn a_sigterm_while_the_daemon_starts_stops_it_with_exit_0() {
     let (env, dir) = (test.env, &test.dir);
     let lab = Lab::up_hosts(env, "tet", 2, 2);
     let (mut d, _config, key_file, key) = daemon_held_at_its_key(env, &lab, &dir.0);
-    let status = Command::new("kill")
-        .args(["-TERM", &d.pid().to_string()])
-        .status()
-        .expect("running kill");
-    assert!(status.success(), "kill -TERM {}", d.name);
+    signal(&d, "TERM");
     thread::sleep(Duration::from_millis(300));
     if let Some(status) = d.poll() {
         panic!("a SIGTERM while the daemon started killed it: {status}");
@@ -1286,7 +1283,7 @@ fn a_host_joins_and_leaves_on_sighup_without_restarting_the_others() {
     assert!(status.success(), "ri2n tunnel reload: {status}: {text}");
     assert!(text.contains("added c; removed none"), "{text}");
     assert_eq!(peers_of_a(), "b c");
-    sighup(&daemons[1]);
+    signal(&daemons[1], "HUP");
     daemons.push(spawn_daemon(
         env,
         &lab,
@@ -1350,7 +1347,7 @@ fn a_host_joins_and_leaves_on_sighup_without_restarting_the_others() {
         "d added to the cluster file",
     );
     let reloaded = |d: &Proc| {
-        sighup(d);
+        signal(d, "HUP");
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             let log = d.stderr_text();
@@ -1366,7 +1363,7 @@ fn a_host_joins_and_leaves_on_sighup_without_restarting_the_others() {
     let c_log = reloaded(&daemons[2]);
     assert!(c_log.contains(added) && !c_log.contains(refused), "{c_log}");
     fs::write(&config, &in_use).expect("writing the cluster file");
-    sighup(&daemons[2]);
+    signal(&daemons[2], "HUP");
     ping_through(&lab, "a", "c");
 
     // c leaves
@@ -1375,7 +1372,7 @@ fn a_host_joins_and_leaves_on_sighup_without_restarting_the_others() {
     assert!(status.success(), "ri2n tunnel reload: {status}: {text}");
     assert!(text.contains("added none; removed c"), "{text}");
     assert_eq!(peers_of_a(), "b");
-    sighup(&daemons[1]);
+    signal(&daemons[1], "HUP");
     for (d, h) in daemons[..2].iter().zip(HOSTS) {
         wait_for_peers(env, &lab, d, h, &config, 1);
     }
