@@ -36,12 +36,37 @@ enum Output {
         path: PathBuf,
     },
     /// A device or pipe named by the user (`/dev/null`, a FIFO): written directly.
-    Device(BufWriter<File>, PathBuf),
+    Device(BufWriter<Counted<File>>, PathBuf),
     /// A FIFO that no reader had opened yet: opening it for writing would wait for one, so it
     /// is opened once a sender comes ([`Output::begin`]), and `--accept-timeout` and an
     /// interrupt still end the wait for a sender.
     Fifo(PathBuf),
-    Stdout(BufWriter<io::StdoutLock<'static>>),
+    Stdout(BufWriter<Counted<io::StdoutLock<'static>>>),
+}
+
+/// A writer that counts the bytes its inner writer took: what went to a device or a pipe,
+/// which a failed write's message tells (bytes still in the buffer never went).
+struct Counted<W> {
+    inner: W,
+    taken: u64,
+}
+
+impl<W> Counted<W> {
+    fn new(inner: W) -> Self {
+        Self { inner, taken: 0 }
+    }
+}
+
+impl<W: Write> Write for Counted<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.taken += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 impl Output {
@@ -52,7 +77,7 @@ impl Output {
             net::enlarge_pipe(1);
             return Ok(Output::Stdout(BufWriter::with_capacity(
                 OUT_BUFFER,
-                io::stdout().lock(),
+                Counted::new(io::stdout().lock()),
             )));
         };
         let is_special = std::fs::metadata(path).is_ok_and(|m| !m.is_file());
@@ -103,7 +128,7 @@ impl Output {
             return Err(fail(&io::Error::last_os_error()));
         }
         Ok(Output::Device(
-            BufWriter::with_capacity(OUT_BUFFER, f),
+            BufWriter::with_capacity(OUT_BUFFER, Counted::new(f)),
             path.to_path_buf(),
         ))
     }
@@ -111,7 +136,8 @@ impl Output {
     /// Where the data goes; only once [`Output::begin`] has succeeded.
     fn writer(&mut self) -> &mut dyn Write {
         match self {
-            Output::File { w, .. } | Output::Device(w, _) => w,
+            Output::File { w, .. } => w,
+            Output::Device(w, _) => w,
             Output::Stdout(w) => w,
             Output::Fifo(_) => unreachable!("a FIFO is opened when the sender comes (begin)"),
         }
@@ -169,7 +195,8 @@ impl Output {
                 .map_err(|e| Failure::io(format!("cannot empty {}", partial.display()), &e)),
             Output::Fifo(path) => {
                 let f = open_fifo_for_reader(path, gone)?;
-                *self = Output::Device(BufWriter::with_capacity(OUT_BUFFER, f), path.clone());
+                let w = BufWriter::with_capacity(OUT_BUFFER, Counted::new(f));
+                *self = Output::Device(w, path.clone());
                 Ok(())
             }
             Output::Device(..) | Output::Stdout(_) => Ok(()),
@@ -191,16 +218,20 @@ impl Output {
     }
 
     /// What the output holds after a failed write, in words: a regular file's size on disk
-    /// (what a full disk let through), else how much was handed to it before.
+    /// (what a full disk let through), else how much went to it (`handed`: how much was
+    /// handed to the file's buffer, where its size cannot be read).
     fn holds(&mut self, handed: u64) -> String {
         self.flush();
-        match self {
+        let went = match self {
             Output::File { partial, .. } => match std::fs::metadata(partial) {
-                Ok(m) => format!("it holds the first {} bytes", m.len()),
-                Err(_) => format!("{handed} bytes went to it before"),
+                Ok(m) => return format!("it holds the first {} bytes", m.len()),
+                Err(_) => handed,
             },
-            _ => format!("{handed} bytes went to it before"),
-        }
+            Output::Device(w, _) => w.get_ref().taken,
+            Output::Stdout(w) => w.get_ref().taken,
+            Output::Fifo(_) => 0,
+        };
+        format!("{went} bytes went to it before")
     }
 
     /// Flushes, syncs a regular file to disk and gives it its final name (that synced too).

@@ -296,15 +296,18 @@ fn a_full_output_is_reported_with_what_it_holds() {
     let (s, o) = send_file(&a, input.path(), &[]);
     let err = stderr_of(&o);
     assert_eq!(s.code(), Some(4), "send exit code; stderr: {err}");
+    // /dev/full takes no byte: what sat in the receiver's buffer never went to it (before,
+    // the figure was what had been handed to that buffer)
     assert!(
         err.contains("could not write its output (No space left")
-            && err.contains("bytes went to it before"),
+            && err.contains("; 0 bytes went to it before"),
         "send says what the receiver holds: {err}"
     );
     let (r, ro) = recv.wait(Duration::from_secs(10));
     let log = stderr_of(&ro);
     assert_eq!(r.code(), Some(1), "recv: {log}");
     assert!(log.contains("No space left"), "recv says why: {log}");
+    assert!(log.contains("(0 bytes went to it before)"), "{log}");
 }
 
 /// `send --json` that fails still prints one JSON document on stdout, with the error and
