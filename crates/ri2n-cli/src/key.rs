@@ -101,9 +101,16 @@ fn read(path: &Path) -> Result<Key, Failure> {
     })?;
     if let Ok(meta) = file.metadata() {
         let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
+        // what the group and others may do: read the key, or put another in its place
+        let may = match (mode & 0o044 != 0, mode & 0o022 != 0) {
+            (true, true) => Some("read and change"),
+            (true, false) => Some("read"),
+            (false, true) => Some("change"),
+            (false, false) => None,
+        };
+        if let Some(may) = may {
             say!(
-                "ri2n: warning: the key file {} can be read by other users (mode {mode:04o}); \
+                "ri2n: warning: other users can {may} the key file {} (mode {mode:04o}); \
                  `chmod 600` it",
                 path.display()
             );

@@ -1301,6 +1301,35 @@ fn tunnel_check_loads_the_key_and_refuses_a_tunnel_network_holding_a_link() {
     assert!(err.contains("add it to the file as a [[host]]"), "{err}");
 }
 
+/// A key file the group or others may read or change is warned of, naming which: one that
+/// others may only change (a key put in its place cuts the host off its cluster) was said
+/// to be readable by them.
+#[test]
+fn a_key_file_open_to_others_is_warned_of_by_what_they_may_do() {
+    use std::os::unix::fs::PermissionsExt;
+    let key = keygen("tunnel-open.key");
+    let config = TempFile::new("cluster-open.toml");
+    std::fs::write(config.path(), cluster_text(key.path(), "10.99.0.2")).unwrap();
+    for (mode, may) in [
+        (0o600, None),
+        (0o640, Some("read")),
+        (0o620, Some("change")),
+        (0o666, Some("read and change")),
+    ] {
+        std::fs::set_permissions(key.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+        let (status, _, err) = tunnel(&["--check", "--name", "me"], config.path());
+        assert!(status.success(), "{mode:o}: {err}");
+        match may {
+            Some(may) => assert!(
+                err.contains(&format!("other users can {may} the key file"))
+                    && err.contains(&format!("(mode {mode:04o})")),
+                "{mode:o}: {err}"
+            ),
+            None => assert!(!err.contains("warning"), "{mode:o}: {err}"),
+        }
+    }
+}
+
 /// `--check` does what the daemon does before it starts, without taking anything: it warns
 /// when `--name` names a host whose link addresses this machine lacks while it has another
 /// host's, refuses an interface name this machine uses for an interface of another kind

@@ -35,16 +35,21 @@ impl PyKey {
             ri2n::KeyReadError::Io(e) => os_error(py, &e, None, Some(&path)),
             e => PyValueError::new_err(format!("{}: {e}", path.display())),
         })?;
-        if let Some(mode) = mode {
-            if mode & 0o077 != 0 {
-                let message = format!(
-                    "the key file {} can be read by other users (mode {mode:04o}); `chmod 600` it",
-                    path.display()
-                );
-                // a C string for the warning; a path with a NUL byte could not have been read
-                if let Ok(message) = std::ffi::CString::new(message) {
-                    PyErr::warn(py, &py.get_type::<PyUserWarning>(), &message, 1)?;
-                }
+        // what the group and others may do: read the key, or put another in its place
+        let may = mode.and_then(|mode| match (mode & 0o044 != 0, mode & 0o022 != 0) {
+            (true, true) => Some(("read and change", mode)),
+            (true, false) => Some(("read", mode)),
+            (false, true) => Some(("change", mode)),
+            (false, false) => None,
+        });
+        if let Some((may, mode)) = may {
+            let message = format!(
+                "other users can {may} the key file {} (mode {mode:04o}); `chmod 600` it",
+                path.display()
+            );
+            // a C string for the warning; a path with a NUL byte could not have been read
+            if let Ok(message) = std::ffi::CString::new(message) {
+                PyErr::warn(py, &py.get_type::<PyUserWarning>(), &message, 1)?;
             }
         }
         Ok(Self {
@@ -73,8 +78,8 @@ impl PyKey {
 
     /// Reads a key file (``ri2n keygen --output FILE``). A missing or unreadable file raises
     /// the ``OSError`` subclass its errno names (``FileNotFoundError``, ``PermissionError``);
-    /// content that is not a key raises ``ValueError``. A file other users can read gives a
-    /// ``UserWarning``, as ``ri2n`` does.
+    /// content that is not a key raises ``ValueError``. A file other users can read or change
+    /// gives a ``UserWarning`` that says which, as ``ri2n`` does.
     #[staticmethod]
     fn from_file(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
         Self::read(py, path)

@@ -129,7 +129,11 @@ def test_a_key_file_others_can_read_gives_a_warning(tmp_path) -> None:
     path = tmp_path / "open.key"
     path.write_text(ri2n.Key.generate().to_text())
     os.chmod(path, 0o644)
-    with pytest.warns(UserWarning, match="chmod 600"):
+    with pytest.warns(UserWarning, match="other users can read the key file.*chmod 600"):
+        ri2n.Key.from_file(path)
+    # one others may only change is told as such, not as readable
+    os.chmod(path, 0o620)
+    with pytest.warns(UserWarning, match="other users can change the key file"):
         ri2n.Key.from_file(path)
 
 
