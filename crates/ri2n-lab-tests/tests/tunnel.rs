@@ -1135,6 +1135,17 @@ fn daemon_held_at_its_key(env: &Env, lab: &Lab, dir: &Path) -> (Proc, PathBuf, P
     (d, config, key_file, key)
 }
 
+/// Sends daemon `d`, held in its start-up, the signal `name`; checks that the signal did
+/// not end it meanwhile; then lets it read `key` from the FIFO `key_file`.
+fn signal_then_give_key(d: &mut Proc, name: &str, key_file: &Path, key: &[u8]) {
+    signal(d, name);
+    thread::sleep(Duration::from_millis(300));
+    if let Some(status) = d.poll() {
+        panic!("a SIG{name} while the daemon started ended it: {status}");
+    }
+    give_key(key_file, key);
+}
+
 /// Writes `key` into the FIFO at `key_file`, which a daemon waits to read.
 fn give_key(key_file: &Path, key: &[u8]) {
     use std::io::Write;
@@ -1160,12 +1171,7 @@ fn a_sighup_while_the_daemon_starts_is_a_reload_not_its_end() {
     let (env, dir) = (test.env, &test.dir);
     let lab = Lab::up_hosts(env, "tes", 2, 2);
     let (mut d, config, key_file, key) = daemon_held_at_its_key(env, &lab, &dir.0);
-    signal(&d, "HUP");
-    thread::sleep(Duration::from_millis(300));
-    if let Some(status) = d.poll() {
-        panic!("a SIGHUP while the daemon started ended it: {status}");
-    }
-    give_key(&key_file, &key);
+    signal_then_give_key(&mut d, "HUP", &key_file, &key);
     let line = format!("SIGHUP: {} read again", config.display());
     wait_for_log_lines("the daemon started", &[(&d, &line)]);
     let status = status_json(env, &lab.ns_of("a"), &config);
@@ -1186,12 +1192,7 @@ fn a_sigterm_while_the_daemon_starts_stops_it_with_exit_0() {
     let (env, dir) = (test.env, &test.dir);
     let lab = Lab::up_hosts(env, "tet", 2, 2);
     let (mut d, _config, key_file, key) = daemon_held_at_its_key(env, &lab, &dir.0);
-    signal(&d, "TERM");
-    thread::sleep(Duration::from_millis(300));
-    if let Some(status) = d.poll() {
-        panic!("a SIGTERM while the daemon started killed it: {status}");
-    }
-    give_key(&key_file, &key);
+    signal_then_give_key(&mut d, "TERM", &key_file, &key);
     let exit = d.wait_exit(Duration::from_secs(10));
     assert_eq!(
         exit.and_then(|e| e.code()),
