@@ -338,7 +338,9 @@ pub struct EndpointConfig {
     /// Drivers: how long closing the endpoint (dropping its last handle, or an explicit
     /// close) waits for its connections to deliver what was written to them (default 10 s);
     /// also how long a connection whose handle was dropped waits for a silent peer before it
-    /// ends (at least a second and three keepalive intervals).
+    /// ends (at least a second and three keepalive intervals), and how long one that ended
+    /// cleanly is kept once released, to confirm that end to a peer that missed its last
+    /// acknowledgements ([`crate::Endpoint::release`]).
     pub close_linger: Duration,
     /// Server: connections it holds at most (default 4096): open ones, ones still waiting for
     /// the client's confirmation, and closed ones the application has not yet released (not

@@ -153,6 +153,11 @@ pub struct Endpoint {
     /// The client address each open server connection is counted under in
     /// [`EndpointConfig::connection_counts`], until it closes or goes.
     counted: HashMap<ConnectionHandle, IpAddr>,
+    /// Connections that ended cleanly and that the application let go of, oldest first, with
+    /// the instant each is forgotten: kept so that a peer that missed their last
+    /// acknowledgements is still told that everything it sent arrived (PROTOCOL.md §8.2),
+    /// as TCP keeps a closed connection in TIME-WAIT. They count against no limit.
+    released: VecDeque<(Instant, ConnectionHandle)>,
 }
 
 /// The connections of an endpoint whose driver runs several engines (shards), counted for
@@ -320,6 +325,7 @@ impl Endpoint {
             refusal_budget: TokenBucket::new(REFUSAL_REPORTS_PER_SECOND, REFUSAL_REPORT_BURST, now),
             accept_queue: VecDeque::new(),
             counted: HashMap::new(),
+            released: VecDeque::new(),
             attention: Attention::default(),
             timers: TimerIndex::default(),
             cursor: 0,
@@ -359,7 +365,8 @@ impl Endpoint {
             return;
         };
         self.uncount(h);
-        if let Some(counts) = &self.cfg.connection_counts {
+        // a released connection stopped counting when it was released
+        if let Some(counts) = self.cfg.connection_counts.as_ref().filter(|_| !c.released) {
             counts.release();
         }
         self.timers.set(h, &mut c.indexed_deadline, None);
@@ -1205,7 +1212,12 @@ impl Endpoint {
                 .min(),
             "the timer index missed a connection's change"
         );
-        next
+        earliest(next, self.released_expiry())
+    }
+
+    /// When the oldest released connection is to be forgotten.
+    fn released_expiry(&self) -> Option<Instant> {
+        self.released.front().map(|r| r.0)
     }
 
     /// The earliest timer that traffic arms, of any connection: loss detection, a probe
@@ -1246,15 +1258,13 @@ impl Endpoint {
             .filter_map(|h| self.connections.get(&h)?.poll_timeout())
             .min();
         let indexed = self.timers.first_but(|h| marked.contains(h));
-        let next = match (asked, indexed) {
-            (Some(a), Some(i)) => Some(a.min(i)),
-            (a, i) => a.or(i),
-        };
+        let next = earliest(earliest(asked, indexed), self.released_expiry());
         next.filter(|&t| limit.is_none_or(|l| t < l))
     }
 
     /// Runs every timer that is due.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.forget_released(now);
         self.refresh_timers();
         // each connection due runs once; it is then marked, and indexed again at the next
         // refresh
@@ -1292,9 +1302,8 @@ impl Endpoint {
     /// The next application event of any connection.
     pub fn poll_event(&mut self) -> Option<(ConnectionHandle, Event)> {
         while let Some(h) = self.attention.events.first_from(ConnectionHandle(0)) {
-            if let Some(e) = self
-                .connections
-                .get_mut(&h)
+            if let Some(e) = (self.connections.get_mut(&h))
+                .filter(|c| !c.released)
                 .and_then(Connection::poll_event)
             {
                 if matches!(e, Event::Closed(_)) {
@@ -1323,7 +1332,9 @@ impl Endpoint {
 
     /// Every connection the endpoint holds (closed ones not yet released included).
     pub fn connection_handles(&self) -> impl Iterator<Item = ConnectionHandle> + '_ {
-        self.connections.keys().copied()
+        (self.connections.iter())
+            .filter(|(_, c)| !c.released)
+            .map(|(h, _)| *h)
     }
 
     /// Every path (local, remote address) on which an open connection heard its peer within
@@ -1361,25 +1372,67 @@ impl Endpoint {
         self.connections.values().any(Connection::close_pending)
     }
 
-    /// Forgets a closed connection (the application has collected what it needed). Later
-    /// packets for it are answered with a RESET. Returns false if it is still open, or still
-    /// has a CLOSE to send.
-    pub fn release(&mut self, h: ConnectionHandle) -> bool {
-        if self
-            .connections
-            .get(&h)
-            .is_some_and(|c| c.state() == ConnectionState::Closed && !c.close_pending())
-        {
+    /// Lets go of a closed connection (the application has collected what it needed); returns
+    /// false if it is still open, or still has a CLOSE to send.
+    ///
+    /// One that ended with an error is forgotten at once: later packets for it are answered
+    /// with a RESET. One that ended cleanly is kept for the endpoint's `close_linger` from
+    /// `now`, to confirm its clean end to a peer that missed its last acknowledgements (every
+    /// link may have been dark then): a RESET would tell that peer that its data may be lost
+    /// when all of it arrived. Kept so, it counts no more among the connections the endpoint
+    /// holds (`max_connections`, [`connection_count`](Self::connection_count)), and no
+    /// event of it is reported; beyond `max_connections` of them the oldest goes.
+    pub fn release(&mut self, h: ConnectionHandle, now: Instant) -> bool {
+        let Some(c) = self.connections.get_mut(&h) else {
+            return false;
+        };
+        if c.released {
+            return true;
+        }
+        if c.state() != ConnectionState::Closed || c.close_pending() {
+            return false;
+        }
+        let linger = self.cfg.close_linger;
+        if c.close_reason().is_some() || linger.is_zero() {
             self.remove(h);
-            true
-        } else {
-            false
+            return true;
+        }
+        c.released = true;
+        let initial = (c.handshake_path().1, c.peer_cid());
+        if let Some(counts) = &self.cfg.connection_counts {
+            counts.release();
+        }
+        self.uncount(h);
+        self.attention.events.remove(h);
+        // a client that draws the same ID again makes a new connection
+        if self.by_initial.get(&initial) == Some(&h) {
+            self.by_initial.remove(&initial);
+        }
+        // shards share the limit
+        let most = self
+            .cfg
+            .max_connections
+            .div_ceil(self.cfg.shard.count.max(1) as usize);
+        if self.released.len() >= most.max(1) {
+            if let Some((_, oldest)) = self.released.pop_front() {
+                self.remove(oldest);
+            }
+        }
+        self.released.push_back((now + linger, h));
+        true
+    }
+
+    /// Forgets the released connections whose linger is over.
+    fn forget_released(&mut self, now: Instant) {
+        while let Some(&(_, h)) = self.released.front().filter(|r| r.0 <= now) {
+            self.released.pop_front();
+            self.remove(h);
         }
     }
 
     /// Number of connections held (open or not yet released).
     pub fn connection_count(&self) -> usize {
-        self.connections.len()
+        self.connections.len() - self.released.len()
     }
 
     /// Which connection limit a new connection from `remote` would exceed, if any. The total
@@ -1406,6 +1459,14 @@ impl Endpoint {
             return Some(PER_ADDRESS);
         }
         None
+    }
+}
+
+/// The earlier of two instants, either of which may be none.
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 

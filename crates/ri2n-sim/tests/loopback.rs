@@ -380,13 +380,10 @@ fn link_local_addresses_are_reached_on_their_interfaces() {
 }
 
 /// The server finishes its side at once; the client sends 200 kB and finishes. Once the
-/// server has received everything, every datagram from it is lost until it has closed: the client never saw its last acknowledgements and retransmits. The closed server's
-/// clean-end confirmation (CLOSE code 0 with its acknowledgements) must let the client
-/// complete cleanly.
-#[test]
-fn a_closed_peer_confirms_a_clean_end_whose_acknowledgements_were_lost() {
-    let b = vec![addr("10.0.0.2:6000")];
-    let mut tb = connected_pair(&[addr("10.0.0.1:5000")], &b);
+/// server has received everything, every datagram from it is lost (and stays lost) until it
+/// has closed: the client never saw its last acknowledgements and retransmits. Returns the
+/// server's handle.
+fn server_closes_with_its_acknowledgements_lost(tb: &mut Testbed) -> ConnectionHandle {
     let ch = tb.ch;
     const TOTAL: usize = 200_000;
     // shared by the phases' closures
@@ -413,16 +410,16 @@ fn a_closed_peer_confirms_a_clean_end_whose_acknowledgements_were_lost() {
     };
     let limit = Duration::from_secs(30);
     let server_state = |s: &Endpoint| sh.get().map(|h| s.connection(h).unwrap().state());
-    run(&mut tb, limit, |c, s, acc| {
+    run(tb, limit, |c, s, acc| {
         step(c, s, acc);
         got.get() == TOTAL
             && sh
                 .get()
                 .is_some_and(|h| s.connection(h).unwrap().is_send_complete())
     });
-    cut(&mut tb, Dir::BToA, true);
+    cut(tb, Dir::BToA, true);
     // both sides have done their part: the server closes on its own
-    run(&mut tb, limit, |_, s, _| {
+    run(tb, limit, |_, s, _| {
         server_state(s) == Some(ConnectionState::Closed)
     });
     assert_eq!(got.get(), TOTAL);
@@ -430,13 +427,80 @@ fn a_closed_peer_confirms_a_clean_end_whose_acknowledgements_were_lost() {
         !tb.client.connection(ch).unwrap().is_send_complete(),
         "acknowledgements were lost"
     );
+    sh.get().expect("accepted")
+}
+
+/// [`server_closes_with_its_acknowledgements_lost`], then the path heals: the closed server's
+/// clean-end confirmation (CLOSE code 0 with its acknowledgements) must let the client
+/// complete cleanly.
+#[test]
+fn a_closed_peer_confirms_a_clean_end_whose_acknowledgements_were_lost() {
+    let mut tb = connected_pair(&[addr("10.0.0.1:5000")], &[addr("10.0.0.2:6000")]);
+    server_closes_with_its_acknowledgements_lost(&mut tb);
     cut(&mut tb, Dir::BToA, false);
-    run(&mut tb, limit, |c, _, _| {
+    let ch = tb.ch;
+    run(&mut tb, Duration::from_secs(30), |c, _, _| {
         c.connection(ch).unwrap().state() == ConnectionState::Closed
     });
     let c = tb.client.connection(ch).unwrap();
     assert_eq!(c.close_reason(), None, "a clean close");
     assert!(c.is_send_complete());
+}
+
+/// As above, but the server's application lets go of the connection (a driver does so once a
+/// dropped handle's connection is closed) while its answers are still lost, and the path heals
+/// two seconds later. The endpoint keeps what it needs to confirm the clean end for its
+/// `close_linger` (PROTOCOL.md §8.3), without counting it among the connections it holds.
+/// Before, it forgot the connection at once and answered the client's retransmissions with a
+/// RESET: the client, whose every byte had arrived, ended with `PeerRestarted`.
+#[test]
+fn a_released_peer_still_confirms_a_clean_end_whose_acknowledgements_were_lost() {
+    let mut tb = connected_pair(&[addr("10.0.0.1:5000")], &[addr("10.0.0.2:6000")]);
+    let sh = server_closes_with_its_acknowledgements_lost(&mut tb);
+    let now = tb.instant();
+    assert!(
+        tb.server.release(sh, now),
+        "a closed connection is released"
+    );
+    assert_eq!(tb.server.connection_count(), 0, "no longer held");
+    let ch = tb.ch;
+    let resent = |tb: &Testbed| tb.client.connection(ch).unwrap().stats().links[0].packets_sent;
+    let before = resent(&tb);
+    tb.advance(Duration::from_secs(2), |_| {});
+    assert!(resent(&tb) > before, "the client went on sending meanwhile");
+    cut(&mut tb, Dir::BToA, false);
+    run(&mut tb, Duration::from_secs(30), |c, _, _| {
+        c.connection(ch).unwrap().state() == ConnectionState::Closed
+    });
+    let c = tb.client.connection(ch).unwrap();
+    assert_eq!(c.close_reason(), None, "a clean close");
+    assert!(c.is_send_complete());
+}
+
+/// A released connection is kept for its endpoint's `close_linger` (10 s by default) and no
+/// longer: then its memory is freed, and a peer still waiting is answered as by an endpoint
+/// that restarted.
+#[test]
+fn a_released_connection_is_forgotten_after_the_close_linger() {
+    let mut tb = connected_pair(&[addr("10.0.0.1:5000")], &[addr("10.0.0.2:6000")]);
+    let sh = server_closes_with_its_acknowledgements_lost(&mut tb);
+    let linger = tb.server.config().close_linger;
+    let now = tb.instant();
+    assert!(tb.server.release(sh, now));
+    tb.advance(linger - Duration::from_millis(100), |_| {});
+    assert!(
+        tb.server.connection(sh).is_some(),
+        "kept through the linger"
+    );
+    tb.advance(Duration::from_millis(200), |_| {});
+    assert!(tb.server.connection(sh).is_none(), "forgotten after it");
+    cut(&mut tb, Dir::BToA, false);
+    let ch = tb.ch;
+    run(&mut tb, Duration::from_secs(30), |c, _, _| {
+        c.connection(ch).unwrap().state() == ConnectionState::Closed
+    });
+    let c = tb.client.connection(ch).unwrap();
+    assert_eq!(c.close_reason(), Some(&ConnectionError::PeerRestarted));
 }
 
 /// Both ends of a clean exchange linger (§8.1) when the client's endpoint closes: its
@@ -541,7 +605,10 @@ fn a_peer_that_ended_on_a_deadline_of_its_own_is_found_gone() {
     assert_eq!(client_end, Some(ConnectionError::AllLinksDown));
     // once its CLOSEs have left (and were lost)
     let limit = tb.now() + Duration::from_secs(1);
-    tb.run_until(limit, |tb| tb.client.release(ch));
+    tb.run_until(limit, |tb| {
+        let now = tb.instant();
+        tb.client.release(ch, now)
+    });
     cut(&mut tb, Dir::AToB, false);
     cut(&mut tb, Dir::BToA, false);
     let released_at = tb.now();

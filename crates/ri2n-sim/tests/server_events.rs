@@ -209,3 +209,71 @@ fn datagrams_queued_during_the_handshake_to_a_server_that_takes_none_are_dropped
         s.close_reason()
     );
 }
+
+/// Runs a connection `ch` of `client` with `server` through an exchange that ends cleanly at
+/// once (each side finishes its streams), stepping the clock by a millisecond; returns the
+/// server's handle once both sides are closed.
+fn clean_exchange(
+    client: &mut Endpoint,
+    server: &mut Endpoint,
+    now: &mut Instant,
+    ch: ConnectionHandle,
+) -> ConnectionHandle {
+    let mut sh = None;
+    for _ in 0..5_000 {
+        for (t, mut d) in drain(client, *now) {
+            server.handle_datagram(*now, t.remote, t.local, &mut d);
+        }
+        for (t, mut d) in drain(server, *now) {
+            client.handle_datagram(*now, t.remote, t.local, &mut d);
+        }
+        sh = sh.or_else(|| server.accept());
+        client.connection_mut(ch).unwrap().finish();
+        if let Some(h) = sh {
+            server.connection_mut(h).unwrap().finish();
+            let closed =
+                |e: &Endpoint, h| e.connection(h).unwrap().state() == ConnectionState::Closed;
+            if closed(client, ch) && closed(server, h) {
+                let clean = |e: &Endpoint, h| e.connection(h).unwrap().close_reason().is_none();
+                assert!(clean(client, ch) && clean(server, h), "a clean end");
+                return h;
+            }
+        }
+        *now += Duration::from_millis(1);
+        client.handle_timeout(*now);
+        server.handle_timeout(*now);
+    }
+    panic!("the exchange did not end within 5 s");
+}
+
+/// Connections released after a clean end are kept to confirm that end to their peers
+/// (PROTOCOL.md §8.3) without counting against the server's limits: a client that opens one
+/// short exchange after another is never refused while they linger, however low the limits,
+/// and the server keeps `max_connections` of them at most, the oldest going first.
+#[test]
+fn released_connections_count_against_no_limit_and_stay_bounded() {
+    let mut now = Instant::now();
+    let mut cfg = EndpointConfig::new(vec![addr(SERVER)]).server();
+    cfg.max_connections = 2;
+    cfg.max_connections_per_address = 1;
+    let mut server = Endpoint::new(cfg, 2, now);
+    let mut client = Endpoint::new(EndpointConfig::new(vec![addr(CLIENT)]), 1, now);
+    let mut released = Vec::new();
+    for _ in 0..5 {
+        let ch = client
+            .connect(now, &[addr(SERVER)], ConnectionConfig::default())
+            .unwrap();
+        let sh = clean_exchange(&mut client, &mut server, &mut now, ch);
+        assert!(server.release(sh, now));
+        assert!(client.release(ch, now));
+        assert_eq!(server.connection_count(), 0, "released, not held");
+        released.push(sh);
+    }
+    let kept: Vec<bool> = (released.iter())
+        .map(|&h| server.connection(h).is_some())
+        .collect();
+    assert_eq!(kept, [false, false, false, true, true]);
+    // and none once their linger is over
+    server.handle_timeout(now + server.config().close_linger);
+    assert!(released.iter().all(|&h| server.connection(h).is_none()));
+}

@@ -217,6 +217,61 @@ fn closing_an_endpoint_whose_exchange_is_complete_ends_it_cleanly() {
     assert_eq!(conn.close_reason(), None, "the client's side");
 }
 
+/// The server has the client's whole stream and its own acknowledged, so its side ends
+/// cleanly; its last acknowledgement (delayed 200 ms here) is lost, for the server's cable is
+/// pulled. The server's application lets go of its connection, and the cable comes back 1.5 s
+/// later. The client, still retransmitting its end, must end cleanly with its data
+/// acknowledged: the server's endpoint keeps the released connection to say that everything
+/// arrived (PROTOCOL.md §8.2, §8.3). Before, the endpoint forgot it at once, answered with a
+/// RESET, and the client reported its delivered stream lost (`PeerRestarted`).
+#[test]
+fn a_clean_end_whose_last_acknowledgement_was_lost_is_confirmed_after_the_release() {
+    use std::io::Read;
+    let delayed = ConnectionConfig::default()
+        .with_max_ack_delay(Duration::from_millis(200))
+        .with_ack_frequency(1_000);
+    let server = Endpoint::bind(
+        EndpointConfig::new(vec![loopback("127.0.0.1")])
+            .server()
+            .with_server_connection(delayed),
+    )
+    .unwrap();
+    let client = bind_on(Transport::Udp, false);
+    let conn = client
+        .connect(&server.local_addrs(), ConnectionConfig::default())
+        .unwrap();
+    let far = server.accept().unwrap();
+    far.finish().unwrap();
+    let mut got = Vec::new();
+    (&conn).read_to_end(&mut got).unwrap();
+    const LEN: u64 = 100_000;
+    std::io::copy(&mut Pattern { pos: 0, len: LEN }, &mut &conn).unwrap();
+    conn.finish().unwrap();
+    assert_eq!(read_pattern(&far), LEN);
+    let cable = server.impairment(server.local_addrs()[0]).unwrap();
+    cable.set_down(true);
+    assert!(
+        !conn.is_acknowledged(),
+        "the premise: the last acknowledgement was lost"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while far.state() != ConnectionState::Closed {
+        assert!(Instant::now() < deadline, "{:?}", far.state());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(far.close_reason(), None, "the server's side ended cleanly");
+    drop(far);
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert!(
+        !conn.is_acknowledged(),
+        "the premise: nothing got through meanwhile"
+    );
+    cable.set_down(false);
+    conn.wait_acknowledged(Some(Duration::from_secs(5)))
+        .expect("the client's stream is confirmed delivered");
+    assert_eq!(conn.close_reason(), None);
+}
+
 /// A server holding as many connections as it allows from one address refuses the next one at
 /// once, with `ServerFull` (not after the 10 s handshake timeout); once one of them is gone,
 /// the address may connect again. The limit is the endpoint's, whichever of its shards the

@@ -191,6 +191,9 @@ pub struct Connection {
     pub(crate) indexed_deadline: Option<Instant>,
     /// The same for its next timer that traffic arms.
     pub(crate) indexed_traffic_deadline: Option<Instant>,
+    /// Its application let go of it after a clean end, and its endpoint keeps it only to
+    /// confirm that end to a peer that missed it ([`crate::Endpoint::release`]).
+    pub(crate) released: bool,
     cfg: ConnectionConfig,
     state: ConnectionState,
     handshake: Handshake,
@@ -635,6 +638,7 @@ impl Connection {
             pings_owed: 0,
             indexed_deadline: None,
             indexed_traffic_deadline: None,
+            released: false,
             next_share_check: now + cfg.share_check_interval,
             scratch: AckOutcome::default(),
             cfg,

@@ -118,7 +118,7 @@ impl Shared {
                 return true; // released at a later round: its CLOSE leaves first
             }
             // a close under way counts what it left undelivered first
-            if *closes == 0 && endpoint.release(h) {
+            if *closes == 0 && endpoint.release(h, Instant::now()) {
                 events.remove(&h);
                 signals.remove(&h);
                 readiness.remove(&h);
