@@ -364,11 +364,14 @@ fn readable(fd: std::os::fd::RawFd) -> bool {
 
 /// The endpoint's descriptor stays readable while connections wait for `try_accept`, so a
 /// level-triggered loop that accepts one per wake-up gets every one; it clears once none is
-/// left. Before, each `try_accept` cleared it, and a second waiting connection stayed
-/// unaccepted until a third client came. Both transports.
+/// left, whether `try_accept` or `accept_timeout` took the last. Before, each `try_accept`
+/// cleared it, and a second waiting connection stayed unaccepted until a third client came;
+/// and on the TCP transport `accept_timeout` left it readable with none waiting, so that a
+/// loop calling it on each wake-up spun. Both transports.
 #[test]
 fn the_accept_descriptor_stays_readable_while_connections_wait() {
-    for transport in [ri2n::Transport::Udp, ri2n::Transport::Tcp] {
+    let transports = [ri2n::Transport::Udp, ri2n::Transport::Tcp];
+    for (transport, last_by_try) in transports.into_iter().flat_map(|t| [(t, true), (t, false)]) {
         let config =
             ri2n::EndpointConfig::new(vec![loopback("127.0.0.1")]).with_transport(transport);
         let server = Endpoint::bind(config.clone().server()).unwrap();
@@ -395,8 +398,22 @@ fn the_accept_descriptor_stays_readable_while_connections_wait() {
             fd,
             &format!("{transport:?}: cleared with one still waiting"),
         );
-        let second = server.try_accept().unwrap();
-        assert!(!readable(fd), "{transport:?}: readable with none waiting");
+        let second = match last_by_try {
+            true => server.try_accept().unwrap(),
+            false => server
+                .accept_timeout(Some(Duration::ZERO))
+                .unwrap()
+                .unwrap(),
+        };
+        assert!(
+            !readable(fd),
+            "{transport:?}: readable with none waiting (the last taken by {})",
+            if last_by_try {
+                "try_accept"
+            } else {
+                "accept_timeout"
+            }
+        );
         assert!(
             matches!(server.try_accept(), Err(ri2n::Error::Io(e)) if e.kind() == ErrorKind::WouldBlock)
         );

@@ -263,6 +263,7 @@ impl TcpEndpoint {
         let mut q = self.accepted.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(c) = q.pop_front() {
+                self.clear_if_none_waits(&q);
                 return Some(c);
             }
             let left = match deadline {
@@ -282,12 +283,19 @@ impl TcpEndpoint {
     pub fn try_accept(&self) -> Option<Arc<TcpConnection>> {
         let mut q = self.accepted.lock().unwrap_or_else(|e| e.into_inner());
         let next = q.pop_front();
+        self.clear_if_none_waits(&q);
+        next
+    }
+
+    /// Clears the readiness descriptor if queue `q` (held locked) is empty: whichever call
+    /// took the last connection (a loop that accepts with a timeout on each wake-up would
+    /// spin on a descriptor left readable).
+    fn clear_if_none_waits(&self, q: &VecDeque<Arc<TcpConnection>>) {
         if q.is_empty() {
             if let Some(r) = self.accept_ready.get() {
                 r.clear();
             }
         }
-        next
     }
 
     /// The descriptor readable while a connection may wait for `try_accept`.
