@@ -59,6 +59,12 @@ unsafe fn addresses(
 fn load_key(path: &str) -> Result<Key, Failure> {
     let cannot = |e| Failure::from(e).context(format_args!("cannot read the key file {path}"));
     let file = fs::File::open(path).map_err(cannot)?;
+    // a directory opens, and reading it fails with EISDIR, which the header does not promise
+    if file.metadata().is_ok_and(|m| m.is_dir()) {
+        return Err(Failure::invalid(format!(
+            "the key file {path} is a directory"
+        )));
+    }
     Key::read_from(file).map_err(|e| match e {
         KeyReadError::Io(e) => cannot(e),
         e => Failure::invalid(format!("the key file {path}: {e}")),

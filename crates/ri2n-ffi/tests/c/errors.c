@@ -288,6 +288,9 @@ int main(int argc, char **argv) {
     /* an endless file: refused after the most a key file holds, not read until memory ran out */
     CHECK_NULL_WITH(ri2n_endpoint_client(local1, 1, "/dev/zero"), EINVAL);
     CHECK(strstr(ri2n_last_error(), "/dev/zero") != NULL);
+    /* a directory opens, and its read fails with EISDIR, which the header does not promise */
+    CHECK_NULL_WITH(ri2n_endpoint_client(local1, 1, argv[1]), EINVAL);
+    CHECK(strstr(ri2n_last_error(), "directory") != NULL);
     printf("bad arguments: EINVAL, a missing key file: ENOENT\n");
 
     ri2n_endpoint *client = ri2n_endpoint_client(local1, 1, NULL);
