@@ -92,6 +92,40 @@ pub enum RefusalReason {
     },
 }
 
+/// Refused handshakes kept for the application to log, rate-limited (one per second on
+/// average, in bursts of five; at most sixteen waiting): a stranger sending handshakes
+/// with the wrong key must not fill the log, nor memory. The TCP transport's endpoint keeps
+/// its own.
+#[derive(Debug)]
+pub struct RefusalReports {
+    waiting: VecDeque<RefusedHandshake>,
+    budget: TokenBucket,
+}
+
+impl RefusalReports {
+    /// None reported yet, the budget full at `now`.
+    pub fn new(now: Instant) -> Self {
+        Self {
+            waiting: VecDeque::new(),
+            budget: TokenBucket::new(REFUSAL_REPORTS_PER_SECOND, REFUSAL_REPORT_BURST, now),
+        }
+    }
+
+    /// Keeps `refused` for the application, within the rate limit; returns whether it was.
+    pub fn report(&mut self, now: Instant, refused: RefusedHandshake) -> bool {
+        let kept = self.waiting.len() < MAX_REFUSAL_REPORTS && self.budget.take(now);
+        if kept {
+            self.waiting.push_back(refused);
+        }
+        kept
+    }
+
+    /// The oldest report not yet taken.
+    pub fn pop(&mut self) -> Option<RefusedHandshake> {
+        self.waiting.pop_front()
+    }
+}
+
 /// Hashes a connection ID as itself. Our IDs are random numbers we chose, so they spread
 /// over the table as they are, without SipHash's cost on the lookup every datagram makes; a
 /// sender chooses only which IDs to look up, never which are stored, so it cannot crowd a
@@ -147,9 +181,8 @@ pub struct Endpoint {
     cursor: u64,
     /// Datagrams dropped without effect, by reason.
     dropped: DropCounts,
-    /// Refused handshakes for the application to log, and their rate limit.
-    refusals: VecDeque<RefusedHandshake>,
-    refusal_budget: TokenBucket,
+    /// Refused handshakes for the application to log.
+    refusals: RefusalReports,
     /// The client address each open server connection is counted under in
     /// [`EndpointConfig::connection_counts`], until it closes or goes.
     counted: HashMap<ConnectionHandle, IpAddr>,
@@ -321,8 +354,7 @@ impl Endpoint {
             by_initial: HashMap::new(),
             next_handle: 0,
             stateless: VecDeque::new(),
-            refusals: VecDeque::new(),
-            refusal_budget: TokenBucket::new(REFUSAL_REPORTS_PER_SECOND, REFUSAL_REPORT_BURST, now),
+            refusals: RefusalReports::new(now),
             accept_queue: VecDeque::new(),
             counted: HashMap::new(),
             released: VecDeque::new(),
@@ -1121,9 +1153,8 @@ impl Endpoint {
             self.queue_stateless(local, remote, &refuse);
         }
         tracing::debug!(%remote, %reason, "handshake refused");
-        if self.refusals.len() < MAX_REFUSAL_REPORTS && self.refusal_budget.take(now) {
-            self.refusals.push_back(RefusedHandshake { remote, reason });
-        }
+        self.refusals
+            .report(now, RefusedHandshake { remote, reason });
         Err(dropped)
     }
 
@@ -1132,7 +1163,7 @@ impl Endpoint {
     /// of 5); the others are counted in [`dropped`](Self::dropped) as
     /// [`DropReason::KeyMismatch`] or [`DropReason::WrongApplication`].
     pub fn poll_refused_handshake(&mut self) -> Option<RefusedHandshake> {
-        self.refusals.pop_front()
+        self.refusals.pop()
     }
 
     /// The next datagram to send, written into `buf` (at least `max_datagram_size` bytes, and

@@ -44,7 +44,7 @@ pub use connection::{Connection, ConnectionState, ConnectionStats, SendLimits, M
 pub use crypto::{Cipher, Key, KeyError, KeyReadError, Opened, Opener, Seal, KEY_FILE_MAX};
 pub use datagrams::datagram_capacity;
 pub use dropped::{DropCounts, DropReason};
-pub use endpoint::{ConnectionCounts, Endpoint, RefusalReason, RefusedHandshake};
+pub use endpoint::{ConnectionCounts, Endpoint, RefusalReason, RefusalReports, RefusedHandshake};
 pub use error::{ConnectError, ConnectionError, KeyMismatch, ReadError, WriteError};
 pub use link::{LinkState, LinkStats};
 pub use open_ahead::{HeldKeys, Openers};

@@ -137,11 +137,14 @@ def test_a_key_file_others_can_read_gives_a_warning(tmp_path) -> None:
         ri2n.Key.from_file(path)
 
 
-def test_another_key_is_a_key_mismatch_naming_the_file(tmp_path) -> None:
+@pytest.mark.parametrize("transport", ["udp", "tcp"])
+def test_another_key_is_a_key_mismatch_naming_the_file(tmp_path, transport: str) -> None:
+    """The client is told, naming its key file; the server lists the refusal for its log
+    (on the TCP transport it listed none before)."""
     path = tmp_path / "client.key"
     ri2n.Key.generate().save(path)
-    server = ri2n.Endpoint.server(LINKS, key=ri2n.Key.generate())
-    client = ri2n.Endpoint.client(LINKS, key_file=path)
+    server = ri2n.Endpoint.server(LINKS, key=ri2n.Key.generate(), transport=transport)
+    client = ri2n.Endpoint.client(LINKS, key_file=path, transport=transport)
     try:
         with pytest.raises(ri2n.KeyMismatch) as e:
             client.connect(server.local_addrs(), timeout=10)

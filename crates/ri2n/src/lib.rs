@@ -503,11 +503,16 @@ impl Endpoint {
     }
 
     /// Handshakes refused since the last call because the client holds another key (or one
-    /// side has none), for a server to log: at most about one per second is reported (per
-    /// shard), the others only counted in [`dropped_datagrams`](Self::dropped_datagrams).
+    /// side has none) or speaks another application, for a server to log: at most about one
+    /// per second is reported (per shard), the others only counted in
+    /// [`dropped_datagrams`](Self::dropped_datagrams) (on the UDP transport).
     pub fn refused_handshakes(&self) -> Vec<RefusedHandshake> {
+        let shards = match &self.inner {
+            Transports::Udp(s) => s,
+            Transports::Tcp(t) => return t.endpoint().refused_handshakes(),
+        };
         let mut refused = Vec::new();
-        for d in self.udp().map_or(&[][..], |s| &s.drivers[..]) {
+        for d in &shards.drivers[..] {
             let mut st = d.shared().lock();
             let engine = st.engine_mut();
             refused.extend(std::iter::from_fn(|| engine.poll_refused_handshake()));

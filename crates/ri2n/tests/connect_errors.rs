@@ -53,39 +53,50 @@ fn an_endpoint_that_is_not_a_server_says_so() {
     assert!(took < Duration::from_secs(5), "told after {took:?}");
 }
 
-/// A server of one application refuses a client of another, naming both; a client that
-/// names none, or the same, is served.
+/// A server of one application refuses a client of another, naming both, and reports it
+/// for its log; a client that names none, or the same, is served. Both transports: the TCP
+/// transport's server reported no refusal before.
 #[test]
 fn a_server_refuses_a_client_of_another_application() {
-    let config = EndpointConfig::new(vec![any_port()])
-        .server()
-        .with_server_connection(ConnectionConfig::default().with_application("files"));
-    let server = Endpoint::bind(config).unwrap();
-    let to = server.local_addrs()[0];
-    let (e, _) = connect_error(to, ConnectionConfig::default().with_application("bench"));
-    assert_eq!(
-        e,
-        ConnectionError::WrongApplication {
+    for transport in [ri2n::Transport::Udp, ri2n::Transport::Tcp] {
+        let config = EndpointConfig::new(vec![any_port()])
+            .with_transport(transport)
+            .server()
+            .with_server_connection(ConnectionConfig::default().with_application("files"));
+        let server = Endpoint::bind(config).unwrap();
+        let to = server.local_addrs()[0];
+        let client =
+            Endpoint::bind(EndpointConfig::new(vec![any_port()]).with_transport(transport))
+                .unwrap();
+        let bench = ConnectionConfig::default().with_application("bench");
+        let e = client.connect(&[to], bench).map(drop).unwrap_err();
+        let wrong = ConnectionError::WrongApplication {
             ours: "bench".into(),
-            theirs: "files".into()
+            theirs: "files".into(),
+        };
+        assert!(
+            matches!(&e, Error::Connection(c) if *c == wrong),
+            "{transport:?}: {e}"
+        );
+        // noted before the refusal is sent
+        let refusals = server.refused_handshakes();
+        assert_eq!(refusals.len(), 1, "{transport:?}: reported: {refusals:?}");
+        assert_eq!(
+            refusals[0].reason,
+            ri2n::RefusalReason::WrongApplication {
+                client: "bench".into(),
+                ours: "files".into()
+            },
+            "{transport:?}"
+        );
+        assert_eq!(refusals[0].remote.ip(), to.ip(), "{transport:?}");
+        for config in [
+            ConnectionConfig::default(),
+            ConnectionConfig::default().with_application("files"),
+        ] {
+            let conn = client.connect(&[to], config).unwrap();
+            drop(conn);
         }
-    );
-    let refusals = server.refused_handshakes();
-    assert_eq!(refusals.len(), 1, "the server reports it: {refusals:?}");
-    assert_eq!(
-        refusals[0].reason,
-        ri2n::RefusalReason::WrongApplication {
-            client: "bench".into(),
-            ours: "files".into()
-        }
-    );
-    let client = Endpoint::client(&[any_port()]).unwrap();
-    for config in [
-        ConnectionConfig::default(),
-        ConnectionConfig::default().with_application("files"),
-    ] {
-        let conn = client.connect(&[to], config).unwrap();
-        drop(conn);
     }
 }
 

@@ -19,7 +19,10 @@ use ri2n_proto::addr;
 use ri2n_proto::crypto::TAG_LEN;
 use ri2n_proto::tcp::keys::{server_handshake, FrameKey};
 use ri2n_proto::tcp::{Hello, HelloReply, HelloStatus};
-use ri2n_proto::{ConnectionConfig, ConnectionError, EndpointConfig, KeyMismatch};
+use ri2n_proto::{
+    ConnectionConfig, ConnectionError, EndpointConfig, KeyMismatch, RefusalReason, RefusalReports,
+    RefusedHandshake,
+};
 
 use super::conn::{Link, Role, Settings, TcpConnection};
 use super::dial::{self, Race, Step};
@@ -68,6 +71,8 @@ pub(crate) struct TcpEndpoint {
     /// Closing: new connections are refused; the links of those still delivering are not.
     closing: AtomicBool,
     closed: AtomicBool,
+    /// Hellos refused for their key or application, for the application to log.
+    refusals: Mutex<RefusalReports>,
 }
 
 impl TcpEndpoint {
@@ -107,6 +112,7 @@ impl TcpEndpoint {
             accept_ready: OnceLock::new(),
             closing: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            refusals: Mutex::new(RefusalReports::new(Instant::now())),
         });
         for l in listeners {
             let weak = Arc::downgrade(&ep);
@@ -298,6 +304,13 @@ impl TcpEndpoint {
         }
     }
 
+    /// The hellos refused for their key or application since the last call (rate-limited
+    /// as the UDP transport's, see [`RefusalReports`]).
+    pub fn refused_handshakes(&self) -> Vec<RefusedHandshake> {
+        let mut reports = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
+        std::iter::from_fn(|| reports.pop()).collect()
+    }
+
     /// The descriptor readable while a connection may wait for `try_accept`.
     pub fn readiness(&self) -> io::Result<&Readiness> {
         let q = self.accepted.lock().unwrap_or_else(|e| e.into_inner());
@@ -362,6 +375,22 @@ impl TcpEndpoint {
         settled: &dyn Fn(),
     ) {
         let refuse = |status, application: Option<String>| {
+            // seen from this side, as the UDP transport reports them
+            let reason = match status {
+                HelloStatus::WrongKey => Some(RefusalReason::Key(KeyMismatch::WrongKey)),
+                HelloStatus::KeyRequired => Some(RefusalReason::Key(KeyMismatch::NoKey)),
+                HelloStatus::NoKey => Some(RefusalReason::Key(KeyMismatch::KeyRequired)),
+                HelloStatus::WrongApplication => Some(RefusalReason::WrongApplication {
+                    client: hello.application.clone().unwrap_or_default(),
+                    ours: application.clone().unwrap_or_default(),
+                }),
+                _ => None,
+            };
+            if let (Some(reason), Ok(remote)) = (reason, stream.peer_addr()) {
+                let refused = RefusedHandshake { remote, reason };
+                (self.refusals.lock().unwrap_or_else(|e| e.into_inner()))
+                    .report(Instant::now(), refused);
+            }
             let mut out = Vec::new();
             HelloReply {
                 status,
