@@ -175,8 +175,11 @@ impl PyEndpoint {
             Ok(())
         };
         // One handshake for the whole timeout (with `None`, one after another for as long as
-        // it takes), waited for in slices so that `given_up` is looked at meanwhile.
+        // it takes), waited for in slices so that `given_up` is looked at meanwhile; and
+        // before each, so that a cancel set already (a task cancelled before the executor's
+        // thread came to it) opens nothing.
         loop {
+            given_up(py)?;
             let mut config = ConnectionConfig::default();
             if let Some(d) = deadline {
                 let left = d.saturating_duration_since(Instant::now());

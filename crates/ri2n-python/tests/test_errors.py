@@ -362,6 +362,25 @@ def test_a_tcp_connect_without_a_timeout_keeps_trying_until_cancelled() -> None:
         silent.close()
 
 
+@pytest.mark.parametrize("transport", ["udp", "tcp"])
+def test_a_connect_whose_cancel_is_set_already_opens_nothing(transport: str) -> None:
+    """A cancel set before the call (an asyncio task cancelled before the executor's thread
+    came to its connect) gives the connect up at once: ``InterruptedError``, and the server
+    is offered no connection. Before, it was looked at only after a first wait of a fifth of
+    a second, and a server on loopback was connected to in that time."""
+    server = ri2n.Endpoint.server(LINKS, transport=transport)
+    client = ri2n.Endpoint.client(LINKS, transport=transport)
+    cancel = threading.Event()
+    cancel.set()
+    try:
+        with pytest.raises(InterruptedError):
+            client.connect(server.local_addrs(), timeout=5, cancel=cancel).close()
+        with pytest.raises(TimeoutError):
+            server.accept(timeout=0.5)
+    finally:
+        close_quietly(client, server)
+
+
 def _fill(conn: ri2n.Connection, messages: bool) -> int:
     """Writes to ``conn``'s stream (or sends messages) until its peer, reading nothing, takes
     no more for 0.5 s: its window and the send buffer are full (the UDP transport gives each
