@@ -206,6 +206,8 @@ pub struct Endpoint {
 #[derive(Debug, Default)]
 pub struct ConnectionCounts {
     held: std::sync::atomic::AtomicUsize,
+    /// Connections released after a clean end and kept to confirm it ([`Endpoint::release`]).
+    lingering: std::sync::atomic::AtomicUsize,
     open_by_address: std::sync::Mutex<HashMap<IpAddr, usize>>,
     limits: std::sync::Mutex<SharedLimits>,
 }
@@ -258,6 +260,20 @@ impl ConnectionCounts {
 
     fn release(&self) {
         (self.held).fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Counts one more connection kept after its release, unless `limit` are kept already.
+    fn try_linger(&self, limit: usize) -> bool {
+        use std::sync::atomic::Ordering;
+        (self.lingering)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    fn end_linger(&self) {
+        (self.lingering).fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 
     /// Counts one more open connection from `ip`, unless `limit` are counted already.
@@ -397,9 +413,12 @@ impl Endpoint {
             return;
         };
         self.uncount(h);
-        // a released connection stopped counting when it was released
-        if let Some(counts) = self.cfg.connection_counts.as_ref().filter(|_| !c.released) {
-            counts.release();
+        if let Some(counts) = &self.cfg.connection_counts {
+            // a released connection stopped counting as held when it was released
+            match c.released {
+                true => counts.end_linger(),
+                false => counts.release(),
+            }
         }
         self.timers.set(h, &mut c.indexed_deadline, None);
         self.timers
@@ -1411,8 +1430,11 @@ impl Endpoint {
     /// `now`, to confirm its clean end to a peer that missed its last acknowledgements (every
     /// link may have been dark then): a RESET would tell that peer that its data may be lost
     /// when all of it arrived. Kept so, it counts no more among the connections the endpoint
-    /// holds (`max_connections`, [`connection_count`](Self::connection_count)), and no
-    /// event of it is reported; beyond `max_connections` of them the oldest goes.
+    /// holds (`max_connections`, [`connection_count`](Self::connection_count)), no event of
+    /// it is reported, and only its own connection ID finds it. The endpoint (all its
+    /// shards) keeps `max_connections` of them at most: at that limit this shard's oldest
+    /// goes, or with none here the connection is forgotten at once. Only the links' state
+    /// and the keys are kept, not what the application left unread.
     pub fn release(&mut self, h: ConnectionHandle, now: Instant) -> bool {
         let Some(c) = self.connections.get_mut(&h) else {
             return false;
@@ -1428,25 +1450,35 @@ impl Endpoint {
             self.remove(h);
             return true;
         }
-        c.released = true;
-        let initial = (c.handshake_path().1, c.peer_cid());
-        if let Some(counts) = &self.cfg.connection_counts {
-            counts.release();
+        let counts = (self.cfg.connection_counts.clone()).expect("set by Endpoint::new");
+        let most = self.cfg.max_connections;
+        // at the limit (of the whole endpoint: shards share it) this shard's oldest makes
+        // room; with none here, this one is not kept
+        if !counts.try_linger(most) {
+            if let Some((_, oldest)) = self.released.pop_front() {
+                self.remove(oldest);
+            }
+            if !counts.try_linger(most) {
+                self.remove(h);
+                return true;
+            }
         }
+        let c = self.connections.get_mut(&h).expect("looked up above");
+        c.release();
+        counts.release();
+        let (initial, peer_cid) = ((c.handshake_path().1, c.peer_cid()), c.peer_cid());
         self.uncount(h);
         self.attention.events.remove(h);
-        // a client that draws the same ID again makes a new connection
+        // Taken out of the indexes that RESETs, ICMP errors and new handshakes search: it
+        // ended, and must neither take what is meant for a live connection of the same
+        // client ID nor count among them. Its own ID still finds it.
         if self.by_initial.get(&initial) == Some(&h) {
             self.by_initial.remove(&initial);
         }
-        // shards share the limit
-        let most = self
-            .cfg
-            .max_connections
-            .div_ceil(self.cfg.shard.count.max(1) as usize);
-        if self.released.len() >= most.max(1) {
-            if let Some((_, oldest)) = self.released.pop_front() {
-                self.remove(oldest);
+        if let Some(hs) = self.by_peer_cid.get_mut(&peer_cid) {
+            hs.retain(|x| *x != h);
+            if hs.is_empty() {
+                self.by_peer_cid.remove(&peer_cid);
             }
         }
         self.released.push_back((now + linger, h));

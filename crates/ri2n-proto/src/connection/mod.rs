@@ -1108,6 +1108,26 @@ impl Connection {
         self.closing.let_go_silence = Some(silence);
     }
 
+    /// Its application let go of it after a clean end, and its endpoint keeps it only to
+    /// confirm that end to a peer that missed it ([`crate::Endpoint::release`]): what the
+    /// application did not read (a clean end does not wait for the reader), and anything
+    /// still queued, goes now. Its links (what arrived on each) and its keys stay: the
+    /// confirmation is made of them.
+    pub(crate) fn release(&mut self) {
+        self.released = true;
+        let (window, cfg) = (self.cfg.stream_receive_window, &self.cfg);
+        self.recv = [RecvStream::new(window), RecvStream::new(window)];
+        self.send = [
+            SendStream::new(cfg.send_buffer, 0),
+            SendStream::new(cfg.send_buffer, 0),
+        ];
+        self.datagrams.incoming =
+            IncomingDatagrams::new(cfg.datagram_receive_buffer, cfg.datagram_reorder_hold);
+        self.datagrams.outgoing =
+            OutgoingDatagrams::new(cfg.datagram_send_buffer, cfg.datagram_max_age);
+        self.events = VecDeque::new();
+    }
+
     /// Ends a connection that lingers after a clean end ([`ConnectionState::Draining`]) now,
     /// as its endpoint closes: Closed with no error, the peer told that everything it sent
     /// arrived (CLOSE code 0 with the acknowledgements that prove it, PROTOCOL.md §8.2),
