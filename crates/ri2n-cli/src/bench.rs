@@ -959,7 +959,7 @@ fn resent_line(bytes: u64, resent: u64, lost: Option<u64>, reverse: bool) -> Str
         // TCP repairs its own losses; ri2n sends again only what a failed or stalled link held
         return format!(
             "{} sent again ({share:.2} % of the data{}): what a link that died or stalled had \
-             taken, sent on another link, and 5 bytes of framing per chunk of the stream",
+             taken, sent on another link",
             fmt_bytes(resent),
             if reverse { ", the server's count" } else { "" }
         );

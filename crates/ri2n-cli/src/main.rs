@@ -635,7 +635,10 @@ pub struct BenchArgs {
     /// `summary.links`, `delivered_bytes`, `delivered_bps` and `delivered_share` are what each
     /// link delivered over the test (with --reverse as the server counted it); a byte
     /// delivered twice (see below) counts on both links, and the test's own control message
-    /// and the framing count too (a few bytes per message, and over TCP per chunk).
+    /// and the framing count too (a few bytes per message, and over TCP per chunk). The other
+    /// counters of `summary.links` and `intervals[].links` are this end's own: with --reverse
+    /// their `packets_lost` are this client's (acknowledgements), and the sending server's,
+    /// which the text shows per link, are in `server.links`.
     /// `summary.retransmitted_bytes` (the text's "sent again") counts stream bytes sent more
     /// than once: repairs of the `packets_lost` (packets declared lost: unacknowledged in
     /// time, or on a link that failed; null over TCP, which counts no packets), and early
