@@ -122,7 +122,13 @@ impl AsyncConnection {
     }
 
     /// The connection, for statistics, events, messages and the other calls (those that
-    /// wait block the thread: from a task, use their `try_` forms).
+    /// wait block the thread: from a task, use their `try_` forms). Such a call of a kind
+    /// that a task waits for here (a `try_recv_message` while another task awaits
+    /// [`recv_message`](Self::recv_message), a `try_write` while another awaits
+    /// [`send_message`](Self::send_message) or a write) clears the descriptor that task
+    /// waits on, and may take the wake-up meant for it: that task then sleeps on with a
+    /// message, or room, there. Make the calls of a kind that tasks wait for through this
+    /// adapter alone, which gives such wake-ups back.
     pub fn get_ref(&self) -> &Connection {
         &self.conn
     }

@@ -579,3 +579,74 @@ fn waiter_beside(beside: Beside) -> bool {
         woken
     })
 }
+
+/// A writer waits for room for a message (the peer reads nothing) while another task, or
+/// thread, finishes the connection: the writer is woken and fails with `BrokenPipe`, on
+/// both transports, as an async task or a thread in the blocking call. Before, nothing told
+/// it: the task slept on (both transports), and so did the thread on the TCP transport,
+/// for as long as the peer read nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finish_wakes_a_writer_waiting_for_room() {
+    for transport in [Transport::Udp, Transport::Tcp] {
+        for blocking in [false, true] {
+            let what = format!("{transport:?} (a thread in the blocking call: {blocking})");
+            let small = ConnectionConfig::default()
+                .with_stream_receive_window(64 << 10)
+                .with_send_buffer(64 << 10);
+            let config = EndpointConfig::new(vec![loopback("127.0.0.1")]).with_transport(transport);
+            let server = Endpoint::bind(
+                config
+                    .clone()
+                    .server()
+                    .with_server_connection(small.clone()),
+            )
+            .unwrap();
+            let client = Endpoint::bind(config).unwrap();
+            let to = server.local_addrs();
+            let peer = std::thread::spawn(move || {
+                let c = server.accept().unwrap();
+                (server, c)
+            });
+            let conn = ri2n::tokio::connect(&client, &to, small).await.unwrap();
+            let conn = Arc::new(conn);
+            let msg = [1u8; 1024];
+            // the send buffer and the peer's window full
+            for _ in 0..3 {
+                while conn.get_ref().try_send_message(&msg).is_ok() {}
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let waiting = Arc::new(AtomicBool::new(false));
+            let writer = {
+                let (conn, waiting) = (conn.clone(), waiting.clone());
+                if blocking {
+                    tokio::task::spawn_blocking(move || {
+                        waiting.store(true, Ordering::SeqCst);
+                        conn.get_ref().send_message(&msg)
+                    })
+                } else {
+                    tokio::spawn(
+                        async move { noting_pending(conn.send_message(&msg), waiting).await },
+                    )
+                }
+            };
+            until_all_pending(&[waiting]).await;
+            // (the thread is in its call by then)
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert!(
+                !writer.is_finished(),
+                "{what}: the premise: the writer waits"
+            );
+            conn.get_ref().finish().unwrap();
+            let woken = tokio::time::timeout(Duration::from_secs(5), writer).await;
+            // a thread still waiting ends with the abort
+            conn.get_ref().abort(0, "the test is over");
+            let e = woken
+                .unwrap_or_else(|_| panic!("{what}: the writer slept on after the finish"))
+                .unwrap()
+                .expect_err("no message after the finish");
+            assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{what}: {e}");
+            let ends = tokio::task::spawn_blocking(move || drop((peer.join().unwrap(), client)));
+            ends.await.unwrap();
+        }
+    }
+}

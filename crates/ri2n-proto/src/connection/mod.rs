@@ -950,9 +950,14 @@ impl Connection {
         for s in &mut self.send {
             s.finish();
         }
-        // no writer retries after the end: none is left to wait for room, or to tell
+        // a writer waiting for room (another thread's, or task's) retries now and meets the
+        // end; none waits after it
+        let waiting = self.write_wants.iter().any(Option::is_some);
         self.write_wants = [None; 2];
         self.writer_told = [false; 2];
+        if waiting {
+            self.event(Event::Writable);
+        }
     }
 
     /// Reads from the byte stream. `Ok(0)` (with a non-empty `buf`) is the end of the stream;

@@ -1085,10 +1085,12 @@ impl TcpConnection {
         }
         st.seal_tail();
         st.striper.finish();
-        // no writer retries after the end: none is left to tell
+        // a writer waiting for room (another thread's, or task's) retries now and meets the
+        // end; none waits after it
         st.writers_blocked = [None; 2];
         drop(st);
         self.wake_writers();
+        self.notify_app_of(&Event::Writable);
         Ok(())
     }
 
