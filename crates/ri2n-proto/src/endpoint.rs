@@ -189,7 +189,8 @@ pub struct Endpoint {
     /// Connections that ended cleanly and that the application let go of, oldest first, with
     /// the instant each is forgotten: kept so that a peer that missed their last
     /// acknowledgements is still told that everything it sent arrived (PROTOCOL.md §8.2),
-    /// as TCP keeps a closed connection in TIME-WAIT. They count against no limit.
+    /// as TCP keeps a closed connection in TIME-WAIT. They count against no limit of the
+    /// live connections, and have one of their own ([`Self::release`]).
     released: VecDeque<(Instant, ConnectionHandle)>,
 }
 
