@@ -260,6 +260,17 @@ impl Watchers {
         }
     }
 
+    /// A reading call of kind `caller` left more of its kind to read: that kind's own
+    /// descriptor (only the tokio adapter makes one) is signalled again. The call cleared
+    /// it, and a task waiting on it while another task made the call (a `try_` call the
+    /// adapter does not count among its own) would sleep on with that data there. The
+    /// shared descriptors keep their edges: an event loop reads them as it likes.
+    pub fn signal_own_kind(&self, caller: Caller) {
+        if let Some(r) = caller.kind_slot().and_then(|i| self.read_kinds[i].get()) {
+            r.signal();
+        }
+    }
+
     /// A non-blocking call of kind `caller` is about to look: it clears the descriptors it
     /// answers for (the combined one, its side's, and its own kind's).
     pub fn clear(&self, caller: Caller) {

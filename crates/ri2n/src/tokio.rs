@@ -122,13 +122,11 @@ impl AsyncConnection {
     }
 
     /// The connection, for statistics, events, messages and the other calls (those that
-    /// wait block the thread: from a task, use their `try_` forms). Such a call of a kind
-    /// that a task waits for here (a `try_recv_message` while another task awaits
-    /// [`recv_message`](Self::recv_message), a `try_write` while another awaits
-    /// [`send_message`](Self::send_message) or a write) clears the descriptor that task
-    /// waits on, and may take the wake-up meant for it: that task then sleeps on with a
-    /// message, or room, there. Make the calls of a kind that tasks wait for through this
-    /// adapter alone, which gives such wake-ups back.
+    /// wait block the thread: from a task, use their `try_` forms). A reading `try_` call
+    /// beside a task waiting here for the same kind leaves that task woken while more of the
+    /// kind waits. A writing one (`try_write`, `try_send_message`) beside a task waiting
+    /// here for room may take the wake-up meant for it, and that task then sleeps on with
+    /// room there: write through this adapter alone while a task of it waits for room.
     pub fn get_ref(&self) -> &Connection {
         &self.conn
     }

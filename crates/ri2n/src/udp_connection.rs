@@ -99,7 +99,8 @@ impl UdpConnection {
     /// A non-blocking call of kind `interest`: clears its readiness descriptors, then runs `f`
     /// on the engine's connection (both under the lock, so an event after `f` looked signals
     /// them again). What is still there to read, and room a blocked writer was told of, keep
-    /// the descriptors of their callers signalled (`Watchers::signal_waiting`).
+    /// the descriptors of their callers signalled (`Watchers::signal_waiting`), and what is
+    /// left of the call's own kind its kind's own (`Watchers::signal_own_kind`).
     fn try_with<T>(&self, caller: Caller, f: impl FnOnce(&mut ProtoConnection) -> T) -> T {
         let shared = self.driver.shared();
         let mut st = shared.lock();
@@ -111,6 +112,15 @@ impl UdpConnection {
             writer_may_retry: c.writer_may_retry(),
         };
         self.watchers.signal_waiting(caller, waiting);
+        let own_left = match caller {
+            Caller::ReadStream => c.has_stream_bytes(),
+            Caller::ReadMessage => c.has_message(),
+            Caller::ReadDatagram => c.has_datagram(),
+            Caller::WriteStream | Caller::WriteMessage => false,
+        };
+        if own_left {
+            self.watchers.signal_own_kind(caller);
+        }
         drop(shared.after_app_call(st));
         out
     }

@@ -1005,11 +1005,23 @@ impl Connection {
     /// message or a datagram. (A driver keeps a reader's descriptor signalled while it is so:
     /// a call that looked for one kind and found nothing must not hide another.)
     pub fn has_readable(&self) -> bool {
-        if self.recv[BYTE_STREAM].readable() > 0 || self.datagrams.incoming.waiting().1 > 0 {
-            return true;
-        }
+        self.has_stream_bytes() || self.has_datagram() || self.has_message()
+    }
+
+    /// Whether bytes of the byte stream are there to read.
+    pub fn has_stream_bytes(&self) -> bool {
+        self.recv[BYTE_STREAM].readable() > 0
+    }
+
+    /// Whether a whole message is there to read.
+    pub fn has_message(&self) -> bool {
         self.next_message_header()
             .is_some_and(|(hlen, len)| self.recv[MESSAGE_STREAM].readable() >= hlen as u64 + len)
+    }
+
+    /// Whether a datagram is there to read.
+    pub fn has_datagram(&self) -> bool {
+        self.datagrams.incoming.waiting().1 > 0
     }
 
     /// Whether a writer that found a stream's send buffer full was told it may retry

@@ -1179,7 +1179,20 @@ impl TcpConnection {
             buf[n..n + piece.len()].copy_from_slice(&piece);
             n += piece.len();
         }
+        self.signal_own_left(&st, Incoming::Stream, block);
         Ok(n)
+    }
+
+    /// After a non-blocking read of `from`: what is left of its kind keeps that kind's own
+    /// descriptor signalled (`Watchers::signal_own_kind`).
+    fn signal_own_left(&self, st: &State, from: Incoming, block: bool) {
+        let (left, caller) = match from {
+            Incoming::Stream => (!st.stream_in.is_empty(), Caller::ReadStream),
+            Incoming::Messages => (!st.messages.is_empty(), Caller::ReadMessage),
+        };
+        if left && !block {
+            self.watchers.signal_own_kind(caller);
+        }
     }
 
     /// Replaces `buf` with the next received piece, whole (without a copy when nothing else
@@ -1214,6 +1227,7 @@ impl TcpConnection {
         let done = std::mem::replace(chunk, piece);
         st.spare_recv
             .keep(reclaim(done).unwrap_or_default(), unread);
+        self.signal_own_left(&st, Incoming::Stream, block);
         Ok(chunk.len())
     }
 
@@ -1238,6 +1252,7 @@ impl TcpConnection {
         let m = st.messages.pop_front().expect("a message is waiting");
         st.consume(m.len() as u64);
         self.send_queued_acks(&mut st);
+        self.signal_own_left(&st, Incoming::Messages, block);
         Ok(Some(m))
     }
     pub fn wait_acknowledged(&self, timeout: Option<Duration>) -> io::Result<()> {
