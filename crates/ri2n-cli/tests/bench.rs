@@ -632,13 +632,15 @@ fn a_client_that_names_no_test_is_let_go() {
 /// end, and never reports, so the client is sure to be waiting when the signal comes.
 #[test]
 fn a_client_interrupted_while_awaiting_the_report_says_so() {
-    let listen: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let mut config = ri2n::EndpointConfig::new(vec![listen]).server();
+    // a port of the system's choice: one noted free and bound later may be taken meanwhile
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let mut config = ri2n::EndpointConfig::new(vec![any]).server();
     config.server_connection = config
         .server_connection
         .with_application("ri2n bench")
         .with_accept_messages(true);
     let endpoint = ri2n::Endpoint::bind(config).unwrap();
+    let listen = endpoint.local_addrs()[0];
     let (read_all, got_all) = std::sync::mpsc::channel();
     let server = std::thread::spawn(move || {
         let conn = endpoint.accept().unwrap();
