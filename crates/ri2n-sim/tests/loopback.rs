@@ -437,14 +437,8 @@ fn server_closes_with_its_acknowledgements_lost(tb: &mut Testbed) -> ConnectionH
 fn a_closed_peer_confirms_a_clean_end_whose_acknowledgements_were_lost() {
     let mut tb = connected_pair(&[addr("10.0.0.1:5000")], &[addr("10.0.0.2:6000")]);
     server_closes_with_its_acknowledgements_lost(&mut tb);
-    cut(&mut tb, Dir::BToA, false);
-    let ch = tb.ch;
-    run(&mut tb, Duration::from_secs(30), |c, _, _| {
-        c.connection(ch).unwrap().state() == ConnectionState::Closed
-    });
-    let c = tb.client.connection(ch).unwrap();
-    assert_eq!(c.close_reason(), None, "a clean close");
-    assert!(c.is_send_complete());
+    assert_eq!(client_end_after_the_heal(&mut tb), None, "a clean close");
+    assert!(tb.client_conn().is_send_complete());
 }
 
 /// As above, but the server's application lets go of the connection (a driver does so once a
@@ -468,13 +462,8 @@ fn a_released_peer_still_confirms_a_clean_end_whose_acknowledgements_were_lost()
     let before = resent(&tb);
     tb.advance(Duration::from_secs(2), |_| {});
     assert!(resent(&tb) > before, "the client went on sending meanwhile");
-    cut(&mut tb, Dir::BToA, false);
-    run(&mut tb, Duration::from_secs(30), |c, _, _| {
-        c.connection(ch).unwrap().state() == ConnectionState::Closed
-    });
-    let c = tb.client.connection(ch).unwrap();
-    assert_eq!(c.close_reason(), None, "a clean close");
-    assert!(c.is_send_complete());
+    assert_eq!(client_end_after_the_heal(&mut tb), None, "a clean close");
+    assert!(tb.client_conn().is_send_complete());
 }
 
 /// A released connection is kept for its endpoint's `close_linger` (10 s by default) and no
@@ -494,13 +483,20 @@ fn a_released_connection_is_forgotten_after_the_close_linger() {
     );
     tb.advance(Duration::from_millis(200), |_| {});
     assert!(tb.server.connection(sh).is_none(), "forgotten after it");
-    cut(&mut tb, Dir::BToA, false);
+    assert_eq!(
+        client_end_after_the_heal(&mut tb),
+        Some(ConnectionError::PeerRestarted)
+    );
+}
+
+/// The path towards the client heals: how the client's connection ends.
+fn client_end_after_the_heal(tb: &mut Testbed) -> Option<ConnectionError> {
+    cut(tb, Dir::BToA, false);
     let ch = tb.ch;
-    run(&mut tb, Duration::from_secs(30), |c, _, _| {
+    run(tb, Duration::from_secs(30), |c, _, _| {
         c.connection(ch).unwrap().state() == ConnectionState::Closed
     });
-    let c = tb.client.connection(ch).unwrap();
-    assert_eq!(c.close_reason(), Some(&ConnectionError::PeerRestarted));
+    tb.client_conn().close_reason().cloned()
 }
 
 /// Both ends of a clean exchange linger (§8.1) when the client's endpoint closes: its
