@@ -213,6 +213,16 @@ pub struct ConnectionCounts {
     limits: std::sync::Mutex<SharedLimits>,
 }
 
+/// Adds one to `counter` unless it is at `limit` already; whether it did.
+fn count_below(counter: &std::sync::atomic::AtomicUsize, limit: usize) -> bool {
+    use std::sync::atomic::Ordering;
+    counter
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < limit).then_some(n + 1)
+        })
+        .is_ok()
+}
+
 /// The endpoint-wide rate limits of [`ConnectionCounts`], each made at its first use.
 #[derive(Debug, Default)]
 struct SharedLimits {
@@ -247,12 +257,7 @@ impl ConnectionCounts {
 
     /// Counts one more connection held, unless `limit` are held already.
     fn try_hold(&self, limit: usize) -> bool {
-        use std::sync::atomic::Ordering;
-        (self.held)
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < limit).then_some(n + 1)
-            })
-            .is_ok()
+        count_below(&self.held, limit)
     }
 
     fn hold(&self) {
@@ -265,12 +270,7 @@ impl ConnectionCounts {
 
     /// Counts one more connection kept after its release, unless `limit` are kept already.
     fn try_linger(&self, limit: usize) -> bool {
-        use std::sync::atomic::Ordering;
-        (self.lingering)
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < limit).then_some(n + 1)
-            })
-            .is_ok()
+        count_below(&self.lingering, limit)
     }
 
     fn end_linger(&self) {
