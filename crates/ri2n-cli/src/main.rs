@@ -429,7 +429,9 @@ pub struct SendArgs {
     #[command(flatten)]
     pub connect: ConnectOpts,
 
-    /// File to send. Default (or `-`): stdin.
+    /// File to send. Default (or `-`): stdin. A file cut short while it is read (it ends
+    /// before the size it had when opened, and is smaller now) aborts the transfer, exit 1:
+    /// the receiver keeps what came in its FILE.partial.
     #[arg(long, short, value_name = "FILE")]
     pub input: Option<PathBuf>,
 
@@ -471,9 +473,10 @@ pub struct RecvArgs {
     #[arg(long = "listen", value_name = "ADDR:PORT", required = true, value_parser = parse_remote)]
     pub listen: Vec<SocketAddr>,
 
-    /// File to write. It is written as FILE.partial and renamed to FILE (replacing it; for a
-    /// symbolic link, the file it points to), synced to disk, only when the whole stream
-    /// arrived; after a failure or an interrupt FILE.partial holds what arrived and the error
+    /// File to write. It is written as FILE.partial (the name cut short where it would pass
+    /// 255 bytes) and renamed to FILE (replacing it, whose mode, owner and group it keeps
+    /// where this user may give them; for a symbolic link, the file it points to), synced to
+    /// disk, only when the whole stream arrived; after a failure or an interrupt FILE.partial holds what arrived and the error
     /// says how much (a later recv empties it only once its sender connects). While one recv
     /// writes FILE.partial, another given the same FILE is refused (exit 1), and so is a
     /// FILE.partial that is a symbolic link or has other hard links (it is never written

@@ -86,16 +86,16 @@ impl Output {
         }
         // a link to a file: the file it points to is replaced, not the link (written beside
         // that file, in its directory); created there when the link dangles, as `cp` does
-        let path = link_target(path)
+        let path = ri2n::follow_links(path)
             .map_err(|e| Failure::io(format!("cannot follow {}", path.display()), &e))?;
-        let mut partial = path.clone().into_os_string();
-        partial.push(".partial");
-        let partial = PathBuf::from(partial);
+        let partial = partial_name(&path);
         let f = create_partial(&partial)?;
-        // a file this one replaces keeps its permissions, as `cp` keeps them, and what
-        // arrives is no more readable meanwhile: a private file comes back private
+        // a file this one replaces keeps its owner and permissions, as `cp` (writing into
+        // it) keeps them, and what arrives is no more readable meanwhile: a private file
+        // comes back private, and root receiving into a user's file leaves it theirs
         if let Some(old) = std::fs::metadata(&path).ok().filter(|m| m.is_file()) {
-            f.set_permissions(old.permissions()).map_err(|e| {
+            let kept = keep_owner(&f, &old).and_then(|()| f.set_permissions(old.permissions()));
+            kept.map_err(|e| {
                 Failure::io(format!("cannot set the mode of {}", partial.display()), &e)
             })?;
         }
@@ -258,50 +258,27 @@ impl Output {
     }
 }
 
-/// The name `path`'s chain of symbolic links ends at, whether a file has that name or not
-/// (`path` itself when it is no link). Relative targets are taken from the link's directory.
-/// A link is followed only where the kernel's `protected_symlinks` rule lets a lookup follow
-/// it: this walk reads the links itself, and the kernel's check would not run. So a link
-/// another user put in `/tmp` cannot point a receiver, root's too, at a file of their
-/// choice.
-fn link_target(path: &Path) -> io::Result<PathBuf> {
-    // the kernel's own limit on links followed in one lookup
-    const MAX_HOPS: usize = 40;
-    let mut at = path.to_path_buf();
-    for _ in 0..MAX_HOPS {
-        let Some(link) = std::fs::symlink_metadata(&at)
-            .ok()
-            .filter(|m| m.is_symlink())
-        else {
-            return Ok(at);
-        };
-        refuse_foreign_link(&at, &link)?;
-        let target = std::fs::read_link(&at)?;
-        at = match at.parent() {
-            Some(dir) if target.is_relative() => dir.join(target),
-            _ => target,
-        };
-    }
-    Err(io::Error::from_raw_os_error(libc::ELOOP))
+/// `FILE.partial`: FILE's name and `.partial`, the name cut short where both would pass the
+/// longest file name (255 bytes).
+fn partial_name(path: &Path) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    const NAME_MAX: usize = 255;
+    const SUFFIX: &str = ".partial";
+    let name = path.file_name().map_or(&[][..], |n| n.as_bytes());
+    let mut partial = name[..name.len().min(NAME_MAX - SUFFIX.len())].to_vec();
+    partial.extend_from_slice(SUFFIX.as_bytes());
+    path.with_file_name(std::ffi::OsStr::from_bytes(&partial))
 }
 
-/// The `protected_symlinks` rule (see `proc_sys_fs(5)`): a link in a sticky directory
-/// others can write is followed only by its owner, or when the directory's owner owns it.
-fn refuse_foreign_link(at: &Path, link: &std::fs::Metadata) -> io::Result<()> {
+/// Gives `f` the owner and group of `old`, the file it will replace. Only root may give a
+/// file away, and a user may give it only a group of theirs: where the change is not this
+/// process's to make, `f` stays its own, as any file it creates.
+fn keep_owner(f: &File, old: &std::fs::Metadata) -> io::Result<()> {
     use std::os::unix::fs::MetadataExt;
-    let dir = at.parent().filter(|d| !d.as_os_str().is_empty());
-    let dir = std::fs::metadata(dir.unwrap_or(Path::new(".")))?;
-    let shared = dir.mode() & (libc::S_ISVTX | libc::S_IWOTH) == (libc::S_ISVTX | libc::S_IWOTH);
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    if shared && link.uid() != me && link.uid() != dir.uid() {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            "a symbolic link another user owns, in a directory others can write: not \
-             writing through it; remove it, or give another --output",
-        ));
+    match std::os::unix::fs::fchown(f, Some(old.uid()), Some(old.gid())) {
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => Ok(()),
+        r => r,
     }
-    Ok(())
 }
 
 /// Creates `partial` for writing, or takes a file left there by an earlier run (emptied once

@@ -113,6 +113,19 @@ fn read_into(fd: BorrowedFd<'_>, buf: &mut Vec<u8>, max: usize) -> io::Result<us
     Ok(n as usize)
 }
 
+/// The input file's size when it was opened (`total`) and now, if it ended before that
+/// size and is now smaller: it was cut short while it was read (a log rotated, a file
+/// rewritten), and what was read is neither the file as it was nor as it is, as `tar` warns.
+/// A file that reads shorter than its size (those of /sys) is not smaller afterwards.
+fn shrank(input: BorrowedFd<'_>, total: Option<u64>, written: u64) -> Option<(u64, u64)> {
+    let was = total.filter(|&size| written < size)?;
+    let now = File::from(input.try_clone_to_owned().ok()?)
+        .metadata()
+        .ok()?
+        .len();
+    (now < was).then_some((was, now))
+}
+
 pub fn run(args: &SendArgs) -> Result<(), Failure> {
     interrupt::install();
     let (input, total, name): (Box<dyn AsFd>, Option<u64>, String) = match &args.input {
@@ -177,7 +190,21 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
             // the end of the input, unless a signal to this process came first: the same
             // signal may have ended the program feeding it, and then the data did not end
             Ok(0) => match interrupt::raised() {
-                None => break,
+                None => match shrank(input.as_fd(), total, written) {
+                    None => break,
+                    Some((was, now)) => {
+                        conn.abort(1, "the sender's input file shrank while it was read");
+                        monitor.finish();
+                        return Err(Failure::new(
+                            crate::error::GENERIC,
+                            format!(
+                                "{name} shrank from {was} to {now} bytes while it was read: the \
+                                 transfer was aborted after {written} bytes, which are neither \
+                                 the file as it was nor as it is"
+                            ),
+                        ));
+                    }
+                },
                 Some(signal) => {
                     let why = format!("interrupted by {}", interrupt::name(signal));
                     conn.abort(signal as u64, &why);

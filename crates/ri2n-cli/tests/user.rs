@@ -1073,3 +1073,218 @@ fn recv_does_not_follow_another_user_s_link_in_a_shared_directory() {
     );
     std::fs::remove_dir_all(shared.path()).unwrap();
 }
+
+/// `ri2n keygen --force --output LINK`, where LINK is a symbolic link another user made in a
+/// sticky directory others can write, replaces nothing: exit 1, saying why, the file it
+/// points at left as it was. Before, keygen resolved the link itself (`canonicalize`), which
+/// the kernel's `protected_symlinks` check never sees, and root's keygen replaced the file
+/// of that user's choice with the key. As root: the link is given to nobody (65534).
+#[test]
+fn keygen_force_does_not_follow_another_user_s_link_in_a_shared_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    if !root_or_skip("a link owned by another user") {
+        return;
+    }
+    let shared = TempFile::new("key-shared-dir");
+    std::fs::create_dir(shared.path()).unwrap();
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let victim = TempFile::new("key-link-victim");
+    std::fs::write(victim.path(), b"precious\n").unwrap();
+    let link = shared.path().join("cluster.key");
+    std::os::unix::fs::symlink(victim.path(), &link).unwrap();
+    std::os::unix::fs::lchown(&link, Some(65534), Some(65534)).unwrap();
+    let (s, o) = ri2n(
+        ["keygen", "--force", "--output", link.to_str().unwrap()],
+        Duration::from_secs(10),
+    );
+    let err = stderr_of(&o);
+    assert_eq!(s.code(), Some(1), "exit code; stderr: {err}");
+    assert!(
+        err.contains("a symbolic link another user owns"),
+        "says why: {err}"
+    );
+    assert_eq!(std::fs::read(victim.path()).unwrap(), b"precious\n");
+    assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+    std::fs::remove_dir_all(shared.path()).unwrap();
+}
+
+/// `ri2n keygen --force --output LINK` keeps the link and writes the key where it points,
+/// also where no file is yet (as `cp` does), and replaces only a regular file: a link to
+/// a pipe (as `/dev/stdout` is under `| ssh ...`) or a FIFO is refused, exit 1, and stays.
+/// Before, a link whose target did not resolve was itself replaced by a key file (so root's
+/// `keygen --force -o /dev/stdout | ...` left the key in /dev), and a device or FIFO was
+/// renamed over (`-o /dev/null`).
+#[test]
+fn keygen_force_writes_through_a_link_and_only_over_a_file() {
+    let dir = TempFile::new("key-links");
+    std::fs::create_dir(dir.path()).unwrap();
+    let keygen = |path: &Path| {
+        ri2n(
+            ["keygen", "--force", "--output", path.to_str().unwrap()],
+            Duration::from_secs(10),
+        )
+    };
+    // a dangling link: the key is made where it points
+    let dangling = dir.path().join("dangling.key");
+    std::os::unix::fs::symlink("real.key", &dangling).unwrap();
+    let (s, o) = keygen(&dangling);
+    assert!(
+        s.success(),
+        "keygen through a dangling link: {}",
+        stderr_of(&o)
+    );
+    assert!(std::fs::symlink_metadata(&dangling).unwrap().is_symlink());
+    let key = std::fs::read_to_string(dir.path().join("real.key")).unwrap();
+    assert!(key.starts_with("ri2n-key-v1:"), "{key:?}");
+    // a link to this process's stdout, a pipe here, and a FIFO
+    let stdout = dir.path().join("stdout");
+    std::os::unix::fs::symlink("/proc/self/fd/1", &stdout).unwrap();
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo of a NUL-terminated path this test names
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    for (path, is_link) in [(&stdout, true), (&fifo, false)] {
+        let (s, o) = keygen(path);
+        let err = stderr_of(&o);
+        assert_eq!(s.code(), Some(1), "{}: {err}", path.display());
+        assert!(err.contains("not a regular file"), "says why: {err}");
+        assert!(o.stdout.is_empty(), "no key on stdout");
+        let kind = std::fs::symlink_metadata(path).unwrap().file_type();
+        assert!(
+            if is_link {
+                kind.is_symlink()
+            } else {
+                std::os::unix::fs::FileTypeExt::is_fifo(&kind)
+            },
+            "{} left as it was: {kind:?}",
+            path.display()
+        );
+    }
+    let mut names: Vec<_> = (std::fs::read_dir(dir.path()).unwrap())
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["dangling.key", "fifo", "real.key", "stdout"]);
+    std::fs::remove_dir_all(dir.path()).unwrap();
+}
+
+/// A file an interrupted keygen left beside the key (its new file, named after the process)
+/// does not stop a later keygen, with or without --force, where the key file itself does
+/// not exist. Before, the new file's name came from the process ID alone, and a keygen
+/// that is process 1 at every start (in a container; `unshare --pid` here) failed with
+/// "cluster.key exists" forever after one was interrupted.
+#[test]
+fn a_file_an_interrupted_keygen_left_is_no_existing_key() {
+    if !root_or_skip("a PID namespace (unshare --pid)") {
+        return;
+    }
+    let dir = TempFile::new("key-left");
+    std::fs::create_dir(dir.path()).unwrap();
+    let path = dir.path().join("cluster.key");
+    // the name a keygen that was process 1 gave its new file
+    std::fs::write(dir.path().join(".cluster.key.1.0.new"), "").unwrap();
+    for force in [false, true] {
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--pid", "--fork"]).arg(bin()).arg("keygen");
+        cmd.arg("--output")
+            .arg(&path)
+            .args(force.then_some("--force"));
+        let o = cmd.output().expect("running unshare");
+        assert!(o.status.success(), "keygen: {}", stderr_of(&o));
+        let key = std::fs::read_to_string(&path).unwrap();
+        assert!(key.starts_with("ri2n-key-v1:"), "{key:?}");
+        if !force {
+            std::fs::remove_file(&path).unwrap();
+        }
+    }
+    std::fs::remove_dir_all(dir.path()).unwrap();
+}
+
+/// `ri2n recv --output FILE` takes a name as long as a file name may be (255 bytes), its
+/// FILE.partial cut short to fit. Before, `.partial` made it too long, and recv exited 1
+/// ("File name too long") before any sender came.
+#[test]
+fn recv_takes_an_output_name_as_long_as_a_file_name_may_be() {
+    let dir = TempFile::new("long-name");
+    std::fs::create_dir(dir.path()).unwrap();
+    let input = dir.path().join("in");
+    let sent = write_random(&input, 100_000, 7);
+    let output = dir.path().join("f".repeat(255));
+    let (recv, a) = spawn_recv(free_port(), &output, &["--quiet"]);
+    let (s, so) = send_file(&a, &input, &["--quiet"]);
+    let (r, ro) = recv.wait(Duration::from_secs(20));
+    assert!(s.success(), "send: {}", stderr_of(&so));
+    assert!(r.success(), "recv: {}", stderr_of(&ro));
+    assert_eq!(sha256_file(&output), (sent, 100_000));
+    std::fs::remove_dir_all(dir.path()).unwrap();
+}
+
+/// Root receiving into a file of another user leaves it theirs, mode kept, as `cp` would.
+/// Before, the file took its place with root as its owner, and the user could no longer
+/// read their own (mode 0600) file.
+#[test]
+fn a_replaced_output_keeps_its_owner() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !root_or_skip("a file of another user") {
+        return;
+    }
+    let input = TempFile::new("owner-in");
+    let sent = write_random(input.path(), 50_000, 3);
+    let output = TempFile::new("owner-out");
+    std::fs::write(output.path(), "old").unwrap();
+    std::fs::set_permissions(output.path(), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::chown(output.path(), Some(65534), Some(65534)).unwrap();
+    let (recv, a) = spawn_recv(free_port(), output.path(), &["--quiet"]);
+    let (s, so) = send_file(&a, input.path(), &["--quiet"]);
+    let (r, ro) = recv.wait(Duration::from_secs(20));
+    assert!(s.success(), "send: {}", stderr_of(&so));
+    assert!(r.success(), "recv: {}", stderr_of(&ro));
+    assert_eq!(sha256_file(output.path()), (sent, 50_000));
+    let m = std::fs::metadata(output.path()).unwrap();
+    assert_eq!((m.uid(), m.gid(), m.mode() & 0o777), (65534, 65534, 0o600));
+}
+
+/// A file cut short while `ri2n send` reads it (a log rotated, a file rewritten) ends the
+/// transfer as a failure on both sides: the sender exits 1 saying so, and the receiver's
+/// FILE is not made from what came, which is neither the file as it was nor as it is.
+/// Before, both exited 0 and FILE held the first part of the old content. The links are
+/// slowed so that the cut comes while the data moves.
+#[test]
+fn an_input_file_cut_short_while_sent_is_no_success() {
+    let _heavy = heavy();
+    let input = TempFile::new("shrinks");
+    let len = 64u64 << 20;
+    write_random(input.path(), len, 11);
+    let output = TempFile::new("shrinks-out");
+    let (recv, a) = spawn_recv(free_port(), output.path(), &["--quiet"]);
+    let slow = ["--fault", "0:127.0.0.1:rate=40M"];
+    let send = Proc::spawn(
+        "ri2n send",
+        Command::new(bin())
+            .args(["send", "--to", &a, "--quiet", "--input"])
+            .arg(input.path())
+            .args(slow)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    wait_file_grows(&output.partial(), Duration::from_secs(20));
+    let file = std::fs::OpenOptions::new().write(true).open(input.path());
+    file.unwrap().set_len(1 << 20).unwrap();
+    let (s, so) = send.wait(Duration::from_secs(60));
+    let (r, ro) = recv.wait(Duration::from_secs(20));
+    let err = stderr_of(&so);
+    assert_eq!(s.code(), Some(1), "send: {err}");
+    assert!(
+        err.contains(&format!("shrank from {len} to 1048576 bytes")),
+        "says why: {err}"
+    );
+    assert_eq!(r.code(), Some(4), "recv: {}", stderr_of(&ro));
+    assert!(
+        stderr_of(&ro).contains("input file shrank"),
+        "recv: {}",
+        stderr_of(&ro)
+    );
+    assert!(!output.path().exists(), "FILE not made");
+    let _ = std::fs::remove_file(output.partial());
+}

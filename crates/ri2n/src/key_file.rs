@@ -5,9 +5,8 @@ use std::ffi::{OsStr, OsString};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 
 use crate::Key;
 
@@ -18,38 +17,32 @@ const NAME_MAX: usize = 255;
 ///
 /// The key is written and synced to a new file beside `path`, created with mode 0600 (the
 /// umask can only narrow it: never readable by others, not even for a moment), and then put
-/// in place in one step: renamed over `path` if `replace` (a symbolic link at `path` keeps
-/// pointing at the key it names, which is replaced), else linked where no file is
+/// in place in one step: renamed over `path` if `replace`, else linked where no file is
 /// (`AlreadyExists` if one is). So a write that fails (a full disk, a file size limit) leaves
 /// the old key as it was, or no file, never an empty or half-written key that every later
 /// start would refuse. The directory is synced last, so the new name is on disk too.
+///
+/// When replacing, a symbolic link at `path` keeps pointing where it did and the file it
+/// names is replaced (created, where the link dangles), as far as [`follow_links`] follows
+/// it; only a regular file is replaced (`InvalidInput` for a device, a pipe, a directory).
 pub fn write_key_file(key: &Key, path: &Path, replace: bool) -> io::Result<()> {
-    // two writers in one process never share the file beside
-    static WRITES: AtomicU64 = AtomicU64::new(0);
-    let target = match fs::canonicalize(path) {
-        Ok(real) if replace => real,
-        _ => path.to_owned(),
+    let target = match replace {
+        true => follow_links(path)?,
+        false => path.to_owned(),
     };
+    // what the links lead to, and what the kernel's own lookup finds (a link of /proc names
+    // no file, `/dev/stdout` a pipe)
+    let found = [fs::symlink_metadata(&target), fs::metadata(path)];
+    if replace && found.iter().flatten().any(|m| !m.is_file()) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file: a key file takes its place only where a file was",
+        ));
+    }
     let name = target.file_name().ok_or_else(|| {
         io::Error::new(io::ErrorKind::InvalidInput, "a key file needs a file name")
     })?;
-    // hidden, and as short as a file name must be (255 bytes) whatever the key file's own:
-    // its start names the key it holds, the process and count keep it unique
-    let unique = format!(
-        ".{}.{}.new",
-        std::process::id(),
-        WRITES.fetch_add(1, Ordering::Relaxed)
-    );
-    let mut temp_name = OsString::from(".");
-    let kept = name.len().min(NAME_MAX - 1 - unique.len());
-    temp_name.push(OsStr::from_bytes(&name.as_bytes()[..kept]));
-    temp_name.push(unique);
-    let temp = target.with_file_name(temp_name);
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&temp)?;
+    let (temp, mut file) = create_beside(&target, name)?;
     let mut line = key.to_text();
     line.push('\n');
     let placed = (file.write_all(line.as_bytes()))
@@ -68,6 +61,81 @@ pub fn write_key_file(key: &Key, path: &Path, replace: bool) -> io::Result<()> {
         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+/// A new private file beside `target` (whose file name is `name`), hidden, and as short as a
+/// file name must be whatever `name`'s length: its start names the key it holds, a random
+/// part keeps it apart from any other, a file an interrupted write left under another
+/// process's name included (a process in a container has the same ID at every start).
+fn create_beside(target: &Path, name: &OsStr) -> io::Result<(PathBuf, File)> {
+    // a name that is taken is tried again with another random part, a few times: one left
+    // over is found once, names taken on purpose in a directory others write are an error
+    const TRIES: usize = 8;
+    for _ in 0..TRIES {
+        let unique = format!(".{:016x}.new", rand::random::<u64>());
+        let mut temp_name = OsString::from(".");
+        let kept = name.len().min(NAME_MAX - 1 - unique.len());
+        temp_name.push(OsStr::from_bytes(&name.as_bytes()[..kept]));
+        temp_name.push(unique);
+        let temp = target.with_file_name(temp_name);
+        let created = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&temp);
+        match created {
+            Ok(file) => return Ok((temp, file)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    // not AlreadyExists: that says the key file itself exists
+    Err(io::Error::other(format!(
+        "no free name for a new file beside it ({TRIES} random names taken)"
+    )))
+}
+
+/// The name `path`'s chain of symbolic links ends at, whether a file has that name or not
+/// (`path` itself when it is no link): where a file written in place of `path`'s goes.
+/// Relative targets are taken from the link's directory. A link is followed only where the
+/// kernel's `protected_symlinks` rule (see `proc_sys_fs(5)`) lets a lookup follow it: this
+/// walk reads the links itself, and the kernel's check would not run. So a link another user
+/// put in `/tmp` cannot point a writer, root included, at a file of their choice
+/// (`PermissionDenied`).
+pub fn follow_links(path: &Path) -> io::Result<PathBuf> {
+    // the kernel's own limit on links followed in one lookup
+    const MAX_HOPS: usize = 40;
+    let mut at = path.to_path_buf();
+    for _ in 0..MAX_HOPS {
+        let Some(link) = fs::symlink_metadata(&at).ok().filter(|m| m.is_symlink()) else {
+            return Ok(at);
+        };
+        refuse_foreign_link(&at, &link)?;
+        let target = fs::read_link(&at)?;
+        at = match at.parent() {
+            Some(dir) if target.is_relative() => dir.join(target),
+            _ => target,
+        };
+    }
+    Err(io::Error::from_raw_os_error(libc::ELOOP))
+}
+
+/// The `protected_symlinks` rule: a link in a sticky directory others can write is followed
+/// only by its owner, or when the directory's owner owns it.
+fn refuse_foreign_link(at: &Path, link: &fs::Metadata) -> io::Result<()> {
+    let dir = at.parent().filter(|d| !d.as_os_str().is_empty());
+    let dir = fs::metadata(dir.unwrap_or(Path::new(".")))?;
+    let shared = dir.mode() & (libc::S_ISVTX | libc::S_IWOTH) == (libc::S_ISVTX | libc::S_IWOTH);
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if shared && link.uid() != me && link.uid() != dir.uid() {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "a symbolic link another user owns, in a directory others can write: not writing \
+             through it",
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

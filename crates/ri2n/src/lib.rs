@@ -55,7 +55,7 @@ use std::time::{Duration, Instant};
 pub use bytes::Bytes;
 pub use connection::{Connection, TimedEvent};
 pub use impair::Impairment;
-pub use key_file::write_key_file;
+pub use key_file::{follow_links, write_key_file};
 pub use ri2n_proto::{
     datagram_capacity, Cipher, ConnectError, ConnectionConfig, ConnectionError, ConnectionState,
     ConnectionStats, DropCounts, DropReason, EndpointConfig, Event, Key, KeyError, KeyMismatch,
