@@ -1,6 +1,7 @@
 //! What a peer of the TCP transport can make a server hold in memory: about its receive
 //! window for bytes sent a byte per run or a byte per stream chunk, and next to
-//! nothing for a replayed keyed hello that announces a large first frame. Each test measures
+//! nothing for a replayed keyed hello that announces a large first frame; and that a sender
+//! lets go of what was acknowledged after an empty message. Each test measures
 //! this process's resident memory, so they run one at a time, in a binary of their own.
 
 use std::io::{Read, Write};
@@ -186,5 +187,63 @@ fn a_replayed_keyed_hello_announcing_a_large_first_frame_is_held_in_little_memor
     assert!(
         grown < REPLAYS << 16,
         "{REPLAYS} replays held {grown} bytes"
+    );
+}
+
+/// A sender lets go of what the peer acknowledged after it sent a message of no bytes: its
+/// memory stays near its buffers while 128 MiB more go out. Before, the empty message stayed
+/// at the front of the send buffer (letting go of bytes stopped at a piece that gave up
+/// none), and everything written after it was kept for the rest of the connection.
+#[test]
+fn a_sender_lets_go_of_what_was_acknowledged_after_an_empty_message() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let server = tcp_server(None);
+    let client = Endpoint::bind(
+        EndpointConfig::new(vec!["127.0.0.1:0".parse().unwrap()]).with_transport(Transport::Tcp),
+    )
+    .unwrap();
+    let config = ConnectionConfig::default().with_accept_messages(true);
+    let conn = client.connect(&server.local_addrs(), config).unwrap();
+    let accepted = server.accept().unwrap();
+    const MIB: usize = 1 << 20;
+    let (warm_up, rest) = (16 * MIB, 128 * MIB);
+    let reader = std::thread::spawn(move || {
+        let empty = accepted.recv_message().unwrap();
+        // read and checked a piece at a time: this process's memory is what is measured
+        let (mut piece, mut at) = (vec![0; MIB], 0);
+        loop {
+            let n = (&accepted).read(&mut piece).unwrap();
+            if n == 0 {
+                break;
+            }
+            let changed = (0..n).find(|&i| piece[i] != byte(at + i));
+            assert_eq!(changed, None, "the first byte that changed after {at}");
+            at += n;
+        }
+        assert_eq!(at, warm_up + rest, "bytes read");
+        (empty, accepted)
+    });
+    conn.send_message(&[]).unwrap();
+    let data: Vec<u8> = (0..warm_up + rest).map(byte).collect();
+    // the buffers reach their size first
+    (&conn).write_all(&data[..warm_up]).unwrap();
+    let before = resident();
+    for piece in data[warm_up..].chunks(MIB) {
+        (&conn).write_all(piece).unwrap();
+    }
+    conn.finish().unwrap();
+    conn.wait_acknowledged(Some(Duration::from_secs(60)))
+        .unwrap();
+    let grown = resident().saturating_sub(before);
+    let (empty, _accepted) = reader.join().unwrap();
+    assert_eq!(
+        empty,
+        Some(Vec::new()),
+        "the premise: an empty message arrived"
+    );
+    eprintln!("after an empty message, memory grew by {grown} bytes sending 128 MiB");
+    assert!(
+        grown < (rest / 4) as u64,
+        "{grown} bytes kept after sending {rest} bytes"
     );
 }

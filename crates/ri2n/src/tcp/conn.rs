@@ -614,14 +614,13 @@ impl State {
         self.reasm.complete() && self.demux.position() == self.reasm.contiguous()
     }
 
-    /// Drops acknowledged bytes from the send buffer.
+    /// Drops acknowledged bytes from the send buffer. A piece of no bytes (a message's
+    /// empty payload) is let go as soon as it is at the front: stopping at it would keep all
+    /// after it.
     pub fn release(&mut self) {
         let delivered = self.striper.delivered();
         while let Some(front) = self.send_buf.front_mut() {
             let drop = (delivered - self.send_base).min(front.bytes.len() as u64);
-            if drop == 0 {
-                break;
-            }
             front.bytes.advance(drop as usize);
             self.send_base += drop;
             if !front.bytes.is_empty() {
