@@ -299,6 +299,10 @@ fn tcp_close_connections(ep: &tcp::TcpEndpoint, deadline: Option<Instant>) -> (u
                 lost.1 += bytes;
             }
             c.abort(1, "the endpoint closed");
+        } else if !c.peer_stream_complete() {
+            // delivered, and the peer still sending: told so, not left waiting for a reader
+            // (a clean CLOSE would read as one that came too early)
+            c.abort(0, "the peer's endpoint was closed");
         }
         // its CLOSE goes now; the writes are waited for below, all together
         c.close(Duration::ZERO);

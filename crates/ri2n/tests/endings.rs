@@ -3,7 +3,7 @@
 //! linger), a peer that is gone is told from a network that is down, and a closed port is
 //! refused at once, and so is a connection beyond a server's limit; a server that aborts
 //! all its connections at once tells every client why, and one that closes waits for them
-//! all together.
+//! all together and aborts those whose peers still send.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
@@ -215,6 +215,60 @@ fn closing_an_endpoint_whose_exchange_is_complete_ends_it_cleanly() {
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(conn.close_reason(), None, "the client's side");
+}
+
+/// `Endpoint::close` while a peer is still sending (its stream not finished) aborts the
+/// connection once this side's data is delivered, on both transports: the peer learns why
+/// (`PeerAborted`, code 0, "the peer's endpoint was closed"), this side reports an abort of
+/// its own, and a read after what arrived says the connection was aborted. Before, the TCP
+/// transport sent a clean CLOSE: the peer saw `ClosedEarly`, and this side reported a clean
+/// end and `NotConnected`.
+#[test]
+fn closing_an_endpoint_aborts_a_connection_whose_peer_still_sends() {
+    use std::io::{ErrorKind, Read, Write};
+    for transport in [Transport::Udp, Transport::Tcp] {
+        let server = bind_on(transport, true);
+        let client = bind_on(transport, false);
+        let conn = client
+            .connect(&server.local_addrs(), ConnectionConfig::default())
+            .unwrap();
+        (&conn).write_all(b"first").unwrap();
+        let accepted = server.accept().unwrap();
+        let mut got = [0; 5];
+        (&accepted).read_exact(&mut got).unwrap();
+        // the client goes on sending, and never finishes; the server wrote nothing
+        (&conn).write_all(b"more").unwrap();
+        server.close(Some(Duration::from_secs(5))).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while conn.state() != ConnectionState::Closed {
+            assert!(
+                Instant::now() < deadline,
+                "{transport:?}: {:?}",
+                conn.state()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let told = conn.close_reason();
+        assert!(
+            matches!(&told, Some(ConnectionError::PeerAborted { code: 0, reason })
+                if reason == "the peer's endpoint was closed"),
+            "{transport:?}: the client was told {told:?}"
+        );
+        assert_eq!(
+            accepted.close_reason(),
+            Some(ConnectionError::LocallyAborted),
+            "{transport:?}: the server's own account"
+        );
+        // what arrived before the close may still be read; then the abort
+        let mut rest = Vec::new();
+        let end = (&accepted).read_to_end(&mut rest).unwrap_err();
+        assert_eq!(
+            end.kind(),
+            ErrorKind::ConnectionAborted,
+            "{transport:?}: {end}"
+        );
+        assert!(b"more".starts_with(&rest), "{transport:?}: {rest:?}");
+    }
 }
 
 /// The server has the client's whole stream and its own acknowledged, so its side ends

@@ -1275,6 +1275,11 @@ impl TcpConnection {
         self.lock().striper.all_acknowledged()
     }
 
+    /// The peer's whole stream arrived, its end included.
+    pub fn peer_stream_complete(&self) -> bool {
+        self.lock().reasm.complete()
+    }
+
     /// Written bytes the peer has not acknowledged.
     pub fn unacknowledged(&self) -> u64 {
         self.lock().buffered()
