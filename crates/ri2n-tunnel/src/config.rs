@@ -146,18 +146,21 @@ impl Cluster {
                 // with a NUL in it ends; it refuses '/', blanks, ".", "..", and "all" and
                 // "default" (the names of /proc/sys/net/*/conf's settings for every
                 // interface), and makes "%d" the first free number (another name than the
-                // one the daemon would then configure)
+                // one the daemon would then configure). Its blanks are bytes, its `isspace`
+                // taking 0xA0 for one too: a character whose UTF-8 holds that byte ("à")
                 if name.is_empty()
                     || name.len() > 15
                     || [".", "..", "all", "default"].contains(&name.as_str())
                     || name.contains(|c: char| "/:%".contains(c) || c.is_whitespace())
                     || name.contains(char::is_control)
+                    || name.bytes().any(|b| b == 0xA0)
                 {
                     return Err(at(
                         Some(i.span()),
                         format!(
                             "interface: {name:?} is not a valid interface name (1 to 15 \
-                             characters, no '/', ':', '%', blanks or control characters, not \
+                             bytes, no '/', ':', '%', blanks or control characters, no \
+                             character whose UTF-8 holds the byte 0xA0 such as 'à', not \
                              \".\", \"..\", \"all\" or \"default\")"
                         ),
                     ));
@@ -590,6 +593,7 @@ links = ["10.0.1.2", "10.0.2.2"]
             "default",
             "lo\\u0000",
             "a\\tb",
+            "rià0",
         ] {
             let e = error(&GOOD.replace("port = 7500", &format!("interface = \"{bad}\"")));
             assert!(e.contains("not a valid interface name"), "{bad}: {e}");

@@ -25,6 +25,7 @@ use std::mem;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 
 use etherparse::{IpNumber, Ipv4HeaderSlice};
 use smallvec::SmallVec;
@@ -110,10 +111,13 @@ impl Tun {
                      another kind has that name, or this kernel has no multi-queue TUN (try \
                      --queues 1)"
                 ),
-                Some(libc::EINVAL) => format!(
-                    "cannot create the interface {name}: an interface of another kind has \
-                     that name"
-                ),
+                Some(libc::EINVAL) if Path::new("/sys/class/net").join(name).exists() => {
+                    format!(
+                        "cannot create the interface {name}: an interface of another kind \
+                         has that name"
+                    )
+                }
+                Some(libc::EINVAL) => format!("cannot create the interface {name:?}: {e}"),
                 _ => format!("cannot create the interface {name}: {e}"),
             });
         }
