@@ -2830,3 +2830,77 @@ fn a_host_that_dies_and_comes_back_is_not_reported_lost_by_its_peer() {
     );
     stop_daemons(&mut daemons);
 }
+
+/// The daemon of host `dead` (a connects to b) is killed, so no CLOSE goes out, and comes
+/// back with another key. The host that kept its key must stop calling it connected and say
+/// why it waits, within 20 s: the connecting side (a) learns it from a handshake it starts
+/// beside a connection with no link up, which the new daemon refuses; the accepting side (b)
+/// from the handshakes of a's new daemon that it refuses. Before, the side that kept its key
+/// showed the peer `connected` (every link down) for good, and the connecting side logged
+/// nothing but its links going down. Returns the seconds it took.
+fn killed_and_back_with_another_key(test: &LabTest, lab: &Lab, dead: &str) -> f64 {
+    let env = test.env;
+    let dir = test.dir.0.join(dead);
+    fs::create_dir_all(&dir).expect("making the test's directory");
+    let (config, mut daemons) = start_a_and_b(env, lab, &dir);
+    wait_connected(&mut daemons, 1, Duration::from_secs(20));
+    let other = dir.join("other-key");
+    fs::create_dir_all(&other).expect("making the other key's directory");
+    support::keygen(env, &other);
+    let other_config = write_cluster_file(&other, &["a", "b"]);
+    let (k, kept) = if dead == "a" { (0, "b") } else { (1, "a") };
+    daemons[k].kill();
+    let killed = Instant::now();
+    let name = format!("tunnel-{dead}-other-key");
+    daemons[k] = spawn_daemon(env, lab, dead, &[], &other_config, &dir, &name);
+    // the side that connects names the refusal as its own handshakes' failure
+    let reason = if dead == "a" {
+        "refused its handshake: authentication failed: the peer holds another key"
+    } else {
+        "authentication failed: the peer holds another key"
+    };
+    let told = format!("waiting for {dead} ({reason})");
+    let deadline = killed + Duration::from_secs(20);
+    loop {
+        let status = status_json(env, &lab.ns_of(kept), &config);
+        let peer = (status["peers"].as_array().into_iter().flatten()).find(|p| p["name"] == dead);
+        let shown = peer.is_some_and(|p| p["state"] == "waiting" && p["waiting_for"] == reason);
+        let log = daemons[1 - k].stderr_text();
+        if shown && log.contains(&told) {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let logs = format!("{log}\n{}", daemons[k].stderr_text());
+            for d in &mut daemons {
+                d.terminate(Duration::from_secs(10));
+            }
+            panic!("20 s after {dead} came back with another key, {kept} shows {peer:?}:\n{logs}");
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    let took = killed.elapsed().as_secs_f64();
+    // the premise: the killed daemon sent no CLOSE, so the connection was not ended by one
+    let log = daemons[1 - k].stderr_text();
+    assert!(
+        log.contains("no link of its connection is up"),
+        "{kept} ended the connection for its links, not for a CLOSE:\n{log}"
+    );
+    for d in &mut daemons {
+        d.terminate(Duration::from_secs(10));
+    }
+    took
+}
+
+#[test]
+fn a_peer_killed_and_back_with_another_key_is_not_shown_connected() {
+    let Some(test) = LabTest::start("tunnel-killed-other-key", &[]) else {
+        return;
+    };
+    for dead in ["b", "a"] {
+        let lab = Lab::up_hosts(test.env, &format!("killed{dead}"), 2, 2);
+        let took = killed_and_back_with_another_key(&test, &lab, dead);
+        report(&format!(
+            "tunnel killed {dead}: the other side said why it waits {took:.1} s after the kill"
+        ));
+    }
+}

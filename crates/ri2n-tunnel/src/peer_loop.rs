@@ -51,6 +51,10 @@ const MAX_RETRY_PAUSE: Duration = Duration::from_secs(5);
 /// Longest the loop sleeps before it looks at the endpoint in use (made again when a link
 /// address appears), the refused handshakes to log and the peers removed from the file.
 const HOUSEKEEPING: Duration = Duration::from_millis(200);
+/// How long the connection to a peer this host connects to has had no link up before a new
+/// handshake looks at what answers there, and the pause between such handshakes (see
+/// [`Loop::probe_dark_connections`]).
+const DARK_PROBE: Duration = Duration::from_secs(3);
 /// Batches taken from one connection before the others get a turn.
 const TURN: usize = 4;
 const ENDPOINT: Token = Token(usize::MAX);
@@ -84,6 +88,13 @@ struct Slot {
     handshaking: bool,
     /// When it came up (`None` while handshaking).
     up_since: Option<Instant>,
+    /// A handshake started beside the peer's connection, which had no link up
+    /// ([`Loop::probe_dark_connections`]); it becomes an ordinary slot once up.
+    probe: bool,
+    /// Since when no link of its connection was up, as far as housekeeping saw, and when the
+    /// last handshake beside it started.
+    dark_since: Option<Instant>,
+    probed_at: Option<Instant>,
 }
 
 /// Starts the loop on a thread of its own; the returned handle feeds it. With `route`, it also
@@ -296,15 +307,139 @@ impl Loop {
         if let Some((_, endpoint)) = &self.endpoint {
             for r in endpoint.refused_handshakes() {
                 eprintln!("ri2n tunnel: {}", (self.describe_refusal)(&r));
+                self.refused(&r);
             }
         }
         self.accept_all();
+        self.probe_dark_connections(Instant::now());
         for k in 0..self.slots.len() {
             if self.slots[k].as_ref().is_some_and(|s| s.peer.is_removed()) {
                 self.end(k, "removed from the cluster file");
             }
         }
         self.retries.retain(|(_, p)| !p.is_removed());
+    }
+
+    /// A peer this host connects to whose connection has had no link up for [`DARK_PROBE`]
+    /// gets a handshake beside it, and another every [`DARK_PROBE`] while it stays so. A
+    /// network that is down answers neither, and the connection waits on for its links to
+    /// come back. But its peer's daemon may have been killed and started again with another
+    /// key or carry: nothing would end the connection then (that daemon's resets cannot be
+    /// verified under another key), and the status would call the peer connected for good.
+    /// That daemon refuses the handshake, and the connection ends with the refusal as the
+    /// reason this host waits ([`Loop::probe_failed`]). A handshake that succeeds replaces
+    /// the connection ([`Loop::established`]), as a restarted peer's new connection does at
+    /// the accepting side.
+    fn probe_dark_connections(&mut self, now: Instant) {
+        let Some((generation, endpoint)) = self.endpoint.clone() else {
+            return;
+        };
+        let mut due = Vec::new();
+        for s in self.slots.iter_mut().flatten() {
+            if s.handshaking || !s.peer.connects {
+                continue;
+            }
+            let dark = (s.conn.stats().links.iter())
+                .all(|l| !matches!(l.state, ri2n::LinkState::Up | ri2n::LinkState::Degraded));
+            if !dark {
+                (s.dark_since, s.probed_at) = (None, None);
+                continue;
+            }
+            let since = *s.dark_since.get_or_insert(now);
+            let last = s.probed_at.unwrap_or(since);
+            if now.duration_since(last) >= DARK_PROBE {
+                s.probed_at = Some(now);
+                due.push(s.peer.clone());
+            }
+        }
+        let port = self.peers.table().cluster.port;
+        for peer in due {
+            let probing =
+                (self.slots.iter().flatten()).any(|s| s.probe && Arc::ptr_eq(&s.peer, &peer));
+            if probing {
+                continue;
+            }
+            let config = connection_config(self.peers.carry);
+            if let Ok(conn) = endpoint.start_connect(&peer.remotes(port), config) {
+                let conn = Arc::new(conn);
+                self.add(peer, conn.clone(), generation, true);
+                let slot = (self.slots.iter_mut().flatten()).find(|s| Arc::ptr_eq(&s.conn, &conn));
+                if let Some(slot) = slot {
+                    slot.probe = true;
+                }
+            }
+        }
+    }
+
+    /// The handshake in slot `k`, started beside a connection with no link up, failed. One
+    /// the peer's daemon refused (another key, another carry) says that the daemon that held
+    /// the connection is gone: the connection ends, and the refusal is why this host waits.
+    /// Any other failure (no answer) leaves the connection to wait for its links.
+    fn probe_failed(&mut self, k: usize) {
+        let Some(slot) = self.slots[k].as_ref() else {
+            return;
+        };
+        let peer = slot.peer.clone();
+        use ri2n::ConnectionError as E;
+        let reason = match slot.conn.close_reason() {
+            Some(r @ (E::KeyMismatch(_) | E::WrongApplication { .. })) => r.to_string(),
+            _ => return,
+        };
+        if let Some(dark) = self.connection_beside(k, &peer, true) {
+            eprintln!(
+                "ri2n tunnel: {}: no link of its connection is up and its host refused a new \
+                 one: the connection ends",
+                peer.name()
+            );
+            self.end(dark, "its host refused a new connection");
+            note_waiting(&peer, reason);
+        }
+    }
+
+    /// The slot of `peer`'s established connection other than slot `k` (`dark`: only one
+    /// that had no link up when housekeeping last looked).
+    fn connection_beside(&self, k: usize, peer: &Arc<Peer>, dark: bool) -> Option<usize> {
+        (self.slots.iter().enumerate()).find_map(|(i, s)| {
+            let s = s.as_ref()?;
+            let theirs = i != k && Arc::ptr_eq(&s.peer, peer) && !s.handshaking && !s.probe;
+            (theirs && (!dark || s.dark_since.is_some())).then_some(i)
+        })
+    }
+
+    /// This host refused a handshake (another key, another carry) from where the daemon of
+    /// a peer that connects here is bound: that daemon started again, configured apart from
+    /// this one. The status says so while this side waits for it. A connection of that peer
+    /// with no link up ends: its daemon was killed (a clean stop would have closed it), and
+    /// nothing else would end it, for the new daemon's resets cannot be verified under
+    /// another key. One with a link up is left alone: a refusal can come from anyone who
+    /// can send from that address, and a working connection is not theirs to end.
+    fn refused(&mut self, r: &ri2n::RefusedHandshake) {
+        let table = self.peers.table();
+        let Some(peer) = table.accepted_from(r.remote) else {
+            return;
+        };
+        let reason = format!("refused its handshake: {}", r.reason);
+        let dead = self.slots.iter().position(|s| {
+            s.as_ref().is_some_and(|s| {
+                Arc::ptr_eq(&s.peer, peer)
+                    && !s.handshaking
+                    && (s.conn.stats().links.iter()).all(|l| {
+                        !matches!(l.state, ri2n::LinkState::Up | ri2n::LinkState::Degraded)
+                    })
+            })
+        });
+        if let Some(k) = dead {
+            eprintln!(
+                "ri2n tunnel: {}: no link of its connection is up and its host was refused a \
+                 new one: the connection ends",
+                peer.name()
+            );
+            let peer = peer.clone();
+            self.end(k, "its host was refused a new connection");
+            note_waiting(&peer, reason);
+        } else if peer.conn().is_none() {
+            note_waiting(peer, reason);
+        }
     }
 
     /// Takes the endpoint in use, if it changed: its descriptor registered, the old one's
@@ -436,6 +571,9 @@ impl Loop {
             generation,
             handshaking,
             up_since: None,
+            probe: false,
+            dark_since: None,
+            probed_at: None,
         });
         if accepted {
             self.established(k);
@@ -463,11 +601,22 @@ impl Loop {
             );
             return;
         }
+        let mut was_probe = false;
         if let Some(slot) = self.slots[k].as_mut() {
             slot.up_since = Some(Instant::now());
+            was_probe = std::mem::take(&mut slot.probe);
         }
         peer.set_waiting_for(None);
         peer.set(conn);
+        if was_probe {
+            if let Some(old) = self.connection_beside(k, &peer, false) {
+                eprintln!(
+                    "ri2n tunnel: {}: no link of its connection was up; a new one replaces it",
+                    peer.name()
+                );
+                self.end(old, "replaced by a new connection");
+            }
+        }
         // its links are logged as they come up (`status::sample_loop`): the accepting side
         // has only the first one yet
         eprintln!("ri2n tunnel: {} connected", peer.name());
@@ -489,7 +638,10 @@ impl Loop {
                     ConnectionState::Closed => {
                         // closing: the daemon aborted the handshake itself, and waits for
                         // no one
-                        if !self.stop.is_closing() {
+                        let probe = self.slots[k].as_ref().is_some_and(|s| s.probe);
+                        if probe {
+                            self.probe_failed(k);
+                        } else if !self.stop.is_closing() {
                             let reason = (conn.close_reason())
                                 .map_or_else(|| "closed".to_owned(), |r| r.to_string());
                             peer.handshake_failed();
@@ -581,7 +733,10 @@ impl Loop {
         // a newer connection to the same peer may have replaced this one meanwhile
         slot.peer.clear(&slot.conn);
         self.ready.retain(|&r| r != k);
-        if slot.peer.connects && !slot.peer.is_removed() && !self.stop.is_closing() {
+        // a handshake beside a connection leaves that one to carry on; a connection another
+        // replaced leaves that one
+        let carried_on = slot.probe || slot.peer.conn().is_some();
+        if slot.peer.connects && !carried_on && !slot.peer.is_removed() && !self.stop.is_closing() {
             let pause = self.retry_pause(&slot);
             self.retries.push((Instant::now() + pause, slot.peer));
         } else {
