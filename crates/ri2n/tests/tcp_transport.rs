@@ -141,7 +141,8 @@ fn a_keyed_transfer_over_two_tcp_links_arrives_intact() {
 }
 
 /// `read_buf` hands over the same bytes as `read_chunk`, copied where a piece does not start
-/// a buffer of its own (always on a keyed link: the pieces are parts of opened frames).
+/// a buffer of its own (always on a keyed link: the pieces are parts of opened frames), and
+/// empties the buffer at the end of the stream (before, it kept the last bytes there).
 #[test]
 fn a_transfer_read_into_vecs_arrives_intact_keyed_or_not() {
     transfer_over_two_links(None, Reads::Buf);
@@ -203,6 +204,12 @@ fn transfer_over_two_links_as(
                 _ => break,
             }
         }
+        // the end of the stream replaces the contents too, with none
+        assert!(
+            buf.is_empty(),
+            "read_buf at the end left {} bytes",
+            buf.len()
+        );
         conn.finish().unwrap();
         conn.wait_acknowledged(Some(Duration::from_secs(10)))
             .unwrap();

@@ -1198,6 +1198,7 @@ impl TcpConnection {
     /// holds the piece's memory). Returns its length (0: the end of the stream).
     pub fn read_buf(&self, buf: &mut Vec<u8>) -> io::Result<usize> {
         let Some(mut st) = self.readable(self.lock(), Incoming::Stream, true, None)? else {
+            buf.clear();
             return Ok(0);
         };
         let piece = self.take_piece(&mut st, usize::MAX);
