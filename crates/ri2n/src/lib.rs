@@ -541,7 +541,9 @@ impl Endpoint {
     /// `handshake_timeout` (10 s by default), [`ConnectionError::Refused`] when nothing
     /// listens at any of them, [`ConnectionError::NotAccepting`] when the endpoints there are
     /// not servers (or no longer are: their `Endpoint` was dropped; also at the timeout when
-    /// the others stay silent),
+    /// the others stay silent; on the TCP transport, where only a server listens, and a
+    /// dropped one stops listening once its connections ended, such an address answers as
+    /// one where nothing listens: `Refused`),
     /// [`ConnectionError::WrongApplication`], [`ConnectionError::KeyMismatch`],
     /// [`ConnectionError::ServerFull`].
     pub fn connect(
