@@ -568,8 +568,9 @@ pub fn prometheus(s: &Status) -> String {
     }
     registry.register(
         "ri2n_tunnel_peer_connected",
-        "Whether a connection to the peer is established. It stays 1 while every link is \
-         down (the connection is held through outages): alert on ri2n_tunnel_link_up",
+        "Whether a connection to the peer is established (0: waiting for one, when its links \
+         have no ri2n_tunnel_link_up rows). It stays 1 while every link is down (the \
+         connection is held through outages): alert on it and on ri2n_tunnel_link_up",
         connected,
     );
     register_gauges(
