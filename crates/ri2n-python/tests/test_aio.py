@@ -413,3 +413,46 @@ def test_a_write_that_finds_the_connection_ended_returns_before_connection_lost(
                 os.close(fd)
 
     asyncio.run(main())
+
+
+def test_the_transport_hands_what_comes_to_the_protocol_set_last() -> None:
+    """``get_protocol``/``set_protocol`` as asyncio's transports have them (a library that
+    swaps the protocol of a transport it is handed calls both): what arrives after the swap
+    goes to the new protocol, the end of stream too. Before, both raised
+    NotImplementedError (asyncio.BaseTransport's own)."""
+
+    class Collect(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.data = bytearray()
+            self.ended = asyncio.get_running_loop().create_future()
+
+        def data_received(self, data: bytes) -> None:
+            self.data += data
+
+        def eof_received(self) -> None:
+            self.ended.set_result(None)
+
+    async def run() -> None:
+        async with endpoints() as (server, client):
+            conn = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: client.connect(server.local_addrs(), timeout=10)
+            )
+            reader, writer = await ri2n.aio.accept(server, timeout=10)
+            transport = writer.transport
+            assert transport.get_protocol() is writer._protocol  # type: ignore[attr-defined]
+            first, second = Collect(), Collect()
+            transport.set_protocol(first)
+            assert transport.get_protocol() is first
+            conn.send(b"to the first")
+            while bytes(first.data) != b"to the first":
+                await asyncio.sleep(0.01)
+            transport.set_protocol(second)
+            conn.send(b"to the second")
+            conn.finish()
+            await asyncio.wait_for(second.ended, 10)
+            assert (bytes(first.data), bytes(second.data)) == (b"to the first", b"to the second")
+            assert not first.ended.done()
+            transport.close()
+            conn.close()
+
+    asyncio.run(run())

@@ -82,6 +82,14 @@ class Transport(asyncio.Transport):
         self._update_watch()
         self._schedule_read()
 
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._protocol  # type: ignore[no-any-return]
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        """Hands what comes from now on (data, end of stream, pauses, the loss) to
+        ``protocol``, as asyncio's own transports do."""
+        self._protocol = protocol
+
     # --- reading -----------------------------------------------------------------------
 
     def _update_watch(self) -> None:
