@@ -258,10 +258,10 @@ fn unreachable_owed(ip: &Ipv4HeaderSlice, packet: &[u8], subnet_broadcast: Ipv4A
     }
     if ip.protocol() == IpNumber::ICMP {
         let icmp = &packet[ip.slice().len()..];
-        // only queries (echo, timestamp, ...) are answered: types 0, 8, 13, 14 and the like
-        return icmp
-            .first()
-            .is_some_and(|&t| !matches!(t, 3 | 4 | 5 | 11 | 12));
+        // only queries and their replies are answered: echo (0, 8), timestamp (13, 14),
+        // information (15, 16) and address mask (17, 18); every other type is an error or
+        // unknown, which Linux's icmp_send takes for one too
+        return icmp.first().is_some_and(|&t| matches!(t, 0 | 8 | 13..=18));
     }
     true
 }
@@ -346,8 +346,13 @@ mod tests {
                 .unwrap();
             out
         };
-        assert!(owed(&icmp(8), bcast), "an echo request");
-        for error in [3, 4, 5, 11, 12] {
+        for query in [0, 8, 13, 14, 15, 16, 17, 18] {
+            assert!(owed(&icmp(query), bcast), "ICMP type {query}");
+        }
+        // errors, the obsolete types and those no RFC of the base set names (31: datagram
+        // conversion error, 40: Photuris) are owed nothing: before, only 3, 4, 5, 11 and 12
+        // went unanswered
+        for error in [1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 19, 31, 40, 255] {
             assert!(!owed(&icmp(error), bcast), "ICMP type {error}");
         }
         assert!(!owed(&[0x60; 40], bcast), "IPv6");
