@@ -129,6 +129,13 @@ impl SendStream {
         self.base
     }
 
+    /// Bytes written that the peer has not acknowledged: [`Self::buffered`] less the ranges
+    /// acknowledged above a gap.
+    pub fn unacknowledged(&self) -> u64 {
+        let above: u64 = self.acked.iter().map(|r| r.end - r.start).sum();
+        self.buffered() - above
+    }
+
     pub fn capacity(&self) -> u64 {
         self.capacity
     }

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use ri2n_proto::{ConnectionError, LinkState};
 use ri2n_sim::{
-    run, Action, AppConfig, AppMode, Dir, DirectionConfig, HostId, LinkConfig, Report, Scenario,
-    HEADER_BYTES, MAX_DATAGRAM,
+    run, Action, AppConfig, AppMode, Dir, DirectionConfig, HostId, LinkConfig, LinkStatus, Report,
+    Scenario, HEADER_BYTES, MAX_DATAGRAM,
 };
 
 const GBIT: u64 = 1_000_000_000;
@@ -848,5 +848,57 @@ fn one_link_back_after_every_link_died_carries_the_rest_of_the_transfer() {
         );
         // measured 36 ms in each case (b3f1584)
         assert!(resumed - healed <= ms(54), "{:?}", resumed - healed);
+    }
+}
+
+/// The return direction of every link dies for 300 ms just as the last of 32 MiB arrives
+/// (1 Gbit/s, 20 ms each way, one link and then two). The receiver has it all and closes
+/// cleanly, while the sender, hearing nothing, declares its links down and writes off what
+/// they had in flight: more than it keeps account of, so after the heal it repairs much of
+/// it from congestion windows started anew, its acknowledgements coming back in the closed
+/// peer's answers. It must end cleanly too. Before, the grace period that the closed peer's
+/// first answer started ran out mid-repair, and the sender reported `ClosedEarly` for a
+/// transfer that had arrived whole.
+#[test]
+fn a_return_path_outage_as_a_transfer_ends_still_ends_it_cleanly() {
+    const OUTAGE: u64 = 300;
+    for (links, start) in [(1, 628), (2, 598)] {
+        let mut sc = Scenario::default()
+            .with_links(
+                links,
+                LinkConfig::symmetric(
+                    DirectionConfig::default()
+                        .with_rate(GBIT)
+                        .with_delay(ms(20))
+                        .with_queue_limit(4 << 20),
+                ),
+            )
+            .with_total_bytes(32 << 20)
+            .with_time_limit(Duration::from_secs(60));
+        sc.app.explicit_addrs = true;
+        for link in 0..links {
+            for (at, status) in [
+                (start, LinkStatus::Blackhole),
+                (start + OUTAGE, LinkStatus::Up),
+            ] {
+                let dir = Some(Dir::BToA);
+                sc = sc.at(ms(at), Action::SetStatus { link, dir, status });
+            }
+        }
+        let r = run_ok(&sc);
+        let t = r.transfer(Dir::AToB);
+        println!(
+            "{links} link(s): all received at {:?}, acknowledged at {:?}",
+            t.received_all_at, t.send_complete_at
+        );
+        // the premise: the last byte arrived while no acknowledgement could come back, and
+        // the sender learned that it had only after the heal
+        let received = t.received_all_at.expect("the receiver took it all");
+        assert!(
+            (ms(start)..ms(start + OUTAGE)).contains(&received),
+            "{links} link(s): all received at {received:?}"
+        );
+        let acknowledged = t.send_complete_at.expect("acknowledged");
+        assert!(acknowledged > ms(start + OUTAGE), "{acknowledged:?}");
     }
 }

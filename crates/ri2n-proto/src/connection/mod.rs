@@ -389,6 +389,9 @@ struct Closing {
     /// the connection ends with [`ConnectionError::ClosedEarly`] unless the acknowledgements
     /// of our repairs complete it by then.
     peer_closed_until: Option<Instant>,
+    /// The bytes we sent that were still unacknowledged when that deadline was last set: a
+    /// later CLOSE whose acknowledgements brought it down sets it again.
+    peer_closed_unacknowledged: u64,
     /// When the peer's host first answered "port unreachable" since the peer was last
     /// heard: the peer may be gone, which its silence will confirm (see
     /// [`Connection::peer_gone_deadline`]).
@@ -1113,6 +1116,12 @@ impl Connection {
     /// Whether everything written, and the end of both streams, was acknowledged by the peer.
     pub fn is_send_complete(&self) -> bool {
         self.send.iter().all(SendStream::is_complete)
+    }
+
+    /// Bytes written to the outgoing streams that the peer has not acknowledged, those above
+    /// a gap it acknowledged left out.
+    fn unacknowledged_bytes(&self) -> u64 {
+        self.send.iter().map(SendStream::unacknowledged).sum()
     }
 
     /// The application let go of the connection, which goes on delivering what was written
@@ -2185,11 +2194,21 @@ impl Connection {
                         // close that never does is no success.
                         if self.is_send_complete() {
                             self.set_closed(None);
-                        } else if self.closing.peer_closed_until.is_none() {
-                            // the closed peer answers every late packet with this frame
-                            // again: only the first one starts the grace period
+                            return Ok(());
+                        }
+                        // The closed peer answers every late packet with this frame again:
+                        // the first one starts the grace period, and so does each whose
+                        // acknowledgements moved the repair on. A link that failed at the end
+                        // can leave more to repair (what it had in flight, sent again from a
+                        // congestion window started anew) than one grace period carries;
+                        // a repair that stops moving still ends when it runs out.
+                        let unacknowledged = self.unacknowledged_bytes();
+                        if self.closing.peer_closed_until.is_none()
+                            || unacknowledged < self.closing.peer_closed_unacknowledged
+                        {
                             let grace = (self.max_pto() * 3).max(PEER_CLOSED_GRACE);
                             self.closing.peer_closed_until = Some(now + grace);
+                            self.closing.peer_closed_unacknowledged = unacknowledged;
                         }
                         return Ok(());
                     }
