@@ -21,6 +21,10 @@ pub enum Striping {
 pub const MIN_WINDOW: u64 = 16 * 1024;
 /// The largest stream receive window (offsets stay well inside a varint).
 pub const MAX_WINDOW: u64 = crate::wire::VARINT_MAX / 2;
+/// Longest of the intervals the engine adds to the time of day at every turn
+/// (`probe_interval`, `min_pto`, `max_ack_delay`, `share_check_interval`): far above any use,
+/// and far below what would overflow an `Instant` (`Duration::MAX` did, in the engine).
+pub const MAX_INTERVAL: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Settings of one connection (both client and server side use the same type).
 #[derive(Debug, Clone)]
@@ -268,6 +272,18 @@ impl ConnectionConfig {
                 "probe, share-check and keepalive intervals must be positive",
             ));
         }
+        let intervals = [
+            self.probe_interval,
+            self.min_pto,
+            self.max_ack_delay,
+            self.share_check_interval,
+        ];
+        if intervals.iter().any(|&i| i > MAX_INTERVAL) {
+            return Err(InvalidConfig(
+                "probe_interval, min_pto, max_ack_delay and share_check_interval must be at \
+                 most an hour",
+            ));
+        }
         if self.recovery_probes == 0 || self.failure_ptos == 0 || self.ack_frequency == 0 {
             return Err(InvalidConfig(
                 "probe and acknowledgement counts must be positive",
@@ -510,5 +526,32 @@ impl EndpointConfig {
     pub fn server(mut self) -> Self {
         self.accept_incoming = true;
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// An interval the engine adds to the time at every turn is refused beyond an hour: one
+    /// of `Duration::MAX` made the engine panic on its first use ("overflow when adding
+    /// duration to instant"), in the driver's thread. An hour is taken.
+    #[test]
+    fn intervals_beyond_an_hour_are_refused() {
+        let set: [fn(&mut ConnectionConfig, Duration); 4] = [
+            |c, d| c.probe_interval = d,
+            |c, d| c.min_pto = d,
+            |c, d| c.max_ack_delay = d,
+            |c, d| c.share_check_interval = d,
+        ];
+        for (i, set) in set.iter().enumerate() {
+            for (d, ok) in [(MAX_INTERVAL, true), (Duration::MAX, false)] {
+                let mut c = ConnectionConfig::default();
+                set(&mut c, d);
+                assert_eq!(c.validate().is_ok(), ok, "interval {i}, {d:?}");
+            }
+        }
     }
 }
