@@ -608,12 +608,17 @@ impl Loop {
         }
         peer.set_waiting_for(None);
         peer.set(conn);
-        if was_probe {
+        // the connecting side ends the connection this one replaces (one with no link up
+        // that a handshake beside it replaced, or one whose end a handshake raced): kept, it
+        // would run on at both ends for good
+        if peer.connects {
             if let Some(old) = self.connection_beside(k, &peer, false) {
-                eprintln!(
-                    "ri2n tunnel: {}: no link of its connection was up; a new one replaces it",
-                    peer.name()
-                );
+                let why = if was_probe {
+                    "no link of its connection was up; a new one replaces it"
+                } else {
+                    "a new connection replaces the one before it"
+                };
+                eprintln!("ri2n tunnel: {}: {why}", peer.name());
                 self.end(old, "replaced by a new connection");
             }
         }
