@@ -492,7 +492,7 @@ impl Endpoint {
                 && c.state() != ConnectionState::Closed
                 && c.state() != ConnectionState::Connecting
                 && c.peer_instance() != instance
-                && c.has_remote(remote)
+                && c.has_proven_remote(remote)
             {
                 c.peer_restarted();
                 self.attention.touch(other);

@@ -933,3 +933,143 @@ fn links_from_another_address_do_not_count_against_its_limit() {
     );
     assert_eq!(server.connection_count(), 2);
 }
+
+/// An attacker on the path replays the client's first packet on its second link from the
+/// address M of another host of the cluster (which holds the key too), ahead of the
+/// original: the server's link, which no answer has validated yet, moves to M (§4.4). The
+/// attacker then draws a RESET from M (a short packet for the client's connection ID,
+/// spoofed from the server) and passes it on: its token is good for M and the server. The
+/// server's connection must not end: M never showed that it answers for the peer. Before,
+/// it counted as heard from, and the RESET ended a confirmed keyed connection with
+/// `PeerRestarted` while the client stayed established (§11 allows an attacker on the path
+/// to drop or delay, not to end).
+#[test]
+fn a_reset_from_another_key_holder_at_a_replayed_link_s_address_does_not_end_it() {
+    let t0 = Instant::now();
+    let (c, s) = (
+        [addr("10.0.0.1:5000"), addr("10.1.0.1:5000")],
+        [addr("10.0.0.2:6000"), addr("10.1.0.2:6000")],
+    );
+    // another host of the cluster (holds K, is not part of this connection)
+    let m = addr("10.7.7.7:6000");
+    let mut other = Endpoint::new(keyed(&[m]), 13, t0);
+    let mut client = Endpoint::new(keyed(&c), 11, t0);
+    let mut server = Endpoint::new(keyed(&s).server(), 12, t0);
+    let ch = client.connect(t0, &[s[0]], Default::default()).unwrap();
+    let mut client_cid = None;
+    let mut attacked = false;
+    for step in 0..400 {
+        let now = t0 + Duration::from_millis(5 * step);
+        client.handle_timeout(now);
+        server.handle_timeout(now);
+        let mut out = drain(&mut client, now);
+        // deliver link 0 first (the server is confirmed), link 1 after
+        out.sort_by_key(|(t, _)| t.local == c[1]);
+        for (t, mut d) in out {
+            if let Ok((wire::Header::Initial { scid, .. }, _)) = wire::decode_packet(&d) {
+                client_cid = Some(scid); // in clear on the path
+            }
+            if t.local == c[1] && !attacked && packet_type_of(&d) == packet_type::SHORT {
+                attacked = true;
+                // 1. the replay of the client's first packet on link 1, from M, ahead of it
+                let mut copy = d.clone();
+                server.handle_datagram(now, t.remote, m, &mut copy);
+                // 2. a SHORT for the client's CID to M, spoofed from the server's s[1]: M
+                //    does not know that CID and answers with a RESET (token for M -> s[1])
+                let cid = client_cid.expect("read off the INITIAL");
+                let mut provoke = vec![0u8; 64];
+                let mut w = Writer::new(&mut provoke);
+                wire::write_short_header(&mut w, cid, LinkId(0), 1, 0);
+                other.handle_datagram(now, m, t.remote, &mut provoke);
+                let reset = drain(&mut other, now)
+                    .into_iter()
+                    .find(|(tx, d)| {
+                        tx.remote == t.remote && packet_type_of(d) == packet_type::RESET
+                    })
+                    .map(|(_, d)| d)
+                    .expect("M answers with a RESET");
+                assert_eq!(reset.len(), 26, "with a token");
+                // 3. that RESET reaches the server from M (sent there by M itself)
+                let mut r = reset.clone();
+                server.handle_datagram(now, t.remote, m, &mut r);
+            }
+            server.handle_datagram(now, t.remote, t.local, &mut d);
+        }
+        for (t, mut d) in drain(&mut server, now) {
+            if t.remote != m {
+                client.handle_datagram(now, t.remote, t.local, &mut d);
+            }
+        }
+    }
+    assert!(attacked, "the premise: the client opened link 1");
+    let sh = server
+        .accept()
+        .expect("the client's connection was accepted");
+    let conn = server.connection(sh).unwrap();
+    assert_eq!(
+        (conn.state(), conn.close_reason()),
+        (ConnectionState::Established, None),
+        "an attacker without the key ended the server's keyed connection (client side: {:?})",
+        client.connection(ch).map(|c| c.state()),
+    );
+}
+
+/// The same with one spoofed datagram only: the client was given both server addresses,
+/// so the server probes the link's new address M at once, and the endpoint at M, which
+/// does not know the connection, answers with a RESET of its own (§2.7). That RESET must not
+/// end the connection either.
+#[test]
+fn a_replayed_link_packet_does_not_make_another_key_holder_reset_the_connection() {
+    let t0 = Instant::now();
+    let (c, s) = (
+        [addr("10.0.0.1:5000"), addr("10.1.0.1:5000")],
+        [addr("10.0.0.2:6000"), addr("10.1.0.2:6000")],
+    );
+    let m = addr("10.7.7.7:6000");
+    let mut other = Endpoint::new(keyed(&[m]), 13, t0);
+    let mut client = Endpoint::new(keyed(&c), 11, t0);
+    let mut server = Endpoint::new(keyed(&s).server(), 12, t0);
+    let ch = client
+        .connect(t0, &[s[0], s[1]], Default::default())
+        .unwrap();
+    let mut attacked = false;
+    for step in 0..400 {
+        let now = t0 + Duration::from_millis(5 * step);
+        client.handle_timeout(now);
+        server.handle_timeout(now);
+        other.handle_timeout(now);
+        let mut out = drain(&mut client, now);
+        out.sort_by_key(|(t, _)| t.local == c[1]);
+        for (t, mut d) in out {
+            if t.local == c[1] && !attacked && packet_type_of(&d) == packet_type::SHORT {
+                attacked = true;
+                let mut copy = d.clone();
+                server.handle_datagram(now, t.remote, m, &mut copy);
+            }
+            server.handle_datagram(now, t.remote, t.local, &mut d);
+        }
+        for (t, mut d) in drain(&mut server, now) {
+            if t.remote == m {
+                other.handle_datagram(now, t.remote, t.local, &mut d);
+            } else {
+                client.handle_datagram(now, t.remote, t.local, &mut d);
+            }
+        }
+        for (t, mut d) in drain(&mut other, now) {
+            if s.contains(&t.remote) {
+                server.handle_datagram(now, t.remote, t.local, &mut d);
+            }
+        }
+    }
+    assert!(attacked, "the premise: the client opened link 1");
+    let sh = server
+        .accept()
+        .expect("the client's connection was accepted");
+    let conn = server.connection(sh).unwrap();
+    assert_eq!(
+        (conn.state(), conn.close_reason()),
+        (ConnectionState::Established, None),
+        "one replayed datagram ended the server's keyed connection (client side: {:?})",
+        client.connection(ch).map(|c| c.state()),
+    );
+}

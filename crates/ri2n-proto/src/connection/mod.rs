@@ -1858,15 +1858,27 @@ impl Connection {
     }
 
     /// Whether the peer has been heard from `remote`: link 0's address (the handshake's), or
-    /// one a packet of this connection arrived from.
+    /// one a packet of this connection arrived from, where the peer has shown that it
+    /// answers. A link the peer opened takes the address of a packet before any answer
+    /// validated it, and that packet may be the peer's own replayed from another host by
+    /// someone on the path (§4.4): that host, holding the key too, would answer our probes
+    /// with RESETs whose tokens are good for its address (§8.4).
     pub(crate) fn heard_from(&self, remote: SocketAddr) -> bool {
-        (self.links.iter().enumerate())
-            .any(|(i, l)| l.remote == remote && (i == 0 || l.counters.packets_received > 0))
+        (self.links.iter().enumerate()).any(|(i, l)| {
+            l.remote == remote
+                && (i == 0 || (l.counters.packets_received > 0 && !l.address_unproven()))
+        })
     }
 
     /// Whether any of this connection's links leads to `remote`.
     pub(crate) fn has_remote(&self, remote: SocketAddr) -> bool {
         self.links.iter().any(|l| l.remote == remote)
+    }
+
+    /// Whether a link of this connection leads to `remote` and the peer has shown that it is
+    /// there (see [`Self::heard_from`]).
+    pub(crate) fn has_proven_remote(&self, remote: SocketAddr) -> bool {
+        (self.links.iter()).any(|l| l.remote == remote && !l.address_unproven())
     }
 
     /// A client still connecting: whether its handshake goes out under connection ID `cid`.
