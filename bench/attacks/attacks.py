@@ -14,6 +14,7 @@ Scenarios: icmp, sweep, reset, replay, accept, memory, flood, resets, junk (see 
 """
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -696,6 +697,8 @@ def main():
     ap.add_argument("--ri2n", default=os.path.join(ROOT, "target", "release", "ri2n"))
     ap.add_argument("--runs", type=int, default=5, help="runs of each kind in junk")
     ap.add_argument("--out", help="JSON file for the results")
+    ap.add_argument("--commit", help="the commit the --ri2n binary was built from (recorded with "
+                    "its sha256: a comparison of two builds names both)")
     o = ap.parse_args()
     unknown = set(o.scenarios) - set(SCENARIOS)
     if unknown:
@@ -708,7 +711,10 @@ def main():
     subprocess.run(["cc", "-O2", "-o", flooder, os.path.join(ROOT, "bench", "attacks",
                                                                "flood.c")], check=True)
     c = Ctx(os.path.abspath(o.ri2n), tmp)
-    results = {"ri2n": o.ri2n, "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    with open(o.ri2n, "rb") as f:
+        sha256 = hashlib.sha256(f.read()).hexdigest()
+    results = {"ri2n": o.ri2n, "ri2n_sha256": sha256, "commit": o.commit,
+               "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                "nproc": os.cpu_count(), "cpu": cpu_model(), "uname_r": os.uname().release,
                "command": " ".join(["bench/attacks/attacks.py"] + sys.argv[1:])}
     try:

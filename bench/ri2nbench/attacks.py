@@ -107,9 +107,13 @@ ROWS = [
 
 
 def facts(res, which):
+    """When, where, what build and by which command the results `which` were measured."""
     cpu = res.get("cpu") or "CPU model not recorded"
-    return "%s: %s, %s CPUs (`nproc`), %s%s, `%s`" % (
-        which, res.get("date_utc"), res.get("nproc"), cpu,
+    build = "commit `%s`" % res["commit"] if res.get("commit") else "commit not recorded"
+    if res.get("ri2n_sha256"):
+        build += " (binary sha256 %s…)" % res["ri2n_sha256"][:12]
+    return "%s: %s, %s, %s CPUs (`nproc`), %s%s, `%s`" % (
+        which, res.get("date_utc"), build, res.get("nproc"), cpu,
         ", kernel `%s`" % res["uname_r"] if res.get("uname_r") else "",
         res.get("command") or "bench/attacks/attacks.py --ri2n %s" % res.get("ri2n"))
 

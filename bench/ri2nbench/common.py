@@ -63,7 +63,9 @@ KILLED = "killed"
 
 
 class Procs:
-    """Every process this run starts; ended by PID (SIGTERM, then SIGKILL), never by name."""
+    """Every process this run starts; ended by PID (SIGTERM, then SIGKILL), never by name.
+    Each starts a session of its own and is ended with its process group: what it started
+    goes with it (a shell pipeline's commands, which a run starts as one process)."""
 
     def __init__(self):
         self.live = []
@@ -77,10 +79,10 @@ class Procs:
     def stop(self, p, grace=3.0):
         if p.returncode is None and p.poll() is None:
             try:
-                os.kill(p.pid, signal.SIGTERM)
+                os.killpg(p.pid, signal.SIGTERM)
                 p.wait(grace)
             except subprocess.TimeoutExpired:
-                os.kill(p.pid, signal.SIGKILL)
+                os.killpg(p.pid, signal.SIGKILL)
                 p.wait(5)
             except ProcessLookupError:
                 pass

@@ -387,6 +387,13 @@ def mb_per_link(tx):
     return " / ".join("%s %.1f" % (d, tx[d] / 1e6) for d in sorted(tx))
 
 
+def event_of(r, idx):
+    """The analysis of event `idx` of run `r`, or None where the run ended before it (its tool
+    died mid-scenario: the run is listed among those that did not exit 0)."""
+    evs = r["analysis"]["events"]
+    return evs[idx] if -len(evs) <= idx < len(evs) else None
+
+
 def link_events(L, runs, transport):
     """Lines on when `transport` ("ri2n": the UDP transport, both directions, or "ri2n-tcp")
     declared link 1 down and took it back, from its own `events`."""
@@ -395,12 +402,16 @@ def link_events(L, runs, transport):
         if r["tool"] not in (transport, transport + "-rev") or not r.get("events_ri2n"):
             continue
         evs = r["events_ri2n"]
-        f = [e for e in r["events"] if e["action"] == "fault" and e["link"] == 1][0]
+        f = next((e for e in r["events"] if e["action"] == "fault" and e["link"] == 1), None)
+        h = next((e for e in r["events"] if e["action"] == "heal" and e["link"] == 1), None)
+        if f is None:
+            continue
         d = [x["t"] for x in evs if x["link"] == 0 and x["t"] >= f["t_bench"] - 0.01
              and ("-> down" in x["event"] or "-> degraded" in x["event"])]
         if d and r["scenario"] == "main":
             det.append(d[0] - f["t_bench"])
-        h = [e for e in r["events"] if e["action"] == "heal" and e["link"] == 1][0]
+        if h is None:
+            continue
         u = [x["t"] for x in evs if x["link"] == 0 and x["t"] >= h["t_bench"] - 0.01 and x["event"].endswith("-> up")]
         if u:
             back.append((r["scenario"], u[0] - h["t_bench"]))
@@ -432,8 +443,8 @@ def report_fault(res):
     def metric(tool, scen, idx, key):
         vals = []
         for r in runs:
-            if r["tool"] == tool and r["scenario"] == scen:
-                ev = r["analysis"]["events"][idx]
+            ev = event_of(r, idx) if r["tool"] == tool and r["scenario"] == scen else None
+            if ev is not None:
                 vals.append(ev.get(key))
         return vals
 
@@ -490,6 +501,8 @@ def report_fault(res):
     # after a total outage: how soon data flows again at all (first 10 ms bin above 10 % of one
     # link), besides the 90 % rule, which also waits for the link's window to open up
     def first_data(r, idx):
+        if idx >= len(r["events"]):
+            return None
         e = r["events"][idx]
         cap = link_cap(res, r["tool"])
         s = r["series_bps"]
@@ -515,13 +528,15 @@ def report_fault(res):
         L.append("")
     soak = [r for r in runs if r["tool"] == "ri2n" and r["scenario"] == "main"]
     if soak:
+        # a run that ended before a heal did not take that link back either
         missed = [r["rep"] for r in soak
-                  if any(r["analysis"]["events"][i].get("time_to_90") is None for i in (2, 3))]
+                  if any((event_of(r, i) or {}).get("time_to_90") is None for i in (2, 3))]
         L.append("- Figure-4 take-back soak: %d ri2n runs; a healed link not taken back (90 %% "
                  "not reached before the next event or the end) in %d%s." % (
                      len(soak), len(missed), " (runs %s)" % missed if missed else ""))
-    dips = {t: [r["analysis"]["events"][0].get("min_bin_200ms") for r in runs
-                if r["tool"] == t and r["scenario"] == "main"] for t in ("ri2n", "mptcp")}
+    dips = {t: [event_of(r, 0).get("min_bin_200ms") for r in runs
+                if r["tool"] == t and r["scenario"] == "main" and event_of(r, 0)]
+            for t in ("ri2n", "mptcp")}
     L.append("- Lowest 10 ms goodput in the 200 ms after link 1's switch died (t=2 s, main): "
              "ri2n %s Mbit/s, MPTCP %s Mbit/s." % (spread(dips["ri2n"], "%.0f", 1e-6),
                                                    spread(dips["mptcp"], "%.0f", 1e-6)))
@@ -529,8 +544,8 @@ def report_fault(res):
         link_events(L, runs, transport)
     for tool in ("ri2n", "ri2n-tcp", "mptcp"):
         ss = [r["analysis"]["steady_bps"] for r in runs if r["tool"] == tool and r["scenario"] == "main"]
-        tg = [r["analysis"]["events"][3].get("target_bps") for r in runs
-              if r["tool"] == tool and r["scenario"] == "main"]
+        tg = [event_of(r, 3).get("target_bps") for r in runs
+              if r["tool"] == tool and r["scenario"] == "main" and event_of(r, 3)]
         if ss:
             L.append("- %s: two-link goodput before the first fault %s Mbit/s (capacity %.0f); "
                      "the two-link recovery target was %s Mbit/s." % (
@@ -592,8 +607,10 @@ def plot(res):
             rs = [r for r in res["runs"] if r["tool"] == tool and r["scenario"] == scen]
             if not rs:
                 continue
-            # the run whose last recovery is the median one
-            key = lambda r: (r["analysis"]["events"][-1].get("time_to_90") or 99)
+            # the run whose last recovery is the median one (never recovered: last)
+            def key(r):
+                t = (event_of(r, -1) or {}).get("time_to_90")
+                return 99 if t is None else t
             r = sorted(rs, key=key)[len(rs) // 2]
             fn = os.path.join(d, "%s-%s.dat" % (scen, tool))
             with open(fn, "w") as f:

@@ -38,12 +38,15 @@ def message_label(m):
 
 
 def msgbw_binary():
-    """examples/msgbw beside the ri2n binary the run was given, built here when cargo is at
-    hand."""
-    path = os.path.join(os.path.dirname(common.RI2N_SOURCE), "examples", "msgbw")
-    if shutil.which("cargo"):
-        run(["cargo", "build", "--release", "-q", "-p", "ri2n", "--example", "msgbw"], timeout=900)
-    return path
+    """examples/msgbw beside the ri2n binary the run was given. Where cargo is at hand and that
+    binary is in a cargo build's profile directory (dist, release, debug), the example is built
+    there first, with that profile: the figures then come from the same build as the binary's."""
+    out = os.path.dirname(os.path.abspath(common.RI2N_SOURCE))
+    profile = {"dist": "dist", "release": "release", "debug": "dev"}.get(os.path.basename(out))
+    if shutil.which("cargo") and profile:
+        run(["cargo", "build", "--profile", profile, "--target-dir", os.path.dirname(out), "-q",
+             "-p", "ri2n", "--example", "msgbw"], timeout=900)
+    return os.path.join(out, "examples", "msgbw")
 
 
 def message_run(lab, msgbw, kind, size, count, piece):
