@@ -433,7 +433,9 @@ ssize_t ri2n_endpoint_local_addr(const struct ri2n_endpoint *ep, size_t i, char 
 
 // Closes every connection of the endpoint gracefully: finishes their streams and waits at
 // most `timeout_ms` (negative: as long as it takes) until each peer has acknowledged
-// everything written to it. 0, or `-ETIMEDOUT` when some data was never acknowledged
+// everything written to it; a connection whose peer is still sending is aborted once this
+// side's data is delivered (its calls then fail with `ECONNABORTED`, the peer's with
+// `ECONNRESET`). 0, or `-ETIMEDOUT` when some data was never acknowledged
 // ([`ri2n_last_error`](crate::ri2n_last_error) says how much). The endpoint stays open (a
 // server accepts the connections that come in after the close) until it is freed, which it
 // must still be.
