@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use ri2n::{Connection, TimedEvent};
 
 use crate::endpoint::timeout;
-use crate::error::{errno_of_connection, guard, guard_int, guard_len, text_or_empty, Failure};
+use crate::error::{errno_of_connection, guard, guard_int, guard_len, reason_text, Failure};
 
 /// One ri2n connection.
 pub struct ri2n_conn {
@@ -273,8 +273,11 @@ pub unsafe extern "C" fn ri2n_try_send_message(
 
 /// Receives the next whole message into `buf`, waiting for it; returns its length, 0 at the
 /// end of the peer's stream. `-EMSGSIZE` when it is longer than `len`: it is kept for the
-/// next call (with a buffer of [`ri2n_max_message_size`] bytes every message fits; where
-/// threads receive at once, each message kept waits behind those kept before it).
+/// next call, and [`ri2n_last_error`](crate::ri2n_last_error) names its size (a message is
+/// at most this side's stream receive window less 8 bytes: 8 MiB less 8 for the endpoints
+/// this library makes, whatever the peer's own [`ri2n_max_message_size`], which bounds what
+/// this side sends; where threads receive at once, each message kept waits behind those kept
+/// before it).
 /// `-EBADMSG` for an empty message from a peer in another language, which is skipped.
 ///
 /// # Safety
@@ -468,8 +471,8 @@ pub unsafe extern "C" fn ri2n_conn_error(c: *const ri2n_conn) -> c_int {
 }
 
 /// Aborts the connection at once; the peer's calls fail with `ECONNRESET` and see `code` (up
-/// to 2^62 - 17; a larger one as that) and `reason` (may be NULL) in their error text.
-/// Returns 0 (or a negative errno).
+/// to 2^62 - 17; a larger one as that) and `reason` (may be NULL; bytes that are not UTF-8
+/// are replaced) in their error text. Returns 0 (or a negative errno).
 ///
 /// # Safety
 /// `c` is a live connection; `reason` is NULL or a NUL-terminated string.
@@ -479,8 +482,8 @@ pub unsafe extern "C" fn ri2n_abort(c: *mut ri2n_conn, code: u64, reason: *const
         // SAFETY: passed on from the caller
         let c = unsafe { conn(c) }?;
         // SAFETY: passed on from the caller
-        let reason = unsafe { text_or_empty(reason, "reason") }?;
-        c.conn.abort(code, reason);
+        let reason = unsafe { reason_text(reason) };
+        c.conn.abort(code, &reason);
         Ok(())
     })
 }

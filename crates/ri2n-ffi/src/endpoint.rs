@@ -11,7 +11,7 @@ use std::time::Duration;
 use ri2n::{ConnectionConfig, Endpoint, EndpointConfig, Key, KeyReadError, Transport};
 
 use crate::conn::ri2n_conn;
-use crate::error::{guard, guard_int, guard_len, guard_ptr, text, text_or_empty, Failure};
+use crate::error::{guard, guard_int, guard_len, guard_ptr, reason_text, text, Failure};
 
 /// A host's ri2n endpoint: its local addresses (one per link), its threads and connections.
 pub struct ri2n_endpoint {
@@ -370,8 +370,8 @@ pub unsafe extern "C" fn ri2n_endpoint_abort(
         // SAFETY: passed on from the caller
         let ep = unsafe { endpoint(ep) }?;
         // SAFETY: passed on from the caller
-        let reason = unsafe { text_or_empty(reason, "reason") }?;
-        ep.endpoint.abort(code, reason);
+        let reason = unsafe { reason_text(reason) };
+        ep.endpoint.abort(code, &reason);
         Ok(())
     })
 }

@@ -226,14 +226,16 @@ pub(crate) unsafe fn text<'a>(s: *const c_char, what: &str) -> Result<&'a str, F
         .map_err(|_| Failure::invalid(format!("{what} is not UTF-8")))
 }
 
-/// As [`text`], but NULL is the empty string (an optional reason).
+/// An abort's reason: NULL is the empty string, and bytes that are not UTF-8 (text in the
+/// locale's encoding, from `strerror`) are replaced, not refused: refusing them would leave
+/// the connection unaborted and its peer untold.
 ///
 /// # Safety
-/// As for [`text`].
-pub(crate) unsafe fn text_or_empty<'a>(s: *const c_char, what: &str) -> Result<&'a str, Failure> {
+/// `s` is NULL or points to a NUL-terminated string that lives for `'a`.
+pub(crate) unsafe fn reason_text<'a>(s: *const c_char) -> std::borrow::Cow<'a, str> {
     if s.is_null() {
-        return Ok("");
+        return "".into();
     }
-    // SAFETY: passed on from the caller
-    unsafe { text(s, what) }
+    // SAFETY: non-NULL, and the caller promises a NUL-terminated string
+    unsafe { CStr::from_ptr(s) }.to_string_lossy()
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyType};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyType};
 use ri2n::{Cipher, Connection, ConnectionState, ConnectionStats, Event, TimedEvent};
 
 use crate::buffer::Held;
@@ -531,13 +531,21 @@ impl PyConnection {
     /// raise ``PeerGone`` naming ``code`` (an int >= 0, else ``ValueError``) and ``reason``.
     /// The handle stays (for ``stats()``) until ``close()``.
     #[pyo3(
-        signature = (code = AbortCode(0), reason = ""),
+        signature = (code = AbortCode(0), reason = None),
         text_signature = "($self, code=0, reason=\"\")"
     )]
-    fn abort(&self, py: Python<'_>, code: AbortCode, reason: &str) -> PyResult<()> {
+    fn abort(
+        &self,
+        py: Python<'_>,
+        code: AbortCode,
+        reason: Option<&Bound<'_, PyString>>,
+    ) -> PyResult<()> {
         let AbortCode(code) = code;
         let conn = self.get()?;
-        py.detach(|| conn.abort(code, reason));
+        // what is not UTF-8 (a file name `os.fsdecode` escaped) is replaced, not refused:
+        // refusing it would leave the connection unaborted and its peer untold
+        let reason = reason.map(|r| r.to_string_lossy().into_owned());
+        py.detach(|| conn.abort(code, reason.as_deref().unwrap_or("")));
         Ok(())
     }
 

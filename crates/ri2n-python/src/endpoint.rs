@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{PyException, PyInterruptedError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyType;
+use pyo3::types::{PyString, PyType};
 use ri2n::{ConnectionConfig, ConnectionError, Endpoint, EndpointConfig, Transport};
 
 use crate::connection::PyConnection;
@@ -365,13 +365,21 @@ impl PyEndpoint {
     /// right after (a server that is stopped tells its clients why). The endpoint stays
     /// open until ``close()``.
     #[pyo3(
-        signature = (code = AbortCode(0), reason = ""),
+        signature = (code = AbortCode(0), reason = None),
         text_signature = "($self, code=0, reason=\"\")"
     )]
-    fn abort(&self, py: Python<'_>, code: AbortCode, reason: &str) -> PyResult<()> {
+    fn abort(
+        &self,
+        py: Python<'_>,
+        code: AbortCode,
+        reason: Option<&Bound<'_, PyString>>,
+    ) -> PyResult<()> {
         let AbortCode(code) = code;
         let endpoint = self.get()?;
-        py.detach(|| endpoint.abort(code, reason));
+        // what is not UTF-8 (a file name `os.fsdecode` escaped) is replaced, not refused:
+        // refusing it would leave the connection unaborted and its peer untold
+        let reason = reason.map(|r| r.to_string_lossy().into_owned());
+        py.detach(|| endpoint.abort(code, reason.as_deref().unwrap_or("")));
         Ok(())
     }
 

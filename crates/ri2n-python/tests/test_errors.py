@@ -554,3 +554,23 @@ def test_connect_over_a_path_of_a_long_round_trip(endpoints) -> None:
         client.abort()
         close_quietly(client)
         path.close()
+
+
+def _reason_not_utf8() -> str:
+    """A reason Python holds as ``str`` that does not encode as UTF-8: a file name
+    ``os.fsdecode`` escaped, as ``str(OSError)`` about one has it."""
+    return "cannot open " + os.fsdecode(b"/data/caf\xe9.bin")
+
+
+def test_an_abort_whose_reason_is_not_utf8_still_aborts(pair: Pair) -> None:
+    """``Connection.abort`` and ``Endpoint.abort`` replace what does not encode and abort:
+    the peer is told. Before, ``UnicodeEncodeError`` was raised and nothing was aborted."""
+    pair.conn.abort(1, _reason_not_utf8())
+    with pytest.raises(ri2n.PeerGone, match="cannot open /data/caf"):
+        pair.peer.recv(10, timeout=5)
+
+
+def test_an_endpoint_abort_whose_reason_is_not_utf8_still_aborts(pair: Pair) -> None:
+    pair.server.abort(1, _reason_not_utf8())
+    with pytest.raises(ri2n.PeerGone, match="cannot open /data/caf"):
+        pair.conn.recv(10, timeout=5)

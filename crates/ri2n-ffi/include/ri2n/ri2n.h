@@ -207,8 +207,11 @@ ssize_t ri2n_try_send_message(struct ri2n_conn *c, const void *buf, size_t len);
 
 // Receives the next whole message into `buf`, waiting for it; returns its length, 0 at the
 // end of the peer's stream. `-EMSGSIZE` when it is longer than `len`: it is kept for the
-// next call (with a buffer of [`ri2n_max_message_size`] bytes every message fits; where
-// threads receive at once, each message kept waits behind those kept before it).
+// next call, and [`ri2n_last_error`](crate::ri2n_last_error) names its size (a message is
+// at most this side's stream receive window less 8 bytes: 8 MiB less 8 for the endpoints
+// this library makes, whatever the peer's own [`ri2n_max_message_size`], which bounds what
+// this side sends; where threads receive at once, each message kept waits behind those kept
+// before it).
 // `-EBADMSG` for an empty message from a peer in another language, which is skipped.
 //
 // # Safety
@@ -288,8 +291,8 @@ int ri2n_wait_acknowledged(struct ri2n_conn *c, int timeout_ms);
 int ri2n_conn_error(const struct ri2n_conn *c);
 
 // Aborts the connection at once; the peer's calls fail with `ECONNRESET` and see `code` (up
-// to 2^62 - 17; a larger one as that) and `reason` (may be NULL) in their error text.
-// Returns 0 (or a negative errno).
+// to 2^62 - 17; a larger one as that) and `reason` (may be NULL; bytes that are not UTF-8
+// are replaced) in their error text. Returns 0 (or a negative errno).
 //
 // # Safety
 // `c` is a live connection; `reason` is NULL or a NUL-terminated string.
