@@ -374,10 +374,10 @@ pub struct TunnelStatusArgs {
 /// Where to connect and from which local addresses (send, bench).
 #[derive(Args, Debug, Clone)]
 pub struct ConnectOpts {
-    /// Peer address (`ri2n recv` or `ri2n serve`). Repeat to name several: each --to is then
-    /// a link, and the handshake goes to the first and, while that one does not answer, to
-    /// the others in turn, so a peer whose first network is down at the start is reached on
-    /// another. With a single --to the peer's other addresses are learned in the handshake and
+    /// Peer address (`ri2n recv` for send, `ri2n serve` for bench). Repeat to name several:
+    /// each --to is then a link, and the handshake goes to the first and, while that one does
+    /// not answer, to the others in turn, so a peer whose first network is down at the start
+    /// is reached on another. With a single --to the peer's other addresses are learned in the handshake and
     /// a link is opened to each (unless --no-discover). An IPv6 link-local address names the
     /// interface to reach it on: `[fe80::1%eth0]:PORT`.
     #[arg(long = "to", value_name = "ADDR:PORT", required = true, value_parser = parse_remote)]

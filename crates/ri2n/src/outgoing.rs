@@ -168,7 +168,7 @@ impl Batch {
     fn takes(&self, dest: SocketAddr, max_segments: usize) -> bool {
         self.is_empty()
             || (self.dest == dest
-                && self.len % self.segment == 0
+                && self.len.is_multiple_of(self.segment)
                 && self.len / self.segment < max_segments
                 && self.len + self.segment <= BATCH_BYTES)
     }
