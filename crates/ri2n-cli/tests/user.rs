@@ -1028,6 +1028,22 @@ fn a_drop_box_directory_takes_the_file() {
     std::fs::remove_dir_all(dir.path()).unwrap();
 }
 
+/// A sticky directory others can write (as `/tmp`) holding a symbolic link `name` that another
+/// user (nobody, 65534) made to a new file holding `content`: the directory, the file and the
+/// link. Root only.
+fn foreign_link(name: &str, content: &[u8]) -> (TempFile, TempFile, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let shared = TempFile::new("shared-dir");
+    std::fs::create_dir(shared.path()).unwrap();
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let victim = TempFile::new("link-victim");
+    std::fs::write(victim.path(), content).unwrap();
+    let link = shared.path().join(name);
+    std::os::unix::fs::symlink(victim.path(), &link).unwrap();
+    std::os::unix::fs::lchown(&link, Some(65534), Some(65534)).unwrap();
+    (shared, victim, link)
+}
+
 /// A FILE that is a symbolic link another user made in a sticky directory others can write
 /// (`/tmp`) is not followed, as the kernel's `protected_symlinks` rule would not let an open
 /// follow it: exit 1, saying why, and the file it points at left as it was. Before, `recv`
@@ -1035,18 +1051,10 @@ fn a_drop_box_directory_takes_the_file() {
 /// link is given to nobody (65534).
 #[test]
 fn recv_does_not_follow_another_user_s_link_in_a_shared_directory() {
-    use std::os::unix::fs::PermissionsExt;
     if !root_or_skip("a link owned by another user") {
         return;
     }
-    let shared = TempFile::new("shared-dir");
-    std::fs::create_dir(shared.path()).unwrap();
-    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
-    let victim = TempFile::new("link-victim");
-    std::fs::write(victim.path(), b"not the receiver's").unwrap();
-    let link = shared.path().join("backup.tar");
-    std::os::unix::fs::symlink(victim.path(), &link).unwrap();
-    std::os::unix::fs::lchown(&link, Some(65534), Some(65534)).unwrap();
+    let (shared, victim, link) = foreign_link("backup.tar", b"not the receiver's");
     let listen = format!("127.0.0.1:{}", free_port());
     let (s, o) = ri2n(
         [
@@ -1081,18 +1089,10 @@ fn recv_does_not_follow_another_user_s_link_in_a_shared_directory() {
 /// of that user's choice with the key. As root: the link is given to nobody (65534).
 #[test]
 fn keygen_force_does_not_follow_another_user_s_link_in_a_shared_directory() {
-    use std::os::unix::fs::PermissionsExt;
     if !root_or_skip("a link owned by another user") {
         return;
     }
-    let shared = TempFile::new("key-shared-dir");
-    std::fs::create_dir(shared.path()).unwrap();
-    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
-    let victim = TempFile::new("key-link-victim");
-    std::fs::write(victim.path(), b"precious\n").unwrap();
-    let link = shared.path().join("cluster.key");
-    std::os::unix::fs::symlink(victim.path(), &link).unwrap();
-    std::os::unix::fs::lchown(&link, Some(65534), Some(65534)).unwrap();
+    let (shared, victim, link) = foreign_link("cluster.key", b"precious\n");
     let (s, o) = ri2n(
         ["keygen", "--force", "--output", link.to_str().unwrap()],
         Duration::from_secs(10),

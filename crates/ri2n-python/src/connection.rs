@@ -16,13 +16,14 @@ use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyType};
+use pyo3::types::{PyBytes, PyDict, PyList, PyType};
 use ri2n::{Cipher, Connection, ConnectionState, ConnectionStats, Event, TimedEvent};
 
 use crate::buffer::Held;
 use crate::errors::{connection_error, io_error};
 use crate::{
-    drop_detached, drop_interruptible, poll_readable, timeout_arg, AbortCode, Shared, SIGNAL_CHECK,
+    drop_detached, drop_interruptible, poll_readable, timeout_arg, AbortCode, AbortReason, Shared,
+    SIGNAL_CHECK,
 };
 
 /// One ri2n connection. Reads and writes block (with the GIL released) until they can
@@ -531,21 +532,13 @@ impl PyConnection {
     /// raise ``PeerGone`` naming ``code`` (an int >= 0, else ``ValueError``) and ``reason``.
     /// The handle stays (for ``stats()``) until ``close()``.
     #[pyo3(
-        signature = (code = AbortCode(0), reason = None),
+        signature = (code = AbortCode(0), reason = AbortReason::default()),
         text_signature = "($self, code=0, reason=\"\")"
     )]
-    fn abort(
-        &self,
-        py: Python<'_>,
-        code: AbortCode,
-        reason: Option<&Bound<'_, PyString>>,
-    ) -> PyResult<()> {
-        let AbortCode(code) = code;
+    fn abort(&self, py: Python<'_>, code: AbortCode, reason: AbortReason) -> PyResult<()> {
+        let (AbortCode(code), AbortReason(reason)) = (code, reason);
         let conn = self.get()?;
-        // what is not UTF-8 (a file name `os.fsdecode` escaped) is replaced, not refused:
-        // refusing it would leave the connection unaborted and its peer untold
-        let reason = reason.map(|r| r.to_string_lossy().into_owned());
-        py.detach(|| conn.abort(code, reason.as_deref().unwrap_or("")));
+        py.detach(|| conn.abort(code, &reason));
         Ok(())
     }
 

@@ -8,13 +8,15 @@ use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{PyException, PyInterruptedError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyString, PyType};
+use pyo3::types::PyType;
 use ri2n::{ConnectionConfig, ConnectionError, Endpoint, EndpointConfig, Transport};
 
 use crate::connection::PyConnection;
 use crate::errors::endpoint_error;
 use crate::key::PyKey;
-use crate::{drop_detached, timeout_arg, wait_on_thread, AbortCode, Addrs, Shared, SIGNAL_CHECK};
+use crate::{
+    drop_detached, timeout_arg, wait_on_thread, AbortCode, AbortReason, Addrs, Shared, SIGNAL_CHECK,
+};
 
 /// How long leaving a `with` block waits for the peers to acknowledge what was written: the
 /// library's own `close_linger`, what dropping the endpoint would wait.
@@ -365,21 +367,13 @@ impl PyEndpoint {
     /// right after (a server that is stopped tells its clients why). The endpoint stays
     /// open until ``close()``.
     #[pyo3(
-        signature = (code = AbortCode(0), reason = None),
+        signature = (code = AbortCode(0), reason = AbortReason::default()),
         text_signature = "($self, code=0, reason=\"\")"
     )]
-    fn abort(
-        &self,
-        py: Python<'_>,
-        code: AbortCode,
-        reason: Option<&Bound<'_, PyString>>,
-    ) -> PyResult<()> {
-        let AbortCode(code) = code;
+    fn abort(&self, py: Python<'_>, code: AbortCode, reason: AbortReason) -> PyResult<()> {
+        let (AbortCode(code), AbortReason(reason)) = (code, reason);
         let endpoint = self.get()?;
-        // what is not UTF-8 (a file name `os.fsdecode` escaped) is replaced, not refused:
-        // refusing it would leave the connection unaborted and its peer untold
-        let reason = reason.map(|r| r.to_string_lossy().into_owned());
-        py.detach(|| endpoint.abort(code, reason.as_deref().unwrap_or("")));
+        py.detach(|| endpoint.abort(code, &reason));
         Ok(())
     }
 

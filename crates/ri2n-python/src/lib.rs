@@ -92,6 +92,21 @@ impl<'a, 'py> FromPyObject<'a, 'py> for AbortCode {
     }
 }
 
+/// An abort's reason: any `str`, what does not encode as UTF-8 (a file name `os.fsdecode`
+/// escaped) replaced, not refused: refusing it would leave the connection unaborted and its
+/// peer untold.
+#[derive(Default)]
+pub(crate) struct AbortReason(pub String);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for AbortReason {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let text = obj.cast::<pyo3::types::PyString>()?;
+        Ok(AbortReason(text.to_string_lossy().into_owned()))
+    }
+}
+
 /// Waits at most `wait` for `fd` to become readable; whether it did. An interrupted wait
 /// (EINTR) counts as not: the callers look again and let Python handle the signal.
 pub(crate) fn poll_readable(fd: RawFd, wait: Duration) -> bool {
