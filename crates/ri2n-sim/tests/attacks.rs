@@ -934,6 +934,33 @@ fn links_from_another_address_do_not_count_against_its_limit() {
     assert_eq!(server.connection_count(), 2);
 }
 
+/// A keyed client and server, each on two addresses (`c`, `s`), and another host of the
+/// cluster at `m` (it holds the key, and is not part of their connection).
+struct KeyHolders {
+    c: [SocketAddr; 2],
+    s: [SocketAddr; 2],
+    m: SocketAddr,
+    other: Endpoint,
+    client: Endpoint,
+    server: Endpoint,
+}
+
+impl KeyHolders {
+    fn new(t0: Instant) -> Self {
+        let c = [addr("10.0.0.1:5000"), addr("10.1.0.1:5000")];
+        let s = [addr("10.0.0.2:6000"), addr("10.1.0.2:6000")];
+        let m = addr("10.7.7.7:6000");
+        Self {
+            c,
+            s,
+            m,
+            other: Endpoint::new(keyed(&[m]), 13, t0),
+            client: Endpoint::new(keyed(&c), 11, t0),
+            server: Endpoint::new(keyed(&s).server(), 12, t0),
+        }
+    }
+}
+
 /// An attacker on the path replays the client's first packet on its second link from the
 /// address M of another host of the cluster (which holds the key too), ahead of the
 /// original: the server's link, which no answer has validated yet, moves to M (§4.4). The
@@ -946,15 +973,14 @@ fn links_from_another_address_do_not_count_against_its_limit() {
 #[test]
 fn a_reset_from_another_key_holder_at_a_replayed_link_s_address_does_not_end_it() {
     let t0 = Instant::now();
-    let (c, s) = (
-        [addr("10.0.0.1:5000"), addr("10.1.0.1:5000")],
-        [addr("10.0.0.2:6000"), addr("10.1.0.2:6000")],
-    );
-    // another host of the cluster (holds K, is not part of this connection)
-    let m = addr("10.7.7.7:6000");
-    let mut other = Endpoint::new(keyed(&[m]), 13, t0);
-    let mut client = Endpoint::new(keyed(&c), 11, t0);
-    let mut server = Endpoint::new(keyed(&s).server(), 12, t0);
+    let KeyHolders {
+        c,
+        s,
+        m,
+        mut other,
+        mut client,
+        mut server,
+    } = KeyHolders::new(t0);
     let ch = client.connect(t0, &[s[0]], Default::default()).unwrap();
     let mut client_cid = None;
     let mut attacked = false;
@@ -1012,14 +1038,14 @@ fn a_reset_from_another_key_holder_at_a_replayed_link_s_address_does_not_end_it(
 #[test]
 fn a_replayed_link_packet_does_not_make_another_key_holder_reset_the_connection() {
     let t0 = Instant::now();
-    let (c, s) = (
-        [addr("10.0.0.1:5000"), addr("10.1.0.1:5000")],
-        [addr("10.0.0.2:6000"), addr("10.1.0.2:6000")],
-    );
-    let m = addr("10.7.7.7:6000");
-    let mut other = Endpoint::new(keyed(&[m]), 13, t0);
-    let mut client = Endpoint::new(keyed(&c), 11, t0);
-    let mut server = Endpoint::new(keyed(&s).server(), 12, t0);
+    let KeyHolders {
+        c,
+        s,
+        m,
+        mut other,
+        mut client,
+        mut server,
+    } = KeyHolders::new(t0);
     let ch = client
         .connect(t0, &[s[0], s[1]], Default::default())
         .unwrap();
