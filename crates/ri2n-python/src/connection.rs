@@ -181,6 +181,11 @@ const WHOLE_BUFFER: usize = 16 << 10;
 /// (`Connection::try_write_buf`): the copy is then made before the engine's lock is taken,
 /// not under it as `try_write` makes it, so the library's threads never wait for it.
 fn write_all(py: Python<'_>, conn: &Connection, data: &[u8]) -> PyResult<()> {
+    if data.is_empty() {
+        // as a socket's sendall(b""), a write all the same: it fails where any would
+        retry_until(py, conn, Wait::Write, never(), |c| c.try_write(data))?;
+        return Ok(());
+    }
     let mut rest = data;
     // handed over whole, the buffer comes back with the memory of one already acknowledged,
     // so the pieces after the first few allocate nothing

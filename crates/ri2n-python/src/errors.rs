@@ -114,8 +114,11 @@ pub(crate) fn io_error(py: Python<'_>, e: io::Error) -> PyErr {
         io::ErrorKind::InvalidInput => PyValueError::new_err(e.to_string()),
         // the peer takes no messages or datagrams; a read error with no kind of its own
         io::ErrorKind::Unsupported | io::ErrorKind::Other => error(py, e.to_string()),
-        // WouldBlock -> BlockingIOError, TimedOut -> TimeoutError, BrokenPipe (written after
-        // finish) -> BrokenPipeError, ...
+        // with the errno a socket's exception carries, for code that checks `e.errno`
+        io::ErrorKind::WouldBlock => PyOSError::new_err((libc::EAGAIN, e.to_string())),
+        // written after finish
+        io::ErrorKind::BrokenPipe => PyOSError::new_err((libc::EPIPE, e.to_string())),
+        // TimedOut -> TimeoutError, without an errno, as a socket's timeout; ...
         _ => PyErr::from(e),
     }
 }

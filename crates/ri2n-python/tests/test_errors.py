@@ -2,6 +2,7 @@
 calls on what was closed."""
 
 import contextlib
+import errno
 import os
 import signal
 import socket
@@ -171,13 +172,29 @@ def test_calls_on_closed_things(pair: Pair) -> None:
 
 
 def test_writing_after_finish_is_a_broken_pipe(pair_on_each_transport: Pair) -> None:
-    """Also an empty write, as Python's own ``socket.send(b"")`` after ``shutdown``."""
+    """Also an empty write, as Python's own ``socket.send(b"")`` and ``sendall(b"")`` after
+    ``shutdown``; with ``errno`` set, as a socket's, for code that looks at it."""
     pair = pair_on_each_transport
     pair.conn.finish()
-    with pytest.raises(BrokenPipeError):
+    with pytest.raises(BrokenPipeError) as raised:
         pair.conn.sendall(b"x")
+    assert raised.value.errno == errno.EPIPE
     with pytest.raises(BrokenPipeError):
         pair.conn.send(b"")
+    with pytest.raises(BrokenPipeError):
+        pair.conn.sendall(b"")
+
+
+def test_nothing_to_take_now_is_eagain(pair_on_each_transport: Pair) -> None:
+    """Non-blocking calls that find nothing raise ``BlockingIOError`` with ``errno`` EAGAIN,
+    as a non-blocking socket's do: code that checks ``e.errno`` (selectors-era libraries)
+    must not take it for a failure."""
+    pair = pair_on_each_transport
+    for call in (lambda: pair.peer.try_recv(10), lambda: pair.peer.try_recv_message()):
+        with pytest.raises(BlockingIOError) as raised:
+            call()
+        assert raised.value.errno == errno.EAGAIN
+        assert raised.value.strerror
 
 
 def test_closing_an_endpoint_ends_a_waiting_accept(endpoints) -> None:
