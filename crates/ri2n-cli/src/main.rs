@@ -141,7 +141,8 @@ Exit codes:
      interface of another kind has the tunnel's interface name, or without --name no host
      of the file has a link address of this machine; reload: or the daemon kept the file in
      use (the message says why)
-  5  cannot bind a link address (in use by another program) or the --metrics address
+  5  a daemon of this host already runs on this machine (its status socket answers), or
+     cannot bind a link address (in use by another program) or the --metrics address
      (with --name, a link address this machine does not have yet is no error: the daemon
      starts without it and takes it up as it appears)";
 
@@ -271,7 +272,8 @@ pub struct TunnelArgs {
     #[arg(long, value_name = "HOST")]
     pub name: Option<String>,
 
-    /// Check the cluster file and its key, say which host this is, and exit (needs no
+    /// Check the cluster file and its key, that this machine can carry the tunnel and that
+    /// no daemon of this host runs here yet, say which host this is, and exit (needs no
     /// privilege, only read access to both files: the key is its owner's alone).
     #[arg(long)]
     pub check: bool,

@@ -109,6 +109,7 @@ pub fn describe(args: &TunnelArgs) -> Result<String, Failure> {
     load_key(&cluster, path)?;
     ri2n_tunnel::check_machine(&cluster)
         .map_err(|e| Failure::new(USAGE, format!("{}: {e}", path.display())))?;
+    ri2n_tunnel::check_not_running(&cluster.hosts[me].name).map_err(failure)?;
     if let Some(addr) = args.metrics {
         // bound and let go at once: the daemon binds it after the interface is up
         std::net::TcpListener::bind(addr)
@@ -171,7 +172,7 @@ fn failure(e: Error) -> Failure {
     match e {
         Error::Config(message) => Failure::new(USAGE, message),
         Error::Endpoint(e) => Failure::endpoint(e, &[], Duration::ZERO),
-        e @ Error::Metrics { .. } => Failure::new(BIND, e.to_string()),
+        e @ (Error::Metrics { .. } | Error::Running { .. }) => Failure::new(BIND, e.to_string()),
         e @ (Error::Io { .. } | Error::Failed(_)) => Failure::new(GENERIC, e.to_string()),
     }
 }

@@ -2679,10 +2679,13 @@ fn daemons_started_while_the_first_network_is_down_connect_over_the_second() {
 }
 
 /// A second daemon started on a host by mistake (here with `--name` of another host, whose link
-/// addresses this host lacks, so no bind stops it) is warned that the name looks wrong and refused
-/// the interface, which the running daemon keeps with its address and traffic. Before, with several
-/// queues, the second daemon joined the live interface as more queues and gave it its own address,
-/// which stayed after it exited.
+/// addresses this host lacks and whose daemon does not run here, so no bind stops it) is warned
+/// that the name looks wrong and refused the interface, which the running daemon keeps with its
+/// address and traffic. Before, with several queues, the second daemon joined the live interface
+/// as more queues and gave it its own address, which stayed after it exited. One started with
+/// the running daemon's own name, and `--check` of it, are told that a daemon of that host runs
+/// (exit 5, as for a link address in use): before, `--check` passed and the start failed on its
+/// first link address, "in use by another program".
 #[test]
 fn a_second_daemon_on_a_host_cannot_take_its_interface() {
     let Some(test) = LabTest::start("tunnel-second-daemon", &[PING]) else {
@@ -2691,7 +2694,9 @@ fn a_second_daemon_on_a_host_cannot_take_its_interface() {
     let (env, dir) = (test.env, &test.dir);
     let lab = Lab::up_hosts(env, "tsd", 2, 2);
     support::keygen(env, &dir.0);
-    let config = write_cluster_file(&dir.0, &["a", "b"]);
+    // c: a host whose daemon does not run on this machine (the lab's hosts share its
+    // /run/ri2n, where b's daemon answers)
+    let config = write_cluster_file(&dir.0, &["a", "b", "c"]);
     let queues = ["--queues", "2"];
     let mut daemons: Vec<Proc> = ["a", "b"]
         .iter()
@@ -2709,16 +2714,30 @@ fn a_second_daemon_on_a_host_cannot_take_its_interface() {
         .collect();
     wait_connected(&mut daemons, 1, Duration::from_secs(20));
 
-    let args = ["--queues", "2", "--name", "b"];
+    let args = ["--queues", "2", "--name", "c"];
     let mut second = spawn_daemon(env, &lab, "a", &args, &config, &dir.0, "tunnel-second");
     let status = second.wait_exit(Duration::from_secs(10));
     let err = second.stderr_text();
     assert_eq!(status.and_then(|s| s.code()), Some(1), "{err}");
     assert!(
         err.contains("an interface of that name exists")
-            && err.contains("this machine has link addresses of a, none of b (--name)"),
+            && err.contains("this machine has link addresses of a, none of c (--name)"),
         "{err}"
     );
+    for (args, what) in [
+        (&["--check"][..], "tunnel-check-again"),
+        (&[], "tunnel-again"),
+    ] {
+        let mut again = spawn_daemon(env, &lab, "a", args, &config, &dir.0, what);
+        let status = again.wait_exit(Duration::from_secs(10));
+        let err = again.stderr_text();
+        assert_eq!(status.and_then(|s| s.code()), Some(5), "{args:?}: {err}");
+        assert!(
+            err.contains("a tunnel daemon of host a already runs on this machine")
+                && err.contains("/run/ri2n/tunnel-a.sock"),
+            "{args:?}: {err}"
+        );
+    }
     let addrs = in_host(
         &lab,
         "a",
@@ -2726,7 +2745,7 @@ fn a_second_daemon_on_a_host_cannot_take_its_interface() {
     );
     let own = format!("inet {}/", tunnel_address("a"));
     assert!(
-        addrs.contains(&own) && !addrs.contains(&format!("inet {}/", tunnel_address("b"))),
+        addrs.contains(&own) && !addrs.contains(&format!("inet {}/", tunnel_address("c"))),
         "a's interface: {addrs}"
     );
     ping_through(&lab, "a", "b");

@@ -197,6 +197,14 @@ pub enum Error {
     /// The metrics address could not be bound.
     #[error("cannot serve metrics on {addr}: {source}")]
     Metrics { addr: SocketAddr, source: io::Error },
+    /// A daemon of this host already runs on this machine: its status socket answers.
+    #[error(
+        "a tunnel daemon of host {name} already runs on this machine (its status socket {} \
+         answers): stop it first, or have it read a changed cluster file with `ri2n tunnel \
+         reload`",
+        socket.display()
+    )]
+    Running { name: String, socket: PathBuf },
     /// A resource the daemon needs: the interface, the status socket, a thread.
     #[error("{context}: {source}")]
     Io { context: String, source: io::Error },
@@ -211,6 +219,20 @@ impl Error {
             context: context.into(),
             source,
         }
+    }
+}
+
+/// That no daemon of host `name` runs on this machine: one that does holds the host's
+/// interface, link addresses and status socket (checked before any is taken, and by
+/// `--check`).
+pub fn check_not_running(name: &str) -> Result<(), Error> {
+    let socket = status::socket_path(name);
+    match status::answers(&socket) {
+        true => Err(Error::Running {
+            name: name.to_owned(),
+            socket,
+        }),
+        false => Ok(()),
     }
 }
 
@@ -294,6 +316,7 @@ pub fn run(
     here::check(&cluster)
         .map_err(|e| Error::Config(format!("{}: {e}", options.config.display())))?;
     let host = cluster.hosts[me].clone();
+    check_not_running(&host.name)?;
     // found by its link addresses alone (no --name): a reload must keep it so, or the next
     // start would fail (or take this machine for another host)
     let found_by_addresses = !options.named && cluster.hosts_here() == [me];

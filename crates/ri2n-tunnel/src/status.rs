@@ -43,6 +43,12 @@ pub fn socket_path(name: &str) -> PathBuf {
     Path::new(SOCKET_DIR).join(format!("tunnel-{name}.sock"))
 }
 
+/// Whether a daemon answers on the status socket at `path` (a socket file that nothing
+/// answers is one a killed daemon left).
+pub fn answers(path: &Path) -> bool {
+    UnixStream::connect(path).is_ok()
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Status {
     pub host: String,
@@ -400,14 +406,15 @@ const STATUS_DEADLINE: Duration = Duration::from_secs(2);
 const STATUS_CLIENTS: usize = 8;
 
 /// Serves the latest snapshot as JSON to everyone who connects to `path` (`ri2n tunnel
-/// reload` waits for one that counts its reading of the cluster file). The socket is open to every local user: each caller is served on a thread of its own,
-/// within [`STATUS_DEADLINE`] ([`crate::clients`]), so one that does not read, or reads
-/// slowly, holds the others off for no time at all.
+/// reload` waits for one that counts its reading of the cluster file). The socket is open
+/// to every local user: each caller is served on a thread of its own, within
+/// [`STATUS_DEADLINE`] ([`crate::clients`]), so one that does not read, or reads slowly,
+/// holds the others off for no time at all.
 pub fn serve_socket(path: &Path, latest: Arc<Mutex<Status>>) -> io::Result<()> {
     std::fs::create_dir_all(SOCKET_DIR)?;
     // a socket left by a daemon that was killed; a live daemon of the same host answers
     if path.exists() {
-        if UnixStream::connect(path).is_ok() {
+        if answers(path) {
             return Err(io::Error::new(
                 io::ErrorKind::AddrInUse,
                 format!("a tunnel daemon already serves {}", path.display()),
