@@ -493,7 +493,9 @@ pub unsafe extern "C" fn ri2n_abort(c: *mut ri2n_conn, code: u64, reason: *const
 /// state, the connection ended). Register it with `poll`/`epoll` for reading; never read or
 /// close it. The `ri2n_try_*` calls clear it before they look, so after one returned
 /// `-EAGAIN` it becomes readable as soon as retrying may succeed: call them until `-EAGAIN`
-/// after each wake-up (it is edge-like). Valid while `c` lives; remove it from `epoll` (or
+/// after each wake-up (it is edge-like). `-EMSGSIZE` is no `-EAGAIN`: the message or
+/// datagram kept waits for the next call, with a larger buffer, not for the descriptor,
+/// which stays quiet until something else arrives. Valid while `c` lives; remove it from `epoll` (or
 /// `poll`) before [`ri2n_conn_free`]: it stays open, and may still signal, until the
 /// connection's end, after the free.
 ///
