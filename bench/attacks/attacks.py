@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import struct
@@ -698,7 +699,8 @@ def main():
     ap.add_argument("--runs", type=int, default=5, help="runs of each kind in junk")
     ap.add_argument("--out", help="JSON file for the results")
     ap.add_argument("--commit", help="the commit the --ri2n binary was built from (recorded with "
-                    "its sha256: a comparison of two builds names both)")
+                    "its sha256: a comparison of two builds names both; default: the one the "
+                    "binary names in `ri2n --version`, if it names one)")
     o = ap.parse_args()
     unknown = set(o.scenarios) - set(SCENARIOS)
     if unknown:
@@ -713,7 +715,10 @@ def main():
     c = Ctx(os.path.abspath(o.ri2n), tmp)
     with open(o.ri2n, "rb") as f:
         sha256 = hashlib.sha256(f.read()).hexdigest()
-    results = {"ri2n": o.ri2n, "ri2n_sha256": sha256, "commit": o.commit,
+    version = subprocess.run([o.ri2n, "--version"], capture_output=True, text=True).stdout
+    built = re.search(r"\(commit ([0-9a-f]+)(\+dirty)?\)", version)
+    commit = o.commit or (built and built.group(1) + (built.group(2) or ""))
+    results = {"ri2n": o.ri2n, "ri2n_sha256": sha256, "commit": commit,
                "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                "nproc": os.cpu_count(), "cpu": cpu_model(), "uname_r": os.uname().release,
                "command": " ".join(["bench/attacks/attacks.py"] + sys.argv[1:])}

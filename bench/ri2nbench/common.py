@@ -564,13 +564,28 @@ def head_commit():
     return ""
 
 
+def built_from(version):
+    """The commit a binary names in `ri2n --version` ("ri2n 0.1.0 (commit abc1234+dirty)") and
+    whether it had uncommitted changes; None for a binary that names none (built outside a
+    checkout, or before binaries named theirs)."""
+    m = re.search(r"\(commit ([0-9a-f]{7,40})(\+dirty)?\)", version or "")
+    return (m.group(1), bool(m.group(2))) if m else None
+
+
 def build_facts():
+    """The commit the measured binary was built from: the one it names itself, which a binary
+    built elsewhere (`--ri2n OTHER`) need not share with this checkout; else the checkout's,
+    and its files under crates/ not committed."""
     src = RI2N_SOURCE
-    return {
+    facts = {"ri2n_built": sh("date -u -r %s '+%%Y-%%m-%%d %%H:%%M UTC'" % src)}
+    built = built_from(sh("%s --version" % src))
+    if built:
+        commit, dirty = built
+        return facts | {"commit": commit, "dirty": "some" if dirty else "0"}
+    return facts | {
         "commit": sh("git -C %s rev-parse --short HEAD" % ROOT) or head_commit(),
         "dirty": (sh("git -C %s status --porcelain -- crates Cargo.toml Cargo.lock | wc -l" % ROOT)
                   if shutil.which("git") else ""),
-        "ri2n_built": sh("date -u -r %s '+%%Y-%%m-%%d %%H:%%M UTC'" % src),
     }
 
 

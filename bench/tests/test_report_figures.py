@@ -205,5 +205,31 @@ class AttacksFacts(unittest.TestCase):
         self.assertIn("before: 2026-11-27 07:59 UTC, commit not recorded", first)
 
 
+class BuildCommit(unittest.TestCase):
+    def facts_of(self, version_line):
+        with tempfile.TemporaryDirectory() as d:
+            binary = os.path.join(d, "ri2n")
+            with open(binary, "w") as f:
+                f.write("#!/bin/sh\necho '%s'\n" % version_line)
+            os.chmod(binary, 0o755)
+            with mock.patch.object(common, "RI2N_SOURCE", binary):
+                return common.build_facts()
+
+    def test_a_block_names_the_commit_the_binary_was_built_from(self):
+        """A binary built elsewhere (`--ri2n OTHER`) is credited to the commit it names, not to
+        this checkout's. Before, every block named the checkout's commit."""
+        facts = self.facts_of("ri2n 0.1.0 (commit 0123abc+dirty)")
+        self.assertEqual((facts["commit"], facts["dirty"]), ("0123abc", "some"))
+        machine = dict(MACHINE, commit=facts["commit"], dirty=facts["dirty"])
+        line = common.mfacts({"machine": machine, "part": "fast"})
+        self.assertIn("commit `0123abc` plus some uncommitted file(s) under crates/", line)
+        facts = self.facts_of("ri2n 0.1.0 (commit 89abcde)")
+        self.assertEqual((facts["commit"], facts["dirty"]), ("89abcde", "0"))
+
+    def test_a_binary_that_names_no_commit_is_credited_to_the_checkout(self):
+        facts = self.facts_of("ri2n 0.1.0")
+        self.assertEqual(facts["commit"], common.head_commit())
+
+
 if __name__ == "__main__":
     unittest.main()
