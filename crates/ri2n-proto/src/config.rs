@@ -100,7 +100,11 @@ pub struct ConnectionConfig {
     /// for this long. `None` (the default): wait forever.
     pub all_links_down_timeout: Option<Duration>,
     /// Close the connection with [`crate::ConnectionError::IdleTimeout`] when nothing at all was
-    /// received for this long. `None` (the default): never.
+    /// received for this long. `None` (the default): never. A quiet connection hears from
+    /// its peer about once per `keepalive_interval` (the keepalives' acknowledgements), so a
+    /// timeout of a few keepalive intervals ends it only when the peer is gone; one shorter
+    /// than `keepalive_interval` would end a healthy connection that merely has nothing to
+    /// say.
     pub idle_timeout: Option<Duration>,
     /// Client only: learn the server's other addresses in the handshake and open a link to each
     /// (default true). Explicitly given remote addresses are always used.
