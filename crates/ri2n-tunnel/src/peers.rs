@@ -45,8 +45,9 @@ pub struct Peer {
 }
 
 /// A peer's counts since the daemon started, shared by the [`Peer`]s that reloads made for
-/// the same host name: a changed entry (its link addresses, say) does not start its
-/// counters again, and what its old connection does until its end still counts. The status
+/// the same host name: a changed entry (its link addresses, say), or a host taken out of the
+/// file and put back, does not start its counters again, and what its old connection does
+/// until its end still counts. The status
 /// shows them, each with the current connection's own added (they do not start again at
 /// each reconnection: Prometheus counters go back only when the daemon restarts).
 #[derive(Default)]
@@ -403,8 +404,8 @@ pub struct Table {
 
 impl Table {
     /// Host `me` of `cluster`; a host keeps its [`Peer`] from `old` when its entry and its
-    /// role are unchanged.
-    fn new(cluster: Cluster, me: usize, old: Option<&Table>) -> Table {
+    /// role are unchanged, and a new one takes its name's `counts`.
+    fn new(cluster: Cluster, me: usize, old: Option<&Table>, counts: &mut CountsByName) -> Table {
         let peers: Vec<Arc<Peer>> = (cluster.hosts.iter().enumerate())
             .filter(|&(i, _)| i != me)
             .map(|(i, h)| {
@@ -414,10 +415,7 @@ impl Table {
                         .find(|p| p.host == *h && p.connects == connects && !p.is_removed())
                 });
                 kept.cloned().unwrap_or_else(|| {
-                    // a changed entry of a host the table had: its counts go on
-                    let counts = (old.into_iter().flat_map(|t| &t.peers))
-                        .find(|p| p.host.name == h.name)
-                        .map_or_else(Arc::default, |p| p.counts.clone());
+                    let counts = counts.entry(h.name.clone()).or_default().clone();
                     Arc::new(Peer::new(h.clone(), connects, counts))
                 })
             })
@@ -456,8 +454,13 @@ impl Table {
 }
 
 /// Everything the daemon's threads share.
+/// The counts of every host the cluster file listed since the daemon started, by name (a
+/// few counters each, kept for a host taken out of the file in case it comes back).
+type CountsByName = HashMap<String, Arc<PeerCounts>>;
+
 pub struct Peers {
     table: RwLock<Arc<Table>>,
+    counts: Mutex<CountsByName>,
     pub carry: Carry,
     /// This host's endpoint (made again when a missing link address appears).
     pub endpoint: links::Current,
@@ -516,8 +519,10 @@ impl Peers {
         endpoint: Option<ri2n::Endpoint>,
         queues: usize,
     ) -> Peers {
+        let mut counts = CountsByName::new();
         Peers {
-            table: RwLock::new(Arc::new(Table::new(cluster, me, None))),
+            table: RwLock::new(Arc::new(Table::new(cluster, me, None, &mut counts))),
+            counts: Mutex::new(counts),
             carry,
             endpoint: links::Current::new(endpoint),
             queue_reads: (0..queues).map(|_| AtomicU64::new(0)).collect(),
@@ -578,7 +583,8 @@ impl Peers {
                 "the port, interface, prefix or key changed: restart the daemon for that".into(),
             );
         }
-        let next = Table::new(cluster, me, Some(&table));
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let next = Table::new(cluster, me, Some(&table), &mut counts);
         let kept = |p: &Arc<Peer>, t: &Table| t.peers.iter().any(|q| Arc::ptr_eq(p, q));
         let mut removed = Vec::new();
         for p in table.peers.iter().filter(|p| !kept(p, &next)) {
@@ -740,7 +746,7 @@ mod tests {
     /// (where that host's daemon is bound), is taken for it.
     #[test]
     fn a_connection_is_taken_for_a_peer_only_from_its_address_and_the_cluster_port() {
-        let table = Table::new(cluster(NODE3), 1, None);
+        let table = Table::new(cluster(NODE3), 1, None, &mut CountsByName::new());
         let from = |s: &str| {
             table
                 .accepted_from(s.parse().unwrap())
@@ -810,5 +816,25 @@ mod tests {
             "{refused}"
         );
         assert!(Arc::ptr_eq(&peers.table(), &after));
+    }
+
+    /// A host taken out of the file and put back (an edit undone, two reloads) takes its
+    /// counts up where they were: the status's and Prometheus' counters go back only when the
+    /// daemon restarts. Before, they started again from zero.
+    #[test]
+    fn a_host_removed_and_added_again_keeps_its_counts() {
+        let peers = Peers::new(cluster(NODE3), 0, Carry::Datagrams, None, 1);
+        let node3 = peers.table().peers[1].clone();
+        node3.count_sent(5);
+        node3.count_received(7);
+        node3.drop_packets(2);
+        peers.reload(cluster(""), 0).unwrap();
+        assert_eq!(peers.table().peers.len(), 1, "node3 was taken out");
+        peers.reload(cluster(NODE3), 0).unwrap();
+        let again = peers.table().peers[1].clone();
+        assert_eq!(again.name(), "node3");
+        assert!(!Arc::ptr_eq(&again, &node3));
+        let s = again.sample();
+        assert_eq!((s.sent, s.received, s.dropped.sending), (5, 7, 2));
     }
 }

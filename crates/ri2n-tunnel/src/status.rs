@@ -184,7 +184,8 @@ pub struct LinkStatus {
     pub in_flight_bytes: u64,
 }
 
-/// Counters of one link at the previous sample.
+/// Counters of one link at the start of the period its next rates are taken over, and the
+/// rates and loss of the period before.
 #[derive(Clone, Copy)]
 struct Previous {
     at: Instant,
@@ -192,7 +193,22 @@ struct Previous {
     received: u64,
     packets_sent: u64,
     lost: u64,
+    shown: Rates,
 }
+
+/// A link's rates and loss over one period.
+#[derive(Clone, Copy, Default)]
+struct Rates {
+    send_mbit: Option<f64>,
+    receive_mbit: Option<f64>,
+    loss: Option<f64>,
+}
+
+/// Shortest period a link's rates and loss are taken over: half the sampling period. A
+/// sample taken sooner (a reload wakes the sampler at once) shows those of the period before
+/// and lets the period run on: over a few milliseconds a burst would read as a rate many
+/// times the link's, and one packet declared lost as 100 % loss, shown for a whole period.
+const SHORTEST_RATE_PERIOD: Duration = Duration::from_millis(500);
 
 /// Which connection a sample is of. It holds the connection's allocation (a `Weak`), not the
 /// connection: a connection made after the last one ended cannot get its address while the
@@ -227,8 +243,9 @@ struct PreviousConnection<K = Identity> {
 
 impl<K: PartialEq> PreviousConnection<K> {
     /// The status of connection `conn`'s `links` at `now`, with rates and loss over the period
-    /// since the previous sample of the same connection (none in its first), and counts that
-    /// take in what the peer's `ended` connections moved between the same addresses.
+    /// since the previous sample of the same connection that began one (none in its first; a
+    /// sample sooner than [`SHORTEST_RATE_PERIOD`] shows the period's before), and counts
+    /// that take in what the peer's `ended` connections moved between the same addresses.
     fn sample(
         &mut self,
         conn: K,
@@ -254,49 +271,72 @@ impl<K: PartialEq> PreviousConnection<K> {
                 total = ended.get(&key).copied().unwrap_or_default();
             }
             total.add(&LinkCounts::of(l));
-            let since = prev.filter(|p| now > p.at);
-            let per_second = |count: u64, then: fn(&Previous) -> u64| {
-                since.map(|p| {
-                    let secs = now.duration_since(p.at).as_secs_f64();
-                    count.saturating_sub(then(&p)) as f64 * 8.0 / secs / 1e6
-                })
-            };
-            let loss = since.and_then(|p| {
-                let sent = l.packets_sent.saturating_sub(p.packets_sent);
-                let lost = l.packets_lost.saturating_sub(p.lost);
-                if lost > 0 {
-                    Some(lost as f64 / sent.max(lost) as f64)
-                } else if l.state == ri2n::LinkState::Up {
-                    Some(0.0)
-                } else {
-                    // it sends only probes, whose fate loss detection does not count: an
-                    // unanswered one would read as no loss
-                    None
+            let rates = match *prev {
+                Some(p) if now.saturating_duration_since(p.at) < SHORTEST_RATE_PERIOD => p.shown,
+                Some(p) => {
+                    let rates = Rates::over(&p, l, now);
+                    *prev = Some(Previous::of(l, now, rates));
+                    rates
                 }
-            });
+                None => {
+                    *prev = Some(Previous::of(l, now, Rates::default()));
+                    Rates::default()
+                }
+            };
             out.push(LinkStatus {
                 local: l.local.ip().to_string(),
                 remote: l.remote.ip().to_string(),
                 state: l.state.to_string(),
                 rtt_us: l.current_rtt().map(|d| d.as_micros() as u64),
-                send_mbit: per_second(l.bytes_sent, |p| p.sent),
-                receive_mbit: per_second(l.bytes_received, |p| p.received),
-                loss,
+                send_mbit: rates.send_mbit,
+                receive_mbit: rates.receive_mbit,
+                loss: rates.loss,
                 bytes_sent: total.bytes_sent,
                 bytes_received: total.bytes_received,
                 packets_lost: total.packets_lost,
                 window_bytes: l.cwnd,
                 in_flight_bytes: l.bytes_in_flight,
             });
-            *prev = Some(Previous {
-                at: now,
-                sent: l.bytes_sent,
-                received: l.bytes_received,
-                packets_sent: l.packets_sent,
-                lost: l.packets_lost,
-            });
         }
         out
+    }
+}
+
+impl Previous {
+    fn of(l: &ri2n::LinkStats, at: Instant, shown: Rates) -> Self {
+        Self {
+            at,
+            sent: l.bytes_sent,
+            received: l.bytes_received,
+            packets_sent: l.packets_sent,
+            lost: l.packets_lost,
+            shown,
+        }
+    }
+}
+
+impl Rates {
+    /// Link `l`'s rates and loss from `p` to `now`.
+    fn over(p: &Previous, l: &ri2n::LinkStats, now: Instant) -> Self {
+        let secs = now.duration_since(p.at).as_secs_f64();
+        let per_second =
+            |count: u64, then: u64| count.saturating_sub(then) as f64 * 8.0 / secs / 1e6;
+        let sent = l.packets_sent.saturating_sub(p.packets_sent);
+        let lost = l.packets_lost.saturating_sub(p.lost);
+        let loss = if lost > 0 {
+            Some(lost as f64 / sent.max(lost) as f64)
+        } else if l.state == ri2n::LinkState::Up {
+            Some(0.0)
+        } else {
+            // it sends only probes, whose fate loss detection does not count: an unanswered
+            // one would read as no loss
+            None
+        };
+        Self {
+            send_mbit: Some(per_second(l.bytes_sent, p.sent)),
+            receive_mbit: Some(per_second(l.bytes_received, p.received)),
+            loss,
+        }
     }
 }
 
@@ -858,22 +898,24 @@ pub fn request_reload(name: &str, config: &Path, limit: Duration) -> Result<Relo
 /// The snapshot as a table for a terminal.
 pub fn table(s: &Status) -> String {
     let reads: Vec<String> = s.queue_packets_read.iter().map(u64::to_string).collect();
-    let mut out = format!(
-        "{} {} on {}, {} queue{} (packets read {}{})\n",
-        s.host,
-        s.address,
-        s.interface,
-        reads.len(),
-        if reads.len() == 1 { "" } else { "s" },
-        reads.join(" / "),
-        match s.packets_unrouted {
-            0 => String::new(),
-            n => format!("; {n} for addresses no host owns"),
-        } + &match s.packets_not_ipv4 {
-            0 => String::new(),
-            n => format!("; {n} not IPv4, not carried"),
-        }
-    );
+    let not_carried = match s.packets_unrouted {
+        0 => String::new(),
+        n => format!("; {n} for addresses no host owns"),
+    } + &match s.packets_not_ipv4 {
+        0 => String::new(),
+        n => format!("; {n} not IPv4, not carried"),
+    };
+    let queues = match reads.len() {
+        // the status served before the first sample (or a daemon's older than the field)
+        // has no counts: an interface has a queue at least
+        0 => String::new(),
+        n => format!(
+            ", {n} queue{} (packets read {}{not_carried})",
+            if n == 1 { "" } else { "s" },
+            reads.join(" / "),
+        ),
+    };
+    let mut out = format!("{} {} on {}{queues}\n", s.host, s.address, s.interface);
     // which file a reload must edit, and whether the last one was taken up (a daemon older
     // than the `config` field names no file)
     if !s.config.is_empty() {
@@ -1170,6 +1212,43 @@ pub(crate) mod tests {
         let next = previous.sample(2, &[counted(175_000, 140, 0)], &none, t3);
         assert_eq!(next[0].send_mbit, Some(1.0));
         assert_eq!(next[0].loss, Some(0.0));
+    }
+
+    /// The status served before the first sample has no queue counts: the table does not
+    /// make them "0 queues (packets read )", which no interface has.
+    #[test]
+    fn a_status_without_queue_counts_names_no_queues() {
+        let mut s = snapshot();
+        s.queue_packets_read.clear();
+        (s.packets_unrouted, s.packets_not_ipv4) = (0, 0);
+        let text = table(&s);
+        assert_eq!(text.lines().next(), Some("a 10.99.0.1 on ri2n0"));
+    }
+
+    /// A sample taken soon after the last (a reload wakes the sampler at once) shows the rates
+    /// and loss of the period before, and the period runs on to the next sample. Before, a
+    /// burst in the 20 ms before a reload read as 50 times the link's rate over a second, and
+    /// one packet lost in them as 100 % loss.
+    #[test]
+    fn a_sample_soon_after_the_last_keeps_the_rates_of_a_whole_period() {
+        let mut previous = PreviousConnection::<u32>::default();
+        let none = LinkTotals::new();
+        let t0 = Instant::now();
+        let _ = previous.sample(1, &[counted(0, 0, 0)], &none, t0);
+        let t1 = t0 + Duration::from_secs(1);
+        let whole = previous.sample(1, &[counted(125_000, 100, 0)], &none, t1);
+        assert_eq!((whole[0].send_mbit, whole[0].loss), (Some(1.0), Some(0.0)));
+        // 20 ms later, after a burst of 125 kB with a packet lost
+        let soon = t1 + Duration::from_millis(20);
+        let early = previous.sample(1, &[counted(250_000, 101, 1)], &none, soon);
+        assert_eq!((early[0].send_mbit, early[0].loss), (Some(1.0), Some(0.0)));
+        assert_eq!(early[0].bytes_sent, 250_000, "the counts are of now");
+        // the next sample takes the period from t1: the burst is in it, over its length
+        let t2 = soon + Duration::from_secs(1);
+        let next = previous.sample(1, &[counted(375_000, 200, 1)], &none, t2);
+        let mbit = next[0].send_mbit.expect("a rate");
+        assert!((mbit - 2.0 / 1.02).abs() < 1e-9, "{mbit}");
+        assert_eq!(next[0].loss, Some(0.01));
     }
 
     /// A link that is not up sends only probes, and an unanswered probe is not declared lost:
