@@ -68,10 +68,73 @@ def cpu_list(cpus):
     return ",".join(out)
 
 
+def cgroup_cpus(proc="/proc/self"):
+    """The CPUs the cgroup quotas over this process allow, as Rust's `available_parallelism`
+    counts them (which ri2n's defaults follow): for its group of the CPU controller and each
+    group above it, `cpu.max` (cgroup v2) or `cpu.cfs_quota_us` over `cpu.cfs_period_us`
+    (v1), rounded down, the tightest of them, at least 1. None where no quota is set."""
+    try:
+        with open(os.path.join(proc, "cgroup")) as f:
+            groups = f.read().splitlines()
+        with open(os.path.join(proc, "mountinfo")) as f:
+            mounts = [line.split() for line in f]
+    except OSError:
+        return None
+    quota = None
+    for line in groups:
+        hid, controllers, group = (line.split(":", 2) + ["", ""])[:3]
+        v2 = hid == "0" and controllers == ""
+        if not v2 and "cpu" not in controllers.split(","):
+            continue
+        for m in mounts:
+            # ID parent major:minor root mount-point options [optional...] - type source super
+            if "-" not in m or len(m) < 5:
+                continue
+            fstype, super_options = m[m.index("-") + 1], m[-1]
+            root, point = m[3], m[4]
+            if fstype != ("cgroup2" if v2 else "cgroup"):
+                continue
+            if not v2 and "cpu" not in super_options.split(","):
+                continue
+            rel = os.path.relpath(group, root) if group.startswith(root) else None
+            if rel is None or rel.startswith(".."):
+                continue
+            path = os.path.normpath(os.path.join(point, rel))
+            while True:
+                limit = read_quota(path, v2)
+                if limit is not None:
+                    quota = limit if quota is None else min(quota, limit)
+                if path == point or os.path.dirname(path) == path:
+                    break
+                path = os.path.dirname(path)
+            break
+    return None if quota is None else max(1, quota)
+
+
+def read_quota(group_dir, v2):
+    """The whole CPUs one cgroup's quota allows (None: no quota there)."""
+    try:
+        if v2:
+            with open(os.path.join(group_dir, "cpu.max")) as f:
+                limit, period = f.read().split()[:2]
+        else:
+            with open(os.path.join(group_dir, "cpu.cfs_quota_us")) as f:
+                limit = f.read().strip()
+            with open(os.path.join(group_dir, "cpu.cfs_period_us")) as f:
+                period = f.read().strip()
+        limit, period = int(limit), int(period)
+    except (OSError, ValueError):
+        return None
+    return limit // period if limit > 0 and period > 0 else None
+
+
 def lanes_by_default():
     """Whether ri2n's `--send-threads auto` and `--recv-threads auto` give each link a sending
-    and a receiving thread on this host."""
-    return len(os.sched_getaffinity(0)) >= LANES_FROM_CPUS
+    and a receiving thread on this host: the CPUs it may use (its affinity mask, and its
+    cgroup's quota) are at least LANES_FROM_CPUS."""
+    cpus = len(os.sched_getaffinity(0))
+    quota = cgroup_cpus()
+    return min(cpus, quota if quota is not None else cpus) >= LANES_FROM_CPUS
 
 
 def host_facts():
@@ -82,15 +145,17 @@ def host_facts():
     return {"cpu_count": os.cpu_count(), "affinity": len(aff), "affinity_cpus": cpu_list(aff),
             "cpu": m["cpu"], "kernel": m["uname_r"], "date_utc": m["date_utc"],
             "commit": m.get("commit"), "dirty": m.get("dirty"), "ri2n": common.RI2N_SOURCE,
-            "lanes_by_default": lanes_by_default(),
+            "cgroup_cpus": cgroup_cpus(), "lanes_by_default": lanes_by_default(),
             "flip_flags": list(FLIP_FLAGS),
             "tools": common.tool_paths(), "mptcp_enabled": m["mptcp_enabled"],
             "tcp_congestion_control": m["tcp_congestion_control"]}
 
 
 def host_line(h):
-    return ("%s CPUs (os.cpu_count), %s in this run's affinity mask (%s), `%s`, kernel `%s`%s, "
-            "%s, commit `%s`" % (h["cpu_count"], h["affinity"], h["affinity_cpus"], h["cpu"],
+    quota = h.get("cgroup_cpus")
+    held = ", held to %d by its cgroup's CPU quota" % quota if quota is not None else ""
+    return ("%s CPUs (os.cpu_count), %s in this run's affinity mask (%s)%s, `%s`, kernel `%s`%s, "
+            "%s, commit `%s`" % (h["cpu_count"], h["affinity"], h["affinity_cpus"], held, h["cpu"],
                                  h["kernel"], common.congestion_words(h),
                                  h["date_utc"], h["commit"] or "unknown"))
 

@@ -12,7 +12,7 @@ from unittest import mock
 BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, BENCH)
 
-from ri2nbench import attacks, common, fault, loopback, tcp  # noqa: E402
+from ri2nbench import attacks, common, fault, loopback, scale, tcp  # noqa: E402
 from ri2nbench.analysis import BIN  # noqa: E402
 
 MACHINE = {"commit": "abc1234", "dirty": "0", "date_utc": "2026-01-01 00:00 UTC", "nproc": "2",
@@ -229,6 +229,52 @@ class BuildCommit(unittest.TestCase):
     def test_a_binary_that_names_no_commit_is_credited_to_the_checkout(self):
         facts = self.facts_of("ri2n 0.1.0")
         self.assertEqual(facts["commit"], common.head_commit())
+
+
+class LanesDefault(unittest.TestCase):
+    def fake_host(self, d, groups, mounts, files):
+        proc = os.path.join(d, "proc")
+        os.makedirs(proc)
+        with open(os.path.join(proc, "cgroup"), "w") as f:
+            f.write("\n".join(groups) + "\n")
+        with open(os.path.join(proc, "mountinfo"), "w") as f:
+            f.write("\n".join(m % {"d": d} for m in mounts) + "\n")
+        for path, text in files.items():
+            os.makedirs(os.path.dirname(os.path.join(d, path)), exist_ok=True)
+            with open(os.path.join(d, path), "w") as f:
+                f.write(text)
+        return proc
+
+    def test_a_cgroup_quota_counts_as_ri2n_counts_it(self):
+        """ri2n chooses its lanes from the CPUs its cgroup quota allows too (Rust's
+        available_parallelism); the scale part decided from the affinity mask alone, so on a
+        16-CPU container held to 4 it labelled lanes on where ri2n ran them off."""
+        with tempfile.TemporaryDirectory() as d:
+            proc = self.fake_host(
+                d, ["0::/jobs/bench"],
+                ["41 31 0:38 / %(d)s/cg rw,relatime - cgroup2 cgroup2 rw"],
+                {"cg/jobs/cpu.max": "400000 100000\n", "cg/jobs/bench/cpu.max": "max 100000\n"})
+            self.assertEqual(scale.cgroup_cpus(proc), 4)
+            with mock.patch.object(scale, "cgroup_cpus", lambda: 4), \
+                    mock.patch.object(os, "sched_getaffinity", lambda pid: set(range(16))):
+                self.assertFalse(scale.lanes_by_default())
+        with tempfile.TemporaryDirectory() as d:
+            proc = self.fake_host(
+                d, ["4:cpu,cpuacct:/box", "0::/"],
+                ["32 31 0:29 / %(d)s/cpu rw,relatime - cgroup cgroup rw,cpu,cpuacct"],
+                {"cpu/box/cpu.cfs_quota_us": "250000\n", "cpu/box/cpu.cfs_period_us": "100000\n",
+                 "cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"})
+            self.assertEqual(scale.cgroup_cpus(proc), 2)
+
+    def test_no_quota_leaves_the_affinity_mask(self):
+        with tempfile.TemporaryDirectory() as d:
+            proc = self.fake_host(
+                d, ["0::/"], ["41 31 0:38 / %(d)s/cg rw,relatime - cgroup2 cgroup2 rw"],
+                {"cg/cpu.max": "max 100000\n"})
+            self.assertIsNone(scale.cgroup_cpus(proc))
+            with mock.patch.object(scale, "cgroup_cpus", lambda: None), \
+                    mock.patch.object(os, "sched_getaffinity", lambda pid: set(range(16))):
+                self.assertTrue(scale.lanes_by_default())
 
 
 if __name__ == "__main__":
