@@ -433,6 +433,72 @@ fn whole_messages_and_the_byte_stream_share_a_connection() {
     }
 }
 
+/// Stream bytes that came after more small messages than the receiver splits out at once
+/// wait, unsplit, until messages are read; a reader of the stream waiting on another thread
+/// is woken when a message read splits them out, whether that read waits or only looks
+/// (`try_recv_message`, as the tokio adapter's `recv_message` does). Before, only a waiting
+/// one told it: after looks the stream's reader slept on with the bytes there.
+#[test]
+fn a_stream_reader_is_woken_by_the_message_reads_that_free_its_bytes() {
+    const MESSAGES: usize = 5000;
+    let server = message_server(&["127.0.0.1:0"], 1 << 20);
+    let client = on_one_address(false);
+    let to = server.local_addrs();
+    let sender = std::thread::spawn(move || {
+        let conn = client.connect(&to, ConnectionConfig::default()).unwrap();
+        for _ in 0..MESSAGES {
+            conn.send_message(b"").unwrap();
+        }
+        (&conn).write_all(b"hello").unwrap();
+        conn.finish().unwrap();
+        conn.wait_acknowledged(Some(Duration::from_secs(20)))
+            .unwrap();
+        // kept open: the receiver's reads must not be told of an end
+        (client, conn)
+    });
+    let conn = Arc::new(server.accept().unwrap());
+    let _sender = sender.join().unwrap();
+    let reader = {
+        let conn = conn.clone();
+        std::thread::spawn(move || {
+            let mut got = Vec::new();
+            (&*conn).read_to_end(&mut got).unwrap();
+            got
+        })
+    };
+    // the reader waits: the bytes are behind the messages the receiver has not split yet
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !reader.is_finished(),
+        "the stream bytes were readable at once"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut taken = 0;
+    while taken < MESSAGES {
+        match conn.try_recv_message() {
+            Ok(Some(m)) => {
+                assert!(m.is_empty());
+                taken += 1;
+            }
+            Ok(None) => panic!("the end of the stream after {taken} messages"),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                assert!(Instant::now() < deadline, "{taken} messages of {MESSAGES}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !reader.is_finished() {
+        assert!(
+            Instant::now() < deadline,
+            "the stream's reader slept on with its bytes there"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(reader.join().unwrap(), b"hello");
+}
+
 /// A message arrives in a buffer of its own length: a receiver that keeps many holds what they
 /// carry, not up to twice that. (The TCP transport used to grow a message as its pieces came,
 /// copying it again at every doubling.) Both transports.

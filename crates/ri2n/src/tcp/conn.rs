@@ -908,7 +908,11 @@ impl TcpConnection {
         };
         self.watchers.clear(caller);
         // split what arrived into the streams, to see what waits there
-        st.pump_or_end();
+        let reads = match looks {
+            Looks::Incoming(kind) => Some(kind),
+            Looks::Room(_) => None,
+        };
+        self.pump_for(&mut st, reads);
         self.send_queued_acks(&mut st);
         let other = |kind| looks != Looks::Incoming(kind);
         let waiting = Waiting {
@@ -918,6 +922,33 @@ impl TcpConnection {
         };
         self.watchers.signal_waiting(caller, waiting);
         st
+    }
+
+    /// Splits what arrived into the streams ([`State::pump_or_end`]) for a call that reads
+    /// `reads` (none: a writer). What the split made readable for the other kind of read (for
+    /// a writer, either) is told to the calls of that kind waiting on other threads: no
+    /// arrival will wake them, these bytes came before, held back while the unread messages
+    /// were at their limit.
+    fn pump_for(&self, st: &mut State, reads: Option<Incoming>) {
+        // the pump only adds: new pieces, or bytes appended to the last stream piece
+        let stream_mark = |st: &State| {
+            (
+                st.stream_in.len(),
+                st.stream_in.back().map_or(0, Bytes::len),
+            )
+        };
+        let (stream, messages) = (stream_mark(st), st.messages.len());
+        st.pump_or_end();
+        let more_stream = stream_mark(st) != stream;
+        let more_messages = st.messages.len() > messages;
+        let for_other = match reads {
+            Some(Incoming::Stream) => more_messages,
+            Some(Incoming::Messages) => more_stream,
+            None => more_stream || more_messages,
+        };
+        if for_other {
+            self.notify_app_of(&Event::Readable);
+        }
     }
 
     /// Wakes the link writers if reading queued ACKs.
@@ -1103,25 +1134,7 @@ impl TcpConnection {
         deadline: Option<Instant>,
     ) -> io::Result<Option<MutexGuard<'a, State>>> {
         loop {
-            // the pump only adds: new pieces, or bytes appended to the last stream piece
-            let stream_mark = |st: &State| {
-                (
-                    st.stream_in.len(),
-                    st.stream_in.back().map_or(0, Bytes::len),
-                )
-            };
-            let split = (stream_mark(&st), st.messages.len());
-            st.pump_or_end();
-            // what the pump split out for the other kind of read: a call of that kind waiting
-            // on another thread is told (no arrival will wake it: these bytes came before,
-            // held back while the unread messages were at their limit)
-            let for_other = match from {
-                Incoming::Stream => st.messages.len() > split.1,
-                Incoming::Messages => stream_mark(&st) != split.0,
-            };
-            if for_other {
-                self.notify_app_of(&Event::Readable);
-            }
+            self.pump_for(&mut st, Some(from));
             // headers taken may have moved the window
             self.send_queued_acks(&mut st);
             let ready = match from {
