@@ -681,9 +681,11 @@ pub(crate) struct IncomingDatagrams {
     /// to the next), and the last arrival: what [`Unfinished`] pieces wait in.
     arrival_clock: Duration,
     last_arrival: Option<Instant>,
-    /// The last unfinished pieces let go did not end their datagram: the next ones, if they
-    /// do not start one, may be its rest (counted with it).
-    let_go_open: bool,
+    /// The number that would continue the datagram of the unfinished pieces let go last,
+    /// where they did not end it (moved on by its orphans, see [`Self::takes_orphan`]):
+    /// pieces let go next that do not start a datagram, and start there or after numbers
+    /// that all never came, are its rest (counted with it).
+    let_go_open: Option<u64>,
     /// The largest datagram joined so far: the room a new one starts with.
     largest_joined: usize,
     /// When each held datagram arrived, in arrival order, so the one held longest is at the
@@ -695,6 +697,10 @@ pub(crate) struct IncomingDatagrams {
     /// Numbers below `next` given up on and not arrived since (the newest `SKIPPED_RUNS`
     /// runs of them): the only ones below `next` still delivered.
     skipped: RangeSet,
+    /// Numbers above `next` of whole datagrams dropped for the limit as they arrived, counted
+    /// then (the newest `SKIPPED_RUNS` runs of them): `next` passes them as delivered ones,
+    /// not given up on, so a second copy is a duplicate, as for one dropped in order.
+    dropped_ahead: RangeSet,
     /// Memory `ready`, `held`, `joining` and `unfinished` hold: each buffer's capacity and
     /// [`DATAGRAM_OVERHEAD`] (see [`charge`]). What `limit` bounds.
     bytes: usize,
@@ -727,11 +733,12 @@ impl IncomingDatagrams {
             unfinished: BTreeMap::new(),
             arrival_clock: Duration::ZERO,
             last_arrival: None,
-            let_go_open: false,
+            let_go_open: None,
             largest_joined: 0,
             held_since: VecDeque::new(),
             links: smallvec::SmallVec::new(),
             skipped: RangeSet::new(),
+            dropped_ahead: RangeSet::new(),
             bytes: 0,
             limit,
             next: 0,
@@ -791,7 +798,7 @@ impl IncomingDatagrams {
             }
             late
         } else {
-            !self.held_covers(seq)
+            !self.held_covers(seq) && !self.dropped_ahead.contains(seq)
         };
         if !new {
             self.duplicates += 1;
@@ -839,6 +846,10 @@ impl IncomingDatagrams {
             if self.bytes + cost(self) > self.limit {
                 if part == DatagramPart::Whole {
                     self.count_dropped();
+                    if seq > self.next {
+                        self.dropped_ahead.insert(seq..seq + 1);
+                        self.dropped_ahead.keep_highest(SKIPPED_RUNS);
+                    }
                 } else if seq == self.next {
                     self.lose_piece(Span::one(seq, part));
                 }
@@ -887,6 +898,10 @@ impl IncomingDatagrams {
             self.orphaned == Some(seq) && matches!(part, DatagramPart::Middle | DatagramPart::Last);
         if orphan {
             self.orphaned = Span::one(seq, part).continued();
+            if self.let_go_open == Some(seq) {
+                // the datagram let go goes on after it
+                self.let_go_open = self.orphaned;
+            }
         }
         orphan
     }
@@ -1133,11 +1148,19 @@ impl IncomingDatagrams {
             len = data.len(),
             "incomplete datagram dropped"
         );
-        if span.starts == DatagramPart::First || !self.let_go_open {
+        // the rest of the datagram let go before: nothing between them came (each number
+        // there was given up on, or is still awaited), as another datagram's frame there
+        // would part them
+        let rest = self.let_go_open.is_some_and(|from| {
+            span.starts != DatagramPart::First
+                && from <= span.first
+                && (self.skipped.gaps_in(from..span.first.min(self.next))).is_empty()
+        });
+        if !rest {
             self.count_dropped();
         }
-        self.let_go_open = span.ends != DatagramPart::Last;
-        if self.let_go_open {
+        self.let_go_open = span.continued();
+        if self.let_go_open.is_some() {
             // its datagram is counted: its next piece, when it comes, goes too, and is not
             // kept (or dropped for the limit) as the start of another
             self.orphaned = span.continued();
@@ -1229,16 +1252,27 @@ impl IncomingDatagrams {
     /// Gives up on the datagrams from `next` to before `seq`, remembering their numbers.
     fn skip_to(&mut self, seq: u64) {
         if seq > self.next {
-            self.skipped.insert(self.next..seq);
+            for gap in self.dropped_ahead.gaps_in(self.next..seq) {
+                self.skipped.insert(gap);
+            }
+            self.dropped_ahead.remove_below(seq);
             self.skipped.keep_highest(SKIPPED_RUNS);
         }
         self.next = seq;
     }
 
     fn release_in_order(&mut self) {
-        while let Some(Held { span, data }) = self.held.remove(&self.next) {
-            self.deliver(span, Payload::Held(data));
-            self.next = span.last + 1;
+        loop {
+            if let Some(Held { span, data }) = self.held.remove(&self.next) {
+                self.deliver(span, Payload::Held(data));
+                self.next = span.last + 1;
+            } else if self.dropped_ahead.contains(self.next) {
+                // it came, and was counted as dropped: nothing is missing here
+                self.dropped_ahead.remove_below(self.next + 1);
+                self.next += 1;
+            } else {
+                break;
+            }
         }
         // held datagrams leave only here, as `next` passes them
         while self
@@ -2659,5 +2693,312 @@ mod tests {
         assert!(q.push_piece(now, 0, 4, Middle, b"b"));
         assert_eq!(q.pop().unwrap(), b"abc");
         assert_eq!((q.received, q.dropped, q.bytes), (3, 0, 0));
+    }
+
+    /// The next number of a xorshift sequence: the random tests' scenarios, each from its seed.
+    fn xorshift(s: &mut u64) -> u64 {
+        *s ^= *s << 13;
+        *s ^= *s >> 7;
+        *s ^= *s << 17;
+        *s
+    }
+
+    fn numbered_datagram(id: u32, len: usize) -> Vec<u8> {
+        let mut d: Vec<u8> = (0..len)
+            .map(|i| (i as u32).wrapping_mul(31).wrapping_add(id) as u8)
+            .collect();
+        for (i, b) in id.to_le_bytes().iter().enumerate() {
+            if i < d.len() {
+                d[i] = *b;
+            }
+        }
+        d
+    }
+
+    /// Random sender output, reordered, lost and duplicated: every datagram delivered is one
+    /// sent, unaltered, at most once; the memory charged stays within the limit and is zero
+    /// at the end; received == delivered + dropped.
+    #[test]
+    fn random_pieces_over_three_links_are_delivered_unaltered_once() {
+        let t0 = Instant::now();
+        for seed in 1..300u64 {
+            let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+            let mut tx = OutgoingDatagrams::new(1 << 24, Duration::from_secs(100));
+            let mut sent = Vec::new();
+            let n = 30 + xorshift(&mut s) % 50;
+            for id in 0..n as u32 {
+                let len = match xorshift(&mut s) % 4 {
+                    0 => (xorshift(&mut s) % 100) as usize,
+                    1 => (xorshift(&mut s) % 3000) as usize,
+                    2 => (xorshift(&mut s) % 20000) as usize,
+                    _ => wire::MAX_DATAGRAM_LEN - (xorshift(&mut s) % 3) as usize,
+                };
+                let len = len.max(4);
+                let d = numbered_datagram(id, len);
+                tx.push(t0, &d);
+                sent.push(d);
+            }
+            let mut frames = Vec::new();
+            while !tx.is_empty() {
+                let room = 8 + (xorshift(&mut s) % 1430) as usize;
+                while let Some(p) = tx.pop(t0, room.min(BOUNDS.piece_room), BOUNDS) {
+                    frames.push(p);
+                    if xorshift(&mut s).is_multiple_of(2) {
+                        break;
+                    }
+                }
+            }
+            // deliver: shuffle within a window, lose some, duplicate some
+            let mut order: Vec<(u64, usize)> = frames
+                .iter()
+                .enumerate()
+                .map(|(i, _)| (i as u64 * 10 + xorshift(&mut s) % 40, i))
+                .collect();
+            let mut dups: Vec<(u64, usize)> = Vec::new();
+            for i in 0..frames.len() {
+                if xorshift(&mut s).is_multiple_of(20) {
+                    dups.push((i as u64 * 10 + xorshift(&mut s) % 400, i));
+                }
+            }
+            order.extend(dups);
+            order.sort();
+            let lossy = seed % 3 != 0;
+            let limit = if seed % 5 == 0 { 200_000 } else { 4 << 20 };
+            let hold = if seed % 2 == 0 {
+                Duration::ZERO
+            } else {
+                Duration::from_millis(5)
+            };
+            let mut rx = IncomingDatagrams::new(limit, hold);
+            let mut got: Vec<Vec<u8>> = Vec::new();
+            for (k, &(at, i)) in order.iter().enumerate() {
+                if lossy && xorshift(&mut s).is_multiple_of(25) {
+                    continue;
+                }
+                let now = t0 + Duration::from_micros(at * 20);
+                let p = &frames[i];
+                let link = (xorshift(&mut s) % 3) as usize;
+                rx.push_piece(now, link, p.seq, p.part, &p.data);
+                assert!(
+                    rx.bytes <= limit + 70_000,
+                    "seed {seed}: {} charged",
+                    rx.bytes
+                );
+                rx.release_due(now, &only(hold));
+                if k % 7 == 0 {
+                    got.extend(std::iter::from_fn(|| rx.pop()));
+                }
+            }
+            rx.release_all();
+            got.extend(std::iter::from_fn(|| rx.pop()));
+            assert_eq!(rx.bytes, 0, "seed {seed}");
+            let mut seen = std::collections::HashSet::new();
+            for d in &got {
+                assert!(d.len() >= 4, "seed {seed}: short datagram {}", d.len());
+                let id = u32::from_le_bytes(d[..4].try_into().unwrap());
+                assert!((id as usize) < sent.len(), "seed {seed}: unknown id {id}");
+                assert!(
+                    d == &sent[id as usize],
+                    "seed {seed}: datagram {id} altered (len {} vs {})",
+                    d.len(),
+                    sent[id as usize].len()
+                );
+                assert!(
+                    seen.insert(id),
+                    "seed {seed}: datagram {id} delivered twice"
+                );
+            }
+            if seed % 3 == 0 {
+                // nothing lost: only the limit drops
+                if limit > 1 << 20 {
+                    assert_eq!(
+                        got.len(),
+                        sent.len(),
+                        "seed {seed}: {} of {}",
+                        got.len(),
+                        sent.len()
+                    );
+                    if !hold.is_zero() {
+                        let ids: Vec<u32> = got
+                            .iter()
+                            .map(|d| u32::from_le_bytes(d[..4].try_into().unwrap()))
+                            .collect();
+                        assert!(
+                            ids.windows(2).all(|w| w[0] < w[1]),
+                            "seed {seed}: order {ids:?}"
+                        );
+                    }
+                }
+            }
+            assert_eq!(
+                rx.received,
+                got.len() as u64 + rx.dropped,
+                "seed {seed}: received {} got {} dropped {}",
+                rx.received,
+                got.len(),
+                rx.dropped
+            );
+            assert!(
+                rx.received <= sent.len() as u64,
+                "seed {seed}: received {} of {} sent",
+                rx.received,
+                sent.len()
+            );
+        }
+    }
+
+    /// Hostile frames (any number near `next`, any part, sizes up to a packet): no panic, the
+    /// memory charged stays near the limit, nothing is held at the end.
+    #[test]
+    fn hostile_frames_are_bounded() {
+        use DatagramPart::*;
+        let t0 = Instant::now();
+        let mut worst = (0usize, 0u64, 0usize, 0usize, Whole);
+        for seed in 1..400u64 {
+            let mut s = seed.wrapping_mul(0x2545F4914F6CDD1D) | 1;
+            let limit = [4096usize, 50_000, 1 << 20][(seed % 3) as usize];
+            let hold = if seed % 2 == 0 {
+                Duration::ZERO
+            } else {
+                Duration::from_millis(5)
+            };
+            let mut rx = IncomingDatagrams::new(limit, hold);
+            let mut base = 0u64;
+            let mut t = t0;
+            let mut peak = 0;
+            for _ in 0..3000 {
+                t += Duration::from_micros(xorshift(&mut s) % 3000);
+                let r = xorshift(&mut s);
+                let seq = match r % 8 {
+                    0 => xorshift(&mut s) % (1 << 62),
+                    1 => base.saturating_sub(xorshift(&mut s) % 50),
+                    _ => base + xorshift(&mut s) % 30,
+                };
+                if r.is_multiple_of(11) {
+                    base += 1 + xorshift(&mut s) % 5;
+                }
+                let part = [Whole, First, Middle, Last][(xorshift(&mut s) % 4) as usize];
+                let len = match xorshift(&mut s) % 3 {
+                    0 => 0,
+                    1 => (xorshift(&mut s) % 100) as usize,
+                    _ => (xorshift(&mut s) % 16000) as usize,
+                };
+                let data = vec![7u8; len];
+                rx.push_piece(t, (xorshift(&mut s) % 4) as usize, seq, part, &data);
+                rx.release_due(t, &only(hold));
+                peak = peak.max(rx.bytes);
+                if rx.bytes > limit + worst.0 {
+                    worst = (rx.bytes - limit, seed, limit, len, part);
+                }
+                if xorshift(&mut s).is_multiple_of(5) {
+                    while rx.pop().is_some() {}
+                }
+                assert!(rx.held_since.len() <= 2 * rx.held.len() + HELD_SINCE_SLACK + 1);
+                assert!(rx.skipped.range_count() <= SKIPPED_RUNS);
+            }
+            rx.release_all();
+            while let Some(d) = rx.pop() {
+                assert!(
+                    d.len() <= wire::MAX_DATAGRAM_LEN,
+                    "seed {seed}: {} bytes",
+                    d.len()
+                );
+            }
+            assert_eq!(rx.bytes, 0, "seed {seed}");
+            assert!(rx.held.is_empty() && rx.unfinished.is_empty() && rx.joining.is_none());
+        }
+        assert!(worst.0 <= 16 << 10, "worst overshoot {worst:?}");
+    }
+
+    /// Two datagrams in pieces that each lose a piece, with a whole datagram delivered
+    /// between them (so the second's pieces cannot be the first's rest): both count as
+    /// dropped. Before, pieces let go after others that did not end their datagram were
+    /// always taken for its rest: only the first counted.
+    #[test]
+    fn two_datagrams_that_lose_pieces_both_count_as_dropped() {
+        use DatagramPart::*;
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut q = IncomingDatagrams::new(1 << 20, ms(5));
+        // A = 0..=2, its last piece (2) lost; C = 3, whole
+        q.push_piece(t0, 0, 0, First, &[0; 100]);
+        q.push_piece(t0, 0, 1, Middle, &[1; 100]);
+        q.push_piece(t0, 0, 3, Whole, b"C");
+        q.release_due(t0 + ms(5), &only(ms(5)));
+        assert_eq!(q.pop().unwrap(), b"C");
+        // B = 4..=5, its first piece (4) lost; D = 6, whole
+        q.push_piece(t0 + ms(6), 0, 5, Last, &[5; 100]);
+        q.push_piece(t0 + ms(6), 0, 6, Whole, b"D");
+        q.release_due(t0 + ms(11), &only(ms(5)));
+        assert_eq!(q.pop().unwrap(), b"D");
+        q.release_all();
+        assert_eq!(q.pop(), None);
+        // C and D delivered, A and B dropped
+        assert_eq!((q.received, q.dropped), (4, 2), "(received, dropped)");
+    }
+
+    /// The same with the two let go far apart in time (A for its patience, B at the close),
+    /// whole datagrams arriving between them.
+    #[test]
+    fn a_loss_long_after_another_is_counted_on_its_own() {
+        use DatagramPart::*;
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut q = IncomingDatagrams::new(1 << 20, ms(5));
+        q.push_piece(t0, 0, 0, First, &[0; 100]);
+        q.push_piece(t0, 0, 1, Middle, &[1; 100]);
+        q.push_piece(t0, 0, 3, Whole, b"C");
+        q.release_due(t0 + ms(5), &only(ms(5)));
+        // whole datagrams go on arriving for 2 s: A is let go for its patience
+        let mut seq = 4;
+        let mut t = t0 + ms(5);
+        while t < t0 + Duration::from_secs(2) {
+            t += ms(10);
+            q.push_piece(t, 0, seq, Whole, b"x");
+            seq += 1;
+        }
+        while q.pop().is_some() {}
+        let (r, d) = (q.received, q.dropped);
+        assert_eq!(d, 1, "A let go");
+        // B = seq..=seq+1, its first piece lost; then E, whole
+        q.push_piece(t, 0, seq + 1, Last, &[5; 100]);
+        q.push_piece(t, 0, seq + 2, Whole, b"E");
+        q.release_due(t + ms(5), &only(ms(5)));
+        assert_eq!(q.pop().unwrap(), b"E");
+        q.release_all();
+        assert_eq!(
+            (q.received - r, q.dropped - d),
+            (2, 1),
+            "E received, B dropped"
+        );
+    }
+
+    /// A whole datagram dropped for the limit while held ahead of a missing one, whose
+    /// second copy (sent again after a link failure) then arrives: as when it is dropped in
+    /// order, it is counted once, and a second copy is a duplicate. Before, `next` passing it
+    /// took it for given up on: the copy was delivered and counted again.
+    #[test]
+    fn a_datagram_dropped_ahead_for_the_limit_is_counted_once() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // room for two 100-byte frames
+        let mut q = IncomingDatagrams::new(400, ms(5));
+        assert!(q.push(t0, 0, 0, &[0; 100]));
+        assert!(q.push(t0, 0, 1, &[1; 100]));
+        // 2 missing; 3 arrives ahead and finds no room
+        assert!(!q.push(t0, 1, 3, &[3; 100]));
+        assert_eq!((q.received, q.dropped), (3, 1));
+        while q.pop().is_some() {}
+        q.push(t0, 0, 4, &[4; 100]);
+        q.release_due(t0 + ms(5), &only(ms(5)));
+        while q.pop().is_some() {}
+        // a second copy of 3
+        q.push(t0 + ms(30), 1, 3, &[3; 100]);
+        assert_eq!(q.pop(), None, "the second copy of 3 was delivered");
+        assert_eq!(
+            q.received, 4,
+            "received for 4 datagrams (dropped {}, duplicates {})",
+            q.dropped, q.duplicates
+        );
     }
 }
