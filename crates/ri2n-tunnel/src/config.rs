@@ -477,7 +477,14 @@ fn parse_tunnel_address(text: &str) -> Result<Ipv4Addr, String> {
 /// after the first `[[host]]` (which makes it that host's).
 fn explain_toml_error(text: &str, line: Option<&str>, message: String) -> String {
     let field = line.and_then(|l| l.split('=').next()).map(str::trim);
-    if matches!(field, Some("address" | "links")) && !line.is_some_and(|l| l.contains('"')) {
+    // TOML quotes strings in " or '
+    let quoted = line.is_some_and(|l| l.contains(['"', '\'']));
+    // one address a line, in a links array written over several lines
+    let bare_address = line.is_some_and(|l| {
+        let l = l.trim().trim_end_matches([',', ']']).trim_end();
+        l.parse::<IpAddr>().is_ok()
+    });
+    if matches!(field, Some("address" | "links")) && !quoted || bare_address {
         return format!(
             "{message}: addresses are written in quotes, such as address = \"10.99.0.1\" and \
              links = [\"10.0.1.1\", \"10.0.2.1\"]"
@@ -750,5 +757,35 @@ links = ["10.0.1.2", "10.0.2.2"]
                 "{e}"
             );
         }
+    }
+
+    /// TOML literal strings ('...') are quotes too: a line that holds addresses in them and
+    /// has another slip (a missing comma) is not told to put its addresses in quotes, as it
+    /// was before.
+    #[test]
+    fn single_quoted_addresses_are_not_told_to_be_quoted() {
+        let e = error(&GOOD.replace(
+            "links = [\"10.0.1.2\", \"10.0.2.2\"]",
+            "links = ['10.0.1.2' '10.0.2.2']",
+        ));
+        assert!(
+            e.starts_with("/etc/ri2n/cluster.toml:13: ") && !e.contains("written in quotes"),
+            "{e}"
+        );
+    }
+
+    /// Addresses without quotes in a links array written over several lines (one address a
+    /// line) get the hint too. Before, only a slip on the `links = [` line did, and this one
+    /// TOML's "invalid float" alone.
+    #[test]
+    fn unquoted_addresses_in_a_multiline_links_array_get_the_quotes_hint() {
+        let e = error(&GOOD.replace(
+            "[\"10.0.1.2\", \"10.0.2.2\"]",
+            "[\n  10.0.1.2,\n  10.0.2.2,\n]",
+        ));
+        assert!(
+            e.starts_with("/etc/ri2n/cluster.toml:14: ") && e.contains("written in quotes"),
+            "{e}"
+        );
     }
 }

@@ -576,12 +576,20 @@ impl Peers {
         if new.hosts[me] != old.hosts[table.me] {
             return Err("this host's own entry changed: restart the daemon for that".into());
         }
-        if (new.port, &new.interface, new.prefix, &new.key)
-            != (old.port, &old.interface, old.prefix, &old.key)
-        {
-            return Err(
-                "the port, interface, prefix or key changed: restart the daemon for that".into(),
-            );
+        // (the key is compared by its contents, not its path: see `same_key` in lib.rs)
+        let changed: Vec<&str> = [
+            ("port", new.port != old.port),
+            ("interface", new.interface != old.interface),
+            ("prefix", new.prefix != old.prefix),
+        ]
+        .into_iter()
+        .filter_map(|(what, changed)| changed.then_some(what))
+        .collect();
+        if !changed.is_empty() {
+            return Err(format!(
+                "the {} changed: restart the daemon for that",
+                changed.join(" and ")
+            ));
         }
         let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         let next = Table::new(cluster, me, Some(&table), &mut counts);
@@ -836,5 +844,19 @@ mod tests {
         assert!(!Arc::ptr_eq(&again, &node3));
         let s = again.sample();
         assert_eq!((s.sent, s.received, s.dropped.sending), (5, 7, 2));
+    }
+
+    /// The daemon holds the key itself, and `same_key` (lib.rs) compares the key the new
+    /// file names with it: a file that names the same key file by another spelling (or the
+    /// key moved to another path, unchanged) is no change of key, and needs no restart.
+    /// Before, the paths were compared, and such a reload refused.
+    #[test]
+    fn a_reload_that_names_the_same_key_file_otherwise_is_taken() {
+        let peers = Peers::new(cluster(NODE3), 0, Carry::Datagrams, None, 1);
+        let text = format!("{}{NODE3}", crate::config::tests::GOOD)
+            .replace("\"cluster.key\"", "\"../ri2n/cluster.key\"");
+        let same = Cluster::parse(Path::new("/etc/ri2n/cluster.toml"), &text).unwrap();
+        let r = peers.reload(same, 0);
+        assert!(r.is_ok(), "{:?}", r.err());
     }
 }
