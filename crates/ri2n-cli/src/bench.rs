@@ -77,9 +77,20 @@ fn test(args: &BenchArgs) -> Result<(), Failure> {
         args.parallel as usize
     };
     // one endpoint for all: the faults, which act on its sockets, reach every connection
-    let conns = (0..count)
-        .map(|_| net::connect(&endpoint, &args.connect, config.clone()))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut conns = Vec::with_capacity(count);
+    for _ in 0..count {
+        match net::connect(&endpoint, &args.connect, config.clone()) {
+            Ok(conn) => conns.push(conn),
+            Err(refused) => {
+                // each made holds a slot of the server's until it learns that it ended: told
+                // now, not when it finds them gone, they do not hold off a retry
+                for conn in &conns {
+                    conn.abort(1, "another connection of the test could not be made");
+                }
+                return Err(refused);
+            }
+        }
+    }
     let start = Instant::now();
     let (notices, faults_seen) = mpsc::channel();
     faults.start_with(start, move |t, local, action| {

@@ -441,12 +441,14 @@ async fn read_all(
 
 /// The interval of a throughput test's timeline for a test that may last `longest`: the
 /// `asked` seconds (none below [`MIN_INTERVAL`], or not a number), made coarser where the
-/// test would give more than [`MAX_TIMELINE_ROWS`] rows. Each row carries its own time.
+/// test would give more than [`MAX_TIMELINE_ROWS`] rows, and no longer than the test (a
+/// longer one gives no row, and one past the clock's range could not be added to a time).
+/// Each row carries its own time.
 fn timeline_interval(asked: f64, longest: Duration) -> Option<Duration> {
     let asked = Duration::try_from_secs_f64(asked)
         .ok()
         .filter(|i| *i >= MIN_INTERVAL)?;
-    Some(asked.max(longest / MAX_TIMELINE_ROWS))
+    Some((asked.max(longest / MAX_TIMELINE_ROWS)).min(longest.max(MIN_INTERVAL)))
 }
 
 /// Tells the client of a throughput test how long it runs: what it asked for, at most

@@ -766,3 +766,44 @@ fn a_reverse_client_that_stops_reading_is_cut_off() {
     );
     stop_serve(server, "took none of the data");
 }
+
+/// A `bench -P 2` refused by a server with `--max-clients-per-address 1` (exit 3) lets go of
+/// the connection it made first at once: the next `bench`, started right after, is served.
+/// Before, that connection was dropped unaborted as the bench exited, and held the server's
+/// only slot for the address until the server found it gone (an ICMP error on loopback, its
+/// request wait elsewhere): the retry was refused, "reached its connection limit".
+#[test]
+fn a_refused_parallel_bench_leaves_no_slot_taken() {
+    let (server, to) = logged_serve_with(&["--max-clients-per-address", "1"]);
+    for round in 0..3 {
+        let (s, o) = start_bench(&to, &["-t", "0.3", "-P", "2"]).wait(Duration::from_secs(30));
+        assert_eq!(s.code(), Some(3), "round {round}: {}", stderr_of(&o));
+        // at once, as a script retrying with fewer connections would
+        let (doc, _) = bench(&to, &["-t", "0.3"]);
+        assert!(doc["summary"]["bytes"].as_u64() > Some(0), "round {round}: {doc}");
+    }
+    stop_serve(server, "listening");
+}
+
+/// A client asking for a timeline interval past what a time can be moved by (1.8e19 s) gets
+/// its test, and the server no panic. Before, its sampler task panicked ("overflow when
+/// adding duration to instant").
+#[test]
+fn a_timeline_interval_past_the_clock_s_range_is_taken_as_the_test_s_length() {
+    let (mut server, to) = logged_serve();
+    let request = serde_json::json!({
+        "version": 2, "test": "throughput", "seconds": 0.2, "interval": 1.8e19
+    });
+    let (_client, conn) = bench_request(&to, request);
+    let grant = conn.recv_message().unwrap().expect("a grant");
+    assert!(String::from_utf8_lossy(&grant).contains("seconds"));
+    std::io::Write::write_all(&mut &conn, &[7u8; 4096]).unwrap();
+    conn.finish().unwrap();
+    let report = conn.recv_message().unwrap().expect("a report");
+    assert!(String::from_utf8_lossy(&report).contains("bytes"));
+    server.wait_for_stderr("throughput: received", Duration::from_secs(10));
+    server.signal(libc::SIGTERM);
+    let (_, so) = server.wait(Duration::from_secs(10));
+    let log = stderr_of(&so);
+    assert!(!log.contains("panicked"), "server log:\n{log}");
+}
