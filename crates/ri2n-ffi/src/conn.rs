@@ -145,7 +145,7 @@ fn message(msg: (Vec<u8>, bool), out: &mut [u8], c: &ri2n_conn) -> Result<usize,
 /// Writes at most `len` bytes of `buf` to the byte stream, waiting until the send buffer takes
 /// some (while every link is down too); returns how many it took. `-EPIPE` after
 /// [`ri2n_finish`], `-ECONNRESET` when the peer is gone or aborted, `-ETIMEDOUT` when the
-/// connection timed out.
+/// connection timed out; for `len` 0 too (0 while the stream is open).
 ///
 /// # Safety
 /// `c` is a live connection; `buf` points to `len` readable bytes.
@@ -158,9 +158,8 @@ pub unsafe extern "C" fn ri2n_write(
     guard_len(|| {
         // SAFETY: passed on from the caller
         let (c, data) = unsafe { (conn(c)?, bytes(buf, len)?) };
-        if data.is_empty() {
-            return Ok(0);
-        }
+        // an empty write is a write all the same: it fails where any would (after finish,
+        // on a connection that ended), as write(2) of 0 bytes on a socket does
         Ok((&c.conn).write(data)?)
     })
 }

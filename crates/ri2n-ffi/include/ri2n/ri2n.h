@@ -164,7 +164,7 @@ extern "C" {
 // Writes at most `len` bytes of `buf` to the byte stream, waiting until the send buffer takes
 // some (while every link is down too); returns how many it took. `-EPIPE` after
 // [`ri2n_finish`], `-ECONNRESET` when the peer is gone or aborted, `-ETIMEDOUT` when the
-// connection timed out.
+// connection timed out; for `len` 0 too (0 while the stream is open).
 //
 // # Safety
 // `c` is a live connection; `buf` points to `len` readable bytes.

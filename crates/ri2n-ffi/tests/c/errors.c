@@ -168,6 +168,7 @@ static void tcp_transport(void) {
     ri2n_conn *c = ri2n_connect(client, remote, 1, 10000);
     CHECK(c != NULL);
     CHECK(ri2n_write(c, "x", 1) == 1);
+    CHECK(ri2n_write(c, NULL, 0) == 0);
     ri2n_conn *peer = ri2n_accept(server, 10000);
     CHECK(peer != NULL);
     char buf[16];
@@ -193,6 +194,7 @@ static void tcp_transport(void) {
     }
     CHECK(closed);
     CHECK_FAILS_WITH(ri2n_write(c, "x", 1), EPIPE);
+    CHECK_FAILS_WITH(ri2n_write(c, NULL, 0), EPIPE);
     CHECK_FAILS_WITH(ri2n_conn_error(c), ENOTCONN);
     ri2n_conn_free(c);
     ri2n_conn_free(peer);
@@ -351,6 +353,7 @@ int main(int argc, char **argv) {
     CHECK(c != NULL);
     CHECK_FAILS_WITH(ri2n_try_read(c, buf, sizeof buf), EAGAIN);
     CHECK_FAILS_WITH(ri2n_try_recv_message(c, buf, sizeof buf), EAGAIN);
+    CHECK(ri2n_write(c, NULL, 0) == 0);
     CHECK(ri2n_conn_fd(c) >= 0);
     CHECK(ri2n_conn_read_fd(c) >= 0 && ri2n_conn_write_fd(c) >= 0);
     CHECK(ri2n_conn_read_fd(c) != ri2n_conn_write_fd(c));
@@ -364,6 +367,10 @@ int main(int argc, char **argv) {
     unsigned char *big = calloc((size_t)max_message + 1, 1);
     CHECK(big != NULL);
     CHECK_FAILS_WITH(ri2n_send_message(c, big, (size_t)max_message + 1), EMSGSIZE);
+    /* a length no message can have is refused as too large, before any byte is read (its
+     * length could not be written: it gave EIO, a bug's errno, from a panic) */
+    CHECK_FAILS_WITH(ri2n_send_message(c, big, SIZE_MAX), EMSGSIZE);
+    CHECK_FAILS_WITH(ri2n_try_send_message(c, big, (size_t)1 << 62), EMSGSIZE);
     free(big);
     CHECK(ri2n_send_datagram(c, "dgram", 5) == 5);
     CHECK(ri2n_recv_datagram(peer, buf, sizeof buf, 5000) == 5 && memcmp(buf, "dgram", 5) == 0);
@@ -385,6 +392,8 @@ int main(int argc, char **argv) {
     CHECK_FAILS_WITH(ri2n_read(c, buf, sizeof buf), ECONNRESET);
     CHECK(strstr(ri2n_last_error(), "test over") != NULL);
     CHECK_FAILS_WITH(ri2n_write(c, "x", 1), ECONNRESET);
+    /* an empty write too, as write(2) of 0 bytes fails on a reset socket (it returned 0) */
+    CHECK_FAILS_WITH(ri2n_write(c, NULL, 0), ECONNRESET);
     ri2n_conn_free(c);
     ri2n_conn_free(peer);
     ri2n_endpoint_free(cl);
@@ -393,6 +402,8 @@ int main(int argc, char **argv) {
     CHECK(c != NULL);
     CHECK(ri2n_finish(c) == 0);
     CHECK_FAILS_WITH(ri2n_write(c, "x", 1), EPIPE);
+    CHECK_FAILS_WITH(ri2n_write(c, NULL, 0), EPIPE);
+    CHECK_FAILS_WITH(ri2n_try_write(c, NULL, 0), EPIPE);
     CHECK(ri2n_read(peer, buf, sizeof buf) == 0);
     ri2n_conn_free(c);
     ri2n_conn_free(peer);

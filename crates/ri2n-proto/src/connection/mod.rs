@@ -753,6 +753,18 @@ impl Connection {
         if self.handshake.peer_accepts & wire::accepts::MESSAGES == 0 {
             return Err(WriteError::MessagesRefused);
         }
+        // more than this side's send buffer ever holds (or than a length can say): too large
+        // whatever the peer's window, known before the handshake ends
+        let ceiling = (self.cfg.send_buffer.saturating_sub(8)).min(wire::VARINT_MAX) as usize;
+        if msg.len() > ceiling {
+            return Err(WriteError::MessageTooLarge {
+                size: msg.len(),
+                limit: match self.state {
+                    ConnectionState::Connecting => ceiling,
+                    _ => self.max_message_size(),
+                },
+            });
+        }
         let mut header = [0u8; 8];
         let hlen = {
             let mut w = Writer::new(&mut header);
