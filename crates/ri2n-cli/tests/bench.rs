@@ -780,7 +780,10 @@ fn a_refused_parallel_bench_leaves_no_slot_taken() {
         assert_eq!(s.code(), Some(3), "round {round}: {}", stderr_of(&o));
         // at once, as a script retrying with fewer connections would
         let (doc, _) = bench(&to, &["-t", "0.3"]);
-        assert!(doc["summary"]["bytes"].as_u64() > Some(0), "round {round}: {doc}");
+        assert!(
+            doc["summary"]["bytes"].as_u64() > Some(0),
+            "round {round}: {doc}"
+        );
     }
     stop_serve(server, "listening");
 }
