@@ -483,6 +483,32 @@ impl PyConnection {
         Ok(fd.as_raw_fd())
     }
 
+    /// A readiness descriptor for the byte stream's reads alone: readable when a retry of
+    /// ``try_recv`` or ``try_recv_into`` may succeed, and cleared only by those, so that
+    /// message and datagram calls on the same connection never take its wake-ups (as they
+    /// may ``read_fileno()``'s). ``ri2n.aio``'s transport waits on it. ``-1`` once closed.
+    fn stream_read_fileno(&self, py: Python<'_>) -> PyResult<i32> {
+        let Ok(conn) = self.get() else {
+            return Ok(-1);
+        };
+        let fd = conn
+            .stream_read_readiness_fd()
+            .map_err(|e| io_error(py, e))?;
+        Ok(fd.as_raw_fd())
+    }
+
+    /// The same for the byte stream's writes: readable when a retry of ``try_send`` may
+    /// succeed, cleared only by it (not by ``try_send_message``). ``-1`` once closed.
+    fn stream_write_fileno(&self, py: Python<'_>) -> PyResult<i32> {
+        let Ok(conn) = self.get() else {
+            return Ok(-1);
+        };
+        let fd = conn
+            .stream_write_readiness_fd()
+            .map_err(|e| io_error(py, e))?;
+        Ok(fd.as_raw_fd())
+    }
+
     /// The connection's state: ``"connecting"``, ``"established"``, ``"draining"`` (both
     /// sides done, lingering briefly) or ``"closed"``.
     fn state(&self, py: Python<'_>) -> PyResult<&'static str> {

@@ -5,7 +5,9 @@ import contextlib
 import hashlib
 import os
 import random
+import select
 import signal
+import time
 from typing import AsyncIterator, Tuple
 
 import pytest
@@ -15,10 +17,10 @@ from conftest import LINKS, server_process, until_suspended_in, wait_stopped
 
 
 @contextlib.asynccontextmanager
-async def endpoints() -> AsyncIterator[Tuple[ri2n.Endpoint, ri2n.Endpoint]]:
+async def endpoints(transport: str = "udp") -> AsyncIterator[Tuple[ri2n.Endpoint, ri2n.Endpoint]]:
     """A server and a client endpoint on both links, closed (delivering) at the end."""
-    server = ri2n.Endpoint.server(LINKS)
-    client = ri2n.Endpoint.client(LINKS)
+    server = ri2n.Endpoint.server(LINKS, transport=transport)
+    client = ri2n.Endpoint.client(LINKS, transport=transport)
     try:
         yield server, client
     finally:
@@ -317,10 +319,10 @@ class StandIn:
         self.fds = os.pipe()
         self.closed = False
 
-    def read_fileno(self) -> int:
+    def stream_read_fileno(self) -> int:
         return self.fds[0]
 
-    def write_fileno(self) -> int:
+    def stream_write_fileno(self) -> int:
         return self.fds[0]
 
     def try_recv(self, n: int) -> bytes:
@@ -456,3 +458,94 @@ def test_the_transport_hands_what_comes_to_the_protocol_set_last() -> None:
             conn.close()
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("transport", ["udp", "tcp"])
+def test_message_calls_beside_the_stream_leave_its_reader_its_wake_up(transport: str) -> None:
+    """A message and stream bytes arrive; in one step of the loop (no await), the application
+    takes the messages of ``get_extra_info("connection")`` until BlockingIOError, as the
+    docs say to. The StreamReader still gets the bytes. Before, the transport waited on the
+    descriptor of every reading call, which the message calls cleared: it waited for ever
+    with the bytes in the connection."""
+
+    async def main() -> None:
+        async with endpoints(transport) as (server, client):
+            loop = asyncio.get_running_loop()
+            accepting = asyncio.ensure_future(ri2n.aio.accept(server, timeout=10))
+            peer = await loop.run_in_executor(
+                None, lambda: client.connect(server.local_addrs(), timeout=10)
+            )
+            r, w = await asyncio.wait_for(accepting, 10)
+            conn = w.get_extra_info("connection")
+            # one round first, so that the reader waits on its descriptor
+            peer.sendall(b"hello")
+            assert await asyncio.wait_for(r.readexactly(5), 5) == b"hello"
+            reading = asyncio.ensure_future(r.readexactly(6))
+            await asyncio.sleep(0.05)
+            # one step of the loop, no await
+            peer.send_message(b"msg")
+            peer.sendall(b"stream")
+            read_fd = conn.read_fileno()
+            deadline = time.monotonic() + 5
+            while conn.stats()["recv_buffered"] < 6 or not select.select([read_fd], [], [], 0)[0]:
+                assert time.monotonic() < deadline, "premise: the bytes and the message came"
+                time.sleep(0.01)
+            time.sleep(0.2)  # the message too
+            messages = []
+            while True:
+                try:
+                    messages.append(conn.try_recv_message())
+                except BlockingIOError:
+                    break
+            assert messages == [b"msg"]
+            # back to the loop
+            assert await asyncio.wait_for(reading, 3) == b"stream"
+            peer.close()
+            w.close()
+            await asyncio.wait_for(w.wait_closed(), 5)
+
+    asyncio.run(main())
+
+
+def test_message_calls_beside_the_stream_leave_its_writer_its_wake_up() -> None:
+    """The transport waits for room (64 MiB written, the peer reads nothing); the peer reads
+    4 MiB, and in one step of the loop the application sends two messages on
+    ``get_extra_info("connection")``. The transport still hears of the room and hands over
+    more. Before, the message calls cleared the descriptor it waited on: its buffer stayed
+    where it was, and drain() would have waited for ever."""
+
+    async def main() -> None:
+        async with endpoints() as (server, client):
+            loop = asyncio.get_running_loop()
+            accepting = loop.run_in_executor(None, lambda: server.accept(timeout=10))
+            r, w = await ri2n.aio.open_connection(client, server.local_addrs(), timeout=10)
+            peer = await asyncio.wait_for(accepting, 10)
+            conn = w.get_extra_info("connection")
+            w.write(bytes(64 << 20))
+            settled = -1
+            while True:  # the send buffer and the peer's window full
+                await asyncio.sleep(0.3)
+                size = w.transport.get_write_buffer_size()
+                if size == settled:
+                    break
+                settled = size
+            # one step of the loop, no await
+            taken = 0
+            while taken < (4 << 20):
+                taken += len(peer.recv(1 << 20, timeout=5))
+            time.sleep(0.5)
+            assert select.select([conn.write_fileno()], [], [], 0)[0], "premise: room signalled"
+            conn.try_send_message(b"one")
+            conn.try_send_message(b"two")
+            # back to the loop
+            before = w.transport.get_write_buffer_size()
+            await asyncio.sleep(2)
+            after = w.transport.get_write_buffer_size()
+            w.transport.abort()
+            peer.close()
+            # what the abort left undelivered
+            with contextlib.suppress(ri2n.NotDelivered):
+                client.close(timeout=5)
+            assert after < before, f"the transport took nothing in 2 s ({before} -> {after})"
+
+    asyncio.run(main())

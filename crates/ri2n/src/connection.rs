@@ -10,9 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, Bytes};
 use ri2n_proto::{reclaim, ConnectionError, ConnectionState, ConnectionStats, Event};
 
-#[cfg(feature = "tokio")]
-use crate::readiness::Caller;
-use crate::readiness::Interest;
+use crate::readiness::{Caller, Interest};
 use crate::tcp::TcpConnection;
 use crate::udp_connection::UdpConnection;
 
@@ -452,15 +450,33 @@ impl Connection {
         }
     }
 
-    /// A readiness descriptor for the reading calls of one kind alone (stream bytes,
-    /// messages or datagrams), cleared only by them: readers of different kinds that wait
-    /// apart (the tokio adapter's tasks) never clear each other's wake-ups.
-    #[cfg(feature = "tokio")]
-    pub(crate) fn read_kind_fd(&self, kind: Caller) -> io::Result<BorrowedFd<'_>> {
+    /// A readiness descriptor for the calls of one kind alone (reading stream bytes,
+    /// messages or datagrams; writing stream bytes or messages), cleared only by them:
+    /// callers of different kinds that wait apart (the tokio adapter's tasks) never clear
+    /// each other's wake-ups.
+    pub(crate) fn kind_fd(&self, kind: Caller) -> io::Result<BorrowedFd<'_>> {
         match &self.inner {
-            Inner::Udp(c) => c.readiness_fd_for(Interest::ReadKind(kind)),
-            Inner::Tcp(TcpHandle(c)) => c.readiness_fd(Interest::ReadKind(kind)),
+            Inner::Udp(c) => c.readiness_fd_for(Interest::Kind(kind)),
+            Inner::Tcp(TcpHandle(c)) => c.readiness_fd(Interest::Kind(kind)),
         }
+    }
+
+    /// Readiness descriptors for the byte stream's calls alone: readable when a retry of
+    /// [`try_read`](Self::try_read) (`stream_read_readiness_fd`) or
+    /// [`try_write`](Self::try_write) (`stream_write_readiness_fd`) may succeed, and cleared
+    /// only by the stream's own calls. For a stream reader and writer that wait beside code
+    /// making message or datagram calls on the same connection (an asyncio transport whose
+    /// application also sends messages): those calls clear
+    /// [`read_readiness_fd`](Self::read_readiness_fd) and
+    /// [`write_readiness_fd`](Self::write_readiness_fd), and may take a wake-up meant for
+    /// the stream, never these. Live as long as this handle.
+    pub fn stream_read_readiness_fd(&self) -> io::Result<BorrowedFd<'_>> {
+        self.kind_fd(Caller::ReadStream)
+    }
+
+    /// See [`stream_read_readiness_fd`](Self::stream_read_readiness_fd).
+    pub fn stream_write_readiness_fd(&self) -> io::Result<BorrowedFd<'_>> {
+        self.kind_fd(Caller::WriteStream)
     }
 
     /// Has [`Endpoint::wait_receiving`](crate::Endpoint::wait_receiving) report the

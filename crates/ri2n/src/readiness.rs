@@ -87,11 +87,11 @@ pub(crate) enum Interest {
     Read,
     /// Writing calls (`try_write`, `try_send_message`).
     Write,
-    /// The reading calls of one kind alone (stream bytes, messages or datagrams): for
-    /// readers of different kinds that wait apart (tasks of the tokio adapter), none of
-    /// which may clear a wake-up meant for another.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    ReadKind(Caller),
+    /// The calls of one kind alone (reading stream bytes, messages or datagrams; writing
+    /// stream bytes or messages): for callers of different kinds that wait apart (tasks of
+    /// the tokio adapter, an asyncio transport beside message calls), none of which may
+    /// clear a wake-up meant for another.
+    Kind(Caller),
 }
 
 /// A connection's readiness descriptors, each made on first request. A reader and a writer
@@ -102,8 +102,8 @@ pub(crate) struct Watchers {
     any: OnceLock<Readiness>,
     read: OnceLock<Readiness>,
     write: OnceLock<Readiness>,
-    /// [`Interest::ReadKind`]'s, by [`Caller::kind_slot`].
-    read_kinds: [OnceLock<Readiness>; 3],
+    /// [`Interest::Kind`]'s, by [`Caller`].
+    kinds: [OnceLock<Readiness>; CALLERS],
     /// The event loop's token for the connection ([`NO_TOKEN`]: none), see
     /// `Connection::set_loop_token`.
     loop_token: AtomicU64,
@@ -140,19 +140,25 @@ impl Caller {
         1 << self as u8
     }
 
-    /// Its place among [`Watchers::read_kinds`], for a reading call.
-    fn kind_slot(self) -> Option<usize> {
-        match self {
-            Caller::ReadStream => Some(0),
-            Caller::ReadMessage => Some(1),
-            Caller::ReadDatagram => Some(2),
-            Caller::WriteStream | Caller::WriteMessage => None,
-        }
+    fn reads(self) -> bool {
+        self.interest() == Interest::Read
     }
 }
 
+/// How many kinds of [`Caller`] there are.
+const CALLERS: usize = 5;
+
 /// Every [`Caller`]'s bit.
-const ALL_CALLERS: u8 = (1 << 5) - 1;
+const ALL_CALLERS: u8 = (1 << CALLERS) - 1;
+
+/// Every [`Caller`], in the order of their numbers.
+const EVERY_CALLER: [Caller; CALLERS] = [
+    Caller::ReadStream,
+    Caller::ReadMessage,
+    Caller::ReadDatagram,
+    Caller::WriteStream,
+    Caller::WriteMessage,
+];
 
 impl Default for Watchers {
     fn default() -> Self {
@@ -160,7 +166,7 @@ impl Default for Watchers {
             any: OnceLock::new(),
             read: OnceLock::new(),
             write: OnceLock::new(),
-            read_kinds: Default::default(),
+            kinds: Default::default(),
             loop_token: AtomicU64::new(NO_TOKEN),
             may_resignal: AtomicU8::new(0),
         }
@@ -183,10 +189,7 @@ impl Watchers {
             Interest::Any => &self.any,
             Interest::Read => &self.read,
             Interest::Write => &self.write,
-            Interest::ReadKind(caller) => match caller.kind_slot() {
-                Some(i) => &self.read_kinds[i],
-                None => &self.write,
-            },
+            Interest::Kind(caller) => &self.kinds[caller as usize],
         }
     }
 
@@ -227,16 +230,15 @@ impl Watchers {
         self.raise(true, true);
     }
 
-    /// Makes the descriptors of readers (`read`: of every kind) and of writers (`write`)
-    /// readable, and the combined one.
+    /// Makes the descriptors of readers (`read`: of every kind) and of writers (`write`: of
+    /// every kind) readable, and the combined one.
     fn raise(&self, read: bool, write: bool) {
         self.raise_shared(read, write);
-        for r in self
-            .read_kinds
-            .iter()
-            .filter_map(|k| k.get().filter(|_| read))
-        {
-            r.signal();
+        for (caller, slot) in EVERY_CALLER.iter().zip(&self.kinds) {
+            let wanted = if caller.reads() { read } else { write };
+            if let Some(r) = slot.get().filter(|_| wanted) {
+                r.signal();
+            }
         }
     }
 
@@ -261,12 +263,12 @@ impl Watchers {
     }
 
     /// A reading call of kind `caller` left more of its kind to read: that kind's own
-    /// descriptor (only the tokio adapter makes one) is signalled again. The call cleared
+    /// descriptor (the tokio adapter's, an asyncio transport's) is signalled again. The call cleared
     /// it, and a task waiting on it while another task made the call (a `try_` call the
     /// adapter does not count among its own) would sleep on with that data there. The
     /// shared descriptors keep their edges: an event loop reads them as it likes.
     pub fn signal_own_kind(&self, caller: Caller) {
-        if let Some(r) = caller.kind_slot().and_then(|i| self.read_kinds[i].get()) {
+        if let Some(r) = self.kinds[caller as usize].get() {
             r.signal();
         }
     }
@@ -274,9 +276,9 @@ impl Watchers {
     /// A non-blocking call of kind `caller` is about to look: it clears the descriptors it
     /// answers for (the combined one, its side's, and its own kind's).
     pub fn clear(&self, caller: Caller) {
-        let own = caller.kind_slot().map(|i| &self.read_kinds[i]);
-        let slots = [Some(&self.any), Some(self.slot(caller.interest())), own];
-        for r in slots.into_iter().flatten().filter_map(OnceLock::get) {
+        let own = &self.kinds[caller as usize];
+        let slots = [&self.any, self.slot(caller.interest()), own];
+        for r in slots.into_iter().filter_map(OnceLock::get) {
             r.clear();
         }
     }

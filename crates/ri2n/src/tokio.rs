@@ -99,8 +99,8 @@ impl AsyncConnection {
     /// descriptor left for its readiness), the connection is aborted with the error as the
     /// reason, so its peer learns why, and the error returned.
     pub fn new(conn: Connection) -> io::Result<Self> {
-        let stream = Interest::ReadKind(Caller::ReadStream);
-        let watched = (conn.read_kind_fd(Caller::ReadStream))
+        let stream = Interest::Kind(Caller::ReadStream);
+        let watched = (conn.kind_fd(Caller::ReadStream))
             .and_then(|fd| Watched::new(fd, stream))
             .and_then(|r| {
                 let w = conn.write_readiness_fd()?;
@@ -198,8 +198,8 @@ impl AsyncConnection {
     fn read_ready<'a>(&self, slot: &'a OnceLock<Watched>, kind: Caller) -> io::Result<&'a Watched> {
         if slot.get().is_none() {
             // two tasks may make one at once: one is kept, the other dropped
-            let fd = self.conn.read_kind_fd(kind)?;
-            let _ = slot.set(Watched::new(fd, Interest::ReadKind(kind))?);
+            let fd = self.conn.kind_fd(kind)?;
+            let _ = slot.set(Watched::new(fd, Interest::Kind(kind))?);
         }
         Ok(slot.get().expect("set above"))
     }

@@ -214,6 +214,10 @@ class Connection:
         """Readiness descriptor of the reading calls alone (``-1`` once closed)."""
     def write_fileno(self) -> int:
         """Readiness descriptor of the writing calls alone (``-1`` once closed)."""
+    def stream_read_fileno(self) -> int:
+        """Readiness descriptor of the byte stream's reads alone (``-1`` once closed)."""
+    def stream_write_fileno(self) -> int:
+        """Readiness descriptor of the byte stream's writes alone (``-1`` once closed)."""
     def state(self) -> str:
         """``"connecting"``, ``"established"``, ``"draining"`` or ``"closed"``."""
     def close_reason(self) -> Optional[BaseException]:

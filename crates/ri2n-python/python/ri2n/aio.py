@@ -12,11 +12,12 @@
     reader, writer = await ri2n.aio.accept(server)      # on the server
 
 The streams are asyncio's own ``StreamReader``/``StreamWriter`` over a ``Transport`` of this
-module, which never blocks a thread. It watches the connection's two readiness descriptors
-with ``loop.add_reader``: the reading one (``Connection.read_fileno()``) wakes ``try_recv``, the
-writing one (``Connection.write_fileno()``) wakes ``try_send`` for what the send buffer could
-not take at once. Each descriptor is cleared only by its own calls, so neither direction can
-swallow the other's wake-up.
+module, which never blocks a thread. It watches the byte stream's two readiness descriptors
+with ``loop.add_reader``: the reading one (``Connection.stream_read_fileno()``) wakes
+``try_recv``, the writing one (``Connection.stream_write_fileno()``) wakes ``try_send`` for what
+the send buffer could not take at once. Each descriptor is cleared only by its own calls, so
+neither direction can swallow the other's wake-up, nor can the application's message and
+datagram calls on the connection (``get_extra_info("connection")``).
 
 As with asyncio's sockets, ``writer.close()`` first hands over what is still buffered, as the
 peer makes room; ``writer.transport.abort()`` gives up at once. Once handed over, the
@@ -62,8 +63,10 @@ class Transport(asyncio.Transport):
         super().__init__({"connection": conn})
         self._loop = loop
         self._conn = conn
-        self._fd = conn.read_fileno()
-        self._write_fd = conn.write_fileno()
+        # the stream's own descriptors: the application's message and datagram calls on
+        # the connection (get_extra_info("connection")) never take their wake-ups
+        self._fd = conn.stream_read_fileno()
+        self._write_fd = conn.stream_write_fileno()
         self._protocol: Any = protocol
         self._buffer = bytearray()  # written, not yet taken by the connection
         self._reading = True  # not paused
