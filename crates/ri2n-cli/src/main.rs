@@ -57,7 +57,12 @@ use fault::FaultSpec;
 ///   host A: ri2n send --to 10.0.1.2:7000 --local 10.0.1.1 --local 10.0.2.1 --input FILE
 /// Benchmark: `ri2n serve --listen ...` on one host, `ri2n bench --to ...` on the other.
 #[derive(Parser, Debug)]
-#[command(name = "ri2n", version = env!("RI2N_VERSION"), verbatim_doc_comment, after_help = EXIT_CODES_HELP)]
+#[command(
+    name = "ri2n",
+    version = env!("RI2N_VERSION"),
+    verbatim_doc_comment,
+    after_help = EXIT_CODES_HELP
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

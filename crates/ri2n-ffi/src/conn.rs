@@ -494,9 +494,9 @@ pub unsafe extern "C" fn ri2n_abort(c: *mut ri2n_conn, code: u64, reason: *const
 /// `-EAGAIN` it becomes readable as soon as retrying may succeed: call them until `-EAGAIN`
 /// after each wake-up (it is edge-like). `-EMSGSIZE` is no `-EAGAIN`: the message or
 /// datagram kept waits for the next call, with a larger buffer, not for the descriptor,
-/// which stays quiet until something else arrives. Valid while `c` lives; remove it from `epoll` (or
-/// `poll`) before [`ri2n_conn_free`]: it stays open, and may still signal, until the
-/// connection's end, after the free.
+/// which stays quiet until something else arrives. Valid while `c` lives; remove it from
+/// `epoll` (or `poll`) before [`ri2n_conn_free`]: it stays open, and may still signal, until
+/// the connection's end, after the free.
 ///
 /// # Safety
 /// `c` is a live connection.

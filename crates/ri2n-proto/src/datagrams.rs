@@ -2910,6 +2910,19 @@ mod tests {
         assert!(worst.0 <= 16 << 10, "worst overshoot {worst:?}");
     }
 
+    /// A receiver holding 5 ms: datagram A (frames 0..=2) lost its last piece, C (3) came
+    /// whole; at `t0` + 5 ms the hold gave up on 2 and delivered C.
+    fn a_without_its_last_piece_then_c(t0: Instant) -> IncomingDatagrams {
+        use DatagramPart::*;
+        let ms = Duration::from_millis;
+        let mut q = IncomingDatagrams::new(1 << 20, ms(5));
+        q.push_piece(t0, 0, 0, First, &[0; 100]);
+        q.push_piece(t0, 0, 1, Middle, &[1; 100]);
+        q.push_piece(t0, 0, 3, Whole, b"C");
+        q.release_due(t0 + ms(5), &only(ms(5)));
+        q
+    }
+
     /// Two datagrams in pieces that each lose a piece, with a whole datagram delivered
     /// between them (so the second's pieces cannot be the first's rest): both count as
     /// dropped. Before, pieces let go after others that did not end their datagram were
@@ -2919,12 +2932,7 @@ mod tests {
         use DatagramPart::*;
         let t0 = Instant::now();
         let ms = Duration::from_millis;
-        let mut q = IncomingDatagrams::new(1 << 20, ms(5));
-        // A = 0..=2, its last piece (2) lost; C = 3, whole
-        q.push_piece(t0, 0, 0, First, &[0; 100]);
-        q.push_piece(t0, 0, 1, Middle, &[1; 100]);
-        q.push_piece(t0, 0, 3, Whole, b"C");
-        q.release_due(t0 + ms(5), &only(ms(5)));
+        let mut q = a_without_its_last_piece_then_c(t0);
         assert_eq!(q.pop().unwrap(), b"C");
         // B = 4..=5, its first piece (4) lost; D = 6, whole
         q.push_piece(t0 + ms(6), 0, 5, Last, &[5; 100]);
@@ -2944,11 +2952,7 @@ mod tests {
         use DatagramPart::*;
         let t0 = Instant::now();
         let ms = Duration::from_millis;
-        let mut q = IncomingDatagrams::new(1 << 20, ms(5));
-        q.push_piece(t0, 0, 0, First, &[0; 100]);
-        q.push_piece(t0, 0, 1, Middle, &[1; 100]);
-        q.push_piece(t0, 0, 3, Whole, b"C");
-        q.release_due(t0 + ms(5), &only(ms(5)));
+        let mut q = a_without_its_last_piece_then_c(t0);
         // whole datagrams go on arriving for 2 s: A is let go for its patience
         let mut seq = 4;
         let mut t = t0 + ms(5);

@@ -263,9 +263,9 @@ impl Watchers {
     }
 
     /// A reading call of kind `caller` left more of its kind to read: that kind's own
-    /// descriptor (the tokio adapter's, an asyncio transport's) is signalled again. The call cleared
-    /// it, and a task waiting on it while another task made the call (a `try_` call the
-    /// adapter does not count among its own) would sleep on with that data there. The
+    /// descriptor (the tokio adapter's, an asyncio transport's) is signalled again. The call
+    /// cleared it, and a task waiting on it while another task made the call (a `try_` call
+    /// the adapter does not count among its own) would sleep on with that data there. The
     /// shared descriptors keep their edges: an event loop reads them as it likes.
     pub fn signal_own_kind(&self, caller: Caller) {
         if let Some(r) = self.kinds[caller as usize].get() {

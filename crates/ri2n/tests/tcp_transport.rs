@@ -230,14 +230,11 @@ fn transfer_over_two_links_as(
         .unwrap();
     // (a link's writer drops its slices just after its last write, which may be a moment
     // after the peer acknowledged it)
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !shared.is_unique() {
-        assert!(
-            Instant::now() < deadline,
-            "the connection let go of the shared memory once it was acknowledged"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_until(
+        Duration::from_secs(5),
+        "the connection let go of the shared memory once it was acknowledged",
+        || shared.is_unique(),
+    );
     let stats = conn.stats();
     let (got, rx_stats) = rx.join().unwrap();
     assert_eq!(got.len(), expect.len());
@@ -488,15 +485,21 @@ fn a_stream_reader_is_woken_by_the_message_reads_that_free_its_bytes() {
             Err(e) => panic!("{e}"),
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !reader.is_finished() {
-        assert!(
-            Instant::now() < deadline,
-            "the stream's reader slept on with its bytes there"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until(
+        Duration::from_secs(5),
+        "the stream's reader slept on with its bytes there",
+        || reader.is_finished(),
+    );
     assert_eq!(reader.join().unwrap(), b"hello");
+}
+
+/// Waits at most `limit` for `done` to hold; panics with `what` if it does not.
+fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// A message arrives in a buffer of its own length: a receiver that keeps many holds what they
