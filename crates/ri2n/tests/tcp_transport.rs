@@ -339,14 +339,7 @@ fn both_directions_at_once_and_small_writes() {
     });
     let conn = std::sync::Arc::new(client.connect(&[to], ConnectionConfig::default()).unwrap());
     let sent = data(5 << 20, 11);
-    let reader = {
-        let conn = conn.clone();
-        std::thread::spawn(move || {
-            let mut got = Vec::new();
-            (&*conn).read_to_end(&mut got).unwrap();
-            got
-        })
-    };
+    let reader = read_to_end_on_a_thread(&conn);
     for chunk in sent.chunks(777) {
         (&*conn).write_all(chunk).unwrap();
     }
@@ -455,14 +448,7 @@ fn a_stream_reader_is_woken_by_the_message_reads_that_free_its_bytes() {
     });
     let conn = Arc::new(server.accept().unwrap());
     let _sender = sender.join().unwrap();
-    let reader = {
-        let conn = conn.clone();
-        std::thread::spawn(move || {
-            let mut got = Vec::new();
-            (&*conn).read_to_end(&mut got).unwrap();
-            got
-        })
-    };
+    let reader = read_to_end_on_a_thread(&conn);
     // the reader waits: the bytes are behind the messages the receiver has not split yet
     std::thread::sleep(Duration::from_millis(200));
     assert!(
@@ -491,6 +477,16 @@ fn a_stream_reader_is_woken_by_the_message_reads_that_free_its_bytes() {
         || reader.is_finished(),
     );
     assert_eq!(reader.join().unwrap(), b"hello");
+}
+
+/// A thread that reads `conn`'s stream to its end; returns what it read.
+fn read_to_end_on_a_thread(conn: &Arc<ri2n::Connection>) -> std::thread::JoinHandle<Vec<u8>> {
+    let conn = conn.clone();
+    std::thread::spawn(move || {
+        let mut got = Vec::new();
+        (&*conn).read_to_end(&mut got).unwrap();
+        got
+    })
 }
 
 /// Waits at most `limit` for `done` to hold; panics with `what` if it does not.
