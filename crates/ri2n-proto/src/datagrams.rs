@@ -1163,7 +1163,7 @@ impl IncomingDatagrams {
         if self.let_go_open.is_some() {
             // its datagram is counted: its next piece, when it comes, goes too, and is not
             // kept (or dropped for the limit) as the start of another
-            self.orphaned = span.continued();
+            self.orphaned = self.let_go_open;
         }
         self.bytes -= charge(&data);
         self.recycle(data);

@@ -10,7 +10,7 @@
 //! messages wait the same way, on the writing descriptor.
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -53,6 +53,20 @@ impl PyConnection {
         (inner.clone())
             .map(Shared::new)
             .ok_or_else(|| PyValueError::new_err("the connection is closed"))
+    }
+
+    /// The number of the readiness descriptor `which` gives, or -1 once the connection is
+    /// closed, like a closed socket's `fileno()`.
+    fn descriptor(
+        &self,
+        py: Python<'_>,
+        which: impl for<'c> FnOnce(&'c Connection) -> io::Result<BorrowedFd<'c>>,
+    ) -> PyResult<i32> {
+        let Ok(conn) = self.get() else {
+            return Ok(-1);
+        };
+        let fd = which(&conn).map_err(|e| io_error(py, e))?;
+        Ok(fd.as_raw_fd())
     }
 
     fn take(&self) -> Option<Arc<Connection>> {
@@ -450,14 +464,7 @@ impl PyConnection {
     /// loop that shares the connection with a thread making them waits on ``read_fileno()``
     /// or ``write_fileno()`` instead. ``-1`` once closed, like a closed socket.
     fn fileno(&self, py: Python<'_>) -> PyResult<i32> {
-        let Ok(conn) = self.get() else {
-            return Ok(-1);
-        };
-        let fd = conn
-            .readiness_fd()
-            .map_err(|e| io_error(py, e))?
-            .as_raw_fd();
-        Ok(fd)
+        self.descriptor(py, Connection::readiness_fd)
     }
 
     /// A readiness descriptor for reading alone: readable when a retry of ``try_recv``,
@@ -465,22 +472,14 @@ impl PyConnection {
     /// cleared only by those. With ``write_fileno()``, a reader and a writer that wait apart
     /// (``ri2n.aio``'s transport) never clear each other's wake-ups. ``-1`` once closed.
     fn read_fileno(&self, py: Python<'_>) -> PyResult<i32> {
-        let Ok(conn) = self.get() else {
-            return Ok(-1);
-        };
-        let fd = conn.read_readiness_fd().map_err(|e| io_error(py, e))?;
-        Ok(fd.as_raw_fd())
+        self.descriptor(py, Connection::read_readiness_fd)
     }
 
     /// A readiness descriptor for writing alone: readable when a retry of ``try_send`` or
     /// ``try_send_message`` may succeed (room was freed, or the connection changed state),
     /// and cleared only by those. ``-1`` once closed.
     fn write_fileno(&self, py: Python<'_>) -> PyResult<i32> {
-        let Ok(conn) = self.get() else {
-            return Ok(-1);
-        };
-        let fd = conn.write_readiness_fd().map_err(|e| io_error(py, e))?;
-        Ok(fd.as_raw_fd())
+        self.descriptor(py, Connection::write_readiness_fd)
     }
 
     /// A readiness descriptor for the byte stream's reads alone: readable when a retry of
@@ -488,25 +487,13 @@ impl PyConnection {
     /// message and datagram calls on the same connection never take its wake-ups (as they
     /// may ``read_fileno()``'s). ``ri2n.aio``'s transport waits on it. ``-1`` once closed.
     fn stream_read_fileno(&self, py: Python<'_>) -> PyResult<i32> {
-        let Ok(conn) = self.get() else {
-            return Ok(-1);
-        };
-        let fd = conn
-            .stream_read_readiness_fd()
-            .map_err(|e| io_error(py, e))?;
-        Ok(fd.as_raw_fd())
+        self.descriptor(py, Connection::stream_read_readiness_fd)
     }
 
     /// The same for the byte stream's writes: readable when a retry of ``try_send`` may
     /// succeed, cleared only by it (not by ``try_send_message``). ``-1`` once closed.
     fn stream_write_fileno(&self, py: Python<'_>) -> PyResult<i32> {
-        let Ok(conn) = self.get() else {
-            return Ok(-1);
-        };
-        let fd = conn
-            .stream_write_readiness_fd()
-            .map_err(|e| io_error(py, e))?;
-        Ok(fd.as_raw_fd())
+        self.descriptor(py, Connection::stream_write_readiness_fd)
     }
 
     /// The connection's state: ``"connecting"``, ``"established"``, ``"draining"`` (both
