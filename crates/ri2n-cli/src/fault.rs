@@ -98,8 +98,7 @@ fn parse_action(s: &str) -> Result<Action, String> {
         return Ok(Action::Loss(v));
     }
     if let Some(r) = s.strip_prefix("rate=") {
-        let bits = parse_bits(r)
-            .ok_or_else(|| format!("rate `{r}` is not a number of bits per second"))?;
+        let bits = parse_bits(r).map_err(|why| format!("rate {why}"))?;
         return Ok(Action::Rate((bits > 0).then_some(bits)));
     }
     Err(format!(
@@ -107,17 +106,29 @@ fn parse_action(s: &str) -> Result<Action, String> {
     ))
 }
 
-/// `100M`, `1.5G`, `64k`, `1000000` (decimal multipliers, as iperf3's).
-pub fn parse_bits(s: &str) -> Option<u64> {
-    let (num, mult) = match s.chars().last()? {
+/// `100M`, `1.5G`, `64k`, `1000000` (decimal multipliers, as iperf3's); 0 is 0 (no limit
+/// where a rate is one). A rate above 0 that rounds to 0 bit/s is refused rather than read as
+/// "no limit", its opposite.
+pub fn parse_bits(s: &str) -> Result<u64, String> {
+    let not_a_rate = || format!("`{s}` is not a rate in bits per second (e.g. 500K, 100M, 1.5G)");
+    let (num, mult) = match s.chars().last().ok_or_else(not_a_rate)? {
         'k' | 'K' => (&s[..s.len() - 1], 1e3),
         'm' | 'M' => (&s[..s.len() - 1], 1e6),
         'g' | 'G' => (&s[..s.len() - 1], 1e9),
         't' | 'T' => (&s[..s.len() - 1], 1e12),
         _ => (s, 1.0),
     };
-    let v: f64 = num.parse().ok()?;
-    (v.is_finite() && v >= 0.0).then(|| (v * mult).round() as u64)
+    let v: f64 = num.parse().map_err(|_| not_a_rate())?;
+    if !(v.is_finite() && v >= 0.0) {
+        return Err(not_a_rate());
+    }
+    let bits = (v * mult).round();
+    if bits == 0.0 && v > 0.0 {
+        return Err(format!(
+            "`{s}` is less than 1 bit/s (0 means no limit; suffixes K, M, G, T are decimal)"
+        ));
+    }
+    Ok(bits as u64)
 }
 
 /// The impairment switches of the sockets one fault applies to.
@@ -252,6 +263,7 @@ mod tests {
             "1:127.0.0.1:sideways",
             "1:127.0.0.1:loss=2",
             "1:127.0.0.1:rate=fast",
+            "1:127.0.0.1:rate=0.4",
         ] {
             assert!(bad.parse::<FaultSpec>().is_err(), "{bad}");
         }

@@ -388,10 +388,25 @@ fn a_zero_length_test_is_a_usage_error() {
         ["bench", "--to", "127.0.0.1:9", "--time", "0"],
         ["bench", "--to", "127.0.0.1:9", "-P", "0"],
         ["bench", "--to", "127.0.0.1:9", "-b", "fast"],
+        // under 1 bit/s would round to 0, which means no limit at all
+        ["bench", "--to", "127.0.0.1:9", "-b", "0.4"],
+        [
+            "bench",
+            "--to",
+            "127.0.0.1:9",
+            "--fault",
+            "0:127.0.0.1:rate=0.0001K",
+        ],
     ] {
         let (s, o) = ri2n(args, Duration::from_secs(10));
         assert_eq!(s.code(), Some(2), "{args:?}: {}", stderr_of(&o));
     }
+    let (_, o) = ri2n(
+        ["bench", "--to", "127.0.0.1:9", "-b", "0.4"],
+        Duration::from_secs(10),
+    );
+    let err = stderr_of(&o);
+    assert!(err.contains("less than 1 bit/s (0 means no limit"), "{err}");
 }
 
 /// The goodput of a row of the timeline (`  0.20-0.40   6.15 Gbit/s ...`), if `line` is one.
