@@ -119,8 +119,12 @@ impl Cluster {
         };
         let raw: RawCluster = toml::from_str(text).map_err(|e| {
             let message = e.message().trim().replace('\n', " ");
-            let line = (e.span()).and_then(|s| text.lines().nth(line_of(s.start) - 1));
-            at(e.span(), explain_toml_error(text, line, message))
+            // a field missing at the top is the whole file's error, spanning all of it or
+            // none of it: no line is to blame
+            let whole = |s: &Range<usize>| s.start == 0 && (s.end == 0 || s.end >= text.len());
+            let span = e.span().filter(|s| !whole(s));
+            let line = (span.clone()).and_then(|s| text.lines().nth(line_of(s.start) - 1));
+            at(span, explain_toml_error(text, line, message))
         })?;
 
         let mut key = raw.key.get_ref().clone();
@@ -494,6 +498,13 @@ fn explain_toml_error(text: &str, line: Option<&str>, message: String) -> String
     if single_table && message.contains("duplicate key") {
         return format!("{message}: each host is a [[host]] entry (two brackets), not [host]");
     }
+    if message.starts_with("missing field `key`") {
+        return format!(
+            "{message}: the file names the cluster's key at its top, before the first \
+             [[host]], such as key = \"cluster.key\" (a path relative to this file; make the key \
+             with `ri2n keygen`)"
+        );
+    }
     let top_level = ["key", "port", "interface", "prefix"];
     if (top_level.iter()).any(|k| message.starts_with(&format!("unknown field `{k}`"))) {
         return format!(
@@ -638,7 +649,16 @@ links = ["10.0.1.2", "10.0.2.2"]
             "/etc/ri2n/cluster.toml:18: links: hosts \"node2\" and \"node3\" have no link \
              addresses of the same family (IPv4 or IPv6): they could not reach each other"
         );
-        assert!(error(&GOOD.replace("key = \"cluster.key\"", "")).contains("key"));
+        // no line of the file is to blame for a field it lacks
+        assert!(
+            error(&GOOD.replace("key = \"cluster.key\"", ""))
+                .starts_with("/etc/ri2n/cluster.toml: missing field `key`: the file names"),
+            "{}",
+            error(&GOOD.replace("key = \"cluster.key\"", ""))
+        );
+        // a host lacking a field: its [[host]] line is to blame
+        let nameless = GOOD.replace("name = \"node2\"\n", "");
+        assert!(error(&nameless).starts_with("/etc/ri2n/cluster.toml:10: missing field `name`"));
         assert_eq!(parse(GOOD).unwrap().key_line, 2);
         let one_host = &GOOD[..GOOD.find("[[host]]\nname = \"node2\"").unwrap()];
         assert!(error(one_host).contains("at least 2 hosts"));
