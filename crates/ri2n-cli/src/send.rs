@@ -31,10 +31,11 @@ const READ_STEP: usize = 256 * 1024;
 const IDLE_LOOK: Duration = Duration::from_millis(100);
 
 /// Replaces the contents of `buf` with up to [`CHUNK`] bytes of `fd`, read [`READ_STEP`] at
-/// a time and added to `sum` (if any) as they come. Stops early after a short read: a pipe's
-/// writer has no more ready, and what came is sent rather than held back waiting for the
-/// rest. Returns the bytes read (0 at the end of the input). An input that may stay idle
-/// (`idle`: not a regular file) is waited for while `conn` lives ([`wait_input`]).
+/// a time and added to `sum` (if any) as they come. Stops early after a short read, or, for
+/// an input that may stay idle (`idle`: not a regular file), when it has nothing more ready:
+/// a pipe's writer has no more, and what came is sent rather than held back waiting for the
+/// rest. Returns the bytes read (0 at the end of the input). Such an input is waited for,
+/// while `conn` lives, only before the first byte ([`wait_input`]).
 fn read_chunk(
     fd: BorrowedFd<'_>,
     buf: &mut Vec<u8>,
@@ -45,8 +46,11 @@ fn read_chunk(
     buf.reserve(CHUNK);
     while buf.len() < CHUNK {
         let start = buf.len();
-        if let Some(conn) = idle {
-            wait_input(fd, conn)?;
+        match idle {
+            Some(conn) if start == 0 => wait_input(fd, conn)?,
+            // a full step read, and the writer quiet since: the step goes now
+            Some(_) if !input_ready(fd, 0)? => break,
+            _ => {}
         }
         match read_into(fd, buf, READ_STEP.min(CHUNK - start)) {
             Ok(0) => break,
@@ -72,27 +76,31 @@ fn read_chunk(
 /// stays open and quiet (`tail -f log | ri2n send`). A read would wait until the input next
 /// produced bytes, and nothing would be said meanwhile.
 fn wait_input(fd: BorrowedFd<'_>, conn: &Connection) -> io::Result<()> {
-    loop {
-        let mut p = libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one live pollfd for the duration of the call.
-        let n = unsafe { libc::poll(&mut p, 1, IDLE_LOOK.as_millis() as libc::c_int) };
-        if n > 0 {
-            return Ok(());
-        }
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
+    while !input_ready(fd, IDLE_LOOK.as_millis() as libc::c_int)? {
         if let Some(reason) = conn.close_reason() {
             return Err(io::Error::other(reason));
         }
     }
+    Ok(())
+}
+
+/// Whether `fd` has something to read (or its end, or an error) within `timeout_ms`; false
+/// too when a signal cut the wait short.
+fn input_ready(fd: BorrowedFd<'_>, timeout_ms: libc::c_int) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd for the duration of the call.
+    let n = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    Ok(n > 0)
 }
 
 /// Appends up to `max` bytes from `fd` to `buf`, straight into its memory: a buffer the

@@ -627,6 +627,47 @@ fn a_sender_with_an_idle_stdin_exits_when_the_receiver_aborts() {
     );
 }
 
+/// Bytes waiting in a pipe whose writer then stays open and quiet are sent at once, also when
+/// they fill the sender's reads exactly (256 KiB, one full read). Before, a full read made it
+/// wait for more input before it sent what it had read: until the writer next wrote or ended.
+#[test]
+fn bytes_read_from_an_idle_pipe_are_sent_though_they_filled_the_read() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let len = 256 * 1024;
+    let output = TempFile::new("full-read-out");
+    let (recv, a) = spawn_recv(free_port(), output.path(), &["-q"]);
+    // the pipe holds them all before the sender reads, so that its first read takes 256 KiB
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two new descriptors, owned below
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: fresh descriptors from pipe2, owned by nothing else
+    let (r, mut w) = unsafe {
+        (
+            OwnedFd::from_raw_fd(fds[0]),
+            std::fs::File::from_raw_fd(fds[1]),
+        )
+    };
+    // SAFETY: a descriptor this test owns
+    assert!(unsafe { libc::fcntl(fds[1], libc::F_SETPIPE_SZ, 1 << 20) } >= len as i32);
+    w.write_all(&vec![7u8; len]).unwrap();
+    let send = Proc::spawn(
+        "ri2n send",
+        Command::new(bin())
+            .args(["send", "-q", "--to", &a])
+            .stdin(Stdio::from(r))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    // recv writes what it received to the partial file (its buffer is smaller than this)
+    wait_file_grows(&output.partial(), Duration::from_secs(10));
+    drop(w); // the end of the input
+    let (s, so) = send.wait(Duration::from_secs(10));
+    let (r, ro) = recv.wait(Duration::from_secs(10));
+    assert!(s.success(), "{}", stderr_of(&so));
+    assert!(r.success(), "{}", stderr_of(&ro));
+    assert_eq!(std::fs::metadata(output.path()).unwrap().len(), len as u64);
+}
+
 /// A signal to a whole pipeline (Ctrl-C, or a service stop that signals its process group)
 /// ends the program feeding `ri2n send` too, and its stdin ends: that end is no end of the
 /// data, and the receiver never keeps a complete-looking file or exits 0. Before, when the
