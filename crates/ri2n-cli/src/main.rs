@@ -73,7 +73,8 @@ enum Command {
     /// Send a file or stdin to `ri2n recv`; exit 0 once the receiver wrote out every byte.
     #[command(after_help = EXIT_CODES_HELP)]
     Send(SendArgs),
-    /// Accept one connection and write what it sends to a file or stdout.
+    /// Accept one connection and write what it sends to a file or stdout (a second sender
+    /// while it runs is refused: exit 3, "reached its connection limit").
     #[command(after_help = EXIT_CODES_HELP)]
     Recv(RecvArgs),
     /// Long-running benchmark server for `ri2n bench` (several clients at once).

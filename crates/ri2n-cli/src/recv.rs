@@ -387,11 +387,14 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
     // everything that can fail before a sender comes is done before the output is touched:
     // a FILE.partial that an earlier run left (what arrived before it failed) stays as it
     // was when this one cannot start (a wrong key, a port in use: another recv on it)
-    let endpoint = net::server_endpoint(
+    // one transfer: a second sender is refused at once (the server is full), not taken
+    // into a connection nobody reads until the first ends
+    let endpoint = net::server_endpoint_with(
         &args.listen,
         &args.key,
         args.link.all_links_down_timeout,
         net::Application::File,
+        |cfg| cfg.with_max_connections(1),
     )?;
     let faults = FaultPlan::new(&endpoint, &args.link.fault)?;
     let mut output = Output::open(args.output.as_ref(), to_stdout)?;

@@ -668,6 +668,35 @@ fn bytes_read_from_an_idle_pipe_are_sent_though_they_filled_the_read() {
     assert_eq!(std::fs::metadata(output.path()).unwrap().len(), len as u64);
 }
 
+/// `ri2n recv` takes one transfer: a second sender while it runs is refused at once (exit 3,
+/// the receiver full), and the first completes. Before, the second was taken into a
+/// connection nobody read: its bytes acknowledged, it waited past its connect timeout until
+/// the first transfer ended, then failed (exit 4).
+#[test]
+fn a_second_sender_to_a_busy_receiver_is_refused_at_once() {
+    let output = TempFile::new("busy-out");
+    let (recv, a) = spawn_recv(free_port(), output.path(), &["-q"]);
+    let mut first = spawn_piped_send(&a, &["-q"]);
+    let mut stdin = first.child.as_mut().unwrap().stdin.take().unwrap();
+    stdin.write_all(&[1u8; 100 * 1024]).unwrap();
+    wait_file_grows(&output.partial(), Duration::from_secs(10));
+    let input = TempFile::new("busy-in");
+    write_random(input.path(), 200 * 1024, 3);
+    let path = input.path().to_str().unwrap();
+    let second = spawn_piped_send(&a, &["-q", "--connect-timeout", "2", "--input", path]);
+    // the first transfer runs on (its input open) until the second has ended
+    let (s, so) = second.wait(Duration::from_secs(8));
+    let err = stderr_of(&so);
+    assert_eq!(s.code(), Some(3), "{err}");
+    assert!(err.contains("reached its connection limit"), "{err}");
+    drop(stdin);
+    let (f, fo) = first.wait(Duration::from_secs(10));
+    let (r, ro) = recv.wait(Duration::from_secs(10));
+    assert!(f.success(), "{}", stderr_of(&fo));
+    assert!(r.success(), "{}", stderr_of(&ro));
+    assert_eq!(std::fs::metadata(output.path()).unwrap().len(), 100 * 1024);
+}
+
 /// A signal to a whole pipeline (Ctrl-C, or a service stop that signals its process group)
 /// ends the program feeding `ri2n send` too, and its stdin ends: that end is no end of the
 /// data, and the receiver never keeps a complete-looking file or exits 0. Before, when the
