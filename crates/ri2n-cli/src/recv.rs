@@ -34,6 +34,8 @@ enum Output {
         w: BufWriter<File>,
         partial: PathBuf,
         path: PathBuf,
+        /// The permissions of the file it replaces, given to it whole once complete.
+        mode: Option<std::fs::Permissions>,
     },
     /// A device or pipe named by the user (`/dev/null`, a FIFO): written directly.
     Device(BufWriter<Counted<File>>, PathBuf),
@@ -92,9 +94,14 @@ impl Output {
         let f = create_partial(&partial)?;
         // a file this one replaces keeps its owner and permissions, as `cp` (writing into
         // it) keeps them, and what arrives is no more readable meanwhile: a private file
-        // comes back private, and root receiving into a user's file leaves it theirs
-        if let Some(old) = std::fs::metadata(&path).ok().filter(|m| m.is_file()) {
-            let kept = keep_owner(&f, &old).and_then(|()| f.set_permissions(old.permissions()));
+        // comes back private, and root receiving into a user's file leaves it theirs. Its
+        // owner may write it until it is complete: a read-only one left by a failed transfer
+        // could not be taken over by the next receiver of the same user
+        let old = std::fs::metadata(&path).ok().filter(|m| m.is_file());
+        if let Some(old) = &old {
+            use std::os::unix::fs::PermissionsExt;
+            let writable = std::fs::Permissions::from_mode(old.permissions().mode() | 0o200);
+            let kept = keep_owner(&f, old).and_then(|()| f.set_permissions(writable));
             kept.map_err(|e| {
                 Failure::io(format!("cannot set the mode of {}", partial.display()), &e)
             })?;
@@ -103,6 +110,7 @@ impl Output {
             w: BufWriter::with_capacity(OUT_BUFFER, f),
             partial,
             path,
+            mode: old.map(|m| m.permissions()),
         })
     }
 
@@ -237,8 +245,16 @@ impl Output {
     /// Flushes, syncs a regular file to disk and gives it its final name (that synced too).
     fn complete(self) -> io::Result<()> {
         match self {
-            Output::File { w, partial, path } => {
+            Output::File {
+                w,
+                partial,
+                path,
+                mode,
+            } => {
                 let f = w.into_inner().map_err(|e| e.into_error())?;
+                if let Some(mode) = mode {
+                    f.set_permissions(mode)?;
+                }
                 f.sync_all()?;
                 std::fs::rename(&partial, &path)?;
                 // the new name is on disk only once its directory is; one this process may

@@ -1009,22 +1009,84 @@ fn a_drop_box_directory_takes_the_file() {
     std::fs::set_permissions(program.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
-    let recv = Proc::spawn(
-        "ri2n recv",
-        Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-            .arg(program.path())
-            .args(["recv", "--listen", &listen, "--output"])
-            .arg(&file)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    );
+    let recv = recv_as_nobody(program.path(), &listen, &file);
     wait_udp_bound(port, Duration::from_secs(10));
     let (s, o) = send_file(&listen, input.path(), &[]);
     let (rs, ro) = recv.wait(Duration::from_secs(20));
     assert!(rs.success(), "recv: {}", stderr_of(&ro));
     assert!(s.success(), "send: {}", stderr_of(&o));
     assert_eq!(sha256_file(&file), (sent, 1 << 20));
+    std::fs::remove_dir_all(dir.path()).unwrap();
+}
+
+/// `ri2n recv` as `program`, run by nobody (65534) through `setpriv`, listening on `listen`.
+fn recv_as_nobody(program: &Path, listen: &str, output: &Path) -> Proc {
+    Proc::spawn(
+        "ri2n recv as nobody",
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(program)
+            .args(["recv", "-q", "--listen", listen, "--output"])
+            .arg(output)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+}
+
+/// A read-only FILE (0444) of a user who is not root: a transfer into it that fails leaves a
+/// FILE.partial the next `recv` of that user takes over, and one that completes gives FILE
+/// its mode back. Before, FILE.partial got 0444 as soon as it was made, and after a failed
+/// transfer every later `recv` to FILE failed (exit 1, permission denied).
+#[test]
+fn a_failed_transfer_into_a_read_only_file_leaves_a_partial_the_next_recv_takes() {
+    use std::os::unix::fs::PermissionsExt;
+    if !root_or_skip("setpriv to another user") {
+        return;
+    }
+    let nobody = 65534;
+    let dir = TempFile::new("read-only-out");
+    std::fs::create_dir(dir.path()).unwrap();
+    std::os::unix::fs::chown(dir.path(), Some(nobody), Some(nobody)).unwrap();
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"old contents").unwrap();
+    std::os::unix::fs::chown(&file, Some(nobody), Some(nobody)).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let partial = dir.path().join("file.partial");
+    let program = TempFile::new("ri2n-for-nobody");
+    std::fs::copy(bin(), program.path()).unwrap();
+    std::fs::set_permissions(program.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    // the first transfer fails (its sender interrupted) with bytes in FILE.partial
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let recv = recv_as_nobody(program.path(), &listen, &file);
+    wait_udp_bound(port, Duration::from_secs(10));
+    let mut send = spawn_piped_send(&listen, &["-q"]);
+    let mut stdin = send.child.as_mut().unwrap().stdin.take().unwrap();
+    std::io::Write::write_all(&mut stdin, &[5u8; 100 * 1024]).unwrap();
+    wait_file_grows(&partial, Duration::from_secs(10));
+    send.signal(libc::SIGINT);
+    let (s, o) = send.wait(Duration::from_secs(10));
+    assert_eq!(s.code(), Some(130), "send: {}", stderr_of(&o));
+    drop(stdin);
+    let (s, o) = recv.wait(Duration::from_secs(10));
+    assert_eq!(s.code(), Some(4), "recv: {}", stderr_of(&o));
+    assert!(partial.exists(), "the failed transfer's bytes are kept");
+
+    // the next one takes FILE.partial over and completes
+    let input = TempFile::new("read-only-in");
+    let sent = write_random(input.path(), 1 << 20, 8);
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let recv = recv_as_nobody(program.path(), &listen, &file);
+    wait_udp_bound(port, Duration::from_secs(10));
+    let (s, o) = send_file(&listen, input.path(), &[]);
+    let (rs, ro) = recv.wait(Duration::from_secs(20));
+    assert!(rs.success(), "recv: {}", stderr_of(&ro));
+    assert!(s.success(), "send: {}", stderr_of(&o));
+    assert_eq!(sha256_file(&file), (sent, 1 << 20));
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o444);
     std::fs::remove_dir_all(dir.path()).unwrap();
 }
 
