@@ -9,6 +9,7 @@
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -82,9 +83,19 @@ impl Output {
                 Counted::new(io::stdout().lock()),
             )));
         };
-        let is_special = std::fs::metadata(path).is_ok_and(|m| !m.is_file());
-        if is_special {
-            return Output::open_special(path);
+        match std::fs::metadata(path).map(|m| m.file_type()) {
+            Ok(t) if t.is_socket() => {
+                return Err(Failure::new(
+                    error::GENERIC,
+                    format!(
+                        "{} is a socket, which cannot be written as a file: give a file, a \
+                         device, a FIFO or - (stdout)",
+                        path.display()
+                    ),
+                ))
+            }
+            Ok(t) if !t.is_file() => return Output::open_special(path, t.is_fifo()),
+            _ => {}
         }
         // a link to a file: the file it points to is replaced, not the link (written beside
         // that file, in its directory); created there when the link dangles, as `cp` does
@@ -114,9 +125,9 @@ impl Output {
         })
     }
 
-    /// Opens a device or FIFO without waiting for a FIFO's reader (its permissions are
-    /// checked all the same); a FIFO without one is opened when a sender comes.
-    fn open_special(path: &Path) -> Result<Self, Failure> {
+    /// Opens a device or FIFO (`fifo`) without waiting for a FIFO's reader (its permissions
+    /// are checked all the same); a FIFO without one is opened when a sender comes.
+    fn open_special(path: &Path, fifo: bool) -> Result<Self, Failure> {
         use std::os::unix::fs::OpenOptionsExt;
         let fail = |e: &io::Error| Failure::io(format!("cannot open {}", path.display()), e);
         let opened = File::options()
@@ -124,8 +135,8 @@ impl Output {
             .custom_flags(libc::O_NONBLOCK)
             .open(path);
         let f = match opened {
-            // a FIFO that nothing reads yet
-            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+            // a FIFO that nothing reads yet (a device without its hardware says the same)
+            Err(e) if fifo && e.raw_os_error() == Some(libc::ENXIO) => {
                 return Ok(Output::Fifo(path.to_path_buf()))
             }
             r => r.map_err(|e| fail(&e))?,

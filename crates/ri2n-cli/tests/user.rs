@@ -853,6 +853,32 @@ fn spawn_send_file(to: &str, input: &Path) -> Proc {
     )
 }
 
+/// `recv --output SOCKET` (a Unix socket, which `open` refuses with the errno of a FIFO
+/// nobody reads) fails at once, saying what the path is (exit 1). Before, recv took it for
+/// such a FIFO and, once a sender came, retried the open for ever while the sender stalled.
+#[test]
+fn recv_into_a_unix_socket_fails_at_once() {
+    let sock = TempFile::new("socket-out");
+    let _listener = std::os::unix::net::UnixListener::bind(sock.path()).unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let (s, o) = ri2n(
+        [
+            "recv".as_ref(),
+            "--listen".as_ref(),
+            listen.as_ref(),
+            "--output".as_ref(),
+            sock.path().as_os_str(),
+        ],
+        Duration::from_secs(10),
+    );
+    let err = stderr_of(&o);
+    assert_eq!(s.code(), Some(1), "{err}");
+    assert!(
+        err.contains("is a socket, which cannot be written as a file"),
+        "{err}"
+    );
+}
+
 /// `recv --output FIFO` waits for a sender as any recv does: with no reader on the FIFO yet,
 /// `--accept-timeout` still ends the wait (exit 3); before, recv waited in the FIFO's open for
 /// a reader and never got to accepting. With a sender, the FIFO is opened once it comes, and
