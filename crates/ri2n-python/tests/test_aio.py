@@ -66,11 +66,12 @@ async def echo_client(client: ri2n.Endpoint, to: str, data: bytes) -> bytes:
     return back
 
 
-def test_asyncio_echo_is_exact() -> None:
+@pytest.mark.parametrize("transport", ["udp", "tcp"])
+def test_asyncio_echo_is_exact(transport: str) -> None:
     """Three clients at once, 8 MiB each, echoed by one asyncio server over two links."""
 
     async def main() -> None:
-        async with endpoints() as (server, client):
+        async with endpoints(transport) as (server, client):
             to = server.local_addrs()[0]
             payloads = [random.Random(k).randbytes(8 << 20) for k in range(3)]
             serving = asyncio.ensure_future(echo_server(server, len(payloads)))
@@ -456,6 +457,52 @@ def test_the_transport_hands_what_comes_to_the_protocol_set_last() -> None:
             assert not first.ended.done()
             transport.close()
             conn.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("where", ["data_received", "eof_received"])
+def test_a_protocol_that_raises_ends_the_connection(where: str) -> None:
+    """A protocol raising from ``data_received`` or ``eof_received`` ends the transport as
+    asyncio's own transports do: the error goes to the loop's exception handler, the
+    connection is aborted (its peer is told) and ``connection_lost(exc)`` follows. Before,
+    the error only reached the handler: the transport stayed open, nothing called
+    ``connection_lost`` and the peer waited for ever."""
+
+    class Failing(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.lost = asyncio.get_running_loop().create_future()
+
+        def data_received(self, data: bytes) -> None:
+            if where == "data_received":
+                raise RuntimeError("a bug in data_received")
+
+        def eof_received(self) -> bool:
+            raise RuntimeError("a bug in eof_received")
+
+        def connection_lost(self, exc) -> None:  # type: ignore[no-untyped-def]
+            self.lost.set_result(exc)
+
+    async def run() -> None:
+        async with endpoints() as (server, client):
+            loop = asyncio.get_running_loop()
+            handled: list = []
+            loop.set_exception_handler(lambda _, context: handled.append(context))
+            peer = await loop.run_in_executor(
+                None, lambda: client.connect(server.local_addrs(), timeout=10)
+            )
+            conn = await loop.run_in_executor(None, lambda: server.accept(timeout=10))
+            protocol = Failing()
+            transport = ri2n.aio.Transport(loop, conn, protocol)
+            peer.send(b"hello")
+            peer.finish()
+            lost = await asyncio.wait_for(protocol.lost, 10)
+            assert isinstance(lost, RuntimeError) and f"a bug in {where}" in str(lost)
+            assert transport.is_closing()
+            assert [c["exception"] for c in handled] == [lost]
+            with pytest.raises(ri2n.PeerGone, match=f"failed in {where}"):
+                await loop.run_in_executor(None, lambda: peer.recv(10, timeout=10))
+            peer.close()
 
     asyncio.run(run())
 

@@ -128,11 +128,23 @@ class Transport(asyncio.Transport):
             if not data:
                 self._at_eof = True
                 self._update_watch()
-                keep_open = self._protocol.eof_received()
+                try:
+                    keep_open = self._protocol.eof_received()
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:
+                    self._protocol_failed(exc, "eof_received")
+                    return
                 if not keep_open:
                     self.close()
                 return
-            self._protocol.data_received(data)
+            try:
+                self._protocol.data_received(data)
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                self._protocol_failed(exc, "data_received")
+                return
 
     def is_reading(self) -> bool:
         return self._reading and not self._closing
@@ -280,6 +292,25 @@ class Transport(asyncio.Transport):
         except ValueError:  # closed already
             pass
         self._finish_close(None)
+
+    def _protocol_failed(self, exc: BaseException, call: str) -> None:
+        """The protocol raised from ``call``: as asyncio's own transports do, the error goes
+        to the loop's exception handler and the connection is aborted (the peer is told,
+        where it would otherwise wait on a connection nobody reads), then
+        ``connection_lost(exc)``."""
+        self._loop.call_exception_handler(
+            {
+                "message": f"Fatal error: protocol.{call}() call failed.",
+                "exception": exc,
+                "transport": self,
+                "protocol": self._protocol,
+            }
+        )
+        try:
+            self._conn.abort(0, f"the application's protocol failed in {call}()")
+        except ValueError:  # closed already
+            pass
+        self._fatal_error(exc)
 
     def _fatal_error(self, exc: BaseException) -> None:
         self._closing = True
