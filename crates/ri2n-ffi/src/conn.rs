@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use ri2n::{Connection, TimedEvent};
 
 use crate::endpoint::timeout;
-use crate::error::{errno_of_connection, guard, guard_int, guard_len, reason_text, Failure};
+use crate::error::{guard, guard_int, guard_len, reason_text, Failure};
 
 /// One ri2n connection.
 pub struct ri2n_conn {
@@ -463,7 +463,7 @@ pub unsafe extern "C" fn ri2n_conn_error(c: *const ri2n_conn) -> c_int {
             return Ok(());
         }
         Err(match conn.close_reason() {
-            Some(reason) => Failure::new(errno_of_connection(&reason), reason.to_string()),
+            Some(reason) => Failure::new(ri2n::errno_of(&reason), reason.to_string()),
             None => Failure::new(libc::ENOTCONN, "the connection closed cleanly"),
         })
     })

@@ -67,7 +67,7 @@ impl From<Error> for Failure {
                 Failure::from(source).context(format_args!("cannot bind {addr}"))
             }
             Error::Connect(e) => Failure::invalid(e.to_string()),
-            Error::Connection(e) => Failure::new(errno_of_connection(&e), e.to_string()),
+            Error::Connection(e) => Failure::new(ri2n::errno_of(&e), e.to_string()),
             Error::TimedOut => Failure::new(libc::ETIMEDOUT, "timed out"),
             Error::NotDelivered { .. } => Failure::new(libc::ETIMEDOUT, e.to_string()),
             Error::Io(e) => Failure::from(e),
@@ -87,40 +87,16 @@ impl From<io::Error> for Failure {
     }
 }
 
-/// The errno of a connection that ended or never started: the values the header promises.
-pub(crate) fn errno_of_connection(e: &ConnectionError) -> i32 {
-    match e {
-        ConnectionError::TimedOut(_)
-        | ConnectionError::AllLinksDown
-        | ConnectionError::IdleTimeout => libc::ETIMEDOUT,
-        ConnectionError::Refused
-        | ConnectionError::NotAccepting
-        | ConnectionError::ServerFull
-        | ConnectionError::WrongApplication { .. } => libc::ECONNREFUSED,
-        ConnectionError::KeyMismatch(_) => libc::EACCES,
-        // the peer's end, whatever it was: gone, restarted, aborted, its error, or closed
-        // before it took everything
-        ConnectionError::PeerRestarted
-        | ConnectionError::PeerAborted { .. }
-        | ConnectionError::PeerGone
-        | ConnectionError::PeerError { .. }
-        | ConnectionError::ClosedEarly => libc::ECONNRESET,
-        ConnectionError::LocallyAborted => libc::ECONNABORTED,
-        ConnectionError::ProtocolViolation(_) => libc::EPROTO,
-        _ => libc::EIO,
-    }
-}
-
 /// The errno of an I/O error from a connection call: the connection's own reason where it
 /// carries one, the system's errno where there is one, else one for its kind.
 fn errno_of_io(e: &io::Error) -> i32 {
     if let Some(inner) = e.get_ref() {
         if let Some(c) = inner.downcast_ref::<ConnectionError>() {
-            return errno_of_connection(c);
+            return ri2n::errno_of(c);
         }
         if let Some(w) = inner.downcast_ref::<ri2n::WriteError>() {
             return match w {
-                ri2n::WriteError::ConnectionLost(c) => errno_of_connection(c),
+                ri2n::WriteError::ConnectionLost(c) => ri2n::errno_of(c),
                 ri2n::WriteError::Finished => libc::EPIPE,
                 ri2n::WriteError::MessageTooLarge { .. } => libc::EMSGSIZE,
                 ri2n::WriteError::MessagesRefused | ri2n::WriteError::DatagramsRefused => {

@@ -8,7 +8,7 @@ use std::time::Instant;
 use ri2n::{ConnectionStats, Event, LinkState, LinkStats, SendLimits};
 
 use crate::conn::{conn, ri2n_conn};
-use crate::error::{errno_of_connection, guard_int, guard_len, Failure};
+use crate::error::{guard_int, guard_len, Failure};
 
 /// Room for any socket address as text, `[IPv6%scope]:port` included, with its NUL.
 pub const RI2N_ADDR_LEN: usize = 64;
@@ -323,7 +323,7 @@ fn event_record(event: &Event, at_us: u64) -> Option<ri2n_event> {
         Event::AllAcknowledged => out.kind = ri2n_event_kind::RI2N_EVENT_ALL_ACKNOWLEDGED,
         Event::Closed(reason) => {
             out.kind = ri2n_event_kind::RI2N_EVENT_CLOSED;
-            out.error = reason.as_ref().map_or(0, errno_of_connection);
+            out.error = reason.as_ref().map_or(0, ri2n::errno_of);
         }
         // readiness is a level, seen through the calls and ri2n_conn_fd, never queued
         _ => return None,

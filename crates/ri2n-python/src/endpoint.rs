@@ -430,12 +430,13 @@ impl Drop for PyEndpoint {
     }
 }
 
-/// The `TimeoutError` of a handshake nobody answered.
+/// The `TimeoutError` of a handshake nobody answered, with the errno of a socket's connect
+/// that timed out (a wait's own timeout, as a socket's, carries none).
 fn no_answer(remotes: &[std::net::SocketAddr], timeout: Option<Duration>) -> PyErr {
     let to: Vec<String> = remotes.iter().map(|a| a.to_string()).collect();
     let within = timeout.map_or(String::new(), |t| format!(" within {} s", t.as_secs_f64()));
-    PyTimeoutError::new_err(format!(
-        "no answer to the handshake from {}{within}",
-        to.join(", ")
+    PyTimeoutError::new_err((
+        libc::ETIMEDOUT,
+        format!("no answer to the handshake from {}{within}", to.join(", ")),
     ))
 }

@@ -6,7 +6,8 @@
 //! the `OSError` subclass its errno selects (`FileNotFoundError`, ...), a bad argument is
 //! `ValueError`. What only ri2n knows gets a class of `ri2n/_errors.py`: `KeyMismatch` (a
 //! `ConnectionError`), `PeerGone` (a `ConnectionResetError`), `NotDelivered`, and `Error` (their
-//! base, also raised itself for the rest).
+//! base, also raised itself for the rest). A connection's end carries the errno the C
+//! interface returns for it ([`ri2n::errno_of`]), as a socket's exception carries one.
 
 use std::io;
 use std::path::Path;
@@ -18,6 +19,7 @@ use pyo3::exceptions::{
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
+use pyo3::PyErrArguments;
 use ri2n::{ConnectionError, KeyMismatch};
 
 /// The classes of `ri2n/_errors.py`, imported once.
@@ -26,17 +28,18 @@ static KEY_MISMATCH: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static PEER_GONE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static NOT_DELIVERED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
-/// An exception of the class `name` of `ri2n._errors` (held in `cell`) with `message`, its
-/// attributes set by `attrs`. Should that fail (a broken installation), that error is raised.
-fn ri2n_exception(
+/// An exception of the class `name` of `ri2n._errors` (held in `cell`) made with `args` (a
+/// message, or an errno and a message), its attributes set by `attrs`. Should that fail (a
+/// broken installation), that error is raised.
+fn ri2n_exception<A: PyErrArguments + Send + Sync + 'static>(
     py: Python<'_>,
     cell: &PyOnceLock<Py<PyType>>,
     name: &str,
-    message: String,
+    args: A,
     attrs: impl FnOnce(&Bound<'_, PyBaseException>) -> PyResult<()>,
 ) -> PyErr {
     let made = cell.import(py, "ri2n._errors", name).and_then(|ty| {
-        let err = PyErr::from_type(ty.clone(), message);
+        let err = PyErr::from_type(ty.clone(), args);
         attrs(err.value(py))?;
         Ok(err)
     });
@@ -48,14 +51,16 @@ pub(crate) fn error(py: Python<'_>, message: impl Into<String>) -> PyErr {
     ri2n_exception(py, &ERROR, "Error", message.into(), |_| Ok(()))
 }
 
-/// The exception for a connection that ended (or never started) with `e`. `key_file` is the
-/// file this side's key came from, named by a `KeyMismatch`.
+/// The exception for a connection that ended (or never started) with `e`, with the errno
+/// a socket's exception would carry (the C interface's: [`ri2n::errno_of`]), for code that
+/// checks `e.errno`. `key_file` is the file this side's key came from, named by a
+/// `KeyMismatch`.
 pub(crate) fn connection_error(
     py: Python<'_>,
     e: &ConnectionError,
     key_file: Option<&Path>,
 ) -> PyErr {
-    let message = e.to_string();
+    let args = (ri2n::errno_of(e), e.to_string());
     match e {
         ConnectionError::KeyMismatch(m) => key_mismatch(py, *m, key_file),
         ConnectionError::PeerGone
@@ -63,17 +68,17 @@ pub(crate) fn connection_error(
         | ConnectionError::PeerAborted { .. }
         | ConnectionError::PeerError { .. }
         | ConnectionError::ClosedEarly => {
-            ri2n_exception(py, &PEER_GONE, "PeerGone", message, |_| Ok(()))
+            ri2n_exception(py, &PEER_GONE, "PeerGone", args, |_| Ok(()))
         }
         ConnectionError::Refused
         | ConnectionError::NotAccepting
         | ConnectionError::ServerFull
-        | ConnectionError::WrongApplication { .. } => PyConnectionRefusedError::new_err(message),
+        | ConnectionError::WrongApplication { .. } => PyConnectionRefusedError::new_err(args),
         ConnectionError::TimedOut(_)
         | ConnectionError::AllLinksDown
-        | ConnectionError::IdleTimeout => PyTimeoutError::new_err(message),
-        ConnectionError::LocallyAborted => PyConnectionAbortedError::new_err(message),
-        _ => error(py, message),
+        | ConnectionError::IdleTimeout => PyTimeoutError::new_err(args),
+        ConnectionError::LocallyAborted => PyConnectionAbortedError::new_err(args),
+        _ => ri2n_exception(py, &ERROR, "Error", args, |_| Ok(())),
     }
 }
 
@@ -91,10 +96,16 @@ fn key_mismatch(py: Python<'_>, m: KeyMismatch, key_file: Option<&Path>) -> PyEr
         message.push_str(&format!(" (this side's key is from {})", f.display()));
     }
     let key_file = key_file.map(|f| f.display().to_string());
-    ri2n_exception(py, &KEY_MISMATCH, "KeyMismatch", message, |e| {
-        e.setattr("mismatch", mismatch)?;
-        e.setattr("key_file", key_file)
-    })
+    ri2n_exception(
+        py,
+        &KEY_MISMATCH,
+        "KeyMismatch",
+        (libc::EACCES, message),
+        |e| {
+            e.setattr("mismatch", mismatch)?;
+            e.setattr("key_file", key_file)
+        },
+    )
 }
 
 /// The exception for an `io::Error` of a connection's calls: a lost connection is told apart

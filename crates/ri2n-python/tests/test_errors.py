@@ -38,6 +38,7 @@ def test_connect_to_a_silent_peer_times_out(endpoints) -> None:
         took = time.monotonic() - start
         assert 1.4 < took < 5, took
         assert to in str(e.value)
+        assert e.value.errno == errno.ETIMEDOUT
         silent.settimeout(0)
         assert silent.recv(2048), "the handshake reached the silent socket"
 
@@ -49,9 +50,10 @@ def test_connect_to_a_closed_port_is_refused(endpoints) -> None:
         s.bind(("127.0.0.1", 0))
         to = "%s:%d" % s.getsockname()
     start = time.monotonic()
-    with pytest.raises(ConnectionRefusedError):
+    with pytest.raises(ConnectionRefusedError) as e:
         client.connect(to, timeout=10)
     assert time.monotonic() - start < 5
+    assert e.value.errno == errno.ECONNREFUSED
 
 
 def test_connect_to_an_endpoint_that_is_not_a_server(endpoints) -> None:
@@ -98,15 +100,19 @@ def test_bad_arguments_are_value_errors(endpoints) -> None:
 
 
 def test_a_peer_that_aborts_is_gone(pair: Pair) -> None:
+    """With the errno a socket's exception carries (as the C interface returns it), for code
+    that checks ``e.errno``."""
     pair.conn.abort(7, "enough")
     with pytest.raises(ri2n.PeerGone, match="enough") as e:
         pair.peer.recv(100, timeout=5)
     assert isinstance(e.value, ConnectionResetError)
     assert isinstance(e.value, ri2n.Error)
+    assert e.value.errno == errno.ECONNRESET
     assert isinstance(pair.peer.close_reason(), ri2n.PeerGone)
     # this side aborted: its own calls say so
-    with pytest.raises(ConnectionAbortedError):
+    with pytest.raises(ConnectionAbortedError) as aborted:
         pair.conn.sendall(b"x")
+    assert aborted.value.errno == errno.ECONNABORTED
 
 
 def test_an_abort_code_out_of_range(pair_on_each_transport: Pair) -> None:

@@ -1,5 +1,6 @@
 """Keys: files as `ri2n keygen` writes them, and connections refused when the keys differ."""
 
+import errno
 import os
 import re
 import stat
@@ -150,6 +151,7 @@ def test_another_key_is_a_key_mismatch_naming_the_file(tmp_path, transport: str)
             client.connect(server.local_addrs(), timeout=10)
         assert isinstance(e.value, ConnectionError)
         assert e.value.mismatch == "wrong_key"
+        assert e.value.errno == errno.EACCES  # as the C interface's
         assert "another key" in str(e.value) and str(path) in str(e.value)
         assert e.value.key_file == str(path)
         refused = server.refused_handshakes()

@@ -67,6 +67,35 @@ pub use ri2n_proto::{
 use shards::Shards;
 use udp_connection::UdpConnection;
 
+/// The errno a socket call fails with for a connection that ended (or never started) with
+/// `e`, as the C interface returns it and Python's exceptions carry it: `ETIMEDOUT` (no
+/// answer, every link down too long, idle), `ECONNREFUSED` (nothing listens, not a server,
+/// full, another application), `EACCES` (the keys differ), `ECONNRESET` (the peer's end,
+/// whatever it was), `ECONNABORTED` (this side aborted it), `EPROTO` (a side broke the
+/// protocol), else `EIO`.
+pub fn errno_of(e: &ConnectionError) -> i32 {
+    match e {
+        ConnectionError::TimedOut(_)
+        | ConnectionError::AllLinksDown
+        | ConnectionError::IdleTimeout => libc::ETIMEDOUT,
+        ConnectionError::Refused
+        | ConnectionError::NotAccepting
+        | ConnectionError::ServerFull
+        | ConnectionError::WrongApplication { .. } => libc::ECONNREFUSED,
+        ConnectionError::KeyMismatch(_) => libc::EACCES,
+        // the peer's end, whatever it was: gone, restarted, aborted, its error, or closed
+        // before it took everything
+        ConnectionError::PeerRestarted
+        | ConnectionError::PeerAborted { .. }
+        | ConnectionError::PeerGone
+        | ConnectionError::PeerError { .. }
+        | ConnectionError::ClosedEarly => libc::ECONNRESET,
+        ConnectionError::LocallyAborted => libc::ECONNABORTED,
+        ConnectionError::ProtocolViolation(_) => libc::EPROTO,
+        _ => libc::EIO,
+    }
+}
+
 /// Whether `setting` gives each link socket a thread of its own in an endpoint made in this
 /// process: [`LinkThreads::Auto`] decided by the CPUs the process may use.
 pub fn link_threads_wanted(setting: LinkThreads) -> bool {
