@@ -356,7 +356,8 @@ pub struct TunnelReloadArgs {
     #[arg(long, value_name = "FILE", default_value = "/etc/ri2n/cluster.toml")]
     pub config: PathBuf,
 
-    /// This host's name in the cluster file (default: as the daemon finds it).
+    /// This host's name in the cluster file (default: as the daemon finds it, else the host
+    /// of the one daemon running in this network namespace).
     #[arg(long, value_name = "HOST")]
     pub name: Option<String>,
 }
@@ -367,9 +368,10 @@ pub struct TunnelStatusArgs {
     #[arg(long, value_name = "FILE", default_value = "/etc/ri2n/cluster.toml")]
     pub config: PathBuf,
 
-    /// This host's name in the cluster file (default: as the daemon finds it). With it the
-    /// daemon is asked without reading the file, so its status shows even while the file
-    /// holds an edit it refused.
+    /// This host's name in the cluster file (default: as the daemon finds it, else the host
+    /// of the one daemon running in this network namespace). With it the daemon is asked
+    /// without reading the file, so its status shows even while the file holds an edit it
+    /// refused.
     #[arg(long, value_name = "HOST")]
     pub name: Option<String>,
 

@@ -47,16 +47,22 @@ pub fn status(args: &TunnelStatusArgs) -> Result<(), Failure> {
     // the status of a daemon that refused a broken edit of it still shows
     let name = match &args.name {
         Some(name) => name.clone(),
-        None => {
-            let (cluster, me) = load(&args.config, None).map_err(|f| Failure {
-                message: format!(
-                    "{} (--name HOST asks its daemon without the file)",
-                    f.message
-                ),
-                ..f
-            })?;
-            cluster.hosts[me].name.clone()
-        }
+        None => match load_as_daemon_here(&args.config, None) {
+            Ok((cluster, me)) => cluster.hosts[me].name.clone(),
+            // the file unreadable or broken: the one daemon here is the one asked about
+            Err(f) => match ri2n_tunnel::daemons_in_this_network().as_slice() {
+                [only] => only.clone(),
+                _ => {
+                    return Err(Failure {
+                        message: format!(
+                            "{} (--name HOST asks its daemon without the file)",
+                            f.message
+                        ),
+                        ..f
+                    })
+                }
+            },
+        },
     };
     let s = ri2n_tunnel::query_status(&name).map_err(|e| Failure::new(GENERIC, e))?;
     if args.json {
@@ -73,7 +79,7 @@ const RELOAD_WAIT: Duration = Duration::from_secs(5);
 /// `ri2n tunnel reload`: checks the cluster file as `--check` does, has the daemon of this
 /// host read it again (SIGHUP) and prints which peers it added and removed.
 pub fn reload(args: &TunnelReloadArgs) -> Result<(), Failure> {
-    let (cluster, me) = load(&args.config, args.name.as_deref())?;
+    let (cluster, me) = load_as_daemon_here(&args.config, args.name.as_deref())?;
     load_key(&cluster, &args.config)?;
     let name = &cluster.hosts[me].name;
     let reload = ri2n_tunnel::request_reload(name, &args.config, RELOAD_WAIT);
@@ -130,6 +136,19 @@ pub fn describe(args: &TunnelArgs) -> Result<String, Failure> {
 /// The cluster file at `path` and this host's position in it; errors exit 2.
 fn load(path: &Path, name: Option<&str>) -> Result<(Cluster, usize), Failure> {
     ri2n_tunnel::load(path, name).map_err(failure)
+}
+
+/// [`load`] for a command that asks the daemon of this host: where the file cannot tell
+/// which host this is (its link addresses not up yet, the daemon started with `--name`), the
+/// host of the one daemon running in this network namespace.
+fn load_as_daemon_here(path: &Path, name: Option<&str>) -> Result<(Cluster, usize), Failure> {
+    match load(path, name) {
+        Err(f) if name.is_none() => match ri2n_tunnel::daemons_in_this_network().as_slice() {
+            [only] => load(path, Some(only)).map_err(|_| f),
+            _ => Err(f),
+        },
+        r => r,
+    }
 }
 
 /// Warns when this machine has link addresses of other hosts but none of the one `--name`

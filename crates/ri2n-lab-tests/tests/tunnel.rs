@@ -1090,6 +1090,15 @@ fn a_named_host_without_any_link_address_starts_and_takes_them_up_later() {
         "b exited ({status:?}): {}",
         daemons[1].stderr_text()
     );
+    // its status and reload find it without --name: the one daemon in b's network (before,
+    // the file could not tell which host b is, and both failed)
+    let (s, text) = tunnel_verb(env, &lab, "b", "status", &config);
+    assert!(
+        s.success() && text.starts_with("b 10.99.0.2 on "),
+        "{s}: {text}"
+    );
+    let (s, text) = tunnel_verb(env, &lab, "b", "reload", &config);
+    assert!(s.success() && text.starts_with("b: "), "{s}: {text}");
     ip_b("add", 1);
     wait_connected(&mut daemons, 1, Duration::from_secs(20));
     ping_through(&lab, "a", "b");

@@ -800,6 +800,30 @@ fn query_daemon(name: &str) -> Result<(Status, Option<u32>), String> {
     Ok((status, pid))
 }
 
+/// The hosts whose daemons answer on this machine's status sockets and run in this
+/// process's network namespace: the daemon of the host this is, where the cluster file cannot
+/// tell (its link addresses not up, the daemon started with `--name`). Daemons of other
+/// namespaces (a namespace lab's other hosts) share the socket directory, not the network.
+pub fn daemons_in_this_network() -> Vec<String> {
+    let namespace = |pid: u32| std::fs::read_link(format!("/proc/{pid}/ns/net")).ok();
+    let Some(ours) = namespace(std::process::id()) else {
+        return Vec::new();
+    };
+    let Ok(dir) = std::fs::read_dir(SOCKET_DIR) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = (dir.flatten())
+        .filter_map(|e| {
+            let file = e.file_name().into_string().ok()?;
+            let name = file.strip_prefix("tunnel-")?.strip_suffix(".sock")?;
+            let pid = listener_pid(&UnixStream::connect(e.path()).ok()?)?;
+            (namespace(pid)? == ours).then(|| name.to_owned())
+        })
+        .collect();
+    names.sort();
+    names
+}
+
 /// The hosts whose daemons answer on this machine's status sockets (a few at most).
 fn answering_daemons() -> Vec<String> {
     let Ok(dir) = std::fs::read_dir(SOCKET_DIR) else {
