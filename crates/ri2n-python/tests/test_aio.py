@@ -461,6 +461,41 @@ def test_the_transport_hands_what_comes_to_the_protocol_set_last() -> None:
     asyncio.run(run())
 
 
+def test_what_is_written_after_close_is_still_sent() -> None:
+    """A write after ``close()`` (the connection not closed yet) is sent, as asyncio's own
+    transports send it, also one larger than the send buffer: the connection closes once it
+    is taken. Before, it was dropped without a word."""
+
+    async def run() -> None:
+        async with endpoints() as (server, client):
+            loop = asyncio.get_running_loop()
+            connecting = loop.run_in_executor(
+                None, lambda: client.connect(server.local_addrs(), timeout=10)
+            )
+            _, writer = await ri2n.aio.accept(server, timeout=10)
+            peer = await connecting
+            tail = random.Random(3).randbytes(32 << 20)
+            writer.write(b"before close, ")
+            writer.close()
+            writer.write(tail)
+            # the premise: most of it waits in the transport, beyond the send buffer
+            assert writer.transport.get_write_buffer_size() > 0
+
+            def read_all() -> bytes:
+                got = bytearray()
+                while chunk := peer.recv(1 << 20, timeout=30):
+                    got += chunk
+                return bytes(got)
+
+            got = await loop.run_in_executor(None, read_all)
+            await asyncio.wait_for(writer.wait_closed(), 10)
+            assert len(got) == 14 + len(tail)
+            assert got == b"before close, " + tail
+            peer.close()
+
+    asyncio.run(run())
+
+
 @pytest.mark.parametrize("where", ["data_received", "eof_received"])
 def test_a_protocol_that_raises_ends_the_connection(where: str) -> None:
     """A protocol raising from ``data_received`` or ``eof_received`` ends the transport as

@@ -165,7 +165,9 @@ class Transport(asyncio.Transport):
     def write(self, data: Union[bytes, bytearray, memoryview]) -> None:
         if self._eof_pending or self._eof_written:
             raise RuntimeError("cannot call write() after write_eof()")
-        if self._closing or not data:
+        # written after close() but before the connection is closed: sent too, as asyncio's
+        # own transports send it
+        if self._closed or not data:
             return
         view = memoryview(data).cast("B")
         if not self._buffer:
@@ -278,7 +280,13 @@ class Transport(asyncio.Transport):
         self._reading = False
         self._update_watch()
         if not self._buffer:
-            self._loop.call_soon(self._finish_close, None)
+            self._loop.call_soon(self._close_if_drained)
+
+    def _close_if_drained(self) -> None:
+        """Closes, unless a write since ``close()`` left bytes waiting: ``_write_ready``
+        closes once they are taken."""
+        if not self._buffer:
+            self._finish_close(None)
 
     def abort(self) -> None:
         """Aborts the connection: what was not delivered is dropped; the peer's calls raise
