@@ -249,9 +249,10 @@ impl Connection {
 
     /// Waits at most `timeout` (`None`: as long as it takes) for the handshake of a
     /// connection from [`Endpoint::start_connect`](crate::Endpoint::start_connect) to end:
-    /// `Ok(true)` once the connection is established, `Ok(false)` while the handshake still
-    /// goes on after `timeout`, and why it failed if it did (the error
-    /// [`Endpoint::connect`](crate::Endpoint::connect) would return). A program that must
+    /// `Ok(true)` once the connection is established (also after it closed cleanly since),
+    /// `Ok(false)` while the handshake still goes on after `timeout`, and why it failed, or
+    /// ended since, if it did (the error [`Endpoint::connect`](crate::Endpoint::connect)
+    /// would return). A program that must
     /// stay responsive while a handshake lasts (a signal to handle, a cancellation) waits in
     /// slices; the handshake itself runs on, for its own `handshake_timeout`.
     pub fn wait_connected(&self, timeout: Option<Duration>) -> Result<bool, ConnectionError> {

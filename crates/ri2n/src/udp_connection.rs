@@ -333,10 +333,9 @@ impl UdpConnection {
         r.map_err(read_error)
     }
 
-    /// Waits until the handshake ended; why it failed, if it did.
     /// Waits until the handshake ended or `deadline` (`None`: no deadline) passed: `Ok(true)`
-    /// when the connection is established, `Ok(false)` when it is still connecting at the
-    /// deadline, and why it failed otherwise.
+    /// when the connection is established (or was, and closed cleanly since), `Ok(false)`
+    /// when it is still connecting at the deadline, and why it failed or ended otherwise.
     pub(crate) fn wait_handshake(
         &self,
         deadline: Option<Instant>,
@@ -353,10 +352,12 @@ impl UdpConnection {
                     st = shared.wait_connection(st, self.handle, deadline);
                 }
                 ConnectionState::Closed => {
-                    return Err(c
-                        .close_reason()
-                        .cloned()
-                        .unwrap_or(ConnectionError::Refused));
+                    return match c.close_reason() {
+                        Some(why) => Err(why.clone()),
+                        // its exchange done and closed cleanly, before this looked
+                        None if c.handshake_completed() => Ok(true),
+                        None => Err(ConnectionError::Refused),
+                    };
                 }
                 _ => return Ok(true),
             }

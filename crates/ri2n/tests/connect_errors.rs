@@ -169,3 +169,34 @@ fn a_started_handshake_is_waited_for_in_slices() {
         .unwrap();
     assert_eq!(conn.wait_connected(Some(Duration::from_secs(5))), Ok(true));
 }
+
+/// An event loop that looks at a started handshake only once its exchange is over and the
+/// connection closed cleanly hears that it was established (`Ok(true)`), and reads the
+/// reply. Before, a clean end, which has no close reason, was reported as `Refused`.
+#[test]
+fn a_handshake_looked_at_after_a_clean_close_was_established() {
+    let server = Endpoint::server(&[any_port()]).unwrap();
+    let client = Endpoint::client(&[any_port()]).unwrap();
+    let c = (client.start_connect(&server.local_addrs(), ConnectionConfig::default())).unwrap();
+    // the request and its end queued while the handshake goes on
+    (&c).write_all(b"request").unwrap();
+    c.finish().unwrap();
+    let s = server.accept_timeout(Some(Duration::from_secs(5))).unwrap();
+    let s = s.expect("the client's connection");
+    let mut got = Vec::new();
+    (&s).read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"request");
+    (&s).write_all(b"reply").unwrap();
+    s.finish().unwrap();
+    s.wait_acknowledged(Some(Duration::from_secs(5))).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.state() != ri2n::ConnectionState::Closed {
+        assert!(Instant::now() < deadline, "never closed: {:?}", c.state());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(c.close_reason(), None, "the premise: a clean end");
+    assert_eq!(c.wait_connected(Some(Duration::ZERO)), Ok(true));
+    let mut reply = Vec::new();
+    assert_eq!((&c).read_to_end(&mut reply).unwrap(), 5);
+    assert_eq!(reply, b"reply");
+}

@@ -656,6 +656,12 @@ impl Connection {
         self.state
     }
 
+    /// Whether the handshake completed, whatever came after: a client's once the server
+    /// accepted it (its state no longer connecting), a server's from the start.
+    pub fn handshake_completed(&self) -> bool {
+        !matches!(self.handshake.stage, HandshakeStage::Client { .. })
+    }
+
     /// Why the connection ended; `None` while open or after a clean close.
     pub fn close_reason(&self) -> Option<&ConnectionError> {
         self.closing.reason.as_ref()
