@@ -341,11 +341,12 @@ fn tcp_close_connections(ep: &tcp::TcpEndpoint, deadline: Option<Instant>) -> (u
 }
 
 impl Endpoint {
-    /// Binds `config.local_addrs` (port 0 picks a free port) and starts the driver. A
-    /// wildcard address (`0.0.0.0`, `::`) stands for every address of that family the host's
-    /// interfaces have now, each bound with the same port: one socket per local address, so
-    /// that each is a link of its own and replies leave from the address the peer used, and a
-    /// server announces real addresses. Interfaces that appear later are not picked up.
+    /// Binds `config.local_addrs` (port 0 picks a free port, for each address its own) and
+    /// starts the driver. A wildcard address (`0.0.0.0`, `::`) stands for every address of
+    /// that family the host's interfaces have now, each bound with its port (port 0: each a
+    /// free port of its own): one socket per local address, so that each is a link of its
+    /// own and replies leave from the address the peer used, and a server announces real
+    /// addresses. Interfaces that appear later are not picked up.
     pub fn bind(mut config: EndpointConfig) -> Result<Self, Error> {
         config.validate()?;
         config.local_addrs = expand_wildcards(&config.local_addrs)?;
