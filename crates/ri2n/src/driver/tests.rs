@@ -380,6 +380,19 @@ fn numbered_datagram(i: u64, size: usize) -> Vec<u8> {
 /// and the sender was seen waiting while the lane was held.
 #[test]
 fn a_datagram_sender_waits_for_a_held_up_lane_instead_of_dropping() {
+    datagram_sender_waits_for_a_held_up_lane(ConnectionConfig::default());
+}
+
+/// The same with datagrams that never grow too old (`Duration::MAX`): the wait has no
+/// deadline. Before, the deadline overflowed the clock, and the sender panicked.
+#[test]
+fn a_datagram_sender_with_no_age_limit_waits_for_a_held_up_lane() {
+    let ageless = ConnectionConfig::default().with_datagram_max_age(Duration::MAX);
+    datagram_sender_waits_for_a_held_up_lane(ageless);
+}
+
+/// The sender's connection made with `config`.
+fn datagram_sender_waits_for_a_held_up_lane(config: ConnectionConfig) {
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     use std::sync::Arc;
     use std::time::Instant;
@@ -408,9 +421,7 @@ fn a_datagram_sender_waits_for_a_held_up_lane_instead_of_dropping() {
             .with_send_threads(LinkThreads::On),
     )
     .unwrap();
-    let conn = client
-        .connect(&server.local_addrs(), ConnectionConfig::default())
-        .unwrap();
+    let conn = client.connect(&server.local_addrs(), config).unwrap();
     let accepted = server.accept().unwrap();
     // datagrams the receiver is to get, once known
     let total = Arc::new(AtomicU64::new(u64::MAX));

@@ -105,9 +105,11 @@ impl Shared {
         let Some(max_age) = behind(&st) else {
             return st;
         };
-        let deadline = Instant::now() + max_age;
+        // an age too large for the clock (Duration::MAX: datagrams never too old) is no
+        // deadline
+        let deadline = Instant::now().checked_add(max_age);
         while behind(&st).is_some() {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.map_or(max_age, |d| d.saturating_duration_since(Instant::now()));
             if left.is_zero() {
                 tracing::trace!("the lanes did not catch up: datagrams queued on");
                 break;
