@@ -4,12 +4,15 @@
 //!
 //! A message or datagram larger than the caller's buffer is not cut: the call fails with
 //! `-EMSGSIZE` and the connection holds it for the next call with a large enough buffer.
+//! Threads receiving messages (or datagrams) from one connection take turns ([`Receiving`]),
+//! so that the one held is the next for whichever call comes, in order.
 
 use std::collections::VecDeque;
 use std::ffi::{c_char, c_int, c_void};
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use ri2n::{Connection, TimedEvent};
 
@@ -19,10 +22,10 @@ use crate::error::{guard, guard_int, guard_len, reason_text, Failure};
 /// One ri2n connection.
 pub struct ri2n_conn {
     conn: Connection,
-    /// Messages that did not fit the buffer of the call that took them.
-    held_message: Held,
-    /// Datagrams that did not fit the buffer of the call that took them.
-    held_datagram: Held,
+    /// The calls receiving messages, and the message that did not fit the buffer of one.
+    messages: Receiving,
+    /// The same for datagrams.
+    datagrams: Receiving,
     /// Events taken from the library that the caller's array had no room for.
     pub(crate) events: Mutex<VecDeque<TimedEvent>>,
 }
@@ -31,8 +34,8 @@ impl ri2n_conn {
     pub(crate) fn new(conn: Connection) -> Self {
         Self {
             conn,
-            held_message: Held::default(),
-            held_datagram: Held::default(),
+            messages: Receiving::default(),
+            datagrams: Receiving::default(),
             events: Mutex::default(),
         }
     }
@@ -77,38 +80,102 @@ unsafe fn bytes_mut<'a>(buf: *mut c_void, len: usize) -> Result<&'a mut [u8], Fa
     }
 }
 
-/// Messages (or datagrams) taken from the connection that did not fit the buffer of the call
-/// that took them, oldest first; each receiving call looks here before it waits. More than one
-/// is held only where threads receive at once: the item a second thread could not take then
-/// waits behind the first's, not over it.
+/// The calls of C threads receiving one kind of item (messages or datagrams) from a
+/// connection, one at a time, and the item that did not fit the buffer of the call that took
+/// it, kept for the next. One at a time, the item kept is always the oldest taken, and a call
+/// waiting for its turn while another waits for the connection gets the item that other call
+/// kept; calls at once would keep items in the order they came back, not the order taken, and
+/// one waiting in the connection would not see an item kept meanwhile.
 #[derive(Default)]
-struct Held(Mutex<VecDeque<Vec<u8>>>);
+struct Receiving {
+    turn: Mutex<Turn>,
+    /// Signalled when a call ends its turn.
+    turn_ended: Condvar,
+}
 
-impl Held {
-    /// The oldest item held, and that it was held; else `None`.
-    fn take(&self) -> Option<(Vec<u8>, bool)> {
-        lock(&self.0).pop_front().map(|item| (item, true))
-    }
+#[derive(Default)]
+struct Turn {
+    /// A call is receiving from the connection (without the lock: it may wait there).
+    busy: bool,
+    kept: Option<Vec<u8>>,
+}
 
-    /// Keeps `item` for a later call: first again if it was taken from here (it is still the
-    /// oldest), else behind those held.
-    fn keep(&self, item: Vec<u8>, was_held: bool) {
-        let mut q = lock(&self.0);
-        match was_held {
-            true => q.push_front(item),
-            false => q.push_back(item),
+/// How long a receiving call may wait.
+#[derive(Clone, Copy)]
+enum Wait {
+    /// Not at all: `-EAGAIN` where it would.
+    Never,
+    /// Until the instant (`None`: as long as it takes); `-ETIMEDOUT` at it.
+    Until(Option<Instant>),
+}
+
+impl Wait {
+    fn from_timeout_ms(ms: c_int) -> Self {
+        match timeout(ms) {
+            Some(Duration::ZERO) => Wait::Never,
+            t => Wait::Until(t.and_then(|t| Instant::now().checked_add(t))),
         }
     }
 }
 
-/// Hands `item` (a message or datagram; `was_held`: taken from `held`) over in `out`, or keeps
-/// it in `held` when it does not fit.
-fn deliver(
-    (item, was_held): (Vec<u8>, bool),
-    out: &mut [u8],
-    held: &Held,
-    what: &str,
-) -> Result<usize, Failure> {
+impl Receiving {
+    /// Delivers the next item into `out`: the one kept, else what `take` receives from the
+    /// connection (`None` at its end), waiting at most as `wait` says, first for the turn of
+    /// the calls before. An item larger than `out` is kept (`-EMSGSIZE`); `what` names the
+    /// kind in errors. `take` is given the time left.
+    fn receive(
+        &self,
+        wait: Wait,
+        out: &mut [u8],
+        what: &str,
+        take: impl FnOnce(Wait) -> Result<Option<Vec<u8>>, Failure>,
+    ) -> Result<Option<usize>, Failure> {
+        let mut turn = lock(&self.turn);
+        while turn.busy {
+            turn = match wait {
+                Wait::Never => return Err(would_block(what)),
+                Wait::Until(None) => {
+                    (self.turn_ended.wait(turn)).unwrap_or_else(|e| e.into_inner())
+                }
+                Wait::Until(Some(deadline)) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(Failure::new(
+                            libc::ETIMEDOUT,
+                            format!("no {what} came within the timeout"),
+                        ));
+                    }
+                    let waited = self.turn_ended.wait_timeout(turn, left);
+                    waited.unwrap_or_else(|e| e.into_inner()).0
+                }
+            };
+        }
+        if let Some(item) = turn.kept.take() {
+            return deliver(item, out, &mut turn, what).map(Some);
+        }
+        turn.busy = true;
+        drop(turn);
+        // the turn ends however the call does (a panic, caught at the boundary, included),
+        // and an item that does not fit is kept before the next call can take one
+        let taken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| take(wait)));
+        let mut turn = lock(&self.turn);
+        turn.busy = false;
+        self.turn_ended.notify_all();
+        let taken = taken.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        match taken? {
+            Some(item) => deliver(item, out, &mut turn, what).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+/// `-EAGAIN`: nothing to take now.
+fn would_block(what: &str) -> Failure {
+    Failure::new(libc::EAGAIN, format!("no whole {what} is there now"))
+}
+
+/// Hands `item` over in `out`, or keeps it in `turn` when it does not fit.
+fn deliver(item: Vec<u8>, out: &mut [u8], turn: &mut Turn, what: &str) -> Result<usize, Failure> {
     if item.len() > out.len() {
         let failure = Failure::new(
             libc::EMSGSIZE,
@@ -119,7 +186,7 @@ fn deliver(
                 out.len()
             ),
         );
-        held.keep(item, was_held);
+        turn.kept = Some(item);
         return Err(failure);
     }
     out[..item.len()].copy_from_slice(&item);
@@ -130,16 +197,18 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// A message for `ri2n_recv_message`: an empty one cannot be told from the end of the stream.
-fn message(msg: (Vec<u8>, bool), out: &mut [u8], c: &ri2n_conn) -> Result<usize, Failure> {
-    if msg.0.is_empty() {
-        return Err(Failure::new(
+/// A message's length for `ri2n_recv_message` (0 at the end of the stream): an empty message
+/// cannot be told from that end.
+fn message_length(received: Option<usize>) -> Result<usize, Failure> {
+    match received {
+        Some(0) => Err(Failure::new(
             libc::EBADMSG,
             "the peer sent an empty message, which ri2n_recv_message cannot return apart from \
              the end of the stream (0); it was taken: call again for the next",
-        ));
+        )),
+        Some(n) => Ok(n),
+        None => Ok(0),
     }
-    deliver(msg, out, &c.held_message, "message")
 }
 
 /// Writes at most `len` bytes of `buf` to the byte stream, waiting until the send buffer takes
@@ -275,9 +344,9 @@ pub unsafe extern "C" fn ri2n_try_send_message(
 /// next call, and [`ri2n_last_error`](crate::ri2n_last_error) names its size (a message is
 /// at most this side's stream receive window less 8 bytes: 8 MiB less 8 for the endpoints
 /// this library makes, whatever the peer's own [`ri2n_max_message_size`], which bounds what
-/// this side sends; where threads receive at once, each message kept waits behind those kept
-/// before it).
-/// `-EBADMSG` for an empty message from a peer in another language, which is skipped.
+/// this side sends). Threads receiving messages at once take turns: the message one kept is
+/// the next for whichever call comes, in order. `-EBADMSG` for an empty message from a peer
+/// in another language, which is skipped.
 ///
 /// # Safety
 /// `c` is a live connection; `buf` points to `len` writable bytes.
@@ -290,19 +359,16 @@ pub unsafe extern "C" fn ri2n_recv_message(
     guard_len(|| {
         // SAFETY: passed on from the caller
         let (c, out) = unsafe { (conn(c)?, bytes_mut(buf, len)?) };
-        // taken before the call: the lock is not held while it waits
-        let next = match c.held_message.take() {
-            Some(held) => Some(held),
-            None => c.conn.recv_message()?.map(|msg| (msg, false)),
-        };
-        match next {
-            Some(msg) => message(msg, out, c),
-            None => Ok(0),
-        }
+        let wait = Wait::Until(None);
+        let received = c
+            .messages
+            .receive(wait, out, "message", |_| Ok(c.conn.recv_message()?));
+        message_length(received?)
     })
 }
 
-/// [`ri2n_recv_message`] without waiting: `-EAGAIN` when no whole message is there.
+/// [`ri2n_recv_message`] without waiting: `-EAGAIN` when no whole message is there, or while
+/// another thread's call is receiving one (what comes goes to that call).
 ///
 /// # Safety
 /// As for [`ri2n_recv_message`].
@@ -315,15 +381,10 @@ pub unsafe extern "C" fn ri2n_try_recv_message(
     guard_len(|| {
         // SAFETY: passed on from the caller
         let (c, out) = unsafe { (conn(c)?, bytes_mut(buf, len)?) };
-        // taken before the call: the lock is not held while it waits
-        let next = match c.held_message.take() {
-            Some(held) => Some(held),
-            None => c.conn.try_recv_message()?.map(|msg| (msg, false)),
-        };
-        match next {
-            Some(msg) => message(msg, out, c),
-            None => Ok(0),
-        }
+        let received = c.messages.receive(Wait::Never, out, "message", |_| {
+            Ok(c.conn.try_recv_message()?)
+        });
+        message_length(received?)
     })
 }
 
@@ -368,6 +429,8 @@ pub unsafe extern "C" fn ri2n_send_datagram(
 /// datagram was read, `-EMSGSIZE` when it is longer than `len` (kept for the next call). A
 /// connection that itself timed out gives `-ETIMEDOUT` at once, every time: a loop that
 /// retries on `-ETIMEDOUT` asks [`ri2n_conn_error`] whether the connection still lives.
+/// Threads receiving datagrams at once take turns, as for messages (the wait for the turn
+/// counts in `timeout_ms`; with 0, another thread's call receiving gives `-EAGAIN`).
 ///
 /// # Safety
 /// `c` is a live connection; `buf` points to `len` writable bytes.
@@ -381,18 +444,28 @@ pub unsafe extern "C" fn ri2n_recv_datagram(
     guard_len(|| {
         // SAFETY: passed on from the caller
         let (c, out) = unsafe { (conn(c)?, bytes_mut(buf, len)?) };
-        let received = match c.held_datagram.take() {
-            Some(held) => Some(held),
-            None if timeout_ms == 0 => c.conn.try_recv_datagram()?.map(|d| (d, false)),
-            None => (c.conn.recv_datagram_timeout(timeout(timeout_ms))?).map(|d| (d, false)),
-        };
-        match received {
-            Some(d) => deliver(d, out, &c.held_datagram, "datagram"),
-            None => Err(Failure::new(
+        let received =
+            c.datagrams
+                .receive(
+                    Wait::from_timeout_ms(timeout_ms),
+                    out,
+                    "datagram",
+                    |wait| match wait {
+                        Wait::Never => Ok(c.conn.try_recv_datagram()?),
+                        // what is left of the caller's time after its turn came
+                        Wait::Until(deadline) => {
+                            let left =
+                                deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                            Ok(c.conn.recv_datagram_timeout(left)?)
+                        }
+                    },
+                );
+        received?.ok_or_else(|| {
+            Failure::new(
                 libc::ENOTCONN,
                 "the connection closed and every datagram was read",
-            )),
-        }
+            )
+        })
     })
 }
 

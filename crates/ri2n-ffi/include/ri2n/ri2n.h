@@ -210,15 +210,16 @@ ssize_t ri2n_try_send_message(struct ri2n_conn *c, const void *buf, size_t len);
 // next call, and [`ri2n_last_error`](crate::ri2n_last_error) names its size (a message is
 // at most this side's stream receive window less 8 bytes: 8 MiB less 8 for the endpoints
 // this library makes, whatever the peer's own [`ri2n_max_message_size`], which bounds what
-// this side sends; where threads receive at once, each message kept waits behind those kept
-// before it).
-// `-EBADMSG` for an empty message from a peer in another language, which is skipped.
+// this side sends). Threads receiving messages at once take turns: the message one kept is
+// the next for whichever call comes, in order. `-EBADMSG` for an empty message from a peer
+// in another language, which is skipped.
 //
 // # Safety
 // `c` is a live connection; `buf` points to `len` writable bytes.
 ssize_t ri2n_recv_message(struct ri2n_conn *c, void *buf, size_t len);
 
-// [`ri2n_recv_message`] without waiting: `-EAGAIN` when no whole message is there.
+// [`ri2n_recv_message`] without waiting: `-EAGAIN` when no whole message is there, or while
+// another thread's call is receiving one (what comes goes to that call).
 //
 // # Safety
 // As for [`ri2n_recv_message`].
@@ -249,6 +250,8 @@ ssize_t ri2n_send_datagram(struct ri2n_conn *c, const void *buf, size_t len);
 // datagram was read, `-EMSGSIZE` when it is longer than `len` (kept for the next call). A
 // connection that itself timed out gives `-ETIMEDOUT` at once, every time: a loop that
 // retries on `-ETIMEDOUT` asks [`ri2n_conn_error`] whether the connection still lives.
+// Threads receiving datagrams at once take turns, as for messages (the wait for the turn
+// counts in `timeout_ms`; with 0, another thread's call receiving gives `-EAGAIN`).
 //
 // # Safety
 // `c` is a live connection; `buf` points to `len` writable bytes.
