@@ -413,7 +413,8 @@ def sockperf_pp(prefix_cmd, ip, port, size, seconds, tcp=False):
         r["error"] = text[-800:]
         # a run that failed (killed at its time limit, say) may still have printed figures:
         # none of them enters a median or a ratio
-        r.update(dict.fromkeys(("median_us", "p99_us", "min_us", "mean_us", "count")))
+        r.update(dict.fromkeys(("median_us", "p99_us", "min_us", "mean_us", "count",
+                                "all_count")))
     return r
 
 
