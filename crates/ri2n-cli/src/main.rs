@@ -278,7 +278,8 @@ pub struct TunnelArgs {
     #[arg(long, value_name = "HOST")]
     pub name: Option<String>,
 
-    /// Check the cluster file and its key, that this machine can carry the tunnel and that
+    /// Check the cluster file and its key, that this machine can carry the tunnel (the
+    /// interface name and the tunnel network unused here, the links' port free) and that
     /// no daemon of this host runs here yet, say which host this is, and exit (needs no
     /// privilege, only read access to both files: the key is its owner's alone).
     #[arg(long)]

@@ -107,15 +107,16 @@ pub fn reload(args: &TunnelReloadArgs) -> Result<(), Failure> {
 /// `--check`: what the daemon checks before it starts, and what this host would be. Warns
 /// and fails as the daemon would, without taking anything: the key file is part of the
 /// configuration, this machine's addresses and routes decide whether the tunnel network
-/// fits, and the metrics address must be free.
+/// fits, and the links' port and the metrics address must be free.
 pub fn describe(args: &TunnelArgs) -> Result<String, Failure> {
     let path = &args.config;
     let (cluster, me) = load(path, args.name.as_deref())?;
     warn_if_named_elsewhere(&cluster, me, args.name.is_some());
     load_key(&cluster, path)?;
+    ri2n_tunnel::check_not_running(&cluster.hosts[me].name).map_err(failure)?;
     ri2n_tunnel::check_machine(&cluster)
         .map_err(|e| Failure::new(USAGE, format!("{}: {e}", path.display())))?;
-    ri2n_tunnel::check_not_running(&cluster.hosts[me].name).map_err(failure)?;
+    ri2n_tunnel::check_links_free(&cluster, me).map_err(failure)?;
     if let Some(addr) = args.metrics {
         // bound and let go at once: the daemon binds it after the interface is up
         std::net::TcpListener::bind(addr)

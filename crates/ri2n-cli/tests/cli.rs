@@ -1371,6 +1371,78 @@ fn tunnel_check_loads_the_key_and_refuses_a_tunnel_network_holding_a_link() {
     assert!(err.contains("add it to the file as a [[host]]"), "{err}");
 }
 
+/// `ri2n tunnel --check` fails as the daemon does, in a network namespace of its own
+/// (`unshare -n`, gone with its processes): on an interface of the tunnel's name that is a
+/// TUN interface of another program (exit 2; the daemon makes its own) and on a link port
+/// another program holds (exit 5). Before, `--check` passed both, and the daemon exited 1
+/// (blaming another ri2n tunnel) and 5.
+#[test]
+fn tunnel_check_fails_where_the_daemon_would_on_a_foreign_interface_or_port() {
+    if !root_or_skip("a network namespace of its own") {
+        return;
+    }
+    let key = keygen("tunnel-foreign.key");
+    let config = TempFile::new("cluster-foreign.toml");
+    let text = cluster_text(key.path(), "10.99.0.2");
+    std::fs::write(
+        config.path(),
+        format!(
+            "port = 7735
+interface = \"zzt0\"\n{text}"
+        ),
+    )
+    .unwrap();
+    // runs `setup`, then --check and the daemon (at most 10 s), in a namespace of their own
+    let both = |setup: &str| {
+        let script = format!(
+            "ip link set lo up && {setup}\n\
+             \"$RI2N\" tunnel --check --config \"$CONFIG\"; echo \"check exit $?\"\n\
+             timeout 10 \"$RI2N\" tunnel --config \"$CONFIG\"; echo \"daemon exit $?\"\n\
+             if [ -n \"$HOLDER\" ]; then kill $HOLDER; fi"
+        );
+        let (status, out) = Proc::spawn(
+            "unshare -n",
+            Command::new("unshare")
+                .args(["-n", "bash", "-c", &script])
+                .env("RI2N", bin())
+                .env("CONFIG", config.path())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped()),
+        )
+        .wait(Duration::from_secs(30));
+        let out = String::from_utf8_lossy(&out.stdout).into_owned() + &stderr_of(&out);
+        assert!(status.success(), "{out}");
+        out
+    };
+    let out = both("ip tuntap add mode tun name zzt0 && ip addr add 10.99.0.9/24 dev zzt0");
+    assert!(
+        out.contains("check exit 2") && out.contains("daemon exit 2"),
+        "{out}"
+    );
+    assert_eq!(
+        (out.matches("an interface named zzt0 exists on this machine")).count(),
+        2,
+        "{out}"
+    );
+    // a socket without SO_REUSEPORT, which ri2n's link sockets share a port with
+    let hold = "python3 -c 'import socket, time\n\
+                s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+                s.bind((\"127.0.0.1\", 7735))\n\
+                time.sleep(20)' >/dev/null 2>&1 &\n\
+                HOLDER=$!; sleep 0.5";
+    let out = both(&format!("{hold}\n"));
+    assert!(
+        out.contains("check exit 5") && out.contains("daemon exit 5"),
+        "{out}"
+    );
+    assert_eq!(
+        out.matches("cannot bind 127.0.0.1:7735: Address already in use")
+            .count(),
+        2,
+        "{out}"
+    );
+}
+
 /// A key file the group or others may read or change is warned of, naming which: one that
 /// others may only change (a key put in its place cuts the host off its cluster) was said
 /// to be readable by them.
@@ -1440,7 +1512,7 @@ fn tunnel_check_looks_at_this_machine_as_the_daemon_would() {
     let (status, _, err) = tunnel(&["--check"], config.path());
     assert_eq!(status.code(), Some(2), "{err}");
     assert!(
-        err.contains("an interface named lo exists on this machine and is not a TUN interface"),
+        err.contains("an interface named lo exists on this machine, not a TUN interface"),
         "{err}"
     );
 

@@ -2689,8 +2689,8 @@ fn daemons_started_while_the_first_network_is_down_connect_over_the_second() {
 
 /// A second daemon started on a host by mistake (here with `--name` of another host, whose link
 /// addresses this host lacks and whose daemon does not run here, so no bind stops it) is warned
-/// that the name looks wrong and refused the interface, which the running daemon keeps with its
-/// address and traffic. Before, with several queues, the second daemon joined the live interface
+/// that the name looks wrong and refused the interface (exit 2, as `--check` refuses it), which
+/// the running daemon keeps with its address and traffic. Before, with several queues, the second daemon joined the live interface
 /// as more queues and gave it its own address, which stayed after it exited. One started with
 /// the running daemon's own name, and `--check` of it, are told that a daemon of that host runs
 /// (exit 5, as for a link address in use): before, `--check` passed and the start failed on its
@@ -2727,9 +2727,9 @@ fn a_second_daemon_on_a_host_cannot_take_its_interface() {
     let mut second = spawn_daemon(env, &lab, "a", &args, &config, &dir.0, "tunnel-second");
     let status = second.wait_exit(Duration::from_secs(10));
     let err = second.stderr_text();
-    assert_eq!(status.and_then(|s| s.code()), Some(1), "{err}");
+    assert_eq!(status.and_then(|s| s.code()), Some(2), "{err}");
     assert!(
-        err.contains("an interface of that name exists")
+        err.contains("an interface named ri2n0 exists on this machine, a TUN interface of")
             && err.contains("this machine has link addresses of a, none of c (--name)"),
         "{err}"
     );

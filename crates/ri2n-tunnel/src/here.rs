@@ -1,7 +1,7 @@
 //! What this machine already uses that the tunnel must leave alone, checked before the
-//! daemon starts and by `--check`: an interface of the tunnel's name that is not a TUN
-//! interface, and the addresses and routes of its other interfaces that the tunnel network
-//! would hold. The cluster file alone cannot show these: the same file is right on one
+//! daemon starts and by `--check`: an interface of the tunnel's name (the daemon makes its
+//! own, and a TUN interface of another program is no more its to take than any other), and
+//! the addresses and routes of the machine's interfaces that the tunnel network would hold. The cluster file alone cannot show these: the same file is right on one
 //! machine and wrong on another (a tunnel network that a container bridge or a management
 //! network of one host already uses, whose traffic would then go into the tunnel, or the
 //! tunnel's past it).
@@ -41,6 +41,29 @@ fn mask(prefix: u8) -> u32 {
     u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0)
 }
 
+/// Whether an interface named `name` exists in this network namespace (asked of the kernel
+/// by name: `/sys/class/net` shows the namespace sysfs was mounted in, which `unshare -n`
+/// does not change), and what it is, where sysfs shows it: a few words for a message.
+fn existing_interface(name: &str) -> Option<&'static str> {
+    let c_name = std::ffi::CString::new(name).ok()?;
+    // SAFETY: a NUL-terminated name that lives for the call
+    let index = unsafe { libc::if_nametoindex(c_name.as_ptr()) };
+    if index == 0 {
+        return None;
+    }
+    // sysfs shows this interface only where its index is the same
+    let sys = Path::new("/sys/class/net").join(name);
+    let shown =
+        std::fs::read_to_string(sys.join("ifindex")).is_ok_and(|i| i.trim().parse() == Ok(index));
+    Some(match (shown, shown && is_tun(&sys)) {
+        (true, true) => {
+            ", a TUN interface of another program or of the daemon of another host of the file"
+        }
+        (true, false) => ", not a TUN interface",
+        (false, _) => "",
+    })
+}
+
 /// Whether the interface at `sys` (its `/sys/class/net` folder) is a TUN interface. A TAP
 /// interface has `tun_flags` too: the flags tell them apart.
 fn is_tun(sys: &Path) -> bool {
@@ -66,14 +89,12 @@ struct Route {
 /// way, and what to change.
 pub fn check(cluster: &Cluster) -> Result<(), String> {
     let name = &cluster.interface;
-    let sys = Path::new("/sys/class/net").join(name);
-    // a TUN interface of that name is an earlier daemon's (or this one's, at a reload): the
-    // interface's creation says so where it matters
-    if sys.exists() && !is_tun(&sys) {
+    if let Some(kind) = existing_interface(name) {
+        // a running daemon of this host is named before this (`check_not_running`)
         return Err(format!(
-            "an interface named {name} exists on this machine and is not a TUN interface \
-             (`ip link show {name}`): name the tunnel's interface otherwise in the cluster \
-             file (interface = \"...\")"
+            "an interface named {name} exists on this machine{kind} (`ip -d link show \
+             {name}`): the daemon makes its own; remove that one, or name the tunnel's \
+             interface otherwise in the cluster file (interface = \"...\")"
         ));
     }
     let addresses: Vec<(String, Ipv4Addr)> = if_addrs::get_if_addrs()
@@ -89,7 +110,7 @@ pub fn check(cluster: &Cluster) -> Result<(), String> {
         .map(|text| parse_routes(&text))
         .unwrap_or_default();
     let tunnel = Net::of(cluster.hosts[0].address, cluster.prefix);
-    match in_the_way(tunnel, name, &addresses, &routes) {
+    match in_the_way(tunnel, &addresses, &routes) {
         Some(what) => Err(format!(
             "the tunnel network {tunnel} {what}: give the tunnel addresses a network this \
              machine does not use (address and prefix in the cluster file)"
@@ -98,26 +119,17 @@ pub fn check(cluster: &Cluster) -> Result<(), String> {
     }
 }
 
-/// What of another interface's the tunnel network `tunnel` would take over: an address it
-/// holds, or a route to part or all of it (whose traffic would then go through one
-/// interface or the other, by chance of prefix and metric). A route to a larger network
-/// around it is not in the way: the tunnel's own route is the longer, and takes its part.
-fn in_the_way(
-    tunnel: Net,
-    interface: &str,
-    addresses: &[(String, Ipv4Addr)],
-    routes: &[Route],
-) -> Option<String> {
-    let theirs = |i: &str| i != interface;
-    if let Some((i, a)) = (addresses.iter()).find(|(i, a)| theirs(i) && tunnel.holds(*a)) {
+/// What of the machine's interfaces the tunnel network `tunnel` would take over (the
+/// tunnel's own interface is not there yet): an address it holds, or a route to part or all
+/// of it (whose traffic would then go through one interface or the other, by chance of
+/// prefix and metric). A route to a larger network around it is not in the way: the
+/// tunnel's own route is the longer, and takes its part.
+fn in_the_way(tunnel: Net, addresses: &[(String, Ipv4Addr)], routes: &[Route]) -> Option<String> {
+    if let Some((i, a)) = (addresses.iter()).find(|(_, a)| tunnel.holds(*a)) {
         return Some(format!("holds {a}, an address of {i} on this machine"));
     }
-    let inside = |r: &&Route| {
-        theirs(&r.interface)
-            && r.to.prefix > 0
-            && r.to.prefix >= tunnel.prefix
-            && tunnel.holds(r.to.base)
-    };
+    let inside =
+        |r: &&Route| r.to.prefix > 0 && r.to.prefix >= tunnel.prefix && tunnel.holds(r.to.base);
     routes.iter().find(inside).map(|r| {
         format!(
             "holds {}, which this machine routes through {}",
@@ -203,13 +215,11 @@ ri2n0\t0000630A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
         };
         let here = addrs(&[("lo", "127.0.0.1"), ("eth0", "172.17.0.5")]);
         let routes = parse_routes(ROUTES);
-        let check = |tunnel: &str, a: &[(String, Ipv4Addr)], r: &[Route]| {
-            in_the_way(net(tunnel), "ri2n0", a, r)
-        };
-        // the usual: a network of its own; its own interface's address and route (a
-        // daemon running, or reloading) are not in the way
-        let mine = addrs(&[("eth0", "172.17.0.5"), ("ri2n0", "10.99.0.1")]);
-        assert_eq!(check("10.99.0.0/24", &mine, &routes), None);
+        let check =
+            |tunnel: &str, a: &[(String, Ipv4Addr)], r: &[Route]| in_the_way(net(tunnel), a, r);
+        // the usual: a network of its own
+        let routes_elsewhere = &routes[..2];
+        assert_eq!(check("10.99.0.0/24", &here, routes_elsewhere), None);
         // an address of another interface inside it
         assert_eq!(
             check("172.17.0.0/24", &here, &[]).as_deref(),

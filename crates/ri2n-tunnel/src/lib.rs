@@ -236,6 +236,27 @@ pub fn check_not_running(name: &str) -> Result<(), Error> {
     }
 }
 
+/// Whether host `me`'s link addresses that this machine has now can be bound on the
+/// cluster's port, as the daemon binds them first (for `--check`): the error the daemon
+/// would stop with (a port in use). Those the machine lacks are no error: the daemon starts
+/// without them; nor is a port below 1024 refused to a caller without the privilege the
+/// daemon has.
+pub fn check_links_free(cluster: &Cluster, me: usize) -> Result<(), Error> {
+    let locals: Vec<SocketAddr> = (cluster.hosts[me].links.iter())
+        .map(|&ip| SocketAddr::new(ip, cluster.port))
+        .collect();
+    let config = |addrs: Vec<SocketAddr>| EndpointConfig::new(addrs).server();
+    match links::bind_available(&locals, &config) {
+        Ok(_) => Ok(()),
+        Err(ri2n::Error::Bind { source, .. })
+            if source.kind() == std::io::ErrorKind::PermissionDenied =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(Error::Endpoint(e)),
+    }
+}
+
 /// The cluster file at `path` and this host's position in it (named `name`, else found by
 /// its link addresses).
 pub fn load(path: &Path, name: Option<&str>) -> Result<(Cluster, usize), Error> {
@@ -313,10 +334,11 @@ pub fn run(
     me: usize,
     key: Key,
 ) -> Result<(), Error> {
+    let host = cluster.hosts[me].clone();
+    // first: a daemon of this host running is what its interface and links are in use by
+    check_not_running(&host.name)?;
     here::check(&cluster)
         .map_err(|e| Error::Config(format!("{}: {e}", options.config.display())))?;
-    let host = cluster.hosts[me].clone();
-    check_not_running(&host.name)?;
     // found by its link addresses alone (no --name): a reload must keep it so, or the next
     // start would fail (or take this machine for another host)
     let found_by_addresses = !options.named && cluster.hosts_here() == [me];

@@ -81,7 +81,7 @@ pub fn bind_present(
 
 /// [`bind_present`] without a word: the endpoint on the addresses of `locals` this host has
 /// now (none if it has none of them), and those it lacks.
-fn bind_available(
+pub(crate) fn bind_available(
     locals: &[SocketAddr],
     config: &dyn Fn(Vec<SocketAddr>) -> EndpointConfig,
 ) -> Result<(Option<Endpoint>, Vec<SocketAddr>), ri2n::Error> {
