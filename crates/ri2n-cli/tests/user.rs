@@ -1029,14 +1029,8 @@ fn a_drop_box_directory_takes_the_file() {
     std::os::unix::fs::chown(dir.path(), Some(nobody), Some(nobody)).unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o300)).unwrap();
     let file = dir.path().join("file");
-    // a copy nobody may run: the checkout's directories may be root's alone
-    let program = TempFile::new("ri2n-for-nobody");
-    std::fs::copy(bin(), program.path()).unwrap();
-    std::fs::set_permissions(program.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let recv = recv_as_nobody(program.path(), &listen, &file);
-    wait_udp_bound(port, Duration::from_secs(10));
+    let program = program_for_nobody();
+    let (recv, listen) = recv_as_nobody(&program, &file);
     let (s, o) = send_file(&listen, input.path(), &[]);
     let (rs, ro) = recv.wait(Duration::from_secs(20));
     assert!(rs.success(), "recv: {}", stderr_of(&ro));
@@ -1045,18 +1039,33 @@ fn a_drop_box_directory_takes_the_file() {
     std::fs::remove_dir_all(dir.path()).unwrap();
 }
 
-/// `ri2n recv` as `program`, run by nobody (65534) through `setpriv`, listening on `listen`.
-fn recv_as_nobody(program: &Path, listen: &str, output: &Path) -> Proc {
-    Proc::spawn(
+/// A copy of the binary that nobody (65534) may run: the checkout's directories may be
+/// root's alone.
+fn program_for_nobody() -> TempFile {
+    use std::os::unix::fs::PermissionsExt;
+    let program = TempFile::new("ri2n-for-nobody");
+    std::fs::copy(bin(), program.path()).unwrap();
+    std::fs::set_permissions(program.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    program
+}
+
+/// `ri2n recv --output output` as `program`, run by nobody (65534) through `setpriv`, once it
+/// listens; and where (a free port of 127.0.0.1).
+fn recv_as_nobody(program: &TempFile, output: &Path) -> (Proc, String) {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let recv = Proc::spawn(
         "ri2n recv as nobody",
         Command::new("setpriv")
             .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-            .arg(program)
-            .args(["recv", "-q", "--listen", listen, "--output"])
+            .arg(program.path())
+            .args(["recv", "-q", "--listen", &listen, "--output"])
             .arg(output)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped()),
-    )
+    );
+    wait_udp_bound(port, Duration::from_secs(10));
+    (recv, listen)
 }
 
 /// A read-only FILE (0444) of a user who is not root: a transfer into it that fails leaves a
@@ -1078,15 +1087,10 @@ fn a_failed_transfer_into_a_read_only_file_leaves_a_partial_the_next_recv_takes(
     std::os::unix::fs::chown(&file, Some(nobody), Some(nobody)).unwrap();
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o444)).unwrap();
     let partial = dir.path().join("file.partial");
-    let program = TempFile::new("ri2n-for-nobody");
-    std::fs::copy(bin(), program.path()).unwrap();
-    std::fs::set_permissions(program.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let program = program_for_nobody();
 
     // the first transfer fails (its sender interrupted) with bytes in FILE.partial
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let recv = recv_as_nobody(program.path(), &listen, &file);
-    wait_udp_bound(port, Duration::from_secs(10));
+    let (recv, listen) = recv_as_nobody(&program, &file);
     let mut send = spawn_piped_send(&listen, &["-q"]);
     let mut stdin = send.child.as_mut().unwrap().stdin.take().unwrap();
     std::io::Write::write_all(&mut stdin, &[5u8; 100 * 1024]).unwrap();
@@ -1102,10 +1106,7 @@ fn a_failed_transfer_into_a_read_only_file_leaves_a_partial_the_next_recv_takes(
     // the next one takes FILE.partial over and completes
     let input = TempFile::new("read-only-in");
     let sent = write_random(input.path(), 1 << 20, 8);
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let recv = recv_as_nobody(program.path(), &listen, &file);
-    wait_udp_bound(port, Duration::from_secs(10));
+    let (recv, listen) = recv_as_nobody(&program, &file);
     let (s, o) = send_file(&listen, input.path(), &[]);
     let (rs, ro) = recv.wait(Duration::from_secs(20));
     assert!(rs.success(), "recv: {}", stderr_of(&ro));

@@ -100,21 +100,30 @@ static void pair(const char *server_key, const char *client_key, ri2n_endpoint *
     CHECK(ri2n_read(*peer, &x, 1) == 1 && x == 'x');
 }
 
-/* A thread waiting in ri2n_recv_message with a buffer too small for any message of the test. */
-struct small_receiver {
+/* A thread waiting in ri2n_recv_message with `len` bytes of buffer (at most 1000). */
+struct receiver {
     ri2n_conn *conn;
+    size_t len;
     ssize_t rc;
     int err;
     char why[256];
+    char buf[1000];
 };
 
-static void *receive_into_small_buffer(void *arg) {
-    struct small_receiver *r = arg;
-    char buf[100];
-    r->rc = ri2n_recv_message(r->conn, buf, sizeof buf);
+static void *receive_message(void *arg) {
+    struct receiver *r = arg;
+    r->rc = ri2n_recv_message(r->conn, r->buf, r->len);
     r->err = errno;
     snprintf(r->why, sizeof r->why, "%s", ri2n_last_error());
     return NULL;
+}
+
+/* Frees what `pair` made. */
+static void unpair(ri2n_endpoint *server, ri2n_endpoint *client, ri2n_conn *c, ri2n_conn *peer) {
+    ri2n_conn_free(c);
+    ri2n_conn_free(peer);
+    ri2n_endpoint_free(client);
+    ri2n_endpoint_free(server);
 }
 
 /* Two threads wait for messages with buffers too small: each is told of the next message
@@ -126,10 +135,10 @@ static void messages_two_waiting_threads_could_not_take_are_both_kept(void) {
     ri2n_conn *c, *peer;
     pair(NULL, NULL, &server, &client, &c, &peer);
     CHECK(c != NULL);
-    struct small_receiver r[2] = {{.conn = peer}, {.conn = peer}};
+    struct receiver r[2] = {{.conn = peer, .len = 100}, {.conn = peer, .len = 100}};
     pthread_t threads[2];
     for (int i = 0; i < 2; i++)
-        CHECK(pthread_create(&threads[i], NULL, receive_into_small_buffer, &r[i]) == 0);
+        CHECK(pthread_create(&threads[i], NULL, receive_message, &r[i]) == 0);
     usleep(200000); /* both wait before anything arrives */
     char first[200], second[300], buf[1000];
     memset(first, 'a', sizeof first);
@@ -147,25 +156,8 @@ static void messages_two_waiting_threads_could_not_take_are_both_kept(void) {
     CHECK(ri2n_recv_message(peer, buf, sizeof buf) == sizeof second);
     CHECK(memcmp(buf, second, sizeof second) == 0);
     CHECK_FAILS_WITH(ri2n_try_recv_message(peer, buf, sizeof buf), EAGAIN);
-    ri2n_conn_free(c);
-    ri2n_conn_free(peer);
-    ri2n_endpoint_free(client);
-    ri2n_endpoint_free(server);
+    unpair(server, client, c, peer);
     printf("messages too large for two waiting threads: both kept, in order\n");
-}
-
-/* A thread waiting in ri2n_recv_message with `len` bytes of buffer. */
-struct receiver {
-    ri2n_conn *conn;
-    size_t len;
-    ssize_t rc;
-    char buf[1000];
-};
-
-static void *receive_message(void *arg) {
-    struct receiver *r = arg;
-    r->rc = ri2n_recv_message(r->conn, r->buf, r->len);
-    return NULL;
 }
 
 /* A message kept after one waiting thread's EMSGSIZE goes to another thread already waiting
@@ -195,10 +187,7 @@ static void a_message_one_thread_kept_goes_to_another_waiting(void) {
     CHECK(ri2n_send_message(c, second, sizeof second) == sizeof second);
     char buf[1000];
     CHECK(ri2n_recv_message(peer, buf, sizeof buf) == sizeof second);
-    ri2n_conn_free(c);
-    ri2n_conn_free(peer);
-    ri2n_endpoint_free(client);
-    ri2n_endpoint_free(server);
+    unpair(server, client, c, peer);
     printf("a message kept by one waiting thread: taken by the other\n");
 }
 
@@ -259,10 +248,7 @@ static void tcp_transport(void) {
     CHECK(ri2n_read(peer, buf, 1) == 1);
     CHECK(ri2n_endpoint_close(server, 5000) == 0);
     CHECK_FAILS_WITH(ri2n_read(peer, buf, sizeof buf), ECONNABORTED);
-    ri2n_conn_free(c);
-    ri2n_conn_free(peer);
-    ri2n_endpoint_free(client);
-    ri2n_endpoint_free(server);
+    unpair(server, client, c, peer);
     printf("TCP transport: message too large EMSGSIZE, write after a clean close EPIPE, "
            "read after the server's close ECONNABORTED\n");
 }
