@@ -860,23 +860,23 @@ fn spawn_send_file(to: &str, input: &Path) -> Proc {
 fn recv_into_a_unix_socket_fails_at_once() {
     let sock = TempFile::new("socket-out");
     let _listener = std::os::unix::net::UnixListener::bind(sock.path()).unwrap();
-    let listen = format!("127.0.0.1:{}", free_port());
-    let (s, o) = ri2n(
-        [
-            "recv".as_ref(),
-            "--listen".as_ref(),
-            listen.as_ref(),
-            "--output".as_ref(),
-            sock.path().as_os_str(),
-        ],
-        Duration::from_secs(10),
-    );
-    let err = stderr_of(&o);
-    assert_eq!(s.code(), Some(1), "{err}");
+    let err = recv_refusing(sock.path());
     assert!(
         err.contains("is a socket, which cannot be written as a file"),
         "{err}"
     );
+}
+
+/// `ri2n recv --output output`, which must fail before any sender comes (exit 1): its
+/// stderr.
+fn recv_refusing(output: &Path) -> String {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut args: Vec<std::ffi::OsString> = vec!["recv".into(), "--listen".into()];
+    args.extend([listen.into(), "--output".into(), output.into()]);
+    let (s, o) = ri2n(args, Duration::from_secs(10));
+    let err = stderr_of(&o);
+    assert_eq!(s.code(), Some(1), "exit code; stderr: {err}");
+    err
 }
 
 /// `recv --output FIFO` waits for a sender as any recv does: with no reader on the FIFO yet,
@@ -1029,14 +1029,19 @@ fn a_drop_box_directory_takes_the_file() {
     std::os::unix::fs::chown(dir.path(), Some(nobody), Some(nobody)).unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o300)).unwrap();
     let file = dir.path().join("file");
-    let program = program_for_nobody();
-    let (recv, listen) = recv_as_nobody(&program, &file);
-    let (s, o) = send_file(&listen, input.path(), &[]);
+    transfer_to_nobody(&program_for_nobody(), input.path(), sent, &file);
+    std::fs::remove_dir_all(dir.path()).unwrap();
+}
+
+/// `input` (1 MiB, its SHA-256 `sent`) sent to `ri2n recv --output file` run by nobody as
+/// `program`: both exit 0, and `file` holds it.
+fn transfer_to_nobody(program: &TempFile, input: &Path, sent: [u8; 32], file: &Path) {
+    let (recv, listen) = recv_as_nobody(program, file);
+    let (s, o) = send_file(&listen, input, &[]);
     let (rs, ro) = recv.wait(Duration::from_secs(20));
     assert!(rs.success(), "recv: {}", stderr_of(&ro));
     assert!(s.success(), "send: {}", stderr_of(&o));
-    assert_eq!(sha256_file(&file), (sent, 1 << 20));
-    std::fs::remove_dir_all(dir.path()).unwrap();
+    assert_eq!(sha256_file(file), (sent, 1 << 20));
 }
 
 /// A copy of the binary that nobody (65534) may run: the checkout's directories may be
@@ -1106,12 +1111,7 @@ fn a_failed_transfer_into_a_read_only_file_leaves_a_partial_the_next_recv_takes(
     // the next one takes FILE.partial over and completes
     let input = TempFile::new("read-only-in");
     let sent = write_random(input.path(), 1 << 20, 8);
-    let (recv, listen) = recv_as_nobody(&program, &file);
-    let (s, o) = send_file(&listen, input.path(), &[]);
-    let (rs, ro) = recv.wait(Duration::from_secs(20));
-    assert!(rs.success(), "recv: {}", stderr_of(&ro));
-    assert!(s.success(), "send: {}", stderr_of(&o));
-    assert_eq!(sha256_file(&file), (sent, 1 << 20));
+    transfer_to_nobody(&program, input.path(), sent, &file);
     let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o444);
     std::fs::remove_dir_all(dir.path()).unwrap();
@@ -1144,19 +1144,7 @@ fn recv_does_not_follow_another_user_s_link_in_a_shared_directory() {
         return;
     }
     let (shared, victim, link) = foreign_link("backup.tar", b"not the receiver's");
-    let listen = format!("127.0.0.1:{}", free_port());
-    let (s, o) = ri2n(
-        [
-            "recv",
-            "--listen",
-            &listen,
-            "--output",
-            link.to_str().unwrap(),
-        ],
-        Duration::from_secs(10),
-    );
-    let err = stderr_of(&o);
-    assert_eq!(s.code(), Some(1), "exit code; stderr: {err}");
+    let err = recv_refusing(&link);
     assert!(
         err.contains("a symbolic link another user owns"),
         "says why: {err}"
