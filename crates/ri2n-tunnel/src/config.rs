@@ -495,7 +495,9 @@ fn explain_toml_error(text: &str, line: Option<&str>, message: String) -> String
         );
     }
     let single_table = text.lines().any(|l| l.trim() == "[host]");
-    if single_table && message.contains("duplicate key") {
+    // two or more [host] tables are one table given twice; one alone is a table where a
+    // list of them is expected
+    if single_table && (message.contains("duplicate key") || message.contains("a sequence")) {
         return format!("{message}: each host is a [[host]] entry (two brackets), not [host]");
     }
     if message.starts_with("missing field `key`") {
@@ -751,6 +753,14 @@ links = ["10.0.1.2", "10.0.2.2"]
             error(&single).contains("each host is a [[host]] entry (two brackets), not [host]"),
             "{}",
             error(&single)
+        );
+        // one host written so (the file then refused for its one host): the same hint
+        let first = GOOD.replacen("[[host]]", "[host]", 1);
+        let only = &first[..first.find("[[host]]").unwrap()];
+        assert!(
+            error(only).contains("each host is a [[host]] entry (two brackets), not [host]"),
+            "{}",
+            error(only)
         );
         let late_port = GOOD.replace("port = 7500\n", "") + "port = 7500\n";
         let e = error(&late_port);
