@@ -326,6 +326,17 @@ pub fn wait_acknowledged(
     }
 }
 
+/// Aborts `conn` of `endpoint`, telling the peer `code` and `reason`, and sees the CLOSE out,
+/// its second round too, before the command exits (`Endpoint::close` with no time to wait:
+/// `conn` is closed already, and the close waits for what its abort left to send). The
+/// interrupt handler's clone of the connection keeps the endpoint from closing when the
+/// command returns, and a process that exits right after an abort sent its CLOSE once at
+/// most: where that copy was lost, the peer found this side gone, not why.
+pub fn abort(endpoint: &Endpoint, conn: &Connection, code: u64, reason: &str) {
+    conn.abort(code, reason);
+    let _ = endpoint.close(Some(Duration::ZERO));
+}
+
 /// After both sides finished: waits (at most `max`) until the connection has closed cleanly,
 /// so the peer's last acknowledgements and our acknowledgement of its end of stream get
 /// through before the process exits.

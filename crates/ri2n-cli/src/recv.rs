@@ -455,7 +455,9 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
         ))
     };
     if let Err(f) = output.begin(&gone) {
-        conn.abort(
+        net::abort(
+            &endpoint,
+            &conn,
             1,
             &format!("the receiver could not ready its output: {}", f.message),
         );
@@ -490,12 +492,13 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
         if let Err(e) = output.writer().write_all(&chunk) {
             // the sender has more acknowledged than this: say what is really in the output
             let holds = output.holds(got);
-            conn.abort(
+            net::abort(
+                &endpoint,
+                &conn,
                 1,
                 &format!("the receiver could not write its output ({e}); {holds}"),
             );
             monitor.finish();
-            net::linger(&conn, Duration::from_millis(200));
             return Err(Failure::io(
                 format!("cannot write to {} ({holds})", output.name()),
                 &e,
@@ -512,12 +515,13 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
     let complete = format!("with all {got} bytes written to {}", output.final_name());
     if let Err(e) = output.complete() {
         // the sender waits for our end of the stream: it must learn that none comes, and why
-        conn.abort(
+        net::abort(
+            &endpoint,
+            &conn,
             1,
             &format!("the receiver could not complete its output {name} ({e})"),
         );
         monitor.finish();
-        net::linger(&conn, Duration::from_millis(200));
         return Err(Failure::io(format!("cannot complete {name}"), &e));
     }
     // our side ends only now, with the output complete: the sender waits for this before it

@@ -201,7 +201,12 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
                 None => match shrank(input.as_fd(), total, written) {
                     None => break,
                     Some((was, now)) => {
-                        conn.abort(1, "the sender's input file shrank while it was read");
+                        net::abort(
+                            &endpoint,
+                            &conn,
+                            1,
+                            "the sender's input file shrank while it was read",
+                        );
                         monitor.finish();
                         return Err(Failure::new(
                             crate::error::GENERIC,
@@ -215,7 +220,7 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
                 },
                 Some(signal) => {
                     let why = format!("interrupted by {}", interrupt::name(signal));
-                    conn.abort(signal as u64, &why);
+                    net::abort(&endpoint, &conn, signal as u64, &why);
                     let ended = io::Error::new(io::ErrorKind::Interrupted, why);
                     return Err(lost(&ended, written, monitor));
                 }
@@ -224,7 +229,7 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
             // the connection ended while the input was idle
             Err(e) if conn.close_reason().is_some() => return Err(lost(&e, written, monitor)),
             Err(e) => {
-                conn.abort(1, "the sender could not read its input");
+                net::abort(&endpoint, &conn, 1, "the sender could not read its input");
                 monitor.finish();
                 return Err(Failure::io(format!("cannot read {name}"), &e));
             }
