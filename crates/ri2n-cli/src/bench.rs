@@ -20,7 +20,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use ri2n::{Bytes, Connection, ConnectionStats, Event};
+use ri2n::{Bytes, Connection, ConnectionStats, Endpoint, Event};
 use serde::Serialize;
 
 use crate::checksum::RandomBytes;
@@ -69,7 +69,19 @@ fn test(args: &BenchArgs) -> Result<(), Failure> {
     let endpoint = net::client_endpoint(&args.connect, &args.key, false)?;
     // interrupted, the test's connections are aborted so the server learns why it ended
     crate::interrupt::abort_endpoint_on_interrupt(endpoint.clone(), crate::interrupt::End::Client);
-    let faults = FaultPlan::new(&endpoint, &args.link.fault)?;
+    let result = test_on(&endpoint, args, say);
+    if result.is_err() {
+        // the interrupt handler's clone keeps the endpoint from closing when this returns:
+        // closed now, a connection still open is aborted and every CLOSE goes out, both
+        // rounds, before the process exits (see `net::abort`)
+        let _ = endpoint.close(Some(Duration::ZERO));
+    }
+    result
+}
+
+/// [`test`] on `endpoint`.
+fn test_on(endpoint: &Endpoint, args: &BenchArgs, say: Say) -> Result<(), Failure> {
+    let faults = FaultPlan::new(endpoint, &args.link.fault)?;
     let config = net::connection_config(&args.connect, &args.link, net::Application::Bench);
     let count = if args.latency {
         1
@@ -79,7 +91,7 @@ fn test(args: &BenchArgs) -> Result<(), Failure> {
     // one endpoint for all: the faults, which act on its sockets, reach every connection
     let mut conns = Vec::with_capacity(count);
     for _ in 0..count {
-        match net::connect(&endpoint, &args.connect, config.clone()) {
+        match net::connect(endpoint, &args.connect, config.clone()) {
             Ok(conn) => conns.push(conn),
             Err(refused) => {
                 // each made holds a slot of the server's until it learns that it ended: told
