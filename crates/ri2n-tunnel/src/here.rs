@@ -1,10 +1,10 @@
 //! What this machine already uses that the tunnel must leave alone, checked before the
 //! daemon starts and by `--check`: an interface of the tunnel's name (the daemon makes its
 //! own, and a TUN interface of another program is no more its to take than any other), and
-//! the addresses and routes of the machine's interfaces that the tunnel network would hold. The cluster file alone cannot show these: the same file is right on one
-//! machine and wrong on another (a tunnel network that a container bridge or a management
-//! network of one host already uses, whose traffic would then go into the tunnel, or the
-//! tunnel's past it).
+//! the addresses and routes of the machine's interfaces that the tunnel network would hold.
+//! The cluster file alone cannot show these: the same file is right on one machine and wrong
+//! on another (a tunnel network that a container bridge or a management network of one host
+//! already uses, whose traffic would then go into the tunnel, or the tunnel's past it).
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
