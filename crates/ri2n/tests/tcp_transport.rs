@@ -1250,6 +1250,61 @@ fn close_lost_with_every_link(client_ends_first: bool) {
     );
 }
 
+/// An abort while every link is down (docs/PROTOCOL.md §12.5): no link takes its CLOSE then,
+/// so the side that aborted lingers and the CLOSE goes on a link that comes back; the peer
+/// learns why the connection ended. Before, a client that aborted so dialled no more, and the
+/// server, once its links' ends came through, took the client for gone (`PeerGone`); a server
+/// that aborted so turned the client's new links away, and the client took it for restarted.
+#[test]
+fn an_abort_while_every_link_is_down_reaches_the_peer_once_one_comes_back() {
+    for client_aborts in [true, false] {
+        abort_while_every_link_is_down(client_aborts);
+    }
+}
+
+fn abort_while_every_link_is_down(client_aborts: bool) {
+    let bind = |c: EndpointConfig| Endpoint::bind(c.with_transport(Transport::Tcp)).unwrap();
+    let server = bind(EndpointConfig::new(addrs(&["127.0.0.1:0"])).server());
+    let relay = Relay::to(server.local_addrs()[0]);
+    let client = bind(EndpointConfig::new(addrs(&["127.0.0.1:0"])));
+    let conn = client
+        .connect(&[relay.addr], ConnectionConfig::default())
+        .unwrap();
+    let accepted = server.accept().unwrap();
+    let (aborting, peer) = match client_aborts {
+        true => (&conn, &accepted),
+        false => (&accepted, &conn),
+    };
+    let case = if client_aborts { "client" } else { "server" };
+    // bytes both ways, then every path dark both ways, until the aborting side's links die
+    (&conn).write_all(&data(64 << 10, 3)).unwrap();
+    (&accepted).write_all(&data(64 << 10, 4)).unwrap();
+    relay.hold(true);
+    relay.hold_back(true);
+    wait_until(Duration::from_secs(5), "the links never died", || {
+        (aborting.stats().links.iter()).all(|l| l.state == LinkState::Down)
+    });
+    aborting.abort(7, "given up");
+    // the premise: the peer was told nothing, its connection still open
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(peer.state(), ConnectionState::Established, "{case} aborted");
+    relay.hold(false);
+    relay.hold_back(false);
+    let told = Instant::now() + Duration::from_secs(5);
+    while peer.state() != ConnectionState::Closed && Instant::now() < told {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let why = ConnectionError::PeerAborted {
+        code: 7,
+        reason: "given up".into(),
+    };
+    assert_eq!(
+        (peer.state(), peer.close_reason()),
+        (ConnectionState::Closed, Some(why)),
+        "{case} aborted"
+    );
+}
+
 /// Small messages queued while the peer's window was full leave, once it opens, in runs of
 /// more than a thousand pieces (a message is two: its header and its bytes). A system call
 /// takes at most 1024 slices (`UIO_MAXIOV`), so a run goes in several. Before, the call
@@ -2120,8 +2175,10 @@ fn an_endpoint_dropped_with_data_unacknowledged_warns() {
     )
     .unwrap();
     let to = server.local_addrs()[0];
+    // an address of its own: a client's warning names its local address, port 0, and other
+    // tests' clients on 127.0.0.1 may warn too
     let client = Endpoint::bind(
-        EndpointConfig::new(addrs(&["127.0.0.1:0"]))
+        EndpointConfig::new(addrs(&["127.0.0.7:0"]))
             .with_transport(Transport::Tcp)
             .with_close_linger(Duration::from_millis(300)),
     )
@@ -2131,7 +2188,6 @@ fn an_endpoint_dropped_with_data_unacknowledged_warns() {
     // four windows: the server's application never reads, so three stay unacknowledged
     (&conn).write_all(&data(4 * WINDOW as usize, 7)).unwrap();
     let held = server.accept().unwrap();
-    // (other tests of this binary may warn meanwhile: only this endpoint's warning counts)
     let ours = |l: &&str| l.contains("never acknowledged") && l.contains(&local.to_string());
     assert_eq!(warnings().lines().filter(ours).count(), 0);
     let started = Instant::now();

@@ -644,13 +644,8 @@ impl State {
     /// peer has not acknowledged, CLOSE and all, or no link that took one still has its
     /// TCP connection (or none took one).
     fn close_delivered(&self) -> bool {
-        let mut waiting = self
-            .links
-            .iter()
-            .filter(|l| l.close_written)
-            .filter_map(|l| l.stream.as_deref())
-            .peekable();
-        waiting.peek().is_none() || waiting.any(|s| super::sys::held(s) == 0)
+        let written = (self.links.iter()).any(|l| l.close_written && l.stream.is_some());
+        !written || self.close_arrived()
     }
 
     /// Keeps `piece`, the received sequence bytes from `at` on, until [`Self::pump`] splits
@@ -688,13 +683,31 @@ impl State {
         }
     }
 
-    /// Ended cleanly, and the peer has not said that it ended too: the last ACK and the
-    /// CLOSE may have been lost with every link, and the peer, whose stream that ACK
-    /// completes, then waits for them. A connection lingering so keeps its links watched, a
-    /// client dials those that die, a server takes their hellos, and each link that comes
-    /// back sends the ACK and the CLOSE again (docs/PROTOCOL.md §12.5).
+    /// Ended, with a CLOSE of this side's own to tell (a clean end's, an abort's, a
+    /// violation's), and not settled: the CLOSE (and a clean end's last ACK) may have been
+    /// lost with every link, or found no link up to go on, and the peer would then wait for
+    /// it for ever. A connection lingering so keeps its links watched, a client dials those
+    /// that die, a server takes their hellos, and each link that comes back sends the ACK
+    /// and the CLOSE again (docs/PROTOCOL.md §12.5). Settled by the peer's CLOSE, by its
+    /// TCP's acknowledgement of an error end's CLOSE ([`Self::close_arrived`]: no CLOSE
+    /// answers that), by a hello turned away, or at the endpoint's close linger.
     pub fn lingering(&self) -> bool {
-        matches!(self.end, Some(None)) && !self.close_settled
+        let tells = match &self.end {
+            None => false,
+            Some(None) => true,
+            // an end this side's CLOSE did not say (the peer's CLOSE, a silence) tells nothing
+            Some(Some(_)) => self.close_record.0 != 0,
+        };
+        tells && !self.close_settled
+    }
+
+    /// Some link's peer acknowledged a CLOSE of this side's, the whole of it: its TCP
+    /// connection holds nothing unacknowledged since the CLOSE went into it.
+    pub fn close_arrived(&self) -> bool {
+        let closed = self.links.iter().filter(|l| l.close_written);
+        closed
+            .filter_map(|l| l.stream.as_deref())
+            .any(|s| super::sys::held(s) == 0)
     }
 
     /// Whether a link may join the connection: while it is open, and while it lingers.

@@ -72,8 +72,8 @@ pub(super) fn dial(conn: &Arc<TcpConnection>, l: usize, local: SocketAddr, remot
             drop(st);
             let _ = attach(conn, l, x.stream, x.leftover, x.keys);
         }
-        // lingering after a clean end, the ACK and CLOSE go again on the link (`attach`);
-        // a server that turns it away ended the connection too, or forgot it
+        // lingering after the end, the ACK and CLOSE go again on the link (`attach`); a
+        // server that turns it away ended the connection too, or forgot it
         Ok(x) if x.reply.status != HelloStatus::Accepted && st.end.is_some() => {
             st.close_settled = true;
         }

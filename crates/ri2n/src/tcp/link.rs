@@ -9,8 +9,8 @@
 //! - a **watch** thread per connection: declares a link dead when it has received nothing
 //!   for a few round trips (both ends PING idle links), asks for PINGs, samples TCP_INFO,
 //!   and on the client starts a **dialer** for each dead link (`super::dial`), which opens a
-//!   new TCP connection as soon as the path works again; after a clean end it goes on so
-//!   until the peer's CLOSE says the end arrived (`State::lingering`).
+//!   new TCP connection as soon as the path works again; after the connection ended it goes
+//!   on so until this side's CLOSE is known to have arrived (`State::lingering`).
 //!
 //! A link's threads belong to one TCP connection (its *incarnation*): when the link dies or
 //! is replaced they find a newer incarnation and stop.
@@ -105,7 +105,8 @@ pub(crate) fn attach(
         link.min_rtt = rtt;
     }
     (link.dialing, link.ack_due, link.acked_link_bytes) = (false, true, 0);
-    link.close_due = again;
+    // a CLOSE written into the TCP connection this one replaces is not in this one
+    (link.close_due, link.close_written) = (again, false);
     (link.last_ack_progress, link.paused_until) = (now, None);
     link.refused_since = None;
     let incarnation = link.incarnation;
@@ -981,8 +982,11 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
         }
         let mut st = conn.lock();
         if let Some(at) = st.ended_at {
-            // a clean end the peer did not confirm is waited on for the endpoint's linger
-            if st.lingering() && now - at >= conn.settings.close_linger.max(CLOSE_LINGER) {
+            // an end the peer did not confirm is waited on for the endpoint's linger; an
+            // error end's CLOSE, which no CLOSE answers, until the peer's TCP acknowledged it
+            let told = matches!(st.end, Some(Some(_))) && st.close_arrived();
+            if st.lingering() && (told || now - at >= conn.settings.close_linger.max(CLOSE_LINGER))
+            {
                 st.close_settled = true;
             }
             if !st.lingering() {
