@@ -460,6 +460,44 @@ fn tcp_transport_a_killed_receiver_is_reported_by_the_sender() {
     );
 }
 
+/// Over `--transport tcp`, a sender killed while its links are idle is reported by the
+/// receiver: the sender's host closes the links' TCP connections and answers the receiver's
+/// closes of them, so the receiver, which never dials, exits 4 saying the peer is gone. (A
+/// close that no host answers is a peer that replaced its links through a path dark one way,
+/// not a peer gone: the lab's `tcp_transport_through_every_path_dark_one_way_while_the_sender_is_idle`.)
+#[test]
+fn tcp_transport_a_killed_idle_sender_is_reported_by_the_receiver() {
+    use std::io::Write;
+    let output = TempFile::new("tcp-killed-sender");
+    let (recv, to) = spawn_recv(free_port(), output.path(), &["--transport", "tcp"]);
+    let mut send = spawn_piped_send(&to, &["--transport", "tcp", "--input", "-"]);
+    let mut stdin = send.child.as_mut().unwrap().stdin.take().unwrap();
+    stdin.write_all(&vec![0x5a_u8; 1 << 20]).unwrap();
+    // the premise: data arrived before the kill, and the sender has nothing left to send
+    wait_file_grows(&output.partial(), Duration::from_secs(10));
+    let arrived = Instant::now() + Duration::from_secs(10);
+    while std::fs::metadata(output.partial()).map_or(0, |m| m.len()) < 1 << 20 {
+        assert!(
+            Instant::now() < arrived,
+            "the sender's bytes never all arrived"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    send.signal(libc::SIGKILL);
+    let _ = send.child.as_mut().unwrap().wait();
+    let killed = Instant::now();
+    drop(stdin);
+    let (r, o) = recv.wait(Duration::from_secs(20));
+    let err = stderr_of(&o);
+    assert_eq!(r.code(), Some(4), "exit code; stderr: {err}");
+    assert!(err.contains("peer is gone"), "says why: {err}");
+    assert!(
+        killed.elapsed() < Duration::from_secs(10),
+        "noticed {:?} after the kill",
+        killed.elapsed()
+    );
+}
+
 /// A receiver that cannot complete its output once everything arrived (here: its name was
 /// taken by a directory meanwhile, so the rename fails) tells the sender why: the sender,
 /// which waits for the receiver's end of the stream, exits 4 naming the cause, instead of

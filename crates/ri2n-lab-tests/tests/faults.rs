@@ -21,6 +21,7 @@
 
 mod support;
 
+use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -531,6 +532,71 @@ fn tcp_transport_through_a_dead_switch_and_a_partition() {
         &[1, 2],
         true,
     );
+}
+
+/// The TCP transport through every path dark from B to A only, 2 s, while the sender (A, the
+/// client) has nothing to send: it hears nothing, declares its links dead and closes their
+/// TCP connections, whose ends reach B, and its new ones cannot open (their answers are
+/// lost). B's closes of its side never arrive, nor does any answer to them: the receiver must
+/// not take the sender for gone. After the heal the rest is sent; bytes intact, both ends
+/// exit 0. Before, the receiver read each closed link as refused by a host whose process was
+/// gone, and ended with `PeerGone` (exit 4) half a second into the outage.
+#[test]
+fn tcp_transport_through_every_path_dark_one_way_while_the_sender_is_idle() {
+    let Some(test) = LabTest::start("tcp1way", &[]) else {
+        return;
+    };
+    let (env, dir) = (test.env, &test.dir);
+    let name = "tcp1way";
+    let lab = Lab::up(env, name, 2);
+    let (input, output) = (dir.0.join("input"), dir.0.join("output"));
+    let sent: Vec<u8> = (0..2u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&input, &sent).unwrap();
+    let (first, rest) = sent.split_at(sent.len() / 2);
+    let mut recv = listening_receiver(env, &lab, &dir.0, &output, true, &format!("{name}-recv"));
+    let args = support::send_args(&lab, Host::A, Path::new("-"), true);
+    let args = support::with_transport(args, true);
+    let mut send = Proc::spawn_piped(&lab, Host::A, &env.ri2n, &args, &dir.0, "tcp1way-send");
+    let mut stdin = send.take_stdin();
+    stdin.write_all(first).unwrap();
+    stdin.flush().unwrap();
+    // written as FILE.partial until the whole stream arrived
+    let partial = dir.0.join("output.partial");
+    let delivered = Instant::now() + ms(10_000);
+    while std::fs::metadata(&partial).map_or(0, |m| m.len()) < first.len() as u64 {
+        assert!(Instant::now() < delivered, "the first half never arrived");
+        std::thread::sleep(ms(10));
+    }
+    let dark_at = Instant::now();
+    for link in [1, 2] {
+        lab.fault(link, &["loss", "100", "b2a"]);
+    }
+    std::thread::sleep(ms(2000));
+    let outage = dark_at.elapsed();
+    for (who, p) in [("receiver", &mut recv), ("sender", &mut send)] {
+        assert!(
+            p.poll().is_none(),
+            "the {who} ended during the outage: {}",
+            p.stderr_text()
+        );
+    }
+    for link in [1, 2] {
+        lab.heal(link);
+    }
+    stdin.write_all(rest).unwrap();
+    drop(stdin);
+    both_ended_intact(&mut send, &mut recv, &input, &output);
+    // the premise: the sender declared both links dead, and so closed them, in the outage
+    let events = send.stdout_json()["link_events"].clone();
+    for link in [0, 1] {
+        let down = (events.as_array().into_iter().flatten())
+            .any(|e| e["link"].as_u64() == Some(link) && e["to"].as_str() == Some("down"));
+        assert!(down, "link {link} never went down: {events}");
+    }
+    report(&format!(
+        "    {name}: both ends stayed through {:.1} s dark from B to A",
+        outage.as_secs_f64()
+    ));
 }
 
 /// `ri2n recv` in B writing to `output` (over the TCP transport with `tcp`), once it listens on

@@ -566,6 +566,19 @@ impl Proc {
         Self::spawn_in(&lab.ns(host), program, args, dir, name)
     }
 
+    /// Like [`Proc::spawn`], its stdin a pipe (see [`Proc::take_stdin`]).
+    pub fn spawn_piped(
+        lab: &Lab,
+        host: Host,
+        program: &Path,
+        args: &[String],
+        dir: &Path,
+        name: &str,
+    ) -> Proc {
+        let command = Self::in_namespace(&lab.ns(host), program, args);
+        Self::spawn_command_with(command, Stdio::piped(), dir, name)
+    }
+
     /// Like [`Proc::spawn`], in namespace `ns`.
     pub fn spawn_in(ns: &str, program: &Path, args: &[String], dir: &Path, name: &str) -> Proc {
         Self::spawn_command(Self::in_namespace(ns, program, args), dir, name)
@@ -1052,8 +1065,7 @@ fn spawn_fed(
     dir: &Path,
     name: &str,
 ) -> (Proc, Feeder) {
-    let command = Proc::in_namespace(&lab.ns(host), &env.ri2n, args);
-    let mut send = Proc::spawn_command_with(command, Stdio::piped(), dir, name);
+    let mut send = Proc::spawn_piped(lab, host, &env.ri2n, args, dir, name);
     let feeder = Feeder::start(send.take_stdin(), data.path.clone());
     (send, feeder)
 }

@@ -747,9 +747,42 @@ fn reader(
             conn.wake();
         }
         Err(None) => {
-            let refused = r.failed.is_some_and(closed_by_peer);
+            // the peer's host ended its side without a CLOSE: the peer's process is gone, or
+            // the peer replaced a link it found silent, maybe as the path went dark one way
+            // only. A refusal once the host answers this side's end too (`fail` shuts the TCP
+            // connection): through a path dark this way, no answer comes, and the peer, alive
+            // and dialling, is not taken for gone.
+            let ended = r.failed == Some(io::ErrorKind::UnexpectedEof);
+            let refused = !ended && r.failed.is_some_and(closed_by_peer);
             fail(conn, &mut st, l, incarnation, refused);
+            drop(st);
+            if ended {
+                refused_once_answered(conn, l, incarnation, s);
+            }
         }
+    }
+}
+
+/// Notes link `l` refused once the peer's host answered the end of `s`, its TCP connection
+/// `incarnation` that [`fail`] shut after the peer's host ended its side (it acknowledged
+/// this side's end, or reset the connection), unless the link was replaced first. Waits for
+/// the answer [`PEER_GONE`] at most, or a few of the link's round trips if longer.
+fn refused_once_answered(conn: &TcpConnection, l: usize, incarnation: u64, s: &TcpStream) {
+    let srtt = conn.lock().links[l].srtt;
+    let deadline = Instant::now() + PEER_GONE.max(srtt * 4);
+    while Instant::now() < deadline {
+        let answered = sys::closed_both_ways(s);
+        let mut st = conn.lock();
+        let link = &mut st.links[l];
+        if link.incarnation != incarnation || link.connected() {
+            return;
+        }
+        if answered {
+            link.refused_since.get_or_insert_with(Instant::now);
+            return;
+        }
+        drop(st);
+        std::thread::sleep(WATCH_TICK);
     }
 }
 

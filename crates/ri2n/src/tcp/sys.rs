@@ -1,6 +1,6 @@
-//! The few socket calls std does not offer: TCP_INFO, TCP_NOTSENT_LOWAT, reads into spare
-//! capacity, connection attempts from a chosen address (raced by `super::dial`), and next-hop
-//! confirmation.
+//! The few socket calls std does not offer: TCP_INFO (round trip, state),
+//! TCP_NOTSENT_LOWAT, reads into spare capacity, connection attempts from a chosen address
+//! (raced by `super::dial`), and next-hop confirmation.
 
 use std::io;
 use std::net::{SocketAddr, TcpStream, UdpSocket};
@@ -64,9 +64,8 @@ pub(crate) fn wait_writable(s: &TcpStream, timeout: Duration) -> io::Result<bool
     }
 }
 
-/// The kernel's smoothed round-trip time of a TCP connection and its congestion window in
-/// bytes.
-pub(crate) fn rtt_and_cwnd(s: &TcpStream) -> Option<(Duration, u64)> {
+/// The kernel's TCP_INFO of a TCP connection.
+fn tcp_info(s: &TcpStream) -> Option<libc::tcp_info> {
     // SAFETY: tcp_info is plain data; getsockopt writes at most `len` bytes into it.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
@@ -79,12 +78,26 @@ pub(crate) fn rtt_and_cwnd(s: &TcpStream) -> Option<(Duration, u64)> {
             &mut len,
         )
     };
-    (rc == 0).then(|| {
+    (rc == 0).then_some(info)
+}
+
+/// The kernel's smoothed round-trip time of a TCP connection and its congestion window in
+/// bytes.
+pub(crate) fn rtt_and_cwnd(s: &TcpStream) -> Option<(Duration, u64)> {
+    tcp_info(s).map(|info| {
         (
             Duration::from_micros(u64::from(info.tcpi_rtt)),
             u64::from(info.tcpi_snd_cwnd) * u64::from(info.tcpi_snd_mss),
         )
     })
+}
+
+/// The TCP connection is over at both ends (state `TCP_CLOSE`): the peer's host acknowledged
+/// the end of what this side sent, or reset the connection.
+pub(crate) fn closed_both_ways(s: &TcpStream) -> bool {
+    // include/net/tcp_states.h
+    const TCP_CLOSE: u8 = 7;
+    tcp_info(s).is_some_and(|info| info.tcpi_state == TCP_CLOSE)
 }
 
 /// Bytes a TCP connection holds that the peer's kernel has not acknowledged, sent or not
