@@ -1,8 +1,9 @@
 //! End-to-end fault tests: `ri2n send` and `ri2n recv` in two network namespaces joined by two
 //! 1 Gbit/s links, each through its own switch namespace (`lab/ri2n-lab`), with real faults
 //! injected mid-transfer: a pulled cable, a dead switch, a switch that trickles, random loss,
-//! an interface MTU lowered under a link, every link down for 30 s, a receiver restart, a
-//! killed sender, a flood of garbage datagrams, and a dead switch on IPv6 links.
+//! an interface MTU lowered under a link, every link down for 30 s, every path dark one way
+//! under the TCP transport, a receiver restart, a killed sender, a flood of garbage
+//! datagrams, and a dead switch on IPv6 links.
 //!
 //! Every transfer must end with both tools exiting 0 and the received file equal (sha256) to
 //! the sent one. The figures (transfer times, per-link rates around the fault, when the
