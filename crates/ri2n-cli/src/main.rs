@@ -480,7 +480,9 @@ pub struct RecvArgs {
     /// told about all of them, so `ri2n send` needs only one of them as --to. A wildcard
     /// (`0.0.0.0:PORT` or `[::]:PORT`) listens on every address the host's interfaces have at
     /// start, one socket each (loopback included; IPv6 link-local addresses left out). An IPv6
-    /// link-local address names its interface: `[fe80::1%eth0]:PORT`.
+    /// link-local address names its interface: `[fe80::1%eth0]:PORT`. Port 0 picks a free
+    /// port, for each address its own: the line `ri2n: listening on ...` on stderr names them
+    /// (unless --quiet).
     #[arg(long = "listen", value_name = "ADDR:PORT", required = true, value_parser = parse_remote)]
     pub listen: Vec<SocketAddr>,
 
@@ -514,7 +516,8 @@ pub struct RecvArgs {
     #[arg(long)]
     pub no_checksum: bool,
 
-    /// No progress display and no summary line on stderr (errors are still reported).
+    /// No progress display, no summary line and no line saying where it listens on stderr
+    /// (errors are still reported).
     #[arg(long, short)]
     pub quiet: bool,
 }
@@ -527,7 +530,8 @@ pub struct ServeArgs {
     /// Local address to listen on; repeat for each link. Clients are told about all of them.
     /// A wildcard (`0.0.0.0:PORT` or `[::]:PORT`) listens on every address of the host's
     /// interfaces at start, one socket each. An IPv6 link-local address names its interface:
-    /// `[fe80::1%eth0]:PORT`.
+    /// `[fe80::1%eth0]:PORT`. Port 0 picks a free port, for each address its own: the line
+    /// `ri2n serve: listening on ...` on stderr names them (unless --quiet).
     #[arg(long = "listen", value_name = "ADDR:PORT", required = true, value_parser = parse_remote)]
     pub listen: Vec<SocketAddr>,
 

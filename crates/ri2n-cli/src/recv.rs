@@ -428,7 +428,8 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
     if let Output::File { partial, .. } = &output {
         interrupt::remove_on_interrupt(partial.clone());
     }
-    if !args.quiet && crate::progress::stderr_is_terminal() {
+    // also where stderr is no terminal: a script that gave port 0 learns the port so
+    if !args.quiet {
         say!(
             "ri2n: listening on {}",
             error::list(&endpoint.local_addrs())

@@ -460,6 +460,50 @@ fn tcp_transport_a_killed_receiver_is_reported_by_the_sender() {
     );
 }
 
+/// `recv --listen ADDR:0` says on stderr which ports it took, also where stderr is no
+/// terminal, so that a script can give the sender one; and a transfer to it arrives. Before,
+/// the line was printed to a terminal only.
+#[test]
+fn recv_on_port_0_says_where_it_listens() {
+    use std::io::Write;
+    let output = TempFile::new("port-0");
+    let mut recv = Proc::spawn(
+        "ri2n recv",
+        Command::new(bin())
+            .args(["recv", "--listen", "127.0.0.1:0", "--listen", "127.0.0.2:0"])
+            .arg("--output")
+            .arg(output.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    recv.wait_for_stderr_that("its listening line", Duration::from_secs(10), |t| {
+        (t.lines()).any(|l| l.starts_with("ri2n: listening on ")) && t.ends_with('\n')
+    });
+    let said = recv.stderr_text();
+    let line = (said.lines())
+        .find_map(|l| l.strip_prefix("ri2n: listening on "))
+        .unwrap_or_else(|| panic!("no listening line: {said}"));
+    let to = (line.split(|c: char| c == ',' || c.is_whitespace()))
+        .find(|a| a.starts_with("127.0.0.1:"))
+        .unwrap_or_else(|| panic!("no 127.0.0.1 address: {line}"));
+    let port: u16 = to["127.0.0.1:".len()..].parse().unwrap();
+    assert_ne!(port, 0, "{line}");
+    assert!(line.contains("127.0.0.2:"), "both addresses named: {line}");
+    let mut send = spawn_piped_send(to, &["--input", "-"]);
+    let mut stdin = send.child.as_mut().unwrap().stdin.take().unwrap();
+    let sent = vec![0x3c_u8; 1 << 20];
+    stdin.write_all(&sent).unwrap();
+    drop(stdin);
+    let (s, o) = send.wait(Duration::from_secs(20));
+    assert!(s.success(), "send: {}", stderr_of(&o));
+    let (r, o) = recv.wait(Duration::from_secs(20));
+    assert!(r.success(), "recv: {}", stderr_of(&o));
+    assert!(
+        std::fs::read(output.path()).unwrap() == sent,
+        "bytes differ"
+    );
+}
+
 /// Over `--transport tcp`, a sender killed while its links are idle is reported by the
 /// receiver: the sender's host closes the links' TCP connections and answers the receiver's
 /// closes of them, so the receiver, which never dials, exits 4 saying the peer is gone. (A
