@@ -70,12 +70,7 @@ fn test(args: &BenchArgs) -> Result<(), Failure> {
     // interrupted, the test's connections are aborted so the server learns why it ended
     crate::interrupt::abort_endpoint_on_interrupt(endpoint.clone(), crate::interrupt::End::Client);
     let result = test_on(&endpoint, args, say);
-    if result.is_err() {
-        // the interrupt handler's clone keeps the endpoint from closing when this returns:
-        // closed now, a connection still open is aborted and every CLOSE goes out, both
-        // rounds, before the process exits (see `net::abort`)
-        let _ = endpoint.close(Some(Duration::ZERO));
-    }
+    net::close_after_failure(&endpoint, &result);
     result
 }
 

@@ -326,15 +326,17 @@ pub fn wait_acknowledged(
     }
 }
 
-/// Aborts `conn` of `endpoint`, telling the peer `code` and `reason`, and sees the CLOSE out,
-/// its second round too, before the command exits (`Endpoint::close` with no time to wait:
-/// `conn` is closed already, and the close waits for what its abort left to send). The
-/// interrupt handler's clone of the connection keeps the endpoint from closing when the
-/// command returns, and a process that exits right after an abort sent its CLOSE once at
-/// most: where that copy was lost, the peer found this side gone, not why.
-pub fn abort(endpoint: &Endpoint, conn: &Connection, code: u64, reason: &str) {
-    conn.abort(code, reason);
-    let _ = endpoint.close(Some(Duration::ZERO));
+/// Closes `endpoint` once its command failed (`result`), with no time to wait: a connection
+/// still open is aborted, and every abort's CLOSE (the command's own, or the interrupt
+/// handler's) goes out, its second round too, before the process exits. Dropping the
+/// endpoint would not do it: the interrupt handler holds a clone of it (or of a connection,
+/// which keeps it alive), and a process that exits right after an abort sent its CLOSE once
+/// at most; where that copy was lost, the peer found this side gone, not why. A connection
+/// that ended cleanly is left to end (`Endpoint::close` aborts no draining one).
+pub fn close_after_failure<T>(endpoint: &Endpoint, result: &Result<T, Failure>) {
+    if result.is_err() {
+        let _ = endpoint.close(Some(Duration::ZERO));
+    }
 }
 
 /// After both sides finished: waits (at most `max`) until the connection has closed cleanly,

@@ -423,7 +423,14 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
         net::Application::File,
         |cfg| cfg.with_max_connections(1),
     )?;
-    let faults = FaultPlan::new(&endpoint, &args.link.fault)?;
+    let result = receive(args, &endpoint, to_stdout);
+    net::close_after_failure(&endpoint, &result);
+    result
+}
+
+/// The transfer of [`run`] on `endpoint`: waits for the sender, writes what it sends.
+fn receive(args: &RecvArgs, endpoint: &ri2n::Endpoint, to_stdout: bool) -> Result<(), Failure> {
+    let faults = FaultPlan::new(endpoint, &args.link.fault)?;
     let mut output = Output::open(args.output.as_ref(), to_stdout)?;
     if let Output::File { partial, .. } = &output {
         interrupt::remove_on_interrupt(partial.clone());
@@ -435,7 +442,7 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
             error::list(&endpoint.local_addrs())
         );
     }
-    let (conn, monitor, start) = match accept(args, &endpoint, faults) {
+    let (conn, monitor, start) = match accept(args, endpoint, faults) {
         Ok(started) => started,
         Err(f) => {
             output.discard_empty();
@@ -456,9 +463,7 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
         ))
     };
     if let Err(f) = output.begin(&gone) {
-        net::abort(
-            &endpoint,
-            &conn,
+        conn.abort(
             1,
             &format!("the receiver could not ready its output: {}", f.message),
         );
@@ -493,9 +498,7 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
         if let Err(e) = output.writer().write_all(&chunk) {
             // the sender has more acknowledged than this: say what is really in the output
             let holds = output.holds(got);
-            net::abort(
-                &endpoint,
-                &conn,
+            conn.abort(
                 1,
                 &format!("the receiver could not write its output ({e}); {holds}"),
             );
@@ -516,9 +519,7 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
     let complete = format!("with all {got} bytes written to {}", output.final_name());
     if let Err(e) = output.complete() {
         // the sender waits for our end of the stream: it must learn that none comes, and why
-        net::abort(
-            &endpoint,
-            &conn,
+        conn.abort(
             1,
             &format!("the receiver could not complete its output {name} ({e})"),
         );

@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ri2n::Connection;
+use ri2n::{Connection, Endpoint};
 
 use crate::checksum::Checksum;
 use crate::error::Failure;
@@ -156,9 +156,23 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
     };
 
     let endpoint = net::client_endpoint(&args.connect, &args.key, args.quiet)?;
-    let faults = FaultPlan::new(&endpoint, &args.link.fault)?;
+    let result = transfer(args, &endpoint, input, total, &name);
+    net::close_after_failure(&endpoint, &result);
+    result
+}
+
+/// The transfer of [`run`] on `endpoint`: connects, sends `input` (`name`, of `total` bytes
+/// where known), waits for the receiver's end.
+fn transfer(
+    args: &SendArgs,
+    endpoint: &Endpoint,
+    input: Box<dyn AsFd>,
+    total: Option<u64>,
+    name: &str,
+) -> Result<(), Failure> {
+    let faults = FaultPlan::new(endpoint, &args.link.fault)?;
     let config = net::connection_config(&args.connect, &args.link, net::Application::File);
-    let conn = Arc::new(net::connect(&endpoint, &args.connect, config)?);
+    let conn = Arc::new(net::connect(endpoint, &args.connect, config)?);
     interrupt::abort_on_interrupt(conn.clone());
     let start = Instant::now();
     faults.start(start, !args.quiet);
@@ -201,12 +215,7 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
                 None => match shrank(input.as_fd(), total, written) {
                     None => break,
                     Some((was, now)) => {
-                        net::abort(
-                            &endpoint,
-                            &conn,
-                            1,
-                            "the sender's input file shrank while it was read",
-                        );
+                        conn.abort(1, "the sender's input file shrank while it was read");
                         monitor.finish();
                         return Err(Failure::new(
                             crate::error::GENERIC,
@@ -220,7 +229,7 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
                 },
                 Some(signal) => {
                     let why = format!("interrupted by {}", interrupt::name(signal));
-                    net::abort(&endpoint, &conn, signal as u64, &why);
+                    conn.abort(signal as u64, &why);
                     let ended = io::Error::new(io::ErrorKind::Interrupted, why);
                     return Err(lost(&ended, written, monitor));
                 }
@@ -229,7 +238,7 @@ pub fn run(args: &SendArgs) -> Result<(), Failure> {
             // the connection ended while the input was idle
             Err(e) if conn.close_reason().is_some() => return Err(lost(&e, written, monitor)),
             Err(e) => {
-                net::abort(&endpoint, &conn, 1, "the sender could not read its input");
+                conn.abort(1, "the sender could not read its input");
                 monitor.finish();
                 return Err(Failure::io(format!("cannot read {name}"), &e));
             }
