@@ -426,10 +426,12 @@ impl Connection {
     /// [`try_write`](Self::try_write), [`try_recv_message`](Self::try_recv_message),
     /// [`try_send_message`](Self::try_send_message)) clear it before they look, so after one
     /// of them returned `WouldBlock` it becomes readable as soon as retrying may succeed.
-    /// A call of one kind does not hide what waits for another: it signals the descriptor
-    /// again while a read of another kind would return data, or while a writer that was told
-    /// of room has not retried. Call them until `WouldBlock` after each wake-up (the
-    /// descriptor is edge-like). Lives as long as this handle.
+    /// A call of one kind does not hide what waits for another: a call that clears the
+    /// descriptor signals it again if a read of another kind would return data, or a writer
+    /// that was told of room has not retried; each kind of call does so once for each signal
+    /// of the connection's own, so a loop that leaves one kind unread is not woken for it
+    /// over and over. Call them until `WouldBlock` after each wake-up (the descriptor is
+    /// edge-like). Lives as long as this handle.
     pub fn readiness_fd(&self) -> io::Result<BorrowedFd<'_>> {
         match &self.inner {
             Inner::Udp(c) => c.readiness_fd(),
