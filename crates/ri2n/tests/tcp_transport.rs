@@ -1002,6 +1002,10 @@ struct Relay {
     held_back: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Bytes passed from the client to the server.
     forwarded: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// The client's host has no process any more (see [`Relay::cut`]).
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The relay's TCP connections to the server, to end them at a cut.
+    to_server: std::sync::Arc<Mutex<Vec<std::net::TcpStream>>>,
 }
 
 /// Copies `from` to `into` while `held` lets it, counting into `count`; then closes the way
@@ -1050,15 +1054,22 @@ impl Relay {
             held: Default::default(),
             held_back: Default::default(),
             forwarded: Default::default(),
+            cut: Default::default(),
+            to_server: Default::default(),
         };
         let (held, held_back) = (relay.held.clone(), relay.held_back.clone());
         let forwarded = relay.forwarded.clone();
+        let (cut, to_server) = (relay.cut.clone(), relay.to_server.clone());
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { return };
+                if cut.load(std::sync::atomic::Ordering::Relaxed) {
+                    continue;
+                }
                 let Ok(server) = std::net::TcpStream::connect(to) else {
                     continue;
                 };
+                to_server.lock().unwrap().push(server.try_clone().unwrap());
                 let (c_in, s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                 let (held, forwarded) = (held.clone(), forwarded.clone());
                 std::thread::spawn(move || relay_one_way(c_in, s_out, held, forwarded));
@@ -1078,6 +1089,15 @@ impl Relay {
     fn hold_back(&self, held: bool) {
         self.held_back
             .store(held, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// From now on the server sees what it would of a client whose process died: each TCP
+    /// connection's end without a CLOSE, and no new one (the client's are let go unanswered).
+    fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::Relaxed);
+        for s in self.to_server.lock().unwrap().iter() {
+            let _ = s.shutdown(std::net::Shutdown::Write);
+        }
     }
 }
 
@@ -1303,6 +1323,62 @@ fn abort_while_every_link_is_down(client_aborts: bool) {
         (ConnectionState::Closed, Some(why)),
         "{case} aborted"
     );
+}
+
+/// A client gone without a CLOSE whose host answers the server's end of each link late (here
+/// the answer waits behind data the path holds for a second) is still found gone once the
+/// answer comes: an end of the peer's side counts as a refusal when its host answers this
+/// side's end (docs/PROTOCOL.md §12.4), however late. Before, the server looked for the answer
+/// for 500 ms, then never again, and waited for the dead client for ever.
+#[test]
+fn a_client_gone_whose_host_answers_late_is_still_found_gone() {
+    for answer_after in [Duration::from_millis(150), Duration::from_secs(1)] {
+        client_gone_answering_after(answer_after);
+    }
+}
+
+fn client_gone_answering_after(answer_after: Duration) {
+    let bind = |c: EndpointConfig| Endpoint::bind(c.with_transport(Transport::Tcp)).unwrap();
+    let server = bind(EndpointConfig::new(addrs(&["127.0.0.1:0"])).server());
+    let relay = Relay::to(server.local_addrs()[0]);
+    // the client stands for the dead process's host: its drop at the end waits for nothing
+    let client = bind(
+        EndpointConfig::new(addrs(&["127.0.0.1:0"])).with_close_linger(Duration::from_millis(50)),
+    );
+    let conn = client
+        .connect(&[relay.addr], ConnectionConfig::default())
+        .unwrap();
+    let accepted = Arc::new(server.accept().unwrap());
+    wait_for_links(&conn, 1);
+    // the way to the client holds, and what the server writes fills it: its end of the TCP
+    // connection waits behind those bytes
+    relay.hold_back(true);
+    let writer = {
+        let accepted = accepted.clone();
+        std::thread::spawn(move || (&*accepted).write_all(&data(16 << 20, 9)))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    relay.cut();
+    std::thread::sleep(answer_after);
+    // the premise: the server had no answer meanwhile, and took the client for alive
+    assert_eq!(
+        accepted.state(),
+        ConnectionState::Established,
+        "answered after {answer_after:?}: {:?}",
+        accepted.close_reason()
+    );
+    relay.hold_back(false);
+    let gone = Instant::now() + Duration::from_secs(5);
+    while accepted.state() == ConnectionState::Established && Instant::now() < gone {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        accepted.close_reason(),
+        Some(ConnectionError::PeerGone),
+        "answered after {answer_after:?}"
+    );
+    assert!(writer.join().unwrap().is_err(), "the write ended with it");
+    drop((conn, client));
 }
 
 /// Small messages queued while the peer's window was full leave, once it opens, in runs of

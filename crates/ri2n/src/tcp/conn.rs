@@ -163,6 +163,9 @@ pub(crate) struct Link {
     /// connection was closed or reset without a CLOSE (its process died), and new ones are
     /// refused. `None` while the link works or only fell silent (a network outage).
     pub refused_since: Option<Instant>,
+    /// The TCP connection whose peer's side ended without a CLOSE, shut by this side since:
+    /// the link counts as refused once the peer's host answers that (`link::watch`).
+    pub awaiting_answer: Option<Arc<TcpStream>>,
     /// Why the server last turned the link's hello away (another server at its address, or
     /// this one full): warned of once per reason, not at each dial.
     pub turned_away: Option<String>,
@@ -212,6 +215,7 @@ impl Link {
             last_tx: now,
             dialing: false,
             refused_since: None,
+            awaiting_answer: None,
             turned_away: None,
             turned_away_times: 0,
             next_dial: now,

@@ -108,7 +108,7 @@ pub(crate) fn attach(
     // a CLOSE written into the TCP connection this one replaces is not in this one
     (link.close_due, link.close_written) = (again, false);
     (link.last_ack_progress, link.paused_until) = (now, None);
-    link.refused_since = None;
+    (link.refused_since, link.awaiting_answer) = (None, None);
     let incarnation = link.incarnation;
     st.cipher = keys.as_ref().map(|k| k.cipher);
     st.striper.link_up(l, rtt);
@@ -709,7 +709,7 @@ fn reader(
     conn: &Arc<TcpConnection>,
     l: usize,
     incarnation: u64,
-    s: &TcpStream,
+    s: &Arc<TcpStream>,
     leftover: BytesMut,
     open: Option<FrameKey>,
 ) {
@@ -746,43 +746,22 @@ fn reader(
             st.end(Some(why));
             conn.wake();
         }
-        Err(None) => {
+        Err(None) if r.failed == Some(io::ErrorKind::UnexpectedEof) => {
             // the peer's host ended its side without a CLOSE: the peer's process is gone, or
             // the peer replaced a link it found silent, maybe as the path went dark one way
             // only. A refusal once the host answers this side's end too (`fail` shuts the TCP
-            // connection): through a path dark this way, no answer comes, and the peer, alive
-            // and dialling, is not taken for gone.
-            let ended = r.failed == Some(io::ErrorKind::UnexpectedEof);
-            let refused = !ended && r.failed.is_some_and(closed_by_peer);
-            fail(conn, &mut st, l, incarnation, refused);
-            drop(st);
-            if ended {
-                refused_once_answered(conn, l, incarnation, s);
+            // connection, unless a silence failed the link first; the watch looks for the
+            // answer): through a path dark this way none comes, and the peer, alive and
+            // dialling, is not taken for gone.
+            fail(conn, &mut st, l, incarnation, false);
+            if st.links[l].incarnation == incarnation {
+                st.links[l].awaiting_answer = Some(s.clone());
             }
         }
-    }
-}
-
-/// Notes link `l` refused once the peer's host answered the end of `s`, its TCP connection
-/// `incarnation` that [`fail`] shut after the peer's host ended its side (it acknowledged
-/// this side's end, or reset the connection), unless the link was replaced first. Waits for
-/// the answer [`PEER_GONE`] at most, or a few of the link's round trips if longer.
-fn refused_once_answered(conn: &TcpConnection, l: usize, incarnation: u64, s: &TcpStream) {
-    let srtt = conn.lock().links[l].srtt;
-    let deadline = Instant::now() + PEER_GONE.max(srtt * 4);
-    while Instant::now() < deadline {
-        let answered = sys::closed_both_ways(s);
-        let mut st = conn.lock();
-        let link = &mut st.links[l];
-        if link.incarnation != incarnation || link.connected() {
-            return;
+        Err(None) => {
+            let refused = r.failed.is_some_and(closed_by_peer);
+            fail(conn, &mut st, l, incarnation, refused);
         }
-        if answered {
-            link.refused_since.get_or_insert_with(Instant::now);
-            return;
-        }
-        drop(st);
-        std::thread::sleep(WATCH_TICK);
     }
 }
 
@@ -1072,6 +1051,16 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
                 if let Some(via) = &link.confirmer {
                     sys::confirm_next_hop(via, link.remote);
                 }
+            }
+            if let Some(answer) = link
+                .awaiting_answer
+                .as_deref()
+                .and_then(sys::close_answered)
+            {
+                if answer {
+                    link.refused_since.get_or_insert(now);
+                }
+                link.awaiting_answer = None;
             }
             if !link.connected() {
                 continue;

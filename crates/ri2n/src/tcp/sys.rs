@@ -92,12 +92,18 @@ pub(crate) fn rtt_and_cwnd(s: &TcpStream) -> Option<(Duration, u64)> {
     })
 }
 
-/// The TCP connection is over at both ends (state `TCP_CLOSE`): the peer's host acknowledged
-/// the end of what this side sent, or reset the connection.
-pub(crate) fn closed_both_ways(s: &TcpStream) -> bool {
+/// Whether the peer's host answered this side's end of a TCP connection shut after the
+/// peer's end: `Some(true)` once the connection is over (state `TCP_CLOSE`) by this side's
+/// end acknowledged, or reset; `Some(false)` once it is over by a timeout (no answer, or an
+/// ICMP error, ever came); `None` while this side's end waits for an answer.
+pub(crate) fn close_answered(s: &TcpStream) -> Option<bool> {
     // include/net/tcp_states.h
     const TCP_CLOSE: u8 = 7;
-    tcp_info(s).is_some_and(|info| info.tcpi_state == TCP_CLOSE)
+    if tcp_info(s)?.tcpi_state != TCP_CLOSE {
+        return None;
+    }
+    let error = s.take_error().ok().flatten().and_then(|e| e.raw_os_error());
+    Some(matches!(error, None | Some(libc::ECONNRESET | libc::EPIPE)))
 }
 
 /// Bytes a TCP connection holds that the peer's kernel has not acknowledged, sent or not
