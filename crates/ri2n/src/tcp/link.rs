@@ -481,8 +481,11 @@ fn send_batch<'a>(conn: &'a TcpConnection, l: usize, tx: &mut Tx, wait: bool) ->
     if tx.closing {
         let _ = s.shutdown(Shutdown::Write);
         let mut st = conn.lock();
-        st.links[l].close_due = false;
-        st.links[l].close_written = res.is_ok();
+        // a replacement since carries its own CLOSE (`attach`)
+        if st.links[l].incarnation == tx.incarnation {
+            st.links[l].close_due = false;
+            st.links[l].close_written = res.is_ok();
+        }
         drop(st);
         conn.notify_app();
         return Batch::Over;
