@@ -1101,6 +1101,34 @@ impl Relay {
     }
 }
 
+/// A TCP server, a [`Relay`] to it, a client bound with `client` and the connection each
+/// end holds of one the client opened through the relay.
+struct Relayed {
+    server: Endpoint,
+    relay: Relay,
+    client: Endpoint,
+    conn: ri2n::Connection,
+    accepted: ri2n::Connection,
+}
+
+fn relayed(client: EndpointConfig) -> Relayed {
+    let bind = |c: EndpointConfig| Endpoint::bind(c.with_transport(Transport::Tcp)).unwrap();
+    let server = bind(EndpointConfig::new(addrs(&["127.0.0.1:0"])).server());
+    let relay = Relay::to(server.local_addrs()[0]);
+    let client = bind(client);
+    let conn = client
+        .connect(&[relay.addr], ConnectionConfig::default())
+        .unwrap();
+    let accepted = server.accept().unwrap();
+    Relayed {
+        server,
+        relay,
+        client,
+        conn,
+        accepted,
+    }
+}
+
 /// `try_write` never blocks, also while its link's TCP connection is full: what the socket
 /// does not take at once is left to the link's writer thread. Before, the calling thread
 /// wrote a run on the blocking socket whenever it was writable at all, and waited there for
@@ -1195,14 +1223,13 @@ fn a_close_lost_with_every_link_goes_again_on_one_that_comes_back() {
 }
 
 fn close_lost_with_every_link(client_ends_first: bool) {
-    let bind = |c: EndpointConfig| Endpoint::bind(c.with_transport(Transport::Tcp)).unwrap();
-    let server = bind(EndpointConfig::new(addrs(&["127.0.0.1:0"])).server());
-    let relay = Relay::to(server.local_addrs()[0]);
-    let client = bind(EndpointConfig::new(addrs(&["127.0.0.1:0"])));
-    let conn = client
-        .connect(&[relay.addr], ConnectionConfig::default())
-        .unwrap();
-    let accepted = server.accept().unwrap();
+    let Relayed {
+        server: _server,
+        relay,
+        client: _client,
+        conn,
+        accepted,
+    } = relayed(EndpointConfig::new(addrs(&["127.0.0.1:0"])));
     // the side that ends first, and its peer, which then waits for that side's last ACK
     let (first, waiting) = match client_ends_first {
         true => (&conn, &accepted),
@@ -1283,14 +1310,13 @@ fn an_abort_while_every_link_is_down_reaches_the_peer_once_one_comes_back() {
 }
 
 fn abort_while_every_link_is_down(client_aborts: bool) {
-    let bind = |c: EndpointConfig| Endpoint::bind(c.with_transport(Transport::Tcp)).unwrap();
-    let server = bind(EndpointConfig::new(addrs(&["127.0.0.1:0"])).server());
-    let relay = Relay::to(server.local_addrs()[0]);
-    let client = bind(EndpointConfig::new(addrs(&["127.0.0.1:0"])));
-    let conn = client
-        .connect(&[relay.addr], ConnectionConfig::default())
-        .unwrap();
-    let accepted = server.accept().unwrap();
+    let Relayed {
+        server: _server,
+        relay,
+        client: _client,
+        conn,
+        accepted,
+    } = relayed(EndpointConfig::new(addrs(&["127.0.0.1:0"])));
     let (aborting, peer) = match client_aborts {
         true => (&conn, &accepted),
         false => (&accepted, &conn),
@@ -1338,17 +1364,16 @@ fn a_client_gone_whose_host_answers_late_is_still_found_gone() {
 }
 
 fn client_gone_answering_after(answer_after: Duration) {
-    let bind = |c: EndpointConfig| Endpoint::bind(c.with_transport(Transport::Tcp)).unwrap();
-    let server = bind(EndpointConfig::new(addrs(&["127.0.0.1:0"])).server());
-    let relay = Relay::to(server.local_addrs()[0]);
     // the client stands for the dead process's host: its drop at the end waits for nothing
-    let client = bind(
-        EndpointConfig::new(addrs(&["127.0.0.1:0"])).with_close_linger(Duration::from_millis(50)),
-    );
-    let conn = client
-        .connect(&[relay.addr], ConnectionConfig::default())
-        .unwrap();
-    let accepted = Arc::new(server.accept().unwrap());
+    let client = EndpointConfig::new(addrs(&["127.0.0.1:0"]));
+    let Relayed {
+        server: _server,
+        relay,
+        client,
+        conn,
+        accepted,
+    } = relayed(client.with_close_linger(Duration::from_millis(50)));
+    let accepted = Arc::new(accepted);
     wait_for_links(&conn, 1);
     // the way to the client holds, and what the server writes fills it: its end of the TCP
     // connection waits behind those bytes
