@@ -293,6 +293,9 @@ pub(crate) struct State {
     /// Until then the end's ACK and CLOSE may not have reached the peer, which then waits for
     /// them: the connection keeps its links (see [`Self::lingering`]).
     pub close_settled: bool,
+    /// When a link's TCP first acknowledged the CLOSE of an error end of this side's (see
+    /// [`Self::close_arrived`]).
+    pub close_arrived_at: Option<Instant>,
     pub all_down_since: Option<Instant>,
     /// Which link the stream waits on, since when (see `link::soft_failure`).
     pub slow_links: SlowLinkWatch,
@@ -692,8 +695,8 @@ impl State {
     /// lost with every link, or found no link up to go on, and the peer would then wait for
     /// it for ever. A connection lingering so keeps its links watched, a client dials those
     /// that die, a server takes their hellos, and each link that comes back sends the ACK
-    /// and the CLOSE again (docs/PROTOCOL.md §12.5). Settled by the peer's CLOSE, by its
-    /// TCP's acknowledgement of an error end's CLOSE ([`Self::close_arrived`]: no CLOSE
+    /// and the CLOSE again (docs/PROTOCOL.md §12.5). Settled by the peer's CLOSE, shortly
+    /// after its TCP acknowledged an error end's CLOSE ([`Self::close_arrived`]: no CLOSE
     /// answers that), by a hello turned away, or at the endpoint's close linger.
     pub fn lingering(&self) -> bool {
         let tells = match &self.end {
@@ -818,6 +821,7 @@ impl TcpConnection {
             end: None,
             ended_at: None,
             close_settled: false,
+            close_arrived_at: None,
             all_down_since: None,
             slow_links: SlowLinkWatch::default(),
             close_record: (0, String::new()),

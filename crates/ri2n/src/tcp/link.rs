@@ -998,8 +998,17 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
         let mut st = conn.lock();
         if let Some(at) = st.ended_at {
             // an end the peer did not confirm is waited on for the endpoint's linger; an
-            // error end's CLOSE, which no CLOSE answers, until the peer's TCP acknowledged it
-            let told = matches!(st.end, Some(Some(_))) && st.close_arrived();
+            // error end's CLOSE, which no CLOSE answers, until `CLOSE_LINGER` after the peer's
+            // TCP acknowledged it: the hellos of the peer's other dials, which may be on their
+            // way meanwhile, still find the connection and carry the CLOSE, where being told
+            // it is unknown would make the peer take this side for restarted
+            if matches!(st.end, Some(Some(_)))
+                && st.close_arrived_at.is_none()
+                && st.close_arrived()
+            {
+                st.close_arrived_at = Some(now);
+            }
+            let told = st.close_arrived_at.is_some_and(|t| now - t >= CLOSE_LINGER);
             if st.lingering() && (told || now - at >= conn.settings.close_linger.max(CLOSE_LINGER))
             {
                 st.close_settled = true;
