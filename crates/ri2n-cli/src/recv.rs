@@ -102,16 +102,20 @@ impl Output {
         let path = ri2n::follow_links(path)
             .map_err(|e| Failure::io(format!("cannot follow {}", path.display()), &e))?;
         let partial = partial_name(&path);
-        let f = create_partial(&partial)?;
         // a file this one replaces keeps its owner and permissions, as `cp` (writing into
         // it) keeps them, and what arrives is no more readable meanwhile: a private file
         // comes back private, and root receiving into a user's file leaves it theirs. Its
         // owner may write it until it is complete: a read-only one left by a failed transfer
         // could not be taken over by the next receiver of the same user
+        use std::os::unix::fs::PermissionsExt;
         let old = std::fs::metadata(&path).ok().filter(|m| m.is_file());
-        if let Some(old) = &old {
-            use std::os::unix::fs::PermissionsExt;
-            let writable = std::fs::Permissions::from_mode(old.permissions().mode() | 0o200);
+        let writable_mode = old.as_ref().map(|m| m.permissions().mode() | 0o200);
+        // made with those permissions (the umask narrowing them further) rather than
+        // narrowed once made: whoever opened it in between could read all that arrives
+        let made_mode = writable_mode.map_or(0o666, |m| m & 0o777);
+        let f = create_partial(&partial, made_mode)?;
+        if let (Some(old), Some(mode)) = (&old, writable_mode) {
+            let writable = std::fs::Permissions::from_mode(mode);
             let kept = keep_owner(&f, old).and_then(|()| f.set_permissions(writable));
             kept.map_err(|e| {
                 Failure::io(format!("cannot set the mode of {}", partial.display()), &e)
@@ -308,10 +312,10 @@ fn keep_owner(f: &File, old: &std::fs::Metadata) -> io::Result<()> {
     }
 }
 
-/// Creates `partial` for writing, or takes a file left there by an earlier run (emptied once
-/// a sender comes), only while no other process writes it: two receivers given the same
-/// `--output` (on other ports) would otherwise write into one file, each finishing with the
-/// other's bytes mixed in. The lock (`flock`) goes with the open file, so it ends with the
+/// Creates `partial` for writing (with `mode`, less the umask), or takes a file left there by
+/// an earlier run (emptied once a sender comes), only while no other process writes it: two
+/// receivers given the same `--output` (on other ports) would otherwise write into one file,
+/// each finishing with the other's bytes mixed in. The lock (`flock`) goes with the open file, so it ends with the
 /// process however that ends, and a file an interrupted run left is taken over. The file
 /// locked must still be the one the name holds: a receiver that finished meanwhile renamed
 /// its file to FILE, and writing on into it would spoil that complete file.
@@ -319,13 +323,14 @@ fn keep_owner(f: &File, old: &std::fs::Metadata) -> io::Result<()> {
 /// A `partial` that is a symbolic link, or a file with other names, is refused rather than
 /// emptied: in a directory others can write (`/tmp`), either would let them point a receiver,
 /// root's too, at a file of their choice, which it would empty and fill.
-fn create_partial(partial: &Path) -> Result<File, Failure> {
+fn create_partial(partial: &Path, mode: u32) -> Result<File, Failure> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let context = || format!("cannot create {}", partial.display());
     let opened = File::options()
         .write(true)
         .create(true)
         .truncate(false)
+        .mode(mode)
         // a FIFO left under the name must not hold the receiver in its open
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(partial);

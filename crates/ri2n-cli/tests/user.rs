@@ -1072,12 +1072,17 @@ fn a_replaced_output_keeps_its_permissions() {
     let sent = write_random(input.path(), 1 << 20, 5);
     let port = free_port();
     let (recv, to) = spawn_recv(port, output.path(), &[]);
-    // recv binds first, then makes FILE.partial
+    // recv binds first, then makes FILE.partial: looked at without pause, so that a moment
+    // in which it is more readable than FILE (made, then narrowed) is seen
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !output.partial().exists() {
+    let first = loop {
+        if let Ok(m) = std::fs::metadata(output.partial()) {
+            break m.permissions().mode() & 0o777;
+        }
         assert!(Instant::now() < deadline, "no FILE.partial within 10 s");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+        std::thread::yield_now();
+    };
+    assert_eq!(first, 0o600, "FILE.partial as soon as it exists");
     assert_eq!(
         mode(&output.partial()),
         0o600,
