@@ -492,8 +492,8 @@ pub struct RecvArgs {
     /// disk, only when the whole stream arrived; after a failure or an interrupt FILE.partial holds what arrived and the error
     /// says how much (a later recv empties it only once its sender connects). While one recv
     /// writes FILE.partial, another given the same FILE is refused (exit 1), and so is a
-    /// FILE.partial that is a symbolic link or has other hard links (it is never written
-    /// through). A device or FIFO is written directly (a FIFO that nothing reads yet is
+    /// FILE.partial that is a symbolic link, has other hard links or belongs to another user
+    /// than this one and FILE's owner (it is never written through). A device or FIFO is written directly (a FIFO that nothing reads yet is
     /// opened once the sender connects). Default (or `-`, or a name for the file stdout is,
     /// such as /dev/stdout): stdout.
     #[arg(long, short, value_name = "FILE")]

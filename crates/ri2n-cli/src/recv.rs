@@ -35,7 +35,8 @@ enum Output {
         w: BufWriter<File>,
         partial: PathBuf,
         path: PathBuf,
-        /// The permissions of the file it replaces, given to it whole once complete.
+        /// Its permissions once complete, where those it was made with are not: those of
+        /// the file it replaces, or a new file's for one an earlier run left.
         mode: Option<std::fs::Permissions>,
     },
     /// A device or pipe named by the user (`/dev/null`, a FIFO): written directly.
@@ -104,28 +105,41 @@ impl Output {
         let partial = partial_name(&path);
         // a file this one replaces keeps its owner and permissions, as `cp` (writing into
         // it) keeps them, and what arrives is no more readable meanwhile: a private file
-        // comes back private, and root receiving into a user's file leaves it theirs. Its
-        // owner may write it until it is complete: a read-only one left by a failed transfer
-        // could not be taken over by the next receiver of the same user
+        // comes back private, and root receiving into a user's file leaves it theirs. A new
+        // file has what the umask gives, also when it takes over a partial file an earlier
+        // run left with other permissions. Its owner may write it until it is complete: a
+        // read-only one left by a failed transfer could not be taken over by the next
+        // receiver of the same user
         use std::os::unix::fs::PermissionsExt;
         let old = std::fs::metadata(&path).ok().filter(|m| m.is_file());
-        let writable_mode = old.as_ref().map(|m| m.permissions().mode() | 0o200);
-        // made with those permissions (the umask narrowing them further) rather than
-        // narrowed once made: whoever opened it in between could read all that arrives
-        let made_mode = writable_mode.map_or(0o666, |m| m & 0o777);
-        let f = create_partial(&partial, made_mode)?;
-        if let (Some(old), Some(mode)) = (&old, writable_mode) {
-            let writable = std::fs::Permissions::from_mode(mode);
-            let kept = keep_owner(&f, old).and_then(|()| f.set_permissions(writable));
-            kept.map_err(|e| {
-                Failure::io(format!("cannot set the mode of {}", partial.display()), &e)
-            })?;
-        }
+        let (f, made) = create_partial(&partial, old.as_ref())?;
+        let writable = |mode: u32| std::fs::Permissions::from_mode(mode | 0o200);
+        let cannot =
+            |e: io::Error| Failure::io(format!("cannot set the mode of {}", partial.display()), &e);
+        let mode = match &old {
+            Some(old) => {
+                let mode = old.permissions().mode();
+                (keep_owner(&f, old).and_then(|()| f.set_permissions(writable(mode))))
+                    .map_err(cannot)?;
+                Some(mode)
+            }
+            // made as every new file is (on a file system without permissions too)
+            None if made => None,
+            None => {
+                let mode = new_file_mode();
+                match f.set_permissions(writable(mode)) {
+                    Ok(()) => Some(mode),
+                    // its own file: a file system without permissions (vfat) keeps its own
+                    Err(e) if e.kind() == io::ErrorKind::PermissionDenied => None,
+                    Err(e) => return Err(cannot(e)),
+                }
+            }
+        };
         Ok(Output::File {
             w: BufWriter::with_capacity(OUT_BUFFER, f),
             partial,
             path,
-            mode: old.map(|m| m.permissions()),
+            mode: mode.map(std::fs::Permissions::from_mode),
         })
     }
 
@@ -301,6 +315,17 @@ fn partial_name(path: &Path) -> PathBuf {
     path.with_file_name(std::ffi::OsStr::from_bytes(&partial))
 }
 
+/// The permissions a file this process creates gets: 0666 less the umask.
+fn new_file_mode() -> u32 {
+    // umask(2) only sets it: read by setting a narrower one for a moment (a file another
+    // thread makes in that moment is only the more private)
+    // SAFETY: umask has no preconditions and cannot fail
+    let umask = unsafe { libc::umask(0o077) };
+    // SAFETY: as above
+    unsafe { libc::umask(umask) };
+    0o666 & !umask
+}
+
 /// Gives `f` the owner and group of `old`, the file it will replace. Only root may give a
 /// file away, and a user may give it only a group of theirs: where the change is not this
 /// process's to make, `f` stays its own, as any file it creates.
@@ -312,28 +337,49 @@ fn keep_owner(f: &File, old: &std::fs::Metadata) -> io::Result<()> {
     }
 }
 
-/// Creates `partial` for writing (with `mode`, less the umask), or takes a file left there by
-/// an earlier run (emptied once a sender comes), only while no other process writes it: two
+/// Creates `partial` for writing (and says so: `true`), or takes a file left there by an
+/// earlier run (emptied once a sender comes), only while no other process writes it: two
 /// receivers given the same `--output` (on other ports) would otherwise write into one file,
-/// each finishing with the other's bytes mixed in. The lock (`flock`) goes with the open file, so it ends with the
-/// process however that ends, and a file an interrupted run left is taken over. The file
-/// locked must still be the one the name holds: a receiver that finished meanwhile renamed
-/// its file to FILE, and writing on into it would spoil that complete file.
+/// each finishing with the other's bytes mixed in. The lock (`flock`) goes with the open
+/// file, so it ends with the process however that ends, and a file an interrupted run left
+/// is taken over. The file locked must still be the one the name holds: a receiver that
+/// finished meanwhile renamed its file to FILE, and writing on into it would spoil that
+/// complete file.
+///
+/// Where it replaces a file (`old`), it is made readable by its owner alone, until
+/// [`Output::open`] has given it that file's owner and permissions: in a setgid directory it
+/// is made with the directory's group, and a member of that group who opened it in between
+/// could read all that arrives.
 ///
 /// A `partial` that is a symbolic link, or a file with other names, is refused rather than
 /// emptied: in a directory others can write (`/tmp`), either would let them point a receiver,
-/// root's too, at a file of their choice, which it would empty and fill.
-fn create_partial(partial: &Path, mode: u32) -> Result<File, Failure> {
+/// root's too, at a file of their choice, which it would empty and fill. So is one that
+/// belongs to another user than this process's and `old`'s owner: they could have opened it
+/// beforehand, and read or change through that all that arrives.
+fn create_partial(
+    partial: &Path,
+    old: Option<&std::fs::Metadata>,
+) -> Result<(File, bool), Failure> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let context = || format!("cannot create {}", partial.display());
-    let opened = File::options()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(mode)
-        // a FIFO left under the name must not hold the receiver in its open
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(partial);
+    let open = |make: bool| {
+        File::options()
+            .write(true)
+            .create_new(make)
+            .mode(if old.is_some() { 0o600 } else { 0o666 })
+            // a FIFO left under the name must not hold the receiver in its open
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(partial)
+    };
+    // made, else taken (it was there), else made again (it went in between), once
+    let mut opened = open(true).map(|f| (f, true));
+    for _ in 0..2 {
+        opened = match opened {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => open(false).map(|f| (f, false)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => open(true).map(|f| (f, true)),
+            r => r,
+        };
+    }
     let not_ours = |what: &str| {
         Failure::new(
             error::GENERIC,
@@ -343,7 +389,7 @@ fn create_partial(partial: &Path, mode: u32) -> Result<File, Failure> {
             ),
         )
     };
-    let f = match opened {
+    let (f, made) = match opened {
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
             return Err(not_ours("is a symbolic link"))
         }
@@ -355,6 +401,14 @@ fn create_partial(partial: &Path, mode: u32) -> Result<File, Failure> {
     }
     if meta.nlink() > 1 {
         return Err(not_ours("has other names (hard links)"));
+    }
+    // SAFETY: geteuid has no preconditions
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me && old.is_none_or(|o| o.uid() != meta.uid()) {
+        return Err(not_ours(&format!(
+            "belongs to another user (uid {})",
+            meta.uid()
+        )));
     }
     // writes block as usual from here
     // SAFETY: fcntl on a descriptor this function owns; no memory is passed
@@ -385,7 +439,7 @@ fn create_partial(partial: &Path, mode: u32) -> Result<File, Failure> {
     }
     // emptied only once a sender comes (`Output::begin`): a receiver that gets none leaves
     // what an earlier one kept
-    Ok(f)
+    Ok((f, made))
 }
 
 /// Whether the data goes to stdout: `--output -` (or none), or a name for the very file

@@ -1408,6 +1408,140 @@ fn a_replaced_output_keeps_its_owner() {
     assert_eq!((m.uid(), m.gid(), m.mode() & 0o777), (65534, 65534, 0o600));
 }
 
+/// A FILE.partial of another user (made beforehand in a directory everyone may write) is
+/// not written: they could hold it open and read all that arrives, or change it once
+/// complete. `recv` refuses it at once (exit 1) and leaves it as it was. Before, root took it
+/// over, and FILE came out theirs and writable by all. Where FILE is that user's too, root
+/// receiving into it takes their partial over, as it gives them the complete file.
+#[test]
+fn a_partial_file_of_another_user_is_not_taken_over() {
+    use std::os::unix::fs::{chown, MetadataExt, PermissionsExt};
+    if !root_or_skip("a file of another user") {
+        return;
+    }
+    let dir = TempFile::new("foreign-partial");
+    std::fs::create_dir(dir.path()).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let output = dir.path().join("out");
+    let partial = dir.path().join("out.partial");
+    std::fs::write(&partial, "theirs").unwrap();
+    std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o666)).unwrap();
+    chown(&partial, Some(65534), Some(65534)).unwrap();
+    let (recv, _) = start_recv(free_port(), &output, &["--quiet"]);
+    let (r, ro) = recv.wait(Duration::from_secs(10));
+    let err = stderr_of(&ro);
+    assert_eq!(r.code(), Some(1), "{err}");
+    assert!(
+        err.contains("out.partial belongs to another user (uid 65534): not writing through it"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&partial).unwrap(), b"theirs");
+    assert!(!output.exists());
+
+    std::fs::write(&output, "old").unwrap();
+    std::fs::set_permissions(&output, std::fs::Permissions::from_mode(0o600)).unwrap();
+    chown(&output, Some(65534), Some(65534)).unwrap();
+    let input = TempFile::new("foreign-partial-in");
+    let sent = write_random(input.path(), 50_000, 12);
+    let (recv, a) = spawn_recv(free_port(), &output, &["--quiet"]);
+    let (s, so) = send_file(&a, input.path(), &["--quiet"]);
+    let (r, ro) = recv.wait(Duration::from_secs(20));
+    assert!(s.success(), "send: {}", stderr_of(&so));
+    assert!(r.success(), "recv: {}", stderr_of(&ro));
+    assert_eq!(sha256_file(&output), (sent, 50_000));
+    let m = std::fs::metadata(&output).unwrap();
+    assert_eq!((m.uid(), m.gid(), m.mode() & 0o777), (65534, 65534, 0o600));
+    assert!(!partial.exists());
+}
+
+/// A FILE.partial an earlier run left (mode 0644) taken over by a `recv` whose umask is 077,
+/// with no FILE to replace: FILE comes out as a new file of this umask would, 0600. Before,
+/// it kept the mode of the earlier run's file, readable by every local user, and so was
+/// what arrived meanwhile.
+#[test]
+fn a_partial_file_an_earlier_run_left_takes_the_permissions_of_a_new_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let output = TempFile::new("left-mode");
+    std::fs::write(output.partial(), "left by an earlier run").unwrap();
+    std::fs::set_permissions(output.partial(), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let input = TempFile::new("left-mode-in");
+    let sent = write_random(input.path(), 50_000, 13);
+    let port = free_port();
+    let to = format!("127.0.0.1:{port}");
+    let recv = Proc::spawn(
+        "ri2n recv with umask 077",
+        Command::new("sh")
+            .args(["-c", "umask 077 && exec \"$0\" \"$@\"", bin()])
+            .args(["recv", "--quiet", "--listen", &to, "--output"])
+            .arg(output.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    wait_udp_bound(port, Duration::from_secs(10));
+    let (s, so) = send_file(&to, input.path(), &["--quiet"]);
+    let (r, ro) = recv.wait(Duration::from_secs(20));
+    assert!(s.success(), "send: {}", stderr_of(&so));
+    assert!(r.success(), "recv: {}", stderr_of(&ro));
+    assert_eq!(sha256_file(output.path()), (sent, 50_000));
+    let mode = std::fs::metadata(output.path())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+}
+
+/// A file replaced in a setgid directory of another group (a shared project directory):
+/// FILE.partial, which is made with the directory's group, is never readable by that group,
+/// from the moment it exists (looked at without pause) until it has FILE's group. Before, it
+/// was made with FILE's permissions (0640) and the directory's group, and given FILE's group
+/// a few system calls later: a member of the directory's group who opened it in between
+/// could read all that arrived.
+#[test]
+fn a_replaced_output_in_a_setgid_directory_is_never_open_to_the_directory_s_group() {
+    use std::os::unix::fs::{chown, MetadataExt, PermissionsExt};
+    if !root_or_skip("a directory of another group") {
+        return;
+    }
+    let dir = TempFile::new("setgid-dir");
+    std::fs::create_dir(dir.path()).unwrap();
+    chown(dir.path(), Some(0), Some(65534)).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o2755)).unwrap();
+    let output = dir.path().join("out");
+    let partial = dir.path().join("out.partial");
+    std::fs::write(&output, "old").unwrap();
+    chown(&output, Some(0), Some(0)).unwrap();
+    std::fs::set_permissions(&output, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let input = TempFile::new("setgid-in");
+    let sent = write_random(input.path(), 50_000, 14);
+    let (recv, to) = start_recv(free_port(), &output, &["--quiet"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let open_to_the_group = |m: &std::fs::Metadata| m.gid() != 0 && m.mode() & 0o070 != 0;
+    let first = loop {
+        if let Ok(m) = std::fs::metadata(&partial) {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "no FILE.partial within 10 s");
+        std::thread::yield_now();
+    };
+    assert!(
+        !open_to_the_group(&first),
+        "FILE.partial as soon as it exists: group {}, mode {:o}",
+        first.gid(),
+        first.mode() & 0o7777
+    );
+    wait_udp_bound(
+        to.rsplit(':').next().unwrap().parse().unwrap(),
+        Duration::from_secs(10),
+    );
+    let (s, so) = send_file(&to, input.path(), &["--quiet"]);
+    let (r, ro) = recv.wait(Duration::from_secs(20));
+    assert!(s.success(), "send: {}", stderr_of(&so));
+    assert!(r.success(), "recv: {}", stderr_of(&ro));
+    assert_eq!(sha256_file(&output), (sent, 50_000));
+    let m = std::fs::metadata(&output).unwrap();
+    assert_eq!((m.uid(), m.gid(), m.mode() & 0o777), (0, 0, 0o640));
+}
+
 /// A file cut short while `ri2n send` reads it (a log rotated, a file rewritten) ends the
 /// transfer as a failure on both sides: the sender exits 1 saying so, and the receiver's
 /// FILE is not made from what came, which is neither the file as it was nor as it is.
