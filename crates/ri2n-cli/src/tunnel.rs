@@ -118,9 +118,15 @@ pub fn describe(args: &TunnelArgs) -> Result<String, Failure> {
         .map_err(|e| Failure::new(USAGE, format!("{}: {e}", path.display())))?;
     ri2n_tunnel::check_links_free(&cluster, me).map_err(failure)?;
     if let Some(addr) = args.metrics {
-        // bound and let go at once: the daemon binds it after the interface is up
-        std::net::TcpListener::bind(addr)
-            .map_err(|e| failure(Error::Metrics { addr, source: e }))?;
+        // bound and let go at once: the daemon binds it after the interface is up. A port
+        // this user may not bind is no error, as for the links: the daemon may
+        match std::net::TcpListener::bind(addr) {
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => say!(
+                "ri2n tunnel: warning: cannot try the metrics address {addr} ({e}): the \
+                 daemon needs root or CAP_NET_BIND_SERVICE to serve it"
+            ),
+            r => drop(r.map_err(|e| failure(Error::Metrics { addr, source: e }))?),
+        }
     }
     let h = &cluster.hosts[me];
     Ok(format!(

@@ -1392,6 +1392,7 @@ interface = \"zzt0\"\n{text}"
         ),
     )
     .unwrap();
+    let bound = TempFile::new("holder-bound");
     // runs `setup`, then --check and the daemon (at most 10 s), in a namespace of their own
     let both = |setup: &str| {
         let script = format!(
@@ -1406,6 +1407,7 @@ interface = \"zzt0\"\n{text}"
                 .args(["-n", "bash", "-c", &script])
                 .env("RI2N", bin())
                 .env("CONFIG", config.path())
+                .env("BOUND", bound.path())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped()),
         )
@@ -1424,12 +1426,15 @@ interface = \"zzt0\"\n{text}"
         2,
         "{out}"
     );
-    // a socket without SO_REUSEPORT, which ri2n's link sockets share a port with
+    // a socket without SO_REUSEPORT, which ri2n's link sockets share a port with, bound
+    // before --check looks (python's start can take a while on a busy machine)
     let hold = "python3 -c 'import socket, time\n\
                 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
                 s.bind((\"127.0.0.1\", 7735))\n\
-                time.sleep(20)' >/dev/null 2>&1 &\n\
-                HOLDER=$!; sleep 0.5";
+                print(\"bound\", flush=True)\n\
+                time.sleep(20)' >\"$BOUND\" 2>&1 &\n\
+                HOLDER=$!\n\
+                for i in $(seq 100); do grep -q bound \"$BOUND\" && break; sleep 0.1; done";
     let out = both(&format!("{hold}\n"));
     assert!(
         out.contains("check exit 5") && out.contains("daemon exit 5"),
@@ -1440,6 +1445,74 @@ interface = \"zzt0\"\n{text}"
             .count(),
         2,
         "{out}"
+    );
+}
+
+/// `--check --metrics` on a port below 1024, run by a user who may not bind one: the daemon,
+/// as root or with `CAP_NET_BIND_SERVICE`, binds it, so `--check` passes and says so, as it
+/// passes the links' port then. Before, it failed (exit 5, permission denied). As nobody
+/// (65534), through `setpriv`.
+#[test]
+fn tunnel_check_passes_a_privileged_metrics_port_it_may_not_bind_itself() {
+    use std::os::unix::fs::PermissionsExt;
+    if !root_or_skip("setpriv to another user") {
+        return;
+    }
+    let unprivileged_from: u16 =
+        std::fs::read_to_string("/proc/sys/net/ipv4/ip_unprivileged_port_start")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(1024);
+    if unprivileged_from < 2 {
+        eprintln!("skipped: every user may bind every port here (ip_unprivileged_port_start)");
+        return;
+    }
+    let program = TempFile::new("ri2n-check-as-nobody");
+    std::fs::copy(bin(), program.path()).unwrap();
+    std::fs::set_permissions(program.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let key = keygen("tunnel-nobody.key");
+    std::fs::set_permissions(key.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let config = TempFile::new("cluster-nobody.toml");
+    // a port of its own: the links' port held by root (another test's --check) is refused
+    // to nobody
+    let text = cluster_text(key.path(), "10.99.0.2");
+    std::fs::write(config.path(), format!("port = {}\n{text}", free_port())).unwrap();
+    std::fs::set_permissions(config.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let as_nobody = |metrics: &str| {
+        let out = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(program.path())
+            .args([
+                "tunnel",
+                "--check",
+                "--name",
+                "me",
+                "--metrics",
+                metrics,
+                "--config",
+            ])
+            .arg(config.path())
+            .output()
+            .unwrap();
+        (out.status, stderr_of(&out))
+    };
+    // the premise: nobody may not bind it, where root may
+    let low = format!("127.0.0.1:{}", unprivileged_from - 1);
+    let (status, err) = as_nobody(&low);
+    assert!(status.success(), "{err}");
+    assert!(
+        err.contains(&format!("cannot try the metrics address {low}"))
+            && err.contains("CAP_NET_BIND_SERVICE"),
+        "{err}"
+    );
+    // a port nobody may bind but another process holds is still refused
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (status, err) = as_nobody(&addr);
+    assert_eq!(status.code(), Some(5), "{err}");
+    assert!(
+        err.contains(&format!("cannot serve metrics on {addr}")),
+        "{err}"
     );
 }
 
