@@ -51,10 +51,48 @@ pub fn keygen(args: &KeygenArgs) -> Result<(), Failure> {
     if !args.force && fs::symlink_metadata(path).is_ok() {
         return Err(exists(path));
     }
-    ri2n::write_key_file(&key, path, args.force).map_err(|e| match e.kind() {
+    let written = uninterrupted(|| ri2n::write_key_file(&key, path, args.force));
+    written.map_err(|e| match e.kind() {
         io::ErrorKind::AlreadyExists => exists(path),
+        // the last step, syncing the directory, failed: the new key is in place all the same
+        _ if holds(path, &key) => Failure::io(
+            format!(
+                "the key file {} holds the new key, but it may not survive a crash",
+                path.display()
+            ),
+            &e,
+        ),
         _ => Failure::io(format!("cannot write the key file {}", path.display()), &e),
     })
+}
+
+/// Runs `f` with SIGINT, SIGTERM and SIGHUP held back until it returns: a key file is
+/// written whole and the file it was written to first removed, or neither, however soon the
+/// interrupt comes. Without this, one that came while the disk synced left that file behind,
+/// holding a key no host uses, under a new random name each time.
+fn uninterrupted<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: signal sets of this function's own, filled before use; the mask is this
+    // (the only) thread's, and set back as it was
+    unsafe {
+        let mut held: libc::sigset_t = std::mem::zeroed();
+        let mut before: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut held);
+        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut held, signal);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &held, &mut before);
+        let r = f();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
+        r
+    }
+}
+
+/// Whether the file at `path` holds `key`.
+fn holds(path: &Path, key: &Key) -> bool {
+    let found = fs::File::open(path)
+        .ok()
+        .and_then(|f| Key::read_from(&f).ok());
+    found.is_some_and(|found| found.to_text() == key.to_text())
 }
 
 fn exists(path: &Path) -> Failure {

@@ -258,7 +258,9 @@ pub struct KeygenArgs {
 
     /// Replace FILE if it exists (every host holding the old key must then get the new one).
     /// The new key is written beside it first and takes its place in one step: if writing
-    /// fails, FILE still holds the old key.
+    /// fails, FILE still holds the old key (unless the error says it holds the new one: the
+    /// last step, syncing FILE's directory to disk, failed). An interrupt (SIGINT, SIGTERM,
+    /// SIGHUP) takes effect once the key is in place or the write undone.
     #[arg(long, requires = "output")]
     pub force: bool,
 }

@@ -1061,6 +1061,170 @@ fn keygen_writes_a_private_one_line_key() {
     assert_ne!(std::fs::read_to_string(file.path()).unwrap(), first);
 }
 
+/// Whether `strace` runs here, for a test that makes a system call fail or wait with its
+/// `-e inject=`; without it the test is skipped, or fails where `CI` is set.
+fn strace_or_skip() -> bool {
+    let runs = Command::new("strace")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !runs {
+        assert!(std::env::var_os("CI").is_none(), "needs strace");
+        eprintln!("skipped: needs strace");
+    }
+    runs
+}
+
+/// `ri2n keygen ARGS` under `strace` with the system call faults `strace_args`: its exit
+/// status and stderr.
+fn keygen_under_strace(strace_args: &[&str], args: &[&std::ffi::OsStr]) -> (ExitStatus, String) {
+    let out = Command::new("strace")
+        .args(["-f", "-qq", "-o", "/dev/null"])
+        .args(strace_args)
+        .arg(bin())
+        .arg("keygen")
+        .args(args)
+        .output()
+        .unwrap();
+    (out.status, stderr_of(&out))
+}
+
+/// The files of `dir` whose names start with `.` (what a key file is written to first).
+fn hidden_files(dir: &Path) -> Vec<String> {
+    (std::fs::read_dir(dir).unwrap())
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect()
+}
+
+/// A whole key file: one line, `ri2n-key-v1:` and 64 hexadecimal digits, mode 0600.
+fn assert_whole_key_file(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let text = std::fs::read_to_string(path).unwrap();
+    let hex = text
+        .strip_prefix("ri2n-key-v1:")
+        .and_then(|t| t.strip_suffix('\n'));
+    assert!(
+        hex.is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit())),
+        "{text:?}"
+    );
+    let mode = std::fs::metadata(path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+}
+
+/// `keygen --output` on a file system without hard links (vfat and exFAT, as USB sticks
+/// carry; simulated: every `linkat` fails with EPERM, as the kernel answers there) writes the
+/// key, as `--force` did; and on one without the rename that replaces nothing (NFS;
+/// simulated: `renameat2` fails with EINVAL), too. Before, the first failed ("cannot write
+/// the key file ...: Operation not permitted", exit 1).
+#[test]
+fn keygen_writes_a_new_key_file_without_hard_links_or_without_a_no_replace_rename() {
+    if !strace_or_skip() {
+        return;
+    }
+    for (fault, tag) in [
+        (
+            ["-e", "trace=linkat", "-e", "inject=linkat:error=EPERM"],
+            "no-links",
+        ),
+        (
+            [
+                "-e",
+                "trace=renameat2",
+                "-e",
+                "inject=renameat2:error=EINVAL",
+            ],
+            "no-rename2",
+        ),
+    ] {
+        let dir = TempFile::new(tag);
+        std::fs::create_dir(dir.path()).unwrap();
+        let key = dir.path().join("cluster.key");
+        let (status, err) = keygen_under_strace(&fault, &["--output".as_ref(), key.as_os_str()]);
+        assert!(status.success(), "{tag}: {err}");
+        assert_whole_key_file(&key);
+        assert_eq!(hidden_files(dir.path()), Vec::<String>::new(), "{tag}");
+        // and one that exists is still kept
+        let before = std::fs::read_to_string(&key).unwrap();
+        let (status, err) = keygen_under_strace(&fault, &["--output".as_ref(), key.as_os_str()]);
+        assert_eq!(status.code(), Some(1), "{tag}: {err}");
+        assert!(err.contains("exists: not replaced"), "{tag}: {err}");
+        assert_eq!(std::fs::read_to_string(&key).unwrap(), before, "{tag}");
+    }
+}
+
+/// SIGINT while `keygen --output` syncs the key to disk (held there 1 s: strace delays the
+/// `fsync`): the key file is written whole, and nothing is left beside it. Before, the
+/// process ended at once, leaving the file it wrote first (`.cluster.key.<random>.new`,
+/// holding a key no host uses) and no key file.
+#[test]
+fn keygen_interrupted_while_it_syncs_leaves_a_whole_key_and_nothing_beside_it() {
+    use std::os::unix::process::ExitStatusExt;
+    if !strace_or_skip() {
+        return;
+    }
+    let dir = TempFile::new("keygen-interrupted");
+    std::fs::create_dir(dir.path()).unwrap();
+    let key = dir.path().join("cluster.key");
+    let mut strace = Command::new("strace")
+        .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync"])
+        .args(["-e", "inject=fsync:delay_enter=1000000:when=1"])
+        .arg(bin())
+        .args(["keygen", "--output"])
+        .arg(&key)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // the premise: the interrupt comes while the key is being written (its first file made)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while hidden_files(dir.path()).is_empty() {
+        assert!(Instant::now() < deadline, "keygen wrote nothing in 10 s");
+        thread::sleep(Duration::from_millis(5));
+    }
+    let children = format!("/proc/{0}/task/{0}/children", strace.id());
+    let keygen: i32 = std::fs::read_to_string(children)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: kill(2) on the process strace started for this test
+    assert_eq!(unsafe { libc::kill(keygen, libc::SIGINT) }, 0);
+    let status = strace.wait().unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGINT), "{status:?}");
+    assert_whole_key_file(&key);
+    assert_eq!(hidden_files(dir.path()), Vec::<String>::new());
+}
+
+/// The last step of `keygen --output --force`, syncing the key file's directory, failing
+/// (simulated: strace makes the second `fsync`, the directory's, fail with EIO): the error
+/// says the file holds the new key, which it does. Before, it said "cannot write the key
+/// file", whose help promises that the old key is kept then.
+#[test]
+fn keygen_says_the_new_key_is_in_place_when_only_syncing_its_directory_failed() {
+    if !strace_or_skip() {
+        return;
+    }
+    let dir = TempFile::new("keygen-dir-sync");
+    std::fs::create_dir(dir.path()).unwrap();
+    let key = dir.path().join("cluster.key");
+    std::fs::write(&key, "ri2n-key-v1:".to_owned() + &"0".repeat(64) + "\n").unwrap();
+    let fault = ["-e", "trace=fsync", "-e", "inject=fsync:error=EIO:when=2"];
+    let args = ["--output".as_ref(), key.as_os_str(), "--force".as_ref()];
+    let (status, err) = keygen_under_strace(&fault, &args);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "the key file {} holds the new key, but it may not survive a crash",
+            key.display()
+        )) && err.contains("Input/output error"),
+        "{err}"
+    );
+    assert_whole_key_file(&key);
+    assert!(!std::fs::read_to_string(&key)
+        .unwrap()
+        .contains(&"0".repeat(64)));
+}
+
 /// A keyed receiver refuses senders with another key and without one (exit 3, promptly, and
 /// one log line each), then takes a sender with its key from `RI2N_KEY_FILE`; a keyed sender
 /// to a receiver without a key is refused too. Bad key files are usage errors.

@@ -1,7 +1,7 @@
 //! Key files written whole or not at all, private from the first byte: the one way `ri2n
 //! keygen`, the C library and the Python package write a cluster key.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::{CString, OsStr, OsString};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -17,8 +17,8 @@ const NAME_MAX: usize = 255;
 ///
 /// The key is written and synced to a new file beside `path`, created with mode 0600 (the
 /// umask can only narrow it: never readable by others, not even for a moment), and then put
-/// in place in one step: renamed over `path` if `replace`, else linked where no file is
-/// (`AlreadyExists` if one is). So a write that fails (a full disk, a file size limit) leaves
+/// in place in one step: renamed over `path` if `replace`, else renamed (or linked) where no
+/// file is (`AlreadyExists` if one is). So a write that fails (a full disk, a file size limit) leaves
 /// the old key as it was, or no file, never an empty or half-written key that every later
 /// start would refuse. The directory is synced last, so the new name is on disk too.
 ///
@@ -49,7 +49,7 @@ pub fn write_key_file(key: &Key, path: &Path, replace: bool) -> io::Result<()> {
         .and_then(|()| file.sync_all())
         .and_then(|()| match replace {
             true => fs::rename(&temp, &target),
-            false => fs::hard_link(&temp, &target),
+            false => place_new(&temp, &target),
         });
     // gone already once renamed
     let _ = fs::remove_file(&temp);
@@ -60,6 +60,37 @@ pub fn write_key_file(key: &Key, path: &Path, replace: bool) -> io::Result<()> {
         Ok(dir) => dir.sync_all(),
         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => Ok(()),
         Err(e) => Err(e),
+    }
+}
+
+/// Gives `temp` the name `target` where no file has it (`AlreadyExists` where one does), in
+/// one step: a rename that replaces nothing, or, on a file system without that rename (NFS),
+/// a hard link (`temp` is removed by the caller). A file system without hard links (vfat and
+/// exFAT, as USB sticks carry) has that rename.
+fn place_new(temp: &Path, target: &Path) -> io::Result<()> {
+    let c_path = |p: &Path| {
+        CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path with a NUL byte"))
+    };
+    let (from, to) = (c_path(temp)?, c_path(target)?);
+    // SAFETY: two NUL-terminated paths that outlive the call
+    let renamed = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if renamed == 0 {
+        return Ok(());
+    }
+    match io::Error::last_os_error() {
+        e if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
+            fs::hard_link(temp, target)
+        }
+        e => Err(e),
     }
 }
 
