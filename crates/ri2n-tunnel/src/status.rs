@@ -442,7 +442,8 @@ fn log_link_changes(name: &str, conn: &ri2n::Connection, stats: &ri2n::Connectio
 
 /// Longest a caller of the status socket may take to read the whole snapshot.
 const STATUS_DEADLINE: Duration = Duration::from_secs(2);
-/// Callers of the status socket served at once (one more is closed at once).
+/// Callers of the status socket served at once, of the daemon's own user and of the others
+/// each (one more is closed at once; `query` asks again).
 const STATUS_CLIENTS: usize = 8;
 
 /// Serves the latest snapshot as JSON to everyone who connects to `path` (`ri2n tunnel
@@ -480,7 +481,12 @@ fn serve_callers(
     answer: impl Fn() -> Option<String> + Send + Sync + 'static,
 ) -> io::Result<()> {
     let answer = Arc::new(answer);
-    let places = Places::new(STATUS_CLIENTS);
+    // callers of the daemon's own user (root: `tunnel status` and `reload` as the operator
+    // runs them) have places of their own: the other local users, to whom the socket is
+    // open, cannot take every place from them by calling without pause or never reading
+    let (own, others) = (Places::new(STATUS_CLIENTS), Places::new(STATUS_CLIENTS));
+    // SAFETY: geteuid has no preconditions
+    let me = unsafe { libc::geteuid() };
     thread::Builder::new()
         .name("ri2n-status".into())
         .spawn(move || {
@@ -491,6 +497,10 @@ fn serve_callers(
                 };
                 let by = Instant::now() + deadline;
                 let answer = answer.clone();
+                let places = match peer_credentials(&stream) {
+                    Some(c) if c.uid == me => &own,
+                    _ => &others,
+                };
                 places.serve("ri2n-status-client", move || {
                     if let Some(text) = answer() {
                         let _ = write_by(&mut stream, by, text.as_bytes());
@@ -789,16 +799,40 @@ fn query_daemon(name: &str) -> Result<(Status, Option<u32>), String> {
             path.display()
         )
     })?;
-    let pid = listener_pid(&stream);
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-    let mut text = String::new();
-    stream
-        .read_to_string(&mut text)
-        .map_err(|e| format!("reading {}: {e}", path.display()))?;
-    let status = serde_json::from_str(&text)
-        .map_err(|e| format!("{}: not a status: {e}", path.display()))?;
-    Ok((status, pid))
+    // a daemon serving as many callers as it takes closes the next at once: asked again a
+    // few times, as one of them is done
+    let mut closed_unanswered = 0;
+    loop {
+        let pid = listener_pid(&stream);
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+        let mut text = String::new();
+        stream
+            .read_to_string(&mut text)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        if !text.is_empty() {
+            let status = serde_json::from_str(&text)
+                .map_err(|e| format!("{}: not a status: {e}", path.display()))?;
+            return Ok((status, pid));
+        }
+        closed_unanswered += 1;
+        if closed_unanswered == BUSY_TRIES {
+            return Err(format!(
+                "the daemon of host {name} closed {} {BUSY_TRIES} times without answering: \
+                 it serves {STATUS_CLIENTS} callers of this user at once, and others took \
+                 every place",
+                path.display()
+            ));
+        }
+        thread::sleep(BUSY_PAUSE);
+        stream = UnixStream::connect(&path)
+            .map_err(|e| format!("connecting to {} again: {e}", path.display()))?;
+    }
 }
+
+/// How often a caller the daemon closed without answering (every place taken) asks again,
+/// and how long it waits before each time.
+const BUSY_TRIES: u32 = 10;
+const BUSY_PAUSE: Duration = Duration::from_millis(100);
 
 /// The hosts whose daemons answer on this machine's status sockets and run in this
 /// process's network namespace: the daemon of the host this is, where the cluster file cannot
@@ -846,6 +880,14 @@ fn answering_daemons() -> Vec<String> {
 
 /// The process ID of the process that listens on the other end of `stream` (`SO_PEERCRED`).
 fn listener_pid(stream: &UnixStream) -> Option<u32> {
+    // 0: the listener is in a PID namespace this process does not see
+    let cred = peer_credentials(stream).filter(|c| c.pid > 0)?;
+    Some(cred.pid as u32)
+}
+
+/// The process, user and group at the other end of `stream` (`SO_PEERCRED`): as they were
+/// when it connected, or listened.
+fn peer_credentials(stream: &UnixStream) -> Option<libc::ucred> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -862,8 +904,7 @@ fn listener_pid(stream: &UnixStream) -> Option<u32> {
             &mut len,
         )
     };
-    // 0: the listener is in a PID namespace this process does not see
-    (r == 0 && cred.pid > 0).then_some(cred.pid as u32)
+    (r == 0).then_some(cred)
 }
 
 /// How asking a daemon to read its cluster file again can fail.
@@ -902,7 +943,13 @@ pub fn request_reload(name: &str, config: &Path, limit: Duration) -> Result<Relo
     let deadline = Instant::now() + limit;
     loop {
         thread::sleep(Duration::from_millis(20));
-        let after = query(name).map_err(ReloadError::Unreached)?;
+        // the daemon read the file, or will: a look that fails (every place taken) is
+        // tried again until the deadline
+        let after = match query(name) {
+            Ok(after) => after,
+            Err(e) if Instant::now() >= deadline => return Err(ReloadError::Unreached(e)),
+            Err(_) => continue,
+        };
         if after.reloads > before.reloads {
             let last = after.last_reload.unwrap_or_default();
             return match last.error {
@@ -1054,6 +1101,74 @@ pub(crate) mod tests {
         );
         drop(stalled);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Other local users, to whom the status socket is open, cannot keep the daemon's own
+    /// user (root, the operator) from it: with every place of theirs held by callers that
+    /// do not read (as nobody, through `setpriv`; the premise: another caller of theirs is
+    /// closed unanswered), root's caller gets the whole snapshot. Before, all callers shared
+    /// the places, and root's was closed at once ("not a status: EOF").
+    #[test]
+    fn other_users_cannot_take_the_operator_s_places() {
+        use std::os::unix::fs::PermissionsExt;
+        // SAFETY: geteuid has no preconditions
+        if unsafe { libc::geteuid() } != 0 {
+            assert!(std::env::var_os("CI").is_none(), "needs root (setpriv)");
+            eprintln!("skipped: needs root (setpriv to another user)");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("ri2n-status-users-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = dir.join("s.sock");
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        // larger than a socket's buffer: a caller that does not read holds its place
+        let text = "x".repeat(8 << 20);
+        let answer = text.clone();
+        serve_callers(listener, Duration::from_secs(10), move || {
+            Some(answer.clone())
+        })
+        .unwrap();
+        let script = format!(
+            "import socket, sys, time\n\
+             held = []\n\
+             for _ in range({STATUS_CLIENTS}):\n\
+             \x20   s = socket.socket(socket.AF_UNIX)\n\
+             \x20   s.connect(sys.argv[1])\n\
+             \x20   held.append(s)\n\
+             time.sleep(0.5)\n\
+             late = socket.socket(socket.AF_UNIX)\n\
+             late.connect(sys.argv[1])\n\
+             late.settimeout(5)\n\
+             print('late caller got', len(late.recv(65536)), flush=True)\n\
+             time.sleep(8)\n"
+        );
+        let mut nobody = std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            // not a python3 of root's own PATH (pyenv), which nobody may not run
+            .args(["/usr/bin/python3", "-c", &script])
+            .arg(&path)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut said = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(nobody.stdout.take().unwrap()),
+            &mut said,
+        )
+        .unwrap();
+        assert_eq!(said.trim(), "late caller got 0", "the premise");
+        let mut root = UnixStream::connect(&path).unwrap();
+        root.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut got = String::new();
+        let read = root.read_to_string(&mut got);
+        let _ = nobody.kill();
+        let _ = nobody.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+        read.unwrap();
+        assert_eq!(got.len(), text.len());
     }
 
     /// A status of one peer with two links, one up and one down.
