@@ -12,6 +12,12 @@ use crate::report::LinkSummary;
 /// forever from a server of version 1, so the two must not be mixed.
 pub const VERSION: u32 = 2;
 
+/// The one field every version's first message has, read before the rest.
+#[derive(Debug, Deserialize)]
+pub struct Versioned {
+    pub version: u32,
+}
+
 /// Which test a client wants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

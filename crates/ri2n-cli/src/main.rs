@@ -548,8 +548,9 @@ pub struct ServeArgs {
     /// or a receiving (-R) one that has not taken the data, once its granted time,
     /// --all-links-down-timeout and 10 s more are over is cut off and told why; so is a
     /// latency client that sends nothing and takes no echo for 60 s and
-    /// --all-links-down-timeout.
-    #[arg(long, value_name = "SECS", default_value = "3600", value_parser = parse_secs)]
+    /// --all-links-down-timeout. More than 0: a server that cut every test to nothing
+    /// would report each as a success of 0 bit/s.
+    #[arg(long, value_name = "SECS", default_value = "3600", value_parser = parse_positive_secs)]
     pub max_time: Duration,
 
     /// Clients served at once; one more is refused at once (its `bench` exits 3 saying the

@@ -17,7 +17,7 @@ use ri2n::{Connection, ConnectionState, Endpoint};
 use tokio::io::AsyncWriteExt;
 
 use crate::checksum::RandomBytes;
-use crate::control::{Grant, Request, ServerLink, ServerReport, Test, VERSION};
+use crate::control::{Grant, Request, ServerLink, ServerReport, Test, Versioned, VERSION};
 use crate::error::{self, Failure};
 use crate::net;
 use crate::pace::Pacer;
@@ -152,6 +152,16 @@ async fn serve_client(mut conn: AsyncConnection, limits: Limits) -> Result<Strin
             "the client ended without naming a test (not `ri2n bench`?); it was told",
         ));
     };
+    // the version first: a client of another version may ask in another form, and is to
+    // learn that versions differ, not that its request is bad
+    let version = serde_json::from_slice::<Versioned>(&first).ok();
+    if let Some(version) = version.map(|v| v.version).filter(|&v| v != VERSION) {
+        conn.get_ref()
+            .abort(2, "unsupported bench protocol version");
+        return Err(Failure::usage(format!(
+            "client speaks bench protocol version {version}, this server {VERSION}"
+        )));
+    }
     let req: Request = match serde_json::from_slice(&first) {
         Ok(r) => r,
         Err(e) => {
@@ -159,14 +169,6 @@ async fn serve_client(mut conn: AsyncConnection, limits: Limits) -> Result<Strin
             return Err(Failure::usage(format!("bad request: {e}")));
         }
     };
-    if req.version != VERSION {
-        conn.get_ref()
-            .abort(2, "unsupported bench protocol version");
-        return Err(Failure::usage(format!(
-            "client speaks bench protocol version {}, this server {VERSION}",
-            req.version
-        )));
-    }
     let start = Instant::now();
     let line = match req.test {
         Test::Throughput => {

@@ -705,6 +705,39 @@ fn a_client_interrupted_while_awaiting_the_report_says_so() {
     }
 }
 
+/// A client of another protocol version learns that the versions differ, whatever form its
+/// request has (here a test this server does not know); before, it was told "bad request".
+/// And `serve --max-time 0` is a usage error: before, the server ran and cut every test to
+/// 0 s, each reported as a success of 0 bit/s.
+#[test]
+fn serve_tells_another_version_so_and_refuses_a_max_time_of_0() {
+    let (server, to) = logged_serve_with(&[]);
+    let request = serde_json::json!({ "version": 3, "test": "bidir" });
+    let (_client, conn) = bench_request(&to, request);
+    let _ = conn.recv_message_timeout(Some(Duration::from_secs(10)));
+    match conn.close_reason() {
+        Some(ri2n::ConnectionError::PeerAborted { reason, .. }) => {
+            assert_eq!(reason, "unsupported bench protocol version")
+        }
+        other => panic!("the client's connection ended with {other:?}"),
+    }
+    stop_serve(
+        server,
+        "client speaks bench protocol version 3, this server 2",
+    );
+
+    let (status, out) = ri2n(
+        ["serve", "--listen", "127.0.0.1:0", "--max-time", "0"],
+        Duration::from_secs(10),
+    );
+    assert_eq!(status.code(), Some(2), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("must be more than 0 seconds"),
+        "{}",
+        stderr_of(&out)
+    );
+}
+
 /// A throughput client that goes on writing past its grant is cut off by the server once the
 /// grant, the time its links may all be down (`--all-links-down-timeout`) and 10 s more are
 /// over, and told why; before, it held its task and a client slot for as long as it wrote,
