@@ -469,7 +469,8 @@ pub unsafe extern "C" fn ri2n_recv_datagram(
     })
 }
 
-/// Largest datagram [`ri2n_send_datagram`] accepts, in bytes (negative errno on failure).
+/// Largest datagram [`ri2n_send_datagram`] accepts, in bytes (negative errno on failure); 0
+/// on the TCP transport, which carries none (`ri2n_send_datagram` fails with `EOPNOTSUPP`).
 ///
 /// # Safety
 /// `c` is a live connection.

@@ -181,7 +181,8 @@ pub unsafe extern "C" fn ri2n_endpoint_client_tcp(
 /// `timeout_ms` (0 or less: the library's default, 10 s). NULL on failure, with errno
 /// `ETIMEDOUT` (no answer), `ECONNREFUSED` (nothing listens there, or it is not a server, or
 /// it is full), `EACCES` (the peer holds another key, or only one side has one), `EINVAL`
-/// (bad address).
+/// (bad address), `EADDRNOTAVAIL` (a TCP client's local address is not this machine's: it
+/// binds each connection's sockets only here).
 ///
 /// # Safety
 /// `ep` is a live endpoint; `remote_addrs` points to `n` NUL-terminated strings.
@@ -283,7 +284,8 @@ pub unsafe extern "C" fn ri2n_endpoint_fd(ep: *const ri2n_endpoint) -> c_int {
 }
 
 /// Writes the `i`-th bound local address (ports resolved, e.g. `"127.0.0.1:41234"`) to `buf`
-/// as a NUL-terminated string of at most `len` bytes; returns its length without the NUL.
+/// as a NUL-terminated string of at most `len` bytes; returns its length without the NUL. A
+/// TCP client's port stays as given (0: each connection binds sockets of its own).
 /// `-ENOENT` when the endpoint has no `i`-th address, `-ERANGE` when `buf` is too small (64
 /// bytes always suffice).
 ///

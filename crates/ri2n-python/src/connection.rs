@@ -420,7 +420,8 @@ impl PyConnection {
         Ok(self.get()?.max_message_size())
     }
 
-    /// Largest datagram ``send_datagram`` takes, in bytes (66 559).
+    /// Largest datagram ``send_datagram`` takes, in bytes (66 559; 0 on the TCP transport,
+    /// which carries none).
     fn max_datagram_size(&self) -> PyResult<usize> {
         Ok(self.get()?.max_datagram_size())
     }

@@ -153,7 +153,8 @@ impl Connection {
     /// Largest datagram [`send_datagram`](Self::send_datagram) accepts, in bytes: 64 KiB and
     /// 1 KiB ([`MAX_DATAGRAM_LEN`](crate::MAX_DATAGRAM_LEN)). One larger than
     /// [`unsplit_datagram_size`](Self::unsplit_datagram_size) travels in pieces that fill the
-    /// packets and arrives whole or not at all: losing any piece loses it.
+    /// packets and arrives whole or not at all: losing any piece loses it. 0 on the TCP
+    /// transport, which carries no datagrams.
     pub fn max_datagram_size(&self) -> usize {
         match &self.inner {
             Inner::Udp(c) => c.max_datagram_size(),

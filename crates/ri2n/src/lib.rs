@@ -488,7 +488,8 @@ impl Endpoint {
         }
     }
 
-    /// The bound local addresses, ports resolved.
+    /// The bound local addresses, ports resolved. A TCP client's ports stay as given (0:
+    /// each connection binds sockets of its own).
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
         match &self.inner {
             Transports::Udp(s) => first(s).local_addrs().collect(),

@@ -257,7 +257,8 @@ ssize_t ri2n_send_datagram(struct ri2n_conn *c, const void *buf, size_t len);
 // `c` is a live connection; `buf` points to `len` writable bytes.
 ssize_t ri2n_recv_datagram(struct ri2n_conn *c, void *buf, size_t len, int timeout_ms);
 
-// Largest datagram [`ri2n_send_datagram`] accepts, in bytes (negative errno on failure).
+// Largest datagram [`ri2n_send_datagram`] accepts, in bytes (negative errno on failure); 0
+// on the TCP transport, which carries none (`ri2n_send_datagram` fails with `EOPNOTSUPP`).
 //
 // # Safety
 // `c` is a live connection.
@@ -393,7 +394,8 @@ struct ri2n_endpoint *ri2n_endpoint_client_tcp(const char *const *local_addrs,
 // `timeout_ms` (0 or less: the library's default, 10 s). NULL on failure, with errno
 // `ETIMEDOUT` (no answer), `ECONNREFUSED` (nothing listens there, or it is not a server, or
 // it is full), `EACCES` (the peer holds another key, or only one side has one), `EINVAL`
-// (bad address).
+// (bad address), `EADDRNOTAVAIL` (a TCP client's local address is not this machine's: it
+// binds each connection's sockets only here).
 //
 // # Safety
 // `ep` is a live endpoint; `remote_addrs` points to `n` NUL-terminated strings.
@@ -431,7 +433,8 @@ struct ri2n_conn *ri2n_try_accept(struct ri2n_endpoint *ep);
 int ri2n_endpoint_fd(const struct ri2n_endpoint *ep);
 
 // Writes the `i`-th bound local address (ports resolved, e.g. `"127.0.0.1:41234"`) to `buf`
-// as a NUL-terminated string of at most `len` bytes; returns its length without the NUL.
+// as a NUL-terminated string of at most `len` bytes; returns its length without the NUL. A
+// TCP client's port stays as given (0: each connection binds sockets of its own).
 // `-ENOENT` when the endpoint has no `i`-th address, `-ERANGE` when `buf` is too small (64
 // bytes always suffice).
 //
