@@ -1612,6 +1612,50 @@ interface = \"zzt0\"\n{text}"
     );
 }
 
+/// Where every address binds (`net.ipv4.ip_nonlocal_bind`, as keepalived and HAProxy set
+/// it; in a network namespace of its own), `--check` still finds this host by the addresses
+/// its interfaces have, and warns of a `--name` of another host. Before, it took the machine
+/// for every host of the file ("owns link addresses of several hosts", exit 2), and passed
+/// the wrong name without a word.
+#[test]
+fn tunnel_check_finds_this_host_where_every_address_binds() {
+    if !root_or_skip("a network namespace of its own") {
+        return;
+    }
+    let key = keygen("tunnel-nonlocal.key");
+    let config = TempFile::new("cluster-nonlocal.toml");
+    std::fs::write(config.path(), cluster_text(key.path(), "10.99.0.2")).unwrap();
+    let script = "ip link set lo up && echo 1 > /proc/sys/net/ipv4/ip_nonlocal_bind\n\
+                  python3 -c 'import socket; socket.socket(socket.AF_INET, \
+                  socket.SOCK_DGRAM).bind((\"192.0.2.7\", 0)); print(\"binds 192.0.2.7\")'\n\
+                  \"$RI2N\" tunnel --check --config \"$CONFIG\"; echo \"check exit $?\"\n\
+                  \"$RI2N\" tunnel --check --name other --config \"$CONFIG\"; \
+                  echo \"named check exit $?\"";
+    let (status, out) = Proc::spawn(
+        "unshare -n",
+        Command::new("unshare")
+            .args(["-n", "bash", "-c", script])
+            .env("RI2N", bin())
+            .env("CONFIG", config.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .wait(Duration::from_secs(30));
+    let out = String::from_utf8_lossy(&out.stdout).into_owned() + &stderr_of(&out);
+    assert!(status.success(), "{out}");
+    // the premise: an address of no interface here binds
+    assert!(out.contains("binds 192.0.2.7"), "{out}");
+    assert!(
+        out.contains("this host is me") && out.contains("check exit 0"),
+        "{out}"
+    );
+    assert!(
+        out.contains("this machine has link addresses of me, none of other (--name)")
+            && out.contains("named check exit 0"),
+        "{out}"
+    );
+}
+
 /// `--check --metrics` on a port below 1024, run by a user who may not bind one: the daemon,
 /// as root or with `CAP_NET_BIND_SERVICE`, binds it, so `--check` passes and says so, as it
 /// passes the links' port then. Before, it failed (exit 5, permission denied). As nobody

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -395,15 +395,11 @@ impl Cluster {
 
     /// This host's position in `hosts`: the one named `name`, else the one that owns one of
     /// its link addresses (an address a socket can bind here).
-    /// The hosts that list a link address of this machine (one it can bind).
+    /// The hosts that list a link address of this machine (see [`crate::here::Addresses`]).
     pub fn hosts_here(&self) -> Vec<usize> {
+        let here = crate::here::Addresses::now();
         (0..self.hosts.len())
-            .filter(|&i| {
-                self.hosts[i]
-                    .links
-                    .iter()
-                    .any(|&ip| UdpSocket::bind((ip, 0)).is_ok())
-            })
+            .filter(|&i| self.hosts[i].links.iter().any(|&ip| here.has(ip)))
             .collect()
     }
 

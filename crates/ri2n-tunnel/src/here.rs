@@ -4,12 +4,40 @@
 //! the addresses and routes of the machine's interfaces that the tunnel network would hold.
 //! The cluster file alone cannot show these: the same file is right on one machine and wrong
 //! on another (a tunnel network that a container bridge or a management network of one host
-//! already uses, whose traffic would then go into the tunnel, or the tunnel's past it).
+//! already uses, whose traffic would then go into the tunnel, or the tunnel's past it). And
+//! which addresses are this machine's ([`Addresses`]): which host of the file it is, which of
+//! its link addresses are up.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 
 use crate::config::Cluster;
+
+/// The addresses of this machine's interfaces now, to tell whether a link address is one of
+/// its own. Not whether a socket can bind it: where `net.ipv4.ip_nonlocal_bind` is on
+/// (keepalived and HAProxy set it), every address binds, and the machine would pass for
+/// every host of the cluster, and bind their link addresses as its own.
+pub struct Addresses(Option<Vec<IpAddr>>);
+
+impl Addresses {
+    pub fn now() -> Self {
+        Self(
+            if_addrs::get_if_addrs()
+                .ok()
+                .map(|all| all.iter().map(|i| i.ip()).collect()),
+        )
+    }
+
+    /// Whether `ip` is an address of this machine: an interface's, or any of 127.0.0.0/8,
+    /// all of which is local. Where the interfaces cannot be listed, whether a socket can
+    /// bind it.
+    pub fn has(&self, ip: IpAddr) -> bool {
+        match &self.0 {
+            Some(all) => all.contains(&ip) || matches!(ip, IpAddr::V4(v4) if v4.is_loopback()),
+            None => std::net::UdpSocket::bind((ip, 0)).is_ok(),
+        }
+    }
+}
 
 /// An IPv4 network: its first address and prefix length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

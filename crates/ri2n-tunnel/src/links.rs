@@ -85,8 +85,11 @@ pub(crate) fn bind_available(
     locals: &[SocketAddr],
     config: &dyn Fn(Vec<SocketAddr>) -> EndpointConfig,
 ) -> Result<(Option<Endpoint>, Vec<SocketAddr>), ri2n::Error> {
-    let mut present = locals.to_vec();
-    let mut missing = Vec::new();
+    // an address that is not this host's binds all the same where nonlocal binding is on:
+    // missing, as where it is off
+    let here = crate::here::Addresses::now();
+    let (mut present, mut missing): (Vec<SocketAddr>, Vec<SocketAddr>) =
+        locals.iter().partition(|a| here.has(a.ip()));
     while !present.is_empty() {
         match Endpoint::bind(config(present.clone())) {
             Ok(endpoint) => return Ok((Some(endpoint), missing)),
@@ -104,7 +107,7 @@ pub(crate) fn bind_available(
 
 /// Whether `addr`'s IP is one of this host's now.
 fn is_present(addr: SocketAddr) -> bool {
-    UdpSocket::bind(SocketAddr::new(addr.ip(), 0)).is_ok()
+    crate::here::Addresses::now().has(addr.ip())
 }
 
 /// Whether `addr` itself, its port too, can be bound now: no other socket holds it.
