@@ -89,9 +89,15 @@ fn uninterrupted<T>(f: impl FnOnce() -> T) -> T {
 
 /// Whether the file at `path` holds `key`.
 fn holds(path: &Path, key: &Key) -> bool {
-    let found = fs::File::open(path)
+    use std::os::unix::fs::OpenOptionsExt;
+    // never waits: a FIFO there opens at once without a writer, and is no key file
+    let opened = (fs::OpenOptions::new().read(true))
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path);
+    let file = opened
         .ok()
-        .and_then(|f| Key::read_from(&f).ok());
+        .filter(|f| f.metadata().is_ok_and(|m| m.is_file()));
+    let found = file.and_then(|f| Key::read_from(&f).ok());
     found.is_some_and(|found| found.to_text() == key.to_text())
 }
 
