@@ -443,8 +443,9 @@ pub struct SendArgs {
     pub connect: ConnectOpts,
 
     /// File to send. Default (or `-`): stdin. A file cut short while it is read (it ends
-    /// before the size it had when opened, and is smaller now) aborts the transfer, exit 1:
-    /// the receiver keeps what came in its FILE.partial.
+    /// before the size it had when opened, and is smaller now), also one given as stdin
+    /// (`< FILE`), aborts the transfer, exit 1: the receiver keeps what came in its
+    /// FILE.partial.
     #[arg(long, short, value_name = "FILE")]
     pub input: Option<PathBuf>,
 

@@ -121,12 +121,38 @@ fn read_into(fd: BorrowedFd<'_>, buf: &mut Vec<u8>, max: usize) -> io::Result<us
     Ok(n as usize)
 }
 
-/// The input file's size when it was opened (`total`) and now, if it ended before that
-/// size and is now smaller: it was cut short while it was read (a log rotated, a file
-/// rewritten), and what was read is neither the file as it was nor as it is, as `tar` warns.
-/// A file that reads shorter than its size (those of /sys) is not smaller afterwards.
-fn shrank(input: BorrowedFd<'_>, total: Option<u64>, written: u64) -> Option<(u64, u64)> {
-    let was = total.filter(|&size| written < size)?;
+/// A regular file as the input: its size when it was opened, and where reading began (a
+/// file given as stdin may have been read in part before).
+#[derive(Clone, Copy)]
+struct InputFile {
+    len: u64,
+    start: u64,
+}
+
+impl InputFile {
+    /// `fd`'s, if it is a regular file.
+    fn of(fd: BorrowedFd<'_>) -> Option<Self> {
+        let mut f = File::from(fd.try_clone_to_owned().ok()?);
+        let meta = f.metadata().ok().filter(|m| m.is_file())?;
+        let start = io::Seek::stream_position(&mut f).unwrap_or(0);
+        Some(Self {
+            len: meta.len(),
+            start,
+        })
+    }
+
+    /// The bytes to send.
+    fn left(&self) -> u64 {
+        self.len.saturating_sub(self.start)
+    }
+}
+
+/// The input file's size when it was opened and now, if it ended before that size and is
+/// now smaller: it was cut short while it was read (a log rotated, a file rewritten), and
+/// what was read is neither the file as it was nor as it is, as `tar` warns. A file that
+/// reads shorter than its size (those of /sys) is not smaller afterwards.
+fn shrank(input: BorrowedFd<'_>, file: Option<InputFile>, written: u64) -> Option<(u64, u64)> {
+    let was = file.filter(|f| written < f.left())?.len;
     let now = File::from(input.try_clone_to_owned().ok()?)
         .metadata()
         .ok()?
@@ -136,38 +162,39 @@ fn shrank(input: BorrowedFd<'_>, total: Option<u64>, written: u64) -> Option<(u6
 
 pub fn run(args: &SendArgs) -> Result<(), Failure> {
     interrupt::install();
-    let (input, total, name): (Box<dyn AsFd>, Option<u64>, String) = match &args.input {
+    let (input, name): (Box<dyn AsFd>, String) = match &args.input {
         Some(p) if p.as_os_str() != "-" => {
             let f = File::open(p)
                 .map_err(|e| Failure::io(format!("cannot open {}", p.display()), &e))?;
-            let meta = f.metadata().ok();
             // said before connecting: a directory opens, and only its first read fails
-            if meta.as_ref().is_some_and(|m| m.is_dir()) {
+            if f.metadata().is_ok_and(|m| m.is_dir()) {
                 let e = io::Error::from(io::ErrorKind::IsADirectory);
                 return Err(Failure::io(format!("cannot read {}", p.display()), &e));
             }
-            let size = meta.filter(|m| m.is_file()).map(|m| m.len());
-            (Box::new(f), size, p.display().to_string())
+            (Box::new(f), p.display().to_string())
         }
         _ => {
             net::enlarge_pipe(0);
-            (Box::new(io::stdin()), None, "stdin".into())
+            (Box::new(io::stdin()), "stdin".into())
         }
     };
+    // a file given as stdin (`< FILE`) too: its size shows the progress, and its being cut
+    // short while it is read is caught, as with --input
+    let file = InputFile::of(input.as_fd());
 
     let endpoint = net::client_endpoint(&args.connect, &args.key, args.quiet)?;
-    let result = transfer(args, &endpoint, input, total, &name);
+    let result = transfer(args, &endpoint, input, file, &name);
     net::close_after_failure(&endpoint, &result);
     result
 }
 
-/// The transfer of [`run`] on `endpoint`: connects, sends `input` (`name`, of `total` bytes
-/// where known), waits for the receiver's end.
+/// The transfer of [`run`] on `endpoint`: connects, sends `input` (`name`; `file` where it is
+/// a regular file), waits for the receiver's end.
 fn transfer(
     args: &SendArgs,
     endpoint: &Endpoint,
     input: Box<dyn AsFd>,
-    total: Option<u64>,
+    file: Option<InputFile>,
     name: &str,
 ) -> Result<(), Failure> {
     let faults = FaultPlan::new(endpoint, &args.link.fault)?;
@@ -179,7 +206,7 @@ fn transfer(
     let monitor = Monitor::start(
         conn.clone(),
         Direction::Sending,
-        Progress::new(!args.quiet, "sent", total),
+        Progress::new(!args.quiet, "sent", file.map(|f| f.left())),
         EventLog::new(start, !args.quiet),
     )?;
     // what went wrong, with how far the transfer got
@@ -206,13 +233,13 @@ fn transfer(
     let mut sum = (!args.no_checksum).then(Checksum::default);
     let mut buf = Vec::new();
     let mut written = 0u64;
-    let idle = total.is_none().then_some(&*conn);
+    let idle = file.is_none().then_some(&*conn);
     loop {
         let n = match read_chunk(input.as_fd(), &mut buf, sum.as_mut(), idle) {
             // the end of the input, unless a signal to this process came first: the same
             // signal may have ended the program feeding it, and then the data did not end
             Ok(0) => match interrupt::raised() {
-                None => match shrank(input.as_fd(), total, written) {
+                None => match shrank(input.as_fd(), file, written) {
                     None => break,
                     Some((was, now)) => {
                         conn.abort(1, "the sender's input file shrank while it was read");

@@ -1544,45 +1544,48 @@ fn a_replaced_output_in_a_setgid_directory_is_never_open_to_the_directory_s_grou
 
 /// A file cut short while `ri2n send` reads it (a log rotated, a file rewritten) ends the
 /// transfer as a failure on both sides: the sender exits 1 saying so, and the receiver's
-/// FILE is not made from what came, which is neither the file as it was nor as it is.
-/// Before, both exited 0 and FILE held the first part of the old content. The links are
-/// slowed so that the cut comes while the data moves.
+/// FILE is not made from what came, which is neither the file as it was nor as it is; the
+/// file given with `--input` or as stdin (`< FILE`). Before, both exited 0 and FILE held
+/// the first part of the old content; through stdin until later (the size of a file there
+/// was not looked at). The links are slowed so that the cut comes while the data moves.
 #[test]
 fn an_input_file_cut_short_while_sent_is_no_success() {
     let _heavy = heavy();
-    let input = TempFile::new("shrinks");
-    let len = 64u64 << 20;
-    write_random(input.path(), len, 11);
-    let output = TempFile::new("shrinks-out");
-    let (recv, a) = spawn_recv(free_port(), output.path(), &["--quiet"]);
-    let slow = ["--fault", "0:127.0.0.1:rate=40M"];
-    let send = Proc::spawn(
-        "ri2n send",
-        Command::new(bin())
-            .args(["send", "--to", &a, "--quiet", "--input"])
-            .arg(input.path())
-            .args(slow)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    );
-    wait_file_grows(&output.partial(), Duration::from_secs(20));
-    let file = std::fs::OpenOptions::new().write(true).open(input.path());
-    file.unwrap().set_len(1 << 20).unwrap();
-    let (s, so) = send.wait(Duration::from_secs(60));
-    let (r, ro) = recv.wait(Duration::from_secs(20));
-    let err = stderr_of(&so);
-    assert_eq!(s.code(), Some(1), "send: {err}");
-    assert!(
-        err.contains(&format!("shrank from {len} to 1048576 bytes")),
-        "says why: {err}"
-    );
-    assert_eq!(r.code(), Some(4), "recv: {}", stderr_of(&ro));
-    assert!(
-        stderr_of(&ro).contains("input file shrank"),
-        "recv: {}",
-        stderr_of(&ro)
-    );
-    assert!(!output.path().exists(), "FILE not made");
-    let _ = std::fs::remove_file(output.partial());
+    for (way, by_stdin) in [("--input", false), ("stdin", true)] {
+        let input = TempFile::new("shrinks");
+        let len = 64u64 << 20;
+        write_random(input.path(), len, 11);
+        let output = TempFile::new("shrinks-out");
+        let (recv, a) = spawn_recv(free_port(), output.path(), &["--quiet"]);
+        let slow = ["--fault", "0:127.0.0.1:rate=40M"];
+        let mut send = Command::new(bin());
+        send.args(["send", "--to", &a, "--quiet"]).args(slow);
+        match by_stdin {
+            true => send.stdin(std::fs::File::open(input.path()).unwrap()),
+            false => send.arg("--input").arg(input.path()).stdin(Stdio::null()),
+        };
+        let send = Proc::spawn(
+            "ri2n send",
+            send.stdout(Stdio::piped()).stderr(Stdio::piped()),
+        );
+        wait_file_grows(&output.partial(), Duration::from_secs(20));
+        let file = std::fs::OpenOptions::new().write(true).open(input.path());
+        file.unwrap().set_len(1 << 20).unwrap();
+        let (s, so) = send.wait(Duration::from_secs(60));
+        let (r, ro) = recv.wait(Duration::from_secs(20));
+        let err = stderr_of(&so);
+        assert_eq!(s.code(), Some(1), "{way}: send: {err}");
+        assert!(
+            err.contains(&format!("shrank from {len} to 1048576 bytes")),
+            "{way}: says why: {err}"
+        );
+        assert_eq!(r.code(), Some(4), "{way}: recv: {}", stderr_of(&ro));
+        assert!(
+            stderr_of(&ro).contains("input file shrank"),
+            "{way}: recv: {}",
+            stderr_of(&ro)
+        );
+        assert!(!output.path().exists(), "{way}: FILE not made");
+        let _ = std::fs::remove_file(output.partial());
+    }
 }
