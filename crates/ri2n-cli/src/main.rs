@@ -496,8 +496,8 @@ pub struct RecvArgs {
     /// says how much (a later recv empties it only once its sender connects). While one recv
     /// writes FILE.partial, another given the same FILE is refused (exit 1), and so is a
     /// FILE.partial that is a symbolic link, has other hard links or belongs to another user
-    /// than this one and FILE's owner (it is never written through). A device or FIFO is written directly (a FIFO that nothing reads yet is
-    /// opened once the sender connects). Default (or `-`, or a name for the file stdout is,
+    /// than this one and FILE's owner (it is never written through). A device or FIFO is
+    /// written directly (a FIFO that nothing reads yet is opened once the sender connects). Default (or `-`, or a name for the file stdout is,
     /// such as /dev/stdout): stdout.
     #[arg(long, short, value_name = "FILE")]
     pub output: Option<PathBuf>,

@@ -1,8 +1,9 @@
 //! Serving the daemon's local callers (the status socket) and scrapers (`--metrics`): each
 //! client on a thread of its own, at most so many at once (the next closed at once, or
 //! waiting its turn), and each held to a deadline for its whole exchange, so that one that
-//! reads slowly or not at all holds neither the others nor a thread for longer. A timeout per write would not do: a client reading a little at a
-//! time earns a fresh one with every write.
+//! reads slowly or not at all holds neither the others nor a thread for longer. A timeout
+//! per write would not do: a client reading a little at a time earns a fresh one with every
+//! write.
 
 use std::io::{self, Write};
 use std::net::TcpStream;

@@ -18,9 +18,9 @@ const NAME_MAX: usize = 255;
 /// The key is written and synced to a new file beside `path`, created with mode 0600 (the
 /// umask can only narrow it: never readable by others, not even for a moment), and then put
 /// in place in one step: renamed over `path` if `replace`, else renamed (or linked) where no
-/// file is (`AlreadyExists` if one is). So a write that fails (a full disk, a file size limit) leaves
-/// the old key as it was, or no file, never an empty or half-written key that every later
-/// start would refuse. The directory is synced last, so the new name is on disk too.
+/// file is (`AlreadyExists` if one is). So a write that fails (a full disk, a file size
+/// limit) leaves the old key as it was, or no file, never an empty or half-written key that
+/// every later start would refuse. The directory is synced last, so the new name is on disk too.
 ///
 /// When replacing, a symbolic link at `path` keeps pointing where it did and the file it
 /// names is replaced (created, where the link dangles), as far as [`follow_links`] follows
