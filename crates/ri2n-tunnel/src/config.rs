@@ -395,7 +395,8 @@ impl Cluster {
 
     /// This host's position in `hosts`: the one named `name`, else the one that owns one of
     /// its link addresses (an address a socket can bind here).
-    /// The hosts that list a link address of this machine (see [`crate::here::Addresses`]).
+    /// The hosts that list a link address of this machine (one of its interfaces', see
+    /// `here::Addresses`).
     pub fn hosts_here(&self) -> Vec<usize> {
         let here = crate::here::Addresses::now();
         (0..self.hosts.len())
@@ -472,6 +473,26 @@ fn parse_tunnel_address(text: &str) -> Result<Ipv4Addr, String> {
     }
 }
 
+/// Whether `line` holds an address outside quotes and comments: `links = ["10.0.1.1",
+/// 10.0.2.1]` (one added to a list), `address = 10.99.0.1 # "node1"`, or one address a line
+/// of a links array written over several lines.
+fn unquoted_address(line: &str) -> bool {
+    let value = line.split_once('=').map_or(line, |(_, v)| v);
+    let mut bare = String::new();
+    let mut quote = None;
+    for c in value.chars() {
+        match quote {
+            Some(q) if c == q => quote = None,
+            Some(_) => {}
+            None if c == '"' || c == '\'' => quote = Some(c),
+            None if c == '#' => break,
+            None => bare.push(c),
+        }
+    }
+    (bare.split(|c: char| c == ',' || c == '[' || c == ']' || c.is_whitespace()))
+        .any(|t| t.parse::<IpAddr>().is_ok())
+}
+
 /// The TOML parser's `message` about `line` with a hint where it comes from a common slip:
 /// an address not in quotes, `[host]` for `[[host]]`, or a key of the whole file written
 /// after the first `[[host]]` (which makes it that host's).
@@ -479,12 +500,7 @@ fn explain_toml_error(text: &str, line: Option<&str>, message: String) -> String
     let field = line.and_then(|l| l.split('=').next()).map(str::trim);
     // TOML quotes strings in " or '
     let quoted = line.is_some_and(|l| l.contains(['"', '\'']));
-    // one address a line, in a links array written over several lines
-    let bare_address = line.is_some_and(|l| {
-        let l = l.trim().trim_end_matches([',', ']']).trim_end();
-        l.parse::<IpAddr>().is_ok()
-    });
-    if matches!(field, Some("address" | "links")) && !quoted || bare_address {
+    if matches!(field, Some("address" | "links")) && !quoted || line.is_some_and(unquoted_address) {
         return format!(
             "{message}: addresses are written in quotes, such as address = \"10.99.0.1\" and \
              links = [\"10.0.1.1\", \"10.0.2.1\"]"
@@ -771,10 +787,13 @@ links = ["10.0.1.2", "10.0.2.2"]
             e.contains("unknown field `adress`") && !e.contains("top"),
             "{e}"
         );
-        // addresses without quotes
+        // addresses without quotes; also beside one in quotes, or before a comment that
+        // quotes (before, a quote anywhere on the line kept the hint back)
         for (from, to) in [
             ("\"10.99.0.2\"", "10.99.0.2"),
             ("[\"10.0.1.2\", \"10.0.2.2\"]", "[10.0.1.2, 10.0.2.2]"),
+            ("[\"10.0.1.2\", \"10.0.2.2\"]", "[\"10.0.1.2\", 10.0.2.2]"),
+            ("\"10.99.0.2\"", "10.99.0.2 # \"node2\""),
         ] {
             let e = error(&GOOD.replace(from, to));
             assert!(
