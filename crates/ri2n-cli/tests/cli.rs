@@ -1137,8 +1137,7 @@ fn keygen_writes_a_new_key_file_without_hard_links_or_without_a_no_replace_renam
             "no-rename2",
         ),
     ] {
-        let dir = TempFile::new(tag);
-        std::fs::create_dir(dir.path()).unwrap();
+        let dir = TempFile::dir(tag);
         let key = dir.path().join("cluster.key");
         let (status, err) = keygen_under_strace(&fault, &["--output".as_ref(), key.as_os_str()]);
         assert!(status.success(), "{tag}: {err}");
@@ -1163,8 +1162,7 @@ fn keygen_interrupted_while_it_syncs_leaves_a_whole_key_and_nothing_beside_it() 
     if !strace_or_skip() {
         return;
     }
-    let dir = TempFile::new("keygen-interrupted");
-    std::fs::create_dir(dir.path()).unwrap();
+    let dir = TempFile::dir("keygen-interrupted");
     let key = dir.path().join("cluster.key");
     let mut strace = Command::new("strace")
         .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync"])
@@ -1204,8 +1202,7 @@ fn keygen_says_the_new_key_is_in_place_when_only_syncing_its_directory_failed() 
     if !strace_or_skip() {
         return;
     }
-    let dir = TempFile::new("keygen-dir-sync");
-    std::fs::create_dir(dir.path()).unwrap();
+    let dir = TempFile::dir("keygen-dir-sync");
     let key = dir.path().join("cluster.key");
     std::fs::write(&key, "ri2n-key-v1:".to_owned() + &"0".repeat(64) + "\n").unwrap();
     let fault = ["-e", "trace=fsync", "-e", "inject=fsync:error=EIO:when=2"];

@@ -250,8 +250,7 @@ fn keygen_creates_a_missing_directory_privately() {
 /// bytes, as a full disk would) fails and leaves the old key whole, and no other file.
 #[test]
 fn a_failed_keygen_force_keeps_the_old_key() {
-    let dir = TempFile::new("keyforce");
-    std::fs::create_dir(dir.path()).unwrap();
+    let dir = TempFile::dir("keyforce");
     let path = dir.path().join("cluster.key");
     let (s, o) = ri2n(
         ["keygen", "--output", path.to_str().unwrap()],
@@ -1107,8 +1106,7 @@ fn a_drop_box_directory_takes_the_file() {
     if !root_or_skip("setpriv to another user") {
         return;
     }
-    let dir = TempFile::new("drop-box");
-    std::fs::create_dir(dir.path()).unwrap();
+    let dir = TempFile::dir("drop-box");
     let input = TempFile::new("drop-box-in");
     let sent = write_random(input.path(), 1 << 20, 6);
     std::fs::set_permissions(input.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -1171,8 +1169,7 @@ fn a_failed_transfer_into_a_read_only_file_leaves_a_partial_the_next_recv_takes(
         return;
     }
     let nobody = 65534;
-    let dir = TempFile::new("read-only-out");
-    std::fs::create_dir(dir.path()).unwrap();
+    let dir = TempFile::dir("read-only-out");
     std::os::unix::fs::chown(dir.path(), Some(nobody), Some(nobody)).unwrap();
     let file = dir.path().join("file");
     std::fs::write(&file, b"old contents").unwrap();
@@ -1209,8 +1206,7 @@ fn a_failed_transfer_into_a_read_only_file_leaves_a_partial_the_next_recv_takes(
 /// link. Root only.
 fn foreign_link(name: &str, content: &[u8]) -> (TempFile, TempFile, PathBuf) {
     use std::os::unix::fs::PermissionsExt;
-    let shared = TempFile::new("shared-dir");
-    std::fs::create_dir(shared.path()).unwrap();
+    let shared = TempFile::dir("shared-dir");
     std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
     let victim = TempFile::new("link-victim");
     std::fs::write(victim.path(), content).unwrap();
@@ -1280,8 +1276,7 @@ fn keygen_force_does_not_follow_another_user_s_link_in_a_shared_directory() {
 /// renamed over (`-o /dev/null`).
 #[test]
 fn keygen_force_writes_through_a_link_and_only_over_a_file() {
-    let dir = TempFile::new("key-links");
-    std::fs::create_dir(dir.path()).unwrap();
+    let dir = TempFile::dir("key-links");
     let keygen = |path: &Path| {
         ri2n(
             ["keygen", "--force", "--output", path.to_str().unwrap()],
@@ -1342,8 +1337,7 @@ fn a_file_an_interrupted_keygen_left_is_no_existing_key() {
     if !root_or_skip("a PID namespace (unshare --pid)") {
         return;
     }
-    let dir = TempFile::new("key-left");
-    std::fs::create_dir(dir.path()).unwrap();
+    let dir = TempFile::dir("key-left");
     let path = dir.path().join("cluster.key");
     // the name a keygen that was process 1 gave its new file
     std::fs::write(dir.path().join(".cluster.key.1.0.new"), "").unwrap();
@@ -1369,8 +1363,7 @@ fn a_file_an_interrupted_keygen_left_is_no_existing_key() {
 /// ("File name too long") before any sender came.
 #[test]
 fn recv_takes_an_output_name_as_long_as_a_file_name_may_be() {
-    let dir = TempFile::new("long-name");
-    std::fs::create_dir(dir.path()).unwrap();
+    let dir = TempFile::dir("long-name");
     let input = dir.path().join("in");
     let sent = write_random(&input, 100_000, 7);
     let output = dir.path().join("f".repeat(255));
@@ -1419,8 +1412,7 @@ fn a_partial_file_of_another_user_is_not_taken_over() {
     if !root_or_skip("a file of another user") {
         return;
     }
-    let dir = TempFile::new("foreign-partial");
-    std::fs::create_dir(dir.path()).unwrap();
+    let dir = TempFile::dir("foreign-partial");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
     let output = dir.path().join("out");
     let partial = dir.path().join("out.partial");
@@ -1502,8 +1494,7 @@ fn a_replaced_output_in_a_setgid_directory_is_never_open_to_the_directory_s_grou
     if !root_or_skip("a directory of another group") {
         return;
     }
-    let dir = TempFile::new("setgid-dir");
-    std::fs::create_dir(dir.path()).unwrap();
+    let dir = TempFile::dir("setgid-dir");
     chown(dir.path(), Some(0), Some(65534)).unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o2755)).unwrap();
     let output = dir.path().join("out");

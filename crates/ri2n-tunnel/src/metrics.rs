@@ -198,6 +198,18 @@ mod tests {
 
     const SCRAPE: &[u8] = b"GET /metrics HTTP/1.1\r\nHost: a\r\nAccept: */*\r\n\r\n";
 
+    /// A scrape of `addr`, answered with the metrics: how long it took.
+    fn timed_scrape(addr: SocketAddr) -> Duration {
+        let start = Instant::now();
+        let answer = ask(addr, SCRAPE).unwrap();
+        let took = start.elapsed();
+        assert!(
+            answer.starts_with("HTTP/1.1 200 OK"),
+            "{answer:?} after {took:?}"
+        );
+        took
+    }
+
     /// The status and body of an answer, its `Content-Length` checked.
     fn parts(answer: &str) -> (&str, &str) {
         let (head, body) = answer.split_once("\r\n\r\n").expect("a head and a body");
@@ -350,13 +362,7 @@ mod tests {
         let crowd: Vec<TcpStream> = (0..MAX_CLIENTS * 2)
             .map(|_| TcpStream::connect(addr).unwrap())
             .collect();
-        let start = Instant::now();
-        let answer = ask(addr, SCRAPE).unwrap();
-        let took = start.elapsed();
-        assert!(
-            answer.starts_with("HTTP/1.1 200 OK"),
-            "{answer:?} after {took:?}"
-        );
+        let took = timed_scrape(addr);
         // the premise: it waited for the crowd before it
         assert!(took >= deadline, "answered after {took:?}");
         drop(crowd);
@@ -381,13 +387,7 @@ mod tests {
                 c
             })
             .collect();
-        let start = Instant::now();
-        let answer = ask(addr, SCRAPE).unwrap();
-        let took = start.elapsed();
-        assert!(
-            answer.starts_with("HTTP/1.1 200 OK"),
-            "{answer:?} after {took:?}"
-        );
+        let took = timed_scrape(addr);
         assert!(took < deadline / 2, "answered after {took:?}");
         drop(stayed);
     }

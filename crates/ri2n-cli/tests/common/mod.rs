@@ -287,6 +287,13 @@ impl TempFile {
         )))
     }
 
+    /// A new directory under a name made as [`TempFile::new`] makes one.
+    pub fn dir(tag: &str) -> Self {
+        let dir = Self::new(tag);
+        std::fs::create_dir(dir.path()).unwrap();
+        dir
+    }
+
     pub fn path(&self) -> &Path {
         &self.0
     }
