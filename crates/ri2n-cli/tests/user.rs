@@ -1392,11 +1392,7 @@ fn a_replaced_output_keeps_its_owner() {
     std::fs::set_permissions(output.path(), std::fs::Permissions::from_mode(0o600)).unwrap();
     std::os::unix::fs::chown(output.path(), Some(65534), Some(65534)).unwrap();
     let (recv, a) = spawn_recv(free_port(), output.path(), &["--quiet"]);
-    let (s, so) = send_file(&a, input.path(), &["--quiet"]);
-    let (r, ro) = recv.wait(Duration::from_secs(20));
-    assert!(s.success(), "send: {}", stderr_of(&so));
-    assert!(r.success(), "recv: {}", stderr_of(&ro));
-    assert_eq!(sha256_file(output.path()), (sent, 50_000));
+    send_whole(recv, &a, input.path(), sent, output.path());
     let m = std::fs::metadata(output.path()).unwrap();
     assert_eq!((m.uid(), m.gid(), m.mode() & 0o777), (65534, 65534, 0o600));
 }
@@ -1436,11 +1432,7 @@ fn a_partial_file_of_another_user_is_not_taken_over() {
     let input = TempFile::new("foreign-partial-in");
     let sent = write_random(input.path(), 50_000, 12);
     let (recv, a) = spawn_recv(free_port(), &output, &["--quiet"]);
-    let (s, so) = send_file(&a, input.path(), &["--quiet"]);
-    let (r, ro) = recv.wait(Duration::from_secs(20));
-    assert!(s.success(), "send: {}", stderr_of(&so));
-    assert!(r.success(), "recv: {}", stderr_of(&ro));
-    assert_eq!(sha256_file(&output), (sent, 50_000));
+    send_whole(recv, &a, input.path(), sent, &output);
     let m = std::fs::metadata(&output).unwrap();
     assert_eq!((m.uid(), m.gid(), m.mode() & 0o777), (65534, 65534, 0o600));
     assert!(!partial.exists());
@@ -1470,11 +1462,7 @@ fn a_partial_file_an_earlier_run_left_takes_the_permissions_of_a_new_file() {
             .stderr(Stdio::piped()),
     );
     wait_udp_bound(port, Duration::from_secs(10));
-    let (s, so) = send_file(&to, input.path(), &["--quiet"]);
-    let (r, ro) = recv.wait(Duration::from_secs(20));
-    assert!(s.success(), "send: {}", stderr_of(&so));
-    assert!(r.success(), "recv: {}", stderr_of(&ro));
-    assert_eq!(sha256_file(output.path()), (sent, 50_000));
+    send_whole(recv, &to, input.path(), sent, output.path());
     let mode = std::fs::metadata(output.path())
         .unwrap()
         .permissions()
@@ -1524,11 +1512,7 @@ fn a_replaced_output_in_a_setgid_directory_is_never_open_to_the_directory_s_grou
         to.rsplit(':').next().unwrap().parse().unwrap(),
         Duration::from_secs(10),
     );
-    let (s, so) = send_file(&to, input.path(), &["--quiet"]);
-    let (r, ro) = recv.wait(Duration::from_secs(20));
-    assert!(s.success(), "send: {}", stderr_of(&so));
-    assert!(r.success(), "recv: {}", stderr_of(&ro));
-    assert_eq!(sha256_file(&output), (sent, 50_000));
+    send_whole(recv, &to, input.path(), sent, &output);
     let m = std::fs::metadata(&output).unwrap();
     assert_eq!((m.uid(), m.gid(), m.mode() & 0o777), (0, 0, 0o640));
 }

@@ -542,6 +542,17 @@ pub fn send_file(to: &str, input: &Path, extra: &[&str]) -> (ExitStatus, Output)
     ri2n(args, Duration::from_secs(20))
 }
 
+/// `input` (`sent`: its SHA-256 and length) sent quietly to `recv`, listening on `to` and
+/// writing `output`: both exit 0, and `output` holds it.
+pub fn send_whole(recv: Proc, to: &str, input: &Path, sent: [u8; 32], output: &Path) {
+    let (s, so) = send_file(to, input, &["--quiet"]);
+    let (r, ro) = recv.wait(Duration::from_secs(20));
+    assert!(s.success(), "send: {}", stderr_of(&so));
+    assert!(r.success(), "recv: {}", stderr_of(&ro));
+    let len = std::fs::metadata(input).unwrap().len();
+    assert_eq!(sha256_file(output), (sent, len));
+}
+
 /// Waits for every process of `procs`, at most `limit` in all (kills them and panics after);
 /// returns each one's exit status and peak resident memory in KiB, its `VmHWM` read while it
 /// runs. Not `ru_maxrss`: the kernel carries the peak of the address space a process had
