@@ -19,6 +19,9 @@
 //         GSO) and coalesced again on receipt (UDP GRO), as ri2n's links send and receive:
 //         the interface's cost and the link's. One link: the lab's links have no rate
 //         limit, so one carries whatever the CPUs can move.
+//   tcp   the same frames over one TCP connection between A_LINK and B_LINK (port 7500,
+//         B listening), as the TCP transport's links carry a stream: the interface's cost
+//         and a TCP link's, with its segmentation offloads.
 // Each direction of each host has a thread of its own (blocking calls, no polling). A frame
 // that arrives incomplete or out of step (a datagram lost, which the lab's idle links do not
 // do) ends the program with exit 2: the null tunnel has no repair.
@@ -29,6 +32,7 @@
 #include <linux/if.h>
 #include <linux/if_tun.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <netinet/udp.h>
 #include <pthread.h>
 #include <sched.h>
@@ -92,6 +96,28 @@ static int open_udp(const char *local, const char *remote) {
     return fd;
 }
 
+static struct sockaddr_in link_address(const char *ip) {
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(PORT)};
+    if (inet_pton(AF_INET, ip, &a.sin_addr) != 1) die("link address");
+    return a;
+}
+
+// tcp mode: a socket of the namespace the process is in, bound to LOCAL
+static int tcp_socket(const char *local) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    struct sockaddr_in l = link_address(local);
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
+        bind(fd, (void *)&l, sizeof l) < 0)
+        die(local);
+    return fd;
+}
+
+// small packets (inner TCP's acknowledgements) go at once, as ri2n's TCP links send them
+static void no_delay(int fd) {
+    int one = 1;
+    if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0) die("TCP_NODELAY");
+}
+
 struct direction {
     int from, to;
 };
@@ -136,14 +162,32 @@ static void *tun_to_udp(void *arg) {
     return NULL;
 }
 
-// udp mode, receiving: the datagrams in order make a byte stream of frames
-static void *udp_to_tun(void *arg) {
+// tcp mode, sending: each frame written whole to the stream
+static void *tun_to_tcp(void *arg) {
+    const struct direction *d = arg;
+    static __thread char frame[4 + MAX_PACKET];
+    for (;;) {
+        ssize_t n = read(d->from, frame + 4, sizeof frame - 4);
+        if (n <= 0) die("read fl0");
+        uint32_t len = (uint32_t)n;
+        memcpy(frame, &len, 4);
+        for (size_t at = 0; at < 4 + (size_t)n;) {
+            ssize_t w = write(d->to, frame + at, 4 + (size_t)n - at);
+            if (w <= 0) die("write tcp");
+            at += (size_t)w;
+        }
+    }
+    return NULL;
+}
+
+// udp and tcp modes, receiving: the datagrams in order make a byte stream of frames
+static void *link_to_tun(void *arg) {
     const struct direction *d = arg;
     static __thread char stream[1 << 20];
     size_t held = 0;
     for (;;) {
         ssize_t n = recv(d->from, stream + held, sizeof stream - held, 0);
-        if (n <= 0) die("recv");
+        if (n <= 0) die("recv link");
         held += (size_t)n;
         size_t at = 0;
         while (held - at >= 4) {
@@ -165,23 +209,40 @@ static void *udp_to_tun(void *arg) {
 
 int main(int argc, char **argv) {
     int udp = argc == 6 && strcmp(argv[1], "udp") == 0;
-    if (!udp && !(argc == 4 && strcmp(argv[1], "tun") == 0)) {
+    int tcp = argc == 6 && strcmp(argv[1], "tcp") == 0;
+    if (!udp && !tcp && !(argc == 4 && strcmp(argv[1], "tun") == 0)) {
         fprintf(stderr, "usage: tunnel_floor tun NETNS_A NETNS_B\n"
-                        "       tunnel_floor udp NETNS_A NETNS_B A_LINK B_LINK\n");
+                        "       tunnel_floor udp|tcp NETNS_A NETNS_B A_LINK B_LINK\n");
         return 64;
     }
+    int link_a = -1, link_b = -1;
     enter(argv[2]);
-    int tun_a = open_tun(), link_a = udp ? open_udp(argv[4], argv[5]) : -1;
+    int tun_a = open_tun();
+    if (udp) link_a = open_udp(argv[4], argv[5]);
+    if (tcp) link_a = tcp_socket(argv[4]);
     enter(argv[3]);
-    int tun_b = open_tun(), link_b = udp ? open_udp(argv[5], argv[4]) : -1;
+    int tun_b = open_tun();
+    if (udp) link_b = open_udp(argv[5], argv[4]);
+    if (tcp) {
+        // a socket keeps the namespace it was made in: A's connects from A
+        int listener = tcp_socket(argv[5]);
+        struct sockaddr_in b = link_address(argv[5]);
+        if (listen(listener, 1) < 0 || connect(link_a, (void *)&b, sizeof b) < 0) die("connect");
+        link_b = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
+        if (link_b < 0) die("accept");
+        close(listener);
+        no_delay(link_a);
+        no_delay(link_b);
+    }
     static struct direction d[4];
     void *(*run[4])(void *);
     int threads;
-    if (udp) {
-        d[0] = (struct direction){tun_a, link_a}, run[0] = tun_to_udp;
-        d[1] = (struct direction){link_b, tun_b}, run[1] = udp_to_tun;
-        d[2] = (struct direction){tun_b, link_b}, run[2] = tun_to_udp;
-        d[3] = (struct direction){link_a, tun_a}, run[3] = udp_to_tun;
+    if (udp || tcp) {
+        void *(*send)(void *) = udp ? tun_to_udp : tun_to_tcp;
+        d[0] = (struct direction){tun_a, link_a}, run[0] = send;
+        d[1] = (struct direction){link_b, tun_b}, run[1] = link_to_tun;
+        d[2] = (struct direction){tun_b, link_b}, run[2] = send;
+        d[3] = (struct direction){link_a, tun_a}, run[3] = link_to_tun;
         threads = 4;
     } else {
         d[0] = (struct direction){tun_a, tun_b}, run[0] = tun_to_tun;
