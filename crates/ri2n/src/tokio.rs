@@ -170,8 +170,10 @@ impl AsyncConnection {
     /// call waiting on it, if the runtime had not seen it yet (an edge drained is gone): that
     /// call slept on with room or a message there for it. So a call that ends while others
     /// are under way gives the signal back; they look again, and those with nothing to do
-    /// wait again. It is counted before it first looks, so that a signal coming after that
-    /// look and cleared by another call is given back too.
+    /// wait again. So does one whose first look finds nothing while others wait: writers
+    /// wait for room of their own sizes, and the signal it cleared may have been for room
+    /// that fits a smaller one. It is counted before it first looks, so that a signal coming
+    /// after that look and cleared by another call is given back too.
     async fn op<T>(
         &self,
         ready: &Watched,
@@ -179,13 +181,19 @@ impl AsyncConnection {
     ) -> io::Result<T> {
         let _counted = ready.count_call();
         let r = match op(&self.conn) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => loop {
-                let mut guard = ready.fd.readable().await?;
-                match op(&self.conn) {
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
-                    r => break r,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // once: the looks after a wait clear only what woke this call
+                if ready.calls.load(Ordering::Acquire) > 1 {
+                    self.conn.signal_again(ready.interest);
                 }
-            },
+                loop {
+                    let mut guard = ready.fd.readable().await?;
+                    match op(&self.conn) {
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
+                        r => break r,
+                    }
+                }
+            }
             r => r,
         };
         if ready.calls.load(Ordering::Acquire) > 1 {

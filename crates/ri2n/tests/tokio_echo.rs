@@ -671,3 +671,110 @@ async fn a_finish_wakes_a_writer_waiting_for_room() {
         }
     }
 }
+
+/// Two tasks wait for room on one connection: one for a little, then one for much more. Room
+/// for the first comes, not for the second: the first is woken and writes, on both
+/// transports, for messages and for the stream. Before, the second's wait replaced the
+/// first's, and room was only told once there was enough for the second.
+#[test]
+fn a_writer_waiting_for_little_room_is_woken_beside_one_waiting_for_much() {
+    let mut slept = Vec::new();
+    for transport in [Transport::Udp, Transport::Tcp] {
+        for messages in [true, false] {
+            if !small_writer_woken(transport, messages) {
+                slept.push((transport, if messages { "messages" } else { "stream" }));
+            }
+        }
+    }
+    assert!(
+        slept.is_empty(),
+        "the writer of 1 KiB slept on with room there: {slept:?}"
+    );
+}
+
+/// Whether, in [`a_writer_waiting_for_little_room_is_woken_beside_one_waiting_for_much`], the
+/// small writer was woken within 5 s once its room came.
+fn small_writer_woken(transport: Transport, messages: bool) -> bool {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let quiet = ConnectionConfig::default().with_mtu_discovery(false);
+        let config = EndpointConfig::new(vec![loopback("127.0.0.1")]).with_transport(transport);
+        let server = Endpoint::bind(
+            (config.clone().server())
+                .with_server_connection(quiet.clone().with_stream_receive_window(64 << 10)),
+        )
+        .unwrap();
+        let to = server.local_addrs();
+        let (go, went) = std::sync::mpsc::channel::<()>();
+        // the peer reads 24 KiB once told, then nothing until the test is over
+        let peer = std::thread::spawn(move || {
+            let c = server.accept().unwrap();
+            went.recv().unwrap();
+            if messages {
+                for _ in 0..24 {
+                    c.recv_message().unwrap();
+                }
+            } else {
+                let mut read = vec![0u8; 24 << 10];
+                std::io::Read::read_exact(&mut &c, &mut read).unwrap();
+            }
+            let _ = went.recv();
+            (server, c)
+        });
+        let client = Endpoint::bind(config).unwrap();
+        let conn = ri2n::tokio::connect(&client, &to, quiet.with_send_buffer(64 << 10));
+        let conn = Arc::new(conn.await.unwrap());
+        let write = |conn: Arc<ri2n::tokio::AsyncConnection>, len: usize, waiting| async move {
+            let data = vec![2u8; len];
+            let wait = async {
+                match messages {
+                    true => conn.send_message(&data).await,
+                    false => conn.write_bytes(ri2n::Bytes::from(data.clone())).await,
+                }
+            };
+            noting_pending(wait, waiting).await
+        };
+        // the peer reads nothing yet: its window, then our send buffer, fill
+        let kib = [1u8; 1024];
+        for _ in 0..3 {
+            match messages {
+                true => while conn.get_ref().try_send_message(&kib).is_ok() {},
+                false => while conn.get_ref().try_write(&kib).is_ok_and(|n| n > 0) {},
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let flags: Vec<_> = (0..2).map(|_| Arc::new(AtomicBool::new(false))).collect();
+        let mut small = tokio::spawn(write(conn.clone(), 1 << 10, flags[0].clone()));
+        until_all_pending(&flags[..1]).await;
+        let large = tokio::spawn(write(conn.clone(), 48 << 10, flags[1].clone()));
+        until_all_pending(&flags).await;
+        go.send(()).unwrap();
+        let woken = tokio::time::timeout(Duration::from_secs(5), &mut small)
+            .await
+            .is_ok();
+        if !woken {
+            // the premise: the room was there
+            let room = match messages {
+                true => conn.get_ref().try_send_message(&kib).map(|()| 1024),
+                false => conn.get_ref().try_write(&kib),
+            };
+            let what = (transport, messages);
+            assert!(
+                matches!(room, Ok(n) if n > 0),
+                "{what:?}: no room came: {room:?}"
+            );
+        }
+        small.abort();
+        large.abort();
+        conn.get_ref().abort(0, "the test is over");
+        let _ = go.send(());
+        drop((conn, client));
+        let ends = tokio::task::spawn_blocking(move || drop(peer.join().unwrap()));
+        ends.await.unwrap();
+        woken
+    })
+}

@@ -212,8 +212,9 @@ pub struct Connection {
     events: VecDeque<Event>,
     readable_signalled: bool,
     datagrams: Datagrams,
-    /// Blocked writers, per stream: the room each waits for. One per stream, so that a
-    /// writer blocked on one stream does not erase the wake-up of another's.
+    /// Blocked writers, per stream: the least room one of them waits for (`writer_waits`).
+    /// One per stream, so that a writer blocked on one stream does not erase the wake-up of
+    /// another's.
     write_wants: [Option<u64>; 2],
     /// Per stream: [`Event::Writable`] was reported for its blocked writer, and no write to
     /// the stream came since (the writer has yet to retry).
@@ -695,7 +696,7 @@ impl Connection {
             // wake the writer only once a quarter of the buffer is free: waking it for every
             // acknowledged packet costs a context switch per few kilobytes
             let want = (stream.capacity() / 4).clamp(1, data.len() as u64);
-            self.write_wants[BYTE_STREAM] = Some(want);
+            self.writer_waits(BYTE_STREAM, want);
             return Err(WriteError::Blocked);
         }
         Ok(n)
@@ -729,10 +730,19 @@ impl Connection {
     fn taken_or_blocked(&mut self, n: usize, len: usize) -> Result<usize, WriteError> {
         if n == 0 && len > 0 {
             let want = (len as u64).min(self.send[BYTE_STREAM].capacity()).max(1);
-            self.write_wants[BYTE_STREAM] = Some(want);
+            self.writer_waits(BYTE_STREAM, want);
             return Err(WriteError::Blocked);
         }
         Ok(n)
+    }
+
+    /// A writer of `stream` found no room for `want` bytes: [`Event::Writable`] comes once
+    /// there is. Several writers may wait at once (threads, or tasks sharing one readiness
+    /// descriptor): the stream waits for the smallest room any of them needs, so the one it
+    /// fits is woken, and the others, woken with it, try again and wait for theirs.
+    fn writer_waits(&mut self, stream: usize, want: u64) {
+        let wants = &mut self.write_wants[stream];
+        *wants = Some(wants.map_or(want, |w| w.min(want)));
     }
 
     /// Largest message [`send_message`](Self::send_message) accepts: 0 until the handshake
@@ -780,7 +790,7 @@ impl Connection {
         if self.state == ConnectionState::Connecting {
             // the largest message is known once the peer's window is: wait for it (the
             // handshake's end makes the message stream writable)
-            self.write_wants[MESSAGE_STREAM] = Some((hlen + msg.len()) as u64);
+            self.writer_waits(MESSAGE_STREAM, (hlen + msg.len()) as u64);
             return Err(WriteError::Blocked);
         }
         let limit = self.max_message_size();
@@ -792,7 +802,7 @@ impl Connection {
         }
         let stream = &mut self.send[MESSAGE_STREAM];
         if stream.room() < (hlen + msg.len()) as u64 {
-            self.write_wants[MESSAGE_STREAM] = Some((hlen + msg.len()) as u64);
+            self.writer_waits(MESSAGE_STREAM, (hlen + msg.len()) as u64);
             return Err(WriteError::Blocked);
         }
         stream.write(&header[..hlen]);

@@ -272,9 +272,10 @@ pub(crate) struct State {
     /// Whole messages that arrived and were not read yet; the message arriving.
     pub messages: VecDeque<Vec<u8>>,
     pub message_part: Vec<u8>,
-    /// Per kind of write (stream bytes, messages; [`kind_slot`]): a non-blocking one found no
-    /// room for this many bytes (at least 1), and no write of that kind came since. Once
-    /// there is room, other calls keep the combined descriptor signalled for it.
+    /// Per kind of write (stream bytes, messages; [`kind_slot`]): the least room that a
+    /// non-blocking one found missing (at least 1), until a write of that kind looks with the
+    /// room there. Once there is room, other calls keep the combined descriptor signalled for
+    /// it.
     writers_blocked: [Option<u64>; 2],
     /// The window end last sent to the peer; a new one is sent when reading moved it by
     /// `ack_step`.
@@ -916,7 +917,14 @@ impl TcpConnection {
     fn lock_for(&self, looks: Looks, block: bool) -> MutexGuard<'_, State> {
         let mut st = self.lock();
         if let Looks::Room(kind) = looks {
-            st.writers_blocked[kind_slot(kind)] = None;
+            // a writer looks: a need the buffer has room for was told (the descriptor was
+            // signalled when the room came), and its writer looks now or was woken with this
+            // one; a need still unmet may be another writer's, still waiting
+            let room = self.settings.send_buffer.saturating_sub(st.buffered());
+            let blocked = &mut st.writers_blocked[kind_slot(kind)];
+            if blocked.is_some_and(|need| room >= need) {
+                *blocked = None;
+            }
         }
         if block {
             return st;
@@ -1000,7 +1008,10 @@ impl TcpConnection {
                 return Ok(st);
             }
             if !block {
-                st.writers_blocked[kind_slot(kind)] = Some(need.max(1));
+                // several writers may wait (tasks sharing the descriptor): the least need
+                // wakes them, the one it fits writes, the others wait again for theirs
+                let blocked = &mut st.writers_blocked[kind_slot(kind)];
+                *blocked = Some(blocked.map_or(need, |b| b.min(need)).max(1));
                 return Err(io::ErrorKind::WouldBlock.into());
             }
             st = self.wait(st, None);
