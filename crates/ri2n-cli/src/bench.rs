@@ -13,9 +13,10 @@
 //! while data moves, the main thread before and after), whole: the fault thread hands its
 //! notices over instead of printing them between the pieces of a row.
 
+use std::cell::Cell;
 use std::io::{self, Write};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -49,18 +50,20 @@ const STALL_LIMIT: Duration = Duration::from_secs(10);
 const EVENT_TICK: Duration = Duration::from_millis(20);
 
 pub fn run(args: &BenchArgs) -> Result<(), Failure> {
-    let result = test(args);
+    let connected = Cell::new(false);
+    let result = test(args, &connected);
     match crate::interrupt::caught() {
         // the connections ended because the interrupt aborted them: say so, not "lost"
-        Some(signal) if result.is_err() => {
+        Some(signal) if result.is_err() && connected.get() => {
             Err(crate::interrupt::failure(signal, "during the test"))
         }
+        Some(signal) if result.is_err() => Err(crate::interrupt::failure_while_connecting(signal)),
         _ => result,
     }
 }
 
-/// The test itself (see [`run`]).
-fn test(args: &BenchArgs) -> Result<(), Failure> {
+/// The test itself (see [`run`]); `connected` is set once its connections are made.
+fn test(args: &BenchArgs, connected: &Cell<bool>) -> Result<(), Failure> {
     // its output is a report: a reader that went away (`| head`) ends the test, as it ends
     // ping or iperf3; Rust ignores SIGPIPE, and the next line printed would panic
     // SAFETY: signal(2) with the default action; no handler of this process is replaced.
@@ -69,13 +72,18 @@ fn test(args: &BenchArgs) -> Result<(), Failure> {
     let endpoint = net::client_endpoint(&args.connect, &args.key, false)?;
     // interrupted, the test's connections are aborted so the server learns why it ended
     crate::interrupt::abort_endpoint_on_interrupt(endpoint.clone(), crate::interrupt::End::Client);
-    let result = test_on(&endpoint, args, say);
+    let result = test_on(&endpoint, args, say, connected);
     net::close_after_failure(&endpoint, &result);
     result
 }
 
 /// [`test`] on `endpoint`.
-fn test_on(endpoint: &Endpoint, args: &BenchArgs, say: Say) -> Result<(), Failure> {
+fn test_on(
+    endpoint: &Endpoint,
+    args: &BenchArgs,
+    say: Say,
+    connected: &Cell<bool>,
+) -> Result<(), Failure> {
     let faults = FaultPlan::new(endpoint, &args.link.fault)?;
     let config = net::connection_config(&args.connect, &args.link, net::Application::Bench);
     let count = if args.latency {
@@ -98,6 +106,7 @@ fn test_on(endpoint: &Endpoint, args: &BenchArgs, say: Say) -> Result<(), Failur
             }
         }
     }
+    connected.set(true);
     let start = Instant::now();
     let (notices, faults_seen) = mpsc::channel();
     faults.start_with(start, move |t, local, action| {
@@ -350,10 +359,9 @@ impl Timeline {
         self.next.saturating_duration_since(Instant::now())
     }
 
-    /// Closes the current interval: `done[i]` is connection i's bytes done (acknowledged or
-    /// read) and its statistics.
-    fn sample(&mut self, done: &[(u64, ConnectionStats)]) {
-        let now = Instant::now();
+    /// Closes the current interval at `now`: `done[i]` is connection i's bytes done
+    /// (acknowledged or read) and its statistics.
+    fn sample(&mut self, done: &[(u64, ConnectionStats)], now: Instant) {
         let tagged = self.tracks.len() > 1;
         let pad = if tagged { "      " } else { "" };
         for (i, (track, (_, stats))) in self.tracks.iter_mut().zip(done).enumerate() {
@@ -446,12 +454,14 @@ impl Timeline {
         }
     }
 
-    /// The last, partial interval, unless it is shorter than a quarter of an interval and
-    /// follows others: a rate over a few milliseconds (in which the last acknowledgements
-    /// arrive at once) says nothing. The summary counts its bytes either way.
-    fn close(&mut self, done: &[(u64, ConnectionStats)]) {
-        if self.prev_t.elapsed() >= self.interval / 4 || self.sum_rows.is_empty() {
-            self.sample(done);
+    /// The last, partial interval, ending at `end` (when the transfers ended: nothing moved
+    /// after), unless it is shorter than a quarter of an interval and follows others: a rate
+    /// over a few milliseconds (in which the last acknowledgements arrive at once) says
+    /// nothing. The summary counts its bytes either way.
+    fn close(&mut self, done: &[(u64, ConnectionStats)], end: Instant) {
+        let end = end.max(self.prev_t);
+        if end - self.prev_t >= self.interval / 4 || self.sum_rows.is_empty() {
+            self.sample(done, end);
         }
     }
 }
@@ -598,10 +608,10 @@ fn server_report(conn: &Connection) -> Option<ServerReport> {
     serde_json::from_slice(&m).ok()
 }
 
-/// " (4.0 s asked, cut to 2.0 s by the server's --max-time)", or nothing.
+/// " (4 s asked, cut to 2 s by the server's --max-time)", or nothing.
 fn cut_note(requested: f64, granted: f64, cut: bool) -> String {
     if cut {
-        format!(" ({requested:.1} s asked, cut to {granted:.1} s by the server's --max-time)")
+        format!(" ({requested} s asked, cut to {granted} s by the server's --max-time)")
     } else {
         String::new()
     }
@@ -638,8 +648,8 @@ fn send_until(
             counter.store(written, Ordering::Relaxed);
         } else {
             // paced chunks may be small, and are copied: count every accepted part, not
-            // whole chunks, since the timeline subtracts what is still buffered, which
-            // includes a chunk's accepted part while the rest waits
+            // whole chunks, since the timeline counts no more than was counted here, and a
+            // chunk's accepted part may be acknowledged while the rest waits
             let (mut writer, mut rest) = (conn, &chunk[..]);
             while !rest.is_empty() {
                 let n = writer.write(rest).map_err(|e| Failure::lost(&e))?;
@@ -705,7 +715,7 @@ fn throughput(
     let granted = grants.iter().map(|g| g.seconds).fold(0.0, f64::max);
     let cut = grants.iter().any(|g| g.cut);
     say.line(format!(
-        "throughput test, {granted:.1} s{}{}, {}{}; timeline every {} s",
+        "throughput test, {granted} s{}{}, {}{}; timeline every {} s",
         cut_note(requested, granted, cut),
         if n > 1 {
             format!(", {n} connections")
@@ -728,19 +738,27 @@ fn throughput(
     let data = Bytes::from(data);
     let mut tl = Timeline::new(start, args.interval, n, reverse, say);
     let counters: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
-    // bytes done: what the server acknowledged (sending) or what was read. The count is read
-    // before the statistics: a write that returned between the two would otherwise count as
-    // written and not buffered, as delivered
+    // what each connection had written before the test (the request): acknowledged or still
+    // buffered
+    let written_before: Vec<u64> = (conns.iter())
+        .map(|c| c.stats())
+        .map(|s| s.bytes_acknowledged + s.send_buffered)
+        .collect();
+    // bytes done: what the server acknowledged (sending) or what was read. Sending, the
+    // connection's own count, in one snapshot with its links' counts: the writer's count
+    // less what is buffered was a chunk short between the connection taking it and the
+    // writer counting it (more, were the writer's thread held off its CPU meanwhile), and
+    // the chunk showed in a later row (one of an outage, say). On the TCP transport the
+    // count holds each chunk's 5-byte header too.
     let sample = |conns: &[Connection]| -> Vec<(u64, ConnectionStats)> {
         conns
             .iter()
             .enumerate()
             .map(|(i, c)| {
-                let count = counters[i].load(Ordering::Relaxed);
                 let stats = c.stats();
                 let done = match reverse {
-                    true => count,
-                    false => count - stats.send_buffered.min(count),
+                    true => counters[i].load(Ordering::Relaxed),
+                    false => (stats.bytes_acknowledged).saturating_sub(written_before[i]),
                 };
                 (done, stats)
             })
@@ -749,6 +767,8 @@ fn throughput(
     // each connection moves its data on a thread of its own while this one samples the
     // timeline and prints the events, so that rows and event lines keep coming while the
     // data path blocks (every link down: the writer waits for window, the reader for data)
+    // transfers that ended: the sampling stops at once, not a row after the test's end
+    let ended = AtomicUsize::new(0);
     let results: Vec<Result<(u64, f64), Failure>> = std::thread::scope(|scope| {
         let me = std::thread::current();
         let transfers: Vec<_> = conns
@@ -756,7 +776,7 @@ fn throughput(
             .zip(&grants)
             .zip(&counters)
             .map(|((conn, g), counter)| {
-                let (data, me) = (&data, me.clone());
+                let (data, me, ended) = (&data, me.clone(), &ended);
                 let end = start + Duration::from_secs_f64(g.seconds);
                 scope.spawn(move || {
                     let result = if reverse {
@@ -766,15 +786,16 @@ fn throughput(
                         send_until(conn, data, end, pacer, counter)
                     };
                     let seconds = start.elapsed().as_secs_f64();
+                    ended.fetch_add(1, Ordering::SeqCst);
                     me.unpark();
                     result.map(|bytes| (bytes, seconds))
                 })
             })
             .collect();
-        while !transfers.iter().all(|t| t.is_finished()) {
+        while ended.load(Ordering::SeqCst) < n {
             events.poll(conns);
             if tl.due() {
-                tl.sample(&sample(conns));
+                tl.sample(&sample(conns), Instant::now());
             }
             std::thread::park_timeout(tl.until_due().min(EVENT_TICK));
         }
@@ -786,7 +807,8 @@ fn throughput(
     let results = results.into_iter().collect::<Result<Vec<_>, _>>()?;
     events.poll(conns);
     let last = sample(conns);
-    tl.close(&last);
+    let seconds = (results.iter()).map(|&(_, s)| s).fold(0.0, f64::max);
+    tl.close(&last, start + Duration::from_secs_f64(seconds));
     let mut connections = Vec::with_capacity(n);
     let mut tracks = std::mem::take(&mut tl.tracks).into_iter();
     for (i, (((conn, (bytes, seconds)), (_, stats)), g)) in
@@ -1138,13 +1160,18 @@ fn latency(
     }
     request(conn, Test::Latency, 0.0, 0.0, None)?;
     let count = args.count as usize;
+    // a sweep's large sizes take fewer round trips, as many as move its bytes per size
+    let reps_of = |size: usize| match args.sweep {
+        true => count.min((SWEEP_BYTES_PER_SIZE / size).max(SWEEP_MIN_COUNT)),
+        false => count,
+    };
     say.line(format!(
         "latency test: ping-pong of whole messages, {} round trips per size{}",
         count,
-        if args.sweep {
+        if sizes.iter().any(|&size| reps_of(size) < count) {
             format!(
                 " (fewer above {}, at least {SWEEP_MIN_COUNT})",
-                fmt_bytes((SWEEP_BYTES_PER_SIZE / count.max(1)) as u64)
+                fmt_bytes((SWEEP_BYTES_PER_SIZE / count) as u64)
             )
         } else {
             String::new()
@@ -1161,11 +1188,7 @@ fn latency(
     let mut payload = vec![0u8; *sizes.iter().max().unwrap()];
     RandomBytes::new(3).fill(&mut payload);
     for &size in &sizes {
-        let reps = if args.sweep {
-            count.min((SWEEP_BYTES_PER_SIZE / size).max(SWEEP_MIN_COUNT))
-        } else {
-            count
-        };
+        let reps = reps_of(size);
         let msg = &payload[..size];
         // room made as they come beyond a first share: --count may ask for more round
         // trips than memory holds times (the test's own clock ends it first)

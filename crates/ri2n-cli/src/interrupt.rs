@@ -170,6 +170,16 @@ pub fn raised() -> Option<i32> {
     caught().or(Some(RAISED.load(Ordering::SeqCst)).filter(|&s| s != 0))
 }
 
+/// The failure to report for an interruption while the command was still connecting: no
+/// test had begun.
+pub fn failure_while_connecting(signal: i32) -> crate::error::Failure {
+    REPORTING.store(true, Ordering::SeqCst);
+    crate::error::Failure::new(
+        (128 + signal) as u8,
+        format!("interrupted by {} while connecting", name(signal)),
+    )
+}
+
 /// The failure to report for an interruption, with what the command had done by then.
 pub fn failure(signal: i32, done: &str) -> crate::error::Failure {
     REPORTING.store(true, Ordering::SeqCst);

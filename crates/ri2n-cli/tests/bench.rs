@@ -1,6 +1,7 @@
 //! `ri2n bench` against `ri2n serve` on loopback: a test cut by the server's --max-time says
-//! so, per-link figures add up to the goodput, parallel connections (-P) and a target rate
-//! (-b) as iperf3 users know them, and a zero-length test is refused.
+//! so, per-link figures add up to the goodput, the timeline's rows hold what was delivered in
+//! them, parallel connections (-P) and a target rate (-b) as iperf3 users know them, and a
+//! zero-length test is refused.
 
 mod common;
 
@@ -120,7 +121,7 @@ fn a_test_cut_by_the_server_says_so_in_both_directions() {
         assert!(doc["summary"]["bytes"].as_u64().unwrap() > 0, "{doc}");
         let said = text
             .lines()
-            .filter(|l| l.contains("cut to 1.0 s by the server's --max-time"))
+            .filter(|l| l.contains("cut to 1 s by the server's --max-time"))
             .count();
         assert!(
             said >= 2,
@@ -209,6 +210,98 @@ fn per_link_figures_add_up_to_the_goodput() {
         text.contains("state, delivered, rtt"),
         "the column names what it shows:\n{text}"
     );
+}
+
+/// The timeline's rows: a row in which no link delivered anything (every link down) shows no
+/// goodput, and the last row ends with the test. Before, a 64 KiB chunk the connection had
+/// taken but the writer had not counted yet was missing from the row it was delivered in
+/// and showed in a later one, also in a row of an outage (1 Mbit/s where nothing moved);
+/// and the sampling could close a row after the test's end, diluted over time that was not
+/// the test's.
+#[test]
+fn timeline_rows_hold_what_was_delivered_in_them_and_end_with_the_test() {
+    let _g = heavy();
+    let (_server, to) = serve(&[]);
+    // every link down from a row's start (where a chunk is likely in the writer's hands)
+    let (doc, _) = bench(
+        &to,
+        &[
+            "--time",
+            "1.5",
+            "--interval",
+            "0.25",
+            "--fault",
+            "0.5:127.0.0.1:down",
+            "--fault",
+            "0.5:127.0.0.2:down",
+            "--fault",
+            "1.1:127.0.0.1:up",
+        ],
+    );
+    let mut idle = 0;
+    for row in doc["intervals"].as_array().expect("rows") {
+        let delivered: u64 = (row["links"].as_array().unwrap().iter())
+            .map(|l| l["stream_bytes_acked"].as_u64().unwrap())
+            .sum();
+        if delivered == 0 {
+            idle += 1;
+            assert_eq!(row["bytes"], 0, "goodput where no link delivered: {row}");
+        }
+    }
+    // the premise: rows of the outage
+    assert!(idle >= 1, "no row without deliveries: {doc}");
+    for run in 0..5 {
+        let (doc, _) = bench(&to, &["--time", "0.3", "--interval", "0.01"]);
+        let seconds = f64_of(&doc["summary"]["seconds"]);
+        let last = doc["intervals"].as_array().unwrap().last().unwrap().clone();
+        assert!(
+            f64_of(&last["end"]) <= seconds + 0.001,
+            "run {run}: the last row {last} ends after the test's {seconds} s"
+        );
+    }
+}
+
+/// What the header says holds: a test shorter than 0.1 s says its length, not 0.1 s or 0.0 s;
+/// a sweep whose round trips per size all move less than its bytes per size does not say
+/// that the large sizes take fewer round trips ("fewer above 6.40 MiB, at least 16" for 5,
+/// while every size took 5).
+#[test]
+fn the_header_says_the_length_and_round_trips_the_test_has() {
+    let _g = heavy();
+    let (_server, to) = serve(&[]);
+    let (_, text) = bench(&to, &["--time", "0.05"]);
+    assert!(text.contains("throughput test, 0.05 s"), "{text}");
+    let (doc, text) = bench(&to, &["--latency", "--sweep", "--count", "5"]);
+    assert!(!text.contains("fewer above"), "{text}");
+    // the premise: every size took the 5 round trips asked
+    for size in doc["results"].as_array().expect("results") {
+        assert_eq!(size["count"], 5, "{size}");
+    }
+}
+
+/// An interrupt while the client still connects (nothing answers) says so, not that it came
+/// "during the test" and "the peer was told": there was no test, and no peer.
+#[test]
+fn an_interrupt_while_connecting_says_so() {
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let to = silent.local_addr().unwrap().to_string();
+    let client = start_bench(&to, &["--connect-timeout", "20"]);
+    std::thread::sleep(Duration::from_millis(500));
+    // the premise: the handshake is under way, unanswered
+    let mut buf = [0u8; 2048];
+    silent
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    silent.recv(&mut buf).expect("a handshake packet");
+    client.signal(libc::SIGINT);
+    let (c, co) = client.wait(Duration::from_secs(10));
+    let text = stderr_of(&co);
+    assert_eq!(c.code(), Some(130), "{text}");
+    assert!(
+        text.contains("interrupted by SIGINT while connecting"),
+        "{text}"
+    );
+    assert!(!text.contains("the peer was told"), "{text}");
 }
 
 /// A fault injected during the test is told on the timeline's own output, as a whole line
