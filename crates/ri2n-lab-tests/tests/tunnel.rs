@@ -2011,6 +2011,129 @@ fn a_packet_for_an_address_no_host_owns_is_answered_unreachable() {
     stop_daemons(&mut daemons);
 }
 
+/// Listens on host b's interface (an `AF_PACKET` socket: every packet the daemon writes, whole
+/// as it was written) for TCP packets to port 6000 for 3 s after saying "listening", then
+/// prints how many payload bytes of each letter arrived, as JSON.
+const CAPTURE_PAYLOADS: &str = r#"
+import json, socket, struct, sys, time
+s = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(0x0800))
+s.bind(("ri2n0", 0x0800))
+s.settimeout(0.2)
+print("listening", flush=True)
+seen, end = {}, time.time() + 3
+while time.time() < end:
+    try:
+        p = s.recv(70000)
+    except socket.timeout:
+        continue
+    ihl = (p[0] & 15) * 4
+    if p[9] != 6 or struct.unpack("!H", p[ihl + 2:ihl + 4])[0] != 6000:
+        continue
+    for b in p[ihl + (p[ihl + 12] >> 4) * 4:]:
+        seen[chr(b)] = seen.get(chr(b), 0) + 1
+print(json.dumps(seen), flush=True)
+"#;
+
+/// Writes three consecutive 100-byte TCP segments of one flow from host a's tunnel address to
+/// host b's port 6000 onto a's interface as a raw socket does (no checksum left to the
+/// device), the middle one with a wrong TCP checksum: "a" * 100, "b" * 100, "c" * 100.
+const INJECT_SEGMENTS: &str = r#"
+import socket, struct
+A, B = "10.99.0.1", "10.99.0.2"
+def csum(b):
+    if len(b) % 2:
+        b += b"\0"
+    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    while s >> 16:
+        s = (s & 0xffff) + (s >> 16)
+    return ~s & 0xffff
+def packet(seq, payload, bad):
+    tcp = struct.pack("!HHIIBBHHH", 41000, 6000, seq, 1, 5 << 4, 0x10, 60000, 0, 0) + payload
+    pseudo = socket.inet_aton(A) + socket.inet_aton(B) + struct.pack("!BBH", 0, 6, len(tcp))
+    c = csum(pseudo + tcp) ^ (0x1234 if bad else 0)
+    tcp = tcp[:16] + struct.pack("!H", c) + tcp[18:]
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp), 1, 0x4000, 64, 6, 0,
+                     socket.inet_aton(A), socket.inet_aton(B))
+    ip = ip[:10] + struct.pack("!H", csum(ip)) + ip[12:]
+    return ip + tcp
+s = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(0x0800))
+for k, letter in enumerate(b"abc"):
+    s.sendto(packet(1000 + 100 * k, bytes([letter]) * 100, letter == ord("b")), ("ri2n0", 0x0800))
+"#;
+
+/// A TCP segment a raw socket wrote with a wrong checksum onto the interface, between two of
+/// the same flow that continue each other, is not carried: the sending daemon drops it (and
+/// counts it), as the peer's kernel would drop it written alone. Before, it was carried, and
+/// the peer's daemon merged the three into one write, which its kernel took as checked: the
+/// wrong segment's bytes were delivered (a review saw them reach a socket).
+#[test]
+fn a_tcp_segment_with_a_wrong_checksum_is_not_carried() {
+    let Some(test) = LabTest::start("tunnel-checksum", &[PING, PYTHON3]) else {
+        return;
+    };
+    let (env, dir) = (test.env, &test.dir);
+    let lab = &Lab::up_hosts(env, "tck", 2, 2);
+    let (config, mut daemons) = start_a_and_b(env, lab, &dir.0);
+    wait_connected(&mut daemons, 1, Duration::from_secs(15));
+    ping_through(lab, "a", "b");
+    let python = Path::new("python3");
+    let script = |s: &str| vec!["-c".to_owned(), s.to_owned()];
+    let mut capture = Proc::spawn_in(
+        &lab.ns_of("b"),
+        python,
+        &script(CAPTURE_PAYLOADS),
+        &dir.0,
+        "capture",
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !capture.stdout_text().contains("listening") {
+        assert!(
+            capture.poll().is_none(),
+            "capture: {}",
+            capture.stderr_text()
+        );
+        assert!(Instant::now() < deadline, "the capture never listened");
+        thread::sleep(Duration::from_millis(20));
+    }
+    let since = Instant::now();
+    let mut inject = Proc::spawn_in(
+        &lab.ns_of("a"),
+        python,
+        &script(INJECT_SEGMENTS),
+        &dir.0,
+        "inject",
+    );
+    let injected = inject.wait_exit(Duration::from_secs(10));
+    assert!(
+        injected.is_some_and(|s| s.success()),
+        "inject: {injected:?} {}",
+        inject.stderr_text()
+    );
+    let captured = capture.wait_exit(Duration::from_secs(10));
+    assert!(
+        captured.is_some_and(|s| s.success()),
+        "capture: {captured:?}"
+    );
+    let out = capture.stdout_text();
+    let seen: serde_json::Value =
+        serde_json::from_str(out.lines().last().unwrap_or("")).expect("the capture's counts");
+    // the premise: the segments around it were carried
+    assert_eq!(
+        (seen["a"].as_u64(), seen["c"].as_u64()),
+        (Some(100), Some(100)),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["b"].as_u64(),
+        None,
+        "the wrong segment was carried: {seen}"
+    );
+    let dropped =
+        status_sampled_after(env, &lab.ns_of("a"), &config, since)["packets_bad_checksum"].as_u64();
+    assert_eq!(dropped, Some(1), "packets_bad_checksum");
+    stop_daemons(&mut daemons);
+}
+
 /// How often each daemon's packet threads went to sleep over back-to-back pings from host a
 /// to host b through the tunnel (`ping -f`: the next request as soon as the reply is in, so
 /// that each packet carries the acknowledgement of the one before and none travels alone).

@@ -422,6 +422,7 @@ pub fn run(
         queue_packets_read: Vec::new(),
         packets_unrouted: 0,
         packets_not_ipv4: 0,
+        packets_bad_checksum: 0,
         config: config.clone(),
         reloads: 0,
         last_reload: None,

@@ -32,6 +32,7 @@ const DF: u8 = 0x40;
 /// (the legacy header a TUN device uses unless told otherwise).
 pub const VNET_HDR_LEN: usize = 10;
 const VIRTIO_NET_HDR_F_NEEDS_CSUM: u8 = 1;
+const VIRTIO_NET_HDR_F_DATA_VALID: u8 = 2;
 const VIRTIO_NET_HDR_GSO_NONE: u8 = 0;
 const VIRTIO_NET_HDR_GSO_TCPV4: u8 = 1;
 const VIRTIO_NET_HDR_GSO_ECN: u8 = 0x80;
@@ -170,6 +171,23 @@ pub fn split(header: &VnetHeader, packet: &[u8], out: &mut Packets) -> usize {
         p[tcp + 16..tcp + 18].copy_from_slice(&(!sum).to_be_bytes());
     }
     count
+}
+
+/// Whether a packet read from the interface may be carried: not an IPv4 TCP packet that the
+/// peer's daemon may merge with others ([`runs`]) whose IP header or TCP checksum is wrong.
+/// Only one the kernel vouched for neither way is summed here (no `NEEDS_CSUM`, whose
+/// checksum [`split`] finishes, nor `DATA_VALID`): a raw socket's packet, rare, so the bulk
+/// path pays nothing. Merged at the peer such a packet would be taken as checked (see
+/// [`merged_header`]); alone the peer's kernel drops it: the sender's daemon drops it instead.
+pub fn checksums_hold(header: &VnetHeader, packet: &[u8]) -> bool {
+    let vouched = header.flags & (VIRTIO_NET_HDR_F_NEEDS_CSUM | VIRTIO_NET_HDR_F_DATA_VALID);
+    let gso = header.gso_type & !VIRTIO_NET_HDR_GSO_ECN;
+    if vouched != 0 || gso != VIRTIO_NET_HDR_GSO_NONE || TcpView::parse(packet).is_none() {
+        return true;
+    }
+    // a sum over the field itself comes to all ones where the checksum is right
+    let pseudo = sum32(&packet[12..20], u64::from(TCP) + (packet.len() - 20) as u64);
+    fold(sum32(&packet[..20], 0)) == 0xffff && fold(sum32(&packet[20..], pseudo)) == 0xffff
 }
 
 /// The smallest segment size of a large TCP segment carried whole and taken whole: Linux's
@@ -398,10 +416,11 @@ pub fn runs(packets: &[&[u8]], out: &mut Vec<Range<usize>>) {
 ///
 /// The merged segment's TCP checksum is left for the kernel to finish, as for a packet a
 /// local socket sends (`NEEDS_CSUM`, the field holding the pseudo-header sum), and a socket
-/// on this host takes it as checked. So the segments' own checksums are not verified: ri2n's
-/// AEAD checked that their bytes are what the peer's daemon sent, not that the peer's
-/// kernel summed them right (a segment written alone is verified by the kernel). Verifying
-/// them would cost a pass over every byte, on the path that limits the tunnel's rate.
+/// on this host takes it as checked. So the segments' own checksums are not verified here:
+/// ri2n's AEAD checked that their bytes are what the peer's daemon sent, and that daemon
+/// summed them itself ([`split`]) or dropped those whose sums were wrong
+/// ([`checksums_hold`]). Verifying them again would cost a pass over every byte, on the path
+/// that limits the tunnel's rate.
 pub fn merged_header(segments: &[&[u8]], out: &mut Vec<u8>) -> usize {
     let first = TcpView::parse(segments[0]).expect("a run from `runs`");
     let last = TcpView::parse(segments[segments.len() - 1]).expect("a run from `runs`");
@@ -555,6 +574,29 @@ mod tests {
     }
 
     /// Whether a packet's IP and TCP checksums verify.
+    /// A TCP packet whose checksums the kernel vouched for neither way (a raw socket's) is
+    /// carried only with both right: merged at the peer, a wrong one would pass as checked.
+    #[test]
+    fn a_raw_tcp_packet_with_a_wrong_checksum_is_not_carried() {
+        let plain = VnetHeader::default();
+        let good = segment(40000, 1, ACK, &[7; 100]);
+        assert!(checksums_hold(&plain, &good));
+        let mut bad_tcp = good.clone();
+        bad_tcp[60] ^= 1; // a payload byte
+        assert!(!checksums_hold(&plain, &bad_tcp));
+        let mut bad_ip = good.clone();
+        bad_ip[10] ^= 0x12;
+        assert!(!checksums_hold(&plain, &bad_ip));
+        // left to the device (the field holding the pseudo-header sum) or checked already
+        for flags in [VIRTIO_NET_HDR_F_NEEDS_CSUM, VIRTIO_NET_HDR_F_DATA_VALID] {
+            assert!(checksums_hold(&VnetHeader { flags, ..plain }, &bad_tcp));
+        }
+        // not TCP: never merged, the peer's kernel checks it alone
+        let mut udp = bad_tcp.clone();
+        udp[9] = 17;
+        assert!(checksums_hold(&plain, &udp));
+    }
+
     fn checksums_verify(p: &[u8]) -> bool {
         let pseudo = sum32(&p[12..20], u64::from(TCP) + (p.len() - 20) as u64);
         ipv4_checksum(&p[..20]) == 0 && fold(sum32(&p[20..], pseudo)) == 0xffff

@@ -472,6 +472,10 @@ pub struct Peers {
     /// Packets read from the interface that are not IPv4 (IPv6, which the kernel sends on
     /// the interface too, or no valid IP packet): the tunnel carries IPv4 only.
     pub not_ipv4: AtomicU64,
+    /// IPv4 TCP packets read from the interface with a wrong IP header or TCP checksum that
+    /// the kernel did not leave to the device (a raw socket's): not carried
+    /// ([`crate::offload::checksums_hold`]).
+    pub bad_checksum: AtomicU64,
     /// The readings of the cluster file after the start: how many, and what the last did;
     /// signalled at each (see [`Peers::wait_reload`]).
     reloads: Mutex<(u64, Option<Reload>)>,
@@ -528,6 +532,7 @@ impl Peers {
             queue_reads: (0..queues).map(|_| AtomicU64::new(0)).collect(),
             unrouted: AtomicU64::new(0),
             not_ipv4: AtomicU64::new(0),
+            bad_checksum: AtomicU64::new(0),
             reloads: Mutex::default(),
             reloaded: Condvar::new(),
         }

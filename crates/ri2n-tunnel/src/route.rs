@@ -112,6 +112,10 @@ impl Router {
                 Ok(header) => {
                     reads += 1;
                     let packet = &read[offload::SEGMENT_PREFIX..];
+                    if !offload::checksums_hold(&header, packet) {
+                        peers.bad_checksum.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
                     let dest = match destination(&table, packet) {
                         Ok(dest) => dest,
                         Err(NoHost::Ipv4(ip)) => {

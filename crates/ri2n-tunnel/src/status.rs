@@ -65,6 +65,11 @@ pub struct Status {
     /// not carried, since the tunnel carries IPv4 only.
     #[serde(default)]
     pub packets_not_ipv4: u64,
+    /// IPv4 TCP packets read from the interface whose IP header or TCP checksum was wrong,
+    /// where the kernel had not left it to the device (a raw socket's packet): not carried,
+    /// as the peer's kernel would not have taken them.
+    #[serde(default)]
+    pub packets_bad_checksum: u64,
     /// The cluster file the daemon reads (as given to it).
     #[serde(default)]
     pub config: String,
@@ -361,6 +366,7 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
                 .collect(),
             packets_unrouted: peers.unrouted.load(Ordering::Relaxed),
             packets_not_ipv4: peers.not_ipv4.load(Ordering::Relaxed),
+            packets_bad_checksum: peers.bad_checksum.load(Ordering::Relaxed),
             config: config.clone(),
             reloads,
             last_reload,
@@ -696,6 +702,12 @@ pub fn prometheus(s: &Status) -> String {
              not carried, since the tunnel carries IPv4 only",
             s.packets_not_ipv4,
         ),
+        (
+            "ri2n_tunnel_packets_bad_checksum",
+            "IPv4 TCP packets read from the interface with a wrong IP header or TCP checksum \
+             that the kernel had not left to the device (a raw socket's): not carried",
+            s.packets_bad_checksum,
+        ),
     ] {
         let family = Family::<HostLabels, Counter>::default();
         (family.get_or_create(&HostLabels {
@@ -975,6 +987,9 @@ pub fn table(s: &Status) -> String {
     } + &match s.packets_not_ipv4 {
         0 => String::new(),
         n => format!("; {n} not IPv4, not carried"),
+    } + &match s.packets_bad_checksum {
+        0 => String::new(),
+        n => format!("; {n} with a wrong checksum, not carried"),
     };
     let queues = match reads.len() {
         // the status served before the first sample (or a daemon's older than the field)
@@ -1194,6 +1209,7 @@ pub(crate) mod tests {
             queue_packets_read: vec![11, 13],
             packets_unrouted: 3,
             packets_not_ipv4: 2,
+            packets_bad_checksum: 1,
             config: "/etc/ri2n/cluster.toml".into(),
             reloads: 0,
             last_reload: None,
@@ -1248,6 +1264,7 @@ pub(crate) mod tests {
             r#"ri2n_tunnel_queue_packets_read_total{host="a",queue="1"} 13"#.to_owned(),
             r#"ri2n_tunnel_packets_unrouted_total{host="a"} 3"#.to_owned(),
             r#"ri2n_tunnel_packets_not_ipv4_total{host="a"} 2"#.to_owned(),
+            r#"ri2n_tunnel_packets_bad_checksum_total{host="a"} 1"#.to_owned(),
             "# EOF".to_owned(),
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
@@ -1256,7 +1273,7 @@ pub(crate) mod tests {
         assert!(!text.contains(&format!("ri2n_tunnel_link_rtt_seconds{{{down}}}")));
         // each help text ends with the one period the registry adds (it showed two)
         let help: Vec<_> = text.lines().filter(|l| l.starts_with("# HELP")).collect();
-        assert_eq!(help.len(), 15, "{text}");
+        assert_eq!(help.len(), 16, "{text}");
         for l in help {
             assert!(l.ends_with('.') && !l.ends_with(".."), "{l}");
         }
@@ -1270,7 +1287,7 @@ pub(crate) mod tests {
             lines.next(),
             Some(
                 "a 10.99.0.1 on ri2n0, 2 queues (packets read 11 / 13; 3 for addresses no host \
-                 owns; 2 not IPv4, not carried)"
+                 owns; 2 not IPv4, not carried; 1 with a wrong checksum, not carried)"
             )
         );
         assert_eq!(
@@ -1359,7 +1376,11 @@ pub(crate) mod tests {
     fn a_status_without_queue_counts_names_no_queues() {
         let mut s = snapshot();
         s.queue_packets_read.clear();
-        (s.packets_unrouted, s.packets_not_ipv4) = (0, 0);
+        (
+            s.packets_unrouted,
+            s.packets_not_ipv4,
+            s.packets_bad_checksum,
+        ) = (0, 0, 0);
         let text = table(&s);
         assert_eq!(text.lines().next(), Some("a 10.99.0.1 on ri2n0"));
     }
