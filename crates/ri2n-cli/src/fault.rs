@@ -108,7 +108,8 @@ fn parse_action(s: &str) -> Result<Action, String> {
 
 /// `100M`, `1.5G`, `64k`, `1000000` (decimal multipliers, as iperf3's); 0 is 0 (no limit
 /// where a rate is one). A rate above 0 that rounds to 0 bit/s is refused rather than read as
-/// "no limit", its opposite.
+/// "no limit", its opposite; so is one beyond what 64 bits count, rather than cut to their
+/// largest value and shown as the rate asked.
 pub fn parse_bits(s: &str) -> Result<u64, String> {
     let not_a_rate = || format!("`{s}` is not a rate in bits per second (e.g. 500K, 100M, 1.5G)");
     let (num, mult) = match s.chars().last().ok_or_else(not_a_rate)? {
@@ -123,6 +124,9 @@ pub fn parse_bits(s: &str) -> Result<u64, String> {
         return Err(not_a_rate());
     }
     let bits = (v * mult).round();
+    if bits >= u64::MAX as f64 {
+        return Err(format!("`{s}` is more bits per second than this counts"));
+    }
     if bits == 0.0 && v > 0.0 {
         return Err(format!(
             "`{s}` is less than 1 bit/s (0 means no limit; suffixes K, M, G, T are decimal)"
@@ -264,6 +268,8 @@ mod tests {
             "1:127.0.0.1:loss=2",
             "1:127.0.0.1:rate=fast",
             "1:127.0.0.1:rate=0.4",
+            "1:127.0.0.1:rate=1e30",
+            "1:127.0.0.1:rate=20000000T",
         ] {
             assert!(bad.parse::<FaultSpec>().is_err(), "{bad}");
         }
