@@ -149,8 +149,11 @@ impl PathMtu {
 
     /// A data packet of `size` bytes was acknowledged: one of the current size ends a run of
     /// large losses (a smaller one says nothing of whether packets of the current size pass).
+    /// Of the current size within the search's granularity: a full data packet falls a few
+    /// bytes short of it, the room its frames' headers leave unused, and counted as smaller
+    /// it let every congestion loss on a healthy jumbo link add to a black hole.
     pub fn on_packet_acked(&mut self, size: usize) {
-        if size >= self.current {
+        if size + SEARCH_GRANULARITY > self.current {
             self.large_losses = 0;
         }
     }
@@ -235,6 +238,11 @@ mod tests {
             assert!(!m.on_packet_lost(8972), "loss {i}");
         }
         m.on_packet_acked(8972); // one got through: not a black hole
+        for _ in 1..BLACK_HOLE_LOSSES {
+            assert!(!m.on_packet_lost(8972));
+        }
+        // a full data packet, a few bytes short of the size (its frames' headers): the same
+        m.on_packet_acked(8968);
         for _ in 1..BLACK_HOLE_LOSSES {
             assert!(!m.on_packet_lost(8972));
         }
