@@ -387,13 +387,14 @@ pub struct TunnelStatusArgs {
 /// Where to connect and from which local addresses (send, bench).
 #[derive(Args, Debug, Clone)]
 pub struct ConnectOpts {
-    /// Peer address (`ri2n recv` for send, `ri2n serve` for bench). Repeat to name several:
-    /// each --to is then a link, and the handshake goes to the first and, while that one does
+    /// Peer address (`ri2n recv` for send, `ri2n serve` for bench). Repeat to name several
+    /// (at most 8, the links a connection has; one named twice counts once): each --to is
+    /// then a link, and the handshake goes to the first and, while that one does
     /// not answer, to the others in turn, so a peer whose first network is down at the start
     /// is reached on another. With a single --to the peer's other addresses are learned in the handshake and
     /// a link is opened to each (unless --no-discover). An IPv6 link-local address names the
     /// interface to reach it on: `[fe80::1%eth0]:PORT`.
-    #[arg(long = "to", value_name = "ADDR:PORT", required = true, value_parser = parse_remote)]
+    #[arg(long = "to", value_name = "ADDR:PORT", required = true, value_parser = parse_peer)]
     pub to: Vec<SocketAddr>,
 
     /// Local address to send from, one UDP socket and so one possible link each (IP or
@@ -703,7 +704,7 @@ pub struct DemoArgs {
 /// HOST:PORT resolved to its first address.
 fn parse_remote(s: &str) -> Result<SocketAddr, String> {
     if let Ok(a) = s.parse() {
-        return Ok(net::unzoned_unless_link_local(a));
+        return zone_named(s, net::unzoned_unless_link_local(a));
     }
     if let Some(zoned) = net::parse_zoned(s, None) {
         return zoned;
@@ -716,18 +717,73 @@ fn parse_remote(s: &str) -> Result<SocketAddr, String> {
     }
 }
 
+/// A peer's address ([`parse_remote`]), which port 0 cannot be: no peer listens there (the
+/// handshake would wait out its timeout and say that nothing answered).
+fn parse_peer(s: &str) -> Result<SocketAddr, String> {
+    let a = parse_remote(s)?;
+    if a.port() == 0 {
+        return Err(format!("`{s}`: port 0 is no peer's port"));
+    }
+    Ok(a)
+}
+
+/// `a`, unless it is an IPv6 link-local address without its interface: the system cannot tell
+/// which link it is on (binding fails with EINVAL, sending goes nowhere).
+fn zone_named(s: &str, a: SocketAddr) -> Result<SocketAddr, String> {
+    match a {
+        SocketAddr::V6(v6) if v6.ip().is_unicast_link_local() && v6.scope_id() == 0 => {
+            let named = match s.starts_with('[') {
+                true => format!("[{}%eth0]:{}", v6.ip(), v6.port()),
+                false => format!("{}%eth0", v6.ip()),
+            };
+            Err(format!(
+                "`{s}`: a link-local address names its interface, as `{named}`"
+            ))
+        }
+        _ => Ok(a),
+    }
+}
+
 /// A local address: IP (port 0) or IP:PORT; an IPv6 link-local one with its interface,
 /// `IP%INTERFACE` or `[IP%INTERFACE]:PORT`.
 fn parse_local(s: &str) -> Result<SocketAddr, String> {
     if let Ok(ip) = s.parse::<IpAddr>() {
-        return Ok(SocketAddr::new(ip, 0));
+        return zone_named(s, SocketAddr::new(ip, 0));
     }
     if let Some(zoned) = net::parse_zoned(s, (!s.starts_with('[')).then_some(0)) {
         return zoned;
     }
-    s.parse()
-        .map(net::unzoned_unless_link_local)
-        .map_err(|_| format!("`{s}` is neither an IP address nor IP:PORT"))
+    match s.parse() {
+        Ok(a) => zone_named(s, net::unzoned_unless_link_local(a)),
+        Err(_) => Err(format!("`{s}` is neither an IP address nor IP:PORT")),
+    }
+}
+
+/// Checks what one option cannot check alone: the --to addresses of `send` and `bench`, each
+/// kept once, are at most the links a connection has (the rest would be dropped unsaid).
+fn checked(mut cli: Cli) -> Result<Cli, clap::Error> {
+    let connect = match &mut cli.command {
+        Command::Send(a) => &mut a.connect,
+        Command::Bench(a) => &mut a.connect,
+        _ => return Ok(cli),
+    };
+    let mut seen = Vec::with_capacity(connect.to.len());
+    connect.to.retain(|a| {
+        let first = !seen.contains(a);
+        seen.push(*a);
+        first
+    });
+    if connect.to.len() > ri2n::MAX_LINKS {
+        return Err(clap::Error::raw(
+            clap::error::ErrorKind::TooManyValues,
+            format!(
+                "--to names {} addresses: a connection has at most {} links\n",
+                connect.to.len(),
+                ri2n::MAX_LINKS
+            ),
+        ));
+    }
+    Ok(cli)
 }
 
 /// Longest time any option accepts (about 31 years): later instants overflow the clock.
@@ -775,14 +831,20 @@ fn parse_demo_secs(s: &str) -> Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::try_parse().unwrap_or_else(|e| {
+    let cli = Cli::try_parse().and_then(checked).unwrap_or_else(|e| {
         // a script that asked for JSON reads a usage error as JSON too
         if e.use_stderr() {
             if let Some(command) = json_command_of_args() {
                 error::failures_as_json(command);
+                // the message, up to the usage that follows it: "the following required
+                // arguments were not provided:" names them on the lines after it
                 let text = e.render().to_string();
-                let first = text.lines().next().unwrap_or_default();
-                error::print_json_failure(first.trim_start_matches("error: "), error::USAGE);
+                let message: Vec<&str> = (text.lines())
+                    .take_while(|l| !l.trim().is_empty() && !l.starts_with("Usage:"))
+                    .map(str::trim)
+                    .collect();
+                let message = message.join(" ");
+                error::print_json_failure(message.trim_start_matches("error: "), error::USAGE);
             }
         }
         e.exit()

@@ -812,6 +812,80 @@ fn bad_options_are_usage_errors() {
     assert!(err.contains("127.0.0.9"), "{err}");
 }
 
+/// Addresses no connection can use are usage errors (exit 2) that say why, not a wait for an
+/// answer that cannot come or a failure far from the cause: a peer's port 0 (it waited out
+/// the connect timeout, "no answer"), an IPv6 link-local address without its interface
+/// (`--listen` failed with "Invalid argument", exit 5; `--to` waited out the timeout), more
+/// `--to` than a connection has links (the rest dropped unsaid). A missing option named in a
+/// JSON failure too (it said only "the following required arguments were not provided:").
+#[test]
+fn addresses_no_connection_can_use_are_usage_errors() {
+    let nine: Vec<String> = (1..=9).map(|i| format!("--to=127.0.0.{i}:9")).collect();
+    let mut too_many = vec!["send", "-i", "/dev/null"];
+    too_many.extend(nine.iter().map(String::as_str));
+    for (args, says) in [
+        (
+            vec!["send", "--to", "127.0.0.1:0"],
+            "port 0 is no peer's port",
+        ),
+        (
+            vec!["bench", "--to", "127.0.0.1:0"],
+            "port 0 is no peer's port",
+        ),
+        (vec!["send", "--to", "[fe80::1]:9"], "[fe80::1%eth0]:9"),
+        (
+            vec!["recv", "--listen", "[fe80::1]:9", "-o", "-"],
+            "[fe80::1%eth0]:9",
+        ),
+        (
+            vec!["send", "--to", "127.0.0.1:9", "--local", "fe80::1"],
+            "`fe80::1%eth0`",
+        ),
+        (
+            too_many,
+            "--to names 9 addresses: a connection has at most 8 links",
+        ),
+    ] {
+        let (s, o) = ri2n(&args, Duration::from_secs(10));
+        let err = stderr_of(&o);
+        assert_eq!(s.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    let (s, o) = ri2n(["send", "--json"], Duration::from_secs(10));
+    assert_eq!(s.code(), Some(2));
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).expect("a JSON failure");
+    let error = doc["error"].as_str().unwrap_or_default();
+    assert!(error.contains("--to <ADDR:PORT>"), "{doc}");
+}
+
+/// The same `--to` twice is one address: the peer's others are still learned and each gets a
+/// link. Before, two `--to` turned discovery off, and the one address gave one link.
+#[test]
+fn a_to_named_twice_still_learns_the_peer_s_other_addresses() {
+    let _g = heavy();
+    let port = free_port();
+    let output = TempFile::new("twice-out");
+    let (recv, to) = spawn_recv(port, output.path(), &[]);
+    let (s, o) = ri2n(
+        [
+            "send",
+            "--to",
+            &to,
+            "--to",
+            &to,
+            "-i",
+            "/etc/hostname",
+            "--json",
+        ],
+        Duration::from_secs(30),
+    );
+    assert!(s.success(), "{}", stderr_of(&o));
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).expect("send's JSON");
+    let links = doc["links"].as_array().map_or(0, Vec::len);
+    assert_eq!(links, 2, "{doc}");
+    assert!(recv.wait(Duration::from_secs(10)).0.success());
+}
+
 #[test]
 fn all_links_down_past_the_deadline_is_connection_lost() {
     let _g = heavy();
