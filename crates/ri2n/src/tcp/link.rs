@@ -1095,7 +1095,16 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
                 }
             }
             let link = &mut st.links[i];
-            if now - link.last_rx > conn.settings.dead_after(link.min_rtt.max(link.srtt / 2)) {
+            let dead_after = conn.settings.dead_after(link.min_rtt.max(link.srtt / 2));
+            if now - link.last_rx > dead_after {
+                // the reader may only be behind (a busy host leaves its SCHED_BATCH thread off
+                // the CPU): what the kernel received is heard
+                let arrived = (link.stream.as_deref())
+                    .and_then(sys::since_data_arrived)
+                    .and_then(|ago| now.checked_sub(ago));
+                link.last_rx = link.last_rx.max(arrived.unwrap_or(link.last_rx));
+            }
+            if now - link.last_rx > dead_after {
                 let inc = link.incarnation;
                 fail(conn, &mut st, i, inc, false);
             } else if now - link.last_tx >= conn.settings.keepalive {

@@ -92,6 +92,12 @@ pub(crate) fn rtt_and_cwnd(s: &TcpStream) -> Option<(Duration, u64)> {
     })
 }
 
+/// How long ago the kernel last received data on a TCP connection (`tcpi_last_data_recv`, in
+/// milliseconds): what arrived, whether or not the link's reader has read it yet.
+pub(crate) fn since_data_arrived(s: &TcpStream) -> Option<Duration> {
+    tcp_info(s).map(|info| Duration::from_millis(u64::from(info.tcpi_last_data_recv)))
+}
+
 /// Whether the peer's host answered this side's end of a TCP connection shut after the
 /// peer's end: `Some(true)` once the connection is over (state `TCP_CLOSE`) by this side's
 /// end acknowledged, or reset; `Some(false)` once it is over by a timeout (no answer, or an
