@@ -1,7 +1,8 @@
 //! What a peer of the TCP transport can make a server hold in memory: about its receive
 //! window for bytes sent a byte per run or a byte per stream chunk, and next to
 //! nothing for a replayed keyed hello that announces a large first frame; and that a sender
-//! lets go of what was acknowledged after an empty message. Each test measures
+//! lets go of what was acknowledged after an empty message, and holds about its send buffer
+//! of empty messages. Each test measures
 //! this process's resident memory, so they run one at a time, in a binary of their own.
 
 use std::io::{Read, Write};
@@ -245,5 +246,54 @@ fn a_sender_lets_go_of_what_was_acknowledged_after_an_empty_message() {
     assert!(
         grown < (rest / 4) as u64,
         "{grown} bytes kept after sending {rest} bytes"
+    );
+}
+
+/// A sender of empty messages to a peer that reads none holds about its send buffer in
+/// memory, not its send buffer's worth of 5-byte chunk headers: each message was two pieces
+/// (its header, its bytes), each an allocation and a queue entry, counted as 5 bytes, and
+/// the 8 MiB default held some 1.7 million of them.
+#[test]
+fn a_sender_of_empty_messages_holds_about_its_send_buffer() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let server = tcp_server(None);
+    let client = Endpoint::bind(
+        EndpointConfig::new(vec!["127.0.0.1:0".parse().unwrap()]).with_transport(Transport::Tcp),
+    )
+    .unwrap();
+    const SEND_BUFFER: u64 = 4 << 20;
+    let config = ConnectionConfig::default()
+        .with_accept_messages(true)
+        .with_send_buffer(SEND_BUFFER);
+    let conn = client.connect(&server.local_addrs(), config).unwrap();
+    let _accepted = server.accept().unwrap();
+    let before = resident();
+    // until the peer's window and this send buffer are full: nothing taken for a while
+    let (mut sent, mut refused_since) = (0u64, None::<Instant>);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while refused_since.is_none_or(|t| t.elapsed() < Duration::from_millis(300)) {
+        assert!(Instant::now() < deadline, "the send buffer never filled");
+        match conn.try_send_message(&[]) {
+            Ok(()) => {
+                sent += 1;
+                refused_since = None;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                refused_since.get_or_insert_with(Instant::now);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let grown = resident().saturating_sub(before);
+    let held = conn.stats().send_buffered;
+    eprintln!(
+        "{sent} empty messages sent, {held} bytes of them held; memory grew by {grown} bytes"
+    );
+    // the premise: the send buffer holds messages the peer did not take
+    assert!(held > 0, "nothing held");
+    assert!(
+        grown < 4 * SEND_BUFFER,
+        "{grown} bytes for a send buffer of {SEND_BUFFER}"
     );
 }

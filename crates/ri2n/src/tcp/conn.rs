@@ -35,6 +35,9 @@ const WHOLE_BUFFER: usize = 16 << 10;
 /// The most a write copies before the links are told of it (see `TcpConnection::write`),
 /// and the most an open stream chunk holds (see `State::append_stream`).
 const WRITE_PIECE: usize = 256 << 10;
+/// What a piece of the send buffer costs besides its bytes, near enough: its queue entry and
+/// its allocation's bookkeeping (see `State::charged`).
+const PIECE_OVERHEAD: u64 = 64;
 /// The application thread sends for itself (see `TcpConnection::send_or_wake`) while no
 /// more than this is buffered: a message of up to two runs, as `StripeConfig` cuts them.
 const DIRECT_SEND_MAX: u64 = 512 << 10;
@@ -403,7 +406,7 @@ impl State {
     /// Whether a non-blocking write that found the send buffer full may retry now, and has
     /// not: room came back for what it needed.
     pub fn writer_may_retry(&self, send_buffer: u64) -> bool {
-        let room = send_buffer.saturating_sub(self.buffered());
+        let room = send_buffer.saturating_sub(self.charged());
         (self.writers_blocked.iter()).any(|b| b.is_some_and(|need| room >= need))
     }
 
@@ -646,6 +649,15 @@ impl State {
     /// Written bytes (in the sequence or the open chunk) not acknowledged yet.
     fn buffered(&self) -> u64 {
         self.striper.written() - self.striper.delivered() + self.tail.len() as u64
+    }
+
+    /// What the send buffer's limit counts: the bytes not acknowledged yet, and for each
+    /// piece held [`PIECE_OVERHEAD`]. Empty messages or 1-byte writes are pieces of their own
+    /// (two for a message: its header and its bytes), each its allocation and queue entry:
+    /// counted by their bytes alone, they held many times the limit in memory. (A write
+    /// needs room for its bytes only: an empty buffer takes the largest message.)
+    fn charged(&self) -> u64 {
+        self.buffered() + self.send_buf.len() as u64 * PIECE_OVERHEAD
     }
 
     /// Whether the CLOSE waits no longer: on some link its TCP connection holds nothing the
@@ -920,7 +932,7 @@ impl TcpConnection {
             // a writer looks: a need the buffer has room for was told (the descriptor was
             // signalled when the room came), and its writer looks now or was woken with this
             // one; a need still unmet may be another writer's, still waiting
-            let room = self.settings.send_buffer.saturating_sub(st.buffered());
+            let room = self.settings.send_buffer.saturating_sub(st.charged());
             let blocked = &mut st.writers_blocked[kind_slot(kind)];
             if blocked.is_some_and(|need| room >= need) {
                 *blocked = None;
@@ -1003,7 +1015,7 @@ impl TcpConnection {
         let mut st = self.lock_for(Looks::Room(kind), block);
         loop {
             writable(&st)?;
-            let room = self.settings.send_buffer.saturating_sub(st.buffered());
+            let room = self.settings.send_buffer.saturating_sub(st.charged());
             if room > 0 && room >= need {
                 return Ok(st);
             }
@@ -1030,7 +1042,7 @@ impl TcpConnection {
         let mut st = self.room_for(Kind::Stream, 0, block)?;
         let mut n = 0;
         loop {
-            let room = self.settings.send_buffer.saturating_sub(st.buffered());
+            let room = self.settings.send_buffer.saturating_sub(st.charged());
             let piece = (data.len() - n).min(room as usize).min(WRITE_PIECE);
             if piece == 0 {
                 // the buffer filled (on the first round `room` saw to it that it had not)
