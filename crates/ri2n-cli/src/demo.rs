@@ -45,9 +45,15 @@ impl Screen {
 
     /// A timestamped line.
     fn at(&self, s: impl AsRef<str>) {
+        self.at_time(Instant::now(), s);
+    }
+
+    /// A line stamped with when `t` happened: an event is printed a moment after it came
+    /// (the writer was busy), and its line says when it came.
+    fn at_time(&self, t: Instant, s: impl AsRef<str>) {
         self.say(format!(
             "  {:>6.2} s  {}",
-            self.start.elapsed().as_secs_f64(),
+            t.saturating_duration_since(self.start).as_secs_f64(),
             s.as_ref()
         ));
     }
@@ -117,11 +123,14 @@ impl Watch {
                     }
                 }
             }
-            screen.at(format!(
-                "link {link}: {} -> {}{note}",
-                state_name(from),
-                state_name(to)
-            ));
+            screen.at_time(
+                now,
+                format!(
+                    "link {link}: {} -> {}{note}",
+                    state_name(from),
+                    state_name(to)
+                ),
+            );
         }
     }
 }

@@ -689,14 +689,14 @@ pub struct DemoArgs {
     /// Cap the writer at MBIT megabits per second (0: as fast as it goes). A cap leaves CPU to
     /// the two driver threads, so on small machines the failover times shown are the
     /// protocol's rather than the scheduler's.
-    #[arg(long, value_name = "MBIT", default_value = "400")]
+    #[arg(long, value_name = "MBIT", default_value = "400", value_parser = parse_mbit)]
     pub rate: f64,
 
     /// Cap each link's sending rate at MBIT megabits per second, like two slower wires (0: no
     /// cap). The default, 250, makes the writer's 400 Mbit/s need both links: the cut shows as
     /// a drop in goodput, the restore as its return. Without a cap one loopback link carries
     /// everything and the other idles.
-    #[arg(long, value_name = "MBIT", default_value = "250")]
+    #[arg(long, value_name = "MBIT", default_value = "250", value_parser = parse_mbit)]
     pub link_rate: f64,
 }
 
@@ -820,6 +820,16 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
         return Err("the interval must be at least 0.01 s".into());
     }
     Ok(d)
+}
+
+/// Megabits per second for the demo's caps: a finite number, 0 or at least 1 bit/s (0: no
+/// cap; a negative one or NaN ran uncapped as if it were 0).
+fn parse_mbit(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v == 0.0 || (v.is_finite() && v * 1e6 >= 1.0) => Ok(v),
+        Ok(_) => Err(format!("`{s}`: 0 (no cap) or a rate of at least 1 bit/s")),
+        Err(_) => Err(format!("`{s}` is not a number of megabits per second")),
+    }
 }
 
 fn parse_demo_secs(s: &str) -> Result<Duration, String> {

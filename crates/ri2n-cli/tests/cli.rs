@@ -297,6 +297,21 @@ fn demo_succeeds() {
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or_else(|| panic!("no 'then delivered N MiB': {err}"));
     assert!(after > 10.0, "the healed link delivered {after} MiB: {err}");
+    // a link event's line is stamped with when it came, which its note counts from the cut
+    // (they were printed with the time of printing, later by what the writer was doing)
+    let time_of = |needle: &str| -> f64 {
+        let line = (err.lines().find(|l| l.contains(needle)))
+            .unwrap_or_else(|| panic!("no {needle:?}: {err}"));
+        line.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let (cut, down) = (time_of(">>> cutting link 1"), time_of("ms after the cut"));
+    let note: f64 = (err.lines().find(|l| l.contains("ms after the cut")))
+        .and_then(|l| l.split("<- ").nth(1)?.split(" ms").next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no note: {err}"));
+    assert!(
+        ((down - cut) * 1e3 - note).abs() <= 15.0,
+        "the event's line at {down} s, the cut's at {cut} s, its note {note} ms: {err}"
+    );
 }
 
 #[test]
@@ -798,6 +813,10 @@ fn bad_options_are_usage_errors() {
         ],
         vec!["send", "--to", "127.0.0.1:9", "--connect-timeout", "1e10"],
         vec!["send", "--to", "127.0.0.1:9", "--connect-timeout", "0"],
+        // the demo's caps: they ran uncapped
+        vec!["demo", "--rate=-5"],
+        vec!["demo", "--link-rate", "nan"],
+        vec!["demo", "--rate", "inf"],
     ] {
         let (s, o) = ri2n(&args, Duration::from_secs(10));
         assert_eq!(s.code(), Some(2), "{args:?}: {}", stderr_of(&o));
