@@ -152,6 +152,22 @@ pub(crate) fn has_carrier(name: &str) -> bool {
 
 /// The flags of interface `name` (`SIOCGIFFLAGS`), if it exists.
 fn interface_flags(name: &str) -> Option<libc::c_int> {
+    let request = interface_request(name, libc::SIOCGIFFLAGS)?;
+    // SAFETY: the kernel filled the union's flags
+    Some(libc::c_int::from(unsafe { request.ifr_ifru.ifru_flags }) & 0xffff)
+}
+
+/// The MTU of interface `name` (`SIOCGIFMTU`), if it exists: asked of this thread's network
+/// namespace, as [`has_carrier`] asks (`/sys/class/net` may be another namespace's).
+pub(crate) fn interface_mtu(name: &str) -> Option<usize> {
+    let request = interface_request(name, libc::SIOCGIFMTU)?;
+    // SAFETY: the kernel filled the union's MTU
+    usize::try_from(unsafe { request.ifr_ifru.ifru_mtu }).ok()
+}
+
+/// The answer to the interface request `ioctl` (one that reads an `ifreq`) about interface
+/// `name`, if it exists.
+fn interface_request(name: &str, ioctl: libc::Ioctl) -> Option<libc::ifreq> {
     // SAFETY: ifreq is plain old data (a byte array and a union of integers and addresses),
     // for which all-zero bytes are valid: an empty name and no flags
     let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
@@ -168,11 +184,10 @@ fn interface_flags(name: &str) -> Option<libc::c_int> {
     }
     // SAFETY: `fd` is a fresh descriptor nobody else owns
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: SIOCGIFFLAGS reads the NUL-terminated name of the ifreq we own and writes its
-    // flags into it
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFFLAGS, &mut request) };
-    // SAFETY: on success the kernel filled the union's flags
-    (r == 0).then(|| libc::c_int::from(unsafe { request.ifr_ifru.ifru_flags }) & 0xffff)
+    // SAFETY: the interface requests read the NUL-terminated name of the ifreq we own and
+    // write their answer into its union
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), ioctl, &mut request) };
+    (r == 0).then_some(request)
 }
 
 #[cfg(test)]
@@ -197,12 +212,13 @@ mod tests {
         assert_eq!(interface_of(plain).as_deref(), Some("lo"));
     }
 
-    /// The carrier is this namespace's: after `unshare -n` (as here: sysfs stays the one of
-    /// the namespace it was mounted in), an interface without carrier reads as such, and
-    /// one that gains it as having it. Read from `/sys/class/net`, the new namespace's veth
-    /// was not found there and counted as always having carrier. Needs root.
+    /// The carrier and the MTU are this namespace's: after `unshare -n` (as here: sysfs stays
+    /// the one of the namespace it was mounted in), an interface without carrier reads as
+    /// such, and one that gains it as having it. Read from `/sys/class/net`, the new
+    /// namespace's veth was not found there: counted as always having carrier, and with no
+    /// MTU (no path MTU discovery on its links). Needs root.
     #[test]
-    fn the_carrier_is_read_in_this_thread_s_network_namespace() {
+    fn the_carrier_and_the_mtu_are_read_in_this_thread_s_network_namespace() {
         // the kernel updates an interface's operational state a moment after its carrier
         let becomes = |up: bool| {
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
@@ -227,6 +243,17 @@ mod tests {
             becomes(true);
             ip(&["link", "set", "ri2nc1", "down"]);
             becomes(false);
+            // its MTU is this namespace's too (read from sysfs, there was none: no path MTU
+            // discovery on such a link)
+            ip(&["link", "set", "ri2nc0", "mtu", "9000"]);
+            ip(&["addr", "add", "10.9.8.1/24", "dev", "ri2nc0"]);
+            let local: SocketAddr = "10.9.8.1:7000".parse().unwrap();
+            assert_eq!(crate::interface_max_datagram(local), Some(9000 - 28));
+            assert_eq!(
+                interface_mtu("ri2nc9"),
+                None,
+                "an interface that is not there"
+            );
             // administratively down, and gone
             ip(&["link", "set", "ri2nc0", "down"]);
             assert!(!has_carrier("ri2nc0"));

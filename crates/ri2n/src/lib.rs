@@ -191,12 +191,7 @@ fn expand_wildcards(addrs: &[SocketAddr]) -> Result<Vec<SocketAddr>, Error> {
 /// from `local`.
 fn interface_max_datagram(local: SocketAddr) -> Option<usize> {
     let ip = local.ip();
-    let name = carrier::interface_of(local)?;
-    let mtu: usize = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
+    let mtu = carrier::interface_mtu(&carrier::interface_of(local)?)?;
     let headers = if ip.is_ipv4() { 20 + 8 } else { 40 + 8 };
     mtu.checked_sub(headers)
 }
