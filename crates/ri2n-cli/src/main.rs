@@ -759,6 +759,21 @@ fn parse_local(s: &str) -> Result<SocketAddr, String> {
     }
 }
 
+/// The error of an empty `RI2N_KEY_FILE`, which clap reports as `--key` given without a value
+/// ("a value is required for '--key <FILE>' but none was supplied", to a user who typed no
+/// --key), names the variable; any other error as it is.
+fn key_file_variable_named(e: clap::Error) -> clap::Error {
+    let empty = std::env::var_os("RI2N_KEY_FILE").is_some_and(|v| v.is_empty());
+    let kind = e.kind();
+    match kind == clap::error::ErrorKind::InvalidValue && empty && e.to_string().contains("--key") {
+        true => clap::Error::raw(
+            kind,
+            "RI2N_KEY_FILE is set but empty: name the key file in it, or unset it\n",
+        ),
+        false => e,
+    }
+}
+
 /// Checks what one option cannot check alone: the --to addresses of `send` and `bench`, each
 /// kept once, are at most the links a connection has (the rest would be dropped unsaid).
 fn checked(mut cli: Cli) -> Result<Cli, clap::Error> {
@@ -841,24 +856,26 @@ fn parse_demo_secs(s: &str) -> Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::try_parse().and_then(checked).unwrap_or_else(|e| {
-        // a script that asked for JSON reads a usage error as JSON too
-        if e.use_stderr() {
-            if let Some(command) = json_command_of_args() {
-                error::failures_as_json(command);
-                // the message, up to the usage that follows it: "the following required
-                // arguments were not provided:" names them on the lines after it
-                let text = e.render().to_string();
-                let message: Vec<&str> = (text.lines())
-                    .take_while(|l| !l.trim().is_empty() && !l.starts_with("Usage:"))
-                    .map(str::trim)
-                    .collect();
-                let message = message.join(" ");
-                error::print_json_failure(message.trim_start_matches("error: "), error::USAGE);
+    let cli = (Cli::try_parse().map_err(key_file_variable_named))
+        .and_then(checked)
+        .unwrap_or_else(|e| {
+            // a script that asked for JSON reads a usage error as JSON too
+            if e.use_stderr() {
+                if let Some(command) = json_command_of_args() {
+                    error::failures_as_json(command);
+                    // the message, up to the usage that follows it: "the following required
+                    // arguments were not provided:" names them on the lines after it
+                    let text = e.render().to_string();
+                    let message: Vec<&str> = (text.lines())
+                        .take_while(|l| !l.trim().is_empty() && !l.starts_with("Usage:"))
+                        .map(str::trim)
+                        .collect();
+                    let message = message.join(" ");
+                    error::print_json_failure(message.trim_start_matches("error: "), error::USAGE);
+                }
             }
-        }
-        e.exit()
-    });
+            e.exit()
+        });
     init_logging();
     // a script that asked for JSON reads a failure as JSON too
     match &cli.command {

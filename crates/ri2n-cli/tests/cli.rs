@@ -877,6 +877,24 @@ fn addresses_no_connection_can_use_are_usage_errors() {
     assert!(error.contains("--to <ADDR:PORT>"), "{doc}");
 }
 
+/// An empty RI2N_KEY_FILE is named as the fault, not `--key`, which the user did not type
+/// ("a value is required for '--key <FILE>' but none was supplied").
+#[test]
+fn an_empty_key_file_variable_is_named() {
+    let (s, o) = Proc::spawn(
+        "ri2n send",
+        Command::new(bin())
+            .args(["send", "--to", "127.0.0.1:9", "-i", "/dev/null"])
+            .env("RI2N_KEY_FILE", "")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .wait(Duration::from_secs(10));
+    let err = stderr_of(&o);
+    assert_eq!(s.code(), Some(2), "{err}");
+    assert!(err.contains("RI2N_KEY_FILE is set but empty"), "{err}");
+}
+
 /// The same `--to` twice is one address: the peer's others are still learned and each gets a
 /// link. Before, two `--to` turned discovery off, and the one address gave one link.
 #[test]
