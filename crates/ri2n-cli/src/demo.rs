@@ -142,6 +142,7 @@ struct Received {
 }
 
 pub fn run(args: &DemoArgs) -> Result<(), Failure> {
+    let rate = writer_rate(args);
     let screen = Screen {
         color: stderr_is_terminal(),
         start: Instant::now(),
@@ -198,8 +199,8 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
         caddr[1],
         saddr[1],
         total.as_secs_f64(),
-        if args.rate > 0.0 {
-            format!(" at up to {}", fmt_rate(args.rate * 1e6))
+        if rate > 0.0 {
+            format!(" at up to {}", fmt_rate(rate * 1e6))
         } else {
             String::new()
         },
@@ -279,7 +280,7 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
     let mut last_view = (start, 0u64);
     let mut w = Watch::default();
     let mut link1_bytes_at_recovery: Option<u64> = None;
-    let rate_bytes_per_s = args.rate * 1e6 / 8.0;
+    let rate_bytes_per_s = rate * 1e6 / 8.0;
 
     while start.elapsed() < total {
         let now = Instant::now();
@@ -344,8 +345,8 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
             let deltas = meter.sample(now, &stats.links);
             let got = received.load(Ordering::Relaxed);
             let dt = now.duration_since(last_view.0).as_secs_f64();
-            let rate = bps(got - last_view.1.min(got), dt);
-            let mut line = format!("received {:>12}  |", fmt_rate(rate));
+            let got_rate = bps(got - last_view.1.min(got), dt);
+            let mut line = format!("received {:>12}  |", fmt_rate(got_rate));
             for (d, l) in deltas.iter().zip(&stats.links) {
                 line += &format!(
                     " link {} {} {:>13} rtt {:>8} |",
@@ -355,7 +356,7 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
                     fmt_rtt((l.state == LinkState::Up).then_some(l.srtt))
                 );
             }
-            if args.rate > 0.0 && rate > args.rate * 1e6 * 1.03 {
+            if rate > 0.0 && got_rate > rate * 1e6 * 1.03 {
                 // the writer kept writing during the outage; what one link could not carry
                 // then waited in the send buffer
                 line += " catching up";
@@ -369,7 +370,13 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
     }
 
     conn.finish().map_err(|e| Failure::lost(&e))?;
-    let deadline = Instant::now() + Duration::from_secs(5);
+    // what the send buffer holds drains at the links' rate: 5 s more than that
+    let drain = match args.link_rate > 0.0 {
+        true => conn.stats().send_buffered as f64 * 8.0 / (2.0 * args.link_rate * 1e6),
+        false => 0.0,
+    };
+    let patience = Duration::from_secs(5) + Duration::from_secs_f64(drain);
+    let deadline = Instant::now() + patience;
     loop {
         match conn.wait_acknowledged(Some(Duration::from_millis(20))) {
             Ok(()) => break,
@@ -380,7 +387,10 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
                 if e.kind() != std::io::ErrorKind::TimedOut || Instant::now() >= deadline {
                     return Err(Failure::new(
                         error::GENERIC,
-                        "the receiver did not acknowledge everything within 5 s of the end",
+                        format!(
+                            "the receiver did not acknowledge everything within {:.0} s of the end",
+                            patience.as_secs_f64()
+                        ),
                     ));
                 }
             }
@@ -474,5 +484,18 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
             error::GENERIC,
             "the cut link was not seen going down and coming back",
         ))
+    }
+}
+
+/// The writer's rate cap, Mbit/s (0: none): `--rate`, and with capped links at most 80 % of
+/// the two together, as the defaults are (400 of 2 × 250). A writer faster than its links
+/// only fills the send buffer, which then drains long after the end, and drives them into
+/// their caps' losses.
+fn writer_rate(args: &DemoArgs) -> f64 {
+    let links = 1.6 * args.link_rate;
+    match (args.rate > 0.0, args.link_rate > 0.0) {
+        (true, true) => args.rate.min(links),
+        (false, true) => links,
+        _ => args.rate,
     }
 }

@@ -314,6 +314,21 @@ fn demo_succeeds() {
     );
 }
 
+/// The demo over slow links, as its help invites: the writer is held to what the links
+/// carry. Before, at 10 Mbit/s per link it wrote 400 Mbit/s into the send buffer, which took
+/// longer than the 5 s allowed to drain after the end (exit 1).
+#[test]
+fn a_demo_over_slow_links_succeeds() {
+    let _g = heavy();
+    let (s, o) = ri2n(
+        ["demo", "--seconds", "3", "--link-rate", "10"],
+        Duration::from_secs(30),
+    );
+    let err = stderr_of(&o);
+    assert!(s.success(), "demo failed: {s}: {err}");
+    assert!(err.contains("at up to 16.0 Mbit/s"), "{err}");
+}
+
 #[test]
 fn recv_on_a_port_in_use_fails_with_the_address() {
     let held = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -817,6 +832,7 @@ fn bad_options_are_usage_errors() {
         vec!["demo", "--rate=-5"],
         vec!["demo", "--link-rate", "nan"],
         vec!["demo", "--rate", "inf"],
+        vec!["demo", "--link-rate", "0.5"],
     ] {
         let (s, o) = ri2n(&args, Duration::from_secs(10));
         assert_eq!(s.code(), Some(2), "{args:?}: {}", stderr_of(&o));
