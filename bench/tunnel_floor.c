@@ -134,16 +134,22 @@ static void *tun_to_tun(void *arg) {
     return NULL;
 }
 
-// udp mode, sending: [length][virtio-net header and packet] as one GSO send
+// udp and tcp modes: the next packet read from the interface as a frame, [length][virtio-net
+// header and packet]; returns the frame's length
+static size_t read_frame(const struct direction *d, char *frame, size_t size) {
+    ssize_t n = read(d->from, frame + 4, size - 4);
+    if (n <= 0) die("read fl0");
+    uint32_t len = (uint32_t)n;
+    memcpy(frame, &len, 4);
+    return 4 + (size_t)n;
+}
+
+// udp mode, sending: each frame as one GSO send
 static void *tun_to_udp(void *arg) {
     const struct direction *d = arg;
     static __thread char frame[4 + MAX_PACKET];
     for (;;) {
-        ssize_t n = read(d->from, frame + 4, sizeof frame - 4);
-        if (n <= 0) die("read fl0");
-        uint32_t len = (uint32_t)n;
-        memcpy(frame, &len, 4);
-        struct iovec iov = {frame, 4 + (size_t)n};
+        struct iovec iov = {frame, read_frame(d, frame, sizeof frame)};
         char control[CMSG_SPACE(sizeof(uint16_t))];
         memset(control, 0, sizeof control);
         struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
@@ -167,12 +173,9 @@ static void *tun_to_tcp(void *arg) {
     const struct direction *d = arg;
     static __thread char frame[4 + MAX_PACKET];
     for (;;) {
-        ssize_t n = read(d->from, frame + 4, sizeof frame - 4);
-        if (n <= 0) die("read fl0");
-        uint32_t len = (uint32_t)n;
-        memcpy(frame, &len, 4);
-        for (size_t at = 0; at < 4 + (size_t)n;) {
-            ssize_t w = write(d->to, frame + at, 4 + (size_t)n - at);
+        size_t n = read_frame(d, frame, sizeof frame);
+        for (size_t at = 0; at < n;) {
+            ssize_t w = write(d->to, frame + at, n - at);
             if (w <= 0) die("write tcp");
             at += (size_t)w;
         }

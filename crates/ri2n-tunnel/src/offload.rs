@@ -573,7 +573,6 @@ mod tests {
         );
     }
 
-    /// Whether a packet's IP and TCP checksums verify.
     /// A TCP packet whose checksums the kernel vouched for neither way (a raw socket's) is
     /// carried only with both right: merged at the peer, a wrong one would pass as checked.
     #[test]
@@ -597,6 +596,7 @@ mod tests {
         assert!(checksums_hold(&plain, &udp));
     }
 
+    /// Whether a packet's IP and TCP checksums verify.
     fn checksums_verify(p: &[u8]) -> bool {
         let pseudo = sum32(&p[12..20], u64::from(TCP) + (p.len() - 20) as u64);
         ipv4_checksum(&p[..20]) == 0 && fold(sum32(&p[20..], pseudo)) == 0xffff
