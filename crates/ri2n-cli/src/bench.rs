@@ -618,14 +618,13 @@ fn cut_note(requested: f64, granted: f64, cut: bool) -> String {
 }
 
 /// Writes to `conn` until `end` (paced by `pacer`, if any), then finishes and waits until
-/// the server acknowledged everything; returns the bytes written, keeping the count in
-/// `counter` meanwhile.
+/// the server acknowledged everything; returns the bytes written. (The timeline reads what
+/// was delivered from the connection itself.)
 fn send_until(
     conn: &Connection,
     data: &Bytes,
     end: Instant,
     pacer: Option<Pacer>,
-    counter: &AtomicU64,
 ) -> Result<u64, Failure> {
     let size = pacer.map_or(CHUNK, |p| p.write_size(CHUNK));
     let mut written = 0u64;
@@ -641,23 +640,14 @@ fn send_until(
         let chunk = data.slice(off..off + size);
         if pacer.is_none() {
             // as fast as it goes: the same memory again and again, shared with the connection
-            // rather than copied into it, as iperf3 sends its one buffer. A chunk this large
-            // is taken whole, so the count below stays exact.
+            // rather than copied into it, as iperf3 sends its one buffer
             conn.write_bytes(chunk).map_err(|e| Failure::lost(&e))?;
-            written += size as u64;
-            counter.store(written, Ordering::Relaxed);
         } else {
-            // paced chunks may be small, and are copied: count every accepted part, not
-            // whole chunks, since the timeline counts no more than was counted here, and a
-            // chunk's accepted part may be acknowledged while the rest waits
-            let (mut writer, mut rest) = (conn, &chunk[..]);
-            while !rest.is_empty() {
-                let n = writer.write(rest).map_err(|e| Failure::lost(&e))?;
-                written += n as u64;
-                counter.store(written, Ordering::Relaxed);
-                rest = &rest[n..];
-            }
+            // paced chunks may be small: copied
+            let mut writer = conn;
+            writer.write_all(&chunk).map_err(|e| Failure::lost(&e))?;
         }
+        written += size as u64;
         off += size;
         if off + size > data.len() {
             off = 0;
@@ -737,7 +727,8 @@ fn throughput(
     RandomBytes::new(1).fill(&mut data);
     let data = Bytes::from(data);
     let mut tl = Timeline::new(start, args.interval, n, reverse, say);
-    let counters: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+    // receiving: what each connection's thread has read so far
+    let read_counts: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
     // what each connection had written before the test (the request): acknowledged or still
     // buffered
     let written_before: Vec<u64> = (conns.iter())
@@ -757,33 +748,33 @@ fn throughput(
             .map(|(i, c)| {
                 let stats = c.stats();
                 let done = match reverse {
-                    true => counters[i].load(Ordering::Relaxed),
+                    true => read_counts[i].load(Ordering::Relaxed),
                     false => (stats.bytes_acknowledged).saturating_sub(written_before[i]),
                 };
                 (done, stats)
             })
             .collect()
     };
+    // transfers that ended: the sampling stops at once, not a row after the test's end
+    let ended = AtomicUsize::new(0);
     // each connection moves its data on a thread of its own while this one samples the
     // timeline and prints the events, so that rows and event lines keep coming while the
     // data path blocks (every link down: the writer waits for window, the reader for data)
-    // transfers that ended: the sampling stops at once, not a row after the test's end
-    let ended = AtomicUsize::new(0);
     let results: Vec<Result<(u64, f64), Failure>> = std::thread::scope(|scope| {
         let me = std::thread::current();
         let transfers: Vec<_> = conns
             .iter()
             .zip(&grants)
-            .zip(&counters)
-            .map(|((conn, g), counter)| {
+            .zip(&read_counts)
+            .map(|((conn, g), read_count)| {
                 let (data, me, ended) = (&data, me.clone(), &ended);
                 let end = start + Duration::from_secs_f64(g.seconds);
                 scope.spawn(move || {
                     let result = if reverse {
-                        receive_all(conn, counter)
+                        receive_all(conn, read_count)
                     } else {
                         let pacer = Pacer::new(Instant::now(), each_rate);
-                        send_until(conn, data, end, pacer, counter)
+                        send_until(conn, data, end, pacer)
                     };
                     let seconds = start.elapsed().as_secs_f64();
                     ended.fetch_add(1, Ordering::SeqCst);
