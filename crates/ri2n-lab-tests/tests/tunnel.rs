@@ -2011,6 +2011,17 @@ fn a_packet_for_an_address_no_host_owns_is_answered_unreachable() {
     stop_daemons(&mut daemons);
 }
 
+/// Waits (at most 10 s) until `helper`, a script of the tests, says "listening" on its
+/// output; fails if it ends first.
+fn wait_listening(helper: &mut Proc, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !helper.stdout_text().contains("listening") {
+        assert!(helper.poll().is_none(), "{what}: {}", helper.stderr_text());
+        assert!(Instant::now() < deadline, "{what} never listened");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Listens on host b's interface (an `AF_PACKET` socket: every packet the daemon writes, whole
 /// as it was written) for TCP packets to port 6000 for 3 s after saying "listening", then
 /// prints how many payload bytes of each letter arrived, as JSON.
@@ -2085,16 +2096,7 @@ fn a_tcp_segment_with_a_wrong_checksum_is_not_carried() {
         &dir.0,
         "capture",
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !capture.stdout_text().contains("listening") {
-        assert!(
-            capture.poll().is_none(),
-            "capture: {}",
-            capture.stderr_text()
-        );
-        assert!(Instant::now() < deadline, "the capture never listened");
-        thread::sleep(Duration::from_millis(20));
-    }
+    wait_listening(&mut capture, "the capture");
     let since = Instant::now();
     let mut inject = Proc::spawn_in(
         &lab.ns_of("a"),
@@ -2521,12 +2523,7 @@ fn inner_tcp_crosses_whole_and_unchanged_with_either_carry() {
             &dir.0,
             &format!("sink-{carry}"),
         );
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !sink.stdout_text().contains("listening") {
-            assert!(sink.poll().is_none(), "sink: {}", sink.stderr_text());
-            assert!(Instant::now() < deadline, "the sink never listened");
-            thread::sleep(Duration::from_millis(20));
-        }
+        wait_listening(&mut sink, "the sink");
         let mut source_args = arg(TCP_SOURCE);
         source_args[2] = data.path.display().to_string();
         let mut source = Proc::spawn_in(
