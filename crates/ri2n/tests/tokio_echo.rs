@@ -674,16 +674,21 @@ async fn a_finish_wakes_a_writer_waiting_for_room() {
 
 /// Two tasks wait for room on one connection: one for a little, then one for much more. Room
 /// for the first comes, not for the second: the first is woken and writes, on both
-/// transports, for messages and for the stream. Before, the second's wait replaced the
-/// first's, and room was only told once there was enough for the second.
+/// transports for messages, on the UDP transport for the stream. Before, the second's wait
+/// replaced the first's, and room was only told once there was enough for the second. (The
+/// TCP transport takes a large shared buffer once there is any room, so there no stream
+/// writer waits for much: woken together, either may take the room.)
 #[test]
 fn a_writer_waiting_for_little_room_is_woken_beside_one_waiting_for_much() {
     let mut slept = Vec::new();
-    for transport in [Transport::Udp, Transport::Tcp] {
-        for messages in [true, false] {
-            if !small_writer_woken(transport, messages) {
-                slept.push((transport, if messages { "messages" } else { "stream" }));
-            }
+    let cases = [
+        (Transport::Udp, true),
+        (Transport::Udp, false),
+        (Transport::Tcp, true),
+    ];
+    for (transport, messages) in cases {
+        if !small_writer_woken(transport, messages) {
+            slept.push((transport, if messages { "messages" } else { "stream" }));
         }
     }
     assert!(
