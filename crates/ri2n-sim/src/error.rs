@@ -97,12 +97,14 @@ pub enum FailureKind {
         /// The bound.
         limit: u64,
     },
-    /// A host sent a datagram larger than the 1472-byte maximum.
+    /// A host sent a datagram larger than the scenario's largest (`Scenario::max_datagram`).
     OversizeDatagram {
         /// The sending host.
         host: HostId,
         /// Its length.
         len: usize,
+        /// The scenario's largest datagram.
+        max: usize,
     },
     /// The engine did not let simulated time advance.
     Livelock {
@@ -196,8 +198,8 @@ impl fmt::Display for FailureKind {
             } => {
                 write!(f, "host {host}: {what} = {value} exceeds its bound {limit}")
             }
-            FailureKind::OversizeDatagram { host, len } => {
-                write!(f, "host {host} sent a datagram of {len} bytes (max 1472)")
+            FailureKind::OversizeDatagram { host, len, max } => {
+                write!(f, "host {host} sent a datagram of {len} bytes (max {max})")
             }
             FailureKind::Livelock { host, what } => write!(f, "host {host}: livelock: {what}"),
             FailureKind::Panic(msg) => write!(f, "the engine panicked: {msg}"),

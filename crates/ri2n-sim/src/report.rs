@@ -288,7 +288,7 @@ impl Report {
                 writeln!(
                     f,
                     "  link {i} {dir}: offered {} delivered {} ({} B); dropped down {} queue {} \
-                     loss {} in-flight {}; corrupted {} duplicated {} reordered {}",
+                     loss {} in-flight {} too big {}; corrupted {} duplicated {} reordered {}",
                     c.offered,
                     c.delivered,
                     c.delivered_bytes,
@@ -296,6 +296,7 @@ impl Report {
                     c.dropped_queue,
                     c.dropped_loss,
                     c.dropped_in_flight,
+                    c.dropped_too_big,
                     c.corrupted,
                     c.duplicated,
                     c.reordered

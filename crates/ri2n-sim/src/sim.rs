@@ -426,6 +426,7 @@ impl<'a> Sim<'a> {
                     return Err(FailureKind::OversizeDatagram {
                         host: h,
                         len: t.len,
+                        max: self.sc.max_datagram,
                     });
                 }
                 let queue = &mut self.queue;
