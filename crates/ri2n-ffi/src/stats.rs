@@ -82,13 +82,20 @@ pub struct ri2n_link_stats {
 pub struct ri2n_stats {
     /// Links the connection has (of any state).
     pub links: u64,
-    /// Bytes written and not yet acknowledged.
+    /// Bytes written and not yet acknowledged (with their framing, as `bytes_acknowledged`
+    /// counts them).
     pub send_buffered: u64,
-    /// Bytes received and not yet read (out-of-order data included).
+    /// Bytes received and not yet read (out-of-order data included; with their framing, as
+    /// `bytes_received` counts them).
     pub recv_buffered: u64,
-    /// Bytes written that the peer acknowledged, each counted once: what was delivered.
+    /// Bytes written that the peer acknowledged, each counted once: what was delivered, with
+    /// its framing (a message's few bytes of length prefix; on the TCP transport a 5-byte
+    /// header per chunk, up to one per write): a count of progress, which runs ahead of the
+    /// bytes written when writes or messages are small. `ri2n_wait_acknowledged` tells when
+    /// everything written was delivered.
     pub bytes_acknowledged: u64,
-    /// Bytes that arrived from the peer in order, each counted once.
+    /// Bytes that arrived from the peer in order, each counted once (with their framing, as
+    /// `bytes_acknowledged` counts them).
     pub bytes_received: u64,
     /// 1 when packets are sealed with the cluster key, else 0.
     pub encrypted: u32,
@@ -258,7 +265,8 @@ pub unsafe extern "C" fn ri2n_conn_send_limits(
 pub enum ri2n_event_kind {
     /// The handshake completed.
     RI2N_EVENT_CONNECTED = 0,
-    /// A link was added (it starts out validating).
+    /// A link was added (it starts out validating). Link 0, the one the handshake took,
+    /// comes with the connection: `RI2N_EVENT_CONNECTED` tells it, no `LINK_ADDED` does.
     RI2N_EVENT_LINK_ADDED = 1,
     /// A link changed state (`from` → `to`).
     RI2N_EVENT_LINK_STATE = 2,

@@ -78,7 +78,8 @@ impl std::fmt::Display for LinkId {
 pub enum Event {
     /// The handshake completed; data can flow.
     Connected,
-    /// A link was added to the connection (it starts out validating).
+    /// A link was added to the connection (it starts out validating). Link 0, the one the
+    /// handshake took, comes with the connection: [`Event::Connected`] tells it.
     LinkAdded {
         /// The new link.
         link: LinkId,

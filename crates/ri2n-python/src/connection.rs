@@ -513,8 +513,10 @@ impl PyConnection {
     }
 
     /// Statistics: a dict of the connection's counters (``bytes_acknowledged``,
-    /// ``bytes_received``, ``send_buffered``, ``recv_buffered``, ``cipher``, the
-    /// ``datagrams_*`` counts, ...) whose ``"links"`` is a list of dicts, one per link:
+    /// ``bytes_received``, ``send_buffered``, ``recv_buffered``: bytes with their framing, a
+    /// message's few bytes of length prefix and on the TCP transport a 5-byte header per
+    /// chunk, up to one per write, so they run ahead of the bytes written when writes are
+    /// small; ``cipher``, the ``datagrams_*`` counts, ...) whose ``"links"`` is a list of dicts, one per link:
     /// ``id``, ``state`` (``"up"``, ``"down"``, ``"degraded"``, ``"validating"``), ``local``
     /// and ``remote`` (``"ip:port"``), ``srtt`` and ``min_rtt`` (seconds), ``cwnd``,
     /// ``bytes_in_flight``, ``bytes_sent``/``bytes_received``, ``packets_sent``/
@@ -535,7 +537,8 @@ impl PyConnection {
     /// (``"connected"``, ``"link_added"``, ``"link_state_changed"``, ``"all_acknowledged"``,
     /// ``"closed"``), ``link`` (its id, or ``None``), ``from``/``to`` (link states, for
     /// ``"link_state_changed"``), ``reason`` (why a ``"closed"`` connection ended, ``None``
-    /// for a clean close) and ``at`` (when, in ``time.monotonic()`` seconds).
+    /// for a clean close) and ``at`` (when, in ``time.monotonic()`` seconds). Link 0, the
+    /// one the handshake took, comes with ``"connected"``: no ``"link_added"`` tells it.
     fn events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let conn = self.get()?;
         let events = py.detach(|| conn.poll_events());

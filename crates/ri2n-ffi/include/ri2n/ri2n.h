@@ -37,7 +37,8 @@ typedef enum ri2n_link_state {
 typedef enum ri2n_event_kind {
   // The handshake completed.
   RI2N_EVENT_CONNECTED = 0,
-  // A link was added (it starts out validating).
+  // A link was added (it starts out validating). Link 0, the one the handshake took,
+  // comes with the connection: `RI2N_EVENT_CONNECTED` tells it, no `LINK_ADDED` does.
   RI2N_EVENT_LINK_ADDED = 1,
   // A link changed state (`from` → `to`).
   RI2N_EVENT_LINK_STATE = 2,
@@ -57,13 +58,20 @@ typedef struct ri2n_endpoint ri2n_endpoint;
 typedef struct ri2n_stats {
   // Links the connection has (of any state).
   uint64_t links;
-  // Bytes written and not yet acknowledged.
+  // Bytes written and not yet acknowledged (with their framing, as `bytes_acknowledged`
+  // counts them).
   uint64_t send_buffered;
-  // Bytes received and not yet read (out-of-order data included).
+  // Bytes received and not yet read (out-of-order data included; with their framing, as
+  // `bytes_received` counts them).
   uint64_t recv_buffered;
-  // Bytes written that the peer acknowledged, each counted once: what was delivered.
+  // Bytes written that the peer acknowledged, each counted once: what was delivered, with
+  // its framing (a message's few bytes of length prefix; on the TCP transport a 5-byte
+  // header per chunk, up to one per write): a count of progress, which runs ahead of the
+  // bytes written when writes or messages are small. `ri2n_wait_acknowledged` tells when
+  // everything written was delivered.
   uint64_t bytes_acknowledged;
-  // Bytes that arrived from the peer in order, each counted once.
+  // Bytes that arrived from the peer in order, each counted once (with their framing, as
+  // `bytes_acknowledged` counts them).
   uint64_t bytes_received;
   // 1 when packets are sealed with the cluster key, else 0.
   uint32_t encrypted;

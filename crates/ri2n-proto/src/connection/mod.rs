@@ -59,10 +59,11 @@ pub enum ConnectionState {
 pub struct ConnectionStats {
     /// Per-link statistics.
     pub links: Vec<LinkStats>,
-    /// Bytes written by the application and not yet acknowledged (both streams).
+    /// Bytes written by the application and not yet acknowledged (both streams, with their
+    /// framing as `bytes_acknowledged` counts it).
     pub send_buffered: u64,
     /// Bytes received and not yet read by the application (both streams, including
-    /// out-of-order data).
+    /// out-of-order data, with their framing as `bytes_acknowledged` counts it).
     pub recv_buffered: u64,
     /// Out-of-order fragments the receiving streams hold (at most 4096 each): the
     /// reassembly bookkeeping, bounded however the peer scatters its data.
