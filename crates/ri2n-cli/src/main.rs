@@ -283,7 +283,9 @@ pub struct TunnelArgs {
     /// Check the cluster file and its key, that this machine can carry the tunnel (the
     /// interface name and the tunnel network unused here, the links' port free) and that
     /// no daemon of this host runs here yet, say which host this is, and exit (needs no
-    /// privilege, only read access to both files: the key is its owner's alone).
+    /// privilege, only read access to both files: the key is its owner's alone). Warns of
+    /// this host's link addresses this machine lacks (the daemon starts without them and
+    /// waits for them) and, as root, of a file the systemd unit's daemon could not read.
     #[arg(long)]
     pub check: bool,
 

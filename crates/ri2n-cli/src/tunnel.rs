@@ -80,8 +80,15 @@ const RELOAD_WAIT: Duration = Duration::from_secs(5);
 /// host read it again (SIGHUP) and prints which peers it added and removed.
 pub fn reload(args: &TunnelReloadArgs) -> Result<(), Failure> {
     let (cluster, me) = load_as_daemon_here(&args.config, args.name.as_deref())?;
-    load_key(&cluster, &args.config)?;
-    let name = &cluster.hosts[me].name;
+    check_key(&cluster, &args.config)?;
+    // the one daemon of this network is this host's, whatever the file calls it now: with
+    // its entry renamed, that daemon refuses the file (a restart takes it), where asking by
+    // the new name would find no daemon
+    let running = ri2n_tunnel::daemons_in_this_network();
+    let name = match running.as_slice() {
+        [only] if args.name.is_none() => only,
+        _ => &cluster.hosts[me].name,
+    };
     let reload = ri2n_tunnel::request_reload(name, &args.config, RELOAD_WAIT);
     let changes = reload.map_err(|e| match e {
         ReloadError::Unreached(m) => Failure::new(GENERIC, m),
@@ -112,11 +119,15 @@ pub fn describe(args: &TunnelArgs) -> Result<String, Failure> {
     let path = &args.config;
     let (cluster, me) = load(path, args.name.as_deref())?;
     warn_if_named_elsewhere(&cluster, me, args.name.is_some());
-    load_key(&cluster, path)?;
+    check_key(&cluster, path)?;
+    for file in [path, &cluster.key] {
+        warn_if_unreadable_under_the_unit(file);
+    }
     ri2n_tunnel::check_not_running(&cluster.hosts[me].name).map_err(failure)?;
     ri2n_tunnel::check_machine(&cluster)
         .map_err(|e| Failure::new(USAGE, format!("{}: {e}", path.display())))?;
-    ri2n_tunnel::check_links_free(&cluster, me).map_err(failure)?;
+    let missing = ri2n_tunnel::check_links_free(&cluster, me).map_err(failure)?;
+    warn_of_missing_links(&cluster, me, &missing);
     if let Some(addr) = args.metrics {
         // bound and let go at once: the daemon binds it after the interface is up. A port
         // this user may not bind is no error, as for the links: the daemon may
@@ -175,6 +186,82 @@ fn warn_if_named_elsewhere(cluster: &Cluster, me: usize, named: bool) {
         owners.join(", "),
         cluster.hosts[me].name
     );
+}
+
+/// Warns of this host's link addresses that are not addresses of this machine: no error (the
+/// daemon starts without them and takes them up when they come, a NIC late at boot), but a
+/// typing slip in the file looks the same, and with none there the peers wait for this host.
+fn warn_of_missing_links(cluster: &Cluster, me: usize, missing: &[std::net::SocketAddr]) {
+    if missing.is_empty() {
+        return;
+    }
+    let list: Vec<String> = missing.iter().map(|a| a.ip().to_string()).collect();
+    let host = &cluster.hosts[me];
+    let (it, is) = match missing.len() {
+        1 => ("it", "is"),
+        _ => ("them", "are"),
+    };
+    say!(
+        "ri2n tunnel: warning: host {}'s link address{} {} {is} not {} of this machine: \
+         the daemon starts without {it} and looks for {it} every second{}",
+        host.name,
+        if missing.len() == 1 { "" } else { "es" },
+        list.join(", "),
+        if missing.len() == 1 {
+            "an address"
+        } else {
+            "addresses"
+        },
+        match missing.len() == host.links.len() {
+            true => ", carrying nothing until one is there",
+            false => "",
+        }
+    );
+}
+
+/// [`load_key`] for a command that checks the file for the daemon (`--check`, `reload`): a
+/// key in a FIFO is not read, since what one reader takes the daemon would wait for in vain
+/// (the daemon reads it once, at its start).
+fn check_key(cluster: &Cluster, config: &Path) -> Result<(), Failure> {
+    use std::os::unix::fs::FileTypeExt;
+    if std::fs::metadata(&cluster.key).is_ok_and(|m| m.file_type().is_fifo()) {
+        say!(
+            "ri2n tunnel: the key {} is a FIFO: not read here, which would take it from the \
+             daemon",
+            cluster.key.display()
+        );
+        return Ok(());
+    }
+    load_key(cluster, config).map(drop)
+}
+
+/// Warns, when root, of a file root reads here only by its power to read any file: the
+/// daemon under `contrib/ri2n-tunnel.service` lacks it (no `CAP_DAC_OVERRIDE`) and fails to
+/// start on a file a user copied in and kept as theirs.
+fn warn_if_unreadable_under_the_unit(file: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    let Ok(meta) = std::fs::metadata(file) else {
+        return;
+    };
+    let mode = meta.mode();
+    let readable = (meta.uid() == 0 && mode & 0o400 != 0)
+        || (meta.gid() == 0 && mode & 0o040 != 0)
+        || mode & 0o004 != 0;
+    if !readable {
+        say!(
+            "ri2n tunnel: warning: {} (owner {}, group {}, mode {:04o}) is read here only by \
+             root's power over every file, which the daemon lacks under the systemd unit: \
+             `chown root` it",
+            file.display(),
+            meta.uid(),
+            meta.gid(),
+            mode & 0o7777
+        );
+    }
 }
 
 /// The key the cluster file at `config` names, read as `--key` reads one; an error names the

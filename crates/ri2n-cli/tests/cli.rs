@@ -1659,6 +1659,73 @@ fn tunnel_check_loads_the_key_and_refuses_a_tunnel_network_holding_a_link() {
     assert!(err.contains("add it to the file as a [[host]]"), "{err}");
 }
 
+/// `--check` warns of what the daemon would start with and wait on, exit 0 (the daemon runs
+/// all the same): a link address of this host that is not on this machine (a typing slip
+/// looks like a NIC late at boot), and, as root, a file that only root's power over every
+/// file reads, which the daemon under the systemd unit lacks. A key in a FIFO is not read:
+/// that would take it from the daemon. Before, `--check` passed the first two without a
+/// word and hung on the FIFO.
+#[test]
+fn tunnel_check_warns_of_what_the_daemon_would_wait_on() {
+    let key = keygen("tunnel-wait.key");
+    let config = TempFile::new("cluster-wait.toml");
+    // a port of its own: other tests' --check binds the default one on 127.0.0.1 too
+    let text = |key: &Path| format!("port = 7693\n{}", cluster_text(key, "10.99.0.2"));
+
+    let one_missing = text(key.path()).replace(
+        "links = [\"127.0.0.1\"]",
+        "links = [\"127.0.0.1\", \"192.0.2.9\"]",
+    );
+    std::fs::write(config.path(), one_missing).unwrap();
+    let (status, said, err) = tunnel(&["--check"], config.path());
+    assert!(status.success(), "{err}");
+    assert!(said.contains("this host is me"), "{said}");
+    assert!(
+        err.contains(
+            "warning: host me's link address 192.0.2.9 is not an address of this machine: the \
+             daemon starts without it and looks for it every second"
+        ) && !err.contains("carrying nothing"),
+        "{err}"
+    );
+    // none of the named host's links here: it carries nothing until one comes
+    std::fs::write(config.path(), text(key.path())).unwrap();
+    let (status, _, err) = tunnel(&["--check", "--name", "other"], config.path());
+    assert!(status.success(), "{err}");
+    assert!(
+        err.contains("host other's link address 192.0.2.7 is not an address of this machine")
+            && err.contains("carrying nothing until one is there"),
+        "{err}"
+    );
+    let (status, _, err) = tunnel(&["--check"], config.path());
+    assert!(status.success() && !err.contains("warning"), "{err}");
+
+    // a key in a FIFO no one writes yet: not read, and no wait
+    let fifo = TempFile::new("tunnel-wait.fifo");
+    let made = Command::new("mkfifo").arg(fifo.path()).status().unwrap();
+    assert!(made.success(), "mkfifo");
+    std::fs::write(config.path(), text(fifo.path())).unwrap();
+    let (status, _, err) = tunnel(&["--check"], config.path());
+    assert!(status.success(), "{err}");
+    assert!(err.contains("is a FIFO: not read here"), "{err}");
+
+    if !root_or_skip("reading a file of another user's") {
+        return;
+    }
+    // the key a user copied in and kept as theirs, mode 0600
+    std::os::unix::fs::chown(key.path(), Some(65534), Some(65534)).unwrap();
+    std::fs::write(config.path(), text(key.path())).unwrap();
+    let (status, _, err) = tunnel(&["--check"], config.path());
+    assert!(status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "warning: {} (owner 65534, group 65534, mode 0600) is read here only by root's \
+             power over every file",
+            key.path().display()
+        )),
+        "{err}"
+    );
+}
+
 /// `ri2n tunnel --check` fails as the daemon does, in a network namespace of its own
 /// (`unshare -n`, gone with its processes): on an interface of the tunnel's name that is a
 /// TUN interface of another program (exit 2; the daemon makes its own) and on a link port

@@ -238,20 +238,21 @@ pub fn check_not_running(name: &str) -> Result<(), Error> {
 
 /// Whether host `me`'s link addresses that this machine has now can be bound on the
 /// cluster's port, as the daemon binds them first (for `--check`): the error the daemon
-/// would stop with (a port in use). Those the machine lacks are no error: the daemon starts
-/// without them; nor is a port below 1024 refused to a caller without the privilege the
-/// daemon has.
-pub fn check_links_free(cluster: &Cluster, me: usize) -> Result<(), Error> {
+/// would stop with (a port in use), else the addresses this machine lacks. Those are no
+/// error: the daemon starts without them and takes them up when they come (the caller
+/// warns); nor is a port below 1024 refused to a caller without the privilege the daemon has.
+pub fn check_links_free(cluster: &Cluster, me: usize) -> Result<Vec<SocketAddr>, Error> {
     let locals: Vec<SocketAddr> = (cluster.hosts[me].links.iter())
         .map(|&ip| SocketAddr::new(ip, cluster.port))
         .collect();
     let config = |addrs: Vec<SocketAddr>| EndpointConfig::new(addrs).server();
     match links::bind_available(&locals, &config) {
-        Ok(_) => Ok(()),
+        Ok((_, missing)) => Ok(missing),
         Err(ri2n::Error::Bind { source, .. })
             if source.kind() == std::io::ErrorKind::PermissionDenied =>
         {
-            Ok(())
+            let here = here::Addresses::now();
+            Ok(locals.into_iter().filter(|a| !here.has(a.ip())).collect())
         }
         Err(e) => Err(Error::Endpoint(e)),
     }
@@ -403,6 +404,7 @@ pub fn run(
 
     let interface = cluster.interface.clone();
     let peers = Arc::new(Peers::new(cluster, me, carry, endpoint, queues.len()));
+    peers.endpoint.set_missing(&missing);
     let StartSignals(mut signals) = signals;
     let stop = Arc::new(Stop {
         signals: signals.handle(),
@@ -419,6 +421,12 @@ pub fn run(
         host: host.name.clone(),
         address: host.address.to_string(),
         interface: interface.clone(),
+        links_missing: peers
+            .endpoint
+            .missing()
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
         queue_packets_read: Vec::new(),
         packets_unrouted: 0,
         packets_not_ipv4: 0,

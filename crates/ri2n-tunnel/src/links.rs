@@ -23,6 +23,9 @@ const REBIND_WAIT: Duration = Duration::from_secs(5);
 /// (no handle of the old one may be kept then: its sockets, and so its addresses, must go).
 pub struct Current {
     inner: RwLock<(u64, Option<Endpoint>)>,
+    /// The host's link addresses the endpoint lacks, looked for every second (for status:
+    /// a host none of whose links are up is waited for by its peers, and only this says why).
+    missing: RwLock<Vec<SocketAddr>>,
 }
 
 impl Current {
@@ -30,7 +33,21 @@ impl Current {
     pub fn new(endpoint: Option<Endpoint>) -> Current {
         Current {
             inner: RwLock::new((0, endpoint)),
+            missing: RwLock::default(),
         }
+    }
+
+    /// The host's link addresses that are not (yet) addresses of this machine.
+    pub fn missing(&self) -> Vec<SocketAddr> {
+        self.missing
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Says which of the host's link addresses the endpoint lacks now.
+    pub fn set_missing(&self, missing: &[SocketAddr]) {
+        *self.missing.write().unwrap_or_else(|e| e.into_inner()) = missing.to_vec();
     }
 
     /// The endpoint in use and its generation; none while it is being made again.
@@ -183,6 +200,7 @@ pub fn bind_late(
                 if let Some(endpoint) = endpoint {
                     current.put(endpoint);
                 }
+                current.set_missing(&now_missing);
                 missing = now_missing;
                 failing = false;
             }

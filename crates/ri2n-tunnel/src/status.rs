@@ -54,6 +54,11 @@ pub struct Status {
     pub host: String,
     pub address: String,
     pub interface: String,
+    /// This host's link addresses (`IP:port`) that are not addresses of this machine: the
+    /// daemon runs without them and looks for them every second. While all are missing no
+    /// link is up, and the peers wait for this host.
+    #[serde(default)]
+    pub links_missing: Vec<String>,
     /// Packets read from each of the interface's queues (how the flows spread over them).
     #[serde(default)]
     pub queue_packets_read: Vec<u64>,
@@ -361,6 +366,9 @@ pub fn sample_loop(peers: Arc<Peers>, latest: Arc<Mutex<Status>>, config: String
             host: me.name.clone(),
             address: me.address.to_string(),
             interface: table.cluster.interface.clone(),
+            links_missing: (peers.endpoint.missing().iter())
+                .map(ToString::to_string)
+                .collect(),
             queue_packets_read: (peers.queue_reads.iter())
                 .map(|n| n.load(Ordering::Relaxed))
                 .collect(),
@@ -716,6 +724,17 @@ pub fn prometheus(s: &Status) -> String {
         .inc_by(value);
         registry.register(name, help, family);
     }
+    let missing = Family::<HostLabels, Gauge>::default();
+    (missing.get_or_create(&HostLabels {
+        host: s.host.clone(),
+    }))
+    .set(s.links_missing.len() as i64);
+    registry.register(
+        "ri2n_tunnel_links_missing",
+        "This host's link addresses that are not addresses of this machine (its links wait \
+         for them)",
+        missing,
+    );
     let up = Family::<LinkLabels, Gauge>::default();
     let rtt = Family::<LinkLabels, Gauge<f64, AtomicU64>>::default();
     for (labels, l) in &link_rows {
@@ -1002,6 +1021,20 @@ pub fn table(s: &Status) -> String {
         ),
     };
     let mut out = format!("{} {} on {}{queues}\n", s.host, s.address, s.interface);
+    if !s.links_missing.is_empty() {
+        let _ = writeln!(
+            out,
+            "  this host's link address{} {} not on this machine: its links wait for {} \
+             (looked for every second)",
+            if s.links_missing.len() == 1 { "" } else { "es" },
+            s.links_missing.join(", "),
+            if s.links_missing.len() == 1 {
+                "it"
+            } else {
+                "them"
+            },
+        );
+    }
     // which file a reload must edit, and whether the last one was taken up (a daemon older
     // than the `config` field names no file)
     if !s.config.is_empty() {
@@ -1206,6 +1239,7 @@ pub(crate) mod tests {
             host: "a".into(),
             address: "10.99.0.1".into(),
             interface: "ri2n0".into(),
+            links_missing: vec!["10.0.2.1:7400".into()],
             queue_packets_read: vec![11, 13],
             packets_unrouted: 3,
             packets_not_ipv4: 2,
@@ -1265,6 +1299,7 @@ pub(crate) mod tests {
             r#"ri2n_tunnel_packets_unrouted_total{host="a"} 3"#.to_owned(),
             r#"ri2n_tunnel_packets_not_ipv4_total{host="a"} 2"#.to_owned(),
             r#"ri2n_tunnel_packets_bad_checksum_total{host="a"} 1"#.to_owned(),
+            r#"ri2n_tunnel_links_missing{host="a"} 1"#.to_owned(),
             "# EOF".to_owned(),
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
@@ -1273,7 +1308,7 @@ pub(crate) mod tests {
         assert!(!text.contains(&format!("ri2n_tunnel_link_rtt_seconds{{{down}}}")));
         // each help text ends with the one period the registry adds (it showed two)
         let help: Vec<_> = text.lines().filter(|l| l.starts_with("# HELP")).collect();
-        assert_eq!(help.len(), 16, "{text}");
+        assert_eq!(help.len(), 17, "{text}");
         for l in help {
             assert!(l.ends_with('.') && !l.ends_with(".."), "{l}");
         }
@@ -1288,6 +1323,13 @@ pub(crate) mod tests {
             Some(
                 "a 10.99.0.1 on ri2n0, 2 queues (packets read 11 / 13; 3 for addresses no host \
                  owns; 2 not IPv4, not carried; 1 with a wrong checksum, not carried)"
+            )
+        );
+        assert_eq!(
+            lines.next(),
+            Some(
+                "  this host's link address 10.0.2.1:7400 not on this machine: its links wait \
+                 for it (looked for every second)"
             )
         );
         assert_eq!(
@@ -1502,6 +1544,7 @@ pub(crate) mod tests {
     #[test]
     fn the_table_says_what_the_last_reload_did() {
         let mut s = snapshot();
+        s.links_missing.clear();
         s.reloads = 1;
         s.last_reload = Some(Reload {
             added: vec!["c".into(), "d".into()],
