@@ -561,6 +561,38 @@ pub unsafe extern "C" fn ri2n_abort(c: *mut ri2n_conn, code: u64, reason: *const
     })
 }
 
+/// Ends the connection when no link has been up for `all_links_down_ms` milliseconds, or
+/// nothing at all was received from the peer for `idle_ms` (a host gone without a word, its
+/// power cut): each negative for never, the default, with which the connection waits out any
+/// outage. Its calls then fail with `-ETIMEDOUT`, as does [`ri2n_conn_error`]. Counted from
+/// what already happened: links down longer than the new limit end it at once. An idle
+/// limit of less than a second may end a healthy connection that has nothing to say (a
+/// quiet peer is heard from about every 200 ms). Returns 0, or `-EINVAL` for a limit of 0.
+///
+/// # Safety
+/// `c` is a live connection.
+#[no_mangle]
+pub unsafe extern "C" fn ri2n_conn_set_timeouts(
+    c: *mut ri2n_conn,
+    all_links_down_ms: c_int,
+    idle_ms: c_int,
+) -> c_int {
+    guard_int(|| {
+        // SAFETY: passed on from the caller
+        let c = unsafe { conn(c) }?;
+        let limit = |ms: c_int, what: &str| match ms {
+            0 => Err(Failure::invalid(format!(
+                "{what} 0: a negative limit is none, a positive one milliseconds"
+            ))),
+            ms => Ok(u64::try_from(ms).ok().map(Duration::from_millis)),
+        };
+        let all_links_down = limit(all_links_down_ms, "all_links_down_ms")?;
+        let idle = limit(idle_ms, "idle_ms")?;
+        c.connection().set_timeouts(all_links_down, idle);
+        Ok(())
+    })
+}
+
 /// A descriptor that becomes readable when a retry of a read, receive or write call may
 /// succeed (data, a message or a datagram arrived, buffer space was freed, a link changed
 /// state, the connection ended). Register it with `poll`/`epoll` for reading; never read or

@@ -185,6 +185,7 @@ fn every_failure_gives_the_promised_errno_through_the_shared_library() {
     assert!(
         out.contains("endpoint aborted: ECONNRESET with its reason")
             && out.contains("peer's process gone: ECONNRESET")
+            && out.contains("silent peer: ETIMEDOUT once every link was down")
             && out.contains("write after a clean close EPIPE")
             && out.contains("read after the server's close ECONNABORTED")
             && out.contains("a key not written whole: EFBIG, and no file left"),

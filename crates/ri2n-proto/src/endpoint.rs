@@ -1405,6 +1405,26 @@ impl Endpoint {
         paths
     }
 
+    /// The largest datagram the interface of local address `local` can send is `max` from now
+    /// on (its MTU changed; `None`: not known any more): the ceiling of path MTU discovery of
+    /// every link from there, for connections to come and those running, which search again
+    /// (a raised MTU is used: an endpoint bound before the interface was set up is not held to
+    /// the MTU it had then).
+    pub fn set_local_max_datagram(&mut self, local: SocketAddr, max: Option<usize>) {
+        let known = &mut self.cfg.local_max_datagram;
+        if known.iter().find(|(a, _)| *a == local).map(|&(_, m)| m) == max {
+            return;
+        }
+        known.retain(|(a, _)| *a != local);
+        known.extend(max.map(|m| (local, m)));
+        for (&h, c) in &mut self.connections {
+            if c.interface_changed(local, max) {
+                // its next probe is due now
+                self.attention.touch(h);
+            }
+        }
+    }
+
     /// A connection, for application calls.
     pub fn connection_mut(&mut self, h: ConnectionHandle) -> Option<&mut Connection> {
         // an application call may give the connection something to send

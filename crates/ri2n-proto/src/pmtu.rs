@@ -88,6 +88,24 @@ impl PathMtu {
         self.target = (self.ceiling > self.base).then_some(self.ceiling);
     }
 
+    /// The local interface's MTU changed: the link's sizes are `base` and `ceiling` from now
+    /// on. The size in use stays where it still fits between them, and the search runs again
+    /// up to the new ceiling (a raised MTU is used, not only one found at the start); one that
+    /// no longer fits falls back to the base size. Returns whether anything changed.
+    pub fn set_limits(&mut self, base: usize, ceiling: usize) -> bool {
+        let ceiling = ceiling.max(base);
+        if (base, ceiling) == (self.base, self.ceiling) {
+            return false;
+        }
+        let current = self.current;
+        (self.base, self.ceiling) = (base, ceiling);
+        self.restart();
+        if (base..=ceiling).contains(&current) {
+            self.current = current;
+        }
+        true
+    }
+
     /// The driver cannot hand out more than `room` bytes: nothing larger is tried.
     pub fn limit_ceiling(&mut self, room: usize) {
         if room < self.ceiling {
@@ -216,6 +234,31 @@ mod tests {
         assert!(
             m.current() > path - SEARCH_GRANULARITY,
             "data keeps its size meanwhile"
+        );
+    }
+
+    /// The interface's MTU changed: raised, the size in use stays and the new ceiling is
+    /// probed at once; lowered below the size in use, the link falls back to the base size
+    /// and searches within the new ceiling.
+    #[test]
+    fn a_changed_interface_mtu_is_searched_again() {
+        let now = Instant::now();
+        let mut m = PathMtu::new(1472, 1472);
+        assert_eq!(m.probe_due(now), None);
+        assert!(!m.set_limits(1472, 1472), "nothing changed");
+        assert!(m.set_limits(1472, 8972));
+        assert_eq!(m.current(), 1472);
+        assert_eq!(m.probe_due(now), Some(8972));
+        m.on_probe_sent();
+        m.on_probe_acked(8972, now);
+        assert_eq!((m.current(), m.probe_due(now)), (8972, None));
+        assert!(m.set_limits(1472, 3972));
+        assert_eq!((m.current(), m.probe_due(now)), (1472, Some(3972)));
+        // a base the interface cannot send any more is lowered with it
+        assert!(m.set_limits(1372, 1372));
+        assert_eq!(
+            (m.current(), m.base(), m.probe_due(now)),
+            (1372, 1372, None)
         );
     }
 

@@ -550,6 +550,34 @@ impl PyConnection {
         Ok(list)
     }
 
+    /// Ends the connection when no link has been up for ``all_links_down`` seconds, or
+    /// nothing at all was received from the peer for ``idle`` seconds (a host gone without a
+    /// word, its power cut): each ``None`` for never, the default, with which the connection
+    /// waits out any outage. Its calls then raise ``TimeoutError``. Counted from what already
+    /// happened: links down longer than the new limit end it at once. An ``idle`` of less
+    /// than a second may end a healthy connection that has nothing to say (a quiet peer is
+    /// heard from about every 200 ms). ``ValueError`` for 0, a negative number or NaN.
+    #[pyo3(signature = (all_links_down = None, idle = None))]
+    fn set_timeouts(
+        &self,
+        py: Python<'_>,
+        all_links_down: Option<f64>,
+        idle: Option<f64>,
+    ) -> PyResult<()> {
+        let limit = |name: &str, seconds: Option<f64>| match seconds {
+            Some(s) if s.is_nan() || s <= 0.0 => Err(PyValueError::new_err(format!(
+                "{name} must be None or a number of seconds > 0, not {s}"
+            ))),
+            // beyond what a Duration holds (infinity included) is never
+            s => Ok(s.and_then(|s| Duration::try_from_secs_f64(s).ok())),
+        };
+        let all_links_down = limit("all_links_down", all_links_down)?;
+        let idle = limit("idle", idle)?;
+        let conn = self.get()?;
+        py.detach(|| conn.set_timeouts(all_links_down, idle));
+        Ok(())
+    }
+
     /// Aborts the connection at once, dropping what was not delivered; the peer's calls
     /// raise ``PeerGone`` naming ``code`` (an int >= 0, else ``ValueError``) and ``reason``.
     /// The handle stays (for ``stats()``) until ``close()``.

@@ -85,12 +85,12 @@ def wait_links_up(conn: ri2n.Connection, n: int, timeout: float = 5.0) -> List[A
 
 
 @contextlib.contextmanager
-def server_process() -> Iterator[Tuple[subprocess.Popen, str]]:
+def server_process(transport: str = "udp") -> Iterator[Tuple[subprocess.Popen, str]]:
     """A server in a process of its own (to kill or stop): it accepts one connection, sends
     b"hi" on it and waits until its stdin closes. Yields the process and its address."""
     code = (
         "import sys, ri2n\n"
-        f"s = ri2n.Endpoint.server({LINKS!r})\n"
+        f"s = ri2n.Endpoint.server({LINKS!r}, transport={transport!r})\n"
         "print(s.local_addrs()[0], flush=True)\n"
         "c = s.accept(timeout=30)\n"
         "c.sendall(b'hi')\n"

@@ -163,6 +163,36 @@ def test_a_peer_whose_process_is_gone(endpoints) -> None:
         conn.close()
 
 
+@pytest.mark.parametrize("transport", ["udp", "tcp"])
+def test_a_silent_peer_ends_the_connection_at_the_idle_limit_set(transport: str) -> None:
+    """The server's process is stopped (a host whose power was cut: nothing answers; over TCP
+    its kernel still acknowledges, the process says nothing). By default the connection waits
+    as long as it takes; with an idle limit set, a waiting read raises TimeoutError once
+    nothing was heard for that long, and so the connection ended."""
+    client = ri2n.Endpoint.client(LINKS, transport=transport)
+    with server_process(transport) as (proc, addr):
+        conn = client.connect(addr, timeout=10)
+        assert conn.recv(2, timeout=10) == b"hi"
+        for bad in (0, -1.0, float("nan")):
+            with pytest.raises(ValueError, match="idle must be None or a number of seconds > 0"):
+                conn.set_timeouts(idle=bad)
+        proc.send_signal(signal.SIGSTOP)
+        wait_stopped(proc.pid)
+        # the premise: without a limit the silence ends nothing (the recv's own timeout ends
+        # the wait)
+        with pytest.raises(TimeoutError):
+            conn.recv(10, timeout=1.5)
+        assert conn.state() == "established" and conn.close_reason() is None
+        conn.set_timeouts(idle=1.0)
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            conn.recv(10, timeout=10)
+        assert time.monotonic() - start < 5
+        assert conn.state() == "closed"
+        assert isinstance(conn.close_reason(), TimeoutError)
+        close_quietly(conn, client)
+
+
 def test_calls_on_closed_things(pair: Pair) -> None:
     pair.conn.close()
     assert pair.conn.closed

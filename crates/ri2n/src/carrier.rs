@@ -165,6 +165,13 @@ pub(crate) fn interface_mtu(name: &str) -> Option<usize> {
     usize::try_from(unsafe { request.ifr_ifru.ifru_mtu }).ok()
 }
 
+/// The largest UDP payload interface `name` can send from `local` (its MTU less the IP and
+/// UDP headers), if the system tells: the ceiling of path MTU discovery on links from there.
+pub(crate) fn max_datagram(local: SocketAddr, name: &str) -> Option<usize> {
+    let headers = if local.is_ipv4() { 20 + 8 } else { 40 + 8 };
+    interface_mtu(name)?.checked_sub(headers)
+}
+
 /// The answer to the interface request `ioctl` (one that reads an `ifreq`) about interface
 /// `name`, if it exists.
 fn interface_request(name: &str, ioctl: libc::Ioctl) -> Option<libc::ifreq> {
@@ -259,6 +266,46 @@ mod tests {
             assert!(!has_carrier("ri2nc0"));
             assert!(has_carrier("ri2nc9"), "an interface that is not there");
             assert!(has_carrier("lo"));
+        });
+    }
+
+    /// An interface's MTU raised while connections run (an endpoint started before the
+    /// network was set up, as a service at boot): their links search their path MTU again
+    /// and use the new size; lowered again, they fall back within it. Before, the MTU was
+    /// read once, at the bind, and a raised one never used. Needs root.
+    #[test]
+    fn an_mtu_changed_while_connections_run_is_searched_again() {
+        crate::netns_test::in_new_netns(|ip| {
+            ip(&["link", "set", "lo", "mtu", "1500"]);
+            let server = crate::Endpoint::server(&["127.0.0.1:0".parse().unwrap()]).unwrap();
+            let client = crate::Endpoint::client(&["127.0.0.1:0".parse().unwrap()]).unwrap();
+            let conn = client
+                .connect(&server.local_addrs(), crate::ConnectionConfig::default())
+                .unwrap();
+            let peer = server.accept().unwrap();
+            let sizes = || {
+                let size = |c: &crate::Connection| c.stats().links[0].max_datagram;
+                (size(&conn), size(&peer))
+            };
+            let becomes = |want: usize| {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                while sizes() != (want, want) {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "datagram sizes {:?} after 10 s, not {want}",
+                        sizes()
+                    );
+                    // data to send (as long as the buffers take it): the search runs beside it
+                    let _ = conn.try_write(&[1; 4096]);
+                    let _ = peer.try_write(&[2; 4096]);
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+            };
+            becomes(1500 - 28);
+            ip(&["link", "set", "lo", "mtu", "9000"]);
+            becomes(9000 - 28);
+            ip(&["link", "set", "lo", "mtu", "4000"]);
+            becomes(4000 - 28);
         });
     }
 

@@ -682,6 +682,27 @@ impl Connection {
         }
     }
 
+    /// Ends the connection when no link has been up for `all_links_down`
+    /// ([`ConnectionError::AllLinksDown`]), or nothing at all was received for `idle`
+    /// ([`ConnectionError::IdleTimeout`]): in place of the
+    /// [`ConnectionConfig`](crate::ConnectionConfig)'s
+    /// [`all_links_down_timeout`](crate::ConnectionConfig::all_links_down_timeout) and
+    /// [`idle_timeout`](crate::ConnectionConfig::idle_timeout) it started with (`None`:
+    /// never, the default: the connection waits out any outage). The calls waiting on it then
+    /// fail with [`std::io::ErrorKind::TimedOut`]. For a server's accepted connections, and
+    /// for bindings whose connections are made with the default configuration. An idle limit
+    /// shorter than a few keepalive intervals ends healthy connections that have nothing to
+    /// say: a quiet peer is heard about once per keepalive interval.
+    pub fn set_timeouts(&self, all_links_down: Option<Duration>, idle: Option<Duration>) {
+        match &self.inner {
+            Inner::Udp(c) => c.set_timeouts(all_links_down, idle),
+            Inner::Tcp(TcpHandle(c)) => c.set_timeouts(crate::tcp::conn::Timeouts {
+                all_links_down,
+                idle,
+            }),
+        }
+    }
+
     /// Why the connection ended, if it did with an error.
     pub fn close_reason(&self) -> Option<ConnectionError> {
         match &self.inner {

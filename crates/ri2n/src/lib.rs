@@ -190,10 +190,7 @@ fn expand_wildcards(addrs: &[SocketAddr]) -> Result<Vec<SocketAddr>, Error> {
 /// the IP and UDP headers), if the system tells: the ceiling of path MTU discovery on links
 /// from `local`.
 fn interface_max_datagram(local: SocketAddr) -> Option<usize> {
-    let ip = local.ip();
-    let mtu = carrier::interface_mtu(&carrier::interface_of(local)?)?;
-    let headers = if ip.is_ipv4() { 20 + 8 } else { 40 + 8 };
-    mtu.checked_sub(headers)
+    carrier::max_datagram(local, &carrier::interface_of(local)?)
 }
 
 fn is_ipv6_link_local(ip: &std::net::IpAddr) -> bool {

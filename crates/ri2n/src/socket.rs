@@ -91,6 +91,9 @@ pub(crate) struct LinkSocket {
     interface: Option<String>,
     /// That interface has carrier (see `carrier.rs`); without, nothing is sent.
     carrier: AtomicBool,
+    /// The largest datagram that interface sends (its MTU less the headers; 0: not known),
+    /// as last read: the engine is told when it changes.
+    max_datagram: AtomicUsize,
     /// The sockets connected to one peer address each (see [`PathSocket`]): a few, searched
     /// in order (no hashing on every send). Held read while one of them is in use.
     paths: RwLock<Vec<PathSocket>>,
@@ -148,6 +151,9 @@ impl LinkSocket {
         let local = std.local_addr()?;
         let interface = crate::carrier::interface_of(local);
         let carrier = interface.as_deref().is_none_or(crate::carrier::has_carrier);
+        let max_datagram = (interface.as_deref())
+            .and_then(|name| crate::carrier::max_datagram(local, name))
+            .unwrap_or(0);
         Ok(Self {
             local,
             io: mio::net::UdpSocket::from_std(std),
@@ -158,6 +164,7 @@ impl LinkSocket {
             any_refused: AtomicBool::new(false),
             interface,
             carrier: AtomicBool::new(carrier),
+            max_datagram: AtomicUsize::new(max_datagram),
             paths: RwLock::new(Vec::new()),
             shareable,
         })
@@ -510,6 +517,15 @@ impl LinkSocket {
                 tracing::debug!(local = %self.local, interface = %name, carrier = up, "carrier changed");
             }
         }
+    }
+
+    /// Reads the MTU of this socket's interface again (after a link change): the largest
+    /// datagram it sends now (`None`: not known), if that changed since the last reading.
+    pub fn refresh_max_datagram(&self) -> Option<Option<usize>> {
+        let name = self.interface.as_deref()?;
+        let now = crate::carrier::max_datagram(self.local, name);
+        let before = self.max_datagram.swap(now.unwrap_or(0), Ordering::Relaxed);
+        (before != now.unwrap_or(0)).then_some(now)
     }
 
     /// Takes the interface as having carrier from now on (its changes cannot be followed).

@@ -660,6 +660,11 @@ impl UdpConnection {
         self.with(|c| c.abort(code, reason));
     }
 
+    /// See [`crate::Connection::set_timeouts`].
+    pub(crate) fn set_timeouts(&self, all_links_down: Option<Duration>, idle: Option<Duration>) {
+        self.with(|c| c.set_timeouts(all_links_down, idle));
+    }
+
     /// The connection's state.
     pub(crate) fn state(&self) -> ConnectionState {
         self.with(|c| c.state())

@@ -310,6 +310,18 @@ int ri2n_conn_error(const struct ri2n_conn *c);
 // `c` is a live connection; `reason` is NULL or a NUL-terminated string.
 int ri2n_abort(struct ri2n_conn *c, uint64_t code, const char *reason);
 
+// Ends the connection when no link has been up for `all_links_down_ms` milliseconds, or
+// nothing at all was received from the peer for `idle_ms` (a host gone without a word, its
+// power cut): each negative for never, the default, with which the connection waits out any
+// outage. Its calls then fail with `-ETIMEDOUT`, as does [`ri2n_conn_error`]. Counted from
+// what already happened: links down longer than the new limit end it at once. An idle
+// limit of less than a second may end a healthy connection that has nothing to say (a
+// quiet peer is heard from about every 200 ms). Returns 0, or `-EINVAL` for a limit of 0.
+//
+// # Safety
+// `c` is a live connection.
+int ri2n_conn_set_timeouts(struct ri2n_conn *c, int all_links_down_ms, int idle_ms);
+
 // A descriptor that becomes readable when a retry of a read, receive or write call may
 // succeed (data, a message or a datagram arrived, buffer space was freed, a link changed
 // state, the connection ended). Register it with `poll`/`epoll` for reading; never read or

@@ -1,7 +1,7 @@
 /* Every failure the header promises, with its errno: bad arguments, nothing listening, not a
  * server, no answer, another key or none, a peer that aborted (one connection or its whole
- * endpoint) or whose process is gone, writes after the end, messages too large for the
- * buffer, non-blocking calls with nothing to do; and datagrams, messages and events working.
+ * endpoint) or whose process is gone, one that went silent past the limit set, writes after
+ * the end, messages too large for the buffer, non-blocking calls with nothing to do; and datagrams, messages and events working.
  *
  * usage: errors DIR   (a directory for key files) */
 #include <arpa/inet.h>
@@ -30,10 +30,10 @@ static int udp_port(int *fd_out) {
 
 static const char *local1[] = {"127.0.0.1:0"};
 
-/* A server in a child process, killed while its client reads: the client's read fails with
- * ECONNRESET (the peer is gone), as the header promises. Run first, before this process has
- * any thread of the library: the child forks from a single-threaded parent. */
-static void peer_gone(void) {
+/* A server in a child process, its address in `addr`: it accepts one connection, writes
+ * "hi" and waits to be killed. Forked before this process has any thread of the library (a
+ * child of a process with threads may find their locks held). */
+static pid_t server_child(char addr[RI2N_ADDR_LEN]) {
     int fds[2];
     CHECK(pipe(fds) == 0);
     pid_t child = fork();
@@ -44,27 +44,40 @@ static void peer_gone(void) {
         const char *listen[] = {"127.0.0.1:0"};
         ri2n_endpoint *server = ri2n_endpoint_server(listen, 1, NULL);
         CHECK(server != NULL);
-        char addr[RI2N_ADDR_LEN];
-        CHECK(ri2n_endpoint_local_addr(server, 0, addr, sizeof addr) > 0);
-        CHECK(write(fds[1], addr, sizeof addr) == (ssize_t)sizeof addr);
+        char mine[RI2N_ADDR_LEN];
+        CHECK(ri2n_endpoint_local_addr(server, 0, mine, sizeof mine) > 0);
+        CHECK(write(fds[1], mine, sizeof mine) == (ssize_t)sizeof mine);
         ri2n_conn *c = ri2n_accept(server, 10000);
         CHECK(c != NULL);
         CHECK(ri2n_write(c, "hi", 2) == 2);
         for (;;) pause(); /* until killed */
     }
     close(fds[1]);
-    char addr[RI2N_ADDR_LEN];
-    CHECK(read(fds[0], addr, sizeof addr) == (ssize_t)sizeof addr);
+    CHECK(read(fds[0], addr, RI2N_ADDR_LEN) == RI2N_ADDR_LEN);
     close(fds[0]);
-    ri2n_endpoint *client = ri2n_endpoint_client(local1, 1, NULL);
-    CHECK(client != NULL);
+    return child;
+}
+
+/* A connection to the server of `server_child`, "hi" read from it. */
+static ri2n_conn *connected_to(const char *addr, ri2n_endpoint **client) {
+    *client = ri2n_endpoint_client(local1, 1, NULL);
+    CHECK(*client != NULL);
     const char *remote[] = {addr};
-    ri2n_conn *c = ri2n_connect(client, remote, 1, 10000);
+    ri2n_conn *c = ri2n_connect(*client, remote, 1, 10000);
     CHECK(c != NULL);
     CHECK(ri2n_write(c, "x", 1) == 1); /* confirms the connection: the child accepts it */
     char buf[16];
     CHECK(ri2n_read(c, buf, 2) == 2 && memcmp(buf, "hi", 2) == 0);
     CHECK(ri2n_conn_error(c) == 0);
+    return c;
+}
+
+/* The server killed while its client reads: the client's read fails with ECONNRESET (the
+ * peer is gone), as the header promises. */
+static void peer_gone(pid_t child, const char *addr) {
+    ri2n_endpoint *client;
+    ri2n_conn *c = connected_to(addr, &client);
+    char buf[16];
     CHECK_FAILS_WITH(ri2n_conn_send_limits(c, NULL), EINVAL);
     CHECK(strstr(ri2n_last_error(), "NULL") != NULL);
     CHECK(kill(child, SIGKILL) == 0);
@@ -77,6 +90,34 @@ static void peer_gone(void) {
     ri2n_conn_free(c);
     ri2n_endpoint_free(client);
     printf("peer's process gone: ECONNRESET\n");
+}
+
+/* The server stopped (SIGSTOP: a host whose power was cut, which answers nothing) while its
+ * client reads: with the default the connection waits as long as it takes; with a limit on
+ * the time every link is down, the read fails with ETIMEDOUT, and so does the connection's
+ * error. */
+static void silent_peer_times_out(pid_t child, const char *addr) {
+    ri2n_endpoint *client;
+    ri2n_conn *c = connected_to(addr, &client);
+    CHECK_FAILS_WITH(ri2n_conn_set_timeouts(c, 0, -1), EINVAL);
+    CHECK_FAILS_WITH(ri2n_conn_set_timeouts(NULL, -1, -1), EINVAL);
+    CHECK(kill(child, SIGSTOP) == 0);
+    /* the premise: without a limit nothing ends it (the link is down by then) */
+    char buf[16];
+    CHECK_FAILS_WITH(ri2n_recv_datagram(c, buf, sizeof buf, 1500), ETIMEDOUT);
+    CHECK(ri2n_conn_error(c) == 0);
+    ri2n_stats stats;
+    ri2n_link_stats link;
+    CHECK(ri2n_conn_stats(c, &stats, &link, 1) == 1);
+    CHECK(link.state == RI2N_LINK_DOWN);
+    CHECK(ri2n_conn_set_timeouts(c, 300, -1) == 0);
+    CHECK_FAILS_WITH(ri2n_read(c, buf, sizeof buf), ETIMEDOUT);
+    CHECK_FAILS_WITH(ri2n_conn_error(c), ETIMEDOUT);
+    CHECK(kill(child, SIGKILL) == 0);
+    CHECK(waitpid(child, NULL, 0) == child);
+    ri2n_conn_free(c);
+    ri2n_endpoint_free(client);
+    printf("silent peer: ETIMEDOUT once every link was down longer than the limit\n");
 }
 
 /* A connected pair on loopback, with these key files (NULL: none). */
@@ -282,7 +323,10 @@ static void key_not_written_whole(const char *path) {
 
 int main(int argc, char **argv) {
     CHECK(argc == 2);
-    peer_gone();
+    char gone_addr[RI2N_ADDR_LEN], silent_addr[RI2N_ADDR_LEN];
+    pid_t gone = server_child(gone_addr), stopped = server_child(silent_addr);
+    peer_gone(gone, gone_addr);
+    silent_peer_times_out(stopped, silent_addr);
     char key[4096], other_key[4096], junk_key[4096], missing_key[4096];
     snprintf(key, sizeof key, "%s/k1", argv[1]);
     snprintf(other_key, sizeof other_key, "%s/k2", argv[1]);

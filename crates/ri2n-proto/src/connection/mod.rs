@@ -653,9 +653,33 @@ impl Connection {
     // ------------------------------------------------------------------------------------
     // Application interface
 
+    /// The largest datagram `local`'s interface sends is `max` from now on (`None`: not
+    /// known): the links from there search their path MTU again within it. Returns whether
+    /// the connection has a link from `local`.
+    pub(crate) fn interface_changed(&mut self, local: SocketAddr, max: Option<usize>) -> bool {
+        self.local_mtus.retain(|(a, _)| *a != local);
+        self.local_mtus.extend(max.map(|m| (local, m)));
+        let mut any = false;
+        for link in self.links.iter_mut().filter(|l| l.local == local) {
+            link.interface_changed(&self.cfg, &self.local_mtus);
+            any = true;
+        }
+        any
+    }
+
     /// Current state.
     pub fn state(&self) -> ConnectionState {
         self.state
+    }
+
+    /// Puts these in force from now on, in place of the configuration's
+    /// [`all_links_down_timeout`](ConnectionConfig::all_links_down_timeout) and
+    /// [`idle_timeout`](ConnectionConfig::idle_timeout) (`None`: never). Counted from what
+    /// already happened: a connection whose links have been down longer than a new limit ends
+    /// at its next timer.
+    pub fn set_timeouts(&mut self, all_links_down: Option<Duration>, idle: Option<Duration>) {
+        self.cfg.all_links_down_timeout = all_links_down;
+        self.cfg.idle_timeout = idle;
     }
 
     /// Whether the handshake completed, whatever came after: a client's once the server

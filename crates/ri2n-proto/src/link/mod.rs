@@ -232,16 +232,22 @@ impl Link {
         local: SocketAddr,
         remote: SocketAddr,
     ) -> Self {
-        let interface = local_mtus
-            .iter()
-            .find(|(a, _)| *a == local)
-            .map(|&(_, max)| max);
-        let base = interface.map_or(cfg.max_datagram_size, |max| cfg.max_datagram_size.min(max));
-        let ceiling = interface
-            .unwrap_or(base)
-            .min(crate::wire::MAX_DATAGRAM_SIZE);
-        let ceiling = if cfg.mtu_discovery { ceiling } else { base };
+        let (base, ceiling) = datagram_limits(cfg, local_mtus, local);
         Self::new(id, local, remote, PathMtu::new(base, ceiling))
+    }
+
+    /// The MTU of the link's local interface changed (`local_mtus` holds the new one, or none):
+    /// its path MTU discovery searches again within the limits that gives.
+    pub fn interface_changed(
+        &mut self,
+        cfg: &ConnectionConfig,
+        local_mtus: &[(SocketAddr, usize)],
+    ) {
+        let (base, ceiling) = datagram_limits(cfg, local_mtus, self.local);
+        if self.pmtu.set_limits(base, ceiling) {
+            tracing::debug!(link = %self.id, base, ceiling, "interface MTU changed");
+            self.mss_changed();
+        }
     }
 
     /// A link whose datagrams start at `pmtu`'s base size (not probed until told when).
@@ -795,6 +801,25 @@ fn stream_bytes(frames: &[SentFrame]) -> u64 {
             _ => 0,
         })
         .sum()
+}
+
+/// A link's datagram sizes from `local`: the base (the configured size, or less where the
+/// interface cannot send it) and the ceiling of path MTU discovery (what the interface can
+/// send, the base where discovery is off or the interface's MTU is not known).
+fn datagram_limits(
+    cfg: &ConnectionConfig,
+    local_mtus: &[(SocketAddr, usize)],
+    local: SocketAddr,
+) -> (usize, usize) {
+    let interface = local_mtus
+        .iter()
+        .find(|(a, _)| *a == local)
+        .map(|&(_, max)| max);
+    let base = interface.map_or(cfg.max_datagram_size, |max| cfg.max_datagram_size.min(max));
+    let ceiling = interface
+        .unwrap_or(base)
+        .min(crate::wire::MAX_DATAGRAM_SIZE);
+    (base, if cfg.mtu_discovery { ceiling } else { base })
 }
 
 /// A data packet of `size` bytes sent at `time`, for tests.

@@ -226,6 +226,11 @@ class Connection:
         """Counters, and ``"links"``: a list of per-link dicts."""
     def events(self) -> List[_Event]:
         """State changes since the last call: ``kind``, ``link``, ``from``, ``to``, ``reason``, ``at``."""
+    def set_timeouts(
+        self, all_links_down: Optional[float] = None, idle: Optional[float] = None
+    ) -> None:
+        """Ends the connection (its calls raise ``TimeoutError``) when no link was up for
+        ``all_links_down`` seconds or nothing was received for ``idle``; ``None``: never."""
     def abort(self, code: int = 0, reason: str = "") -> None:
         """Aborts the connection; the peer sees ``PeerGone`` naming ``code`` (an int >= 0,
         else ``ValueError``) and ``reason``."""

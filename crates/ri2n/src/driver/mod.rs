@@ -351,6 +351,27 @@ impl Shared {
         st
     }
 
+    /// The kernel said some interface changed: each socket reads its interface's carrier and
+    /// MTU again, and the engine learns of an MTU that changed (its links search their path
+    /// MTU again).
+    fn interfaces_changed(&self) {
+        let mut mtus = Vec::new();
+        for s in &self.sockets {
+            s.refresh_carrier();
+            if let Some(max) = s.refresh_max_datagram() {
+                tracing::debug!(local = %s.local, max_datagram = ?max, "interface MTU changed");
+                mtus.push((s.local, max));
+            }
+        }
+        if !mtus.is_empty() {
+            let mut st = self.lock();
+            for (local, max) in mtus {
+                st.engine_mut().set_local_max_datagram(local, max);
+            }
+            drop(self.after_app_call(st));
+        }
+    }
+
     /// Wakes the driver thread if the engine's next timer is earlier than the driver planned
     /// to wake up: after an application thread changed the engine (its call, or datagrams it
     /// received while waiting).
@@ -871,9 +892,7 @@ fn run(shared: Arc<Shared>, mut poll: Poll, link_changes: Option<crate::carrier:
         for ev in events.iter() {
             if ev.token() == CARRIER_TOKEN {
                 if link_changes.as_ref().is_some_and(|l| l.drain()) {
-                    for s in &shared.sockets {
-                        s.refresh_carrier();
-                    }
+                    shared.interfaces_changed();
                 }
                 continue;
             }

@@ -80,9 +80,8 @@ pub(crate) struct Settings {
     pub min_dead: Duration,
     /// Pace of the attempts to replace a dead link's TCP connection.
     pub probe_interval: Duration,
-    pub all_links_down_timeout: Option<Duration>,
-    /// Nothing received on any link for this long ends the connection (`IdleTimeout`).
-    pub idle_timeout: Option<Duration>,
+    /// The timeouts the connection starts with ([`State::timeouts`] holds those in force).
+    pub timeouts: Timeouts,
     /// The cluster key: every TCP connection of a link handshakes and seals its frames.
     pub key: Option<Key>,
     /// This side reads messages.
@@ -106,8 +105,10 @@ impl Settings {
             keepalive: Duration::from_millis(5),
             min_dead: cfg.probe_interval,
             probe_interval: cfg.probe_interval,
-            all_links_down_timeout: cfg.all_links_down_timeout,
-            idle_timeout: cfg.idle_timeout,
+            timeouts: Timeouts {
+                all_links_down: cfg.all_links_down_timeout,
+                idle: cfg.idle_timeout,
+            },
             key: endpoint.key.clone(),
             takes_messages: cfg.accept_messages,
             close_linger: endpoint.close_linger,
@@ -254,6 +255,15 @@ impl Sequenced {
     }
 }
 
+/// What ends a connection whose peer is not heard from (the application may change them).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timeouts {
+    /// No link up for this long ends the connection (`AllLinksDown`).
+    pub all_links_down: Option<Duration>,
+    /// Nothing received on any link for this long ends the connection (`IdleTimeout`).
+    pub idle: Option<Duration>,
+}
+
 /// Everything the connection's threads share.
 #[derive(Debug)]
 pub(crate) struct State {
@@ -301,6 +311,7 @@ pub(crate) struct State {
     /// [`Self::close_arrived`]).
     pub close_arrived_at: Option<Instant>,
     pub all_down_since: Option<Instant>,
+    pub timeouts: Timeouts,
     /// Which link the stream waits on, since when (see `link::soft_failure`).
     pub slow_links: SlowLinkWatch,
     /// The code and reason a CLOSE record carries (code 0: a clean close).
@@ -836,6 +847,7 @@ impl TcpConnection {
             close_settled: false,
             close_arrived_at: None,
             all_down_since: None,
+            timeouts: settings.timeouts,
             slow_links: SlowLinkWatch::default(),
             close_record: (0, String::new()),
             cipher: None,
@@ -1394,6 +1406,11 @@ impl TcpConnection {
         } else {
             ConnectionState::Established
         }
+    }
+
+    /// Puts `timeouts` in force from now on (the link watch looks at them every round).
+    pub fn set_timeouts(&self, timeouts: Timeouts) {
+        self.lock().timeouts = timeouts;
     }
 
     pub fn close_reason(&self) -> Option<ConnectionError> {

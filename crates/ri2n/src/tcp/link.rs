@@ -1133,9 +1133,7 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
             conn.wake();
             continue;
         }
-        if let (Some(since), Some(limit)) =
-            (st.all_down_since, conn.settings.all_links_down_timeout)
-        {
+        if let (Some(since), Some(limit)) = (st.all_down_since, st.timeouts.all_links_down) {
             if now - since > limit {
                 st.end(Some(ConnectionError::AllLinksDown));
                 conn.wake();
@@ -1149,7 +1147,7 @@ pub(crate) fn watch(conn: &Arc<TcpConnection>) {
         let let_go = (st.released).then(|| {
             crate::connection::let_go_silence(conn.settings.close_linger, conn.settings.keepalive)
         });
-        let silence = match (conn.settings.idle_timeout, let_go) {
+        let silence = match (st.timeouts.idle, let_go) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
