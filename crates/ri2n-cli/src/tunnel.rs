@@ -81,13 +81,20 @@ const RELOAD_WAIT: Duration = Duration::from_secs(5);
 pub fn reload(args: &TunnelReloadArgs) -> Result<(), Failure> {
     let (cluster, me) = load_as_daemon_here(&args.config, args.name.as_deref())?;
     check_key(&cluster, &args.config)?;
-    // the one daemon of this network is this host's, whatever the file calls it now: with
-    // its entry renamed, that daemon refuses the file (a restart takes it), where asking by
-    // the new name would find no daemon
+    // with this host's entry renamed, no daemon runs under the name the file gives it: the
+    // one daemon of this network that reads this file is this host's, and refuses the file
+    // (a restart takes it), where asking by the new name would find no daemon
+    let named = &cluster.hosts[me].name;
     let running = ri2n_tunnel::daemons_in_this_network();
     let name = match running.as_slice() {
-        [only] if args.name.is_none() => only,
-        _ => &cluster.hosts[me].name,
+        [only]
+            if args.name.is_none()
+                && only != named
+                && ri2n_tunnel::daemon_reads(only, &args.config) =>
+        {
+            only
+        }
+        _ => named,
     };
     let reload = ri2n_tunnel::request_reload(name, &args.config, RELOAD_WAIT);
     let changes = reload.map_err(|e| match e {
@@ -248,9 +255,12 @@ fn warn_if_unreadable_under_the_unit(file: &Path) {
         return;
     };
     let mode = meta.mode();
-    let readable = (meta.uid() == 0 && mode & 0o400 != 0)
-        || (meta.gid() == 0 && mode & 0o040 != 0)
-        || mode & 0o004 != 0;
+    // the first class that applies decides, as the kernel checks (owner, group, others)
+    let readable = match (meta.uid(), meta.gid()) {
+        (0, _) => mode & 0o400 != 0,
+        (_, 0) => mode & 0o040 != 0,
+        _ => mode & 0o004 != 0,
+    };
     if !readable {
         say!(
             "ri2n tunnel: warning: {} (owner {}, group {}, mode {:04o}) is read here only by \

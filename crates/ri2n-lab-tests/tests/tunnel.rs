@@ -1099,9 +1099,7 @@ fn a_named_host_without_any_link_address_starts_and_takes_them_up_later() {
     );
     // ... and the status says why no link comes up (before, only that a waited for b)
     assert!(
-        text.contains(
-            "this host's link addresses 10.77.1.2:7400, 10.77.2.2:7400 not on this machine"
-        ),
+        text.contains("this host's link addresses 10.77.1.2:7400, 10.77.2.2:7400 not bound"),
         "{text}"
     );
     let (s, text) = tunnel_verb(env, &lab, "b", "reload", &config);

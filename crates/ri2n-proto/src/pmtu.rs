@@ -131,8 +131,13 @@ impl PathMtu {
         self.outstanding = true;
     }
 
-    /// A probe of `size` was acknowledged: datagrams of that size get through.
+    /// A probe of `size` was acknowledged: datagrams of that size get through (unless larger
+    /// than the ceiling: sent before the interface's MTU was lowered, it says nothing of what
+    /// the interface sends now).
     pub fn on_probe_acked(&mut self, size: usize, now: Instant) {
+        if size > self.ceiling {
+            return;
+        }
         self.outstanding = false;
         self.attempts = 0;
         if size > self.current {
@@ -144,10 +149,12 @@ impl PathMtu {
 
     /// A probe of `size` was lost.
     pub fn on_probe_lost(&mut self, size: usize, now: Instant) {
-        self.outstanding = false;
         if self.target != Some(size) {
-            return; // from a search that has moved on
+            // from a search that has moved on (or started again: the probe now in flight,
+            // if any, is another)
+            return;
         }
+        self.outstanding = false;
         self.attempts += 1;
         if self.attempts >= MAX_PROBES {
             self.attempts = 0;
@@ -252,8 +259,25 @@ mod tests {
         m.on_probe_sent();
         m.on_probe_acked(8972, now);
         assert_eq!((m.current(), m.probe_due(now)), (8972, None));
+        // lowered while a probe of the old ceiling is out: its acknowledgement, when it
+        // comes, does not take the link back above the new one
+        assert!(m.set_limits(1472, 16000));
+        assert_eq!(m.probe_due(now), Some(16000));
+        m.on_probe_sent();
         assert!(m.set_limits(1472, 3972));
         assert_eq!((m.current(), m.probe_due(now)), (1472, Some(3972)));
+        m.on_probe_sent();
+        m.on_probe_acked(16000, now);
+        m.on_probe_lost(16000, now);
+        assert_eq!(
+            (m.current(), m.probe_due(now)),
+            (1472, None),
+            "3972's probe is out"
+        );
+        m.on_probe_acked(3972, now);
+        assert_eq!((m.current(), m.probe_due(now)), (3972, None));
+        assert!(m.set_limits(1472, 3972 - 100));
+        assert_eq!((m.current(), m.probe_due(now)), (1472, Some(3872)));
         // a base the interface cannot send any more is lowered with it
         assert!(m.set_limits(1372, 1372));
         assert_eq!(

@@ -553,7 +553,8 @@ impl PyConnection {
     /// Ends the connection when no link has been up for ``all_links_down`` seconds, or
     /// nothing at all was received from the peer for ``idle`` seconds (a host gone without a
     /// word, its power cut): each ``None`` for never, the default, with which the connection
-    /// waits out any outage. Its calls then raise ``TimeoutError``. Counted from what already
+    /// waits out any outage. Each call sets both (one left out is ``None``). Its calls then
+    /// raise ``TimeoutError``. Counted from what already
     /// happened: links down longer than the new limit end it at once. An ``idle`` of less
     /// than a second may end a healthy connection that has nothing to say (a quiet peer is
     /// heard from about every 200 ms). ``ValueError`` for 0, a negative number or NaN.

@@ -56,8 +56,8 @@ pub use config::{Cluster, ConfigError, Host, DEFAULT_INTERFACE, DEFAULT_PORT, DE
 pub use here::check as check_machine;
 pub use peers::Reload;
 pub use status::{
-    daemons_in_this_network, query as query_status, request_reload, table as status_table,
-    LinkStatus, PeerStatus, ReloadError, SendLimitsSeconds, Status,
+    daemon_reads, daemons_in_this_network, query as query_status, request_reload,
+    table as status_table, LinkStatus, PeerStatus, ReloadError, SendLimitsSeconds, Status,
 };
 
 use device::Tun;

@@ -23,8 +23,8 @@ const REBIND_WAIT: Duration = Duration::from_secs(5);
 /// (no handle of the old one may be kept then: its sockets, and so its addresses, must go).
 pub struct Current {
     inner: RwLock<(u64, Option<Endpoint>)>,
-    /// The host's link addresses the endpoint lacks, looked for every second (for status:
-    /// a host none of whose links are up is waited for by its peers, and only this says why).
+    /// The host's link addresses the endpoint lacks while they are looked for (for status: a
+    /// host none of whose links are up is waited for by its peers, and only this says why).
     missing: RwLock<Vec<SocketAddr>>,
 }
 
@@ -37,7 +37,8 @@ impl Current {
         }
     }
 
-    /// The host's link addresses that are not (yet) addresses of this machine.
+    /// The host's link addresses the endpoint lacks: missing at the start (not addresses of
+    /// this machine, or their port held) and looked for since.
     pub fn missing(&self) -> Vec<SocketAddr> {
         self.missing
             .read()
@@ -205,6 +206,8 @@ pub fn bind_late(
                 failing = false;
             }
             Err(e) => {
+                // the endpoint was let go: none of the addresses is bound now
+                current.set_missing(locals);
                 if !failing {
                     eprintln!(
                         "ri2n tunnel: cannot bind the link addresses again ({e}): trying \

@@ -54,9 +54,10 @@ pub struct Status {
     pub host: String,
     pub address: String,
     pub interface: String,
-    /// This host's link addresses (`IP:port`) that are not addresses of this machine: the
-    /// daemon runs without them and looks for them every second. While all are missing no
-    /// link is up, and the peers wait for this host.
+    /// This host's link addresses (`IP:port`) the daemon has not bound: missing at its start
+    /// (not addresses of this machine, or their port held by another socket), it runs
+    /// without them and looks for them every second. While all are missing no link is up,
+    /// and the peers wait for this host.
     #[serde(default)]
     pub links_missing: Vec<String>,
     /// Packets read from each of the interface's queues (how the flows spread over them).
@@ -731,8 +732,8 @@ pub fn prometheus(s: &Status) -> String {
     .set(s.links_missing.len() as i64);
     registry.register(
         "ri2n_tunnel_links_missing",
-        "This host's link addresses that are not addresses of this machine (its links wait \
-         for them)",
+        "This host's link addresses the daemon has not bound, missing at its start (its links \
+         wait for them)",
         missing,
     );
     let up = Family::<LinkLabels, Gauge>::default();
@@ -949,13 +950,25 @@ pub enum ReloadError {
     OtherFile(String),
 }
 
+/// Whether the daemon of host `name` answers and reads cluster file `config` (the same file,
+/// by any path to it).
+pub fn daemon_reads(name: &str, config: &Path) -> bool {
+    query_daemon(name).is_ok_and(|(s, _)| same_file(&s.config, config))
+}
+
+/// Whether the file a daemon names (`theirs`, absolute; a daemon older than the field names
+/// none) is `config`.
+fn same_file(theirs: &str, config: &Path) -> bool {
+    let theirs = Path::new(theirs);
+    theirs.is_absolute() && theirs.canonicalize().ok() == config.canonicalize().ok()
+}
+
 /// Has the daemon of host `name`, which is to read cluster file `config`, read it again
 /// (SIGHUP) and waits, at most `limit`, until its status shows the outcome: what it changed.
 /// A daemon that reads another file is left alone: checking `config` said nothing of it.
 pub fn request_reload(name: &str, config: &Path, limit: Duration) -> Result<Reload, ReloadError> {
     let (before, pid) = query_daemon(name).map_err(ReloadError::Unreached)?;
-    let theirs = Path::new(&before.config);
-    if theirs.is_absolute() && theirs.canonicalize().ok() != config.canonicalize().ok() {
+    if Path::new(&before.config).is_absolute() && !same_file(&before.config, config) {
         return Err(ReloadError::OtherFile(before.config));
     }
     let pid = pid.ok_or_else(|| {
@@ -1024,8 +1037,8 @@ pub fn table(s: &Status) -> String {
     if !s.links_missing.is_empty() {
         let _ = writeln!(
             out,
-            "  this host's link address{} {} not on this machine: its links wait for {} \
-             (looked for every second)",
+            "  this host's link address{} {} not bound (not on this machine, or the port \
+             held): its links wait for {} (looked for every second)",
             if s.links_missing.len() == 1 { "" } else { "es" },
             s.links_missing.join(", "),
             if s.links_missing.len() == 1 {
@@ -1328,8 +1341,8 @@ pub(crate) mod tests {
         assert_eq!(
             lines.next(),
             Some(
-                "  this host's link address 10.0.2.1:7400 not on this machine: its links wait \
-                 for it (looked for every second)"
+                "  this host's link address 10.0.2.1:7400 not bound (not on this machine, or \
+                 the port held): its links wait for it (looked for every second)"
             )
         );
         assert_eq!(

@@ -316,7 +316,8 @@ int ri2n_abort(struct ri2n_conn *c, uint64_t code, const char *reason);
 // outage. Its calls then fail with `-ETIMEDOUT`, as does [`ri2n_conn_error`]. Counted from
 // what already happened: links down longer than the new limit end it at once. An idle
 // limit of less than a second may end a healthy connection that has nothing to say (a
-// quiet peer is heard from about every 200 ms). Returns 0, or `-EINVAL` for a limit of 0.
+// quiet peer is heard from about every 200 ms). Each call sets both. Returns 0, or `-EINVAL`
+// for a limit of 0 or a NULL connection.
 //
 // # Safety
 // `c` is a live connection.
