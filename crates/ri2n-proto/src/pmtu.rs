@@ -14,6 +14,14 @@
 //! link falls back to the base size at once, what was lost is re-sent in smaller packets (the
 //! streams do not care how their bytes are cut), and the search starts over. A search that ended
 //! below the ceiling is tried again after [`RAISE_INTERVAL`] (RFC 8899 PMTU_RAISE_TIMER).
+//!
+//! A path that no longer carries even the base size (which no link goes below: every path is
+//! assumed to carry it) shows the same way at the base size: a run of lost full packets while
+//! smaller ones (a write's tail, PINGs) are acknowledged and no full one is. Such a link looks
+//! alive to every probe of its liveness, which is small, while each full packet sent on it is
+//! lost: [`PathMtu::below_base`] says so, and the connection takes the link down, to come back
+//! once a probe of the base size gets through (RFC 8899 §4.4: a path whose base fails is
+//! unusable).
 
 use std::time::{Duration, Instant};
 
@@ -24,6 +32,9 @@ const SEARCH_GRANULARITY: usize = 32;
 /// Lost packets larger than the base size, in a row with none of them acknowledged, that
 /// count as a black hole.
 pub(crate) const BLACK_HOLE_LOSSES: u32 = 8;
+/// Smaller packets acknowledged during a run of lost base-size ones that show the path alive
+/// but too small for the base size (a burst of congestion losses is revealed by full packets).
+const SMALL_ACKS_BELOW_BASE: u32 = 2;
 /// How long a search that ended below the ceiling waits before it tries again.
 pub(crate) const RAISE_INTERVAL: Duration = Duration::from_secs(600);
 
@@ -46,6 +57,10 @@ pub(crate) struct PathMtu {
     raise_at: Option<Instant>,
     /// Large packets lost in a row (see the module docs).
     large_losses: u32,
+    /// Full packets of the base size lost in a row while the link sends that size, and
+    /// smaller packets acknowledged meanwhile (see [`Self::below_base`]).
+    base_losses: u32,
+    small_acks: u32,
 }
 
 impl PathMtu {
@@ -61,6 +76,8 @@ impl PathMtu {
             attempts: 0,
             raise_at: None,
             large_losses: 0,
+            base_losses: 0,
+            small_acks: 0,
         };
         m.restart();
         m
@@ -85,6 +102,7 @@ impl PathMtu {
         self.attempts = 0;
         self.raise_at = None;
         self.large_losses = 0;
+        (self.base_losses, self.small_acks) = (0, 0);
         self.target = (self.ceiling > self.base).then_some(self.ceiling);
     }
 
@@ -180,12 +198,25 @@ impl PathMtu {
     pub fn on_packet_acked(&mut self, size: usize) {
         if size + SEARCH_GRANULARITY > self.current {
             self.large_losses = 0;
+            (self.base_losses, self.small_acks) = (0, 0);
+        } else if self.base_losses > 0 {
+            self.small_acks += 1;
         }
+    }
+
+    /// Whether the path no longer carries the base size: [`BLACK_HOLE_LOSSES`] full packets
+    /// of that size lost in a row, none acknowledged, while [`SMALL_ACKS_BELOW_BASE`] smaller
+    /// ones were (see the module docs).
+    pub fn below_base(&self) -> bool {
+        self.base_losses >= BLACK_HOLE_LOSSES && self.small_acks >= SMALL_ACKS_BELOW_BASE
     }
 
     /// A data packet of `size` bytes was lost. Returns true when that made the link fall
     /// back to the base size (a black hole).
     pub fn on_packet_lost(&mut self, size: usize) -> bool {
+        if self.current == self.base && size + SEARCH_GRANULARITY > self.base {
+            self.base_losses = self.base_losses.saturating_add(1);
+        }
         if size <= self.base || self.current == self.base {
             return false;
         }
@@ -284,6 +315,34 @@ mod tests {
             (m.current(), m.base(), m.probe_due(now)),
             (1372, 1372, None)
         );
+    }
+
+    /// Full packets of the base size lost in a row while smaller ones are acknowledged: the
+    /// path is below the base size. Not while full ones are acknowledged too (congestion),
+    /// nor for losses alone (a dead link, which its probe timeouts judge).
+    #[test]
+    fn a_path_below_the_base_size_is_told() {
+        let mut m = PathMtu::new(1472, 1472);
+        for _ in 0..BLACK_HOLE_LOSSES {
+            m.on_packet_lost(1460);
+        }
+        assert!(!m.below_base(), "losses alone");
+        m.on_packet_acked(120);
+        assert!(!m.below_base(), "one small packet through");
+        m.on_packet_acked(60);
+        assert!(m.below_base());
+        // a full packet through: the path carries the base size
+        m.on_packet_acked(1460);
+        assert!(!m.below_base());
+        for _ in 0..BLACK_HOLE_LOSSES - 1 {
+            m.on_packet_lost(1472);
+            m.on_packet_acked(100);
+        }
+        assert!(!m.below_base(), "one loss short");
+        m.on_packet_lost(1472);
+        assert!(m.below_base());
+        m.restart();
+        assert!(!m.below_base(), "forgotten once the link was down");
     }
 
     #[test]

@@ -808,6 +808,48 @@ fn path_mtu_discovery_uses_jumbo_frames_and_survives_a_black_hole() {
     );
 }
 
+/// At 1 s link 1's path shrinks below the base datagram size (1000-byte datagrams, no ICMP):
+/// its full packets vanish while its small ones (PINGs, the tails of writes) still get
+/// through. The sender takes the link down, as it carries no full packet any more, and the
+/// transfer goes on over link 0. Before, the link stayed up for the whole fault, every full
+/// packet placed on it lost and sent again (a slow sender, as a tunnel's inner TCP backed
+/// off, stalled on it).
+#[test]
+fn a_path_below_the_base_size_takes_its_link_down() {
+    let total = 20 << 20;
+    let shrink = ms(1000);
+    let to_1000 = Action::SetMtu {
+        link: 1,
+        dir: None,
+        mtu: 1000,
+    };
+    let mut sc = gigabit_links(2)
+        .with_total_bytes(total)
+        .with_time_limit(Duration::from_secs(30))
+        .at(shrink, to_1000.clone());
+    // a reader of 50 Mbit/s: the sender sends no faster, as a tunnel's inner TCP
+    sc.app.reader_rate = Some(50_000_000 / 8);
+    let r = run_ok(&sc);
+    assert_while_moving(&r, total, shrink, to_1000);
+    let down = r.first_state_change(HostId::A, 1, LinkState::Down, shrink);
+    let dropped = r.links[1].dir(Dir::AToB).dropped_too_big;
+    println!(
+        "path of link 1 below the base size: down {:?} after, {dropped} full datagrams dropped",
+        down.map(|t| t - shrink)
+    );
+    // the premise: full packets were sent into the smaller path
+    assert!(dropped > 0, "nothing was dropped for its size");
+    assert!(
+        down.is_some_and(|t| t - shrink <= ms(500)),
+        "link 1 was not taken down: {down:?}"
+    );
+    // it stays down while the path cannot carry the base size (its probes are of that size)
+    assert_eq!(
+        r.first_state_change(HostId::A, 1, LinkState::Up, down.unwrap()),
+        None
+    );
+}
+
 /// Every link dead for 2 s, then one comes back while the other stays dead, with the failures
 /// at several moments of a transfer (the receiver's window used up): the transfer completes.
 /// Frames riding the probes of the link still dead never arrived: the receiver's window

@@ -1387,6 +1387,23 @@ impl Connection {
         self.update_all_down(now);
     }
 
+    /// Takes link `i` down when its path no longer carries the link's base size
+    /// ([`crate::pmtu::PathMtu::below_base`]): every full packet sent there is lost while its
+    /// small probes are answered, which no other check takes for a failure. It comes back
+    /// once a probe of the base size gets through.
+    fn down_if_below_base(&mut self, i: usize, now: Instant) {
+        let link = &self.links[i];
+        if link.is_up() && link.pmtu.below_base() {
+            tracing::warn!(
+                link = i,
+                base = link.pmtu.base(),
+                "the path carries no datagram of the link's base size any more (a smaller MTU \
+                 on the way, and no ICMP said so): link down"
+            );
+            self.set_link_state(i, now, LinkState::Down);
+        }
+    }
+
     fn update_all_down(&mut self, now: Instant) {
         if self.links.iter().any(Link::is_up) {
             self.closing.all_down_since = None;
@@ -2329,6 +2346,7 @@ impl Connection {
         let newest = out.newest_acked.take();
         self.apply_outcome(now, &mut out);
         self.scratch = out;
+        self.down_if_below_base(l, now);
         if probes > 0 && self.links[l].on_probes_acked(now, probes) {
             self.set_link_state(l, now, LinkState::Up);
         }

@@ -266,6 +266,7 @@ impl Connection {
                 self.links[i].on_loss_timer(now, &mut out);
                 self.apply_outcome(now, &mut out);
                 self.scratch = out;
+                self.down_if_below_base(i, now);
             }
             Timer::Link(i, LinkTimer::Pto) => {
                 let peer_silent = self.peer_silent_but_for(i);
