@@ -557,7 +557,8 @@ impl PyConnection {
     /// raise ``TimeoutError``. Counted from what already
     /// happened: links down longer than the new limit end it at once. An ``idle`` of less
     /// than a second may end a healthy connection that has nothing to say (a quiet peer is
-    /// heard from about every 200 ms). ``ValueError`` for 0, a negative number or NaN.
+    /// heard from about every 200 ms). ``ValueError`` for less than a nanosecond, a negative
+    /// number or NaN.
     #[pyo3(signature = (all_links_down = None, idle = None))]
     fn set_timeouts(
         &self,
@@ -565,12 +566,22 @@ impl PyConnection {
         all_links_down: Option<f64>,
         idle: Option<f64>,
     ) -> PyResult<()> {
-        let limit = |name: &str, seconds: Option<f64>| match seconds {
-            Some(s) if s.is_nan() || s <= 0.0 => Err(PyValueError::new_err(format!(
-                "{name} must be None or a number of seconds > 0, not {s}"
-            ))),
-            // beyond what a Duration holds (infinity included) is never
-            s => Ok(s.and_then(|s| Duration::try_from_secs_f64(s).ok())),
+        let limit = |name: &str, seconds: Option<f64>| {
+            let Some(s) = seconds else { return Ok(None) };
+            match Duration::try_from_secs_f64(s) {
+                // (a limit that rounds to no time at all is 0, which C refuses too)
+                Ok(d) if d.is_zero() => Err(()),
+                Ok(d) => Ok(Some(d)),
+                // beyond what a Duration holds (infinity included) is never
+                Err(_) if s > 0.0 => Ok(None),
+                Err(_) => Err(()),
+            }
+            .map_err(|()| {
+                PyValueError::new_err(format!(
+                    "{name} must be None or a number of seconds of at least a nanosecond, \
+                     not {s}"
+                ))
+            })
         };
         let all_links_down = limit("all_links_down", all_links_down)?;
         let idle = limit("idle", idle)?;
