@@ -1411,12 +1411,9 @@ impl Endpoint {
     /// (a raised MTU is used: an endpoint bound before the interface was set up is not held to
     /// the MTU it had then).
     pub fn set_local_max_datagram(&mut self, local: SocketAddr, max: Option<usize>) {
-        let known = &mut self.cfg.local_max_datagram;
-        if known.iter().find(|(a, _)| *a == local).map(|&(_, m)| m) == max {
+        if !crate::link::set_local_max(&mut self.cfg.local_max_datagram, local, max) {
             return;
         }
-        known.retain(|(a, _)| *a != local);
-        known.extend(max.map(|m| (local, m)));
         for (&h, c) in &mut self.connections {
             if c.interface_changed(local, max) {
                 // its next probe is due now

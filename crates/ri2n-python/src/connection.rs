@@ -516,7 +516,8 @@ impl PyConnection {
     /// ``bytes_received``, ``send_buffered``, ``recv_buffered``: bytes with their framing, a
     /// message's few bytes of length prefix and on the TCP transport a 5-byte header per
     /// chunk, up to one per write, so they run ahead of the bytes written when writes are
-    /// small; ``cipher``, the ``datagrams_*`` counts, ...) whose ``"links"`` is a list of dicts, one per link:
+    /// small; ``cipher``, the ``datagrams_*`` counts, ...) whose ``"links"`` is a list of
+    /// dicts, one per link:
     /// ``id``, ``state`` (``"up"``, ``"down"``, ``"degraded"``, ``"validating"``), ``local``
     /// and ``remote`` (``"ip:port"``), ``srtt`` and ``min_rtt`` (seconds), ``cwnd``,
     /// ``bytes_in_flight``, ``bytes_sent``/``bytes_received``, ``packets_sent``/
@@ -554,11 +555,10 @@ impl PyConnection {
     /// nothing at all was received from the peer for ``idle`` seconds (a host gone without a
     /// word, its power cut): each ``None`` for never, the default, with which the connection
     /// waits out any outage. Each call sets both (one left out is ``None``). Its calls then
-    /// raise ``TimeoutError``. Counted from what already
-    /// happened: links down longer than the new limit end it at once. An ``idle`` of less
-    /// than a second may end a healthy connection that has nothing to say (a quiet peer is
-    /// heard from about every 200 ms). ``ValueError`` for less than a nanosecond, a negative
-    /// number or NaN.
+    /// raise ``TimeoutError``. Counted from what already happened: links down longer than
+    /// the new limit end it at once. An ``idle`` of less than a second may end a healthy
+    /// connection that has nothing to say (a quiet peer is heard from about every 200 ms).
+    /// ``ValueError`` for less than a nanosecond, a negative number or NaN.
     #[pyo3(signature = (all_links_down = None, idle = None))]
     fn set_timeouts(
         &self,

@@ -255,7 +255,8 @@ mod tests {
             ip(&["link", "set", "ri2nc0", "mtu", "9000"]);
             ip(&["addr", "add", "10.9.8.1/24", "dev", "ri2nc0"]);
             let local: SocketAddr = "10.9.8.1:7000".parse().unwrap();
-            assert_eq!(crate::interface_max_datagram(local), Some(9000 - 28));
+            let name = interface_of(local).expect("the address's interface");
+            assert_eq!(max_datagram(local, &name), Some(9000 - 28));
             assert_eq!(
                 interface_mtu("ri2nc9"),
                 None,

@@ -186,13 +186,6 @@ fn expand_wildcards(addrs: &[SocketAddr]) -> Result<Vec<SocketAddr>, Error> {
     Ok(out)
 }
 
-/// The largest UDP payload the interface of local address `local` can send (its MTU less
-/// the IP and UDP headers), if the system tells: the ceiling of path MTU discovery on links
-/// from `local`.
-fn interface_max_datagram(local: SocketAddr) -> Option<usize> {
-    carrier::max_datagram(local, &carrier::interface_of(local)?)
-}
-
 fn is_ipv6_link_local(ip: &std::net::IpAddr) -> bool {
     matches!(ip, std::net::IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80)
 }
@@ -356,10 +349,9 @@ impl Endpoint {
         let sockets = driver::bind_all(&config.local_addrs)
             .map_err(|(addr, source)| Error::Bind { addr, source })?;
         config.local_addrs = sockets.iter().map(|s| s.local).collect();
-        config.local_max_datagram = config
-            .local_addrs
-            .iter()
-            .filter_map(|&a| Some((a, interface_max_datagram(a)?)))
+        // as the sockets read it, which tell the engine when it changes
+        config.local_max_datagram = (sockets.iter())
+            .filter_map(|s| Some((s.local, s.max_datagram()?)))
             .collect();
         Ok(Self {
             inner: Transports::Udp(Arc::new(Shards::start(config, sockets, os_seed())?)),

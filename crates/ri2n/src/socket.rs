@@ -519,6 +519,12 @@ impl LinkSocket {
         }
     }
 
+    /// The largest datagram this socket's interface sends (its MTU less the IP and UDP
+    /// headers), as last read, if the system tells.
+    pub fn max_datagram(&self) -> Option<usize> {
+        Some(self.max_datagram.load(Ordering::Relaxed)).filter(|&m| m > 0)
+    }
+
     /// Reads the MTU of this socket's interface again (after a link change): the largest
     /// datagram it sends now (`None`: not known), if that changed since the last reading.
     pub fn refresh_max_datagram(&self) -> Option<Option<usize>> {

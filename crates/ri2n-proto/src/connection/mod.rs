@@ -657,8 +657,7 @@ impl Connection {
     /// known): the links from there search their path MTU again within it. Returns whether
     /// the connection has a link from `local`.
     pub(crate) fn interface_changed(&mut self, local: SocketAddr, max: Option<usize>) -> bool {
-        self.local_mtus.retain(|(a, _)| *a != local);
-        self.local_mtus.extend(max.map(|m| (local, m)));
+        crate::link::set_local_max(&mut self.local_mtus, local, max);
         let mut any = false;
         for link in self.links.iter_mut().filter(|l| l.local == local) {
             link.interface_changed(&self.cfg, &self.local_mtus);

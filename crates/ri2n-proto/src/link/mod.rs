@@ -811,15 +811,32 @@ fn datagram_limits(
     local_mtus: &[(SocketAddr, usize)],
     local: SocketAddr,
 ) -> (usize, usize) {
-    let interface = local_mtus
-        .iter()
-        .find(|(a, _)| *a == local)
-        .map(|&(_, max)| max);
+    let interface = local_max(local_mtus, local);
     let base = interface.map_or(cfg.max_datagram_size, |max| cfg.max_datagram_size.min(max));
     let ceiling = interface
         .unwrap_or(base)
         .min(crate::wire::MAX_DATAGRAM_SIZE);
     (base, if cfg.mtu_discovery { ceiling } else { base })
+}
+
+/// The largest datagram `local` sends, if `local_mtus` knows it.
+fn local_max(local_mtus: &[(SocketAddr, usize)], local: SocketAddr) -> Option<usize> {
+    (local_mtus.iter().find(|(a, _)| *a == local)).map(|&(_, max)| max)
+}
+
+/// Records in `local_mtus` that `local` sends datagrams of at most `max` bytes (`None`: not
+/// known); returns whether that changed what it held.
+pub(crate) fn set_local_max(
+    local_mtus: &mut Vec<(SocketAddr, usize)>,
+    local: SocketAddr,
+    max: Option<usize>,
+) -> bool {
+    if local_max(local_mtus, local) == max {
+        return false;
+    }
+    local_mtus.retain(|(a, _)| *a != local);
+    local_mtus.extend(max.map(|m| (local, m)));
+    true
 }
 
 /// A data packet of `size` bytes sent at `time`, for tests.
