@@ -244,7 +244,14 @@ fn transfer_over_two_links_as(
     );
     assert_eq!(stats.links.len(), 2, "one link per local address");
     for l in &stats.links {
-        assert_eq!(l.state, LinkState::Up);
+        // both links worked; the slow-link check may have set one aside a moment at the end
+        // on a host busy with other tests (its reader thread off the CPU): not a failure
+        assert!(
+            matches!(l.state, LinkState::Up | LinkState::Degraded),
+            "link {:?} {:?}: {stats:?}",
+            l.id,
+            l.state
+        );
         assert!(
             l.stream_bytes_acked > 0,
             "link {:?} carried nothing: {stats:?}",
