@@ -39,6 +39,8 @@ static REPORTING: AtomicBool = AtomicBool::new(false);
 /// How long the command has to report an interruption before the signal thread ends the
 /// process for it.
 const REPORT_GRACE: Duration = Duration::from_secs(1);
+/// What is to be told before an interrupt ends the process (see [`before_exit`]).
+static LAST_WORDS: Mutex<Vec<Arc<dyn Fn() + Send + Sync>>> = Mutex::new(Vec::new());
 
 /// The signal's name, for messages (the abort code the peer sees is its number).
 pub fn name(signal: i32) -> &'static str {
@@ -133,8 +135,17 @@ pub fn abort_endpoint_on_interrupt(endpoint: Endpoint, end: End) {
         .ok();
 }
 
+/// Has `tell` run when an interrupt ends the process here, before its message: what a
+/// command would otherwise have told a moment later (refused handshakes).
+pub fn before_exit(tell: Arc<dyn Fn() + Send + Sync>) {
+    (LAST_WORDS.lock().unwrap_or_else(|e| e.into_inner())).push(tell);
+}
+
 fn exit_now(signal: i32, detail: &str) -> ! {
     crate::progress::clear_line();
+    for tell in LAST_WORDS.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        tell();
+    }
     let message = format!("interrupted by {}{detail}", name(signal));
     say!("ri2n: {message}");
     crate::error::print_json_failure(&message, (128 + signal) as u8);

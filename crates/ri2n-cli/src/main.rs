@@ -558,8 +558,8 @@ pub struct ServeArgs {
     pub max_time: Duration,
 
     /// Clients served at once; one more is refused at once (its `bench` exits 3 saying the
-    /// server is full) instead of waiting out its handshake. A client that names no test
-    /// within 10 s of connecting is let go, told why.
+    /// server "has reached its connection limit") instead of waiting out its handshake. A
+    /// client that names no test within 10 s of connecting is let go, told why.
     #[arg(long, value_name = "N", default_value = "4096", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_clients: u32,
 

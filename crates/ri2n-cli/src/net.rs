@@ -3,6 +3,8 @@
 //! acknowledgements while still reporting progress, and a clean close.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6, UdpSocket};
+use std::sync::{mpsc, Arc};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use ri2n::{Connection, ConnectionConfig, ConnectionState, Endpoint, EndpointConfig};
@@ -253,28 +255,55 @@ pub fn server_endpoint_with(
     Endpoint::bind(configure(cfg)).map_err(|e| Failure::endpoint(e, &[], Duration::ZERO))
 }
 
-/// Waits for a connection like [`Endpoint::accept_timeout`], logging on stderr (`prefix`:
-/// `who`) each handshake refused meanwhile because the client holds another key or none.
-pub fn accept_logging_refusals(
-    endpoint: &Endpoint,
-    timeout: Option<Duration>,
-    who: &str,
-) -> Result<Option<Connection>, Failure> {
-    const SLICE: Duration = Duration::from_millis(200);
-    let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
-    loop {
-        let slice = deadline.map_or(SLICE, |d| {
-            d.saturating_duration_since(Instant::now()).min(SLICE)
+/// Tells on stderr (`who`: its prefix) each handshake a server endpoint refuses because the
+/// client holds another key or none, or wants another application, while this lives: looked
+/// for every [`REFUSAL_LOG_PERIOD`], and once more when it is dropped or an interrupt ends the
+/// process, so that no refusal goes untold by a command that ends soon after it.
+pub struct RefusalLog {
+    tell: Arc<dyn Fn() + Send + Sync>,
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+/// How often [`RefusalLog`] looks for refused handshakes.
+const REFUSAL_LOG_PERIOD: Duration = Duration::from_millis(200);
+
+impl RefusalLog {
+    pub fn start(endpoint: &Endpoint, who: &'static str) -> RefusalLog {
+        let endpoint = endpoint.clone();
+        let tell: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+            for r in endpoint.refused_handshakes() {
+                say!("{who}: {}", describe_refusal(&r));
+            }
         });
-        let accepted = endpoint
-            .accept_timeout(Some(slice))
-            .map_err(|e| Failure::endpoint(e, &[], Duration::ZERO))?;
-        for r in endpoint.refused_handshakes() {
-            say!("{who}: {}", describe_refusal(&r));
+        crate::interrupt::before_exit(tell.clone());
+        let (stop, stopped) = mpsc::channel::<()>();
+        let looker = tell.clone();
+        let thread = thread::Builder::new()
+            .name("ri2n-refusals".into())
+            .spawn(move || {
+                while let Err(mpsc::RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(REFUSAL_LOG_PERIOD)
+                {
+                    looker();
+                }
+            })
+            .ok();
+        RefusalLog {
+            tell,
+            stop: Some(stop),
+            thread,
         }
-        if accepted.is_some() || deadline.is_some_and(|d| Instant::now() >= d) {
-            return Ok(accepted);
+    }
+}
+
+impl Drop for RefusalLog {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
+        (self.tell)();
     }
 }
 

@@ -482,8 +482,12 @@ pub fn run(args: &RecvArgs) -> Result<(), Failure> {
         net::Application::File,
         |cfg| cfg.with_max_connections(1),
     )?;
+    // also while the transfer runs: a second sender with another key learns why it was
+    // refused, and so does the operator here
+    let refusals = net::RefusalLog::start(&endpoint, "ri2n recv");
     let result = receive(args, &endpoint, to_stdout);
     net::close_after_failure(&endpoint, &result);
+    drop(refusals);
     result
 }
 
@@ -661,8 +665,9 @@ fn accept(
     endpoint: &ri2n::Endpoint,
     faults: FaultPlan,
 ) -> Result<(Arc<ri2n::Connection>, Monitor, Instant), Failure> {
-    let Some(conn) = net::accept_logging_refusals(endpoint, args.accept_timeout, "ri2n recv")?
-    else {
+    let accepted = (endpoint.accept_timeout(args.accept_timeout))
+        .map_err(|e| Failure::endpoint(e, &[], Duration::ZERO))?;
+    let Some(conn) = accepted else {
         return Err(Failure::new(
             error::CONNECT,
             format!(

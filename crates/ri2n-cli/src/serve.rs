@@ -56,8 +56,6 @@ struct Limits {
 }
 /// The pause after a client that could not be taken, before the next accept.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
-/// How often handshakes refused for their key are looked for, to be logged.
-const REFUSAL_LOG_PERIOD: Duration = Duration::from_millis(200);
 
 pub fn run(args: &ServeArgs) -> Result<(), Failure> {
     let endpoint = net::server_endpoint_with(
@@ -95,15 +93,7 @@ pub fn run(args: &ServeArgs) -> Result<(), Failure> {
 }
 
 async fn serve(endpoint: Endpoint, quiet: bool, limits: Limits) -> Result<(), Failure> {
-    let logger = endpoint.clone();
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(REFUSAL_LOG_PERIOD).await;
-            for r in logger.refused_handshakes() {
-                say!("ri2n serve: {}", net::describe_refusal(&r));
-            }
-        }
-    });
+    let _refusals = net::RefusalLog::start(&endpoint, "ri2n serve");
     loop {
         let conn = match ri2n::tokio::accept(&endpoint).await {
             Ok(conn) => conn,

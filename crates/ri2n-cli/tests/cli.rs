@@ -1349,6 +1349,80 @@ fn keygen_says_the_new_key_is_in_place_when_only_syncing_its_directory_failed() 
         .contains(&"0".repeat(64)));
 }
 
+/// A refused handshake is told by the server however soon it ends, on both transports:
+/// `recv` tells a sender with another key that came while it received from the first
+/// (before, only those refused while it waited for its sender were told), and `serve` stopped
+/// right after refusing one tells it before it exits (before, the line was lost when the stop
+/// came within its look's period).
+#[test]
+fn refused_senders_are_told_while_receiving_and_at_an_interrupt() {
+    let (k1, k2) = (TempFile::new("refusal-k1"), TempFile::new("refusal-k2"));
+    for k in [&k1, &k2] {
+        let (s, _) = ri2n(
+            ["keygen", "--output", k.path().to_str().unwrap()],
+            Duration::from_secs(10),
+        );
+        assert!(s.success());
+    }
+    let (k1, k2) = (k1.path().to_str().unwrap(), k2.path().to_str().unwrap());
+    for transport in ["udp", "tcp"] {
+        let keyed = |key| ["--key", key, "--transport", transport];
+        let output = TempFile::new("refusal-out");
+        let (recv, a) = spawn_recv(free_port(), output.path(), &keyed(k1));
+        let mut send = spawn_piped_send(&a, &[&["-q"][..], &keyed(k1)].concat());
+        let mut stdin = send.child.as_mut().unwrap().stdin.take().unwrap();
+        // more than recv's output buffer: the bytes reach the partial file, so the transfer
+        // runs while the stranger comes
+        stdin.write_all(&[7u8; 100 * 1024]).unwrap();
+        wait_file_grows(&output.partial(), Duration::from_secs(10));
+        let stranger = [&["send", "--to", &a, "--input", "-"][..], &keyed(k2)].concat();
+        let (s, o) = ri2n(stranger, Duration::from_secs(20));
+        let err = stderr_of(&o);
+        assert_eq!(s.code(), Some(3), "{transport}: {err}");
+        assert!(err.contains("holds another key"), "{transport}: {err}");
+        drop(stdin);
+        let (s, so) = send.wait(Duration::from_secs(20));
+        assert!(s.success(), "{transport}: {}", stderr_of(&so));
+        let (r, ro) = recv.wait(Duration::from_secs(20));
+        let log = stderr_of(&ro);
+        assert!(r.success(), "{transport}: {log}");
+        assert_eq!(std::fs::read(output.path()).unwrap(), vec![7u8; 100 * 1024]);
+        assert_eq!(
+            log.matches("refused a connection from").count(),
+            1,
+            "{transport}: the stranger told once: {log}"
+        );
+        assert!(log.contains("another key"), "{transport}: {log}");
+
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let serve = Proc::spawn(
+            "ri2n serve",
+            Command::new(bin())
+                .args(["serve", "--listen", &listen])
+                .args(keyed(k1))
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped()),
+        );
+        if transport == "tcp" {
+            wait_tcp_listening(&listen, Duration::from_secs(10));
+        } else {
+            wait_udp_bound(port, Duration::from_secs(10));
+        }
+        let bench = [&["bench", "--to", &listen, "--time", "1"][..], &keyed(k2)].concat();
+        let (s, o) = ri2n(bench, Duration::from_secs(20));
+        assert_eq!(s.code(), Some(3), "{transport}: {}", stderr_of(&o));
+        serve.signal(libc::SIGINT);
+        let (st, so) = serve.wait(Duration::from_secs(10));
+        let log = stderr_of(&so);
+        assert_eq!(st.code(), Some(130), "{transport}: {log}");
+        assert!(
+            log.contains("refused a connection from") && log.contains("another key"),
+            "{transport}: serve told the refusal before it exited: {log}"
+        );
+    }
+}
+
 /// A keyed receiver refuses senders with another key and without one (exit 3, promptly, and
 /// one log line each), then takes a sender with its key from `RI2N_KEY_FILE`; a keyed sender
 /// to a receiver without a key is refused too. Bad key files are usage errors.
