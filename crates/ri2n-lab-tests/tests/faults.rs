@@ -346,6 +346,51 @@ fn the_lab_drops_every_frame_at_a_loss_of_100_percent() {
     assert!(reaches(), "B unreachable after the heal");
 }
 
+/// The lab itself: `ri2n-lab status` names each kind of fault in force on the link it hit
+/// (lab/README.md), and none once every link is healed. Before, a lowered MTU went unsaid:
+/// the link's line still read the lab's MTU.
+#[test]
+fn the_lab_status_names_every_fault_in_force() {
+    let Some(test) = LabTest::start("labstatus", &[]) else {
+        return;
+    };
+    let lab = Lab::up(test.env, "labstatus", 4);
+    let healthy = lab.status();
+    assert!(!healthy.contains("fault"), "before any fault: {healthy}");
+    lab.fault(1, &["cable", "b"]);
+    lab.fault(2, &["switch"]);
+    lab.fault(3, &["soft", "10"]);
+    lab.fault(3, &["mtu", "1280", "b"]);
+    lab.fault(4, &["loss", "5"]);
+    let status = lab.status();
+    // each link's lines, from its heading to the next link's
+    let link = |n: usize| {
+        let from = status
+            .find(&format!("link {n} "))
+            .expect("a link's heading");
+        let rest = &status[from + 1..];
+        status[from..from + 1 + rest.find("\nlink ").unwrap_or(rest.len())].to_owned()
+    };
+    assert!(
+        link(1).contains("port to-b: DOWN (fault cable)"),
+        "{status}"
+    );
+    assert!(link(2).contains("br0 DOWN (fault switch)"), "{status}");
+    assert!(link(3).contains("(fault soft)"), "{status}");
+    assert!(
+        (link(3).lines()).any(|l| l.starts_with("  b eth3") && l.ends_with("(fault mtu 1280)")),
+        "{status}"
+    );
+    assert!(link(4).contains("(fault loss)"), "{status}");
+    assert!(
+        !link(4).contains("fault mtu") && !link(1).contains("fault mtu"),
+        "{status}"
+    );
+    lab.heal_all();
+    let healed = lab.status();
+    assert!(!healed.contains("fault"), "after heal all: {healed}");
+}
+
 /// Both switches dead for 30 s, then one comes back: the transfer waits and completes. One
 /// direction only (A→B), to keep the suite's time down: the outage alone takes 30 s.
 #[test]

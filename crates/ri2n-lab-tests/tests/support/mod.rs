@@ -465,6 +465,11 @@ impl Lab {
         self.run(&args)
     }
 
+    /// `ri2n-lab status`: what it printed.
+    pub fn status(&self) -> String {
+        self.run(&["status"])
+    }
+
     /// `ri2n-lab heal LINK`.
     pub fn heal(&self, link: u8) -> String {
         self.run(&["heal", &link.to_string()])
