@@ -95,6 +95,15 @@ impl MessageGen {
         }
     }
 
+    /// The bytes of the first `count` messages [`next_message`](Self::next_message) makes,
+    /// without making them.
+    pub(crate) fn total_size(seed: u64, max_size: usize, count: usize) -> u64 {
+        let mut sizes = Self::new(seed, max_size).sizes;
+        (0..count)
+            .map(|_| sizes.gen_range(1..=max_size) as u64)
+            .sum()
+    }
+
     pub(crate) fn next_message(&mut self) -> Vec<u8> {
         let n = self.sizes.gen_range(1..=self.max_size);
         let mut m = vec![0; n];

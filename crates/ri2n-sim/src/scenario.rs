@@ -172,7 +172,8 @@ impl Default for AppConfig {
 /// Over which span [`Scenario::random`] draws the time of a fault.
 #[derive(Debug, Clone, Copy)]
 enum FaultTiming {
-    /// Before the transfer could have ended at the sum of the link rates.
+    /// Before the transfer could have ended at the sum of the link rates (until 2026-12-07
+    /// a message transfer's bytes were taken as a quarter of its largest total).
     WhileSurelyRunning,
     /// Over the expected transfer time (the best link alone, plus margins).
     OverExpected,
@@ -542,14 +543,18 @@ impl Scenario {
             app.reader_rate = Some(rate as u64);
             bytes = bytes.min(rate * 8.0).max(16.0 * 1024.0);
         }
-        // bytes the transfer surely moves (a message's size is uniform up to the largest)
+        // bytes the transfer surely moves A→B: the messages' sizes are drawn from the
+        // workload's own seed, so their sum is known here (a quarter of the largest total,
+        // taken before, was more than a few small messages made: the transfer could end
+        // before its fault)
         let mut surely = bytes;
         if r.gen_bool(0.2) {
             let max_size = 64 << 10;
             let count = ((bytes / (32.0 * 1024.0)).ceil() as usize).max(1);
             app.mode = AppMode::Messages { count, max_size };
             bytes = (count * max_size) as f64; // upper bound for the time estimate
-            surely = bytes / 4.0;
+            let dir_seed = crate::sim::workload_seed(seed, Dir::AToB);
+            surely = crate::app::MessageGen::total_size(dir_seed, max_size, count) as f64;
         } else {
             app.total_bytes = bytes as u64;
         }

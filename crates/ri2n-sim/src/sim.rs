@@ -89,10 +89,15 @@ fn endpoint_config(sc: &Scenario, h: HostId) -> EndpointConfig {
     c
 }
 
+/// The seed of what direction `dir` of the scenario of seed `scenario_seed` carries.
+pub(crate) fn workload_seed(scenario_seed: u64, dir: Dir) -> u64 {
+    derive_seed(scenario_seed, 0xDA7A + dir.index() as u64)
+}
+
 /// What a direction carries in this scenario.
 fn workload(sc: &Scenario, dir: Dir) -> Workload {
     let active = dir == Dir::AToB || sc.app.bidirectional;
-    let seed = derive_seed(sc.seed, 0xDA7A + dir.index() as u64);
+    let seed = workload_seed(sc.seed, dir);
     let (bytes, messages, max_message) = match (&sc.app.mode, active) {
         (_, false) => (0, 0, 1),
         (AppMode::Bytes, true) => (sc.app.total_bytes, 0, 1),
