@@ -729,18 +729,13 @@ fn throughput(
     let mut tl = Timeline::new(start, args.interval, n, reverse, say);
     // receiving: what each connection's thread has read so far
     let read_counts: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
-    // what each connection had written before the test (the request): acknowledged or still
-    // buffered
-    let written_before: Vec<u64> = (conns.iter())
-        .map(|c| c.stats())
-        .map(|s| s.bytes_acknowledged + s.send_buffered)
-        .collect();
-    // bytes done: what the server acknowledged (sending) or what was read. Sending, the
-    // connection's own count, in one snapshot with its links' counts: the writer's count
-    // less what is buffered was a chunk short between the connection taking it and the
-    // writer counting it (more, were the writer's thread held off its CPU meanwhile), and
-    // the chunk showed in a later row (one of an outage, say). On the TCP transport the
-    // count holds each chunk's 5-byte header too.
+    // bytes done: what the server acknowledged of the stream (sending; the request went on
+    // the message stream) or what was read. Sending, the connection's own count, in one
+    // snapshot with its links' counts: the writer's count less what is buffered was a chunk
+    // short between the connection taking it and the writer counting it (more, were the
+    // writer's thread held off its CPU meanwhile), and the chunk showed in a later row (one
+    // of an outage, say). The stream's own bytes: on the TCP transport the acknowledged
+    // sequence holds each chunk's 5-byte header too, a third of a row of 10-byte writes.
     let sample = |conns: &[Connection]| -> Vec<(u64, ConnectionStats)> {
         conns
             .iter()
@@ -749,7 +744,7 @@ fn throughput(
                 let stats = c.stats();
                 let done = match reverse {
                     true => read_counts[i].load(Ordering::Relaxed),
-                    false => (stats.bytes_acknowledged).saturating_sub(written_before[i]),
+                    false => stats.stream_acknowledged,
                 };
                 (done, stats)
             })

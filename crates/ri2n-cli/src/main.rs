@@ -596,9 +596,12 @@ pub struct BenchArgs {
     /// every link is down (rows of zero goodput, each link shown down); a last interval
     /// shorter than a quarter of SECS is left out (the summary counts its bytes). A row shows
     /// the goodput, then for each link its state, what it delivered (stream bytes the server
-    /// acknowledged: the links add up to the goodput, datagrams a policer or a failure
-    /// dropped not counted; with --reverse what arrived on it, datagram bytes with their
-    /// headers) and its round trip. Link state changes and injected faults come between the
+    /// acknowledged: over the test the links add up to the goodput, datagrams a policer or a
+    /// failure dropped not counted; in a row bytes that overtook earlier ones on another link
+    /// count on their link at once and in the goodput once those came, so short rows differ
+    /// both ways; on the TCP transport each chunk's 5-byte header counts, which small writes
+    /// of a low -b make a large share; with --reverse what arrived on it, datagram bytes with
+    /// their headers) and its round trip. Link state changes and injected faults come between the
     /// rows, as whole lines.
     #[arg(long, short = 'i', value_name = "SECS", default_value = "1", value_parser = parse_interval, conflicts_with = "latency")]
     pub interval: Duration,

@@ -417,6 +417,44 @@ fn a_target_rate_is_kept() {
     }
 }
 
+/// The timeline's goodput counts the test's bytes alone, on both transports: at 8 kbit/s
+/// each paced write is 10 bytes, and over TCP each rode in a chunk with a 5-byte header,
+/// which the rows counted (12 kbit/s each, adding up to 1.5 times the summary).
+#[test]
+fn goodput_rows_count_the_test_s_bytes_alone() {
+    let _g = heavy();
+    for transport in ["udp", "tcp"] {
+        let (_server, to) = serve(&["--transport", transport]);
+        let args = [
+            "--transport",
+            transport,
+            "--time",
+            "2",
+            "-b",
+            "8k",
+            "-i",
+            "0.5",
+        ];
+        let (doc, _) = bench(&to, &args);
+        let rows = doc["intervals"].as_array().expect("rows");
+        let mut bytes = 0;
+        for row in rows {
+            let rate = f64_of(&row["goodput_bps"]);
+            assert!(
+                (0.8 * 8e3..1.2 * 8e3).contains(&rate),
+                "{transport}: a row at {rate} bit/s: {row}"
+            );
+            bytes += row["bytes"].as_u64().unwrap();
+        }
+        let summary = doc["summary"]["bytes"].as_u64().unwrap();
+        // the rows end with the test (a tail shorter than a quarter row left out)
+        assert!(
+            bytes <= summary && bytes + 250 >= summary,
+            "{transport}: rows {bytes} bytes, summary {summary}"
+        );
+    }
+}
+
 /// `retransmitted_bytes` ("sent again") of a test on which nothing was lost or sent early is
 /// 0, in both directions and on both transports: it was what the links sent less the test's
 /// bytes, so the request (or, with --reverse, the server's grant) and the framing counted as

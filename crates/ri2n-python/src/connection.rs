@@ -516,7 +516,9 @@ impl PyConnection {
     /// ``bytes_received``, ``send_buffered``, ``recv_buffered``: bytes with their framing, a
     /// message's few bytes of length prefix and on the TCP transport a 5-byte header per
     /// chunk, up to one per write, so they run ahead of the bytes written when writes are
-    /// small; ``cipher``, the ``datagrams_*`` counts, ...) whose ``"links"`` is a list of
+    /// small; ``stream_acknowledged``, the byte stream's own bytes the peer acknowledged,
+    /// without framing or messages; ``cipher``, the ``datagrams_*`` counts, ...) whose
+    /// ``"links"`` is a list of
     /// dicts, one per link:
     /// ``id``, ``state`` (``"up"``, ``"down"``, ``"degraded"``, ``"validating"``), ``local``
     /// and ``remote`` (``"ip:port"``), ``srtt`` and ``min_rtt`` (seconds), ``cwnd``,
@@ -758,6 +760,7 @@ fn stats_dict<'py>(py: Python<'py>, s: &ConnectionStats) -> PyResult<Bound<'py, 
     d.set_item("recv_buffered", s.recv_buffered)?;
     d.set_item("recv_fragments", s.recv_fragments)?;
     d.set_item("bytes_acknowledged", s.bytes_acknowledged)?;
+    d.set_item("stream_acknowledged", s.stream_acknowledged)?;
     d.set_item("bytes_received", s.bytes_received)?;
     d.set_item("cipher", s.cipher.map(cipher_name))?;
     d.set_item("key_updates", s.key_updates)?;

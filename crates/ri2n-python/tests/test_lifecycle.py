@@ -28,6 +28,18 @@ def test_context_managers_close_and_deliver() -> None:
     assert server.closed
 
 
+def test_stream_acknowledged_counts_the_bytes_written_alone(pair_on_each_transport) -> None:
+    conn = pair_on_each_transport.conn
+    # small writes: on the TCP transport each may ride in a chunk of its own, with a header
+    for _ in range(100):
+        conn.sendall(b"x" * 10)
+    conn.finish()
+    conn.wait_acknowledged(timeout=10)
+    stats = conn.stats()
+    assert stats["stream_acknowledged"] == 1000, stats
+    assert stats["bytes_acknowledged"] >= 1000, stats
+
+
 def test_stats_and_events(pair) -> None:
     links = wait_links_up(pair.conn, 2)
     assert {l["id"] for l in links} == {0, 1}

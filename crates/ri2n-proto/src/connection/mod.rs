@@ -73,6 +73,9 @@ pub struct ConnectionStats {
     /// its few bytes of length prefix, and on the TCP transport every chunk with its 5-byte
     /// header).
     pub bytes_acknowledged: u64,
+    /// Of `bytes_acknowledged`, the byte stream's own bytes: what the application wrote to
+    /// the stream (messages and all framing left out) that the peer acknowledged.
+    pub stream_acknowledged: u64,
     /// Bytes that arrived from the peer in order (read or not), each counted once: what the
     /// peer delivered to this side (both streams, like `bytes_acknowledged`).
     pub bytes_received: u64,
@@ -129,6 +132,7 @@ impl ConnectionStats {
             recv_buffered: 0,
             recv_fragments: 0,
             bytes_acknowledged: 0,
+            stream_acknowledged: 0,
             bytes_received: 0,
             cipher: None,
             key_updates: (0, 0),
@@ -1239,6 +1243,7 @@ impl Connection {
             recv_buffered: self.unread_bytes(),
             recv_fragments: self.recv.iter().map(RecvStream::fragments).sum(),
             bytes_acknowledged: self.send.iter().map(SendStream::acknowledged).sum(),
+            stream_acknowledged: self.send[BYTE_STREAM].acknowledged(),
             bytes_received: self.recv.iter().map(RecvStream::received).sum(),
             cipher: self
                 .handshake

@@ -63,6 +63,7 @@ class _ConnectionStats(TypedDict):
     recv_buffered: int
     recv_fragments: int
     bytes_acknowledged: int
+    stream_acknowledged: int  # the byte stream's own bytes: no framing, no messages
     bytes_received: int
     cipher: Optional[str]  # "aegis-256x4", "aes-256-gcm", "chacha20-poly1305"; None without a key
     key_updates: Tuple[int, int]

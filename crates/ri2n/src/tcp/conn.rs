@@ -272,6 +272,13 @@ pub(crate) struct State {
     /// Sequence bytes not yet acknowledged, from `send_base` on.
     pub send_buf: VecDeque<Sequenced>,
     pub send_base: u64,
+    /// The chunks of the sequence not yet wholly acknowledged, in order: where each ends,
+    /// and the stream bytes it holds (none: a message's). What the peer acknowledged of the
+    /// application's stream, framing left out ([`State::stream_acknowledged`]), is read off
+    /// them.
+    chunk_ends: VecDeque<(u64, u64)>,
+    /// The stream bytes of the chunks wholly acknowledged.
+    stream_acked_whole: u64,
     /// The open stream chunk: a header to fill in, then stream bytes written since the last
     /// chunk was sealed (empty when there are none). Not in the sequence yet.
     pub tail: BytesMut,
@@ -472,6 +479,8 @@ impl State {
         self.tail[..chunk::HEADER_LEN].copy_from_slice(&chunk::header(Kind::Stream, len));
         let b = self.tail.split().freeze();
         self.striper.push(b.len() as u64);
+        self.chunk_ends
+            .push_back((self.striper.written(), len as u64));
         self.send_buf.push_back(Sequenced::ours(b));
     }
 
@@ -498,6 +507,12 @@ impl State {
         let header = Sequenced::ours(Bytes::copy_from_slice(&header));
         self.striper
             .push((header.bytes.len() + payload.bytes.len()) as u64);
+        let stream = if kind == Kind::Stream {
+            payload.bytes.len() as u64
+        } else {
+            0
+        };
+        self.chunk_ends.push_back((self.striper.written(), stream));
         self.send_buf.push_back(header);
         self.send_buf.push_back(payload);
     }
@@ -641,6 +656,13 @@ impl State {
     /// after it.
     pub fn release(&mut self) {
         let delivered = self.striper.delivered();
+        while let Some(&(end, stream)) = self.chunk_ends.front() {
+            if end > delivered {
+                break;
+            }
+            self.stream_acked_whole += stream;
+            self.chunk_ends.pop_front();
+        }
         while let Some(front) = self.send_buf.front_mut() {
             let drop = (delivered - self.send_base).min(front.bytes.len() as u64);
             front.bytes.advance(drop as usize);
@@ -655,6 +677,22 @@ impl State {
                 }
             }
         }
+    }
+
+    /// The stream bytes the peer acknowledged: those of the chunks wholly acknowledged, and
+    /// of the one partly acknowledged, those past its header (the chunks wholly acknowledged
+    /// since the last [`release`](Self::release) are still listed).
+    fn stream_acknowledged(&self) -> u64 {
+        let delivered = self.striper.delivered();
+        let mut acked = self.stream_acked_whole;
+        for &(end, stream) in &self.chunk_ends {
+            // a chunk's stream bytes end it, after its header
+            acked += delivered.min(end).saturating_sub(end - stream);
+            if end >= delivered {
+                break;
+            }
+        }
+        acked
     }
 
     /// Written bytes (in the sequence or the open chunk) not acknowledged yet.
@@ -818,6 +856,8 @@ impl TcpConnection {
             reasm: Reassembly::new(settings.window),
             send_buf: VecDeque::new(),
             send_base: 0,
+            chunk_ends: VecDeque::new(),
+            stream_acked_whole: 0,
             tail: BytesMut::new(),
             recv: BTreeMap::new(),
             // a message as long as the window can still be held whole
@@ -1441,6 +1481,7 @@ impl TcpConnection {
         s.recv_buffered = st.reasm.buffered();
         s.recv_fragments = st.reasm.holes();
         s.bytes_acknowledged = st.striper.delivered();
+        s.stream_acknowledged = st.stream_acknowledged();
         s.bytes_received = st.reasm.contiguous();
         s.cipher = st.cipher;
         s
@@ -1528,6 +1569,48 @@ mod tests {
             // one byte: a copy; most of the run: a slice, not copied again
             assert_eq!(inside, stream > 1, "{stream} bytes");
         }
+    }
+
+    /// What the peer acknowledged of the stream leaves out the chunks' headers and the
+    /// messages, wherever the acknowledgement falls (in a header, a message, a stream
+    /// chunk's bytes), before and after the chunks wholly acknowledged are let go.
+    #[test]
+    fn the_stream_acknowledged_counts_the_stream_s_own_bytes() {
+        let settings = Settings::new(
+            &ConnectionConfig::default(),
+            &EndpointConfig::new(Vec::new()),
+            1,
+        );
+        let conn = TcpConnection::new(settings, Role::Server, Vec::new());
+        let mut st = conn.lock();
+        // stream 10 bytes (sequence 0..15), a 7-byte message (15..27), stream 20 (27..52)
+        st.append_stream(&[1; 10]);
+        st.append_chunk(Kind::Message, Sequenced::ours(Bytes::from_static(&[2; 7])));
+        st.append_stream(&[3; 20]);
+        st.seal_tail();
+        assert_eq!(st.striper.written(), 52);
+        st.striper.link_up(0, Duration::from_millis(1));
+        // the peer's window, then the link sends it all
+        st.striper.on_ack(0, 0, 0, 1 << 20, false);
+        while st.striper.next(0).is_some() {}
+        for (delivered, stream, release) in [
+            (0, 0, false),
+            (3, 0, true),
+            (12, 7, false),
+            (15, 10, false),
+            (20, 10, true),
+            (30, 10, false),
+            (40, 18, true),
+            (52, 30, false),
+            (52, 30, true),
+        ] {
+            st.striper.on_ack(0, delivered, delivered, u64::MAX, false);
+            if release {
+                st.release();
+            }
+            assert_eq!(st.stream_acknowledged(), stream, "{delivered} delivered");
+        }
+        assert!(st.chunk_ends.is_empty());
     }
 
     #[test]
