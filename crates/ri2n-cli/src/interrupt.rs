@@ -13,7 +13,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use ri2n::{Connection, Endpoint};
@@ -40,7 +40,7 @@ static REPORTING: AtomicBool = AtomicBool::new(false);
 /// process for it.
 const REPORT_GRACE: Duration = Duration::from_secs(1);
 /// What is to be told before an interrupt ends the process (see [`before_exit`]).
-static LAST_WORDS: Mutex<Vec<Arc<dyn Fn() + Send + Sync>>> = Mutex::new(Vec::new());
+static LAST_WORDS: Mutex<Vec<Weak<dyn Fn() + Send + Sync>>> = Mutex::new(Vec::new());
 
 /// The signal's name, for messages (the abort code the peer sees is its number).
 pub fn name(signal: i32) -> &'static str {
@@ -135,15 +135,19 @@ pub fn abort_endpoint_on_interrupt(endpoint: Endpoint, end: End) {
         .ok();
 }
 
-/// Has `tell` run when an interrupt ends the process here, before its message: what a
-/// command would otherwise have told a moment later (refused handshakes).
-pub fn before_exit(tell: Arc<dyn Fn() + Send + Sync>) {
-    (LAST_WORDS.lock().unwrap_or_else(|e| e.into_inner())).push(tell);
+/// Has `tell` run when an interrupt ends the process here, before its message, as long as
+/// its owner keeps it: what a command would otherwise have told a moment later (refused
+/// handshakes). Held weakly, so that what it holds goes with its owner.
+pub fn before_exit(tell: &Arc<dyn Fn() + Send + Sync>) {
+    let mut words = LAST_WORDS.lock().unwrap_or_else(|e| e.into_inner());
+    words.retain(|w| w.strong_count() > 0);
+    words.push(Arc::downgrade(tell));
 }
 
 fn exit_now(signal: i32, detail: &str) -> ! {
     crate::progress::clear_line();
-    for tell in LAST_WORDS.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+    let words = LAST_WORDS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    for tell in words.iter().filter_map(Weak::upgrade) {
         tell();
     }
     let message = format!("interrupted by {}{detail}", name(signal));

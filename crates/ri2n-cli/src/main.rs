@@ -601,8 +601,8 @@ pub struct BenchArgs {
     /// count on their link at once and in the goodput once those came, so short rows differ
     /// both ways; on the TCP transport each chunk's 5-byte header counts, which small writes
     /// of a low -b make a large share; with --reverse what arrived on it, datagram bytes with
-    /// their headers) and its round trip. Link state changes and injected faults come between the
-    /// rows, as whole lines.
+    /// their headers) and its round trip. Link state changes and injected faults come between
+    /// the rows, as whole lines.
     #[arg(long, short = 'i', value_name = "SECS", default_value = "1", value_parser = parse_interval, conflicts_with = "latency")]
     pub interval: Duration,
 

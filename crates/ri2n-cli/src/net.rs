@@ -276,7 +276,7 @@ impl RefusalLog {
                 say!("{who}: {}", describe_refusal(&r));
             }
         });
-        crate::interrupt::before_exit(tell.clone());
+        crate::interrupt::before_exit(&tell);
         let (stop, stopped) = mpsc::channel::<()>();
         let looker = tell.clone();
         let thread = thread::Builder::new()
