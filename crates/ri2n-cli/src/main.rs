@@ -446,9 +446,11 @@ pub struct SendArgs {
     pub connect: ConnectOpts,
 
     /// File to send. Default (or `-`): stdin. A file cut short while it is read (it ends
-    /// before the size it had when opened, and is smaller now), also one given as stdin
+    /// before the size it had when opened, and is smaller now) or rewritten in place (written
+    /// to meanwhile, and its first bytes, read again at its end, are no longer those sent;
+    /// with --no-checksum not compared, a warning only), also one given as stdin
     /// (`< FILE`), aborts the transfer, exit 1: the receiver keeps what came in its
-    /// FILE.partial.
+    /// FILE.partial. A file that only grows is sent up to where its end was met.
     #[arg(long, short, value_name = "FILE")]
     pub input: Option<PathBuf>,
 

@@ -5,7 +5,7 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use ri2n::{Connection, Endpoint};
 
@@ -121,12 +121,13 @@ fn read_into(fd: BorrowedFd<'_>, buf: &mut Vec<u8>, max: usize) -> io::Result<us
     Ok(n as usize)
 }
 
-/// A regular file as the input: its size when it was opened, and where reading began (a
-/// file given as stdin may have been read in part before).
+/// A regular file as the input: its size and modification time when it was opened, and
+/// where reading began (a file given as stdin may have been read in part before).
 #[derive(Clone, Copy)]
 struct InputFile {
     len: u64,
     start: u64,
+    modified: Option<SystemTime>,
 }
 
 impl InputFile {
@@ -138,6 +139,7 @@ impl InputFile {
         Some(Self {
             len: meta.len(),
             start,
+            modified: meta.modified().ok(),
         })
     }
 
@@ -158,6 +160,64 @@ fn shrank(input: BorrowedFd<'_>, file: Option<InputFile>, written: u64) -> Optio
         .ok()?
         .len();
     (now < was).then_some((was, now))
+}
+
+/// What became of the input file while it was read, as far as its end shows.
+enum Change {
+    /// Not written meanwhile, or only grown: the bytes sent are the file's first bytes now.
+    None,
+    /// Written meanwhile, and its first bytes, read again, are no longer those sent (or it
+    /// is shorter): rewritten in place (`cat new > file`, an editor saving over it, a log
+    /// copied and truncated), and what was read is neither the file as it was nor as it is.
+    Rewritten,
+    /// Written meanwhile, with no checksum of the bytes sent to compare (--no-checksum).
+    Unverified,
+}
+
+/// Whether the input file (`input`, opened as `file`) changed while its `written` bytes
+/// were read, other than by growing at its end: if its modification time moved, its first
+/// `written` bytes (from where reading began) are read again and their checksum compared
+/// with `sent`'s, that of the bytes sent.
+fn change(
+    input: BorrowedFd<'_>,
+    file: Option<InputFile>,
+    written: u64,
+    sent: Option<&Checksum>,
+) -> Change {
+    use std::os::unix::fs::FileExt;
+    let Some(file) = file else {
+        return Change::None;
+    };
+    let Ok(f) = input.try_clone_to_owned().map(File::from) else {
+        return Change::None;
+    };
+    let modified = f.metadata().ok().and_then(|m| m.modified().ok());
+    if modified.is_none() || modified == file.modified {
+        return Change::None;
+    }
+    let Some(sent) = sent else {
+        return Change::Unverified;
+    };
+    let mut now = Checksum::default();
+    let mut buf = vec![0u8; CHUNK];
+    let (mut at, end) = (file.start, file.start + written);
+    while at < end {
+        let want = buf.len().min((end - at) as usize);
+        match f.read_at(&mut buf[..want], at) {
+            Ok(0) => return Change::Rewritten,
+            Ok(n) => {
+                now.update(&buf[..n]);
+                at += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // unreadable now: what was sent cannot be told from what is there
+            Err(_) => return Change::Rewritten,
+        }
+    }
+    match now.value() == sent.value() {
+        true => Change::None,
+        false => Change::Rewritten,
+    }
 }
 
 pub fn run(args: &SendArgs) -> Result<(), Failure> {
@@ -240,7 +300,33 @@ fn transfer(
             // signal may have ended the program feeding it, and then the data did not end
             Ok(0) => match interrupt::raised() {
                 None => match shrank(input.as_fd(), file, written) {
-                    None => break,
+                    None => match change(input.as_fd(), file, written, sum.as_ref()) {
+                        Change::None => break,
+                        Change::Unverified => {
+                            say!(
+                                "ri2n: warning: {name} was written to while it was read; with \
+                                 --no-checksum whether the bytes sent are its first bytes now \
+                                 was not checked"
+                            );
+                            break;
+                        }
+                        Change::Rewritten => {
+                            conn.abort(
+                                1,
+                                "the sender's input file was rewritten while it was read",
+                            );
+                            monitor.finish();
+                            return Err(Failure::new(
+                                crate::error::GENERIC,
+                                format!(
+                                    "{name} was rewritten while it was read (its first bytes \
+                                     are no longer those sent): the transfer was aborted after \
+                                     {written} bytes, which are neither the file as it was nor \
+                                     as it is"
+                                ),
+                            ));
+                        }
+                    },
                     Some((was, now)) => {
                         conn.abort(1, "the sender's input file shrank while it was read");
                         monitor.finish();

@@ -1517,6 +1517,60 @@ fn a_replaced_output_in_a_setgid_directory_is_never_open_to_the_directory_s_grou
     assert_eq!((m.uid(), m.gid(), m.mode() & 0o777), (0, 0, 0o640));
 }
 
+/// A file rewritten in place while `ri2n send` reads it (truncated, then written again to
+/// its former size: `cat new > FILE`) ends the transfer as a failure on both sides, as one
+/// cut short does; one that only grows meanwhile is sent whole, to its new end. Before, a
+/// rewrite that left the file no smaller went unnoticed: both exited 0, and FILE held the
+/// old content's first part and the new content's rest. The links are slowed so that the
+/// change comes while the data moves.
+#[test]
+fn an_input_file_rewritten_while_sent_is_no_success_but_one_grown_is() {
+    let _heavy = heavy();
+    for rewrite in [true, false] {
+        let input = TempFile::new("rewritten");
+        // well over the send buffer (8 MiB): the sender is still reading when it changes
+        let len = 40u64 << 20;
+        write_random(input.path(), len, 12);
+        let output = TempFile::new("rewritten-out");
+        let (recv, a) = spawn_recv(free_port(), output.path(), &["--quiet"]);
+        let send = Proc::spawn(
+            "ri2n send",
+            Command::new(bin())
+                .args(["send", "--to", &a, "--quiet", "--input"])
+                .arg(input.path())
+                .args(["--fault", "0:127.0.0.1:rate=100M"])
+                .args(["--fault", "0:127.0.0.2:rate=100M"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped()),
+        );
+        wait_file_grows(&output.partial(), Duration::from_secs(20));
+        if rewrite {
+            // other bytes (the generator takes `seed | 1`)
+            write_random(input.path(), len, 14);
+        } else {
+            let mut f = std::fs::OpenOptions::new().append(true).open(input.path());
+            std::io::Write::write_all(f.as_mut().unwrap(), &[9u8; 1 << 20]).unwrap();
+        }
+        let (s, so) = send.wait(Duration::from_secs(60));
+        let (r, ro) = recv.wait(Duration::from_secs(20));
+        let (err, rerr) = (stderr_of(&so), stderr_of(&ro));
+        if rewrite {
+            assert_eq!(s.code(), Some(1), "send: {err}");
+            assert!(err.contains("was rewritten while it was read"), "{err}");
+            assert_eq!(r.code(), Some(4), "recv: {rerr}");
+            assert!(rerr.contains("input file was rewritten"), "recv: {rerr}");
+            assert!(!output.path().exists(), "FILE not made");
+            let _ = std::fs::remove_file(output.partial());
+        } else {
+            assert!(s.success() && r.success(), "send: {err}\nrecv: {rerr}");
+            // the premise: the bytes appended came before the sender met the end
+            assert_eq!(sha256_file(output.path()), sha256_file(input.path()));
+            assert_eq!(sha256_file(output.path()).1, len + (1 << 20));
+        }
+    }
+}
+
 /// A file cut short while `ri2n send` reads it (a log rotated, a file rewritten) ends the
 /// transfer as a failure on both sides: the sender exits 1 saying so, and the receiver's
 /// FILE is not made from what came, which is neither the file as it was nor as it is; the
