@@ -240,6 +240,14 @@ impl Output {
         }
     }
 
+    /// A regular file's `FILE.partial`, where what arrives is written until it is complete.
+    fn partial(&self) -> Option<&Path> {
+        match self {
+            Output::File { partial, .. } => Some(partial),
+            _ => None,
+        }
+    }
+
     /// Removes a regular file's `FILE.partial` while it holds nothing: a receiver that never
     /// got a sender leaves no file behind.
     fn discard_empty(self) {
@@ -580,6 +588,7 @@ fn receive(args: &RecvArgs, endpoint: &ri2n::Endpoint, to_stdout: bool) -> Resul
     let seconds = start.elapsed().as_secs_f64();
     let name = output.name();
     let complete = format!("with all {got} bytes written to {}", output.final_name());
+    let partial = output.partial().map(Path::to_path_buf);
     if let Err(e) = output.complete() {
         // the sender waits for our end of the stream: it must learn that none comes, and why
         conn.abort(
@@ -587,7 +596,19 @@ fn receive(args: &RecvArgs, endpoint: &ri2n::Endpoint, to_stdout: bool) -> Resul
             &format!("the receiver could not complete its output {name} ({e})"),
         );
         monitor.finish();
-        return Err(Failure::io(format!("cannot complete {name}"), &e));
+        // as after a failed write, what the partial file holds (a full disk took less than
+        // arrived; a failed rename, all of it)
+        let holds = (partial.as_deref())
+            .and_then(|p| Some((p, std::fs::metadata(p).ok()?.len())))
+            .map_or(String::new(), |(p, len)| {
+                format!(
+                    "; {} holds the first {len} of the {got} bytes received",
+                    p.display()
+                )
+            });
+        let mut failure = Failure::io(format!("cannot complete {name}"), &e);
+        failure.message.push_str(&holds);
+        return Err(failure);
     }
     // our side ends only now, with the output complete: the sender waits for this before it
     // reports success, so a failure of the output until here reached it as an abort

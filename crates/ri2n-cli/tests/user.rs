@@ -542,7 +542,8 @@ fn tcp_transport_a_killed_idle_sender_is_reported_by_the_receiver() {
 }
 
 /// A receiver that cannot complete its output once everything arrived (here: its name was
-/// taken by a directory meanwhile, so the rename fails) tells the sender why: the sender,
+/// taken by a directory meanwhile, so the rename fails) says what its partial file holds
+/// and tells the sender why: the sender,
 /// which waits for the receiver's end of the stream, exits 4 naming the cause, instead of
 /// learning only that the peer went away (or, where its host answers nothing, waiting on).
 #[test]
@@ -573,6 +574,14 @@ fn a_receiver_that_cannot_complete_its_output_tells_the_sender_why() {
     );
     assert_ne!(r.code(), Some(0), "recv: {log}");
     assert!(log.contains("cannot complete"), "recv says why: {log}");
+    // and what its partial file holds, as after a failed write (before, only the cause)
+    assert!(
+        log.contains(&format!(
+            "{} holds the first 1048576 of the 1048576 bytes received",
+            output.partial().display()
+        )),
+        "{log}"
+    );
     std::fs::remove_dir_all(output.path()).unwrap();
 }
 
