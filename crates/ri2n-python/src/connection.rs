@@ -11,7 +11,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{PyTimeoutError, PyValueError};
@@ -22,8 +22,8 @@ use ri2n::{Cipher, Connection, ConnectionState, ConnectionStats, Event, TimedEve
 use crate::buffer::Held;
 use crate::errors::{connection_error, io_error};
 use crate::{
-    drop_detached, drop_interruptible, poll_readable, timeout_arg, AbortCode, AbortReason, Shared,
-    SIGNAL_CHECK,
+    drop_detached, drop_interruptible, poll_readable, timeout_arg, AbortCode, AbortReason, Kept,
+    Shared, SIGNAL_CHECK,
 };
 
 /// One ri2n connection. Reads and writes block (with the GIL released) until they can
@@ -34,25 +34,19 @@ use crate::{
 /// peer is heard from.
 #[pyclass(name = "Connection", module = "ri2n", frozen)]
 pub struct PyConnection {
-    /// `None` once closed. Shared with the calls running without the GIL, so that closing
-    /// while another thread waits in a call takes effect when that call returns.
-    inner: Mutex<Option<Arc<Connection>>>,
+    inner: Kept<Connection>,
 }
 
 impl PyConnection {
     pub(crate) fn new(conn: Connection) -> Self {
         Self {
-            inner: Mutex::new(Some(Arc::new(conn))),
+            inner: Kept::new(conn, "connection"),
         }
     }
 
     /// The connection, or `ValueError` once closed.
     fn get(&self) -> PyResult<Shared<Connection>> {
-        // a poisoned lock still holds a valid Option
-        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        (inner.clone())
-            .map(Shared::new)
-            .ok_or_else(|| PyValueError::new_err("the connection is closed"))
+        self.inner.get()
     }
 
     /// The number of the readiness descriptor `which` gives, or -1 once the connection is
@@ -70,7 +64,7 @@ impl PyConnection {
     }
 
     fn take(&self) -> Option<Arc<Connection>> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).take()
+        self.inner.take()
     }
 }
 
@@ -628,13 +622,10 @@ impl PyConnection {
         Ok(())
     }
 
-    /// Whether ``close()`` was called.
+    /// Whether ``close()`` was called (in a child forked after it was made it is closed).
     #[getter]
     fn closed(&self) -> bool {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none()
+        self.inner.is_closed()
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {

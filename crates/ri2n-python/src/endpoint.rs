@@ -3,7 +3,7 @@
 
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{PyException, PyInterruptedError, PyTimeoutError, PyValueError};
@@ -15,7 +15,8 @@ use crate::connection::PyConnection;
 use crate::errors::endpoint_error;
 use crate::key::PyKey;
 use crate::{
-    drop_detached, timeout_arg, wait_on_thread, AbortCode, AbortReason, Addrs, Shared, SIGNAL_CHECK,
+    drop_detached, timeout_arg, wait_on_thread, AbortCode, AbortReason, Addrs, Kept, Shared,
+    SIGNAL_CHECK,
 };
 
 /// How long leaving a `with` block waits for the peers to acknowledge what was written: the
@@ -25,11 +26,12 @@ const EXIT_LINGER: Duration = Duration::from_secs(10);
 /// A host's ri2n endpoint: one UDP socket per local address (each address a link), the
 /// driver threads, and the connections. Make one with ``Endpoint.server`` (accepts
 /// connections) or ``Endpoint.client`` (only connects). Closing it (``close()``, or leaving a
-/// ``with`` block) waits until the peers acknowledged what was written to them.
+/// ``with`` block) waits until the peers acknowledged what was written to them. After
+/// ``os.fork()``, an endpoint made before it is closed in the child (its threads stay in
+/// the parent, which keeps it), as are its connections: make a new one there.
 #[pyclass(name = "Endpoint", module = "ri2n", frozen, weakref)]
 pub struct PyEndpoint {
-    /// `None` once closed.
-    inner: Mutex<Option<Arc<Endpoint>>>,
+    inner: Kept<Endpoint>,
     /// The file the key came from, named by `KeyMismatch`.
     key_file: Option<PathBuf>,
     server: bool,
@@ -75,7 +77,7 @@ impl PyEndpoint {
             .detach(|| Endpoint::bind(config))
             .map_err(|e| endpoint_error(py, e, None))?;
         Ok(Self {
-            inner: Mutex::new(Some(Arc::new(endpoint))),
+            inner: Kept::new(endpoint, "endpoint"),
             key_file,
             server,
         })
@@ -94,15 +96,11 @@ impl PyEndpoint {
 
     /// The endpoint, or `ValueError` once closed.
     fn get(&self) -> PyResult<Shared<Endpoint>> {
-        // a poisoned lock still holds a valid Option
-        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        (inner.clone())
-            .map(Shared::new)
-            .ok_or_else(|| PyValueError::new_err("the endpoint is closed"))
+        self.inner.get()
     }
 
     fn take(&self) -> Option<Arc<Endpoint>> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).take()
+        self.inner.take()
     }
 }
 
@@ -377,13 +375,10 @@ impl PyEndpoint {
         Ok(())
     }
 
-    /// Whether ``close()`` was called.
+    /// Whether ``close()`` was called (in a child forked after it was made it is closed).
     #[getter]
     fn closed(&self) -> bool {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none()
+        self.inner.is_closed()
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {

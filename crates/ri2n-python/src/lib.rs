@@ -20,6 +20,7 @@ mod key;
 
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
@@ -200,6 +201,87 @@ pub(crate) fn wait_on_thread<T: Send + 'static, W: FnOnce() -> T + Send + 'stati
     }
 }
 
+/// Forks this process came out of as the child, counted by [`count_fork`] (registered with
+/// `pthread_atfork` when the module is imported).
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn count_fork() {
+    // an atomic add: async-signal-safe, as a handler in a forked child must be
+    FORKS.fetch_add(1, Ordering::SeqCst);
+}
+
+/// The core object (an endpoint, a connection) a Python object holds until it is closed,
+/// and the fork it was made in. A forked child has none of its threads (the driver's, the
+/// links'), and locks they held stay held: there it is closed, and let go without a word
+/// to the peer (the connection is the parent's), a join or a lock (`os.fork()` after
+/// connecting, a child that then exits, panicked or hung waiting on them).
+pub(crate) struct Kept<T: Send + Sync> {
+    /// `None` once closed. Shared with the calls running without the GIL, so that closing
+    /// while another thread waits in a call takes effect when that call returns.
+    slot: Mutex<Option<Arc<T>>>,
+    forks: u64,
+    what: &'static str,
+}
+
+impl<T: Send + Sync> Kept<T> {
+    /// `what` names it in errors ("endpoint", "connection").
+    pub(crate) fn new(value: T, what: &'static str) -> Self {
+        Self {
+            slot: Mutex::new(Some(Arc::new(value))),
+            forks: FORKS.load(Ordering::SeqCst),
+            what,
+        }
+    }
+
+    /// In a child forked after it was made.
+    fn left_in_the_parent(&self) -> bool {
+        FORKS.load(Ordering::SeqCst) != self.forks
+    }
+
+    /// The object for a call, or `ValueError` once closed (or in a forked child).
+    pub(crate) fn get(&self) -> PyResult<Shared<T>> {
+        if self.left_in_the_parent() {
+            return Err(PyValueError::new_err(format!(
+                "this {} was made before os.fork(): its threads stayed in the parent, and \
+                 here it is closed; make a new one in the child",
+                self.what
+            )));
+        }
+        // a poisoned lock still holds a valid Option
+        let held = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        (held.clone())
+            .map(Shared::new)
+            .ok_or_else(|| PyValueError::new_err(format!("the {} is closed", self.what)))
+    }
+
+    /// The object, to close it; `None` if it is closed (or in a forked child).
+    pub(crate) fn take(&self) -> Option<Arc<T>> {
+        if self.left_in_the_parent() {
+            return None;
+        }
+        self.slot.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// Whether it is closed (in a forked child it is).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.left_in_the_parent()
+            || self
+                .slot
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_none()
+    }
+}
+
+impl<T: Send + Sync> Drop for Kept<T> {
+    fn drop(&mut self) {
+        if self.left_in_the_parent() {
+            let slot = self.slot.get_mut().unwrap_or_else(|p| p.into_inner());
+            std::mem::forget(slot.take());
+        }
+    }
+}
+
 /// What a call holds of a connection (or an endpoint) while it runs. Where it was closed
 /// meanwhile (from another thread), the call's handle is the last one, and it lets go as
 /// `close()` does: with the GIL released ([`drop_detached`]).
@@ -236,6 +318,9 @@ impl<T: Send + Sync> Drop for Shared<T> {
 /// The extension module: `ri2n/__init__.py` re-exports what it defines.
 #[pymodule]
 fn _ri2n(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // SAFETY: registers a handler that only adds to an atomic; imported once per process
+    // (a forked child inherits the registration, not a second import)
+    unsafe { libc::pthread_atfork(None, None, Some(count_fork)) };
     m.add_class::<key::PyKey>()?;
     m.add_class::<endpoint::PyEndpoint>()?;
     m.add_class::<connection::PyConnection>()?;

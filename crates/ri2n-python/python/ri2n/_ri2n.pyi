@@ -115,7 +115,8 @@ class Key:
 
 class Endpoint:
     """A host's ri2n endpoint: one UDP socket (with ``transport="tcp"``, one TCP socket)
-    per local address; each address pair a connection uses is a link."""
+    per local address; each address pair a connection uses is a link. After ``os.fork()``,
+    one made before it is closed in the child, as are its connections."""
 
     @staticmethod
     def server(
