@@ -55,6 +55,10 @@ const HOUSEKEEPING: Duration = Duration::from_millis(200);
 /// handshake looks at what answers there, and the pause between such handshakes (see
 /// [`Loop::probe_dark_connections`]).
 const DARK_PROBE: Duration = Duration::from_secs(3);
+/// How long a connection replaced by the handshake beside it may take to deliver the
+/// packets it held through the outage, its links back, before they count as dropped (see
+/// [`Loop::drain_replaced`]).
+const DRAIN: Duration = Duration::from_secs(5);
 /// Batches taken from one connection before the others get a turn.
 const TURN: usize = 4;
 const ENDPOINT: Token = Token(usize::MAX);
@@ -95,6 +99,10 @@ struct Slot {
     /// last handshake beside it started.
     dark_since: Option<Instant>,
     probed_at: Option<Instant>,
+    /// When a newer connection to its peer replaced it, one that held packets then: it
+    /// takes no new ones, and delivers those once its links are back
+    /// ([`Loop::drain_replaced`]).
+    replaced_at: Option<Instant>,
 }
 
 /// Starts the loop on a thread of its own; the returned handle feeds it. With `route`, it also
@@ -312,6 +320,7 @@ impl Loop {
         }
         self.accept_all();
         self.probe_dark_connections(Instant::now());
+        self.drain_replaced(Instant::now());
         for k in 0..self.slots.len() {
             if self.slots[k].as_ref().is_some_and(|s| s.peer.is_removed()) {
                 self.end(k, "removed from the cluster file");
@@ -336,7 +345,7 @@ impl Loop {
         };
         let mut due = Vec::new();
         for s in self.slots.iter_mut().flatten() {
-            if s.handshaking || !s.peer.connects {
+            if s.handshaking || !s.peer.connects || s.replaced_at.is_some() {
                 continue;
             }
             let dark = (s.conn.stats().links.iter())
@@ -396,12 +405,65 @@ impl Loop {
         }
     }
 
+    /// The connection in slot `k` was replaced by a newer one to its peer (a handshake
+    /// beside it, which reached the peer's daemon while no link of its own was up yet). The
+    /// packets it held through the outage are not thrown away with it: it ends once it has
+    /// delivered them, its links back ([`Self::drain_replaced`]), at once if it holds none.
+    fn replace(&mut self, k: usize) {
+        let Some(slot) = self.slots[k].as_mut() else {
+            return;
+        };
+        let held = slot.conn.stats().datagrams_queued.0;
+        if held == 0 {
+            self.end(k, "replaced by a new connection");
+            return;
+        }
+        eprintln!(
+            "ri2n tunnel: {}: the connection it replaces delivers the {held} packets it holds \
+             once its links are back",
+            slot.peer.name()
+        );
+        slot.replaced_at = Some(Instant::now());
+    }
+
+    /// Ends each replaced connection that delivered what it held, or that has not for
+    /// [`DRAIN`]: what it still holds then counts as dropped (its links did not come back,
+    /// or its peer's daemon is not the one it knew).
+    fn drain_replaced(&mut self, now: Instant) {
+        for k in 0..self.slots.len() {
+            let Some(slot) = self.slots[k].as_ref() else {
+                continue;
+            };
+            let Some(at) = slot.replaced_at else {
+                continue;
+            };
+            let held = slot.conn.stats().datagrams_queued.0 as u64;
+            if held > 0 && now.duration_since(at) < DRAIN {
+                continue;
+            }
+            if held > 0 {
+                slot.peer.drop_packets(held);
+                eprintln!(
+                    "ri2n tunnel: {}: the connection it replaced did not deliver the {held} \
+                     packets it still held within {} s: dropped",
+                    slot.peer.name(),
+                    DRAIN.as_secs()
+                );
+            }
+            self.end(k, "replaced by a new connection");
+        }
+    }
+
     /// The slot of `peer`'s established connection other than slot `k` (`dark`: only one
     /// that had no link up when housekeeping last looked).
     fn connection_beside(&self, k: usize, peer: &Arc<Peer>, dark: bool) -> Option<usize> {
         (self.slots.iter().enumerate()).find_map(|(i, s)| {
             let s = s.as_ref()?;
-            let theirs = i != k && Arc::ptr_eq(&s.peer, peer) && !s.handshaking && !s.probe;
+            let theirs = i != k
+                && Arc::ptr_eq(&s.peer, peer)
+                && !s.handshaking
+                && !s.probe
+                && s.replaced_at.is_none();
             (theirs && (!dark || s.dark_since.is_some())).then_some(i)
         })
     }
@@ -574,6 +636,7 @@ impl Loop {
             probe: false,
             dark_since: None,
             probed_at: None,
+            replaced_at: None,
         });
         if accepted {
             self.established(k);
@@ -619,7 +682,7 @@ impl Loop {
                     "a new connection replaces the one before it"
                 };
                 eprintln!("ri2n tunnel: {}: {why}", peer.name());
-                self.end(old, "replaced by a new connection");
+                self.replace(old);
             }
         }
         // its links are logged as they come up (`status::sample_loop`): the accepting side
@@ -702,9 +765,16 @@ impl Loop {
         if let Some(slot) = self.slots[k].as_ref().filter(|_| !closing) {
             let replaced = (slot.peer.conn()).is_some_and(|c| !Arc::ptr_eq(&c, &slot.conn));
             if replaced {
+                // what it held for delivery (see `drain_replaced`) is lost with it
+                let held = slot.conn.stats().datagrams_queued.0 as u64;
+                slot.peer.drop_packets(held);
+                let undelivered = match held {
+                    0 => String::new(),
+                    n => format!(", {n} packets it held undelivered"),
+                };
                 eprintln!(
-                    "ri2n tunnel: {}: its replaced connection ended ({reason}); the new one \
-                     carries the traffic",
+                    "ri2n tunnel: {}: its replaced connection ended ({reason}{undelivered}); \
+                     the new one carries the traffic",
                     slot.peer.name()
                 );
             } else {
