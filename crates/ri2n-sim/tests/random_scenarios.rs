@@ -93,6 +93,23 @@ fn the_faults_of_a_few_small_messages_come_while_they_travel() {
     }
 }
 
+/// Seed 43648: two links, the second (1.1 Mbit/s beside 9) given little, then slowed to
+/// 5.7 kbit/s for good at 0.44 s with 60 KB of a message transfer in its queue. Its rate was
+/// never measured (its queue could not hold enough to show it busy), so the slow-link check
+/// did not judge it, its round-trip estimate grew with the queue and no timeout fired: the
+/// transfer stood still for the 73 s limit, the first link idle. Now it completes within a
+/// second, the slow link set aside.
+#[test]
+fn a_lightly_used_link_gone_soft_does_not_hold_the_transfer() {
+    assert_eq!(check(43648), Ok(true));
+    let r = run(&Scenario::random(43648)).unwrap();
+    let done = r.completed_at.expect("completed");
+    assert!(
+        done < std::time::Duration::from_secs(2),
+        "completed at {done:?}"
+    );
+}
+
 /// Random scenarios that once failed, each with what it found; they stay fixed.
 #[test]
 fn scenarios_that_once_failed() {

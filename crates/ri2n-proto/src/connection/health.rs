@@ -53,6 +53,14 @@ impl Connection {
     /// drain has collapsed under it (a switch gone slow). Demote it; its data is re-sent on
     /// the others. The receiver's share check catches the same at high rates; this one also
     /// works when too few packets arrive for shares to mean anything.
+    ///
+    /// A link whose delivery rate was never measured (it was given little, and its queue
+    /// never held enough to show the bottleneck busy) has no trustworthy drain time: it is
+    /// judged by how long the acknowledgement of its oldest packet is overdue instead, once
+    /// the peer acknowledged something on another link meanwhile (a peer that stalls holds
+    /// every link's acknowledgements alike). Before, it was not judged at all, and a lightly
+    /// used link gone soft under a stream's next bytes held the whole transfer (its
+    /// round-trip estimate growing with its queue, no timeout fired), the other links idle.
     pub(super) fn check_slow_links(&mut self, now: Instant) {
         if self.links.iter().filter(|l| l.is_up()).count() < 2 {
             // nothing to judge against: a slowness being counted starts over (its checks
@@ -65,14 +73,22 @@ impl Connection {
         let (fastest, budget) = self.eta_budget(now);
         let limit = (budget * SLOW_LINK_FACTOR).max(MIN_SLOW_ETA);
         for i in 0..self.links.len() {
-            let eta = self.links[i].eta(now);
-            // only a measured link can be judged: before its first samples the ETA rests on
-            // assumed values; and one with nothing in flight holds no data up
-            let slow = self.links[i].is_up()
-                && self.links[i].is_measured()
-                && self.links[i].bytes_in_flight() > 0
-                && eta > limit
-                && eta > fastest;
+            let l = &self.links[i];
+            // a measured link's drain time; else how long its data is overdue (an ETA resting
+            // on assumed values says nothing); one with nothing in flight holds no data up
+            let eta = match (l.is_measured(), l.ack_due(self.cfg.max_ack_delay)) {
+                (true, _) => l.eta(now),
+                (false, Some(due)) => {
+                    let answered_elsewhere = (self.links.iter().enumerate())
+                        .any(|(j, o)| j != i && o.is_up() && o.last_acked() > Some(due));
+                    match answered_elsewhere {
+                        true => now.saturating_duration_since(due).as_secs_f64(),
+                        false => 0.0,
+                    }
+                }
+                (false, None) => 0.0,
+            };
+            let slow = l.is_up() && l.bytes_in_flight() > 0 && eta > limit && eta > fastest;
             if self.links[i].slow_check.judge(slow) {
                 tracing::debug!(link = i, eta, budget, "link too slow for its data");
                 self.set_link_state(i, now, LinkState::Degraded);

@@ -486,6 +486,18 @@ impl Link {
                 .is_none_or(|t| now.saturating_duration_since(t) > trust)
     }
 
+    /// When the acknowledgement of the oldest packet in flight was due at the latest, queueing
+    /// aside: its sending, the path's round trip without queueing and the peer's longest
+    /// acknowledgement delay (`ack_delay`) later.
+    pub fn ack_due(&self, ack_delay: Duration) -> Option<Instant> {
+        (self.recovery.oldest_outstanding_sent()).map(|sent| sent + self.base_rtt() + ack_delay)
+    }
+
+    /// When an acknowledgement last came for one of its packets.
+    pub fn last_acked(&self) -> Option<Instant> {
+        self.recovery.last_ack_time
+    }
+
     /// Whether RTT and delivery rate rest on measurements rather than initial assumptions.
     pub fn is_measured(&self) -> bool {
         self.rtt.has_sample() && self.rate.measured_busy()
