@@ -1526,12 +1526,13 @@ fn a_replaced_output_in_a_setgid_directory_is_never_open_to_the_directory_s_grou
     assert_eq!((m.uid(), m.gid(), m.mode() & 0o777), (0, 0, 0o640));
 }
 
-/// A file rewritten in place while `ri2n send` reads it (truncated, then written again to
-/// its former size: `cat new > FILE`) ends the transfer as a failure on both sides, as one
-/// cut short does; one that only grows meanwhile is sent whole, to its new end. Before, a
-/// rewrite that left the file no smaller went unnoticed: both exited 0, and FILE held the
-/// old content's first part and the new content's rest. The links are slowed so that the
-/// change comes while the data moves.
+/// A file rewritten in place while `ri2n send` reads it (other bytes over the same size:
+/// `dd conv=notrunc`, `cat new > FILE` when the sender does not read it while it is short)
+/// ends the transfer as a failure on both sides, as one cut short does; one that only grows
+/// meanwhile is sent whole, to its new end. Before, a rewrite that left the file no smaller
+/// went unnoticed: both exited 0, and FILE held the old content's first part and the new
+/// content's rest. The links are slowed so that the change comes while the data moves; the
+/// file is overwritten without being truncated, so that it never reads as cut short.
 #[test]
 fn an_input_file_rewritten_while_sent_is_no_success_but_one_grown_is() {
     let _heavy = heavy();
@@ -1555,8 +1556,12 @@ fn an_input_file_rewritten_while_sent_is_no_success_but_one_grown_is() {
         );
         wait_file_grows(&output.partial(), Duration::from_secs(20));
         if rewrite {
-            // other bytes (the generator takes `seed | 1`)
-            write_random(input.path(), len, 14);
+            // other bytes (the generator takes `seed | 1`), written over the old ones
+            let other = TempFile::new("rewritten-other");
+            write_random(other.path(), len, 14);
+            let bytes = std::fs::read(other.path()).unwrap();
+            let mut f = std::fs::OpenOptions::new().write(true).open(input.path());
+            std::io::Write::write_all(f.as_mut().unwrap(), &bytes).unwrap();
         } else {
             let mut f = std::fs::OpenOptions::new().append(true).open(input.path());
             std::io::Write::write_all(f.as_mut().unwrap(), &[9u8; 1 << 20]).unwrap();
