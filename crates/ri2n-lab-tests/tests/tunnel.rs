@@ -984,9 +984,9 @@ fn a_host_missing_a_link_address_starts_without_it_and_takes_it_up_later() {
     stop_daemons(&mut daemons);
 }
 
-/// Every link down for 5 s while a ping runs through the tunnel: past 3 s the connecting
-/// daemon starts a handshake beside the dark connection (to learn whether its peer's
-/// daemon started again), which at the heal often reaches the peer before the dark
+/// Every link down for 5 s while a ping runs through the tunnel, with either carry: past 3 s
+/// the connecting daemon starts a handshake beside the dark connection (to learn whether its
+/// peer's daemon started again), which at the heal often reaches the peer before the dark
 /// connection's own links are back, and replaces it. The echo requests that connection held
 /// through the outage are delivered all the same, and every one is answered. Before, they
 /// went with the replaced connection, uncounted (14 of 40 answered, the status dropping
@@ -998,46 +998,60 @@ fn packets_held_through_an_outage_reach_the_peer_when_a_new_connection_replaces_
     };
     let (env, dir) = (test.env, &test.dir);
     let lab = Lab::up(env, "held", 2);
-    let (config, mut daemons) = start_a_and_b(env, &lab, &dir.0);
-    wait_connected(&mut daemons, 1, Duration::from_secs(20));
-    ping_through(&lab, "a", "b");
-    // the premise, a replacement at the heal, is a race the old connection's links may win:
-    // each outage must lose nothing, and one of at most three must have replaced it
-    let mut replaced = false;
-    for _ in 0..3 {
-        let seen = daemons[0].stderr_text().len();
-        let ping = Command::new("ip")
-            .args(["netns", "exec", &lab.ns_of("a"), "ping", "-n", "-c", "40"])
-            .args(["-i", "0.2", "-w", "30"])
-            .arg(tunnel_address("b"))
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("running ping");
-        thread::sleep(Duration::from_secs(1));
-        lab.fault(1, &["switch"]);
-        lab.fault(2, &["switch"]);
-        thread::sleep(Duration::from_secs(5));
-        lab.heal_all();
-        let out = ping.wait_with_output().expect("waiting for ping");
-        let said = String::from_utf8_lossy(&out.stdout);
-        let log_a = daemons[0].stderr_text();
-        assert!(
-            said.contains("40 packets transmitted, 40 received"),
-            "{said}\n{log_a}"
-        );
-        replaced = log_a[seen..].contains("no link of its connection was up; a new one replaces");
-        if replaced {
-            break;
+    support::keygen(env, &dir.0);
+    let config = write_cluster_file(&dir.0, &["a", "b"]);
+    for carry in ["datagrams", "messages"] {
+        let mut daemons: Vec<Proc> = ["a", "b"]
+            .iter()
+            .map(|h| {
+                let name = format!("tunnel-{h}-{carry}-held");
+                spawn_daemon(env, &lab, h, &["--carry", carry], &config, &dir.0, &name)
+            })
+            .collect();
+        wait_connected(&mut daemons, 1, Duration::from_secs(20));
+        ping_through(&lab, "a", "b");
+        // the premise, a replacement at the heal, is a race the old connection's links may
+        // win: each outage must lose nothing, and one of at most three must have replaced it
+        let mut replaced = false;
+        for _ in 0..3 {
+            let seen = daemons[0].stderr_text().len();
+            let ping = Command::new("ip")
+                .args(["netns", "exec", &lab.ns_of("a"), "ping", "-n", "-c", "40"])
+                .args(["-i", "0.2", "-w", "30"])
+                .arg(tunnel_address("b"))
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("running ping");
+            thread::sleep(Duration::from_secs(1));
+            lab.fault(1, &["switch"]);
+            lab.fault(2, &["switch"]);
+            thread::sleep(Duration::from_secs(5));
+            lab.heal_all();
+            let out = ping.wait_with_output().expect("waiting for ping");
+            let said = String::from_utf8_lossy(&out.stdout);
+            let log_a = daemons[0].stderr_text();
+            assert!(
+                said.contains("40 packets transmitted, 40 received"),
+                "{carry}: {said}\n{log_a}"
+            );
+            let after = &log_a[seen..];
+            replaced = after.contains("no link of its connection was up; a new one replaces");
+            if replaced {
+                break;
+            }
         }
+        assert!(
+            replaced,
+            "{carry}: no outage ended with a replacement: {}",
+            daemons[0].stderr_text()
+        );
+        let status = status_json(env, &lab.ns_of("a"), &config);
+        assert_eq!(
+            status["peers"][0]["packets_dropped"], 0,
+            "{carry}: {status}"
+        );
+        stop_daemons(&mut daemons);
     }
-    assert!(
-        replaced,
-        "no outage ended with a replacement: {}",
-        daemons[0].stderr_text()
-    );
-    let status = status_json(env, &lab.ns_of("a"), &config);
-    assert_eq!(status["peers"][0]["packets_dropped"], 0, "{status}");
-    stop_daemons(&mut daemons);
 }
 
 /// A missing link address that appears with its port held by another program (a leftover

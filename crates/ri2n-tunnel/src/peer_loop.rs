@@ -105,6 +105,36 @@ struct Slot {
     replaced_at: Option<Instant>,
 }
 
+/// What a connection holds that its peer has not acknowledged: datagrams queued (packets
+/// carried as datagrams), or bytes of its stream (packets carried as messages, whose
+/// number it does not keep).
+#[derive(Clone, Copy)]
+struct Held {
+    packets: u64,
+    bytes: u64,
+}
+
+impl Held {
+    /// `None` when it holds nothing.
+    fn of(conn: &Connection) -> Option<Held> {
+        let s = conn.stats();
+        let held = Held {
+            packets: s.datagrams_queued.0 as u64,
+            bytes: s.datagrams_queued.1.max(s.send_buffered),
+        };
+        (held.packets > 0 || held.bytes > 0).then_some(held)
+    }
+}
+
+impl std::fmt::Display for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.packets {
+            0 => write!(f, "{} bytes of packets", self.bytes),
+            n => write!(f, "{n} packets"),
+        }
+    }
+}
+
 /// Starts the loop on a thread of its own; the returned handle feeds it. With `route`, it also
 /// reads that queue of the interface and routes its packets, which no route thread then does.
 pub fn start(
@@ -413,14 +443,13 @@ impl Loop {
         let Some(slot) = self.slots[k].as_mut() else {
             return;
         };
-        let held = slot.conn.stats().datagrams_queued.0;
-        if held == 0 {
+        let Some(held) = Held::of(&slot.conn) else {
             self.end(k, "replaced by a new connection");
             return;
-        }
+        };
         eprintln!(
-            "ri2n tunnel: {}: the connection it replaces delivers the {held} packets it holds \
-             once its links are back",
+            "ri2n tunnel: {}: the connection it replaces delivers what it holds ({held}) once \
+             its links are back",
             slot.peer.name()
         );
         slot.replaced_at = Some(Instant::now());
@@ -437,15 +466,15 @@ impl Loop {
             let Some(at) = slot.replaced_at else {
                 continue;
             };
-            let held = slot.conn.stats().datagrams_queued.0 as u64;
-            if held > 0 && now.duration_since(at) < DRAIN {
+            let held = Held::of(&slot.conn);
+            if held.is_some() && now.duration_since(at) < DRAIN {
                 continue;
             }
-            if held > 0 {
-                slot.peer.drop_packets(held);
+            if let Some(held) = held {
+                slot.peer.drop_packets(held.packets);
                 eprintln!(
-                    "ri2n tunnel: {}: the connection it replaced did not deliver the {held} \
-                     packets it still held within {} s: dropped",
+                    "ri2n tunnel: {}: the connection it replaced did not deliver what it still \
+                     held ({held}) within {} s: dropped",
                     slot.peer.name(),
                     DRAIN.as_secs()
                 );
@@ -766,12 +795,9 @@ impl Loop {
             let replaced = (slot.peer.conn()).is_some_and(|c| !Arc::ptr_eq(&c, &slot.conn));
             if replaced {
                 // what it held for delivery (see `drain_replaced`) is lost with it
-                let held = slot.conn.stats().datagrams_queued.0 as u64;
-                slot.peer.drop_packets(held);
-                let undelivered = match held {
-                    0 => String::new(),
-                    n => format!(", {n} packets it held undelivered"),
-                };
+                let held = Held::of(&slot.conn);
+                slot.peer.drop_packets(held.map_or(0, |h| h.packets));
+                let undelivered = held.map_or(String::new(), |h| format!(", {h} undelivered"));
                 eprintln!(
                     "ri2n tunnel: {}: its replaced connection ended ({reason}{undelivered}); \
                      the new one carries the traffic",
