@@ -584,10 +584,21 @@ fn messages_too_long_or_unwanted_are_refused() {
     );
 }
 
+/// The TCP port of the UDP server's number is held here, bound but not listening, so that
+/// nothing answers there: another test's TCP endpoint, free to take the number while the UDP
+/// server held it, once answered (not as a ri2n server), and the client was not refused.
 #[test]
 fn a_tcp_client_of_a_udp_server_is_refused() {
-    let server = Endpoint::server(&addrs(&["127.0.0.1:0"])).unwrap();
-    let to = server.local_addrs()[0];
+    let (_server, to, _held) = (0..20)
+        .find_map(|_| {
+            let server = Endpoint::server(&addrs(&["127.0.0.1:0"])).unwrap();
+            let to = server.local_addrs()[0];
+            let held = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None);
+            let held = held.ok()?;
+            held.bind(&to.into()).ok()?;
+            Some((server, to, held))
+        })
+        .expect("a UDP port whose TCP number is free");
     let client = on_one_address(false);
     let e = client
         .connect(&[to], ConnectionConfig::default())
