@@ -531,6 +531,25 @@ fn start_a_and_b(env: &Env, lab: &Lab, dir: &Path) -> (PathBuf, Vec<Proc>) {
     (config, daemons)
 }
 
+/// A daemon on hosts a and b with `--carry carry` and the cluster file `config` in `dir`
+/// (not waited for), each logging as `tunnel-HOST-CARRY` and `tag`.
+fn start_a_and_b_carrying(
+    env: &Env,
+    lab: &Lab,
+    dir: &Path,
+    config: &Path,
+    carry: &str,
+    tag: &str,
+) -> Vec<Proc> {
+    ["a", "b"]
+        .iter()
+        .map(|h| {
+            let name = format!("tunnel-{h}-{carry}{tag}");
+            spawn_daemon(env, lab, h, &["--carry", carry], config, dir, &name)
+        })
+        .collect()
+}
+
 /// SIGTERM to every daemon: each must exit 0, and log no peer lost while it closes.
 fn stop_daemons(daemons: &mut [Proc]) {
     for d in daemons {
@@ -1001,13 +1020,7 @@ fn packets_held_through_an_outage_reach_the_peer_when_a_new_connection_replaces_
     support::keygen(env, &dir.0);
     let config = write_cluster_file(&dir.0, &["a", "b"]);
     for carry in ["datagrams", "messages"] {
-        let mut daemons: Vec<Proc> = ["a", "b"]
-            .iter()
-            .map(|h| {
-                let name = format!("tunnel-{h}-{carry}-held");
-                spawn_daemon(env, &lab, h, &["--carry", carry], &config, &dir.0, &name)
-            })
-            .collect();
+        let mut daemons = start_a_and_b_carrying(env, &lab, &dir.0, &config, carry, "-held");
         wait_connected(&mut daemons, 1, Duration::from_secs(20));
         ping_through(&lab, "a", "b");
         // the premise, a replacement at the heal, is a race the old connection's links may
@@ -2509,13 +2522,7 @@ fn the_status_counts_the_packets_each_carry_moves() {
     support::keygen(env, &dir.0);
     let config = write_cluster_file(&dir.0, &["a", "b"]);
     for carry in ["datagrams", "messages"] {
-        let mut daemons: Vec<Proc> = ["a", "b"]
-            .iter()
-            .map(|h| {
-                let name = format!("tunnel-{h}-{carry}");
-                spawn_daemon(env, lab, h, &["--carry", carry], &config, &dir.0, &name)
-            })
-            .collect();
+        let mut daemons = start_a_and_b_carrying(env, lab, &dir.0, &config, carry, "");
         wait_connected(&mut daemons, 1, Duration::from_secs(20));
         // the premise: the pings crossed both ways
         let (answered, text) = pings_answered(lab, "a", "b", PINGS, &["-i", "0.01"]);
@@ -2612,13 +2619,7 @@ fn inner_tcp_crosses_whole_and_unchanged_with_either_carry() {
     support::keygen(env, &dir.0);
     let config = write_cluster_file(&dir.0, &["a", "b"]);
     for carry in ["datagrams", "messages"] {
-        let mut daemons: Vec<Proc> = ["a", "b"]
-            .iter()
-            .map(|h| {
-                let name = format!("tunnel-{h}-{carry}-segments");
-                spawn_daemon(env, lab, h, &["--carry", carry], &config, &dir.0, &name)
-            })
-            .collect();
+        let mut daemons = start_a_and_b_carrying(env, lab, &dir.0, &config, carry, "-segments");
         wait_connected(&mut daemons, 1, Duration::from_secs(20));
         let received = dir.0.join(format!("received-{carry}"));
         let python = Path::new("python3");
