@@ -252,17 +252,19 @@ fn transfer_over_two_links_as(
             l.id,
             l.state
         );
+        // a link acknowledges no more than it carried
         assert!(
-            l.stream_bytes_acked > 0,
-            "link {:?} carried nothing: {stats:?}",
+            l.stream_bytes_acked > 0 && l.stream_bytes_acked <= l.stream_bytes_sent,
+            "link {:?} carried nothing, or more than it sent: {stats:?}",
             l.id
         );
     }
     // each 1 MiB `write_buf` went as one chunk, with a 5-byte header
     let sequence = (64 << 20) + 64 * 5;
     let acked: u64 = stats.links.iter().map(|l| l.stream_bytes_acked).sum();
-    // a link's own last acknowledgement may still be on its way: at most every byte, once
-    assert!(acked <= sequence && acked > 32 << 20, "{acked}");
+    // a link's own last acknowledgement may still be on its way; bytes of a link set aside
+    // as slow that were sent again on the other and arrived on both count on both
+    assert!(acked > 32 << 20, "{acked}");
     assert_eq!(stats.bytes_acknowledged, sequence);
     assert_eq!(rx_stats.bytes_received, sequence);
     assert_eq!(rx_stats.cipher, stats.cipher);

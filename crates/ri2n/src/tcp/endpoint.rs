@@ -830,7 +830,11 @@ mod tests {
         let server = TcpEndpoint::bind(config(true)).unwrap();
         let client = TcpEndpoint::bind(config(false)).unwrap();
         let to = server.local_addrs();
-        let conn = client.connect(&to, ConnectionConfig::default()).unwrap();
+        // a small window: what the server writes beyond it waits there, unacknowledged, until
+        // the client reads (the default window would take a whole send buffer at once, and
+        // the close would end the connection cleanly before its links are failed)
+        let window = ConnectionConfig::default().with_stream_receive_window(64 << 10);
+        let conn = client.connect(&to, window).unwrap();
         let accepted = server.accept_timeout(Some(Duration::from_secs(5))).unwrap();
         let until = Instant::now() + Duration::from_secs(5);
         while accepted
@@ -869,7 +873,15 @@ mod tests {
         );
         {
             let mut st = accepted.lock();
+            assert!(
+                st.end.is_none(),
+                "the connection ended before its links failed"
+            );
             for l in 0..2 {
+                assert!(
+                    st.links[l].connected(),
+                    "link {l} was down before it failed"
+                );
                 let incarnation = st.links[l].incarnation;
                 super::link::fail(&accepted, &mut st, l, incarnation, false);
             }
