@@ -14,6 +14,7 @@ use std::os::fd::AsRawFd;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use ri2n::fork::Generation;
 use ri2n::{Connection, TimedEvent};
 
 use crate::endpoint::timeout;
@@ -28,6 +29,8 @@ pub struct ri2n_conn {
     datagrams: Receiving,
     /// Events taken from the library that the caller's array had no room for.
     pub(crate) events: Mutex<VecDeque<TimedEvent>>,
+    /// The process it was made in: a forked child may not use it (see `ri2n::fork`).
+    made: Generation,
 }
 
 impl ri2n_conn {
@@ -37,6 +40,7 @@ impl ri2n_conn {
             messages: Receiving::default(),
             datagrams: Receiving::default(),
             events: Mutex::default(),
+            made: Generation::now(),
         }
     }
 
@@ -49,7 +53,11 @@ impl ri2n_conn {
 /// `c` is NULL or a live connection from this library.
 pub(crate) unsafe fn conn<'a>(c: *const ri2n_conn) -> Result<&'a ri2n_conn, Failure> {
     // SAFETY: the caller promises NULL or a live connection
-    unsafe { c.as_ref() }.ok_or_else(|| Failure::invalid("the connection is NULL"))
+    let c = unsafe { c.as_ref() }.ok_or_else(|| Failure::invalid("the connection is NULL"))?;
+    match c.made.inherited() {
+        false => Ok(c),
+        true => Err(Failure::made_before_fork("connection")),
+    }
 }
 
 /// The bytes C passed in.
@@ -665,7 +673,11 @@ pub unsafe extern "C" fn ri2n_conn_free(c: *mut ri2n_conn) {
             |_| (),
             || {
                 // SAFETY: the caller gives up its live connection, made by `Box::into_raw`
-                drop(unsafe { Box::from_raw(c) });
+                let c = unsafe { Box::from_raw(c) };
+                if c.made.inherited() {
+                    // the parent's: its memory is let go with this process
+                    std::mem::forget(c);
+                }
                 Ok(())
             },
         )

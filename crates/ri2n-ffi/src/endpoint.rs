@@ -8,6 +8,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
+use ri2n::fork::Generation;
 use ri2n::{ConnectionConfig, Endpoint, EndpointConfig, Key, KeyReadError, Transport};
 
 use crate::conn::ri2n_conn;
@@ -18,6 +19,8 @@ pub struct ri2n_endpoint {
     endpoint: Endpoint,
     /// The key file it holds, named when a peer holds another key.
     key_file: Option<String>,
+    /// The process it was made in: a forked child may not use it (see `ri2n::fork`).
+    made: Generation,
 }
 
 /// The addresses of a C array of `n` strings, each `IP:PORT` (`[IPv6]:PORT`) or `NAME:PORT`.
@@ -95,14 +98,22 @@ unsafe fn bind(
         config = config.server();
     }
     let endpoint = Endpoint::bind(config)?;
-    Ok(Box::new(ri2n_endpoint { endpoint, key_file }))
+    Ok(Box::new(ri2n_endpoint {
+        endpoint,
+        key_file,
+        made: Generation::now(),
+    }))
 }
 
 /// # Safety
 /// `ep` is NULL or a live endpoint from this library.
 unsafe fn endpoint<'a>(ep: *const ri2n_endpoint) -> Result<&'a ri2n_endpoint, Failure> {
     // SAFETY: the caller promises NULL or a live endpoint
-    unsafe { ep.as_ref() }.ok_or_else(|| Failure::invalid("the endpoint is NULL"))
+    let ep = unsafe { ep.as_ref() }.ok_or_else(|| Failure::invalid("the endpoint is NULL"))?;
+    match ep.made.inherited() {
+        false => Ok(ep),
+        true => Err(Failure::made_before_fork("endpoint")),
+    }
 }
 
 /// A timeout in milliseconds from C: negative means none (wait as long as it takes).
@@ -391,7 +402,11 @@ pub unsafe extern "C" fn ri2n_endpoint_free(ep: *mut ri2n_endpoint) {
             |_| (),
             || {
                 // SAFETY: the caller gives up its live endpoint, made by `Box::into_raw`
-                drop(unsafe { Box::from_raw(ep) });
+                let ep = unsafe { Box::from_raw(ep) };
+                if ep.made.inherited() {
+                    // the parent's: its memory is let go with this process
+                    std::mem::forget(ep);
+                }
                 Ok(())
             },
         )

@@ -32,6 +32,18 @@ impl Failure {
         Self::new(libc::EINVAL, message)
     }
 
+    /// An endpoint or connection (`what`) used in a child forked after it was made: `EBADF`,
+    /// as for a descriptor that is not open in this process.
+    pub fn made_before_fork(what: &str) -> Self {
+        Self::new(
+            libc::EBADF,
+            format!(
+                "this {what} was made before fork(): its threads stayed in the parent, and a \
+                 forked child may only free it; make a new one in the child"
+            ),
+        )
+    }
+
     /// The same failure, its message prefixed with what was being done.
     pub fn context(self, doing: impl std::fmt::Display) -> Self {
         Self::new(self.errno, format!("{doing}: {}", self.message))

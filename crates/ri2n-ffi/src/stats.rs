@@ -199,6 +199,29 @@ pub unsafe extern "C" fn ri2n_conn_stats(
     })
 }
 
+/// Sets `*bytes` to how much of the byte stream the peer acknowledged: the bytes written
+/// with `ri2n_write` and its kin that were delivered, each counted once,
+/// without messages or any framing (unlike `ri2n_stats.bytes_acknowledged`): the progress
+/// of a transfer in the application's own bytes. Returns 0, or `-EINVAL` for a NULL
+/// connection or pointer.
+///
+/// # Safety
+/// `c` is a live connection; `bytes` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn ri2n_conn_stream_acknowledged(
+    c: *const ri2n_conn,
+    bytes: *mut u64,
+) -> libc::c_int {
+    guard_int(|| {
+        // SAFETY: passed on from the caller
+        let c = unsafe { conn(c) }?;
+        // SAFETY: the caller promises NULL or a writable value
+        let out = unsafe { bytes.as_mut() }.ok_or_else(|| Failure::invalid("bytes is NULL"))?;
+        *out = c.connection().stats().stream_acknowledged;
+        Ok(())
+    })
+}
+
 /// What held a connection's sender back: of the time it was busy (data written and not yet
 /// sent, or sent and not yet acknowledged), how long it sent at its own pace and how long it
 /// waited, and for what, in microseconds since the connection was made. The same account

@@ -199,6 +199,27 @@ fn every_failure_gives_the_promised_errno_through_the_shared_library() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A process that forks holding endpoints and connections: in the child they fail with
+/// `EBADF` and are freed without a word to the peer, while the child's own connection works
+/// and the parent's carries its bytes intact (`tests/c/fork.c`).
+#[test]
+fn a_forked_child_leaves_the_parent_s_connections_alone() {
+    let dir = scratch("fork");
+    let program = dir.join("fork");
+    compile(
+        &[crate_dir().join("tests/c/fork.c")],
+        &program,
+        Linkage::Static,
+    );
+    let out = run_ok(&program, &[], Duration::from_secs(60));
+    assert!(
+        out.contains("child: the parent's objects EBADF, its own connection delivered")
+            && out.ends_with("intact after the fork\nok\n"),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The example epoll echo server, with three Rust clients at once, each over two links.
 #[test]
 fn the_epoll_echo_example_echoes_every_byte_of_several_clients() {

@@ -18,9 +18,9 @@ mod endpoint;
 mod errors;
 mod key;
 
+use ri2n::fork::Generation;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
@@ -201,15 +201,6 @@ pub(crate) fn wait_on_thread<T: Send + 'static, W: FnOnce() -> T + Send + 'stati
     }
 }
 
-/// Forks this process came out of as the child, counted by [`count_fork`] (registered with
-/// `pthread_atfork` when the module is imported).
-static FORKS: AtomicU64 = AtomicU64::new(0);
-
-extern "C" fn count_fork() {
-    // an atomic add: async-signal-safe, as a handler in a forked child must be
-    FORKS.fetch_add(1, Ordering::SeqCst);
-}
-
 /// The core object (an endpoint, a connection) a Python object holds until it is closed,
 /// and the fork it was made in. A forked child has none of its threads (the driver's, the
 /// links'), and locks they held stay held: there it is closed, and let go without a word
@@ -219,7 +210,7 @@ pub(crate) struct Kept<T: Send + Sync> {
     /// `None` once closed. Shared with the calls running without the GIL, so that closing
     /// while another thread waits in a call takes effect when that call returns.
     slot: Mutex<Option<Arc<T>>>,
-    forks: u64,
+    made: Generation,
     what: &'static str,
 }
 
@@ -228,14 +219,14 @@ impl<T: Send + Sync> Kept<T> {
     pub(crate) fn new(value: T, what: &'static str) -> Self {
         Self {
             slot: Mutex::new(Some(Arc::new(value))),
-            forks: FORKS.load(Ordering::SeqCst),
+            made: Generation::now(),
             what,
         }
     }
 
     /// In a child forked after it was made.
     fn left_in_the_parent(&self) -> bool {
-        FORKS.load(Ordering::SeqCst) != self.forks
+        self.made.inherited()
     }
 
     /// The object for a call, or `ValueError` once closed (or in a forked child).
@@ -318,9 +309,6 @@ impl<T: Send + Sync> Drop for Shared<T> {
 /// The extension module: `ri2n/__init__.py` re-exports what it defines.
 #[pymodule]
 fn _ri2n(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    // SAFETY: registers a handler that only adds to an atomic; imported once per process
-    // (a forked child inherits the registration, not a second import)
-    unsafe { libc::pthread_atfork(None, None, Some(count_fork)) };
     m.add_class::<key::PyKey>()?;
     m.add_class::<endpoint::PyEndpoint>()?;
     m.add_class::<connection::PyConnection>()?;

@@ -30,6 +30,7 @@
 mod carrier;
 mod connection;
 mod driver;
+pub mod fork;
 mod impair;
 mod key_file;
 #[cfg(test)]

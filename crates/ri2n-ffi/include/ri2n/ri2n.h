@@ -9,7 +9,12 @@
  * under SA_RESTART: a program that must act on a signal (Ctrl-C) waits with poll(2)
  * on the readiness descriptors (ri2n_conn_read_fd, ri2n_conn_write_fd,
  * ri2n_endpoint_fd) and calls the ri2n_try_* functions, or gives the waiting
- * calls that take one a timeout. */
+ * calls that take one a timeout.
+ *
+ * After fork(2), the endpoints and connections made before it belong to the parent:
+ * their threads are not in the child. There every call on them fails with EBADF, and
+ * ri2n_conn_free and ri2n_endpoint_free let them go without a word to the peer (the
+ * parent's connections carry on); a child makes new ones of its own. */
 
 #ifndef RI2N_H
 #define RI2N_H
@@ -519,6 +524,16 @@ ssize_t ri2n_conn_stats(const struct ri2n_conn *c,
                         struct ri2n_stats *stats,
                         struct ri2n_link_stats *links,
                         size_t max_links);
+
+// Sets `*bytes` to how much of the byte stream the peer acknowledged: the bytes written
+// with `ri2n_write` and its kin that were delivered, each counted once,
+// without messages or any framing (unlike `ri2n_stats.bytes_acknowledged`): the progress
+// of a transfer in the application's own bytes. Returns 0, or `-EINVAL` for a NULL
+// connection or pointer.
+//
+// # Safety
+// `c` is a live connection; `bytes` is NULL or writable.
+int ri2n_conn_stream_acknowledged(const struct ri2n_conn *c, uint64_t *bytes);
 
 // Fills `*limits` with what held the connection's sender back so far (see
 // [`ri2n_send_limits`]); returns 0, or `-EINVAL` for a NULL connection or record.

@@ -79,6 +79,7 @@ static void peer_gone(pid_t child, const char *addr) {
     ri2n_conn *c = connected_to(addr, &client);
     char buf[16];
     CHECK_FAILS_WITH(ri2n_conn_send_limits(c, NULL), EINVAL);
+    CHECK_FAILS_WITH(ri2n_conn_stream_acknowledged(c, NULL), EINVAL);
     CHECK(strstr(ri2n_last_error(), "NULL") != NULL);
     CHECK(kill(child, SIGKILL) == 0);
     CHECK(waitpid(child, NULL, 0) == child);
@@ -362,6 +363,7 @@ int main(int argc, char **argv) {
     CHECK_FAILS_WITH(ri2n_endpoint_fd(NULL), EINVAL);
     CHECK_FAILS_WITH(ri2n_conn_stats(NULL, NULL, NULL, 0), EINVAL);
     CHECK_FAILS_WITH(ri2n_conn_send_limits(NULL, NULL), EINVAL);
+    CHECK_FAILS_WITH(ri2n_conn_stream_acknowledged(NULL, NULL), EINVAL);
     ri2n_conn_free(NULL);
     ri2n_endpoint_free(NULL);
     CHECK_NULL_WITH(ri2n_endpoint_client(local1, 1, junk_key), EINVAL);

@@ -96,6 +96,10 @@ int main(int argc, char **argv) {
     CHECK(nlinks == 2);
     CHECK(stats.encrypted == 1);
     CHECK(stats.bytes_acknowledged >= TOTAL);
+    /* of which the byte stream's own bytes: exactly what was written */
+    uint64_t stream_acked = 0;
+    CHECK(ri2n_conn_stream_acknowledged(c, &stream_acked) == 0);
+    CHECK(stream_acked == TOTAL);
     for (ssize_t i = 0; i < nlinks; i++) {
         CHECK(links[i].stream_bytes_acked > 0);
         printf("link %u %s -> %s: %llu stream bytes delivered\n", links[i].id, links[i].local,
