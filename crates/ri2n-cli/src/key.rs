@@ -13,10 +13,33 @@ use ri2n::{Key, KeyReadError};
 use crate::error::{Failure, GENERIC, USAGE};
 use crate::{ChannelOpts, KeygenArgs};
 
+/// Whether stdout is the null device (a key printed there is lost).
+fn stdout_is_dev_null() -> bool {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::MetadataExt;
+    let id = |m: fs::Metadata| (m.dev(), m.rdev(), m.ino());
+    let out = io::stdout()
+        .as_fd()
+        .try_clone_to_owned()
+        .map(fs::File::from);
+    match (out.and_then(|f| f.metadata()), fs::metadata("/dev/null")) {
+        (Ok(out), Ok(null)) => id(out) == id(null),
+        _ => false,
+    }
+}
+
 /// `ri2n keygen`: a new random key, on stdout or in a new file of mode 0600.
 pub fn keygen(args: &KeygenArgs) -> Result<(), Failure> {
     let key = Key::generate().map_err(|e| Failure::new(GENERIC, e.to_string()))?;
     let Some(path) = &args.output else {
+        // Rust opens /dev/null in place of a closed stdout: the key would be lost unseen
+        if stdout_is_dev_null() {
+            return Err(Failure::new(
+                GENERIC,
+                "stdout is /dev/null (or was closed): the key would be lost; write it to a \
+                 file with --output FILE",
+            ));
+        }
         let mut line = key.to_text();
         line.push('\n');
         return io::stdout()

@@ -108,7 +108,7 @@ Exit codes:
 const KEYGEN_HELP: &str = "\
 Exit codes:
   0  the key was written (a directory of --output that does not exist is created, mode 0700)
-  1  the file exists (without --force) or cannot be written
+  1  the file exists (without --force) or cannot be written, or stdout is /dev/null
   2  usage error";
 
 const TUNNEL_HELP: &str = "\

@@ -1188,6 +1188,33 @@ fn keygen_writes_a_private_one_line_key() {
     assert_ne!(std::fs::read_to_string(file.path()).unwrap(), first);
 }
 
+/// `ri2n keygen` with nowhere to print the key (stdout closed, which Rust turns into
+/// /dev/null, or /dev/null itself) fails and names --output, rather than lose the key with
+/// exit 0.
+#[test]
+fn keygen_refuses_to_print_the_key_to_nowhere() {
+    use std::os::unix::process::CommandExt;
+    for closed in [false, true] {
+        let mut cmd = Command::new(bin());
+        cmd.arg("keygen")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if closed {
+            // SAFETY: only a system call between fork and exec
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::close(1);
+                    Ok(())
+                })
+            };
+        }
+        let o = cmd.output().expect("running ri2n keygen");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "closed {closed}: {err}");
+        assert!(err.contains("--output FILE"), "closed {closed}: {err}");
+    }
+}
+
 /// Whether `strace` runs here, for a test that makes a system call fail or wait with its
 /// `-e inject=`; without it the test is skipped, or fails where `CI` is set.
 fn strace_or_skip() -> bool {
