@@ -191,7 +191,7 @@ static WARNED: AtomicBool = AtomicBool::new(false);
 /// Says once, on stderr, that a channel to or from a non-loopback address runs without a
 /// key: neither authenticated nor encrypted.
 pub fn warn_if_unprotected(key: &Option<Key>, addrs: &[SocketAddr]) {
-    let exposed = addrs.iter().find(|a| !a.ip().is_loopback());
+    let exposed = addrs.iter().find(|a| !crate::net::is_loopback(a.ip()));
     if key.is_some() || WARNED.load(Ordering::Relaxed) {
         return;
     }

@@ -70,6 +70,11 @@ fn interface_index(name: &str) -> Option<u32> {
     (index != 0).then_some(index)
 }
 
+/// Whether `ip` is a loopback address, IPv4-mapped (`::ffff:127.0.0.1`) or not.
+pub fn is_loopback(ip: IpAddr) -> bool {
+    ip.to_canonical().is_loopback()
+}
+
 /// The local addresses used when `--local` is not given (see `--help`), and whether a
 /// warning that only one local address serves every link is in order.
 pub fn default_locals(targets: &[SocketAddr]) -> (Vec<SocketAddr>, bool) {
@@ -80,10 +85,18 @@ pub fn default_locals(targets: &[SocketAddr]) -> (Vec<SocketAddr>, bool) {
         }
     };
     let any_port = |ip| SocketAddr::new(ip, 0);
-    if targets.iter().all(|t| t.ip().is_loopback()) {
-        if targets.iter().any(|t| t.is_ipv4()) {
-            push(any_port(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1))));
-            push(any_port(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2))));
+    if targets.iter().all(|t| is_loopback(t.ip())) {
+        for two in [Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2)] {
+            if targets.iter().any(|t| t.is_ipv4()) {
+                push(any_port(IpAddr::V4(two)));
+            }
+            // an IPv4-mapped target is reached from an IPv6 socket: the same two, mapped
+            if targets
+                .iter()
+                .any(|t| t.is_ipv6() && t.ip() != Ipv6Addr::LOCALHOST)
+            {
+                push(any_port(IpAddr::V6(two.to_ipv6_mapped())));
+            }
         }
         for t in targets {
             push(any_port(t.ip()));
@@ -444,5 +457,17 @@ mod tests {
         assert_eq!(l.len(), 3);
         let (l, _) = default_locals(&["[::1]:7000".parse().unwrap()]);
         assert_eq!(l, vec!["[::1]:0".parse::<SocketAddr>().unwrap()]);
+        // IPv4-mapped: the same two, mapped (an IPv6 socket reaches a mapped address)
+        let (l, warn) = default_locals(&["[::ffff:127.0.0.1]:7000".parse().unwrap()]);
+        assert_eq!(
+            l,
+            vec![
+                "[::ffff:127.0.0.1]:0".parse::<SocketAddr>().unwrap(),
+                "[::ffff:127.0.0.2]:0".parse().unwrap()
+            ]
+        );
+        assert!(!warn);
+        assert!(is_loopback("::ffff:127.0.0.3".parse().unwrap()));
+        assert!(!is_loopback("::ffff:10.0.0.1".parse().unwrap()));
     }
 }
