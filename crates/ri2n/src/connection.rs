@@ -264,6 +264,16 @@ impl Connection {
         }
     }
 
+    /// [`wait_connected`](Self::wait_connected) without waiting, for a caller that waits on
+    /// the readiness descriptors of `caller` (cleared before the look, as by a `try_` call).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn try_connected(&self, caller: Caller) -> Result<bool, ConnectionError> {
+        match &self.inner {
+            Inner::Udp(c) => c.try_handshake(caller),
+            Inner::Tcp(_) => Ok(true),
+        }
+    }
+
     /// [`recv_datagrams_into`](Self::recv_datagrams_into) without waiting: an error of kind
     /// [`io::ErrorKind::WouldBlock`] when no datagram is waiting (`bufs` then holds none).
     /// Clears the read readiness before it looks, as the other non-blocking calls do.

@@ -318,16 +318,53 @@ pub async fn accept(endpoint: &Endpoint) -> io::Result<AsyncConnection> {
     }
 }
 
-/// Connects without blocking the runtime (the handshake runs on a blocking-pool thread).
+/// Connects without blocking the runtime. Cancel-safe on the UDP transport: dropped before
+/// it completes, it aborts the handshake, which ends there. On the TCP transport, whose
+/// handshake dials and waits in the calling thread, the handshake runs on a blocking-pool
+/// thread: dropped, it runs on to its end (and the runtime's shutdown waits for it), and a
+/// connection it made is dropped then.
 pub async fn connect(
     endpoint: &Endpoint,
     remotes: &[std::net::SocketAddr],
     config: crate::ConnectionConfig,
 ) -> Result<AsyncConnection, Error> {
-    let endpoint = endpoint.clone();
-    let remotes = remotes.to_vec();
-    let conn = tokio::task::spawn_blocking(move || endpoint.connect(&remotes, config))
-        .await
-        .map_err(io::Error::other)??;
-    Ok(AsyncConnection::new(conn)?)
+    if endpoint.transport() == crate::Transport::Tcp {
+        let endpoint = endpoint.clone();
+        let remotes = remotes.to_vec();
+        let conn = tokio::task::spawn_blocking(move || endpoint.connect(&remotes, config))
+            .await
+            .map_err(io::Error::other)??;
+        return Ok(AsyncConnection::new(conn)?);
+    }
+    let conn = AbortUnlessConnected(Some(AsyncConnection::new(
+        endpoint.start_connect(remotes, config)?,
+    )?));
+    // the stream's descriptor becomes readable when the handshake ends; each look clears it
+    // first, so that an end after the look signals it again
+    let ready = &conn.get().stream_ready;
+    while !(conn.get().conn.try_connected(Caller::ReadStream)).map_err(Error::Connection)? {
+        ready.fd.readable().await?.clear_ready();
+    }
+    Ok(conn.connected())
+}
+
+/// A connection whose handshake [`connect`] waits for: aborted if the wait is dropped.
+struct AbortUnlessConnected(Option<AsyncConnection>);
+
+impl AbortUnlessConnected {
+    fn get(&self) -> &AsyncConnection {
+        self.0.as_ref().expect("held until connected")
+    }
+
+    fn connected(mut self) -> AsyncConnection {
+        self.0.take().expect("held until connected")
+    }
+}
+
+impl Drop for AbortUnlessConnected {
+    fn drop(&mut self) {
+        if let Some(c) = &self.0 {
+            c.conn.abort(0, "the connect was cancelled");
+        }
+    }
 }

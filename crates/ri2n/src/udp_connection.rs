@@ -364,6 +364,15 @@ impl UdpConnection {
         }
     }
 
+    /// [`Self::wait_handshake`] without waiting, for a caller that waits on the readiness
+    /// descriptors of `caller`: they are cleared before the look, so that the handshake's
+    /// end after it signals them again.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn try_handshake(&self, caller: Caller) -> Result<bool, ConnectionError> {
+        self.watchers.clear(caller);
+        self.wait_handshake(Some(Instant::now()))
+    }
+
     pub(crate) fn try_recv_datagrams_into(
         &self,
         bufs: &mut Vec<Vec<u8>>,

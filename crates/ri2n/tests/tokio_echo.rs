@@ -783,3 +783,63 @@ fn small_writer_woken(transport: Transport, messages: bool) -> bool {
         woken
     })
 }
+
+/// A connect cancelled while the peer does not answer (a timeout around it) leaves nothing
+/// running: the handshake stops (the silent peer hears no more of it) and the runtime shuts
+/// down at once. It ran on a blocking-pool thread, which went on for the handshake's whole
+/// timeout, and the runtime's drop waited for it.
+#[test]
+fn a_cancelled_connect_stops_its_handshake_and_holds_up_nothing() {
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let to = silent.local_addr().unwrap();
+    let client = Endpoint::client(&[loopback("127.0.0.1")]).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    // a handshake that fails ends the wait as one that succeeds does
+    let closed = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let nobody = [closed.local_addr().unwrap()];
+    drop(closed);
+    let refused = rt.block_on(async {
+        let connect = ri2n::tokio::connect(&client, &nobody, ConnectionConfig::default());
+        tokio::time::timeout(Duration::from_secs(5), connect).await
+    });
+    assert!(
+        matches!(
+            refused,
+            Ok(Err(ri2n::Error::Connection(ri2n::ConnectionError::Refused)))
+        ),
+        "{refused:?}"
+    );
+    let cancelled = rt.block_on(async {
+        let remotes = [to];
+        let connect = ri2n::tokio::connect(&client, &remotes, ConnectionConfig::default());
+        tokio::time::timeout(Duration::from_millis(200), connect).await
+    });
+    assert!(cancelled.is_err(), "the connect did not time out");
+    let shutting = Instant::now();
+    drop(rt);
+    let took = shutting.elapsed();
+    // the handshake was under way: its first packets reached the silent peer
+    silent
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut buf = [0u8; 2048];
+    let mut heard = 0;
+    while silent.recv(&mut buf).is_ok() {
+        heard += 1;
+    }
+    assert!(heard > 0, "no handshake packet reached the peer");
+    // and no more after the cancel (its retries come within a second or two)
+    silent
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    let after = silent.recv(&mut buf);
+    assert!(after.is_err(), "the handshake went on after the cancel");
+    assert!(
+        took < Duration::from_secs(5),
+        "the runtime's shutdown waited {took:?} for the cancelled connect"
+    );
+}
