@@ -19,9 +19,12 @@
 //! assumed to carry it) shows the same way at the base size: a run of lost full packets while
 //! smaller ones (a write's tail, PINGs) are acknowledged and no full one is. Such a link looks
 //! alive to every probe of its liveness, which is small, while each full packet sent on it is
-//! lost: [`PathMtu::below_base`] says so, and the connection takes the link down, to come back
-//! once a probe of the base size gets through (RFC 8899 §4.4: a path whose base fails is
-//! unusable).
+//! lost. So does a link whose rate a policer caps, for a while: over the rate it drops every
+//! full packet, and the small ones fit the tokens left. The run is therefore only a doubt,
+//! and probes of the base size settle it: one acknowledged clears it (the size passes), and
+//! [`MAX_PROBES`] lost in a row confirm it: [`PathMtu::below_base`] says so, and the
+//! connection takes the link down, to come back once a probe of the base size gets through
+//! (RFC 8899 §4.4: a path whose base fails is unusable).
 
 use std::time::{Duration, Instant};
 
@@ -61,6 +64,9 @@ pub(crate) struct PathMtu {
     /// smaller packets acknowledged meanwhile (see [`Self::below_base`]).
     base_losses: u32,
     small_acks: u32,
+    /// Probes of the base size lost in a row since such a run put the base size in doubt;
+    /// `None` while it is not (see the module docs).
+    base_doubt: Option<u8>,
 }
 
 impl PathMtu {
@@ -78,6 +84,7 @@ impl PathMtu {
             large_losses: 0,
             base_losses: 0,
             small_acks: 0,
+            base_doubt: None,
         };
         m.restart();
         m
@@ -103,6 +110,7 @@ impl PathMtu {
         self.raise_at = None;
         self.large_losses = 0;
         (self.base_losses, self.small_acks) = (0, 0);
+        self.base_doubt = None;
         self.target = (self.ceiling > self.base).then_some(self.ceiling);
     }
 
@@ -142,7 +150,10 @@ impl PathMtu {
         if self.outstanding {
             return None;
         }
-        self.target
+        match self.base_doubt {
+            Some(lost) if lost < MAX_PROBES => Some(self.base),
+            _ => self.target,
+        }
     }
 
     pub fn on_probe_sent(&mut self) {
@@ -156,6 +167,13 @@ impl PathMtu {
         if size > self.ceiling {
             return;
         }
+        if size == self.base {
+            // the probe of a doubt (a search never tries the base size): the base size
+            // passes, and the run of losses was congestion, or a policer
+            self.outstanding = false;
+            self.clear_base_doubt();
+            return;
+        }
         self.outstanding = false;
         self.attempts = 0;
         if size > self.current {
@@ -167,6 +185,14 @@ impl PathMtu {
 
     /// A probe of `size` was lost.
     pub fn on_probe_lost(&mut self, size: usize, now: Instant) {
+        if size == self.base {
+            // the probe of a doubt (which an acknowledged full packet may have cleared since)
+            self.outstanding = false;
+            if let Some(lost) = &mut self.base_doubt {
+                *lost = lost.saturating_add(1);
+            }
+            return;
+        }
         if self.target != Some(size) {
             // from a search that has moved on (or started again: the probe now in flight,
             // if any, is another)
@@ -198,17 +224,39 @@ impl PathMtu {
     pub fn on_packet_acked(&mut self, size: usize) {
         if size + SEARCH_GRANULARITY > self.current {
             self.large_losses = 0;
-            (self.base_losses, self.small_acks) = (0, 0);
+            self.clear_base_doubt();
         } else if self.base_losses > 0 {
             self.small_acks += 1;
+            self.doubt_base();
         }
     }
 
     /// Whether the path no longer carries the base size: [`BLACK_HOLE_LOSSES`] full packets
     /// of that size lost in a row, none acknowledged, while [`SMALL_ACKS_BELOW_BASE`] smaller
-    /// ones were (see the module docs).
+    /// ones were, and then [`MAX_PROBES`] probes of the base size lost in a row (see the
+    /// module docs).
     pub fn below_base(&self) -> bool {
-        self.base_losses >= BLACK_HOLE_LOSSES && self.small_acks >= SMALL_ACKS_BELOW_BASE
+        self.base_doubt.is_some_and(|lost| lost >= MAX_PROBES)
+    }
+
+    /// A run of lost full packets with small ones acknowledged puts the base size in doubt:
+    /// probes of it are due ([`Self::probe_due`]).
+    fn doubt_base(&mut self) {
+        if self.base_losses >= BLACK_HOLE_LOSSES
+            && self.small_acks >= SMALL_ACKS_BELOW_BASE
+            && self.base_doubt.is_none()
+        {
+            tracing::debug!(
+                base = self.base,
+                "full packets lost in a row while small ones pass: probing the base size"
+            );
+            self.base_doubt = Some(0);
+        }
+    }
+
+    fn clear_base_doubt(&mut self) {
+        (self.base_losses, self.small_acks) = (0, 0);
+        self.base_doubt = None;
     }
 
     /// A data packet of `size` bytes was lost. Returns true when that made the link fall
@@ -216,6 +264,7 @@ impl PathMtu {
     pub fn on_packet_lost(&mut self, size: usize) -> bool {
         if self.current == self.base && size + SEARCH_GRANULARITY > self.base {
             self.base_losses = self.base_losses.saturating_add(1);
+            self.doubt_base();
         }
         if size <= self.base || self.current == self.base {
             return false;
@@ -317,20 +366,33 @@ mod tests {
         );
     }
 
-    /// Full packets of the base size lost in a row while smaller ones are acknowledged: the
-    /// path is below the base size. Not while full ones are acknowledged too (congestion),
-    /// nor for losses alone (a dead link, which its probe timeouts judge).
+    /// Full packets of the base size lost in a row while smaller ones are acknowledged put
+    /// the base size in doubt (not while full ones are acknowledged too: congestion; nor for
+    /// losses alone: a dead link, which its probe timeouts judge). Probes of the base size
+    /// settle it: lost [`MAX_PROBES`] times in a row, the path is below the base size.
     #[test]
     fn a_path_below_the_base_size_is_told() {
+        let now = Instant::now();
         let mut m = PathMtu::new(1472, 1472);
+        let probe_lost = |m: &mut PathMtu| {
+            assert_eq!(m.probe_due(now), Some(1472), "a probe of the base size");
+            m.on_probe_sent();
+            assert_eq!(m.probe_due(now), None, "one at a time");
+            m.on_probe_lost(1472, now);
+        };
         for _ in 0..BLACK_HOLE_LOSSES {
             m.on_packet_lost(1460);
         }
-        assert!(!m.below_base(), "losses alone");
+        assert_eq!(m.probe_due(now), None, "losses alone");
         m.on_packet_acked(120);
-        assert!(!m.below_base(), "one small packet through");
+        assert_eq!(m.probe_due(now), None, "one small packet through");
         m.on_packet_acked(60);
+        for _ in 0..MAX_PROBES {
+            assert!(!m.below_base());
+            probe_lost(&mut m);
+        }
         assert!(m.below_base());
+        assert_eq!(m.probe_due(now), None, "told: no more probes");
         // a full packet through: the path carries the base size
         m.on_packet_acked(1460);
         assert!(!m.below_base());
@@ -338,11 +400,46 @@ mod tests {
             m.on_packet_lost(1472);
             m.on_packet_acked(100);
         }
-        assert!(!m.below_base(), "one loss short");
+        assert_eq!(m.probe_due(now), None, "one loss short");
         m.on_packet_lost(1472);
+        for _ in 0..MAX_PROBES {
+            probe_lost(&mut m);
+        }
         assert!(m.below_base());
         m.restart();
         assert!(!m.below_base(), "forgotten once the link was down");
+    }
+
+    /// A policer over its rate drops every full packet while small ones fit its tokens: the
+    /// same run of losses. A probe of the base size that gets through (the sender slowed
+    /// down, the tokens came back) clears the doubt, and the link stays up.
+    #[test]
+    fn a_probe_of_the_base_size_acknowledged_clears_the_doubt() {
+        let now = Instant::now();
+        let mut m = PathMtu::new(1472, 1472);
+        for _ in 0..BLACK_HOLE_LOSSES {
+            m.on_packet_lost(1472);
+            m.on_packet_acked(60);
+        }
+        assert_eq!(m.probe_due(now), Some(1472));
+        m.on_probe_sent();
+        m.on_probe_lost(1472, now);
+        assert_eq!(m.probe_due(now), Some(1472));
+        m.on_probe_sent();
+        m.on_probe_acked(1472, now);
+        assert!(!m.below_base());
+        assert_eq!(m.probe_due(now), None, "no doubt left");
+        // a new run starts from nothing: probes again, as many as before
+        for _ in 0..BLACK_HOLE_LOSSES {
+            m.on_packet_lost(1472);
+            m.on_packet_acked(60);
+        }
+        for _ in 0..MAX_PROBES - 1 {
+            assert_eq!(m.probe_due(now), Some(1472));
+            m.on_probe_sent();
+            m.on_probe_lost(1472, now);
+        }
+        assert!(!m.below_base(), "one probe short");
     }
 
     #[test]

@@ -403,6 +403,59 @@ fn transfer_survives_a_link_cut_and_restored() {
     });
 }
 
+/// Two links capped at 1 Mbit/s each by a policer (what exceeds the rate is dropped, as
+/// ri2n's rate impairment and `ri2n send --fault ADDR:rate=1M` do): the bytes arrive, both
+/// links stay up, and the transfer takes about what the caps allow. Over the rate a policer
+/// drops every full packet while small ones fit its tokens, which read as a path that no
+/// longer carries the base size: the links went down and up again some twenty times in a
+/// 600 KB transfer, and it moved at a third of the capacity.
+#[test]
+fn links_capped_by_a_policer_stay_up() {
+    let p = pair();
+    for local in p.client.local_addrs() {
+        (p.client.impairment(local).unwrap()).set_rate(Some(1_000_000));
+    }
+    let len = 600_000;
+    let mut sent = vec![0u8; len];
+    rand::rngs::StdRng::seed_from_u64(3).fill_bytes(&mut sent);
+    let server = p.server.clone();
+    let receiver = thread::spawn(move || {
+        let mut got = Vec::new();
+        server.accept().unwrap().read_to_end(&mut got).unwrap();
+        got
+    });
+    let to = p.server.local_addrs()[0];
+    let mut conn = p
+        .client
+        .connect(&[to], ConnectionConfig::default())
+        .unwrap();
+    let started = Instant::now();
+    conn.write_all(&sent).unwrap();
+    conn.finish().unwrap();
+    conn.wait_acknowledged(Some(Duration::from_secs(60)))
+        .unwrap();
+    let took = started.elapsed();
+    assert!(receiver.join().unwrap() == sent, "the bytes differ");
+    let stats = conn.stats();
+    let downs = (conn.poll_events().iter())
+        .filter(|e| {
+            matches!(
+                e.event,
+                ri2n::Event::LinkStateChanged {
+                    to: LinkState::Down,
+                    ..
+                }
+            )
+        })
+        .count();
+    let lost: u64 = stats.links.iter().map(|l| l.packets_lost).sum();
+    println!("{len} bytes in {took:?}, {lost} packets lost, {downs} links down");
+    // the premise: the policer dropped packets while the data moved
+    assert!(lost > 0, "nothing was dropped: {:?}", stats.links);
+    // (a link of a host busy with other tests may miss its probes' deadline once)
+    assert!(downs <= 1, "{downs} links went down: {:?}", stats.links);
+}
+
 /// A server with more addresses than a connection has links, all given to `connect`: the
 /// handshake takes the first, links go to as many as a connection carries, and the bytes
 /// arrive. (It was refused: "at most 8 links per connection", though the TCP transport and
