@@ -98,6 +98,18 @@ impl Output {
             Ok(t) if !t.is_file() => return Output::open_special(path, t.is_fifo()),
             _ => {}
         }
+        // `DIR/` that does not exist (yet): the name would lose its slash (`DIR.partial`),
+        // and the transfer fail only at its end, when the file cannot take that name
+        if path.as_os_str().as_encoded_bytes().ends_with(b"/") {
+            return Err(Failure::new(
+                error::GENERIC,
+                format!(
+                    "cannot create {}: it names a directory (it ends with /), and none is \
+                     there: give the file's path",
+                    path.display()
+                ),
+            ));
+        }
         // a link to a file: the file it points to is replaced, not the link (written beside
         // that file, in its directory); created there when the link dangles, as `cp` does
         let path = ri2n::follow_links(path)

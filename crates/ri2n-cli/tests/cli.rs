@@ -1188,6 +1188,27 @@ fn keygen_writes_a_private_one_line_key() {
     assert_ne!(std::fs::read_to_string(file.path()).unwrap(), first);
 }
 
+/// `recv --output DIR/` for a directory that is not there is refused before listening, as
+/// `--output DIR/FILE` is: it received a whole transfer into `DIR.partial` and failed only
+/// at the end, when the file could not take the name `DIR/`.
+#[test]
+fn recv_refuses_an_output_naming_a_missing_directory_at_once() {
+    let dir = TempFile::new("missing-dir");
+    let named = format!("{}/", dir.path().display());
+    let (s, o) = ri2n(
+        ["recv", "--listen", "127.0.0.1:0", "--output", &named],
+        Duration::from_secs(10),
+    );
+    let err = stderr_of(&o);
+    assert_eq!(s.code(), Some(1), "{err}");
+    assert!(
+        err.contains("names a directory") && !err.contains("listening"),
+        "{err}"
+    );
+    let partial = format!("{}.partial", dir.path().display());
+    assert!(!Path::new(&partial).exists(), "{partial} was made");
+}
+
 /// `ri2n keygen` with nowhere to print the key (stdout closed, which Rust turns into
 /// /dev/null, or /dev/null itself) fails and names --output, rather than lose the key with
 /// exit 0.
