@@ -142,6 +142,9 @@ struct Received {
 }
 
 pub fn run(args: &DemoArgs) -> Result<(), Failure> {
+    // both ends are in this process: an interrupt has no peer to tell, only its exit status
+    // and message to give, as every command's (it died of the signal, saying nothing)
+    crate::interrupt::install();
     let rate = writer_rate(args);
     let screen = Screen {
         color: stderr_is_terminal(),

@@ -51,7 +51,7 @@ pub fn name(signal: i32) -> &'static str {
     }
 }
 
-/// Starts watching SIGINT and SIGTERM (once, at the start of `send` and `recv`).
+/// Starts watching SIGINT and SIGTERM (once, at the start of `send`, `recv` and `demo`).
 pub fn install() {
     let Ok(mut signals) = Signals::new([SIGINT, SIGTERM]) else {
         return; // the default action stays: the process just ends

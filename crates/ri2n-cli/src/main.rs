@@ -103,7 +103,8 @@ Exit codes:
   1  it did not (the message says what differed), or the terminal could not be written
   2  usage error
   3, 4  the demo's connection could not be made, or was lost (as for `ri2n send`)
-  5  127.0.0.1 or 127.0.0.2 cannot be bound";
+  5  127.0.0.1 or 127.0.0.2 cannot be bound
+  130, 143  interrupted by SIGINT, SIGTERM";
 
 const KEYGEN_HELP: &str = "\
 Exit codes:

@@ -314,6 +314,27 @@ fn demo_succeeds() {
     );
 }
 
+/// SIGINT to a running demo: it exits 130 and says so, as its help and every command do
+/// (it died of the signal, saying nothing).
+#[test]
+fn an_interrupted_demo_exits_130_saying_so() {
+    let _g = heavy();
+    let demo = Proc::spawn(
+        "ri2n demo",
+        Command::new(bin())
+            .args(["demo", "--seconds", "20", "--rate", "10"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    // under way (the handler is in place from the start)
+    thread::sleep(Duration::from_secs(1));
+    demo.signal(libc::SIGINT);
+    let (s, o) = demo.wait(Duration::from_secs(10));
+    let err = stderr_of(&o);
+    assert_eq!(s.code(), Some(130), "{s}: {err}");
+    assert!(err.contains("interrupted by SIGINT"), "{err}");
+}
+
 /// The demo over slow links, as its help invites: the writer is held to what the links
 /// carry. Before, at 10 Mbit/s per link it wrote 400 Mbit/s into the send buffer, which took
 /// longer than the 5 s allowed to drain after the end (exit 1).
