@@ -858,6 +858,13 @@ fn bad_options_are_usage_errors() {
         let (s, o) = ri2n(&args, Duration::from_secs(10));
         assert_eq!(s.code(), Some(2), "{args:?}: {}", stderr_of(&o));
     }
+    // the demo's range named, for an infinite number too (it named the general bound)
+    for secs in ["2", "inf", "1e12"] {
+        let (s, o) = ri2n(["demo", "--seconds", secs], Duration::from_secs(10));
+        let err = stderr_of(&o);
+        assert_eq!(s.code(), Some(2), "{secs}: {err}");
+        assert!(err.contains("the demo runs 3 to 600 s"), "{secs}: {err}");
+    }
     // a fault naming an address this process does not have
     let (s, o) = ri2n(
         ["send", "--to", "127.0.0.1:9", "--fault", "1:127.0.0.9:down"],
