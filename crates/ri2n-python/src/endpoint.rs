@@ -106,7 +106,9 @@ impl PyEndpoint {
 
 #[pymethods]
 impl PyEndpoint {
-    /// An endpoint that accepts connections on ``addrs`` (``"ip:port"`` strings; port 0 picks
+    /// An endpoint that accepts connections on ``addrs`` (``"ip:port"`` strings or
+    /// ``(ip, port)`` tuples, as ``socket`` takes them, here and wherever addresses are given;
+    /// port 0 picks
     /// a free port, see ``local_addrs()``; ``"0.0.0.0:7000"`` stands for every IPv4 address the
     /// host has now). Clients given one of the addresses learn the others and open a link to
     /// each. With ``key`` (a ``Key``) or ``key_file`` (a path to one), only clients holding

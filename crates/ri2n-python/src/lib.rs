@@ -32,21 +32,55 @@ use pyo3::prelude::*;
 /// with a timeout or without.
 pub(crate) const SIGNAL_CHECK: Duration = Duration::from_millis(200);
 
-/// Addresses as Python passes them: one `"ip:port"` string or a sequence of them.
-#[derive(FromPyObject)]
-pub(crate) enum Addrs {
-    One(String),
-    Many(Vec<String>),
+/// Addresses as Python passes them: one address or a sequence of them, each an `"ip:port"`
+/// string or an `(ip, port)` tuple, as `socket` takes it.
+pub(crate) struct Addrs(Vec<String>);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Addrs {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        if let Some(one) = address(&obj) {
+            return Ok(Addrs(vec![one]));
+        }
+        let wrong = || {
+            pyo3::exceptions::PyTypeError::new_err(format!(
+                "addresses are \"ip:port\" strings or (ip, port) tuples, one or a list of \
+                 them; got {}",
+                obj.repr()
+                    .map_or_else(|_| "?".to_owned(), |r| r.to_string())
+            ))
+        };
+        let seq = (obj.cast::<pyo3::types::PySequence>()).map_err(|_| wrong())?;
+        let mut all = Vec::new();
+        for item in seq.try_iter()? {
+            all.push(address(&item?.as_borrowed()).ok_or_else(wrong)?);
+        }
+        Ok(Addrs(all))
+    }
+}
+
+/// One address: an `"ip:port"` string, or an `(ip, port)` tuple made one.
+fn address(obj: &Borrowed<'_, '_, PyAny>) -> Option<String> {
+    if let Ok(text) = obj.cast::<pyo3::types::PyString>() {
+        return Some(text.to_string_lossy().into_owned());
+    }
+    let pair = obj.cast::<pyo3::types::PyTuple>().ok()?;
+    if pair.len() != 2 {
+        return None;
+    }
+    let host: String = pair.get_item(0).ok()?.extract().ok()?;
+    let port: u16 = pair.get_item(1).ok()?.extract().ok()?;
+    Some(match host.contains(':') {
+        true => format!("[{host}]:{port}"),
+        false => format!("{host}:{port}"),
+    })
 }
 
 impl Addrs {
     /// The socket addresses; `ValueError` naming the first string that is not one.
     pub(crate) fn parse(self) -> PyResult<Vec<SocketAddr>> {
-        let all = match self {
-            Addrs::One(a) => vec![a],
-            Addrs::Many(v) => v,
-        };
-        all.iter()
+        (self.0.iter())
             .map(|a| {
                 a.trim().parse().map_err(|_| {
                     PyValueError::new_err(format!(
@@ -124,9 +158,29 @@ pub(crate) fn poll_readable(fd: RawFd, wait: Duration) -> bool {
 
 /// Drops `value` with the GIL released: the last handle of an endpoint (or its last
 /// connection) waits there, up to the endpoint's `close_linger`, for what was written to be
-/// delivered, and other Python threads must not stall meanwhile.
-pub(crate) fn drop_detached<T: Send>(value: T) {
-    Python::attach(|py| py.detach(move || drop(value)));
+/// delivered, and other Python threads must not stall meanwhile. It runs where no exception
+/// can be raised (an object's deallocation), so Ctrl-C is looked for without running
+/// Python's handler: it stops the wait (the delivery goes on on its thread while the
+/// process lives), and is signalled again for Python to raise `KeyboardInterrupt` after.
+/// It waited out the whole linger, and the interrupt with it.
+pub(crate) fn drop_detached<T: Send + 'static>(value: T) {
+    Python::attach(|py| {
+        let dropped = wait_on_thread(
+            py,
+            "ri2n-drop",
+            move || drop(value),
+            |()| {},
+            // SAFETY (both calls): the GIL is held; they read and clear SIGINT's flag, and
+            // set it again
+            |_| match unsafe { pyo3::ffi::PyOS_InterruptOccurred() } {
+                0 => Ok(()),
+                _ => Err(pyo3::exceptions::PyKeyboardInterrupt::new_err(())),
+            },
+        );
+        if dropped.is_err() {
+            unsafe { pyo3::ffi::PyErr_SetInterrupt() };
+        }
+    });
 }
 
 /// [`drop_detached`] where Python can take an exception: the wait for delivery runs on a
@@ -276,9 +330,9 @@ impl<T: Send + Sync> Drop for Kept<T> {
 /// What a call holds of a connection (or an endpoint) while it runs. Where it was closed
 /// meanwhile (from another thread), the call's handle is the last one, and it lets go as
 /// `close()` does: with the GIL released ([`drop_detached`]).
-pub(crate) struct Shared<T: Send + Sync>(Option<Arc<T>>);
+pub(crate) struct Shared<T: Send + Sync + 'static>(Option<Arc<T>>);
 
-impl<T: Send + Sync> Shared<T> {
+impl<T: Send + Sync + 'static> Shared<T> {
     pub(crate) fn new(value: Arc<T>) -> Self {
         Self(Some(value))
     }
@@ -289,7 +343,7 @@ impl<T: Send + Sync> Shared<T> {
     }
 }
 
-impl<T: Send + Sync> std::ops::Deref for Shared<T> {
+impl<T: Send + Sync + 'static> std::ops::Deref for Shared<T> {
     type Target = T;
 
     fn deref(&self) -> &T {
@@ -297,7 +351,7 @@ impl<T: Send + Sync> std::ops::Deref for Shared<T> {
     }
 }
 
-impl<T: Send + Sync> Drop for Shared<T> {
+impl<T: Send + Sync + 'static> Drop for Shared<T> {
     fn drop(&mut self) {
         // only the last of the handles dropping at once gets the value
         if let Some(last) = self.0.take().and_then(Arc::into_inner) {

@@ -79,6 +79,26 @@ def test_bad_addresses_are_value_errors(endpoints, addr: str) -> None:
         client.connect([addr], timeout=1)
 
 
+def test_addresses_may_be_ip_port_tuples_as_socket_takes_them(endpoints) -> None:
+    """An ``(ip, port)`` tuple, or a list of them, is an address as ``"ip:port"`` is (a
+    socket user passes one first); what is neither is a ``TypeError`` that says what an
+    address is. It was a ``TypeError`` about Rust's enum variants, naming no argument."""
+    server, client = endpoints
+    host, port = server.local_addrs()[0].rsplit(":", 1)
+    conn = client.connect((host, int(port)), timeout=10)
+    conn.close()
+    conn = client.connect([(host, int(port)), server.local_addrs()[1]], timeout=10)
+    conn.close()
+    v6 = ri2n.Endpoint.client([("::1", 0)])
+    assert v6.local_addrs()[0].startswith("[::1]:")
+    v6.close()
+    for wrong in [7000, None, b"127.0.0.1:0", [("127.0.0.1",)], ("127.0.0.1", 7000, 0)]:
+        with pytest.raises(TypeError, match=r'"ip:port" strings or \(ip, port\) tuples'):
+            client.connect(wrong, timeout=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not a socket address"):
+        client.connect(("localhost", 7000), timeout=1)
+
+
 def test_bad_arguments_are_value_errors(endpoints) -> None:
     server, client = endpoints
     with pytest.raises(ValueError):
@@ -296,6 +316,29 @@ def _ctrl_c_after(seconds: float) -> Iterator[None]:
     finally:
         timer.cancel()
         signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_interrupts_a_drop_waiting_for_delivery() -> None:
+    """The same wait when the connection is dropped rather than closed (``del``, the end of
+    a function): Ctrl-C ends it, and ``KeyboardInterrupt`` comes right after. It waited out
+    the whole linger (10 s), and the interrupt came only then."""
+    with server_process() as (proc, addr):
+        conn = ri2n.Endpoint.client(LINKS).connect(addr, timeout=10)
+        assert conn.recv(2, timeout=10) == b"hi"
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            wait_stopped(proc.pid)
+            conn.sendall(bytes(10_000))  # never acknowledged
+            start = time.monotonic()
+            with _ctrl_c_after(0.3), pytest.raises(KeyboardInterrupt):
+                del conn
+                # the program goes on: Python raises the interrupt at its next check
+                for _ in range(50):
+                    time.sleep(0.1)
+            waited = time.monotonic() - start
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        assert waited < 2.0, f"Ctrl-C came after {waited:.1f} s"
 
 
 @pytest.mark.parametrize("call", ["recv", "recv_into", "recv_message", "wait_acknowledged"])

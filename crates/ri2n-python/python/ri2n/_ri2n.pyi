@@ -12,7 +12,9 @@ else:
 
 from typing_extensions import Self
 
-_Addrs = Union[str, Sequence[str]]
+# "ip:port" or (ip, port), as socket takes it; one or a sequence of them
+_Addr = Union[str, Tuple[str, int]]
+_Addrs = Union[_Addr, Sequence[_Addr]]
 
 class _Cancel(Protocol):
     """What ``Endpoint.connect`` looks at to give up: a ``threading.Event``, say."""
@@ -125,8 +127,8 @@ class Endpoint:
         key_file: Optional[_Path] = None,
         transport: str = "udp",
     ) -> Endpoint:
-        """An endpoint that accepts connections on ``addrs`` (``"ip:port"``); ``transport``
-        ``"udp"`` or ``"tcp"``."""
+        """An endpoint that accepts connections on ``addrs`` (``"ip:port"`` or ``(ip, port)``,
+        one or a list); ``transport`` ``"udp"`` or ``"tcp"``."""
     @staticmethod
     def client(
         addrs: _Addrs,
