@@ -76,11 +76,17 @@ enum Waited<T> {
     Slice,
 }
 
-/// What a call waits for: its readiness descriptor.
+/// What a call waits for: the readiness descriptor it polls. The stream's calls poll their
+/// own kind's, which only their own looks clear and which no other caller's look signals
+/// again: the shared descriptor a look gives back to others waiting (a select loop on
+/// `read_fileno()` for messages) would wake the waiting call itself, and its next look clear
+/// that loop's wake-up.
 #[derive(Clone, Copy)]
 enum Wait {
-    Read,
-    Write,
+    StreamRead,
+    StreamWrite,
+    /// `send_message`: no descriptor of its own kind is public; the writers' one.
+    MessageWrite,
 }
 
 /// Retries the non-blocking `attempt` until it does not say `WouldBlock`, waiting on the
@@ -95,8 +101,9 @@ fn retry_until<T: Send>(
     mut attempt: impl FnMut(&Connection) -> io::Result<T> + Send,
 ) -> PyResult<T> {
     let fd = match wait {
-        Wait::Read => conn.read_readiness_fd(),
-        Wait::Write => conn.write_readiness_fd(),
+        Wait::StreamRead => conn.stream_read_readiness_fd(),
+        Wait::StreamWrite => conn.stream_write_readiness_fd(),
+        Wait::MessageWrite => conn.write_readiness_fd(),
     }
     .map_err(|e| io_error(py, e))?
     .as_raw_fd();
@@ -191,7 +198,7 @@ const WHOLE_BUFFER: usize = 16 << 10;
 fn write_all(py: Python<'_>, conn: &Connection, data: &[u8]) -> PyResult<()> {
     if data.is_empty() {
         // as a socket's sendall(b""), a write all the same: it fails where any would
-        retry_until(py, conn, Wait::Write, never(), |c| c.try_write(data))?;
+        retry_until(py, conn, Wait::StreamWrite, never(), |c| c.try_write(data))?;
         return Ok(());
     }
     let mut rest = data;
@@ -201,10 +208,10 @@ fn write_all(py: Python<'_>, conn: &Connection, data: &[u8]) -> PyResult<()> {
     while !rest.is_empty() {
         let piece = &rest[..rest.len().min(SEND_CHUNK)];
         let taken = if piece.len() < WHOLE_BUFFER {
-            retry_until(py, conn, Wait::Write, never(), |c| c.try_write(piece))?
+            retry_until(py, conn, Wait::StreamWrite, never(), |c| c.try_write(piece))?
         } else {
             buf.clear();
-            retry_until(py, conn, Wait::Write, never(), |c| {
+            retry_until(py, conn, Wait::StreamWrite, never(), |c| {
                 if buf.is_empty() {
                     buf.extend_from_slice(piece);
                 }
@@ -237,7 +244,9 @@ impl PyConnection {
         let conn = self.get()?;
         let held = Held::readable(data)?;
         let bytes = held.bytes();
-        retry_until(py, &conn, Wait::Write, never(), |c| c.try_write(bytes))
+        retry_until(py, &conn, Wait::StreamWrite, never(), |c| {
+            c.try_write(bytes)
+        })
     }
 
     /// Writes all of ``data`` (any bytes-like object, read where it lies), waiting for room
@@ -274,7 +283,9 @@ impl PyConnection {
             return Ok(PyBytes::new(py, b""));
         }
         let mut buf = vec![0u8; n.min(MAX_RECV)];
-        let got = retry_until(py, &conn, Wait::Read, deadline, |c| c.try_read(&mut buf))?;
+        let got = retry_until(py, &conn, Wait::StreamRead, deadline, |c| {
+            c.try_read(&mut buf)
+        })?;
         Ok(PyBytes::new(py, &buf[..got]))
     }
 
@@ -297,7 +308,7 @@ impl PyConnection {
         if into.is_empty() {
             return Ok(0);
         }
-        retry_until(py, &conn, Wait::Read, deadline, |c| c.try_read(into))
+        retry_until(py, &conn, Wait::StreamRead, deadline, |c| c.try_read(into))
     }
 
     /// Reads at most ``n`` bytes that have arrived; ``b""`` at the end of the stream,
@@ -341,7 +352,7 @@ impl PyConnection {
         let conn = self.get()?;
         let held = Held::readable(data)?;
         let bytes = held.bytes();
-        retry_until(py, &conn, Wait::Write, never(), |c| {
+        retry_until(py, &conn, Wait::MessageWrite, never(), |c| {
             c.try_send_message(bytes)
         })
     }

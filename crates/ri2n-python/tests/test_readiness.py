@@ -84,3 +84,39 @@ def test_endpoint_fileno_and_try_accept(endpoints) -> None:
         peer.close()
     finally:
         conn.close()
+
+
+def test_a_thread_waiting_in_recv_leaves_a_select_loop_its_messages(pair: Pair) -> None:
+    """A thread blocked in ``recv()`` beside a loop selecting on ``read_fileno()`` for
+    messages, as the ``fileno()`` doc invites: the loop is woken for each message. The
+    waiting ``recv`` polled the shared read descriptor, so the signal given back for the
+    loop (its look found no stream bytes, and a message waiting) woke it again, and its
+    next look cleared it: the loop slept with the message there (9 of 20 rounds)."""
+    import threading
+
+    got = []
+    waiting = threading.Thread(target=lambda: got.append(pair.peer.recv(100, timeout=30)))
+    waiting.start()
+    time.sleep(0.2)
+    missed = 0
+    for i in range(10):
+        pair.conn.send_message(b"m%d" % i)
+        # as the doc says a loop does: after each wake-up, try until BlockingIOError (a
+        # wake-up may be for something else)
+        deadline = time.monotonic() + 1.0
+        message = None
+        while message is None and readable(
+            pair.peer.read_fileno(), max(0.0, deadline - time.monotonic())
+        ):
+            try:
+                message = pair.peer.try_recv_message()
+            except BlockingIOError:
+                pass
+        if message is None:
+            missed += 1
+            message = pair.peer.recv_message(timeout=5)
+        assert message == b"m%d" % i
+    pair.conn.sendall(b"end")
+    waiting.join(timeout=10)
+    assert got == [b"end"]
+    assert missed == 0, f"the loop missed {missed} of 10 messages"
