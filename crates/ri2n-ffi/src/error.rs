@@ -110,7 +110,8 @@ fn errno_of_io(e: &io::Error) -> i32 {
             return match w {
                 ri2n::WriteError::ConnectionLost(c) => ri2n::errno_of(c),
                 ri2n::WriteError::Finished => libc::EPIPE,
-                ri2n::WriteError::MessageTooLarge { .. } => libc::EMSGSIZE,
+                ri2n::WriteError::MessageTooLarge { .. }
+                | ri2n::WriteError::DatagramTooLarge { .. } => libc::EMSGSIZE,
                 ri2n::WriteError::MessagesRefused | ri2n::WriteError::DatagramsRefused => {
                     libc::EOPNOTSUPP
                 }

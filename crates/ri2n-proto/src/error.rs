@@ -95,6 +95,14 @@ pub enum WriteError {
         /// Largest message the connection can carry.
         limit: usize,
     },
+    /// The datagram exceeds the largest one the connection carries (`max_datagram_size`).
+    #[error("datagram of {size} bytes exceeds the limit of {limit} bytes")]
+    DatagramTooLarge {
+        /// Size of the rejected datagram.
+        size: usize,
+        /// Largest datagram the connection can carry.
+        limit: usize,
+    },
     /// The connection is not established yet.
     #[error("the connection is not established yet")]
     NotConnected,

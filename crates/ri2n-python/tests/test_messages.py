@@ -69,7 +69,7 @@ def test_datagrams(pair: Pair) -> None:
     big = bytes(i % 251 for i in range(60_000))
     pair.peer.send_datagram(big)
     assert pair.conn.recv_datagram(timeout=5) == big
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^datagram of"):
         pair.conn.send_datagram(bytes(pair.conn.max_datagram_size() + 1))
     with pytest.raises(TimeoutError):
         pair.peer.recv_datagram(timeout=0.2)

@@ -839,6 +839,8 @@ fn datagrams_sent_from_and_received_into_reused_buffers_arrive_whole_and_once() 
     let mut big = [vec![7u8; too_large]];
     let e = conn.send_datagram_bufs(big.iter_mut()).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    // named as what it is (it said "message")
+    assert!(e.to_string().starts_with("datagram of"), "{e}");
     assert_eq!(big[0].len(), too_large);
     conn.finish().unwrap();
     let (received, peer_stats) = receiver.join().unwrap();

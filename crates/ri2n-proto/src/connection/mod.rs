@@ -919,7 +919,7 @@ impl Connection {
         }
         let limit = self.max_datagram_size();
         if size > limit {
-            return Err(WriteError::MessageTooLarge { size, limit });
+            return Err(WriteError::DatagramTooLarge { size, limit });
         }
         Ok(())
     }
