@@ -46,8 +46,12 @@ pub enum ConnectionError {
     #[error("the connection was aborted locally")]
     LocallyAborted,
     /// Nothing listens at the peer's address: its host answered the handshake with "port
-    /// unreachable" (the peer's process is not running, or runs on another port).
-    #[error("connection refused: nothing listens at the peer's address")]
+    /// unreachable" (the peer's process is not running, or runs on another port, or a
+    /// server of the other transport listens there).
+    #[error(
+        "connection refused: nothing listens at the peer's address (is its server running, \
+         on that port, with the same transport, UDP or TCP?)"
+    )]
     Refused,
     /// The peer did not answer the handshake within the handshake timeout (a host or network
     /// that is down, a firewall that drops the packets, or no host at that address).

@@ -56,6 +56,18 @@ def test_connect_to_a_closed_port_is_refused(endpoints) -> None:
     assert e.value.errno == errno.ECONNREFUSED
 
 
+def test_a_client_of_the_other_transport_is_told_to_look_at_it() -> None:
+    """A UDP client of a TCP server finds its port closed (no UDP socket there): refused,
+    with the transport named as a cause to look at. It said only "nothing listens"."""
+    server = ri2n.Endpoint.server(["127.0.0.1:0"], transport="tcp")
+    client = ri2n.Endpoint.client(["127.0.0.1:0"])
+    try:
+        with pytest.raises(ConnectionRefusedError, match="same transport"):
+            client.connect(server.local_addrs(), timeout=10)
+    finally:
+        close_quietly(client, server)
+
+
 def test_connect_to_an_endpoint_that_is_not_a_server(endpoints) -> None:
     _, client = endpoints
     other = ri2n.Endpoint.client(["127.0.0.1:0"])
