@@ -9,6 +9,7 @@ use pyo3::exceptions::{PyOSError, PyUserWarning, PyValueError};
 use pyo3::prelude::*;
 
 use crate::errors::os_error;
+use crate::wait_on_thread;
 
 /// The key a cluster shares: give every host the same one, and connections between them are
 /// mutually authenticated and encrypted; a peer holding another key, or none, is refused
@@ -24,13 +25,21 @@ impl PyKey {
     /// Reads the key file at `path`, as `ri2n --key FILE` does.
     pub(crate) fn read(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
         // without the GIL: a FIFO's open waits for its writer, a network file system's read
-        // for the server, and the other Python threads run meanwhile
-        let read = py.detach(|| {
-            let file = fs::File::open(&path).map_err(ri2n::KeyReadError::Io)?;
-            let key = ri2n::Key::read_from(&file)?;
-            let mode = file.metadata().ok().map(|m| m.permissions().mode() & 0o777);
-            Ok::<_, ri2n::KeyReadError>((key, mode))
-        });
+        // for the server, and the other Python threads run meanwhile; on a thread of its own,
+        // so that Ctrl-C ends the wait (the open retries on EINTR and never sees it)
+        let reading = path.clone();
+        let read = wait_on_thread(
+            py,
+            "ri2n-key",
+            move || {
+                let file = fs::File::open(&reading).map_err(ri2n::KeyReadError::Io)?;
+                let key = ri2n::Key::read_from(&file)?;
+                let mode = file.metadata().ok().map(|m| m.permissions().mode() & 0o777);
+                Ok::<_, ri2n::KeyReadError>((key, mode))
+            },
+            drop,
+            |py| py.check_signals(),
+        )?;
         let (key, mode) = read.map_err(|e| match e {
             ri2n::KeyReadError::Io(e) => os_error(py, &e, None, Some(&path)),
             e => PyValueError::new_err(format!("{}: {e}", path.display())),

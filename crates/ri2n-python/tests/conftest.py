@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import linecache
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -175,3 +176,21 @@ async def until_suspended_in(
         assert not task.done(), f"the task ended instead of waiting in {coroutine}"
         assert time.monotonic() < deadline, f"the task never came to wait in {coroutine}"
         await asyncio.sleep(0)
+
+
+@contextlib.contextmanager
+def ctrl_c_after(seconds: float) -> Iterator[None]:
+    """SIGINT to this (the main) thread after ``seconds``, as Ctrl-C would send it, with
+    Python's own handler for it meanwhile: a process started as a background job of a
+    non-interactive shell begins with SIGINT ignored, and Python then leaves it so (the
+    signal would be lost and the wait under test would go on for ever)."""
+    main = threading.main_thread().ident
+    assert main == threading.get_ident(), "run from the main thread"
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(seconds, lambda: signal.pthread_kill(main, signal.SIGINT))
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)

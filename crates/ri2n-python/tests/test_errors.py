@@ -1,19 +1,26 @@
 """What goes wrong, as exceptions: timeouts, refusals, bad arguments, a peer that is gone,
 calls on what was closed."""
 
-import contextlib
 import errno
 import os
 import signal
 import socket
 import threading
 import time
-from typing import Iterator, Optional
+from typing import Optional
 
 import pytest
 
 import ri2n
-from conftest import LINKS, Pair, close_quietly, server_process, wait_blocked_in, wait_stopped
+from conftest import (
+    LINKS,
+    Pair,
+    close_quietly,
+    ctrl_c_after,
+    server_process,
+    wait_blocked_in,
+    wait_stopped,
+)
 
 
 def test_accept_times_out(endpoints) -> None:
@@ -312,24 +319,6 @@ def test_closing_an_endpoint_stops_its_connect_on_another_thread(endpoints) -> N
     assert len(outcome) == 1 and isinstance(outcome[0], ValueError), outcome
 
 
-@contextlib.contextmanager
-def _ctrl_c_after(seconds: float) -> Iterator[None]:
-    """SIGINT to this (the main) thread after ``seconds``, as Ctrl-C would send it, with
-    Python's own handler for it meanwhile: a process started as a background job of a
-    non-interactive shell begins with SIGINT ignored, and Python then leaves it so (the
-    signal would be lost and the wait under test would go on for ever)."""
-    main = threading.main_thread().ident
-    assert main == threading.get_ident(), "run from the main thread"
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    timer = threading.Timer(seconds, lambda: signal.pthread_kill(main, signal.SIGINT))
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
-        signal.signal(signal.SIGINT, previous)
-
-
 @pytest.mark.parametrize("call", ["recv", "recv_into", "recv_message", "wait_acknowledged"])
 def test_ctrl_c_interrupts_a_wait_without_a_timeout(pair: Pair, call: str) -> None:
     """Ctrl-C reaches a read that waits for ever on an idle peer, as it reaches Python's own
@@ -342,7 +331,7 @@ def test_ctrl_c_interrupts_a_wait_without_a_timeout(pair: Pair, call: str) -> No
         "wait_acknowledged": lambda: pair.conn.wait_acknowledged(),
     }
     start = time.monotonic()
-    with _ctrl_c_after(0.3), pytest.raises(KeyboardInterrupt):
+    with ctrl_c_after(0.3), pytest.raises(KeyboardInterrupt):
         waits[call]()
     assert time.monotonic() - start < 2.0
 
@@ -363,7 +352,7 @@ def test_ctrl_c_interrupts_a_close_waiting_for_delivery(how: str) -> None:
             wait_stopped(proc.pid)
             conn.sendall(bytes(10_000))  # never acknowledged
             start = time.monotonic()
-            with _ctrl_c_after(0.3), pytest.raises(KeyboardInterrupt):
+            with ctrl_c_after(0.3), pytest.raises(KeyboardInterrupt):
                 if how == "close":
                     conn.close()
                 else:
@@ -425,7 +414,7 @@ def test_ctrl_c_interrupts_a_tcp_connect() -> None:
     client = ri2n.Endpoint.client(["127.0.0.1:0"], transport="tcp")
     try:
         start = time.monotonic()
-        with _ctrl_c_after(0.3), pytest.raises(KeyboardInterrupt):
+        with ctrl_c_after(0.3), pytest.raises(KeyboardInterrupt):
             client.connect(silent.addr)
         assert time.monotonic() - start < 2.0
         assert silent.accepted, "the handshake never reached the listener"
@@ -514,7 +503,7 @@ def test_ctrl_c_interrupts_a_write_to_a_peer_that_reads_nothing(
         ),
     }
     start = time.monotonic()
-    with _ctrl_c_after(0.3), pytest.raises(KeyboardInterrupt):
+    with ctrl_c_after(0.3), pytest.raises(KeyboardInterrupt):
         # again and again: should acknowledgements late under load make room after
         # all, the next write blocks
         while True:
@@ -537,7 +526,7 @@ def test_ctrl_c_while_leaving_a_with_block_that_raised_is_not_lost(
     pair = pair_on_each_transport
     assert _fill(pair.conn, messages=False) > 0
     start = time.monotonic()
-    with _ctrl_c_after(0.3), pytest.raises(KeyboardInterrupt) as raised:
+    with ctrl_c_after(0.3), pytest.raises(KeyboardInterrupt) as raised:
         with pair.client:
             raise ConnectionError("the block failed")
     assert time.monotonic() - start < 2.0
@@ -555,7 +544,7 @@ def test_ctrl_c_interrupts_the_close_of_an_endpoint_whose_peer_reads_nothing(
     pair = pair_on_each_transport
     assert _fill(pair.conn, messages=False) > 0
     start = time.monotonic()
-    with _ctrl_c_after(0.3), pytest.raises(KeyboardInterrupt):
+    with ctrl_c_after(0.3), pytest.raises(KeyboardInterrupt):
         pair.client.close()
     assert time.monotonic() - start < 2.0
     assert pair.client.closed

@@ -6,11 +6,12 @@ import re
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
 import ri2n
-from conftest import LINKS, close_quietly
+from conftest import LINKS, close_quietly, ctrl_c_after
 
 
 def test_save_and_read_a_key_file(tmp_path) -> None:
@@ -101,6 +102,23 @@ assert got == [ri2n.Key.from_text({key.to_text()!r})], got
     except subprocess.TimeoutExpired:
         pytest.fail("the writer thread never ran while the reader waited")
     assert done.returncode == 0, done.stderr
+
+
+def test_ctrl_c_interrupts_reading_a_key_from_a_fifo_nobody_writes(tmp_path) -> None:
+    """``Key.from_file`` on a FIFO whose writer does not come gives way to Ctrl-C, as
+    Python's own ``open()`` does. It waited for the writer (the open retries on EINTR)."""
+    fifo = tmp_path / "cluster.key"
+    os.mkfifo(fifo, 0o600)
+    start = time.monotonic()
+    try:
+        with ctrl_c_after(0.3), pytest.raises(KeyboardInterrupt):
+            ri2n.Key.from_file(fifo)
+        waited = time.monotonic() - start
+    finally:
+        # the abandoned open ends once a writer comes
+        with open(fifo, "w") as f:
+            f.write(ri2n.Key.generate().to_text() + "\n")
+    assert waited < 2.0, f"Ctrl-C came after {waited:.1f} s"
 
 
 def test_bad_key_files(tmp_path) -> None:
