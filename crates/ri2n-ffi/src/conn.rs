@@ -130,18 +130,25 @@ impl Receiving {
     /// Delivers the next item into `out`: the one kept, else what `take` receives from the
     /// connection (`None` at its end), waiting at most as `wait` says, first for the turn of
     /// the calls before. An item larger than `out` is kept (`-EMSGSIZE`); `what` names the
-    /// kind in errors. `take` is given the time left.
+    /// kind in errors. `take` is given the time left. A call that does not wait, turned away
+    /// by another's turn, runs `turned_away` (`Connection::look_without_receiving`): its
+    /// `-EAGAIN` must clear the readiness descriptors as the connection's own would.
     fn receive(
         &self,
         wait: Wait,
         out: &mut [u8],
         what: &str,
         take: impl FnOnce(Wait) -> Result<Option<Vec<u8>>, Failure>,
+        turned_away: impl FnOnce(),
     ) -> Result<Option<usize>, Failure> {
         let mut turn = lock(&self.turn);
         while turn.busy {
             turn = match wait {
-                Wait::Never => return Err(would_block(what)),
+                Wait::Never => {
+                    drop(turn);
+                    turned_away();
+                    return Err(would_block(what));
+                }
                 Wait::Until(None) => {
                     (self.turn_ended.wait(turn)).unwrap_or_else(|e| e.into_inner())
                 }
@@ -368,9 +375,9 @@ pub unsafe extern "C" fn ri2n_recv_message(
         // SAFETY: passed on from the caller
         let (c, out) = unsafe { (conn(c)?, bytes_mut(buf, len)?) };
         let wait = Wait::Until(None);
-        let received = c
-            .messages
-            .receive(wait, out, "message", |_| Ok(c.conn.recv_message()?));
+        let received =
+            c.messages
+                .receive(wait, out, "message", |_| Ok(c.conn.recv_message()?), || {});
         message_length(received?)
     })
 }
@@ -389,9 +396,13 @@ pub unsafe extern "C" fn ri2n_try_recv_message(
     guard_len(|| {
         // SAFETY: passed on from the caller
         let (c, out) = unsafe { (conn(c)?, bytes_mut(buf, len)?) };
-        let received = c.messages.receive(Wait::Never, out, "message", |_| {
-            Ok(c.conn.try_recv_message()?)
-        });
+        let received = c.messages.receive(
+            Wait::Never,
+            out,
+            "message",
+            |_| Ok(c.conn.try_recv_message()?),
+            || c.conn.look_without_receiving(false),
+        );
         message_length(received?)
     })
 }
@@ -452,22 +463,20 @@ pub unsafe extern "C" fn ri2n_recv_datagram(
     guard_len(|| {
         // SAFETY: passed on from the caller
         let (c, out) = unsafe { (conn(c)?, bytes_mut(buf, len)?) };
-        let received =
-            c.datagrams
-                .receive(
-                    Wait::from_timeout_ms(timeout_ms),
-                    out,
-                    "datagram",
-                    |wait| match wait {
-                        Wait::Never => Ok(c.conn.try_recv_datagram()?),
-                        // what is left of the caller's time after its turn came
-                        Wait::Until(deadline) => {
-                            let left =
-                                deadline.map(|d| d.saturating_duration_since(Instant::now()));
-                            Ok(c.conn.recv_datagram_timeout(left)?)
-                        }
-                    },
-                );
+        let received = c.datagrams.receive(
+            Wait::from_timeout_ms(timeout_ms),
+            out,
+            "datagram",
+            |wait| match wait {
+                Wait::Never => Ok(c.conn.try_recv_datagram()?),
+                // what is left of the caller's time after its turn came
+                Wait::Until(deadline) => {
+                    let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                    Ok(c.conn.recv_datagram_timeout(left)?)
+                }
+            },
+            || c.conn.look_without_receiving(true),
+        );
         received?.ok_or_else(|| {
             Failure::new(
                 libc::ENOTCONN,
@@ -662,10 +671,16 @@ pub unsafe extern "C" fn ri2n_conn_write_fd(c: *const ri2n_conn) -> c_int {
 /// keepalive intervals, ends it;
 /// freeing the endpoint waits for it). Freed after its endpoint, the last connection of the endpoint
 /// waits here instead, at most the endpoint's linger (10 s), for what it holds to be
-/// delivered. NULL is ignored.
+/// delivered. NULL is ignored. Its sockets and threads may outlive the call by as long
+/// (on the TCP transport a socket and a thread per link, until the end is delivered).
+///
+/// Never free a connection while another thread is in a call on it, or may still start
+/// one: as with `close(2)` on a socket, the call is not woken, and it would go on with the
+/// freed memory. Wake such calls first with [`ri2n_abort`] (they return `-ECONNABORTED`),
+/// wait for them to return, then free.
 ///
 /// # Safety
-/// `c` is NULL or a live connection, not used again.
+/// `c` is NULL or a live connection, not used again (by any thread).
 #[no_mangle]
 pub unsafe extern "C" fn ri2n_conn_free(c: *mut ri2n_conn) {
     if !c.is_null() {

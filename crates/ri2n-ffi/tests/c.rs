@@ -220,6 +220,26 @@ fn a_forked_child_leaves_the_parent_s_connections_alone() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A thread blocked in `ri2n_recv_message` beside one polling the read descriptor with
+/// `ri2n_try_recv_message`: the try call turned away while the other receives clears the
+/// descriptor, level- and edge-triggered (`tests/c/turns.c`).
+#[test]
+fn a_try_receive_turned_away_by_another_thread_clears_the_descriptor() {
+    let dir = scratch("turns");
+    let program = dir.join("turns");
+    compile(
+        &[crate_dir().join("tests/c/turns.c")],
+        &program,
+        Linkage::Static,
+    );
+    for transport in [None, Some("tcp")] {
+        let args: Vec<&Path> = transport.iter().map(Path::new).collect();
+        let out = run_ok(&program, &args, Duration::from_secs(60));
+        assert!(out.ends_with("ok\n"), "{transport:?}: {out}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The example epoll echo server, with three Rust clients at once, each over two links.
 #[test]
 fn the_epoll_echo_example_echoes_every_byte_of_several_clients() {

@@ -337,6 +337,24 @@ impl Connection {
         }
     }
 
+    /// What [`try_recv_message`](Self::try_recv_message) (`datagrams`: `try_recv_datagram`)
+    /// does to the readiness descriptors, without taking anything: clears those it clears,
+    /// then signals them again for what waits for callers of other kinds. For a caller that
+    /// answers a non-blocking receive itself (`WouldBlock` while another of its threads
+    /// receives: the C library's turns): an edge-triggered loop is woken only by a signal
+    /// after a clear, and a `WouldBlock` that cleared nothing left the descriptor signalled
+    /// for good (a level-triggered loop spun; later arrivals did not signal it again).
+    pub fn look_without_receiving(&self, datagrams: bool) {
+        let kind = match datagrams {
+            true => Caller::ReadDatagram,
+            false => Caller::ReadMessage,
+        };
+        match &self.inner {
+            Inner::Udp(c) => c.look_without_receiving(kind),
+            Inner::Tcp(TcpHandle(c)) => c.look_without_receiving(kind),
+        }
+    }
+
     /// Receives one whole message if one has fully arrived; `Ok(None)` once the peer finished
     /// its message stream; an error of kind [`io::ErrorKind::WouldBlock`] when no whole
     /// message is waiting. Never blocks.

@@ -364,6 +364,11 @@ impl UdpConnection {
         }
     }
 
+    /// See [`crate::Connection::look_without_receiving`].
+    pub(crate) fn look_without_receiving(&self, caller: Caller) {
+        self.try_with(caller, ProtoConnection::reader_looked);
+    }
+
     /// [`Self::wait_handshake`] without waiting, for a caller that waits on the readiness
     /// descriptors of `caller`: they are cleared before the look, so that the handshake's
     /// end after it signals them again.

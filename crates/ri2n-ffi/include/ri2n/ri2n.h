@@ -367,10 +367,16 @@ int ri2n_conn_write_fd(const struct ri2n_conn *c);
 // keepalive intervals, ends it;
 // freeing the endpoint waits for it). Freed after its endpoint, the last connection of the endpoint
 // waits here instead, at most the endpoint's linger (10 s), for what it holds to be
-// delivered. NULL is ignored.
+// delivered. NULL is ignored. Its sockets and threads may outlive the call by as long
+// (on the TCP transport a socket and a thread per link, until the end is delivered).
+//
+// Never free a connection while another thread is in a call on it, or may still start
+// one: as with `close(2)` on a socket, the call is not woken, and it would go on with the
+// freed memory. Wake such calls first with [`ri2n_abort`] (they return `-ECONNABORTED`),
+// wait for them to return, then free.
 //
 // # Safety
-// `c` is NULL or a live connection, not used again.
+// `c` is NULL or a live connection, not used again (by any thread).
 void ri2n_conn_free(struct ri2n_conn *c);
 
 // An endpoint that accepts connections on `listen_addrs` (`n` strings such as

@@ -1060,6 +1060,14 @@ impl Connection {
         }
     }
 
+    /// A reader looked and took nothing (the driver answered for the connection: another of
+    /// its threads was receiving): as after a read that found nothing, the next arrival is
+    /// reported ([`Event::Readable`]). Without it, no arrival was told once that thread had
+    /// taken what came before and stopped receiving.
+    pub fn reader_looked(&mut self) {
+        self.readable_signalled = false;
+    }
+
     /// Whether a read of some kind would return data now: bytes of the byte stream, a whole
     /// message or a datagram. (A driver keeps a reader's descriptor signalled while it is so:
     /// a call that looked for one kind and found nothing must not hide another.)

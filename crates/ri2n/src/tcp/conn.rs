@@ -975,6 +975,13 @@ impl TcpConnection {
         self.watchers.fd(interest)
     }
 
+    /// See [`crate::Connection::look_without_receiving`] (no datagrams here: nothing to do).
+    pub fn look_without_receiving(&self, caller: Caller) {
+        if caller == Caller::ReadMessage {
+            drop(self.lock_for(Looks::Incoming(Incoming::Messages), false));
+        }
+    }
+
     /// Locks the state for a call that `looks` for something. A non-blocking one clears its
     /// readiness descriptors first, and signals them again for what waits for callers of
     /// another kind (`Watchers::signal_waiting`).
