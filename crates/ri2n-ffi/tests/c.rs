@@ -85,6 +85,16 @@ fn compile(sources: &[PathBuf], out: &Path, linkage: Linkage) {
     );
 }
 
+/// Compiles the test program `tests/c/{source}.c` into a fresh scratch directory `dir`
+/// (named `name`); returns the directory and the program.
+fn build_test_program(name: &str, source: &str, linkage: Linkage) -> (PathBuf, PathBuf) {
+    let dir = scratch(name);
+    let program = dir.join(source);
+    let path = crate_dir().join(format!("tests/c/{source}.c"));
+    compile(&[path], &program, linkage);
+    (dir, program)
+}
+
 /// Waits for `child` at most `limit`, killing it past that.
 fn wait_bounded(mut child: Child, limit: Duration) -> Output {
     let deadline = Instant::now() + limit;
@@ -144,13 +154,7 @@ fn the_same_over_the_tcp_transport() {
 
 /// Runs `tests/c/transfer.c` (its second argument: `transport`).
 fn keyed_transfer(name: &str, transport: Option<&str>) {
-    let dir = scratch(name);
-    let program = dir.join("transfer");
-    compile(
-        &[crate_dir().join("tests/c/transfer.c")],
-        &program,
-        Linkage::Static,
-    );
+    let (dir, program) = build_test_program(name, "transfer", Linkage::Static);
     let mut args = vec![dir.as_path()];
     args.extend(transport.map(Path::new));
     let out = run_ok(&program, &args, Duration::from_secs(120));
@@ -174,13 +178,7 @@ fn keyed_transfer(name: &str, transport: Option<&str>) {
 
 #[test]
 fn every_failure_gives_the_promised_errno_through_the_shared_library() {
-    let dir = scratch("errors");
-    let program = dir.join("errors");
-    compile(
-        &[crate_dir().join("tests/c/errors.c")],
-        &program,
-        Linkage::Shared,
-    );
+    let (dir, program) = build_test_program("errors", "errors", Linkage::Shared);
     let out = run_ok(&program, &[&dir], Duration::from_secs(120));
     assert!(
         out.contains("endpoint aborted: ECONNRESET with its reason")
@@ -204,13 +202,7 @@ fn every_failure_gives_the_promised_errno_through_the_shared_library() {
 /// and the parent's carries its bytes intact (`tests/c/fork.c`).
 #[test]
 fn a_forked_child_leaves_the_parent_s_connections_alone() {
-    let dir = scratch("fork");
-    let program = dir.join("fork");
-    compile(
-        &[crate_dir().join("tests/c/fork.c")],
-        &program,
-        Linkage::Static,
-    );
+    let (dir, program) = build_test_program("fork", "fork", Linkage::Static);
     let out = run_ok(&program, &[], Duration::from_secs(60));
     assert!(
         out.contains("child: the parent's objects EBADF, its own connection delivered")
@@ -225,13 +217,7 @@ fn a_forked_child_leaves_the_parent_s_connections_alone() {
 /// descriptor, level- and edge-triggered (`tests/c/turns.c`).
 #[test]
 fn a_try_receive_turned_away_by_another_thread_clears_the_descriptor() {
-    let dir = scratch("turns");
-    let program = dir.join("turns");
-    compile(
-        &[crate_dir().join("tests/c/turns.c")],
-        &program,
-        Linkage::Static,
-    );
+    let (dir, program) = build_test_program("turns", "turns", Linkage::Static);
     for transport in [None, Some("tcp")] {
         let args: Vec<&Path> = transport.iter().map(Path::new).collect();
         let out = run_ok(&program, &args, Duration::from_secs(60));
