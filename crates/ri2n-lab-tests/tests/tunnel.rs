@@ -1009,7 +1009,9 @@ fn a_host_missing_a_link_address_starts_without_it_and_takes_it_up_later() {
 /// connection's own links are back, and replaces it. The echo requests that connection held
 /// through the outage are delivered all the same, and every one is answered. Before, they
 /// went with the replaced connection, uncounted (14 of 40 answered, the status dropping
-/// none).
+/// none). Its two ends each deliver what they hold and it closes cleanly: when the requests
+/// were delivered at the heal, the replies waited at the other end, and the connecting side
+/// aborted the connection under them (the 25 sent during the outage went unanswered).
 #[test]
 fn packets_held_through_an_outage_reach_the_peer_when_a_new_connection_replaces_the_old() {
     let Some(test) = LabTest::start("tunnel-held", &[PING]) else {
@@ -1027,7 +1029,10 @@ fn packets_held_through_an_outage_reach_the_peer_when_a_new_connection_replaces_
         // win: each outage must lose nothing, and one of at most three must have replaced it
         let mut replaced = false;
         for _ in 0..3 {
-            let seen = daemons[0].stderr_text().len();
+            let seen = daemons
+                .iter()
+                .map(|d| d.stderr_text().len())
+                .collect::<Vec<_>>();
             let ping = Command::new("ip")
                 .args(["netns", "exec", &lab.ns_of("a"), "ping", "-n", "-c", "40"])
                 .args(["-i", "0.2", "-w", "30"])
@@ -1045,11 +1050,30 @@ fn packets_held_through_an_outage_reach_the_peer_when_a_new_connection_replaces_
             let log_a = daemons[0].stderr_text();
             assert!(
                 said.contains("40 packets transmitted, 40 received"),
-                "{carry}: {said}\n{log_a}"
+                "{carry}: {said}\na: {log_a}\nb: {}\na: {}\nb: {}",
+                daemons[1].stderr_text(),
+                status_json(env, &lab.ns_of("a"), &config),
+                status_json(env, &lab.ns_of("b"), &config),
             );
-            let after = &log_a[seen..];
+            let after = &log_a[seen[0]..];
             replaced = after.contains("no link of its connection was up; a new one replaces");
             if replaced {
+                // neither end aborted the old connection (which throws away what the other
+                // end holds): each delivered what it held, and it closed cleanly
+                let clean = "its replaced connection ended (closed)";
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while !(daemons.iter().zip(&seen))
+                    .all(|(d, &at)| d.stderr_text()[at..].contains(clean))
+                {
+                    assert!(
+                        Instant::now() < deadline,
+                        "{carry}: the replaced connection did not close cleanly at both ends \
+                         within 10 s:\na: {}\nb: {}",
+                        &daemons[0].stderr_text()[seen[0]..],
+                        &daemons[1].stderr_text()[seen[1]..],
+                    );
+                    thread::sleep(Duration::from_millis(100));
+                }
                 break;
             }
         }

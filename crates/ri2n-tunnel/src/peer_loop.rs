@@ -55,9 +55,9 @@ const HOUSEKEEPING: Duration = Duration::from_millis(200);
 /// handshake looks at what answers there, and the pause between such handshakes (see
 /// [`Loop::probe_dark_connections`]).
 const DARK_PROBE: Duration = Duration::from_secs(3);
-/// How long a connection replaced by the handshake beside it may take to deliver the
-/// packets it held through the outage, its links back, before they count as dropped (see
-/// [`Loop::drain_replaced`]).
+/// How long a connection a newer one to its peer replaced may take to deliver the packets
+/// its two ends held through the outage, its links back, and close cleanly, before it is
+/// aborted and what it still holds counts as dropped (see [`Loop::drain_replaced`]).
 const DRAIN: Duration = Duration::from_secs(5);
 /// Batches taken from one connection before the others get a turn.
 const TURN: usize = 4;
@@ -99,10 +99,11 @@ struct Slot {
     /// last handshake beside it started.
     dark_since: Option<Instant>,
     probed_at: Option<Instant>,
-    /// When a newer connection to its peer replaced it, one that held packets then: it
-    /// takes no new ones, and delivers those once its links are back
-    /// ([`Loop::drain_replaced`]).
+    /// When a newer connection to its peer replaced it: it takes no new packets, delivers
+    /// what it holds once its links are back, and closes cleanly ([`Loop::drain_replaced`]).
     replaced_at: Option<Instant>,
+    /// Its streams were finished: it had been replaced and held nothing more to send.
+    finished: bool,
 }
 
 /// What a connection holds that its peer has not acknowledged: datagrams queued (packets
@@ -435,42 +436,59 @@ impl Loop {
         }
     }
 
-    /// The connection in slot `k` was replaced by a newer one to its peer (a handshake
-    /// beside it, which reached the peer's daemon while no link of its own was up yet). The
-    /// packets it held through the outage are not thrown away with it: it ends once it has
-    /// delivered them, its links back ([`Self::drain_replaced`]), at once if it holds none.
+    /// The connection in slot `k` was replaced by a newer one to its peer: a handshake beside
+    /// it (this host connects), which reached the peer's daemon while no link of its own was
+    /// up yet, or the peer's new connection (it connects). Its two ends may each hold packets
+    /// through the outage, and an abort from either would throw away the other's: each end
+    /// instead delivers what it holds, its links back, then finishes the connection's streams,
+    /// and goes on reading until the peer's end has done the same and the connection closed
+    /// cleanly ([`Self::drain_replaced`]).
     fn replace(&mut self, k: usize) {
         let Some(slot) = self.slots[k].as_mut() else {
             return;
         };
-        let Some(held) = Held::of(&slot.conn) else {
-            self.end(k, "replaced by a new connection");
-            return;
-        };
-        eprintln!(
-            "ri2n tunnel: {}: the connection it replaces delivers what it holds ({held}) once \
-             its links are back",
-            slot.peer.name()
-        );
         slot.replaced_at = Some(Instant::now());
+        if let Some(held) = Held::of(&slot.conn) {
+            eprintln!(
+                "ri2n tunnel: {}: the connection it replaces delivers what it holds ({held}) \
+                 once its links are back",
+                slot.peer.name()
+            );
+        }
+        self.finish_delivered(k);
     }
 
-    /// Ends each replaced connection that delivered what it held, or that has not for
-    /// [`DRAIN`]: what it still holds then counts as dropped (its links did not come back,
-    /// or its peer's daemon is not the one it knew).
+    /// Finishes the streams of the replaced connection in slot `k` once it holds nothing more
+    /// to send: its peer's end then reads the end of them after the last packet.
+    fn finish_delivered(&mut self, k: usize) {
+        let Some(slot) = self.slots[k].as_mut() else {
+            return;
+        };
+        if slot.finished || Held::of(&slot.conn).is_some() {
+            return;
+        }
+        slot.finished = true;
+        // an error says the connection ended already: `serve` finds that end
+        let _ = slot.conn.finish();
+    }
+
+    /// Finishes each replaced connection that delivered what it held, and aborts each that
+    /// has not closed within [`DRAIN`]: what it still holds then counts as dropped (its links
+    /// did not come back, or its peer's daemon is not the one it knew). A clean close is
+    /// found by `serve`, which reads what the peer's end delivered up to it.
     fn drain_replaced(&mut self, now: Instant) {
         for k in 0..self.slots.len() {
+            let Some(at) = self.slots[k].as_ref().and_then(|s| s.replaced_at) else {
+                continue;
+            };
+            self.finish_delivered(k);
+            if now.duration_since(at) < DRAIN {
+                continue;
+            }
             let Some(slot) = self.slots[k].as_ref() else {
                 continue;
             };
-            let Some(at) = slot.replaced_at else {
-                continue;
-            };
-            let held = Held::of(&slot.conn);
-            if held.is_some() && now.duration_since(at) < DRAIN {
-                continue;
-            }
-            if let Some(held) = held {
+            if let Some(held) = Held::of(&slot.conn) {
                 slot.peer.drop_packets(held.packets);
                 eprintln!(
                     "ri2n tunnel: {}: the connection it replaced did not deliver what it still \
@@ -666,6 +684,7 @@ impl Loop {
             dark_since: None,
             probed_at: None,
             replaced_at: None,
+            finished: false,
         });
         if accepted {
             self.established(k);
@@ -700,19 +719,19 @@ impl Loop {
         }
         peer.set_waiting_for(None);
         peer.set(conn);
-        // the connecting side ends the connection this one replaces (one with no link up
-        // that a handshake beside it replaced, or one whose end a handshake raced): kept, it
-        // would run on at both ends for good
-        if peer.connects {
-            if let Some(old) = self.connection_beside(k, &peer, false) {
+        // the connection this one replaces (one with no link up that a handshake beside it
+        // replaced, one whose end a handshake raced, one of a daemon that started again)
+        // ends at both sides: kept, it would run on for good
+        if let Some(old) = self.connection_beside(k, &peer, false) {
+            if peer.connects {
                 let why = if was_probe {
                     "no link of its connection was up; a new one replaces it"
                 } else {
                     "a new connection replaces the one before it"
                 };
                 eprintln!("ri2n tunnel: {}: {why}", peer.name());
-                self.replace(old);
             }
+            self.replace(old);
         }
         // its links are logged as they come up (`status::sample_loop`): the accepting side
         // has only the first one yet
@@ -757,7 +776,13 @@ impl Loop {
             }
             match received {
                 Ok(0) => {
-                    self.lost(k, "closed".to_owned());
+                    // the peer's end of a replaced connection finished first: this end's
+                    // packets still go, and the connection closes once they are delivered
+                    let delivering = (self.slots[k].as_ref())
+                        .is_some_and(|s| s.replaced_at.is_some() && Held::of(&s.conn).is_some());
+                    if !delivering {
+                        self.lost(k, "closed".to_owned());
+                    }
                     return false;
                 }
                 Ok(n) => {
