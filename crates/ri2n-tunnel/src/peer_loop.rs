@@ -776,6 +776,9 @@ impl Loop {
             }
             match received {
                 Ok(0) => {
+                    // the peer finishes a connection a newer one replaced, which may be up
+                    // here without this loop having taken it up yet
+                    self.take_up_newer(&peer);
                     // the peer's end of a replaced connection finished first: this end's
                     // packets still go, and the connection closes once they are delivered
                     let delivering = (self.slots[k].as_ref())
@@ -810,6 +813,28 @@ impl Loop {
         true
     }
 
+    /// Takes up a newer connection to `peer` that is up but not yet taken up by this loop: a
+    /// handshake of this host's that ended, or one the endpoint holds for `accept`. Its
+    /// readiness may come after the end of the connection it replaces, whose peer finished
+    /// it at once: taken for lost, that one would be logged as such, and its end would
+    /// start another connection beside the new one.
+    fn take_up_newer(&mut self, peer: &Arc<Peer>) {
+        if !peer.connects {
+            self.accept_all();
+            return;
+        }
+        for j in 0..self.slots.len() {
+            let done = self.slots[j].as_ref().is_some_and(|s| {
+                s.handshaking
+                    && Arc::ptr_eq(&s.peer, peer)
+                    && s.conn.state() != ConnectionState::Connecting
+            });
+            if done {
+                self.serve(j);
+            }
+        }
+    }
+
     /// The established connection in slot `k` ended; the status says why until the next one.
     /// One that a newer connection had replaced (the peer restarted without a word, and
     /// connected again before this one's end was found) lost nothing: the peer is connected.
@@ -817,15 +842,21 @@ impl Loop {
         // closing: the daemon ended it, and logged its summary
         let closing = self.stop.is_closing();
         if let Some(slot) = self.slots[k].as_ref().filter(|_| !closing) {
-            let replaced = (slot.peer.conn()).is_some_and(|c| !Arc::ptr_eq(&c, &slot.conn));
+            let replaced = slot.replaced_at.is_some()
+                || (slot.peer.conn()).is_some_and(|c| !Arc::ptr_eq(&c, &slot.conn));
             if replaced {
                 // what it held for delivery (see `drain_replaced`) is lost with it
                 let held = Held::of(&slot.conn);
                 slot.peer.drop_packets(held.map_or(0, |h| h.packets));
                 let undelivered = held.map_or(String::new(), |h| format!(", {h} undelivered"));
+                // (the new one may have ended first: its end said so, and connects again)
+                let then = match slot.peer.conn() {
+                    Some(_) => "the new one carries the traffic",
+                    None => "the one that replaced it ended too",
+                };
                 eprintln!(
                     "ri2n tunnel: {}: its replaced connection ended ({reason}{undelivered}); \
-                     the new one carries the traffic",
+                     {then}",
                     slot.peer.name()
                 );
             } else {
@@ -860,8 +891,8 @@ impl Loop {
         slot.peer.clear(&slot.conn);
         self.ready.retain(|&r| r != k);
         // a handshake beside a connection leaves that one to carry on; a connection another
-        // replaced leaves that one
-        let carried_on = slot.probe || slot.peer.conn().is_some();
+        // replaced leaves that one (and its end, whenever it comes, connects again)
+        let carried_on = slot.probe || slot.replaced_at.is_some() || slot.peer.conn().is_some();
         if slot.peer.connects && !carried_on && !slot.peer.is_removed() && !self.stop.is_closing() {
             let pause = self.retry_pause(&slot);
             self.retries.push((Instant::now() + pause, slot.peer));
