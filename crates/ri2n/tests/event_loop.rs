@@ -3,7 +3,7 @@
 //! calls, serving 100 concurrent echo clients over two loopback links.
 
 use std::collections::HashMap;
-use std::io::{ErrorKind, Read, Write};
+use std::io::{self, ErrorKind, Read, Write};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
@@ -537,6 +537,67 @@ fn a_reader_of_one_kind_is_not_woken_for_ever_by_another_kind_unread() {
         // the premise: the byte was there to read all along
         let mut buf = [0u8; 8];
         assert_eq!(peer.try_read(&mut buf).unwrap(), 1, "{transport:?}");
+    }
+}
+
+/// A reader that takes what it waited for and looks no further (one call per byte count or
+/// message, as Python's `recv(n)` and a poll loop per thread do) leaves the next arrival
+/// signalled: another thread asleep on the descriptor that read cleared is woken for it.
+/// Before, a connection reported an arrival only after a look had found nothing, so with two
+/// threads reading one connection the second slept through the next byte until its own
+/// timeout (two threads polling the stream's descriptor: the second byte, sent 5 ms after
+/// the first, taken 180 ms later, on each of 20 rounds). Each kind, both transports.
+#[test]
+fn the_arrival_after_a_read_that_took_the_last_is_signalled() {
+    for transport in [ri2n::Transport::Udp, ri2n::Transport::Tcp] {
+        let (server, _client, conn) = pair(transport, ConnectionConfig::default());
+        (&conn).write_all(b"x").unwrap();
+        let peer = server.accept().unwrap();
+        let mut buf = [0u8; 8];
+        (&peer).read_exact(&mut buf[..1]).unwrap();
+        let read_fd = peer.read_readiness_fd().unwrap().as_raw_fd();
+        let stream_fd = peer.stream_read_readiness_fd().unwrap().as_raw_fd();
+        let mut kinds = vec!["stream bytes", "a message"];
+        if transport == ri2n::Transport::Udp {
+            kinds.push("a datagram");
+        }
+        for kind in kinds {
+            let what = format!("{transport:?}, {kind}");
+            let send = |n: u8| match kind {
+                "stream bytes" => (&conn).write_all(&[n]).unwrap(),
+                "a message" => conn.send_message(&[n]).unwrap(),
+                _ => conn.send_datagram(&[n]).unwrap(),
+            };
+            // one read that takes exactly the one there
+            let take = || -> io::Result<Vec<u8>> {
+                match kind {
+                    "stream bytes" => {
+                        let mut b = [0u8; 1];
+                        let n = peer.try_read(&mut b)?;
+                        Ok(b[..n].to_vec())
+                    }
+                    "a message" => Ok(peer.try_recv_message()?.unwrap_or_default()),
+                    _ => Ok(peer.try_recv_datagram()?.unwrap_or_default()),
+                }
+            };
+            let fds = match kind {
+                "stream bytes" => vec![read_fd, stream_fd],
+                _ => vec![read_fd],
+            };
+            // a look that finds nothing: the next arrival is reported
+            assert_eq!(take().unwrap_err().kind(), ErrorKind::WouldBlock, "{what}");
+            send(1);
+            wait_until(&format!("{what}: the first never signalled"), || {
+                fds.iter().all(|&fd| readable(fd))
+            });
+            assert_eq!(take().unwrap(), [1], "{what}");
+            // the reader looks no further: the next arrival must wake whoever waits
+            send(2);
+            wait_until(&format!("{what}: the second never signalled"), || {
+                fds.iter().all(|&fd| readable(fd))
+            });
+            assert_eq!(take().unwrap(), [2], "{what}");
+        }
     }
 }
 

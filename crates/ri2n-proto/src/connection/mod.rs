@@ -977,6 +977,9 @@ impl Connection {
     /// that arrived was read; [`ReadError::Blocked`] means wait for [`Event::Readable`].
     pub fn recv_datagram(&mut self) -> Result<Option<Vec<u8>>, ReadError> {
         if let Some(d) = self.datagrams.incoming.pop() {
+            if !self.has_datagram() {
+                self.took_the_last();
+            }
             return Ok(Some(d));
         }
         if self.state == ConnectionState::Closed && self.closing.reason.is_none() {
@@ -991,6 +994,9 @@ impl Connection {
     /// passes its buffers back makes the receive path allocate nothing per datagram.
     pub fn recv_datagram_into(&mut self, buf: &mut Vec<u8>) -> Result<bool, ReadError> {
         if self.datagrams.incoming.pop_into(buf) {
+            if !self.has_datagram() {
+                self.took_the_last();
+            }
             return Ok(true);
         }
         if self.state == ConnectionState::Closed && self.closing.reason.is_none() {
@@ -1119,6 +1125,22 @@ impl Connection {
         if self.recv[stream].window_update().is_some() {
             self.max_data_pending[stream] = true;
         }
+        let left = match stream {
+            MESSAGE_STREAM => self.has_message(),
+            _ => self.has_stream_bytes(),
+        };
+        if !left {
+            self.took_the_last();
+        }
+    }
+
+    /// A read took the last of its kind: as after a read that found nothing, the next
+    /// arrival is reported ([`Event::Readable`]). A reader that takes what it waited for and
+    /// looks no further (one call per message or per byte count) has seen nothing since that
+    /// arrival's report; another thread waiting on the descriptor this read cleared would
+    /// otherwise never hear of the next arrival.
+    fn took_the_last(&mut self) {
+        self.readable_signalled = false;
     }
 
     /// Receives one whole message. `Ok(None)` is the end of the message stream;
