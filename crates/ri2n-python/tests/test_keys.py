@@ -77,15 +77,24 @@ def test_reading_a_key_from_a_fifo_lets_other_threads_run(tmp_path) -> None:
     child = f"""
 import threading, time, ri2n
 got = []
-reader = threading.Thread(target=lambda: got.append(ri2n.Key.from_file({str(fifo)!r})))
+# a daemon thread: a failed premise ends the process, not a wait for a writer never coming
+reader = threading.Thread(
+    target=lambda: got.append(ri2n.Key.from_file({str(fifo)!r})), daemon=True
+)
 reader.start()
-# the premise: the reader waits in the FIFO's open (for a writer) before the writer opens it;
-# a kernel that does not name the function (0) is taken at the thread's state (asleep)
-task = f"/proc/self/task/{{reader.native_id}}"
+# the premise: a thread of the process (the reader, or one it waits on) waits in the FIFO's
+# open for a writer before the writer opens it; where the kernel does not name the function
+# (0), a thread other than these two, asleep
 def waits_in_open():
-    wchan = open(task + "/wchan").read()
-    asleep = open(task + "/stat").read().rsplit(")", 1)[1].split()[0] == "S"
-    return wchan in ("wait_for_partner", "fifo_open") or (wchan == "0" and asleep)
+    import os
+    for tid in os.listdir("/proc/self/task"):
+        task = f"/proc/self/task/{{tid}}"
+        wchan = open(task + "/wchan").read()
+        asleep = open(task + "/stat").read().rsplit(")", 1)[1].split()[0] == "S"
+        other = int(tid) not in (threading.main_thread().native_id, reader.native_id)
+        if wchan in ("wait_for_partner", "fifo_open") or (wchan == "0" and asleep and other):
+            return True
+    return False
 deadline = time.monotonic() + 10
 while not waits_in_open():
     assert time.monotonic() < deadline, "the reader never waited in the FIFO's open"
