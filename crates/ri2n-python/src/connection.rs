@@ -76,14 +76,13 @@ enum Waited<T> {
     Slice,
 }
 
-/// What a call waits for: the readiness descriptor it polls. The stream's calls poll their
-/// own kind's, which only their own looks clear and which no other caller's look signals
-/// again: the shared descriptor a look gives back to others waiting (a select loop on
-/// `read_fileno()` for messages) would wake the waiting call itself, and its next look clear
-/// that loop's wake-up.
+/// What a writing call waits for: the readiness descriptor it polls. The stream's writes
+/// poll their own kind's, which only their own looks clear and which no other caller's look
+/// signals again: the shared descriptor a look gives back to others waiting would wake the
+/// waiting call itself. (The reads wait in the library instead, [`timed_slices`], and clear
+/// no descriptor at all.)
 #[derive(Clone, Copy)]
 enum Wait {
-    StreamRead,
     StreamWrite,
     /// `send_message`: no descriptor of its own kind is public; the writers' one.
     MessageWrite,
@@ -101,7 +100,6 @@ fn retry_until<T: Send>(
     mut attempt: impl FnMut(&Connection) -> io::Result<T> + Send,
 ) -> PyResult<T> {
     let fd = match wait {
-        Wait::StreamRead => conn.stream_read_readiness_fd(),
         Wait::StreamWrite => conn.stream_write_readiness_fd(),
         Wait::MessageWrite => conn.write_readiness_fd(),
     }
@@ -283,8 +281,8 @@ impl PyConnection {
             return Ok(PyBytes::new(py, b""));
         }
         let mut buf = vec![0u8; n.min(MAX_RECV)];
-        let got = retry_until(py, &conn, Wait::StreamRead, deadline, |c| {
-            c.try_read(&mut buf)
+        let got = timed_slices(py, deadline, |slice| {
+            conn.read_timeout(&mut buf, Some(slice))
         })?;
         Ok(PyBytes::new(py, &buf[..got]))
     }
@@ -308,7 +306,7 @@ impl PyConnection {
         if into.is_empty() {
             return Ok(0);
         }
-        retry_until(py, &conn, Wait::StreamRead, deadline, |c| c.try_read(into))
+        timed_slices(py, deadline, |slice| conn.read_timeout(into, Some(slice)))
     }
 
     /// Reads at most ``n`` bytes that have arrived; ``b""`` at the end of the stream,

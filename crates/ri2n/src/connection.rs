@@ -429,13 +429,28 @@ impl Connection {
         }
     }
 
+    /// Reads from the byte stream as [`Read::read`](io::Read::read) does, waiting at most
+    /// `timeout` for the first byte (`None`: as long as it takes): an error of kind
+    /// [`io::ErrorKind::TimedOut`] when none arrived in time, or at once when the connection
+    /// ended on a timeout of its own (see [`recv_message_timeout`](Self::recv_message_timeout)).
+    /// Unlike a loop of [`try_read`](Self::try_read) and a wait on a readiness descriptor, it
+    /// clears no descriptor: a thread waiting here never takes a wake-up meant for an event
+    /// loop that watches the same connection.
+    pub fn read_timeout(&self, buf: &mut [u8], timeout: Option<Duration>) -> io::Result<usize> {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        match &self.inner {
+            Inner::Udp(c) => c.read_until(buf, deadline),
+            Inner::Tcp(TcpHandle(c)) => c.read(buf, true, deadline),
+        }
+    }
+
     /// Reads what has arrived of the byte stream: `Ok(0)` at its end (for a non-empty
     /// `buf`), an error of kind [`io::ErrorKind::WouldBlock`] when nothing is waiting. Never
     /// blocks.
     pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
         match &self.inner {
             Inner::Udp(c) => c.try_read(buf),
-            Inner::Tcp(TcpHandle(c)) => c.read(buf, false),
+            Inner::Tcp(TcpHandle(c)) => c.read(buf, false, None),
         }
     }
 
@@ -746,7 +761,7 @@ impl io::Read for &Connection {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match &self.inner {
             Inner::Udp(c) => io::Read::read(&mut &*c, buf),
-            Inner::Tcp(TcpHandle(c)) => c.read(buf, true),
+            Inner::Tcp(TcpHandle(c)) => c.read(buf, true, None),
         }
     }
 }

@@ -510,6 +510,16 @@ impl UdpConnection {
         }
     }
 
+    /// Reads from the byte stream, waiting until `deadline` (`None`: for ever) for the first
+    /// byte: an error of kind [`io::ErrorKind::TimedOut`] after it.
+    pub(crate) fn read_until(
+        &self,
+        buf: &mut [u8],
+        deadline: Option<Instant>,
+    ) -> io::Result<usize> {
+        self.blocking_read(deadline, |c| c.read(buf))
+    }
+
     /// [`Self::read_buf`] without waiting: an error of kind [`io::ErrorKind::WouldBlock`]
     /// when nothing is waiting.
     pub(crate) fn try_read_buf(&self, buf: &mut Vec<u8>) -> io::Result<usize> {
@@ -740,7 +750,7 @@ fn read_error(e: ReadError) -> io::Error {
 
 impl io::Read for &UdpConnection {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.blocking_read(None, |c| c.read(buf))
+        self.read_until(buf, None)
     }
 }
 

@@ -601,6 +601,70 @@ fn the_arrival_after_a_read_that_took_the_last_is_signalled() {
     }
 }
 
+/// A thread waiting in `read_timeout` beside an event loop that waits on the read descriptor
+/// for messages never clears the loop's wake-up, however often its wait runs out: a
+/// message that arrived stays signalled until the loop looks. A loop of `try_read` and a wait
+/// on the stream's own descriptor (what Python's `recv` was) cleared the shared descriptor
+/// on each look after the first, and the loop slept with the message there. The timed read
+/// itself returns stream bytes that come while it waits, and `TimedOut` when none came.
+/// Both transports.
+#[test]
+fn a_timed_read_leaves_an_event_loop_its_wake_up() {
+    for transport in [ri2n::Transport::Udp, ri2n::Transport::Tcp] {
+        let (server, _client, conn) = pair(transport, ConnectionConfig::default());
+        (&conn).write_all(b"x").unwrap();
+        let peer = server.accept().unwrap();
+        let mut buf = [0u8; 8];
+        (&peer).read_exact(&mut buf[..1]).unwrap();
+        let read_fd = peer.read_readiness_fd().unwrap().as_raw_fd();
+        // nothing waits: a look clears the descriptor, so the message below signals it
+        assert_eq!(
+            peer.try_recv_message().unwrap_err().kind(),
+            ErrorKind::WouldBlock
+        );
+        assert!(
+            !readable(read_fd),
+            "{transport:?}: readable with nothing waiting"
+        );
+        conn.send_message(b"m").unwrap();
+        wait_readable(read_fd, &format!("{transport:?}: the message"));
+        for look in 0..3 {
+            let started = Instant::now();
+            let e = peer
+                .read_timeout(&mut buf, Some(Duration::from_millis(20)))
+                .unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::TimedOut, "{transport:?}, look {look}");
+            assert!(
+                started.elapsed() >= Duration::from_millis(20),
+                "{transport:?}"
+            );
+            assert!(
+                readable(read_fd),
+                "{transport:?}: the timed read's look {look} cleared the loop's wake-up"
+            );
+        }
+        assert_eq!(peer.try_recv_message().unwrap().unwrap(), b"m");
+        // bytes that come while it waits end the wait
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(50));
+                (&conn).write_all(b"yz").unwrap();
+            });
+            let n = peer
+                .read_timeout(&mut buf, Some(Duration::from_secs(10)))
+                .unwrap();
+            let mut got = buf[..n].to_vec();
+            if got.len() < 2 {
+                let m = peer
+                    .read_timeout(&mut buf, Some(Duration::from_secs(10)))
+                    .unwrap();
+                got.extend_from_slice(&buf[..m]);
+            }
+            assert_eq!(got, b"yz", "{transport:?}");
+        });
+    }
+}
+
 /// The acknowledgement of a request wakes no reader: an event loop that wrote a request and
 /// waits for the answer on the read descriptor (or on the combined one, no writer blocked)
 /// sleeps until the answer comes. Before, on the TCP transport, every acknowledgement that

@@ -1280,12 +1280,19 @@ impl TcpConnection {
         out
     }
 
-    pub fn read(&self, buf: &mut [u8], block: bool) -> io::Result<usize> {
+    /// Reads what the stream holds; waits for it until `deadline` when `block` (an error of
+    /// kind `TimedOut` after it), else not at all (`WouldBlock`).
+    pub fn read(
+        &self,
+        buf: &mut [u8],
+        block: bool,
+        deadline: Option<Instant>,
+    ) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
         let st = self.lock_for(Looks::Incoming(Incoming::Stream), block);
-        let Some(mut st) = self.readable(st, Incoming::Stream, block, None)? else {
+        let Some(mut st) = self.readable(st, Incoming::Stream, block, deadline)? else {
             return Ok(0);
         };
         let mut n = 0;

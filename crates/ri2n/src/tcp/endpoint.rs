@@ -891,7 +891,7 @@ mod tests {
         let mut got = Vec::with_capacity(written);
         let mut buf = vec![0u8; 1 << 16];
         while got.len() < written {
-            let n = conn.read(&mut buf, true).unwrap();
+            let n = conn.read(&mut buf, true, None).unwrap();
             assert!(
                 n > 0,
                 "the stream ended after {} of {written} bytes",

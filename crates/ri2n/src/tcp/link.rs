@@ -1592,7 +1592,7 @@ mod tests {
         let mut n = 0;
         let deadline = Instant::now() + Duration::from_secs(10);
         while n < RUN - 5 && Instant::now() < deadline {
-            match conn.read(&mut got[n..], false) {
+            match conn.read(&mut got[n..], false, None) {
                 Ok(k) => n += k,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     std::thread::sleep(Duration::from_millis(5))
