@@ -22,8 +22,8 @@ use ri2n::{Cipher, Connection, ConnectionState, ConnectionStats, Event, TimedEve
 use crate::buffer::Held;
 use crate::errors::{connection_error, io_error};
 use crate::{
-    drop_detached, drop_interruptible, poll_readable, timeout_arg, AbortCode, AbortReason, Kept,
-    Shared, SIGNAL_CHECK,
+    drop_detached, drop_interruptible, timeout_arg, AbortCode, AbortReason, Kept, Shared,
+    SIGNAL_CHECK,
 };
 
 /// One ri2n connection. Reads and writes block (with the GIL released) until they can
@@ -68,72 +68,14 @@ impl PyConnection {
     }
 }
 
-/// What a wait on the readiness descriptor came to.
-enum Waited<T> {
-    Done(io::Result<T>),
-    TimedOut,
-    /// A slice of the wait passed: time to let Python handle signals.
-    Slice,
-}
-
-/// What a writing call waits for: the readiness descriptor it polls. The stream's writes
-/// poll their own kind's, which only their own looks clear and which no other caller's look
-/// signals again: the shared descriptor a look gives back to others waiting would wake the
-/// waiting call itself. (The reads wait in the library instead, [`timed_slices`], and clear
-/// no descriptor at all.)
-#[derive(Clone, Copy)]
-enum Wait {
-    StreamWrite,
-    /// `send_message`: no descriptor of its own kind is public; the writers' one.
-    MessageWrite,
-}
-
-/// Retries the non-blocking `attempt` until it does not say `WouldBlock`, waiting on the
-/// readiness descriptor for `wait` in between, until `deadline`: `TimeoutError` then. Every
-/// [`SIGNAL_CHECK`] Python handles signals, also when the descriptor keeps waking the loop
-/// (other kinds of progress signal it too) and no wait runs out.
-fn retry_until<T: Send>(
-    py: Python<'_>,
-    conn: &Connection,
-    wait: Wait,
-    deadline: Instant,
-    mut attempt: impl FnMut(&Connection) -> io::Result<T> + Send,
-) -> PyResult<T> {
-    let fd = match wait {
-        Wait::StreamWrite => conn.stream_write_readiness_fd(),
-        Wait::MessageWrite => conn.write_readiness_fd(),
-    }
-    .map_err(|e| io_error(py, e))?
-    .as_raw_fd();
-    loop {
-        let waited = py.detach(|| {
-            let slice_end = Instant::now() + SIGNAL_CHECK;
-            loop {
-                match attempt(conn) {
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    r => return Waited::Done(r),
-                }
-                let now = Instant::now();
-                if now >= deadline {
-                    return Waited::TimedOut;
-                }
-                if now >= slice_end {
-                    return Waited::Slice;
-                }
-                poll_readable(fd, deadline.min(slice_end) - now);
-            }
-        });
-        match waited {
-            Waited::Done(r) => return r.map_err(|e| io_error(py, e)),
-            Waited::TimedOut => return Err(PyTimeoutError::new_err("timed out")),
-            Waited::Slice => py.check_signals()?,
-        }
-    }
-}
-
-/// Runs the library's timed receive `call` in slices of at most [`SIGNAL_CHECK`] until
-/// `deadline` (`TimeoutError` then), letting Python handle signals between slices. The first
-/// slice runs even when the deadline has passed (a timeout of 0: what is there is taken).
+/// Runs the library's timed `call` (a read, receive or write given how long it may wait) in
+/// slices of at most [`SIGNAL_CHECK`] until `deadline` (`TimeoutError` then), letting Python
+/// handle signals between slices. The first slice runs even when the deadline has passed (a
+/// timeout of 0: what is there is taken). Every blocking call of this module waits here: in
+/// the library, which clears no readiness descriptor, so a thread blocked in one never takes
+/// a wake-up meant for an event loop watching `fileno()`, `read_fileno()` or
+/// `write_fileno()` (a loop of non-blocking calls and waits on a descriptor did, at the end
+/// of each slice: each such call clears the shared descriptors).
 fn timed_slices<T: Send>(
     py: Python<'_>,
     deadline: Instant,
@@ -185,18 +127,18 @@ fn ends_connection(e: &io::Error) -> bool {
 
 /// Bytes handed to the library whole by [`write_all`], at most, as `ri2n send` hands them.
 const SEND_CHUNK: usize = 1 << 20;
-/// The smallest buffer the library takes whole (`Connection::try_write_buf`).
+/// The smallest buffer the library takes whole (`Connection::write_buf_timeout`).
 const WHOLE_BUFFER: usize = 16 << 10;
 
-/// Writes all of `data`, waiting for room as `retry_until` waits, and letting Python handle
+/// Writes all of `data`, waiting for room as [`timed_slices`] waits, and letting Python handle
 /// signals between pieces (as its own `sendall` does). Pieces of 16 KiB or more are copied
 /// into a buffer of our own, without the GIL, and handed over whole
-/// (`Connection::try_write_buf`): the copy is then made before the engine's lock is taken,
-/// not under it as `try_write` makes it, so the library's threads never wait for it.
+/// (`Connection::write_buf_timeout`): the copy is then made before the engine's lock is
+/// taken, not under it as a write makes it, so the library's threads never wait for it.
 fn write_all(py: Python<'_>, conn: &Connection, data: &[u8]) -> PyResult<()> {
     if data.is_empty() {
         // as a socket's sendall(b""), a write all the same: it fails where any would
-        retry_until(py, conn, Wait::StreamWrite, never(), |c| c.try_write(data))?;
+        timed_slices(py, never(), |slice| conn.write_timeout(data, Some(slice)))?;
         return Ok(());
     }
     let mut rest = data;
@@ -206,14 +148,15 @@ fn write_all(py: Python<'_>, conn: &Connection, data: &[u8]) -> PyResult<()> {
     while !rest.is_empty() {
         let piece = &rest[..rest.len().min(SEND_CHUNK)];
         let taken = if piece.len() < WHOLE_BUFFER {
-            retry_until(py, conn, Wait::StreamWrite, never(), |c| c.try_write(piece))?
+            timed_slices(py, never(), |slice| conn.write_timeout(piece, Some(slice)))?
         } else {
             buf.clear();
-            retry_until(py, conn, Wait::StreamWrite, never(), |c| {
+            // a slice that ran out leaves the buffer as it was: copied once
+            timed_slices(py, never(), |slice| {
                 if buf.is_empty() {
                     buf.extend_from_slice(piece);
                 }
-                c.try_write_buf(&mut buf)
+                conn.write_buf_timeout(&mut buf, Some(slice))
             })?
         };
         rest = &rest[taken..];
@@ -242,9 +185,7 @@ impl PyConnection {
         let conn = self.get()?;
         let held = Held::readable(data)?;
         let bytes = held.bytes();
-        retry_until(py, &conn, Wait::StreamWrite, never(), |c| {
-            c.try_write(bytes)
-        })
+        timed_slices(py, never(), |slice| conn.write_timeout(bytes, Some(slice)))
     }
 
     /// Writes all of ``data`` (any bytes-like object, read where it lies), waiting for room
@@ -350,8 +291,8 @@ impl PyConnection {
         let conn = self.get()?;
         let held = Held::readable(data)?;
         let bytes = held.bytes();
-        retry_until(py, &conn, Wait::MessageWrite, never(), |c| {
-            c.try_send_message(bytes)
+        timed_slices(py, never(), |slice| {
+            conn.send_message_timeout(bytes, Some(slice))
         })
     }
 

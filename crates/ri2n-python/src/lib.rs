@@ -20,7 +20,6 @@ mod key;
 
 use ri2n::fork::Generation;
 use std::net::SocketAddr;
-use std::os::fd::RawFd;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
@@ -140,20 +139,6 @@ impl<'a, 'py> FromPyObject<'a, 'py> for AbortReason {
         let text = obj.cast::<pyo3::types::PyString>()?;
         Ok(AbortReason(text.to_string_lossy().into_owned()))
     }
-}
-
-/// Waits at most `wait` for `fd` to become readable; whether it did. An interrupted wait
-/// (EINTR) counts as not: the callers look again and let Python handle the signal.
-pub(crate) fn poll_readable(fd: RawFd, wait: Duration) -> bool {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // rounded up: a wait of 0.3 ms must not turn into a busy poll of 0 ms
-    let ms = wait.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
-    // SAFETY: one valid pollfd, for the duration of the call.
-    unsafe { libc::poll(&mut pfd, 1, ms) > 0 }
 }
 
 /// Drops `value` with the GIL released: the last handle of an endpoint (or its last

@@ -146,7 +146,20 @@ impl Connection {
     pub fn send_message(&self, msg: &[u8]) -> io::Result<()> {
         match &self.inner {
             Inner::Udp(c) => c.send_message(msg),
-            Inner::Tcp(TcpHandle(c)) => c.send_message(msg, true),
+            Inner::Tcp(TcpHandle(c)) => c.send_message(msg, true, None),
+        }
+    }
+
+    /// [`send_message`](Self::send_message), waiting for room at most `timeout` (`None`: as
+    /// long as it takes): an error of kind [`io::ErrorKind::TimedOut`] when there was none in
+    /// time (nothing was sent), or at once when the connection ended on a timeout of its own
+    /// (see [`recv_message_timeout`](Self::recv_message_timeout)). Like the other timed
+    /// calls, it clears no readiness descriptor (see [`read_timeout`](Self::read_timeout)).
+    pub fn send_message_timeout(&self, msg: &[u8], timeout: Option<Duration>) -> io::Result<()> {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        match &self.inner {
+            Inner::Udp(c) => c.send_message_until(msg, deadline),
+            Inner::Tcp(TcpHandle(c)) => c.send_message(msg, true, deadline),
         }
     }
 
@@ -408,7 +421,7 @@ impl Connection {
             Inner::Tcp(TcpHandle(c)) => {
                 let mut sent = 0;
                 for m in msgs {
-                    match c.send_message(m, false) {
+                    match c.send_message(m, false, None) {
                         Ok(()) => sent += 1,
                         Err(_) if sent > 0 => break,
                         Err(e) => return Err(e),
@@ -425,7 +438,37 @@ impl Connection {
     pub fn try_send_message(&self, msg: &[u8]) -> io::Result<()> {
         match &self.inner {
             Inner::Udp(c) => c.try_send_message(msg),
-            Inner::Tcp(TcpHandle(c)) => c.send_message(msg, false),
+            Inner::Tcp(TcpHandle(c)) => c.send_message(msg, false, None),
+        }
+    }
+
+    /// Writes to the byte stream as [`Write::write`](io::Write::write) does (as much of `buf`
+    /// as the send buffer takes), waiting at most `timeout` for room (`None`: as long as it
+    /// takes): an error of kind [`io::ErrorKind::TimedOut`] when there was none in time, or at
+    /// once when the connection ended on a timeout of its own. It clears no readiness
+    /// descriptor (see [`read_timeout`](Self::read_timeout)).
+    pub fn write_timeout(&self, buf: &[u8], timeout: Option<Duration>) -> io::Result<usize> {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        match &self.inner {
+            Inner::Udp(c) => c.write_until(buf, deadline),
+            Inner::Tcp(TcpHandle(c)) => c.write(buf, true, deadline),
+        }
+    }
+
+    /// What [`try_write_buf`](Self::try_write_buf) takes of `buf`, waiting at most `timeout`
+    /// for the room it needs (`None`: as long as it takes): an error of kind
+    /// [`io::ErrorKind::TimedOut`] when there was none in time (`buf` is left as it was), or
+    /// at once when the connection ended on a timeout of its own. It clears no readiness
+    /// descriptor (see [`read_timeout`](Self::read_timeout)).
+    pub fn write_buf_timeout(
+        &self,
+        buf: &mut Vec<u8>,
+        timeout: Option<Duration>,
+    ) -> io::Result<usize> {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        match &self.inner {
+            Inner::Udp(c) => c.take_buf_until(buf, deadline),
+            Inner::Tcp(TcpHandle(c)) => c.take_buf(buf, true, deadline),
         }
     }
 
@@ -459,7 +502,7 @@ impl Connection {
     pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
         match &self.inner {
             Inner::Udp(c) => c.try_write(buf),
-            Inner::Tcp(TcpHandle(c)) => c.write(buf, false),
+            Inner::Tcp(TcpHandle(c)) => c.write(buf, false, None),
         }
     }
 
@@ -611,7 +654,7 @@ impl Connection {
     pub fn try_write_buf(&self, buf: &mut Vec<u8>) -> io::Result<usize> {
         match &self.inner {
             Inner::Udp(c) => c.try_write_buf(buf),
-            Inner::Tcp(TcpHandle(c)) => c.take_buf(buf, false),
+            Inner::Tcp(TcpHandle(c)) => c.take_buf(buf, false, None),
         }
     }
 
@@ -770,7 +813,7 @@ impl io::Write for &Connection {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match &self.inner {
             Inner::Udp(c) => io::Write::write(&mut &*c, buf),
-            Inner::Tcp(TcpHandle(c)) => c.write(buf, true),
+            Inner::Tcp(TcpHandle(c)) => c.write(buf, true, None),
         }
     }
 

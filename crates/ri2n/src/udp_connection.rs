@@ -221,7 +221,18 @@ impl UdpConnection {
     /// [`recv_message`](Self::recv_message)); waits for buffer space. At most
     /// [`max_message_size`](Self::max_message_size) bytes.
     pub(crate) fn send_message(&self, msg: &[u8]) -> io::Result<()> {
-        match self.blocking(None, |c| c.send_message(msg), |e| *e == WriteError::Blocked)? {
+        self.send_message_until(msg, None)
+    }
+
+    /// [`Self::send_message`], waiting for room until `deadline` (`None`: for ever): an error
+    /// of kind [`io::ErrorKind::TimedOut`] after it.
+    pub(crate) fn send_message_until(
+        &self,
+        msg: &[u8],
+        deadline: Option<Instant>,
+    ) -> io::Result<()> {
+        let blocked = |e: &WriteError| *e == WriteError::Blocked;
+        match self.blocking(deadline, |c| c.send_message(msg), blocked)? {
             Ok(()) => Ok(()),
             Err(e) => Err(write_error(e)),
         }
@@ -641,6 +652,33 @@ impl UdpConnection {
         Ok(())
     }
 
+    /// Writes to the byte stream what the send buffer takes of `buf`, waiting for room until
+    /// `deadline` (`None`: for ever): an error of kind [`io::ErrorKind::TimedOut`] after it.
+    pub(crate) fn write_until(&self, buf: &[u8], deadline: Option<Instant>) -> io::Result<usize> {
+        match self.blocking(deadline, |c| c.write(buf), |e| *e == WriteError::Blocked)? {
+            Ok(n) => Ok(n),
+            Err(e) => Err(write_error(e)),
+        }
+    }
+
+    /// What [`Self::write_buf`] takes of `buf` in one go (see [`Self::try_write_buf`]),
+    /// waiting for room until `deadline`: an error of kind [`io::ErrorKind::TimedOut`] after
+    /// it.
+    pub(crate) fn take_buf_until(
+        &self,
+        buf: &mut Vec<u8>,
+        deadline: Option<Instant>,
+    ) -> io::Result<usize> {
+        match self.blocking(
+            deadline,
+            |c| c.write_buf(buf),
+            |e| *e == WriteError::Blocked,
+        )? {
+            Ok(n) => Ok(n),
+            Err(e) => Err(write_error(e)),
+        }
+    }
+
     /// [`Self::write_buf`] without waiting: takes a large `buf` whole (leaving it empty) and a
     /// small one as far as there is room (the bytes taken leave its front); returns how many
     /// bytes, an error of kind [`io::ErrorKind::WouldBlock`] when it took none.
@@ -756,10 +794,7 @@ impl io::Read for &UdpConnection {
 
 impl io::Write for &UdpConnection {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self.blocking(None, |c| c.write(buf), |e| *e == WriteError::Blocked)? {
-            Ok(n) => Ok(n),
-            Err(e) => Err(write_error(e)),
-        }
+        self.write_until(buf, None)
     }
 
     fn flush(&mut self) -> io::Result<()> {

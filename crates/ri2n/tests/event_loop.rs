@@ -665,6 +665,95 @@ fn a_timed_read_leaves_an_event_loop_its_wake_up() {
     }
 }
 
+/// The timed writes (`write_timeout`, `write_buf_timeout`, `send_message_timeout`) clear no
+/// descriptor either: while they wait for room, a message that arrived stays signalled on
+/// the combined descriptor for the event loop that watches it, however often their waits run
+/// out. A loop of `try_write` and waits on a descriptor cleared it on each look after the
+/// first. They take room that comes while they wait. Both transports.
+#[test]
+fn timed_writes_leave_an_event_loop_its_wake_up() {
+    for transport in [ri2n::Transport::Udp, ri2n::Transport::Tcp] {
+        // the peer reads nothing: its small window fills, then the send buffer, for good
+        let small = ConnectionConfig::default().with_stream_receive_window(64 << 10);
+        let endpoint =
+            ri2n::EndpointConfig::new(vec![loopback("127.0.0.1")]).with_transport(transport);
+        let server =
+            Endpoint::bind(endpoint.clone().server().with_server_connection(small)).unwrap();
+        let client = Endpoint::bind(endpoint).unwrap();
+        let config = ConnectionConfig::default().with_send_buffer(64 << 10);
+        let conn = client.connect(&[server.local_addrs()[0]], config).unwrap();
+        let peer = server.accept().unwrap();
+        let any_fd = conn.readiness_fd().unwrap().as_raw_fd();
+        let mut written = 0;
+        while let Ok(n) = conn.write_timeout(&[7u8; 16 << 10], Some(Duration::from_millis(200))) {
+            written += n;
+            assert!(written < 1 << 20, "{transport:?}: the writes never blocked");
+        }
+        // and the messages' own share
+        let mut messages = 0;
+        while conn
+            .send_message_timeout(&[9u8; 1024], Some(Duration::from_millis(200)))
+            .is_ok()
+        {
+            messages += 1;
+            assert!(messages < 1024, "{transport:?}: the messages never blocked");
+        }
+        // nothing waits to be read: a look clears the descriptor, so the message signals it
+        let e = conn.try_recv_message().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::WouldBlock, "{transport:?}");
+        assert!(
+            !readable(any_fd),
+            "{transport:?}: readable with nothing waiting"
+        );
+        peer.send_message(b"m").unwrap();
+        wait_readable(any_fd, &format!("{transport:?}: the message"));
+        let slice = Some(Duration::from_millis(20));
+        for look in 0..3 {
+            let what = format!("{transport:?}, look {look}");
+            let e = conn.write_timeout(&[7u8; 1024], slice).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::TimedOut, "{what}: write_timeout");
+            let mut big = vec![7u8; 32 << 10];
+            let e = conn.write_buf_timeout(&mut big, slice).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::TimedOut, "{what}: write_buf_timeout");
+            assert_eq!(
+                big.len(),
+                32 << 10,
+                "{what}: a buffer not taken is left whole"
+            );
+            let e = conn.send_message_timeout(&[9u8; 1024], slice).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                ErrorKind::TimedOut,
+                "{what}: send_message_timeout"
+            );
+            assert!(
+                readable(any_fd),
+                "{what}: a timed write cleared the loop's wake-up for the message"
+            );
+        }
+        assert_eq!(conn.try_recv_message().unwrap().unwrap(), b"m");
+        // room that comes while they wait ends the waits
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut buf = vec![0u8; 64 << 10];
+                let mut got = 0;
+                while got < written {
+                    got += (&peer).read(&mut buf).unwrap();
+                }
+                for _ in 0..messages {
+                    assert_eq!(peer.recv_message().unwrap().unwrap(), [9u8; 1024]);
+                }
+            });
+            let n = conn
+                .write_timeout(&[8u8; 1024], Some(Duration::from_secs(10)))
+                .unwrap();
+            assert!(n > 0, "{transport:?}");
+            conn.send_message_timeout(b"y", Some(Duration::from_secs(10)))
+                .unwrap();
+        });
+    }
+}
+
 /// The acknowledgement of a request wakes no reader: an event loop that wrote a request and
 /// waits for the answer on the read descriptor (or on the combined one, no writer blocked)
 /// sleeps until the answer comes. Before, on the TCP transport, every acknowledgement that

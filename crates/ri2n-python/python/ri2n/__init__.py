@@ -28,6 +28,8 @@ Non-blocking use: the ``try_*`` calls (``try_recv``, ``try_recv_into``, ``try_se
 never wait and raise ``BlockingIOError`` instead; ``fileno()`` (of a connection or an
 endpoint) becomes readable when retrying may succeed, for ``select``/``selectors``/asyncio.
 It is a readiness descriptor only: never read it. ``ri2n.aio`` builds asyncio streams on it.
+A thread blocked in a waiting call (``recv``, ``sendall``, ``send_message``, …) never takes a
+wake-up meant for a loop that watches these descriptors on another thread.
 
 Errors: ``KeyMismatch`` (a ``ConnectionError``) when the keys differ, ``PeerGone`` (a
 ``ConnectionResetError``) when the peer is gone, aborted or restarted,

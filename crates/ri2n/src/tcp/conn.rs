@@ -1067,10 +1067,16 @@ impl TcpConnection {
         self.app.wait(st, left)
     }
 
-    /// Locks the state for a write of `kind` and waits (when `block`) until the send buffer
-    /// has room for `need` bytes (any room when `need` is 0); the error that ended the
-    /// connection, or `WouldBlock` when not blocking.
-    fn room_for(&self, kind: Kind, need: u64, block: bool) -> io::Result<MutexGuard<'_, State>> {
+    /// Locks the state for a write of `kind` and waits (when `block`, until `deadline`) until
+    /// the send buffer has room for `need` bytes (any room when `need` is 0); the error that
+    /// ended the connection, `WouldBlock` when not blocking, `TimedOut` after the deadline.
+    fn room_for(
+        &self,
+        kind: Kind,
+        need: u64,
+        block: bool,
+        deadline: Option<Instant>,
+    ) -> io::Result<MutexGuard<'_, State>> {
         let mut st = self.lock_for(Looks::Room(kind), block);
         loop {
             writable(&st)?;
@@ -1085,20 +1091,23 @@ impl TcpConnection {
                 *blocked = Some(blocked.map_or(need, |b| b.min(need)).max(1));
                 return Err(io::ErrorKind::WouldBlock.into());
             }
-            st = self.wait(st, None);
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(io::ErrorKind::TimedOut.into());
+            }
+            st = self.wait(st, deadline);
         }
     }
 
     /// Takes as much of `data` as the send buffer has room for, copying it into the open
     /// tail a piece of at most `WRITE_PIECE` bytes at a time: each piece is sealed and the
     /// links woken before the next is copied, so that a large write is on the wire while
-    /// the rest of it is still being copied.
-    pub fn write(&self, data: &[u8], block: bool) -> io::Result<usize> {
+    /// the rest of it is still being copied. Waits for room until `deadline` when `block`.
+    pub fn write(&self, data: &[u8], block: bool, deadline: Option<Instant>) -> io::Result<usize> {
         if data.is_empty() {
             // nothing to take, but a write after the end fails, as on the UDP transport
             return writable(&self.lock()).map(|()| 0);
         }
-        let mut st = self.room_for(Kind::Stream, 0, block)?;
+        let mut st = self.room_for(Kind::Stream, 0, block, deadline)?;
         let mut n = 0;
         loop {
             let room = self.settings.send_buffer.saturating_sub(st.charged());
@@ -1128,7 +1137,7 @@ impl TcpConnection {
     /// buffer already acknowledged, when there is one).
     pub fn write_buf(&self, buf: &mut Vec<u8>) -> io::Result<()> {
         while !buf.is_empty() {
-            self.take_buf(buf, true)?;
+            self.take_buf(buf, true, None)?;
         }
         Ok(())
     }
@@ -1136,14 +1145,19 @@ impl TcpConnection {
     /// What [`Self::write_buf`] takes of `buf` in one go: a large one whole (leaving it empty,
     /// with the memory of a buffer already acknowledged when there is one), a small one as far
     /// as there is room (the bytes taken leave its front). Returns how many bytes; waits for
-    /// room when `block`, else says `WouldBlock`.
-    pub fn take_buf(&self, buf: &mut Vec<u8>, block: bool) -> io::Result<usize> {
+    /// room when `block` (until `deadline`), else says `WouldBlock`.
+    pub fn take_buf(
+        &self,
+        buf: &mut Vec<u8>,
+        block: bool,
+        deadline: Option<Instant>,
+    ) -> io::Result<usize> {
         if buf.len() < WHOLE_BUFFER {
-            let n = self.write(buf, block)?;
+            let n = self.write(buf, block, deadline)?;
             buf.drain(..n);
             return Ok(n);
         }
-        let mut st = self.room_for(Kind::Stream, 0, block)?;
+        let mut st = self.room_for(Kind::Stream, 0, block, deadline)?;
         let spare = st.spare_send.take();
         let data = Bytes::from(std::mem::replace(buf, spare));
         let n = data.len();
@@ -1174,9 +1188,9 @@ impl TcpConnection {
     /// many bytes were taken; waits for room when `block`, else says `WouldBlock`.
     pub fn write_bytes(&self, data: &Bytes, block: bool) -> io::Result<usize> {
         if data.len() < WHOLE_BUFFER || data.len() > chunk::MAX_CHUNK {
-            return self.write(data, block);
+            return self.write(data, block, None);
         }
-        let mut st = self.room_for(Kind::Stream, 0, block)?;
+        let mut st = self.room_for(Kind::Stream, 0, block, None)?;
         let shared = Sequenced {
             bytes: data.clone(),
             ours: false,
@@ -1186,8 +1200,14 @@ impl TcpConnection {
         Ok(data.len())
     }
 
-    /// Sends `msg` as one chunk, waiting for room for all of it unless `block` is false.
-    pub fn send_message(&self, msg: &[u8], block: bool) -> io::Result<()> {
+    /// Sends `msg` as one chunk, waiting for room for all of it (until `deadline`) unless
+    /// `block` is false.
+    pub fn send_message(
+        &self,
+        msg: &[u8],
+        block: bool,
+        deadline: Option<Instant>,
+    ) -> io::Result<()> {
         if !self.settings.peer_takes_messages {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -1205,7 +1225,7 @@ impl TcpConnection {
             ));
         }
         let need = (chunk::HEADER_LEN + msg.len()) as u64;
-        let mut st = self.room_for(Kind::Message, need, block)?;
+        let mut st = self.room_for(Kind::Message, need, block, deadline)?;
         st.append_chunk(Kind::Message, Sequenced::ours(Bytes::copy_from_slice(msg)));
         self.send_or_wake(st);
         Ok(())
@@ -1637,7 +1657,8 @@ mod tests {
         // no links: what is written stays in the sequence
         let conn = TcpConnection::new(settings.clone(), Role::Server, Vec::new());
         assert_eq!(
-            conn.write(&vec![1; 4 * WRITE_PIECE + 10], false).unwrap(),
+            conn.write(&vec![1; 4 * WRITE_PIECE + 10], false, None)
+                .unwrap(),
             4 * WRITE_PIECE + 10
         );
         assert_eq!(
@@ -1649,7 +1670,7 @@ mod tests {
         // never grows beyond one
         let conn = TcpConnection::new(settings, Role::Server, Vec::new());
         for _ in 0..10 {
-            conn.write(&[2; 100 << 10], false).unwrap();
+            conn.write(&[2; 100 << 10], false, None).unwrap();
         }
         assert_eq!(
             chunk_lengths(&conn),

@@ -851,7 +851,7 @@ mod tests {
         // more than the client takes unread: the rest waits at the server, unacknowledged
         let data: Vec<u8> = (0..16u32 << 20).map(|i| (i % 251) as u8).collect();
         let mut written = 0;
-        while let Ok(n @ 1..) = accepted.write(&data[written..], false) {
+        while let Ok(n @ 1..) = accepted.write(&data[written..], false, None) {
             written += n;
         }
         assert!(written > 0 && !accepted.is_acknowledged());
@@ -931,8 +931,8 @@ mod tests {
         let conn = (client.connect(&server.local_addrs(), ConnectionConfig::default())).unwrap();
         let accepted = server.accept_timeout(Some(Duration::from_secs(5))).unwrap();
         let big = usize::try_from(conn.settings.max_message()).unwrap();
-        conn.send_message(&[1; 100], true).unwrap();
-        conn.send_message(&vec![2; big], true).unwrap();
+        conn.send_message(&[1; 100], true, None).unwrap();
+        conn.send_message(&vec![2; big], true, None).unwrap();
         // what the window allows arrives before the small one is read
         let until = Instant::now() + Duration::from_secs(5);
         let stalled = || {
