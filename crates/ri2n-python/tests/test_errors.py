@@ -319,21 +319,29 @@ def test_closing_an_endpoint_stops_its_connect_on_another_thread(endpoints) -> N
     assert len(outcome) == 1 and isinstance(outcome[0], ValueError), outcome
 
 
-@pytest.mark.parametrize("call", ["recv", "recv_into", "recv_message", "wait_acknowledged"])
+@pytest.mark.parametrize(
+    "call", ["recv", "recv_into", "recv_message", "wait_acknowledged", "sendall"]
+)
 def test_ctrl_c_interrupts_a_wait_without_a_timeout(pair: Pair, call: str) -> None:
     """Ctrl-C reaches a read that waits for ever on an idle peer, as it reaches Python's own
-    ``socket.recv``; it used to wait on until data came."""
+    ``socket.recv``; it used to wait on until data came. So it reaches a write waiting for
+    room that a peer which reads nothing never makes."""
     waits = {
         "recv": lambda: pair.conn.recv(10),
         "recv_into": lambda: pair.conn.recv_into(bytearray(10)),
         "recv_message": lambda: pair.conn.recv_message(),
         # without finish(): the end of the streams, which it waits for, never comes
         "wait_acknowledged": lambda: pair.conn.wait_acknowledged(),
+        # more than the send buffer and the peer's window together (8 MiB each by default)
+        "sendall": lambda: pair.conn.sendall(bytes(64 << 20)),
     }
     start = time.monotonic()
     with ctrl_c_after(0.3), pytest.raises(KeyboardInterrupt):
         waits[call]()
     assert time.monotonic() - start < 2.0
+    if call == "sendall":
+        # the premise: it stopped for want of room, the send buffer full (8 MiB)
+        assert pair.conn.stats()["send_buffered"] >= 7 << 20
 
 
 @pytest.mark.parametrize("how", ["close", "drop"])
