@@ -239,7 +239,10 @@ impl AsyncConnection {
     }
 
     /// Replaces `chunk` with the next bytes of the stream, without copying them (see
-    /// [`Connection::read_chunk`]); returns how many (0: the peer finished). Cancel-safe.
+    /// [`Connection::read_chunk`]); returns how many (0: the peer finished). Cancel-safe: no
+    /// bytes are lost. What `chunk` held counts as read once the call started, whether it
+    /// completes or is cancelled (a cancelled call may leave it holding those bytes again, or
+    /// other memory): do not look at it until a call returns.
     pub async fn read_chunk(&self, chunk: &mut bytes::Bytes) -> io::Result<usize> {
         self.op(&self.stream_ready, |c| c.try_read_chunk(chunk))
             .await
