@@ -601,6 +601,24 @@ fn the_arrival_after_a_read_that_took_the_last_is_signalled() {
     }
 }
 
+/// Has `from` send `to` a message once a look at `to` found nothing and cleared `fd` (one of
+/// `to`'s descriptors that a message signals), and waits until `fd` is signalled for it.
+fn a_message_signalled(
+    transport: ri2n::Transport,
+    from: &Connection,
+    to: &Connection,
+    fd: std::os::fd::RawFd,
+) {
+    let e = to.try_recv_message().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::WouldBlock, "{transport:?}");
+    assert!(
+        !readable(fd),
+        "{transport:?}: readable with nothing waiting"
+    );
+    from.send_message(b"m").unwrap();
+    wait_readable(fd, &format!("{transport:?}: the message"));
+}
+
 /// A thread waiting in `read_timeout` beside an event loop that waits on the read descriptor
 /// for messages never clears the loop's wake-up, however often its wait runs out: a
 /// message that arrived stays signalled until the loop looks. A loop of `try_read` and a wait
@@ -617,17 +635,7 @@ fn a_timed_read_leaves_an_event_loop_its_wake_up() {
         let mut buf = [0u8; 8];
         (&peer).read_exact(&mut buf[..1]).unwrap();
         let read_fd = peer.read_readiness_fd().unwrap().as_raw_fd();
-        // nothing waits: a look clears the descriptor, so the message below signals it
-        assert_eq!(
-            peer.try_recv_message().unwrap_err().kind(),
-            ErrorKind::WouldBlock
-        );
-        assert!(
-            !readable(read_fd),
-            "{transport:?}: readable with nothing waiting"
-        );
-        conn.send_message(b"m").unwrap();
-        wait_readable(read_fd, &format!("{transport:?}: the message"));
+        a_message_signalled(transport, &conn, &peer, read_fd);
         for look in 0..3 {
             let started = Instant::now();
             let e = peer
@@ -698,15 +706,7 @@ fn timed_writes_leave_an_event_loop_its_wake_up() {
             messages += 1;
             assert!(messages < 1024, "{transport:?}: the messages never blocked");
         }
-        // nothing waits to be read: a look clears the descriptor, so the message signals it
-        let e = conn.try_recv_message().unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::WouldBlock, "{transport:?}");
-        assert!(
-            !readable(any_fd),
-            "{transport:?}: readable with nothing waiting"
-        );
-        peer.send_message(b"m").unwrap();
-        wait_readable(any_fd, &format!("{transport:?}: the message"));
+        a_message_signalled(transport, &peer, &conn, any_fd);
         let slice = Some(Duration::from_millis(20));
         for look in 0..3 {
             let what = format!("{transport:?}, look {look}");
