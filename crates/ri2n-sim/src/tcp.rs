@@ -129,6 +129,40 @@ impl TcpScenario {
             limit: Duration::from_secs(120),
         }
     }
+
+    /// Checks what the model needs to play the scenario: at least one link, every rate a
+    /// finite number of bytes per second, at least 1 (a segment's time on the wire must be a
+    /// `Duration`), a window, and actions on links that exist.
+    pub fn validate(&self) -> Result<(), String> {
+        let rate_ok = |r: f64| r.is_finite() && r >= 1.0;
+        if self.links.is_empty() {
+            return Err("no link".into());
+        }
+        if let Some((i, (rate, _))) = (self.links.iter().enumerate()).find(|(_, l)| !rate_ok(l.0)) {
+            return Err(format!("link {i}: rate {rate}"));
+        }
+        if !rate_ok(self.read_rate) {
+            return Err(format!("read_rate {}", self.read_rate));
+        }
+        if self.window == 0 {
+            return Err("window 0".into());
+        }
+        for (t, action) in &self.actions {
+            let (TcpAction::Down(l) | TcpAction::Up(l) | TcpAction::Rate(l, _)) = *action;
+            if l >= self.links.len() {
+                return Err(format!(
+                    "action at {t:?} targets link {l} of {}",
+                    self.links.len()
+                ));
+            }
+            if let TcpAction::Rate(_, rate) = *action {
+                if !rate_ok(rate) {
+                    return Err(format!("action at {t:?}: rate {rate}"));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// What a completed run saw.
@@ -229,9 +263,13 @@ struct LinkModel {
     paused_until: Option<Duration>,
 }
 
-/// Plays `s`; `Err` describes what went wrong (with the seed, to replay it).
+/// Plays `s`; `Err` describes what went wrong (with the seed, to replay it), or why the
+/// scenario cannot be played ([`TcpScenario::validate`]).
 pub fn run_tcp(s: &TcpScenario) -> Result<TcpReport, String> {
     let fail = |why: String| Err(format!("seed {}: {why}\n{s:#?}", s.seed));
+    if let Err(why) = s.validate() {
+        return fail(why);
+    }
     let mut rng = ChaCha8Rng::seed_from_u64(crate::derive_seed(s.seed, 0xda7a));
     // the workload, and the sequence it makes (chunks as the real sender frames them)
     let items: Vec<(bool, Vec<u8>)> = (s.workload.iter())

@@ -112,3 +112,42 @@ fn a_healed_link_reconnects_its_reconnect_time_after_the_heal() {
         "detected in 5 ms: done at {fast:?}; in 40 ms: at {slow:?}"
     );
 }
+
+/// A scenario the model cannot play (no link, a rate below 1 byte/s or not a number, an
+/// action on a link that does not exist) is refused with a reason, not a panic.
+#[test]
+fn an_impossible_tcp_scenario_is_refused_with_its_reason() {
+    const AT: Duration = Duration::from_millis(5);
+    type Spoil = fn(&mut TcpScenario);
+    let cases: [(&str, Spoil); 10] = [
+        ("no link", |s| s.links.clear()),
+        ("link 1: rate 0", |s| s.links[1].0 = 0.0),
+        ("link 0: rate -5", |s| s.links[0].0 = -5.0),
+        ("link 0: rate NaN", |s| s.links[0].0 = f64::NAN),
+        ("link 0: rate inf", |s| s.links[0].0 = f64::INFINITY),
+        ("link 0: rate 0.000001", |s| s.links[0].0 = 1e-6),
+        ("read_rate 0", |s| s.read_rate = 0.0),
+        ("window 0", |s| s.window = 0),
+        ("targets link 2 of 2", |s| {
+            s.actions = vec![(AT, TcpAction::Down(2))]
+        }),
+        ("rate NaN", |s| {
+            s.actions = vec![(AT, TcpAction::Rate(0, f64::NAN))]
+        }),
+    ];
+    for (why, spoil) in cases {
+        let mut s = TcpScenario::random(3);
+        s.links = vec![(125e6, Duration::from_micros(200)); 2];
+        s.workload = vec![(false, 1000)];
+        s.actions.clear();
+        // the premise: the scenario plays before it is spoilt
+        run_tcp(&s).unwrap_or_else(|e| panic!("{e}"));
+        spoil(&mut s);
+        let played = std::panic::catch_unwind(|| run_tcp(&s));
+        match played {
+            Ok(Err(e)) => assert!(e.contains(why), "{why}: refused as {e}"),
+            Ok(Ok(r)) => panic!("{why}: played, {r:?}"),
+            Err(_) => panic!("{why}: run_tcp panicked"),
+        }
+    }
+}
