@@ -18,7 +18,7 @@ use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use ri2n::{Bytes, Connection, ConnectionStats, Endpoint, Event};
@@ -43,8 +43,8 @@ const SWEEP_BYTES_PER_SIZE: usize = 32 << 20;
 const SWEEP_MIN_COUNT: usize = 16;
 /// Round trips before measuring, per size.
 const WARMUP: usize = 10;
-/// A round trip that takes longer than this ends the latency test (exit 4) instead of
-/// hanging the benchmark.
+/// A round trip that takes longer than this ends the latency test (exit 4), its connection
+/// aborted with the reason, instead of hanging the benchmark.
 const STALL_LIMIT: Duration = Duration::from_secs(10);
 /// How often the sampling thread of a throughput test looks for link events between rows.
 const EVENT_TICK: Duration = Duration::from_millis(20);
@@ -1167,7 +1167,6 @@ fn latency(
         "{:>10} {:>7} {:>12} {:>12} {:>12} {:>12}",
         "size", "count", "median", "p99", "min", "mean"
     ));
-    let watchdog = Watchdog::start(STALL_LIMIT);
     // link events go below the row of the size during which they happened
     events.hold = true;
     let mut results = Vec::new();
@@ -1181,12 +1180,12 @@ fn latency(
         let mut rtts = Vec::with_capacity(reps.min(1 << 16));
         let mut next_event_poll = Instant::now();
         for i in 0..WARMUP.min(reps) + reps {
-            watchdog.arm(size);
             let t0 = Instant::now();
-            conn.send_message(msg).map_err(|e| Failure::lost(&e))?;
-            let echo = conn
-                .recv_message()
-                .map_err(|e| Failure::lost(&e))?
+            let stalled = |e: io::Error| stalled_or_lost(conn, e, size);
+            let left = || (t0 + STALL_LIMIT).saturating_duration_since(Instant::now());
+            (conn.send_message_timeout(msg, Some(left()))).map_err(stalled)?;
+            let echo = (conn.recv_message_timeout(Some(left())))
+                .map_err(stalled)?
                 .ok_or_else(|| {
                     Failure::new(crate::error::LOST, "the server ended the test early")
                 })?;
@@ -1220,7 +1219,6 @@ fn latency(
         results.push(r);
     }
     events.hold = false;
-    watchdog.disarm();
     conn.finish().map_err(|e| Failure::lost(&e))?;
     net::wait_acknowledged(conn, Duration::from_millis(100), || {})?;
     let fit = args.sweep.then(|| fit(&results));
@@ -1248,56 +1246,19 @@ fn latency(
     })
 }
 
-/// Ends the process with a clear error if a round trip stalls: the library's blocking calls
-/// have no timeout of their own.
-struct Watchdog {
-    origin: Instant,
-    /// Start of the current round trip in ms since `origin` (0: disarmed), and its size.
-    state: Arc<(AtomicU64, AtomicU64)>,
-}
-
-impl Watchdog {
-    fn start(limit: Duration) -> Self {
-        let state = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
-        let origin = Instant::now();
-        let s = state.clone();
-        let _ = std::thread::Builder::new()
-            .name("ri2n-watchdog".into())
-            .spawn(move || loop {
-                std::thread::sleep(Duration::from_millis(200));
-                let since = s.0.load(Ordering::Relaxed);
-                if since == 0 {
-                    continue;
-                }
-                let now = origin.elapsed().as_millis() as u64;
-                if now.saturating_sub(since) > limit.as_millis() as u64 {
-                    crate::progress::clear_line();
-                    let message = format!(
-                        "no echo of a {}-byte message within {} s: the connection stalled",
-                        s.1.load(Ordering::Relaxed),
-                        limit.as_secs()
-                    );
-                    say!("ri2n: error: {message}");
-                    crate::error::print_json_failure(&message, crate::error::LOST);
-                    std::process::exit(crate::error::LOST.into());
-                }
-            });
-        Self { origin, state }
+/// The error of a latency round trip that failed: one that took longer than [`STALL_LIMIT`]
+/// aborts the connection with the reason, so the server learns why its client went.
+fn stalled_or_lost(conn: &Connection, e: io::Error, size: usize) -> Failure {
+    // a connection that ended on a timeout of its own fails with the same kind
+    if e.kind() != io::ErrorKind::TimedOut || conn.close_reason().is_some() {
+        return Failure::lost(&e);
     }
-
-    fn arm(&self, size: usize) {
-        let now = self.origin_ms();
-        self.state.1.store(size as u64, Ordering::Relaxed);
-        self.state.0.store(now.max(1), Ordering::Relaxed);
-    }
-
-    fn disarm(&self) {
-        self.state.0.store(0, Ordering::Relaxed);
-    }
-
-    fn origin_ms(&self) -> u64 {
-        self.origin.elapsed().as_millis() as u64
-    }
+    let why = format!(
+        "no echo of a {size}-byte message within {} s: the connection stalled",
+        STALL_LIMIT.as_secs()
+    );
+    conn.abort(1, &why);
+    Failure::new(crate::error::LOST, why)
 }
 
 fn stats_of(size: usize, rtts: &mut [f64]) -> LatencyResult {

@@ -836,6 +836,63 @@ fn a_client_interrupted_while_awaiting_the_report_says_so() {
     }
 }
 
+/// A latency test whose echo never comes ends after 10 s with exit 4, and aborts its
+/// connection with the reason, so the server learns why its client went. Before, a watchdog
+/// thread ended the process without a word to the server, which waited for its idle limit.
+/// The server here is the library speaking `ri2n serve`'s requests: it echoes the warm-up's
+/// messages and a few more, then stops echoing.
+#[test]
+fn a_latency_test_whose_echo_stalls_tells_the_server() {
+    const ECHOED: usize = 15;
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let mut config = ri2n::EndpointConfig::new(vec![any]).server();
+    config.server_connection = config
+        .server_connection
+        .with_application("ri2n bench")
+        .with_accept_messages(true);
+    let endpoint = ri2n::Endpoint::bind(config).unwrap();
+    let listen = endpoint.local_addrs()[0];
+    let server = std::thread::spawn(move || {
+        let conn = endpoint.accept().unwrap();
+        let request = conn.recv_message().unwrap().expect("a request");
+        let request: serde_json::Value = serde_json::from_slice(&request).unwrap();
+        assert_eq!(request["test"], "latency", "{request}");
+        for _ in 0..ECHOED {
+            let m = conn.recv_message().unwrap().expect("a message");
+            conn.send_message(&m).unwrap();
+        }
+        // the next message is taken and never echoed
+        let unanswered = conn.recv_message().unwrap().expect("a message");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while conn.close_reason().is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (unanswered.len(), conn.close_reason())
+    });
+    let to = listen.to_string();
+    let started = std::time::Instant::now();
+    let client = start_bench(&to, &["--latency", "--size", "100", "--json"]);
+    let (c, co) = client.wait(Duration::from_secs(30));
+    let text = stderr_of(&co);
+    assert_eq!(c.code(), Some(4), "{text}");
+    assert!(
+        text.contains("no echo of a 100-byte message within 10 s"),
+        "{text}"
+    );
+    assert!(started.elapsed() >= Duration::from_secs(10), "{text}");
+    let doc: serde_json::Value = serde_json::from_slice(&co.stdout).expect("a JSON failure");
+    assert_eq!(doc["exit_code"], 4, "{doc}");
+    let (unanswered, end) = server.join().unwrap();
+    // the premise: the stall came in the middle of the test, after echoes that worked
+    assert_eq!(unanswered, 100);
+    match end {
+        Some(ri2n::ConnectionError::PeerAborted { reason, .. }) => {
+            assert!(reason.contains("no echo"), "{reason}")
+        }
+        other => panic!("the server saw its client end with {other:?}"),
+    }
+}
+
 /// A client of another protocol version learns that the versions differ, whatever form its
 /// request has (here a test this server does not know); before, it was told "bad request".
 /// And `serve --max-time 0` is a usage error: before, the server ran and cut every test to
