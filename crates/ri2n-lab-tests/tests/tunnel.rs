@@ -1091,6 +1091,78 @@ fn packets_held_through_an_outage_reach_the_peer_when_a_new_connection_replaces_
     }
 }
 
+/// The peer's daemon is killed (as by a crash) and started again while every link is down.
+/// From 3 s into the outage the connecting daemon has a handshake beside its dark connection;
+/// at the heal the new daemon answers the dark connection with a reset, and when that ends it
+/// while the handshake is still under way, the peer is left to that handshake: one connection
+/// comes up. Before, the end started a second handshake beside the first; both came up, the
+/// second replacing the first, and where the two completed in different orders at the two
+/// ends, each end finished the connection the other took as current.
+#[test]
+fn a_peer_started_again_during_an_outage_is_connected_to_once() {
+    let Some(test) = LabTest::start("tunnel-restarted", &[PING]) else {
+        return;
+    };
+    let (env, dir) = (test.env, &test.dir);
+    let lab = Lab::up(env, "restarted", 2);
+    support::keygen(env, &dir.0);
+    let config = write_cluster_file(&dir.0, &["a", "b"]);
+    let carry = ["--carry", "datagrams"];
+    let mut daemons = start_a_and_b_carrying(env, &lab, &dir.0, &config, "datagrams", "-restarted");
+    wait_connected(&mut daemons, 1, Duration::from_secs(20));
+    ping_through(&lab, "a", "b");
+    // the premise, the dark connection ending before the handshake beside it is up, is a race
+    // that handshake may win: each round must connect once, and one of at most five must have
+    // had the dark connection end first
+    let mut ended_first = false;
+    for round in 0..5 {
+        let seen = daemons[0].stderr_text().len();
+        lab.fault(1, &["switch"]);
+        lab.fault(2, &["switch"]);
+        daemons[1].kill();
+        let name = format!("tunnel-b-restarted-{round}");
+        daemons[1] = spawn_daemon(env, &lab, "b", &carry, &config, &dir.0, &name);
+        // past the 3 s after which a handshake goes beside the dark connection, within the
+        // 2 s that handshake waits for an answer
+        thread::sleep(Duration::from_millis(4000));
+        lab.heal_all();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !daemons[0].stderr_text()[seen..].contains("b connected") {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: a did not connect to b again within 15 s of the heal: {}",
+                &daemons[0].stderr_text()[seen..]
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+        // a second handshake would start 100 ms after the end, and be up at once
+        thread::sleep(Duration::from_secs(1));
+        ping_through(&lab, "a", "b");
+        let log = daemons[0].stderr_text();
+        let after = &log[seen..];
+        assert_eq!(
+            after.matches("b connected").count(),
+            1,
+            "round {round}: a connected to b more than once after the heal: {after}"
+        );
+        assert!(
+            !after.contains("a new connection replaces the one before it"),
+            "round {round}: {after}"
+        );
+        let (lost, connected) = (after.find("b lost ("), after.find("b connected"));
+        if lost.zip(connected).is_some_and(|(l, c)| l < c) {
+            ended_first = true;
+            break;
+        }
+    }
+    assert!(
+        ended_first,
+        "in no round did the dark connection end before the handshake beside it came up: {}",
+        daemons[0].stderr_text()
+    );
+    stop_daemons(&mut daemons);
+}
+
 /// A missing link address that appears with its port held by another program (a leftover
 /// process, another service) leaves the links that work alone: the daemon says why the new
 /// address waits, and takes it up once the port is free. Before, it closed its endpoint to

@@ -873,7 +873,8 @@ impl Loop {
     }
 
     /// Stops waiting on slot `k` (aborting its connection with `why`, unless empty), and
-    /// connects again after a pause if this host is the one that connects.
+    /// connects again after a pause if this host is the one that connects and no other
+    /// connection or handshake to the peer carries on ([`carried_on`]).
     fn end(&mut self, k: usize, why: &str) {
         let Some(slot) = self.slots[k].take() else {
             return;
@@ -890,9 +891,10 @@ impl Loop {
         // a newer connection to the same peer may have replaced this one meanwhile
         slot.peer.clear(&slot.conn);
         self.ready.retain(|&r| r != k);
-        // a handshake beside a connection leaves that one to carry on; a connection another
-        // replaced leaves that one (and its end, whenever it comes, connects again)
-        let carried_on = slot.probe || slot.replaced_at.is_some() || slot.peer.conn().is_some();
+        let others = (self.slots.iter().flatten())
+            .filter(|s| Arc::ptr_eq(&s.peer, &slot.peer))
+            .map(|s| s.replaced_at.is_some());
+        let carried_on = carried_on(slot.replaced_at.is_some(), others);
         if slot.peer.connects && !carried_on && !slot.peer.is_removed() && !self.stop.is_closing() {
             let pause = self.retry_pause(&slot);
             self.retries.push((Instant::now() + pause, slot.peer));
@@ -913,6 +915,19 @@ impl Loop {
         }
         pause
     }
+}
+
+/// Whether the peer of a slot that ended is left to another connection or handshake, whose
+/// end, whenever it comes, connects again: `replaced`, the slot had been replaced by a newer
+/// connection; `others`, whether each other slot of the peer was replaced. A handshake beside
+/// a dark connection leaves that one to carry on, and the dark connection a handshake beside
+/// it; a replaced connection leaves the newer one. So a peer has one handshake under way at
+/// a time: two at once may complete in one order at this end and in the other at the peer's,
+/// and each end would then take as current the connection the other replaces. A replaced
+/// connection still draining does not carry on for its peer: the newer one ended first, and
+/// waiting for the drain would hold up the next connection.
+fn carried_on(replaced: bool, mut others: impl Iterator<Item = bool>) -> bool {
+    replaced || others.any(|other_replaced| !other_replaced)
 }
 
 /// How long to wait before connecting again to a peer whose connection ended for `reason`
@@ -1190,6 +1205,43 @@ mod tests {
             let lost = delivery.write(&Queues::of_files(vec![writable]), &source, &ME);
             assert_eq!((lost.refused, lost.failed), (1, 0), "{why}: {lost:?}");
             assert_eq!(lost.first_refusal, Some(why));
+        }
+    }
+
+    /// A peer has one handshake under way at a time. A connection with no link up that ends
+    /// while a handshake beside it is under way (the peer's daemon started again and answered
+    /// the old connection with a reset) leaves the peer to that handshake. Before, it started
+    /// another beside it: the two could complete in different orders at the two ends, each
+    /// end then finishing the connection the other took as current.
+    #[test]
+    fn one_handshake_at_a_time_and_one_connection_again_after_an_end() {
+        // (the slot that ended was replaced, whether each other slot of its peer was) and
+        // whether the peer is left to another
+        let cases: [(&str, bool, &[bool], bool); 5] = [
+            (
+                "a dark connection beside a handshake, or the reverse",
+                false,
+                &[false],
+                true,
+            ),
+            ("the peer's last connection or handshake", false, &[], false),
+            (
+                "a replaced connection beside the newer one",
+                true,
+                &[false],
+                true,
+            ),
+            ("a replaced connection after the newer one", true, &[], true),
+            (
+                "the newer connection while the one it replaced drains",
+                false,
+                &[true],
+                false,
+            ),
+        ];
+        for (what, replaced, others, expected) in cases {
+            let left = carried_on(replaced, others.iter().copied());
+            assert_eq!(left, expected, "{what} ended");
         }
     }
 
