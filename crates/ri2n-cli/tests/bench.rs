@@ -772,13 +772,10 @@ fn a_client_that_names_no_test_is_let_go() {
     stop_serve(server, "no test request");
 }
 
-/// A client interrupted while it waits for the server's report after a throughput test exits
-/// 130 saying so. Before, it printed the test as if whole (exit 0, `server: null`). The server
-/// here is the library speaking `ri2n serve`'s requests: it grants the test, reads it to the
-/// end, and never reports, so the client is sure to be waiting when the signal comes.
-#[test]
-fn a_client_interrupted_while_awaiting_the_report_says_so() {
-    // a port of the system's choice: one noted free and bound later may be taken meanwhile
+/// An endpoint that speaks to `ri2n bench` as `ri2n serve` would (the library in its place,
+/// for a server that misbehaves on purpose), on a port of the system's choice (one noted
+/// free and bound later may be taken meanwhile), and its address.
+fn library_server() -> (ri2n::Endpoint, String) {
     let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
     let mut config = ri2n::EndpointConfig::new(vec![any]).server();
     config.server_connection = config
@@ -786,13 +783,29 @@ fn a_client_interrupted_while_awaiting_the_report_says_so() {
         .with_application("ri2n bench")
         .with_accept_messages(true);
     let endpoint = ri2n::Endpoint::bind(config).unwrap();
-    let listen = endpoint.local_addrs()[0];
+    let to = endpoint.local_addrs()[0].to_string();
+    (endpoint, to)
+}
+
+/// The next client of a [`library_server`] and its request, which must be for `test`.
+fn accept_request(endpoint: &ri2n::Endpoint, test: &str) -> (ri2n::Connection, serde_json::Value) {
+    let conn = endpoint.accept().unwrap();
+    let request = conn.recv_message().unwrap().expect("a request");
+    let request: serde_json::Value = serde_json::from_slice(&request).unwrap();
+    assert_eq!(request["test"], test, "{request}");
+    (conn, request)
+}
+
+/// A client interrupted while it waits for the server's report after a throughput test exits
+/// 130 saying so. Before, it printed the test as if whole (exit 0, `server: null`). The server
+/// here is the library speaking `ri2n serve`'s requests: it grants the test, reads it to the
+/// end, and never reports, so the client is sure to be waiting when the signal comes.
+#[test]
+fn a_client_interrupted_while_awaiting_the_report_says_so() {
+    let (endpoint, to) = library_server();
     let (read_all, got_all) = std::sync::mpsc::channel();
     let server = std::thread::spawn(move || {
-        let conn = endpoint.accept().unwrap();
-        let request = conn.recv_message().unwrap().expect("a request");
-        let request: serde_json::Value = serde_json::from_slice(&request).unwrap();
-        assert_eq!(request["test"], "throughput", "{request}");
+        let (conn, request) = accept_request(&endpoint, "throughput");
         let grant = serde_json::json!({ "seconds": request["seconds"], "cut": false });
         conn.send_message(&serde_json::to_vec(&grant).unwrap())
             .unwrap();
@@ -812,7 +825,6 @@ fn a_client_interrupted_while_awaiting_the_report_says_so() {
         }
         conn.close_reason()
     });
-    let to = listen.to_string();
     // an interval longer than the test: its one row is printed when the test closes, after
     // the wait for the acknowledgement of its end of stream, before the wait for the report
     let mut client = start_bench(&to, &["--time", "0.5", "--interval", "10", "--json"]);
@@ -844,19 +856,9 @@ fn a_client_interrupted_while_awaiting_the_report_says_so() {
 #[test]
 fn a_latency_test_whose_echo_stalls_tells_the_server() {
     const ECHOED: usize = 15;
-    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let mut config = ri2n::EndpointConfig::new(vec![any]).server();
-    config.server_connection = config
-        .server_connection
-        .with_application("ri2n bench")
-        .with_accept_messages(true);
-    let endpoint = ri2n::Endpoint::bind(config).unwrap();
-    let listen = endpoint.local_addrs()[0];
+    let (endpoint, to) = library_server();
     let server = std::thread::spawn(move || {
-        let conn = endpoint.accept().unwrap();
-        let request = conn.recv_message().unwrap().expect("a request");
-        let request: serde_json::Value = serde_json::from_slice(&request).unwrap();
-        assert_eq!(request["test"], "latency", "{request}");
+        let (conn, _) = accept_request(&endpoint, "latency");
         for _ in 0..ECHOED {
             let m = conn.recv_message().unwrap().expect("a message");
             conn.send_message(&m).unwrap();
@@ -869,7 +871,6 @@ fn a_latency_test_whose_echo_stalls_tells_the_server() {
         }
         (unanswered.len(), conn.close_reason())
     });
-    let to = listen.to_string();
     let started = std::time::Instant::now();
     let client = start_bench(&to, &["--latency", "--size", "100", "--json"]);
     let (c, co) = client.wait(Duration::from_secs(30));
