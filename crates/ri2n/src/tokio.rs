@@ -172,8 +172,10 @@ impl AsyncConnection {
     /// are under way gives the signal back; they look again, and those with nothing to do
     /// wait again. So does one whose first look finds nothing while others wait: writers
     /// wait for room of their own sizes, and the signal it cleared may have been for room
-    /// that fits a smaller one. It is counted before it first looks, so that a signal coming
-    /// after that look and cleared by another call is given back too.
+    /// that fits a smaller one (a writer's later looks need not: the connection signals the
+    /// writers' descriptor again itself while room it told of is not taken). It is counted
+    /// before it first looks, so that a signal coming after that look and cleared by another
+    /// call is given back too.
     async fn op<T>(
         &self,
         ready: &Watched,

@@ -933,6 +933,90 @@ fn a_writer_that_stopped_trying_is_not_told_of_room_again() {
     }
 }
 
+/// Two writers wait for room on the writers' descriptor, one for a little and one for much
+/// (tasks of the tokio adapter sharing a connection). Room comes for the first only, and the
+/// second looks before the first was woken: its look finds too little and clears the
+/// descriptor, which must be readable again for the first. Before, the second's look took the
+/// room as told to it, and the first slept on with its room there until there was enough for
+/// the second. Both transports, for messages, and for the stream on the UDP transport (the
+/// TCP transport takes a large shared buffer once there is any room).
+#[test]
+fn a_writer_finding_too_little_room_leaves_the_wake_up_to_one_it_fits() {
+    let cases = [
+        (ri2n::Transport::Udp, true),
+        (ri2n::Transport::Udp, false),
+        (ri2n::Transport::Tcp, true),
+    ];
+    let mut slept = Vec::new();
+    for (transport, messages) in cases {
+        let what = format!(
+            "{transport:?}, {}",
+            if messages { "messages" } else { "stream" }
+        );
+        let quiet = ConnectionConfig::default().with_mtu_discovery(false);
+        let endpoint =
+            ri2n::EndpointConfig::new(vec![loopback("127.0.0.1")]).with_transport(transport);
+        let window = quiet.clone().with_stream_receive_window(64 << 10);
+        let server =
+            Endpoint::bind(endpoint.clone().server().with_server_connection(window)).unwrap();
+        let client = Endpoint::bind(endpoint).unwrap();
+        let conn =
+            (client.connect(&server.local_addrs(), quiet.with_send_buffer(64 << 10))).unwrap();
+        let peer = server.accept().unwrap();
+        let fd = conn.write_readiness_fd().unwrap().as_raw_fd();
+        let kib = [1u8; 1024];
+        let much = ri2n::Bytes::from(vec![2u8; 48 << 10]);
+        let little = || match messages {
+            true => conn.try_send_message(&kib).map(|()| kib.len()),
+            false => conn.try_write(&kib),
+        };
+        let more = || match messages {
+            true => conn.try_send_message(&much).map(|()| much.len()),
+            false => conn.try_write_bytes(&much),
+        };
+        let blocked =
+            |r: io::Result<usize>| matches!(r, Err(e) if e.kind() == ErrorKind::WouldBlock);
+        // the peer reads nothing yet: its window, then our send buffer, fill
+        for _ in 0..3 {
+            while little().is_ok_and(|n| n > 0) {}
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert!(blocked(little()), "{what}: the little writer waits");
+        assert!(blocked(more()), "{what}: the writer of much waits");
+        // room for the little one, not for the other
+        if messages {
+            for _ in 0..24 {
+                peer.recv_message().unwrap();
+            }
+        } else {
+            (&peer).read_exact(&mut [0u8; 24 << 10]).unwrap();
+        }
+        wait_readable(fd, &format!("{what}: room"));
+        assert!(blocked(more()), "{what}: room came for much");
+        if !readable(fd) {
+            slept.push(what.clone());
+        }
+        assert!(
+            little().is_ok_and(|n| n > 0),
+            "{what}: no room for a little"
+        );
+        // the room was taken: the other's looks no longer signal it (in one of three tries:
+        // an acknowledgement may signal it between the call and the look)
+        let clear = (0..3).any(|_| {
+            assert!(blocked(more()), "{what}: room came for much");
+            !readable(fd)
+        });
+        assert!(
+            clear,
+            "{what}: each look for much room signals the descriptor again"
+        );
+    }
+    assert!(
+        slept.is_empty(),
+        "a look for much room cleared the wake-up of the writer that room fits: {slept:?}"
+    );
+}
+
 /// `try_write_buf` takes a large buffer whole or not at all: with the send buffer full it
 /// says `WouldBlock` and leaves the buffer as it was, the writing descriptor becomes readable
 /// once room is back, and the retry takes it all, leaving it empty; a small buffer is taken as

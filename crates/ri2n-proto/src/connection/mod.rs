@@ -222,7 +222,7 @@ pub struct Connection {
     /// another's.
     write_wants: [Option<u64>; 2],
     /// Per stream: [`Event::Writable`] was reported for its blocked writer, and no write to
-    /// the stream came since (the writer has yet to retry).
+    /// the stream took the room since (the writer has yet to retry; `writer_retried`).
     writer_told: [bool; 2],
     /// [`Event::AllAcknowledged`] was emitted.
     all_acknowledged: bool,
@@ -701,9 +701,8 @@ impl Connection {
         &self.cfg
     }
 
-    /// Whether `stream` may be written; the call retries for a writer that was told of room.
-    fn write_check(&mut self, stream: usize) -> Result<(), WriteError> {
-        self.writer_told[stream] = false;
+    /// Whether the connection may still be written to (its stream not finished).
+    fn write_check(&self) -> Result<(), WriteError> {
         if let Some(e) = &self.closing.reason {
             return Err(WriteError::ConnectionLost(e.clone()));
         }
@@ -717,7 +716,13 @@ impl Connection {
     /// buffer has room again: [`Event::Writable`]). Writing before the handshake completes
     /// buffers the data.
     pub fn write(&mut self, data: &[u8]) -> Result<usize, WriteError> {
-        self.write_check(BYTE_STREAM)?;
+        let r = self.write_now(data);
+        self.writer_retried(BYTE_STREAM, r.as_ref().err());
+        r
+    }
+
+    fn write_now(&mut self, data: &[u8]) -> Result<usize, WriteError> {
+        self.write_check()?;
         let stream = &mut self.send[BYTE_STREAM];
         let n = stream.write(data);
         if n == 0 && !data.is_empty() {
@@ -737,7 +742,13 @@ impl Connection {
     /// send buffer has no room for it, not at all ([`WriteError::Blocked`]); a small one is
     /// copied and drained. Returns how many bytes were taken.
     pub fn write_buf(&mut self, buf: &mut Vec<u8>) -> Result<usize, WriteError> {
-        self.write_check(BYTE_STREAM)?;
+        let r = self.write_buf_now(buf);
+        self.writer_retried(BYTE_STREAM, r.as_ref().err());
+        r
+    }
+
+    fn write_buf_now(&mut self, buf: &mut Vec<u8>) -> Result<usize, WriteError> {
+        self.write_check()?;
         let n = self.send[BYTE_STREAM].write_buf(buf);
         self.taken_or_blocked(n, buf.len())
     }
@@ -747,7 +758,13 @@ impl Connection {
     /// connection keeps a clone of it until the peer acknowledged it. Returns how many bytes
     /// were taken.
     pub fn write_bytes(&mut self, data: &Bytes) -> Result<usize, WriteError> {
-        self.write_check(BYTE_STREAM)?;
+        let r = self.write_bytes_now(data);
+        self.writer_retried(BYTE_STREAM, r.as_ref().err());
+        r
+    }
+
+    fn write_bytes_now(&mut self, data: &Bytes) -> Result<usize, WriteError> {
+        self.write_check()?;
         let n = self.send[BYTE_STREAM].write_bytes(data);
         self.taken_or_blocked(n, data.len())
     }
@@ -762,6 +779,18 @@ impl Connection {
             return Err(WriteError::Blocked);
         }
         Ok(n)
+    }
+
+    /// A write to `stream` ended with `error` (none: it took bytes). A writer told of room
+    /// ([`Event::Writable`]) has retried, unless this one found too little room: several
+    /// writers may wait for room of different sizes (tasks sharing a readiness descriptor),
+    /// and this one may have looked before the one the room fits was woken. Then the room
+    /// stays told, and the driver signals the writers' descriptor again for that one
+    /// ([`writer_may_retry`](Self::writer_may_retry)).
+    fn writer_retried(&mut self, stream: usize, error: Option<&WriteError>) {
+        if !matches!(error, Some(WriteError::Blocked)) {
+            self.writer_told[stream] = false;
+        }
     }
 
     /// A writer of `stream` found no room for `want` bytes: [`Event::Writable`] comes once
@@ -793,7 +822,13 @@ impl Connection {
     /// [`recv_message`](Self::recv_message). Messages are delivered reliably and in order,
     /// independently of the byte stream.
     pub fn send_message(&mut self, msg: &[u8]) -> Result<(), WriteError> {
-        self.write_check(MESSAGE_STREAM)?;
+        let r = self.send_message_now(msg);
+        self.writer_retried(MESSAGE_STREAM, r.as_ref().err());
+        r
+    }
+
+    fn send_message_now(&mut self, msg: &[u8]) -> Result<(), WriteError> {
+        self.write_check()?;
         if self.handshake.peer_accepts & wire::accepts::MESSAGES == 0 {
             return Err(WriteError::MessagesRefused);
         }
@@ -1098,7 +1133,7 @@ impl Connection {
     }
 
     /// Whether a writer that found a stream's send buffer full was told it may retry
-    /// ([`Event::Writable`]) and has not written to that stream since. (A driver keeps a combined
+    /// ([`Event::Writable`]) and no write to that stream has taken the room since. (A driver keeps a combined
     /// reading and writing descriptor signalled while it is so: a reader's call must not hide it.)
     pub fn writer_may_retry(&self) -> bool {
         self.writer_told.iter().any(|&t| t)

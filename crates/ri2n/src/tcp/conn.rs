@@ -840,6 +840,16 @@ enum Looks {
     Incoming(Incoming),
 }
 
+/// The kind of non-blocking call that `looks`.
+fn caller_of(looks: Looks) -> Caller {
+    match looks {
+        Looks::Room(Kind::Stream) => Caller::WriteStream,
+        Looks::Room(Kind::Message) => Caller::WriteMessage,
+        Looks::Incoming(Incoming::Stream) => Caller::ReadStream,
+        Looks::Incoming(Incoming::Messages) => Caller::ReadMessage,
+    }
+}
+
 /// The slot of a kind of write in `State::writers_blocked`.
 fn kind_slot(kind: Kind) -> usize {
     match kind {
@@ -984,29 +994,14 @@ impl TcpConnection {
 
     /// Locks the state for a call that `looks` for something. A non-blocking one clears its
     /// readiness descriptors first, and signals them again for what waits for callers of
-    /// another kind (`Watchers::signal_waiting`).
+    /// another kind (`Watchers::signal_waiting`): a reader at once, a writer once it knows
+    /// whether it found room ([`Self::room_for`]).
     fn lock_for(&self, looks: Looks, block: bool) -> MutexGuard<'_, State> {
         let mut st = self.lock();
-        if let Looks::Room(kind) = looks {
-            // a writer looks: a need the buffer has room for was told (the descriptor was
-            // signalled when the room came), and its writer looks now or was woken with this
-            // one; a need still unmet may be another writer's, still waiting
-            let room = self.settings.send_buffer.saturating_sub(st.charged());
-            let blocked = &mut st.writers_blocked[kind_slot(kind)];
-            if blocked.is_some_and(|need| room >= need) {
-                *blocked = None;
-            }
-        }
         if block {
             return st;
         }
-        let caller = match looks {
-            Looks::Room(Kind::Stream) => Caller::WriteStream,
-            Looks::Room(Kind::Message) => Caller::WriteMessage,
-            Looks::Incoming(Incoming::Stream) => Caller::ReadStream,
-            Looks::Incoming(Incoming::Messages) => Caller::ReadMessage,
-        };
-        self.watchers.clear(caller);
+        self.watchers.clear(caller_of(looks));
         // split what arrived into the streams, to see what waits there
         let reads = match looks {
             Looks::Incoming(kind) => Some(kind),
@@ -1014,14 +1009,23 @@ impl TcpConnection {
         };
         self.pump_for(&mut st, reads);
         self.send_queued_acks(&mut st);
+        if let Looks::Incoming(_) = looks {
+            self.signal_waiting(&st, looks);
+        }
+        st
+    }
+
+    /// What a non-blocking call that `looks` leaves waiting for callers of other kinds
+    /// (`Watchers::signal_waiting`): what there is to read, and room a blocked writer's need
+    /// fits and no writer took yet.
+    fn signal_waiting(&self, st: &State, looks: Looks) {
         let other = |kind| looks != Looks::Incoming(kind);
         let waiting = Waiting {
             readable: (other(Incoming::Stream) && !st.stream_in.is_empty())
                 || (other(Incoming::Messages) && !st.messages.is_empty()),
             writer_may_retry: st.writer_may_retry(self.settings.send_buffer),
         };
-        self.watchers.signal_waiting(caller, waiting);
-        st
+        self.watchers.signal_waiting(caller_of(looks), waiting);
     }
 
     /// Splits what arrived into the streams ([`State::pump_or_end`]) for a call that reads
@@ -1079,16 +1083,32 @@ impl TcpConnection {
     ) -> io::Result<MutexGuard<'_, State>> {
         let mut st = self.lock_for(Looks::Room(kind), block);
         loop {
-            writable(&st)?;
+            let open = writable(&st);
             let room = self.settings.send_buffer.saturating_sub(st.charged());
-            if room > 0 && room >= need {
+            let fits = open.is_ok() && room > 0 && room >= need;
+            let blocked = &mut st.writers_blocked[kind_slot(kind)];
+            if fits {
+                // a need the buffer has room for was told (the descriptor was signalled when
+                // the room came): this writer takes the room, and the need's own writer, if
+                // another, was woken with it and looks again
+                if blocked.is_some_and(|need| room >= need) {
+                    *blocked = None;
+                }
+            } else if open.is_ok() && !block {
+                // several writers may wait (tasks sharing the descriptor): the least need
+                // wakes them, the one it fits writes, the others wait again for theirs. A need
+                // that fits stays told: this look cleared the descriptor its writer waits on,
+                // which is signalled again for it
+                *blocked = Some(blocked.map_or(need, |b| b.min(need)).max(1));
+            }
+            if !block {
+                self.signal_waiting(&st, Looks::Room(kind));
+            }
+            open?;
+            if fits {
                 return Ok(st);
             }
             if !block {
-                // several writers may wait (tasks sharing the descriptor): the least need
-                // wakes them, the one it fits writes, the others wait again for theirs
-                let blocked = &mut st.writers_blocked[kind_slot(kind)];
-                *blocked = Some(blocked.map_or(need, |b| b.min(need)).max(1));
                 return Err(io::ErrorKind::WouldBlock.into());
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
