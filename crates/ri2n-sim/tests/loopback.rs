@@ -578,6 +578,57 @@ fn the_link_state_told_at_confirmation_is_the_links_own() {
     assert_eq!(told, [(Validating, Down), (Down, Up)]);
 }
 
+/// A second link whose path is dead from the start (both ways) goes down once its probes
+/// have failed as a degraded link's would, and says so in an event, while the first carries
+/// on; it comes up once the path heals. Before, it stayed `Validating` for as long as the
+/// path was dead, which status and logs showed as a link still being checked.
+#[test]
+fn a_link_dead_from_the_start_goes_down_and_comes_up_at_the_heal() {
+    let (a, b) = (
+        [addr("10.0.0.1:5000"), addr("10.0.1.1:5000")],
+        [addr("10.0.0.2:6000"), addr("10.0.1.2:6000")],
+    );
+    let mut tb = connected_pair(&a, &b);
+    let second_path = |tb: &mut Testbed, status| {
+        tb.apply(Action::SetStatus {
+            link: 1,
+            dir: None,
+            status,
+        })
+    };
+    second_path(&mut tb, LinkStatus::Blackhole);
+    tb.establish();
+    let ch = tb.ch;
+    let states = |tb: &Testbed| -> Vec<LinkState> {
+        let links = tb.client.connection(ch).unwrap().stats().links;
+        links.iter().map(|l| l.state).collect()
+    };
+    let until = tb.now() + Duration::from_secs(3);
+    tb.run_until(until, |tb| states(tb).get(1) == Some(&LinkState::Down));
+    let down_at = tb.now();
+    assert_eq!(states(&tb)[0], LinkState::Up, "the first link carries on");
+    // the heal, after a while
+    tb.advance(Duration::from_secs(2), |_| {});
+    assert_eq!(states(&tb), [LinkState::Up, LinkState::Down], "still down");
+    second_path(&mut tb, LinkStatus::Up);
+    let until = tb.now() + Duration::from_secs(3);
+    tb.run_until(until, |tb| states(tb)[1] == LinkState::Up);
+    let mut told = Vec::new();
+    while let Some((h, e)) = tb.client.poll_event() {
+        if let (true, Event::LinkStateChanged { link, from, to }) = (h == ch, e) {
+            if link.0 == 1 {
+                told.push((from, to));
+            }
+        }
+    }
+    use LinkState::{Down, Up, Validating};
+    assert_eq!(told, [(Validating, Down), (Down, Up)]);
+    assert!(
+        down_at < Duration::from_secs(2),
+        "down only {down_at:?} after the start"
+    );
+}
+
 /// The client ends the connection on a deadline of its own (every link down for 300 ms; the
 /// server has none; its CLOSEs are lost) and lets go of it; the path comes back. The server,
 /// probing its link, is told by a RESET (§2.7) at its next probe and ends too. Unkeyed, most

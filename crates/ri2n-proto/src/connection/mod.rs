@@ -2194,7 +2194,7 @@ impl Connection {
             // had (with a key it authenticated: it is the peer's own), so the link moves to
             // where it came from.
             let link = &self.links[i];
-            let unvalidated = link.peer_opened && link.state == LinkState::Validating;
+            let unvalidated = link.peer_opened && !link.was_up();
             let taken = (self.links.iter()).any(|l| l.local == local && l.remote == remote);
             if !unvalidated || taken || !link.ack.is_new(now, pn) {
                 return Err(DropReason::UnknownLink);

@@ -201,7 +201,7 @@ impl Connection {
             self.apply_outcome(now, &mut outcome);
             self.scratch = outcome;
             if failed {
-                tracing::debug!(link = i, "probes of the degraded link failed");
+                tracing::debug!(link = i, "probes of the degraded or validating link failed");
                 self.set_link_state(i, now, LinkState::Down);
                 if self.state == ConnectionState::Closed {
                     return None; // that was the last link of a peer that is gone

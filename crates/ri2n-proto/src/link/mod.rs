@@ -684,27 +684,34 @@ impl Link {
     /// Whether the peer opened this link and has not yet shown that it answers at the
     /// link's address: the address may be another host's, spoofed (§4.4).
     pub fn address_unproven(&self) -> bool {
-        self.peer_opened && self.state == LinkState::Validating
+        self.peer_opened && !self.was_up()
+    }
+
+    /// Whether the link was ever up: validated by answered probes (or link 0 by the
+    /// handshake). One never up stays unproven, and is probed slowly, also once it is down.
+    pub fn was_up(&self) -> bool {
+        self.probing.last_promotion().is_some()
     }
 
     /// A probe is about to be sent. Probes unanswered for longer than a round trip could take
     /// (at least a probe interval) count as failed and break the run of successes; probes keep
     /// going out every interval meanwhile, so a long round trip does not slow detection down.
     /// Expired probes' control frames are handed back in `out` to be sent again. Returns true
-    /// when a degraded link's probes have failed often enough for it to count as down.
+    /// when the probes of a degraded link, or of one still validating (its path dead from the
+    /// start), have failed often enough for it to count as down.
     pub fn on_probe_sending(
         &mut self,
         now: Instant,
         cfg: &ConnectionConfig,
         out: &mut AckOutcome,
     ) -> bool {
-        self.probing
-            .on_sending(now, self.state == LinkState::Validating, cfg);
+        self.probing.on_sending(now, !self.was_up(), cfg);
         let patience =
             (self.rtt.srtt * 2 + self.rtt.rttvar * 4 + cfg.max_ack_delay).max(cfg.probe_interval);
         let expired = self.recovery.expire_probes(now, patience, out);
         self.probing.on_expired(expired);
-        self.state == LinkState::Degraded && self.probing.failures() >= cfg.failure_ptos
+        let probed = matches!(self.state, LinkState::Degraded | LinkState::Validating);
+        probed && self.probing.failures() >= cfg.failure_ptos
     }
 
     /// Whether the probe just counted by [`Self::on_probe_sending`] is padded to full size.
