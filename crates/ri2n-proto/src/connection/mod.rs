@@ -1133,8 +1133,9 @@ impl Connection {
     }
 
     /// Whether a writer that found a stream's send buffer full was told it may retry
-    /// ([`Event::Writable`]) and no write to that stream has taken the room since. (A driver keeps a combined
-    /// reading and writing descriptor signalled while it is so: a reader's call must not hide it.)
+    /// ([`Event::Writable`]) and no write to that stream has taken the room since. (A driver
+    /// keeps a combined reading and writing descriptor signalled while it is so: a reader's
+    /// call must not hide it.)
     pub fn writer_may_retry(&self) -> bool {
         self.writer_told.iter().any(|&t| t)
     }
