@@ -131,7 +131,8 @@ fn answer(
     match asked {
         Asked::Metrics { body } => {
             // formatted outside the lock, which the sampler takes every second
-            let status = latest.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let mut status = latest.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            status.stamp_age();
             let metrics = prometheus(&status);
             answer_head(&mut answer, "200 OK", OPENMETRICS, metrics.len());
             if body {
@@ -219,6 +220,22 @@ mod tests {
         let length: usize = length.parse().unwrap();
         assert_eq!(length, body.len(), "{head}");
         (head.lines().next().unwrap(), body)
+    }
+
+    /// A scrape tells how old the sample it serves is, counted at the scrape: a sampler that
+    /// stopped shows as an age that keeps growing, not as values that merely stay.
+    #[test]
+    fn a_scrape_says_how_old_its_sample_is() {
+        let mut status = snapshot();
+        status.sampled_at = Instant::now().checked_sub(Duration::from_secs(3));
+        let addr = server(status, Duration::from_secs(10));
+        let answer = ask(addr, SCRAPE).unwrap();
+        let age: f64 = (parts(&answer).1.lines())
+            .find_map(|l| l.strip_prefix(r#"ri2n_tunnel_sample_age_seconds{host="a"} "#))
+            .unwrap_or_else(|| panic!("no sample age in {answer}"))
+            .parse()
+            .unwrap();
+        assert!((3.0..30.0).contains(&age), "{age}");
     }
 
     #[test]

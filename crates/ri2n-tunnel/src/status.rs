@@ -98,6 +98,15 @@ pub struct Status {
     pub peers: Vec<PeerStatus>,
 }
 
+impl Status {
+    /// Sets `sampled_ms_ago` for serving now, from `sampled_at` (kept as it is without one).
+    pub fn stamp_age(&mut self) {
+        if let Some(t) = self.sampled_at {
+            self.sampled_ms_ago = Some(t.elapsed().as_millis() as u64);
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PeerStatus {
     pub name: String,
@@ -483,7 +492,7 @@ pub fn serve_socket(path: &Path, latest: Arc<Mutex<Status>>) -> io::Result<()> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
     serve_callers(listener, STATUS_DEADLINE, move || {
         let mut snapshot = latest.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        snapshot.sampled_ms_ago = (snapshot.sampled_at).map(|t| t.elapsed().as_millis() as u64);
+        snapshot.stamp_age();
         serde_json::to_string(&snapshot).ok()
     })
 }
@@ -736,6 +745,20 @@ pub fn prometheus(s: &Status) -> String {
          wait for them)",
         missing,
     );
+    if let Some(ms) = s.sampled_ms_ago {
+        let age = Family::<HostLabels, Gauge<f64, AtomicU64>>::default();
+        (age.get_or_create(&HostLabels {
+            host: s.host.clone(),
+        }))
+        .set(ms as f64 / 1e3);
+        registry.register_with_unit(
+            "ri2n_tunnel_sample_age",
+            "How long before this scrape the daemon began the sample these values are from (a \
+             new one every second): a value that keeps growing means the sampling stopped",
+            Unit::Seconds,
+            age,
+        );
+    }
     let up = Family::<LinkLabels, Gauge>::default();
     let rtt = Family::<LinkLabels, Gauge<f64, AtomicU64>>::default();
     for (labels, l) in &link_rows {
@@ -1313,6 +1336,8 @@ pub(crate) mod tests {
             r#"ri2n_tunnel_packets_not_ipv4_total{host="a"} 2"#.to_owned(),
             r#"ri2n_tunnel_packets_bad_checksum_total{host="a"} 1"#.to_owned(),
             r#"ri2n_tunnel_links_missing{host="a"} 1"#.to_owned(),
+            "# UNIT ri2n_tunnel_sample_age_seconds seconds".to_owned(),
+            r#"ri2n_tunnel_sample_age_seconds{host="a"} 0.4"#.to_owned(),
             "# EOF".to_owned(),
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
@@ -1321,7 +1346,7 @@ pub(crate) mod tests {
         assert!(!text.contains(&format!("ri2n_tunnel_link_rtt_seconds{{{down}}}")));
         // each help text ends with the one period the registry adds (it showed two)
         let help: Vec<_> = text.lines().filter(|l| l.starts_with("# HELP")).collect();
-        assert_eq!(help.len(), 17, "{text}");
+        assert_eq!(help.len(), 18, "{text}");
         for l in help {
             assert!(l.ends_with('.') && !l.ends_with(".."), "{l}");
         }
