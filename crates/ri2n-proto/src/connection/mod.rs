@@ -222,7 +222,7 @@ pub struct Connection {
     /// another's.
     write_wants: [Option<u64>; 2],
     /// Per stream: [`Event::Writable`] was reported for its blocked writer, and no write to
-    /// the stream took the room since (the writer has yet to retry; `writer_retried`).
+    /// the stream took the room since (the writer has yet to retry; `write_to`).
     writer_told: [bool; 2],
     /// [`Event::AllAcknowledged`] was emitted.
     all_acknowledged: bool,
@@ -716,23 +716,18 @@ impl Connection {
     /// buffer has room again: [`Event::Writable`]). Writing before the handshake completes
     /// buffers the data.
     pub fn write(&mut self, data: &[u8]) -> Result<usize, WriteError> {
-        let r = self.write_now(data);
-        self.writer_retried(BYTE_STREAM, r.as_ref().err());
-        r
-    }
-
-    fn write_now(&mut self, data: &[u8]) -> Result<usize, WriteError> {
-        self.write_check()?;
-        let stream = &mut self.send[BYTE_STREAM];
-        let n = stream.write(data);
-        if n == 0 && !data.is_empty() {
-            // wake the writer only once a quarter of the buffer is free: waking it for every
-            // acknowledged packet costs a context switch per few kilobytes
-            let want = (stream.capacity() / 4).clamp(1, data.len() as u64);
-            self.writer_waits(BYTE_STREAM, want);
-            return Err(WriteError::Blocked);
-        }
-        Ok(n)
+        self.write_to(BYTE_STREAM, |c| {
+            let stream = &mut c.send[BYTE_STREAM];
+            let n = stream.write(data);
+            if n == 0 && !data.is_empty() {
+                // wake the writer only once a quarter of the buffer is free: waking it for
+                // every acknowledged packet costs a context switch per few kilobytes
+                let want = (stream.capacity() / 4).clamp(1, data.len() as u64);
+                c.writer_waits(BYTE_STREAM, want);
+                return Err(WriteError::Blocked);
+            }
+            Ok(n)
+        })
     }
 
     /// Writes the bytes of `buf` to the byte stream, like [`write`](Self::write) but without
@@ -742,15 +737,10 @@ impl Connection {
     /// send buffer has no room for it, not at all ([`WriteError::Blocked`]); a small one is
     /// copied and drained. Returns how many bytes were taken.
     pub fn write_buf(&mut self, buf: &mut Vec<u8>) -> Result<usize, WriteError> {
-        let r = self.write_buf_now(buf);
-        self.writer_retried(BYTE_STREAM, r.as_ref().err());
-        r
-    }
-
-    fn write_buf_now(&mut self, buf: &mut Vec<u8>) -> Result<usize, WriteError> {
-        self.write_check()?;
-        let n = self.send[BYTE_STREAM].write_buf(buf);
-        self.taken_or_blocked(n, buf.len())
+        self.write_to(BYTE_STREAM, |c| {
+            let n = c.send[BYTE_STREAM].write_buf(buf);
+            c.taken_or_blocked(n, buf.len())
+        })
     }
 
     /// Writes `data` to the byte stream as [`write_buf`](Self::write_buf) writes a buffer, a
@@ -758,15 +748,10 @@ impl Connection {
     /// connection keeps a clone of it until the peer acknowledged it. Returns how many bytes
     /// were taken.
     pub fn write_bytes(&mut self, data: &Bytes) -> Result<usize, WriteError> {
-        let r = self.write_bytes_now(data);
-        self.writer_retried(BYTE_STREAM, r.as_ref().err());
-        r
-    }
-
-    fn write_bytes_now(&mut self, data: &Bytes) -> Result<usize, WriteError> {
-        self.write_check()?;
-        let n = self.send[BYTE_STREAM].write_bytes(data);
-        self.taken_or_blocked(n, data.len())
+        self.write_to(BYTE_STREAM, |c| {
+            let n = c.send[BYTE_STREAM].write_bytes(data);
+            c.taken_or_blocked(n, data.len())
+        })
     }
 
     /// What a write of `len` bytes that takes a large buffer only whole returns, `n` bytes
@@ -781,16 +766,22 @@ impl Connection {
         Ok(n)
     }
 
-    /// A write to `stream` ended with `error` (none: it took bytes). A writer told of room
-    /// ([`Event::Writable`]) has retried, unless this one found too little room: several
-    /// writers may wait for room of different sizes (tasks sharing a readiness descriptor),
-    /// and this one may have looked before the one the room fits was woken. Then the room
-    /// stays told, and the driver signals the writers' descriptor again for that one
+    /// Runs a write to `stream` (`op`), once the connection may still be written to. A writer
+    /// told of room ([`Event::Writable`]) has then retried, unless this one found too little
+    /// room: several writers may wait for room of different sizes (tasks sharing a readiness
+    /// descriptor), and this one may have looked before the one the room fits was woken. Then
+    /// the room stays told, and the driver signals the writers' descriptor again for that one
     /// ([`writer_may_retry`](Self::writer_may_retry)).
-    fn writer_retried(&mut self, stream: usize, error: Option<&WriteError>) {
-        if !matches!(error, Some(WriteError::Blocked)) {
+    fn write_to<T>(
+        &mut self,
+        stream: usize,
+        op: impl FnOnce(&mut Self) -> Result<T, WriteError>,
+    ) -> Result<T, WriteError> {
+        let r = self.write_check().and_then(|()| op(self));
+        if !matches!(r, Err(WriteError::Blocked)) {
             self.writer_told[stream] = false;
         }
+        r
     }
 
     /// A writer of `stream` found no room for `want` bytes: [`Event::Writable`] comes once
@@ -822,55 +813,50 @@ impl Connection {
     /// [`recv_message`](Self::recv_message). Messages are delivered reliably and in order,
     /// independently of the byte stream.
     pub fn send_message(&mut self, msg: &[u8]) -> Result<(), WriteError> {
-        let r = self.send_message_now(msg);
-        self.writer_retried(MESSAGE_STREAM, r.as_ref().err());
-        r
-    }
-
-    fn send_message_now(&mut self, msg: &[u8]) -> Result<(), WriteError> {
-        self.write_check()?;
-        if self.handshake.peer_accepts & wire::accepts::MESSAGES == 0 {
-            return Err(WriteError::MessagesRefused);
-        }
-        // more than this side's send buffer ever holds (or than a length can say): too large
-        // whatever the peer's window, known before the handshake ends
-        let ceiling = (self.cfg.send_buffer.saturating_sub(8)).min(wire::VARINT_MAX) as usize;
-        if msg.len() > ceiling {
-            return Err(WriteError::MessageTooLarge {
-                size: msg.len(),
-                limit: match self.state {
-                    ConnectionState::Connecting => ceiling,
-                    _ => self.max_message_size(),
-                },
-            });
-        }
-        let mut header = [0u8; 8];
-        let hlen = {
-            let mut w = Writer::new(&mut header);
-            w.varint(msg.len() as u64);
-            w.len()
-        };
-        if self.state == ConnectionState::Connecting {
-            // the largest message is known once the peer's window is: wait for it (the
-            // handshake's end makes the message stream writable)
-            self.writer_waits(MESSAGE_STREAM, (hlen + msg.len()) as u64);
-            return Err(WriteError::Blocked);
-        }
-        let limit = self.max_message_size();
-        if msg.len() > limit {
-            return Err(WriteError::MessageTooLarge {
-                size: msg.len(),
-                limit,
-            });
-        }
-        let stream = &mut self.send[MESSAGE_STREAM];
-        if stream.room() < (hlen + msg.len()) as u64 {
-            self.writer_waits(MESSAGE_STREAM, (hlen + msg.len()) as u64);
-            return Err(WriteError::Blocked);
-        }
-        stream.write(&header[..hlen]);
-        stream.write(msg);
-        Ok(())
+        self.write_to(MESSAGE_STREAM, |c| {
+            if c.handshake.peer_accepts & wire::accepts::MESSAGES == 0 {
+                return Err(WriteError::MessagesRefused);
+            }
+            // more than this side's send buffer ever holds (or than a length can say): too large
+            // whatever the peer's window, known before the handshake ends
+            let ceiling = (c.cfg.send_buffer.saturating_sub(8)).min(wire::VARINT_MAX) as usize;
+            if msg.len() > ceiling {
+                return Err(WriteError::MessageTooLarge {
+                    size: msg.len(),
+                    limit: match c.state {
+                        ConnectionState::Connecting => ceiling,
+                        _ => c.max_message_size(),
+                    },
+                });
+            }
+            let mut header = [0u8; 8];
+            let hlen = {
+                let mut w = Writer::new(&mut header);
+                w.varint(msg.len() as u64);
+                w.len()
+            };
+            if c.state == ConnectionState::Connecting {
+                // the largest message is known once the peer's window is: wait for it (the
+                // handshake's end makes the message stream writable)
+                c.writer_waits(MESSAGE_STREAM, (hlen + msg.len()) as u64);
+                return Err(WriteError::Blocked);
+            }
+            let limit = c.max_message_size();
+            if msg.len() > limit {
+                return Err(WriteError::MessageTooLarge {
+                    size: msg.len(),
+                    limit,
+                });
+            }
+            let stream = &mut c.send[MESSAGE_STREAM];
+            if stream.room() < (hlen + msg.len()) as u64 {
+                c.writer_waits(MESSAGE_STREAM, (hlen + msg.len()) as u64);
+                return Err(WriteError::Blocked);
+            }
+            stream.write(&header[..hlen]);
+            stream.write(msg);
+            Ok(())
+        })
     }
 
     /// Largest datagram [`send_datagram`](Self::send_datagram) accepts:
